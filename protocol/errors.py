@@ -1,0 +1,84 @@
+"""Stable error codes and close codes of the wire protocol, and the shared exception tree.
+
+Codes are part of the contract (docs/PROTOCOL.md §Errors): never renamed, only added.
+
+Exception tree::
+
+    FleetwireError (code)
+    ├── ProtocolError            a frame or message broke the protocol
+    │   └── DecodeError          bytes that do not decode to a valid message
+    └── RequestError             the peer answered a request with an ``error`` message
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- error codes carried in ``error`` messages and ``ErrorInfo``
+BAD_FRAME: Final = "bad_frame"  # not valid msgpack/JSON at all
+INVALID_MESSAGE: Final = "invalid_message"  # a known type whose fields do not validate
+UNKNOWN_TYPE: Final = "unknown_type"  # a type this session role does not accept
+NOT_REGISTERED: Final = "not_registered"  # a worker message before ``hello``
+ALREADY_REGISTERED: Final = "already_registered"  # a second ``hello`` on one session
+PLAN_NOT_FOUND: Final = "plan_not_found"
+UNKNOWN_WORKER: Final = "unknown_worker"
+STALE_LEASE: Final = "stale_lease"  # an attempt that is no longer the plan's lease
+INVALID_TRANSITION: Final = "invalid_transition"
+INVALID_ARGUMENT: Final = "invalid_argument"
+UNKNOWN_OP: Final = "unknown_op"  # plan failure: the worker has no handler
+HANDLER_ERROR: Final = "handler_error"  # plan failure: the handler raised
+TIMEOUT: Final = "timeout"  # plan failure: the plan's timeout_s passed
+WORKER_LOST: Final = "worker_lost"  # plan failure: attempts exhausted by lost workers
+CANCELLED: Final = "cancelled"
+INTERNAL: Final = "internal"
+
+ERROR_CODES: Final = (
+    BAD_FRAME, INVALID_MESSAGE, UNKNOWN_TYPE, NOT_REGISTERED, ALREADY_REGISTERED,
+    PLAN_NOT_FOUND, UNKNOWN_WORKER, STALE_LEASE, INVALID_TRANSITION, INVALID_ARGUMENT,
+    UNKNOWN_OP, HANDLER_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
+)
+
+# ---- websocket close codes (RFC 6455 §7.4; 4000-4999 are ours)
+CLOSE_NORMAL: Final = 1000
+CLOSE_GOING_AWAY: Final = 1001  # coordinator shutting down
+CLOSE_TOO_BIG: Final = 1009  # frame above the size limit
+CLOSE_INTERNAL: Final = 1011
+CLOSE_PROTOCOL: Final = 4400  # repeated protocol violations
+CLOSE_FORBIDDEN: Final = 4403  # a message this role may not send
+CLOSE_HEARTBEAT_TIMEOUT: Final = 4408  # the worker stopped beating and was reaped
+CLOSE_REPLACED: Final = 4409  # the same worker id registered on a newer session
+
+
+class FleetwireError(Exception):
+    """Base of every fleetwire exception; ``code`` is a stable wire code."""
+
+    code: str = INTERNAL
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class ProtocolError(FleetwireError):
+    """A frame or message broke the protocol."""
+
+    code = INVALID_MESSAGE
+
+
+class DecodeError(ProtocolError):
+    """Bytes that do not decode to a valid message."""
+
+    code = BAD_FRAME
+
+
+class RequestError(FleetwireError):
+    """The peer answered a request with an ``error`` message."""
+
+    def __init__(self, message: str, *, code: str, req_id: int = 0) -> None:
+        super().__init__(message, code=code)
+        self.req_id = req_id

@@ -1,0 +1,382 @@
+"""Every fleetwire wire message, as msgspec Structs in tagged unions.
+
+This module is the whole wire contract (docs/PROTOCOL.md is its prose). Rules:
+
+* Every message is a Struct tagged by its ``type`` field (``tag_field="type"``).
+* New fields always get defaults and field types never change, so older peers keep
+  decoding newer frames; unknown fields are ignored (msgspec's default).
+* Requests from a client carry ``req_id``; the reply (or ``error``) echoes it.
+* Some Structs travel in both directions (``event``, ``cancel``, ``error``); which
+  messages a peer may send is fixed per session role by the unions at the bottom.
+
+Session roles and their messages (docs/PROTOCOL.md §Messages):
+
+    worker  -> coordinator : hello heartbeat accept reject event done goodbye
+    coordinator -> worker  : welcome assign cancel revoke ack drain error
+    client  -> coordinator : submit subscribe unsubscribe cancel get_plan list_workers
+    coordinator -> client  : accepted subscribed event plan workers ok error
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+PlanStateName = Literal["queued", "leased", "running", "succeeded", "failed", "cancelled"]
+Outcome = Literal["succeeded", "failed", "cancelled"]
+Accelerator = Literal["cpu", "gpu", "tpu", "npu", "mixed"]
+
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+
+# --------------------------------------------------------------------------- records
+# Plain (untagged) Structs nested inside messages.
+
+
+class GpuInfo(msgspec.Struct, omit_defaults=True):
+    """One GPU as the worker's probe saw it."""
+
+    name: str
+    memory_bytes: int = 0
+    uuid: str = ""
+    index: int = 0
+
+
+class Capabilities(msgspec.Struct, omit_defaults=True):
+    """What a worker host offers; sent once in ``hello``."""
+
+    cpu_cores: int = 0
+    ram_bytes: int = 0
+    gpus: list[GpuInfo] = []
+    accelerator: Accelerator = "cpu"
+    python_envs: list[str] = []
+    models: list[str] = []
+    ops: list[str] = []
+    tags: list[str] = []
+    max_concurrency: int = 1
+    hostname: str = ""
+    kv_blocks: int = 0
+    kv_block_tokens: int = 0
+    carbon_zone: str = ""
+
+
+class Load(msgspec.Struct, omit_defaults=True):
+    """A worker's own view of its load; sent in every ``heartbeat``."""
+
+    in_flight: int = 0
+    queued: int = 0
+    latency_ema_ms: float = 0.0
+
+
+class Requirements(msgspec.Struct, omit_defaults=True):
+    """What a worker must have to run a plan. Empty means any worker."""
+
+    tags: list[str] = []
+    accelerator: Accelerator | None = None
+    model: str | None = None
+    min_gpu_memory_bytes: int = 0
+    python_env: str | None = None
+
+
+class RunningPlan(msgspec.Struct, omit_defaults=True):
+    """A plan a (re)connecting worker is still running, listed in ``hello``."""
+
+    plan_id: str
+    attempt: int
+
+
+class ErrorInfo(msgspec.Struct, omit_defaults=True):
+    """Why a plan failed: a stable code and a message a person can act on."""
+
+    code: str
+    message: str
+    detail: Any = None
+
+
+class WorkerInfo(msgspec.Struct, omit_defaults=True):
+    """One registry row, as ``list_workers`` reports it."""
+
+    id: str
+    capabilities: Capabilities
+    load: Load | None = None
+    leases: int = 0
+    connected: bool = False
+    alive: bool = False
+    last_beat_age_s: float | None = None
+    address: str = ""
+
+
+class PlanInfo(msgspec.Struct, omit_defaults=True):
+    """A plan's current record, as ``get_plan`` reports it."""
+
+    id: str
+    op: str
+    state: PlanStateName
+    attempt: int = 0
+    worker_id: str | None = None
+    priority: int = 0
+    requirements: Requirements = msgspec.field(default_factory=Requirements)
+    result: Any = None
+    error: ErrorInfo | None = None
+    last_seq: int = 0
+    waiting_reason: str | None = None
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class _Msg(msgspec.Struct, tag_field="type", omit_defaults=True):
+    """Base of every tagged message."""
+
+
+# ---- worker -> coordinator
+
+
+class Hello(_Msg, tag="hello"):
+    """First message of a worker session: who it is and what it can do."""
+
+    worker_id: str
+    capabilities: Capabilities
+    running: list[RunningPlan] = []
+    version: str = ""
+    protocol: int = PROTOCOL_VERSION
+
+
+class Heartbeat(_Msg, tag="heartbeat"):
+    """Periodic liveness beat with the worker's load."""
+
+    load: Load = msgspec.field(default_factory=Load)
+
+
+class Accept(_Msg, tag="accept"):
+    """The worker started (or queued locally) an assigned plan."""
+
+    plan_id: str
+    attempt: int
+
+
+class Reject(_Msg, tag="reject"):
+    """The worker will not run an assigned plan (unknown op, full, draining)."""
+
+    plan_id: str
+    attempt: int
+    code: str = "rejected"
+    reason: str = ""
+
+
+class Done(_Msg, tag="done"):
+    """The plan's attempt ended on the worker."""
+
+    plan_id: str
+    attempt: int
+    outcome: Outcome
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+class Goodbye(_Msg, tag="goodbye"):
+    """The worker is leaving on purpose; the coordinator may close the session."""
+
+    reason: str = ""
+
+
+# ---- both directions
+
+
+class Event(_Msg, tag="event"):
+    """One event of a plan's stream.
+
+    From a worker: ``plan_id``, ``attempt``, ``kind``, ``data`` (``seq`` is the
+    worker's own counter, informational). To a client: the coordinator stamps
+    ``seq``, the per-plan position (1, 2, 3, ... without gaps for durable events).
+    """
+
+    plan_id: str
+    kind: str
+    data: Any = None
+    seq: int = 0
+    attempt: int = 0
+    ephemeral: bool = False
+
+
+class Cancel(_Msg, tag="cancel"):
+    """Client -> coordinator: cancel a plan. Coordinator -> worker: stop it."""
+
+    plan_id: str
+    req_id: int = 0
+    attempt: int = 0
+
+
+class Error(_Msg, tag="error"):
+    """A request failed or a frame was refused. ``code`` is stable (docs/PROTOCOL.md)."""
+
+    code: str
+    message: str
+    req_id: int = 0
+    plan_id: str | None = None
+
+
+# ---- coordinator -> worker
+
+
+class Welcome(_Msg, tag="welcome"):
+    """Answer to ``hello``: session settings and which running plans to keep."""
+
+    worker_id: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    continue_plans: list[str] = []
+    abandon_plans: list[str] = []
+    version: str = ""
+    protocol: int = PROTOCOL_VERSION
+
+
+class Assign(_Msg, tag="assign"):
+    """Run this plan: the lease is (plan_id, attempt)."""
+
+    plan_id: str
+    attempt: int
+    op: str
+    args: Any = None
+    timeout_s: float | None = None
+
+
+class Revoke(_Msg, tag="revoke"):
+    """Give back an assigned plan that has not started."""
+
+    plan_id: str
+    attempt: int
+
+
+class Ack(_Msg, tag="ack"):
+    """Events up to ``seq`` (the worker's counter) are recorded."""
+
+    seq: int
+
+
+class Drain(_Msg, tag="drain"):
+    """Take no new plans; finish running ones within ``deadline_s``."""
+
+    deadline_s: float | None = None
+
+
+# ---- client -> coordinator
+
+
+class Submit(_Msg, tag="submit"):
+    """Submit a plan. ``plan_id`` doubles as an idempotency key when given."""
+
+    req_id: int
+    op: str
+    args: Any = None
+    requirements: Requirements = msgspec.field(default_factory=Requirements)
+    priority: int = 0
+    timeout_s: float | None = None
+    max_attempts: int = 3
+    plan_id: str | None = None
+    subscribe: bool = True
+
+
+class Subscribe(_Msg, tag="subscribe"):
+    """Stream events of these plans (or of all mine), replaying from ``from_seq``."""
+
+    req_id: int = 0
+    plan_ids: list[str] = []
+    all: bool = False
+    from_seq: int = 0
+
+
+class Unsubscribe(_Msg, tag="unsubscribe"):
+    """Stop streaming events of these plans (empty with ``all``: everything)."""
+
+    req_id: int = 0
+    plan_ids: list[str] = []
+    all: bool = False
+
+
+class GetPlan(_Msg, tag="get_plan"):
+    """Ask for a plan's current record."""
+
+    req_id: int
+    plan_id: str
+
+
+class ListWorkers(_Msg, tag="list_workers"):
+    """Ask for the registry and the cluster summary."""
+
+    req_id: int
+
+
+# ---- coordinator -> client
+
+
+class Accepted(_Msg, tag="accepted"):
+    """The plan is recorded; ``state`` is its state right now."""
+
+    req_id: int
+    plan_id: str
+    state: PlanStateName = "queued"
+    duplicate: bool = False
+
+
+class Subscribed(_Msg, tag="subscribed"):
+    """The subscription is in place; replayed events follow."""
+
+    req_id: int
+    plan_ids: list[str] = []
+
+
+class PlanReply(_Msg, tag="plan"):
+    """Answer to ``get_plan`` and ``cancel``."""
+
+    req_id: int
+    plan: PlanInfo
+
+
+class Workers(_Msg, tag="workers"):
+    """Answer to ``list_workers``."""
+
+    req_id: int
+    workers: list[WorkerInfo] = []
+    summary: str = ""
+
+
+class Ok(_Msg, tag="ok"):
+    """A request that needs no data in its answer succeeded."""
+
+    req_id: int
+
+
+# --------------------------------------------------------------------------- unions
+
+FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye]
+ToWorker = Union[Welcome, Assign, Cancel, Revoke, Ack, Drain, Error]
+FromClient = Union[Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers]
+ToClient = Union[Accepted, Subscribed, Event, PlanReply, Workers, Ok, Error]
+
+AnyMessage = Union[
+    Hello, Heartbeat, Accept, Reject, Done, Goodbye, Event, Cancel, Error, Welcome, Assign,
+    Revoke, Ack, Drain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, Accepted,
+    Subscribed, PlanReply, Workers, Ok,
+]
+
+ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
+    Hello, Heartbeat, Accept, Reject, Done, Goodbye, Event, Cancel, Error, Welcome, Assign,
+    Revoke, Ack, Drain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, Accepted,
+    Subscribed, PlanReply, Workers, Ok,
+)
+
+
+def type_name(cls: type[_Msg]) -> str:
+    """The wire ``type`` tag of a message class."""
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def type_names(union: Any) -> frozenset[str]:
+    """The wire tags of every message in a union."""
+    return frozenset(type_name(cls) for cls in union.__args__)
