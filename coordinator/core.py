@@ -1,0 +1,616 @@
+"""The coordinator's decisions, with no I/O: the sans-I/O core the asyncio server drives.
+
+The server feeds inputs and carries out the effects:
+
+* :meth:`Coordinator.open_session` / :meth:`~Coordinator.close_session`: a connection came
+  or went (for any reason);
+* :meth:`Coordinator.receive`: one decoded message (or ``DecodeFailure``) from a connection;
+* :meth:`Coordinator.tick`: the clock moved; the reaper runs;
+* :meth:`Coordinator.take_effects`: the frames to send (per connection, in order) and the
+  connections to close, accumulated since the last call.
+
+Time comes in as ``now`` (monotonic seconds) and plan ids from the ``new_id`` callable, so
+tests drive the core with a fake clock and fixed ids. Nothing here awaits, reads a clock,
+or draws a random number. docs/SEMANTICS.md is the contract; sections are cited as §Name.
+
+Invariant after every input: no queued plan has an alive worker with room that can run
+it. Placement runs where that could break: on submit, on a worker's (re)registration or
+return to life, on a lease release, after a requeue.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, assert_never
+
+import structlog
+
+from coordinator.errors import InvalidTransition
+from coordinator.plans import RESERVED_KINDS, Plan, Subscriptions, advance, done_event, submit_problem
+from coordinator.queue import PlanQueue, Signature, explain_wait
+from coordinator.registry import WorkerRecord, WorkerRegistry
+from protocol import errors
+from protocol.codec import DecodeFailure
+from protocol.messages import (
+    Accept,
+    Accepted,
+    Assign,
+    Cancel,
+    Done,
+    Error,
+    ErrorInfo,
+    Event,
+    GetPlan,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    ListWorkers,
+    Ok,
+    PlanReply,
+    Reject,
+    Submit,
+    Subscribe,
+    Subscribed,
+    Unsubscribe,
+    Welcome,
+    Workers,
+)
+
+__all__ = ["Coordinator", "CoreConfig", "Effects"]
+
+log = structlog.get_logger(__name__)
+
+Role = Literal["worker", "client"]
+WorkerMessage = Hello | Heartbeat | Accept | Reject | Event | Done | Goodbye
+ClientMessage = Submit | Subscribe | Unsubscribe | Cancel | GetPlan | ListWorkers
+_WORKER_TYPES = (Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye)
+_CLIENT_TYPES = (Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers)
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Settings of the core; the server fills them from flags."""
+
+    heartbeat_interval_s: float = 10.0
+    heartbeat_timeout_s: float = 30.0
+    max_protocol_errors: int = 100  # per session; reaching it closes the session with 4400
+    max_events_per_plan: int = 10_000
+    version: str = ""  # the coordinator's version, put in ``welcome``
+
+
+@dataclass
+class Effects:
+    """What the server must do: send ``sends`` (each list in order, e.g. one frame), then ``closes``."""
+
+    sends: dict[int, list[Any]] = field(default_factory=dict)
+    closes: list[tuple[int, int, str]] = field(default_factory=list)  # (conn_id, close code, reason)
+
+
+@dataclass(eq=False)
+class _Session:
+    """One connection, as the core sees it."""
+
+    conn_id: int
+    role: Role
+    principal: str
+    address: str
+    admin: bool = False
+    worker_id: str | None = None  # set by ``hello``; cleared when the id moves on
+    closing: bool = False  # a close was asked for; later input is ignored
+    protocol_errors: int = 0
+
+
+class Coordinator:
+    """The coordinator state machine: registry, plans, queue, sessions and subscriptions.
+
+    Args:
+        config: settings.
+        new_id: makes a plan id when the client gives none.
+    """
+
+    def __init__(self, config: CoreConfig, new_id: Callable[[], str]) -> None:
+        self.config = config
+        self.registry = WorkerRegistry(config.heartbeat_timeout_s)
+        self.plans: dict[str, Plan] = {}
+        self.queue = PlanQueue()
+        self.subscriptions = Subscriptions()
+        names = ("plans_submitted", "events_forwarded", "plans_requeued", "stale_dropped", "protocol_errors")
+        self.counters: dict[str, int] = dict.fromkeys((*names, "workers_reaped"), 0)
+        self._new_id = new_id
+        self._sessions: dict[int, _Session] = {}
+        self._submit_order = itertools.count(1)
+        self._effects = Effects()
+
+    # ================================================================== driver API
+
+    def open_session(
+        self, conn_id: int, role: Role, now: float, *, principal: str = "", address: str = "", admin: bool = False
+    ) -> None:
+        """A connection was accepted. ``admin`` sessions see every principal's plans.
+
+        Raises:
+            ValueError: ``conn_id`` is already open (a driver bug).
+        """
+        if conn_id in self._sessions:
+            raise ValueError(f"connection {conn_id} is already open")
+        self._sessions[conn_id] = _Session(conn_id, role, principal, address, admin)
+
+    def receive(self, conn_id: int, msg: Any, now: float) -> None:
+        """One message from a connection: a Struct of its role's inbound union, or a DecodeFailure."""
+        session = self._sessions.get(conn_id)
+        if session is None or session.closing:
+            return
+        if isinstance(msg, DecodeFailure):
+            self._protocol_error(session, msg.code, msg.message, req_id=msg.req_id)
+        elif session.role == "worker" and isinstance(msg, _WORKER_TYPES):
+            self._on_worker(session, msg, now)
+        elif session.role == "client" and isinstance(msg, _CLIENT_TYPES):
+            self._on_client(session, msg, now)
+        else:
+            config = getattr(type(msg), "__struct_config__", None)
+            tag = getattr(config, "tag", None) or type(msg).__name__
+            self._protocol_error(
+                session,
+                errors.UNKNOWN_TYPE,
+                f"message type {tag!r} is not accepted on a {session.role} session",
+                req_id=getattr(msg, "req_id", 0),
+            )
+
+    def close_session(self, conn_id: int, now: float) -> None:
+        """The connection is gone, for any reason. Idempotent; an unknown id is a no-op."""
+        session = self._sessions.pop(conn_id, None)
+        if session is None:
+            return
+        self._effects.sends.pop(conn_id, None)  # nothing can reach it any more
+        if session.role == "worker":
+            self._detach_worker(session, now)
+        else:
+            self.subscriptions.drop(conn_id)
+
+    def tick(self, now: float) -> list[str]:
+        """Reap workers silent past the timeout (§Registry); returns their ids, sorted."""
+        lost = self.registry.stale(now)
+        if not lost:
+            return []
+        for record in lost:
+            session = self._sessions.get(record.conn_id) if record.conn_id is not None else None
+            if session is not None and session.worker_id == record.id:
+                session.worker_id = None
+                silent_s = now - record.last_beat_s
+                self._close(
+                    session,
+                    errors.CLOSE_HEARTBEAT_TIMEOUT,
+                    f"no heartbeat for {silent_s:.1f} s (timeout {self.config.heartbeat_timeout_s:g} s)",
+                )
+        reaped = self.registry.reap(now)
+        self.counters["workers_reaped"] += len(reaped)
+        leases = [(self.plans[pid], r.id) for r in lost for pid in r.leases if pid in self.plans]
+        leases.sort(key=lambda pair: (-pair[0].priority, pair[0].order))  # requeue best first
+        for plan, worker_id in leases:
+            self._lease_lost(plan, worker_id, f"worker {worker_id} stopped sending heartbeats", now)
+        self._refresh_waiting(now)
+        return reaped
+
+    def take_effects(self) -> Effects:
+        """What accumulated since the last call; the core forgets it."""
+        effects, self._effects = self._effects, Effects()
+        return effects
+
+    def summary(self, now: float) -> str:
+        """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers."""
+        return self.registry.summary(now)
+
+    # ================================================================== worker session (§Worker session)
+
+    def _on_worker(self, s: _Session, msg: WorkerMessage, now: float) -> None:
+        if isinstance(msg, Hello):
+            self._hello(s, msg, now)
+            return
+        worker_id = s.worker_id
+        if worker_id is None or worker_id not in self.registry:
+            what = type(msg).__name__.lower()
+            self._protocol_error(s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id")
+            return
+        match msg:
+            case Heartbeat():
+                self._heartbeat(worker_id, msg, now)
+            case Accept():
+                self._accept(s, worker_id, msg)
+            case Reject():
+                self._reject(s, worker_id, msg, now)
+            case Event():
+                self._worker_event(s, worker_id, msg)
+            case Done():
+                self._done(s, worker_id, msg, now)
+            case Goodbye():
+                log.info("worker said goodbye", worker_id=worker_id, reason=msg.reason)
+                self._detach_worker(s, now)
+                self._close(s, errors.CLOSE_NORMAL, "goodbye")
+            case _:
+                assert_never(msg)
+
+    def _hello(self, s: _Session, msg: Hello, now: float) -> None:
+        if s.worker_id is not None:
+            self._protocol_error(s, errors.ALREADY_REGISTERED, f"this session is already worker {s.worker_id!r}")
+            return
+        worker_id = msg.worker_id
+        if not worker_id:
+            self._protocol_error(s, errors.INVALID_MESSAGE, "hello.worker_id must not be empty")
+            return
+        reconnect = worker_id in self.registry
+        if reconnect:
+            held_by = self.registry.get(worker_id).conn_id
+            older = self._sessions.get(held_by) if held_by is not None else None
+            if older is not None and older is not s:
+                older.worker_id = None  # its close must not disconnect the new session
+                self._close(older, errors.CLOSE_REPLACED, f"worker id {worker_id!r} registered on a newer session")
+        record = self.registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
+        s.worker_id = worker_id
+        keep: list[str] = []
+        abandon: list[str] = []
+        for running in msg.running:
+            plan = self.plans.get(running.plan_id)
+            ours = plan is not None and plan.worker_id == worker_id and plan.attempt == running.attempt
+            (keep if ours and running.plan_id in record.leases else abandon).append(running.plan_id)
+        log.info(
+            "worker registered",
+            worker_id=worker_id,
+            reconnect=reconnect,
+            ops=msg.capabilities.ops,
+            max_concurrency=msg.capabilities.max_concurrency,
+            continue_plans=keep,
+            abandon_plans=abandon,
+        )
+        self._send(
+            s.conn_id,
+            Welcome(
+                worker_id=worker_id,
+                heartbeat_interval_s=self.config.heartbeat_interval_s,
+                heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+                continue_plans=keep,
+                abandon_plans=abandon,
+                version=self.config.version,
+            ),
+        )
+        # Leases it did not list are gone on its side (an assign lost in flight, a restart):
+        # those attempts are lost exactly as if the worker had died.
+        missing = [self.plans[pid] for pid in record.leases.difference(keep) if pid in self.plans]
+        for plan in sorted(missing, key=lambda p: (-p.priority, p.order)):
+            record.leases.discard(plan.id)
+            self._lease_lost(plan, worker_id, f"worker {worker_id} reconnected without it", now)
+        for plan_id in keep:
+            plan = self.plans[plan_id]
+            if plan.terminal:  # cancelled while it was away: the first cancel went to the old session
+                self._send(s.conn_id, Cancel(plan_id=plan_id, attempt=plan.attempt))
+        self._fill_worker(record, now)
+        self._refresh_waiting(now)
+
+    def _heartbeat(self, worker_id: str, msg: Heartbeat, now: float) -> None:
+        was_alive = self.registry.is_alive(worker_id, now)
+        record = self.registry.heartbeat(worker_id, msg.load, now)
+        if not was_alive:  # it fell silent past the timeout but beat before the reaper ran
+            self._fill_worker(record, now)
+            self._refresh_waiting(now)
+
+    def _lease(self, s: _Session, worker_id: str, plan_id: str, attempt: int) -> Plan | None:
+        """The plan if (plan_id, attempt) is this worker's current lease; otherwise answer stale_lease."""
+        plan = self.plans.get(plan_id)
+        if (
+            plan is not None
+            and plan.attempt == attempt
+            and plan.worker_id == worker_id
+            and plan_id in self.registry.get(worker_id).leases
+        ):
+            return plan
+        self.counters["stale_dropped"] += 1
+        why = "the coordinator has no such plan" if plan is None else plan.lease_note()
+        message = f"plan {plan_id!r} attempt {attempt} is not your lease ({why}); stop running it"
+        self._send(s.conn_id, Error(code=errors.STALE_LEASE, message=message, plan_id=plan_id))
+        return None
+
+    def _accept(self, s: _Session, worker_id: str, msg: Accept) -> None:
+        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        # A repeated accept (running) or one after a cancel (terminal) changes nothing.
+        if plan is not None and plan.state == "leased":
+            advance(plan, "accept")
+            self._emit(plan, "running", {"worker_id": worker_id, "attempt": plan.attempt})
+
+    def _reject(self, s: _Session, worker_id: str, msg: Reject, now: float) -> None:
+        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        if plan is None:
+            return
+        record = self.registry.get(worker_id)
+        if not plan.terminal:
+            try:
+                advance(plan, "reject")
+            except InvalidTransition as exc:
+                self._protocol_error(s, exc.code, f"{exc}: a plan cannot be rejected after accept", plan_id=plan.id)
+                return
+            plan.avoid = plan.avoid | {worker_id}
+            why = f"worker {worker_id} rejected it ({msg.code}" + (f": {msg.reason})" if msg.reason else ")")
+            self.registry.release(worker_id, plan.id)
+            self._requeue(plan, why, now)
+        else:
+            self.registry.release(worker_id, plan.id)
+        self._fill_worker(record, now)
+
+    def _worker_event(self, s: _Session, worker_id: str, msg: Event) -> None:
+        if msg.kind in RESERVED_KINDS:
+            self._protocol_error(
+                s,
+                errors.INVALID_MESSAGE,
+                f"event kind {msg.kind!r} is reserved for the coordinator's lifecycle events; use another kind",
+                plan_id=msg.plan_id,
+            )
+            return
+        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        # A cancelled plan's stream has ended with its terminal event; later output is dropped.
+        if plan is not None and not plan.terminal:
+            self.counters["events_forwarded"] += 1
+            self._emit(plan, msg.kind, msg.data, ephemeral=msg.ephemeral)
+
+    def _done(self, s: _Session, worker_id: str, msg: Done, now: float) -> None:
+        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        if plan is None:
+            return
+        record = self.registry.get(worker_id)
+        self.registry.release(worker_id, plan.id)
+        if not plan.terminal:  # a cancelled plan only waited for this done to free the lease
+            advance(plan, done_event(msg.outcome))
+            match msg.outcome:
+                case "succeeded":
+                    plan.result = msg.result
+                    data = {"result": msg.result, "worker_id": worker_id, "attempt": plan.attempt}
+                    self._emit(plan, "succeeded", data)
+                case "failed":
+                    why = f"worker {worker_id} reported a failure without an error"
+                    self._fail(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why))
+                case "cancelled":
+                    plan.error = ErrorInfo(errors.CANCELLED, f"cancelled by worker {worker_id}")
+                    self._emit(plan, "cancelled", {"reason": f"cancelled by worker {worker_id}"})
+                case _:
+                    assert_never(msg.outcome)
+        self._fill_worker(record, now)
+
+    def _detach_worker(self, s: _Session, now: float) -> None:
+        """The session no longer speaks for its worker; the record stays (with its leases) until reaped."""
+        worker_id, s.worker_id = s.worker_id, None
+        if worker_id is None or worker_id not in self.registry:
+            return
+        record = self.registry.get(worker_id)
+        if record.conn_id != s.conn_id:
+            return
+        self.registry.disconnect(worker_id)
+        log.info("worker disconnected", worker_id=worker_id, leases=sorted(record.leases))
+        self._refresh_waiting(now)
+
+    # ================================================================== client session (§Client session)
+
+    def _on_client(self, s: _Session, msg: ClientMessage, now: float) -> None:
+        match msg:
+            case Submit():
+                self._submit(s, msg, now)
+            case Subscribe():
+                self._subscribe(s, msg)
+            case Unsubscribe():
+                self._unsubscribe(s, msg)
+            case Cancel():
+                self._cancel(s, msg)
+            case GetPlan():
+                plan = self._visible_plan(s, msg.plan_id, msg.req_id)
+                if plan is not None:
+                    self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
+            case ListWorkers():
+                rows = [self.registry.info(r.id, now) for r in self.registry]
+                self._send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=self.registry.summary(now)))
+            case _:
+                assert_never(msg)
+
+    def _submit(self, s: _Session, msg: Submit, now: float) -> None:
+        problem = submit_problem(msg)
+        if problem is not None:
+            self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
+            return
+        if msg.plan_id is not None and msg.plan_id in self.plans:
+            existing = self.plans[msg.plan_id]
+            if not self._visible(s, existing):
+                message = f"plan id {msg.plan_id!r} is already used by another client; choose another"
+                self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=message, req_id=msg.req_id))
+                return
+            # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
+            self._send(
+                s.conn_id, Accepted(req_id=msg.req_id, plan_id=existing.id, state=existing.state, duplicate=True)
+            )
+            if msg.subscribe:
+                self.subscriptions.add(existing.id, s.conn_id)
+                self._replay(s, existing, 0)
+            return
+        plan_id = msg.plan_id
+        while plan_id is None or plan_id in self.plans:
+            plan_id = self._new_id()
+        plan = self.plans[plan_id] = Plan.from_submit(msg, plan_id, s.principal, next(self._submit_order))
+        self.counters["plans_submitted"] += 1
+        self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan_id, state="queued"))
+        # Subscribers go in before the first event so none of them misses seq 1.
+        if msg.subscribe:
+            self.subscriptions.add(plan_id, s.conn_id)
+        for conn_id in self.subscriptions.all_followers(plan.owner):
+            self.subscriptions.add(plan_id, conn_id)
+        self._emit(plan, "queued", {})
+        self._enqueue(plan, now)
+
+    def _subscribe(self, s: _Session, msg: Subscribe) -> None:
+        targets: dict[str, Plan] = {}
+        for plan_id in msg.plan_ids:
+            plan = self._visible_plan(s, plan_id, msg.req_id)
+            if plan is None:
+                return  # one unknown id and nothing is subscribed
+            targets[plan_id] = plan
+        if msg.all:
+            self.subscriptions.add_all(s.principal, s.conn_id)
+            targets.update((p.id, p) for p in self.plans.values() if p.owner == s.principal)
+        self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets)))
+        for plan in targets.values():
+            self.subscriptions.add(plan.id, s.conn_id)
+            self._replay(s, plan, msg.from_seq)
+
+    def _unsubscribe(self, s: _Session, msg: Unsubscribe) -> None:
+        if msg.all:
+            self.subscriptions.drop(s.conn_id)
+        for plan_id in msg.plan_ids:
+            self.subscriptions.remove(plan_id, s.conn_id)
+        self._send(s.conn_id, Ok(req_id=msg.req_id))
+
+    def _cancel(self, s: _Session, msg: Cancel) -> None:
+        plan = self._visible_plan(s, msg.plan_id, msg.req_id)
+        if plan is None:
+            return
+        if not plan.terminal:
+            was = plan.state
+            advance(plan, "cancel")
+            plan.error = ErrorInfo(errors.CANCELLED, "cancelled by the client")
+            plan.waiting_reason = None
+            if was == "queued":
+                self.queue.discard(plan.id)
+            elif plan.worker_id is not None and plan.worker_id in self.registry:
+                # The lease stays claimed until the worker's done for this attempt (or its reaping),
+                # so the slot is not handed out while the handler may still be stopping.
+                conn_id = self.registry.get(plan.worker_id).conn_id
+                if conn_id is not None:
+                    self._send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
+            log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
+            self._emit(plan, "cancelled", {"reason": "cancelled by the client"})
+        self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
+
+    def _visible(self, s: _Session, plan: Plan) -> bool:
+        return s.admin or plan.owner == s.principal
+
+    def _visible_plan(self, s: _Session, plan_id: str, req_id: int) -> Plan | None:
+        """The plan if this session may see it; otherwise answer plan_not_found (others' plans do not exist)."""
+        plan = self.plans.get(plan_id)
+        if plan is not None and self._visible(s, plan):
+            return plan
+        self._send(
+            s.conn_id,
+            Error(code=errors.PLAN_NOT_FOUND, message=f"no plan with id {plan_id!r}", req_id=req_id, plan_id=plan_id),
+        )
+        return None
+
+    # ================================================================== subscriptions
+
+    def _replay(self, s: _Session, plan: Plan, from_seq: int) -> None:
+        for event in plan.events_after(from_seq):
+            self._send(s.conn_id, event)
+
+    def _emit(self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False) -> None:
+        """Stamp the next seq on an event of the plan and send it to its subscribers."""
+        event = plan.append_event(
+            kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self.config.max_events_per_plan
+        )
+        for conn_id in self.subscriptions.followers(plan.id):
+            self._send(conn_id, event)
+
+    def _fail(self, plan: Plan, worker_id: str | None, error: ErrorInfo) -> None:
+        """Record why the plan failed (the table move is done) and end its stream with ``failed``."""
+        plan.error = error
+        data = {"code": error.code, "message": error.message, "detail": error.detail, "worker_id": worker_id}
+        self._emit(plan, "failed", {**data, "attempt": plan.attempt})
+
+    # ================================================================== placement (§Placement)
+
+    def _enqueue(self, plan: Plan, now: float) -> None:
+        """Place a queued plan now if an alive worker with room can run it, else queue it and say why."""
+        signature = Signature.of(plan.op, plan.requirements, plan.avoid)
+        eligible = (w for w in self.registry.iter_alive(now) if w.has_capacity() and signature.admits(w))
+        best = WorkerRegistry.least_loaded(eligible)
+        if best is not None:
+            self._assign(plan, best)
+            return
+        self.queue.push(plan.id, signature, plan.priority, plan.order)
+        self._set_waiting(plan, explain_wait(signature, self.registry.iter_alive(now)))
+
+    def _fill_worker(self, record: WorkerRecord, now: float) -> None:
+        """Give a worker with room the best queued plans it can run, one signature check per group."""
+        if not self.registry.is_alive(record.id, now):
+            return
+        while record.has_capacity():
+            plan_id = self.queue.best_for(lambda signature: signature.admits(record))
+            if plan_id is None:
+                return
+            self._assign(self.plans[plan_id], record)
+
+    def _assign(self, plan: Plan, record: WorkerRecord) -> None:
+        self.queue.discard(plan.id)
+        advance(plan, "assign")
+        plan.attempt += 1
+        plan.worker_id = record.id
+        plan.waiting_reason = None
+        self.registry.claim(record.id, plan.id)
+        if record.conn_id is not None:
+            assign = Assign(plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s)
+            self._send(record.conn_id, assign)
+        self._emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt})
+
+    def _set_waiting(self, plan: Plan, reason: str) -> None:
+        if plan.waiting_reason != reason:  # §Plan lifecycle: emitted again only when the reason changes
+            plan.waiting_reason = reason
+            self._emit(plan, "waiting", {"reason": reason})
+
+    def _refresh_waiting(self, now: float) -> None:
+        """Re-explain every queued group after the set of alive workers changed.
+
+        A group's plans are visited only when its reason changed since the last refresh.
+        """
+        alive = self.registry.alive(now)
+        for signature in self.queue.signatures():
+            reason = explain_wait(signature, alive)
+            if reason == self.queue.group_reason(signature):
+                continue
+            for plan_id in self.queue.plans_in(signature):
+                self._set_waiting(self.plans[plan_id], reason)
+            self.queue.set_group_reason(signature, reason)
+
+    def _requeue(self, plan: Plan, why: str, now: float) -> None:
+        """A leased/running plan is back to queued (the table move is done); tell its stream and place it."""
+        plan.worker_id = None
+        self.counters["plans_requeued"] += 1
+        log.info("plan requeued", plan_id=plan.id, reason=why, next_attempt=plan.attempt + 1)
+        self._emit(plan, "requeued", {"reason": why, "attempt": plan.attempt + 1})
+        self._enqueue(plan, now)
+
+    def _lease_lost(self, plan: Plan, worker_id: str, why: str, now: float) -> None:
+        """The worker holding the plan's lease is gone: requeue it, or fail it after its last attempt."""
+        if plan.terminal or plan.worker_id != worker_id:
+            return  # a cancelled plan only held the lease; nothing is left to do
+        if plan.attempt >= plan.max_attempts:
+            advance(plan, "worker_lost.final")
+            message = f"{why} on attempt {plan.attempt} of {plan.max_attempts}; no attempts left"
+            log.warning("plan failed: worker lost", plan_id=plan.id, worker_id=worker_id, attempt=plan.attempt)
+            self._fail(plan, worker_id, ErrorInfo(errors.WORKER_LOST, message))
+        else:
+            advance(plan, "worker_lost")
+            self._requeue(plan, why, now)
+
+    # ================================================================== effects
+
+    def _send(self, conn_id: int, msg: Any) -> None:
+        session = self._sessions.get(conn_id)
+        if session is not None and not session.closing:
+            self._effects.sends.setdefault(conn_id, []).append(msg)
+
+    def _close(self, s: _Session, code: int, reason: str) -> None:
+        if not s.closing:
+            s.closing = True
+            self._effects.closes.append((s.conn_id, code, reason))
+
+    def _protocol_error(
+        self, s: _Session, code: str, message: str, *, req_id: int = 0, plan_id: str | None = None
+    ) -> None:
+        """Answer a message that broke the protocol; too many on one session close it with 4400."""
+        s.protocol_errors += 1
+        self.counters["protocol_errors"] += 1
+        self._send(s.conn_id, Error(code=code, message=message, req_id=req_id, plan_id=plan_id))
+        if s.protocol_errors >= self.config.max_protocol_errors:
+            self._close(s, errors.CLOSE_PROTOCOL, f"too many protocol errors ({s.protocol_errors})")

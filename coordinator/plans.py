@@ -1,0 +1,315 @@
+"""Plans: their record, their event stream and the one table their states move through.
+
+Rules (docs/SEMANTICS.md §Plan lifecycle and events):
+
+* A plan is ``queued`` when submitted. Placement ``assign``s it to a worker (``leased``);
+  the worker's ``accept`` makes it ``running``; its ``done`` ends it with the worker's
+  outcome. ``succeeded``, ``failed`` and ``cancelled`` are terminal: no event leaves them.
+* A ``reject`` (or, later, a ``revoke``) of a leased plan puts it back to ``queued``.
+* A lost worker's leased or running plan goes back to ``queued`` (``worker_lost``), or
+  to ``failed`` once it has used its last attempt (``worker_lost.final``).
+* A client ``cancel`` ends a queued, leased or running plan at once.
+
+Theory of operation. The table below is the whole state machine: :func:`advance` looks
+up ``(state, event)`` and either moves the plan or raises
+:class:`~coordinator.errors.InvalidTransition` naming both, leaving the plan untouched.
+The worker's ``done`` is three events, ``done.<outcome>``, so that every key has exactly
+one destination and the table stays data. The core decides *which* event applies
+(e.g. whether a loss is final); this module only checks that the move is legal.
+
+Attempts fence leases. A new plan has attempt 0 and every ``assign`` increments it, so
+the first lease is attempt 1; a message naming an older attempt is stale.
+
+Events. Every plan has one stream whose ``seq`` the coordinator stamps 1, 2, 3, ...
+The stream is held in memory, bounded by ``max_events`` per plan: past the bound the
+oldest ephemeral events go first, then the oldest durable ones (never the newest).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from coordinator.errors import InvalidTransition
+from protocol.messages import ErrorInfo, Event, Outcome, PlanInfo, PlanStateName, Requirements, Submit
+
+__all__ = [
+    "RESERVED_KINDS",
+    "TRANSITIONS",
+    "Plan",
+    "PlanEventName",
+    "Subscriptions",
+    "advance",
+    "done_event",
+    "submit_problem",
+]
+
+PlanEventName = Literal[
+    "assign",
+    "accept",
+    "reject",
+    "revoke",
+    "cancel",
+    "done.succeeded",
+    "done.failed",
+    "done.cancelled",
+    "worker_lost",
+    "worker_lost.final",
+]
+
+_LIVE: Final = ("leased", "running")
+
+# THE transition table: (state, event) -> new state. Anything absent is illegal.
+TRANSITIONS: Final[dict[tuple[PlanStateName, PlanEventName], PlanStateName]] = {
+    ("queued", "assign"): "leased",
+    ("queued", "cancel"): "cancelled",
+    ("leased", "accept"): "running",
+    ("leased", "reject"): "queued",
+    ("leased", "revoke"): "queued",
+    **{(state, "done.succeeded"): "succeeded" for state in _LIVE},
+    **{(state, "done.failed"): "failed" for state in _LIVE},
+    **{(state, "done.cancelled"): "cancelled" for state in _LIVE},
+    **{(state, "worker_lost"): "queued" for state in _LIVE},
+    **{(state, "worker_lost.final"): "failed" for state in _LIVE},
+    **{(state, "cancel"): "cancelled" for state in _LIVE},
+}
+
+# Lifecycle kinds the coordinator stamps itself; a worker event using one is refused.
+RESERVED_KINDS: Final = frozenset(
+    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled"}
+)
+
+_DONE_EVENTS: Final[dict[Outcome, PlanEventName]] = {
+    "succeeded": "done.succeeded",
+    "failed": "done.failed",
+    "cancelled": "done.cancelled",
+}
+
+
+def done_event(outcome: Outcome) -> PlanEventName:
+    """The table event for a worker's ``done`` with ``outcome``."""
+    return _DONE_EVENTS[outcome]
+
+
+@dataclass(eq=False)
+class Plan:
+    """One plan, from submit to its terminal state.
+
+    Attributes:
+        id: client-chosen idempotency key, or generated.
+        op: the handler name a worker must list in its capabilities.
+        args: any msgpack value, passed to the handler untouched.
+        requirements: what a worker must have.
+        priority: higher is placed first.
+        timeout_s: handed to the worker in ``assign``; None for no limit.
+        max_attempts: leases a plan may lose to dead workers before it fails.
+        owner: the principal of the client that submitted it.
+        order: submit order number; the queue's age tie-break (older first).
+        state: where it is in the table.
+        attempt: the current (or last) lease number; 0 before the first assign.
+        worker_id: the worker of the current (or last) lease.
+        result: the handler's result once succeeded.
+        error: why it failed.
+        events: the held part of its stream, in seq order.
+        next_seq: the seq the next event gets.
+        waiting_reason: why it cannot be placed now, while queued.
+        avoid: workers that rejected it; it is not offered to them again.
+    """
+
+    id: str
+    op: str
+    args: Any
+    requirements: Requirements
+    priority: int
+    timeout_s: float | None
+    max_attempts: int
+    owner: str
+    order: int
+    state: PlanStateName = "queued"
+    attempt: int = 0
+    worker_id: str | None = None
+    result: Any = None
+    error: ErrorInfo | None = None
+    events: list[Event] = field(default_factory=list)
+    next_seq: int = 1
+    waiting_reason: str | None = None
+    avoid: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
+        """A new queued plan from a validated ``submit``."""
+        return cls(
+            id=plan_id,
+            op=msg.op,
+            args=msg.args,
+            requirements=msg.requirements,
+            priority=msg.priority,
+            timeout_s=msg.timeout_s,
+            max_attempts=msg.max_attempts,
+            owner=owner,
+            order=order,
+        )
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the plan reached a final state."""
+        return self.state in ("succeeded", "failed", "cancelled")
+
+    def lease_note(self) -> str:
+        """Where the plan's lease is now, for the message that refuses a stale one."""
+        if self.terminal:
+            return f"it already ended {self.state}"
+        if self.state == "queued" or self.worker_id is None:
+            return f"it is queued again after attempt {self.attempt}"
+        return f"its lease is attempt {self.attempt} on worker {self.worker_id}"
+
+    def append_event(self, kind: str, data: Any, *, attempt: int, ephemeral: bool, max_events: int) -> Event:
+        """Stamp the next ``seq`` on an event, hold it, and return it.
+
+        Past ``max_events`` the held stream is compacted (see :meth:`_compact`).
+        """
+        event = Event(plan_id=self.id, kind=kind, data=data, seq=self.next_seq, attempt=attempt, ephemeral=ephemeral)
+        self.next_seq += 1
+        self.events.append(event)
+        if len(self.events) > max_events:
+            self._compact(max_events)
+        return event
+
+    def _compact(self, max_events: int) -> None:
+        """Shrink the held stream to at most ``max_events``, oldest ephemeral events first.
+
+        It drops a tenth more than needed so that a stream of tokens at the bound pays
+        for one compaction per tenth of the bound, not one per event.
+        """
+        target = max(1, max_events - max_events // 10)
+        excess = len(self.events) - target
+        kept: list[Event] = []
+        for event in self.events:
+            if excess > 0 and event.ephemeral:
+                excess -= 1
+            else:
+                kept.append(event)
+        if excess > 0:
+            kept = kept[excess:]
+        self.events = kept
+
+    def events_after(self, from_seq: int) -> list[Event]:
+        """Held events with ``seq > from_seq``, in order."""
+        start = bisect.bisect_right(self.events, from_seq, key=lambda e: e.seq)
+        return self.events[start:]
+
+    def info(self) -> PlanInfo:
+        """The ``get_plan``/``cancel`` view of this plan."""
+        return PlanInfo(
+            id=self.id,
+            op=self.op,
+            state=self.state,
+            attempt=self.attempt,
+            worker_id=self.worker_id,
+            priority=self.priority,
+            requirements=self.requirements,
+            result=self.result,
+            error=self.error,
+            last_seq=self.next_seq - 1,
+            waiting_reason=self.waiting_reason,
+        )
+
+
+def advance(plan: Plan, event: PlanEventName) -> PlanStateName:
+    """Move ``plan`` along the table.
+
+    Returns:
+        The new state.
+
+    Raises:
+        InvalidTransition: ``(plan.state, event)`` is not in the table; the plan is unchanged.
+    """
+    try:
+        new_state = TRANSITIONS[plan.state, event]
+    except KeyError:
+        raise InvalidTransition(plan.id, plan.state, event) from None
+    plan.state = new_state
+    return new_state
+
+
+def submit_problem(msg: Submit) -> str | None:
+    """Why a submit is invalid, in words a person can act on; None when it is valid."""
+    if not msg.op.strip():
+        return "op must be a non-empty handler name"
+    if msg.max_attempts < 1:
+        return f"max_attempts must be at least 1 (got {msg.max_attempts})"
+    if msg.timeout_s is not None and not msg.timeout_s > 0:  # written so that NaN fails too
+        return f"timeout_s must be a positive number of seconds or null (got {msg.timeout_s})"
+    if msg.plan_id is not None and not msg.plan_id:
+        return "plan_id must be non-empty when given"
+    if msg.requirements.min_gpu_memory_bytes < 0:
+        return f"requirements.min_gpu_memory_bytes must be >= 0 (got {msg.requirements.min_gpu_memory_bytes})"
+    return None
+
+
+class Subscriptions:
+    """Which client connections follow which plan streams.
+
+    A connection follows plans one by one, or every plan of a principal (``all``), now and
+    future; the core adds ``all`` followers of the owner to a new plan before its first
+    event, so sending an event is one set lookup.
+    """
+
+    def __init__(self) -> None:
+        self._by_plan: dict[str, set[int]] = {}
+        self._by_conn: dict[int, set[str]] = {}
+        self._all: dict[str, set[int]] = {}  # principal -> conns following all its plans
+        self._all_of_conn: dict[int, str] = {}
+
+    def followers(self, plan_id: str) -> set[int] | tuple[()]:
+        """Connections following a plan."""
+        return self._by_plan.get(plan_id, ())
+
+    def plans_of(self, conn_id: int) -> set[str]:
+        """Plans a connection follows one by one (a copy)."""
+        return set(self._by_conn.get(conn_id, ()))
+
+    def all_followers(self, principal: str) -> list[int]:
+        """Connections following every plan of ``principal``."""
+        return sorted(self._all.get(principal, ()))
+
+    def follows_all(self, conn_id: int) -> bool:
+        """Whether the connection follows every plan of its principal."""
+        return conn_id in self._all_of_conn
+
+    def add(self, plan_id: str, conn_id: int) -> None:
+        """Follow one plan. Idempotent."""
+        self._by_plan.setdefault(plan_id, set()).add(conn_id)
+        self._by_conn.setdefault(conn_id, set()).add(plan_id)
+
+    def remove(self, plan_id: str, conn_id: int) -> None:
+        """Stop following one plan; a plan not followed is ignored."""
+        _discard(self._by_plan, plan_id, conn_id)
+        _discard(self._by_conn, conn_id, plan_id)
+
+    def add_all(self, principal: str, conn_id: int) -> None:
+        """Follow every plan of ``principal`` submitted from now on."""
+        self._all.setdefault(principal, set()).add(conn_id)
+        self._all_of_conn[conn_id] = principal
+
+    def remove_all(self, conn_id: int) -> None:
+        """Stop following future plans of the connection's principal."""
+        principal = self._all_of_conn.pop(conn_id, None)
+        if principal is not None:
+            _discard(self._all, principal, conn_id)
+
+    def drop(self, conn_id: int) -> None:
+        """Forget a connection entirely."""
+        for plan_id in self.plans_of(conn_id):
+            self.remove(plan_id, conn_id)
+        self.remove_all(conn_id)
+
+
+def _discard(index: dict[Any, set[Any]], key: Any, member: Any) -> None:
+    """Remove ``member`` from ``index[key]``, dropping the key once its set is empty."""
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]

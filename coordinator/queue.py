@@ -1,0 +1,219 @@
+"""The plan queue: queued plans grouped by what they need from a worker.
+
+Placement must not scan every queued plan against every worker (DESIGN.md §Placement).
+Plans that need the same thing share a :class:`Signature`: op, sorted tags, accelerator,
+model, minimum GPU memory, python env, plus the workers the plan avoids after they
+rejected it. Whether a worker can run a plan depends only on the signature, so a worker
+with room is matched against the few signatures, not the many plans.
+
+Each signature holds a heap ordered by ``(-priority, submit order)``: higher priority
+first, then older first. Deletion is lazy: :meth:`PlanQueue.discard` forgets the plan and
+its heap entry is skipped when it surfaces. Each push carries a fresh token so a plan
+pushed again (requeued) never revives its old entry.
+
+:func:`explain_wait` turns a signature and the alive workers into the reason a person
+can act on, shown in the plan's ``waiting`` events.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from coordinator.registry import WorkerRecord
+from protocol.messages import Accelerator, Requirements
+
+__all__ = ["PlanQueue", "Signature", "explain_wait"]
+
+
+class Signature(NamedTuple):
+    """What a worker must have to run any plan of a group."""
+
+    op: str
+    tags: tuple[str, ...] = ()
+    accelerator: Accelerator | None = None
+    model: str | None = None
+    min_gpu_memory_bytes: int = 0
+    python_env: str | None = None
+    avoid: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, op: str, requirements: Requirements, avoid: Iterable[str] = ()) -> Signature:
+        """The signature of a plan with this op, requirements and avoided workers."""
+        return cls(
+            op=op,
+            tags=tuple(sorted(set(requirements.tags))),
+            accelerator=requirements.accelerator,
+            model=requirements.model,
+            min_gpu_memory_bytes=requirements.min_gpu_memory_bytes,
+            python_env=requirements.python_env,
+            avoid=tuple(sorted(set(avoid))),
+        )
+
+    def meets(self, worker: WorkerRecord) -> bool:
+        """Whether the worker has everything asked for (ignoring avoidance and capacity)."""
+        return all(check(worker) for _, check in self._checks())
+
+    def admits(self, worker: WorkerRecord) -> bool:
+        """Whether a plan of this signature may be placed on the worker, capacity aside."""
+        return worker.id not in self.avoid and self.meets(worker)
+
+    def _checks(self) -> Iterator[tuple[str, Callable[[WorkerRecord], bool]]]:
+        """Each requirement as (how a person names it, the test), in the order reasons report them."""
+        op = self.op
+        yield f"op {op!r}", lambda w: op in w.capabilities.ops
+        if self.tags:
+            tags = self.tags
+            yield f"tags [{', '.join(tags)}]", lambda w: w.has_tags(tags)
+        if self.accelerator is not None:
+            acc = self.accelerator
+            # A mixed host has several accelerator kinds, so it can serve any single one.
+            yield f"accelerator {acc!r}", lambda w: w.capabilities.accelerator in (acc, "mixed")
+        if self.model is not None:
+            model = self.model
+            yield f"model {model!r}", lambda w: model in w.capabilities.models
+        if self.min_gpu_memory_bytes > 0:
+            need = self.min_gpu_memory_bytes
+            yield (
+                f"a GPU with at least {need / 1e9:.1f} GB of memory",
+                lambda w: any(g.memory_bytes >= need for g in w.capabilities.gpus),
+            )
+        if self.python_env is not None:
+            env = self.python_env
+            yield f"python env {env!r}", lambda w: env in w.capabilities.python_envs
+
+
+def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
+    """Why a plan of ``signature`` cannot be placed on any of the ``alive`` workers.
+
+    The requirements are applied one by one; the first that leaves no worker is the
+    reason, phrased with the ones that did match so the person knows what to change.
+    """
+    pool = list(alive)
+    matched: list[str] = []
+    for name, check in signature._checks():
+        pool = [w for w in pool if check(w)]
+        if not pool:
+            if not matched:
+                return f"no connected worker handles {name}"
+            return f"no worker {_describe(matched)} has {name}"
+        matched.append(name)
+    avoided = sorted(w.id for w in pool if w.id in signature.avoid)
+    pool = [w for w in pool if w.id not in signature.avoid]
+    if not pool:
+        return f"every matching worker rejected it ({', '.join(avoided)})"
+    if all(not w.has_capacity() for w in pool):
+        if len(pool) == 1:
+            return f"the only matching worker ({pool[0].id}) is at capacity"
+        return f"all {len(pool)} matching workers are at capacity"
+    return "waiting for placement"
+
+
+def _describe(matched: list[str]) -> str:
+    """``handling op 'x' with tags [a] and model 'm'`` from the names of met requirements."""
+    head, *rest = matched
+    text = f"handling {head}"
+    if rest:
+        text += " with " + " and ".join(rest)
+    return text
+
+
+@dataclass
+class _Group:
+    """One signature's heap of ``(-priority, order, token, plan_id)``."""
+
+    heap: list[tuple[int, int, int, str]] = field(default_factory=list)
+    reason: str | None = None  # the waiting reason last given to its plans
+
+
+class PlanQueue:
+    """Queued plans, grouped by signature, each group in (priority, age) order."""
+
+    def __init__(self) -> None:
+        self._groups: dict[Signature, _Group] = {}
+        self._live: dict[str, tuple[Signature, int]] = {}  # plan_id -> (its group, live token)
+        self._tokens = itertools.count(1)
+
+    def __contains__(self, plan_id: object) -> bool:
+        return plan_id in self._live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def push(self, plan_id: str, signature: Signature, priority: int, order: int) -> None:
+        """Queue a plan (again). A plan already queued is moved to the new position."""
+        token = next(self._tokens)
+        self._live[plan_id] = (signature, token)
+        group = self._groups.get(signature)
+        if group is None:
+            group = self._groups[signature] = _Group()
+        heapq.heappush(group.heap, (-priority, order, token, plan_id))
+
+    def discard(self, plan_id: str) -> bool:
+        """Take a plan out of the queue; its heap entry is dropped when it surfaces.
+
+        Returns:
+            True if it was queued.
+        """
+        return self._live.pop(plan_id, None) is not None
+
+    def signature_of(self, plan_id: str) -> Signature | None:
+        """The group of a queued plan, None if it is not queued."""
+        entry = self._live.get(plan_id)
+        return None if entry is None else entry[0]
+
+    def _head(self, signature: Signature, group: _Group) -> tuple[int, int, int, str] | None:
+        """The live head of a group, popping dead entries off the top."""
+        heap = group.heap
+        while heap:
+            entry = heap[0]
+            if self._live.get(entry[3]) == (signature, entry[2]):
+                return entry
+            heapq.heappop(heap)
+        return None
+
+    def signatures(self) -> list[Signature]:
+        """Signatures that still have queued plans; empty groups are dropped on the way."""
+        out: list[Signature] = []
+        for signature, group in list(self._groups.items()):
+            if self._head(signature, group) is None:
+                del self._groups[signature]
+            else:
+                out.append(signature)
+        return out
+
+    def best_for(self, admits: Callable[[Signature], bool]) -> str | None:
+        """The best queued plan among the signatures ``admits`` accepts (it is not removed).
+
+        Cost is one ``admits`` call per signature, whatever the number of plans.
+        """
+        best: tuple[int, int, int, str] | None = None
+        for signature in self.signatures():
+            if not admits(signature):
+                continue
+            head = self._head(signature, self._groups[signature])
+            if head is not None and (best is None or head < best):
+                best = head
+        return None if best is None else best[3]
+
+    def plans_in(self, signature: Signature) -> list[str]:
+        """The queued plans of one signature, in queue order."""
+        group = self._groups.get(signature)
+        if group is None:
+            return []
+        live = [e for e in group.heap if self._live.get(e[3]) == (signature, e[2])]
+        return [e[3] for e in sorted(live)]
+
+    def group_reason(self, signature: Signature) -> str | None:
+        """The waiting reason last recorded for a signature's plans."""
+        group = self._groups.get(signature)
+        return None if group is None else group.reason
+
+    def set_group_reason(self, signature: Signature, reason: str | None) -> None:
+        """Record the waiting reason given to a signature's plans."""
+        group = self._groups.get(signature)
+        if group is not None:
+            group.reason = reason

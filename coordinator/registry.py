@@ -1,0 +1,277 @@
+"""The worker registry: who is connected, what they offer, what they hold.
+
+Semantics are the seed's (docs/SEMANTICS.md §Registry):
+
+* ``alive`` = connected and ``now - last_beat <= heartbeat_timeout_s``. A disconnected
+  worker is never alive however fresh its beat; registering the id again reconnects it
+  and refreshes its beat.
+* Leases are the coordinator's own count of plans placed on a worker. ``claim`` is
+  idempotent, ``release`` frees, and either on an unknown worker raises
+  :class:`~coordinator.errors.UnknownWorker` rather than being ignored.
+* Capacity = ``len(leases) < max_concurrency``; ``max_concurrency`` 0 never has room.
+* The reaper drops every worker whose last beat is older than the timeout, connected or
+  not. A disconnected worker keeps its leases until then, so a quick reconnect can
+  continue its plans.
+
+Time comes in as ``now`` (monotonic seconds); nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import structlog
+
+from coordinator.errors import UnknownWorker
+from protocol.messages import Capabilities, Load, WorkerInfo
+
+__all__ = ["WorkerRecord", "WorkerRegistry"]
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(eq=False)
+class WorkerRecord:
+    """One registered worker.
+
+    Attributes:
+        id: the worker's id (from its ``hello``).
+        capabilities: what the host offers.
+        address: the peer address of its session, for operators.
+        conn_id: the session currently holding this id, or None once disconnected.
+        load: the latest load report; None until the first heartbeat.
+        leases: ids of the plans placed on it that it has not finished.
+        last_beat_s: monotonic time of the last register or heartbeat.
+        connected: whether a session holds the id now.
+        last_assigned: order number of its latest claim (0 = never); placement breaks
+            ties by least recently assigned, and a counter (not ``now``) keeps two claims
+            at the same instant ordered.
+    """
+
+    id: str
+    capabilities: Capabilities
+    address: str = ""
+    conn_id: int | None = None
+    load: Load | None = None
+    leases: set[str] = field(default_factory=set)
+    last_beat_s: float = 0.0
+    connected: bool = True
+    last_assigned: int = 0
+
+    def has_capacity(self) -> bool:
+        """Whether it can take one more lease."""
+        return len(self.leases) < self.capabilities.max_concurrency
+
+    def has_tags(self, tags: Iterable[str]) -> bool:
+        """Whether it has every one of ``tags``."""
+        return set(tags).issubset(self.capabilities.tags)
+
+
+class WorkerRegistry:
+    """Every known worker, keyed by id.
+
+    Args:
+        heartbeat_timeout_s: how long after its last beat a worker stops being alive
+            and becomes reapable.
+    """
+
+    def __init__(self, heartbeat_timeout_s: float = 30.0) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._workers: dict[str, WorkerRecord] = {}
+        self._claims = 0
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self._workers
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    def __iter__(self) -> Iterator[WorkerRecord]:
+        """Every record, connected or not, in id order."""
+        return iter([self._workers[wid] for wid in sorted(self._workers)])
+
+    # ------------------------------------------------------------------ membership
+
+    def register(
+        self,
+        worker_id: str,
+        capabilities: Capabilities,
+        now: float,
+        *,
+        address: str = "",
+        conn_id: int | None = None,
+    ) -> WorkerRecord:
+        """Add a worker, or reconnect a known one.
+
+        A known id keeps its leases (its plans may continue) and takes the new
+        capabilities, address and session; its beat is refreshed either way.
+
+        Returns:
+            The worker's record.
+        """
+        record = self._workers.get(worker_id)
+        if record is None:
+            record = WorkerRecord(worker_id, capabilities, address=address, conn_id=conn_id, last_beat_s=now)
+            self._workers[worker_id] = record
+            return record
+        record.capabilities = capabilities
+        record.address = address
+        record.conn_id = conn_id
+        record.connected = True
+        record.last_beat_s = now
+        return record
+
+    def heartbeat(self, worker_id: str, load: Load, now: float) -> WorkerRecord:
+        """Record a beat and the load it carried.
+
+        Raises:
+            UnknownWorker: the id is not registered (never was, or was reaped).
+        """
+        record = self.get(worker_id)
+        record.load = load
+        record.last_beat_s = now
+        return record
+
+    def disconnect(self, worker_id: str) -> None:
+        """Mark a worker's session gone; its record and leases stay until reaped.
+
+        Raises:
+            UnknownWorker: the id is not registered.
+        """
+        record = self.get(worker_id)
+        record.connected = False
+        record.conn_id = None
+
+    def get(self, worker_id: str) -> WorkerRecord:
+        """The record of ``worker_id``.
+
+        Raises:
+            UnknownWorker: the id is not registered.
+        """
+        try:
+            return self._workers[worker_id]
+        except KeyError:
+            raise UnknownWorker(worker_id) from None
+
+    # ------------------------------------------------------------------ liveness
+
+    def is_alive(self, worker_id: str, now: float) -> bool:
+        """Whether the worker is connected and beat within the timeout; False if unknown."""
+        record = self._workers.get(worker_id)
+        return record is not None and self._alive(record, now)
+
+    def _alive(self, record: WorkerRecord, now: float) -> bool:
+        return record.connected and now - record.last_beat_s <= self.heartbeat_timeout_s
+
+    def alive(self, now: float) -> list[WorkerRecord]:
+        """Every alive worker, in id order."""
+        return [r for r in self if self._alive(r, now)]
+
+    def iter_alive(self, now: float) -> Iterator[WorkerRecord]:
+        """Every alive worker, in no particular order: placement breaks ties itself and skips the sort."""
+        return (r for r in self._workers.values() if self._alive(r, now))
+
+    def find(self, tags: Iterable[str], now: float) -> list[WorkerRecord]:
+        """Alive workers that have all of ``tags``, in id order."""
+        wanted = set(tags)
+        return [r for r in self.alive(now) if wanted.issubset(r.capabilities.tags)]
+
+    def stale(self, now: float) -> list[WorkerRecord]:
+        """Workers :meth:`reap` would drop at ``now``, in id order (nothing is removed)."""
+        return [r for r in self if now - r.last_beat_s > self.heartbeat_timeout_s]
+
+    def reap(self, now: float) -> list[str]:
+        """Drop every worker whose last beat is older than the timeout.
+
+        Returns:
+            The dropped ids, sorted.
+        """
+        dropped = [r.id for r in self.stale(now)]
+        for worker_id in dropped:
+            del self._workers[worker_id]
+        if dropped:
+            log.warning("workers reaped", worker_ids=dropped, heartbeat_timeout_s=self.heartbeat_timeout_s)
+        return dropped
+
+    # ------------------------------------------------------------------ leases
+
+    def claim(self, worker_id: str, plan_id: str) -> bool:
+        """Count ``plan_id`` against the worker's capacity. Idempotent.
+
+        Capacity is not checked here: placement checks it before claiming, and a
+        cancelled plan's lease must stay counted whatever the worker's room.
+
+        Returns:
+            True if the lease is new, False if it was already held.
+
+        Raises:
+            UnknownWorker: the id is not registered.
+        """
+        record = self.get(worker_id)
+        if plan_id in record.leases:
+            return False
+        record.leases.add(plan_id)
+        self._claims += 1
+        record.last_assigned = self._claims
+        return True
+
+    def release(self, worker_id: str, plan_id: str) -> bool:
+        """Free a lease. Releasing one not held is a no-op.
+
+        Returns:
+            True if the lease was held.
+
+        Raises:
+            UnknownWorker: the id is not registered.
+        """
+        record = self.get(worker_id)
+        if plan_id not in record.leases:
+            return False
+        record.leases.discard(plan_id)
+        return True
+
+    def has_capacity(self, worker_id: str) -> bool:
+        """Whether the worker can take one more lease.
+
+        Raises:
+            UnknownWorker: the id is not registered.
+        """
+        return self.get(worker_id).has_capacity()
+
+    @staticmethod
+    def least_loaded(candidates: Iterable[WorkerRecord]) -> WorkerRecord | None:
+        """The candidate with the fewest leases; ties go to the least recently assigned, then the lowest id.
+
+        Lease counts are the coordinator's own, so they are exact even when a worker's
+        last load report is seconds old.
+        """
+        return min(candidates, key=lambda r: (len(r.leases), r.last_assigned, r.id), default=None)
+
+    # ------------------------------------------------------------------ reporting
+
+    def info(self, worker_id: str, now: float) -> WorkerInfo:
+        """The ``list_workers`` row of one worker.
+
+        Raises:
+            UnknownWorker: the id is not registered.
+        """
+        r = self.get(worker_id)
+        return WorkerInfo(
+            id=r.id,
+            capabilities=r.capabilities,
+            load=r.load,
+            leases=len(r.leases),
+            connected=r.connected,
+            alive=self._alive(r, now),
+            last_beat_age_s=max(0.0, now - r.last_beat_s),
+            address=r.address,
+        )
+
+    def summary(self, now: float) -> str:
+        """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers; GB = 10^9 bytes."""
+        alive = self.alive(now)
+        cpus = sum(r.capabilities.cpu_cores for r in alive)
+        gpus = sum(len(r.capabilities.gpus) for r in alive)
+        ram_gb = sum(r.capabilities.ram_bytes for r in alive) / 1e9
+        return f"{len(alive)} workers ({cpus} CPUs, {gpus} GPUs, {ram_gb:.1f} GB RAM)"

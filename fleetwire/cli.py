@@ -1,0 +1,449 @@
+"""The ``fleetwire`` command line.
+
+Commands: ``up`` (local coordinator + workers, zero config), ``coordinator``, ``worker``,
+``submit``, ``watch``, ``workers``, ``cancel``, ``protocol schema``. Client commands read
+``FLEETWIRE_URL`` and ``FLEETWIRE_TOKEN`` (or ``--url``/``--token``). The coordinator and
+the worker agent are imported only by the commands that run them, so the SDK never
+depends on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import msgspec
+
+from fleetwire.client import Client, Plan
+from fleetwire.errors import PlanCancelled, PlanFailed
+from fleetwire.logs import LEVELS, configure_logging
+from protocol import json_schema
+from protocol.errors import FleetwireError
+from protocol.messages import Event, WorkerInfo
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 3
+
+DEFAULT_PORT = 8765
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"fleetwire: error: {message}", file=sys.stderr)
+    return code
+
+
+# ---------------------------------------------------------------------------- client commands
+
+
+def _client_target(ns: argparse.Namespace) -> tuple[str, str | None]:
+    url = ns.url or os.environ.get("FLEETWIRE_URL")
+    if not url:
+        raise SystemExit(_fail("no coordinator URL: pass --url or set FLEETWIRE_URL (`fleetwire up` prints it)"))
+    return url, ns.token or os.environ.get("FLEETWIRE_TOKEN")
+
+
+def _print_event(event: Event, as_json: bool) -> None:
+    if as_json:
+        print(_json({"plan_id": event.plan_id, "seq": event.seq, "kind": event.kind, "data": event.data}), flush=True)
+    else:
+        data = "" if event.data is None else " " + _json(event.data)
+        print(f"[{event.seq}] {event.kind}{data}", flush=True)
+
+
+async def _finish(plan: Plan, *, follow: bool, as_json: bool) -> int:
+    """Wait for the plan's terminal event, printing events as asked; the exit status says the outcome."""
+    async for event in plan.events():
+        if follow:
+            _print_event(event, as_json)
+        elif event.kind == "waiting" and not as_json:
+            print(f"plan {plan.id} waiting: {(event.data or {}).get('reason', '')}", file=sys.stderr, flush=True)
+    try:
+        result = await plan.result()
+    except PlanFailed as exc:
+        if as_json:
+            print(_json({"plan_id": plan.id, "state": "failed", "error": {"code": exc.code, "message": str(exc)}}))
+        else:
+            print(f"plan {plan.id} failed [{exc.code}]: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except PlanCancelled:
+        if as_json:
+            print(_json({"plan_id": plan.id, "state": "cancelled"}))
+        else:
+            print(f"plan {plan.id} cancelled", file=sys.stderr)
+        return EXIT_CANCELLED
+    if as_json:
+        print(_json({"plan_id": plan.id, "state": "succeeded", "result": result}))
+    else:
+        print(_json(result))
+    return EXIT_OK
+
+
+async def _submit(ns: argparse.Namespace) -> int:
+    try:
+        args = json.loads(ns.args) if ns.args is not None else None
+    except json.JSONDecodeError as exc:
+        return _fail(f"--args is not valid JSON: {exc}")
+    url, token = _client_target(ns)
+    async with Client(url, token=token) as client:
+        plan = await client.submit(
+            ns.op,
+            args=args,
+            tags=ns.tag or [],
+            priority=ns.priority,
+            timeout_s=ns.timeout,
+            max_attempts=ns.max_attempts,
+            plan_id=ns.id,
+        )
+        if ns.json:
+            print(_json({"plan_id": plan.id, "state": "queued"}), flush=True)
+        else:
+            print(f"plan {plan.id} submitted", flush=True)
+        if ns.detach:
+            return EXIT_OK
+        return await _finish(plan, follow=ns.follow, as_json=ns.json)
+
+
+async def _watch(ns: argparse.Namespace) -> int:
+    url, token = _client_target(ns)
+    async with Client(url, token=token) as client:
+        plan = await client.watch(ns.plan, from_seq=ns.from_seq)
+        return await _finish(plan, follow=True, as_json=ns.json)
+
+
+async def _cancel(ns: argparse.Namespace) -> int:
+    url, token = _client_target(ns)
+    async with Client(url, token=token) as client:
+        info = await client.cancel(ns.plan)
+    if ns.json:
+        print(_json(info))
+    else:
+        print(f"plan {info.id} {info.state}")
+    return EXIT_OK if info.state == "cancelled" else EXIT_FAILED
+
+
+def _gb(n_bytes: int) -> str:
+    return f"{n_bytes / 1e9:.1f} GB"
+
+
+def _workers_table(rows: list[WorkerInfo]) -> str:
+    header = ("ID", "TAGS", "CPUS", "GPUS", "RAM", "IN-FLIGHT", "LAST BEAT", "STATE")
+    lines: list[tuple[str, ...]] = [header]
+    for w in rows:
+        caps = w.capabilities
+        beat = "-" if w.last_beat_age_s is None else f"{w.last_beat_age_s:.1f}s ago"
+        state = "alive" if w.alive else ("suspect" if w.connected else "disconnected")
+        lines.append((
+            w.id,
+            ",".join(caps.tags) or "-",
+            str(caps.cpu_cores),
+            str(len(caps.gpus)),
+            _gb(caps.ram_bytes),
+            f"{w.leases}/{caps.max_concurrency}",
+            beat,
+            state,
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+                     for line in lines)
+
+
+async def _workers(ns: argparse.Namespace) -> int:
+    url, token = _client_target(ns)
+    async with Client(url, token=token) as client:
+        reply = await client.workers()
+    if ns.json:
+        print(_json({"summary": reply.summary, "workers": reply.workers}))
+    else:
+        print(_workers_table(reply.workers))
+        print(reply.summary)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- daemons
+
+
+def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], client_tokens: tuple[str, ...]) -> Any:
+    from coordinator.server import ServerSettings
+
+    return ServerSettings(
+        host=ns.host,
+        port=ns.port,
+        worker_tokens=worker_tokens,
+        client_tokens=client_tokens,
+        insecure=getattr(ns, "insecure", False),
+        heartbeat_interval_s=ns.heartbeat_interval,
+        heartbeat_timeout_s=ns.heartbeat_timeout,
+        reaper_interval_s=ns.reaper_interval,
+        max_frame_bytes=ns.max_frame_bytes,
+    )
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _coordinator(ns: argparse.Namespace) -> int:
+    from coordinator.server import CoordinatorServer
+
+    worker_token = ns.worker_token or os.environ.get("FLEETWIRE_WORKER_TOKEN")
+    client_token = ns.client_token or os.environ.get("FLEETWIRE_CLIENT_TOKEN")
+    settings = _server_settings(
+        ns, (worker_token,) if worker_token else (), (client_token,) if client_token else ()
+    )
+    try:
+        server = CoordinatorServer(settings, version=_version())
+    except ValueError as exc:
+        return _fail(str(exc))
+    try:
+        await server.start()
+    except OSError as exc:
+        return _fail(f"cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc}")
+    print(f"fleetwire coordinator listening on {server.url}", flush=True)
+    try:
+        await _wait_for_signal()
+    finally:
+        await server.stop()
+    return EXIT_OK
+
+
+async def _worker(ns: argparse.Namespace) -> int:
+    from worker_agent.main import run_worker
+
+    return await run_worker(ns)
+
+
+async def _start_local_worker(
+    url: str, token: str, worker_id: str, ns: argparse.Namespace
+) -> asyncio.subprocess.Process:
+    cmd = [sys.executable, "-m", "fleetwire", "worker", "--url", url, "--id", worker_id,
+           "--tags", ns.tags, "--max-concurrency", str(ns.max_concurrency),
+           "--log-format", ns.log_format, "--log-level", ns.log_level]
+    if ns.allow_shell:
+        cmd.append("--allow-shell")
+    env = {**os.environ, "FLEETWIRE_TOKEN": token}
+    return await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE)
+
+
+async def _await_registered(proc: asyncio.subprocess.Process, worker_id: str, timeout_s: float) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        line = await asyncio.wait_for(proc.stdout.readline(), max(0.1, deadline - time.monotonic()))
+        if not line:
+            raise RuntimeError(f"worker {worker_id} exited with status {await proc.wait()} before registering")
+        if b"registered" in line:
+            return
+
+
+async def _stop_processes(procs: list[asyncio.subprocess.Process], grace_s: float = 10.0) -> None:
+    for proc in procs:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+    for proc in procs:
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
+async def _up(ns: argparse.Namespace) -> int:
+    from coordinator.server import CoordinatorServer
+
+    if ns.workers < 0:
+        return _fail("--workers must be 0 or more")
+    worker_token = secrets.token_urlsafe(24)
+    client_token = secrets.token_urlsafe(24)
+    try:
+        server = CoordinatorServer(_server_settings(ns, (worker_token,), (client_token,)), version=_version())
+        await server.start()
+    except ValueError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc} (try --port 0 for a free port)")
+    ids = [f"local-{i + 1}" for i in range(ns.workers)]
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        for worker_id in ids:
+            procs.append(await _start_local_worker(server.url, worker_token, worker_id, ns))
+        try:
+            await asyncio.gather(*(_await_registered(p, w, 60.0) for p, w in zip(procs, ids, strict=True)))
+        except (RuntimeError, TimeoutError) as exc:
+            return _fail(f"local workers did not start: {exc or 'timed out'}", EXIT_FAILED)
+        print(
+            f"fleetwire is up: coordinator {server.url} with {len(ids)} workers ({', '.join(ids) or 'none'})\n"
+            "In another shell:\n"
+            f"  export FLEETWIRE_URL={server.url}\n"
+            f"  export FLEETWIRE_TOKEN={client_token}\n"
+            "  fleetwire submit echo --args '{\"hello\": 1}' --follow\n"
+            "  fleetwire workers\n"
+            "Workers join this coordinator with:\n"
+            f"  FLEETWIRE_TOKEN={worker_token} fleetwire worker --url {server.url}\n"
+            "Press Ctrl-C to stop.",
+            flush=True,
+        )
+        await _wait_for_signal()
+        print("stopping fleetwire", flush=True)
+    finally:
+        await _stop_processes(procs)
+        await server.stop()
+    return EXIT_OK
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetwire")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+async def _schema(ns: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=2))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=default_port, help=f"port; 0 picks a free one (default {default_port})")
+    p.add_argument("--heartbeat-interval", type=float, default=10.0, metavar="S",
+                   help="seconds between worker heartbeats (default 10)")
+    p.add_argument("--heartbeat-timeout", type=float, default=30.0, metavar="S",
+                   help="a worker silent this long is reaped and its plans requeued (default 30)")
+    p.add_argument("--reaper-interval", type=float, default=None, metavar="S",
+                   help="how often the reaper runs (default: timeout/10, at most 1 s)")
+    p.add_argument("--max-frame-bytes", type=int, default=1 << 20, metavar="N",
+                   help="largest accepted websocket frame (default 1 MiB)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``fleetwire`` argument parser."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
+                        help="log lines on stderr: console, json, or auto (console on a terminal)")
+    common.add_argument("--log-level", choices=LEVELS, default="info")
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", help="coordinator URL, e.g. ws://127.0.0.1:8765 (default $FLEETWIRE_URL)")
+    client.add_argument("--token", help="client token (default $FLEETWIRE_TOKEN)")
+    client.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+
+    parser = argparse.ArgumentParser(
+        prog="fleetwire",
+        description="fleetwire: a control plane for fleets of GPU and CPU hosts.",
+        epilog="Start with `fleetwire up`, then follow what it prints.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("up", parents=[common], help="run a local coordinator and workers (zero config)",
+                       description="Start a coordinator and N local worker processes with fresh tokens, "
+                                   "and print the export lines another shell needs.")
+    _add_server_arguments(p, DEFAULT_PORT)
+    p.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
+    p.add_argument("--max-concurrency", type=int, default=4, help="plans each local worker runs at once (default 4)")
+    p.add_argument("--tags", default="local", help="tags of the local workers (default: local)")
+    p.add_argument("--allow-shell", action="store_true", help="let local workers run the `shell` op")
+    p.set_defaults(func=_up)
+
+    p = sub.add_parser("coordinator", parents=[common], help="run the coordinator daemon",
+                       description="Run the coordinator. Tokens come from --worker-token/--client-token or "
+                                   "FLEETWIRE_WORKER_TOKEN/FLEETWIRE_CLIENT_TOKEN.")
+    _add_server_arguments(p, DEFAULT_PORT)
+    p.add_argument("--worker-token", help="token workers present (default $FLEETWIRE_WORKER_TOKEN)")
+    p.add_argument("--client-token", help="token clients present (default $FLEETWIRE_CLIENT_TOKEN)")
+    p.add_argument("--insecure", action="store_true", help="no tokens at all; only allowed on a loopback --host")
+    p.set_defaults(func=_coordinator)
+
+    from worker_agent.main import add_worker_arguments
+
+    p = sub.add_parser("worker", parents=[common], help="run a worker agent on this host",
+                       description="Run a worker agent that dials the coordinator and runs plans.")
+    add_worker_arguments(p)
+    p.set_defaults(func=_worker)
+
+    p = sub.add_parser("submit", parents=[common, client], help="submit a plan and wait for its outcome",
+                       description="Submit a plan. Prints its id, waits for the outcome and prints the result. "
+                                   "Exit status: 0 succeeded, 1 failed, 3 cancelled, 2 usage error.")
+    p.add_argument("op", help="handler name on the worker, e.g. echo, sleep, shell, python")
+    p.add_argument("--args", help="plan arguments as JSON, e.g. '{\"seconds\": 2}'")
+    p.add_argument("--tag", action="append", help="required worker tag (repeatable)")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="fail the plan after S seconds")
+    p.add_argument("--max-attempts", type=int, default=3, help="attempts lost to dead workers before failing")
+    p.add_argument("--id", help="plan id; submitting the same id again returns the same plan")
+    p.add_argument("--follow", "-f", action="store_true", help="print every event as it arrives")
+    p.add_argument("--detach", "-d", action="store_true", help="print the plan id and exit at once")
+    p.set_defaults(func=_submit)
+
+    p = sub.add_parser("watch", parents=[common, client], help="stream a plan's events until it ends",
+                       description="Stream a plan's events from --from-seq until it ends. "
+                                   "Exit status as for submit.")
+    p.add_argument("plan", help="plan id")
+    p.add_argument("--from-seq", type=int, default=0, help="replay events after this seq (default 0: all)")
+    p.set_defaults(func=_watch)
+
+    p = sub.add_parser("workers", parents=[common, client], help="list workers",
+                       description="Table of workers: id, tags, CPUs, GPUs, RAM, in-flight, last beat, state.")
+    p.set_defaults(func=_workers)
+
+    p = sub.add_parser("cancel", parents=[common, client], help="cancel a plan",
+                       description="Cancel a plan. Exit status 0 when it ends cancelled.")
+    p.add_argument("plan", help="plan id")
+    p.set_defaults(func=_cancel)
+
+    p = sub.add_parser("protocol", parents=[common], help="protocol tools")
+    psub = p.add_subparsers(dest="protocol_command", required=True, metavar="SUBCOMMAND")
+    ps = psub.add_parser("schema", help="print the JSON Schema of every message")
+    ps.set_defaults(func=_schema)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``fleetwire`` console script."""
+    ns = build_parser().parse_args(argv)
+    configure_logging(ns.log_format, ns.log_level)
+    try:
+        return _run(ns.func(ns))
+    except KeyboardInterrupt:
+        return 130
+    except FleetwireError as exc:
+        return _fail(f"{exc} [{exc.code}]", EXIT_FAILED)
+    except (OSError, ConnectionError) as exc:
+        return _fail(f"cannot reach the coordinator: {exc}", EXIT_FAILED)
+

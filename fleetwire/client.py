@@ -1,0 +1,525 @@
+"""The asyncio client SDK: one websocket session with the coordinator.
+
+Usage::
+
+    async with Client("ws://127.0.0.1:8765", token=token) as client:
+        plan = await client.submit("echo", args={"x": 1}, tags=["cpu"])
+        async for event in plan.events():
+            print(event.seq, event.kind, event.data)
+        print(await plan.result())
+
+Theory of operation (docs/PROTOCOL.md §Client session):
+
+* One websocket per ``Client``. Two tasks drive it and nothing else does I/O:
+  the *reader* decodes each frame and dispatches every message synchronously, in
+  order; the *writer* sends everything queued since its last send as one frame
+  (several frames past ``COALESCE_LIMIT_BYTES``).
+  Callers never touch the socket, so any number of coroutines may call at once.
+* A request gets the next ``req_id`` and a future; the reader resolves the future
+  with the reply that echoes the id, or fails it with ``RequestError`` for an
+  ``error`` reply. A reply may carry a hook that runs *in the reader*, before the
+  next message of the frame is dispatched: that is how a ``Plan`` is registered the
+  moment its ``accepted`` (or ``subscribed``) arrives, so none of the events that
+  follow it can slip past.
+* Events go to the ``Plan`` objects registered for their ``plan_id``. Each buffers
+  its events in ``seq`` order and drops any ``seq`` it already holds, so
+  ``events()`` can start late and ``result()`` works without ``events()``.
+* A ``Plan`` takes events only once it is *live*: from its ``accepted`` (a new plan's
+  stream starts after it) or from its own ``subscribed`` (whose replay starts the
+  stream from ``from_seq``). Events that reach it earlier belong to another
+  subscription of this session and could arrive ahead of the replay.
+* When the session ends, every pending call and every unfinished plan fails with
+  ``FleetwireConnectionError``. Resuming after a reconnect needs only
+  ``watch(plan_id, from_seq=plan.last_seq)`` per unfinished plan on a new session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, assert_never
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.typing import Subprotocol
+
+from fleetwire.errors import (
+    AuthError,
+    FleetwireConnectionError,
+    ProtocolError,
+    request_error,
+)
+from fleetwire.plan import Plan
+from protocol import errors as codes
+from protocol.codec import ENCODING_SUBPROTOCOL, Codec, DecodeFailure, Encoding
+from protocol.messages import (
+    TERMINAL_STATES,
+    Accepted,
+    Cancel,
+    Error,
+    Event,
+    GetPlan,
+    ListWorkers,
+    Ok,
+    PlanInfo,
+    PlanReply,
+    Requirements,
+    Submit,
+    Subscribe,
+    Subscribed,
+    ToClient,
+    Workers,
+    type_name,
+)
+
+__all__ = ["CLIENT_PATH", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
+
+log = logging.getLogger("fleetwire.client")
+
+CLIENT_PATH: Final = "/v1/client"
+DEFAULT_MAX_FRAME_BYTES: Final = 16 * 2**20
+# Outgoing frames hold several messages only up to this size: well under the 1 MiB
+# frame limit a coordinator is likely to enforce (websockets' default).
+COALESCE_LIMIT_BYTES: Final = 256 * 2**10
+
+_CLOSE_MEANINGS: Final[dict[int, str]] = {
+    codes.CLOSE_NORMAL: "normal closure",
+    codes.CLOSE_GOING_AWAY: "the coordinator is shutting down",
+    codes.CLOSE_TOO_BIG: "a frame was over the coordinator's size limit",
+    codes.CLOSE_INTERNAL: "internal error in the coordinator",
+    codes.CLOSE_PROTOCOL: "too many protocol errors on this session",
+    codes.CLOSE_FORBIDDEN: "a message this role may not send",
+}
+
+
+def resolve_url(url: str | None) -> str:
+    """The websocket URL to dial: ``url`` or ``$FLEETWIRE_URL``, with ``/v1/client`` when it has no path."""
+    if url is None:
+        url = os.environ.get("FLEETWIRE_URL")
+    if not url:
+        raise ValueError("no coordinator URL: pass url='ws://host:port' or set FLEETWIRE_URL")
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        raise ValueError(f"the coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
+    if parts.path in ("", "/"):
+        parts = parts._replace(path=CLIENT_PATH)
+    return urlunsplit(parts)
+
+
+# --------------------------------------------------------------------------- client
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A request waiting for the reply that echoes its ``req_id``."""
+
+    request: str
+    expect: type[Any]
+    future: asyncio.Future[Any]
+    # Runs in the reader, on the reply, before the next message is dispatched.
+    on_reply: Callable[[Any], Any] | None = None
+
+
+class Client:
+    """An asyncio session with a fleetwire coordinator (docs/PROTOCOL.md §Client session).
+
+    Args:
+        url: ``ws://host:port`` (``/v1/client`` is appended when there is no path);
+            default ``$FLEETWIRE_URL``.
+        token: the client (or admin) bearer token; default ``$FLEETWIRE_TOKEN``. None
+            sends no ``Authorization`` header (a coordinator run with ``--insecure``).
+        encoding: ``"msgpack"`` (binary frames, the default) or ``"json"`` (text frames).
+        open_timeout_s: how long the TCP connect and websocket handshake may take.
+        max_frame_bytes: the largest frame accepted from the coordinator.
+
+    Use as ``async with Client(...) as client:``, or ``await client.connect()`` and
+    ``await client.close()``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        encoding: Encoding = "msgpack",
+        open_timeout_s: float | None = 10.0,
+        max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        if encoding not in ENCODING_SUBPROTOCOL:
+            raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
+        self.url = resolve_url(url)
+        self.encoding: Encoding = encoding
+        self._token = (token if token is not None else os.environ.get("FLEETWIRE_TOKEN")) or None
+        self._open_timeout_s = open_timeout_s
+        self._max_frame_bytes = max_frame_bytes
+        self._codec = Codec(encoding, ToClient, role="coordinator")
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._outbox: list[msgspec.Raw] = []
+        self._outbox_ready = asyncio.Event()
+        self._req_ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._plans: dict[str, list[Plan]] = {}
+        self._closing = False
+        self._ended: FleetwireConnectionError | None = None
+
+    def __repr__(self) -> str:
+        return f"<Client {self.url} {self.encoding}{' closed' if self.closed else ''}>"
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session has ended (closed by either side or lost)."""
+        return self._ended is not None
+
+    # ---- connection
+
+    async def connect(self) -> Client:
+        """Open the websocket session and start the reader and writer.
+
+        Raises:
+            AuthError: HTTP 401 (missing or wrong token) or 403 (not a client token).
+            FleetwireConnectionError: the coordinator is unreachable or refused the upgrade.
+        """
+        if self._ws is not None:
+            raise RuntimeError("this Client is already connected; make a new Client per session")
+        subprotocol = Subprotocol(ENCODING_SUBPROTOCOL[self.encoding])
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            ws = await connect(
+                self.url,
+                subprotocols=[subprotocol],
+                additional_headers=headers,
+                compression=None,
+                open_timeout=self._open_timeout_s,
+                max_size=self._max_frame_bytes,
+                proxy=None,
+            )
+        except InvalidStatus as exc:
+            raise self._handshake_refused(exc.response.status_code) from exc
+        except InvalidURI as exc:
+            raise ValueError(f"invalid coordinator URL {self.url!r}: {exc}") from exc
+        except (OSError, InvalidHandshake) as exc:
+            raise FleetwireConnectionError(f"cannot connect to the coordinator at {self.url}: {exc}") from exc
+        if ws.subprotocol not in (subprotocol, None) or (ws.subprotocol is None and self.encoding != "msgpack"):
+            await ws.close()
+            raise FleetwireConnectionError(
+                f"the coordinator at {self.url} did not accept subprotocol {subprotocol!r} "
+                f"(it selected {ws.subprotocol!r})"
+            )
+        self._ws = ws
+        self._reader = asyncio.create_task(self._read_loop(ws), name="fleetwire-client-reader")
+        self._writer = asyncio.create_task(self._write_loop(ws), name="fleetwire-client-writer")
+        return self
+
+    def _handshake_refused(self, status: int) -> Exception:
+        where = f"the coordinator at {self.url}"
+        if status == 401:
+            if self._token is None:
+                why = "no token was sent; pass token= or set FLEETWIRE_TOKEN to a client token"
+            else:
+                why = "the token is not one of its tokens; check token= / FLEETWIRE_TOKEN"
+            return AuthError(f"{where} refused the connection (HTTP 401): {why}", status=status)
+        if status == 403:
+            return AuthError(
+                f"{where} refused the connection (HTTP 403): the token is valid but its role may not "
+                f"use {CLIENT_PATH} (a worker token?); use a client or admin token",
+                status=status,
+            )
+        if status == 404:
+            return FleetwireConnectionError(
+                f"{where} has no fleetwire endpoint at this path (HTTP 404); give ws://host:port "
+                f"and the SDK appends {CLIENT_PATH}"
+            )
+        return FleetwireConnectionError(f"{where} refused the websocket upgrade (HTTP {status})")
+
+    async def close(self) -> None:
+        """Close the session; pending calls and unfinished plans fail with ``FleetwireConnectionError``."""
+        if self._ws is None:
+            return
+        self._closing = True
+        await self._ws.close()
+        await asyncio.gather(*(task for task in (self._reader, self._writer) if task is not None))
+
+    async def __aenter__(self) -> Client:
+        return await self.connect()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # ---- requests
+
+    async def submit(
+        self,
+        op: str,
+        args: Any = None,
+        *,
+        tags: Iterable[str] | None = None,
+        requirements: Requirements | Mapping[str, Any] | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        max_attempts: int = 3,
+        plan_id: str | None = None,
+    ) -> Plan:
+        """Submit a plan and return it, subscribed from its first event.
+
+        Args:
+            op: the handler name on the worker (``echo``, ``shell``, ...).
+            args: the handler's arguments: any msgpack value (with JSON encoding, bytes
+                travel as base64 strings).
+            tags: tags a worker must all have; added to ``requirements.tags``.
+            requirements: a ``protocol.Requirements`` or a dict of its fields.
+            priority: higher runs first.
+            timeout_s: how long one attempt may run; None for no limit.
+            max_attempts: how many leases lost to dead workers it may use (>= 1).
+            plan_id: an idempotency key: submitting it again returns the existing plan
+                (``plan.duplicate`` is true) and changes nothing.
+
+        Raises:
+            InvalidArgument: the coordinator refused the arguments.
+            ValueError: ``requirements`` has an unknown field or a wrong type.
+        """
+        reqs = _requirements(requirements, tags)
+        msg = Submit(
+            req_id=next(self._req_ids),
+            op=op,
+            args=args,
+            requirements=reqs,
+            priority=priority,
+            timeout_s=timeout_s,
+            max_attempts=max_attempts,
+            plan_id=plan_id,
+            subscribe=True,
+        )
+        plan: Plan = await self._request(msg, Accepted, self._on_accepted)
+        if plan.duplicate:
+            # A duplicate's events were emitted before this session subscribed: replay them
+            # (a coordinator that replays them after ``accepted`` too costs only duplicates,
+            # which the plan drops by seq).
+            await self._subscribe(plan, 0)
+        return plan
+
+    async def watch(self, plan_id: str, *, from_seq: int = 0) -> Plan:
+        """Subscribe to an existing plan; its ``events()`` start after ``from_seq``.
+
+        Raises:
+            PlanNotFound: no such plan (or not one this client may see).
+        """
+        plan = Plan(self, plan_id, from_seq=from_seq)
+        await self._subscribe(plan, from_seq)
+        if from_seq > 0 and not plan.done():
+            # The replay holds only events after from_seq: when the terminal event is not
+            # among them, the plan's record says how it ended.
+            info = await self.get_plan(plan_id)
+            if plan.state is None:
+                plan.state = info.state
+            plan._finish_from_info(info)
+            if plan.done():
+                self._unregister(plan)
+        return plan
+
+    async def get_plan(self, plan_id: str) -> PlanInfo:
+        """The plan's current record.
+
+        Raises:
+            PlanNotFound: no such plan (or not one this client may see).
+        """
+        reply: PlanReply = await self._request(GetPlan(req_id=next(self._req_ids), plan_id=plan_id), PlanReply)
+        return reply.plan
+
+    async def cancel(self, plan_id: str) -> PlanInfo:
+        """Cancel a plan; returns its record after the cancel (a terminal plan is left as is).
+
+        Raises:
+            PlanNotFound: no such plan (or not one this client may see).
+        """
+        reply: PlanReply = await self._request(Cancel(req_id=next(self._req_ids), plan_id=plan_id), PlanReply)
+        return reply.plan
+
+    async def workers(self) -> Workers:
+        """The worker registry: ``reply.workers`` (``WorkerInfo`` rows) and ``reply.summary``."""
+        reply: Workers = await self._request(ListWorkers(req_id=next(self._req_ids)), Workers)
+        return reply
+
+    # ---- internals: requests and plans
+
+    async def _request(self, msg: Any, expect: type[Any], on_reply: Callable[[Any], Any] | None = None) -> Any:
+        if self._ended is not None:
+            raise self._ended
+        if self._ws is None:
+            raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
+        raw = msgspec.Raw(self._codec.encode([msg]))  # an unencodable argument fails here, in the caller
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[msg.req_id] = _Pending(type_name(type(msg)), expect, future, on_reply)
+        try:
+            self._outbox.append(raw)
+            self._outbox_ready.set()
+            return await future
+        finally:
+            self._pending.pop(msg.req_id, None)
+
+    async def _subscribe(self, plan: Plan, from_seq: int) -> None:
+        self._register(plan)
+        msg = Subscribe(req_id=next(self._req_ids), plan_ids=[plan.id], from_seq=from_seq)
+        try:
+            await self._request(msg, Subscribed, lambda _reply: plan._go_live())
+        except BaseException:
+            self._unregister(plan)
+            raise
+
+    def _on_accepted(self, reply: Accepted) -> Plan:
+        # Runs in the reader: registered before the events that follow ``accepted``.
+        # A duplicate's stream began before this session subscribed, so it goes live
+        # only with the replay of its own ``subscribe`` (see ``submit``).
+        plan = Plan(self, reply.plan_id, state=reply.state, duplicate=reply.duplicate, live=not reply.duplicate)
+        self._register(plan)
+        return plan
+
+    def _register(self, plan: Plan) -> None:
+        self._plans.setdefault(plan.id, []).append(plan)
+
+    def _unregister(self, plan: Plan) -> None:
+        plans = self._plans.get(plan.id, [])
+        if plan in plans:
+            plans.remove(plan)
+        if not plans:
+            self._plans.pop(plan.id, None)
+
+    # ---- internals: the reader and the writer
+
+    async def _read_loop(self, ws: ClientConnection) -> None:
+        try:
+            async for frame in ws:
+                for msg in self._codec.decode(frame):
+                    self._dispatch(msg)
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("fleetwire client: dispatch failed; closing the session")
+            await ws.close(codes.CLOSE_INTERNAL, "client error")
+        finally:
+            self._end(self._ending_error(ws))
+
+    def _dispatch(self, msg: ToClient | DecodeFailure) -> None:
+        match msg:
+            case Event():
+                for plan in self._plans.get(msg.plan_id, ()):
+                    plan._feed(msg)
+                if msg.kind in TERMINAL_STATES:
+                    self._drop_finished(msg.plan_id)
+            case Accepted() | Subscribed() | PlanReply() | Workers() | Ok():
+                self._resolve(msg.req_id, msg)
+            case Error():
+                pending = self._pending.pop(msg.req_id, None) if msg.req_id else None
+                if pending is None or pending.future.done():
+                    log.warning("fleetwire client: coordinator error %s: %s", msg.code, msg.message)
+                else:
+                    pending.future.set_exception(
+                        request_error(msg.code, msg.message, req_id=msg.req_id, plan_id=msg.plan_id)
+                    )
+            case DecodeFailure():
+                log.warning("fleetwire client: undecodable message from the coordinator: %s", msg.message)
+            case _:
+                assert_never(msg)
+
+    def _resolve(self, req_id: int, reply: Any) -> None:
+        pending = self._pending.pop(req_id, None)
+        if pending is None or pending.future.done():
+            return  # its caller gave up (cancelled) before the reply came
+        if not isinstance(reply, pending.expect):
+            got, want = type_name(type(reply)), type_name(pending.expect)
+            pending.future.set_exception(
+                ProtocolError(f"the coordinator answered {pending.request!r} with {got!r}, expected {want!r}")
+            )
+            return
+        pending.future.set_result(pending.on_reply(reply) if pending.on_reply else reply)
+
+    def _drop_finished(self, plan_id: str) -> None:
+        # Plans still waiting for their own replay stay registered.
+        plans = [plan for plan in self._plans.get(plan_id, ()) if not plan.done()]
+        if plans:
+            self._plans[plan_id] = plans
+        else:
+            self._plans.pop(plan_id, None)
+
+    async def _write_loop(self, ws: ClientConnection) -> None:
+        try:
+            while True:
+                await self._outbox_ready.wait()
+                self._outbox_ready.clear()
+                # Everything queued while the previous send was in flight goes out
+                # coalesced, in frames of at most COALESCE_LIMIT_BYTES (one larger message
+                # goes alone), so batching never trips the coordinator's frame limit.
+                while self._outbox and self._ended is None:
+                    count, size = 0, 0
+                    for raw in self._outbox:
+                        if count and size + len(raw) > COALESCE_LIMIT_BYTES:
+                            break
+                        count, size = count + 1, size + len(raw)
+                    batch = self._outbox[:count]
+                    del self._outbox[:count]
+                    await ws.send(self._codec.encode(batch), text=self._codec.text)
+                if self._ended is not None:
+                    return
+        except ConnectionClosed:
+            return  # the reader sees the same close and reports it
+        except Exception:
+            log.exception("fleetwire client: send failed; closing the session")
+            await ws.close(codes.CLOSE_INTERNAL, "client error")
+
+    def _ending_error(self, ws: ClientConnection) -> FleetwireConnectionError:
+        if self._closing:
+            return FleetwireConnectionError("the client was closed")
+        rcvd = ws.protocol.close_rcvd
+        if rcvd is None:
+            return FleetwireConnectionError(f"lost the connection to the coordinator at {self.url}")
+        meaning = _CLOSE_MEANINGS.get(rcvd.code, "")
+        text = f"the coordinator closed the session with code {rcvd.code}"
+        text += f" ({meaning})" if meaning else ""
+        text += f": {rcvd.reason}" if rcvd.reason else ""
+        return FleetwireConnectionError(text, close_code=rcvd.code, close_reason=rcvd.reason)
+
+    def _end(self, error: FleetwireConnectionError) -> None:
+        if self._ended is None:
+            self._ended = error
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(self._ended)
+        self._pending.clear()
+        for plans in self._plans.values():
+            for plan in plans:
+                plan._fail(self._ended)
+        self._plans.clear()
+        self._outbox.clear()
+        self._outbox_ready.set()  # lets the writer see the end and return
+
+
+def _requirements(requirements: Requirements | Mapping[str, Any] | None, tags: Iterable[str] | None) -> Requirements:
+    if requirements is None:
+        reqs = Requirements()
+    elif isinstance(requirements, Requirements):
+        reqs = requirements
+    else:
+        unknown = sorted(set(requirements) - set(Requirements.__struct_fields__))
+        if unknown:
+            raise ValueError(f"unknown requirements {unknown}; known: {', '.join(Requirements.__struct_fields__)}")
+        try:
+            reqs = msgspec.convert(dict(requirements), Requirements)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid requirements: {exc}") from exc
+    if tags is not None:
+        if isinstance(tags, str):
+            raise TypeError("tags must be a list of strings, not one string")
+        extra = [tag for tag in tags if tag not in reqs.tags]
+        if extra:
+            reqs = msgspec.structs.replace(reqs, tags=[*reqs.tags, *extra])
+    return reqs

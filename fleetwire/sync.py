@@ -1,0 +1,238 @@
+"""``SyncClient``: the same verbs as ``Client``, synchronous, for scripts and notebooks.
+
+Usage::
+
+    with SyncClient("ws://127.0.0.1:8765", token=token) as client:
+        plan = client.submit("echo", args={"x": 1})
+        for event in plan.events():
+            print(event.kind, event.data)
+        print(plan.result(timeout=60))
+
+The ``Client`` runs on a private event loop in a daemon thread; every call hands a
+coroutine to that loop (``asyncio.run_coroutine_threadsafe``) and waits for it. The
+caller's thread never needs a loop of its own, and one already running there (Jupyter,
+IPython) is never touched, so the same code works in a script and in a notebook.
+Calls may come from several threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from fleetwire.client import DEFAULT_MAX_FRAME_BYTES, Client
+from fleetwire.plan import Plan
+from protocol.codec import Encoding
+from protocol.messages import Event, PlanInfo, PlanStateName, Requirements, Workers
+
+__all__ = ["SyncClient", "SyncPlan"]
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """A blocking session with a fleetwire coordinator; connects on construction.
+
+    Takes the same arguments as ``Client``. Use as a context manager or call ``close()``;
+    a client never closed is dropped with the process (its thread is a daemon).
+
+    Raises:
+        AuthError: the coordinator refused the token (HTTP 401/403).
+        FleetwireConnectionError: the coordinator is unreachable.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        encoding: Encoding = "msgpack",
+        open_timeout_s: float | None = 10.0,
+        max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        client = Client(
+            url, token=token, encoding=encoding, open_timeout_s=open_timeout_s, max_frame_bytes=max_frame_bytes
+        )
+        self.url = client.url
+        self._client = client
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fleetwire-sync-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+        try:
+            self._call(client.connect())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<SyncClient {self.url}{' closed' if self._closed else ''}>"
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the session and stop the private loop. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self._client.close())
+        finally:
+            self._stop_loop()
+
+    # ---- the verbs (see ``Client`` for their arguments and errors)
+
+    def submit(
+        self,
+        op: str,
+        args: Any = None,
+        *,
+        tags: Iterable[str] | None = None,
+        requirements: Requirements | Mapping[str, Any] | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        max_attempts: int = 3,
+        plan_id: str | None = None,
+    ) -> SyncPlan:
+        """Submit a plan; see ``Client.submit``."""
+        plan = self._call(
+            self._client.submit(
+                op,
+                args,
+                tags=tags,
+                requirements=requirements,
+                priority=priority,
+                timeout_s=timeout_s,
+                max_attempts=max_attempts,
+                plan_id=plan_id,
+            )
+        )
+        return SyncPlan(self, plan)
+
+    def watch(self, plan_id: str, *, from_seq: int = 0) -> SyncPlan:
+        """Subscribe to an existing plan; see ``Client.watch``."""
+        return SyncPlan(self, self._call(self._client.watch(plan_id, from_seq=from_seq)))
+
+    def get_plan(self, plan_id: str) -> PlanInfo:
+        """The plan's current record; see ``Client.get_plan``."""
+        return self._call(self._client.get_plan(plan_id))
+
+    def cancel(self, plan_id: str) -> PlanInfo:
+        """Cancel a plan; see ``Client.cancel``."""
+        return self._call(self._client.cancel(plan_id))
+
+    def workers(self) -> Workers:
+        """The worker registry and cluster summary; see ``Client.workers``."""
+        return self._call(self._client.workers())
+
+    # ---- the bridge to the loop thread
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the private loop and wait up to ``timeout`` seconds for it."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("SyncClient methods cannot be called from its own event loop; use Client there")
+        if self._loop.is_closed():
+            coro.close()
+            raise RuntimeError("this SyncClient is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            if future.done():
+                raise  # the coroutine's own TimeoutError
+            future.cancel()
+            raise TimeoutError(f"no answer within {timeout} s") from None
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt in a notebook: stop the wait on the loop too
+            raise
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._call(_cancel_other_tasks())
+        self._call(self._loop.shutdown_asyncgens())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+class SyncPlan:
+    """A ``Plan`` seen from a ``SyncClient``: ``events()`` is a plain iterator."""
+
+    def __init__(self, client: SyncClient, plan: Plan) -> None:
+        self._client = client
+        self._plan = plan
+
+    def __repr__(self) -> str:
+        return repr(self._plan).replace("<Plan", "<SyncPlan", 1)
+
+    @property
+    def id(self) -> str:
+        """The plan id."""
+        return self._plan.id
+
+    @property
+    def state(self) -> PlanStateName | None:
+        """The state the plan's latest lifecycle event implies."""
+        return self._plan.state
+
+    @property
+    def duplicate(self) -> bool:
+        """Whether ``submit`` found an existing plan with the given ``plan_id``."""
+        return self._plan.duplicate
+
+    @property
+    def last_seq(self) -> int:
+        """The ``seq`` of the latest event received."""
+        return self._plan.last_seq
+
+    def done(self) -> bool:
+        """Whether the plan reached a terminal state."""
+        return self._plan.done()
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """The plan's events in ``seq`` order, ending after the terminal event.
+
+        Args:
+            timeout: the longest wait for any one event, in seconds (None: no limit).
+        """
+        events = self._plan.events()
+        while True:
+            event = self._client._call(_next_or_none(events), timeout)
+            if event is None:
+                return
+            yield event
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait up to ``timeout`` seconds for the plan to end; see ``Plan.result``."""
+        return self._client._call(self._plan.result(), timeout)
+
+    def cancel(self) -> PlanInfo:
+        """Cancel the plan; see ``Client.cancel``."""
+        return self._client.cancel(self._plan.id)
+
+
+async def _next_or_none(events: AsyncIterator[Event]) -> Event | None:
+    # StopAsyncIteration cannot cross a concurrent future, so the end is None.
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        return None
+
+
+async def _cancel_other_tasks() -> None:
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,36 @@
+"""Everything in examples/ runs against a real local fleet, so the docs cannot rot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.conftest import ROOT, WORKER_TOKEN, Cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+async def test_submit_and_stream_example(cluster: Cluster) -> None:
+    """examples/submit_and_stream.py streams events, collects results, shows a failure and a waiting plan."""
+    await cluster.coordinator()
+    await cluster.worker("w1")
+    proc = await cluster.script(ROOT / "examples" / "submit_and_stream.py")
+    assert await proc.wait(60) == 0, proc.lines
+    out = "\n".join(proc.lines)
+    assert "result: {'x': 1}" in out
+    assert "failed: timeout" in out
+    assert "waiting: no connected worker handles op 'no-such-op'" in out
+    assert "cancelled:" in out
+    assert proc.lines[-1].startswith("1 workers (") or proc.lines[-1].startswith("1 worker")
+
+
+async def test_custom_handler_example(cluster: Cluster) -> None:
+    """examples/custom_handler.py registers a worker whose word_count handler serves submitted plans."""
+    await cluster.coordinator()
+    worker_env = cluster.env(FLEETWIRE_TOKEN=WORKER_TOKEN)
+    worker = await cluster.script(ROOT / "examples" / "custom_handler.py", env=worker_env)
+    await worker.wait_for_line("registered")
+    submit = await cluster.run("submit", "word_count", "--args", '{"text": "to be or\\nnot to be"}', "--json")
+    assert await submit.wait() == 0
+    assert json.loads(submit.lines[-1])["result"] == {"to": 2, "be": 2, "or": 1, "not": 1}

@@ -1,0 +1,6 @@
+"""The fleetwire worker agent: dials the coordinator and runs plans through handlers."""
+
+from worker_agent.agent import Agent, AuthError
+from worker_agent.handlers import Context, HandlerError, load_handler_spec
+
+__all__ = ["Agent", "AuthError", "Context", "HandlerError", "load_handler_spec"]

@@ -1,0 +1,612 @@
+"""The worker agent: one persistent session to the coordinator (docs/SEMANTICS.md §Worker session).
+
+Theory of operation:
+
+* ``run()`` dials ``/v1/worker``, runs a session, and when the session ends dials again after
+  ``U(0, min(cap, base * 2**n))`` seconds (full jitter; ``n`` counts failures since the last
+  welcome). HTTP 401/403 at the handshake is fatal (``AuthError``): retrying cannot fix a token.
+* A session: send ``hello`` (capabilities; plans still running or with an unsent ``done``) →
+  wait for ``welcome`` (cancel the plans in ``abandon_plans`` without a ``done``) → three tasks:
+  the reader decodes each frame and dispatches every message synchronously (no awaits between
+  decode and state change); the single writer drains the outbox, coalescing everything queued
+  into one frame per send; the heartbeat task queues ``heartbeat(load)`` every interval ±10 %.
+* Plans outlive sessions. Their events and ``done`` go to the outbox whether or not a session
+  is up; a new session's writer sends them after the next ``welcome``. Messages whose send
+  failed are put back (at-least-once: the coordinator may see an event twice, never zero times).
+* A plan is *silenced* (cancelled locally, nothing more sent for it) when the coordinator says
+  its lease is not ours: ``abandon_plans``, ``error(stale_lease)``, or a newer attempt of it.
+* ``stop()``: reject new plans, let running ones finish for up to ``drain_timeout_s`` (a second
+  ``stop()`` skips the wait), silence the rest, send ``goodbye`` and close. Plans stopped this
+  way are handed back: the coordinator requeues them as lost, it does not see them cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import importlib.metadata
+import os
+import random
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, assert_never, overload
+from urllib.parse import urlsplit, urlunsplit
+
+import msgspec
+import structlog
+import structlog.contextvars
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.typing import Subprotocol
+
+import protocol
+from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, Encoding, errors
+from worker_agent.handlers import Context, Handler, builtin_handlers, run_handler
+from worker_agent.outbox import Outbox
+from worker_agent.probe import LoadTracker, probe_capabilities
+
+log = structlog.get_logger(__name__)
+
+F = TypeVar("F", bound=Handler)
+
+#: Reject codes besides ``unknown_op`` (SEMANTICS §Worker session item 4: unknown op, full, draining).
+REJECT_FULL = "full"
+REJECT_DRAINING = "draining"
+
+MAX_BATCH = 4096  # messages per frame before size-splitting
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("fleetwire")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+def worker_url(url: str) -> str:
+    """``ws://host:port`` → ``ws://host:port/v1/worker``; a URL with a path is kept as is."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        raise ValueError(f"coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/v1/worker")
+    return urlunsplit(parts)
+
+
+def default_worker_id() -> str:
+    """Stable for the life of this process: ``<hostname>-<pid>``."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class AuthError(errors.FleetwireError):
+    """The coordinator refused this worker's token at the handshake (HTTP 401 or 403)."""
+
+    code = "unauthorized"
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _PlanRun:
+    """One attempt of one plan on this worker."""
+
+    __slots__ = ("attempt", "cancel_requested", "ctx", "plan_id", "silent", "started_at", "task")
+
+    def __init__(self, plan_id: str, attempt: int, started_at: float) -> None:
+        self.plan_id = plan_id
+        self.attempt = attempt
+        self.started_at = started_at
+        self.ctx: Context
+        self.task: asyncio.Task[protocol.Done] | None = None
+        self.silent = False  # no longer our lease: send nothing more for it
+        self.cancel_requested = False
+
+
+class Agent:
+    """A worker agent. Build it, add handlers, ``await agent.run()``; ``agent.stop()`` ends it.
+
+    Args:
+        url: the coordinator, ``ws://host:port`` (``/v1/worker`` is appended when no path).
+        token: a worker-role bearer token, or None when the coordinator runs ``--insecure``.
+        worker_id: this worker's id; default ``<hostname>-<pid>``.
+        tags: labels plans can require.
+        max_concurrency: plans run at once; assigns beyond it are rejected with ``full``.
+        allow_shell: offer the ``shell`` op (runs arbitrary commands).
+        python_allow: fnmatch patterns of ``module:function`` the ``python`` op may call;
+            empty: no ``python`` op.
+        python_envs: interpreters to advertise besides this one.
+        encoding: ``"msgpack"`` or ``"json"``, offered as the websocket subprotocol.
+        reconnect_base_s, reconnect_cap_s: the backoff's first ceiling and its cap.
+        kill_grace_s: seconds between SIGTERM and SIGKILL for a cancelled plan's subprocesses.
+        drain_timeout_s: how long ``stop()`` lets running plans finish before handing them back.
+        handshake_timeout_s: how long to wait for ``welcome`` after ``hello``.
+        max_frame_bytes: frames are split to stay under this; must not exceed the
+            coordinator's limit. Event data and results are limited to it less 4 KiB.
+        outbox_limit: the most messages queued for sending (see ``Outbox``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        worker_id: str | None = None,
+        tags: Sequence[str] = (),
+        max_concurrency: int = 4,
+        allow_shell: bool = False,
+        python_allow: Sequence[str] = (),
+        python_envs: Sequence[str] = (),
+        encoding: str = "msgpack",
+        reconnect_base_s: float = 0.5,
+        reconnect_cap_s: float = 30.0,
+        kill_grace_s: float = 5.0,
+        drain_timeout_s: float = 30.0,
+        handshake_timeout_s: float = 10.0,
+        max_frame_bytes: int = 1 << 20,
+        outbox_limit: int = 10_000,
+    ) -> None:
+        if encoding not in ENCODING_SUBPROTOCOL:
+            raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
+        if max_concurrency < 0:
+            raise ValueError(f"max_concurrency must be >= 0, got {max_concurrency}")
+        if not 0 < reconnect_base_s <= reconnect_cap_s:
+            raise ValueError("reconnect delays must satisfy 0 < reconnect_base_s <= reconnect_cap_s")
+        if max_frame_bytes < 8192:
+            raise ValueError(f"max_frame_bytes must be >= 8192, got {max_frame_bytes}")
+        self.url = worker_url(url)
+        self.worker_id = worker_id or default_worker_id()
+        self.tags = list(tags)
+        self.max_concurrency = max_concurrency
+        self.python_envs = list(python_envs)
+        self.encoding: Encoding = encoding
+        self.reconnect_base_s = reconnect_base_s
+        self.reconnect_cap_s = reconnect_cap_s
+        self.kill_grace_s = kill_grace_s
+        self.drain_timeout_s = drain_timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self.registered = asyncio.Event()
+        self._token = token
+        self._handlers: dict[str, Handler] = builtin_handlers(allow_shell=allow_shell, python_allow=python_allow)
+        self._codecs: dict[str, Codec] = {}
+        self._capabilities: protocol.Capabilities | None = None
+        self._plans: dict[str, _PlanRun] = {}
+        self._orphans: set[_PlanRun] = set()  # silenced plans whose tasks are still ending
+        self._outbox = Outbox(outbox_limit)
+        self._wakeup = asyncio.Event()  # the outbox has something for the writer
+        self._idle = asyncio.Event()  # no plan is running
+        self._idle.set()
+        self._stop_requested = asyncio.Event()
+        self._stop_now = asyncio.Event()
+        self._stopping = False
+        self._draining = False
+        self._finish_writing = False
+        self._handshake_task: asyncio.Future[Any] | None = None
+        self._load = LoadTracker()
+        self._event_seq = 0
+        self._rng = random.Random()
+        self._log = log.bind(worker_id=self.worker_id)
+
+    # ------------------------------------------------------------------ handlers
+
+    @overload
+    def handler(self, name: F, /) -> F: ...
+    @overload
+    def handler(self, name: str | None = None, /) -> Callable[[F], F]: ...
+
+    def handler(self, name: str | F | None = None, /) -> F | Callable[[F], F]:
+        """Register a handler: ``@agent.handler``, ``@agent.handler()`` or ``@agent.handler("op")``."""
+        if callable(name):
+            self.add_handler(name.__name__, name)
+            return name
+
+        def register(fn: F) -> F:
+            self.add_handler(name or fn.__name__, fn)
+            return fn
+
+        return register
+
+    def add_handler(self, name: str, fn: Handler) -> None:
+        """Offer op ``name``, run by ``fn(ctx, args)`` (replaces a built-in of that name).
+        Ops added while connected are advertised in the next ``hello``."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"handler name must be a non-empty string, got {name!r}")
+        if not callable(fn):
+            raise TypeError(f"handler {name!r} must be callable, got {type(fn).__name__}")
+        self._handlers[name] = fn
+
+    @property
+    def ops(self) -> list[str]:
+        """The ops this worker advertises, sorted."""
+        return sorted(self._handlers)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Connect and serve until ``stop()``, reconnecting after every lost session.
+
+        Raises:
+            AuthError: the coordinator answered the handshake with 401 or 403.
+        """
+        failures = 0
+        try:
+            while not self._stopping:
+                registered = False
+                try:
+                    registered = await self._connect_and_serve()
+                except AuthError:
+                    raise
+                except (OSError, TimeoutError, WebSocketException) as exc:
+                    self._log.warning("cannot reach coordinator", url=self.url, error=f"{type(exc).__name__}: {exc}")
+                except Exception:  # a bug must not end a worker that plans depend on; back off
+                    self._log.exception("session failed")
+                if self._stopping:
+                    break
+                failures = 0 if registered else min(failures + 1, 32)
+                delay = self._rng.uniform(0.0, min(self.reconnect_cap_s, self.reconnect_base_s * 2**failures))
+                self._log.debug("reconnecting", delay_s=round(delay, 3), failures=failures)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop_requested.wait(), delay)
+        finally:
+            self.registered.clear()
+            await self._silence_all("worker stopping")
+
+    def stop(self) -> None:
+        """Stop gracefully (see the module docstring); a second call skips the drain wait.
+
+        Call it on the agent's event loop (e.g. from ``loop.add_signal_handler``).
+        """
+        if self._stopping:
+            self._stop_now.set()
+            return
+        self._stopping = True
+        self._stop_requested.set()
+        if self._handshake_task is not None:
+            self._handshake_task.cancel()
+
+    # ------------------------------------------------------------------ session
+
+    def _codec(self, subprotocol: str | None) -> Codec:
+        encoding = SUBPROTOCOLS.get(subprotocol or "", "msgpack")  # none selected → msgpack
+        codec = self._codecs.get(encoding)
+        if codec is None:
+            codec = self._codecs[encoding] = Codec(encoding, protocol.messages.ToWorker, "coordinator")
+        return codec
+
+    def _hello(self) -> protocol.Hello:
+        if self._capabilities is None:  # GPUs, RAM and CPUs do not change; probe once
+            self._capabilities = probe_capabilities(
+                tags=self.tags, max_concurrency=self.max_concurrency, ops=(), python_envs=self.python_envs
+            )
+        running = [protocol.RunningPlan(plan_id=r.plan_id, attempt=r.attempt) for r in self._plans.values()]
+        running += self._outbox.pending_done()
+        caps = msgspec.structs.replace(self._capabilities, ops=self.ops)
+        return protocol.Hello(worker_id=self.worker_id, capabilities=caps, running=running, version=_version())
+
+    async def _connect_and_serve(self) -> bool:
+        """One session; returns whether it got as far as ``welcome``."""
+        self._handshake_task = asyncio.ensure_future(self._handshake())
+        try:
+            shaken = await self._handshake_task
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._stopping and task is not None and not task.cancelling():
+                return False  # stop() interrupted the handshake
+            raise
+        finally:
+            self._handshake_task = None
+        if shaken is None:
+            return False
+        ws, codec, welcome, early = shaken
+        async with ws:
+            self._on_welcome(welcome)
+            for msg in early:
+                self._dispatch(msg)
+            await self._serve(ws, codec, welcome)
+        return True
+
+    async def _handshake(self) -> tuple[ClientConnection, Codec, protocol.Welcome, list[Any]] | None:
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        try:
+            ws = await connect(
+                self.url,
+                additional_headers=headers,
+                subprotocols=[Subprotocol(ENCODING_SUBPROTOCOL[self.encoding])],
+                compression=None,
+                max_size=64 << 20,
+                open_timeout=self.handshake_timeout_s,
+            )
+        except InvalidStatus as exc:
+            status = exc.response.status_code
+            if status == 401:
+                raise AuthError(
+                    f"coordinator at {self.url} refused the worker token (HTTP 401): "
+                    "pass a valid worker token with --token or FLEETWIRE_TOKEN",
+                    status=status,
+                ) from None
+            if status == 403:
+                raise AuthError(
+                    f"coordinator at {self.url} accepted the token but not for a worker (HTTP 403): "
+                    "use a token with the worker role",
+                    status=status,
+                ) from None
+            raise
+        try:
+            codec = self._codec(ws.subprotocol)
+            self._outbox.discard_heartbeats()
+            await ws.send(codec.encode([self._hello()]), text=codec.text)
+            early: list[Any] = []
+            async with asyncio.timeout(self.handshake_timeout_s):
+                while True:
+                    msgs = codec.decode(await ws.recv())
+                    for index, msg in enumerate(msgs):
+                        if isinstance(msg, protocol.Welcome):
+                            return ws, codec, msg, early + msgs[index + 1 :]
+                        if isinstance(msg, protocol.Error):
+                            self._log.error("coordinator refused hello", code=msg.code, message=msg.message)
+                            await ws.close()
+                            return None
+                        early.append(msg)
+        except TimeoutError:
+            self._log.warning("no welcome from coordinator", timeout_s=self.handshake_timeout_s)
+            await ws.close()
+            return None
+        except BaseException:
+            await ws.close()
+            raise
+
+    def _on_welcome(self, welcome: protocol.Welcome) -> None:
+        for plan_id in welcome.abandon_plans:
+            run = self._plans.get(plan_id)
+            if run is not None:
+                self._silence(run, "abandoned by the coordinator")
+            else:
+                self._outbox.purge(plan_id)
+        self._finish_writing = False
+        self.registered.set()
+        self._log.info(
+            "registered",
+            url=self.url,
+            continue_plans=len(welcome.continue_plans),
+            abandon_plans=len(welcome.abandon_plans),
+        )
+
+    async def _serve(self, ws: ClientConnection, codec: Codec, welcome: protocol.Welcome) -> None:
+        interval = welcome.heartbeat_interval_s if welcome.heartbeat_interval_s > 0 else 10.0
+        reader = asyncio.ensure_future(self._read_loop(ws, codec))
+        writer = asyncio.ensure_future(self._write_loop(ws, codec))
+        beater = asyncio.ensure_future(self._heartbeat_loop(interval))
+        stopper = asyncio.ensure_future(self._stop_requested.wait())
+        tasks = (reader, writer, beater, stopper)
+        try:
+            await asyncio.wait((reader, writer, stopper), return_when=asyncio.FIRST_COMPLETED)
+            if stopper.done() and not reader.done() and not writer.done():
+                await self._leave(ws, reader, writer)
+        finally:
+            self.registered.clear()
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results[:2]:
+            if isinstance(result, Exception) and not isinstance(result, ConnectionClosed):
+                self._log.error("session task failed", error=f"{type(result).__name__}: {result}", exc_info=result)
+        level = "info" if self._stopping or ws.close_code in (1000, 1001) else "warning"
+        if ws.close_code == errors.CLOSE_REPLACED:
+            level = "error"  # another process registered with our id
+        getattr(self._log, level)(
+            "disconnected", close_code=ws.close_code, close_reason=ws.close_reason, running=len(self._plans)
+        )
+
+    async def _read_loop(self, ws: ClientConnection, codec: Codec) -> None:
+        async for frame in ws:
+            for msg in codec.decode(frame):
+                self._dispatch(msg)
+
+    async def _write_loop(self, ws: ClientConnection, codec: Codec) -> None:
+        """The session's only sender: everything queued goes out coalesced into one frame."""
+        outbox = self._outbox
+        while True:
+            if not outbox:
+                if self._finish_writing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            chunks = self._frames(codec, outbox.take(MAX_BATCH))
+            for index, (frame, _) in enumerate(chunks):
+                try:
+                    await ws.send(frame, text=codec.text)
+                except BaseException:
+                    outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
+                    raise
+
+    def _frames(self, codec: Codec, msgs: list[Any]) -> list[tuple[bytes, list[Any]]]:
+        """Encode ``msgs`` into as few frames as fit ``max_frame_bytes``."""
+        try:
+            frame = codec.encode(msgs)
+        except (TypeError, ValueError, OverflowError) as exc:
+            if len(msgs) == 1:  # handlers' payloads are checked, so this is a bug: do not wedge
+                self._log.error("dropping unencodable message", msg_type=type(msgs[0]).__name__, error=str(exc))
+                return []
+            frame = b""
+        if frame and (len(frame) <= self.max_frame_bytes or len(msgs) == 1):
+            return [(frame, msgs)]
+        mid = len(msgs) // 2
+        return self._frames(codec, msgs[:mid]) + self._frames(codec, msgs[mid:])
+
+    async def _heartbeat_loop(self, interval_s: float) -> None:
+        while True:
+            self._enqueue(protocol.Heartbeat(load=self._load.snapshot()))
+            await asyncio.sleep(interval_s * self._rng.uniform(0.9, 1.1))
+
+    async def _leave(self, ws: ClientConnection, reader: asyncio.Future[None], writer: asyncio.Future[None]) -> None:
+        """Graceful stop while connected: drain, hand back what is left, goodbye, close."""
+        self._log.info("stopping", running=len(self._plans), drain_timeout_s=self.drain_timeout_s)
+        if self._plans and self.drain_timeout_s > 0:
+            idle = asyncio.ensure_future(self._idle.wait())
+            now = asyncio.ensure_future(self._stop_now.wait())
+            await asyncio.wait(
+                (idle, now, reader, writer), timeout=self.drain_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            idle.cancel()
+            now.cancel()
+        for run in list(self._plans.values()):
+            self._silence(run, "handed back: worker stopping")
+        self._enqueue(protocol.Goodbye(reason="worker stopping"))
+        self._finish_writing = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.shield(writer), 5.0)
+        await ws.close()
+
+    # ------------------------------------------------------------------ dispatch (no awaits)
+
+    def _enqueue(self, msg: Any) -> None:
+        if self._outbox.append(msg):
+            self._log.warning("outbox full: dropped old events", dropped_total=self._outbox.dropped)
+        self._wakeup.set()
+
+    def _dispatch(self, msg: protocol.messages.ToWorker | DecodeFailure) -> None:
+        match msg:
+            case protocol.Assign():
+                self._on_assign(msg)
+            case protocol.Cancel():
+                self._on_cancel(msg)
+            case protocol.Error():
+                self._on_error(msg)
+            case protocol.Drain():
+                self._draining = True
+                self._log.info("draining: new plans will be rejected", deadline_s=msg.deadline_s)
+            case protocol.Revoke():
+                pass  # plans start on assign, so a revoke always finds it started (or unknown)
+            case protocol.Ack():
+                pass  # v1 keeps no replay buffer to trim
+            case protocol.Welcome():
+                self._log.warning("ignored a second welcome")
+            case DecodeFailure():
+                self._log.warning("undecodable message from coordinator", code=msg.code, message=msg.message)
+            case _:
+                assert_never(msg)
+
+    def _reject(self, assign: protocol.Assign, code: str, reason: str) -> None:
+        self._log.debug("rejecting plan", plan_id=assign.plan_id, code=code)
+        self._enqueue(protocol.Reject(plan_id=assign.plan_id, attempt=assign.attempt, code=code, reason=reason))
+
+    def _on_assign(self, assign: protocol.Assign) -> None:
+        current = self._plans.get(assign.plan_id)
+        if current is not None:
+            if assign.attempt == current.attempt:
+                self._enqueue(protocol.Accept(plan_id=assign.plan_id, attempt=assign.attempt))
+                return  # a repeated assign: it is running
+            if assign.attempt < current.attempt:
+                return  # older than what we run: stale
+            self._silence(current, f"superseded by attempt {assign.attempt}")
+        if self._stopping or self._draining:
+            self._reject(assign, REJECT_DRAINING, f"worker {self.worker_id} is draining")
+            return
+        handler = self._handlers.get(assign.op)
+        if handler is None:
+            reason = f"worker {self.worker_id} has no handler for op {assign.op!r}; it handles: {', '.join(self.ops)}"
+            self._reject(assign, errors.UNKNOWN_OP, reason)
+            return
+        if len(self._plans) >= self.max_concurrency:
+            self._reject(assign, REJECT_FULL, f"worker {self.worker_id} is running {len(self._plans)} plans (max)")
+            return
+        self._start(assign, handler)
+
+    def _start(self, assign: protocol.Assign, handler: Handler) -> None:
+        loop = asyncio.get_running_loop()
+        run = _PlanRun(assign.plan_id, assign.attempt, loop.time())
+        run.ctx = Context(
+            plan_id=assign.plan_id,
+            attempt=assign.attempt,
+            worker_id=self.worker_id,
+            args=assign.args,
+            sink=functools.partial(self._on_event, run),
+            kill_grace_s=self.kill_grace_s,
+            max_payload_bytes=self.max_frame_bytes - 4096,
+            loop=loop,
+        )
+        self._plans[run.plan_id] = run
+        self._idle.clear()
+        self._load.started()
+        self._enqueue(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
+        run.task = loop.create_task(self._run_plan(run, handler, assign.args, assign.timeout_s))
+        run.task.add_done_callback(functools.partial(self._plan_finished, run))
+
+    async def _run_plan(self, run: _PlanRun, handler: Handler, args: Any, timeout_s: float | None) -> protocol.Done:
+        # The task's own context copy: handlers' structlog calls carry the plan's ids.
+        structlog.contextvars.bind_contextvars(worker_id=self.worker_id, plan_id=run.plan_id, attempt=run.attempt)
+        return await run_handler(handler, run.ctx, args, timeout_s=timeout_s)
+
+    def _on_event(self, run: _PlanRun, kind: str, data: Any, ephemeral: bool) -> None:
+        if run.silent:
+            return
+        self._event_seq += 1
+        self._enqueue(
+            protocol.Event(
+                plan_id=run.plan_id, kind=kind, data=data, seq=self._event_seq, attempt=run.attempt, ephemeral=ephemeral
+            )
+        )
+
+    def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
+        self._load.finished(asyncio.get_running_loop().time() - run.started_at)
+        run.ctx._close()
+        self._orphans.discard(run)
+        if self._plans.get(run.plan_id) is run:
+            del self._plans[run.plan_id]
+            if not self._plans:
+                self._idle.set()
+        if run.silent:
+            return
+        if task.cancelled():  # cancelled before its first step: run_handler never ran
+            done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="cancelled")
+        elif (exc := task.exception()) is not None:
+            self._log.error("plan task failed", plan_id=run.plan_id, exc_info=exc)
+            info = protocol.ErrorInfo(code=errors.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+            done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=info)
+        else:
+            done = task.result()
+        self._enqueue(done)
+
+    def _on_cancel(self, cancel: protocol.Cancel) -> None:
+        run = self._plans.get(cancel.plan_id)
+        if run is None or (cancel.attempt and cancel.attempt != run.attempt) or run.cancel_requested:
+            return  # not ours, or already stopping (a second task.cancel would cut the kill grace short)
+        run.cancel_requested = True
+        run.ctx._mark_cancelled()
+        if run.task is not None:
+            run.task.cancel()
+
+    def _on_error(self, error: protocol.Error) -> None:
+        if error.code == errors.STALE_LEASE and error.plan_id:
+            run = self._plans.get(error.plan_id)
+            if run is not None:
+                self._silence(run, "stale lease")
+            else:
+                self._outbox.purge(error.plan_id)
+            return
+        self._log.warning("coordinator error", code=error.code, message=error.message, plan_id=error.plan_id)
+
+    def _silence(self, run: _PlanRun, reason: str) -> None:
+        """Stop a plan that is no longer our lease, sending nothing more for it."""
+        self._log.info("stopping plan without reporting it", plan_id=run.plan_id, attempt=run.attempt, reason=reason)
+        run.silent = True
+        if self._plans.get(run.plan_id) is run:
+            del self._plans[run.plan_id]
+            if not self._plans:
+                self._idle.set()
+        self._outbox.purge(run.plan_id, run.attempt)
+        if run.task is not None and not run.task.done():
+            self._orphans.add(run)
+            run.ctx._mark_cancelled()
+            run.task.cancel()
+
+    async def _silence_all(self, reason: str) -> None:
+        for run in list(self._plans.values()):
+            self._silence(run, reason)
+        tasks = [run.task for run in self._orphans if run.task is not None]
+        if tasks:  # let cancelled handlers kill their subprocesses before run() returns
+            await asyncio.gather(*tasks, return_exceptions=True)
+

@@ -1,0 +1,476 @@
+"""Plan handlers: the ``Context`` a handler gets, the built-in ops, and running one plan.
+
+Theory of operation (docs/SEMANTICS.md §Worker session, items 4-5):
+
+* A handler is ``async def f(ctx, args)`` or ``def f(ctx, args)``; sync handlers run in a
+  worker thread (``asyncio.to_thread``) so they never block the session's event loop.
+  Its return value is the plan's result and must be msgpack-encodable.
+* ``ctx.emit`` sends an event of the plan; it is callable from the loop and from any thread.
+* ``run_handler`` turns whatever happens into exactly one ``done`` message: a result →
+  ``succeeded``; ``HandlerError`` → ``failed`` with its code; any other exception → ``failed``
+  with code ``handler_error`` and ``"<ExcType>: <message>"`` (the traceback is logged here,
+  never sent); the plan's ``timeout_s`` passing → ``failed`` with code ``timeout``; the task
+  being cancelled → ``cancelled``.
+* Cancelling a handler cancels its task. Subprocesses started by the built-in ``shell`` op run
+  in their own session (process group): they get SIGTERM, then SIGKILL after
+  ``ctx.kill_grace_s``. A sync handler's thread cannot be stopped; it may poll ``ctx.cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import importlib
+import inspect
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import structlog
+
+import protocol
+from protocol import errors
+
+log = structlog.get_logger(__name__)
+
+Handler = Callable[["Context", Any], Any]
+"""``async def f(ctx, args) -> result`` or ``def f(ctx, args) -> result``."""
+
+EventSink = Callable[[str, Any, bool], None]
+"""Receives ``(kind, data, ephemeral)`` on the event loop thread."""
+
+#: Event kinds the coordinator uses for lifecycle events; a worker must not emit them.
+RESERVED_EVENT_KINDS = frozenset(
+    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled"}
+)
+
+#: Largest event data or result, encoded, that a handler may produce (the agent sets its own).
+DEFAULT_MAX_PAYLOAD_BYTES = (1 << 20) - 4096
+
+_payload_encoder = msgspec.msgpack.Encoder()
+
+
+class HandlerError(Exception):
+    """Raise from a handler to fail the plan with a specific wire ``code`` and ``detail``."""
+
+    def __init__(self, code: str, message: str, detail: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+
+def _check_payload(what: str, value: Any, limit: int) -> None:
+    """Raise TypeError/ValueError now, in the handler, rather than break a frame later."""
+    try:
+        size = len(_payload_encoder.encode(value))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"{what} is not msgpack-encodable: {exc}") from None
+    if size > limit:
+        raise ValueError(f"{what} is {size} bytes encoded; the limit is {limit}")
+
+
+class Context:
+    """What a handler knows about its plan, and how it reports progress.
+
+    Build it on the event loop thread; ``emit`` and ``progress`` may then be called from the
+    loop or from any other thread.
+
+    Args:
+        plan_id: the plan's id.
+        attempt: the lease attempt number (fences stale work, see SEMANTICS §Plan lifecycle).
+        worker_id: the id of the worker running it.
+        args: the plan's arguments as submitted.
+        sink: receives each event as ``(kind, data, ephemeral)``, always on the loop thread.
+        kill_grace_s: seconds between SIGTERM and SIGKILL for subprocesses on cancel.
+        max_payload_bytes: largest encoded event data a handler may emit.
+    """
+
+    def __init__(
+        self,
+        *,
+        plan_id: str,
+        attempt: int,
+        worker_id: str,
+        args: Any,
+        sink: EventSink,
+        kill_grace_s: float = 5.0,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.plan_id = plan_id
+        self.attempt = attempt
+        self.worker_id = worker_id
+        self.args = args
+        self.kill_grace_s = kill_grace_s
+        self.max_payload_bytes = max_payload_bytes
+        self.log = log.bind(worker_id=worker_id, plan_id=plan_id, attempt=attempt)
+        self._sink = sink
+        self._loop = loop or asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._cancelled = threading.Event()
+        self._closed = False
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the plan was cancelled or timed out; sync handlers should poll it and return."""
+        return self._cancelled.is_set()
+
+    def emit(self, kind: str, data: Any = None, *, ephemeral: bool = False) -> None:
+        """Send an event of this plan. Thread-safe.
+
+        Args:
+            kind: a name of the handler's choosing, not one of ``RESERVED_EVENT_KINDS``.
+            data: any msgpack-encodable value.
+            ephemeral: high-rate events (progress, tokens) the coordinator may drop from replay.
+
+        Raises:
+            ValueError: a reserved or empty kind, or data above the size limit.
+            TypeError: data that msgpack cannot encode.
+        """
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
+        if kind in RESERVED_EVENT_KINDS:
+            raise ValueError(f"event kind {kind!r} is reserved for the coordinator's lifecycle events")
+        if data is not None:
+            _check_payload(f"data of event {kind!r}", data, self.max_payload_bytes)
+        if self._closed:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._deliver(kind, data, ephemeral)
+        else:
+            # A thread that outlives its loop (the worker is exiting) has nowhere to send to.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._deliver, kind, data, ephemeral)
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Emit an ephemeral ``progress`` event; ``fraction`` is clamped to [0, 1]. Thread-safe."""
+        value = min(1.0, max(0.0, float(fraction)))
+        self.emit("progress", {"fraction": value, "message": message}, ephemeral=True)
+
+    def _deliver(self, kind: str, data: Any, ephemeral: bool) -> None:
+        if not self._closed:  # events racing the plan's end (from a thread) are dropped
+            self._sink(kind, data, ephemeral)
+
+    def _mark_cancelled(self) -> None:
+        self._cancelled.set()
+
+    def _close(self) -> None:
+        """The plan ended: later events (from a thread still running) are dropped."""
+        self._closed = True
+        self._cancelled.set()
+
+
+# --------------------------------------------------------------------------- running a plan
+
+
+def _is_async_callable(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004  (async __call__ objects)
+
+
+async def call_handler(fn: Handler, ctx: Context, args: Any) -> Any:
+    """Call a handler: await it if async, else run it in a thread. Returns its result."""
+    if _is_async_callable(fn):
+        result = await fn(ctx, args)
+    else:
+        result = await asyncio.to_thread(fn, ctx, args)
+    if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+        result = await result
+    return result
+
+
+def _failed(ctx: Context, code: str, message: str, detail: Any = None) -> protocol.Done:
+    return protocol.Done(
+        plan_id=ctx.plan_id,
+        attempt=ctx.attempt,
+        outcome="failed",
+        error=protocol.ErrorInfo(code=code, message=message, detail=detail),
+    )
+
+
+async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float | None = None) -> protocol.Done:
+    """Run one plan's handler to the end and say how it ended, as the ``done`` to send.
+
+    Never raises for anything the handler does; cancelling the calling task yields
+    ``outcome="cancelled"``.
+    """
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            result = await call_handler(fn, ctx, args)
+        _check_payload("the result", result, ctx.max_payload_bytes)
+    except asyncio.CancelledError:
+        ctx._mark_cancelled()
+        return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="cancelled")
+    except TimeoutError as exc:
+        if not deadline.expired():
+            return _handler_exception(ctx, exc)
+        ctx._mark_cancelled()
+        return _failed(ctx, errors.TIMEOUT, f"the plan did not finish within its timeout of {timeout_s:g} s")
+    except HandlerError as exc:
+        ctx.log.debug("handler failed", code=exc.code, message=exc.message)
+        return _failed(ctx, exc.code, exc.message, exc.detail)
+    except (Exception, SystemExit) as exc:  # SystemExit from a handler must not stop the worker
+        return _handler_exception(ctx, exc)
+    finally:
+        ctx._close()
+    return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="succeeded", result=result)
+
+
+def _handler_exception(ctx: Context, exc: BaseException) -> protocol.Done:
+    ctx.log.warning("handler raised", exc_info=exc)
+    return _failed(ctx, errors.HANDLER_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+# --------------------------------------------------------------------------- built-in ops
+
+
+async def echo(ctx: Context, args: Any) -> Any:
+    """Return ``args`` unchanged, after one ``echo`` event carrying them."""
+    ctx.emit("echo", args)
+    return args
+
+
+PROGRESS_INTERVAL_S = 1.0
+
+
+async def sleep(ctx: Context, args: Any) -> dict[str, float]:
+    """Sleep ``args["seconds"]``, with a ``progress`` event about once a second."""
+    seconds = args.get("seconds") if isinstance(args, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        raise HandlerError(errors.INVALID_ARGUMENT, f"sleep needs args {{'seconds': number >= 0}}, got {args!r}")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    end = start + seconds
+    while (remaining := end - loop.time()) > 0:
+        await asyncio.sleep(min(PROGRESS_INTERVAL_S, remaining))
+        elapsed = loop.time() - start
+        if elapsed < seconds:
+            ctx.progress(elapsed / seconds, f"slept {elapsed:.1f} of {seconds:g} s")
+    return {"slept_s": round(loop.time() - start, 6)}
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _stop_process_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the process group, SIGKILL what is left after ``grace_s``, and reap the leader."""
+    if proc.returncode is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace_s)
+    # Also sweeps grandchildren that ignored SIGTERM after the leader exited.
+    _signal_group(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+
+async def _stream_lines(ctx: Context, stream: asyncio.StreamReader, kind: str) -> None:
+    while True:
+        try:
+            line = await stream.readline()
+        except ValueError:  # a line above the reader's limit: its start was discarded
+            ctx.emit(kind, "[line too long; truncated]")
+            continue
+        if not line:
+            return
+        text = line.decode(errors="replace")
+        if text.endswith("\n"):
+            text = text[:-1]
+            if text.endswith("\r"):
+                text = text[:-1]
+        ctx.emit(kind, text)
+
+
+def _shell_command(args: Any) -> tuple[list[str], str | None, dict[str, str] | None]:
+    usage = "shell needs args {'cmd': str or list[str], 'cwd': str or None, 'env': {str: str} or None}"
+    if not isinstance(args, dict):
+        raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}, got {args!r}")
+    cmd, cwd, env = args.get("cmd"), args.get("cwd"), args.get("env")
+    if isinstance(cmd, str) and cmd:
+        argv = ["/bin/sh", "-c", cmd]
+    elif isinstance(cmd, list) and cmd and all(isinstance(part, str) for part in cmd):
+        argv = list(cmd)
+    else:
+        raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}; 'cmd' is {cmd!r}")
+    if cwd is not None and not isinstance(cwd, str):
+        raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}; 'cwd' is {cwd!r}")
+    if env is not None:
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}; 'env' is {env!r}")
+        env = {**os.environ, **env}  # added to the worker's environment, not replacing it
+    return argv, cwd, env
+
+
+async def shell(ctx: Context, args: Any) -> dict[str, int]:
+    """Run a command, streaming its output lines as ``stdout``/``stderr`` events.
+
+    A string ``cmd`` runs through ``/bin/sh -c``; a list runs as is. ``env`` is added to the
+    worker's environment. Exit status 0 → ``{"exit_code": 0}``; otherwise the plan fails with
+    ``handler_error``. The command runs in a new session so cancel reaches its whole group.
+    """
+    argv, cwd, env = _shell_command(args)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            limit=1 << 20,
+        )
+    except OSError as exc:
+        raise HandlerError(errors.HANDLER_ERROR, f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [
+        asyncio.ensure_future(_stream_lines(ctx, proc.stdout, "stdout")),
+        asyncio.ensure_future(_stream_lines(ctx, proc.stderr, "stderr")),
+    ]
+    try:
+        await asyncio.gather(*readers)
+        code = await proc.wait()
+    except BaseException:
+        # Cancel or timeout: stop the group even if this task is cancelled again meanwhile.
+        stopping = asyncio.ensure_future(_stop_process_group(proc, ctx.kill_grace_s))
+        try:
+            await asyncio.shield(stopping)
+        finally:
+            for reader in readers:
+                reader.cancel()
+        raise
+    if code == 0:
+        return {"exit_code": 0}
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        raise HandlerError(errors.HANDLER_ERROR, f"command was killed by signal {name}", {"exit_code": code})
+    raise HandlerError(errors.HANDLER_ERROR, f"command exited with status {code}", {"exit_code": code})
+
+
+# --------------------------------------------------------------------------- python op and specs
+
+
+def resolve_callable(target: str) -> Callable[..., Any]:
+    """The callable named by ``"module:attr"`` (``attr`` may be dotted), imported.
+
+    Raises:
+        ValueError: a malformed target, a module that does not import, a missing or
+            non-callable attribute; the message says which.
+    """
+    module_name, sep, attr_path = target.partition(":")
+    if not sep or not module_name or not attr_path or ":" in attr_path:
+        raise ValueError(f"{target!r} is not of the form 'module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from None
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+    if not callable(obj):
+        raise ValueError(f"{target!r} is a {type(obj).__name__}, not a callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def load_handler_spec(spec: str) -> tuple[str, Handler]:
+    """Parse ``"name=module:function"`` into the op name and the imported handler.
+
+    Raises:
+        ValueError: with a message that names the spec and what is wrong with it.
+    """
+    name, sep, target = spec.partition("=")
+    name = name.strip()
+    if not sep or not name or not target.strip():
+        raise ValueError(f"bad handler spec {spec!r}: expected 'name=module:function'")
+    try:
+        fn = resolve_callable(target.strip())
+    except ValueError as exc:
+        raise ValueError(f"bad handler spec {spec!r}: {exc}") from None
+    return name, fn
+
+
+def _accepts_ctx(fn: Callable[..., Any]) -> bool:
+    try:
+        return "ctx" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+
+
+def make_python_handler(allow: Sequence[str]) -> Handler:
+    """The ``python`` op, limited to functions whose ``"module:function"`` matches ``allow``.
+
+    Args of the op: ``{"function": "module:function", "args": [...], "kwargs": {...}}``.
+    A function with a ``ctx`` parameter gets the Context as that keyword. Coroutine
+    functions are awaited; others run in a thread.
+    """
+    patterns = tuple(allow)
+
+    async def python(ctx: Context, args: Any) -> Any:
+        usage = "python needs args {'function': 'module:function', 'args': [...], 'kwargs': {...}}"
+        target = args.get("function") if isinstance(args, dict) else None
+        if not isinstance(target, str):
+            raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}, got {args!r}")
+        if not any(fnmatch.fnmatchcase(target, pattern) for pattern in patterns):
+            allowed = ", ".join(repr(p) for p in patterns) or "none"
+            raise HandlerError(
+                errors.INVALID_ARGUMENT,
+                f"python function {target!r} is not allowed on worker {ctx.worker_id}; allowed patterns: {allowed}",
+            )
+        call_args = args.get("args") or []
+        call_kwargs = args.get("kwargs") or {}
+        if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
+            raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}; 'args' must be a list and 'kwargs' a map")
+        try:
+            fn = await asyncio.to_thread(resolve_callable, target)  # imports can be slow
+        except ValueError as exc:
+            raise HandlerError(errors.INVALID_ARGUMENT, str(exc)) from None
+        if _accepts_ctx(fn):
+            call_kwargs = {**call_kwargs, "ctx": ctx}
+        if _is_async_callable(fn):
+            result = await fn(*call_args, **call_kwargs)
+        else:
+            result = await asyncio.to_thread(fn, *call_args, **call_kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    return python
+
+
+def builtin_handlers(*, allow_shell: bool = False, python_allow: Sequence[str] = ()) -> dict[str, Handler]:
+    """The built-in ops this worker offers: ``echo`` and ``sleep`` always, ``shell`` only when
+    allowed, ``python`` only with a non-empty allow-list."""
+    handlers: dict[str, Handler] = {"echo": echo, "sleep": sleep}
+    if allow_shell:
+        handlers["shell"] = shell
+    if python_allow:
+        handlers["python"] = make_python_handler(python_allow)
+    return handlers
+
+
+__all__ = [
+    "RESERVED_EVENT_KINDS",
+    "Context",
+    "Handler",
+    "HandlerError",
+    "builtin_handlers",
+    "call_handler",
+    "echo",
+    "load_handler_spec",
+    "make_python_handler",
+    "resolve_callable",
+    "run_handler",
+    "shell",
+    "sleep",
+]

@@ -1,0 +1,128 @@
+"""``fleetwire worker``: the command-line entry to the worker agent.
+
+The CLI module (``fleetwire/cli.py``) builds the parser with ``add_worker_arguments`` and runs
+``run_worker`` on its event loop. Exit status: 0 after a clean stop, 1 when the coordinator
+refuses the token, 2 for a usage error (no URL, a bad handler spec, a bad flag value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+
+from worker_agent.agent import Agent, AuthError
+from worker_agent.handlers import Handler, load_handler_spec
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``fleetwire worker`` flags to ``parser``."""
+    parser.add_argument("--url", help="coordinator URL, ws://host:port (default: $FLEETWIRE_URL)")
+    parser.add_argument("--token", help="worker token (default: $FLEETWIRE_TOKEN)")
+    parser.add_argument("--id", dest="worker_id", help="worker id (default: <hostname>-<pid>)")
+    parser.add_argument(
+        "--tags", action="append", default=[], metavar="A,B", help="comma-separated tags plans can require (repeatable)"
+    )
+    parser.add_argument("--max-concurrency", type=_positive_int, default=4, metavar="N", help="plans run at once")
+    parser.add_argument("--allow-shell", action="store_true", help="offer the 'shell' op (runs any command)")
+    parser.add_argument(
+        "--python-allow",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="fnmatch pattern of module:function the 'python' op may call (repeatable)",
+    )
+    parser.add_argument(
+        "--python-env", action="append", default=[], metavar="PATH", help="another interpreter to advertise (repeatable)"
+    )
+    parser.add_argument(
+        "--handler",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:FUNCTION",
+        help="a user handler to offer as op NAME (repeatable)",
+    )
+    parser.add_argument("--reconnect-base", type=_positive_float, default=0.5, metavar="S", help="first backoff ceiling")
+    parser.add_argument("--reconnect-cap", type=_positive_float, default=30.0, metavar="S", help="largest backoff")
+
+
+def _tags(values: list[str]) -> list[str]:
+    return [tag.strip() for value in values for tag in value.split(",") if tag.strip()]
+
+
+def _error(message: str) -> None:
+    print(f"fleetwire worker: error: {message}", file=sys.stderr, flush=True)
+
+
+async def run_worker(ns: argparse.Namespace) -> int:
+    """Run a worker agent from parsed ``fleetwire worker`` flags until SIGTERM/SIGINT."""
+    url = ns.url or os.environ.get("FLEETWIRE_URL")
+    if not url:
+        _error("no coordinator URL: pass --url ws://host:port or set FLEETWIRE_URL")
+        return 2
+    token = ns.token or os.environ.get("FLEETWIRE_TOKEN") or None
+    handlers: list[tuple[str, Handler]] = []
+    for spec in ns.handler:
+        try:
+            handlers.append(load_handler_spec(spec))
+        except ValueError as exc:
+            _error(str(exc))
+            return 2
+    try:
+        agent = Agent(
+            url,
+            token,
+            worker_id=ns.worker_id,
+            tags=_tags(ns.tags),
+            max_concurrency=ns.max_concurrency,
+            allow_shell=ns.allow_shell,
+            python_allow=ns.python_allow,
+            python_envs=ns.python_env,
+            reconnect_base_s=ns.reconnect_base,
+            reconnect_cap_s=max(ns.reconnect_cap, ns.reconnect_base),
+        )
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    for name, fn in handlers:
+        agent.add_handler(name, fn)
+
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, agent.stop)
+
+    async def announce() -> None:
+        await agent.registered.wait()
+        print(f"worker {agent.worker_id} registered with {url}", flush=True)
+
+    announcer = asyncio.ensure_future(announce())
+    try:
+        await agent.run()
+    except AuthError as exc:
+        _error(str(exc))
+        return 1
+    finally:
+        announcer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await announcer
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    return 0

@@ -1,0 +1,105 @@
+"""The worker's bounded queue of messages waiting to be sent.
+
+Messages wait here while the session's writer is busy and while the worker is disconnected
+(plans keep running across sessions; docs/SEMANTICS.md §Worker session). When the queue grows
+past its limit, it sheds in this order: stale heartbeats, then the oldest ephemeral events
+(down to 90 % of the limit, so shedding is amortised), then the oldest durable events (down to
+the limit). ``accept``, ``reject``, ``done`` and ``goodbye`` are never shed: each plan has at
+most a few of them, and losing one would leave the coordinator's plan state wrong.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import protocol
+
+
+class Outbox:
+    """FIFO of outgoing messages with a bound on its length.
+
+    Args:
+        limit: the most messages held; ``dropped`` counts those shed to keep to it.
+    """
+
+    def __init__(self, limit: int = 10_000) -> None:
+        if limit < 1:
+            raise ValueError(f"outbox limit must be >= 1, got {limit}")
+        self.limit = limit
+        self.dropped = 0
+        self._items: deque[Any] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def append(self, msg: Any) -> int:
+        """Queue one message; returns how many older messages were shed to make room."""
+        self._items.append(msg)
+        return self._shed() if len(self._items) > self.limit else 0
+
+    def take(self, max_count: int) -> list[Any]:
+        """Remove and return up to ``max_count`` of the oldest messages."""
+        items = self._items
+        if len(items) <= max_count:
+            batch = list(items)
+            items.clear()
+            return batch
+        return [items.popleft() for _ in range(max_count)]
+
+    def requeue(self, msgs: Iterable[Any]) -> None:
+        """Put messages that could not be sent back at the front, in order; heartbeats are
+        dropped (a later session sends fresh ones)."""
+        self._items.extendleft(reversed([m for m in msgs if not isinstance(m, protocol.Heartbeat)]))
+        if len(self._items) > self.limit:
+            self._shed()
+
+    def discard_heartbeats(self) -> None:
+        """Drop queued heartbeats: they describe a session that is over."""
+        if any(isinstance(m, protocol.Heartbeat) for m in self._items):
+            self._items = deque(m for m in self._items if not isinstance(m, protocol.Heartbeat))
+
+    def purge(self, plan_id: str, attempt: int | None = None) -> None:
+        """Drop every queued message of a plan (of one attempt when given)."""
+
+        def keep(m: Any) -> bool:
+            if getattr(m, "plan_id", None) != plan_id:
+                return True
+            return attempt is not None and getattr(m, "attempt", None) != attempt
+
+        self._items = deque(m for m in self._items if keep(m))
+
+    def pending_done(self) -> list[protocol.RunningPlan]:
+        """Plans whose ``done`` is queued (they finished while the worker was disconnected)."""
+        return [
+            protocol.RunningPlan(plan_id=m.plan_id, attempt=m.attempt)
+            for m in self._items
+            if isinstance(m, protocol.Done)
+        ]
+
+    def _shed(self) -> int:
+        before = len(self._items)
+        self._items = deque(m for m in self._items if not isinstance(m, protocol.Heartbeat))
+        excess = len(self._items) - (self.limit - self.limit // 10)
+        if excess > 0:
+            excess = self._drop_oldest(excess, lambda m: isinstance(m, protocol.Event) and m.ephemeral)
+        excess = len(self._items) - self.limit
+        if excess > 0:
+            self._drop_oldest(excess, lambda m: isinstance(m, protocol.Event))
+        shed = before - len(self._items)
+        self.dropped += shed
+        return shed
+
+    def _drop_oldest(self, count: int, droppable: Any) -> int:
+        kept: deque[Any] = deque()
+        for m in self._items:
+            if count > 0 and droppable(m):
+                count -= 1
+            else:
+                kept.append(m)
+        self._items = kept
+        return count

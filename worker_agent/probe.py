@@ -1,0 +1,131 @@
+"""What this host offers (capabilities, sent once in ``hello``) and how busy it is (load, sent
+in every ``heartbeat``); docs/SEMANTICS.md §Worker session.
+
+GPUs are found through NVML (``pynvml`` from nvidia-ml-py). A host without the NVML library or
+without devices is an ordinary CPU host: the probe returns no GPUs, raises nothing, and logs only
+at debug level.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]  # no stubs in the runtime deps
+import structlog
+
+import protocol
+
+log = structlog.get_logger(__name__)
+
+
+def _text(value: Any) -> str:
+    """NVML strings are ``bytes`` in older bindings and ``str`` in newer ones."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def probe_gpus() -> list[protocol.GpuInfo]:
+    """The GPUs NVML reports, or ``[]`` when NVML is missing or finds none."""
+    try:
+        import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
+    except Exception as exc:  # ImportError, or a broken install: either way, no GPUs
+        log.debug("nvml unavailable", reason=f"{type(exc).__name__}: {exc}")
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded on CPU hosts
+        log.debug("nvml unavailable", reason=f"{type(exc).__name__}: {exc}")
+        return []
+    gpus: list[protocol.GpuInfo] = []
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            gpus.append(
+                protocol.GpuInfo(
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                    index=index,
+                )
+            )
+    except Exception as exc:  # a device that fails mid-probe: report what was read
+        log.debug("nvml device query failed", reason=f"{type(exc).__name__}: {exc}", found=len(gpus))
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception as exc:  # shutdown failing must not hide the devices already read
+            log.debug("nvml shutdown failed", reason=f"{type(exc).__name__}: {exc}")
+    return gpus
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(item for item in items if item))
+
+
+def probe_capabilities(
+    *,
+    tags: Sequence[str],
+    max_concurrency: int,
+    ops: Sequence[str],
+    python_envs: Sequence[str] = (),
+) -> protocol.Capabilities:
+    """Capabilities of this host for ``hello``.
+
+    Args:
+        tags: labels from the command line; plans can require them.
+        max_concurrency: how many plans this worker runs at once.
+        ops: names of the handlers this worker has.
+        python_envs: interpreters beyond this one that the worker offers.
+    """
+    gpus = probe_gpus()
+    return protocol.Capabilities(
+        cpu_cores=os.cpu_count() or 1,
+        ram_bytes=int(psutil.virtual_memory().total),
+        gpus=gpus,
+        accelerator="gpu" if gpus else "cpu",
+        python_envs=_unique([sys.executable, *python_envs]),
+        ops=sorted(set(ops)),
+        tags=_unique(tags),
+        max_concurrency=max_concurrency,
+        hostname=socket.gethostname(),
+    )
+
+
+class LoadTracker:
+    """In-flight and queued plan counts and an EMA of finished plans' latency.
+
+    Args:
+        alpha: weight of the newest latency in the moving average (0 < alpha <= 1).
+    """
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha = alpha
+        self.in_flight = 0
+        self.queued = 0
+        self.latency_ema_ms = 0.0
+        self.finished_count = 0
+
+    def started(self) -> None:
+        """A plan began running."""
+        self.in_flight += 1
+
+    def finished(self, latency_s: float) -> None:
+        """A plan that ``started`` ended (any outcome) after ``latency_s`` seconds."""
+        self.in_flight = max(0, self.in_flight - 1)
+        latency_ms = max(0.0, latency_s) * 1000.0
+        if self.finished_count == 0:
+            self.latency_ema_ms = latency_ms
+        else:
+            self.latency_ema_ms += self.alpha * (latency_ms - self.latency_ema_ms)
+        self.finished_count += 1
+
+    def snapshot(self) -> protocol.Load:
+        """The load to send in the next ``heartbeat``."""
+        return protocol.Load(
+            in_flight=self.in_flight, queued=self.queued, latency_ema_ms=round(self.latency_ema_ms, 3)
+        )
