@@ -116,8 +116,10 @@ class Coordinator:
         self.plans: dict[str, Plan] = {}
         self.queue = PlanQueue()
         self.subscriptions = Subscriptions()
-        names = ("plans_submitted", "events_forwarded", "plans_requeued", "stale_dropped", "protocol_errors")
-        self.counters: dict[str, int] = dict.fromkeys((*names, "workers_reaped"), 0)
+        # Every counter exists from the start, so a metrics scrape never misses one.
+        self.counters: dict[str, int] = dict.fromkeys(
+            "plans_submitted plans_requeued events_forwarded stale_dropped protocol_errors workers_reaped".split(), 0
+        )
         self._new_id = new_id
         self._sessions: dict[int, _Session] = {}
         self._submit_order = itertools.count(1)
@@ -284,6 +286,10 @@ class Coordinator:
             plan = self.plans[plan_id]
             if plan.terminal:  # cancelled while it was away: the first cancel went to the old session
                 self._send(s.conn_id, Cancel(plan_id=plan_id, attempt=plan.attempt))
+        # A worker that registers again may have new handlers or have stopped draining:
+        # the plans it rejected may be offered to it once more.
+        for plan_id in self.queue.forgive(worker_id):
+            self.plans[plan_id].avoid -= {worker_id}
         self._fill_worker(record, now)
         self._refresh_waiting(now)
 
@@ -307,7 +313,7 @@ class Coordinator:
         self.counters["stale_dropped"] += 1
         why = "the coordinator has no such plan" if plan is None else plan.lease_note()
         message = f"plan {plan_id!r} attempt {attempt} is not your lease ({why}); stop running it"
-        self._send(s.conn_id, Error(code=errors.STALE_LEASE, message=message, plan_id=plan_id))
+        self._send(s.conn_id, Error(code=errors.STALE_LEASE, message=message, plan_id=plan_id, attempt=attempt))
         return None
 
     def _accept(self, s: _Session, worker_id: str, msg: Accept) -> None:
@@ -523,13 +529,17 @@ class Coordinator:
     def _enqueue(self, plan: Plan, now: float) -> None:
         """Place a queued plan now if an alive worker with room can run it, else queue it and say why."""
         signature = Signature.of(plan.op, plan.requirements, plan.avoid)
-        eligible = (w for w in self.registry.iter_alive(now) if w.has_capacity() and signature.admits(w))
-        best = WorkerRegistry.least_loaded(eligible)
+        registry = self.registry
+        candidates = registry.matching(signature, signature.admits)
+        best = registry.least_loaded(w for w in candidates if w.has_capacity() and registry.is_alive(w.id, now))
         if best is not None:
             self._assign(plan, best)
             return
         self.queue.push(plan.id, signature, plan.priority, plan.order)
-        self._set_waiting(plan, explain_wait(signature, self.registry.iter_alive(now)))
+        reason = explain_wait(signature, self.registry.iter_alive(now))
+        if reason != self.queue.group_reason(signature):
+            self.queue.set_group_reason(signature, None)  # the group's plans disagree: the next refresh visits them
+        self._set_waiting(plan, reason)
 
     def _fill_worker(self, record: WorkerRecord, now: float) -> None:
         """Give a worker with room the best queued plans it can run, one signature check per group."""

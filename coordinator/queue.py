@@ -17,6 +17,7 @@ can act on, shown in the plan's ``waiting`` events.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator
@@ -55,7 +56,10 @@ class Signature(NamedTuple):
 
     def meets(self, worker: WorkerRecord) -> bool:
         """Whether the worker has everything asked for (ignoring avoidance and capacity)."""
-        return all(check(worker) for _, check in self._checks())
+        for check in _compiled(self):
+            if not check(worker):
+                return False
+        return True
 
     def admits(self, worker: WorkerRecord) -> bool:
         """Whether a plan of this signature may be placed on the worker, capacity aside."""
@@ -84,6 +88,12 @@ class Signature(NamedTuple):
         if self.python_env is not None:
             env = self.python_env
             yield f"python env {env!r}", lambda w: env in w.capabilities.python_envs
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(signature: Signature) -> tuple[Callable[[WorkerRecord], bool], ...]:
+    """The tests of a signature, built once: placement runs them for every candidate worker."""
+    return tuple(check for _, check in signature._checks())
 
 
 def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
@@ -198,6 +208,23 @@ class PlanQueue:
             if head is not None and (best is None or head < best):
                 best = head
         return None if best is None else best[3]
+
+    def forgive(self, worker_id: str) -> list[str]:
+        """Move the plans that avoid ``worker_id`` to the groups without that avoidance.
+
+        Returns:
+            The ids of the plans moved; their priority and age are kept.
+        """
+        moved: list[str] = []
+        for signature in self.signatures():
+            if worker_id not in signature.avoid:
+                continue
+            kept = signature._replace(avoid=tuple(w for w in signature.avoid if w != worker_id))
+            for neg_priority, order, token, plan_id in sorted(self._groups[signature].heap):
+                if self._live.get(plan_id) == (signature, token):
+                    self.push(plan_id, kept, -neg_priority, order)
+                    moved.append(plan_id)
+        return moved
 
     def plans_in(self, signature: Signature) -> list[str]:
         """The queued plans of one signature, in queue order."""

@@ -18,7 +18,7 @@ Time comes in as ``now`` (monotonic seconds); nothing here reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import structlog
@@ -80,6 +80,7 @@ class WorkerRegistry:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._workers: dict[str, WorkerRecord] = {}
         self._claims = 0
+        self._matching: dict[Hashable, list[WorkerRecord]] = {}  # see matching()
 
     def __contains__(self, worker_id: object) -> bool:
         return worker_id in self._workers
@@ -110,6 +111,7 @@ class WorkerRegistry:
         Returns:
             The worker's record.
         """
+        self._matching.clear()
         record = self._workers.get(worker_id)
         if record is None:
             record = WorkerRecord(worker_id, capabilities, address=address, conn_id=conn_id, last_beat_s=now)
@@ -142,6 +144,7 @@ class WorkerRegistry:
         record = self.get(worker_id)
         record.connected = False
         record.conn_id = None
+        self._matching.clear()
 
     def get(self, worker_id: str) -> WorkerRecord:
         """The record of ``worker_id``.
@@ -177,6 +180,20 @@ class WorkerRegistry:
         wanted = set(tags)
         return [r for r in self.alive(now) if wanted.issubset(r.capabilities.tags)]
 
+    def matching(self, key: Hashable, meets: Callable[[WorkerRecord], bool]) -> list[WorkerRecord]:
+        """Connected workers for which ``meets`` holds, cached under ``key``.
+
+        Placement asks this on every submit; the answer only changes when a worker
+        registers (with new capabilities), disconnects or is reaped, which clears the cache.
+        Liveness and capacity change all the time, so callers check those themselves.
+        """
+        found = self._matching.get(key)
+        if found is None:
+            if len(self._matching) >= 4096:  # many one-off keys: start over rather than grow
+                self._matching.clear()
+            found = self._matching[key] = [r for r in self._workers.values() if r.connected and meets(r)]
+        return found
+
     def stale(self, now: float) -> list[WorkerRecord]:
         """Workers :meth:`reap` would drop at ``now``, in id order (nothing is removed)."""
         return [r for r in self if now - r.last_beat_s > self.heartbeat_timeout_s]
@@ -190,6 +207,8 @@ class WorkerRegistry:
         dropped = [r.id for r in self.stale(now)]
         for worker_id in dropped:
             del self._workers[worker_id]
+        if dropped:
+            self._matching.clear()
         if dropped:
             log.warning("workers reaped", worker_ids=dropped, heartbeat_timeout_s=self.heartbeat_timeout_s)
         return dropped

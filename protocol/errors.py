@@ -25,7 +25,8 @@ UNKNOWN_WORKER: Final = "unknown_worker"
 STALE_LEASE: Final = "stale_lease"  # an attempt that is no longer the plan's lease
 INVALID_TRANSITION: Final = "invalid_transition"
 INVALID_ARGUMENT: Final = "invalid_argument"
-UNKNOWN_OP: Final = "unknown_op"  # plan failure: the worker has no handler
+UNKNOWN_OP: Final = "unknown_op"  # plan failure / reject: the worker has no handler
+REJECTED: Final = "rejected"  # reject: the worker is full or draining
 HANDLER_ERROR: Final = "handler_error"  # plan failure: the handler raised
 TIMEOUT: Final = "timeout"  # plan failure: the plan's timeout_s passed
 WORKER_LOST: Final = "worker_lost"  # plan failure: attempts exhausted by lost workers
@@ -35,7 +36,7 @@ INTERNAL: Final = "internal"
 ERROR_CODES: Final = (
     BAD_FRAME, INVALID_MESSAGE, UNKNOWN_TYPE, NOT_REGISTERED, ALREADY_REGISTERED,
     PLAN_NOT_FOUND, UNKNOWN_WORKER, STALE_LEASE, INVALID_TRANSITION, INVALID_ARGUMENT,
-    UNKNOWN_OP, HANDLER_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
+    UNKNOWN_OP, REJECTED, HANDLER_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
 )
 
 # ---- websocket close codes (RFC 6455 §7.4; 4000-4999 are ours)

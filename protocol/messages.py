@@ -217,6 +217,7 @@ class Error(_Msg, tag="error"):
     message: str
     req_id: int = 0
     plan_id: str | None = None
+    attempt: int = 0  # with plan_id: which lease the error is about (stale_lease); 0 = any
 
 
 # ---- coordinator -> worker

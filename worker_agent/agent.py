@@ -43,16 +43,16 @@ from websockets.typing import Subprotocol
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, Encoding, errors
 from worker_agent.handlers import Context, Handler, builtin_handlers, run_handler
-from worker_agent.outbox import Outbox
+from worker_agent.outbox import Outbox, encode_frames
 from worker_agent.probe import LoadTracker, probe_capabilities
 
 log = structlog.get_logger(__name__)
 
 F = TypeVar("F", bound=Handler)
 
-#: Reject codes besides ``unknown_op`` (SEMANTICS §Worker session item 4: unknown op, full, draining).
-REJECT_FULL = "full"
-REJECT_DRAINING = "draining"
+#: Reject code for a worker that is full or draining (docs/PROTOCOL.md §Messages, ``reject``);
+#: ``reason`` says which. An op without a handler gets ``unknown_op``.
+REJECTED = "rejected"
 
 MAX_BATCH = 4096  # messages per frame before size-splitting
 
@@ -142,7 +142,7 @@ class Agent:
         reconnect_base_s: float = 0.5,
         reconnect_cap_s: float = 30.0,
         kill_grace_s: float = 5.0,
-        drain_timeout_s: float = 30.0,
+        drain_timeout_s: float = 20.0,
         handshake_timeout_s: float = 10.0,
         max_frame_bytes: int = 1 << 20,
         outbox_limit: int = 10_000,
@@ -167,7 +167,7 @@ class Agent:
         self.drain_timeout_s = drain_timeout_s
         self.handshake_timeout_s = handshake_timeout_s
         self.max_frame_bytes = max_frame_bytes
-        self.registered = asyncio.Event()
+        self.registered = asyncio.Event()  # set on welcome, cleared when the session ends
         self._token = token
         self._handlers: dict[str, Handler] = builtin_handlers(allow_shell=allow_shell, python_allow=python_allow)
         self._codecs: dict[str, Codec] = {}
@@ -414,27 +414,13 @@ class Agent:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            chunks = self._frames(codec, outbox.take(MAX_BATCH))
+            chunks = encode_frames(codec, outbox.take(MAX_BATCH), self.max_frame_bytes)
             for index, (frame, _) in enumerate(chunks):
                 try:
                     await ws.send(frame, text=codec.text)
                 except BaseException:
                     outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
                     raise
-
-    def _frames(self, codec: Codec, msgs: list[Any]) -> list[tuple[bytes, list[Any]]]:
-        """Encode ``msgs`` into as few frames as fit ``max_frame_bytes``."""
-        try:
-            frame = codec.encode(msgs)
-        except (TypeError, ValueError, OverflowError) as exc:
-            if len(msgs) == 1:  # handlers' payloads are checked, so this is a bug: do not wedge
-                self._log.error("dropping unencodable message", msg_type=type(msgs[0]).__name__, error=str(exc))
-                return []
-            frame = b""
-        if frame and (len(frame) <= self.max_frame_bytes or len(msgs) == 1):
-            return [(frame, msgs)]
-        mid = len(msgs) // 2
-        return self._frames(codec, msgs[:mid]) + self._frames(codec, msgs[mid:])
 
     async def _heartbeat_loop(self, interval_s: float) -> None:
         while True:
@@ -456,8 +442,9 @@ class Agent:
             self._silence(run, "handed back: worker stopping")
         self._enqueue(protocol.Goodbye(reason="worker stopping"))
         self._finish_writing = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(writer), 5.0)
+        if not writer.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(writer), 5.0)
         await ws.close()
 
     # ------------------------------------------------------------------ dispatch (no awaits)
@@ -503,7 +490,7 @@ class Agent:
                 return  # older than what we run: stale
             self._silence(current, f"superseded by attempt {assign.attempt}")
         if self._stopping or self._draining:
-            self._reject(assign, REJECT_DRAINING, f"worker {self.worker_id} is draining")
+            self._reject(assign, REJECTED, f"worker {self.worker_id} is draining")
             return
         handler = self._handlers.get(assign.op)
         if handler is None:
@@ -511,7 +498,7 @@ class Agent:
             self._reject(assign, errors.UNKNOWN_OP, reason)
             return
         if len(self._plans) >= self.max_concurrency:
-            self._reject(assign, REJECT_FULL, f"worker {self.worker_id} is running {len(self._plans)} plans (max)")
+            self._reject(assign, REJECTED, f"worker {self.worker_id} is running {len(self._plans)} plans (max)")
             return
         self._start(assign, handler)
 
@@ -582,10 +569,10 @@ class Agent:
     def _on_error(self, error: protocol.Error) -> None:
         if error.code == errors.STALE_LEASE and error.plan_id:
             run = self._plans.get(error.plan_id)
-            if run is not None:
+            if run is not None and (not error.attempt or error.attempt == run.attempt):
                 self._silence(run, "stale lease")
-            else:
-                self._outbox.purge(error.plan_id)
+            elif run is None:
+                self._outbox.purge(error.plan_id, error.attempt or None)
             return
         self._log.warning("coordinator error", code=error.code, message=error.message, plan_id=error.plan_id)
 
@@ -609,4 +596,3 @@ class Agent:
         tasks = [run.task for run in self._orphans if run.task is not None]
         if tasks:  # let cancelled handlers kill their subprocesses before run() returns
             await asyncio.gather(*tasks, return_exceptions=True)
-

@@ -247,9 +247,10 @@ async def sleep(ctx: Context, args: Any) -> dict[str, float]:
     start = loop.time()
     end = start + seconds
     while (remaining := end - loop.time()) > 0:
-        await asyncio.sleep(min(PROGRESS_INTERVAL_S, remaining))
+        step = min(PROGRESS_INTERVAL_S, remaining)
+        await asyncio.sleep(step)
         elapsed = loop.time() - start
-        if elapsed < seconds:
+        if step == PROGRESS_INTERVAL_S and elapsed < seconds:  # not after the last, partial step
             ctx.progress(elapsed / seconds, f"slept {elapsed:.1f} of {seconds:g} s")
     return {"slept_s": round(loop.time() - start, 6)}
 

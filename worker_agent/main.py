@@ -50,7 +50,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="fnmatch pattern of module:function the 'python' op may call (repeatable)",
     )
     parser.add_argument(
-        "--python-env", action="append", default=[], metavar="PATH", help="another interpreter to advertise (repeatable)"
+        "--python-env",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another interpreter to advertise (repeatable)",
     )
     parser.add_argument(
         "--handler",
@@ -59,7 +63,16 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=MODULE:FUNCTION",
         help="a user handler to offer as op NAME (repeatable)",
     )
-    parser.add_argument("--reconnect-base", type=_positive_float, default=0.5, metavar="S", help="first backoff ceiling")
+    parser.add_argument(
+        "--reconnect-base", type=_positive_float, default=0.5, metavar="S", help="first backoff ceiling"
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="on SIGTERM/SIGINT, how long running plans may finish before they are handed back (a second signal: now)",
+    )
     parser.add_argument("--reconnect-cap", type=_positive_float, default=30.0, metavar="S", help="largest backoff")
 
 
@@ -97,6 +110,7 @@ async def run_worker(ns: argparse.Namespace) -> int:
             python_envs=ns.python_env,
             reconnect_base_s=ns.reconnect_base,
             reconnect_cap_s=max(ns.reconnect_cap, ns.reconnect_base),
+            drain_timeout_s=ns.drain_timeout,
         )
     except ValueError as exc:
         _error(str(exc))

@@ -1,4 +1,4 @@
-"""The worker's bounded queue of messages waiting to be sent.
+"""The worker's bounded queue of messages waiting to be sent, and how they become frames.
 
 Messages wait here while the session's writer is busy and while the worker is disconnected
 (plans keep running across sessions; docs/SEMANTICS.md §Worker session). When the queue grows
@@ -14,7 +14,12 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import structlog
+
 import protocol
+from protocol import Codec, errors
+
+log = structlog.get_logger(__name__)
 
 
 class Outbox:
@@ -103,3 +108,33 @@ class Outbox:
                 kept.append(m)
         self._items = kept
         return count
+
+
+def encode_frames(codec: Codec, msgs: list[Any], max_frame_bytes: int) -> list[tuple[bytes, list[Any]]]:
+    """Encode ``msgs`` into as few frames as fit ``max_frame_bytes``, each with its messages.
+
+    A single message above the limit is never sent: the coordinator would close the session,
+    and resending it after every reconnect would wedge the worker. Handlers' payloads are
+    checked in msgpack, but JSON can be larger, so: an oversized ``done`` becomes a failed
+    ``done`` saying why, and any other oversized (or unencodable) message is dropped and logged.
+    """
+    try:
+        frame = codec.encode(msgs)
+    except (TypeError, ValueError, OverflowError) as exc:
+        if len(msgs) == 1:
+            log.error("dropping unencodable message", msg_type=type(msgs[0]).__name__, error=str(exc))
+            return []
+        frame = b""
+    if frame and len(frame) <= max_frame_bytes:
+        return [(frame, msgs)]
+    if frame and len(msgs) == 1:
+        msg = msgs[0]
+        why = f"{len(frame)} bytes encoded; the frame limit is {max_frame_bytes}"
+        if isinstance(msg, protocol.Done):
+            error = protocol.ErrorInfo(code=errors.HANDLER_ERROR, message=f"the plan's result is {why}")
+            done = protocol.Done(plan_id=msg.plan_id, attempt=msg.attempt, outcome="failed", error=error)
+            return [(codec.encode([done]), [done])]
+        log.error("dropping an oversized message", msg_type=type(msg).__name__, reason=why)
+        return []
+    mid = len(msgs) // 2
+    return encode_frames(codec, msgs[:mid], max_frame_bytes) + encode_frames(codec, msgs[mid:], max_frame_bytes)

@@ -126,6 +126,4 @@ class LoadTracker:
 
     def snapshot(self) -> protocol.Load:
         """The load to send in the next ``heartbeat``."""
-        return protocol.Load(
-            in_flight=self.in_flight, queued=self.queued, latency_ema_ms=round(self.latency_ema_ms, 3)
-        )
+        return protocol.Load(in_flight=self.in_flight, queued=self.queued, latency_ema_ms=round(self.latency_ema_ms, 3))

@@ -25,6 +25,7 @@ class Proc:
         self.proc = proc
         self.name = name
         self.lines: list[str] = []
+        self._cursor = 0  # wait_for_line reads forward from here
         self._new_line = asyncio.Event()
         self._reader = asyncio.create_task(self._read())
 
@@ -36,15 +37,13 @@ class Proc:
         self._new_line.set()
 
     async def wait_for_line(self, pattern: str, timeout_s: float = 30.0) -> re.Match[str]:
-        """The first stdout line matching ``pattern`` (regex), waiting for it to arrive."""
+        """The next stdout line matching ``pattern`` (regex) after the last matched line, waiting for it."""
         regex = re.compile(pattern)
-        checked = 0
 
         async def scan() -> re.Match[str]:
-            nonlocal checked
             while True:
-                for line in self.lines[checked:]:
-                    checked += 1
+                for line in self.lines[self._cursor:]:
+                    self._cursor += 1
                     if m := regex.search(line):
                         return m
                 if self._reader.done():

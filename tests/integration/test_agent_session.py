@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
 import pytest
+import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
@@ -15,6 +19,7 @@ from websockets.http11 import Request, Response
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, Codec, Encoding
 from worker_agent import Agent, AuthError, Context
+from worker_agent.main import add_worker_arguments, run_worker
 
 pytestmark = pytest.mark.timeout(15)
 
@@ -168,7 +173,13 @@ async def test_hello_welcome_heartbeat_assign_events_done(coordinator: FakeCoord
         await coordinator.send(assign("p1", "echo", {"n": 1}))
         assert await coordinator.expect(protocol.Accept) == protocol.Accept(plan_id="p1", attempt=1)
         event = await coordinator.expect(protocol.Event)
-        assert (event.plan_id, event.attempt, event.kind, event.data, event.ephemeral) == ("p1", 1, "echo", {"n": 1}, False)
+        assert (event.plan_id, event.attempt, event.kind, event.data, event.ephemeral) == (
+            "p1",
+            1,
+            "echo",
+            {"n": 1},
+            False,
+        )
         done = await coordinator.expect(protocol.Done)
         assert done == protocol.Done(plan_id="p1", attempt=1, outcome="succeeded", result={"n": 1})
 
@@ -185,14 +196,15 @@ async def test_unknown_op_is_rejected(coordinator: FakeCoordinator) -> None:
 
 
 async def test_assign_beyond_max_concurrency_is_rejected(coordinator: FakeCoordinator) -> None:
-    """With max_concurrency plans running, another assign is rejected with code full."""
+    """With max_concurrency plans running, another assign is rejected (code rejected, reason says full)."""
     agent = make_agent(coordinator.url, max_concurrency=1)
     async with running(agent):
         await coordinator.register(agent)
         await coordinator.send(assign("p1", "sleep", {"seconds": 30}), assign("p2", "echo"))
         assert (await coordinator.expect(protocol.Accept)).plan_id == "p1"
         reject = await coordinator.expect(protocol.Reject)
-        assert (reject.plan_id, reject.code) == ("p2", "full")
+        assert (reject.plan_id, reject.code) == ("p2", "rejected")
+        assert "running 1 plans (max)" in reject.reason
 
 
 async def test_cancel_ends_plan_with_done_cancelled(coordinator: FakeCoordinator) -> None:
@@ -301,13 +313,13 @@ async def test_stale_lease_error_stops_the_plan_without_done(coordinator: FakeCo
 
 
 async def test_drain_rejects_new_assigns(coordinator: FakeCoordinator) -> None:
-    """After drain the worker rejects new plans with code draining."""
+    """After drain the worker rejects new plans (code rejected, reason says draining)."""
     agent = make_agent(coordinator.url)
     async with running(agent):
         await coordinator.register(agent)
         await coordinator.send(protocol.Drain(), assign("p1", "echo"))
         reject = await coordinator.expect(protocol.Reject)
-        assert (reject.plan_id, reject.code) == ("p1", "draining")
+        assert (reject.plan_id, reject.code) == ("p1", "rejected") and "draining" in reject.reason
 
 
 async def test_stop_finishes_running_plans_then_says_goodbye(coordinator: FakeCoordinator) -> None:
@@ -322,7 +334,7 @@ async def test_stop_finishes_running_plans_then_says_goodbye(coordinator: FakeCo
     await coordinator.expect(protocol.Event)
     agent.stop()
     await coordinator.send(assign("p2", "echo"))
-    assert (await coordinator.expect(protocol.Reject)).code == "draining"
+    assert "draining" in (await coordinator.expect(protocol.Reject)).reason
     gate.open.set()
     assert (await coordinator.expect(protocol.Event)).kind == "finished"
     assert (await coordinator.expect(protocol.Done)).outcome == "succeeded"
@@ -347,6 +359,32 @@ async def test_json_session(coordinator: FakeCoordinator) -> None:
         await fake.close()
 
 
+async def test_result_above_the_frame_limit_fails_the_plan() -> None:
+    """A JSON frame above max_frame_bytes is not sent: its event is dropped, its result fails the plan."""
+    fake = FakeCoordinator(encoding="json")
+    await fake.start()
+    big = [100] * 4000  # about 4 KB in msgpack (within the payload limit), 16 KB in JSON
+
+    async def bulky(ctx: Context, args: Any) -> list[int]:
+        ctx.emit("bulk", big)
+        ctx.emit("small", 1)
+        return big
+
+    try:
+        agent = make_agent(fake.url, encoding="json", max_frame_bytes=8192)
+        agent.add_handler("bulky", bulky)
+        async with running(agent):
+            await fake.register(agent)
+            await fake.send(assign("p1", "bulky"))
+            await fake.expect(protocol.Accept)
+            assert (await fake.expect(protocol.Event)).kind == "small"
+            done = await fake.expect(protocol.Done)
+            assert done.outcome == "failed" and done.error is not None
+            assert done.error.code == "handler_error" and "frame limit is 8192" in done.error.message
+    finally:
+        await fake.close()
+
+
 @pytest.mark.parametrize("status", [401, 403])
 async def test_refused_token_is_fatal(status: int) -> None:
     """HTTP 401/403 at the handshake ends run() with AuthError instead of retrying."""
@@ -360,6 +398,24 @@ async def test_refused_token_is_fatal(status: int) -> None:
         assert len(fake.requests) == 1
     finally:
         await fake.close()
+
+
+@contextlib.contextmanager
+def logged(event: str) -> Iterator[asyncio.Event]:
+    """An asyncio.Event set when a log line with this event name is emitted (loggers bound inside)."""
+    seen = asyncio.Event()
+
+    def watch(logger: Any, method: str, event_dict: Any) -> Any:
+        if event_dict.get("event") == event:
+            seen.set()
+        raise structlog.DropEvent
+
+    config = structlog.get_config()
+    structlog.configure(processors=[watch])
+    try:
+        yield seen
+    finally:
+        structlog.configure(**config)
 
 
 @pytest.mark.parametrize("hang", [True, False])
@@ -376,18 +432,62 @@ async def test_stop_interrupts_dialing_and_backoff(hang: bool) -> None:
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    agent = make_agent(f"ws://127.0.0.1:{port}", reconnect_base_s=30.0, reconnect_cap_s=30.0,
-                       handshake_timeout_s=30.0)
-    task = asyncio.create_task(agent.run())
-    try:
-        await asyncio.wait_for(connected.wait(), 5)
-        agent.stop()
-        await asyncio.wait_for(task, 5)
-    finally:
-        for peer in peers:
-            peer.close()
-        server.close()
-        await server.wait_closed()
+    with logged("cannot reach coordinator") as failed:
+        agent = make_agent(
+            f"ws://127.0.0.1:{port}", reconnect_base_s=30.0, reconnect_cap_s=30.0, handshake_timeout_s=30.0
+        )
+        task = asyncio.create_task(agent.run())
+        try:
+            await asyncio.wait_for((connected if hang else failed).wait(), 5)
+            agent.stop()
+            await asyncio.wait_for(task, 5)
+        finally:
+            for peer in peers:
+                peer.close()
+            server.close()
+            await server.wait_closed()
+    assert failed.is_set() is not hang
+
+
+def _worker_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    return parser.parse_args(argv)
+
+
+async def test_run_worker_without_url_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fleetwire worker` with neither --url nor FLEETWIRE_URL says what to pass and returns 2."""
+    monkeypatch.delenv("FLEETWIRE_URL", raising=False)
+    assert await run_worker(_worker_args()) == 2
+    assert "--url" in capsys.readouterr().err
+
+
+async def test_run_worker_bad_handler_spec_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad --handler spec is reported before connecting, with status 2."""
+    assert await run_worker(_worker_args("--url", "ws://127.0.0.1:1", "--handler", "nope")) == 2
+    assert "bad handler spec 'nope'" in capsys.readouterr().err
+
+
+async def test_run_worker_registers_and_stops_on_sigterm(
+    coordinator: FakeCoordinator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI worker prints its registered line, advertises its flags, and SIGTERM stops it with 0."""
+    ns = _worker_args(
+        "--url", coordinator.url, "--token", "s3cret", "--id", "cli-1", "--tags", "a,b", "--tags", "c",
+        "--allow-shell", "--python-allow", "math:*", "--handler", "dump=json:dumps", "--reconnect-base", "0.01",
+    )  # fmt: skip
+    task = asyncio.create_task(run_worker(ns))
+    hello = await coordinator.expect(protocol.Hello)
+    assert hello.worker_id == "cli-1" and hello.capabilities.tags == ["a", "b", "c"]
+    assert hello.capabilities.ops == ["dump", "echo", "python", "shell", "sleep"]
+    await coordinator.send(protocol.Welcome(worker_id="cli-1", heartbeat_interval_s=5, heartbeat_timeout_s=15))
+    await coordinator.expect(protocol.Heartbeat)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await coordinator.expect(protocol.Goodbye)
+    assert await asyncio.wait_for(task, 5) == 0
+    assert f"worker cli-1 registered with {coordinator.url}" in capsys.readouterr().out
 
 
 def test_url_gets_the_worker_path() -> None:
@@ -413,4 +513,3 @@ def test_handler_decorator_registers_ops() -> None:
     def third(ctx: Context, args: Any) -> None: ...
 
     assert agent.ops == ["echo", "first", "second", "shell", "sleep", "third-op"]
-

@@ -489,6 +489,18 @@ def test_reject_requeues_and_avoids_that_worker(h: Harness) -> None:
     assert only(h.take(w2), Assign).attempt == 2
 
 
+def test_rejected_plan_is_offered_again_after_reregistration(h: Harness) -> None:
+    """A worker that registers again (say, after a restart) is offered the plans it rejected."""
+    w1 = h.worker("w1")
+    c = h.client()
+    plan_id = h.submit(c)
+    h.send(w1, Reject(plan_id=plan_id, attempt=1, code="draining"))
+    h.close(w1)
+    again = h.worker("w1")
+    assert only(h.take(again), Assign).attempt == 2
+    assert h.core.plans[plan_id].avoid == frozenset()
+
+
 def test_reject_after_accept_is_an_invalid_transition(h: Harness) -> None:
     """Rejecting a running plan is answered with invalid_transition and changes nothing."""
     w = h.worker("w1")
@@ -653,6 +665,22 @@ def test_worker_back_from_partition_is_fenced(h: Harness) -> None:
     error = only(h.take(back), Error)
     assert error.code == errors.STALE_LEASE and "attempt 2 on worker w2" in error.message
     assert h.state(plan_id) == "leased" and h.core.plans[plan_id].result is None
+
+
+def test_waiting_reason_is_current_after_a_late_worker_beats(h: Harness) -> None:
+    """A plan submitted while its worker was late gets the right reason once the worker beats again."""
+    w = h.worker("w1")
+    c = h.client()
+    h.submit(c)
+    first_waiting = h.submit(c)
+    h.worker("other", ops=["x"])  # a refresh: the queued group's reason is recorded
+    h.now = 40.0  # w1 is late, not yet reaped
+    late_waiting = h.submit(c)
+    assert h.core.plans[late_waiting].waiting_reason == "no connected worker handles op 'echo'"
+    h.send(w, Heartbeat())
+    reason = "the only matching worker (w1) is at capacity"
+    assert h.core.plans[first_waiting].waiting_reason == reason
+    assert h.core.plans[late_waiting].waiting_reason == reason
 
 
 def test_waiting_reason_follows_a_disconnect(h: Harness) -> None:

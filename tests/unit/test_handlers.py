@@ -122,8 +122,12 @@ async def test_shell_streams_stdout_and_stderr_lines() -> None:
 async def test_shell_list_command_with_env_and_cwd(tmp_path: Any) -> None:
     """A list command runs as is, with env added to the worker's environment and cwd applied."""
     done, sink = await run(
-        shell, {"cmd": ["/bin/sh", "-c", 'echo "$FLEETWIRE_TEST_VAR"; pwd; test -n "$PATH"'], "cwd": str(tmp_path),
-                "env": {"FLEETWIRE_TEST_VAR": "hello"}}
+        shell,
+        {
+            "cmd": ["/bin/sh", "-c", 'echo "$FLEETWIRE_TEST_VAR"; pwd; test -n "$PATH"'],
+            "cwd": str(tmp_path),
+            "env": {"FLEETWIRE_TEST_VAR": "hello"},
+        },
     )
     assert done.outcome == "succeeded", done
     assert [d for k, d, _ in sink.events if k == "stdout"] == ["hello", str(tmp_path)]
@@ -168,7 +172,7 @@ async def test_shell_cancel_escalates_to_sigkill_after_grace() -> None:
     task.cancel()
     done = await task
     assert done.outcome == "cancelled"
-    assert time.monotonic() - started >= 0.3
+    assert time.monotonic() - started >= 0.25  # the grace (0.3 s), less timer slack
     await _wait_gone(grandchild)
 
 

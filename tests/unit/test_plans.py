@@ -266,6 +266,21 @@ def test_queue_best_for_only_admitted_signatures() -> None:
     assert queue.signatures() == [cpu]  # the empty group is dropped
 
 
+def test_queue_forgive_moves_plans_keeping_their_place() -> None:
+    """forgive() moves plans that avoided a worker into the group without it, priority and age kept."""
+    queue = PlanQueue()
+    plain = Signature.of("echo", Requirements())
+    avoiding = Signature.of("echo", Requirements(), avoid=["w1", "w2"])
+    queue.push("old", avoiding, 0, 1)
+    queue.push("mid", plain, 0, 2)
+    queue.push("urgent", avoiding, 5, 3)
+    assert queue.forgive("w9") == []
+    assert queue.forgive("w1") == ["urgent", "old"]
+    only_w2 = Signature.of("echo", Requirements(), avoid=["w2"])
+    assert queue.plans_in(only_w2) == ["urgent", "old"]
+    assert queue.plans_in(avoiding) == [] and queue.plans_in(plain) == ["mid"]
+
+
 def test_signature_admits_checks_every_requirement() -> None:
     """A worker is admitted only with the op, all tags, the accelerator, model, GPU memory and env."""
     req = Requirements(

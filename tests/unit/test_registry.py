@@ -228,3 +228,23 @@ def test_info_reports_beat_age_and_leases(reg: WorkerRegistry) -> None:
     row = reg.info("w1", 12.5)
     assert (row.id, row.leases, row.connected, row.alive, row.address) == ("w1", 1, True, True, "h:1")
     assert row.last_beat_age_s == 12.5
+
+
+def test_matching_is_cached_until_membership_changes(reg: WorkerRegistry) -> None:
+    """matching() answers from its cache until a worker registers, disconnects or is reaped."""
+    calls: list[str] = []
+
+    def meets(record: object) -> bool:
+        calls.append(getattr(record, "id", ""))
+        return True
+
+    reg.register("a", caps(), 0.0)
+    assert [r.id for r in reg.matching("k", meets)] == ["a"]
+    assert [r.id for r in reg.matching("k", meets)] == ["a"]
+    assert calls == ["a"]
+    reg.register("b", caps(), 0.0)
+    assert sorted(r.id for r in reg.matching("k", meets)) == ["a", "b"]
+    reg.disconnect("a")
+    assert [r.id for r in reg.matching("k", meets)] == ["b"]
+    reg.reap(100.0)
+    assert reg.matching("k", meets) == []

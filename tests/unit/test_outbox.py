@@ -1,0 +1,99 @@
+"""The worker's bounded outbox and how queued messages become frames."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+import protocol
+from protocol import Codec
+from worker_agent.outbox import Outbox, encode_frames
+
+
+def event(plan_id: str, n: int, *, ephemeral: bool = False, attempt: int = 1) -> protocol.Event:
+    return protocol.Event(plan_id=plan_id, kind="progress" if ephemeral else "log", data=n, attempt=attempt,
+                          ephemeral=ephemeral)  # fmt: skip
+
+
+def done(plan_id: str, attempt: int = 1) -> protocol.Done:
+    return protocol.Done(plan_id=plan_id, attempt=attempt, outcome="succeeded")
+
+
+def test_overflow_sheds_heartbeats_then_oldest_ephemeral_events() -> None:
+    """Past the limit: stale heartbeats go first, then the oldest ephemeral events, down to 90 %."""
+    box = Outbox(limit=10)
+    box.append(protocol.Accept(plan_id="p", attempt=1))
+    box.append(protocol.Heartbeat())
+    for n in range(7):
+        box.append(event("p", n, ephemeral=n % 2 == 0))
+    assert box.append(done("p")) == 0 and len(box) == 10  # at the limit: nothing shed yet
+    shed = box.append(event("p", 99))
+    assert shed == 2 and box.dropped == 2  # the heartbeat and the oldest ephemeral event
+    kept = box.take(100)
+    assert kept[0] == protocol.Accept(plan_id="p", attempt=1) and done("p") in kept
+    assert [m.data for m in kept if isinstance(m, protocol.Event)] == [1, 2, 3, 4, 5, 6, 99]
+
+
+def test_overflow_drops_durable_events_only_when_no_ephemeral_is_left() -> None:
+    """With no ephemeral events, the oldest durable events go, down to exactly the limit; done never."""
+    box = Outbox(limit=4)
+    box.append(done("a"))
+    for n in range(4):
+        box.append(event("b", n))
+    assert box.take(10) == [done("a"), event("b", 1), event("b", 2), event("b", 3)]
+
+
+def test_requeue_puts_messages_back_in_front_without_heartbeats() -> None:
+    """Messages whose send failed go back first, in order; their heartbeats are dropped."""
+    box = Outbox()
+    box.append(event("p", 3))
+    box.requeue([event("p", 1), protocol.Heartbeat(), event("p", 2)])
+    assert box.take(10) == [event("p", 1), event("p", 2), event("p", 3)]
+
+
+def test_purge_and_pending_done() -> None:
+    """purge drops one plan's (attempt's) messages; pending_done lists plans whose done waits."""
+    box = Outbox()
+    for msg in (event("a", 1), event("a", 2, attempt=2), done("a", 2), event("b", 1), done("b")):
+        box.append(msg)
+    assert box.pending_done() == [
+        protocol.RunningPlan(plan_id="a", attempt=2),
+        protocol.RunningPlan(plan_id="b", attempt=1),
+    ]
+    box.purge("a", 2)
+    assert box.take(10) == [event("a", 1), event("b", 1), done("b")]
+    box.append(event("a", 3))
+    box.purge("a")
+    assert not box
+
+
+def test_bad_limit_is_refused() -> None:
+    """An outbox must hold at least one message."""
+    with pytest.raises(ValueError, match="limit"):
+        Outbox(limit=0)
+
+
+def test_encode_frames_coalesces_and_splits_by_size() -> None:
+    """Messages share a frame up to the size limit, and are split into several frames beyond it."""
+    codec = Codec("msgpack", protocol.messages.FromWorker, "worker")
+    small = [event("p", n) for n in range(3)]
+    frames = encode_frames(codec, small, 8192)
+    assert len(frames) == 1 and codec.decode(frames[0][0]) == small
+    big = [protocol.Event(plan_id="p", kind="blob", data=b"x" * 3000) for _ in range(6)]
+    frames = encode_frames(codec, big, 8192)
+    assert len(frames) > 1 and all(len(frame) <= 8192 for frame, _ in frames)
+    assert [m for frame, _ in frames for m in codec.decode(frame)] == big
+
+
+def test_encode_frames_replaces_an_oversized_result_and_drops_an_oversized_event() -> None:
+    """A done above the limit becomes a failed done saying why; an event above it is dropped."""
+    codec = Codec("json", protocol.messages.FromWorker, "worker")
+    huge_done = protocol.Done(plan_id="p", attempt=1, outcome="succeeded", result=[100] * 4000)
+    huge_event = protocol.Event(plan_id="p", kind="blob", data=[100] * 4000)
+    with capture_logs() as logs:
+        frames = encode_frames(codec, [huge_event, huge_done], 8192)
+    [(frame, msgs)] = frames
+    [sent] = codec.decode(frame.decode())  # a JSON session reads text frames
+    assert sent == msgs[0] and sent.outcome == "failed" and sent.error.code == "handler_error"
+    assert "frame limit is 8192" in sent.error.message
+    assert any(entry["event"] == "dropping an oversized message" for entry in logs)
