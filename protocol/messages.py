@@ -58,9 +58,11 @@ class Capabilities(msgspec.Struct, omit_defaults=True):
     tags: list[str] = []
     max_concurrency: int = 1
     hostname: str = ""
-    kv_blocks: int = 0
-    kv_block_tokens: int = 0
-    carbon_zone: str = ""
+    kv_blocks: int = 0  # KV-cache block budget (0: no KV admission on this worker)
+    kv_block_tokens: int = 0  # tokens per KV block
+    carbon_zone: str = ""  # grid zone, e.g. "FR", "US-CAL-CISO"
+    continuous_batching: bool = False
+    paged_kv: bool = False
 
 
 class Load(msgspec.Struct, omit_defaults=True):
@@ -69,6 +71,16 @@ class Load(msgspec.Struct, omit_defaults=True):
     in_flight: int = 0
     queued: int = 0
     latency_ema_ms: float = 0.0
+    queued_tokens: int = 0
+    latency_p50_ms: float = 0.0
+    latency_p99_ms: float = 0.0
+    uj_per_token: float = 0.0  # micro-joules per generated token
+    zone_intensity_g_per_kwh: float = 0.0  # grid carbon intensity, gCO2e/kWh
+    kv_blocks_used: int = 0
+    power_w: float = 0.0  # accelerator power draw now (NVML), watts
+    engine_running: int = 0  # inference engine's running requests (e.g. vLLM)
+    engine_waiting: int = 0  # inference engine's waiting requests
+    kv_cache_usage: float = 0.0  # inference engine's KV-cache usage, 0..1
 
 
 class Requirements(msgspec.Struct, omit_defaults=True):
@@ -79,6 +91,16 @@ class Requirements(msgspec.Struct, omit_defaults=True):
     model: str | None = None
     min_gpu_memory_bytes: int = 0
     python_env: str | None = None
+
+
+class RoutingHints(msgspec.Struct, omit_defaults=True):
+    """How a plan would like to be placed; every field is optional."""
+
+    policy: str | None = None  # override the coordinator's default placement policy
+    session_key: str | None = None  # sticky: same worker while it is alive and has room
+    prefix_hashes: list[int] = []  # hashes of the prompt's KV prefix blocks, in order
+    prompt_tokens: int = 0  # estimated prompt tokens
+    max_output_tokens: int = 0  # estimated (maximum) generated tokens
 
 
 class RunningPlan(msgspec.Struct, omit_defaults=True):
@@ -279,6 +301,7 @@ class Submit(_Msg, tag="submit"):
     max_attempts: int = 3
     plan_id: str | None = None
     subscribe: bool = True
+    hints: RoutingHints = msgspec.field(default_factory=RoutingHints)
 
 
 class Subscribe(_Msg, tag="subscribe"):
