@@ -14,6 +14,8 @@ other role, 404 for an unknown path.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import itertools
 import secrets
@@ -134,14 +136,31 @@ class _Session:
         return self._frames(batch[:half]) + self._frames(batch[half:])
 
 
+BEARER_SUBPROTOCOL_PREFIX = "fleetwire.bearer."
+
+
 def _bearer(headers: Headers) -> str | None:
+    """The bearer token of a handshake: the Authorization header, else an offered subprotocol.
+
+    Browsers cannot set headers, so they offer ``fleetwire.bearer.<base64url token>`` as a
+    subprotocol (docs/PROTOCOL.md §1); the server never selects or echoes it.
+    """
     value = headers.get("Authorization")
-    if not value:
-        return None
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+    if value:
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return token.strip()
+    for header in headers.get_all("Sec-WebSocket-Protocol"):
+        for offered in header.split(","):
+            offered = offered.strip()
+            if offered.startswith(BEARER_SUBPROTOCOL_PREFIX):
+                encoded = offered[len(BEARER_SUBPROTOCOL_PREFIX):]
+                try:
+                    return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+                except (binascii.Error, UnicodeDecodeError):
+                    return None
+    return None
 
 
 def _matches(token: str, candidates: Sequence[str]) -> bool:

@@ -223,3 +223,19 @@ async def _beat(peer: Peer) -> None:
     while True:
         await peer.send(Heartbeat())
         await asyncio.sleep(0.1)
+
+
+async def test_browser_bearer_subprotocol_authenticates_and_is_not_echoed(server: CoordinatorServer) -> None:
+    """A browser's offered fleetwire.bearer.<base64url> subprotocol authenticates; the server selects JSON, not it."""
+    import base64
+
+    offered = "fleetwire.bearer." + base64.urlsafe_b64encode(CLIENT_TOKEN.encode()).decode().rstrip("=")
+    ws = await connect(f"{server.url}/v1/client", subprotocols=[SUBPROTOCOL_JSON, offered])  # type: ignore[list-item]
+    assert ws.subprotocol == SUBPROTOCOL_JSON
+    await ws.send('{"type": "list_workers", "req_id": 1}')
+    assert '"workers"' in str(await asyncio.wait_for(ws.recv(), 5))
+    await ws.close()
+    with pytest.raises(InvalidStatus) as info:
+        bad = "fleetwire.bearer." + base64.urlsafe_b64encode(b"wrong").decode()
+        await connect(f"{server.url}/v1/client", subprotocols=[SUBPROTOCOL_JSON, bad])  # type: ignore[list-item]
+    assert info.value.response.status_code == 401
