@@ -236,6 +236,6 @@ async def test_browser_bearer_subprotocol_authenticates_and_is_not_echoed(server
     assert '"workers"' in str(await asyncio.wait_for(ws.recv(), 5))
     await ws.close()
     with pytest.raises(InvalidStatus) as info:
-        bad = "fleetwire.bearer." + base64.urlsafe_b64encode(b"wrong").decode()
+        bad = "fleetwire.bearer." + base64.urlsafe_b64encode(b"wrong").decode().rstrip("=")
         await connect(f"{server.url}/v1/client", subprotocols=[SUBPROTOCOL_JSON, bad])  # type: ignore[list-item]
     assert info.value.response.status_code == 401
