@@ -27,18 +27,38 @@ from typing import Any, Literal, assert_never
 
 import structlog
 
+from coordinator import scopes
+from coordinator.autoscaler import AutoscaleConfig, Autoscaler, pool_signals
 from coordinator.errors import InvalidTransition
-from coordinator.plans import RESERVED_KINDS, Plan, Subscriptions, advance, done_event, submit_problem
+from coordinator.limits import PlanQuota
+from coordinator.operator import OperatorRequests
+from coordinator.placement import Placement, PlacementConfig, hints_problem
+from coordinator.plans import (
+    EVERY_PRINCIPAL,
+    RESERVED_KINDS,
+    Plan,
+    Subscriptions,
+    advance,
+    done_event,
+    submit_problem,
+)
+from coordinator.policies import POLICY_NAMES
 from coordinator.queue import PlanQueue, Signature, explain_wait
+from coordinator.records import StoredPlan
+from coordinator.recovery import Recovery, note_attempt
 from coordinator.registry import WorkerRecord, WorkerRegistry
+from coordinator.stats import PlanTimings
 from protocol import errors
 from protocol.codec import DecodeFailure
 from protocol.messages import (
+    TERMINAL_STATES,
     Accept,
+    Ack,
     Accepted,
     Assign,
     Cancel,
     Done,
+    DrainWorker,
     Error,
     ErrorInfo,
     Event,
@@ -46,13 +66,16 @@ from protocol.messages import (
     Goodbye,
     Heartbeat,
     Hello,
+    ListPlans,
     ListWorkers,
     Ok,
     PlanReply,
     Reject,
+    Revoke,
     Submit,
     Subscribe,
     Subscribed,
+    UndrainWorker,
     Unsubscribe,
     Welcome,
     Workers,
@@ -62,11 +85,19 @@ __all__ = ["Coordinator", "CoreConfig", "Effects"]
 
 log = structlog.get_logger(__name__)
 
+# Placements are counted per policy under "placements.<policy>" (coordinator/metrics.py turns the
+# suffix into the ``policy`` label); the policies are in coordinator/policies.py.
+PLACEMENT_COUNTERS = " ".join(f"placements.{name}" for name in POLICY_NAMES)
+
 Role = Literal["worker", "client"]
 WorkerMessage = Hello | Heartbeat | Accept | Reject | Event | Done | Goodbye
-ClientMessage = Submit | Subscribe | Unsubscribe | Cancel | GetPlan | ListWorkers
+ClientMessage = (
+    Submit | Subscribe | Unsubscribe | Cancel | GetPlan | ListWorkers | ListPlans | DrainWorker | UndrainWorker
+)
 _WORKER_TYPES = (Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye)
-_CLIENT_TYPES = (Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers)
+_CLIENT_TYPES = (
+    Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers, ListPlans, DrainWorker, UndrainWorker
+)
 
 
 @dataclass(frozen=True)
@@ -76,16 +107,26 @@ class CoreConfig:
     heartbeat_interval_s: float = 10.0
     heartbeat_timeout_s: float = 30.0
     max_protocol_errors: int = 100  # per session; reaching it closes the session with 4400
+    max_plans_per_principal: int = 0  # unfinished plans per client principal (0: no limit; coordinator/limits.py)
     max_events_per_plan: int = 10_000
     version: str = ""  # the coordinator's version, put in ``welcome``
+    breaker_fraction: float = 0.5  # reaper circuit breaker: share of connected workers stale at once
+    breaker_min_workers: int = 3  # ... among at least this many connected workers (coordinator/recovery.py)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)  # coordinator/placement.py
+    autoscale: AutoscaleConfig | None = None  # None: no autoscaler (coordinator/autoscaler.py)
 
 
 @dataclass
 class Effects:
-    """What the server must do: send ``sends`` (each list in order, e.g. one frame), then ``closes``."""
+    """What the server must do: commit ``records``, then send ``sends`` (each list in order), then ``closes``.
+
+    No frame of a step may leave before the step's records are durable (coordinator/commit.py).
+    """
 
     sends: dict[int, list[Any]] = field(default_factory=dict)
     closes: list[tuple[int, int, str]] = field(default_factory=list)  # (conn_id, close code, reason)
+    records: list[Any] = field(default_factory=list)  # coordinator/records.py
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # autoscaler decisions, for the hook command
 
 
 @dataclass(eq=False)
@@ -100,6 +141,8 @@ class _Session:
     worker_id: str | None = None  # set by ``hello``; cleared when the id moves on
     closing: bool = False  # a close was asked for; later input is ignored
     protocol_errors: int = 0
+    worker_ids: str | None = None  # the glob of worker ids its token may register (coordinator/scopes.py)
+    quota_refusals: int = 0
 
 
 class Coordinator:
@@ -112,15 +155,23 @@ class Coordinator:
 
     def __init__(self, config: CoreConfig, new_id: Callable[[], str]) -> None:
         self.config = config
-        self.registry = WorkerRegistry(config.heartbeat_timeout_s)
+        self.registry = WorkerRegistry(config.heartbeat_timeout_s, prefetch=config.placement.prefetch)
         self.plans: dict[str, Plan] = {}
+        self.placement = Placement(self.registry, self.plans, config.placement)
+        self.autoscaler = Autoscaler(config.autoscale) if config.autoscale is not None else None
         self.queue = PlanQueue()
         self.subscriptions = Subscriptions()
         # Every counter exists from the start, so a metrics scrape never misses one.
         self.counters: dict[str, int] = dict.fromkeys(
-            "plans_submitted plans_requeued events_forwarded stale_dropped protocol_errors workers_reaped".split(), 0
+            "plans_submitted plans_requeued events_forwarded stale_dropped protocol_errors workers_reaped"
+            f" heartbeats {PLACEMENT_COUNTERS} plans_revoked scope_refused plans_refused".split(),
+            0,
         )
+        self.timings = PlanTimings()  # queue-wait and run-time histograms (coordinator/metrics.py exports them)
+        self.operator = OperatorRequests(self)  # list_plans, drain_worker, undrain_worker (coordinator/operator.py)
+        self.recovery = Recovery(self)  # records, acks, restore, hand-back, retries (coordinator/recovery.py)
         self._new_id = new_id
+        self._quota = PlanQuota(config.max_plans_per_principal)  # coordinator/limits.py
         self._sessions: dict[int, _Session] = {}
         self._submit_order = itertools.count(1)
         self._effects = Effects()
@@ -128,16 +179,26 @@ class Coordinator:
     # ================================================================== driver API
 
     def open_session(
-        self, conn_id: int, role: Role, now: float, *, principal: str = "", address: str = "", admin: bool = False
+        self,
+        conn_id: int,
+        role: Role,
+        now: float,
+        *,
+        principal: str = "",
+        address: str = "",
+        admin: bool = False,
+        worker_ids: str | None = None,
     ) -> None:
         """A connection was accepted. ``admin`` sessions see every principal's plans.
+
+        ``worker_ids`` limits the ids a worker session may register (a glob; None: any).
 
         Raises:
             ValueError: ``conn_id`` is already open (a driver bug).
         """
         if conn_id in self._sessions:
             raise ValueError(f"connection {conn_id} is already open")
-        self._sessions[conn_id] = _Session(conn_id, role, principal, address, admin)
+        self._sessions[conn_id] = _Session(conn_id, role, principal, address, admin, worker_ids=worker_ids)
 
     def receive(self, conn_id: int, msg: Any, now: float) -> None:
         """One message from a connection: a Struct of its role's inbound union, or a DecodeFailure."""
@@ -145,7 +206,10 @@ class Coordinator:
         if session is None or session.closing:
             return
         if isinstance(msg, DecodeFailure):
-            self._protocol_error(session, msg.code, msg.message, req_id=msg.req_id)
+            if msg.code == errors.UNKNOWN_TYPE and scopes.foreign_type(session.role, msg.type):
+                self._forbid(session, f"a {session.role} session may not send {msg.type!r}")
+            else:
+                self._protocol_error(session, msg.code, msg.message, req_id=msg.req_id)
         elif session.role == "worker" and isinstance(msg, _WORKER_TYPES):
             self._on_worker(session, msg, now)
         elif session.role == "client" and isinstance(msg, _CLIENT_TYPES):
@@ -153,6 +217,9 @@ class Coordinator:
         else:
             config = getattr(type(msg), "__struct_config__", None)
             tag = getattr(config, "tag", None) or type(msg).__name__
+            if scopes.foreign_type(session.role, tag):
+                self._forbid(session, f"a {session.role} session may not send {tag!r}")
+                return
             self._protocol_error(
                 session,
                 errors.UNKNOWN_TYPE,
@@ -166,6 +233,7 @@ class Coordinator:
         if session is None:
             return
         self._effects.sends.pop(conn_id, None)  # nothing can reach it any more
+        self.recovery.forget(conn_id)
         if session.role == "worker":
             self._detach_worker(session, now)
         else:
@@ -173,7 +241,10 @@ class Coordinator:
 
     def tick(self, now: float) -> list[str]:
         """Reap workers silent past the timeout (§Registry); returns their ids, sorted."""
-        lost = self.registry.stale(now)
+        self.operator.tick(now)  # drained workers whose deadline passed hand their plans back
+        self._autoscale(now)
+        # The breaker holds back a mass of silent workers: the coordinator itself is suspect.
+        lost = self.recovery.breaker.admit(self.registry.stale(now), self.registry, now)
         if not lost:
             return []
         for record in lost:
@@ -186,7 +257,8 @@ class Coordinator:
                     errors.CLOSE_HEARTBEAT_TIMEOUT,
                     f"no heartbeat for {silent_s:.1f} s (timeout {self.config.heartbeat_timeout_s:g} s)",
                 )
-        reaped = self.registry.reap(now)
+        reaped = self.registry.reap(now, only={r.id for r in lost})
+        self.placement.forget(reaped)
         self.counters["workers_reaped"] += len(reaped)
         leases = [(self.plans[pid], r.id) for r in lost for pid in r.leases if pid in self.plans]
         leases.sort(key=lambda pair: (-pair[0].priority, pair[0].order))  # requeue best first
@@ -197,8 +269,20 @@ class Coordinator:
 
     def take_effects(self) -> Effects:
         """What accumulated since the last call; the core forgets it."""
+        for conn_id, seq in self.recovery.take_acks():  # sent only once the records below are committed
+            self._send(conn_id, Ack(seq=seq))
         effects, self._effects = self._effects, Effects()
+        effects.records = self.recovery.take_records()
         return effects
+
+    def restore(self, stored: list[StoredPlan], now: float) -> None:
+        """Load the plans a store kept, before any session opens (coordinator/recovery.py).
+
+        Queued plans are queued again; leased and running ones wait one heartbeat timeout,
+        from ``now``, for their worker to reconnect and claim them.
+        """
+        for plan in self.recovery.restore(stored, now):
+            self._enqueue(plan, now)
 
     def summary(self, now: float) -> str:
         """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers."""
@@ -215,11 +299,13 @@ class Coordinator:
             what = type(msg).__name__.lower()
             self._protocol_error(s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id")
             return
+        if isinstance(msg, Accept | Reject | Event | Done) and self.recovery.duplicate(s.conn_id, worker_id, msg):
+            return  # a re-send of a message already applied (after a reconnect): acked, not applied twice
         match msg:
             case Heartbeat():
                 self._heartbeat(worker_id, msg, now)
             case Accept():
-                self._accept(s, worker_id, msg)
+                self._accept(s, worker_id, msg, now)
             case Reject():
                 self._reject(s, worker_id, msg, now)
             case Event():
@@ -229,6 +315,7 @@ class Coordinator:
             case Goodbye():
                 log.info("worker said goodbye", worker_id=worker_id, reason=msg.reason)
                 self._detach_worker(s, now)
+                self.recovery.hand_back(worker_id, now)  # its unfinished plans: requeued now, no attempt spent
                 self._close(s, errors.CLOSE_NORMAL, "goodbye")
             case _:
                 assert_never(msg)
@@ -241,6 +328,10 @@ class Coordinator:
         if not worker_id:
             self._protocol_error(s, errors.INVALID_MESSAGE, "hello.worker_id must not be empty")
             return
+        refused = scopes.worker_id_refused(s.worker_ids, worker_id)
+        if refused is not None:
+            self._forbid(s, refused)
+            return
         reconnect = worker_id in self.registry
         if reconnect:
             held_by = self.registry.get(worker_id).conn_id
@@ -249,6 +340,7 @@ class Coordinator:
                 older.worker_id = None  # its close must not disconnect the new session
                 self._close(older, errors.CLOSE_REPLACED, f"worker id {worker_id!r} registered on a newer session")
         record = self.registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
+        self.placement.registered(record)
         s.worker_id = worker_id
         keep: list[str] = []
         abandon: list[str] = []
@@ -274,8 +366,10 @@ class Coordinator:
                 continue_plans=keep,
                 abandon_plans=abandon,
                 version=self.config.version,
+                prefetch=self.config.placement.prefetch,
             ),
         )
+        self.operator.registered(record, now)  # a drained worker stays drained across reconnects
         # Leases it did not list are gone on its side (an assign lost in flight, a restart):
         # those attempts are lost exactly as if the worker had died.
         missing = [self.plans[pid] for pid in record.leases.difference(keep) if pid in self.plans]
@@ -294,6 +388,7 @@ class Coordinator:
         self._refresh_waiting(now)
 
     def _heartbeat(self, worker_id: str, msg: Heartbeat, now: float) -> None:
+        self.counters["heartbeats"] += 1
         was_alive = self.registry.is_alive(worker_id, now)
         record = self.registry.heartbeat(worker_id, msg.load, now)
         if not was_alive:  # it fell silent past the timeout but beat before the reaper ran
@@ -310,17 +405,23 @@ class Coordinator:
             and plan_id in self.registry.get(worker_id).leases
         ):
             return plan
+        if plan is not None:
+            trespass = scopes.lease_of_another(plan.worker_id, plan.attempt, worker_id, attempt)
+            if trespass is not None:
+                self._forbid(s, f"plan {plan_id!r} {trespass}")
+                return None
         self.counters["stale_dropped"] += 1
         why = "the coordinator has no such plan" if plan is None else plan.lease_note()
         message = f"plan {plan_id!r} attempt {attempt} is not your lease ({why}); stop running it"
         self._send(s.conn_id, Error(code=errors.STALE_LEASE, message=message, plan_id=plan_id, attempt=attempt))
         return None
 
-    def _accept(self, s: _Session, worker_id: str, msg: Accept) -> None:
+    def _accept(self, s: _Session, worker_id: str, msg: Accept, now: float) -> None:
         plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
         # A repeated accept (running) or one after a cancel (terminal) changes nothing.
         if plan is not None and plan.state == "leased":
             advance(plan, "accept")
+            self.timings.started(plan, now)
             self._emit(plan, "running", {"worker_id": worker_id, "attempt": plan.attempt})
 
     def _reject(self, s: _Session, worker_id: str, msg: Reject, now: float) -> None:
@@ -328,14 +429,19 @@ class Coordinator:
         if plan is None:
             return
         record = self.registry.get(worker_id)
+        revoked = msg.code == errors.REVOKED  # it dropped an unstarted plan we revoked (§Placement, stealing)
         if not plan.terminal:
             try:
-                advance(plan, "reject")
+                advance(plan, "revoke" if revoked else "reject")
             except InvalidTransition as exc:
                 self._protocol_error(s, exc.code, f"{exc}: a plan cannot be rejected after accept", plan_id=plan.id)
                 return
-            plan.avoid = plan.avoid | {worker_id}
-            why = f"worker {worker_id} rejected it ({msg.code}" + (f": {msg.reason})" if msg.reason else ")")
+            if revoked:
+                self.counters["plans_revoked"] += 1
+                why = f"revoked from worker {worker_id} before it started, to run on an idle worker"
+            else:
+                plan.avoid = plan.avoid | {worker_id}
+                why = f"worker {worker_id} rejected it ({msg.code}" + (f": {msg.reason})" if msg.reason else ")")
             self.registry.release(worker_id, plan.id)
             self._requeue(plan, why, now)
         else:
@@ -363,8 +469,12 @@ class Coordinator:
             return
         record = self.registry.get(worker_id)
         self.registry.release(worker_id, plan.id)
-        if not plan.terminal:  # a cancelled plan only waited for this done to free the lease
+        if not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
+            why = f"worker {worker_id} reported a failure without an error"
+            self.recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
+        elif not plan.terminal:  # a cancelled plan only waited for this done to free the lease
             advance(plan, done_event(msg.outcome))
+            self.timings.finished(plan, msg.outcome, now)
             match msg.outcome:
                 case "succeeded":
                     plan.result = msg.result
@@ -411,11 +521,17 @@ class Coordinator:
             case ListWorkers():
                 rows = [self.registry.info(r.id, now) for r in self.registry]
                 self._send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=self.registry.summary(now)))
+            case ListPlans():
+                self.operator.list_plans(s, msg)
+            case DrainWorker():
+                self.operator.drain(s, msg, now)
+            case UndrainWorker():
+                self.operator.undrain(s, msg, now)
             case _:
                 assert_never(msg)
 
     def _submit(self, s: _Session, msg: Submit, now: float) -> None:
-        problem = submit_problem(msg)
+        problem = submit_problem(msg) or hints_problem(msg.hints)
         if problem is not None:
             self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
             return
@@ -433,11 +549,17 @@ class Coordinator:
                 self.subscriptions.add(existing.id, s.conn_id)
                 self._replay(s, existing, 0)
             return
+        over_quota = self._quota.refusal(s.principal)
+        if over_quota is not None:
+            self._refuse_submit(s, msg.req_id, over_quota)
+            return
         plan_id = msg.plan_id
         while plan_id is None or plan_id in self.plans:
             plan_id = self._new_id()
         plan = self.plans[plan_id] = Plan.from_submit(msg, plan_id, s.principal, next(self._submit_order))
+        self._quota.add(plan.owner, plan_id)
         self.counters["plans_submitted"] += 1
+        self.recovery.journal.created(plan, msg)
         self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan_id, state="queued"))
         # Subscribers go in before the first event so none of them misses seq 1.
         if msg.subscribe:
@@ -455,8 +577,9 @@ class Coordinator:
                 return  # one unknown id and nothing is subscribed
             targets[plan_id] = plan
         if msg.all:
-            self.subscriptions.add_all(s.principal, s.conn_id)
-            targets.update((p.id, p) for p in self.plans.values() if p.owner == s.principal)
+            # An admin session follows every principal's plans (EVERY_PRINCIPAL), now and future.
+            self.subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
+            targets.update((p.id, p) for p in self.plans.values() if self._visible(s, p))
         self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets)))
         for plan in targets.values():
             self.subscriptions.add(plan.id, s.conn_id)
@@ -507,16 +630,19 @@ class Coordinator:
     # ================================================================== subscriptions
 
     def _replay(self, s: _Session, plan: Plan, from_seq: int) -> None:
-        for event in plan.events_after(from_seq):
-            self._send(s.conn_id, event)
+        for msg in self.recovery.replay(plan, from_seq):  # held events, with a resync for any gap
+            self._send(s.conn_id, msg)
 
     def _emit(self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False) -> None:
         """Stamp the next seq on an event of the plan and send it to its subscribers."""
         event = plan.append_event(
             kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self.config.max_events_per_plan
         )
+        self.recovery.journal.emitted(plan, event)
         for conn_id in self.subscriptions.followers(plan.id):
             self._send(conn_id, event)
+        if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
+            self._quota.release(plan.owner, plan.id)
 
     def _fail(self, plan: Plan, worker_id: str | None, error: ErrorInfo) -> None:
         """Record why the plan failed (the table move is done) and end its stream with ``failed``."""
@@ -528,15 +654,18 @@ class Coordinator:
 
     def _enqueue(self, plan: Plan, now: float) -> None:
         """Place a queued plan now if an alive worker with room can run it, else queue it and say why."""
+        # Queue wait runs from here to the next attempt's accept (coordinator/stats.py).
+        plan.queued_at_s, plan.started_at_s = now, None
         signature = Signature.of(plan.op, plan.requirements, plan.avoid)
-        registry = self.registry
-        candidates = registry.matching(signature, signature.admits)
-        best = registry.least_loaded(w for w in candidates if w.has_capacity() and registry.is_alive(w.id, now))
+        pool = self.registry.matching(signature, signature.admits)
+        best = self.placement.choose(plan, pool, now)
         if best is not None:
             self._assign(plan, best)
             return
         self.queue.push(plan.id, signature, plan.priority, plan.order)
         reason = explain_wait(signature, self.registry.iter_alive(now))
+        if reason == "waiting for placement":  # room somewhere, but not for this plan's KV blocks
+            reason = self.placement.kv_reason(plan, pool) or reason
         if reason != self.queue.group_reason(signature):
             self.queue.set_group_reason(signature, None)  # the group's plans disagree: the next refresh visits them
         self._set_waiting(plan, reason)
@@ -545,11 +674,17 @@ class Coordinator:
         """Give a worker with room the best queued plans it can run, one signature check per group."""
         if not self.registry.is_alive(record.id, now):
             return
+        plans, fits = self.plans, self.placement.fits
         while record.has_capacity():
-            plan_id = self.queue.best_for(lambda signature: signature.admits(record))
+            plan_id = self.queue.best_for(lambda sig: sig.admits(record), lambda pid: fits(plans[pid], record))
             if plan_id is None:
-                return
+                break
             self._assign(self.plans[plan_id], record)
+        # Nothing queued it can run and a slot free: take back an unstarted lease from the most backlogged.
+        while (stolen := self.placement.steal_for(record, now)) is not None:
+            plan, victim = stolen
+            if victim.conn_id is not None:
+                self._send(victim.conn_id, Revoke(plan_id=plan.id, attempt=plan.attempt))
 
     def _assign(self, plan: Plan, record: WorkerRecord) -> None:
         self.queue.discard(plan.id)
@@ -558,10 +693,25 @@ class Coordinator:
         plan.worker_id = record.id
         plan.waiting_reason = None
         self.registry.claim(record.id, plan.id)
+        self.placement.claimed(plan, record)
+        self.counters[f"placements.{self.placement.policy_name(plan)}"] += 1
         if record.conn_id is not None:
             assign = Assign(plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s)
             self._send(record.conn_id, assign)
         self._emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt})
+
+    def _autoscale(self, now: float) -> None:
+        """Feed the autoscaler; its decisions go to admin followers and to the server's hook command."""
+        if self.autoscaler is None or not self.autoscaler.due(now):
+            return
+        signals = pool_signals(self.queue, self.registry, self.plans, now)
+        for decision in self.autoscaler.observe(now, signals):
+            data = decision.as_dict()
+            self._effects.decisions.append(data)
+            log.info("autoscaler decision", **data)
+            event = Event(plan_id="", kind="autoscale", data=data, seq=self.autoscaler.decisions_made)
+            for conn_id in self.subscriptions.all_followers(EVERY_PRINCIPAL):
+                self._send(conn_id, event)
 
     def _set_waiting(self, plan: Plan, reason: str) -> None:
         if plan.waiting_reason != reason:  # §Plan lifecycle: emitted again only when the reason changes
@@ -594,11 +744,12 @@ class Coordinator:
         """The worker holding the plan's lease is gone: requeue it, or fail it after its last attempt."""
         if plan.terminal or plan.worker_id != worker_id:
             return  # a cancelled plan only held the lease; nothing is left to do
-        if plan.attempt >= plan.max_attempts:
+        note_attempt(plan, "lost", why)
+        if plan.attempt - plan.free_attempts >= plan.max_attempts:  # retries and hand-backs are free
             advance(plan, "worker_lost.final")
             message = f"{why} on attempt {plan.attempt} of {plan.max_attempts}; no attempts left"
             log.warning("plan failed: worker lost", plan_id=plan.id, worker_id=worker_id, attempt=plan.attempt)
-            self._fail(plan, worker_id, ErrorInfo(errors.WORKER_LOST, message))
+            self._fail(plan, worker_id, ErrorInfo(errors.WORKER_LOST, message, {"attempts": list(plan.history)}))
         else:
             advance(plan, "worker_lost")
             self._requeue(plan, why, now)
@@ -614,6 +765,23 @@ class Coordinator:
         if not s.closing:
             s.closing = True
             self._effects.closes.append((s.conn_id, code, reason))
+
+    def _forbid(self, s: _Session, reason: str) -> None:
+        """Close a session that overstepped its role or token (4403), changing nothing else (scopes.py)."""
+        self.counters["scope_refused"] += 1
+        log.warning(
+            "refused: out of scope", reason=reason, conn_id=s.conn_id, role=s.role, principal=s.principal,
+            address=s.address, worker_id=s.worker_id,
+        )
+        self._close(s, errors.CLOSE_FORBIDDEN, reason[:120])  # a close reason holds at most 123 bytes
+
+    def _refuse_submit(self, s: _Session, req_id: int, reason: str) -> None:
+        """Answer a submit over the principal's plan limit; the first refusal per session is logged."""
+        s.quota_refusals += 1
+        self.counters["plans_refused"] += 1
+        if s.quota_refusals == 1:
+            log.warning("refused: plan limit", conn_id=s.conn_id, principal=s.principal, address=s.address)
+        self._send(s.conn_id, Error(code=errors.TOO_MANY_PLANS, message=reason, req_id=req_id))
 
     def _protocol_error(
         self, s: _Session, code: str, message: str, *, req_id: int = 0, plan_id: str | None = None

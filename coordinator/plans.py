@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from coordinator.errors import InvalidTransition
-from protocol.messages import ErrorInfo, Event, Outcome, PlanInfo, PlanStateName, Requirements, Submit
+from protocol.messages import ErrorInfo, Event, Outcome, PlanInfo, PlanStateName, Requirements, RoutingHints, Submit
 
 __all__ = [
+    "EVERY_PRINCIPAL",
     "RESERVED_KINDS",
     "TRANSITIONS",
     "Plan",
@@ -56,6 +57,8 @@ PlanEventName = Literal[
     "done.cancelled",
     "worker_lost",
     "worker_lost.final",
+    "retry",
+    "handback",
 ]
 
 _LIVE: Final = ("leased", "running")
@@ -73,7 +76,15 @@ TRANSITIONS: Final[dict[tuple[PlanStateName, PlanEventName], PlanStateName]] = {
     **{(state, "worker_lost"): "queued" for state in _LIVE},
     **{(state, "worker_lost.final"): "failed" for state in _LIVE},
     **{(state, "cancel"): "cancelled" for state in _LIVE},
+    # A failed attempt of a plan that asked for retries, and a plan its worker handed back
+    # when it left (goodbye): both queued again without counting against max_attempts.
+    **{(state, "retry"): "queued" for state in _LIVE},
+    **{(state, "handback"): "queued" for state in _LIVE},
 }
+
+# The ``all`` subscription key of admin sessions: they follow every principal's plans.
+# The NUL byte keeps it apart from any principal a token can name.
+EVERY_PRINCIPAL: Final = "\x00*"
 
 # Lifecycle kinds the coordinator stamps itself; a worker event using one is refused.
 RESERVED_KINDS: Final = frozenset(
@@ -115,6 +126,14 @@ class Plan:
         next_seq: the seq the next event gets.
         waiting_reason: why it cannot be placed now, while queued.
         avoid: workers that rejected it; it is not offered to them again.
+        queued_at_s: monotonic time it last entered the queue (submit or requeue).
+        started_at_s: monotonic time its current attempt was accepted; None until then.
+        hints: how it would like to be placed (policy, session key, prefix hashes, tokens).
+        retries: handler failures it may retry (``submit.retries``).
+        retried: retries used so far.
+        free_attempts: attempts that do not count against ``max_attempts`` (retries, hand-backs).
+        history: one entry per attempt that ended without ending the plan (lost, failed, handed back).
+        worker_seq: (attempt, the worker's highest message seq applied): re-sent messages are dropped.
     """
 
     id: str
@@ -135,6 +154,14 @@ class Plan:
     next_seq: int = 1
     waiting_reason: str | None = None
     avoid: frozenset[str] = frozenset()
+    queued_at_s: float = 0.0
+    started_at_s: float | None = None
+    hints: RoutingHints = field(default_factory=RoutingHints)
+    retries: int = 0
+    retried: int = 0
+    free_attempts: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    worker_seq: tuple[int, int] = (0, 0)
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -149,6 +176,8 @@ class Plan:
             max_attempts=msg.max_attempts,
             owner=owner,
             order=order,
+            hints=msg.hints,
+            retries=msg.retries,
         )
 
     @property
@@ -239,6 +268,8 @@ def submit_problem(msg: Submit) -> str | None:
         return "op must be a non-empty handler name"
     if msg.max_attempts < 1:
         return f"max_attempts must be at least 1 (got {msg.max_attempts})"
+    if msg.retries < 0:
+        return f"retries must be >= 0 (got {msg.retries})"
     if msg.timeout_s is not None and not msg.timeout_s > 0:  # written so that NaN fails too
         return f"timeout_s must be a positive number of seconds or null (got {msg.timeout_s})"
     if msg.plan_id is not None and not msg.plan_id:
@@ -271,8 +302,11 @@ class Subscriptions:
         return set(self._by_conn.get(conn_id, ()))
 
     def all_followers(self, principal: str) -> list[int]:
-        """Connections following every plan of ``principal``."""
-        return sorted(self._all.get(principal, ()))
+        """Connections following every plan of ``principal``, admin sessions (``EVERY_PRINCIPAL``) included."""
+        every = self._all.get(EVERY_PRINCIPAL)
+        if every is None:
+            return sorted(self._all.get(principal, ()))
+        return sorted(every.union(self._all.get(principal, ())))
 
     def follows_all(self, conn_id: int) -> bool:
         """Whether the connection follows every plan of its principal."""

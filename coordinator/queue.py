@@ -115,6 +115,10 @@ def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
     pool = [w for w in pool if w.id not in signature.avoid]
     if not pool:
         return f"every matching worker rejected it ({', '.join(avoided)})"
+    if all(w.draining for w in pool):
+        if len(pool) == 1:
+            return f"the only matching worker ({pool[0].id}) is draining"
+        return f"all {len(pool)} matching workers are draining"
     if all(not w.has_capacity() for w in pool):
         if len(pool) == 1:
             return f"the only matching worker ({pool[0].id}) is at capacity"
@@ -195,9 +199,14 @@ class PlanQueue:
                 out.append(signature)
         return out
 
-    def best_for(self, admits: Callable[[Signature], bool]) -> str | None:
+    def best_for(
+        self, admits: Callable[[Signature], bool], fits: Callable[[str], bool] | None = None
+    ) -> str | None:
         """The best queued plan among the signatures ``admits`` accepts (it is not removed).
 
+        ``fits`` (a plan id) vets each group's head, e.g. whether its KV blocks fit: a head
+        that does not fit holds its group back (first come, first served within a group,
+        as vLLM's scheduler does), so a later, smaller plan never overtakes it.
         Cost is one ``admits`` call per signature, whatever the number of plans.
         """
         best: tuple[int, int, int, str] | None = None
@@ -205,9 +214,18 @@ class PlanQueue:
             if not admits(signature):
                 continue
             head = self._head(signature, self._groups[signature])
-            if head is not None and (best is None or head < best):
+            if head is None or (best is not None and head >= best):
+                continue
+            if fits is None or fits(head[3]):
                 best = head
         return None if best is None else best[3]
+
+    def counts(self) -> dict[Signature, int]:
+        """How many plans each signature holds (for the autoscaler; one pass over the queue)."""
+        counts: dict[Signature, int] = {}
+        for signature, _ in self._live.values():
+            counts[signature] = counts.get(signature, 0) + 1
+        return counts
 
     def forgive(self, worker_id: str) -> list[str]:
         """Move the plans that avoid ``worker_id`` to the groups without that avoidance.

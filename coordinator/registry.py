@@ -8,7 +8,9 @@ Semantics are the seed's (docs/SEMANTICS.md §Registry):
 * Leases are the coordinator's own count of plans placed on a worker. ``claim`` is
   idempotent, ``release`` frees, and either on an unknown worker raises
   :class:`~coordinator.errors.UnknownWorker` rather than being ignored.
-* Capacity = ``len(leases) < max_concurrency``; ``max_concurrency`` 0 never has room.
+* Capacity = ``len(leases) < max_concurrency + prefetch`` (``prefetch``: leases a worker
+  may hold unstarted in a local queue, the coordinator's ``--prefetch``); a *free slot* is
+  ``len(leases) < max_concurrency``. ``max_concurrency`` 0 never has room.
 * The reaper drops every worker whose last beat is older than the timeout, connected or
   not. A disconnected worker keeps its leases until then, so a quick reconnect can
   continue its plans.
@@ -18,7 +20,7 @@ Time comes in as ``now`` (monotonic seconds); nothing here reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import structlog
@@ -47,6 +49,14 @@ class WorkerRecord:
         last_assigned: order number of its latest claim (0 = never); placement breaks
             ties by least recently assigned, and a counter (not ``now``) keeps two claims
             at the same instant ordered.
+        draining: an operator drained it (``drain_worker``): it takes no new plans until
+            undrained; kept across reconnects, forgotten when it is reaped.
+        drain_deadline_s: monotonic time at which its remaining plans are requeued, if any.
+        prefetch: leases it may hold beyond ``max_concurrency``, unstarted (the registry's
+            setting, copied at registration).
+        kv_reserved: KV blocks its leases reserve (docs/ROUTING.md §KV-block admission).
+        pending_tokens: prompt tokens placed on it since its last load report, which that
+            report could not count yet.
     """
 
     id: str
@@ -58,10 +68,26 @@ class WorkerRecord:
     last_beat_s: float = 0.0
     connected: bool = True
     last_assigned: int = 0
+    draining: bool = False
+    drain_deadline_s: float | None = None
+    prefetch: int = 0
+    kv_reserved: int = 0
+    pending_tokens: int = 0
 
     def has_capacity(self) -> bool:
-        """Whether it can take one more lease."""
-        return len(self.leases) < self.capabilities.max_concurrency
+        """Whether it can take one more lease: not draining, and fewer leases than its concurrency + prefetch."""
+        limit = self.capabilities.max_concurrency
+        if limit <= 0 or self.draining:
+            return False
+        return len(self.leases) < limit + self.prefetch
+
+    def has_free_slot(self) -> bool:
+        """Whether it can start one more plan now: not draining, and fewer leases than its concurrency."""
+        return len(self.leases) < self.capabilities.max_concurrency and not self.draining
+
+    def backlog(self) -> int:
+        """Leases beyond its concurrency: plans waiting unstarted in its local queue."""
+        return max(0, len(self.leases) - self.capabilities.max_concurrency)
 
     def has_tags(self, tags: Iterable[str]) -> bool:
         """Whether it has every one of ``tags``."""
@@ -74,10 +100,12 @@ class WorkerRegistry:
     Args:
         heartbeat_timeout_s: how long after its last beat a worker stops being alive
             and becomes reapable.
+        prefetch: leases each worker may hold beyond its concurrency (a local queue).
     """
 
-    def __init__(self, heartbeat_timeout_s: float = 30.0) -> None:
+    def __init__(self, heartbeat_timeout_s: float = 30.0, prefetch: int = 0) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.prefetch = prefetch
         self._workers: dict[str, WorkerRecord] = {}
         self._claims = 0
         self._matching: dict[Hashable, list[WorkerRecord]] = {}  # see matching()
@@ -114,7 +142,9 @@ class WorkerRegistry:
         self._matching.clear()
         record = self._workers.get(worker_id)
         if record is None:
-            record = WorkerRecord(worker_id, capabilities, address=address, conn_id=conn_id, last_beat_s=now)
+            record = WorkerRecord(
+                worker_id, capabilities, address=address, conn_id=conn_id, last_beat_s=now, prefetch=self.prefetch
+            )
             self._workers[worker_id] = record
             return record
         record.capabilities = capabilities
@@ -133,6 +163,7 @@ class WorkerRegistry:
         record = self.get(worker_id)
         record.load = load
         record.last_beat_s = now
+        record.pending_tokens = 0  # this report counts what was placed before it
         return record
 
     def disconnect(self, worker_id: str) -> None:
@@ -198,13 +229,13 @@ class WorkerRegistry:
         """Workers :meth:`reap` would drop at ``now``, in id order (nothing is removed)."""
         return [r for r in self if now - r.last_beat_s > self.heartbeat_timeout_s]
 
-    def reap(self, now: float) -> list[str]:
-        """Drop every worker whose last beat is older than the timeout.
+    def reap(self, now: float, only: Collection[str] | None = None) -> list[str]:
+        """Drop every worker whose last beat is older than the timeout (of ``only``, when given).
 
         Returns:
             The dropped ids, sorted.
         """
-        dropped = [r.id for r in self.stale(now)]
+        dropped = [r.id for r in self.stale(now) if only is None or r.id in only]
         for worker_id in dropped:
             del self._workers[worker_id]
         if dropped:
@@ -285,6 +316,7 @@ class WorkerRegistry:
             alive=self._alive(r, now),
             last_beat_age_s=max(0.0, now - r.last_beat_s),
             address=r.address,
+            draining=r.draining,
         )
 
     def summary(self, now: float) -> str:

@@ -8,17 +8,19 @@ task per connection sends whatever is pending as a single frame, so frames to on
 connection are coalesced while a send is in flight. Timers (the reaper) live here, never
 in the core. Authentication happens in ``process_request``, before the upgrade
 (docs/PROTOCOL.md §Handshake): 401 for a missing or wrong token, 403 for a token of the
-other role, 404 for an unknown path.
+other role or a foreign browser Origin, 503 at the connection limit, 404 for an unknown
+path (coordinator/auth.py ``Gatekeeper``). Limits that need a clock or a socket live here
+(coordinator/limits.py has the rules): each reader charges its token bucket and pauses or
+closes 4429; a session whose pending list is already at the cap when more arrives is
+closed 4503 (slow consumer); ``reload_tokens`` (SIGHUP) closes revoked tokens' sessions 4401.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hmac
 import itertools
 import secrets
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,12 +29,21 @@ from urllib.parse import urlsplit
 
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from coordinator.core import Coordinator, CoreConfig
+from coordinator import http as http_routes
+from coordinator.auth import Gatekeeper, Principal, TokenFileError, TokenStore, inline_tokens, server_tls_context
+from coordinator.autoscaler import AutoscaleConfig
+from coordinator.commit import GroupCommitter
+from coordinator.core import Coordinator, CoreConfig, Effects
+from coordinator.hooks import HookRunner
+from coordinator.limits import Limits
+from coordinator.metrics import CONTENT_TYPE, build_registry, render
+from coordinator.placement import PlacementConfig
+from coordinator.stats import FrameCounters
+from coordinator.store import Store, open_store
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec, Encoding
 from protocol import errors as codes
 from protocol.messages import Error, FromClient, FromWorker
@@ -44,6 +55,9 @@ ROLE_PATHS: dict[str, Role] = {"/v1/worker": "worker", "/v1/client": "client"}
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 # Coalesced frames stay under websockets' default 1 MiB receive limit of our peers.
 MAX_OUT_FRAME_BYTES = 512 * 1024
+# A session the server closes itself gets this long for its close handshake; a peer that
+# does not read (a slow consumer) never completes it, and its TCP connection is aborted.
+KILL_CLOSE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,14 @@ class ServerSettings:
         reaper_interval_s: how often the reaper runs; defaults to a tenth of the timeout
             (at most 1 s), so detection takes at most timeout + interval.
         max_frame_bytes: largest accepted frame (larger closes that connection with 1009).
+        admin_tokens: bearer tokens of the ``admin`` role (``/v1/client``, sees every plan).
+        token_file: a TOML token file (coordinator/auth.py); reloaded by ``reload_tokens``.
+        tls_cert / tls_key: serve ``wss://`` with this PEM certificate chain and key.
+        tls_client_ca: require worker client certificates signed by this CA (mTLS).
+        limits: rate, size, connection and buffer limits (coordinator/limits.py).
+        placement: default policy, prefetch and policy knobs (coordinator/placement.py).
+        autoscale: the autoscaler's settings; None: no autoscaler (coordinator/autoscaler.py).
+        autoscale_hook: a shell command run with each autoscaler decision as JSON on stdin.
     """
 
     host: str = "127.0.0.1"
@@ -72,6 +94,19 @@ class ServerSettings:
     heartbeat_timeout_s: float = 30.0
     reaper_interval_s: float | None = None
     max_frame_bytes: int = 1 << 20
+    store: str = "memory"  # coordinator/store.py: "memory", "sqlite" (in data_dir) or "sqlite:PATH"
+    data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.store.default_data_dir()
+    breaker_fraction: float = 0.5  # reaper circuit breaker (coordinator/recovery.py)
+    breaker_min_workers: int = 3
+    admin_tokens: tuple[str, ...] = ()
+    token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    limits: Limits = Limits()  # noqa: RUF009 - frozen, so one shared default is safe
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    autoscale: AutoscaleConfig | None = None
+    autoscale_hook: str | None = None
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when the settings cannot work."""
@@ -85,11 +120,21 @@ class ServerSettings:
         if self.insecure:
             if self.host not in LOOPBACK_HOSTS:
                 raise ValueError(f"--insecure is only allowed on a loopback address, not {self.host!r}")
-        elif not self.worker_tokens or not self.client_tokens:
+        elif self.token_file is None and (not self.worker_tokens or not (self.client_tokens or self.admin_tokens)):
             raise ValueError(
-                "refusing to start without tokens: set FLEETWIRE_WORKER_TOKEN and FLEETWIRE_CLIENT_TOKEN "
-                "(or --worker-token/--client-token), or pass --insecure on a loopback address"
+                "refusing to start without tokens: pass --token-file, or set FLEETWIRE_WORKER_TOKEN and "
+                "FLEETWIRE_CLIENT_TOKEN (or --worker-token/--client-token), or pass --insecure on a loopback address"
             )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("--tls-client-ca (mTLS) needs TLS: pass --tls-cert and --tls-key too")
+        self.limits.check()
+        self.placement.check()
+        if self.autoscale is not None:
+            self.autoscale.check()
+        elif self.autoscale_hook is not None:
+            raise ValueError("--autoscale-hook needs the autoscaler: pass --autoscale too")
 
     @property
     def reaper_period_s(self) -> float:
@@ -105,9 +150,14 @@ class _Session:
     conn_id: int
     ws: ServerConnection
     codec: Codec
+    role: str = ""
+    io: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # FrameCounters: its role's counters
     pending: list[Any] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     close_with: tuple[int, str] | None = None
+    principal: Principal | None = None
+    killed: bool = False  # closed by the server itself (a limit, a revoked token): input is dropped
+    writer: asyncio.Task[None] | None = None
 
     async def write_loop(self) -> None:
         """Send everything pending as one frame per wake-up; close when the core asked to."""
@@ -119,56 +169,27 @@ class _Session:
                 while self.pending:
                     batch, self.pending = self.pending, []
                     for frame in self._frames(batch):
+                        self.io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
+                        self.io[3] += len(frame)
                         await ws.send(frame, text=codec.text)
                 if self.close_with is not None:
                     await ws.close(*self.close_with)
                     return
         except ConnectionClosed:
             return
+        except Exception:
+            # A frame that cannot be encoded must cost this session, never the coordinator.
+            log.exception("cannot send to a session; closing it", conn_id=self.conn_id)
+            await ws.close(codes.CLOSE_INTERNAL, "internal error; see coordinator log")
 
 
     def _frames(self, batch: list[Any]) -> list[bytes]:
         """Encode ``batch`` as one frame, split in halves while a frame exceeds what peers accept."""
-        frame = self.codec.encode(batch)
+        frame = self.codec.encode_safe(batch)
         if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
             return [frame]
         half = len(batch) // 2
         return self._frames(batch[:half]) + self._frames(batch[half:])
-
-
-BEARER_SUBPROTOCOL_PREFIX = "fleetwire.bearer."
-
-
-def _bearer(headers: Headers) -> str | None:
-    """The bearer token of a handshake: the Authorization header, else an offered subprotocol.
-
-    Browsers cannot set headers, so they offer ``fleetwire.bearer.<base64url token>`` as a
-    subprotocol (docs/PROTOCOL.md §1); the server never selects or echoes it.
-    """
-    value = headers.get("Authorization")
-    if value:
-        scheme, _, token = value.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return None
-        return token.strip()
-    for header in headers.get_all("Sec-WebSocket-Protocol"):
-        for offered in header.split(","):
-            offered = offered.strip()
-            if offered.startswith(BEARER_SUBPROTOCOL_PREFIX):
-                encoded = offered[len(BEARER_SUBPROTOCOL_PREFIX):]
-                try:
-                    return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
-                except (binascii.Error, UnicodeDecodeError):
-                    return None
-    return None
-
-
-def _matches(token: str, candidates: Sequence[str]) -> bool:
-    # Compare against every candidate so timing does not tell which (or how many) exist.
-    found = False
-    for candidate in candidates:
-        found |= hmac.compare_digest(token.encode(), candidate.encode())
-    return found
 
 
 class CoordinatorServer:
@@ -182,17 +203,41 @@ class CoordinatorServer:
         await server.serve_forever()   # or: await server.stop()
     """
 
-    def __init__(self, settings: ServerSettings, *, version: str = "") -> None:
+    def __init__(self, settings: ServerSettings, *, version: str = "", store: Store | None = None) -> None:
         settings.check()
         self.settings = settings
+        # Raises StoreError for a database that cannot be opened. ``store`` given: used as is (tests
+        # hand the same MemoryStore to a second server to restart in-process).
+        self.store: Store = store if store is not None else open_store(settings.store, settings.data_dir)
+        self._committer: GroupCommitter[Effects] = GroupCommitter(self.store, self._deliver, self._store_failed)
+        self.fatal: asyncio.Future[BaseException] | None = None  # set when the store fails (fail-stop)
         self.core = Coordinator(
             CoreConfig(
                 heartbeat_interval_s=settings.heartbeat_interval_s,
                 heartbeat_timeout_s=settings.heartbeat_timeout_s,
                 version=version,
+                max_plans_per_principal=settings.limits.max_plans_per_client,
+                breaker_fraction=settings.breaker_fraction,
+                breaker_min_workers=settings.breaker_min_workers,
+                placement=settings.placement,
+                autoscale=settings.autoscale,
             ),
             new_id=lambda: secrets.token_hex(8),
         )
+        self._hook = HookRunner(settings.autoscale_hook) if settings.autoscale_hook else None
+        # Raises TokenFileError (a ValueError) for a token file that cannot be used.
+        tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
+        self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
+        self._tls: ssl.SSLContext | None = None
+        if settings.tls_cert is not None and settings.tls_key is not None:
+            self._tls = server_tls_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        self._gate = Gatekeeper(
+            self.tokens,
+            settings.limits,
+            max_frame_bytes=settings.max_frame_bytes,
+            mtls_workers=settings.tls_client_ca is not None,
+        )
+        self._background: set[asyncio.Task[None]] = set()  # closes the server started itself
         self._sessions: dict[int, _Session] = {}
         self._conn_ids = itertools.count(1)
         self._codecs: dict[tuple[Role, Encoding], Codec] = {
@@ -202,17 +247,30 @@ class CoordinatorServer:
         }
         self._server: Server | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._stopping = False
         self.port: int = settings.port
+        # /metrics reads these at scrape time (coordinator/metrics.py); see coordinator/http.py.
+        self.frames = FrameCounters()
+        self.metrics_registry = build_registry(
+            self.core, frames=self.frames, sessions=self._session_counts, version=version
+        )
 
     @property
     def url(self) -> str:
         host = self.settings.host
         if ":" in host:
             host = f"[{host}]"
-        return f"ws://{host}:{self.port}"
+        return f"{'wss' if self._tls is not None else 'ws'}://{host}:{self.port}"
 
     async def start(self) -> None:
-        """Bind the port and start the reaper."""
+        """Load the store's plans, bind the port and start the reaper."""
+        self.fatal = asyncio.get_running_loop().create_future()
+        # Liveness clocks start now (docs/SEMANTICS.md §Durability): workers of restored leases
+        # get one heartbeat timeout from here to reconnect.
+        self.core.restore(self.store.load(), time.monotonic())
+        self._committer.start()
+        self._flush()
+        limits = self.settings.limits
         self._server = await serve(
             self._handle,
             self.settings.host,
@@ -223,14 +281,23 @@ class CoordinatorServer:
             # permessage-deflate costs ~3x memory per connection and opens the door to
             # decompression bombs; fleetwire frames are small msgpack (RELIABILITY.md §3).
             compression=None,
-            max_size=self.settings.max_frame_bytes,
+            # The largest per-role limit; the Gatekeeper sets each connection's own at the handshake.
+            max_size=max(self.settings.max_frame_bytes, limits.frame_bytes("worker", self.settings.max_frame_bytes),
+                         limits.frame_bytes("client", self.settings.max_frame_bytes)),
             server_header=None,
+            ssl=self._tls,
+            open_timeout=limits.handshake_timeout_s,  # slowloris: unfinished handshakes are dropped
+            ping_interval=limits.ping_interval_s,
+            ping_timeout=limits.ping_timeout_s,
         )
         sockets = list(self._server.sockets)
         if sockets:
             self.port = sockets[0].getsockname()[1]
         self._reaper = asyncio.create_task(self._reap_forever())
-        log.info("coordinator listening", url=self.url, insecure=self.settings.insecure)
+        log.info(
+            "coordinator listening", url=self.url, insecure=self.settings.insecure,
+            tokens=0 if self.tokens is None else len(self.tokens), mtls=self.settings.tls_client_ca is not None,
+        )
 
     async def serve_forever(self) -> None:
         """Serve until cancelled."""
@@ -239,40 +306,73 @@ class CoordinatorServer:
 
     async def stop(self) -> None:
         """Close every session with 1001 and stop listening."""
+        self._stopping = True
         if self._reaper is not None:
             self._reaper.cancel()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        await self._committer.close()  # what the last steps recorded is committed before the store closes
+        if self._hook is not None:
+            await self._hook.close()
+        self.store.close()
+
+    # ------------------------------------------------------------------ HTTP (coordinator/http.py)
+
+    def readiness_problem(self) -> str | None:
+        """None when ``/readyz`` should answer 200, else why not."""
+        if self._stopping:
+            return "shutting down"
+        if self._server is None or not self._server.is_serving():
+            return "not listening yet"
+        store = getattr(self, "store", None)  # the durable store, when one is configured
+        if store is not None and getattr(store, "closed", False):
+            return "the store is closed"
+        return None
+
+    def metrics_exposition(self) -> tuple[bytes, str]:
+        """The ``/metrics`` body and its content type."""
+        return render(self.metrics_registry), CONTENT_TYPE
+
+    def _session_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for session in self._sessions.values():
+            counts[session.role] = counts.get(session.role, 0) + 1
+        return counts
 
     # ------------------------------------------------------------------ handshake
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        response = http_routes.process_request(self, conn, request)  # /healthz /readyz /metrics / (dashboard)
+        if response is not None:
+            return response
         path = urlsplit(request.path).path
-        if path == "/healthz":
-            return conn.respond(200, "ok\n")
         role = ROLE_PATHS.get(path)
         if role is None:
             return conn.respond(404, f"unknown path {path}; fleetwire serves /v1/worker and /v1/client\n")
-        if self.settings.insecure:
-            return None
-        token = _bearer(request.headers)
-        if token is None:
-            return self._unauthorized(conn, "missing 'Authorization: Bearer <token>' header")
-        if _matches(token, self.settings.worker_tokens if role == "worker" else self.settings.client_tokens):
-            return None
-        other: Role = "client" if role == "worker" else "worker"
-        if _matches(token, self.settings.client_tokens if role == "worker" else self.settings.worker_tokens):
-            log.warning("refused connection", reason="wrong role", path=path, token_role=other)
-            return conn.respond(403, f"a {other} token cannot open {path}; use the {role} token\n")
-        log.warning("refused connection", reason="invalid token", path=path)
-        return self._unauthorized(conn, "invalid token")
+        # Origin, connection limit, client certificate, token (coordinator/auth.py).
+        return self._gate.admit(conn, request, path, role, len(self._sessions))
 
-    @staticmethod
-    def _unauthorized(conn: ServerConnection, why: str) -> Response:
-        response = conn.respond(401, why + "\n")
-        response.headers["WWW-Authenticate"] = 'Bearer realm="fleetwire"'
-        return response
+    def reload_tokens(self) -> list[str]:
+        """Read the token file again (SIGHUP) and close the sessions of revoked tokens with 4401.
+
+        Returns:
+            The names of the revoked principals. A file that cannot be used is logged and the
+            old tokens stay in force; no session is dropped.
+        """
+        if self.tokens is None or self.tokens.path is None:
+            return []
+        try:
+            revoked = self.tokens.reload()
+        except TokenFileError as exc:
+            log.error("token file not reloaded; the old tokens stay in force", error=str(exc))
+            return []
+        for session in list(self._sessions.values()):
+            if session.principal is not None and not self.tokens.current(session.principal):
+                self._kill(session, codes.CLOSE_REVOKED, "token revoked")
+        names = sorted({p.name for p in revoked})
+        log.info("token file reloaded", tokens=len(self.tokens), revoked=names)
+        return names
 
     @staticmethod
     def _select_subprotocol(conn: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
@@ -289,22 +389,44 @@ class CoordinatorServer:
         encoding = SUBPROTOCOLS.get(ws.subprotocol or "", "msgpack")
         codec = self._codecs[(role, encoding)]
         conn_id = next(self._conn_ids)
-        session = _Session(conn_id, ws, codec)
+        principal = self._gate.principal(ws)
+        session = _Session(conn_id, ws, codec, role=role, io=self.frames.of(role), principal=principal)
+        io = session.io
         self._sessions[conn_id] = session
-        writer = asyncio.create_task(session.write_loop())
+        writer = session.writer = asyncio.create_task(session.write_loop())
         address = f"{ws.remote_address[0]}:{ws.remote_address[1]}" if ws.remote_address else ""
         core = self.core
-        core.open_session(conn_id, role, time.monotonic(), principal=role, address=address)
+        core.open_session(
+            conn_id, role, time.monotonic(), principal=principal.name, address=address, admin=principal.admin,
+            worker_ids=principal.worker_ids,
+        )
         self._flush()
+        bucket = self.settings.limits.bucket(role, time.monotonic())
         try:
             async for frame in ws:
+                io[0] += 1  # FrameCounters.FRAMES_IN, BYTES_IN
+                io[1] += len(frame)
+                if session.killed:
+                    continue  # closing: what it still sends is dropped
                 now = time.monotonic()
-                for msg in codec.decode(frame):
+                msgs = codec.decode(frame)
+                pause = 0.0 if bucket is None else bucket.take(len(msgs), now)
+                if pause is None:
+                    self._kill(session, codes.CLOSE_RATE_LIMITED, "message rate limit exceeded")
+                    continue
+                for msg in msgs:
                     self._receive(conn_id, msg, now)
                 self._flush()
+                if pause:
+                    await asyncio.sleep(pause)  # throttle: stop reading until its bucket refills
         except ConnectionClosed:
             pass
         finally:
+            if ws.close_code == codes.CLOSE_TOO_BIG:
+                log.warning(
+                    "refused: frame over the size limit", conn_id=conn_id, role=role, principal=principal.name,
+                    address=address, limit_bytes=ws.protocol.max_message_size,
+                )
             self._sessions.pop(conn_id, None)
             core.close_session(conn_id, time.monotonic())
             self._flush()
@@ -325,10 +447,27 @@ class CoordinatorServer:
 
     def _flush(self) -> None:
         effects = self.core.take_effects()
+        if effects.decisions and self._hook is not None:
+            self._hook.run(effects.decisions)
+        # Frames go out only once the records of their step (and of every step before) are committed.
+        if effects.records:
+            self._committer.submit(effects.records, effects)
+        elif self._committer.pending:
+            self._committer.after(effects)
+        else:
+            self._deliver(effects)
+
+    def _deliver(self, effects: Effects) -> None:
         sessions = self._sessions
+        cap = self.settings.limits.max_pending_messages
+        slow: list[_Session] = []
         for conn_id, msgs in effects.sends.items():
             session = sessions.get(conn_id)
-            if session is not None:
+            if session is not None and not session.killed:
+                # Already at the cap before this batch: the peer is not reading. (A burst such as
+                # a replay into a short list is fine: the writer takes it all at once.)
+                if len(session.pending) >= cap:
+                    slow.append(session)
                 session.pending.extend(msgs)
                 session.wake.set()
         for conn_id, code, reason in effects.closes:
@@ -336,13 +475,68 @@ class CoordinatorServer:
             if session is not None:
                 session.close_with = (code, reason)
                 session.wake.set()
+        for session in slow:
+            self._kill(session, codes.CLOSE_SLOW_CONSUMER, f"slow consumer: over {cap} messages waiting")
+
+    def _kill(self, session: _Session, code: int, reason: str) -> None:
+        """Close a session from the server's side at once, dropping what is pending for it.
+
+        The core forgets the session now, so nothing more is queued for it and its input is
+        ignored; the close handshake gets ``KILL_CLOSE_TIMEOUT_S`` before the TCP connection
+        is aborted (a peer that does not read never answers it).
+        """
+        if session.killed:
+            return
+        session.killed = True
+        session.pending = []
+        log.warning(
+            "refused: closing session", code=code, reason=reason, conn_id=session.conn_id, role=session.role,
+            principal=session.principal.name if session.principal is not None else "", address=_address(session.ws),
+        )
+        if session.writer is not None:
+            session.writer.cancel()
+        self.core.close_session(session.conn_id, time.monotonic())
+        # What closing it changed (a worker's plans waiting again) goes out through the usual
+        # path, after this delivery has finished.
+        asyncio.get_running_loop().call_soon(self._flush)
+        task = asyncio.create_task(_close_or_abort(session.ws, code, reason))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """Fail-stop: the store refused a write, so memory is ahead of what a restart would load."""
+        log.critical("store write failed: stopping the coordinator; restart it once the store works",
+                     store=self.store.description, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+        if self.fatal is not None and not self.fatal.done():
+            self.fatal.set_result(exc)
 
     async def _reap_forever(self) -> None:
         period = self.settings.reaper_period_s
+        loop = asyncio.get_running_loop()
         while True:
+            due = loop.time() + period
             await asyncio.sleep(period)
+            late_s = loop.time() - due
+            if late_s > self.settings.heartbeat_interval_s:
+                # The loop itself stalled: the beats that arrived meanwhile still wait in the sockets.
+                # Let the readers run before the reaper judges anyone (RELIABILITY.md row 10).
+                log.warning("event loop stalled; skipping one reaper tick", stalled_s=round(late_s, 3))
+                continue
             try:
                 self.core.tick(time.monotonic())
             except Exception:
                 log.exception("reaper tick failed")
             self._flush()
+
+
+async def _close_or_abort(ws: ServerConnection, code: int, reason: str) -> None:
+    try:
+        async with asyncio.timeout(KILL_CLOSE_TIMEOUT_S):
+            await ws.close(code, reason)
+    except TimeoutError:
+        ws.transport.abort()
+
+
+def _address(ws: ServerConnection) -> str:
+    remote = ws.remote_address
+    return f"{remote[0]}:{remote[1]}" if remote else ""

@@ -12,17 +12,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
 
+from fleetwire.cli_security import add_security_arguments, add_token_arguments, add_token_command, security_settings
 from fleetwire.client import Client, Plan
 from fleetwire.errors import PlanCancelled, PlanFailed
 from fleetwire.logs import LEVELS, configure_logging
@@ -62,6 +65,8 @@ def _client_target(ns: argparse.Namespace) -> tuple[str, str | None]:
     url = ns.url or os.environ.get("FLEETWIRE_URL")
     if not url:
         raise SystemExit(_fail("no coordinator URL: pass --url or set FLEETWIRE_URL (`fleetwire up` prints it)"))
+    if getattr(ns, "ca_file", None):
+        os.environ["FLEETWIRE_CA_FILE"] = ns.ca_file  # the SDK's default ca_file (wss:// with a private CA)
     return url, ns.token or os.environ.get("FLEETWIRE_TOKEN")
 
 
@@ -198,7 +203,51 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
         heartbeat_timeout_s=ns.heartbeat_timeout,
         reaper_interval_s=ns.reaper_interval,
         max_frame_bytes=ns.max_frame_bytes,
+        store=ns.store or "sqlite",
+        data_dir=ns.data_dir,
+        breaker_fraction=ns.breaker_fraction,
+        **_routing_settings(ns),
+        **security_settings(ns),
     )
+
+
+def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """The placement and autoscaler parts of ``ServerSettings`` (docs/ROUTING.md)."""
+    from coordinator.autoscaler import AutoscaleConfig
+    from coordinator.placement import PlacementConfig
+    from coordinator.policies import PolicyKnobs
+
+    knobs = PolicyKnobs(**dict(ns.policy_option))
+    autoscale = None
+    if ns.autoscale:
+        autoscale = AutoscaleConfig(
+            target_per_worker=ns.autoscale_target,
+            min_workers=ns.autoscale_min,
+            max_workers=ns.autoscale_max,
+            upscale_delay_s=ns.autoscale_upscale_delay,
+            downscale_delay_s=ns.autoscale_downscale_delay,
+            cooldown_s=ns.autoscale_cooldown,
+        )
+    return {
+        "placement": PlacementConfig(policy=ns.policy, prefetch=ns.prefetch, knobs=knobs),
+        "autoscale": autoscale,
+        "autoscale_hook": ns.autoscale_hook,
+    }
+
+
+_POLICY_OPTIONS = {"energy_max_gap": float, "kv_min_match_blocks": int, "kv_balance_gap": float,
+                   "kv_balance_ratio": float}
+
+
+def _policy_option(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    kind = _POLICY_OPTIONS.get(name.strip())
+    if not sep or kind is None:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {', '.join(_POLICY_OPTIONS)}")
+    try:
+        return name.strip(), kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name} needs a {kind.__name__}, got {value!r}") from None
 
 
 async def _wait_for_signal() -> None:
@@ -213,14 +262,29 @@ async def _wait_for_signal() -> None:
             loop.remove_signal_handler(sig)
 
 
+async def _serve_until_signal(server: Any) -> int:
+    """Serve until SIGINT/SIGTERM (exit 0) or until the store fails (fail-stop: exit 1)."""
+    waiter = asyncio.ensure_future(_wait_for_signal())
+    try:
+        await asyncio.wait((waiter, server.fatal), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if server.fatal.done():
+        print(f"fleetwire: error: the store failed: {server.fatal.result()}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 async def _coordinator(ns: argparse.Namespace) -> int:
     from coordinator.server import CoordinatorServer
 
     worker_token = ns.worker_token or os.environ.get("FLEETWIRE_WORKER_TOKEN")
     client_token = ns.client_token or os.environ.get("FLEETWIRE_CLIENT_TOKEN")
+    admin_token = ns.admin_token or os.environ.get("FLEETWIRE_ADMIN_TOKEN")
     settings = _server_settings(
         ns, (worker_token,) if worker_token else (), (client_token,) if client_token else ()
     )
+    settings = dataclasses.replace(settings, admin_tokens=(admin_token,) if admin_token else ())
     try:
         server = CoordinatorServer(settings, version=_version())
     except ValueError as exc:
@@ -229,12 +293,14 @@ async def _coordinator(ns: argparse.Namespace) -> int:
         await server.start()
     except OSError as exc:
         return _fail(f"cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc}")
-    print(f"fleetwire coordinator listening on {server.url}", flush=True)
+    # SIGHUP re-reads --token-file; sessions of revoked tokens are closed 4401, the rest stay.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, server.reload_tokens)
+    print(f"fleetwire coordinator listening on {server.url} (store {server.store.description})", flush=True)
     try:
-        await _wait_for_signal()
+        status = await _serve_until_signal(server)
     finally:
-        await server.stop()
-    return EXIT_OK
+        await server.stop()  # sessions closed with 1001; workers and clients reconnect to the next run
+    return status
 
 
 async def _worker(ns: argparse.Namespace) -> int:
@@ -251,6 +317,8 @@ async def _start_local_worker(
            "--log-format", ns.log_format, "--log-level", ns.log_level]
     if ns.allow_shell:
         cmd.append("--allow-shell")
+    if url.startswith("wss://"):
+        cmd += ["--ca-file", ns.ca_file or ns.tls_cert]
     env = {**os.environ, "FLEETWIRE_TOKEN": token}
     return await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE)
 
@@ -285,6 +353,10 @@ async def _up(ns: argparse.Namespace) -> int:
 
     if ns.workers < 0:
         return _fail("--workers must be 0 or more")
+    if ns.store is None and ns.data_dir is None:  # a throwaway store per `up` run
+        with tempfile.TemporaryDirectory(prefix="fleetwire-up-") as data_dir:
+            ns.data_dir = data_dir
+            return await _up(ns)
     worker_token = secrets.token_urlsafe(24)
     client_token = secrets.token_urlsafe(24)
     try:
@@ -308,7 +380,8 @@ async def _up(ns: argparse.Namespace) -> int:
             "In another shell:\n"
             f"  export FLEETWIRE_URL={server.url}\n"
             f"  export FLEETWIRE_TOKEN={client_token}\n"
-            "  fleetwire submit echo --args '{\"hello\": 1}' --follow\n"
+            + (f"  export FLEETWIRE_CA_FILE={ns.ca_file or ns.tls_cert}\n" if server.url.startswith("wss://") else "")
+            + "  fleetwire submit echo --args '{\"hello\": 1}' --follow\n"
             "  fleetwire workers\n"
             "Workers join this coordinator with:\n"
             f"  FLEETWIRE_TOKEN={worker_token} fleetwire worker --url {server.url}\n"
@@ -351,6 +424,38 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                    help="how often the reaper runs (default: timeout/10, at most 1 s)")
     p.add_argument("--max-frame-bytes", type=int, default=1 << 20, metavar="N",
                    help="largest accepted websocket frame (default 1 MiB)")
+    p.add_argument("--store", default=None, metavar="SPEC",
+                   help="where plans are kept: sqlite (default; coordinator.sqlite3 in --data-dir), "
+                        "sqlite:PATH, or memory (lost on restart)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="directory of the sqlite store (default: $FLEETWIRE_DATA_DIR, else "
+                        "$XDG_STATE_HOME/fleetwire or ~/.local/state/fleetwire; `up`: a temporary directory)")
+    p.add_argument("--breaker-fraction", type=float, default=0.5, metavar="F",
+                   help="reaper circuit breaker: when more than this share of >= 3 connected workers go "
+                        "silent at once, suspect the coordinator and hold the reaping (default 0.5; 1 disables)")
+    add_security_arguments(p)  # TLS and limits (fleetwire/cli_security.py)
+    g = p.add_argument_group("placement and autoscaling (docs/ROUTING.md)")
+    g.add_argument("--policy", default="joule_weighted", metavar="NAME",
+                   help="default placement policy: round_robin, least_busy, latency_weighted, joule_weighted "
+                        "(default), carbon_weighted or kv_aware; a plan's hints may override it")
+    g.add_argument("--prefetch", type=int, default=0, metavar="N",
+                   help="plans a busy worker may hold unstarted beyond its concurrency; idle workers steal them "
+                        "(default 0)")
+    g.add_argument("--policy-option", type=_policy_option, action="append", default=[], metavar="NAME=VALUE",
+                   help=f"a policy knob (repeatable): {', '.join(_POLICY_OPTIONS)}")
+    g.add_argument("--autoscale", action="store_true", help="run the autoscaler (decisions go to admins and the hook)")
+    g.add_argument("--autoscale-target", type=float, default=4.0, metavar="N",
+                   help="ongoing plans one worker should carry (default 4)")
+    g.add_argument("--autoscale-min", type=int, default=0, metavar="N", help="fewest workers per pool (default 0)")
+    g.add_argument("--autoscale-max", type=int, default=64, metavar="N", help="most workers per pool (default 64)")
+    g.add_argument("--autoscale-upscale-delay", type=float, default=30.0, metavar="S",
+                   help="how long a higher count must hold before scaling up (default 30)")
+    g.add_argument("--autoscale-downscale-delay", type=float, default=600.0, metavar="S",
+                   help="how long a lower count must hold before scaling down (default 600)")
+    g.add_argument("--autoscale-cooldown", type=float, default=60.0, metavar="S",
+                   help="no action within this long of the pool's previous one (default 60)")
+    g.add_argument("--autoscale-hook", default=None, metavar="CMD",
+                   help="shell command run per decision with the decision as JSON on stdin")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -363,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("--url", help="coordinator URL, e.g. ws://127.0.0.1:8765 (default $FLEETWIRE_URL)")
     client.add_argument("--token", help="client token (default $FLEETWIRE_TOKEN)")
     client.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    client.add_argument("--ca-file", help="CA certificate to trust for wss:// (default $FLEETWIRE_CA_FILE)")
 
     parser = argparse.ArgumentParser(
         prog="fleetwire",
@@ -379,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=4, help="plans each local worker runs at once (default 4)")
     p.add_argument("--tags", default="local", help="tags of the local workers (default: local)")
     p.add_argument("--allow-shell", action="store_true", help="let local workers run the `shell` op")
+    p.add_argument("--ca-file", help="with --tls-cert: the CA local workers trust (default: the certificate itself)")
     p.set_defaults(func=_up)
 
     p = sub.add_parser("coordinator", parents=[common], help="run the coordinator daemon",
@@ -388,6 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-token", help="token workers present (default $FLEETWIRE_WORKER_TOKEN)")
     p.add_argument("--client-token", help="token clients present (default $FLEETWIRE_CLIENT_TOKEN)")
     p.add_argument("--insecure", action="store_true", help="no tokens at all; only allowed on a loopback --host")
+    add_token_arguments(p)
     p.set_defaults(func=_coordinator)
 
     from worker_agent.main import add_worker_arguments
@@ -431,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     psub = p.add_subparsers(dest="protocol_command", required=True, metavar="SUBCOMMAND")
     ps = psub.add_parser("schema", help="print the JSON Schema of every message")
     ps.set_defaults(func=_schema)
+
+    add_token_command(sub, [common])
     return parser
 
 

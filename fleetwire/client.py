@@ -39,10 +39,11 @@ import asyncio
 import itertools
 import logging
 import os
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, assert_never
+from typing import Any, Final, assert_never, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
@@ -53,6 +54,7 @@ from websockets.typing import Subprotocol
 from fleetwire.errors import (
     AuthError,
     FleetwireConnectionError,
+    InvalidArgument,
     ProtocolError,
     request_error,
 )
@@ -63,18 +65,24 @@ from protocol.messages import (
     TERMINAL_STATES,
     Accepted,
     Cancel,
+    DrainWorker,
     Error,
     Event,
     GetPlan,
+    ListPlans,
     ListWorkers,
     Ok,
     PlanInfo,
     PlanReply,
+    Plans,
+    PlanStateName,
     Requirements,
+    RoutingHints,
     Submit,
     Subscribe,
     Subscribed,
     ToClient,
+    UndrainWorker,
     Workers,
     type_name,
 )
@@ -138,6 +146,8 @@ class Client:
         encoding: ``"msgpack"`` (binary frames, the default) or ``"json"`` (text frames).
         open_timeout_s: how long the TCP connect and websocket handshake may take.
         max_frame_bytes: the largest frame accepted from the coordinator.
+        ca_file: CA certificate (PEM) to trust for a ``wss://`` coordinator whose certificate
+            is not signed by a system CA; default ``$FLEETWIRE_CA_FILE``.
 
     Use as ``async with Client(...) as client:``, or ``await client.connect()`` and
     ``await client.close()``.
@@ -151,10 +161,12 @@ class Client:
         encoding: Encoding = "msgpack",
         open_timeout_s: float | None = 10.0,
         max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+        ca_file: str | None = None,
     ) -> None:
         if encoding not in ENCODING_SUBPROTOCOL:
             raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
         self.url = resolve_url(url)
+        self._ca_file = ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None
         self.encoding: Encoding = encoding
         self._token = (token if token is not None else os.environ.get("FLEETWIRE_TOKEN")) or None
         self._open_timeout_s = open_timeout_s
@@ -201,6 +213,7 @@ class Client:
                 open_timeout=self._open_timeout_s,
                 max_size=self._max_frame_bytes,
                 proxy=None,
+                **self._tls(),
             )
         except InvalidStatus as exc:
             raise self._handshake_refused(exc.response.status_code) from exc
@@ -218,6 +231,15 @@ class Client:
         self._reader = asyncio.create_task(self._read_loop(ws), name="fleetwire-client-reader")
         self._writer = asyncio.create_task(self._write_loop(ws), name="fleetwire-client-writer")
         return self
+
+    def _tls(self) -> dict[str, Any]:
+        """``connect`` arguments for ``wss://``: the system CAs, or only ``ca_file`` when given."""
+        if not self.url.startswith("wss://") or self._ca_file is None:
+            return {}
+        try:
+            return {"ssl": ssl.create_default_context(cafile=self._ca_file)}
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load the CA file {self._ca_file}: {exc}") from exc
 
     def _handshake_refused(self, status: int) -> Exception:
         where = f"the coordinator at {self.url}"
@@ -269,6 +291,9 @@ class Client:
         timeout_s: float | None = None,
         max_attempts: int = 3,
         plan_id: str | None = None,
+        hints: RoutingHints | Mapping[str, Any] | None = None,
+        session_key: str | None = None,
+        policy: str | None = None,
     ) -> Plan:
         """Submit a plan and return it, subscribed from its first event.
 
@@ -283,12 +308,17 @@ class Client:
             max_attempts: how many leases lost to dead workers it may use (>= 1).
             plan_id: an idempotency key: submitting it again returns the existing plan
                 (``plan.duplicate`` is true) and changes nothing.
+            hints: a ``protocol.RoutingHints`` or a dict of its fields (docs/ROUTING.md):
+                prefix hashes and token estimates for KV-aware placement and admission.
+            session_key: plans with the same key go to the same worker while it has room.
+            policy: the placement policy for this plan (else the coordinator's default).
 
         Raises:
             InvalidArgument: the coordinator refused the arguments.
-            ValueError: ``requirements`` has an unknown field or a wrong type.
+            ValueError: ``requirements`` or ``hints`` has an unknown field or a wrong type.
         """
         reqs = _requirements(requirements, tags)
+        routing = _hints(hints, session_key, policy)
         msg = Submit(
             req_id=next(self._req_ids),
             op=op,
@@ -299,6 +329,7 @@ class Client:
             max_attempts=max_attempts,
             plan_id=plan_id,
             subscribe=True,
+            hints=routing,
         )
         plan: Plan = await self._request(msg, Accepted, self._on_accepted)
         if plan.duplicate:
@@ -307,6 +338,79 @@ class Client:
             # which the plan drops by seq).
             await self._subscribe(plan, 0)
         return plan
+
+    async def submit_many(
+        self,
+        op: str,
+        args: Iterable[Any],
+        *,
+        tags: Iterable[str] | None = None,
+        requirements: Requirements | Mapping[str, Any] | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        max_attempts: int = 3,
+        plan_ids: Iterable[str | None] | None = None,
+    ) -> list[Plan]:
+        """Submit one plan per item of ``args``, all with the same op and requirements.
+
+        Every ``submit`` is queued at once, so the writer sends thousands of them in a
+        few frames (each at most ``COALESCE_LIMIT_BYTES``) instead of one frame per plan.
+        The other arguments are those of :meth:`submit`; ``plan_ids``, when given, has
+        one idempotency key (or None) per item.
+
+        Returns:
+            The plans, in the order of ``args``, each subscribed from its first event.
+
+        Raises:
+            InvalidArgument: the coordinator refused a submit (the first refusal is raised
+                once every reply is in; the accepted plans stay submitted and subscribed).
+            ValueError: ``plan_ids`` and ``args`` differ in length, or bad ``requirements``.
+        """
+        if self._ended is not None:
+            raise self._ended
+        if self._ws is None:
+            raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
+        reqs = _requirements(requirements, tags)
+        items = list(args)
+        ids = list(plan_ids) if plan_ids is not None else [None] * len(items)
+        if len(ids) != len(items):
+            raise ValueError(f"plan_ids has {len(ids)} ids for {len(items)} args; give one per plan (or None)")
+        encode = self._codec.encode
+        req_ids: list[int] = []
+        raws: list[msgspec.Raw] = []
+        for item, plan_id in zip(items, ids, strict=True):
+            req_id = next(self._req_ids)
+            msg = Submit(
+                req_id=req_id, op=op, args=item, requirements=reqs, priority=priority, timeout_s=timeout_s,
+                max_attempts=max_attempts, plan_id=plan_id, subscribe=True,
+            )
+            raws.append(msgspec.Raw(encode([msg])))  # an unencodable item fails here, before anything is sent
+            req_ids.append(req_id)
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = []
+        for req_id in req_ids:
+            future: asyncio.Future[Any] = loop.create_future()
+            self._pending[req_id] = _Pending("submit", Accepted, future, self._on_accepted)
+            futures.append(future)
+        plans: list[Plan] = []
+        refused: BaseException | None = None
+        try:
+            self._outbox.extend(raws)
+            self._outbox_ready.set()
+            for future in futures:
+                try:
+                    plans.append(await future)
+                except InvalidArgument as exc:
+                    refused = refused or exc
+        finally:
+            for req_id in req_ids:
+                self._pending.pop(req_id, None)
+        for plan in plans:
+            if plan.duplicate:  # as in submit(): replay the stream that began before this session
+                await self._subscribe(plan, 0)
+        if refused is not None:
+            raise refused
+        return plans
 
     async def watch(self, plan_id: str, *, from_seq: int = 0) -> Plan:
         """Subscribe to an existing plan; its ``events()`` start after ``from_seq``.
@@ -349,6 +453,42 @@ class Client:
         """The worker registry: ``reply.workers`` (``WorkerInfo`` rows) and ``reply.summary``."""
         reply: Workers = await self._request(ListWorkers(req_id=next(self._req_ids)), Workers)
         return reply
+
+    async def plans(self, *, states: Iterable[str] = (), limit: int = 200) -> Plans:
+        """Plans this client may see, newest first (``reply.plans``), the queue in placement order
+        (``reply.queue``) and counts per state (``reply.counts``).
+
+        Args:
+            states: only plans in these states (``queued``, ``running``, ...); empty: all.
+            limit: at most this many plans and queue entries (1..10000).
+
+        Raises:
+            InvalidArgument: a bad limit.
+            ValueError: a state that is not a plan state.
+        """
+        try:
+            wanted = msgspec.convert(list(states), list[PlanStateName])
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"states must be plan states ({', '.join(get_args(PlanStateName))}): {exc}") from None
+        reply: Plans = await self._request(ListPlans(req_id=next(self._req_ids), states=wanted, limit=limit), Plans)
+        return reply
+
+    async def drain(self, worker_id: str, *, deadline_s: float | None = None) -> None:
+        """Stop placing plans on a worker; with ``deadline_s``, plans it still runs then are requeued.
+
+        Raises:
+            RequestError: code ``unknown_worker``: no such worker is registered.
+            InvalidArgument: a negative deadline.
+        """
+        await self._request(DrainWorker(req_id=next(self._req_ids), worker_id=worker_id, deadline_s=deadline_s), Ok)
+
+    async def undrain(self, worker_id: str) -> None:
+        """Place plans on a drained worker again.
+
+        Raises:
+            RequestError: code ``unknown_worker``: no such worker is registered.
+        """
+        await self._request(UndrainWorker(req_id=next(self._req_ids), worker_id=worker_id), Ok)
 
     # ---- internals: requests and plans
 
@@ -416,7 +556,7 @@ class Client:
                     plan._feed(msg)
                 if msg.kind in TERMINAL_STATES:
                     self._drop_finished(msg.plan_id)
-            case Accepted() | Subscribed() | PlanReply() | Workers() | Ok():
+            case Accepted() | Subscribed() | PlanReply() | Workers() | Plans() | Ok():
                 self._resolve(msg.req_id, msg)
             case Error():
                 pending = self._pending.pop(msg.req_id, None) if msg.req_id else None
@@ -501,6 +641,26 @@ class Client:
         self._plans.clear()
         self._outbox.clear()
         self._outbox_ready.set()  # lets the writer see the end and return
+
+
+def _hints(hints: RoutingHints | Mapping[str, Any] | None, session_key: str | None, policy: str | None) -> RoutingHints:
+    if hints is None:
+        routing = RoutingHints()
+    elif isinstance(hints, RoutingHints):
+        routing = hints
+    else:
+        unknown = sorted(set(hints) - set(RoutingHints.__struct_fields__))
+        if unknown:
+            raise ValueError(f"unknown hints {unknown}; known: {', '.join(RoutingHints.__struct_fields__)}")
+        try:
+            routing = msgspec.convert(dict(hints), RoutingHints)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid hints: {exc}") from exc
+    if session_key is not None:
+        routing = msgspec.structs.replace(routing, session_key=session_key)
+    if policy is not None:
+        routing = msgspec.structs.replace(routing, policy=policy)
+    return routing
 
 
 def _requirements(requirements: Requirements | Mapping[str, Any] | None, tags: Iterable[str] | None) -> Requirements:

@@ -62,11 +62,13 @@ class Plan:
         self._client = client
         self._live = live
         self._events: list[Event] = []
-        self._changed = asyncio.Event()
+        # Made by the first waiter and dropped by ``_wake``: most plans of a large batch
+        # are never waited on while they run, and an Event per plan costs at 20k plans/s.
+        self._changed: asyncio.Event | None = None
         # The outcome, once known: from the terminal event or a terminal PlanInfo.
         self._final: PlanStateName | None = None
         self._result: Any = None
-        self._failure = ErrorInfo(code=codes.INTERNAL, message="")
+        self._failure: ErrorInfo | None = None
         self._cancel_reason = ""
         self._lost: FleetwireConnectionError | None = None
 
@@ -100,12 +102,12 @@ class Plan:
         while self._final is None:
             if self._lost is not None:
                 raise self._lost
-            await self._changed.wait()
+            await self._changed_event().wait()
         if self._final == "succeeded":
             return self._result
         if self._final == "cancelled":
             raise PlanCancelled(self.id, self._cancel_reason)
-        failure = self._failure
+        failure = self._failure or ErrorInfo(code=codes.INTERNAL, message="")
         raise PlanFailed(
             failure.message,
             plan_id=self.id,
@@ -175,8 +177,15 @@ class Plan:
     def _wake(self) -> None:
         # One Event per generation: every waiter of this generation wakes, later
         # waiters wait on the next one. Works for any number of iterators.
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _changed_event(self) -> asyncio.Event:
+        """The Event the next ``_wake`` sets (made on demand)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
 
 
 class _PlanEvents(AsyncIterator[Event]):
@@ -197,4 +206,4 @@ class _PlanEvents(AsyncIterator[Event]):
                 raise StopAsyncIteration
             if plan._lost is not None:
                 raise plan._lost
-            await plan._changed.wait()
+            await plan._changed_event().wait()

@@ -52,9 +52,11 @@ class SyncClient:
         encoding: Encoding = "msgpack",
         open_timeout_s: float | None = 10.0,
         max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
+        ca_file: str | None = None,
     ) -> None:
         client = Client(
-            url, token=token, encoding=encoding, open_timeout_s=open_timeout_s, max_frame_bytes=max_frame_bytes
+            url, token=token, encoding=encoding, open_timeout_s=open_timeout_s, max_frame_bytes=max_frame_bytes,
+            ca_file=ca_file,
         )
         self.url = client.url
         self._client = client

@@ -11,6 +11,7 @@ answer each bad message with an ``error`` frame and keep the good ones.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
@@ -49,6 +50,62 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     raise msgspec.ValidationError(f"msgpack extension type {code} is not allowed")
 
 
+# msgpack integers span -2**63 .. 2**64-1; JSON numbers do not stop there. A JSON peer's
+# bigger integer would make the frame to a msgpack peer unencodable, so it is refused at
+# the boundary. Only a frame with a run of 19+ digits can hold one: the scan is C-speed.
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_LONG_DIGITS = re.compile(rb"[0-9]{19,}")
+
+
+def _out_of_range_int(value: Any) -> str | None:
+    """The ``$.path`` of the first integer msgpack cannot carry inside ``value``, or None.
+
+    Iterative, so a value nested as deeply as the decoder allows cannot exhaust the stack.
+    """
+    stack: list[tuple[Any, str]] = [(value, "$")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not _INT_MIN <= item <= _INT_MAX:
+                return path
+        elif isinstance(item, msgspec.Struct):
+            stack.extend((getattr(item, name), f"{path}.{name}") for name in item.__struct_fields__)
+        elif isinstance(item, dict):
+            stack.extend((v, f"{path}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+    return None
+
+
+def _portable(value: Any) -> Any:
+    """``value`` as builtins that both encodings carry: odd map keys and huge ints become strings.
+
+    Used only when encoding a message failed (see ``Codec.encode_safe``): a msgpack map keyed
+    by nil, a bool or an array has no JSON form, and JSON has no limit on integers.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str | float | bytes):
+        return value
+    if isinstance(value, int):
+        return value if _INT_MIN <= value <= _INT_MAX else str(value)
+    if isinstance(value, dict):
+        return {_portable_key(k): _portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_portable(v) for v in value]
+    return value
+
+
+def _portable_key(key: Any) -> str | int | float:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int | float) and not isinstance(key, bool):
+        return key if _INT_MIN <= key <= _INT_MAX else str(key)
+    if isinstance(key, bytes):
+        return key.decode("utf-8", "backslashreplace")
+    return msgspec.json.encode(_portable(key)).decode()
+
+
 class Codec:
     """Encodes outgoing and decodes incoming frames for one session role.
 
@@ -83,6 +140,23 @@ class Codec:
             return self._encoder.encode(msgs[0])  # type: ignore[no-any-return]
         return self._encoder.encode(msgs)  # type: ignore[no-any-return]
 
+    def encode_safe(self, msgs: Sequence[Any]) -> bytes:
+        """Like :meth:`encode`, but values this encoding cannot carry are sent in a portable form.
+
+        A msgpack peer may send maps keyed by nil, bools or arrays, which JSON cannot hold;
+        such keys are sent as their JSON text (``"null"``, ``"true"``, ``"[1,2]"``) rather than
+        failing the whole frame. The fast path is :meth:`encode`; this costs only on failure.
+
+        Raises:
+            RecursionError: a value nested too deeply to convert (the decoder's own limit
+                keeps decoded values below it).
+        """
+        try:
+            return self.encode(msgs)
+        except (TypeError, OverflowError, ValueError):
+            portable = [_portable(msgspec.to_builtins(m, builtin_types=(bytes,))) for m in msgs]
+            return self.encode(portable)
+
     def decode(self, frame: bytes | str) -> list[Any]:
         """Messages of a frame, each a Struct or a ``DecodeFailure``, in order."""
         if isinstance(frame, str):
@@ -94,8 +168,29 @@ class Codec:
         try:
             decoded = self._frame.decode(frame)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            return self._decode_slow(frame)
-        return decoded if isinstance(decoded, list) else [decoded]
+            msgs = self._decode_slow(frame)
+        else:
+            msgs = decoded if isinstance(decoded, list) else [decoded]
+        if self.text and _LONG_DIGITS.search(frame):
+            msgs = [self._check_ints(msg, index, len(msgs)) for index, msg in enumerate(msgs)]
+        return msgs
+
+    def _check_ints(self, msg: Any, index: int, count: int) -> Any:
+        """``msg``, or a DecodeFailure naming where it holds an integer msgpack cannot carry."""
+        if isinstance(msg, DecodeFailure):
+            return msg
+        path = _out_of_range_int(msg)
+        if path is None:
+            return msg
+        mtype = type(msg).__struct_config__.tag
+        where = f" (message {index} of the frame)" if count > 1 else ""
+        return DecodeFailure(
+            errors.INVALID_MESSAGE,
+            f"invalid {mtype!r} message{where}: integer out of range (-2**63 .. 2**64-1) - at `{path}`; "
+            "send larger numbers as strings",
+            getattr(msg, "req_id", 0),
+            mtype if isinstance(mtype, str) else None,
+        )
 
     def _decode_slow(self, frame: bytes) -> list[Any]:
         """Per-message decode, used only once the fast whole-frame decode failed."""
@@ -117,7 +212,11 @@ class Codec:
     def _failure(self, raw: msgspec.Raw, exc: Exception, where: str) -> DecodeFailure:
         try:
             probe = self._probe.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        except RecursionError:
+            return DecodeFailure(errors.INVALID_MESSAGE, f"message nested too deeply{where}")
+        except (msgspec.DecodeError, msgspec.ValidationError) as probe_exc:
+            if isinstance(probe_exc, msgspec.DecodeError) and isinstance(exc, msgspec.DecodeError):
+                return DecodeFailure(errors.INVALID_MESSAGE, f"message is not valid {self.encoding}{where}: {exc}")
             return DecodeFailure(errors.INVALID_MESSAGE, f"a message must be an object with a 'type' field{where}")
         req_id = probe.req_id if isinstance(probe.req_id, int) and not isinstance(probe.req_id, bool) else 0
         mtype = probe.type if isinstance(probe.type, str) else None

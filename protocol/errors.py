@@ -27,16 +27,20 @@ INVALID_TRANSITION: Final = "invalid_transition"
 INVALID_ARGUMENT: Final = "invalid_argument"
 UNKNOWN_OP: Final = "unknown_op"  # plan failure / reject: the worker has no handler
 REJECTED: Final = "rejected"  # reject: the worker is full or draining
+REVOKED: Final = "revoked"  # reject: the worker dropped an unstarted plan the coordinator revoked
 HANDLER_ERROR: Final = "handler_error"  # plan failure: the handler raised
+ENGINE_ERROR: Final = "engine_error"  # plan failure: the inference engine was unreachable or refused the request
 TIMEOUT: Final = "timeout"  # plan failure: the plan's timeout_s passed
 WORKER_LOST: Final = "worker_lost"  # plan failure: attempts exhausted by lost workers
 CANCELLED: Final = "cancelled"
 INTERNAL: Final = "internal"
+TOO_MANY_PLANS: Final = "too_many_plans"  # submit: the principal has its limit of unfinished plans
 
 ERROR_CODES: Final = (
     BAD_FRAME, INVALID_MESSAGE, UNKNOWN_TYPE, NOT_REGISTERED, ALREADY_REGISTERED,
     PLAN_NOT_FOUND, UNKNOWN_WORKER, STALE_LEASE, INVALID_TRANSITION, INVALID_ARGUMENT,
-    UNKNOWN_OP, REJECTED, HANDLER_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
+    UNKNOWN_OP, REJECTED, REVOKED, HANDLER_ERROR, ENGINE_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
+    TOO_MANY_PLANS,
 )
 
 # ---- websocket close codes (RFC 6455 §7.4; 4000-4999 are ours)
@@ -45,9 +49,12 @@ CLOSE_GOING_AWAY: Final = 1001  # coordinator shutting down
 CLOSE_TOO_BIG: Final = 1009  # frame above the size limit
 CLOSE_INTERNAL: Final = 1011
 CLOSE_PROTOCOL: Final = 4400  # repeated protocol violations
-CLOSE_FORBIDDEN: Final = 4403  # a message this role may not send
+CLOSE_REVOKED: Final = 4401  # the session's token was revoked (token file reloaded without it)
+CLOSE_FORBIDDEN: Final = 4403  # a message this role or token may not send (scope)
 CLOSE_HEARTBEAT_TIMEOUT: Final = 4408  # the worker stopped beating and was reaped
 CLOSE_REPLACED: Final = 4409  # the same worker id registered on a newer session
+CLOSE_RATE_LIMITED: Final = 4429  # the peer kept sending faster than its message rate limit
+CLOSE_SLOW_CONSUMER: Final = 4503  # the peer stopped reading; its outgoing buffer hit the limit
 
 
 class FleetwireError(Exception):

@@ -12,9 +12,10 @@ This module is the whole wire contract (docs/PROTOCOL.md is its prose). Rules:
 Session roles and their messages (docs/PROTOCOL.md §Messages):
 
     worker  -> coordinator : hello heartbeat accept reject event done goodbye
-    coordinator -> worker  : welcome assign cancel revoke ack drain error
+    coordinator -> worker  : welcome assign cancel revoke ack drain undrain error
     client  -> coordinator : submit subscribe unsubscribe cancel get_plan list_workers
-    coordinator -> client  : accepted subscribed event plan workers ok error
+                             list_plans drain_worker undrain_worker
+    coordinator -> client  : accepted subscribed event plan workers plans resync ok error
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class GpuInfo(msgspec.Struct, omit_defaults=True):
     memory_bytes: int = 0
     uuid: str = ""
     index: int = 0
+    parent_uuid: str = ""  # a MIG instance: the UUID of the physical GPU it is carved from
 
 
 class Capabilities(msgspec.Struct, omit_defaults=True):
@@ -101,6 +103,7 @@ class RoutingHints(msgspec.Struct, omit_defaults=True):
     prefix_hashes: list[int] = []  # hashes of the prompt's KV prefix blocks, in order
     prompt_tokens: int = 0  # estimated prompt tokens
     max_output_tokens: int = 0  # estimated (maximum) generated tokens
+    prefix_block_tokens: int = 0  # tokens each prefix hash covers; 0: the worker's kv_block_tokens
 
 
 class RunningPlan(msgspec.Struct, omit_defaults=True):
@@ -129,6 +132,7 @@ class WorkerInfo(msgspec.Struct, omit_defaults=True):
     alive: bool = False
     last_beat_age_s: float | None = None
     address: str = ""
+    draining: bool = False  # drained by an operator (drain_worker): takes no new plans
 
 
 class PlanInfo(msgspec.Struct, omit_defaults=True):
@@ -150,7 +154,7 @@ class PlanInfo(msgspec.Struct, omit_defaults=True):
 # --------------------------------------------------------------------------- messages
 
 
-class _Msg(msgspec.Struct, tag_field="type", omit_defaults=True):
+class _Msg(msgspec.Struct, tag_field="type", omit_defaults=True, gc=False):
     """Base of every tagged message."""
 
 
@@ -178,6 +182,7 @@ class Accept(_Msg, tag="accept"):
 
     plan_id: str
     attempt: int
+    seq: int = 0  # the worker's message counter (see ``ack``); 0: not counted
 
 
 class Reject(_Msg, tag="reject"):
@@ -187,6 +192,7 @@ class Reject(_Msg, tag="reject"):
     attempt: int
     code: str = "rejected"
     reason: str = ""
+    seq: int = 0  # the worker's message counter (see ``ack``); 0: not counted
 
 
 class Done(_Msg, tag="done"):
@@ -197,6 +203,7 @@ class Done(_Msg, tag="done"):
     outcome: Outcome
     result: Any = None
     error: ErrorInfo | None = None
+    seq: int = 0  # the worker's message counter (see ``ack``); 0: not counted
 
 
 class Goodbye(_Msg, tag="goodbye"):
@@ -255,6 +262,7 @@ class Welcome(_Msg, tag="welcome"):
     abandon_plans: list[str] = []
     version: str = ""
     protocol: int = PROTOCOL_VERSION
+    prefetch: int = 0  # assigns it may hold unstarted beyond max_concurrency (a local queue)
 
 
 class Assign(_Msg, tag="assign"):
@@ -275,7 +283,7 @@ class Revoke(_Msg, tag="revoke"):
 
 
 class Ack(_Msg, tag="ack"):
-    """Events up to ``seq`` (the worker's counter) are recorded."""
+    """The worker's ``accept``/``reject``/``event``/``done`` messages up to ``seq`` (its counter) are recorded."""
 
     seq: int
 
@@ -284,6 +292,10 @@ class Drain(_Msg, tag="drain"):
     """Take no new plans; finish running ones within ``deadline_s``."""
 
     deadline_s: float | None = None
+
+
+class Undrain(_Msg, tag="undrain"):
+    """Take new plans again (an operator's ``undrain_worker`` ended a drain)."""
 
 
 # ---- client -> coordinator
@@ -302,6 +314,7 @@ class Submit(_Msg, tag="submit"):
     plan_id: str | None = None
     subscribe: bool = True
     hints: RoutingHints = msgspec.field(default_factory=RoutingHints)
+    retries: int = 0  # times a handler failure (done failed) is retried on a new attempt
 
 
 class Subscribe(_Msg, tag="subscribe"):
@@ -332,6 +345,29 @@ class ListWorkers(_Msg, tag="list_workers"):
     """Ask for the registry and the cluster summary."""
 
     req_id: int
+
+
+class ListPlans(_Msg, tag="list_plans"):
+    """Ask for the plans this session may see (newest first) and the queue in placement order."""
+
+    req_id: int
+    states: list[PlanStateName] = []  # only plans in these states; empty: every state
+    limit: int = 200  # at most this many plans (and queue entries) in the answer
+
+
+class DrainWorker(_Msg, tag="drain_worker"):
+    """Stop placing plans on a worker; its running plans get ``deadline_s`` to finish, then are requeued."""
+
+    req_id: int
+    worker_id: str
+    deadline_s: float | None = None  # None: running plans may finish whenever they finish
+
+
+class UndrainWorker(_Msg, tag="undrain_worker"):
+    """Place plans on a drained worker again."""
+
+    req_id: int
+    worker_id: str
 
 
 # ---- coordinator -> client
@@ -368,6 +404,31 @@ class Workers(_Msg, tag="workers"):
     summary: str = ""
 
 
+class Plans(_Msg, tag="plans"):
+    """Answer to ``list_plans``."""
+
+    req_id: int
+    plans: list[PlanInfo] = []  # newest first, at most ``limit``
+    queue: list[str] = []  # queued plan ids in placement order (priority, then age), at most ``limit``
+    counts: dict[str, int] = {}  # visible plans per state, over all of them (not only those listed)
+    total: int = 0  # visible plans matching ``states``, before ``limit``
+
+
+class Resync(_Msg, tag="resync"):
+    """Events ``first_seq``..``last_seq`` of a plan cannot be replayed: the coordinator no longer holds them.
+
+    Sent in a replay (after ``subscribed`` or a duplicate ``accepted``) in place of the missing
+    events, so a subscriber never sees a silent gap; ``plan`` is the plan's record now.
+    """
+
+    plan_id: str
+    first_seq: int = 0
+    last_seq: int = 0
+    plan: PlanInfo | None = None
+    recovered: bool = False  # False: the events are gone for good
+    req_id: int = 0
+
+
 class Ok(_Msg, tag="ok"):
     """A request that needs no data in its answer succeeded."""
 
@@ -377,20 +438,22 @@ class Ok(_Msg, tag="ok"):
 # --------------------------------------------------------------------------- unions
 
 FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye]
-ToWorker = Union[Welcome, Assign, Cancel, Revoke, Ack, Drain, Error]
-FromClient = Union[Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers]
-ToClient = Union[Accepted, Subscribed, Event, PlanReply, Workers, Ok, Error]
+ToWorker = Union[Welcome, Assign, Cancel, Revoke, Ack, Drain, Undrain, Error]
+FromClient = Union[
+    Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers, ListPlans, DrainWorker, UndrainWorker
+]
+ToClient = Union[Accepted, Subscribed, Event, PlanReply, Workers, Plans, Resync, Ok, Error]
 
 AnyMessage = Union[
     Hello, Heartbeat, Accept, Reject, Done, Goodbye, Event, Cancel, Error, Welcome, Assign,
-    Revoke, Ack, Drain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, Accepted,
-    Subscribed, PlanReply, Workers, Ok,
+    Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
+    DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
 ]
 
 ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
     Hello, Heartbeat, Accept, Reject, Done, Goodbye, Event, Cancel, Error, Welcome, Assign,
-    Revoke, Ack, Drain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, Accepted,
-    Subscribed, PlanReply, Workers, Ok,
+    Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
+    DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
 )
 
 

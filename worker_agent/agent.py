@@ -13,11 +13,19 @@ Theory of operation:
 * Plans outlive sessions. Their events and ``done`` go to the outbox whether or not a session
   is up; a new session's writer sends them after the next ``welcome``. Messages whose send
   failed are put back (at-least-once: the coordinator may see an event twice, never zero times).
+  Plan messages carry ``seq``; sent ones wait in the outbox until ``ack(seq)`` says the
+  coordinator recorded them, and a new session re-sends the unacknowledged ones first (the
+  coordinator drops the copies it already has).
 * A plan is *silenced* (cancelled locally, nothing more sent for it) when the coordinator says
   its lease is not ours: ``abandon_plans``, ``error(stale_lease)``, or a newer attempt of it.
 * ``stop()``: reject new plans, let running ones finish for up to ``drain_timeout_s`` (a second
   ``stop()`` skips the wait), silence the rest, send ``goodbye`` and close. Plans stopped this
   way are handed back: the coordinator requeues them as lost, it does not see them cancelled.
+* Prefetch (``welcome.prefetch``): with every slot busy, up to that many assigns wait here,
+  unstarted and not yet accepted, and start in arrival order as slots free. ``revoke`` of a
+  waiting plan drops it and answers ``reject(code="revoked")``; a revoke of a started plan
+  is ignored. A cancelled waiting plan ends ``cancelled`` at once; ``drain`` and ``stop()``
+  hand waiting plans back with ``reject``.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import importlib.metadata
 import os
 import random
 import socket
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, assert_never, overload
 from urllib.parse import urlsplit, urlunsplit
@@ -45,6 +54,7 @@ from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, E
 from worker_agent.handlers import Context, Handler, builtin_handlers, run_handler
 from worker_agent.outbox import Outbox, encode_frames
 from worker_agent.probe import LoadTracker, probe_capabilities
+from worker_agent.telemetry import Telemetry
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +65,8 @@ F = TypeVar("F", bound=Handler)
 REJECTED = "rejected"
 
 MAX_BATCH = 4096  # messages per frame before size-splitting
+_NUMBERED = (protocol.Accept, protocol.Reject, protocol.Event, protocol.Done)  # carry ``seq``; acked
+COALESCE_TURNS = 4  # loop turns the writer waits, at most, for more messages to join a frame
 
 
 def _version() -> str:
@@ -117,6 +129,10 @@ class Agent:
         python_allow: fnmatch patterns of ``module:function`` the ``python`` op may call;
             empty: no ``python`` op.
         python_envs: interpreters to advertise besides this one.
+        models: models this host serves (plans may require one).
+        accelerator: the accelerator class to advertise instead of the probed one.
+        carbon_zone: the grid zone of this host, e.g. ``FR`` or ``US-CAL-CISO``.
+        kv_blocks, kv_block_tokens: the KV-cache budget, for KV-block admission.
         encoding: ``"msgpack"`` or ``"json"``, offered as the websocket subprotocol.
         reconnect_base_s, reconnect_cap_s: the backoff's first ceiling and its cap.
         kill_grace_s: seconds between SIGTERM and SIGKILL for a cancelled plan's subprocesses.
@@ -125,6 +141,11 @@ class Agent:
         max_frame_bytes: frames are split to stay under this; must not exceed the
             coordinator's limit. Event data and results are limited to it less 4 KiB.
         outbox_limit: the most messages queued for sending (see ``Outbox``).
+        ca_file: CA certificate (PEM) to trust for a ``wss://`` coordinator (default: system CAs).
+        cert_file / key_file: this worker's client certificate and key, for a coordinator
+            that requires mTLS (``--tls-client-ca``).
+        telemetry: energy, carbon and inference-engine figures for hello and heartbeats
+            (worker_agent/telemetry.py); default: none beyond plan counts.
     """
 
     def __init__(
@@ -138,6 +159,11 @@ class Agent:
         allow_shell: bool = False,
         python_allow: Sequence[str] = (),
         python_envs: Sequence[str] = (),
+        models: Sequence[str] = (),
+        accelerator: protocol.messages.Accelerator | None = None,
+        carbon_zone: str = "",
+        kv_blocks: int = 0,
+        kv_block_tokens: int = 0,
         encoding: str = "msgpack",
         reconnect_base_s: float = 0.5,
         reconnect_cap_s: float = 30.0,
@@ -146,6 +172,10 @@ class Agent:
         handshake_timeout_s: float = 10.0,
         max_frame_bytes: int = 1 << 20,
         outbox_limit: int = 10_000,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if encoding not in ENCODING_SUBPROTOCOL:
             raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
@@ -160,6 +190,17 @@ class Agent:
         self.tags = list(tags)
         self.max_concurrency = max_concurrency
         self.python_envs = list(python_envs)
+        if kv_blocks < 0 or kv_block_tokens < 0:
+            raise ValueError(f"kv_blocks and kv_block_tokens must be >= 0, got {kv_blocks} and {kv_block_tokens}")
+        self._advertised: dict[str, Any] = {}  # capabilities the flags set, overriding the probe
+        if models:
+            self._advertised["models"] = list(dict.fromkeys(models))
+        if accelerator is not None:
+            self._advertised["accelerator"] = accelerator
+        if carbon_zone:
+            self._advertised["carbon_zone"] = carbon_zone
+        if kv_blocks:
+            self._advertised.update(kv_blocks=kv_blocks, kv_block_tokens=kv_block_tokens)
         self.encoding: Encoding = encoding
         self.reconnect_base_s = reconnect_base_s
         self.reconnect_cap_s = reconnect_cap_s
@@ -169,10 +210,13 @@ class Agent:
         self.max_frame_bytes = max_frame_bytes
         self.registered = asyncio.Event()  # set on welcome, cleared when the session ends
         self._token = token
+        self._ssl = _client_tls(self.url, ca_file, cert_file, key_file)
         self._handlers: dict[str, Handler] = builtin_handlers(allow_shell=allow_shell, python_allow=python_allow)
         self._codecs: dict[str, Codec] = {}
         self._capabilities: protocol.Capabilities | None = None
         self._plans: dict[str, _PlanRun] = {}
+        self._waiting: dict[str, protocol.Assign] = {}  # prefetched assigns, unstarted, in arrival order
+        self._prefetch = 0  # how many may wait (from welcome)
         self._orphans: set[_PlanRun] = set()  # silenced plans whose tasks are still ending
         self._outbox = Outbox(outbox_limit)
         self._wakeup = asyncio.Event()  # the outbox has something for the writer
@@ -185,6 +229,7 @@ class Agent:
         self._finish_writing = False
         self._handshake_task: asyncio.Future[Any] | None = None
         self._load = LoadTracker()
+        self.telemetry = telemetry or Telemetry()
         self._event_seq = 0
         self._rng = random.Random()
         self._log = log.bind(worker_id=self.worker_id)
@@ -231,6 +276,7 @@ class Agent:
             AuthError: the coordinator answered the handshake with 401 or 403.
         """
         failures = 0
+        await self.telemetry.start()
         try:
             while not self._stopping:
                 registered = False
@@ -252,6 +298,7 @@ class Agent:
         finally:
             self.registered.clear()
             await self._silence_all("worker stopping")
+            await self.telemetry.stop()
 
     def stop(self) -> None:
         """Stop gracefully (see the module docstring); a second call skips the drain wait.
@@ -277,12 +324,14 @@ class Agent:
 
     def _hello(self) -> protocol.Hello:
         if self._capabilities is None:  # GPUs, RAM and CPUs do not change; probe once
-            self._capabilities = probe_capabilities(
+            probed = probe_capabilities(
                 tags=self.tags, max_concurrency=self.max_concurrency, ops=(), python_envs=self.python_envs
             )
+            self._capabilities = msgspec.structs.replace(probed, **self._advertised)  # flags beat the probe
         running = [protocol.RunningPlan(plan_id=r.plan_id, attempt=r.attempt) for r in self._plans.values()]
+        running += [protocol.RunningPlan(plan_id=a.plan_id, attempt=a.attempt) for a in self._waiting.values()]
         running += self._outbox.pending_done()
-        caps = msgspec.structs.replace(self._capabilities, ops=self.ops)
+        caps = self.telemetry.capabilities(msgspec.structs.replace(self._capabilities, ops=self.ops))
         return protocol.Hello(worker_id=self.worker_id, capabilities=caps, running=running, version=_version())
 
     async def _connect_and_serve(self) -> bool:
@@ -317,6 +366,7 @@ class Agent:
                 compression=None,
                 max_size=64 << 20,
                 open_timeout=self.handshake_timeout_s,
+                **({"ssl": self._ssl} if self._ssl is not None else {}),
             )
         except InvalidStatus as exc:
             status = exc.response.status_code
@@ -335,6 +385,7 @@ class Agent:
             raise
         try:
             codec = self._codec(ws.subprotocol)
+            self._outbox.rewind()  # what the last session sent but got no ack for goes first
             self._outbox.discard_heartbeats()
             await ws.send(codec.encode([self._hello()]), text=codec.text)
             early: list[Any] = []
@@ -358,7 +409,9 @@ class Agent:
             raise
 
     def _on_welcome(self, welcome: protocol.Welcome) -> None:
+        self._prefetch = max(0, welcome.prefetch)
         for plan_id in welcome.abandon_plans:
+            self._waiting.pop(plan_id, None)
             run = self._plans.get(plan_id)
             if run is not None:
                 self._silence(run, "abandoned by the coordinator")
@@ -414,22 +467,32 @@ class Agent:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
+            # A few loop turns while the outbox still grows, so a plan that ends at once sends
+            # its accept, events and done as one frame rather than three (one send, one
+            # coordinator wake-up, one frame to the client instead of three of each).
+            for _ in range(COALESCE_TURNS):
+                queued = len(outbox)
+                await asyncio.sleep(0)
+                if len(outbox) == queued:
+                    break
             chunks = encode_frames(codec, outbox.take(MAX_BATCH), self.max_frame_bytes)
-            for index, (frame, _) in enumerate(chunks):
+            for index, (frame, msgs) in enumerate(chunks):
                 try:
                     await ws.send(frame, text=codec.text)
                 except BaseException:
                     outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
                     raise
+                outbox.sent(msgs)  # kept until acked; rewound and re-sent by the next session
 
     async def _heartbeat_loop(self, interval_s: float) -> None:
         while True:
-            self._enqueue(protocol.Heartbeat(load=self._load.snapshot()))
+            self._enqueue(protocol.Heartbeat(load=self.telemetry.load(self._load.snapshot())))
             await asyncio.sleep(interval_s * self._rng.uniform(0.9, 1.1))
 
     async def _leave(self, ws: ClientConnection, reader: asyncio.Future[None], writer: asyncio.Future[None]) -> None:
         """Graceful stop while connected: drain, hand back what is left, goodbye, close."""
         self._log.info("stopping", running=len(self._plans), drain_timeout_s=self.drain_timeout_s)
+        self._hand_back_waiting(f"worker {self.worker_id} is stopping")
         if self._plans and self.drain_timeout_s > 0:
             idle = asyncio.ensure_future(self._idle.wait())
             now = asyncio.ensure_future(self._stop_now.wait())
@@ -450,6 +513,9 @@ class Agent:
     # ------------------------------------------------------------------ dispatch (no awaits)
 
     def _enqueue(self, msg: Any) -> None:
+        if isinstance(msg, _NUMBERED):  # one counter for every plan message: the coordinator acks up to it
+            self._event_seq += 1
+            msg.seq = self._event_seq
         if self._outbox.append(msg):
             self._log.warning("outbox full: dropped old events", dropped_total=self._outbox.dropped)
         self._wakeup.set()
@@ -465,10 +531,14 @@ class Agent:
             case protocol.Drain():
                 self._draining = True
                 self._log.info("draining: new plans will be rejected", deadline_s=msg.deadline_s)
+                self._hand_back_waiting(f"worker {self.worker_id} is draining")
+            case protocol.Undrain():
+                self._draining = False
+                self._log.info("undrained: taking new plans again")
             case protocol.Revoke():
-                pass  # plans start on assign, so a revoke always finds it started (or unknown)
+                self._on_revoke(msg)
             case protocol.Ack():
-                pass  # v1 keeps no replay buffer to trim
+                self._outbox.ack(msg.seq)
             case protocol.Welcome():
                 self._log.warning("ignored a second welcome")
             case DecodeFailure():
@@ -481,6 +551,11 @@ class Agent:
         self._enqueue(protocol.Reject(plan_id=assign.plan_id, attempt=assign.attempt, code=code, reason=reason))
 
     def _on_assign(self, assign: protocol.Assign) -> None:
+        waiting = self._waiting.get(assign.plan_id)
+        if waiting is not None:
+            if assign.attempt <= waiting.attempt:
+                return  # a repeated (or older) assign of a plan waiting here
+            del self._waiting[assign.plan_id]  # superseded; the newer attempt is handled below
         current = self._plans.get(assign.plan_id)
         if current is not None:
             if assign.attempt == current.attempt:
@@ -498,9 +573,40 @@ class Agent:
             self._reject(assign, errors.UNKNOWN_OP, reason)
             return
         if len(self._plans) >= self.max_concurrency:
+            if len(self._waiting) < self._prefetch:
+                self._waiting[assign.plan_id] = assign  # accepted when it starts
+                self._load.queued = len(self._waiting)
+                return
             self._reject(assign, REJECTED, f"worker {self.worker_id} is running {len(self._plans)} plans (max)")
             return
         self._start(assign, handler)
+
+    def _start_waiting(self) -> None:
+        """Start prefetched plans, oldest first, while slots are free."""
+        while self._waiting and len(self._plans) < self.max_concurrency and not self._stopping:
+            plan_id = next(iter(self._waiting))
+            assign = self._waiting.pop(plan_id)
+            handler = self._handlers.get(assign.op)
+            if handler is None:  # removed since it was queued
+                self._reject(assign, errors.UNKNOWN_OP, f"worker {self.worker_id} has no handler for op {assign.op!r}")
+                continue
+            self._start(assign, handler)
+        self._load.queued = len(self._waiting)
+
+    def _on_revoke(self, revoke: protocol.Revoke) -> None:
+        waiting = self._waiting.get(revoke.plan_id)
+        if waiting is None or waiting.attempt != revoke.attempt:
+            return  # started (the coordinator sees our accept) or not ours: the revoke is refused
+        del self._waiting[revoke.plan_id]
+        self._load.queued = len(self._waiting)
+        self._reject(waiting, errors.REVOKED, "revoked before it started")
+
+    def _hand_back_waiting(self, reason: str) -> None:
+        """Give every prefetched plan back to the coordinator (draining or stopping)."""
+        for assign in list(self._waiting.values()):
+            self._reject(assign, REJECTED, reason)
+        self._waiting.clear()
+        self._load.queued = 0
 
     def _start(self, assign: protocol.Assign, handler: Handler) -> None:
         loop = asyncio.get_running_loop()
@@ -518,6 +624,7 @@ class Agent:
         self._plans[run.plan_id] = run
         self._idle.clear()
         self._load.started()
+        self.telemetry.plan_started(run.plan_id)
         self._enqueue(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
         run.task = loop.create_task(self._run_plan(run, handler, assign.args, assign.timeout_s))
         run.task.add_done_callback(functools.partial(self._plan_finished, run))
@@ -530,15 +637,13 @@ class Agent:
     def _on_event(self, run: _PlanRun, kind: str, data: Any, ephemeral: bool) -> None:
         if run.silent:
             return
-        self._event_seq += 1
-        self._enqueue(
-            protocol.Event(
-                plan_id=run.plan_id, kind=kind, data=data, seq=self._event_seq, attempt=run.attempt, ephemeral=ephemeral
-            )
+        self._enqueue(  # _enqueue numbers it
+            protocol.Event(plan_id=run.plan_id, kind=kind, data=data, attempt=run.attempt, ephemeral=ephemeral)
         )
 
     def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
         self._load.finished(asyncio.get_running_loop().time() - run.started_at)
+        self.telemetry.plan_finished(run.plan_id, run.ctx.tokens)
         run.ctx._close()
         self._orphans.discard(run)
         if self._plans.get(run.plan_id) is run:
@@ -556,8 +661,15 @@ class Agent:
         else:
             done = task.result()
         self._enqueue(done)
+        self._start_waiting()
 
     def _on_cancel(self, cancel: protocol.Cancel) -> None:
+        waiting = self._waiting.get(cancel.plan_id)
+        if waiting is not None and (not cancel.attempt or cancel.attempt == waiting.attempt):
+            del self._waiting[cancel.plan_id]
+            self._load.queued = len(self._waiting)
+            self._enqueue(protocol.Done(plan_id=waiting.plan_id, attempt=waiting.attempt, outcome="cancelled"))
+            return
         run = self._plans.get(cancel.plan_id)
         if run is None or (cancel.attempt and cancel.attempt != run.attempt) or run.cancel_requested:
             return  # not ours, or already stopping (a second task.cancel would cut the kill grace short)
@@ -568,6 +680,9 @@ class Agent:
 
     def _on_error(self, error: protocol.Error) -> None:
         if error.code == errors.STALE_LEASE and error.plan_id:
+            waiting = self._waiting.get(error.plan_id)
+            if waiting is not None and (not error.attempt or error.attempt == waiting.attempt):
+                del self._waiting[error.plan_id]
             run = self._plans.get(error.plan_id)
             if run is not None and (not error.attempt or error.attempt == run.attempt):
                 self._silence(run, "stale lease")
@@ -589,10 +704,34 @@ class Agent:
             self._orphans.add(run)
             run.ctx._mark_cancelled()
             run.task.cancel()
+        self._start_waiting()
 
     async def _silence_all(self, reason: str) -> None:
+        self._waiting.clear()  # no session to hand them back on: the coordinator requeues them as lost
         for run in list(self._plans.values()):
             self._silence(run, reason)
         tasks = [run.task for run in self._orphans if run.task is not None]
         if tasks:  # let cancelled handlers kill their subprocesses before run() returns
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _client_tls(url: str, ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    """The TLS context for a ``wss://`` URL, or None to use websockets' default (system CAs).
+
+    Raises:
+        ValueError: a file cannot be loaded, a key without a certificate, or TLS files for
+            a ``ws://`` URL (they would be silently ignored).
+    """
+    if ca_file is None and cert_file is None:
+        return None
+    if not url.startswith("wss://"):
+        raise ValueError(f"--ca-file/--tls-cert need a wss:// coordinator URL, got {url!r}")
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("a client certificate needs both --tls-cert and --tls-key")
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+        if cert_file is not None:
+            context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load TLS files ({ca_file or '-'}, {cert_file or '-'}): {exc}") from None
+    return context

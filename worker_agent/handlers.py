@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import functools
 import importlib
 import inspect
 import os
@@ -108,17 +109,24 @@ class Context:
         self.args = args
         self.kill_grace_s = kill_grace_s
         self.max_payload_bytes = max_payload_bytes
-        self.log = log.bind(worker_id=worker_id, plan_id=plan_id, attempt=attempt)
         self._sink = sink
         self._loop = loop or asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._cancelled = threading.Event()
+        # A plain flag, not a threading.Event: one per plan is on the hot path, and reading
+        # or setting one attribute is atomic, which is all a polling sync handler needs.
+        self._cancelled = False
         self._closed = False
+        self.tokens = 0  # generated tokens the handler reported (report_tokens): energy per token
+
+    @functools.cached_property
+    def log(self) -> Any:
+        """A structlog logger bound to this plan's ids (built on first use: most plans never log)."""
+        return log.bind(worker_id=self.worker_id, plan_id=self.plan_id, attempt=self.attempt)
 
     @property
     def cancelled(self) -> bool:
         """True once the plan was cancelled or timed out; sync handlers should poll it and return."""
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def emit(self, kind: str, data: Any = None, *, ephemeral: bool = False) -> None:
         """Send an event of this plan. Thread-safe.
@@ -156,13 +164,20 @@ class Context:
         if not self._closed:  # events racing the plan's end (from a thread) are dropped
             self._sink(kind, data, ephemeral)
 
+    def report_tokens(self, count: int) -> None:
+        """Count ``count`` more generated tokens for this plan; the agent divides the plan's
+        measured GPU energy by them (worker_agent/energy.py). Call it from the handler's own
+        thread or task only: the count is a plain integer with a single writer."""
+        if count > 0:
+            self.tokens += count
+
     def _mark_cancelled(self) -> None:
-        self._cancelled.set()
+        self._cancelled = True
 
     def _close(self) -> None:
         """The plan ended: later events (from a thread still running) are dropped."""
         self._closed = True
-        self._cancelled.set()
+        self._cancelled = True
 
 
 # --------------------------------------------------------------------------- running a plan
@@ -198,16 +213,20 @@ async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float 
     Never raises for anything the handler does; cancelling the calling task yields
     ``outcome="cancelled"``.
     """
-    deadline = asyncio.timeout(timeout_s)
+    # No timeout, no timeout context: most plans have none and this runs once per plan.
+    deadline = asyncio.timeout(timeout_s) if timeout_s is not None else None
     try:
-        async with deadline:
+        if deadline is None:
             result = await call_handler(fn, ctx, args)
+        else:
+            async with deadline:
+                result = await call_handler(fn, ctx, args)
         _check_payload("the result", result, ctx.max_payload_bytes)
     except asyncio.CancelledError:
         ctx._mark_cancelled()
         return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="cancelled")
     except TimeoutError as exc:
-        if not deadline.expired():
+        if deadline is None or not deadline.expired():
             return _handler_exception(ctx, exc)
         ctx._mark_cancelled()
         return _failed(ctx, errors.TIMEOUT, f"the plan did not finish within its timeout of {timeout_s:g} s")

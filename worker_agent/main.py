@@ -16,6 +16,7 @@ import sys
 
 from worker_agent.agent import Agent, AuthError
 from worker_agent.handlers import Handler, load_handler_spec
+from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry_from_args
 
 
 def _positive_int(text: str) -> int:
@@ -36,6 +37,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``fleetwire worker`` flags to ``parser``."""
     parser.add_argument("--url", help="coordinator URL, ws://host:port (default: $FLEETWIRE_URL)")
     parser.add_argument("--token", help="worker token (default: $FLEETWIRE_TOKEN)")
+    parser.add_argument("--ca-file", metavar="PEM", help="CA to trust for a wss:// URL (default: $FLEETWIRE_CA_FILE)")
+    parser.add_argument("--tls-cert", metavar="PEM", help="client certificate, for a coordinator that requires mTLS")
+    parser.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     parser.add_argument("--id", dest="worker_id", help="worker id (default: <hostname>-<pid>)")
     parser.add_argument(
         "--tags", action="append", default=[], metavar="A,B", help="comma-separated tags plans can require (repeatable)"
@@ -74,6 +78,20 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM/SIGINT, how long running plans may finish before they are handed back (a second signal: now)",
     )
     parser.add_argument("--reconnect-cap", type=_positive_float, default=30.0, metavar="S", help="largest backoff")
+    parser.add_argument(
+        "--model", action="append", default=[], metavar="NAME", help="a model this host serves (repeatable)"
+    )
+    parser.add_argument(
+        "--accelerator", choices=("cpu", "gpu", "tpu", "npu", "mixed"), help="accelerator class (default: probed)"
+    )
+    parser.add_argument("--carbon-zone", default="", metavar="ZONE", help="grid zone of this host, e.g. FR")
+    parser.add_argument("--kv-blocks", type=_positive_int, default=0, metavar="N", help="KV-cache block budget")
+    parser.add_argument(
+        "--kv-block-tokens", type=_positive_int, default=16, metavar="N", help="tokens per KV block (default 16)"
+    )
+
+
+    add_telemetry_arguments(parser)  # energy, carbon and --inference-url (worker_agent/telemetry.py)
 
 
 def _tags(values: list[str]) -> list[str]:
@@ -99,6 +117,7 @@ async def run_worker(ns: argparse.Namespace) -> int:
             _error(str(exc))
             return 2
     try:
+        telemetry: Telemetry = telemetry_from_args(ns)
         agent = Agent(
             url,
             token,
@@ -108,13 +127,24 @@ async def run_worker(ns: argparse.Namespace) -> int:
             allow_shell=ns.allow_shell,
             python_allow=ns.python_allow,
             python_envs=ns.python_env,
+            models=ns.model,
+            accelerator=ns.accelerator,
+            carbon_zone=ns.carbon_zone,
+            kv_blocks=ns.kv_blocks,
+            kv_block_tokens=ns.kv_block_tokens,
             reconnect_base_s=ns.reconnect_base,
             reconnect_cap_s=max(ns.reconnect_cap, ns.reconnect_base),
             drain_timeout_s=ns.drain_timeout,
+            telemetry=telemetry,
+            ca_file=ns.ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None,
+            cert_file=ns.tls_cert,
+            key_file=ns.tls_key,
         )
     except ValueError as exc:
         _error(str(exc))
         return 2
+    if telemetry.engine is not None:  # op "generate" streams from the OpenAI-compatible server
+        agent.add_handler("generate", telemetry.engine.generate)
     for name, fn in handlers:
         agent.add_handler(name, fn)
 

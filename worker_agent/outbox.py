@@ -6,6 +6,14 @@ past its limit, it sheds in this order: stale heartbeats, then the oldest epheme
 (down to 90 % of the limit, so shedding is amortised), then the oldest durable events (down to
 the limit). ``accept``, ``reject``, ``done`` and ``goodbye`` are never shed: each plan has at
 most a few of them, and losing one would leave the coordinator's plan state wrong.
+
+Acknowledgement (docs/SEMANTICS.md §Durability). Plan messages (``accept``, ``reject``, ``event``,
+``done``) carry the worker's ``seq``. Once sent they move to the *unacked* list until the
+coordinator's ``ack(seq)`` says they are recorded (:meth:`Outbox.ack`); :meth:`Outbox.rewind`
+puts whatever is still unacked back in front of the queue for the next session, so a message
+the coordinator never recorded (a dropped connection, a coordinator crash) is sent again, and
+the coordinator drops the copies it already has. The unacked list has the same bound and
+shedding order as the queue.
 """
 
 from __future__ import annotations
@@ -35,6 +43,12 @@ class Outbox:
         self.limit = limit
         self.dropped = 0
         self._items: deque[Any] = deque()
+        self._unacked: deque[Any] = deque()  # sent plan messages (seq > 0) not yet acknowledged
+
+    @property
+    def unacked(self) -> int:
+        """Plan messages sent and not yet acknowledged."""
+        return len(self._unacked)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -63,6 +77,29 @@ class Outbox:
         if len(self._items) > self.limit:
             self._shed()
 
+    def sent(self, msgs: Iterable[Any]) -> None:
+        """``msgs`` went out: keep the numbered ones until they are acknowledged."""
+        self._unacked.extend(m for m in msgs if getattr(m, "seq", 0) > 0 and not isinstance(m, protocol.Heartbeat))
+        if len(self._unacked) > self.limit:
+            before = len(self._unacked)
+            self._unacked = _shed_events(self._unacked, self.limit)
+            self.dropped += before - len(self._unacked)
+
+    def ack(self, seq: int) -> int:
+        """The coordinator recorded everything up to ``seq``: forget it. Returns how many were dropped."""
+        kept = deque(m for m in self._unacked if m.seq > seq)
+        dropped = len(self._unacked) - len(kept)
+        self._unacked = kept
+        return dropped
+
+    def rewind(self) -> None:
+        """A new session starts: everything unacknowledged goes back in front of the queue, in order."""
+        if self._unacked:
+            self._items.extendleft(reversed(self._unacked))
+            self._unacked.clear()
+            if len(self._items) > self.limit:
+                self._shed()
+
     def discard_heartbeats(self) -> None:
         """Drop queued heartbeats: they describe a session that is over."""
         if any(isinstance(m, protocol.Heartbeat) for m in self._items):
@@ -77,12 +114,13 @@ class Outbox:
             return attempt is not None and getattr(m, "attempt", None) != attempt
 
         self._items = deque(m for m in self._items if keep(m))
+        self._unacked = deque(m for m in self._unacked if keep(m))
 
     def pending_done(self) -> list[protocol.RunningPlan]:
         """Plans whose ``done`` is queued (they finished while the worker was disconnected)."""
         return [
             protocol.RunningPlan(plan_id=m.plan_id, attempt=m.attempt)
-            for m in self._items
+            for m in (*self._unacked, *self._items)
             if isinstance(m, protocol.Done)
         ]
 
@@ -108,6 +146,22 @@ class Outbox:
                 kept.append(m)
         self._items = kept
         return count
+
+
+def _shed_events(items: deque[Any], limit: int) -> deque[Any]:
+    """``items`` cut to ``limit`` by dropping the oldest ephemeral events, then the oldest events."""
+    excess = len(items) - limit
+    for droppable in (lambda m: isinstance(m, protocol.Event) and m.ephemeral, lambda m: isinstance(m, protocol.Event)):
+        if excess <= 0:
+            break
+        kept: deque[Any] = deque()
+        for m in items:
+            if excess > 0 and droppable(m):
+                excess -= 1
+            else:
+                kept.append(m)
+        items = kept
+    return items
 
 
 def encode_frames(codec: Codec, msgs: list[Any], max_frame_bytes: int) -> list[tuple[bytes, list[Any]]]:

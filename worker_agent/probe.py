@@ -12,53 +12,22 @@ import os
 import socket
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # no stubs in the runtime deps
 import structlog
 
 import protocol
+from worker_agent import energy
 
 log = structlog.get_logger(__name__)
 
 
-def _text(value: Any) -> str:
-    """NVML strings are ``bytes`` in older bindings and ``str`` in newer ones."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 def probe_gpus() -> list[protocol.GpuInfo]:
-    """The GPUs NVML reports, or ``[]`` when NVML is missing or finds none."""
-    try:
-        import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py ships no type information
-    except Exception as exc:  # ImportError, or a broken install: either way, no GPUs
-        log.debug("nvml unavailable", reason=f"{type(exc).__name__}: {exc}")
-        return []
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded on CPU hosts
-        log.debug("nvml unavailable", reason=f"{type(exc).__name__}: {exc}")
-        return []
-    gpus: list[protocol.GpuInfo] = []
-    try:
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            gpus.append(
-                protocol.GpuInfo(
-                    name=_text(pynvml.nvmlDeviceGetName(handle)),
-                    memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    index=index,
-                )
-            )
-    except Exception as exc:  # a device that fails mid-probe: report what was read
-        log.debug("nvml device query failed", reason=f"{type(exc).__name__}: {exc}", found=len(gpus))
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception as exc:  # shutdown failing must not hide the devices already read
-            log.debug("nvml shutdown failed", reason=f"{type(exc).__name__}: {exc}")
-    return gpus
+    """The GPUs (and MIG instances) NVML reports, or ``[]`` when NVML is missing or finds none.
+
+    The NVML code lives in ``worker_agent/energy.py``, with the power probes.
+    """
+    return energy.probe_gpus()
 
 
 def _unique(items: Iterable[str]) -> list[str]:

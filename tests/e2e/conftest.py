@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -71,10 +72,15 @@ class Cluster:
     def __init__(self) -> None:
         self.procs: list[Proc] = []
         self.url = ""
+        # The coordinators of one cluster share a fresh store directory (a restart finds the plans);
+        # no test ever touches the user's default one.
+        self._data_dir = tempfile.TemporaryDirectory(prefix="fleetwire-e2e-")
+        self.data_dir = self._data_dir.name
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_")}
-        env.update({"FLEETWIRE_URL": self.url, "FLEETWIRE_TOKEN": CLIENT_TOKEN, "PYTHONUNBUFFERED": "1"})
+        env.update({"FLEETWIRE_URL": self.url, "FLEETWIRE_TOKEN": CLIENT_TOKEN, "PYTHONUNBUFFERED": "1",
+                    "FLEETWIRE_DATA_DIR": self.data_dir})  # fmt: skip
         env.update(extra)
         return env
 
@@ -116,6 +122,7 @@ class Cluster:
             except TimeoutError:
                 p.stop(signal.SIGKILL)
                 await p.wait(5)
+        self._data_dir.cleanup()
 
 
 @pytest.fixture

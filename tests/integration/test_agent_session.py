@@ -171,17 +171,18 @@ async def test_hello_welcome_heartbeat_assign_events_done(coordinator: FakeCoord
         assert beat.load.in_flight == 0
 
         await coordinator.send(assign("p1", "echo", {"n": 1}))
-        assert await coordinator.expect(protocol.Accept) == protocol.Accept(plan_id="p1", attempt=1)
+        assert await coordinator.expect(protocol.Accept) == protocol.Accept(plan_id="p1", attempt=1, seq=1)
         event = await coordinator.expect(protocol.Event)
-        assert (event.plan_id, event.attempt, event.kind, event.data, event.ephemeral) == (
+        assert (event.plan_id, event.attempt, event.kind, event.data, event.ephemeral, event.seq) == (
             "p1",
             1,
             "echo",
             {"n": 1},
             False,
+            2,
         )
         done = await coordinator.expect(protocol.Done)
-        assert done == protocol.Done(plan_id="p1", attempt=1, outcome="succeeded", result={"n": 1})
+        assert done == protocol.Done(plan_id="p1", attempt=1, outcome="succeeded", result={"n": 1}, seq=3)
 
 
 async def test_unknown_op_is_rejected(coordinator: FakeCoordinator) -> None:
@@ -249,10 +250,11 @@ async def test_reconnect_lists_the_running_plan_in_hello(coordinator: FakeCoordi
     async with running(agent):
         await coordinator.register(agent)
         await coordinator.send(assign("p1", "sleep", {"seconds": 30}, attempt=2))
-        await coordinator.expect(protocol.Accept)
+        accept = await coordinator.expect(protocol.Accept)
         await coordinator.sessions[0].close()
         hello = await coordinator.register(agent, session=1, continue_plans=["p1"])
         assert hello.running == [protocol.RunningPlan(plan_id="p1", attempt=2)]
+        assert await coordinator.expect(protocol.Accept, session=1) == accept  # never acked: sent again
         await coordinator.send(protocol.Cancel(plan_id="p1", attempt=2))
         done = await coordinator.expect(protocol.Done, session=1)
         assert (done.plan_id, done.attempt, done.outcome) == ("p1", 2, "cancelled")
@@ -274,9 +276,31 @@ async def test_messages_from_while_disconnected_are_sent_after_welcome(coordinat
         gate.open.set()
         await asyncio.wait_for(gate.finished.wait(), 5)
         await coordinator.send(protocol.Welcome(worker_id="w1", heartbeat_interval_s=5, heartbeat_timeout_s=15))
+        # The unacknowledged accept and first event come again first, then what was produced offline.
+        assert (await coordinator.expect(protocol.Accept, session=1)).seq == 1
+        assert (await coordinator.expect(protocol.Event, session=1)).kind == "started"
         assert (await coordinator.expect(protocol.Event, session=1)).kind == "finished"
         done = await coordinator.expect(protocol.Done, session=1)
-        assert (done.plan_id, done.outcome, done.result) == ("p1", "succeeded", "opened")
+        assert (done.plan_id, done.outcome, done.result, done.seq) == ("p1", "succeeded", "opened", 4)
+
+
+async def test_acknowledged_messages_are_not_sent_again(coordinator: FakeCoordinator) -> None:
+    """After ack(seq), a new session re-sends only the plan messages above seq."""
+    agent = make_agent(coordinator.url)
+    gate = Gate()
+    agent.add_handler("gated", gate)
+    async with running(agent):
+        await coordinator.register(agent)
+        await coordinator.send(assign("p1", "gated"))
+        accept = await coordinator.expect(protocol.Accept)
+        started = await coordinator.expect(protocol.Event)
+        await coordinator.send(protocol.Ack(seq=accept.seq))
+        await coordinator.send(assign("p2", "echo"))  # answered after the ack was read
+        p2 = [await coordinator.expect(cls) for cls in (protocol.Accept, protocol.Event, protocol.Done)]
+        await coordinator.sessions[0].close()
+        await coordinator.register(agent, session=1, continue_plans=["p1"])
+        resent = [await coordinator.expect(cls, session=1) for cls in (protocol.Event, *map(type, p2))]
+        assert resent == [started, *p2]  # p1's accept (acked) is not sent again; everything after it is
 
 
 async def test_abandoned_plan_is_cancelled_without_done(coordinator: FakeCoordinator) -> None:

@@ -537,8 +537,8 @@ def test_stale_attempt_is_dropped_and_answered(h: Harness) -> None:
     assert h.state(plan_id) == "succeeded"
 
 
-def test_other_workers_lease_is_stale(h: Harness) -> None:
-    """A worker cannot finish a plan leased to another worker."""
+def test_other_workers_lease_is_forbidden(h: Harness) -> None:
+    """A worker that finishes a plan leased to another worker is closed 4403; the plan is untouched."""
     h.worker("w1")
     w2 = h.worker("w2")
     c = h.client()
@@ -546,7 +546,8 @@ def test_other_workers_lease_is_stale(h: Harness) -> None:
     assert h.core.plans[plan_id].worker_id == "w1"
     h.take(w2)
     h.send(w2, Done(plan_id=plan_id, attempt=1, outcome="succeeded"))
-    assert only(h.take(w2), Error).code == errors.STALE_LEASE
+    assert h.take(w2) == []
+    assert [(conn, code) for conn, code, _ in h.closes] == [(w2, errors.CLOSE_FORBIDDEN)]
     assert h.state(plan_id) == "leased"
 
 
@@ -888,11 +889,14 @@ def test_too_many_protocol_errors_close_4400(h: Harness) -> None:
     assert h.take(c) == []
 
 
-def test_message_of_the_other_role_is_unknown_type(h: Harness) -> None:
-    """A worker message on a client session is answered unknown_type."""
+def test_message_of_the_other_role_is_forbidden(h: Harness) -> None:
+    """A worker message on a client session closes it 4403; a type of neither role is unknown_type."""
     c = h.client()
-    h.send(c, Heartbeat())
+    h.send(c, DecodeFailure(errors.UNKNOWN_TYPE, "unknown message type 'welcome'", 3, "welcome"))
     assert only(h.take(c), Error).code == errors.UNKNOWN_TYPE
+    h.send(c, Heartbeat())
+    assert h.take(c) == []
+    assert [(conn, code) for conn, code, _ in h.closes] == [(c, errors.CLOSE_FORBIDDEN)]
 
 
 def test_close_session_is_idempotent(h: Harness) -> None:

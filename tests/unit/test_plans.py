@@ -91,6 +91,8 @@ def test_table_matches_the_semantics() -> None:
             (state, "worker_lost"): "queued",
             (state, "worker_lost.final"): "failed",
             (state, "cancel"): "cancelled",
+            (state, "retry"): "queued",
+            (state, "handback"): "queued",
         }
     assert expected == TRANSITIONS
 

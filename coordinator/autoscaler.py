@@ -1,0 +1,238 @@
+"""The autoscaler: how many workers each pool should have (Ray Serve's rule), with no I/O.
+
+Rules (docs/ROUTING.md §Autoscaler):
+
+* A *pool* is the set of workers that meet one requirement signature (op, tags, accelerator,
+  model, GPU memory, python env). Its *ongoing* count is its queued plans plus the leased and
+  running plans it holds.
+* desired = clamp(ceil(ongoing / target_per_worker), min_workers, max_workers).
+* The autoscaler remembers a *target* per pool (at first sight: the alive workers it has).
+  A desired count above the target must hold for ``upscale_delay_s``, one below it for
+  ``downscale_delay_s``, before it is acted on; the level acted on is the one that held the
+  whole time (the smallest desired count seen while scaling up, the largest while scaling
+  down). A signal that crosses back resets the wait, so a noisy signal never makes it flap.
+* No action within ``cooldown_s`` of the pool's previous one.
+* An action is a :class:`Decision`; the target becomes its ``desired``. The core sends it to
+  admin sessions that follow all plans, as an ``event`` with ``plan_id`` "" and kind
+  ``autoscale``, and the server runs the operator's hook command with it as JSON on stdin.
+  Starting or stopping workers is the hook's job: fleetwire does not own machines.
+
+Time comes in as ``now``; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from coordinator.plans import Plan
+from coordinator.queue import PlanQueue, Signature
+from coordinator.registry import WorkerRegistry
+
+__all__ = ["AutoscaleConfig", "Autoscaler", "Decision", "PoolSignal", "pool_name", "pool_signals"]
+
+
+@dataclass(frozen=True)
+class AutoscaleConfig:
+    """Autoscaler settings (``fleetwire coordinator --autoscale-*``)."""
+
+    target_per_worker: float = 4.0  # ongoing plans one worker should carry
+    min_workers: int = 0
+    max_workers: int = 64
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    cooldown_s: float = 60.0
+    interval_s: float = 1.0  # how often the signal is sampled
+
+    def check(self) -> None:
+        """Raise ``ValueError`` with an actionable message when a setting cannot work."""
+        if not self.target_per_worker > 0:
+            raise ValueError(f"autoscale target per worker must be > 0, got {self.target_per_worker}")
+        if not 0 <= self.min_workers <= self.max_workers:
+            raise ValueError(
+                f"autoscale bounds must satisfy 0 <= min ({self.min_workers}) <= max ({self.max_workers})"
+            )
+        for name in ("upscale_delay_s", "downscale_delay_s", "cooldown_s", "interval_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"autoscale {name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class PoolSignal:
+    """One pool's figures at one instant."""
+
+    ongoing: int  # queued + leased + running plans of the pool
+    current: int  # alive workers in the pool
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Scale ``pool`` from ``current`` (its target so far) to ``desired`` workers."""
+
+    pool: str
+    action: Literal["scale_up", "scale_down"]
+    current: int
+    desired: int
+    ongoing: int
+    alive: int
+    at_s: float
+    held_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The decision as the JSON object admins and the hook command receive."""
+        return {
+            "pool": self.pool,
+            "action": self.action,
+            "current": self.current,
+            "desired": self.desired,
+            "ongoing": self.ongoing,
+            "alive": self.alive,
+            "at_s": round(self.at_s, 3),
+            "held_s": round(self.held_s, 3),
+        }
+
+
+@dataclass
+class _PoolState:
+    target: int
+    up_since: float | None = None
+    down_since: float | None = None
+    held: int = 0  # the level that held during the current wait
+    last_action_s: float | None = None
+    last: PoolSignal = field(default_factory=lambda: PoolSignal(0, 0))
+
+
+class Autoscaler:
+    """Per-pool desired worker counts from the ongoing load; see the module docstring.
+
+    Args:
+        config: settings.
+    """
+
+    def __init__(self, config: AutoscaleConfig) -> None:
+        config.check()
+        self.config = config
+        self.decisions_made = 0
+        self._pools: dict[str, _PoolState] = {}
+        self._next_sample_s: float | None = None
+
+    def due(self, now: float) -> bool:
+        """Whether ``interval_s`` has passed since the last sample (the core samples only then)."""
+        if self._next_sample_s is not None and now < self._next_sample_s:
+            return False
+        self._next_sample_s = now + self.config.interval_s
+        return True
+
+    def desired(self, ongoing: int) -> int:
+        """clamp(ceil(ongoing / target_per_worker), min_workers, max_workers)."""
+        c = self.config
+        return min(c.max_workers, max(c.min_workers, math.ceil(ongoing / c.target_per_worker)))
+
+    def desired_replicas(self) -> dict[str, int]:
+        """The target worker count of every pool seen (read by ``/metrics``)."""
+        return {name: state.target for name, state in self._pools.items()}
+
+    def observe(self, now: float, signals: Mapping[str, PoolSignal]) -> list[Decision]:
+        """Take one sample of every pool; returns the decisions it makes now.
+
+        A pool seen before but absent from ``signals`` has nothing ongoing; it is forgotten
+        once its target is back at ``min_workers``.
+        """
+        decisions: list[Decision] = []
+        for name in sorted(set(self._pools) | set(signals)):
+            signal = signals.get(name)
+            state = self._pools.get(name)
+            if state is None:
+                assert signal is not None
+                state = self._pools[name] = _PoolState(target=signal.current)
+            if signal is None:
+                if state.target <= self.config.min_workers:
+                    del self._pools[name]
+                    continue
+                signal = PoolSignal(0, state.last.current)
+            state.last = signal
+            decision = self._step(name, state, signal, now)
+            if decision is not None:
+                decisions.append(decision)
+        return decisions
+
+    def _step(self, name: str, state: _PoolState, signal: PoolSignal, now: float) -> Decision | None:
+        c = self.config
+        desired = self.desired(signal.ongoing)
+        if desired > state.target:
+            state.down_since = None
+            if state.up_since is None:
+                state.up_since, state.held = now, desired
+            state.held = min(state.held, desired)
+            since, delay = state.up_since, c.upscale_delay_s
+        elif desired < state.target:
+            state.up_since = None
+            if state.down_since is None:
+                state.down_since, state.held = now, desired
+            state.held = max(state.held, desired)
+            since, delay = state.down_since, c.downscale_delay_s
+        else:
+            state.up_since = state.down_since = None
+            return None
+        if now - since < delay:
+            return None
+        if state.last_action_s is not None and now - state.last_action_s < c.cooldown_s:
+            return None
+        decision = Decision(
+            pool=name,
+            action="scale_up" if state.held > state.target else "scale_down",
+            current=state.target,
+            desired=state.held,
+            ongoing=signal.ongoing,
+            alive=signal.current,
+            at_s=now,
+            held_s=now - since,
+        )
+        state.target = state.held
+        state.up_since = state.down_since = None
+        state.last_action_s = now
+        self.decisions_made += 1
+        return decision
+
+
+def pool_name(signature: Signature) -> str:
+    """A pool's name: its signature in words, e.g. ``op=generate tags=gpu model=llama-3-8b``."""
+    parts = [f"op={signature.op}"]
+    if signature.tags:
+        parts.append("tags=" + ",".join(signature.tags))
+    if signature.accelerator is not None:
+        parts.append(f"accelerator={signature.accelerator}")
+    if signature.model is not None:
+        parts.append(f"model={signature.model}")
+    if signature.min_gpu_memory_bytes:
+        parts.append(f"min_gpu_memory_bytes={signature.min_gpu_memory_bytes}")
+    if signature.python_env is not None:
+        parts.append(f"python_env={signature.python_env}")
+    return " ".join(parts)
+
+
+def pool_signals(
+    queue: PlanQueue, registry: WorkerRegistry, plans: Mapping[str, Plan], now: float
+) -> dict[str, PoolSignal]:
+    """Every pool with ongoing plans: queued ones from the queue, leased/running ones from the leases.
+
+    Cost: one pass over the queue and one over the leases, never over finished plans.
+    """
+    ongoing: dict[Signature, int] = {}
+    for signature, count in queue.counts().items():
+        key = signature._replace(avoid=())
+        ongoing[key] = ongoing.get(key, 0) + count
+    for worker in registry:
+        for plan_id in worker.leases:
+            plan = plans.get(plan_id)
+            if plan is not None and not plan.terminal:
+                key = Signature.of(plan.op, plan.requirements)
+                ongoing[key] = ongoing.get(key, 0) + 1
+    signals: dict[str, PoolSignal] = {}
+    for signature, count in ongoing.items():
+        members = registry.matching(signature, signature.meets)
+        current = sum(1 for w in members if not w.draining and registry.is_alive(w.id, now))
+        signals[pool_name(signature)] = PoolSignal(ongoing=count, current=current)
+    return signals

@@ -1,0 +1,161 @@
+"""Group commit: records written off the event loop, replies released only after their commit.
+
+Theory of operation. The server hands each batch of records to :meth:`GroupCommitter.submit`
+together with a *payload* (the frames and closes of the same core step) and gets nothing
+back: the payload is released (``release(payload)``) once the batch is durable. Payloads
+are released strictly in submit order, and a payload with no records (:meth:`after`) waits
+behind every batch submitted before it, so no frame ever overtakes a frame that depends on a
+record (docs/SEMANTICS.md §Durability: ``accepted`` only after the plan is recorded).
+
+With a blocking store (SQLite) one writer thread takes *every* batch queued since its last
+transaction and writes them as one transaction: while a commit is being fsynced, the next
+group builds up, so the fsync rate stays at what the disk does whatever the message rate.
+With a non-blocking store (memory) ``submit`` writes at once and releases at once.
+
+A failed write is fatal to the coordinator (``on_failure``): the in-memory state is then ahead
+of the store, and carrying on would acknowledge what a restart would lose. Nothing of the
+failed group, or after it, is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+import structlog
+
+from coordinator.records import Record
+from coordinator.store import Store
+
+__all__ = ["GroupCommitter"]
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+_STOP = object()
+
+
+class GroupCommitter(Generic[T]):
+    """Writes record batches through ``store`` and releases their payloads, in order, once committed.
+
+    Args:
+        store: where records go.
+        release: called on the event loop with each payload once its batch (and every
+            earlier one) is committed.
+        on_failure: called on the event loop, once, when a write fails.
+    """
+
+    def __init__(
+        self, store: Store, release: Callable[[T], None], on_failure: Callable[[BaseException], None]
+    ) -> None:
+        self.store = store
+        self.transactions = 0  # groups committed
+        self.batches = 0  # batches submitted
+        self.failed: BaseException | None = None
+        self._release = release
+        self._on_failure = on_failure
+        self._submitted = 0  # ticket of the latest batch
+        self._committed = 0  # every ticket up to this one is durable
+        self._waiting: deque[tuple[int, T]] = deque()
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def pending(self) -> int:
+        """Payloads waiting for a commit."""
+        return len(self._waiting)
+
+    def start(self) -> None:
+        """Start the writer thread (a blocking store only); call on the event loop."""
+        if self.store.blocking and self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._write_forever, name="fleetwire-store-writer", daemon=True)
+            self._thread.start()
+
+    def submit(self, records: Sequence[Record], payload: T) -> None:
+        """Write ``records``; release ``payload`` once they (and everything before) are durable."""
+        if self.failed is not None:
+            return
+        self.batches += 1
+        if self._thread is None:
+            try:
+                self.store.write(records)
+            except Exception as exc:
+                self._fail(exc)
+                return
+            self.transactions += 1
+            self._release(payload)
+            return
+        self._submitted += 1
+        self._waiting.append((self._submitted, payload))
+        self._queue.put((self._submitted, records))
+
+    def after(self, payload: T) -> None:
+        """Release ``payload`` once every batch submitted so far is durable (at once if none waits)."""
+        if self.failed is not None:
+            return
+        if not self._waiting:
+            self._release(payload)
+        else:
+            self._waiting.append((self._submitted, payload))
+
+    async def close(self) -> None:
+        """Write what is queued, release it, and stop the writer thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._queue.put(_STOP)
+        await asyncio.to_thread(thread.join)
+        self._thread = None
+        await asyncio.sleep(0)  # let the last call_soon_threadsafe(_done) run
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _write_forever(self) -> None:
+        assert self._loop is not None
+        loop, store, q = self._loop, self.store, self._queue
+        while True:
+            item = q.get()
+            stop = item is _STOP
+            group: list[Record] = []
+            ticket = 0
+            while not stop:
+                ticket_records = item
+                assert isinstance(ticket_records, tuple)
+                ticket, records = ticket_records
+                group.extend(records)
+                try:
+                    item = q.get_nowait()
+                except queue.Empty:
+                    break
+                stop = item is _STOP
+            if ticket:
+                try:
+                    store.write(group)
+                except Exception as exc:
+                    loop.call_soon_threadsafe(self._fail, exc)
+                    return
+                loop.call_soon_threadsafe(self._done, ticket)
+            if stop:
+                return
+
+    # ------------------------------------------------------------------ back on the loop
+
+    def _done(self, ticket: int) -> None:
+        self.transactions += 1
+        self._committed = ticket
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= ticket and self.failed is None:
+            self._release(waiting.popleft()[1])
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failed is None:
+            self.failed = exc
+            self._waiting.clear()
+            self._on_failure(exc)

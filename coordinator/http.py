@@ -1,0 +1,122 @@
+"""Plain HTTP on the coordinator's own port: health, readiness, metrics and the dashboard.
+
+websockets hands every request to ``process_request`` before the upgrade; the server asks
+:func:`respond` first, which answers every path that is not a websocket endpoint
+(docs/OPERATIONS.md §HTTP endpoints):
+
+====================  ===========================================================
+``/healthz``          200 ``ok``: the process is up and its event loop answers.
+``/readyz``           200 ``ready`` when the listener accepts and the store (if any) is
+                      open; else 503 with the reason.
+``/metrics``          Prometheus text format (coordinator/metrics.py).
+``/``                 the dashboard page; its files are under ``/dashboard/``.
+====================  ===========================================================
+
+These paths carry no plan data, so they need no token; the dashboard's data comes over its
+own websocket session, which does (docs/PROTOCOL.md §1, the bearer subprotocol). Files are
+read once, at import, from ``coordinator/dashboard/``: nothing is loaded from elsewhere, and a
+request can never name a file outside that fixed set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+__all__ = ["DASHBOARD_FILES", "WEBSOCKET_PATHS", "respond"]
+
+WEBSOCKET_PATHS: Final = frozenset({"/v1/worker", "/v1/client"})
+
+_DASHBOARD_DIR: Final = Path(__file__).with_name("dashboard")
+_TYPES: Final = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+}
+#: URL path -> file in coordinator/dashboard/.
+DASHBOARD_FILES: Final = {
+    "/": "index.html",
+    "/index.html": "index.html",
+    "/dashboard/app.js": "app.js",
+    "/dashboard/style.css": "style.css",
+}
+# The page runs only its own script and style, and talks only to this host's websocket.
+_CSP: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def _load_static() -> dict[str, tuple[bytes, str]]:
+    files: dict[str, tuple[bytes, str]] = {}
+    for path, name in DASHBOARD_FILES.items():
+        file = _DASHBOARD_DIR / name
+        if file.is_file():  # a wheel built without the dashboard still serves the rest
+            files[path] = (file.read_bytes(), _TYPES[file.suffix])
+    return files
+
+
+_STATIC: Final = _load_static()
+
+
+def _response(status: int, body: bytes, content_type: str, **extra: str) -> Response:
+    headers = Headers(
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Connection", "close"),
+        ]
+    )
+    for name, value in extra.items():
+        headers[name.replace("_", "-")] = value
+    reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(status, "")
+    return Response(status, reason, headers, body)
+
+
+def _text(status: int, text: str) -> Response:
+    return _response(status, text.encode(), "text/plain; charset=utf-8")
+
+
+def respond(
+    request: Request,
+    *,
+    ready: Callable[[], str | None],
+    metrics: Callable[[], tuple[bytes, str]],
+) -> Response | None:
+    """The answer to a plain HTTP request, or None for a websocket path (the upgrade goes on).
+
+    Args:
+        request: the parsed request.
+        ready: None when the coordinator is ready, else why not.
+        metrics: the exposition body and its content type.
+    """
+    path = urlsplit(request.path).path
+    if path in WEBSOCKET_PATHS:
+        return None
+    if path == "/healthz":
+        return _text(200, "ok\n")
+    if path == "/readyz":
+        problem = ready()
+        return _text(200, "ready\n") if problem is None else _text(503, f"not ready: {problem}\n")
+    if path == "/metrics":
+        body, content_type = metrics()
+        return _response(200, body, content_type)
+    static = _STATIC.get(path)
+    if static is not None:
+        body, content_type = static
+        return _response(200, body, content_type, Content_Security_Policy=_CSP, X_Frame_Options="DENY")
+    known = ", ".join(sorted({*WEBSOCKET_PATHS, "/healthz", "/readyz", "/metrics", "/"}))
+    return _text(404, f"unknown path {path}; fleetwire serves {known}\n")
+
+
+def process_request(server: Any, conn: ServerConnection, request: Request) -> Response | None:
+    """``process_request`` hook body for ``CoordinatorServer``: see :func:`respond`."""
+    return respond(request, ready=server.readiness_problem, metrics=server.metrics_exposition)

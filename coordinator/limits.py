@@ -1,0 +1,209 @@
+"""Limits that keep one peer from taking the coordinator down, and their defaults.
+
+Rules (docs/OPERATIONS.md §Security; RELIABILITY.md §3, matrix rows 15-22):
+
+* **Frame size**, per role: a larger frame closes that connection with 1009 (websockets
+  enforces it while reading, before the frame is buffered whole).
+* **Compression** is never negotiated, so no frame can inflate (no decompression bombs).
+* **Handshake time**: a connection that has not finished its HTTP upgrade within
+  ``handshake_timeout_s`` is dropped (slowloris).
+* **Connections**: past ``max_connections`` open sessions the upgrade is answered 503.
+* **Message rate**, per connection: a token bucket of ``rate`` messages per second with
+  room for a ``burst``. A peer over its rate is throttled first (the coordinator stops
+  reading from it until the bucket refills, which pushes back through TCP); a peer that
+  stays over it for ``flood_grace_s`` without a break is closed with 4429.
+* **Unfinished plans per principal**: a ``submit`` past ``max_plans_per_client`` queued,
+  leased or running plans is answered ``error(too_many_plans)``; nothing is dropped.
+* **Outgoing buffer**, per session: messages waiting for a peer that does not read are
+  bounded by ``max_pending_messages``; past it the session is closed with 4503 and the
+  buffer freed (the peer resumes from its last ``seq`` after reconnecting).
+* **Origin**: a handshake that carries an ``Origin`` header (a browser) is refused 403
+  unless the origin is the coordinator's own (same host and port) or in ``allowed_origins``.
+  Non-browser peers send no Origin; Origin is not authentication (RFC 6455 §10.1).
+
+Everything here is plain computation with time passed in, so the sans-I/O core may use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlsplit
+
+__all__ = ["Limits", "PlanQuota", "TokenBucket", "origin_refused"]
+
+Role = Literal["worker", "client"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every limit of the coordinator's server, with its default.
+
+    Attributes:
+        max_connections: open websocket sessions (both roles together); 0: no limit.
+        handshake_timeout_s: time to finish the HTTP upgrade (TLS included).
+        worker_frame_bytes / client_frame_bytes: largest frame per role; None: the
+            server's ``max_frame_bytes``.
+        worker_rate / client_rate: sustained messages per second per connection; 0: no limit.
+        worker_burst / client_burst: messages a connection may send at once above its rate.
+        flood_grace_s: how long a connection may stay throttled before it is closed 4429.
+        max_plans_per_client: unfinished plans per principal; 0: no limit.
+        max_pending_messages: messages queued for one peer that is not reading.
+        allowed_origins: browser origins accepted besides the coordinator's own
+            (``https://dash.example.com``; ``*`` accepts any).
+        ping_interval_s / ping_timeout_s: websocket pings; a peer that does not answer
+            within the timeout is closed 1011 (half-open TCP, matrix row 22). None: off.
+    """
+
+    max_connections: int = 10_000
+    handshake_timeout_s: float = 10.0
+    worker_frame_bytes: int | None = None
+    client_frame_bytes: int | None = None
+    worker_rate: float = 20_000.0
+    worker_burst: int = 100_000
+    client_rate: float = 5_000.0
+    client_burst: int = 50_000
+    flood_grace_s: float = 5.0
+    max_plans_per_client: int = 10_000
+    max_pending_messages: int = 50_000
+    allowed_origins: tuple[str, ...] = ()
+    ping_interval_s: float | None = 20.0
+    ping_timeout_s: float | None = 20.0
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first limit that cannot work."""
+        for name in ("max_connections", "max_plans_per_client"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
+        if not self.handshake_timeout_s > 0:
+            raise ValueError(f"handshake timeout must be > 0 seconds, got {self.handshake_timeout_s}")
+        for name in ("worker_rate", "client_rate"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 messages/s (0: no limit), got {getattr(self, name)}")
+        for name in ("worker_burst", "client_burst", "max_pending_messages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("worker_frame_bytes", "client_frame_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1024:
+                raise ValueError(f"{name} must be >= 1024 bytes, got {value}")
+        if not self.flood_grace_s >= 0:
+            raise ValueError(f"flood grace must be >= 0 seconds, got {self.flood_grace_s}")
+
+    def frame_bytes(self, role: Role, default: int) -> int:
+        """The largest frame a ``role`` session may send."""
+        value = self.worker_frame_bytes if role == "worker" else self.client_frame_bytes
+        return default if value is None else value
+
+    def bucket(self, role: Role, now: float) -> TokenBucket | None:
+        """A fresh rate limiter for a new ``role`` connection; None when the role has no limit."""
+        if role == "worker":
+            rate, burst = self.worker_rate, self.worker_burst
+        else:
+            rate, burst = self.client_rate, self.client_burst
+        if rate <= 0:
+            return None
+        return TokenBucket(rate, burst, self.flood_grace_s, now)
+
+
+@dataclass
+class TokenBucket:
+    """A per-connection message rate limit that throttles first and closes a sustained flood.
+
+    Each message takes a token; tokens come back at ``rate`` per second up to ``burst``.
+    :meth:`take` answers how long to stop reading so the peer falls back to its rate, or
+    None once the peer has been over its rate for ``grace_s`` without a break (close 4429).
+    A break is one message that found a token waiting, i.e. the peer slowed down.
+    """
+
+    rate: float
+    burst: int
+    grace_s: float
+    last_s: float
+    tokens: float = field(init=False)
+    throttled_since: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.burst)
+
+    def take(self, n: int, now: float) -> float | None:
+        """Charge ``n`` messages received at ``now``.
+
+        Returns:
+            0.0 within the rate; seconds to pause reading when over it; None when the peer
+            has stayed over it for longer than the grace (close the connection with 4429).
+        """
+        self.tokens = min(float(self.burst), self.tokens + (now - self.last_s) * self.rate)
+        self.last_s = now
+        self.tokens -= n
+        if self.tokens >= 0:
+            self.throttled_since = None
+            return 0.0
+        if self.throttled_since is None:
+            self.throttled_since = now
+        elif now - self.throttled_since > self.grace_s:
+            return None
+        return -self.tokens / self.rate
+
+
+class PlanQuota:
+    """Unfinished plans per principal, so one client cannot fill the queue for everyone.
+
+    The core adds a plan when it is submitted and releases it when its terminal event is
+    emitted; both are O(1) and idempotent.
+
+    Args:
+        limit: the most unfinished plans a principal may hold; 0: no limit.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[str, set[str]] = {}
+
+    def refusal(self, principal: str) -> str | None:
+        """Why ``principal`` may not submit one more plan now, or None if it may."""
+        if self.limit <= 0:
+            return None
+        held = len(self._open.get(principal, ()))
+        if held < self.limit:
+            return None
+        return (
+            f"{principal!r} already has {held} unfinished plans, the limit "
+            f"(coordinator flag --max-plans-per-client); wait for some to finish or cancel them"
+        )
+
+    def add(self, principal: str, plan_id: str) -> None:
+        """Count a new unfinished plan."""
+        if self.limit > 0:
+            self._open.setdefault(principal, set()).add(plan_id)
+
+    def release(self, principal: str, plan_id: str) -> None:
+        """The plan finished; a plan not counted is ignored."""
+        plans = self._open.get(principal)
+        if plans is not None:
+            plans.discard(plan_id)
+            if not plans:
+                del self._open[principal]
+
+    def held(self, principal: str) -> int:
+        """Unfinished plans counted for ``principal``."""
+        return len(self._open.get(principal, ()))
+
+
+def origin_refused(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> str | None:
+    """Why a handshake from ``origin`` is refused (cross-site websocket hijacking), or None.
+
+    Args:
+        origin: the ``Origin`` header; None for non-browser peers, which pass.
+        host: the ``Host`` header, which a browser sets to the coordinator it dials.
+        allowed: extra origins accepted (scheme://host[:port]); ``*`` accepts any.
+    """
+    if origin is None or "*" in allowed:
+        return None
+    normalized = origin.strip().rstrip("/").lower()
+    if normalized in (o.rstrip("/").lower() for o in allowed):
+        return None
+    parts = urlsplit(normalized)
+    if host and parts.scheme in ("http", "https") and parts.netloc == host.strip().lower():
+        return None  # the coordinator's own pages (same host and port)
+    return f"origin {origin!r} is not allowed; add it with --allowed-origin"

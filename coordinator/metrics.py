@@ -1,0 +1,250 @@
+"""Prometheus metrics of the coordinator, collected from the core's state at scrape time.
+
+Nothing here runs on the hot path. The core and the server keep plain integers (``core.counters``,
+``core.timings``, :class:`~coordinator.stats.FrameCounters`); :class:`CoordinatorCollector` reads
+them, and the registry, plans and queue, when ``/metrics`` is scraped, and turns them into metric
+families. The registry is our own ``CollectorRegistry`` (never prometheus-client's global one), so
+two coordinators in one process (tests) never mix their numbers.
+
+docs/OPERATIONS.md §Metrics lists every family; :data:`METRIC_NAMES` is that list in code and the
+tests check that a scrape has all of them.
+
+Contract with other parts of the core, read duck-typed so this module never needs editing when they
+change: placements are counted in ``core.counters["placements.<policy>"]``; an autoscaler, when the
+core has one (``core.autoscaler``), reports ``desired_replicas() -> Mapping[pool, int]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.process_collector import ProcessCollector
+
+from coordinator.stats import FrameCounters, Histogram
+from protocol.messages import PlanStateName
+
+if TYPE_CHECKING:
+    from coordinator.core import Coordinator
+
+__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "CoordinatorCollector", "build_registry", "render"]
+
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+
+PLAN_STATES: Final[tuple[PlanStateName, ...]] = ("queued", "leased", "running", "succeeded", "failed", "cancelled")
+WORKER_STATES: Final = ("alive", "suspect", "disconnected")
+
+# (name, core counter) for the plain counters; the exposition adds ``_total``.
+_CORE_COUNTERS: Final = (
+    ("fleetwire_plans_submitted", "plans_submitted", "Plans accepted by submit (duplicates not counted)."),
+    ("fleetwire_plans_requeued", "plans_requeued", "Plans put back in the queue after a lost worker or a reject."),
+    ("fleetwire_events_forwarded", "events_forwarded", "Worker events forwarded to plan streams."),
+    ("fleetwire_stale_events_dropped", "stale_dropped", "Worker messages dropped for a stale lease (fencing)."),
+    ("fleetwire_protocol_errors", "protocol_errors", "Messages answered with a protocol error."),
+    ("fleetwire_workers_reaped", "workers_reaped", "Workers dropped by the reaper after the heartbeat timeout."),
+    ("fleetwire_heartbeats", "heartbeats", "Heartbeats received from workers."),
+)
+
+#: Every metric family a scrape exposes (sample names may add _total, _bucket, _sum, _count).
+METRIC_NAMES: Final = (
+    "fleetwire_info",
+    "fleetwire_workers",
+    "fleetwire_workers_connected",
+    "fleetwire_workers_alive",
+    "fleetwire_workers_draining",
+    "fleetwire_sessions",
+    "fleetwire_plans",
+    "fleetwire_queue_depth",
+    "fleetwire_placements",
+    "fleetwire_plan_queue_wait_seconds",
+    "fleetwire_plan_run_seconds",
+    "fleetwire_frames",
+    "fleetwire_bytes",
+    *(name for name, _, _ in _CORE_COUNTERS),
+    "fleetwire_autoscaler_desired_replicas",
+    "fleetwire_worker_leases",
+    "fleetwire_worker_in_flight",
+    "fleetwire_worker_last_beat_age_seconds",
+    "fleetwire_worker_power_watts",
+    "fleetwire_worker_energy_per_token_microjoules",
+    "fleetwire_worker_carbon_intensity_grams_per_kwh",
+    "fleetwire_worker_engine_requests",
+    "fleetwire_worker_kv_cache_usage_ratio",
+)
+
+
+def _buckets(hist: Histogram) -> list[tuple[str, float]]:
+    return [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in hist.cumulative()]
+
+
+class CoordinatorCollector:
+    """A prometheus-client collector over one coordinator core.
+
+    Args:
+        core: the sans-I/O coordinator.
+        frames: frame and byte counters kept by the server, if any.
+        sessions: open sessions per role, if known.
+        clock: monotonic seconds, the clock the core is driven with.
+        version: the coordinator's version, exposed in ``fleetwire_info``.
+    """
+
+    def __init__(
+        self,
+        core: Coordinator,
+        *,
+        frames: FrameCounters | None = None,
+        sessions: Callable[[], Mapping[str, int]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        version: str = "",
+    ) -> None:
+        self._core = core
+        self._frames = frames or FrameCounters()
+        self._sessions = sessions
+        self._clock = clock
+        self._version = version
+
+    def describe(self) -> list[Metric]:
+        """Nothing: describing would mean collecting, and registration must not scrape the core."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family of :data:`METRIC_NAMES`, read from the core now."""
+        core = self._core
+        now = self._clock()
+        info = GaugeMetricFamily("fleetwire_info", "The coordinator's version.", labels=["version"])
+        info.add_metric([self._version or "unknown"], 1)
+        yield info
+        yield from self._workers(core, now)
+        yield from self._plans(core)
+        yield from self._io()
+        for name, key, doc in _CORE_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=core.counters.get(key, 0))
+        desired = GaugeMetricFamily(
+            "fleetwire_autoscaler_desired_replicas", "Workers the autoscaler wants per pool.", labels=["pool"]
+        )
+        autoscaler: Any = getattr(core, "autoscaler", None)
+        if autoscaler is not None and hasattr(autoscaler, "desired_replicas"):
+            for pool, replicas in sorted(autoscaler.desired_replicas().items()):
+                desired.add_metric([str(pool)], replicas)
+        yield desired
+
+    def _workers(self, core: Coordinator, now: float) -> Iterator[Metric]:
+        states = dict.fromkeys(WORKER_STATES, 0)
+        connected = alive = draining = 0
+        per_worker: dict[str, GaugeMetricFamily] = {
+            "leases": GaugeMetricFamily("fleetwire_worker_leases", "Plans the coordinator placed on the worker.",
+                                        labels=["worker"]),
+            "in_flight": GaugeMetricFamily("fleetwire_worker_in_flight", "Plans running, as the worker reports.",
+                                           labels=["worker"]),
+            "age": GaugeMetricFamily("fleetwire_worker_last_beat_age_seconds", "Seconds since the worker's last beat.",
+                                     labels=["worker"]),
+            "power": GaugeMetricFamily("fleetwire_worker_power_watts", "Accelerator power draw (NVML).",
+                                       labels=["worker"]),
+            "energy": GaugeMetricFamily("fleetwire_worker_energy_per_token_microjoules",
+                                        "Energy per generated token.", labels=["worker"]),
+            "carbon": GaugeMetricFamily("fleetwire_worker_carbon_intensity_grams_per_kwh",
+                                        "Grid carbon intensity of the worker's zone (gCO2e/kWh).",
+                                        labels=["worker", "zone"]),
+            "engine": GaugeMetricFamily("fleetwire_worker_engine_requests",
+                                        "Requests in the worker's inference engine.", labels=["worker", "state"]),
+            "kv": GaugeMetricFamily("fleetwire_worker_kv_cache_usage_ratio",
+                                    "KV-cache usage of the worker's inference engine, 0..1.", labels=["worker"]),
+        }
+        registry = core.registry
+        for record in registry:
+            is_alive = registry.is_alive(record.id, now)
+            connected += record.connected
+            alive += is_alive
+            draining += record.draining
+            states["alive" if is_alive else "suspect" if record.connected else "disconnected"] += 1
+            wid = [record.id]
+            per_worker["leases"].add_metric(wid, len(record.leases))
+            per_worker["age"].add_metric(wid, max(0.0, now - record.last_beat_s))
+            load = record.load
+            if load is None:
+                continue
+            per_worker["in_flight"].add_metric(wid, load.in_flight)
+            per_worker["power"].add_metric(wid, load.power_w)
+            per_worker["energy"].add_metric(wid, load.uj_per_token)
+            per_worker["carbon"].add_metric([record.id, record.capabilities.carbon_zone], load.zone_intensity_g_per_kwh)
+            per_worker["engine"].add_metric([record.id, "running"], load.engine_running)
+            per_worker["engine"].add_metric([record.id, "waiting"], load.engine_waiting)
+            per_worker["kv"].add_metric(wid, load.kv_cache_usage)
+        by_state = GaugeMetricFamily("fleetwire_workers", "Registered workers by liveness.", labels=["state"])
+        for state, n in states.items():
+            by_state.add_metric([state], n)
+        yield by_state
+        yield GaugeMetricFamily("fleetwire_workers_connected", "Workers with an open session.", value=connected)
+        yield GaugeMetricFamily("fleetwire_workers_alive", "Connected workers that beat within the timeout.",
+                                value=alive)
+        yield GaugeMetricFamily("fleetwire_workers_draining", "Workers drained by an operator.", value=draining)
+        yield from per_worker.values()
+
+    def _plans(self, core: Coordinator) -> Iterator[Metric]:
+        counts = dict.fromkeys(PLAN_STATES, 0)
+        for plan in core.plans.values():  # one pass per scrape; never on the hot path
+            counts[plan.state] += 1
+        plans = GaugeMetricFamily("fleetwire_plans", "Plans held by the coordinator, by state.", labels=["state"])
+        for state, n in counts.items():
+            plans.add_metric([state], n)
+        yield plans
+        yield GaugeMetricFamily("fleetwire_queue_depth", "Plans waiting in the queue.", value=len(core.queue))
+        placements = CounterMetricFamily(
+            "fleetwire_placements", "Placement decisions, by the policy that made them.", labels=["policy"]
+        )
+        for key, n in sorted(core.counters.items()):
+            if key.startswith("placements."):
+                placements.add_metric([key.removeprefix("placements.")], n)
+        yield placements
+        timings = core.timings
+        wait = HistogramMetricFamily(
+            "fleetwire_plan_queue_wait_seconds", "Time from entering the queue to the worker's accept."
+        )
+        wait.add_metric([], _buckets(timings.queue_wait), timings.queue_wait.sum)
+        yield wait
+        run = HistogramMetricFamily(
+            "fleetwire_plan_run_seconds", "Time from the worker's accept to its done, by outcome.", labels=["outcome"]
+        )
+        for outcome, hist in timings.run_time.items():
+            run.add_metric([outcome], _buckets(hist), hist.sum)
+        yield run
+
+    def _io(self) -> Iterator[Metric]:
+        frames = CounterMetricFamily("fleetwire_frames", "Websocket frames, by session role and direction.",
+                                     labels=["role", "direction"])
+        sizes = CounterMetricFamily("fleetwire_bytes", "Websocket payload bytes, by session role and direction.",
+                                    labels=["role", "direction"])
+        f = FrameCounters
+        for role, c in sorted(self._frames.by_role.items()):
+            frames.add_metric([role, "in"], c[f.FRAMES_IN])
+            frames.add_metric([role, "out"], c[f.FRAMES_OUT])
+            sizes.add_metric([role, "in"], c[f.BYTES_IN])
+            sizes.add_metric([role, "out"], c[f.BYTES_OUT])
+        yield frames
+        yield sizes
+        sessions = GaugeMetricFamily("fleetwire_sessions", "Open websocket sessions, by role.", labels=["role"])
+        open_sessions = self._sessions() if self._sessions is not None else {}
+        for role in sorted({*self._frames.by_role, *open_sessions}):
+            sessions.add_metric([role], open_sessions.get(role, 0))
+        yield sessions
+
+
+def build_registry(core: Coordinator, *, process: bool = True, **kwargs: Any) -> CollectorRegistry:
+    """A fresh registry with the coordinator's collector (and the process collector: CPU, memory, fds).
+
+    ``kwargs`` go to :class:`CoordinatorCollector`.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CoordinatorCollector(core, **kwargs))
+    if process:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text exposition of ``registry``."""
+    return generate_latest(registry)

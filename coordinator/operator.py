@@ -1,0 +1,189 @@
+"""Operator requests the core answers: ``list_plans``, ``drain_worker``, ``undrain_worker``.
+
+Rules (docs/SEMANTICS.md §Operator requests):
+
+* ``list_plans`` shows the plans the session may see (its principal's; an admin's: all), newest
+  first, optionally only some states, at most ``limit``; with them the queue in placement order
+  (priority, then age) and the count of visible plans per state. It costs one pass over the plans,
+  so dashboards poll it every few seconds, not per event.
+* ``drain_worker`` marks a worker *draining*: placement skips it (it has no capacity), its
+  session is sent ``drain(deadline_s)``, and plans waiting on it are told why. Running plans may
+  finish. With a deadline, whatever it still holds when the deadline passes is taken back: the
+  worker is sent ``cancel`` for each attempt and the plan goes through ``worker_lost`` (requeued,
+  or failed on its last attempt), as if that worker had died. Draining again replaces the
+  deadline. A drained worker stays drained across reconnects (it is sent ``drain`` again after
+  its ``welcome``) until ``undrain_worker`` or until it is reaped.
+* ``undrain_worker`` clears the mark, sends ``undrain``, forgives the worker's earlier rejects
+  (made while draining) and places queued plans on it.
+* An unknown worker id answers ``error(unknown_worker)``; a negative or non-finite deadline,
+  or a ``limit`` outside 1..10000, answers ``error(invalid_argument)``.
+
+Like the rest of the core, nothing here reads a clock: ``now`` comes in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import structlog
+
+from protocol import errors
+from protocol.messages import (
+    Cancel,
+    Drain,
+    DrainWorker,
+    Error,
+    ListPlans,
+    Ok,
+    PlanInfo,
+    Plans,
+    Undrain,
+    UndrainWorker,
+)
+
+if TYPE_CHECKING:
+    from coordinator.core import Coordinator, _Session
+    from coordinator.plans import Plan
+    from coordinator.registry import WorkerRecord
+
+__all__ = ["MAX_LIST_LIMIT", "OperatorRequests"]
+
+log = structlog.get_logger(__name__)
+
+MAX_LIST_LIMIT = 10_000
+
+
+class OperatorRequests:
+    """The core's handlers for operator requests, and the drain deadlines they schedule.
+
+    Args:
+        core: the coordinator whose registry, plans and effects these requests use.
+    """
+
+    def __init__(self, core: Coordinator) -> None:
+        self._core = core
+        self._deadlines: dict[str, float] = {}  # worker id -> when its remaining plans are taken back
+
+    # ------------------------------------------------------------------ list_plans
+
+    def list_plans(self, s: _Session, msg: ListPlans) -> None:
+        """Answer ``list_plans`` with ``plans`` (see the module docstring)."""
+        core = self._core
+        if not 1 <= msg.limit <= MAX_LIST_LIMIT:
+            self._error(s, msg.req_id, errors.INVALID_ARGUMENT, f"limit must be 1..{MAX_LIST_LIMIT} (got {msg.limit})")
+            return
+        wanted = frozenset(msg.states)
+        counts: dict[str, int] = {}
+        listed: list[PlanInfo] = []
+        queued: list[Plan] = []
+        total = 0
+        # Plans are held in submit order, so walking backwards is newest first without a sort.
+        for plan in reversed(core.plans.values()):
+            if not (s.admin or plan.owner == s.principal):
+                continue
+            counts[plan.state] = counts.get(plan.state, 0) + 1
+            if plan.state == "queued":
+                queued.append(plan)
+            if wanted and plan.state not in wanted:
+                continue
+            total += 1
+            if len(listed) < msg.limit:
+                listed.append(plan.info())
+        queued.sort(key=lambda p: (-p.priority, p.order))
+        queue = [p.id for p in queued[: msg.limit]]
+        core._send(s.conn_id, Plans(req_id=msg.req_id, plans=listed, queue=queue, counts=counts, total=total))
+
+    # ------------------------------------------------------------------ drain / undrain
+
+    def drain(self, s: _Session, msg: DrainWorker, now: float) -> None:
+        """Answer ``drain_worker``: mark the worker draining, tell it, and schedule its deadline."""
+        core = self._core
+        deadline_s = msg.deadline_s
+        if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s >= 0):
+            problem = f"deadline_s must be a number of seconds >= 0, or null for no deadline (got {deadline_s})"
+            self._error(s, msg.req_id, errors.INVALID_ARGUMENT, problem)
+            return
+        record = self._record(s, msg.req_id, msg.worker_id)
+        if record is None:
+            return
+        record.draining = True
+        if deadline_s is None:
+            record.drain_deadline_s = None
+            self._deadlines.pop(record.id, None)
+        else:
+            record.drain_deadline_s = self._deadlines[record.id] = now + deadline_s
+        if record.conn_id is not None:
+            core._send(record.conn_id, Drain(deadline_s=deadline_s))
+        log.info("worker draining", worker_id=record.id, deadline_s=deadline_s, leases=len(record.leases))
+        core._send(s.conn_id, Ok(req_id=msg.req_id))
+        core._refresh_waiting(now)
+        self.tick(now)  # a zero deadline takes its plans back at once
+
+    def undrain(self, s: _Session, msg: UndrainWorker, now: float) -> None:
+        """Answer ``undrain_worker``: the worker takes plans again, including those it rejected while draining."""
+        core = self._core
+        record = self._record(s, msg.req_id, msg.worker_id)
+        if record is None:
+            return
+        was_draining = record.draining
+        record.draining = False
+        record.drain_deadline_s = None
+        self._deadlines.pop(record.id, None)
+        if record.conn_id is not None and was_draining:
+            core._send(record.conn_id, Undrain())
+        log.info("worker undrained", worker_id=record.id, was_draining=was_draining)
+        core._send(s.conn_id, Ok(req_id=msg.req_id))
+        for plan_id in core.queue.forgive(record.id):
+            core.plans[plan_id].avoid -= {record.id}
+        core._fill_worker(record, now)
+        core._refresh_waiting(now)
+
+    def registered(self, record: WorkerRecord, now: float) -> None:
+        """A worker (re)registered: a drained one is told again, right after its ``welcome``."""
+        if record.draining and record.conn_id is not None:
+            deadline = self._deadlines.get(record.id)
+            left_s = None if deadline is None else max(0.0, deadline - now)
+            self._core._send(record.conn_id, Drain(deadline_s=left_s))
+
+    def tick(self, now: float) -> None:
+        """Take back the plans of drained workers whose deadline passed."""
+        if not self._deadlines:
+            return
+        core = self._core
+        for worker_id, deadline in sorted(self._deadlines.items()):
+            if deadline > now:
+                continue
+            del self._deadlines[worker_id]
+            if worker_id not in core.registry:
+                continue  # reaped meanwhile: its plans were already handled
+            record = core.registry.get(worker_id)
+            record.drain_deadline_s = None
+            self._take_back(record, now)
+
+    def _take_back(self, record: WorkerRecord, now: float) -> None:
+        core = self._core
+        # A cancelled plan's lease stays held until the worker's done; only live plans move.
+        live = [core.plans[pid] for pid in record.leases if pid in core.plans and not core.plans[pid].terminal]
+        if not live:
+            return
+        log.info("drain deadline passed: taking plans back", worker_id=record.id, plans=sorted(p.id for p in live))
+        for plan in sorted(live, key=lambda p: (-p.priority, p.order)):
+            if record.conn_id is not None:
+                core._send(record.conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
+            record.leases.discard(plan.id)
+            core._lease_lost(plan, record.id, f"worker {record.id} was drained and its deadline passed", now)
+        core._refresh_waiting(now)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _record(self, s: _Session, req_id: int, worker_id: str) -> WorkerRecord | None:
+        if worker_id in self._core.registry:
+            return self._core.registry.get(worker_id)
+        ids = [r.id for r in self._core.registry]
+        known = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "") if ids else "none"
+        self._error(s, req_id, errors.UNKNOWN_WORKER, f"no worker with id {worker_id!r} (registered: {known})")
+        return None
+
+    def _error(self, s: _Session, req_id: int, code: str, message: str) -> None:
+        self._core._send(s.conn_id, Error(code=code, message=message, req_id=req_id))

@@ -1,0 +1,265 @@
+"""Where a plan goes: filtering, pools, sticky sessions, KV-block admission, policies, stealing.
+
+Rules (docs/SEMANTICS.md §Placement, docs/ROUTING.md):
+
+1. *Filter.* A worker can take a plan when it is alive, not draining, meets the plan's
+   signature (op, tags, accelerator, model, GPU memory, python env, not avoided), has room
+   (``leases < max_concurrency + prefetch``) and the plan's KV blocks fit its budget.
+   Workers that meet a signature form its *pool*; the registry caches pools per signature,
+   so a submit never scans every worker's capabilities.
+2. *Tiers.* Workers with a free slot (``leases < max_concurrency``) come first; only when
+   none has one does a plan go to a worker's local queue (prefetch).
+3. *Sticky sessions.* A plan whose hints carry a ``session_key`` goes to the worker that
+   took the session's previous plan while that worker has room; otherwise the policy
+   chooses and the session moves there. Keys are scoped by the plan's owner.
+4. *Policy.* The plan's ``hints.policy``, else the coordinator's default, ranks the tier
+   (coordinator/policies.py).
+5. *KV-block admission.* A plan reserves ``ceil((prompt + max output tokens) / block
+   tokens)`` blocks on a worker that advertises a budget, for as long as it holds the lease;
+   the reservation is computed from the worker's leases, so releasing a lease frees it.
+6. *Stealing.* When a worker has a free slot and nothing queued it can run, the coordinator
+   revokes an unstarted lease from the most backlogged worker that the idle one could run.
+   Nothing changes until that worker answers: ``reject(code="revoked")`` requeues the plan;
+   an ``accept`` (it had started) keeps it where it is (Dask's transactional stealing).
+
+Nothing here reads a clock: ``now`` comes in.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from coordinator.plans import Plan
+from coordinator.policies import DEFAULT_POLICY, POLICY_NAMES, Ask, Policy, PolicyKnobs, busyness, make_policies
+from coordinator.prefix import PrefixIndex
+from coordinator.queue import Signature
+from coordinator.registry import WorkerRecord, WorkerRegistry
+from protocol.messages import RoutingHints
+
+__all__ = ["DEFAULT_BLOCK_TOKENS", "Placement", "PlacementConfig", "hints_problem"]
+
+DEFAULT_BLOCK_TOKENS: Final = 16  # vLLM's default KV block size, for hashes of unknown block length
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Placement settings; the server fills them from ``--policy``, ``--prefetch`` and friends.
+
+    Attributes:
+        policy: the default policy (a plan's ``hints.policy`` overrides it).
+        prefetch: leases a worker may hold unstarted beyond its concurrency.
+        knobs: the policies' tunable numbers.
+        max_sessions: sticky session keys remembered (least recently used forgotten first).
+        default_cache_tokens: prefix-cache size assumed for a worker without a KV budget.
+    """
+
+    policy: str = DEFAULT_POLICY
+    prefetch: int = 0
+    knobs: PolicyKnobs = field(default_factory=PolicyKnobs)
+    max_sessions: int = 100_000
+    default_cache_tokens: int = 1 << 21
+
+    def check(self) -> None:
+        """Raise ``ValueError`` with an actionable message when a setting cannot work."""
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"unknown placement policy {self.policy!r}; choose one of {', '.join(POLICY_NAMES)}")
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+
+
+def hints_problem(hints: RoutingHints) -> str | None:
+    """Why a submit's routing hints are invalid, in words a person can act on; None when valid."""
+    if hints.policy is not None and hints.policy not in POLICY_NAMES:
+        return f"hints.policy {hints.policy!r} is not a placement policy; use one of {', '.join(POLICY_NAMES)}"
+    for name in ("prompt_tokens", "max_output_tokens", "prefix_block_tokens"):
+        value = getattr(hints, name)
+        if value < 0:
+            return f"hints.{name} must be >= 0 (got {value})"
+    if hints.session_key is not None and not hints.session_key:
+        return "hints.session_key must be non-empty when given"
+    return None
+
+
+def ask_of(plan: Plan) -> Ask:
+    """What the policies see of a plan."""
+    hints = plan.hints
+    return Ask(
+        tokens=hints.prompt_tokens + hints.max_output_tokens,
+        prompt_tokens=hints.prompt_tokens,
+        prefix_hashes=tuple(hints.prefix_hashes),
+    )
+
+
+class Placement:
+    """The placement decisions of one coordinator (it is the policies' :class:`FleetView`).
+
+    Args:
+        registry: the coordinator's worker registry.
+        plans: the coordinator's plans by id (read to find unstarted leases to steal).
+        config: settings.
+    """
+
+    def __init__(self, registry: WorkerRegistry, plans: Mapping[str, Plan], config: PlacementConfig) -> None:
+        config.check()
+        self.registry = registry
+        self.plans = plans
+        self.config = config
+        self.policies: dict[str, Policy] = make_policies(config.knobs)
+        self.prefix = PrefixIndex()
+        self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()  # (owner, key) -> worker id
+        self._revoking: dict[str, tuple[str, int]] = {}  # plan id -> (idle worker it is for, attempt)
+
+    # ------------------------------------------------------------------ FleetView
+
+    def busyness(self, worker: WorkerRecord) -> float:
+        """4 per lease plus 0.1 per queued prompt token (reported, plus placed since the report)."""
+        reported = worker.load.queued_tokens if worker.load is not None else 0
+        return busyness(len(worker.leases), reported + worker.pending_tokens)
+
+    def prefix_match(self, hashes: Sequence[int], workers: Sequence[WorkerRecord]) -> dict[str, int]:
+        """Per worker id, how many leading ``hashes`` its cache is thought to hold."""
+        return self.prefix.match(hashes, (w.id for w in workers))
+
+    # ------------------------------------------------------------------ workers
+
+    def registered(self, worker: WorkerRecord) -> None:
+        """A worker (re)registered: size its prefix index from its KV budget."""
+        caps = worker.capabilities
+        tokens = caps.kv_blocks * caps.kv_block_tokens or self.config.default_cache_tokens
+        self.prefix.set_capacity(worker.id, tokens)
+
+    def forget(self, worker_ids: Iterable[str]) -> None:
+        """Workers were reaped: their caches are gone."""
+        for worker_id in worker_ids:
+            self.prefix.forget(worker_id)
+
+    # ------------------------------------------------------------------ admission
+
+    def kv_need(self, plan: Plan, worker: WorkerRecord) -> int:
+        """KV blocks the plan reserves on the worker (0 when either side gives no figure)."""
+        caps = worker.capabilities
+        tokens = plan.hints.prompt_tokens + plan.hints.max_output_tokens
+        if caps.kv_blocks <= 0 or caps.kv_block_tokens <= 0 or tokens <= 0:
+            return 0
+        return -(-tokens // caps.kv_block_tokens)
+
+    def kv_reserved(self, worker: WorkerRecord) -> int:
+        """Blocks the worker's leases reserve (computed from the leases, so a release frees them)."""
+        plans = self.plans
+        return sum(self.kv_need(plans[pid], worker) for pid in worker.leases if pid in plans)
+
+    def fits(self, plan: Plan, worker: WorkerRecord) -> bool:
+        """Whether the plan's KV blocks fit in what the worker's budget has left."""
+        need = self.kv_need(plan, worker)
+        return need == 0 or self.kv_reserved(worker) + need <= worker.capabilities.kv_blocks
+
+    def kv_reason(self, plan: Plan, pool: Iterable[WorkerRecord]) -> str | None:
+        """Why the plan waits when the only thing missing is KV room, else None."""
+        needs = [(self.kv_need(plan, w), w) for w in pool]
+        needs = [(need, w) for need, w in needs if need > 0]
+        if not needs or any(self.fits(plan, w) for _, w in needs):
+            return None
+        need, largest = max(needs, key=lambda pair: pair[1].capabilities.kv_blocks)
+        if need > largest.capabilities.kv_blocks:
+            return (
+                f"it needs {need} KV blocks and the largest budget among matching workers is "
+                f"{largest.capabilities.kv_blocks} ({largest.id}); lower prompt_tokens/max_output_tokens"
+            )
+        return f"waiting for KV blocks: it needs {need} and no matching worker has that many free"
+
+    # ------------------------------------------------------------------ choosing
+
+    def policy_name(self, plan: Plan) -> str:
+        """The policy that places this plan."""
+        return plan.hints.policy or self.config.policy
+
+    def choose(self, plan: Plan, pool: Iterable[WorkerRecord], now: float) -> WorkerRecord | None:
+        """The worker of ``pool`` (the signature's workers) that gets the plan; None if none can."""
+        free: list[WorkerRecord] = []
+        queued: list[WorkerRecord] = []
+        registry = self.registry
+        for worker in pool:
+            if not worker.has_capacity() or not registry.is_alive(worker.id, now) or not self.fits(plan, worker):
+                continue
+            (free if worker.has_free_slot() else queued).append(worker)
+        if not free and not queued:
+            return None
+        key = plan.hints.session_key
+        if key is not None:
+            held = self._sessions.get((plan.owner, key))
+            for worker in (*free, *queued):
+                if worker.id == held:
+                    return worker
+        return self.policies[self.policy_name(plan)].choose(ask_of(plan), free or queued, self)
+
+    def claimed(self, plan: Plan, worker: WorkerRecord) -> None:
+        """The plan was assigned to the worker: count its tokens, remember its prefix and session."""
+        hints = plan.hints
+        matched_tokens = 0
+        if hints.prefix_hashes:
+            block = hints.prefix_block_tokens or worker.capabilities.kv_block_tokens or DEFAULT_BLOCK_TOKENS
+            matched = self.prefix.match(hints.prefix_hashes, (worker.id,)).get(worker.id, 0)
+            matched_tokens = matched * block
+            self.prefix.insert(worker.id, hints.prefix_hashes, block)
+        worker.pending_tokens += max(0, hints.prompt_tokens - matched_tokens)
+        if hints.session_key is not None:
+            sessions = self._sessions
+            sessions[(plan.owner, hints.session_key)] = worker.id
+            sessions.move_to_end((plan.owner, hints.session_key))
+            while len(sessions) > self.config.max_sessions:
+                sessions.popitem(last=False)
+
+    def session_worker(self, owner: str, key: str) -> str | None:
+        """The worker a session key sticks to now, if any."""
+        return self._sessions.get((owner, key))
+
+    # ------------------------------------------------------------------ stealing
+
+    def _revoke_live(self, plan_id: str) -> bool:
+        entry = self._revoking.get(plan_id)
+        if entry is None:
+            return False
+        plan = self.plans.get(plan_id)
+        if plan is not None and plan.state == "leased" and plan.attempt == entry[1]:
+            return True
+        del self._revoking[plan_id]  # the lease moved on (started, ended, lost): the steal is over
+        return False
+
+    def revoking(self, plan_id: str) -> bool:
+        """Whether a revoke of the plan's current lease is awaiting the worker's answer."""
+        return self._revoke_live(plan_id)
+
+    def steal_for(self, thief: WorkerRecord, now: float) -> tuple[Plan, WorkerRecord] | None:
+        """An unstarted lease to revoke for an idle worker, and the worker holding it; None if none.
+
+        The victim is the alive worker with the most leases beyond its concurrency; the lease
+        is the one that would start last there (lowest priority, then newest) among those
+        the thief can run. Steals already asked for the thief count against its free slots.
+        """
+        registry = self.registry
+        if not thief.has_free_slot() or not registry.is_alive(thief.id, now):
+            return None
+        asked = sum(1 for pid, (to, _) in list(self._revoking.items()) if to == thief.id and self._revoke_live(pid))
+        if len(thief.leases) + asked >= thief.capabilities.max_concurrency:
+            return None
+        victims = [w for w in registry.iter_alive(now) if w is not thief and w.backlog() > 0 and w.conn_id is not None]
+        for victim in sorted(victims, key=lambda w: (-w.backlog(), w.id)):
+            unstarted = [
+                plan
+                for pid in victim.leases
+                if (plan := self.plans.get(pid)) is not None
+                and plan.state == "leased"
+                and plan.worker_id == victim.id
+                and not self._revoke_live(pid)
+            ]
+            unstarted.sort(key=lambda p: (p.priority, -p.queued_at_s, -p.order))
+            for plan in unstarted:
+                if Signature.of(plan.op, plan.requirements, plan.avoid).admits(thief) and self.fits(plan, thief):
+                    self._revoking[plan.id] = (thief.id, plan.attempt)
+                    return plan, victim
+        return None

@@ -1,0 +1,274 @@
+"""Placement policies: which of the workers that can take a plan gets it (docs/ROUTING.md).
+
+A policy is one small class with one method, :meth:`Policy.choose`. Placement
+(``coordinator/placement.py``) has already filtered the candidates (alive, not draining,
+requirements met, room left, KV blocks fit) and handled sticky sessions; a policy only ranks
+what is left and never returns None. Every ranking ends with the same tie-break, least
+recently assigned and then the lowest id, so a decision is deterministic.
+
+Derived figures, shared by the policies and the trace simulator:
+
+* busyness = 4 · in_flight + 0.1 · queued_tokens (:func:`busyness`): one more running plan
+  weighs as much as 40 queued prompt tokens;
+* projected energy for n tokens = µJ/token · n (:func:`projected_uj`);
+* projected emissions = energy in kWh * zone intensity in gCO2e/kWh (:func:`projected_g`).
+
+The load a policy sees is the coordinator's own (:class:`FleetView`): its lease counts and
+the prompt tokens it placed since the worker's last report, so a load report that is
+seconds old never sends a burst of plans to one worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from coordinator.registry import WorkerRecord
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICY_NAMES",
+    "Ask",
+    "CarbonWeighted",
+    "FleetView",
+    "JouleWeighted",
+    "KvAware",
+    "LatencyWeighted",
+    "LeastBusy",
+    "Policy",
+    "PolicyKnobs",
+    "RoundRobin",
+    "busyness",
+    "make_policies",
+    "projected_g",
+    "projected_uj",
+]
+
+BUSY_PER_IN_FLIGHT: Final = 4.0
+BUSY_PER_QUEUED_TOKEN: Final = 0.1
+UJ_PER_KWH: Final = 3.6e12  # 1 kWh = 3.6e6 J = 3.6e12 µJ
+DEFAULT_POLICY: Final = "joule_weighted"
+
+
+def busyness(in_flight: int, queued_tokens: float) -> float:
+    """How busy a worker is: 4 per plan in flight plus 0.1 per queued token (monotone in both)."""
+    return BUSY_PER_IN_FLIGHT * in_flight + BUSY_PER_QUEUED_TOKEN * queued_tokens
+
+
+def projected_uj(uj_per_token: float, tokens: int) -> float:
+    """Energy, in µJ, of ``tokens`` tokens on a worker spending ``uj_per_token`` each."""
+    return uj_per_token * tokens
+
+
+def projected_g(uj: float, intensity_g_per_kwh: float) -> float:
+    """Emissions, in gCO2e, of ``uj`` µJ drawn from a grid at ``intensity_g_per_kwh``."""
+    return uj / UJ_PER_KWH * intensity_g_per_kwh
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What a policy knows of the plan it places (from its routing hints)."""
+
+    tokens: int = 0  # prompt + maximum output tokens (0: unknown)
+    prompt_tokens: int = 0
+    prefix_hashes: tuple[int, ...] = ()
+
+
+class FleetView(Protocol):
+    """The coordinator-side load of candidates, as policies may read it."""
+
+    def busyness(self, worker: WorkerRecord) -> float:
+        """:func:`busyness` of the worker, from the coordinator's own counts."""
+        ...
+
+    def prefix_match(self, hashes: Sequence[int], workers: Sequence[WorkerRecord]) -> dict[str, int]:
+        """Per worker id, how many leading ``hashes`` its prefix cache holds (absent: 0)."""
+        ...
+
+
+class Policy(Protocol):
+    """Chooses one of ``candidates`` (never empty) for the plan described by ``ask``."""
+
+    def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord: ...
+
+
+def _tie(worker: WorkerRecord) -> tuple[int, str]:
+    return worker.last_assigned, worker.id
+
+
+def _least_busy(candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
+    return min(candidates, key=lambda w: (fleet.busyness(w), *_tie(w)))
+
+
+def _near_least_busy(candidates: Sequence[WorkerRecord], fleet: FleetView, max_gap: float) -> list[WorkerRecord]:
+    """The candidates whose busyness is within ``max_gap`` of the least busy one."""
+    loads = [(fleet.busyness(w), w) for w in candidates]
+    floor = min(load for load, _ in loads)
+    return [w for load, w in loads if load <= floor + max_gap]
+
+
+@dataclass
+class RoundRobin:
+    """Each plan to the next candidate in id order after the previous choice.
+
+    The cursor is a worker id, not an index, so workers joining or leaving do not make
+    it skip or repeat anyone.
+    """
+
+    cursor: str = ""
+
+    def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
+        after = [w for w in candidates if w.id > self.cursor]
+        chosen = min(after or candidates, key=lambda w: w.id)
+        self.cursor = chosen.id
+        return chosen
+
+
+@dataclass
+class LeastBusy:
+    """The candidate with the least busyness."""
+
+    def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
+        return _least_busy(candidates, fleet)
+
+
+@dataclass
+class LatencyWeighted:
+    """The least expected latency: reported p50 * (1 + leases / max concurrency).
+
+    A worker that has not reported a latency yet is scored with the mean of those that
+    have (or 1 ms when none has), so a new worker is tried rather than starved.
+    """
+
+    def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
+        known = [lat for w in candidates if (lat := _latency_ms(w)) > 0]
+        fallback = sum(known) / len(known) if known else 1.0
+
+        def expected(w: WorkerRecord) -> float:
+            latency = _latency_ms(w) or fallback
+            return latency * (1 + len(w.leases) / max(1, w.capabilities.max_concurrency))
+
+        return min(candidates, key=lambda w: (expected(w), fleet.busyness(w), *_tie(w)))
+
+
+def _latency_ms(worker: WorkerRecord) -> float:
+    load = worker.load
+    if load is None:
+        return 0.0
+    return load.latency_p50_ms or load.latency_ema_ms
+
+
+def _uj_per_token(worker: WorkerRecord) -> float:
+    return worker.load.uj_per_token if worker.load is not None else 0.0
+
+
+def _intensity(worker: WorkerRecord) -> float:
+    return worker.load.zone_intensity_g_per_kwh if worker.load is not None else 0.0
+
+
+@dataclass
+class JouleWeighted:
+    """The least projected energy (µJ/token * the plan's tokens) among the near-least-busy.
+
+    Workers that report no µJ/token rank after every worker that does; when none
+    does, this is least busy. ``max_gap`` (busyness units) keeps the choice among
+    workers nearly as idle as the least busy one: inf lets efficient workers fill
+    every free slot, 0 makes it least busy with energy as the tie-break.
+    """
+
+    max_gap: float = float("inf")
+
+    def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
+        pool = _near_least_busy(candidates, fleet, self.max_gap)
+        tokens = max(ask.tokens, 1)
+
+        def score(w: WorkerRecord) -> tuple[bool, float, float, int, str]:
+            uj = _uj_per_token(w)
+            return uj <= 0, projected_uj(uj, tokens), fleet.busyness(w), *_tie(w)
+
+        return min(pool, key=score)
+
+
+@dataclass
+class CarbonWeighted:
+    """The least projected emissions (energy * zone intensity) among the near-least-busy.
+
+    A worker without a µJ/token report is costed at the mean of those that report one
+    (all equal when none does); one without a zone intensity ranks after every worker
+    with one. ``max_gap`` as for :class:`JouleWeighted`.
+    """
+
+    max_gap: float = float("inf")
+
+    def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
+        pool = _near_least_busy(candidates, fleet, self.max_gap)
+        known = [uj for w in pool if (uj := _uj_per_token(w)) > 0]
+        fallback = sum(known) / len(known) if known else 1.0
+        tokens = max(ask.tokens, 1)
+
+        def score(w: WorkerRecord) -> tuple[bool, float, float, int, str]:
+            intensity = _intensity(w)
+            grams = projected_g(projected_uj(_uj_per_token(w) or fallback, tokens), intensity)
+            return intensity <= 0, grams, fleet.busyness(w), *_tie(w)
+
+        return min(pool, key=score)
+
+
+@dataclass
+class KvAware:
+    """Longest prefix-block match, guarded by load (the SGLang router's rule).
+
+    Falls back to least busy when the match is shorter than ``min_match_blocks``
+    (a prefix every request shares, such as a system prompt, says nothing about where
+    the rest is cached) or when the fleet is imbalanced: the busiest candidate is more
+    than ``balance_gap`` busyness units above the least busy one *and* more than
+    ``balance_ratio`` times it. Among equally long matches, the least busy wins.
+    """
+
+    min_match_blocks: int = 2
+    balance_gap: float = 20_000.0
+    balance_ratio: float = 1.5
+
+    def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
+        if not ask.prefix_hashes:
+            return _least_busy(candidates, fleet)
+        loads = [fleet.busyness(w) for w in candidates]
+        low, high = min(loads), max(loads)
+        if high - low > self.balance_gap and high > self.balance_ratio * low:
+            return _least_busy(candidates, fleet)
+        matches = fleet.prefix_match(ask.prefix_hashes, candidates)
+        best = max(matches.values(), default=0)
+        if best < max(1, self.min_match_blocks):
+            return _least_busy(candidates, fleet)
+        return _least_busy([w for w in candidates if matches.get(w.id, 0) == best], fleet)
+
+
+@dataclass(frozen=True)
+class PolicyKnobs:
+    """The tunable numbers of the policies (``fleetwire coordinator --policy-option``)."""
+
+    energy_max_gap: float = float("inf")
+    kv_min_match_blocks: int = 2
+    kv_balance_gap: float = 20_000.0
+    kv_balance_ratio: float = 1.5
+
+
+_FACTORIES: Final[dict[str, Callable[[PolicyKnobs], Policy]]] = {
+    "round_robin": lambda k: RoundRobin(),
+    "least_busy": lambda k: LeastBusy(),
+    "latency_weighted": lambda k: LatencyWeighted(),
+    "joule_weighted": lambda k: JouleWeighted(max_gap=k.energy_max_gap),
+    "carbon_weighted": lambda k: CarbonWeighted(max_gap=k.energy_max_gap),
+    "kv_aware": lambda k: KvAware(
+        min_match_blocks=k.kv_min_match_blocks, balance_gap=k.kv_balance_gap, balance_ratio=k.kv_balance_ratio
+    ),
+}
+
+POLICY_NAMES: Final = tuple(_FACTORIES)
+
+
+def make_policies(knobs: PolicyKnobs | None = None) -> dict[str, Policy]:
+    """One instance of every policy, by name (round robin keeps its cursor in its instance)."""
+    knobs = knobs or PolicyKnobs()
+    return {name: factory(knobs) for name, factory in _FACTORIES.items()}

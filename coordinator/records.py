@@ -1,0 +1,123 @@
+"""What the core asks to persist, and the journal that collects it between two effects.
+
+The core stays sans-I/O (docs/SEMANTICS.md §Durability): it never writes anything. Each
+input leaves *records* in ``Effects.records``; the server writes them in one batch and only
+then sends the frames of that batch, so a reply that depends on a record (``accepted``, an
+``ack``, the events a subscriber sees) leaves the coordinator only once the record is
+committed. A store (``coordinator/store.py``) applies records; recovery
+(``coordinator/recovery.py``) turns what a store holds back into plans.
+
+Three kinds of record, applied in this order within a batch:
+
+* :class:`PlanCreated`: a new plan: who submitted it, its submit order and the submit
+  itself (so every submit field, present or future, comes back after a restart). The plan id
+  is the idempotency key: a plan id is created at most once.
+* ``protocol.Event``: a durable event of a plan's stream, with its coordinator ``seq``.
+  Ephemeral events are never recorded.
+* :class:`PlanStatus`: the mutable part of a plan, written once per batch for every plan the
+  batch touched (a plan that moved ten times in one batch is written once). It carries
+  ``next_seq`` even when the batch only held ephemeral events, so a restarted coordinator
+  never hands out a seq a subscriber has already seen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from coordinator.plans import Plan
+from protocol.messages import ErrorInfo, Event, PlanStateName, Submit
+
+__all__ = ["Journal", "PlanCreated", "PlanStatus", "Record", "StoredPlan", "status_of"]
+
+
+class PlanCreated(msgspec.Struct, frozen=True):
+    """A new plan, as submitted."""
+
+    plan_id: str
+    owner: str
+    order: int
+    submit: Submit
+
+
+class PlanStatus(msgspec.Struct, frozen=True):
+    """Everything about a plan that changes after its submit."""
+
+    plan_id: str
+    state: PlanStateName
+    attempt: int = 0
+    worker_id: str | None = None
+    next_seq: int = 1
+    result: Any = None
+    error: ErrorInfo | None = None
+    waiting_reason: str | None = None
+    worker_seq: tuple[int, int] = (0, 0)
+    retried: int = 0
+    free_attempts: int = 0
+    history: list[dict[str, Any]] = []
+
+
+Record = PlanCreated | PlanStatus | Event
+
+
+class StoredPlan(msgspec.Struct):
+    """One plan as a store gives it back: its creation, latest status and durable events."""
+
+    created: PlanCreated
+    status: PlanStatus | None = None
+    events: list[Event] = []
+
+
+def status_of(plan: Plan) -> PlanStatus:
+    """The status record of a plan as it is now."""
+    return PlanStatus(
+        plan_id=plan.id,
+        state=plan.state,
+        attempt=plan.attempt,
+        worker_id=plan.worker_id,
+        next_seq=plan.next_seq,
+        result=plan.result,
+        error=plan.error,
+        waiting_reason=plan.waiting_reason,
+        worker_seq=plan.worker_seq,
+        retried=plan.retried,
+        free_attempts=plan.free_attempts,
+        history=list(plan.history),
+    )
+
+
+class Journal:
+    """Records accumulated since the last :meth:`take`, with plan statuses coalesced."""
+
+    def __init__(self) -> None:
+        self._created: list[PlanCreated] = []
+        self._events: list[Event] = []
+        self._dirty: dict[str, Plan] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._created or self._events or self._dirty)
+
+    def created(self, plan: Plan, submit: Submit) -> None:
+        """A plan was created from ``submit``."""
+        self._created.append(PlanCreated(plan.id, plan.owner, plan.order, submit))
+        self._dirty[plan.id] = plan
+
+    def emitted(self, plan: Plan, event: Event) -> None:
+        """The plan's stream got ``event`` (its status changed with it: at least ``next_seq``)."""
+        if not event.ephemeral:
+            self._events.append(event)
+        self._dirty[plan.id] = plan
+
+    def touched(self, plan: Plan) -> None:
+        """The plan changed without an event."""
+        self._dirty[plan.id] = plan
+
+    def take(self) -> list[Record]:
+        """Every record since the last call, creations first, then events, then statuses."""
+        if not self:
+            return []
+        records: list[Record] = [*self._created, *self._events]
+        records.extend(status_of(plan) for plan in self._dirty.values())
+        self._created, self._events, self._dirty = [], [], {}
+        return records

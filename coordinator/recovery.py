@@ -1,0 +1,291 @@
+"""Durability rules of the core: records, acks and de-duplication, restart, hand-back, retries, replay gaps.
+
+Rules (docs/SEMANTICS.md §Durability):
+
+* **Records.** Every new plan, durable event and plan change goes to the :class:`Journal`;
+  the core hands the records out with its effects and the server commits them before it
+  sends any frame of the same step.
+* **Ack and de-duplication.** A worker numbers its ``accept``/``reject``/``event``/``done``
+  messages (``seq``, one counter per worker process). After a step, every worker session that
+  sent numbered messages gets ``ack(highest seq)``, which the server releases only after the
+  step's records are committed: the worker drops what is acknowledged and re-sends the rest
+  after a reconnect. A plan remembers (attempt, highest seq) applied for its current lease, and
+  a message of that lease at or below it is a re-send: dropped silently (counted).
+* **Restart.** :meth:`Recovery.restore` rebuilds plans from a store. Queued plans are queued
+  again. A leased or running plan stays leased to its worker, which is registered as a
+  disconnected worker whose last beat is *now*: it has one heartbeat timeout to reconnect and
+  claim its plans (``hello.running``); otherwise the reaper takes them back as for any lost
+  worker. Liveness clocks start at the restart, never at a stored time.
+* **Hand-back.** A worker that says ``goodbye`` gives back its unfinished leases at once; they
+  are queued again without waiting for the reaper, and the attempt does not count against
+  ``max_attempts``.
+* **Retries.** A ``done(failed)`` of a plan submitted with ``retries > 0`` queues it again
+  (also without counting against ``max_attempts``) until its retries are used.
+* **Replay gaps.** A replay that cannot give every seq after ``from_seq`` (ephemeral events
+  lost in a restart, events past the per-plan bound) says so with ``resync`` in place of each
+  missing run of events, never with a silent gap.
+
+:class:`ReaperBreaker` is the reaper's circuit breaker: when most connected workers go silent
+in the same tick, suspect the coordinator itself (a stalled loop, a cut on its side) and hold
+the reaping for one heartbeat timeout, as Kubernetes stops evicting when every zone looks
+unhealthy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from coordinator.plans import Plan, advance
+from coordinator.records import Journal, Record, StoredPlan
+from protocol.messages import Accept, Capabilities, Done, ErrorInfo, Event, Reject, Resync
+
+if TYPE_CHECKING:
+    from coordinator.core import Coordinator
+    from coordinator.registry import WorkerRecord, WorkerRegistry
+
+__all__ = ["Recovery", "ReaperBreaker", "plan_from_store"]
+
+log = structlog.get_logger(__name__)
+
+COUNTERS = ("duplicates_dropped", "plans_handed_back", "plans_retried", "plans_restored", "resyncs_sent",
+            "reaper_breaker_trips")  # fmt: skip
+
+
+def plan_from_store(stored: StoredPlan) -> Plan:
+    """A plan as it was when its last record was written."""
+    created, status = stored.created, stored.status
+    plan = Plan.from_submit(created.submit, created.plan_id, created.owner, created.order)
+    plan.events = sorted(stored.events, key=lambda e: e.seq)
+    last_held = plan.events[-1].seq if plan.events else 0
+    if status is not None:
+        plan.state = status.state
+        plan.attempt = status.attempt
+        plan.worker_id = status.worker_id
+        plan.result = status.result
+        plan.error = status.error
+        plan.waiting_reason = status.waiting_reason
+        plan.worker_seq = status.worker_seq
+        plan.retried = status.retried
+        plan.free_attempts = status.free_attempts
+        plan.history = list(status.history)
+        plan.next_seq = status.next_seq
+    plan.next_seq = max(plan.next_seq, last_held + 1)
+    return plan
+
+
+class ReaperBreaker:
+    """Decides which stale workers the reaper may drop now.
+
+    Only *connected* stale workers count: a closed session is news about the worker, but
+    silence on an open one may be the coordinator not reading. When more than ``fraction`` of
+    the connected workers (and at least ``min_workers`` of them are connected) are stale in one
+    tick, the breaker opens: those workers are kept (not alive, so nothing is placed on them)
+    for up to ``hold_s``; a stalled coordinator reads their queued beats well before that.
+    Workers still stale after the hold are reaped. Disconnected stale workers are always reaped.
+
+    Args:
+        fraction: share of connected workers stale at once that opens the breaker (0..1).
+        min_workers: fewer connected workers than this never open it.
+        hold_s: how long it holds at most.
+    """
+
+    def __init__(self, fraction: float = 0.5, min_workers: int = 3, hold_s: float = 30.0) -> None:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"breaker fraction must be in (0, 1], got {fraction}")
+        self.fraction = fraction
+        self.min_workers = min_workers
+        self.hold_s = hold_s
+        self.opened_at: float | None = None
+        self.trips = 0
+
+    def admit(self, stale: list[WorkerRecord], registry: WorkerRegistry, now: float) -> list[WorkerRecord]:
+        """The stale workers that may be reaped at ``now``."""
+        suspects = [r for r in stale if r.connected]
+        if suspects:
+            connected = sum(1 for r in registry if r.connected)
+            mass = connected >= self.min_workers and len(suspects) > self.fraction * connected
+        else:
+            connected, mass = 0, False
+        if not mass:
+            if self.opened_at is not None:
+                log.warning("reaper circuit breaker closed", held_s=round(now - self.opened_at, 3))
+                self.opened_at = None
+            return stale
+        if self.opened_at is None:
+            self.opened_at = now
+            self.trips += 1
+            log.error(
+                "reaper circuit breaker OPEN: most workers went silent at once; suspecting the coordinator "
+                "itself (stalled loop or network cut on its side), not reaping them",
+                stale=len(suspects),
+                connected=connected,
+                hold_s=self.hold_s,
+                worker_ids=[r.id for r in suspects[:20]],
+            )
+        if now - self.opened_at < self.hold_s:
+            return [r for r in stale if not r.connected]
+        log.error("reaper circuit breaker: still silent after the hold; reaping them",
+                  stale=len(suspects), held_s=round(now - self.opened_at, 3))  # fmt: skip
+        self.opened_at = None
+        return stale
+
+
+class Recovery:
+    """The core's durability side: journal, acks, de-duplication, restore, hand-back, retries, replay.
+
+    Args:
+        core: the coordinator it serves; its plans, registry and effects are used directly.
+    """
+
+    def __init__(self, core: Coordinator) -> None:
+        self._core = core
+        self.journal = Journal()
+        config = core.config
+        self.breaker = ReaperBreaker(config.breaker_fraction, config.breaker_min_workers, config.heartbeat_timeout_s)
+        self._acked: dict[int, int] = {}  # worker session -> highest seq received
+        self._ack_due: dict[int, int] = {}  # sessions owed an ack after this step -> its seq
+        core.counters.update(dict.fromkeys(COUNTERS, 0))
+
+    # ------------------------------------------------------------------ effects
+
+    def take_records(self) -> list[Record]:
+        """The records of this step."""
+        return self.journal.take()
+
+    def take_acks(self) -> list[tuple[int, int]]:
+        """(worker session, seq) for every session owed an ``ack`` after this step."""
+        if not self._ack_due:
+            return []
+        due, self._ack_due = self._ack_due, {}
+        return list(due.items())
+
+    def forget(self, conn_id: int) -> None:
+        """A session closed."""
+        self._acked.pop(conn_id, None)
+        self._ack_due.pop(conn_id, None)
+
+    # ------------------------------------------------------------------ ack and de-duplication
+
+    def duplicate(self, conn_id: int, worker_id: str, msg: Accept | Reject | Event | Done) -> bool:
+        """Note a numbered worker message for the ack; True when it was applied before (a re-send)."""
+        seq = msg.seq
+        if seq <= 0:
+            return False
+        if seq > self._acked.get(conn_id, 0):
+            self._acked[conn_id] = self._ack_due[conn_id] = seq
+        plan = self._core.plans.get(msg.plan_id)
+        if plan is None or plan.worker_id != worker_id or plan.attempt != msg.attempt:
+            return False  # not this worker's current lease: the core answers stale_lease
+        attempt, applied = plan.worker_seq
+        if attempt == msg.attempt and seq <= applied:
+            self._core.counters["duplicates_dropped"] += 1
+            return True
+        plan.worker_seq = (msg.attempt, seq)
+        return False
+
+    # ------------------------------------------------------------------ restart
+
+    def restore(self, stored: Iterable[StoredPlan], now: float) -> list[Plan]:
+        """Load plans after a restart; returns the queued ones, best first, for the core to place.
+
+        Raises:
+            ValueError: the coordinator already holds plans.
+        """
+        core = self._core
+        if core.plans:
+            raise ValueError("restore() must run on a coordinator that holds no plan yet")
+        queued: list[Plan] = []
+        held: dict[str, list[Plan]] = {}
+        last_order = 0
+        for item in stored:
+            plan = plan_from_store(item)
+            core.plans[plan.id] = plan
+            last_order = max(last_order, plan.order)
+            if plan.state == "queued":
+                queued.append(plan)
+            elif plan.worker_id is None:  # a live lease without a worker is never written; be safe
+                plan.state = "queued"
+                queued.append(plan)
+            elif not plan.terminal:
+                held.setdefault(plan.worker_id, []).append(plan)
+        registry = core.registry
+        for worker_id, plans in held.items():
+            # A placeholder: disconnected, last beat now. Its reconnect (hello) continues the
+            # plans it lists; without one the reaper requeues them after one heartbeat timeout.
+            registry.register(worker_id, Capabilities(max_concurrency=0), now)
+            registry.disconnect(worker_id)
+            for plan in plans:
+                registry.claim(worker_id, plan.id)
+        core._submit_order = itertools.count(last_order + 1)
+        core.counters["plans_restored"] = len(core.plans)
+        log.info(
+            "restored plans from the store",
+            plans=len(core.plans),
+            queued=len(queued),
+            leased=sum(len(p) for p in held.values()),
+            awaited_workers=sorted(held),
+            grace_s=core.config.heartbeat_timeout_s,
+        )
+        return sorted(queued, key=lambda p: (-p.priority, p.order))
+
+    # ------------------------------------------------------------------ hand-back and retries
+
+    def hand_back(self, worker_id: str, now: float) -> None:
+        """A leaving worker's unfinished leases go back to the queue now, at no cost in attempts."""
+        core = self._core
+        if worker_id not in core.registry:
+            return
+        record = core.registry.get(worker_id)
+        plans = sorted((core.plans[p] for p in record.leases if p in core.plans), key=lambda p: (-p.priority, p.order))
+        for plan in plans:
+            core.registry.release(worker_id, plan.id)
+            if plan.terminal or plan.worker_id != worker_id:
+                continue  # a cancelled plan only waited for this worker to let go
+            advance(plan, "handback")
+            plan.free_attempts += 1
+            core.counters["plans_handed_back"] += 1
+            note_attempt(plan, "handed_back", f"worker {worker_id} left (goodbye)")
+            core._requeue(plan, f"worker {worker_id} left and handed it back", now)
+
+    def retry(self, plan: Plan, worker_id: str, error: ErrorInfo, now: float) -> None:
+        """A failed attempt of a plan with retries left: queue it again."""
+        advance(plan, "retry")
+        plan.retried += 1
+        plan.free_attempts += 1
+        self._core.counters["plans_retried"] += 1
+        note_attempt(plan, "failed", f"{error.code}: {error.message}")
+        why = (
+            f"attempt {plan.attempt} failed on worker {worker_id} ({error.code}: {error.message}); "
+            f"retry {plan.retried} of {plan.retries}"
+        )
+        self._core._requeue(plan, why, now)
+
+    # ------------------------------------------------------------------ replay
+
+    def replay(self, plan: Plan, from_seq: int) -> list[Event | Resync]:
+        """The held events after ``from_seq``, with a ``resync`` in place of each missing run."""
+        out: list[Event | Resync] = []
+        expected = max(from_seq, 0) + 1
+        for event in plan.events_after(from_seq):
+            if event.seq > expected:
+                out.append(self._resync(plan, expected, event.seq - 1))
+            out.append(event)
+            expected = event.seq + 1
+        if expected < plan.next_seq:
+            out.append(self._resync(plan, expected, plan.next_seq - 1))
+        return out
+
+    def _resync(self, plan: Plan, first: int, last: int) -> Resync:
+        self._core.counters["resyncs_sent"] += 1
+        return Resync(plan_id=plan.id, first_seq=first, last_seq=last, plan=plan.info(), recovered=False)
+
+
+def note_attempt(plan: Plan, outcome: str, reason: str) -> None:
+    """Add the attempt that just ended to the plan's history (the detail of a final failure)."""
+    entry: dict[str, Any] = {"attempt": plan.attempt, "worker_id": plan.worker_id, "outcome": outcome}
+    entry["reason"] = reason
+    plan.history.append(entry)

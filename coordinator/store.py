@@ -1,0 +1,299 @@
+"""Where the coordinator keeps plans across restarts: the ``Store`` interface and its two backends.
+
+A store applies batches of records (``coordinator/records.py``) and gives every plan back on
+start. It is the only part of the coordinator that touches a disk; the core never calls it
+(the server does, through ``coordinator/commit.py``, off the event loop).
+
+* :class:`SQLiteStore` (the default, ``--store sqlite`` or ``sqlite:PATH``): one SQLite file in
+  WAL mode with ``synchronous=FULL``, so a committed batch survives a power cut, not only a
+  crash of the process. One :meth:`~Store.write` is one transaction and one fsync whatever
+  the number of records in it: the committer groups every batch queued while the previous
+  transaction was being written (group commit), so durability costs one fsync per group, not
+  one per message. A lock file next to the database keeps a second coordinator off it.
+* :class:`MemoryStore` (``--store memory``): records kept in this process only. A restart of
+  the process loses everything; a new ``CoordinatorServer`` given the same ``MemoryStore``
+  object gets every plan back (tests use that).
+
+Another backend implements the three methods of :class:`Store` and sets ``blocking``.
+
+Tables (``PRAGMA user_version`` = 1)::
+
+    plans(id PRIMARY KEY, owner, ord, state, spec BLOB, status BLOB)   -- spec: the submit;
+    events(plan_id, seq, body BLOB, PRIMARY KEY (plan_id, seq))        -- status: PlanStatus
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
+from protocol.messages import Event
+
+__all__ = [
+    "DB_FILE",
+    "MemoryStore",
+    "SQLiteStore",
+    "Store",
+    "StoreError",
+    "default_data_dir",
+    "open_store",
+]
+
+DB_FILE = "coordinator.sqlite3"
+SCHEMA_VERSION = 1
+
+
+class StoreError(ValueError):
+    """A store cannot be opened or written; the message says what to do.
+
+    A ``ValueError`` like the other configuration problems the CLI reports before it serves.
+    """
+
+
+class Store(Protocol):
+    """What the coordinator needs from a store.
+
+    Attributes:
+        description: for logs and the startup line, e.g. ``sqlite:/var/lib/fleetwire/coordinator.sqlite3``.
+        blocking: ``write`` does disk I/O: the server calls it from a writer thread.
+        closed: ``close`` was called (``/readyz`` reports it).
+    """
+
+    description: str
+    blocking: bool
+    closed: bool
+
+    def load(self) -> list[StoredPlan]:
+        """Every plan held, in submit order."""
+        ...
+
+    def write(self, records: Sequence[Record]) -> None:
+        """Apply ``records`` atomically; on return they are durable.
+
+        Raises:
+            StoreError: nothing of the batch was applied.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the store; a second call does nothing."""
+        ...
+
+
+def default_data_dir() -> Path:
+    """``$FLEETWIRE_DATA_DIR``, else ``$XDG_STATE_HOME/fleetwire``, else ``~/.local/state/fleetwire``."""
+    explicit = os.environ.get("FLEETWIRE_DATA_DIR")
+    if explicit:
+        return Path(explicit)
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "fleetwire"
+
+
+def open_store(spec: str, data_dir: str | Path | None = None) -> Store:
+    """The store a ``--store`` value names.
+
+    Args:
+        spec: ``memory``, ``sqlite`` (the file ``coordinator.sqlite3`` in ``data_dir``) or
+            ``sqlite:PATH``.
+        data_dir: where ``sqlite`` keeps its file; default :func:`default_data_dir`.
+
+    Raises:
+        StoreError: an unknown spec, or the database cannot be opened.
+    """
+    if spec == "memory":
+        return MemoryStore()
+    if spec == "sqlite":
+        return SQLiteStore((Path(data_dir) if data_dir is not None else default_data_dir()) / DB_FILE)
+    if spec.startswith("sqlite:") and len(spec) > len("sqlite:"):
+        return SQLiteStore(Path(spec[len("sqlite:"):]))
+    raise StoreError(f"unknown store {spec!r}: use 'sqlite' (the default), 'sqlite:PATH' or 'memory'")
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class MemoryStore:
+    """Records kept in this process: survives a server restart in-process, not a process restart."""
+
+    description = "memory"
+    blocking = False
+
+    def __init__(self) -> None:
+        self._plans: dict[str, StoredPlan] = {}
+        self.writes = 0  # batches applied
+        self.closed = False
+
+    def load(self) -> list[StoredPlan]:
+        self.closed = False  # a server starting on this store opens it again
+        plans = sorted(self._plans.values(), key=lambda p: p.created.order)
+        return [StoredPlan(p.created, p.status, sorted(p.events, key=lambda e: e.seq)) for p in plans]
+
+    def write(self, records: Sequence[Record]) -> None:
+        self.writes += 1
+        plans = self._plans
+        for record in records:
+            if isinstance(record, PlanCreated):
+                plans.setdefault(record.plan_id, StoredPlan(record, None, []))
+            elif isinstance(record, Event):
+                stored = plans.get(record.plan_id)
+                if stored is not None:
+                    stored.events = [e for e in stored.events if e.seq != record.seq] + [record]
+            else:
+                stored = plans.get(record.plan_id)
+                if stored is not None:
+                    stored.status = record
+
+    def close(self) -> None:
+        # Closing keeps the records: a new server given this store restarts from them.
+        self.closed = True
+
+
+# --------------------------------------------------------------------------- sqlite
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    ord INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    spec BLOB NOT NULL,
+    status BLOB
+);
+CREATE TABLE IF NOT EXISTS events (
+    plan_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (plan_id, seq)
+) WITHOUT ROWID;
+"""
+
+
+class SQLiteStore:
+    """Plans in one SQLite file (WAL, ``synchronous=FULL``); one transaction per :meth:`write`.
+
+    Args:
+        path: the database file; its directory is created when missing.
+
+    Raises:
+        StoreError: the file cannot be opened, is not a fleetwire database of a known
+            version, or another coordinator holds it.
+    """
+
+    blocking = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.description = f"sqlite:{path}"
+        self.closed = False
+        self.writes = 0  # transactions committed
+        self.records = 0  # records written
+        self._encoder = msgspec.msgpack.Encoder()
+        self._lock_fd: int | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock(path.with_name(path.name + ".lock"))
+            # check_same_thread=False: opened here, written by the committer's one thread, never
+            # by two threads at once. isolation_level=None: transactions are explicit.
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise StoreError(
+                    f"{path} has schema version {version}; this coordinator reads version {SCHEMA_VERSION}"
+                )
+            self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except (OSError, sqlite3.Error) as exc:
+            self.close()
+            raise StoreError(f"cannot open the store {path}: {exc}") from exc
+        except StoreError:
+            self.close()
+            raise
+
+    def _lock(self, lock_path: Path) -> None:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(
+                f"another coordinator (pid {holder}) is using {self.path}; stop it or give this one "
+                "another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd  # held until close(); the kernel releases it if the process dies
+
+    def load(self) -> list[StoredPlan]:
+        decode_submit = msgspec.msgpack.Decoder(PlanCreated).decode
+        decode_status = msgspec.msgpack.Decoder(PlanStatus).decode
+        decode_event = msgspec.msgpack.Decoder(Event).decode
+        plans: dict[str, StoredPlan] = {}
+        try:
+            for spec, status in self._db.execute("SELECT spec, status FROM plans ORDER BY ord"):
+                created = decode_submit(spec)
+                plans[created.plan_id] = StoredPlan(created, decode_status(status) if status else None, [])
+            for plan_id, body in self._db.execute("SELECT plan_id, body FROM events ORDER BY plan_id, seq"):
+                stored = plans.get(plan_id)
+                if stored is not None:
+                    stored.events.append(decode_event(body))
+        except (sqlite3.Error, msgspec.DecodeError) as exc:
+            raise StoreError(f"cannot read the store {self.path}: {exc}") from exc
+        return list(plans.values())
+
+    def write(self, records: Sequence[Record]) -> None:
+        encode = self._encoder.encode
+        created: list[tuple[Any, ...]] = []
+        events: list[tuple[Any, ...]] = []
+        statuses: list[tuple[Any, ...]] = []
+        for record in records:
+            if isinstance(record, Event):
+                events.append((record.plan_id, record.seq, encode(record)))
+            elif isinstance(record, PlanStatus):
+                statuses.append((record.state, encode(record), record.plan_id))
+            else:
+                created.append((record.plan_id, record.owner, record.order, encode(record)))
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if created:
+                    # OR IGNORE: a plan id is created once; a re-created one keeps its first record.
+                    db.executemany(
+                        "INSERT OR IGNORE INTO plans (id, owner, ord, state, spec) VALUES (?, ?, ?, 'queued', ?)",
+                        created,
+                    )
+                if events:
+                    db.executemany("INSERT OR REPLACE INTO events (plan_id, seq, body) VALUES (?, ?, ?)", events)
+                if statuses:
+                    db.executemany("UPDATE plans SET state = ?, status = ? WHERE id = ?", statuses)
+                db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write the store {self.path}: {exc}") from exc
+        self.writes += 1
+        self.records += len(records)
+
+    def close(self) -> None:
+        self.closed = True
+        db = getattr(self, "_db", None)
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+            self._db = None  # type: ignore[assignment]
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None

@@ -1,0 +1,159 @@
+"""The security flags of ``fleetwire coordinator`` / ``up`` and the ``fleetwire token`` command.
+
+Kept apart from ``fleetwire/cli.py`` so the main parser stays readable. Nothing here imports
+the coordinator at parser-build time (client commands must start fast); the coordinator's
+modules are imported by the functions that run it. ``LIMIT_DEFAULTS`` mirrors
+``coordinator.limits.Limits`` for the help texts; a unit test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["LIMIT_DEFAULTS", "add_security_arguments", "add_token_arguments", "add_token_command", "security_settings"]
+
+# flag dest -> (Limits field, default); the defaults are coordinator.limits.Limits()'s.
+LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
+    "max_connections": ("max_connections", 10_000),
+    "handshake_timeout": ("handshake_timeout_s", 10.0),
+    "worker_frame_bytes": ("worker_frame_bytes", None),
+    "client_frame_bytes": ("client_frame_bytes", None),
+    "worker_rate": ("worker_rate", 20_000.0),
+    "worker_burst": ("worker_burst", 100_000),
+    "client_rate": ("client_rate", 5_000.0),
+    "client_burst": ("client_burst", 50_000),
+    "flood_grace": ("flood_grace_s", 5.0),
+    "max_plans_per_client": ("max_plans_per_client", 10_000),
+    "max_pending_messages": ("max_pending_messages", 50_000),
+    "ping_interval": ("ping_interval_s", 20.0),
+    "ping_timeout": ("ping_timeout_s", 20.0),
+}
+
+
+def _default(dest: str) -> Any:
+    return LIMIT_DEFAULTS[dest][1]
+
+
+def add_security_arguments(p: argparse.ArgumentParser) -> None:
+    """TLS and limit flags, shared by ``coordinator`` and ``up`` (docs/OPERATIONS.md §Security)."""
+    g = p.add_argument_group("TLS")
+    g.add_argument("--tls-cert", metavar="PEM", help="serve wss:// with this certificate chain (needs --tls-key)")
+    g.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    g.add_argument("--tls-client-ca", metavar="PEM",
+                   help="require workers to present a client certificate signed by this CA (mTLS)")
+    g = p.add_argument_group("limits (0 disables a limit where noted)")
+    g.add_argument("--max-connections", type=int, default=_default("max_connections"), metavar="N",
+                   help=f"open sessions before new ones get HTTP 503; 0: none (default {_default('max_connections')})")
+    g.add_argument("--handshake-timeout", type=float, default=_default("handshake_timeout"), metavar="S",
+                   help="drop connections that have not finished the upgrade in S seconds "
+                        f"(default {_default('handshake_timeout')})")
+    g.add_argument("--worker-frame-bytes", type=int, default=None, metavar="N",
+                   help="largest frame from a worker, closed 1009 above it (default: --max-frame-bytes)")
+    g.add_argument("--client-frame-bytes", type=int, default=None, metavar="N",
+                   help="largest frame from a client, closed 1009 above it (default: --max-frame-bytes)")
+    for role in ("worker", "client"):
+        g.add_argument(f"--{role}-rate", type=float, default=_default(f"{role}_rate"), metavar="MSGS",
+                       help=f"messages per second per {role} connection; over it the connection is throttled, "
+                            f"then closed 4429; 0: none (default {_default(f'{role}_rate'):g})")
+        g.add_argument(f"--{role}-burst", type=int, default=_default(f"{role}_burst"), metavar="N",
+                       help=f"messages a {role} connection may send at once above its rate "
+                            f"(default {_default(f'{role}_burst')})")
+    g.add_argument("--flood-grace", type=float, default=_default("flood_grace"), metavar="S",
+                   help=f"how long a connection may stay throttled before 4429 (default {_default('flood_grace')})")
+    g.add_argument("--max-plans-per-client", type=int, default=_default("max_plans_per_client"), metavar="N",
+                   help="unfinished plans per client token before submit gets error(too_many_plans); 0: none "
+                        f"(default {_default('max_plans_per_client')})")
+    g.add_argument("--max-pending-messages", type=int, default=_default("max_pending_messages"), metavar="N",
+                   help="messages waiting for a peer that does not read before it is closed 4503 "
+                        f"(default {_default('max_pending_messages')})")
+    g.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin allowed besides the coordinator's own, e.g. https://dash.example.com "
+                        "(repeatable; '*' allows any)")
+    g.add_argument("--ping-interval", type=float, default=_default("ping_interval"), metavar="S",
+                   help=f"websocket ping period; a peer silent past --ping-timeout is closed 1011 "
+                        f"(default {_default('ping_interval')})")
+    g.add_argument("--ping-timeout", type=float, default=_default("ping_timeout"), metavar="S",
+                   help=f"(default {_default('ping_timeout')})")
+
+
+def add_token_arguments(p: argparse.ArgumentParser) -> None:
+    """Token-file and admin-token flags of ``fleetwire coordinator``."""
+    p.add_argument("--token-file", metavar="TOML",
+                   help="tokens with names and roles (see `fleetwire token new`); re-read on SIGHUP")
+    p.add_argument("--admin-token", help="token with the admin role (default $FLEETWIRE_ADMIN_TOKEN)")
+
+
+def security_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """``ServerSettings`` keyword arguments from the parsed security flags."""
+    from coordinator.limits import Limits
+
+    values = {field: getattr(ns, dest) for dest, (field, _) in LIMIT_DEFAULTS.items()}
+    for field in ("ping_interval_s", "ping_timeout_s"):
+        values[field] = values[field] or None  # 0: no pings
+    limits = Limits(**values, allowed_origins=tuple(ns.allowed_origin))
+    return {
+        "tls_cert": ns.tls_cert,
+        "tls_key": ns.tls_key,
+        "tls_client_ca": ns.tls_client_ca,
+        "token_file": getattr(ns, "token_file", None),
+        "limits": limits,
+    }
+
+
+# ---------------------------------------------------------------------------- fleetwire token
+
+
+def add_token_command(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """``fleetwire token new`` and ``fleetwire token hash``."""
+    p = sub.add_parser("token", parents=parents, help="make tokens and token-file entries",
+                       description="Tokens for --token-file: the file stores only each token's hash.")
+    tsub = p.add_subparsers(dest="token_command", required=True, metavar="SUBCOMMAND")
+    t = tsub.add_parser("new", help="make a token and print it with its token-file entry",
+                        description="Print a fresh token (give it to its user; it is not stored anywhere) "
+                                    "and the [[token]] entry to append to the token file.")
+    t.add_argument("--name", required=True, help="who the token is for; logged, and the owner of its plans")
+    t.add_argument("--role", required=True, choices=("worker", "client", "admin"))
+    t.add_argument("--worker-ids", metavar="GLOB", help="for a worker token: the worker ids it may register")
+    t.set_defaults(func=_token_new)
+    t = tsub.add_parser("hash", help="print the token-file hash of a token read from stdin",
+                        description="Read a token from stdin (so it stays out of shell history) and print "
+                                    "the value for the token file's hash field.")
+    t.set_defaults(func=_token_hash)
+
+
+async def _token_new(ns: argparse.Namespace) -> int:
+    from coordinator.auth import hash_token, new_token
+
+    if ns.worker_ids is not None and ns.role != "worker":
+        print("fleetwire: error: --worker-ids applies to --role worker only", file=sys.stderr)
+        return 2
+    token = new_token()
+    lines = ["[[token]]", f"name = {_toml_str(ns.name)}", f'role = "{ns.role}"']
+    if ns.worker_ids is not None:
+        lines.append(f"worker_ids = {_toml_str(ns.worker_ids)}")
+    lines.append(f'hash = "{hash_token(token)}"')
+    print(f"# token for {ns.name} (shown once; the file keeps only its hash):", file=sys.stderr)
+    print(token, flush=True)
+    print("# append to the token file, then send the coordinator SIGHUP:", file=sys.stderr)
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+async def _token_hash(ns: argparse.Namespace) -> int:
+    from coordinator.auth import hash_token
+
+    token = sys.stdin.readline().strip()
+    if not token:
+        print("fleetwire: error: no token on stdin (try: printf %s \"$TOKEN\" | fleetwire token hash)",
+              file=sys.stderr)
+        return 2
+    print(hash_token(token), flush=True)
+    return 0
+
+
+def _toml_str(text: str) -> str:
+    # A JSON string without \\u-escaped astral characters is a valid TOML basic string.
+    return json.dumps(text, ensure_ascii=False)

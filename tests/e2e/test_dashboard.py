@@ -1,0 +1,109 @@
+"""The dashboard in a real headless Chromium: a coordinator and a worker, a plan submitted from the page."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import CLIENT_TOKEN, ROOT, Cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+ARTIFACTS = ROOT / "test-artifacts"
+# Flags that keep Chromium off the network and quiet in a container (no sandbox: CI runs as root).
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _chromium() -> str:
+    path = os.environ.get("FLEETWIRE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(path).exists():
+        why = f"no Chromium at {path}: install Debian's package (apt-get install -y chromium); .ci/run does"
+        if os.environ.get("CI"):
+            pytest.fail(why)  # CI must run the browser test, never skip it
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture
+async def page() -> AsyncIterator[Any]:
+    """A page in headless Chromium, driven by Playwright through the system browser."""
+    executable = _chromium()
+    playwright = pytest.importorskip("playwright.async_api", reason="pip install playwright (in the test extra)")
+    async with playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            context = await browser.new_context(viewport={"width": 1400, "height": 1000})
+            yield await context.new_page()
+        finally:
+            await browser.close()
+
+
+async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, page: Any) -> None:
+    """The page connects with the token from its URL fragment, lists the worker, and a plan it submits
+    appears, runs on that worker and ends succeeded, with its events streamed live into the page."""
+    await cluster.coordinator()
+    await cluster.worker("w1", "--tags", "dash")
+    http_url = cluster.url.replace("ws://", "http://", 1)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    await page.goto(f"{http_url}/#token={CLIENT_TOKEN}")
+    await page.wait_for_selector('#conn-status[data-state="connected"]', timeout=15_000)
+    await page.wait_for_selector('#workers tr[data-worker-id="w1"]', timeout=15_000)
+    assert "1 workers" in await page.text_content("#summary")
+    assert "alive" in await page.text_content('#workers tr[data-worker-id="w1"]')
+    assert "dash" in await page.text_content('#workers tr[data-worker-id="w1"]')
+
+    await page.fill("#op", "sleep")
+    await page.fill("#args", '{"seconds": 1}')
+    await page.fill("#tags", "dash")
+    await page.click("#submit-button")
+    row = page.locator("#plans tbody tr").first
+    await row.wait_for(timeout=10_000)
+    plan_id = await row.get_attribute("data-plan-id")
+    assert plan_id
+    # It appears first live (queued/leased/running), then finishes, without a reload.
+    await page.wait_for_selector(f'#plans tr[data-plan-id="{plan_id}"][data-state="running"]', timeout=10_000)
+    await page.wait_for_selector(f'#plans tr[data-plan-id="{plan_id}"][data-state="succeeded"]', timeout=15_000)
+    await page.wait_for_selector('#events tr[data-kind="succeeded"]', timeout=5_000)
+    kinds = await page.eval_on_selector_all("#events tbody tr", "rows => rows.map(r => r.dataset.kind)")
+    assert kinds[0] == "queued" and kinds[-1] == "succeeded", kinds
+    assert "running" in kinds
+    assert "w1" in await page.text_content(f'#plans tr[data-plan-id="{plan_id}"]')
+
+    # A plan no worker can run waits in the queue, and the page says why.
+    await page.fill("#op", "train")
+    await page.fill("#tags", "")
+    await page.click("#submit-button")
+    queued = page.locator("#queue li").first
+    await queued.wait_for(timeout=10_000)
+    await page.wait_for_selector("#queue li .reason", timeout=10_000)
+    assert "no connected worker handles op 'train'" in await queued.text_content()
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    await page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    assert not errors, errors
+
+
+async def test_dashboard_without_a_valid_token_asks_for_one(cluster: Cluster, page: Any) -> None:
+    """A wrong token fails the handshake and the page shows the token form with a message."""
+    await cluster.coordinator()
+    http_url = cluster.url.replace("ws://", "http://", 1)
+    await page.goto(f"{http_url}/#token=wrong")
+    await page.wait_for_selector("#token-form:not([hidden])", timeout=15_000)
+    assert "check the token" in await page.text_content("#token-error")
+    assert await page.get_attribute("#conn-status", "data-state") == "disconnected"
