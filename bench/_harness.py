@@ -6,8 +6,11 @@ from the benchmark's own process, which plays the client. Everything listens on 
 127.0.0.1 only. Every wait has a deadline and every process started here is stopped here
 (SIGTERM, then SIGKILL), so a benchmark always ends by itself.
 
-``--store memory|sqlite`` is passed to the coordinator when its CLI has ``--store``; a
-coordinator without it keeps plans in memory, and the report says so (``store_used``).
+``--store memory|sqlite`` is passed to the coordinator when its CLI has ``--store`` (the
+SQLite file goes in a temporary ``--data-dir``); a coordinator without it keeps plans in
+memory, and the report says so (``store_used``). Per-client limits that a benchmark exceeds
+by design (message rate, unfinished plans, connections) are lifted the same way, flag by
+flag, and listed in the report (``limits_lifted``).
 """
 
 from __future__ import annotations
@@ -139,19 +142,33 @@ async def spawn(name: str, *argv: str, env: dict[str, str] | None = None) -> Pro
     return p
 
 
-_STORE_FLAG: bool | None = None
+_HELP: str | None = None
+
+# Limits a production coordinator keeps and a benchmark must lift: one client submitting
+# 20,000 plans a second is, by design, over the default per-client rate and plan quota.
+# Each is passed only when this coordinator's CLI has the flag; the report lists them.
+BENCH_LIMITS: dict[str, str] = {
+    "--client-rate": "0",
+    "--worker-rate": "0",
+    "--max-plans-per-client": "0",
+    "--max-connections": "0",
+    "--max-pending-messages": "10000000",
+}
 
 
-def coordinator_has_store_flag() -> bool:
-    """Whether ``fleetwire coordinator`` takes ``--store`` (the durable store's flag)."""
-    global _STORE_FLAG
-    if _STORE_FLAG is None:
-        out = subprocess.run(
+def coordinator_help() -> str:
+    """``fleetwire coordinator --help``, read once: which flags this coordinator has."""
+    global _HELP
+    if _HELP is None:
+        _HELP = subprocess.run(
             [sys.executable, "-m", "fleetwire", "coordinator", "--help"],
             capture_output=True, text=True, cwd=ROOT, env=bench_env(), check=False, timeout=60,
-        )
-        _STORE_FLAG = "--store" in out.stdout
-    return _STORE_FLAG
+        ).stdout
+    return _HELP
+
+
+def coordinator_has_flag(flag: str) -> bool:
+    return re.search(rf"{re.escape(flag)}\b", coordinator_help()) is not None
 
 
 @dataclass
@@ -166,16 +183,22 @@ class Fleet:
     others: list[Proc] = field(default_factory=list)
     tmp: tempfile.TemporaryDirectory[str] = field(default_factory=tempfile.TemporaryDirectory)
     port: int = 0
+    limits_lifted: dict[str, str] = field(default_factory=dict)
 
     async def start_coordinator(self, *extra: str, port: int = 0) -> Proc:
-        args = ["coordinator", "--host", HOST, "--port", str(port), "--insecure", "--log-level", "warning", *extra]
-        if coordinator_has_store_flag():
+        args = ["coordinator", "--host", HOST, "--port", str(port), "--insecure", "--log-level", "warning"]
+        if coordinator_has_flag("--store"):
             args += ["--store", self.store_asked]
-            if self.store_asked == "sqlite":
-                args += _sqlite_path_args(Path(self.tmp.name) / "fleetwire.db")
+            if self.store_asked == "sqlite" and coordinator_has_flag("--data-dir"):
+                args += ["--data-dir", self.tmp.name]
             self.store_used = self.store_asked
         else:
             self.store_used = "memory (this coordinator has no --store flag yet)"
+        for flag, value in BENCH_LIMITS.items():
+            if coordinator_has_flag(flag) and flag not in extra:
+                args += [flag, value]
+                self.limits_lifted[flag] = value
+        args += extra
         self.coordinator = await spawn("coordinator", sys.executable, "-m", "fleetwire", *args)
         self.url = (await self.coordinator.wait_for_line(r"listening on (ws://\S+)")).group(1)
         self.port = int(self.url.rsplit(":", 1)[1])
@@ -198,18 +221,6 @@ class Fleet:
         if self.coordinator is not None:
             await self.coordinator.stop()
         self.tmp.cleanup()
-
-
-def _sqlite_path_args(path: Path) -> list[str]:
-    """The flag that names the SQLite file, whichever the coordinator's CLI calls it."""
-    out = subprocess.run(
-        [sys.executable, "-m", "fleetwire", "coordinator", "--help"],
-        capture_output=True, text=True, cwd=ROOT, env=bench_env(), check=False, timeout=60,
-    ).stdout
-    for flag in ("--db", "--store-path", "--sqlite-path", "--database", "--data-dir", "--state-dir"):
-        if flag in out:
-            return [flag, str(path.parent if flag.endswith("dir") else path)]
-    return []
 
 
 @contextlib.asynccontextmanager
@@ -283,7 +294,7 @@ class Profiler:
         out = self.directory / f"{name}.txt"
         self._procs.append(subprocess.Popen(
             ["py-spy", "record", "--pid", str(pid), "--output", str(out), "--duration", str(duration_s),
-             "--rate", "250", "--format", "raw", "--nonblocking"],
+             "--rate", "1000", "--format", "raw", "--nonblocking"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))
 

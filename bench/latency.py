@@ -47,6 +47,7 @@ async def measure(samples: int, warmup: int, workers: int, store: str, profile: 
             cpu = {name: round((h.cpu_seconds(pid) - cpu0[name]) / samples * 1e6, 1) for name, pid in pids.items()}
         profiler.finish()
         store_used = f.store_used
+        limits = f.limits_lifted
     return {
         "bench": "latency",
         "system": "fleetwire",
@@ -54,6 +55,7 @@ async def measure(samples: int, warmup: int, workers: int, store: str, profile: 
         "workers": workers,
         "store_asked": store,
         "store_used": store_used,
+        "limits_lifted": limits,
         **h.summary_ms(times),
         "cpu_us_per_plan": cpu,
         "machine": h.machine(),

@@ -26,7 +26,8 @@ from fleetwire import Client
 
 
 async def measure(
-    plans: int, workers: int, max_concurrency: int, store: str, chunk: int, profile: str | None
+    plans: int, workers: int, max_concurrency: int, store: str, chunk: int, profile: str | None,
+    deadline_s: float = 300.0,
 ) -> dict[str, Any]:
     profiler = h.Profiler(profile)
     async with h.fleet(store) as f:
@@ -49,16 +50,22 @@ async def measure(
                 submitted += await client.submit_many("echo", range(start, min(plans, start + chunk)))
             t_accepted = time.perf_counter()
             failed = 0
-            for plan in submitted:
-                try:
-                    await plan.result()
-                except Exception:
-                    failed += 1
+            try:
+                async with asyncio.timeout(deadline_s):
+                    for plan in submitted:
+                        try:
+                            await plan.result()
+                        except Exception:
+                            failed += 1
+            except TimeoutError:
+                raise SystemExit(f"throughput: not every plan ended within {deadline_s} s; coordinator log tail:\n"
+                                 + "\n".join(f.coordinator.lines[-20:])) from None
             elapsed = time.perf_counter() - t0
             cpu = {name: round(h.cpu_seconds(pid) - cpu0[name], 3) for name, pid in pids.items()}
             cpu["client"] = round(time.process_time() - self0, 3)
         profiler.finish()
         store_used = f.store_used
+        limits = f.limits_lifted
     return {
         "bench": "throughput",
         "system": "fleetwire",
@@ -68,6 +75,7 @@ async def measure(
         "submit_chunk": chunk,
         "store_asked": store,
         "store_used": store_used,
+        "limits_lifted": limits,
         "failed": failed,
         "elapsed_s": round(elapsed, 4),
         "all_accepted_s": round(t_accepted - t0, 4),

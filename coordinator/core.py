@@ -53,8 +53,8 @@ from protocol.codec import DecodeFailure
 from protocol.messages import (
     TERMINAL_STATES,
     Accept,
-    Ack,
     Accepted,
+    Ack,
     Assign,
     Cancel,
     Done,
@@ -658,7 +658,9 @@ class Coordinator:
         plan.queued_at_s, plan.started_at_s = now, None
         signature = Signature.of(plan.op, plan.requirements, plan.avoid)
         pool = self.registry.matching(signature, signature.admits)
-        best = self.placement.choose(plan, pool, now)
+        # Only KV room can leave a group queued while a worker has a slot: a newcomer waits its turn.
+        ahead = self.queue.has_ahead(signature, plan.priority, plan.order)
+        best = None if ahead else self.placement.choose(plan, pool, now)
         if best is not None:
             self._assign(plan, best)
             return

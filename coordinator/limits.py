@@ -53,6 +53,8 @@ class Limits:
             (``https://dash.example.com``; ``*`` accepts any).
         ping_interval_s / ping_timeout_s: websocket pings; a peer that does not answer
             within the timeout is closed 1011 (half-open TCP, matrix row 22). None: off.
+        close_timeout_s: how long a closing connection waits for the peer's side of the
+            close before the TCP connection is dropped (a vanished peer never answers).
     """
 
     max_connections: int = 10_000
@@ -69,6 +71,7 @@ class Limits:
     allowed_origins: tuple[str, ...] = ()
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
+    close_timeout_s: float = 5.0
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first limit that cannot work."""
@@ -77,6 +80,8 @@ class Limits:
                 raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
         if not self.handshake_timeout_s > 0:
             raise ValueError(f"handshake timeout must be > 0 seconds, got {self.handshake_timeout_s}")
+        if not self.close_timeout_s > 0:
+            raise ValueError(f"close timeout must be > 0 seconds, got {self.close_timeout_s}")
         for name in ("worker_rate", "client_rate"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 messages/s (0: no limit), got {getattr(self, name)}")

@@ -113,13 +113,13 @@ class Placement:
         self.prefix = PrefixIndex()
         self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()  # (owner, key) -> worker id
         self._revoking: dict[str, tuple[str, int]] = {}  # plan id -> (idle worker it is for, attempt)
+        self._now = 0.0  # the time of the decision in progress (busyness ages reports with it)
 
     # ------------------------------------------------------------------ FleetView
 
     def busyness(self, worker: WorkerRecord) -> float:
-        """4 per lease plus 0.1 per queued prompt token (reported, plus placed since the report)."""
-        reported = worker.load.queued_tokens if worker.load is not None else 0
-        return busyness(len(worker.leases), reported + worker.pending_tokens)
+        """4 per lease plus 0.1 per queued prompt token (reported, placed since, aged by its drain rate)."""
+        return busyness(len(worker.leases), worker.queued_tokens(self._now))
 
     def prefix_match(self, hashes: Sequence[int], workers: Sequence[WorkerRecord]) -> dict[str, int]:
         """Per worker id, how many leading ``hashes`` its cache is thought to hold."""
@@ -130,7 +130,7 @@ class Placement:
     def registered(self, worker: WorkerRecord) -> None:
         """A worker (re)registered: size its prefix index from its KV budget."""
         caps = worker.capabilities
-        tokens = caps.kv_blocks * caps.kv_block_tokens or self.config.default_cache_tokens
+        tokens = caps.prefix_cache_tokens or caps.kv_blocks * caps.kv_block_tokens or self.config.default_cache_tokens
         self.prefix.set_capacity(worker.id, tokens)
 
     def forget(self, worker_ids: Iterable[str]) -> None:
@@ -180,6 +180,7 @@ class Placement:
 
     def choose(self, plan: Plan, pool: Iterable[WorkerRecord], now: float) -> WorkerRecord | None:
         """The worker of ``pool`` (the signature's workers) that gets the plan; None if none can."""
+        self._now = now
         free: list[WorkerRecord] = []
         queued: list[WorkerRecord] = []
         registry = self.registry
@@ -242,8 +243,8 @@ class Placement:
         the thief can run. Steals already asked for the thief count against its free slots.
         """
         registry = self.registry
-        if not thief.has_free_slot() or not registry.is_alive(thief.id, now):
-            return None
+        if self.config.prefetch <= 0 or not thief.has_free_slot() or not registry.is_alive(thief.id, now):
+            return None  # without prefetch no worker holds unstarted leases beyond its slots
         asked = sum(1 for pid, (to, _) in list(self._revoking.items()) if to == thief.id and self._revoke_live(pid))
         if len(thief.leases) + asked >= thief.capabilities.max_concurrency:
             return None

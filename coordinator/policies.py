@@ -135,21 +135,27 @@ class LeastBusy:
 
 @dataclass
 class LatencyWeighted:
-    """The least expected latency: reported p50 * (1 + leases / max concurrency).
+    """The least expected latency: reported p50 latency * (leases + 1), Finagle's "peak EWMA" cost.
 
-    A worker that has not reported a latency yet is scored with the mean of those that
-    have (or 1 ms when none has), so a new worker is tried rather than starved.
+    Multiplying by the outstanding count makes a fast worker take more plans, but not all
+    of them: its cost grows with every plan it holds. A worker that has not reported a
+    latency yet is costed at the mean of those that have (1 ms when none has), so a new
+    worker is tried rather than starved.
     """
 
     def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
-        known = [lat for w in candidates if (lat := _latency_ms(w)) > 0]
-        fallback = sum(known) / len(known) if known else 1.0
+        fallback = _mean_known(candidates, _latency_ms)
 
         def expected(w: WorkerRecord) -> float:
-            latency = _latency_ms(w) or fallback
-            return latency * (1 + len(w.leases) / max(1, w.capabilities.max_concurrency))
+            return (_latency_ms(w) or fallback) * (len(w.leases) + 1)
 
         return min(candidates, key=lambda w: (expected(w), fleet.busyness(w), *_tie(w)))
+
+
+def _mean_known(candidates: Sequence[WorkerRecord], figure: Callable[[WorkerRecord], float]) -> float:
+    """The mean of a reported figure over the candidates that report it (> 0); 1.0 when none does."""
+    known = [value for w in candidates if (value := figure(w)) > 0]
+    return sum(known) / len(known) if known else 1.0
 
 
 def _latency_ms(worker: WorkerRecord) -> float:
@@ -171,9 +177,10 @@ def _intensity(worker: WorkerRecord) -> float:
 class JouleWeighted:
     """The least projected energy (µJ/token * the plan's tokens) among the near-least-busy.
 
-    Workers that report no µJ/token rank after every worker that does; when none
-    does, this is least busy. ``max_gap`` (busyness units) keeps the choice among
-    workers nearly as idle as the least busy one: inf lets efficient workers fill
+    A worker that has not reported its µJ/token (no heartbeat yet, or no power probe) is
+    costed at the mean of those that have, so it is neither preferred nor starved; when
+    none reports one, this is least busy. ``max_gap`` (busyness units) keeps the choice
+    among workers nearly as idle as the least busy one: inf lets efficient workers fill
     every free slot, 0 makes it least busy with energy as the tie-break.
     """
 
@@ -181,11 +188,11 @@ class JouleWeighted:
 
     def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
         pool = _near_least_busy(candidates, fleet, self.max_gap)
+        fallback = _mean_known(pool, _uj_per_token)
         tokens = max(ask.tokens, 1)
 
-        def score(w: WorkerRecord) -> tuple[bool, float, float, int, str]:
-            uj = _uj_per_token(w)
-            return uj <= 0, projected_uj(uj, tokens), fleet.busyness(w), *_tie(w)
+        def score(w: WorkerRecord) -> tuple[float, float, int, str]:
+            return projected_uj(_uj_per_token(w) or fallback, tokens), fleet.busyness(w), *_tie(w)
 
         return min(pool, key=score)
 
@@ -194,23 +201,21 @@ class JouleWeighted:
 class CarbonWeighted:
     """The least projected emissions (energy * zone intensity) among the near-least-busy.
 
-    A worker without a µJ/token report is costed at the mean of those that report one
-    (all equal when none does); one without a zone intensity ranks after every worker
-    with one. ``max_gap`` as for :class:`JouleWeighted`.
+    A worker that has not reported its µJ/token or its zone intensity is costed at the
+    mean of the workers that have. ``max_gap`` as for :class:`JouleWeighted`.
     """
 
     max_gap: float = float("inf")
 
     def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
         pool = _near_least_busy(candidates, fleet, self.max_gap)
-        known = [uj for w in pool if (uj := _uj_per_token(w)) > 0]
-        fallback = sum(known) / len(known) if known else 1.0
+        uj_fallback = _mean_known(pool, _uj_per_token)
+        intensity_fallback = _mean_known(pool, _intensity)
         tokens = max(ask.tokens, 1)
 
-        def score(w: WorkerRecord) -> tuple[bool, float, float, int, str]:
-            intensity = _intensity(w)
-            grams = projected_g(projected_uj(_uj_per_token(w) or fallback, tokens), intensity)
-            return intensity <= 0, grams, fleet.busyness(w), *_tie(w)
+        def score(w: WorkerRecord) -> tuple[float, float, int, str]:
+            uj = projected_uj(_uj_per_token(w) or uj_fallback, tokens)
+            return projected_g(uj, _intensity(w) or intensity_fallback), fleet.busyness(w), *_tie(w)
 
         return min(pool, key=score)
 

@@ -220,6 +220,12 @@ class PlanQueue:
                 best = head
         return None if best is None else best[3]
 
+    def has_ahead(self, signature: Signature, priority: int, order: int) -> bool:
+        """Whether the group holds a plan that comes before one of ``priority`` and ``order``."""
+        group = self._groups.get(signature)
+        head = None if group is None else self._head(signature, group)
+        return head is not None and (head[0], head[1]) < (-priority, order)
+
     def counts(self) -> dict[Signature, int]:
         """How many plans each signature holds (for the autoscaler; one pass over the queue)."""
         counts: dict[Signature, int] = {}

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from coordinator.core import Coordinator
     from coordinator.registry import WorkerRecord, WorkerRegistry
 
-__all__ = ["Recovery", "ReaperBreaker", "plan_from_store"]
+__all__ = ["ReaperBreaker", "Recovery", "plan_from_store"]
 
 log = structlog.get_logger(__name__)
 

@@ -54,9 +54,10 @@ class WorkerRecord:
         drain_deadline_s: monotonic time at which its remaining plans are requeued, if any.
         prefetch: leases it may hold beyond ``max_concurrency``, unstarted (the registry's
             setting, copied at registration).
-        kv_reserved: KV blocks its leases reserve (docs/ROUTING.md §KV-block admission).
         pending_tokens: prompt tokens placed on it since its last load report, which that
             report could not count yet.
+        drain_tokens_per_s: how fast it works off queued tokens, learned from its reports
+            (0 until learned); lets the coordinator age its estimate between reports.
     """
 
     id: str
@@ -71,8 +72,8 @@ class WorkerRecord:
     draining: bool = False
     drain_deadline_s: float | None = None
     prefetch: int = 0
-    kv_reserved: int = 0
     pending_tokens: int = 0
+    drain_tokens_per_s: float = 0.0
 
     def has_capacity(self) -> bool:
         """Whether it can take one more lease: not draining, and fewer leases than its concurrency + prefetch."""
@@ -84,6 +85,32 @@ class WorkerRecord:
     def has_free_slot(self) -> bool:
         """Whether it can start one more plan now: not draining, and fewer leases than its concurrency."""
         return len(self.leases) < self.capabilities.max_concurrency and not self.draining
+
+    def queued_tokens(self, now: float) -> float:
+        """Prompt tokens it has yet to work through, as the coordinator estimates them at ``now``.
+
+        The last report plus what was placed since, less what the learned drain rate has
+        worked off since the report.
+        """
+        reported = self.load.queued_tokens if self.load is not None else 0
+        drained = self.drain_tokens_per_s * max(0.0, now - self.last_beat_s)
+        return max(0.0, reported + self.pending_tokens - drained)
+
+    def learn_drain_rate(self, had_tokens: float, has_tokens: int, now: float) -> None:
+        """Update :attr:`drain_tokens_per_s` from two reports: it had ``had_tokens``, it has ``has_tokens``.
+
+        An interval that ended with tokens still queued shows the worker's full rate (moving
+        average); one that ended empty only shows a lower bound.
+        """
+        interval = now - self.last_beat_s
+        if interval <= 0:
+            return
+        sample = max(0.0, had_tokens - has_tokens) / interval
+        if has_tokens > 0:
+            rate = self.drain_tokens_per_s
+            self.drain_tokens_per_s = sample if rate == 0 else rate + 0.2 * (sample - rate)
+        elif sample > self.drain_tokens_per_s:
+            self.drain_tokens_per_s = sample
 
     def backlog(self) -> int:
         """Leases beyond its concurrency: plans waiting unstarted in its local queue."""
@@ -161,6 +188,8 @@ class WorkerRegistry:
             UnknownWorker: the id is not registered (never was, or was reaped).
         """
         record = self.get(worker_id)
+        if record.load is not None:
+            record.learn_drain_rate(record.load.queued_tokens + record.pending_tokens, load.queued_tokens, now)
         record.load = load
         record.last_beat_s = now
         record.pending_tokens = 0  # this report counts what was placed before it

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import msgspec
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -46,7 +47,7 @@ from coordinator.stats import FrameCounters
 from coordinator.store import Store, open_store
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec, Encoding
 from protocol import errors as codes
-from protocol.messages import Error, FromClient, FromWorker
+from protocol.messages import Assign, Error, FromClient, FromWorker
 
 log = structlog.get_logger(__name__)
 
@@ -289,6 +290,7 @@ class CoordinatorServer:
             open_timeout=limits.handshake_timeout_s,  # slowloris: unfinished handshakes are dropped
             ping_interval=limits.ping_interval_s,
             ping_timeout=limits.ping_timeout_s,
+            close_timeout=limits.close_timeout_s,
         )
         sockets = list(self._server.sockets)
         if sockets:
@@ -422,7 +424,8 @@ class CoordinatorServer:
         except ConnectionClosed:
             pass
         finally:
-            if ws.close_code == codes.CLOSE_TOO_BIG:
+            sent = ws.protocol.close_sent
+            if sent is not None and sent.code == codes.CLOSE_TOO_BIG:  # websockets refused a frame (max_size)
                 log.warning(
                     "refused: frame over the size limit", conn_id=conn_id, role=role, principal=principal.name,
                     address=address, limit_bytes=ws.protocol.max_message_size,
@@ -461,7 +464,11 @@ class CoordinatorServer:
         sessions = self._sessions
         cap = self.settings.limits.max_pending_messages
         slow: list[_Session] = []
-        for conn_id, msgs in effects.sends.items():
+        sends = effects.sends
+        if len(sends) > 2:  # fan-out: one event to many subscribers is encoded once, not per session
+            sends = _encode_shared(sends, sessions)
+        woken: list[_Session] = []
+        for conn_id, msgs in sends.items():
             session = sessions.get(conn_id)
             if session is not None and not session.killed:
                 # Already at the cap before this batch: the peer is not reading. (A burst such as
@@ -469,7 +476,14 @@ class CoordinatorServer:
                 if len(session.pending) >= cap:
                     slow.append(session)
                 session.pending.extend(msgs)
-                session.wake.set()
+                # Writers run in the order they are woken. A worker's ``assign`` goes first: it is
+                # on the plan's critical path; the client's ``accepted``/``leased`` are not.
+                if session.role == "worker" and any(type(m) is Assign for m in msgs):
+                    session.wake.set()
+                else:
+                    woken.append(session)
+        for session in woken:
+            session.wake.set()
         for conn_id, code, reason in effects.closes:
             session = sessions.get(conn_id)
             if session is not None:
@@ -527,6 +541,41 @@ class CoordinatorServer:
             except Exception:
                 log.exception("reaper tick failed")
             self._flush()
+
+
+def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, _Session]) -> dict[int, list[Any]]:
+    """``sends`` with every message that goes to several sessions encoded once per encoding.
+
+    The core hands the same Struct to every subscriber of a plan; the writers would encode it
+    once each. Here each such message becomes a ``msgspec.Raw`` (its encoded bytes, which the
+    codec copies into a frame as they are), made once per encoding and shared by all sessions.
+    """
+    counts: dict[int, int] = {}
+    for msgs in sends.values():
+        for msg in msgs:
+            key = id(msg)
+            counts[key] = counts.get(key, 0) + 1
+    if len(counts) == sum(counts.values()):
+        return sends  # nothing is shared
+    raws: dict[tuple[int, str], msgspec.Raw] = {}
+    out: dict[int, list[Any]] = {}
+    for conn_id, msgs in sends.items():
+        session = sessions.get(conn_id)
+        if session is None:
+            continue
+        codec = session.codec
+        encoded: list[Any] = []
+        for msg in msgs:
+            key = id(msg)
+            if counts[key] < 2:
+                encoded.append(msg)
+                continue
+            raw = raws.get((key, codec.encoding))
+            if raw is None:
+                raw = raws[(key, codec.encoding)] = codec.encode_raw(msg)
+            encoded.append(raw)
+        out[conn_id] = encoded
+    return out
 
 
 async def _close_or_abort(ws: ServerConnection, code: int, reason: str) -> None:

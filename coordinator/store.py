@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
+import structlog
 
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
 from protocol.messages import Event
@@ -46,6 +47,8 @@ __all__ = [
     "default_data_dir",
     "open_store",
 ]
+
+log = structlog.get_logger(__name__)
 
 DB_FILE = "coordinator.sqlite3"
 SCHEMA_VERSION = 1
@@ -251,8 +254,17 @@ class SQLiteStore:
             raise StoreError(f"cannot read the store {self.path}: {exc}") from exc
         return list(plans.values())
 
+    def _encode(self, record: Record) -> bytes:
+        try:
+            return self._encoder.encode(record)
+        except (TypeError, ValueError, OverflowError) as exc:
+            # A payload msgpack cannot hold (e.g. a map with null keys that came in as JSON-ish
+            # data) must not stop the coordinator: keep the record, with the payload as text.
+            log.error("record payload cannot be stored; storing it as text", plan_id=record.plan_id, error=str(exc))
+            return self._encoder.encode(_as_text(record))
+
     def write(self, records: Sequence[Record]) -> None:
-        encode = self._encoder.encode
+        encode = self._encode
         created: list[tuple[Any, ...]] = []
         events: list[tuple[Any, ...]] = []
         statuses: list[tuple[Any, ...]] = []
@@ -297,3 +309,19 @@ class SQLiteStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _as_text(record: Record) -> Record:
+    """``record`` with its free-form payloads (args, data, result, error detail) replaced by their repr."""
+    def text(value: Any) -> str:
+        return f"<not storable: {value!r:.200}>"
+
+    if isinstance(record, Event):
+        return msgspec.structs.replace(record, data=text(record.data))
+    if isinstance(record, PlanStatus):
+        error = record.error
+        if error is not None and error.detail is not None:
+            error = msgspec.structs.replace(error, detail=text(error.detail))
+        return msgspec.structs.replace(record, result=text(record.result) if record.result is not None else None,
+                                       error=error, history=[])  # fmt: skip
+    return msgspec.structs.replace(record, submit=msgspec.structs.replace(record.submit, args=text(record.submit.args)))

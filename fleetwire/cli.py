@@ -1,7 +1,9 @@
 """The ``fleetwire`` command line.
 
 Commands: ``up`` (local coordinator + workers, zero config), ``coordinator``, ``worker``,
-``submit``, ``watch``, ``workers``, ``cancel``, ``protocol schema``. Client commands read
+``submit``, ``watch``, ``workers``, ``cancel``, ``plans``, ``drain``, ``undrain``,
+``completion``, ``protocol schema``. What client commands print (tables, live progress,
+``--json``) lives in ``fleetwire/console.py``. Client commands read
 ``FLEETWIRE_URL`` and ``FLEETWIRE_TOKEN`` (or ``--url``/``--token``). The coordinator and
 the worker agent are imported only by the commands that run them, so the SDK never
 depends on them.
@@ -25,18 +27,18 @@ from typing import Any
 
 import msgspec
 
+from fleetwire import console
 from fleetwire.cli_security import add_security_arguments, add_token_arguments, add_token_command, security_settings
-from fleetwire.client import Client, Plan
-from fleetwire.errors import PlanCancelled, PlanFailed
+from fleetwire.client import Client
+from fleetwire.console import finish as _finish
+from fleetwire.errors import FleetwireConnectionError
 from fleetwire.logs import LEVELS, configure_logging
 from protocol import json_schema
 from protocol.errors import FleetwireError
-from protocol.messages import Event, WorkerInfo
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_CANCELLED = 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = (
+    console.EXIT_OK, console.EXIT_FAILED, console.EXIT_USAGE, console.EXIT_CANCELLED
+)
 
 DEFAULT_PORT = 8765
 
@@ -68,42 +70,6 @@ def _client_target(ns: argparse.Namespace) -> tuple[str, str | None]:
     if getattr(ns, "ca_file", None):
         os.environ["FLEETWIRE_CA_FILE"] = ns.ca_file  # the SDK's default ca_file (wss:// with a private CA)
     return url, ns.token or os.environ.get("FLEETWIRE_TOKEN")
-
-
-def _print_event(event: Event, as_json: bool) -> None:
-    if as_json:
-        print(_json({"plan_id": event.plan_id, "seq": event.seq, "kind": event.kind, "data": event.data}), flush=True)
-    else:
-        data = "" if event.data is None else " " + _json(event.data)
-        print(f"[{event.seq}] {event.kind}{data}", flush=True)
-
-
-async def _finish(plan: Plan, *, follow: bool, as_json: bool) -> int:
-    """Wait for the plan's terminal event, printing events as asked; the exit status says the outcome."""
-    async for event in plan.events():
-        if follow:
-            _print_event(event, as_json)
-        elif event.kind == "waiting" and not as_json:
-            print(f"plan {plan.id} waiting: {(event.data or {}).get('reason', '')}", file=sys.stderr, flush=True)
-    try:
-        result = await plan.result()
-    except PlanFailed as exc:
-        if as_json:
-            print(_json({"plan_id": plan.id, "state": "failed", "error": {"code": exc.code, "message": str(exc)}}))
-        else:
-            print(f"plan {plan.id} failed [{exc.code}]: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except PlanCancelled:
-        if as_json:
-            print(_json({"plan_id": plan.id, "state": "cancelled"}))
-        else:
-            print(f"plan {plan.id} cancelled", file=sys.stderr)
-        return EXIT_CANCELLED
-    if as_json:
-        print(_json({"plan_id": plan.id, "state": "succeeded", "result": result}))
-    else:
-        print(_json(result))
-    return EXIT_OK
 
 
 async def _submit(ns: argparse.Namespace) -> int:
@@ -149,41 +115,11 @@ async def _cancel(ns: argparse.Namespace) -> int:
     return EXIT_OK if info.state == "cancelled" else EXIT_FAILED
 
 
-def _gb(n_bytes: int) -> str:
-    return f"{n_bytes / 1e9:.1f} GB"
-
-
-def _workers_table(rows: list[WorkerInfo]) -> str:
-    header = ("ID", "TAGS", "CPUS", "GPUS", "RAM", "IN-FLIGHT", "LAST BEAT", "STATE")
-    lines: list[tuple[str, ...]] = [header]
-    for w in rows:
-        caps = w.capabilities
-        beat = "-" if w.last_beat_age_s is None else f"{w.last_beat_age_s:.1f}s ago"
-        state = "alive" if w.alive else ("suspect" if w.connected else "disconnected")
-        lines.append((
-            w.id,
-            ",".join(caps.tags) or "-",
-            str(caps.cpu_cores),
-            str(len(caps.gpus)),
-            _gb(caps.ram_bytes),
-            f"{w.leases}/{caps.max_concurrency}",
-            beat,
-            state,
-        ))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-                     for line in lines)
-
-
 async def _workers(ns: argparse.Namespace) -> int:
     url, token = _client_target(ns)
     async with Client(url, token=token) as client:
         reply = await client.workers()
-    if ns.json:
-        print(_json({"summary": reply.summary, "workers": reply.workers}))
-    else:
-        print(_workers_table(reply.workers))
-        print(reply.summary)
+    console.print_workers(reply, as_json=ns.json)
     return EXIT_OK
 
 
@@ -541,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps.set_defaults(func=_schema)
 
     add_token_command(sub, [common])
+    console.add_operator_commands(sub, common=common, client=client, target=_client_target, root=build_parser)
     return parser
 
 
@@ -552,8 +489,13 @@ def main(argv: list[str] | None = None) -> int:
         return _run(ns.func(ns))
     except KeyboardInterrupt:
         return 130
+    except FleetwireConnectionError as exc:  # says which URL it tried and what to check
+        return _fail(console.explain_unreachable(exc, getattr(ns, "url", None) or os.environ.get("FLEETWIRE_URL")),
+                     EXIT_FAILED)
     except FleetwireError as exc:
         return _fail(f"{exc} [{exc.code}]", EXIT_FAILED)
+    except BrokenPipeError:  # stdout closed early (`| head`): nothing is wrong with the coordinator
+        return EXIT_OK
     except (OSError, ConnectionError) as exc:
         return _fail(f"cannot reach the coordinator: {exc}", EXIT_FAILED)
 

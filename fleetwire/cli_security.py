@@ -30,6 +30,7 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "max_pending_messages": ("max_pending_messages", 50_000),
     "ping_interval": ("ping_interval_s", 20.0),
     "ping_timeout": ("ping_timeout_s", 20.0),
+    "close_timeout": ("close_timeout_s", 5.0),
 }
 
 
@@ -77,6 +78,9 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {_default('ping_interval')})")
     g.add_argument("--ping-timeout", type=float, default=_default("ping_timeout"), metavar="S",
                    help=f"(default {_default('ping_timeout')})")
+    g.add_argument("--close-timeout", type=float, default=_default("close_timeout"), metavar="S",
+                   help="how long a closing connection waits for the peer before dropping TCP "
+                        f"(default {_default('close_timeout')})")
 
 
 def add_token_arguments(p: argparse.ArgumentParser) -> None:

@@ -28,17 +28,24 @@ Theory of operation (docs/PROTOCOL.md §Client session):
   stream starts after it) or from its own ``subscribed`` (whose replay starts the
   stream from ``from_seq``). Events that reach it earlier belong to another
   subscription of this session and could arrive ahead of the replay.
-* When the session ends, every pending call and every unfinished plan fails with
-  ``FleetwireConnectionError``. Resuming after a reconnect needs only
-  ``watch(plan_id, from_seq=plan.last_seq)`` per unfinished plan on a new session.
+* A dropped connection is resumed (``fleetwire/resume.py``): the client dials again with
+  backoff, re-sends the requests still waiting for a reply (a submit always carries a plan
+  id, so a re-sent one is idempotent) and re-subscribes every unfinished plan from its last
+  ``seq``; ``events()`` continues without a gap or a duplicate, and a ``resync`` marker
+  stands in for events the coordinator no longer holds.
+* When the session ends for good (closed, a close the coordinator meant, the reconnect
+  deadline), every pending call and every unfinished plan fails with
+  ``FleetwireConnectionError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
+import secrets
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -54,11 +61,12 @@ from websockets.typing import Subprotocol
 from fleetwire.errors import (
     AuthError,
     FleetwireConnectionError,
-    InvalidArgument,
     ProtocolError,
+    RequestError,
     request_error,
 )
 from fleetwire.plan import Plan
+from fleetwire.resume import Resumer
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Codec, DecodeFailure, Encoding
 from protocol.messages import (
@@ -77,6 +85,7 @@ from protocol.messages import (
     Plans,
     PlanStateName,
     Requirements,
+    Resync,
     RoutingHints,
     Submit,
     Subscribe,
@@ -133,6 +142,7 @@ class _Pending:
     future: asyncio.Future[Any]
     # Runs in the reader, on the reply, before the next message is dispatched.
     on_reply: Callable[[Any], Any] | None = None
+    raw: Any = None  # the encoded request, sent again after a reconnect (fleetwire/resume.py)
 
 
 class Client:
@@ -162,6 +172,10 @@ class Client:
         open_timeout_s: float | None = 10.0,
         max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
         ca_file: str | None = None,
+        reconnect: bool = True,
+        reconnect_base_s: float = 0.5,
+        reconnect_cap_s: float = 30.0,
+        reconnect_give_up_s: float | None = 120.0,
     ) -> None:
         if encoding not in ENCODING_SUBPROTOCOL:
             raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
@@ -182,6 +196,9 @@ class Client:
         self._plans: dict[str, list[Plan]] = {}
         self._closing = False
         self._ended: FleetwireConnectionError | None = None
+        self._resumer = Resumer(
+            self, enabled=reconnect, base_s=reconnect_base_s, cap_s=reconnect_cap_s, give_up_s=reconnect_give_up_s
+        )
 
     def __repr__(self) -> str:
         return f"<Client {self.url} {self.encoding}{' closed' if self.closed else ''}>"
@@ -202,6 +219,11 @@ class Client:
         """
         if self._ws is not None:
             raise RuntimeError("this Client is already connected; make a new Client per session")
+        self._attach(await self._dial())
+        return self
+
+    async def _dial(self) -> ClientConnection:
+        """A new websocket to the coordinator (the first one, or one that resumes the session)."""
         subprotocol = Subprotocol(ENCODING_SUBPROTOCOL[self.encoding])
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         try:
@@ -227,10 +249,13 @@ class Client:
                 f"the coordinator at {self.url} did not accept subprotocol {subprotocol!r} "
                 f"(it selected {ws.subprotocol!r})"
             )
+        return ws
+
+    def _attach(self, ws: ClientConnection) -> None:
         self._ws = ws
         self._reader = asyncio.create_task(self._read_loop(ws), name="fleetwire-client-reader")
         self._writer = asyncio.create_task(self._write_loop(ws), name="fleetwire-client-writer")
-        return self
+        self._outbox_ready.set()  # requests queued while no session was up
 
     def _tls(self) -> dict[str, Any]:
         """``connect`` arguments for ``wss://``: the system CAs, or only ``ca_file`` when given."""
@@ -267,8 +292,13 @@ class Client:
         if self._ws is None:
             return
         self._closing = True
+        if self._resumer.resuming:
+            self._resumer.cancel()
+            self._end(FleetwireConnectionError("the client was closed"))
         await self._ws.close()
-        await asyncio.gather(*(task for task in (self._reader, self._writer) if task is not None))
+        # return_exceptions: a writer cancelled when its connection dropped (fleetwire/resume.py)
+        tasks = [task for task in (self._reader, self._writer) if task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def __aenter__(self) -> Client:
         return await self.connect()
@@ -327,11 +357,11 @@ class Client:
             priority=priority,
             timeout_s=timeout_s,
             max_attempts=max_attempts,
-            plan_id=plan_id,
+            plan_id=plan_id or _new_plan_id(),  # always an id: a submit re-sent after a reconnect is idempotent
             subscribe=True,
             hints=routing,
         )
-        plan: Plan = await self._request(msg, Accepted, self._on_accepted)
+        plan: Plan = await self._request(msg, Accepted, functools.partial(self._on_accepted, own=plan_id is None))
         if plan.duplicate:
             # A duplicate's events were emitted before this session subscribed: replay them
             # (a coordinator that replays them after ``accepted`` too costs only duplicates,
@@ -362,8 +392,9 @@ class Client:
             The plans, in the order of ``args``, each subscribed from its first event.
 
         Raises:
-            InvalidArgument: the coordinator refused a submit (the first refusal is raised
-                once every reply is in; the accepted plans stay submitted and subscribed).
+            RequestError: the coordinator refused a submit (``InvalidArgument``, a limit...):
+                the first refusal is raised once every reply is in; the accepted plans stay
+                submitted and subscribed.
             ValueError: ``plan_ids`` and ``args`` differ in length, or bad ``requirements``.
         """
         if self._ended is not None:
@@ -382,29 +413,36 @@ class Client:
             req_id = next(self._req_ids)
             msg = Submit(
                 req_id=req_id, op=op, args=item, requirements=reqs, priority=priority, timeout_s=timeout_s,
-                max_attempts=max_attempts, plan_id=plan_id, subscribe=True,
+                max_attempts=max_attempts, plan_id=plan_id or _new_plan_id(), subscribe=True,
             )
             raws.append(msgspec.Raw(encode([msg])))  # an unencodable item fails here, before anything is sent
             req_ids.append(req_id)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
-        for req_id in req_ids:
+        for req_id, raw, plan_id in zip(req_ids, raws, ids, strict=True):
             future: asyncio.Future[Any] = loop.create_future()
-            self._pending[req_id] = _Pending("submit", Accepted, future, self._on_accepted)
+            accepted = functools.partial(self._on_accepted, own=plan_id is None)
+            self._pending[req_id] = _Pending("submit", Accepted, future, accepted, raw)
             futures.append(future)
         plans: list[Plan] = []
-        refused: BaseException | None = None
+        refused: RequestError | None = None
         try:
             self._outbox.extend(raws)
             self._outbox_ready.set()
             for future in futures:
                 try:
                     plans.append(await future)
-                except InvalidArgument as exc:
+                except RequestError as exc:
                     refused = refused or exc
         finally:
             for req_id in req_ids:
                 self._pending.pop(req_id, None)
+            for future in futures:  # after an early exit: no "exception was never retrieved"
+                if future.done():
+                    if not future.cancelled():
+                        future.exception()
+                else:
+                    future.cancel()
         for plan in plans:
             if plan.duplicate:  # as in submit(): replay the stream that began before this session
                 await self._subscribe(plan, 0)
@@ -499,7 +537,7 @@ class Client:
             raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
         raw = msgspec.Raw(self._codec.encode([msg]))  # an unencodable argument fails here, in the caller
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[msg.req_id] = _Pending(type_name(type(msg)), expect, future, on_reply)
+        self._pending[msg.req_id] = _Pending(type_name(type(msg)), expect, future, on_reply, raw)
         try:
             self._outbox.append(raw)
             self._outbox_ready.set()
@@ -516,11 +554,16 @@ class Client:
             self._unregister(plan)
             raise
 
-    def _on_accepted(self, reply: Accepted) -> Plan:
+    def _on_accepted(self, reply: Accepted, own: bool = False) -> Plan:
         # Runs in the reader: registered before the events that follow ``accepted``.
         # A duplicate's stream began before this session subscribed, so it goes live
-        # only with the replay of its own ``subscribe`` (see ``submit``).
-        plan = Plan(self, reply.plan_id, state=reply.state, duplicate=reply.duplicate, live=not reply.duplicate)
+        # only with the replay of its own ``subscribe`` (see ``submit``). A duplicate of an
+        # id the SDK made (``own``) is this client's submit re-sent after a reconnect: not a
+        # duplicate to the caller, and live at once (the coordinator replays its stream).
+        if own and reply.duplicate:
+            plan = Plan(self, reply.plan_id, state=reply.state, live=True)
+        else:
+            plan = Plan(self, reply.plan_id, state=reply.state, duplicate=reply.duplicate, live=not reply.duplicate)
         self._register(plan)
         return plan
 
@@ -547,7 +590,8 @@ class Client:
             log.exception("fleetwire client: dispatch failed; closing the session")
             await ws.close(codes.CLOSE_INTERNAL, "client error")
         finally:
-            self._end(self._ending_error(ws))
+            if ws is self._ws:
+                self._resumer.session_lost(self._ending_error(ws))  # resume, or end the session
 
     def _dispatch(self, msg: ToClient | DecodeFailure) -> None:
         match msg:
@@ -566,6 +610,9 @@ class Client:
                     pending.future.set_exception(
                         request_error(msg.code, msg.message, req_id=msg.req_id, plan_id=msg.plan_id)
                     )
+            case Resync():
+                for plan in self._plans.get(msg.plan_id, ()):
+                    plan._resync(msg)
             case DecodeFailure():
                 log.warning("fleetwire client: undecodable message from the coordinator: %s", msg.message)
             case _:
@@ -641,6 +688,11 @@ class Client:
         self._plans.clear()
         self._outbox.clear()
         self._outbox_ready.set()  # lets the writer see the end and return
+
+
+def _new_plan_id() -> str:
+    """A plan id made by the SDK: the coordinator's format, so it is also the idempotency key."""
+    return secrets.token_hex(8)
 
 
 def _hints(hints: RoutingHints | Mapping[str, Any] | None, session_key: str | None, policy: str | None) -> RoutingHints:

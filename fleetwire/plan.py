@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
 from protocol import errors as codes
-from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, PlanInfo, PlanStateName
+from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, PlanInfo, PlanStateName, Resync
 
 if TYPE_CHECKING:
     from fleetwire.client import Client
@@ -71,6 +71,7 @@ class Plan:
         self._failure: ErrorInfo | None = None
         self._cancel_reason = ""
         self._lost: FleetwireConnectionError | None = None
+        self.resyncs = 0  # runs of events the coordinator could no longer replay (see ``_resync``)
 
     def __repr__(self) -> str:
         return f"<Plan {self.id} {self.state or 'unknown'} seq={self.last_seq}>"
@@ -155,6 +156,27 @@ class Plan:
                 self._cancel_reason = str(data.get("reason", ""))
             if state in TERMINAL_STATES:
                 self._final = state
+        self._wake()
+
+    def _resync(self, msg: Resync) -> None:
+        """The coordinator no longer holds seqs ``first_seq..last_seq``: say so in the stream.
+
+        ``events()`` yields a marker ``Event(kind="resync", seq=last_seq, data={"recovered":
+        False, "first_seq", "last_seq", "state"})`` in their place, so the stream has no silent
+        gap; the plan's state comes from the record the coordinator sent with it.
+        """
+        if not self._live or self._final is not None or msg.last_seq <= self.last_seq:
+            return
+        info = msg.plan
+        data = {"recovered": msg.recovered, "first_seq": max(msg.first_seq, self.last_seq + 1),
+                "last_seq": msg.last_seq, "state": info.state if info is not None else None}  # fmt: skip
+        self._events.append(Event(plan_id=self.id, kind="resync", data=data, seq=msg.last_seq))
+        self.last_seq = msg.last_seq
+        self.resyncs += 1
+        if info is not None:
+            if info.state not in TERMINAL_STATES:
+                self.state = info.state
+            self._finish_from_info(info)  # ends it when its terminal event was among the missing ones
         self._wake()
 
     def _finish_from_info(self, info: PlanInfo) -> None:

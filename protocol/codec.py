@@ -154,8 +154,19 @@ class Codec:
         try:
             return self.encode(msgs)
         except (TypeError, OverflowError, ValueError):
-            portable = [_portable(msgspec.to_builtins(m, builtin_types=(bytes,))) for m in msgs]
+            portable = [
+                m if isinstance(m, msgspec.Raw) else _portable(msgspec.to_builtins(m, builtin_types=(bytes,)))
+                for m in msgs
+            ]
             return self.encode(portable)
+
+    def encode_raw(self, msg: Any) -> msgspec.Raw:
+        """One message encoded (as by :meth:`encode_safe`), to be put in many frames as is.
+
+        A frame encoded from a list holding ``msgspec.Raw`` items copies their bytes: this is
+        how one event for many subscribers is encoded once (coordinator/server.py).
+        """
+        return msgspec.Raw(self.encode_safe([msg]))
 
     def decode(self, frame: bytes | str) -> list[Any]:
         """Messages of a frame, each a Struct or a ``DecodeFailure``, in order."""

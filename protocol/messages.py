@@ -62,6 +62,7 @@ class Capabilities(msgspec.Struct, omit_defaults=True):
     hostname: str = ""
     kv_blocks: int = 0  # KV-cache block budget (0: no KV admission on this worker)
     kv_block_tokens: int = 0  # tokens per KV block
+    prefix_cache_tokens: int = 0  # prefix-cache size incl. offload tiers (0: kv_blocks * kv_block_tokens)
     carbon_zone: str = ""  # grid zone, e.g. "FR", "US-CAL-CISO"
     continuous_batching: bool = False
     paged_kv: bool = False

@@ -22,9 +22,11 @@ Zones are matched exactly, then by the part before the first ``-`` (``US-CAL-CIS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -170,13 +172,19 @@ class CarbonIntensity:
         if self.command is None:
             return
         env = {**os.environ, "FLEETWIRE_CARBON_ZONE": self.zone}
+        # Its own process group, so a timeout kills the shell and whatever it started.
         proc = await asyncio.create_subprocess_shell(
-            self.command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+            self.command,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
         )
         try:
             stdout, stderr = await asyncio.wait_for(proc.communicate(), self.timeout_s)
         except TimeoutError:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
             log.warning("carbon command timed out; keeping the previous value", timeout_s=self.timeout_s)
             return

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -181,7 +181,8 @@ class InferenceEngine:
             load = await asyncio.to_thread(parse_engine_metrics, response.text)  # a big exposition parses off-loop
         except (httpx.HTTPError, ValueError) as exc:
             if not self._metrics_failing:  # say it once per outage, not every few seconds
-                log.warning("cannot read the engine's metrics", url=self.metrics_url, error=f"{type(exc).__name__}: {exc}")
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("cannot read the engine's metrics", url=self.metrics_url, error=error)
             self._metrics_failing = True
             return None
         if self._metrics_failing:
@@ -191,16 +192,17 @@ class InferenceEngine:
         return load
 
     async def poll_metrics_forever(self) -> None:
-        """Scrape every ``metrics_interval_s`` until cancelled."""
+        """Scrape every ``metrics_interval_s`` until cancelled (the first scrape is the caller's)."""
         while self.metrics_url is not None:
-            await self.scrape_metrics()
             await asyncio.sleep(self.metrics_interval_s)
+            await self.scrape_metrics()
 
     # ------------------------------------------------------------------ the handler
 
     def _request(self, args: Any) -> tuple[str, dict[str, Any]]:
         if not isinstance(args, Mapping):
-            raise HandlerError(errors.INVALID_ARGUMENT, f"generate takes a map of OpenAI fields, got {type(args).__name__}")
+            got = type(args).__name__
+            raise HandlerError(errors.INVALID_ARGUMENT, f"generate takes a map of OpenAI request fields, got {got}")
         chat, completion = "messages" in args, "prompt" in args
         if chat == completion:
             raise HandlerError(
@@ -277,7 +279,7 @@ class InferenceEngine:
         }
 
 
-async def _sse_chunks(response: httpx.Response, url: str) -> Any:
+async def _sse_chunks(response: httpx.Response, url: str) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of an OpenAI server-sent event stream, until ``[DONE]`` or its end."""
     data: list[str] = []
     async for line in response.aiter_lines():

@@ -89,8 +89,6 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-block-tokens", type=_positive_int, default=16, metavar="N", help="tokens per KV block (default 16)"
     )
-
-
     add_telemetry_arguments(parser)  # energy, carbon and --inference-url (worker_agent/telemetry.py)
 
 

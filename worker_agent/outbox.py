@@ -151,12 +151,12 @@ class Outbox:
 def _shed_events(items: deque[Any], limit: int) -> deque[Any]:
     """``items`` cut to ``limit`` by dropping the oldest ephemeral events, then the oldest events."""
     excess = len(items) - limit
-    for droppable in (lambda m: isinstance(m, protocol.Event) and m.ephemeral, lambda m: isinstance(m, protocol.Event)):
+    for ephemeral_only in (True, False):
         if excess <= 0:
             break
         kept: deque[Any] = deque()
         for m in items:
-            if excess > 0 and droppable(m):
+            if excess > 0 and isinstance(m, protocol.Event) and (m.ephemeral or not ephemeral_only):
                 excess -= 1
             else:
                 kept.append(m)

@@ -64,12 +64,14 @@ class Telemetry:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Start sampling and refreshing; learn the engine's models (a dead engine only warns)."""
+        """Start sampling and refreshing; learn the engine's models and load (a dead engine only warns,
+        after at most its 5 s request timeout)."""
         if self.sampler is not None:
             self.sampler.start()
         if self.engine is not None:
             await self.engine.discover_models()
             if self.engine.metrics_url is not None:
+                await self.engine.scrape_metrics()  # so the first heartbeat already carries the engine's load
                 self._tasks.append(asyncio.create_task(self.engine.poll_metrics_forever(), name="engine-metrics"))
         if self.carbon is not None and self.carbon.command is not None:
             self._tasks.append(asyncio.create_task(self.carbon.refresh_forever(), name="carbon-command"))
@@ -169,7 +171,7 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
                        help="OpenAI-compatible server to front with op 'generate', e.g. http://127.0.0.1:8000")
     group.add_argument("--inference-model", metavar="NAME",
                        help="model to request when a plan names none (default: the server's first model)")
-    group.add_argument("--inference-api-key", default=os.environ.get("FLEETWIRE_INFERENCE_API_KEY"), metavar="KEY",
+    group.add_argument("--inference-api-key", metavar="KEY",
                        help="bearer key for the server (default $FLEETWIRE_INFERENCE_API_KEY)")
     group.add_argument("--engine-metrics-url", metavar="URL",
                        help="the engine's Prometheus endpoint (default <inference-url>/metrics; 'none' to skip)")
@@ -193,7 +195,7 @@ def telemetry_from_args(ns: argparse.Namespace) -> Telemetry:
         engine = InferenceEngine(
             ns.inference_url,
             model=ns.inference_model,
-            api_key=ns.inference_api_key,
+            api_key=ns.inference_api_key or os.environ.get("FLEETWIRE_INFERENCE_API_KEY"),
             metrics_url=None if metrics_url == "none" else metrics_url,
             metrics_interval_s=ns.engine_metrics_interval,
         )

@@ -478,9 +478,9 @@ def test_resolve_url_appends_the_client_path_only_when_there_is_none() -> None:
 
 
 async def test_connection_drop_fails_pending_calls_and_plans(coordinator: FakeCoordinator) -> None:
-    """A dropped connection fails pending calls, unfinished plans and later calls with FleetwireConnectionError."""
+    """Without reconnect, a dropped connection fails pending calls, unfinished plans and later calls."""
     coordinator.on_list_workers = "abort"
-    async with Client(coordinator.url, token=CLIENT_TOKEN) as client:
+    async with Client(coordinator.url, token=CLIENT_TOKEN, reconnect=False) as client:
         plan = await client.submit("hang")
         coordinator.hold_get_plan.add(plan.id)
         held, dropped = await asyncio.gather(client.get_plan(plan.id), client.workers(), return_exceptions=True)

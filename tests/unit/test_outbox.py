@@ -97,3 +97,55 @@ def test_encode_frames_replaces_an_oversized_result_and_drops_an_oversized_event
     assert sent == msgs[0] and sent.outcome == "failed" and sent.error.code == "handler_error"
     assert "frame limit is 8192" in sent.error.message
     assert any(entry["event"] == "dropping an oversized message" for entry in logs)
+
+
+# ---------------------------------------------------------------- acknowledgement (docs/SEMANTICS.md §Durability)
+
+
+def numbered(plan_id: str, seq: int, *, ephemeral: bool = False) -> protocol.Event:
+    msg = event(plan_id, seq, ephemeral=ephemeral)
+    msg.seq = seq
+    return msg
+
+
+def test_sent_messages_wait_for_their_ack() -> None:
+    """Sent plan messages stay unacked until ack(seq); ack drops those at or below seq, keeps the rest."""
+    box = Outbox()
+    msgs = [numbered("p", n) for n in (1, 2, 3)]
+    box.sent([*msgs, protocol.Heartbeat()])
+    assert box.unacked == 3
+    assert box.ack(2) == 2 and box.unacked == 1
+    box.rewind()
+    assert box.take(10) == [msgs[2]]
+
+
+def test_rewind_puts_unacked_messages_before_newer_ones() -> None:
+    """A new session sends what was never acknowledged first, in seq order, then what was queued since."""
+    box = Outbox()
+    box.sent([numbered("p", 1), numbered("p", 2)])
+    box.append(numbered("p", 3))
+    box.rewind()
+    assert [m.seq for m in box.take(10)] == [1, 2, 3]
+    assert box.unacked == 0
+
+
+def test_unacked_done_counts_as_pending_done_and_purge_reaches_it() -> None:
+    """A sent but unacknowledged done is listed for hello; purging its plan drops it from the unacked list."""
+    box = Outbox()
+    finished = done("p")
+    finished.seq = 4
+    box.sent([finished])
+    assert box.pending_done() == [protocol.RunningPlan(plan_id="p", attempt=1)]
+    box.purge("p", 1)
+    assert box.unacked == 0 and box.pending_done() == []
+
+
+def test_unacked_list_is_bounded_and_never_sheds_done() -> None:
+    """Past the limit, unacked ephemeral events go first, then events; done stays."""
+    box = Outbox(limit=3)
+    finished = done("q")
+    finished.seq = 3
+    box.sent([numbered("p", 1, ephemeral=True), numbered("p", 2), finished, numbered("p", 4), numbered("p", 5)])
+    assert box.unacked == 3 and box.dropped == 2
+    box.rewind()
+    assert [m.seq for m in box.take(10)] == [3, 4, 5]

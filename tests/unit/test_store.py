@@ -1,0 +1,190 @@
+"""The stores on real SQLite files in tmp_path, and group commit through the writer thread."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.commit import GroupCommitter
+from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
+from coordinator.store import DB_FILE, MemoryStore, SQLiteStore, StoreError, open_store
+from protocol.messages import ErrorInfo, Event, Submit
+from tests.unit.test_durability_core import Durable, running_plan
+
+
+def created(plan_id: str, order: int = 1, args: Any = None) -> PlanCreated:
+    return PlanCreated(plan_id, "alice", order, Submit(req_id=1, op="echo", args=args, plan_id=plan_id))
+
+
+def event(plan_id: str, seq: int, data: Any = None) -> Event:
+    return Event(plan_id=plan_id, kind="log", data=data, seq=seq, attempt=1)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[SQLiteStore]:
+    store = SQLiteStore(tmp_path / DB_FILE)
+    yield store
+    store.close()
+
+
+def test_sqlite_round_trip_across_reopen(tmp_path: Path) -> None:
+    """Plans, events and the latest status written in batches come back, in submit order, after a reopen."""
+    path = tmp_path / DB_FILE
+    store = SQLiteStore(path)
+    store.write([created("b", 2, args=b"\x00bytes"), event("b", 1), PlanStatus("b", "queued", next_seq=2)])
+    store.write([created("a", 1, args={"k": [1, 2.5, None]}), event("a", 1, {"x": 1})])
+    status = PlanStatus("b", "failed", attempt=2, worker_id="w1", next_seq=9,
+                        error=ErrorInfo("handler_error", "boom", {"n": 1}), history=[{"attempt": 1}])  # fmt: skip
+    store.write([event("b", 2, "two"), status])
+    store.close()
+    again = SQLiteStore(path)
+    plans = again.load()
+    again.close()
+    assert [p.created.plan_id for p in plans] == ["a", "b"]
+    a, b = plans
+    assert a.created.submit.args == {"k": [1, 2.5, None]} and a.status is None
+    assert b.created.submit.args == b"\x00bytes"
+    assert b.status == status and [(e.seq, e.data) for e in b.events] == [(1, None), (2, "two")]
+
+
+def test_sqlite_uses_wal_and_full_sync(db: SQLiteStore) -> None:
+    """The database runs in WAL mode with synchronous=FULL (a commit survives a power cut)."""
+    conn = sqlite3.connect(db.path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    assert db._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_a_failed_write_applies_nothing(db: SQLiteStore) -> None:
+    """A batch that fails halfway (here: a trigger refusing one event) leaves no trace and raises StoreError."""
+    trigger = "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.seq = 99 BEGIN SELECT RAISE(ABORT, 'no'); END"
+    db._db.execute(trigger)
+    with pytest.raises(StoreError, match="cannot write the store"):
+        db.write([created("p"), event("p", 1), event("p", 99)])
+    assert db.load() == []
+    db.write([created("p"), event("p", 1)])
+    assert [e.seq for e in db.load()[0].events] == [1]
+
+
+def test_a_plan_id_is_created_once(db: SQLiteStore) -> None:
+    """Creating an existing plan id again keeps the first record (the id is the idempotency key)."""
+    db.write([created("p", args="first")])
+    db.write([created("p", args="second")])
+    assert db.load()[0].created.submit.args == "first"
+
+
+def test_second_coordinator_on_the_same_file_is_refused(db: SQLiteStore) -> None:
+    """A database already open by a coordinator cannot be opened by another: the error says so."""
+    with pytest.raises(StoreError, match="another coordinator"):
+        SQLiteStore(db.path)
+
+
+def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
+    """A file with a schema this coordinator does not know is not touched."""
+    path = tmp_path / "x.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version=7")
+    conn.close()
+    with pytest.raises(StoreError, match="schema version 7"):
+        SQLiteStore(path)
+
+
+def test_payload_msgpack_cannot_hold_is_stored_as_text(db: SQLiteStore) -> None:
+    """An event whose data msgpack cannot encode (a JSON peer's 2**70) is kept, with its data as text."""
+    db.write([created("p"), event("p", 1, {"n": 2**70})])
+    data = db.load()[0].events[0].data
+    assert data == f"<not storable: {{'n': {2**70}}}>"
+
+
+def test_open_store_specs(tmp_path: Path) -> None:
+    """--store memory | sqlite (in the data dir) | sqlite:PATH; anything else is refused with the choices."""
+    assert isinstance(open_store("memory"), MemoryStore)
+    store = open_store("sqlite", tmp_path / "d")
+    assert isinstance(store, SQLiteStore) and store.path == tmp_path / "d" / DB_FILE
+    store.close()
+    store = open_store(f"sqlite:{tmp_path / 'e.db'}")
+    assert store.description == f"sqlite:{tmp_path / 'e.db'}"
+    store.close()
+    with pytest.raises(StoreError, match=r"'sqlite'.*'memory'"):
+        open_store("postgres://x")
+
+
+def test_core_restarts_from_a_sqlite_file(tmp_path: Path) -> None:
+    """The core's own records, written to SQLite, restore a running plan after a restart on a new store."""
+    store = SQLiteStore(tmp_path / DB_FILE)
+    h = Durable()
+    h.store = store  # type: ignore[assignment]
+    _, _, plan_id = running_plan(h, args={"n": 1})
+    store.close()
+    h.store = SQLiteStore(tmp_path / DB_FILE)  # type: ignore[assignment]
+    h.restart(now=100.0)
+    plan = h.core.plans[plan_id]
+    assert (plan.state, plan.attempt, plan.worker_id, plan.args) == ("running", 1, "w1", {"n": 1})
+    assert h.core.registry.get("w1").leases == {plan_id}
+    h.store.close()
+
+
+# ---------------------------------------------------------------- group commit
+
+
+async def test_group_commit_releases_in_order_after_the_commit(db: SQLiteStore) -> None:
+    """Payloads come out in submit order, each only once its batch is in the file; after() waits its turn."""
+    released: list[Any] = []
+    seen_in_file: list[int] = []
+
+    def release(payload: Any) -> None:
+        released.append(payload)
+        if isinstance(payload, int):
+            check = sqlite3.connect(db.path)
+            seen_in_file.append(check.execute("SELECT COUNT(*) FROM plans").fetchone()[0])
+            check.close()
+
+    committer: GroupCommitter[Any] = GroupCommitter(db, release, lambda exc: None)
+    committer.start()
+    for n in range(1, 101):
+        committer.submit([created(f"p{n}", n)], n)
+        if n == 50:
+            committer.after("after-50")
+    await committer.close()
+    assert released == [*range(1, 51), "after-50", *range(51, 101)]
+    assert all(count >= n for n, count in zip(range(1, 101), seen_in_file, strict=True))
+    assert committer.transactions < committer.batches == 100  # many batches per fsync
+
+
+async def test_group_commit_failure_is_reported_and_nothing_more_is_released(db: SQLiteStore) -> None:
+    """A failed write calls on_failure once and releases neither its payload nor later ones."""
+    failures: list[BaseException] = []
+    released: list[Any] = []
+    committer: GroupCommitter[Any] = GroupCommitter(db, released.append, failures.append)
+    committer.start()
+    trigger = "CREATE TRIGGER refuse BEFORE INSERT ON plans WHEN NEW.id = 'bad' BEGIN SELECT RAISE(ABORT, 'x'); END"
+    db._db.execute(trigger)
+    committer.submit([created("bad")], "bad")
+    await committer.close()
+    committer.submit([created("later")], "later")
+    committer.after("after")
+    assert released == [] and len(failures) == 1 and isinstance(failures[0], StoreError)
+
+
+async def test_memory_store_commits_synchronously() -> None:
+    """With the memory store a payload is released in the call that submits it."""
+    store = MemoryStore()
+    released: list[Any] = []
+    committer: GroupCommitter[Any] = GroupCommitter(store, released.append, lambda exc: None)
+    committer.start()
+    committer.submit([created("p")], "p")
+    assert released == ["p"] and [s.created.plan_id for s in store.load()] == ["p"]
+
+
+def test_memory_store_keeps_records_across_servers() -> None:
+    """A MemoryStore given back after close() still holds every plan (in-process restarts)."""
+    store = MemoryStore()
+    records: list[Record] = [created("p"), event("p", 1), PlanStatus("p", "queued", next_seq=2)]
+    store.write(records)
+    store.close()
+    assert store.load() == [StoredPlan(records[0], records[2], [records[1]])]  # type: ignore[list-item]
+    assert not store.closed
