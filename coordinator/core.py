@@ -443,6 +443,7 @@ class Coordinator:
                 plan.avoid = plan.avoid | {worker_id}
                 why = f"worker {worker_id} rejected it ({msg.code}" + (f": {msg.reason})" if msg.reason else ")")
             self.registry.release(worker_id, plan.id)
+            plan.free_attempts += 1  # it never ran: not counted against max_attempts (coordinator/recovery.py)
             self._requeue(plan, why, now)
         else:
             self.registry.release(worker_id, plan.id)

@@ -42,6 +42,7 @@ from protocol.messages import RoutingHints
 __all__ = ["DEFAULT_BLOCK_TOKENS", "Placement", "PlacementConfig", "hints_problem"]
 
 DEFAULT_BLOCK_TOKENS: Final = 16  # vLLM's default KV block size, for hashes of unknown block length
+MAX_PREFIX_HASHES: Final = 16_384  # 8M tokens of 512-token blocks; more would only bloat the index
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ def hints_problem(hints: RoutingHints) -> str | None:
             return f"hints.{name} must be >= 0 (got {value})"
     if hints.session_key is not None and not hints.session_key:
         return "hints.session_key must be non-empty when given"
+    if len(hints.prefix_hashes) > MAX_PREFIX_HASHES:
+        return f"hints.prefix_hashes has {len(hints.prefix_hashes)} hashes; at most {MAX_PREFIX_HASHES} are allowed"
     return None
 
 

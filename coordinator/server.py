@@ -56,9 +56,6 @@ ROLE_PATHS: dict[str, Role] = {"/v1/worker": "worker", "/v1/client": "client"}
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 # Coalesced frames stay under websockets' default 1 MiB receive limit of our peers.
 MAX_OUT_FRAME_BYTES = 512 * 1024
-# A session the server closes itself gets this long for its close handshake; a peer that
-# does not read (a slow consumer) never completes it, and its TCP connection is aborted.
-KILL_CLOSE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -327,9 +324,10 @@ class CoordinatorServer:
             return "shutting down"
         if self._server is None or not self._server.is_serving():
             return "not listening yet"
-        store = getattr(self, "store", None)  # the durable store, when one is configured
-        if store is not None and getattr(store, "closed", False):
-            return "the store is closed"
+        if self.fatal is not None and self.fatal.done():
+            return "the store refused a write; the coordinator is stopping (see its log)"
+        if self.store.closed:
+            return f"the store {self.store.description} is closed"
         return None
 
     def metrics_exposition(self) -> tuple[bytes, str]:
@@ -496,8 +494,8 @@ class CoordinatorServer:
         """Close a session from the server's side at once, dropping what is pending for it.
 
         The core forgets the session now, so nothing more is queued for it and its input is
-        ignored; the close handshake gets ``KILL_CLOSE_TIMEOUT_S`` before the TCP connection
-        is aborted (a peer that does not read never answers it).
+        ignored; the close handshake gets the close timeout before the TCP connection is
+        aborted (a peer that does not read never answers it).
         """
         if session.killed:
             return
@@ -513,7 +511,7 @@ class CoordinatorServer:
         # What closing it changed (a worker's plans waiting again) goes out through the usual
         # path, after this delivery has finished.
         asyncio.get_running_loop().call_soon(self._flush)
-        task = asyncio.create_task(_close_or_abort(session.ws, code, reason))
+        task = asyncio.create_task(_close_or_abort(session.ws, code, reason, self.settings.limits.close_timeout_s))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -578,9 +576,9 @@ def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, _Session]) -
     return out
 
 
-async def _close_or_abort(ws: ServerConnection, code: int, reason: str) -> None:
+async def _close_or_abort(ws: ServerConnection, code: int, reason: str, timeout_s: float) -> None:
     try:
-        async with asyncio.timeout(KILL_CLOSE_TIMEOUT_S):
+        async with asyncio.timeout(timeout_s):
             await ws.close(code, reason)
     except TimeoutError:
         ws.transport.abort()

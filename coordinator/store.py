@@ -267,14 +267,15 @@ class SQLiteStore:
         encode = self._encode
         created: list[tuple[Any, ...]] = []
         events: list[tuple[Any, ...]] = []
-        statuses: list[tuple[Any, ...]] = []
+        latest: dict[str, PlanStatus] = {}  # a status is a whole snapshot: the group's last one per plan is enough
         for record in records:
             if isinstance(record, Event):
                 events.append((record.plan_id, record.seq, encode(record)))
             elif isinstance(record, PlanStatus):
-                statuses.append((record.state, encode(record), record.plan_id))
+                latest[record.plan_id] = record
             else:
                 created.append((record.plan_id, record.owner, record.order, encode(record)))
+        statuses = [(status.state, encode(status), plan_id) for plan_id, status in latest.items()]
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")

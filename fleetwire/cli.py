@@ -321,6 +321,7 @@ async def _up(ns: argparse.Namespace) -> int:
             "  fleetwire workers\n"
             "Workers join this coordinator with:\n"
             f"  FLEETWIRE_TOKEN={worker_token} fleetwire worker --url {server.url}\n"
+            f"Dashboard: {server.url.replace('ws', 'http', 1)}/#token={client_token}\n"
             "Press Ctrl-C to stop.",
             flush=True,
         )
@@ -425,8 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_up)
 
     p = sub.add_parser("coordinator", parents=[common], help="run the coordinator daemon",
-                       description="Run the coordinator. Tokens come from --worker-token/--client-token or "
-                                   "FLEETWIRE_WORKER_TOKEN/FLEETWIRE_CLIENT_TOKEN.")
+                       description="Run the coordinator. Tokens come from --token-file (names and roles; "
+                                   "SIGHUP re-reads it), --worker-token/--client-token/--admin-token or "
+                                   "FLEETWIRE_WORKER_TOKEN/FLEETWIRE_CLIENT_TOKEN/FLEETWIRE_ADMIN_TOKEN.")
     _add_server_arguments(p, DEFAULT_PORT)
     p.add_argument("--worker-token", help="token workers present (default $FLEETWIRE_WORKER_TOKEN)")
     p.add_argument("--client-token", help="token clients present (default $FLEETWIRE_CLIENT_TOKEN)")

@@ -234,12 +234,16 @@ class EnergyMeter:
 
     def plan_started(self, plan_id: str) -> None:
         """A plan began; from now on it takes its share of the energy."""
+        if not self.measured:
+            return  # nothing to share out: no cost on the plan path of a CPU worker
         with self._lock:
             self._advance(self._clock(), self._power_w)  # no NVML read here: the loop never waits on it
             self._joules[plan_id] = 0.0
 
     def plan_finished(self, plan_id: str, tokens: int) -> PlanEnergy | None:
         """A plan ended having generated ``tokens``; returns its energy when it was measured."""
+        if not self.measured:
+            return None
         with self._lock:
             self._advance(self._clock(), self._power_w)
             joules = self._joules.pop(plan_id, None)

@@ -64,8 +64,8 @@ class Telemetry:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Start sampling and refreshing; learn the engine's models and load (a dead engine only warns,
-        after at most its 5 s request timeout)."""
+        """Start sampling and refreshing; learn the engine's models and load. An engine that does not
+        answer only warns, after at most two 5 s request timeouts (a refused connection: at once)."""
         if self.sampler is not None:
             self.sampler.start()
         if self.engine is not None:

@@ -172,7 +172,7 @@ function refreshPlansSoon() {
   state.refreshSoon = setTimeout(() => {
     state.refreshSoon = null;
     refreshPlans();
-  }, 250);
+  }, 100);
 }
 
 function onPlans(reply) {
@@ -259,6 +259,7 @@ function submitPlan(event) {
     plan.local = true;
     if (!known) state.plans = new Map([[plan.id, plan], ...state.plans]);
     follow(plan.id);
+    refreshPlansSoon(); // the counts and the queue now include it
   });
   if (!send([msg])) error.textContent = "not connected";
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -10,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import CLIENT_TOKEN, ROOT, Cluster
+from tests.e2e.conftest import ROOT, Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 ARTIFACTS = ROOT / "test-artifacts"
+ADMIN_TOKEN = "e2e-admin-token"
 # Flags that keep Chromium off the network and quiet in a container (no sandbox: CI runs as root).
 CHROMIUM_FLAGS = [
     "--headless",
@@ -53,20 +55,22 @@ async def page() -> AsyncIterator[Any]:
 
 
 async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, page: Any) -> None:
-    """The page connects with the token from its URL fragment, lists the worker, and a plan it submits
-    appears, runs on that worker and ends succeeded, with its events streamed live into the page."""
-    await cluster.coordinator()
-    await cluster.worker("w1", "--tags", "dash")
+    """With an admin token from its URL fragment the page lists the worker; a plan it submits appears,
+    runs and ends succeeded with its events streamed live, a client's plan shows up too, and a plan
+    nobody can run sits in the queue with its reason."""
+    await cluster.coordinator("--admin-token", ADMIN_TOKEN)
+    await cluster.worker("w1", "--tags", "dash", "--carbon-zone", "FR", "--uj-per-token", "900")
     http_url = cluster.url.replace("ws://", "http://", 1)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
 
-    await page.goto(f"{http_url}/#token={CLIENT_TOKEN}")
+    await page.goto(f"{http_url}/#token={ADMIN_TOKEN}")
     await page.wait_for_selector('#conn-status[data-state="connected"]', timeout=15_000)
     await page.wait_for_selector('#workers tr[data-worker-id="w1"]', timeout=15_000)
     assert "1 workers" in await page.text_content("#summary")
     assert "alive" in await page.text_content('#workers tr[data-worker-id="w1"]')
-    assert "dash" in await page.text_content('#workers tr[data-worker-id="w1"]')
+    row = await page.text_content('#workers tr[data-worker-id="w1"]')
+    assert "dash" in row and "900 µJ/token" in row and "56 g/kWh (FR)" in row, row
 
     await page.fill("#op", "sleep")
     await page.fill("#args", '{"seconds": 1}')
@@ -85,6 +89,15 @@ async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, 
     assert "running" in kinds
     assert "w1" in await page.text_content(f'#plans tr[data-plan-id="{plan_id}"]')
 
+    # A plan submitted elsewhere, by a client, appears live too: the page holds an admin token.
+    other = await cluster.run("submit", "echo", "--args", '"from the cli"', "--json")
+    assert await other.wait() == 0
+    other_id = json.loads(other.lines[0])["plan_id"]
+    await page.wait_for_selector(f'#plans tr[data-plan-id="{other_id}"][data-state="succeeded"]', timeout=10_000)
+    # Its op is not in its events: the page learns it from the list_plans it sends on an unknown plan.
+    await page.wait_for_selector(f'#plans tr[data-plan-id="{other_id}"] td:nth-child(2):text-is("echo")',
+                                 timeout=10_000)
+
     # A plan no worker can run waits in the queue, and the page says why.
     await page.fill("#op", "train")
     await page.fill("#tags", "")
@@ -93,6 +106,7 @@ async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, 
     await queued.wait_for(timeout=10_000)
     await page.wait_for_selector("#queue li .reason", timeout=10_000)
     assert "no connected worker handles op 'train'" in await queued.text_content()
+    await page.wait_for_selector('#plan-counts:has-text("1 queued, 2 succeeded")', timeout=10_000)
 
     ARTIFACTS.mkdir(exist_ok=True)
     await page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)

@@ -32,9 +32,9 @@ async def test_prefetched_plan_waits_unaccepted_and_starts_when_a_slot_frees(coo
         assert (await coordinator.expect(protocol.Done)).plan_id == "p1"
         assert (await coordinator.expect(protocol.Accept)).plan_id == "p2"
         second.open.set()
-        assert [(await coordinator.expect(cls)).plan_id for cls in (protocol.Event, protocol.Event, protocol.Done)] == [
-            "p2", "p2", "p2"
-        ]
+        events = [await coordinator.expect(protocol.Event) for _ in range(2)]
+        done = await coordinator.expect(protocol.Done)
+        assert [e.plan_id for e in events] == ["p2", "p2"] and done.plan_id == "p2"
 
 
 async def test_revoke_drops_a_waiting_plan_and_is_ignored_for_a_started_one(coordinator: FakeCoordinator) -> None:

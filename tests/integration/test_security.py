@@ -312,6 +312,7 @@ async def test_deflate_bomb_finds_no_compression_to_inflate(start: Start) -> Non
     assert reply[0] == 0x88 and int.from_bytes(reply[2:4], "big") == 1002  # RSV1 without the extension
     assert psutil.Process().memory_info().rss - rss_before < 20 << 20
     writer.close()
+    await writer.wait_closed()
     await still_served(srv)
 
 
@@ -385,7 +386,7 @@ async def test_flood_is_throttled_then_closed_4429_while_others_are_served(start
 async def test_slow_consumer_is_closed_with_its_buffer_bounded(start: Start) -> None:
     """Row 21: a subscriber that stops reading is closed 4503 with its pending buffer bounded; others get everything."""
     cap = 100
-    srv = await start(Limits(max_pending_messages=cap))
+    srv = await start(Limits(max_pending_messages=cap, close_timeout_s=0.3))
     w = await worker(srv, "w1")
     slow, bob = await peer(srv, "alice"), await peer(srv, "ops")  # ops (admin) follows alice's plan too
     await slow.send(Submit(req_id=1, op="echo", plan_id="stream"))
@@ -418,6 +419,7 @@ async def test_slow_consumer_is_closed_with_its_buffer_bounded(start: Start) -> 
     assert sent > cap
     await w.send(Done(plan_id="stream", attempt=assign.attempt, outcome="succeeded"))
     await bob.recv_until(lambda m: isinstance(m, Event) and m.kind == "succeeded")
+    slow.ws.transport.abort()  # a paused transport never reads the coordinator's FIN itself
 
 
 # ---------------------------------------------------------------- row 22: half-open TCP

@@ -132,6 +132,9 @@ def test_hints_are_validated_at_submit() -> None:
     f.send(f.client, Submit(req_id=2, op="generate", hints=RoutingHints(prompt_tokens=-1)))
     error = next(m for m in f.take(f.client) if isinstance(m, Error))
     assert error.code == errors.INVALID_ARGUMENT and "prompt_tokens" in error.message
+    f.send(f.client, Submit(req_id=3, op="generate", hints=RoutingHints(prefix_hashes=list(range(20_000)))))
+    error = next(m for m in f.take(f.client) if isinstance(m, Error))
+    assert error.code == errors.INVALID_ARGUMENT and "prefix_hashes" in error.message
     assert not f.core.plans
 
 
