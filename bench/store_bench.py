@@ -31,10 +31,10 @@ import throughput
 
 sys.path.insert(0, str(h.ROOT))
 
-from coordinator.commit import GroupCommitter  # noqa: E402  (after the path set-up above)
-from coordinator.records import PlanCreated, PlanStatus, Record  # noqa: E402
-from coordinator.store import SQLiteStore  # noqa: E402
-from protocol.messages import Event, Submit  # noqa: E402
+from coordinator.commit import GroupCommitter
+from coordinator.records import PlanCreated, PlanStatus, Record
+from coordinator.store import SQLiteStore
+from protocol.messages import Event, Submit
 
 
 def plan_steps(n: int) -> list[list[Record]]:

@@ -17,6 +17,7 @@ Consistency rules (:func:`violations`), each a fact the core maintains after eve
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -73,15 +74,15 @@ def violations(core: Coordinator) -> list[str]:
             elif plan.worker_id in registry and pid not in registry.get(plan.worker_id).leases:
                 found.append(f"plan {pid} is {plan.state} on {plan.worker_id}, which does not hold its lease")
         seqs = [event.seq for event in plan.events]
-        if any(b <= a for a, b in zip(seqs, seqs[1:], strict=False)) or (seqs and seqs[-1] >= plan.next_seq):
+        if any(b <= a for a, b in itertools.pairwise(seqs)) or (seqs and seqs[-1] >= plan.next_seq):
             found.append(f"plan {pid} events are out of order: {seqs[-5:]} (next_seq {plan.next_seq})")
         if plan.state in _TERMINAL and plan.events and plan.events[-1].kind != plan.state:
             found.append(f"plan {pid} is {plan.state} but its last event is {plan.events[-1].kind!r}")
     for record in registry:
         for pid in record.leases:
-            plan = core.plans.get(pid)
-            if plan is None:
+            held = core.plans.get(pid)
+            if held is None:
                 found.append(f"worker {record.id} holds a lease on unknown plan {pid}")
-            elif plan.worker_id != record.id:
-                found.append(f"worker {record.id} holds {pid}, whose worker is {plan.worker_id}")
+            elif held.worker_id != record.id:
+                found.append(f"worker {record.id} holds {pid}, whose worker is {held.worker_id}")
     return found

@@ -20,7 +20,8 @@ Theory of operation:
   its lease is not ours: ``abandon_plans``, ``error(stale_lease)``, or a newer attempt of it.
 * ``stop()``: reject new plans, let running ones finish for up to ``drain_timeout_s`` (a second
   ``stop()`` skips the wait), silence the rest, send ``goodbye`` and close. Plans stopped this
-  way are handed back: the coordinator requeues them as lost, it does not see them cancelled.
+  way are handed back: on ``goodbye`` the coordinator requeues them at once, without counting
+  the attempt against ``max_attempts`` (it does not see them cancelled).
 * Prefetch (``welcome.prefetch``): with every slot busy, up to that many assigns wait here,
   unstarted and not yet accepted, and start in arrival order as slots free. ``revoke`` of a
   waiting plan drops it and answers ``reject(code="revoked")``; a revoke of a started plan
@@ -358,6 +359,8 @@ class Agent:
 
     async def _handshake(self) -> tuple[ClientConnection, Codec, protocol.Welcome, list[Any]] | None:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        # Only for wss://: an explicit ssl=None there would mean plain TCP.
+        tls: dict[str, Any] = {"ssl": self._ssl} if self._ssl is not None else {}
         try:
             ws = await connect(
                 self.url,
@@ -366,7 +369,7 @@ class Agent:
                 compression=None,
                 max_size=64 << 20,
                 open_timeout=self.handshake_timeout_s,
-                **({"ssl": self._ssl} if self._ssl is not None else {}),
+                **tls,
             )
         except InvalidStatus as exc:
             status = exc.response.status_code
@@ -410,6 +413,9 @@ class Agent:
 
     def _on_welcome(self, welcome: protocol.Welcome) -> None:
         self._prefetch = max(0, welcome.prefetch)
+        # An operator's drain is the coordinator's to keep: it sends drain again right after
+        # welcome while it still wants one, and one that restarted without it must not be refused.
+        self._draining = False
         for plan_id in welcome.abandon_plans:
             self._waiting.pop(plan_id, None)
             run = self._plans.get(plan_id)

@@ -286,3 +286,19 @@ def test_metrics_exposition_parses_and_has_every_family(h: Harness) -> None:
     assert value("fleetwire_plan_queue_wait_seconds") >= 0  # the _bucket/_count samples exist
     assert value("fleetwire_info", version="9.9") == 1
     assert sum(s.value for s in families["fleetwire_placements"].samples) == 1
+
+
+def test_autoscaler_desired_replicas_are_exported_per_pool() -> None:
+    """With an autoscaler, each pool it watches has a fleetwire_autoscaler_desired_replicas sample."""
+    from coordinator.autoscaler import AutoscaleConfig
+
+    h = Harness(autoscale=AutoscaleConfig(interval_s=0.0))
+    h.worker("w1")
+    h.submit(h.client())
+    h.tick(1.0)
+    assert h.core.autoscaler is not None and h.core.autoscaler.desired_replicas()
+    registry = build_registry(h.core, clock=lambda: h.now, process=False)
+    family = next(f for f in text_string_to_metric_families(render(registry).decode())
+                  if f.name == "fleetwire_autoscaler_desired_replicas")
+    pools = {s.labels["pool"]: s.value for s in family.samples}
+    assert pools == {pool: float(n) for pool, n in h.core.autoscaler.desired_replicas().items()}

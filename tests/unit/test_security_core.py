@@ -351,3 +351,18 @@ def test_encode_safe_sends_msgpack_only_keys_to_json_peers() -> None:
     with pytest.raises(TypeError):
         out.encode([event])
     assert msgspec.json.decode(out.encode_safe([event]))["data"] == {"null": 1, "[1,2]": 3}
+
+
+def test_token_hash_command_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`fleetwire token hash` prints the token-file hash of the token on stdin, and refuses an empty one."""
+    import argparse
+    import asyncio
+    import io
+
+    from fleetwire.cli_security import _token_hash
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("alice-token\n"))
+    assert asyncio.run(_token_hash(argparse.Namespace())) == 0
+    assert capsys.readouterr().out.strip() == hash_token("alice-token")
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert asyncio.run(_token_hash(argparse.Namespace())) == 2

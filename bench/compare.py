@@ -1,0 +1,185 @@
+"""fleetwire, Dask distributed, Ray and the raw relay on the same work, in one run, in one table.
+
+    pip install -r bench/requirements.txt      # Dask, Ray (and the profilers)
+    python bench/compare.py                    # 20,000 no-op plans/tasks; sequential round trips
+    python bench/compare.py --peers none --plans 300 --samples 100   # fleetwire and raw relay only
+
+Every figure comes from this invocation: each system runs in its own processes, one after
+the other, on 127.0.0.1 (bench/throughput.py, bench/latency.py, bench/raw_relay.py,
+bench/peers.py). A peer that is not installed, that fails, or that would leave loopback
+keeps its column, which says why. The ratios are fleetwire's figure over the peer's (for
+latency: the peer's p50 over fleetwire's, so > 1 means fleetwire is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import _harness as h
+
+TARGETS = {
+    "plans_per_s": 20_000,
+    "x_dask": 40,
+    "x_ray": 20,
+    "p50_ms": 1.0,
+    "p50_x_relay": 1.5,
+    "p99_ms": 3.0,
+}
+
+
+def run(script: str, *args: str, timeout_s: float) -> dict[str, Any]:
+    """Run a bench script with ``--json``; its result, or ``{"error": why}``."""
+    cmd = [sys.executable, str(h.BENCH / script), *args, "--json"]
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=h.ROOT, env=h.bench_env(),
+                             check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {out.returncode}: {' | '.join(tail)}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    result["wall_s"] = round(time.monotonic() - t0, 1)
+    return result
+
+
+def _fmt_rate(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:,.0f} {unit}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} ms"
+
+
+def collect(ns: argparse.Namespace) -> dict[str, Any]:
+    peers = [] if ns.peers == "none" else ns.peers.split(",")
+    results: dict[str, Any] = {"machine": h.machine(), "store": ns.store}
+    t = ns.timeout
+    results["fleetwire_throughput"] = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, timeout_s=t)
+    results["fleetwire_latency"] = run("latency.py", "--samples", str(ns.samples), "--store", ns.store, timeout_s=t)
+    results["relay_1"] = run("raw_relay.py", "throughput", "--items", str(ns.plans), "--per-frame", "1", timeout_s=t)
+    results["relay_64"] = run("raw_relay.py", "throughput", "--items", str(ns.plans), "--per-frame", "64",
+                              timeout_s=t)
+    results["relay_latency"] = run("raw_relay.py", "latency", "--samples", str(ns.samples), timeout_s=t)
+    results["pingpong"] = run("raw_relay.py", "pingpong", "--samples", str(ns.samples), timeout_s=t)
+    for peer in ("dask", "ray"):
+        if peer in peers:
+            results[peer] = run("peers.py", peer, "--tasks", str(ns.plans), "--samples", str(ns.peer_samples),
+                                timeout_s=max(t, 600))
+        else:
+            results[peer] = {"skipped": True, "why": "not asked for (--peers)"}
+    return results
+
+
+def _peer_cell(r: dict[str, Any], key: str) -> tuple[str, float | None]:
+    """The text of a peer's cell and its number (None when it has none)."""
+    if r.get("skipped"):
+        return "skipped: " + r["why"], None
+    if "error" in r:
+        return "failed: " + r["error"], None
+    if not r.get("installed", True):
+        return r["why"], None
+    if r.get("excluded"):
+        return "excluded: " + r["why"], None
+    if key == "rate":
+        return _fmt_rate(r["tasks_per_s"], "tasks/s"), r["tasks_per_s"]
+    lat = r["latency"]
+    return f"{_ms(lat['p50_ms'])} (p99 {_ms(lat['p99_ms'])})", lat["p50_ms"]
+
+
+def table(results: dict[str, Any], plans: int) -> tuple[list[str], dict[str, Any]]:
+    fw_t, fw_l = results["fleetwire_throughput"], results["fleetwire_latency"]
+    r1, r64, rl, pp = results["relay_1"], results["relay_64"], results["relay_latency"], results["pingpong"]
+    fw_rate = fw_t.get("plans_per_s")
+    fw_p50, fw_p99 = fw_l.get("p50_ms"), fw_l.get("p99_ms")
+    dask_rate_txt, dask_rate = _peer_cell(results["dask"], "rate")
+    ray_rate_txt, ray_rate = _peer_cell(results["ray"], "rate")
+    dask_lat_txt, dask_p50 = _peer_cell(results["dask"], "lat")
+    ray_lat_txt, ray_p50 = _peer_cell(results["ray"], "lat")
+
+    def x(a: float | None, b: float | None) -> str:
+        return "-" if a is None or b is None or b == 0 else f"{a / b:.1f}x"
+
+    fw_rate_txt = fw_t["error"] if "error" in fw_t else _fmt_rate(fw_rate, "plans/s")
+    fw_lat_txt = fw_l["error"] if "error" in fw_l else f"{_ms(fw_p50)} (p99 {_ms(fw_p99)})"
+    relay1_txt = r1["error"] if "error" in r1 else _fmt_rate(r1["items_per_s"], "items/s")
+    relay64_txt = r64["error"] if "error" in r64 else _fmt_rate(r64["items_per_s"], "items/s")
+    relay_lat_txt = rl["error"] if "error" in rl else f"{_ms(rl['p50_ms'])} (p99 {_ms(rl['p99_ms'])})"
+    pp_txt = pp["error"] if "error" in pp else f"2-party RTT {_ms(pp['p50_ms'])}"
+    r1_rate = r1.get("items_per_s")
+    r64_rate = r64.get("items_per_s")
+    relay_p50 = rl.get("p50_ms")
+    lines = [
+        f"| work | fleetwire (store: {fw_t.get('store_used', '?')}) | Dask distributed | Ray | "
+        "raw relay, 1 msg/frame | raw relay, 64 msgs/frame |",
+        "|---|---|---|---|---|---|",
+        f"| {plans:,} no-op plans, throughput | {fw_rate_txt} | {dask_rate_txt} | {ray_rate_txt} | {relay1_txt} | "
+        f"{relay64_txt} |",
+        f"| fleetwire's ratio | 1x | {x(fw_rate, dask_rate)} | {x(fw_rate, ray_rate)} | {x(fw_rate, r1_rate)} | "
+        f"{x(fw_rate, r64_rate)} |",
+        f"| sequential submit -> result, p50 | {fw_lat_txt} | {dask_lat_txt} | {ray_lat_txt} | {relay_lat_txt} | "
+        f"{pp_txt} |",
+        f"| p50 over fleetwire's | 1x | {x(dask_p50, fw_p50)} | {x(ray_p50, fw_p50)} | {x(relay_p50, fw_p50)} | - |",
+    ]
+    verdict = {
+        f"throughput >= {TARGETS['plans_per_s']:,} plans/s": _ok(fw_rate, lambda v: v >= TARGETS["plans_per_s"]),
+        f">= {TARGETS['x_dask']}x Dask": _ok(_div(fw_rate, dask_rate), lambda v: v >= TARGETS["x_dask"]),
+        f">= {TARGETS['x_ray']}x Ray": _ok(_div(fw_rate, ray_rate), lambda v: v >= TARGETS["x_ray"]),
+        "above the unbatched raw relay": _ok(_div(fw_rate, r1_rate), lambda v: v > 1),
+        f"p50 <= {TARGETS['p50_ms']} ms": _ok(fw_p50, lambda v: v <= TARGETS["p50_ms"]),
+        f"p50 <= {TARGETS['p50_x_relay']}x the raw relay's": _ok(_div(fw_p50, relay_p50),
+                                                                  lambda v: v <= TARGETS["p50_x_relay"]),
+        f"p99 <= {TARGETS['p99_ms']} ms": _ok(fw_p99, lambda v: v <= TARGETS["p99_ms"]),
+    }
+    return lines, verdict
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _ok(value: float | None, test: Any) -> str:
+    if value is None:
+        return "not measured"
+    return f"{'reached' if test(value) else 'NOT reached'} ({value:,.2f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plans", type=int, default=20_000, help="plans/tasks/items for throughput (default 20000)")
+    parser.add_argument("--samples", type=int, default=2000, help="round trips for fleetwire and the relay")
+    parser.add_argument("--peer-samples", type=int, default=500, help="round trips for Dask and Ray (default 500)")
+    parser.add_argument("--peers", default="dask,ray", help="dask,ray (default), one of them, or none")
+    parser.add_argument("--store", choices=("memory", "sqlite"), default="sqlite", help="fleetwire's store")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds each run may take (default 300)")
+    parser.add_argument("--json", action="store_true", help="print every result as one JSON object")
+    ns = parser.parse_args(argv)
+    results = collect(ns)
+    lines, verdict = table(results, ns.plans)
+    results["verdict"] = verdict
+    if ns.json:
+        print(json.dumps(results, sort_keys=True))
+        return 0
+    m = results["machine"]
+    print(f"machine: {m.get('cpus')} CPUs ({m.get('cpu', '?')}), {m.get('mem_gib', '?')} GiB, "
+          f"Python {m.get('python')}; everything on 127.0.0.1")
+    print("\n".join(lines))
+    print("\ntargets (docs/PERFORMANCE.md):")
+    for name, state in verdict.items():
+        print(f"  {name}: {state}")
+    for key in ("dask", "ray"):
+        r = results[key]
+        if r.get("installed") and not r.get("excluded") and "error" not in r:
+            print(f"{key}: {r.get('version')} {r.get('setup')}; sockets: {r.get('sockets_checked_after')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The benchmarks keep working: each bench/ script runs at a tiny size against real processes.
+
+No figure is asserted (timing goals live in bench/, docs/PERFORMANCE.md): only that each
+script finishes, prints its JSON result, and that the work it reports was all done. The
+scripts run concurrently, so the whole module costs about as much as its slowest script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+pytestmark = pytest.mark.timeout(120)
+
+SMOKE: dict[str, list[str]] = {
+    "throughput": ["throughput.py", "--plans", "300", "--chunk", "100", "--store", "memory"],
+    "latency": ["latency.py", "--samples", "30", "--warmup", "5", "--workers", "1", "--store", "memory"],
+    "fanout": ["fanout.py", "--events", "200", "--subscribers", "3", "--procs", "1", "--repeat", "1",
+               "--slow-delay-ms", "5", "--store", "memory"],
+    "scale": ["scale.py", "--workers", "20", "--sims", "1", "--queued", "50", "--samples", "20", "--window", "0.2",
+              "--heartbeat", "0.5", "--placement-budget", "5", "--store", "memory"],
+    "relay": ["raw_relay.py", "throughput", "--items", "300", "--per-frame", "64"],
+    "compare": ["compare.py", "--peers", "none", "--plans", "200", "--samples", "20", "--store", "memory"],
+}
+
+
+async def _run(args: list[str]) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(BENCH / args[0]), *args[1:], "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=env,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 100)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict[str, Any]]:
+    async def all_of_them() -> list[tuple[int, str, str]]:
+        return await asyncio.gather(*(_run(args) for args in SMOKE.values()))
+
+    parsed: dict[str, dict[str, Any]] = {}
+    for name, (rc, out, err) in zip(SMOKE, asyncio.run(all_of_them()), strict=True):
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        assert rc == 0 and lines, f"bench {name} failed (exit {rc}):\n{out[-2000:]}\n{err[-2000:]}"
+        parsed[name] = json.loads(lines[-1])
+    return parsed
+
+
+def test_throughput_bench_runs_every_plan(results: dict[str, dict[str, Any]]) -> None:
+    """bench/throughput.py submits its plans with submit_many and every one succeeds."""
+    r = results["throughput"]
+    assert (r["plans"], r["failed"]) == (300, 0)
+    assert r["plans_per_s"] > 0 and set(r["cpu_s"]) >= {"coordinator", "client"}
+
+
+def test_latency_bench_reports_percentiles(results: dict[str, dict[str, Any]]) -> None:
+    """bench/latency.py times each sequential plan and reports p50 <= p99."""
+    r = results["latency"]
+    assert r["samples"] == 30 and 0 < r["p50_ms"] <= r["p99_ms"]
+
+
+def test_fanout_bench_delivers_every_event_to_every_subscriber(results: dict[str, dict[str, Any]]) -> None:
+    """bench/fanout.py: each subscriber gets all events, with and without a slow subscriber."""
+    r = results["fanout"]
+    for run in (r["plain"], r["with_slow_subscriber"]):
+        assert run["complete"] and run["delivered"] == 200 * 3
+
+
+def test_scale_bench_registers_restarts_and_places(results: dict[str, dict[str, Any]]) -> None:
+    """bench/scale.py registers its simulated workers, again after a restart, and times placement."""
+    s, p = results["scale"]["sessions"], results["scale"]["placement"]
+    assert s["workers"] == 20 and s["reregistration_s"] >= 0 and s["kib_per_session"] is not None
+    assert p["queued_reached"] == 50 and p["place_next_samples"] == 20
+
+
+def test_raw_relay_bench_relays_every_item(results: dict[str, dict[str, Any]]) -> None:
+    """bench/raw_relay.py relays its items through three processes."""
+    r = results["relay"]
+    assert r["items"] == 300 and r["items_per_s"] > 0
+
+
+def test_compare_runs_fleetwire_and_relay_and_says_why_peers_are_missing(results: dict[str, dict[str, Any]]) -> None:
+    """bench/compare.py runs every fleetwire and relay bench; a peer not asked for says so."""
+    r = results["compare"]
+    for key in ("fleetwire_throughput", "fleetwire_latency", "relay_1", "relay_64", "relay_latency", "pingpong"):
+        assert "error" not in r[key], r[key]
+    assert r["dask"]["skipped"] and r["ray"]["skipped"]
+    assert r["verdict"]
