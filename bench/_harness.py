@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -52,7 +53,17 @@ def common_args(parser: argparse.ArgumentParser) -> None:
                         help="coordinator store, when the coordinator supports --store (default sqlite)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--profile", metavar="DIR",
-                        help="record py-spy flame graphs of the coordinator and workers into DIR")
+                        help="record py-spy profiles of the coordinator and workers into DIR")
+    parser.add_argument("--coordinator-args", default="", metavar="ARGS",
+                        help="more flags for the coordinator, e.g. '--ping-interval 0' (one string)")
+
+
+EXTRA_COORDINATOR_ARGS: list[str] = []
+
+
+def configure(ns: argparse.Namespace) -> None:
+    """Apply the common flags that are not per benchmark (``--coordinator-args``)."""
+    EXTRA_COORDINATOR_ARGS[:] = shlex.split(getattr(ns, "coordinator_args", "") or "")
 
 
 # ---------------------------------------------------------------------------- processes
@@ -195,10 +206,10 @@ class Fleet:
         else:
             self.store_used = "memory (this coordinator has no --store flag yet)"
         for flag, value in BENCH_LIMITS.items():
-            if coordinator_has_flag(flag) and flag not in extra:
+            if coordinator_has_flag(flag) and flag not in extra and flag not in EXTRA_COORDINATOR_ARGS:
                 args += [flag, value]
                 self.limits_lifted[flag] = value
-        args += extra
+        args += [*extra, *EXTRA_COORDINATOR_ARGS]
         self.coordinator = await spawn("coordinator", sys.executable, "-m", "fleetwire", *args)
         self.url = (await self.coordinator.wait_for_line(r"listening on (ws://\S+)")).group(1)
         self.port = int(self.url.rsplit(":", 1)[1])
@@ -299,7 +310,7 @@ class Profiler:
         ))
 
     def finish(self) -> None:
-        # py-spy writes its file on SIGINT.
+        """Stop every profiler attached so far; each writes its file (py-spy does on SIGINT)."""
         for p in self._procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
@@ -309,6 +320,7 @@ class Profiler:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        self._procs = []
 
 
 def emit(result: dict[str, Any], as_json: bool, lines: Sequence[str]) -> None:

@@ -213,6 +213,7 @@ async def measure(plans: int, workers: int, seed: int, deadline_s: float) -> dic
         "cancelled": outcomes["cancelled"],
         "lost": lost,
         "duplicated": duplicated,
+        "plans_held_by_coordinator": held,
         "violations": violations,
         "resyncs": resyncs,
         "plans_rerun": reran,

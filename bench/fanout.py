@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.02, help=argparse.SUPPRESS)
     h.common_args(parser)
     ns = parser.parse_args(argv)
+    h.configure(ns)
     if ns.mode == "subscribe":
         print(json.dumps(h.run_loop(subscriber(ns.url, ns.plan, ns.clients, ns.deadline))), flush=True)
         return 0

@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     h.common_args(parser)
     ns = parser.parse_args(argv)
+    h.configure(ns)
     result = h.run_loop(measure(ns.samples, ns.warmup, ns.workers, ns.store, ns.profile))
     h.emit(result, ns.json, [
         f"fleetwire latency: {result['samples']} sequential echo plans, store {result['store_used']}",

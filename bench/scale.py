@@ -141,6 +141,8 @@ async def sessions_phase(ns: argparse.Namespace) -> dict[str, Any]:
         hb = ["--heartbeat-interval", str(ns.heartbeat), "--heartbeat-timeout", str(ns.heartbeat * 3)]
         await f.start_coordinator(*hb)
         assert f.coordinator is not None
+        profiler = h.Profiler(ns.profile)
+        profiler.attach("coordinator-registration", f.coordinator.pid, duration_s=int(ns.deadline))
         await asyncio.sleep(0.5)  # let the fresh process settle before its baseline RSS is read
         rss0 = h.rss_bytes(f.coordinator.pid)
         per = [ns.workers // ns.sims + (1 if i < ns.workers % ns.sims else 0) for i in range(ns.sims)]
@@ -159,12 +161,15 @@ async def sessions_phase(ns: argparse.Namespace) -> dict[str, Any]:
         lines = [await s.wait_for_line(r'"all_registered"', ns.deadline) for s in sims]
         registered_s = max(json.loads(m.string)["all_registered"] for m in lines) - t0
         cpu_reg = h.cpu_seconds(f.coordinator.pid) - cpu_reg0
+        profiler.finish()
         await asyncio.sleep(ns.heartbeat)  # one interval: every session has sent its first beat
         rss1 = h.rss_bytes(f.coordinator.pid)
         cpu0 = h.cpu_seconds(f.coordinator.pid)
         w0 = time.monotonic()
+        profiler.attach("coordinator-steady", f.coordinator.pid, duration_s=int(ns.deadline))
         await asyncio.sleep(ns.window)  # the measurement window itself
         cpu_pct = 100 * (h.cpu_seconds(f.coordinator.pid) - cpu0) / (time.monotonic() - w0)
+        profiler.finish()
 
         # Restart: kill -9, then a new coordinator on the same port and data dir.
         f.coordinator.kill()
@@ -174,7 +179,9 @@ async def sessions_phase(ns: argparse.Namespace) -> dict[str, Any]:
         t_kill = time.monotonic()
         await f.start_coordinator(*hb, port=f.port)
         t_up = time.monotonic()
+        profiler.attach("coordinator-restart", f.coordinator.pid, duration_s=int(ns.deadline))
         lines = [await s.wait_for_line(r'"all_registered"', ns.deadline) for s in sims]
+        profiler.finish()
         reports = [json.loads(m.string) for m in lines]
         again_s = max(r["all_registered"] for r in reports) - t_up
         for s in sims:
@@ -305,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64, help=argparse.SUPPRESS)
     h.common_args(parser)
     ns = parser.parse_args(argv)
+    h.configure(ns)
     if ns.mode == "simulate":
         h.run_loop(simulate(ns.url, ns.prefix, ns.count, ns.concurrency, ns.deadline))
         return 0

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=5000, help="plans per submit_many call (default 5000)")
     h.common_args(parser)
     ns = parser.parse_args(argv)
+    h.configure(ns)
     result = h.run_loop(measure(ns.plans, ns.workers, ns.max_concurrency, ns.store, ns.chunk, ns.profile))
     h.emit(result, ns.json, [
         f"fleetwire throughput: {result['plans']} echo plans, {result['workers']} workers, "

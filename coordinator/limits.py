@@ -15,8 +15,10 @@ Rules (docs/OPERATIONS.md §Security; RELIABILITY.md §3, matrix rows 15-22):
 * **Unfinished plans per principal**: a ``submit`` past ``max_plans_per_client`` queued,
   leased or running plans is answered ``error(too_many_plans)``; nothing is dropped.
 * **Outgoing buffer**, per session: messages waiting for a peer that does not read are
-  bounded by ``max_pending_messages``; past it the session is closed with 4503 and the
-  buffer freed (the peer resumes from its last ``seq`` after reconnecting).
+  bounded by ``max_pending_messages`` and by about ``max_pending_bytes``; past either the
+  session is closed with 4503 and the buffer freed (the peer resumes from its last ``seq``
+  after reconnecting). What the writer has already taken (one batch) is not counted, so a
+  large replay to a peer that reads is not mistaken for one that does not.
 * **Origin**: a handshake that carries an ``Origin`` header (a browser) is refused 403
   unless the origin is the coordinator's own (same host and port) or in ``allowed_origins``.
   Non-browser peers send no Origin; Origin is not authentication (RFC 6455 §10.1).
@@ -49,6 +51,7 @@ class Limits:
         flood_grace_s: how long a connection may stay throttled before it is closed 4429.
         max_plans_per_client: unfinished plans per principal; 0: no limit.
         max_pending_messages: messages queued for one peer that is not reading.
+        max_pending_bytes: about how many bytes may be queued for it (sizes are estimated).
         allowed_origins: browser origins accepted besides the coordinator's own
             (``https://dash.example.com``; ``*`` accepts any).
         ping_interval_s / ping_timeout_s: websocket pings; a peer that does not answer
@@ -68,6 +71,7 @@ class Limits:
     flood_grace_s: float = 5.0
     max_plans_per_client: int = 10_000
     max_pending_messages: int = 50_000
+    max_pending_bytes: int = 64 << 20
     allowed_origins: tuple[str, ...] = ()
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
@@ -85,7 +89,7 @@ class Limits:
         for name in ("worker_rate", "client_rate"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 messages/s (0: no limit), got {getattr(self, name)}")
-        for name in ("worker_burst", "client_burst", "max_pending_messages"):
+        for name in ("worker_burst", "client_burst", "max_pending_messages", "max_pending_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("worker_frame_bytes", "client_frame_bytes"):

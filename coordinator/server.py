@@ -156,6 +156,15 @@ class _Session:
     principal: Principal | None = None
     killed: bool = False  # closed by the server itself (a limit, a revoked token): input is dropped
     writer: asyncio.Task[None] | None = None
+    bytes_per_msg: float = 64.0  # measured on the last batch sent; sizes the pending list (limits.py)
+
+    def pending_bytes(self) -> float:
+        """About how many bytes wait in ``pending``: its length times the larger of the last batch's
+        average and the newest message's own size (a stalled writer measures no new batch)."""
+        pending = self.pending
+        if not pending:
+            return 0.0
+        return len(pending) * max(self.bytes_per_msg, _approx_bytes(pending[-1]))
 
     async def write_loop(self) -> None:
         """Send everything pending as one frame per wake-up; close when the core asked to."""
@@ -166,7 +175,9 @@ class _Session:
                 self.wake.clear()
                 while self.pending:
                     batch, self.pending = self.pending, []
-                    for frame in self._frames(batch):
+                    frames = self._frames(batch)
+                    self.bytes_per_msg = sum(map(len, frames)) / len(batch)
+                    for frame in frames:
                         self.io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
                         self.io[3] += len(frame)
                         await ws.send(frame, text=codec.text)
@@ -461,6 +472,7 @@ class CoordinatorServer:
     def _deliver(self, effects: Effects) -> None:
         sessions = self._sessions
         cap = self.settings.limits.max_pending_messages
+        cap_bytes = self.settings.limits.max_pending_bytes
         slow: list[_Session] = []
         sends = effects.sends
         if len(sends) > 2:  # fan-out: one event to many subscribers is encoded once, not per session
@@ -471,7 +483,7 @@ class CoordinatorServer:
             if session is not None and not session.killed:
                 # Already at the cap before this batch: the peer is not reading. (A burst such as
                 # a replay into a short list is fine: the writer takes it all at once.)
-                if len(session.pending) >= cap:
+                if len(session.pending) >= cap or session.pending_bytes() >= cap_bytes:
                     slow.append(session)
                 session.pending.extend(msgs)
                 # Writers run in the order they are woken. A worker's ``assign`` goes first: it is
@@ -488,7 +500,7 @@ class CoordinatorServer:
                 session.close_with = (code, reason)
                 session.wake.set()
         for session in slow:
-            self._kill(session, codes.CLOSE_SLOW_CONSUMER, f"slow consumer: over {cap} messages waiting")
+            self._kill(session, codes.CLOSE_SLOW_CONSUMER, "slow consumer: too much waiting for it to read")
 
     def _kill(self, session: _Session, code: int, reason: str) -> None:
         """Close a session from the server's side at once, dropping what is pending for it.
@@ -574,6 +586,15 @@ def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, _Session]) -
             encoded.append(raw)
         out[conn_id] = encoded
     return out
+
+
+def _approx_bytes(msg: Any) -> int:
+    """A cheap lower bound of one message's encoded size: exact for pre-encoded ones, else its
+    string or bytes ``data`` (events carry the large payloads), else a small constant."""
+    if isinstance(msg, msgspec.Raw):
+        return len(msg)
+    data = getattr(msg, "data", None)
+    return len(data) + 64 if isinstance(data, str | bytes) else 64
 
 
 async def _close_or_abort(ws: ServerConnection, code: int, reason: str, timeout_s: float) -> None:

@@ -86,6 +86,7 @@ async def _submit(ns: argparse.Namespace) -> int:
             priority=ns.priority,
             timeout_s=ns.timeout,
             max_attempts=ns.max_attempts,
+            retries=ns.retries,
             plan_id=ns.id,
         )
         if ns.json:
@@ -452,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="fail the plan after S seconds")
     p.add_argument("--max-attempts", type=int, default=3, help="attempts lost to dead workers before failing")
+    p.add_argument("--retries", type=int, default=0, help="times a handler failure is retried before failing")
     p.add_argument("--id", help="plan id; submitting the same id again returns the same plan")
     p.add_argument("--follow", "-f", action="store_true", help="print every event as it arrives")
     p.add_argument("--detach", "-d", action="store_true", help="print the plan id and exit at once")

@@ -28,6 +28,7 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "flood_grace": ("flood_grace_s", 5.0),
     "max_plans_per_client": ("max_plans_per_client", 10_000),
     "max_pending_messages": ("max_pending_messages", 50_000),
+    "max_pending_bytes": ("max_pending_bytes", 64 << 20),
     "ping_interval": ("ping_interval_s", 20.0),
     "ping_timeout": ("ping_timeout_s", 20.0),
     "close_timeout": ("close_timeout_s", 5.0),
@@ -70,6 +71,9 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-pending-messages", type=int, default=_default("max_pending_messages"), metavar="N",
                    help="messages waiting for a peer that does not read before it is closed 4503 "
                         f"(default {_default('max_pending_messages')})")
+    g.add_argument("--max-pending-bytes", type=int, default=_default("max_pending_bytes"), metavar="N",
+                   help="about how many bytes may wait for a peer that does not read before it is closed 4503 "
+                        f"(default {_default('max_pending_bytes')}, 64 MiB)")
     g.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="a browser origin allowed besides the coordinator's own, e.g. https://dash.example.com "
                         "(repeatable; '*' allows any)")

@@ -320,6 +320,7 @@ class Client:
         priority: int = 0,
         timeout_s: float | None = None,
         max_attempts: int = 3,
+        retries: int = 0,
         plan_id: str | None = None,
         hints: RoutingHints | Mapping[str, Any] | None = None,
         session_key: str | None = None,
@@ -336,6 +337,7 @@ class Client:
             priority: higher runs first.
             timeout_s: how long one attempt may run; None for no limit.
             max_attempts: how many leases lost to dead workers it may use (>= 1).
+            retries: how many times a handler failure is retried on a new attempt (>= 0).
             plan_id: an idempotency key: submitting it again returns the existing plan
                 (``plan.duplicate`` is true) and changes nothing.
             hints: a ``protocol.RoutingHints`` or a dict of its fields (docs/ROUTING.md):
@@ -357,6 +359,7 @@ class Client:
             priority=priority,
             timeout_s=timeout_s,
             max_attempts=max_attempts,
+            retries=retries,
             plan_id=plan_id or _new_plan_id(),  # always an id: a submit re-sent after a reconnect is idempotent
             subscribe=True,
             hints=routing,

@@ -121,3 +121,48 @@ async def test_client_resumes_when_a_memory_store_coordinator_restarts_in_proces
     finally:
         if second is not None:
             await second.stop()
+
+
+async def test_watch_after_a_restart_marks_lost_ephemeral_events_with_resync(tmp_path: Path) -> None:
+    """Ephemeral events do not survive a restart: a replay from seq 0 yields a resync marker in their
+    place, the durable events around it, and seqs 1..n with no silent gap."""
+    first = CoordinatorServer(settings(tmp_path))
+    await first.start()
+    gate = asyncio.Event()
+    agent = Agent(first.url, None, worker_id="w1", reconnect_base_s=0.02, reconnect_cap_s=0.2)
+
+    @agent.handler("tokens")
+    async def tokens(ctx: Context, args: Any) -> str:
+        for token in ("a", "b", "c"):
+            ctx.emit("token", token, ephemeral=True)
+        ctx.emit("log", "after the tokens")
+        await gate.wait()
+        return "ok"
+
+    worker = asyncio.create_task(agent.run())
+    second: CoordinatorServer | None = None
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        async with fast_client(first.url) as client:
+            plan = await client.submit("tokens", plan_id="job-t")
+            await next_kind(plan.events(), "log")
+        await first.stop()
+        second = CoordinatorServer(settings(tmp_path, port=first.port))
+        await second.start()
+        async with fast_client(second.url) as client:
+            watched = await client.watch("job-t")
+            await asyncio.wait_for(agent.registered.wait(), 10)
+            gate.set()
+            stream = [event async for event in watched.events()]
+        kinds = [event.kind for event in stream]
+        assert kinds[:5] == ["queued", "leased", "running", "resync", "log"] and kinds[-1] == "succeeded"
+        marker = stream[3]
+        assert (marker.data["first_seq"], marker.data["last_seq"], marker.data["recovered"]) == (4, 6, False)
+        assert marker.seq == 6 and watched.resyncs == 1  # the three tokens: seqs 4-6
+        assert [event.seq for event in stream] == list(range(1, 4)) + list(range(6, 6 + len(stream) - 3))
+    finally:
+        agent.stop()
+        agent.stop()
+        await asyncio.wait_for(worker, 10)
+        if second is not None:
+            await second.stop()

@@ -383,10 +383,13 @@ async def test_flood_is_throttled_then_closed_4429_while_others_are_served(start
 # ---------------------------------------------------------------- row 21: slow consumer
 
 
-async def test_slow_consumer_is_closed_with_its_buffer_bounded(start: Start) -> None:
-    """Row 21: a subscriber that stops reading is closed 4503 with its pending buffer bounded; others get everything."""
-    cap = 100
-    srv = await start(Limits(max_pending_messages=cap, close_timeout_s=0.3))
+@pytest.mark.parametrize(("limits", "cap"), [
+    (Limits(max_pending_messages=100, close_timeout_s=0.3), 100),
+    (Limits(max_pending_bytes=2 << 20, close_timeout_s=0.3), (2 << 20) // 32_768),  # 32 KiB events
+])
+async def test_slow_consumer_is_closed_with_its_buffer_bounded(start: Start, limits: Limits, cap: int) -> None:
+    """Row 21: a subscriber that stops reading is closed 4503, its buffer bounded (messages or bytes)."""
+    srv = await start(limits)
     w = await worker(srv, "w1")
     slow, bob = await peer(srv, "alice"), await peer(srv, "ops")  # ops (admin) follows alice's plan too
     await slow.send(Submit(req_id=1, op="echo", plan_id="stream"))
