@@ -156,15 +156,12 @@ class _Session:
     principal: Principal | None = None
     killed: bool = False  # closed by the server itself (a limit, a revoked token): input is dropped
     writer: asyncio.Task[None] | None = None
-    bytes_per_msg: float = 64.0  # measured on the last batch sent; sizes the pending list (limits.py)
 
-    def pending_bytes(self) -> float:
-        """About how many bytes wait in ``pending``: its length times the larger of the last batch's
-        average and the newest message's own size (a stalled writer measures no new batch)."""
+    def pending_bytes(self) -> int:
+        """About how many bytes wait in ``pending``, from at most 64 evenly spaced messages."""
         pending = self.pending
-        if not pending:
-            return 0.0
-        return len(pending) * max(self.bytes_per_msg, _approx_bytes(pending[-1]))
+        sample = pending[:: max(1, len(pending) // 64)]
+        return sum(map(_approx_bytes, sample)) * len(pending) // max(1, len(sample))
 
     async def write_loop(self) -> None:
         """Send everything pending as one frame per wake-up; close when the core asked to."""
@@ -175,9 +172,7 @@ class _Session:
                 self.wake.clear()
                 while self.pending:
                     batch, self.pending = self.pending, []
-                    frames = self._frames(batch)
-                    self.bytes_per_msg = sum(map(len, frames)) / len(batch)
-                    for frame in frames:
+                    for frame in self._frames(batch):
                         self.io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
                         self.io[3] += len(frame)
                         await ws.send(frame, text=codec.text)
@@ -483,7 +478,8 @@ class CoordinatorServer:
             if session is not None and not session.killed:
                 # Already at the cap before this batch: the peer is not reading. (A burst such as
                 # a replay into a short list is fine: the writer takes it all at once.)
-                if len(session.pending) >= cap or session.pending_bytes() >= cap_bytes:
+                backlog = len(session.pending)
+                if backlog >= cap or (backlog >= 64 and session.pending_bytes() >= cap_bytes):
                     slow.append(session)
                 session.pending.extend(msgs)
                 # Writers run in the order they are woken. A worker's ``assign`` goes first: it is
