@@ -7,8 +7,8 @@
 Every figure comes from this invocation: each system runs in its own processes, one after
 the other, on 127.0.0.1 (bench/throughput.py, bench/latency.py, bench/raw_relay.py,
 bench/peers.py). A peer that is not installed, that fails, or that would leave loopback
-keeps its column, which says why. The ratios are fleetwire's figure over the peer's (for
-latency: the peer's p50 over fleetwire's, so > 1 means fleetwire is faster).
+keeps its column, which says why. The ratio rows say how many times faster (or slower)
+fleetwire is than that column, for throughput and for the p50 latency.
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ def collect(ns: argparse.Namespace) -> dict[str, Any]:
     t = ns.timeout
     results["fleetwire_throughput"] = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, timeout_s=t)
     results["fleetwire_latency"] = run("latency.py", "--samples", str(ns.samples), "--store", ns.store, timeout_s=t)
+    if ns.also_memory and ns.store != "memory":
+        results["fleetwire_memory_throughput"] = run("throughput.py", "--plans", str(ns.plans), "--store", "memory",
+                                                     timeout_s=t)
+        results["fleetwire_memory_latency"] = run("latency.py", "--samples", str(ns.samples), "--store", "memory",
+                                                  timeout_s=t)
     results["relay_1"] = run("raw_relay.py", "throughput", "--items", str(ns.plans), "--per-frame", "1", timeout_s=t)
     results["relay_64"] = run("raw_relay.py", "throughput", "--items", str(ns.plans), "--per-frame", "64",
                               timeout_s=t)
@@ -104,8 +109,12 @@ def table(results: dict[str, Any], plans: int) -> tuple[list[str], dict[str, Any
     dask_lat_txt, dask_p50 = _peer_cell(results["dask"], "lat")
     ray_lat_txt, ray_p50 = _peer_cell(results["ray"], "lat")
 
-    def x(a: float | None, b: float | None) -> str:
-        return "-" if a is None or b is None or b == 0 else f"{a / b:.1f}x"
+    def x(fleetwire: float | None, peer: float | None, *, lower_is_better: bool = False) -> str:
+        """How fleetwire compares: "12.3x faster" / "2.5x slower"."""
+        if fleetwire is None or peer is None or fleetwire <= 0 or peer <= 0:
+            return "-"
+        ratio = peer / fleetwire if lower_is_better else fleetwire / peer
+        return f"fleetwire {ratio:.1f}x faster" if ratio >= 1 else f"fleetwire {1 / ratio:.1f}x slower"
 
     fw_rate_txt = fw_t["error"] if "error" in fw_t else _fmt_rate(fw_rate, "plans/s")
     fw_lat_txt = fw_l["error"] if "error" in fw_l else f"{_ms(fw_p50)} (p99 {_ms(fw_p99)})"
@@ -122,11 +131,12 @@ def table(results: dict[str, Any], plans: int) -> tuple[list[str], dict[str, Any
         "|---|---|---|---|---|---|",
         f"| {plans:,} no-op plans, throughput | {fw_rate_txt} | {dask_rate_txt} | {ray_rate_txt} | {relay1_txt} | "
         f"{relay64_txt} |",
-        f"| fleetwire's ratio | 1x | {x(fw_rate, dask_rate)} | {x(fw_rate, ray_rate)} | {x(fw_rate, r1_rate)} | "
+        f"| ratio | - | {x(fw_rate, dask_rate)} | {x(fw_rate, ray_rate)} | {x(fw_rate, r1_rate)} | "
         f"{x(fw_rate, r64_rate)} |",
         f"| sequential submit -> result, p50 | {fw_lat_txt} | {dask_lat_txt} | {ray_lat_txt} | {relay_lat_txt} | "
         f"{pp_txt} |",
-        f"| p50 over fleetwire's | 1x | {x(dask_p50, fw_p50)} | {x(ray_p50, fw_p50)} | {x(relay_p50, fw_p50)} | - |",
+        f"| ratio (p50) | - | {x(fw_p50, dask_p50, lower_is_better=True)} | "
+        f"{x(fw_p50, ray_p50, lower_is_better=True)} | {x(fw_p50, relay_p50, lower_is_better=True)} | - |",
     ]
     verdict = {
         f"throughput >= {TARGETS['plans_per_s']:,} plans/s": _ok(fw_rate, lambda v: v >= TARGETS["plans_per_s"]),
@@ -159,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default="dask,ray", help="dask,ray (default), one of them, or none")
     parser.add_argument("--store", choices=("memory", "sqlite"), default="sqlite", help="fleetwire's store")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds each run may take (default 300)")
+    parser.add_argument("--also-memory", action="store_true",
+                        help="run fleetwire with the memory store too (what durability costs)")
     parser.add_argument("--json", action="store_true", help="print every result as one JSON object")
     ns = parser.parse_args(argv)
     results = collect(ns)
@@ -171,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {m.get('cpus')} CPUs ({m.get('cpu', '?')}), {m.get('mem_gib', '?')} GiB, "
           f"Python {m.get('python')}; everything on 127.0.0.1")
     print("\n".join(lines))
+    mem_t, mem_l = results.get("fleetwire_memory_throughput"), results.get("fleetwire_memory_latency")
+    if mem_t is not None and mem_l is not None:
+        rate = mem_t.get("error") or _fmt_rate(mem_t.get("plans_per_s"), "plans/s")
+        lat = mem_l.get("error") or f"p50 {_ms(mem_l.get('p50_ms'))}, p99 {_ms(mem_l.get('p99_ms'))}"
+        print(f"\nfleetwire with the memory store (no durability), same run: {rate}; {lat}")
     print("\ntargets (docs/PERFORMANCE.md):")
     for name, state in verdict.items():
         print(f"  {name}: {state}")

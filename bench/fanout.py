@@ -7,8 +7,9 @@ it and say they are ready; only then does a worker that handles ``stream`` start
 plan runs. Each subscriber notes when its first ``tok`` event and its terminal event came.
 Deliveries/s = events received by all subscribers / (last terminal - first ``tok``).
 
-The second run adds one *slow* subscriber (a raw websocket that reads one frame every
-``--slow-delay-ms``), to show whether it slows the others down.
+The second run adds one *slow* subscriber (a raw websocket with a 4 KiB receive buffer that
+reads one frame every ``--slow-delay-ms``, so the coordinator meets TCP backpressure on its
+session), to show whether it slows the others down.
 
     python bench/fanout.py                               # 10,000 events to 100 subscribers
     python bench/fanout.py --events 300 --subscribers 4 --json   # the smoke size
@@ -22,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import socket
 import sys
 import time
 from typing import Any
@@ -67,7 +69,14 @@ async def subscriber(url: str, plan_id: str, clients: int, deadline_s: float) ->
 async def slow_subscriber(url: str, plan_id: str, delay_s: float, deadline_s: float) -> None:
     """A client that subscribes, then reads one frame every ``delay_s`` (until stopped, or the deadline)."""
     codec = Codec("msgpack", ToClient, "coordinator")
-    async with connect(url.rstrip("/") + "/v1/client", compression=None, max_size=None) as ws:
+    # A small receive buffer, so the kernel cannot absorb the whole stream for it: the
+    # coordinator's writer to this session meets TCP backpressure after a few frames.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    sock.connect((host, int(port)))
+    sock.setblocking(False)
+    async with connect(url.rstrip("/") + "/v1/client", sock=sock, compression=None, max_size=None) as ws:
         await ws.send(codec.encode([Subscribe(req_id=1, plan_ids=[plan_id])]))
         await ws.recv()  # subscribed
         print("ready", flush=True)

@@ -11,7 +11,6 @@ p99 and the mean in milliseconds.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time

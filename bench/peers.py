@@ -93,7 +93,8 @@ def run_dask(tasks: int, samples: int, warmup: int) -> dict[str, Any]:
         client.submit(noop, -1, pure=False).result()
         bad = non_loopback_sockets()
         if bad:
-            return {"installed": True, "excluded": True, "why": "binds or dials beyond 127.0.0.1: " + "; ".join(bad)}
+            return {"installed": True, "excluded": True, "why": f"{len(bad)} sockets beyond 127.0.0.1, e.g. {bad[0]}",
+                    "sockets": bad}
 
         def submit_all(n: int) -> None:
             client.gather(client.map(noop, range(n), pure=False))
@@ -119,8 +120,9 @@ def run_ray(tasks: int, samples: int, warmup: int) -> dict[str, Any]:
         bad = non_loopback_sockets()
         if bad:
             return {"installed": True, "version": ray.__version__, "excluded": True,
-                    "why": "binds or dials beyond 127.0.0.1 even with _node_ip_address=127.0.0.1: "
-                           + "; ".join(bad[:6]) + (f" (+{len(bad) - 6} more)" if len(bad) > 6 else "")}
+                    "why": f"{len(bad)} sockets beyond 127.0.0.1 even with _node_ip_address=127.0.0.1, "
+                           f"e.g. {bad[0]}",
+                    "sockets": bad}
         remote_noop = ray.remote(noop)
 
         def submit_all(n: int) -> None:

@@ -42,7 +42,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from protocol import Codec
-from protocol.messages import Capabilities, Done, FromWorker, Heartbeat, Hello, Load, Submit, ToWorker, Welcome
+from protocol.messages import Capabilities, Done, Heartbeat, Hello, Load, Submit, ToWorker, Welcome
 
 # ---------------------------------------------------------------------------- simulated workers
 

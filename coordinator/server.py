@@ -578,7 +578,11 @@ def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, _Session]) -
                 continue
             raw = raws.get((key, codec.encoding))
             if raw is None:
-                raw = raws[(key, codec.encoding)] = codec.encode_raw(msg)
+                try:
+                    raw = raws[(key, codec.encoding)] = codec.encode_raw(msg)
+                except Exception:  # left to each session's writer, which closes only that session
+                    encoded.append(msg)
+                    continue
             encoded.append(raw)
         out[conn_id] = encoded
     return out

@@ -120,6 +120,33 @@ class SyncClient:
         )
         return SyncPlan(self, plan)
 
+    def submit_many(
+        self,
+        op: str,
+        args: Iterable[Any],
+        *,
+        tags: Iterable[str] | None = None,
+        requirements: Requirements | Mapping[str, Any] | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        max_attempts: int = 3,
+        plan_ids: Iterable[str | None] | None = None,
+    ) -> list[SyncPlan]:
+        """Submit one plan per item of ``args`` in a few frames; see ``Client.submit_many``."""
+        plans = self._call(
+            self._client.submit_many(
+                op,
+                args,
+                tags=tags,
+                requirements=requirements,
+                priority=priority,
+                timeout_s=timeout_s,
+                max_attempts=max_attempts,
+                plan_ids=plan_ids,
+            )
+        )
+        return [SyncPlan(self, plan) for plan in plans]
+
     def watch(self, plan_id: str, *, from_seq: int = 0) -> SyncPlan:
         """Subscribe to an existing plan; see ``Client.watch``."""
         return SyncPlan(self, self._call(self._client.watch(plan_id, from_seq=from_seq)))

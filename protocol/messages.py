@@ -156,7 +156,12 @@ class PlanInfo(msgspec.Struct, omit_defaults=True):
 
 
 class _Msg(msgspec.Struct, tag_field="type", omit_defaults=True, gc=False):
-    """Base of every tagged message."""
+    """Base of every tagged message.
+
+    ``gc=False``: the cyclic collector does not track messages (tens of thousands a second go
+    through a coordinator; docs/PERFORMANCE.md). A message never refers back to itself, so it
+    cannot be part of a cycle; do not build one that does (it would never be freed).
+    """
 
 
 # ---- worker -> coordinator
