@@ -15,6 +15,9 @@ Rules (docs/SEMANTICS.md §Operator requests):
   its ``welcome``) until ``undrain_worker`` or until it is reaped.
 * ``undrain_worker`` clears the mark, sends ``undrain``, forgives the worker's earlier rejects
   (made while draining) and places queued plans on it.
+* ``drain_worker`` and ``undrain_worker`` are operator actions: a session without the admin
+  role gets ``error(forbidden)`` and nothing changes (``list_plans`` stays open to clients: it
+  shows only their own plans).
 * An unknown worker id answers ``error(unknown_worker)``; a negative or non-finite deadline,
   or a ``limit`` outside 1..10000, answers ``error(invalid_argument)``.
 
@@ -99,6 +102,8 @@ class OperatorRequests:
     def drain(self, s: _Session, msg: DrainWorker, now: float) -> None:
         """Answer ``drain_worker``: mark the worker draining, tell it, and schedule its deadline."""
         core = self._core
+        if not self._admin(s, msg.req_id, "drain_worker"):
+            return
         deadline_s = msg.deadline_s
         if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s >= 0):
             problem = f"deadline_s must be a number of seconds >= 0, or null for no deadline (got {deadline_s})"
@@ -123,6 +128,8 @@ class OperatorRequests:
     def undrain(self, s: _Session, msg: UndrainWorker, now: float) -> None:
         """Answer ``undrain_worker``: the worker takes plans again, including those it rejected while draining."""
         core = self._core
+        if not self._admin(s, msg.req_id, "undrain_worker"):
+            return
         record = self._record(s, msg.req_id, msg.worker_id)
         if record is None:
             return
@@ -176,6 +183,17 @@ class OperatorRequests:
         core._refresh_waiting(now)
 
     # ------------------------------------------------------------------ helpers
+
+    def _admin(self, s: _Session, req_id: int, request: str) -> bool:
+        """Whether the session may send an operator action; if not, it is told so (nothing changes)."""
+        if s.admin:
+            return True
+        problem = (
+            f"{request} needs an admin token; this session's token ({s.principal!r}) is a client token "
+            "(use FLEETWIRE_ADMIN_TOKEN, which `fleetwire up` prints)"
+        )
+        self._error(s, req_id, errors.FORBIDDEN, problem)
+        return False
 
     def _record(self, s: _Session, req_id: int, worker_id: str) -> WorkerRecord | None:
         if worker_id in self._core.registry:

@@ -103,6 +103,8 @@ async def _submit(ns: argparse.Namespace) -> int:
             max_attempts=ns.max_attempts,
             retries=ns.retries,
             plan_id=ns.id,
+            session_key=ns.session,
+            policy=ns.policy,
         )
         if ns.json:
             print(_json({"plan_id": plan.id, "state": "queued"}), flush=True)
@@ -314,8 +316,10 @@ async def _up(ns: argparse.Namespace) -> int:
             return await _up(ns)
     worker_token = secrets.token_urlsafe(24)
     client_token = secrets.token_urlsafe(24)
+    admin_token = secrets.token_urlsafe(24)  # operator actions (drain/undrain) and the all-plans dashboard
     try:
-        server = CoordinatorServer(_server_settings(ns, (worker_token,), (client_token,)), version=_version())
+        settings = _server_settings(ns, (worker_token,), (client_token,))
+        server = CoordinatorServer(dataclasses.replace(settings, admin_tokens=(admin_token,)), version=_version())
         await server.start()
     except ValueError as exc:
         return _fail(str(exc))
@@ -338,9 +342,13 @@ async def _up(ns: argparse.Namespace) -> int:
             + (f"  export FLEETWIRE_CA_FILE={ns.ca_file or ns.tls_cert}\n" if server.url.startswith("wss://") else "")
             + "  fleetwire submit echo --args '{\"hello\": 1}' --follow\n"
             "  fleetwire workers\n"
+            "Operator commands (`fleetwire drain`/`undrain`, and `plans` of every client) and the dashboard\n"
+            "take the admin token (they use it when it is exported):\n"
+            f"  export FLEETWIRE_ADMIN_TOKEN={admin_token}\n"
+            "  fleetwire plans\n"
             "Workers join this coordinator with:\n"
             f"  FLEETWIRE_TOKEN={worker_token} fleetwire worker --url {server.url}\n"
-            f"Dashboard: {server.url.replace('ws', 'http', 1)}/#token={client_token}\n"
+            f"Dashboard: {server.url.replace('ws', 'http', 1)}/#token={admin_token}\n"
             "Press Ctrl-C to stop.",
             flush=True,
         )
@@ -473,6 +481,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int, default=3, help="attempts lost to dead workers before failing")
     p.add_argument("--retries", type=int, default=0, help="times a handler failure is retried before failing")
     p.add_argument("--id", help="plan id; submitting the same id again returns the same plan")
+    p.add_argument("--session", metavar="KEY",
+                   help="session key: plans with the same key go to the same worker while it has room")
+    p.add_argument("--policy", metavar="NAME",
+                   help="placement policy for this plan, e.g. least_busy (default: the coordinator's)")
     p.add_argument("--follow", "-f", action="store_true", help="print every event as it arrives")
     p.add_argument("--detach", "-d", action="store_true", help="print the plan id and exit at once")
     p.set_defaults(func=_submit)

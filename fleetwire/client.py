@@ -45,26 +45,18 @@ import functools
 import itertools
 import logging
 import os
-import secrets
-import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, assert_never, get_args
-from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.typing import Subprotocol
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
-from fleetwire.errors import (
-    AuthError,
-    FleetwireConnectionError,
-    ProtocolError,
-    RequestError,
-    request_error,
-)
+from fleetwire import options
+from fleetwire.connection import CLIENT_PATH, DEFAULT_MAX_FRAME_BYTES, dial, ending_error, resolve_url
+from fleetwire.errors import FleetwireConnectionError, ProtocolError, RequestError, request_error
 from fleetwire.plan import Plan
 from fleetwire.resume import Resumer
 from protocol import errors as codes
@@ -100,34 +92,9 @@ __all__ = ["CLIENT_PATH", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_
 
 log = logging.getLogger("fleetwire.client")
 
-CLIENT_PATH: Final = "/v1/client"
-DEFAULT_MAX_FRAME_BYTES: Final = 16 * 2**20
 # Outgoing frames hold several messages only up to this size: well under the 1 MiB
 # frame limit a coordinator is likely to enforce (websockets' default).
 COALESCE_LIMIT_BYTES: Final = 256 * 2**10
-
-_CLOSE_MEANINGS: Final[dict[int, str]] = {
-    codes.CLOSE_NORMAL: "normal closure",
-    codes.CLOSE_GOING_AWAY: "the coordinator is shutting down",
-    codes.CLOSE_TOO_BIG: "a frame was over the coordinator's size limit",
-    codes.CLOSE_INTERNAL: "internal error in the coordinator",
-    codes.CLOSE_PROTOCOL: "too many protocol errors on this session",
-    codes.CLOSE_FORBIDDEN: "a message this role may not send",
-}
-
-
-def resolve_url(url: str | None) -> str:
-    """The websocket URL to dial: ``url`` or ``$FLEETWIRE_URL``, with ``/v1/client`` when it has no path."""
-    if url is None:
-        url = os.environ.get("FLEETWIRE_URL")
-    if not url:
-        raise ValueError("no coordinator URL: pass url='ws://host:port' or set FLEETWIRE_URL")
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.netloc:
-        raise ValueError(f"the coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
-    if parts.path in ("", "/"):
-        parts = parts._replace(path=CLIENT_PATH)
-    return urlunsplit(parts)
 
 
 # --------------------------------------------------------------------------- client
@@ -224,68 +191,20 @@ class Client:
 
     async def _dial(self) -> ClientConnection:
         """A new websocket to the coordinator (the first one, or one that resumes the session)."""
-        subprotocol = Subprotocol(ENCODING_SUBPROTOCOL[self.encoding])
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-        try:
-            ws = await connect(
-                self.url,
-                subprotocols=[subprotocol],
-                additional_headers=headers,
-                compression=None,
-                open_timeout=self._open_timeout_s,
-                max_size=self._max_frame_bytes,
-                proxy=None,
-                **self._tls(),
-            )
-        except InvalidStatus as exc:
-            raise self._handshake_refused(exc.response.status_code) from exc
-        except InvalidURI as exc:
-            raise ValueError(f"invalid coordinator URL {self.url!r}: {exc}") from exc
-        except (OSError, InvalidHandshake) as exc:
-            raise FleetwireConnectionError(f"cannot connect to the coordinator at {self.url}: {exc}") from exc
-        if ws.subprotocol not in (subprotocol, None) or (ws.subprotocol is None and self.encoding != "msgpack"):
-            await ws.close()
-            raise FleetwireConnectionError(
-                f"the coordinator at {self.url} did not accept subprotocol {subprotocol!r} "
-                f"(it selected {ws.subprotocol!r})"
-            )
-        return ws
+        return await dial(
+            self.url,
+            encoding=self.encoding,
+            token=self._token,
+            open_timeout_s=self._open_timeout_s,
+            max_frame_bytes=self._max_frame_bytes,
+            ca_file=self._ca_file,
+        )
 
     def _attach(self, ws: ClientConnection) -> None:
         self._ws = ws
         self._reader = asyncio.create_task(self._read_loop(ws), name="fleetwire-client-reader")
         self._writer = asyncio.create_task(self._write_loop(ws), name="fleetwire-client-writer")
         self._outbox_ready.set()  # requests queued while no session was up
-
-    def _tls(self) -> dict[str, Any]:
-        """``connect`` arguments for ``wss://``: the system CAs, or only ``ca_file`` when given."""
-        if not self.url.startswith("wss://") or self._ca_file is None:
-            return {}
-        try:
-            return {"ssl": ssl.create_default_context(cafile=self._ca_file)}
-        except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"cannot load the CA file {self._ca_file}: {exc}") from exc
-
-    def _handshake_refused(self, status: int) -> Exception:
-        where = f"the coordinator at {self.url}"
-        if status == 401:
-            if self._token is None:
-                why = "no token was sent; pass token= or set FLEETWIRE_TOKEN to a client token"
-            else:
-                why = "the token is not one of its tokens; check token= / FLEETWIRE_TOKEN"
-            return AuthError(f"{where} refused the connection (HTTP 401): {why}", status=status)
-        if status == 403:
-            return AuthError(
-                f"{where} refused the connection (HTTP 403): the token is valid but its role may not "
-                f"use {CLIENT_PATH} (a worker token?); use a client or admin token",
-                status=status,
-            )
-        if status == 404:
-            return FleetwireConnectionError(
-                f"{where} has no fleetwire endpoint at this path (HTTP 404); give ws://host:port "
-                f"and the SDK appends {CLIENT_PATH}"
-            )
-        return FleetwireConnectionError(f"{where} refused the websocket upgrade (HTTP {status})")
 
     async def close(self) -> None:
         """Close the session; pending calls and unfinished plans fail with ``FleetwireConnectionError``."""
@@ -349,8 +268,8 @@ class Client:
             InvalidArgument: the coordinator refused the arguments.
             ValueError: ``requirements`` or ``hints`` has an unknown field or a wrong type.
         """
-        reqs = _requirements(requirements, tags)
-        routing = _hints(hints, session_key, policy)
+        reqs = options.requirements(requirements, tags)
+        routing = options.hints(hints, session_key, policy)
         msg = Submit(
             req_id=next(self._req_ids),
             op=op,
@@ -360,7 +279,7 @@ class Client:
             timeout_s=timeout_s,
             max_attempts=max_attempts,
             retries=retries,
-            plan_id=plan_id or _new_plan_id(),  # always an id: a submit re-sent after a reconnect is idempotent
+            plan_id=plan_id or options.new_plan_id(),  # always an id: a submit re-sent after a reconnect is idempotent
             subscribe=True,
             hints=routing,
         )
@@ -404,7 +323,7 @@ class Client:
             raise self._ended
         if self._ws is None:
             raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
-        reqs = _requirements(requirements, tags)
+        reqs = options.requirements(requirements, tags)
         items = list(args)
         ids = list(plan_ids) if plan_ids is not None else [None] * len(items)
         if len(ids) != len(items):
@@ -416,7 +335,7 @@ class Client:
             req_id = next(self._req_ids)
             msg = Submit(
                 req_id=req_id, op=op, args=item, requirements=reqs, priority=priority, timeout_s=timeout_s,
-                max_attempts=max_attempts, plan_id=plan_id or _new_plan_id(), subscribe=True,
+                max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True,
             )
             raws.append(msgspec.Raw(encode([msg])))  # an unencodable item fails here, before anything is sent
             req_ids.append(req_id)
@@ -593,8 +512,8 @@ class Client:
             log.exception("fleetwire client: dispatch failed; closing the session")
             await ws.close(codes.CLOSE_INTERNAL, "client error")
         finally:
-            if ws is self._ws:
-                self._resumer.session_lost(self._ending_error(ws))  # resume, or end the session
+            if ws is self._ws:  # resume, or end the session
+                self._resumer.session_lost(ending_error(ws, self.url, closing=self._closing))
 
     def _dispatch(self, msg: ToClient | DecodeFailure) -> None:
         match msg:
@@ -666,18 +585,6 @@ class Client:
             log.exception("fleetwire client: send failed; closing the session")
             await ws.close(codes.CLOSE_INTERNAL, "client error")
 
-    def _ending_error(self, ws: ClientConnection) -> FleetwireConnectionError:
-        if self._closing:
-            return FleetwireConnectionError("the client was closed")
-        rcvd = ws.protocol.close_rcvd
-        if rcvd is None:
-            return FleetwireConnectionError(f"lost the connection to the coordinator at {self.url}")
-        meaning = _CLOSE_MEANINGS.get(rcvd.code, "")
-        text = f"the coordinator closed the session with code {rcvd.code}"
-        text += f" ({meaning})" if meaning else ""
-        text += f": {rcvd.reason}" if rcvd.reason else ""
-        return FleetwireConnectionError(text, close_code=rcvd.code, close_reason=rcvd.reason)
-
     def _end(self, error: FleetwireConnectionError) -> None:
         if self._ended is None:
             self._ended = error
@@ -692,49 +599,3 @@ class Client:
         self._outbox.clear()
         self._outbox_ready.set()  # lets the writer see the end and return
 
-
-def _new_plan_id() -> str:
-    """A plan id made by the SDK: the coordinator's format, so it is also the idempotency key."""
-    return secrets.token_hex(8)
-
-
-def _hints(hints: RoutingHints | Mapping[str, Any] | None, session_key: str | None, policy: str | None) -> RoutingHints:
-    if hints is None:
-        routing = RoutingHints()
-    elif isinstance(hints, RoutingHints):
-        routing = hints
-    else:
-        unknown = sorted(set(hints) - set(RoutingHints.__struct_fields__))
-        if unknown:
-            raise ValueError(f"unknown hints {unknown}; known: {', '.join(RoutingHints.__struct_fields__)}")
-        try:
-            routing = msgspec.convert(dict(hints), RoutingHints)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"invalid hints: {exc}") from exc
-    if session_key is not None:
-        routing = msgspec.structs.replace(routing, session_key=session_key)
-    if policy is not None:
-        routing = msgspec.structs.replace(routing, policy=policy)
-    return routing
-
-
-def _requirements(requirements: Requirements | Mapping[str, Any] | None, tags: Iterable[str] | None) -> Requirements:
-    if requirements is None:
-        reqs = Requirements()
-    elif isinstance(requirements, Requirements):
-        reqs = requirements
-    else:
-        unknown = sorted(set(requirements) - set(Requirements.__struct_fields__))
-        if unknown:
-            raise ValueError(f"unknown requirements {unknown}; known: {', '.join(Requirements.__struct_fields__)}")
-        try:
-            reqs = msgspec.convert(dict(requirements), Requirements)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"invalid requirements: {exc}") from exc
-    if tags is not None:
-        if isinstance(tags, str):
-            raise TypeError("tags must be a list of strings, not one string")
-        extra = [tag for tag in tags if tag not in reqs.tags]
-        if extra:
-            reqs = msgspec.structs.replace(reqs, tags=[*reqs.tags, *extra])
-    return reqs

@@ -315,14 +315,22 @@ def add_operator_commands(
         root: builds the whole parser again (for ``completion``).
     """
 
+    def admin_target(ns: argparse.Namespace) -> tuple[str, str | None]:
+        # Operator commands want the admin token (drain/undrain refuse a client token; plans
+        # shows everyone's plans with it): $FLEETWIRE_ADMIN_TOKEN when set, unless --token.
+        url, token = target(ns)
+        admin = os.environ.get("FLEETWIRE_ADMIN_TOKEN")
+        return url, (token if ns.token or not admin else admin)
+
     def bind(fn: Callable[[argparse.Namespace, Target], Coroutine[Any, Any, int]]) -> Any:
         async def run(ns: argparse.Namespace) -> int:
-            return await fn(ns, target)
+            return await fn(ns, admin_target)
 
         return run
 
     p = sub.add_parser("plans", parents=[common, client], help="list plans and the queue",
-                       description="Plans you may see (an admin token: all), newest first, and the queue.")
+                       description="Plans you may see (an admin token: all), newest first, and the queue. "
+                                   "Uses $FLEETWIRE_ADMIN_TOKEN when set, else $FLEETWIRE_TOKEN.")
     p.add_argument("--state", action="append", metavar="STATE",
                    choices=("queued", "leased", "running", "succeeded", "failed", "cancelled"),
                    help="only plans in this state (repeatable)")
@@ -332,14 +340,16 @@ def add_operator_commands(
     p = sub.add_parser("drain", parents=[common, client], help="stop placing plans on a worker",
                        description="Drain a worker: it takes no new plans and says so in `fleetwire workers`. "
                                    "Its running plans finish, or with --deadline are requeued after S seconds. "
-                                   "Stays drained across reconnects until `fleetwire undrain`.")
+                                   "Stays drained across reconnects until `fleetwire undrain`. Needs an admin "
+                                   "token: $FLEETWIRE_ADMIN_TOKEN (or --token).")
     p.add_argument("worker", help="worker id (see `fleetwire workers`)")
     p.add_argument("--deadline", type=_non_negative, default=None, metavar="S",
                    help="requeue the plans it still runs after S seconds (default: let them finish)")
     p.set_defaults(func=bind(_drain))
 
     p = sub.add_parser("undrain", parents=[common, client], help="place plans on a drained worker again",
-                       description="Undrain a worker: it takes plans again, including ones it refused while draining.")
+                       description="Undrain a worker: it takes plans again, including ones it refused while draining. "
+                                   "Needs an admin token: $FLEETWIRE_ADMIN_TOKEN (or --token).")
     p.add_argument("worker", help="worker id")
     p.set_defaults(func=bind(_undrain))
 

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from fleetwire.client import DEFAULT_MAX_FRAME_BYTES, Client
+from fleetwire.options import SubmitManyOptions, SubmitOptions
 from fleetwire.plan import Plan
 from protocol.codec import Encoding
-from protocol.messages import Event, PlanInfo, PlanStateName, Requirements, Workers
+from protocol.messages import Event, PlanInfo, PlanStateName, Workers
 
 __all__ = ["SyncClient", "SyncPlan"]
 
@@ -93,58 +94,15 @@ class SyncClient:
 
     # ---- the verbs (see ``Client`` for their arguments and errors)
 
-    def submit(
-        self,
-        op: str,
-        args: Any = None,
-        *,
-        tags: Iterable[str] | None = None,
-        requirements: Requirements | Mapping[str, Any] | None = None,
-        priority: int = 0,
-        timeout_s: float | None = None,
-        max_attempts: int = 3,
-        plan_id: str | None = None,
-    ) -> SyncPlan:
-        """Submit a plan; see ``Client.submit``."""
-        plan = self._call(
-            self._client.submit(
-                op,
-                args,
-                tags=tags,
-                requirements=requirements,
-                priority=priority,
-                timeout_s=timeout_s,
-                max_attempts=max_attempts,
-                plan_id=plan_id,
-            )
-        )
-        return SyncPlan(self, plan)
+    def submit(self, op: str, args: Any = None, **options: Unpack[SubmitOptions]) -> SyncPlan:
+        """Submit a plan; takes the keyword arguments of ``Client.submit`` (tags, requirements,
+        priority, timeout_s, max_attempts, retries, plan_id, hints, session_key, policy)."""
+        return SyncPlan(self, self._call(self._client.submit(op, args, **options)))
 
-    def submit_many(
-        self,
-        op: str,
-        args: Iterable[Any],
-        *,
-        tags: Iterable[str] | None = None,
-        requirements: Requirements | Mapping[str, Any] | None = None,
-        priority: int = 0,
-        timeout_s: float | None = None,
-        max_attempts: int = 3,
-        plan_ids: Iterable[str | None] | None = None,
-    ) -> list[SyncPlan]:
-        """Submit one plan per item of ``args`` in a few frames; see ``Client.submit_many``."""
-        plans = self._call(
-            self._client.submit_many(
-                op,
-                args,
-                tags=tags,
-                requirements=requirements,
-                priority=priority,
-                timeout_s=timeout_s,
-                max_attempts=max_attempts,
-                plan_ids=plan_ids,
-            )
-        )
+    def submit_many(self, op: str, args: Iterable[Any], **options: Unpack[SubmitManyOptions]) -> list[SyncPlan]:
+        """Submit one plan per item of ``args`` in a few frames; takes the keyword arguments of
+        ``Client.submit_many`` (tags, requirements, priority, timeout_s, max_attempts, plan_ids)."""
+        plans = self._call(self._client.submit_many(op, args, **options))
         return [SyncPlan(self, plan) for plan in plans]
 
     def watch(self, plan_id: str, *, from_seq: int = 0) -> SyncPlan:

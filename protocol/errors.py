@@ -35,12 +35,13 @@ WORKER_LOST: Final = "worker_lost"  # plan failure: attempts exhausted by lost w
 CANCELLED: Final = "cancelled"
 INTERNAL: Final = "internal"
 TOO_MANY_PLANS: Final = "too_many_plans"  # submit: the principal has its limit of unfinished plans
+FORBIDDEN: Final = "forbidden"  # an operator request (drain/undrain) from a token without the admin role
 
 ERROR_CODES: Final = (
     BAD_FRAME, INVALID_MESSAGE, UNKNOWN_TYPE, NOT_REGISTERED, ALREADY_REGISTERED,
     PLAN_NOT_FOUND, UNKNOWN_WORKER, STALE_LEASE, INVALID_TRANSITION, INVALID_ARGUMENT,
     UNKNOWN_OP, REJECTED, REVOKED, HANDLER_ERROR, ENGINE_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
-    TOO_MANY_PLANS,
+    TOO_MANY_PLANS, FORBIDDEN,
 )
 
 # ---- websocket close codes (RFC 6455 §7.4; 4000-4999 are ours)

@@ -202,7 +202,12 @@ class EnergyMeter:
         self._lock = threading.Lock()
         self._power_w = 0.0
         self._last_s: float | None = None  # time of the last integration step
-        self._joules: dict[str, float] = {}  # running plan -> its share of energy so far
+        # Each running plan's share of an interval is the same (energy ÷ plans running), so one
+        # running sum of those shares serves every plan: a plan notes the sum when it starts and
+        # its energy is the sum at its end minus that note. Start and finish are O(1) however
+        # many plans run (looping over them all was most of a busy worker's time).
+        self._share_joules = 0.0  # sum over intervals of (interval energy ÷ plans running in it)
+        self._started_at: dict[str, float] = {}  # running plan -> _share_joules when it started
         self._ema_uj: float | None = None
         self.total_joules = 0.0
 
@@ -226,10 +231,8 @@ class EnergyMeter:
         if self._last_s is not None and now > self._last_s:
             joules = mean_power_w * (now - self._last_s)
             self.total_joules += joules
-            if self._joules:
-                share = joules / len(self._joules)
-                for plan_id in self._joules:
-                    self._joules[plan_id] += share
+            if self._started_at:
+                self._share_joules += joules / len(self._started_at)
         self._last_s = now
 
     def plan_started(self, plan_id: str) -> None:
@@ -238,7 +241,7 @@ class EnergyMeter:
             return  # nothing to share out: no cost on the plan path of a CPU worker
         with self._lock:
             self._advance(self._clock(), self._power_w)  # no NVML read here: the loop never waits on it
-            self._joules[plan_id] = 0.0
+            self._started_at[plan_id] = self._share_joules
 
     def plan_finished(self, plan_id: str, tokens: int) -> PlanEnergy | None:
         """A plan ended having generated ``tokens``; returns its energy when it was measured."""
@@ -246,9 +249,10 @@ class EnergyMeter:
             return None
         with self._lock:
             self._advance(self._clock(), self._power_w)
-            joules = self._joules.pop(plan_id, None)
-            if joules is None or not self.measured:
+            mark = self._started_at.pop(plan_id, None)
+            if mark is None or not self.measured:
                 return None
+            joules = self._share_joules - mark
             used = PlanEnergy(joules, max(0, tokens))
             if used.tokens > 0 and used.joules > 0:
                 uj = used.uj_per_token

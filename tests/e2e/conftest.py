@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_TOKEN = "e2e-worker-token"
 CLIENT_TOKEN = "e2e-client-token"
+ADMIN_TOKEN = "e2e-admin-token"  # operator actions (drain/undrain) need the admin role
 
 
 class Proc:
@@ -102,7 +103,9 @@ class Cluster:
         return p
 
     async def coordinator(self, *extra: str) -> Proc:
-        env = self.env(FLEETWIRE_WORKER_TOKEN=WORKER_TOKEN, FLEETWIRE_CLIENT_TOKEN=CLIENT_TOKEN)
+        env = self.env(
+            FLEETWIRE_WORKER_TOKEN=WORKER_TOKEN, FLEETWIRE_CLIENT_TOKEN=CLIENT_TOKEN, FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN
+        )
         proc = await self.run("coordinator", "--port", "0", *extra, name="coordinator", env=env)
         self.url = (await proc.wait_for_line(r"listening on (ws://\S+)")).group(1)
         return proc

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.e2e.conftest import Cluster
+from tests.e2e.conftest import ADMIN_TOKEN, Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -22,7 +22,8 @@ async def test_drain_holds_new_plans_until_undrain(cluster: Cluster) -> None:
     """`fleetwire drain` makes `workers` show draining and new plans wait; `undrain` lets them run."""
     await cluster.coordinator()
     await cluster.worker("w1")
-    drain = await cluster.run("drain", "w1", "--deadline", "60")
+    admin = cluster.env(FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN)  # drain/undrain take it over FLEETWIRE_TOKEN
+    drain = await cluster.run("drain", "w1", "--deadline", "60", env=admin)
     assert await drain.wait() == 0
     assert drain.lines == ["worker w1 draining: no new plans; its running plans have 60 s before they are requeued"]
 
@@ -40,7 +41,7 @@ async def test_drain_holds_new_plans_until_undrain(cluster: Cluster) -> None:
     assert listing["queue"] == [plan_id]
     assert listing["plans"][0]["waiting_reason"] == "the only matching worker (w1) is draining"
 
-    undrain = await cluster.run("undrain", "w1", "--json")
+    undrain = await cluster.run("undrain", "w1", "--json", env=admin)
     assert await undrain.wait() == 0
     assert json.loads(undrain.lines[-1]) == {"worker_id": "w1", "draining": False}
     assert await submit.wait() == 0
@@ -58,11 +59,28 @@ async def test_drain_of_an_unknown_worker_fails_with_the_known_ids(cluster: Clus
     await cluster.coordinator()
     await cluster.worker("w1")
     proc = await asyncio.create_subprocess_exec(
-        *_cli("drain", "nope"), env=cluster.env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *_cli("drain", "nope"), env=cluster.env(FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await proc.communicate()
     assert proc.returncode == 1
     assert "no worker with id 'nope' (registered: w1)" in err.decode()
+
+
+async def test_drain_with_a_client_token_is_refused_and_drains_nothing(cluster: Cluster) -> None:
+    """`fleetwire drain` with only a client token exits 1, saying an admin token is needed; nothing is drained."""
+    await cluster.coordinator()
+    await cluster.worker("w1")
+    proc = await asyncio.create_subprocess_exec(
+        *_cli("drain", "w1"), env=cluster.env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 1
+    assert "needs an admin token" in err.decode() and "[forbidden]" in err.decode()
+    workers = await cluster.run("workers", "--json")
+    assert await workers.wait() == 0
+    rows = json.loads(workers.lines[-1])["workers"]
+    assert [(row["id"], row.get("draining", False)) for row in rows] == [("w1", False)]  # false is omitted
 
 
 def test_unreachable_coordinator_names_the_url_and_what_to_check() -> None:

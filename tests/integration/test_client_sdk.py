@@ -544,6 +544,37 @@ def test_sync_client_round_trip() -> None:
         assert client.workers().workers[0].id == "w1"
 
 
+def test_sync_client_submit_passes_routing_and_retries() -> None:
+    """SyncClient.submit sends hints, session_key, policy and retries exactly as Client.submit does."""
+    with coordinator_in_thread() as fake, SyncClient(fake.url, token=CLIENT_TOKEN) as client:
+        plan = client.submit(
+            "echo", args="x", hints={"prompt_tokens": 7}, session_key="chat-1", policy="least_busy", retries=2
+        )
+        assert plan.result(timeout=WAIT_S) == "x"
+        with pytest.raises(ValueError, match="unknown hints"):
+            client.submit("echo", hints={"nope": 1})
+    sent = fake.submits[-1]
+    assert (sent.retries, sent.hints.session_key, sent.hints.policy, sent.hints.prompt_tokens) == (
+        2, "chat-1", "least_busy", 7,
+    )
+    assert len(fake.submits) == 1  # the bad hints failed before anything was sent
+
+
+def test_cli_submit_sends_session_policy_and_retries(capsys: pytest.CaptureFixture[str]) -> None:
+    """`fleetwire submit --session K --policy P --retries N` puts them in the submit it sends."""
+    from fleetwire import cli
+
+    with coordinator_in_thread() as fake:
+        argv = ["submit", "echo", "--args", '"hi"', "--session", "s-1", "--policy", "least_busy", "--retries", "3",
+                "--url", fake.url, "--token", CLIENT_TOKEN, "--detach"]
+        ns = cli.build_parser().parse_args(argv)
+        # ns.func, not cli.main: main configures process-wide logging onto pytest's captured stdout.
+        assert cli._run(ns.func(ns)) == 0
+    sent = fake.submits[-1]
+    assert (sent.args, sent.hints.session_key, sent.hints.policy, sent.retries) == ("hi", "s-1", "least_busy", 3)
+    assert "submitted" in capsys.readouterr().out
+
+
 async def test_coalesced_frames_stay_under_the_size_cap(coordinator: FakeCoordinator) -> None:
     """Many large requests queued at once go out in several frames, none over the coordinator's 1 MiB limit."""
     blob = "x" * 100_000

@@ -17,13 +17,15 @@ from worker_agent import Agent
 
 WORKER_TOKEN = "w-secret"
 CLIENT_TOKEN = "c-secret"
+ADMIN_TOKEN = "a-secret"
 pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture
 async def server() -> AsyncIterator[CoordinatorServer]:
     """A real coordinator on a free loopback port."""
-    srv = CoordinatorServer(ServerSettings(port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,)),
+    srv = CoordinatorServer(ServerSettings(port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
+                                           admin_tokens=(ADMIN_TOKEN,)),
                             version="1.2.3")
     await srv.start()
     yield srv
@@ -95,8 +97,8 @@ async def test_dashboard_files_are_served_with_a_strict_policy(http: httpx.Async
 
 
 async def test_drain_and_undrain_through_the_sdk(server: CoordinatorServer, agent: Agent) -> None:
-    """drain makes the worker show draining and hold new plans back; undrain runs them."""
-    async with Client(server.url, token=CLIENT_TOKEN) as client:
+    """drain (admin token) makes the worker show draining and hold new plans back; undrain runs them."""
+    async with Client(server.url, token=ADMIN_TOKEN) as client:
         await client.drain("w1", deadline_s=30)
         row = (await client.workers()).workers[0]
         assert row.draining is True
@@ -110,5 +112,10 @@ async def test_drain_and_undrain_through_the_sdk(server: CoordinatorServer, agen
         with pytest.raises(RequestError) as info:
             await client.drain("ghost")
         assert info.value.code == "unknown_worker" and "ghost" in str(info.value)
+    async with Client(server.url, token=CLIENT_TOKEN) as client:  # a client token may not drain
+        with pytest.raises(RequestError) as info:
+            await client.drain("w1")
+        assert info.value.code == "forbidden" and "admin token" in str(info.value)
+        assert (await client.workers()).workers[0].draining is False
         with pytest.raises(ValueError, match="plan states"):
             await client.plans(states=["bogus"])

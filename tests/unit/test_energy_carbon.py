@@ -105,6 +105,30 @@ def test_energy_is_integrated_and_split_among_running_plans() -> None:
     assert meter.power_w == 300.0
 
 
+def test_running_share_sum_matches_per_plan_accounting() -> None:
+    """Staggered overlapping plans get exactly their equal shares of each interval (running-sum arithmetic)."""
+    clock = Clock()
+    meter = EnergyMeter(measured=True, alpha=1.0, clock=clock)
+    meter.sample(60.0)  # constant 60 W from t=0: each 1 s interval holds 60 J
+    # (time, event, plan): a runs 0-2, b 1-4, c 2-3, d 3-4; each expected figure below is the sum,
+    # over the intervals a plan ran in, of 60 J divided by the plans running in that interval.
+    steps = [(0.0, "start", "a"), (1.0, "start", "b"), (2.0, "start", "c"), (2.0, "finish", "a"),
+             (3.0, "finish", "c"), (3.0, "start", "d"), (4.0, "finish", "b"), (4.0, "finish", "d")]
+    used: dict[str, float] = {}
+    for at, event, plan in steps:
+        clock.now = at
+        if event == "start":
+            meter.plan_started(plan)
+        else:
+            energy = meter.plan_finished(plan, tokens=1)
+            assert energy is not None
+            used[plan] = energy.joules
+    # [0,1] a alone: 60; [1,2] a,b: 30 each; [2,3] b,c: 30 each; [3,4] b,d: 30 each.
+    assert used == pytest.approx({"a": 90.0, "b": 90.0, "c": 30.0, "d": 30.0})
+    assert meter.total_joules == pytest.approx(240.0)
+    assert meter.plan_finished("never-started", tokens=1) is None  # unknown plan: nothing measured
+
+
 def test_energy_per_token_is_a_moving_average() -> None:
     """Each plan with tokens moves the average by alpha toward its own µJ/token."""
     clock = Clock()

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from coordinator.audit import snapshot
 from coordinator.metrics import METRIC_NAMES, build_registry, render
 from coordinator.stats import FrameCounters, Histogram
 from protocol import errors
@@ -137,7 +138,7 @@ def test_drain_stops_placement_tells_the_worker_and_explains_the_wait(h: Harness
     c = h.client()
     w = h.worker("w1")
     h.take(w)
-    assert ask(h, c, DrainWorker(req_id=3, worker_id="w1", deadline_s=60), Ok).req_id == 3
+    assert ask(h, admin(h), DrainWorker(req_id=3, worker_id="w1", deadline_s=60), Ok).req_id == 3
     assert only(h.take(w), Drain).deadline_s == 60
     plan = h.submit(c)
     assert h.state(plan) == "queued"
@@ -150,10 +151,10 @@ def test_undrain_places_the_waiting_plans_and_tells_the_worker(h: Harness) -> No
     """undrain sends undrain to the worker and places what waited for it."""
     c = h.client()
     w = h.worker("w1")
-    ask(h, c, DrainWorker(req_id=1, worker_id="w1"), Ok)
+    ask(h, admin(h), DrainWorker(req_id=1, worker_id="w1"), Ok)
     plan = h.submit(c)
     h.take(w)
-    ask(h, c, UndrainWorker(req_id=2, worker_id="w1"), Ok)
+    ask(h, admin(h), UndrainWorker(req_id=2, worker_id="w1"), Ok)
     msgs = h.take(w)
     assert isinstance(msgs[0], Undrain)
     assert only(msgs, Assign).plan_id == plan
@@ -167,7 +168,7 @@ def test_plans_rejected_while_draining_are_offered_again_after_undrain(h: Harnes
     plan = h.submit(c)
     h.send(w, Reject(plan_id=plan, attempt=1, code=errors.REJECTED, reason="draining"))
     assert h.state(plan) == "queued"
-    ask(h, c, UndrainWorker(req_id=1, worker_id="w1"), Ok)
+    ask(h, admin(h), UndrainWorker(req_id=1, worker_id="w1"), Ok)
     assert h.state(plan) == "leased"
 
 
@@ -177,7 +178,7 @@ def test_drain_deadline_takes_running_plans_back_and_cancels_them_on_the_worker(
     w1 = h.worker("w1")
     plan = h.submit(c)
     h.send(w1, Accept(plan_id=plan, attempt=1))
-    ask(h, c, DrainWorker(req_id=1, worker_id="w1", deadline_s=5), Ok)
+    ask(h, admin(h), DrainWorker(req_id=1, worker_id="w1", deadline_s=5), Ok)
     h.tick(4.0)
     assert h.state(plan) == "running"
     w2 = h.worker("w2")
@@ -198,7 +199,7 @@ def test_a_drained_worker_stays_drained_when_it_reconnects(h: Harness) -> None:
     """The drain survives a reconnect: the new session gets drain right after welcome."""
     c = h.client()
     w = h.worker("w1")
-    ask(h, c, DrainWorker(req_id=1, worker_id="w1"), Ok)
+    ask(h, admin(h), DrainWorker(req_id=1, worker_id="w1"), Ok)
     h.close(w)
     w_again = h.worker("w1")
     msgs = h.take(w_again)
@@ -218,12 +219,33 @@ def test_a_drained_worker_stays_drained_when_it_reconnects(h: Harness) -> None:
 )
 def test_bad_drain_requests_answer_a_clear_error_and_change_nothing(h: Harness, msg: Any, code: str) -> None:
     """An unknown worker or a bad deadline answers an error with the request's id; nothing is drained."""
-    c = h.client()
     h.worker("w1")
-    error = ask(h, c, msg, Error)
+    error = ask(h, admin(h), msg, Error)
     assert error.code == code and error.req_id == 5
     assert "ghost" in error.message or "deadline_s" in error.message
     assert not h.core.registry.get("w1").draining
+
+
+@pytest.mark.parametrize(
+    "msg", [DrainWorker(req_id=6, worker_id="w1", deadline_s=0), UndrainWorker(req_id=6, worker_id="w1")]
+)
+def test_drain_and_undrain_need_an_admin_token_and_change_nothing_otherwise(h: Harness, msg: Any) -> None:
+    """A client (non-admin) session's drain/undrain gets error(forbidden) naming the admin token; nothing changes."""
+    c = h.client()
+    w = h.worker("w1")
+    plan = h.submit(c)
+    h.send(w, Accept(plan_id=plan, attempt=1))
+    if isinstance(msg, UndrainWorker):  # something for a refused undrain to (not) undo
+        ask(h, admin(h), DrainWorker(req_id=1, worker_id="w1"), Ok)
+    h.take(w)
+    before = snapshot(h.core)
+    error = ask(h, c, msg, Error)
+    assert error.code == errors.FORBIDDEN and error.req_id == 6
+    assert "needs an admin token" in error.message
+    assert snapshot(h.core) == before
+    assert h.take(w) == []  # the worker was told nothing (no drain, undrain or cancel)
+    h.tick(1.0)  # a zero deadline would have taken the plan back by now
+    assert h.state(plan) == "running"
 
 
 # ---------------------------------------------------------------------------- timings and metrics

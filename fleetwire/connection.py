@@ -1,0 +1,137 @@
+"""The client's websocket: the URL to dial, the handshake, TLS, and what a close means.
+
+Split out of fleetwire/client.py: these are the parts of a session that talk about the
+connection itself (dialling, refusals, close codes), not about requests and plans.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.typing import Subprotocol
+
+from fleetwire.errors import AuthError, FleetwireConnectionError
+from protocol import errors as codes
+from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
+
+__all__ = ["CLIENT_PATH", "DEFAULT_MAX_FRAME_BYTES", "dial", "ending_error", "resolve_url"]
+
+CLIENT_PATH: Final = "/v1/client"
+DEFAULT_MAX_FRAME_BYTES: Final = 16 * 2**20
+
+_CLOSE_MEANINGS: Final[dict[int, str]] = {
+    codes.CLOSE_NORMAL: "normal closure",
+    codes.CLOSE_GOING_AWAY: "the coordinator is shutting down",
+    codes.CLOSE_TOO_BIG: "a frame was over the coordinator's size limit",
+    codes.CLOSE_INTERNAL: "internal error in the coordinator",
+    codes.CLOSE_PROTOCOL: "too many protocol errors on this session",
+    codes.CLOSE_FORBIDDEN: "a message this role may not send",
+}
+
+
+def resolve_url(url: str | None) -> str:
+    """The websocket URL to dial: ``url`` or ``$FLEETWIRE_URL``, with ``/v1/client`` when it has no path."""
+    if url is None:
+        url = os.environ.get("FLEETWIRE_URL")
+    if not url:
+        raise ValueError("no coordinator URL: pass url='ws://host:port' or set FLEETWIRE_URL")
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        raise ValueError(f"the coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
+    if parts.path in ("", "/"):
+        parts = parts._replace(path=CLIENT_PATH)
+    return urlunsplit(parts)
+
+
+async def dial(
+    url: str,
+    *,
+    encoding: Encoding,
+    token: str | None,
+    open_timeout_s: float | None,
+    max_frame_bytes: int | None,
+    ca_file: str | None,
+) -> ClientConnection:
+    """A new websocket to the coordinator (the first one, or one that resumes the session).
+
+    Raises:
+        AuthError: HTTP 401 or 403 at the handshake.
+        FleetwireConnectionError: unreachable, another refusal, or the encoding was not accepted.
+        ValueError: a bad URL or CA file.
+    """
+    subprotocol = Subprotocol(ENCODING_SUBPROTOCOL[encoding])
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        ws = await connect(
+            url,
+            subprotocols=[subprotocol],
+            additional_headers=headers,
+            compression=None,
+            open_timeout=open_timeout_s,
+            max_size=max_frame_bytes,
+            proxy=None,
+            **_tls(url, ca_file),
+        )
+    except InvalidStatus as exc:
+        raise _handshake_refused(url, token, exc.response.status_code) from exc
+    except InvalidURI as exc:
+        raise ValueError(f"invalid coordinator URL {url!r}: {exc}") from exc
+    except (OSError, InvalidHandshake) as exc:
+        raise FleetwireConnectionError(f"cannot connect to the coordinator at {url}: {exc}") from exc
+    if ws.subprotocol not in (subprotocol, None) or (ws.subprotocol is None and encoding != "msgpack"):
+        await ws.close()
+        raise FleetwireConnectionError(
+            f"the coordinator at {url} did not accept subprotocol {subprotocol!r} (it selected {ws.subprotocol!r})"
+        )
+    return ws
+
+
+def _tls(url: str, ca_file: str | None) -> dict[str, Any]:
+    """``connect`` arguments for ``wss://``: the system CAs, or only ``ca_file`` when given."""
+    if not url.startswith("wss://") or ca_file is None:
+        return {}
+    try:
+        return {"ssl": ssl.create_default_context(cafile=ca_file)}
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the CA file {ca_file}: {exc}") from exc
+
+
+def _handshake_refused(url: str, token: str | None, status: int) -> Exception:
+    where = f"the coordinator at {url}"
+    if status == 401:
+        if token is None:
+            why = "no token was sent; pass token= or set FLEETWIRE_TOKEN to a client token"
+        else:
+            why = "the token is not one of its tokens; check token= / FLEETWIRE_TOKEN"
+        return AuthError(f"{where} refused the connection (HTTP 401): {why}", status=status)
+    if status == 403:
+        return AuthError(
+            f"{where} refused the connection (HTTP 403): the token is valid but its role may not "
+            f"use {CLIENT_PATH} (a worker token?); use a client or admin token",
+            status=status,
+        )
+    if status == 404:
+        return FleetwireConnectionError(
+            f"{where} has no fleetwire endpoint at this path (HTTP 404); give ws://host:port "
+            f"and the SDK appends {CLIENT_PATH}"
+        )
+    return FleetwireConnectionError(f"{where} refused the websocket upgrade (HTTP {status})")
+
+
+def ending_error(ws: ClientConnection, url: str, *, closing: bool) -> FleetwireConnectionError:
+    """Why a session's websocket ended: closed by us, lost, or closed by the coordinator with a code."""
+    if closing:
+        return FleetwireConnectionError("the client was closed")
+    rcvd = ws.protocol.close_rcvd
+    if rcvd is None:
+        return FleetwireConnectionError(f"lost the connection to the coordinator at {url}")
+    meaning = _CLOSE_MEANINGS.get(rcvd.code, "")
+    text = f"the coordinator closed the session with code {rcvd.code}"
+    text += f" ({meaning})" if meaning else ""
+    text += f": {rcvd.reason}" if rcvd.reason else ""
+    return FleetwireConnectionError(text, close_code=rcvd.code, close_reason=rcvd.reason)

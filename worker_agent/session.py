@@ -1,0 +1,70 @@
+"""The worker's connection details: the coordinator URL, its id, TLS, and the auth failure.
+
+Split out of worker_agent/agent.py so the agent module holds only the session and dispatch.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import socket
+import ssl
+from urllib.parse import urlsplit, urlunsplit
+
+from protocol import errors
+
+__all__ = ["AuthError", "client_tls", "default_worker_id", "version", "worker_url"]
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("fleetwire")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+def worker_url(url: str) -> str:
+    """``ws://host:port`` → ``ws://host:port/v1/worker``; a URL with a path is kept as is."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.netloc:
+        raise ValueError(f"coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/v1/worker")
+    return urlunsplit(parts)
+
+
+def default_worker_id() -> str:
+    """Stable for the life of this process: ``<hostname>-<pid>``."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class AuthError(errors.FleetwireError):
+    """The coordinator refused this worker's token at the handshake (HTTP 401 or 403)."""
+
+    code = "unauthorized"
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def client_tls(url: str, ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    """The TLS context for a ``wss://`` URL, or None to use websockets' default (system CAs).
+
+    Raises:
+        ValueError: a file cannot be loaded, a key without a certificate, or TLS files for
+            a ``ws://`` URL (they would be silently ignored).
+    """
+    if ca_file is None and cert_file is None:
+        return None
+    if not url.startswith("wss://"):
+        raise ValueError(f"--ca-file/--tls-cert need a wss:// coordinator URL, got {url!r}")
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("a client certificate needs both --tls-cert and --tls-key")
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+        if cert_file is not None:
+            context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load TLS files ({ca_file or '-'}, {cert_file or '-'}): {exc}") from None
+    return context
