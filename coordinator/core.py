@@ -23,24 +23,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, assert_never
+from typing import Any, Literal
 
 import structlog
 
-from coordinator import scopes
+from coordinator import client_session, scopes, worker_session
 from coordinator.autoscaler import AutoscaleConfig, Autoscaler, pool_signals
-from coordinator.errors import InvalidTransition
 from coordinator.limits import PlanQuota
 from coordinator.operator import OperatorRequests
-from coordinator.placement import Placement, PlacementConfig, hints_problem
+from coordinator.placement import Placement, PlacementConfig
 from coordinator.plans import (
     EVERY_PRINCIPAL,
-    RESERVED_KINDS,
     Plan,
     Subscriptions,
     advance,
-    done_event,
-    submit_problem,
 )
 from coordinator.policies import POLICY_NAMES
 from coordinator.queue import PlanQueue, Signature, explain_wait
@@ -53,7 +49,6 @@ from protocol.codec import DecodeFailure
 from protocol.messages import (
     TERMINAL_STATES,
     Accept,
-    Accepted,
     Ack,
     Assign,
     Cancel,
@@ -68,17 +63,12 @@ from protocol.messages import (
     Hello,
     ListPlans,
     ListWorkers,
-    Ok,
-    PlanReply,
     Reject,
     Revoke,
     Submit,
     Subscribe,
-    Subscribed,
     UndrainWorker,
     Unsubscribe,
-    Welcome,
-    Workers,
 )
 
 __all__ = ["Coordinator", "CoreConfig", "Effects"]
@@ -175,6 +165,8 @@ class Coordinator:
         self._sessions: dict[int, _Session] = {}
         self._submit_order = itertools.count(1)
         self._effects = Effects()
+        self._wait_reasons: dict[Signature, str] = {}  # see _wait_reason
+        self._wait_stamp = (-1, -1)
 
     # ================================================================== driver API
 
@@ -211,9 +203,9 @@ class Coordinator:
             else:
                 self._protocol_error(session, msg.code, msg.message, req_id=msg.req_id)
         elif session.role == "worker" and isinstance(msg, _WORKER_TYPES):
-            self._on_worker(session, msg, now)
+            worker_session.on_worker(self, session, msg, now)
         elif session.role == "client" and isinstance(msg, _CLIENT_TYPES):
-            self._on_client(session, msg, now)
+            client_session.on_client(self, session, msg, now)
         else:
             config = getattr(type(msg), "__struct_config__", None)
             tag = getattr(config, "tag", None) or type(msg).__name__
@@ -235,7 +227,7 @@ class Coordinator:
         self._effects.sends.pop(conn_id, None)  # nothing can reach it any more
         self.recovery.forget(conn_id)
         if session.role == "worker":
-            self._detach_worker(session, now)
+            worker_session.detach_worker(self, session, now)
         else:
             self.subscriptions.drop(conn_id)
 
@@ -288,346 +280,6 @@ class Coordinator:
         """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers."""
         return self.registry.summary(now)
 
-    # ================================================================== worker session (§Worker session)
-
-    def _on_worker(self, s: _Session, msg: WorkerMessage, now: float) -> None:
-        if isinstance(msg, Hello):
-            self._hello(s, msg, now)
-            return
-        worker_id = s.worker_id
-        if worker_id is None or worker_id not in self.registry:
-            what = type(msg).__name__.lower()
-            self._protocol_error(s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id")
-            return
-        if isinstance(msg, Accept | Reject | Event | Done) and self.recovery.duplicate(s.conn_id, worker_id, msg):
-            return  # a re-send of a message already applied (after a reconnect): acked, not applied twice
-        match msg:
-            case Heartbeat():
-                self._heartbeat(worker_id, msg, now)
-            case Accept():
-                self._accept(s, worker_id, msg, now)
-            case Reject():
-                self._reject(s, worker_id, msg, now)
-            case Event():
-                self._worker_event(s, worker_id, msg)
-            case Done():
-                self._done(s, worker_id, msg, now)
-            case Goodbye():
-                log.info("worker said goodbye", worker_id=worker_id, reason=msg.reason)
-                self._detach_worker(s, now)
-                self.recovery.hand_back(worker_id, now)  # its unfinished plans: requeued now, no attempt spent
-                self._close(s, errors.CLOSE_NORMAL, "goodbye")
-            case _:
-                assert_never(msg)
-
-    def _hello(self, s: _Session, msg: Hello, now: float) -> None:
-        if s.worker_id is not None:
-            self._protocol_error(s, errors.ALREADY_REGISTERED, f"this session is already worker {s.worker_id!r}")
-            return
-        worker_id = msg.worker_id
-        if not worker_id:
-            self._protocol_error(s, errors.INVALID_MESSAGE, "hello.worker_id must not be empty")
-            return
-        refused = scopes.worker_id_refused(s.worker_ids, worker_id)
-        if refused is not None:
-            self._forbid(s, refused)
-            return
-        reconnect = worker_id in self.registry
-        if reconnect:
-            held_by = self.registry.get(worker_id).conn_id
-            older = self._sessions.get(held_by) if held_by is not None else None
-            if older is not None and older is not s:
-                older.worker_id = None  # its close must not disconnect the new session
-                self._close(older, errors.CLOSE_REPLACED, f"worker id {worker_id!r} registered on a newer session")
-        record = self.registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
-        self.placement.registered(record)
-        s.worker_id = worker_id
-        keep: list[str] = []
-        abandon: list[str] = []
-        for running in msg.running:
-            plan = self.plans.get(running.plan_id)
-            ours = plan is not None and plan.worker_id == worker_id and plan.attempt == running.attempt
-            (keep if ours and running.plan_id in record.leases else abandon).append(running.plan_id)
-        log.info(
-            "worker registered",
-            worker_id=worker_id,
-            reconnect=reconnect,
-            ops=msg.capabilities.ops,
-            max_concurrency=msg.capabilities.max_concurrency,
-            continue_plans=keep,
-            abandon_plans=abandon,
-        )
-        self._send(
-            s.conn_id,
-            Welcome(
-                worker_id=worker_id,
-                heartbeat_interval_s=self.config.heartbeat_interval_s,
-                heartbeat_timeout_s=self.config.heartbeat_timeout_s,
-                continue_plans=keep,
-                abandon_plans=abandon,
-                version=self.config.version,
-                prefetch=self.config.placement.prefetch,
-            ),
-        )
-        self.operator.registered(record, now)  # a drained worker stays drained across reconnects
-        # Leases it did not list are gone on its side (an assign lost in flight, a restart):
-        # those attempts are lost exactly as if the worker had died.
-        missing = [self.plans[pid] for pid in record.leases.difference(keep) if pid in self.plans]
-        for plan in sorted(missing, key=lambda p: (-p.priority, p.order)):
-            record.leases.discard(plan.id)
-            self._lease_lost(plan, worker_id, f"worker {worker_id} reconnected without it", now)
-        for plan_id in keep:
-            plan = self.plans[plan_id]
-            if plan.terminal:  # cancelled while it was away: the first cancel went to the old session
-                self._send(s.conn_id, Cancel(plan_id=plan_id, attempt=plan.attempt))
-        # A worker that registers again may have new handlers or have stopped draining:
-        # the plans it rejected may be offered to it once more.
-        for plan_id in self.queue.forgive(worker_id):
-            self.plans[plan_id].avoid -= {worker_id}
-        self._fill_worker(record, now)
-        self._refresh_waiting(now)
-
-    def _heartbeat(self, worker_id: str, msg: Heartbeat, now: float) -> None:
-        self.counters["heartbeats"] += 1
-        was_alive = self.registry.is_alive(worker_id, now)
-        record = self.registry.heartbeat(worker_id, msg.load, now)
-        if not was_alive:  # it fell silent past the timeout but beat before the reaper ran
-            self._fill_worker(record, now)
-            self._refresh_waiting(now)
-
-    def _lease(self, s: _Session, worker_id: str, plan_id: str, attempt: int) -> Plan | None:
-        """The plan if (plan_id, attempt) is this worker's current lease; otherwise answer stale_lease."""
-        plan = self.plans.get(plan_id)
-        if (
-            plan is not None
-            and plan.attempt == attempt
-            and plan.worker_id == worker_id
-            and plan_id in self.registry.get(worker_id).leases
-        ):
-            return plan
-        if plan is not None:
-            trespass = scopes.lease_of_another(plan.worker_id, plan.attempt, worker_id, attempt)
-            if trespass is not None:
-                self._forbid(s, f"plan {plan_id!r} {trespass}")
-                return None
-        self.counters["stale_dropped"] += 1
-        why = "the coordinator has no such plan" if plan is None else plan.lease_note()
-        message = f"plan {plan_id!r} attempt {attempt} is not your lease ({why}); stop running it"
-        self._send(s.conn_id, Error(code=errors.STALE_LEASE, message=message, plan_id=plan_id, attempt=attempt))
-        return None
-
-    def _accept(self, s: _Session, worker_id: str, msg: Accept, now: float) -> None:
-        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
-        # A repeated accept (running) or one after a cancel (terminal) changes nothing.
-        if plan is not None and plan.state == "leased":
-            advance(plan, "accept")
-            self.timings.started(plan, now)
-            self._emit(plan, "running", {"worker_id": worker_id, "attempt": plan.attempt})
-
-    def _reject(self, s: _Session, worker_id: str, msg: Reject, now: float) -> None:
-        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
-        if plan is None:
-            return
-        record = self.registry.get(worker_id)
-        revoked = msg.code == errors.REVOKED  # it dropped an unstarted plan we revoked (§Placement, stealing)
-        if not plan.terminal:
-            try:
-                advance(plan, "revoke" if revoked else "reject")
-            except InvalidTransition as exc:
-                self._protocol_error(s, exc.code, f"{exc}: a plan cannot be rejected after accept", plan_id=plan.id)
-                return
-            if revoked:
-                self.counters["plans_revoked"] += 1
-                why = f"revoked from worker {worker_id} before it started, to run on an idle worker"
-            else:
-                plan.avoid = plan.avoid | {worker_id}
-                why = f"worker {worker_id} rejected it ({msg.code}" + (f": {msg.reason})" if msg.reason else ")")
-            self.registry.release(worker_id, plan.id)
-            plan.free_attempts += 1  # it never ran: not counted against max_attempts (coordinator/recovery.py)
-            self._requeue(plan, why, now)
-        else:
-            self.registry.release(worker_id, plan.id)
-        self._fill_worker(record, now)
-
-    def _worker_event(self, s: _Session, worker_id: str, msg: Event) -> None:
-        if msg.kind in RESERVED_KINDS:
-            self._protocol_error(
-                s,
-                errors.INVALID_MESSAGE,
-                f"event kind {msg.kind!r} is reserved for the coordinator's lifecycle events; use another kind",
-                plan_id=msg.plan_id,
-            )
-            return
-        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
-        # A cancelled plan's stream has ended with its terminal event; later output is dropped.
-        if plan is not None and not plan.terminal:
-            self.counters["events_forwarded"] += 1
-            self._emit(plan, msg.kind, msg.data, ephemeral=msg.ephemeral)
-
-    def _done(self, s: _Session, worker_id: str, msg: Done, now: float) -> None:
-        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
-        if plan is None:
-            return
-        record = self.registry.get(worker_id)
-        self.registry.release(worker_id, plan.id)
-        if not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
-            why = f"worker {worker_id} reported a failure without an error"
-            self.recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
-        elif not plan.terminal:  # a cancelled plan only waited for this done to free the lease
-            advance(plan, done_event(msg.outcome))
-            self.timings.finished(plan, msg.outcome, now)
-            match msg.outcome:
-                case "succeeded":
-                    plan.result = msg.result
-                    data = {"result": msg.result, "worker_id": worker_id, "attempt": plan.attempt}
-                    self._emit(plan, "succeeded", data)
-                case "failed":
-                    why = f"worker {worker_id} reported a failure without an error"
-                    self._fail(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why))
-                case "cancelled":
-                    plan.error = ErrorInfo(errors.CANCELLED, f"cancelled by worker {worker_id}")
-                    self._emit(plan, "cancelled", {"reason": f"cancelled by worker {worker_id}"})
-                case _:
-                    assert_never(msg.outcome)
-        self._fill_worker(record, now)
-
-    def _detach_worker(self, s: _Session, now: float) -> None:
-        """The session no longer speaks for its worker; the record stays (with its leases) until reaped."""
-        worker_id, s.worker_id = s.worker_id, None
-        if worker_id is None or worker_id not in self.registry:
-            return
-        record = self.registry.get(worker_id)
-        if record.conn_id != s.conn_id:
-            return
-        self.registry.disconnect(worker_id)
-        log.info("worker disconnected", worker_id=worker_id, leases=sorted(record.leases))
-        self._refresh_waiting(now)
-
-    # ================================================================== client session (§Client session)
-
-    def _on_client(self, s: _Session, msg: ClientMessage, now: float) -> None:
-        match msg:
-            case Submit():
-                self._submit(s, msg, now)
-            case Subscribe():
-                self._subscribe(s, msg)
-            case Unsubscribe():
-                self._unsubscribe(s, msg)
-            case Cancel():
-                self._cancel(s, msg)
-            case GetPlan():
-                plan = self._visible_plan(s, msg.plan_id, msg.req_id)
-                if plan is not None:
-                    self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
-            case ListWorkers():
-                rows = [self.registry.info(r.id, now) for r in self.registry]
-                self._send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=self.registry.summary(now)))
-            case ListPlans():
-                self.operator.list_plans(s, msg)
-            case DrainWorker():
-                self.operator.drain(s, msg, now)
-            case UndrainWorker():
-                self.operator.undrain(s, msg, now)
-            case _:
-                assert_never(msg)
-
-    def _submit(self, s: _Session, msg: Submit, now: float) -> None:
-        problem = submit_problem(msg) or hints_problem(msg.hints)
-        if problem is not None:
-            self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
-            return
-        if msg.plan_id is not None and msg.plan_id in self.plans:
-            existing = self.plans[msg.plan_id]
-            if not self._visible(s, existing):
-                message = f"plan id {msg.plan_id!r} is already used by another client; choose another"
-                self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=message, req_id=msg.req_id))
-                return
-            # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
-            self._send(
-                s.conn_id, Accepted(req_id=msg.req_id, plan_id=existing.id, state=existing.state, duplicate=True)
-            )
-            if msg.subscribe:
-                self.subscriptions.add(existing.id, s.conn_id)
-                self._replay(s, existing, 0)
-            return
-        over_quota = self._quota.refusal(s.principal)
-        if over_quota is not None:
-            self._refuse_submit(s, msg.req_id, over_quota)
-            return
-        plan_id = msg.plan_id
-        while plan_id is None or plan_id in self.plans:
-            plan_id = self._new_id()
-        plan = self.plans[plan_id] = Plan.from_submit(msg, plan_id, s.principal, next(self._submit_order))
-        self._quota.add(plan.owner, plan_id)
-        self.counters["plans_submitted"] += 1
-        self.recovery.journal.created(plan, msg)
-        self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan_id, state="queued"))
-        # Subscribers go in before the first event so none of them misses seq 1.
-        if msg.subscribe:
-            self.subscriptions.add(plan_id, s.conn_id)
-        for conn_id in self.subscriptions.all_followers(plan.owner):
-            self.subscriptions.add(plan_id, conn_id)
-        self._emit(plan, "queued", {})
-        self._enqueue(plan, now)
-
-    def _subscribe(self, s: _Session, msg: Subscribe) -> None:
-        targets: dict[str, Plan] = {}
-        for plan_id in msg.plan_ids:
-            plan = self._visible_plan(s, plan_id, msg.req_id)
-            if plan is None:
-                return  # one unknown id and nothing is subscribed
-            targets[plan_id] = plan
-        if msg.all:
-            # An admin session follows every principal's plans (EVERY_PRINCIPAL), now and future.
-            self.subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
-            targets.update((p.id, p) for p in self.plans.values() if self._visible(s, p))
-        self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets)))
-        for plan in targets.values():
-            self.subscriptions.add(plan.id, s.conn_id)
-            self._replay(s, plan, msg.from_seq)
-
-    def _unsubscribe(self, s: _Session, msg: Unsubscribe) -> None:
-        if msg.all:
-            self.subscriptions.drop(s.conn_id)
-        for plan_id in msg.plan_ids:
-            self.subscriptions.remove(plan_id, s.conn_id)
-        self._send(s.conn_id, Ok(req_id=msg.req_id))
-
-    def _cancel(self, s: _Session, msg: Cancel) -> None:
-        plan = self._visible_plan(s, msg.plan_id, msg.req_id)
-        if plan is None:
-            return
-        if not plan.terminal:
-            was = plan.state
-            advance(plan, "cancel")
-            plan.error = ErrorInfo(errors.CANCELLED, "cancelled by the client")
-            plan.waiting_reason = None
-            if was == "queued":
-                self.queue.discard(plan.id)
-            elif plan.worker_id is not None and plan.worker_id in self.registry:
-                # The lease stays claimed until the worker's done for this attempt (or its reaping),
-                # so the slot is not handed out while the handler may still be stopping.
-                conn_id = self.registry.get(plan.worker_id).conn_id
-                if conn_id is not None:
-                    self._send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
-            log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
-            self._emit(plan, "cancelled", {"reason": "cancelled by the client"})
-        self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
-
-    def _visible(self, s: _Session, plan: Plan) -> bool:
-        return s.admin or plan.owner == s.principal
-
-    def _visible_plan(self, s: _Session, plan_id: str, req_id: int) -> Plan | None:
-        """The plan if this session may see it; otherwise answer plan_not_found (others' plans do not exist)."""
-        plan = self.plans.get(plan_id)
-        if plan is not None and self._visible(s, plan):
-            return plan
-        self._send(
-            s.conn_id,
-            Error(code=errors.PLAN_NOT_FOUND, message=f"no plan with id {plan_id!r}", req_id=req_id, plan_id=plan_id),
-        )
-        return None
-
     # ================================================================== subscriptions
 
     def _replay(self, s: _Session, plan: Plan, from_seq: int) -> None:
@@ -666,7 +318,7 @@ class Coordinator:
             self._assign(plan, best)
             return
         self.queue.push(plan.id, signature, plan.priority, plan.order)
-        reason = explain_wait(signature, self.registry.iter_alive(now))
+        reason = self._wait_reason(signature, now)
         if reason == "waiting for placement":  # room somewhere, but not for this plan's KV blocks
             reason = self.placement.kv_reason(plan, pool) or reason
         if reason != self.queue.group_reason(signature):
@@ -721,12 +373,39 @@ class Coordinator:
             plan.waiting_reason = reason
             self._emit(plan, "waiting", {"reason": reason})
 
+    def _wait_reason(self, signature: Signature, now: float) -> str:
+        """Why a plan just queued waits: explain_wait, cached per signature until room may have changed.
+
+        explain_wait walks every alive worker; with thousands of them that was most of a queued
+        submit. The cache is dropped when the registry changes (membership, connection), a lease
+        is released, or a drain, undrain or revival ends in :meth:`_refresh_waiting`: without
+        those no worker gains room or requirements, so the reason is what explain_wait would say
+        (a worker falling silent is corrected by the reaper's refresh). "waiting for placement"
+        (room somewhere, not for this plan's KV blocks) depends on the plan: never cached.
+        """
+        cache = self._wait_reasons
+        stamp = (self.registry.generation, self.registry.releases)
+        if self._wait_stamp != stamp:
+            cache.clear()
+            self._wait_stamp = stamp
+        reason = cache.get(signature)
+        if reason is None:
+            reason = explain_wait(signature, self.registry.iter_alive(now))
+            if reason != "waiting for placement":
+                cache[signature] = reason
+        return reason
+
     def _refresh_waiting(self, now: float) -> None:
         """Re-explain every queued group after the set of alive workers changed.
 
         A group's plans are visited only when its reason changed since the last refresh.
+        Nothing queued: nothing to explain (a registration then costs no pass over the workers).
         """
-        alive = self.registry.alive(now)
+        self._wait_reasons.clear()  # drains and revivals change reasons without a registry change
+        self.placement.room_may_have_changed()
+        if not self.queue:
+            return
+        alive = list(self.registry.iter_alive(now))  # explain_wait needs no order
         for signature in self.queue.signatures():
             reason = explain_wait(signature, alive)
             if reason == self.queue.group_reason(signature):

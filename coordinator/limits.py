@@ -56,6 +56,7 @@ class Limits:
             (``https://dash.example.com``; ``*`` accepts any).
         ping_interval_s / ping_timeout_s: websocket pings; a peer that does not answer
             within the timeout is closed 1011 (half-open TCP, matrix row 22). None: off.
+            Only client sessions are pinged unless ``ServerSettings.ping_workers``.
         close_timeout_s: how long a closing connection waits for the peer's side of the
             close before the TCP connection is dropped (a vanished peer never answers).
     """

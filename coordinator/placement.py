@@ -117,6 +117,8 @@ class Placement:
         self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()  # (owner, key) -> worker id
         self._revoking: dict[str, tuple[str, int]] = {}  # plan id -> (idle worker it is for, attempt)
         self._now = 0.0  # the time of the decision in progress (busyness ages reports with it)
+        # Pools found without room, by id(pool): (pool, registry generation, releases) then.
+        self._full: dict[int, tuple[list[WorkerRecord], int, int]] = {}
 
     # ------------------------------------------------------------------ FleetView
 
@@ -135,6 +137,10 @@ class Placement:
         caps = worker.capabilities
         tokens = caps.prefix_cache_tokens or caps.kv_blocks * caps.kv_block_tokens or self.config.default_cache_tokens
         self.prefix.set_capacity(worker.id, tokens)
+
+    def room_may_have_changed(self) -> None:
+        """A drain, undrain or revival: room may have appeared outside a release or registration."""
+        self._full.clear()
 
     def forget(self, worker_ids: Iterable[str]) -> None:
         """Workers were reaped: their caches are gone."""
@@ -182,16 +188,32 @@ class Placement:
         return plan.hints.policy or self.config.policy
 
     def choose(self, plan: Plan, pool: Iterable[WorkerRecord], now: float) -> WorkerRecord | None:
-        """The worker of ``pool`` (the signature's workers) that gets the plan; None if none can."""
+        """The worker of ``pool`` (the signature's workers) that gets the plan; None if none can.
+
+        A pool (the registry's cached list for a signature) found with no room is remembered:
+        until a lease is released, the registry changes or :meth:`room_may_have_changed` is
+        called, a plan without KV blocks is answered None without a pass over the pool (with
+        thousands of busy workers that pass was most of queueing a submit).
+        """
         self._now = now
+        registry = self.registry
+        no_kv = plan.hints.prompt_tokens + plan.hints.max_output_tokens <= 0
+        stamp = (registry.generation, registry.releases)
+        if no_kv and isinstance(pool, list):
+            full = self._full.get(id(pool))
+            if full is not None and full[0] is pool and full[1:] == stamp:
+                return None
         free: list[WorkerRecord] = []
         queued: list[WorkerRecord] = []
-        registry = self.registry
         for worker in pool:
             if not worker.has_capacity() or not registry.is_alive(worker.id, now) or not self.fits(plan, worker):
                 continue
             (free if worker.has_free_slot() else queued).append(worker)
         if not free and not queued:
+            if no_kv and isinstance(pool, list):
+                if len(self._full) >= 4096:  # many one-off pools: start over rather than grow
+                    self._full.clear()
+                self._full[id(pool)] = (pool, *stamp)
             return None
         key = plan.hints.session_key
         if key is not None:

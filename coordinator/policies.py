@@ -20,6 +20,7 @@ seconds old never sends a burst of plans to one worker.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -187,14 +188,15 @@ class JouleWeighted:
     max_gap: float = float("inf")
 
     def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
-        pool = _near_least_busy(candidates, fleet, self.max_gap)
+        # With no gap limit every candidate is near enough: skip a busyness() per candidate.
+        pool = candidates if self.max_gap == math.inf else _near_least_busy(candidates, fleet, self.max_gap)
         fallback = _mean_known(pool, _uj_per_token)
         tokens = max(ask.tokens, 1)
-
-        def score(w: WorkerRecord) -> tuple[float, float, int, str]:
-            return projected_uj(_uj_per_token(w) or fallback, tokens), fleet.busyness(w), *_tie(w)
-
-        return min(pool, key=score)
+        # min by (energy, busyness, tie) without busyness() for all: only the least-energy ones need it.
+        costs = [(projected_uj(_uj_per_token(w) or fallback, tokens), w) for w in pool]
+        least = min(cost for cost, _ in costs)
+        tied = [w for cost, w in costs if cost == least] or pool  # a NaN figure ties with nothing
+        return min(tied, key=lambda w: (fleet.busyness(w), *_tie(w)))
 
 
 @dataclass

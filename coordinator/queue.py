@@ -122,7 +122,8 @@ def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
     if all(not w.has_capacity() for w in pool):
         if len(pool) == 1:
             return f"the only matching worker ({pool[0].id}) is at capacity"
-        return f"all {len(pool)} matching workers are at capacity"
+        # No count: it would change with every registration and re-send `waiting` to every queued plan.
+        return "all matching workers are at capacity"
     return "waiting for placement"
 
 

@@ -33,6 +33,10 @@ __all__ = ["WorkerRecord", "WorkerRegistry"]
 log = structlog.get_logger(__name__)
 
 
+def _by_id(record: WorkerRecord) -> str:
+    return record.id
+
+
 @dataclass(eq=False)
 class WorkerRecord:
     """One registered worker.
@@ -136,6 +140,8 @@ class WorkerRegistry:
         self._workers: dict[str, WorkerRecord] = {}
         self._claims = 0
         self._matching: dict[Hashable, list[WorkerRecord]] = {}  # see matching()
+        self.generation = 0  # bumped whenever membership or connection changes (caches key on it)
+        self.releases = 0  # leases released so far: a release is the other way room appears
 
     def __contains__(self, worker_id: object) -> bool:
         return worker_id in self._workers
@@ -167,6 +173,7 @@ class WorkerRegistry:
             The worker's record.
         """
         self._matching.clear()
+        self.generation += 1
         record = self._workers.get(worker_id)
         if record is None:
             record = WorkerRecord(
@@ -205,6 +212,7 @@ class WorkerRegistry:
         record.connected = False
         record.conn_id = None
         self._matching.clear()
+        self.generation += 1
 
     def get(self, worker_id: str) -> WorkerRecord:
         """The record of ``worker_id``.
@@ -255,8 +263,12 @@ class WorkerRegistry:
         return found
 
     def stale(self, now: float) -> list[WorkerRecord]:
-        """Workers :meth:`reap` would drop at ``now``, in id order (nothing is removed)."""
-        return [r for r in self if now - r.last_beat_s > self.heartbeat_timeout_s]
+        """Workers :meth:`reap` would drop at ``now``, in id order (nothing is removed).
+
+        The reaper asks every tick: one pass without sorting, then only the stale few sorted.
+        """
+        timeout = self.heartbeat_timeout_s
+        return sorted((r for r in self._workers.values() if now - r.last_beat_s > timeout), key=_by_id)
 
     def reap(self, now: float, only: Collection[str] | None = None) -> list[str]:
         """Drop every worker whose last beat is older than the timeout (of ``only``, when given).
@@ -269,7 +281,7 @@ class WorkerRegistry:
             del self._workers[worker_id]
         if dropped:
             self._matching.clear()
-        if dropped:
+            self.generation += 1
             log.warning("workers reaped", worker_ids=dropped, heartbeat_timeout_s=self.heartbeat_timeout_s)
         return dropped
 
@@ -308,6 +320,7 @@ class WorkerRegistry:
         if plan_id not in record.leases:
             return False
         record.leases.discard(plan_id)
+        self.releases += 1
         return True
 
     def has_capacity(self, worker_id: str) -> bool:

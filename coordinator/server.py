@@ -81,6 +81,11 @@ class ServerSettings:
         placement: default policy, prefetch and policy knobs (coordinator/placement.py).
         autoscale: the autoscaler's settings; None: no autoscaler (coordinator/autoscaler.py).
         autoscale_hook: a shell command run with each autoscaler decision as JSON on stdin.
+        ping_workers: send websocket keepalive pings (``limits.ping_interval_s``) on
+            ``/v1/worker`` sessions too. Off by default: a worker heartbeats and the reaper
+            closes a silent one 4408 after the heartbeat timeout, which covers a half-open
+            worker connection; with 10,000 workers the pings were ~40 % of the steady CPU
+            (docs/PERFORMANCE.md). Client sessions are always pinged (RELIABILITY row 22).
     """
 
     host: str = "127.0.0.1"
@@ -96,6 +101,7 @@ class ServerSettings:
     data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.store.default_data_dir()
     breaker_fraction: float = 0.5  # reaper circuit breaker (coordinator/recovery.py)
     breaker_min_workers: int = 3
+    ping_workers: bool = False
     admin_tokens: tuple[str, ...] = ()
     token_file: str | None = None
     tls_cert: str | None = None
@@ -396,6 +402,10 @@ class CoordinatorServer:
         codec = self._codecs[(role, encoding)]
         conn_id = next(self._conn_ids)
         principal = self._gate.principal(ws)
+        if role == "worker" and not self.settings.ping_workers and ws.keepalive_task is not None:
+            # The heartbeat reaper (4408) detects a dead worker; pings would only cost CPU (ServerSettings).
+            ws.keepalive_task.cancel()
+            ws.keepalive_task = None
         session = _Session(conn_id, ws, codec, role=role, io=self.frames.of(role), principal=principal)
         io = session.io
         self._sessions[conn_id] = session

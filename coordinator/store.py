@@ -206,9 +206,9 @@ _INSERT_PLANS = (
 )
 _INSERT_EVENTS = "INSERT OR REPLACE INTO events (plan, seq, body) VALUES {values}"
 _UPDATE_FROM = (
-    "UPDATE plans SET state = v.column2, status = v.column3 FROM (VALUES {values}) AS v WHERE plans.id = v.column1"
+    "UPDATE plans SET state = v.column2, status = v.column3 FROM (VALUES {values}) AS v WHERE plans.rowid = v.column1"
 )
-_UPDATE_ONE = "UPDATE plans SET state = ?2, status = ?3 WHERE id = ?1"
+_UPDATE_ONE = "UPDATE plans SET state = ?2, status = ?3 WHERE rowid = ?1"
 _first = operator.itemgetter(0)
 _first_two = operator.itemgetter(0, 1)
 _CHUNK = 128  # rows per statement: 7 x 128 parameters stays under SQLite's old 999 limit
@@ -323,7 +323,8 @@ class SQLiteStore:
         # A plan created in this group is inserted with its latest status: one row, not an INSERT
         # and an UPDATE. The others get their status by one UPDATE ... FROM (VALUES ...).
         new_rows: list[tuple[Any, ...]] = []
-        rowids, fresh = self._rowids, {}
+        rowids = self._rowids
+        fresh: dict[str, int] = {}  # rowids of plans new in this group
         for plan_id, record in created.items():
             status = latest.pop(plan_id, None)
             rowid = rowids.get(plan_id)
@@ -337,7 +338,8 @@ class SQLiteStore:
             plan = fresh.get(event.plan_id) or rowids.get(event.plan_id)
             if plan is not None:
                 events.append((plan, event.seq, encode(event)))
-        statuses = [(plan_id, status.state, encode(status)) for plan_id, status in latest.items()]
+        statuses = [(rowids[plan_id], status.state, encode(status)) for plan_id, status in latest.items()
+                    if plan_id in rowids]  # a status of a plan never created matches no row: skipped  # fmt: skip
         # Key order: plan ids are random, so rows in arrival order touch B-tree pages at random;
         # sorted, each page is visited once per group (the sort is stable: a later event of the
         # same (plan, seq) still wins).

@@ -325,7 +325,7 @@ def test_explain_wait_names_the_first_unmet_requirement() -> None:
     full = [worker(w, ops=["x"], tags=["gpu"]) for w in ("w1", "w2")]
     for record in full:
         record.leases.add("busy")
-    assert explain_wait(sig, full) == "all 2 matching workers are at capacity"
+    assert explain_wait(sig, full) == "all matching workers are at capacity"
     assert explain_wait(sig, full[:1]) == "the only matching worker (w1) is at capacity"
     avoided = Signature.of("x", Requirements(tags=["gpu"]), avoid=["w1"])
     assert explain_wait(avoided, full[:1]) == "every matching worker rejected it (w1)"

@@ -93,6 +93,58 @@ def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
         SQLiteStore(path)
 
 
+def test_a_version_1_file_is_migrated_with_its_events(tmp_path: Path) -> None:
+    """A schema-1 file (events keyed by plan id) opens as version 2 with every plan, status and event intact."""
+    import msgspec
+
+    path = tmp_path / DB_FILE
+    encode = msgspec.msgpack.encode
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE plans (id TEXT PRIMARY KEY, owner TEXT NOT NULL, ord INTEGER NOT NULL, state TEXT NOT NULL,"
+        " spec BLOB NOT NULL, status BLOB);"
+        "CREATE TABLE events (plan_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL,"
+        " PRIMARY KEY (plan_id, seq)) WITHOUT ROWID; PRAGMA user_version=1;"
+    )
+    status = PlanStatus("b", "running", attempt=1, worker_id="w", next_seq=3)
+    conn.execute("INSERT INTO plans VALUES ('b', 'alice', 2, 'running', ?, ?)",
+                 (encode(created("b", 2)), encode(status)))
+    conn.execute("INSERT INTO plans VALUES ('a', 'alice', 1, 'queued', ?, NULL)", (encode(created("a", 1)),))
+    for plan_id, seq in [("b", 2), ("a", 1), ("b", 1)]:
+        conn.execute("INSERT INTO events VALUES (?, ?, ?)", (plan_id, seq, encode(event(plan_id, seq, seq))))
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    store.write([event("a", 2, "new"), PlanStatus("a", "queued", next_seq=3)])
+    plans = store.load()
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    store.close()
+    a, b = plans
+    assert a.created.plan_id == "a" and [(e.seq, e.data) for e in a.events] == [(1, 1), (2, "new")]
+    assert b.status == status and [(e.seq, e.data) for e in b.events] == [(1, 1), (2, 2)]
+
+
+def test_later_records_of_one_group_win(db: SQLiteStore) -> None:
+    """In one write the last event of a (plan, seq) and the last status of a plan are what is kept."""
+    db.write([created("p"), event("p", 1, "a"), event("p", 1, "b"), PlanStatus("p", "queued", next_seq=2),
+              PlanStatus("p", "running", attempt=1, next_seq=2)])  # fmt: skip
+    db.write([created("p", args="again"), PlanStatus("p", "succeeded", attempt=1, next_seq=3)])
+    (plan,) = db.load()
+    assert [(e.seq, e.data) for e in plan.events] == [(1, "b")]
+    assert plan.status == PlanStatus("p", "succeeded", attempt=1, next_seq=3) and plan.created.submit.args is None
+
+
+def test_one_row_per_step_when_sqlite_is_older_than_3_33(db: SQLiteStore) -> None:
+    """Without multi-row UPDATE ... FROM (SQLite < 3.33) the same batches give the same plans back."""
+    db._multi_row = False
+    db._update_status = "UPDATE plans SET state = ?2, status = ?3 WHERE rowid = ?1"
+    db.write([created("p"), event("p", 1), PlanStatus("p", "queued", next_seq=2)])
+    db.write([event("p", 2, "x"), event("p", 2, "y"), PlanStatus("p", "running", attempt=1, next_seq=3)])
+    (plan,) = db.load()
+    assert plan.status == PlanStatus("p", "running", attempt=1, next_seq=3)
+    assert [(e.seq, e.data) for e in plan.events] == [(1, None), (2, "y")]
+
+
 def test_payload_msgpack_cannot_hold_is_stored_as_text(db: SQLiteStore) -> None:
     """An event whose data msgpack cannot encode (a JSON peer's 2**70) is kept, with its data as text."""
     db.write([created("p"), event("p", 1, {"n": 2**70})])
