@@ -47,6 +47,9 @@ _CORE_COUNTERS: Final = (
     ("fleetwire_protocol_errors", "protocol_errors", "Messages answered with a protocol error."),
     ("fleetwire_workers_reaped", "workers_reaped", "Workers dropped by the reaper after the heartbeat timeout."),
     ("fleetwire_heartbeats", "heartbeats", "Heartbeats received from workers."),
+    # Security refusals the core makes (docs/OPERATIONS.md §Security).
+    ("fleetwire_scope_refused", "scope_refused", "Sessions closed 4403: a message outside the token's scope."),
+    ("fleetwire_plans_refused", "plans_refused", "Submits refused at the per-principal plan limit."),
 )
 
 #: Every metric family a scrape exposes (sample names may add _total, _bucket, _sum, _count).
@@ -65,6 +68,7 @@ METRIC_NAMES: Final = (
     "fleetwire_frames",
     "fleetwire_bytes",
     *(name for name, _, _ in _CORE_COUNTERS),
+    "fleetwire_refusals",
     "fleetwire_autoscaler_desired_replicas",
     "fleetwire_worker_leases",
     "fleetwire_worker_in_flight",
@@ -88,6 +92,7 @@ class CoordinatorCollector:
         core: the sans-I/O coordinator.
         frames: frame and byte counters kept by the server, if any.
         sessions: open sessions per role, if known.
+        refusals: the server's refusals by answer (an HTTP status or a close code), if any.
         clock: monotonic seconds, the clock the core is driven with.
         version: the coordinator's version, exposed in ``fleetwire_info``.
     """
@@ -98,12 +103,14 @@ class CoordinatorCollector:
         *,
         frames: FrameCounters | None = None,
         sessions: Callable[[], Mapping[str, int]] | None = None,
+        refusals: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         version: str = "",
     ) -> None:
         self._core = core
         self._frames = frames or FrameCounters()
         self._sessions = sessions
+        self._refusals = refusals if refusals is not None else {}
         self._clock = clock
         self._version = version
 
@@ -123,6 +130,13 @@ class CoordinatorCollector:
         yield from self._io()
         for name, key, doc in _CORE_COUNTERS:
             yield CounterMetricFamily(name, doc, value=core.counters.get(key, 0))
+        refusals = CounterMetricFamily(
+            "fleetwire_refusals", "Connections refused by the server, by answer: HTTP status or close code.",
+            labels=["answer"],
+        )
+        for answer, n in sorted(self._refusals.items()):
+            refusals.add_metric([answer], n)
+        yield refusals
         desired = GaugeMetricFamily(
             "fleetwire_autoscaler_desired_replicas", "Workers the autoscaler wants per pool.", labels=["pool"]
         )

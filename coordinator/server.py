@@ -1,6 +1,6 @@
 """The asyncio driver around the sans-I/O ``Coordinator`` core.
 
-Theory of operation: every websocket connection gets a ``conn_id`` and a ``_Session``.
+Theory of operation: every websocket connection gets a ``conn_id`` and a ``Session``.
 The connection's reader decodes a frame, feeds each message to the core with ``now``
 and then *flushes*: the effects the core accumulated (messages per connection, closes)
 are appended to each target session's pending list and its writer is woken. One writer
@@ -35,9 +35,10 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from coordinator import http as http_routes
-from coordinator.auth import Gatekeeper, Principal, TokenFileError, TokenStore, inline_tokens, server_tls_context
+from coordinator.auth import Gatekeeper, TokenFileError, TokenStore, inline_tokens, server_tls_context
 from coordinator.autoscaler import AutoscaleConfig
 from coordinator.commit import GroupCommitter
+from coordinator.connection import FailFastConnection, Session, close_or_abort
 from coordinator.core import Coordinator, CoreConfig, Effects
 from coordinator.hooks import HookRunner
 from coordinator.limits import Limits
@@ -54,8 +55,6 @@ log = structlog.get_logger(__name__)
 Role = Literal["worker", "client"]
 ROLE_PATHS: dict[str, Role] = {"/v1/worker": "worker", "/v1/client": "client"}
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-# Coalesced frames stay under websockets' default 1 MiB receive limit of our peers.
-MAX_OUT_FRAME_BYTES = 512 * 1024
 
 
 @dataclass(frozen=True)
@@ -147,61 +146,6 @@ class ServerSettings:
         return min(1.0, self.heartbeat_timeout_s / 10)
 
 
-@dataclass(eq=False)
-class _Session:
-    """One open websocket: its outgoing queue and the writer that drains it."""
-
-    conn_id: int
-    ws: ServerConnection
-    codec: Codec
-    role: str = ""
-    io: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # FrameCounters: its role's counters
-    pending: list[Any] = field(default_factory=list)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    close_with: tuple[int, str] | None = None
-    principal: Principal | None = None
-    killed: bool = False  # closed by the server itself (a limit, a revoked token): input is dropped
-    writer: asyncio.Task[None] | None = None
-
-    def pending_bytes(self) -> int:
-        """About how many bytes wait in ``pending``, from at most 64 evenly spaced messages."""
-        pending = self.pending
-        sample = pending[:: max(1, len(pending) // 64)]
-        return sum(map(_approx_bytes, sample)) * len(pending) // max(1, len(sample))
-
-    async def write_loop(self) -> None:
-        """Send everything pending as one frame per wake-up; close when the core asked to."""
-        ws, codec = self.ws, self.codec
-        try:
-            while True:
-                await self.wake.wait()
-                self.wake.clear()
-                while self.pending:
-                    batch, self.pending = self.pending, []
-                    for frame in self._frames(batch):
-                        self.io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
-                        self.io[3] += len(frame)
-                        await ws.send(frame, text=codec.text)
-                if self.close_with is not None:
-                    await ws.close(*self.close_with)
-                    return
-        except ConnectionClosed:
-            return
-        except Exception:
-            # A frame that cannot be encoded must cost this session, never the coordinator.
-            log.exception("cannot send to a session; closing it", conn_id=self.conn_id)
-            await ws.close(codes.CLOSE_INTERNAL, "internal error; see coordinator log")
-
-
-    def _frames(self, batch: list[Any]) -> list[bytes]:
-        """Encode ``batch`` as one frame, split in halves while a frame exceeds what peers accept."""
-        frame = self.codec.encode_safe(batch)
-        if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
-            return [frame]
-        half = len(batch) // 2
-        return self._frames(batch[:half]) + self._frames(batch[half:])
-
-
 class CoordinatorServer:
     """Serves ``/v1/worker`` and ``/v1/client`` and drives a ``Coordinator`` core.
 
@@ -248,7 +192,7 @@ class CoordinatorServer:
             mtls_workers=settings.tls_client_ca is not None,
         )
         self._background: set[asyncio.Task[None]] = set()  # closes the server started itself
-        self._sessions: dict[int, _Session] = {}
+        self._sessions: dict[int, Session] = {}
         self._conn_ids = itertools.count(1)
         self._codecs: dict[tuple[Role, Encoding], Codec] = {
             (role, enc): Codec(enc, FromWorker if role == "worker" else FromClient, role)
@@ -261,8 +205,9 @@ class CoordinatorServer:
         self.port: int = settings.port
         # /metrics reads these at scrape time (coordinator/metrics.py); see coordinator/http.py.
         self.frames = FrameCounters()
+        self.refusals: dict[str, int] = {}  # by answer: HTTP status before the upgrade, close code after
         self.metrics_registry = build_registry(
-            self.core, frames=self.frames, sessions=self._session_counts, version=version
+            self.core, frames=self.frames, sessions=self._session_counts, refusals=self.refusals, version=version
         )
 
     @property
@@ -300,6 +245,7 @@ class CoordinatorServer:
             ping_interval=limits.ping_interval_s,
             ping_timeout=limits.ping_timeout_s,
             close_timeout=limits.close_timeout_s,
+            create_connection=FailFastConnection,  # a 1009 stops reading that peer at once
         )
         sockets = list(self._server.sockets)
         if sockets:
@@ -363,7 +309,14 @@ class CoordinatorServer:
         if role is None:
             return conn.respond(404, f"unknown path {path}; fleetwire serves /v1/worker and /v1/client\n")
         # Origin, connection limit, client certificate, token (coordinator/auth.py).
-        return self._gate.admit(conn, request, path, role, len(self._sessions))
+        refused = self._gate.admit(conn, request, path, role, len(self._sessions))
+        if refused is not None:
+            self._count_refusal(refused.status_code)
+        return refused
+
+    def _count_refusal(self, answer: int) -> None:
+        key = str(answer)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
 
     def reload_tokens(self) -> list[str]:
         """Read the token file again (SIGHUP) and close the sessions of revoked tokens with 4401.
@@ -406,7 +359,7 @@ class CoordinatorServer:
             # The heartbeat reaper (4408) detects a dead worker; pings would only cost CPU (ServerSettings).
             ws.keepalive_task.cancel()
             ws.keepalive_task = None
-        session = _Session(conn_id, ws, codec, role=role, io=self.frames.of(role), principal=principal)
+        session = Session(conn_id, ws, codec, role=role, io=self.frames.of(role), principal=principal)
         io = session.io
         self._sessions[conn_id] = session
         writer = session.writer = asyncio.create_task(session.write_loop())
@@ -440,6 +393,7 @@ class CoordinatorServer:
         finally:
             sent = ws.protocol.close_sent
             if sent is not None and sent.code == codes.CLOSE_TOO_BIG:  # websockets refused a frame (max_size)
+                self._count_refusal(codes.CLOSE_TOO_BIG)
                 log.warning(
                     "refused: frame over the size limit", conn_id=conn_id, role=role, principal=principal.name,
                     address=address, limit_bytes=ws.protocol.max_message_size,
@@ -478,11 +432,11 @@ class CoordinatorServer:
         sessions = self._sessions
         cap = self.settings.limits.max_pending_messages
         cap_bytes = self.settings.limits.max_pending_bytes
-        slow: list[_Session] = []
+        slow: list[Session] = []
         sends = effects.sends
         if len(sends) > 2:  # fan-out: one event to many subscribers is encoded once, not per session
             sends = _encode_shared(sends, sessions)
-        woken: list[_Session] = []
+        woken: list[Session] = []
         for conn_id, msgs in sends.items():
             session = sessions.get(conn_id)
             if session is not None and not session.killed:
@@ -508,7 +462,7 @@ class CoordinatorServer:
         for session in slow:
             self._kill(session, codes.CLOSE_SLOW_CONSUMER, "slow consumer: too much waiting for it to read")
 
-    def _kill(self, session: _Session, code: int, reason: str) -> None:
+    def _kill(self, session: Session, code: int, reason: str) -> None:
         """Close a session from the server's side at once, dropping what is pending for it.
 
         The core forgets the session now, so nothing more is queued for it and its input is
@@ -519,6 +473,7 @@ class CoordinatorServer:
             return
         session.killed = True
         session.pending = []
+        self._count_refusal(code)
         log.warning(
             "refused: closing session", code=code, reason=reason, conn_id=session.conn_id, role=session.role,
             principal=session.principal.name if session.principal is not None else "", address=_address(session.ws),
@@ -529,7 +484,7 @@ class CoordinatorServer:
         # What closing it changed (a worker's plans waiting again) goes out through the usual
         # path, after this delivery has finished.
         asyncio.get_running_loop().call_soon(self._flush)
-        task = asyncio.create_task(_close_or_abort(session.ws, code, reason, self.settings.limits.close_timeout_s))
+        task = asyncio.create_task(close_or_abort(session.ws, code, reason, self.settings.limits.close_timeout_s))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -559,7 +514,7 @@ class CoordinatorServer:
             self._flush()
 
 
-def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, _Session]) -> dict[int, list[Any]]:
+def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, Session]) -> dict[int, list[Any]]:
     """``sends`` with every message that goes to several sessions encoded once per encoding.
 
     The core hands the same Struct to every subscriber of a plan; the writers would encode it
@@ -596,23 +551,6 @@ def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, _Session]) -
             encoded.append(raw)
         out[conn_id] = encoded
     return out
-
-
-def _approx_bytes(msg: Any) -> int:
-    """A cheap lower bound of one message's encoded size: exact for pre-encoded ones, else its
-    string or bytes ``data`` (events carry the large payloads), else a small constant."""
-    if isinstance(msg, msgspec.Raw):
-        return len(msg)
-    data = getattr(msg, "data", None)
-    return len(data) + 64 if isinstance(data, str | bytes) else 64
-
-
-async def _close_or_abort(ws: ServerConnection, code: int, reason: str, timeout_s: float) -> None:
-    try:
-        async with asyncio.timeout(timeout_s):
-            await ws.close(code, reason)
-    except TimeoutError:
-        ws.transport.abort()
 
 
 def _address(ws: ServerConnection) -> str:

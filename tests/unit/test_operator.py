@@ -27,6 +27,7 @@ from protocol.messages import (
     Ok,
     Plans,
     Reject,
+    Submit,
     Subscribe,
     Undrain,
     UndrainWorker,
@@ -308,6 +309,19 @@ def test_metrics_exposition_parses_and_has_every_family(h: Harness) -> None:
     assert value("fleetwire_plan_queue_wait_seconds") >= 0  # the _bucket/_count samples exist
     assert value("fleetwire_info", version="9.9") == 1
     assert sum(s.value for s in families["fleetwire_placements"].samples) == 1
+
+
+def test_security_refusals_are_exported() -> None:
+    """A 4403 scope refusal and a submit over the plan limit show up in their /metrics counters."""
+    h = Harness(max_plans_per_principal=1)
+    c = h.client()
+    h.submit(c)
+    h.send(c, Submit(req_id=next(_req), op="echo"))  # over the limit: error(too_many_plans)
+    h.send(h.client("bob"), Heartbeat())  # a worker message from a client: closed 4403
+    registry = build_registry(h.core, clock=lambda: h.now, process=False)
+    samples = {s.name: s.value for f in text_string_to_metric_families(render(registry).decode()) for s in f.samples}
+    assert samples["fleetwire_plans_refused_total"] == 1
+    assert samples["fleetwire_scope_refused_total"] == 1
 
 
 def test_autoscaler_desired_replicas_are_exported_per_pool() -> None:

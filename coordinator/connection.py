@@ -1,0 +1,122 @@
+"""The coordinator's per-connection pieces: its websocket connection class and a session's writer.
+
+``Session`` is one open websocket as coordinator/server.py drives it: its outgoing queue and
+the writer task that sends what is pending as coalesced frames.
+
+``FailFastConnection`` stops reading a peer that sent an oversize frame.
+
+websockets 17.4 detects a frame over ``max_size`` from its header (``PayloadTooBig``) and
+*fails* the connection (RFC 6455 §7.1.7): it writes a 1009 close frame, half-closes TCP and
+then keeps reading, discarding everything until the peer's EOF or the close timeout
+(``Protocol.discard``). A peer that is in the middle of sending 10 MiB therefore still
+costs the coordinator reading 10 MiB, on the event loop every other session shares
+(RELIABILITY.md row 16). ``FailFastConnection`` closes the transport as soon as that close
+frame is written: asyncio flushes the queued 1009 frame first, then the socket is closed,
+and because the peer's unread payload is still in the kernel buffer the kernel resets the
+connection instead of reading it. A well-behaved peer that reads while it writes (every
+websockets client does) sees the 1009 close frame; one that does not may see only the reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import structlog
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from coordinator.auth import Principal
+from protocol import Codec
+from protocol import errors as codes
+
+log = structlog.get_logger("coordinator.server")
+
+# Coalesced frames stay under websockets' default 1 MiB receive limit of our peers.
+MAX_OUT_FRAME_BYTES = 512 * 1024
+
+
+class FailFastConnection(ServerConnection):
+    """A ``ServerConnection`` that closes its transport right after sending 1009 (message too big)."""
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        sent = self.protocol.close_sent
+        if sent is not None and sent.code == CloseCode.MESSAGE_TOO_BIG and not self.transport.is_closing():
+            # The 1009 frame is already in the transport's buffer; close() sends it, then
+            # closes the socket without reading the rest of the oversize payload.
+            self.transport.close()
+
+
+@dataclass(eq=False)
+class Session:
+    """One open websocket: its outgoing queue and the writer that drains it."""
+
+    conn_id: int
+    ws: ServerConnection
+    codec: Codec
+    role: str = ""
+    io: list[int] = field(default_factory=lambda: [0, 0, 0, 0])  # FrameCounters: its role's counters
+    pending: list[Any] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    close_with: tuple[int, str] | None = None
+    principal: Principal | None = None
+    killed: bool = False  # closed by the server itself (a limit, a revoked token): input is dropped
+    writer: asyncio.Task[None] | None = None
+
+    def pending_bytes(self) -> int:
+        """About how many bytes wait in ``pending``, from at most 64 evenly spaced messages."""
+        pending = self.pending
+        sample = pending[:: max(1, len(pending) // 64)]
+        return sum(map(approx_bytes, sample)) * len(pending) // max(1, len(sample))
+
+    async def write_loop(self) -> None:
+        """Send everything pending as one frame per wake-up; close when the core asked to."""
+        ws, codec = self.ws, self.codec
+        try:
+            while True:
+                await self.wake.wait()
+                self.wake.clear()
+                while self.pending:
+                    batch, self.pending = self.pending, []
+                    for frame in self._frames(batch):
+                        self.io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
+                        self.io[3] += len(frame)
+                        await ws.send(frame, text=codec.text)
+                if self.close_with is not None:
+                    await ws.close(*self.close_with)
+                    return
+        except ConnectionClosed:
+            return
+        except Exception:
+            # A frame that cannot be encoded must cost this session, never the coordinator.
+            log.exception("cannot send to a session; closing it", conn_id=self.conn_id)
+            await ws.close(codes.CLOSE_INTERNAL, "internal error; see coordinator log")
+
+    def _frames(self, batch: list[Any]) -> list[bytes]:
+        """Encode ``batch`` as one frame, split in halves while a frame exceeds what peers accept."""
+        frame = self.codec.encode_safe(batch)
+        if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
+            return [frame]
+        half = len(batch) // 2
+        return self._frames(batch[:half]) + self._frames(batch[half:])
+
+
+def approx_bytes(msg: Any) -> int:
+    """A cheap lower bound of one message's encoded size: exact for pre-encoded ones, else its
+    string or bytes ``data`` (events carry the large payloads), else a small constant."""
+    if isinstance(msg, msgspec.Raw):
+        return len(msg)
+    data = getattr(msg, "data", None)
+    return len(data) + 64 if isinstance(data, str | bytes) else 64
+
+
+async def close_or_abort(ws: ServerConnection, code: int, reason: str, timeout_s: float) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await ws.close(code, reason)
+    except TimeoutError:
+        ws.transport.abort()
