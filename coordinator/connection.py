@@ -97,12 +97,34 @@ class Session:
             await ws.close(codes.CLOSE_INTERNAL, "internal error; see coordinator log")
 
     def _frames(self, batch: list[Any]) -> list[bytes]:
-        """Encode ``batch`` as one frame, split in halves while a frame exceeds what peers accept."""
+        """Encode ``batch`` as one frame, or as several when one would exceed what peers accept.
+
+        The common case encodes once. An oversize batch (a burst to a slow reader) is cut into
+        runs by each message's estimated size and each run encoded once more, instead of being
+        re-encoded in halves (N log N work and twice the memory for a large backlog).
+        """
+        frame = self.codec.encode_safe(batch)
+        if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
+            return [frame]
+        frames: list[bytes] = []
+        start = size = 0
+        for index, msg in enumerate(batch):
+            n = approx_bytes(msg)
+            if index > start and size + n > MAX_OUT_FRAME_BYTES:
+                frames += self._frames_halving(batch[start:index])
+                start, size = index, 0
+            size += n
+        frames += self._frames_halving(batch[start:])
+        return frames
+
+    def _frames_halving(self, batch: list[Any]) -> list[bytes]:
+        """Encode ``batch``, halving it while a frame still exceeds the limit (the size estimate
+        is a lower bound, so a run of large messages can still come out too big)."""
         frame = self.codec.encode_safe(batch)
         if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
             return [frame]
         half = len(batch) // 2
-        return self._frames(batch[:half]) + self._frames(batch[half:])
+        return self._frames_halving(batch[:half]) + self._frames_halving(batch[half:])
 
 
 def approx_bytes(msg: Any) -> int:

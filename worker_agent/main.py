@@ -15,22 +15,9 @@ import signal
 import sys
 
 from worker_agent.agent import Agent, AuthError
+from worker_agent.argtypes import non_negative_int, positive_float
 from worker_agent.handlers import Handler, load_handler_spec
 from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry_from_args
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +31,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tags", action="append", default=[], metavar="A,B", help="comma-separated tags plans can require (repeatable)"
     )
-    parser.add_argument("--max-concurrency", type=_positive_int, default=4, metavar="N", help="plans run at once")
+    parser.add_argument("--max-concurrency", type=non_negative_int, default=4, metavar="N", help="plans run at once")
     parser.add_argument("--allow-shell", action="store_true", help="offer the 'shell' op (runs any command)")
     parser.add_argument(
         "--python-allow",
@@ -68,7 +55,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="a user handler to offer as op NAME (repeatable)",
     )
     parser.add_argument(
-        "--reconnect-base", type=_positive_float, default=0.5, metavar="S", help="first backoff ceiling"
+        "--reconnect-base", type=positive_float, default=0.5, metavar="S", help="first backoff ceiling"
     )
     parser.add_argument(
         "--drain-timeout",
@@ -77,7 +64,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="on SIGTERM/SIGINT, how long running plans may finish before they are handed back (a second signal: now)",
     )
-    parser.add_argument("--reconnect-cap", type=_positive_float, default=30.0, metavar="S", help="largest backoff")
+    parser.add_argument("--reconnect-cap", type=positive_float, default=30.0, metavar="S", help="largest backoff")
     parser.add_argument(
         "--model", action="append", default=[], metavar="NAME", help="a model this host serves (repeatable)"
     )
@@ -85,9 +72,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--accelerator", choices=("cpu", "gpu", "tpu", "npu", "mixed"), help="accelerator class (default: probed)"
     )
     parser.add_argument("--carbon-zone", default="", metavar="ZONE", help="grid zone of this host, e.g. FR")
-    parser.add_argument("--kv-blocks", type=_positive_int, default=0, metavar="N", help="KV-cache block budget")
+    parser.add_argument("--kv-blocks", type=non_negative_int, default=0, metavar="N", help="KV-cache block budget")
     parser.add_argument(
-        "--kv-block-tokens", type=_positive_int, default=16, metavar="N", help="tokens per KV block (default 16)"
+        "--kv-block-tokens", type=non_negative_int, default=16, metavar="N", help="tokens per KV block (default 16)"
     )
     add_telemetry_arguments(parser)  # energy, carbon and --inference-url (worker_agent/telemetry.py)
 

@@ -24,6 +24,7 @@ import msgspec
 import structlog
 
 import protocol
+from worker_agent.argtypes import non_negative_float, positive_float
 from worker_agent.carbon import CarbonIntensity
 from worker_agent.energy import EnergyMeter, Nvml, PowerSampler
 from worker_agent.inference import InferenceEngine
@@ -135,20 +136,6 @@ class Telemetry:
 # --------------------------------------------------------------------------- command line
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the energy, carbon and inference flags of ``fleetwire worker``.
 
@@ -160,11 +147,11 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
                        help="zone intensities (gCO2e/kWh) overriding the built-in table: JSON or 'ZONE grams' lines")
     group.add_argument("--carbon-command", metavar="CMD",
                        help="shell command printing this zone's intensity (or a JSON table), run periodically")
-    group.add_argument("--carbon-interval", type=_positive, default=300.0, metavar="S",
+    group.add_argument("--carbon-interval", type=positive_float, default=300.0, metavar="S",
                        help="seconds between runs of --carbon-command (default 300)")
-    group.add_argument("--uj-per-token", type=_non_negative, default=0.0, metavar="UJ",
+    group.add_argument("--uj-per-token", type=non_negative_float, default=0.0, metavar="UJ",
                        help="energy per generated token to report when NVML cannot measure it (default 0: unknown)")
-    group.add_argument("--power-sample-interval", type=_positive, default=0.5, metavar="S",
+    group.add_argument("--power-sample-interval", type=positive_float, default=0.5, metavar="S",
                        help="seconds between NVML power readings (default 0.5)")
     group = parser.add_argument_group("inference engine")
     group.add_argument("--inference-url", metavar="URL",
@@ -175,7 +162,7 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
                        help="bearer key for the server (default $FLEETWIRE_INFERENCE_API_KEY)")
     group.add_argument("--engine-metrics-url", metavar="URL",
                        help="the engine's Prometheus endpoint (default <inference-url>/metrics; 'none' to skip)")
-    group.add_argument("--engine-metrics-interval", type=_positive, default=2.0, metavar="S",
+    group.add_argument("--engine-metrics-interval", type=positive_float, default=2.0, metavar="S",
                        help="seconds between engine metrics scrapes (default 2)")
 
 
