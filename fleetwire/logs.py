@@ -41,7 +41,21 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
-    # websockets logs every failed handshake at INFO/ERROR through stdlib logging;
-    # our own handshake refusals are logged once by the coordinator instead.
+    # websockets logs every failed handshake ("opening handshake failed", with a traceback)
+    # at ERROR: hostile or broken peers would flood the log, and our own refusals are logged
+    # once by the coordinator. Its real failures ("connection handler failed",
+    # "process_request failed") are bugs of ours and must stay visible.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("websockets").setLevel(logging.CRITICAL)
+    logging.getLogger("websockets").setLevel(logging.ERROR)
+    # A logger's filters see only records logged on it (not its children's), so the filter
+    # goes on the logger server connections log through.
+    server_logger = logging.getLogger("websockets.server")
+    if not any(isinstance(f, _DropHandshakeFailures) for f in server_logger.filters):
+        server_logger.addFilter(_DropHandshakeFailures())
+
+
+class _DropHandshakeFailures(logging.Filter):
+    """Drops websockets' per-connection "opening handshake failed" records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "opening handshake failed"
