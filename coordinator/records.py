@@ -41,8 +41,12 @@ class PlanCreated(msgspec.Struct, frozen=True):
     submit: Submit
 
 
-class PlanStatus(msgspec.Struct, frozen=True):
-    """Everything about a plan that changes after its submit."""
+class PlanStatus(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Everything about a plan that changes after its submit.
+
+    ``omit_defaults``: a store writes one per plan per group; fields at their default (no
+    error, no history, ...) are left out of the encoding and come back as the default.
+    """
 
     plan_id: str
     state: PlanStateName

@@ -16,21 +16,30 @@ start. It is the only part of the coordinator that touches a disk; the core neve
 
 Another backend implements the three methods of :class:`Store` and sets ``blocking``.
 
-Tables (``PRAGMA user_version`` = 2; a version 1 file is migrated on open)::
+Tables (``PRAGMA user_version`` = 3; a version 1 or 2 file is migrated on open)::
 
-    plans(id PRIMARY KEY, owner, ord, state, spec BLOB, status BLOB)   -- spec: the submit;
-    events(plan, seq, body BLOB, PRIMARY KEY (plan, seq))              -- status: PlanStatus;
-                                                                       -- plan: the plans rowid
+    plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents)  -- rowid: submit order
+    events(plan, seq, body BLOB, PRIMARY KEY (plan, seq))
+
+``id`` has no index: the store, the file's only writer, keeps every id's rowid in memory and
+creates an id once.
+``spec`` is the :class:`PlanCreated`, ``status`` the latest :class:`PlanStatus`. A plan's
+durable events are stored in *runs*, the events of one plan in one group: a run of a plan's
+first events (seq <= 15, <= 512 bytes) is appended to ``plans.events`` (``nevents`` events,
+msgpack, without an array header) in the same row write as the plan's status; any other run
+is one ``events`` row (``plan``: the plans rowid, ``seq``: the run's first seq, ``body``: a
+msgpack array). An ordinary plan's whole lifecycle is then one row write per group.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import operator
 import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,7 +62,7 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 DB_FILE = "coordinator.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class StoreError(ValueError):
@@ -139,7 +148,7 @@ class MemoryStore:
     def load(self) -> list[StoredPlan]:
         self.closed = False  # a server starting on this store opens it again
         plans = sorted(self._plans.values(), key=lambda p: p.created.order)
-        return [StoredPlan(p.created, p.status, sorted(p.events, key=lambda e: e.seq)) for p in plans]
+        return [StoredPlan(p.created, p.status, _by_seq(p.events)) for p in plans]
 
     def write(self, records: Sequence[Record]) -> None:
         self.writes += 1
@@ -149,8 +158,8 @@ class MemoryStore:
                 plans.setdefault(record.plan_id, StoredPlan(record, None, []))
             elif isinstance(record, Event):
                 stored = plans.get(record.plan_id)
-                if stored is not None:
-                    stored.events = [e for e in stored.events if e.seq != record.seq] + [record]
+                if stored is not None:  # a seq written twice is resolved by load(): O(1) per event
+                    stored.events.append(record)
             else:
                 stored = plans.get(record.plan_id)
                 if stored is not None:
@@ -165,12 +174,14 @@ class MemoryStore:
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
-    id TEXT PRIMARY KEY,
+    id TEXT NOT NULL,
     owner TEXT NOT NULL,
     ord INTEGER NOT NULL,
     state TEXT NOT NULL,
     spec BLOB NOT NULL,
-    status BLOB
+    status BLOB,
+    events BLOB,
+    nevents INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     plan INTEGER NOT NULL,
@@ -196,22 +207,64 @@ DROP TABLE events;
 ALTER TABLE events_v2 RENAME TO events;
 """
 
+# Version 2 wrote one events row per event (~5 per plan, plus the plan's row twice or more).
+# Version 3 writes one row per plan per group: a plan's first events are appended to its own
+# row, in the same statement as its status; an events row holds a run of events (a msgpack
+# array), so a version 2 row becomes a run of one (0x91: array of one element).
+#
+# Version 3 also drops the unique index on plans.id: ids are random, so each group of new plans
+# dirtied index pages all over the file (the whole index, in a busy run), and every dirty page
+# is written to the WAL at the commit. The store keeps every id's rowid in memory and is the
+# file's only writer (the lock file): it makes sure an id is created once. New plans now append
+# at the end of the table, and the plans in flight, which a group updates, sit next to each other.
+_MIGRATE_V2 = """
+CREATE TABLE plans_v3 (
+    id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    ord INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    spec BLOB NOT NULL,
+    status BLOB,
+    events BLOB,
+    nevents INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO plans_v3 (rowid, id, owner, ord, state, spec, status)
+    SELECT rowid, id, owner, ord, state, spec, status FROM plans;
+DROP TABLE plans;
+ALTER TABLE plans_v3 RENAME TO plans;
+UPDATE events SET body = CAST(x'91' || body AS BLOB);
+"""
+MIGRATIONS = {1: _MIGRATE_V1, 2: _MIGRATE_V2}  # from version N to N + 1
 
-# OR REPLACE / the upsert keep what one row per record in order did: a plan id is created once
-# (a re-created one keeps its first spec), a later row of the same key wins.
-_INSERT_PLANS = (
-    "INSERT INTO plans (rowid, id, owner, ord, state, spec, status) VALUES {values} ON CONFLICT(id) DO UPDATE SET "
-    "state = CASE WHEN excluded.status IS NULL THEN plans.state ELSE excluded.state END, "
-    "status = coalesce(excluded.status, plans.status)"
-)
+# Where a plan's events go. A run (the events of one plan in one group) whose last seq is at
+# most _INLINE_MAX_SEQ and whose encoding is at most _INLINE_MAX_BYTES is appended to the plan's
+# own row: the whole lifecycle of an ordinary plan (queued ... succeeded) then costs no row of
+# its own. Anything else (a long stream, a large payload) is one events row per run, so the
+# plan's row, rewritten by every update, stays small (at most 15 runs of 512 bytes).
+_INLINE_MAX_SEQ = 15  # also keeps every inline run under 16 events: a one-byte array header
+_INLINE_MAX_BYTES = 512
+
+_INSERT_PLANS = "INSERT INTO plans (rowid, id, owner, ord, state, spec, status, events, nevents) VALUES {values}"
 _INSERT_EVENTS = "INSERT OR REPLACE INTO events (plan, seq, body) VALUES {values}"
+# SQLite's || gives text; CAST keeps the bytes (msgpack) as they are: the file is UTF-8 (SQLite's
+# default, never changed here), so nothing is converted on the way.
 _UPDATE_FROM = (
-    "UPDATE plans SET state = v.column2, status = v.column3 FROM (VALUES {values}) AS v WHERE plans.rowid = v.column1"
+    "UPDATE plans SET state = coalesce(v.column2, state), status = coalesce(v.column3, status), "
+    "events = CASE WHEN v.column4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || v.column4 AS BLOB) END, "
+    "nevents = nevents + v.column5 FROM (VALUES {values}) AS v WHERE plans.rowid = v.column1"
 )
-_UPDATE_ONE = "UPDATE plans SET state = ?2, status = ?3 WHERE rowid = ?1"
+_UPDATE_ONE = (
+    "UPDATE plans SET state = coalesce(?2, state), status = coalesce(?3, status), "
+    "events = CASE WHEN ?4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || ?4 AS BLOB) END, "
+    "nevents = nevents + ?5 WHERE rowid = ?1"
+)
 _first = operator.itemgetter(0)
 _first_two = operator.itemgetter(0, 1)
-_CHUNK = 128  # rows per statement: 7 x 128 parameters stays under SQLite's old 999 limit
+_seq = operator.attrgetter("seq")
+_third = operator.itemgetter(2)
+# Rows per statement. Multi-row statements need SQLite 3.33 (UPDATE ... FROM), whose limit is
+# 32,766 parameters: 9 x 128 is far below it.
+_CHUNK = 128
 
 
 class SQLiteStore:
@@ -244,13 +297,14 @@ class SQLiteStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, SCHEMA_VERSION):
+            if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
                 raise StoreError(
-                    f"{path} has schema version {version}; this coordinator reads versions 1 and {SCHEMA_VERSION}"
+                    f"{path} has schema version {version}; this coordinator reads versions 1 to {SCHEMA_VERSION}"
                 )
-            if version == 1:
+            if version in MIGRATIONS:
                 # executescript commits first; the migration is one transaction with the version.
-                self._db.executescript(f"BEGIN IMMEDIATE; {_MIGRATE_V1} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+                steps = " ".join(MIGRATIONS[v] for v in range(version, SCHEMA_VERSION))
+                self._db.executescript(f"BEGIN IMMEDIATE; {steps} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             # The events key: every plan's rowid (plans are never deleted).
@@ -284,18 +338,29 @@ class SQLiteStore:
     def load(self) -> list[StoredPlan]:
         decode_submit = msgspec.msgpack.Decoder(PlanCreated).decode
         decode_status = msgspec.msgpack.Decoder(PlanStatus).decode
-        decode_event = msgspec.msgpack.Decoder(Event).decode
+        # A version 2 events row (migrated to a run of one) holds a whole Event.
+        decode_events = msgspec.msgpack.Decoder(list[_StoredEvent | Event]).decode
         plans: dict[int, StoredPlan] = {}
         try:
-            for rowid, spec, status in self._db.execute("SELECT rowid, spec, status FROM plans ORDER BY ord"):
+            rows = self._db.execute("SELECT rowid, id, spec, status, events, nevents FROM plans ORDER BY ord")
+            for rowid, plan_id, spec, status, inline, count in rows:
+                events = _events(plan_id, decode_events(_array_header(count) + inline)) if inline else []
                 created = decode_submit(spec)
-                plans[rowid] = StoredPlan(created, decode_status(status) if status else None, [])
+                plans[rowid] = StoredPlan(created, decode_status(status) if status else None, events)
+            runs: set[int] = set()
             for plan, body in self._db.execute("SELECT plan, body FROM events ORDER BY plan, seq"):
                 stored = plans.get(plan)
                 if stored is not None:
-                    stored.events.append(decode_event(body))
+                    stored.events.extend(_events(stored.created.plan_id, decode_events(body)))
+                    runs.add(plan)
         except (sqlite3.Error, msgspec.DecodeError) as exc:
             raise StoreError(f"cannot read the store {self.path}: {exc}") from exc
+        # A plan with events rows: its inline runs and its rows interleave by seq. The core never
+        # writes a seq twice (next_seq is in every status); were one written again in two groups,
+        # one inline and one in a row, the row's would be kept.
+        for plan in runs:
+            stored = plans[plan]
+            stored.events = _by_seq(stored.events)
         return list(plans.values())
 
     def _encode(self, record: Record) -> bytes:
@@ -307,45 +372,90 @@ class SQLiteStore:
             log.error("record payload cannot be stored; storing it as text", plan_id=record.plan_id, error=str(exc))
             return self._encoder.encode(_as_text(record))
 
+    def _encode_run(self, plan_id: str, run: list[_StoredEvent]) -> bytes:
+        """A run of events as one msgpack array of ``[kind, data, seq, attempt, ephemeral]`` arrays.
+
+        A stored event leaves out its plan id (the row's) and its field names: a third of the
+        bytes, which every later update of the plan's row writes again.
+        """
+        try:
+            return self._encoder.encode(run)
+        except (TypeError, ValueError, OverflowError):
+            rows = []
+            for kind, data, seq, attempt, ephemeral in run:
+                try:
+                    self._encoder.encode(data)
+                    rows.append((kind, data, seq, attempt, ephemeral))
+                except (TypeError, ValueError, OverflowError) as exc:
+                    # A payload msgpack cannot hold (e.g. a map with null keys that came in as
+                    # JSON-ish data) must not stop the coordinator: keep the event, data as text.
+                    log.error("event data cannot be stored; storing it as text", plan_id=plan_id, error=str(exc))
+                    rows.append((kind, _text(data), seq, attempt, ephemeral))
+            return self._encoder.encode(rows)
+
     def write(self, records: Sequence[Record]) -> None:
-        encode = self._encode
         created: dict[str, PlanCreated] = {}
-        events: list[tuple[Any, ...]] = []
         latest: dict[str, PlanStatus] = {}  # a status is a whole snapshot: the group's last one per plan is enough
-        event_records: list[Event] = []
+        runs: dict[str, list[_StoredEvent]] = {}  # each plan's events in this group, in the order written
         for record in records:
-            if isinstance(record, Event):
-                event_records.append(record)
-            elif isinstance(record, PlanStatus):
-                latest[record.plan_id] = record
+            kind = type(record)
+            if kind is Event:
+                event: Event = record  # type: ignore[assignment]
+                item = (event.kind, event.data, event.seq, event.attempt, event.ephemeral)
+                run = runs.get(event.plan_id)
+                if run is None:
+                    runs[event.plan_id] = [item]
+                else:
+                    run.append(item)
+            elif kind is PlanStatus:
+                latest[record.plan_id] = record  # type: ignore[assignment]
             else:
-                created.setdefault(record.plan_id, record)
-        # A plan created in this group is inserted with its latest status: one row, not an INSERT
-        # and an UPDATE. The others get their status by one UPDATE ... FROM (VALUES ...).
-        new_rows: list[tuple[Any, ...]] = []
+                created.setdefault(record.plan_id, record)  # type: ignore[arg-type]
         rowids = self._rowids
         fresh: dict[str, int] = {}  # rowids of plans new in this group
-        for plan_id, record in created.items():
-            status = latest.pop(plan_id, None)
-            rowid = rowids.get(plan_id)
+        next_rowid = self._next_rowid
+        for plan_id in created:
+            if plan_id not in rowids:  # a plan id is created once: a second creation keeps the first
+                fresh[plan_id] = next_rowid + len(fresh)
+        # Every plan this group touches, once. The core writes a status with every change, so
+        # the statuses name them all; other callers may write events or creations alone.
+        touched: Iterable[str] = latest
+        if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
+            touched = {**fresh, **latest, **runs}
+        encode, encode_run = self._encode, self._encode_run
+        new_rows: list[tuple[Any, ...]] = []
+        updates: list[tuple[Any, ...]] = []
+        spilled: list[tuple[Any, ...]] = []  # runs that go to the events table
+        for plan_id in touched:
+            rowid = fresh.get(plan_id) or rowids.get(plan_id)
             if rowid is None:
-                rowid = fresh[plan_id] = self._next_rowid + len(fresh)
-            new_rows.append((rowid, plan_id, record.owner, record.order,
-                             status.state if status is not None else "queued",
-                             encode(record), encode(status) if status is not None else None))  # fmt: skip
-        for event in event_records:
-            # An event of a plan never created is dropped: load() would never return it.
-            plan = fresh.get(event.plan_id) or rowids.get(event.plan_id)
-            if plan is not None:
-                events.append((plan, event.seq, encode(event)))
-        statuses = [(rowids[plan_id], status.state, encode(status)) for plan_id, status in latest.items()
-                    if plan_id in rowids]  # a status of a plan never created matches no row: skipped  # fmt: skip
-        # Key order: plan ids are random, so rows in arrival order touch B-tree pages at random;
-        # sorted, each page is visited once per group (the sort is stable: a later event of the
-        # same (plan, seq) still wins).
-        new_rows.sort(key=_first)
-        events.sort(key=_first_two)
-        statuses.sort(key=_first)
+                continue  # a record of a plan never created: load() would never return it
+            inline: bytes | None = None
+            count = 0
+            run = runs.get(plan_id)
+            if run is not None:
+                if len(run) > 1:
+                    run = _run_by_seq(run)
+                body = encode_run(plan_id, run)
+                last = run[-1][2]
+                if last <= _INLINE_MAX_SEQ and len(run) < 16 and len(body) <= _INLINE_MAX_BYTES:
+                    inline, count = body[1:], len(run)  # without its one-byte array header
+                else:
+                    spilled.append((rowid, run[0][2], body))
+            status = latest.get(plan_id)
+            if status is None:
+                state = status_blob = None
+            else:
+                state, status_blob = status.state, encode(status)
+            if plan_id in fresh:
+                record = created[plan_id]
+                new_rows.append((rowid, plan_id, record.owner, record.order, state or "queued",
+                                 encode(record), status_blob, inline, count))  # fmt: skip
+            else:
+                updates.append((rowid, state, status_blob, inline, count))
+        # Key order: each B-tree page is visited once per group.
+        updates.sort(key=_first)
+        spilled.sort(key=_first_two)
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -353,9 +463,9 @@ class SQLiteStore:
                 # Multi-row statements: sqlite3 releases the GIL around every step, and under a busy
                 # event loop each hand-back can wait a switch interval; one step per chunk of rows
                 # instead of one per row keeps the writer from convoying with the loop.
-                self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?)", new_rows)
-                self._run_chunked(_INSERT_EVENTS, "(?, ?, ?)", events)
-                self._run_chunked(self._update_status, "(?, ?, ?)", statuses)
+                self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
+                self._run_chunked(self._update_status, "(?, ?, ?, ?, ?)", updates)
+                self._run_chunked(_INSERT_EVENTS, "(?, ?, ?)", spilled)
                 db.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -399,10 +509,48 @@ class SQLiteStore:
             self._lock_fd = None
 
 
+_StoredEvent = tuple[str, Any, int, int, bool]  # kind, data, seq, attempt, ephemeral
+
+
+def _events(plan_id: str, stored: list[_StoredEvent | Event]) -> list[Event]:
+    """The events of plan ``plan_id`` from their stored form."""
+    return [Event(plan_id=plan_id, kind=e[0], data=e[1], seq=e[2], attempt=e[3], ephemeral=e[4])
+            if type(e) is tuple else e for e in stored]  # type: ignore[misc]  # fmt: skip
+
+
+def _by_seq(events: list[Event]) -> list[Event]:
+    """``events`` in seq order, the last of each seq kept (``events`` itself when already so)."""
+    if all(a.seq < b.seq for a, b in itertools.pairwise(events)):
+        return events
+    return sorted({e.seq: e for e in events}.values(), key=_seq)
+
+
+def _run_by_seq(run: list[_StoredEvent]) -> list[_StoredEvent]:
+    """A run of stored events in seq order, the last of each seq kept."""
+    if len(run) == 2 and run[0][2] < run[1][2]:  # the usual case, without a generator
+        return run
+    if all(a[2] < b[2] for a, b in itertools.pairwise(run)):
+        return run
+    return sorted({e[2]: e for e in run}.values(), key=_third)
+
+
+def _array_header(count: int) -> bytes:
+    """The msgpack header of an array of ``count`` elements."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def _text(value: Any) -> str:
+    """What is stored in place of a payload msgpack cannot hold."""
+    return f"<not storable: {value!r:.200}>"
+
+
 def _as_text(record: Record) -> Record:
     """``record`` with its free-form payloads (args, data, result, error detail) replaced by their repr."""
-    def text(value: Any) -> str:
-        return f"<not storable: {value!r:.200}>"
+    text = _text
 
     if isinstance(record, Event):
         return msgspec.structs.replace(record, data=text(record.data))

@@ -30,6 +30,7 @@ SMOKE: dict[str, list[str]] = {
               "--heartbeat", "0.5", "--placement-budget", "5", "--store", "memory"],
     "relay": ["raw_relay.py", "throughput", "--items", "300", "--per-frame", "64"],
     "compare": ["compare.py", "--peers", "none", "--plans", "200", "--samples", "20", "--store", "memory"],
+    "store_writer": ["store_writer.py", "--plans", "200", "--group", "50", "--repeat", "1"],
 }
 
 
@@ -96,3 +97,9 @@ def test_compare_runs_fleetwire_and_relay_and_says_why_peers_are_missing(results
         assert "error" not in r[key], r[key]
     assert r["dask"]["skipped"] and r["ray"]["skipped"]
     assert r["verdict"]
+
+
+def test_store_writer_bench_gives_every_plan_back(results: dict[str, dict[str, Any]]) -> None:
+    """bench/store_writer.py writes every plan's 10 records into SQLite and loads each plan back with its events."""
+    r = results["store_writer"]
+    assert r["plans"] == 200 and r["records_per_plan"] == 10 and r["file_bytes_per_plan"] > 0

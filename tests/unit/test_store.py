@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from coordinator import store as store_module
 from coordinator.commit import GroupCommitter
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
 from coordinator.store import DB_FILE, MemoryStore, SQLiteStore, StoreError, open_store
-from protocol.messages import ErrorInfo, Event, Submit
+from protocol.messages import Done, ErrorInfo, Event, Submit, Subscribe
 from tests.unit.test_durability_core import Durable, running_plan
 
 
@@ -60,8 +61,9 @@ def test_sqlite_uses_wal_and_full_sync(db: SQLiteStore) -> None:
 
 
 def test_a_failed_write_applies_nothing(db: SQLiteStore) -> None:
-    """A batch that fails halfway (here: a trigger refusing one event) leaves no trace and raises StoreError."""
-    trigger = "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.seq = 99 BEGIN SELECT RAISE(ABORT, 'no'); END"
+    """A batch that fails halfway (here: a trigger refusing its events row) leaves no trace and raises StoreError."""
+    # Events 1 and 99 make one run past the inline bound: the plan row is written, then the run's row fails.
+    trigger = "CREATE TRIGGER refuse BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'no'); END"
     db._db.execute(trigger)
     with pytest.raises(StoreError, match="cannot write the store"):
         db.write([created("p"), event("p", 1), event("p", 99)])
@@ -94,7 +96,7 @@ def test_unknown_schema_version_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_version_1_file_is_migrated_with_its_events(tmp_path: Path) -> None:
-    """A schema-1 file (events keyed by plan id) opens as version 2 with every plan, status and event intact."""
+    """A schema-1 file (events keyed by plan id) opens as version 3 with every plan, status and event intact."""
     import msgspec
 
     path = tmp_path / DB_FILE
@@ -117,11 +119,79 @@ def test_a_version_1_file_is_migrated_with_its_events(tmp_path: Path) -> None:
     store = SQLiteStore(path)
     store.write([event("a", 2, "new"), PlanStatus("a", "queued", next_seq=3)])
     plans = store.load()
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
     store.close()
     a, b = plans
     assert a.created.plan_id == "a" and [(e.seq, e.data) for e in a.events] == [(1, 1), (2, "new")]
     assert b.status == status and [(e.seq, e.data) for e in b.events] == [(1, 1), (2, 2)]
+
+
+def test_a_version_2_file_is_migrated_with_its_events(tmp_path: Path) -> None:
+    """A schema-2 file (one events row per event) opens as version 3; old and new events come back in seq order."""
+    import msgspec
+
+    path = tmp_path / DB_FILE
+    encode = msgspec.msgpack.encode
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE plans (id TEXT PRIMARY KEY, owner TEXT NOT NULL, ord INTEGER NOT NULL, state TEXT NOT NULL,"
+        " spec BLOB NOT NULL, status BLOB);"
+        "CREATE TABLE events (plan INTEGER NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL,"
+        " PRIMARY KEY (plan, seq)) WITHOUT ROWID; PRAGMA user_version=2;"
+    )
+    status = PlanStatus("b", "succeeded", attempt=1, worker_id="w", next_seq=3, result=b"\x00\xff")
+    conn.execute("INSERT INTO plans VALUES ('a', 'alice', 1, 'queued', ?, NULL)", (encode(created("a", 1)),))
+    conn.execute("INSERT INTO plans VALUES ('b', 'alice', 2, 'succeeded', ?, ?)",
+                 (encode(created("b", 2)), encode(status)))  # fmt: skip
+    old = {"a": [event("a", 1, "one")], "b": [event("b", 1, {"k": None}), event("b", 2, b"\x00")]}
+    for rowid, plan_id in [(1, "a"), (2, "b")]:
+        for e in old[plan_id]:
+            conn.execute("INSERT INTO events VALUES (?, ?, ?)", (rowid, e.seq, encode(e)))
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    store.write([event("a", 2, "new"), PlanStatus("a", "leased", attempt=1, worker_id="w", next_seq=3)])
+    store.close()
+    again = SQLiteStore(path)
+    a, b = again.load()
+    again.close()
+    assert [encode(e) for e in a.events] == [encode(e) for e in [*old["a"], event("a", 2, "new")]]
+    assert a.status == PlanStatus("a", "leased", attempt=1, worker_id="w", next_seq=3)
+    assert [encode(e) for e in b.events] == [encode(e) for e in old["b"]] and b.status == status
+
+
+def test_an_ordinary_lifecycle_is_one_row_and_replays_byte_identical(db: SQLiteStore) -> None:
+    """A plan's lifecycle over four groups is held in its own row (no events row) and comes back byte for byte."""
+    import msgspec
+
+    steps = [
+        [created("p"), event("p", 1, {}), PlanStatus("p", "queued", next_seq=2)],
+        [event("p", 2, {"worker_id": "w", "attempt": 1}), PlanStatus("p", "leased", 1, "w", next_seq=3)],
+        [event("p", 3, {"worker_id": "w", "attempt": 1}), event("p", 4, {"result": [1, "x"], "attempt": 1}),
+         PlanStatus("p", "succeeded", 1, "w", next_seq=5, result=[1, "x"])],
+    ]  # fmt: skip
+    for batch in steps:
+        db.write(batch)  # type: ignore[arg-type]
+    (plan,) = db.load()
+    assert db._db.execute("SELECT count(*) FROM events").fetchone()[0] == 0
+    written = [r for batch in steps for r in batch if isinstance(r, Event)]
+    assert [msgspec.msgpack.encode(e) for e in plan.events] == [msgspec.msgpack.encode(e) for e in written]
+    assert plan.status == steps[-1][-1]
+
+
+def test_a_long_stream_spills_to_event_rows_in_order(db: SQLiteStore) -> None:
+    """Events past the inline bound, or too large for it, are rows of runs; all come back in seq order."""
+    db.write([created("p"), event("p", 1), event("p", 2, "x" * 600), PlanStatus("p", "running", next_seq=3)])
+    db.write([event("p", 3, "small"), PlanStatus("p", "running", next_seq=4)])
+    for first in range(4, 60, 7):
+        db.write([event("p", seq, seq) for seq in range(first, first + 7)])
+    (plan,) = db.load()
+    assert [e.seq for e in plan.events] == list(range(1, 60))
+    assert plan.events[1].data == "x" * 600 and plan.events[2].data == "small" and plan.events[-1].data == 59
+    # In the row: seq 3 and the run 4-10; seqs 1-2 (600 bytes) and every run reaching past 15 are rows.
+    assert db._db.execute("SELECT nevents FROM plans").fetchone()[0] == 8
+    assert db._db.execute("SELECT count(*) FROM events").fetchone()[0] == 1 + 7
 
 
 def test_later_records_of_one_group_win(db: SQLiteStore) -> None:
@@ -137,7 +207,7 @@ def test_later_records_of_one_group_win(db: SQLiteStore) -> None:
 def test_one_row_per_step_when_sqlite_is_older_than_3_33(db: SQLiteStore) -> None:
     """Without multi-row UPDATE ... FROM (SQLite < 3.33) the same batches give the same plans back."""
     db._multi_row = False
-    db._update_status = "UPDATE plans SET state = ?2, status = ?3 WHERE rowid = ?1"
+    db._update_status = store_module._UPDATE_ONE
     db.write([created("p"), event("p", 1), PlanStatus("p", "queued", next_seq=2)])
     db.write([event("p", 2, "x"), event("p", 2, "y"), PlanStatus("p", "running", attempt=1, next_seq=3)])
     (plan,) = db.load()
@@ -178,6 +248,31 @@ def test_core_restarts_from_a_sqlite_file(tmp_path: Path) -> None:
     assert (plan.state, plan.attempt, plan.worker_id, plan.args) == ("running", 1, "w1", {"n": 1})
     assert h.core.registry.get("w1").leases == {plan_id}
     h.store.close()
+
+
+def test_replay_after_a_restart_from_sqlite_is_byte_identical(tmp_path: Path) -> None:
+    """Every event a watcher saw live (lifecycle, worker output, a long stream) replays byte for byte from the file."""
+    import msgspec
+
+    store = SQLiteStore(tmp_path / DB_FILE)
+    h = Durable()
+    h.store = store  # type: ignore[assignment]
+    _, w, plan_id = running_plan(h, args={"blob": b"\x00\xff", "n": [1, 2.5, None]})
+    c = h.client()  # a watcher: seqs 1-3 replayed from memory, then everything live
+    h.send(c, Subscribe(req_id=2, plan_ids=[plan_id]))
+    for seq in range(2, 40):  # past the inline bound: runs in the events table too
+        h.send(w, Event(plan_id=plan_id, attempt=1, kind="log", data={"i": seq, "b": b"\x01" * seq}, seq=seq))
+    h.send(w, Done(plan_id=plan_id, attempt=1, outcome="succeeded", result={"ok": True}, seq=40))
+    live = h.events(c, plan_id)
+    store.close()
+    h.store = SQLiteStore(tmp_path / DB_FILE)  # type: ignore[assignment]
+    h.restart(now=100.0)
+    c2 = h.client()
+    h.send(c2, Subscribe(req_id=3, plan_ids=[plan_id], from_seq=0))
+    replayed = h.events(c2, plan_id)
+    h.store.close()
+    assert len(live) > 40 and [e.seq for e in live] == list(range(1, len(live) + 1))
+    assert [msgspec.msgpack.encode(e) for e in replayed] == [msgspec.msgpack.encode(e) for e in live]
 
 
 # ---------------------------------------------------------------- group commit
@@ -238,5 +333,5 @@ def test_memory_store_keeps_records_across_servers() -> None:
     records: list[Record] = [created("p"), event("p", 1), PlanStatus("p", "queued", next_seq=2)]
     store.write(records)
     store.close()
-    assert store.load() == [StoredPlan(records[0], records[2], [records[1]])]  # type: ignore[list-item]
+    assert store.load() == [StoredPlan(records[0], records[2], [records[1]])]  # type: ignore[arg-type, list-item]
     assert not store.closed
