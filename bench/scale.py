@@ -213,8 +213,28 @@ async def sessions_phase(ns: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- phase 4 (in-process)
 
 
-def placement_phase(workers: int, queued: int, samples: int, budget_s: float) -> dict[str, Any]:
+# What each worker reports before the placement phase (``--placement-load``): ``none`` keeps them
+# plain (coordinator/capacity.py); ``energy`` gives each its own measured µJ/token and some queued
+# tokens; ``energy-tied`` the same, but 8 figures shared by 1,250 workers each (joule_weighted then
+# compares the busyness of every free worker tied on the least energy); ``tokens`` queued tokens
+# only (no index applies: the policy ranks the pool in one pass).
+PLACEMENT_LOADS = ("none", "energy", "energy-tied", "tokens")
+
+
+def _placement_load(kind: str, i: int) -> Load | None:
+    if kind == "energy":
+        return Load(uj_per_token=100.0 + (i * 7919 % 10_007) * 0.01, queued_tokens=i % 50)
+    if kind == "energy-tied":
+        return Load(uj_per_token=100.0 + 10 * (i % 8), queued_tokens=i % 50)
+    if kind == "tokens":
+        return Load(queued_tokens=i % 50)
+    return None
+
+
+def placement_phase(workers: int, queued: int, samples: int, budget_s: float, load: str = "none") -> dict[str, Any]:
     """The sans-I/O core with ``workers`` workers (one slot each), filled, then ``queued`` waiting plans.
+
+    ``load``: what each worker reports first (:data:`PLACEMENT_LOADS`).
 
     Building that state is itself measured: each submit that is placed on a free worker is a
     placement decision among the free workers, and each submit made while all are busy is a
@@ -238,6 +258,10 @@ def placement_phase(workers: int, queued: int, samples: int, budget_s: float) ->
         core.receive(i + 1, Hello(worker_id=f"w{i}", capabilities=caps), now)
         core.take_effects()
         register.append(time.perf_counter() - t)
+    for i in range(workers):
+        if (report := _placement_load(load, i)) is not None:
+            core.receive(i + 1, Heartbeat(load=report), now)
+            core.take_effects()
     client = workers + 1
     core.open_session(client, "client", now, principal="bench")
     lease: dict[int, str] = {}  # worker conn -> the plan it holds
@@ -269,22 +293,35 @@ def placement_phase(workers: int, queued: int, samples: int, budget_s: float) ->
             if type(m).__name__ == "Assign":
                 lease[conn] = m.plan_id
 
+    # The reaper's tick with every worker alive (nothing to reap): what each tick costs at this scale.
+    reaper: list[float] = []
+    for _ in range(min(samples, 500)):
+        t = time.perf_counter()
+        core.tick(now)
+        reaper.append(time.perf_counter() - t)
+        core.take_effects()
+
     def us(samples_s: list[float], pct: float) -> float:
         return round(h.percentile(samples_s, pct) * 1e6, 1)
 
     return {
         "workers": workers,
+        "worker_load": load,
         "queued_asked": queued,
         "queued_reached": len(enqueue),
         "queue_fill_budget_s": budget_s,
         "register_p50_us": us(register, 50),
         "register_last_1000_p50_us": us(register[-1000:], 50),
         "submit_placed_on_free_worker_p50_us": us(placed, 50),
+        "submit_placed_on_free_worker_p99_us": us(placed, 99),
         "submit_placed_last_1000_p50_us": us(placed[-1000:], 50),
         "submit_queued_all_busy_p50_us": us(enqueue, 50),
+        "submit_queued_all_busy_p99_us": us(enqueue, 99),
         "done_then_place_next_p50_us": us(place_next, 50),
         "done_then_place_next_p99_us": us(place_next, 99),
         "place_next_samples": len(place_next),
+        "reaper_tick_p50_us": us(reaper, 50),
+        "reaper_tick_p99_us": us(reaper, 99),
     }
 
 
@@ -305,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-concurrency", type=int, default=64, help="first connects in flight per sim")
     parser.add_argument("--skip-sessions", action="store_true", help="only the in-process placement phase")
     parser.add_argument("--skip-placement", action="store_true", help="only the session phases")
+    parser.add_argument("--placement-load", choices=PLACEMENT_LOADS, default="none",
+                        help="what workers report before the placement phase (default none)")
     parser.add_argument("--deadline", type=float, default=600.0, help="give up after this many seconds")
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="sim-", help=argparse.SUPPRESS)
@@ -320,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.skip_sessions:
         result["sessions"] = h.run_loop(sessions_phase(ns))
     if not ns.skip_placement:
-        result["placement"] = placement_phase(ns.workers, ns.queued, ns.samples, ns.placement_budget)
+        result["placement"] = placement_phase(
+            ns.workers, ns.queued, ns.samples, ns.placement_budget, ns.placement_load
+        )
     lines = ["fleetwire scale:"]
     if "sessions" in result:
         s = result["sessions"]
@@ -337,14 +378,17 @@ def main(argv: list[str] | None = None) -> int:
     if "placement" in result:
         p = result["placement"]
         lines += [
-            f"  placement, in-process core, {p['workers']} workers with one slot each:",
+            f"  placement, in-process core, {p['workers']} workers with one slot each, reporting "
+            f"{p['worker_load']} (--placement-load):",
             f"    register a worker p50 {p['register_p50_us']} µs (last 1000: {p['register_last_1000_p50_us']} µs)",
-            f"    submit placed on a free worker p50 {p['submit_placed_on_free_worker_p50_us']} µs "
-            f"(last 1000: {p['submit_placed_last_1000_p50_us']} µs)",
-            f"    submit queued while all are busy p50 {p['submit_queued_all_busy_p50_us']} µs "
+            f"    submit placed on a free worker p50 {p['submit_placed_on_free_worker_p50_us']} µs, "
+            f"p99 {p['submit_placed_on_free_worker_p99_us']} µs (last 1000: {p['submit_placed_last_1000_p50_us']} µs)",
+            f"    submit queued while all are busy p50 {p['submit_queued_all_busy_p50_us']} µs, "
+            f"p99 {p['submit_queued_all_busy_p99_us']} µs "
             f"({p['queued_reached']} of {p['queued_asked']} queued within {p['queue_fill_budget_s']} s)",
             f"    done -> next queued plan placed p50 {p['done_then_place_next_p50_us']} µs, "
             f"p99 {p['done_then_place_next_p99_us']} µs",
+            f"    reaper tick (nothing stale) p50 {p['reaper_tick_p50_us']} µs, p99 {p['reaper_tick_p99_us']} µs",
         ]
     h.emit(result, ns.json, lines)
     return 0

@@ -178,7 +178,7 @@ class OperatorRequests:
         for plan in sorted(live, key=lambda p: (-p.priority, p.order)):
             if record.conn_id is not None:
                 core._send(record.conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
-            record.leases.discard(plan.id)
+            core.registry.release(record.id, plan.id)  # through the registry: its room index sees the slot
             core._lease_lost(plan, record.id, f"worker {record.id} was drained and its deadline passed", now)
         core._refresh_waiting(now)
 

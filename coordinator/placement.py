@@ -13,7 +13,12 @@ Rules (docs/SEMANTICS.md §Placement, docs/ROUTING.md):
    took the session's previous plan while that worker has room; otherwise the policy
    chooses and the session moves there. Keys are scoped by the plan's owner.
 4. *Policy.* The plan's ``hints.policy``, else the coordinator's default, ranks the tier
-   (coordinator/policies.py).
+   (coordinator/policies.py). While no worker of the pool reports a load figure a policy
+   reads, every policy but round robin and prefix-matching ``kv_aware`` picks what least
+   busy picks, and the pool's room index answers in O(log W) (coordinator/capacity.py);
+   while every worker of the pool reports a µJ/token, ``joule_weighted`` (no busyness gap)
+   takes its least-energy workers from the pool's energy index; otherwise the tier is ranked
+   in one pass. Every way gives the same worker.
 5. *KV-block admission.* A plan reserves ``ceil((prompt + max output tokens) / block
    tokens)`` blocks on a worker that advertises a budget, for as long as it holds the lease;
    the reservation is computed from the worker's leases, so releasing a lease frees it.
@@ -27,13 +32,24 @@ Nothing here reads a clock: ``now`` comes in.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from coordinator.capacity import Pool
 from coordinator.plans import Plan
-from coordinator.policies import DEFAULT_POLICY, POLICY_NAMES, Ask, Policy, PolicyKnobs, busyness, make_policies
+from coordinator.policies import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    Ask,
+    JouleWeighted,
+    Policy,
+    PolicyKnobs,
+    busyness,
+    make_policies,
+)
 from coordinator.prefix import PrefixIndex
 from coordinator.queue import Signature
 from coordinator.registry import WorkerRecord, WorkerRegistry
@@ -42,6 +58,8 @@ from protocol.messages import RoutingHints
 __all__ = ["DEFAULT_BLOCK_TOKENS", "Placement", "PlacementConfig", "hints_problem"]
 
 DEFAULT_BLOCK_TOKENS: Final = 16  # vLLM's default KV block size, for hashes of unknown block length
+# Policies that rank plain workers (coordinator/capacity.py) exactly as least busy does.
+LEAST_BUSY_WHEN_PLAIN: Final = frozenset({"least_busy", "joule_weighted", "carbon_weighted", "latency_weighted"})
 MAX_PREFIX_HASHES: Final = 16_384  # 8M tokens of 512-token blocks; more would only bloat the index
 
 
@@ -198,6 +216,11 @@ class Placement:
         self._now = now
         registry = self.registry
         no_kv = plan.hints.prompt_tokens + plan.hints.max_output_tokens <= 0
+        if isinstance(pool, Pool) and pool.live:
+            if not pool.not_plain and self._indexable(plan):
+                return self._choose_indexed(plan, pool, now, no_kv)
+            if not pool.no_energy and self._energy_indexable(plan):
+                return self._choose_indexed(plan, pool, now, no_kv, energy=True)
         stamp = (registry.generation, registry.releases)
         if no_kv and isinstance(pool, list):
             full = self._full.get(id(pool))
@@ -223,6 +246,43 @@ class Placement:
                     return worker
         return self.policies[self.policy_name(plan)].choose(ask_of(plan), free or queued, self)
 
+    def _indexable(self, plan: Plan) -> bool:
+        """Whether the plan's policy ranks plain workers as least busy does (see the module doc)."""
+        name = self.policy_name(plan)
+        return name in LEAST_BUSY_WHEN_PLAIN or (name == "kv_aware" and not plan.hints.prefix_hashes)
+
+    def _energy_indexable(self, plan: Plan) -> bool:
+        """Whether the plan is placed by ``joule_weighted`` without a busyness gap (then energy ranks first)."""
+        policy = self.policies[self.policy_name(plan)]
+        return isinstance(policy, JouleWeighted) and policy.max_gap == math.inf
+
+    def _choose_indexed(
+        self, plan: Plan, pool: Pool, now: float, no_kv: bool, *, energy: bool = False
+    ) -> WorkerRecord | None:
+        """:meth:`choose` from a pool's room index: the sticky worker, else the index's answer.
+
+        Plain workers all have busyness 4 per lease, so every policy of
+        :data:`LEAST_BUSY_WHEN_PLAIN` ranks them by (tier, leases, last assigned, id): the
+        index's order. With ``energy`` (every member reports a µJ/token, the policy is
+        ``joule_weighted`` without a gap), the energy index gives the best tier's least-energy
+        workers and busyness breaks their tie as the policy does. The pass in :meth:`choose`
+        gives the same worker (tests/unit/test_capacity.py).
+        """
+        registry = self.registry
+
+        def usable(worker: WorkerRecord) -> bool:
+            return not worker.draining and registry.is_alive(worker.id, now) and (no_kv or self.fits(plan, worker))
+
+        key = plan.hints.session_key
+        if key is not None:
+            held = pool.ids.get(self._sessions.get((plan.owner, key), ""))
+            if held is not None and held.has_capacity() and usable(held):
+                return held
+        if not energy:
+            return pool.first(usable)
+        tied = pool.least_energy(usable, max(plan.hints.prompt_tokens + plan.hints.max_output_tokens, 1))
+        return min(tied, key=lambda w: (self.busyness(w), w.last_assigned, w.id), default=None)
+
     def claimed(self, plan: Plan, worker: WorkerRecord) -> None:
         """The plan was assigned to the worker: count its tokens, remember its prefix and session."""
         hints = plan.hints
@@ -232,7 +292,10 @@ class Placement:
             matched = self.prefix.match(hints.prefix_hashes, (worker.id,)).get(worker.id, 0)
             matched_tokens = matched * block
             self.prefix.insert(worker.id, hints.prefix_hashes, block)
-        worker.pending_tokens += max(0, hints.prompt_tokens - matched_tokens)
+        placed_tokens = hints.prompt_tokens - matched_tokens
+        if placed_tokens > 0:
+            worker.pending_tokens += placed_tokens
+            self.registry.load_changed(worker)  # placed tokens make it not plain until its next report
         if hints.session_key is not None:
             sessions = self._sessions
             sessions[(plan.owner, hints.session_key)] = worker.id

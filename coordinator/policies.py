@@ -154,9 +154,12 @@ class LatencyWeighted:
 
 
 def _mean_known(candidates: Sequence[WorkerRecord], figure: Callable[[WorkerRecord], float]) -> float:
-    """The mean of a reported figure over the candidates that report it (> 0); 1.0 when none does."""
+    """The mean of a reported figure over the candidates that report it (> 0); 1.0 when none does.
+
+    The sum is exact (``math.fsum``), so the mean does not depend on the candidates' order.
+    """
     known = [value for w in candidates if (value := figure(w)) > 0]
-    return sum(known) / len(known) if known else 1.0
+    return math.fsum(known) / len(known) if known else 1.0
 
 
 def _latency_ms(worker: WorkerRecord) -> float:

@@ -106,7 +106,7 @@ class ReaperBreaker:
         """The stale workers that may be reaped at ``now``."""
         suspects = [r for r in stale if r.connected]
         if suspects:
-            connected = sum(1 for r in registry if r.connected)
+            connected = registry.connected_count()  # O(1): counting sorted every worker per tick
             mass = connected >= self.min_workers and len(suspects) > self.fraction * connected
         else:
             connected, mass = 0, False

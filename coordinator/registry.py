@@ -13,18 +13,25 @@ Semantics are the seed's (docs/SEMANTICS.md §Registry):
   ``len(leases) < max_concurrency``. ``max_concurrency`` 0 never has room.
 * The reaper drops every worker whose last beat is older than the timeout, connected or
   not. A disconnected worker keeps its leases until then, so a quick reconnect can
-  continue its plans.
+  continue its plans. Every beat goes into a heap by time, so finding the stale workers
+  costs O(log W) per beat and O(stale) per tick, not a pass over every worker.
+* Per signature, the connected workers that meet it are cached as a
+  :class:`~coordinator.capacity.Pool`, kept up to date on every registration, disconnect
+  and reap, with an index of the members that have room, kept up to date on every claim
+  and release (coordinator/capacity.py).
 
 Time comes in as ``now`` (monotonic seconds); nothing here reads a clock.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import structlog
 
+from coordinator.capacity import Pool, has_energy, is_plain
 from coordinator.errors import UnknownWorker
 from protocol.messages import Capabilities, Load, WorkerInfo
 
@@ -62,6 +69,8 @@ class WorkerRecord:
             report could not count yet.
         drain_tokens_per_s: how fast it works off queued tokens, learned from its reports
             (0 until learned); lets the coordinator age its estimate between reports.
+        plain: :func:`~coordinator.capacity.is_plain` as of its last change (its pools count it).
+        has_energy: :func:`~coordinator.capacity.has_energy` as of its last report (likewise).
     """
 
     id: str
@@ -78,6 +87,8 @@ class WorkerRecord:
     prefetch: int = 0
     pending_tokens: int = 0
     drain_tokens_per_s: float = 0.0
+    plain: bool = True
+    has_energy: bool = False
 
     def has_capacity(self) -> bool:
         """Whether it can take one more lease: not draining, and fewer leases than its concurrency + prefetch."""
@@ -139,7 +150,11 @@ class WorkerRegistry:
         self.prefetch = prefetch
         self._workers: dict[str, WorkerRecord] = {}
         self._claims = 0
-        self._matching: dict[Hashable, list[WorkerRecord]] = {}  # see matching()
+        self._matching: dict[tuple[Hashable, object], Pool] = {}  # see matching()
+        self._beats: list[tuple[float, str]] = []  # (a beat's time, worker id); see stale()
+        self._overdue: dict[str, float] = {}  # worker id -> the beat found overdue, until it beats again
+        self._pools_of: dict[str, list[Pool]] = {}  # worker id -> the cached pools it is a member of
+        self._connected = 0
         self.generation = 0  # bumped whenever membership or connection changes (caches key on it)
         self.releases = 0  # leases released so far: a release is the other way room appears
 
@@ -172,21 +187,77 @@ class WorkerRegistry:
         Returns:
             The worker's record.
         """
-        self._matching.clear()
         self.generation += 1
+        heapq.heappush(self._beats, (now, worker_id))
         record = self._workers.get(worker_id)
         if record is None:
             record = WorkerRecord(
                 worker_id, capabilities, address=address, conn_id=conn_id, last_beat_s=now, prefetch=self.prefetch
             )
             self._workers[worker_id] = record
-            return record
-        record.capabilities = capabilities
-        record.address = address
-        record.conn_id = conn_id
-        record.connected = True
-        record.last_beat_s = now
+            self._connected += 1
+        else:
+            self._leave_pools(record)
+            self._connected += not record.connected
+            record.capabilities = capabilities
+            record.address = address
+            record.conn_id = conn_id
+            record.connected = True
+            record.last_beat_s = now
+        self._join_pools(record)
         return record
+
+    def _join_pools(self, record: WorkerRecord) -> None:
+        """Add a (re)registered worker to the cached pools it meets; many pools: drop them instead."""
+        pools = self._matching
+        if len(pools) > 64:  # a test per pool per registration would cost more than rebuilding
+            self._drop_pools()
+            return
+        joined = [pool for pool in pools.values() if pool.meets(record)]
+        for pool in joined:
+            pool.add(record)
+        if joined:
+            self._pools_of[record.id] = joined
+
+    def _leave_pools(self, record: WorkerRecord) -> None:
+        for pool in self._pools_of.pop(record.id, ()):
+            pool.remove_member(record)
+
+    def _drop_pools(self) -> None:
+        for pool in self._matching.values():
+            pool.live = False
+        self._matching.clear()
+        self._pools_of.clear()
+
+    def _room_changed(self, record: WorkerRecord) -> None:
+        """A claim or release: index the worker's new room in its pools."""
+        for pool in self._pools_of.get(record.id, ()):
+            pool.changed(record)
+
+    def load_changed(self, record: WorkerRecord) -> None:
+        """The worker's load figures or placed tokens changed: recount it in its pools if its plainness changed."""
+        pools = self._pools_of.get(record.id, ())
+        plain = is_plain(record)
+        if plain != record.plain:
+            record.plain = plain
+            for pool in pools:
+                pool.not_plain += -1 if plain else 1
+
+    def _energy_changed(self, record: WorkerRecord, before: float | None) -> None:
+        """A report may have changed the worker's µJ/token (``before``): recount and reindex it."""
+        pools = self._pools_of.get(record.id, ())
+        known = has_energy(record)
+        if known != record.has_energy:
+            record.has_energy = known
+            for pool in pools:
+                pool.no_energy += -1 if known else 1
+        if known and record.load is not None and record.load.uj_per_token != before:
+            for pool in pools:
+                pool.energy_changed(record)
+
+    def connected_count(self) -> int:
+        """How many workers are connected now (O(1))."""
+        return self._connected
 
     def heartbeat(self, worker_id: str, load: Load, now: float) -> WorkerRecord:
         """Record a beat and the load it carried.
@@ -197,9 +268,13 @@ class WorkerRegistry:
         record = self.get(worker_id)
         if record.load is not None:
             record.learn_drain_rate(record.load.queued_tokens + record.pending_tokens, load.queued_tokens, now)
+        before = record.load.uj_per_token if record.load is not None else None
         record.load = load
         record.last_beat_s = now
         record.pending_tokens = 0  # this report counts what was placed before it
+        heapq.heappush(self._beats, (now, worker_id))
+        self.load_changed(record)
+        self._energy_changed(record, before)
         return record
 
     def disconnect(self, worker_id: str) -> None:
@@ -209,9 +284,10 @@ class WorkerRegistry:
             UnknownWorker: the id is not registered.
         """
         record = self.get(worker_id)
+        self._connected -= record.connected
         record.connected = False
         record.conn_id = None
-        self._matching.clear()
+        self._leave_pools(record)
         self.generation += 1
 
     def get(self, worker_id: str) -> WorkerRecord:
@@ -248,27 +324,52 @@ class WorkerRegistry:
         wanted = set(tags)
         return [r for r in self.alive(now) if wanted.issubset(r.capabilities.tags)]
 
-    def matching(self, key: Hashable, meets: Callable[[WorkerRecord], bool]) -> list[WorkerRecord]:
-        """Connected workers for which ``meets`` holds, cached under ``key``.
+    def matching(self, key: Hashable, meets: Callable[[WorkerRecord], bool]) -> Pool:
+        """Connected workers for which ``meets`` holds, cached under ``key`` and ``meets``.
 
-        Placement asks this on every submit; the answer only changes when a worker
-        registers (with new capabilities), disconnects or is reaped, which clears the cache.
-        Liveness and capacity change all the time, so callers check those themselves.
+        Placement asks this on every submit. The pool is kept up to date as workers
+        register (``meets`` is applied to them), disconnect or are reaped, and indexes its
+        members' room (coordinator/capacity.py). Liveness and draining change without the
+        registry knowing, so callers check those themselves.
         """
-        found = self._matching.get(key)
+        # One key asked with two tests (a signature's admits and meets) is two pools. A bound
+        # method compares its object by identity, and each submit builds a new signature: key on
+        # the function.
+        cache_key = (key, getattr(meets, "__func__", meets))
+        found = self._matching.get(cache_key)
         if found is None:
             if len(self._matching) >= 4096:  # many one-off keys: start over rather than grow
-                self._matching.clear()
-            found = self._matching[key] = [r for r in self._workers.values() if r.connected and meets(r)]
+                self._drop_pools()
+            members = [r for r in self._workers.values() if r.connected and meets(r)]
+            found = self._matching[cache_key] = Pool(members, meets)
+            pools_of = self._pools_of
+            for record in members:
+                pools_of.setdefault(record.id, []).append(found)
         return found
 
     def stale(self, now: float) -> list[WorkerRecord]:
         """Workers :meth:`reap` would drop at ``now``, in id order (nothing is removed).
 
-        The reaper asks every tick: one pass without sorting, then only the stale few sorted.
+        The reaper asks every tick. Beats are in a heap by time: the beats older than the
+        timeout are popped, and a popped beat that is still its worker's latest makes the
+        worker overdue until it beats again or is reaped. A tick costs O(stale), not a pass
+        over every worker.
         """
         timeout = self.heartbeat_timeout_s
-        return sorted((r for r in self._workers.values() if now - r.last_beat_s > timeout), key=_by_id)
+        beats, overdue, workers = self._beats, self._overdue, self._workers
+        while beats and now - beats[0][0] > timeout:
+            beat, worker_id = heapq.heappop(beats)
+            record = workers.get(worker_id)
+            if record is not None and record.last_beat_s == beat:
+                overdue[worker_id] = beat
+        found: list[WorkerRecord] = []
+        for worker_id, beat in list(overdue.items()):
+            record = workers.get(worker_id)
+            if record is None or record.last_beat_s != beat:
+                del overdue[worker_id]  # reaped, or it beat again (that beat is in the heap)
+            elif now - beat > timeout:  # a clock read earlier than a past tick keeps it pending
+                found.append(record)
+        return sorted(found, key=_by_id)
 
     def reap(self, now: float, only: Collection[str] | None = None) -> list[str]:
         """Drop every worker whose last beat is older than the timeout (of ``only``, when given).
@@ -278,9 +379,11 @@ class WorkerRegistry:
         """
         dropped = [r.id for r in self.stale(now) if only is None or r.id in only]
         for worker_id in dropped:
-            del self._workers[worker_id]
+            record = self._workers.pop(worker_id)
+            self._connected -= record.connected
+            self._overdue.pop(worker_id, None)
+            self._leave_pools(record)
         if dropped:
-            self._matching.clear()
             self.generation += 1
             log.warning("workers reaped", worker_ids=dropped, heartbeat_timeout_s=self.heartbeat_timeout_s)
         return dropped
@@ -305,6 +408,7 @@ class WorkerRegistry:
         record.leases.add(plan_id)
         self._claims += 1
         record.last_assigned = self._claims
+        self._room_changed(record)
         return True
 
     def release(self, worker_id: str, plan_id: str) -> bool:
@@ -321,6 +425,7 @@ class WorkerRegistry:
             return False
         record.leases.discard(plan_id)
         self.releases += 1
+        self._room_changed(record)
         return True
 
     def has_capacity(self, worker_id: str) -> bool:

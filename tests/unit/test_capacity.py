@@ -1,0 +1,292 @@
+"""The pools' room index and the reaper's beat heap answer as the full scans do (fake clock, property-based)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator.capacity import Pool, has_energy, is_plain
+from coordinator.placement import Placement, PlacementConfig
+from coordinator.plans import Plan
+from coordinator.policies import POLICY_NAMES, JouleWeighted
+from coordinator.queue import Signature
+from coordinator.registry import WorkerRecord, WorkerRegistry
+from protocol.messages import Capabilities, Load, Requirements, RoutingHints
+
+TIMEOUT = 30.0
+WORKERS = [f"w{i}" for i in range(6)]
+LOADS = [Load(), Load(), Load(), Load(uj_per_token=2.5), Load(queued_tokens=40), Load(latency_p50_ms=3.0)]
+
+
+class Model:
+    """A registry, two placements over it (one given pools, one given plain lists) and the plans they hold."""
+
+    def __init__(self, prefetch: int, loads: list[Load] | None = None) -> None:
+        self.loads = loads or LOADS  # what heartbeats carry; with ``loads`` given, each registration beats too
+        self.beat_on_register = loads is not None
+        self.now = 0.0
+        self.registry = WorkerRegistry(TIMEOUT, prefetch=prefetch)
+        self.plans: dict[str, Plan] = {}
+        config = PlacementConfig(prefetch=prefetch)
+        self.indexed = Placement(self.registry, self.plans, config)
+        self.scanned = Placement(self.registry, self.plans, config)
+        # One placement's claimed() updates the sessions and prefixes both read.
+        self.scanned._sessions = self.indexed._sessions
+        self.scanned.prefix = self.indexed.prefix
+        self.ids = (f"p{i}" for i in itertools.count())
+        self.order = itertools.count()
+
+    def plan(self, policy: str, tokens: int, tag: bool, session: bool) -> Plan:
+        hints = RoutingHints(
+            policy=policy,
+            prompt_tokens=tokens,
+            max_output_tokens=tokens,
+            session_key="s" if session else None,
+        )
+        plan_id = next(self.ids)
+        plan = Plan(
+            id=plan_id,
+            op="x",
+            args=None,
+            requirements=Requirements(tags=["t"] if tag else []),
+            priority=0,
+            timeout_s=None,
+            max_attempts=3,
+            owner="alice",
+            order=next(self.order),
+            hints=hints,
+        )
+        return plan
+
+    def apply(self, op: tuple[Any, ...]) -> None:
+        kind, index, *rest = op
+        registry, worker_id = self.registry, WORKERS[index]
+        known = worker_id in registry
+        if kind == "register":
+            limit, kv_blocks, tag = rest
+            caps = Capabilities(
+                ops=["x"], tags=["t"] if tag else [], max_concurrency=limit, kv_blocks=kv_blocks, kv_block_tokens=16
+            )
+            record = registry.register(worker_id, caps, self.now)
+            self.indexed.registered(record)
+            if self.beat_on_register:
+                registry.heartbeat(worker_id, self.loads[(index + limit) % len(self.loads)], self.now)
+        elif kind == "heartbeat" and known:
+            was_alive = registry.is_alive(worker_id, self.now)
+            registry.heartbeat(worker_id, self.loads[rest[0] % len(self.loads)], self.now)
+            if not was_alive:  # a revival: the core tells placement room may have appeared
+                self.indexed.room_may_have_changed()
+                self.scanned.room_may_have_changed()
+        elif kind == "disconnect" and known:
+            registry.disconnect(worker_id)
+        elif kind == "drain" and known:
+            registry.get(worker_id).draining = rest[0]
+            self.indexed.room_may_have_changed()
+            self.scanned.room_may_have_changed()
+        elif kind == "release" and known and registry.get(worker_id).leases:
+            registry.release(worker_id, min(registry.get(worker_id).leases))
+        elif kind == "advance":
+            self.now += rest[0]
+        elif kind == "reap":
+            for gone in registry.reap(self.now):
+                self.indexed.forget([gone])
+        elif kind == "place":
+            self.place(*rest)
+
+    def place(self, policy: str, tokens: int, tag: bool, session: bool, claim: bool) -> None:
+        plan = self.plan(policy, tokens, tag, session)
+        signature = Signature.of(plan.op, plan.requirements, plan.avoid)
+        pool = self.registry.matching(signature, signature.admits)
+        assert isinstance(pool, Pool)
+        members = [r for r in self.registry._workers.values() if r.connected and signature.admits(r)]
+        assert sorted(r.id for r in pool) == sorted(r.id for r in members)
+        assert pool.not_plain == sum(not is_plain(r) for r in members)
+        assert pool.no_energy == sum(not has_energy(r) for r in members)
+        got = self.indexed.choose(plan, pool, self.now)
+        want = self.scanned.choose(plan, list(pool), self.now)
+        assert (got and got.id) == (want and want.id), (policy, tokens, session)
+        if claim and got is not None:
+            self.plans[plan.id] = plan
+            self.registry.claim(got.id, plan.id)
+            self.indexed.claimed(plan, got)
+
+    def check_stale(self) -> None:
+        registry = self.registry
+        brute = sorted(r.id for r in registry._workers.values() if self.now - r.last_beat_s > TIMEOUT)
+        assert [r.id for r in registry.stale(self.now)] == brute
+        for record in registry._workers.values():
+            assert record.plain == is_plain(record)
+            assert record.has_energy == has_energy(record)
+
+
+worker_index = st.integers(0, len(WORKERS) - 1)
+register = st.tuples(
+    st.just("register"), worker_index, st.sampled_from([0, 1, 1, 2, 3]), st.sampled_from([0, 0, 8]), st.booleans()
+)
+place = st.tuples(
+    st.just("place"),
+    st.just(0),
+    st.sampled_from(POLICY_NAMES),
+    st.sampled_from([0, 0, 0, 40]),
+    st.sampled_from([False, False, True]),  # tagged
+    st.sampled_from([False, False, True]),  # session key
+    st.sampled_from([False, True, True]),  # claim the worker chosen
+)
+ops = st.one_of(
+    register,
+    place,
+    place,
+    st.tuples(st.just("release"), worker_index),
+    st.tuples(st.just("release"), worker_index),
+    st.tuples(st.just("heartbeat"), worker_index, st.integers(0, len(LOADS) - 1)),
+    st.tuples(st.just("disconnect"), worker_index),
+    st.tuples(st.just("drain"), worker_index, st.booleans()),
+    st.tuples(st.just("release"), worker_index),
+    st.tuples(st.just("advance"), st.just(0), st.sampled_from([0.5, 5.0, 5.0, 12.0, 12.0, 31.0])),
+    st.tuples(st.just("reap"), st.just(0)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefetch=st.integers(0, 1), first=st.lists(register, max_size=6), steps=st.lists(ops, max_size=80))
+def test_index_answers_equal_the_full_scan(
+    prefetch: int, first: list[tuple[Any, ...]], steps: list[tuple[Any, ...]]
+) -> None:
+    """After any mix of register/beat/claim/release/drain/disconnect/reap, pools, choices, stale equal brute force."""
+    model = Model(prefetch)
+    for op in [*first, *steps]:
+        model.apply(op)
+        model.check_stale()
+    for policy in POLICY_NAMES:
+        model.place(policy, 0, False, False, False)
+
+
+NEXT_2_5 = math.nextafter(2.5, math.inf)  # ties with 2.5 once multiplied by some token counts
+ENERGY_LOADS = [
+    Load(uj_per_token=1.0),
+    Load(uj_per_token=2.5),
+    Load(uj_per_token=2.5, queued_tokens=40),
+    Load(uj_per_token=NEXT_2_5, queued_tokens=8),
+    Load(uj_per_token=2.5),
+    Load(queued_tokens=40),  # no µJ/token: the pool is ranked in one pass until it reports one
+    Load(uj_per_token=4.0),
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefetch=st.integers(0, 1), first=st.lists(register, max_size=6), steps=st.lists(ops, max_size=80))
+def test_energy_index_answers_equal_the_full_scan(
+    prefetch: int, first: list[tuple[Any, ...]], steps: list[tuple[Any, ...]]
+) -> None:
+    """With workers reporting µJ/token, joule_weighted's energy index picks what its pass over the pool picks."""
+    model = Model(prefetch, ENERGY_LOADS)
+    for op in [*first, *steps]:
+        if op[0] == "place":
+            op = (*op[:2], "joule_weighted", *op[3:])
+        model.apply(op)
+        model.check_stale()
+    model.place("joule_weighted", 40, False, False, False)
+
+
+def test_plain_pool_is_answered_without_the_policy() -> None:
+    """With plain workers the room index answers: the policy's pass over the candidates is not run."""
+    model = Model(prefetch=0)
+    for index in range(3):
+        model.apply(("register", index, 2, 0, False))
+    model.indexed.policies = {}  # any use of a policy would raise KeyError
+    model.apply(("place", 0, "joule_weighted", 0, False, False, True))
+    model.apply(("place", 0, "joule_weighted", 0, False, False, True))
+    assert sorted(len(model.registry.get(w).leases) for w in WORKERS[:3]) == [0, 1, 1]
+    model.registry.heartbeat("w0", Load(uj_per_token=2.5), model.now)  # the policy must rank the pool now
+    with pytest.raises(KeyError):
+        model.apply(("place", 0, "joule_weighted", 0, False, False, True))
+
+
+def test_one_key_with_two_tests_is_two_pools() -> None:
+    """matching() keeps admits and meets of one signature apart: an avoided worker stays out of the admits pool."""
+    registry = WorkerRegistry()
+    registry.register("a", Capabilities(ops=["x"]), 0.0)
+    registry.register("b", Capabilities(ops=["x"]), 0.0)
+    signature = Signature.of("x", Requirements(), avoid=["a"])
+    assert [r.id for r in registry.matching(signature, signature.meets)] == ["a", "b"]
+    again = Signature.of("x", Requirements(), avoid=["a"])  # a new, equal signature finds the cached pool
+    assert [r.id for r in registry.matching(again, again.admits)] == ["b"]
+    assert registry.matching(again, again.admits) is registry.matching(signature, signature.admits)
+
+
+def test_stale_holds_an_overdue_worker_until_it_beats_or_is_reaped() -> None:
+    """An overdue worker stays stale across ticks (a held-back reap), leaves on a beat, returns when silent again."""
+    registry = WorkerRegistry(heartbeat_timeout_s=10.0)
+    registry.register("a", Capabilities(ops=["x"]), 0.0)
+    registry.register("b", Capabilities(ops=["x"]), 5.0)
+    assert [r.id for r in registry.stale(11.0)] == ["a"]
+    assert [r.id for r in registry.stale(12.0)] == ["a"]  # not reaped: still stale
+    assert registry.stale(9.0) == []  # an earlier clock read: not stale then
+    registry.heartbeat("a", Load(), 13.0)
+    assert [r.id for r in registry.stale(16.0)] == ["b"]
+    assert [r.id for r in registry.stale(24.0)] == ["a", "b"]
+    assert registry.reap(24.0, only={"b"}) == ["b"]
+    assert [r.id for r in registry.stale(25.0)] == ["a"]
+
+
+def test_released_workers_are_offered_least_recently_assigned_first() -> None:
+    """Two workers back to no lease: the index offers the one assigned longer ago, as the scan does."""
+    model = Model(prefetch=0)
+    for index in range(3):
+        model.apply(("register", index, 1, 0, False))
+    for _ in range(3):
+        model.apply(("place", 0, "least_busy", 0, False, False, True))
+    for index in (1, 0):
+        model.apply(("release", index))
+    model.apply(("place", 0, "least_busy", 0, False, False, True))  # compares with the scan
+    assert model.registry.get("w0").leases and not model.registry.get("w1").leases
+
+
+def _record(worker_id: str) -> WorkerRecord:
+    return WorkerRecord(worker_id, Capabilities(ops=["x"], max_concurrency=1))
+
+
+def test_first_steps_over_unusable_members_and_keeps_them() -> None:
+    """Pool.first skips members the caller cannot use, without dropping them from the index."""
+    a, b = _record("a"), _record("b")
+    pool = Pool([a, b], lambda w: True)
+    assert pool.first(lambda w: w.id != "a") is b
+    assert pool.first(lambda w: True) is a
+    a.leases.add("p")  # a full worker's entry is stale: never offered, even unreported
+    assert pool.first(lambda w: True) is b
+
+
+class Unranked(JouleWeighted):
+    """joule_weighted whose pass over the candidates must not run."""
+
+    def choose(self, ask: Any, candidates: Any, fleet: Any) -> WorkerRecord:
+        raise AssertionError("the energy index should have answered")
+
+
+def test_energy_ties_are_broken_by_busyness() -> None:
+    """Among workers tied on least energy, the energy index gives the least busy, as joule_weighted does."""
+    model = Model(prefetch=0, loads=[Load(uj_per_token=2.0)])
+    for index in range(3):
+        model.apply(("register", index, 2, 0, False))
+    model.registry.heartbeat("w2", Load(uj_per_token=3.0), model.now)
+    model.registry.heartbeat("w0", Load(uj_per_token=2.0, queued_tokens=100), model.now)
+    model.indexed.policies = {**model.indexed.policies, "joule_weighted": Unranked()}
+    model.apply(("place", 0, "joule_weighted", 0, False, False, True))  # w1: w0 is busier, w2 costs more
+    assert model.registry.get("w1").leases and not model.registry.get("w0").leases
+
+
+def test_energy_index_prefers_a_free_slot_to_a_cheaper_prefetch_queue() -> None:
+    """A worker with only prefetch room is not chosen over one with a free slot, however efficient."""
+    model = Model(prefetch=1, loads=[Load(uj_per_token=1.0)])
+    model.apply(("register", 0, 1, 0, False))
+    model.apply(("place", 0, "joule_weighted", 0, False, False, True))  # w0 holds its one slot
+    model.apply(("register", 1, 1, 0, False))
+    model.registry.heartbeat("w1", Load(uj_per_token=5.0), model.now)
+    model.indexed.policies = {**model.indexed.policies, "joule_weighted": Unranked()}
+    model.apply(("place", 0, "joule_weighted", 0, False, False, True))
+    assert len(model.registry.get("w1").leases) == 1 and len(model.registry.get("w0").leases) == 1
