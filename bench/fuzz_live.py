@@ -266,8 +266,10 @@ async def run(inputs: int, seed: int, connections: int) -> dict[str, Any]:
     server = CoordinatorServer(ServerSettings(
         port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,), store="memory",
         heartbeat_interval_s=1.0, heartbeat_timeout_s=3.0,
-        # Rate limits off: the fuzzer is one very fast peer per connection, not a flood test.
-        limits=Limits(worker_rate=0, client_rate=0, max_plans_per_client=2_000),
+        # Rate limits off: the fuzzer is one very fast peer per connection, not a flood test. The
+        # penalty box off: every replacement session must reach the core (and the probe, which
+        # holds the same client token, must never be refused 429).
+        limits=Limits(worker_rate=0, client_rate=0, max_plans_per_client=2_000, penalty_base_s=0),
     ))
     await server.start()
     handled: Counter[str] = Counter()

@@ -1,21 +1,42 @@
 """A legitimate client's latency while hostile peers hit the same coordinator (RELIABILITY.md rows 16, 19-21).
 
-    python bench/hostile_neighbors.py [--requests 2000] [--json]
+    python bench/hostile_neighbors.py [--requests 2000] [--rounds 3] [--phases flood,oversize,...] [--json]
 
-A coordinator process (`fleetwire coordinator`, default limits but a 2 s handshake timeout)
-on loopback. A legitimate client in this process sends ``list_workers`` requests one at a
-time and records each round trip; the figures are its p50/p99 with no neighbour, then next
-to each hostile neighbour in turn (the flooding and oversize neighbours are child processes,
-so their own CPU does not slow the measuring client):
+A coordinator process (`fleetwire coordinator`, default limits except a 2 s handshake timeout
+and ``--flood-grace``, 1 s here so a flood reaches 4429 within the bench) on loopback, with a
+token file: the legitimate client and the hostile neighbour hold different client tokens, as
+two users would. A legitimate client in this process sends ``list_workers`` requests one at a
+time and records each round trip.
+
+The flooding and oversize neighbours are child processes. Each phase interleaves chunks of
+``--requests`` round trips with the neighbour stopped (SIGSTOP: *baseline*) and running
+(SIGCONT: *hostile*), ``B H B H ... B``, so drift on a shared machine shows up in the baseline
+chunks instead of in the result. Each hostile chunk is compared with the mean of the baseline
+chunks on either side; the row prints the median Δp99 over rounds and its spread (min..max),
+the baselines' own spread, the neighbour's attempts (connections it opened; refused ones
+counted apart), its own CPU and the coordinator's CPU during the hostile chunks:
 
 * ``flood``: a client sending single-message frames as fast as it can (throttled, then 4429,
   then reconnecting);
 * ``oversize``: a client sending 10 MiB frames in a loop (each closed 1009, reconnecting);
+* ``oversize elsewhere`` (``--control``): the same neighbour aimed at a second, identical
+  coordinator on the same machine. What it costs the legitimate client is what sharing two
+  cores with the neighbour costs (its CPU, the kernel's copies, the other coordinator's
+  work), not what fleetwire's coordinator pays; the difference to ``oversize`` is fleetwire's.
 * ``slowloris``: 500 connections that never finish their handshake (dropped at the handshake
-  timeout, set to 2 s here), plus how long a fresh legitimate connect takes meanwhile;
+  timeout, 2 s here), plus how long a fresh legitimate connect takes meanwhile;
 * ``slow consumer``: a subscriber that stops reading while a worker streams 32 KiB events
   (closed 4503); the coordinator's RSS growth is printed, next to the same stream with a
   subscriber that reads (the plan's own event history is held either way).
+
+A hostile neighbour reconnects as soon as it is closed; when the coordinator's penalty box
+refuses it (HTTP 429), it retries at once (``--neighbour-retry now``, the worst case) or after
+the ``Retry-After`` it was told (``retry-after``, what fleetwire's own clients do).
+``--neighbour-nice`` / ``--neighbour-cpu`` de-prioritise or pin the neighbour processes;
+``--pin`` puts the coordinator and the measuring client on CPU 0 and the neighbours on CPU 1,
+as if the neighbour ran on a host of its own (on loopback the sender's CPU does most of the
+kernel's work of moving its bytes). ``its_closes``/``its_refusals`` count the neighbour's
+whole run; ``its_attempts`` and the CPU figures only its hostile chunks.
 
 The matrix asks others' p99 to move by less than 10 % (rows 16, 20), a legit connect under
 1 s during slowloris (row 19) and bounded memory for a slow consumer (row 21). Benchmarks
@@ -32,6 +53,7 @@ import os
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,21 +61,23 @@ from typing import Any
 import msgspec
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-WORKER, CLIENT = "bench-worker-token", "bench-client-token"
+TOKENS = {"legit": ("client", "bench-legit-token"), "hostile": ("client", "bench-hostile-token"),
+          "worker": ("worker", "bench-worker-token")}
 ROOT = Path(__file__).resolve().parent.parent
+NEIGHBOURS = ("flood", "oversize")
+PHASES = ("flood", "oversize", "slowloris", "slow")
 
 
-async def _open(url: str, role: str = "client", **kw: Any) -> ClientConnection:
-    token = WORKER if role == "worker" else CLIENT
+async def _open(url: str, role: str = "client", who: str = "legit", **kw: Any) -> ClientConnection:
+    token = TOKENS["worker" if role == "worker" else who][1]
     return await connect(f"{url}/v1/{role}", additional_headers={"Authorization": f"Bearer {token}"},
                          subprotocols=["fleetwire.v1.msgpack"], compression=None, max_size=None,  # type: ignore[list-item]
                          **kw)
 
 
-async def _latencies(url: str, n: int) -> list[float]:
-    ws = await _open(url)
+async def _latencies(ws: ClientConnection, n: int) -> list[float]:
     request = msgspec.msgpack.encode({"type": "list_workers", "req_id": 1})
     out = []
     for _ in range(n):
@@ -61,14 +85,16 @@ async def _latencies(url: str, n: int) -> list[float]:
         await ws.send(request)
         await ws.recv()
         out.append(time.perf_counter() - start)
-    await ws.close()
     return out
 
 
-def _summary(samples: list[float]) -> dict[str, float]:
+def _p99(samples: list[float]) -> float:
     ordered = sorted(samples)
-    return {"p50_ms": round(statistics.median(ordered) * 1e3, 3),
-            "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1e3, 3)}
+    return ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1e3
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(statistics.median(samples) * 1e3, 3), "p99_ms": round(_p99(samples), 3)}
 
 
 async def _drain(ws: ClientConnection) -> None:
@@ -77,12 +103,45 @@ async def _drain(ws: ClientConnection) -> None:
             pass
 
 
-async def _flood(url: str) -> None:
-    """Child process: single-message frames as fast as possible, reconnecting after each close."""
+# ---------------------------------------------------------------------------- neighbours (child processes)
+
+
+class _Tally:
+    """What a neighbour did, printed as one JSON line after each connection attempt."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.closes: dict[str, int] = {}
+        self.refused: dict[str, int] = {}
+
+    def closed(self, ws: ClientConnection) -> None:
+        self.attempts += 1
+        key = str(int(ws.close_code)) if ws.close_code is not None else "none"
+        self.closes[key] = self.closes.get(key, 0) + 1
+        self._print()
+
+    async def refusal(self, exc: InvalidStatus, retry: str) -> None:
+        self.attempts += 1
+        key = str(exc.response.status_code)
+        self.refused[key] = self.refused.get(key, 0) + 1
+        self._print()
+        if retry == "retry-after":
+            await asyncio.sleep(float(exc.response.headers.get("Retry-After", "1")))
+
+    def _print(self) -> None:
+        print(json.dumps({"attempts": self.attempts, "closes": self.closes, "refused": self.refused}), flush=True)
+
+
+async def _flood(url: str, retry: str) -> None:
+    """Single-message frames as fast as possible, reconnecting after each close."""
     frame = msgspec.msgpack.encode({"type": "list_workers", "req_id": 2})
-    closes: dict[str, int] = {}
+    tally = _Tally()
     while True:
-        ws = await _open(url)
+        try:
+            ws = await _open(url, who="hostile")
+        except InvalidStatus as exc:
+            await tally.refusal(exc, retry)
+            continue
         reader = asyncio.create_task(_drain(ws))
         with contextlib.suppress(ConnectionClosed, AttributeError):
             while True:
@@ -90,35 +149,175 @@ async def _flood(url: str) -> None:
         with contextlib.suppress(AttributeError):
             await ws.close()
         await reader
-        closes[str(ws.close_code)] = closes.get(str(ws.close_code), 0) + 1
-        print(json.dumps(closes), flush=True)
+        tally.closed(ws)
 
 
-async def _oversize(url: str) -> None:
-    """Child process: 10 MiB frames, one per connection, reconnecting after each 1009."""
+async def _oversize(url: str, retry: str) -> None:
+    """10 MiB frames, one per connection, reconnecting after each 1009."""
     blob = bytes(10 << 20)
-    closes: dict[str, int] = {}
+    tally = _Tally()
     while True:
-        ws = await _open(url)
-        with contextlib.suppress(ConnectionClosed, AttributeError):
+        try:
+            ws = await _open(url, who="hostile")
+        except InvalidStatus as exc:
+            await tally.refusal(exc, retry)
+            continue
+        with contextlib.suppress(ConnectionClosed, AttributeError, OSError):
             await ws.send(blob)
             await ws.recv()
-        closes[str(ws.close_code)] = closes.get(str(ws.close_code), 0) + 1
-        print(json.dumps(closes), flush=True)
+        with contextlib.suppress(Exception):
+            await ws.close()
+        tally.closed(ws)
 
 
-async def _with_child(url: str, name: str, n: int) -> dict[str, Any]:
-    child = await asyncio.create_subprocess_exec(sys.executable, __file__, "--neighbour", name, "--url", url,
-                                                 stdout=asyncio.subprocess.PIPE)
-    assert child.stdout is not None
-    await asyncio.sleep(1.0)  # let it get going
-    result = _summary(await _latencies(url, n))
-    child.send_signal(signal.SIGTERM)
-    out = (await child.communicate())[0].decode().strip().splitlines()
-    return {"neighbour": name, **result, "its_closes": json.loads(out[-1]) if out else {}}
+# ---------------------------------------------------------------------------- the measuring side
 
 
-async def _slowloris(url: str, n: int) -> dict[str, Any]:
+class _Coordinator:
+    """A ``fleetwire coordinator`` child process and its CPU clock."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, url: str) -> None:
+        self.proc, self.url = proc, url
+        self.ps = psutil.Process(proc.pid)
+
+    @classmethod
+    async def start(cls, token_file: str, extra: list[str], cpu: int | None) -> _Coordinator:
+        pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+        proc = await asyncio.create_subprocess_exec(
+            *pin, sys.executable, "-m", "fleetwire", "coordinator", "--port", "0", "--store", "memory",
+            "--token-file", token_file, "--handshake-timeout", "2", "--log-level", "error", *extra,
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        line = (await proc.stdout.readline()).decode()
+        return cls(proc, line.split("listening on ", 1)[1].split()[0])
+
+    def cpu_s(self) -> float:
+        times = self.ps.cpu_times()
+        return float(times.user + times.system)
+
+    async def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        await self.proc.wait()
+
+
+class _Neighbour:
+    """A hostile child process that can be paused (SIGSTOP) between measurements."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.ps = psutil.Process(proc.pid)
+        self.last: dict[str, Any] = {"attempts": 0, "closes": {}, "refused": {}}
+        self.started = time.perf_counter()
+        self.first_close = asyncio.get_running_loop().create_future()  # seconds to its first close, and the code
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def start(cls, kind: str, url: str, ns: argparse.Namespace) -> _Neighbour:
+        cmd = [sys.executable, __file__, "--neighbour", kind, "--url", url, "--neighbour-retry", ns.neighbour_retry]
+        if ns.neighbour_cpu is not None:
+            cmd = ["taskset", "-c", str(ns.neighbour_cpu), *cmd]
+        if ns.neighbour_nice:
+            cmd = ["nice", "-n", str(ns.neighbour_nice), *cmd]
+        return cls(await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE))
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.last = json.loads(line)
+                if self.last["closes"] and not self.first_close.done():
+                    code = next(iter(self.last["closes"]))
+                    self.first_close.set_result((round(time.perf_counter() - self.started, 2), code))
+
+    def cpu_s(self) -> float:
+        # taskset/nice exec the python process, so the pid stays the neighbour's.
+        times = self.ps.cpu_times()
+        return float(times.user + times.system)
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    async def stop(self) -> None:
+        self.resume()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), 5)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        await self._reader
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.3f}..{max(values):.3f}"
+
+
+async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, target: str, kind: str,
+                       ns: argparse.Namespace, label: str) -> dict[str, Any]:
+    """``B H B H ... B`` chunks with the neighbour paused (B) and running (H) against ``target``."""
+    neighbour = await _Neighbour.start(kind, target, ns)
+    # It gets going: measured from its first close on (a flood's 4429 comes after its burst
+    # and the grace), so every hostile chunk sees its steady reconnect loop.
+    first_close: tuple[float, str] | None = None
+    with contextlib.suppress(TimeoutError):
+        first_close = await asyncio.wait_for(asyncio.shield(neighbour.first_close), 30)
+    neighbour.pause()
+    base: list[list[float]] = []
+    hostile: list[list[float]] = []
+    coord_cpu = neigh_cpu = wall = base_cpu = base_wall = 0.0
+    attempts = 0  # while a hostile chunk is measured
+    for _ in range(ns.rounds):
+        t0, c0 = time.perf_counter(), coordinator.cpu_s()
+        base.append(await _latencies(legit, ns.requests))
+        base_wall += time.perf_counter() - t0
+        base_cpu += coordinator.cpu_s() - c0
+        neighbour.resume()
+        await asyncio.sleep(0.3)  # past its reconnect: measure it in its steady state
+        t0, c0, n0, a0 = time.perf_counter(), coordinator.cpu_s(), neighbour.cpu_s(), neighbour.last["attempts"]
+        hostile.append(await _latencies(legit, ns.requests))
+        wall += time.perf_counter() - t0
+        coord_cpu += coordinator.cpu_s() - c0
+        neigh_cpu += neighbour.cpu_s() - n0
+        attempts += neighbour.last["attempts"] - a0
+        neighbour.pause()
+    base.append(await _latencies(legit, ns.requests))
+    last = dict(neighbour.last)
+    await neighbour.stop()
+    base_p99 = [_p99(b) for b in base]
+    hostile_p99 = [_p99(h) for h in hostile]
+    deltas = [(h / ((base_p99[i] + base_p99[i + 1]) / 2) - 1) * 100 for i, h in enumerate(hostile_p99)]
+    pooled_base = [x for b in base for x in b]
+    pooled_hostile = [x for h in hostile for x in h]
+    return {
+        "neighbour": label,
+        **_summary(pooled_hostile),
+        "baseline_p99_ms": round(_p99(pooled_base), 3),
+        "delta_p99_pct": round(statistics.median(deltas), 1),
+        "delta_p99_pct_range": [round(min(deltas), 1), round(max(deltas), 1)],
+        "baseline_p99_ms_range": [round(min(base_p99), 3), round(max(base_p99), 3)],
+        "hostile_p99_ms_range": [round(min(hostile_p99), 3), round(max(hostile_p99), 3)],
+        "coordinator_cpu_pct": round(coord_cpu / wall * 100, 1),
+        "coordinator_cpu_pct_baseline": round(base_cpu / base_wall * 100, 1),
+        "neighbour_cpu_pct": round(neigh_cpu / wall * 100, 1),
+        "its_attempts": attempts,
+        "its_attempts_per_s": round(attempts / wall, 1),
+        # What one of its attempts costs the coordinator beyond serving the legitimate client.
+        # Hostile and measured baseline chunks serve the same legitimate requests, so the
+        # difference in coordinator CPU is what the neighbour's attempts cost it.
+        # (None with too few attempts to say: the CPU clock ticks in 10 ms.)
+        "coordinator_cpu_us_per_attempt": round((coord_cpu - base_cpu) / attempts * 1e6) if attempts >= 20 else None,
+        "its_first_close": None if first_close is None else {"after_s": first_close[0], "code": first_close[1]},
+        "its_closes": last["closes"],
+        "its_refusals": last["refused"],
+    }
+
+
+async def _slowloris(legit: ClientConnection, url: str, n: int) -> dict[str, Any]:
+    base_before = await _latencies(legit, n)
     host, port = url.removeprefix("ws://").split(":")
     loris = [await asyncio.open_connection(host, int(port)) for _ in range(500)]
     for _, writer in loris:
@@ -127,15 +326,18 @@ async def _slowloris(url: str, n: int) -> dict[str, Any]:
     ws = await _open(url)
     connect_s = time.perf_counter() - start
     await ws.close()
-    result = _summary(await _latencies(url, n))
+    during = await _latencies(legit, n)
     dropped = 0
     for reader, writer in loris:
         with contextlib.suppress(TimeoutError, ConnectionError):
             if await asyncio.wait_for(reader.read(), 10) == b"":
                 dropped += 1
         writer.close()
-    return {"neighbour": "slowloris x500", **result, "legit_connect_ms": round(connect_s * 1e3, 2),
-            "dropped_at_timeout": dropped}
+    base_after = await _latencies(legit, n)
+    base = (_p99(base_before) + _p99(base_after)) / 2
+    return {"neighbour": "slowloris x500", **_summary(during), "baseline_p99_ms": round(base, 3),
+            "delta_p99_pct": round((_p99(during) / base - 1) * 100, 1),
+            "legit_connect_ms": round(connect_s * 1e3, 2), "dropped_at_timeout": dropped}
 
 
 async def _stream(url: str, coordinator: psutil.Process, plan_id: str, *, reads: bool) -> dict[str, Any]:
@@ -146,7 +348,7 @@ async def _stream(url: str, coordinator: psutil.Process, plan_id: str, *, reads:
     await worker.recv()
     sub = await _open(url, ping_interval=None)
     await sub.send(msgspec.msgpack.encode({"type": "submit", "req_id": 1, "op": "echo", "plan_id": plan_id}))
-    assign = msgspec.msgpack.decode(await worker.recv())
+    assign = msgspec.msgpack.decode(await worker.recv(decode=False))
     reader = asyncio.create_task(_drain(sub)) if reads else None
     if not reads:
         sub.transport.pause_reading()
@@ -165,56 +367,101 @@ async def _stream(url: str, coordinator: psutil.Process, plan_id: str, *, reads:
         sub.transport.abort()
     await worker.close()
     return {"neighbour": "slow consumer" if not reads else "reading subscriber", "events_streamed": 20_000,
-            "coordinator_rss_growth_mb": round((peak - before) / 2**20, 1), "closed": sub.close_code}
+            "coordinator_rss_growth_mb": round((peak - before) / 2**20, 1),
+            "closed": None if sub.close_code is None else int(sub.close_code)}
 
 
-async def run(requests: int) -> list[dict[str, Any]]:
-    env = {**os.environ, "FLEETWIRE_WORKER_TOKEN": WORKER, "FLEETWIRE_CLIENT_TOKEN": CLIENT}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fleetwire", "coordinator", "--port", "0", "--store", "memory",
-        "--handshake-timeout", "2", "--log-level", "error", env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    line = (await proc.stdout.readline()).decode()
-    url = line.split("listening on ", 1)[1].split()[0]
-    coordinator = psutil.Process(proc.pid)
-    try:
-        rows: list[dict[str, Any]] = [{"neighbour": "none", **_summary(await _latencies(url, requests))}]
-        rows.append(await _with_child(url, "flood", requests))
-        rows.append(await _with_child(url, "oversize", requests))
-        rows.append(await _slowloris(url, requests))
-        rows.append(await _stream(url, coordinator, "reading", reads=True))
-        rows.append(await _stream(url, coordinator, "slow", reads=False))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        await proc.wait()
+def _token_file(directory: str) -> str:
+    from coordinator.auth import hash_token
+
+    path = Path(directory) / "tokens.toml"
+    path.write_text("".join(f'[[token]]\nname = "{name}"\nrole = "{role}"\nhash = "{hash_token(token)}"\n\n'
+                            for name, (role, token) in TOKENS.items()))
+    return str(path)
+
+
+async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
+    extra = ["--flood-grace", str(ns.flood_grace)]
+    if ns.penalty is not None:
+        extra += ["--penalty-base", str(ns.penalty)]
+    phases = ns.phases.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens = _token_file(tmp)
+        cpu = 0 if ns.pin else None
+        coordinator = await _Coordinator.start(tokens, extra, cpu)
+        # The control coordinator stands for another host: with --pin it shares the neighbour's CPU.
+        other = await _Coordinator.start(tokens, extra, ns.neighbour_cpu) if ns.control else None
+        rows: list[dict[str, Any]] = []
+        try:
+            legit = await _open(coordinator.url)
+            await _latencies(legit, ns.requests)  # warm-up
+            for kind in NEIGHBOURS:
+                if kind in phases:
+                    rows.append(await _interleaved(legit, coordinator, coordinator.url, kind, ns, kind))
+                    if other is not None:
+                        rows.append(await _interleaved(legit, coordinator, other.url, kind, ns, f"{kind} elsewhere"))
+            if "slowloris" in phases:
+                rows.append(await _slowloris(legit, coordinator.url, ns.requests))
+            await legit.close()
+            if "slow" in phases:
+                rows.append(await _stream(coordinator.url, coordinator.ps, "reading", reads=True))
+                rows.append(await _stream(coordinator.url, coordinator.ps, "slow", reads=False))
+        finally:
+            await coordinator.stop()
+            if other is not None:
+                await other.stop()
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=2000, help="round trips per measurement (default 2000)")
+    parser.add_argument("--requests", type=int, default=2000, help="round trips per chunk (default 2000)")
+    parser.add_argument("--rounds", type=int, default=3, help="hostile chunks per neighbour, each between "
+                                                               "two baseline chunks (default 3)")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
+    parser.add_argument("--flood-grace", type=float, default=1.0, help="the coordinator's --flood-grace (default 1)")
+    parser.add_argument("--penalty", type=float, default=None,
+                        help="the coordinator's --penalty-base (0: no penalty box; default: its default)")
+    parser.add_argument("--control", action="store_true",
+                        help="also aim each neighbour at a second coordinator (what sharing the machine costs)")
+    parser.add_argument("--neighbour-retry", choices=("now", "retry-after"), default="now",
+                        help="after HTTP 429: reconnect at once (default) or honour Retry-After")
+    parser.add_argument("--neighbour-nice", type=int, default=0, help="run the neighbours under nice -n N")
+    parser.add_argument("--neighbour-cpu", type=int, default=None, help="pin the neighbours to this CPU (taskset)")
+    parser.add_argument("--pin", action="store_true",
+                        help="pin the coordinators and the measuring client to CPU 0 and the neighbours to CPU 1, "
+                             "as if the neighbour ran on its own host")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--neighbour", choices=("flood", "oversize"), help=argparse.SUPPRESS)  # child processes
+    parser.add_argument("--neighbour", choices=NEIGHBOURS, help=argparse.SUPPRESS)  # child processes
     parser.add_argument("--url", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.neighbour is not None:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        asyncio.run(_flood(ns.url) if ns.neighbour == "flood" else _oversize(ns.url))
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # its tally lines are already flushed
+        asyncio.run(_flood(ns.url, ns.neighbour_retry) if ns.neighbour == "flood"
+                    else _oversize(ns.url, ns.neighbour_retry))
         return 0
-    rows = asyncio.run(run(ns.requests))
+    if ns.pin:
+        os.sched_setaffinity(0, {0})
+        if ns.neighbour_cpu is None:
+            ns.neighbour_cpu = 1
+    rows = asyncio.run(run(ns))
     if ns.json:
         print(json.dumps(rows))
         return 0
-    base = rows[0]["p99_ms"]
     for row in rows:
-        extra = {k: v for k, v in row.items() if k not in ("neighbour", "p50_ms", "p99_ms")}
-        p99 = row.get("p99_ms")
-        timing = ""
-        if p99 is not None:
-            delta = f" ({(p99 / base - 1) * 100:+.0f}% vs none)" if row is not rows[0] else ""
-            timing = f"p50 {row['p50_ms']} ms  p99 {p99} ms{delta}"
-        print(f"{row['neighbour']:<20} {timing}  {extra or ''}".rstrip())
+        if "delta_p99_pct" in row:
+            timing = (f"p99 {row['p99_ms']} ms vs {row['baseline_p99_ms']} ms baseline: "
+                      f"Δ {row['delta_p99_pct']:+.1f} %")
+            if "delta_p99_pct_range" in row:
+                lo, hi = row["delta_p99_pct_range"]
+                timing += (f" (rounds {lo:+.1f}..{hi:+.1f} %; baseline p99 "
+                           f"{_spread(row['baseline_p99_ms_range'])} ms)")
+        else:
+            timing = ""
+        skip = {"neighbour", "p50_ms", "p99_ms", "baseline_p99_ms", "delta_p99_pct", "delta_p99_pct_range",
+                "baseline_p99_ms_range"}
+        extra = {k: v for k, v in row.items() if k not in skip}
+        print(f"{row['neighbour']:<20} {timing}\n{'':<20} {extra}")
     return 0
 
 

@@ -37,13 +37,16 @@ Token file::
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import ssl
+import time
 import tomllib
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,7 +59,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from coordinator.limits import Limits, origin_refused
+from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, origin_refused
 
 __all__ = [
     "BEARER_SUBPROTOCOL_PREFIX",
@@ -341,8 +344,15 @@ class Gatekeeper:
 
     In order: a browser's Origin (403), the connection limit (503), a worker's client
     certificate when mTLS is on (403), the bearer token (401 missing or unknown, 403 for a
-    role that may not open the path). Each refusal is logged once with the peer's address,
-    the path and, when the token was known, its principal's name; never the token.
+    role that may not open the path), the penalty box (429 with ``Retry-After`` while the
+    principal, from that address, is cooling off after an abusive close: :meth:`offence`).
+    Each refusal is logged once with the peer's address, the path and, when the token was
+    known, its principal's name; never the token. (429s are logged once per cool-off: a
+    reconnect loop must not turn into a log flood; /metrics counts every one.)
+
+    The penalty box is keyed by principal name *and* peer IP address (IP only with
+    ``--insecure``): a worker token is often shared by a whole fleet, and one host that
+    misbehaves must not keep the others from reconnecting.
 
     Args:
         tokens: the tokens in force; None accepts everyone (``--insecure``).
@@ -359,6 +369,10 @@ class Gatekeeper:
         self.max_frame_bytes = max_frame_bytes
         self.mtls_workers = mtls_workers
         self._admitted: weakref.WeakKeyDictionary[ServerConnection, Principal] = weakref.WeakKeyDictionary()
+        self.penalty = PenaltyBox(limits.penalty_base_s, limits.penalty_max_s)
+        self.hold_s = min(limits.penalty_hold_s, limits.handshake_timeout_s / 2)
+        self.penalties: dict[str, int] = {}  # cool-offs imposed, by the close code that caused them
+        self._cooling_logged: set[str] = set()  # keys whose 429 was logged in their current cool-off
 
     def admit(
         self, conn: ServerConnection, request: Request, path: str, role: Literal["worker", "client"], open_sessions: int
@@ -395,10 +409,56 @@ class Gatekeeper:
                 )
                 return conn.respond(403, f"a {found.role} token cannot open {path}; use a {role} token\n")
             principal = found
+        key = self._penalty_key(principal, conn)
+        left = self.penalty.refusal(key, time.monotonic())
+        if left is not None:
+            return self._cooling(conn, principal, key, left, path, address)
         # Set before the upgrade completes, so the limit applies from the session's first frame.
         conn.protocol.max_message_size = self.limits.frame_bytes(role, self.max_frame_bytes)
         self._admitted[conn] = principal
         return None
+
+    def offence(self, principal: Principal, conn: ServerConnection, code: int) -> None:
+        """``conn`` of ``principal`` was closed with ``code``: an abusive close starts a cool-off.
+
+        Codes outside :data:`~coordinator.limits.PENALIZED_CLOSES` are ignored.
+        """
+        if code not in PENALIZED_CLOSES or self.penalty.base_s <= 0:
+            return
+        key = self._penalty_key(principal, conn)
+        cool_s = self.penalty.offend(key, time.monotonic())
+        self._cooling_logged.discard(key)
+        name = str(code)
+        self.penalties[name] = self.penalties.get(name, 0) + 1
+        log.warning("penalty box: new connections refused (HTTP 429) for a while", principal=principal.name,
+                    address=_address(conn), code=code, cooloff_s=round(cool_s, 3))
+
+    def _cooling(
+        self, conn: ServerConnection, principal: Principal, key: str, left_s: float, path: str, address: str
+    ) -> Response:
+        if key not in self._cooling_logged:
+            if len(self._cooling_logged) > 10_000:
+                self._cooling_logged.clear()  # bounded; at worst a 429 is logged twice
+            self._cooling_logged.add(key)
+            log.warning("refused connection", reason="penalty box", principal=principal.name, path=path,
+                        address=address, retry_after_s=round(left_s, 3))
+        wait_s = max(1, math.ceil(left_s - self.hold_s))
+        response = conn.respond(
+            429, f"{principal.name!r} was recently closed for abuse (an oversize frame, protocol violations or "
+                 f"flooding); retry in {wait_s} s\n",
+        )
+        response.headers["Retry-After"] = str(wait_s)
+        return response
+
+    async def hold(self, response: Response) -> Response:
+        """``response`` (a penalty-box 429) after ``penalty_hold_s``: see coordinator/limits.py."""
+        await asyncio.sleep(self.hold_s)
+        return response
+
+    def _penalty_key(self, principal: Principal, conn: ServerConnection) -> str:
+        remote = conn.remote_address
+        host = str(remote[0]) if remote else ""
+        return host if self.tokens is None else f"{principal.name}@{host}"
 
     def principal(self, conn: ServerConnection) -> Principal:
         """The principal :meth:`admit` let in on ``conn``.

@@ -199,7 +199,7 @@ class Coordinator:
             return
         if isinstance(msg, DecodeFailure):
             if msg.code == errors.UNKNOWN_TYPE and scopes.foreign_type(session.role, msg.type):
-                self._forbid(session, f"a {session.role} session may not send {msg.type!r}")
+                self._forbid(session, f"a {session.role} session may not send {msg.type!r}", "foreign_type")
             else:
                 self._protocol_error(session, msg.code, msg.message, req_id=msg.req_id)
         elif session.role == "worker" and isinstance(msg, _WORKER_TYPES):
@@ -210,7 +210,7 @@ class Coordinator:
             config = getattr(type(msg), "__struct_config__", None)
             tag = getattr(config, "tag", None) or type(msg).__name__
             if scopes.foreign_type(session.role, tag):
-                self._forbid(session, f"a {session.role} session may not send {tag!r}")
+                self._forbid(session, f"a {session.role} session may not send {tag!r}", "foreign_type")
                 return
             self._protocol_error(
                 session,
@@ -273,7 +273,11 @@ class Coordinator:
         Queued plans are queued again; leased and running ones wait one heartbeat timeout,
         from ``now``, for their worker to reconnect and claim them.
         """
-        for plan in self.recovery.restore(stored, now):
+        queued = self.recovery.restore(stored, now)
+        for plan in self.plans.values():  # restored unfinished plans count against their owner's quota
+            if not plan.terminal:
+                self._quota.add(plan.owner, plan.id)
+        for plan in queued:
             self._enqueue(plan, now)
 
     def summary(self, now: float) -> str:
@@ -448,9 +452,11 @@ class Coordinator:
             s.closing = True
             self._effects.closes.append((s.conn_id, code, reason))
 
-    def _forbid(self, s: _Session, reason: str) -> None:
+    def _forbid(self, s: _Session, reason: str, kind: scopes.ScopeReason) -> None:
         """Close a session that overstepped its role or token (4403), changing nothing else (scopes.py)."""
         self.counters["scope_refused"] += 1
+        key = f"scope_refused.{kind}"  # by reason, for /metrics (coordinator/metrics.py)
+        self.counters[key] = self.counters.get(key, 0) + 1
         log.warning(
             "refused: out of scope", reason=reason, conn_id=s.conn_id, role=s.role, principal=s.principal,
             address=s.address, worker_id=s.worker_id,

@@ -19,6 +19,16 @@ Rules (docs/OPERATIONS.md §Security; RELIABILITY.md §3, matrix rows 15-22):
   session is closed with 4503 and the buffer freed (the peer resumes from its last ``seq``
   after reconnecting). What the writer has already taken (one batch) is not counted, so a
   large replay to a peer that reads is not mistaken for one that does not.
+* **Penalty box**: a peer closed for abuse (1009 oversize frame, 4400 protocol violations,
+  4429 flood) is refused at its next upgrades with HTTP 429 and ``Retry-After`` for a
+  cool-off of ``penalty_base_s``, doubling with each further offence up to
+  ``penalty_max_s``; a peer that stays clean for ``penalty_max_s`` after its last cool-off
+  starts from the base again. The key is the token's principal name and the peer's IP
+  address (the address only with ``--insecure``), so a hostile reconnect loop costs one
+  HTTP answer per attempt instead of a websocket session (RELIABILITY.md row 16). Each 429
+  is held ``penalty_hold_s`` before it is sent: a loop that ignores ``Retry-After`` then
+  makes one attempt per hold per connection instead of hundreds per second, and a held
+  connection costs a timer, not CPU. Open sessions of the same principal are not touched.
 * **Origin**: a handshake that carries an ``Origin`` header (a browser) is refused 403
   unless the origin is the coordinator's own (same host and port) or in ``allowed_origins``.
   Non-browser peers send no Origin; Origin is not authentication (RFC 6455 §10.1).
@@ -29,12 +39,16 @@ Everything here is plain computation with time passed in, so the sans-I/O core m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Final, Literal
 from urllib.parse import urlsplit
 
-__all__ = ["Limits", "PlanQuota", "TokenBucket", "origin_refused"]
+__all__ = ["PENALIZED_CLOSES", "Limits", "PenaltyBox", "PlanQuota", "TokenBucket", "origin_refused"]
 
 Role = Literal["worker", "client"]
+
+#: Close codes that put the peer in the penalty box: 1009 (frame too big), 4400 (protocol
+#: violations), 4429 (flood). Literal values: this module must not import the protocol package.
+PENALIZED_CLOSES: Final = frozenset({1009, 4400, 4429})
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,11 @@ class Limits:
             Only client sessions are pinged unless ``ServerSettings.ping_workers``.
         close_timeout_s: how long a closing connection waits for the peer's side of the
             close before the TCP connection is dropped (a vanished peer never answers).
+        penalty_base_s: cool-off after a peer's first abusive close (1009, 4400, 4429):
+            its next upgrades get HTTP 429; 0: no penalty box.
+        penalty_max_s: the longest cool-off (each further offence doubles it up to this).
+        penalty_hold_s: how long a 429 of the penalty box is held before it is answered
+            (at most half the handshake timeout is used).
     """
 
     max_connections: int = 10_000
@@ -77,6 +96,9 @@ class Limits:
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
     close_timeout_s: float = 5.0
+    penalty_base_s: float = 1.0
+    penalty_max_s: float = 60.0
+    penalty_hold_s: float = 1.0
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first limit that cannot work."""
@@ -99,6 +121,14 @@ class Limits:
                 raise ValueError(f"{name} must be >= 1024 bytes, got {value}")
         if not self.flood_grace_s >= 0:
             raise ValueError(f"flood grace must be >= 0 seconds, got {self.flood_grace_s}")
+        if not self.penalty_hold_s >= 0:
+            raise ValueError(f"penalty hold must be >= 0 seconds, got {self.penalty_hold_s}")
+        if not self.penalty_base_s >= 0:
+            raise ValueError(f"penalty base must be >= 0 seconds (0: off), got {self.penalty_base_s}")
+        if self.penalty_base_s and not self.penalty_max_s >= self.penalty_base_s:
+            raise ValueError(
+                f"penalty max ({self.penalty_max_s} s) must be at least the base ({self.penalty_base_s} s)"
+            )
 
     def frame_bytes(self, role: Role, default: int) -> int:
         """The largest frame a ``role`` session may send."""
@@ -123,8 +153,13 @@ class TokenBucket:
     Each message takes a token; tokens come back at ``rate`` per second up to ``burst``.
     :meth:`take` answers how long to stop reading so the peer falls back to its rate, or
     None once the peer has been over its rate for ``grace_s`` without a break (close 4429).
-    A break is one message that found a token waiting, i.e. the peer slowed down.
+    A break is a message that leaves at least ``BREAK_S`` worth of the rate unused in the
+    bucket, i.e. the peer slowed down below its rate. (Merely finding a token is no break:
+    the reader's own pause refills the bucket to about zero, so a flooder that TCP holds
+    back would always find one. A peer at 95 % of its rate is forgiven within a second.)
     """
+
+    BREAK_S: ClassVar[float] = 0.05
 
     rate: float
     burst: int
@@ -147,13 +182,64 @@ class TokenBucket:
         self.last_s = now
         self.tokens -= n
         if self.tokens >= 0:
-            self.throttled_since = None
+            if self.tokens >= min(float(self.burst), self.rate * self.BREAK_S):
+                self.throttled_since = None  # a break: it left some of its rate unused
             return 0.0
         if self.throttled_since is None:
             self.throttled_since = now
         elif now - self.throttled_since > self.grace_s:
             return None
         return -self.tokens / self.rate
+
+
+class PenaltyBox:
+    """Cool-offs for peers closed for abuse, so their reconnect loop costs almost nothing.
+
+    :meth:`offend` records an abusive close; :meth:`refusal` answers, at the next upgrade,
+    how long the peer must still wait. The first offence costs ``base_s``, each further one
+    twice the last, up to ``max_s``; a peer clean for ``max_s`` after its cool-off ended
+    starts again from the base. Memory is bounded: at most ``max_keys`` peers are kept,
+    the least recent offender forgotten first.
+
+    Args:
+        base_s: the first cool-off; 0 turns the box off.
+        max_s: the longest cool-off, and how long strikes are remembered after one ends.
+        max_keys: peers remembered at most.
+    """
+
+    def __init__(self, base_s: float, max_s: float, max_keys: int = 10_000) -> None:
+        self.base_s = base_s
+        self.max_s = max_s
+        self.max_keys = max_keys
+        self._boxed: dict[str, tuple[int, float]] = {}  # key -> (strikes, cool-off end); oldest offence first
+
+    def offend(self, key: str, now: float) -> float:
+        """Record an abusive close of ``key`` at ``now``; returns its cool-off (0.0 when off)."""
+        if self.base_s <= 0:
+            return 0.0
+        entry = self._boxed.pop(key, None)
+        strikes = 1 if entry is None or now - entry[1] > self.max_s else entry[0] + 1
+        cool_s = min(self.max_s, self.base_s * 2.0 ** min(strikes - 1, 60))
+        self._boxed[key] = (strikes, now + cool_s)  # re-inserted last: the most recent offender
+        while len(self._boxed) > self.max_keys:
+            del self._boxed[next(iter(self._boxed))]
+        return cool_s
+
+    def refusal(self, key: str, now: float) -> float | None:
+        """Seconds ``key`` must still wait before it may connect, or None if it may now."""
+        entry = self._boxed.get(key)
+        if entry is None:
+            return None
+        left = entry[1] - now
+        if left > 0:
+            return left
+        if -left > self.max_s:  # clean long enough: forget its strikes
+            del self._boxed[key]
+        return None
+
+    def boxed(self, now: float) -> int:
+        """Peers in a cool-off now (for /metrics; O(peers remembered))."""
+        return sum(1 for _, until in self._boxed.values() if until > now)
 
 
 class PlanQuota:

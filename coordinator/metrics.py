@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
+from coordinator.scopes import SCOPE_REASONS
 from coordinator.stats import FrameCounters, Histogram
 from protocol.messages import PlanStateName
 
@@ -47,8 +48,7 @@ _CORE_COUNTERS: Final = (
     ("fleetwire_protocol_errors", "protocol_errors", "Messages answered with a protocol error."),
     ("fleetwire_workers_reaped", "workers_reaped", "Workers dropped by the reaper after the heartbeat timeout."),
     ("fleetwire_heartbeats", "heartbeats", "Heartbeats received from workers."),
-    # Security refusals the core makes (docs/OPERATIONS.md §Security).
-    ("fleetwire_scope_refused", "scope_refused", "Sessions closed 4403: a message outside the token's scope."),
+    # Security refusals the core makes (docs/OPERATIONS.md §Security); 4403 closes are fleetwire_scope_refused.
     ("fleetwire_plans_refused", "plans_refused", "Submits refused at the per-principal plan limit."),
 )
 
@@ -68,7 +68,10 @@ METRIC_NAMES: Final = (
     "fleetwire_frames",
     "fleetwire_bytes",
     *(name for name, _, _ in _CORE_COUNTERS),
+    "fleetwire_scope_refused",
     "fleetwire_refusals",
+    "fleetwire_penalties",
+    "fleetwire_penalty_boxed",
     "fleetwire_autoscaler_desired_replicas",
     "fleetwire_worker_leases",
     "fleetwire_worker_in_flight",
@@ -93,6 +96,8 @@ class CoordinatorCollector:
         frames: frame and byte counters kept by the server, if any.
         sessions: open sessions per role, if known.
         refusals: the server's refusals by answer (an HTTP status or a close code), if any.
+        gate: the server's ``Gatekeeper`` (coordinator/auth.py), read duck-typed for its
+            penalty box: ``penalties`` (cool-offs by close code) and ``penalty.boxed(now)``.
         clock: monotonic seconds, the clock the core is driven with.
         version: the coordinator's version, exposed in ``fleetwire_info``.
     """
@@ -106,7 +111,9 @@ class CoordinatorCollector:
         refusals: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         version: str = "",
+        gate: Any = None,
     ) -> None:
+        self._gate = gate
         self._core = core
         self._frames = frames or FrameCounters()
         self._sessions = sessions
@@ -137,6 +144,14 @@ class CoordinatorCollector:
         for answer, n in sorted(self._refusals.items()):
             refusals.add_metric([answer], n)
         yield refusals
+        scope = CounterMetricFamily(
+            "fleetwire_scope_refused", "Sessions closed 4403: a message outside the token's scope, by reason.",
+            labels=["reason"],
+        )
+        for reason in SCOPE_REASONS:
+            scope.add_metric([reason], core.counters.get(f"scope_refused.{reason}", 0))
+        yield scope
+        yield from self._penalty_box(now)
         desired = GaugeMetricFamily(
             "fleetwire_autoscaler_desired_replicas", "Workers the autoscaler wants per pool.", labels=["pool"]
         )
@@ -145,6 +160,19 @@ class CoordinatorCollector:
             for pool, replicas in sorted(autoscaler.desired_replicas().items()):
                 desired.add_metric([str(pool)], replicas)
         yield desired
+
+    def _penalty_box(self, now: float) -> Iterator[Metric]:
+        penalties = CounterMetricFamily(
+            "fleetwire_penalties", "Cool-offs imposed on a peer (new connections get 429), by the close that caused "
+            "them.", labels=["code"],
+        )
+        gate = self._gate
+        for code, n in sorted(getattr(gate, "penalties", {}).items()):
+            penalties.add_metric([code], n)
+        yield penalties
+        box = getattr(gate, "penalty", None)
+        yield GaugeMetricFamily("fleetwire_penalty_boxed", "Peers (principal and address) in a cool-off now.",
+                                value=box.boxed(now) if box is not None else 0)
 
     def _workers(self, core: Coordinator, now: float) -> Iterator[Metric]:
         states = dict.fromkeys(WORKER_STATES, 0)

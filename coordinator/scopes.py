@@ -25,9 +25,15 @@ from typing import Final, Literal
 
 from protocol.messages import FromClient, FromWorker, type_names
 
-__all__ = ["FOREIGN_TYPES", "foreign_type", "lease_of_another", "worker_id_refused"]
+__all__ = ["FOREIGN_TYPES", "SCOPE_REASONS", "ScopeReason", "foreign_type", "lease_of_another", "worker_id_refused"]
 
 Role = Literal["worker", "client"]
+
+#: Why a session was closed 4403, the ``reason`` label of ``fleetwire_scope_refused_total``:
+#: a message only the other role may send, a ``hello`` with a worker id outside the token's
+#: glob, a message about another worker's current lease.
+ScopeReason = Literal["foreign_type", "worker_id", "foreign_lease"]
+SCOPE_REASONS: Final[tuple[ScopeReason, ...]] = ("foreign_type", "worker_id", "foreign_lease")
 
 # The message types each role may send; a type of the other role's list is a scope breach.
 _SENT_BY: Final[dict[Role, frozenset[str]]] = {"worker": type_names(FromWorker), "client": type_names(FromClient)}

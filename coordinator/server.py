@@ -8,11 +8,12 @@ task per connection sends whatever is pending as a single frame, so frames to on
 connection are coalesced while a send is in flight. Timers (the reaper) live here, never
 in the core. Authentication happens in ``process_request``, before the upgrade
 (docs/PROTOCOL.md §Handshake): 401 for a missing or wrong token, 403 for a token of the
-other role or a foreign browser Origin, 503 at the connection limit, 404 for an unknown
-path (coordinator/auth.py ``Gatekeeper``). Limits that need a clock or a socket live here
-(coordinator/limits.py has the rules): each reader charges its token bucket and pauses or
-closes 4429; a session whose pending list is already at the cap when more arrives is
-closed 4503 (slow consumer); ``reload_tokens`` (SIGHUP) closes revoked tokens' sessions 4401.
+other role or a foreign browser Origin, 503 at the connection limit, 429 in the penalty
+box after an abusive close, 404 for an unknown path (coordinator/auth.py ``Gatekeeper``).
+Limits that need a clock or a socket live here (coordinator/limits.py has the rules): each
+reader charges its token bucket and pauses or closes 4429; a session whose pending list is
+already at the cap when more arrives is closed 4503 (slow consumer); ``reload_tokens``
+(SIGHUP) closes revoked tokens' sessions 4401.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import itertools
 import secrets
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -207,7 +208,8 @@ class CoordinatorServer:
         self.frames = FrameCounters()
         self.refusals: dict[str, int] = {}  # by answer: HTTP status before the upgrade, close code after
         self.metrics_registry = build_registry(
-            self.core, frames=self.frames, sessions=self._session_counts, refusals=self.refusals, version=version
+            self.core, frames=self.frames, sessions=self._session_counts, refusals=self.refusals, version=version,
+            gate=self._gate,
         )
 
     @property
@@ -300,18 +302,25 @@ class CoordinatorServer:
 
     # ------------------------------------------------------------------ handshake
 
-    def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+    def _process_request(
+        self, conn: ServerConnection, request: Request
+    ) -> Response | Coroutine[Any, Any, Response] | None:
         response = http_routes.process_request(self, conn, request)  # /healthz /readyz /metrics / (dashboard)
         if response is not None:
+            if response.status_code == 404:  # unknown paths are probes too: counted with the refusals
+                self._count_refusal(404)
             return response
         path = urlsplit(request.path).path
         role = ROLE_PATHS.get(path)
         if role is None:
+            self._count_refusal(404)
             return conn.respond(404, f"unknown path {path}; fleetwire serves /v1/worker and /v1/client\n")
         # Origin, connection limit, client certificate, token (coordinator/auth.py).
         refused = self._gate.admit(conn, request, path, role, len(self._sessions))
         if refused is not None:
             self._count_refusal(refused.status_code)
+            if refused.status_code == 429:  # penalty box: answered after a hold (coordinator/limits.py)
+                return self._gate.hold(refused)
         return refused
 
     def _count_refusal(self, answer: int) -> None:
@@ -394,6 +403,7 @@ class CoordinatorServer:
             sent = ws.protocol.close_sent
             if sent is not None and sent.code == codes.CLOSE_TOO_BIG:  # websockets refused a frame (max_size)
                 self._count_refusal(codes.CLOSE_TOO_BIG)
+                self._gate.offence(principal, ws, codes.CLOSE_TOO_BIG)  # penalty box: its reconnects get 429
                 log.warning(
                     "refused: frame over the size limit", conn_id=conn_id, role=role, principal=principal.name,
                     address=address, limit_bytes=ws.protocol.max_message_size,
@@ -459,6 +469,9 @@ class CoordinatorServer:
             if session is not None:
                 session.close_with = (code, reason)
                 session.wake.set()
+                if code == codes.CLOSE_PROTOCOL and session.principal is not None:  # repeated violations
+                    self._count_refusal(code)
+                    self._gate.offence(session.principal, session.ws, code)
         for session in slow:
             self._kill(session, codes.CLOSE_SLOW_CONSUMER, "slow consumer: too much waiting for it to read")
 
@@ -474,6 +487,8 @@ class CoordinatorServer:
         session.killed = True
         session.pending = []
         self._count_refusal(code)
+        if session.principal is not None:
+            self._gate.offence(session.principal, session.ws, code)  # 4429: penalty box; others ignored
         log.warning(
             "refused: closing session", code=code, reason=reason, conn_id=session.conn_id, role=session.role,
             principal=session.principal.name if session.principal is not None else "", address=_address(session.ws),

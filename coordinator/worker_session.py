@@ -80,7 +80,7 @@ def hello(core: Coordinator, s: _Session, msg: Hello, now: float) -> None:
         return
     refused = scopes.worker_id_refused(s.worker_ids, worker_id)
     if refused is not None:
-        core._forbid(s, refused)
+        core._forbid(s, refused, "worker_id")
         return
     reconnect = worker_id in core.registry
     if reconnect:
@@ -158,7 +158,7 @@ def lease(core: Coordinator, s: _Session, worker_id: str, plan_id: str, attempt:
     if plan is not None:
         trespass = scopes.lease_of_another(plan.worker_id, plan.attempt, worker_id, attempt)
         if trespass is not None:
-            core._forbid(s, f"plan {plan_id!r} {trespass}")
+            core._forbid(s, f"plan {plan_id!r} {trespass}", "foreign_lease")
             return None
     core.counters["stale_dropped"] += 1
     why = "the coordinator has no such plan" if plan is None else plan.lease_note()

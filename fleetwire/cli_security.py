@@ -32,6 +32,9 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "ping_interval": ("ping_interval_s", 20.0),
     "ping_timeout": ("ping_timeout_s", 20.0),
     "close_timeout": ("close_timeout_s", 5.0),
+    "penalty_base": ("penalty_base_s", 1.0),
+    "penalty_max": ("penalty_max_s", 60.0),
+    "penalty_hold": ("penalty_hold_s", 1.0),
 }
 
 
@@ -65,6 +68,15 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
                             f"(default {_default(f'{role}_burst')})")
     g.add_argument("--flood-grace", type=float, default=_default("flood_grace"), metavar="S",
                    help=f"how long a connection may stay throttled before 4429 (default {_default('flood_grace')})")
+    g.add_argument("--penalty-base", type=float, default=_default("penalty_base"), metavar="S",
+                   help="after a close for abuse (1009, 4400, 4429) the same token from the same address gets "
+                        "HTTP 429 + Retry-After for S seconds, doubling per further offence; 0: off "
+                        f"(default {_default('penalty_base')})")
+    g.add_argument("--penalty-max", type=float, default=_default("penalty_max"), metavar="S",
+                   help=f"the longest penalty cool-off (default {_default('penalty_max')})")
+    g.add_argument("--penalty-hold", type=float, default=_default("penalty_hold"), metavar="S",
+                   help="hold each penalty-box 429 this long before answering it, so a reconnect loop that "
+                        f"ignores Retry-After stays slow (default {_default('penalty_hold')})")
     g.add_argument("--max-plans-per-client", type=int, default=_default("max_plans_per_client"), metavar="N",
                    help="unfinished plans per client token before submit gets error(too_many_plans); 0: none "
                         f"(default {_default('max_plans_per_client')})")

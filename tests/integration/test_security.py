@@ -295,6 +295,32 @@ async def test_oversize_frame_closes_1009_that_connection_only(start: Start) -> 
     assert refusals_scraped(srv) == {"1009": 1}
 
 
+async def test_peer_closed_for_abuse_gets_429_at_reconnect_and_others_do_not(start: Start) -> None:
+    """Row 16: after a 1009 the same token from that address is refused 429 + Retry-After; others connect."""
+    srv = await start(Limits(penalty_base_s=30.0, penalty_hold_s=0.05))
+    alice = await peer(srv, "alice")
+    with contextlib.suppress(ConnectionClosed):
+        await alice.ws.send(b"\x00" * (2 << 20))
+    assert await closed_with(alice) == errors.CLOSE_TOO_BIG
+    with capture_logs() as logs:
+        for _ in range(3):
+            with pytest.raises(InvalidStatus) as refused:
+                await peer(srv, "alice")
+            assert refused.value.response.status_code == 429
+            assert 29 <= int(refused.value.response.headers["Retry-After"]) <= 30
+    assert len([e for e in logs if e.get("reason") == "penalty box"]) == 1  # once per cool-off, not per attempt
+    await still_served(srv, "bob")
+    with pytest.raises(InvalidStatus) as unknown:
+        await connect(f"{srv.url}/v2/nowhere")
+    assert unknown.value.response.status_code == 404
+    assert refusals_scraped(srv) == {"1009": 1, "429": 3, "404": 1}
+    body, _ = srv.metrics_exposition()
+    scraped = {(s.name, tuple(s.labels.values())): s.value for f in text_string_to_metric_families(body.decode())
+               for s in f.samples}
+    assert scraped[("fleetwire_penalties_total", ("1009",))] == 1
+    assert scraped[("fleetwire_penalty_boxed", ())] == 1
+
+
 async def test_per_role_frame_limit(start: Start) -> None:
     """A smaller client frame limit applies to clients only; workers keep the larger one."""
     srv = await start(Limits(client_frame_bytes=4096))
@@ -370,8 +396,9 @@ async def test_connection_limit_answers_503(start: Start) -> None:
 
 
 async def test_flood_is_throttled_then_closed_4429_while_others_are_served(start: Start) -> None:
-    """Row 20: a client far above its rate is throttled, then closed 4429; another client is served meanwhile."""
-    srv = await start(Limits(client_rate=200.0, client_burst=50, flood_grace_s=0.3))
+    """Row 20: a client far above its rate is throttled, then closed 4429 (its reconnect 429); others are served."""
+    srv = await start(Limits(client_rate=200.0, client_burst=50, flood_grace_s=0.3, penalty_base_s=30.0,
+                             penalty_hold_s=0.01))
     flooder = await peer(srv, "alice")
     answers = 0
 
@@ -395,6 +422,9 @@ async def test_flood_is_throttled_then_closed_4429_while_others_are_served(start
     assert flooder.ws.close_code == errors.CLOSE_RATE_LIMITED
     assert answers >= 50  # its burst was answered before the throttle, not refused outright
     await still_served(srv)
+    with pytest.raises(InvalidStatus) as refused:  # penalty box
+        await peer(srv, "alice")
+    assert refused.value.response.status_code == 429
 
 
 # ---------------------------------------------------------------- row 21: slow consumer

@@ -312,16 +312,18 @@ def test_metrics_exposition_parses_and_has_every_family(h: Harness) -> None:
 
 
 def test_security_refusals_are_exported() -> None:
-    """A 4403 scope refusal and a submit over the plan limit show up in their /metrics counters."""
+    """A 4403 scope refusal (by reason) and a submit over the plan limit show up in their /metrics counters."""
     h = Harness(max_plans_per_principal=1)
     c = h.client()
     h.submit(c)
     h.send(c, Submit(req_id=next(_req), op="echo"))  # over the limit: error(too_many_plans)
     h.send(h.client("bob"), Heartbeat())  # a worker message from a client: closed 4403
     registry = build_registry(h.core, clock=lambda: h.now, process=False)
-    samples = {s.name: s.value for f in text_string_to_metric_families(render(registry).decode()) for s in f.samples}
-    assert samples["fleetwire_plans_refused_total"] == 1
-    assert samples["fleetwire_scope_refused_total"] == 1
+    samples = {(s.name, s.labels.get("reason", "")): s.value
+               for f in text_string_to_metric_families(render(registry).decode()) for s in f.samples}
+    assert samples[("fleetwire_plans_refused_total", "")] == 1
+    assert samples[("fleetwire_scope_refused_total", "foreign_type")] == 1
+    assert samples[("fleetwire_scope_refused_total", "worker_id")] == 0
 
 
 def test_autoscaler_desired_replicas_are_exported_per_pool() -> None:

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from coordinator import Coordinator, CoreConfig
 from coordinator.audit import snapshot, violations
 from coordinator.auth import TokenFileError, TokenStore, hash_token, parse_token_file
-from coordinator.limits import Limits, TokenBucket, origin_refused
+from coordinator.limits import Limits, PenaltyBox, TokenBucket, origin_refused
 from fleetwire.cli_security import LIMIT_DEFAULTS
 from protocol import Codec, DecodeFailure, errors
 from protocol.messages import (
@@ -206,6 +206,23 @@ def test_plan_limit_answers_too_many_plans_and_frees_on_finish() -> None:
     accepted_id(c.submit(alice))
 
 
+def test_restored_plans_count_against_their_owners_plan_limit() -> None:
+    """After a restart, an owner's restored queued and running plans count against --max-plans-per-client."""
+    from tests.unit.test_durability_core import Durable, running_plan
+
+    h = Durable(max_plans_per_principal=2)
+    c, _, _ = running_plan(h)  # alice: one running
+    h.submit(c, plan_id="waiting")  # and one queued
+    h.restart(now=100.0)
+    assert h.core._quota.held("alice") == 2
+    alice, bob = h.client("alice"), h.client("bob")
+    h.send(alice, Submit(req_id=41, op="echo"))
+    assert [m.code for m in h.take(alice) if isinstance(m, Error)] == [errors.TOO_MANY_PLANS]
+    assert h.state(h.submit(bob)) == "queued"  # others are not held back
+    h.send(alice, Cancel(req_id=42, plan_id="waiting"))  # a restored plan that ends frees its slot
+    assert h.state(h.submit(alice, plan_id="third")) == "queued"
+
+
 # ---------------------------------------------------------------- tokens
 
 
@@ -288,6 +305,20 @@ def test_token_bucket_throttles_then_refuses_a_sustained_flood() -> None:
     assert calm.take(1, 1.0) == 0.0 and calm.throttled_since is None  # it slowed down: forgiven
 
 
+def test_single_message_flood_held_back_by_the_throttle_is_still_closed() -> None:
+    """A flooder held back by TCP finds a token after each pause; that is no break: closed after the grace."""
+    bucket = TokenBucket(rate=1000.0, burst=10, grace_s=1.0, last_s=0.0)
+    now, outcome = 0.0, bucket.take(10, 0.0)
+    while outcome is not None and now < 5.0:
+        pause = bucket.take(1, now)  # the next frame was already waiting: read as soon as the pause ends
+        if pause is None:
+            outcome = None
+            break
+        if pause:
+            now += pause + 0.002  # the reader's sleep overshoots a little, so a token or two is waiting
+    assert outcome is None and 1.0 < now < 1.1
+
+
 @pytest.mark.parametrize(("origin", "host", "allowed", "ok"), [
     (None, "c:8765", (), True),
     ("http://c:8765", "c:8765", (), True),
@@ -302,10 +333,28 @@ def test_origin_allow_list(origin: str | None, host: str, allowed: tuple[str, ..
     assert (origin_refused(origin, host, allowed) is None) is ok
 
 
+def test_penalty_box_cool_off_doubles_per_offence_and_is_forgiven() -> None:
+    """Each offence doubles the cool-off up to the max; a peer clean for the max starts over; memory is bounded."""
+    box = PenaltyBox(base_s=1.0, max_s=4.0, max_keys=2)
+    assert box.refusal("alice@h", 0.0) is None
+    assert [box.offend("alice@h", t) for t in (0.0, 1.5, 4.0, 9.0)] == [1.0, 2.0, 4.0, 4.0]
+    assert box.refusal("alice@h", 10.0) == pytest.approx(3.0)
+    assert box.refusal("bob@h", 10.0) is None  # per principal and address
+    assert box.boxed(10.0) == 1
+    assert box.refusal("alice@h", 13.0) is None  # cool-off over; strikes still remembered
+    assert box.offend("alice@h", 14.0) == 4.0
+    assert box.offend("alice@h", 30.0) == 1.0  # clean for longer than max_s: from the base again
+    box.offend("bob@h", 30.1)
+    box.offend("carol@h", 30.2)
+    assert box.refusal("alice@h", 30.5) is None and box.boxed(30.5) == 2  # the oldest offender forgotten
+    off = PenaltyBox(base_s=0.0, max_s=60.0)
+    assert off.offend("x", 0.0) == 0.0 and off.refusal("x", 0.0) is None
+
+
 def test_limits_refuse_values_that_cannot_work() -> None:
     """A negative, zero or tiny limit is refused with its name."""
     for bad in ({"max_connections": -1}, {"handshake_timeout_s": 0}, {"client_burst": 0},
-                {"worker_frame_bytes": 10}, {"client_rate": -5}):
+                {"worker_frame_bytes": 10}, {"client_rate": -5}, {"penalty_base_s": -1}):
         with pytest.raises(ValueError, match=next(iter(bad)).removesuffix("_s").replace("_", ".")):
             Limits(**bad).check()  # type: ignore[arg-type]
 
