@@ -78,7 +78,8 @@ async def dial(
             **_tls(url, ca_file),
         )
     except InvalidStatus as exc:
-        raise _handshake_refused(url, token, exc.response.status_code) from exc
+        wait_s = codes.retry_after_seconds(exc.response.headers.get("Retry-After"))
+        raise _handshake_refused(url, token, exc.response.status_code, wait_s) from exc
     except InvalidURI as exc:
         raise ValueError(f"invalid coordinator URL {url!r}: {exc}") from exc
     except (OSError, InvalidHandshake) as exc:
@@ -101,7 +102,7 @@ def _tls(url: str, ca_file: str | None) -> dict[str, Any]:
         raise ValueError(f"cannot load the CA file {ca_file}: {exc}") from exc
 
 
-def _handshake_refused(url: str, token: str | None, status: int) -> Exception:
+def _handshake_refused(url: str, token: str | None, status: int, wait_s: float | None = None) -> Exception:
     where = f"the coordinator at {url}"
     if status == 401:
         if token is None:
@@ -119,6 +120,16 @@ def _handshake_refused(url: str, token: str | None, status: int) -> Exception:
         return FleetwireConnectionError(
             f"{where} has no fleetwire endpoint at this path (HTTP 404); give ws://host:port "
             f"and the SDK appends {CLIENT_PATH}"
+        )
+    if status in (429, 503):
+        why = (
+            "a session of this token from this address was just closed for abuse (penalty box)"
+            if status == 429
+            else "it is at its connection limit"
+        )
+        after = f"; retry after {wait_s:g} s" if wait_s is not None else ""
+        return FleetwireConnectionError(
+            f"{where} refused the connection (HTTP {status}): {why}{after}", retry_after_s=wait_s
         )
     return FleetwireConnectionError(f"{where} refused the websocket upgrade (HTTP {status})")
 

@@ -90,15 +90,19 @@ class FleetwireConnectionError(FleetwireError, ConnectionError):
     """The session could not be opened, or it ended while a call or a plan waited on it.
 
     ``close_code`` and ``close_reason`` are the websocket close frame's, when there was one
-    (docs/PROTOCOL.md §Close codes), else ``None`` and ``""``.
+    (docs/PROTOCOL.md §Close codes), else ``None`` and ``""``. ``retry_after_s`` is the wait a
+    refused handshake asked for (HTTP 429 or 503 with ``Retry-After``), else ``None``.
     """
 
     code = CONNECTION_LOST
 
-    def __init__(self, message: str, *, close_code: int | None = None, close_reason: str = "") -> None:
+    def __init__(
+        self, message: str, *, close_code: int | None = None, close_reason: str = "", retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.close_code = close_code
         self.close_reason = close_reason
+        self.retry_after_s = retry_after_s
 
 
 class PlanError(FleetwireError):

@@ -92,8 +92,9 @@ class Resumer:
         loop = asyncio.get_running_loop()
         started = loop.time()
         failures = 0
+        floor_s = 0.0  # a refusal's Retry-After: the next try waits at least that long
         while True:
-            await asyncio.sleep(self._rng.uniform(0.0, min(self.cap_s, self.base_s * 2**failures)))
+            await asyncio.sleep(max(floor_s, self._rng.uniform(0.0, min(self.cap_s, self.base_s * 2**failures))))
             try:
                 ws = await client._dial()
             except AuthError as exc:  # retrying cannot fix a token
@@ -101,6 +102,7 @@ class Resumer:
                 return
             except FleetwireConnectionError as exc:
                 failures = min(failures + 1, 32)
+                floor_s = exc.retry_after_s or 0.0
                 if self.give_up_s is not None and loop.time() - started >= self.give_up_s:
                     why = f"{error}; gave up reconnecting after {self.give_up_s:g} s: {exc}"
                     client._end(FleetwireConnectionError(why))

@@ -58,6 +58,19 @@ CLOSE_RATE_LIMITED: Final = 4429  # the peer kept sending faster than its messag
 CLOSE_SLOW_CONSUMER: Final = 4503  # the peer stopped reading; its outgoing buffer hit the limit
 
 
+def retry_after_seconds(value: str | None) -> float | None:
+    """The wait a refused handshake's ``Retry-After`` header asks for (HTTP 429 penalty box, 503).
+
+    Only delay-seconds are understood (the coordinator sends nothing else); an HTTP date,
+    garbage or a value outside 0..3600 s gives ``None`` (no hint).
+    """
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0.0 <= seconds <= 3600.0 else None
+
+
 class FleetwireError(Exception):
     """Base of every fleetwire exception; ``code`` is a stable wire code."""
 

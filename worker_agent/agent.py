@@ -221,10 +221,17 @@ class Agent(PlanRunner):
         try:
             while not self._stopping:
                 registered = False
+                floor_s = 0.0  # a refusal's Retry-After (429 penalty box, 503 full): wait at least that
                 try:
                     registered = await self._connect_and_serve()
                 except AuthError:
                     raise
+                except InvalidStatus as exc:
+                    floor_s = errors.retry_after_seconds(exc.response.headers.get("Retry-After")) or 0.0
+                    self._log.warning(
+                        "coordinator refused the connection", url=self.url,
+                        status=exc.response.status_code, retry_after_s=floor_s or None,
+                    )
                 except (OSError, TimeoutError, WebSocketException) as exc:
                     self._log.warning("cannot reach coordinator", url=self.url, error=f"{type(exc).__name__}: {exc}")
                 except Exception:  # a bug must not end a worker that plans depend on; back off
@@ -232,7 +239,8 @@ class Agent(PlanRunner):
                 if self._stopping:
                     break
                 failures = 0 if registered else min(failures + 1, 32)
-                delay = self._rng.uniform(0.0, min(self.reconnect_cap_s, self.reconnect_base_s * 2**failures))
+                ceiling = min(self.reconnect_cap_s, self.reconnect_base_s * 2**failures)
+                delay = max(floor_s, self._rng.uniform(0.0, ceiling))
                 self._log.debug("reconnecting", delay_s=round(delay, 3), failures=failures)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_requested.wait(), delay)

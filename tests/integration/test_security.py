@@ -296,7 +296,7 @@ async def test_oversize_frame_closes_1009_that_connection_only(start: Start) -> 
 
 
 async def test_peer_closed_for_abuse_gets_429_at_reconnect_and_others_do_not(start: Start) -> None:
-    """Row 16: after a 1009 the same token from that address is refused 429 + Retry-After; others connect."""
+    """Row 16: after a 1009 that token from that address gets 429 + Retry-After (the SDK says so); others connect."""
     srv = await start(Limits(penalty_base_s=30.0, penalty_hold_s=0.05))
     alice = await peer(srv, "alice")
     with contextlib.suppress(ConnectionClosed):
@@ -309,11 +309,14 @@ async def test_peer_closed_for_abuse_gets_429_at_reconnect_and_others_do_not(sta
             assert refused.value.response.status_code == 429
             assert 29 <= int(refused.value.response.headers["Retry-After"]) <= 30
     assert len([e for e in logs if e.get("reason") == "penalty box"]) == 1  # once per cool-off, not per attempt
+    with pytest.raises(FleetwireConnectionError, match=r"HTTP 429\): .*penalty box.*retry after") as sdk:
+        await Client(srv.url, token="alice-token").connect()  # the SDK says why and how long to wait
+    assert sdk.value.retry_after_s is not None and 29 <= sdk.value.retry_after_s <= 30
     await still_served(srv, "bob")
     with pytest.raises(InvalidStatus) as unknown:
         await connect(f"{srv.url}/v2/nowhere")
     assert unknown.value.response.status_code == 404
-    assert refusals_scraped(srv) == {"1009": 1, "429": 3, "404": 1}
+    assert refusals_scraped(srv) == {"1009": 1, "429": 4, "404": 1}
     body, _ = srv.metrics_exposition()
     scraped = {(s.name, tuple(s.labels.values())): s.value for f in text_string_to_metric_families(body.decode())
                for s in f.samples}
@@ -393,6 +396,21 @@ async def test_connection_limit_answers_503(start: Start) -> None:
 
 
 # ---------------------------------------------------------------- row 20: flood
+
+
+async def test_worker_waits_out_the_penalty_box_then_registers(start: Start) -> None:
+    """A worker refused 429 logs the Retry-After, waits at least that long and registers after the cool-off."""
+    srv = await start(Limits(penalty_base_s=0.5, penalty_hold_s=0.0))
+    hostile = await peer(srv, "fleet")  # a host sharing the fleet token, from this address
+    with contextlib.suppress(ConnectionClosed):
+        await hostile.ws.send(b"\x00" * (2 << 20))
+    assert await closed_with(hostile) == errors.CLOSE_TOO_BIG
+    agent = Agent(srv.url, "fleet-token", worker_id="patient-1", reconnect_base_s=0.01, reconnect_cap_s=0.02)
+    with capture_logs() as logs:
+        await _agent_registers(agent)
+    refused = [e for e in logs if e["event"] == "coordinator refused the connection"]
+    assert refused and refused[0]["status"] == 429 and refused[0]["retry_after_s"] >= 1
+    assert len(refused) == 1 == refusals_scraped(srv)["429"]  # backoff floor = Retry-After: no retry storm
 
 
 async def test_flood_is_throttled_then_closed_4429_while_others_are_served(start: Start) -> None:
