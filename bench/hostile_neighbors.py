@@ -340,8 +340,25 @@ async def _slowloris(legit: ClientConnection, url: str, n: int) -> dict[str, Any
             "legit_connect_ms": round(connect_s * 1e3, 2), "dropped_at_timeout": dropped}
 
 
+def _closes_4503(url: str) -> int:
+    """How many sessions the coordinator closed 4503 (slow consumer), from its /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url.replace("ws://", "http://", 1) + "/metrics", timeout=10) as reply:
+        body = reply.read().decode()
+    return sum(int(s.value) for f in text_string_to_metric_families(body) for s in f.samples
+               if f.name == "fleetwire_refusals" and s.labels.get("answer") == "4503")
+
+
 async def _stream(url: str, coordinator: psutil.Process, plan_id: str, *, reads: bool) -> dict[str, Any]:
-    """A worker streams 32 KiB events of one plan to a subscriber that reads, or that stops reading."""
+    """A worker streams 32 KiB events of one plan to a subscriber that reads, or that stops reading.
+
+    The paused subscriber never reads the close frame, so the 4503 is read from the
+    coordinator's /metrics (``fleetwire_refusals_total{answer="4503"}``).
+    """
+    closes_before = await asyncio.to_thread(_closes_4503, url)
     worker = await _open(url, "worker")
     await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": f"b-{plan_id}",
                                               "capabilities": {"ops": ["echo"], "max_concurrency": 1}}))
@@ -366,9 +383,12 @@ async def _stream(url: str, coordinator: psutil.Process, plan_id: str, *, reads:
     else:
         sub.transport.abort()
     await worker.close()
+    closed_4503 = await asyncio.to_thread(_closes_4503, url) - closes_before
+    # RSS growth includes the plan's own held events (durable, up to the per-plan cap): compare
+    # the two rows; the slow consumer's share is the difference.
     return {"neighbour": "slow consumer" if not reads else "reading subscriber", "events_streamed": 20_000,
             "coordinator_rss_growth_mb": round((peak - before) / 2**20, 1),
-            "closed": None if sub.close_code is None else int(sub.close_code)}
+            "coordinator_closed_4503": closed_4503}
 
 
 def _token_file(directory: str) -> str:
