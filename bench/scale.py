@@ -216,8 +216,9 @@ async def sessions_phase(ns: argparse.Namespace) -> dict[str, Any]:
 # What each worker reports before the placement phase (``--placement-load``): ``none`` keeps them
 # plain (coordinator/capacity.py); ``energy`` gives each its own measured µJ/token and some queued
 # tokens; ``energy-tied`` the same, but 8 figures shared by 1,250 workers each (joule_weighted then
-# compares the busyness of every free worker tied on the least energy); ``tokens`` queued tokens
-# only (no index applies: the policy ranks the pool in one pass).
+# compares the busyness of the free workers tied on the least energy, at most
+# ``--placement-candidates`` of them); ``tokens`` queued tokens only (the policy ranks the room
+# index's first ``--placement-candidates`` workers; 0: the whole pool in one pass).
 PLACEMENT_LOADS = ("none", "energy", "energy-tied", "tokens")
 
 
@@ -231,10 +232,13 @@ def _placement_load(kind: str, i: int) -> Load | None:
     return None
 
 
-def placement_phase(workers: int, queued: int, samples: int, budget_s: float, load: str = "none") -> dict[str, Any]:
+def placement_phase(
+    workers: int, queued: int, samples: int, budget_s: float, load: str = "none", candidates: int | None = None
+) -> dict[str, Any]:
     """The sans-I/O core with ``workers`` workers (one slot each), filled, then ``queued`` waiting plans.
 
-    ``load``: what each worker reports first (:data:`PLACEMENT_LOADS`).
+    ``load``: what each worker reports first (:data:`PLACEMENT_LOADS`). ``candidates``: the
+    coordinator's ``--placement-candidates`` (None: its default).
 
     Building that state is itself measured: each submit that is placed on a free worker is a
     placement decision among the free workers, and each submit made while all are busy is a
@@ -245,10 +249,12 @@ def placement_phase(workers: int, queued: int, samples: int, budget_s: float, lo
     import structlog
 
     from coordinator.core import Coordinator, CoreConfig
+    from coordinator.placement import PlacementConfig
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings only
     ids = itertools.count()
-    core = Coordinator(CoreConfig(), new_id=lambda: f"{next(ids):016x}")
+    config = CoreConfig() if candidates is None else CoreConfig(placement=PlacementConfig(candidates=candidates))
+    core = Coordinator(config, new_id=lambda: f"{next(ids):016x}")
     now = 1.0
     caps = Capabilities(cpu_cores=8, ram_bytes=32 * 10**9, ops=["echo"], tags=["sim"], max_concurrency=1)
     register: list[float] = []
@@ -307,6 +313,7 @@ def placement_phase(workers: int, queued: int, samples: int, budget_s: float, lo
     return {
         "workers": workers,
         "worker_load": load,
+        "placement_candidates": getattr(config.placement, "candidates", None),
         "queued_asked": queued,
         "queued_reached": len(enqueue),
         "queue_fill_budget_s": budget_s,
@@ -344,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-placement", action="store_true", help="only the session phases")
     parser.add_argument("--placement-load", choices=PLACEMENT_LOADS, default="none",
                         help="what workers report before the placement phase (default none)")
+    parser.add_argument("--placement-candidates", type=int, default=None, metavar="K",
+                        help="the coordinator's --placement-candidates in the placement phase (default: its default)")
     parser.add_argument("--deadline", type=float, default=600.0, help="give up after this many seconds")
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", default="sim-", help=argparse.SUPPRESS)
@@ -360,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         result["sessions"] = h.run_loop(sessions_phase(ns))
     if not ns.skip_placement:
         result["placement"] = placement_phase(
-            ns.workers, ns.queued, ns.samples, ns.placement_budget, ns.placement_load
+            ns.workers, ns.queued, ns.samples, ns.placement_budget, ns.placement_load, ns.placement_candidates
         )
     lines = ["fleetwire scale:"]
     if "sessions" in result:
@@ -379,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         p = result["placement"]
         lines += [
             f"  placement, in-process core, {p['workers']} workers with one slot each, reporting "
-            f"{p['worker_load']} (--placement-load):",
+            f"{p['worker_load']} (--placement-load), placement candidates {p['placement_candidates']}:",
             f"    register a worker p50 {p['register_p50_us']} µs (last 1000: {p['register_last_1000_p50_us']} µs)",
             f"    submit placed on a free worker p50 {p['submit_placed_on_free_worker_p50_us']} µs, "
             f"p99 {p['submit_placed_on_free_worker_p99_us']} µs (last 1000: {p['submit_placed_last_1000_p50_us']} µs)",

@@ -21,9 +21,14 @@ workers as least busy does. Each pool counts its members that are not plain; pla
 the index only while that count is 0.
 
 A second heap, built the first time ``joule_weighted`` asks, orders the members with room by
-:func:`energy_key` = ``(tier, µJ/token, id)``. While every member reports a µJ/token (so none
-is costed at the mean of the others), the least projected energy is at its head whatever
-else the workers report, and only the workers tied with it need their busyness computed.
+:func:`energy_key` = ``(tier, µJ/token, leases, last_assigned, id)``. While every member
+reports a µJ/token (so none is costed at the mean of the others), the least projected energy
+is at its head whatever else the workers report, and only the workers tied with it need their
+busyness computed (at most ``limit`` of them, least leased first: see :meth:`Pool.least_energy`).
+
+When members are not plain, a policy must score candidates; for a large pool placement takes
+them from the head of the room heap (:meth:`Pool.top`): the ``k`` usable members of the best
+tier with the fewest leases, least recently assigned first (docs/ROUTING.md §Large pools).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["Pool", "energy_key", "has_energy", "is_plain", "slot_key"]
 
 SlotKey = tuple[int, int, int, str]
-EnergyKey = tuple[int, float, str]
+EnergyKey = tuple[int, float, int, int, str]
 
 
 def slot_key(worker: WorkerRecord) -> SlotKey | None:
@@ -75,12 +80,16 @@ def has_energy(worker: WorkerRecord) -> bool:
 
 
 def energy_key(worker: WorkerRecord) -> EnergyKey | None:
-    """``(tier, µJ/token, id)`` of a worker with room that reports a µJ/token; None otherwise."""
+    """``(tier, µJ/token, leases, last_assigned, id)`` of a worker with room that reports a µJ/token; else None.
+
+    Lease count and last assignment order the workers tied on energy as the room heap orders
+    them, so a bounded tie-break takes the least leased (:meth:`Pool.least_energy`).
+    """
     slot = slot_key(worker)
     if slot is None or not has_energy(worker):
         return None
     assert worker.load is not None
-    return (slot[0], worker.load.uj_per_token, worker.id)
+    return (slot[0], worker.load.uj_per_token, slot[1], slot[2], worker.id)
 
 
 class Pool(list["WorkerRecord"]):
@@ -161,11 +170,44 @@ class Pool(list["WorkerRecord"]):
             heapq.heappush(heap, entry)
         return found
 
-    def least_energy(self, usable: Callable[[WorkerRecord], bool], tokens: int) -> list[WorkerRecord]:
+    def top(self, usable: Callable[[WorkerRecord], bool], k: int) -> list[WorkerRecord]:
+        """Up to ``k`` usable members with the least :func:`slot_key`, all of one tier (the best usable).
+
+        What a least-busy pre-filter picks: free slots before prefetch room, then fewest leases,
+        least recently assigned, lowest id. Unusable members are stepped over and stay indexed;
+        stale and duplicate entries met on the way are dropped.
+        """
+        heap, ids, pop = self.heap, self.ids, heapq.heappop
+        aside: list[SlotKey] = []
+        seen: set[str] = set()
+        found: list[WorkerRecord] = []
+        tier = -1
+        while heap and len(found) < k:
+            entry = pop(heap)
+            worker_id = entry[3]
+            worker = ids.get(worker_id)
+            if worker is None or worker_id in seen or slot_key(worker) != entry:
+                continue  # stale, or a second equal entry of a worker already met: dropped
+            if found and entry[0] != tier:
+                aside.append(entry)
+                break  # the heap is ordered by tier first: the rest is a worse tier
+            aside.append(entry)
+            seen.add(worker_id)
+            if usable(worker):
+                tier = entry[0]
+                found.append(worker)
+        push = heapq.heappush
+        for entry in aside:
+            push(heap, entry)
+        return found
+
+    def least_energy(self, usable: Callable[[WorkerRecord], bool], tokens: int, limit: int = 0) -> list[WorkerRecord]:
         """The usable members of the best tier whose projected energy (µJ/token * ``tokens``) is least.
 
         Exact only while every member reports a µJ/token (``no_energy == 0``). The products are
         compared as ``joule_weighted`` compares them, so two figures that round to one energy tie.
+        With ``limit`` > 0, at most ``limit`` tied members, in heap order (fewest leases, least
+        recently assigned first, within one µJ/token figure).
         """
         heap = self.energy
         if heap is None:
@@ -175,9 +217,9 @@ class Pool(list["WorkerRecord"]):
         aside: list[EnergyKey] = []
         tied: dict[str, WorkerRecord] = {}  # a worker may have two equal entries
         tier, least = -1, 0.0
-        while heap:
+        while heap and not (limit > 0 and len(tied) >= limit):
             entry = heap[0]
-            worker = ids.get(entry[2])
+            worker = ids.get(entry[4])
             if worker is None or energy_key(worker) != entry:
                 heapq.heappop(heap)
                 continue

@@ -17,8 +17,14 @@ Rules (docs/SEMANTICS.md §Placement, docs/ROUTING.md):
    reads, every policy but round robin and prefix-matching ``kv_aware`` picks what least
    busy picks, and the pool's room index answers in O(log W) (coordinator/capacity.py);
    while every worker of the pool reports a µJ/token, ``joule_weighted`` (no busyness gap)
-   takes its least-energy workers from the pool's energy index; otherwise the tier is ranked
-   in one pass. Every way gives the same worker.
+   takes its least-energy workers from the pool's energy index (breaking a tie among at
+   most ``candidates`` of them); otherwise the policy ranks the tier. Every way gives the
+   same worker as a pass over the pool, except that in a pool of more than
+   ``candidates`` workers (``--placement-candidates``, 0: no bound) the policy ranks only
+   the ``candidates`` usable workers of the best tier that the room index puts first
+   (fewest leases, least recently assigned), plus, for ``kv_aware`` with prefix hashes, the
+   usable workers holding a longer prefix match than any of those (docs/ROUTING.md §Large
+   pools).
 5. *KV-block admission.* A plan reserves ``ceil((prompt + max output tokens) / block
    tokens)`` blocks on a worker that advertises a budget, for as long as it holds the lease;
    the reservation is computed from the worker's leases, so releasing a lease frees it.
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -55,11 +61,12 @@ from coordinator.queue import Signature
 from coordinator.registry import WorkerRecord, WorkerRegistry
 from protocol.messages import RoutingHints
 
-__all__ = ["DEFAULT_BLOCK_TOKENS", "Placement", "PlacementConfig", "hints_problem"]
+__all__ = ["DEFAULT_BLOCK_TOKENS", "DEFAULT_CANDIDATES", "Placement", "PlacementConfig", "hints_problem"]
 
 DEFAULT_BLOCK_TOKENS: Final = 16  # vLLM's default KV block size, for hashes of unknown block length
 # Policies that rank plain workers (coordinator/capacity.py) exactly as least busy does.
 LEAST_BUSY_WHEN_PLAIN: Final = frozenset({"least_busy", "joule_weighted", "carbon_weighted", "latency_weighted"})
+DEFAULT_CANDIDATES: Final = 16  # workers a policy ranks in a large pool (docs/ROUTING.md §Large pools)
 MAX_PREFIX_HASHES: Final = 16_384  # 8M tokens of 512-token blocks; more would only bloat the index
 
 
@@ -73,6 +80,8 @@ class PlacementConfig:
         knobs: the policies' tunable numbers.
         max_sessions: sticky session keys remembered (least recently used forgotten first).
         default_cache_tokens: prefix-cache size assumed for a worker without a KV budget.
+        candidates: in a pool of more workers than this, the policy ranks only this many
+            (the least loaded by the room index; module doc, rule 4); 0 ranks them all.
     """
 
     policy: str = DEFAULT_POLICY
@@ -80,6 +89,7 @@ class PlacementConfig:
     knobs: PolicyKnobs = field(default_factory=PolicyKnobs)
     max_sessions: int = 100_000
     default_cache_tokens: int = 1 << 21
+    candidates: int = DEFAULT_CANDIDATES
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when a setting cannot work."""
@@ -89,6 +99,8 @@ class PlacementConfig:
             raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.candidates < 0:
+            raise ValueError(f"placement candidates must be >= 0 (0: rank every worker), got {self.candidates}")
 
 
 def hints_problem(hints: RoutingHints) -> str | None:
@@ -226,6 +238,12 @@ class Placement:
             full = self._full.get(id(pool))
             if full is not None and full[0] is pool and full[1:] == stamp:
                 return None
+        bound = self.config.candidates
+        if isinstance(pool, Pool) and pool.live and 0 < bound < len(pool):
+            chosen = self._choose_bounded(plan, pool, now, no_kv, bound)
+            if chosen is None and no_kv:
+                self._remember_full(pool, stamp)
+            return chosen
         free: list[WorkerRecord] = []
         queued: list[WorkerRecord] = []
         for worker in pool:
@@ -234,9 +252,7 @@ class Placement:
             (free if worker.has_free_slot() else queued).append(worker)
         if not free and not queued:
             if no_kv and isinstance(pool, list):
-                if len(self._full) >= 4096:  # many one-off pools: start over rather than grow
-                    self._full.clear()
-                self._full[id(pool)] = (pool, *stamp)
+                self._remember_full(pool, stamp)
             return None
         key = plan.hints.session_key
         if key is not None:
@@ -245,6 +261,70 @@ class Placement:
                 if worker.id == held:
                     return worker
         return self.policies[self.policy_name(plan)].choose(ask_of(plan), free or queued, self)
+
+    def _remember_full(self, pool: list[WorkerRecord], stamp: tuple[int, int]) -> None:
+        """The pool has no room for a plan without KV blocks until ``stamp`` changes (see :meth:`choose`)."""
+        if len(self._full) >= 4096:  # many one-off pools: start over rather than grow
+            self._full.clear()
+        self._full[id(pool)] = (pool, *stamp)
+
+    def _usable(self, plan: Plan, now: float, no_kv: bool) -> Callable[[WorkerRecord], bool]:
+        """Whether a member with room can take the plan now: not draining, alive, its KV blocks fit."""
+        timeout = self.registry.heartbeat_timeout_s
+
+        def usable(worker: WorkerRecord) -> bool:
+            # registry.is_alive, inlined: members of a live pool are the registry's own records.
+            return (
+                not worker.draining
+                and worker.connected
+                and now - worker.last_beat_s <= timeout
+                and (no_kv or self.fits(plan, worker))
+            )
+
+        return usable
+
+    def _sticky(self, plan: Plan, pool: Pool, usable: Callable[[WorkerRecord], bool]) -> WorkerRecord | None:
+        """The member the plan's session sticks to, while it can take the plan; else None."""
+        key = plan.hints.session_key
+        if key is None:
+            return None
+        held = pool.ids.get(self._sessions.get((plan.owner, key), ""))
+        return held if held is not None and held.has_capacity() and usable(held) else None
+
+    def _choose_bounded(self, plan: Plan, pool: Pool, now: float, no_kv: bool, bound: int) -> WorkerRecord | None:
+        """:meth:`choose` in a pool of more than ``bound`` members: the policy ranks ``bound`` candidates.
+
+        The candidates are the room index's first ``bound`` usable members of the best tier
+        (fewest leases, least recently assigned), so a pool of 10,000 costs O(bound log W);
+        ``kv_aware`` with prefix hashes also gets the usable members of that tier whose
+        prefix match is longer than every candidate's (the prefix index knows who holds a
+        block). When the tier has no more than ``bound`` usable members this is the pass.
+        """
+        usable = self._usable(plan, now, no_kv)
+        held = self._sticky(plan, pool, usable)
+        if held is not None:
+            return held
+        candidates = pool.top(usable, bound)
+        if not candidates:
+            return None
+        name = self.policy_name(plan)
+        hashes = plan.hints.prefix_hashes
+        if name == "kv_aware" and hashes:
+            free = candidates[0].has_free_slot()
+
+            def eligible(worker_id: str) -> bool:
+                worker = pool.ids.get(worker_id)
+                return (
+                    worker is not None
+                    and worker.has_capacity()
+                    and (not free or worker.has_free_slot())
+                    and usable(worker)
+                )
+
+            best = max(self.prefix_match(hashes, candidates).values(), default=0)
+            ids = {w.id for w in candidates}
+            candidates += [pool.ids[i] for i in self.prefix.longer_holders(hashes, best, eligible) if i not in ids]
+        return self.policies[name].choose(ask_of(plan), candidates, self)
 
     def _indexable(self, plan: Plan) -> bool:
         """Whether the plan's policy ranks plain workers as least busy does (see the module doc)."""
@@ -265,22 +345,20 @@ class Placement:
         :data:`LEAST_BUSY_WHEN_PLAIN` ranks them by (tier, leases, last assigned, id): the
         index's order. With ``energy`` (every member reports a µJ/token, the policy is
         ``joule_weighted`` without a gap), the energy index gives the best tier's least-energy
-        workers and busyness breaks their tie as the policy does. The pass in :meth:`choose`
-        gives the same worker (tests/unit/test_capacity.py).
+        workers and busyness breaks their tie as the policy does (among the first
+        ``candidates`` of them, fewest leases first, in a pool larger than that). The pass in
+        :meth:`choose` gives the same worker (tests/unit/test_capacity.py).
         """
-        registry = self.registry
-
-        def usable(worker: WorkerRecord) -> bool:
-            return not worker.draining and registry.is_alive(worker.id, now) and (no_kv or self.fits(plan, worker))
-
-        key = plan.hints.session_key
-        if key is not None:
-            held = pool.ids.get(self._sessions.get((plan.owner, key), ""))
-            if held is not None and held.has_capacity() and usable(held):
-                return held
+        usable = self._usable(plan, now, no_kv)
+        held = self._sticky(plan, pool, usable)
+        if held is not None:
+            return held
         if not energy:
             return pool.first(usable)
-        tied = pool.least_energy(usable, max(plan.hints.prompt_tokens + plan.hints.max_output_tokens, 1))
+        tokens = max(plan.hints.prompt_tokens + plan.hints.max_output_tokens, 1)
+        # Past ``candidates`` members, the tie on energy is broken among the least leased of them.
+        limit = self.config.candidates if self.config.candidates < len(pool) else 0
+        tied = pool.least_energy(usable, tokens, limit)
         return min(tied, key=lambda w: (self.busyness(w), w.last_assigned, w.id), default=None)
 
     def claimed(self, plan: Plan, worker: WorkerRecord) -> None:

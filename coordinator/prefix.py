@@ -14,7 +14,7 @@ number of leading hashes a worker holds.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 __all__ = ["PrefixIndex"]
 
@@ -95,6 +95,38 @@ class PrefixIndex:
             for worker_id in alive:
                 result[worker_id] = depth
         return result
+
+    def longer_holders(self, hashes: Sequence[int], floor: int, eligible: Callable[[str], bool]) -> list[str]:
+        """The eligible workers with the longest match of ``hashes``, when it is longer than ``floor``.
+
+        Walks the blocks from the deepest one anybody holds up to ``floor + 1`` and looks only
+        at the workers holding them, so the cost follows the holders of blocks deeper than
+        ``floor``, not the number of workers. A worker first met at depth d holds no deeper block, so its match is
+        at most d, and the walk stops once d is below the best match found.
+        """
+        best, found = floor, []
+        seen: set[str] = set()
+        deepest = 0  # no match reaches past the first block nobody holds
+        while deepest < len(hashes) and hashes[deepest] in self._holders:
+            deepest += 1
+        for depth in range(deepest, floor, -1):
+            if depth < best:
+                break
+            for worker_id in self._holders.get(hashes[depth - 1], ()):
+                if worker_id in seen:
+                    continue
+                seen.add(worker_id)
+                if not eligible(worker_id):
+                    continue
+                cache = self._caches[worker_id]  # a holder always has a cache
+                held = 0
+                while held < depth and hashes[held] in cache:
+                    held += 1
+                if held > best:
+                    best, found = held, [worker_id]
+                elif held == best and held > floor:
+                    found.append(worker_id)
+        return found
 
     def touch(self, worker_id: str, hashes: Sequence[int]) -> None:
         """Mark blocks the worker already holds as just used (a hit refreshes them)."""

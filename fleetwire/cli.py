@@ -183,7 +183,9 @@ def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
             cooldown_s=ns.autoscale_cooldown,
         )
     return {
-        "placement": PlacementConfig(policy=ns.policy, prefetch=ns.prefetch, knobs=knobs),
+        "placement": PlacementConfig(
+            policy=ns.policy, prefetch=ns.prefetch, knobs=knobs, candidates=ns.placement_candidates
+        ),
         "autoscale": autoscale,
         "autoscale_hook": ns.autoscale_hook,
     }
@@ -407,6 +409,10 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                         "(default 0)")
     g.add_argument("--policy-option", type=_policy_option, action="append", default=[], metavar="NAME=VALUE",
                    help=f"a policy knob (repeatable): {', '.join(_POLICY_OPTIONS)}")
+    g.add_argument("--placement-candidates", type=int, default=16, metavar="K",
+                   help="in a pool of more than K workers, the policy ranks only the K least loaded that can take "
+                        "the plan (fewest leases, least recently assigned; kv_aware also the longest prefix "
+                        "match); 0 ranks every worker (default 16)")
     g.add_argument("--autoscale", action="store_true", help="run the autoscaler (decisions go to admins and the hook)")
     g.add_argument("--autoscale-target", type=float, default=4.0, metavar="N",
                    help="ongoing plans one worker should carry (default 4)")

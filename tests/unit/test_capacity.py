@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.capacity import Pool, has_energy, is_plain
-from coordinator.placement import Placement, PlacementConfig
+from coordinator.capacity import Pool, energy_key, has_energy, is_plain, slot_key
+from coordinator.placement import DEFAULT_CANDIDATES, Placement, PlacementConfig, ask_of
 from coordinator.plans import Plan
 from coordinator.policies import POLICY_NAMES, JouleWeighted
 from coordinator.queue import Signature
@@ -24,29 +24,35 @@ LOADS = [Load(), Load(), Load(), Load(uj_per_token=2.5), Load(queued_tokens=40),
 
 
 class Model:
-    """A registry, two placements over it (one given pools, one given plain lists) and the plans they hold."""
+    """A registry, two placements over it (one given pools, one given plain lists) and the plans they hold.
 
-    def __init__(self, prefetch: int, loads: list[Load] | None = None) -> None:
+    With ``candidates`` smaller than a pool, the pooled placement's answer is compared with
+    :meth:`bounded`, a brute-force statement of the rule (docs/ROUTING.md §Large pools).
+    """
+
+    def __init__(self, prefetch: int, loads: list[Load] | None = None, candidates: int = DEFAULT_CANDIDATES) -> None:
         self.loads = loads or LOADS  # what heartbeats carry; with ``loads`` given, each registration beats too
         self.beat_on_register = loads is not None
         self.now = 0.0
         self.registry = WorkerRegistry(TIMEOUT, prefetch=prefetch)
         self.plans: dict[str, Plan] = {}
-        config = PlacementConfig(prefetch=prefetch)
-        self.indexed = Placement(self.registry, self.plans, config)
-        self.scanned = Placement(self.registry, self.plans, config)
+        self.candidates = candidates
+        self.indexed = Placement(self.registry, self.plans, PlacementConfig(prefetch=prefetch, candidates=candidates))
+        self.scanned = Placement(self.registry, self.plans, PlacementConfig(prefetch=prefetch))
         # One placement's claimed() updates the sessions and prefixes both read.
         self.scanned._sessions = self.indexed._sessions
         self.scanned.prefix = self.indexed.prefix
         self.ids = (f"p{i}" for i in itertools.count())
         self.order = itertools.count()
 
-    def plan(self, policy: str, tokens: int, tag: bool, session: bool) -> Plan:
+    def plan(self, policy: str, tokens: int, tag: bool, session: bool, prefix: tuple[int, ...] = ()) -> Plan:
         hints = RoutingHints(
             policy=policy,
             prompt_tokens=tokens,
             max_output_tokens=tokens,
             session_key="s" if session else None,
+            prefix_hashes=list(prefix),
+            prefix_block_tokens=16 if prefix else 0,
         )
         plan_id = next(self.ids)
         plan = Plan(
@@ -98,8 +104,10 @@ class Model:
         elif kind == "place":
             self.place(*rest)
 
-    def place(self, policy: str, tokens: int, tag: bool, session: bool, claim: bool) -> None:
-        plan = self.plan(policy, tokens, tag, session)
+    def place(
+        self, policy: str, tokens: int, tag: bool, session: bool, claim: bool, prefix: tuple[int, ...] = ()
+    ) -> None:
+        plan = self.plan(policy, tokens, tag, session, prefix)
         signature = Signature.of(plan.op, plan.requirements, plan.avoid)
         pool = self.registry.matching(signature, signature.admits)
         assert isinstance(pool, Pool)
@@ -108,12 +116,46 @@ class Model:
         assert pool.not_plain == sum(not is_plain(r) for r in members)
         assert pool.no_energy == sum(not has_energy(r) for r in members)
         got = self.indexed.choose(plan, pool, self.now)
-        want = self.scanned.choose(plan, list(pool), self.now)
-        assert (got and got.id) == (want and want.id), (policy, tokens, session)
+        if 0 < self.candidates < len(pool):
+            want = self.bounded(plan, pool)
+        else:
+            want = self.scanned.choose(plan, list(pool), self.now)
+        assert (got and got.id) == (want and want.id), (policy, tokens, session, prefix)
         if claim and got is not None:
             self.plans[plan.id] = plan
             self.registry.claim(got.id, plan.id)
             self.indexed.claimed(plan, got)
+
+    def bounded(self, plan: Plan, pool: Pool) -> WorkerRecord | None:
+        """What placement must pick in a pool larger than ``candidates``, by brute force over the pool."""
+        scanned, k = self.scanned, self.candidates
+        if not pool.not_plain and scanned._indexable(plan):
+            return scanned.choose(plan, list(pool), self.now)  # the room index is exact: no bound
+        scanned._now = self.now
+        ok = [w for w in pool if w.has_capacity() and self.registry.is_alive(w.id, self.now) and scanned.fits(plan, w)]
+        key = plan.hints.session_key
+        held = scanned.session_worker(plan.owner, key) if key is not None else None
+        for worker in ok:
+            if worker.id == held:
+                return worker
+        tier = [w for w in ok if w.has_free_slot()] or ok
+        if not tier:
+            return None
+        ask = ask_of(plan)
+        if not pool.no_energy and scanned._energy_indexable(plan):
+            tokens = max(ask.tokens, 1)
+            energy = {w.id: w.load.uj_per_token * tokens for w in tier if w.load is not None}
+            least = min(energy.values())
+            tied = sorted((w for w in tier if energy[w.id] == least), key=lambda w: energy_key(w) or ())[:k]
+            return min(tied, key=lambda w: (scanned.busyness(w), w.last_assigned, w.id))
+        candidates = sorted(tier, key=lambda w: slot_key(w) or ())[:k]
+        name = scanned.policy_name(plan)
+        if name == "kv_aware" and plan.hints.prefix_hashes:
+            matches = scanned.prefix_match(plan.hints.prefix_hashes, tier)
+            best = max(matches.values(), default=0)
+            if best > max((matches.get(w.id, 0) for w in candidates), default=0):
+                candidates += [w for w in tier if matches.get(w.id, 0) == best]
+        return scanned.policies[name].choose(ask, candidates, scanned)
 
     def check_stale(self) -> None:
         registry = self.registry
