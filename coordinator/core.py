@@ -98,7 +98,8 @@ class CoreConfig:
     heartbeat_timeout_s: float = 30.0
     max_protocol_errors: int = 100  # per session; reaching it closes the session with 4400
     max_plans_per_principal: int = 0  # unfinished plans per client principal (0: no limit; coordinator/limits.py)
-    max_events_per_plan: int = 10_000
+    max_events_per_plan: int = 10_000  # events held in memory per plan (coordinator/plans.py)
+    max_event_bytes_per_plan: int = 64 << 20  # ... and their payload bytes (0: no byte bound)
     version: str = ""  # the coordinator's version, put in ``welcome``
     breaker_fraction: float = 0.5  # reaper circuit breaker: share of connected workers stale at once
     breaker_min_workers: int = 3  # ... among at least this many connected workers (coordinator/recovery.py)
@@ -293,7 +294,8 @@ class Coordinator:
     def _emit(self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False) -> None:
         """Stamp the next seq on an event of the plan and send it to its subscribers."""
         event = plan.append_event(
-            kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self.config.max_events_per_plan
+            kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self.config.max_events_per_plan,
+            max_bytes=self.config.max_event_bytes_per_plan,
         )
         self.recovery.journal.emitted(plan, event)
         for conn_id in self.subscriptions.followers(plan.id):

@@ -66,6 +66,9 @@ class Limits:
         max_plans_per_client: unfinished plans per principal; 0: no limit.
         max_pending_messages: messages queued for one peer that is not reading.
         max_pending_bytes: about how many bytes may be queued for it (sizes are estimated).
+        max_events_per_plan / max_event_bytes_per_plan: the events of one plan held in memory
+            for replay (count, and estimated payload bytes; 0 bytes: no byte bound); past
+            either the oldest go (ephemeral first), durable ones stay in the store.
         allowed_origins: browser origins accepted besides the coordinator's own
             (``https://dash.example.com``; ``*`` accepts any).
         ping_interval_s / ping_timeout_s: websocket pings; a peer that does not answer
@@ -92,6 +95,8 @@ class Limits:
     max_plans_per_client: int = 10_000
     max_pending_messages: int = 50_000
     max_pending_bytes: int = 64 << 20
+    max_events_per_plan: int = 10_000
+    max_event_bytes_per_plan: int = 64 << 20
     allowed_origins: tuple[str, ...] = ()
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
@@ -102,7 +107,7 @@ class Limits:
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first limit that cannot work."""
-        for name in ("max_connections", "max_plans_per_client"):
+        for name in ("max_connections", "max_plans_per_client", "max_event_bytes_per_plan"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
         if not self.handshake_timeout_s > 0:
@@ -112,7 +117,9 @@ class Limits:
         for name in ("worker_rate", "client_rate"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 messages/s (0: no limit), got {getattr(self, name)}")
-        for name in ("worker_burst", "client_burst", "max_pending_messages", "max_pending_bytes"):
+        for name in (
+            "worker_burst", "client_burst", "max_pending_messages", "max_pending_bytes", "max_events_per_plan"
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("worker_frame_bytes", "client_frame_bytes"):

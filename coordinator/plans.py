@@ -21,8 +21,10 @@ Attempts fence leases. A new plan has attempt 0 and every ``assign`` increments 
 the first lease is attempt 1; a message naming an older attempt is stale.
 
 Events. Every plan has one stream whose ``seq`` the coordinator stamps 1, 2, 3, ...
-The stream is held in memory, bounded by ``max_events`` per plan: past the bound the
-oldest ephemeral events go first, then the oldest durable ones (never the newest).
+The stream is held in memory, bounded by ``max_events`` and ``max_bytes`` per plan (the
+bytes are :func:`event_bytes`' estimate of the payloads): past either bound the oldest
+ephemeral events go first, then the oldest durable ones (never the newest). Dropped durable
+events stay in the store; a replay that needs them gets a ``resync`` (coordinator/recovery.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
+
+import msgspec
 
 from coordinator.errors import InvalidTransition
 from protocol.messages import ErrorInfo, Event, Outcome, PlanInfo, PlanStateName, Requirements, RoutingHints, Submit
@@ -162,6 +166,7 @@ class Plan:
     free_attempts: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     worker_seq: tuple[int, int] = (0, 0)
+    held_bytes: int = 0  # event_bytes() of the held events
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -193,35 +198,48 @@ class Plan:
             return f"it is queued again after attempt {self.attempt}"
         return f"its lease is attempt {self.attempt} on worker {self.worker_id}"
 
-    def append_event(self, kind: str, data: Any, *, attempt: int, ephemeral: bool, max_events: int) -> Event:
+    def append_event(
+        self, kind: str, data: Any, *, attempt: int, ephemeral: bool, max_events: int, max_bytes: int = 0
+    ) -> Event:
         """Stamp the next ``seq`` on an event, hold it, and return it.
 
-        Past ``max_events`` the held stream is compacted (see :meth:`_compact`).
+        Past ``max_events`` events or ``max_bytes`` held bytes (0: no byte bound) the held
+        stream is compacted (see :meth:`_compact`).
         """
         event = Event(plan_id=self.id, kind=kind, data=data, seq=self.next_seq, attempt=attempt, ephemeral=ephemeral)
         self.next_seq += 1
         self.events.append(event)
-        if len(self.events) > max_events:
-            self._compact(max_events)
+        self.held_bytes += event_bytes(data)
+        if len(self.events) > max_events or (max_bytes and self.held_bytes > max_bytes):
+            self._compact(max_events, max_bytes)
         return event
 
-    def _compact(self, max_events: int) -> None:
-        """Shrink the held stream to at most ``max_events``, oldest ephemeral events first.
+    def _compact(self, max_events: int, max_bytes: int = 0) -> None:
+        """Shrink the held stream under both bounds, oldest ephemeral events first.
 
         It drops a tenth more than needed so that a stream of tokens at the bound pays
-        for one compaction per tenth of the bound, not one per event.
+        for one compaction per tenth of the bound, not one per event. The newest event is
+        always kept, whatever its size.
         """
-        target = max(1, max_events - max_events // 10)
-        excess = len(self.events) - target
-        kept: list[Event] = []
-        for event in self.events:
-            if excess > 0 and event.ephemeral:
-                excess -= 1
-            else:
-                kept.append(event)
-        if excess > 0:
-            kept = kept[excess:]
-        self.events = kept
+        sizes = [event_bytes(event.data) for event in self.events]
+        count_excess = len(self.events) - max(1, max_events - max_events // 10)
+        byte_excess = sum(sizes) - (max_bytes - max_bytes // 10) if max_bytes else 0
+        last = len(self.events) - 1
+        drop: set[int] = set()
+        for durable_pass in (False, True):  # ephemeral events first, then the oldest durable ones
+            for index, event in enumerate(self.events):
+                if (count_excess <= 0 and byte_excess <= 0) or index == last:
+                    break
+                if index not in drop and event.ephemeral != durable_pass:
+                    drop.add(index)
+                    count_excess -= 1
+                    byte_excess -= sizes[index]
+        self.events = [event for index, event in enumerate(self.events) if index not in drop]
+        self.held_bytes = sum(size for index, size in enumerate(sizes) if index not in drop)
+
+    def recount(self) -> None:
+        """Set ``held_bytes`` from the held events (after they were replaced, e.g. on restore)."""
+        self.held_bytes = sum(event_bytes(event.data) for event in self.events)
 
     def events_after(self, from_seq: int) -> list[Event]:
         """Held events with ``seq > from_seq``, in order."""
@@ -347,3 +365,21 @@ def _discard(index: dict[Any, set[Any]], key: Any, member: Any) -> None:
         members.discard(member)
         if not members:
             del index[key]
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def event_bytes(data: Any) -> int:
+    """A cheap estimate of an event payload's size, for the per-plan held-bytes bound.
+
+    Exact enough where it matters (large string or bytes payloads: tokens, logs, blobs);
+    anything else is sized by its msgpack encoding, and 16 bytes of overhead per event.
+    """
+    if data is None:
+        return 16
+    if isinstance(data, str | bytes):
+        return len(data) + 16
+    try:
+        return len(_encode(data)) + 16
+    except (TypeError, ValueError, OverflowError):  # not encodable as msgpack: it cannot go out either
+        return 64

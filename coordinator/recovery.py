@@ -60,6 +60,7 @@ def plan_from_store(stored: StoredPlan) -> Plan:
     created, status = stored.created, stored.status
     plan = Plan.from_submit(created.submit, created.plan_id, created.owner, created.order)
     plan.events = sorted(stored.events, key=lambda e: e.seq)
+    plan.recount()
     last_held = plan.events[-1].seq if plan.events else 0
     if status is not None:
         plan.state = status.state

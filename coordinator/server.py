@@ -172,6 +172,8 @@ class CoordinatorServer:
                 heartbeat_timeout_s=settings.heartbeat_timeout_s,
                 version=version,
                 max_plans_per_principal=settings.limits.max_plans_per_client,
+                max_events_per_plan=settings.limits.max_events_per_plan,
+                max_event_bytes_per_plan=settings.limits.max_event_bytes_per_plan,
                 breaker_fraction=settings.breaker_fraction,
                 breaker_min_workers=settings.breaker_min_workers,
                 placement=settings.placement,

@@ -29,6 +29,8 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "max_plans_per_client": ("max_plans_per_client", 10_000),
     "max_pending_messages": ("max_pending_messages", 50_000),
     "max_pending_bytes": ("max_pending_bytes", 64 << 20),
+    "max_events_per_plan": ("max_events_per_plan", 10_000),
+    "max_event_bytes_per_plan": ("max_event_bytes_per_plan", 64 << 20),
     "ping_interval": ("ping_interval_s", 20.0),
     "ping_timeout": ("ping_timeout_s", 20.0),
     "close_timeout": ("close_timeout_s", 5.0),
@@ -86,6 +88,12 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-pending-bytes", type=int, default=_default("max_pending_bytes"), metavar="N",
                    help="about how many bytes may wait for a peer that does not read before it is closed 4503 "
                         f"(default {_default('max_pending_bytes')}, 64 MiB)")
+    g.add_argument("--max-events-per-plan", type=int, default=_default("max_events_per_plan"), metavar="N",
+                   help="events of one plan held in memory for replay; past it the oldest go, ephemeral first "
+                        f"(durable ones stay in the store) (default {_default('max_events_per_plan')})")
+    g.add_argument("--max-event-bytes-per-plan", type=int, default=_default("max_event_bytes_per_plan"),
+                   metavar="N", help="about how many payload bytes of one plan's events are held in memory; "
+                                     f"0: no byte bound (default {_default('max_event_bytes_per_plan')}, 64 MiB)")
     g.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="a browser origin allowed besides the coordinator's own, e.g. https://dash.example.com "
                         "(repeatable; '*' allows any)")

@@ -16,6 +16,7 @@ from coordinator.plans import (
     Subscriptions,
     advance,
     done_event,
+    event_bytes,
     submit_problem,
 )
 from coordinator.queue import PlanQueue, Signature, explain_wait
@@ -162,6 +163,29 @@ def test_event_bound_drops_oldest_durable_when_no_ephemeral_left() -> None:
         assert len(plan.events) <= 10
     assert plan.events[-1].seq == 25
     assert plan.next_seq == 26
+
+
+def test_byte_bound_holds_payload_bytes_ephemeral_first_and_keeps_the_newest() -> None:
+    """Past the byte bound the oldest ephemeral payloads go, then old durable ones; the newest always stays."""
+    plan = make_plan()
+    plan.append_event("queued", {"a": 1}, attempt=0, ephemeral=False, max_events=1000, max_bytes=10_000)
+    for _ in range(30):
+        plan.append_event("log", "d" * 1000, attempt=1, ephemeral=False, max_events=1000, max_bytes=10_000)
+        plan.append_event("token", "e" * 1000, attempt=1, ephemeral=True, max_events=1000, max_bytes=10_000)
+        assert plan.held_bytes <= 10_000 and plan.held_bytes == sum(event_bytes(e.data) for e in plan.events)
+    assert plan.events[-1].seq == plan.next_seq - 1
+    seqs = [e.seq for e in plan.events]
+    assert seqs == sorted(seqs)
+    assert sum(e.ephemeral for e in plan.events) <= 1  # the ephemeral ones went before any more durable
+    huge = plan.append_event("blob", "x" * 50_000, attempt=1, ephemeral=False, max_events=1000, max_bytes=10_000)
+    assert plan.events == [huge]  # alone over the bound: held, everything older dropped
+
+
+def test_event_bytes_sizes_strings_exactly_and_structures_by_encoding() -> None:
+    """Strings and bytes count their length, other payloads their msgpack size, each plus a small overhead."""
+    assert event_bytes("x" * 100) == 116 and event_bytes(b"x" * 100) == 116
+    assert event_bytes({"t": "y" * 500}) > 500
+    assert event_bytes(None) == 16
 
 
 def test_plan_info_reports_the_record() -> None:
