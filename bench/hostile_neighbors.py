@@ -184,7 +184,10 @@ class _Coordinator:
     async def start(cls, token_file: str, extra: list[str], cpu: int | None) -> _Coordinator:
         pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
         proc = await asyncio.create_subprocess_exec(
-            *pin, sys.executable, "-m", "fleetwire", "coordinator", "--port", "0", "--store", "memory",
+            # The default durable store, in the token file's temporary directory: a memory store
+            # would itself hold every durable event and hide what the slow-consumer rows measure.
+            *pin, sys.executable, "-m", "fleetwire", "coordinator", "--port", "0",
+            "--store", f"sqlite:{Path(tempfile.mkdtemp(dir=Path(token_file).parent)) / 'coordinator.sqlite3'}",
             "--token-file", token_file, "--handshake-timeout", "2", "--log-level", "error", *extra,
             cwd=ROOT, stdout=asyncio.subprocess.PIPE,
         )

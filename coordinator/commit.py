@@ -12,6 +12,12 @@ transaction and writes them as one transaction: while a commit is being fsynced,
 group builds up, so the fsync rate stays at what the disk does whatever the message rate.
 With a non-blocking store (memory) ``submit`` writes at once and releases at once.
 
+Backpressure. Each batch may carry its size (the bytes of the frames that produced it);
+:attr:`backlog_bytes` is the total waiting for a commit, and :meth:`drained` waits until it
+is at most half of ``max_backlog_bytes``. The server's readers await it after a frame that
+pushed the backlog over the limit, so a peer that sends faster than the disk writes is held
+back by TCP instead of growing the coordinator's memory.
+
 A failed write is fatal to the coordinator (``on_failure``): the in-memory state is then ahead
 of the store, and carrying on would acknowledge what a restart would lose. Nothing of the
 failed group, or after it, is released.
@@ -51,9 +57,19 @@ class GroupCommitter(Generic[T]):
     """
 
     def __init__(
-        self, store: Store, release: Callable[[T], None], on_failure: Callable[[BaseException], None]
+        self,
+        store: Store,
+        release: Callable[[T], None],
+        on_failure: Callable[[BaseException], None],
+        *,
+        max_backlog_bytes: int = 0,
     ) -> None:
         self.store = store
+        self.max_backlog_bytes = max_backlog_bytes  # 0: no bound
+        self.backlog_bytes = 0  # sizes given to submit() still waiting for their commit
+        self.held_back = 0  # times a reader waited in drained()
+        self._sizes: deque[tuple[int, int]] = deque()  # (ticket, size) of sized batches
+        self._below: asyncio.Event | None = None
         self.transactions = 0  # groups committed
         self.batches = 0  # batches submitted
         self.failed: BaseException | None = None
@@ -78,8 +94,27 @@ class GroupCommitter(Generic[T]):
             self._thread = threading.Thread(target=self._write_forever, name="fleetwire-store-writer", daemon=True)
             self._thread.start()
 
-    def submit(self, records: Sequence[Record], payload: T) -> None:
-        """Write ``records``; release ``payload`` once they (and everything before) are durable."""
+    @property
+    def over(self) -> bool:
+        """Whether the backlog is past ``max_backlog_bytes`` (readers should await :meth:`drained`)."""
+        return bool(self.max_backlog_bytes) and self.backlog_bytes > self.max_backlog_bytes
+
+    async def drained(self) -> None:
+        """Return once the backlog is at most half of ``max_backlog_bytes`` (at once if it is)."""
+        if not self.over:
+            return
+        self.held_back += 1
+        if self._below is None:
+            self._below = asyncio.Event()
+        while self.backlog_bytes > self.max_backlog_bytes // 2 and self.failed is None:
+            self._below.clear()
+            await self._below.wait()
+
+    def submit(self, records: Sequence[Record], payload: T, size: int = 0) -> None:
+        """Write ``records``; release ``payload`` once they (and everything before) are durable.
+
+        ``size`` (bytes) counts toward :attr:`backlog_bytes` until the commit.
+        """
         if self.failed is not None:
             return
         self.batches += 1
@@ -93,6 +128,9 @@ class GroupCommitter(Generic[T]):
             self._release(payload)
             return
         self._submitted += 1
+        if size:
+            self.backlog_bytes += size
+            self._sizes.append((self._submitted, size))
         self._waiting.append((self._submitted, payload))
         self._queue.put((self._submitted, records))
 
@@ -151,10 +189,17 @@ class GroupCommitter(Generic[T]):
         self.transactions += 1
         self._committed = ticket
         waiting = self._waiting
+        sizes = self._sizes
+        while sizes and sizes[0][0] <= ticket:
+            self.backlog_bytes -= sizes.popleft()[1]
+        if self._below is not None and self.backlog_bytes <= self.max_backlog_bytes // 2:
+            self._below.set()
         while waiting and waiting[0][0] <= ticket and self.failed is None:
             self._release(waiting.popleft()[1])
 
     def _fail(self, exc: BaseException) -> None:
+        if self._below is not None:
+            self._below.set()  # nobody waits on a store that failed: the coordinator stops
         if self.failed is None:
             self.failed = exc
             self._waiting.clear()

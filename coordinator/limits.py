@@ -69,6 +69,9 @@ class Limits:
         max_events_per_plan / max_event_bytes_per_plan: the events of one plan held in memory
             for replay (count, and estimated payload bytes; 0 bytes: no byte bound); past
             either the oldest go (ephemeral first), durable ones stay in the store.
+        max_commit_backlog_bytes: bytes of received frames whose records wait for the store;
+            past it every reader stops reading until the writer is back under half (TCP
+            holds the senders back); 0: no bound.
         allowed_origins: browser origins accepted besides the coordinator's own
             (``https://dash.example.com``; ``*`` accepts any).
         ping_interval_s / ping_timeout_s: websocket pings; a peer that does not answer
@@ -97,6 +100,7 @@ class Limits:
     max_pending_bytes: int = 64 << 20
     max_events_per_plan: int = 10_000
     max_event_bytes_per_plan: int = 64 << 20
+    max_commit_backlog_bytes: int = 64 << 20
     allowed_origins: tuple[str, ...] = ()
     ping_interval_s: float | None = 20.0
     ping_timeout_s: float | None = 20.0
@@ -107,7 +111,7 @@ class Limits:
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first limit that cannot work."""
-        for name in ("max_connections", "max_plans_per_client", "max_event_bytes_per_plan"):
+        for name in ("max_connections", "max_plans_per_client", "max_event_bytes_per_plan", "max_commit_backlog_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
         if not self.handshake_timeout_s > 0:

@@ -164,7 +164,9 @@ class CoordinatorServer:
         # Raises StoreError for a database that cannot be opened. ``store`` given: used as is (tests
         # hand the same MemoryStore to a second server to restart in-process).
         self.store: Store = store if store is not None else open_store(settings.store, settings.data_dir)
-        self._committer: GroupCommitter[Effects] = GroupCommitter(self.store, self._deliver, self._store_failed)
+        self._committer: GroupCommitter[Effects] = GroupCommitter(
+            self.store, self._deliver, self._store_failed, max_backlog_bytes=settings.limits.max_commit_backlog_bytes
+        )
         self.fatal: asyncio.Future[BaseException] | None = None  # set when the store fails (fail-stop)
         self.core = Coordinator(
             CoreConfig(
@@ -396,7 +398,9 @@ class CoordinatorServer:
                     continue
                 for msg in msgs:
                     self._receive(conn_id, msg, now)
-                self._flush()
+                self._flush(len(frame))
+                if self._committer.over:  # the disk is behind: stop reading until it catches up
+                    await self._committer.drained()
                 if pause:
                     await asyncio.sleep(pause)  # throttle: stop reading until its bucket refills
         except ConnectionClosed:
@@ -428,13 +432,17 @@ class CoordinatorServer:
                 session.pending.append(Error(code=codes.INTERNAL, message="internal error; see coordinator log"))
                 session.wake.set()
 
-    def _flush(self) -> None:
+    def _flush(self, size: int = 0) -> None:
+        """Hand the core's effects on: records to the committer, frames out once committed.
+
+        ``size``: the bytes of the frame that caused them (the committer's backlog bound).
+        """
         effects = self.core.take_effects()
         if effects.decisions and self._hook is not None:
             self._hook.run(effects.decisions)
         # Frames go out only once the records of their step (and of every step before) are committed.
         if effects.records:
-            self._committer.submit(effects.records, effects)
+            self._committer.submit(effects.records, effects, size)
         elif self._committer.pending:
             self._committer.after(effects)
         else:

@@ -31,6 +31,7 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "max_pending_bytes": ("max_pending_bytes", 64 << 20),
     "max_events_per_plan": ("max_events_per_plan", 10_000),
     "max_event_bytes_per_plan": ("max_event_bytes_per_plan", 64 << 20),
+    "max_commit_backlog_bytes": ("max_commit_backlog_bytes", 64 << 20),
     "ping_interval": ("ping_interval_s", 20.0),
     "ping_timeout": ("ping_timeout_s", 20.0),
     "close_timeout": ("close_timeout_s", 5.0),
@@ -94,6 +95,10 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-event-bytes-per-plan", type=int, default=_default("max_event_bytes_per_plan"),
                    metavar="N", help="about how many payload bytes of one plan's events are held in memory; "
                                      f"0: no byte bound (default {_default('max_event_bytes_per_plan')}, 64 MiB)")
+    g.add_argument("--max-commit-backlog-bytes", type=int, default=_default("max_commit_backlog_bytes"),
+                   metavar="N", help="bytes of received frames waiting for the store; past it the coordinator stops "
+                                     "reading until the disk catches up; 0: no bound "
+                                     f"(default {_default('max_commit_backlog_bytes')}, 64 MiB)")
     g.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="a browser origin allowed besides the coordinator's own, e.g. https://dash.example.com "
                         "(repeatable; '*' allows any)")

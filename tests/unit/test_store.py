@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -335,3 +336,24 @@ def test_memory_store_keeps_records_across_servers() -> None:
     store.close()
     assert store.load() == [StoredPlan(records[0], records[2], [records[1]])]  # type: ignore[arg-type, list-item]
     assert not store.closed
+
+
+async def test_backlog_bound_holds_readers_until_the_writer_catches_up(db: SQLiteStore, tmp_path: Path) -> None:
+    """Past max_backlog_bytes the committer says so, and drained() returns only once commits bring it under half."""
+    released: list[Any] = []
+    committer: GroupCommitter[Any] = GroupCommitter(db, released.append, lambda exc: None, max_backlog_bytes=1000)
+    committer.start()
+    blocker = sqlite3.connect(tmp_path / DB_FILE, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the database: the store's writer waits
+    for n in range(1, 4):
+        committer.submit([created(f"p{n}", n)], n, size=400)
+    assert committer.over and committer.backlog_bytes == 1200
+    waiter = asyncio.create_task(committer.drained())
+    await asyncio.sleep(0)
+    assert not waiter.done() and released == []
+    blocker.execute("ROLLBACK")
+    await asyncio.wait_for(waiter, 10)
+    assert committer.backlog_bytes <= 500 and committer.held_back == 1 and not committer.over
+    await committer.close()
+    blocker.close()
+    assert released == [1, 2, 3] and committer.backlog_bytes == 0
