@@ -105,7 +105,7 @@ def submit(core: Coordinator, s: _Session, msg: Submit, now: float) -> None:
         core.subscriptions.add(plan_id, s.conn_id)
     for conn_id in core.subscriptions.all_followers(plan.owner):
         core.subscriptions.add(plan_id, conn_id)
-    core._emit(plan, "queued", {})
+    core._emit(plan, "queued", {}, small=True)
     core._enqueue(plan, now)
 
 def subscribe(core: Coordinator, s: _Session, msg: Subscribe) -> None:
@@ -149,7 +149,7 @@ def cancel(core: Coordinator, s: _Session, msg: Cancel) -> None:
             if conn_id is not None:
                 core._send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
         log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
-        core._emit(plan, "cancelled", {"reason": "cancelled by the client"})
+        core._emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
     core._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
 
 def visible(core: Coordinator, s: _Session, plan: Plan) -> bool:

@@ -34,6 +34,7 @@ from coordinator.operator import OperatorRequests
 from coordinator.placement import Placement, PlacementConfig
 from coordinator.plans import (
     EVERY_PRINCIPAL,
+    SMALL_EVENT_BYTES,
     Plan,
     Subscriptions,
     advance,
@@ -291,11 +292,14 @@ class Coordinator:
         for msg in self.recovery.replay(plan, from_seq):  # held events, with a resync for any gap
             self._send(s.conn_id, msg)
 
-    def _emit(self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False) -> None:
-        """Stamp the next seq on an event of the plan and send it to its subscribers."""
+    def _emit(self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False, small: bool = False) -> None:
+        """Stamp the next seq on an event of the plan and send it to its subscribers.
+
+        ``small``: a lifecycle event whose data the core built from a few scalars (not sized).
+        """
         event = plan.append_event(
             kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self.config.max_events_per_plan,
-            max_bytes=self.config.max_event_bytes_per_plan,
+            max_bytes=self.config.max_event_bytes_per_plan, size=SMALL_EVENT_BYTES if small else None,
         )
         self.recovery.journal.emitted(plan, event)
         for conn_id in self.subscriptions.followers(plan.id):
@@ -359,7 +363,7 @@ class Coordinator:
         if record.conn_id is not None:
             assign = Assign(plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s)
             self._send(record.conn_id, assign)
-        self._emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt})
+        self._emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
 
     def _autoscale(self, now: float) -> None:
         """Feed the autoscaler; its decisions go to admin followers and to the server's hook command."""
@@ -377,7 +381,7 @@ class Coordinator:
     def _set_waiting(self, plan: Plan, reason: str) -> None:
         if plan.waiting_reason != reason:  # §Plan lifecycle: emitted again only when the reason changes
             plan.waiting_reason = reason
-            self._emit(plan, "waiting", {"reason": reason})
+            self._emit(plan, "waiting", {"reason": reason}, small=True)
 
     def _wait_reason(self, signature: Signature, now: float) -> str:
         """Why a plan just queued waits: explain_wait, cached per signature until room may have changed.
@@ -425,7 +429,7 @@ class Coordinator:
         plan.worker_id = None
         self.counters["plans_requeued"] += 1
         log.info("plan requeued", plan_id=plan.id, reason=why, next_attempt=plan.attempt + 1)
-        self._emit(plan, "requeued", {"reason": why, "attempt": plan.attempt + 1})
+        self._emit(plan, "requeued", {"reason": why, "attempt": plan.attempt + 1}, small=True)
         self._enqueue(plan, now)
 
     def _lease_lost(self, plan: Plan, worker_id: str, why: str, now: float) -> None:

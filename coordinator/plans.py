@@ -199,17 +199,26 @@ class Plan:
         return f"its lease is attempt {self.attempt} on worker {self.worker_id}"
 
     def append_event(
-        self, kind: str, data: Any, *, attempt: int, ephemeral: bool, max_events: int, max_bytes: int = 0
+        self,
+        kind: str,
+        data: Any,
+        *,
+        attempt: int,
+        ephemeral: bool,
+        max_events: int,
+        max_bytes: int = 0,
+        size: int | None = None,
     ) -> Event:
         """Stamp the next ``seq`` on an event, hold it, and return it.
 
         Past ``max_events`` events or ``max_bytes`` held bytes (0: no byte bound) the held
-        stream is compacted (see :meth:`_compact`).
+        stream is compacted (see :meth:`_compact`). ``size``: the payload's size when the
+        caller knows it is small (the core's own lifecycle events), else :func:`event_bytes`.
         """
         event = Event(plan_id=self.id, kind=kind, data=data, seq=self.next_seq, attempt=attempt, ephemeral=ephemeral)
         self.next_seq += 1
         self.events.append(event)
-        self.held_bytes += event_bytes(data)
+        self.held_bytes += event_bytes(data) if size is None else size
         if len(self.events) > max_events or (max_bytes and self.held_bytes > max_bytes):
             self._compact(max_events, max_bytes)
         return event
@@ -367,6 +376,7 @@ def _discard(index: dict[Any, set[Any]], key: Any, member: Any) -> None:
             del index[key]
 
 _encode = msgspec.msgpack.Encoder().encode
+SMALL_EVENT_BYTES: Final = 128  # what a lifecycle event of a few scalars is counted as (not encoded to size it)
 
 
 def event_bytes(data: Any) -> int:

@@ -172,7 +172,7 @@ def accept(core: Coordinator, s: _Session, worker_id: str, msg: Accept, now: flo
     if plan is not None and plan.state == "leased":
         advance(plan, "accept")
         core.timings.started(plan, now)
-        core._emit(plan, "running", {"worker_id": worker_id, "attempt": plan.attempt})
+        core._emit(plan, "running", {"worker_id": worker_id, "attempt": plan.attempt}, small=True)
 
 def reject(core: Coordinator, s: _Session, worker_id: str, msg: Reject, now: float) -> None:
     plan = lease(core, s, worker_id, msg.plan_id, msg.attempt)
@@ -236,7 +236,7 @@ def done(core: Coordinator, s: _Session, worker_id: str, msg: Done, now: float) 
                 core._fail(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why))
             case "cancelled":
                 plan.error = ErrorInfo(errors.CANCELLED, f"cancelled by worker {worker_id}")
-                core._emit(plan, "cancelled", {"reason": f"cancelled by worker {worker_id}"})
+                core._emit(plan, "cancelled", {"reason": f"cancelled by worker {worker_id}"}, small=True)
             case _:
                 assert_never(msg.outcome)
     core._fill_worker(record, now)
