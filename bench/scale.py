@@ -218,8 +218,18 @@ async def sessions_phase(ns: argparse.Namespace) -> dict[str, Any]:
 # tokens; ``energy-tied`` the same, but 8 figures shared by 1,250 workers each (joule_weighted then
 # compares the busyness of the free workers tied on the least energy, at most
 # ``--placement-candidates`` of them); ``tokens`` queued tokens only (the policy ranks the room
-# index's first ``--placement-candidates`` workers; 0: the whole pool in one pass).
-PLACEMENT_LOADS = ("none", "energy", "energy-tied", "tokens")
+# index's first ``--placement-candidates`` workers; 0: the whole pool in one pass); ``carbon``
+# (``carbon-tied``) each worker's own µJ/token and zone intensity (8 shared pairs), placed by
+# carbon_weighted; ``latency`` (``latency-tied``) each its own p50 latency (8 shared), placed by
+# latency_weighted (both answered by their pool indexes, coordinator/capacity.py).
+PLACEMENT_LOADS = ("none", "energy", "energy-tied", "tokens", "carbon", "carbon-tied", "latency", "latency-tied")
+# The policy a load is placed by (the coordinator's default for the others).
+PLACEMENT_POLICY = {
+    "carbon": "carbon_weighted",
+    "carbon-tied": "carbon_weighted",
+    "latency": "latency_weighted",
+    "latency-tied": "latency_weighted",
+}
 
 
 def _placement_load(kind: str, i: int) -> Load | None:
@@ -229,6 +239,18 @@ def _placement_load(kind: str, i: int) -> Load | None:
         return Load(uj_per_token=100.0 + 10 * (i % 8), queued_tokens=i % 50)
     if kind == "tokens":
         return Load(queued_tokens=i % 50)
+    if kind == "carbon":
+        return Load(
+            uj_per_token=100.0 + (i * 7919 % 10_007) * 0.01,
+            zone_intensity_g_per_kwh=50.0 + (i * 104_729 % 9_973) * 0.05,
+            queued_tokens=i % 50,
+        )
+    if kind == "carbon-tied":
+        return Load(uj_per_token=100.0 + 10 * (i % 8), zone_intensity_g_per_kwh=200.0, queued_tokens=i % 50)
+    if kind == "latency":
+        return Load(latency_p50_ms=20.0 + (i * 7919 % 10_007) * 0.01, queued_tokens=i % 50)
+    if kind == "latency-tied":
+        return Load(latency_p50_ms=20.0 + 5 * (i % 8), queued_tokens=i % 50)
     return None
 
 
@@ -253,7 +275,10 @@ def placement_phase(
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings only
     ids = itertools.count()
-    config = CoreConfig() if candidates is None else CoreConfig(placement=PlacementConfig(candidates=candidates))
+    settings: dict[str, Any] = {} if candidates is None else {"candidates": candidates}
+    if load in PLACEMENT_POLICY:
+        settings["policy"] = PLACEMENT_POLICY[load]
+    config = CoreConfig(placement=PlacementConfig(**settings)) if settings else CoreConfig()
     core = Coordinator(config, new_id=lambda: f"{next(ids):016x}")
     now = 1.0
     caps = Capabilities(cpu_cores=8, ram_bytes=32 * 10**9, ops=["echo"], tags=["sim"], max_concurrency=1)
@@ -314,6 +339,7 @@ def placement_phase(
         "workers": workers,
         "worker_load": load,
         "placement_candidates": getattr(config.placement, "candidates", None),
+        "placement_policy": getattr(config.placement, "policy", None),
         "queued_asked": queued,
         "queued_reached": len(enqueue),
         "queue_fill_budget_s": budget_s,
@@ -388,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         p = result["placement"]
         lines += [
             f"  placement, in-process core, {p['workers']} workers with one slot each, reporting "
-            f"{p['worker_load']} (--placement-load), placement candidates {p['placement_candidates']}:",
+            f"{p['worker_load']} (--placement-load), policy {p['placement_policy']}, "
+            f"placement candidates {p['placement_candidates']}:",
             f"    register a worker p50 {p['register_p50_us']} µs (last 1000: {p['register_last_1000_p50_us']} µs)",
             f"    submit placed on a free worker p50 {p['submit_placed_on_free_worker_p50_us']} µs, "
             f"p99 {p['submit_placed_on_free_worker_p99_us']} µs (last 1000: {p['submit_placed_last_1000_p50_us']} µs)",

@@ -26,6 +26,15 @@ reports a µJ/token (so none is costed at the mean of the others), the least pro
 is at its head whatever else the workers report, and only the workers tied with it need their
 busyness computed (at most ``limit`` of them, least leased first: see :meth:`Pool.least_energy`).
 
+Two more indexes serve the other figure policies the same way, built on first use:
+``carbon_weighted`` orders the members with room that report both a µJ/token and a zone
+intensity by :func:`carbon_key` = ``(tier, µJ/token * intensity, leases, last_assigned, id)``
+(projected grams grow with that product: coordinator/policies.py ``projected_carbon``), and
+``latency_weighted`` keeps one heap per ``(tier, leases)`` level of the members that report a
+latency, ordered by :func:`latency_key`'s ``(latency, last_assigned, id)``: the least expected
+latency (latency * (leases + 1)) is the least of the levels' heads (:meth:`Pool.least_latency`),
+so a decision costs O(L log W) for L levels (at most max concurrency + prefetch + 1).
+
 When members are not plain, a policy must score candidates; for a large pool placement takes
 them from the head of the room heap (:meth:`Pool.top`): the ``k`` usable members of the best
 tier with the fewest leases, least recently assigned first (docs/ROUTING.md §Large pools).
@@ -41,10 +50,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from coordinator.registry import WorkerRecord
 
-__all__ = ["Pool", "energy_key", "has_energy", "is_plain", "slot_key"]
+__all__ = [
+    "Pool",
+    "carbon_key",
+    "energy_key",
+    "has_carbon",
+    "has_energy",
+    "has_latency",
+    "is_plain",
+    "latency_key",
+    "latency_ms",
+    "slot_key",
+]
 
 SlotKey = tuple[int, int, int, str]
-EnergyKey = tuple[int, float, int, int, str]
+EnergyKey = tuple[int, float, int, int, str]  # also a carbon key: (tier, figure, leases, last_assigned, id)
+LatencyKey = EnergyKey  # (tier, latency, leases, last_assigned, id), one heap per (tier, leases)
+Level = tuple[int, int]  # (tier, leases): one latency heap each
 
 
 def slot_key(worker: WorkerRecord) -> SlotKey | None:
@@ -92,6 +114,45 @@ def energy_key(worker: WorkerRecord) -> EnergyKey | None:
     return (slot[0], worker.load.uj_per_token, slot[1], slot[2], worker.id)
 
 
+def has_carbon(worker: WorkerRecord) -> bool:
+    """Whether the worker reports both figures ``carbon_weighted`` uses as is: a µJ/token and a zone intensity."""
+    load = worker.load
+    return load is not None and 0 < load.uj_per_token < math.inf and 0 < load.zone_intensity_g_per_kwh < math.inf
+
+
+def carbon_key(worker: WorkerRecord) -> EnergyKey | None:
+    """``(tier, µJ/token * intensity, leases, last_assigned, id)`` of a worker with room and both figures; else None."""
+    slot = slot_key(worker)
+    if slot is None or not has_carbon(worker):
+        return None
+    assert worker.load is not None
+    return (slot[0], worker.load.uj_per_token * worker.load.zone_intensity_g_per_kwh, slot[1], slot[2], worker.id)
+
+
+def latency_ms(worker: WorkerRecord) -> float:
+    """The latency ``latency_weighted`` reads: the reported p50, else the moving average (0: none)."""
+    load = worker.load
+    if load is None:
+        return 0.0
+    return load.latency_p50_ms or load.latency_ema_ms
+
+
+def has_latency(worker: WorkerRecord) -> bool:
+    """Whether the worker reports a latency ``latency_weighted`` uses as is (finite and > 0)."""
+    return 0 < latency_ms(worker) < math.inf
+
+
+def latency_key(worker: WorkerRecord) -> LatencyKey | None:
+    """``(tier, latency, leases, last_assigned, id)`` of a worker with room that reports a latency; else None.
+
+    Its heap is the one of its ``(tier, leases)`` level, where the order is (latency, last assigned, id).
+    """
+    slot = slot_key(worker)
+    if slot is None or not has_latency(worker):
+        return None
+    return (slot[0], latency_ms(worker), slot[1], slot[2], worker.id)
+
+
 class Pool(list["WorkerRecord"]):
     """The connected workers that meet one cached key, in arrival order, plus their room indexes.
 
@@ -105,9 +166,14 @@ class Pool(list["WorkerRecord"]):
         self.meets = meets
         self.ids: dict[str, WorkerRecord] = {}
         self.heap: list[SlotKey] = []
-        self.energy: list[EnergyKey] | None = None  # built on first use (energy_heap)
+        self.energy: list[EnergyKey] | None = None  # built on first use (least_energy)
+        self.carbon: list[EnergyKey] | None = None  # built on first use (least_carbon)
+        self.latency: dict[Level, list[LatencyKey]] | None = None  # built on first use (least_latency)
+        self.latency_entries = 0  # entries in the latency heaps when built, plus those pushed since
         self.not_plain = 0  # members that are not plain
         self.no_energy = 0  # members without a µJ/token (has_energy)
+        self.no_carbon = 0  # members without a µJ/token or a zone intensity (has_carbon)
+        self.no_latency = 0  # members without a latency (has_latency)
         self.live = True  # False once the registry dropped this pool from its cache
         for worker in members:
             self.add(worker)
@@ -116,9 +182,15 @@ class Pool(list["WorkerRecord"]):
         """Make the worker a member (it must not be one)."""
         self.append(worker)
         self.ids[worker.id] = worker
-        self.not_plain += not worker.plain
-        self.no_energy += not worker.has_energy
+        self._tally(worker, 1)
         self.changed(worker)
+
+    def _tally(self, worker: WorkerRecord, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) the worker's flags in the pool's counts."""
+        self.not_plain += sign * (not worker.plain)
+        self.no_energy += sign * (not worker.has_energy)
+        self.no_carbon += sign * (not worker.has_carbon)
+        self.no_latency += sign * (not worker.has_latency)
 
     def remove_member(self, worker: WorkerRecord) -> None:
         """Stop the worker being a member (its heap entries go stale); a non-member is ignored."""
@@ -126,26 +198,37 @@ class Pool(list["WorkerRecord"]):
             return
         del self.ids[worker.id]
         self.remove(worker)
-        self.not_plain -= not worker.plain
-        self.no_energy -= not worker.has_energy
+        self._tally(worker, -1)
 
     def changed(self, worker: WorkerRecord) -> None:
-        """A member's room or µJ/token changed: index its new keys (rebuilding a heap that is mostly stale)."""
+        """A member's room changed: index its new keys (rebuilding a heap that is mostly stale)."""
         key = slot_key(worker)
         if key is not None:
             heapq.heappush(self.heap, key)
             if len(self.heap) > 2 * len(self) + 64:
                 self.heap = [k for w in self if (k := slot_key(w)) is not None]
                 heapq.heapify(self.heap)
-        if self.energy is not None:
-            self.energy_changed(worker)
+        self.figures_changed(worker)
 
-    def energy_changed(self, worker: WorkerRecord) -> None:
-        """A member's µJ/token (or room) changed: index its energy key, once that heap is built."""
+    def figures_changed(self, worker: WorkerRecord) -> None:
+        """A member's room, µJ/token, zone intensity or latency changed: index its keys in the heaps built so far.
+
+        A heap that grew past twice the members is dropped, to be rebuilt when next asked.
+        """
+        bound = 2 * len(self) + 64
         if self.energy is not None and (energy := energy_key(worker)) is not None:
             heapq.heappush(self.energy, energy)
-            if len(self.energy) > 2 * len(self) + 64:
-                self.energy = None  # rebuilt when next asked
+            if len(self.energy) > bound:
+                self.energy = None
+        if self.carbon is not None and (carbon := carbon_key(worker)) is not None:
+            heapq.heappush(self.carbon, carbon)
+            if len(self.carbon) > bound:
+                self.carbon = None
+        if self.latency is not None and (latency := latency_key(worker)) is not None:
+            heapq.heappush(self.latency.setdefault((latency[0], latency[2]), []), latency)
+            self.latency_entries += 1
+            if self.latency_entries > bound:
+                self.latency = None
 
     def first(self, usable: Callable[[WorkerRecord], bool]) -> WorkerRecord | None:
         """The member with the least :func:`slot_key` for which ``usable`` holds; None if none.
@@ -201,35 +284,130 @@ class Pool(list["WorkerRecord"]):
             push(heap, entry)
         return found
 
-    def least_energy(self, usable: Callable[[WorkerRecord], bool], tokens: int, limit: int = 0) -> list[WorkerRecord]:
-        """The usable members of the best tier whose projected energy (µJ/token * ``tokens``) is least.
+    def least_energy(
+        self,
+        usable: Callable[[WorkerRecord], bool],
+        tokens: int,
+        limit: int = 0,
+        *,
+        ties: bool = True,
+        tier: int | None = None,
+    ) -> list[WorkerRecord]:
+        """The usable members of the best tier (or ``tier``) whose projected energy (µJ/token * ``tokens``) is least.
 
         Exact only while every member reports a µJ/token (``no_energy == 0``). The products are
         compared as ``joule_weighted`` compares them, so two figures that round to one energy tie.
         With ``limit`` > 0, at most ``limit`` tied members, in heap order (fewest leases, least
-        recently assigned first, within one µJ/token figure).
+        recently assigned first, within one µJ/token figure). Without ``ties``, the first
+        ``limit`` members in heap order, tied or not.
         """
-        heap = self.energy
-        if heap is None:
-            heap = self.energy = [k for w in self if (k := energy_key(w)) is not None]
-            heapq.heapify(heap)
+        if self.energy is None:
+            self.energy = [k for w in self if (k := energy_key(w)) is not None]
+            heapq.heapify(self.energy)
+        return self._least(self.energy, energy_key, usable, lambda uj: uj * tokens, limit, ties=ties, tier=tier)
+
+    def least_carbon(
+        self,
+        usable: Callable[[WorkerRecord], bool],
+        score: Callable[[float], float],
+        limit: int = 0,
+        *,
+        ties: bool = True,
+        tier: int | None = None,
+    ) -> list[WorkerRecord]:
+        """Usable members with both figures in :func:`carbon_key` order, of one tier (the best, or ``tier``).
+
+        ``score`` maps µJ/token * intensity to the policy's projected grams (non-decreasing).
+        With ``ties``, the members whose score equals the least (exact only while every member
+        reports both figures, ``no_carbon == 0``); without, simply the first. ``limit`` > 0 caps
+        how many are returned.
+        """
+        if self.carbon is None:
+            self.carbon = [k for w in self if (k := carbon_key(w)) is not None]
+            heapq.heapify(self.carbon)
+        return self._least(self.carbon, carbon_key, usable, score, limit, ties=ties, tier=tier)
+
+    def _least(
+        self,
+        heap: list[EnergyKey],
+        key_of: Callable[[WorkerRecord], EnergyKey | None],
+        usable: Callable[[WorkerRecord], bool],
+        score: Callable[[float], float],
+        limit: int,
+        *,
+        ties: bool,
+        tier: int | None = None,
+    ) -> list[WorkerRecord]:
+        """Walk a ``(tier, figure, ...)`` heap in order: see :meth:`least_energy` and :meth:`least_carbon`."""
         ids = self.ids
         aside: list[EnergyKey] = []
-        tied: dict[str, WorkerRecord] = {}  # a worker may have two equal entries
-        tier, least = -1, 0.0
-        while heap and not (limit > 0 and len(tied) >= limit):
+        found: dict[str, WorkerRecord] = {}  # a worker may have two equal entries
+        first_tier, least = -1, 0.0
+        while heap and not (limit > 0 and len(found) >= limit):
             entry = heap[0]
             worker = ids.get(entry[4])
-            if worker is None or energy_key(worker) != entry:
-                heapq.heappop(heap)
+            if worker is None or key_of(worker) != entry:
+                heapq.heappop(heap)  # stale: the worker left, or its room or figures changed since
                 continue
-            if tied and (entry[0] != tier or entry[1] * tokens != least):
-                break  # the heap is ordered by (tier, µJ/token): nothing further ties
+            if tier is not None and entry[0] > tier:
+                break  # ordered by tier first: nothing further is of the asked tier
+            if found and (entry[0] != first_tier or (ties and score(entry[1]) != least)):
+                break  # the heap is ordered by (tier, figure): nothing further ties
             aside.append(heapq.heappop(heap))
             if usable(worker):
-                if not tied:
-                    tier, least = entry[0], entry[1] * tokens
-                tied[worker.id] = worker
+                if not found:
+                    first_tier, least = entry[0], score(entry[1])
+                found[worker.id] = worker
         for entry in aside:
             heapq.heappush(heap, entry)
-        return list(tied.values())
+        return list(found.values())
+
+    def least_latency(
+        self, usable: Callable[[WorkerRecord], bool], limit: int = 0, *, ties: bool = True, tier: int | None = None
+    ) -> list[WorkerRecord]:
+        """Usable members with a latency, least expected latency (latency * (leases + 1)) first, of one tier.
+
+        With ``ties``, the members of the best tier (or ``tier``) whose expected latency equals
+        the least, levels of fewer leases first (exact only while every member reports a
+        latency, ``no_latency == 0``); without, the first in ``(expected, leases, last_assigned,
+        id)`` order. ``limit`` > 0 caps how many are returned.
+        """
+        levels = self.latency
+        if levels is None:
+            levels = self.latency = {}
+            for worker in self:
+                if (key := latency_key(worker)) is not None:
+                    levels.setdefault((key[0], key[2]), []).append(key)
+            for level_heap in levels.values():
+                heapq.heapify(level_heap)
+            self.latency_entries = sum(map(len, levels.values()))
+        asked = sorted(level for level in levels if tier is None or level[0] == tier)
+
+        def walk(level: Level, count: int, tied: bool) -> list[WorkerRecord]:
+            leases = level[1] + 1
+            return self._least(levels[level], latency_key, usable, lambda ms: ms * leases, count, ties=tied, tier=tier)
+
+        found: list[WorkerRecord] = []
+        if not ties:  # each level's first ``limit``, merged (only where some members lack a latency)
+            for level in asked:
+                found += walk(level, limit, False)
+
+            def order(w: WorkerRecord) -> tuple[int, float, int, int, str]:
+                leases = len(w.leases)
+                tier = 0 if leases < w.capabilities.max_concurrency else 1
+                return tier, latency_ms(w) * (leases + 1), leases, w.last_assigned, w.id
+
+            found.sort(key=order)
+            found = [w for w in found if order(w)[0] == order(found[0])[0]]
+            return found[:limit] if limit > 0 else found
+        if len(asked) > 1:  # the least (tier, expected) among the levels' heads picks the levels to walk
+            heads = {level: head for level in asked if (head := walk(level, 1, False))}
+            best = min(((level[0], latency_ms(w[0]) * (level[1] + 1)) for level, w in heads.items()), default=None)
+            asked = [lv for lv, w in heads.items() if (lv[0], latency_ms(w[0]) * (lv[1] + 1)) == best]
+        for level in asked:
+            found += walk(level, limit - len(found) if limit > 0 else 0, True)
+            if limit > 0 and len(found) >= limit:
+                break
+        for level in [level for level, level_heap in levels.items() if not level_heap]:
+            del levels[level]
+        return found

@@ -16,15 +16,18 @@ Rules (docs/SEMANTICS.md §Placement, docs/ROUTING.md):
    (coordinator/policies.py). While no worker of the pool reports a load figure a policy
    reads, every policy but round robin and prefix-matching ``kv_aware`` picks what least
    busy picks, and the pool's room index answers in O(log W) (coordinator/capacity.py);
-   while every worker of the pool reports a µJ/token, ``joule_weighted`` (no busyness gap)
-   takes its least-energy workers from the pool's energy index (breaking a tie among at
-   most ``candidates`` of them); otherwise the policy ranks the tier. Every way gives the
+   while every worker of the pool reports the figure it ranks by first, ``joule_weighted``
+   (µJ/token) and ``carbon_weighted`` (µJ/token and zone intensity; both without a busyness
+   gap) and ``latency_weighted`` (latency) take their best workers from the pool's index by
+   that figure (breaking a tie among at most ``candidates`` of them); otherwise the policy
+   ranks the tier. Every way gives the
    same worker as a pass over the pool, except that in a pool of more than
    ``candidates`` workers (``--placement-candidates``, 0: no bound) the policy ranks only
    the ``candidates`` usable workers of the best tier that the room index puts first
    (fewest leases, least recently assigned), plus, for ``kv_aware`` with prefix hashes, the
-   usable workers holding a longer prefix match than any of those (docs/ROUTING.md §Large
-   pools).
+   usable workers holding a longer prefix match than any of those, and for those three
+   policies while only some workers report their figure, the ``candidates`` best by it
+   (docs/ROUTING.md §Large pools).
 5. *KV-block admission.* A plan reserves ``ceil((prompt + max output tokens) / block
    tokens)`` blocks on a worker that advertises a budget, for as long as it holds the lease;
    the reservation is computed from the worker's leases, so releasing a lease frees it.
@@ -50,11 +53,14 @@ from coordinator.policies import (
     DEFAULT_POLICY,
     POLICY_NAMES,
     Ask,
+    CarbonWeighted,
     JouleWeighted,
+    LatencyWeighted,
     Policy,
     PolicyKnobs,
     busyness,
     make_policies,
+    projected_carbon,
 )
 from coordinator.prefix import PrefixIndex
 from coordinator.queue import Signature
@@ -126,6 +132,13 @@ def ask_of(plan: Plan) -> Ask:
         prompt_tokens=hints.prompt_tokens,
         prefix_hashes=tuple(hints.prefix_hashes),
     )
+
+
+def _missing(pool: Pool, figure: str) -> int:
+    """How many members of the pool do not report ``figure`` (see :meth:`Placement._figure`)."""
+    if figure == "energy":
+        return pool.no_energy
+    return pool.no_carbon if figure == "carbon" else pool.no_latency
 
 
 class Placement:
@@ -231,8 +244,9 @@ class Placement:
         if isinstance(pool, Pool) and pool.live:
             if not pool.not_plain and self._indexable(plan):
                 return self._choose_indexed(plan, pool, now, no_kv)
-            if not pool.no_energy and self._energy_indexable(plan):
-                return self._choose_indexed(plan, pool, now, no_kv, energy=True)
+            figure = self._figure(plan)
+            if figure is not None and not _missing(pool, figure):
+                return self._choose_indexed(plan, pool, now, no_kv, figure=figure)
         stamp = (registry.generation, registry.releases)
         if no_kv and isinstance(pool, list):
             full = self._full.get(id(pool))
@@ -308,6 +322,13 @@ class Placement:
         if not candidates:
             return None
         name = self.policy_name(plan)
+        figure = self._figure(plan)
+        if figure is not None and _missing(pool, figure) < len(pool):
+            # Some members lack the figure (else its index answered): the best by it join the least loaded.
+            tier = 0 if candidates[0].has_free_slot() else 1
+            have = {w.id for w in candidates}
+            extra = self._by_figure(plan, pool, figure, usable, bound, ties=False, tier=tier)
+            candidates += [w for w in extra if w.id not in have]
         hashes = plan.hints.prefix_hashes
         if name == "kv_aware" and hashes:
             free = candidates[0].has_free_slot()
@@ -331,34 +352,63 @@ class Placement:
         name = self.policy_name(plan)
         return name in LEAST_BUSY_WHEN_PLAIN or (name == "kv_aware" and not plan.hints.prefix_hashes)
 
-    def _energy_indexable(self, plan: Plan) -> bool:
-        """Whether the plan is placed by ``joule_weighted`` without a busyness gap (then energy ranks first)."""
+    def _figure(self, plan: Plan) -> str | None:
+        """The figure index that ranks first for the plan's policy: "energy", "carbon", "latency"; None if none.
+
+        ``joule_weighted`` and ``carbon_weighted`` without a busyness gap rank by their projection
+        first, ``latency_weighted`` by expected latency; busyness only breaks ties.
+        """
         policy = self.policies[self.policy_name(plan)]
-        return isinstance(policy, JouleWeighted) and policy.max_gap == math.inf
+        if isinstance(policy, JouleWeighted) and policy.max_gap == math.inf:
+            return "energy"
+        if isinstance(policy, CarbonWeighted) and policy.max_gap == math.inf:
+            return "carbon"
+        if isinstance(policy, LatencyWeighted):
+            return "latency"
+        return None
+
+    def _by_figure(
+        self,
+        plan: Plan,
+        pool: Pool,
+        figure: str,
+        usable: Callable[[WorkerRecord], bool],
+        limit: int,
+        *,
+        ties: bool,
+        tier: int | None = None,
+    ) -> list[WorkerRecord]:
+        """The usable members the figure index puts first (with ``ties``, those tied on the least score)."""
+        if figure == "latency":
+            return pool.least_latency(usable, limit, ties=ties, tier=tier)
+        tokens = max(plan.hints.prompt_tokens + plan.hints.max_output_tokens, 1)
+        if figure == "energy":
+            return pool.least_energy(usable, tokens, limit, ties=ties, tier=tier)
+        return pool.least_carbon(usable, lambda g: projected_carbon(g, tokens), limit, ties=ties, tier=tier)
 
     def _choose_indexed(
-        self, plan: Plan, pool: Pool, now: float, no_kv: bool, *, energy: bool = False
+        self, plan: Plan, pool: Pool, now: float, no_kv: bool, *, figure: str | None = None
     ) -> WorkerRecord | None:
-        """:meth:`choose` from a pool's room index: the sticky worker, else the index's answer.
+        """:meth:`choose` from a pool's indexes: the sticky worker, else the index's answer.
 
         Plain workers all have busyness 4 per lease, so every policy of
         :data:`LEAST_BUSY_WHEN_PLAIN` ranks them by (tier, leases, last assigned, id): the
-        index's order. With ``energy`` (every member reports a µJ/token, the policy is
-        ``joule_weighted`` without a gap), the energy index gives the best tier's least-energy
-        workers and busyness breaks their tie as the policy does (among the first
-        ``candidates`` of them, fewest leases first, in a pool larger than that). The pass in
-        :meth:`choose` gives the same worker (tests/unit/test_capacity.py).
+        room index's order. With a ``figure`` (every member reports the figure the plan's
+        policy ranks by first: :meth:`_figure`), that figure's index gives the best tier's
+        workers with the least projection (energy, emissions or expected latency) and
+        busyness breaks their tie as the policy does (among the first ``candidates`` of them,
+        fewest leases first, in a pool larger than that). The pass in :meth:`choose` gives the
+        same worker (tests/unit/test_capacity.py).
         """
         usable = self._usable(plan, now, no_kv)
         held = self._sticky(plan, pool, usable)
         if held is not None:
             return held
-        if not energy:
+        if figure is None:
             return pool.first(usable)
-        tokens = max(plan.hints.prompt_tokens + plan.hints.max_output_tokens, 1)
-        # Past ``candidates`` members, the tie on energy is broken among the least leased of them.
+        # Past ``candidates`` members, a tie is broken among the least leased of the tied.
         limit = self.config.candidates if self.config.candidates < len(pool) else 0
-        tied = pool.least_energy(usable, tokens, limit)
+        tied = self._by_figure(plan, pool, figure, usable, limit, ties=True)
         return min(tied, key=lambda w: (self.busyness(w), w.last_assigned, w.id), default=None)
 
     def claimed(self, plan: Plan, worker: WorkerRecord) -> None:

@@ -11,7 +11,10 @@ Derived figures, shared by the policies and the trace simulator:
 * busyness = 4 · in_flight + 0.1 · queued_tokens (:func:`busyness`): one more running plan
   weighs as much as 40 queued prompt tokens;
 * projected energy for n tokens = µJ/token · n (:func:`projected_uj`);
-* projected emissions = energy in kWh * zone intensity in gCO2e/kWh (:func:`projected_g`).
+* projected emissions = energy in kWh * zone intensity in gCO2e/kWh (:func:`projected_g`);
+  ``carbon_weighted`` computes it as (µJ/token * intensity) * tokens / µJ per kWh
+  (:func:`projected_carbon`), so its ranking follows the product µJ/token * intensity that the
+  pool's carbon index is ordered by (coordinator/capacity.py).
 
 The load a policy sees is the coordinator's own (:class:`FleetView`): its lease counts and
 the prompt tokens it placed since the worker's last report, so a load report that is
@@ -25,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from coordinator.capacity import latency_ms
 from coordinator.registry import WorkerRecord
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "RoundRobin",
     "busyness",
     "make_policies",
+    "projected_carbon",
     "projected_g",
     "projected_uj",
 ]
@@ -65,6 +70,16 @@ def projected_uj(uj_per_token: float, tokens: int) -> float:
 def projected_g(uj: float, intensity_g_per_kwh: float) -> float:
     """Emissions, in gCO2e, of ``uj`` µJ drawn from a grid at ``intensity_g_per_kwh``."""
     return uj / UJ_PER_KWH * intensity_g_per_kwh
+
+
+def projected_carbon(uj_g_per_token_kwh: float, tokens: int) -> float:
+    """Emissions, in gCO2e, of ``tokens`` tokens on a worker whose µJ/token * zone intensity is the first argument.
+
+    :func:`projected_g` of :func:`projected_uj`, multiplied in another order: this one is
+    non-decreasing in its first argument for a given ``tokens`` (each step is a multiplication
+    or division by a positive number), so the least product is the least emissions exactly.
+    """
+    return uj_g_per_token_kwh * tokens / UJ_PER_KWH
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +177,7 @@ def _mean_known(candidates: Sequence[WorkerRecord], figure: Callable[[WorkerReco
     return math.fsum(known) / len(known) if known else 1.0
 
 
-def _latency_ms(worker: WorkerRecord) -> float:
-    load = worker.load
-    if load is None:
-        return 0.0
-    return load.latency_p50_ms or load.latency_ema_ms
+_latency_ms: Final = latency_ms  # the figure the pool's latency index keys on (coordinator/capacity.py)
 
 
 def _uj_per_token(worker: WorkerRecord) -> float:
@@ -219,8 +230,8 @@ class CarbonWeighted:
         tokens = max(ask.tokens, 1)
 
         def score(w: WorkerRecord) -> tuple[float, float, int, str]:
-            uj = projected_uj(_uj_per_token(w) or uj_fallback, tokens)
-            return projected_g(uj, _intensity(w) or intensity_fallback), fleet.busyness(w), *_tie(w)
+            per_token = (_uj_per_token(w) or uj_fallback) * (_intensity(w) or intensity_fallback)
+            return projected_carbon(per_token, tokens), fleet.busyness(w), *_tie(w)
 
         return min(pool, key=score)
 

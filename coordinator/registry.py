@@ -31,13 +31,21 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from coordinator.capacity import Pool, has_energy, is_plain
+from coordinator.capacity import Pool, has_carbon, has_energy, has_latency, is_plain, latency_ms
 from coordinator.errors import UnknownWorker
 from protocol.messages import Capabilities, Load, WorkerInfo
 
 __all__ = ["WorkerRecord", "WorkerRegistry"]
 
 log = structlog.get_logger(__name__)
+
+
+def _figures(record: WorkerRecord) -> tuple[float, float, float] | None:
+    """The figures the policies' indexes key on: µJ/token, zone intensity, latency (None: no report)."""
+    load = record.load
+    if load is None:
+        return None
+    return load.uj_per_token, load.zone_intensity_g_per_kwh, latency_ms(record)
 
 
 def _by_id(record: WorkerRecord) -> str:
@@ -71,6 +79,8 @@ class WorkerRecord:
             (0 until learned); lets the coordinator age its estimate between reports.
         plain: :func:`~coordinator.capacity.is_plain` as of its last change (its pools count it).
         has_energy: :func:`~coordinator.capacity.has_energy` as of its last report (likewise).
+        has_carbon: :func:`~coordinator.capacity.has_carbon` as of its last report (likewise).
+        has_latency: :func:`~coordinator.capacity.has_latency` as of its last report (likewise).
     """
 
     id: str
@@ -89,6 +99,8 @@ class WorkerRecord:
     drain_tokens_per_s: float = 0.0
     plain: bool = True
     has_energy: bool = False
+    has_carbon: bool = False
+    has_latency: bool = False
 
     def has_capacity(self) -> bool:
         """Whether it can take one more lease: not draining, and fewer leases than its concurrency + prefetch."""
@@ -243,17 +255,22 @@ class WorkerRegistry:
             for pool in pools:
                 pool.not_plain += -1 if plain else 1
 
-    def _energy_changed(self, record: WorkerRecord, before: float | None) -> None:
-        """A report may have changed the worker's µJ/token (``before``): recount and reindex it."""
+    def _figures_changed(self, record: WorkerRecord, before: tuple[float, float, float] | None) -> None:
+        """A report may have changed the worker's figures (``before``, see :func:`_figures`): recount, reindex it."""
         pools = self._pools_of.get(record.id, ())
-        known = has_energy(record)
-        if known != record.has_energy:
-            record.has_energy = known
+        for flag, known in (
+            ("has_energy", has_energy(record)),
+            ("has_carbon", has_carbon(record)),
+            ("has_latency", has_latency(record)),
+        ):
+            if known != getattr(record, flag):
+                setattr(record, flag, known)
+                counter = "no_" + flag[4:]
+                for pool in pools:
+                    setattr(pool, counter, getattr(pool, counter) + (-1 if known else 1))
+        if _figures(record) != before:  # the figure heaps hold keys of the old ones: index the new
             for pool in pools:
-                pool.no_energy += -1 if known else 1
-        if known and record.load is not None and record.load.uj_per_token != before:
-            for pool in pools:
-                pool.energy_changed(record)
+                pool.figures_changed(record)
 
     def connected_count(self) -> int:
         """How many workers are connected now (O(1))."""
@@ -268,13 +285,13 @@ class WorkerRegistry:
         record = self.get(worker_id)
         if record.load is not None:
             record.learn_drain_rate(record.load.queued_tokens + record.pending_tokens, load.queued_tokens, now)
-        before = record.load.uj_per_token if record.load is not None else None
+        before = _figures(record)
         record.load = load
         record.last_beat_s = now
         record.pending_tokens = 0  # this report counts what was placed before it
         heapq.heappush(self._beats, (now, worker_id))
         self.load_changed(record)
-        self._energy_changed(record, before)
+        self._figures_changed(record, before)
         return record
 
     def disconnect(self, worker_id: str) -> None:

@@ -15,7 +15,7 @@ from coordinator.prefix import PrefixIndex
 from coordinator.queue import Signature
 from fleetwire.cli import _routing_settings, build_parser
 from protocol.messages import Capabilities, Load
-from tests.unit.test_capacity import ENERGY_LOADS, LOADS, WORKERS, Model, ops, register
+from tests.unit.test_capacity import ENERGY_LOADS, LOADS, WORKERS, Model, figure_load, ops, register
 
 PREFIXES = [(), (11, 12, 13), (11, 12, 14), (21, 22)]
 # Every worker reports a µJ/token, most the same one: joule_weighted breaks wide ties by busyness.
@@ -37,14 +37,14 @@ bounded_ops = st.one_of(ops, place_prefix, place_prefix)
 @given(
     candidates=st.integers(1, 4),
     prefetch=st.integers(0, 1),
-    loads=st.sampled_from([LOADS, ENERGY_LOADS, TIED_LOADS]),
+    loads=st.one_of(st.sampled_from([LOADS, ENERGY_LOADS, TIED_LOADS]), st.lists(figure_load, min_size=1, max_size=8)),
     first=st.lists(register, max_size=6),
     steps=st.lists(bounded_ops, max_size=80),
 )
 def test_bounded_choice_equals_brute_force(
     candidates: int, prefetch: int, loads: list[Load], first: list[tuple[Any, ...]], steps: list[tuple[Any, ...]]
 ) -> None:
-    """With K below the pool size, every decision equals the rule computed by brute force over the pool."""
+    """With K below the pool size, every decision (random figure reports included) equals the brute-force rule."""
     model = Model(prefetch, loads, candidates=candidates)
     for op in [*first, *steps]:
         model.apply(op)

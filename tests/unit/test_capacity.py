@@ -10,10 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.capacity import Pool, energy_key, has_energy, is_plain, slot_key
+from coordinator.capacity import (
+    Pool,
+    carbon_key,
+    energy_key,
+    has_carbon,
+    has_energy,
+    has_latency,
+    is_plain,
+    latency_ms,
+    slot_key,
+)
 from coordinator.placement import DEFAULT_CANDIDATES, Placement, PlacementConfig, ask_of
 from coordinator.plans import Plan
-from coordinator.policies import POLICY_NAMES, JouleWeighted
+from coordinator.policies import POLICY_NAMES, JouleWeighted, LatencyWeighted, projected_carbon
 from coordinator.queue import Signature
 from coordinator.registry import WorkerRecord, WorkerRegistry
 from protocol.messages import Capabilities, Load, Requirements, RoutingHints
@@ -115,6 +125,8 @@ class Model:
         assert sorted(r.id for r in pool) == sorted(r.id for r in members)
         assert pool.not_plain == sum(not is_plain(r) for r in members)
         assert pool.no_energy == sum(not has_energy(r) for r in members)
+        assert pool.no_carbon == sum(not has_carbon(r) for r in members)
+        assert pool.no_latency == sum(not has_latency(r) for r in members)
         got = self.indexed.choose(plan, pool, self.now)
         if 0 < self.candidates < len(pool):
             want = self.bounded(plan, pool)
@@ -142,13 +154,16 @@ class Model:
         if not tier:
             return None
         ask = ask_of(plan)
-        if not pool.no_energy and scanned._energy_indexable(plan):
-            tokens = max(ask.tokens, 1)
-            energy = {w.id: w.load.uj_per_token * tokens for w in tier if w.load is not None}
-            least = min(energy.values())
-            tied = sorted((w for w in tier if energy[w.id] == least), key=lambda w: energy_key(w) or ())[:k]
+        figure = scanned._figure(plan)
+        score, order = figure_rank(figure, max(ask.tokens, 1))
+        known = [w for w in tier if figure in FIGURES and FIGURES[figure](w)]
+        if figure is not None and all(FIGURES[figure](w) for w in pool):
+            least = min(score(w) for w in tier)
+            tied = sorted((w for w in tier if score(w) == least), key=order)[:k]
             return min(tied, key=lambda w: (scanned.busyness(w), w.last_assigned, w.id))
         candidates = sorted(tier, key=lambda w: slot_key(w) or ())[:k]
+        if figure is not None:  # some members lack the figure: the K best by it join the K least loaded
+            candidates += [w for w in sorted(known, key=lambda w: (score(w), order(w)))[:k] if w not in candidates]
         name = scanned.policy_name(plan)
         if name == "kv_aware" and plan.hints.prefix_hashes:
             matches = scanned.prefix_match(plan.hints.prefix_hashes, tier)
@@ -164,6 +179,22 @@ class Model:
         for record in registry._workers.values():
             assert record.plain == is_plain(record)
             assert record.has_energy == has_energy(record)
+            assert record.has_carbon == has_carbon(record)
+            assert record.has_latency == has_latency(record)
+
+
+FIGURES = {"energy": has_energy, "carbon": has_carbon, "latency": has_latency}
+
+
+def figure_rank(figure: str | None, tokens: int) -> tuple[Any, Any]:
+    """The policy's projection of a worker with the figure, and the index's order among equal projections."""
+    if figure == "energy":
+        return (lambda w: w.load.uj_per_token * tokens), (lambda w: energy_key(w) or ())
+    if figure == "carbon":
+        return (
+            lambda w: projected_carbon(w.load.uj_per_token * w.load.zone_intensity_g_per_kwh, tokens)
+        ), lambda w: carbon_key(w) or ()
+    return (lambda w: latency_ms(w) * (len(w.leases) + 1)), lambda w: (len(w.leases), w.last_assigned, w.id)
 
 
 worker_index = st.integers(0, len(WORKERS) - 1)
@@ -233,6 +264,41 @@ def test_energy_index_answers_equal_the_full_scan(
         model.apply(op)
         model.check_stale()
     model.place("joule_weighted", 40, False, False, False)
+
+
+# Figures with ties by construction: 2 * 200 == 4 * 100 == 1 * 400 (carbon), 1.0 at 1 lease == 2.0 at
+# none (latency), and a neighbour of 2.5 that ties with it once multiplied; 0 is "not reported".
+figure_load = st.builds(
+    Load,
+    uj_per_token=st.sampled_from([0.0, 1.0, 2.0, 2.5, NEXT_2_5, 4.0]),
+    zone_intensity_g_per_kwh=st.sampled_from([0.0, 100.0, 200.0, 250.0, 400.0]),
+    latency_p50_ms=st.sampled_from([0.0, 0.0, 1.0, 2.0, 2.5, NEXT_2_5, 6.0]),
+    latency_ema_ms=st.sampled_from([0.0, 1.0, 3.0]),
+    queued_tokens=st.sampled_from([0, 0, 8, 40]),
+)
+FIGURE_POLICIES = ("joule_weighted", "carbon_weighted", "latency_weighted")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prefetch=st.integers(0, 1),
+    loads=st.lists(figure_load, min_size=1, max_size=8),
+    first=st.lists(register, max_size=6),
+    steps=st.lists(ops, max_size=80),
+)
+def test_figure_indexes_answer_equal_the_full_scan(
+    prefetch: int, loads: list[Load], first: list[tuple[Any, ...]], steps: list[tuple[Any, ...]]
+) -> None:
+    """Under random µJ/token, intensity and latency reports, the three figure indexes pick what the pass picks."""
+    model = Model(prefetch, loads)
+    for op in [*first, *steps]:
+        if op[0] == "place":
+            op = (*op[:2], FIGURE_POLICIES[POLICY_NAMES.index(op[2]) % 3], *op[3:])
+        model.apply(op)
+        model.check_stale()
+    for policy in FIGURE_POLICIES:
+        for tokens in (0, 40):
+            model.place(policy, tokens, False, False, False)
 
 
 def test_plain_pool_is_answered_without_the_policy() -> None:
@@ -332,3 +398,60 @@ def test_energy_index_prefers_a_free_slot_to_a_cheaper_prefetch_queue() -> None:
     model.indexed.policies = {**model.indexed.policies, "joule_weighted": Unranked()}
     model.apply(("place", 0, "joule_weighted", 0, False, False, True))
     assert len(model.registry.get("w1").leases) == 1 and len(model.registry.get("w0").leases) == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "slow", "fast"),
+    [
+        ("joule_weighted", Load(uj_per_token=3.0), Load(uj_per_token=1.0)),
+        (
+            "carbon_weighted",
+            Load(uj_per_token=1.0, zone_intensity_g_per_kwh=400.0),
+            Load(uj_per_token=2.0, zone_intensity_g_per_kwh=50.0),
+        ),
+        ("latency_weighted", Load(latency_p50_ms=9.0), Load(latency_p50_ms=1.0)),
+    ],
+)
+def test_a_figure_report_rekeys_the_index(policy: str, slow: Load, fast: Load) -> None:
+    """A worker whose new report makes it the best is picked at once: its figure index was re-keyed by the report."""
+    model = Model(prefetch=0, loads=[fast, slow])  # w0 beats loads[(0 + 2) % 2] = fast, w1 loads[1] = slow
+    model.apply(("register", 0, 2, 0, False))
+    model.apply(("register", 1, 2, 0, False))
+    model.apply(("place", 0, policy, 0, False, False, False))  # builds the index: w0 is the better one
+    pool = model.registry.matching(*_key(model, policy))
+    assert (model.indexed.choose(model.plan(policy, 0, False, False), pool, model.now) or pool[1]).id == "w0"
+    model.registry.heartbeat("w0", slow, model.now)
+    model.registry.heartbeat("w1", fast, model.now)
+    model.indexed.policies = {**model.indexed.policies, policy: unranked(model.indexed.policies[policy])}
+    model.apply(("place", 0, policy, 0, False, False, True))
+    assert model.registry.get("w1").leases and not model.registry.get("w0").leases
+
+
+def unranked(policy: Any) -> Any:
+    """A copy of ``policy`` whose pass over the candidates must not run (a figure index must answer)."""
+
+    class Unranked(type(policy)):  # type: ignore[misc]
+        def choose(self, ask: Any, candidates: Any, fleet: Any) -> WorkerRecord:
+            raise AssertionError(f"the {type(policy).__name__} index should have answered")
+
+    return Unranked()
+
+
+def _key(model: Model, policy: str) -> tuple[Signature, Any]:
+    plan = model.plan(policy, 0, False, False)
+    signature = Signature.of(plan.op, plan.requirements, plan.avoid)
+    return signature, signature.admits
+
+
+def test_latency_index_compares_expected_latency_across_lease_levels() -> None:
+    """A fast worker holding plans beats an idle slow one until latency * (leases + 1) ties; busyness breaks the tie."""
+    model = Model(prefetch=0, loads=[Load(latency_p50_ms=2.0), Load(latency_p50_ms=6.0)])
+    model.apply(("register", 0, 4, 0, False))  # beats loads[(0 + 4) % 2]: 2 ms
+    model.apply(("register", 1, 3, 0, False))  # beats loads[(1 + 3) % 2]... re-beaten below
+    model.registry.heartbeat("w1", Load(latency_p50_ms=6.0), model.now)
+    model.indexed.policies = {**model.indexed.policies, "latency_weighted": unranked(LatencyWeighted())}
+    for _ in range(2):  # w0 costs 2, then 4; w1 costs 6
+        model.apply(("place", 0, "latency_weighted", 0, False, False, True))
+    assert len(model.registry.get("w0").leases) == 2 and not model.registry.get("w1").leases
+    model.apply(("place", 0, "latency_weighted", 0, False, False, True))  # 2 * 3 == 6 * 1: w1 is less busy
+    assert len(model.registry.get("w0").leases) == 2 and len(model.registry.get("w1").leases) == 1
