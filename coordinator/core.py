@@ -44,6 +44,7 @@ from coordinator.queue import PlanQueue, Signature, explain_wait
 from coordinator.records import StoredPlan
 from coordinator.recovery import Recovery, note_attempt
 from coordinator.registry import WorkerRecord, WorkerRegistry
+from coordinator.retention import Retention
 from coordinator.stats import PlanTimings
 from protocol import errors
 from protocol.codec import DecodeFailure
@@ -106,6 +107,7 @@ class CoreConfig:
     breaker_min_workers: int = 3  # ... among at least this many connected workers (coordinator/recovery.py)
     placement: PlacementConfig = field(default_factory=PlacementConfig)  # coordinator/placement.py
     autoscale: AutoscaleConfig | None = None  # None: no autoscaler (coordinator/autoscaler.py)
+    plan_retention_s: float = 86_400.0  # finished plans are forgotten this long after they end (0: never)
 
 
 @dataclass
@@ -162,6 +164,8 @@ class Coordinator:
         self.timings = PlanTimings()  # queue-wait and run-time histograms (coordinator/metrics.py exports them)
         self.operator = OperatorRequests(self)  # list_plans, drain_worker, undrain_worker (coordinator/operator.py)
         self.recovery = Recovery(self)  # records, acks, restore, hand-back, retries (coordinator/recovery.py)
+        self.retention = Retention(self, config.plan_retention_s)  # forgets old finished plans (retention.py)
+        self._clock = 0.0  # the ``now`` of the input being handled: when a plan ends (retention)
         self._new_id = new_id
         self._quota = PlanQuota(config.max_plans_per_principal)  # coordinator/limits.py
         self._sessions: dict[int, _Session] = {}
@@ -199,6 +203,7 @@ class Coordinator:
         session = self._sessions.get(conn_id)
         if session is None or session.closing:
             return
+        self._clock = now
         if isinstance(msg, DecodeFailure):
             if msg.code == errors.UNKNOWN_TYPE and scopes.foreign_type(session.role, msg.type):
                 self._forbid(session, f"a {session.role} session may not send {msg.type!r}", "foreign_type")
@@ -234,7 +239,12 @@ class Coordinator:
             self.subscriptions.drop(conn_id)
 
     def tick(self, now: float) -> list[str]:
-        """Reap workers silent past the timeout (§Registry); returns their ids, sorted."""
+        """Reap workers silent past the timeout (§Registry); returns their ids, sorted.
+
+        Finished plans past their retention are forgotten first (coordinator/retention.py).
+        """
+        self._clock = now
+        self.retention.sweep(now)
         self.operator.tick(now)  # drained workers whose deadline passed hand their plans back
         self._autoscale(now)
         # The breaker holds back a mass of silent workers: the coordinator itself is suspect.
@@ -279,6 +289,8 @@ class Coordinator:
         for plan in self.plans.values():  # restored unfinished plans count against their owner's quota
             if not plan.terminal:
                 self._quota.add(plan.owner, plan.id)
+            else:  # when it really ended is not stored: its retention runs from the restore
+                self.retention.ended(plan, now)
         for plan in queued:
             self._enqueue(plan, now)
 
@@ -306,6 +318,7 @@ class Coordinator:
             self._send(conn_id, event)
         if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
             self._quota.release(plan.owner, plan.id)
+            self.retention.ended(plan, self._clock)
 
     def _fail(self, plan: Plan, worker_id: str | None, error: ErrorInfo) -> None:
         """Record why the plan failed (the table move is done) and end its stream with ``failed``."""

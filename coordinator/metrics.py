@@ -50,6 +50,7 @@ _CORE_COUNTERS: Final = (
     ("fleetwire_heartbeats", "heartbeats", "Heartbeats received from workers."),
     # Security refusals the core makes (docs/OPERATIONS.md §Security); 4403 closes are fleetwire_scope_refused.
     ("fleetwire_plans_refused", "plans_refused", "Submits refused at the per-principal plan limit."),
+    ("fleetwire_plans_forgotten", "plans_forgotten", "Finished plans forgotten past --plan-retention."),
 )
 
 #: Every metric family a scrape exposes (sample names may add _total, _bucket, _sum, _count).

@@ -7,11 +7,15 @@ then sends the frames of that batch, so a reply that depends on a record (``acce
 committed. A store (``coordinator/store.py``) applies records; recovery
 (``coordinator/recovery.py``) turns what a store holds back into plans.
 
-Three kinds of record, applied in this order within a batch:
+Four kinds of record; a store applies a batch in its order (a forget, then a new creation of
+the same id, leaves the new plan), and a journal's batch is forgets, creations, events, statuses:
 
+* :class:`PlanForgotten`: a finished plan past its retention (``--plan-retention``,
+  coordinator/retention.py): the store deletes it, its events with it. Its id may then be
+  created again, as a new plan.
 * :class:`PlanCreated`: a new plan: who submitted it, its submit order and the submit
   itself (so every submit field, present or future, comes back after a restart). The plan id
-  is the idempotency key: a plan id is created at most once.
+  is the idempotency key: a plan id is created at most once while the plan is kept.
 * ``protocol.Event``: a durable event of a plan's stream, with its coordinator ``seq``.
   Ephemeral events are never recorded.
 * :class:`PlanStatus`: the mutable part of a plan, written once per batch for every plan the
@@ -29,7 +33,7 @@ import msgspec
 from coordinator.plans import Plan
 from protocol.messages import ErrorInfo, Event, PlanStateName, Submit
 
-__all__ = ["Journal", "PlanCreated", "PlanStatus", "Record", "StoredPlan", "status_of"]
+__all__ = ["Journal", "PlanCreated", "PlanForgotten", "PlanStatus", "Record", "StoredPlan", "status_of"]
 
 
 class PlanCreated(msgspec.Struct, frozen=True):
@@ -62,7 +66,13 @@ class PlanStatus(msgspec.Struct, frozen=True, omit_defaults=True):
     history: list[dict[str, Any]] = []
 
 
-Record = PlanCreated | PlanStatus | Event
+class PlanForgotten(msgspec.Struct, frozen=True):
+    """A finished plan the coordinator no longer keeps: delete it and its events."""
+
+    plan_id: str
+
+
+Record = PlanCreated | PlanStatus | Event | PlanForgotten
 
 
 class StoredPlan(msgspec.Struct):
@@ -98,9 +108,10 @@ class Journal:
         self._created: list[PlanCreated] = []
         self._events: list[Event] = []
         self._dirty: dict[str, Plan] = {}
+        self._forgotten: list[PlanForgotten] = []
 
     def __bool__(self) -> bool:
-        return bool(self._created or self._events or self._dirty)
+        return bool(self._created or self._events or self._dirty or self._forgotten)
 
     def created(self, plan: Plan, submit: Submit) -> None:
         """A plan was created from ``submit``."""
@@ -117,11 +128,19 @@ class Journal:
         """The plan changed without an event."""
         self._dirty[plan.id] = plan
 
+    def forgotten(self, plan: Plan) -> None:
+        """The plan was forgotten (it ended before this step: nothing of it is pending here)."""
+        self._dirty.pop(plan.id, None)
+        self._forgotten.append(PlanForgotten(plan.id))
+
     def take(self) -> list[Record]:
-        """Every record since the last call, creations first, then events, then statuses."""
+        """Every record since the last call: forgets, then creations, events and statuses.
+
+        Forgets first: a submit that reuses a forgotten id in the same step is a new plan.
+        """
         if not self:
             return []
-        records: list[Record] = [*self._created, *self._events]
+        records: list[Record] = [*self._forgotten, *self._created, *self._events]
         records.extend(status_of(plan) for plan in self._dirty.values())
-        self._created, self._events, self._dirty = [], [], {}
+        self._created, self._events, self._dirty, self._forgotten = [], [], {}, []
         return records

@@ -86,6 +86,8 @@ class ServerSettings:
             closes a silent one 4408 after the heartbeat timeout, which covers a half-open
             worker connection; with 10,000 workers the pings were ~40 % of the steady CPU
             (docs/PERFORMANCE.md). Client sessions are always pinged (RELIABILITY row 22).
+        plan_retention_s: a finished plan is forgotten (memory and store) this many seconds
+            after it ended; 0 keeps every plan (coordinator/retention.py).
     """
 
     host: str = "127.0.0.1"
@@ -111,6 +113,7 @@ class ServerSettings:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     autoscale: AutoscaleConfig | None = None
     autoscale_hook: str | None = None
+    plan_retention_s: float = 86_400.0
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when the settings cannot work."""
@@ -139,6 +142,8 @@ class ServerSettings:
             self.autoscale.check()
         elif self.autoscale_hook is not None:
             raise ValueError("--autoscale-hook needs the autoscaler: pass --autoscale too")
+        if not self.plan_retention_s >= 0:  # NaN too
+            raise ValueError(f"--plan-retention must be >= 0 seconds (0 keeps every plan), got {self.plan_retention_s}")
 
     @property
     def reaper_period_s(self) -> float:
@@ -180,6 +185,7 @@ class CoordinatorServer:
                 breaker_min_workers=settings.breaker_min_workers,
                 placement=settings.placement,
                 autoscale=settings.autoscale,
+                plan_retention_s=settings.plan_retention_s,
             ),
             new_id=lambda: secrets.token_hex(8),
         )

@@ -29,6 +29,11 @@ first events (seq <= 15, <= 512 bytes) is appended to ``plans.events`` (``nevent
 msgpack, without an array header) in the same row write as the plan's status; any other run
 is one ``events`` row (``plan``: the plans rowid, ``seq``: the run's first seq, ``body``: a
 msgpack array). An ordinary plan's whole lifecycle is then one row write per group.
+
+A :class:`PlanForgotten` record (a finished plan past ``--plan-retention``) deletes the plan's
+row and its events rows in the same transaction as the rest of its group; the schema is the
+same, so the file keeps version 3. SQLite reuses the freed pages: the file stops growing once
+as many plans are forgotten as are finished, but it does not shrink (``VACUUM`` it offline).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
-from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
+from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
 from protocol.messages import Event
 
 __all__ = [
@@ -156,6 +161,8 @@ class MemoryStore:
         for record in records:
             if isinstance(record, PlanCreated):
                 plans.setdefault(record.plan_id, StoredPlan(record, None, []))
+            elif isinstance(record, PlanForgotten):
+                plans.pop(record.plan_id, None)
             elif isinstance(record, Event):
                 stored = plans.get(record.plan_id)
                 if stored is not None:  # a seq written twice is resolved by load(): O(1) per event
@@ -246,6 +253,8 @@ _INLINE_MAX_BYTES = 512
 
 _INSERT_PLANS = "INSERT INTO plans (rowid, id, owner, ord, state, spec, status, events, nevents) VALUES {values}"
 _INSERT_EVENTS = "INSERT OR REPLACE INTO events (plan, seq, body) VALUES {values}"
+_DELETE_PLANS = "DELETE FROM plans WHERE rowid IN ({values})"
+_DELETE_EVENTS = "DELETE FROM events WHERE plan IN ({values})"  # the key's prefix: a range per plan
 # SQLite's || gives text; CAST keeps the bytes (msgpack) as they are: the file is UTF-8 (SQLite's
 # default, never changed here), so nothing is converted on the way.
 _UPDATE_FROM = (
@@ -307,7 +316,7 @@ class SQLiteStore:
                 self._db.executescript(f"BEGIN IMMEDIATE; {steps} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
             self._db.executescript(_SCHEMA)
             self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            # The events key: every plan's rowid (plans are never deleted).
+            # The events key: every plan's rowid (a forgotten plan's is dropped with its row).
             self._rowids: dict[str, int] = dict(self._db.execute("SELECT id, rowid FROM plans"))
             self._next_rowid = max(self._rowids.values(), default=0) + 1
             # UPDATE ... FROM needs SQLite 3.33; an older library writes one row per step.
@@ -397,6 +406,7 @@ class SQLiteStore:
         created: dict[str, PlanCreated] = {}
         latest: dict[str, PlanStatus] = {}  # a status is a whole snapshot: the group's last one per plan is enough
         runs: dict[str, list[_StoredEvent]] = {}  # each plan's events in this group, in the order written
+        forgotten: set[str] = set()  # plans deleted by this group (a later creation of the id is a new plan)
         for record in records:
             kind = type(record)
             if kind is Event:
@@ -409,13 +419,22 @@ class SQLiteStore:
                     run.append(item)
             elif kind is PlanStatus:
                 latest[record.plan_id] = record  # type: ignore[assignment]
+            elif kind is PlanForgotten:
+                # Records are applied in order: what this group wrote of the plan so far goes too.
+                gone = record.plan_id
+                created.pop(gone, None)
+                latest.pop(gone, None)
+                runs.pop(gone, None)
+                forgotten.add(gone)
             else:
                 created.setdefault(record.plan_id, record)  # type: ignore[arg-type]
         rowids = self._rowids
         fresh: dict[str, int] = {}  # rowids of plans new in this group
         next_rowid = self._next_rowid
+        doomed = [(rowids[plan_id],) for plan_id in forgotten if plan_id in rowids]
         for plan_id in created:
-            if plan_id not in rowids:  # a plan id is created once: a second creation keeps the first
+            # A plan id is created once while kept: a second creation keeps the first.
+            if plan_id not in rowids or plan_id in forgotten:
                 fresh[plan_id] = next_rowid + len(fresh)
         # Every plan this group touches, once. The core writes a status with every change, so
         # the statuses name them all; other callers may write events or creations alone.
@@ -427,9 +446,9 @@ class SQLiteStore:
         updates: list[tuple[Any, ...]] = []
         spilled: list[tuple[Any, ...]] = []  # runs that go to the events table
         for plan_id in touched:
-            rowid = fresh.get(plan_id) or rowids.get(plan_id)
+            rowid = fresh.get(plan_id) or (None if plan_id in forgotten else rowids.get(plan_id))
             if rowid is None:
-                continue  # a record of a plan never created: load() would never return it
+                continue  # a record of a plan never created (or deleted): load() would never return it
             inline: bytes | None = None
             count = 0
             run = runs.get(plan_id)
@@ -463,6 +482,8 @@ class SQLiteStore:
                 # Multi-row statements: sqlite3 releases the GIL around every step, and under a busy
                 # event loop each hand-back can wait a switch interval; one step per chunk of rows
                 # instead of one per row keeps the writer from convoying with the loop.
+                self._run_chunked(_DELETE_PLANS, "?", doomed)  # first: nothing below touches those rows
+                self._run_chunked(_DELETE_EVENTS, "?", doomed)
                 self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
                 self._run_chunked(self._update_status, "(?, ?, ?, ?, ?)", updates)
                 self._run_chunked(_INSERT_EVENTS, "(?, ?, ?)", spilled)
@@ -473,6 +494,8 @@ class SQLiteStore:
                 raise
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write the store {self.path}: {exc}") from exc
+        for plan_id in forgotten:  # only once committed, like the new rowids below
+            rowids.pop(plan_id, None)
         if fresh:  # only once committed: a rolled-back group leaves no rowid behind
             rowids.update(fresh)
             self._next_rowid += len(fresh)
@@ -560,4 +583,6 @@ def _as_text(record: Record) -> Record:
             error = msgspec.structs.replace(error, detail=text(error.detail))
         return msgspec.structs.replace(record, result=text(record.result) if record.result is not None else None,
                                        error=error, history=[])  # fmt: skip
+    if isinstance(record, PlanForgotten):
+        return record  # an id only: always storable
     return msgspec.structs.replace(record, submit=msgspec.structs.replace(record.submit, args=text(record.submit.args)))

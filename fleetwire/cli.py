@@ -160,6 +160,7 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
         store=ns.store or "sqlite",
         data_dir=ns.data_dir,
         breaker_fraction=ns.breaker_fraction,
+        plan_retention_s=ns.plan_retention,
         **_routing_settings(ns),
         **security_settings(ns),
     )
@@ -399,6 +400,9 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     p.add_argument("--breaker-fraction", type=float, default=0.5, metavar="F",
                    help="reaper circuit breaker: when more than this share of >= 3 connected workers go "
                         "silent at once, suspect the coordinator and hold the reaping (default 0.5; 1 disables)")
+    p.add_argument("--plan-retention", type=float, default=86400.0, metavar="S",
+                   help="forget a finished plan (memory and store) this many seconds after it ended; a client "
+                        "plan id is an idempotency key only that long (default 86400 = 24 h; 0 keeps every plan)")
     add_security_arguments(p)  # TLS and limits (fleetwire/cli_security.py)
     g = p.add_argument_group("placement and autoscaling (docs/ROUTING.md)")
     g.add_argument("--policy", default="joule_weighted", metavar="NAME",
