@@ -27,7 +27,7 @@ from fleetwire.client import DEFAULT_MAX_FRAME_BYTES, Client
 from fleetwire.options import SubmitManyOptions, SubmitOptions
 from fleetwire.plan import Plan
 from protocol.codec import Encoding
-from protocol.messages import Event, PlanInfo, PlanStateName, Workers
+from protocol.messages import Event, PlanInfo, Plans, PlanStateName, Workers
 
 __all__ = ["SyncClient", "SyncPlan"]
 
@@ -120,6 +120,18 @@ class SyncClient:
     def workers(self) -> Workers:
         """The worker registry and cluster summary; see ``Client.workers``."""
         return self._call(self._client.workers())
+
+    def plans(self, *, states: Iterable[str] = (), limit: int = 200) -> Plans:
+        """Plans this client may see, the queue and counts per state; see ``Client.plans``."""
+        return self._call(self._client.plans(states=states, limit=limit))
+
+    def drain(self, worker_id: str, *, deadline_s: float | None = None) -> None:
+        """Stop placing plans on a worker (admin token); see ``Client.drain``."""
+        self._call(self._client.drain(worker_id, deadline_s=deadline_s))
+
+    def undrain(self, worker_id: str) -> None:
+        """Place plans on a drained worker again (admin token); see ``Client.undrain``."""
+        self._call(self._client.undrain(worker_id))
 
     # ---- the bridge to the loop thread
 

@@ -109,15 +109,15 @@ def test_nothing_shared_leaves_the_sends_as_they_are() -> None:
 
 
 def test_sync_client_submit_many() -> None:
-    """SyncClient.submit_many returns SyncPlans in order, without an event loop of its own."""
+    """SyncClient.submit_many returns SyncPlans in order; plans/drain/undrain work without an event loop."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
     async def start() -> tuple[CoordinatorServer, Agent, asyncio.Task[None]]:
-        server = CoordinatorServer(ServerSettings(port=0, insecure=True))
+        server = CoordinatorServer(ServerSettings(port=0, worker_tokens=("w-token",), admin_tokens=("a-token",)))
         await server.start()
-        agent = Agent(server.url, worker_id="sync-batch-worker")
+        agent = Agent(server.url, "w-token", worker_id="sync-batch-worker")
         task = asyncio.create_task(agent.run())
         await asyncio.wait_for(agent.registered.wait(), 10)
         return server, agent, task
@@ -130,9 +130,17 @@ def test_sync_client_submit_many() -> None:
 
     server, agent, task = asyncio.run_coroutine_threadsafe(start(), loop).result(20)
     try:
-        with SyncClient(server.url) as client:
+        with SyncClient(server.url, token="a-token") as client:  # admin: drain/undrain
             plans = client.submit_many("echo", ["a", "b", "c"])
             assert [plan.result(timeout=10) for plan in plans] == ["a", "b", "c"]
+            listed = client.plans(states=["succeeded"])
+            assert {p.id for p in listed.plans} == {plan.id for plan in plans}
+            client.drain("sync-batch-worker")
+            assert next(w for w in client.workers().workers if w.id == "sync-batch-worker").draining
+            client.undrain("sync-batch-worker")
+            assert not next(w for w in client.workers().workers if w.id == "sync-batch-worker").draining
+            with pytest.raises(ValueError, match="plan states"):
+                client.plans(states=["finished"])
     finally:
         asyncio.run_coroutine_threadsafe(stop(server, agent, task), loop).result(20)
         loop.call_soon_threadsafe(loop.stop)
