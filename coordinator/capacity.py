@@ -117,7 +117,7 @@ def energy_key(worker: WorkerRecord) -> EnergyKey | None:
 def has_carbon(worker: WorkerRecord) -> bool:
     """Whether the worker reports both figures ``carbon_weighted`` uses as is: a µJ/token and a zone intensity."""
     load = worker.load
-    return load is not None and 0 < load.uj_per_token < math.inf and 0 < load.zone_intensity_g_per_kwh < math.inf
+    return load is not None and has_energy(worker) and 0 < load.zone_intensity_g_per_kwh < math.inf
 
 
 def carbon_key(worker: WorkerRecord) -> EnergyKey | None:

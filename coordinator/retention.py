@@ -102,5 +102,4 @@ class Retention:
         subscriptions = core.subscriptions
         for conn_id in list(subscriptions.followers(plan.id)):
             subscriptions.remove(plan.id, conn_id)
-        core.queue.discard(plan.id)  # never queued once terminal; kept for safety, O(1)
         core.recovery.journal.forgotten(plan)

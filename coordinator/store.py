@@ -179,8 +179,9 @@ class MemoryStore:
 
 # --------------------------------------------------------------------------- sqlite
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS plans (
+# A table's definition as of the version that introduced it: the current schema and the
+# migrations that reach it share these (a later version adds its own, never edits these).
+_PLANS_V3 = """(
     id TEXT NOT NULL,
     owner TEXT NOT NULL,
     ord INTEGER NOT NULL,
@@ -189,25 +190,24 @@ CREATE TABLE IF NOT EXISTS plans (
     status BLOB,
     events BLOB,
     nevents INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS events (
+)"""
+_EVENTS_V2 = """(
     plan INTEGER NOT NULL,
     seq INTEGER NOT NULL,
     body BLOB NOT NULL,
     PRIMARY KEY (plan, seq)
-) WITHOUT ROWID;
+) WITHOUT ROWID"""
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS plans {_PLANS_V3};
+CREATE TABLE IF NOT EXISTS events {_EVENTS_V2};
 """
 
 # Version 1 keyed events by the plan's id: ids are random, so every group of events landed on
 # B-tree pages all over the table (twice the writer's CPU). Version 2 keys them by the plan's
 # rowid, which grows with submit order: new events append near the end of the table.
-_MIGRATE_V1 = """
-CREATE TABLE events_v2 (
-    plan INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    body BLOB NOT NULL,
-    PRIMARY KEY (plan, seq)
-) WITHOUT ROWID;
+_MIGRATE_V1 = f"""
+CREATE TABLE events_v2 {_EVENTS_V2};
 INSERT INTO events_v2 (plan, seq, body) SELECT plans.rowid, events.seq, events.body
     FROM events JOIN plans ON plans.id = events.plan_id;
 DROP TABLE events;
@@ -224,17 +224,8 @@ ALTER TABLE events_v2 RENAME TO events;
 # is written to the WAL at the commit. The store keeps every id's rowid in memory and is the
 # file's only writer (the lock file): it makes sure an id is created once. New plans now append
 # at the end of the table, and the plans in flight, which a group updates, sit next to each other.
-_MIGRATE_V2 = """
-CREATE TABLE plans_v3 (
-    id TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    ord INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    spec BLOB NOT NULL,
-    status BLOB,
-    events BLOB,
-    nevents INTEGER NOT NULL DEFAULT 0
-);
+_MIGRATE_V2 = f"""
+CREATE TABLE plans_v3 {_PLANS_V3};
 INSERT INTO plans_v3 (rowid, id, owner, ord, state, spec, status)
     SELECT rowid, id, owner, ord, state, spec, status FROM plans;
 DROP TABLE plans;
