@@ -43,8 +43,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from coordinator.audit import violations
+from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.limits import Limits
-from coordinator.server import CoordinatorServer, ServerSettings
 from protocol.messages import ALL_MESSAGE_TYPES, FromClient, FromWorker, type_name, type_names
 
 WORKER_TOKEN, CLIENT_TOKEN = "fuzz-worker-token", "fuzz-client-token"

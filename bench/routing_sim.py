@@ -55,8 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from coordinator.core import Coordinator, CoreConfig  # noqa: E402 - after the path tweak above
-from coordinator.placement import PlacementConfig  # noqa: E402
-from coordinator.policies import POLICY_NAMES, PolicyKnobs  # noqa: E402
+from coordinator.placement.placer import PlacementConfig  # noqa: E402
+from coordinator.placement.policies import POLICY_NAMES, PolicyKnobs  # noqa: E402
 from protocol import errors  # noqa: E402
 from protocol.messages import (  # noqa: E402
     Accept,

@@ -31,9 +31,9 @@ import throughput
 
 sys.path.insert(0, str(h.ROOT))
 
-from coordinator.commit import GroupCommitter
+from coordinator.io.commit import GroupCommitter
+from coordinator.io.store import SQLiteStore
 from coordinator.records import PlanCreated, PlanStatus, Record
-from coordinator.store import SQLiteStore
 from protocol.messages import Event, Submit
 
 

@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from coordinator.io.store import SQLiteStore
 from coordinator.records import PlanCreated, PlanStatus, Record
-from coordinator.store import SQLiteStore
 from fleetwire.cli import DAEMON_GC_THRESHOLDS
 from protocol.messages import Event, Submit
 

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from coordinator.placement.plan_queue import PlanQueue, Signature
 from coordinator.plans import Plan
-from coordinator.queue import PlanQueue, Signature
 from coordinator.registry import WorkerRegistry
 
 __all__ = ["AutoscaleConfig", "Autoscaler", "Decision", "PoolSignal", "pool_name", "pool_signals"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, assert_never
 
 import structlog
 
-from coordinator.placement import hints_problem
+from coordinator.placement.placer import hints_problem
 from coordinator.plans import (
     EVERY_PRINCIPAL,
     Plan,

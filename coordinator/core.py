@@ -30,8 +30,10 @@ import structlog
 from coordinator import client_session, scopes, worker_session
 from coordinator.autoscaler import AutoscaleConfig, Autoscaler, pool_signals
 from coordinator.limits import PlanQuota
-from coordinator.operator import OperatorRequests
-from coordinator.placement import Placement, PlacementConfig
+from coordinator.operator_requests import OperatorRequests
+from coordinator.placement.placer import Placement, PlacementConfig
+from coordinator.placement.plan_queue import PlanQueue, Signature, explain_wait
+from coordinator.placement.policies import POLICY_NAMES
 from coordinator.plans import (
     EVERY_PRINCIPAL,
     SMALL_EVENT_BYTES,
@@ -39,8 +41,6 @@ from coordinator.plans import (
     Subscriptions,
     advance,
 )
-from coordinator.policies import POLICY_NAMES
-from coordinator.queue import PlanQueue, Signature, explain_wait
 from coordinator.records import StoredPlan
 from coordinator.recovery import Recovery, note_attempt
 from coordinator.registry import WorkerRecord, WorkerRegistry
@@ -77,8 +77,8 @@ __all__ = ["Coordinator", "CoreConfig", "Effects"]
 
 log = structlog.get_logger(__name__)
 
-# Placements are counted per policy under "placements.<policy>" (coordinator/metrics.py turns the
-# suffix into the ``policy`` label); the policies are in coordinator/policies.py.
+# Placements are counted per policy under "placements.<policy>" (coordinator/io/metrics.py turns the
+# suffix into the ``policy`` label); the policies are in coordinator/placement/policies.py.
 PLACEMENT_COUNTERS = " ".join(f"placements.{name}" for name in POLICY_NAMES)
 
 Role = Literal["worker", "client"]
@@ -105,7 +105,7 @@ class CoreConfig:
     version: str = ""  # the coordinator's version, put in ``welcome``
     breaker_fraction: float = 0.5  # reaper circuit breaker: share of connected workers stale at once
     breaker_min_workers: int = 3  # ... among at least this many connected workers (coordinator/recovery.py)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)  # coordinator/placement.py
+    placement: PlacementConfig = field(default_factory=PlacementConfig)  # coordinator/placement/placer.py
     autoscale: AutoscaleConfig | None = None  # None: no autoscaler (coordinator/autoscaler.py)
     plan_retention_s: float = 86_400.0  # finished plans are forgotten this long after they end (0: never)
 
@@ -114,7 +114,7 @@ class CoreConfig:
 class Effects:
     """What the server must do: commit ``records``, then send ``sends`` (each list in order), then ``closes``.
 
-    No frame of a step may leave before the step's records are durable (coordinator/commit.py).
+    No frame of a step may leave before the step's records are durable (coordinator/io/commit.py).
     """
 
     sends: dict[int, list[Any]] = field(default_factory=dict)
@@ -161,8 +161,8 @@ class Coordinator:
             f" heartbeats {PLACEMENT_COUNTERS} plans_revoked scope_refused plans_refused".split(),
             0,
         )
-        self.timings = PlanTimings()  # queue-wait and run-time histograms (coordinator/metrics.py exports them)
-        self.operator = OperatorRequests(self)  # list_plans, drain_worker, undrain_worker (coordinator/operator.py)
+        self.timings = PlanTimings()  # queue-wait and run-time histograms (coordinator/io/metrics.py exports them)
+        self.operator = OperatorRequests(self)  # list_plans, drain_worker, undrain_worker (operator_requests.py)
         self.recovery = Recovery(self)  # records, acks, restore, hand-back, retries (coordinator/recovery.py)
         self.retention = Retention(self, config.plan_retention_s)  # forgets old finished plans (retention.py)
         self._clock = 0.0  # the ``now`` of the input being handled: when a plan ends (retention)
@@ -474,7 +474,7 @@ class Coordinator:
     def _forbid(self, s: _Session, reason: str, kind: scopes.ScopeReason) -> None:
         """Close a session that overstepped its role or token (4403), changing nothing else (scopes.py)."""
         self.counters["scope_refused"] += 1
-        key = f"scope_refused.{kind}"  # by reason, for /metrics (coordinator/metrics.py)
+        key = f"scope_refused.{kind}"  # by reason, for /metrics (coordinator/io/metrics.py)
         self.counters[key] = self.counters.get(key, 0) + 1
         log.warning(
             "refused: out of scope", reason=reason, conn_id=s.conn_id, role=s.role, principal=s.principal,

@@ -16,9 +16,9 @@ Semantics are the seed's (docs/SEMANTICS.md §Registry):
   continue its plans. Every beat goes into a heap by time, so finding the stale workers
   costs O(log W) per beat and O(stale) per tick, not a pass over every worker.
 * Per signature, the connected workers that meet it are cached as a
-  :class:`~coordinator.capacity.Pool`, kept up to date on every registration, disconnect
+  :class:`~coordinator.placement.capacity.Pool`, kept up to date on every registration, disconnect
   and reap, with an index of the members that have room, kept up to date on every claim
-  and release (coordinator/capacity.py).
+  and release (coordinator/placement/capacity.py).
 
 Time comes in as ``now`` (monotonic seconds); nothing here reads a clock.
 """
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from coordinator.capacity import Pool, has_carbon, has_energy, has_latency, is_plain, latency_ms
 from coordinator.errors import UnknownWorker
+from coordinator.placement.capacity import Pool, has_carbon, has_energy, has_latency, is_plain, latency_ms
 from protocol.messages import Capabilities, Load, WorkerInfo
 
 __all__ = ["WorkerRecord", "WorkerRegistry"]
@@ -77,10 +77,10 @@ class WorkerRecord:
             report could not count yet.
         drain_tokens_per_s: how fast it works off queued tokens, learned from its reports
             (0 until learned); lets the coordinator age its estimate between reports.
-        plain: :func:`~coordinator.capacity.is_plain` as of its last change (its pools count it).
-        has_energy: :func:`~coordinator.capacity.has_energy` as of its last report (likewise).
-        has_carbon: :func:`~coordinator.capacity.has_carbon` as of its last report (likewise).
-        has_latency: :func:`~coordinator.capacity.has_latency` as of its last report (likewise).
+        plain: :func:`~coordinator.placement.capacity.is_plain` as of its last change (its pools count it).
+        has_energy: :func:`~coordinator.placement.capacity.has_energy` as of its last report (likewise).
+        has_carbon: :func:`~coordinator.placement.capacity.has_carbon` as of its last report (likewise).
+        has_latency: :func:`~coordinator.placement.capacity.has_latency` as of its last report (likewise).
     """
 
     id: str
@@ -346,7 +346,7 @@ class WorkerRegistry:
 
         Placement asks this on every submit. The pool is kept up to date as workers
         register (``meets`` is applied to them), disconnect or are reaped, and indexes its
-        members' room (coordinator/capacity.py). Liveness and draining change without the
+        members' room (coordinator/placement/capacity.py). Liveness and draining change without the
         registry knowing, so callers check those themselves.
         """
         # One key asked with two tests (a signature's admits and meets) is two pools. A bound

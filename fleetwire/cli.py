@@ -145,7 +145,7 @@ async def _workers(ns: argparse.Namespace) -> int:
 
 
 def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], client_tokens: tuple[str, ...]) -> Any:
-    from coordinator.server import ServerSettings
+    from coordinator.io.server import ServerSettings
 
     return ServerSettings(
         host=ns.host,
@@ -169,8 +169,8 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
 def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
     """The placement and autoscaler parts of ``ServerSettings`` (docs/ROUTING.md)."""
     from coordinator.autoscaler import AutoscaleConfig
-    from coordinator.placement import PlacementConfig
-    from coordinator.policies import PolicyKnobs
+    from coordinator.placement.placer import PlacementConfig
+    from coordinator.placement.policies import PolicyKnobs
 
     knobs = PolicyKnobs(**dict(ns.policy_option))
     autoscale = None
@@ -233,7 +233,7 @@ async def _serve_until_signal(server: Any) -> int:
 
 
 async def _coordinator(ns: argparse.Namespace) -> int:
-    from coordinator.server import CoordinatorServer
+    from coordinator.io.server import CoordinatorServer
 
     tune_gc_for_daemon()
     worker_token = ns.worker_token or os.environ.get("FLEETWIRE_WORKER_TOKEN")
@@ -308,7 +308,7 @@ async def _stop_processes(procs: list[asyncio.subprocess.Process], grace_s: floa
 
 
 async def _up(ns: argparse.Namespace) -> int:
-    from coordinator.server import CoordinatorServer
+    from coordinator.io.server import CoordinatorServer
 
     tune_gc_for_daemon()
     if ns.workers < 0:

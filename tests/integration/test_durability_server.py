@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.server import CoordinatorServer, ServerSettings
-from coordinator.store import MemoryStore
+from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.store import MemoryStore
 from fleetwire import Client
 from worker_agent import Agent, Context
 

@@ -11,7 +11,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from coordinator.errors import UnknownWorker
-from coordinator.server import CoordinatorServer, ServerSettings
+from coordinator.io.server import CoordinatorServer, ServerSettings
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, Codec
 from protocol.messages import (
     Accept,

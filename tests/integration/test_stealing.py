@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.placement import PlacementConfig
-from coordinator.server import CoordinatorServer, ServerSettings
+from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.placement.placer import PlacementConfig
 from fleetwire import Client
 from worker_agent import Agent, Context
 

@@ -11,7 +11,7 @@ import pytest
 
 from coordinator import Coordinator, CoreConfig
 from coordinator.autoscaler import AutoscaleConfig, Autoscaler, Decision, PoolSignal
-from coordinator.hooks import HookRunner
+from coordinator.io.hooks import HookRunner
 from protocol.messages import Capabilities, Event, Hello, Submit, Subscribe
 
 

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.capacity import Pool
-from coordinator.placement import DEFAULT_CANDIDATES, PlacementConfig
-from coordinator.policies import POLICY_NAMES
-from coordinator.prefix import PrefixIndex
-from coordinator.queue import Signature
+from coordinator.placement.capacity import Pool
+from coordinator.placement.placer import DEFAULT_CANDIDATES, PlacementConfig
+from coordinator.placement.plan_queue import Signature
+from coordinator.placement.policies import POLICY_NAMES
+from coordinator.placement.prefix import PrefixIndex
 from fleetwire.cli import _routing_settings, build_parser
 from protocol.messages import Capabilities, Load
 from tests.unit.test_capacity import ENERGY_LOADS, LOADS, WORKERS, Model, figure_load, ops, register

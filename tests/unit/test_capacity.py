@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.capacity import (
+from coordinator.placement.capacity import (
     Pool,
     carbon_key,
     energy_key,
@@ -21,10 +21,10 @@ from coordinator.capacity import (
     latency_ms,
     slot_key,
 )
-from coordinator.placement import DEFAULT_CANDIDATES, Placement, PlacementConfig, ask_of
+from coordinator.placement.placer import DEFAULT_CANDIDATES, Placement, PlacementConfig, ask_of
+from coordinator.placement.plan_queue import Signature
+from coordinator.placement.policies import POLICY_NAMES, JouleWeighted, LatencyWeighted, projected_carbon
 from coordinator.plans import Plan
-from coordinator.policies import POLICY_NAMES, JouleWeighted, LatencyWeighted, projected_carbon
-from coordinator.queue import Signature
 from coordinator.registry import WorkerRecord, WorkerRegistry
 from protocol.messages import Capabilities, Load, Requirements, RoutingHints
 

@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from coordinator import Coordinator, CoreConfig
-from coordinator.queue import Signature
+from coordinator.placement.plan_queue import Signature
 from protocol import DecodeFailure, errors
 from protocol.messages import (
     Accept,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from coordinator.metrics import METRIC_NAMES
+from coordinator.io.metrics import METRIC_NAMES
 from fleetwire.reference import BEGIN, END, generate, splice
 
 ROOT = Path(__file__).resolve().parents[2]

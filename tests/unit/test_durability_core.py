@@ -9,8 +9,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from coordinator import Coordinator, CoreConfig
+from coordinator.io.store import MemoryStore
 from coordinator.records import PlanCreated, PlanStatus
-from coordinator.store import MemoryStore
 from protocol import errors
 from protocol.messages import (
     Accept,

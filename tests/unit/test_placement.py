@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from coordinator import Coordinator, CoreConfig
-from coordinator.placement import PlacementConfig
-from coordinator.policies import PolicyKnobs
-from coordinator.prefix import PrefixIndex
-from coordinator.queue import PlanQueue, Signature
+from coordinator.placement.placer import PlacementConfig
+from coordinator.placement.plan_queue import PlanQueue, Signature
+from coordinator.placement.policies import PolicyKnobs
+from coordinator.placement.prefix import PrefixIndex
 from coordinator.registry import WorkerRegistry
 from protocol import errors
 from protocol.messages import (

@@ -8,6 +8,7 @@ from typing import Any, get_args
 import pytest
 
 from coordinator.errors import CoordinatorError, InvalidTransition, PlanNotFound, UnknownWorker
+from coordinator.placement.plan_queue import PlanQueue, Signature, explain_wait
 from coordinator.plans import (
     RESERVED_KINDS,
     TRANSITIONS,
@@ -19,7 +20,6 @@ from coordinator.plans import (
     event_bytes,
     submit_problem,
 )
-from coordinator.queue import PlanQueue, Signature, explain_wait
 from coordinator.registry import WorkerRecord
 from protocol import errors
 from protocol.errors import FleetwireError

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from coordinator.policies import (
+from coordinator.placement.policies import (
     DEFAULT_POLICY,
     POLICY_NAMES,
     Ask,

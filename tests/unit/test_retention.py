@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from coordinator.io.server import ServerSettings
+from coordinator.io.store import DB_FILE, MemoryStore, SQLiteStore
 from coordinator.records import PlanForgotten, PlanStatus
-from coordinator.server import ServerSettings
-from coordinator.store import DB_FILE, MemoryStore, SQLiteStore
 from protocol import errors
 from protocol.messages import (
     Accepted,

@@ -1,6 +1,6 @@
 """The coordinator's per-connection pieces: its websocket connection class and a session's writer.
 
-``Session`` is one open websocket as coordinator/server.py drives it: its outgoing queue and
+``Session`` is one open websocket as coordinator/io/server.py drives it: its outgoing queue and
 the writer task that sends what is pending as coalesced frames.
 
 ``FailFastConnection`` stops reading a peer that sent an oversize frame.
@@ -33,7 +33,7 @@ from coordinator.auth import Principal
 from protocol import Codec
 from protocol import errors as codes
 
-log = structlog.get_logger("coordinator.server")
+log = structlog.get_logger("coordinator.io.server")
 
 # Coalesced frames stay under websockets' default 1 MiB receive limit of our peers.
 MAX_OUT_FRAME_BYTES = 512 * 1024

@@ -6,7 +6,7 @@ room, ordered by :func:`slot_key` = ``(tier, leases, last_assigned, id)``: tier 
 slot, tier 1 only prefetch room. The head of that heap, skipping members that cannot take a
 plan now (draining, not alive, KV blocks do not fit), is exactly what least-busy placement
 picks when no member reports a load figure (busyness is then 4 per lease), so a placement
-among 10,000 workers costs O(log W) instead of a pass over the pool (coordinator/placement.py).
+among 10,000 workers costs O(log W) instead of a pass over the pool (coordinator/placement/placer.py).
 
 The heap is lazy, like the plan queue's: a change to a worker pushes its new key, and an entry
 whose key no longer matches its worker (or whose worker left the pool) is dropped when it
@@ -29,7 +29,7 @@ busyness computed (at most ``limit`` of them, least leased first: see :meth:`Poo
 Two more indexes serve the other figure policies the same way, built on first use:
 ``carbon_weighted`` orders the members with room that report both a µJ/token and a zone
 intensity by :func:`carbon_key` = ``(tier, µJ/token * intensity, leases, last_assigned, id)``
-(projected grams grow with that product: coordinator/policies.py ``projected_carbon``), and
+(projected grams grow with that product: coordinator/placement/policies.py ``projected_carbon``), and
 ``latency_weighted`` keeps one heap per ``(tier, leases)`` level of the members that report a
 latency, ordered by :func:`latency_key`'s ``(latency, last_assigned, id)``: the least expected
 latency (latency * (leases + 1)) is the least of the levels' heads (:meth:`Pool.least_latency`),

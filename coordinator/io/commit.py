@@ -34,8 +34,8 @@ from typing import Generic, TypeVar
 
 import structlog
 
+from coordinator.io.store import Store
 from coordinator.records import Record
-from coordinator.store import Store
 
 __all__ = ["GroupCommitter"]
 

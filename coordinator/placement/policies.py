@@ -1,7 +1,7 @@
 """Placement policies: which of the workers that can take a plan gets it (docs/ROUTING.md).
 
 A policy is one small class with one method, :meth:`Policy.choose`. Placement
-(``coordinator/placement.py``) has already filtered the candidates (alive, not draining,
+(``coordinator/placement/placer.py``) has already filtered the candidates (alive, not draining,
 requirements met, room left, KV blocks fit) and handled sticky sessions; a policy only ranks
 what is left and never returns None. Every ranking ends with the same tie-break, least
 recently assigned and then the lowest id, so a decision is deterministic.
@@ -14,7 +14,7 @@ Derived figures, shared by the policies and the trace simulator:
 * projected emissions = energy in kWh * zone intensity in gCO2e/kWh (:func:`projected_g`);
   ``carbon_weighted`` computes it as (µJ/token * intensity) * tokens / µJ per kWh
   (:func:`projected_carbon`), so its ranking follows the product µJ/token * intensity that the
-  pool's carbon index is ordered by (coordinator/capacity.py).
+  pool's carbon index is ordered by (coordinator/placement/capacity.py).
 
 The load a policy sees is the coordinator's own (:class:`FleetView`): its lease counts and
 the prompt tokens it placed since the worker's last report, so a load report that is
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from coordinator.capacity import latency_ms
+from coordinator.placement.capacity import latency_ms
 from coordinator.registry import WorkerRecord
 
 __all__ = [
@@ -177,7 +177,7 @@ def _mean_known(candidates: Sequence[WorkerRecord], figure: Callable[[WorkerReco
     return math.fsum(known) / len(known) if known else 1.0
 
 
-_latency_ms: Final = latency_ms  # the figure the pool's latency index keys on (coordinator/capacity.py)
+_latency_ms: Final = latency_ms  # the figure the pool's latency index keys on (coordinator/placement/capacity.py)
 
 
 def _uj_per_token(worker: WorkerRecord) -> float:

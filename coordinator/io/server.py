@@ -35,18 +35,19 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from coordinator import http as http_routes
-from coordinator.auth import Gatekeeper, TokenFileError, TokenStore, inline_tokens, server_tls_context
+from coordinator.auth import TokenFileError, TokenStore, inline_tokens
 from coordinator.autoscaler import AutoscaleConfig
-from coordinator.commit import GroupCommitter
-from coordinator.connection import FailFastConnection, Session, close_or_abort
 from coordinator.core import Coordinator, CoreConfig, Effects
-from coordinator.hooks import HookRunner
+from coordinator.io import http as http_routes
+from coordinator.io.commit import GroupCommitter
+from coordinator.io.connection import FailFastConnection, Session, close_or_abort
+from coordinator.io.gate import Gatekeeper, server_tls_context
+from coordinator.io.hooks import HookRunner
+from coordinator.io.metrics import CONTENT_TYPE, build_registry, render
+from coordinator.io.store import Store, open_store
 from coordinator.limits import Limits
-from coordinator.metrics import CONTENT_TYPE, build_registry, render
-from coordinator.placement import PlacementConfig
+from coordinator.placement.placer import PlacementConfig
 from coordinator.stats import FrameCounters
-from coordinator.store import Store, open_store
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec, Encoding
 from protocol import errors as codes
 from protocol.messages import Assign, Error, FromClient, FromWorker
@@ -78,7 +79,7 @@ class ServerSettings:
         tls_cert / tls_key: serve ``wss://`` with this PEM certificate chain and key.
         tls_client_ca: require worker client certificates signed by this CA (mTLS).
         limits: rate, size, connection and buffer limits (coordinator/limits.py).
-        placement: default policy, prefetch and policy knobs (coordinator/placement.py).
+        placement: default policy, prefetch and policy knobs (coordinator/placement/placer.py).
         autoscale: the autoscaler's settings; None: no autoscaler (coordinator/autoscaler.py).
         autoscale_hook: a shell command run with each autoscaler decision as JSON on stdin.
         ping_workers: send websocket keepalive pings (``limits.ping_interval_s``) on
@@ -99,8 +100,8 @@ class ServerSettings:
     heartbeat_timeout_s: float = 30.0
     reaper_interval_s: float | None = None
     max_frame_bytes: int = 1 << 20
-    store: str = "memory"  # coordinator/store.py: "memory", "sqlite" (in data_dir) or "sqlite:PATH"
-    data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.store.default_data_dir()
+    store: str = "memory"  # coordinator/io/store.py: "memory", "sqlite" (in data_dir) or "sqlite:PATH"
+    data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.io.store.default_data_dir()
     breaker_fraction: float = 0.5  # reaper circuit breaker (coordinator/recovery.py)
     breaker_min_workers: int = 3
     ping_workers: bool = False
@@ -214,7 +215,7 @@ class CoordinatorServer:
         self._reaper: asyncio.Task[None] | None = None
         self._stopping = False
         self.port: int = settings.port
-        # /metrics reads these at scrape time (coordinator/metrics.py); see coordinator/http.py.
+        # /metrics reads these at scrape time (coordinator/io/metrics.py); see coordinator/io/http.py.
         self.frames = FrameCounters()
         self.refusals: dict[str, int] = {}  # by answer: HTTP status before the upgrade, close code after
         self.metrics_registry = build_registry(
@@ -286,7 +287,7 @@ class CoordinatorServer:
             await self._hook.close()
         self.store.close()
 
-    # ------------------------------------------------------------------ HTTP (coordinator/http.py)
+    # ------------------------------------------------------------------ HTTP (coordinator/io/http.py)
 
     def readiness_problem(self) -> str | None:
         """None when ``/readyz`` should answer 200, else why not."""

@@ -13,9 +13,9 @@ Rules (docs/SEMANTICS.md §Placement, docs/ROUTING.md):
    took the session's previous plan while that worker has room; otherwise the policy
    chooses and the session moves there. Keys are scoped by the plan's owner.
 4. *Policy.* The plan's ``hints.policy``, else the coordinator's default, ranks the tier
-   (coordinator/policies.py). While no worker of the pool reports a load figure a policy
+   (coordinator/placement/policies.py). While no worker of the pool reports a load figure a policy
    reads, every policy but round robin and prefix-matching ``kv_aware`` picks what least
-   busy picks, and the pool's room index answers in O(log W) (coordinator/capacity.py);
+   busy picks, and the pool's room index answers in O(log W) (coordinator/placement/capacity.py);
    while every worker of the pool reports the figure it ranks by first, ``joule_weighted``
    (µJ/token) and ``carbon_weighted`` (µJ/token and zone intensity; both without a busyness
    gap) and ``latency_weighted`` (latency) take their best workers from the pool's index by
@@ -47,9 +47,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from coordinator.capacity import Pool
-from coordinator.plans import Plan
-from coordinator.policies import (
+from coordinator.placement.capacity import Pool
+from coordinator.placement.plan_queue import Signature
+from coordinator.placement.policies import (
     DEFAULT_POLICY,
     POLICY_NAMES,
     Ask,
@@ -62,15 +62,15 @@ from coordinator.policies import (
     make_policies,
     projected_carbon,
 )
-from coordinator.prefix import PrefixIndex
-from coordinator.queue import Signature
+from coordinator.placement.prefix import PrefixIndex
+from coordinator.plans import Plan
 from coordinator.registry import WorkerRecord, WorkerRegistry
 from protocol.messages import RoutingHints
 
 __all__ = ["DEFAULT_BLOCK_TOKENS", "DEFAULT_CANDIDATES", "Placement", "PlacementConfig", "hints_problem"]
 
 DEFAULT_BLOCK_TOKENS: Final = 16  # vLLM's default KV block size, for hashes of unknown block length
-# Policies that rank plain workers (coordinator/capacity.py) exactly as least busy does.
+# Policies that rank plain workers (coordinator/placement/capacity.py) exactly as least busy does.
 LEAST_BUSY_WHEN_PLAIN: Final = frozenset({"least_busy", "joule_weighted", "carbon_weighted", "latency_weighted"})
 DEFAULT_CANDIDATES: Final = 16  # workers a policy ranks in a large pool (docs/ROUTING.md §Large pools)
 MAX_PREFIX_HASHES: Final = 16_384  # 8M tokens of 512-token blocks; more would only bloat the index

@@ -8,13 +8,13 @@ websockets hands every request to ``process_request`` before the upgrade; the se
 ``/healthz``          200 ``ok``: the process is up and its event loop answers.
 ``/readyz``           200 ``ready`` when the listener accepts and the store (if any) is
                       open; else 503 with the reason.
-``/metrics``          Prometheus text format (coordinator/metrics.py).
+``/metrics``          Prometheus text format (coordinator/io/metrics.py).
 ``/``                 the dashboard page; its files are under ``/dashboard/``.
 ====================  ===========================================================
 
 These paths carry no plan data, so they need no token; the dashboard's data comes over its
 own websocket session, which does (docs/PROTOCOL.md §1, the bearer subprotocol). Files are
-read once, at import, from ``coordinator/dashboard/``: nothing is loaded from elsewhere, and a
+read once, at import, from ``coordinator/io/dashboard/``: nothing is loaded from elsewhere, and a
 request can never name a file outside that fixed set.
 """
 
@@ -39,7 +39,7 @@ _TYPES: Final = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
 }
-#: URL path -> file in coordinator/dashboard/.
+#: URL path -> file in coordinator/io/dashboard/.
 DASHBOARD_FILES: Final = {
     "/": "index.html",
     "/index.html": "index.html",

@@ -2,7 +2,7 @@
 
 A store applies batches of records (``coordinator/records.py``) and gives every plan back on
 start. It is the only part of the coordinator that touches a disk; the core never calls it
-(the server does, through ``coordinator/commit.py``, off the event loop).
+(the server does, through ``coordinator/io/commit.py``, off the event loop).
 
 * :class:`SQLiteStore` (the default, ``--store sqlite`` or ``sqlite:PATH``): one SQLite file in
   WAL mode with ``synchronous=FULL``, so a committed batch survives a power cut, not only a

@@ -1,0 +1,221 @@
+"""The socket side of admission: TLS contexts, reading a handshake's bearer token, the gatekeeper.
+
+Who may connect (tokens, roles, the token file) is decided by the pure coordinator/auth.py;
+this module applies it to websocket handshakes before the upgrade (docs/PROTOCOL.md §1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import math
+import ssl
+import time
+import weakref
+from typing import Final, Literal
+
+import structlog
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+from coordinator.auth import Principal, TokenStore
+from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, origin_refused
+
+__all__ = ["BEARER_SUBPROTOCOL_PREFIX", "Gatekeeper", "bearer_token", "server_tls_context"]
+
+log = structlog.get_logger("coordinator.auth")
+
+def server_tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:
+    """The coordinator's TLS context: TLS 1.2 or later, and client certificates when asked.
+
+    With ``client_ca_file`` a presented client certificate must chain to that CA; the
+    server then requires one on ``/v1/worker`` (mTLS for workers) and leaves clients and
+    browsers, which cannot easily hold one, to their tokens.
+
+    Raises:
+        ValueError: a file is missing or is not a PEM certificate/key.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load TLS certificate {cert_file} / key {key_file}: {exc}") from None
+    if client_ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load the client CA file {client_ca_file}: {exc}") from None
+        context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
+
+BEARER_SUBPROTOCOL_PREFIX: Final = "fleetwire.bearer."
+
+
+def bearer_token(headers: Headers) -> str | None:
+    """The bearer token of a handshake: the Authorization header, else an offered subprotocol.
+
+    Browsers cannot set headers, so they offer ``fleetwire.bearer.<base64url token>`` as a
+    subprotocol (docs/PROTOCOL.md §1); the server never selects or echoes it.
+    """
+    value = headers.get("Authorization")
+    if value:
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return token.strip()
+    for header in headers.get_all("Sec-WebSocket-Protocol"):
+        for offered in header.split(","):
+            offered = offered.strip()
+            if offered.startswith(BEARER_SUBPROTOCOL_PREFIX):
+                encoded = offered[len(BEARER_SUBPROTOCOL_PREFIX):]
+                try:
+                    return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+                except (binascii.Error, UnicodeDecodeError):
+                    return None
+    return None
+
+
+class Gatekeeper:
+    """Admits or refuses a websocket upgrade, before it happens (docs/PROTOCOL.md §1).
+
+    In order: a browser's Origin (403), the connection limit (503), a worker's client
+    certificate when mTLS is on (403), the bearer token (401 missing or unknown, 403 for a
+    role that may not open the path), the penalty box (429 with ``Retry-After`` while the
+    principal, from that address, is cooling off after an abusive close: :meth:`offence`).
+    Each refusal is logged once with the peer's address, the path and, when the token was
+    known, its principal's name; never the token. (429s are logged once per cool-off: a
+    reconnect loop must not turn into a log flood; /metrics counts every one.)
+
+    The penalty box is keyed by principal name *and* peer IP address (IP only with
+    ``--insecure``): a worker token is often shared by a whole fleet, and one host that
+    misbehaves must not keep the others from reconnecting.
+
+    Args:
+        tokens: the tokens in force; None accepts everyone (``--insecure``).
+        limits: the server's limits.
+        max_frame_bytes: the default frame limit, per role overridden by ``limits``.
+        mtls_workers: whether ``/v1/worker`` requires a verified client certificate.
+    """
+
+    def __init__(
+        self, tokens: TokenStore | None, limits: Limits, *, max_frame_bytes: int, mtls_workers: bool = False
+    ) -> None:
+        self.tokens = tokens
+        self.limits = limits
+        self.max_frame_bytes = max_frame_bytes
+        self.mtls_workers = mtls_workers
+        self._admitted: weakref.WeakKeyDictionary[ServerConnection, Principal] = weakref.WeakKeyDictionary()
+        self.penalty = PenaltyBox(limits.penalty_base_s, limits.penalty_max_s)
+        self.hold_s = min(limits.penalty_hold_s, limits.handshake_timeout_s / 2)
+        self.penalties: dict[str, int] = {}  # cool-offs imposed, by the close code that caused them
+        self._cooling_logged: set[str] = set()  # keys whose 429 was logged in their current cool-off
+
+    def admit(
+        self, conn: ServerConnection, request: Request, path: str, role: Literal["worker", "client"], open_sessions: int
+    ) -> Response | None:
+        """None to go on with the upgrade (the principal is kept for :meth:`principal`), else the refusal."""
+        address = _address(conn)
+        headers = request.headers
+        refused = origin_refused(headers.get("Origin"), headers.get("Host"), self.limits.allowed_origins)
+        if refused is not None:
+            log.warning("refused connection", reason="origin", origin=headers.get("Origin"), path=path, address=address)
+            return conn.respond(403, refused + "\n")
+        limit = self.limits.max_connections
+        if limit and open_sessions >= limit:
+            log.warning("refused connection", reason="connection limit", limit=limit, path=path, address=address)
+            return conn.respond(503, f"the coordinator is at its limit of {limit} connections; retry later\n")
+        if role == "worker" and self.mtls_workers and not conn.transport.get_extra_info("peercert"):
+            log.warning("refused connection", reason="no client certificate", path=path, address=address)
+            return conn.respond(403, "workers must present a client certificate (the coordinator requires mTLS)\n")
+        if self.tokens is None:
+            principal = Principal(role, role)
+        else:
+            token = bearer_token(headers)
+            if token is None:
+                log.warning("refused connection", reason="missing token", path=path, address=address)
+                return _unauthorized(conn, "missing 'Authorization: Bearer <token>' header")
+            found = self.tokens.authenticate(token)
+            if found is None:
+                log.warning("refused connection", reason="invalid token", path=path, address=address)
+                return _unauthorized(conn, "invalid token")
+            if found.path_role != role:
+                log.warning(
+                    "refused connection", reason="wrong role", principal=found.name, token_role=found.role,
+                    path=path, address=address,
+                )
+                return conn.respond(403, f"a {found.role} token cannot open {path}; use a {role} token\n")
+            principal = found
+        key = self._penalty_key(principal, conn)
+        left = self.penalty.refusal(key, time.monotonic())
+        if left is not None:
+            return self._cooling(conn, principal, key, left, path, address)
+        # Set before the upgrade completes, so the limit applies from the session's first frame.
+        conn.protocol.max_message_size = self.limits.frame_bytes(role, self.max_frame_bytes)
+        self._admitted[conn] = principal
+        return None
+
+    def offence(self, principal: Principal, conn: ServerConnection, code: int) -> None:
+        """``conn`` of ``principal`` was closed with ``code``: an abusive close starts a cool-off.
+
+        Codes outside :data:`~coordinator.limits.PENALIZED_CLOSES` are ignored.
+        """
+        if code not in PENALIZED_CLOSES or self.penalty.base_s <= 0:
+            return
+        key = self._penalty_key(principal, conn)
+        cool_s = self.penalty.offend(key, time.monotonic())
+        self._cooling_logged.discard(key)
+        name = str(code)
+        self.penalties[name] = self.penalties.get(name, 0) + 1
+        log.warning("penalty box: new connections refused (HTTP 429) for a while", principal=principal.name,
+                    address=_address(conn), code=code, cooloff_s=round(cool_s, 3))
+
+    def _cooling(
+        self, conn: ServerConnection, principal: Principal, key: str, left_s: float, path: str, address: str
+    ) -> Response:
+        if key not in self._cooling_logged:
+            if len(self._cooling_logged) > 10_000:
+                self._cooling_logged.clear()  # bounded; at worst a 429 is logged twice
+            self._cooling_logged.add(key)
+            log.warning("refused connection", reason="penalty box", principal=principal.name, path=path,
+                        address=address, retry_after_s=round(left_s, 3))
+        wait_s = max(1, math.ceil(left_s - self.hold_s))
+        response = conn.respond(
+            429, f"{principal.name!r} was recently closed for abuse (an oversize frame, protocol violations or "
+                 f"flooding); retry in {wait_s} s\n",
+        )
+        response.headers["Retry-After"] = str(wait_s)
+        return response
+
+    async def hold(self, response: Response) -> Response:
+        """``response`` (a penalty-box 429) after ``penalty_hold_s``: see coordinator/limits.py."""
+        await asyncio.sleep(self.hold_s)
+        return response
+
+    def _penalty_key(self, principal: Principal, conn: ServerConnection) -> str:
+        remote = conn.remote_address
+        host = str(remote[0]) if remote else ""
+        return host if self.tokens is None else f"{principal.name}@{host}"
+
+    def principal(self, conn: ServerConnection) -> Principal:
+        """The principal :meth:`admit` let in on ``conn``.
+
+        Raises:
+            KeyError: ``conn`` was not admitted (a driver bug; the connection is dropped).
+        """
+        return self._admitted.pop(conn)
+
+
+def _unauthorized(conn: ServerConnection, why: str) -> Response:
+    response = conn.respond(401, why + "\n")
+    response.headers["WWW-Authenticate"] = 'Bearer realm="fleetwire"'
+    return response
+
+
+def _address(conn: ServerConnection) -> str:
+    remote = conn.remote_address
+    return f"{remote[0]}:{remote[1]}" if remote else ""

@@ -1,0 +1,11 @@
+"""Where a plan runs: the plan queue, the placement engine, its policies and the capacity indexes.
+
+* plan_queue: queued plans grouped by requirement signature, best first, and why they wait;
+* placer: :class:`Placement`, which picks a worker for a plan (candidates, KV admission,
+  sticky sessions, prefetch and work stealing);
+* policies: the scoring policies (least busy, latency, joule, carbon, KV-aware, session);
+* capacity: per-pool indexes of free workers (heaps) that keep placement O(log n);
+* prefix: prefix-hash bookkeeping for KV-aware routing.
+
+Pure like the rest of the core: no clock, no I/O.
+"""
