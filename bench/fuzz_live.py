@@ -17,7 +17,7 @@ answering a probe within 5 s. Counted as a **state violation**: a rule of
 ``coordinator.audit.violations`` broken, checked every 500 inputs and at the end.
 
 Prints ``inputs tried / crashes / state violations`` and the close codes seen. This is a
-benchmark, not a test (RELIABILITY.md row 18 asks for 10^5 inputs and 0 crashes).
+benchmark, not a test (docs/OPERATIONS.md §Test matrix row 18 asks for 10^5 inputs and 0 crashes).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from coordinator.audit import violations
+from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.limits import Limits
 from protocol.messages import ALL_MESSAGE_TYPES, FromClient, FromWorker, type_name, type_names
@@ -265,11 +266,11 @@ async def run(inputs: int, seed: int, connections: int) -> dict[str, Any]:
                                                              f"{context.get('exception')!r}"))
     server = CoordinatorServer(ServerSettings(
         port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,), store="memory",
-        heartbeat_interval_s=1.0, heartbeat_timeout_s=3.0,
+        core=CoreConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=3.0, max_plans_per_client=2_000),
         # Rate limits off: the fuzzer is one very fast peer per connection, not a flood test. The
         # penalty box off: every replacement session must reach the core (and the probe, which
         # holds the same client token, must never be refused 429).
-        limits=Limits(worker_rate=0, client_rate=0, max_plans_per_client=2_000, penalty_base_s=0),
+        limits=Limits(worker_rate=0, client_rate=0, penalty_base_s=0),
     ))
     await server.start()
     handled: Counter[str] = Counter()
@@ -277,7 +278,7 @@ async def run(inputs: int, seed: int, connections: int) -> dict[str, Any]:
 
     def receive(conn_id: int, msg: Any, now: float) -> None:
         # Count what reached an open session of the core: the inputs that exercised its logic.
-        session = server.core._sessions.get(conn_id)
+        session = server.core.sessions.get(conn_id)
         handled["open" if session is not None and not session.closing else "closing"] += 1
         core_receive(conn_id, msg, now)
 

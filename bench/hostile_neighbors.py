@@ -1,4 +1,4 @@
-"""A legitimate client's latency while hostile peers hit the same coordinator (RELIABILITY.md rows 16, 19-21).
+"""A legitimate client's latency while hostile peers hit the coordinator (docs/OPERATIONS.md §Test matrix 16, 19-21).
 
     python bench/hostile_neighbors.py [--requests 2000] [--rounds 3] [--phases flood,oversize,...] [--json]
 

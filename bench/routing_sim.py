@@ -331,8 +331,11 @@ class Replay:
         self.heartbeat_s = heartbeat_s
         placement = PlacementConfig(policy=policy, prefetch=prefetch, knobs=knobs or PolicyKnobs())
         ids = (f"x{n}" for n in itertools.count())
-        # The heartbeat timeout is out of reach: this replay is about placement, not reaping.
-        config = CoreConfig(heartbeat_interval_s=heartbeat_s, heartbeat_timeout_s=1e9, placement=placement)
+        # The heartbeat timeout is out of reach: this replay is about placement, not reaping; one
+        # client submits the whole trace, so no plan quota.
+        config = CoreConfig(
+            heartbeat_interval_s=heartbeat_s, heartbeat_timeout_s=1e9, placement=placement, max_plans_per_client=0
+        )
         self.core = Coordinator(config, new_id=lambda: next(ids))
         self.client = 1
         self.workers: dict[str, SimWorker] = {}
@@ -648,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = ns.trace or [TRACES / name for name in DEFAULT_TRACES]
     present = [p for p in paths if p.is_file()]
     for missing in sorted(set(paths) - set(present)):
-        print(f"routing_sim: trace {missing} is absent; skipping it (see ../shared/traces/README.md)", flush=True)
+        print(f"routing_sim: trace {missing} is absent; skipping it (see docs/ROUTING.md §Measured on real traces)",
+              flush=True)
     if not present:
         print("routing_sim: no trace to replay; nothing measured.", flush=True)
         return 0

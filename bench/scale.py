@@ -278,7 +278,8 @@ def placement_phase(
     settings: dict[str, Any] = {} if candidates is None else {"candidates": candidates}
     if load in PLACEMENT_POLICY:
         settings["policy"] = PLACEMENT_POLICY[load]
-    config = CoreConfig(placement=PlacementConfig(**settings)) if settings else CoreConfig()
+    # One client fills the queue (``queued`` plans): no plan quota, as the core had before it took the server's.
+    config = CoreConfig(placement=PlacementConfig(**settings), max_plans_per_client=0)
     core = Coordinator(config, new_id=lambda: f"{next(ids):016x}")
     now = 1.0
     caps = Capabilities(cpu_cores=8, ram_bytes=32 * 10**9, ops=["echo"], tags=["sim"], max_concurrency=1)

@@ -2,7 +2,7 @@
 
 The handshake side (TLS contexts, reading the bearer token, the gatekeeper) is coordinator/io/gate.py.
 
-Rules (docs/OPERATIONS.md §Security; RELIABILITY.md §3):
+Rules (docs/OPERATIONS.md §Security):
 
 * A token belongs to a **principal**: a name, a role (``worker``, ``client`` or ``admin``)
   and, for workers, an optional glob of the worker ids it may register as. The name is

@@ -222,7 +222,7 @@ def pool_signals(
     """
     ongoing: dict[Signature, int] = {}
     for signature, count in queue.counts().items():
-        key = signature._replace(avoid=())
+        key = signature.avoiding(())
         ongoing[key] = ongoing.get(key, 0) + count
     for worker in registry:
         for plan_id in worker.leases:

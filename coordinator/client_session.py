@@ -1,22 +1,32 @@
-"""The client session of the core (docs/SEMANTICS.md §Client session): submit, subscribe, cancel.
+"""The client session of the core (docs/SEMANTICS.md §Client session): submit, subscribe, cancel, look up.
 
-Functions of the :class:`~coordinator.core.Coordinator` (passed as ``core``), split out of
-coordinator/core.py; the core dispatches every client message to :func:`on_client`.
+What it owns: the handling of every message a client sends; operator requests are passed on
+to coordinator/operator_requests.py.
+
+Rules:
+
+* A session sees its principal's plans; an admin session sees every principal's. Another
+  principal's plan does not exist for it (``plan_not_found``), and its id cannot be reused.
+* A submit with a plan id already known to the session is the retry of a submit whose reply
+  was lost: answered ``accepted(duplicate=True)``, and with ``subscribe`` its whole stream.
+* A new plan over the principal's plan limit is refused (``too_many_plans``) and nothing changes.
+* Subscribers of a new plan (the submitter, followers of all its owner's plans) are added
+  before its first event, so none of them misses seq 1. One unknown id in a ``subscribe``
+  subscribes to nothing.
+
+Depends on the collaborators it is handed: the outbox, streams, scheduler and operator
+requests, with the plans, registry, subscriptions, plan quota and journal they act on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
 
 import structlog
 
 from coordinator.placement.placer import hints_problem
-from coordinator.plans import (
-    EVERY_PRINCIPAL,
-    Plan,
-    advance,
-    submit_problem,
-)
+from coordinator.plans import EVERY_PRINCIPAL, Plan, advance, submit_problem
 from protocol import errors
 from protocol.messages import (
     Accepted,
@@ -24,6 +34,7 @@ from protocol.messages import (
     DrainWorker,
     Error,
     ErrorInfo,
+    FromClient,
     GetPlan,
     ListPlans,
     ListWorkers,
@@ -38,130 +49,197 @@ from protocol.messages import (
 )
 
 if TYPE_CHECKING:
-    from coordinator.core import ClientMessage, Coordinator, _Session
+    from coordinator.effects import Outbox
+    from coordinator.limits import PlanQuota
+    from coordinator.operator_requests import OperatorRequests
+    from coordinator.plans import Subscriptions
+    from coordinator.records import Journal
+    from coordinator.registry import WorkerRegistry
+    from coordinator.scheduling import Scheduler
+    from coordinator.sessions import Session
+    from coordinator.streams import Streams
+
+__all__ = ["ClientSessions"]
 
 log = structlog.get_logger(__name__)
 
 
-def on_client(core: Coordinator, s: _Session, msg: ClientMessage, now: float) -> None:
-    match msg:
-        case Submit():
-            submit(core, s, msg, now)
-        case Subscribe():
-            subscribe(core, s, msg)
-        case Unsubscribe():
-            unsubscribe(core, s, msg)
-        case Cancel():
-            cancel(core, s, msg)
-        case GetPlan():
-            plan = visible_plan(core, s, msg.plan_id, msg.req_id)
-            if plan is not None:
-                core._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
-        case ListWorkers():
-            rows = [core.registry.info(r.id, now) for r in core.registry]
-            core._send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=core.registry.summary(now)))
-        case ListPlans():
-            core.operator.list_plans(s, msg)
-        case DrainWorker():
-            core.operator.drain(s, msg, now)
-        case UndrainWorker():
-            core.operator.undrain(s, msg, now)
-        case _:
-            assert_never(msg)
+class ClientSessions:
+    """Handles client sessions' messages.
 
-def submit(core: Coordinator, s: _Session, msg: Submit, now: float) -> None:
-    problem = submit_problem(msg) or hints_problem(msg.hints)
-    if problem is not None:
-        core._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
-        return
-    if msg.plan_id is not None and msg.plan_id in core.plans:
-        existing = core.plans[msg.plan_id]
-        if not visible(core, s, existing):
-            message = f"plan id {msg.plan_id!r} is already used by another client; choose another"
-            core._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=message, req_id=msg.req_id))
+    Args:
+        plans: the core's plans by id.
+        registry: the workers (``list_workers``; a cancelled plan's worker is told).
+        subscriptions: who follows which plan.
+        quota: the per-principal plan limit.
+        journal: a new plan's record goes here.
+        counters: the core's counters.
+        outbox: replies and refusals.
+        streams: plans' events, and their replay to a new subscriber.
+        scheduler: places a new plan and numbers it.
+        operator: answers ``list_plans``, ``drain_worker`` and ``undrain_worker``.
+        new_id: makes a plan id when the client gives none.
+    """
+
+    def __init__(
+        self,
+        *,
+        plans: dict[str, Plan],
+        registry: WorkerRegistry,
+        subscriptions: Subscriptions,
+        quota: PlanQuota,
+        journal: Journal,
+        counters: dict[str, int],
+        outbox: Outbox,
+        streams: Streams,
+        scheduler: Scheduler,
+        operator: OperatorRequests,
+        new_id: Callable[[], str],
+    ) -> None:
+        self._plans = plans
+        self._registry = registry
+        self._subscriptions = subscriptions
+        self._quota = quota
+        self._journal = journal
+        self._counters = counters
+        self._outbox = outbox
+        self._streams = streams
+        self._scheduler = scheduler
+        self._operator = operator
+        self._new_id = new_id
+        # Bound once: these run for every submit.
+        self._send = outbox.send
+        self._emit = streams.emit
+        self._enqueue = scheduler.enqueue
+
+    def on_message(self, s: Session, msg: FromClient, now: float) -> None:
+        """One message from a client session."""
+        match msg:
+            case Submit():
+                self._submit(s, msg, now)
+            case Subscribe():
+                self._subscribe(s, msg)
+            case Unsubscribe():
+                self._unsubscribe(s, msg)
+            case Cancel():
+                self._cancel(s, msg)
+            case GetPlan():
+                plan = self._visible_plan(s, msg.plan_id, msg.req_id)
+                if plan is not None:
+                    self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
+            case ListWorkers():
+                registry = self._registry
+                rows = [registry.info(r.id, now) for r in registry]
+                self._send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=registry.summary(now)))
+            case ListPlans():
+                self._operator.list_plans(s, msg)
+            case DrainWorker():
+                self._operator.drain(s, msg, now)
+            case UndrainWorker():
+                self._operator.undrain(s, msg, now)
+            case _:
+                assert_never(msg)
+
+    # ------------------------------------------------------------------ handlers
+
+    def _submit(self, s: Session, msg: Submit, now: float) -> None:
+        problem = submit_problem(msg) or hints_problem(msg.hints)
+        if problem is not None:
+            self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
             return
-        # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
-        core._send(
-            s.conn_id, Accepted(req_id=msg.req_id, plan_id=existing.id, state=existing.state, duplicate=True)
-        )
+        plans, subscriptions = self._plans, self._subscriptions
+        if msg.plan_id is not None and msg.plan_id in plans:
+            existing = plans[msg.plan_id]
+            if not _visible(s, existing):
+                message = f"plan id {msg.plan_id!r} is already used by another client; choose another"
+                self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=message, req_id=msg.req_id))
+                return
+            # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
+            self._send(
+                s.conn_id, Accepted(req_id=msg.req_id, plan_id=existing.id, state=existing.state, duplicate=True)
+            )
+            if msg.subscribe:
+                subscriptions.add(existing.id, s.conn_id)
+                self._streams.replay(s.conn_id, existing, 0)
+            return
+        quota = self._quota
+        over_quota = quota.refusal(s.principal)
+        if over_quota is not None:
+            self._outbox.refuse_submit(s, msg.req_id, over_quota)
+            return
+        plan_id = msg.plan_id
+        while plan_id is None or plan_id in plans:
+            plan_id = self._new_id()
+        plan = plans[plan_id] = Plan.from_submit(msg, plan_id, s.principal, next(self._scheduler.orders))
+        quota.add(plan.owner, plan_id)
+        self._counters["plans_submitted"] += 1
+        self._journal.created(plan, msg)
+        self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan_id, state="queued"))
+        # Subscribers go in before the first event so none of them misses seq 1.
         if msg.subscribe:
-            core.subscriptions.add(existing.id, s.conn_id)
-            core._replay(s, existing, 0)
-        return
-    over_quota = core._quota.refusal(s.principal)
-    if over_quota is not None:
-        core._refuse_submit(s, msg.req_id, over_quota)
-        return
-    plan_id = msg.plan_id
-    while plan_id is None or plan_id in core.plans:
-        plan_id = core._new_id()
-    plan = core.plans[plan_id] = Plan.from_submit(msg, plan_id, s.principal, next(core._submit_order))
-    core._quota.add(plan.owner, plan_id)
-    core.counters["plans_submitted"] += 1
-    core.recovery.journal.created(plan, msg)
-    core._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan_id, state="queued"))
-    # Subscribers go in before the first event so none of them misses seq 1.
-    if msg.subscribe:
-        core.subscriptions.add(plan_id, s.conn_id)
-    for conn_id in core.subscriptions.all_followers(plan.owner):
-        core.subscriptions.add(plan_id, conn_id)
-    core._emit(plan, "queued", {}, small=True)
-    core._enqueue(plan, now)
+            subscriptions.add(plan_id, s.conn_id)
+        for conn_id in subscriptions.all_followers(plan.owner):
+            subscriptions.add(plan_id, conn_id)
+        self._emit(plan, "queued", {}, small=True)
+        self._enqueue(plan, now)
 
-def subscribe(core: Coordinator, s: _Session, msg: Subscribe) -> None:
-    targets: dict[str, Plan] = {}
-    for plan_id in msg.plan_ids:
-        plan = visible_plan(core, s, plan_id, msg.req_id)
+    def _subscribe(self, s: Session, msg: Subscribe) -> None:
+        targets: dict[str, Plan] = {}
+        for plan_id in msg.plan_ids:
+            plan = self._visible_plan(s, plan_id, msg.req_id)
+            if plan is None:
+                return  # one unknown id and nothing is subscribed
+            targets[plan_id] = plan
+        subscriptions = self._subscriptions
+        if msg.all:
+            # An admin session follows every principal's plans (EVERY_PRINCIPAL), now and future.
+            subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
+            targets.update((p.id, p) for p in self._plans.values() if _visible(s, p))
+        self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets)))
+        for plan in targets.values():
+            subscriptions.add(plan.id, s.conn_id)
+            self._streams.replay(s.conn_id, plan, msg.from_seq)
+
+    def _unsubscribe(self, s: Session, msg: Unsubscribe) -> None:
+        if msg.all:
+            self._subscriptions.drop(s.conn_id)
+        for plan_id in msg.plan_ids:
+            self._subscriptions.remove(plan_id, s.conn_id)
+        self._send(s.conn_id, Ok(req_id=msg.req_id))
+
+    def _cancel(self, s: Session, msg: Cancel) -> None:
+        plan = self._visible_plan(s, msg.plan_id, msg.req_id)
         if plan is None:
-            return  # one unknown id and nothing is subscribed
-        targets[plan_id] = plan
-    if msg.all:
-        # An admin session follows every principal's plans (EVERY_PRINCIPAL), now and future.
-        core.subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
-        targets.update((p.id, p) for p in core.plans.values() if visible(core, s, p))
-    core._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets)))
-    for plan in targets.values():
-        core.subscriptions.add(plan.id, s.conn_id)
-        core._replay(s, plan, msg.from_seq)
+            return
+        if not plan.terminal:
+            was = plan.state
+            advance(plan, "cancel")
+            plan.error = ErrorInfo(errors.CANCELLED, "cancelled by the client")
+            plan.waiting_reason = None
+            registry = self._registry
+            if was == "queued":
+                self._scheduler.dequeue(plan)
+            elif plan.worker_id is not None and plan.worker_id in registry:
+                # The lease stays claimed until the worker's done for this attempt (or its reaping),
+                # so the slot is not handed out while the handler may still be stopping.
+                conn_id = registry.get(plan.worker_id).conn_id
+                if conn_id is not None:
+                    self._send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
+            log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
+            self._emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
+        self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
 
-def unsubscribe(core: Coordinator, s: _Session, msg: Unsubscribe) -> None:
-    if msg.all:
-        core.subscriptions.drop(s.conn_id)
-    for plan_id in msg.plan_ids:
-        core.subscriptions.remove(plan_id, s.conn_id)
-    core._send(s.conn_id, Ok(req_id=msg.req_id))
+    def _visible_plan(self, s: Session, plan_id: str, req_id: int) -> Plan | None:
+        """The plan if this session may see it; otherwise answer plan_not_found (others' plans do not exist)."""
+        plan = self._plans.get(plan_id)
+        if plan is not None and _visible(s, plan):
+            return plan
+        self._send(
+            s.conn_id,
+            Error(code=errors.PLAN_NOT_FOUND, message=f"no plan with id {plan_id!r}", req_id=req_id, plan_id=plan_id),
+        )
+        return None
 
-def cancel(core: Coordinator, s: _Session, msg: Cancel) -> None:
-    plan = visible_plan(core, s, msg.plan_id, msg.req_id)
-    if plan is None:
-        return
-    if not plan.terminal:
-        was = plan.state
-        advance(plan, "cancel")
-        plan.error = ErrorInfo(errors.CANCELLED, "cancelled by the client")
-        plan.waiting_reason = None
-        if was == "queued":
-            core.queue.discard(plan.id)
-        elif plan.worker_id is not None and plan.worker_id in core.registry:
-            # The lease stays claimed until the worker's done for this attempt (or its reaping),
-            # so the slot is not handed out while the handler may still be stopping.
-            conn_id = core.registry.get(plan.worker_id).conn_id
-            if conn_id is not None:
-                core._send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
-        log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
-        core._emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
-    core._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
 
-def visible(core: Coordinator, s: _Session, plan: Plan) -> bool:
+def _visible(s: Session, plan: Plan) -> bool:
     return s.admin or plan.owner == s.principal
-
-def visible_plan(core: Coordinator, s: _Session, plan_id: str, req_id: int) -> Plan | None:
-    """The plan if this session may see it; otherwise answer plan_not_found (others' plans do not exist)."""
-    plan = core.plans.get(plan_id)
-    if plan is not None and visible(core, s, plan):
-        return plan
-    core._send(
-        s.conn_id,
-        Error(code=errors.PLAN_NOT_FOUND, message=f"no plan with id {plan_id!r}", req_id=req_id, plan_id=plan_id),
-    )
-    return None

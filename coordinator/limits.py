@@ -1,6 +1,6 @@
 """Limits that keep one peer from taking the coordinator down, and their defaults.
 
-Rules (docs/OPERATIONS.md §Security; RELIABILITY.md §3, matrix rows 15-22):
+Rules (docs/OPERATIONS.md §Security and §Test matrix rows 15-22):
 
 * **Frame size**, per role: a larger frame closes that connection with 1009 (websockets
   enforces it while reading, before the frame is buffered whole).
@@ -13,7 +13,9 @@ Rules (docs/OPERATIONS.md §Security; RELIABILITY.md §3, matrix rows 15-22):
   reading from it until the bucket refills, which pushes back through TCP); a peer that
   stays over it for ``flood_grace_s`` without a break is closed with 4429.
 * **Unfinished plans per principal**: a ``submit`` past ``max_plans_per_client`` queued,
-  leased or running plans is answered ``error(too_many_plans)``; nothing is dropped.
+  leased or running plans is answered ``error(too_many_plans)``; nothing is dropped. The core
+  enforces it (``PlanQuota``), so that limit is a ``CoreConfig`` field, as are the per-plan
+  event bounds ``max_events_per_plan`` and ``max_event_bytes_per_plan``.
 * **Outgoing buffer**, per session: messages waiting for a peer that does not read are
   bounded by ``max_pending_messages`` and by about ``max_pending_bytes``; past either the
   session is closed with 4503 and the buffer freed (the peer resumes from its last ``seq``
@@ -25,7 +27,7 @@ Rules (docs/OPERATIONS.md §Security; RELIABILITY.md §3, matrix rows 15-22):
   ``penalty_max_s``; a peer that stays clean for ``penalty_max_s`` after its last cool-off
   starts from the base again. The key is the token's principal name and the peer's IP
   address (the address only with ``--insecure``), so a hostile reconnect loop costs one
-  HTTP answer per attempt instead of a websocket session (RELIABILITY.md row 16). Each 429
+  HTTP answer per attempt instead of a websocket session (docs/OPERATIONS.md §Test matrix row 16). Each 429
   is held ``penalty_hold_s`` before it is sent: a loop that ignores ``Retry-After`` then
   makes one attempt per hold per connection instead of hundreds per second, and a held
   connection costs a timer, not CPU. Open sessions of the same principal are not touched.
@@ -53,7 +55,7 @@ PENALIZED_CLOSES: Final = frozenset({1009, 4400, 4429})
 
 @dataclass(frozen=True)
 class Limits:
-    """Every limit of the coordinator's server, with its default.
+    """Every limit the coordinator's server enforces, with its default (the core's are ``CoreConfig``'s).
 
     Attributes:
         max_connections: open websocket sessions (both roles together); 0: no limit.
@@ -63,12 +65,8 @@ class Limits:
         worker_rate / client_rate: sustained messages per second per connection; 0: no limit.
         worker_burst / client_burst: messages a connection may send at once above its rate.
         flood_grace_s: how long a connection may stay throttled before it is closed 4429.
-        max_plans_per_client: unfinished plans per principal; 0: no limit.
         max_pending_messages: messages queued for one peer that is not reading.
         max_pending_bytes: about how many bytes may be queued for it (sizes are estimated).
-        max_events_per_plan / max_event_bytes_per_plan: the events of one plan held in memory
-            for replay (count, and estimated payload bytes; 0 bytes: no byte bound); past
-            either the oldest go (ephemeral first), durable ones stay in the store.
         max_commit_backlog_bytes: bytes of received frames whose records wait for the store;
             past it every reader stops reading until the writer is back under half (TCP
             holds the senders back); 0: no bound.
@@ -95,11 +93,8 @@ class Limits:
     client_rate: float = 5_000.0
     client_burst: int = 50_000
     flood_grace_s: float = 5.0
-    max_plans_per_client: int = 10_000
     max_pending_messages: int = 50_000
     max_pending_bytes: int = 64 << 20
-    max_events_per_plan: int = 10_000
-    max_event_bytes_per_plan: int = 64 << 20
     max_commit_backlog_bytes: int = 64 << 20
     allowed_origins: tuple[str, ...] = ()
     ping_interval_s: float | None = 20.0
@@ -111,7 +106,7 @@ class Limits:
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first limit that cannot work."""
-        for name in ("max_connections", "max_plans_per_client", "max_event_bytes_per_plan", "max_commit_backlog_bytes"):
+        for name in ("max_connections", "max_commit_backlog_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
         if not self.handshake_timeout_s > 0:
@@ -121,9 +116,7 @@ class Limits:
         for name in ("worker_rate", "client_rate"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 messages/s (0: no limit), got {getattr(self, name)}")
-        for name in (
-            "worker_burst", "client_burst", "max_pending_messages", "max_pending_bytes", "max_events_per_plan"
-        ):
+        for name in ("worker_burst", "client_burst", "max_pending_messages", "max_pending_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("worker_frame_bytes", "client_frame_bytes"):

@@ -22,6 +22,9 @@ Rules (docs/SEMANTICS.md §Operator requests):
   or a ``limit`` outside 1..10000, answers ``error(invalid_argument)``.
 
 Like the rest of the core, nothing here reads a clock: ``now`` comes in.
+
+Depends on the registry, plans and queue it is handed, the scheduler (coordinator/scheduling.py)
+and the outbox (coordinator/effects.py).
 """
 
 from __future__ import annotations
@@ -46,9 +49,13 @@ from protocol.messages import (
 )
 
 if TYPE_CHECKING:
-    from coordinator.core import Coordinator, _Session
+    from coordinator.effects import Outbox
+    from coordinator.placement.plan_queue import PlanQueue
     from coordinator.plans import Plan
-    from coordinator.registry import WorkerRecord
+    from coordinator.registry import WorkerRegistry
+    from coordinator.scheduling import Scheduler
+    from coordinator.sessions import Session
+    from coordinator.workers import WorkerRecord
 
 __all__ = ["MAX_LIST_LIMIT", "OperatorRequests"]
 
@@ -61,18 +68,33 @@ class OperatorRequests:
     """The core's handlers for operator requests, and the drain deadlines they schedule.
 
     Args:
-        core: the coordinator whose registry, plans and effects these requests use.
+        registry: the workers (drain marks, leases).
+        plans: the core's plans by id.
+        queue: the queued plans (a worker's earlier rejects are forgiven there).
+        scheduler: places plans on an undrained worker, takes back a drained one's leases.
+        outbox: where replies, ``drain`` and ``undrain`` go.
     """
 
-    def __init__(self, core: Coordinator) -> None:
-        self._core = core
+    def __init__(
+        self,
+        *,
+        registry: WorkerRegistry,
+        plans: dict[str, Plan],
+        queue: PlanQueue,
+        scheduler: Scheduler,
+        outbox: Outbox,
+    ) -> None:
+        self._registry = registry
+        self._plans = plans
+        self._queue = queue
+        self._scheduler = scheduler
+        self._outbox = outbox
         self._deadlines: dict[str, float] = {}  # worker id -> when its remaining plans are taken back
 
     # ------------------------------------------------------------------ list_plans
 
-    def list_plans(self, s: _Session, msg: ListPlans) -> None:
+    def list_plans(self, s: Session, msg: ListPlans) -> None:
         """Answer ``list_plans`` with ``plans`` (see the module docstring)."""
-        core = self._core
         if not 1 <= msg.limit <= MAX_LIST_LIMIT:
             self._error(s, msg.req_id, errors.INVALID_ARGUMENT, f"limit must be 1..{MAX_LIST_LIMIT} (got {msg.limit})")
             return
@@ -82,7 +104,7 @@ class OperatorRequests:
         queued: list[Plan] = []
         total = 0
         # Plans are held in submit order, so walking backwards is newest first without a sort.
-        for plan in reversed(core.plans.values()):
+        for plan in reversed(self._plans.values()):
             if not (s.admin or plan.owner == s.principal):
                 continue
             counts[plan.state] = counts.get(plan.state, 0) + 1
@@ -95,13 +117,12 @@ class OperatorRequests:
                 listed.append(plan.info())
         queued.sort(key=lambda p: (-p.priority, p.order))
         queue = [p.id for p in queued[: msg.limit]]
-        core._send(s.conn_id, Plans(req_id=msg.req_id, plans=listed, queue=queue, counts=counts, total=total))
+        self._outbox.send(s.conn_id, Plans(req_id=msg.req_id, plans=listed, queue=queue, counts=counts, total=total))
 
     # ------------------------------------------------------------------ drain / undrain
 
-    def drain(self, s: _Session, msg: DrainWorker, now: float) -> None:
+    def drain(self, s: Session, msg: DrainWorker, now: float) -> None:
         """Answer ``drain_worker``: mark the worker draining, tell it, and schedule its deadline."""
-        core = self._core
         if not self._admin(s, msg.req_id, "drain_worker"):
             return
         deadline_s = msg.deadline_s
@@ -119,15 +140,14 @@ class OperatorRequests:
         else:
             record.drain_deadline_s = self._deadlines[record.id] = now + deadline_s
         if record.conn_id is not None:
-            core._send(record.conn_id, Drain(deadline_s=deadline_s))
+            self._outbox.send(record.conn_id, Drain(deadline_s=deadline_s))
         log.info("worker draining", worker_id=record.id, deadline_s=deadline_s, leases=len(record.leases))
-        core._send(s.conn_id, Ok(req_id=msg.req_id))
-        core._refresh_waiting(now)
+        self._outbox.send(s.conn_id, Ok(req_id=msg.req_id))
+        self._scheduler.refresh_waiting(now)
         self.tick(now)  # a zero deadline takes its plans back at once
 
-    def undrain(self, s: _Session, msg: UndrainWorker, now: float) -> None:
+    def undrain(self, s: Session, msg: UndrainWorker, now: float) -> None:
         """Answer ``undrain_worker``: the worker takes plans again, including those it rejected while draining."""
-        core = self._core
         if not self._admin(s, msg.req_id, "undrain_worker"):
             return
         record = self._record(s, msg.req_id, msg.worker_id)
@@ -138,53 +158,53 @@ class OperatorRequests:
         record.drain_deadline_s = None
         self._deadlines.pop(record.id, None)
         if record.conn_id is not None and was_draining:
-            core._send(record.conn_id, Undrain())
+            self._outbox.send(record.conn_id, Undrain())
         log.info("worker undrained", worker_id=record.id, was_draining=was_draining)
-        core._send(s.conn_id, Ok(req_id=msg.req_id))
-        for plan_id in core.queue.forgive(record.id):
-            core.plans[plan_id].avoid -= {record.id}
-        core._fill_worker(record, now)
-        core._refresh_waiting(now)
+        self._outbox.send(s.conn_id, Ok(req_id=msg.req_id))
+        for plan_id in self._queue.forgive(record.id):
+            self._plans[plan_id].avoid -= {record.id}
+        self._scheduler.fill_worker(record, now)
+        self._scheduler.refresh_waiting(now)
 
     def registered(self, record: WorkerRecord, now: float) -> None:
         """A worker (re)registered: a drained one is told again, right after its ``welcome``."""
         if record.draining and record.conn_id is not None:
             deadline = self._deadlines.get(record.id)
             left_s = None if deadline is None else max(0.0, deadline - now)
-            self._core._send(record.conn_id, Drain(deadline_s=left_s))
+            self._outbox.send(record.conn_id, Drain(deadline_s=left_s))
 
     def tick(self, now: float) -> None:
         """Take back the plans of drained workers whose deadline passed."""
         if not self._deadlines:
             return
-        core = self._core
+        registry = self._registry
         for worker_id, deadline in sorted(self._deadlines.items()):
             if deadline > now:
                 continue
             del self._deadlines[worker_id]
-            if worker_id not in core.registry:
+            if worker_id not in registry:
                 continue  # reaped meanwhile: its plans were already handled
-            record = core.registry.get(worker_id)
+            record = registry.get(worker_id)
             record.drain_deadline_s = None
             self._take_back(record, now)
 
     def _take_back(self, record: WorkerRecord, now: float) -> None:
-        core = self._core
+        plans, scheduler = self._plans, self._scheduler
         # A cancelled plan's lease stays held until the worker's done; only live plans move.
-        live = [core.plans[pid] for pid in record.leases if pid in core.plans and not core.plans[pid].terminal]
+        live = [plans[pid] for pid in record.leases if pid in plans and not plans[pid].terminal]
         if not live:
             return
         log.info("drain deadline passed: taking plans back", worker_id=record.id, plans=sorted(p.id for p in live))
         for plan in sorted(live, key=lambda p: (-p.priority, p.order)):
             if record.conn_id is not None:
-                core._send(record.conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
-            core.registry.release(record.id, plan.id)  # through the registry: its room index sees the slot
-            core._lease_lost(plan, record.id, f"worker {record.id} was drained and its deadline passed", now)
-        core._refresh_waiting(now)
+                self._outbox.send(record.conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
+            self._registry.release(record.id, plan.id)  # through the registry: its room index sees the slot
+            scheduler.lease_lost(plan, record.id, f"worker {record.id} was drained and its deadline passed", now)
+        scheduler.refresh_waiting(now)
 
     # ------------------------------------------------------------------ helpers
 
-    def _admin(self, s: _Session, req_id: int, request: str) -> bool:
+    def _admin(self, s: Session, req_id: int, request: str) -> bool:
         """Whether the session may send an operator action; if not, it is told so (nothing changes)."""
         if s.admin:
             return True
@@ -195,13 +215,13 @@ class OperatorRequests:
         self._error(s, req_id, errors.FORBIDDEN, problem)
         return False
 
-    def _record(self, s: _Session, req_id: int, worker_id: str) -> WorkerRecord | None:
-        if worker_id in self._core.registry:
-            return self._core.registry.get(worker_id)
-        ids = [r.id for r in self._core.registry]
+    def _record(self, s: Session, req_id: int, worker_id: str) -> WorkerRecord | None:
+        if worker_id in self._registry:
+            return self._registry.get(worker_id)
+        ids = [r.id for r in self._registry]
         known = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "") if ids else "none"
         self._error(s, req_id, errors.UNKNOWN_WORKER, f"no worker with id {worker_id!r} (registered: {known})")
         return None
 
-    def _error(self, s: _Session, req_id: int, code: str, message: str) -> None:
-        self._core._send(s.conn_id, Error(code=code, message=message, req_id=req_id))
+    def _error(self, s: Session, req_id: int, code: str, message: str) -> None:
+        self._outbox.send(s.conn_id, Error(code=code, message=message, req_id=req_id))

@@ -1,4 +1,4 @@
-"""Durability rules of the core: records, acks and de-duplication, restart, hand-back, retries, replay gaps.
+"""Durability rules of the core: records, acks and de-duplication, restart, hand-back, retries.
 
 Rules (docs/SEMANTICS.md §Durability):
 
@@ -21,38 +21,41 @@ Rules (docs/SEMANTICS.md §Durability):
   ``max_attempts``.
 * **Retries.** A ``done(failed)`` of a plan submitted with ``retries > 0`` queues it again
   (also without counting against ``max_attempts``) until its retries are used.
-* **Replay gaps.** A replay that cannot give every seq after ``from_seq`` (ephemeral events
-  lost in a restart, events past the per-plan bound) says so with ``resync`` in place of each
-  missing run of events, never with a silent gap.
+* **Replay gaps** are the streams' rule (coordinator/streams.py): a ``resync`` in place of each
+  missing run of events.
 
 :class:`ReaperBreaker` is the reaper's circuit breaker: when most connected workers go silent
 in the same tick, suspect the coordinator itself (a stalled loop, a cut on its side) and hold
 the reaping for one heartbeat timeout, as Kubernetes stops evicting when every zone looks
 unhealthy.
+
+Depends on the plans, registry and journal it is handed, and requeues through the scheduler
+(coordinator/scheduling.py); the core's handlers call it, never the reverse.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from coordinator.plans import Plan, advance
-from coordinator.records import Journal, Record, StoredPlan
-from protocol.messages import Accept, Capabilities, Done, ErrorInfo, Event, Reject, Resync
+from coordinator.records import Record, StoredPlan
+from coordinator.scheduling import note_attempt
+from protocol.messages import Accept, Capabilities, Done, ErrorInfo, Event, Reject
 
 if TYPE_CHECKING:
-    from coordinator.core import Coordinator
-    from coordinator.registry import WorkerRecord, WorkerRegistry
+    from coordinator.records import Journal
+    from coordinator.registry import WorkerRegistry
+    from coordinator.scheduling import Scheduler
+    from coordinator.workers import WorkerRecord
 
 __all__ = ["ReaperBreaker", "Recovery", "plan_from_store"]
 
 log = structlog.get_logger(__name__)
 
-COUNTERS = ("duplicates_dropped", "plans_handed_back", "plans_retried", "plans_restored", "resyncs_sent",
-            "reaper_breaker_trips")  # fmt: skip
+COUNTERS = ("duplicates_dropped", "plans_handed_back", "plans_retried", "plans_restored", "reaper_breaker_trips")
 
 
 def plan_from_store(stored: StoredPlan) -> Plan:
@@ -136,20 +139,41 @@ class ReaperBreaker:
 
 
 class Recovery:
-    """The core's durability side: journal, acks, de-duplication, restore, hand-back, retries, replay.
+    """The core's durability side: journal, acks, de-duplication, restore, hand-back and retries.
 
     Args:
-        core: the coordinator it serves; its plans, registry and effects are used directly.
+        plans: the core's plans by id (filled by :meth:`restore`).
+        registry: the workers and their leases.
+        scheduler: requeues handed-back and retried plans, and numbers new plans after a restore.
+        journal: the records of each step.
+        counters: the core's counters (:data:`COUNTERS`).
+        heartbeat_timeout_s: how long a restored lease waits for its worker; the breaker's hold.
+        breaker_fraction: see :class:`ReaperBreaker`.
+        breaker_min_workers: see :class:`ReaperBreaker`.
     """
 
-    def __init__(self, core: Coordinator) -> None:
-        self._core = core
-        self.journal = Journal()
-        config = core.config
-        self.breaker = ReaperBreaker(config.breaker_fraction, config.breaker_min_workers, config.heartbeat_timeout_s)
+    def __init__(
+        self,
+        *,
+        plans: dict[str, Plan],
+        registry: WorkerRegistry,
+        scheduler: Scheduler,
+        journal: Journal,
+        counters: dict[str, int],
+        heartbeat_timeout_s: float,
+        breaker_fraction: float,
+        breaker_min_workers: int,
+    ) -> None:
+        self._plans = plans
+        self._registry = registry
+        self._scheduler = scheduler
+        self._counters = counters
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self.journal = journal
+        self.breaker = ReaperBreaker(breaker_fraction, breaker_min_workers, heartbeat_timeout_s)
         self._acked: dict[int, int] = {}  # worker session -> highest seq received
         self._ack_due: dict[int, int] = {}  # sessions owed an ack after this step -> its seq
-        core.counters.update(dict.fromkeys(COUNTERS, 0))
+        counters.update(dict.fromkeys(COUNTERS, 0))
 
     # ------------------------------------------------------------------ effects
 
@@ -178,12 +202,12 @@ class Recovery:
             return False
         if seq > self._acked.get(conn_id, 0):
             self._acked[conn_id] = self._ack_due[conn_id] = seq
-        plan = self._core.plans.get(msg.plan_id)
+        plan = self._plans.get(msg.plan_id)
         if plan is None or plan.worker_id != worker_id or plan.attempt != msg.attempt:
             return False  # not this worker's current lease: the core answers stale_lease
         attempt, applied = plan.worker_seq
         if attempt == msg.attempt and seq <= applied:
-            self._core.counters["duplicates_dropped"] += 1
+            self._counters["duplicates_dropped"] += 1
             return True
         plan.worker_seq = (msg.attempt, seq)
         return False
@@ -196,15 +220,15 @@ class Recovery:
         Raises:
             ValueError: the coordinator already holds plans.
         """
-        core = self._core
-        if core.plans:
+        plans = self._plans
+        if plans:
             raise ValueError("restore() must run on a coordinator that holds no plan yet")
         queued: list[Plan] = []
         held: dict[str, list[Plan]] = {}
         last_order = 0
         for item in stored:
             plan = plan_from_store(item)
-            core.plans[plan.id] = plan
+            plans[plan.id] = plan
             last_order = max(last_order, plan.order)
             if plan.state == "queued":
                 queued.append(plan)
@@ -213,23 +237,23 @@ class Recovery:
                 queued.append(plan)
             elif not plan.terminal:
                 held.setdefault(plan.worker_id, []).append(plan)
-        registry = core.registry
-        for worker_id, plans in held.items():
+        registry = self._registry
+        for worker_id, leased in held.items():
             # A placeholder: disconnected, last beat now. Its reconnect (hello) continues the
             # plans it lists; without one the reaper requeues them after one heartbeat timeout.
             registry.register(worker_id, Capabilities(max_concurrency=0), now)
             registry.disconnect(worker_id)
-            for plan in plans:
+            for plan in leased:
                 registry.claim(worker_id, plan.id)
-        core._submit_order = itertools.count(last_order + 1)
-        core.counters["plans_restored"] = len(core.plans)
+        self._scheduler.continue_orders(last_order)
+        self._counters["plans_restored"] = len(plans)
         log.info(
             "restored plans from the store",
-            plans=len(core.plans),
+            plans=len(plans),
             queued=len(queued),
             leased=sum(len(p) for p in held.values()),
             awaited_workers=sorted(held),
-            grace_s=core.config.heartbeat_timeout_s,
+            grace_s=self._heartbeat_timeout_s,
         )
         return sorted(queued, key=lambda p: (-p.priority, p.order))
 
@@ -237,56 +261,30 @@ class Recovery:
 
     def hand_back(self, worker_id: str, now: float) -> None:
         """A leaving worker's unfinished leases go back to the queue now, at no cost in attempts."""
-        core = self._core
-        if worker_id not in core.registry:
+        registry, plans = self._registry, self._plans
+        if worker_id not in registry:
             return
-        record = core.registry.get(worker_id)
-        plans = sorted((core.plans[p] for p in record.leases if p in core.plans), key=lambda p: (-p.priority, p.order))
-        for plan in plans:
-            core.registry.release(worker_id, plan.id)
+        record = registry.get(worker_id)
+        leased = sorted((plans[p] for p in record.leases if p in plans), key=lambda p: (-p.priority, p.order))
+        for plan in leased:
+            registry.release(worker_id, plan.id)
             if plan.terminal or plan.worker_id != worker_id:
                 continue  # a cancelled plan only waited for this worker to let go
             advance(plan, "handback")
             plan.free_attempts += 1
-            core.counters["plans_handed_back"] += 1
+            self._counters["plans_handed_back"] += 1
             note_attempt(plan, "handed_back", f"worker {worker_id} left (goodbye)")
-            core._requeue(plan, f"worker {worker_id} left and handed it back", now)
+            self._scheduler.requeue(plan, f"worker {worker_id} left and handed it back", now)
 
     def retry(self, plan: Plan, worker_id: str, error: ErrorInfo, now: float) -> None:
         """A failed attempt of a plan with retries left: queue it again."""
         advance(plan, "retry")
         plan.retried += 1
         plan.free_attempts += 1
-        self._core.counters["plans_retried"] += 1
+        self._counters["plans_retried"] += 1
         note_attempt(plan, "failed", f"{error.code}: {error.message}")
         why = (
             f"attempt {plan.attempt} failed on worker {worker_id} ({error.code}: {error.message}); "
             f"retry {plan.retried} of {plan.retries}"
         )
-        self._core._requeue(plan, why, now)
-
-    # ------------------------------------------------------------------ replay
-
-    def replay(self, plan: Plan, from_seq: int) -> list[Event | Resync]:
-        """The held events after ``from_seq``, with a ``resync`` in place of each missing run."""
-        out: list[Event | Resync] = []
-        expected = max(from_seq, 0) + 1
-        for event in plan.events_after(from_seq):
-            if event.seq > expected:
-                out.append(self._resync(plan, expected, event.seq - 1))
-            out.append(event)
-            expected = event.seq + 1
-        if expected < plan.next_seq:
-            out.append(self._resync(plan, expected, plan.next_seq - 1))
-        return out
-
-    def _resync(self, plan: Plan, first: int, last: int) -> Resync:
-        self._core.counters["resyncs_sent"] += 1
-        return Resync(plan_id=plan.id, first_seq=first, last_seq=last, plan=plan.info(), recovered=False)
-
-
-def note_attempt(plan: Plan, outcome: str, reason: str) -> None:
-    """Add the attempt that just ended to the plan's history (the detail of a final failure)."""
-    entry: dict[str, Any] = {"attempt": plan.attempt, "worker_id": plan.worker_id, "outcome": outcome}
-    entry["reason"] = reason
-    plan.history.append(entry)
+        self._scheduler.requeue(plan, why, now)

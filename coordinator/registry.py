@@ -20,6 +20,18 @@ Semantics are the seed's (docs/SEMANTICS.md §Registry):
   and reap, with an index of the members that have room, kept up to date on every claim
   and release (coordinator/placement/capacity.py).
 
+Ownership and invariants:
+
+* The registry owns the workers' records (:class:`~coordinator.workers.WorkerRecord`): it
+  alone adds, reconnects, disconnects and reaps them, changes their leases, beats and
+  reports, and counts the prompt tokens placed on them (:meth:`WorkerRegistry.count_placed_tokens`).
+* After each of those changes a record's cached report flags (``plain``, ``has_energy``,
+  ``has_carbon``, ``has_latency``) equal the predicates of coordinator/workers.py, and every
+  cached pool the worker belongs to has been told through the pool's own methods (the pool
+  writes its counts and indexes itself).
+* A worker is in ``_pools_of[id]`` exactly for the cached pools that hold it as a member;
+  a pool dropped from the cache is retired (:meth:`~coordinator.placement.capacity.Pool.retire`).
+
 Time comes in as ``now`` (monotonic seconds); nothing here reads a clock.
 """
 
@@ -27,14 +39,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
-from dataclasses import dataclass, field
 
 import structlog
 
 from coordinator.errors import UnknownWorker
-from coordinator.placement.capacity import Pool, has_carbon, has_energy, has_latency, is_plain, latency_ms
+from coordinator.placement.capacity import Pool
+from coordinator.workers import WorkerRecord, has_carbon, has_energy, has_latency, is_plain, latency_ms
 from protocol.messages import Capabilities, Load, WorkerInfo
 
+# WorkerRecord is defined in coordinator/workers.py; it is named here too for the callers that
+# meet it through the registry.
 __all__ = ["WorkerRecord", "WorkerRegistry"]
 
 log = structlog.get_logger(__name__)
@@ -50,102 +64,6 @@ def _figures(record: WorkerRecord) -> tuple[float, float, float] | None:
 
 def _by_id(record: WorkerRecord) -> str:
     return record.id
-
-
-@dataclass(eq=False)
-class WorkerRecord:
-    """One registered worker.
-
-    Attributes:
-        id: the worker's id (from its ``hello``).
-        capabilities: what the host offers.
-        address: the peer address of its session, for operators.
-        conn_id: the session currently holding this id, or None once disconnected.
-        load: the latest load report; None until the first heartbeat.
-        leases: ids of the plans placed on it that it has not finished.
-        last_beat_s: monotonic time of the last register or heartbeat.
-        connected: whether a session holds the id now.
-        last_assigned: order number of its latest claim (0 = never); placement breaks
-            ties by least recently assigned, and a counter (not ``now``) keeps two claims
-            at the same instant ordered.
-        draining: an operator drained it (``drain_worker``): it takes no new plans until
-            undrained; kept across reconnects, forgotten when it is reaped.
-        drain_deadline_s: monotonic time at which its remaining plans are requeued, if any.
-        prefetch: leases it may hold beyond ``max_concurrency``, unstarted (the registry's
-            setting, copied at registration).
-        pending_tokens: prompt tokens placed on it since its last load report, which that
-            report could not count yet.
-        drain_tokens_per_s: how fast it works off queued tokens, learned from its reports
-            (0 until learned); lets the coordinator age its estimate between reports.
-        plain: :func:`~coordinator.placement.capacity.is_plain` as of its last change (its pools count it).
-        has_energy: :func:`~coordinator.placement.capacity.has_energy` as of its last report (likewise).
-        has_carbon: :func:`~coordinator.placement.capacity.has_carbon` as of its last report (likewise).
-        has_latency: :func:`~coordinator.placement.capacity.has_latency` as of its last report (likewise).
-    """
-
-    id: str
-    capabilities: Capabilities
-    address: str = ""
-    conn_id: int | None = None
-    load: Load | None = None
-    leases: set[str] = field(default_factory=set)
-    last_beat_s: float = 0.0
-    connected: bool = True
-    last_assigned: int = 0
-    draining: bool = False
-    drain_deadline_s: float | None = None
-    prefetch: int = 0
-    pending_tokens: int = 0
-    drain_tokens_per_s: float = 0.0
-    plain: bool = True
-    has_energy: bool = False
-    has_carbon: bool = False
-    has_latency: bool = False
-
-    def has_capacity(self) -> bool:
-        """Whether it can take one more lease: not draining, and fewer leases than its concurrency + prefetch."""
-        limit = self.capabilities.max_concurrency
-        if limit <= 0 or self.draining:
-            return False
-        return len(self.leases) < limit + self.prefetch
-
-    def has_free_slot(self) -> bool:
-        """Whether it can start one more plan now: not draining, and fewer leases than its concurrency."""
-        return len(self.leases) < self.capabilities.max_concurrency and not self.draining
-
-    def queued_tokens(self, now: float) -> float:
-        """Prompt tokens it has yet to work through, as the coordinator estimates them at ``now``.
-
-        The last report plus what was placed since, less what the learned drain rate has
-        worked off since the report.
-        """
-        reported = self.load.queued_tokens if self.load is not None else 0
-        drained = self.drain_tokens_per_s * max(0.0, now - self.last_beat_s)
-        return max(0.0, reported + self.pending_tokens - drained)
-
-    def learn_drain_rate(self, had_tokens: float, has_tokens: int, now: float) -> None:
-        """Update :attr:`drain_tokens_per_s` from two reports: it had ``had_tokens``, it has ``has_tokens``.
-
-        An interval that ended with tokens still queued shows the worker's full rate (moving
-        average); one that ended empty only shows a lower bound.
-        """
-        interval = now - self.last_beat_s
-        if interval <= 0:
-            return
-        sample = max(0.0, had_tokens - has_tokens) / interval
-        if has_tokens > 0:
-            rate = self.drain_tokens_per_s
-            self.drain_tokens_per_s = sample if rate == 0 else rate + 0.2 * (sample - rate)
-        elif sample > self.drain_tokens_per_s:
-            self.drain_tokens_per_s = sample
-
-    def backlog(self) -> int:
-        """Leases beyond its concurrency: plans waiting unstarted in its local queue."""
-        return max(0, len(self.leases) - self.capabilities.max_concurrency)
-
-    def has_tags(self, tags: Iterable[str]) -> bool:
-        """Whether it has every one of ``tags``."""
-        return set(tags).issubset(self.capabilities.tags)
 
 
 class WorkerRegistry:
@@ -237,7 +155,7 @@ class WorkerRegistry:
 
     def _drop_pools(self) -> None:
         for pool in self._matching.values():
-            pool.live = False
+            pool.retire()
         self._matching.clear()
         self._pools_of.clear()
 
@@ -246,31 +164,42 @@ class WorkerRegistry:
         for pool in self._pools_of.get(record.id, ()):
             pool.changed(record)
 
-    def load_changed(self, record: WorkerRecord) -> None:
-        """The worker's load figures or placed tokens changed: recount it in its pools if its plainness changed."""
-        pools = self._pools_of.get(record.id, ())
-        plain = is_plain(record)
-        if plain != record.plain:
-            record.plain = plain
-            for pool in pools:
-                pool.not_plain += -1 if plain else 1
+    def _reflag(self, record: WorkerRecord, *, figures: bool) -> None:
+        """Bring the record's cached report flags up to date, recounting it in its pools if one changed.
 
-    def _figures_changed(self, record: WorkerRecord, before: tuple[float, float, float] | None) -> None:
-        """A report may have changed the worker's figures (``before``, see :func:`_figures`): recount, reindex it."""
-        pools = self._pools_of.get(record.id, ())
-        for flag, known in (
-            ("has_energy", has_energy(record)),
-            ("has_carbon", has_carbon(record)),
-            ("has_latency", has_latency(record)),
+        With ``figures`` False only plainness is recomputed (placed tokens move nothing else).
+        """
+        plain = is_plain(record)
+        if figures:
+            energy, carbon, latency = has_energy(record), has_carbon(record), has_latency(record)
+        else:
+            energy, carbon, latency = record.has_energy, record.has_carbon, record.has_latency
+        if (
+            plain == record.plain
+            and energy == record.has_energy
+            and carbon == record.has_carbon
+            and latency == record.has_latency
         ):
-            if known != getattr(record, flag):
-                setattr(record, flag, known)
-                counter = "no_" + flag[4:]
-                for pool in pools:
-                    setattr(pool, counter, getattr(pool, counter) + (-1 if known else 1))
-        if _figures(record) != before:  # the figure heaps hold keys of the old ones: index the new
-            for pool in pools:
-                pool.figures_changed(record)
+            return
+        pools = self._pools_of.get(record.id, ())
+        for pool in pools:
+            pool.tally(record, -1)
+        record.plain, record.has_energy, record.has_carbon, record.has_latency = plain, energy, carbon, latency
+        for pool in pools:
+            pool.tally(record, 1)
+
+    def count_placed_tokens(self, worker_id: str, tokens: int) -> None:
+        """Prompt tokens were placed on the worker that its next load report will count.
+
+        They add to its queued-token estimate until that report, and make it not plain (its
+        pools recount it).
+
+        Raises:
+            UnknownWorker: the id is not registered.
+        """
+        record = self.get(worker_id)
+        record.pending_tokens += tokens
+        self._reflag(record, figures=False)
 
     def connected_count(self) -> int:
         """How many workers are connected now (O(1))."""
@@ -290,8 +219,10 @@ class WorkerRegistry:
         record.last_beat_s = now
         record.pending_tokens = 0  # this report counts what was placed before it
         heapq.heappush(self._beats, (now, worker_id))
-        self.load_changed(record)
-        self._figures_changed(record, before)
+        self._reflag(record, figures=True)
+        if _figures(record) != before:  # the figure heaps hold keys of the old figures: index the new
+            for pool in self._pools_of.get(record.id, ()):
+                pool.figures_changed(record)
         return record
 
     def disconnect(self, worker_id: str) -> None:

@@ -21,6 +21,9 @@ nothing per message. A sweep handles at most :data:`MAX_PER_SWEEP` of them (afte
 every restored finished plan expires in the same tick): the rest go at the next ticks, so no
 tick stalls the loop or makes one huge store transaction. Retention 0 keeps every plan (the
 deque stays empty).
+
+Depends on the state it prunes (plans, registry, subscriptions) and the journal, all handed in;
+coordinator/streams.py tells it when a plan ends.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 if TYPE_CHECKING:
-    from coordinator.core import Coordinator
-    from coordinator.plans import Plan
+    from coordinator.plans import Plan, Subscriptions
+    from coordinator.records import Journal
+    from coordinator.registry import WorkerRegistry
 
 __all__ = ["MAX_PER_SWEEP", "Retention"]
 
@@ -45,16 +49,33 @@ class Retention:
     """Finished plans in end order, forgotten once older than ``retention_s``.
 
     Args:
-        core: the coordinator whose plans, subscriptions and journal are pruned.
+        plans: the core's plans by id; forgotten ones are removed.
+        registry: the workers, whose leases keep a cancelled plan until its ``done``.
+        subscriptions: followers of a forgotten plan are dropped from it.
+        journal: a forgotten plan's record (:class:`~coordinator.records.PlanForgotten`) goes here.
+        counters: the core's counters (``plans_forgotten``).
         retention_s: seconds a finished plan is kept; 0 keeps them forever.
     """
 
-    def __init__(self, core: Coordinator, retention_s: float) -> None:
-        self._core = core
+    def __init__(
+        self,
+        *,
+        plans: dict[str, Plan],
+        registry: WorkerRegistry,
+        subscriptions: Subscriptions,
+        journal: Journal,
+        counters: dict[str, int],
+        retention_s: float,
+    ) -> None:
+        self._plans = plans
+        self._registry = registry
+        self._subscriptions = subscriptions
+        self._journal = journal
+        self._counters = counters
         self.retention_s = retention_s
         self._ended: deque[tuple[float, Plan]] = deque()
         self.max_per_sweep = MAX_PER_SWEEP
-        core.counters["plans_forgotten"] = 0
+        counters["plans_forgotten"] = 0
 
     def __len__(self) -> int:
         return len(self._ended)
@@ -69,7 +90,7 @@ class Retention:
         ended = self._ended
         if not ended:
             return 0
-        core = self._core
+        plans = self._plans
         horizon = now - self.retention_s
         forgotten = 0
         kept: list[tuple[float, Plan]] = []
@@ -77,7 +98,7 @@ class Retention:
         while ended and ended[0][0] < horizon and budget > 0:
             budget -= 1
             _, plan = ended.popleft()
-            if core.plans.get(plan.id) is not plan or not plan.terminal:
+            if plans.get(plan.id) is not plan or not plan.terminal:
                 continue  # already gone (cannot happen today; cheap to be safe)
             if self._lease_held(plan):
                 kept.append((now, plan))  # look again one retention later
@@ -86,20 +107,19 @@ class Retention:
             forgotten += 1
         ended.extend(kept)  # stamped now: still in end order behind every entry left
         if forgotten:
-            core.counters["plans_forgotten"] += forgotten
+            self._counters["plans_forgotten"] += forgotten
             log.info("forgot finished plans past their retention", plans=forgotten, retention_s=self.retention_s)
         return forgotten
 
     def _lease_held(self, plan: Plan) -> bool:
         """A cancelled plan whose worker has not sent its ``done`` yet still holds a slot."""
-        registry = self._core.registry
+        registry = self._registry
         worker_id = plan.worker_id
         return worker_id is not None and worker_id in registry and plan.id in registry.get(worker_id).leases
 
     def _forget(self, plan: Plan) -> None:
-        core = self._core
-        del core.plans[plan.id]
-        subscriptions = core.subscriptions
+        del self._plans[plan.id]
+        subscriptions = self._subscriptions
         for conn_id in list(subscriptions.followers(plan.id)):
             subscriptions.remove(plan.id, conn_id)
-        core.recovery.journal.forgotten(plan)
+        self._journal.forgotten(plan)

@@ -1,6 +1,6 @@
 """Which session may send what: the per-message scope rules the core enforces (close 4403).
 
-Rules (docs/SEMANTICS.md §Scopes; RELIABILITY.md §3, matrix row 14):
+Rules (docs/SEMANTICS.md §Scopes; docs/OPERATIONS.md §Test matrix row 14):
 
 * A client session that sends a worker message (``hello``, ``heartbeat``, ``accept``, ...)
   or a worker session that sends a client message (``submit``, ``cancel``, ...) is not

@@ -1,8 +1,25 @@
-"""The worker session of the core (docs/SEMANTICS.md §Worker session): hello to goodbye.
+"""The worker session of the core (docs/SEMANTICS.md §Worker session): hello to goodbye, and the reaper.
 
-Functions of the :class:`~coordinator.core.Coordinator` (passed as ``core``), split out of
-coordinator/core.py to keep each module readable; the core dispatches every worker message
-to :func:`on_worker` and a closed worker session to :func:`detach_worker`.
+What it owns: the handling of every message a worker sends, a worker session's detach, and
+reaping the workers silent past the heartbeat timeout (§Registry).
+
+Rules:
+
+* Nothing but ``hello`` is accepted before the session has registered a worker id
+  (``not_registered``); a second ``hello`` is ``already_registered``; the id must be one the
+  session's token may register (4403 otherwise).
+* A worker id registered on a newer session closes the older one (4409); the record, its leases
+  and its drain mark carry over. Leases the worker does not list in ``hello.running`` are lost
+  as if it had died; listed ones whose plan was cancelled meanwhile are cancelled again.
+* ``accept``/``reject``/``event``/``done`` name a lease (plan id, attempt). One that is not the
+  worker's current lease is answered ``stale_lease`` (or 4403 when it is another worker's).
+  Re-sends of numbered messages after a reconnect are acked, not applied twice
+  (coordinator/recovery.py).
+* A closed session leaves its worker registered (not connected) with its leases until the
+  reaper drops it, so a worker that reconnects in time keeps its plans.
+
+Depends on the collaborators it is handed: the outbox, streams, scheduler, recovery and
+operator requests, with the session table, registry, plans, queue and placement they act on.
 """
 
 from __future__ import annotations
@@ -13,12 +30,7 @@ import structlog
 
 from coordinator import scopes
 from coordinator.errors import InvalidTransition
-from coordinator.plans import (
-    RESERVED_KINDS,
-    Plan,
-    advance,
-    done_event,
-)
+from coordinator.plans import RESERVED_KINDS, Plan, advance, done_event
 from protocol import errors
 from protocol.messages import (
     Accept,
@@ -27,6 +39,7 @@ from protocol.messages import (
     Error,
     ErrorInfo,
     Event,
+    FromWorker,
     Goodbye,
     Heartbeat,
     Hello,
@@ -35,220 +48,339 @@ from protocol.messages import (
 )
 
 if TYPE_CHECKING:
-    from coordinator.core import Coordinator, WorkerMessage, _Session
+    from coordinator.effects import Outbox
+    from coordinator.operator_requests import OperatorRequests
+    from coordinator.placement.placer import Placement
+    from coordinator.placement.plan_queue import PlanQueue
+    from coordinator.recovery import Recovery
+    from coordinator.registry import WorkerRegistry
+    from coordinator.scheduling import Scheduler
+    from coordinator.sessions import Session, SessionTable
+    from coordinator.stats import PlanTimings
+    from coordinator.streams import Streams
+
+__all__ = ["WorkerSessions"]
 
 log = structlog.get_logger(__name__)
 
+NUMBERED = (Accept, Reject, Event, Done)  # the worker messages that carry a ``seq`` and are acked
 
-def on_worker(core: Coordinator, s: _Session, msg: WorkerMessage, now: float) -> None:
-    if isinstance(msg, Hello):
-        hello(core, s, msg, now)
-        return
-    worker_id = s.worker_id
-    if worker_id is None or worker_id not in core.registry:
-        what = type(msg).__name__.lower()
-        core._protocol_error(s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id")
-        return
-    if isinstance(msg, Accept | Reject | Event | Done) and core.recovery.duplicate(s.conn_id, worker_id, msg):
-        return  # a re-send of a message already applied (after a reconnect): acked, not applied twice
-    match msg:
-        case Heartbeat():
-            heartbeat(core, worker_id, msg, now)
-        case Accept():
-            accept(core, s, worker_id, msg, now)
-        case Reject():
-            reject(core, s, worker_id, msg, now)
-        case Event():
-            worker_event(core, s, worker_id, msg)
-        case Done():
-            done(core, s, worker_id, msg, now)
-        case Goodbye():
-            log.info("worker said goodbye", worker_id=worker_id, reason=msg.reason)
-            detach_worker(core, s, now)
-            core.recovery.hand_back(worker_id, now)  # its unfinished plans: requeued now, no attempt spent
-            core._close(s, errors.CLOSE_NORMAL, "goodbye")
-        case _:
-            assert_never(msg)
 
-def hello(core: Coordinator, s: _Session, msg: Hello, now: float) -> None:
-    if s.worker_id is not None:
-        core._protocol_error(s, errors.ALREADY_REGISTERED, f"this session is already worker {s.worker_id!r}")
-        return
-    worker_id = msg.worker_id
-    if not worker_id:
-        core._protocol_error(s, errors.INVALID_MESSAGE, "hello.worker_id must not be empty")
-        return
-    refused = scopes.worker_id_refused(s.worker_ids, worker_id)
-    if refused is not None:
-        core._forbid(s, refused, "worker_id")
-        return
-    reconnect = worker_id in core.registry
-    if reconnect:
-        held_by = core.registry.get(worker_id).conn_id
-        older = core._sessions.get(held_by) if held_by is not None else None
-        if older is not None and older is not s:
-            older.worker_id = None  # its close must not disconnect the new session
-            core._close(older, errors.CLOSE_REPLACED, f"worker id {worker_id!r} registered on a newer session")
-    record = core.registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
-    core.placement.registered(record)
-    s.worker_id = worker_id
-    keep: list[str] = []
-    abandon: list[str] = []
-    for running in msg.running:
-        plan = core.plans.get(running.plan_id)
-        ours = plan is not None and plan.worker_id == worker_id and plan.attempt == running.attempt
-        (keep if ours and running.plan_id in record.leases else abandon).append(running.plan_id)
-    log.info(
-        "worker registered",
-        worker_id=worker_id,
-        reconnect=reconnect,
-        ops=msg.capabilities.ops,
-        max_concurrency=msg.capabilities.max_concurrency,
-        continue_plans=keep,
-        abandon_plans=abandon,
-    )
-    core._send(
-        s.conn_id,
-        Welcome(
+class WorkerSessions:
+    """Handles worker sessions' messages, their detach, and the reaper.
+
+    Args:
+        sessions: the open sessions (an older session of a re-registering worker is found here).
+        registry: the workers.
+        plans: the core's plans by id.
+        queue: the queued plans (a re-registered worker's rejects are forgiven there).
+        placement: told of (re)registrations and reaped workers.
+        timings: queue-wait and run-time histograms.
+        counters: the core's counters.
+        outbox: replies, closes and refusals.
+        streams: plans' lifecycle events.
+        scheduler: fills workers with room, requeues lost leases, refreshes waiting reasons.
+        recovery: de-duplication, hand-back, retries and the reaper's breaker.
+        operator: tells a drained worker again after its ``welcome``.
+        heartbeat_interval_s: put in ``welcome``.
+        heartbeat_timeout_s: put in ``welcome``; silence past it gets a worker reaped.
+        version: the coordinator's version, put in ``welcome``.
+        prefetch: leases a worker may hold beyond its concurrency, put in ``welcome``.
+    """
+
+    def __init__(
+        self,
+        *,
+        sessions: SessionTable,
+        registry: WorkerRegistry,
+        plans: dict[str, Plan],
+        queue: PlanQueue,
+        placement: Placement,
+        timings: PlanTimings,
+        counters: dict[str, int],
+        outbox: Outbox,
+        streams: Streams,
+        scheduler: Scheduler,
+        recovery: Recovery,
+        operator: OperatorRequests,
+        heartbeat_interval_s: float,
+        heartbeat_timeout_s: float,
+        version: str,
+        prefetch: int,
+    ) -> None:
+        self._sessions = sessions
+        self._registry = registry
+        self._plans = plans
+        self._queue = queue
+        self._placement = placement
+        self._timings = timings
+        self._counters = counters
+        self._outbox = outbox
+        self._scheduler = scheduler
+        self._recovery = recovery
+        self._operator = operator
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._version = version
+        self._prefetch = prefetch
+        # Bound once: these run for every message of every plan.
+        self._send = outbox.send
+        self._protocol_error = outbox.protocol_error
+        self._emit = streams.emit
+        self._fail = streams.fail
+        self._fill_worker = scheduler.fill_worker
+        self._refresh_waiting = scheduler.refresh_waiting
+        self._duplicate = recovery.duplicate
+
+    def on_message(self, s: Session, msg: FromWorker, now: float) -> None:
+        """One message from a worker session."""
+        if isinstance(msg, Hello):
+            self._hello(s, msg, now)
+            return
+        worker_id = s.worker_id
+        if worker_id is None or worker_id not in self._registry:
+            what = type(msg).__name__.lower()
+            self._protocol_error(s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id")
+            return
+        if isinstance(msg, NUMBERED) and self._duplicate(s.conn_id, worker_id, msg):
+            return  # a re-send of a message already applied (after a reconnect): acked, not applied twice
+        match msg:
+            case Heartbeat():
+                self._heartbeat(worker_id, msg, now)
+            case Accept():
+                self._accept(s, worker_id, msg, now)
+            case Reject():
+                self._reject(s, worker_id, msg, now)
+            case Event():
+                self._event(s, worker_id, msg)
+            case Done():
+                self._done(s, worker_id, msg, now)
+            case Goodbye():
+                log.info("worker said goodbye", worker_id=worker_id, reason=msg.reason)
+                self.detach(s, now)
+                self._recovery.hand_back(worker_id, now)  # its unfinished plans: requeued now, no attempt spent
+                self._outbox.close(s, errors.CLOSE_NORMAL, "goodbye")
+            case _:
+                assert_never(msg)
+
+    def detach(self, s: Session, now: float) -> None:
+        """The session no longer speaks for its worker; the record stays (with its leases) until reaped."""
+        worker_id, s.worker_id = s.worker_id, None
+        registry = self._registry
+        if worker_id is None or worker_id not in registry:
+            return
+        record = registry.get(worker_id)
+        if record.conn_id != s.conn_id:
+            return
+        registry.disconnect(worker_id)
+        log.info("worker disconnected", worker_id=worker_id, leases=sorted(record.leases))
+        self._refresh_waiting(now)
+
+    def reap(self, now: float) -> list[str]:
+        """Reap workers silent past the timeout (§Registry), unless the breaker holds; returns their ids, sorted.
+
+        Their sessions are closed (4408) and their leases requeued, best first, or failed after
+        their last attempt.
+        """
+        registry = self._registry
+        # The breaker holds back a mass of silent workers: the coordinator itself is suspect.
+        lost = self._recovery.breaker.admit(registry.stale(now), registry, now)
+        if not lost:
+            return []
+        for record in lost:
+            session = self._sessions.get(record.conn_id) if record.conn_id is not None else None
+            if session is not None and session.worker_id == record.id:
+                session.worker_id = None
+                silent_s = now - record.last_beat_s
+                self._outbox.close(
+                    session,
+                    errors.CLOSE_HEARTBEAT_TIMEOUT,
+                    f"no heartbeat for {silent_s:.1f} s (timeout {self._heartbeat_timeout_s:g} s)",
+                )
+        reaped = registry.reap(now, only={r.id for r in lost})
+        self._placement.forget(reaped)
+        self._counters["workers_reaped"] += len(reaped)
+        plans = self._plans
+        leases = [(plans[pid], r.id) for r in lost for pid in r.leases if pid in plans]
+        leases.sort(key=lambda pair: (-pair[0].priority, pair[0].order))  # requeue best first
+        for plan, worker_id in leases:
+            self._scheduler.lease_lost(plan, worker_id, f"worker {worker_id} stopped sending heartbeats", now)
+        self._refresh_waiting(now)
+        return reaped
+
+    # ------------------------------------------------------------------ handlers
+
+    def _hello(self, s: Session, msg: Hello, now: float) -> None:
+        if s.worker_id is not None:
+            self._protocol_error(s, errors.ALREADY_REGISTERED, f"this session is already worker {s.worker_id!r}")
+            return
+        worker_id = msg.worker_id
+        if not worker_id:
+            self._protocol_error(s, errors.INVALID_MESSAGE, "hello.worker_id must not be empty")
+            return
+        refused = scopes.worker_id_refused(s.worker_ids, worker_id)
+        if refused is not None:
+            self._outbox.forbid(s, refused, "worker_id")
+            return
+        registry, plans = self._registry, self._plans
+        reconnect = worker_id in registry
+        if reconnect:
+            held_by = registry.get(worker_id).conn_id
+            older = self._sessions.get(held_by) if held_by is not None else None
+            if older is not None and older is not s:
+                older.worker_id = None  # its close must not disconnect the new session
+                why = f"worker id {worker_id!r} registered on a newer session"
+                self._outbox.close(older, errors.CLOSE_REPLACED, why)
+        record = registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
+        self._placement.registered(record)
+        s.worker_id = worker_id
+        keep: list[str] = []
+        abandon: list[str] = []
+        for running in msg.running:
+            plan = plans.get(running.plan_id)
+            ours = plan is not None and plan.worker_id == worker_id and plan.attempt == running.attempt
+            (keep if ours and running.plan_id in record.leases else abandon).append(running.plan_id)
+        log.info(
+            "worker registered",
             worker_id=worker_id,
-            heartbeat_interval_s=core.config.heartbeat_interval_s,
-            heartbeat_timeout_s=core.config.heartbeat_timeout_s,
+            reconnect=reconnect,
+            ops=msg.capabilities.ops,
+            max_concurrency=msg.capabilities.max_concurrency,
             continue_plans=keep,
             abandon_plans=abandon,
-            version=core.config.version,
-            prefetch=core.config.placement.prefetch,
-        ),
-    )
-    core.operator.registered(record, now)  # a drained worker stays drained across reconnects
-    # Leases it did not list are gone on its side (an assign lost in flight, a restart):
-    # those attempts are lost exactly as if the worker had died.
-    missing = [core.plans[pid] for pid in record.leases.difference(keep) if pid in core.plans]
-    for plan in sorted(missing, key=lambda p: (-p.priority, p.order)):
-        core.registry.release(worker_id, plan.id)
-        core._lease_lost(plan, worker_id, f"worker {worker_id} reconnected without it", now)
-    for plan_id in keep:
-        plan = core.plans[plan_id]
-        if plan.terminal:  # cancelled while it was away: the first cancel went to the old session
-            core._send(s.conn_id, Cancel(plan_id=plan_id, attempt=plan.attempt))
-    # A worker that registers again may have new handlers or have stopped draining:
-    # the plans it rejected may be offered to it once more.
-    for plan_id in core.queue.forgive(worker_id):
-        core.plans[plan_id].avoid -= {worker_id}
-    core._fill_worker(record, now)
-    core._refresh_waiting(now)
-
-def heartbeat(core: Coordinator, worker_id: str, msg: Heartbeat, now: float) -> None:
-    core.counters["heartbeats"] += 1
-    was_alive = core.registry.is_alive(worker_id, now)
-    record = core.registry.heartbeat(worker_id, msg.load, now)
-    if not was_alive:  # it fell silent past the timeout but beat before the reaper ran
-        core._fill_worker(record, now)
-        core._refresh_waiting(now)
-
-def lease(core: Coordinator, s: _Session, worker_id: str, plan_id: str, attempt: int) -> Plan | None:
-    """The plan if (plan_id, attempt) is this worker's current lease; otherwise answer stale_lease."""
-    plan = core.plans.get(plan_id)
-    if (
-        plan is not None
-        and plan.attempt == attempt
-        and plan.worker_id == worker_id
-        and plan_id in core.registry.get(worker_id).leases
-    ):
-        return plan
-    if plan is not None:
-        trespass = scopes.lease_of_another(plan.worker_id, plan.attempt, worker_id, attempt)
-        if trespass is not None:
-            core._forbid(s, f"plan {plan_id!r} {trespass}", "foreign_lease")
-            return None
-    core.counters["stale_dropped"] += 1
-    why = "the coordinator has no such plan" if plan is None else plan.lease_note()
-    message = f"plan {plan_id!r} attempt {attempt} is not your lease ({why}); stop running it"
-    core._send(s.conn_id, Error(code=errors.STALE_LEASE, message=message, plan_id=plan_id, attempt=attempt))
-    return None
-
-def accept(core: Coordinator, s: _Session, worker_id: str, msg: Accept, now: float) -> None:
-    plan = lease(core, s, worker_id, msg.plan_id, msg.attempt)
-    # A repeated accept (running) or one after a cancel (terminal) changes nothing.
-    if plan is not None and plan.state == "leased":
-        advance(plan, "accept")
-        core.timings.started(plan, now)
-        core._emit(plan, "running", {"worker_id": worker_id, "attempt": plan.attempt}, small=True)
-
-def reject(core: Coordinator, s: _Session, worker_id: str, msg: Reject, now: float) -> None:
-    plan = lease(core, s, worker_id, msg.plan_id, msg.attempt)
-    if plan is None:
-        return
-    record = core.registry.get(worker_id)
-    revoked = msg.code == errors.REVOKED  # it dropped an unstarted plan we revoked (§Placement, stealing)
-    if not plan.terminal:
-        try:
-            advance(plan, "revoke" if revoked else "reject")
-        except InvalidTransition as exc:
-            core._protocol_error(s, exc.code, f"{exc}: a plan cannot be rejected after accept", plan_id=plan.id)
-            return
-        if revoked:
-            core.counters["plans_revoked"] += 1
-            why = f"revoked from worker {worker_id} before it started, to run on an idle worker"
-        else:
-            plan.avoid = plan.avoid | {worker_id}
-            why = f"worker {worker_id} rejected it ({msg.code}" + (f": {msg.reason})" if msg.reason else ")")
-        core.registry.release(worker_id, plan.id)
-        plan.free_attempts += 1  # it never ran: not counted against max_attempts (coordinator/recovery.py)
-        core._requeue(plan, why, now)
-    else:
-        core.registry.release(worker_id, plan.id)
-    core._fill_worker(record, now)
-
-def worker_event(core: Coordinator, s: _Session, worker_id: str, msg: Event) -> None:
-    if msg.kind in RESERVED_KINDS:
-        core._protocol_error(
-            s,
-            errors.INVALID_MESSAGE,
-            f"event kind {msg.kind!r} is reserved for the coordinator's lifecycle events; use another kind",
-            plan_id=msg.plan_id,
         )
-        return
-    plan = lease(core, s, worker_id, msg.plan_id, msg.attempt)
-    # A cancelled plan's stream has ended with its terminal event; later output is dropped.
-    if plan is not None and not plan.terminal:
-        core.counters["events_forwarded"] += 1
-        core._emit(plan, msg.kind, msg.data, ephemeral=msg.ephemeral)
+        self._send(
+            s.conn_id,
+            Welcome(
+                worker_id=worker_id,
+                heartbeat_interval_s=self._heartbeat_interval_s,
+                heartbeat_timeout_s=self._heartbeat_timeout_s,
+                continue_plans=keep,
+                abandon_plans=abandon,
+                version=self._version,
+                prefetch=self._prefetch,
+            ),
+        )
+        self._operator.registered(record, now)  # a drained worker stays drained across reconnects
+        # Leases it did not list are gone on its side (an assign lost in flight, a restart):
+        # those attempts are lost exactly as if the worker had died.
+        missing = [plans[pid] for pid in record.leases.difference(keep) if pid in plans]
+        for plan in sorted(missing, key=lambda p: (-p.priority, p.order)):
+            registry.release(worker_id, plan.id)
+            self._scheduler.lease_lost(plan, worker_id, f"worker {worker_id} reconnected without it", now)
+        for plan_id in keep:
+            plan = plans[plan_id]
+            if plan.terminal:  # cancelled while it was away: the first cancel went to the old session
+                self._send(s.conn_id, Cancel(plan_id=plan_id, attempt=plan.attempt))
+        # A worker that registers again may have new handlers or have stopped draining:
+        # the plans it rejected may be offered to it once more.
+        for plan_id in self._queue.forgive(worker_id):
+            plans[plan_id].avoid -= {worker_id}
+        self._fill_worker(record, now)
+        self._refresh_waiting(now)
 
-def done(core: Coordinator, s: _Session, worker_id: str, msg: Done, now: float) -> None:
-    plan = lease(core, s, worker_id, msg.plan_id, msg.attempt)
-    if plan is None:
-        return
-    record = core.registry.get(worker_id)
-    core.registry.release(worker_id, plan.id)
-    if not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
-        why = f"worker {worker_id} reported a failure without an error"
-        core.recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
-    elif not plan.terminal:  # a cancelled plan only waited for this done to free the lease
-        advance(plan, done_event(msg.outcome))
-        core.timings.finished(plan, msg.outcome, now)
-        match msg.outcome:
-            case "succeeded":
-                plan.result = msg.result
-                data = {"result": msg.result, "worker_id": worker_id, "attempt": plan.attempt}
-                core._emit(plan, "succeeded", data)
-            case "failed":
-                why = f"worker {worker_id} reported a failure without an error"
-                core._fail(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why))
-            case "cancelled":
-                plan.error = ErrorInfo(errors.CANCELLED, f"cancelled by worker {worker_id}")
-                core._emit(plan, "cancelled", {"reason": f"cancelled by worker {worker_id}"}, small=True)
-            case _:
-                assert_never(msg.outcome)
-    core._fill_worker(record, now)
+    def _heartbeat(self, worker_id: str, msg: Heartbeat, now: float) -> None:
+        self._counters["heartbeats"] += 1
+        was_alive = self._registry.is_alive(worker_id, now)
+        record = self._registry.heartbeat(worker_id, msg.load, now)
+        if not was_alive:  # it fell silent past the timeout but beat before the reaper ran
+            self._fill_worker(record, now)
+            self._refresh_waiting(now)
 
-def detach_worker(core: Coordinator, s: _Session, now: float) -> None:
-    """The session no longer speaks for its worker; the record stays (with its leases) until reaped."""
-    worker_id, s.worker_id = s.worker_id, None
-    if worker_id is None or worker_id not in core.registry:
-        return
-    record = core.registry.get(worker_id)
-    if record.conn_id != s.conn_id:
-        return
-    core.registry.disconnect(worker_id)
-    log.info("worker disconnected", worker_id=worker_id, leases=sorted(record.leases))
-    core._refresh_waiting(now)
+    def _lease(self, s: Session, worker_id: str, plan_id: str, attempt: int) -> Plan | None:
+        """The plan if (plan_id, attempt) is this worker's current lease; otherwise answer stale_lease."""
+        plan = self._plans.get(plan_id)
+        if (
+            plan is not None
+            and plan.attempt == attempt
+            and plan.worker_id == worker_id
+            and plan_id in self._registry.get(worker_id).leases
+        ):
+            return plan
+        if plan is not None:
+            trespass = scopes.lease_of_another(plan.worker_id, plan.attempt, worker_id, attempt)
+            if trespass is not None:
+                self._outbox.forbid(s, f"plan {plan_id!r} {trespass}", "foreign_lease")
+                return None
+        self._counters["stale_dropped"] += 1
+        why = "the coordinator has no such plan" if plan is None else plan.lease_note()
+        message = f"plan {plan_id!r} attempt {attempt} is not your lease ({why}); stop running it"
+        self._send(s.conn_id, Error(code=errors.STALE_LEASE, message=message, plan_id=plan_id, attempt=attempt))
+        return None
+
+    def _accept(self, s: Session, worker_id: str, msg: Accept, now: float) -> None:
+        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        # A repeated accept (running) or one after a cancel (terminal) changes nothing.
+        if plan is not None and plan.state == "leased":
+            advance(plan, "accept")
+            self._timings.started(plan, now)
+            self._emit(plan, "running", {"worker_id": worker_id, "attempt": plan.attempt}, small=True)
+
+    def _reject(self, s: Session, worker_id: str, msg: Reject, now: float) -> None:
+        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        if plan is None:
+            return
+        registry = self._registry
+        record = registry.get(worker_id)
+        revoked = msg.code == errors.REVOKED  # it dropped an unstarted plan we revoked (§Placement, stealing)
+        if not plan.terminal:
+            try:
+                advance(plan, "revoke" if revoked else "reject")
+            except InvalidTransition as exc:
+                self._protocol_error(s, exc.code, f"{exc}: a plan cannot be rejected after accept", plan_id=plan.id)
+                return
+            if revoked:
+                self._counters["plans_revoked"] += 1
+                why = f"revoked from worker {worker_id} before it started, to run on an idle worker"
+            else:
+                plan.avoid = plan.avoid | {worker_id}
+                why = f"worker {worker_id} rejected it ({msg.code}" + (f": {msg.reason})" if msg.reason else ")")
+            registry.release(worker_id, plan.id)
+            plan.free_attempts += 1  # it never ran: not counted against max_attempts (coordinator/recovery.py)
+            self._scheduler.requeue(plan, why, now)
+        else:
+            registry.release(worker_id, plan.id)
+        self._fill_worker(record, now)
+
+    def _event(self, s: Session, worker_id: str, msg: Event) -> None:
+        if msg.kind in RESERVED_KINDS:
+            self._protocol_error(
+                s,
+                errors.INVALID_MESSAGE,
+                f"event kind {msg.kind!r} is reserved for the coordinator's lifecycle events; use another kind",
+                plan_id=msg.plan_id,
+            )
+            return
+        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        # A cancelled plan's stream has ended with its terminal event; later output is dropped.
+        if plan is not None and not plan.terminal:
+            self._counters["events_forwarded"] += 1
+            self._emit(plan, msg.kind, msg.data, ephemeral=msg.ephemeral)
+
+    def _done(self, s: Session, worker_id: str, msg: Done, now: float) -> None:
+        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        if plan is None:
+            return
+        registry = self._registry
+        record = registry.get(worker_id)
+        registry.release(worker_id, plan.id)
+        if not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
+            why = f"worker {worker_id} reported a failure without an error"
+            self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
+        elif not plan.terminal:  # a cancelled plan only waited for this done to free the lease
+            advance(plan, done_event(msg.outcome))
+            self._timings.finished(plan, msg.outcome, now)
+            match msg.outcome:
+                case "succeeded":
+                    plan.result = msg.result
+                    data = {"result": msg.result, "worker_id": worker_id, "attempt": plan.attempt}
+                    self._emit(plan, "succeeded", data)
+                case "failed":
+                    why = f"worker {worker_id} reported a failure without an error"
+                    self._fail(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why))
+                case "cancelled":
+                    plan.error = ErrorInfo(errors.CANCELLED, f"cancelled by worker {worker_id}")
+                    self._emit(plan, "cancelled", {"reason": f"cancelled by worker {worker_id}"}, small=True)
+                case _:
+                    assert_never(msg.outcome)
+        self._fill_worker(record, now)

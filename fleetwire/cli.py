@@ -29,7 +29,14 @@ from typing import Any
 import msgspec
 
 from fleetwire import console
-from fleetwire.cli_security import add_security_arguments, add_token_arguments, add_token_command, security_settings
+from fleetwire.cli_security import (
+    add_security_arguments,
+    add_token_arguments,
+    add_token_command,
+    plan_limit_settings,
+    security_settings,
+)
+from fleetwire.cli_store import add_store_command, add_store_loss_argument, store_exit_code
 from fleetwire.client import Client
 from fleetwire.console import finish as _finish
 from fleetwire.errors import FleetwireConnectionError
@@ -145,29 +152,36 @@ async def _workers(ns: argparse.Namespace) -> int:
 
 
 def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], client_tokens: tuple[str, ...]) -> Any:
+    from coordinator.core import CoreConfig
     from coordinator.io.server import ServerSettings
 
+    core = CoreConfig(
+        heartbeat_interval_s=ns.heartbeat_interval,
+        heartbeat_timeout_s=ns.heartbeat_timeout,
+        breaker_fraction=ns.breaker_fraction,
+        plan_retention_s=ns.plan_retention,
+        **_routing_settings(ns),
+        **plan_limit_settings(ns),
+    )
     return ServerSettings(
         host=ns.host,
         port=ns.port,
         worker_tokens=worker_tokens,
         client_tokens=client_tokens,
         insecure=getattr(ns, "insecure", False),
-        heartbeat_interval_s=ns.heartbeat_interval,
-        heartbeat_timeout_s=ns.heartbeat_timeout,
+        core=core,
         reaper_interval_s=ns.reaper_interval,
         max_frame_bytes=ns.max_frame_bytes,
         store=ns.store or "sqlite",
         data_dir=ns.data_dir,
-        breaker_fraction=ns.breaker_fraction,
-        plan_retention_s=ns.plan_retention,
-        **_routing_settings(ns),
+        accept_store_loss=ns.accept_store_loss,
+        autoscale_hook=ns.autoscale_hook,
         **security_settings(ns),
     )
 
 
 def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
-    """The placement and autoscaler parts of ``ServerSettings`` (docs/ROUTING.md)."""
+    """The placement and autoscaler parts of ``CoreConfig`` (docs/ROUTING.md)."""
     from coordinator.autoscaler import AutoscaleConfig
     from coordinator.placement.placer import PlacementConfig
     from coordinator.placement.policies import PolicyKnobs
@@ -188,7 +202,6 @@ def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
             policy=ns.policy, prefetch=ns.prefetch, knobs=knobs, candidates=ns.placement_candidates
         ),
         "autoscale": autoscale,
-        "autoscale_hook": ns.autoscale_hook,
     }
 
 
@@ -246,9 +259,12 @@ async def _coordinator(ns: argparse.Namespace) -> int:
     try:
         server = CoordinatorServer(settings, version=_version())
     except ValueError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), store_exit_code(exc))
     try:
         await server.start()
+    except ValueError as exc:  # a damaged store found while loading: one line, exit 3 (fleetwire/cli_store.py)
+        server.store.close()
+        return _fail(str(exc), store_exit_code(exc))
     except OSError as exc:
         return _fail(f"cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc}")
     # SIGHUP re-reads --token-file; sessions of revoked tokens are closed 4401, the rest stay.
@@ -325,7 +341,7 @@ async def _up(ns: argparse.Namespace) -> int:
         server = CoordinatorServer(dataclasses.replace(settings, admin_tokens=(admin_token,)), version=_version())
         await server.start()
     except ValueError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), store_exit_code(exc))
     except OSError as exc:
         return _fail(f"cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc} (try --port 0 for a free port)")
     ids = [f"local-{i + 1}" for i in range(ns.workers)]
@@ -403,6 +419,7 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     p.add_argument("--plan-retention", type=float, default=86400.0, metavar="S",
                    help="forget a finished plan (memory and store) this many seconds after it ended; a client "
                         "plan id is an idempotency key only that long (default 86400 = 24 h; 0 keeps every plan)")
+    add_store_loss_argument(p)  # fleetwire/cli_store.py
     add_security_arguments(p)  # TLS and limits (fleetwire/cli_security.py)
     g = p.add_argument_group("placement and autoscaling (docs/ROUTING.md)")
     g.add_argument("--policy", default="joule_weighted", metavar="NAME",
@@ -521,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps.set_defaults(func=_schema)
 
     add_token_command(sub, [common])
+    add_store_command(sub, [common])
     console.add_operator_commands(sub, common=common, client=client, target=_client_target, root=build_parser)
     return parser
 

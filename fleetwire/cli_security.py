@@ -3,7 +3,8 @@
 Kept apart from ``fleetwire/cli.py`` so the main parser stays readable. Nothing here imports
 the coordinator at parser-build time (client commands must start fast); the coordinator's
 modules are imported by the functions that run it. ``LIMIT_DEFAULTS`` mirrors
-``coordinator.limits.Limits`` for the help texts; a unit test keeps the two equal.
+``coordinator.limits.Limits`` and ``PLAN_LIMIT_DEFAULTS`` the plan limits of
+``coordinator.core.CoreConfig`` for the help texts; unit tests keep them equal.
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["LIMIT_DEFAULTS", "add_security_arguments", "add_token_arguments", "add_token_command", "security_settings"]
+__all__ = [
+    "LIMIT_DEFAULTS",
+    "PLAN_LIMIT_DEFAULTS",
+    "add_security_arguments",
+    "add_token_arguments",
+    "add_token_command",
+    "plan_limit_settings",
+    "security_settings",
+]
 
 # flag dest -> (Limits field, default); the defaults are coordinator.limits.Limits()'s.
 LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
@@ -26,11 +35,8 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "client_rate": ("client_rate", 5_000.0),
     "client_burst": ("client_burst", 50_000),
     "flood_grace": ("flood_grace_s", 5.0),
-    "max_plans_per_client": ("max_plans_per_client", 10_000),
     "max_pending_messages": ("max_pending_messages", 50_000),
     "max_pending_bytes": ("max_pending_bytes", 64 << 20),
-    "max_events_per_plan": ("max_events_per_plan", 10_000),
-    "max_event_bytes_per_plan": ("max_event_bytes_per_plan", 64 << 20),
     "max_commit_backlog_bytes": ("max_commit_backlog_bytes", 64 << 20),
     "ping_interval": ("ping_interval_s", 20.0),
     "ping_timeout": ("ping_timeout_s", 20.0),
@@ -40,9 +46,16 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "penalty_hold": ("penalty_hold_s", 1.0),
 }
 
+# flag dest -> (CoreConfig field, default): limits the core enforces, in the same "limits" flag group.
+PLAN_LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
+    "max_plans_per_client": ("max_plans_per_client", 10_000),
+    "max_events_per_plan": ("max_events_per_plan", 10_000),
+    "max_event_bytes_per_plan": ("max_event_bytes_per_plan", 64 << 20),
+}
+
 
 def _default(dest: str) -> Any:
-    return LIMIT_DEFAULTS[dest][1]
+    return (LIMIT_DEFAULTS.get(dest) or PLAN_LIMIT_DEFAULTS[dest])[1]
 
 
 def add_security_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,8 +132,13 @@ def add_token_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-token", help="token with the admin role (default $FLEETWIRE_ADMIN_TOKEN)")
 
 
+def plan_limit_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """``CoreConfig`` keyword arguments from the parsed plan-limit flags (``--max-plans-per-client`` ...)."""
+    return {field: getattr(ns, dest) for dest, (field, _) in PLAN_LIMIT_DEFAULTS.items()}
+
+
 def security_settings(ns: argparse.Namespace) -> dict[str, Any]:
-    """``ServerSettings`` keyword arguments from the parsed security flags."""
+    """``ServerSettings`` keyword arguments from the parsed security flags (the plan limits aside)."""
     from coordinator.limits import Limits
 
     values = {field: getattr(ns, dest) for dest, (field, _) in LIMIT_DEFAULTS.items()}

@@ -10,25 +10,26 @@ Usage::
 
 Theory of operation (docs/PROTOCOL.md §Client session):
 
-* One websocket per ``Client``. Two tasks drive it and nothing else does I/O:
-  the *reader* decodes each frame and dispatches every message synchronously, in
-  order; the *writer* sends everything queued since its last send as one frame
-  (several frames past ``COALESCE_LIMIT_BYTES``).
-  Callers never touch the socket, so any number of coroutines may call at once.
-* A request gets the next ``req_id`` and a future; the reader resolves the future
-  with the reply that echoes the id, or fails it with ``RequestError`` for an
-  ``error`` reply. A reply may carry a hook that runs *in the reader*, before the
-  next message of the frame is dispatched: that is how a ``Plan`` is registered the
-  moment its ``accepted`` (or ``subscribed``) arrives, so none of the events that
-  follow it can slip past.
-* Events go to the ``Plan`` objects registered for their ``plan_id``. Each buffers
-  its events in ``seq`` order and drops any ``seq`` it already holds, so
-  ``events()`` can start late and ``result()`` works without ``events()``.
-* A ``Plan`` takes events only once it is *live*: from its ``accepted`` (a new plan's
+* ``Client`` is the asyncio *driver* of a sans-I/O ``ClientSession`` (fleetwire/session.py),
+  which owns the session's state: requests waiting for replies, the plans' streams, the
+  outbox. Two tasks drive one websocket and nothing else does I/O: the *reader* hands each
+  frame to the session, which dispatches every message synchronously, in order; the
+  *writer* sends what the session queued since its last send as one frame (several past
+  ``COALESCE_LIMIT_BYTES``). Callers never touch the socket, so any number of coroutines
+  may call at once.
+* A request gets the next ``req_id`` and an ``asyncio.Future``, which the session resolves
+  with the reply that echoes the id or fails with ``RequestError``. A reply may carry a
+  hook that runs *in the reader*, before the next message of the frame is dispatched:
+  that is how a plan's stream is registered the moment its ``accepted`` (or
+  ``subscribed``) arrives, so none of the events that follow it can slip past.
+* Events go to the ``PlanStream`` s registered for their ``plan_id`` (fleetwire/stream.py);
+  each buffers its events in ``seq`` order and drops any ``seq`` it already holds, so
+  ``Plan.events()`` can start late and ``result()`` works without ``events()``.
+* A stream takes events only once it is *live*: from its ``accepted`` (a new plan's
   stream starts after it) or from its own ``subscribed`` (whose replay starts the
   stream from ``from_seq``). Events that reach it earlier belong to another
   subscription of this session and could arrive ahead of the replay.
-* A dropped connection is resumed (``fleetwire/resume.py``): the client dials again with
+* A dropped connection is resumed (fleetwire/resume.py): the client dials again with
   backoff, re-sends the requests still waiting for a reply (a submit always carries a plan
   id, so a re-sent one is idempotent) and re-subscribes every unfinished plan from its last
   ``seq``; ``events()`` continues without a gap or a duplicate, and a ``resync`` marker
@@ -42,13 +43,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, assert_never, get_args
+from typing import Any, get_args
 
 import msgspec
 from websockets.asyncio.client import ClientConnection
@@ -56,18 +55,17 @@ from websockets.exceptions import ConnectionClosed
 
 from fleetwire import options
 from fleetwire.connection import CLIENT_PATH, DEFAULT_MAX_FRAME_BYTES, dial, ending_error, resolve_url
-from fleetwire.errors import FleetwireConnectionError, ProtocolError, RequestError, request_error
+from fleetwire.errors import FleetwireConnectionError, RequestError
 from fleetwire.plan import Plan
 from fleetwire.resume import Resumer
+from fleetwire.session import COALESCE_LIMIT_BYTES, ClientSession
+from fleetwire.stream import PlanStream
 from protocol import errors as codes
-from protocol.codec import ENCODING_SUBPROTOCOL, Codec, DecodeFailure, Encoding
+from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
 from protocol.messages import (
-    TERMINAL_STATES,
     Accepted,
     Cancel,
     DrainWorker,
-    Error,
-    Event,
     GetPlan,
     ListPlans,
     ListWorkers,
@@ -77,39 +75,17 @@ from protocol.messages import (
     Plans,
     PlanStateName,
     Requirements,
-    Resync,
     RoutingHints,
     Submit,
     Subscribe,
     Subscribed,
-    ToClient,
     UndrainWorker,
     Workers,
-    type_name,
 )
 
-__all__ = ["CLIENT_PATH", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
+__all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
 
 log = logging.getLogger("fleetwire.client")
-
-# Outgoing frames hold several messages only up to this size: well under the 1 MiB
-# frame limit a coordinator is likely to enforce (websockets' default).
-COALESCE_LIMIT_BYTES: Final = 256 * 2**10
-
-
-# --------------------------------------------------------------------------- client
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A request waiting for the reply that echoes its ``req_id``."""
-
-    request: str
-    expect: type[Any]
-    future: asyncio.Future[Any]
-    # Runs in the reader, on the reply, before the next message is dispatched.
-    on_reply: Callable[[Any], Any] | None = None
-    raw: Any = None  # the encoded request, sent again after a reconnect (fleetwire/resume.py)
 
 
 class Client:
@@ -125,6 +101,10 @@ class Client:
         max_frame_bytes: the largest frame accepted from the coordinator.
         ca_file: CA certificate (PEM) to trust for a ``wss://`` coordinator whose certificate
             is not signed by a system CA; default ``$FLEETWIRE_CA_FILE``.
+        reconnect: resume the session after a dropped connection (fleetwire/resume.py);
+            False: a dropped connection ends it.
+        reconnect_base_s, reconnect_cap_s: the reconnect backoff's first ceiling and its cap.
+        reconnect_give_up_s: how long without a connection before the session ends; None: never.
 
     Use as ``async with Client(...) as client:``, or ``await client.connect()`` and
     ``await client.close()``.
@@ -152,19 +132,21 @@ class Client:
         self._token = (token if token is not None else os.environ.get("FLEETWIRE_TOKEN")) or None
         self._open_timeout_s = open_timeout_s
         self._max_frame_bytes = max_frame_bytes
-        self._codec = Codec(encoding, ToClient, role="coordinator")
+        self._session = ClientSession(encoding)
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._outbox: list[msgspec.Raw] = []
         self._outbox_ready = asyncio.Event()
-        self._req_ids = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
-        self._plans: dict[str, list[Plan]] = {}
         self._closing = False
-        self._ended: FleetwireConnectionError | None = None
-        self._resumer = Resumer(
-            self, enabled=reconnect, base_s=reconnect_base_s, cap_s=reconnect_cap_s, give_up_s=reconnect_give_up_s
+        self._resumer: Resumer[ClientConnection] = Resumer(
+            self._session,
+            dial=self._dial,
+            attach=self._attach,
+            end=self._end,
+            enabled=reconnect,
+            base_s=reconnect_base_s,
+            cap_s=reconnect_cap_s,
+            give_up_s=reconnect_give_up_s,
         )
 
     def __repr__(self) -> str:
@@ -173,7 +155,12 @@ class Client:
     @property
     def closed(self) -> bool:
         """Whether the session has ended (closed by either side or lost)."""
-        return self._ended is not None
+        return self._session.ended is not None
+
+    @property
+    def session(self) -> ClientSession:
+        """The sans-I/O session state this client drives (pending requests, plan streams, resumes)."""
+        return self._session
 
     # ---- connection
 
@@ -271,7 +258,7 @@ class Client:
         reqs = options.requirements(requirements, tags)
         routing = options.hints(hints, session_key, policy)
         msg = Submit(
-            req_id=next(self._req_ids),
+            req_id=self._session.next_req_id(),
             op=op,
             args=args,
             requirements=reqs,
@@ -288,7 +275,7 @@ class Client:
             # A duplicate's events were emitted before this session subscribed: replay them
             # (a coordinator that replays them after ``accepted`` too costs only duplicates,
             # which the plan drops by seq).
-            await self._subscribe(plan, 0)
+            await self._subscribe(plan.stream, 0)
         return plan
 
     async def submit_many(
@@ -319,8 +306,9 @@ class Client:
                 submitted and subscribed.
             ValueError: ``plan_ids`` and ``args`` differ in length, or bad ``requirements``.
         """
-        if self._ended is not None:
-            raise self._ended
+        session = self._session
+        if session.ended is not None:
+            raise session.ended
         if self._ws is None:
             raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
         reqs = options.requirements(requirements, tags)
@@ -328,28 +316,27 @@ class Client:
         ids = list(plan_ids) if plan_ids is not None else [None] * len(items)
         if len(ids) != len(items):
             raise ValueError(f"plan_ids has {len(ids)} ids for {len(items)} args; give one per plan (or None)")
-        encode = self._codec.encode
+        encode = session.encode
         req_ids: list[int] = []
         raws: list[msgspec.Raw] = []
         for item, plan_id in zip(items, ids, strict=True):
-            req_id = next(self._req_ids)
+            req_id = session.next_req_id()
             msg = Submit(
                 req_id=req_id, op=op, args=item, requirements=reqs, priority=priority, timeout_s=timeout_s,
                 max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True,
             )
-            raws.append(msgspec.Raw(encode([msg])))  # an unencodable item fails here, before anything is sent
+            raws.append(encode(msg))  # an unencodable item fails here, before anything is sent
             req_ids.append(req_id)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
         for req_id, raw, plan_id in zip(req_ids, raws, ids, strict=True):
             future: asyncio.Future[Any] = loop.create_future()
             accepted = functools.partial(self._on_accepted, own=plan_id is None)
-            self._pending[req_id] = _Pending("submit", Accepted, future, accepted, raw)
+            session.send_request(req_id, Submit, raw, Accepted, future, accepted)
             futures.append(future)
         plans: list[Plan] = []
         refused: RequestError | None = None
         try:
-            self._outbox.extend(raws)
             self._outbox_ready.set()
             for future in futures:
                 try:
@@ -358,7 +345,7 @@ class Client:
                     refused = refused or exc
         finally:
             for req_id in req_ids:
-                self._pending.pop(req_id, None)
+                session.forget_request(req_id)
             for future in futures:  # after an early exit: no "exception was never retrieved"
                 if future.done():
                     if not future.cancelled():
@@ -367,7 +354,7 @@ class Client:
                     future.cancel()
         for plan in plans:
             if plan.duplicate:  # as in submit(): replay the stream that began before this session
-                await self._subscribe(plan, 0)
+                await self._subscribe(plan.stream, 0)
         if refused is not None:
             raise refused
         return plans
@@ -378,17 +365,18 @@ class Client:
         Raises:
             PlanNotFound: no such plan (or not one this client may see).
         """
-        plan = Plan(self, plan_id, from_seq=from_seq)
-        await self._subscribe(plan, from_seq)
-        if from_seq > 0 and not plan.done():
+        stream = PlanStream(plan_id, from_seq=from_seq)
+        plan = Plan(stream, self)
+        await self._subscribe(stream, from_seq)
+        if from_seq > 0 and not stream.done():
             # The replay holds only events after from_seq: when the terminal event is not
             # among them, the plan's record says how it ended.
             info = await self.get_plan(plan_id)
-            if plan.state is None:
-                plan.state = info.state
-            plan._finish_from_info(info)
-            if plan.done():
-                self._unregister(plan)
+            if stream.state is None:
+                stream.state = info.state
+            stream.finish_from_info(info)
+            if stream.done():
+                self._session.remove_stream(stream)
         return plan
 
     async def get_plan(self, plan_id: str) -> PlanInfo:
@@ -397,7 +385,7 @@ class Client:
         Raises:
             PlanNotFound: no such plan (or not one this client may see).
         """
-        reply: PlanReply = await self._request(GetPlan(req_id=next(self._req_ids), plan_id=plan_id), PlanReply)
+        reply: PlanReply = await self._request(GetPlan(req_id=self._session.next_req_id(), plan_id=plan_id), PlanReply)
         return reply.plan
 
     async def cancel(self, plan_id: str) -> PlanInfo:
@@ -406,12 +394,12 @@ class Client:
         Raises:
             PlanNotFound: no such plan (or not one this client may see).
         """
-        reply: PlanReply = await self._request(Cancel(req_id=next(self._req_ids), plan_id=plan_id), PlanReply)
+        reply: PlanReply = await self._request(Cancel(req_id=self._session.next_req_id(), plan_id=plan_id), PlanReply)
         return reply.plan
 
     async def workers(self) -> Workers:
         """The worker registry: ``reply.workers`` (``WorkerInfo`` rows) and ``reply.summary``."""
-        reply: Workers = await self._request(ListWorkers(req_id=next(self._req_ids)), Workers)
+        reply: Workers = await self._request(ListWorkers(req_id=self._session.next_req_id()), Workers)
         return reply
 
     async def plans(self, *, states: Iterable[str] = (), limit: int = 200) -> Plans:
@@ -430,7 +418,8 @@ class Client:
             wanted = msgspec.convert(list(states), list[PlanStateName])
         except msgspec.ValidationError as exc:
             raise ValueError(f"states must be plan states ({', '.join(get_args(PlanStateName))}): {exc}") from None
-        reply: Plans = await self._request(ListPlans(req_id=next(self._req_ids), states=wanted, limit=limit), Plans)
+        msg = ListPlans(req_id=self._session.next_req_id(), states=wanted, limit=limit)
+        reply: Plans = await self._request(msg, Plans)
         return reply
 
     async def drain(self, worker_id: str, *, deadline_s: float | None = None) -> None:
@@ -440,7 +429,8 @@ class Client:
             RequestError: code ``unknown_worker``: no such worker is registered.
             InvalidArgument: a negative deadline.
         """
-        await self._request(DrainWorker(req_id=next(self._req_ids), worker_id=worker_id, deadline_s=deadline_s), Ok)
+        msg = DrainWorker(req_id=self._session.next_req_id(), worker_id=worker_id, deadline_s=deadline_s)
+        await self._request(msg, Ok)
 
     async def undrain(self, worker_id: str) -> None:
         """Place plans on a drained worker again.
@@ -448,32 +438,32 @@ class Client:
         Raises:
             RequestError: code ``unknown_worker``: no such worker is registered.
         """
-        await self._request(UndrainWorker(req_id=next(self._req_ids), worker_id=worker_id), Ok)
+        await self._request(UndrainWorker(req_id=self._session.next_req_id(), worker_id=worker_id), Ok)
 
     # ---- internals: requests and plans
 
     async def _request(self, msg: Any, expect: type[Any], on_reply: Callable[[Any], Any] | None = None) -> Any:
-        if self._ended is not None:
-            raise self._ended
+        session = self._session
+        if session.ended is not None:
+            raise session.ended
         if self._ws is None:
             raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
-        raw = msgspec.Raw(self._codec.encode([msg]))  # an unencodable argument fails here, in the caller
+        raw = session.encode(msg)  # an unencodable argument fails here, in the caller
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[msg.req_id] = _Pending(type_name(type(msg)), expect, future, on_reply, raw)
+        session.send_request(msg.req_id, type(msg), raw, expect, future, on_reply)
         try:
-            self._outbox.append(raw)
             self._outbox_ready.set()
             return await future
         finally:
-            self._pending.pop(msg.req_id, None)
+            session.forget_request(msg.req_id)
 
-    async def _subscribe(self, plan: Plan, from_seq: int) -> None:
-        self._register(plan)
-        msg = Subscribe(req_id=next(self._req_ids), plan_ids=[plan.id], from_seq=from_seq)
+    async def _subscribe(self, stream: PlanStream, from_seq: int) -> None:
+        self._session.add_stream(stream)
+        msg = Subscribe(req_id=self._session.next_req_id(), plan_ids=[stream.id], from_seq=from_seq)
         try:
-            await self._request(msg, Subscribed, lambda _reply: plan._go_live())
+            await self._request(msg, Subscribed, lambda _reply: stream.go_live())
         except BaseException:
-            self._unregister(plan)
+            self._session.remove_stream(stream)
             raise
 
     def _on_accepted(self, reply: Accepted, own: bool = False) -> Plan:
@@ -482,30 +472,18 @@ class Client:
         # only with the replay of its own ``subscribe`` (see ``submit``). A duplicate of an
         # id the SDK made (``own``) is this client's submit re-sent after a reconnect: not a
         # duplicate to the caller, and live at once (the coordinator replays its stream).
-        if own and reply.duplicate:
-            plan = Plan(self, reply.plan_id, state=reply.state, live=True)
-        else:
-            plan = Plan(self, reply.plan_id, state=reply.state, duplicate=reply.duplicate, live=not reply.duplicate)
-        self._register(plan)
-        return plan
-
-    def _register(self, plan: Plan) -> None:
-        self._plans.setdefault(plan.id, []).append(plan)
-
-    def _unregister(self, plan: Plan) -> None:
-        plans = self._plans.get(plan.id, [])
-        if plan in plans:
-            plans.remove(plan)
-        if not plans:
-            self._plans.pop(plan.id, None)
+        duplicate = reply.duplicate and not own
+        stream = PlanStream(reply.plan_id, state=reply.state, live=not duplicate)
+        if not duplicate:  # a duplicate's is registered by its own subscribe
+            self._session.add_stream(stream)
+        return Plan(stream, self, duplicate=duplicate)
 
     # ---- internals: the reader and the writer
 
     async def _read_loop(self, ws: ClientConnection) -> None:
         try:
             async for frame in ws:
-                for msg in self._codec.decode(frame):
-                    self._dispatch(msg)
+                self._session.receive_frame(frame)
         except ConnectionClosed:
             pass
         except Exception:
@@ -513,71 +491,26 @@ class Client:
             await ws.close(codes.CLOSE_INTERNAL, "client error")
         finally:
             if ws is self._ws:  # resume, or end the session
-                self._resumer.session_lost(ending_error(ws, self.url, closing=self._closing))
+                self._connection_lost(ending_error(ws, self.url, closing=self._closing))
 
-    def _dispatch(self, msg: ToClient | DecodeFailure) -> None:
-        match msg:
-            case Event():
-                for plan in self._plans.get(msg.plan_id, ()):
-                    plan._feed(msg)
-                if msg.kind in TERMINAL_STATES:
-                    self._drop_finished(msg.plan_id)
-            case Accepted() | Subscribed() | PlanReply() | Workers() | Plans() | Ok():
-                self._resolve(msg.req_id, msg)
-            case Error():
-                pending = self._pending.pop(msg.req_id, None) if msg.req_id else None
-                if pending is None or pending.future.done():
-                    log.warning("fleetwire client: coordinator error %s: %s", msg.code, msg.message)
-                else:
-                    pending.future.set_exception(
-                        request_error(msg.code, msg.message, req_id=msg.req_id, plan_id=msg.plan_id)
-                    )
-            case Resync():
-                for plan in self._plans.get(msg.plan_id, ()):
-                    plan._resync(msg)
-            case DecodeFailure():
-                log.warning("fleetwire client: undecodable message from the coordinator: %s", msg.message)
-            case _:
-                assert_never(msg)
-
-    def _resolve(self, req_id: int, reply: Any) -> None:
-        pending = self._pending.pop(req_id, None)
-        if pending is None or pending.future.done():
-            return  # its caller gave up (cancelled) before the reply came
-        if not isinstance(reply, pending.expect):
-            got, want = type_name(type(reply)), type_name(pending.expect)
-            pending.future.set_exception(
-                ProtocolError(f"the coordinator answered {pending.request!r} with {got!r}, expected {want!r}")
-            )
+    def _connection_lost(self, error: FleetwireConnectionError) -> None:
+        if self._closing or not self._resumer.can_resume(error):
+            self._end(error)
             return
-        pending.future.set_result(pending.on_reply(reply) if pending.on_reply else reply)
-
-    def _drop_finished(self, plan_id: str) -> None:
-        # Plans still waiting for their own replay stay registered.
-        plans = [plan for plan in self._plans.get(plan_id, ()) if not plan.done()]
-        if plans:
-            self._plans[plan_id] = plans
-        else:
-            self._plans.pop(plan_id, None)
+        if self._writer is not None:  # it may hold a batch for the dead socket: pending requests are re-sent
+            self._writer.cancel()
+        self._resumer.start(error)
 
     async def _write_loop(self, ws: ClientConnection) -> None:
+        session = self._session
         try:
             while True:
                 await self._outbox_ready.wait()
                 self._outbox_ready.clear()
-                # Everything queued while the previous send was in flight goes out
-                # coalesced, in frames of at most COALESCE_LIMIT_BYTES (one larger message
-                # goes alone), so batching never trips the coordinator's frame limit.
-                while self._outbox and self._ended is None:
-                    count, size = 0, 0
-                    for raw in self._outbox:
-                        if count and size + len(raw) > COALESCE_LIMIT_BYTES:
-                            break
-                        count, size = count + 1, size + len(raw)
-                    batch = self._outbox[:count]
-                    del self._outbox[:count]
-                    await ws.send(self._codec.encode(batch), text=self._codec.text)
-                if self._ended is not None:
+                # Everything queued while the previous send was in flight goes out coalesced.
+                while (frame := session.next_frame()) is not None:
+                    await ws.send(frame, text=session.text)
+                if session.ended is not None:
                     return
         except ConnectionClosed:
             return  # the reader sees the same close and reports it
@@ -586,16 +519,5 @@ class Client:
             await ws.close(codes.CLOSE_INTERNAL, "client error")
 
     def _end(self, error: FleetwireConnectionError) -> None:
-        if self._ended is None:
-            self._ended = error
-        for pending in self._pending.values():
-            if not pending.future.done():
-                pending.future.set_exception(self._ended)
-        self._pending.clear()
-        for plans in self._plans.values():
-            for plan in plans:
-                plan._fail(self._ended)
-        self._plans.clear()
-        self._outbox.clear()
+        self._session.end(error)
         self._outbox_ready.set()  # lets the writer see the end and return
-

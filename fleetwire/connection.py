@@ -44,7 +44,7 @@ def resolve_url(url: str | None) -> str:
     if parts.scheme not in ("ws", "wss") or not parts.netloc:
         raise ValueError(f"the coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
     if parts.path in ("", "/"):
-        parts = parts._replace(path=CLIENT_PATH)
+        return urlunsplit((parts.scheme, parts.netloc, CLIENT_PATH, parts.query, parts.fragment))
     return urlunsplit(parts)
 
 

@@ -1,37 +1,29 @@
-"""``Plan``: one plan's event stream and outcome, as the client session receives them.
+"""``Plan``: the user's handle on one plan: its events, its outcome, and cancelling it.
 
-A ``Plan`` is fed by its ``Client``'s reader (``_feed``), never by I/O of its own:
-events are buffered in ``seq`` order, replays of a ``seq`` already held are dropped,
-and the terminal event (``succeeded``, ``failed``, ``cancelled``; docs/PROTOCOL.md
-§Lifecycle events) fixes the outcome that ``result()`` returns or raises.
+A ``Plan`` does no I/O and holds no protocol state of its own: its ``PlanStream``
+(fleetwire/stream.py), fed by the client's session, buffers the events in ``seq`` order and
+fixes the outcome. The handle adds the waiting: ``events()`` and ``result()`` sleep on an
+``asyncio.Event`` that the stream's ``on_change`` sets.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
-from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
-from protocol import errors as codes
-from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, PlanInfo, PlanStateName, Resync
+from fleetwire.stream import PlanStream
+from protocol.messages import Event, PlanInfo, PlanStateName
 
-if TYPE_CHECKING:
-    from fleetwire.client import Client
+__all__ = ["Plan", "PlanCanceller"]
 
-__all__ = ["Plan"]
 
-# Lifecycle event kind -> the plan state it implies (docs/PROTOCOL.md §Lifecycle events).
-_STATE_OF_KIND: Final[dict[str, PlanStateName]] = {
-    "queued": "queued",
-    "requeued": "queued",
-    "waiting": "queued",
-    "leased": "leased",
-    "running": "running",
-    "succeeded": "succeeded",
-    "failed": "failed",
-    "cancelled": "cancelled",
-}
+class PlanCanceller(Protocol):
+    """What a ``Plan`` needs of its client: a way to cancel it (``Client.cancel``)."""
+
+    async def cancel(self, plan_id: str) -> PlanInfo:
+        """Cancel the plan; its record after the cancel."""
+        ...
 
 
 class Plan:
@@ -39,46 +31,61 @@ class Plan:
 
     Made by ``Client.submit`` and ``Client.watch``, never directly. Attributes reflect
     the events received so far: ``state`` (``None`` until the first lifecycle event of
-    a watched plan), ``attempt``, ``worker_id``, ``last_seq``; ``duplicate`` is true when
-    ``submit`` found an existing plan with the given ``plan_id``.
+    a watched plan), ``attempt``, ``worker_id``, ``last_seq``, ``resyncs``; ``duplicate``
+    is true when ``submit`` found an existing plan with the given ``plan_id``.
+
+    Args:
+        stream: the plan's stream, registered with the client's session.
+        client: cancels the plan for ``cancel()``.
+        duplicate: ``submit`` found an existing plan with the given ``plan_id``.
     """
 
-    def __init__(
-        self,
-        client: Client,
-        plan_id: str,
-        *,
-        state: PlanStateName | None = None,
-        duplicate: bool = False,
-        from_seq: int = 0,
-        live: bool = False,
-    ) -> None:
-        self.id = plan_id
-        self.state: PlanStateName | None = state
+    def __init__(self, stream: PlanStream, client: PlanCanceller, *, duplicate: bool = False) -> None:
+        self.id = stream.id
         self.duplicate = duplicate
-        self.attempt = 0
-        self.worker_id: str | None = None
-        self.last_seq = from_seq
+        self._stream = stream
         self._client = client
-        self._live = live
-        self._events: list[Event] = []
         # Made by the first waiter and dropped by ``_wake``: most plans of a large batch
         # are never waited on while they run, and an Event per plan costs at 20k plans/s.
         self._changed: asyncio.Event | None = None
-        # The outcome, once known: from the terminal event or a terminal PlanInfo.
-        self._final: PlanStateName | None = None
-        self._result: Any = None
-        self._failure: ErrorInfo | None = None
-        self._cancel_reason = ""
-        self._lost: FleetwireConnectionError | None = None
-        self.resyncs = 0  # runs of events the coordinator could no longer replay (see ``_resync``)
+        stream.on_change = self._wake
 
     def __repr__(self) -> str:
         return f"<Plan {self.id} {self.state or 'unknown'} seq={self.last_seq}>"
 
+    @property
+    def stream(self) -> PlanStream:
+        """What the client's session received for this plan (read it; the session feeds it)."""
+        return self._stream
+
+    @property
+    def state(self) -> PlanStateName | None:
+        """The state the latest lifecycle event (or the plan's record) implies; None while unknown."""
+        return self._stream.state
+
+    @property
+    def attempt(self) -> int:
+        """The attempt the latest lifecycle event names (0 before the first lease)."""
+        return self._stream.attempt
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker of the latest attempt, once leased."""
+        return self._stream.worker_id
+
+    @property
+    def last_seq(self) -> int:
+        """The ``seq`` of the latest event received."""
+        return self._stream.last_seq
+
+    @property
+    def resyncs(self) -> int:
+        """Runs of events the coordinator could no longer replay (each is a ``resync`` event)."""
+        return self._stream.resyncs
+
     def done(self) -> bool:
         """Whether the plan reached a terminal state (succeeded, failed or cancelled)."""
-        return self._final is not None
+        return self._stream.final is not None
 
     def events(self) -> AsyncIterator[Event]:
         """Every event received for this plan, in ``seq`` order, from the first.
@@ -90,7 +97,7 @@ class Plan:
             FleetwireConnectionError: the session ended before the terminal event
                 (after yielding every event received until then).
         """
-        return _PlanEvents(self)
+        return _PlanEvents(self._stream, self._changed_event)
 
     async def result(self) -> Any:
         """Wait for the plan to end and return its result.
@@ -100,101 +107,16 @@ class Plan:
             PlanCancelled: the plan was cancelled.
             FleetwireConnectionError: the session ended before the plan did.
         """
-        while self._final is None:
-            if self._lost is not None:
-                raise self._lost
+        stream = self._stream
+        while stream.final is None:
+            if stream.lost is not None:
+                raise stream.lost
             await self._changed_event().wait()
-        if self._final == "succeeded":
-            return self._result
-        if self._final == "cancelled":
-            raise PlanCancelled(self.id, self._cancel_reason)
-        failure = self._failure or ErrorInfo(code=codes.INTERNAL, message="")
-        raise PlanFailed(
-            failure.message,
-            plan_id=self.id,
-            code=failure.code,
-            detail=failure.detail,
-            worker_id=self.worker_id,
-            attempt=self.attempt,
-        )
+        return stream.outcome()
 
     async def cancel(self) -> PlanInfo:
         """Cancel the plan; same as ``client.cancel(plan.id)``."""
         return await self._client.cancel(self.id)
-
-    # ---- fed by the client's reader
-
-    def _go_live(self) -> Plan:
-        self._live = True
-        return self
-
-    def _feed(self, event: Event) -> None:
-        if not self._live or self._final is not None:
-            return
-        if event.seq:
-            if event.seq <= self.last_seq:
-                return  # a replay of an event this plan already holds
-            self.last_seq = event.seq
-        self._events.append(event)
-        state = _STATE_OF_KIND.get(event.kind)
-        if state is not None:
-            data = event.data if isinstance(event.data, dict) else {}
-            self.state = state
-            if isinstance(data.get("attempt"), int):
-                self.attempt = data["attempt"]
-            if "worker_id" in data:
-                self.worker_id = data["worker_id"]
-            if state == "succeeded":
-                self._result = data.get("result")
-            elif state == "failed":
-                self._failure = ErrorInfo(
-                    code=str(data.get("code", codes.INTERNAL)),
-                    message=str(data.get("message", "")),
-                    detail=data.get("detail"),
-                )
-            elif state == "cancelled":
-                self._cancel_reason = str(data.get("reason", ""))
-            if state in TERMINAL_STATES:
-                self._final = state
-        self._wake()
-
-    def _resync(self, msg: Resync) -> None:
-        """The coordinator no longer holds seqs ``first_seq..last_seq``: say so in the stream.
-
-        ``events()`` yields a marker ``Event(kind="resync", seq=last_seq, data={"recovered":
-        False, "first_seq", "last_seq", "state"})`` in their place, so the stream has no silent
-        gap; the plan's state comes from the record the coordinator sent with it.
-        """
-        if not self._live or self._final is not None or msg.last_seq <= self.last_seq:
-            return
-        info = msg.plan
-        data = {"recovered": msg.recovered, "first_seq": max(msg.first_seq, self.last_seq + 1),
-                "last_seq": msg.last_seq, "state": info.state if info is not None else None}  # fmt: skip
-        self._events.append(Event(plan_id=self.id, kind="resync", data=data, seq=msg.last_seq))
-        self.last_seq = msg.last_seq
-        self.resyncs += 1
-        if info is not None:
-            if info.state not in TERMINAL_STATES:
-                self.state = info.state
-            self._finish_from_info(info)  # ends it when its terminal event was among the missing ones
-        self._wake()
-
-    def _finish_from_info(self, info: PlanInfo) -> None:
-        """End a watched plan whose terminal event came before ``from_seq``."""
-        if self._final is not None or info.state not in TERMINAL_STATES or info.last_seq > self.last_seq:
-            return  # not ended, or its terminal event is still on its way in the replay
-        self.state = self._final = info.state
-        self.attempt = info.attempt
-        self.worker_id = info.worker_id
-        self._result = info.result
-        if info.error is not None:
-            self._failure = info.error
-        self._wake()
-
-    def _fail(self, error: FleetwireConnectionError) -> None:
-        if self._final is None and self._lost is None:
-            self._lost = error
-            self._wake()
 
     def _wake(self) -> None:
         # One Event per generation: every waiter of this generation wakes, later
@@ -213,19 +135,20 @@ class Plan:
 class _PlanEvents(AsyncIterator[Event]):
     """An iterator over one plan's buffered and future events."""
 
-    def __init__(self, plan: Plan) -> None:
-        self._plan = plan
+    def __init__(self, stream: PlanStream, changed: Callable[[], asyncio.Event]) -> None:
+        self._stream = stream
+        self._changed = changed
         self._index = 0
 
     async def __anext__(self) -> Event:
-        plan = self._plan
+        stream = self._stream
         while True:
-            if self._index < len(plan._events):
-                event = plan._events[self._index]
+            if self._index < len(stream.events):
+                event = stream.events[self._index]
                 self._index += 1
                 return event
-            if plan._final is not None:
+            if stream.final is not None:
                 raise StopAsyncIteration
-            if plan._lost is not None:
-                raise plan._lost
-            await plan._changed_event().wait()
+            if stream.lost is not None:
+                raise stream.lost
+            await self._changed().wait()

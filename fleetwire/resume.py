@@ -5,18 +5,22 @@ away, ``1011``/``1012``/``1013``/``1014``), :class:`Resumer` keeps the session a
 failing every call:
 
 * it dials again after ``U(0, min(cap, base * 2**n))`` seconds (full jitter, the worker
-  agent's backoff), for up to ``give_up_s`` without a session;
-* on the new connection it first re-sends every request still waiting for its reply, in
-  ``req_id`` order (submits are idempotent: the SDK always sends a plan id), then subscribes
-  every unfinished plan again from the last ``seq`` it holds, so ``events()`` goes on with no
-  gap and no duplicate (the plan drops a ``seq`` it already has);
+  agent's backoff), and at least the ``Retry-After`` of a refusal, for up to ``give_up_s``
+  without a session;
+* on the new connection the ``ClientSession`` (fleetwire/session.py, ``resume``) first
+  re-sends every request still waiting for its reply, in ``req_id`` order (submits are
+  idempotent: the SDK always sends a plan id), then subscribes every unfinished plan again
+  from the last ``seq`` it holds, so ``events()`` goes on with no gap and no duplicate;
 * when the coordinator no longer holds some of those events it answers ``resync`` and the
-  plan yields a ``resync`` marker event in their place (``fleetwire/plan.py``); when it no
+  plan yields a ``resync`` marker event in their place (fleetwire/stream.py); when it no
   longer knows the plan at all (a coordinator without a durable store), that plan fails.
 
 Any other close (a close code the coordinator chose on purpose, an auth failure while
 reconnecting) or the give-up deadline ends the session as before: pending calls and
 unfinished plans fail with ``FleetwireConnectionError``.
+
+The resumer does no I/O of its own: the client gives it the three things it needs of a
+driver (``dial``, ``attach``, ``end``), and it never reaches into the client.
 """
 
 from __future__ import annotations
@@ -24,14 +28,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import TYPE_CHECKING, Final
+from collections.abc import Awaitable, Callable
+from typing import Final, Generic, TypeVar
 
-from fleetwire.errors import AuthError, FleetwireConnectionError, PlanNotFound
-from protocol.messages import Subscribe, Subscribed
-
-if TYPE_CHECKING:
-    from fleetwire.client import Client
-    from fleetwire.plan import Plan
+from fleetwire.errors import AuthError, FleetwireConnectionError
+from fleetwire.session import ClientSession
 
 __all__ = ["RESUMABLE_CLOSE_CODES", "Resumer"]
 
@@ -41,19 +42,33 @@ log = logging.getLogger("fleetwire.client")
 # down (a restart). 1011-1014: server error, restart, try again later, bad gateway.
 RESUMABLE_CLOSE_CODES: Final = frozenset({None, 1001, 1006, 1011, 1012, 1013, 1014})
 
+C = TypeVar("C")  # the driver's connection
 
-class Resumer:
-    """Keeps a ``Client`` session across dropped connections.
+
+class Resumer(Generic[C]):
+    """Keeps a client session across dropped connections.
 
     Args:
-        client: the client it serves.
+        session: the session to resume.
+        dial: opens a new connection (raises ``AuthError`` or ``FleetwireConnectionError``).
+        attach: starts the driver's reader and writer on a new connection.
+        end: ends the session for good with an error.
         enabled: False: a dropped connection ends the session (the SDK's v1 behaviour).
         base_s, cap_s: the backoff's first ceiling and its cap.
         give_up_s: how long without a session before giving up; None: never.
     """
 
     def __init__(
-        self, client: Client, *, enabled: bool, base_s: float, cap_s: float, give_up_s: float | None
+        self,
+        session: ClientSession,
+        *,
+        dial: Callable[[], Awaitable[C]],
+        attach: Callable[[C], None],
+        end: Callable[[FleetwireConnectionError], None],
+        enabled: bool,
+        base_s: float,
+        cap_s: float,
+        give_up_s: float | None,
     ) -> None:
         if not 0 < base_s <= cap_s:
             raise ValueError("reconnect delays must satisfy 0 < reconnect_base_s <= reconnect_cap_s")
@@ -61,25 +76,30 @@ class Resumer:
         self.base_s = base_s
         self.cap_s = cap_s
         self.give_up_s = give_up_s
-        self.resumed = 0  # sessions resumed so far
-        self._client = client
+        self._session = session
+        self._dial = dial
+        self._attach = attach
+        self._end = end
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+
+    @property
+    def resumed(self) -> int:
+        """Sessions resumed so far."""
+        return self._session.resumed
 
     @property
     def resuming(self) -> bool:
         """Whether a reconnect is in progress."""
         return self._task is not None and not self._task.done()
 
-    def session_lost(self, error: FleetwireConnectionError) -> None:
-        """The reader saw its connection end with ``error``: resume, or end the session."""
-        client = self._client
-        if not self.enabled or client._closing or error.close_code not in RESUMABLE_CLOSE_CODES:
-            client._end(error)
-            return
+    def can_resume(self, error: FleetwireConnectionError) -> bool:
+        """Whether a connection that ended with ``error`` is worth dialling again."""
+        return self.enabled and error.close_code in RESUMABLE_CLOSE_CODES
+
+    def start(self, error: FleetwireConnectionError) -> None:
+        """Reconnect in the background after the connection ended with ``error`` (see ``can_resume``)."""
         log.warning("fleetwire client: %s; reconnecting", error)
-        if client._writer is not None:  # it may hold a batch for the dead socket: pending requests are re-sent
-            client._writer.cancel()
         self._task = asyncio.create_task(self._resume(error), name="fleetwire-client-resume")
 
     def cancel(self) -> None:
@@ -88,7 +108,6 @@ class Resumer:
             self._task.cancel()
 
     async def _resume(self, error: FleetwireConnectionError) -> None:
-        client = self._client
         loop = asyncio.get_running_loop()
         started = loop.time()
         failures = 0
@@ -96,39 +115,21 @@ class Resumer:
         while True:
             await asyncio.sleep(max(floor_s, self._rng.uniform(0.0, min(self.cap_s, self.base_s * 2**failures))))
             try:
-                ws = await client._dial()
+                connection = await self._dial()
             except AuthError as exc:  # retrying cannot fix a token
-                client._end(FleetwireConnectionError(f"cannot resume the session: {exc}"))
+                self._end(FleetwireConnectionError(f"cannot resume the session: {exc}"))
                 return
             except FleetwireConnectionError as exc:
                 failures = min(failures + 1, 32)
                 floor_s = exc.retry_after_s or 0.0
                 if self.give_up_s is not None and loop.time() - started >= self.give_up_s:
                     why = f"{error}; gave up reconnecting after {self.give_up_s:g} s: {exc}"
-                    client._end(FleetwireConnectionError(why))
+                    self._end(FleetwireConnectionError(why))
                     return
                 log.info("fleetwire client: reconnect failed (%s); retrying", exc)
                 continue
             break
-        self.resumed += 1
         # Replies that never came are asked for again, in order, before anything else is sent.
-        pending = sorted(client._pending.items())
-        client._outbox[:] = [p.raw for _, p in pending if p.raw is not None]
-        client._attach(ws)
+        self._session.resume()
+        self._attach(connection)
         log.info("fleetwire client: session resumed after %.2f s", loop.time() - started)
-        live = [plan for plans in client._plans.values() for plan in plans if plan._live and not plan.done()]
-        await asyncio.gather(*(self._resubscribe(plan) for plan in live), return_exceptions=True)
-
-    async def _resubscribe(self, plan: Plan) -> None:
-        client = self._client
-        msg = Subscribe(req_id=next(client._req_ids), plan_ids=[plan.id], from_seq=plan.last_seq)
-        try:
-            await client._request(msg, Subscribed)
-        except PlanNotFound:
-            plan._fail(
-                FleetwireConnectionError(
-                    f"the coordinator no longer knows plan {plan.id!r} after the reconnect "
-                    "(was it restarted without a durable store?)"
-                )
-            )
-            client._unregister(plan)

@@ -2,5 +2,6 @@
 
 from worker_agent.agent import Agent, AuthError
 from worker_agent.handlers import Context, HandlerError, load_handler_spec
+from worker_agent.settings import AgentSettings
 
-__all__ = ["Agent", "AuthError", "Context", "HandlerError", "load_handler_spec"]
+__all__ = ["Agent", "AgentSettings", "AuthError", "Context", "HandlerError", "load_handler_spec"]

@@ -27,15 +27,22 @@ Theory of operation:
   waiting plan drops it and answers ``reject(code="revoked")``; a revoke of a started plan
   is ignored. A cancelled waiting plan ends ``cancelled`` at once; ``drain`` and ``stop()``
   hand waiting plans back with ``reject``.
+
+Structure: :class:`Agent` is the session loop (dial, handshake, reader, writer, heartbeats,
+reconnect, stop). It *has* a :class:`~worker_agent.runner.PlanRunner`, which owns the plans
+(running, waiting, silenced) and answers through the :class:`~worker_agent.outbox.SendQueue`
+the two share; the agent's reader hands it each plan message. Configuration is one
+:class:`~worker_agent.settings.AgentSettings`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, assert_never, overload
+from collections.abc import Callable
+from typing import Any, TypeVar, Unpack, assert_never, overload
 
 import msgspec
 import structlog
@@ -44,15 +51,16 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 from websockets.typing import Subprotocol
 
 import protocol
-from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, Encoding, errors
+from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, errors
 from worker_agent.handlers import Handler, builtin_handlers
-from worker_agent.outbox import Outbox, encode_frames
-from worker_agent.probe import LoadTracker, probe_capabilities
-from worker_agent.runner import REJECTED, PlanRunner, _PlanRun
+from worker_agent.outbox import SendQueue, encode_frames
+from worker_agent.probe import probe_capabilities
+from worker_agent.runner import REJECTED, PlanRunner
 from worker_agent.session import AuthError, client_tls, default_worker_id, version, worker_url
+from worker_agent.settings import AgentOptions, AgentSettings
 from worker_agent.telemetry import Telemetry
 
-__all__ = ["REJECTED", "Agent", "AuthError", "default_worker_id", "worker_url"]
+__all__ = ["REJECTED", "Agent", "AgentSettings", "AuthError", "default_worker_id", "worker_url"]
 
 log = structlog.get_logger(__name__)
 
@@ -62,36 +70,29 @@ MAX_BATCH = 4096  # messages per frame before size-splitting
 COALESCE_TURNS = 4  # loop turns the writer waits, at most, for more messages to join a frame
 
 
-class Agent(PlanRunner):
+class Agent:
     """A worker agent. Build it, add handlers, ``await agent.run()``; ``agent.stop()`` ends it.
+
+    ``Agent(url, token, tags=["text"])`` and ``Agent(url, token, settings=AgentSettings(tags=["text"]))``
+    are the same agent; keyword options given with ``settings`` replace those fields of it.
 
     Args:
         url: the coordinator, ``ws://host:port`` (``/v1/worker`` is appended when no path).
         token: a worker-role bearer token, or None when the coordinator runs ``--insecure``.
-        worker_id: this worker's id; default ``<hostname>-<pid>``.
-        tags: labels plans can require.
-        max_concurrency: plans run at once; assigns beyond it are rejected with ``full``.
-        allow_shell: offer the ``shell`` op (runs arbitrary commands).
-        python_allow: fnmatch patterns of ``module:function`` the ``python`` op may call;
-            empty: no ``python`` op.
-        python_envs: interpreters to advertise besides this one.
-        models: models this host serves (plans may require one).
-        accelerator: the accelerator class to advertise instead of the probed one.
-        carbon_zone: the grid zone of this host, e.g. ``FR`` or ``US-CAL-CISO``.
-        kv_blocks, kv_block_tokens: the KV-cache budget, for KV-block admission.
-        encoding: ``"msgpack"`` or ``"json"``, offered as the websocket subprotocol.
-        reconnect_base_s, reconnect_cap_s: the backoff's first ceiling and its cap.
-        kill_grace_s: seconds between SIGTERM and SIGKILL for a cancelled plan's subprocesses.
-        drain_timeout_s: how long ``stop()`` lets running plans finish before handing them back.
-        handshake_timeout_s: how long to wait for ``welcome`` after ``hello``.
-        max_frame_bytes: frames are split to stay under this; must not exceed the
-            coordinator's limit. Event data and results are limited to it less 4 KiB.
-        outbox_limit: the most messages queued for sending (see ``Outbox``).
-        ca_file: CA certificate (PEM) to trust for a ``wss://`` coordinator (default: system CAs).
-        cert_file / key_file: this worker's client certificate and key, for a coordinator
-            that requires mTLS (``--tls-client-ca``).
+        settings: everything else (worker_agent/settings.py); default: ``AgentSettings()``.
         telemetry: energy, carbon and inference-engine figures for hello and heartbeats
             (worker_agent/telemetry.py); default: none beyond plan counts.
+        **options: :class:`~worker_agent.settings.AgentSettings` fields by name.
+
+    Attributes:
+        url: the coordinator's worker endpoint.
+        worker_id: this worker's id (the settings' or ``<hostname>-<pid>``).
+        settings: the configuration in effect.
+        runner: the plans of this worker (worker_agent/runner.py).
+        registered: set on ``welcome``, cleared when the session ends.
+
+    Raises:
+        ValueError: a bad URL, an option out of range, or TLS files that cannot be loaded.
     """
 
     def __init__(
@@ -99,88 +100,50 @@ class Agent(PlanRunner):
         url: str,
         token: str | None = None,
         *,
-        worker_id: str | None = None,
-        tags: Sequence[str] = (),
-        max_concurrency: int = 4,
-        allow_shell: bool = False,
-        python_allow: Sequence[str] = (),
-        python_envs: Sequence[str] = (),
-        models: Sequence[str] = (),
-        accelerator: protocol.messages.Accelerator | None = None,
-        carbon_zone: str = "",
-        kv_blocks: int = 0,
-        kv_block_tokens: int = 0,
-        encoding: str = "msgpack",
-        reconnect_base_s: float = 0.5,
-        reconnect_cap_s: float = 30.0,
-        kill_grace_s: float = 5.0,
-        drain_timeout_s: float = 20.0,
-        handshake_timeout_s: float = 10.0,
-        max_frame_bytes: int = 1 << 20,
-        outbox_limit: int = 10_000,
-        ca_file: str | None = None,
-        cert_file: str | None = None,
-        key_file: str | None = None,
+        settings: AgentSettings | None = None,
         telemetry: Telemetry | None = None,
+        **options: Unpack[AgentOptions],
     ) -> None:
-        if encoding not in ENCODING_SUBPROTOCOL:
-            raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
-        if max_concurrency < 0:
-            raise ValueError(f"max_concurrency must be >= 0, got {max_concurrency}")
-        if not 0 < reconnect_base_s <= reconnect_cap_s:
-            raise ValueError("reconnect delays must satisfy 0 < reconnect_base_s <= reconnect_cap_s")
-        if max_frame_bytes < 8192:
-            raise ValueError(f"max_frame_bytes must be >= 8192, got {max_frame_bytes}")
+        if settings is None:
+            settings = AgentSettings(**options)
+        elif options:
+            settings = dataclasses.replace(settings, **options)
+        self.settings = settings
         self.url = worker_url(url)
-        self.worker_id = worker_id or default_worker_id()
-        self.tags = list(tags)
-        self.max_concurrency = max_concurrency
-        self.python_envs = list(python_envs)
-        if kv_blocks < 0 or kv_block_tokens < 0:
-            raise ValueError(f"kv_blocks and kv_block_tokens must be >= 0, got {kv_blocks} and {kv_block_tokens}")
-        self._advertised: dict[str, Any] = {}  # capabilities the flags set, overriding the probe
-        if models:
-            self._advertised["models"] = list(dict.fromkeys(models))
-        if accelerator is not None:
-            self._advertised["accelerator"] = accelerator
-        if carbon_zone:
-            self._advertised["carbon_zone"] = carbon_zone
-        if kv_blocks:
-            self._advertised.update(kv_blocks=kv_blocks, kv_block_tokens=kv_block_tokens)
-        self.encoding: Encoding = encoding
-        self.reconnect_base_s = reconnect_base_s
-        self.reconnect_cap_s = reconnect_cap_s
-        self.kill_grace_s = kill_grace_s
-        self.drain_timeout_s = drain_timeout_s
-        self.handshake_timeout_s = handshake_timeout_s
-        self.max_frame_bytes = max_frame_bytes
+        self.worker_id = settings.worker_id or default_worker_id()
+        self.telemetry = telemetry or Telemetry()
         self.registered = asyncio.Event()  # set on welcome, cleared when the session ends
         self._token = token
-        self._ssl = client_tls(self.url, ca_file, cert_file, key_file)
-        self._handlers: dict[str, Handler] = builtin_handlers(allow_shell=allow_shell, python_allow=python_allow)
+        self._ssl = client_tls(self.url, settings.ca_file, settings.cert_file, settings.key_file)
+        self._log = log.bind(worker_id=self.worker_id)
+        self._send_queue = SendQueue(settings.outbox_limit, self._log)
+        self._outbox = self._send_queue.outbox
+        self.runner = PlanRunner(
+            worker_id=self.worker_id,
+            max_concurrency=settings.max_concurrency,
+            kill_grace_s=settings.kill_grace_s,
+            max_payload_bytes=settings.max_frame_bytes - 4096,
+            handlers=builtin_handlers(allow_shell=settings.allow_shell, python_allow=settings.python_allow),
+            telemetry=self.telemetry,
+            outbound=self._send_queue,
+            logger=self._log,
+        )
+        self._advertised = settings.advertised_capabilities()  # set by flags, overriding the probe
         self._codecs: dict[str, Codec] = {}
         self._capabilities: protocol.Capabilities | None = None
-        self._plans: dict[str, _PlanRun] = {}
-        self._waiting: dict[str, protocol.Assign] = {}  # prefetched assigns, unstarted, in arrival order
-        self._prefetch = 0  # how many may wait (from welcome)
-        self._orphans: set[_PlanRun] = set()  # silenced plans whose tasks are still ending
-        self._outbox = Outbox(outbox_limit)
-        self._wakeup = asyncio.Event()  # the outbox has something for the writer
-        self._idle = asyncio.Event()  # no plan is running
-        self._idle.set()
         self._stop_requested = asyncio.Event()
         self._stop_now = asyncio.Event()
         self._stopping = False
-        self._draining = False
         self._finish_writing = False
         self._handshake_task: asyncio.Future[Any] | None = None
-        self._load = LoadTracker()
-        self.telemetry = telemetry or Telemetry()
-        self._event_seq = 0
         self._rng = random.Random()
-        self._log = log.bind(worker_id=self.worker_id)
 
     # ------------------------------------------------------------------ handlers
+
+    @property
+    def ops(self) -> list[str]:
+        """The ops this worker advertises, sorted."""
+        return self.runner.ops
 
     @overload
     def handler(self, name: F, /) -> F: ...
@@ -202,11 +165,7 @@ class Agent(PlanRunner):
     def add_handler(self, name: str, fn: Handler) -> None:
         """Offer op ``name``, run by ``fn(ctx, args)`` (replaces a built-in of that name).
         Ops added while connected are advertised in the next ``hello``."""
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"handler name must be a non-empty string, got {name!r}")
-        if not callable(fn):
-            raise TypeError(f"handler {name!r} must be callable, got {type(fn).__name__}")
-        self._handlers[name] = fn
+        self.runner.add_handler(name, fn)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -239,14 +198,14 @@ class Agent(PlanRunner):
                 if self._stopping:
                     break
                 failures = 0 if registered else min(failures + 1, 32)
-                ceiling = min(self.reconnect_cap_s, self.reconnect_base_s * 2**failures)
+                ceiling = min(self.settings.reconnect_cap_s, self.settings.reconnect_base_s * 2**failures)
                 delay = max(floor_s, self._rng.uniform(0.0, ceiling))
                 self._log.debug("reconnecting", delay_s=round(delay, 3), failures=failures)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_requested.wait(), delay)
         finally:
             self.registered.clear()
-            await self._silence_all("worker stopping")
+            await self.runner.silence_all("worker stopping")
             await self.telemetry.stop()
 
     def stop(self) -> None:
@@ -258,6 +217,7 @@ class Agent(PlanRunner):
             self._stop_now.set()
             return
         self._stopping = True
+        self.runner.stop_accepting()
         self._stop_requested.set()
         if self._handshake_task is not None:
             self._handshake_task.cancel()
@@ -273,13 +233,12 @@ class Agent(PlanRunner):
 
     def _hello(self) -> protocol.Hello:
         if self._capabilities is None:  # GPUs, RAM and CPUs do not change; probe once
+            settings = self.settings
             probed = probe_capabilities(
-                tags=self.tags, max_concurrency=self.max_concurrency, ops=(), python_envs=self.python_envs
+                tags=settings.tags, max_concurrency=settings.max_concurrency, ops=(), python_envs=settings.python_envs
             )
             self._capabilities = msgspec.structs.replace(probed, **self._advertised)  # flags beat the probe
-        running = [protocol.RunningPlan(plan_id=r.plan_id, attempt=r.attempt) for r in self._plans.values()]
-        running += [protocol.RunningPlan(plan_id=a.plan_id, attempt=a.attempt) for a in self._waiting.values()]
-        running += self._outbox.pending_done()
+        running = self.runner.running_plans() + self._outbox.pending_done()
         caps = self.telemetry.capabilities(msgspec.structs.replace(self._capabilities, ops=self.ops))
         return protocol.Hello(worker_id=self.worker_id, capabilities=caps, running=running, version=version())
 
@@ -313,10 +272,10 @@ class Agent(PlanRunner):
             ws = await connect(
                 self.url,
                 additional_headers=headers,
-                subprotocols=[Subprotocol(ENCODING_SUBPROTOCOL[self.encoding])],
+                subprotocols=[Subprotocol(ENCODING_SUBPROTOCOL[self.settings.encoding])],
                 compression=None,
                 max_size=64 << 20,
-                open_timeout=self.handshake_timeout_s,
+                open_timeout=self.settings.handshake_timeout_s,
                 **tls,
             )
         except InvalidStatus as exc:
@@ -340,7 +299,7 @@ class Agent(PlanRunner):
             self._outbox.discard_heartbeats()
             await ws.send(codec.encode([self._hello()]), text=codec.text)
             early: list[Any] = []
-            async with asyncio.timeout(self.handshake_timeout_s):
+            async with asyncio.timeout(self.settings.handshake_timeout_s):
                 while True:
                     msgs = codec.decode(await ws.recv())
                     for index, msg in enumerate(msgs):
@@ -352,7 +311,7 @@ class Agent(PlanRunner):
                             return None
                         early.append(msg)
         except TimeoutError:
-            self._log.warning("no welcome from coordinator", timeout_s=self.handshake_timeout_s)
+            self._log.warning("no welcome from coordinator", timeout_s=self.settings.handshake_timeout_s)
             await ws.close()
             return None
         except BaseException:
@@ -360,17 +319,7 @@ class Agent(PlanRunner):
             raise
 
     def _on_welcome(self, welcome: protocol.Welcome) -> None:
-        self._prefetch = max(0, welcome.prefetch)
-        # An operator's drain is the coordinator's to keep: it sends drain again right after
-        # welcome while it still wants one, and one that restarted without it must not be refused.
-        self._draining = False
-        for plan_id in welcome.abandon_plans:
-            self._waiting.pop(plan_id, None)
-            run = self._plans.get(plan_id)
-            if run is not None:
-                self._silence(run, "abandoned by the coordinator")
-            else:
-                self._outbox.purge(plan_id)
+        self.runner.on_welcome(welcome)
         self._finish_writing = False
         self.registered.set()
         self._log.info(
@@ -403,7 +352,7 @@ class Agent(PlanRunner):
         if ws.close_code == errors.CLOSE_REPLACED:
             level = "error"  # another process registered with our id
         getattr(self._log, level)(
-            "disconnected", close_code=ws.close_code, close_reason=ws.close_reason, running=len(self._plans)
+            "disconnected", close_code=ws.close_code, close_reason=ws.close_reason, running=self.runner.running_count
         )
 
     async def _read_loop(self, ws: ClientConnection, codec: Codec) -> None:
@@ -414,12 +363,14 @@ class Agent(PlanRunner):
     async def _write_loop(self, ws: ClientConnection, codec: Codec) -> None:
         """The session's only sender: everything queued goes out coalesced into one frame."""
         outbox = self._outbox
+        wakeup = self._send_queue.wakeup
+        max_frame_bytes = self.settings.max_frame_bytes
         while True:
             if not outbox:
                 if self._finish_writing:
                     return
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                wakeup.clear()
+                await wakeup.wait()
                 continue
             # A few loop turns while the outbox still grows, so a plan that ends at once sends
             # its accept, events and done as one frame rather than three (one send, one
@@ -429,7 +380,7 @@ class Agent(PlanRunner):
                 await asyncio.sleep(0)
                 if len(outbox) == queued:
                     break
-            chunks = encode_frames(codec, outbox.take(MAX_BATCH), self.max_frame_bytes)
+            chunks = encode_frames(codec, outbox.take(MAX_BATCH), max_frame_bytes)
             for index, (frame, msgs) in enumerate(chunks):
                 try:
                     await ws.send(frame, text=codec.text)
@@ -440,24 +391,25 @@ class Agent(PlanRunner):
 
     async def _heartbeat_loop(self, interval_s: float) -> None:
         while True:
-            self._enqueue(protocol.Heartbeat(load=self.telemetry.load(self._load.snapshot())))
+            self._send_queue.send(protocol.Heartbeat(load=self.telemetry.load(self.runner.load.snapshot())))
             await asyncio.sleep(interval_s * self._rng.uniform(0.9, 1.1))
 
     async def _leave(self, ws: ClientConnection, reader: asyncio.Future[None], writer: asyncio.Future[None]) -> None:
         """Graceful stop while connected: drain, hand back what is left, goodbye, close."""
-        self._log.info("stopping", running=len(self._plans), drain_timeout_s=self.drain_timeout_s)
-        self._hand_back_waiting(f"worker {self.worker_id} is stopping")
-        if self._plans and self.drain_timeout_s > 0:
-            idle = asyncio.ensure_future(self._idle.wait())
+        runner = self.runner
+        drain_timeout_s = self.settings.drain_timeout_s
+        self._log.info("stopping", running=runner.running_count, drain_timeout_s=drain_timeout_s)
+        runner.hand_back_waiting(f"worker {self.worker_id} is stopping")
+        if runner.running_count and drain_timeout_s > 0:
+            idle = asyncio.ensure_future(runner.idle.wait())
             now = asyncio.ensure_future(self._stop_now.wait())
             await asyncio.wait(
-                (idle, now, reader, writer), timeout=self.drain_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                (idle, now, reader, writer), timeout=drain_timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
             idle.cancel()
             now.cancel()
-        for run in list(self._plans.values()):
-            self._silence(run, "handed back: worker stopping")
-        self._enqueue(protocol.Goodbye(reason="worker stopping"))
+        runner.silence_running("handed back: worker stopping")
+        self._send_queue.send(protocol.Goodbye(reason="worker stopping"))
         self._finish_writing = True
         if not writer.done():
             with contextlib.suppress(Exception):
@@ -469,20 +421,17 @@ class Agent(PlanRunner):
     def _dispatch(self, msg: protocol.messages.ToWorker | DecodeFailure) -> None:
         match msg:
             case protocol.Assign():
-                self._on_assign(msg)
+                self.runner.on_assign(msg)
             case protocol.Cancel():
-                self._on_cancel(msg)
+                self.runner.on_cancel(msg)
             case protocol.Error():
-                self._on_error(msg)
+                self.runner.on_error(msg)
             case protocol.Drain():
-                self._draining = True
-                self._log.info("draining: new plans will be rejected", deadline_s=msg.deadline_s)
-                self._hand_back_waiting(f"worker {self.worker_id} is draining")
+                self.runner.on_drain(msg)
             case protocol.Undrain():
-                self._draining = False
-                self._log.info("undrained: taking new plans again")
+                self.runner.on_undrain()
             case protocol.Revoke():
-                self._on_revoke(msg)
+                self.runner.on_revoke(msg)
             case protocol.Ack():
                 self._outbox.ack(msg.seq)
             case protocol.Welcome():

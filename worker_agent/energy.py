@@ -15,7 +15,7 @@ Theory of operation (docs/OPERATIONS.md §Energy and carbon):
   average of micro-joules per token; that average is what the worker reports in ``load``.
   Without NVML, or before any plan reported tokens, the configured value is reported.
 * :class:`PowerSampler` reads NVML power in its own thread, so a slow or wedged driver call
-  never blocks the event loop that carries heartbeats (RELIABILITY.md §1, item 6).
+  never blocks the event loop that carries heartbeats (docs/OPERATIONS.md §Test matrix row 6).
 """
 
 from __future__ import annotations

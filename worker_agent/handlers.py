@@ -171,11 +171,14 @@ class Context:
         if count > 0:
             self.tokens += count
 
-    def _mark_cancelled(self) -> None:
+    def mark_cancelled(self) -> None:
+        """The plan is being cancelled or timed out: ``cancelled`` turns true. Called by whoever
+        runs the plan (``run_handler``, the agent's plan runner), not by handlers."""
         self._cancelled = True
 
-    def _close(self) -> None:
-        """The plan ended: later events (from a thread still running) are dropped."""
+    def close(self) -> None:
+        """The plan ended: later events (from a thread still running) are dropped. Called by
+        whoever runs the plan (``run_handler``, the agent's plan runner), not by handlers."""
         self._closed = True
         self._cancelled = True
 
@@ -223,12 +226,12 @@ async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float 
                 result = await call_handler(fn, ctx, args)
         _check_payload("the result", result, ctx.max_payload_bytes)
     except asyncio.CancelledError:
-        ctx._mark_cancelled()
+        ctx.mark_cancelled()
         return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="cancelled")
     except TimeoutError as exc:
         if deadline is None or not deadline.expired():
             return _handler_exception(ctx, exc)
-        ctx._mark_cancelled()
+        ctx.mark_cancelled()
         return _failed(ctx, errors.TIMEOUT, f"the plan did not finish within its timeout of {timeout_s:g} s")
     except HandlerError as exc:
         ctx.log.debug("handler failed", code=exc.code, message=exc.message)
@@ -236,7 +239,7 @@ async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float 
     except (Exception, SystemExit) as exc:  # SystemExit from a handler must not stop the worker
         return _handler_exception(ctx, exc)
     finally:
-        ctx._close()
+        ctx.close()
     return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="succeeded", result=result)
 
 

@@ -17,6 +17,7 @@ import sys
 from worker_agent.agent import Agent, AuthError
 from worker_agent.argtypes import non_negative_int, positive_float
 from worker_agent.handlers import Handler, load_handler_spec
+from worker_agent.settings import AgentSettings
 from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry_from_args
 
 
@@ -103,9 +104,7 @@ async def run_worker(ns: argparse.Namespace) -> int:
             return 2
     try:
         telemetry: Telemetry = telemetry_from_args(ns)
-        agent = Agent(
-            url,
-            token,
+        settings = AgentSettings(
             worker_id=ns.worker_id,
             tags=_tags(ns.tags),
             max_concurrency=ns.max_concurrency,
@@ -120,11 +119,11 @@ async def run_worker(ns: argparse.Namespace) -> int:
             reconnect_base_s=ns.reconnect_base,
             reconnect_cap_s=max(ns.reconnect_cap, ns.reconnect_base),
             drain_timeout_s=ns.drain_timeout,
-            telemetry=telemetry,
             ca_file=ns.ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None,
             cert_file=ns.tls_cert,
             key_file=ns.tls_key,
         )
+        agent = Agent(url, token, settings=settings, telemetry=telemetry)
     except ValueError as exc:
         _error(str(exc))
         return 2

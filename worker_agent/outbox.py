@@ -14,10 +14,14 @@ puts whatever is still unacked back in front of the queue for the next session, 
 the coordinator never recorded (a dropped connection, a coordinator crash) is sent again, and
 the coordinator drops the copies it already has. The unacked list has the same bound and
 shedding order as the queue.
+
+:class:`SendQueue` is the one way in: the plan runner and the session both queue through its
+``send``, which numbers plan messages and wakes the session's writer.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -28,6 +32,10 @@ import protocol
 from protocol import Codec, errors
 
 log = structlog.get_logger(__name__)
+
+__all__ = ["Outbox", "SendQueue", "encode_frames"]
+
+_NUMBERED = (protocol.Accept, protocol.Reject, protocol.Event, protocol.Done)  # carry ``seq``; acked
 
 
 class Outbox:
@@ -162,6 +170,38 @@ def _shed_events(items: deque[Any], limit: int) -> deque[Any]:
                 kept.append(m)
         items = kept
     return items
+
+
+
+class SendQueue:
+    """What the worker has to send: numbers plan messages, queues them, wakes the writer.
+
+    The plan runner and the session share one; the session's writer drains ``outbox`` and
+    waits on ``wakeup`` when it is empty.
+
+    Args:
+        outbox_limit: the outbox's bound (see :class:`Outbox`).
+        logger: where to warn that the outbox shed messages (the agent's bound logger).
+    """
+
+    def __init__(self, outbox_limit: int, logger: Any) -> None:
+        self.outbox = Outbox(outbox_limit)
+        self.wakeup = asyncio.Event()  # the outbox has something for the writer
+        self._log = logger
+        self._seq = 0
+
+    def send(self, msg: Any) -> None:
+        """Queue ``msg`` for the coordinator; ``accept``, ``reject``, ``event`` and ``done`` get the next ``seq``."""
+        if isinstance(msg, _NUMBERED):  # one counter for every plan message: the coordinator acks up to it
+            self._seq += 1
+            msg.seq = self._seq
+        if self.outbox.append(msg):
+            self._log.warning("outbox full: dropped old events", dropped_total=self.outbox.dropped)
+        self.wakeup.set()
+
+    def forget(self, plan_id: str, attempt: int | None = None) -> None:
+        """Send nothing more that is queued or unacknowledged for a plan (of one attempt when given)."""
+        self.outbox.purge(plan_id, attempt)
 
 
 def encode_frames(codec: Codec, msgs: list[Any], max_frame_bytes: int) -> list[tuple[bytes, list[Any]]]:

@@ -1,17 +1,19 @@
 """How the worker runs plans: assign, prefetch, revoke, cancel, finish, silence (no awaits).
 
-:class:`PlanRunner` is the plan half of :class:`worker_agent.agent.Agent` (its base class):
-everything here runs synchronously from the reader's dispatch or a plan task's done callback,
-so no state changes interleave. The rules are in the agent module's docstring and
-docs/SEMANTICS.md §Worker session; the session half (dial, hello, reader, writer) stays in
-worker_agent/agent.py.
+:class:`PlanRunner` owns the plans of one worker: those running, the prefetched ones waiting
+for a slot, and the silenced ones whose tasks are still ending. The agent
+(worker_agent/agent.py) holds one and hands it each plan message it reads; the runner answers
+through the :class:`Outbound` it was given (the agent's send queue), never through the session.
+Everything here except :meth:`PlanRunner.silence_all` runs synchronously, from the reader's
+dispatch or a plan task's done callback, so no state changes interleave. The rules are in the
+agent module's docstring and docs/SEMANTICS.md §Worker session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import structlog.contextvars
@@ -19,17 +21,24 @@ import structlog.contextvars
 import protocol
 from protocol import errors
 from worker_agent.handlers import Context, Handler, run_handler
-from worker_agent.outbox import Outbox
 from worker_agent.probe import LoadTracker
 from worker_agent.telemetry import Telemetry
 
-__all__ = ["REJECTED", "PlanRunner"]
+__all__ = ["REJECTED", "Outbound", "PlanRunner"]
 
 #: Reject code for a worker that is full or draining (docs/PROTOCOL.md §Messages, ``reject``);
 #: ``reason`` says which. An op without a handler gets ``unknown_op``.
 REJECTED = "rejected"
 
-_NUMBERED = (protocol.Accept, protocol.Reject, protocol.Event, protocol.Done)  # carry ``seq``; acked
+
+class Outbound(Protocol):
+    """Where the runner's messages go (the agent's :class:`~worker_agent.outbox.SendQueue`)."""
+
+    def send(self, msg: Any) -> None:
+        """Queue a message for the coordinator, numbering plan messages."""
+
+    def forget(self, plan_id: str, attempt: int | None = None) -> None:
+        """Drop what is queued or unacknowledged for a plan (of one attempt when given)."""
 
 
 class _PlanRun:
@@ -48,45 +57,102 @@ class _PlanRun:
 
 
 class PlanRunner:
-    """The plan lifecycle of a worker agent; :class:`~worker_agent.agent.Agent` sets the state it uses."""
+    """The plan lifecycle of one worker.
 
-    worker_id: str
-    max_concurrency: int
-    kill_grace_s: float
-    max_frame_bytes: int
-    telemetry: Telemetry
-    _handlers: dict[str, Handler]
-    _plans: dict[str, _PlanRun]
-    _waiting: dict[str, protocol.Assign]  # prefetched assigns, unstarted, in arrival order
-    _prefetch: int
-    _orphans: set[_PlanRun]
-    _outbox: Outbox
-    _wakeup: asyncio.Event
-    _idle: asyncio.Event
-    _stopping: bool
-    _draining: bool
-    _load: LoadTracker
-    _event_seq: int
-    _log: Any
+    Args:
+        worker_id: the worker's id, for handlers' contexts and reject reasons.
+        max_concurrency: plans run at once.
+        kill_grace_s: seconds between SIGTERM and SIGKILL for a cancelled plan's subprocesses.
+        max_payload_bytes: the largest encoded event data or result a handler may produce.
+        handlers: the ops offered, by name; the runner owns the dict from now on.
+        telemetry: told when each plan starts and ends (energy per token).
+        outbound: where accept, reject, event and done messages go.
+        logger: the agent's bound logger.
+    """
+
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        max_concurrency: int,
+        kill_grace_s: float,
+        max_payload_bytes: int,
+        handlers: dict[str, Handler],
+        telemetry: Telemetry,
+        outbound: Outbound,
+        logger: Any,
+    ) -> None:
+        self.worker_id = worker_id
+        self.max_concurrency = max_concurrency
+        self.kill_grace_s = kill_grace_s
+        self.max_payload_bytes = max_payload_bytes
+        self.telemetry = telemetry
+        self.load = LoadTracker()
+        self.idle = asyncio.Event()  # no plan is running
+        self.idle.set()
+        self._handlers = handlers
+        self._outbound = outbound
+        self._log = logger
+        self._plans: dict[str, _PlanRun] = {}
+        self._waiting: dict[str, protocol.Assign] = {}  # prefetched assigns, unstarted, in arrival order
+        self._prefetch = 0  # how many may wait (from welcome)
+        self._orphans: set[_PlanRun] = set()  # silenced plans whose tasks are still ending
+        self._stopping = False
+        self._draining = False
+
+    # ------------------------------------------------------------------ what the agent asks
 
     @property
     def ops(self) -> list[str]:
         """The ops this worker advertises, sorted."""
         return sorted(self._handlers)
 
-    def _enqueue(self, msg: Any) -> None:
-        if isinstance(msg, _NUMBERED):  # one counter for every plan message: the coordinator acks up to it
-            self._event_seq += 1
-            msg.seq = self._event_seq
-        if self._outbox.append(msg):
-            self._log.warning("outbox full: dropped old events", dropped_total=self._outbox.dropped)
-        self._wakeup.set()
+    @property
+    def running_count(self) -> int:
+        """Plans running now (not counting prefetched ones waiting for a slot)."""
+        return len(self._plans)
 
-    def _reject(self, assign: protocol.Assign, code: str, reason: str) -> None:
-        self._log.debug("rejecting plan", plan_id=assign.plan_id, code=code)
-        self._enqueue(protocol.Reject(plan_id=assign.plan_id, attempt=assign.attempt, code=code, reason=reason))
+    def add_handler(self, name: str, fn: Handler) -> None:
+        """Offer op ``name``, run by ``fn(ctx, args)`` (replaces one of that name).
 
-    def _on_assign(self, assign: protocol.Assign) -> None:
+        Raises:
+            ValueError: an empty or non-string name.
+            TypeError: ``fn`` is not callable.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"handler name must be a non-empty string, got {name!r}")
+        if not callable(fn):
+            raise TypeError(f"handler {name!r} must be callable, got {type(fn).__name__}")
+        self._handlers[name] = fn
+
+    def running_plans(self) -> list[protocol.RunningPlan]:
+        """The plans this worker holds, running or waiting, for ``hello``."""
+        running = [protocol.RunningPlan(plan_id=r.plan_id, attempt=r.attempt) for r in self._plans.values()]
+        running += [protocol.RunningPlan(plan_id=a.plan_id, attempt=a.attempt) for a in self._waiting.values()]
+        return running
+
+    def stop_accepting(self) -> None:
+        """The worker is stopping: reject every new assign and start no waiting plan."""
+        self._stopping = True
+
+    # ------------------------------------------------------------------ coordinator messages
+
+    def on_welcome(self, welcome: protocol.Welcome) -> None:
+        """A session began: take its prefetch, forget a past drain, silence the abandoned plans."""
+        self._prefetch = max(0, welcome.prefetch)
+        # An operator's drain is the coordinator's to keep: it sends drain again right after
+        # welcome while it still wants one, and one that restarted without it must not be refused.
+        self._draining = False
+        for plan_id in welcome.abandon_plans:
+            self._waiting.pop(plan_id, None)
+            run = self._plans.get(plan_id)
+            if run is not None:
+                self._silence(run, "abandoned by the coordinator")
+            else:
+                self._outbound.forget(plan_id)
+
+    def on_assign(self, assign: protocol.Assign) -> None:
+        """Start, queue (prefetch), re-accept or reject an assigned plan."""
         waiting = self._waiting.get(assign.plan_id)
         if waiting is not None:
             if assign.attempt <= waiting.attempt:
@@ -95,7 +161,7 @@ class PlanRunner:
         current = self._plans.get(assign.plan_id)
         if current is not None:
             if assign.attempt == current.attempt:
-                self._enqueue(protocol.Accept(plan_id=assign.plan_id, attempt=assign.attempt))
+                self._outbound.send(protocol.Accept(plan_id=assign.plan_id, attempt=assign.attempt))
                 return  # a repeated assign: it is running
             if assign.attempt < current.attempt:
                 return  # older than what we run: stale
@@ -111,11 +177,89 @@ class PlanRunner:
         if len(self._plans) >= self.max_concurrency:
             if len(self._waiting) < self._prefetch:
                 self._waiting[assign.plan_id] = assign  # accepted when it starts
-                self._load.queued = len(self._waiting)
+                self.load.queued = len(self._waiting)
                 return
             self._reject(assign, REJECTED, f"worker {self.worker_id} is running {len(self._plans)} plans (max)")
             return
         self._start(assign, handler)
+
+    def on_revoke(self, revoke: protocol.Revoke) -> None:
+        """Give back a waiting plan with ``reject(revoked)``; a started one keeps running."""
+        waiting = self._waiting.get(revoke.plan_id)
+        if waiting is None or waiting.attempt != revoke.attempt:
+            return  # started (the coordinator sees our accept) or not ours: the revoke is refused
+        del self._waiting[revoke.plan_id]
+        self.load.queued = len(self._waiting)
+        self._reject(waiting, errors.REVOKED, "revoked before it started")
+
+    def on_cancel(self, cancel: protocol.Cancel) -> None:
+        """End a waiting plan ``cancelled`` at once, or cancel a running plan's task."""
+        waiting = self._waiting.get(cancel.plan_id)
+        if waiting is not None and (not cancel.attempt or cancel.attempt == waiting.attempt):
+            del self._waiting[cancel.plan_id]
+            self.load.queued = len(self._waiting)
+            self._outbound.send(protocol.Done(plan_id=waiting.plan_id, attempt=waiting.attempt, outcome="cancelled"))
+            return
+        run = self._plans.get(cancel.plan_id)
+        if run is None or (cancel.attempt and cancel.attempt != run.attempt) or run.cancel_requested:
+            return  # not ours, or already stopping (a second task.cancel would cut the kill grace short)
+        run.cancel_requested = True
+        run.ctx.mark_cancelled()
+        if run.task is not None:
+            run.task.cancel()
+
+    def on_error(self, error: protocol.Error) -> None:
+        """A ``stale_lease`` silences the plan it names; any other error is logged."""
+        if error.code == errors.STALE_LEASE and error.plan_id:
+            waiting = self._waiting.get(error.plan_id)
+            if waiting is not None and (not error.attempt or error.attempt == waiting.attempt):
+                del self._waiting[error.plan_id]
+            run = self._plans.get(error.plan_id)
+            if run is not None and (not error.attempt or error.attempt == run.attempt):
+                self._silence(run, "stale lease")
+            elif run is None:
+                self._outbound.forget(error.plan_id, error.attempt or None)
+            return
+        self._log.warning("coordinator error", code=error.code, message=error.message, plan_id=error.plan_id)
+
+    def on_drain(self, drain: protocol.Drain) -> None:
+        """Reject new plans and hand the waiting ones back until ``undrain`` (or the next welcome)."""
+        self._draining = True
+        self._log.info("draining: new plans will be rejected", deadline_s=drain.deadline_s)
+        self.hand_back_waiting(f"worker {self.worker_id} is draining")
+
+    def on_undrain(self) -> None:
+        """Take new plans again."""
+        self._draining = False
+        self._log.info("undrained: taking new plans again")
+
+    # ------------------------------------------------------------------ stopping
+
+    def hand_back_waiting(self, reason: str) -> None:
+        """Give every prefetched plan back to the coordinator (draining or stopping)."""
+        for assign in list(self._waiting.values()):
+            self._reject(assign, REJECTED, reason)
+        self._waiting.clear()
+        self.load.queued = 0
+
+    def silence_running(self, reason: str) -> None:
+        """Cancel every running plan and send nothing more for any (the worker is leaving)."""
+        for run in list(self._plans.values()):
+            self._silence(run, reason)
+
+    async def silence_all(self, reason: str) -> None:
+        """Drop the waiting plans, silence the running ones, and wait for their tasks to end."""
+        self._waiting.clear()  # no session to hand them back on: the coordinator requeues them as lost
+        self.silence_running(reason)
+        tasks = [run.task for run in self._orphans if run.task is not None]
+        if tasks:  # let cancelled handlers kill their subprocesses before run() returns
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ plan lifecycle
+
+    def _reject(self, assign: protocol.Assign, code: str, reason: str) -> None:
+        self._log.debug("rejecting plan", plan_id=assign.plan_id, code=code)
+        self._outbound.send(protocol.Reject(plan_id=assign.plan_id, attempt=assign.attempt, code=code, reason=reason))
 
     def _start_waiting(self) -> None:
         """Start prefetched plans, oldest first, while slots are free."""
@@ -127,22 +271,7 @@ class PlanRunner:
                 self._reject(assign, errors.UNKNOWN_OP, f"worker {self.worker_id} has no handler for op {assign.op!r}")
                 continue
             self._start(assign, handler)
-        self._load.queued = len(self._waiting)
-
-    def _on_revoke(self, revoke: protocol.Revoke) -> None:
-        waiting = self._waiting.get(revoke.plan_id)
-        if waiting is None or waiting.attempt != revoke.attempt:
-            return  # started (the coordinator sees our accept) or not ours: the revoke is refused
-        del self._waiting[revoke.plan_id]
-        self._load.queued = len(self._waiting)
-        self._reject(waiting, errors.REVOKED, "revoked before it started")
-
-    def _hand_back_waiting(self, reason: str) -> None:
-        """Give every prefetched plan back to the coordinator (draining or stopping)."""
-        for assign in list(self._waiting.values()):
-            self._reject(assign, REJECTED, reason)
-        self._waiting.clear()
-        self._load.queued = 0
+        self.load.queued = len(self._waiting)
 
     def _start(self, assign: protocol.Assign, handler: Handler) -> None:
         loop = asyncio.get_running_loop()
@@ -154,14 +283,14 @@ class PlanRunner:
             args=assign.args,
             sink=functools.partial(self._on_event, run),
             kill_grace_s=self.kill_grace_s,
-            max_payload_bytes=self.max_frame_bytes - 4096,
+            max_payload_bytes=self.max_payload_bytes,
             loop=loop,
         )
         self._plans[run.plan_id] = run
-        self._idle.clear()
-        self._load.started()
+        self.idle.clear()
+        self.load.started()
         self.telemetry.plan_started(run.plan_id)
-        self._enqueue(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
+        self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
         run.task = loop.create_task(self._run_plan(run, handler, assign.args, assign.timeout_s))
         run.task.add_done_callback(functools.partial(self._plan_finished, run))
 
@@ -173,19 +302,19 @@ class PlanRunner:
     def _on_event(self, run: _PlanRun, kind: str, data: Any, ephemeral: bool) -> None:
         if run.silent:
             return
-        self._enqueue(  # _enqueue numbers it
+        self._outbound.send(  # send numbers it
             protocol.Event(plan_id=run.plan_id, kind=kind, data=data, attempt=run.attempt, ephemeral=ephemeral)
         )
 
     def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
-        self._load.finished(asyncio.get_running_loop().time() - run.started_at)
+        self.load.finished(asyncio.get_running_loop().time() - run.started_at)
         self.telemetry.plan_finished(run.plan_id, run.ctx.tokens)
-        run.ctx._close()
+        run.ctx.close()
         self._orphans.discard(run)
         if self._plans.get(run.plan_id) is run:
             del self._plans[run.plan_id]
             if not self._plans:
-                self._idle.set()
+                self.idle.set()
         if run.silent:
             return
         if task.cancelled():  # cancelled before its first step: run_handler never ran
@@ -196,36 +325,8 @@ class PlanRunner:
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=info)
         else:
             done = task.result()
-        self._enqueue(done)
+        self._outbound.send(done)
         self._start_waiting()
-
-    def _on_cancel(self, cancel: protocol.Cancel) -> None:
-        waiting = self._waiting.get(cancel.plan_id)
-        if waiting is not None and (not cancel.attempt or cancel.attempt == waiting.attempt):
-            del self._waiting[cancel.plan_id]
-            self._load.queued = len(self._waiting)
-            self._enqueue(protocol.Done(plan_id=waiting.plan_id, attempt=waiting.attempt, outcome="cancelled"))
-            return
-        run = self._plans.get(cancel.plan_id)
-        if run is None or (cancel.attempt and cancel.attempt != run.attempt) or run.cancel_requested:
-            return  # not ours, or already stopping (a second task.cancel would cut the kill grace short)
-        run.cancel_requested = True
-        run.ctx._mark_cancelled()
-        if run.task is not None:
-            run.task.cancel()
-
-    def _on_error(self, error: protocol.Error) -> None:
-        if error.code == errors.STALE_LEASE and error.plan_id:
-            waiting = self._waiting.get(error.plan_id)
-            if waiting is not None and (not error.attempt or error.attempt == waiting.attempt):
-                del self._waiting[error.plan_id]
-            run = self._plans.get(error.plan_id)
-            if run is not None and (not error.attempt or error.attempt == run.attempt):
-                self._silence(run, "stale lease")
-            elif run is None:
-                self._outbox.purge(error.plan_id, error.attempt or None)
-            return
-        self._log.warning("coordinator error", code=error.code, message=error.message, plan_id=error.plan_id)
 
     def _silence(self, run: _PlanRun, reason: str) -> None:
         """Stop a plan that is no longer our lease, sending nothing more for it."""
@@ -234,18 +335,10 @@ class PlanRunner:
         if self._plans.get(run.plan_id) is run:
             del self._plans[run.plan_id]
             if not self._plans:
-                self._idle.set()
-        self._outbox.purge(run.plan_id, run.attempt)
+                self.idle.set()
+        self._outbound.forget(run.plan_id, run.attempt)
         if run.task is not None and not run.task.done():
             self._orphans.add(run)
-            run.ctx._mark_cancelled()
+            run.ctx.mark_cancelled()
             run.task.cancel()
         self._start_waiting()
-
-    async def _silence_all(self, reason: str) -> None:
-        self._waiting.clear()  # no session to hand them back on: the coordinator requeues them as lost
-        for run in list(self._plans.values()):
-            self._silence(run, reason)
-        tasks = [run.task for run in self._orphans if run.task is not None]
-        if tasks:  # let cancelled handlers kill their subprocesses before run() returns
-            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,6 +1,6 @@
 """The worker's connection details: the coordinator URL, its id, TLS, and the auth failure.
 
-Split out of worker_agent/agent.py so the agent module holds only the session and dispatch.
+Split out of worker_agent/agent.py so the agent module holds only the session loop.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ __all__ = ["AuthError", "client_tls", "default_worker_id", "version", "worker_ur
 
 
 def version() -> str:
+    """This agent's version for ``hello`` (the installed fleetwire package's; ``"0"`` from a source tree)."""
     try:
         return importlib.metadata.version("fleetwire")
     except importlib.metadata.PackageNotFoundError:
@@ -29,7 +30,7 @@ def worker_url(url: str) -> str:
     if parts.scheme not in ("ws", "wss") or not parts.netloc:
         raise ValueError(f"coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
     if parts.path in ("", "/"):
-        parts = parts._replace(path="/v1/worker")
+        return urlunsplit((parts.scheme, parts.netloc, "/v1/worker", parts.query, parts.fragment))
     return urlunsplit(parts)
 
 

@@ -20,7 +20,13 @@ back by TCP instead of growing the coordinator's memory.
 
 A failed write is fatal to the coordinator (``on_failure``): the in-memory state is then ahead
 of the store, and carrying on would acknowledge what a restart would lose. Nothing of the
-failed group, or after it, is released.
+failed group, or after it, is released. The same holds when the store's files were deleted or
+replaced under it: a store with a ``check_files()`` method (SQLite: its ``-wal`` and ``-shm``)
+is checked on the loop after a commit, before that commit's payloads are released, at most
+every :data:`FILE_CHECK_INTERVAL_S`. Two ``os.stat`` after every commit cost +0.15 ms p50 per
+round trip in bench/latency.py (each hands the GIL over); once every 10 ms costs nothing
+measurable. A commit acknowledged in that window is not silent either: the store's generation
+file is then ahead of what a restart finds, and the restart refuses (coordinator/io/integrity.py).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -37,13 +44,15 @@ import structlog
 from coordinator.io.store import Store
 from coordinator.records import Record
 
-__all__ = ["GroupCommitter"]
+__all__ = ["FILE_CHECK_INTERVAL_S", "GroupCommitter"]
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
 _STOP = object()
+
+FILE_CHECK_INTERVAL_S = 0.01
 
 
 class GroupCommitter(Generic[T]):
@@ -63,6 +72,7 @@ class GroupCommitter(Generic[T]):
         on_failure: Callable[[BaseException], None],
         *,
         max_backlog_bytes: int = 0,
+        file_check_interval_s: float = FILE_CHECK_INTERVAL_S,
     ) -> None:
         self.store = store
         self.max_backlog_bytes = max_backlog_bytes  # 0: no bound
@@ -75,6 +85,9 @@ class GroupCommitter(Generic[T]):
         self.failed: BaseException | None = None
         self._release = release
         self._on_failure = on_failure
+        self._check_files: Callable[[], None] | None = getattr(store, "check_files", None)
+        self._file_check_interval_s = file_check_interval_s
+        self._next_file_check = 0.0
         self._submitted = 0  # ticket of the latest batch
         self._committed = 0  # every ticket up to this one is durable
         self._waiting: deque[tuple[int, T]] = deque()
@@ -186,6 +199,13 @@ class GroupCommitter(Generic[T]):
     # ------------------------------------------------------------------ back on the loop
 
     def _done(self, ticket: int) -> None:
+        if self._check_files is not None and (now := time.monotonic()) >= self._next_file_check:
+            self._next_file_check = now + self._file_check_interval_s
+            try:
+                self._check_files()
+            except Exception as exc:
+                self._fail(exc)
+                return
         self.transactions += 1
         self._committed = ticket
         waiting = self._waiting

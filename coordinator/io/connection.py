@@ -10,7 +10,7 @@ websockets 17.4 detects a frame over ``max_size`` from its header (``PayloadTooB
 then keeps reading, discarding everything until the peer's EOF or the close timeout
 (``Protocol.discard``). A peer that is in the middle of sending 10 MiB therefore still
 costs the coordinator reading 10 MiB, on the event loop every other session shares
-(RELIABILITY.md row 16). ``FailFastConnection`` closes the transport as soon as that close
+(docs/OPERATIONS.md §Test matrix row 16). ``FailFastConnection`` closes the transport as soon as that close
 frame is written: asyncio flushes the queued 1009 frame first, then the socket is closed,
 and because the peer's unread payload is still in the kernel buffer the kernel resets the
 connection instead of reading it. A well-behaved peer that reads while it writes (every

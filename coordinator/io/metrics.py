@@ -51,6 +51,8 @@ _CORE_COUNTERS: Final = (
     # Security refusals the core makes (docs/OPERATIONS.md §Security); 4403 closes are fleetwire_scope_refused.
     ("fleetwire_plans_refused", "plans_refused", "Submits refused at the per-principal plan limit."),
     ("fleetwire_plans_forgotten", "plans_forgotten", "Finished plans forgotten past --plan-retention."),
+    ("fleetwire_store_loss_accepted", "store_loss_accepted",
+     "Store damage accepted at start with --accept-store-loss (damaged plans dropped, commits lost)."),
 )
 
 #: Every metric family a scrape exposes (sample names may add _total, _bucket, _sum, _count).

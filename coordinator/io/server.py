@@ -24,7 +24,7 @@ import secrets
 import ssl
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -36,17 +36,16 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from coordinator.auth import TokenFileError, TokenStore, inline_tokens
-from coordinator.autoscaler import AutoscaleConfig
 from coordinator.core import Coordinator, CoreConfig, Effects
-from coordinator.io import http as http_routes
+from coordinator.io import routes as http_routes
 from coordinator.io.commit import GroupCommitter
 from coordinator.io.connection import FailFastConnection, Session, close_or_abort
 from coordinator.io.gate import Gatekeeper, server_tls_context
 from coordinator.io.hooks import HookRunner
+from coordinator.io.integrity import report_accepted_losses
 from coordinator.io.metrics import CONTENT_TYPE, build_registry, render
 from coordinator.io.store import Store, open_store
 from coordinator.limits import Limits
-from coordinator.placement.placer import PlacementConfig
 from coordinator.stats import FrameCounters
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec, Encoding
 from protocol import errors as codes
@@ -69,26 +68,26 @@ class ServerSettings:
         worker_tokens: bearer tokens accepted on ``/v1/worker``.
         client_tokens: bearer tokens accepted on ``/v1/client``.
         insecure: accept connections without tokens (only allowed on loopback).
-        heartbeat_interval_s / heartbeat_timeout_s: told to workers in ``welcome``; the
-            reaper drops a worker whose last beat is older than the timeout.
-        reaper_interval_s: how often the reaper runs; defaults to a tenth of the timeout
-            (at most 1 s), so detection takes at most timeout + interval.
+        core: the core's settings (coordinator/core.py ``CoreConfig``): heartbeat interval and
+            timeout (told to workers in ``welcome``; the reaper drops a worker whose last beat
+            is older than the timeout), the reaper's circuit breaker, the plan quota per client
+            principal and the per-plan event bounds, placement, the autoscaler (None: none) and
+            plan retention. The server fills in only ``version``.
+        reaper_interval_s: how often the reaper runs; defaults to a tenth of the heartbeat
+            timeout (at most 1 s), so detection takes at most timeout + interval.
         max_frame_bytes: largest accepted frame (larger closes that connection with 1009).
         admin_tokens: bearer tokens of the ``admin`` role (``/v1/client``, sees every plan).
         token_file: a TOML token file (coordinator/auth.py); reloaded by ``reload_tokens``.
         tls_cert / tls_key: serve ``wss://`` with this PEM certificate chain and key.
         tls_client_ca: require worker client certificates signed by this CA (mTLS).
         limits: rate, size, connection and buffer limits (coordinator/limits.py).
-        placement: default policy, prefetch and policy knobs (coordinator/placement/placer.py).
-        autoscale: the autoscaler's settings; None: no autoscaler (coordinator/autoscaler.py).
-        autoscale_hook: a shell command run with each autoscaler decision as JSON on stdin.
+        autoscale_hook: a shell command run with each autoscaler decision as JSON on stdin
+            (needs ``core.autoscale``).
         ping_workers: send websocket keepalive pings (``limits.ping_interval_s``) on
             ``/v1/worker`` sessions too. Off by default: a worker heartbeats and the reaper
             closes a silent one 4408 after the heartbeat timeout, which covers a half-open
             worker connection; with 10,000 workers the pings were ~40 % of the steady CPU
-            (docs/PERFORMANCE.md). Client sessions are always pinged (RELIABILITY row 22).
-        plan_retention_s: a finished plan is forgotten (memory and store) this many seconds
-            after it ended; 0 keeps every plan (coordinator/retention.py).
+            (docs/PERFORMANCE.md). Client sessions are always pinged (docs/OPERATIONS.md §Test matrix row 22).
     """
 
     host: str = "127.0.0.1"
@@ -96,14 +95,12 @@ class ServerSettings:
     worker_tokens: tuple[str, ...] = ()
     client_tokens: tuple[str, ...] = ()
     insecure: bool = False
-    heartbeat_interval_s: float = 10.0
-    heartbeat_timeout_s: float = 30.0
+    core: CoreConfig = field(default_factory=CoreConfig)
     reaper_interval_s: float | None = None
     max_frame_bytes: int = 1 << 20
     store: str = "memory"  # coordinator/io/store.py: "memory", "sqlite" (in data_dir) or "sqlite:PATH"
     data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.io.store.default_data_dir()
-    breaker_fraction: float = 0.5  # reaper circuit breaker (coordinator/recovery.py)
-    breaker_min_workers: int = 3
+    accept_store_loss: bool = False  # a damaged store starts from what is readable (coordinator/io/integrity.py)
     ping_workers: bool = False
     admin_tokens: tuple[str, ...] = ()
     token_file: str | None = None
@@ -111,19 +108,17 @@ class ServerSettings:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     limits: Limits = Limits()  # noqa: RUF009 - frozen, so one shared default is safe
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    autoscale: AutoscaleConfig | None = None
     autoscale_hook: str | None = None
-    plan_retention_s: float = 86_400.0
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when the settings cannot work."""
-        if self.heartbeat_interval_s <= 0 or self.heartbeat_timeout_s <= 0:
+        core = self.core
+        if core.heartbeat_interval_s <= 0 or core.heartbeat_timeout_s <= 0:
             raise ValueError("heartbeat interval and timeout must be positive seconds")
-        if self.heartbeat_timeout_s < self.heartbeat_interval_s:
+        if core.heartbeat_timeout_s < core.heartbeat_interval_s:
             raise ValueError(
-                f"heartbeat timeout ({self.heartbeat_timeout_s} s) must be at least the interval "
-                f"({self.heartbeat_interval_s} s), or every worker would be reaped between beats"
+                f"heartbeat timeout ({core.heartbeat_timeout_s} s) must be at least the interval "
+                f"({core.heartbeat_interval_s} s), or every worker would be reaped between beats"
             )
         if self.insecure:
             if self.host not in LOOPBACK_HOSTS:
@@ -138,19 +133,24 @@ class ServerSettings:
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("--tls-client-ca (mTLS) needs TLS: pass --tls-cert and --tls-key too")
         self.limits.check()
-        self.placement.check()
-        if self.autoscale is not None:
-            self.autoscale.check()
+        for name in ("max_plans_per_client", "max_event_bytes_per_plan"):
+            if getattr(core, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(core, name)}")
+        if core.max_events_per_plan < 1:
+            raise ValueError(f"max_events_per_plan must be >= 1, got {core.max_events_per_plan}")
+        core.placement.check()
+        if core.autoscale is not None:
+            core.autoscale.check()
         elif self.autoscale_hook is not None:
             raise ValueError("--autoscale-hook needs the autoscaler: pass --autoscale too")
-        if not self.plan_retention_s >= 0:  # NaN too
-            raise ValueError(f"--plan-retention must be >= 0 seconds (0 keeps every plan), got {self.plan_retention_s}")
+        if not core.plan_retention_s >= 0:  # NaN too
+            raise ValueError(f"--plan-retention must be >= 0 seconds (0 keeps every plan), got {core.plan_retention_s}")
 
     @property
     def reaper_period_s(self) -> float:
         if self.reaper_interval_s is not None:
             return self.reaper_interval_s
-        return min(1.0, self.heartbeat_timeout_s / 10)
+        return min(1.0, self.core.heartbeat_timeout_s / 10)
 
 
 class CoordinatorServer:
@@ -169,27 +169,14 @@ class CoordinatorServer:
         self.settings = settings
         # Raises StoreError for a database that cannot be opened. ``store`` given: used as is (tests
         # hand the same MemoryStore to a second server to restart in-process).
-        self.store: Store = store if store is not None else open_store(settings.store, settings.data_dir)
+        self.store: Store = store if store is not None else open_store(
+            settings.store, settings.data_dir, accept_loss=settings.accept_store_loss
+        )
         self._committer: GroupCommitter[Effects] = GroupCommitter(
             self.store, self._deliver, self._store_failed, max_backlog_bytes=settings.limits.max_commit_backlog_bytes
         )
         self.fatal: asyncio.Future[BaseException] | None = None  # set when the store fails (fail-stop)
-        self.core = Coordinator(
-            CoreConfig(
-                heartbeat_interval_s=settings.heartbeat_interval_s,
-                heartbeat_timeout_s=settings.heartbeat_timeout_s,
-                version=version,
-                max_plans_per_principal=settings.limits.max_plans_per_client,
-                max_events_per_plan=settings.limits.max_events_per_plan,
-                max_event_bytes_per_plan=settings.limits.max_event_bytes_per_plan,
-                breaker_fraction=settings.breaker_fraction,
-                breaker_min_workers=settings.breaker_min_workers,
-                placement=settings.placement,
-                autoscale=settings.autoscale,
-                plan_retention_s=settings.plan_retention_s,
-            ),
-            new_id=lambda: secrets.token_hex(8),
-        )
+        self.core = Coordinator(replace(settings.core, version=version), new_id=lambda: secrets.token_hex(8))
         self._hook = HookRunner(settings.autoscale_hook) if settings.autoscale_hook else None
         # Raises TokenFileError (a ValueError) for a token file that cannot be used.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
@@ -215,7 +202,7 @@ class CoordinatorServer:
         self._reaper: asyncio.Task[None] | None = None
         self._stopping = False
         self.port: int = settings.port
-        # /metrics reads these at scrape time (coordinator/io/metrics.py); see coordinator/io/http.py.
+        # /metrics reads these at scrape time (coordinator/io/metrics.py); see coordinator/io/routes.py.
         self.frames = FrameCounters()
         self.refusals: dict[str, int] = {}  # by answer: HTTP status before the upgrade, close code after
         self.metrics_registry = build_registry(
@@ -236,6 +223,7 @@ class CoordinatorServer:
         # Liveness clocks start now (docs/SEMANTICS.md §Durability): workers of restored leases
         # get one heartbeat timeout from here to reconnect.
         self.core.restore(self.store.load(), time.monotonic())
+        self.core.counters["store_loss_accepted"] = report_accepted_losses(self.store)
         self._committer.start()
         self._flush()
         limits = self.settings.limits
@@ -247,7 +235,7 @@ class CoordinatorServer:
             select_subprotocol=self._select_subprotocol,
             subprotocols=[Subprotocol(SUBPROTOCOL_MSGPACK), Subprotocol(SUBPROTOCOL_JSON)],
             # permessage-deflate costs ~3x memory per connection and opens the door to
-            # decompression bombs; fleetwire frames are small msgpack (RELIABILITY.md §3).
+            # decompression bombs; fleetwire frames are small msgpack (docs/OPERATIONS.md §Limits).
             compression=None,
             # The largest per-role limit; the Gatekeeper sets each connection's own at the handshake.
             max_size=max(self.settings.max_frame_bytes, limits.frame_bytes("worker", self.settings.max_frame_bytes),
@@ -287,7 +275,7 @@ class CoordinatorServer:
             await self._hook.close()
         self.store.close()
 
-    # ------------------------------------------------------------------ HTTP (coordinator/io/http.py)
+    # ------------------------------------------------------------------ HTTP (coordinator/io/routes.py)
 
     def readiness_problem(self) -> str | None:
         """None when ``/readyz`` should answer 200, else why not."""
@@ -534,9 +522,9 @@ class CoordinatorServer:
             due = loop.time() + period
             await asyncio.sleep(period)
             late_s = loop.time() - due
-            if late_s > self.settings.heartbeat_interval_s:
+            if late_s > self.settings.core.heartbeat_interval_s:
                 # The loop itself stalled: the beats that arrived meanwhile still wait in the sockets.
-                # Let the readers run before the reaper judges anyone (RELIABILITY.md row 10).
+                # Let the readers run before the reaper judges anyone (docs/OPERATIONS.md §Test matrix row 10).
                 log.warning("event loop stalled; skipping one reaper tick", stalled_s=round(late_s, 3))
                 continue
             try:

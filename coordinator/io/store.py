@@ -16,10 +16,13 @@ start. It is the only part of the coordinator that touches a disk; the core neve
 
 Another backend implements the three methods of :class:`Store` and sets ``blocking``.
 
-Tables (``PRAGMA user_version`` = 3; a version 1 or 2 file is migrated on open)::
+Tables (``PRAGMA user_version`` = 4; a version 1 to 3 file is migrated on open; the
+definitions and migrations are in ``coordinator/io/store_schema.py``)::
 
-    plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents)  -- rowid: submit order
-    events(plan, seq, body BLOB, PRIMARY KEY (plan, seq))
+    plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents,
+          spec_crc, status_crc, events_crc)                              -- rowid: submit order
+    events(plan, seq, body BLOB, crc, PRIMARY KEY (plan, seq))
+    store_meta(generation)
 
 ``id`` has no index: the store, the file's only writer, keeps every id's rowid in memory and
 creates an id once.
@@ -31,9 +34,18 @@ is one ``events`` row (``plan``: the plans rowid, ``seq``: the run's first seq, 
 msgpack array). An ordinary plan's whole lifecycle is then one row write per group.
 
 A :class:`PlanForgotten` record (a finished plan past ``--plan-retention``) deletes the plan's
-row and its events rows in the same transaction as the rest of its group; the schema is the
-same, so the file keeps version 3. SQLite reuses the freed pages: the file stops growing once
-as many plans are forgotten as are finished, but it does not shrink (``VACUUM`` it offline).
+row and its events rows in the same transaction as the rest of its group. SQLite reuses the
+freed pages: the file stops growing once as many plans are forgotten as are finished, but it
+does not shrink (``VACUUM`` it offline, or ``fleetwire store backup`` writes a compact copy).
+
+Integrity (``coordinator/io/integrity.py``): every blob has a CRC-32 checked on load (the
+inline events' one runs on: the writer keeps each open plan's last value in memory, ~100
+bytes a plan); ``quick_check`` at open; ``store_meta.generation`` counts committed groups and
+the side file ``<db>.generation`` repeats it after each commit; the committer stats the
+``-wal``/``-shm`` files after a commit (:meth:`SQLiteStore.check_files`, at most every
+10 ms). A damaged store raises :class:`StoreDamaged`; opened with ``accept_loss``
+(``--accept-store-loss``) the store starts from what is readable instead and lists what it
+dropped in :attr:`SQLiteStore.losses`.
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import itertools
 import operator
 import os
 import sqlite3
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,14 +64,27 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
+from coordinator.io.integrity import (
+    FileWatch,
+    GenerationMarker,
+    StoreDamaged,
+    StoreError,
+    iter_chunks,
+    quick_check,
+    readable_rows,
+    set_aside,
+)
+from coordinator.io.store_rows import SELECT_EVENTS, SELECT_PLANS, StoredEvent, by_seq, decode_plans
+from coordinator.io.store_schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
-from protocol.messages import Event
+from protocol.messages import TERMINAL_STATES, Event
 
 __all__ = [
     "DB_FILE",
     "MemoryStore",
     "SQLiteStore",
     "Store",
+    "StoreDamaged",
     "StoreError",
     "default_data_dir",
     "open_store",
@@ -67,15 +93,7 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 DB_FILE = "coordinator.sqlite3"
-SCHEMA_VERSION = 3
-
-
-class StoreError(ValueError):
-    """A store cannot be opened or written; the message says what to do.
-
-    A ``ValueError`` like the other configuration problems the CLI reports before it serves.
-    """
-
+crc = zlib.crc32
 
 class Store(Protocol):
     """What the coordinator needs from a store.
@@ -116,24 +134,38 @@ def default_data_dir() -> Path:
     return Path(state_home) / "fleetwire"
 
 
-def open_store(spec: str, data_dir: str | Path | None = None) -> Store:
+def store_path(spec: str, data_dir: str | Path | None = None) -> Path | None:
+    """The database file of a ``--store`` value (None for ``memory``).
+
+    Raises:
+        StoreError: an unknown spec.
+    """
+    if spec == "memory":
+        return None
+    if spec == "sqlite":
+        return (Path(data_dir) if data_dir is not None else default_data_dir()) / DB_FILE
+    if spec.startswith("sqlite:") and len(spec) > len("sqlite:"):
+        return Path(spec[len("sqlite:"):])
+    raise StoreError(f"unknown store {spec!r}: use 'sqlite' (the default), 'sqlite:PATH' or 'memory'")
+
+
+def open_store(spec: str, data_dir: str | Path | None = None, *, accept_loss: bool = False) -> Store:
     """The store a ``--store`` value names.
 
     Args:
         spec: ``memory``, ``sqlite`` (the file ``coordinator.sqlite3`` in ``data_dir``) or
             ``sqlite:PATH``.
         data_dir: where ``sqlite`` keeps its file; default :func:`default_data_dir`.
+        accept_loss: a damaged sqlite store starts from what is readable (``--accept-store-loss``).
 
     Raises:
         StoreError: an unknown spec, or the database cannot be opened.
+        StoreDamaged: the database is damaged (and ``accept_loss`` is off).
     """
-    if spec == "memory":
+    path = store_path(spec, data_dir)
+    if path is None:
         return MemoryStore()
-    if spec == "sqlite":
-        return SQLiteStore((Path(data_dir) if data_dir is not None else default_data_dir()) / DB_FILE)
-    if spec.startswith("sqlite:") and len(spec) > len("sqlite:"):
-        return SQLiteStore(Path(spec[len("sqlite:"):]))
-    raise StoreError(f"unknown store {spec!r}: use 'sqlite' (the default), 'sqlite:PATH' or 'memory'")
+    return SQLiteStore(path, accept_loss=accept_loss)
 
 
 # --------------------------------------------------------------------------- memory
@@ -153,7 +185,7 @@ class MemoryStore:
     def load(self) -> list[StoredPlan]:
         self.closed = False  # a server starting on this store opens it again
         plans = sorted(self._plans.values(), key=lambda p: p.created.order)
-        return [StoredPlan(p.created, p.status, _by_seq(p.events)) for p in plans]
+        return [StoredPlan(p.created, p.status, by_seq(p.events)) for p in plans]
 
     def write(self, records: Sequence[Record]) -> None:
         self.writes += 1
@@ -179,61 +211,6 @@ class MemoryStore:
 
 # --------------------------------------------------------------------------- sqlite
 
-# A table's definition as of the version that introduced it: the current schema and the
-# migrations that reach it share these (a later version adds its own, never edits these).
-_PLANS_V3 = """(
-    id TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    ord INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    spec BLOB NOT NULL,
-    status BLOB,
-    events BLOB,
-    nevents INTEGER NOT NULL DEFAULT 0
-)"""
-_EVENTS_V2 = """(
-    plan INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    body BLOB NOT NULL,
-    PRIMARY KEY (plan, seq)
-) WITHOUT ROWID"""
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS plans {_PLANS_V3};
-CREATE TABLE IF NOT EXISTS events {_EVENTS_V2};
-"""
-
-# Version 1 keyed events by the plan's id: ids are random, so every group of events landed on
-# B-tree pages all over the table (twice the writer's CPU). Version 2 keys them by the plan's
-# rowid, which grows with submit order: new events append near the end of the table.
-_MIGRATE_V1 = f"""
-CREATE TABLE events_v2 {_EVENTS_V2};
-INSERT INTO events_v2 (plan, seq, body) SELECT plans.rowid, events.seq, events.body
-    FROM events JOIN plans ON plans.id = events.plan_id;
-DROP TABLE events;
-ALTER TABLE events_v2 RENAME TO events;
-"""
-
-# Version 2 wrote one events row per event (~5 per plan, plus the plan's row twice or more).
-# Version 3 writes one row per plan per group: a plan's first events are appended to its own
-# row, in the same statement as its status; an events row holds a run of events (a msgpack
-# array), so a version 2 row becomes a run of one (0x91: array of one element).
-#
-# Version 3 also drops the unique index on plans.id: ids are random, so each group of new plans
-# dirtied index pages all over the file (the whole index, in a busy run), and every dirty page
-# is written to the WAL at the commit. The store keeps every id's rowid in memory and is the
-# file's only writer (the lock file): it makes sure an id is created once. New plans now append
-# at the end of the table, and the plans in flight, which a group updates, sit next to each other.
-_MIGRATE_V2 = f"""
-CREATE TABLE plans_v3 {_PLANS_V3};
-INSERT INTO plans_v3 (rowid, id, owner, ord, state, spec, status)
-    SELECT rowid, id, owner, ord, state, spec, status FROM plans;
-DROP TABLE plans;
-ALTER TABLE plans_v3 RENAME TO plans;
-UPDATE events SET body = CAST(x'91' || body AS BLOB);
-"""
-MIGRATIONS = {1: _MIGRATE_V1, 2: _MIGRATE_V2}  # from version N to N + 1
-
 # Where a plan's events go. A run (the events of one plan in one group) whose last seq is at
 # most _INLINE_MAX_SEQ and whose encoding is at most _INLINE_MAX_BYTES is appended to the plan's
 # own row: the whole lifecycle of an ordinary plan (queued ... succeeded) then costs no row of
@@ -242,8 +219,11 @@ MIGRATIONS = {1: _MIGRATE_V1, 2: _MIGRATE_V2}  # from version N to N + 1
 _INLINE_MAX_SEQ = 15  # also keeps every inline run under 16 events: a one-byte array header
 _INLINE_MAX_BYTES = 512
 
-_INSERT_PLANS = "INSERT INTO plans (rowid, id, owner, ord, state, spec, status, events, nevents) VALUES {values}"
-_INSERT_EVENTS = "INSERT OR REPLACE INTO events (plan, seq, body) VALUES {values}"
+_INSERT_PLANS = (
+    "INSERT INTO plans (rowid, id, owner, ord, state, spec, status, events, nevents, spec_crc, status_crc, "
+    "events_crc) VALUES {values}"
+)
+_INSERT_EVENTS = "INSERT OR REPLACE INTO events (plan, seq, body, crc) VALUES {values}"
 _DELETE_PLANS = "DELETE FROM plans WHERE rowid IN ({values})"
 _DELETE_EVENTS = "DELETE FROM events WHERE plan IN ({values})"  # the key's prefix: a range per plan
 # SQLite's || gives text; CAST keeps the bytes (msgpack) as they are: the file is UTF-8 (SQLite's
@@ -251,19 +231,21 @@ _DELETE_EVENTS = "DELETE FROM events WHERE plan IN ({values})"  # the key's pref
 _UPDATE_FROM = (
     "UPDATE plans SET state = coalesce(v.column2, state), status = coalesce(v.column3, status), "
     "events = CASE WHEN v.column4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || v.column4 AS BLOB) END, "
-    "nevents = nevents + v.column5 FROM (VALUES {values}) AS v WHERE plans.rowid = v.column1"
+    "nevents = nevents + v.column5, status_crc = coalesce(v.column6, status_crc), "
+    "events_crc = coalesce(v.column7, events_crc) FROM (VALUES {values}) AS v WHERE plans.rowid = v.column1"
 )
 _UPDATE_ONE = (
     "UPDATE plans SET state = coalesce(?2, state), status = coalesce(?3, status), "
     "events = CASE WHEN ?4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || ?4 AS BLOB) END, "
-    "nevents = nevents + ?5 WHERE rowid = ?1"
+    "nevents = nevents + ?5, status_crc = coalesce(?6, status_crc), events_crc = coalesce(?7, events_crc) "
+    "WHERE rowid = ?1"
 )
+_SET_GENERATION = "UPDATE store_meta SET generation = ?"
 _first = operator.itemgetter(0)
 _first_two = operator.itemgetter(0, 1)
-_seq = operator.attrgetter("seq")
 _third = operator.itemgetter(2)
 # Rows per statement. Multi-row statements need SQLite 3.33 (UPDATE ... FROM), whose limit is
-# 32,766 parameters: 9 x 128 is far below it.
+# 32,766 parameters: 12 x 128 is far below it.
 _CHUNK = 128
 
 
@@ -272,25 +254,58 @@ class SQLiteStore:
 
     Args:
         path: the database file; its directory is created when missing.
+        accept_loss: a damaged file is not refused: the store starts from what is readable
+            (damaged plans are dropped, an unreadable file is set aside and rebuilt from its
+            readable rows) and lists what it lost in :attr:`losses`.
+        marker_sync_s: the longest time between two fdatasyncs of the generation side file
+            (:class:`~coordinator.io.integrity.GenerationMarker`; 0: after every commit).
+
+    Attributes:
+        losses: one line per loss accepted at open or load (``accept_loss`` only).
 
     Raises:
         StoreError: the file cannot be opened, is not a fleetwire database of a known
             version, or another coordinator holds it.
+        StoreDamaged: the file is damaged (``accept_loss`` off).
     """
 
     blocking = True
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, accept_loss: bool = False, marker_sync_s: float = 1.0) -> None:
         self.path = path
         self.description = f"sqlite:{path}"
         self.closed = False
         self.writes = 0  # transactions committed
         self.records = 0  # records written
+        self.accept_loss = accept_loss
+        self.losses: list[str] = []
         self._encoder = msgspec.msgpack.Encoder()
         self._lock_fd: int | None = None
+        self._marker: GenerationMarker | None = None
+        self._watch = FileWatch(path)
+        self._marker_sync_s = marker_sync_s
+        # The inline events' running checksum of each open plan (written by the writer thread only).
+        self._events_crc: dict[str, int] = {}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._lock(path.with_name(path.name + ".lock"))
+            try:
+                self._open()
+            except StoreDamaged as exc:
+                if not accept_loss:
+                    raise
+                self._rebuild(exc.problem)
+        except (OSError, sqlite3.Error) as exc:
+            self.close()
+            raise StoreError(f"cannot open the store {path}: {exc}") from exc
+        except StoreError:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        """Connect, migrate or create the schema, check the file and its generation; read the rowids."""
+        path = self.path
+        try:
             # check_same_thread=False: opened here, written by the committer's one thread, never
             # by two threads at once. isolation_level=None: transactions are explicit.
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -301,24 +316,61 @@ class SQLiteStore:
                 raise StoreError(
                     f"{path} has schema version {version}; this coordinator reads versions 1 to {SCHEMA_VERSION}"
                 )
-            if version in MIGRATIONS:
-                # executescript commits first; the migration is one transaction with the version.
-                steps = " ".join(MIGRATIONS[v] for v in range(version, SCHEMA_VERSION))
-                self._db.executescript(f"BEGIN IMMEDIATE; {steps} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            problem = quick_check(self._db)
+            if problem is not None:
+                raise StoreDamaged(path, problem)
+            if version == 0:
+                create_schema(self._db)
+            elif version in MIGRATIONS:
+                migrate(self._db, version)
+            self.generation: int = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
             # The events key: every plan's rowid (a forgotten plan's is dropped with its row).
             self._rowids: dict[str, int] = dict(self._db.execute("SELECT id, rowid FROM plans"))
-            self._next_rowid = max(self._rowids.values(), default=0) + 1
-            # UPDATE ... FROM needs SQLite 3.33; an older library writes one row per step.
-            self._multi_row = sqlite3.sqlite_version_info >= (3, 33, 0)
-            self._update_status = _UPDATE_FROM if self._multi_row else _UPDATE_ONE
-        except (OSError, sqlite3.Error) as exc:
-            self.close()
-            raise StoreError(f"cannot open the store {path}: {exc}") from exc
-        except StoreError:
-            self.close()
-            raise
+        except sqlite3.OperationalError as exc:
+            if "malformed" not in str(exc) and "no such" not in str(exc):
+                raise  # locked, unreadable, disk I/O: a problem of the machine, not of the file's content
+            raise StoreDamaged(path, str(exc)) from exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+            raise StoreDamaged(path, str(exc)) from exc
+        self._next_rowid = max(self._rowids.values(), default=0) + 1
+        # UPDATE ... FROM needs SQLite 3.33; an older library writes one row per step.
+        self._multi_row = sqlite3.sqlite_version_info >= (3, 33, 0)
+        self._update_status = _UPDATE_FROM if self._multi_row else _UPDATE_ONE
+        if self._marker is None:
+            self._marker = GenerationMarker(path, sync_interval_s=self._marker_sync_s)
+        acknowledged = self._marker.read()
+        if acknowledged is not None and acknowledged > self.generation:
+            problem = (
+                f"it holds {self.generation} commits but {self._marker.path.name} says {acknowledged} were "
+                "acknowledged (its -wal lost its tail or was deleted, or an older copy was put back)"
+            )
+            if not self.accept_loss:
+                raise StoreDamaged(path, problem)
+            self.losses.append(f"{path}: {problem}; the commits after {self.generation} are lost")
+        self._marker.write(self.generation)
+        self._watch.arm()
+
+    def _rebuild(self, problem: str) -> None:
+        """``--accept-store-loss`` on a file SQLite cannot use: set it aside, start anew from its readable rows."""
+        with contextlib.suppress(sqlite3.Error):
+            if getattr(self, "_db", None) is not None:
+                self._db.close()
+        self._db = None  # type: ignore[assignment]
+        plans_rows, event_rows, unreadable = readable_rows(self.path)
+        aside = set_aside(self.path, "damaged")
+        self._watch = FileWatch(self.path)
+        plans, damaged = decode_plans(plans_rows, event_rows)
+        if self._marker is None:
+            self._marker = GenerationMarker(self.path, sync_interval_s=self._marker_sync_s)
+        self._marker.write(0)  # the new file starts its own count
+        self._open()
+        for chunk in iter_chunks(plans, 1000):
+            self.write([r for p in chunk for r in (p.created, *p.events, *([p.status] if p.status else []))])
+        self.losses.append(
+            f"{self.path}: {problem}; the damaged file is kept as {aside.name}; {len(plans)} plans were read back, "
+            f"{len(damaged)} damaged plans and {unreadable} unreadable parts were dropped"
+        )
+        self.losses.extend(f"{self.path}: {what}" for what in damaged.values())
 
     def _lock(self, lock_path: Path) -> None:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -336,32 +388,33 @@ class SQLiteStore:
         self._lock_fd = fd  # held until close(); the kernel releases it if the process dies
 
     def load(self) -> list[StoredPlan]:
-        decode_submit = msgspec.msgpack.Decoder(PlanCreated).decode
-        decode_status = msgspec.msgpack.Decoder(PlanStatus).decode
-        # A version 2 events row (migrated to a run of one) holds a whole Event.
-        decode_events = msgspec.msgpack.Decoder(list[_StoredEvent | Event]).decode
-        plans: dict[int, StoredPlan] = {}
         try:
-            rows = self._db.execute("SELECT rowid, id, spec, status, events, nevents FROM plans ORDER BY ord")
-            for rowid, plan_id, spec, status, inline, count in rows:
-                events = _events(plan_id, decode_events(_array_header(count) + inline)) if inline else []
-                created = decode_submit(spec)
-                plans[rowid] = StoredPlan(created, decode_status(status) if status else None, events)
-            runs: set[int] = set()
-            for plan, body in self._db.execute("SELECT plan, body FROM events ORDER BY plan, seq"):
-                stored = plans.get(plan)
-                if stored is not None:
-                    stored.events.extend(_events(stored.created.plan_id, decode_events(body)))
-                    runs.add(plan)
-        except (sqlite3.Error, msgspec.DecodeError) as exc:
-            raise StoreError(f"cannot read the store {self.path}: {exc}") from exc
-        # A plan with events rows: its inline runs and its rows interleave by seq. The core never
-        # writes a seq twice (next_seq is in every status); were one written again in two groups,
-        # one inline and one in a row, the row's would be kept.
-        for plan in runs:
-            stored = plans[plan]
-            stored.events = _by_seq(stored.events)
-        return list(plans.values())
+            plans, damaged = decode_plans(self._db.execute(SELECT_PLANS), self._db.execute(SELECT_EVENTS),
+                                          keep_crc=self._events_crc)  # fmt: skip
+        except sqlite3.Error as exc:
+            if not self.accept_loss:
+                raise StoreDamaged(self.path, f"cannot read it: {exc}") from exc
+            self._rebuild(f"cannot read it: {exc}")
+            return self.load()
+        if damaged:
+            if not self.accept_loss:
+                more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+                raise StoreDamaged(self.path, next(iter(damaged.values())) + more)
+            self._drop(damaged)
+        return plans
+
+    def _drop(self, damaged: dict[int, str]) -> None:
+        """Delete the damaged plans (``--accept-store-loss``), so the next start finds a clean file."""
+        keys = [(rowid,) for rowid in damaged]
+        self._db.execute("BEGIN IMMEDIATE")
+        self._run_chunked(_DELETE_PLANS, "?", keys)
+        self._run_chunked(_DELETE_EVENTS, "?", keys)
+        self._db.execute("COMMIT")
+        gone = set(damaged)
+        for plan_id in [p for p, rowid in self._rowids.items() if rowid in gone]:
+            del self._rowids[plan_id]
+            self._events_crc.pop(plan_id, None)
+        self.losses.extend(f"{self.path}: {what}; the plan was dropped" for what in damaged.values())
 
     def _encode(self, record: Record) -> bytes:
         try:
@@ -372,7 +425,7 @@ class SQLiteStore:
             log.error("record payload cannot be stored; storing it as text", plan_id=record.plan_id, error=str(exc))
             return self._encoder.encode(_as_text(record))
 
-    def _encode_run(self, plan_id: str, run: list[_StoredEvent]) -> bytes:
+    def _encode_run(self, plan_id: str, run: list[StoredEvent]) -> bytes:
         """A run of events as one msgpack array of ``[kind, data, seq, attempt, ephemeral]`` arrays.
 
         A stored event leaves out its plan id (the row's) and its field names: a third of the
@@ -396,7 +449,7 @@ class SQLiteStore:
     def write(self, records: Sequence[Record]) -> None:
         created: dict[str, PlanCreated] = {}
         latest: dict[str, PlanStatus] = {}  # a status is a whole snapshot: the group's last one per plan is enough
-        runs: dict[str, list[_StoredEvent]] = {}  # each plan's events in this group, in the order written
+        runs: dict[str, list[StoredEvent]] = {}  # each plan's events in this group, in the order written
         forgotten: set[str] = set()  # plans deleted by this group (a later creation of the id is a new plan)
         for record in records:
             kind = type(record)
@@ -433,6 +486,9 @@ class SQLiteStore:
         if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
             touched = {**fresh, **latest, **runs}
         encode, encode_run = self._encode, self._encode_run
+        chained = self._events_crc
+        chained_now: dict[str, int] = {}  # applied once committed, like the rowids
+        ended: list[str] = []
         new_rows: list[tuple[Any, ...]] = []
         updates: list[tuple[Any, ...]] = []
         spilled: list[tuple[Any, ...]] = []  # runs that go to the events table
@@ -442,6 +498,7 @@ class SQLiteStore:
                 continue  # a record of a plan never created (or deleted): load() would never return it
             inline: bytes | None = None
             count = 0
+            inline_crc = None
             run = runs.get(plan_id)
             if run is not None:
                 if len(run) > 1:
@@ -450,19 +507,28 @@ class SQLiteStore:
                 last = run[-1][2]
                 if last <= _INLINE_MAX_SEQ and len(run) < 16 and len(body) <= _INLINE_MAX_BYTES:
                     inline, count = body[1:], len(run)  # without its one-byte array header
+                    # The checksum of the row's whole events blob runs on from its previous value.
+                    previous = 0 if plan_id in fresh else chained.get(plan_id)
+                    if previous is None:
+                        previous = self._stored_events_crc(rowid)
+                    inline_crc = chained_now[plan_id] = crc(inline, previous)
                 else:
-                    spilled.append((rowid, run[0][2], body))
+                    spilled.append((rowid, run[0][2], body, crc(body, rowid & 0xFFFFFFFF)))
             status = latest.get(plan_id)
             if status is None:
-                state = status_blob = None
+                state = status_blob = status_crc = None
             else:
                 state, status_blob = status.state, encode(status)
+                status_crc = crc(status_blob)
+                if state in TERMINAL_STATES:
+                    ended.append(plan_id)  # no more inline events: its running checksum is dropped
             if plan_id in fresh:
                 record = created[plan_id]
+                spec = encode(record)
                 new_rows.append((rowid, plan_id, record.owner, record.order, state or "queued",
-                                 encode(record), status_blob, inline, count))  # fmt: skip
+                                 spec, status_blob, inline, count, crc(spec), status_crc, inline_crc))  # fmt: skip
             else:
-                updates.append((rowid, state, status_blob, inline, count))
+                updates.append((rowid, state, status_blob, inline, count, status_crc, inline_crc))
         # Key order: each B-tree page is visited once per group.
         updates.sort(key=_first)
         spilled.sort(key=_first_two)
@@ -475,9 +541,10 @@ class SQLiteStore:
                 # instead of one per row keeps the writer from convoying with the loop.
                 self._run_chunked(_DELETE_PLANS, "?", doomed)  # first: nothing below touches those rows
                 self._run_chunked(_DELETE_EVENTS, "?", doomed)
-                self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
-                self._run_chunked(self._update_status, "(?, ?, ?, ?, ?)", updates)
-                self._run_chunked(_INSERT_EVENTS, "(?, ?, ?)", spilled)
+                self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
+                self._run_chunked(self._update_status, "(?, ?, ?, ?, ?, ?, ?)", updates)
+                self._run_chunked(_INSERT_EVENTS, "(?, ?, ?, ?)", spilled)
+                db.execute(_SET_GENERATION, (self.generation + 1,))
                 db.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -485,13 +552,39 @@ class SQLiteStore:
                 raise
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write the store {self.path}: {exc}") from exc
+        self.generation += 1
+        assert self._marker is not None
+        try:
+            self._marker.write(self.generation)
+        except OSError as exc:
+            raise StoreError(f"cannot write the store's generation file {self._marker.path}: {exc}") from exc
         for plan_id in forgotten:  # only once committed, like the new rowids below
             rowids.pop(plan_id, None)
+            chained.pop(plan_id, None)
+        if chained_now:
+            chained.update(chained_now)
+        for plan_id in ended:
+            chained.pop(plan_id, None)
         if fresh:  # only once committed: a rolled-back group leaves no rowid behind
             rowids.update(fresh)
             self._next_rowid += len(fresh)
         self.writes += 1
         self.records += len(records)
+
+    def check_files(self) -> None:
+        """Raise :class:`StoreDamaged` when the ``-wal`` or ``-shm`` was deleted or replaced since the open.
+
+        The committer calls it on the event loop after a commit (at most every 10 ms), before it
+        releases the replies: a commit in a file nobody will read again must not be acknowledged.
+        """
+        moved = self._watch.problem()
+        if moved is not None:
+            raise StoreDamaged(self.path, moved)
+
+    def _stored_events_crc(self, rowid: int) -> int:
+        """The inline events' checksum of a plan the writer has no value for (an ended plan, once more)."""
+        row = self._db.execute("SELECT events_crc FROM plans WHERE rowid = ?", (rowid,)).fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else 0
 
     def _run_chunked(self, sql: str, row: str, rows: list[tuple[Any, ...]]) -> None:
         """Run ``sql`` (with ``{values}`` for the VALUES list) over ``rows`` in power-of-two chunks.
@@ -518,43 +611,21 @@ class SQLiteStore:
             with contextlib.suppress(sqlite3.Error):
                 db.close()
             self._db = None  # type: ignore[assignment]
+        if self._marker is not None:
+            self._marker.close()
+            self._marker = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
 
 
-_StoredEvent = tuple[str, Any, int, int, bool]  # kind, data, seq, attempt, ephemeral
-
-
-def _events(plan_id: str, stored: list[_StoredEvent | Event]) -> list[Event]:
-    """The events of plan ``plan_id`` from their stored form."""
-    return [Event(plan_id=plan_id, kind=e[0], data=e[1], seq=e[2], attempt=e[3], ephemeral=e[4])
-            if type(e) is tuple else e for e in stored]  # type: ignore[misc]  # fmt: skip
-
-
-def _by_seq(events: list[Event]) -> list[Event]:
-    """``events`` in seq order, the last of each seq kept (``events`` itself when already so)."""
-    if all(a.seq < b.seq for a, b in itertools.pairwise(events)):
-        return events
-    return sorted({e.seq: e for e in events}.values(), key=_seq)
-
-
-def _run_by_seq(run: list[_StoredEvent]) -> list[_StoredEvent]:
+def _run_by_seq(run: list[StoredEvent]) -> list[StoredEvent]:
     """A run of stored events in seq order, the last of each seq kept."""
     if len(run) == 2 and run[0][2] < run[1][2]:  # the usual case, without a generator
         return run
     if all(a[2] < b[2] for a, b in itertools.pairwise(run)):
         return run
     return sorted({e[2]: e for e in run}.values(), key=_third)
-
-
-def _array_header(count: int) -> bytes:
-    """The msgpack header of an array of ``count`` elements."""
-    if count < 16:
-        return bytes((0x90 | count,))
-    if count < 1 << 16:
-        return b"\xdc" + count.to_bytes(2, "big")
-    return b"\xdd" + count.to_bytes(4, "big")
 
 
 def _text(value: Any) -> str:

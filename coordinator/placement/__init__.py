@@ -7,5 +7,9 @@
 * capacity: per-pool indexes of free workers (heaps) that keep placement O(log n);
 * prefix: prefix-hash bookkeeping for KV-aware routing.
 
+The workers' records and their report predicates are coordinator/workers.py's; the registry
+(coordinator/registry.py) owns the records and keeps the pools told. Imports point one way:
+workers <- capacity <- registry <- placer (policies and plan_queue need only workers).
+
 Pure like the rest of the core: no clock, no I/O.
 """

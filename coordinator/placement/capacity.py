@@ -38,35 +38,37 @@ so a decision costs O(L log W) for L levels (at most max concurrency + prefetch 
 When members are not plain, a policy must score candidates; for a large pool placement takes
 them from the head of the room heap (:meth:`Pool.top`): the ``k`` usable members of the best
 tier with the fewest leases, least recently assigned first (docs/ROUTING.md §Large pools).
+
+Ownership and invariants:
+
+* A pool owns its member list, its indexes and its counts; only its methods write them. The
+  registry (coordinator/registry.py) owns the workers' records and tells each pool of a
+  member's change through a named method (:meth:`Pool.add`, :meth:`Pool.remove_member`,
+  :meth:`Pool.changed`, :meth:`Pool.figures_changed`, :meth:`Pool.tally`, :meth:`Pool.retire`).
+* Each count equals the number of members whose cached flag (``WorkerRecord.plain``,
+  ``has_energy``, ``has_carbon``, ``has_latency``: coordinator/workers.py) says so.
+* While :attr:`Pool.indexed`, every member with room has an entry with its current key in the
+  room heap, and in each figure heap built so far when it reports that figure.
+* Dependencies point one way: coordinator/workers.py <- this module <- the registry and placement.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from coordinator.registry import WorkerRecord
+from coordinator.workers import WorkerRecord, has_carbon, has_energy, has_latency, latency_ms
 
-__all__ = [
-    "Pool",
-    "carbon_key",
-    "energy_key",
-    "has_carbon",
-    "has_energy",
-    "has_latency",
-    "is_plain",
-    "latency_key",
-    "latency_ms",
-    "slot_key",
-]
+__all__ = ["Pool", "carbon_key", "energy_key", "latency_key", "slot_key"]
 
 SlotKey = tuple[int, int, int, str]
 EnergyKey = tuple[int, float, int, int, str]  # also a carbon key: (tier, figure, leases, last_assigned, id)
 LatencyKey = EnergyKey  # (tier, latency, leases, last_assigned, id), one heap per (tier, leases)
 Level = tuple[int, int]  # (tier, leases): one latency heap each
+
+
+def _admit_all(worker: WorkerRecord) -> bool:
+    return True
 
 
 def slot_key(worker: WorkerRecord) -> SlotKey | None:
@@ -79,26 +81,6 @@ def slot_key(worker: WorkerRecord) -> SlotKey | None:
     if limit <= 0 or leases >= limit + worker.prefetch:
         return None
     return (0 if leases < limit else 1, leases, worker.last_assigned, worker.id)
-
-
-def is_plain(worker: WorkerRecord) -> bool:
-    """Whether no policy can tell the worker from another with the same lease count (see module doc)."""
-    if worker.pending_tokens:
-        return False
-    load = worker.load
-    return load is None or not (
-        load.queued_tokens
-        or load.uj_per_token
-        or load.zone_intensity_g_per_kwh
-        or load.latency_p50_ms
-        or load.latency_ema_ms
-    )
-
-
-def has_energy(worker: WorkerRecord) -> bool:
-    """Whether the worker reports a µJ/token that ``joule_weighted`` uses as is (finite and > 0)."""
-    load = worker.load
-    return load is not None and 0 < load.uj_per_token < math.inf
 
 
 def energy_key(worker: WorkerRecord) -> EnergyKey | None:
@@ -114,12 +96,6 @@ def energy_key(worker: WorkerRecord) -> EnergyKey | None:
     return (slot[0], worker.load.uj_per_token, slot[1], slot[2], worker.id)
 
 
-def has_carbon(worker: WorkerRecord) -> bool:
-    """Whether the worker reports both figures ``carbon_weighted`` uses as is: a µJ/token and a zone intensity."""
-    load = worker.load
-    return load is not None and has_energy(worker) and 0 < load.zone_intensity_g_per_kwh < math.inf
-
-
 def carbon_key(worker: WorkerRecord) -> EnergyKey | None:
     """``(tier, µJ/token * intensity, leases, last_assigned, id)`` of a worker with room and both figures; else None."""
     slot = slot_key(worker)
@@ -127,19 +103,6 @@ def carbon_key(worker: WorkerRecord) -> EnergyKey | None:
         return None
     assert worker.load is not None
     return (slot[0], worker.load.uj_per_token * worker.load.zone_intensity_g_per_kwh, slot[1], slot[2], worker.id)
-
-
-def latency_ms(worker: WorkerRecord) -> float:
-    """The latency ``latency_weighted`` reads: the reported p50, else the moving average (0: none)."""
-    load = worker.load
-    if load is None:
-        return 0.0
-    return load.latency_p50_ms or load.latency_ema_ms
-
-
-def has_latency(worker: WorkerRecord) -> bool:
-    """Whether the worker reports a latency ``latency_weighted`` uses as is (finite and > 0)."""
-    return 0 < latency_ms(worker) < math.inf
 
 
 def latency_key(worker: WorkerRecord) -> LatencyKey | None:
@@ -153,8 +116,14 @@ def latency_key(worker: WorkerRecord) -> LatencyKey | None:
     return (slot[0], latency_ms(worker), slot[1], slot[2], worker.id)
 
 
-class Pool(list["WorkerRecord"]):
+class Pool(list[WorkerRecord]):
     """The connected workers that meet one cached key, in arrival order, plus their room indexes.
+
+    The pool owns its indexes and its counts (``not_plain``, ``no_energy``, ``no_carbon``,
+    ``no_latency``): only its own methods write them. The registry reports each change of a
+    member through a named method: :meth:`add` and :meth:`remove_member` (membership),
+    :meth:`changed` (room), :meth:`figures_changed` (a report's figures), :meth:`tally` around a
+    change of the member's report flags, and :meth:`retire` when it stops maintaining the pool.
 
     Args:
         members: the workers that meet the key now.
@@ -174,19 +143,44 @@ class Pool(list["WorkerRecord"]):
         self.no_energy = 0  # members without a µJ/token (has_energy)
         self.no_carbon = 0  # members without a µJ/token or a zone intensity (has_carbon)
         self.no_latency = 0  # members without a latency (has_latency)
-        self.live = True  # False once the registry dropped this pool from its cache
+        # False once the registry stopped maintaining the pool (retire), or for an unindexed one:
+        # placement then passes over the members instead of asking the indexes.
+        self.indexed = True
         for worker in members:
             self.add(worker)
+
+    @classmethod
+    def unindexed(cls, workers: Iterable[WorkerRecord]) -> Pool:
+        """A fixed set of workers that placement ranks in one pass over them, without indexes.
+
+        Not kept up to date by anyone, so its heaps stay empty and :attr:`indexed` is False
+        (tests compare the indexes' answers with this pass; ``meets`` admits everyone).
+        """
+        pool = cls((), _admit_all)
+        pool.indexed = False
+        for worker in workers:
+            pool.append(worker)
+            pool.ids[worker.id] = worker
+            pool.tally(worker, 1)
+        return pool
+
+    def retire(self) -> None:
+        """The registry dropped the pool from its cache: its indexes are no longer kept up to date."""
+        self.indexed = False
 
     def add(self, worker: WorkerRecord) -> None:
         """Make the worker a member (it must not be one)."""
         self.append(worker)
         self.ids[worker.id] = worker
-        self._tally(worker, 1)
+        self.tally(worker, 1)
         self.changed(worker)
 
-    def _tally(self, worker: WorkerRecord, sign: int) -> None:
-        """Add (``sign`` 1) or take away (-1) the worker's flags in the pool's counts."""
+    def tally(self, worker: WorkerRecord, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) a member's report flags in the pool's counts.
+
+        The registry takes a member's flags away before it changes them and adds them back
+        after (coordinator/registry.py), so the counts always match the members' flags.
+        """
         self.not_plain += sign * (not worker.plain)
         self.no_energy += sign * (not worker.has_energy)
         self.no_carbon += sign * (not worker.has_carbon)
@@ -198,7 +192,7 @@ class Pool(list["WorkerRecord"]):
             return
         del self.ids[worker.id]
         self.remove(worker)
-        self._tally(worker, -1)
+        self.tally(worker, -1)
 
     def changed(self, worker: WorkerRecord) -> None:
         """A member's room changed: index its new keys (rebuilding a heap that is mostly stale)."""

@@ -36,6 +36,15 @@ Rules (docs/SEMANTICS.md §Placement, docs/ROUTING.md):
    Nothing changes until that worker answers: ``reject(code="revoked")`` requeues the plan;
    an ``accept`` (it had started) keeps it where it is (Dask's transactional stealing).
 
+Ownership and invariants: :class:`Placement` owns its prefix index, its sticky sessions, the
+revokes it asked for and its memo of pools found full; it reads the registry's records and
+pools but never writes them. What a decision changes in a record goes through the registry
+(the scheduler claims the lease and hands it the tokens :meth:`Placement.claimed` returns,
+:meth:`~coordinator.registry.WorkerRegistry.count_placed_tokens`). :meth:`Placement.choose`
+takes a :class:`~coordinator.placement.capacity.Pool`: indexed (the registry's), answered
+from its indexes where they are exact, or unindexed, answered by one pass; both give the
+same worker (tests/unit/test_capacity.py).
+
 Nothing here reads a clock: ``now`` comes in.
 """
 
@@ -64,7 +73,8 @@ from coordinator.placement.policies import (
 )
 from coordinator.placement.prefix import PrefixIndex
 from coordinator.plans import Plan
-from coordinator.registry import WorkerRecord, WorkerRegistry
+from coordinator.registry import WorkerRegistry
+from coordinator.workers import WorkerRecord
 from protocol.messages import RoutingHints
 
 __all__ = ["DEFAULT_BLOCK_TOKENS", "DEFAULT_CANDIDATES", "Placement", "PlacementConfig", "hints_problem"]
@@ -161,7 +171,7 @@ class Placement:
         self._revoking: dict[str, tuple[str, int]] = {}  # plan id -> (idle worker it is for, attempt)
         self._now = 0.0  # the time of the decision in progress (busyness ages reports with it)
         # Pools found without room, by id(pool): (pool, registry generation, releases) then.
-        self._full: dict[int, tuple[list[WorkerRecord], int, int]] = {}
+        self._full: dict[int, tuple[Pool, int, int]] = {}
 
     # ------------------------------------------------------------------ FleetView
 
@@ -230,30 +240,34 @@ class Placement:
         """The policy that places this plan."""
         return plan.hints.policy or self.config.policy
 
-    def choose(self, plan: Plan, pool: Iterable[WorkerRecord], now: float) -> WorkerRecord | None:
+    def choose(self, plan: Plan, pool: Pool, now: float) -> WorkerRecord | None:
         """The worker of ``pool`` (the signature's workers) that gets the plan; None if none can.
 
-        A pool (the registry's cached list for a signature) found with no room is remembered:
-        until a lease is released, the registry changes or :meth:`room_may_have_changed` is
-        called, a plan without KV blocks is answered None without a pass over the pool (with
-        thousands of busy workers that pass was most of queueing a submit).
+        An indexed pool (the registry's cached one for the signature:
+        :meth:`WorkerRegistry.matching`) is answered from its indexes where they are exact (module
+        doc, rule 4); an unindexed one (:meth:`Pool.unindexed`, or one the registry retired) by a
+        pass over its members. A pool found with no room is remembered: until a lease is
+        released, the registry changes or :meth:`room_may_have_changed` is called, a plan without
+        KV blocks is answered None without a pass over the pool (with thousands of busy workers
+        that pass was most of queueing a submit).
         """
         self._now = now
         registry = self.registry
         no_kv = plan.hints.prompt_tokens + plan.hints.max_output_tokens <= 0
-        if isinstance(pool, Pool) and pool.live:
+        indexed = pool.indexed
+        if indexed:
             if not pool.not_plain and self._indexable(plan):
                 return self._choose_indexed(plan, pool, now, no_kv)
             figure = self._figure(plan)
             if figure is not None and not _missing(pool, figure):
                 return self._choose_indexed(plan, pool, now, no_kv, figure=figure)
         stamp = (registry.generation, registry.releases)
-        if no_kv and isinstance(pool, list):
+        if no_kv:
             full = self._full.get(id(pool))
             if full is not None and full[0] is pool and full[1:] == stamp:
                 return None
         bound = self.config.candidates
-        if isinstance(pool, Pool) and pool.live and 0 < bound < len(pool):
+        if indexed and 0 < bound < len(pool):
             chosen = self._choose_bounded(plan, pool, now, no_kv, bound)
             if chosen is None and no_kv:
                 self._remember_full(pool, stamp)
@@ -265,7 +279,7 @@ class Placement:
                 continue
             (free if worker.has_free_slot() else queued).append(worker)
         if not free and not queued:
-            if no_kv and isinstance(pool, list):
+            if no_kv:
                 self._remember_full(pool, stamp)
             return None
         key = plan.hints.session_key
@@ -276,7 +290,7 @@ class Placement:
                     return worker
         return self.policies[self.policy_name(plan)].choose(ask_of(plan), free or queued, self)
 
-    def _remember_full(self, pool: list[WorkerRecord], stamp: tuple[int, int]) -> None:
+    def _remember_full(self, pool: Pool, stamp: tuple[int, int]) -> None:
         """The pool has no room for a plan without KV blocks until ``stamp`` changes (see :meth:`choose`)."""
         if len(self._full) >= 4096:  # many one-off pools: start over rather than grow
             self._full.clear()
@@ -411,8 +425,13 @@ class Placement:
         tied = self._by_figure(plan, pool, figure, usable, limit, ties=True)
         return min(tied, key=lambda w: (self.busyness(w), w.last_assigned, w.id), default=None)
 
-    def claimed(self, plan: Plan, worker: WorkerRecord) -> None:
-        """The plan was assigned to the worker: count its tokens, remember its prefix and session."""
+    def claimed(self, plan: Plan, worker: WorkerRecord) -> int:
+        """The plan was assigned to the worker: remember its prefix and session; return the tokens placed.
+
+        Placement updates only its own indexes (prefix cache, sessions). The prompt tokens the
+        worker's cache does not already hold are returned for the caller to hand to the
+        registry, which owns the record (:meth:`WorkerRegistry.count_placed_tokens`).
+        """
         hints = plan.hints
         matched_tokens = 0
         if hints.prefix_hashes:
@@ -420,16 +439,13 @@ class Placement:
             matched = self.prefix.match(hints.prefix_hashes, (worker.id,)).get(worker.id, 0)
             matched_tokens = matched * block
             self.prefix.insert(worker.id, hints.prefix_hashes, block)
-        placed_tokens = hints.prompt_tokens - matched_tokens
-        if placed_tokens > 0:
-            worker.pending_tokens += placed_tokens
-            self.registry.load_changed(worker)  # placed tokens make it not plain until its next report
         if hints.session_key is not None:
             sessions = self._sessions
             sessions[(plan.owner, hints.session_key)] = worker.id
             sessions.move_to_end((plan.owner, hints.session_key))
             while len(sessions) > self.config.max_sessions:
                 sessions.popitem(last=False)
+        return max(0, hints.prompt_tokens - matched_tokens)
 
     def session_worker(self, owner: str, key: str) -> str | None:
         """The worker a session key sticks to now, if any."""

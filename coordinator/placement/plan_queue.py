@@ -1,6 +1,6 @@
 """The plan queue: queued plans grouped by what they need from a worker.
 
-Placement must not scan every queued plan against every worker (DESIGN.md §Placement).
+Placement must not scan every queued plan against every worker (docs/SEMANTICS.md §Placement).
 Plans that need the same thing share a :class:`Signature`: op, sorted tags, accelerator,
 model, minimum GPU memory, python env, plus the workers the plan avoids after they
 rejected it. Whether a worker can run a plan depends only on the signature, so a worker
@@ -13,6 +13,9 @@ pushed again (requeued) never revives its old entry.
 
 :func:`explain_wait` turns a signature and the alive workers into the reason a person
 can act on, shown in the plan's ``waiting`` events.
+
+The queue owns its groups and its index of live entries: a plan id is queued exactly when
+it maps to its (signature, token) entry, and at most one entry per plan is live.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from coordinator.registry import WorkerRecord
+from coordinator.workers import WorkerRecord
 from protocol.messages import Accelerator, Requirements
 
 __all__ = ["PlanQueue", "Signature", "explain_wait"]
@@ -51,6 +54,18 @@ class Signature(NamedTuple):
             model=requirements.model,
             min_gpu_memory_bytes=requirements.min_gpu_memory_bytes,
             python_env=requirements.python_env,
+            avoid=tuple(sorted(set(avoid))),
+        )
+
+    def avoiding(self, avoid: Iterable[str]) -> Signature:
+        """This signature with ``avoid`` as the workers it avoids (sorted, without repeats)."""
+        return Signature(
+            op=self.op,
+            tags=self.tags,
+            accelerator=self.accelerator,
+            model=self.model,
+            min_gpu_memory_bytes=self.min_gpu_memory_bytes,
+            python_env=self.python_env,
             avoid=tuple(sorted(set(avoid))),
         )
 
@@ -244,7 +259,7 @@ class PlanQueue:
         for signature in self.signatures():
             if worker_id not in signature.avoid:
                 continue
-            kept = signature._replace(avoid=tuple(w for w in signature.avoid if w != worker_id))
+            kept = signature.avoiding(w for w in signature.avoid if w != worker_id)
             for neg_priority, order, token, plan_id in sorted(self._groups[signature].heap):
                 if self._live.get(plan_id) == (signature, token):
                     self.push(plan_id, kept, -neg_priority, order)

@@ -19,6 +19,9 @@ Derived figures, shared by the policies and the trace simulator:
 The load a policy sees is the coordinator's own (:class:`FleetView`): its lease counts and
 the prompt tokens it placed since the worker's last report, so a load report that is
 seconds old never sends a burst of plans to one worker.
+
+A policy owns only its own state (round robin's cursor); it reads the candidates' records
+and never changes them.
 """
 
 from __future__ import annotations
@@ -28,8 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from coordinator.placement.capacity import latency_ms
-from coordinator.registry import WorkerRecord
+from coordinator.workers import WorkerRecord, latency_ms
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -177,7 +179,7 @@ def _mean_known(candidates: Sequence[WorkerRecord], figure: Callable[[WorkerReco
     return math.fsum(known) / len(known) if known else 1.0
 
 
-_latency_ms: Final = latency_ms  # the figure the pool's latency index keys on (coordinator/placement/capacity.py)
+_latency_ms: Final = latency_ms  # the figure the pool's latency index keys on (coordinator/workers.py)
 
 
 def _uj_per_token(worker: WorkerRecord) -> float:

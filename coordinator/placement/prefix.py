@@ -9,6 +9,10 @@ A hash names a block *and every block before it* (docs/ROUTING.md §kv_aware), s
 blocks are touched deepest first: the first block of a prompt is the most recently used,
 and eviction takes a prompt's tail before its head, as vLLM's evictor does. A match is the
 number of leading hashes a worker holds.
+
+The index owns its per-worker LRUs and the reverse index of holders: a hash lists a worker
+as holder exactly while that worker's LRU holds it, and a worker's used tokens never exceed
+its budget after a call returns.
 """
 
 from __future__ import annotations

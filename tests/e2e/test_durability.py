@@ -1,5 +1,5 @@
 """Fault tolerance end to end: real coordinator and worker processes killed, frozen and restarted
-(RELIABILITY.md matrix rows 1, 5, 7, 8, 11). Timeouts are short by flag so the suite stays fast."""
+(docs/OPERATIONS.md §Test matrix rows 1, 5, 7, 8, 11). Timeouts are short by flag so the suite stays fast."""
 
 from __future__ import annotations
 
@@ -180,6 +180,6 @@ async def test_client_connection_dropped_mid_stream_resumes_without_gap_or_dupli
                         proxy.cut()
     finally:
         await proxy.close()
-    assert proxy.cuts >= 1 and c._resumer.resumed >= 1  # the stream really went over a second connection
+    assert proxy.cuts >= 1 and c.session.resumed >= 1  # the stream really went over a second connection
     assert assert_one_clean_stream(seen).kind == "succeeded"
     assert [e.data for e in seen if e.kind == "stdout"] == [str(n) for n in range(1, 301)]

@@ -56,7 +56,7 @@ async def test_submit_many_raises_the_refusal_after_every_reply(fleet: tuple[Coo
     async with Client(server.url) as client:
         with pytest.raises(InvalidArgument, match="max_attempts"):
             await client.submit_many("echo", [1, 2, 3], max_attempts=0)
-        assert not client._pending  # every reply of the batch was matched
+        assert client.session.pending_requests == 0  # every reply of the batch was matched
         assert [await p.result() for p in await client.submit_many("echo", [4, 5])] == [4, 5]
 
 

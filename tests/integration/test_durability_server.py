@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.io.store import MemoryStore
 from fleetwire import Client
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.timeout(30)
 
 def settings(tmp_path: Path, port: int = 0) -> ServerSettings:
     return ServerSettings(
-        port=port, insecure=True, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0, reaper_interval_s=0.05,
+        port=port, insecure=True, core=CoreConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0),
+        reaper_interval_s=0.05,
         store=f"sqlite:{tmp_path / 'coordinator.sqlite3'}",
     )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Hostile peers against a real coordinator over loopback sockets: RELIABILITY.md §5 rows 13-22, and TLS.
+"""Hostile peers against a real coordinator over loopback sockets: docs/OPERATIONS.md §Test matrix rows 13-22, and TLS.
 
 Each test names its matrix row. Timing goals (others' p99, connect latency) live in
 bench/fuzz_live.py and bench/; here the behaviour is asserted: who is refused, with which
@@ -30,6 +30,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from coordinator.audit import snapshot
 from coordinator.auth import hash_token
+from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.limits import Limits
 from fleetwire import Client
@@ -86,7 +87,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Start]:
         if not path.exists():
             write_tokens(path, list(TOKENS))
         srv = CoordinatorServer(ServerSettings(
-            port=0, token_file=str(path), heartbeat_interval_s=5.0, heartbeat_timeout_s=15.0,
+            port=0, token_file=str(path), core=CoreConfig(heartbeat_interval_s=5.0, heartbeat_timeout_s=15.0),
             limits=limits or Limits(), **settings,
         ))
         await srv.start()

@@ -10,6 +10,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
+from coordinator.core import CoreConfig
 from coordinator.errors import UnknownWorker
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, Codec
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.timeout(30)
 async def server() -> AsyncIterator[CoordinatorServer]:
     srv = CoordinatorServer(
         ServerSettings(port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
-                       heartbeat_interval_s=0.2, heartbeat_timeout_s=0.6, reaper_interval_s=0.05)
+                       core=CoreConfig(heartbeat_interval_s=0.2, heartbeat_timeout_s=0.6), reaper_interval_s=0.05)
     )
     await srv.start()
     yield srv

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.placement.placer import PlacementConfig
 from fleetwire import Client
@@ -48,7 +49,9 @@ async def agent_running(url: str, worker_id: str, gate: asyncio.Event) -> AsyncI
 
 async def test_idle_worker_steals_a_prefetched_plan() -> None:
     """Three plans on a one-slot worker with prefetch 2: a second worker joins and one of them is revoked to it."""
-    settings = ServerSettings(port=0, insecure=True, placement=PlacementConfig(policy="least_busy", prefetch=2))
+    settings = ServerSettings(
+        port=0, insecure=True, core=CoreConfig(placement=PlacementConfig(policy="least_busy", prefetch=2))
+    )
     gate = asyncio.Event()
     async with serving(settings) as server, agent_running(server.url, "busy", gate):
         async with Client(server.url) as client:

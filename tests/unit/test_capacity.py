@@ -10,22 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.placement.capacity import (
-    Pool,
-    carbon_key,
-    energy_key,
-    has_carbon,
-    has_energy,
-    has_latency,
-    is_plain,
-    latency_ms,
-    slot_key,
-)
+from coordinator.placement.capacity import Pool, carbon_key, energy_key, slot_key
 from coordinator.placement.placer import DEFAULT_CANDIDATES, Placement, PlacementConfig, ask_of
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.policies import POLICY_NAMES, JouleWeighted, LatencyWeighted, projected_carbon
 from coordinator.plans import Plan
-from coordinator.registry import WorkerRecord, WorkerRegistry
+from coordinator.registry import WorkerRegistry
+from coordinator.workers import WorkerRecord, has_carbon, has_energy, has_latency, is_plain, latency_ms
 from protocol.messages import Capabilities, Load, Requirements, RoutingHints
 
 TIMEOUT = 30.0
@@ -34,7 +25,7 @@ LOADS = [Load(), Load(), Load(), Load(uj_per_token=2.5), Load(queued_tokens=40),
 
 
 class Model:
-    """A registry, two placements over it (one given pools, one given plain lists) and the plans they hold.
+    """A registry, two placements over it (one given the registry's pools, one unindexed pools) and their plans.
 
     With ``candidates`` smaller than a pool, the pooled placement's answer is compared with
     :meth:`bounded`, a brute-force statement of the rule (docs/ROUTING.md §Large pools).
@@ -121,7 +112,7 @@ class Model:
         signature = Signature.of(plan.op, plan.requirements, plan.avoid)
         pool = self.registry.matching(signature, signature.admits)
         assert isinstance(pool, Pool)
-        members = [r for r in self.registry._workers.values() if r.connected and signature.admits(r)]
+        members = [r for r in self.registry if r.connected and signature.admits(r)]
         assert sorted(r.id for r in pool) == sorted(r.id for r in members)
         assert pool.not_plain == sum(not is_plain(r) for r in members)
         assert pool.no_energy == sum(not has_energy(r) for r in members)
@@ -131,18 +122,19 @@ class Model:
         if 0 < self.candidates < len(pool):
             want = self.bounded(plan, pool)
         else:
-            want = self.scanned.choose(plan, list(pool), self.now)
+            want = self.scanned.choose(plan, Pool.unindexed(pool), self.now)
         assert (got and got.id) == (want and want.id), (policy, tokens, session, prefix)
         if claim and got is not None:
             self.plans[plan.id] = plan
             self.registry.claim(got.id, plan.id)
-            self.indexed.claimed(plan, got)
+            if placed := self.indexed.claimed(plan, got):
+                self.registry.count_placed_tokens(got.id, placed)
 
     def bounded(self, plan: Plan, pool: Pool) -> WorkerRecord | None:
         """What placement must pick in a pool larger than ``candidates``, by brute force over the pool."""
         scanned, k = self.scanned, self.candidates
         if not pool.not_plain and scanned._indexable(plan):
-            return scanned.choose(plan, list(pool), self.now)  # the room index is exact: no bound
+            return scanned.choose(plan, Pool.unindexed(pool), self.now)  # the room index is exact: no bound
         scanned._now = self.now
         ok = [w for w in pool if w.has_capacity() and self.registry.is_alive(w.id, self.now) and scanned.fits(plan, w)]
         key = plan.hints.session_key
@@ -174,9 +166,9 @@ class Model:
 
     def check_stale(self) -> None:
         registry = self.registry
-        brute = sorted(r.id for r in registry._workers.values() if self.now - r.last_beat_s > TIMEOUT)
+        brute = sorted(r.id for r in registry if self.now - r.last_beat_s > TIMEOUT)
         assert [r.id for r in registry.stale(self.now)] == brute
-        for record in registry._workers.values():
+        for record in registry:
             assert record.plain == is_plain(record)
             assert record.has_energy == has_energy(record)
             assert record.has_carbon == has_carbon(record)
@@ -455,3 +447,38 @@ def test_latency_index_compares_expected_latency_across_lease_levels() -> None:
     assert len(model.registry.get("w0").leases) == 2 and not model.registry.get("w1").leases
     model.apply(("place", 0, "latency_weighted", 0, False, False, True))  # 2 * 3 == 6 * 1: w1 is less busy
     assert len(model.registry.get("w0").leases) == 2 and len(model.registry.get("w1").leases) == 1
+
+
+def test_placed_tokens_are_counted_by_the_registry_and_its_pools() -> None:
+    """count_placed_tokens makes a plain worker not plain in its record and its pools, until its next report."""
+    registry = WorkerRegistry()
+    registry.register("a", Capabilities(ops=["x"], max_concurrency=1), 0.0)
+    signature = Signature.of("x", Requirements())
+    pool = registry.matching(signature, signature.admits)
+    assert pool.not_plain == 0
+    registry.count_placed_tokens("a", 40)
+    assert registry.get("a").pending_tokens == 40 and not registry.get("a").plain and pool.not_plain == 1
+    registry.heartbeat("a", Load(), 1.0)  # the report counts what was placed: plain again
+    assert registry.get("a").pending_tokens == 0 and registry.get("a").plain and pool.not_plain == 0
+
+
+def test_a_dropped_pool_is_retired_and_an_unindexed_pool_is_scanned() -> None:
+    """Pools the registry stops maintaining say so, and placement passes over an unindexed pool's members."""
+    registry = WorkerRegistry()
+    registry.register("a", Capabilities(ops=["x"], max_concurrency=1), 0.0)
+    pools = [registry.matching(("key", i), lambda w: True) for i in range(65)]
+    assert all(pool.indexed for pool in pools)
+    registry.register("b", Capabilities(ops=["x"], max_concurrency=1), 0.0)  # past 64 pools: the cache starts over
+    assert not any(pool.indexed for pool in pools)
+    unindexed = Pool.unindexed([registry.get("a"), registry.get("b")])
+    assert not unindexed.indexed and unindexed.heap == [] and [w.id for w in unindexed] == ["a", "b"]
+    placement = Placement(registry, {}, PlacementConfig())
+    plan = Model(prefetch=0).plan("least_busy", 0, False, False)
+    chosen = placement.choose(plan, unindexed, 0.0)
+    assert chosen is not None and chosen.id == "a"
+
+
+def test_avoiding_keeps_the_rest_of_the_signature() -> None:
+    """Signature.avoiding changes only the avoided workers, sorted and without repeats."""
+    signature = Signature.of("x", Requirements(tags=["t"], model="m"), avoid=["b", "a"])
+    assert signature.avoiding(["c", "a", "c"]) == Signature.of("x", Requirements(tags=["t"], model="m"), ["a", "c"])

@@ -1,6 +1,6 @@
 """Property-based fuzzing of the codec and the core: hostile bytes and well-typed-but-wrong messages.
 
-Properties (RELIABILITY.md §5 row 18): no exception escapes ``Codec.decode`` or the core;
+Properties (docs/OPERATIONS.md §Test matrix row 18): no exception escapes ``Codec.decode`` or the core;
 everything decoded can be encoded again for either kind of peer (so forwarding it cannot
 break a writer); after every input the core's state passes ``coordinator.audit.violations``.
 Example counts stay modest so the suite stays fast; ``bench/fuzz_live.py`` runs 10^5+
@@ -155,7 +155,7 @@ class _Fuzzed:
     def __init__(self) -> None:
         ids = (f"g{i}" for i in itertools.count(1))
         self.core = Coordinator(CoreConfig(heartbeat_interval_s=1.0, heartbeat_timeout_s=3.0,
-                                           max_plans_per_principal=4), new_id=lambda: next(ids))
+                                           max_plans_per_client=4), new_id=lambda: next(ids))
         self.now = 0.0
         self.conns = itertools.count(1)
         self.slots: list[tuple[str, str, int]] = []

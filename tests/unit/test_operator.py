@@ -46,7 +46,7 @@ def h() -> Harness:
 
 def admin(h: Harness, principal: str = "root") -> int:
     """An admin client session."""
-    conn = max([0, *h.inbox, *h.core._sessions]) + 100
+    conn = max([0, *h.inbox, *h.core.sessions]) + 100
     h.core.open_session(conn, "client", h.now, principal=principal, admin=True)
     return conn
 
@@ -313,7 +313,7 @@ def test_metrics_exposition_parses_and_has_every_family(h: Harness) -> None:
 
 def test_security_refusals_are_exported() -> None:
     """A 4403 scope refusal (by reason) and a submit over the plan limit show up in their /metrics counters."""
-    h = Harness(max_plans_per_principal=1)
+    h = Harness(max_plans_per_client=1)
     c = h.client()
     h.submit(c)
     h.send(c, Submit(req_id=next(_req), op="echo"))  # over the limit: error(too_many_plans)

@@ -183,7 +183,7 @@ def test_drain_rate_is_learned_from_reports_and_ages_the_estimate() -> None:
     reg = WorkerRegistry(30.0)
     record = reg.register("a", Capabilities(max_concurrency=4), 0.0)
     reg.heartbeat("a", Load(queued_tokens=10_000), 0.0)
-    record.pending_tokens = 2_000
+    reg.count_placed_tokens("a", 2_000)
     reg.heartbeat("a", Load(queued_tokens=2_000), 10.0)  # had 12k, has 2k: 1k tokens/s
     assert record.drain_tokens_per_s == pytest.approx(1_000)
     assert record.queued_tokens(10.0) == pytest.approx(2_000)

@@ -22,7 +22,7 @@ from coordinator.placement.policies import (
     projected_g,
     projected_uj,
 )
-from coordinator.registry import WorkerRecord
+from coordinator.workers import WorkerRecord
 from protocol.messages import Capabilities, Load
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.core import CoreConfig
 from coordinator.io.server import ServerSettings
 from coordinator.io.store import DB_FILE, MemoryStore, SQLiteStore
 from coordinator.records import PlanForgotten, PlanStatus
@@ -146,7 +147,7 @@ def test_negative_plan_retention_is_refused() -> None:
     """ServerSettings.check names --plan-retention when it is negative (or NaN)."""
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="--plan-retention must be >= 0"):
-            ServerSettings(insecure=True, plan_retention_s=bad).check()
+            ServerSettings(insecure=True, core=CoreConfig(plan_retention_s=bad)).check()
 
 
 def test_cli_flag_reaches_the_server_settings() -> None:
@@ -155,8 +156,8 @@ def test_cli_flag_reaches_the_server_settings() -> None:
 
     parser = build_parser()
     ns = parser.parse_args(["coordinator", "--insecure", "--plan-retention", "60"])
-    assert _server_settings(ns, (), ()).plan_retention_s == 60.0
-    assert _server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ()).plan_retention_s == 86400.0
+    assert _server_settings(ns, (), ()).core.plan_retention_s == 60.0
+    assert _server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ()).core.plan_retention_s == 86400.0
 
 
 # ---------------------------------------------------------------- stores

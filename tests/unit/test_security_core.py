@@ -15,7 +15,7 @@ from coordinator import Coordinator, CoreConfig
 from coordinator.audit import snapshot, violations
 from coordinator.auth import TokenFileError, TokenStore, hash_token, parse_token_file
 from coordinator.limits import Limits, PenaltyBox, TokenBucket, origin_refused
-from fleetwire.cli_security import LIMIT_DEFAULTS
+from fleetwire.cli_security import LIMIT_DEFAULTS, PLAN_LIMIT_DEFAULTS
 from protocol import Codec, DecodeFailure, errors
 from protocol.messages import (
     Accept,
@@ -188,7 +188,7 @@ def test_clients_see_only_their_plans_and_admin_sees_all() -> None:
 
 def test_plan_limit_answers_too_many_plans_and_frees_on_finish() -> None:
     """Past its limit a principal's submit gets too_many_plans (state unchanged); a finished plan frees a slot."""
-    c = Core(max_plans_per_principal=2)
+    c = Core(max_plans_per_client=2)
     alice, bob = c.open("client", "alice"), c.open("client", "bob")
     first = accepted_id(c.submit(alice))
     accepted_id(c.submit(alice, plan_id="second"))
@@ -210,11 +210,11 @@ def test_restored_plans_count_against_their_owners_plan_limit() -> None:
     """After a restart, an owner's restored queued and running plans count against --max-plans-per-client."""
     from tests.unit.test_durability_core import Durable, running_plan
 
-    h = Durable(max_plans_per_principal=2)
+    h = Durable(max_plans_per_client=2)
     c, _, _ = running_plan(h)  # alice: one running
     h.submit(c, plan_id="waiting")  # and one queued
     h.restart(now=100.0)
-    assert h.core._quota.held("alice") == 2
+    assert h.core.quota.held("alice") == 2
     alice, bob = h.client("alice"), h.client("bob")
     h.send(alice, Submit(req_id=41, op="echo"))
     assert [m.code for m in h.take(alice) if isinstance(m, Error)] == [errors.TOO_MANY_PLANS]
@@ -367,6 +367,14 @@ def test_cli_limit_defaults_mirror_the_coordinators() -> None:
     }
     assert {f for f, _ in LIMIT_DEFAULTS.values()} | {"allowed_origins"} == {
         f.name for f in dataclasses.fields(Limits)
+    }
+
+
+def test_cli_plan_limit_defaults_mirror_the_cores() -> None:
+    """The CLI's help defaults of the plan limits are the CoreConfig defaults."""
+    defaults = CoreConfig()
+    assert {f: d for f, d in PLAN_LIMIT_DEFAULTS.values()} == {
+        f: getattr(defaults, f) for f, _ in PLAN_LIMIT_DEFAULTS.values()
     }
 
 

@@ -120,7 +120,7 @@ def test_a_version_1_file_is_migrated_with_its_events(tmp_path: Path) -> None:
     store = SQLiteStore(path)
     store.write([event("a", 2, "new"), PlanStatus("a", "queued", next_seq=3)])
     plans = store.load()
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
     store.close()
     a, b = plans
     assert a.created.plan_id == "a" and [(e.seq, e.data) for e in a.events] == [(1, 1), (2, "new")]
@@ -151,7 +151,7 @@ def test_a_version_2_file_is_migrated_with_its_events(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     store = SQLiteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
     store.write([event("a", 2, "new"), PlanStatus("a", "leased", attempt=1, worker_id="w", next_seq=3)])
     store.close()
     again = SQLiteStore(path)

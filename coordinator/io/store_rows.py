@@ -1,0 +1,139 @@
+"""Reading the SQLite store's rows back: checksums and cross-references verified, damage named.
+
+Used by the store's ``load`` (``coordinator/io/store.py``), by ``fleetwire store check``
+(``coordinator/io/store_admin.py``) and by ``--accept-store-loss`` salvage, so the three read
+a file the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from coordinator.records import PlanCreated, PlanStatus, StoredPlan
+from protocol.messages import TERMINAL_STATES, Event
+
+__all__ = ["SELECT_EVENTS", "SELECT_PLANS", "StoredEvent", "array_header", "by_seq", "decode_plans", "events_of"]
+
+crc = zlib.crc32
+_seq = operator.attrgetter("seq")
+_order = operator.attrgetter("created.order")
+
+SELECT_PLANS = (
+    "SELECT rowid, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc FROM plans"
+)
+SELECT_EVENTS = "SELECT plan, seq, body, crc FROM events ORDER BY plan, seq"
+StoredEvent = tuple[str, Any, int, int, bool]  # kind, data, seq, attempt, ephemeral
+
+
+class _Damage(Exception):
+    """A stored plan that fails a check (the message says which)."""
+
+
+def decode_plans(
+    plan_rows: Iterable[tuple[Any, ...]],
+    event_rows: Iterable[tuple[Any, ...]],
+    *,
+    keep_crc: dict[str, int] | None = None,
+) -> tuple[list[StoredPlan], dict[int, str]]:
+    """Plans from their stored rows, every blob's checksum and every cross-reference verified.
+
+    Args:
+        plan_rows: ``plans`` rows as :data:`SELECT_PLANS` reads them.
+        event_rows: ``events`` rows as :data:`SELECT_EVENTS` reads them (by plan, then seq).
+        keep_crc: filled with the inline events' checksum of every plan not ended, which the
+            writer continues.
+
+    Returns:
+        The sound plans in submit order, and the damaged ones: plans rowid -> what is wrong
+        (a sentence naming the plan). A damaged plan is left out whole.
+    """
+    decode_submit = msgspec.msgpack.Decoder(PlanCreated).decode
+    decode_status = msgspec.msgpack.Decoder(PlanStatus).decode
+    # A version 2 events row (migrated to a run of one) holds a whole Event.
+    decode_events = msgspec.msgpack.Decoder(list[StoredEvent | Event]).decode
+    plans: dict[int, StoredPlan] = {}
+    damaged: dict[int, str] = {}
+    for rowid, plan_id, order, state, spec, status, inline, count, spec_crc, status_crc, events_crc in plan_rows:
+        try:
+            if crc(spec) != spec_crc:
+                raise _Damage("its submit fails its checksum")
+            created = decode_submit(spec)
+            if created.plan_id != plan_id or created.order != order:
+                raise _Damage("its submit does not match its row")
+            stored_status = None
+            if status is not None:
+                if crc(status) != status_crc:
+                    raise _Damage("its status fails its checksum")
+                stored_status = decode_status(status)
+                if stored_status.plan_id != plan_id or stored_status.state != state:
+                    raise _Damage("its status does not match its row")
+            events: list[Event] = []
+            if inline:
+                if crc(inline) != events_crc:
+                    raise _Damage("its events fail their checksum")
+                events = events_of(plan_id, decode_events(array_header(count) + inline))
+                if keep_crc is not None and (stored_status is None or stored_status.state not in TERMINAL_STATES):
+                    keep_crc[plan_id] = events_crc
+        except (_Damage, msgspec.DecodeError, TypeError, ValueError) as exc:
+            why = str(exc) if isinstance(exc, _Damage) else f"it cannot be decoded ({exc})"
+            damaged[rowid] = f"plan {plan_id!r}: {why}"
+            continue
+        plans[rowid] = StoredPlan(created, stored_status, events)
+    runs: set[int] = set()
+    for plan, seq, body, row_crc in event_rows:
+        stored = plans.get(plan)
+        name = f"plan {stored.created.plan_id!r}" if stored is not None else f"plan #{plan}"
+        try:
+            if crc(body, plan & 0xFFFFFFFF) != row_crc:
+                raise _Damage(f"its events from seq {seq} fail their checksum")
+            if stored is None:
+                continue  # a damaged plan's, or left by an interrupted write of an old version
+            run = events_of(stored.created.plan_id, decode_events(body))
+            if not run or run[0].seq != seq:
+                raise _Damage(f"its events row of seq {seq} does not match its key")
+        except (_Damage, msgspec.DecodeError, TypeError, ValueError) as exc:
+            why = str(exc) if isinstance(exc, _Damage) else f"its events from seq {seq} cannot be decoded ({exc})"
+            damaged.setdefault(plan, f"{name}: {why}")
+            if stored is not None:
+                del plans[plan]
+                if keep_crc is not None:
+                    keep_crc.pop(stored.created.plan_id, None)
+            continue
+        stored.events.extend(run)
+        runs.add(plan)
+    # A plan with events rows: its inline runs and its rows interleave by seq. The core never
+    # writes a seq twice (next_seq is in every status); were one written again in two groups,
+    # one inline and one in a row, the row's would be kept.
+    for plan in runs:
+        stored = plans.get(plan)
+        if stored is not None:
+            stored.events = by_seq(stored.events)
+    return sorted(plans.values(), key=_order), damaged
+
+
+def events_of(plan_id: str, stored: list[StoredEvent | Event]) -> list[Event]:
+    """The events of plan ``plan_id`` from their stored form."""
+    return [Event(plan_id=plan_id, kind=e[0], data=e[1], seq=e[2], attempt=e[3], ephemeral=e[4])
+            if type(e) is tuple else e for e in stored]  # type: ignore[misc]  # fmt: skip
+
+
+def by_seq(events: list[Event]) -> list[Event]:
+    """``events`` in seq order, the last of each seq kept (``events`` itself when already so)."""
+    if all(a.seq < b.seq for a, b in itertools.pairwise(events)):
+        return events
+    return sorted({e.seq: e for e in events}.values(), key=_seq)
+
+
+def array_header(count: int) -> bytes:
+    """The msgpack header of an array of ``count`` elements."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")

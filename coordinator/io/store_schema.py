@@ -1,0 +1,124 @@
+"""The SQLite store's tables, one definition per table version, and the migrations between versions.
+
+``coordinator/io/store.py`` writes and reads these tables; ``coordinator/io/integrity.py`` checks
+them. A new file is created as version 3's tables followed by every later migration, so the
+current schema and the path an old file takes to it are the same statements.
+
+Version 4 (this one)::
+
+    plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents,
+          spec_crc, status_crc, events_crc)                  -- rowid: submit order
+    events(plan, seq, body BLOB, crc, PRIMARY KEY (plan, seq))
+    store_meta(generation)                                    -- one row: groups committed
+
+Checksums (:func:`crc`) are CRC-32 of the stored bytes: ``spec_crc`` of ``spec``,
+``status_crc`` of ``status``, ``events_crc`` of the whole inline ``events`` blob (kept running:
+an appended run continues the previous value), ``events.crc`` of ``body`` seeded with the
+plan's rowid, so a run moved to another plan does not verify either. ``store_meta.generation``
+counts committed groups; a side file next to the database (``<db>.generation``) holds the same
+number, written after each commit, so a database found behind it lost acknowledged commits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+from typing import Final
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "crc", "create_schema", "migrate"]
+
+SCHEMA_VERSION: Final = 4
+
+crc = zlib.crc32
+"""``crc(data, start=0)``: the checksum the store keeps of each blob (CRC-32, unsigned)."""
+
+# A table's definition as of the version that introduced it: the current schema and the
+# migrations that reach it share these (a later version adds its own, never edits these).
+_PLANS_V3 = """(
+    id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    ord INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    spec BLOB NOT NULL,
+    status BLOB,
+    events BLOB,
+    nevents INTEGER NOT NULL DEFAULT 0
+)"""
+_EVENTS_V2 = """(
+    plan INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (plan, seq)
+) WITHOUT ROWID"""
+
+_CREATE_V3 = f"""
+CREATE TABLE plans {_PLANS_V3};
+CREATE TABLE events {_EVENTS_V2};
+"""
+
+# Version 1 keyed events by the plan's id: ids are random, so every group of events landed on
+# B-tree pages all over the table (twice the writer's CPU). Version 2 keys them by the plan's
+# rowid, which grows with submit order: new events append near the end of the table.
+_MIGRATE_V1 = f"""
+CREATE TABLE events_v2 {_EVENTS_V2};
+INSERT INTO events_v2 (plan, seq, body) SELECT plans.rowid, events.seq, events.body
+    FROM events JOIN plans ON plans.id = events.plan_id;
+DROP TABLE events;
+ALTER TABLE events_v2 RENAME TO events;
+"""
+
+# Version 2 wrote one events row per event (~5 per plan, plus the plan's row twice or more).
+# Version 3 writes one row per plan per group: a plan's first events are appended to its own
+# row, in the same statement as its status; an events row holds a run of events (a msgpack
+# array), so a version 2 row becomes a run of one (0x91: array of one element).
+#
+# Version 3 also drops the unique index on plans.id: ids are random, so each group of new plans
+# dirtied index pages all over the file (the whole index, in a busy run), and every dirty page
+# is written to the WAL at the commit. The store keeps every id's rowid in memory and is the
+# file's only writer (the lock file): it makes sure an id is created once. New plans now append
+# at the end of the table, and the plans in flight, which a group updates, sit next to each other.
+_MIGRATE_V2 = f"""
+CREATE TABLE plans_v3 {_PLANS_V3};
+INSERT INTO plans_v3 (rowid, id, owner, ord, state, spec, status)
+    SELECT rowid, id, owner, ord, state, spec, status FROM plans;
+DROP TABLE plans;
+ALTER TABLE plans_v3 RENAME TO plans;
+UPDATE events SET body = CAST(x'91' || body AS BLOB);
+"""
+
+# Version 4 adds a checksum to every stored blob (SQLite's own checks pass most payload byte
+# flips) and the count of committed groups that the generation side file is compared with.
+# Added columns go at the end of each row: existing rows are rewritten once, here.
+_MIGRATE_V3 = """
+ALTER TABLE plans ADD COLUMN spec_crc INTEGER;
+ALTER TABLE plans ADD COLUMN status_crc INTEGER;
+ALTER TABLE plans ADD COLUMN events_crc INTEGER;
+UPDATE plans SET spec_crc = fleetwire_crc(spec, 0), status_crc = fleetwire_crc(status, 0),
+    events_crc = fleetwire_crc(events, 0);
+ALTER TABLE events ADD COLUMN crc INTEGER;
+UPDATE events SET crc = fleetwire_crc(body, plan);
+CREATE TABLE store_meta (generation INTEGER NOT NULL);
+INSERT INTO store_meta (generation) VALUES (0);
+"""
+MIGRATIONS: Final = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3}  # from version N to N + 1
+
+
+def _sql_crc(data: bytes | None, start: int) -> int | None:
+    return None if data is None else crc(data, start & 0xFFFFFFFF)
+
+
+def _steps(version: int) -> str:
+    return " ".join(MIGRATIONS[v] for v in range(version, SCHEMA_VERSION))
+
+
+def migrate(db: sqlite3.Connection, version: int) -> None:
+    """Bring a version ``version`` file to :data:`SCHEMA_VERSION` in one transaction (with the version)."""
+    db.create_function("fleetwire_crc", 2, _sql_crc, deterministic=True)
+    # executescript commits first; the migration is one transaction with the version.
+    db.executescript(f"BEGIN IMMEDIATE; {_steps(version)} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+
+
+def create_schema(db: sqlite3.Connection) -> None:
+    """Create the current tables in an empty file: version 3's, then every later step."""
+    db.create_function("fleetwire_crc", 2, _sql_crc, deterministic=True)
+    db.executescript(f"BEGIN IMMEDIATE; {_CREATE_V3} {_steps(3)} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")

@@ -1,0 +1,238 @@
+"""Queue <-> placement <-> leases: where a queued plan goes, and what happens when a lease is lost.
+
+What it owns: the submit order of new plans, moving plans between the queue and workers'
+leases (docs/SEMANTICS.md §Placement), and the ``waiting`` reasons of queued plans with the
+per-signature cache that keeps them cheap.
+
+Rules:
+
+* Invariant after every input: no queued plan has an alive worker with room that can run it.
+  The core calls :meth:`Scheduler.enqueue` for a plan that becomes queued,
+  :meth:`Scheduler.fill_worker` for a worker that gains room, and
+  :meth:`Scheduler.refresh_waiting` when the set of alive workers (or their drain marks) changed.
+* A plan's lease is lost with its worker (reaped, reconnected without it, drained past its
+  deadline): the plan is requeued, or failed with ``worker_lost`` after its last attempt.
+  Retries and hand-backs do not count against ``max_attempts`` (``plan.free_attempts``).
+* A queued plan says why it waits (``waiting``), again only when the reason changes.
+* Callers make the plan's table move (coordinator/plans.py ``advance``) before
+  :meth:`Scheduler.requeue`; :meth:`Scheduler.assign` and :meth:`Scheduler.lease_lost` make their own.
+
+Depends on the registry, placement (coordinator/placement/), the queue, streams
+(coordinator/streams.py) and the outbox (coordinator/effects.py); handlers call it, never the reverse.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from coordinator.placement.plan_queue import Signature, explain_wait
+from coordinator.placement.policies import POLICY_NAMES
+from coordinator.plans import advance
+from protocol import errors
+from protocol.messages import Assign, ErrorInfo, Revoke
+
+if TYPE_CHECKING:
+    from coordinator.effects import Outbox
+    from coordinator.placement.placer import Placement
+    from coordinator.placement.plan_queue import PlanQueue
+    from coordinator.plans import Plan
+    from coordinator.registry import WorkerRegistry
+    from coordinator.streams import Streams
+    from coordinator.workers import WorkerRecord
+
+__all__ = ["PLACEMENT_COUNTERS", "Scheduler", "note_attempt"]
+
+log = structlog.get_logger(__name__)
+
+# Placements are counted per policy under "placements.<policy>" (coordinator/io/metrics.py turns the
+# suffix into the ``policy`` label); the policies are in coordinator/placement/policies.py.
+PLACEMENT_COUNTERS = tuple(f"placements.{name}" for name in POLICY_NAMES)
+
+
+def note_attempt(plan: Plan, outcome: str, reason: str) -> None:
+    """Add the attempt that just ended to the plan's history (the detail of a final failure)."""
+    entry: dict[str, Any] = {"attempt": plan.attempt, "worker_id": plan.worker_id, "outcome": outcome}
+    entry["reason"] = reason
+    plan.history.append(entry)
+
+
+class Scheduler:
+    """Places queued plans on workers, requeues lost leases and explains why plans wait.
+
+    Args:
+        registry: the workers and their leases.
+        plans: the core's plans by id.
+        queue: the queued plans, grouped by signature.
+        placement: the placement policies (which worker, KV room, stealing).
+        streams: where lifecycle events (``leased``, ``waiting``, ``requeued``, ``failed``) go.
+        outbox: where ``assign`` and ``revoke`` go.
+        counters: the core's counters (placements per policy, ``plans_requeued``).
+    """
+
+    def __init__(
+        self,
+        *,
+        registry: WorkerRegistry,
+        plans: dict[str, Plan],
+        queue: PlanQueue,
+        placement: Placement,
+        streams: Streams,
+        outbox: Outbox,
+        counters: dict[str, int],
+    ) -> None:
+        self._registry = registry
+        self._plans = plans
+        self._queue = queue
+        self._placement = placement
+        self._emit = streams.emit
+        self._fail = streams.fail
+        self._send = outbox.send
+        self._counters = counters
+        counters.update(dict.fromkeys(PLACEMENT_COUNTERS, 0))
+        self.orders: Iterator[int] = itertools.count(1)
+        """The submit order of new plans (``next(orders)``): ties between equal priorities go to the older plan."""
+        self._wait_reasons: dict[Signature, str] = {}  # see _wait_reason
+        self._wait_stamp = (-1, -1)
+
+    # ------------------------------------------------------------------ submit order
+
+    def continue_orders(self, last: int) -> None:
+        """After a restore: new plans are numbered after ``last``, the highest order restored."""
+        self.orders = itertools.count(last + 1)
+
+    # ------------------------------------------------------------------ placement (§Placement)
+
+    def enqueue(self, plan: Plan, now: float) -> None:
+        """Place a queued plan now if an alive worker with room can run it, else queue it and say why."""
+        # Queue wait runs from here to the next attempt's accept (coordinator/stats.py).
+        plan.queued_at_s, plan.started_at_s = now, None
+        signature = Signature.of(plan.op, plan.requirements, plan.avoid)
+        pool = self._registry.matching(signature, signature.admits)
+        queue = self._queue
+        # Only KV room can leave a group queued while a worker has a slot: a newcomer waits its turn.
+        ahead = queue.has_ahead(signature, plan.priority, plan.order)
+        best = None if ahead else self._placement.choose(plan, pool, now)
+        if best is not None:
+            self.assign(plan, best)
+            return
+        queue.push(plan.id, signature, plan.priority, plan.order)
+        reason = self._wait_reason(signature, now)
+        if reason == "waiting for placement":  # room somewhere, but not for this plan's KV blocks
+            reason = self._placement.kv_reason(plan, pool) or reason
+        if reason != queue.group_reason(signature):
+            queue.set_group_reason(signature, None)  # the group's plans disagree: the next refresh visits them
+        self._set_waiting(plan, reason)
+
+    def fill_worker(self, record: WorkerRecord, now: float) -> None:
+        """Give a worker with room the best queued plans it can run, one signature check per group."""
+        if not self._registry.is_alive(record.id, now):
+            return
+        plans, fits = self._plans, self._placement.fits
+        while record.has_capacity():
+            plan_id = self._queue.best_for(lambda sig: sig.admits(record), lambda pid: fits(plans[pid], record))
+            if plan_id is None:
+                break
+            self.assign(plans[plan_id], record)
+        # Nothing queued it can run and a slot free: take back an unstarted lease from the most backlogged.
+        while (stolen := self._placement.steal_for(record, now)) is not None:
+            plan, victim = stolen
+            if victim.conn_id is not None:
+                self._send(victim.conn_id, Revoke(plan_id=plan.id, attempt=plan.attempt))
+
+    def assign(self, plan: Plan, record: WorkerRecord) -> None:
+        """Lease a queued plan to a worker with room: the next attempt starts (``leased``)."""
+        self._queue.discard(plan.id)
+        advance(plan, "assign")
+        plan.attempt += 1
+        plan.worker_id = record.id
+        plan.waiting_reason = None
+        registry, placement = self._registry, self._placement
+        registry.claim(record.id, plan.id)
+        placed_tokens = placement.claimed(plan, record)
+        if placed_tokens:
+            registry.count_placed_tokens(record.id, placed_tokens)
+        self._counters[f"placements.{placement.policy_name(plan)}"] += 1
+        if record.conn_id is not None:
+            assign = Assign(plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s)
+            self._send(record.conn_id, assign)
+        self._emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
+
+    def dequeue(self, plan: Plan) -> None:
+        """A queued plan ended (cancelled) before it was placed: it leaves the queue."""
+        self._queue.discard(plan.id)
+
+    def requeue(self, plan: Plan, why: str, now: float) -> None:
+        """A leased/running plan is back to queued (the table move is done); tell its stream and place it."""
+        plan.worker_id = None
+        self._counters["plans_requeued"] += 1
+        log.info("plan requeued", plan_id=plan.id, reason=why, next_attempt=plan.attempt + 1)
+        self._emit(plan, "requeued", {"reason": why, "attempt": plan.attempt + 1}, small=True)
+        self.enqueue(plan, now)
+
+    def lease_lost(self, plan: Plan, worker_id: str, why: str, now: float) -> None:
+        """The worker holding the plan's lease is gone: requeue it, or fail it after its last attempt."""
+        if plan.terminal or plan.worker_id != worker_id:
+            return  # a cancelled plan only held the lease; nothing is left to do
+        note_attempt(plan, "lost", why)
+        if plan.attempt - plan.free_attempts >= plan.max_attempts:  # retries and hand-backs are free
+            advance(plan, "worker_lost.final")
+            message = f"{why} on attempt {plan.attempt} of {plan.max_attempts}; no attempts left"
+            log.warning("plan failed: worker lost", plan_id=plan.id, worker_id=worker_id, attempt=plan.attempt)
+            self._fail(plan, worker_id, ErrorInfo(errors.WORKER_LOST, message, {"attempts": list(plan.history)}))
+        else:
+            advance(plan, "worker_lost")
+            self.requeue(plan, why, now)
+
+    # ------------------------------------------------------------------ waiting reasons
+
+    def refresh_waiting(self, now: float) -> None:
+        """Re-explain every queued group after the set of alive workers changed.
+
+        A group's plans are visited only when its reason changed since the last refresh.
+        Nothing queued: nothing to explain (a registration then costs no pass over the workers).
+        """
+        self._wait_reasons.clear()  # drains and revivals change reasons without a registry change
+        self._placement.room_may_have_changed()
+        queue = self._queue
+        if not queue:
+            return
+        alive = list(self._registry.iter_alive(now))  # explain_wait needs no order
+        for signature in queue.signatures():
+            reason = explain_wait(signature, alive)
+            if reason == queue.group_reason(signature):
+                continue
+            for plan_id in queue.plans_in(signature):
+                self._set_waiting(self._plans[plan_id], reason)
+            queue.set_group_reason(signature, reason)
+
+    def _set_waiting(self, plan: Plan, reason: str) -> None:
+        if plan.waiting_reason != reason:  # §Plan lifecycle: emitted again only when the reason changes
+            plan.waiting_reason = reason
+            self._emit(plan, "waiting", {"reason": reason}, small=True)
+
+    def _wait_reason(self, signature: Signature, now: float) -> str:
+        """Why a plan just queued waits: explain_wait, cached per signature until room may have changed.
+
+        explain_wait walks every alive worker; with thousands of them that was most of a queued
+        submit. The cache is dropped when the registry changes (membership, connection), a lease
+        is released, or a drain, undrain or revival ends in :meth:`refresh_waiting`: without
+        those no worker gains room or requirements, so the reason is what explain_wait would say
+        (a worker falling silent is corrected by the reaper's refresh). "waiting for placement"
+        (room somewhere, not for this plan's KV blocks) depends on the plan: never cached.
+        """
+        cache = self._wait_reasons
+        registry = self._registry
+        stamp = (registry.generation, registry.releases)
+        if self._wait_stamp != stamp:
+            cache.clear()
+            self._wait_stamp = stamp
+        reason = cache.get(signature)
+        if reason is None:
+            reason = explain_wait(signature, registry.iter_alive(now))
+            if reason != "waiting for placement":
+                cache[signature] = reason
+        return reason

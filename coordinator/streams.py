@@ -1,0 +1,112 @@
+"""Plans' event streams: every lifecycle and worker event, numbered, journaled and sent to the plan's followers.
+
+What it owns: stamping the next ``seq`` on a plan's event (the plan holds the events), what a
+stream's end does, and replaying a stream to a new subscriber (docs/SEMANTICS.md §Events).
+
+Rules:
+
+* Each event of a plan gets the next ``seq`` of that plan, is journaled (durable ones become
+  records), then goes to every follower of the plan, in that order, within the same step.
+* A terminal event (``succeeded``, ``failed``, ``cancelled``) ends the stream: the plan no
+  longer counts against its owner's plan limit, and its retention starts at :attr:`Streams.now`.
+* **Replay gaps.** A replay that cannot give every seq after ``from_seq`` (ephemeral events
+  lost in a restart, events past the per-plan bound) says so with ``resync`` in place of each
+  missing run of events, never with a silent gap.
+
+Depends on the outbox (coordinator/effects.py), subscriptions, journal, plan quota and
+retention (coordinator/retention.py); knows nothing of placement or sessions' handlers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from coordinator.plans import SMALL_EVENT_BYTES
+from protocol.messages import TERMINAL_STATES, ErrorInfo, Resync
+
+if TYPE_CHECKING:
+    from coordinator.effects import Outbox
+    from coordinator.limits import PlanQuota
+    from coordinator.plans import Plan, Subscriptions
+    from coordinator.records import Journal
+    from coordinator.retention import Retention
+
+__all__ = ["Streams"]
+
+
+class Streams:
+    """Emits plans' events to their followers and replays them to new subscribers.
+
+    Args:
+        outbox: where frames go.
+        subscriptions: who follows which plan.
+        journal: every emitted event is noted there (durable ones become records).
+        quota: the per-principal plan limit, released when a plan's stream ends.
+        retention: told when a plan ends.
+        counters: the core's counters (``resyncs_sent``).
+        max_events: events held in memory per plan.
+        max_event_bytes: ... and their payload bytes (0: no byte bound).
+    """
+
+    def __init__(
+        self,
+        *,
+        outbox: Outbox,
+        subscriptions: Subscriptions,
+        journal: Journal,
+        quota: PlanQuota,
+        retention: Retention,
+        counters: dict[str, int],
+        max_events: int,
+        max_event_bytes: int,
+    ) -> None:
+        self.now = 0.0
+        """The ``now`` of the input being handled (the core sets it): when a plan that ends now ended."""
+        self._send = outbox.send
+        self._followers = subscriptions.followers
+        self._emitted = journal.emitted
+        self._quota = quota
+        self._retention = retention
+        self._counters = counters
+        self._max_events = max_events
+        self._max_event_bytes = max_event_bytes
+        counters["resyncs_sent"] = 0
+
+    def emit(self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False, small: bool = False) -> None:
+        """Stamp the next seq on an event of the plan and send it to its followers.
+
+        ``small``: a lifecycle event whose data the core built from a few scalars (not sized).
+        """
+        event = plan.append_event(
+            kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self._max_events,
+            max_bytes=self._max_event_bytes, size=SMALL_EVENT_BYTES if small else None,
+        )
+        self._emitted(plan, event)
+        send = self._send
+        for conn_id in self._followers(plan.id):
+            send(conn_id, event)
+        if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
+            self._quota.release(plan.owner, plan.id)
+            self._retention.ended(plan, self.now)
+
+    def fail(self, plan: Plan, worker_id: str | None, error: ErrorInfo) -> None:
+        """Record why the plan failed (the table move is done) and end its stream with ``failed``."""
+        plan.error = error
+        data = {"code": error.code, "message": error.message, "detail": error.detail, "worker_id": worker_id}
+        self.emit(plan, "failed", {**data, "attempt": plan.attempt})
+
+    def replay(self, conn_id: int, plan: Plan, from_seq: int) -> None:
+        """Send the held events after ``from_seq`` to a subscriber, with a ``resync`` for each missing run."""
+        send = self._send
+        expected = max(from_seq, 0) + 1
+        for event in plan.events_after(from_seq):
+            if event.seq > expected:
+                send(conn_id, self._resync(plan, expected, event.seq - 1))
+            send(conn_id, event)
+            expected = event.seq + 1
+        if expected < plan.next_seq:
+            send(conn_id, self._resync(plan, expected, plan.next_seq - 1))
+
+    def _resync(self, plan: Plan, first: int, last: int) -> Resync:
+        self._counters["resyncs_sent"] += 1
+        return Resync(plan_id=plan.id, first_seq=first, last_seq=last, plan=plan.info(), recovered=False)

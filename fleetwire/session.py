@@ -1,0 +1,335 @@
+"""``ClientSession``: the client side of the protocol, without I/O (docs/PROTOCOL.md §Client session).
+
+Like the protocol objects of ``websockets`` or h11's ``Connection``, a ``ClientSession``
+owns the state of one session and never touches a socket, a loop or a clock: its driver
+(``fleetwire.client.Client``) feeds it the frames it reads and sends the frames it asks for.
+
+Theory of operation:
+
+* **Requests.** The driver takes a ``req_id`` (``next_req_id``), encodes the request
+  (``encode``: an unencodable argument fails there, before anything is queued) and hands
+  it over with a *waiter* (``send_request``): anything with ``done``/``set_result``/
+  ``set_exception``, an ``asyncio.Future`` in the driver. The reply that echoes the id
+  resolves the waiter; an ``error`` reply fails it with ``RequestError``; a reply of
+  another type fails it with ``ProtocolError``. A reply may carry a hook that runs before
+  the next message of the frame is dispatched: that is how a plan's stream is registered
+  the moment its ``accepted`` (or ``subscribed``) arrives, so none of the events that
+  follow it can slip past.
+* **Streams.** Events and resyncs go to the ``PlanStream`` s registered for their
+  ``plan_id`` (fleetwire/stream.py), which keep them in ``seq`` order. A stream is dropped
+  once it ends, unless it still waits for its own replay.
+* **Outbox.** Encoded requests wait in the outbox; ``next_frame`` takes everything queued
+  as one frame, several past ``COALESCE_LIMIT_BYTES`` (one larger message goes alone), so
+  batching never trips the coordinator's frame limit.
+* **Resuming** (fleetwire/resume.py decides when). ``resume`` queues, for the new
+  connection, every request still waiting for its reply in ``req_id`` order (a submit
+  always carries a plan id, so a re-sent one is idempotent), then a ``subscribe`` of every
+  live, unfinished stream from its ``last_seq``. A plan the coordinator no longer knows
+  fails its stream.
+* **End.** ``end`` fails every waiter and every unfinished stream with the same
+  ``FleetwireConnectionError``; the session takes nothing more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, assert_never
+
+import msgspec
+
+from fleetwire.errors import FleetwireConnectionError, PlanNotFound, ProtocolError, request_error
+from fleetwire.stream import PlanStream
+from protocol.codec import Codec, DecodeFailure, Encoding
+from protocol.messages import (
+    TERMINAL_STATES,
+    Accepted,
+    Error,
+    Event,
+    Ok,
+    PlanReply,
+    Plans,
+    Resync,
+    Subscribe,
+    Subscribed,
+    ToClient,
+    Workers,
+    type_name,
+)
+
+__all__ = ["COALESCE_LIMIT_BYTES", "ClientSession", "PendingRequest", "Waiter"]
+
+log = logging.getLogger("fleetwire.client")
+
+# Outgoing frames hold several messages only up to this size: well under the 1 MiB
+# frame limit a coordinator is likely to enforce (websockets' default).
+COALESCE_LIMIT_BYTES: Final = 256 * 2**10
+
+
+class Waiter(Protocol):
+    """Where a request's reply (or failure) goes: an ``asyncio.Future`` or ``concurrent.futures.Future``."""
+
+    def done(self) -> bool:
+        """Whether the outcome is already set (or the caller gave up)."""
+        ...
+
+    def set_result(self, result: Any, /) -> None:
+        """The reply, or what the request's ``on_reply`` hook made of it."""
+        ...
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        """Why there is no reply: ``RequestError``, ``ProtocolError``, ``FleetwireConnectionError``."""
+        ...
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    """A request waiting for the reply that echoes its ``req_id``.
+
+    Attributes:
+        request: the request's message class (named in a ``ProtocolError``).
+        expect: the reply's message class.
+        waiter: receives the reply or the failure.
+        on_reply: runs on the reply before the next message is dispatched; its return
+            value is the waiter's result.
+        raw: the encoded request, sent again after a reconnect; None for the session's
+            own resubscriptions, which ``resume`` makes afresh.
+    """
+
+    request: type[Any]
+    expect: type[Any]
+    waiter: Waiter
+    on_reply: Callable[[Any], Any] | None = None
+    raw: msgspec.Raw | None = None
+
+
+class ClientSession:
+    """The state of one client session: requests, plan streams, outbox (see the module docstring).
+
+    Args:
+        encoding: the session's encoding (``msgpack`` or ``json``).
+
+    Attributes:
+        text: whether frames are text (JSON) rather than binary.
+        ended: why the session ended; None while it goes on.
+        resumed: how many times a new connection resumed the session.
+    """
+
+    def __init__(self, encoding: Encoding) -> None:
+        self._codec = Codec(encoding, ToClient, role="coordinator")
+        self.text = self._codec.text
+        self.ended: FleetwireConnectionError | None = None
+        self.resumed = 0
+        self._req_ids = itertools.count(1)
+        self._pending: dict[int, PendingRequest] = {}
+        self._streams: dict[str, list[PlanStream]] = {}
+        self._outbox: list[msgspec.Raw] = []
+
+    def __repr__(self) -> str:
+        state = f"ended: {self.ended}" if self.ended is not None else "open"
+        return f"<ClientSession {state}, {len(self._pending)} pending, {len(self._streams)} plans>"
+
+    # ---- requests
+
+    def next_req_id(self) -> int:
+        """The ``req_id`` of the next request (1, 2, ...)."""
+        return next(self._req_ids)
+
+    def encode(self, msg: Any) -> msgspec.Raw:
+        """One request encoded for the outbox.
+
+        Raises:
+            TypeError, ValueError, OverflowError: a value this encoding cannot carry.
+        """
+        return msgspec.Raw(self._codec.encode([msg]))
+
+    def send_request(
+        self,
+        req_id: int,
+        request: type[Any],
+        raw: msgspec.Raw,
+        expect: type[Any],
+        waiter: Waiter,
+        on_reply: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Queue an encoded request and wait for its reply in ``waiter``.
+
+        Args:
+            req_id: the request's ``req_id`` (from ``next_req_id``).
+            request: the request's message class.
+            raw: the request, from ``encode``.
+            expect: the reply's message class.
+            waiter: receives the reply (or ``on_reply``'s result) or the failure.
+            on_reply: runs on the reply, before the next message is dispatched.
+        """
+        self._pending[req_id] = PendingRequest(request, expect, waiter, on_reply, raw)
+        self._outbox.append(raw)
+
+    def forget_request(self, req_id: int) -> None:
+        """Stop waiting for a reply (answered, or its caller gave up); a later reply is dropped."""
+        self._pending.pop(req_id, None)
+
+    @property
+    def pending_requests(self) -> int:
+        """How many requests wait for their reply."""
+        return len(self._pending)
+
+    # ---- plan streams
+
+    def add_stream(self, stream: PlanStream) -> None:
+        """Deliver the events of ``stream.id`` to ``stream`` (once it is live)."""
+        self._streams.setdefault(stream.id, []).append(stream)
+
+    def remove_stream(self, stream: PlanStream) -> None:
+        """Deliver nothing more to ``stream``."""
+        streams = self._streams.get(stream.id, [])
+        if stream in streams:
+            streams.remove(stream)
+        if not streams:
+            self._streams.pop(stream.id, None)
+
+    def streams_of(self, plan_id: str) -> list[PlanStream]:
+        """The streams registered for a plan (a copy)."""
+        return list(self._streams.get(plan_id, ()))
+
+    # ---- inbound
+
+    def receive_frame(self, frame: bytes | str) -> None:
+        """Dispatch every message of a frame from the coordinator, in order."""
+        for msg in self._codec.decode(frame):
+            self.receive(msg)
+
+    def receive(self, msg: ToClient | DecodeFailure) -> None:
+        """Dispatch one decoded message: resolve its request, or feed its plan's streams."""
+        match msg:
+            case Event():
+                for stream in self._streams.get(msg.plan_id, ()):
+                    stream.feed(msg)
+                if msg.kind in TERMINAL_STATES:
+                    self._drop_finished(msg.plan_id)
+            case Accepted() | Subscribed() | PlanReply() | Workers() | Plans() | Ok():
+                self._resolve(msg.req_id, msg)
+            case Error():
+                pending = self._pending.pop(msg.req_id, None) if msg.req_id else None
+                if pending is None or pending.waiter.done():
+                    log.warning("fleetwire client: coordinator error %s: %s", msg.code, msg.message)
+                else:
+                    pending.waiter.set_exception(
+                        request_error(msg.code, msg.message, req_id=msg.req_id, plan_id=msg.plan_id)
+                    )
+            case Resync():
+                for stream in self._streams.get(msg.plan_id, ()):
+                    stream.resync(msg)
+            case DecodeFailure():
+                log.warning("fleetwire client: undecodable message from the coordinator: %s", msg.message)
+            case _:
+                assert_never(msg)
+
+    def _resolve(self, req_id: int, reply: Any) -> None:
+        pending = self._pending.pop(req_id, None)
+        if pending is None or pending.waiter.done():
+            return  # its caller gave up (cancelled) before the reply came
+        if not isinstance(reply, pending.expect):
+            got, want = type_name(type(reply)), type_name(pending.expect)
+            pending.waiter.set_exception(
+                ProtocolError(
+                    f"the coordinator answered {type_name(pending.request)!r} with {got!r}, expected {want!r}"
+                )
+            )
+            return
+        pending.waiter.set_result(pending.on_reply(reply) if pending.on_reply else reply)
+
+    def _drop_finished(self, plan_id: str) -> None:
+        # Streams still waiting for their own replay stay registered.
+        streams = [stream for stream in self._streams.get(plan_id, ()) if not stream.done()]
+        if streams:
+            self._streams[plan_id] = streams
+        else:
+            self._streams.pop(plan_id, None)
+
+    # ---- outbound
+
+    def next_frame(self) -> bytes | None:
+        """The next frame to send: the oldest queued requests, at most ``COALESCE_LIMIT_BYTES``
+        (one larger request goes alone); None when nothing is queued or the session ended."""
+        outbox = self._outbox
+        if not outbox or self.ended is not None:
+            return None
+        count, size = 0, 0
+        for raw in outbox:
+            if count and size + len(raw) > COALESCE_LIMIT_BYTES:
+                break
+            count, size = count + 1, size + len(raw)
+        batch = outbox[:count]
+        del outbox[:count]
+        return self._codec.encode(batch)
+
+    # ---- the session's life
+
+    def resume(self) -> None:
+        """A new connection replaces a dropped one: queue what it must carry, before anything else.
+
+        Every request still waiting for its reply is queued again in ``req_id`` order, then
+        a ``subscribe`` of every live, unfinished stream from its ``last_seq``: the replay
+        continues its ``events()`` with no gap and no duplicate.
+        """
+        self.resumed += 1
+        outbox: list[msgspec.Raw] = []
+        for req_id in sorted(self._pending):
+            raw = self._pending[req_id].raw
+            if raw is None:
+                del self._pending[req_id]  # an earlier resubscription: superseded by the ones below
+            else:
+                outbox.append(raw)
+        self._outbox[:] = outbox
+        for streams in self._streams.values():
+            for stream in streams:
+                if stream.live and stream.final is None:
+                    req_id = next(self._req_ids)
+                    msg = Subscribe(req_id=req_id, plan_ids=[stream.id], from_seq=stream.last_seq)
+                    self._outbox.append(self.encode(msg))
+                    self._pending[req_id] = PendingRequest(Subscribe, Subscribed, _Resubscription(self, stream))
+
+    def end(self, error: FleetwireConnectionError) -> None:
+        """End the session for good: every waiter and unfinished stream fails with ``error``
+        (or with the first error the session ended with)."""
+        if self.ended is None:
+            self.ended = error
+        ended = self.ended
+        for pending in self._pending.values():
+            if not pending.waiter.done():
+                pending.waiter.set_exception(ended)
+        self._pending.clear()
+        for streams in self._streams.values():
+            for stream in streams:
+                stream.fail(ended)
+        self._streams.clear()
+        self._outbox.clear()
+
+
+class _Resubscription:
+    """The waiter of a ``subscribe`` that ``resume`` sends: a plan the coordinator forgot fails its stream."""
+
+    __slots__ = ("_session", "_stream")
+
+    def __init__(self, session: ClientSession, stream: PlanStream) -> None:
+        self._session = session
+        self._stream = stream
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, result: Any, /) -> None:
+        """The replay follows the reply; nothing to do."""
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        if isinstance(exception, PlanNotFound):
+            self._stream.fail(
+                FleetwireConnectionError(
+                    f"the coordinator no longer knows plan {self._stream.id!r} after the reconnect "
+                    "(was it restarted without a durable store?)"
+                )
+            )
+            self._session.remove_stream(self._stream)

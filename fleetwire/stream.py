@@ -1,0 +1,212 @@
+"""``PlanStream``: one plan's event stream and outcome, as a session receives them (sans-I/O).
+
+Theory of operation (docs/PROTOCOL.md §Client session, §Lifecycle events):
+
+* A stream is fed by its ``ClientSession`` (``feed``, ``resync``), never by I/O of its own.
+  It takes events only once it is *live*: from its ``accepted`` (a new plan's stream starts
+  after it) or from its own ``subscribed`` (whose replay starts the stream from ``from_seq``).
+* Events are buffered in ``seq`` order; a replay of a ``seq`` already held is dropped, so a
+  stream resubscribed after a reconnect goes on with no gap and no duplicate.
+* The terminal event (``succeeded``, ``failed``, ``cancelled``), or a terminal ``PlanInfo``
+  whose terminal event this stream will never see, fixes the outcome that ``outcome()``
+  returns or raises. A session that ends first marks the stream ``lost``.
+* Every change calls ``on_change``: the asyncio ``Plan`` handle (fleetwire/plan.py) wakes
+  its waiters there. Nothing here awaits, sleeps or allocates per event beyond the buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
+from protocol import errors as codes
+from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, PlanInfo, PlanStateName, Resync
+
+__all__ = ["PlanStream"]
+
+# Lifecycle event kind -> the plan state it implies (docs/PROTOCOL.md §Lifecycle events).
+_STATE_OF_KIND: Final[dict[str, PlanStateName]] = {
+    "queued": "queued",
+    "requeued": "queued",
+    "waiting": "queued",
+    "leased": "leased",
+    "running": "running",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "cancelled": "cancelled",
+}
+
+
+def _unchanged() -> None:
+    """The ``on_change`` of a stream nobody waits on."""
+
+
+class PlanStream:
+    """One plan's events, state and outcome as received so far.
+
+    Args:
+        plan_id: the plan.
+        state: its state when known (from ``accepted``); None until the first lifecycle
+            event of a watched plan.
+        from_seq: events up to this ``seq`` are not wanted (a watch from a later point).
+        live: take events at once (a new plan, after its ``accepted``).
+
+    Attributes:
+        id: the plan id.
+        state, attempt, worker_id: what the latest lifecycle event (or plan record) says.
+        last_seq: the ``seq`` of the latest event received (or stood in for by a resync).
+        live: whether events are taken (see the module docstring).
+        resyncs: runs of events the coordinator could no longer replay (see ``resync``).
+        events: every event taken, in ``seq`` order.
+        final: the terminal state, once known.
+        lost: why the session ended before the plan did, if it did.
+        on_change: called after every change; the owner of the stream sets it.
+    """
+
+    __slots__ = (
+        "_cancel_reason",
+        "_failure",
+        "_result",
+        "attempt",
+        "events",
+        "final",
+        "id",
+        "last_seq",
+        "live",
+        "lost",
+        "on_change",
+        "resyncs",
+        "state",
+        "worker_id",
+    )
+
+    def __init__(
+        self, plan_id: str, *, state: PlanStateName | None = None, from_seq: int = 0, live: bool = False
+    ) -> None:
+        self.id = plan_id
+        self.state: PlanStateName | None = state
+        self.attempt = 0
+        self.worker_id: str | None = None
+        self.last_seq = from_seq
+        self.live = live
+        self.resyncs = 0
+        self.events: list[Event] = []
+        self.final: PlanStateName | None = None
+        self.lost: FleetwireConnectionError | None = None
+        self.on_change: Callable[[], None] = _unchanged
+        self._result: Any = None
+        self._failure: ErrorInfo | None = None
+        self._cancel_reason = ""
+
+    def __repr__(self) -> str:
+        return f"<PlanStream {self.id} {self.state or 'unknown'} seq={self.last_seq}>"
+
+    def done(self) -> bool:
+        """Whether the plan reached a terminal state (succeeded, failed or cancelled)."""
+        return self.final is not None
+
+    def outcome(self) -> Any:
+        """The result of a plan that succeeded.
+
+        Raises:
+            RuntimeError: the plan has not ended yet.
+            PlanFailed: the plan failed; ``code``, ``message`` and ``detail`` say why.
+            PlanCancelled: the plan was cancelled.
+        """
+        if self.final == "succeeded":
+            return self._result
+        if self.final == "cancelled":
+            raise PlanCancelled(self.id, self._cancel_reason)
+        if self.final is None:
+            raise RuntimeError(f"plan {self.id} has not ended yet")
+        failure = self._failure or ErrorInfo(code=codes.INTERNAL, message="")
+        raise PlanFailed(
+            failure.message,
+            plan_id=self.id,
+            code=failure.code,
+            detail=failure.detail,
+            worker_id=self.worker_id,
+            attempt=self.attempt,
+        )
+
+    # ---- fed by the session
+
+    def go_live(self) -> PlanStream:
+        """Take events from now on (its ``subscribed`` arrived); returns the stream."""
+        self.live = True
+        return self
+
+    def feed(self, event: Event) -> None:
+        """Take one event of this plan (dropped when not live, ended, or already held)."""
+        if not self.live or self.final is not None:
+            return
+        if event.seq:
+            if event.seq <= self.last_seq:
+                return  # a replay of an event this stream already holds
+            self.last_seq = event.seq
+        self.events.append(event)
+        state = _STATE_OF_KIND.get(event.kind)
+        if state is not None:
+            data = event.data if isinstance(event.data, dict) else {}
+            self.state = state
+            if isinstance(data.get("attempt"), int):
+                self.attempt = data["attempt"]
+            if "worker_id" in data:
+                self.worker_id = data["worker_id"]
+            if state == "succeeded":
+                self._result = data.get("result")
+            elif state == "failed":
+                self._failure = ErrorInfo(
+                    code=str(data.get("code", codes.INTERNAL)),
+                    message=str(data.get("message", "")),
+                    detail=data.get("detail"),
+                )
+            elif state == "cancelled":
+                self._cancel_reason = str(data.get("reason", ""))
+            if state in TERMINAL_STATES:
+                self.final = state
+        self.on_change()
+
+    def resync(self, msg: Resync) -> None:
+        """The coordinator no longer holds seqs ``first_seq..last_seq``: say so in the stream.
+
+        A marker ``Event(kind="resync", seq=last_seq, data={"recovered": False, "first_seq",
+        "last_seq", "state"})`` stands in for them, so the stream has no silent gap; the
+        plan's state comes from the record the coordinator sent with it.
+        """
+        if not self.live or self.final is not None or msg.last_seq <= self.last_seq:
+            return
+        info = msg.plan
+        data = {"recovered": msg.recovered, "first_seq": max(msg.first_seq, self.last_seq + 1),
+                "last_seq": msg.last_seq, "state": info.state if info is not None else None}  # fmt: skip
+        self.events.append(Event(plan_id=self.id, kind="resync", data=data, seq=msg.last_seq))
+        self.last_seq = msg.last_seq
+        self.resyncs += 1
+        if info is not None:
+            if info.state not in TERMINAL_STATES:
+                self.state = info.state
+            self.finish_from_info(info)  # ends it when its terminal event was among the missing ones
+        self.on_change()
+
+    def finish_from_info(self, info: PlanInfo) -> None:
+        """End the stream from the plan's record when its terminal event came before ``last_seq``.
+
+        Used for a watch from a later ``seq`` and for a resync: the terminal event is then
+        never replayed, and the record says how the plan ended.
+        """
+        if self.final is not None or info.state not in TERMINAL_STATES or info.last_seq > self.last_seq:
+            return  # not ended, or its terminal event is still on its way in the replay
+        self.state = self.final = info.state
+        self.attempt = info.attempt
+        self.worker_id = info.worker_id
+        self._result = info.result
+        if info.error is not None:
+            self._failure = info.error
+        self.on_change()
+
+    def fail(self, error: FleetwireConnectionError) -> None:
+        """The session ended (or lost the plan) before the plan did."""
+        if self.final is None and self.lost is None:
+            self.lost = error
+            self.on_change()

@@ -1,0 +1,131 @@
+"""How a worker agent is configured: :class:`AgentSettings`, checked once when it is built.
+
+``Agent(url, token, settings=AgentSettings(...))`` takes them whole; ``Agent(url, token, tags=[...])``
+takes the same fields as keyword arguments (:class:`AgentOptions`) and builds the settings from them.
+The URL and token stay separate: they say where to connect and as whom, not how to behave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+import protocol
+from protocol import ENCODING_SUBPROTOCOL, Encoding
+
+__all__ = ["AgentOptions", "AgentSettings"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentSettings:
+    """A worker agent's configuration.
+
+    Args:
+        worker_id: this worker's id; None: ``<hostname>-<pid>``.
+        tags: labels plans can require.
+        max_concurrency: plans run at once; assigns beyond it (and beyond the prefetch the
+            coordinator allows) are rejected with ``rejected``.
+        allow_shell: offer the ``shell`` op (runs arbitrary commands).
+        python_allow: fnmatch patterns of ``module:function`` the ``python`` op may call;
+            empty: no ``python`` op.
+        python_envs: interpreters to advertise besides this one.
+        models: models this host serves (plans may require one).
+        accelerator: the accelerator class to advertise instead of the probed one.
+        carbon_zone: the grid zone of this host, e.g. ``FR`` or ``US-CAL-CISO``.
+        kv_blocks, kv_block_tokens: the KV-cache budget, for KV-block admission.
+        encoding: ``"msgpack"`` or ``"json"``, offered as the websocket subprotocol.
+        reconnect_base_s, reconnect_cap_s: the backoff's first ceiling and its cap.
+        kill_grace_s: seconds between SIGTERM and SIGKILL for a cancelled plan's subprocesses.
+        drain_timeout_s: how long ``stop()`` lets running plans finish before handing them back.
+        handshake_timeout_s: how long to wait for ``welcome`` after ``hello``.
+        max_frame_bytes: frames are split to stay under this; must not exceed the
+            coordinator's limit. Event data and results are limited to it less 4 KiB.
+        outbox_limit: the most messages queued for sending (see ``worker_agent.outbox.Outbox``).
+        ca_file: CA certificate (PEM) to trust for a ``wss://`` coordinator (default: system CAs).
+        cert_file, key_file: this worker's client certificate and key, for a coordinator
+            that requires mTLS (``--tls-client-ca``).
+
+    Raises:
+        ValueError: a value out of range; the message names the field.
+    """
+
+    worker_id: str | None = None
+    tags: Sequence[str] = ()
+    max_concurrency: int = 4
+    allow_shell: bool = False
+    python_allow: Sequence[str] = ()
+    python_envs: Sequence[str] = ()
+    models: Sequence[str] = ()
+    accelerator: protocol.messages.Accelerator | None = None
+    carbon_zone: str = ""
+    kv_blocks: int = 0
+    kv_block_tokens: int = 0
+    encoding: Encoding = "msgpack"
+    reconnect_base_s: float = 0.5
+    reconnect_cap_s: float = 30.0
+    kill_grace_s: float = 5.0
+    drain_timeout_s: float = 20.0
+    handshake_timeout_s: float = 10.0
+    max_frame_bytes: int = 1 << 20
+    outbox_limit: int = 10_000
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODING_SUBPROTOCOL:
+            raise ValueError(f"encoding must be 'msgpack' or 'json', got {self.encoding!r}")
+        if self.max_concurrency < 0:
+            raise ValueError(f"max_concurrency must be >= 0, got {self.max_concurrency}")
+        if not 0 < self.reconnect_base_s <= self.reconnect_cap_s:
+            raise ValueError("reconnect delays must satisfy 0 < reconnect_base_s <= reconnect_cap_s")
+        if self.max_frame_bytes < 8192:
+            raise ValueError(f"max_frame_bytes must be >= 8192, got {self.max_frame_bytes}")
+        if self.kv_blocks < 0 or self.kv_block_tokens < 0:
+            raise ValueError(
+                f"kv_blocks and kv_block_tokens must be >= 0, got {self.kv_blocks} and {self.kv_block_tokens}"
+            )
+        # Tuples, so a caller's list changed later cannot change a frozen configuration.
+        for name in ("tags", "python_allow", "python_envs", "models"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def advertised_capabilities(self) -> dict[str, Any]:
+        """The capabilities these settings set, as ``Capabilities`` fields; they override the probe."""
+        advertised: dict[str, Any] = {}
+        if self.models:
+            advertised["models"] = list(dict.fromkeys(self.models))
+        if self.accelerator is not None:
+            advertised["accelerator"] = self.accelerator
+        if self.carbon_zone:
+            advertised["carbon_zone"] = self.carbon_zone
+        if self.kv_blocks:
+            advertised.update(kv_blocks=self.kv_blocks, kv_block_tokens=self.kv_block_tokens)
+        return advertised
+
+
+class AgentOptions(TypedDict, total=False):
+    """:class:`AgentSettings`' fields as ``Agent(...)`` keyword arguments (same names, same meaning)."""
+
+    worker_id: str | None
+    tags: Sequence[str]
+    max_concurrency: int
+    allow_shell: bool
+    python_allow: Sequence[str]
+    python_envs: Sequence[str]
+    models: Sequence[str]
+    accelerator: protocol.messages.Accelerator | None
+    carbon_zone: str
+    kv_blocks: int
+    kv_block_tokens: int
+    encoding: Encoding
+    reconnect_base_s: float
+    reconnect_cap_s: float
+    kill_grace_s: float
+    drain_timeout_s: float
+    handshake_timeout_s: float
+    max_frame_bytes: int
+    outbox_limit: int
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
