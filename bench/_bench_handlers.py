@@ -22,3 +22,15 @@ async def stream(ctx: Any, args: Any) -> dict[str, int]:
         if i % every == every - 1:
             await asyncio.sleep(0)
     return {"emitted": count}
+
+
+async def data_sink(ctx: Any, args: Any) -> dict[str, Any]:
+    """The size and digest of input ``data`` (the worker verified the digest as it arrived; nothing is reread)."""
+    data = ctx.inputs["data"]
+    return {"size": data.size, "digest": data.digest}
+
+
+async def data_source(ctx: Any, args: Any) -> dict[str, Any]:
+    """Leave the file at ``args["path"]`` as output ``out`` (copied into the spool; not part of the timing)."""
+    spec = await asyncio.to_thread(ctx.output, "out", args["path"])
+    return {"size": spec.size}

@@ -6,10 +6,16 @@ to coordinator/operator_requests.py.
 Rules:
 
 * A session sees its principal's plans; an admin session sees every principal's. Another
-  principal's plan does not exist for it (``plan_not_found``), and its id cannot be reused.
+  principal's plan is never shown (``plan_not_found``) and its id cannot be reused; both answers
+  say the same words, "belongs to another principal" (``foreign_plan``), so neither reveals
+  what the other hides (docs/SEMANTICS.md §Client session).
 * A submit with a plan id already known to the session is the retry of a submit whose reply
   was lost: answered ``accepted(duplicate=True)``, and with ``subscribe`` its whole stream.
 * A new plan over the principal's plan limit is refused (``too_many_plans``) and nothing changes.
+* A submit marked ``recovered`` (the SDK re-sending an accepted plan this coordinator no longer
+  knows) is a new plan like any other, logged and counted (``plans_recovered_from_client``). A
+  subscriber whose ``from_seq`` is past the plan's stream saw events a store loss took: the
+  stream's numbering moves past it (coordinator/streams.py ``catch_up``).
 * Subscribers of a new plan (the submitter, followers of all its owner's plans) are added
   before its first event, so none of them misses seq 1. One unknown id in a ``subscribe``
   subscribes to nothing.
@@ -25,12 +31,18 @@ from typing import TYPE_CHECKING, assert_never
 
 import structlog
 
+from coordinator.data_plane import data_problem
 from coordinator.placement.placer import hints_problem
 from coordinator.plans import EVERY_PRINCIPAL, Plan, advance, submit_problem
 from protocol import errors
 from protocol.messages import (
     Accepted,
     Cancel,
+    DataChunk,
+    DataCredit,
+    DataEnd,
+    DataOpen,
+    DataTicket,
     DrainWorker,
     Error,
     ErrorInfo,
@@ -49,12 +61,14 @@ from protocol.messages import (
 )
 
 if TYPE_CHECKING:
+    from coordinator.data_plane import DataPlane
     from coordinator.effects import Outbox
     from coordinator.limits import PlanQuota
     from coordinator.operator_requests import OperatorRequests
     from coordinator.plans import Subscriptions
     from coordinator.records import Journal
     from coordinator.registry import WorkerRegistry
+    from coordinator.relay import Relay
     from coordinator.scheduling import Scheduler
     from coordinator.sessions import Session
     from coordinator.streams import Streams
@@ -79,6 +93,8 @@ class ClientSessions:
         scheduler: places a new plan and numbers it.
         operator: answers ``list_plans``, ``drain_worker`` and ``undrain_worker``.
         new_id: makes a plan id when the client gives none.
+        data: answers ``data_ticket`` (coordinator/data_plane.py); None: refused.
+        relay: carries ``data_open``/``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py); None: ignored.
     """
 
     def __init__(
@@ -95,7 +111,11 @@ class ClientSessions:
         scheduler: Scheduler,
         operator: OperatorRequests,
         new_id: Callable[[], str],
+        data: DataPlane | None = None,
+        relay: Relay | None = None,
     ) -> None:
+        self._data = data
+        self._relay = relay
         self._plans = plans
         self._registry = registry
         self._subscriptions = subscriptions
@@ -137,6 +157,16 @@ class ClientSessions:
                 self._operator.drain(s, msg, now)
             case UndrainWorker():
                 self._operator.undrain(s, msg, now)
+            case DataTicket():
+                plan = self._visible_plan(s, msg.plan_id, msg.req_id)
+                if plan is not None and self._data is not None:
+                    self._data.answer(s.conn_id, plan, msg.direction, msg.req_id, now)
+            case DataOpen():
+                if self._relay is not None:
+                    self._relay.open(s, msg)
+            case DataChunk() | DataCredit() | DataEnd():
+                if self._relay is not None:
+                    self._relay.on_data(s.conn_id, msg)
             case _:
                 assert_never(msg)
 
@@ -144,6 +174,8 @@ class ClientSessions:
 
     def _submit(self, s: Session, msg: Submit, now: float) -> None:
         problem = submit_problem(msg) or hints_problem(msg.hints)
+        if problem is None and (msg.inputs or msg.outputs):
+            problem = data_problem(msg)
         if problem is not None:
             self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
             return
@@ -151,7 +183,7 @@ class ClientSessions:
         if msg.plan_id is not None and msg.plan_id in plans:
             existing = plans[msg.plan_id]
             if not _visible(s, existing):
-                message = f"plan id {msg.plan_id!r} is already used by another client; choose another"
+                message = foreign_plan(msg.plan_id) + "; choose another id"
                 self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=message, req_id=msg.req_id))
                 return
             # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
@@ -173,6 +205,9 @@ class ClientSessions:
         plan = plans[plan_id] = Plan.from_submit(msg, plan_id, s.principal, next(self._scheduler.orders))
         quota.add(plan.owner, plan_id)
         self._counters["plans_submitted"] += 1
+        if msg.recovered:  # rare: the SDK re-sent an accepted plan this coordinator lost (a store loss)
+            self._counters["plans_recovered_from_client"] += 1
+            log.warning("plan recovered from its client: the store had lost it", plan_id=plan_id, owner=plan.owner)
         self._journal.created(plan, msg)
         self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan_id, state="queued"))
         # Subscribers go in before the first event so none of them misses seq 1.
@@ -198,6 +233,8 @@ class ClientSessions:
         self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets)))
         for plan in targets.values():
             subscriptions.add(plan.id, s.conn_id)
+            if msg.from_seq >= plan.next_seq:  # the subscriber saw events this coordinator lost (a store loss)
+                self._streams.catch_up(plan, msg.from_seq)
             self._streams.replay(s.conn_id, plan, msg.from_seq)
 
     def _unsubscribe(self, s: Session, msg: Unsubscribe) -> None:
@@ -234,11 +271,16 @@ class ClientSessions:
         plan = self._plans.get(plan_id)
         if plan is not None and _visible(s, plan):
             return plan
-        self._send(
-            s.conn_id,
-            Error(code=errors.PLAN_NOT_FOUND, message=f"no plan with id {plan_id!r}", req_id=req_id, plan_id=plan_id),
-        )
+        # Another principal's plan answers as its submit does (foreign_plan): the id's existence is
+        # not hidden from one call and shown by the other (no existence oracle); its content is never shown.
+        message = foreign_plan(plan_id) if plan is not None else f"no plan with id {plan_id!r}"
+        self._send(s.conn_id, Error(code=errors.PLAN_NOT_FOUND, message=message, req_id=req_id, plan_id=plan_id))
         return None
+
+
+def foreign_plan(plan_id: str) -> str:
+    """What every request about another principal's plan is told: the same words for submit and look-ups."""
+    return f"plan id {plan_id!r} belongs to another principal"
 
 
 def _visible(s: Session, plan: Plan) -> bool:

@@ -21,7 +21,9 @@ never up; none of them imports this module)::
     effects.py            Outbox          sends, closes, refusals         <- sessions
     retention.py          Retention       forgets old finished plans      <- plans, registry, journal
     streams.py            Streams         emit, fail, replay              <- Outbox, Retention, quota
-    scheduling.py         Scheduler       queue <-> placement <-> leases  <- Streams, Outbox
+    data_plane.py         DataPlane       ticket keys, data grants        <- registry, Outbox, Streams
+    relay.py              Relay           relayed bytes, credit per stream <- plans, registry, Outbox
+    scheduling.py         Scheduler       queue <-> placement <-> leases  <- Streams, Outbox, DataPlane
     recovery.py           Recovery        records, acks, restore, retries <- Scheduler
     operator_requests.py  OperatorRequests  list_plans, drain, undrain    <- Scheduler, Outbox
     worker_session.py     WorkerSessions  worker messages, the reaper     <- all of the above
@@ -36,7 +38,8 @@ return to life, on a lease release, after a requeue (coordinator/scheduling.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, assert_never, get_args
 
@@ -45,6 +48,7 @@ import structlog
 from coordinator import scopes
 from coordinator.autoscaler import AutoscaleConfig, Autoscaler, pool_signals
 from coordinator.client_session import ClientSessions
+from coordinator.data_plane import DataPlane
 from coordinator.effects import Effects, Outbox
 from coordinator.limits import PlanQuota
 from coordinator.operator_requests import OperatorRequests
@@ -53,8 +57,9 @@ from coordinator.placement.plan_queue import PlanQueue
 from coordinator.plans import EVERY_PRINCIPAL, Plan, Subscriptions
 from coordinator.records import Journal, StoredPlan
 from coordinator.recovery import Recovery
+from coordinator.relay import Relay
 from coordinator.registry import WorkerRegistry
-from coordinator.retention import Retention
+from coordinator.retention import DEFAULT_RETENTION_BYTES, Retention
 from coordinator.scheduling import Scheduler
 from coordinator.sessions import Role, Session, SessionTable
 from coordinator.stats import PlanTimings
@@ -63,6 +68,7 @@ from coordinator.worker_session import WorkerSessions
 from protocol import errors
 from protocol.codec import DecodeFailure
 from protocol.messages import Ack, Event, FromClient, FromWorker
+from protocol.relay import DEFAULT_MAX_BYTES, DEFAULT_WINDOW_BYTES
 
 __all__ = ["Coordinator", "CoreConfig", "Effects"]
 
@@ -88,7 +94,12 @@ class CoreConfig:
     breaker_min_workers: int = 3  # ... among at least this many connected workers (coordinator/recovery.py)
     placement: PlacementConfig = field(default_factory=PlacementConfig)  # coordinator/placement/placer.py
     autoscale: AutoscaleConfig | None = None  # None: no autoscaler (coordinator/autoscaler.py)
+    data_ticket_ttl_s: float = 3600.0  # data-plane tickets are valid this long (coordinator/data_plane.py)
+    data_key_rotation_s: float = 86_400.0  # the driver rotates the ticket key this often (0: never)
+    relay_window_bytes: int = DEFAULT_WINDOW_BYTES  # a relayed stream's credit (coordinator/relay.py)
+    relay_max_bytes: int = DEFAULT_MAX_BYTES  # ... and all relayed streams' credit together
     plan_retention_s: float = 86_400.0  # finished plans are forgotten this long after they end (0: never)
+    plan_retention_bytes: int = DEFAULT_RETENTION_BYTES  # ... or, oldest first, past these retained bytes (0: none)
 
 
 class Coordinator:
@@ -100,9 +111,14 @@ class Coordinator:
     Args:
         config: settings.
         new_id: makes a plan id when the client gives none.
+        new_secret: makes a worker session's ``welcome.session_secret``; it must be unguessable
+            in production (the server passes ``secrets.token_urlsafe``). The default, ``secret-1``,
+            ``secret-2`` ..., is for tests and examples only.
     """
 
-    def __init__(self, config: CoreConfig, new_id: Callable[[], str]) -> None:
+    def __init__(
+        self, config: CoreConfig, new_id: Callable[[], str], new_secret: Callable[[], str] | None = None
+    ) -> None:
         self.config = config
         # State, shared by the collaborators below.
         self.registry = WorkerRegistry(config.heartbeat_timeout_s, prefetch=config.placement.prefetch)
@@ -115,7 +131,8 @@ class Coordinator:
         # Every counter exists from the start, so a metrics scrape never misses one.
         self.counters: dict[str, int] = dict.fromkeys(
             "plans_submitted plans_requeued events_forwarded stale_dropped protocol_errors workers_reaped"
-            " heartbeats plans_revoked scope_refused plans_refused".split(),
+            " heartbeats plans_revoked scope_refused plans_refused"
+            " plans_recovered_from_client results_recovered_from_worker".split(),
             0,
         )
         self.placement = Placement(self.registry, self.plans, config.placement)
@@ -125,16 +142,24 @@ class Coordinator:
         self.outbox = Outbox(self.sessions, self.counters, config.max_protocol_errors)
         self.retention = Retention(  # forgets old finished plans (retention.py)
             plans=self.plans, registry=self.registry, subscriptions=self.subscriptions, journal=journal,
-            counters=self.counters, retention_s=config.plan_retention_s,
+            counters=self.counters, retention_s=config.plan_retention_s, max_bytes=config.plan_retention_bytes,
         )
         self.streams = Streams(
             outbox=self.outbox, subscriptions=self.subscriptions, journal=journal, quota=self.quota,
             retention=self.retention, counters=self.counters, max_events=config.max_events_per_plan,
             max_event_bytes=config.max_event_bytes_per_plan,
         )
+        self.data = DataPlane(  # ticket keys and grants (coordinator/data_plane.py)
+            registry=self.registry, outbox=self.outbox, streams=self.streams, ticket_ttl_s=config.data_ticket_ttl_s,
+            rotation_s=config.data_key_rotation_s,
+        )
+        self.relay = Relay(  # inputs and outputs carried through the coordinator (coordinator/relay.py)
+            plans=self.plans, registry=self.registry, outbox=self.outbox, window_bytes=config.relay_window_bytes,
+            max_bytes=config.relay_max_bytes,
+        )
         self.scheduler = Scheduler(
             registry=self.registry, plans=self.plans, queue=self.queue, placement=self.placement,
-            streams=self.streams, outbox=self.outbox, counters=self.counters,
+            streams=self.streams, outbox=self.outbox, counters=self.counters, data=self.data,
         )
         self.recovery = Recovery(  # records, acks, restore, hand-back, retries (coordinator/recovery.py)
             plans=self.plans, registry=self.registry, scheduler=self.scheduler, journal=journal,
@@ -149,12 +174,13 @@ class Coordinator:
             placement=self.placement, timings=self.timings, counters=self.counters, outbox=self.outbox,
             streams=self.streams, scheduler=self.scheduler, recovery=self.recovery, operator=self.operator,
             heartbeat_interval_s=config.heartbeat_interval_s, heartbeat_timeout_s=config.heartbeat_timeout_s,
-            version=config.version, prefetch=config.placement.prefetch,
+            version=config.version, prefetch=config.placement.prefetch, data=self.data, relay=self.relay,
+            new_secret=new_secret or map("secret-{}".format, itertools.count(1)).__next__,
         )
         self.clients = ClientSessions(
             plans=self.plans, registry=self.registry, subscriptions=self.subscriptions, quota=self.quota,
             journal=journal, counters=self.counters, outbox=self.outbox, streams=self.streams,
-            scheduler=self.scheduler, operator=self.operator, new_id=new_id,
+            scheduler=self.scheduler, operator=self.operator, new_id=new_id, data=self.data, relay=self.relay,
         )
         # Bound once: one of these runs for every message.
         self._on_worker = self.workers.on_message
@@ -172,17 +198,22 @@ class Coordinator:
         address: str = "",
         admin: bool = False,
         worker_ids: str | None = None,
+        identity: str = "",
     ) -> None:
         """A connection was accepted. ``admin`` sessions see every principal's plans.
 
         ``worker_ids`` limits the ids a worker session may register (a glob; None: any).
+        ``identity`` names the peer's verified client certificate (mTLS), "" when none: a
+        worker session with the same identity as a live id's holder may take that id over.
 
         Raises:
             ValueError: ``conn_id`` is already open (a driver bug).
         """
         if conn_id in self.sessions:
             raise ValueError(f"connection {conn_id} is already open")
-        self.sessions[conn_id] = Session(conn_id, role, principal, address, admin, worker_ids=worker_ids)
+        self.sessions[conn_id] = Session(
+            conn_id, role, principal, address, admin, worker_ids=worker_ids, identity=identity
+        )
 
     def receive(self, conn_id: int, msg: FromWorker | FromClient | DecodeFailure, now: float) -> None:
         """One message from a connection: a Struct of its role's inbound union, or a DecodeFailure."""
@@ -209,6 +240,7 @@ class Coordinator:
             return
         self.outbox.discard(conn_id)
         self.recovery.forget(conn_id)
+        self.relay.connection_closed(conn_id)
         match session.role:
             case "worker":
                 self.workers.detach(session, now)
@@ -238,20 +270,30 @@ class Coordinator:
         effects.records = self.recovery.take_records()
         return effects
 
-    def restore(self, stored: list[StoredPlan], now: float) -> None:
+    def restore(self, stored: Iterable[StoredPlan], now: float) -> None:
         """Load the plans a store kept, before any session opens (coordinator/recovery.py).
 
         Queued plans are queued again; leased and running ones wait one heartbeat timeout,
         from ``now``, for their worker to reconnect and claim them.
         """
         queued = self.recovery.restore(stored, now)
+        finished: list[Plan] = []
         for plan in self.plans.values():  # restored unfinished plans count against their owner's quota
             if not plan.terminal:
                 self.quota.add(plan.owner, plan.id)
-            else:  # when it really ended is not stored: its retention runs from the restore
-                self.retention.ended(plan, now)
-        for plan in queued:
-            self.scheduler.enqueue(plan, now)
+            else:
+                finished.append(plan)
+        self.retention.restored(finished, now)  # their retention runs from their stored end time
+        for plan in queued:  # no worker is connected yet: nothing is placed, reasons are kept as stored
+            self.scheduler.queue_restored(plan, now)
+
+    def set_wall_offset(self, offset_s: float) -> None:
+        """Unix time minus ``now``: the driver's wall clock, for the end times stored with plans.
+
+        The core reads no clock; the driver sets this at start and may refresh it (each tick).
+        """
+        self.retention.wall_offset = offset_s
+        self.data.wall_offset = offset_s
 
     def summary(self, now: float) -> str:
         """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers."""

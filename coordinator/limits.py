@@ -34,17 +34,26 @@ Rules (docs/OPERATIONS.md §Security and §Test matrix rows 15-22):
 * **Origin**: a handshake that carries an ``Origin`` header (a browser) is refused 403
   unless the origin is the coordinator's own (same host and port) or in ``allowed_origins``.
   Non-browser peers send no Origin; Origin is not authentication (RFC 6455 §10.1).
+* **Host under --insecure** (DNS rebinding): without tokens, the Origin check alone let a page
+  on an attacker's name that resolves to 127.0.0.1 pass (its Origin and Host agree). With
+  ``--insecure`` every handshake's ``Host`` must name a loopback address (127.0.0.0/8, ::1,
+  ``localhost``) or one of ``allowed_hosts``; otherwise 403 (:func:`host_refused`).
+* **Pending handshakes**: at most ``max_pending_handshakes`` TCP connections may be between
+  accept and the end of their upgrade; a new one past it evicts the oldest
+  (coordinator/io/admission.py). Refusal warnings are rate-limited per peer address: the
+  first ``refusal_log_burst`` per ``refusal_log_interval_s``, then one summary line.
 
 Everything here is plain computation with time passed in, so the sans-I/O core may use it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import ClassVar, Final, Literal
 from urllib.parse import urlsplit
 
-__all__ = ["PENALIZED_CLOSES", "Limits", "PenaltyBox", "PlanQuota", "TokenBucket", "origin_refused"]
+__all__ = ["PENALIZED_CLOSES", "Limits", "PenaltyBox", "PlanQuota", "TokenBucket", "host_refused", "origin_refused"]
 
 Role = Literal["worker", "client"]
 
@@ -82,6 +91,12 @@ class Limits:
         penalty_max_s: the longest cool-off (each further offence doubles it up to this).
         penalty_hold_s: how long a 429 of the penalty box is held before it is answered
             (at most half the handshake timeout is used).
+        max_pending_handshakes: TCP connections between accept and the end of their upgrade;
+            past it the oldest is dropped; 0: no budget. The server also keeps it to a quarter
+            of the process's open-file limit.
+        allowed_hosts: with ``--insecure``, ``Host`` names accepted besides loopback ones.
+        refusal_log_burst: refusals per peer address and interval logged one by one.
+        refusal_log_interval_s: the interval; the rest are summed up in one line at its end.
     """
 
     max_connections: int = 10_000
@@ -103,14 +118,20 @@ class Limits:
     penalty_base_s: float = 1.0
     penalty_max_s: float = 60.0
     penalty_hold_s: float = 1.0
+    max_pending_handshakes: int = 1024
+    allowed_hosts: tuple[str, ...] = ()
+    refusal_log_burst: int = 5
+    refusal_log_interval_s: float = 60.0
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first limit that cannot work."""
-        for name in ("max_connections", "max_commit_backlog_bytes"):
+        for name in ("max_connections", "max_commit_backlog_bytes", "max_pending_handshakes", "refusal_log_burst"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
         if not self.handshake_timeout_s > 0:
             raise ValueError(f"handshake timeout must be > 0 seconds, got {self.handshake_timeout_s}")
+        if not self.refusal_log_interval_s > 0:
+            raise ValueError(f"refusal log interval must be > 0 seconds, got {self.refusal_log_interval_s}")
         if not self.close_timeout_s > 0:
             raise ValueError(f"close timeout must be > 0 seconds, got {self.close_timeout_s}")
         for name in ("worker_rate", "client_rate"):
@@ -307,3 +328,40 @@ def origin_refused(origin: str | None, host: str | None, allowed: tuple[str, ...
     if host and parts.scheme in ("http", "https") and parts.netloc == host.strip().lower():
         return None  # the coordinator's own pages (same host and port)
     return f"origin {origin!r} is not allowed; add it with --allowed-origin"
+
+
+def host_refused(host: str | None, allowed: tuple[str, ...]) -> str | None:
+    """With ``--insecure``: why a handshake's ``Host`` header is refused (DNS rebinding), or None.
+
+    A page on ``evil.example`` that resolves to 127.0.0.1 reaches a loopback coordinator with
+    its own name in ``Host`` (and a matching ``Origin``). Without tokens, only loopback names
+    (127.0.0.0/8, ::1, ``localhost``) and the operator's ``allowed`` names (``--allowed-host``)
+    are accepted.
+
+    Args:
+        host: the ``Host`` header (``name``, ``name:port``, ``[v6]:port``); None when absent.
+        allowed: extra host names accepted (a port in them is ignored).
+    """
+    name = _host_name(host or "")
+    if name:
+        if name == "localhost" or name in (_host_name(a) for a in allowed):
+            return None
+        try:
+            if ipaddress.ip_address(name).is_loopback:
+                return None
+        except ValueError:
+            pass
+    return (
+        f"Host {host!r} is not a loopback address: with --insecure the coordinator answers only "
+        "127.0.0.1, ::1 or localhost (a guard against DNS rebinding); add --allowed-host NAME to accept another"
+    )
+
+
+def _host_name(host: str) -> str:
+    """``Host`` without its port and brackets, lower-case, without a trailing dot."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")

@@ -25,6 +25,10 @@ The stream is held in memory, bounded by ``max_events`` and ``max_bytes`` per pl
 bytes are :func:`event_bytes`' estimate of the payloads): past either bound the oldest
 ephemeral events go first, then the oldest durable ones (never the newest). Dropped durable
 events stay in the store; a replay that needs them gets a ``resync`` (coordinator/recovery.py).
+A finished plan keeps only its durable events (:meth:`Plan.drop_ephemeral`, at its end): the
+ephemeral ones (tokens, progress) served the live stream, and a late replay gets a ``resync``
+in their place. :meth:`Plan.retained_bytes` is what a finished plan is counted as by the
+retention's byte bound (coordinator/retention.py).
 """
 
 from __future__ import annotations
@@ -36,10 +40,23 @@ from typing import Any, Final, Literal
 import msgspec
 
 from coordinator.errors import InvalidTransition
-from protocol.messages import ErrorInfo, Event, Outcome, PlanInfo, PlanStateName, Requirements, RoutingHints, Submit
+from protocol.caps import MAX_OP_BYTES, MAX_PLAN_ID_BYTES, tags_problem, too_long
+from protocol.messages import (
+    ErrorInfo,
+    Event,
+    InputSpec,
+    Outcome,
+    OutputSpec,
+    PlanInfo,
+    PlanStateName,
+    Requirements,
+    RoutingHints,
+    Submit,
+)
 
 __all__ = [
     "EVERY_PRINCIPAL",
+    "PLAN_OVERHEAD_BYTES",
     "RESERVED_KINDS",
     "TRANSITIONS",
     "Plan",
@@ -92,7 +109,7 @@ EVERY_PRINCIPAL: Final = "\x00*"
 
 # Lifecycle kinds the coordinator stamps itself; a worker event using one is refused.
 RESERVED_KINDS: Final = frozenset(
-    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled"}
+    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled", "data_ready"}
 )
 
 _DONE_EVENTS: Final[dict[Outcome, PlanEventName]] = {
@@ -107,7 +124,7 @@ def done_event(outcome: Outcome) -> PlanEventName:
     return _DONE_EVENTS[outcome]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Plan:
     """One plan, from submit to its terminal state.
 
@@ -138,6 +155,9 @@ class Plan:
         free_attempts: attempts that do not count against ``max_attempts`` (retries, hand-backs).
         history: one entry per attempt that ended without ending the plan (lost, failed, handed back).
         worker_seq: (attempt, the worker's highest message seq applied): re-sent messages are dropped.
+        held_bytes: :func:`event_bytes` of the held events.
+        ended_at: wall-clock seconds (Unix time) when it reached its terminal state; None before.
+            Stored with its status, so its retention survives restarts (coordinator/retention.py).
     """
 
     id: str
@@ -166,7 +186,11 @@ class Plan:
     free_attempts: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     worker_seq: tuple[int, int] = (0, 0)
-    held_bytes: int = 0  # event_bytes() of the held events
+    held_bytes: int = 0
+    ended_at: float | None = None
+    inputs: list[InputSpec] = field(default_factory=list)  # uploaded to its worker (coordinator/data_plane.py)
+    outputs: list[str] = field(default_factory=list)  # output names the client declared
+    produced: list[OutputSpec] = field(default_factory=list)  # outputs its last attempt left on its worker
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -183,6 +207,8 @@ class Plan:
             order=order,
             hints=msg.hints,
             retries=msg.retries,
+            inputs=msg.inputs,
+            outputs=msg.outputs,
         )
 
     @property
@@ -246,6 +272,21 @@ class Plan:
         self.events = [event for index, event in enumerate(self.events) if index not in drop]
         self.held_bytes = sum(size for index, size in enumerate(sizes) if index not in drop)
 
+    def drop_ephemeral(self) -> None:
+        """Let go of the held ephemeral events (the plan ended: only the durable ones stay for replay)."""
+        events = self.events
+        if any(event.ephemeral for event in events):
+            self.events = [event for event in events if not event.ephemeral]
+            self.recount()
+
+    def retained_bytes(self) -> int:
+        """What the plan holds, as the core sizes payloads: args, result, held events, and its own records.
+
+        :data:`PLAN_OVERHEAD_BYTES` stands for the Python objects every plan has whatever its
+        payloads (the plan, its submit fields, status, lifecycle events).
+        """
+        return PLAN_OVERHEAD_BYTES + event_bytes(self.args) + event_bytes(self.result) + self.held_bytes
+
     def recount(self) -> None:
         """Set ``held_bytes`` from the held events (after they were replaced, e.g. on restore)."""
         self.held_bytes = sum(event_bytes(event.data) for event in self.events)
@@ -303,7 +344,16 @@ def submit_problem(msg: Submit) -> str | None:
         return "plan_id must be non-empty when given"
     if msg.requirements.min_gpu_memory_bytes < 0:
         return f"requirements.min_gpu_memory_bytes must be >= 0 (got {msg.requirements.min_gpu_memory_bytes})"
-    return None
+    # Name caps (protocol/caps.py): names go into logs, indexes and every reply about the plan.
+    # The usual short names and no tags cannot exceed them: one cheap test on the hot path.
+    short = len(msg.op) <= MAX_OP_BYTES // 4 and len(msg.plan_id or "") <= MAX_PLAN_ID_BYTES // 4
+    if short and not msg.requirements.tags:
+        return None
+    return (
+        too_long("op", msg.op, MAX_OP_BYTES)
+        or too_long("plan_id", msg.plan_id, MAX_PLAN_ID_BYTES)
+        or tags_problem("requirements.tags", msg.requirements.tags)
+    )
 
 
 class Subscriptions:
@@ -377,6 +427,8 @@ def _discard(index: dict[Any, set[Any]], key: Any, member: Any) -> None:
 
 _encode = msgspec.msgpack.Encoder().encode
 SMALL_EVENT_BYTES: Final = 128  # what a lifecycle event of a few scalars is counted as (not encoded to size it)
+# What a finished plan's Python objects take beyond its payloads (measured: tests/unit/test_retention.py).
+PLAN_OVERHEAD_BYTES: Final = 1024
 
 
 def event_bytes(data: Any) -> int:

@@ -21,7 +21,9 @@ the same id, leaves the new plan), and a journal's batch is forgets, creations, 
 * :class:`PlanStatus`: the mutable part of a plan, written once per batch for every plan the
   batch touched (a plan that moved ten times in one batch is written once). It carries
   ``next_seq`` even when the batch only held ephemeral events, so a restarted coordinator
-  never hands out a seq a subscriber has already seen.
+  never hands out a seq a subscriber has already seen. A finished plan's carries ``ended_at``
+  (Unix time), so its retention survives a restart; a store written before it had the field
+  decodes it as None (coordinator/retention.py).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class PlanStatus(msgspec.Struct, frozen=True, omit_defaults=True):
     retried: int = 0
     free_attempts: int = 0
     history: list[dict[str, Any]] = []
+    ended_at: float | None = None  # Unix time it reached its terminal state (retention runs from it)
 
 
 class PlanForgotten(msgspec.Struct, frozen=True):
@@ -98,6 +101,7 @@ def status_of(plan: Plan) -> PlanStatus:
         retried=plan.retried,
         free_attempts=plan.free_attempts,
         history=list(plan.history),
+        ended_at=plan.ended_at,
     )
 
 

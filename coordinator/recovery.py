@@ -36,6 +36,7 @@ Depends on the plans, registry and journal it is handed, and requeues through th
 from __future__ import annotations
 
 from collections.abc import Iterable
+from sys import intern
 from typing import TYPE_CHECKING
 
 import structlog
@@ -61,12 +62,13 @@ COUNTERS = ("duplicates_dropped", "plans_handed_back", "plans_retried", "plans_r
 def plan_from_store(stored: StoredPlan) -> Plan:
     """A plan as it was when its last record was written."""
     created, status = stored.created, stored.status
-    plan = Plan.from_submit(created.submit, created.plan_id, created.owner, created.order)
+    plan = Plan.from_submit(created.submit, created.plan_id, intern(created.owner), created.order)
+    plan.op = intern(plan.op)  # a few distinct owners and ops over every plan: shared, not one copy each
     plan.events = sorted(stored.events, key=lambda e: e.seq)
     plan.recount()
     last_held = plan.events[-1].seq if plan.events else 0
     if status is not None:
-        plan.state = status.state
+        plan.state = intern(status.state)  # type: ignore[assignment]  # a PlanStateName still
         plan.attempt = status.attempt
         plan.worker_id = status.worker_id
         plan.result = status.result
@@ -77,6 +79,7 @@ def plan_from_store(stored: StoredPlan) -> Plan:
         plan.free_attempts = status.free_attempts
         plan.history = list(status.history)
         plan.next_seq = status.next_seq
+        plan.ended_at = status.ended_at
     plan.next_seq = max(plan.next_seq, last_held + 1)
     return plan
 

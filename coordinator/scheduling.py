@@ -36,6 +36,7 @@ from protocol import errors
 from protocol.messages import Assign, ErrorInfo, Revoke
 
 if TYPE_CHECKING:
+    from coordinator.data_plane import DataPlane
     from coordinator.effects import Outbox
     from coordinator.placement.placer import Placement
     from coordinator.placement.plan_queue import PlanQueue
@@ -71,6 +72,7 @@ class Scheduler:
         streams: where lifecycle events (``leased``, ``waiting``, ``requeued``, ``failed``) go.
         outbox: where ``assign`` and ``revoke`` go.
         counters: the core's counters (placements per policy, ``plans_requeued``).
+        data: a leased plan with inputs or outputs gets its ``data_ready`` event from it (None: never).
     """
 
     def __init__(
@@ -83,7 +85,9 @@ class Scheduler:
         streams: Streams,
         outbox: Outbox,
         counters: dict[str, int],
+        data: DataPlane | None = None,
     ) -> None:
+        self._data = data
         self._registry = registry
         self._plans = plans
         self._queue = queue
@@ -127,6 +131,19 @@ class Scheduler:
             queue.set_group_reason(signature, None)  # the group's plans disagree: the next refresh visits them
         self._set_waiting(plan, reason)
 
+    def queue_restored(self, plan: Plan, now: float) -> None:
+        """Queue a plan restored from the store, keeping the waiting reason it was stored with.
+
+        No worker is connected during a restore, so :meth:`enqueue` would say so for every
+        queued plan, and the first registration would say the stored reason again: two events
+        and two store writes per queued plan, for a state that lasts one restart. The reason is
+        worked out again, and emitted only if it changed, when workers come back (:meth:`refresh_waiting`).
+        """
+        plan.queued_at_s, plan.started_at_s = now, None
+        signature = Signature.of(plan.op, plan.requirements, plan.avoid)
+        self._queue.push(plan.id, signature, plan.priority, plan.order)
+        self._queue.set_group_reason(signature, None)  # the next refresh visits each of its plans
+
     def fill_worker(self, record: WorkerRecord, now: float) -> None:
         """Give a worker with room the best queued plans it can run, one signature check per group."""
         if not self._registry.is_alive(record.id, now):
@@ -157,9 +174,34 @@ class Scheduler:
             registry.count_placed_tokens(record.id, placed_tokens)
         self._counters[f"placements.{placement.policy_name(plan)}"] += 1
         if record.conn_id is not None:
-            assign = Assign(plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s)
+            assign = Assign(
+                plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s,
+                inputs=plan.inputs, outputs=plan.outputs,
+            )
             self._send(record.conn_id, assign)
         self._emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
+        if (plan.inputs or plan.outputs) and self._data is not None:  # where the client sends and fetches bytes
+            plan.produced = []
+            self._emit(plan, "data_ready", self._data.ready_event(plan))
+
+    def adopt(self, plan: Plan, record: WorkerRecord, attempt: int) -> None:
+        """Lease a queued plan to the worker that runs (or ran) its ``attempt``: a store loss took
+        that lease (docs/SEMANTICS.md §Recovery from clients and workers).
+
+        No ``assign`` goes out (the worker has the plan); the stream says ``leased`` again, with
+        ``recovered: true``, and the worker's ``done`` for that attempt is then accepted.
+        """
+        self._queue.discard(plan.id)
+        advance(plan, "assign")
+        plan.attempt = attempt
+        plan.worker_id = record.id
+        plan.waiting_reason = None
+        self._registry.claim(record.id, plan.id)
+        placed_tokens = self._placement.claimed(plan, record)
+        if placed_tokens:
+            self._registry.count_placed_tokens(record.id, placed_tokens)
+        data = {"worker_id": record.id, "attempt": attempt, "recovered": True}
+        self._emit(plan, "leased", data, small=True)
 
     def dequeue(self, plan: Plan) -> None:
         """A queued plan ended (cancelled) before it was placed: it leaves the queue."""

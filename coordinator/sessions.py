@@ -39,6 +39,7 @@ class Session:
     protocol_errors: int = 0
     worker_ids: str | None = None  # the glob of worker ids its token may register (coordinator/scopes.py)
     quota_refusals: int = 0
+    identity: str = ""  # the SHA-256 of the peer's verified client certificate (mTLS); "": none
 
 
 SessionTable = dict[int, Session]

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Streams"]
 
+_MAX_SEQ = 2**53  # a subscriber's from_seq beyond this never moves a plan's numbering (JSON-safe integers)
+
 
 class Streams:
     """Emits plans' events to their followers and replays them to new subscribers.
@@ -87,6 +89,7 @@ class Streams:
             send(conn_id, event)
         if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
             self._quota.release(plan.owner, plan.id)
+            plan.drop_ephemeral()  # a finished plan keeps its durable events only; a replay resyncs the rest
             self._retention.ended(plan, self.now)
 
     def fail(self, plan: Plan, worker_id: str | None, error: ErrorInfo) -> None:
@@ -94,6 +97,18 @@ class Streams:
         plan.error = error
         data = {"code": error.code, "message": error.message, "detail": error.detail, "worker_id": worker_id}
         self.emit(plan, "failed", {**data, "attempt": plan.attempt})
+
+    def catch_up(self, plan: Plan, seen: int) -> None:
+        """A subscriber holds the plan's events up to ``seen``, past this coordinator's stream: a store
+        loss took them (docs/SEMANTICS.md §Recovery from clients and workers).
+
+        The plan's numbering moves past ``seen``, so its next events are not dropped as replays of
+        ones the subscriber holds. A plan that already ended here moves one further: the replay
+        then gives a ``resync`` for that seq carrying the plan's record, from which the subscriber
+        learns how it ended. Call before :meth:`replay`.
+        """
+        if 0 <= seen < _MAX_SEQ:
+            plan.next_seq = max(plan.next_seq, seen + (2 if plan.terminal else 1))
 
     def replay(self, conn_id: int, plan: Plan, from_seq: int) -> None:
         """Send the held events after ``from_seq`` to a subscriber, with a ``resync`` for each missing run."""

@@ -8,13 +8,22 @@ Rules:
 * Nothing but ``hello`` is accepted before the session has registered a worker id
   (``not_registered``); a second ``hello`` is ``already_registered``; the id must be one the
   session's token may register (4403 otherwise).
-* A worker id registered on a newer session closes the older one (4409); the record, its leases
-  and its drain mark carry over. Leases the worker does not list in ``hello.running`` are lost
+* A live worker id is not taken over without proof (docs/SEMANTICS.md §Worker identity): a
+  ``hello`` for an id whose session is still open must carry the id's ``session_secret`` (from
+  its last ``welcome``) or come with the holder's client certificate (mTLS identity), unless the
+  holder has been silent for two heartbeat intervals; otherwise the newcomer is refused
+  (``error(worker_id_in_use)`` naming the holder's address, then 4409) and the holder keeps its
+  session. With proof, the newer session takes the id and the older one is closed 4409; the
+  record, its leases and its drain mark carry over. Leases the worker does not list in ``hello.running`` are lost
   as if it had died; listed ones whose plan was cancelled meanwhile are cancelled again.
 * ``accept``/``reject``/``event``/``done`` name a lease (plan id, attempt). One that is not the
   worker's current lease is answered ``stale_lease`` (or 4403 when it is another worker's).
   Re-sends of numbered messages after a reconnect are acked, not applied twice
   (coordinator/recovery.py).
+* A listed lease of a plan the coordinator has queued at an older attempt was lost with the
+  store's tail (or the plan was, and its client resubmitted it): it is leased back to the worker
+  and continued, so its result is not lost nor the plan run twice (§Recovery from clients and
+  workers); its ``done`` counts in ``results_recovered_from_worker``.
 * A closed session leaves its worker registered (not connected) with its leases until the
   reaper drops it, so a worker that reconnects in time keeps its plans.
 
@@ -24,6 +33,8 @@ operator requests, with the session table, registry, plans, queue and placement 
 
 from __future__ import annotations
 
+import hmac
+from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
 
 import structlog
@@ -31,10 +42,13 @@ import structlog
 from coordinator import scopes
 from coordinator.errors import InvalidTransition
 from coordinator.plans import RESERVED_KINDS, Plan, advance, done_event
-from protocol import errors
+from protocol import caps, errors
 from protocol.messages import (
     Accept,
     Cancel,
+    DataChunk,
+    DataCredit,
+    DataEnd,
     Done,
     Error,
     ErrorInfo,
@@ -48,12 +62,14 @@ from protocol.messages import (
 )
 
 if TYPE_CHECKING:
+    from coordinator.data_plane import DataPlane
     from coordinator.effects import Outbox
     from coordinator.operator_requests import OperatorRequests
     from coordinator.placement.placer import Placement
     from coordinator.placement.plan_queue import PlanQueue
     from coordinator.recovery import Recovery
     from coordinator.registry import WorkerRegistry
+    from coordinator.relay import Relay
     from coordinator.scheduling import Scheduler
     from coordinator.sessions import Session, SessionTable
     from coordinator.stats import PlanTimings
@@ -86,6 +102,9 @@ class WorkerSessions:
         heartbeat_timeout_s: put in ``welcome``; silence past it gets a worker reaped.
         version: the coordinator's version, put in ``welcome``.
         prefetch: leases a worker may hold beyond its concurrency, put in ``welcome``.
+        new_secret: makes a ``welcome.session_secret`` (unguessable: the core's ``new_secret``).
+        data: the data-plane ticket keys, put in ``welcome``; outputs' tickets in ``succeeded``.
+        relay: carries the worker's ``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py).
     """
 
     def __init__(
@@ -107,7 +126,17 @@ class WorkerSessions:
         heartbeat_timeout_s: float,
         version: str,
         prefetch: int,
+        data: DataPlane | None = None,
+        new_secret: Callable[[], str] = lambda: "",
+        relay: Relay | None = None,
     ) -> None:
+        self._data = data
+        self._relay = relay
+        self._new_secret = new_secret
+        self._secrets: dict[str, str] = {}  # worker id -> the session_secret of its last welcome
+        # A holder silent this long (two missed beats) may be replaced without proof: a restarted
+        # worker whose old connection is half-open gets its id back before the reaper's timeout.
+        self._silent_takeover_s = min(heartbeat_timeout_s, 2 * heartbeat_interval_s)
         self._sessions = sessions
         self._registry = registry
         self._plans = plans
@@ -131,6 +160,9 @@ class WorkerSessions:
         self._fill_worker = scheduler.fill_worker
         self._refresh_waiting = scheduler.refresh_waiting
         self._duplicate = recovery.duplicate
+        # Leases recovered from their worker (hello) -> attempt: its done counts as a recovered result.
+        # An entry whose done never comes (the worker died) stays: a few bytes, after a store loss only.
+        self._adopted: dict[str, int] = {}
 
     def on_message(self, s: Session, msg: FromWorker, now: float) -> None:
         """One message from a worker session."""
@@ -160,6 +192,9 @@ class WorkerSessions:
                 self.detach(s, now)
                 self._recovery.hand_back(worker_id, now)  # its unfinished plans: requeued now, no attempt spent
                 self._outbox.close(s, errors.CLOSE_NORMAL, "goodbye")
+            case DataChunk() | DataCredit() | DataEnd():
+                if self._relay is not None:
+                    self._relay.on_data(s.conn_id, msg)
             case _:
                 assert_never(msg)
 
@@ -198,6 +233,8 @@ class WorkerSessions:
                     f"no heartbeat for {silent_s:.1f} s (timeout {self._heartbeat_timeout_s:g} s)",
                 )
         reaped = registry.reap(now, only={r.id for r in lost})
+        for worker_id in reaped:
+            self._secrets.pop(worker_id, None)
         self._placement.forget(reaped)
         self._counters["workers_reaped"] += len(reaped)
         plans = self._plans
@@ -218,20 +255,40 @@ class WorkerSessions:
         if not worker_id:
             self._protocol_error(s, errors.INVALID_MESSAGE, "hello.worker_id must not be empty")
             return
+        too_long = caps.too_long("hello.worker_id", worker_id, caps.MAX_WORKER_ID_BYTES)
+        if too_long is not None:
+            self._protocol_error(s, errors.INVALID_ARGUMENT, too_long)
+            return
         refused = scopes.worker_id_refused(s.worker_ids, worker_id)
         if refused is not None:
             self._outbox.forbid(s, refused, "worker_id")
             return
         registry, plans = self._registry, self._plans
         reconnect = worker_id in registry
+        secret = self._secrets.get(worker_id, "")
+        proven = bool(secret) and hmac.compare_digest(msg.session_secret.encode(), secret.encode())
+        # Without proof, a hello does not continue the leases of an id this coordinator issued a
+        # secret for: the worker that holds them would have presented it (a restarted process runs
+        # nothing; an impostor must not receive them). After a coordinator restart no secret exists.
+        may_continue = proven or not secret
         if reconnect:
             held_by = registry.get(worker_id).conn_id
             older = self._sessions.get(held_by) if held_by is not None else None
             if older is not None and older is not s:
+                if not (proven or (s.identity and s.identity == older.identity)):
+                    silent_s = now - registry.get(worker_id).last_beat_s
+                    if silent_s <= self._silent_takeover_s:
+                        self._refuse_takeover(s, older, worker_id, silent_s)
+                        return
+                    log.warning("worker id taken over from a silent session", worker_id=worker_id,
+                                holder=older.address, newcomer=s.address, silent_s=round(silent_s, 3))
                 older.worker_id = None  # its close must not disconnect the new session
                 why = f"worker id {worker_id!r} registered on a newer session"
                 self._outbox.close(older, errors.CLOSE_REPLACED, why)
         record = registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
+        if not proven:  # a new holder without the old secret: the old secret proves nothing any more
+            secret = self._secrets[worker_id] = self._new_secret()
+        record.data_url = msg.data_url
         self._placement.registered(record)
         s.worker_id = worker_id
         keep: list[str] = []
@@ -239,6 +296,16 @@ class WorkerSessions:
         for running in msg.running:
             plan = plans.get(running.plan_id)
             ours = plan is not None and plan.worker_id == worker_id and plan.attempt == running.attempt
+            ours = ours and may_continue
+            if plan is not None and not ours and plan.state == "queued" and plan.attempt < running.attempt:
+                # An attempt this coordinator never handed out as far as it knows: a store loss took
+                # the lease (or the whole plan, resubmitted since by its client). The worker runs it
+                # or holds its done: lease it back rather than run the plan twice.
+                log.warning("lease recovered from its worker: the store had lost it",
+                            plan_id=plan.id, worker_id=worker_id, attempt=running.attempt)  # fmt: skip
+                self._scheduler.adopt(plan, record, running.attempt)
+                self._adopted[plan.id] = running.attempt
+                ours = True
             (keep if ours and running.plan_id in record.leases else abandon).append(running.plan_id)
         log.info(
             "worker registered",
@@ -259,6 +326,8 @@ class WorkerSessions:
                 abandon_plans=abandon,
                 version=self._version,
                 prefetch=self._prefetch,
+                data_keys=self._data.worker_keys(worker_id) if self._data is not None else [],
+                session_secret=secret,
             ),
         )
         self._operator.registered(record, now)  # a drained worker stays drained across reconnects
@@ -278,6 +347,20 @@ class WorkerSessions:
             plans[plan_id].avoid -= {worker_id}
         self._fill_worker(record, now)
         self._refresh_waiting(now)
+
+    def _refuse_takeover(self, s: Session, holder: Session, worker_id: str, silent_s: float) -> None:
+        """Refuse ``s`` the live id ``worker_id``: error(worker_id_in_use) naming the holder, then 4409."""
+        self._counters["takeovers_refused"] = self._counters.get("takeovers_refused", 0) + 1
+        message = (
+            f"worker id {worker_id!r} is held by a live session from {holder.address or 'an unknown address'} "
+            f"(last beat {silent_s:.1f} s ago); only that worker may take it over (hello.session_secret from its "
+            f"welcome, or the same client certificate). Give each worker its own id (--id); a restarted worker "
+            f"gets its id once the old session closes or stays silent for {self._silent_takeover_s:g} s"
+        )
+        log.warning("refused hello: worker id held by a live session", worker_id=worker_id, holder=holder.address,
+                    newcomer=s.address)  # fmt: skip
+        self._send(s.conn_id, Error(code=errors.WORKER_ID_IN_USE, message=message))
+        self._outbox.close(s, errors.CLOSE_REPLACED, f"worker id in use by a live session from {holder.address}"[:120])
 
     def _heartbeat(self, worker_id: str, msg: Heartbeat, now: float) -> None:
         self._counters["heartbeats"] += 1
@@ -364,6 +447,8 @@ class WorkerSessions:
         registry = self._registry
         record = registry.get(worker_id)
         registry.release(worker_id, plan.id)
+        if self._adopted and self._adopted.pop(plan.id, None) == msg.attempt and not plan.terminal:
+            self._counters["results_recovered_from_worker"] += 1
         if not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
             why = f"worker {worker_id} reported a failure without an error"
             self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
@@ -374,6 +459,9 @@ class WorkerSessions:
                 case "succeeded":
                     plan.result = msg.result
                     data = {"result": msg.result, "worker_id": worker_id, "attempt": plan.attempt}
+                    if msg.outputs or plan.outputs:  # where to fetch them: docs/PROTOCOL.md §Data plane
+                        plan.produced = msg.outputs
+                        data["outputs"] = {o.name: [o.size, o.digest] for o in msg.outputs}
                     self._emit(plan, "succeeded", data)
                 case "failed":
                     why = f"worker {worker_id} reported a failure without an error"

@@ -64,6 +64,7 @@ class WorkerRecord:
     id: str
     capabilities: Capabilities
     address: str = ""
+    data_url: str = ""  # its data endpoint, from ``hello`` (coordinator/data_plane.py)
     conn_id: int | None = None
     load: Load | None = None
     leases: set[str] = field(default_factory=set)

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -39,6 +40,7 @@ from fleetwire.cli_security import (
 from fleetwire.cli_store import add_store_command, add_store_loss_argument, store_exit_code
 from fleetwire.client import Client
 from fleetwire.console import finish as _finish
+from fleetwire.data import DataTransferError
 from fleetwire.errors import FleetwireConnectionError
 from fleetwire.logs import LEVELS, configure_logging
 from protocol import json_schema
@@ -94,11 +96,34 @@ def _client_target(ns: argparse.Namespace) -> tuple[str, str | None]:
     return url, ns.token or os.environ.get("FLEETWIRE_TOKEN")
 
 
+def _inputs(specs: list[str]) -> dict[str, Any]:
+    """``--input name=@path`` / ``name=-`` (stdin) as the SDK's ``inputs``."""
+    inputs: dict[str, Any] = {}
+    for spec in specs:
+        name, sep, source = spec.partition("=")
+        if not sep or not name or not (source == "-" or source.startswith("@")):
+            raise ValueError(f"--input {spec!r}: expected NAME=@PATH or NAME=- (standard input)")
+        if name in inputs:
+            raise ValueError(f"--input {name!r} is given twice")
+        if source == "-":
+            inputs[name] = sys.stdin.buffer
+        else:
+            path = Path(source[1:]).expanduser()
+            if not path.is_file():
+                raise ValueError(f"--input {name}: {path} is not a readable file")
+            inputs[name] = path
+    return inputs
+
+
 async def _submit(ns: argparse.Namespace) -> int:
     try:
         args = json.loads(ns.args) if ns.args is not None else None
     except json.JSONDecodeError as exc:
         return _fail(f"--args is not valid JSON: {exc}")
+    try:
+        inputs = _inputs(ns.input or [])
+    except ValueError as exc:
+        return _fail(str(exc))
     url, token = _client_target(ns)
     async with Client(url, token=token) as client:
         plan = await client.submit(
@@ -112,14 +137,41 @@ async def _submit(ns: argparse.Namespace) -> int:
             plan_id=ns.id,
             session_key=ns.session,
             policy=ns.policy,
+            inputs=inputs,
+            outputs=ns.output or (),
         )
         if ns.json:
             print(_json({"plan_id": plan.id, "state": "queued"}), flush=True)
         else:
             print(f"plan {plan.id} submitted", flush=True)
         if ns.detach:
+            if inputs:  # the bytes come from this process: it stays until the worker has them all
+                await _inputs_delivered(plan, set(inputs))
             return EXIT_OK
         return await _finish(plan, follow=ns.follow, as_json=ns.json)
+
+
+async def _inputs_delivered(plan: Any, names: set[str]) -> None:
+    """Wait until the plan's events say every input was received (or the plan ended)."""
+    async for event in plan.events():
+        if event.kind == "input_received" and isinstance(event.data, dict):
+            names.discard(event.data.get("name"))
+            if not names:
+                return
+
+
+async def _output(ns: argparse.Namespace) -> int:
+    url, token = _client_target(ns)
+    async with Client(url, token=token) as client:
+        plan = await client.watch(ns.plan)
+        if ns.out:
+            path = await plan.output_to(ns.name, ns.out)
+            print(f"output {ns.name!r} of plan {ns.plan} written to {path}", file=sys.stderr)
+        else:
+            async for chunk in plan.output_chunks(ns.name):
+                sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    return EXIT_OK
 
 
 async def _watch(ns: argparse.Namespace) -> int:
@@ -160,6 +212,9 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
         heartbeat_timeout_s=ns.heartbeat_timeout,
         breaker_fraction=ns.breaker_fraction,
         plan_retention_s=ns.plan_retention,
+        plan_retention_bytes=ns.plan_retention_bytes,
+        data_ticket_ttl_s=ns.data_ticket_ttl,
+        data_key_rotation_s=ns.data_key_rotation,
         **_routing_settings(ns),
         **plan_limit_settings(ns),
     )
@@ -172,12 +227,20 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
         core=core,
         reaper_interval_s=ns.reaper_interval,
         max_frame_bytes=ns.max_frame_bytes,
-        store=ns.store or "sqlite",
+        store=ns.store or os.environ.get("FLEETWIRE_STORE") or "sqlite",
+        cluster=_cluster_settings(ns),
         data_dir=ns.data_dir,
         accept_store_loss=ns.accept_store_loss,
         autoscale_hook=ns.autoscale_hook,
         **security_settings(ns),
     )
+
+
+def _cluster_settings(ns: argparse.Namespace) -> Any:
+    """Cluster mode's settings (docs/CLUSTER.md; used with a postgresql:// store only)."""
+    from coordinator.shards import ClusterConfig
+
+    return ClusterConfig(name=ns.cluster_name, shards=ns.shards, lease_ttl_s=ns.lease_ttl, lease_renew_s=ns.lease_renew)
 
 
 def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
@@ -233,13 +296,18 @@ async def _wait_for_signal() -> None:
 
 
 async def _serve_until_signal(server: Any) -> int:
-    """Serve until SIGINT/SIGTERM (exit 0) or until the store fails (fail-stop: exit 1)."""
+    """Serve until SIGINT/SIGTERM (exit 0) or until the store fails (fail-stop: exit 1; a lost shard lease: 4)."""
     waiter = asyncio.ensure_future(_wait_for_signal())
     try:
         await asyncio.wait((waiter, server.fatal), return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiter.cancel()
     if server.fatal.done():
+        from coordinator.io.pg_leases import EXIT_SHARD_FENCED, ShardFenced
+
+        if isinstance(server.fatal.result(), ShardFenced):  # cluster mode: another coordinator owns the shards now
+            print(f"fleetwire: error: shard lease lost (fenced): {server.fatal.result()}", file=sys.stderr, flush=True)
+            return EXIT_SHARD_FENCED
         print(f"fleetwire: error: the store failed: {server.fatal.result()}", file=sys.stderr, flush=True)
         return EXIT_FAILED
     return EXIT_OK
@@ -256,6 +324,10 @@ async def _coordinator(ns: argparse.Namespace) -> int:
         ns, (worker_token,) if worker_token else (), (client_token,) if client_token else ()
     )
     settings = dataclasses.replace(settings, admin_tokens=(admin_token,) if admin_token else ())
+    if settings.store.startswith("postgresql://"):  # cluster mode: one core per owned shard (docs/CLUSTER.md)
+        from fleetwire.cli_shards import run_cluster_coordinator
+
+        return await run_cluster_coordinator(settings, _version())
     try:
         server = CoordinatorServer(settings, version=_version())
     except ValueError as exc:
@@ -270,11 +342,24 @@ async def _coordinator(ns: argparse.Namespace) -> int:
     # SIGHUP re-reads --token-file; sessions of revoked tokens are closed 4401, the rest stay.
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, server.reload_tokens)
     print(f"fleetwire coordinator listening on {server.url} (store {server.store.description})", flush=True)
+    announce = asyncio.ensure_future(_announce_serving(server)) if server.cluster is not None else None
     try:
         status = await _serve_until_signal(server)
     finally:
+        if announce is not None:
+            announce.cancel()
         await server.stop()  # sessions closed with 1001; workers and clients reconnect to the next run
     return status
+
+
+async def _announce_serving(server: Any) -> None:
+    """Cluster mode: one stdout line when this coordinator serves (at once, or when a standby takes over)."""
+    if not server.loaded.is_set():
+        print(f"fleetwire coordinator is a standby of cluster {server.settings.cluster.name!r}: another "
+              "coordinator holds the shards", flush=True)  # fmt: skip
+    await server.loaded.wait()
+    print(f"fleetwire coordinator serving cluster {server.settings.cluster.name!r} "
+          f"({server.settings.cluster.shards} shards, owner {server.cluster.owner})", flush=True)  # fmt: skip
 
 
 async def _worker(ns: argparse.Namespace) -> int:
@@ -289,7 +374,8 @@ async def _start_local_worker(
 ) -> asyncio.subprocess.Process:
     cmd = [sys.executable, "-m", "fleetwire", "worker", "--url", url, "--id", worker_id,
            "--tags", ns.tags, "--max-concurrency", str(ns.max_concurrency),
-           "--log-format", ns.log_format, "--log-level", ns.log_level]
+           "--log-format", ns.log_format, "--log-level", ns.log_level,
+           "--data-listen", "127.0.0.1:0"]  # the data plane on a loopback port of its own
     if ns.allow_shell:
         cmd.append("--allow-shell")
     if url.startswith("wss://"):
@@ -367,7 +453,8 @@ async def _up(ns: argparse.Namespace) -> int:
             "  fleetwire plans\n"
             "Workers join this coordinator with:\n"
             f"  FLEETWIRE_TOKEN={worker_token} fleetwire worker --url {server.url}\n"
-            f"Dashboard: {server.url.replace('ws', 'http', 1)}/#token={admin_token}\n"
+            # The token is typed into the page's login form, never put in a URL (browser history).
+            f"Dashboard: {server.url.replace('ws', 'http', 1)}/  (log in with the admin token above)\n"
             "Press Ctrl-C to stop.",
             flush=True,
         )
@@ -409,7 +496,9 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                    help="largest accepted websocket frame (default 1 MiB)")
     p.add_argument("--store", default=None, metavar="SPEC",
                    help="where plans are kept: sqlite (default; coordinator.sqlite3 in --data-dir), "
-                        "sqlite:PATH, or memory (lost on restart)")
+                        "sqlite:PATH, memory (lost on restart), or postgresql://USER@HOST:PORT/DB (cluster mode: "
+                        "coordinators sharing the database fail over to each other, docs/CLUSTER.md); "
+                        "default $FLEETWIRE_STORE, else sqlite")
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="directory of the sqlite store (default: $FLEETWIRE_DATA_DIR, else "
                         "$XDG_STATE_HOME/fleetwire or ~/.local/state/fleetwire; `up`: a temporary directory)")
@@ -419,7 +508,27 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     p.add_argument("--plan-retention", type=float, default=86400.0, metavar="S",
                    help="forget a finished plan (memory and store) this many seconds after it ended; a client "
                         "plan id is an idempotency key only that long (default 86400 = 24 h; 0 keeps every plan)")
+    p.add_argument("--plan-retention-bytes", type=int, default=1 << 30, metavar="B",
+                   help="also forget finished plans, oldest first, while they hold more than B bytes together "
+                        "(args, result, held events, ~1 KB overhead each; default 1073741824 = 1 GiB; 0: no bound)")
+    p.add_argument("--data-ticket-ttl", type=float, default=3600.0, metavar="S",
+                   help="data-plane tickets (a client's pass to a worker's inputs and outputs) are valid this long "
+                        "(default 3600)")
+    p.add_argument("--data-key-rotation", type=float, default=86400.0, metavar="S",
+                   help="rotate the key that signs data-plane tickets this often; the previous key stays valid "
+                        "until the next rotation (default 86400; 0: never)")
     add_store_loss_argument(p)  # fleetwire/cli_store.py
+    g = p.add_argument_group("cluster mode (--store postgresql://..., docs/CLUSTER.md)")
+    g.add_argument("--cluster-name", default="fleetwire", metavar="NAME",
+                   help="the cluster's name, kept in the database; a coordinator of another name is refused "
+                        "(default fleetwire)")
+    g.add_argument("--shards", type=int, default=16, metavar="N",
+                   help="shard slots, fixed when the cluster's database is first used (default 16)")
+    g.add_argument("--lease-ttl", type=float, default=3.0, metavar="S",
+                   help="a shard lease lasts this long after its last renewal (database clock); a dead owner's "
+                        "shards are taken over after at most this plus half --lease-renew (default 3)")
+    g.add_argument("--lease-renew", type=float, default=1.0, metavar="S",
+                   help="how often the owner renews its leases; at most half --lease-ttl (default 1)")
     add_security_arguments(p)  # TLS and limits (fleetwire/cli_security.py)
     g = p.add_argument_group("placement and autoscaling (docs/ROUTING.md)")
     g.add_argument("--policy", default="joule_weighted", metavar="NAME",
@@ -512,9 +621,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="session key: plans with the same key go to the same worker while it has room")
     p.add_argument("--policy", metavar="NAME",
                    help="placement policy for this plan, e.g. least_busy (default: the coordinator's)")
+    p.add_argument("--input", action="append", metavar="NAME=@PATH",
+                   help="an input uploaded to the worker: NAME=@PATH, or NAME=- for standard input (repeatable)")
+    p.add_argument("--output", action="append", metavar="NAME",
+                   help="an output name the plan will leave, for `fleetwire output` (repeatable)")
     p.add_argument("--follow", "-f", action="store_true", help="print every event as it arrives")
-    p.add_argument("--detach", "-d", action="store_true", help="print the plan id and exit at once")
+    p.add_argument("--detach", "-d", action="store_true",
+                   help="print the plan id and exit at once (with --input: once the worker has the inputs)")
     p.set_defaults(func=_submit)
+
+    p = sub.add_parser("output", parents=[common, client], help="fetch an output of a plan from its worker",
+                       description="Wait for the plan to succeed, then download output NAME from its worker "
+                                   "to -o PATH (default: standard output).")
+    p.add_argument("plan", help="plan id")
+    p.add_argument("name", help="output name")
+    p.add_argument("-o", "--out", metavar="PATH", help="write it here (default: standard output)")
+    p.set_defaults(func=_output)
 
     p = sub.add_parser("watch", parents=[common, client], help="stream a plan's events until it ends",
                        description="Stream a plan's events from --from-seq until it ends. "
@@ -556,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
                      EXIT_FAILED)
     except FleetwireError as exc:
         return _fail(f"{exc} [{exc.code}]", EXIT_FAILED)
+    except DataTransferError as exc:  # an input or output could not be moved (fleetwire/data.py)
+        return _fail(str(exc), EXIT_FAILED)
     except BrokenPipeError:  # stdout closed early (`| head`): nothing is wrong with the coordinator
         return EXIT_OK
     except (OSError, ConnectionError) as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -44,6 +45,9 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "penalty_base": ("penalty_base_s", 1.0),
     "penalty_max": ("penalty_max_s", 60.0),
     "penalty_hold": ("penalty_hold_s", 1.0),
+    "max_pending_handshakes": ("max_pending_handshakes", 1024),
+    "refusal_log_burst": ("refusal_log_burst", 5),
+    "refusal_log_interval": ("refusal_log_interval_s", 60.0),
 }
 
 # flag dest -> (CoreConfig field, default): limits the core enforces, in the same "limits" flag group.
@@ -123,6 +127,28 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--close-timeout", type=float, default=_default("close_timeout"), metavar="S",
                    help="how long a closing connection waits for the peer before dropping TCP "
                         f"(default {_default('close_timeout')})")
+    g.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="with --insecure: a Host name accepted besides loopback ones (127.0.0.1, ::1, localhost), "
+                        "which a page using DNS rebinding cannot send (repeatable)")
+    g.add_argument("--max-pending-handshakes", type=int, default=_default("max_pending_handshakes"), metavar="N",
+                   help="TCP connections still in their websocket handshake; past it the oldest is dropped "
+                        "(idle token-less sockets); kept under a quarter of the open-file limit, which the "
+                        f"coordinator raises to its hard limit at start; 0: none "
+                        f"(default {_default('max_pending_handshakes')})")
+    g.add_argument("--refusal-log-burst", type=int, default=_default("refusal_log_burst"), metavar="N",
+                   help="refused connections logged one by one per peer address and interval; the rest are "
+                        f"summed up in one line at its end (default {_default('refusal_log_burst')})")
+    g.add_argument("--refusal-log-interval", type=float, default=_default("refusal_log_interval"), metavar="S",
+                   help=f"the refusal-log interval (default {_default('refusal_log_interval')})")
+    g = p.add_argument_group("metrics")
+    g.add_argument("--metrics-cache", type=float, default=2.0, metavar="S",
+                   help="rebuild the /metrics exposition at most every S seconds; 0: on every scrape (default 2)")
+    g.add_argument("--metrics-token", metavar="TOKEN",
+                   help="require 'Authorization: Bearer TOKEN' on /metrics (default $FLEETWIRE_METRICS_TOKEN; "
+                        "none: open, as it carries no plan data)")
+    g.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve /metrics (and /healthz) on this address instead of the main port, e.g. an "
+                        "interface only the monitoring network reaches")
 
 
 def add_token_arguments(p: argparse.ArgumentParser) -> None:
@@ -144,8 +170,11 @@ def security_settings(ns: argparse.Namespace) -> dict[str, Any]:
     values = {field: getattr(ns, dest) for dest, (field, _) in LIMIT_DEFAULTS.items()}
     for field in ("ping_interval_s", "ping_timeout_s"):
         values[field] = values[field] or None  # 0: no pings
-    limits = Limits(**values, allowed_origins=tuple(ns.allowed_origin))
+    limits = Limits(**values, allowed_origins=tuple(ns.allowed_origin), allowed_hosts=tuple(ns.allowed_host))
     return {
+        "metrics_cache_s": ns.metrics_cache,
+        "metrics_token": ns.metrics_token or os.environ.get("FLEETWIRE_METRICS_TOKEN") or None,
+        "metrics_listen": ns.metrics_listen,
         "tls_cert": ns.tls_cert,
         "tls_key": ns.tls_key,
         "tls_client_ca": ns.tls_client_ca,

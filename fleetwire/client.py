@@ -45,16 +45,26 @@ import asyncio
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import msgspec
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from fleetwire import options
-from fleetwire.connection import CLIENT_PATH, DEFAULT_MAX_FRAME_BYTES, dial, ending_error, resolve_url
+from fleetwire.connection import (
+    CLIENT_PATH,
+    DEFAULT_MAX_FRAME_BYTES,
+    UrlList,
+    dial,
+    ending_error,
+    resolve_url,
+    resolve_urls,
+)
+from fleetwire.data import DirectTransport, Grant, InputValue, Transport, Uploads, prepare_inputs
+from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.errors import FleetwireConnectionError, RequestError
 from fleetwire.plan import Plan
 from fleetwire.resume import Resumer
@@ -62,9 +72,12 @@ from fleetwire.session import COALESCE_LIMIT_BYTES, ClientSession
 from fleetwire.stream import PlanStream
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
+from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 from protocol.messages import (
     Accepted,
     Cancel,
+    DataGrant,
+    DataTicket,
     DrainWorker,
     GetPlan,
     ListPlans,
@@ -87,13 +100,21 @@ __all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Cl
 
 log = logging.getLogger("fleetwire.client")
 
+#: A submit encoded larger than this moves its args to the data plane: under the coordinator's 1 MiB frame limit.
+MAX_INLINE_BYTES = (1 << 20) - (64 << 10)
+
 
 class Client:
     """An asyncio session with a fleetwire coordinator (docs/PROTOCOL.md §Client session).
 
     Args:
         url: ``ws://host:port`` (``/v1/client`` is appended when there is no path);
-            default ``$FLEETWIRE_URL``.
+            default ``$FLEETWIRE_URL``. Cluster mode: a list of coordinators (or ``"a,b,c"``,
+            ``FLEETWIRE_URL=ws://a:8765,ws://b:8765``): the session dials them in turn until one
+            answers, follows ``moved`` to the shard's owner, and fails over to the next one
+            with the jittered reconnect backoff (docs/CLUSTER.md).
+        pool: cluster mode: the worker pool this client's plans go to (``?pool=NAME``), so the
+            first coordinator reached redirects it to that shard's owner at once.
         token: the client (or admin) bearer token; default ``$FLEETWIRE_TOKEN``. None
             sends no ``Authorization`` header (a coordinator run with ``--insecure``).
         encoding: ``"msgpack"`` (binary frames, the default) or ``"json"`` (text frames).
@@ -112,9 +133,10 @@ class Client:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         *,
         token: str | None = None,
+        pool: str = "",
         encoding: Encoding = "msgpack",
         open_timeout_s: float | None = 10.0,
         max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
@@ -126,7 +148,8 @@ class Client:
     ) -> None:
         if encoding not in ENCODING_SUBPROTOCOL:
             raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
-        self.url = resolve_url(url)
+        self._urls = UrlList(resolve_urls(url, pool=pool))
+        self.url = self._urls.current
         self._ca_file = ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None
         self.encoding: Encoding = encoding
         self._token = (token if token is not None else os.environ.get("FLEETWIRE_TOKEN")) or None
@@ -138,6 +161,12 @@ class Client:
         self._writer: asyncio.Task[None] | None = None
         self._outbox_ready = asyncio.Event()
         self._closing = False
+        self._transport: Transport | None = None  # made on first use (fleetwire/data.py)
+        self._uploads: set[Uploads] = set()
+        self.max_inline_bytes = MAX_INLINE_BYTES
+        """A submit encoded larger than this moves its ``args`` to the data plane (input ``__args__``)."""
+        self.relay = RelayTransport(self)  # inputs and outputs through the coordinator (fleetwire/relay.py)
+        self._session.on_data = self.relay.receive
         self._resumer: Resumer[ClientConnection] = Resumer(
             self._session,
             dial=self._dial,
@@ -178,13 +207,35 @@ class Client:
 
     async def _dial(self) -> ClientConnection:
         """A new websocket to the coordinator (the first one, or one that resumes the session)."""
-        return await dial(
-            self.url,
-            encoding=self.encoding,
-            token=self._token,
-            open_timeout_s=self._open_timeout_s,
-            max_frame_bytes=self._max_frame_bytes,
-            ca_file=self._ca_file,
+        urls = self._urls
+        moved = self._session.moved
+        if moved is not None:
+            urls.move_to(moved.url)
+            self._session.moved = None
+        error = FleetwireConnectionError("no coordinator URL")
+        tried = ""
+        # A first connect tries each URL of the list once; a reconnect one URL per backoff step.
+        for _ in range(len(urls.urls) if self._ws is None else 1):
+            url = self.url = urls.pick()
+            try:
+                ws = await dial(
+                    url,
+                    encoding=self.encoding,
+                    token=self._token,
+                    open_timeout_s=self._open_timeout_s,
+                    max_frame_bytes=self._max_frame_bytes,
+                    ca_file=self._ca_file,
+                )
+            except FleetwireConnectionError as exc:
+                tried = urls.failed(url)
+                if len(urls.urls) == 1:
+                    raise
+                error = exc
+                continue
+            urls.succeeded()
+            return ws
+        raise FleetwireConnectionError(
+            f"no coordinator of the list answered (tried {tried}): {error}", retry_after_s=error.retry_after_s
         )
 
     def _attach(self, ws: ClientConnection) -> None:
@@ -192,6 +243,7 @@ class Client:
         self._reader = asyncio.create_task(self._read_loop(ws), name="fleetwire-client-reader")
         self._writer = asyncio.create_task(self._write_loop(ws), name="fleetwire-client-writer")
         self._outbox_ready.set()  # requests queued while no session was up
+        self.relay.reset()  # streams opened while no session was up were not carried: open them again
 
     async def close(self) -> None:
         """Close the session; pending calls and unfinished plans fail with ``FleetwireConnectionError``."""
@@ -205,6 +257,44 @@ class Client:
         # return_exceptions: a writer cancelled when its connection dropped (fleetwire/resume.py)
         tasks = [task for task in (self._reader, self._writer) if task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
+        for uploads in list(self._uploads):
+            uploads.cancel()
+        await asyncio.gather(*(u.task for u in self._uploads), return_exceptions=True)
+        if self._transport is not None:
+            await self._transport.aclose()
+            self._transport = None
+
+    @property
+    def transport(self) -> Transport:
+        """How plans' inputs and outputs move: direct to the worker when it can be dialled, else through
+        the coordinator (fleetwire/relay.py ``AutoTransport``)."""
+        if self._transport is None:
+            self._transport = AutoTransport(DirectTransport(ca_file=self._ca_file), self.relay)
+        return self._transport
+
+    def post(self, msg: Any) -> None:
+        """Queue a message that expects no reply (the relay's ``data_*``) and wake the writer.
+
+        Raises:
+            FleetwireConnectionError: the session has ended.
+        """
+        self._session.post(msg)
+        self._outbox_ready.set()
+
+    @transport.setter
+    def transport(self, value: Transport) -> None:
+        self._transport = value
+
+    async def data_ticket(self, plan_id: str, direction: Literal["put", "get"] = "get") -> Grant:
+        """Where a plan's bytes are and a fresh ticket to them (``get``: outputs, ``put``: inputs).
+
+        Raises:
+            PlanNotFound: no such plan visible to this session.
+            InvalidArgument: the plan has not been placed yet, or takes no inputs.
+        """
+        msg = DataTicket(req_id=self._session.next_req_id(), plan_id=plan_id, direction=direction)
+        reply: DataGrant = await self._request(msg, DataGrant)
+        return Grant.from_reply(reply)
 
     async def __aenter__(self) -> Client:
         return await self.connect()
@@ -231,6 +321,9 @@ class Client:
         hints: RoutingHints | Mapping[str, Any] | None = None,
         session_key: str | None = None,
         policy: str | None = None,
+        inputs: Mapping[str, InputValue] | None = None,
+        outputs: Iterable[str] = (),
+        relay: bool = False,
     ) -> Plan:
         """Submit a plan and return it, subscribed from its first event.
 
@@ -250,11 +343,25 @@ class Client:
                 prefix hashes and token estimates for KV-aware placement and admission.
             session_key: plans with the same key go to the same worker while it has room.
             policy: the placement policy for this plan (else the coordinator's default).
+            inputs: named inputs (``bytes``, ``memoryview``, ``pathlib.Path`` or a binary file),
+                uploaded straight to the plan's worker once it is placed, and again to a new
+                attempt's worker; the handler sees them as ``ctx.inputs`` (fleetwire/data.py).
+            outputs: names of outputs the handler will leave, fetched with ``plan.output(name)``.
+            relay: carry the inputs and outputs through the coordinator even when the worker could
+                be dialled (fleetwire/relay.py); otherwise the relay is used only when it cannot.
+
+        Args over ``max_inline_bytes`` encoded move to the data plane as the input ``__args__``
+        (their msgpack), which the worker decodes before calling the handler.
 
         Raises:
             InvalidArgument: the coordinator refused the arguments.
-            ValueError: ``requirements`` or ``hints`` has an unknown field or a wrong type.
+            ValueError: ``requirements`` or ``hints`` has an unknown field or a wrong type, or a bad
+                input name (``__args__`` and ``__result__`` are reserved).
         """
+        reserved = RESERVED_NAMES.intersection(inputs or ()) | RESERVED_NAMES.intersection(outputs)
+        if reserved:
+            raise ValueError(f"input and output names {sorted(reserved)} are reserved for oversize args and results")
+        sources = await prepare_inputs(inputs) if inputs else {}
         reqs = options.requirements(requirements, tags)
         routing = options.hints(hints, session_key, policy)
         msg = Submit(
@@ -269,8 +376,26 @@ class Client:
             plan_id=plan_id or options.new_plan_id(),  # always an id: a submit re-sent after a reconnect is idempotent
             subscribe=True,
             hints=routing,
+            inputs=[source.spec() for source in sources.values()],
+            outputs=list(outputs),
         )
-        plan: Plan = await self._request(msg, Accepted, functools.partial(self._on_accepted, own=plan_id is None))
+        raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
+        if len(raw) > self.max_inline_bytes and args is not None:  # over the frame limit: args go by the data plane
+            packed = await prepare_inputs({ARGS_INPUT: msgspec.msgpack.encode(args)})
+            sources.update(packed)
+            msg = msgspec.structs.replace(msg, args=None, inputs=[*msg.inputs, packed[ARGS_INPUT].spec()])
+            raw = self._session.encode(msg)
+        accepted = functools.partial(self._on_accepted, own=plan_id is None)
+        plan: Plan = await self._request(msg, Accepted, accepted, raw=raw)
+        plan.relay = relay
+        if sources:  # uploaded to each attempt's worker on its data_ready, until the plan ends
+            transport: Transport = self.relay if relay else self.transport
+            uploads = Uploads(
+                plan.id, sources, plan.events(), transport, functools.partial(self.data_ticket, plan.id, "put")
+            )
+            plan.uploads = uploads
+            self._uploads.add(uploads)
+            uploads.task.add_done_callback(lambda _task: self._uploads.discard(uploads))
         if plan.duplicate:
             # A duplicate's events were emitted before this session subscribed: replay them
             # (a coordinator that replays them after ``accepted`` too costs only duplicates,
@@ -326,6 +451,10 @@ class Client:
                 max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True,
             )
             raws.append(encode(msg))  # an unencodable item fails here, before anything is sent
+            if len(raws[-1]) > self.max_inline_bytes:  # never a frame the coordinator would close the session for
+                raise ValueError(f"args[{len(raws) - 1}] is {len(raws[-1])} bytes encoded, over max_inline_bytes "
+                                 f"({self.max_inline_bytes}); submit it with submit(), which moves large args "
+                                 "to the data plane")
             req_ids.append(req_id)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
@@ -442,13 +571,16 @@ class Client:
 
     # ---- internals: requests and plans
 
-    async def _request(self, msg: Any, expect: type[Any], on_reply: Callable[[Any], Any] | None = None) -> Any:
+    async def _request(
+        self, msg: Any, expect: type[Any], on_reply: Callable[[Any], Any] | None = None, raw: msgspec.Raw | None = None
+    ) -> Any:
         session = self._session
         if session.ended is not None:
             raise session.ended
         if self._ws is None:
             raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
-        raw = session.encode(msg)  # an unencodable argument fails here, in the caller
+        if raw is None:
+            raw = session.encode(msg)  # an unencodable argument fails here, in the caller
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         session.send_request(msg.req_id, type(msg), raw, expect, future, on_reply)
         try:
@@ -484,6 +616,8 @@ class Client:
         try:
             async for frame in ws:
                 self._session.receive_frame(frame)
+                if self._session.has_outgoing:  # the session queued requests of its own (a resubmission)
+                    self._outbox_ready.set()
         except ConnectionClosed:
             pass
         except Exception:
@@ -499,6 +633,7 @@ class Client:
             return
         if self._writer is not None:  # it may hold a batch for the dead socket: pending requests are re-sent
             self._writer.cancel()
+        self.relay.reset()  # relayed streams are opened again on the next connection
         self._resumer.start(error)
 
     async def _write_loop(self, ws: ClientConnection) -> None:
@@ -521,3 +656,4 @@ class Client:
     def _end(self, error: FleetwireConnectionError) -> None:
         self._session.end(error)
         self._outbox_ready.set()  # lets the writer see the end and return
+        self.relay.reset()  # relayed transfers wake, and fail on the ended session

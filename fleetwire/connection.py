@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Sequence
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
@@ -19,7 +20,7 @@ from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
 
-__all__ = ["CLIENT_PATH", "DEFAULT_MAX_FRAME_BYTES", "dial", "ending_error", "resolve_url"]
+__all__ = ["CLIENT_PATH", "DEFAULT_MAX_FRAME_BYTES", "UrlList", "dial", "ending_error", "resolve_url", "resolve_urls"]
 
 CLIENT_PATH: Final = "/v1/client"
 DEFAULT_MAX_FRAME_BYTES: Final = 16 * 2**20
@@ -31,6 +32,7 @@ _CLOSE_MEANINGS: Final[dict[int, str]] = {
     codes.CLOSE_INTERNAL: "internal error in the coordinator",
     codes.CLOSE_PROTOCOL: "too many protocol errors on this session",
     codes.CLOSE_FORBIDDEN: "a message this role may not send",
+    codes.CLOSE_MOVED: "another coordinator of the cluster owns this shard",
 }
 
 
@@ -46,6 +48,60 @@ def resolve_url(url: str | None) -> str:
     if parts.path in ("", "/"):
         return urlunsplit((parts.scheme, parts.netloc, CLIENT_PATH, parts.query, parts.fragment))
     return urlunsplit(parts)
+
+
+def resolve_urls(url: str | Sequence[str] | None, *, pool: str = "") -> list[str]:
+    """Every coordinator URL to try: a list, or ``a,b,c`` (``url`` or ``$FLEETWIRE_URL``), each resolved.
+
+    ``pool``: the worker pool the session is for (cluster mode); sent as ``?pool=NAME`` so a
+    coordinator that does not own its shard answers ``moved`` at once.
+    """
+    if url is None:
+        url = os.environ.get("FLEETWIRE_URL")
+    items = [u.strip() for u in url.split(",")] if isinstance(url, str) else [u.strip() for u in url or ()]
+    items = [u for u in items if u]
+    if not items:
+        raise ValueError("no coordinator URL: pass url='ws://host:port' (or a list) or set FLEETWIRE_URL")
+    resolved = [resolve_url(u) for u in items]
+    if pool:
+        resolved = [u if urlsplit(u).query else f"{u}?{urlencode({'pool': pool})}" for u in resolved]
+    return resolved
+
+
+class UrlList:
+    """Which URL to dial next: the one a ``moved`` named, else the next of the list (round robin).
+
+    ``tried`` keeps the URLs of the dials that failed since the last success (for the error
+    that names them).
+    """
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.tried: list[str] = []
+        self._next = 0
+        self._moved: str | None = None
+        self.current = urls[0]
+
+    def move_to(self, url: str) -> None:
+        """A ``moved`` named ``url`` (empty: none known; go on with the list)."""
+        self._moved = url or None
+
+    def pick(self) -> str:
+        if self._moved is not None:
+            self.current, self._moved = self._moved, None
+        else:
+            self.current = self.urls[self._next % len(self.urls)]
+            self._next += 1
+        return self.current
+
+    def failed(self, url: str) -> str:
+        """Note a failed dial; the URLs tried so far, for the error."""
+        if url not in self.tried:
+            self.tried.append(url)
+        return ", ".join(self.tried)
+
+    def succeeded(self) -> None:
+        self.tried = []
 
 
 async def dial(

@@ -36,6 +36,8 @@ class SubmitOptions(_PlanOptions, total=False):
     hints: RoutingHints | Mapping[str, Any] | None
     session_key: str | None
     policy: str | None
+    inputs: Mapping[str, Any] | None  # name -> bytes | memoryview | pathlib.Path | binary file (fleetwire/data.py)
+    outputs: Iterable[str]
 
 
 class SubmitManyOptions(_PlanOptions, total=False):

@@ -9,9 +9,12 @@ fixes the outcome. The handle adds the waiting: ``events()`` and ``result()`` sl
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
+from fleetwire.data import Grant, Transport, Uploads, fetch_to
 from fleetwire.stream import PlanStream
 from protocol.messages import Event, PlanInfo, PlanStateName
 
@@ -19,10 +22,20 @@ __all__ = ["Plan", "PlanCanceller"]
 
 
 class PlanCanceller(Protocol):
-    """What a ``Plan`` needs of its client: a way to cancel it (``Client.cancel``)."""
+    """What a ``Plan`` needs of its client: a way to cancel it (``Client.cancel``), and for outputs
+    a ticket to them (``Client.data_ticket``) and a transport (``Client.transport``)."""
 
     async def cancel(self, plan_id: str) -> PlanInfo:
         """Cancel the plan; its record after the cancel."""
+        ...
+
+    async def data_ticket(self, plan_id: str, direction: Literal["put", "get"] = "get") -> Grant:
+        """Where the plan's bytes are, with a fresh ticket."""
+        ...
+
+    @property
+    def transport(self) -> Transport:
+        """How bytes move (fleetwire/data.py)."""
         ...
 
 
@@ -31,8 +44,8 @@ class Plan:
 
     Made by ``Client.submit`` and ``Client.watch``, never directly. Attributes reflect
     the events received so far: ``state`` (``None`` until the first lifecycle event of
-    a watched plan), ``attempt``, ``worker_id``, ``last_seq``, ``resyncs``; ``duplicate``
-    is true when ``submit`` found an existing plan with the given ``plan_id``.
+    a watched plan), ``attempt``, ``worker_id``, ``last_seq``, ``resyncs``, ``recovered``;
+    ``duplicate`` is true when ``submit`` found an existing plan with the given ``plan_id``.
 
     Args:
         stream: the plan's stream, registered with the client's session.
@@ -49,6 +62,8 @@ class Plan:
         # are never waited on while they run, and an Event per plan costs at 20k plans/s.
         self._changed: asyncio.Event | None = None
         stream.on_change = self._wake
+        self.uploads: Uploads | None = None
+        """Its inputs' uploads (fleetwire/data.py), when it was submitted with inputs."""
 
     def __repr__(self) -> str:
         return f"<Plan {self.id} {self.state or 'unknown'} seq={self.last_seq}>"
@@ -82,6 +97,12 @@ class Plan:
     def resyncs(self) -> int:
         """Runs of events the coordinator could no longer replay (each is a ``resync`` event)."""
         return self._stream.resyncs
+
+    @property
+    def recovered(self) -> bool:
+        """Whether the coordinator lost this plan (a store loss) and the client resubmitted it with the
+        same id and spec; its ``events()`` then hold a ``recovered`` event where the new stream begins."""
+        return self._stream.recovered > 0
 
     def done(self) -> bool:
         """Whether the plan reached a terminal state (succeeded, failed or cancelled)."""
@@ -117,6 +138,29 @@ class Plan:
     async def cancel(self) -> PlanInfo:
         """Cancel the plan; same as ``client.cancel(plan.id)``."""
         return await self._client.cancel(self.id)
+
+    async def output_chunks(self, name: str) -> AsyncIterator[bytes]:
+        """An output's bytes in chunks, fetched from its worker once the plan succeeded.
+
+        Raises:
+            PlanFailed, PlanCancelled: the plan did not succeed.
+            DataTransferError: the worker no longer has it (expired, or the worker died), or it is unreachable.
+        """
+        await self.result()
+        grant = await self._client.data_ticket(self.id, "get")
+        async for chunk in self._client.transport.download(grant, name):
+            yield chunk
+
+    async def output(self, name: str) -> bytes:
+        """An output's bytes, whole (for small outputs; see :meth:`output_to` and :meth:`output_chunks`)."""
+        parts = [chunk async for chunk in self.output_chunks(name)]
+        return b"".join(parts)
+
+    async def output_to(self, name: str, path: str | os.PathLike[str]) -> Path:
+        """Write an output to ``path`` in chunks (bounded memory); returns the path."""
+        await self.result()
+        grant = await self._client.data_ticket(self.id, "get")
+        return await fetch_to(self._client.transport, grant, name, path)
 
     def _wake(self) -> None:
         # One Event per generation: every waiter of this generation wakes, later

@@ -13,7 +13,9 @@ failing every call:
   from the last ``seq`` it holds, so ``events()`` goes on with no gap and no duplicate;
 * when the coordinator no longer holds some of those events it answers ``resync`` and the
   plan yields a ``resync`` marker event in their place (fleetwire/stream.py); when it no
-  longer knows the plan at all (a coordinator without a durable store), that plan fails.
+  longer knows the plan at all (its store lost it), a plan this client submitted is submitted
+  again with the same id and spec (``recovered``, fleetwire/session.py), and a plan it only
+  watches fails.
 
 Any other close (a close code the coordinator chose on purpose, an auth failure while
 reconnecting) or the give-up deadline ends the session as before: pending calls and
@@ -40,7 +42,8 @@ log = logging.getLogger("fleetwire.client")
 
 # None: the connection dropped without a close frame (1006). 1001: the coordinator is shutting
 # down (a restart). 1011-1014: server error, restart, try again later, bad gateway.
-RESUMABLE_CLOSE_CODES: Final = frozenset({None, 1001, 1006, 1011, 1012, 1013, 1014})
+# 4307: cluster mode's ``moved`` (the driver dials the URL it named, else the next of its list).
+RESUMABLE_CLOSE_CODES: Final = frozenset({None, 1001, 1006, 1011, 1012, 1013, 1014, 4307})
 
 C = TypeVar("C")  # the driver's connection
 
@@ -112,8 +115,11 @@ class Resumer(Generic[C]):
         started = loop.time()
         failures = 0
         floor_s = 0.0  # a refusal's Retry-After: the next try waits at least that long
+        moved = error.close_code == 4307  # told where to go: the first dial goes there at once
         while True:
-            await asyncio.sleep(max(floor_s, self._rng.uniform(0.0, min(self.cap_s, self.base_s * 2**failures))))
+            if not moved:
+                await asyncio.sleep(max(floor_s, self._rng.uniform(0.0, min(self.cap_s, self.base_s * 2**failures))))
+            moved = False
             try:
                 connection = await self._dial()
             except AuthError as exc:  # retrying cannot fix a token

@@ -25,7 +25,12 @@ Theory of operation:
   connection, every request still waiting for its reply in ``req_id`` order (a submit
   always carries a plan id, so a re-sent one is idempotent), then a ``subscribe`` of every
   live, unfinished stream from its ``last_seq``. A plan the coordinator no longer knows
-  fails its stream.
+  fails its stream, unless this session submitted it: see *Recovery*.
+* **Recovery** (docs/SEMANTICS.md §Recovery from clients and workers). For every plan it was
+  told was accepted and that has not ended, the session keeps the encoded ``submit``. When a
+  resubscription after a reconnect finds the plan unknown (a store loss on the coordinator's
+  side), the session submits it again with the same id and spec, marked ``recovered``, logs a
+  warning, and the plan's stream starts again after a ``recovered`` event (``PlanStream.recover``).
 * **End.** ``end`` fails every waiter and every unfinished stream with the same
   ``FleetwireConnectionError``; the session takes nothing more.
 """
@@ -46,12 +51,18 @@ from protocol.codec import Codec, DecodeFailure, Encoding
 from protocol.messages import (
     TERMINAL_STATES,
     Accepted,
+    DataChunk,
+    DataCredit,
+    DataEnd,
+    DataGrant,
     Error,
     Event,
+    Moved,
     Ok,
     PlanReply,
     Plans,
     Resync,
+    Submit,
     Subscribe,
     Subscribed,
     ToClient,
@@ -59,13 +70,16 @@ from protocol.messages import (
     type_name,
 )
 
-__all__ = ["COALESCE_LIMIT_BYTES", "ClientSession", "PendingRequest", "Waiter"]
+__all__ = ["COALESCE_LIMIT_BYTES", "RECOVERED_REASON", "ClientSession", "PendingRequest", "Waiter"]
 
 log = logging.getLogger("fleetwire.client")
 
 # Outgoing frames hold several messages only up to this size: well under the 1 MiB
 # frame limit a coordinator is likely to enforce (websockets' default).
 COALESCE_LIMIT_BYTES: Final = 256 * 2**10
+
+#: The ``reason`` of the ``recovered`` event of a plan the session resubmitted.
+RECOVERED_REASON: Final = "coordinator lost the plan; resubmitted by the client"
 
 
 class Waiter(Protocol):
@@ -115,17 +129,25 @@ class ClientSession:
         text: whether frames are text (JSON) rather than binary.
         ended: why the session ended; None while it goes on.
         resumed: how many times a new connection resumed the session.
+        recovered: how many plans the session resubmitted because the coordinator had lost them.
     """
 
     def __init__(self, encoding: Encoding) -> None:
         self._codec = Codec(encoding, ToClient, role="coordinator")
         self.text = self._codec.text
         self.ended: FleetwireConnectionError | None = None
+        self.moved: Moved | None = None  # cluster mode: the last ``moved`` (where the next dial goes)
         self.resumed = 0
+        self.recovered = 0
+        self._encoding: Encoding = encoding
         self._req_ids = itertools.count(1)
         self._pending: dict[int, PendingRequest] = {}
         self._streams: dict[str, list[PlanStream]] = {}
         self._outbox: list[msgspec.Raw] = []
+        # Accepted and not ended: plan id -> its encoded submit, to resubmit a plan the coordinator lost.
+        self._specs: dict[str, msgspec.Raw] = {}
+        self.on_data: Callable[[DataChunk | DataCredit | DataEnd], None] | None = None
+        """Receives the relay's messages (fleetwire/relay.py ``RelayTransport.receive``); None: dropped."""
 
     def __repr__(self) -> str:
         state = f"ended: {self.ended}" if self.ended is not None else "open"
@@ -167,6 +189,16 @@ class ClientSession:
         self._pending[req_id] = PendingRequest(request, expect, waiter, on_reply, raw)
         self._outbox.append(raw)
 
+    def post(self, msg: Any) -> None:
+        """Queue a message that expects no reply (the relay's ``data_*``); it is not re-sent after a reconnect.
+
+        Raises:
+            FleetwireConnectionError: the session has ended.
+        """
+        if self.ended is not None:
+            raise self.ended
+        self._outbox.append(self.encode(msg))
+
     def forget_request(self, req_id: int) -> None:
         """Stop waiting for a reply (answered, or its caller gave up); a later reply is dropped."""
         self._pending.pop(req_id, None)
@@ -189,6 +221,17 @@ class ClientSession:
             streams.remove(stream)
         if not streams:
             self._streams.pop(stream.id, None)
+            self._specs.pop(stream.id, None)
+
+    @property
+    def has_outgoing(self) -> bool:
+        """Whether requests wait in the outbox (the driver's writer should run)."""
+        return bool(self._outbox) and self.ended is None
+
+    @property
+    def held_specs(self) -> int:
+        """Plans accepted and not ended whose submit the session keeps (to resubmit them after a store loss)."""
+        return len(self._specs)
 
     def streams_of(self, plan_id: str) -> list[PlanStream]:
         """The streams registered for a plan (a copy)."""
@@ -209,7 +252,8 @@ class ClientSession:
                     stream.feed(msg)
                 if msg.kind in TERMINAL_STATES:
                     self._drop_finished(msg.plan_id)
-            case Accepted() | Subscribed() | PlanReply() | Workers() | Plans() | Ok():
+                    self._specs.pop(msg.plan_id, None)
+            case Accepted() | Subscribed() | PlanReply() | Workers() | Plans() | Ok() | DataGrant():
                 self._resolve(msg.req_id, msg)
             case Error():
                 pending = self._pending.pop(msg.req_id, None) if msg.req_id else None
@@ -222,6 +266,13 @@ class ClientSession:
             case Resync():
                 for stream in self._streams.get(msg.plan_id, ()):
                     stream.resync(msg)
+                if msg.plan is not None and msg.plan.state in TERMINAL_STATES:
+                    self._specs.pop(msg.plan_id, None)
+            case Moved():  # cluster mode: the coordinator closes 4307 next; the driver dials msg.url
+                self.moved = msg
+            case DataChunk() | DataCredit() | DataEnd():
+                if self.on_data is not None:
+                    self.on_data(msg)
             case DecodeFailure():
                 log.warning("fleetwire client: undecodable message from the coordinator: %s", msg.message)
             case _:
@@ -239,6 +290,8 @@ class ClientSession:
                 )
             )
             return
+        if pending.request is Submit and pending.raw is not None and reply.state not in TERMINAL_STATES:
+            self._specs[reply.plan_id] = pending.raw  # kept until the plan ends (see Recovery)
         pending.waiter.set_result(pending.on_reply(reply) if pending.on_reply else reply)
 
     def _drop_finished(self, plan_id: str) -> None:
@@ -306,7 +359,31 @@ class ClientSession:
             for stream in streams:
                 stream.fail(ended)
         self._streams.clear()
+        self._specs.clear()
         self._outbox.clear()
+
+    def _resubmit(self, stream: PlanStream) -> bool:
+        """Submit again a plan the coordinator forgot, if this session submitted it; False if not."""
+        raw = self._specs.get(stream.id)
+        if raw is None or self.ended is not None:
+            return False
+        decode = msgspec.msgpack.decode if self._encoding == "msgpack" else msgspec.json.decode
+        spec = decode(raw, type=Submit)
+        req_id = next(self._req_ids)
+        msg = msgspec.structs.replace(spec, req_id=req_id, plan_id=stream.id, subscribe=True, recovered=True)
+        log.warning(
+            "fleetwire client: the coordinator no longer knows plan %r after the reconnect (a store loss?); "
+            "resubmitting it with the same id and spec",
+            stream.id,
+        )
+        # raw=None: a later reconnect does not re-send it; the resubscription finds the plan or resubmits again.
+        self._pending[req_id] = PendingRequest(Submit, Accepted, _Recovery(self, stream))
+        self._outbox.append(self.encode(msg))
+        return True
+
+    def _recovered(self, stream: PlanStream) -> None:
+        self.recovered += 1
+        stream.recover(RECOVERED_REASON)
 
 
 class _Resubscription:
@@ -325,7 +402,7 @@ class _Resubscription:
         """The replay follows the reply; nothing to do."""
 
     def set_exception(self, exception: BaseException, /) -> None:
-        if isinstance(exception, PlanNotFound):
+        if isinstance(exception, PlanNotFound) and not self._session._resubmit(self._stream):
             self._stream.fail(
                 FleetwireConnectionError(
                     f"the coordinator no longer knows plan {self._stream.id!r} after the reconnect "
@@ -333,3 +410,28 @@ class _Resubscription:
                 )
             )
             self._session.remove_stream(self._stream)
+
+
+class _Recovery:
+    """The waiter of a plan's resubmission (``ClientSession._resubmit``): accepted, its stream starts again."""
+
+    __slots__ = ("_session", "_stream")
+
+    def __init__(self, session: ClientSession, stream: PlanStream) -> None:
+        self._session = session
+        self._stream = stream
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, result: Any, /) -> None:
+        """Accepted (new, or a duplicate when another session resubmitted it first): the events follow."""
+        self._session._recovered(self._stream)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._stream.fail(
+            FleetwireConnectionError(
+                f"the coordinator lost plan {self._stream.id!r} and refused its resubmission: {exception}"
+            )
+        )
+        self._session.remove_stream(self._stream)

@@ -10,6 +10,8 @@ Theory of operation (docs/PROTOCOL.md §Client session, §Lifecycle events):
 * The terminal event (``succeeded``, ``failed``, ``cancelled``), or a terminal ``PlanInfo``
   whose terminal event this stream will never see, fixes the outcome that ``outcome()``
   returns or raises. A session that ends first marks the stream ``lost``.
+* A plan the coordinator lost (a store loss) and the session resubmitted (``recover``) starts
+  its stream again: a ``recovered`` marker event, then the new stream from ``seq`` 1.
 * Every change calls ``on_change``: the asyncio ``Plan`` handle (fleetwire/plan.py) wakes
   its waiters there. Nothing here awaits, sleeps or allocates per event beyond the buffer.
 """
@@ -58,6 +60,7 @@ class PlanStream:
         last_seq: the ``seq`` of the latest event received (or stood in for by a resync).
         live: whether events are taken (see the module docstring).
         resyncs: runs of events the coordinator could no longer replay (see ``resync``).
+        recovered: times the session resubmitted the plan after the coordinator lost it (see ``recover``).
         events: every event taken, in ``seq`` order.
         final: the terminal state, once known.
         lost: why the session ended before the plan did, if it did.
@@ -76,6 +79,7 @@ class PlanStream:
         "live",
         "lost",
         "on_change",
+        "recovered",
         "resyncs",
         "state",
         "worker_id",
@@ -91,6 +95,7 @@ class PlanStream:
         self.last_seq = from_seq
         self.live = live
         self.resyncs = 0
+        self.recovered = 0
         self.events: list[Event] = []
         self.final: PlanStateName | None = None
         self.lost: FleetwireConnectionError | None = None
@@ -187,6 +192,21 @@ class PlanStream:
             if info.state not in TERMINAL_STATES:
                 self.state = info.state
             self.finish_from_info(info)  # ends it when its terminal event was among the missing ones
+        self.on_change()
+
+    def recover(self, reason: str) -> None:
+        """The coordinator lost the plan and the session resubmitted it (same id and spec): start again.
+
+        A marker ``Event(kind="recovered", seq=0, data={"reason", "last_seq"})`` (``last_seq``: the
+        last seq of the lost stream) goes into the stream; the new stream's events follow from seq 1.
+        """
+        if self.final is not None:
+            return
+        data = {"reason": reason, "last_seq": self.last_seq}
+        self.events.append(Event(plan_id=self.id, kind="recovered", data=data, seq=0))
+        self.last_seq = 0
+        self.state = "queued"
+        self.recovered += 1
         self.on_change()
 
     def finish_from_info(self, info: PlanInfo) -> None:

@@ -18,8 +18,10 @@ Calls may come from several threads at once.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -96,7 +98,7 @@ class SyncClient:
 
     def submit(self, op: str, args: Any = None, **options: Unpack[SubmitOptions]) -> SyncPlan:
         """Submit a plan; takes the keyword arguments of ``Client.submit`` (tags, requirements,
-        priority, timeout_s, max_attempts, retries, plan_id, hints, session_key, policy)."""
+        priority, timeout_s, max_attempts, retries, plan_id, hints, session_key, policy, inputs, outputs)."""
         return SyncPlan(self, self._call(self._client.submit(op, args, **options)))
 
     def submit_many(self, op: str, args: Iterable[Any], **options: Unpack[SubmitManyOptions]) -> list[SyncPlan]:
@@ -219,6 +221,30 @@ class SyncPlan:
     def cancel(self) -> PlanInfo:
         """Cancel the plan; see ``Client.cancel``."""
         return self._client.cancel(self._plan.id)
+
+    def output(self, name: str, timeout: float | None = None) -> bytes:
+        """An output's bytes once the plan succeeded; see ``Plan.output``."""
+        return self._client._call(self._plan.output(name), timeout)
+
+    def output_to(self, name: str, path: str | os.PathLike[str], timeout: float | None = None) -> Path:
+        """Write an output to ``path`` in chunks; see ``Plan.output_to``."""
+        return self._client._call(self._plan.output_to(name, path), timeout)
+
+    def output_chunks(self, name: str, timeout: float | None = None) -> Iterator[bytes]:
+        """An output's bytes in chunks; ``timeout`` bounds the wait for each chunk."""
+        chunks = self._plan.output_chunks(name)
+        while True:
+            chunk = self._client._call(_next_chunk(chunks), timeout)
+            if chunk is None:
+                return
+            yield chunk
+
+
+async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None
 
 
 async def _next_or_none(events: AsyncIterator[Event]) -> Event | None:

@@ -12,10 +12,14 @@ This module is the whole wire contract (docs/PROTOCOL.md is its prose). Rules:
 Session roles and their messages (docs/PROTOCOL.md §Messages):
 
     worker  -> coordinator : hello heartbeat accept reject event done goodbye
-    coordinator -> worker  : welcome assign cancel revoke ack drain undrain error
+                             data_chunk data_credit data_end
+    coordinator -> worker  : welcome assign cancel revoke ack drain undrain error data_keys
+                             data_open data_chunk data_credit data_end
     client  -> coordinator : submit subscribe unsubscribe cancel get_plan list_workers
-                             list_plans drain_worker undrain_worker
-    coordinator -> client  : accepted subscribed event plan workers plans resync ok error
+                             list_plans drain_worker undrain_worker data_ticket
+                             data_open data_chunk data_credit data_end
+    coordinator -> client  : accepted subscribed event plan workers plans resync ok error data_grant
+                             data_chunk data_credit data_end
 """
 
 from __future__ import annotations
@@ -114,6 +118,33 @@ class RunningPlan(msgspec.Struct, omit_defaults=True):
     attempt: int
 
 
+class InputSpec(msgspec.Struct, omit_defaults=True):
+    """A plan input the client uploads to the worker (docs/PROTOCOL.md §Data plane).
+
+    ``name`` is a plain file name (protocol/tickets.py ``name_problem``); ``size`` in bytes;
+    ``digest`` is ``sha256:<hex>`` or ``blake2b:<hex>`` of the whole content, checked by the worker.
+    """
+
+    name: str
+    size: int
+    digest: str = ""
+
+
+class OutputSpec(msgspec.Struct, omit_defaults=True):
+    """An output a plan's attempt left on its worker (``done.outputs``)."""
+
+    name: str
+    size: int
+    digest: str = ""
+
+
+class DataKey(msgspec.Struct, omit_defaults=True):
+    """A key the worker verifies data-plane tickets with, named by its key id (protocol/tickets.py)."""
+
+    kid: str
+    key: bytes
+
+
 class ErrorInfo(msgspec.Struct, omit_defaults=True):
     """Why a plan failed: a stable code and a message a person can act on."""
 
@@ -175,6 +206,8 @@ class Hello(_Msg, tag="hello"):
     running: list[RunningPlan] = []
     version: str = ""
     protocol: int = PROTOCOL_VERSION
+    data_url: str = ""  # where clients reach its data endpoint, e.g. http://10.0.0.5:8766 ("": none)
+    session_secret: str = ""  # this id's secret from its last ``welcome``: proof to take over a live id
 
 
 class Heartbeat(_Msg, tag="heartbeat"):
@@ -210,6 +243,7 @@ class Done(_Msg, tag="done"):
     result: Any = None
     error: ErrorInfo | None = None
     seq: int = 0  # the worker's message counter (see ``ack``); 0: not counted
+    outputs: list[OutputSpec] = []  # outputs this attempt left on the worker's data endpoint
 
 
 class Goodbye(_Msg, tag="goodbye"):
@@ -269,6 +303,8 @@ class Welcome(_Msg, tag="welcome"):
     version: str = ""
     protocol: int = PROTOCOL_VERSION
     prefetch: int = 0  # assigns it may hold unstarted beyond max_concurrency (a local queue)
+    data_keys: list[DataKey] = []  # ticket keys for this worker, current first (protocol/tickets.py)
+    session_secret: str = ""  # present it in the next ``hello`` to take this id over from a live session
 
 
 class Assign(_Msg, tag="assign"):
@@ -279,6 +315,14 @@ class Assign(_Msg, tag="assign"):
     op: str
     args: Any = None
     timeout_s: float | None = None
+    inputs: list[InputSpec] = []  # the handler starts once these arrived and were verified
+    outputs: list[str] = []  # names the client declared it will fetch
+
+
+class DataKeys(_Msg, tag="data_keys"):
+    """The ticket keys changed (a rotation): these replace the worker's keys, current first."""
+
+    keys: list[DataKey] = []
 
 
 class Revoke(_Msg, tag="revoke"):
@@ -321,6 +365,11 @@ class Submit(_Msg, tag="submit"):
     subscribe: bool = True
     hints: RoutingHints = msgspec.field(default_factory=RoutingHints)
     retries: int = 0  # times a handler failure (done failed) is retried on a new attempt
+    inputs: list[InputSpec] = []  # uploaded to the worker's data endpoint (event ``data_ready``)
+    outputs: list[str] = []  # names of outputs the client means to fetch (may be empty)
+    # True: the SDK re-sends a plan it was told was accepted and the coordinator no longer knows
+    # (a store loss), with the same id and spec (docs/SEMANTICS.md §Recovery from clients and workers).
+    recovered: bool = False
 
 
 class Subscribe(_Msg, tag="subscribe"):
@@ -345,6 +394,14 @@ class GetPlan(_Msg, tag="get_plan"):
 
     req_id: int
     plan_id: str
+
+
+class DataTicket(_Msg, tag="data_ticket"):
+    """Ask for a ticket to a plan's bytes on its worker: ``get`` its outputs, or ``put`` its inputs again."""
+
+    req_id: int
+    plan_id: str
+    direction: Literal["put", "get"] = "get"
 
 
 class ListWorkers(_Msg, tag="list_workers"):
@@ -435,6 +492,98 @@ class Resync(_Msg, tag="resync"):
     req_id: int = 0
 
 
+class DataGrant(_Msg, tag="data_grant"):
+    """Answer to ``data_ticket``: where the plan's bytes are and the ticket to present there.
+
+    The ``data_ready`` event of a plan carries the same fields (without ``req_id``).
+    """
+
+    req_id: int
+    plan_id: str
+    attempt: int
+    worker_id: str
+    url: str  # the worker's data endpoint ("" when it has none: the relay's case)
+    ticket: str
+    direction: Literal["put", "get"] = "get"
+    expires_at: float = 0.0  # Unix seconds
+    files: dict[str, list[Any]] = {}  # name -> [size, digest] the ticket covers (-1: size not known)
+
+
+class Moved(_Msg, tag="moved"):
+    """Cluster mode: this coordinator does not own the shard the session is for; reconnect to ``url``.
+
+    Sent to a worker whose ``hello`` names a pool of another shard, to a client whose ``submit``
+    belongs to another shard, and by a coordinator's front port to every session that names its
+    pool in the URL (``?pool=NAME``); the coordinator then closes the session with ``4307``.
+    ``url`` is the owner's websocket URL for that shard ("" while nobody owns it: retry the
+    list of coordinators), ``epoch`` its lease epoch (a larger one is newer), ``shard`` the slot.
+    """
+
+    url: str
+    epoch: int = 0
+    shard: int = 0
+
+
+# ---- relay: a plan's bytes through the coordinator (docs/PROTOCOL.md §11 Relay)
+# ``data_open`` goes client -> coordinator -> worker; ``data_chunk``, ``data_credit`` and ``data_end``
+# travel both ways, each naming its stream by (plan_id, attempt, name, direction).
+
+
+class DataOpen(_Msg, tag="data_open"):
+    """Open a relayed stream of one input (``put``) or output (``get``) of a plan attempt.
+
+    The client sends it with the grant's ticket; the coordinator checks it against the plan and
+    passes it on to the plan's worker with ``credit`` set (the stream's window in bytes).
+    """
+
+    plan_id: str
+    attempt: int
+    name: str
+    direction: Literal["put", "get"] = "put"
+    ticket: str = ""
+    offset: int = 0  # get: the first byte wanted (a resumed download)
+    credit: int = 0  # coordinator -> worker: unacknowledged bytes the sender may have in flight
+
+
+class DataChunk(_Msg, tag="data_chunk"):
+    """Bytes of a relayed stream: ``data`` starts at ``offset`` (at most 256 KiB; msgpack bin, JSON base64)."""
+
+    plan_id: str
+    attempt: int
+    name: str
+    offset: int
+    data: bytes = b""
+    direction: Literal["put", "get"] = "put"
+    last: bool = False  # the stream's final byte is in this chunk
+    size: int = -1  # get: the output's size in bytes
+
+
+class DataCredit(_Msg, tag="data_credit"):
+    """From the receiver of a relayed stream: it holds ``offset`` bytes; the sender may send up to
+    ``offset + credit`` (the first one from a worker answers a ``put``'s ``data_open``)."""
+
+    plan_id: str
+    attempt: int
+    name: str
+    offset: int
+    direction: Literal["put", "get"] = "put"
+    credit: int = 0
+    size: int = -1  # put: the input's declared size
+
+
+class DataEnd(_Msg, tag="data_end"):
+    """A relayed stream ended: ``code`` "" when it completed (a ``put``: the input arrived whole and
+    verified), else why it stopped (docs/PROTOCOL.md §11 Relay lists the codes)."""
+
+    plan_id: str
+    attempt: int
+    name: str
+    direction: Literal["put", "get"] = "put"
+    code: str = ""
+    message: str = ""
+    offset: int = 0  # bytes the receiver holds
+
+
 class Ok(_Msg, tag="ok"):
     """A request that needs no data in its answer succeeded."""
 
@@ -443,23 +592,32 @@ class Ok(_Msg, tag="ok"):
 
 # --------------------------------------------------------------------------- unions
 
-FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye]
-ToWorker = Union[Welcome, Assign, Cancel, Revoke, Ack, Drain, Undrain, Error]
-FromClient = Union[
-    Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers, ListPlans, DrainWorker, UndrainWorker
+FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye, DataChunk, DataCredit, DataEnd]
+ToWorker = Union[
+    Welcome, Assign, Cancel, Revoke, Ack, Drain, Undrain, Error, DataKeys, Moved, DataOpen, DataChunk, DataCredit,
+    DataEnd,
 ]
-ToClient = Union[Accepted, Subscribed, Event, PlanReply, Workers, Plans, Resync, Ok, Error]
+FromClient = Union[
+    Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers, ListPlans, DrainWorker, UndrainWorker, DataTicket,
+    DataOpen, DataChunk, DataCredit, DataEnd,
+]
+ToClient = Union[
+    Accepted, Subscribed, Event, PlanReply, Workers, Plans, Resync, Ok, Error, DataGrant, Moved, DataChunk,
+    DataCredit, DataEnd,
+]
 
 AnyMessage = Union[
     Hello, Heartbeat, Accept, Reject, Done, Goodbye, Event, Cancel, Error, Welcome, Assign,
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
+    DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd,
 ]
 
 ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
     Hello, Heartbeat, Accept, Reject, Done, Goodbye, Event, Cancel, Error, Welcome, Assign,
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
+    DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd,
 )
 
 

@@ -112,9 +112,13 @@ CLOSE_CODE_MEANINGS: Final[dict[int, str]] = {
     errors.CLOSE_FORBIDDEN: "Out of scope: a message type of the other role; a worker message naming another "
     "worker's current lease; a `hello` with a `worker_id` its token may not register. Nothing was changed.",
     errors.CLOSE_HEARTBEAT_TIMEOUT: "Worker reaped: no heartbeat within `heartbeat_timeout_s`.",
-    errors.CLOSE_REPLACED: "The same `worker_id` registered on a newer session.",
+    errors.CLOSE_REPLACED: "The `worker_id` moved to a newer session that proved it (`session_secret`, "
+                           "client certificate) or found the holder silent; or, sent to the newcomer after "
+                           "`error(worker_id_in_use)`, the id is held by a live session.",
     errors.CLOSE_RATE_LIMITED: "The connection stayed above its message rate limit (it was throttled first). "
     "Slow down.",
+    errors.CLOSE_MOVED: "Cluster mode: another coordinator owns this session's shard; the `moved` message sent "
+    "just before says where. Reconnect to its `url` (or to the next coordinator of the list when it is empty).",
     errors.CLOSE_SLOW_CONSUMER: "The peer stopped reading and the messages waiting for it reached the limit. "
     "Reconnect and resume from the last `seq` processed.",
 }
@@ -157,6 +161,9 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
                             "leased or running) plans. Nothing was recorded; retry once some finish."),
     errors.FORBIDDEN: ("error", "`drain_worker` or `undrain_worker` on a session whose token is not an admin token. "
                        "Nothing changed; use an admin token."),
+    errors.WORKER_ID_IN_USE: ("error", "A `hello` for a worker id a live session holds, without that id's "
+                              "`session_secret` or the holder's client certificate; the message names the "
+                              "holder's address. The session is then closed `4409`; the holder keeps the id."),
 }
 
 
@@ -263,7 +270,7 @@ SCENARIO: Final[tuple[Step, ...]] = (
     Step(16.0, WORKER, drop=True, note="(the connection drops; the worker dials again on a new session)"),
     Step(17.0, WORKER_AGAIN, '{"type":"hello","worker_id":"gpu-node-1","capabilities":' + CAPABILITIES
          + ',"running":[{"plan_id":"job-9","attempt":1},{"plan_id":"2b5d9b0d09faa73e","attempt":1}],'
-         '"version":"0.1.0"}'),
+         '"version":"0.1.0","session_secret":"secret-1"}'),
     Step(17.1, WORKER_AGAIN, '{"type":"done","plan_id":"job-9","attempt":1,"outcome":"succeeded",'
          '"result":{"prompt":"again"},"seq":9}'),
     Step(18.0, CLIENT, '[{"type":"get_plan","req_id":11},{"type":"frobnicate","req_id":12},'

@@ -5,8 +5,10 @@ Theory of operation:
 * ``run()`` dials ``/v1/worker``, runs a session, and when the session ends dials again after
   ``U(0, min(cap, base * 2**n))`` seconds (full jitter; ``n`` counts failures since the last
   welcome). HTTP 401/403 at the handshake is fatal (``AuthError``): retrying cannot fix a token.
-* A session: send ``hello`` (capabilities; plans still running or with an unsent ``done``) →
-  wait for ``welcome`` (cancel the plans in ``abandon_plans`` without a ``done``) → three tasks:
+* A session: send ``hello`` (capabilities; plans still running or with an unsent ``done``, and
+  the newest acknowledged ones, in case a store loss took them) → wait for ``welcome`` (cancel
+  the plans in ``abandon_plans`` without a ``done``; re-send the kept results of the continued
+  ones, worker_agent/outbox.py) → three tasks:
   the reader decodes each frame and dispatches every message synchronously (no awaits between
   decode and state change); the single writer drains the outbox, coalescing everything queued
   into one frame per send; the heartbeat task queues ``heartbeat(load)`` every interval ±10 %.
@@ -41,8 +43,10 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, Unpack, assert_never, overload
+from urllib.parse import urlencode, urlsplit
 
 import msgspec
 import structlog
@@ -52,12 +56,15 @@ from websockets.typing import Subprotocol
 
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, errors
+from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
 from worker_agent.handlers import Handler, builtin_handlers
 from worker_agent.outbox import SendQueue, encode_frames
 from worker_agent.probe import probe_capabilities
+from worker_agent.relay import RelayEndpoint
 from worker_agent.runner import REJECTED, PlanRunner
 from worker_agent.session import AuthError, client_tls, default_worker_id, version, worker_url
 from worker_agent.settings import AgentOptions, AgentSettings
+from worker_agent.spool import Spool
 from worker_agent.telemetry import Telemetry
 
 __all__ = ["REJECTED", "Agent", "AgentSettings", "AuthError", "default_worker_id", "worker_url"]
@@ -109,10 +116,18 @@ class Agent:
         elif options:
             settings = dataclasses.replace(settings, **options)
         self.settings = settings
-        self.url = worker_url(url)
+        # Cluster mode: ``a,b,c`` — dialled in turn; a ``moved`` names the next one (docs/CLUSTER.md).
+        self.urls = [worker_url(u.strip()) for u in url.split(",") if u.strip()] or [worker_url(url)]
+        pool = _pool_of(settings.tags)
+        if pool:
+            self.urls = [u if urlsplit(u).query else f"{u}?{urlencode({'pool': pool})}" for u in self.urls]
+        self.url = self.urls[0]
+        self._dials = 0
+        self._moved_to: str | None = None  # where the last ``moved`` said this worker's shard is served
         self.worker_id = settings.worker_id or default_worker_id()
         self.telemetry = telemetry or Telemetry()
         self.registered = asyncio.Event()  # set on welcome, cleared when the session ends
+        self._session_secret = ""  # from the last welcome; sent in every later hello (proof of the id)
         self._token = token
         self._ssl = client_tls(self.url, settings.ca_file, settings.cert_file, settings.key_file)
         self._log = log.bind(worker_id=self.worker_id)
@@ -128,6 +143,8 @@ class Agent:
             outbound=self._send_queue,
             logger=self._log,
         )
+        self.data_server: DataServer | None = None  # started by run() with settings.data_listen
+        self.relay: RelayEndpoint | None = None  # relayed inputs and outputs (worker_agent/relay.py), from run()
         self._advertised = settings.advertised_capabilities()  # set by flags, overriding the probe
         self._codecs: dict[str, Codec] = {}
         self._capabilities: protocol.Capabilities | None = None
@@ -177,6 +194,7 @@ class Agent:
         """
         failures = 0
         await self.telemetry.start()
+        sweeper = await self._start_data_plane()
         try:
             while not self._stopping:
                 registered = False
@@ -200,6 +218,8 @@ class Agent:
                 failures = 0 if registered else min(failures + 1, 32)
                 ceiling = min(self.settings.reconnect_cap_s, self.settings.reconnect_base_s * 2**failures)
                 delay = max(floor_s, self._rng.uniform(0.0, ceiling))
+                if self._moved_to is not None:
+                    delay = 0.0  # told where to go: go at once
                 self._log.debug("reconnecting", delay_s=round(delay, 3), failures=failures)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_requested.wait(), delay)
@@ -207,6 +227,49 @@ class Agent:
             self.registered.clear()
             await self.runner.silence_all("worker stopping")
             await self.telemetry.stop()
+            await self._stop_data_plane(sweeper)
+
+    async def _start_data_plane(self) -> asyncio.Task[None] | None:
+        """Start the spool, the relay's side (always: a worker without an endpoint gets its bytes relayed),
+        the data endpoint (``settings.data_listen``) and the spool sweeper."""
+        settings = self.settings
+        root = settings.spool_dir or tempfile.mkdtemp(prefix=f"fleetwire-spool-{self.worker_id}-")
+        spool = Spool(
+            root, memory_bytes=settings.spool_memory_bytes, capacity_bytes=settings.spool_capacity_bytes,
+            output_retention_s=settings.output_retention_s,
+        )
+        self.relay = RelayEndpoint(spool, worker_id=self.worker_id, send=self._send_queue.send)
+        if settings.data_listen is not None:
+            host, _, port = settings.data_listen.rpartition(":")
+            tls = None
+            if settings.data_tls_cert and settings.data_tls_key:
+                tls = server_tls(settings.data_tls_cert, settings.data_tls_key)
+            server = DataServer(
+                spool, worker_id=self.worker_id, host=host.strip("[]"), port=int(port),
+                advertise=settings.data_advertise, tls=tls, stall_timeout_s=settings.upload_stall_timeout_s,
+            )
+            await server.start()
+            self.data_server = server
+        self.runner.spool = spool
+        self.runner.input_timeout_s = settings.input_timeout_s
+
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(min(10.0, settings.output_retention_s / 4))
+                spool.sweep(stale_input_seconds(settings.input_timeout_s))
+
+        return asyncio.create_task(sweep())
+
+    async def _stop_data_plane(self, sweeper: asyncio.Task[None] | None) -> None:
+        if sweeper is not None:
+            sweeper.cancel()
+        server, self.data_server = self.data_server, None
+        if server is not None:
+            await server.close()
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.reset()
+            relay.spool.close()
 
     def stop(self) -> None:
         """Stop gracefully (see the module docstring); a second call skips the drain wait.
@@ -239,8 +302,17 @@ class Agent:
             )
             self._capabilities = msgspec.structs.replace(probed, **self._advertised)  # flags beat the probe
         running = self.runner.running_plans() + self._outbox.pending_done()
+        # Acknowledged results a coordinator may have lost with its store (worker_agent/outbox.py).
+        running += self._outbox.recent_done({r.plan_id for r in running})
         caps = self.telemetry.capabilities(msgspec.structs.replace(self._capabilities, ops=self.ops))
-        return protocol.Hello(worker_id=self.worker_id, capabilities=caps, running=running, version=version())
+        # The secret of our last welcome proves this process held the id: a reconnect takes it over from
+        # a session the coordinator still thinks live (docs/SEMANTICS.md §Worker identity). Memory only:
+        # a restarted process waits until its old session closes or stays silent for two beats.
+        return protocol.Hello(
+            worker_id=self.worker_id, capabilities=caps, running=running, version=version(),
+            session_secret=self._session_secret,
+            data_url=self.data_server.url if self.data_server is not None else "",
+        )
 
     async def _connect_and_serve(self) -> bool:
         """One session; returns whether it got as far as ``welcome``."""
@@ -268,6 +340,11 @@ class Agent:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         # Only for wss://: an explicit ssl=None there would mean plain TCP.
         tls: dict[str, Any] = {"ssl": self._ssl} if self._ssl is not None else {}
+        if self._moved_to is not None:
+            self.url, self._moved_to = self._moved_to, None
+        else:
+            self.url = self.urls[self._dials % len(self.urls)]
+            self._dials += 1
         try:
             ws = await connect(
                 self.url,
@@ -287,9 +364,16 @@ class Agent:
                     status=status,
                 ) from None
             if status == 403:
+                body = exc.response.body.decode("utf-8", "replace").strip()
+                if "client certificate" in body:  # mTLS: the token may be fine; the certificate is missing
+                    raise AuthError(
+                        f"coordinator at {self.url} requires a client certificate (mTLS, HTTP 403): pass the "
+                        "worker's certificate and key with --tls-cert and --tls-key",
+                        status=status,
+                    ) from None
                 raise AuthError(
                     f"coordinator at {self.url} accepted the token but not for a worker (HTTP 403): "
-                    "use a token with the worker role",
+                    f"use a token with the worker role ({body or 'no reason given'})",
                     status=status,
                 ) from None
             raise
@@ -309,6 +393,10 @@ class Agent:
                             self._log.error("coordinator refused hello", code=msg.code, message=msg.message)
                             await ws.close()
                             return None
+                        if isinstance(msg, protocol.messages.Moved):
+                            self._follow(msg)
+                            await ws.close()
+                            return None
                         early.append(msg)
         except TimeoutError:
             self._log.warning("no welcome from coordinator", timeout_s=self.settings.handshake_timeout_s)
@@ -318,8 +406,21 @@ class Agent:
             await ws.close()
             raise
 
+    def _follow(self, moved: protocol.messages.Moved) -> None:
+        """Cluster mode: the shard of this worker's pool is served at ``moved.url`` ("": try the list)."""
+        self._log.info("moved", shard=moved.shard, epoch=moved.epoch, to=moved.url or "(no owner yet)", url=self.url)
+        self._moved_to = moved.url or None
+
     def _on_welcome(self, welcome: protocol.Welcome) -> None:
+        if self.data_server is not None:
+            self.data_server.set_keys(welcome.data_keys)
+        if self.relay is not None:
+            self.relay.set_keys(welcome.data_keys)
+        self._session_secret = welcome.session_secret
         self.runner.on_welcome(welcome)
+        resent = self._outbox.welcomed(welcome.continue_plans)
+        if resent:
+            self._log.warning("re-sending results the coordinator lost", plans=resent)
         self._finish_writing = False
         self.registered.set()
         self._log.info(
@@ -342,6 +443,8 @@ class Agent:
                 await self._leave(ws, reader, writer)
         finally:
             self.registered.clear()
+            if self.relay is not None:
+                self.relay.reset()  # the coordinator ended its streams with the session
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -434,9 +537,27 @@ class Agent:
                 self.runner.on_revoke(msg)
             case protocol.Ack():
                 self._outbox.ack(msg.seq)
+            case protocol.DataKeys():
+                if self.data_server is not None:
+                    self.data_server.set_keys(msg.keys)
+                if self.relay is not None:
+                    self.relay.set_keys(msg.keys)
+            case protocol.DataOpen() | protocol.DataChunk() | protocol.DataCredit() | protocol.DataEnd():
+                if self.relay is not None:
+                    self.relay.on_message(msg)
             case protocol.Welcome():
                 self._log.warning("ignored a second welcome")
+            case protocol.messages.Moved():
+                self._follow(msg)  # the coordinator closes 4307 next; the next dial goes there
             case DecodeFailure():
                 self._log.warning("undecodable message from coordinator", code=msg.code, message=msg.message)
             case _:
                 assert_never(msg)
+
+
+def _pool_of(tags: Sequence[str]) -> str:
+    """The worker's pool: a ``pool:NAME`` tag, else its first tag (as coordinator/shards.py ``pool_of``)."""
+    for tag in tags:
+        if tag.startswith("pool:"):
+            return tag[5:]
+    return tags[0] if tags else ""

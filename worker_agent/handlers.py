@@ -27,14 +27,18 @@ import inspect
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import structlog
 
 import protocol
 from protocol import errors
+from worker_agent.spool import SpoolError
+
+if TYPE_CHECKING:
+    from worker_agent.spool import InputReader, PlanData
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +50,7 @@ EventSink = Callable[[str, Any, bool], None]
 
 #: Event kinds the coordinator uses for lifecycle events; a worker must not emit them.
 RESERVED_EVENT_KINDS = frozenset(
-    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled"}
+    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled", "data_ready"}
 )
 
 #: Largest event data or result, encoded, that a handler may produce (the agent sets its own).
@@ -65,14 +69,22 @@ class HandlerError(Exception):
         self.detail = detail
 
 
+class PayloadTooLarge(ValueError):
+    """A payload over the frame's room; ``encoded`` is its msgpack encoding."""
+
+    def __init__(self, message: str, encoded: bytes) -> None:
+        super().__init__(message)
+        self.encoded = encoded
+
+
 def _check_payload(what: str, value: Any, limit: int) -> None:
     """Raise TypeError/ValueError now, in the handler, rather than break a frame later."""
     try:
-        size = len(_payload_encoder.encode(value))
+        encoded = _payload_encoder.encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{what} is not msgpack-encodable: {exc}") from None
-    if size > limit:
-        raise ValueError(f"{what} is {size} bytes encoded; the limit is {limit}")
+    if len(encoded) > limit:
+        raise PayloadTooLarge(f"{what} is {len(encoded)} bytes encoded; the limit is {limit}", encoded)
 
 
 class Context:
@@ -102,7 +114,9 @@ class Context:
         kill_grace_s: float = 5.0,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         loop: asyncio.AbstractEventLoop | None = None,
+        data: PlanData | None = None,
     ) -> None:
+        self.data = data
         self.plan_id = plan_id
         self.attempt = attempt
         self.worker_id = worker_id
@@ -117,11 +131,34 @@ class Context:
         self._cancelled = False
         self._closed = False
         self.tokens = 0  # generated tokens the handler reported (report_tokens): energy per token
+        # Keeps a result over max_payload_bytes (its msgpack) as the output ``__result__`` (the runner
+        # sets it when the worker has a spool; docs/PROTOCOL.md §11 Relay); None: such a result fails.
+        self.spill_result: Callable[[bytes], protocol.OutputSpec] | None = None
 
     @functools.cached_property
     def log(self) -> Any:
         """A structlog logger bound to this plan's ids (built on first use: most plans never log)."""
         return log.bind(worker_id=self.worker_id, plan_id=self.plan_id, attempt=self.attempt)
+
+    @property
+    def inputs(self) -> Mapping[str, InputReader]:
+        """The plan's inputs by name (worker_agent/spool.py ``InputReader``): ``.size``, ``.digest``,
+        ``.read(n)``, ``async for chunk in ...``, ``.path``. Verified before the handler starts."""
+        return self.data.inputs if self.data is not None else {}
+
+    def output(self, name: str, value: bytes | memoryview | str | os.PathLike[str]) -> protocol.OutputSpec:
+        """Leave an output (bytes, or a file to copy) for the client to fetch with ``plan.output(name)``.
+
+        Callable from the handler's task or thread. A file is copied and hashed here: from an async
+        handler, call it through ``asyncio.to_thread`` for large files.
+
+        Raises:
+            ValueError: a bad name; RuntimeError: the worker has no data endpoint (``--data-listen``);
+            SpoolError: the worker's disk is full (the plan fails ``worker_disk_full``).
+        """
+        if self.data is None:
+            raise RuntimeError(f"worker {self.worker_id} has no data endpoint (--data-listen): it cannot keep outputs")
+        return self.data.output(name, value)
 
     @property
     def cancelled(self) -> bool:
@@ -236,6 +273,16 @@ async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float 
     except HandlerError as exc:
         ctx.log.debug("handler failed", code=exc.code, message=exc.message)
         return _failed(ctx, exc.code, exc.message, exc.detail)
+    except SpoolError as exc:  # worker_disk_full while keeping an output
+        return _failed(ctx, exc.code, exc.message)
+    except PayloadTooLarge as exc:  # a result over the frame limit goes to the data plane as ``__result__``
+        if ctx.spill_result is None:
+            return _handler_exception(ctx, exc)
+        try:
+            spec = ctx.spill_result(exc.encoded)
+        except SpoolError as err:
+            return _failed(ctx, err.code, err.message)
+        return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="succeeded", outputs=[spec])
     except (Exception, SystemExit) as exc:  # SystemExit from a handler must not stop the worker
         return _handler_exception(ctx, exc)
     finally:
@@ -330,14 +377,56 @@ def _shell_command(args: Any) -> tuple[list[str], str | None, dict[str, str] | N
     return argv, cwd, env
 
 
+def input_env_name(name: str) -> str:
+    """The environment variable holding an input's path for ``shell``: ``FLEETWIRE_INPUT_<NAME>``
+    (upper case; every character but letters and digits becomes ``_``)."""
+    return "FLEETWIRE_INPUT_" + "".join(c if c.isascii() and c.isalnum() else "_" for c in name).upper()
+
+
+def _collect_outputs(ctx: Context, out_dir: Any, declared: dict[str, str] | None) -> None:
+    """Keep the shell command's outputs: the declared ``{name: path}`` (relative to the output
+    directory), or else every regular file directly in ``$FLEETWIRE_OUTPUT_DIR``."""
+    if declared:
+        for name, relative in declared.items():
+            path = out_dir / relative
+            if not path.is_file():
+                why = f"declared output {name!r}: the command made no file {relative!r}"
+                raise HandlerError(errors.HANDLER_ERROR, why)
+            ctx.output(name, path)
+        return
+    for path in sorted(out_dir.iterdir()):
+        if path.is_file():
+            ctx.output(path.name, path)
+
+
 async def shell(ctx: Context, args: Any) -> dict[str, int]:
     """Run a command, streaming its output lines as ``stdout``/``stderr`` events.
 
     A string ``cmd`` runs through ``/bin/sh -c``; a list runs as is. ``env`` is added to the
     worker's environment. Exit status 0 → ``{"exit_code": 0}``; otherwise the plan fails with
     ``handler_error``. The command runs in a new session so cancel reaches its whole group.
+
+    A plan with inputs or outputs (a worker with a data endpoint): each input's file path is in
+    ``$FLEETWIRE_INPUT_<NAME>`` (:func:`input_env_name`) and ``$FLEETWIRE_OUTPUT_DIR`` is an empty
+    directory; after exit 0 the files named by ``args["outputs"]`` (``{name: path}``, relative to
+    that directory) become the plan's outputs, or, without ``outputs``, every file in it.
     """
     argv, cwd, env = _shell_command(args)
+    declared = args.get("outputs")
+    if declared is not None and not (
+        isinstance(declared, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in declared.items())
+    ):
+        raise HandlerError(errors.INVALID_ARGUMENT, f"shell 'outputs' must map names to paths, got {declared!r}")
+    out_dir = None
+    if ctx.data is not None:  # inputs as files, outputs from files (docs/SEMANTICS.md §Data plane)
+        env = dict(env if env is not None else os.environ)
+        for name, source in ctx.inputs.items():
+            env[input_env_name(name)] = str(await asyncio.to_thread(getattr, source, "path"))
+        out_dir = ctx.data.work_dir / "outputs"
+        out_dir.mkdir(exist_ok=True)
+        env["FLEETWIRE_OUTPUT_DIR"] = str(out_dir)
+    elif declared:
+        raise HandlerError(errors.INVALID_ARGUMENT, f"worker {ctx.worker_id} has no data endpoint for outputs")
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -369,6 +458,8 @@ async def shell(ctx: Context, args: Any) -> dict[str, int]:
                 reader.cancel()
         raise
     if code == 0:
+        if out_dir is not None:
+            await asyncio.to_thread(_collect_outputs, ctx, out_dir, declared)
         return {"exit_code": 0}
     if code < 0:
         try:
@@ -424,8 +515,12 @@ def load_handler_spec(spec: str) -> tuple[str, Handler]:
 
 
 def _accepts_ctx(fn: Callable[..., Any]) -> bool:
+    return _accepts(fn, "ctx")
+
+
+def _accepts(fn: Callable[..., Any], parameter: str) -> bool:
     try:
-        return "ctx" in inspect.signature(fn).parameters
+        return parameter in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature
         return False
 
@@ -434,8 +529,10 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
     """The ``python`` op, limited to functions whose ``"module:function"`` matches ``allow``.
 
     Args of the op: ``{"function": "module:function", "args": [...], "kwargs": {...}}``.
-    A function with a ``ctx`` parameter gets the Context as that keyword. Coroutine
-    functions are awaited; others run in a thread.
+    A function with a ``ctx`` parameter gets the Context as that keyword, and one with an
+    ``inputs`` parameter gets the plan's inputs (``{name: InputReader}``) as that keyword; it
+    leaves outputs with ``ctx.output(name, bytes_or_path)``. Coroutine functions are awaited;
+    others run in a thread.
     """
     patterns = tuple(allow)
 
@@ -460,6 +557,8 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
             raise HandlerError(errors.INVALID_ARGUMENT, str(exc)) from None
         if _accepts_ctx(fn):
             call_kwargs = {**call_kwargs, "ctx": ctx}
+        if ctx.data is not None and _accepts(fn, "inputs"):  # the plan's inputs, by name
+            call_kwargs = {**call_kwargs, "inputs": ctx.inputs}
         if _is_async_callable(fn):
             result = await fn(*call_args, **call_kwargs)
         else:

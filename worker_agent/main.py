@@ -23,7 +23,10 @@ from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``fleetwire worker`` flags to ``parser``."""
-    parser.add_argument("--url", help="coordinator URL, ws://host:port (default: $FLEETWIRE_URL)")
+    parser.add_argument("--url", help="coordinator URL, ws://host:port; cluster mode: a comma-separated list "
+                        "ws://a:8765,ws://b:8765 tried in turn, following `moved` (default: $FLEETWIRE_URL)")
+    parser.add_argument("--pool", default="", metavar="NAME",
+                        help="cluster mode: the worker pool (adds the tag pool:NAME first; default: the first tag)")
     parser.add_argument("--token", help="worker token (default: $FLEETWIRE_TOKEN)")
     parser.add_argument("--ca-file", metavar="PEM", help="CA to trust for a wss:// URL (default: $FLEETWIRE_CA_FILE)")
     parser.add_argument("--tls-cert", metavar="PEM", help="client certificate, for a coordinator that requires mTLS")
@@ -77,6 +80,27 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-block-tokens", type=non_negative_int, default=16, metavar="N", help="tokens per KV block (default 16)"
     )
+    data = parser.add_argument_group("data plane (plans' inputs and outputs, worker_agent/dataplane.py)")
+    data.add_argument(
+        "--data-listen", metavar="HOST:PORT",
+        help="serve plans' inputs and outputs over HTTP here (port 0: any free port); default: no data endpoint",
+    )
+    data.add_argument("--data-advertise", default="", metavar="URL", help="the URL clients dial for it, if different")
+    data.add_argument("--data-tls-cert", metavar="PEM", help="serve the data endpoint over TLS with this certificate")
+    data.add_argument("--data-tls-key", metavar="PEM", help="private key of --data-tls-cert")
+    data.add_argument("--spool-dir", metavar="DIR", help="where inputs and outputs are kept (default: a temp dir)")
+    data.add_argument(
+        "--spool-capacity", type=non_negative_int, default=0, metavar="BYTES",
+        help="the most bytes of inputs and outputs kept at once (0: the disk's free space)",
+    )
+    data.add_argument(
+        "--output-retention", type=positive_float, default=3600.0, metavar="S",
+        help="how long a plan's outputs are kept for the client to fetch (default 3600)",
+    )
+    data.add_argument(
+        "--input-timeout", type=positive_float, default=600.0, metavar="S",
+        help="how long a plan waits for its inputs before failing inputs_unavailable (default 600)",
+    )
     add_telemetry_arguments(parser)  # energy, carbon and --inference-url (worker_agent/telemetry.py)
 
 
@@ -106,7 +130,7 @@ async def run_worker(ns: argparse.Namespace) -> int:
         telemetry: Telemetry = telemetry_from_args(ns)
         settings = AgentSettings(
             worker_id=ns.worker_id,
-            tags=_tags(ns.tags),
+            tags=([f"pool:{ns.pool}"] if ns.pool else []) + _tags(ns.tags),
             max_concurrency=ns.max_concurrency,
             allow_shell=ns.allow_shell,
             python_allow=ns.python_allow,
@@ -122,6 +146,14 @@ async def run_worker(ns: argparse.Namespace) -> int:
             ca_file=ns.ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None,
             cert_file=ns.tls_cert,
             key_file=ns.tls_key,
+            data_listen=ns.data_listen,
+            data_advertise=ns.data_advertise,
+            data_tls_cert=ns.data_tls_cert,
+            data_tls_key=ns.data_tls_key,
+            spool_dir=ns.spool_dir,
+            spool_capacity_bytes=ns.spool_capacity,
+            output_retention_s=ns.output_retention,
+            input_timeout_s=ns.input_timeout,
         )
         agent = Agent(url, token, settings=settings, telemetry=telemetry)
     except ValueError as exc:

@@ -15,6 +15,14 @@ the coordinator never recorded (a dropped connection, a coordinator crash) is se
 the coordinator drops the copies it already has. The unacked list has the same bound and
 shedding order as the queue.
 
+Results a store loss took (docs/SEMANTICS.md §Recovery from clients and workers). An acknowledged
+``done`` is kept a while longer: the last :data:`KEEP_ACKED_DONE` of them. ``hello`` lists their
+plans (:meth:`Outbox.recent_done`) with the running ones; a coordinator that lost the result with
+its store's tail still holds (or has queued again) that lease and continues it, and
+:meth:`Outbox.welcomed` puts those ``done`` s back in front of the queue; a coordinator that has
+the result abandons them and they are forgotten. A lost tail holds the newest commits, so the
+newest results are the ones worth keeping.
+
 :class:`SendQueue` is the one way in: the plan runner and the session both queue through its
 ``send``, which numbers plan messages and wakes the session's writer.
 """
@@ -23,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Collection, Iterable
+from typing import Any, Final
 
 import structlog
 
@@ -33,7 +41,10 @@ from protocol import Codec, errors
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["Outbox", "SendQueue", "encode_frames"]
+__all__ = ["KEEP_ACKED_DONE", "Outbox", "SendQueue", "encode_frames"]
+
+#: Acknowledged ``done`` s kept for a coordinator whose store lost them (see the module docstring).
+KEEP_ACKED_DONE: Final = 128
 
 _NUMBERED = (protocol.Accept, protocol.Reject, protocol.Event, protocol.Done)  # carry ``seq``; acked
 
@@ -52,6 +63,7 @@ class Outbox:
         self.dropped = 0
         self._items: deque[Any] = deque()
         self._unacked: deque[Any] = deque()  # sent plan messages (seq > 0) not yet acknowledged
+        self._acked_done: deque[Any] = deque(maxlen=KEEP_ACKED_DONE)  # the newest acknowledged done s
 
     @property
     def unacked(self) -> int:
@@ -95,7 +107,12 @@ class Outbox:
 
     def ack(self, seq: int) -> int:
         """The coordinator recorded everything up to ``seq``: forget it. Returns how many were dropped."""
-        kept = deque(m for m in self._unacked if m.seq > seq)
+        kept: deque[Any] = deque()
+        for m in self._unacked:
+            if m.seq > seq:
+                kept.append(m)
+            elif isinstance(m, protocol.Done):
+                self._acked_done.append(m)
         dropped = len(self._unacked) - len(kept)
         self._unacked = kept
         return dropped
@@ -123,6 +140,8 @@ class Outbox:
 
         self._items = deque(m for m in self._items if keep(m))
         self._unacked = deque(m for m in self._unacked if keep(m))
+        if any(not keep(m) for m in self._acked_done):
+            self._acked_done = deque((m for m in self._acked_done if keep(m)), maxlen=KEEP_ACKED_DONE)
 
     def pending_done(self) -> list[protocol.RunningPlan]:
         """Plans whose ``done`` is queued (they finished while the worker was disconnected)."""
@@ -131,6 +150,26 @@ class Outbox:
             for m in (*self._unacked, *self._items)
             if isinstance(m, protocol.Done)
         ]
+
+    def recent_done(self, exclude: Collection[str] = ()) -> list[protocol.RunningPlan]:
+        """Plans whose acknowledged ``done`` is still kept, for ``hello`` (except the plans in ``exclude``,
+        listed already at another attempt)."""
+        return [
+            protocol.RunningPlan(plan_id=m.plan_id, attempt=m.attempt)
+            for m in self._acked_done
+            if m.plan_id not in exclude
+        ]
+
+    def welcomed(self, continue_plans: Iterable[str]) -> int:
+        """A session began: the kept acknowledged ``done`` s of plans the coordinator continues go back in
+        front of the queue (its store lost them); the others are forgotten. Returns how many go back."""
+        if not self._acked_done:
+            return 0
+        continued = set(continue_plans)
+        again = [m for m in self._acked_done if m.plan_id in continued]
+        self._acked_done.clear()
+        self._items.extendleft(reversed(again))
+        return len(again)
 
     def _shed(self) -> int:
         before = len(self._items)

@@ -15,13 +15,16 @@ import asyncio
 import functools
 from typing import Any, Protocol
 
+import msgspec
 import structlog
 import structlog.contextvars
 
 import protocol
 from protocol import errors
+from protocol.relay import ARGS_INPUT, RESULT_OUTPUT
 from worker_agent.handlers import Context, Handler, run_handler
 from worker_agent.probe import LoadTracker
+from worker_agent.spool import INPUTS_UNAVAILABLE, InputFile, Spool
 from worker_agent.telemetry import Telemetry
 
 __all__ = ["REJECTED", "Outbound", "PlanRunner"]
@@ -68,6 +71,9 @@ class PlanRunner:
         telemetry: told when each plan starts and ends (energy per token).
         outbound: where accept, reject, event and done messages go.
         logger: the agent's bound logger.
+        spool: where plans' inputs and outputs are kept (None: no data endpoint; a plan with
+            inputs fails ``inputs_unavailable``).
+        input_timeout_s: how long a started plan waits for its inputs before it fails ``inputs_unavailable``.
     """
 
     def __init__(
@@ -81,7 +87,11 @@ class PlanRunner:
         telemetry: Telemetry,
         outbound: Outbound,
         logger: Any,
+        spool: Spool | None = None,
+        input_timeout_s: float = 600.0,
     ) -> None:
+        self.spool = spool
+        self.input_timeout_s = input_timeout_s
         self.worker_id = worker_id
         self.max_concurrency = max_concurrency
         self.kill_grace_s = kill_grace_s
@@ -276,7 +286,12 @@ class PlanRunner:
     def _start(self, assign: protocol.Assign, handler: Handler) -> None:
         loop = asyncio.get_running_loop()
         run = _PlanRun(assign.plan_id, assign.attempt, loop.time())
+        data = None
+        if self.spool is not None and (assign.inputs or assign.outputs):
+            data = self.spool.plan_data(assign.plan_id, assign.attempt, assign.inputs)
+            self.spool.claim(assign.plan_id, assign.attempt)
         run.ctx = Context(
+            data=data,
             plan_id=assign.plan_id,
             attempt=assign.attempt,
             worker_id=self.worker_id,
@@ -286,18 +301,58 @@ class PlanRunner:
             max_payload_bytes=self.max_payload_bytes,
             loop=loop,
         )
+        if self.spool is not None:
+            run.ctx.spill_result = functools.partial(self._spill_result, assign.plan_id, assign.attempt)
         self._plans[run.plan_id] = run
         self.idle.clear()
         self.load.started()
         self.telemetry.plan_started(run.plan_id)
         self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
-        run.task = loop.create_task(self._run_plan(run, handler, assign.args, assign.timeout_s))
+        run.task = loop.create_task(self._run_plan(run, handler, assign))
         run.task.add_done_callback(functools.partial(self._plan_finished, run))
 
-    async def _run_plan(self, run: _PlanRun, handler: Handler, args: Any, timeout_s: float | None) -> protocol.Done:
+    async def _run_plan(self, run: _PlanRun, handler: Handler, assign: protocol.Assign) -> protocol.Done:
         # The task's own context copy: handlers' structlog calls carry the plan's ids.
         structlog.contextvars.bind_contextvars(worker_id=self.worker_id, plan_id=run.plan_id, attempt=run.attempt)
-        return await run_handler(handler, run.ctx, args, timeout_s=timeout_s)
+        if assign.inputs:  # the plan stays running, its handler unstarted, until its inputs are verified
+            data = run.ctx.data
+            error: protocol.ErrorInfo | None
+            if data is None:
+                error = protocol.ErrorInfo(
+                    code=INPUTS_UNAVAILABLE,
+                    message=f"worker {self.worker_id} has no data endpoint (--data-listen) to receive inputs",
+                )
+            else:
+                error = await data.wait(self.input_timeout_s, functools.partial(self._input_verified, run))
+            if error is None and data is not None and ARGS_INPUT in data.inputs:
+                error = self._oversize_args(run)
+            if error is not None:
+                run.ctx.close()
+                return protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=error)
+        return await run_handler(handler, run.ctx, run.ctx.args, timeout_s=assign.timeout_s)
+
+    def _oversize_args(self, run: _PlanRun) -> protocol.ErrorInfo | None:
+        """Args the SDK moved to the input ``__args__`` (over the frame limit): decoded, and hidden from ``ctx.inputs``."""
+        data = run.ctx.data
+        assert data is not None
+        reader = data.inputs[ARGS_INPUT]
+        try:
+            run.ctx.args = msgspec.msgpack.decode(reader.read())
+        except (msgspec.DecodeError, OSError) as exc:
+            return protocol.ErrorInfo(code=errors.INVALID_ARGUMENT, message=f"input {ARGS_INPUT!r} (the plan's args, "
+                                      f"moved there for their size) is not msgpack: {exc}")
+        reader.close()
+        data.inputs = {name: r for name, r in data.inputs.items() if name != ARGS_INPUT}
+        return None
+
+    def _spill_result(self, plan_id: str, attempt: int, encoded: bytes) -> protocol.OutputSpec:
+        """Keep a result over the frame limit as the output ``__result__`` (``plan.result()`` fetches it)."""
+        assert self.spool is not None
+        return self.spool.add_output(plan_id, attempt, RESULT_OUTPUT, encoded).spec()
+
+    def _input_verified(self, run: _PlanRun, entry: InputFile) -> None:
+        data = {"name": entry.name, "size": entry.size, "digest": entry.digest, "via": entry.via}
+        self._on_event(run, "input_received", data, False)
 
     def _on_event(self, run: _PlanRun, kind: str, data: Any, ephemeral: bool) -> None:
         if run.silent:
@@ -316,6 +371,7 @@ class PlanRunner:
             if not self._plans:
                 self.idle.set()
         if run.silent:
+            self._end_data(run, keep_outputs=False)
             return
         if task.cancelled():  # cancelled before its first step: run_handler never ran
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="cancelled")
@@ -325,8 +381,21 @@ class PlanRunner:
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=info)
         else:
             done = task.result()
+        self._end_data(run, keep_outputs=done.outcome == "succeeded")
+        if done.outcome == "succeeded" and self.spool is not None and run.ctx.data is not None:
+            done.outputs = self.spool.outputs_of(run.plan_id, run.attempt)
         self._outbound.send(done)
         self._start_waiting()
+
+    def _end_data(self, run: _PlanRun, *, keep_outputs: bool) -> None:
+        """The attempt ended: its inputs go; its outputs stay only if it succeeded."""
+        data = run.ctx.data
+        if data is None or self.spool is None:
+            return
+        data.close()
+        self.spool.release(run.plan_id, run.attempt)
+        if not keep_outputs:
+            self.spool.drop_outputs(run.plan_id, run.attempt)
 
     def _silence(self, run: _PlanRun, reason: str) -> None:
         """Stop a plan that is no longer our lease, sending nothing more for it."""

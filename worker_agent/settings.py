@@ -43,6 +43,16 @@ class AgentSettings:
             coordinator's limit. Event data and results are limited to it less 4 KiB.
         outbox_limit: the most messages queued for sending (see ``worker_agent.outbox.Outbox``).
         ca_file: CA certificate (PEM) to trust for a ``wss://`` coordinator (default: system CAs).
+        data_listen: ``HOST:PORT`` of the data endpoint (worker_agent/dataplane.py); None: none
+            (plans with inputs fail ``inputs_unavailable`` here). Port 0 picks a free one.
+        data_advertise: the URL clients dial for it, when not ``http(s)://HOST:PORT``.
+        data_tls_cert, data_tls_key: serve the data endpoint over TLS (``https``).
+        spool_dir: where inputs and outputs are kept (None: a new temporary directory).
+        spool_memory_bytes: inputs up to this size are kept in memory, larger ones on disk.
+        spool_capacity_bytes: the most bytes of inputs and outputs kept at once (0: the disk's room).
+        output_retention_s: how long an output is kept for the client to fetch.
+        input_timeout_s: how long a started plan waits for its inputs (then ``inputs_unavailable``).
+        upload_stall_timeout_s: an upload that sends nothing this long is dropped.
         cert_file, key_file: this worker's client certificate and key, for a coordinator
             that requires mTLS (``--tls-client-ca``).
 
@@ -72,6 +82,16 @@ class AgentSettings:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    data_listen: str | None = None
+    data_advertise: str = ""
+    data_tls_cert: str | None = None
+    data_tls_key: str | None = None
+    spool_dir: str | None = None
+    spool_memory_bytes: int = 1 << 20
+    spool_capacity_bytes: int = 0
+    output_retention_s: float = 3600.0
+    input_timeout_s: float = 600.0
+    upload_stall_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODING_SUBPROTOCOL:
@@ -86,6 +106,15 @@ class AgentSettings:
             raise ValueError(
                 f"kv_blocks and kv_block_tokens must be >= 0, got {self.kv_blocks} and {self.kv_block_tokens}"
             )
+        if self.data_listen is not None:
+            host, sep, port = self.data_listen.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"data_listen must be HOST:PORT, got {self.data_listen!r}")
+        if (self.data_tls_cert is None) != (self.data_tls_key is None):
+            raise ValueError("data_tls_cert and data_tls_key go together")
+        for name in ("output_retention_s", "input_timeout_s", "upload_stall_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         # Tuples, so a caller's list changed later cannot change a frozen configuration.
         for name in ("tags", "python_allow", "python_envs", "models"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -129,3 +158,13 @@ class AgentOptions(TypedDict, total=False):
     ca_file: str | None
     cert_file: str | None
     key_file: str | None
+    data_listen: str | None
+    data_advertise: str
+    data_tls_cert: str | None
+    data_tls_key: str | None
+    spool_dir: str | None
+    spool_memory_bytes: int
+    spool_capacity_bytes: int
+    output_retention_s: float
+    input_timeout_s: float
+    upload_stall_timeout_s: float

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import math
 import ssl
 import time
@@ -21,9 +22,10 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from coordinator.auth import Principal, TokenStore
-from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, origin_refused
+from coordinator.io.admission import PendingHandshakes, RefusalLog, pending_budget, raise_fd_limit
+from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, host_refused, origin_refused
 
-__all__ = ["BEARER_SUBPROTOCOL_PREFIX", "Gatekeeper", "bearer_token", "server_tls_context"]
+__all__ = ["BEARER_SUBPROTOCOL_PREFIX", "Gatekeeper", "bearer_token", "peer_identity", "server_tls_context"]
 
 log = structlog.get_logger("coordinator.auth")
 
@@ -80,16 +82,34 @@ def bearer_token(headers: Headers) -> str | None:
     return None
 
 
+def peer_identity(conn: ServerConnection) -> str:
+    """The SHA-256 (hex) of the peer's verified client certificate; "" without TLS or a certificate.
+
+    A worker session with the same identity as the live holder of a worker id may take that id
+    over (coordinator/worker_session.py): the certificate's private key is the proof.
+    """
+    ssl_object = conn.transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return ""
+    der = ssl_object.getpeercert(binary_form=True)
+    return hashlib.sha256(der).hexdigest() if der else ""
+
+
 class Gatekeeper:
     """Admits or refuses a websocket upgrade, before it happens (docs/PROTOCOL.md §1).
 
-    In order: a browser's Origin (403), the connection limit (503), a worker's client
+    In order: with ``--insecure`` a ``Host`` that is not loopback (403, DNS rebinding), a
+    browser's Origin (403), the connection limit (503), a worker's client
     certificate when mTLS is on (403), the bearer token (401 missing or unknown, 403 for a
     role that may not open the path), the penalty box (429 with ``Retry-After`` while the
     principal, from that address, is cooling off after an abusive close: :meth:`offence`).
-    Each refusal is logged once with the peer's address, the path and, when the token was
-    known, its principal's name; never the token. (429s are logged once per cool-off: a
-    reconnect loop must not turn into a log flood; /metrics counts every one.)
+    Refusals are logged with the peer's address, the path and, when the token was known, its
+    principal's name; never the token. The log is rate-limited per address (:class:`RefusalLog`:
+    the first few per interval, then one summary line), and 429s once per cool-off, so a
+    reconnect loop does not turn into a log flood; /metrics counts every one.
+
+    Before the handshake, :attr:`pending` bounds the connections still in it
+    (coordinator/io/admission.py); :meth:`fit_fd_limit` sizes it at start.
 
     The penalty box is keyed by principal name *and* peer IP address (IP only with
     ``--insecure``): a worker token is often shared by a whole fleet, and one host that
@@ -114,6 +134,28 @@ class Gatekeeper:
         self.hold_s = min(limits.penalty_hold_s, limits.handshake_timeout_s / 2)
         self.penalties: dict[str, int] = {}  # cool-offs imposed, by the close code that caused them
         self._cooling_logged: set[str] = set()  # keys whose 429 was logged in their current cool-off
+        self.refusal_log = RefusalLog(burst=limits.refusal_log_burst, interval_s=limits.refusal_log_interval_s)
+        self.pending = PendingHandshakes(limits.max_pending_handshakes, self.refusal_log)
+
+    def fit_fd_limit(self, reserved: int) -> None:
+        """At start: raise the soft open-file limit to the hard one and fit the pending budget to it.
+
+        ``reserved``: fds the open sessions may take (``--max-connections``); a limit below them
+        plus the budget is logged, since connections past it would fail in ``accept``.
+        """
+        before, soft = raise_fd_limit()
+        if soft > before:
+            log.info("raised the open-file limit", soft_before=before, soft=soft)
+        configured = self.limits.max_pending_handshakes
+        if configured:
+            self.pending.limit = pending_budget(configured, soft)
+            if self.pending.limit < configured:
+                log.warning("pending-handshake budget lowered to fit the open-file limit", configured=configured,
+                            budget=self.pending.limit, fd_limit=soft)  # fmt: skip
+        if reserved + self.pending.limit + 64 > soft:
+            log.warning("the open-file limit is below --max-connections plus the pending-handshake budget; "
+                        "connections past it will fail (raise the hard limit: ulimit -Hn, LimitNOFILE=)",
+                        fd_limit=soft, max_connections=reserved, pending_budget=self.pending.limit)  # fmt: skip
 
     def admit(
         self, conn: ServerConnection, request: Request, path: str, role: Literal["worker", "client"], open_sessions: int
@@ -121,33 +163,39 @@ class Gatekeeper:
         """None to go on with the upgrade (the principal is kept for :meth:`principal`), else the refusal."""
         address = _address(conn)
         headers = request.headers
+        refusal = self.refusal_log.refused
+        if self.tokens is None:  # --insecure: only loopback names (DNS rebinding)
+            refused = host_refused(headers.get("Host"), self.limits.allowed_hosts)
+            if refused is not None:
+                refusal(address, "host not loopback", host=headers.get("Host"), path=path)
+                return conn.respond(403, refused + "\n")
         refused = origin_refused(headers.get("Origin"), headers.get("Host"), self.limits.allowed_origins)
         if refused is not None:
-            log.warning("refused connection", reason="origin", origin=headers.get("Origin"), path=path, address=address)
+            refusal(address, "origin", origin=headers.get("Origin"), path=path)
             return conn.respond(403, refused + "\n")
         limit = self.limits.max_connections
         if limit and open_sessions >= limit:
-            log.warning("refused connection", reason="connection limit", limit=limit, path=path, address=address)
+            refusal(address, "connection limit", limit=limit, path=path)
             return conn.respond(503, f"the coordinator is at its limit of {limit} connections; retry later\n")
         if role == "worker" and self.mtls_workers and not conn.transport.get_extra_info("peercert"):
-            log.warning("refused connection", reason="no client certificate", path=path, address=address)
-            return conn.respond(403, "workers must present a client certificate (the coordinator requires mTLS)\n")
+            refusal(address, "no client certificate", path=path)
+            return conn.respond(
+                403, "a client certificate is required: this coordinator requires mTLS for workers "
+                     "(--tls-client-ca) and none was presented; the token was not checked\n",
+            )
         if self.tokens is None:
             principal = Principal(role, role)
         else:
             token = bearer_token(headers)
             if token is None:
-                log.warning("refused connection", reason="missing token", path=path, address=address)
+                refusal(address, "missing token", path=path)
                 return _unauthorized(conn, "missing 'Authorization: Bearer <token>' header")
             found = self.tokens.authenticate(token)
             if found is None:
-                log.warning("refused connection", reason="invalid token", path=path, address=address)
+                refusal(address, "invalid token", path=path)
                 return _unauthorized(conn, "invalid token")
             if found.path_role != role:
-                log.warning(
-                    "refused connection", reason="wrong role", principal=found.name, token_role=found.role,
-                    path=path, address=address,
-                )
+                refusal(address, "wrong role", principal=found.name, token_role=found.role, path=path)
                 return conn.respond(403, f"a {found.role} token cannot open {path}; use a {role} token\n")
             principal = found
         key = self._penalty_key(principal, conn)

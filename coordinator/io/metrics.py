@@ -50,9 +50,14 @@ _CORE_COUNTERS: Final = (
     ("fleetwire_heartbeats", "heartbeats", "Heartbeats received from workers."),
     # Security refusals the core makes (docs/OPERATIONS.md §Security); 4403 closes are fleetwire_scope_refused.
     ("fleetwire_plans_refused", "plans_refused", "Submits refused at the per-principal plan limit."),
-    ("fleetwire_plans_forgotten", "plans_forgotten", "Finished plans forgotten past --plan-retention."),
+    ("fleetwire_worker_takeovers_refused", "takeovers_refused",
+     "Hellos refused for a worker id a live session holds, without its session_secret or certificate (4409)."),
     ("fleetwire_store_loss_accepted", "store_loss_accepted",
      "Store damage accepted at start with --accept-store-loss (damaged plans dropped, commits lost)."),
+    ("fleetwire_plans_recovered_from_client", "plans_recovered_from_client",
+     "Plans the store had lost, resubmitted by their client's SDK (submit.recovered)."),
+    ("fleetwire_results_recovered_from_worker", "results_recovered_from_worker",
+     "Results the store had lost, re-sent by the worker that ran the plan and accepted."),
 )
 
 #: Every metric family a scrape exposes (sample names may add _total, _bucket, _sum, _count).
@@ -72,9 +77,14 @@ METRIC_NAMES: Final = (
     "fleetwire_bytes",
     *(name for name, _, _ in _CORE_COUNTERS),
     "fleetwire_scope_refused",
+    "fleetwire_plans_forgotten",
+    "fleetwire_plans_retained_bytes",
     "fleetwire_refusals",
     "fleetwire_penalties",
     "fleetwire_penalty_boxed",
+    "fleetwire_handshakes_pending",
+    "fleetwire_handshakes_evicted",
+    "fleetwire_refusal_logs_suppressed",
     "fleetwire_autoscaler_desired_replicas",
     "fleetwire_worker_leases",
     "fleetwire_worker_in_flight",
@@ -154,6 +164,16 @@ class CoordinatorCollector:
         for reason in SCOPE_REASONS:
             scope.add_metric([reason], core.counters.get(f"scope_refused.{reason}", 0))
         yield scope
+        forgotten = CounterMetricFamily(
+            "fleetwire_plans_forgotten", "Finished plans forgotten, by reason: past --plan-retention (time) or "
+            "--plan-retention-bytes (bytes).", labels=["reason"],
+        )
+        for why in ("time", "bytes"):
+            forgotten.add_metric([why], core.counters.get(f"plans_forgotten.{why}", 0))
+        yield forgotten
+        yield GaugeMetricFamily("fleetwire_plans_retained_bytes", "What the finished plans kept hold (args, result, "
+                                "held events, overhead), as --plan-retention-bytes counts it.",
+                                value=core.retention.retained_bytes)
         yield from self._penalty_box(now)
         desired = GaugeMetricFamily(
             "fleetwire_autoscaler_desired_replicas", "Workers the autoscaler wants per pool.", labels=["pool"]
@@ -176,6 +196,15 @@ class CoordinatorCollector:
         box = getattr(gate, "penalty", None)
         yield GaugeMetricFamily("fleetwire_penalty_boxed", "Peers (principal and address) in a cool-off now.",
                                 value=box.boxed(now) if box is not None else 0)
+        pending = getattr(gate, "pending", None)
+        yield GaugeMetricFamily("fleetwire_handshakes_pending", "TCP connections still in their websocket handshake.",
+                                value=len(pending) if pending is not None else 0)
+        yield CounterMetricFamily("fleetwire_handshakes_evicted", "Pending handshakes dropped past "
+                                  "--max-pending-handshakes (the oldest first).",
+                                  value=getattr(pending, "evicted", 0))
+        refusal_log = getattr(gate, "refusal_log", None)
+        yield CounterMetricFamily("fleetwire_refusal_logs_suppressed", "Refusals summed up in a per-address summary "
+                                  "line instead of logged one by one.", value=getattr(refusal_log, "suppressed", 0))
 
     def _workers(self, core: Coordinator, now: float) -> Iterator[Metric]:
         states = dict.fromkeys(WORKER_STATES, 0)

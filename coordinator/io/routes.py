@@ -7,8 +7,10 @@ websockets hands every request to ``process_request`` before the upgrade; the se
 ====================  ===========================================================
 ``/healthz``          200 ``ok``: the process is up and its event loop answers.
 ``/readyz``           200 ``ready`` when the listener accepts and the store (if any) is
-                      open; else 503 with the reason.
-``/metrics``          Prometheus text format (coordinator/io/metrics.py).
+                      loaded and open; else 503 with the reason (``loading the store``
+                      while a restart reads it: the port opens before the load).
+``/metrics``          Prometheus text format (coordinator/io/metrics.py); 503 while the
+                      store loads.
 ``/``                 the dashboard page; its files are under ``/dashboard/``.
 ====================  ===========================================================
 
@@ -29,7 +31,9 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-__all__ = ["DASHBOARD_FILES", "WEBSOCKET_PATHS", "respond"]
+from coordinator.io.metrics_http import metrics_token_refused
+
+__all__ = ["DASHBOARD_FILES", "WEBSOCKET_PATHS", "loading", "respond"]
 
 WEBSOCKET_PATHS: Final = frozenset({"/v1/worker", "/v1/client"})
 
@@ -77,7 +81,7 @@ def _response(status: int, body: bytes, content_type: str, **extra: str) -> Resp
     )
     for name, value in extra.items():
         headers[name.replace("_", "-")] = value
-    reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(status, "")
+    reason = {200: "OK", 401: "Unauthorized", 404: "Not Found", 503: "Service Unavailable"}.get(status, "")
     return Response(status, reason, headers, body)
 
 
@@ -85,18 +89,28 @@ def _text(status: int, text: str) -> Response:
     return _response(status, text.encode(), "text/plain; charset=utf-8")
 
 
+def loading(reason: str) -> Response:
+    """503 for a request the coordinator cannot answer until its store is loaded; retry in a second."""
+    body = f"not ready: {reason}\n".encode()
+    return _response(503, body, "text/plain; charset=utf-8", Retry_After="1")
+
+
 def respond(
     request: Request,
     *,
     ready: Callable[[], str | None],
-    metrics: Callable[[], tuple[bytes, str]],
+    metrics: Callable[[], tuple[bytes, str] | None],
+    metrics_token: str | None = None,
+    metrics_elsewhere: bool = False,
 ) -> Response | None:
     """The answer to a plain HTTP request, or None for a websocket path (the upgrade goes on).
 
     Args:
         request: the parsed request.
         ready: None when the coordinator is ready, else why not.
-        metrics: the exposition body and its content type.
+        metrics: the exposition body and its content type; None while the store loads.
+        metrics_token: ``/metrics`` needs this bearer token (401 without it); None: open.
+        metrics_elsewhere: ``/metrics`` is served on ``--metrics-listen``: 404 here.
     """
     path = urlsplit(request.path).path
     if path in WEBSOCKET_PATHS:
@@ -107,7 +121,16 @@ def respond(
         problem = ready()
         return _text(200, "ready\n") if problem is None else _text(503, f"not ready: {problem}\n")
     if path == "/metrics":
-        body, content_type = metrics()
+        if metrics_elsewhere:
+            return _text(404, "/metrics is served on the coordinator's --metrics-listen address\n")
+        refused = metrics_token_refused(request.headers.get("Authorization"), metrics_token)
+        if refused is not None:
+            return _response(401, (refused + "\n").encode(), "text/plain; charset=utf-8",
+                             WWW_Authenticate='Bearer realm="fleetwire"')
+        exposition = metrics()
+        if exposition is None:
+            return loading(ready() or "loading the store")
+        body, content_type = exposition
         return _response(200, body, content_type)
     static = _STATIC.get(path)
     if static is not None:
@@ -119,4 +142,8 @@ def respond(
 
 def process_request(server: Any, conn: ServerConnection, request: Request) -> Response | None:
     """``process_request`` hook body for ``CoordinatorServer``: see :func:`respond`."""
-    return respond(request, ready=server.readiness_problem, metrics=server.metrics_exposition)
+    settings = server.settings
+    return respond(
+        request, ready=server.readiness_problem, metrics=server.metrics_exposition,
+        metrics_token=settings.metrics_token, metrics_elsewhere=settings.metrics_listen is not None,
+    )

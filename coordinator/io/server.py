@@ -19,11 +19,14 @@ already at the cap when more arrives is closed 4503 (slow consumer); ``reload_to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
 import secrets
+import socket
 import ssl
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -40,22 +43,28 @@ from coordinator.core import Coordinator, CoreConfig, Effects
 from coordinator.io import routes as http_routes
 from coordinator.io.commit import GroupCommitter
 from coordinator.io.connection import FailFastConnection, Session, close_or_abort
-from coordinator.io.gate import Gatekeeper, server_tls_context
+from coordinator.io.gate import Gatekeeper, peer_identity, server_tls_context
 from coordinator.io.hooks import HookRunner
 from coordinator.io.integrity import report_accepted_losses
 from coordinator.io.metrics import CONTENT_TYPE, build_registry, render
+from coordinator.io.metrics_http import ExpositionCache, MetricsListener, parse_listen
+from coordinator.io.pg_leases import LeaseKeeper, ShardFenced
 from coordinator.io.store import Store, open_store
 from coordinator.limits import Limits
+from coordinator.records import StoredPlan
+from coordinator.shards import ClusterConfig
 from coordinator.stats import FrameCounters
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec, Encoding
 from protocol import errors as codes
-from protocol.messages import Assign, Error, FromClient, FromWorker
+from protocol.messages import Assign, Error, FromClient, FromWorker, Moved
 
 log = structlog.get_logger(__name__)
 
 Role = Literal["worker", "client"]
 ROLE_PATHS: dict[str, Role] = {"/v1/worker": "worker", "/v1/client": "client"}
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+STANDBY = "standby: owns no shard (another coordinator of the cluster serves; this one takes over when its lease ends)"
+LOADING = "loading the store"  # /readyz's reason (503) until the store's plans are loaded
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ class ServerSettings:
     max_frame_bytes: int = 1 << 20
     store: str = "memory"  # coordinator/io/store.py: "memory", "sqlite" (in data_dir) or "sqlite:PATH"
     data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.io.store.default_data_dir()
+    cluster: ClusterConfig = ClusterConfig()  # noqa: RUF009 - frozen; cluster mode (a postgresql:// store) only
     accept_store_loss: bool = False  # a damaged store starts from what is readable (coordinator/io/integrity.py)
     ping_workers: bool = False
     admin_tokens: tuple[str, ...] = ()
@@ -109,6 +119,9 @@ class ServerSettings:
     tls_client_ca: str | None = None
     limits: Limits = Limits()  # noqa: RUF009 - frozen, so one shared default is safe
     autoscale_hook: str | None = None
+    metrics_cache_s: float = 2.0  # /metrics is rebuilt at most this often (coordinator/io/metrics_http.py)
+    metrics_token: str | None = None  # /metrics needs this bearer token when set
+    metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when the settings cannot work."""
@@ -143,8 +156,18 @@ class ServerSettings:
             core.autoscale.check()
         elif self.autoscale_hook is not None:
             raise ValueError("--autoscale-hook needs the autoscaler: pass --autoscale too")
+        if not self.metrics_cache_s >= 0:
+            raise ValueError(f"--metrics-cache must be >= 0 seconds, got {self.metrics_cache_s}")
+        if self.metrics_token is not None and len(self.metrics_token) < 16:
+            raise ValueError("--metrics-token must be at least 16 characters")
+        if self.metrics_listen is not None:
+            parse_listen(self.metrics_listen)
+        if self.store.startswith("postgresql://"):
+            self.cluster.check()
         if not core.plan_retention_s >= 0:  # NaN too
             raise ValueError(f"--plan-retention must be >= 0 seconds (0 keeps every plan), got {core.plan_retention_s}")
+        if core.plan_retention_bytes < 0:
+            raise ValueError(f"--plan-retention-bytes must be >= 0 (0: no byte bound), got {core.plan_retention_bytes}")
 
     @property
     def reaper_period_s(self) -> float:
@@ -170,13 +193,25 @@ class CoordinatorServer:
         # Raises StoreError for a database that cannot be opened. ``store`` given: used as is (tests
         # hand the same MemoryStore to a second server to restart in-process).
         self.store: Store = store if store is not None else open_store(
-            settings.store, settings.data_dir, accept_loss=settings.accept_store_loss
+            settings.store, settings.data_dir, accept_loss=settings.accept_store_loss, cluster=settings.cluster
         )
+        # Cluster mode (a store with shard leases, coordinator/io/pg_leases.py): serves only while
+        # it holds the shards; a standby listens, answers /readyz 503, and takes over later.
+        self.cluster: LeaseKeeper | None = None
+        self._takeover: asyncio.Task[None] | None = None
+        self._acquired = asyncio.Event()  # set when this coordinator holds every shard
+        if getattr(self.store, "sharded", False):
+            owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+            self.cluster = LeaseKeeper(self.store, settings.cluster, owner,  # type: ignore[arg-type]
+                                       on_acquired=self._acquired.set, on_fenced=self._store_failed)  # fmt: skip
         self._committer: GroupCommitter[Effects] = GroupCommitter(
             self.store, self._deliver, self._store_failed, max_backlog_bytes=settings.limits.max_commit_backlog_bytes
         )
         self.fatal: asyncio.Future[BaseException] | None = None  # set when the store fails (fail-stop)
-        self.core = Coordinator(replace(settings.core, version=version), new_id=lambda: secrets.token_hex(8))
+        self.core = Coordinator(
+            replace(settings.core, version=version), new_id=lambda: secrets.token_hex(8),
+            new_secret=lambda: secrets.token_urlsafe(24),  # welcome.session_secret: proof of a worker id
+        )
         self._hook = HookRunner(settings.autoscale_hook) if settings.autoscale_hook else None
         # Raises TokenFileError (a ValueError) for a token file that cannot be used.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
@@ -200,6 +235,13 @@ class CoordinatorServer:
         }
         self._server: Server | None = None
         self._reaper: asyncio.Task[None] | None = None
+        # Set once the port is bound, and once the store's plans are loaded (start()); until then
+        # /readyz answers 503 "loading the store" and websocket handshakes wait (_after_load).
+        self.listening = asyncio.Event()
+        self.loaded = asyncio.Event()
+        self._loading: asyncio.Future[None] | None = None
+        self.handshakes_waiting = 0  # websocket handshakes waiting for the load now
+        self.handshake_waits = asyncio.Event()  # set whenever one starts waiting (tests wait on it)
         self._stopping = False
         self.port: int = settings.port
         # /metrics reads these at scrape time (coordinator/io/metrics.py); see coordinator/io/routes.py.
@@ -209,6 +251,12 @@ class CoordinatorServer:
             self.core, frames=self.frames, sessions=self._session_counts, refusals=self.refusals, version=version,
             gate=self._gate,
         )
+        # A scrape walks every worker and plan: rebuilt at most every metrics_cache_s (metrics_http.py).
+        self.metrics_cache = ExpositionCache(lambda: render(self.metrics_registry), settings.metrics_cache_s)
+        self._metrics_listener: MetricsListener | None = None
+        # Cluster mode, one core per shard (coordinator/io/cluster_host.py): called with each
+        # session's role and message; a ``Moved`` answer ends the session with it and 4307.
+        self.redirect: Callable[[Role, Any], Moved | None] | None = None
 
     @property
     def url(self) -> str:
@@ -218,15 +266,86 @@ class CoordinatorServer:
         return f"{'wss' if self._tls is not None else 'ws'}://{host}:{self.port}"
 
     async def start(self) -> None:
-        """Load the store's plans, bind the port and start the reaper."""
+        """Bind the port, load the store's plans, start the reaper; returns once the plans are loaded.
+
+        The port opens first: while the store loads (a thread, off the event loop) ``/healthz``
+        answers 200, ``/readyz`` and ``/metrics`` 503 "loading the store", and websocket
+        handshakes wait for the load (up to 80 % of the handshake timeout, then 503 + Retry-After).
+        A store found damaged while loading closes the port again and raises.
+        """
         self.fatal = asyncio.get_running_loop().create_future()
-        # Liveness clocks start now (docs/SEMANTICS.md §Durability): workers of restored leases
-        # get one heartbeat timeout from here to reconnect.
-        self.core.restore(self.store.load(), time.monotonic())
+        await self._listen()
+        self.listening.set()
+        # debug: a store refused while loading must stay the one line it prints (fleetwire/cli_store.py)
+        log.debug("coordinator listening; loading the store", url=self.url, store=self.store.description)
+        if self.cluster is not None:
+            self.cluster.url = self.url
+            await self.cluster.attempt()
+            self.cluster.start()  # renews (an owner) or keeps trying (a standby) from here on
+            if not self.cluster.serving:
+                log.info("standby: another coordinator holds the shards; taking over when its lease expires",
+                         cluster=self.settings.cluster.name, owner=self.cluster.owner)  # fmt: skip
+                self._takeover = asyncio.create_task(self._take_over())
+                return
+        await self._load_and_serve()
+
+    async def _take_over(self) -> None:
+        """A standby: wait until this coordinator holds every shard, then load them and serve."""
+        assert self.cluster is not None
+        await self._acquired.wait()
+        started = time.monotonic()
+        try:
+            await self._load_and_serve()
+        except Exception as exc:  # a damaged store found at takeover: fail-stop, as a failed write
+            self._store_failed(exc)
+            return
+        log.info("took the shards over", cluster=self.settings.cluster.name, owner=self.cluster.owner,
+                 load_s=round(time.monotonic() - started, 3))  # fmt: skip
+
+    async def _load_and_serve(self) -> None:
+        """Load the store into the core, then commit, tick and admit sessions."""
+        try:
+            self._loading = asyncio.ensure_future(asyncio.to_thread(self._load))
+            await asyncio.shield(self._loading)
+        except BaseException:
+            assert self._server is not None
+            self._server.close()
+            await self._server.wait_closed()
+            raise
         self.core.counters["store_loss_accepted"] = report_accepted_losses(self.store)
         self._committer.start()
+        self.loaded.set()
+        self._rotate_data_key()
         self._flush()
+        self._reaper = asyncio.create_task(self._reap_forever())
+        log.info(
+            "coordinator listening", url=self.url, insecure=self.settings.insecure, plans=len(self.core.plans),
+            tokens=0 if self.tokens is None else len(self.tokens), mtls=self.settings.tls_client_ca is not None,
+        )
+
+    def _load(self) -> None:
+        """Read the store and restore the core (in a thread: no session, tick or commit runs meanwhile)."""
+        self.core.set_wall_offset(time.time() - time.monotonic())
+        stored = self.store.load()
+        stored.reverse()
+
+        def one_by_one() -> Iterator[StoredPlan]:
+            # Each stored plan is let go as soon as it became a plan: the decoded records of every
+            # plan alive at once, then freed all together, left the heap ~20 % larger after a
+            # restart than before it for the same plans (bench/restart.py).
+            while stored:
+                yield stored.pop()
+
+        # Liveness clocks start now (docs/SEMANTICS.md §Durability): workers of restored leases
+        # get one heartbeat timeout from here to reconnect.
+        self.core.restore(one_by_one(), time.monotonic())
+
+    async def _listen(self) -> None:
         limits = self.settings.limits
+        self._gate.fit_fd_limit(limits.max_connections)
+        if self.settings.metrics_listen is not None:
+            self._metrics_listener = MetricsListener(self.metrics_exposition, self.settings.metrics_token)
+            await self._metrics_listener.start(*parse_listen(self.settings.metrics_listen))
         self._server = await serve(
             self._handle,
             self.settings.host,
@@ -246,16 +365,13 @@ class CoordinatorServer:
             ping_interval=limits.ping_interval_s,
             ping_timeout=limits.ping_timeout_s,
             close_timeout=limits.close_timeout_s,
-            create_connection=FailFastConnection,  # a 1009 stops reading that peer at once
+            # A 1009 stops reading that peer at once; connections still in their handshake are
+            # counted against the pending-handshake budget (coordinator/io/admission.py).
+            create_connection=self._gate.pending.connection_class(FailFastConnection),
         )
         sockets = list(self._server.sockets)
         if sockets:
             self.port = sockets[0].getsockname()[1]
-        self._reaper = asyncio.create_task(self._reap_forever())
-        log.info(
-            "coordinator listening", url=self.url, insecure=self.settings.insecure,
-            tokens=0 if self.tokens is None else len(self.tokens), mtls=self.settings.tls_client_ca is not None,
-        )
 
     async def serve_forever(self) -> None:
         """Serve until cancelled."""
@@ -270,7 +386,17 @@ class CoordinatorServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self._metrics_listener is not None:
+            await self._metrics_listener.stop()
+        self._gate.refusal_log.close()
+        if self._loading is not None and not self._loading.done():  # the loader thread still reads the store
+            with contextlib.suppress(Exception):
+                await self._loading
+        if self._takeover is not None:
+            self._takeover.cancel()
         await self._committer.close()  # what the last steps recorded is committed before the store closes
+        if self.cluster is not None:  # flushed: give the shards back, so a standby takes over at once
+            await self.cluster.stop(release=True)
         if self._hook is not None:
             await self._hook.close()
         self.store.close()
@@ -283,15 +409,28 @@ class CoordinatorServer:
             return "shutting down"
         if self._server is None or not self._server.is_serving():
             return "not listening yet"
+        if self.fatal is not None and self.fatal.done() and isinstance(self.fatal.result(), ShardFenced):
+            return "fenced: this coordinator lost its shard lease and is stopping (see its log)"
+        if self.cluster is not None and not self.cluster.serving and not self.loaded.is_set():
+            return STANDBY
+        if not self.loaded.is_set():
+            return LOADING
         if self.fatal is not None and self.fatal.done():
             return "the store refused a write; the coordinator is stopping (see its log)"
         if self.store.closed:
             return f"the store {self.store.description} is closed"
         return None
 
-    def metrics_exposition(self) -> tuple[bytes, str]:
-        """The ``/metrics`` body and its content type."""
-        return render(self.metrics_registry), CONTENT_TYPE
+    @property
+    def metrics_port(self) -> int | None:
+        """The port of the ``--metrics-listen`` socket; None when /metrics is on the main port."""
+        return self._metrics_listener.port if self._metrics_listener is not None else None
+
+    def metrics_exposition(self) -> tuple[bytes, str] | None:
+        """The ``/metrics`` body and its content type; None while the store loads (the core is being filled)."""
+        if not self.loaded.is_set():
+            return None
+        return self.metrics_cache.get(), CONTENT_TYPE
 
     def _session_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -303,7 +442,7 @@ class CoordinatorServer:
 
     def _process_request(
         self, conn: ServerConnection, request: Request
-    ) -> Response | Coroutine[Any, Any, Response] | None:
+    ) -> Response | Coroutine[Any, Any, Response | None] | None:
         response = http_routes.process_request(self, conn, request)  # /healthz /readyz /metrics / (dashboard)
         if response is not None:
             if response.status_code == 404:  # unknown paths are probes too: counted with the refusals
@@ -314,6 +453,8 @@ class CoordinatorServer:
         if role is None:
             self._count_refusal(404)
             return conn.respond(404, f"unknown path {path}; fleetwire serves /v1/worker and /v1/client\n")
+        if not self.loaded.is_set():
+            return self._after_load(conn, request)
         # Origin, connection limit, client certificate, token (coordinator/auth.py).
         refused = self._gate.admit(conn, request, path, role, len(self._sessions))
         if refused is not None:
@@ -321,6 +462,27 @@ class CoordinatorServer:
             if refused.status_code == 429:  # penalty box: answered after a hold (coordinator/limits.py)
                 return self._gate.hold(refused)
         return refused
+
+    async def _after_load(self, conn: ServerConnection, request: Request) -> Response | None:
+        """A handshake that came while the store loads: admitted once it is loaded, or 503 after a while.
+
+        It waits 80 % of the handshake timeout at most (websockets drops a handshake at the whole
+        timeout, and the SDK and agent give up at their own, 10 s by default like the server's);
+        then 503 with ``Retry-After: 1``, which workers and clients retry after.
+        """
+        self.handshakes_waiting += 1
+        self.handshake_waits.set()
+        try:
+            await asyncio.wait_for(self.loaded.wait(), self.settings.limits.handshake_timeout_s * 0.8)
+        except TimeoutError:
+            self._count_refusal(503)
+            return http_routes.loading(self.readiness_problem() or LOADING)
+        finally:
+            self.handshakes_waiting -= 1
+        answer = self._process_request(conn, request)
+        if isinstance(answer, Coroutine):
+            return await answer
+        return answer
 
     def _count_refusal(self, answer: int) -> None:
         key = str(answer)
@@ -375,7 +537,7 @@ class CoordinatorServer:
         core = self.core
         core.open_session(
             conn_id, role, time.monotonic(), principal=principal.name, address=address, admin=principal.admin,
-            worker_ids=principal.worker_ids,
+            worker_ids=principal.worker_ids, identity=peer_identity(ws) if role == "worker" else "",
         )
         self._flush()
         bucket = self.settings.limits.bucket(role, time.monotonic())
@@ -391,7 +553,11 @@ class CoordinatorServer:
                 if pause is None:
                     self._kill(session, codes.CLOSE_RATE_LIMITED, "message rate limit exceeded")
                     continue
+                redirect = self.redirect
                 for msg in msgs:
+                    if redirect is not None and (moved := redirect(role, msg)) is not None:
+                        self._move(session, moved)
+                        break
                     self._receive(conn_id, msg, now)
                 self._flush(len(frame))
                 if self._committer.over:  # the disk is behind: stop reading until it catches up
@@ -480,6 +646,13 @@ class CoordinatorServer:
         for session in slow:
             self._kill(session, codes.CLOSE_SLOW_CONSUMER, "slow consumer: too much waiting for it to read")
 
+    def _move(self, session: Session, moved: Moved) -> None:
+        """Cluster mode: the session belongs to another shard; tell it where, then close it 4307."""
+        session.killed = True  # what it still sends is dropped
+        session.pending.append(moved)
+        session.close_with = (codes.CLOSE_MOVED, f"shard {moved.shard} is served elsewhere")
+        session.wake.set()
+
     def _kill(self, session: Session, code: int, reason: str) -> None:
         """Close a session from the server's side at once, dropping what is pending for it.
 
@@ -510,6 +683,12 @@ class CoordinatorServer:
 
     def _store_failed(self, exc: BaseException) -> None:
         """Fail-stop: the store refused a write, so memory is ahead of what a restart would load."""
+        if isinstance(exc, ShardFenced):  # cluster mode: another coordinator owns the shard now
+            if self.fatal is not None and not self.fatal.done():
+                log.critical("shard lease lost (fenced): this coordinator stops serving; another one owns the shard",
+                             store=self.store.description, error=str(exc))  # fmt: skip
+                self.fatal.set_result(exc)
+            return
         log.critical("store write failed: stopping the coordinator; restart it once the store works",
                      store=self.store.description, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
         if self.fatal is not None and not self.fatal.done():
@@ -528,10 +707,19 @@ class CoordinatorServer:
                 log.warning("event loop stalled; skipping one reaper tick", stalled_s=round(late_s, 3))
                 continue
             try:
-                self.core.tick(time.monotonic())
+                now = time.monotonic()
+                self.core.set_wall_offset(time.time() - now)  # follows the wall clock's adjustments
+                self.core.tick(now)
+                self._rotate_data_key()
             except Exception:
                 log.exception("reaper tick failed")
             self._flush()
+
+    def _rotate_data_key(self) -> None:
+        """A new data-plane ticket key when the core says one is due (coordinator/data_plane.py)."""
+        now = time.monotonic()
+        if self.core.data.rotation_due(now):
+            self.core.data.rotate(secrets.token_hex(4), secrets.token_bytes(32), now)
 
 
 def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, Session]) -> dict[int, list[Any]]:

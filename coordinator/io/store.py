@@ -10,6 +10,8 @@ start. It is the only part of the coordinator that touches a disk; the core neve
   the number of records in it: the committer groups every batch queued while the previous
   transaction was being written (group commit), so durability costs one fsync per group, not
   one per message. A lock file next to the database keeps a second coordinator off it.
+* ``PgStore`` (``--store postgresql://USER@HOST:PORT/DB``, coordinator/io/pg_store.py): cluster
+  mode; the same records, formats and group commit in PostgreSQL, fenced by shard leases.
 * :class:`MemoryStore` (``--store memory``): records kept in this process only. A restart of
   the process loses everything; a new ``CoordinatorServer`` given the same ``MemoryStore``
   object gets every plan back (tests use that).
@@ -26,7 +28,9 @@ definitions and migrations are in ``coordinator/io/store_schema.py``)::
 
 ``id`` has no index: the store, the file's only writer, keeps every id's rowid in memory and
 creates an id once.
-``spec`` is the :class:`PlanCreated`, ``status`` the latest :class:`PlanStatus`. A plan's
+``spec`` is the :class:`PlanCreated`, ``status`` the latest :class:`PlanStatus` (a finished
+plan's carries ``ended_at``, its end in Unix time; a field with a default, so files of either
+age read both ways, with no schema change). A plan's
 durable events are stored in *runs*, the events of one plan in one group: a run of a plan's
 first events (seq <= 15, <= 512 bytes) is appended to ``plans.events`` (``nevents`` events,
 msgpack, without an array header) in the same row write as the plan's status; any other run
@@ -77,6 +81,7 @@ from coordinator.io.integrity import (
 from coordinator.io.store_rows import SELECT_EVENTS, SELECT_PLANS, StoredEvent, by_seq, decode_plans
 from coordinator.io.store_schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
+from coordinator.shards import ClusterConfig
 from protocol.messages import TERMINAL_STATES, Event
 
 __all__ = [
@@ -93,6 +98,7 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 DB_FILE = "coordinator.sqlite3"
+POSTGRES_PREFIX = "postgresql://"  # --store postgresql://USER@HOST:PORT/DB: cluster mode (coordinator/io/pg_store.py)
 crc = zlib.crc32
 
 class Store(Protocol):
@@ -146,22 +152,35 @@ def store_path(spec: str, data_dir: str | Path | None = None) -> Path | None:
         return (Path(data_dir) if data_dir is not None else default_data_dir()) / DB_FILE
     if spec.startswith("sqlite:") and len(spec) > len("sqlite:"):
         return Path(spec[len("sqlite:"):])
-    raise StoreError(f"unknown store {spec!r}: use 'sqlite' (the default), 'sqlite:PATH' or 'memory'")
+    if spec.startswith(POSTGRES_PREFIX):
+        raise StoreError(f"{spec.split('@')[-1]!r} is a PostgreSQL store: it keeps no file here")
+    raise StoreError(
+        f"unknown store {spec!r}: use 'sqlite' (the default), 'sqlite:PATH', 'memory' or "
+        "'postgresql://USER@HOST:PORT/DB' (cluster mode)"
+    )
 
 
-def open_store(spec: str, data_dir: str | Path | None = None, *, accept_loss: bool = False) -> Store:
+def open_store(
+    spec: str, data_dir: str | Path | None = None, *, accept_loss: bool = False, cluster: ClusterConfig | None = None
+) -> Store:
     """The store a ``--store`` value names.
 
     Args:
-        spec: ``memory``, ``sqlite`` (the file ``coordinator.sqlite3`` in ``data_dir``) or
-            ``sqlite:PATH``.
+        spec: ``memory``, ``sqlite`` (the file ``coordinator.sqlite3`` in ``data_dir``),
+            ``sqlite:PATH``, or ``postgresql://USER@HOST:PORT/DB`` (cluster mode,
+            coordinator/io/pg_store.py).
         data_dir: where ``sqlite`` keeps its file; default :func:`default_data_dir`.
-        accept_loss: a damaged sqlite store starts from what is readable (``--accept-store-loss``).
+        accept_loss: a damaged store starts from what is readable (``--accept-store-loss``).
+        cluster: cluster mode's settings (a ``postgresql://`` store only).
 
     Raises:
         StoreError: an unknown spec, or the database cannot be opened.
         StoreDamaged: the database is damaged (and ``accept_loss`` is off).
     """
+    if spec.startswith(POSTGRES_PREFIX):
+        from coordinator.io.pg_store import PgStore
+
+        return PgStore(spec, cluster, accept_loss=accept_loss)
     path = store_path(spec, data_dir)
     if path is None:
         return MemoryStore()
@@ -388,14 +407,19 @@ class SQLiteStore:
         self._lock_fd = fd  # held until close(); the kernel releases it if the process dies
 
     def load(self) -> list[StoredPlan]:
+        # The rowids read at open are read again with the plans, keyed by the plans' own id strings:
+        # freed first, so the plans' memory reuses theirs, and each id is one string, not two.
+        opened, self._rowids = self._rowids, {}
         try:
             plans, damaged = decode_plans(self._db.execute(SELECT_PLANS), self._db.execute(SELECT_EVENTS),
-                                          keep_crc=self._events_crc)  # fmt: skip
+                                          keep_crc=self._events_crc, keep_rowids=self._rowids)  # fmt: skip
         except sqlite3.Error as exc:
+            self._rowids = opened
             if not self.accept_loss:
                 raise StoreDamaged(self.path, f"cannot read it: {exc}") from exc
             self._rebuild(f"cannot read it: {exc}")
             return self.load()
+        del opened
         if damaged:
             if not self.accept_loss:
                 more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""

@@ -1,8 +1,10 @@
-"""Reading the SQLite store's rows back: checksums and cross-references verified, damage named.
+"""The stores' rows: read back with checksums and cross-references verified, damage named; encoded.
 
 Used by the store's ``load`` (``coordinator/io/store.py``), by ``fleetwire store check``
 (``coordinator/io/store_admin.py``) and by ``--accept-store-loss`` salvage, so the three read
-a file the same way.
+a file the same way. The PostgreSQL store (``coordinator/io/pg_store.py``) stores the same blobs
+with the same checksums, reads them back with :func:`decode_plans` and encodes them with
+:func:`encode_record` and :func:`encode_run`.
 """
 
 from __future__ import annotations
@@ -11,14 +13,18 @@ import itertools
 import operator
 import zlib
 from collections.abc import Iterable
+from sys import intern
 from typing import Any
 
 import msgspec
 
-from coordinator.records import PlanCreated, PlanStatus, StoredPlan
+from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, StoredPlan
 from protocol.messages import TERMINAL_STATES, Event
 
-__all__ = ["SELECT_EVENTS", "SELECT_PLANS", "StoredEvent", "array_header", "by_seq", "decode_plans", "events_of"]
+__all__ = [
+    "SELECT_EVENTS", "SELECT_PLANS", "StoredEvent", "array_header", "as_text", "by_seq", "decode_plans",
+    "encode_record", "encode_run", "events_of", "not_storable", "run_by_seq",
+]
 
 crc = zlib.crc32
 _seq = operator.attrgetter("seq")
@@ -40,6 +46,7 @@ def decode_plans(
     event_rows: Iterable[tuple[Any, ...]],
     *,
     keep_crc: dict[str, int] | None = None,
+    keep_rowids: dict[str, int] | None = None,
 ) -> tuple[list[StoredPlan], dict[int, str]]:
     """Plans from their stored rows, every blob's checksum and every cross-reference verified.
 
@@ -48,6 +55,7 @@ def decode_plans(
         event_rows: ``events`` rows as :data:`SELECT_EVENTS` reads them (by plan, then seq).
         keep_crc: filled with the inline events' checksum of every plan not ended, which the
             writer continues.
+        keep_rowids: filled with every sound plan's rowid, keyed by its (decoded) id.
 
     Returns:
         The sound plans in submit order, and the damaged ones: plans rowid -> what is wrong
@@ -66,6 +74,7 @@ def decode_plans(
             created = decode_submit(spec)
             if created.plan_id != plan_id or created.order != order:
                 raise _Damage("its submit does not match its row")
+            plan_id = created.plan_id  # one string object per plan id, as a submitted plan has
             stored_status = None
             if status is not None:
                 if crc(status) != status_crc:
@@ -114,12 +123,15 @@ def decode_plans(
         stored = plans.get(plan)
         if stored is not None:
             stored.events = by_seq(stored.events)
+    if keep_rowids is not None:
+        keep_rowids.update((stored.created.plan_id, rowid) for rowid, stored in plans.items())
     return sorted(plans.values(), key=_order), damaged
 
 
 def events_of(plan_id: str, stored: list[StoredEvent | Event]) -> list[Event]:
     """The events of plan ``plan_id`` from their stored form."""
-    return [Event(plan_id=plan_id, kind=e[0], data=e[1], seq=e[2], attempt=e[3], ephemeral=e[4])
+    # Kinds are interned: a few distinct ones over every event, as the core's own literals are.
+    return [Event(plan_id=plan_id, kind=intern(e[0]), data=e[1], seq=e[2], attempt=e[3], ephemeral=e[4])
             if type(e) is tuple else e for e in stored]  # type: ignore[misc]  # fmt: skip
 
 
@@ -137,3 +149,57 @@ def array_header(count: int) -> bytes:
     if count < 1 << 16:
         return b"\xdc" + count.to_bytes(2, "big")
     return b"\xdd" + count.to_bytes(4, "big")
+
+
+# ---------------------------------------------------------------- writing (the PostgreSQL store; see store.py)
+
+
+def encode_record(encoder: msgspec.msgpack.Encoder, record: Any) -> bytes:
+    """A record as stored (msgpack); a payload msgpack cannot hold is stored as text, never refused."""
+    try:
+        return encoder.encode(record)
+    except (TypeError, ValueError, OverflowError):
+        return encoder.encode(as_text(record))
+
+
+def encode_run(encoder: msgspec.msgpack.Encoder, run: list[StoredEvent]) -> bytes:
+    """A run of a plan's events as one msgpack array of ``[kind, data, seq, attempt, ephemeral]`` arrays."""
+    try:
+        return encoder.encode(run)
+    except (TypeError, ValueError, OverflowError):
+        rows = []
+        for kind, data, seq, attempt, ephemeral in run:
+            try:
+                encoder.encode(data)
+            except (TypeError, ValueError, OverflowError):
+                data = not_storable(data)
+            rows.append((kind, data, seq, attempt, ephemeral))
+        return encoder.encode(rows)
+
+
+def run_by_seq(run: list[StoredEvent]) -> list[StoredEvent]:
+    """A run of stored events in seq order, the last of each seq kept."""
+    if all(a[2] < b[2] for a, b in itertools.pairwise(run)):
+        return run
+    return sorted({e[2]: e for e in run}.values(), key=operator.itemgetter(2))
+
+
+def not_storable(value: Any) -> str:
+    """What is stored in place of a payload msgpack cannot hold."""
+    return f"<not storable: {value!r:.200}>"
+
+
+def as_text(record: Any) -> Any:
+    """``record`` with its free-form payloads (args, data, result, error detail) replaced by their repr."""
+    if isinstance(record, Event):
+        return msgspec.structs.replace(record, data=not_storable(record.data))
+    if isinstance(record, PlanStatus):
+        error = record.error
+        if error is not None and error.detail is not None:
+            error = msgspec.structs.replace(error, detail=not_storable(error.detail))
+        result = not_storable(record.result) if record.result is not None else None
+        return msgspec.structs.replace(record, result=result, error=error, history=[])
+    if isinstance(record, PlanForgotten):
+        return record
+    submit = msgspec.structs.replace(record.submit, args=not_storable(record.submit.args))
+    return msgspec.structs.replace(record, submit=submit)

@@ -75,6 +75,7 @@ from coordinator.placement.prefix import PrefixIndex
 from coordinator.plans import Plan
 from coordinator.registry import WorkerRegistry
 from coordinator.workers import WorkerRecord
+from protocol.caps import MAX_SESSION_KEY_BYTES, too_long
 from protocol.messages import RoutingHints
 
 __all__ = ["DEFAULT_BLOCK_TOKENS", "DEFAULT_CANDIDATES", "Placement", "PlacementConfig", "hints_problem"]
@@ -129,6 +130,9 @@ def hints_problem(hints: RoutingHints) -> str | None:
             return f"hints.{name} must be >= 0 (got {value})"
     if hints.session_key is not None and not hints.session_key:
         return "hints.session_key must be non-empty when given"
+    key_problem = too_long("hints.session_key", hints.session_key, MAX_SESSION_KEY_BYTES)
+    if key_problem is not None:
+        return key_problem
     if len(hints.prefix_hashes) > MAX_PREFIX_HASHES:
         return f"hints.prefix_hashes has {len(hints.prefix_hashes)} hashes; at most {MAX_PREFIX_HASHES} are allowed"
     return None

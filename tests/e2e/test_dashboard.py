@@ -55,17 +55,23 @@ async def page() -> AsyncIterator[Any]:
 
 
 async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, page: Any) -> None:
-    """With an admin token from its URL fragment the page lists the worker; a plan it submits appears,
-    runs and ends succeeded with its events streamed live, a client's plan shows up too, and a plan
-    nobody can run sits in the queue with its reason."""
+    """Logged in through its form with an admin token (never in the URL) the page lists the worker; a plan
+    it submits appears, runs and ends succeeded with its events streamed live, a client's plan shows up
+    too, and a plan nobody can run sits in the queue with its reason."""
     await cluster.coordinator("--admin-token", ADMIN_TOKEN)
     await cluster.worker("w1", "--tags", "dash", "--carbon-zone", "FR", "--uj-per-token", "900")
     http_url = cluster.url.replace("ws://", "http://", 1)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
 
-    await page.goto(f"{http_url}/#token={ADMIN_TOKEN}")
+    await page.goto(f"{http_url}/")
+    await page.wait_for_selector("#token-form:not([hidden])", timeout=15_000)  # no token yet: the login form
+    assert "log in" in await page.text_content("#token-error")
+    await page.fill("#token", ADMIN_TOKEN)
+    await page.click("#login")
     await page.wait_for_selector('#conn-status[data-state="connected"]', timeout=15_000)
+    assert ADMIN_TOKEN not in page.url
+    assert await page.evaluate('sessionStorage.getItem("fleetwire-token")') == ADMIN_TOKEN
     await page.wait_for_selector('#workers tr[data-worker-id="w1"]', timeout=15_000)
     assert "1 workers" in await page.text_content("#summary")
     assert "alive" in await page.text_content('#workers tr[data-worker-id="w1"]')
@@ -110,6 +116,13 @@ async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, 
 
     ARTIFACTS.mkdir(exist_ok=True)
     await page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+    # A reload keeps the session (sessionStorage); logging out forgets the token.
+    await page.reload()
+    await page.wait_for_selector('#conn-status[data-state="connected"]', timeout=15_000)
+    await page.click("#logout")
+    await page.wait_for_selector("#token-form:not([hidden])", timeout=5_000)
+    assert await page.evaluate('sessionStorage.getItem("fleetwire-token")') is None
     assert not errors, errors
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
+import msgspec
 import pytest
 
 from fleetwire.errors import FleetwireConnectionError, PlanFailed, PlanNotFound, ProtocolError
-from fleetwire.session import COALESCE_LIMIT_BYTES, ClientSession
+from fleetwire.plan import Plan
+from fleetwire.session import COALESCE_LIMIT_BYTES, RECOVERED_REASON, ClientSession
 from fleetwire.stream import PlanStream
 from protocol import errors as codes
-from protocol.codec import Codec
+from protocol.codec import Codec, Encoding
 from protocol.messages import (
     Accepted,
     Error,
@@ -21,7 +23,9 @@ from protocol.messages import (
     Ok,
     PlanInfo,
     PlanReply,
+    Requirements,
     Resync,
+    RoutingHints,
     Submit,
     Subscribe,
     Subscribed,
@@ -153,17 +157,117 @@ def test_resume_resends_unanswered_requests_then_resubscribes_live_streams_from_
     assert session.resumed == 1 and not pending.done()
 
 
-def test_a_plan_forgotten_across_the_reconnect_fails_its_stream() -> None:
-    """A resubscribe answered with plan_not_found fails that plan's stream with FleetwireConnectionError."""
+def test_a_watched_plan_forgotten_across_the_reconnect_fails_its_stream() -> None:
+    """A resubscribe of a plan this session did not submit, answered plan_not_found, fails its stream."""
     session = ClientSession("msgpack")
-    submit(session, "p1")
-    session.receive_frame(frame(Accepted(req_id=1, plan_id="p1")))
-    (stream,) = session.streams_of("p1")
+    stream = PlanStream("p1", live=True)
+    session.add_stream(stream)
     session.resume()
     (subscribe,) = sent(session)
     session.receive_frame(frame(Error(code=codes.PLAN_NOT_FOUND, message="?", req_id=subscribe.req_id)))
     assert isinstance(stream.lost, FleetwireConnectionError) and "no longer knows plan 'p1'" in str(stream.lost)
     assert session.streams_of("p1") == [] and session.pending_requests == 0
+
+
+def sent_as(session: ClientSession, encoding: Encoding) -> list[Any]:
+    """Every message the session has queued, decoded by a coordinator speaking ``encoding``."""
+    coordinator = Codec(encoding, FromClient, role="client")
+    msgs: list[Any] = []
+    while (data := session.next_frame()) is not None:
+        msgs.extend(coordinator.decode(data.decode() if encoding == "json" else data))
+    return msgs
+
+
+def _lost_across_a_reconnect(session: ClientSession, msg: Submit, encoding: Encoding = "msgpack") -> PlanStream:
+    """``msg`` accepted, a few events, then a reconnect whose resubscription finds the plan unknown."""
+    waiter = request(session, msg, Accepted, lambda reply: _live(session, reply))
+    sent_as(session, encoding)
+    for reply in (Accepted(req_id=msg.req_id, plan_id=msg.plan_id or ""),
+                  Event(plan_id=msg.plan_id or "", kind="queued", seq=1),
+                  Event(plan_id=msg.plan_id or "", kind="leased", seq=2)):  # fmt: skip
+        session.receive(reply)
+    assert waiter.done()
+    (stream,) = session.streams_of(msg.plan_id or "")
+    session.resume()
+    (subscribe,) = sent_as(session, encoding)
+    assert (subscribe.plan_ids, subscribe.from_seq) == ([msg.plan_id], 2)
+    session.receive(Error(code=codes.PLAN_NOT_FOUND, message="?", req_id=subscribe.req_id))
+    return stream
+
+
+def _live(session: ClientSession, reply: Accepted) -> PlanStream:
+    stream = PlanStream(reply.plan_id, state=reply.state, live=True)
+    session.add_stream(stream)
+    return stream
+
+
+def test_an_accepted_plan_the_coordinator_lost_is_resubmitted_with_its_id_and_spec(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """plan_not_found on the resubscription of a plan this session submitted: the same submit (every field)
+    goes again marked recovered, a warning is logged, and nothing fails."""
+    session = ClientSession("msgpack")
+    msg = Submit(req_id=session.next_req_id(), op="shell", args={"cmd": "x", "b": b"\x00"}, plan_id="p1",
+                 priority=7, timeout_s=3.5, max_attempts=5, retries=2,
+                 requirements=Requirements(tags=["gpu"], model="m"), hints=RoutingHints(session_key="k"))  # fmt: skip
+    assert session.held_specs == 0
+    with caplog.at_level("WARNING", logger="fleetwire.client"):
+        stream = _lost_across_a_reconnect(session, msg)
+    (again,) = sent(session)
+    assert isinstance(again, Submit) and again.recovered and again.req_id != msg.req_id
+    assert msgspec.structs.replace(again, req_id=msg.req_id, recovered=False) == msg
+    assert "no longer knows plan 'p1'" in caplog.text and "resubmitting" in caplog.text
+    assert stream.lost is None and session.recovered == 0  # until its accepted
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_a_resubmitted_plan_restarts_its_stream_after_a_recovered_event_and_ends_with_its_result(
+    duplicate: bool,
+) -> None:
+    """The resubmission's accepted (new, or a duplicate when another session resubmitted it first) puts a
+    ``recovered`` event in the stream, whose new events from seq 1 are taken; the plan ends with its result."""
+    session = ClientSession("json")
+    msg = Submit(req_id=session.next_req_id(), op="echo", args={"b": "x"}, plan_id="p1")
+    stream = _lost_across_a_reconnect(session, msg, "json")
+    plan = Plan(stream, cast(Any, None))
+    (again,) = sent_as(session, "json")
+    assert again.recovered and again.args == {"b": "x"}
+    for reply in (Accepted(req_id=again.req_id, plan_id="p1", duplicate=duplicate),
+                  Event(plan_id="p1", kind="queued", seq=1),
+                  Event(plan_id="p1", kind="succeeded", data={"result": 42}, seq=2)):  # fmt: skip
+        session.receive(reply)
+    assert [(e.kind, e.seq) for e in stream.events] == [
+        ("queued", 1), ("leased", 2), ("recovered", 0), ("queued", 1), ("succeeded", 2)
+    ]
+    assert stream.events[2].data == {"reason": RECOVERED_REASON, "last_seq": 2}
+    assert plan.recovered and session.recovered == 1 and stream.outcome() == 42
+    assert session.held_specs == 0 and session.streams_of("p1") == []
+
+
+def test_a_refused_resubmission_fails_the_stream_saying_why() -> None:
+    """A resubmission the coordinator refuses (the id taken by another client) fails the plan, naming both."""
+    session = ClientSession("msgpack")
+    stream = _lost_across_a_reconnect(session, Submit(req_id=session.next_req_id(), op="echo", plan_id="p1"))
+    (again,) = sent(session)
+    session.receive_frame(frame(Error(code=codes.INVALID_ARGUMENT, message="plan id 'p1' is already used",
+                                      req_id=again.req_id)))  # fmt: skip
+    assert isinstance(stream.lost, FleetwireConnectionError)
+    assert "lost plan 'p1'" in str(stream.lost) and "already used" in str(stream.lost)
+    assert session.streams_of("p1") == [] and session.held_specs == 0
+
+
+def test_the_session_keeps_a_submit_only_until_its_plan_ends() -> None:
+    """The spec of an accepted plan is held while it runs and dropped at its terminal event (or the session's end)."""
+    session = ClientSession("msgpack")
+    submit(session, "p1")
+    submit(session, "p2")
+    sent(session)
+    session.receive_frame(frame(Accepted(req_id=1, plan_id="p1"), Accepted(req_id=2, plan_id="p2")))
+    assert session.held_specs == 2
+    session.receive_frame(frame(Event(plan_id="p1", kind="succeeded", data={"result": 1}, seq=1)))
+    assert session.held_specs == 1
+    session.end(FleetwireConnectionError("closed"))
+    assert session.held_specs == 0
 
 
 def test_resync_puts_a_marker_in_the_stream_and_may_end_it() -> None:

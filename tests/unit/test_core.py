@@ -52,6 +52,7 @@ class Harness:
         self.core = Coordinator(CoreConfig(**config), new_id=lambda: next(ids))
         self.inbox: dict[int, list[Any]] = {}
         self.closes: list[tuple[int, int, str]] = []
+        self.secrets: dict[str, str] = {}  # worker id -> its last welcome's session_secret, as an agent keeps it
         self._conns = itertools.count(1)
         self._req = itertools.count(1)
 
@@ -59,6 +60,9 @@ class Harness:
         effects = self.core.take_effects()
         for conn_id, msgs in effects.sends.items():
             self.inbox.setdefault(conn_id, []).extend(msgs)
+            for msg in msgs:
+                if isinstance(msg, Welcome):
+                    self.secrets[msg.worker_id] = msg.session_secret
         self.closes.extend(effects.closes)
         check_invariant(self.core, self.now)
 
@@ -76,7 +80,10 @@ class Harness:
         caps = Capabilities(
             cpu_cores=4, ram_bytes=8_000_000_000, ops=list(ops), tags=list(tags), max_concurrency=max_concurrency
         )
-        hello = Hello(worker_id=worker_id, capabilities=caps, running=[RunningPlan(p, a) for p, a in running])
+        hello = Hello(
+            worker_id=worker_id, capabilities=caps, running=[RunningPlan(p, a) for p, a in running],
+            session_secret=self.secrets.get(worker_id, ""),  # a reconnecting agent presents it
+        )
         self.send(conn, hello)
         return conn
 

@@ -46,6 +46,9 @@ class Durable(Harness):
             self.records.extend(effects.records)
         for conn_id, msgs in effects.sends.items():
             self.inbox.setdefault(conn_id, []).extend(msgs)
+            for msg in msgs:
+                if isinstance(msg, Welcome):  # kept as an agent keeps it (Harness._pump)
+                    self.secrets[msg.worker_id] = msg.session_secret
         self.closes.extend(effects.closes)
         check_invariant(self.core, self.now)
 

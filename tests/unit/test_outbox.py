@@ -7,7 +7,7 @@ from structlog.testing import capture_logs
 
 import protocol
 from protocol import Codec
-from worker_agent.outbox import Outbox, encode_frames
+from worker_agent.outbox import KEEP_ACKED_DONE, Outbox, encode_frames
 
 
 def event(plan_id: str, n: int, *, ephemeral: bool = False, attempt: int = 1) -> protocol.Event:
@@ -149,3 +149,35 @@ def test_unacked_list_is_bounded_and_never_sheds_done() -> None:
     assert box.unacked == 3 and box.dropped == 2
     box.rewind()
     assert [m.seq for m in box.take(10)] == [3, 4, 5]
+
+
+def test_acknowledged_dones_are_kept_for_a_coordinator_that_lost_them() -> None:
+    """An acked done stays listed for hello (recent_done); welcome re-queues those the coordinator continues, in
+    front, and forgets the rest; plans listed at another attempt are left out."""
+    box = Outbox(limit=100)
+    for n, plan_id in enumerate(["a", "b", "c"], start=1):
+        msg = done(plan_id)
+        msg.seq = n
+        box.append(msg)
+    box.sent(box.take(10))
+    assert box.ack(3) == 3 and box.unacked == 0 and box.pending_done() == []
+    assert [(r.plan_id, r.attempt) for r in box.recent_done(exclude={"c"})] == [("a", 1), ("b", 1)]
+    box.append(event("z", 1))
+    assert box.welcomed(["b", "x"]) == 1
+    assert [m.plan_id for m in box.take(10)] == ["b", "z"]
+    assert box.recent_done() == [] and box.welcomed(["a"]) == 0  # forgotten after one welcome
+
+
+def test_only_the_newest_acknowledged_dones_are_kept() -> None:
+    """At most KEEP_ACKED_DONE acknowledged dones are kept, the newest; purge drops a plan's."""
+    box = Outbox(limit=10_000)
+    for n in range(KEEP_ACKED_DONE + 5):
+        msg = done(f"p{n}")
+        msg.seq = n + 1
+        box.append(msg)
+    box.sent(box.take(10_000))
+    box.ack(10_000)
+    kept = [r.plan_id for r in box.recent_done()]
+    assert len(kept) == KEEP_ACKED_DONE and kept[0] == "p5" and kept[-1] == f"p{KEEP_ACKED_DONE + 4}"
+    box.purge("p5")
+    assert "p5" not in [r.plan_id for r in box.recent_done()]

@@ -115,8 +115,9 @@ def test_done_event_maps_each_outcome() -> None:
 
 
 def test_reserved_kinds_are_the_lifecycle_kinds() -> None:
-    """Every lifecycle kind the coordinator emits is reserved."""
-    assert {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled"} == RESERVED_KINDS
+    """Every lifecycle kind the coordinator emits (and data_ready, which only it may send) is reserved."""
+    lifecycle = {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled"}
+    assert lifecycle | {"data_ready"} == RESERVED_KINDS
 
 
 # ---------------------------------------------------------------- event stream

@@ -7,26 +7,32 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from coordinator.core import CoreConfig
+from coordinator.core import Coordinator, CoreConfig
 from coordinator.io.server import ServerSettings
 from coordinator.io.store import DB_FILE, MemoryStore, SQLiteStore
+from coordinator.plans import PLAN_OVERHEAD_BYTES, event_bytes
 from coordinator.records import PlanForgotten, PlanStatus
+from coordinator.retention import DEFAULT_RETENTION_BYTES
 from protocol import errors
 from protocol.messages import (
+    Accept,
     Accepted,
     Assign,
     Cancel,
     Done,
     Error,
+    Event,
     GetPlan,
     ListPlans,
     PlanReply,
     Plans,
+    Resync,
     Subscribe,
 )
-from tests.unit.test_durability_core import Durable, running_plan
+from tests.unit.test_durability_core import Durable, only, running_plan
 from tests.unit.test_store import created, event
 
 S = 100.0  # the retention these tests run with
@@ -112,23 +118,141 @@ def only_assign(msgs: list[Any]) -> Assign:
 
 
 def test_zero_retention_keeps_every_plan() -> None:
-    """--plan-retention 0: a finished plan is never forgotten and nothing is tracked for it."""
-    h = Durable(plan_retention_s=0.0)
+    """--plan-retention 0 and --plan-retention-bytes 0: a finished plan is never forgotten, nothing is tracked."""
+    h = Durable(plan_retention_s=0.0, plan_retention_bytes=0)
     c, pid = finished_plan(h, at=0.0)
     h.tick(1e9)
     assert isinstance(get_plan(h, c, pid), PlanReply)
     assert len(h.core.retention) == 0 and h.core.counters["plans_forgotten"] == 0
 
 
-def test_a_restored_finished_plan_counts_as_ended_at_the_restore() -> None:
-    """After a restart a plan that had finished is kept one whole retention from the restore time."""
+HOUR = 3600.0
+
+
+def restart_at(h: Durable, now: float, wall: float) -> None:
+    """A new process whose monotonic clock reads ``now`` while the wall clock reads ``wall``."""
+    h.now = now
+    h.core = Coordinator(CoreConfig(**h.config), new_id=lambda: "unused")
+    h.core.set_wall_offset(wall - now)
+    h.core.restore(h.store.load(), now)
+    h.inbox.clear()
+    h._pump()
+
+
+def test_retention_runs_from_the_stored_end_time_across_a_restart() -> None:
+    """A plan that ended 23 h before a restart is forgotten 1 h after it (24 h retention), on a new clock."""
+    h = Durable(plan_retention_s=24 * HOUR)
+    wall0 = 1_800_000_000.0  # Unix time of the first process's now = 0
+    h.core.set_wall_offset(wall0)
+    _, pid = finished_plan(h, at=5.0)
+    (status,) = [r for r in h.records if isinstance(r, PlanStatus) and r.state == "succeeded"]
+    assert status.ended_at == wall0 + 5.0
+    # The new process's monotonic clock starts near 0 again, 23 h of wall time later.
+    restart_at(h, now=1.0, wall=wall0 + 5.0 + 23 * HOUR)
+    h.tick(1.0 + HOUR - 2)
+    assert pid in h.core.plans
+    h.tick(1.0 + HOUR + 2)
+    assert pid not in h.core.plans and h.store.load() == []
+    assert h.core.counters["plans_forgotten.time"] == 1
+
+
+def test_retention_survives_restarts_more_often_than_the_window() -> None:
+    """Restarting every half retention does not keep a finished plan: it goes one retention after its end."""
+    h = Durable(plan_retention_s=S)
+    h.core.set_wall_offset(1000.0)
+    _, pid = finished_plan(h, at=0.0)  # ended at wall 1000
+    restart_at(h, now=0.0, wall=1000.0 + S / 2)
+    h.tick(S / 2 - 1)
+    restart_at(h, now=0.0, wall=1000.0 + S - 1)
+    assert pid in h.core.plans
+    h.tick(2.0)  # wall 1000 + S + 1
+    assert pid not in h.core.plans
+
+
+def test_a_plan_stored_without_an_end_time_ends_at_the_restore_and_gets_one() -> None:
+    """A finished plan from an older store (no ended_at) counts as ended at the restore, which is written back."""
     h = Durable(plan_retention_s=S)
     _, pid = finished_plan(h, at=0.0)
-    h.restart(now=S - 10)  # it would have gone at S + 1 without the restart
-    h.tick(2 * S - 11)
+    stored = h.store._plans[pid]
+    assert stored.status is not None
+    stored.status = msgspec.structs.replace(stored.status, ended_at=None)  # as an older coordinator wrote it
+    h.records.clear()
+    restart_at(h, now=0.0, wall=500.0)
+    assert [r.ended_at for r in h.records if isinstance(r, PlanStatus)] == [500.0]
+    restart_at(h, now=0.0, wall=500.0 + S - 1)
     assert pid in h.core.plans
-    h.tick(2 * S - 9)
-    assert pid not in h.core.plans and h.store.load() == []
+    h.tick(2.0)
+    assert pid not in h.core.plans
+
+
+def test_a_finished_plan_drops_its_ephemeral_events_and_a_replay_resyncs_them() -> None:
+    """At its end a plan keeps only durable events (held bytes drop); a late subscriber gets a resync for the rest."""
+    h = Durable()
+    c, w, pid = running_plan(h)
+    for seq in range(2, 52):
+        h.send(w, Event(plan_id=pid, attempt=1, kind="token", data="t" * 200, ephemeral=True, seq=seq))
+    plan = h.core.plans[pid]
+    held_running = plan.held_bytes
+    assert held_running > 50 * 200
+    h.send(w, Done(plan_id=pid, attempt=1, outcome="succeeded", result=7, seq=52))
+    assert not any(e.ephemeral for e in plan.events)
+    assert plan.held_bytes < held_running - 50 * 200
+    assert plan.retained_bytes() == PLAN_OVERHEAD_BYTES + event_bytes(None) + event_bytes(7) + plan.held_bytes
+    h.take(c)
+    h.send(c, Subscribe(req_id=5, plan_ids=[pid], from_seq=0))
+    replay = [m for m in h.take(c) if isinstance(m, Event | Resync)]
+    kinds = [m.kind if isinstance(m, Event) else ("resync", m.first_seq, m.last_seq) for m in replay]
+    tokens = [e.seq for e in replay if isinstance(e, Event) and e.kind == "token"]
+    assert tokens == [] and ("resync", 4, 53) in kinds and kinds[-1] == "succeeded", kinds
+
+
+def test_memory_held_per_finished_plan_drops() -> None:
+    """A finished plan's retained bytes are its payloads and durable events, not its token stream."""
+    h = Durable(max_events_per_plan=10_000)
+    _, w, pid = running_plan(h)
+    for seq in range(2, 1002):
+        h.send(w, Event(plan_id=pid, attempt=1, kind="token", data="tok", ephemeral=True, seq=seq))
+    plan = h.core.plans[pid]
+    before = plan.held_bytes
+    h.send(w, Done(plan_id=pid, attempt=1, outcome="succeeded", result="ok", seq=1002))
+    assert len(plan.events) <= 5 and plan.held_bytes * 20 < before
+    assert h.core.retention.retained_bytes == plan.retained_bytes() < 2 * PLAN_OVERHEAD_BYTES
+
+
+def test_finished_plans_past_the_byte_bound_are_forgotten_oldest_first() -> None:
+    """--plan-retention-bytes: the oldest finished plans go until the rest fit, whatever their age; counted as bytes."""
+    h = Durable(plan_retention_s=1e9, plan_retention_bytes=3 * PLAN_OVERHEAD_BYTES + 3 * 2000)
+    c = h.client()
+    w = h.worker("w1")
+    ids = []
+    for i in range(5):
+        h.now = float(i)
+        pid = h.submit(c, plan_id=f"job-{i}", args="a" * 1500)
+        assign = only(h.take(w), Assign)
+        h.send(w, Accept(plan_id=pid, attempt=assign.attempt, seq=2 * i + 1))
+        h.send(w, Done(plan_id=pid, attempt=1, outcome="succeeded", result=None, seq=2 * i + 2))
+        ids.append(pid)
+    assert h.core.retention.retained_bytes > h.core.retention.max_bytes
+    h.tick(10.0)
+    kept = [pid for pid in ids if pid in h.core.plans]
+    assert kept == ids[-3:] or kept == ids[-2:], kept
+    assert h.core.retention.retained_bytes <= h.core.retention.max_bytes
+    assert h.core.counters["plans_forgotten.bytes"] == 5 - len(kept) and h.core.counters["plans_forgotten.time"] == 0
+    assert {s.created.plan_id for s in h.store.load()} == set(kept)
+
+
+def test_the_byte_bound_alone_applies_with_zero_time_retention() -> None:
+    """--plan-retention 0 keeps plans by time, but --plan-retention-bytes still bounds them."""
+    h = Durable(plan_retention_s=0.0, plan_retention_bytes=1)
+    _, pid = finished_plan(h, at=0.0)
+    h.tick(1.0)
+    assert pid not in h.core.plans and h.core.counters["plans_forgotten.bytes"] == 1
+
+
+def test_negative_plan_retention_bytes_is_refused() -> None:
+    """ServerSettings.check names --plan-retention-bytes when it is negative."""
+    with pytest.raises(ValueError, match="--plan-retention-bytes must be >= 0"):
+        ServerSettings(insecure=True, core=CoreConfig(plan_retention_bytes=-1)).check()
 
 
 def test_a_sweep_forgets_at_most_its_budget_and_the_rest_next_tick() -> None:
@@ -158,6 +282,10 @@ def test_cli_flag_reaches_the_server_settings() -> None:
     ns = parser.parse_args(["coordinator", "--insecure", "--plan-retention", "60"])
     assert _server_settings(ns, (), ()).core.plan_retention_s == 60.0
     assert _server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ()).core.plan_retention_s == 86400.0
+    ns = parser.parse_args(["coordinator", "--insecure", "--plan-retention-bytes", "1000"])
+    assert _server_settings(ns, (), ()).core.plan_retention_bytes == 1000
+    default = _server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ())
+    assert default.core.plan_retention_bytes == DEFAULT_RETENTION_BYTES == 1 << 30
 
 
 # ---------------------------------------------------------------- stores

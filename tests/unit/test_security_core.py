@@ -365,7 +365,7 @@ def test_cli_limit_defaults_mirror_the_coordinators() -> None:
     assert {f: d for f, d in LIMIT_DEFAULTS.values()} == {
         f: getattr(defaults, f) for f, _ in LIMIT_DEFAULTS.values()
     }
-    assert {f for f, _ in LIMIT_DEFAULTS.values()} | {"allowed_origins"} == {
+    assert {f for f, _ in LIMIT_DEFAULTS.values()} | {"allowed_origins", "allowed_hosts"} == {
         f.name for f in dataclasses.fields(Limits)
     }
 

@@ -1,8 +1,10 @@
 // fleetwire dashboard: a client session over the JSON subprotocol (docs/PROTOCOL.md).
 //
 // The token travels as an offered subprotocol `fleetwire.bearer.<base64url token>` (browsers
-// cannot set an Authorization header); the coordinator never selects it. It comes from the URL
-// fragment (#token=...), which browsers never send to the server, or from the form.
+// cannot set an Authorization header); the coordinator never selects it. It comes from the login
+// form and is kept in sessionStorage (this tab only, gone when it closes), never in the URL, so it
+// stays out of the browser's history. A legacy #token=... fragment is still read once, moved to
+// sessionStorage and cleared from the address bar.
 //
 // Live data: `subscribe(all, from_seq=MAX)` makes the coordinator push every future event of every
 // plan this token may see (an admin token: all plans) without replaying history; `list_plans` and
@@ -92,6 +94,7 @@ function connect() {
     setStatus("connected", "connected");
     $("token-form").hidden = true;
     $("token-error").textContent = "";
+    $("logout").hidden = !state.token;
     // One frame: the subscription is in place before the snapshot, so no event falls between them.
     send([
       request({ type: "subscribe", all: true, from_seq: NO_REPLAY }),
@@ -121,7 +124,9 @@ function connect() {
     if (!state.everConnected) {
       // The handshake failed: a browser hides the HTTP status, but 401/403 are by far the likeliest.
       setStatus("disconnected", "disconnected");
-      showTokenForm("could not connect: check the token (client or admin) and that the coordinator is up");
+      showTokenForm(state.token
+        ? "could not connect: check the token (client or admin) and that the coordinator is up"
+        : "log in: type a client or admin token (`fleetwire up` prints the admin token)");
       return;
     }
     setStatus(`reconnecting (closed ${ev.code}${ev.reason ? ": " + ev.reason : ""})`, "connecting");
@@ -132,7 +137,23 @@ function connect() {
 
 function showTokenForm(message) {
   $("token-form").hidden = false;
+  $("logout").hidden = true;
   $("token-error").textContent = message || "";
+  $("token").focus();
+}
+
+function logOut() {
+  sessionStorage.removeItem("fleetwire-token");
+  state.token = "";
+  state.everConnected = false;
+  const ws = state.ws;
+  state.ws = null;
+  if (ws) ws.close();
+  for (const t of state.timers) clearInterval(t);
+  state.timers = [];
+  setStatus("disconnected", "disconnected");
+  $("token").value = "";
+  showTokenForm("logged out");
 }
 
 function request(body, onReply) {
@@ -385,10 +406,12 @@ document.addEventListener("DOMContentLoaded", () => {
   $("token-form").addEventListener("submit", (event) => {
     event.preventDefault();
     state.token = $("token").value;
+    $("token").value = "";
     state.everConnected = false;
     sessionStorage.setItem("fleetwire-token", state.token);
     connect();
   });
+  $("logout").addEventListener("click", logOut);
   const fromFragment = tokenFromFragment();
   if (fromFragment !== null) {
     state.token = fromFragment;

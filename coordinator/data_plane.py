@@ -1,0 +1,171 @@
+"""The coordinator's part of the data plane: ticket keys, tickets, where a plan's bytes are (docs/PROTOCOL.md).
+
+What it owns: the master keys that sign data-plane tickets (current and previous, each with a
+key id), their rotation, and the grants (worker data address + signed ticket) handed to clients.
+Plans' bytes never pass through here: a client uploads inputs to, and downloads outputs from,
+the worker's data endpoint directly, presenting the ticket (protocol/tickets.py).
+
+Rules:
+
+* The core draws no random numbers and reads no clock: the driver supplies each new master key
+  (:meth:`DataPlane.rotate`, when :meth:`DataPlane.rotation_due`) and the offset from ``now``
+  (monotonic) to Unix time (:attr:`DataPlane.wall_offset`), which ticket expiries are written in.
+* A worker gets its keys (:func:`protocol.tickets.worker_key` of each master, never a master) in
+  ``welcome`` and, after a rotation, in ``data_keys``. The previous master keeps verifying until
+  the next rotation, so tickets signed just before a rotation stay valid for their lifetime.
+* When a plan with inputs or outputs is leased, its stream gets a ``data_ready`` event (per
+  attempt): the worker's ``url``, a ``put`` ticket for the inputs (sizes, digests) and
+  a ``get`` ticket for the declared outputs, with their expiry. A client asks ``data_ticket``
+  for a fresh one (an expired ticket, or outputs after the plan ended).
+* No keys yet (a driver that never rotated): no tickets; ``data_ticket`` is refused.
+
+Depends on the registry (where a worker's data address is) and the outbox (``data_keys``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from protocol import errors
+from protocol.messages import DataGrant, DataKey, DataKeys, Error, Submit
+from protocol.tickets import FileClaim, TicketClaims, digest_problem, name_problem, sign, worker_key
+
+if TYPE_CHECKING:
+    from coordinator.effects import Outbox
+    from coordinator.plans import Plan
+    from coordinator.registry import WorkerRegistry
+    from coordinator.streams import Streams
+
+__all__ = ["DataPlane", "data_problem"]
+
+MAX_DATA_NAMES = 1024  # inputs and outputs of one plan, each
+
+
+def data_problem(msg: Submit) -> str | None:
+    """Why a submit's ``inputs``/``outputs`` are invalid (naming the field), or None."""
+    if len(msg.inputs) > MAX_DATA_NAMES or len(msg.outputs) > MAX_DATA_NAMES:
+        return f"a plan has at most {MAX_DATA_NAMES} inputs and {MAX_DATA_NAMES} outputs"
+    seen: set[str] = set()
+    for index, spec in enumerate(msg.inputs):
+        field = f"inputs[{index}].name"
+        problem = name_problem(spec.name, field)
+        if problem is None and spec.name in seen:
+            problem = f"{field} {spec.name!r} is given twice"
+        if problem is None and spec.size < 0:
+            problem = f"inputs[{index}].size must be >= 0 (got {spec.size})"
+        if problem is None:
+            problem = digest_problem(spec.digest, f"inputs[{index}].digest")
+        if problem is not None:
+            return problem
+        seen.add(spec.name)
+    outputs: set[str] = set()
+    for index, name in enumerate(msg.outputs):
+        problem = name_problem(name, f"outputs[{index}]")
+        if problem is None and name in outputs:
+            problem = f"outputs[{index}] {name!r} is given twice"
+        if problem is not None:
+            return problem
+        outputs.add(name)
+    return None
+
+
+class DataPlane:
+    """Ticket keys and grants.
+
+    Args:
+        registry: the workers (a plan's worker's data address).
+        outbox: where ``data_keys`` and ``data_ticket`` answers go.
+        streams: its ``now`` (the input being handled) is when a ``data_ready`` ticket is issued.
+        ticket_ttl_s: how long a ticket is valid.
+        rotation_s: how often the driver should rotate the master key (0: never after the first).
+    """
+
+    def __init__(
+        self, *, registry: WorkerRegistry, outbox: Outbox, streams: Streams, ticket_ttl_s: float, rotation_s: float
+    ) -> None:
+        self._registry = registry
+        self._outbox = outbox
+        self._streams = streams
+        self.ticket_ttl_s = ticket_ttl_s
+        self.rotation_s = rotation_s
+        self.wall_offset = 0.0
+        """Unix time minus the core's ``now`` (the driver sets it; tickets' expiries are Unix time)."""
+        self._masters: list[tuple[str, bytes]] = []  # current first, then the previous one
+        self._rotated_at: float | None = None
+
+    # ------------------------------------------------------------------ keys
+
+    def rotation_due(self, now: float) -> bool:
+        """Whether the driver should call :meth:`rotate` now (no key yet, or the current one is old)."""
+        if self._rotated_at is None:
+            return True
+        return self.rotation_s > 0 and now - self._rotated_at >= self.rotation_s
+
+    def rotate(self, kid: str, secret: bytes, now: float) -> None:
+        """Make ``secret`` (named ``kid``) the signing key; the current one stays to verify; tell the workers."""
+        if not kid or "." in kid or len(secret) < 16:
+            raise ValueError("a data-plane key needs a non-empty kid without '.' and at least 16 bytes")
+        self._masters = [(kid, secret), *self._masters[:1]]
+        self._rotated_at = now
+        send = self._outbox.send
+        for record in self._registry:
+            if record.conn_id is not None:
+                send(record.conn_id, DataKeys(keys=self.worker_keys(record.id)))
+
+    def worker_keys(self, worker_id: str) -> list[DataKey]:
+        """The keys worker ``worker_id`` verifies tickets with, current first."""
+        return [DataKey(kid=kid, key=worker_key(secret, worker_id)) for kid, secret in self._masters]
+
+    # ------------------------------------------------------------------ grants
+
+    def ready_event(self, plan: Plan) -> dict[str, Any]:
+        """The data of a leased plan's ``data_ready`` event: url, ``put`` and ``get`` tickets, expiry."""
+        now = self._streams.now
+        put = self.grant(plan, "put", now)
+        get = self.grant(plan, "get", now)
+        data: dict[str, Any] = {"attempt": plan.attempt, "worker_id": plan.worker_id}
+        if put is not None:
+            data.update(url=put.url, ticket=put.ticket, expires_at=put.expires_at, files=put.files)
+        if get is not None:
+            data.update(url=get.url, get_ticket=get.ticket, expires_at=get.expires_at)
+        return data
+
+    def grant(self, plan: Plan, direction: Literal["put", "get"], now: float, req_id: int = 0) -> DataGrant | None:
+        """A ticket to the plan's bytes on its current (or last) worker; None without keys or a worker."""
+        worker_id = plan.worker_id
+        if not self._masters or worker_id is None:
+            return None
+        kid, secret = self._masters[0]
+        files: dict[str, FileClaim]
+        if direction == "put":
+            files = {spec.name: FileClaim(spec.size, spec.digest) for spec in plan.inputs}
+        else:
+            files = {name: FileClaim() for name in plan.outputs}
+            files.update((spec.name, FileClaim(spec.size, spec.digest)) for spec in plan.produced)
+        expires_at = now + self.wall_offset + self.ticket_ttl_s
+        claims = TicketClaims(plan.id, plan.attempt, worker_id, direction, files, expires_at)
+        url = self._registry.get(worker_id).data_url if worker_id in self._registry else ""
+        return DataGrant(
+            req_id=req_id, plan_id=plan.id, attempt=plan.attempt, worker_id=worker_id, url=url,
+            ticket=sign(claims, kid, worker_key(secret, worker_id)), direction=direction, expires_at=expires_at,
+            files={name: [claim.size, claim.digest] for name, claim in files.items()},
+        )
+
+    def answer(self, conn_id: int, plan: Plan, direction: Literal["put", "get"], req_id: int, now: float) -> None:
+        """Answer a ``data_ticket`` for a plan the session may see."""
+        problem = None
+        if direction == "put" and not plan.inputs:
+            problem = f"plan {plan.id!r} has no inputs"
+        elif direction == "put" and plan.terminal:
+            problem = f"plan {plan.id!r} already ended {plan.state}; it takes no inputs"
+        elif plan.worker_id is None:
+            problem = f"plan {plan.id!r} has not been placed on a worker yet; wait for its data_ready event"
+        grant = None if problem else self.grant(plan, direction, now, req_id)
+        if grant is None:
+            problem = problem or "this coordinator has no data-plane key yet; try again shortly"
+            self._outbox.send(
+                conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=req_id, plan_id=plan.id)
+            )
+            return
+        self._outbox.send(conn_id, grant)
+

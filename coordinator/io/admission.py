@@ -1,0 +1,238 @@
+"""Admission before the handshake: the pending-handshake budget, the fd limit, rate-limited refusal logs.
+
+Three things the gatekeeper (coordinator/io/gate.py) needs that are about sockets and clocks
+rather than tokens (docs/OPERATIONS.md §Security):
+
+* **Pending handshakes.** A TCP connection that has not finished its websocket upgrade costs a
+  file descriptor and holds no token yet. ``--max-connections`` counts finished upgrades only,
+  so idle token-less sockets were bounded by nothing but the process's fd limit: at a
+  shell's 1,024 fds, 1,100 idle sockets made legitimate connects fail. :class:`PendingHandshakes`
+  keeps at most ``max_pending_handshakes`` of them; a new connection past the budget evicts the
+  *oldest* pending one (its TCP connection is aborted). A real handshake takes milliseconds, so
+  it is almost never the oldest; an idle socket always becomes it. Each is also bounded in time
+  by ``--handshake-timeout``. Evictions are counted (``fleetwire_handshakes_evicted_total``) and
+  logged through :class:`RefusalLog`. (With TLS, asyncio runs the TLS handshake before the
+  connection object exists: those sockets are bounded by ``--handshake-timeout`` only.)
+* **The fd limit.** :func:`raise_fd_limit` raises the soft ``RLIMIT_NOFILE`` to the hard limit
+  at start (a shell's 1,024 is the usual soft default), and :func:`pending_budget` keeps the
+  budget to a quarter of what the process may open, so pending handshakes alone never exhaust it.
+* **Refusal logs.** One warning per refused connection let a single host write ~3,000 lines/s.
+  :class:`RefusalLog` logs the first ``burst`` refusals per peer address per ``interval_s`` in
+  full, counts the rest, and at the end of the interval writes one summary line per address:
+  ``refused 2,931 connections from 10.0.0.5 in the last 60 s (invalid token: 2,931)``.
+  /metrics still counts every refusal (``fleetwire_refusals_total``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from websockets.asyncio.server import ServerConnection
+
+from coordinator.io.connection import FailFastConnection
+
+__all__ = ["PendingHandshakes", "RefusalLog", "pending_budget", "raise_fd_limit"]
+
+log = structlog.get_logger("coordinator.auth")
+
+#: fds kept free for the store, the log, the listener and the process's own needs.
+FD_RESERVE = 64
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one; returns (soft before, soft now).
+
+    An infinite hard limit is capped at 1,048,576. A refusal by the OS is ignored (the old
+    limit stays and is returned twice).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return soft, target
+    return soft, soft
+
+
+def pending_budget(configured: int, fd_limit: int) -> int:
+    """The pending-handshake budget: ``configured``, but at most a quarter of the usable fds (and >= 8)."""
+    return max(8, min(configured, (fd_limit - FD_RESERVE) // 4))
+
+
+class PendingHandshakes:
+    """At most ``limit`` connections between TCP accept and the end of the websocket upgrade.
+
+    :meth:`connection_class` is the ``create_connection`` of ``websockets.serve``: its
+    connections register themselves when accepted and leave when their handshake ends (upgraded,
+    answered, timed out) or the connection is lost. A connection past the budget evicts the
+    oldest pending one.
+
+    Args:
+        limit: the budget; 0: no budget.
+        refusals: where evictions are logged.
+    """
+
+    def __init__(self, limit: int, refusals: RefusalLog) -> None:
+        self.limit = limit
+        self.evicted = 0  # pending connections aborted to admit newer ones (for /metrics)
+        self._refusals = refusals
+        self._pending: dict[ServerConnection, None] = {}  # insertion order: the oldest first
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def connection_class(self, base: type[FailFastConnection] = FailFastConnection) -> type[ServerConnection]:
+        """A ``ServerConnection`` class whose instances are counted against this budget."""
+        budget = self
+
+        class Budgeted(base):  # type: ignore[valid-type,misc]
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                budget.opened(self)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                budget.finished(self)
+                super().connection_lost(exc)
+
+            async def handshake(self, *args: Any, **kwargs: Any) -> None:
+                try:
+                    await super().handshake(*args, **kwargs)
+                finally:
+                    budget.finished(self)
+
+        return Budgeted
+
+    def opened(self, conn: ServerConnection) -> None:
+        """A TCP connection was accepted: count it, evicting the oldest pending one past the budget."""
+        pending = self._pending
+        if self.limit and len(pending) >= self.limit:
+            oldest = next(iter(pending))
+            del pending[oldest]
+            self.evicted += 1
+            remote = oldest.remote_address
+            address = f"{remote[0]}:{remote[1]}" if remote else ""
+            self._refusals.refused(address, "pending-handshake budget", limit=self.limit)
+            oldest.transport.abort()
+        pending[conn] = None
+
+    def finished(self, conn: ServerConnection) -> None:
+        """``conn`` finished its handshake or went away (idempotent)."""
+        self._pending.pop(conn, None)
+
+
+@dataclass
+class _Window:
+    start_s: float
+    logged: int = 0
+    suppressed: dict[str, int] = field(default_factory=dict)  # reason -> refusals not logged one by one
+
+
+class RefusalLog:
+    """Refusal warnings, at most ``burst`` per peer address per ``interval_s``, the rest summed up.
+
+    Args:
+        burst: refusals per address and interval logged one by one.
+        interval_s: the interval; its summary line is written when it ends.
+        max_addresses: addresses tracked at once; past it new ones share one entry.
+        clock: monotonic seconds.
+    """
+
+    OTHERS = "other addresses"
+
+    def __init__(
+        self, *, burst: int = 5, interval_s: float = 60.0, max_addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.burst = burst
+        self.interval_s = interval_s
+        self.max_addresses = max_addresses
+        self.suppressed = 0  # refusals counted but not logged one by one (for /metrics)
+        self._clock = clock
+        self._windows: dict[str, _Window] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def refused(self, address: str, reason: str, **fields: Any) -> None:
+        """One refused connection from ``address`` (``host:port``) for ``reason``."""
+        now = self._clock()
+        host = _host(address)
+        windows = self._windows
+        window = windows.get(host)
+        if window is not None and now - window.start_s >= self.interval_s:
+            self._summarize(host, window, now)
+            window = None
+        if window is None:
+            if len(windows) >= self.max_addresses:
+                self.flush()
+                if len(windows) >= self.max_addresses:
+                    host = self.OTHERS
+            window = windows.get(host)
+            if window is None:
+                window = windows[host] = _Window(now)
+        if window.logged < self.burst:
+            window.logged += 1
+            if window.logged == self.burst:
+                fields["next"] = f"further refusals from this address are summed up every {self.interval_s:g} s"
+            log.warning("refused connection", reason=reason, address=address, **fields)
+            return
+        window.suppressed[reason] = window.suppressed.get(reason, 0) + 1
+        self.suppressed += 1
+        self._schedule(window.start_s + self.interval_s - now)
+
+    def flush(self) -> None:
+        """Write the summary of every interval that has ended, and forget those addresses."""
+        now = self._clock()
+        for host, window in list(self._windows.items()):
+            if now - window.start_s >= self.interval_s:
+                self._summarize(host, window, now)
+
+    def close(self) -> None:
+        """Write the summaries still open (the coordinator stops) and cancel the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = self._clock()
+        for host, window in list(self._windows.items()):
+            self._summarize(host, window, now)
+
+    def _summarize(self, host: str, window: _Window, now: float) -> None:
+        del self._windows[host]
+        if not window.suppressed:
+            return
+        total = window.logged + sum(window.suppressed.values())
+        reasons = ", ".join(f"{reason}: {n:,}" for reason, n in sorted(window.suppressed.items(), key=lambda x: -x[1]))
+        seconds = max(1, round(min(now - window.start_s, self.interval_s)))
+        log.warning(
+            f"refused {total:,} connections from {host} in the last {seconds} s ({reasons}; "
+            f"the first {window.logged} logged above)",
+            address=host, refused=total,
+        )
+
+    def _schedule(self, delay_s: float) -> None:
+        if self._timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a unit test): flush() is called by hand
+            return
+        self._timer = loop.call_later(max(0.0, delay_s), self._due)
+
+    def _due(self) -> None:
+        self._timer = None
+        self.flush()
+        pending = [w for w in self._windows.values() if w.suppressed]
+        if pending:
+            first = min(w.start_s for w in pending)
+            self._schedule(first + self.interval_s - self._clock())
+
+
+def _host(address: str) -> str:
+    """``host:port`` (IPv6 ``::1:5555`` too) without its port."""
+    host, sep, port = address.rpartition(":")
+    return host if sep and port.isdigit() else address

@@ -1,0 +1,404 @@
+"""Cluster mode, phase 2: several coordinators share the shard slots, one core per owned shard.
+
+Theory of operation (docs/CLUSTER.md §Shards and pools):
+
+* **One core per shard.** Every shard this process owns is served by its own
+  :class:`~coordinator.io.server.CoordinatorServer` (its own ``Coordinator`` core, group
+  committer, reaper and PostgreSQL store connection fenced with that shard's epoch), listening
+  on its own port of the same host. The core is per-shard state (queue, workers of that pool,
+  plans), so taking a shard over is exactly a restart of that core: load the shard's plans, give
+  its workers one heartbeat timeout to come back. A fenced commit (or any store failure) is
+  fail-stop for that shard only: its server stops (sessions closed 1001, clients resume), the
+  others keep serving.
+* **Partial ownership and rebalance** (pure: :func:`coordinator.shards.plan_round`): every
+  round (``--lease-renew`` / 2) the host beats its row in ``fleetwire_coordinators``, reads the
+  lease rows and the live coordinators, takes orphaned slots up to its fair share
+  ``ceil(shards / live)``, renews what it holds (one statement), and gives back a few slots at a
+  time (after flushing them) while another live coordinator is under its share.
+* **Finding the owner.** The main port answers ``/v1/topology`` (shard -> owner URL, epoch,
+  lease expiry, from PostgreSQL), ``/healthz`` and ``/readyz`` (503 while it owns nothing),
+  and every websocket session on it gets a ``moved`` to the owner of the shard of the pool its
+  URL names (``?pool=NAME``; none: the default pool) and a 4307 close. A shard's own server
+  sends ``moved`` to a worker whose ``hello`` names another shard's pool and to a client whose
+  ``submit`` belongs to another shard, before anything is processed.
+
+The lease row's ``owner_url`` is the shard server's URL: empty from the acquisition until the
+shard's server listens, so a ``moved`` never points at a port that is not serving yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import structlog
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
+
+from coordinator.io.pg_leases import RELEASE, ShardFenced
+from coordinator.io.pg_store import PgStore
+from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.shards import LeaseRow, PartialLeases, plan_round, pool_of, pool_shard
+from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec
+from protocol import errors as codes
+from protocol.messages import FromClient, FromWorker, Hello, Moved, Submit
+
+__all__ = ["ClusterHost", "ShardPgStore"]
+
+log = structlog.get_logger(__name__)
+
+_COORDINATORS = """
+CREATE TABLE IF NOT EXISTS fleetwire_coordinators (
+    owner text PRIMARY KEY, url text NOT NULL, expires_at timestamptz NOT NULL
+)"""
+_BEAT = """
+INSERT INTO fleetwire_coordinators (owner, url, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))
+ON CONFLICT (owner) DO UPDATE SET url = excluded.url, expires_at = excluded.expires_at
+"""
+_GONE = "DELETE FROM fleetwire_coordinators WHERE owner = $1 OR expires_at < now() - interval '1 hour'"
+_SCAN = "SELECT shard, owner, epoch, expires_at > now(), owner_url FROM shard_leases ORDER BY shard"
+_PEERS = "SELECT owner FROM fleetwire_coordinators WHERE expires_at > now()"
+# As pg_leases.ACQUIRE, but a renewal keeps the row's owner_url (the shard server's), and an
+# acquisition clears it until that shard's server listens.
+_ACQUIRE = """
+UPDATE shard_leases SET
+    epoch = CASE WHEN owner = $1 THEN epoch ELSE epoch + 1 END,
+    acquired_at = CASE WHEN owner = $1 THEN acquired_at ELSE now() END,
+    owner_url = CASE WHEN owner = $1 THEN owner_url ELSE '' END,
+    owner = $1,
+    expires_at = now() + make_interval(secs => $2)
+WHERE shard = ANY($3::int[]) AND (owner = $1 OR expires_at < now())
+RETURNING shard, epoch
+"""
+_SET_URL = "UPDATE shard_leases SET owner_url = $1 WHERE shard = $2 AND owner = $3 AND epoch = $4"
+_TOPOLOGY = """
+SELECT shard, owner, owner_url, epoch, expires_at > now() AS live,
+       extract(epoch FROM expires_at - now())::float8 AS expires_in_s
+FROM shard_leases ORDER BY shard
+"""
+
+
+class ShardPgStore(PgStore):
+    """The store of one shard's core: a :class:`PgStore` fenced with that shard's epoch only.
+
+    ``sharded`` is False so its :class:`CoordinatorServer` keeps no leases of its own (the host
+    does), and :meth:`PgStore.load` reads only the shard in :attr:`fence`.
+    """
+
+    sharded = False
+
+
+class ClusterHost:
+    """One coordinator process of a cluster: a main port plus one core per owned shard.
+
+    The same surface as :class:`CoordinatorServer` for ``fleetwire coordinator``: :meth:`start`,
+    :meth:`stop`, :attr:`url`, :attr:`fatal`, :attr:`loaded` (set once it serves a shard).
+
+    Args:
+        settings: the coordinator's settings (``store`` is the ``postgresql://`` DSN).
+        version: told to workers.
+        announce: called with one line for each shard won or lost (the CLI prints them).
+    """
+
+    def __init__(self, settings: ServerSettings, *, version: str = "",
+                 announce: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        settings.check()
+        self.settings = settings
+        self.config = settings.cluster
+        self.version = version
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.control = PgStore(settings.store, self.config)  # the lease and topology connection
+        self.control.owner = self.owner
+        self.store = self.control  # for the CLI's "listening" line
+        self.leases = PartialLeases(self.config, self.owner)
+        self.servers: dict[int, CoordinatorServer] = {}
+        self.rows: list[LeaseRow] = []  # the last scan
+        self.peers: set[str] = set()
+        self.fatal: asyncio.Future[BaseException] | None = None
+        self.loaded = asyncio.Event()
+        self.port = settings.port
+        self.failovers = 0
+        self._announce = announce or (lambda line: None)
+        self._moving: set[int] = set()  # held slots being stopped (given back or lost)
+        self._starting: set[int] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._keeper: asyncio.Task[None] | None = None
+        self._server: Server | None = None
+        self._stopping = False
+        self._lock = asyncio.Lock()  # one operation at a time on the control connection
+        self._codecs = {(role, enc): Codec(enc, FromWorker if role == "worker" else FromClient, role)
+                        for role in ("worker", "client") for enc in ("msgpack", "json")}  # fmt: skip
+
+    async def _db(self, make: Callable[[Any], Any]) -> Any:
+        """``make(connection)`` on the control connection, one statement group at a time."""
+        async with self._lock:
+            return await self.control.call(make)
+
+    @property
+    def url(self) -> str:
+        host = self.settings.host
+        return f"ws://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        """Listen on the main port, join the cluster and start the rounds (shards are served as they are won)."""
+        self.fatal = asyncio.get_running_loop().create_future()
+        await self._db(lambda conn: conn.execute(_COORDINATORS))
+        self._server = await serve(
+            self._handle, self.settings.host, self.settings.port, process_request=self._process_request,
+            select_subprotocol=_select_subprotocol, compression=None, server_header=None,
+            subprotocols=[Subprotocol(SUBPROTOCOL_MSGPACK), Subprotocol(SUBPROTOCOL_JSON)],
+        )  # fmt: skip
+        sockets = list(self._server.sockets)
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        await self._round()
+        self._keeper = asyncio.create_task(self._keep())
+
+    async def stop(self) -> None:
+        """SIGTERM: flush and stop every shard's core, give the slots back, leave the cluster."""
+        self._stopping = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+        for task in list(self._tasks):
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for shard in sorted(self.servers):
+            await self._stop_shard(shard, release=True, why="shutting down")
+        with contextlib.suppress(Exception):
+            await self._db(lambda conn: conn.execute(_GONE, self.owner))
+        self.control.close()
+
+    def reload_tokens(self) -> list[str]:
+        """SIGHUP: every shard's server re-reads the token file."""
+        return sorted({name for server in self.servers.values() for name in server.reload_tokens()})
+
+    # ------------------------------------------------------------------ rounds
+
+    async def _keep(self) -> None:
+        period = self.config.scan_s
+        while True:
+            now = time.monotonic()
+            wait = period
+            if self.leases.held:
+                wait = min(wait, max(0.0, self.leases.valid_until - now))
+            await asyncio.sleep(wait)
+            self._lose(self.leases.check(time.monotonic()), "no lease renewal succeeded before the lease could expire")
+            try:
+                timeout = max(0.05, self.leases.valid_until - time.monotonic()) if self.leases.held else 30.0
+                await asyncio.wait_for(self._round(), timeout)
+            except TimeoutError:
+                self._lose(self.leases.check(time.monotonic()), "a lease renewal hung past the lease")
+            except Exception as exc:  # the database is away: judged by the leases' own clock
+                log.warning("cluster round failed", store=self.control.description,
+                            error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+
+    async def _round(self) -> None:
+        """Beat, scan, decide (coordinator/shards.py plan_round), acquire and renew; start and stop cores."""
+        ttl, owner, url = self.config.lease_ttl_s, self.owner, self.url
+
+        async def scan(conn: Any) -> tuple[list[Any], list[Any]]:
+            await conn.execute(_BEAT, owner, url, ttl)
+            return await conn.fetch(_SCAN), await conn.fetch(_PEERS)
+
+        rows, peers = await self._db(scan)
+        self.rows = [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        self.peers = {r[0] for r in peers}
+        decided = plan_round(owner, self.leases.held, self.rows, self.peers, max_moves=2)
+        wanted = sorted(set(self.leases.held) | set(decided.acquire))
+        sent_at = time.monotonic()
+        got = await self._db(lambda conn: conn.fetch(_ACQUIRE, owner, ttl, wanted)) if wanted else []
+        won, lost = self.leases.result([(r[0], r[1]) for r in got], sent_at, time.monotonic())
+        self._lose(lost, "lost the lease to another coordinator (or it expired)")
+        for shard in won:
+            self._spawn(self._start_shard(shard, self.leases.held[shard]))
+        for shard in decided.release:
+            if shard in self.servers and shard not in self._moving and shard not in self._starting:
+                self._moving.add(shard)
+                self._spawn(self._stop_shard(shard, release=True, why="rebalance: another coordinator joined"))
+
+    def _lose(self, shards: list[int], why: str) -> None:
+        for shard in shards:
+            server = self.servers.get(shard)
+            if server is not None and isinstance(server.store, ShardPgStore):
+                server.store.fence = {}  # no commit of it may succeed from now on (the database checks too)
+            if shard not in self._moving:
+                self._moving.add(shard)
+                self._spawn(self._stop_shard(shard, release=False, why=why))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ one shard's core
+
+    async def _start_shard(self, shard: int, epoch: int) -> None:
+        """Won ``shard``: open its store, load its plans into a new core, listen, publish its URL."""
+        self._starting.add(shard)
+        started = time.monotonic()
+        try:
+            store = await asyncio.to_thread(ShardPgStore, self.settings.store, self.config)
+            store.owner, store.fence = self.owner, {shard: epoch}
+            settings = replace(self.settings, port=0, metrics_listen=None)
+            server = CoordinatorServer(settings, version=self.version, store=store)
+            server.redirect = lambda role, msg: self._redirect(shard, role, msg)
+            await server.start()
+        except Exception as exc:
+            log.error("cannot serve a won shard; giving it back", shard=shard, error=f"{type(exc).__name__}: {exc}")
+            self._starting.discard(shard)
+            self.leases.released([shard])
+            with contextlib.suppress(Exception):
+                await self._db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
+            return
+        self._starting.discard(shard)
+        if self.leases.held.get(shard) != epoch or self._stopping:  # lost while loading
+            self.servers[shard] = server
+            await self._stop_shard(shard, release=False, why="lost while loading")
+            return
+        self.servers[shard] = server
+        await self._db(lambda conn: conn.execute(_SET_URL, server.url, shard, self.owner, epoch))
+        assert server.fatal is not None
+        server.fatal.add_done_callback(lambda f: self._shard_failed(shard, f.result()))
+        load_s = time.monotonic() - started
+        self.loaded.set()
+        log.info("serving shard", shard=shard, epoch=epoch, url=server.url, plans=len(server.core.plans),
+                 load_s=round(load_s, 3))  # fmt: skip
+        self._announce(f"serving shard {shard} (epoch {epoch}) at {server.url}, {len(server.core.plans)} plans "
+                       f"loaded in {load_s:.3f} s")  # fmt: skip
+
+    def _shard_failed(self, shard: int, exc: BaseException) -> None:
+        """A shard's core stopped on a store failure or a fenced commit: fail-stop for that shard only."""
+        if isinstance(exc, ShardFenced):
+            log.critical("shard lease lost (fenced): this shard stops here; another coordinator owns it",
+                         shard=shard, error=str(exc))  # fmt: skip
+        self.leases.released([shard])
+        if shard not in self._moving:
+            self._moving.add(shard)
+            self._spawn(self._stop_shard(shard, release=not isinstance(exc, ShardFenced), why=str(exc)))
+
+    async def _stop_shard(self, shard: int, *, release: bool, why: str) -> None:
+        """Stop ``shard``'s core (what is queued is committed first), then give its slot back."""
+        server = self.servers.pop(shard, None)
+        try:
+            if server is not None:
+                await server.stop()
+            if release:
+                await self._db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
+        except Exception as exc:
+            log.warning("shard not released cleanly; it expires after the TTL", shard=shard, error=str(exc))
+        finally:
+            self.leases.released([shard])
+            self._moving.discard(shard)
+        self.failovers += 0 if release else 1
+        log.warning("stopped serving shard", shard=shard, released=release, why=why)
+        self._announce(f"{'released' if release else 'lost'} shard {shard}: {why}")
+
+    # ------------------------------------------------------------------ finding the owner
+
+    def where(self, shard: int) -> Moved:
+        """Where ``shard`` is served, from the last scan (``url`` "" while nobody serves it)."""
+        server = self.servers.get(shard)
+        if server is not None and shard not in self._moving:
+            return Moved(url=server.url, epoch=self.leases.held.get(shard, 0), shard=shard)
+        for row in self.rows:
+            if row.shard == shard and row.live:
+                return Moved(url=row.url, epoch=row.epoch, shard=shard)
+        return Moved(url="", shard=shard)
+
+    def _redirect(self, shard: int, role: str, msg: Any) -> Moved | None:
+        """A shard server's check: a worker of another pool, or a submit of another shard, is moved."""
+        kind = type(msg)
+        if kind is Submit:
+            tags = msg.requirements.tags
+        elif kind is Hello:
+            tags = msg.capabilities.tags
+        else:
+            return None
+        target = pool_shard(pool_of(tags), self.config.shards)
+        return None if target == shard else self.where(target)
+
+    def _process_request(self, conn: ServerConnection, request: Request) -> Any:
+        path = urlsplit(request.path).path
+        if path == "/healthz":
+            return _text(200, "ok\n")
+        if path == "/readyz":
+            if self.servers:
+                return _text(200, "ready\n")
+            return _text(503, "not ready: owns no shard yet (the other coordinators own every slot)\n")
+        if path == "/v1/topology":
+            return self._topology()
+        if path in ("/v1/worker", "/v1/client"):
+            return None
+        return _text(404, f"unknown path {path}; a cluster coordinator's main port serves /v1/topology, "
+                          "/healthz, /readyz and redirects /v1/worker and /v1/client sessions to the shard's "
+                          "owner\n")  # fmt: skip
+
+    async def _topology(self) -> Response:
+        try:
+            rows = await self._db(lambda conn: conn.fetch(_TOPOLOGY))
+        except Exception as exc:
+            return _text(503, f"cannot read the topology from {self.control.description}: {exc}\n")
+        body = {
+            "cluster": self.config.name, "shards": self.config.shards, "coordinator": self.owner, "url": self.url,
+            "coordinators": sorted(self.peers),
+            "topology": [{"shard": r["shard"], "owner": r["owner"] if r["live"] else "", "url": r["owner_url"],
+                          "epoch": r["epoch"], "live": r["live"], "expires_in_s": round(r["expires_in_s"], 3)}
+                         for r in rows],
+        }  # fmt: skip
+        return _text(200, json.dumps(body, indent=1) + "\n", "application/json")
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        """A session on the main port: ``moved`` to the owner of its pool's shard, then 4307."""
+        assert ws.request is not None
+        parts = urlsplit(ws.request.path)
+        role = "worker" if parts.path == "/v1/worker" else "client"
+        query = parse_qs(parts.query)
+        pool = query.get("pool", [""])[0]
+        shard = pool_shard(pool, self.config.shards)
+        if "shard" in query:
+            with contextlib.suppress(ValueError):
+                shard = int(query["shard"][0]) % self.config.shards
+        moved = self.where(shard)
+        codec = self._codecs[(role, SUBPROTOCOLS.get(ws.subprotocol or "", "msgpack"))]
+        try:
+            if not moved.url:
+                await ws.close(1013, f"shard {shard} has no owner yet; try again")
+                return
+            await ws.send(codec.encode([moved]), text=codec.text)
+            await ws.close(codes.CLOSE_MOVED, f"shard {shard} is served at {moved.url}")
+        except ConnectionClosed:
+            pass
+
+
+def _select_subprotocol(conn: ServerConnection, offered: Any) -> Subprotocol | None:
+    for name in (SUBPROTOCOL_MSGPACK, SUBPROTOCOL_JSON):
+        if name in offered:
+            return Subprotocol(name)
+    return None
+
+
+def _text(status: int, body: str, content_type: str = "text/plain; charset=utf-8") -> Response:
+    data = body.encode()
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(data)))])
+    if status == 503:
+        headers["Retry-After"] = "1"
+    reasons = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
+    return Response(status, reasons.get(status, ""), headers, data)

@@ -1,0 +1,644 @@
+"""Plans' inputs and outputs in the SDK: sources, transports, uploads and downloads (docs/PROTOCOL.md §Data plane).
+
+Theory of operation:
+
+* :func:`prepare_inputs` turns what the caller gave (``bytes``, ``memoryview``, ``pathlib.Path``,
+  a binary file) into :class:`InputSource` s with their size and digest (``sha256:``), computed
+  in a pass over the content before the submit (a file in a thread; a file that cannot seek,
+  such as stdin, is copied to a temporary file on the way). Nothing holds more than one chunk
+  of a file in memory.
+* The coordinator never carries the bytes. Once a plan is leased its stream gets ``data_ready``
+  (per attempt) with the worker's data URL and a ``put`` ticket; :class:`Uploads` (one task per
+  plan) uploads every input there through a :class:`Transport`. A newer attempt (its worker
+  died) gets the inputs again: the sources are kept until the plan ends.
+* :class:`DirectTransport` speaks HTTP/1.1 to the worker (httpx): ``HEAD`` for the acknowledged
+  offset, then ``PUT`` with ``Content-Range`` from there; a dropped connection resumes from the
+  new acknowledged offset. Downloads are ``GET`` with ``Range``, resumed the same way.
+* The relay (a later transport) carries the same bytes through the coordinator: it implements
+  :class:`Transport` and is picked when a grant has no URL or the direct dial fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import shutil
+import socket
+import ssl
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import IO, Any, Protocol
+from urllib.parse import quote
+
+import httpx
+
+from protocol.messages import DataGrant, Event, InputSpec
+from protocol.tickets import name_problem
+
+__all__ = [
+    "CHUNK_BYTES",
+    "DataTransferError",
+    "DirectTransport",
+    "Grant",
+    "InputSource",
+    "InputValue",
+    "Progress",
+    "Transport",
+    "Uploads",
+    "fetch_to",
+    "prepare_inputs",
+]
+
+log = logging.getLogger("fleetwire.data")
+
+CHUNK_BYTES = 1 << 20
+TRANSFER_CHUNK = 4 << 20  # what a transfer thread moves per call (bounded memory, few calls)
+InputValue = bytes | bytearray | memoryview | pathlib.Path | IO[bytes]
+Progress = Callable[[str, int, int], None]
+"""``progress(name, done_bytes, size)``: how far a transfer got (called from a transfer thread)."""
+
+
+class DataTransferError(Exception):
+    """An upload or download failed for good (``status``: the HTTP answer, 0 for none)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Where a plan attempt's bytes are and the ticket to present there (``data_ready`` or ``data_grant``)."""
+
+    plan_id: str
+    attempt: int
+    url: str
+    ticket: str
+    get_ticket: str = ""
+
+    @classmethod
+    def from_event(cls, event: Event) -> Grant:
+        data = event.data or {}
+        return cls(event.plan_id, int(data.get("attempt", event.attempt)), data.get("url", ""),
+                   data.get("ticket", ""), data.get("get_ticket", ""))
+
+    @classmethod
+    def from_reply(cls, reply: DataGrant) -> Grant:
+        return cls(reply.plan_id, reply.attempt, reply.url, reply.ticket, reply.ticket)
+
+    def resource(self, kind: str, name: str) -> str:
+        return f"{self.url}/v1/data/{quote(self.plan_id, safe='')}/{self.attempt}/{kind}/{quote(name, safe='')}"
+
+
+class InputSource:
+    """One input's content, readable again from any offset (for resumes and new attempts)."""
+
+    def __init__(self, name: str, size: int, digest: str, *, data: memoryview | None = None,
+                 path: pathlib.Path | None = None, temporary: bool = False) -> None:
+        self.name = name
+        self.size = size
+        self.digest = digest
+        self._data = data
+        self._path = path
+        self._temporary = temporary
+
+    def spec(self) -> InputSpec:
+        return InputSpec(name=self.name, size=self.size, digest=self.digest)
+
+    async def chunks(self, offset: int, chunk: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
+        """The content from ``offset``, one chunk at a time."""
+        if self._data is not None:
+            for start in range(offset, self.size, chunk):
+                yield bytes(self._data[start : start + chunk])
+            return
+        assert self._path is not None
+        file = await asyncio.to_thread(open, self._path, "rb")
+        try:
+            file.seek(offset)
+            remaining = self.size - offset
+            while remaining > 0:
+                data = await asyncio.to_thread(file.read, min(chunk, remaining))
+                if not data:
+                    raise DataTransferError(f"input {self.name!r}: {self._path} shrank while uploading")
+                remaining -= len(data)
+                yield data
+        finally:
+            file.close()
+
+    def send(self, sock: socket.socket, offset: int, length: int, progress: Progress | None = None) -> None:
+        """Send ``length`` bytes from ``offset`` on a blocking socket (``sendfile`` for a file). Any thread.
+
+        ``progress(name, done, size)`` is called after each :data:`TRANSFER_CHUNK`.
+        """
+        end = offset + length
+        if self._data is not None:
+            view = self._data
+            for start in range(offset, end, TRANSFER_CHUNK):
+                stop = min(end, start + TRANSFER_CHUNK)
+                sock.sendall(view[start:stop])
+                if progress is not None:
+                    progress(self.name, stop, self.size)
+            return
+        assert self._path is not None
+        with open(self._path, "rb") as file:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(file.fileno(), offset, length, os.POSIX_FADV_SEQUENTIAL)
+            for start in range(offset, end, TRANSFER_CHUNK):
+                count = min(end - start, TRANSFER_CHUNK)
+                if sock.sendfile(file, start, count) != count:
+                    raise DataTransferError(f"input {self.name!r}: {self._path} shrank while uploading")
+                if progress is not None:
+                    progress(self.name, start + count, self.size)
+
+    def close(self) -> None:
+        """The plan ended: let go of the content (a temporary copy is removed)."""
+        self._data = None
+        if self._temporary and self._path is not None:
+            with contextlib.suppress(OSError):
+                self._path.unlink()
+
+
+def _hash_file(path: pathlib.Path) -> tuple[int, str]:
+    """Size and digest in one pass: big reads into one reused buffer (hashlib drops the GIL for them)."""
+    hasher, size = hashlib.sha256(), 0
+    buffer = bytearray(TRANSFER_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as file:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        while got := file.readinto(view):
+            hasher.update(view[:got])
+            size += got
+    return size, f"sha256:{hasher.hexdigest()}"
+
+
+def _copy_stream(name: str, stream: IO[bytes]) -> InputSource:
+    """A non-seekable file (stdin, a pipe) copied to a temporary file while hashing."""
+    hasher, size = hashlib.sha256(), 0
+    fd, temp = tempfile.mkstemp(prefix="fleetwire-input-")
+    with os.fdopen(fd, "wb") as out:
+        while chunk := stream.read(CHUNK_BYTES):
+            hasher.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    return InputSource(name, size, f"sha256:{hasher.hexdigest()}", path=pathlib.Path(temp), temporary=True)
+
+
+def _prepare_one(name: str, value: Any) -> InputSource:
+    if isinstance(value, bytes | bytearray | memoryview):
+        view = memoryview(value).cast("B")
+        return InputSource(name, view.nbytes, f"sha256:{hashlib.sha256(view).hexdigest()}", data=view)
+    if isinstance(value, pathlib.Path):
+        size, digest = _hash_file(value)
+        return InputSource(name, size, digest, path=value)
+    if hasattr(value, "read"):
+        file_name = getattr(value, "name", None)
+        if isinstance(file_name, str) and os.path.isfile(file_name) and value.seekable():
+            size, digest = _hash_file(pathlib.Path(file_name))
+            return InputSource(name, size, digest, path=pathlib.Path(file_name))
+        return _copy_stream(name, value)
+    kind = type(value).__name__
+    raise TypeError(f"input {name!r} must be bytes, memoryview, pathlib.Path or a binary file, not {kind}")
+
+
+async def prepare_inputs(inputs: Mapping[str, InputValue]) -> dict[str, InputSource]:
+    """Sizes and digests of the inputs (files hashed in a thread).
+
+    Raises:
+        ValueError: a bad name. TypeError: a value of another type. OSError: a file that cannot be read.
+    """
+    sources: dict[str, InputSource] = {}
+    for name, value in inputs.items():
+        problem = name_problem(name, "input name")
+        if problem is not None:
+            raise ValueError(problem)
+        if isinstance(value, bytes | bytearray | memoryview) and len(value) < CHUNK_BYTES:
+            sources[name] = _prepare_one(name, value)
+        else:
+            sources[name] = await asyncio.to_thread(_prepare_one, name, value)
+    return sources
+
+
+class Transport(Protocol):
+    """How the SDK moves a plan's bytes: :class:`DirectTransport` (to the worker), or a relay."""
+
+    async def upload(self, grant: Grant, source: InputSource) -> None:
+        """Send the whole input (resuming from what the worker already acknowledged)."""
+        ...
+
+    def download(self, grant: Grant, name: str) -> AsyncIterator[bytes]:
+        """The output's bytes, in chunks."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("error") or response.text)
+    except ValueError:
+        return response.text or response.reason_phrase
+
+
+class DirectTransport:
+    """Client <-> worker over HTTP(S), straight to the worker's data endpoint.
+
+    Args:
+        ca_file: CA to trust for an ``https`` data endpoint (default: system CAs).
+        connect_timeout_s: how long a connect may take.
+        stall_timeout_s: a transfer with no progress this long is dropped and resumed.
+        max_resumes: resumes after dropped connections before the transfer fails.
+    """
+
+    def __init__(self, *, ca_file: str | None = None, connect_timeout_s: float = 10.0, stall_timeout_s: float = 60.0,
+                 max_resumes: int = 8) -> None:
+        timeout = httpx.Timeout(stall_timeout_s, connect=connect_timeout_s)
+        self._http = httpx.AsyncClient(timeout=timeout, verify=ca_file or True, http2=False)
+        self.max_resumes = max_resumes
+        self._ca_file = ca_file
+        self._connect_timeout_s = connect_timeout_s
+        self._stall_timeout_s = stall_timeout_s
+        self._tls: ssl.SSLContext | None = None
+        self.progress: Progress | None = None
+        """Called as bytes move, ``progress(name, done, size)``, from a transfer thread (rich is thread-safe)."""
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def offset(self, grant: Grant, name: str) -> tuple[int, str]:
+        """The worker's acknowledged offset and state of an input."""
+        response = await self._http.head(grant.resource("inputs", name), headers=_auth(grant.ticket))
+        if response.status_code != 200:
+            raise DataTransferError(f"input {name!r}: {response.status_code} from {grant.url}", response.status_code)
+        return int(response.headers.get("upload-offset", "0")), response.headers.get("upload-state", "receiving")
+
+    async def upload(self, grant: Grant, source: InputSource) -> None:
+        failures = 0
+        while True:
+            try:
+                offset, state = await self.offset(grant, source.name)
+                if state == "verified":
+                    return
+                if state == "failed":
+                    raise DataTransferError(f"input {source.name!r} was refused by the worker", 422)
+                status, body = await self._put(grant, source, offset)
+            except (httpx.TransportError, OSError, asyncio.IncompleteReadError) as exc:
+                failures += 1
+                if failures > self.max_resumes:
+                    raise DataTransferError(f"input {source.name!r}: {type(exc).__name__}: {exc}") from None
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+                continue
+            if status in (200, 201):
+                return
+            if status in (204, 409):  # a part arrived / another offset: ask again
+                failures += 1
+                if failures > self.max_resumes:
+                    raise DataTransferError(f"input {source.name!r}: {_body_error(body)}", status)
+                continue
+            raise DataTransferError(f"input {source.name!r}: {_body_error(body)}", status)
+
+    async def _put(self, grant: Grant, source: InputSource, offset: int) -> tuple[int, bytes]:
+        """One ``PUT`` of the input from ``offset``, on a socket of its own in a thread of its own.
+
+        The body goes by ``sendfile`` for a file (zero-copy; the digest came from the pass before
+        the submit) and by ``sendall`` of memoryview slices for a buffer: no copy, no per-chunk
+        work on the event loop. Cancelling closes the socket, which ends the thread.
+        """
+        url = httpx.URL(grant.resource("inputs", source.name))
+        length = source.size - offset
+        head = [f"PUT {url.raw_path.decode('ascii')} HTTP/1.1", f"Host: {url.netloc.decode('ascii')}",
+                f"Authorization: Bearer {grant.ticket}", f"Content-Length: {length}"]
+        if length:
+            head.append(f"Content-Range: bytes {offset}-{source.size - 1}/{source.size}")
+        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+        tls = self._tls_context() if url.scheme == "https" else None
+        call = _SocketCall(url.host, url.port or (443 if tls else 80), tls, url.host, self._connect_timeout_s,
+                           self._stall_timeout_s)
+        progress = self.progress
+        return await call.run(functools.partial(_put_body, request=request, source=source, offset=offset,
+                                                length=length, progress=progress))
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context(cafile=self._ca_file)
+        return self._tls
+
+    async def download_to(self, grant: Grant, name: str, path: str | os.PathLike[str]) -> pathlib.Path:
+        """Write an output to ``path`` (through a partial file renamed at the end), resuming with ``Range``.
+
+        The bytes go socket -> a reused buffer -> the file in a thread of its own: bounded
+        memory, no per-chunk work on the event loop.
+        """
+        target = pathlib.Path(path)
+        partial = target.with_name(f".{target.name}.partial")
+        url = httpx.URL(grant.resource("outputs", name))
+        tls = self._tls_context() if url.scheme == "https" else None
+        received, size, failures = 0, -1, 0
+        file = await asyncio.to_thread(open, partial, "wb")
+        try:
+            while size < 0 or received < size:
+                head = [f"GET {url.raw_path.decode('ascii')} HTTP/1.1", f"Host: {url.netloc.decode('ascii')}",
+                        f"Authorization: Bearer {grant.get_ticket or grant.ticket}"]
+                if received:
+                    head.append(f"Range: bytes={received}-")
+                request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+                progress = [received, size]
+                report = None if self.progress is None else functools.partial(self.progress, name)
+                call = _SocketCall(url.host, url.port or (443 if tls else 80), tls, url.host, self._connect_timeout_s,
+                                   self._stall_timeout_s)
+                try:
+                    status, body = await call.run(functools.partial(_get_body, request=request, file=file,
+                                                                    progress=progress, report=report))
+                except OSError as exc:
+                    received, size = progress
+                    failures += 1
+                    if failures > self.max_resumes:
+                        raise DataTransferError(f"output {name!r}: {type(exc).__name__}: {exc}") from None
+                    await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+                    continue
+                received, size = progress
+                if status not in (200, 206):
+                    raise DataTransferError(f"output {name!r}: {_body_error(body)}", status)
+        except BaseException:
+            file.close()
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
+        file.close()
+        await asyncio.to_thread(shutil.move, partial, target)
+        return target
+
+    async def download(self, grant: Grant, name: str) -> AsyncIterator[bytes]:
+        url = grant.resource("outputs", name)
+        received, size, failures = 0, None, 0
+        while size is None or received < size:
+            headers = _auth(grant.get_ticket or grant.ticket)
+            if received:
+                headers["Range"] = f"bytes={received}-"
+            try:
+                async with self._http.stream("GET", url, headers=headers) as response:
+                    if response.status_code not in (200, 206):
+                        await response.aread()
+                        raise DataTransferError(f"output {name!r}: {_error_text(response)}", response.status_code)
+                    if size is None:
+                        size = received + int(response.headers.get("content-length", "0"))
+                    async for chunk in response.aiter_raw(CHUNK_BYTES):
+                        received += len(chunk)
+                        yield chunk
+            except httpx.TransportError as exc:
+                failures += 1
+                if failures > self.max_resumes:
+                    raise DataTransferError(f"output {name!r}: {type(exc).__name__}: {exc}") from None
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+
+
+def _body_error(body: bytes) -> str:
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace") or "no answer"
+    return str(decoded.get("error") if isinstance(decoded, dict) else decoded)
+
+
+class _SocketCall:
+    """A blocking exchange on a socket of its own in a thread of its own, cancellable from the loop.
+
+    A dedicated thread (not the loop's default executor): an upload holds it for as long as it
+    lasts. Cancelling the awaiting task shuts the socket down, so the thread's send or receive
+    fails at once and the thread ends.
+    """
+
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None, server_name: str, connect_timeout_s: float,
+                 stall_timeout_s: float) -> None:
+        self._address = (host, port)
+        self._tls = tls
+        self._server_name = server_name
+        self._connect_timeout_s = connect_timeout_s
+        self._stall_timeout_s = stall_timeout_s
+        self._sock: socket.socket | None = None
+        self._closed = False
+
+    async def run(self, exchange: Callable[[socket.socket], tuple[int, bytes]]) -> tuple[int, bytes]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[int, bytes]] = loop.create_future()
+
+        def settle(result: tuple[int, bytes] | None, error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                assert result is not None
+                done.set_result(result)
+
+        def work() -> None:
+            try:
+                result = self._exchange(exchange)
+            except BaseException as exc:  # handed to the awaiting task
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(settle, None, exc)
+                return
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, result, None)
+
+        threading.Thread(target=work, name="fleetwire-data", daemon=True).start()
+        try:
+            return await done
+        finally:
+            self._abort()
+
+    def _exchange(self, exchange: Callable[[socket.socket], tuple[int, bytes]]) -> tuple[int, bytes]:
+        sock = socket.create_connection(self._address, timeout=self._connect_timeout_s)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._server_name)
+            sock.settimeout(self._stall_timeout_s)
+            self._sock = sock
+            if self._closed:
+                raise ConnectionAbortedError("the transfer was cancelled")
+            return exchange(sock)
+        finally:
+            sock.close()
+
+    def _abort(self) -> None:
+        self._closed = True
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _read_response(sock: socket.socket, *, keep_body: bool = True) -> tuple[int, dict[str, str], bytes, bytes]:
+    """Status, headers, and what came after the head (its body when ``keep_body``, else the first bytes)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = sock.recv(65536)
+        if not more:
+            raise ConnectionResetError("the worker closed the connection before answering")
+        data += more
+        if len(data) > 1 << 16:
+            raise ConnectionError("the worker's answer has an oversized head")
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ConnectionError(f"not an HTTP answer: {lines[0][:80]!r}")
+    headers = {}
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    if not keep_body:
+        return int(parts[1]), headers, b"", rest
+    length = int(headers.get("content-length", "0") or 0)
+    body = bytearray(rest)
+    while len(body) < length:
+        more = sock.recv(length - len(body))
+        if not more:
+            break
+        body += more
+    return int(parts[1]), headers, bytes(body[:length]), b""
+
+
+def _put_body(sock: socket.socket, request: bytes, source: InputSource, offset: int, length: int,
+              progress: Progress | None) -> tuple[int, bytes]:
+    sock.sendall(request)
+    source.send(sock, offset, length, progress)
+    status, _, body, _ = _read_response(sock)
+    return status, body
+
+
+def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: list[int],
+              report: Callable[[int, int], None] | None) -> tuple[int, bytes]:
+    """Send a ``GET``; write the body to ``file`` at ``progress[0]``, keeping ``progress`` = [received, size]."""
+    sock.sendall(request)
+    status, headers, _, first = _read_response(sock, keep_body=False)
+    if status not in (200, 206):
+        length = int(headers.get("content-length", "0") or 0)
+        body = bytearray(first)
+        while len(body) < length and (more := sock.recv(length - len(body))):
+            body += more
+        return status, bytes(body[:length])
+    remaining = int(headers.get("content-length", "0") or 0)
+    if progress[1] < 0:
+        progress[1] = progress[0] + remaining
+    file.seek(progress[0])
+    if first:
+        file.write(first[:remaining])
+        progress[0] += min(len(first), remaining)
+        remaining -= min(len(first), remaining)
+    buffer = bytearray(TRANSFER_CHUNK)
+    view = memoryview(buffer)
+    while remaining > 0:
+        got = sock.recv_into(view, min(len(buffer), remaining))
+        if not got:
+            raise ConnectionResetError(f"the worker closed the download at byte {progress[0]}")
+        file.write(view[:got])
+        progress[0] += got
+        remaining -= got
+        if report is not None:
+            report(progress[0], progress[1])
+    return status, b""
+
+
+def _auth(ticket: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {ticket}"}
+
+
+class Uploads:
+    """Uploads one plan's inputs to each attempt's worker as its ``data_ready`` arrives, until the plan ends.
+
+    Args:
+        plan_id: the plan.
+        sources: its inputs.
+        events: the plan's event stream (``plan.events()``).
+        transport: how bytes move.
+        refresh: asks the coordinator for a fresh ``put`` grant (an expired ticket).
+    """
+
+    def __init__(self, plan_id: str, sources: Mapping[str, InputSource], events: AsyncIterator[Event],
+                 transport: Transport, refresh: Callable[[], Awaitable[Grant]]) -> None:
+        self.plan_id = plan_id
+        self.sources = dict(sources)
+        self.error: BaseException | None = None  # the last attempt's upload failure, if any
+        self.uploaded: list[int] = []  # attempts whose inputs all arrived
+        self._events = events
+        self._transport = transport
+        self._refresh = refresh
+        self._current: asyncio.Task[None] | None = None
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async for event in self._events:
+                if event.kind == "data_ready" and self.sources:
+                    if self._current is not None:
+                        self._current.cancel()  # a newer attempt: the older worker is gone
+                    self._current = asyncio.ensure_future(self._upload_all(Grant.from_event(event)))
+        except Exception as exc:  # the session ended: the plan's own calls report it
+            log.debug("uploads of plan %s stopped: %s", self.plan_id, exc)
+        finally:
+            if self._current is not None:
+                self._current.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._current
+            for source in self.sources.values():
+                source.close()
+
+    async def _upload_all(self, grant: Grant) -> None:
+        try:
+            await asyncio.gather(*(self._upload(grant, source) for source in self.sources.values()))
+            self.uploaded.append(grant.attempt)
+        except DataTransferError as exc:
+            self.error = exc
+            log.warning("fleetwire: upload of plan %s attempt %d failed: %s", self.plan_id, grant.attempt, exc)
+
+    async def _upload(self, grant: Grant, source: InputSource) -> None:
+        try:
+            await self._transport.upload(grant, source)
+        except DataTransferError as exc:
+            if exc.status != 401:
+                raise
+            fresh = await self._refresh()  # the ticket expired (a long upload, a rotated key)
+            if fresh.attempt != grant.attempt:
+                return
+            await self._transport.upload(fresh, source)
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+
+async def fetch_to(transport: Transport, grant: Grant, name: str, path: str | os.PathLike[str]) -> pathlib.Path:
+    """Write output ``name`` to ``path``: straight from the socket to the file on the direct path, else by chunks."""
+    if isinstance(transport, DirectTransport) and grant.url:
+        return await transport.download_to(grant, name, path)
+    return await write_chunks(transport.download(grant, name), path)
+
+
+async def write_chunks(chunks: AsyncIterator[bytes], path: str | os.PathLike[str]) -> pathlib.Path:
+    """Write a download to ``path`` (through a temporary file renamed at the end)."""
+    target = pathlib.Path(path)
+    partial = target.with_name(f".{target.name}.partial")
+    file = await asyncio.to_thread(open, partial, "wb")
+    try:
+        async for chunk in chunks:
+            await asyncio.to_thread(file.write, chunk)
+    except BaseException:
+        file.close()
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+    file.close()
+    await asyncio.to_thread(shutil.move, partial, target)
+    return target
+

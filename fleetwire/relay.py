@@ -1,0 +1,326 @@
+"""Plans' bytes through the coordinator when the worker cannot be reached directly (docs/PROTOCOL.md §11 Relay).
+
+Theory of operation:
+
+* :class:`RelayTransport` implements :class:`~fleetwire.data.Transport` over the client's own
+  websocket session: ``data_open`` (with the grant's ticket), then ``data_chunk`` s of at most
+  256 KiB, never more unacknowledged bytes in flight than the stream's credit
+  (``data_credit``), so the client holds at most one window of a stream in memory, the
+  coordinator no more, and a slow worker slows only its own uploads. A download sends a
+  ``data_credit`` for each chunk once the caller has taken it.
+* A stream that breaks (``data_end(relay_closed)``: a session closed, the coordinator
+  restarted; ``relay_busy``; nothing heard for ``stall_timeout_s``) is opened again: an upload
+  resumes from the offset the worker holds, a download from the bytes already received.
+  The client tells the transport when its connection drops or comes back (:meth:`reset`).
+* :class:`AutoTransport` is the client's default: direct to the worker's data endpoint
+  (:class:`~fleetwire.data.DirectTransport`) when the grant has a URL and it can be dialled,
+  else through the relay; a direct transfer that fails at the transport level (no HTTP answer)
+  goes on through the relay from where it stopped (both paths write the same spool entry on
+  the worker). It remembers per URL, for ``unreachable_ttl_s``, that a worker could not be dialled.
+* Which path carried what: the worker's ``input_received`` events say ``"via": "relay"`` or
+  ``"direct"``; :attr:`AutoTransport.paths` (and ``plan.transfers``) say it for the SDK's side,
+  downloads included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from fleetwire.data import DataTransferError, Grant, InputSource, Transport
+from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
+from protocol.relay import BUSY, CLOSED, MAX_CHUNK_BYTES, REFUSED, RETRYABLE, UNAUTHORIZED, VIOLATION
+
+__all__ = ["AutoTransport", "RelayLink", "RelayTransport"]
+
+log = logging.getLogger("fleetwire.data")
+
+Key = tuple[str, int, str, str]
+_STATUS = {UNAUTHORIZED: 401, REFUSED: 403, "plan_not_found": 404, "input_mismatch": 422,
+           "worker_disk_full": 507, VIOLATION: 400, "invalid_argument": 400, CLOSED: 503, BUSY: 503}
+
+
+class RelayLink(Protocol):
+    """What the relay needs of a client: a way to queue a message on its session."""
+
+    def post(self, msg: Any) -> None:
+        """Queue ``msg`` for the coordinator (no reply expected).
+
+        Raises:
+            FleetwireConnectionError: the session has ended.
+        """
+        ...
+
+
+class _Stream:
+    __slots__ = ("acked", "changed", "chunks", "end", "size", "window")
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+        self.acked = -1  # put: the worker's acknowledged offset (-1: no credit yet)
+        self.window = 0
+        self.size = -1
+        self.end: DataEnd | None = None
+        self.chunks: collections.deque[DataChunk] = collections.deque()  # get: received, not yet taken
+
+
+class _Retry(Exception):
+    """The stream broke in a way that opening it again may mend."""
+
+
+class RelayTransport:
+    """Uploads and downloads through the coordinator (see the module docstring).
+
+    Args:
+        link: the client session to send on.
+        stall_timeout_s: a stream with no message for this long is opened again.
+        max_resumes: re-opens of one transfer (after breaks) before it fails.
+    """
+
+    def __init__(self, link: RelayLink, *, stall_timeout_s: float = 30.0, max_resumes: int = 8) -> None:
+        self._link = link
+        self.stall_timeout_s = stall_timeout_s
+        self.max_resumes = max_resumes
+        self._streams: dict[Key, _Stream] = {}
+
+    # ------------------------------------------------------------------ from the session
+
+    def receive(self, msg: DataChunk | DataCredit | DataEnd) -> None:
+        """A relay message from the coordinator (the client's reader calls this; no awaits)."""
+        stream = self._streams.get((msg.plan_id, msg.attempt, msg.name, msg.direction))
+        if stream is None:
+            return  # a stream this transport gave up on
+        match msg:
+            case DataCredit():
+                stream.acked = max(stream.acked, msg.offset)
+                stream.window = msg.credit or stream.window
+                if msg.size >= 0:
+                    stream.size = msg.size
+            case DataChunk():
+                stream.chunks.append(msg)
+            case DataEnd():
+                stream.end = msg
+        stream.changed.set()
+
+    def reset(self) -> None:
+        """The connection dropped or was replaced: every open stream is opened again."""
+        for key, stream in self._streams.items():
+            if stream.end is None:
+                stream.end = DataEnd(plan_id=key[0], attempt=key[1], name=key[2], direction=_dir(key), code=CLOSED,
+                                     message="the client's connection was replaced")
+                stream.changed.set()
+
+    async def aclose(self) -> None:
+        self.reset()
+
+    # ------------------------------------------------------------------ transfers
+
+    async def upload(self, grant: Grant, source: InputSource) -> None:
+        """Send the whole input through the coordinator, from the offset the worker holds."""
+        key: Key = (grant.plan_id, grant.attempt, source.name, "put")
+        failures = 0
+        while True:
+            try:
+                await self._upload_once(key, grant, source)
+                return
+            except _Retry as exc:
+                failures += 1
+                if failures > self.max_resumes:
+                    raise DataTransferError(f"input {source.name!r} (relayed): {exc}", 503) from None
+                log.debug("relayed upload of %r interrupted (%s); opening it again", source.name, exc)
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+
+    async def _upload_once(self, key: Key, grant: Grant, source: InputSource) -> None:
+        stream = self._open(key, DataOpen(plan_id=key[0], attempt=key[1], name=key[2], direction="put",
+                                          ticket=grant.ticket))
+        chunks: AsyncIterator[bytes] | None = None
+        try:
+            while stream.acked < 0:
+                await self._wait(stream, source.name)
+            sent = stream.acked
+            chunks = aiter(source.chunks(sent, MAX_CHUNK_BYTES))
+            while True:
+                self._check_end(stream, source.name, done_ok=True)
+                if stream.end is not None:
+                    return  # verified
+                if sent < source.size and sent - stream.acked < stream.window:
+                    data = await anext(chunks)
+                    self._link.post(DataChunk(plan_id=key[0], attempt=key[1], name=key[2], offset=sent, data=data,
+                                              direction="put", last=sent + len(data) >= source.size))
+                    sent += len(data)
+                    continue
+                await self._wait(stream, source.name)
+        finally:
+            if chunks is not None:
+                with contextlib.suppress(Exception):
+                    await chunks.aclose()  # type: ignore[attr-defined]
+            self._close(key, stream)
+
+    def download(self, grant: Grant, name: str, offset: int = 0) -> AsyncIterator[bytes]:
+        """The output's bytes through the coordinator, from ``offset``."""
+        return self._download(grant, name, offset)
+
+    async def _download(self, grant: Grant, name: str, offset: int) -> AsyncIterator[bytes]:
+        key: Key = (grant.plan_id, grant.attempt, name, "get")
+        received, failures = offset, 0
+        while True:
+            stream = self._open(key, DataOpen(plan_id=key[0], attempt=key[1], name=name, direction="get",
+                                              ticket=grant.get_ticket or grant.ticket, offset=received))
+            try:
+                while True:
+                    while stream.chunks:
+                        chunk = stream.chunks.popleft()
+                        if chunk.offset != received:
+                            raise DataTransferError(f"output {name!r} (relayed): a chunk at {chunk.offset}, "
+                                                    f"expected {received}", 400)
+                        received += len(chunk.data)
+                        if chunk.data:
+                            yield chunk.data
+                        if chunk.last:
+                            return
+                        self._link.post(DataCredit(plan_id=key[0], attempt=key[1], name=name, direction="get",
+                                                   offset=received))
+                    self._check_end(stream, name, done_ok=False)
+                    await self._wait(stream, name)
+            except _Retry as exc:
+                failures += 1
+                if failures > self.max_resumes:
+                    raise DataTransferError(f"output {name!r} (relayed): {exc}", 503) from None
+                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+            finally:
+                self._close(key, stream)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _open(self, key: Key, msg: DataOpen) -> _Stream:
+        stream = self._streams[key] = _Stream()
+        self._link.post(msg)
+        return stream
+
+    def _close(self, key: Key, stream: _Stream) -> None:
+        if self._streams.get(key) is not stream:
+            return
+        del self._streams[key]
+        if stream.end is None:  # given up on (cancelled, an error here): free the coordinator's stream
+            with contextlib.suppress(Exception):
+                self._link.post(DataEnd(plan_id=key[0], attempt=key[1], name=key[2], direction=_dir(key),
+                                        code="cancelled", message="the client stopped the transfer"))
+
+    async def _wait(self, stream: _Stream, name: str) -> None:
+        if stream.end is None and not stream.chunks:
+            stream.changed.clear()
+            try:
+                await asyncio.wait_for(stream.changed.wait(), self.stall_timeout_s)
+            except TimeoutError:
+                raise _Retry(f"nothing heard of {name!r} for {self.stall_timeout_s:g} s") from None
+        if stream.end is not None and stream.end.code:
+            self._check_end(stream, name, done_ok=False)
+
+    @staticmethod
+    def _check_end(stream: _Stream, name: str, *, done_ok: bool) -> None:
+        end = stream.end
+        if end is None:
+            return
+        if end.code in RETRYABLE:
+            raise _Retry(f"{end.code}: {end.message}")
+        if not end.code:
+            if done_ok:
+                return
+            raise _Retry("the stream ended before its last chunk")
+        what = "input" if end.direction == "put" else "output"
+        raise DataTransferError(f"{what} {name!r} (relayed): {end.code}: {end.message}", _STATUS.get(end.code, 0))
+
+
+def _dir(key: Key) -> Any:
+    return "put" if key[3] == "put" else "get"
+
+
+class AutoTransport:
+    """Direct to the worker when it can be dialled, else through the coordinator (see the module docstring).
+
+    Args:
+        direct: the direct transport.
+        relay: the relay.
+        connect_timeout_s: how long a dial to a worker's data endpoint may take before the relay is used.
+        unreachable_ttl_s: how long a worker URL that could not be dialled goes straight to the relay.
+    """
+
+    def __init__(self, direct: Transport, relay: RelayTransport, *, connect_timeout_s: float = 3.0,
+                 unreachable_ttl_s: float = 60.0) -> None:
+        self.direct = direct
+        self.relay = relay
+        self.connect_timeout_s = connect_timeout_s
+        self.unreachable_ttl_s = unreachable_ttl_s
+        self.paths: dict[tuple[str, int, str, str], str] = {}
+        """(plan id, attempt, "put"|"get", name) -> "direct" or "relay": the path that finished each transfer."""
+        self._unreachable: dict[str, float] = {}  # url -> until (monotonic)
+
+    async def upload(self, grant: Grant, source: InputSource) -> None:
+        key = (grant.plan_id, grant.attempt, "put", source.name)
+        if await self._reachable(grant.url):
+            try:
+                await self.direct.upload(grant, source)
+                self.paths[key] = "direct"
+                return
+            except DataTransferError as exc:
+                if exc.status:  # the worker answered: the relay would get the same answer
+                    raise
+                self._mark_unreachable(grant.url, exc)
+        await self.relay.upload(grant, source)
+        self.paths[key] = "relay"
+
+    def download(self, grant: Grant, name: str) -> AsyncIterator[bytes]:
+        return self._download(grant, name)
+
+    async def _download(self, grant: Grant, name: str) -> AsyncIterator[bytes]:
+        key = (grant.plan_id, grant.attempt, "get", name)
+        received = 0
+        if await self._reachable(grant.url):
+            try:
+                async for chunk in self.direct.download(grant, name):
+                    received += len(chunk)
+                    yield chunk
+                self.paths[key] = "direct"
+                return
+            except DataTransferError as exc:
+                if exc.status:
+                    raise
+                self._mark_unreachable(grant.url, exc)
+        async for chunk in self.relay.download(grant, name, received):
+            yield chunk
+        self.paths[key] = "relay"
+
+    async def aclose(self) -> None:
+        await self.direct.aclose()
+        await self.relay.aclose()
+
+    async def _reachable(self, url: str) -> bool:
+        """Whether a TCP connection to the data endpoint at ``url`` opens (remembered while it does not)."""
+        if not url:
+            return False
+        until = self._unreachable.get(url)
+        if until is not None:
+            if time.monotonic() < until:
+                return False
+            del self._unreachable[url]
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), self.connect_timeout_s)
+        except (OSError, TimeoutError) as exc:
+            self._mark_unreachable(url, exc)
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
+    def _mark_unreachable(self, url: str, exc: BaseException) -> None:
+        log.info("fleetwire: worker data endpoint %s unreachable (%s); using the relay", url, exc)
+        self._unreachable[url] = time.monotonic() + self.unreachable_ttl_s

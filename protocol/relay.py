@@ -1,0 +1,47 @@
+"""The relay's constants: chunk size, default window, and the codes a ``data_end`` carries (docs/PROTOCOL.md §11 Relay).
+
+Shared by the coordinator (coordinator/relay.py), the worker (worker_agent/relay.py) and the SDK
+(fleetwire/relay.py). No I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ARGS_INPUT",
+    "BUSY",
+    "CLOSED",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_WINDOW_BYTES",
+    "MAX_CHUNK_BYTES",
+    "REFUSED",
+    "RESERVED_NAMES",
+    "RESULT_OUTPUT",
+    "RETRYABLE",
+    "UNAUTHORIZED",
+    "VIOLATION",
+]
+
+#: The largest ``data_chunk.data`` (bytes); far below the 1 MiB frame limit.
+MAX_CHUNK_BYTES: Final = 256 << 10
+#: A stream's window: unacknowledged bytes its sender may have in flight (four chunks).
+DEFAULT_WINDOW_BYTES: Final = 4 * MAX_CHUNK_BYTES
+#: The most bytes the coordinator lets all relayed streams have in flight together (``--relay-max-bytes``).
+DEFAULT_MAX_BYTES: Final = 32 << 20
+
+#: The input an SDK moves oversize ``args`` to (msgpack of the args); the worker decodes it.
+ARGS_INPUT: Final = "__args__"
+#: The output a worker moves an oversize result to (msgpack of the result); ``plan.result()`` fetches it.
+RESULT_OUTPUT: Final = "__result__"
+RESERVED_NAMES: Final = frozenset({ARGS_INPUT, RESULT_OUTPUT})
+
+# ---- data_end codes ("" is success); protocol/errors.py codes (plan_not_found, invalid_argument,
+# input_mismatch, worker_disk_full ...) are used where one fits.
+CLOSED: Final = "relay_closed"  # a party went away, or a newer open replaced the stream: open it again
+BUSY: Final = "relay_busy"  # the coordinator's relay is at --relay-max-bytes: open it again shortly
+VIOLATION: Final = "relay_violation"  # a chunk out of order, over its credit or over the declared size
+UNAUTHORIZED: Final = "unauthorized"  # the worker refused the ticket (not valid: 401 on the direct path)
+REFUSED: Final = "forbidden"  # the worker refused the ticket (out of scope: 403 on the direct path)
+#: Codes after which the same stream may be opened again (from the acknowledged offset).
+RETRYABLE: Final = frozenset({CLOSED, BUSY})

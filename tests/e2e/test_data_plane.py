@@ -1,0 +1,84 @@
+"""End to end: plans' inputs and outputs between real client, coordinator and worker processes (direct path)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from fleetwire import Client
+from fleetwire.data import DirectTransport, Grant, InputSource
+from tests.e2e.conftest import CLIENT_TOKEN, Cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+SIZE = 3 << 20  # 3 MiB
+
+
+async def test_cli_input_file_shell_output_fetched(cluster: Cluster, tmp_path: Path) -> None:
+    """submit --input name=@file: the shell handler reads it from $FLEETWIRE_INPUT_DATA and its output file
+    comes back with `fleetwire output`."""
+    await cluster.coordinator()
+    await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0")
+    source = tmp_path / "input.bin"
+    data = os.urandom(SIZE)
+    source.write_bytes(data)
+    cmd = 'sha256sum "$FLEETWIRE_INPUT_DATA" | cut -c1-64 > "$FLEETWIRE_OUTPUT_DIR/sum"'
+    args = json.dumps({"cmd": cmd, "outputs": {"sum": "sum"}})
+    submit = await cluster.run("submit", "shell", "--args", args, "--input", f"data=@{source}", "--follow", "--json")
+    assert await submit.wait(60) == 0, submit.lines
+    events = [json.loads(line) for line in submit.lines]
+    received = [e for e in events if e.get("kind") == "input_received"]
+    assert received and received[0]["data"]["size"] == SIZE
+    plan_id = events[0]["plan_id"]
+    out = tmp_path / "sum.txt"
+    fetch = await cluster.run("output", plan_id, "sum", "-o", str(out))
+    assert await fetch.wait(30) == 0
+    assert out.read_text().strip() == hashlib.sha256(data).hexdigest()
+
+
+class _StallFirstAttempt(DirectTransport):
+    """Uploads attempt 1 only partly (then hangs, as a worker dying mid-upload leaves it); later attempts whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = asyncio.Event()
+
+    async def upload(self, grant: Grant, source: InputSource) -> None:
+        if grant.attempt > 1:
+            await super().upload(grant, source)
+            return
+        started = self.started
+
+        async def part() -> AsyncIterator[bytes]:
+            async for chunk in source.chunks(0):
+                yield chunk
+                started.set()
+                await asyncio.Event().wait()  # the rest never comes on this attempt
+
+        headers = {"Authorization": f"Bearer {grant.ticket}", "Content-Length": str(source.size)}
+        await self._http.put(grant.resource("inputs", source.name), content=part(), headers=headers)
+
+
+async def test_worker_killed_mid_upload_retry_reuploads_to_the_new_worker(cluster: Cluster) -> None:
+    """kill -9 of the worker while the SDK uploads a 3 MiB input: the next attempt's worker gets it again, whole."""
+    await cluster.coordinator("--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.2")
+    handler = ("--handler", "digest=tests.e2e.data_handlers:digest")
+    doomed = await cluster.worker("doomed", "--data-listen", "127.0.0.1:0", *handler)
+    data = os.urandom(SIZE)
+    async with Client(cluster.url, token=CLIENT_TOKEN) as client:
+        transport = _StallFirstAttempt()
+        client.transport = transport
+        plan = await client.submit("digest", inputs={"data": data})
+        await asyncio.wait_for(transport.started.wait(), 30)
+        await cluster.worker("survivor", "--data-listen", "127.0.0.1:0", *handler)
+        doomed.stop(signal.SIGKILL)
+        result = await asyncio.wait_for(plan.result(), 60)
+        assert plan.worker_id == "survivor"
+    assert result == {"size": SIZE, "digest": f"sha256:{hashlib.sha256(data).hexdigest()}"}

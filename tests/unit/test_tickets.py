@@ -1,0 +1,168 @@
+"""Data-plane tickets (protocol/tickets.py) and the coordinator's grants (coordinator/data_plane.py), pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coordinator.core import Coordinator, CoreConfig
+from protocol.messages import (
+    Accept,
+    Capabilities,
+    DataGrant,
+    DataKeys,
+    DataTicket,
+    Done,
+    Error,
+    Event,
+    Hello,
+    InputSpec,
+    OutputSpec,
+    Submit,
+)
+from protocol.tickets import FileClaim, TicketClaims, TicketError, name_problem, sign, verify, worker_key
+
+MASTER = b"k" * 32
+WALL = 1_700_000_000.0
+DIGEST = "sha256:" + "0" * 64
+
+
+def make(**changes: Any) -> str:
+    fields: dict[str, Any] = {"plan": "p", "attempt": 2, "worker": "w", "dir": "put",
+                              "files": {"x": FileClaim(10, DIGEST)}, "exp": WALL + 60}
+    fields.update(changes)
+    return sign(TicketClaims(**fields), "k1", worker_key(MASTER, "w"))
+
+
+def check(ticket: str, keys: dict[str, bytes] | None = None, **changes: Any) -> FileClaim:
+    request: dict[str, Any] = {"wall": WALL, "worker": "w", "plan": "p", "attempt": 2, "direction": "put", "name": "x"}
+    request.update(changes)
+    return verify(ticket, keys if keys is not None else {"k1": worker_key(MASTER, "w")}, **request)[1]
+
+
+def test_a_valid_ticket_gives_the_declared_size_and_digest() -> None:
+    """A ticket verifies for exactly its plan, attempt, worker, direction and name."""
+    assert check(make()) == FileClaim(10, DIGEST)
+
+
+@pytest.mark.parametrize(
+    ("ticket_changes", "request_changes", "status"),
+    [
+        ({}, {"plan": "q"}, 403),
+        ({}, {"attempt": 1}, 403),
+        ({}, {"worker": "v"}, 403),
+        ({}, {"direction": "get"}, 403),
+        ({}, {"name": "y"}, 403),
+        ({"exp": WALL - 1}, {}, 401),
+        ({"exp": WALL}, {}, 401),
+    ],
+)
+def test_foreign_or_expired_tickets_are_refused(
+    ticket_changes: dict[str, Any], request_changes: dict[str, Any], status: int
+) -> None:
+    """Another plan, attempt, worker, direction or name is 403; an expired ticket is 401."""
+    with pytest.raises(TicketError) as refused:
+        check(make(**ticket_changes), **request_changes)
+    assert refused.value.status == status
+
+
+def test_forged_tickets_are_401() -> None:
+    """A changed claim, another key, an unknown key id and garbage are all 401."""
+    ticket = make()
+    prefix, kid, body, mac = ticket.split(".")
+    forged_claims = make(attempt=3).split(".")[2]
+    for forged in (f"{prefix}.{kid}.{forged_claims}.{mac}", f"{prefix}.k9.{body}.{mac}", "garbage", "fw1.k1.!.!"):
+        with pytest.raises(TicketError) as refused:
+            check(forged)
+        assert refused.value.status == 401
+    other = sign(TicketClaims("p", 2, "w", "put", {"x": FileClaim(10, DIGEST)}, WALL + 60), "k1", b"x" * 32)
+    with pytest.raises(TicketError):
+        check(other)
+
+
+def test_rotated_key_keeps_in_flight_tickets_valid() -> None:
+    """After a rotation the worker holds current and previous keys: a ticket of the previous one still verifies."""
+    old_ticket = make()
+    keys = {"k2": worker_key(b"n" * 32, "w"), "k1": worker_key(MASTER, "w")}
+    assert check(old_ticket, keys) == FileClaim(10, DIGEST)
+    with pytest.raises(TicketError):  # two rotations later it is gone
+        check(old_ticket, {"k3": b"z" * 32, "k2": keys["k2"]})
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "a\\b", "..", "a..b", ".", "a\x00b", "é" * 128, "tab\there"])
+def test_bad_names(name: str) -> None:
+    """Separators, dot-dot, NUL, control characters, empty and over 255 UTF-8 bytes are refused."""
+    assert name_problem(name, "inputs[0].name") is not None
+
+
+# --------------------------------------------------------------------------- the core's grants
+
+
+def core_with_worker(data_url: str = "http://127.0.0.1:9") -> Coordinator:
+    core = Coordinator(CoreConfig(), new_id=iter(f"p{i}" for i in range(100)).__next__)
+    core.set_wall_offset(WALL)
+    core.data.rotate("k1", MASTER, 0.0)
+    core.open_session(1, "worker", 0.0)
+    core.receive(1, Hello(worker_id="w", capabilities=Capabilities(ops=["op"]), data_url=data_url), 0.0)
+    core.open_session(2, "client", 0.0)
+    core.take_effects()
+    return core
+
+
+def test_leased_plan_with_inputs_gets_a_data_ready_ticket_the_worker_accepts() -> None:
+    """data_ready carries the worker's URL and a put ticket that verifies with the worker's welcome key."""
+    core = core_with_worker()
+    core.receive(2, Submit(req_id=1, op="op", inputs=[InputSpec("x", 10, DIGEST)], outputs=["y"]), 1.0)
+    sent = core.take_effects().sends
+    ready = next(m for m in sent[2] if isinstance(m, Event) and m.kind == "data_ready")
+    assert ready.data["url"] == "http://127.0.0.1:9"
+    assign = next(m for m in sent[1] if type(m).__name__ == "Assign")
+    assert assign.inputs == [InputSpec("x", 10, DIGEST)] and assign.outputs == ["y"]
+    keys = {k.kid: k.key for k in core.data.worker_keys("w")}
+    claim = verify(ready.data["ticket"], keys, wall=WALL + 1, worker="w", plan=ready.plan_id, attempt=1,
+                   direction="put", name="x")[1]
+    assert claim == FileClaim(10, DIGEST)
+    assert ready.data["expires_at"] == WALL + 1.0 + CoreConfig().data_ticket_ttl_s
+
+
+def test_rotation_sends_new_keys_to_connected_workers() -> None:
+    """A rotation sends data_keys (new first, previous kept) to every connected worker."""
+    core = core_with_worker()
+    core.data.rotate("k2", b"n" * 32, 5.0)
+    keys = [m for m in core.take_effects().sends[1] if isinstance(m, DataKeys)]
+    assert [k.kid for k in keys[0].keys] == ["k2", "k1"]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "field"),
+    [
+        ([InputSpec("a/b", 1, DIGEST)], [], "inputs[0].name"),
+        ([InputSpec("a", 1, DIGEST), InputSpec("..", 1, DIGEST)], [], "inputs[1].name"),
+        ([InputSpec("a", -1, DIGEST)], [], "inputs[0].size"),
+        ([InputSpec("a", 1, "md5:00")], [], "inputs[0].digest"),
+        ([], ["ok", "x\x00"], "outputs[1]"),
+    ],
+)
+def test_bad_data_specs_are_refused_at_submit_naming_the_field(
+    inputs: list[InputSpec], outputs: list[str], field: str
+) -> None:
+    """Bad names, sizes and digests get invalid_argument naming the field; no plan is made."""
+    core = core_with_worker()
+    core.receive(2, Submit(req_id=1, op="op", inputs=inputs, outputs=outputs), 1.0)
+    (error,) = core.take_effects().sends[2]
+    assert isinstance(error, Error) and error.code == "invalid_argument" and field in error.message
+    assert not core.plans
+
+
+def test_data_ticket_for_outputs_after_success() -> None:
+    """data_ticket(get) answers a grant covering the outputs the worker reported in done."""
+    core = core_with_worker()
+    core.receive(2, Submit(req_id=1, op="op", outputs=["y"]), 1.0)
+    plan_id = next(iter(core.plans))
+    core.take_effects()
+    core.receive(1, Accept(plan_id=plan_id, attempt=1), 2.0)
+    core.receive(1, Done(plan_id=plan_id, attempt=1, outcome="succeeded", outputs=[OutputSpec("y", 3, DIGEST)]), 3.0)
+    core.receive(2, DataTicket(req_id=2, plan_id=plan_id), 4.0)
+    grant = next(m for m in core.take_effects().sends[2] if isinstance(m, DataGrant))
+    assert grant.files == {"y": [3, DIGEST]} and grant.direction == "get"

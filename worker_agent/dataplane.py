@@ -1,0 +1,472 @@
+"""The worker's data endpoint: plans' inputs in, outputs out, over plain HTTP/1.1 (docs/PROTOCOL.md §Data plane).
+
+Why HTTP and not a websocket: an upload is one ``PUT`` with a ``Content-Length`` and a resume is
+one ``HEAD`` (the acknowledged offset) plus a ``PUT`` from there (``Content-Range``); a download is
+a ``GET`` with ``Range``. Any HTTP client, proxy or load balancer speaks it; the body is raw bytes
+(a websocket client must mask every byte it sends and frames it), and outputs go out with
+``sendfile`` (no copy through Python). The server is ``asyncio.start_server`` and a small parser:
+no new dependency.
+
+Requests (``{plan}``, ``{name}`` percent-encoded; ``Authorization: Bearer <ticket>`` on each):
+
+* ``PUT /v1/data/{plan}/{attempt}/inputs/{name}``: bytes from ``Content-Range: bytes S-E/SIZE``
+  (or offset 0); S must be the acknowledged offset (else 409 with ``Upload-Offset``). The answer
+  carries ``Upload-Offset``: 201 once the whole input arrived and its digest matched, 204 for a
+  part; 422 for a size or digest mismatch (the plan fails naming the input), 507 disk full.
+* ``HEAD``/``GET /v1/data/{plan}/{attempt}/inputs/{name}``: ``Upload-Offset`` and ``Upload-State``.
+* ``GET /v1/data/{plan}/{attempt}/outputs/{name}`` (``Range: bytes=N-`` or ``N-M``: 206) and ``HEAD``.
+
+Every request is checked against its ticket (protocol/tickets.py) from the head alone: 401 or
+403 is answered with ``Connection: close`` and the body is never read. An upload that sends
+nothing for ``stall_timeout_s`` is dropped (what arrived stays acknowledged; memory is freed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Final
+from urllib.parse import unquote
+
+import msgspec
+import structlog
+
+import protocol
+from protocol.tickets import Direction, TicketError, name_problem, verify
+from worker_agent.spool import DISK_FULL, InputFile, Spool, SpoolError
+
+__all__ = ["DataServer", "server_tls"]
+
+log = structlog.get_logger(__name__)
+
+MAX_HEAD_BYTES: Final = 16 << 10
+READ_CHUNK: Final = 4 << 20  # an output is sent in reads of this size (where sendfile is not there)
+BODY_CHUNK: Final = 4 << 20  # an upload is read, written and hashed in chunks of this size
+THREAD_MIN_BYTES: Final = 256 << 10  # a chunk this big is written and hashed in a thread
+_REASONS: Final = {
+    200: "OK", 201: "Created", 204: "No Content", 206: "Partial Content", 400: "Bad Request",
+    401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+    410: "Gone", 411: "Length Required", 413: "Content Too Large", 416: "Range Not Satisfiable",
+    422: "Unprocessable Content", 431: "Request Header Fields Too Large", 507: "Insufficient Storage",
+}
+
+
+def server_tls(cert: str, key: str) -> ssl.SSLContext:
+    """A TLS server context for the data endpoint."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+class _Request:
+    __slots__ = ("headers", "method", "target")
+
+    def __init__(self, method: str, target: str, headers: dict[str, str]) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers
+
+
+class DataServer:
+    """Serves one worker's plan inputs and outputs.
+
+    Args:
+        spool: where the bytes are kept.
+        worker_id: tickets must name it.
+        host, port: where to listen (port 0: any free one).
+        advertise: the URL clients dial, when it differs from the listening address.
+        tls: a server TLS context (``https``), or None.
+        stall_timeout_s: an upload (or a request head) that sends nothing this long is dropped.
+        wall: Unix time (tickets' expiry); tests may pass their own.
+    """
+
+    def __init__(
+        self,
+        spool: Spool,
+        *,
+        worker_id: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise: str = "",
+        tls: ssl.SSLContext | None = None,
+        stall_timeout_s: float = 30.0,
+        wall: Any = time.time,
+    ) -> None:
+        self.spool = spool
+        self.worker_id = worker_id
+        self.host = host
+        self.port = port
+        self.advertise = advertise
+        self.tls = tls
+        self.stall_timeout_s = stall_timeout_s
+        self.keys: dict[str, bytes] = {}
+        self.open_uploads = 0  # uploads in progress (tests and metrics)
+        self.bytes_in = 0  # input bytes received, all uploads (the worker's load report)
+        self.bytes_out = 0  # output bytes sent
+        self.refused: Counter[int] = Counter()  # requests refused, by HTTP status
+        self._wall = wall
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    @property
+    def url(self) -> str:
+        """What clients dial: ``advertise``, else ``http(s)://host:port``."""
+        if self.advertise:
+            return self.advertise.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    def set_keys(self, keys: list[protocol.DataKey]) -> None:
+        """The ticket keys from ``welcome``/``data_keys`` (they replace the previous ones)."""
+        self.keys = {key.kid: key.key for key in keys}
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, self.host, self.port, ssl=self.tls, limit=MAX_HEAD_BYTES
+        )
+        sockets = self._server.sockets
+        if sockets and not self.port:
+            self.port = sockets[0].getsockname()[1]
+        log.info("data endpoint listening", url=self.url, worker_id=self.worker_id)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+            await self._server.wait_closed()
+            self._server = None
+
+    # ------------------------------------------------------------------ connections
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            while True:
+                request = await self._read_head(reader, writer)
+                if request is None:
+                    return
+                try:
+                    keep = await self._dispatch(request, reader, writer)
+                except _Refused as refused:
+                    self.refused[refused.status] += 1
+                    await self._respond(writer, refused.status, {"error": refused.message}, refused.headers, close=True)
+                    return
+                if not keep:
+                    return
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _read_head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Request | None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.stall_timeout_s)
+        except asyncio.IncompleteReadError:
+            return None
+        except asyncio.LimitOverrunError:
+            await self._respond(writer, 431, {"error": f"request head over {MAX_HEAD_BYTES} bytes"}, close=True)
+            return None
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await self._respond(writer, 400, {"error": "not an HTTP/1.1 request"}, close=True)
+            return None
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if line:
+                key, _, value = line.partition(":")
+                headers[key.strip().lower()] = value.strip()
+        return _Request(parts[0], parts[1], headers)
+
+    async def _dispatch(self, req: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        path = req.target.split("?", 1)[0]
+        segments = path.split("/")
+        # "", "v1", "data", plan, attempt, kind, name
+        if len(segments) != 7 or segments[1:3] != ["v1", "data"] or segments[5] not in ("inputs", "outputs"):
+            raise _Refused(404, "no such resource; see docs/PROTOCOL.md §Data plane")
+        plan_id, name = unquote(segments[3]), unquote(segments[6])
+        try:
+            attempt = int(segments[4])
+        except ValueError:
+            raise _Refused(404, f"attempt {segments[4]!r} is not a number") from None
+        problem = name_problem(name, "name")
+        if problem is not None:
+            raise _Refused(400, problem)
+        kind = segments[5]
+        allowed = ("PUT", "HEAD", "GET") if kind == "inputs" else ("HEAD", "GET")
+        if req.method not in allowed:
+            raise _Refused(405, f"{req.method} is not allowed on {kind}", {"Allow": ", ".join(allowed)})
+        direction: Direction = "put" if kind == "inputs" else "get"
+        claim = self._check_ticket(req, plan_id, attempt, direction, name)
+        if kind == "outputs":
+            return await self._get_output(req, writer, plan_id, attempt, name)
+        entry = self.spool.declare(plan_id, attempt, name, claim.size, claim.digest)
+        if req.method != "PUT":
+            headers = {"Upload-Offset": str(entry.received), "Upload-State": entry.state}
+            body: dict[str, Any] = {"offset": entry.received, "size": entry.size, "state": entry.state}
+            if entry.error is not None:
+                body["error"] = entry.error.message
+            await self._respond(writer, 200, body, headers, head_only=req.method == "HEAD")
+            return req.headers.get("connection", "").lower() != "close"
+        return await self._put_input(req, reader, writer, entry)
+
+    def _check_ticket(self, req: _Request, plan_id: str, attempt: int, direction: Direction, name: str) -> Any:
+        auth = req.headers.get("authorization", "")
+        scheme, _, ticket = auth.partition(" ")
+        if scheme.lower() != "bearer" or not ticket:
+            raise _Refused(401, "a data-plane ticket is required: Authorization: Bearer <ticket>",
+                           {"WWW-Authenticate": "Bearer"})
+        try:
+            _, claim = verify(
+                ticket.strip(), self.keys, wall=self._wall(), worker=self.worker_id, plan=plan_id, attempt=attempt,
+                direction=direction, name=name,
+            )
+        except TicketError as exc:
+            challenge = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+            raise _Refused(exc.status, exc.reason, challenge) from None
+        return claim
+
+    # ------------------------------------------------------------------ inputs
+
+    async def _put_input(
+        self, req: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, entry: Any
+    ) -> bool:
+        length_text = req.headers.get("content-length")
+        if length_text is None or not length_text.isdigit():
+            raise _Refused(411, "PUT needs a Content-Length")
+        length = int(length_text)
+        offset, total = 0, entry.size
+        content_range = req.headers.get("content-range")
+        if content_range:
+            offset, total = _parse_content_range(content_range, length)
+        where = {"Upload-Offset": str(entry.received)}
+        if total != entry.size:
+            raise _Refused(422, f"input {entry.name!r} is declared {entry.size} bytes, not {total}", where)
+        if entry.state == "failed":
+            raise _Refused(507 if entry.error and entry.error.code == DISK_FULL else 422,
+                           entry.error.message if entry.error else "input failed", where)
+        if entry.state == "verified":
+            if offset + length <= entry.size and length == 0:
+                await self._respond(writer, 201, {"offset": entry.received, "state": entry.state}, where)
+                return True
+            raise _Refused(409, f"input {entry.name!r} already arrived whole", where)
+        if entry.busy:
+            raise _Refused(409, f"input {entry.name!r} is being uploaded on another connection", where)
+        if offset != entry.received:
+            raise _Refused(409, f"input {entry.name!r} continues at offset {entry.received}, not {offset}", where)
+        if offset + length > entry.size:
+            over = f"input {entry.name!r}: {offset + length} bytes is over its declared {entry.size}"
+            raise _Refused(413, over, where)
+        if req.headers.get("expect", "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        entry.busy = True
+        self.open_uploads += 1
+        try:
+            await self._receive(reader, entry, length)
+        except SpoolError as exc:
+            raise _Refused(507, exc.message, {"Upload-Offset": str(entry.received)}) from None
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            log.info("upload dropped", name=entry.name, offset=entry.received, size=entry.size)
+            entry.pause()
+            raise
+        finally:
+            entry.busy = False
+            self.open_uploads -= 1
+        headers = {"Upload-Offset": str(entry.received)}
+        if entry.received < entry.size:
+            entry.pause()
+            await self._respond(writer, 204, None, headers)
+            return True
+        entry.finish()
+        if entry.state == "failed":
+            assert entry.error is not None
+            raise _Refused(422, entry.error.message, headers)
+        await self._respond(writer, 201, {"offset": entry.received, "state": entry.state}, headers)
+        return True
+
+    async def _receive(self, reader: asyncio.StreamReader, entry: InputFile, length: int) -> None:
+        """Read ``length`` body bytes into ``entry``: big chunks, each stored (written and hashed) in a
+        thread while the next one is read, so the event loop only moves bytes. Two chunks at most
+        are held; what was stored stays acknowledged when the connection drops."""
+        remaining = length
+        storing: asyncio.Future[None] | None = None
+        try:
+            while remaining:
+                want = min(BODY_CHUNK, remaining)
+                try:
+                    chunk = await asyncio.wait_for(reader.readexactly(want), self.stall_timeout_s)
+                except asyncio.IncompleteReadError as exc:  # keep what came before the drop
+                    if storing is not None:
+                        await storing
+                        storing = None
+                    if exc.partial:
+                        entry.write(exc.partial)
+                        self.bytes_in += len(exc.partial)
+                    raise ConnectionError("the client closed the upload early") from None
+                remaining -= len(chunk)
+                if storing is not None:
+                    await storing  # one chunk in flight: stores stay in order
+                    storing = None
+                self.bytes_in += len(chunk)
+                if entry.path is None or len(chunk) < THREAD_MIN_BYTES:
+                    entry.write(chunk)
+                else:
+                    storing = asyncio.ensure_future(asyncio.to_thread(entry.store, chunk))
+            if storing is not None:
+                await storing
+                storing = None
+        except OSError as exc:
+            if isinstance(exc, ConnectionError | TimeoutError):
+                raise
+            entry.write_failed(exc)
+        except ValueError:  # the attempt ended meanwhile and its file was closed
+            raise ConnectionError(f"input {entry.name!r} was dropped while it arrived") from None
+        finally:
+            if storing is not None:  # cancelled or failed mid-chunk: let the thread finish before the file closes
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(storing)
+
+    # ------------------------------------------------------------------ outputs
+
+    async def _get_output(self, req: _Request, writer: asyncio.StreamWriter, plan_id: str, attempt: int,
+                          name: str) -> bool:
+        output = self.spool.output(plan_id, attempt, name)
+        if output is None:
+            raise _Refused(404, f"plan {plan_id!r} attempt {attempt} left no output {name!r} on this worker "
+                                "(not made, expired, or the worker restarted)")
+        start, end = 0, output.size  # [start, end)
+        status = 200
+        headers = {"Content-Length": "", "Accept-Ranges": "bytes", "Digest-Sha256": output.digest}
+        range_header = req.headers.get("range")
+        if range_header:
+            start, end = _parse_range(range_header, output.size)
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{output.size}"
+        headers["Content-Length"] = str(end - start)
+        await self._respond(writer, status, None, headers, raw_length=True)
+        if req.method == "HEAD":
+            return True
+        try:
+            file = open(output.path, "rb")  # noqa: ASYNC230  (opening is quick; the bytes go by sendfile)
+        except OSError:
+            raise ConnectionError("output vanished") from None
+        with file:
+            try:  # zero-copy where the loop has it (asyncio; falls back to reads itself for TLS)
+                await asyncio.get_running_loop().sendfile(writer.transport, file, start, end - start)
+            except NotImplementedError:  # uvloop has no sendfile: big reads in a thread, the next while one is sent
+                await self._send_chunks(writer, file.fileno(), start, end)
+            await writer.drain()
+        self.bytes_out += end - start
+        if start == 0 and end == output.size:
+            self.spool.fetched(output)
+        return True
+
+    async def _send_chunks(self, writer: asyncio.StreamWriter, fd: int, start: int, end: int) -> None:
+        """Send bytes [start, end) of a file: each read of :data:`READ_CHUNK` in a thread while the previous is sent."""
+        with contextlib.suppress(OSError, AttributeError):
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_SEQUENTIAL)
+        position = start
+        reading = asyncio.ensure_future(asyncio.to_thread(os.pread, fd, min(READ_CHUNK, end - position), position))
+        try:
+            while True:
+                chunk = await reading
+                if not chunk:
+                    raise ConnectionError("output shrank while sending")
+                position += len(chunk)
+                if position < end:
+                    reading = asyncio.ensure_future(
+                        asyncio.to_thread(os.pread, fd, min(READ_CHUNK, end - position), position)
+                    )
+                writer.write(chunk)
+                await writer.drain()
+                if position >= end:
+                    return
+        finally:
+            if not reading.done():  # the peer went: let the read finish before the file closes
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(reading)
+
+    # ------------------------------------------------------------------ answers
+
+    async def _respond(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        body: Any,
+        headers: Mapping[str, str] | None = None,
+        *,
+        close: bool = False,
+        head_only: bool = False,
+        raw_length: bool = False,
+    ) -> None:
+        payload = b"" if body is None else msgspec.json.encode(body)
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+        extra = dict(headers or {})
+        if not raw_length:
+            extra["Content-Length"] = str(len(payload))
+            if payload:
+                extra["Content-Type"] = "application/json"
+        if close:
+            extra["Connection"] = "close"
+        lines += [f"{key}: {value}" for key, value in extra.items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        if payload and not head_only:
+            writer.write(payload)
+        await writer.drain()
+
+
+def _parse_content_range(value: str, length: int) -> tuple[int, int]:
+    """``bytes S-E/T`` -> (S, T), checked against the body's length."""
+    unit, _, spec = value.partition(" ")
+    span, _, total_text = spec.partition("/")
+    first, _, last = span.partition("-")
+    try:
+        start, end, total = int(first), int(last), int(total_text)
+    except ValueError:
+        raise _Refused(400, f"bad Content-Range {value!r}: expected 'bytes START-END/SIZE'") from None
+    if unit != "bytes" or start < 0 or (length and end - start + 1 != length) or total < 0:
+        raise _Refused(400, f"bad Content-Range {value!r} for a body of {length} bytes")
+    return start, total
+
+
+def _parse_range(value: str, size: int) -> tuple[int, int]:
+    """``bytes=N-`` or ``bytes=N-M`` -> [start, end)."""
+    unit, _, spec = value.partition("=")
+    first, _, last = spec.partition("-")
+    try:
+        start = int(first)
+        end = int(last) + 1 if last else size
+    except ValueError:
+        raise _Refused(416, f"unsupported Range {value!r}: use 'bytes=START-' or 'bytes=START-END'",
+                       {"Content-Range": f"bytes */{size}"}) from None
+    end = min(end, size)
+    if unit != "bytes" or start < 0 or (start >= end and size):
+        outside = f"Range {value!r} is outside the output's {size} bytes"
+        raise _Refused(416, outside, {"Content-Range": f"bytes */{size}"})
+    return start, end
+
+
+def stale_input_seconds(input_timeout_s: float) -> float:
+    """How long an input nobody claims is kept (an upload for an attempt this worker never ran)."""
+    return max(60.0, input_timeout_s)
+

@@ -1,0 +1,495 @@
+"""Where a worker keeps plans' inputs and outputs (docs/SEMANTICS.md §Data plane).
+
+Theory of operation:
+
+* An *input* is one named file of one plan attempt, declared with its size and digest (by the
+  ``assign``, or by the ticket of an upload that arrives first). Its bytes arrive in order,
+  possibly over several connections (resume): :attr:`InputFile.received` is the acknowledged
+  offset. Inputs up to ``memory_bytes`` stay in memory; larger ones go to a file under the
+  spool directory. The digest is computed as the bytes arrive; the last byte settles the input:
+  ``verified``, or ``failed`` (``input_mismatch``) with an error that names it.
+* Room is reserved when an input is declared: past ``capacity_bytes`` (0: no bound but the
+  disk), or past the disk's free space, or on ``ENOSPC`` while writing, the input fails with
+  ``worker_disk_full``; nothing else on the worker is affected.
+* An *output* is a file a handler left (``ctx.output``): copied into the spool, its size and
+  digest computed once. It lives until ``output_retention_s`` after it was made, or a short
+  grace after a complete download (:meth:`Spool.fetched`), or until the worker stops (outputs
+  are not durable: a worker that dies loses them).
+* :class:`PlanData` is one attempt's view for its handler: ``ctx.inputs`` and ``ctx.output``.
+
+Everything here runs on the agent's event loop except :meth:`PlanData.output` (any thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO, Final, Literal
+
+import protocol
+from protocol.tickets import name_problem, new_hasher
+
+__all__ = [
+    "DISK_FULL",
+    "INPUTS_UNAVAILABLE",
+    "INPUT_MISMATCH",
+    "InputFile",
+    "InputReader",
+    "OutputFile",
+    "PlanData",
+    "Spool",
+    "SpoolError",
+]
+
+DISK_FULL: Final = "worker_disk_full"
+INPUT_MISMATCH: Final = "input_mismatch"
+INPUTS_UNAVAILABLE: Final = "inputs_unavailable"
+FETCHED_GRACE_S: Final = 60.0  # an output fetched whole is kept this long more (a retried download)
+CHUNK: Final = 1 << 20
+
+InputState = Literal["receiving", "verified", "failed"]
+
+
+class SpoolError(Exception):
+    """An input or output could not be kept: ``code`` is the plan's failure code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class InputFile:
+    """One declared input of one plan attempt, as it arrives."""
+
+    def __init__(self, name: str, size: int, digest: str, path: Path | None) -> None:
+        self.name = name
+        self.size = size
+        self.digest = digest
+        self.path = path  # None: held in memory
+        self.buffer: bytearray | None = bytearray() if path is None else None
+        self.received = 0
+        self.state: InputState = "receiving"
+        self.error: protocol.ErrorInfo | None = None
+        self.busy = False  # an upload is writing it now
+        self.via = "direct"  # how its bytes came: "direct" (the HTTP endpoint) or "relay" (worker_agent/relay.py)
+        self.settled = asyncio.Event()
+        self._hasher = new_hasher(digest)
+        self._file: BinaryIO | None = None
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append bytes at :attr:`received` (on the event loop).
+
+        Raises:
+            SpoolError: ``worker_disk_full`` (the input has failed).
+        """
+        try:
+            self.store(data)
+        except OSError as exc:
+            self.write_failed(exc)
+
+    def store(self, data: bytes | memoryview) -> None:
+        """Append bytes at :attr:`received`: write and hash them, nothing else. Any thread, one at a time
+        (the data endpoint hands big chunks to a thread: hashlib and file writes release the GIL).
+
+        Raises:
+            OSError: the write failed (then call :meth:`write_failed` on the event loop).
+        """
+        if self.buffer is not None:
+            self.buffer += data
+        else:
+            if self._file is None:
+                assert self.path is not None
+                self._file = open(self.path, "r+b" if self.received else "wb")
+                self._file.seek(self.received)
+            self._file.write(data)
+        self._hasher.update(data)
+        self.received += len(data)
+
+    def write_failed(self, exc: OSError) -> None:
+        """A :meth:`store` failed: a full disk fails the input (``SpoolError``); anything else is raised again."""
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.fail(DISK_FULL, f"input {self.name!r}: the worker's disk is full ({exc.strerror})")
+            raise SpoolError(DISK_FULL, self.error.message if self.error else "disk full") from None
+        raise exc
+
+    def pause(self) -> None:
+        """The upload stopped (dropped or partial): close the file, keep what was written."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def finish(self) -> None:
+        """All declared bytes arrived: check the digest and settle the input."""
+        self.pause()
+        got = f"{self.digest.partition(':')[0]}:{self._hasher.hexdigest()}"
+        if got != self.digest:
+            self.fail(INPUT_MISMATCH, f"input {self.name!r}: digest {got} does not match the declared {self.digest}")
+            return
+        self.state = "verified"
+        self.settled.set()
+
+    def fail(self, code: str, message: str) -> None:
+        """Settle the input as failed (its bytes are dropped)."""
+        self.pause()
+        self.state = "failed"
+        self.error = protocol.ErrorInfo(code=code, message=message, detail={"input": self.name})
+        self.buffer = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        self.settled.set()
+
+    def discard(self) -> None:
+        """Drop the bytes (the attempt ended)."""
+        self.pause()
+        self.buffer = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+
+class OutputFile:
+    """One output a handler left, kept for download."""
+
+    __slots__ = ("digest", "expires_at", "name", "path", "size")
+
+    def __init__(self, name: str, path: Path, size: int, digest: str, expires_at: float) -> None:
+        self.name = name
+        self.path = path
+        self.size = size
+        self.digest = digest
+        self.expires_at = expires_at
+
+    def spec(self) -> protocol.OutputSpec:
+        return protocol.OutputSpec(name=self.name, size=self.size, digest=self.digest)
+
+
+class Spool:
+    """Inputs and outputs of the plans of one worker.
+
+    Args:
+        root: a directory of its own (made if missing).
+        memory_bytes: inputs up to this size stay in memory.
+        capacity_bytes: the most bytes of inputs and outputs held at once (0: only the disk bounds it).
+        output_retention_s: how long an output is kept.
+        clock: monotonic seconds (tests may pass their own).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        memory_bytes: int = 1 << 20,
+        capacity_bytes: int = 0,
+        output_retention_s: float = 3600.0,
+        clock: Any = None,
+    ) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.memory_bytes = memory_bytes
+        self.capacity_bytes = capacity_bytes
+        self.output_retention_s = output_retention_s
+        self._clock = clock or asyncio.get_running_loop().time
+        self._inputs: dict[tuple[str, int], dict[str, InputFile]] = {}
+        self._outputs: dict[tuple[str, int], dict[str, OutputFile]] = {}
+        self._declared_at: dict[tuple[str, int], float] = {}
+        self._claimed: set[tuple[str, int]] = set()  # attempts running here (their inputs are not swept)
+        self._lock = threading.Lock()  # outputs are added from handlers' threads
+        self.used_bytes = 0
+
+    # ------------------------------------------------------------------ inputs
+
+    def declare(self, plan_id: str, attempt: int, name: str, size: int, digest: str) -> InputFile:
+        """The input, made on first mention (a failed one when there is no room for it)."""
+        entries = self._inputs.setdefault((plan_id, attempt), {})
+        self._declared_at.setdefault((plan_id, attempt), self._clock())
+        entry = entries.get(name)
+        if entry is not None:
+            return entry
+        in_memory = size <= self.memory_bytes
+        path = None if in_memory else self._dir(plan_id, attempt) / f"in-{_safe(name)}"
+        entry = entries[name] = InputFile(name, size, digest, path)
+        problem = self._no_room(size)
+        if problem is not None:
+            entry.fail(DISK_FULL, f"input {name!r} ({size} bytes): {problem}")
+        else:
+            self.used_bytes += size
+        return entry
+
+    def input(self, plan_id: str, attempt: int, name: str) -> InputFile | None:
+        """The input if it was declared."""
+        return self._inputs.get((plan_id, attempt), {}).get(name)
+
+    def plan_data(self, plan_id: str, attempt: int, specs: list[protocol.InputSpec]) -> PlanData:
+        """One attempt's inputs (declared now if they were not) and outputs, for its handler."""
+        inputs = {spec.name: self.declare(plan_id, attempt, spec.name, spec.size, spec.digest) for spec in specs}
+        return PlanData(self, plan_id, attempt, inputs)
+
+    def drop_inputs(self, plan_id: str, attempt: int) -> None:
+        """The attempt ended: its inputs' bytes are dropped."""
+        self._declared_at.pop((plan_id, attempt), None)
+        for entry in self._inputs.pop((plan_id, attempt), {}).values():
+            if entry.state != "failed" or entry.error is None or entry.error.code != DISK_FULL:
+                self.used_bytes -= entry.size
+            entry.discard()
+
+    # ------------------------------------------------------------------ outputs
+
+    def add_output(
+        self, plan_id: str, attempt: int, name: str, value: bytes | memoryview | str | os.PathLike[str]
+    ) -> OutputFile:
+        """Keep an output: bytes, or a copy of the file at a path. Any thread.
+
+        Raises:
+            ValueError: a bad name. TypeError: a value of another type.
+            SpoolError: ``worker_disk_full``.
+        """
+        problem = name_problem(name, "output name")
+        if problem is not None:
+            raise ValueError(problem)
+        directory = self._dir(plan_id, attempt)
+        target = directory / f"out-{_safe(name)}"
+        hasher = hashlib.sha256()
+        try:
+            if isinstance(value, bytes | bytearray | memoryview):
+                size = len(value)
+                self._reserve(size, name)
+                target.write_bytes(value)
+                hasher.update(value)
+            elif isinstance(value, str | os.PathLike):
+                size = os.path.getsize(value)
+                self._reserve(size, name)
+                with open(value, "rb") as src, open(target, "wb") as dst:
+                    while chunk := src.read(CHUNK):
+                        hasher.update(chunk)
+                        dst.write(chunk)
+            else:
+                raise TypeError(f"output {name!r} must be bytes or a path, got {type(value).__name__}")
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                with contextlib.suppress(OSError):
+                    target.unlink()
+                raise SpoolError(DISK_FULL, f"output {name!r}: the worker's disk is full ({exc.strerror})") from None
+            raise
+        output = OutputFile(name, target, size, f"sha256:{hasher.hexdigest()}", self._clock() + self.output_retention_s)
+        with self._lock:
+            previous = self._outputs.setdefault((plan_id, attempt), {}).get(name)
+            self._outputs[(plan_id, attempt)][name] = output
+            if previous is not None:
+                self.used_bytes -= previous.size
+        return output
+
+    def output(self, plan_id: str, attempt: int, name: str) -> OutputFile | None:
+        """An output kept for download, if any."""
+        return self._outputs.get((plan_id, attempt), {}).get(name)
+
+    def outputs_of(self, plan_id: str, attempt: int) -> list[protocol.OutputSpec]:
+        """What an attempt left, for its ``done``."""
+        return [o.spec() for o in self._outputs.get((plan_id, attempt), {}).values()]
+
+    def fetched(self, output: OutputFile) -> None:
+        """An output was downloaded whole: keep it only a short grace more."""
+        output.expires_at = min(output.expires_at, self._clock() + FETCHED_GRACE_S)
+
+    def drop_outputs(self, plan_id: str, attempt: int) -> None:
+        """Forget an attempt's outputs (a failed or cancelled attempt)."""
+        with self._lock:
+            outputs = self._outputs.pop((plan_id, attempt), {})
+        for output in outputs.values():
+            self._remove_output(output)
+
+    def sweep(self, stale_input_s: float) -> None:
+        """Drop expired outputs, and inputs declared ``stale_input_s`` ago whose attempt never claimed them."""
+        now = self._clock()
+        with self._lock:
+            expired = [(key, o) for key, outs in self._outputs.items() for o in outs.values() if o.expires_at <= now]
+            for key, output in expired:
+                outs = self._outputs.get(key, {})
+                outs.pop(output.name, None)
+                if not outs:
+                    self._outputs.pop(key, None)
+        for _key, output in expired:
+            self._remove_output(output)
+        for key, since in list(self._declared_at.items()):
+            if now - since >= stale_input_s and key not in self._claimed:
+                self.drop_inputs(*key)
+
+    def claim(self, plan_id: str, attempt: int) -> None:
+        """An attempt runs here: its inputs are not dropped by :meth:`sweep` until it ends."""
+        self._claimed.add((plan_id, attempt))
+
+    def release(self, plan_id: str, attempt: int) -> None:
+        """An attempt ended here: its inputs go now."""
+        self._claimed.discard((plan_id, attempt))
+        self.drop_inputs(plan_id, attempt)
+
+    def close(self) -> None:
+        """The worker stops: everything goes."""
+        for key in list(self._inputs):
+            self.drop_inputs(*key)
+        for key in list(self._outputs):
+            self.drop_outputs(*key)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # ------------------------------------------------------------------ helpers
+
+    def plan_dir(self, plan_id: str, attempt: int) -> Path:
+        """The attempt's directory in the spool (made on first use)."""
+        return self._dir(plan_id, attempt)
+
+    def _dir(self, plan_id: str, attempt: int) -> Path:
+        directory = self.root / f"{_safe(plan_id)}.{attempt}"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    def _no_room(self, size: int) -> str | None:
+        if self.capacity_bytes and self.used_bytes + size > self.capacity_bytes:
+            return f"the worker's disk is full: spool holds {self.used_bytes} of {self.capacity_bytes} bytes"
+        if size > self.memory_bytes:
+            try:
+                free = shutil.disk_usage(self.root).free
+            except OSError:
+                return None
+            if size > free:
+                return f"the worker's disk is full: {free} bytes free"
+        return None
+
+    def _reserve(self, size: int, name: str) -> None:
+        with self._lock:
+            problem = self._no_room(size)
+            if problem is not None:
+                raise SpoolError(DISK_FULL, f"output {name!r} ({size} bytes): {problem}")
+            self.used_bytes += size
+
+    def _remove_output(self, output: OutputFile) -> None:
+        with self._lock:
+            self.used_bytes -= output.size
+        with contextlib.suppress(OSError):
+            output.path.unlink()
+
+
+def _safe(name: str) -> str:
+    """A file-system-safe spelling of a validated name or plan id (no separators, no dot-dot)."""
+    return "".join(c if c.isalnum() or c in "-_." else f"%{ord(c):02x}" for c in name).replace("..", "%2e.")
+
+
+class InputReader:
+    """One input as its handler sees it: ``.size``, ``.digest``, ``.read(n)``, ``async for chunk``, ``.path``."""
+
+    def __init__(self, entry: InputFile, spool_dir: Path) -> None:
+        self._entry = entry
+        self._dir = spool_dir
+        self._offset = 0
+        self._file: BinaryIO | None = None
+        self.name = entry.name
+        self.size = entry.size
+        self.digest = entry.digest
+
+    @property
+    def path(self) -> Path:
+        """A file holding the input (an in-memory input is written out on first use)."""
+        entry = self._entry
+        if entry.path is None:
+            path = self._dir / f"in-{_safe(entry.name)}"
+            if not path.exists():
+                path.write_bytes(bytes(entry.buffer or b""))
+            return path
+        return entry.path
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes from the current position (all the rest with ``-1``)."""
+        entry = self._entry
+        if entry.buffer is not None:
+            end = entry.size if n < 0 else min(entry.size, self._offset + n)
+            data = bytes(entry.buffer[self._offset : end])
+        else:
+            if self._file is None:
+                self._file = open(self.path, "rb")
+                self._file.seek(self._offset)
+            data = self._file.read(n)
+        self._offset += len(data)
+        return data
+
+    def chunks(self, size: int = CHUNK) -> Iterator[bytes]:
+        """The content in chunks of at most ``size`` bytes, from the start."""
+        self._offset = 0
+        if self._file is not None:
+            self._file.seek(0)
+        while chunk := self.read(size):
+            yield chunk
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks():
+            yield chunk
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class PlanData:
+    """One attempt's inputs and outputs, for its handler (``ctx.inputs``, ``ctx.output``)."""
+
+    def __init__(self, spool: Spool, plan_id: str, attempt: int, inputs: dict[str, InputFile]) -> None:
+        self.spool = spool
+        self.plan_id = plan_id
+        self.attempt = attempt
+        self.entries = inputs
+        self.inputs: Mapping[str, InputReader] = {
+            name: InputReader(entry, spool.root / f"{_safe(plan_id)}.{attempt}") for name, entry in inputs.items()
+        }
+
+    @property
+    def work_dir(self) -> Path:
+        """A directory of this attempt's own in the spool (removed with its outputs' lifetime)."""
+        return self.spool.plan_dir(self.plan_id, self.attempt)
+
+    async def wait(self, timeout_s: float, on_verified: Any) -> protocol.ErrorInfo | None:
+        """Wait until every input settled; the first failure, an ``inputs_unavailable`` after ``timeout_s``, or None.
+
+        ``on_verified(entry)`` runs for each input as it is verified.
+        """
+        pending = dict(self.entries)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while pending:
+            for name, entry in list(pending.items()):
+                if entry.state == "failed":
+                    return entry.error
+                if entry.state == "verified":
+                    del pending[name]
+                    on_verified(entry)
+            if not pending:
+                break
+            waits = [asyncio.ensure_future(e.settled.wait()) for e in pending.values()]
+            try:
+                done, _ = await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()),
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if not done:
+                missing = ", ".join(f"{n!r} ({e.received} of {e.size} bytes)" for n, e in pending.items())
+                return protocol.ErrorInfo(
+                    code=INPUTS_UNAVAILABLE,
+                    message=f"inputs did not arrive within {timeout_s:g} s: {missing}",
+                    detail={"inputs": sorted(pending)},
+                )
+        return None
+
+    def output(self, name: str, value: bytes | memoryview | str | os.PathLike[str]) -> protocol.OutputSpec:
+        """Keep an output for the client to fetch (``plan.output(name)``). Any thread."""
+        return self.spool.add_output(self.plan_id, self.attempt, name, value).spec()
+
+    def close(self) -> None:
+        for reader in self.inputs.values():
+            reader.close()
