@@ -25,19 +25,31 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import logging
 import math
-import os
+import signal
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import _harness as h
 import psutil
+import store_bench
+import structlog
 
 from fleetwire import Client
 
 sys.path.insert(0, str(h.ROOT))  # tests/pg.py starts the PostgreSQL server (shared with the test suite)
-from tests.pg import PostgresServer, missing_reason, postgres_server  # noqa: E402
+from coordinator.io.pg_leases import ACQUIRE
+from coordinator.io.pg_store import PgStore
+from coordinator.io.store import SQLiteStore
+from coordinator.shards import ClusterConfig
+from tests.pg import PostgresServer, missing_reason, postgres_server
 
 TARGETS = {"rate_x_sqlite": 0.8, "p50_x_sqlite": 1.5, "cpu_x_sqlite": 1.2}
 SIZING = {"coordinators": 8, "workers": 100_000, "plans_per_s": 150_000}
@@ -66,63 +78,171 @@ def _pg_pids(server: PostgresServer | None) -> list[int]:
         return []
 
 
+def _open(store: str, directory: Path) -> Any:
+    """A store to write into: a fresh SQLite file, or a PostgreSQL store holding every shard's lease."""
+    if store == "sqlite":
+        return SQLiteStore(directory / f"alone-{time.monotonic_ns()}.sqlite3")
+    pg = PgStore(store, ClusterConfig())
+    rows = pg.execute(lambda c: c.fetch(ACQUIRE, "bench", "", 600.0, list(range(pg.cluster.shards))))
+    pg.owner, pg.fence = "bench", {r[0]: r[1] for r in rows}
+    return pg
+
+
+async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    """The store on its own, in this process: sequential commits (one step each) and group commit."""
+    try:
+        db = await asyncio.to_thread(_open, store, directory)
+        steps = [store_bench.plan_steps(n) for n in range(ns.store_plans)]
+        times: list[float] = []
+
+        def sequential() -> float:  # in a thread, as the committer's writer thread calls write()
+            clock = time.perf_counter
+            cpu0 = time.process_time()
+            for plan in steps:
+                for batch in plan:
+                    t0 = clock()
+                    db.write(batch)
+                    times.append(clock() - t0)
+            return time.process_time() - cpu0
+
+        cpu = await asyncio.to_thread(sequential)
+        await asyncio.to_thread(db.close)
+        grouped = await store_bench.group_commit(ns.plans, directory, await asyncio.to_thread(_open, store, directory))
+        return {"commit": h.summary_ms(times), "sequential_cpu_us_per_plan": round(cpu / len(steps) * 1e6, 1),
+                "group_commit": grouped}  # fmt: skip
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _topology(url: str) -> list[dict[str, Any]] | None:
+    """A cluster coordinator's ``/v1/topology`` rows (None: this build has no such route)."""
+    http = url.replace("ws://", "http://", 1) + "/v1/topology"
+    try:
+        with urllib.request.urlopen(http, timeout=5) as answer:
+            rows: list[dict[str, Any]] = json.loads(answer.read())["topology"]
+            return rows
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+async def _settled(urls: list[str], timeout_s: float = 60.0) -> list[dict[str, Any]] | None:
+    """The topology once every shard is served, each of ``urls``' coordinators owns some, and it held for 1 s."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[int, str] = {}
+    since = time.monotonic()
+    while True:
+        rows = await asyncio.to_thread(_topology, urls[0])
+        if rows is None:
+            return None
+        owners = {r["shard"]: r["owner"] for r in rows if r["url"] and r["live"]}
+        settled = len(owners) == len(rows) and len(set(owners.values())) == len(urls)
+        if owners != last:
+            last, since = owners, time.monotonic()
+        elif settled and time.monotonic() - since >= 1.0:
+            return rows
+        if time.monotonic() > deadline:
+            counts = {o: list(owners.values()).count(o) for o in set(owners.values())}
+            raise TimeoutError(f"the shards did not settle over {len(urls)} coordinators in {timeout_s:.0f} s: "
+                               f"{counts}")
+        await asyncio.sleep(0.2)
+
+
+def _pools(rows: list[dict[str, Any]], n: int) -> list[str]:
+    """``n`` pool names whose shards are owned by ``n`` different coordinators (cluster mode)."""
+    from coordinator.shards import pool_shard
+
+    owner_of = {r["shard"]: r["owner"] for r in rows}
+    pools: dict[str, str] = {}  # owner -> pool
+    for i in range(10_000):
+        name = f"bench{i}"
+        pools.setdefault(owner_of[pool_shard(name, len(rows))], name)
+        if len(pools) == n:
+            return sorted(pools.values())
+    raise RuntimeError(f"no {n} pools over {n} owners")
+
+
 async def measure(
     store: str, coordinators: int, ns: argparse.Namespace, server: PostgresServer | None = None
 ) -> dict[str, Any]:
-    """One column: start ``coordinators`` on ``store``, 2 workers, then time throughput and latency."""
+    """One column: start ``coordinators`` on ``store`` and the workers, then time throughput and latency.
+
+    One coordinator: ``--workers`` workers of the default pool, as bench/throughput.py. Several:
+    one pool per coordinator (a pool whose shard it owns), ``--workers`` workers per pool and one
+    client per pool submitting at once; the round trips go to the first pool.
+    """
     fleets = [h.Fleet(store) for _ in range(coordinators)]
     try:
         for f in fleets:
             await f.start_coordinator()
-        if store.startswith("postgresql"):
-            for i, f in enumerate(fleets):
-                assert f.coordinator is not None
-                m = await f.coordinator.wait_for_line(r"serving cluster|is a standby", 60)
-                if m.group(0) == "is a standby":
-                    return {"not_yet": f"coordinator {i + 1} of {coordinators} came up as a standby: this build "
-                                       "serves every shard from one coordinator (multi-shard ownership, issue "
-                                       "#12 phase 2b, is not in the tree)"}
         urls = [f.url for f in fleets]
+        pools: list[str | None] = [None]
+        if store.startswith("postgresql"):
+            rows = await _settled(urls)
+            if rows is None:
+                if coordinators > 1:
+                    return {"not_yet": "this build has no /v1/topology (multi-shard ownership, issue #12 phase 2b)"}
+            elif coordinators > 1:
+                pools = list(_pools(rows, coordinators))
         main = fleets[0]
         main.url = ",".join(urls)  # one URL, or the cluster's list (workers take --url a,b,c)
-        for i in range(ns.workers):
-            await main.start_worker(f"bench-{i + 1}", max_concurrency=ns.max_concurrency)
+        for pool in pools:
+            for i in range(ns.workers):
+                extra = ("--pool", pool) if pool else ()
+                await main.start_worker(f"bench-{pool or 'default'}-{i + 1}", *extra,
+                                        max_concurrency=ns.max_concurrency)  # fmt: skip
         await main.wait_workers()
         coordinator_pids = [f.coordinator.pid for f in fleets if f.coordinator is not None]
         pg_pids = _pg_pids(server)
-        async with Client(urls[0] if len(urls) == 1 else urls) as client:  # type: ignore[arg-type]
-            for i in range(ns.warmup):
-                await (await client.submit("echo", args=i)).result()
+        target: Any = urls[0] if len(urls) == 1 else urls
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(Client(target, pool=pool or "")) for pool in pools]
+            for client, pool in zip(clients, pools, strict=True):
+                for i in range(ns.warmup):
+                    await (await client.submit("echo", args=i, tags=[f"pool:{pool}"] if pool else None)).result()
+            per_client = ns.plans // len(clients)
+            plans = per_client * len(clients)
             cpu0, pg0 = _cpu(coordinator_pids), _cpu(pg_pids)
             t0 = time.perf_counter()
-            submitted = []
-            for start in range(0, ns.plans, ns.chunk):
-                submitted += await client.submit_many("echo", range(start, min(ns.plans, start + ns.chunk)))
-            failed = 0
-            async with asyncio.timeout(ns.timeout):
+
+            async def run(client: Client, pool: str | None) -> int:
+                submitted = []
+                tags = [f"pool:{pool}"] if pool else None
+                for start in range(0, per_client, ns.chunk):
+                    submitted += await client.submit_many("echo", range(start, min(per_client, start + ns.chunk)),
+                                                          tags=tags)  # fmt: skip
+                failed = 0
                 for plan in submitted:
                     try:
                         await plan.result()
                     except Exception:
                         failed += 1
+                return failed
+
+            async with asyncio.timeout(ns.timeout):
+                failed = sum(await asyncio.gather(*(run(c, p) for c, p in zip(clients, pools, strict=True))))
             elapsed = time.perf_counter() - t0
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _cpu(pg_pids) - pg0
             times: list[float] = []
             clock = time.perf_counter
             for i in range(ns.samples):
                 t1 = clock()
-                await (await client.submit("echo", args=i)).result()
+                tags = [f"pool:{pools[0]}"] if pools[0] else None
+                await (await clients[0].submit("echo", args=i, tags=tags)).result()
                 times.append(clock() - t1)
         return {
             "coordinators": coordinators,
+            "pools": [p or "default" for p in pools],
+            "workers": ns.workers * len(pools),
             "store_used": main.store_used,
-            "plans": ns.plans,
+            "plans": plans,
             "failed": failed,
             "elapsed_s": round(elapsed, 3),
-            "plans_per_s": round(ns.plans / elapsed, 1),
+            "plans_per_s": round(plans / elapsed, 1),
             "latency": h.summary_ms(times),
-            "coordinator_cpu_us_per_plan": round(cpu / ns.plans * 1e6, 1),
-            "postgres_cpu_us_per_plan": round(pg_cpu / ns.plans * 1e6, 1) if pg_pids else None,
+            "coordinator_cpu_us_per_plan": round(cpu / plans * 1e6, 1),
+            "postgres_cpu_us_per_plan": round(pg_cpu / plans * 1e6, 1) if pg_pids else None,
         }
     except Exception as exc:  # the column says what failed; the others still run
         tail = next((f.coordinator.lines[-3:] for f in fleets if f.coordinator is not None), [])
@@ -134,8 +254,15 @@ async def measure(
 
 async def collect(ns: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": h.machine(), "plans": ns.plans, "samples": ns.samples}
-    results["sqlite"] = await measure("sqlite", 1, ns)
     why = missing_reason()
+    with tempfile.TemporaryDirectory(prefix="fleetwire-cluster-bench-") as tmp:
+        results["alone_sqlite"] = await store_alone("sqlite", ns, Path(tmp))
+        if why is None:
+            with postgres_server() as server:
+                results["alone_pg"] = await store_alone(server.new_database(), ns, Path(tmp))
+        else:
+            results["alone_pg"] = {"error": why}
+    results["sqlite"] = await measure("sqlite", 1, ns)
     if why is not None:
         for n in (1, 2, 3):
             results[f"pg{n}"] = {"error": why}
@@ -148,9 +275,9 @@ async def collect(ns: argparse.Namespace) -> dict[str, Any]:
 
 def _cell(r: dict[str, Any], what: str) -> tuple[str, float | None]:
     if "not_yet" in r:
-        return "not yet: " + r["not_yet"], None
+        return ("not yet: " + r["not_yet"] if what == "rate" else "not yet"), None
     if "error" in r:
-        return "failed: " + r["error"], None
+        return ("failed: " + r["error"] if what == "rate" else "failed"), None
     if what == "rate":
         return f"{r['plans_per_s']:,.0f} plans/s", r["plans_per_s"]
     if what == "p50":
@@ -170,7 +297,7 @@ def report(results: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     cols = ["sqlite", "pg1", "pg2", "pg3"]
     heads = ["SQLite, 1 coordinator", "PostgreSQL, 1 coordinator", "PostgreSQL, 2 coordinators",
              "PostgreSQL, 3 coordinators"]
-    lines = [f"| {results['plans']:,} no-op plans, 2 workers | " + " | ".join(heads) + " |",
+    lines = [f"| {results['plans']:,} no-op plans | " + " | ".join(heads) + " |",
              "|---" * (len(cols) + 1) + "|"]
     values: dict[str, dict[str, float | None]] = {}
     for what, label in (("rate", "throughput"), ("p50", "submit -> result p50"),
@@ -178,10 +305,27 @@ def report(results: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         cells = [_cell(results[c], what) for c in cols]
         values[what] = {c: v for c, (_, v) in zip(cols, cells, strict=True)}
         lines.append(f"| {label} | " + " | ".join(text for text, _ in cells) + " |")
+        if what == "rate":
+            lines.append("| workers (pools) | " + " | ".join(
+                f"{results[c]['workers']} ({', '.join(results[c]['pools'])})" if "workers" in results[c] else "-"
+                for c in cols) + " |")
         if what != "pg":
             base = values[what]["sqlite"]
-            lines.append(f"| ratio to SQLite | - | " + " | ".join(_ratio(values[what][c], base) for c in cols[1:])
+            lines.append("| ratio to SQLite | - | " + " | ".join(_ratio(values[what][c], base) for c in cols[1:])
                          + " |")
+    lines += ["", "the store alone, in this process (bench/store_bench.py's 4 steps per plan; CPU of the process):",
+              "| | SQLite | PostgreSQL | ratio |", "|---|---|---|---|"]
+    a, b = results["alone_sqlite"], results["alone_pg"]
+    if "error" in a or "error" in b:
+        lines.append(f"| failed | {a.get('error', '-')} | {b.get('error', '-')} | - |")
+    else:
+        for label, get in (("one commit (sequential), p50 ms", lambda r: r["commit"]["p50_ms"]),
+                           ("one commit (sequential), p99 ms", lambda r: r["commit"]["p99_ms"]),
+                           ("sequential, CPU µs per plan (4 commits)", lambda r: r["sequential_cpu_us_per_plan"]),
+                           ("group commit, plans/s", lambda r: r["group_commit"]["plans_per_s"]),
+                           ("group commit, batches per transaction",
+                            lambda r: r["group_commit"]["batches_per_transaction"])):
+            lines.append(f"| {label} | {get(a):,} | {get(b):,} | {_ratio(get(b), get(a))} |")
     rate, p50, cpu = values["rate"], values["p50"], values["cpu"]
     verdict = {
         f"PostgreSQL 1 coordinator throughput >= {TARGETS['rate_x_sqlite']}x SQLite":
@@ -229,16 +373,22 @@ def sizing(cpu_us: float | None, pg_us: float | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plans", type=int, default=20_000, help="plans for the throughput run (default 20000)")
+    parser.add_argument("--store-plans", type=int, default=1000,
+                        help="plans written one commit at a time in the store-alone part (default 1000)")
     parser.add_argument("--samples", type=int, default=1000, help="sequential round trips (default 1000)")
     parser.add_argument("--warmup", type=int, default=100, help="untimed plans first (default 100)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--max-concurrency", type=int, default=1000, help="plans each worker runs at once")
     parser.add_argument("--chunk", type=int, default=5000, help="plans per submit_many call (default 5000)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds the throughput run may take")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds a throughput run may take")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     ns = parser.parse_args(argv)
     h.configure(ns)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the processes and PostgreSQL are stopped
+    # Quiet: the SDK's expected `moved` reconnects and the in-process store's info lines are not results.
+    logging.getLogger("fleetwire").setLevel(logging.ERROR)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     results = h.run_loop(collect(ns))
     lines, verdict = report(results)
     results["verdict"] = verdict

@@ -9,14 +9,33 @@ the other, on 127.0.0.1 (bench/throughput.py, bench/latency.py, bench/raw_relay.
 bench/peers.py). A peer that is not installed, that fails, or that would leave loopback
 keeps its column, which says why. The ratio rows say how many times faster (or slower)
 fleetwire is than that column, for throughput and for the p50 latency.
+
+The durable store's floor is measured in the same run (``--store sqlite``): the p50 of one
+commit's disk work on the store's own file system (``--fsync-dir``, default the temporary
+directory the benchmarks put their store in), done as SQLite does it in WAL mode with
+``synchronous=FULL`` — the commit's WAL frames (24-byte header + 4 KiB page each, two of them)
+written in place into a WAL file that was filled once already (SQLite restarts its WAL from the
+start after each checkpoint), then one ``fdatasync`` of that file. A first pass that grows the
+file (an append: the size changes, so ``fdatasync`` writes the inode too) is reported as well.
+A sequential durable round trip waits for two commits (the submit with its lease, then the
+result), so
+
+    limit = raw relay p50 + 2 x fsync p50
+
+and the targets are durable p50 <= 1.5 x limit, p99 <= 3 x limit, and (with ``--also-memory``)
+durable throughput >= 0.85 x the memory store's in the same run (the durability tax).
+The fsync is sampled before and after the fleetwire runs (the median of both), so a
+neighbour's disk traffic during the run shows up in the figure it is compared with.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -29,7 +48,59 @@ TARGETS = {
     "p50_ms": 1.0,
     "p50_x_relay": 1.5,
     "p99_ms": 3.0,
+    "p50_x_limit": 1.5,
+    "p99_x_limit": 3.0,
+    "durable_x_memory": 0.85,
 }
+
+WAL_FRAME = 24 + 4096  # SQLite's WAL frame: header + one page (the default page size)
+WAL_FRAMES_PER_COMMIT = 2  # a lone plan's group: its plans row's page and store_meta's
+WAL_BYTES = 1000 * WAL_FRAME  # the WAL's size at SQLite's default autocheckpoint (1,000 pages)
+
+
+def fsync_samples(directory: str, samples: int) -> dict[str, list[float]]:
+    """Seconds per commit-sized write + ``fdatasync`` in ``directory``: in place (as SQLite's WAL) and appended."""
+    fdatasync = getattr(os, "fdatasync", os.fsync)
+    frame = os.urandom(WAL_FRAME * WAL_FRAMES_PER_COMMIT)
+    out: dict[str, list[float]] = {"in_place": [], "append": []}
+    with tempfile.TemporaryDirectory(dir=directory, prefix="fw-fsync-") as tmp:
+        path = os.path.join(tmp, "wal")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            clock = time.perf_counter
+            for i in range(samples):  # append: the file grows with every commit (a fresh WAL)
+                t0 = clock()
+                os.pwrite(fd, frame, i * len(frame))
+                fdatasync(fd)
+                out["append"].append(clock() - t0)
+            os.ftruncate(fd, WAL_BYTES)
+            fdatasync(fd)
+            offset = 0
+            for _ in range(samples):  # in place: a WAL restarted after a checkpoint, as a running store's is
+                t0 = clock()
+                os.pwrite(fd, frame, offset)
+                fdatasync(fd)
+                out["in_place"].append(clock() - t0)
+                offset = (offset + len(frame)) % (WAL_BYTES - len(frame))
+        finally:
+            os.close(fd)
+    return out
+
+
+def fsync_summary(batches: list[dict[str, list[float]]], directory: str) -> dict[str, Any]:
+    """The fsync figures of every batch sampled in this run."""
+    in_place = [t for b in batches for t in b["in_place"]]
+    append = [t for b in batches for t in b["append"]]
+    return {
+        "dir": directory,
+        "samples": len(in_place),
+        "bytes_per_commit": WAL_FRAME * WAL_FRAMES_PER_COMMIT,
+        "call": "fdatasync" if hasattr(os, "fdatasync") else "fsync",
+        "p50_ms": round(h.percentile(in_place, 50) * 1e3, 4),
+        "p99_ms": round(h.percentile(in_place, 99) * 1e3, 4),
+        "append_p50_ms": round(h.percentile(append, 50) * 1e3, 4),
+        "batch_p50_ms": [round(h.percentile(b["in_place"], 50) * 1e3, 4) for b in batches],
+    }
 
 
 def run(script: str, *args: str, timeout_s: float) -> dict[str, Any]:
@@ -62,6 +133,8 @@ def collect(ns: argparse.Namespace) -> dict[str, Any]:
     peers = [] if ns.peers == "none" else ns.peers.split(",")
     results: dict[str, Any] = {"machine": h.machine(), "store": ns.store}
     t = ns.timeout
+    fsync_dir = ns.fsync_dir or tempfile.gettempdir()
+    batches = [fsync_samples(fsync_dir, ns.fsync_samples)] if ns.store != "memory" else []
     results["fleetwire_throughput"] = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, timeout_s=t)
     results["fleetwire_latency"] = run("latency.py", "--samples", str(ns.samples), "--store", ns.store, timeout_s=t)
     if ns.also_memory and ns.store != "memory":
@@ -69,6 +142,9 @@ def collect(ns: argparse.Namespace) -> dict[str, Any]:
                                                      timeout_s=t)
         results["fleetwire_memory_latency"] = run("latency.py", "--samples", str(ns.samples), "--store", "memory",
                                                   timeout_s=t)
+    if batches:
+        batches.append(fsync_samples(fsync_dir, ns.fsync_samples))
+        results["fsync"] = fsync_summary(batches, fsync_dir)
     results["relay_1"] = run("raw_relay.py", "throughput", "--items", str(ns.plans), "--per-frame", "1", timeout_s=t)
     results["relay_64"] = run("raw_relay.py", "throughput", "--items", str(ns.plans), "--per-frame", "64",
                               timeout_s=t)
@@ -138,6 +214,19 @@ def table(results: dict[str, Any], plans: int) -> tuple[list[str], dict[str, Any
         f"| ratio (p50) | - | {x(fw_p50, dask_p50, lower_is_better=True)} | "
         f"{x(fw_p50, ray_p50, lower_is_better=True)} | {x(fw_p50, relay_p50, lower_is_better=True)} | - |",
     ]
+    limit = durable_limit(results)
+    if limit is not None:
+        fs = results["fsync"]
+        lines.append("")
+        lines.append(f"durable floor: fsync p50 {_ms(fs['p50_ms'])} ({fs['call']} of {fs['bytes_per_commit']:,} bytes "
+                     f"written in place in a WAL-sized file in {fs['dir']}; appended: {_ms(fs['append_p50_ms'])}); "
+                     f"limit = relay p50 {_ms(relay_p50)} + 2 x fsync p50 = {_ms(limit['limit_ms'])}; durable p50 = "
+                     f"{_fmt_x(limit['p50_x_limit'])} limit, p99 = {_fmt_x(limit['p99_x_limit'])} limit")
+    tax = results.get("durability_tax")
+    if tax is not None:
+        lines.append(f"durability tax: durable / memory throughput = {tax['durable_x_memory']:.2f} "
+                     f"({_fmt_rate(tax['durable_plans_per_s'], 'plans/s')} / "
+                     f"{_fmt_rate(tax['memory_plans_per_s'], 'plans/s')})")
     verdict = {
         f"throughput >= {TARGETS['plans_per_s']:,} plans/s": _ok(fw_rate, lambda v: v >= TARGETS["plans_per_s"]),
         f">= {TARGETS['x_dask']}x Dask": _ok(_div(fw_rate, dask_rate), lambda v: v >= TARGETS["x_dask"]),
@@ -148,7 +237,48 @@ def table(results: dict[str, Any], plans: int) -> tuple[list[str], dict[str, Any
                                                                   lambda v: v <= TARGETS["p50_x_relay"]),
         f"p99 <= {TARGETS['p99_ms']} ms": _ok(fw_p99, lambda v: v <= TARGETS["p99_ms"]),
     }
+    if limit is not None:
+        verdict[f"durable p50 <= {TARGETS['p50_x_limit']}x limit (relay p50 + 2 fsync p50)"] = _ok(
+            limit["p50_x_limit"], lambda v: v <= TARGETS["p50_x_limit"])
+        verdict[f"durable p99 <= {TARGETS['p99_x_limit']}x limit"] = _ok(
+            limit["p99_x_limit"], lambda v: v <= TARGETS["p99_x_limit"])
+    if tax is not None:
+        verdict[f"durable throughput >= {TARGETS['durable_x_memory']}x memory store's"] = _ok(
+            tax["durable_x_memory"], lambda v: v >= TARGETS["durable_x_memory"])
     return lines, verdict
+
+
+def _fmt_x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def durable_limit(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The durable floor (relay p50 + 2 fsync p50) and the durable latency's ratios to it; None unmeasured."""
+    fs, rl, fw = results.get("fsync"), results.get("relay_latency", {}), results.get("fleetwire_latency", {})
+    if not fs or "p50_ms" not in rl:
+        return None
+    limit_ms = rl["p50_ms"] + 2 * fs["p50_ms"]
+    return {
+        "limit_ms": round(limit_ms, 4),
+        "relay_p50_ms": rl["p50_ms"],
+        "fsync_p50_ms": fs["p50_ms"],
+        "p50_x_limit": _round(_div(fw.get("p50_ms"), limit_ms)),
+        "p99_x_limit": _round(_div(fw.get("p99_ms"), limit_ms)),
+    }
+
+
+def durability_tax(results: dict[str, Any]) -> dict[str, Any] | None:
+    """Durable ÷ memory store throughput of this run (``--also-memory``); None unmeasured."""
+    durable = results.get("fleetwire_throughput", {}).get("plans_per_s")
+    memory = results.get("fleetwire_memory_throughput", {}).get("plans_per_s")
+    if durable is None or memory is None:
+        return None
+    return {"durable_plans_per_s": durable, "memory_plans_per_s": memory,
+            "durable_x_memory": _round(_div(durable, memory))}  # fmt: skip
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _div(a: float | None, b: float | None) -> float | None:
@@ -171,9 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds each run may take (default 300)")
     parser.add_argument("--also-memory", action="store_true",
                         help="run fleetwire with the memory store too (what durability costs)")
+    parser.add_argument("--fsync-dir", metavar="DIR",
+                        help="where to measure the fsync floor (default: the temporary directory, where the "
+                             "benchmarks' stores are)")
+    parser.add_argument("--fsync-samples", type=int, default=300,
+                        help="commit-sized fdatasyncs measured before and after the fleetwire runs (default 300)")
     parser.add_argument("--json", action="store_true", help="print every result as one JSON object")
     ns = parser.parse_args(argv)
     results = collect(ns)
+    results["durable_limit"] = durable_limit(results)
+    results["durability_tax"] = durability_tax(results)
     lines, verdict = table(results, ns.plans)
     results["verdict"] = verdict
     if ns.json:

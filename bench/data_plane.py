@@ -2,6 +2,11 @@
 
     python bench/data_plane.py                      # 64 MiB and 1 GiB, every column
     python bench/data_plane.py --sizes 64M --skip ray,dask --json
+    python bench/data_plane.py --dir /dev/shm --only raw,ws,direct   # the spool on tmpfs: no disk writeback
+
+``--dir`` is where the input files, the worker's spool and the fetched outputs go: fleetwire
+writes every input to the worker's disk and every output to the client's (the ceilings and the
+peers keep nothing), so on a slow disk its figures are the disk's; on tmpfs they are the path's.
 
 Each size is a file of random bytes in a temporary directory (the input is a file: that is what
 the client and worker RSS targets are about). Every column runs in a fresh child process of its
@@ -278,12 +283,13 @@ async def _fleetwire_column(path: Path, size: int, relay: bool) -> dict[str, Any
             plan = await client.submit("data_source", {"path": str(path)}, outputs=["out"], **extra)
             await plan.result()
             target = work / "out.bin"
-            output_kw = extra if "relay" in inspect.signature(plan.output_to).parameters else {}
-            if relay and not output_kw:
-                figures["out"] = {"not_yet": "plan.output_to has no relay= yet"}
+            if relay and not hasattr(plan, "relay"):
+                figures["out"] = {"not_yet": "this SDK's plans have no relay attribute yet"}
             else:
+                if relay:
+                    plan.relay = True  # its output comes through the coordinator too
                 with Watch(**pids) as w:
-                    await plan.output_to("out", target, **output_kw)
+                    await plan.output_to("out", target)
                 assert target.stat().st_size == size
                 figures["out"] = w.figures(size)
                 target.unlink()

@@ -14,9 +14,16 @@ What it checks, each printed as PASS/FAIL with the figures:
 4. ``PowerSampler`` + ``EnergyMeter`` integrate power over a "plan" of ``--seconds`` (a matmul
    loop when torch with CUDA is importable, so the draw rises above idle; idle power otherwise),
    and a fake token count gives a finite µJ/token; the meter's energy is compared with NVML's own
-   energy counter (``nvmlDeviceGetTotalEnergyConsumption``, Volta and later) over the same window.
+   energy counter (``nvmlDeviceGetTotalEnergyConsumption``, Volta and later) over the same window;
+5. per-plan isolation (docs/SEMANTICS.md §GPU resources): the worker's allocator
+   (worker_agent/devices.py) gives one device to each of as many "plans" as there are devices, and
+   each plan's process, started with the ``CUDA_VISIBLE_DEVICES`` the ``shell`` handler would set,
+   asks the CUDA driver (``libcuda`` through ctypes, no torch needed) what it sees: exactly one
+   device each, a different one per plan (by UUID), and, for whole GPUs, the very one allocated.
+   Skipped (not failed) without ``libcuda``.
 
-Exit status 0 when every check passes, 1 otherwise (2: no NVML at all).
+Exit status 0 when every check passes, 1 otherwise; without NVML or a GPU it prints
+``SKIP`` and exits 0 (nothing to check here), or 2 with ``--require-gpu``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +42,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from worker_agent.devices import DeviceAllocator, DeviceRequest
 from worker_agent.energy import EnergyMeter, Nvml, PowerSampler
 from worker_agent.probe import probe_capabilities
 
@@ -62,11 +72,62 @@ def _load_gpu(seconds: float) -> str:
     return "fp16 8192x8192 matmul loop"
 
 
+# Run in each plan's process: what the CUDA driver shows it (count, and each device's UUID).
+_CUDA_PROBE = r"""
+import ctypes, json, sys
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError as exc:
+    print(json.dumps({"skip": str(exc)})); sys.exit(0)
+if cuda.cuInit(0) != 0:
+    print(json.dumps({"count": 0, "uuids": []})); sys.exit(0)
+count = ctypes.c_int()
+cuda.cuDeviceGetCount(ctypes.byref(count))
+uuids = []
+for i in range(count.value):
+    dev = ctypes.c_int()
+    cuda.cuDeviceGet(ctypes.byref(dev), i)
+    raw = (ctypes.c_ubyte * 16)()
+    get = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
+    get(raw, dev)
+    h = bytes(raw).hex()
+    uuids.append(f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+print(json.dumps({"count": count.value, "uuids": uuids}))
+"""
+
+
+def isolation_check(gpus: list[Any]) -> tuple[dict[str, Any], bool | None]:
+    """Check 5: one device per plan, each plan's process sees only its own; None: skipped (no libcuda)."""
+    allocator = DeviceAllocator(gpus)
+    seen: list[dict[str, Any]] = []
+    for n in range(len(gpus)):
+        held = allocator.allocate(f"plan-{n}", DeviceRequest(1))
+        if held is None:
+            return {"error": f"the allocator gave plan {n} no device"}, False
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": allocator.visible(held)}
+        out = subprocess.run([sys.executable, "-c", _CUDA_PROBE], env=env, capture_output=True, text=True,
+                             timeout=60, check=False)
+        try:
+            answer = json.loads(out.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"error": f"plan {n}'s probe printed {out.stdout!r} {out.stderr[-300:]!r}"}, False
+        if "skip" in answer:
+            return {"skipped": answer["skip"]}, None
+        gpu = gpus[held[0]]
+        seen.append({"plan": n, "visible": env["CUDA_VISIBLE_DEVICES"], "count": answer["count"],
+                     "uuids": answer["uuids"], "allocated_uuid": gpu.uuid, "mig": bool(gpu.parent_uuid)})
+    ok = all(s["count"] == 1 for s in seen)
+    ok = ok and len({s["uuids"][0] for s in seen}) == len(seen)
+    ok = ok and all(s["mig"] or s["uuids"][0] == s["allocated_uuid"] for s in seen)
+    return {"plans": seen}, ok
+
+
 def main() -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the measured 'plan' (default 5)")
     parser.add_argument("--json", action="store_true", help="print one JSON report instead of lines")
+    parser.add_argument("--require-gpu", action="store_true", help="exit 2 (not SKIP, 0) on a host without a GPU")
     ns = parser.parse_args()
     report: dict[str, Any] = {"checks": {}}
     checks: dict[str, bool] = report["checks"]
@@ -74,6 +135,9 @@ def main() -> int:
     nvml = Nvml.open()
     checks["nvml_open"] = nvml is not None
     if nvml is None:
+        if not ns.require_gpu:
+            print("SKIP: no NVML library, driver or device on this host; nothing to check")
+            return 0
         print("FAIL nvml_open: no NVML library, driver or device on this host", file=sys.stderr)
         return 2
     try:
@@ -110,6 +174,9 @@ def main() -> int:
             report["meter_vs_counter"] = round(used.joules / counter_j, 3) if counter_j > 0 else None
             # Sampling at 10 Hz misses short spikes; within 25 % of the hardware counter is the bar.
             checks["energy_matches_counter"] = counter_j > 0 and abs(used.joules / counter_j - 1) < 0.25
+        report["isolation"], isolated = isolation_check(gpus) if gpus else ({"skipped": "no devices"}, None)
+        if isolated is not None:
+            checks["per_plan_isolation"] = isolated
     finally:
         nvml.close()
 

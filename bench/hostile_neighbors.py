@@ -25,6 +25,14 @@ counted apart), its own CPU and the coordinator's CPU during the hostile chunks:
   work), not what fleetwire's coordinator pays; the difference to ``oversize`` is fleetwire's.
 * ``slowloris``: 500 connections that never finish their handshake (dropped at the handshake
   timeout, 2 s here), plus how long a fresh legitimate connect takes meanwhile;
+* issue 17's cost-model findings, one neighbour each, measured like ``flood`` (``B H B H ... B``)
+  with the coordinator's RSS growth during the run: ``f1-list`` (200 ``list_plans(limit=10000)``
+  per frame over its 2,000 plans), ``f1-subscribe`` (300 ``subscribe(all, from_seq=0)`` per frame),
+  ``f2-never-reads`` (``list_plans`` frames, never reading), ``f3-bytes`` (plans with 512 KiB args
+  until refused), ``f4-connections`` (one token opening 3,000 sessions), ``f5-tags`` (1,000 plans
+  with 64 tags of 128 bytes while a worker connects and disconnects in a loop) and ``f11-dashboard``
+  (100 plans with 0.9 MB results listed every 100 ms); the targets are legit p99 within +25 % and
+  RSS growth ≤ 256 MiB, the neighbour refused or throttled with a clear code;
 * ``slow consumer``: a subscriber that stops reading while a worker streams 32 KiB events
   (closed 4503); the coordinator's RSS growth is printed, next to the same stream with a
   subscriber that reads (the plan's own event history is held either way).
@@ -67,7 +75,10 @@ TOKENS = {"legit": ("client", "bench-legit-token"), "hostile": ("client", "bench
           "worker": ("worker", "bench-worker-token")}
 ROOT = Path(__file__).resolve().parent.parent
 NEIGHBOURS = ("flood", "oversize")
-PHASES = ("flood", "oversize", "slowloris", "slow")
+# Issue 17's cost-model findings, each a neighbour child process (see _cost_neighbour).
+COST_NEIGHBOURS = ("f1-list", "f1-subscribe", "f2-never-reads", "f3-bytes", "f4-connections", "f5-tags",
+                   "f11-dashboard")
+PHASES = ("flood", "oversize", "slowloris", "slow", *COST_NEIGHBOURS)
 
 
 async def _open(url: str, role: str = "client", who: str = "legit", **kw: Any) -> ClientConnection:
@@ -170,6 +181,104 @@ async def _oversize(url: str, retry: str) -> None:
         tally.closed(ws)
 
 
+async def _fill(ws: ClientConnection, n: int, **submit: Any) -> None:
+    """Submit ``n`` plans nobody runs (op ``nobody``), in frames under the 1 MiB limit; read their replies."""
+    step = max(1, min(200, (900 << 10) // max(1, len(msgspec.msgpack.encode(submit)) + 64)))
+    for first in range(0, n, step):
+        await ws.send(msgspec.msgpack.encode([{"type": "submit", "req_id": i + 1, "op": "nobody", **submit}
+                                              for i in range(first, min(n, first + step))]))
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(30):
+            answered = 0
+            while answered < n:
+                for msg in msgspec.msgpack.decode(await ws.recv(decode=False)):
+                    answered += msg.get("type") in ("accepted", "error")
+
+
+async def _cost_neighbour(kind: str, url: str) -> None:
+    """Issue 17's hostile or careless peers, one per finding, each in a reconnect loop."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    tally = _Tally()
+    if kind in ("f1-list", "f1-subscribe", "f2-never-reads"):
+        ws = await _open(url, who="hostile", max_size=None)
+        await _fill(ws, 2_000)  # its own plans to list and replay
+        await ws.close()
+    while True:
+        try:
+            if kind == "f4-connections":  # one token opens as many sessions as it can and holds them
+                held: list[ClientConnection] = []
+                while True:
+                    try:
+                        held.append(await _open(url, who="hostile"))
+                    except InvalidStatus as exc:
+                        await tally.refusal(exc, "now")
+                        await asyncio.sleep(0.05)
+                    if len(held) >= 3_000:
+                        await asyncio.sleep(1)
+            ws = await _open(url, who="hostile", max_size=None, max_queue=1 if kind == "f2-never-reads" else 16)
+        except InvalidStatus as exc:
+            await tally.refusal(exc, "now")
+            continue
+        with contextlib.suppress(ConnectionClosed, OSError):
+            if kind == "f1-list":  # 200 list_plans(limit=10000) in one frame, replies read
+                frame = msgspec.msgpack.encode([{"type": "list_plans", "req_id": i, "limit": 10_000}
+                                                for i in range(200)])
+                while True:
+                    await ws.send(frame)
+                    for _ in range(200):
+                        await ws.recv()
+            elif kind == "f1-subscribe":  # 300 subscribe(all, from_seq=0) in one frame
+                frame = msgspec.msgpack.encode([{"type": "subscribe", "req_id": i, "all": True, "from_seq": 0}
+                                                for i in range(300)])
+                await ws.send(frame)
+                await _drain(ws)
+            elif kind == "f2-never-reads":  # list_plans without ever reading
+                ws.transport.pause_reading()
+                frame = msgspec.msgpack.encode([{"type": "list_plans", "req_id": i, "limit": 10_000}
+                                                for i in range(50)])
+                while True:
+                    await ws.send(frame)
+            elif kind == "f3-bytes":  # plans of 512 KiB args until refused, then again
+                args = "x" * (512 << 10)
+                while True:
+                    await _fill(ws, 50, args=args)
+            elif kind == "f5-tags":  # plans with the most tags the caps allow; a worker (dis)connects
+                tags = [f"{i:03d}" + "t" * 125 for i in range(64)]
+                await _fill(ws, 1_000, requirements={"tags": tags})
+                while True:
+                    worker = await _open(url, "worker")
+                    await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": "churn",
+                                                              "capabilities": {"ops": ["other"]}}))
+                    await worker.recv()
+                    await worker.close()
+            elif kind == "f11-dashboard":  # finished plans with 1 MB results, listed every 100 ms
+                worker = await _open(url, "worker", max_size=None)
+                await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": "big-results",
+                                                          "capabilities": {"ops": ["big"], "max_concurrency": 8}}))
+                await worker.recv()
+                await ws.send(msgspec.msgpack.encode([{"type": "submit", "req_id": i, "op": "big"}
+                                                      for i in range(100)]))
+                done = 0
+                result = "r" * 900_000
+                while done < 100:
+                    for msg in msgspec.msgpack.decode(await worker.recv(decode=False)):
+                        if msg.get("type") == "assign":
+                            await worker.send(msgspec.msgpack.encode({
+                                "type": "done", "plan_id": msg["plan_id"], "attempt": msg["attempt"],
+                                "outcome": "succeeded", "result": result}))
+                            done += 1
+                while True:
+                    await ws.send(msgspec.msgpack.encode({"type": "list_plans", "req_id": 1, "limit": 200}))
+                    await ws.recv()
+                    await asyncio.sleep(0.1)
+        with contextlib.suppress(Exception):
+            await ws.close()
+        tally.closed(ws)
+
+
 # ---------------------------------------------------------------------------- the measuring side
 
 
@@ -229,8 +338,8 @@ class _Neighbour:
         async for line in self.proc.stdout:
             with contextlib.suppress(ValueError):
                 self.last = json.loads(line)
-                if self.last["closes"] and not self.first_close.done():
-                    code = next(iter(self.last["closes"]))
+                if (self.last["closes"] or self.last["refused"]) and not self.first_close.done():
+                    code = next(iter(self.last["closes"] or self.last["refused"]))
                     self.first_close.set_result((round(time.perf_counter() - self.started, 2), code))
 
     def cpu_s(self) -> float:
@@ -262,12 +371,15 @@ def _spread(values: list[float]) -> str:
 async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, target: str, kind: str,
                        ns: argparse.Namespace, label: str) -> dict[str, Any]:
     """``B H B H ... B`` chunks with the neighbour paused (B) and running (H) against ``target``."""
+    rss_before = peak_rss = coordinator.ps.memory_info().rss
     neighbour = await _Neighbour.start(kind, target, ns)
     # It gets going: measured from its first close on (a flood's 4429 comes after its burst
-    # and the grace), so every hostile chunk sees its steady reconnect loop.
+    # and the grace), so every hostile chunk sees its steady reconnect loop. The cost-model
+    # neighbours may never be closed: they get a few seconds instead.
     first_close: tuple[float, str] | None = None
     with contextlib.suppress(TimeoutError):
-        first_close = await asyncio.wait_for(asyncio.shield(neighbour.first_close), 30)
+        first_close = await asyncio.wait_for(asyncio.shield(neighbour.first_close),
+                                             30 if kind in NEIGHBOURS else ns.warmup)
     neighbour.pause()
     base: list[list[float]] = []
     hostile: list[list[float]] = []
@@ -286,6 +398,7 @@ async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, targe
         coord_cpu += coordinator.cpu_s() - c0
         neigh_cpu += neighbour.cpu_s() - n0
         attempts += neighbour.last["attempts"] - a0
+        peak_rss = max(peak_rss, coordinator.ps.memory_info().rss)
         neighbour.pause()
     base.append(await _latencies(legit, ns.requests))
     last = dict(neighbour.last)
@@ -316,6 +429,7 @@ async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, targe
         "its_first_close": None if first_close is None else {"after_s": first_close[0], "code": first_close[1]},
         "its_closes": last["closes"],
         "its_refusals": last["refused"],
+        "coordinator_rss_growth_mb": round((peak_rss - rss_before) / 2**20, 1),
     }
 
 
@@ -418,7 +532,7 @@ async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             legit = await _open(coordinator.url)
             await _latencies(legit, ns.requests)  # warm-up
-            for kind in NEIGHBOURS:
+            for kind in (*NEIGHBOURS, *COST_NEIGHBOURS):
                 if kind in phases:
                     rows.append(await _interleaved(legit, coordinator, coordinator.url, kind, ns, kind))
                     if other is not None:
@@ -455,13 +569,18 @@ def main() -> int:
                         help="pin the coordinators and the measuring client to CPU 0 and the neighbours to CPU 1, "
                              "as if the neighbour ran on its own host")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--neighbour", choices=NEIGHBOURS, help=argparse.SUPPRESS)  # child processes
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="seconds a cost-model neighbour (f1..f11) runs before it is measured (default 5)")
+    parser.add_argument("--neighbour", choices=(*NEIGHBOURS, *COST_NEIGHBOURS), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.neighbour is not None:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # its tally lines are already flushed
-        asyncio.run(_flood(ns.url, ns.neighbour_retry) if ns.neighbour == "flood"
-                    else _oversize(ns.url, ns.neighbour_retry))
+        if ns.neighbour in COST_NEIGHBOURS:
+            asyncio.run(_cost_neighbour(ns.neighbour, ns.url))
+        else:
+            asyncio.run(_flood(ns.url, ns.neighbour_retry) if ns.neighbour == "flood"
+                        else _oversize(ns.url, ns.neighbour_retry))
         return 0
     if ns.pin:
         os.sched_setaffinity(0, {0})

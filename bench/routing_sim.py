@@ -53,6 +53,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from trace_gen import TraceSpec, generate, grid  # noqa: E402 - bench/trace_gen.py, beside this script
 
 from coordinator.core import Coordinator, CoreConfig  # noqa: E402 - after the path tweak above
 from coordinator.placement.placer import PlacementConfig  # noqa: E402
@@ -598,6 +601,87 @@ def table(rows: Sequence[RowResult]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------- synthetic grids
+
+
+HIT_FLOOR = 0.98  # the grid's goal: hit rate >= 98 % of the fleet-sized shared LRU's ...
+BALANCE_CEILING = 1.10  # ... at max/mean <= 1.10 (docs/ROUTING.md §Synthetic grid)
+
+
+def synthetic_trace(spec: TraceSpec) -> Trace:
+    """A generated trace (bench/trace_gen.py), read as the Mooncake rows it mimics."""
+    requests = [
+        Request(row["timestamp"] / 1000.0, row["input_length"], row["output_length"], tuple(row["hash_ids"]))
+        for row in generate(spec)
+    ]
+    return Trace(spec.name, Path(f"synthetic:{spec.name}"), requests, len(requests))
+
+
+GRID_HEADER = ("trace", "policy", "requests", "hit", "LRU ceiling", "hit / ceiling", "max/mean", "TTFT p99", "goal")
+
+
+def grid_table(rows: Sequence[RowResult], ceilings: dict[str, float | None]) -> str:
+    """One line per (trace, policy): hit against the fleet-sized shared LRU, balance, and whether both goals hold."""
+    lines = ["| " + " | ".join(GRID_HEADER) + " |", "|" + "---|" * len(GRID_HEADER)]
+    for r in rows:
+        ceiling = ceilings.get(r.trace)
+        share = r.hit_rate / ceiling if r.hit_rate is not None and ceiling else None
+        ok = share is not None and share >= HIT_FLOOR and (r.max_over_mean or math.inf) <= BALANCE_CEILING
+        cells = (
+            r.trace,
+            r.policy,
+            str(r.requests),
+            _fmt(None if r.hit_rate is None else 100 * r.hit_rate, ".1f") + "%",
+            _fmt(None if ceiling is None else 100 * ceiling, ".1f") + "%",
+            _fmt(None if share is None else 100 * share, ".2f") + "%",
+            _fmt(r.max_over_mean, ".3f"),
+            _fmt(r.ttft_p99_s, ".2f") + "s",
+            "yes" if ok else "**no**",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def synthetic_main(ns: argparse.Namespace, policies: list[str], knobs: PolicyKnobs) -> int:
+    """``--synthetic GRID``: every policy on every trace of the grid, as one table (or JSON rows)."""
+    try:
+        specs = grid(ns.synthetic, ns.seed, ns.scale)
+        fleet = load_fleet(ns.fleet or FLEETS / DEFAULT_FLEET["mooncake"])
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+        print(f"routing_sim: error: {exc}", file=sys.stderr)
+        return 2
+    if ns.prefix_cache_tokens is not None:
+        specs_ = tuple(replace(w, prefix_cache_tokens=ns.prefix_cache_tokens) for w in fleet.workers)
+        fleet = Fleet(f"{fleet.name}, {ns.prefix_cache_tokens:,}-token prefix caches", fleet.path, specs_)
+    began = time.perf_counter()
+    traces = [synthetic_trace(spec) for spec in specs]
+    if ns.limit is not None:
+        traces = [Trace(t.kind, t.path, t.requests[: ns.limit], t.total) for t in traces]
+    jobs = [(trace, fleet, policy, ns.prefetch, knobs) for trace in traces for policy in policies]
+    if ns.jobs > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(ns.jobs) as pool:
+            results = list(pool.map(_replay, jobs))
+    else:
+        results = [_replay(job) for job in jobs]
+    lru = {trace.kind: shared_lru_row(trace, fleet) for trace in traces}
+    if ns.json:
+        for trace in traces:
+            for row in [r for r in results if r.trace == trace.kind] + [lru[trace.kind]]:
+                print(json.dumps(row.as_dict()))
+        return 0
+    print(f"\n## synthetic grid {ns.synthetic!r} (seed {ns.seed}, scale {ns.scale:g}): {len(traces)} traces on "
+          f"{fleet.name} ({len(fleet.workers)} workers, prefetch {ns.prefetch})\n")
+    print(grid_table(results, {kind: row.hit_rate for kind, row in lru.items()}))
+    met = sum(
+        1 for r in results
+        if r.hit_rate is not None and (c := lru[r.trace].hit_rate) and r.hit_rate >= HIT_FLOOR * c
+        and (r.max_over_mean or math.inf) <= BALANCE_CEILING
+    )
+    print(f"\ngoal (hit >= {HIT_FLOOR:.0%} of the shared LRU, max/mean <= {BALANCE_CEILING}): "
+          f"{met} of {len(results)} runs; replayed in {time.perf_counter() - began:.1f} s")
+    return 0
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -631,7 +715,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fleet", type=Path, metavar="PATH",
                         help="fleet TOML (default: bench/fleets/homogeneous-h100x8.toml for Mooncake, "
                              "heterogeneous.toml for Azure)")
-    parser.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated (default: all)")
+    parser.add_argument("--policies", default=None,
+                        help="comma-separated (default: all; kv_aware with --synthetic)")
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="replay only the first N requests")
     parser.add_argument("--speedup", type=float, default=1.0, metavar="F",
                         help="replay F times faster than recorded (more load on the same fleet)")
@@ -642,12 +727,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="a policy knob, e.g. kv_balance_gap=5000 (repeatable)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row instead of tables")
+    parser.add_argument("--synthetic", metavar="GRID",
+                        help="replay a grid of generated traces (bench/trace_gen.py: default, tiny) instead of files")
+    parser.add_argument("--seed", type=int, default=1, help="the synthetic grid's seed (default 1)")
+    parser.add_argument("--scale", type=float, default=1.0, metavar="F",
+                        help="multiply every synthetic trace's duration by F (default 1)")
     ns = parser.parse_args(argv)
-    policies = [p.strip() for p in ns.policies.split(",") if p.strip()]
+    default_policies = "kv_aware" if ns.synthetic else ",".join(POLICY_NAMES)
+    policies = [p.strip() for p in (ns.policies or default_policies).split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICY_NAMES]
     if unknown:
         parser.error(f"unknown policies {unknown}; choose from {', '.join(POLICY_NAMES)}")
     knobs = PolicyKnobs(**{name: (int(v) if name == "kv_min_match_blocks" else v) for name, v in ns.knob})
+    if ns.synthetic:
+        return synthetic_main(ns, policies, knobs)
     paths = ns.trace or [TRACES / name for name in DEFAULT_TRACES]
     present = [p for p in paths if p.is_file()]
     for missing in sorted(set(paths) - set(present)):

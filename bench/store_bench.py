@@ -62,8 +62,9 @@ def fsync_per_step(plans: int, directory: Path) -> dict[str, Any]:
     return {"plans_per_s": round(plans / elapsed, 1), "transactions": len(steps), "elapsed_s": round(elapsed, 3)}
 
 
-async def group_commit(plans: int, directory: Path) -> dict[str, Any]:
-    store = SQLiteStore(directory / "group.sqlite3")
+async def group_commit(plans: int, directory: Path, store: Any = None) -> dict[str, Any]:
+    """Group-commit ``plans`` plans' steps into ``store`` (default: a fresh SQLite file in ``directory``)."""
+    store = store if store is not None else SQLiteStore(directory / "group.sqlite3")
     released = 0
     done = asyncio.Event()
     total = plans * 4

@@ -18,6 +18,11 @@ Rules (docs/OPERATIONS.md §Security):
   which tokens exist. Tokens made by ``fleetwire token new`` carry 256 random bits, so a
   fast hash is enough; a slow password hash would only turn every handshake into CPU an
   attacker can spend.
+* Unsafe tokens are refused (docs/OPERATIONS.md §Security): the ``change-me-*`` placeholders of
+  examples/deploy/ (as tokens, or hashed in the file), tokens under 16 characters given inline
+  (:func:`weak_tokens`; the coordinator command checks them at start), and one token for two
+  principals (one role could act as the other; :class:`TokenStore` refuses it). The messages
+  name the role or entry, never the token.
 * :meth:`TokenStore.reload` (SIGHUP) swaps in the file's new contents; the principals it
   returns were revoked (removed, or changed) and their sessions are closed with 4401. A
   file that fails to load leaves the old tokens in force.
@@ -60,6 +65,7 @@ __all__ = [
     "inline_tokens",
     "new_token",
     "parse_token_file",
+    "weak_tokens",
 ]
 
 log = structlog.get_logger(__name__)
@@ -69,6 +75,12 @@ ROLES: Final = ("worker", "client", "admin")
 HASH_PREFIX: Final = "sha256:"
 _HASH_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
 _ENTRY_KEYS: Final = frozenset({"name", "role", "hash", "worker_ids"})
+MIN_TOKEN_CHARS: Final = 16
+PLACEHOLDER_PREFIX: Final = "change-me"
+# The placeholders examples/deploy/*.env ship with, hashed: refused in a token file too.
+_PLACEHOLDER_DIGESTS: Final = frozenset(
+    hashlib.sha256(f"change-me-{role}-token".encode()).digest() for role in ROLES
+)
 
 # The environment shortcut: variable -> (principal name, role).
 ENV_TOKENS: Final[dict[str, tuple[str, Role]]] = {
@@ -181,7 +193,34 @@ def _entry(entry: Any, where: str) -> Principal:
             raise TokenFileError(f"{where}: 'worker_ids' applies to role 'worker' only, not {role!r}")
         if not isinstance(worker_ids, str) or not worker_ids:
             raise TokenFileError(f"{where}: 'worker_ids' must be a non-empty glob string such as 'gpu-*'")
-    return Principal(name, role, worker_ids, bytes.fromhex(digest[len(HASH_PREFIX):]))
+    raw = bytes.fromhex(digest[len(HASH_PREFIX):])
+    if raw in _PLACEHOLDER_DIGESTS:
+        raise TokenFileError(
+            f"{where}: 'hash' is the hash of a change-me placeholder token from examples/deploy; make a real "
+            "token with `fleetwire token new`"
+        )
+    return Principal(name, role, worker_ids, raw)
+
+
+def weak_tokens(inline: Iterable[tuple[str, Role, str]]) -> list[str]:
+    """What is unsafe about inline ``(name, role, token)`` tokens, one line each (empty: nothing).
+
+    A placeholder (``change-me...``) or fewer than 16 characters. The lines name the principal,
+    never the token.
+    """
+    problems: list[str] = []
+    for name, role, token in inline:
+        if token.lower().startswith(PLACEHOLDER_PREFIX):
+            problems.append(
+                f"the {role} token ({name!r}) is the change-me placeholder of examples/deploy; "
+                "make one with `fleetwire token new`"
+            )
+        elif len(token) < MIN_TOKEN_CHARS:
+            problems.append(
+                f"the {role} token ({name!r}) has {len(token)} characters; at least {MIN_TOKEN_CHARS} are "
+                "required (`fleetwire token new` makes one of 43)"
+            )
+    return problems
 
 
 class TokenStore:
@@ -221,6 +260,14 @@ class TokenStore:
                 raise TokenFileError(
                     f"token name {principal.name!r} is in {self.path} and also given inline "
                     "(--*-token flag or FLEETWIRE_*_TOKEN); rename one"
+                )
+        owners: dict[bytes, Principal] = {}
+        for principal in from_file + self._inline:
+            first = owners.setdefault(principal.digest, principal)
+            if first is not principal:  # one token, two principals: whoever holds it acts as either
+                raise TokenFileError(
+                    f"the same token is given for {first.name!r} (role {first.role}) and {principal.name!r} "
+                    f"(role {principal.role}); each needs its own token (`fleetwire token new`)"
                 )
         return from_file + self._inline
 

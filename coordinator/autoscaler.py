@@ -15,7 +15,15 @@ Rules (docs/ROUTING.md §Autoscaler):
 * An action is a :class:`Decision`; the target becomes its ``desired``. The core sends it to
   admin sessions that follow all plans, as an ``event`` with ``plan_id`` "" and kind
   ``autoscale``, and the server runs the operator's hook command with it as JSON on stdin.
-  Starting or stopping workers is the hook's job: fleetwire does not own machines.
+  With a *provider* (coordinator/io/provision.py: ``local`` worker processes or operator
+  ``command``s) the server also acts on it; without one, the hook command does.
+* Scale-up is bounded by ``max_workers`` and rate-limited: one action adds at most ``max_step``
+  workers (0: no step bound), and actions are ``cooldown_s`` apart.
+* Scale-down *names* the workers to remove (:func:`pick_removals`: idle first, then the least
+  work lost: fewest live plans, then the least run time they would lose). The core drains them
+  (``drain_deadline_s``); a provider stops each one only once :func:`drained_out` says so (no
+  live plan left: done, or taken back when the drain deadline passed).
+* A provider that fails is retried with exponential backoff (:class:`Backoff`).
 
 Time comes in as ``now``; nothing here reads a clock.
 """
@@ -23,15 +31,26 @@ Time comes in as ``now``; nothing here reads a clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from coordinator.placement.plan_queue import PlanQueue, Signature
 from coordinator.plans import Plan
 from coordinator.registry import WorkerRegistry
+from coordinator.workers import WorkerRecord
 
-__all__ = ["AutoscaleConfig", "Autoscaler", "Decision", "PoolSignal", "pool_name", "pool_signals"]
+__all__ = [
+    "AutoscaleConfig",
+    "Autoscaler",
+    "Backoff",
+    "Decision",
+    "PoolSignal",
+    "drained_out",
+    "pick_removals",
+    "pool_name",
+    "pool_signals",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,8 @@ class AutoscaleConfig:
     downscale_delay_s: float = 600.0
     cooldown_s: float = 60.0
     interval_s: float = 1.0  # how often the signal is sampled
+    max_step: int = 0  # most workers one scale-up adds (0: no bound but max_workers)
+    drain_deadline_s: float | None = 300.0  # a removed worker's plans are taken back after this (None: never)
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when a setting cannot work."""
@@ -57,6 +78,12 @@ class AutoscaleConfig:
         for name in ("upscale_delay_s", "downscale_delay_s", "cooldown_s", "interval_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"autoscale {name} must be >= 0, got {getattr(self, name)}")
+        if self.max_step < 0:
+            raise ValueError(f"autoscale max_step must be >= 0 (0: no bound), got {self.max_step}")
+        if self.drain_deadline_s is not None and not (
+            math.isfinite(self.drain_deadline_s) and self.drain_deadline_s >= 0
+        ):
+            raise ValueError(f"autoscale drain deadline must be >= 0 seconds, got {self.drain_deadline_s}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +92,7 @@ class PoolSignal:
 
     ongoing: int  # queued + leased + running plans of the pool
     current: int  # alive workers in the pool
+    members: tuple[str, ...] = ()  # their ids (scale-down picks among them)
 
 
 @dataclass(frozen=True)
@@ -79,6 +107,7 @@ class Decision:
     alive: int
     at_s: float
     held_s: float
+    workers: tuple[str, ...] = ()  # scale_down: the workers to remove (drained by the core)
 
     def as_dict(self) -> dict[str, Any]:
         """The decision as the JSON object admins and the hook command receive."""
@@ -91,6 +120,7 @@ class Decision:
             "alive": self.alive,
             "at_s": round(self.at_s, 3),
             "held_s": round(self.held_s, 3),
+            "workers": list(self.workers),
         }
 
 
@@ -134,6 +164,11 @@ class Autoscaler:
         """The target worker count of every pool seen (read by ``/metrics``)."""
         return {name: state.target for name, state in self._pools.items()}
 
+    def members(self, pool: str) -> tuple[str, ...]:
+        """The alive, undrained workers of ``pool`` at its last sample (scale-down picks among them)."""
+        state = self._pools.get(pool)
+        return state.last.members if state is not None else ()
+
     def observe(self, now: float, signals: Mapping[str, PoolSignal]) -> list[Decision]:
         """Take one sample of every pool; returns the decisions it makes now.
 
@@ -151,7 +186,7 @@ class Autoscaler:
                 if state.target <= self.config.min_workers:
                     del self._pools[name]
                     continue
-                signal = PoolSignal(0, state.last.current)
+                signal = PoolSignal(0, state.last.current, state.last.members)
             state.last = signal
             decision = self._step(name, state, signal, now)
             if decision is not None:
@@ -180,17 +215,20 @@ class Autoscaler:
             return None
         if state.last_action_s is not None and now - state.last_action_s < c.cooldown_s:
             return None
+        held = state.held
+        if c.max_step and held > state.target:
+            held = min(held, state.target + c.max_step)  # the rate limit: at most max_step per action
         decision = Decision(
             pool=name,
-            action="scale_up" if state.held > state.target else "scale_down",
+            action="scale_up" if held > state.target else "scale_down",
             current=state.target,
-            desired=state.held,
+            desired=held,
             ongoing=signal.ongoing,
             alive=signal.current,
             at_s=now,
             held_s=now - since,
         )
-        state.target = state.held
+        state.target = held
         state.up_since = state.down_since = None
         state.last_action_s = now
         self.decisions_made += 1
@@ -233,6 +271,68 @@ def pool_signals(
     signals: dict[str, PoolSignal] = {}
     for signature, count in ongoing.items():
         members = registry.matching(signature, signature.meets)
-        current = sum(1 for w in members if not w.draining and registry.is_alive(w.id, now))
-        signals[pool_name(signature)] = PoolSignal(ongoing=count, current=current)
+        ids = tuple(w.id for w in members if not w.draining and registry.is_alive(w.id, now))
+        signals[pool_name(signature)] = PoolSignal(ongoing=count, current=len(ids), members=ids)
     return signals
+
+
+def pick_removals(
+    candidates: Iterable[WorkerRecord], count: int, plans: Mapping[str, Plan], now: float
+) -> list[str]:
+    """The ``count`` workers to remove from ``candidates``: idle first, then the least work lost.
+
+    Work lost is ranked by the live plans a worker holds, then by the run time those plans
+    have behind them (what a drain deadline would throw away); ties go by worker id.
+    """
+    if count <= 0:
+        return []
+
+    def cost(worker: WorkerRecord) -> tuple[int, float, str]:
+        live = [plans[p] for p in worker.leases if p in plans and not plans[p].terminal]
+        ran = sum(now - p.started_at_s for p in live if p.started_at_s is not None)
+        return len(live), ran, worker.id
+
+    return [w.id for w in sorted(candidates, key=cost)[:count]]
+
+
+def drained_out(registry: WorkerRegistry, plans: Mapping[str, Plan], worker_id: str) -> bool:
+    """Whether a worker being removed may be stopped: it is gone, or holds no live plan.
+
+    A drained worker's plans end on their own, or are taken back when its drain deadline
+    passes (coordinator/operator_requests.py); either way its leases empty.
+    """
+    if worker_id not in registry:
+        return True
+    worker = registry.get(worker_id)
+    return not any(p in plans and not plans[p].terminal for p in worker.leases)
+
+
+class Backoff:
+    """Retry spacing for a failing provider: ``base_s`` doubling per failure, at most ``cap_s``.
+
+    Args:
+        base_s: the wait after the first failure.
+        cap_s: the longest wait.
+    """
+
+    def __init__(self, base_s: float = 1.0, cap_s: float = 60.0) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.failures = 0  # in a row
+        self.retry_at_s = 0.0
+
+    def failed(self, now: float) -> float:
+        """Record a failure; returns how long to wait before the next try."""
+        self.failures += 1
+        wait = min(self.cap_s, self.base_s * 2.0 ** (self.failures - 1))
+        self.retry_at_s = now + wait
+        return wait
+
+    def succeeded(self) -> None:
+        """A try worked: the next failure waits ``base_s`` again."""
+        self.failures = 0
+        self.retry_at_s = 0.0
+
+    def ready(self, now: float) -> bool:
+        """Whether a try may run now."""
+        return now >= self.retry_at_s

@@ -33,7 +33,7 @@ import structlog
 
 from coordinator.data_plane import data_problem
 from coordinator.placement.placer import hints_problem
-from coordinator.plans import EVERY_PRINCIPAL, Plan, advance, submit_problem
+from coordinator.plans import EVERY_PRINCIPAL, Plan, advance, held_size, submit_problem
 from protocol import errors
 from protocol.messages import (
     Accepted,
@@ -52,6 +52,7 @@ from protocol.messages import (
     ListWorkers,
     Ok,
     PlanReply,
+    RemoveWorker,
     Submit,
     Subscribe,
     Subscribed,
@@ -95,6 +96,7 @@ class ClientSessions:
         new_id: makes a plan id when the client gives none.
         data: answers ``data_ticket`` (coordinator/data_plane.py); None: refused.
         relay: carries ``data_open``/``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py); None: ignored.
+        version: the coordinator's version, said in ``workers`` answers (``fleetwire status``).
     """
 
     def __init__(
@@ -113,7 +115,9 @@ class ClientSessions:
         new_id: Callable[[], str],
         data: DataPlane | None = None,
         relay: Relay | None = None,
+        version: str = "",
     ) -> None:
+        self._version = version  # the coordinator's, in ``workers`` answers
         self._data = data
         self._relay = relay
         self._plans = plans
@@ -150,13 +154,16 @@ class ClientSessions:
             case ListWorkers():
                 registry = self._registry
                 rows = [registry.info(r.id, now) for r in registry]
-                self._send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=registry.summary(now)))
+                self._send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=registry.summary(now),
+                                                 version=self._version))
             case ListPlans():
                 self._operator.list_plans(s, msg)
             case DrainWorker():
                 self._operator.drain(s, msg, now)
             case UndrainWorker():
                 self._operator.undrain(s, msg, now)
+            case RemoveWorker():
+                self._operator.remove(s, msg, now)
             case DataTicket():
                 plan = self._visible_plan(s, msg.plan_id, msg.req_id)
                 if plan is not None and self._data is not None:
@@ -195,15 +202,18 @@ class ClientSessions:
                 self._streams.replay(s.conn_id, existing, 0)
             return
         quota = self._quota
-        over_quota = quota.refusal(s.principal)
+        plan = Plan.from_submit(msg, "", s.principal, 0)
+        size = held_size(plan) if quota.max_bytes else 0
+        over_quota = quota.refusal(s.principal, size)
         if over_quota is not None:
             self._outbox.refuse_submit(s, msg.req_id, over_quota)
             return
         plan_id = msg.plan_id
         while plan_id is None or plan_id in plans:
             plan_id = self._new_id()
-        plan = plans[plan_id] = Plan.from_submit(msg, plan_id, s.principal, next(self._scheduler.orders))
-        quota.add(plan.owner, plan_id)
+        plan.id, plan.order = plan_id, next(self._scheduler.orders)
+        plans[plan_id] = plan
+        quota.add(plan.owner, plan_id, size)
         self._counters["plans_submitted"] += 1
         if msg.recovered:  # rare: the SDK re-sent an accepted plan this coordinator lost (a store loss)
             self._counters["plans_recovered_from_client"] += 1
@@ -230,18 +240,22 @@ class ClientSessions:
             # An admin session follows every principal's plans (EVERY_PRINCIPAL), now and future.
             subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
             targets.update((p.id, p) for p in self._plans.values() if _visible(s, p))
+            self._outbox.charge(len(self._plans))  # rows scanned (coordinator/limits.py §Cost per principal)
         self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets)))
         for plan in targets.values():
-            subscriptions.add(plan.id, s.conn_id)
             if msg.from_seq >= plan.next_seq:  # the subscriber saw events this coordinator lost (a store loss)
                 self._streams.catch_up(plan, msg.from_seq)
-            self._streams.replay(s.conn_id, plan, msg.from_seq)
+        # Followed and replayed plan by plan; a large replay goes out in slices (Streams.pump).
+        self._streams.subscribe_replay(s.conn_id, targets.values(), msg.from_seq)
 
     def _unsubscribe(self, s: Session, msg: Unsubscribe) -> None:
         if msg.all:
             self._subscriptions.drop(s.conn_id)
+            self._streams.drop_replays(s.conn_id)
         for plan_id in msg.plan_ids:
             self._subscriptions.remove(plan_id, s.conn_id)
+        if msg.plan_ids:
+            self._streams.drop_replays(s.conn_id, msg.plan_ids)
         self._send(s.conn_id, Ok(req_id=msg.req_id))
 
     def _cancel(self, s: Session, msg: Cancel) -> None:

@@ -26,6 +26,7 @@ never up; none of them imports this module)::
     scheduling.py         Scheduler       queue <-> placement <-> leases  <- Streams, Outbox, DataPlane
     recovery.py           Recovery        records, acks, restore, retries <- Scheduler
     operator_requests.py  OperatorRequests  list_plans, drain, undrain    <- Scheduler, Outbox
+    timeouts.py           RunTimeouts     timeout_s backstop              <- registry, Outbox, Streams
     worker_session.py     WorkerSessions  worker messages, the reaper     <- all of the above
     client_session.py     ClientSessions  client messages                 <- Streams, Scheduler, Outbox, operator
 
@@ -38,15 +39,16 @@ return to life, on a lease release, after a requeue (coordinator/scheduling.py).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final, assert_never, get_args
+from typing import Any, Final, assert_never, get_args
 
 import structlog
 
 from coordinator import scopes
-from coordinator.autoscaler import AutoscaleConfig, Autoscaler, pool_signals
+from coordinator.autoscaler import AutoscaleConfig, Autoscaler, Decision, pick_removals, pool_signals
 from coordinator.client_session import ClientSessions
 from coordinator.data_plane import DataPlane
 from coordinator.effects import Effects, Outbox
@@ -54,16 +56,18 @@ from coordinator.limits import PlanQuota
 from coordinator.operator_requests import OperatorRequests
 from coordinator.placement.placer import Placement, PlacementConfig
 from coordinator.placement.plan_queue import PlanQueue
-from coordinator.plans import EVERY_PRINCIPAL, Plan, Subscriptions
+from coordinator.plans import EVERY_PRINCIPAL, Plan, Subscriptions, held_size
+from coordinator.receipts import Footprint
 from coordinator.records import Journal, StoredPlan
 from coordinator.recovery import Recovery
-from coordinator.relay import Relay
 from coordinator.registry import WorkerRegistry
+from coordinator.relay import Relay
 from coordinator.retention import DEFAULT_RETENTION_BYTES, Retention
 from coordinator.scheduling import Scheduler
 from coordinator.sessions import Role, Session, SessionTable
 from coordinator.stats import PlanTimings
 from coordinator.streams import Streams
+from coordinator.timeouts import DEFAULT_GRACE_S, RunTimeouts
 from coordinator.worker_session import WorkerSessions
 from protocol import errors
 from protocol.codec import DecodeFailure
@@ -87,6 +91,7 @@ class CoreConfig:
     heartbeat_timeout_s: float = 30.0
     max_protocol_errors: int = 100  # per session; reaching it closes the session with 4400
     max_plans_per_client: int = 10_000  # unfinished plans per client principal (0: no limit; coordinator/limits.py)
+    max_bytes_per_client: int = 256 << 20  # ... and their bytes: args, requirements, overhead (0: no limit)
     max_events_per_plan: int = 10_000  # events held in memory per plan (coordinator/plans.py)
     max_event_bytes_per_plan: int = 64 << 20  # ... and their payload bytes (0: no byte bound)
     version: str = ""  # the coordinator's version, put in ``welcome``
@@ -100,6 +105,7 @@ class CoreConfig:
     relay_max_bytes: int = DEFAULT_MAX_BYTES  # ... and all relayed streams' credit together
     plan_retention_s: float = 86_400.0  # finished plans are forgotten this long after they end (0: never)
     plan_retention_bytes: int = DEFAULT_RETENTION_BYTES  # ... or, oldest first, past these retained bytes (0: none)
+    run_timeout_grace_s: float = DEFAULT_GRACE_S  # a running attempt past timeout_s + this fails (timeouts.py)
 
 
 class Coordinator:
@@ -126,11 +132,12 @@ class Coordinator:
         self.queue = PlanQueue()
         self.subscriptions = Subscriptions()
         self.sessions: SessionTable = {}
-        self.quota = PlanQuota(config.max_plans_per_client)  # coordinator/limits.py
+        self.quota = PlanQuota(config.max_plans_per_client, config.max_bytes_per_client)  # coordinator/limits.py
         self.timings = PlanTimings()  # queue-wait and run-time histograms (coordinator/io/metrics.py exports them)
+        self.footprint = Footprint()  # energy and CO2e of finished plans by principal and op (coordinator/receipts.py)
         # Every counter exists from the start, so a metrics scrape never misses one.
         self.counters: dict[str, int] = dict.fromkeys(
-            "plans_submitted plans_requeued events_forwarded stale_dropped protocol_errors workers_reaped"
+            "plans_submitted plans_requeued events_forwarded stale_dropped protocol_errors workers_reaped workers_left"
             " heartbeats plans_revoked scope_refused plans_refused"
             " plans_recovered_from_client results_recovered_from_worker".split(),
             0,
@@ -145,7 +152,7 @@ class Coordinator:
             counters=self.counters, retention_s=config.plan_retention_s, max_bytes=config.plan_retention_bytes,
         )
         self.streams = Streams(
-            outbox=self.outbox, subscriptions=self.subscriptions, journal=journal, quota=self.quota,
+            outbox=self.outbox, subscriptions=self.subscriptions, plans=self.plans, journal=journal, quota=self.quota,
             retention=self.retention, counters=self.counters, max_events=config.max_events_per_plan,
             max_event_bytes=config.max_event_bytes_per_plan,
         )
@@ -169,18 +176,25 @@ class Coordinator:
         self.operator = OperatorRequests(  # list_plans, drain_worker, undrain_worker (operator_requests.py)
             registry=self.registry, plans=self.plans, queue=self.queue, scheduler=self.scheduler, outbox=self.outbox,
         )
+        self.timeouts = RunTimeouts(  # the coordinator's own timeout_s backstop (coordinator/timeouts.py)
+            plans=self.plans, registry=self.registry, outbox=self.outbox, streams=self.streams, timings=self.timings,
+            grace_s=config.run_timeout_grace_s,
+        )
         self.workers = WorkerSessions(
             sessions=self.sessions, registry=self.registry, plans=self.plans, queue=self.queue,
             placement=self.placement, timings=self.timings, counters=self.counters, outbox=self.outbox,
             streams=self.streams, scheduler=self.scheduler, recovery=self.recovery, operator=self.operator,
             heartbeat_interval_s=config.heartbeat_interval_s, heartbeat_timeout_s=config.heartbeat_timeout_s,
             version=config.version, prefetch=config.placement.prefetch, data=self.data, relay=self.relay,
-            new_secret=new_secret or map("secret-{}".format, itertools.count(1)).__next__,
+            new_secret=new_secret or map("secret-{}".format, itertools.count(1)).__next__, timeouts=self.timeouts,
+            footprint=self.footprint, journal=journal,
         )
+        self.operator.remover = self.workers.remove  # remove_worker (operator_requests.py)
         self.clients = ClientSessions(
             plans=self.plans, registry=self.registry, subscriptions=self.subscriptions, quota=self.quota,
             journal=journal, counters=self.counters, outbox=self.outbox, streams=self.streams,
             scheduler=self.scheduler, operator=self.operator, new_id=new_id, data=self.data, relay=self.relay,
+            version=config.version,
         )
         # Bound once: one of these runs for every message.
         self._on_worker = self.workers.on_message
@@ -246,6 +260,7 @@ class Coordinator:
                 self.workers.detach(session, now)
             case "client":
                 self.subscriptions.drop(conn_id)
+                self.streams.drop_replays(conn_id)
             case _:
                 assert_never(session.role)
 
@@ -253,13 +268,21 @@ class Coordinator:
         """Reap workers silent past the timeout (§Registry); returns their ids, sorted.
 
         Finished plans past their retention are forgotten first (coordinator/retention.py),
+        running plans past ``timeout_s`` + grace fail ``timeout`` (coordinator/timeouts.py),
         drained workers past their deadline hand their plans back, and the autoscaler is fed.
         """
         self.streams.now = now
         self.retention.sweep(now)
+        self.timeouts.expire(now)  # running past timeout_s + grace: failed timeout (coordinator/timeouts.py)
         self.operator.tick(now)
         self._autoscale(now)
         return self.workers.reap(now)
+
+    def pump(self, budget: int, busy: Callable[[int], bool] | None = None) -> int:
+        """Send the next slices of large replays (coordinator/streams.py); the driver calls it once per
+        loop turn while ``streams.replaying``. ``busy(conn_id)``: that subscriber's replay waits.
+        Returns the events sent."""
+        return self.streams.pump(budget, busy)
 
     def take_effects(self) -> Effects:
         """What accumulated since the last call; the core forgets it."""
@@ -280,7 +303,7 @@ class Coordinator:
         finished: list[Plan] = []
         for plan in self.plans.values():  # restored unfinished plans count against their owner's quota
             if not plan.terminal:
-                self.quota.add(plan.owner, plan.id)
+                self.quota.add(plan.owner, plan.id, held_size(plan))
             else:
                 finished.append(plan)
         self.retention.restored(finished, now)  # their retention runs from their stored end time
@@ -321,9 +344,32 @@ class Coordinator:
             return
         signals = pool_signals(self.queue, self.registry, self.plans, now)
         for decision in self.autoscaler.observe(now, signals):
+            if decision.action == "scale_down":
+                decision = self._name_removals(decision, now)
             data = decision.as_dict()
             self.outbox.decided(data)
             log.info("autoscaler decision", **data)
             event = Event(plan_id="", kind="autoscale", data=data, seq=self.autoscaler.decisions_made)
             for conn_id in self.subscriptions.all_followers(EVERY_PRINCIPAL):
                 self.outbox.send(conn_id, event)
+
+    def autoscale_note(self, data: dict[str, Any]) -> None:
+        """Tell admin followers something the autoscaler's provider did (an ``autoscale`` event, plan_id "")."""
+        if self.autoscaler is None:
+            return
+        event = Event(plan_id="", kind="autoscale", data=data, seq=self.autoscaler.decisions_made)
+        for conn_id in self.subscriptions.all_followers(EVERY_PRINCIPAL):
+            self.outbox.send(conn_id, event)
+
+    def _name_removals(self, decision: Decision, now: float) -> Decision:
+        """A scale-down names its workers (idle first, then least work lost) and drains them."""
+        assert self.autoscaler is not None
+        registry = self.registry
+        members = [
+            registry.get(w) for w in self.autoscaler.members(decision.pool)
+            if w in registry and not registry.get(w).draining and registry.is_alive(w, now)
+        ]
+        victims = pick_removals(members, len(members) - decision.desired, self.plans, now)
+        for worker_id in victims:
+            self.operator.drain_record(registry.get(worker_id), self.autoscaler.config.drain_deadline_s, now)
+        return dataclasses.replace(decision, workers=tuple(victims))

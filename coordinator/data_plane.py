@@ -91,6 +91,8 @@ class DataPlane:
         self.wall_offset = 0.0
         """Unix time minus the core's ``now`` (the driver sets it; tickets' expiries are Unix time)."""
         self._masters: list[tuple[str, bytes]] = []  # current first, then the previous one
+        self.tickets_issued = 0
+        """Tickets signed so far (``data_ready`` and ``data_ticket``; the metric ``fleetwire_data_tickets_issued``)."""
         self._rotated_at: float | None = None
 
     # ------------------------------------------------------------------ keys
@@ -145,6 +147,7 @@ class DataPlane:
         expires_at = now + self.wall_offset + self.ticket_ttl_s
         claims = TicketClaims(plan.id, plan.attempt, worker_id, direction, files, expires_at)
         url = self._registry.get(worker_id).data_url if worker_id in self._registry else ""
+        self.tickets_issued += 1
         return DataGrant(
             req_id=req_id, plan_id=plan.id, attempt=plan.attempt, worker_id=worker_id, url=url,
             ticket=sign(claims, kid, worker_key(secret, worker_id)), direction=direction, expires_at=expires_at,

@@ -63,6 +63,13 @@ class Outbox:
         self._counters = counters
         self._max_protocol_errors = max_protocol_errors
         self._effects = Effects()
+        self.work = 0
+        """Work units charged so far (issue 17 finding 1): rows scanned, events replayed. The driver
+        reads the difference around each input, adds one per message and charges the principal."""
+
+    def charge(self, units: int) -> None:
+        """Count work an input cost beyond its one message (the driver bounds it per frame and principal)."""
+        self.work += units
 
     def take(self) -> Effects:
         """The effects accumulated since the last call; the outbox starts a new step empty."""

@@ -13,14 +13,30 @@ Rules (docs/OPERATIONS.md §Security and §Test matrix rows 15-22):
   reading from it until the bucket refills, which pushes back through TCP); a peer that
   stays over it for ``flood_grace_s`` without a break is closed with 4429.
 * **Unfinished plans per principal**: a ``submit`` past ``max_plans_per_client`` queued,
-  leased or running plans is answered ``error(too_many_plans)``; nothing is dropped. The core
+  leased or running plans, or past ``max_bytes_per_client`` bytes of them (args, requirements
+  and a fixed overhead per plan; issue 17 finding 3), is answered ``error(too_many_plans)``
+  with a message naming the count or the bytes; nothing is dropped. The core
   enforces it (``PlanQuota``), so that limit is a ``CoreConfig`` field, as are the per-plan
   event bounds ``max_events_per_plan`` and ``max_event_bytes_per_plan``.
 * **Outgoing buffer**, per session: messages waiting for a peer that does not read are
   bounded by ``max_pending_messages`` and by about ``max_pending_bytes``; past either the
   session is closed with 4503 and the buffer freed (the peer resumes from its last ``seq``
-  after reconnecting). What the writer has already taken (one batch) is not counted, so a
-  large replay to a peer that reads is not mistaken for one that does not.
+  after reconnecting). The bytes are measured where they are known: the encoded frames the
+  writer has taken and not yet sent and the socket's write buffer, plus an estimate of the
+  messages not yet encoded (issue 17 finding 2: a ``plans`` reply used to count as 64 bytes). A
+  large replay to a peer that reads is sent in slices (``Streams.pump``), so it is not
+  mistaken for one that does not read.
+* **Cost per principal** (issue 17 finding 1): every request is charged what it costs, in
+  *work units* (one per message, plus the rows a ``list_plans`` or ``subscribe`` scans and the
+  events a replay sends; the core counts them, ``Outbox.work``), against a token bucket per
+  principal (``cost_rate`` units per second, ``cost_burst`` at once) shared by all its
+  connections. A principal over it is throttled: its readers stop reading until the bucket
+  refills. Within one frame, once its requests have cost ``frame_cost_budget`` units the rest
+  wait for the next loop turn, so one frame of expensive requests never holds the loop.
+* **Connections per principal** (finding 4): one principal may hold at most
+  ``max_connections_per_principal`` open sessions (default a quarter of ``max_connections``, at least 16),
+  and clients may not take the last ``worker_connection_reserve`` slots (default a tenth),
+  which only workers may use; past either the upgrade is answered 503.
 * **Penalty box**: a peer closed for abuse (1009 oversize frame, 4400 protocol violations,
   4429 flood) is refused at its next upgrades with HTTP 429 and ``Retry-After`` for a
   cool-off of ``penalty_base_s``, doubling with each further offence up to
@@ -97,6 +113,14 @@ class Limits:
         allowed_hosts: with ``--insecure``, ``Host`` names accepted besides loopback ones.
         refusal_log_burst: refusals per peer address and interval logged one by one.
         refusal_log_interval_s: the interval; the rest are summed up in one line at its end.
+        max_connections_per_principal: open sessions one client principal may hold; None: a
+            quarter of ``max_connections``, at least 16; 0: no limit.
+        worker_connection_reserve: of ``max_connections``, slots only workers may take; None:
+            a tenth of it; 0: none.
+        cost_rate / cost_burst: work units per second a principal may spend, and at once
+            (:class:`TokenBucket` without the close); 0 rate: no limit.
+        frame_cost_budget: work units one frame's requests may cost before the rest wait for
+            the next loop turn.
     """
 
     max_connections: int = 10_000
@@ -122,10 +146,18 @@ class Limits:
     allowed_hosts: tuple[str, ...] = ()
     refusal_log_burst: int = 5
     refusal_log_interval_s: float = 60.0
+    max_connections_per_principal: int | None = None  # None: a quarter of max_connections (>= 16); 0: no limit
+    worker_connection_reserve: int | None = None  # None: a tenth of max_connections; 0: none
+    cost_rate: float = 200_000.0  # work units per second per principal; 0: no limit
+    cost_burst: int = 1_000_000
+    frame_cost_budget: int = 20_000  # work units of one frame's requests per loop turn
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first limit that cannot work."""
-        for name in ("max_connections", "max_commit_backlog_bytes", "max_pending_handshakes", "refusal_log_burst"):
+        for name in ("max_connections", "max_commit_backlog_bytes", "max_pending_handshakes", "refusal_log_burst",
+                     "max_connections_per_principal", "worker_connection_reserve"):
+            if getattr(self, name) is None:
+                continue
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
         if not self.handshake_timeout_s > 0:
@@ -134,6 +166,11 @@ class Limits:
             raise ValueError(f"refusal log interval must be > 0 seconds, got {self.refusal_log_interval_s}")
         if not self.close_timeout_s > 0:
             raise ValueError(f"close timeout must be > 0 seconds, got {self.close_timeout_s}")
+        if not self.cost_rate >= 0:
+            raise ValueError(f"cost_rate must be >= 0 work units/s (0: no limit), got {self.cost_rate}")
+        for name in ("cost_burst", "frame_cost_budget"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 work units, got {getattr(self, name)}")
         for name in ("worker_rate", "client_rate"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 messages/s (0: no limit), got {getattr(self, name)}")
@@ -159,6 +196,48 @@ class Limits:
         """The largest frame a ``role`` session may send."""
         value = self.worker_frame_bytes if role == "worker" else self.client_frame_bytes
         return default if value is None else value
+
+    @property
+    def principal_connections(self) -> int:
+        """Open sessions one principal may hold (0: no limit)."""
+        if self.max_connections_per_principal is not None:
+            return self.max_connections_per_principal
+        # A quarter, but at least 16 (a small --max-connections is a test or a laptop, not a shared fleet).
+        return max(self.max_connections // 4, min(self.max_connections, 16)) if self.max_connections else 0
+
+    @property
+    def worker_reserve(self) -> int:
+        """Of ``max_connections``, the slots only workers may take."""
+        if self.worker_connection_reserve is not None:
+            return self.worker_connection_reserve
+        return self.max_connections // 10
+
+    def connection_refusal(self, role: Role, principal: str, open_sessions: int, held: int) -> str | None:
+        """Why a new ``role`` session of ``principal`` is refused (503), or None.
+
+        ``open_sessions``: sessions open now; ``held``: those of ``principal``.
+        """
+        limit = self.max_connections
+        if limit and open_sessions >= limit:
+            return f"the coordinator is at its limit of {limit} connections; retry later"
+        if role == "client" and limit and open_sessions >= limit - self.worker_reserve:
+            return (
+                f"the coordinator's last {self.worker_reserve} of {limit} connections are kept for workers "
+                "(--worker-connection-reserve); retry later"
+            )
+        share = self.principal_connections
+        if role == "client" and share and held >= share:  # a worker token is often a whole fleet's
+            return (
+                f"{principal!r} already holds {held} connections, its share of the coordinator's "
+                f"(--max-connections-per-principal {share}); close some or retry later"
+            )
+        return None
+
+    def cost_bucket(self, now: float) -> TokenBucket | None:
+        """A principal's cost limiter (throttles only; never closes); None when off."""
+        if self.cost_rate <= 0:
+            return None
+        return TokenBucket(self.cost_rate, self.cost_burst, float("inf"), now)
 
     def bucket(self, role: Role, now: float) -> TokenBucket | None:
         """A fresh rate limiter for a new ``role`` connection; None when the role has no limit."""
@@ -268,47 +347,68 @@ class PenaltyBox:
 
 
 class PlanQuota:
-    """Unfinished plans per principal, so one client cannot fill the queue for everyone.
+    """Unfinished plans per principal, by count and by bytes, so one client cannot fill the queue or memory.
 
     The core adds a plan when it is submitted and releases it when its terminal event is
-    emitted; both are O(1) and idempotent.
+    emitted; both are O(1) and idempotent. Each plan is counted with its size (its args and
+    requirements as the core sizes payloads, and a fixed overhead: issue 17 finding 3).
 
     Args:
         limit: the most unfinished plans a principal may hold; 0: no limit.
+        max_bytes: the most bytes of unfinished plans a principal may hold; 0: no byte limit.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_bytes: int = 0) -> None:
         self.limit = limit
-        self._open: dict[str, set[str]] = {}
+        self.max_bytes = max_bytes
+        self._open: dict[str, dict[str, int]] = {}  # principal -> plan id -> its size
+        self._bytes: dict[str, int] = {}
 
-    def refusal(self, principal: str) -> str | None:
-        """Why ``principal`` may not submit one more plan now, or None if it may."""
-        if self.limit <= 0:
-            return None
-        held = len(self._open.get(principal, ()))
-        if held < self.limit:
-            return None
-        return (
-            f"{principal!r} already has {held} unfinished plans, the limit "
-            f"(coordinator flag --max-plans-per-client); wait for some to finish or cancel them"
-        )
-
-    def add(self, principal: str, plan_id: str) -> None:
-        """Count a new unfinished plan."""
+    def refusal(self, principal: str, size: int = 0) -> str | None:
+        """Why ``principal`` may not submit one more plan (of ``size`` bytes) now, or None if it may."""
         if self.limit > 0:
-            self._open.setdefault(principal, set()).add(plan_id)
+            held = len(self._open.get(principal, ()))
+            if held >= self.limit:
+                return (
+                    f"{principal!r} already has {held} unfinished plans, the limit "
+                    f"(coordinator flag --max-plans-per-client); wait for some to finish or cancel them"
+                )
+        if self.max_bytes > 0:
+            held_bytes = self._bytes.get(principal, 0)
+            if held_bytes + size > self.max_bytes:
+                return (
+                    f"{principal!r} holds {held_bytes} bytes of unfinished plans and this one is {size} bytes, past "
+                    f"the byte limit of {self.max_bytes} (coordinator flag --max-bytes-per-client); wait for some "
+                    "to finish, cancel them, or send smaller args"
+                )
+        return None
+
+    def add(self, principal: str, plan_id: str, size: int = 0) -> None:
+        """Count a new unfinished plan of ``size`` bytes."""
+        if self.limit > 0 or self.max_bytes > 0:
+            plans = self._open.setdefault(principal, {})
+            if plan_id not in plans:
+                plans[plan_id] = size
+                self._bytes[principal] = self._bytes.get(principal, 0) + size
 
     def release(self, principal: str, plan_id: str) -> None:
         """The plan finished; a plan not counted is ignored."""
         plans = self._open.get(principal)
         if plans is not None:
-            plans.discard(plan_id)
+            size = plans.pop(plan_id, None)
+            if size is not None:
+                self._bytes[principal] -= size
             if not plans:
                 del self._open[principal]
+                self._bytes.pop(principal, None)
 
     def held(self, principal: str) -> int:
         """Unfinished plans counted for ``principal``."""
         return len(self._open.get(principal, ()))
+
+    def held_bytes(self, principal: str) -> int:
+        """Bytes of unfinished plans counted for ``principal``."""
+        return self._bytes.get(principal, 0)
 
 
 def origin_refused(origin: str | None, host: str | None, allowed: tuple[str, ...]) -> str | None:

@@ -1,11 +1,17 @@
-"""Operator requests the core answers: ``list_plans``, ``drain_worker``, ``undrain_worker``.
+"""Operator requests the core answers: ``list_plans``, ``drain_worker``, ``undrain_worker``, ``remove_worker``.
 
 Rules (docs/SEMANTICS.md §Operator requests):
 
 * ``list_plans`` shows the plans the session may see (its principal's; an admin's: all), newest
   first, optionally only some states, at most ``limit``; with them the queue in placement order
   (priority, then age) and the count of visible plans per state. It costs one pass over the plans,
-  so dashboards poll it every few seconds, not per event.
+  so dashboards poll it every few seconds, not per event; the pass is charged to the principal
+  (``Outbox.charge``, coordinator/limits.py §Cost per principal).
+* Listings are **summaries** and **pages** (issue 17 findings 5 and 11): a row carries no result
+  (``result_bytes`` gives its size; ``get_plan`` the body), a cut error message and waiting
+  reason; a page stops at about :data:`PAGE_BYTES` even below ``limit`` and says where the next
+  starts (``next_cursor``: the submit order of its last row; plans older than it follow). The
+  queue list stops at about :data:`QUEUE_BYTES`. No reply can exceed a peer's frame limit.
 * ``drain_worker`` marks a worker *draining*: placement skips it (it has no capacity), its
   session is sent ``drain(deadline_s)``, and plans waiting on it are told why. Running plans may
   finish. With a deadline, whatever it still holds when the deadline passes is taken back: the
@@ -15,7 +21,11 @@ Rules (docs/SEMANTICS.md §Operator requests):
   its ``welcome``) until ``undrain_worker`` or until it is reaped.
 * ``undrain_worker`` clears the mark, sends ``undrain``, forgives the worker's earlier rejects
   (made while draining) and places queued plans on it.
-* ``drain_worker`` and ``undrain_worker`` are operator actions: a session without the admin
+* ``remove_worker`` removes a worker for good, *at once* (a graceful removal is ``drain_worker``
+  with a deadline first): its live attempts are cancelled on the worker and the plans requeued at
+  no cost in attempts, its record is forgotten, its session closed 4410, and a later ``hello``
+  with its id is refused the same way until the coordinator restarts (coordinator/worker_session.py).
+* ``drain_worker``, ``undrain_worker`` and ``remove_worker`` are operator actions: a session without the admin
   role gets ``error(forbidden)`` and nothing changes (``list_plans`` stays open to clients: it
   shows only their own plans).
 * An unknown worker id answers ``error(unknown_worker)``; a negative or non-finite deadline,
@@ -30,6 +40,7 @@ and the outbox (coordinator/effects.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -44,6 +55,7 @@ from protocol.messages import (
     Ok,
     PlanInfo,
     Plans,
+    RemoveWorker,
     Undrain,
     UndrainWorker,
 )
@@ -62,6 +74,8 @@ __all__ = ["MAX_LIST_LIMIT", "OperatorRequests"]
 log = structlog.get_logger(__name__)
 
 MAX_LIST_LIMIT = 10_000
+PAGE_BYTES = 256 * 1024  # about the most a page of ``plans`` rows encodes to; the rest via ``next_cursor``
+QUEUE_BYTES = 64 * 1024  # ... and its queue of plan ids
 
 
 class OperatorRequests:
@@ -90,21 +104,35 @@ class OperatorRequests:
         self._scheduler = scheduler
         self._outbox = outbox
         self._deadlines: dict[str, float] = {}  # worker id -> when its remaining plans are taken back
+        # Set by the core: WorkerSessions.remove (it owns the sessions and secrets a removal clears).
+        self.remover: Callable[[str, float], None] | None = None
 
     # ------------------------------------------------------------------ list_plans
 
     def list_plans(self, s: Session, msg: ListPlans) -> None:
-        """Answer ``list_plans`` with ``plans`` (see the module docstring)."""
+        """Answer ``list_plans`` with one page of ``plans`` (see the module docstring)."""
         if not 1 <= msg.limit <= MAX_LIST_LIMIT:
             self._error(s, msg.req_id, errors.INVALID_ARGUMENT, f"limit must be 1..{MAX_LIST_LIMIT} (got {msg.limit})")
             return
+        before: int | None = None
+        if msg.cursor:
+            try:
+                before = int(msg.cursor)
+            except ValueError:
+                problem = f"cursor {msg.cursor[:40]!r} is not one this coordinator gave (use a reply's next_cursor)"
+                self._error(s, msg.req_id, errors.INVALID_ARGUMENT, problem)
+                return
         wanted = frozenset(msg.states)
         counts: dict[str, int] = {}
         listed: list[PlanInfo] = []
         queued: list[Plan] = []
-        total = 0
+        total = scanned = size = 0
+        last_order = -1
+        next_cursor = ""
+        full = False
         # Plans are held in submit order, so walking backwards is newest first without a sort.
         for plan in reversed(self._plans.values()):
+            scanned += 1
             if not (s.admin or plan.owner == s.principal):
                 continue
             counts[plan.state] = counts.get(plan.state, 0) + 1
@@ -113,11 +141,32 @@ class OperatorRequests:
             if wanted and plan.state not in wanted:
                 continue
             total += 1
-            if len(listed) < msg.limit:
-                listed.append(plan.info())
+            if before is not None and plan.order >= before:
+                continue
+            if full:
+                if not next_cursor:
+                    next_cursor = str(last_order)
+                continue
+            row = plan.summary_bytes()
+            if listed and size + row > PAGE_BYTES:  # a page stays far under every frame limit
+                full = True
+                next_cursor = str(last_order)
+                continue
+            listed.append(plan.summary())
+            size += row
+            last_order = plan.order
+            full = len(listed) >= msg.limit
         queued.sort(key=lambda p: (-p.priority, p.order))
-        queue = [p.id for p in queued[: msg.limit]]
-        self._outbox.send(s.conn_id, Plans(req_id=msg.req_id, plans=listed, queue=queue, counts=counts, total=total))
+        queue: list[str] = []
+        room = QUEUE_BYTES
+        for p in queued[: msg.limit]:
+            room -= len(p.id) + 4
+            if room < 0:
+                break
+            queue.append(p.id)
+        self._outbox.charge(scanned + 4 * len(listed))  # rows scanned and rows built (coordinator/limits.py)
+        reply = Plans(req_id=msg.req_id, plans=listed, queue=queue, counts=counts, total=total, next_cursor=next_cursor)
+        self._outbox.send(s.conn_id, reply)
 
     # ------------------------------------------------------------------ drain / undrain
 
@@ -133,6 +182,11 @@ class OperatorRequests:
         record = self._record(s, msg.req_id, msg.worker_id)
         if record is None:
             return
+        self._outbox.send(s.conn_id, Ok(req_id=msg.req_id))
+        self.drain_record(record, deadline_s, now)
+
+    def drain_record(self, record: WorkerRecord, deadline_s: float | None, now: float) -> None:
+        """Drain one worker (``drain_worker``, and the autoscaler's scale-down): mark, tell, schedule."""
         record.draining = True
         if deadline_s is None:
             record.drain_deadline_s = None
@@ -142,7 +196,6 @@ class OperatorRequests:
         if record.conn_id is not None:
             self._outbox.send(record.conn_id, Drain(deadline_s=deadline_s))
         log.info("worker draining", worker_id=record.id, deadline_s=deadline_s, leases=len(record.leases))
-        self._outbox.send(s.conn_id, Ok(req_id=msg.req_id))
         self._scheduler.refresh_waiting(now)
         self.tick(now)  # a zero deadline takes its plans back at once
 
@@ -165,6 +218,18 @@ class OperatorRequests:
             self._plans[plan_id].avoid -= {record.id}
         self._scheduler.fill_worker(record, now)
         self._scheduler.refresh_waiting(now)
+
+    def remove(self, s: Session, msg: RemoveWorker, now: float) -> None:
+        """Answer ``remove_worker``: the worker goes at once, its plans back to the queue."""
+        if not self._admin(s, msg.req_id, "remove_worker"):
+            return
+        record = self._record(s, msg.req_id, msg.worker_id)
+        if record is None:
+            return
+        self._deadlines.pop(record.id, None)
+        assert self.remover is not None
+        self.remover(record.id, now)
+        self._outbox.send(s.conn_id, Ok(req_id=msg.req_id))
 
     def registered(self, record: WorkerRecord, now: float) -> None:
         """A worker (re)registered: a drained one is told again, right after its ``welcome``."""

@@ -39,6 +39,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from coordinator.devices import GpuNeed, resources_problem
 from coordinator.errors import InvalidTransition
 from protocol.caps import MAX_OP_BYTES, MAX_PLAN_ID_BYTES, tags_problem, too_long
 from protocol.messages import (
@@ -49,7 +50,9 @@ from protocol.messages import (
     OutputSpec,
     PlanInfo,
     PlanStateName,
+    Receipt,
     Requirements,
+    Resources,
     RoutingHints,
     Submit,
 )
@@ -64,6 +67,7 @@ __all__ = [
     "Subscriptions",
     "advance",
     "done_event",
+    "held_size",
     "submit_problem",
 ]
 
@@ -80,6 +84,7 @@ PlanEventName = Literal[
     "worker_lost.final",
     "retry",
     "handback",
+    "timeout",
 ]
 
 _LIVE: Final = ("leased", "running")
@@ -101,6 +106,9 @@ TRANSITIONS: Final[dict[tuple[PlanStateName, PlanEventName], PlanStateName]] = {
     # when it left (goodbye): both queued again without counting against max_attempts.
     **{(state, "retry"): "queued" for state in _LIVE},
     **{(state, "handback"): "queued" for state in _LIVE},
+    # The coordinator's own timeout_s backstop: the worker never reported the attempt ended
+    # (coordinator/timeouts.py). Only a running attempt has a clock.
+    ("running", "timeout"): "failed",
 }
 
 # The ``all`` subscription key of admin sessions: they follow every principal's plans.
@@ -191,6 +199,11 @@ class Plan:
     inputs: list[InputSpec] = field(default_factory=list)  # uploaded to its worker (coordinator/data_plane.py)
     outputs: list[str] = field(default_factory=list)  # output names the client declared
     produced: list[OutputSpec] = field(default_factory=list)  # outputs its last attempt left on its worker
+    result_size: int = -1  # event_bytes(result), once known (a finished plan's; -1: not sized yet)
+    resources: Resources | None = None  # its device request, as submitted (None: none)
+    gpus: GpuNeed | None = None  # the devices it holds while leased (coordinator/devices.py)
+    projected: tuple[float, float] | None = None  # (J, gCO2e) placement projected at its last assign
+    receipt: Receipt | None = None  # a finished plan's energy and carbon, measured and projected
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -209,6 +222,8 @@ class Plan:
             retries=msg.retries,
             inputs=msg.inputs,
             outputs=msg.outputs,
+            resources=msg.resources,
+            gpus=GpuNeed.of(msg.resources),
         )
 
     @property
@@ -296,6 +311,62 @@ class Plan:
         start = bisect.bisect_right(self.events, from_seq, key=lambda e: e.seq)
         return self.events[start:]
 
+    def result_bytes(self) -> int:
+        """The result's size as :func:`event_bytes` counts it (0 without one); sized once the plan ended."""
+        if self.result is None:
+            return 0
+        if self.result_size >= 0:
+            return self.result_size
+        size = event_bytes(self.result) - 16
+        if self.terminal:  # a finished plan's result no longer changes
+            self.result_size = size
+        return size
+
+    def summary(self) -> PlanInfo:
+        """The listing (``plans``) view: no result body (its size instead), short error and reason.
+
+        A listing must stay small whatever plans hold (issue 17 findings 5 and 11): the result is
+        fetched on demand with ``get_plan``.
+        """
+        error = self.error
+        if error is not None and (error.detail is not None or len(error.message) > SUMMARY_TEXT):
+            error = ErrorInfo(error.code, error.message[:SUMMARY_TEXT])
+        reason = self.waiting_reason
+        if reason is not None and len(reason) > SUMMARY_TEXT:
+            reason = reason[: SUMMARY_TEXT - 3] + "..."
+        info = PlanInfo(
+            id=self.id,
+            op=self.op,
+            state=self.state,
+            attempt=self.attempt,
+            worker_id=self.worker_id,
+            priority=self.priority,
+            requirements=self.requirements,
+            error=error,
+            last_seq=self.next_seq - 1,
+            waiting_reason=reason,
+            result_bytes=self.result_bytes(),
+        )
+        if self.terminal:  # a finished plan's footprint: who, when, how much (``plans --since --by``)
+            info.receipt, info.owner, info.ended_at = self.receipt, self.owner, self.ended_at
+        return info
+
+    def summary_bytes(self) -> int:
+        """About how many bytes :meth:`summary` encodes to (a page of a listing is bounded by them)."""
+        size = 96 + len(self.id) + len(self.op) + len(self.worker_id or "")
+        tags = self.requirements.tags
+        if tags:
+            size += sum(map(len, tags)) + 2 * len(tags)
+        if self.waiting_reason is not None:
+            size += min(len(self.waiting_reason), SUMMARY_TEXT)
+        if self.error is not None:
+            size += min(len(self.error.message), SUMMARY_TEXT) + len(self.error.code)
+        if self.terminal:
+            size += 24 + len(self.owner)
+            if self.receipt is not None:
+                size += RECEIPT_BYTES + sum(len(d) + 2 for d in self.receipt.devices)
+        return size
+
     def info(self) -> PlanInfo:
         """The ``get_plan``/``cancel`` view of this plan."""
         return PlanInfo(
@@ -310,6 +381,10 @@ class Plan:
             error=self.error,
             last_seq=self.next_seq - 1,
             waiting_reason=self.waiting_reason,
+            owner=self.owner,
+            history=list(self.history),
+            ended_at=self.ended_at,
+            receipt=self.receipt,
         )
 
 
@@ -344,6 +419,8 @@ def submit_problem(msg: Submit) -> str | None:
         return "plan_id must be non-empty when given"
     if msg.requirements.min_gpu_memory_bytes < 0:
         return f"requirements.min_gpu_memory_bytes must be >= 0 (got {msg.requirements.min_gpu_memory_bytes})"
+    if msg.resources is not None and (problem := resources_problem(msg.resources)) is not None:
+        return problem
     # Name caps (protocol/caps.py): names go into logs, indexes and every reply about the plan.
     # The usual short names and no tags cannot exceed them: one cheap test on the hot path.
     short = len(msg.op) <= MAX_OP_BYTES // 4 and len(msg.plan_id or "") <= MAX_PLAN_ID_BYTES // 4
@@ -426,9 +503,21 @@ def _discard(index: dict[Any, set[Any]], key: Any, member: Any) -> None:
             del index[key]
 
 _encode = msgspec.msgpack.Encoder().encode
+RECEIPT_BYTES: Final = 240  # a receipt's encoding without its device names, at most (its fields and floats)
+SUMMARY_TEXT: Final = 512  # a listing's error message and waiting reason are cut to this many characters
 SMALL_EVENT_BYTES: Final = 128  # what a lifecycle event of a few scalars is counted as (not encoded to size it)
 # What a finished plan's Python objects take beyond its payloads (measured: tests/unit/test_retention.py).
 PLAN_OVERHEAD_BYTES: Final = 1024
+
+
+def held_size(plan: Plan) -> int:
+    """What an unfinished plan is counted as against its owner's byte limit (coordinator/limits.py
+    ``PlanQuota``): its args, its requirement tags and the fixed overhead of a plan."""
+    size = PLAN_OVERHEAD_BYTES + event_bytes(plan.args)
+    tags = plan.requirements.tags
+    if tags:
+        size += sum(map(len, tags)) + 64 * len(tags)  # each tag is its own str object (~50 bytes) + a slot
+    return size
 
 
 def event_bytes(data: Any) -> int:

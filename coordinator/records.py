@@ -23,7 +23,8 @@ the same id, leaves the new plan), and a journal's batch is forgets, creations, 
   ``next_seq`` even when the batch only held ephemeral events, so a restarted coordinator
   never hands out a seq a subscriber has already seen. A finished plan's carries ``ended_at``
   (Unix time), so its retention survives a restart; a store written before it had the field
-  decodes it as None (coordinator/retention.py).
+  decodes it as None (coordinator/retention.py). Its ``receipt`` (energy and carbon) is optional
+  the same way: a status without one encodes exactly as before (``omit_defaults``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 import msgspec
 
 from coordinator.plans import Plan
-from protocol.messages import ErrorInfo, Event, PlanStateName, Submit
+from protocol.messages import ErrorInfo, Event, PlanStateName, Receipt, Submit
 
 __all__ = ["Journal", "PlanCreated", "PlanForgotten", "PlanStatus", "Record", "StoredPlan", "status_of"]
 
@@ -67,6 +68,7 @@ class PlanStatus(msgspec.Struct, frozen=True, omit_defaults=True):
     free_attempts: int = 0
     history: list[dict[str, Any]] = []
     ended_at: float | None = None  # Unix time it reached its terminal state (retention runs from it)
+    receipt: Receipt | None = None  # a finished plan's energy and carbon (coordinator/receipts.py); None: none
 
 
 class PlanForgotten(msgspec.Struct, frozen=True):
@@ -102,6 +104,7 @@ def status_of(plan: Plan) -> PlanStatus:
         free_attempts=plan.free_attempts,
         history=list(plan.history),
         ended_at=plan.ended_at,
+        receipt=plan.receipt,
     )
 
 

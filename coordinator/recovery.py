@@ -80,6 +80,7 @@ def plan_from_store(stored: StoredPlan) -> Plan:
         plan.history = list(status.history)
         plan.next_seq = status.next_seq
         plan.ended_at = status.ended_at
+        plan.receipt = status.receipt
     plan.next_seq = max(plan.next_seq, last_held + 1)
     return plan
 
@@ -262,8 +263,11 @@ class Recovery:
 
     # ------------------------------------------------------------------ hand-back and retries
 
-    def hand_back(self, worker_id: str, now: float) -> None:
-        """A leaving worker's unfinished leases go back to the queue now, at no cost in attempts."""
+    def hand_back(self, worker_id: str, now: float, removed: bool = False) -> None:
+        """A leaving worker's unfinished leases go back to the queue now, at no cost in attempts.
+
+        ``removed``: an operator removed it (``remove_worker``) rather than it saying goodbye.
+        """
         registry, plans = self._registry, self._plans
         if worker_id not in registry:
             return
@@ -276,8 +280,9 @@ class Recovery:
             advance(plan, "handback")
             plan.free_attempts += 1
             self._counters["plans_handed_back"] += 1
-            note_attempt(plan, "handed_back", f"worker {worker_id} left (goodbye)")
-            self._scheduler.requeue(plan, f"worker {worker_id} left and handed it back", now)
+            how = "was removed by an operator" if removed else "left"
+            note_attempt(plan, "handed_back", f"worker {worker_id} {how}" + ("" if removed else " (goodbye)"))
+            self._scheduler.requeue(plan, f"worker {worker_id} {how} and handed it back", now)
 
     def retry(self, plan: Plan, worker_id: str, error: ErrorInfo, now: float) -> None:
         """A failed attempt of a plan with retries left: queue it again."""

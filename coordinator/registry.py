@@ -38,10 +38,11 @@ Time comes in as ``now`` (monotonic seconds); nothing here reads a clock.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 
 import structlog
 
+from coordinator.devices import GpuNeed, pick
 from coordinator.errors import UnknownWorker
 from coordinator.placement.capacity import Pool
 from coordinator.workers import WorkerRecord, has_carbon, has_energy, has_latency, is_plain, latency_ms
@@ -134,6 +135,7 @@ class WorkerRegistry:
             record.conn_id = conn_id
             record.connected = True
             record.last_beat_s = now
+            _recount_devices(record)  # its device list may have changed with the new capabilities
         self._join_pools(record)
         return record
 
@@ -336,13 +338,35 @@ class WorkerRegistry:
             log.warning("workers reaped", worker_ids=dropped, heartbeat_timeout_s=self.heartbeat_timeout_s)
         return dropped
 
+    def remove(self, worker_id: str) -> WorkerRecord:
+        """Drop a worker that left on purpose (``goodbye``), whatever its last beat; returns its record.
+
+        Raises:
+            UnknownWorker: the id is not registered.
+        """
+        record = self.get(worker_id)
+        del self._workers[worker_id]
+        self._connected -= record.connected
+        record.connected = False
+        record.conn_id = None
+        self._overdue.pop(worker_id, None)
+        self._leave_pools(record)
+        self.generation += 1
+        return record
+
     # ------------------------------------------------------------------ leases
 
-    def claim(self, worker_id: str, plan_id: str) -> bool:
+    def claim(
+        self, worker_id: str, plan_id: str, gpus: GpuNeed | None = None, devices: Sequence[int] = ()
+    ) -> bool:
         """Count ``plan_id`` against the worker's capacity. Idempotent.
 
         Capacity is not checked here: placement checks it before claiming, and a
         cancelled plan's lease must stay counted whatever the worker's room.
+        With ``gpus`` the lease also holds devices (coordinator/devices.py): ``devices`` when
+        given (a worker says which it runs the plan on), else those :func:`~coordinator.devices.pick`
+        chooses; when none are free (a restore, a worker that disagrees) it holds none and the
+        worker's own allocator keeps plans apart.
 
         Returns:
             True if the lease is new, False if it was already held.
@@ -354,6 +378,8 @@ class WorkerRegistry:
         if plan_id in record.leases:
             return False
         record.leases.add(plan_id)
+        if gpus is not None:
+            _hold_devices(record, plan_id, gpus, devices)
         self._claims += 1
         record.last_assigned = self._claims
         self._room_changed(record)
@@ -372,6 +398,12 @@ class WorkerRegistry:
         if plan_id not in record.leases:
             return False
         record.leases.discard(plan_id)
+        held = record.gpu_held.pop(plan_id, None)
+        if held:
+            use = record.gpu_use
+            for i in held:
+                if i < len(use):
+                    use[i] = max(0, use[i] - 1)
         self.releases += 1
         self._room_changed(record)
         return True
@@ -393,6 +425,18 @@ class WorkerRegistry:
         """
         return min(candidates, key=lambda r: (len(r.leases), r.last_assigned, r.id), default=None)
 
+    def hold_devices(self, worker_id: str, plan_id: str, gpus: GpuNeed, devices: Sequence[int] = ()) -> None:
+        """A lease the worker says it runs holds devices (``devices`` when the worker named them);
+        a no-op when the lease already holds some or is not the worker's."""
+        record = self._workers.get(worker_id)
+        if record is not None and plan_id in record.leases and plan_id not in record.gpu_held:
+            _hold_devices(record, plan_id, gpus, devices)
+
+    def devices_of(self, worker_id: str, plan_id: str) -> tuple[int, ...]:
+        """The devices a lease holds on the worker (empty: none, or an unknown worker)."""
+        record = self._workers.get(worker_id)
+        return () if record is None else record.gpu_held.get(plan_id, ())
+
     # ------------------------------------------------------------------ reporting
 
     def info(self, worker_id: str, now: float) -> WorkerInfo:
@@ -412,6 +456,8 @@ class WorkerRegistry:
             last_beat_age_s=max(0.0, now - r.last_beat_s),
             address=r.address,
             draining=r.draining,
+            version=r.version,
+            gpu_use=[r.gpu_use[i] if i < len(r.gpu_use) else 0 for i in range(len(r.capabilities.gpus))],
         )
 
     def summary(self, now: float) -> str:
@@ -421,3 +467,36 @@ class WorkerRegistry:
         gpus = sum(len(r.capabilities.gpus) for r in alive)
         ram_gb = sum(r.capabilities.ram_bytes for r in alive) / 1e9
         return f"{len(alive)} workers ({cpus} CPUs, {gpus} GPUs, {ram_gb:.1f} GB RAM)"
+
+
+def _hold_devices(record: WorkerRecord, plan_id: str, need: GpuNeed, devices: Sequence[int]) -> None:
+    """Take devices for a new lease: ``devices`` when they are the worker's, else :func:`pick`'s."""
+    count = len(record.capabilities.gpus)
+    use = record.gpu_use
+    if len(use) < count:
+        use.extend([0] * (count - len(use)))
+    chosen: tuple[int, ...] | None = tuple(sorted(set(devices))) if devices else None
+    if chosen is not None and not all(0 <= i < count for i in chosen):
+        chosen = None
+    if chosen is None:
+        chosen = pick(need, record.capabilities, use)
+    if not chosen:
+        return
+    record.gpu_held[plan_id] = chosen
+    for i in chosen:
+        use[i] += 1
+
+
+def _recount_devices(record: WorkerRecord) -> None:
+    """Rebuild ``gpu_use`` from ``gpu_held`` for the record's (new) device list."""
+    count = len(record.capabilities.gpus)
+    use = [0] * count
+    for plan_id, held in list(record.gpu_held.items()):
+        kept = tuple(i for i in held if i < count)
+        if kept:
+            record.gpu_held[plan_id] = kept
+        else:
+            del record.gpu_held[plan_id]
+        for i in kept:
+            use[i] += 1
+    record.gpu_use = use

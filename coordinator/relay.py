@@ -1,4 +1,4 @@
-"""The relay: a plan's inputs and outputs carried through the coordinator, with credit per stream (docs/PROTOCOL.md §11 Relay).
+"""The relay: plans' inputs and outputs carried through the coordinator, credit per stream (docs/PROTOCOL.md §11).
 
 When a client cannot reach a worker's data endpoint (the worker has none, it is behind NAT, a
 firewall is in the way) or asks for it, the bytes travel over the two websocket sessions the

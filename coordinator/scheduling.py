@@ -24,7 +24,7 @@ Depends on the registry, placement (coordinator/placement/), the queue, streams
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -32,6 +32,7 @@ import structlog
 from coordinator.placement.plan_queue import Signature, explain_wait
 from coordinator.placement.policies import POLICY_NAMES
 from coordinator.plans import advance
+from coordinator.receipts import projection
 from protocol import errors
 from protocol.messages import Assign, ErrorInfo, Revoke
 
@@ -114,7 +115,7 @@ class Scheduler:
         """Place a queued plan now if an alive worker with room can run it, else queue it and say why."""
         # Queue wait runs from here to the next attempt's accept (coordinator/stats.py).
         plan.queued_at_s, plan.started_at_s = now, None
-        signature = Signature.of(plan.op, plan.requirements, plan.avoid)
+        signature = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
         pool = self._registry.matching(signature, signature.admits)
         queue = self._queue
         # Only KV room can leave a group queued while a worker has a slot: a newcomer waits its turn.
@@ -140,7 +141,7 @@ class Scheduler:
         worked out again, and emitted only if it changed, when workers come back (:meth:`refresh_waiting`).
         """
         plan.queued_at_s, plan.started_at_s = now, None
-        signature = Signature.of(plan.op, plan.requirements, plan.avoid)
+        signature = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
         self._queue.push(plan.id, signature, plan.priority, plan.order)
         self._queue.set_group_reason(signature, None)  # the next refresh visits each of its plans
 
@@ -168,23 +169,27 @@ class Scheduler:
         plan.worker_id = record.id
         plan.waiting_reason = None
         registry, placement = self._registry, self._placement
-        registry.claim(record.id, plan.id)
+        registry.claim(record.id, plan.id, plan.gpus)
         placed_tokens = placement.claimed(plan, record)
         if placed_tokens:
             registry.count_placed_tokens(record.id, placed_tokens)
+        plan.projected = projection(plan.hints, record)  # what the receipt compares with (coordinator/receipts.py)
         self._counters[f"placements.{placement.policy_name(plan)}"] += 1
         if record.conn_id is not None:
             assign = Assign(
                 plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s,
                 inputs=plan.inputs, outputs=plan.outputs,
             )
+            if plan.gpus is not None:
+                assign.resources = plan.resources
+                assign.devices = list(registry.devices_of(record.id, plan.id))
             self._send(record.conn_id, assign)
         self._emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
         if (plan.inputs or plan.outputs) and self._data is not None:  # where the client sends and fetches bytes
             plan.produced = []
             self._emit(plan, "data_ready", self._data.ready_event(plan))
 
-    def adopt(self, plan: Plan, record: WorkerRecord, attempt: int) -> None:
+    def adopt(self, plan: Plan, record: WorkerRecord, attempt: int, devices: Sequence[int] = ()) -> None:
         """Lease a queued plan to the worker that runs (or ran) its ``attempt``: a store loss took
         that lease (docs/SEMANTICS.md §Recovery from clients and workers).
 
@@ -196,7 +201,7 @@ class Scheduler:
         plan.attempt = attempt
         plan.worker_id = record.id
         plan.waiting_reason = None
-        self._registry.claim(record.id, plan.id)
+        self._registry.claim(record.id, plan.id, plan.gpus, devices)
         placed_tokens = self._placement.claimed(plan, record)
         if placed_tokens:
             self._registry.count_placed_tokens(record.id, placed_tokens)
@@ -275,6 +280,7 @@ class Scheduler:
         reason = cache.get(signature)
         if reason is None:
             reason = explain_wait(signature, registry.iter_alive(now))
-            if reason != "waiting for placement":
+            # Free devices change with every claim, not only with releases: a GPU group's reason is not kept.
+            if reason != "waiting for placement" and signature.gpus is None:
                 cache[signature] = reason
         return reason

@@ -59,7 +59,9 @@ def worker_id_refused(allowed: str | None, worker_id: str) -> str | None:
     return f"this token may only register worker ids matching {allowed!r}, not {worker_id!r}"
 
 
-def lease_of_another(plan_worker_id: str | None, plan_attempt: int, worker_id: str, attempt: int) -> str | None:
+def lease_of_another(
+    plan_worker_id: str | None, plan_attempt: int, worker_id: str, attempt: int, *, held: bool = True
+) -> str | None:
     """Why a message from ``worker_id`` about ``attempt`` acts on another worker's lease.
 
     Args:
@@ -67,10 +69,13 @@ def lease_of_another(plan_worker_id: str | None, plan_attempt: int, worker_id: s
         plan_attempt: the plan's current (or last) attempt.
         worker_id: the worker that sent the message.
         attempt: the attempt the message names.
+        held: whether ``plan_worker_id`` still holds that lease. A plan that finished (its
+            worker's ``done`` arrived) or was requeued has no lease: a message about its last
+            attempt is late, not a trespass (``stale_lease``).
 
     Returns:
         None when the message is not about another worker's current lease, else the reason.
     """
-    if attempt != plan_attempt or plan_worker_id is None or plan_worker_id == worker_id:
+    if not held or attempt != plan_attempt or plan_worker_id is None or plan_worker_id == worker_id:
         return None
     return f"attempt {attempt} is leased to another worker"

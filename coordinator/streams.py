@@ -19,10 +19,14 @@ retention (coordinator/retention.py); knows nothing of placement or sessions' ha
 
 from __future__ import annotations
 
+import bisect
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from coordinator.plans import SMALL_EVENT_BYTES
-from protocol.messages import TERMINAL_STATES, ErrorInfo, Resync
+from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, Resync
 
 if TYPE_CHECKING:
     from coordinator.effects import Outbox
@@ -31,9 +35,22 @@ if TYPE_CHECKING:
     from coordinator.records import Journal
     from coordinator.retention import Retention
 
-__all__ = ["Streams"]
+__all__ = ["REPLAY_NOW_EVENTS", "REPLAY_SLICE_EVENTS", "Streams"]
 
 _MAX_SEQ = 2**53  # a subscriber's from_seq beyond this never moves a plan's numbering (JSON-safe integers)
+REPLAY_NOW_EVENTS = 512  # a subscribe replaying at most this many events is answered in its own step
+REPLAY_SLICE_EVENTS = 256  # ... a larger one goes out in slices of about this many, across loop turns
+
+
+@dataclass(eq=False)
+class _Replay:
+    """A subscriber's replay under way: the plans still to replay, the first in progress."""
+
+    conn_id: int
+    plans: deque[Plan]
+    from_seq: int
+    expected: int = 0  # the next seq of plans[0] to send; 0: its replay has not started
+    ids: set[str] = field(default_factory=set)
 
 
 class Streams:
@@ -55,6 +72,7 @@ class Streams:
         *,
         outbox: Outbox,
         subscriptions: Subscriptions,
+        plans: dict[str, Plan] | None = None,
         journal: Journal,
         quota: PlanQuota,
         retention: Retention,
@@ -65,6 +83,10 @@ class Streams:
         self.now = 0.0
         """The ``now`` of the input being handled (the core sets it): when a plan that ends now ended."""
         self._send = outbox.send
+        self._outbox = outbox
+        self._subscriptions = subscriptions
+        self._plans = plans
+        self._replays: deque[_Replay] = deque()
         self._followers = subscriptions.followers
         self._emitted = journal.emitted
         self._quota = quota
@@ -96,6 +118,8 @@ class Streams:
         """Record why the plan failed (the table move is done) and end its stream with ``failed``."""
         plan.error = error
         data = {"code": error.code, "message": error.message, "detail": error.detail, "worker_id": worker_id}
+        if plan.receipt is not None:  # the attempt's energy and carbon (coordinator/receipts.py)
+            data["receipt"] = plan.receipt
         self.emit(plan, "failed", {**data, "attempt": plan.attempt})
 
     def catch_up(self, plan: Plan, seen: int) -> None:
@@ -125,3 +149,103 @@ class Streams:
     def _resync(self, plan: Plan, first: int, last: int) -> Resync:
         self._counters["resyncs_sent"] += 1
         return Resync(plan_id=plan.id, first_seq=first, last_seq=last, plan=plan.info(), recovered=False)
+
+    # ------------------------------------------------------------------ replays in slices (issue 17 finding 1)
+
+    @property
+    def replaying(self) -> int:
+        """Replays under way (the driver pumps them, a slice per loop turn, while any are)."""
+        return len(self._replays)
+
+    def subscribe_replay(self, conn_id: int, plans: Iterable[Plan], from_seq: int) -> None:
+        """Follow ``plans`` and replay each one's held events after ``from_seq`` to ``conn_id``.
+
+        A small replay goes out at once. A large one (``subscribe(all, from_seq=0)`` over many
+        plans) is charged now and sent by :meth:`pump`, a slice per call, so that it never holds
+        the loop: a plan is followed only once its replay is sent, in the same step as its last
+        slice, so its live events come after the replayed ones, never before or twice.
+        """
+        targets = list(plans)
+        held = sum(len(plan.events) for plan in targets)
+        self._outbox.charge(held + len(targets))  # events replayed (coordinator/limits.py §Cost per principal)
+        if held <= REPLAY_NOW_EVENTS:
+            add = self._subscriptions.add
+            for plan in targets:
+                add(plan.id, conn_id)
+                self.replay(conn_id, plan, from_seq)
+            return
+        self._replays.append(_Replay(conn_id, deque(targets), from_seq, ids={p.id for p in targets}))
+
+    def drop_replays(self, conn_id: int, plan_ids: Iterable[str] | None = None) -> None:
+        """Stop replaying to ``conn_id`` (it closed or unsubscribed): every plan, or only ``plan_ids``."""
+        if not self._replays:
+            return
+        if plan_ids is None:
+            self._replays = deque(job for job in self._replays if job.conn_id != conn_id)
+            return
+        gone = set(plan_ids)
+        for job in self._replays:
+            if job.conn_id == conn_id and not gone.isdisjoint(job.ids):
+                if job.plans and job.plans[0].id in gone:
+                    job.expected = 0
+                job.plans = deque(p for p in job.plans if p.id not in gone)
+                job.ids -= gone
+        self._replays = deque(job for job in self._replays if job.plans)
+
+    def pump(self, budget: int, busy: Callable[[int], bool] | None = None) -> int:
+        """Send up to about ``budget`` replayed events, round robin over the replays under way.
+
+        ``busy(conn_id)``: the subscriber still has much unsent (it reads slowly); its replay
+        waits. Returns the events sent (0: nothing could go now).
+        """
+        jobs = self._replays
+        sent = 0
+        waiting = 0
+        while jobs and sent < budget and waiting < len(jobs):
+            job = jobs.popleft()
+            if busy is not None and busy(job.conn_id):
+                jobs.append(job)
+                waiting += 1
+                continue
+            waiting = 0
+            sent += self._slice(job, min(REPLAY_SLICE_EVENTS, budget - sent))
+            if job.plans:
+                jobs.append(job)
+        return sent
+
+    def _slice(self, job: _Replay, budget: int) -> int:
+        """Up to ``budget`` events of a replay (at least one step of progress); returns the units used."""
+        send, conn_id, plans = self._send, job.conn_id, self._plans
+        used = 0
+        while job.plans and used < budget:
+            plan = job.plans[0]
+            if plans is not None and plans.get(plan.id) is not plan:  # forgotten meanwhile
+                job.plans.popleft()
+                job.expected = 0
+                used += 1
+                continue
+            if job.expected == 0:
+                job.expected = max(job.from_seq, 0) + 1
+            events = plan.events
+            start = bisect.bisect_left(events, job.expected, key=_seq)
+            stop = min(len(events), start + budget - used)
+            for index in range(start, stop):
+                event = events[index]
+                if event.seq > job.expected:
+                    send(conn_id, self._resync(plan, job.expected, event.seq - 1))
+                send(conn_id, event)
+                job.expected = event.seq + 1
+            used += stop - start + 1
+            if stop < len(events):
+                return used  # the rest of this plan in the next slice
+            if job.expected < plan.next_seq:
+                send(conn_id, self._resync(plan, job.expected, plan.next_seq - 1))
+            self._subscriptions.add(plan.id, conn_id)  # live from here on
+            job.plans.popleft()
+            job.ids.discard(plan.id)
+            job.expected = 0
+        return used
+
+
+def _seq(event: Event) -> int:
+    return event.seq

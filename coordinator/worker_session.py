@@ -26,6 +26,9 @@ Rules:
   workers); its ``done`` counts in ``results_recovered_from_worker``.
 * A closed session leaves its worker registered (not connected) with its leases until the
   reaper drops it, so a worker that reconnects in time keeps its plans.
+* A clean stop is not a crash: ``heartbeat.leaving`` drains the worker at once (no new plans),
+  and ``goodbye`` hands its unfinished plans back and removes it (``workers_left``, not
+  ``workers_reaped``). An operator's drain mark outlives the goodbye: the id comes back drained.
 
 Depends on the collaborators it is handed: the outbox, streams, scheduler, recovery and
 operator requests, with the session table, registry, plans, queue and placement they act on.
@@ -42,8 +45,11 @@ import structlog
 from coordinator import scopes
 from coordinator.errors import InvalidTransition
 from coordinator.plans import RESERVED_KINDS, Plan, advance, done_event
+from coordinator.receipts import Footprint, settle
+from coordinator.records import Journal
 from protocol import caps, errors
 from protocol.messages import (
+    PROTOCOL_VERSION,
     Accept,
     Cancel,
     DataChunk,
@@ -74,11 +80,13 @@ if TYPE_CHECKING:
     from coordinator.sessions import Session, SessionTable
     from coordinator.stats import PlanTimings
     from coordinator.streams import Streams
+    from coordinator.timeouts import RunTimeouts
 
 __all__ = ["WorkerSessions"]
 
 log = structlog.get_logger(__name__)
 
+MAX_DRAINED_GONE = 4096  # drained ids remembered after their goodbye; beyond this the oldest are forgotten
 NUMBERED = (Accept, Reject, Event, Done)  # the worker messages that carry a ``seq`` and are acked
 
 
@@ -105,6 +113,7 @@ class WorkerSessions:
         new_secret: makes a ``welcome.session_secret`` (unguessable: the core's ``new_secret``).
         data: the data-plane ticket keys, put in ``welcome``; outputs' tickets in ``succeeded``.
         relay: carries the worker's ``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py).
+        timeouts: starts a running attempt's ``timeout_s`` clock (coordinator/timeouts.py).
     """
 
     def __init__(
@@ -129,11 +138,20 @@ class WorkerSessions:
         data: DataPlane | None = None,
         new_secret: Callable[[], str] = lambda: "",
         relay: Relay | None = None,
+        timeouts: RunTimeouts | None = None,
+        footprint: Footprint | None = None,
+        journal: Journal | None = None,
     ) -> None:
+        self._timeouts = timeouts
+        self._footprint = footprint if footprint is not None else Footprint()
+        self._journal = journal
         self._data = data
         self._relay = relay
         self._new_secret = new_secret
         self._secrets: dict[str, str] = {}  # worker id -> the session_secret of its last welcome
+        self._leaving: set[str] = set()  # ids drained by their own heartbeat.leaving, not by an operator
+        self._drained_gone: dict[str, None] = {}  # operator-drained ids that left with goodbye (oldest first)
+        self._removed: dict[str, None] = {}  # ids an operator removed (remove_worker); their hello is refused
         # A holder silent this long (two missed beats) may be replaced without proof: a restarted
         # worker whose old connection is half-open gets its id back before the reaper's timeout.
         self._silent_takeover_s = min(heartbeat_timeout_s, 2 * heartbeat_interval_s)
@@ -184,19 +202,72 @@ class WorkerSessions:
             case Reject():
                 self._reject(s, worker_id, msg, now)
             case Event():
-                self._event(s, worker_id, msg)
+                self._event(s, worker_id, msg, now)
             case Done():
                 self._done(s, worker_id, msg, now)
             case Goodbye():
-                log.info("worker said goodbye", worker_id=worker_id, reason=msg.reason)
-                self.detach(s, now)
-                self._recovery.hand_back(worker_id, now)  # its unfinished plans: requeued now, no attempt spent
-                self._outbox.close(s, errors.CLOSE_NORMAL, "goodbye")
+                self._goodbye(s, worker_id, msg, now)
             case DataChunk() | DataCredit() | DataEnd():
                 if self._relay is not None:
                     self._relay.on_data(s.conn_id, msg)
             case _:
                 assert_never(msg)
+
+    def _goodbye(self, s: Session, worker_id: str, msg: Goodbye, now: float) -> None:
+        """The worker leaves on purpose: its plans go back to the queue and its record goes at once."""
+        log.info("worker said goodbye", worker_id=worker_id, reason=msg.reason)
+        record = self._registry.get(worker_id)
+        ours = record.conn_id == s.conn_id
+        if ours:  # not alive from here: the hand-back below must not place its plans back on it
+            self._registry.disconnect(worker_id)
+        self._recovery.hand_back(worker_id, now)  # its unfinished plans: requeued now, no attempt spent
+        s.worker_id = None
+        self._outbox.close(s, errors.CLOSE_NORMAL, "goodbye")
+        if not ours:
+            return  # a newer session holds the id
+        if record.draining and worker_id not in self._leaving:  # the operator's mark: kept for its return
+            self._drained_gone[worker_id] = None
+            while len(self._drained_gone) > MAX_DRAINED_GONE:
+                del self._drained_gone[next(iter(self._drained_gone))]
+        self._leaving.discard(worker_id)
+        self._registry.remove(worker_id)
+        self._secrets.pop(worker_id, None)
+        self._placement.forget([worker_id])
+        self._counters["workers_left"] += 1
+        log.info("worker left", worker_id=worker_id, leases=sorted(record.leases))
+        self._refresh_waiting(now)
+
+    def remove(self, worker_id: str, now: float) -> None:
+        """An operator removed the worker for good (``remove_worker``; the id is registered).
+
+        Its live attempts are cancelled on the worker and the plans requeued at no cost in
+        attempts (as after ``goodbye``); its session is closed 4410 and a later ``hello`` with
+        its id is refused the same way (the last :data:`MAX_DRAINED_GONE` ids are remembered).
+        """
+        registry, plans = self._registry, self._plans
+        record = registry.get(worker_id)
+        session = self._sessions.get(record.conn_id) if record.conn_id is not None else None
+        if record.conn_id is not None:
+            for plan_id in sorted(record.leases):
+                plan = plans.get(plan_id)
+                if plan is not None and not plan.terminal and plan.worker_id == worker_id:
+                    self._outbox.send(record.conn_id, Cancel(plan_id=plan_id, attempt=plan.attempt))
+            registry.disconnect(worker_id)  # not alive from here: the hand-back must not place plans on it
+        leases = sorted(record.leases)
+        self._recovery.hand_back(worker_id, now, removed=True)
+        if session is not None and session.worker_id == worker_id:
+            session.worker_id = None
+            self._outbox.close(session, errors.CLOSE_REMOVED, "removed by an operator")
+        self._removed[worker_id] = None
+        while len(self._removed) > MAX_DRAINED_GONE:
+            del self._removed[next(iter(self._removed))]
+        self._drained_gone.pop(worker_id, None)
+        self._leaving.discard(worker_id)
+        registry.remove(worker_id)
+        self._secrets.pop(worker_id, None)
+        self._placement.forget([worker_id])
+        log.info("worker removed by an operator", worker_id=worker_id, leases=leases)
+        self._refresh_waiting(now)
 
     def detach(self, s: Session, now: float) -> None:
         """The session no longer speaks for its worker; the record stays (with its leases) until reaped."""
@@ -235,6 +306,7 @@ class WorkerSessions:
         reaped = registry.reap(now, only={r.id for r in lost})
         for worker_id in reaped:
             self._secrets.pop(worker_id, None)
+            self._leaving.discard(worker_id)
         self._placement.forget(reaped)
         self._counters["workers_reaped"] += len(reaped)
         plans = self._plans
@@ -251,6 +323,13 @@ class WorkerSessions:
         if s.worker_id is not None:
             self._protocol_error(s, errors.ALREADY_REGISTERED, f"this session is already worker {s.worker_id!r}")
             return
+        if msg.protocol != PROTOCOL_VERSION:  # docs/PROTOCOL.md §5: the session stays unregistered
+            self._protocol_error(
+                s, errors.INVALID_ARGUMENT,
+                f"hello.protocol is {msg.protocol}; this coordinator speaks fleetwire protocol {PROTOCOL_VERSION} "
+                "only: run a worker of the coordinator's major version",
+            )
+            return
         worker_id = msg.worker_id
         if not worker_id:
             self._protocol_error(s, errors.INVALID_MESSAGE, "hello.worker_id must not be empty")
@@ -262,6 +341,10 @@ class WorkerSessions:
         refused = scopes.worker_id_refused(s.worker_ids, worker_id)
         if refused is not None:
             self._outbox.forbid(s, refused, "worker_id")
+            return
+        if worker_id in self._removed:  # an operator removed it for good (remove_worker)
+            log.warning("refused: removed worker id", worker_id=worker_id, address=s.address)
+            self._outbox.close(s, errors.CLOSE_REMOVED, f"worker {worker_id} was removed by an operator"[:120])
             return
         registry, plans = self._registry, self._plans
         reconnect = worker_id in registry
@@ -286,9 +369,16 @@ class WorkerSessions:
                 why = f"worker id {worker_id!r} registered on a newer session"
                 self._outbox.close(older, errors.CLOSE_REPLACED, why)
         record = registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
+        if worker_id in self._leaving:  # it announced a stop, then came back: its own drain is over
+            self._leaving.discard(worker_id)
+            record.draining = False
+        if worker_id in self._drained_gone:  # drained by the operator, left with goodbye: still drained
+            del self._drained_gone[worker_id]
+            record.draining = True
         if not proven:  # a new holder without the old secret: the old secret proves nothing any more
             secret = self._secrets[worker_id] = self._new_secret()
         record.data_url = msg.data_url
+        record.version = msg.version
         self._placement.registered(record)
         s.worker_id = worker_id
         keep: list[str] = []
@@ -303,10 +393,12 @@ class WorkerSessions:
                 # or holds its done: lease it back rather than run the plan twice.
                 log.warning("lease recovered from its worker: the store had lost it",
                             plan_id=plan.id, worker_id=worker_id, attempt=running.attempt)  # fmt: skip
-                self._scheduler.adopt(plan, record, running.attempt)
+                self._scheduler.adopt(plan, record, running.attempt, running.devices)
                 self._adopted[plan.id] = running.attempt
                 ours = True
             (keep if ours and running.plan_id in record.leases else abandon).append(running.plan_id)
+            if ours and plan is not None and plan.gpus is not None:  # a restore: the devices it runs on
+                registry.hold_devices(worker_id, plan.id, plan.gpus, running.devices)
         log.info(
             "worker registered",
             worker_id=worker_id,
@@ -341,6 +433,8 @@ class WorkerSessions:
             plan = plans[plan_id]
             if plan.terminal:  # cancelled while it was away: the first cancel went to the old session
                 self._send(s.conn_id, Cancel(plan_id=plan_id, attempt=plan.attempt))
+            elif self._timeouts is not None and plan.timeout_s is not None:
+                self._timeouts.watch(plan, now)  # after a coordinator restart its clock starts now
         # A worker that registers again may have new handlers or have stopped draining:
         # the plans it rejected may be offered to it once more.
         for plan_id in self._queue.forgive(worker_id):
@@ -366,6 +460,10 @@ class WorkerSessions:
         self._counters["heartbeats"] += 1
         was_alive = self._registry.is_alive(worker_id, now)
         record = self._registry.heartbeat(worker_id, msg.load, now)
+        if msg.leaving and not record.draining:  # stopping: no new plans (cleared when it registers again)
+            record.draining = True
+            self._leaving.add(worker_id)
+            log.info("worker leaving: no new plans", worker_id=worker_id, leases=len(record.leases))
         if not was_alive:  # it fell silent past the timeout but beat before the reaper ran
             self._fill_worker(record, now)
             self._refresh_waiting(now)
@@ -381,7 +479,9 @@ class WorkerSessions:
         ):
             return plan
         if plan is not None:
-            trespass = scopes.lease_of_another(plan.worker_id, plan.attempt, worker_id, attempt)
+            holder = plan.worker_id
+            held = holder is not None and holder in self._registry and plan_id in self._registry.get(holder).leases
+            trespass = scopes.lease_of_another(plan.worker_id, plan.attempt, worker_id, attempt, held=held)
             if trespass is not None:
                 self._outbox.forbid(s, f"plan {plan_id!r} {trespass}", "foreign_lease")
                 return None
@@ -398,6 +498,8 @@ class WorkerSessions:
             advance(plan, "accept")
             self._timings.started(plan, now)
             self._emit(plan, "running", {"worker_id": worker_id, "attempt": plan.attempt}, small=True)
+            if self._timeouts is not None and plan.timeout_s is not None:
+                self._timeouts.watch(plan, now)
 
     def _reject(self, s: Session, worker_id: str, msg: Reject, now: float) -> None:
         plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
@@ -425,7 +527,7 @@ class WorkerSessions:
             registry.release(worker_id, plan.id)
         self._fill_worker(record, now)
 
-    def _event(self, s: Session, worker_id: str, msg: Event) -> None:
+    def _event(self, s: Session, worker_id: str, msg: Event, now: float) -> None:
         if msg.kind in RESERVED_KINDS:
             self._protocol_error(
                 s,
@@ -439,6 +541,8 @@ class WorkerSessions:
         if plan is not None and not plan.terminal:
             self._counters["events_forwarded"] += 1
             self._emit(plan, msg.kind, msg.data, ephemeral=msg.ephemeral)
+            if msg.kind == "input_received" and self._timeouts is not None and plan.timeout_s is not None:
+                self._timeouts.watch(plan, now)  # the last input in: the handler starts, so does its clock
 
     def _done(self, s: Session, worker_id: str, msg: Done, now: float) -> None:
         plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
@@ -449,6 +553,13 @@ class WorkerSessions:
         registry.release(worker_id, plan.id)
         if self._adopted and self._adopted.pop(plan.id, None) == msg.attempt and not plan.terminal:
             self._counters["results_recovered_from_worker"] += 1
+        if msg.receipt is not None:  # every attempt's energy counts; the plan keeps its last one's
+            receipt = settle(msg.receipt, plan.projected)
+            assert receipt is not None
+            self._footprint.add(plan.owner, plan.op, receipt)
+            plan.receipt = receipt
+            if plan.terminal and self._journal is not None:  # cancelled before this done: its record gets it
+                self._journal.touched(plan)
         if not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
             why = f"worker {worker_id} reported a failure without an error"
             self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
@@ -459,6 +570,8 @@ class WorkerSessions:
                 case "succeeded":
                     plan.result = msg.result
                     data = {"result": msg.result, "worker_id": worker_id, "attempt": plan.attempt}
+                    if plan.receipt is not None:
+                        data["receipt"] = plan.receipt
                     if msg.outputs or plan.outputs:  # where to fetch them: docs/PROTOCOL.md §Data plane
                         plan.produced = msg.outputs
                         data["outputs"] = {o.name: [o.size, o.digest] for o in msg.outputs}

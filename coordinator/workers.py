@@ -59,12 +59,16 @@ class WorkerRecord:
         has_energy: :func:`has_energy` as of its last report (likewise).
         has_carbon: :func:`has_carbon` as of its last report (likewise).
         has_latency: :func:`has_latency` as of its last report (likewise).
+        gpu_use: how many leases hold each of ``capabilities.gpus`` (by position), per
+            coordinator/devices.py; the registry takes and gives back devices with leases.
+        gpu_held: the devices each lease holds (leases without devices are absent).
     """
 
     id: str
     capabilities: Capabilities
     address: str = ""
     data_url: str = ""  # its data endpoint, from ``hello`` (coordinator/data_plane.py)
+    version: str = ""  # its fleetwire version, from ``hello`` (shown in ``list_workers`` for rolling upgrades)
     conn_id: int | None = None
     load: Load | None = None
     leases: set[str] = field(default_factory=set)
@@ -80,6 +84,13 @@ class WorkerRecord:
     has_energy: bool = False
     has_carbon: bool = False
     has_latency: bool = False
+    gpu_use: list[int] = field(default_factory=list)
+    gpu_held: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def gpus_free(self) -> int:
+        """Devices no lease holds now."""
+        use = self.gpu_use
+        return sum(1 for i in range(len(self.capabilities.gpus)) if i >= len(use) or use[i] == 0)
 
     def has_capacity(self) -> bool:
         """Whether it can take one more lease: not draining, and fewer leases than its concurrency + prefetch."""

@@ -1,9 +1,9 @@
 """The ``fleetwire`` command line.
 
 Commands: ``up`` (local coordinator + workers, zero config), ``coordinator``, ``worker``,
-``submit``, ``watch``, ``workers``, ``cancel``, ``plans``, ``drain``, ``undrain``,
-``completion``, ``protocol schema``. What client commands print (tables, live progress,
-``--json``) lives in ``fleetwire/console.py``. Client commands read
+``submit``, ``watch``, ``workers``, ``cancel``, ``status``, ``plans``, ``drain``, ``undrain``,
+``completion``, ``protocol schema`` (``status`` and ``cancel`` live in ``fleetwire/cli_ops.py``).
+What client commands print (tables, live progress, ``--json``) lives in ``fleetwire/console.py``. Client commands read
 ``FLEETWIRE_URL`` and ``FLEETWIRE_TOKEN`` (or ``--url``/``--token``). The coordinator and
 the worker agent are imported only by the commands that run them, so the SDK never
 depends on them.
@@ -30,6 +30,10 @@ from typing import Any
 import msgspec
 
 from fleetwire import console
+from fleetwire.cli_cluster import add_cluster_command
+from fleetwire.cli_ops import add_ops_commands, follow_submitted, tag_list
+from fleetwire.cli_progress import transfer_progress
+from fleetwire.cli_safety import unsafe_tokens, up_state_tokens, warn_plaintext
 from fleetwire.cli_security import (
     add_security_arguments,
     add_token_arguments,
@@ -39,12 +43,14 @@ from fleetwire.cli_security import (
 )
 from fleetwire.cli_store import add_store_command, add_store_loss_argument, store_exit_code
 from fleetwire.client import Client
+from fleetwire.connection import resolve_urls
 from fleetwire.console import finish as _finish
 from fleetwire.data import DataTransferError
 from fleetwire.errors import FleetwireConnectionError
 from fleetwire.logs import LEVELS, configure_logging
 from protocol import json_schema
 from protocol.errors import FleetwireError
+from protocol.relay import DEFAULT_MAX_BYTES as DEFAULT_RELAY_MAX_BYTES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = (
     console.EXIT_OK, console.EXIT_FAILED, console.EXIT_USAGE, console.EXIT_CANCELLED
@@ -91,6 +97,11 @@ def _client_target(ns: argparse.Namespace) -> tuple[str, str | None]:
     url = ns.url or os.environ.get("FLEETWIRE_URL")
     if not url:
         raise SystemExit(_fail("no coordinator URL: pass --url or set FLEETWIRE_URL (`fleetwire up` prints it)"))
+    try:  # one line and exit 2 for a URL that cannot be dialled (http(s):// is taken as ws(s)://)
+        resolve_urls(url)
+    except ValueError as exc:
+        source = "--url" if ns.url else "FLEETWIRE_URL"
+        raise SystemExit(_fail(f"{source}: {exc}")) from None
     if getattr(ns, "ca_file", None):
         os.environ["FLEETWIRE_CA_FILE"] = ns.ca_file  # the SDK's default ca_file (wss:// with a private CA)
     return url, ns.token or os.environ.get("FLEETWIRE_TOKEN")
@@ -125,11 +136,11 @@ async def _submit(ns: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     url, token = _client_target(ns)
-    async with Client(url, token=token) as client:
+    async with Client(url, token=token) as client, transfer_progress(client, "upload", as_json=ns.json):
         plan = await client.submit(
             ns.op,
             args=args,
-            tags=ns.tag or [],
+            tags=tag_list(ns.tags),
             priority=ns.priority,
             timeout_s=ns.timeout,
             max_attempts=ns.max_attempts,
@@ -139,6 +150,8 @@ async def _submit(ns: argparse.Namespace) -> int:
             policy=ns.policy,
             inputs=inputs,
             outputs=ns.output or (),
+            relay=ns.relay,
+            resources=_resources(ns),
         )
         if ns.json:
             print(_json({"plan_id": plan.id, "state": "queued"}), flush=True)
@@ -148,7 +161,19 @@ async def _submit(ns: argparse.Namespace) -> int:
             if inputs:  # the bytes come from this process: it stays until the worker has them all
                 await _inputs_delivered(plan, set(inputs))
             return EXIT_OK
-        return await _finish(plan, follow=ns.follow, as_json=ns.json)
+        return await follow_submitted(client, plan, ns)  # Ctrl-C and op hints (fleetwire/cli_ops.py)
+
+
+def _resources(ns: argparse.Namespace) -> dict[str, Any] | None:
+    """``--gpus``, ``--gpu-memory`` and ``--accelerator`` as a submit's ``resources`` (None: none given)."""
+    found: dict[str, Any] = {}
+    if ns.gpus is not None:
+        found["gpus"] = int(ns.gpus) if ns.gpus.is_integer() else ns.gpus
+    if ns.gpu_memory is not None:
+        found["gpu_memory_gb"] = ns.gpu_memory
+    if ns.accelerator:
+        found["accelerator"] = ns.accelerator
+    return found or None
 
 
 async def _inputs_delivered(plan: Any, names: set[str]) -> None:
@@ -162,8 +187,9 @@ async def _inputs_delivered(plan: Any, names: set[str]) -> None:
 
 async def _output(ns: argparse.Namespace) -> int:
     url, token = _client_target(ns)
-    async with Client(url, token=token) as client:
+    async with Client(url, token=token) as client, transfer_progress(client, "download", as_json=ns.json):
         plan = await client.watch(ns.plan)
+        plan.relay = ns.relay
         if ns.out:
             path = await plan.output_to(ns.name, ns.out)
             print(f"output {ns.name!r} of plan {ns.plan} written to {path}", file=sys.stderr)
@@ -179,17 +205,6 @@ async def _watch(ns: argparse.Namespace) -> int:
     async with Client(url, token=token) as client:
         plan = await client.watch(ns.plan, from_seq=ns.from_seq)
         return await _finish(plan, follow=True, as_json=ns.json)
-
-
-async def _cancel(ns: argparse.Namespace) -> int:
-    url, token = _client_target(ns)
-    async with Client(url, token=token) as client:
-        info = await client.cancel(ns.plan)
-    if ns.json:
-        print(_json(info))
-    else:
-        print(f"plan {info.id} {info.state}")
-    return EXIT_OK if info.state == "cancelled" else EXIT_FAILED
 
 
 async def _workers(ns: argparse.Namespace) -> int:
@@ -215,6 +230,7 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
         plan_retention_bytes=ns.plan_retention_bytes,
         data_ticket_ttl_s=ns.data_ticket_ttl,
         data_key_rotation_s=ns.data_key_rotation,
+        relay_max_bytes=ns.relay_max_bytes,
         **_routing_settings(ns),
         **plan_limit_settings(ns),
     )
@@ -232,6 +248,7 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
         data_dir=ns.data_dir,
         accept_store_loss=ns.accept_store_loss,
         autoscale_hook=ns.autoscale_hook,
+        autoscale_provider=_autoscale_provider(ns),
         **security_settings(ns),
     )
 
@@ -252,13 +269,18 @@ def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
     knobs = PolicyKnobs(**dict(ns.policy_option))
     autoscale = None
     if ns.autoscale:
+        low, high = ns.autoscale_min, ns.autoscale_max
+        if ns.autoscale != "on":
+            low, high = _autoscale_range(ns.autoscale)
         autoscale = AutoscaleConfig(
             target_per_worker=ns.autoscale_target,
-            min_workers=ns.autoscale_min,
-            max_workers=ns.autoscale_max,
+            min_workers=low,
+            max_workers=high,
             upscale_delay_s=ns.autoscale_upscale_delay,
             downscale_delay_s=ns.autoscale_downscale_delay,
             cooldown_s=ns.autoscale_cooldown,
+            max_step=ns.autoscale_max_step,
+            drain_deadline_s=ns.autoscale_drain_deadline,
         )
     return {
         "placement": PlacementConfig(
@@ -268,8 +290,42 @@ def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _autoscale_range(text: str) -> tuple[int, int]:
+    """``--autoscale MIN..MAX`` as (min, max); a ValueError names what was wrong."""
+    low, sep, high = text.partition("..")
+    try:
+        if not sep:
+            raise ValueError
+        return int(low), int(high)
+    except ValueError:
+        raise ValueError(f"--autoscale takes MIN..MAX worker counts, e.g. 1..8 (got {text!r})") from None
+
+
+def _autoscale_provider(ns: argparse.Namespace) -> Any:
+    """The autoscaler's command provider from the flags (coordinator/io/provision.py), or None.
+
+    The local provider is made by `up` itself (:func:`_up`), which knows the worker token and URL.
+    """
+    from coordinator.io.provision import CommandProvider
+
+    if ns.autoscale_provider is None:
+        if ns.autoscale_start or ns.autoscale_stop:
+            raise ValueError("--autoscale-start/--autoscale-stop need --autoscale-provider command")
+        return None
+    if not ns.autoscale:
+        raise ValueError("--autoscale-provider needs the autoscaler: pass --autoscale too")
+    if ns.autoscale_provider == "command":
+        if not ns.autoscale_start:
+            raise ValueError("--autoscale-provider command needs --autoscale-start CMD (and usually --autoscale-stop)")
+        return CommandProvider(ns.autoscale_start, ns.autoscale_stop)
+    if not hasattr(ns, "workers"):
+        raise ValueError("--autoscale-provider local runs worker processes for `fleetwire up --autoscale MIN..MAX`; "
+                         "a standalone coordinator uses --autoscale-provider command")
+    return None
+
+
 _POLICY_OPTIONS = {"energy_max_gap": float, "kv_min_match_blocks": int, "kv_balance_gap": float,
-                   "kv_balance_ratio": float}
+                   "kv_balance_ratio": float, "kv_load_bound": float, "kv_share_window": float}
 
 
 def _policy_option(text: str) -> tuple[str, float]:
@@ -324,6 +380,10 @@ async def _coordinator(ns: argparse.Namespace) -> int:
         ns, (worker_token,) if worker_token else (), (client_token,) if client_token else ()
     )
     settings = dataclasses.replace(settings, admin_tokens=(admin_token,) if admin_token else ())
+    unsafe = unsafe_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
+    if unsafe:  # placeholders and short tokens (fleetwire/cli_safety.py): one line each, exit 2
+        return _fail("refusing to start: " + "; ".join(unsafe))
+    warn_plaintext(ns.host, settings.tls_cert is not None)
     if settings.store.startswith("postgresql://"):  # cluster mode: one core per owned shard (docs/CLUSTER.md)
         from fleetwire.cli_shards import run_cluster_coordinator
 
@@ -372,6 +432,13 @@ async def _worker(ns: argparse.Namespace) -> int:
 async def _start_local_worker(
     url: str, token: str, worker_id: str, ns: argparse.Namespace
 ) -> asyncio.subprocess.Process:
+    cmd = _local_worker_argv(url, worker_id, ns)
+    env = {**os.environ, "FLEETWIRE_WORKER_TOKEN": token}
+    return await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE)
+
+
+def _local_worker_argv(url: str, worker_id: str, ns: argparse.Namespace) -> list[str]:
+    """The command line of one `up` worker (the token goes in its environment)."""
     cmd = [sys.executable, "-m", "fleetwire", "worker", "--url", url, "--id", worker_id,
            "--tags", ns.tags, "--max-concurrency", str(ns.max_concurrency),
            "--log-format", ns.log_format, "--log-level", ns.log_level,
@@ -380,8 +447,7 @@ async def _start_local_worker(
         cmd.append("--allow-shell")
     if url.startswith("wss://"):
         cmd += ["--ca-file", ns.ca_file or ns.tls_cert]
-    env = {**os.environ, "FLEETWIRE_TOKEN": token}
-    return await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE)
+    return cmd
 
 
 async def _await_registered(proc: asyncio.subprocess.Process, worker_id: str, timeout_s: float) -> None:
@@ -415,15 +481,34 @@ async def _up(ns: argparse.Namespace) -> int:
     tune_gc_for_daemon()
     if ns.workers < 0:
         return _fail("--workers must be 0 or more")
-    if ns.store is None and ns.data_dir is None:  # a throwaway store per `up` run
+    if ns.state_dir is not None:  # tokens and the store kept in DIR across runs (fleetwire/cli_safety.py)
+        if ns.data_dir is not None:
+            return _fail("--state-dir keeps the store in DIR: give --state-dir or --data-dir, not both")
+        try:
+            tokens = up_state_tokens(Path(ns.state_dir))
+        except (OSError, ValueError) as exc:
+            return _fail(f"--state-dir {ns.state_dir}: {exc}")
+        ns.data_dir = ns.state_dir
+    elif ns.store is None and ns.data_dir is None:  # a throwaway store per `up` run
         with tempfile.TemporaryDirectory(prefix="fleetwire-up-") as data_dir:
             ns.data_dir = data_dir
             return await _up(ns)
-    worker_token = secrets.token_urlsafe(24)
-    client_token = secrets.token_urlsafe(24)
-    admin_token = secrets.token_urlsafe(24)  # operator actions (drain/undrain) and the all-plans dashboard
+    else:
+        tokens = {role: secrets.token_urlsafe(24) for role in ("worker", "client", "admin")}
+    worker_token, client_token = tokens["worker"], tokens["client"]
+    admin_token = tokens["admin"]  # operator actions (drain/undrain) and the all-plans dashboard
     try:
         settings = _server_settings(ns, (worker_token,), (client_token,))
+        if settings.core.autoscale is not None and settings.autoscale_provider is None and (
+            ns.autoscale_provider in (None, "local")
+        ):  # `up --autoscale MIN..MAX`: worker processes on this host, started and stopped by the autoscaler
+            from coordinator.io.provision import LocalProvider
+
+            settings = dataclasses.replace(settings, autoscale_provider=LocalProvider(
+                lambda worker_id: _local_worker_argv(server.url, worker_id, ns),
+                {**os.environ, "FLEETWIRE_WORKER_TOKEN": worker_token},
+            ))
+            ns.workers = 0  # the autoscaler keeps --autoscale-min..max workers instead
         server = CoordinatorServer(dataclasses.replace(settings, admin_tokens=(admin_token,)), version=_version())
         await server.start()
     except ValueError as exc:
@@ -452,7 +537,7 @@ async def _up(ns: argparse.Namespace) -> int:
             f"  export FLEETWIRE_ADMIN_TOKEN={admin_token}\n"
             "  fleetwire plans\n"
             "Workers join this coordinator with:\n"
-            f"  FLEETWIRE_TOKEN={worker_token} fleetwire worker --url {server.url}\n"
+            f"  FLEETWIRE_WORKER_TOKEN={worker_token} fleetwire worker --url {server.url}\n"
             # The token is typed into the page's login form, never put in a URL (browser history).
             f"Dashboard: {server.url.replace('ws', 'http', 1)}/  (log in with the admin token above)\n"
             "Press Ctrl-C to stop.",
@@ -517,6 +602,10 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     p.add_argument("--data-key-rotation", type=float, default=86400.0, metavar="S",
                    help="rotate the key that signs data-plane tickets this often; the previous key stays valid "
                         "until the next rotation (default 86400; 0: never)")
+    p.add_argument("--relay-max-bytes", type=int, default=DEFAULT_RELAY_MAX_BYTES, metavar="B",
+                   help="the most bytes of plans' relayed inputs and outputs (workers a client cannot dial) in flight "
+                        "through the coordinator at once; each stream gets up to 1 MiB of it (default 33554432 = "
+                        "32 MiB; at least 262144)")
     add_store_loss_argument(p)  # fleetwire/cli_store.py
     g = p.add_argument_group("cluster mode (--store postgresql://..., docs/CLUSTER.md)")
     g.add_argument("--cluster-name", default="fleetwire", metavar="NAME",
@@ -543,7 +632,9 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                    help="in a pool of more than K workers, the policy ranks only the K least loaded that can take "
                         "the plan (fewest leases, least recently assigned; kv_aware also the longest prefix "
                         "match); 0 ranks every worker (default 16)")
-    g.add_argument("--autoscale", action="store_true", help="run the autoscaler (decisions go to admins and the hook)")
+    g.add_argument("--autoscale", nargs="?", const="on", default=None, metavar="MIN..MAX",
+                   help="run the autoscaler (decisions go to admins, the hook and the provider); MIN..MAX sets "
+                        "--autoscale-min and --autoscale-max, e.g. 1..8")
     g.add_argument("--autoscale-target", type=float, default=4.0, metavar="N",
                    help="ongoing plans one worker should carry (default 4)")
     g.add_argument("--autoscale-min", type=int, default=0, metavar="N", help="fewest workers per pool (default 0)")
@@ -556,6 +647,29 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                    help="no action within this long of the pool's previous one (default 60)")
     g.add_argument("--autoscale-hook", default=None, metavar="CMD",
                    help="shell command run per decision with the decision as JSON on stdin")
+    g.add_argument("--autoscale-provider", choices=("local", "command"), default=None,
+                   help="who starts and stops workers: local (worker processes on this host; `up` only, its "
+                        "default with --autoscale) or command (--autoscale-start/--autoscale-stop); default none")
+    g.add_argument("--autoscale-start", default=None, metavar="CMD",
+                   help="command provider: shell command that starts $FLEETWIRE_COUNT workers with the ids "
+                        "$FLEETWIRE_WORKER_IDS for pool $FLEETWIRE_POOL")
+    g.add_argument("--autoscale-stop", default=None, metavar="CMD",
+                   help="command provider: shell command that stops the drained workers $FLEETWIRE_WORKER_IDS")
+    g.add_argument("--autoscale-max-step", type=int, default=0, metavar="N",
+                   help="most workers one scale-up adds (default 0: up to --autoscale-max at once)")
+    g.add_argument("--autoscale-drain-deadline", type=float, default=300.0, metavar="S",
+                   help="a worker removed by scale-down has this long to finish its plans before they are taken "
+                        "back and it is stopped (default 300)")
+
+
+def _client_parent(token_help: str) -> argparse.ArgumentParser:
+    """The flags of client commands; ``token_help`` says which token ``--token`` is."""
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", help="coordinator URL, e.g. ws://127.0.0.1:8765 (default $FLEETWIRE_URL)")
+    client.add_argument("--token", help=token_help)
+    client.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    client.add_argument("--ca-file", help="CA certificate to trust for wss:// (default $FLEETWIRE_CA_FILE)")
+    return client
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -564,17 +678,16 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
                         help="log lines on stderr: console, json, or auto (console on a terminal)")
     common.add_argument("--log-level", choices=LEVELS, default="info")
-    client = argparse.ArgumentParser(add_help=False)
-    client.add_argument("--url", help="coordinator URL, e.g. ws://127.0.0.1:8765 (default $FLEETWIRE_URL)")
-    client.add_argument("--token", help="client token (default $FLEETWIRE_TOKEN)")
-    client.add_argument("--json", action="store_true", help="print JSON lines instead of text")
-    client.add_argument("--ca-file", help="CA certificate to trust for wss:// (default $FLEETWIRE_CA_FILE)")
+    client = _client_parent("client token (default $FLEETWIRE_TOKEN)")
+    # drain, undrain, plans and status use the admin token (fleetwire/console.py, fleetwire/cli_ops.py)
+    admin_client = _client_parent("admin token (default $FLEETWIRE_ADMIN_TOKEN, else $FLEETWIRE_TOKEN)")
 
     parser = argparse.ArgumentParser(
         prog="fleetwire",
         description="fleetwire: a control plane for fleets of GPU and CPU hosts.",
         epilog="Start with `fleetwire up`, then follow what it prints.",
     )
+    parser.add_argument("--version", action="version", version=f"fleetwire {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("up", parents=[common], help="run a local coordinator and workers (zero config)",
@@ -586,6 +699,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tags", default="local", help="tags of the local workers (default: local)")
     p.add_argument("--allow-shell", action="store_true", help="let local workers run the `shell` op")
     p.add_argument("--ca-file", help="with --tls-cert: the CA local workers trust (default: the certificate itself)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="keep the tokens (DIR/up-tokens.json, mode 0600) and the store in DIR, so a restarted `up` "
+                        "has the same tokens and plans (default: fresh tokens and a temporary store per run)")
     p.set_defaults(func=_up)
 
     p = sub.add_parser("coordinator", parents=[common], help="run the coordinator daemon",
@@ -611,7 +727,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Exit status: 0 succeeded, 1 failed, 3 cancelled, 2 usage error.")
     p.add_argument("op", help="handler name on the worker, e.g. echo, sleep, shell, python")
     p.add_argument("--args", help="plan arguments as JSON, e.g. '{\"seconds\": 2}'")
-    p.add_argument("--tag", action="append", help="required worker tag (repeatable)")
+    p.add_argument("--tags", action="append", metavar="A,B",
+                   help="comma-separated worker tags the plan requires (repeatable), as `fleetwire worker --tags`")
+    p.add_argument("--tag", action="append", dest="tags", help=argparse.SUPPRESS)  # the old spelling, kept
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="fail the plan after S seconds")
     p.add_argument("--max-attempts", type=int, default=3, help="attempts lost to dead workers before failing")
@@ -625,9 +743,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an input uploaded to the worker: NAME=@PATH, or NAME=- for standard input (repeatable)")
     p.add_argument("--output", action="append", metavar="NAME",
                    help="an output name the plan will leave, for `fleetwire output` (repeatable)")
+    p.add_argument("--relay", action="store_true",
+                   help="carry the inputs through the coordinator even when the worker's data endpoint could be "
+                        "dialled (without it: direct first, relayed when the worker cannot be reached)")
+    p.add_argument("--gpus", type=float, default=None, metavar="N",
+                   help="devices the plan holds while it runs (whole GPUs or MIG instances); it sees only those")
+    p.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
+                   help="with --gpus: each device has at least GB of memory")
+    p.add_argument("--accelerator", default=None, metavar="MODEL",
+                   help="with --gpus: each device's model name contains MODEL, e.g. H100")
     p.add_argument("--follow", "-f", action="store_true", help="print every event as it arrives")
     p.add_argument("--detach", "-d", action="store_true",
                    help="print the plan id and exit at once (with --input: once the worker has the inputs)")
+    p.add_argument("--cancel-on-interrupt", action="store_true",
+                   help="Ctrl-C cancels the plan (default: it keeps running; the commands to watch or cancel it "
+                        "are printed)")
     p.set_defaults(func=_submit)
 
     p = sub.add_parser("output", parents=[common, client], help="fetch an output of a plan from its worker",
@@ -636,6 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan id")
     p.add_argument("name", help="output name")
     p.add_argument("-o", "--out", metavar="PATH", help="write it here (default: standard output)")
+    p.add_argument("--relay", action="store_true",
+                   help="fetch it through the coordinator even when the worker's data endpoint could be dialled")
     p.set_defaults(func=_output)
 
     p = sub.add_parser("watch", parents=[common, client], help="stream a plan's events until it ends",
@@ -649,11 +781,6 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Table of workers: id, tags, CPUs, GPUs, RAM, in-flight, last beat, state.")
     p.set_defaults(func=_workers)
 
-    p = sub.add_parser("cancel", parents=[common, client], help="cancel a plan",
-                       description="Cancel a plan. Exit status 0 when it ends cancelled.")
-    p.add_argument("plan", help="plan id")
-    p.set_defaults(func=_cancel)
-
     p = sub.add_parser("protocol", parents=[common], help="protocol tools")
     psub = p.add_subparsers(dest="protocol_command", required=True, metavar="SUBCOMMAND")
     ps = psub.add_parser("schema", help="print the JSON Schema of every message")
@@ -661,7 +788,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_token_command(sub, [common])
     add_store_command(sub, [common])
-    console.add_operator_commands(sub, common=common, client=client, target=_client_target, root=build_parser)
+    add_cluster_command(sub, [common])  # fleetwire/cli_cluster.py
+    add_ops_commands(sub, common=common, client=client, admin_client=admin_client, target=_client_target)
+    console.add_operator_commands(sub, common=common, client=admin_client, target=_client_target, root=build_parser)
     return parser
 
 

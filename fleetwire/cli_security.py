@@ -48,11 +48,17 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "max_pending_handshakes": ("max_pending_handshakes", 1024),
     "refusal_log_burst": ("refusal_log_burst", 5),
     "refusal_log_interval": ("refusal_log_interval_s", 60.0),
+    "max_connections_per_principal": ("max_connections_per_principal", None),
+    "worker_connection_reserve": ("worker_connection_reserve", None),
+    "cost_rate": ("cost_rate", 200_000.0),
+    "cost_burst": ("cost_burst", 1_000_000),
+    "frame_cost_budget": ("frame_cost_budget", 20_000),
 }
 
 # flag dest -> (CoreConfig field, default): limits the core enforces, in the same "limits" flag group.
 PLAN_LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "max_plans_per_client": ("max_plans_per_client", 10_000),
+    "max_bytes_per_client": ("max_bytes_per_client", 256 << 20),
     "max_events_per_plan": ("max_events_per_plan", 10_000),
     "max_event_bytes_per_plan": ("max_event_bytes_per_plan", 64 << 20),
 }
@@ -100,6 +106,26 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-plans-per-client", type=int, default=_default("max_plans_per_client"), metavar="N",
                    help="unfinished plans per client token before submit gets error(too_many_plans); 0: none "
                         f"(default {_default('max_plans_per_client')})")
+    g.add_argument("--max-bytes-per-client", type=int, default=_default("max_bytes_per_client"), metavar="B",
+                   help="bytes of unfinished plans (args, requirements, overhead) per client token before submit "
+                        "gets error(too_many_plans) naming bytes; 0: none "
+                        f"(default {_default('max_bytes_per_client')}, 256 MiB)")
+    g.add_argument("--max-connections-per-principal", type=int, default=None, metavar="N",
+                   help="open sessions one client token may hold before its next upgrade gets HTTP 503; 0: none "
+                        "(default: a quarter of --max-connections, at least 16)")
+    g.add_argument("--worker-connection-reserve", type=int, default=None, metavar="N",
+                   help="of --max-connections, the slots only workers may take (clients get 503 past the rest); "
+                        "0: none (default: a tenth of --max-connections)")
+    g.add_argument("--cost-rate", type=float, default=_default("cost_rate"), metavar="UNITS",
+                   help="work units per second one client token may spend (a unit: a message, a row scanned, an "
+                        "event replayed); past it its connections are read more slowly; 0: none "
+                        f"(default {_default('cost_rate'):g})")
+    g.add_argument("--cost-burst", type=int, default=_default("cost_burst"), metavar="UNITS",
+                   help="work units a client token may spend at once above its rate "
+                        f"(default {_default('cost_burst')})")
+    g.add_argument("--frame-cost-budget", type=int, default=_default("frame_cost_budget"), metavar="UNITS",
+                   help="work units one frame's requests may cost before the rest wait for the next event-loop "
+                        f"turn, so one frame never holds the loop (default {_default('frame_cost_budget')})")
     g.add_argument("--max-pending-messages", type=int, default=_default("max_pending_messages"), metavar="N",
                    help="messages waiting for a peer that does not read before it is closed 4503 "
                         f"(default {_default('max_pending_messages')})")

@@ -64,15 +64,14 @@ from fleetwire.connection import (
     resolve_urls,
 )
 from fleetwire.data import DirectTransport, Grant, InputValue, Transport, Uploads, prepare_inputs
-from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.errors import FleetwireConnectionError, RequestError
 from fleetwire.plan import Plan
+from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.resume import Resumer
 from fleetwire.session import COALESCE_LIMIT_BYTES, ClientSession
 from fleetwire.stream import PlanStream
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
-from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 from protocol.messages import (
     Accepted,
     Cancel,
@@ -87,7 +86,9 @@ from protocol.messages import (
     PlanReply,
     Plans,
     PlanStateName,
+    RemoveWorker,
     Requirements,
+    Resources,
     RoutingHints,
     Submit,
     Subscribe,
@@ -95,6 +96,7 @@ from protocol.messages import (
     UndrainWorker,
     Workers,
 )
+from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 
 __all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
 
@@ -272,6 +274,10 @@ class Client:
             self._transport = AutoTransport(DirectTransport(ca_file=self._ca_file), self.relay)
         return self._transport
 
+    @transport.setter
+    def transport(self, value: Transport) -> None:
+        self._transport = value
+
     def post(self, msg: Any) -> None:
         """Queue a message that expects no reply (the relay's ``data_*``) and wake the writer.
 
@@ -280,10 +286,6 @@ class Client:
         """
         self._session.post(msg)
         self._outbox_ready.set()
-
-    @transport.setter
-    def transport(self, value: Transport) -> None:
-        self._transport = value
 
     async def data_ticket(self, plan_id: str, direction: Literal["put", "get"] = "get") -> Grant:
         """Where a plan's bytes are and a fresh ticket to them (``get``: outputs, ``put``: inputs).
@@ -324,6 +326,7 @@ class Client:
         inputs: Mapping[str, InputValue] | None = None,
         outputs: Iterable[str] = (),
         relay: bool = False,
+        resources: Resources | Mapping[str, Any] | None = None,
     ) -> Plan:
         """Submit a plan and return it, subscribed from its first event.
 
@@ -349,6 +352,10 @@ class Client:
             outputs: names of outputs the handler will leave, fetched with ``plan.output(name)``.
             relay: carry the inputs and outputs through the coordinator even when the worker could
                 be dialled (fleetwire/relay.py); otherwise the relay is used only when it cannot.
+            resources: devices the plan holds while it runs, a ``protocol.Resources`` or a dict of
+                its fields: ``{"gpus": 2, "gpu_memory_gb": 40, "accelerator": "H100"}``. It is placed
+                only where that many matching devices are free, and sees only those
+                (``CUDA_VISIBLE_DEVICES``; docs/SEMANTICS.md §GPU resources).
 
         Args over ``max_inline_bytes`` encoded move to the data plane as the input ``__args__``
         (their msgpack), which the worker decodes before calling the handler.
@@ -378,6 +385,7 @@ class Client:
             hints=routing,
             inputs=[source.spec() for source in sources.values()],
             outputs=list(outputs),
+            resources=options.resources(resources),
         )
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
         if len(raw) > self.max_inline_bytes and args is not None:  # over the frame limit: args go by the data plane
@@ -537,7 +545,10 @@ class Client:
 
         Args:
             states: only plans in these states (``queued``, ``running``, ...); empty: all.
-            limit: at most this many plans and queue entries (1..10000).
+            limit: at most this many plans and queue entries (1..10000). Rows are summaries: no
+                result body (``result_bytes`` is its size; ``get_plan`` fetches it). A long listing
+                comes in pages, which this call follows; ``reply.next_cursor`` is set when more
+                plans match past ``limit``.
 
         Raises:
             InvalidArgument: a bad limit.
@@ -549,6 +560,14 @@ class Client:
             raise ValueError(f"states must be plan states ({', '.join(get_args(PlanStateName))}): {exc}") from None
         msg = ListPlans(req_id=self._session.next_req_id(), states=wanted, limit=limit)
         reply: Plans = await self._request(msg, Plans)
+        # The coordinator pages a long listing (each page stays under the frame limit); follow
+        # its cursor until ``limit`` rows are in (queue, counts and total come from the first page).
+        while reply.next_cursor and len(reply.plans) < limit:
+            msg = ListPlans(req_id=self._session.next_req_id(), states=wanted, limit=limit - len(reply.plans),
+                            cursor=reply.next_cursor)  # fmt: skip
+            page: Plans = await self._request(msg, Plans)
+            reply.plans.extend(page.plans)
+            reply.next_cursor = page.next_cursor
         return reply
 
     async def drain(self, worker_id: str, *, deadline_s: float | None = None) -> None:
@@ -568,6 +587,15 @@ class Client:
             RequestError: code ``unknown_worker``: no such worker is registered.
         """
         await self._request(UndrainWorker(req_id=self._session.next_req_id(), worker_id=worker_id), Ok)
+
+    async def remove_worker(self, worker_id: str) -> None:
+        """Remove a worker for good, at once: its unfinished plans are requeued (no attempt spent),
+        its session is closed 4410 and its id is refused until the coordinator restarts.
+
+        Raises:
+            RequestError: code ``unknown_worker``: no such worker is registered; ``forbidden``: not an admin token.
+        """
+        await self._request(RemoveWorker(req_id=self._session.next_req_id(), worker_id=worker_id), Ok)
 
     # ---- internals: requests and plans
 

@@ -6,11 +6,12 @@ connection itself (dialling, refusals, close codes), not about requests and plan
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 from collections.abc import Sequence
 from typing import Any, Final
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
@@ -19,8 +20,18 @@ from websockets.typing import Subprotocol
 from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
+from protocol.urls import websocket_url
 
-__all__ = ["CLIENT_PATH", "DEFAULT_MAX_FRAME_BYTES", "UrlList", "dial", "ending_error", "resolve_url", "resolve_urls"]
+__all__ = [
+    "CLIENT_PATH",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "UrlList",
+    "dial",
+    "ending_error",
+    "resolve_url",
+    "resolve_urls",
+    "serves_plain_http",
+]
 
 CLIENT_PATH: Final = "/v1/client"
 DEFAULT_MAX_FRAME_BYTES: Final = 16 * 2**20
@@ -42,12 +53,8 @@ def resolve_url(url: str | None) -> str:
         url = os.environ.get("FLEETWIRE_URL")
     if not url:
         raise ValueError("no coordinator URL: pass url='ws://host:port' or set FLEETWIRE_URL")
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.netloc:
-        raise ValueError(f"the coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
-    if parts.path in ("", "/"):
-        return urlunsplit((parts.scheme, parts.netloc, CLIENT_PATH, parts.query, parts.fragment))
-    return urlunsplit(parts)
+    # http(s):// (the dashboard's address) means ws(s)://; no scheme is refused (protocol/urls.py).
+    return websocket_url(url, CLIENT_PATH)
 
 
 def resolve_urls(url: str | Sequence[str] | None, *, pool: str = "") -> list[str]:
@@ -84,7 +91,7 @@ class UrlList:
 
     def move_to(self, url: str) -> None:
         """A ``moved`` named ``url`` (empty: none known; go on with the list)."""
-        self._moved = url or None
+        self._moved = resolve_url(url) if url else None
 
     def pick(self) -> str:
         if self._moved is not None:
@@ -139,13 +146,33 @@ async def dial(
     except InvalidURI as exc:
         raise ValueError(f"invalid coordinator URL {url!r}: {exc}") from exc
     except (OSError, InvalidHandshake) as exc:
-        raise FleetwireConnectionError(f"cannot connect to the coordinator at {url}: {exc}") from exc
+        why = f"{exc}" or type(exc).__name__
+        if url.startswith("wss://") and isinstance(exc, (ConnectionResetError, ssl.SSLError)):
+            if await serves_plain_http(url, open_timeout_s):
+                why = "this coordinator does not serve TLS (it answered plain HTTP); use ws://"
+        raise FleetwireConnectionError(f"cannot connect to the coordinator at {url}: {why}") from exc
     if ws.subprotocol not in (subprotocol, None) or (ws.subprotocol is None and encoding != "msgpack"):
         await ws.close()
         raise FleetwireConnectionError(
             f"the coordinator at {url} did not accept subprotocol {subprotocol!r} (it selected {ws.subprotocol!r})"
         )
     return ws
+
+
+async def serves_plain_http(url: str, timeout_s: float | None) -> bool:
+    """Whether ``url``'s host and port answer a plain-HTTP request (a ``wss://`` dial that failed at TLS)."""
+    parts = urlsplit(url)
+    try:
+        async with asyncio.timeout(timeout_s or 5.0):
+            reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 443)
+            try:
+                writer.write(f"GET /healthz HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode())
+                await writer.drain()
+                return (await reader.read(5)) == b"HTTP/"
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return False
 
 
 def _tls(url: str, ca_file: str | None) -> dict[str, Any]:

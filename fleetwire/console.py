@@ -10,7 +10,7 @@ Output rules (docs/OPERATIONS.md §CLI):
   state, worker, event count and elapsed time in a spinner line below them; streamed ``token``
   events are shown growing in that line and printed as one text when the stream ends.
 
-Commands defined here: ``plans``, ``drain``, ``undrain`` and ``completion``; ``cli.py`` adds them
+Commands defined here: ``plans``, ``drain``, ``undrain``, ``remove`` and ``completion``; ``cli.py`` adds them
 with :func:`add_operator_commands`.
 """
 
@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, TextIO
 
 import msgspec
@@ -30,7 +30,7 @@ from rich.table import Table
 
 from fleetwire.client import Client, Plan
 from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
-from protocol.messages import Event, PlanInfo, Plans, WorkerInfo, Workers
+from protocol.messages import Event, PlanInfo, Plans, Receipt, WorkerInfo, Workers
 
 __all__ = [
     "EXIT_CANCELLED",
@@ -40,7 +40,10 @@ __all__ = [
     "add_operator_commands",
     "explain_unreachable",
     "finish",
+    "print_table",
     "print_workers",
+    "progress_text",
+    "workers_table",
 ]
 
 EXIT_OK: Final = 0
@@ -122,9 +125,12 @@ class _Follower:
                 self.state = event.kind if event.kind != "waiting" else f"waiting ({data.get('reason', '')})"
                 self.worker = data.get("worker_id", self.worker) if event.kind in ("leased", "running") else ""
             elif event.kind == "progress" and "fraction" in data:
-                self.progress = f"{100 * float(data['fraction']):.0f}% {data.get('message', '')}".strip()
+                self.progress = progress_text(data)
             if self.follow:
-                payload = "" if event.data is None else " " + _json(event.data)
+                if event.kind == "progress" and "fraction" in data:  # 0.333333 -> "33 %"
+                    payload = " " + progress_text(data)
+                else:
+                    payload = "" if event.data is None else " " + _json(event.data)
                 style = _KIND_STYLES.get(event.kind, "")
                 line = f"[{event.seq}] {event.kind}{payload}"
                 self.console.print(line, style=style or None, markup=False, highlight=False)
@@ -134,10 +140,18 @@ class _Follower:
             self.status.update(self.status_text())
 
 
-async def finish(plan: Plan, *, follow: bool, as_json: bool) -> int:
-    """Wait for the plan's terminal event, printing events as asked; the exit status says the outcome."""
+WaitingHook = Callable[[str], Awaitable[None]]
+
+
+async def finish(plan: Plan, *, follow: bool, as_json: bool, on_waiting: WaitingHook | None = None) -> int:
+    """Wait for the plan's terminal event, printing events as asked; the exit status says the outcome.
+
+    ``on_waiting`` is awaited with the reason of each ``waiting`` event (after it is printed).
+    """
     if as_json:
         async for event in plan.events():
+            if on_waiting is not None and event.kind == "waiting":
+                await on_waiting(_reason(event))
             if follow:
                 print(_json({"plan_id": event.plan_id, "seq": event.seq, "kind": event.kind, "data": event.data}),
                       flush=True)
@@ -149,11 +163,54 @@ async def finish(plan: Plan, *, follow: bool, as_json: bool) -> int:
                 follower.status = status
                 async for event in plan.events():
                     follower.event(event)
+                    if on_waiting is not None and event.kind == "waiting":
+                        await on_waiting(_reason(event))
         else:
             async for event in plan.events():
                 follower.event(event)
+                if on_waiting is not None and event.kind == "waiting":
+                    await on_waiting(_reason(event))
         follower.flush_tokens()
-    return _outcome(plan, await _result(plan), as_json)
+    outcome = await _result(plan)
+    if follow and not as_json and plan.receipt is not None:
+        print(receipt_line(plan.receipt), flush=True)  # before the result: that stays the last line
+    return _outcome(plan, outcome, as_json)
+
+
+def _joules(joules: float) -> str:
+    if joules >= 1e6:
+        return f"{joules / 1e6:.3g} MJ"
+    return f"{joules / 1e3:.3g} kJ" if joules >= 1e4 else f"{joules:.1f} J"
+
+
+def _grams(grams: float) -> str:
+    return f"{grams:.2f}" if grams >= 0.01 or grams == 0 else f"{grams:.2g}"
+
+
+def receipt_line(receipt: Receipt) -> str:
+    """One line for a plan's receipt: ``energy 12.3 J (estimated), 0.41 gCO2e; projected 11.0 J``."""
+    if receipt.source == "none":
+        energy = "energy unknown (the worker has no NVML, --power-watts or --uj-per-token)"
+    else:
+        energy = f"energy {_joules(receipt.joules)}" + (" (estimated)" if receipt.estimated else "")
+        known = receipt.intensity_g_per_kwh > 0
+        energy += f", {_grams(receipt.co2e_g)} gCO2e" if known else ", gCO2e unknown (no zone intensity)"
+    if receipt.projected_joules > 0:
+        energy += f"; projected {_joules(receipt.projected_joules)}"
+        if receipt.projected_co2e_g > 0:
+            energy += f", {_grams(receipt.projected_co2e_g)} gCO2e"
+    return energy
+
+
+def _with_receipt(plan: Plan, record: dict[str, Any]) -> dict[str, Any]:
+    if plan.receipt is not None:
+        record["receipt"] = plan.receipt
+    return record
+
+
+def _reason(event: Event) -> str:
+    reason = event.data.get("reason") if isinstance(event.data, dict) else None
+    return reason if isinstance(reason, str) else ""
 
 
 async def _result(plan: Plan) -> tuple[str, Any]:
@@ -169,15 +226,18 @@ def _outcome(plan: Plan, outcome: tuple[str, Any], as_json: bool) -> int:
     state, value = outcome
     if state == "failed":
         if as_json:
-            print(_json({"plan_id": plan.id, "state": "failed", "error": {"code": value.code, "message": str(value)}}))
+            error = {"code": value.code, "message": str(value)}
+            print(_json(_with_receipt(plan, {"plan_id": plan.id, "state": "failed", "error": error})))
         else:
             print(f"plan {plan.id} failed [{value.code}]: {value}", file=sys.stderr)
         return EXIT_FAILED
     if state == "cancelled":
-        print(_json({"plan_id": plan.id, "state": "cancelled"}) if as_json else f"plan {plan.id} cancelled",
+        print(_json(_with_receipt(plan, {"plan_id": plan.id, "state": "cancelled"})) if as_json
+              else f"plan {plan.id} cancelled",
               file=sys.stdout if as_json else sys.stderr)
         return EXIT_CANCELLED
-    print(_json({"plan_id": plan.id, "state": "succeeded", "result": value}) if as_json else _json(value))
+    print(_json(_with_receipt(plan, {"plan_id": plan.id, "state": "succeeded", "result": value})) if as_json
+          else _json(value))
     return EXIT_OK
 
 
@@ -189,42 +249,93 @@ def _worker_state(w: WorkerInfo) -> str:
     return f"{state}, draining" if w.draining else state
 
 
+def progress_text(data: dict[str, Any]) -> str:
+    """A ``progress`` event as a person reads it: the fraction as a whole percentage, then the message."""
+    try:
+        percent = f"{round(100 * float(data['fraction']))} %"
+    except (KeyError, TypeError, ValueError):
+        percent = ""
+    message = data.get("message")
+    return f"{percent} {message if isinstance(message, str) else ''}".strip()
+
+
+# Columns shown even when every row is "-" (the rest are dropped then: a CPU fleet has no ENERGY).
+_KEPT_COLUMNS: Final = frozenset({"ID", "STATE", "IN-FLIGHT", "LAST BEAT"})
+_EMPTY_CELLS: Final = frozenset({"", "-"})
+
+
 def workers_table(rows: list[WorkerInfo]) -> Table:
-    """The ``fleetwire workers`` table."""
+    """The ``fleetwire workers`` table: ids first and whole, columns no row fills left out.
+
+    Print it with :func:`print_table`, which lets a table wider than the terminal run past it
+    (the terminal wraps the line) instead of cutting ids.
+    """
+    columns = ("ID", "VERSION", "STATE", "TAGS", "CPUS", "GPUS", "RAM", "IN-FLIGHT", "ENERGY", "CARBON", "ENGINE",
+               "LAST BEAT")
+    cells = [_worker_cells(w) for w in rows]
+    shown = [i for i, column in enumerate(columns)
+             if column in _KEPT_COLUMNS or any(row[i] not in _EMPTY_CELLS for row in cells)]  # fmt: skip
     table = Table(box=None, header_style="bold", pad_edge=False)
-    columns = ("ID", "STATE", "TAGS", "CPUS", "GPUS", "RAM", "IN-FLIGHT", "ENERGY", "CARBON", "ENGINE", "LAST BEAT")
-    for column in columns:
-        table.add_column(column, no_wrap=True)
-    for w in rows:
-        caps, load = w.capabilities, w.load
-        state = _worker_state(w)
-        style = _STATE_STYLES["draining" if w.draining else state.split(",")[0]]
-        energy = "-"
-        carbon = caps.carbon_zone or "-"
-        engine = "-"
-        if load is not None:
-            parts = [f"{load.uj_per_token:.0f} µJ/tok" if load.uj_per_token else "", f"{load.power_w:.0f} W"
-                     if load.power_w else ""]
-            energy = ", ".join(p for p in parts if p) or "-"
-            if load.zone_intensity_g_per_kwh:
-                carbon = f"{load.zone_intensity_g_per_kwh:.0f} g/kWh" + (f" ({caps.carbon_zone})" if caps.carbon_zone
-                                                                         else "")
-            if load.engine_running or load.engine_waiting or load.kv_cache_usage:
-                engine = f"{load.engine_running} run/{load.engine_waiting} wait, KV {100 * load.kv_cache_usage:.0f}%"
-        table.add_row(
-            escape(w.id),
-            f"[{style}]{state}[/]" if style else state,
-            escape(",".join(caps.tags) or "-"),
-            str(caps.cpu_cores),
-            str(len(caps.gpus)),
-            f"{caps.ram_bytes / 1e9:.1f} GB",
-            f"{w.leases}/{caps.max_concurrency}",
-            energy,
-            escape(carbon),
-            engine,
-            "-" if w.last_beat_age_s is None else f"{w.last_beat_age_s:.1f}s ago",
-        )
+    for i in shown:
+        table.add_column(columns[i], no_wrap=True)
+    for w, row in zip(rows, cells, strict=True):
+        style = _STATE_STYLES["draining" if w.draining else row[2].split(",")[0]]
+        values = [escape(row[i]) for i in shown]
+        state_at = shown.index(2)
+        if style:
+            values[state_at] = f"[{style}]{values[state_at]}[/]"
+        table.add_row(*values)
     return table
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print ``table`` at its natural width: never squeezed (cells cut with "…") to fit the terminal."""
+    natural = console.measure(table, options=console.options.update_width(1 << 16)).maximum
+    if natural > console.width:
+        table.width = natural
+    console.print(table, crop=False)
+
+
+def _worker_cells(w: WorkerInfo) -> list[str]:
+    """One ``workers`` row as plain text, in the table's column order ("-": nothing to show)."""
+    caps, load = w.capabilities, w.load
+    state = _worker_state(w)
+    energy = "-"
+    carbon = caps.carbon_zone or "-"
+    engine = "-"
+    if load is not None:
+        parts = [f"{load.uj_per_token:.0f} µJ/tok" if load.uj_per_token else "", f"{load.power_w:.0f} W"
+                 if load.power_w else ""]
+        energy = ", ".join(p for p in parts if p) or "-"
+        if load.zone_intensity_g_per_kwh:
+            carbon = f"{load.zone_intensity_g_per_kwh:.0f} g/kWh" + (f" ({caps.carbon_zone})" if caps.carbon_zone
+                                                                     else "")
+        if load.engine_running or load.engine_waiting or load.kv_cache_usage:
+            engine = f"{load.engine_running} run/{load.engine_waiting} wait, KV {100 * load.kv_cache_usage:.0f}%"
+    return [
+        w.id,
+        w.version or "-",
+        state,
+        ",".join(caps.tags) or "-",
+        str(caps.cpu_cores) if caps.cpu_cores else "-",
+        _gpu_cell(w),
+        f"{caps.ram_bytes / 1e9:.1f} GB" if caps.ram_bytes else "-",
+        f"{w.leases}/{caps.max_concurrency}",
+        energy,
+        carbon,
+        engine,
+        "-" if w.last_beat_age_s is None else f"{w.last_beat_age_s:.1f}s ago",
+    ]
+
+
+def _gpu_cell(w: WorkerInfo) -> str:
+    """``4 (1 used, 3 free)``: the worker's devices and how many plans hold them ("-": none)."""
+    gpus = w.capabilities.gpus
+    if not gpus:
+        return "-"
+    used = sum(1 for n in w.gpu_use if n)
+    share = w.capabilities.gpu_share
+    return f"{len(gpus)} ({used} used, {len(gpus) - used} free" + (f", {share} plans each)" if share > 1 else ")")
 
 
 def print_workers(reply: Workers, *, as_json: bool) -> None:
@@ -233,7 +344,7 @@ def print_workers(reply: Workers, *, as_json: bool) -> None:
         print(_json({"summary": reply.summary, "workers": reply.workers}))
         return
     console = make_console()
-    console.print(workers_table(reply.workers))
+    print_table(console, workers_table(reply.workers))
     console.print(reply.summary, markup=False)
 
 
@@ -256,17 +367,80 @@ Target = Callable[[argparse.Namespace], tuple[str, str | None]]
 
 async def _plans(ns: argparse.Namespace, target: Target) -> int:
     url, token = target(ns)
+    states = ns.state or ()
+    if ns.by is not None and not states:
+        states = ("succeeded", "failed", "cancelled")  # a footprint is made of finished plans
+    limit = ns.limit if ns.limit is not None else (MAX_LIST if ns.by is not None else 50)
     async with Client(url, token=token) as client:
-        reply: Plans = await client.plans(states=ns.state or (), limit=ns.limit)
+        reply: Plans = await client.plans(states=states, limit=limit)
+    if ns.since is not None:
+        since = time.time() - ns.since
+        reply.plans = [p for p in reply.plans if p.ended_at is not None and p.ended_at >= since]
+    if ns.by is not None:
+        return _print_footprint(reply.plans, ns.by, as_json=ns.json)
     if ns.json:
         print(_json(reply))
         return EXIT_OK
     console = make_console()
-    console.print(plans_table(reply.plans))
+    print_table(console, plans_table(reply.plans))
     counts = ", ".join(f"{n} {state}" for state, n in sorted(reply.counts.items()))
     queue = f"; queue: {len(reply.queue)}" + (f" (next: {reply.queue[0]})" if reply.queue else "")
     console.print(f"{len(reply.plans)} of {reply.total} plans shown; all: {counts or 'none'}{queue}", markup=False)
     return EXIT_OK
+
+
+MAX_LIST: Final = 10_000  # the most rows ``list_plans`` gives (docs/PROTOCOL.md)
+
+
+def footprint(plans: list[PlanInfo], by: str) -> list[dict[str, Any]]:
+    """Finished plans' receipts summed by ``principal`` or ``op``: one row per key, the largest energy first."""
+    rows: dict[str, dict[str, Any]] = {}
+    for p in plans:
+        key = p.owner if by == "principal" else p.op
+        row = rows.setdefault(key, {by: key, "plans": 0, "joules": 0.0, "co2e_g": 0.0, "estimated": 0,
+                                    "no_receipt": 0, "projected_joules": 0.0})  # fmt: skip
+        row["plans"] += 1
+        r = p.receipt
+        if r is None:
+            row["no_receipt"] += 1
+            continue
+        row["joules"] += r.joules
+        row["co2e_g"] += r.co2e_g
+        row["estimated"] += r.estimated
+        row["projected_joules"] += r.projected_joules
+    return sorted(rows.values(), key=lambda row: (-row["joules"], row[by]))
+
+
+def _print_footprint(plans: list[PlanInfo], by: str, *, as_json: bool) -> int:
+    rows = footprint(plans, by)
+    if as_json:
+        print(_json({"by": by, "rows": rows}))
+        return EXIT_OK
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in (by.upper(), "PLANS", "ENERGY", "GCO2E", "ESTIMATED", "PROJECTED", "NO RECEIPT"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(escape(row[by] or "-"), str(row["plans"]), _joules(row["joules"]), _grams(row["co2e_g"]),
+                      str(row["estimated"]), _joules(row["projected_joules"]) if row["projected_joules"] else "-",
+                      str(row["no_receipt"]))
+    console = make_console()
+    print_table(console, table)
+    total_j, total_g = sum(r["joules"] for r in rows), sum(r["co2e_g"] for r in rows)
+    console.print(f"{len(plans)} finished plans: {_joules(total_j)}, {_grams(total_g)} gCO2e", markup=False)
+    return EXIT_OK
+
+
+def duration_s(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``24h`` or ``7d`` in seconds (argparse type of ``--since``)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], text[-1]) if text[-1:].lower() in units else (text, "s")
+    try:
+        value = float(number) * units[unit.lower()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a duration like 90s, 30m, 24h or 7d, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    return value
 
 
 async def _drain(ns: argparse.Namespace, target: Target) -> int:
@@ -288,6 +462,18 @@ async def _undrain(ns: argparse.Namespace, target: Target) -> int:
     async with Client(url, token=token) as client:
         await client.undrain(ns.worker)
     print(_json({"worker_id": ns.worker, "draining": False}) if ns.json else f"worker {ns.worker} takes plans again")
+    return EXIT_OK
+
+
+async def _remove(ns: argparse.Namespace, target: Target) -> int:
+    url, token = target(ns)
+    async with Client(url, token=token) as client:
+        await client.remove_worker(ns.worker)
+    if ns.json:
+        print(_json({"worker_id": ns.worker, "removed": True}))
+    else:
+        print(f"worker {ns.worker} removed: its unfinished plans are queued again; its id is refused until the "
+              "coordinator restarts")
     return EXIT_OK
 
 
@@ -334,7 +520,13 @@ def add_operator_commands(
     p.add_argument("--state", action="append", metavar="STATE",
                    choices=("queued", "leased", "running", "succeeded", "failed", "cancelled"),
                    help="only plans in this state (repeatable)")
-    p.add_argument("--limit", type=int, default=50, help="at most this many plans (default 50)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most this many plans (default 50; with --by 10000)")
+    p.add_argument("--since", type=duration_s, metavar="DURATION",
+                   help="only plans that finished within this long, e.g. 24h, 30m, 7d (the coordinator keeps "
+                        "finished plans for --plan-retention)")
+    p.add_argument("--by", choices=("principal", "op"),
+                   help="sum finished plans' energy and gCO2e receipts by principal or op (a team's footprint)")
     p.set_defaults(func=bind(_plans))
 
     p = sub.add_parser("drain", parents=[common, client], help="stop placing plans on a worker",
@@ -353,6 +545,14 @@ def add_operator_commands(
     p.add_argument("worker", help="worker id")
     p.set_defaults(func=bind(_undrain))
 
+    p = sub.add_parser("remove", parents=[common, client], help="remove a worker for good",
+                       description="Remove a worker at once: its unfinished plans go back to the queue (no attempt "
+                                   "spent), its session is closed (4410: the agent stops) and its id is refused until "
+                                   "the coordinator restarts. For a graceful removal, `fleetwire drain --deadline S` "
+                                   "first. Needs an admin token: $FLEETWIRE_ADMIN_TOKEN (or --token).")
+    p.add_argument("worker", help="worker id")
+    p.set_defaults(func=bind(_remove))
+
     p = sub.add_parser("completion", parents=[common], help="print a shell completion script",
                        description="Print a completion script for SHELL. Bash: "
                                    "`fleetwire completion bash > /etc/bash_completion.d/fleetwire`, "
@@ -370,7 +570,7 @@ def add_operator_commands(
 
 def explain_unreachable(exc: FleetwireConnectionError, url: str | None) -> str:
     """The message for a coordinator the CLI could not reach: the URL tried and what to check."""
-    if exc.close_code is not None or not str(exc).startswith("cannot connect"):
+    if exc.close_code is not None or not str(exc).startswith("cannot connect") or "does not serve TLS" in str(exc):
         return f"{exc}"
     return (
         f"{exc}\n"

@@ -14,8 +14,9 @@ Theory of operation:
 * :class:`DirectTransport` speaks HTTP/1.1 to the worker (httpx): ``HEAD`` for the acknowledged
   offset, then ``PUT`` with ``Content-Range`` from there; a dropped connection resumes from the
   new acknowledged offset. Downloads are ``GET`` with ``Range``, resumed the same way.
-* The relay (a later transport) carries the same bytes through the coordinator: it implements
-  :class:`Transport` and is picked when a grant has no URL or the direct dial fails.
+* The relay (fleetwire/relay.py ``RelayTransport``) carries the same bytes through the
+  coordinator: it implements :class:`Transport`; the client's default ``AutoTransport`` picks it
+  when a grant has no URL or the direct dial fails.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import pathlib
+import queue
 import shutil
 import socket
 import ssl
@@ -394,6 +396,8 @@ class DirectTransport:
                         size = received + int(response.headers.get("content-length", "0"))
                     async for chunk in response.aiter_raw(CHUNK_BYTES):
                         received += len(chunk)
+                        if self.progress is not None:
+                            self.progress(name, received, size)
                         yield chunk
             except httpx.TransportError as exc:
                 failures += 1
@@ -537,18 +541,67 @@ def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: li
         file.write(first[:remaining])
         progress[0] += min(len(first), remaining)
         remaining -= min(len(first), remaining)
-    buffer = bytearray(TRANSFER_CHUNK)
-    view = memoryview(buffer)
-    while remaining > 0:
-        got = sock.recv_into(view, min(len(buffer), remaining))
-        if not got:
-            raise ConnectionResetError(f"the worker closed the download at byte {progress[0]}")
-        file.write(view[:got])
-        progress[0] += got
-        remaining -= got
-        if report is not None:
-            report(progress[0], progress[1])
+    with _FileWriter(file) as writer:
+        while remaining > 0:
+            view = writer.buffer()
+            got = 0
+            while got < len(view) and got < remaining:  # fill a whole buffer: few handoffs
+                n = sock.recv_into(view[got:], min(len(view) - got, remaining - got))
+                if not n:
+                    break
+                got += n
+            if got:
+                writer.write(view[:got])
+                progress[0] += got
+                remaining -= got
+                if report is not None:
+                    report(progress[0], progress[1])
+            if remaining and got < len(view):
+                raise ConnectionResetError(f"the worker closed the download at byte {progress[0]}")
     return status, b""
+
+
+class _FileWriter:
+    """Writes buffers to a file in a thread of its own while the caller fills the next (two buffers)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self._free: queue.Queue[memoryview] = queue.Queue()
+        for _ in range(2):
+            self._free.put(memoryview(bytearray(TRANSFER_CHUNK)))
+        self._full: queue.Queue[memoryview | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._written = 0
+        self._thread = threading.Thread(target=self._run, name="fleetwire-data-write", daemon=True)
+
+    def __enter__(self) -> _FileWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._full.put(None)
+        self._thread.join()
+        if self._error is not None and exc[0] is None:
+            raise self._error
+
+    def buffer(self) -> memoryview:
+        """A free buffer (waits while both are being written)."""
+        if self._error is not None:
+            raise self._error
+        return self._free.get()
+
+    def write(self, part: memoryview) -> None:
+        self._full.put(part)
+
+    def _run(self) -> None:
+        while (part := self._full.get()) is not None:
+            try:
+                if self._error is None:
+                    self._file.write(part)
+            except BaseException as exc:  # reported to the filling thread
+                self._error = exc
+            finally:
+                self._free.put(memoryview(part.obj))  # type: ignore[arg-type]
 
 
 def _auth(ticket: str) -> dict[str, str]:

@@ -4,18 +4,33 @@ Human-readable lines when stderr is a terminal (``--log-format console``), one J
 per line otherwise or with ``--log-format json``. Modules only ever call
 ``structlog.get_logger(__name__)`` and bind ``worker_id``/``plan_id``; this is the one
 place that decides how lines look.
+
+No line carries a plan's args, results, events or a token. Tracebacks never show local
+variables (structlog's dict tracebacks and rich tracebacks do by default, and a handler's
+frames hold its plan's args): both renderers here are built without locals, and code that
+logs an exception passes ``exception=traceback_text(exc)`` (a plain string) rather than
+``exc_info``, so a process that configured structlog its own way (the ``Agent`` used as a
+library) cannot print locals either.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import traceback
 from typing import Literal
 
 import structlog
 
 LogFormat = Literal["auto", "console", "json"]
 LEVELS = ("debug", "info", "warning", "error")
+
+__all__ = ["LEVELS", "LogFormat", "configure_logging", "traceback_text"]
+
+
+def traceback_text(exc: BaseException) -> str:
+    """``exc``'s traceback as plain text: frames and source lines, never local variables."""
+    return "".join(traceback.format_exception(exc)).rstrip()
 
 
 def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
@@ -25,16 +40,24 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
     renderer: structlog.types.Processor
+    exceptions: structlog.types.Processor
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
+        # structlog's ``dict_tracebacks`` shows every frame's locals: a handler's args included.
+        exceptions = structlog.processors.ExceptionRenderer(
+            structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+        )
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
+        exceptions = structlog.processors.format_exc_info
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.dict_tracebacks if fmt == "json" else structlog.processors.format_exc_info,
+            exceptions,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),

@@ -13,11 +13,11 @@ from typing import Any, TypedDict, TypeVar, cast
 
 import msgspec
 
-from protocol.messages import Requirements, RoutingHints
+from protocol.messages import Requirements, Resources, RoutingHints
 
-__all__ = ["SubmitManyOptions", "SubmitOptions", "hints", "new_plan_id", "requirements"]
+__all__ = ["SubmitManyOptions", "SubmitOptions", "hints", "new_plan_id", "requirements", "resources"]
 
-S = TypeVar("S", Requirements, RoutingHints)
+S = TypeVar("S", Requirements, RoutingHints, Resources)
 
 
 class _PlanOptions(TypedDict, total=False):
@@ -38,6 +38,8 @@ class SubmitOptions(_PlanOptions, total=False):
     policy: str | None
     inputs: Mapping[str, Any] | None  # name -> bytes | memoryview | pathlib.Path | binary file (fleetwire/data.py)
     outputs: Iterable[str]
+    relay: bool  # inputs and outputs through the coordinator (fleetwire/relay.py)
+    resources: Resources | Mapping[str, Any] | None  # devices it holds: {"gpus": 2, "gpu_memory_gb": 40, ...}
 
 
 class SubmitManyOptions(_PlanOptions, total=False):
@@ -76,6 +78,14 @@ def hints(value: RoutingHints | Mapping[str, Any] | None, session_key: str | Non
     if policy is not None:
         routing = msgspec.structs.replace(routing, policy=policy)
     return routing
+
+
+def resources(value: Resources | Mapping[str, Any] | None) -> Resources | None:
+    """The device request of a submit (None: none); the coordinator checks the numbers."""
+    if value is None:
+        return None
+    found = _struct(value, Resources, "resources")
+    return found if found.gpus or found.gpu_memory_gb or found.accelerator else None
 
 
 def requirements(value: Requirements | Mapping[str, Any] | None, tags: Iterable[str] | None) -> Requirements:

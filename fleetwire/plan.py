@@ -14,9 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+import msgspec
+
 from fleetwire.data import Grant, Transport, Uploads, fetch_to
+from fleetwire.relay import AutoTransport
 from fleetwire.stream import PlanStream
-from protocol.messages import Event, PlanInfo, PlanStateName
+from protocol.messages import Event, PlanInfo, PlanStateName, Receipt
+from protocol.relay import RESULT_OUTPUT
 
 __all__ = ["Plan", "PlanCanceller"]
 
@@ -36,6 +40,11 @@ class PlanCanceller(Protocol):
     @property
     def transport(self) -> Transport:
         """How bytes move (fleetwire/data.py)."""
+        ...
+
+    @property
+    def relay(self) -> Transport:
+        """Bytes through the coordinator (fleetwire/relay.py)."""
         ...
 
 
@@ -64,6 +73,9 @@ class Plan:
         stream.on_change = self._wake
         self.uploads: Uploads | None = None
         """Its inputs' uploads (fleetwire/data.py), when it was submitted with inputs."""
+        self.relay = False
+        """Its inputs and outputs go through the coordinator (``submit(relay=True)``; fleetwire/relay.py)."""
+        self._big_result: tuple[Any] | None = None  # a result fetched from the output ``__result__``
 
     def __repr__(self) -> str:
         return f"<Plan {self.id} {self.state or 'unknown'} seq={self.last_seq}>"
@@ -108,6 +120,13 @@ class Plan:
         """Whether the plan reached a terminal state (succeeded, failed or cancelled)."""
         return self._stream.final is not None
 
+    @property
+    def receipt(self) -> Receipt | None:
+        """Once the plan ended: the energy (J) and emissions (gCO2e) of its last attempt, measured or
+        ``estimated``, with what placement projected (docs/PROTOCOL.md §Receipt); None before, or
+        when its worker sent none."""
+        return self._stream.receipt
+
     def events(self) -> AsyncIterator[Event]:
         """Every event received for this plan, in ``seq`` order, from the first.
 
@@ -128,12 +147,46 @@ class Plan:
             PlanCancelled: the plan was cancelled.
             FleetwireConnectionError: the session ended before the plan did.
         """
+        result = await self._outcome()
+        if result is None and self._stream.final == "succeeded" and self._result_output():
+            # The handler's result was over the frame limit: the worker kept it as an output.
+            if self._big_result is None:
+                encoded = await self.output(RESULT_OUTPUT)
+                self._big_result = (msgspec.msgpack.decode(encoded),)
+            return self._big_result[0]
+        return result
+
+    async def _outcome(self) -> Any:
         stream = self._stream
         while stream.final is None:
             if stream.lost is not None:
                 raise stream.lost
             await self._changed_event().wait()
         return stream.outcome()
+
+    def _result_output(self) -> bool:
+        """Whether the ``succeeded`` event lists the output ``__result__`` (an oversize result)."""
+        for event in reversed(self._stream.events):
+            if event.kind == "succeeded":
+                data = event.data if isinstance(event.data, dict) else {}
+                outputs = data.get("outputs")
+                return isinstance(outputs, dict) and RESULT_OUTPUT in outputs
+        return False
+
+    @property
+    def transfers(self) -> dict[tuple[str, str], str]:
+        """``(direction, name) -> "direct" | "relay"``: the path that carried each finished transfer of this
+        plan's latest attempt as this client made them ("put": inputs, "get": outputs)."""
+        found: dict[tuple[str, str], str] = {}
+        for transport in (self._client.relay, self._client.transport):
+            paths = getattr(transport, "paths", {})
+            for (plan_id, _attempt, direction, name), via in sorted(paths.items()):
+                if plan_id == self.id:
+                    found[(direction, name)] = via
+        return found
+
+    def _transport(self) -> Transport:
+        return self._client.relay if self.relay else self._client.transport
 
     async def cancel(self) -> PlanInfo:
         """Cancel the plan; same as ``client.cancel(plan.id)``."""
@@ -146,9 +199,9 @@ class Plan:
             PlanFailed, PlanCancelled: the plan did not succeed.
             DataTransferError: the worker no longer has it (expired, or the worker died), or it is unreachable.
         """
-        await self.result()
+        await self._outcome()
         grant = await self._client.data_ticket(self.id, "get")
-        async for chunk in self._client.transport.download(grant, name):
+        async for chunk in self._transport().download(grant, name):
             yield chunk
 
     async def output(self, name: str) -> bytes:
@@ -158,9 +211,12 @@ class Plan:
 
     async def output_to(self, name: str, path: str | os.PathLike[str]) -> Path:
         """Write an output to ``path`` in chunks (bounded memory); returns the path."""
-        await self.result()
+        await self._outcome()
         grant = await self._client.data_ticket(self.id, "get")
-        return await fetch_to(self._client.transport, grant, name, path)
+        transport = self._transport()
+        if isinstance(transport, AutoTransport):
+            return await transport.fetch_to(grant, name, path)
+        return await fetch_to(transport, grant, name, path)
 
     def _wake(self) -> None:
         # One Event per generation: every waiter of this generation wakes, later

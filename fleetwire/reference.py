@@ -74,7 +74,8 @@ def generate(parser: argparse.ArgumentParser | None = None) -> str:
             parser = build_parser()
     out: list[str] = []
     for command, sub in _subcommands(parser):
-        rows = [a for a in sub._actions if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)]
+        rows = [a for a in sub._actions if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)
+                and a.help != argparse.SUPPRESS]  # hidden aliases (e.g. submit --tag) stay out of the docs
         out.append(f"### `{command}`\n")
         if sub.description:
             out.append(_cell(sub.description) + "\n")

@@ -28,12 +28,14 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
+import pathlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from fleetwire.data import DataTransferError, Grant, InputSource, Transport
+from fleetwire.data import DataTransferError, Grant, InputSource, Transport, fetch_to, write_chunks
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
 from protocol.relay import BUSY, CLOSED, MAX_CHUNK_BYTES, REFUSED, RETRYABLE, UNAUTHORIZED, VIOLATION
 
@@ -42,6 +44,7 @@ __all__ = ["AutoTransport", "RelayLink", "RelayTransport"]
 log = logging.getLogger("fleetwire.data")
 
 Key = tuple[str, int, str, str]
+REACHED_TTL_S = 30.0  # a data endpoint dialled this recently is not dialled again before a transfer
 _STATUS = {UNAUTHORIZED: 401, REFUSED: 403, "plan_not_found": 404, "input_mismatch": 422,
            "worker_disk_full": 507, VIOLATION: 400, "invalid_argument": 400, CLOSED: 503, BUSY: 503}
 
@@ -88,6 +91,8 @@ class RelayTransport:
         self.stall_timeout_s = stall_timeout_s
         self.max_resumes = max_resumes
         self._streams: dict[Key, _Stream] = {}
+        self.paths: dict[tuple[str, int, str, str], str] = {}
+        """(plan id, attempt, "put"|"get", name) -> "relay": the transfers this transport finished."""
 
     # ------------------------------------------------------------------ from the session
 
@@ -128,6 +133,7 @@ class RelayTransport:
         while True:
             try:
                 await self._upload_once(key, grant, source)
+                self.paths[(key[0], key[1], "put", key[2])] = "relay"
                 return
             except _Retry as exc:
                 failures += 1
@@ -183,6 +189,7 @@ class RelayTransport:
                         if chunk.data:
                             yield chunk.data
                         if chunk.last:
+                            self.paths[(key[0], key[1], "get", name)] = "relay"
                             return
                         self._link.post(DataCredit(plan_id=key[0], attempt=key[1], name=name, direction="get",
                                                    offset=received))
@@ -260,6 +267,7 @@ class AutoTransport:
         self.paths: dict[tuple[str, int, str, str], str] = {}
         """(plan id, attempt, "put"|"get", name) -> "direct" or "relay": the path that finished each transfer."""
         self._unreachable: dict[str, float] = {}  # url -> until (monotonic)
+        self._reached: dict[str, float] = {}  # url -> until: dialled lately, not dialled again before each transfer
 
     async def upload(self, grant: Grant, source: InputSource) -> None:
         key = (grant.plan_id, grant.attempt, "put", source.name)
@@ -273,7 +281,6 @@ class AutoTransport:
                     raise
                 self._mark_unreachable(grant.url, exc)
         await self.relay.upload(grant, source)
-        self.paths[key] = "relay"
 
     def download(self, grant: Grant, name: str) -> AsyncIterator[bytes]:
         return self._download(grant, name)
@@ -294,7 +301,19 @@ class AutoTransport:
                 self._mark_unreachable(grant.url, exc)
         async for chunk in self.relay.download(grant, name, received):
             yield chunk
-        self.paths[key] = "relay"
+
+    async def fetch_to(self, grant: Grant, name: str, path: str | os.PathLike[str]) -> pathlib.Path:
+        """Write an output to ``path``: the direct path's own way when the worker can be dialled, else relayed."""
+        if await self._reachable(grant.url):
+            try:
+                target = await fetch_to(self.direct, grant, name, path)
+                self.paths[(grant.plan_id, grant.attempt, "get", name)] = "direct"
+                return target
+            except DataTransferError as exc:
+                if exc.status:
+                    raise
+                self._mark_unreachable(grant.url, exc)
+        return await write_chunks(self.relay.download(grant, name), path)
 
     async def aclose(self) -> None:
         await self.direct.aclose()
@@ -304,11 +323,14 @@ class AutoTransport:
         """Whether a TCP connection to the data endpoint at ``url`` opens (remembered while it does not)."""
         if not url:
             return False
+        now = time.monotonic()
         until = self._unreachable.get(url)
         if until is not None:
-            if time.monotonic() < until:
+            if now < until:
                 return False
             del self._unreachable[url]
+        if self._reached.get(url, 0.0) > now:
+            return True
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
@@ -319,8 +341,12 @@ class AutoTransport:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+        if len(self._reached) > 1024:
+            self._reached.clear()
+        self._reached[url] = now + REACHED_TTL_S
         return True
 
     def _mark_unreachable(self, url: str, exc: BaseException) -> None:
+        self._reached.pop(url, None)
         log.info("fleetwire: worker data endpoint %s unreachable (%s); using the relay", url, exc)
         self._unreachable[url] = time.monotonic() + self.unreachable_ttl_s

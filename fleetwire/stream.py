@@ -21,9 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+import msgspec
+
 from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
 from protocol import errors as codes
-from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, PlanInfo, PlanStateName, Resync
+from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, PlanInfo, PlanStateName, Receipt, Resync
 
 __all__ = ["PlanStream"]
 
@@ -63,6 +65,7 @@ class PlanStream:
         recovered: times the session resubmitted the plan after the coordinator lost it (see ``recover``).
         events: every event taken, in ``seq`` order.
         final: the terminal state, once known.
+        receipt: the energy and carbon receipt its terminal event (or record) carried; None: none.
         lost: why the session ended before the plan did, if it did.
         on_change: called after every change; the owner of the stream sets it.
     """
@@ -79,6 +82,7 @@ class PlanStream:
         "live",
         "lost",
         "on_change",
+        "receipt",
         "recovered",
         "resyncs",
         "state",
@@ -98,6 +102,7 @@ class PlanStream:
         self.recovered = 0
         self.events: list[Event] = []
         self.final: PlanStateName | None = None
+        self.receipt: Receipt | None = None
         self.lost: FleetwireConnectionError | None = None
         self.on_change: Callable[[], None] = _unchanged
         self._result: Any = None
@@ -171,6 +176,7 @@ class PlanStream:
                 self._cancel_reason = str(data.get("reason", ""))
             if state in TERMINAL_STATES:
                 self.final = state
+                self.receipt = _receipt(data.get("receipt"))
         self.on_change()
 
     def resync(self, msg: Resync) -> None:
@@ -221,6 +227,7 @@ class PlanStream:
         self.attempt = info.attempt
         self.worker_id = info.worker_id
         self._result = info.result
+        self.receipt = info.receipt
         if info.error is not None:
             self._failure = info.error
         self.on_change()
@@ -230,3 +237,13 @@ class PlanStream:
         if self.final is None and self.lost is None:
             self.lost = error
             self.on_change()
+
+
+def _receipt(value: Any) -> Receipt | None:
+    """A terminal event's ``receipt`` (a map on the wire) as a :class:`Receipt`; None when absent or malformed."""
+    if isinstance(value, Receipt) or value is None:
+        return value
+    try:
+        return msgspec.convert(value, Receipt)
+    except (msgspec.ValidationError, TypeError):
+        return None

@@ -29,7 +29,7 @@ from fleetwire.client import DEFAULT_MAX_FRAME_BYTES, Client
 from fleetwire.options import SubmitManyOptions, SubmitOptions
 from fleetwire.plan import Plan
 from protocol.codec import Encoding
-from protocol.messages import Event, PlanInfo, Plans, PlanStateName, Workers
+from protocol.messages import Event, PlanInfo, Plans, PlanStateName, Receipt, Workers
 
 __all__ = ["SyncClient", "SyncPlan"]
 
@@ -98,7 +98,8 @@ class SyncClient:
 
     def submit(self, op: str, args: Any = None, **options: Unpack[SubmitOptions]) -> SyncPlan:
         """Submit a plan; takes the keyword arguments of ``Client.submit`` (tags, requirements,
-        priority, timeout_s, max_attempts, retries, plan_id, hints, session_key, policy, inputs, outputs)."""
+        priority, timeout_s, max_attempts, retries, plan_id, hints, session_key, policy, inputs, outputs,
+        relay)."""
         return SyncPlan(self, self._call(self._client.submit(op, args, **options)))
 
     def submit_many(self, op: str, args: Iterable[Any], **options: Unpack[SubmitManyOptions]) -> list[SyncPlan]:
@@ -186,6 +187,11 @@ class SyncPlan:
     def state(self) -> PlanStateName | None:
         """The state the plan's latest lifecycle event implies."""
         return self._plan.state
+
+    @property
+    def receipt(self) -> Receipt | None:
+        """The plan's energy and carbon receipt once it ended (see ``Plan.receipt``)."""
+        return self._plan.receipt
 
     @property
     def duplicate(self) -> bool:

@@ -225,10 +225,12 @@ class Codec:
             probe = self._probe.decode(raw)
         except RecursionError:
             return DecodeFailure(errors.INVALID_MESSAGE, f"message nested too deeply{where}")
-        except (msgspec.DecodeError, msgspec.ValidationError) as probe_exc:
-            if isinstance(probe_exc, msgspec.DecodeError) and isinstance(exc, msgspec.DecodeError):
-                return DecodeFailure(errors.INVALID_MESSAGE, f"message is not valid {self.encoding}{where}: {exc}")
-            return DecodeFailure(errors.INVALID_MESSAGE, f"a message must be an object with a 'type' field{where}")
+        except msgspec.ValidationError as probe_exc:  # valid msgpack/JSON, but not a map (42, null, "x")
+            return DecodeFailure(
+                errors.INVALID_MESSAGE, f"a message must be a map with a string 'type' field{where}: {probe_exc}"
+            )
+        except msgspec.DecodeError as probe_exc:  # not msgpack/JSON at all: malformed or truncated
+            return DecodeFailure(errors.BAD_FRAME, f"frame is not valid {self.encoding}{where}: {probe_exc}")
         req_id = probe.req_id if isinstance(probe.req_id, int) and not isinstance(probe.req_id, bool) else 0
         mtype = probe.type if isinstance(probe.type, str) else None
         if mtype is None:

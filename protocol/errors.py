@@ -54,6 +54,7 @@ CLOSE_PROTOCOL: Final = 4400  # repeated protocol violations
 CLOSE_REVOKED: Final = 4401  # the session's token was revoked (token file reloaded without it)
 CLOSE_FORBIDDEN: Final = 4403  # a message this role or token may not send (scope)
 CLOSE_HEARTBEAT_TIMEOUT: Final = 4408  # the worker stopped beating and was reaped
+CLOSE_REMOVED: Final = 4410  # an operator removed this worker for good (``remove_worker``): do not reconnect
 CLOSE_REPLACED: Final = 4409  # the worker id moved to a newer session (with proof), or was refused to this one
 CLOSE_RATE_LIMITED: Final = 4429  # the peer kept sending faster than its message rate limit
 CLOSE_MOVED: Final = 4307  # cluster mode: another coordinator owns the shard; a ``moved`` message says where

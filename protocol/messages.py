@@ -24,7 +24,7 @@ Session roles and their messages (docs/PROTOCOL.md §Messages):
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
@@ -35,6 +35,10 @@ Outcome = Literal["succeeded", "failed", "cancelled"]
 Accelerator = Literal["cpu", "gpu", "tpu", "npu", "mixed"]
 
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+# A client request's id: 0 means "no request" (the default where one may be left out); a
+# negative one is refused at decode (``invalid_message`` naming ``$.req_id``). docs/PROTOCOL.md §4.
+ReqId = Annotated[int, msgspec.Meta(ge=0)]
 
 
 # --------------------------------------------------------------------------- records
@@ -49,6 +53,7 @@ class GpuInfo(msgspec.Struct, omit_defaults=True):
     uuid: str = ""
     index: int = 0
     parent_uuid: str = ""  # a MIG instance: the UUID of the physical GPU it is carved from
+    visible_id: str = ""  # what CUDA_VISIBLE_DEVICES names it by ("": its index; a MIG instance: its UUID)
 
 
 class Capabilities(msgspec.Struct, omit_defaults=True):
@@ -70,6 +75,7 @@ class Capabilities(msgspec.Struct, omit_defaults=True):
     carbon_zone: str = ""  # grid zone, e.g. "FR", "US-CAL-CISO"
     continuous_batching: bool = False
     paged_kv: bool = False
+    gpu_share: int = 1  # plans that may hold one of ``gpus`` at once (``--gpu-share K``)
 
 
 class Load(msgspec.Struct, omit_defaults=True):
@@ -88,6 +94,10 @@ class Load(msgspec.Struct, omit_defaults=True):
     engine_running: int = 0  # inference engine's running requests (e.g. vLLM)
     engine_waiting: int = 0  # inference engine's waiting requests
     kv_cache_usage: float = 0.0  # inference engine's KV-cache usage, 0..1
+    data_bytes_in: int = 0  # data endpoint: input bytes received since the worker started
+    data_bytes_out: int = 0  # data endpoint: output bytes sent since the worker started
+    data_refused: dict[str, int] = {}  # data endpoint: requests refused since the worker started, by HTTP status
+    gpus_free: int = -1  # devices no plan holds now (-1: not reported)
 
 
 class Requirements(msgspec.Struct, omit_defaults=True):
@@ -98,6 +108,40 @@ class Requirements(msgspec.Struct, omit_defaults=True):
     model: str | None = None
     min_gpu_memory_bytes: int = 0
     python_env: str | None = None
+
+
+class Resources(msgspec.Struct, omit_defaults=True):
+    """Devices a plan holds while it runs (docs/PROTOCOL.md §Resources). Empty means none.
+
+    ``gpus``: how many devices (whole GPUs, or MIG instances on a MIG host), each with at least
+    ``gpu_memory_gb`` GB (10^9 bytes) and, when ``accelerator`` is set, a model name containing it
+    (case-insensitive, e.g. ``"H100"``). A fraction below 1 needs ``share``: one share of a device
+    on a worker started with ``--gpu-share K``.
+    """
+
+    gpus: float = 0
+    gpu_memory_gb: float = 0.0
+    accelerator: str = ""
+    share: bool = False
+
+
+class Receipt(msgspec.Struct, omit_defaults=True):
+    """What a finished plan used and emitted, and what placement projected (docs/PROTOCOL.md §Receipt).
+
+    The worker fills the measurement (``joules`` .. ``devices``) in its ``done``; the coordinator
+    adds the projection it made at assign (``projected_*``; 0: none made).
+    """
+
+    joules: float = 0.0  # energy over the plan's run
+    co2e_g: float = 0.0  # joules / 3.6e6 * intensity
+    estimated: bool = False  # True unless an NVML reading measured it
+    source: str = ""  # nvml_counter | nvml_power | power_model | uj_per_token | none
+    intensity_g_per_kwh: float = 0.0  # the worker's zone intensity when the plan ended (0: unknown)
+    tokens: int = 0  # tokens the handler reported
+    run_s: float = 0.0  # seconds from start to end on the worker
+    devices: list[str] = []  # the devices it held (CUDA_VISIBLE_DEVICES names)
+    projected_joules: float = 0.0  # µJ/token * tokens of the chosen worker, at assign
+    projected_co2e_g: float = 0.0
 
 
 class RoutingHints(msgspec.Struct, omit_defaults=True):
@@ -116,6 +160,7 @@ class RunningPlan(msgspec.Struct, omit_defaults=True):
 
     plan_id: str
     attempt: int
+    devices: list[int] = []  # the devices it holds: positions in ``capabilities.gpus``
 
 
 class InputSpec(msgspec.Struct, omit_defaults=True):
@@ -165,6 +210,8 @@ class WorkerInfo(msgspec.Struct, omit_defaults=True):
     last_beat_age_s: float | None = None
     address: str = ""
     draining: bool = False  # drained by an operator (drain_worker): takes no new plans
+    version: str = ""  # the worker's fleetwire version, from its ``hello`` ("": it sent none)
+    gpu_use: list[int] = []  # plans holding each of ``capabilities.gpus`` now, in that order
 
 
 class PlanInfo(msgspec.Struct, omit_defaults=True):
@@ -181,6 +228,11 @@ class PlanInfo(msgspec.Struct, omit_defaults=True):
     error: ErrorInfo | None = None
     last_seq: int = 0
     waiting_reason: str | None = None
+    result_bytes: int = 0  # in a listing (``plans``): the result's size; the result itself is left out
+    owner: str = ""  # in ``get_plan``/``cancel``: the principal that submitted it ("": not said)
+    history: list[dict[str, Any]] = []  # in ``get_plan``/``cancel``: attempts that ended without ending it
+    ended_at: float | None = None  # in ``get_plan``/``cancel``: Unix time it reached its final state
+    receipt: Receipt | None = None  # a finished plan's energy and carbon (None: none came)
 
 
 # --------------------------------------------------------------------------- messages
@@ -214,6 +266,9 @@ class Heartbeat(_Msg, tag="heartbeat"):
     """Periodic liveness beat with the worker's load."""
 
     load: Load = msgspec.field(default_factory=Load)
+    # The worker is stopping: place no new plan on it (its running plans finish, then its
+    # ``goodbye`` follows). Sent once, at the start of a graceful stop.
+    leaving: bool = False
 
 
 class Accept(_Msg, tag="accept"):
@@ -244,6 +299,7 @@ class Done(_Msg, tag="done"):
     error: ErrorInfo | None = None
     seq: int = 0  # the worker's message counter (see ``ack``); 0: not counted
     outputs: list[OutputSpec] = []  # outputs this attempt left on the worker's data endpoint
+    receipt: Receipt | None = None  # the attempt's energy and carbon (None: an older worker)
 
 
 class Goodbye(_Msg, tag="goodbye"):
@@ -275,7 +331,7 @@ class Cancel(_Msg, tag="cancel"):
     """Client -> coordinator: cancel a plan. Coordinator -> worker: stop it."""
 
     plan_id: str
-    req_id: int = 0
+    req_id: ReqId = 0
     attempt: int = 0
 
 
@@ -317,6 +373,8 @@ class Assign(_Msg, tag="assign"):
     timeout_s: float | None = None
     inputs: list[InputSpec] = []  # the handler starts once these arrived and were verified
     outputs: list[str] = []  # names the client declared it will fetch
+    resources: Resources | None = None  # the plan's device request (None: none)
+    devices: list[int] = []  # the devices the coordinator counts it on: positions in ``capabilities.gpus``
 
 
 class DataKeys(_Msg, tag="data_keys"):
@@ -354,7 +412,7 @@ class Undrain(_Msg, tag="undrain"):
 class Submit(_Msg, tag="submit"):
     """Submit a plan. ``plan_id`` doubles as an idempotency key when given."""
 
-    req_id: int
+    req_id: ReqId
     op: str
     args: Any = None
     requirements: Requirements = msgspec.field(default_factory=Requirements)
@@ -370,12 +428,13 @@ class Submit(_Msg, tag="submit"):
     # True: the SDK re-sends a plan it was told was accepted and the coordinator no longer knows
     # (a store loss), with the same id and spec (docs/SEMANTICS.md §Recovery from clients and workers).
     recovered: bool = False
+    resources: Resources | None = None  # devices the plan holds while it runs (None: none)
 
 
 class Subscribe(_Msg, tag="subscribe"):
     """Stream events of these plans (or of all mine), replaying from ``from_seq``."""
 
-    req_id: int = 0
+    req_id: ReqId = 0
     plan_ids: list[str] = []
     all: bool = False
     from_seq: int = 0
@@ -384,7 +443,7 @@ class Subscribe(_Msg, tag="subscribe"):
 class Unsubscribe(_Msg, tag="unsubscribe"):
     """Stop streaming events of these plans (empty with ``all``: everything)."""
 
-    req_id: int = 0
+    req_id: ReqId = 0
     plan_ids: list[str] = []
     all: bool = False
 
@@ -392,14 +451,14 @@ class Unsubscribe(_Msg, tag="unsubscribe"):
 class GetPlan(_Msg, tag="get_plan"):
     """Ask for a plan's current record."""
 
-    req_id: int
+    req_id: ReqId
     plan_id: str
 
 
 class DataTicket(_Msg, tag="data_ticket"):
     """Ask for a ticket to a plan's bytes on its worker: ``get`` its outputs, or ``put`` its inputs again."""
 
-    req_id: int
+    req_id: ReqId
     plan_id: str
     direction: Literal["put", "get"] = "get"
 
@@ -407,21 +466,22 @@ class DataTicket(_Msg, tag="data_ticket"):
 class ListWorkers(_Msg, tag="list_workers"):
     """Ask for the registry and the cluster summary."""
 
-    req_id: int
+    req_id: ReqId
 
 
 class ListPlans(_Msg, tag="list_plans"):
     """Ask for the plans this session may see (newest first) and the queue in placement order."""
 
-    req_id: int
+    req_id: ReqId
     states: list[PlanStateName] = []  # only plans in these states; empty: every state
     limit: int = 200  # at most this many plans (and queue entries) in the answer
+    cursor: str = ""  # a previous answer's ``next_cursor``: the page after it ("": the newest)
 
 
 class DrainWorker(_Msg, tag="drain_worker"):
     """Stop placing plans on a worker; its running plans get ``deadline_s`` to finish, then are requeued."""
 
-    req_id: int
+    req_id: ReqId
     worker_id: str
     deadline_s: float | None = None  # None: running plans may finish whenever they finish
 
@@ -429,7 +489,14 @@ class DrainWorker(_Msg, tag="drain_worker"):
 class UndrainWorker(_Msg, tag="undrain_worker"):
     """Place plans on a drained worker again."""
 
-    req_id: int
+    req_id: ReqId
+    worker_id: str
+
+
+class RemoveWorker(_Msg, tag="remove_worker"):
+    """Remove a worker for good, at once: its unfinished plans are requeued, its session closed 4410."""
+
+    req_id: ReqId
     worker_id: str
 
 
@@ -465,6 +532,7 @@ class Workers(_Msg, tag="workers"):
     req_id: int
     workers: list[WorkerInfo] = []
     summary: str = ""
+    version: str = ""  # the coordinator's version ("": not said)
 
 
 class Plans(_Msg, tag="plans"):
@@ -475,6 +543,7 @@ class Plans(_Msg, tag="plans"):
     queue: list[str] = []  # queued plan ids in placement order (priority, then age), at most ``limit``
     counts: dict[str, int] = {}  # visible plans per state, over all of them (not only those listed)
     total: int = 0  # visible plans matching ``states``, before ``limit``
+    next_cursor: str = ""  # more plans match after this page: ask again with ``cursor`` set to it
 
 
 class Resync(_Msg, tag="resync"):
@@ -599,7 +668,7 @@ ToWorker = Union[
 ]
 FromClient = Union[
     Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers, ListPlans, DrainWorker, UndrainWorker, DataTicket,
-    DataOpen, DataChunk, DataCredit, DataEnd,
+    DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
 ]
 ToClient = Union[
     Accepted, Subscribed, Event, PlanReply, Workers, Plans, Resync, Ok, Error, DataGrant, Moved, DataChunk,
@@ -610,14 +679,14 @@ AnyMessage = Union[
     Hello, Heartbeat, Accept, Reject, Done, Goodbye, Event, Cancel, Error, Welcome, Assign,
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
-    DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd,
+    DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
 ]
 
 ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
     Hello, Heartbeat, Accept, Reject, Done, Goodbye, Event, Cancel, Error, Welcome, Assign,
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
-    DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd,
+    DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
 )
 
 

@@ -37,6 +37,7 @@ import structlog
 
 from coordinator.core import Coordinator, CoreConfig
 from coordinator.plans import TRANSITIONS, PlanEventName
+from coordinator.timeouts import DEFAULT_GRACE_S
 from protocol import Codec, errors
 from protocol.messages import FromClient, FromWorker, PlanStateName, ToClient, ToWorker
 
@@ -52,6 +53,9 @@ END: Final = "<!-- END GENERATED -->"
 def begin_marker(name: str) -> str:
     """The line that opens the generated section ``name``."""
     return f"<!-- BEGIN GENERATED: {name} ({COMMAND}) -->"
+
+
+GRACE_S: Final = f"{DEFAULT_GRACE_S:g} s"  # the coordinator's timeout_s grace, as the docs write it
 
 
 def _cell(text: str) -> str:
@@ -75,6 +79,8 @@ TRANSITION_EVENTS: Final[dict[PlanEventName, str]] = {
     "worker_lost.final": "the same on the last counted attempt: fails `worker_lost`, `detail.attempts` lists them",
     "retry": "the worker's `done(failed)` with `retries` left: `requeued` says which retry, attempt not counted",
     "handback": "its worker said `goodbye`: queued again at once, attempt not counted",
+    "timeout": f"the coordinator's own `timeout_s` check: still running `timeout_s` + the grace ({GRACE_S}) after it "
+    "started, with no `done` from its worker; fails `timeout`, the worker is sent `cancel` (section 5, *Timeouts*)",
 }
 
 
@@ -112,6 +118,8 @@ CLOSE_CODE_MEANINGS: Final[dict[int, str]] = {
     errors.CLOSE_FORBIDDEN: "Out of scope: a message type of the other role; a worker message naming another "
     "worker's current lease; a `hello` with a `worker_id` its token may not register. Nothing was changed.",
     errors.CLOSE_HEARTBEAT_TIMEOUT: "Worker reaped: no heartbeat within `heartbeat_timeout_s`.",
+    errors.CLOSE_REMOVED: "An operator removed this worker (`remove_worker`, `fleetwire remove`); a `hello` with its "
+    "id is refused the same way until the coordinator restarts. The agent stops instead of reconnecting.",
     errors.CLOSE_REPLACED: "The `worker_id` moved to a newer session that proved it (`session_secret`, "
                            "client certificate) or found the holder silent; or, sent to the newcomer after "
                            "`error(worker_id_in_use)`, the id is held by a live session.",
@@ -126,25 +134,31 @@ CLOSE_CODE_MEANINGS: Final[dict[int, str]] = {
 ErrorWhere = Literal["error", "ErrorInfo", "reject", "ErrorInfo, reject"]
 
 ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
-    errors.BAD_FRAME: ("error", "The frame is not valid msgpack or JSON, or it is the wrong frame kind for the "
-                       "subprotocol."),
-    errors.INVALID_MESSAGE: ("error", "A known `type` whose fields do not validate. Also an empty "
-                             "`hello.worker_id`, or a worker event with a reserved kind."),
+    errors.BAD_FRAME: ("error", "The frame is not valid msgpack or JSON at all (malformed, truncated, empty, "
+                       "trailing bytes), or it is the wrong frame kind for the subprotocol. Nothing of the frame "
+                       "was handled."),
+    errors.INVALID_MESSAGE: ("error", "A message that parses but is not valid: not a map (`42`, `null`, `\"x\"`, "
+                             "or such an item of an array frame), no string `type`, a known `type` whose fields do "
+                             "not validate (the message names the path, e.g. `` `$.req_id` ``), a msgpack extension "
+                             "type other than the timestamp. Also an empty `hello.worker_id`, or a worker event "
+                             "with a reserved kind."),
     errors.UNKNOWN_TYPE: ("error", "A `type` neither role may send (a type of the other role closes the session "
                           "`4403`)."),
     errors.NOT_REGISTERED: ("error", "A worker message before `hello`."),
     errors.ALREADY_REGISTERED: ("error", "A second `hello` on one session."),
     errors.PLAN_NOT_FOUND: ("error", "`subscribe`, `cancel` or `get_plan` named a plan that does not exist (or is "
                             "another principal's). `plan_id` is set."),
-    errors.UNKNOWN_WORKER: ("error", "`drain_worker` or `undrain_worker` named a worker that is not registered."),
+    errors.UNKNOWN_WORKER: ("error", "`drain_worker`, `undrain_worker` or `remove_worker` named a worker that is not "
+                            "registered."),
     errors.STALE_LEASE: ("error", "A worker message for a (plan, attempt) that is not its current lease (an older "
                          "attempt, its own or not, or a plan the coordinator does not hold). Stop that plan. A "
                          "message naming the *current* attempt of another worker's lease is not stale: it closes "
-                         "the session `4403`."),
+                         "the session `4403`. A plan that finished, or went back to the queue, has no lease: a "
+                         "message about its last attempt is stale whoever held it."),
     errors.INVALID_TRANSITION: ("error", "The message asks for a move the state table forbids (e.g. `reject` after "
                                 "`accept`)."),
     errors.INVALID_ARGUMENT: ("error", "A request was refused: a `submit` (section 5), a `list_plans` limit, a drain "
-                              "deadline."),
+                              "deadline; a `hello` whose `protocol` is not 1 or whose `worker_id` is too long."),
     errors.UNKNOWN_OP: ("ErrorInfo, reject", "The worker has no handler for the op."),
     errors.REJECTED: ("reject", "The worker is full or draining; the plan is requeued and avoids that worker."),
     errors.REVOKED: ("reject", "The worker dropped an unstarted plan the coordinator revoked; the plan is requeued "
@@ -153,14 +167,16 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
                            "`done(failed)` without `error`."),
     errors.ENGINE_ERROR: ("ErrorInfo", "The inference engine a worker fronts (op `generate`) was unreachable, "
                           "answered an HTTP error or failed mid-stream."),
-    errors.TIMEOUT: ("ErrorInfo", "The attempt ran past `timeout_s`."),
+    errors.TIMEOUT: ("ErrorInfo", "The attempt ran past `timeout_s`: reported by the worker, or, when the worker "
+                     f"did not report it within a grace ({GRACE_S}), by the coordinator (`detail.enforced_by` is "
+                     "`\"coordinator\"`; section 5, *Timeouts*)."),
     errors.WORKER_LOST: ("ErrorInfo", "The plan lost its worker on its last attempt."),
     errors.CANCELLED: ("ErrorInfo", "The `error` of a cancelled plan's `PlanInfo`."),
     errors.INTERNAL: ("error", "A coordinator bug while handling the message. Details are in the coordinator log."),
     errors.TOO_MANY_PLANS: ("error", "A `submit` while the principal already has its limit of unfinished (queued, "
                             "leased or running) plans. Nothing was recorded; retry once some finish."),
-    errors.FORBIDDEN: ("error", "`drain_worker` or `undrain_worker` on a session whose token is not an admin token. "
-                       "Nothing changed; use an admin token."),
+    errors.FORBIDDEN: ("error", "`drain_worker`, `undrain_worker` or `remove_worker` on a session whose token is "
+                       "not an admin token. Nothing changed; use an admin token."),
     errors.WORKER_ID_IN_USE: ("error", "A `hello` for a worker id a live session holds, without that id's "
                               "`session_secret` or the holder's client certificate; the message names the "
                               "holder's address. The session is then closed `4409`; the holder keeps the id."),

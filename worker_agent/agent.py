@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import random
 import tempfile
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, Unpack, assert_never, overload
 from urllib.parse import urlencode, urlsplit
@@ -57,12 +58,13 @@ from websockets.typing import Subprotocol
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, errors
 from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
+from worker_agent.devices import DeviceAllocator
 from worker_agent.handlers import Handler, builtin_handlers
 from worker_agent.outbox import SendQueue, encode_frames
-from worker_agent.probe import probe_capabilities
+from worker_agent.probe import check_declared_gpus, probe_capabilities
 from worker_agent.relay import RelayEndpoint
 from worker_agent.runner import REJECTED, PlanRunner
-from worker_agent.session import AuthError, client_tls, default_worker_id, version, worker_url
+from worker_agent.session import AuthError, client_tls, default_worker_id, dial_error_text, version, worker_url
 from worker_agent.settings import AgentOptions, AgentSettings
 from worker_agent.spool import Spool
 from worker_agent.telemetry import Telemetry
@@ -119,7 +121,7 @@ class Agent:
         # Cluster mode: ``a,b,c`` — dialled in turn; a ``moved`` names the next one (docs/CLUSTER.md).
         self.urls = [worker_url(u.strip()) for u in url.split(",") if u.strip()] or [worker_url(url)]
         pool = _pool_of(settings.tags)
-        if pool:
+        if pool and (len(self.urls) > 1 or any(t.startswith("pool:") for t in settings.tags)):
             self.urls = [u if urlsplit(u).query else f"{u}?{urlencode({'pool': pool})}" for u in self.urls]
         self.url = self.urls[0]
         self._dials = 0
@@ -145,6 +147,8 @@ class Agent:
         )
         self.data_server: DataServer | None = None  # started by run() with settings.data_listen
         self.relay: RelayEndpoint | None = None  # relayed inputs and outputs (worker_agent/relay.py), from run()
+        if settings.gpus:  # refused here, at start, when NVML sees devices that say otherwise
+            check_declared_gpus(settings.gpus)
         self._advertised = settings.advertised_capabilities()  # set by flags, overriding the probe
         self._codecs: dict[str, Codec] = {}
         self._capabilities: protocol.Capabilities | None = None
@@ -210,9 +214,9 @@ class Agent:
                         status=exc.response.status_code, retry_after_s=floor_s or None,
                     )
                 except (OSError, TimeoutError, WebSocketException) as exc:
-                    self._log.warning("cannot reach coordinator", url=self.url, error=f"{type(exc).__name__}: {exc}")
+                    self._log.warning("cannot reach coordinator", url=self.url, error=dial_error_text(self.url, exc))
                 except Exception:  # a bug must not end a worker that plans depend on; back off
-                    self._log.exception("session failed")
+                    self._log.error("session failed", exception=traceback.format_exc())
                 if self._stopping:
                     break
                 failures = 0 if registered else min(failures + 1, 32)
@@ -301,6 +305,7 @@ class Agent:
                 tags=settings.tags, max_concurrency=settings.max_concurrency, ops=(), python_envs=settings.python_envs
             )
             self._capabilities = msgspec.structs.replace(probed, **self._advertised)  # flags beat the probe
+            self.runner.devices = DeviceAllocator(self._capabilities.gpus, self.settings.gpu_share)
         running = self.runner.running_plans() + self._outbox.pending_done()
         # Acknowledged results a coordinator may have lost with its store (worker_agent/outbox.py).
         running += self._outbox.recent_done({r.plan_id for r in running})
@@ -360,7 +365,7 @@ class Agent:
             if status == 401:
                 raise AuthError(
                     f"coordinator at {self.url} refused the worker token (HTTP 401): "
-                    "pass a valid worker token with --token or FLEETWIRE_TOKEN",
+                    "pass a valid worker token with --token or FLEETWIRE_WORKER_TOKEN",
                     status=status,
                 ) from None
             if status == 403:
@@ -409,7 +414,7 @@ class Agent:
     def _follow(self, moved: protocol.messages.Moved) -> None:
         """Cluster mode: the shard of this worker's pool is served at ``moved.url`` ("": try the list)."""
         self._log.info("moved", shard=moved.shard, epoch=moved.epoch, to=moved.url or "(no owner yet)", url=self.url)
-        self._moved_to = moved.url or None
+        self._moved_to = worker_url(moved.url) if moved.url else None
 
     def _on_welcome(self, welcome: protocol.Welcome) -> None:
         if self.data_server is not None:
@@ -450,10 +455,16 @@ class Agent:
             results = await asyncio.gather(*tasks, return_exceptions=True)
         for result in results[:2]:
             if isinstance(result, Exception) and not isinstance(result, ConnectionClosed):
-                self._log.error("session task failed", error=f"{type(result).__name__}: {result}", exc_info=result)
+                self._log.error(
+                    "session task failed", error=f"{type(result).__name__}: {result}",
+                    exception="".join(traceback.format_exception(result)),
+                )
         level = "info" if self._stopping or ws.close_code in (1000, 1001) else "warning"
         if ws.close_code == errors.CLOSE_REPLACED:
             level = "error"  # another process registered with our id
+        if ws.close_code == errors.CLOSE_REMOVED:
+            level = "error"
+            self._stopping = True  # an operator removed this worker for good: stop instead of reconnecting
         getattr(self._log, level)(
             "disconnected", close_code=ws.close_code, close_reason=ws.close_reason, running=self.runner.running_count
         )
@@ -494,14 +505,25 @@ class Agent:
 
     async def _heartbeat_loop(self, interval_s: float) -> None:
         while True:
-            self._send_queue.send(protocol.Heartbeat(load=self.telemetry.load(self.runner.load.snapshot())))
+            self._send_queue.send(protocol.Heartbeat(load=self._load()))
             await asyncio.sleep(interval_s * self._rng.uniform(0.9, 1.1))
+
+    def _load(self) -> protocol.Load:
+        """The load for a ``heartbeat``: the runner's, telemetry's and the data endpoint's counts."""
+        load = self.telemetry.load(self.runner.load.snapshot())
+        if self.runner.devices.gpus:
+            load.gpus_free = self.runner.devices.free
+        server = self.data_server
+        return load if server is None else server.count_into(load)
 
     async def _leave(self, ws: ClientConnection, reader: asyncio.Future[None], writer: asyncio.Future[None]) -> None:
         """Graceful stop while connected: drain, hand back what is left, goodbye, close."""
         runner = self.runner
         drain_timeout_s = self.settings.drain_timeout_s
         self._log.info("stopping", running=runner.running_count, drain_timeout_s=drain_timeout_s)
+        # Announce the stop first, so the coordinator places nothing more here while the running
+        # plans finish (docs/PROTOCOL.md, heartbeat.leaving); goodbye then removes the worker.
+        self._send_queue.send(protocol.Heartbeat(load=self._load(), leaving=True))
         runner.hand_back_waiting(f"worker {self.worker_id} is stopping")
         if runner.running_count and drain_timeout_s > 0:
             idle = asyncio.ensure_future(runner.idle.wait())

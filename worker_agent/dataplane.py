@@ -129,6 +129,14 @@ class DataServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
+    def count_into(self, load: protocol.Load) -> protocol.Load:
+        """``load`` with this endpoint's counts (bytes in and out, refusals by status) filled in."""
+        if not (self.bytes_in or self.bytes_out or self.refused):
+            return load
+        refused = {str(status): n for status, n in self.refused.items()}
+        return msgspec.structs.replace(load, data_bytes_in=self.bytes_in, data_bytes_out=self.bytes_out,
+                                       data_refused=refused)
+
     def set_keys(self, keys: list[protocol.DataKey]) -> None:
         """The ticket keys from ``welcome``/``data_keys`` (they replace the previous ones)."""
         self.keys = {key.kid: key.key for key in keys}
@@ -305,44 +313,56 @@ class DataServer:
         return True
 
     async def _receive(self, reader: asyncio.StreamReader, entry: InputFile, length: int) -> None:
-        """Read ``length`` body bytes into ``entry``: big chunks, each stored (written and hashed) in a
-        thread while the next one is read, so the event loop only moves bytes. Two chunks at most
-        are held; what was stored stays acknowledged when the connection drops."""
+        """Read ``length`` body bytes into ``entry``.
+
+        The event loop only moves bytes: they gather into chunks of :data:`BODY_CHUNK`, each
+        stored (written and hashed; both release the GIL) in a thread while the next one
+        arrives. At most two chunks are held. When the connection drops or stalls, what arrived
+        is stored first, so it stays acknowledged for a resume. One stall deadline, pushed on
+        by each read, instead of a timer per read.
+        """
+        loop = asyncio.get_running_loop()
         remaining = length
+        pending = bytearray()
         storing: asyncio.Future[None] | None = None
         try:
-            while remaining:
-                want = min(BODY_CHUNK, remaining)
-                try:
-                    chunk = await asyncio.wait_for(reader.readexactly(want), self.stall_timeout_s)
-                except asyncio.IncompleteReadError as exc:  # keep what came before the drop
+            async with asyncio.timeout(self.stall_timeout_s) as watchdog:
+                while remaining:
+                    piece = await reader.read(min(BODY_CHUNK - len(pending), remaining))
+                    if not piece:
+                        raise ConnectionError("the client closed the upload early")
+                    remaining -= len(piece)
+                    self.bytes_in += len(piece)
+                    pending += piece
+                    if len(pending) < BODY_CHUNK and remaining:
+                        watchdog.reschedule(loop.time() + self.stall_timeout_s)
+                        continue
                     if storing is not None:
-                        await storing
+                        await storing  # one chunk in flight: stores stay in order
                         storing = None
-                    if exc.partial:
-                        entry.write(exc.partial)
-                        self.bytes_in += len(exc.partial)
-                    raise ConnectionError("the client closed the upload early") from None
-                remaining -= len(chunk)
+                    watchdog.reschedule(loop.time() + self.stall_timeout_s)
+                    chunk, pending = pending, bytearray()
+                    if entry.path is None or len(chunk) < THREAD_MIN_BYTES:
+                        entry.store(chunk)
+                    else:  # written and hashed at once, each in a thread
+                        storing = asyncio.ensure_future(_store(entry, chunk))
                 if storing is not None:
-                    await storing  # one chunk in flight: stores stay in order
+                    await storing
                     storing = None
-                self.bytes_in += len(chunk)
-                if entry.path is None or len(chunk) < THREAD_MIN_BYTES:
-                    entry.write(chunk)
-                else:
-                    storing = asyncio.ensure_future(asyncio.to_thread(entry.store, chunk))
-            if storing is not None:
-                await storing
-                storing = None
-        except OSError as exc:
-            if isinstance(exc, ConnectionError | TimeoutError):
-                raise
-            entry.write_failed(exc)
+        except (ConnectionError, TimeoutError):
+            with contextlib.suppress(OSError, ValueError, SpoolError):  # keep what arrived before the drop
+                if storing is not None:
+                    await asyncio.shield(storing)
+                    storing = None
+                if pending and entry.state == "receiving":
+                    entry.write(pending)
+            raise
         except ValueError:  # the attempt ended meanwhile and its file was closed
             raise ConnectionError(f"input {entry.name!r} was dropped while it arrived") from None
+        except OSError as exc:
+            entry.write_failed(exc)
         finally:
-            if storing is not None:  # cancelled or failed mid-chunk: let the thread finish before the file closes
+            if storing is not None:  # cancelled or failed mid-chunk: the thread finishes before the file closes
                 with contextlib.suppress(BaseException):
                     await asyncio.shield(storing)
 
@@ -433,6 +453,16 @@ class DataServer:
         if payload and not head_only:
             writer.write(payload)
         await writer.drain()
+
+
+async def _store(entry: InputFile, chunk: bytearray) -> None:
+    """Write and hash a chunk in two threads at once (file writes and hashlib both release the GIL)."""
+    results = await asyncio.gather(asyncio.to_thread(entry.put, chunk), asyncio.to_thread(entry.hash, chunk),
+                                   return_exceptions=True)  # both threads are done before anything is raised
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    entry.advance(len(chunk))
 
 
 def _parse_content_range(value: str, length: int) -> tuple[int, int]:

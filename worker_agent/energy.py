@@ -124,6 +124,7 @@ class Nvml:
                         uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
                         index=index,
                         parent_uuid=parent_uuid,
+                        visible_id=_text(nvml.nvmlDeviceGetUUID(mig)),  # CUDA_VISIBLE_DEVICES names MIG by UUID
                     )
                 )
             except Exception as exc:
@@ -139,6 +140,17 @@ class Nvml:
             except Exception as exc:
                 log.debug("nvml power query failed", reason=_why(exc))
         return total_mw / 1000.0
+
+    def energy_mj(self) -> list[float | None]:
+        """Each physical GPU's energy counter (mJ since the driver loaded); None where it has none."""
+        out: list[float | None] = []
+        for handle in self._handles:
+            try:
+                out.append(float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle)))
+            except Exception as exc:  # NotSupported before Volta, or a failing device
+                log.debug("nvml energy counter query failed", reason=_why(exc))
+                out.append(None)
+        return out
 
 
 def _shutdown(nvml: Any) -> None:
@@ -267,12 +279,22 @@ class PowerSampler:
         read_power_w: returns watts now (e.g. :meth:`Nvml.power_w`).
         meter: receives each reading.
         interval_s: seconds between readings.
+        read_energy_mj: returns each GPU's energy counter (e.g. :meth:`Nvml.energy_mj`), kept in
+            :attr:`energy_mj` for plan receipts; None: not read.
     """
 
-    def __init__(self, read_power_w: Callable[[], float], meter: EnergyMeter, interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        read_power_w: Callable[[], float],
+        meter: EnergyMeter,
+        interval_s: float = 0.5,
+        read_energy_mj: Callable[[], list[float | None]] | None = None,
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"power sample interval must be > 0 s, got {interval_s}")
         self._read = read_power_w
+        self._read_energy = read_energy_mj
+        self.energy_mj: list[float | None] = []  # the latest energy counters, read by worker_agent/receipts.py
         self._meter = meter
         self._interval_s = interval_s
         self._stop = threading.Event()
@@ -294,6 +316,8 @@ class PowerSampler:
         while not self._stop.is_set():
             try:
                 self._meter.sample(self._read())
+                if self._read_energy is not None:
+                    self.energy_mj = self._read_energy()  # one assignment: readers see a whole list
             except Exception as exc:  # one failed read must not end sampling
                 log.debug("power sample failed", reason=_why(exc))
             self._stop.wait(self._interval_s)

@@ -27,6 +27,7 @@ import inspect
 import os
 import signal
 import threading
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +135,12 @@ class Context:
         # Keeps a result over max_payload_bytes (its msgpack) as the output ``__result__`` (the runner
         # sets it when the worker has a spool; docs/PROTOCOL.md §11 Relay); None: such a result fails.
         self.spill_result: Callable[[bytes], protocol.OutputSpec] | None = None
+        # The devices this plan holds (worker_agent/devices.py): their CUDA ids ("0", "MIG-...") and
+        # records; ``cuda_visible_devices`` is what ``shell`` sets CUDA_VISIBLE_DEVICES to (None: the
+        # worker has no devices, the environment is left alone; "": the plan asked for none).
+        self.devices: list[str] = []
+        self.gpus: list[protocol.GpuInfo] = []
+        self.cuda_visible_devices: str | None = None
 
     @functools.cached_property
     def log(self) -> Any:
@@ -291,7 +298,9 @@ async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float 
 
 
 def _handler_exception(ctx: Context, exc: BaseException) -> protocol.Done:
-    ctx.log.warning("handler raised", exc_info=exc)
+    # A plain-text traceback, not exc_info: structlog's dict and rich tracebacks show every
+    # frame's locals, and the handler's frames hold the plan's args (fleetwire/logs.py).
+    ctx.log.warning("handler raised", error=type(exc).__name__, exception="".join(traceback.format_exception(exc)))
     return _failed(ctx, errors.HANDLER_ERROR, f"{type(exc).__name__}: {exc}")
 
 
@@ -377,6 +386,15 @@ def _shell_command(args: Any) -> tuple[list[str], str | None, dict[str, str] | N
     return argv, cwd, env
 
 
+def _device_env(ctx: Context, env: dict[str, str] | None) -> dict[str, str] | None:
+    """``env`` with CUDA_VISIBLE_DEVICES set to the plan's devices, on a worker that has devices."""
+    if ctx.cuda_visible_devices is None:
+        return env
+    env = dict(env if env is not None else os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
+    return env
+
+
 def input_env_name(name: str) -> str:
     """The environment variable holding an input's path for ``shell``: ``FLEETWIRE_INPUT_<NAME>``
     (upper case; every character but letters and digits becomes ``_``)."""
@@ -412,6 +430,7 @@ async def shell(ctx: Context, args: Any) -> dict[str, int]:
     that directory) become the plan's outputs, or, without ``outputs``, every file in it.
     """
     argv, cwd, env = _shell_command(args)
+    env = _device_env(ctx, env)  # the plan's devices only (docs/SEMANTICS.md §GPU resources)
     declared = args.get("outputs")
     if declared is not None and not (
         isinstance(declared, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in declared.items())
@@ -532,7 +551,10 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
     A function with a ``ctx`` parameter gets the Context as that keyword, and one with an
     ``inputs`` parameter gets the plan's inputs (``{name: InputReader}``) as that keyword; it
     leaves outputs with ``ctx.output(name, bytes_or_path)``. Coroutine functions are awaited;
-    others run in a thread.
+    others run in a thread. A function with a ``devices`` parameter gets the plan's devices
+    (their CUDA ids, ``ctx.devices``) as that keyword: it runs inside the worker's process, where
+    ``CUDA_VISIBLE_DEVICES`` is one for all plans, so it must address those devices itself
+    (e.g. ``torch.device(f"cuda:{devices[0]}")``).
     """
     patterns = tuple(allow)
 
@@ -559,6 +581,8 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
             call_kwargs = {**call_kwargs, "ctx": ctx}
         if ctx.data is not None and _accepts(fn, "inputs"):  # the plan's inputs, by name
             call_kwargs = {**call_kwargs, "inputs": ctx.inputs}
+        if ctx.cuda_visible_devices is not None and _accepts(fn, "devices"):  # the plan's devices
+            call_kwargs = {**call_kwargs, "devices": list(ctx.devices)}
         if _is_async_callable(fn):
             result = await fn(*call_args, **call_kwargs)
         else:

@@ -17,6 +17,7 @@ import sys
 from worker_agent.agent import Agent, AuthError
 from worker_agent.argtypes import non_negative_int, positive_float
 from worker_agent.handlers import Handler, load_handler_spec
+from worker_agent.session import worker_token
 from worker_agent.settings import AgentSettings
 from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry_from_args
 
@@ -27,7 +28,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         "ws://a:8765,ws://b:8765 tried in turn, following `moved` (default: $FLEETWIRE_URL)")
     parser.add_argument("--pool", default="", metavar="NAME",
                         help="cluster mode: the worker pool (adds the tag pool:NAME first; default: the first tag)")
-    parser.add_argument("--token", help="worker token (default: $FLEETWIRE_TOKEN)")
+    parser.add_argument("--token", help="worker token (default: $FLEETWIRE_WORKER_TOKEN, else $FLEETWIRE_TOKEN)")
     parser.add_argument("--ca-file", metavar="PEM", help="CA to trust for a wss:// URL (default: $FLEETWIRE_CA_FILE)")
     parser.add_argument("--tls-cert", metavar="PEM", help="client certificate, for a coordinator that requires mTLS")
     parser.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
@@ -76,6 +77,15 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--accelerator", choices=("cpu", "gpu", "tpu", "npu", "mixed"), help="accelerator class (default: probed)"
     )
     parser.add_argument("--carbon-zone", default="", metavar="ZONE", help="grid zone of this host, e.g. FR")
+    parser.add_argument(
+        "--gpus", default="", metavar="LIST",
+        help="declare devices NVML cannot see: 0,1,2,3 or 0:80GB:H100,1:80GB:H100 (default: NVML's); "
+        "refused when it contradicts NVML",
+    )
+    parser.add_argument(
+        "--gpu-share", type=non_negative_int, default=1, metavar="K",
+        help="plans that may hold one device at once (default 1: never shared)",
+    )
     parser.add_argument("--kv-blocks", type=non_negative_int, default=0, metavar="N", help="KV-cache block budget")
     parser.add_argument(
         "--kv-block-tokens", type=non_negative_int, default=16, metavar="N", help="tokens per KV block (default 16)"
@@ -118,7 +128,7 @@ async def run_worker(ns: argparse.Namespace) -> int:
     if not url:
         _error("no coordinator URL: pass --url ws://host:port or set FLEETWIRE_URL")
         return 2
-    token = ns.token or os.environ.get("FLEETWIRE_TOKEN") or None
+    token = worker_token(ns.token, os.environ)
     handlers: list[tuple[str, Handler]] = []
     for spec in ns.handler:
         try:
@@ -154,6 +164,8 @@ async def run_worker(ns: argparse.Namespace) -> int:
             spool_capacity_bytes=ns.spool_capacity,
             output_retention_s=ns.output_retention,
             input_timeout_s=ns.input_timeout,
+            gpus=ns.gpus,
+            gpu_share=ns.gpu_share,
         )
         agent = Agent(url, token, settings=settings, telemetry=telemetry)
     except ValueError as exc:

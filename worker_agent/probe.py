@@ -18,6 +18,7 @@ import structlog
 
 import protocol
 from worker_agent import energy
+from worker_agent.devices import contradiction, parse_gpus
 
 log = structlog.get_logger(__name__)
 
@@ -28,6 +29,18 @@ def probe_gpus() -> list[protocol.GpuInfo]:
     The NVML code lives in ``worker_agent/energy.py``, with the power probes.
     """
     return energy.probe_gpus()
+
+
+def check_declared_gpus(spec: str) -> None:
+    """Refuse a ``--gpus`` declaration that contradicts the devices NVML sees (none seen: any is fine).
+
+    Raises:
+        ValueError: the declaration is malformed or contradicts NVML; the message says how.
+    """
+    declared = parse_gpus(spec)
+    problem = contradiction(declared, probe_gpus())
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _unique(items: Iterable[str]) -> list[str]:

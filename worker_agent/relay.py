@@ -179,7 +179,7 @@ class RelayEndpoint:
             self._end(key, VIOLATION, f"offset {msg.offset} is past the output's {output.size} bytes")
             return
         try:
-            file = open(output.path, "rb")  # noqa: SIM115  (closed when the stream ends)
+            file = open(output.path, "rb")  # closed when the stream ends
         except OSError as exc:
             self._end(key, CLOSED, f"output {msg.name!r} cannot be read: {exc.strerror}")
             return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import traceback
 from typing import Any, Protocol
 
 import msgspec
@@ -22,6 +23,7 @@ import structlog.contextvars
 import protocol
 from protocol import errors
 from protocol.relay import ARGS_INPUT, RESULT_OUTPUT
+from worker_agent.devices import DeviceAllocator, DeviceRequest
 from worker_agent.handlers import Context, Handler, run_handler
 from worker_agent.probe import LoadTracker
 from worker_agent.spool import INPUTS_UNAVAILABLE, InputFile, Spool
@@ -47,7 +49,7 @@ class Outbound(Protocol):
 class _PlanRun:
     """One attempt of one plan on this worker."""
 
-    __slots__ = ("attempt", "cancel_requested", "ctx", "plan_id", "silent", "started_at", "task")
+    __slots__ = ("attempt", "cancel_requested", "ctx", "devices", "plan_id", "silent", "started_at", "task")
 
     def __init__(self, plan_id: str, attempt: int, started_at: float) -> None:
         self.plan_id = plan_id
@@ -57,6 +59,12 @@ class _PlanRun:
         self.task: asyncio.Task[protocol.Done] | None = None
         self.silent = False  # no longer our lease: send nothing more for it
         self.cancel_requested = False
+        self.devices: tuple[int, ...] = ()  # held from start until its task ends (worker_agent/devices.py)
+
+    @property
+    def key(self) -> str:
+        """Its key in the device allocator: one per attempt (a superseded attempt still ending keeps its own)."""
+        return f"{self.plan_id}#{self.attempt}"
 
 
 class PlanRunner:
@@ -109,6 +117,7 @@ class PlanRunner:
         self._orphans: set[_PlanRun] = set()  # silenced plans whose tasks are still ending
         self._stopping = False
         self._draining = False
+        self.devices = DeviceAllocator(())  # this worker's devices; the agent sets them with its capabilities
 
     # ------------------------------------------------------------------ what the agent asks
 
@@ -137,7 +146,10 @@ class PlanRunner:
 
     def running_plans(self) -> list[protocol.RunningPlan]:
         """The plans this worker holds, running or waiting, for ``hello``."""
-        running = [protocol.RunningPlan(plan_id=r.plan_id, attempt=r.attempt) for r in self._plans.values()]
+        running = [
+            protocol.RunningPlan(plan_id=r.plan_id, attempt=r.attempt, devices=list(r.devices))
+            for r in self._plans.values()
+        ]
         running += [protocol.RunningPlan(plan_id=a.plan_id, attempt=a.attempt) for a in self._waiting.values()]
         return running
 
@@ -183,6 +195,16 @@ class PlanRunner:
         if handler is None:
             reason = f"worker {self.worker_id} has no handler for op {assign.op!r}; it handles: {', '.join(self.ops)}"
             self._reject(assign, errors.UNKNOWN_OP, reason)
+            return
+        request = DeviceRequest.of(assign.resources)
+        if request is not None and len(self.devices.gpus) < request.count:
+            reason = f"worker {self.worker_id} has {len(self.devices.gpus)} devices; the plan needs {request.count}"
+            self._reject(assign, REJECTED, reason)
+            return
+        if request is not None and not self.devices.can_allocate(request):
+            # The coordinator counted devices free that a plan still ending here holds: start it once they are.
+            self._waiting[assign.plan_id] = assign
+            self.load.queued = len(self._waiting)
             return
         if len(self._plans) >= self.max_concurrency:
             if len(self._waiting) < self._prefetch:
@@ -272,10 +294,14 @@ class PlanRunner:
         self._outbound.send(protocol.Reject(plan_id=assign.plan_id, attempt=assign.attempt, code=code, reason=reason))
 
     def _start_waiting(self) -> None:
-        """Start prefetched plans, oldest first, while slots are free."""
-        while self._waiting and len(self._plans) < self.max_concurrency and not self._stopping:
-            plan_id = next(iter(self._waiting))
-            assign = self._waiting.pop(plan_id)
+        """Start prefetched plans, oldest first, while slots are free (a plan whose devices are held waits on)."""
+        for plan_id, assign in list(self._waiting.items()):
+            if len(self._plans) >= self.max_concurrency or self._stopping:
+                break
+            request = DeviceRequest.of(assign.resources)
+            if request is not None and not self.devices.can_allocate(request):
+                continue
+            del self._waiting[plan_id]
             handler = self._handlers.get(assign.op)
             if handler is None:  # removed since it was queued
                 self._reject(assign, errors.UNKNOWN_OP, f"worker {self.worker_id} has no handler for op {assign.op!r}")
@@ -303,10 +329,17 @@ class PlanRunner:
         )
         if self.spool is not None:
             run.ctx.spill_result = functools.partial(self._spill_result, assign.plan_id, assign.attempt)
+        request = DeviceRequest.of(assign.resources)
+        if request is not None:
+            run.devices = self.devices.allocate(run.key, request, assign.devices) or ()
+        if self.devices.gpus:  # a worker with devices shows each plan only its own (none without a request)
+            run.ctx.gpus = [self.devices.gpus[i] for i in run.devices]
+            run.ctx.devices = [gpu.visible_id or str(gpu.index) for gpu in run.ctx.gpus]
+            run.ctx.cuda_visible_devices = ",".join(run.ctx.devices)
         self._plans[run.plan_id] = run
         self.idle.clear()
         self.load.started()
-        self.telemetry.plan_started(run.plan_id)
+        self.telemetry.plan_started(run.plan_id, self._physical(run))
         self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
         run.task = loop.create_task(self._run_plan(run, handler, assign))
         run.task.add_done_callback(functools.partial(self._plan_finished, run))
@@ -332,7 +365,7 @@ class PlanRunner:
         return await run_handler(handler, run.ctx, run.ctx.args, timeout_s=assign.timeout_s)
 
     def _oversize_args(self, run: _PlanRun) -> protocol.ErrorInfo | None:
-        """Args the SDK moved to the input ``__args__`` (over the frame limit): decoded, and hidden from ``ctx.inputs``."""
+        """Args the SDK moved to the input ``__args__`` (over the frame limit): decoded, hidden from ``ctx.inputs``."""
         data = run.ctx.data
         assert data is not None
         reader = data.inputs[ARGS_INPUT]
@@ -362,8 +395,12 @@ class PlanRunner:
         )
 
     def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
+        if run.devices:  # however it ended: its processes are gone, its devices are free
+            self.devices.release(run.key)
         self.load.finished(asyncio.get_running_loop().time() - run.started_at)
-        self.telemetry.plan_finished(run.plan_id, run.ctx.tokens)
+        receipt = self.telemetry.plan_finished(
+            run.plan_id, run.ctx.tokens, self._physical(run), [self._device_name(i) for i in run.devices]
+        )
         run.ctx.close()
         self._orphans.discard(run)
         if self._plans.get(run.plan_id) is run:
@@ -372,11 +409,15 @@ class PlanRunner:
                 self.idle.set()
         if run.silent:
             self._end_data(run, keep_outputs=False)
+            if run.devices:
+                self._start_waiting()  # a plan waiting for the devices it held may start now
             return
         if task.cancelled():  # cancelled before its first step: run_handler never ran
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="cancelled")
         elif (exc := task.exception()) is not None:
-            self._log.error("plan task failed", plan_id=run.plan_id, exc_info=exc)
+            self._log.error(
+                "plan task failed", plan_id=run.plan_id, exception="".join(traceback.format_exception(exc))
+            )
             info = protocol.ErrorInfo(code=errors.INTERNAL, message=f"{type(exc).__name__}: {exc}")
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=info)
         else:
@@ -384,8 +425,20 @@ class PlanRunner:
         self._end_data(run, keep_outputs=done.outcome == "succeeded")
         if done.outcome == "succeeded" and self.spool is not None and run.ctx.data is not None:
             done.outputs = self.spool.outputs_of(run.plan_id, run.attempt)
+        done.receipt = receipt
         self._outbound.send(done)
         self._start_waiting()
+
+    def _physical(self, run: _PlanRun) -> list[int]:
+        """NVML indices of the whole GPUs the plan holds alone (none when shared or MIG: counted by power)."""
+        gpus = self.devices.gpus
+        if not run.devices or self.devices.share > 1 or any(gpus[i].parent_uuid for i in run.devices):
+            return []
+        return sorted({gpus[i].index for i in run.devices})
+
+    def _device_name(self, i: int) -> str:
+        gpu = self.devices.gpus[i]
+        return gpu.visible_id or str(gpu.index)
 
     def _end_data(self, run: _PlanRun, *, keep_outputs: bool) -> None:
         """The attempt ended: its inputs go; its outputs stay only if it succeeded."""

@@ -9,11 +9,12 @@ import importlib.metadata
 import os
 import socket
 import ssl
-from urllib.parse import urlsplit, urlunsplit
+from collections.abc import Mapping
 
 from protocol import errors
+from protocol.urls import websocket_url
 
-__all__ = ["AuthError", "client_tls", "default_worker_id", "version", "worker_url"]
+__all__ = ["AuthError", "client_tls", "default_worker_id", "dial_error_text", "version", "worker_token", "worker_url"]
 
 
 def version() -> str:
@@ -25,13 +26,29 @@ def version() -> str:
 
 
 def worker_url(url: str) -> str:
-    """``ws://host:port`` → ``ws://host:port/v1/worker``; a URL with a path is kept as is."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.netloc:
-        raise ValueError(f"coordinator URL must look like ws://host:port or wss://host:port, got {url!r}")
-    if parts.path in ("", "/"):
-        return urlunsplit((parts.scheme, parts.netloc, "/v1/worker", parts.query, parts.fragment))
-    return urlunsplit(parts)
+    """``ws://host:port`` → ``ws://host:port/v1/worker``; a URL with a path is kept as is.
+
+    Raises:
+        ValueError: (``protocol.urls.BadUrl``) no scheme, another scheme than ws(s)/http(s), no host.
+    """
+    return websocket_url(url, "/v1/worker")  # http(s):// means ws(s)://; no scheme is refused
+
+
+def dial_error_text(url: str, exc: BaseException) -> str:
+    """Why a dial failed, for the log: the exception, and for a ``wss://`` URL reset at TLS, the likely cause."""
+    text = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    if url.startswith("wss://") and isinstance(exc, (ConnectionResetError, ssl.SSLError)):
+        text += " (the TLS handshake failed: does this coordinator serve TLS? a plain one takes ws://)"
+    return text
+
+
+def worker_token(flag: str | None, environ: Mapping[str, str]) -> str | None:
+    """The worker token: ``--token``, else ``$FLEETWIRE_WORKER_TOKEN``, else ``$FLEETWIRE_TOKEN``.
+
+    ``FLEETWIRE_WORKER_TOKEN`` first: a shell that holds a client's ``FLEETWIRE_TOKEN`` must not
+    make the worker present the client token. ``FLEETWIRE_TOKEN`` still works (older setups).
+    """
+    return flag or environ.get("FLEETWIRE_WORKER_TOKEN") or environ.get("FLEETWIRE_TOKEN") or None
 
 
 def default_worker_id() -> str:

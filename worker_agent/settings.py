@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, Encoding
+from worker_agent.devices import parse_gpus
 
 __all__ = ["AgentOptions", "AgentSettings"]
 
@@ -55,6 +56,10 @@ class AgentSettings:
         upload_stall_timeout_s: an upload that sends nothing this long is dropped.
         cert_file, key_file: this worker's client certificate and key, for a coordinator
             that requires mTLS (``--tls-client-ca``).
+        gpus: devices to declare instead of NVML's (``--gpus``: ``0,1,2,3`` or
+            ``0:80GB:H100,1:80GB:H100``; worker_agent/devices.py); "": NVML's. A declaration
+            that contradicts the devices NVML sees is refused when the agent is built.
+        gpu_share: plans one device may hold at once (``--gpu-share K``; 1: none shared).
 
     Raises:
         ValueError: a value out of range; the message names the field.
@@ -92,6 +97,8 @@ class AgentSettings:
     output_retention_s: float = 3600.0
     input_timeout_s: float = 600.0
     upload_stall_timeout_s: float = 30.0
+    gpus: str = ""
+    gpu_share: int = 1
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODING_SUBPROTOCOL:
@@ -110,6 +117,10 @@ class AgentSettings:
             host, sep, port = self.data_listen.rpartition(":")
             if not sep or not host or not port.isdigit() or int(port) > 65535:
                 raise ValueError(f"data_listen must be HOST:PORT, got {self.data_listen!r}")
+        if self.gpu_share < 1 or self.gpu_share > 64:
+            raise ValueError(f"gpu_share must be between 1 and 64 plans per device, got {self.gpu_share}")
+        if self.gpus:
+            parse_gpus(self.gpus)  # raises ValueError naming the bad entry
         if (self.data_tls_cert is None) != (self.data_tls_key is None):
             raise ValueError("data_tls_cert and data_tls_key go together")
         for name in ("output_retention_s", "input_timeout_s", "upload_stall_timeout_s"):
@@ -130,6 +141,11 @@ class AgentSettings:
             advertised["carbon_zone"] = self.carbon_zone
         if self.kv_blocks:
             advertised.update(kv_blocks=self.kv_blocks, kv_block_tokens=self.kv_block_tokens)
+        if self.gpus:
+            advertised["gpus"] = parse_gpus(self.gpus)
+            advertised.setdefault("accelerator", "gpu")
+        if self.gpu_share != 1:
+            advertised["gpu_share"] = self.gpu_share
         return advertised
 
 
@@ -168,3 +184,5 @@ class AgentOptions(TypedDict, total=False):
     output_retention_s: float
     input_timeout_s: float
     upload_stall_timeout_s: float
+    gpus: str
+    gpu_share: int

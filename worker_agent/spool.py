@@ -84,7 +84,7 @@ class InputFile:
         self._hasher = new_hasher(digest)
         self._file: BinaryIO | None = None
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes at :attr:`received` (on the event loop).
 
         Raises:
@@ -95,13 +95,18 @@ class InputFile:
         except OSError as exc:
             self.write_failed(exc)
 
-    def store(self, data: bytes | memoryview) -> None:
-        """Append bytes at :attr:`received`: write and hash them, nothing else. Any thread, one at a time
-        (the data endpoint hands big chunks to a thread: hashlib and file writes release the GIL).
+    def store(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes at :attr:`received`: write and hash them, nothing else. Any thread, one at a time.
 
         Raises:
             OSError: the write failed (then call :meth:`write_failed` on the event loop).
         """
+        self.put(data)
+        self.hash(data)
+        self.advance(len(data))
+
+    def put(self, data: bytes | bytearray | memoryview) -> None:
+        """The writing half of :meth:`store` (a thread may run it while another runs :meth:`hash`)."""
         if self.buffer is not None:
             self.buffer += data
         else:
@@ -110,8 +115,14 @@ class InputFile:
                 self._file = open(self.path, "r+b" if self.received else "wb")
                 self._file.seek(self.received)
             self._file.write(data)
+
+    def hash(self, data: bytes | bytearray | memoryview) -> None:
+        """The hashing half of :meth:`store`."""
         self._hasher.update(data)
-        self.received += len(data)
+
+    def advance(self, count: int) -> None:
+        """Both halves of :meth:`store` are done for ``count`` more bytes: they are acknowledged."""
+        self.received += count
 
     def write_failed(self, exc: OSError) -> None:
         """A :meth:`store` failed: a full disk fails the input (``SpoolError``); anything else is raised again."""
@@ -400,6 +411,7 @@ class InputReader:
         if entry.path is None:
             path = self._dir / f"in-{_safe(entry.name)}"
             if not path.exists():
+                self._dir.mkdir(parents=True, exist_ok=True)  # nothing of this attempt was spooled to disk yet
                 path.write_bytes(bytes(entry.buffer or b""))
             return path
         return entry.path
@@ -481,7 +493,9 @@ class PlanData:
                 missing = ", ".join(f"{n!r} ({e.received} of {e.size} bytes)" for n, e in pending.items())
                 return protocol.ErrorInfo(
                     code=INPUTS_UNAVAILABLE,
-                    message=f"inputs did not arrive within {timeout_s:g} s: {missing}",
+                    message=f"inputs did not arrive within {timeout_s:g} s (the worker's --input-timeout): {missing}; "
+                            "the client that submitted the plan uploads them to each attempt's worker, so it has "
+                            "gone, or cannot reach this worker's data endpoint or the relay",
                     detail={"inputs": sorted(pending)},
                 )
         return None

@@ -6,7 +6,8 @@ The agent calls, and nothing else (worker_agent/agent.py):
 * :meth:`Telemetry.start` / :meth:`~Telemetry.stop` around its whole run;
 * :meth:`~Telemetry.capabilities` on every ``hello`` (carbon zone, served models);
 * :meth:`~Telemetry.load` on every ``heartbeat`` (µJ/token, power, zone intensity, engine load);
-* :meth:`~Telemetry.plan_started` / :meth:`~Telemetry.plan_finished` around each plan run.
+* :meth:`~Telemetry.plan_started` / :meth:`~Telemetry.plan_finished` around each plan run (the latter
+  returns the plan's energy and carbon receipt: worker_agent/receipts.py).
 
 Every one of these returns at once from cached values: NVML is read in the power sampler's
 thread, the carbon command and the engine's metrics in their own tasks.
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Sequence
 
 import msgspec
@@ -28,6 +30,7 @@ from worker_agent.argtypes import non_negative_float, positive_float
 from worker_agent.carbon import CarbonIntensity
 from worker_agent.energy import EnergyMeter, Nvml, PowerSampler
 from worker_agent.inference import InferenceEngine
+from worker_agent.receipts import ReceiptMeter
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +47,7 @@ class Telemetry:
         carbon: the zone's grid intensity; None: unknown.
         engine: the inference engine this worker fronts, if any.
         models: model names to advertise besides the engine's own.
+        power_w: the worker's power model (``--power-watts``) for estimated receipts; 0: none.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class Telemetry:
         carbon: CarbonIntensity | None = None,
         engine: InferenceEngine | None = None,
         models: Sequence[str] = (),
+        power_w: float = 0.0,
     ) -> None:
         self.meter = meter or EnergyMeter()
         self.sampler = sampler
@@ -63,6 +68,14 @@ class Telemetry:
         self.models = list(models)
         self._nvml = nvml
         self._tasks: list[asyncio.Task[None]] = []
+        counters = (lambda: sampler.energy_mj) if sampler is not None else None
+        self.receipts = ReceiptMeter(  # each plan's receipt (worker_agent/receipts.py)
+            clock=time.monotonic, power_w=power_w, uj_per_token=self.meter.configured_uj_per_token,
+            counters_mj=counters, intensity=self._intensity,
+        )
+
+    def _intensity(self) -> float:
+        return self.carbon.g_per_kwh if self.carbon is not None else 0.0
 
     async def start(self) -> None:
         """Start sampling and refreshing; learn the engine's models and load. An engine that does not
@@ -121,16 +134,23 @@ class Telemetry:
             )
         return msgspec.structs.replace(load, **changes) if changes else load
 
-    def plan_started(self, plan_id: str) -> None:
-        """A plan began running on this worker."""
+    def plan_started(self, plan_id: str, physical: Sequence[int] = ()) -> None:
+        """A plan began running on this worker; ``physical``: NVML indices of the whole GPUs it holds alone."""
         self.meter.plan_started(plan_id)
+        self.receipts.started(plan_id, physical)
 
-    def plan_finished(self, plan_id: str, tokens: int) -> None:
-        """A plan ended having reported ``tokens`` generated tokens."""
+    def plan_finished(
+        self, plan_id: str, tokens: int, physical: Sequence[int] = (), devices: Sequence[str] = ()
+    ) -> protocol.Receipt:
+        """A plan ended having reported ``tokens`` generated tokens: its receipt."""
         used = self.meter.plan_finished(plan_id, tokens)
         if used is not None and used.tokens:
             log.debug("plan energy", plan_id=plan_id, joules=round(used.joules, 3), tokens=used.tokens,
                       uj_per_token=round(used.uj_per_token, 1))
+        return self.receipts.finished(
+            plan_id, tokens=tokens, physical=physical, devices=devices,
+            power_joules=used.joules if used is not None else None,
+        )
 
 
 # --------------------------------------------------------------------------- command line
@@ -151,6 +171,9 @@ def add_telemetry_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds between runs of --carbon-command (default 300)")
     group.add_argument("--uj-per-token", type=non_negative_float, default=0.0, metavar="UJ",
                        help="energy per generated token to report when NVML cannot measure it (default 0: unknown)")
+    group.add_argument("--power-watts", type=non_negative_float, default=0.0, metavar="W",
+                       help="this host's power draw, for estimated plan receipts where NVML cannot measure "
+                            "(split over the plans running; default 0: unknown)")
     group.add_argument("--power-sample-interval", type=positive_float, default=0.5, metavar="S",
                        help="seconds between NVML power readings (default 0.5)")
     group = parser.add_argument_group("inference engine")
@@ -188,5 +211,10 @@ def telemetry_from_args(ns: argparse.Namespace) -> Telemetry:
         )
     nvml = Nvml.open()
     meter = EnergyMeter(configured_uj_per_token=ns.uj_per_token, measured=nvml is not None)
-    sampler = PowerSampler(nvml.power_w, meter, ns.power_sample_interval) if nvml is not None else None
-    return Telemetry(meter=meter, sampler=sampler, nvml=nvml, carbon=carbon, engine=engine)
+    sampler = (
+        PowerSampler(nvml.power_w, meter, ns.power_sample_interval, read_energy_mj=nvml.energy_mj)
+        if nvml is not None else None
+    )
+    return Telemetry(
+        meter=meter, sampler=sampler, nvml=nvml, carbon=carbon, engine=engine, power_w=getattr(ns, "power_watts", 0.0)
+    )

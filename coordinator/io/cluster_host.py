@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import structlog
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -47,6 +47,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from coordinator.io.cluster_metrics import CONTENT_TYPE, ClusterStats, build_registry, render
+from coordinator.io.metrics_http import metrics_token_refused
 from coordinator.io.pg_leases import RELEASE, ShardFenced
 from coordinator.io.pg_store import PgStore
 from coordinator.io.server import CoordinatorServer, ServerSettings
@@ -130,6 +132,8 @@ class ClusterHost:
         self.loaded = asyncio.Event()
         self.port = settings.port
         self.failovers = 0
+        self.stats = ClusterStats()  # the main port's /metrics (coordinator/io/cluster_metrics.py)
+        self.metrics_registry = build_registry(self.stats, lambda: len(self.servers))
         self._announce = announce or (lambda line: None)
         self._moving: set[int] = set()  # held slots being stopped (given back or lost)
         self._starting: set[int] = set()
@@ -226,6 +230,7 @@ class ClusterHost:
         sent_at = time.monotonic()
         got = await self._db(lambda conn: conn.fetch(_ACQUIRE, owner, ttl, wanted)) if wanted else []
         won, lost = self.leases.result([(r[0], r[1]) for r in got], sent_at, time.monotonic())
+        self.stats.won(self.leases.held[shard] for shard in won)
         self._lose(lost, "lost the lease to another coordinator (or it expired)")
         for shard in won:
             self._spawn(self._start_shard(shard, self.leases.held[shard]))
@@ -255,7 +260,9 @@ class ClusterHost:
         self._starting.add(shard)
         started = time.monotonic()
         try:
-            store = await asyncio.to_thread(ShardPgStore, self.settings.store, self.config)
+            # Its connections say which core they are (pg_stat_activity; bench/cluster_chaos.py's checker).
+            dsn = _with_application_name(self.settings.store, f"fw/{shard}/{epoch}/{self.owner}")
+            store = await asyncio.to_thread(ShardPgStore, dsn, self.config)
             store.owner, store.fence = self.owner, {shard: epoch}
             settings = replace(self.settings, port=0, metrics_listen=None)
             server = CoordinatorServer(settings, version=self.version, store=store)
@@ -278,6 +285,7 @@ class ClusterHost:
         assert server.fatal is not None
         server.fatal.add_done_callback(lambda f: self._shard_failed(shard, f.result()))
         load_s = time.monotonic() - started
+        self.stats.takeover.observe(load_s)
         self.loaded.set()
         log.info("serving shard", shard=shard, epoch=epoch, url=server.url, plans=len(server.core.plans),
                  load_s=round(load_s, 3))  # fmt: skip
@@ -287,6 +295,7 @@ class ClusterHost:
     def _shard_failed(self, shard: int, exc: BaseException) -> None:
         """A shard's core stopped on a store failure or a fenced commit: fail-stop for that shard only."""
         if isinstance(exc, ShardFenced):
+            self.stats.fenced_commits += 1
             log.critical("shard lease lost (fenced): this shard stops here; another coordinator owns it",
                          shard=shard, error=str(exc))  # fmt: skip
         self.leases.released([shard])
@@ -339,6 +348,11 @@ class ClusterHost:
         path = urlsplit(request.path).path
         if path == "/healthz":
             return _text(200, "ok\n")
+        if path == "/metrics":  # this coordinator's cluster families (each shard's core has its own)
+            refused = metrics_token_refused(request.headers.get("Authorization"), self.settings.metrics_token)
+            if refused is not None:
+                return _text(401, refused + "\n")
+            return _text(200, render(self.metrics_registry).decode(), CONTENT_TYPE)
         if path == "/readyz":
             if self.servers:
                 return _text(200, "ready\n")
@@ -348,7 +362,7 @@ class ClusterHost:
         if path in ("/v1/worker", "/v1/client"):
             return None
         return _text(404, f"unknown path {path}; a cluster coordinator's main port serves /v1/topology, "
-                          "/healthz, /readyz and redirects /v1/worker and /v1/client sessions to the shard's "
+                          "/healthz, /readyz, /metrics and redirects /v1/worker and /v1/client sessions to the shard's "
                           "owner\n")  # fmt: skip
 
     async def _topology(self) -> Response:
@@ -366,7 +380,7 @@ class ClusterHost:
         return _text(200, json.dumps(body, indent=1) + "\n", "application/json")
 
     async def _handle(self, ws: ServerConnection) -> None:
-        """A session on the main port: ``moved`` to the owner of its pool's shard, then 4307."""
+        """A session on the main port: ``moved`` to the owner of its pool's shard, then 4307 (1013: no owner yet)."""
         assert ws.request is not None
         parts = urlsplit(ws.request.path)
         role = "worker" if parts.path == "/v1/worker" else "client"
@@ -379,6 +393,11 @@ class ClusterHost:
         moved = self.where(shard)
         codec = self._codecs[(role, SUBPROTOCOLS.get(ws.subprotocol or "", "msgpack"))]
         try:
+            # Answered after its first message (a worker's hello, a client's first request), so the
+            # peer reads the ``moved`` before it writes into a closed connection.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ws.recv(), self.settings.limits.handshake_timeout_s)
+            moved = self.where(shard)
             if not moved.url:
                 await ws.close(1013, f"shard {shard} has no owner yet; try again")
                 return
@@ -386,6 +405,14 @@ class ClusterHost:
             await ws.close(codes.CLOSE_MOVED, f"shard {shard} is served at {moved.url}")
         except ConnectionClosed:
             pass
+
+
+def _with_application_name(dsn: str, name: str) -> str:
+    """``dsn`` with ``application_name=name`` (PostgreSQL keeps 63 bytes of it): ``fw/<shard>/<epoch>/<owner>``."""
+    parts = urlsplit(dsn)
+    query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("application_name="))
+    query = "&".join(p for p in (query, "application_name=" + quote(name[:63], safe="")) if p)
+    return urlunsplit(parts._replace(query=query))
 
 
 def _select_subprotocol(conn: ServerConnection, offered: Any) -> Subprotocol | None:

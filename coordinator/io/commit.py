@@ -12,6 +12,21 @@ transaction and writes them as one transaction: while a commit is being fsynced,
 group builds up, so the fsync rate stays at what the disk does whatever the message rate.
 With a non-blocking store (memory) ``submit`` writes at once and releases at once.
 
+Idle writer: commit at once, on the loop. A batch submitted while the writer thread has
+nothing in flight, to a store that allows it (one with ``try_write``: SQLite, a local file),
+is not handed to the thread: the batches of the same loop iteration are gathered
+(``call_soon``) and, when they hold at most :data:`INLINE_MAX_RECORDS` records, written by
+the loop itself, one transaction (``store.try_write``, which never waits for a lock held by
+another connection: then the thread takes the group). A lone request then pays the disk and
+nothing else: the hand-over to the thread and back (a thread wake-up, the GIL passed twice,
+the loop woken) cost as much as the fsync itself, and more on a machine whose cores are busy
+(a woken thread waits for a core). Under
+load the writer is busy, or the gathered group is larger, and the thread batches as above,
+overlapping the fsync with the loop's work. The loop is blocked for one small commit at a
+time; when the inline commits' moving average (one fifth weight to the latest) passes
+:data:`INLINE_SLOW_S` (a slow or busy disk, not one outlier) the thread takes every commit for
+:data:`INLINE_COOLDOWN_S`, so a slow disk never stalls the loop commit after commit.
+
 Backpressure. Each batch may carry its size (the bytes of the frames that produced it);
 :attr:`backlog_bytes` is the total waiting for a commit, and :meth:`drained` waits until it
 is at most half of ``max_backlog_bytes``. The server's readers await it after a frame that
@@ -44,7 +59,7 @@ import structlog
 from coordinator.io.store import Store
 from coordinator.records import Record
 
-__all__ = ["FILE_CHECK_INTERVAL_S", "GroupCommitter"]
+__all__ = ["FILE_CHECK_INTERVAL_S", "INLINE_COOLDOWN_S", "INLINE_MAX_RECORDS", "INLINE_SLOW_S", "GroupCommitter"]
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +68,9 @@ T = TypeVar("T")
 _STOP = object()
 
 FILE_CHECK_INTERVAL_S = 0.01
+INLINE_MAX_RECORDS = 64  # a few plans' steps: a commit of a handful of pages
+INLINE_SLOW_S = 0.002  # inline commits slower than this on average ...
+INLINE_COOLDOWN_S = 1.0  # ... sends every commit to the writer thread for this long
 
 
 class GroupCommitter(Generic[T]):
@@ -63,6 +81,11 @@ class GroupCommitter(Generic[T]):
         release: called on the event loop with each payload once its batch (and every
             earlier one) is committed.
         on_failure: called on the event loop, once, when a write fails.
+        inline_max_records: the most records an idle writer's group may hold to be committed
+            on the loop (0: always through the thread); only for a store with a
+            ``try_write`` method.
+        inline_slow_s: the inline commits' average past which the thread takes them all for
+            :data:`INLINE_COOLDOWN_S`.
     """
 
     def __init__(
@@ -73,6 +96,8 @@ class GroupCommitter(Generic[T]):
         *,
         max_backlog_bytes: int = 0,
         file_check_interval_s: float = FILE_CHECK_INTERVAL_S,
+        inline_max_records: int = INLINE_MAX_RECORDS,
+        inline_slow_s: float = INLINE_SLOW_S,
     ) -> None:
         self.store = store
         self.max_backlog_bytes = max_backlog_bytes  # 0: no bound
@@ -94,6 +119,14 @@ class GroupCommitter(Generic[T]):
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._try_write: Callable[[Sequence[Record]], bool] | None = getattr(store, "try_write", None)
+        self._inline_max = inline_max_records if self._try_write is not None else 0
+        self._inline: list[Sequence[Record]] | None = None  # the group gathered for a commit on the loop
+        self._inline_size = 0  # its records
+        self._inline_off_until = 0.0  # slow inline commits: the thread only until then
+        self._inline_avg_s = 0.0  # the inline commits' moving average
+        self._inline_slow_s = inline_slow_s
+        self.inline_commits = 0  # groups committed on the loop
 
     @property
     def pending(self) -> int:
@@ -145,6 +178,20 @@ class GroupCommitter(Generic[T]):
             self.backlog_bytes += size
             self._sizes.append((self._submitted, size))
         self._waiting.append((self._submitted, payload))
+        if self._inline is not None:  # this loop iteration's group for the loop
+            self._inline.append(records)
+            self._inline_size += len(records)
+            return
+        if (
+            self._committed == self._submitted - 1  # the writer has nothing in flight
+            and len(records) <= self._inline_max
+            and self._loop is not None
+            and time.monotonic() >= self._inline_off_until
+        ):
+            self._inline = [records]
+            self._inline_size = len(records)
+            self._loop.call_soon(self._commit_inline)
+            return
         self._queue.put((self._submitted, records))
 
     def after(self, payload: T) -> None:
@@ -161,6 +208,7 @@ class GroupCommitter(Generic[T]):
         thread = self._thread
         if thread is None:
             return
+        self._commit_inline(on_loop=False)  # a group gathered for the loop goes first
         self._queue.put(_STOP)
         await asyncio.to_thread(thread.join)
         self._thread = None
@@ -195,6 +243,36 @@ class GroupCommitter(Generic[T]):
                 loop.call_soon_threadsafe(self._done, ticket)
             if stop:
                 return
+
+    # ------------------------------------------------------------------ on the loop
+
+    def _commit_inline(self, *, on_loop: bool = True) -> None:
+        """Commit the group gathered since the writer was idle: here when it is small, else by the thread."""
+        groups, self._inline = self._inline, None
+        if groups is None or self.failed is not None:
+            return
+        ticket = self._submitted  # every batch since the writer went idle is in the group
+        records = groups[0] if len(groups) == 1 else [r for g in groups for r in g]
+        if not on_loop or self._inline_size > self._inline_max or self._try_write is None:
+            self._queue.put((ticket, records))
+            return
+        started = time.monotonic()
+        try:
+            written = self._try_write(records)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        if not written:  # another connection holds the database: the thread waits for it, not the loop
+            self._inline_off_until = started + INLINE_COOLDOWN_S
+            self._queue.put((ticket, records))
+            return
+        took = time.monotonic() - started
+        self._inline_avg_s += (took - self._inline_avg_s) * 0.2
+        if self._inline_avg_s > self._inline_slow_s:
+            self._inline_off_until = started + took + INLINE_COOLDOWN_S
+            self._inline_avg_s = 0.0  # after the cool-down, a few commits measure the disk again
+        self.inline_commits += 1
+        self._done(ticket)
 
     # ------------------------------------------------------------------ back on the loop
 

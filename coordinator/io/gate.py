@@ -14,6 +14,7 @@ import math
 import ssl
 import time
 import weakref
+from collections.abc import Callable
 from typing import Final, Literal
 
 import structlog
@@ -25,7 +26,10 @@ from coordinator.auth import Principal, TokenStore
 from coordinator.io.admission import PendingHandshakes, RefusalLog, pending_budget, raise_fd_limit
 from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, host_refused, origin_refused
 
-__all__ = ["BEARER_SUBPROTOCOL_PREFIX", "Gatekeeper", "bearer_token", "peer_identity", "server_tls_context"]
+__all__ = [
+    "BEARER_SUBPROTOCOL_PREFIX", "Gatekeeper", "bearer_token", "peer_identity", "server_tls_context",
+    "subprotocol_refused",
+]
 
 log = structlog.get_logger("coordinator.auth")
 
@@ -82,6 +86,39 @@ def bearer_token(headers: Headers) -> str | None:
     return None
 
 
+_BASE64URL: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def subprotocol_refused(headers: Headers, supported: tuple[str, ...]) -> str | None:
+    """Why the subprotocols a handshake offers are refused (HTTP 400), or None.
+
+    Offering nothing, or only ``fleetwire.bearer.<token>``, is fine (msgpack, the default).
+    Names other than the bearer one must include a supported subprotocol: a peer that offers
+    only ``fleetwire.v2.json`` would otherwise get a session in an encoding it never asked for.
+    The bearer token must be unpadded base64url: ``=`` is not allowed in a subprotocol name
+    (RFC 6455 §4.1: an HTTP token), and browsers refuse it too (docs/PROTOCOL.md §1).
+    """
+    others: list[str] = []
+    for header in headers.get_all("Sec-WebSocket-Protocol"):
+        for offered in header.split(","):
+            offered = offered.strip()
+            if not offered:
+                continue
+            if offered.startswith(BEARER_SUBPROTOCOL_PREFIX):
+                encoded = offered[len(BEARER_SUBPROTOCOL_PREFIX):]
+                if not encoded or not _BASE64URL.issuperset(encoded):
+                    return (
+                        f"the subprotocol {BEARER_SUBPROTOCOL_PREFIX}<token> must carry the token as unpadded "
+                        "base64url (A-Z a-z 0-9 - _, no '='): a subprotocol name may not hold '='"
+                    )
+            else:
+                others.append(offered)
+    if others and not any(name in supported for name in others):
+        shown = ", ".join(others)[:200]
+        return f"unsupported subprotocol {shown}; this coordinator speaks {' or '.join(supported)}"
+    return None
+
+
 def peer_identity(conn: ServerConnection) -> str:
     """The SHA-256 (hex) of the peer's verified client certificate; "" without TLS or a certificate.
 
@@ -133,6 +170,7 @@ class Gatekeeper:
         self.penalty = PenaltyBox(limits.penalty_base_s, limits.penalty_max_s)
         self.hold_s = min(limits.penalty_hold_s, limits.handshake_timeout_s / 2)
         self.penalties: dict[str, int] = {}  # cool-offs imposed, by the close code that caused them
+        self.cost_throttles = 0  # frames after which a principal over its work-unit rate was throttled (/metrics)
         self._cooling_logged: set[str] = set()  # keys whose 429 was logged in their current cool-off
         self.refusal_log = RefusalLog(burst=limits.refusal_log_burst, interval_s=limits.refusal_log_interval_s)
         self.pending = PendingHandshakes(limits.max_pending_handshakes, self.refusal_log)
@@ -158,9 +196,18 @@ class Gatekeeper:
                         fd_limit=soft, max_connections=reserved, pending_budget=self.pending.limit)  # fmt: skip
 
     def admit(
-        self, conn: ServerConnection, request: Request, path: str, role: Literal["worker", "client"], open_sessions: int
+        self,
+        conn: ServerConnection,
+        request: Request,
+        path: str,
+        role: Literal["worker", "client"],
+        open_sessions: int,
+        held: Callable[[str], int] | None = None,
     ) -> Response | None:
-        """None to go on with the upgrade (the principal is kept for :meth:`principal`), else the refusal."""
+        """None to go on with the upgrade (the principal is kept for :meth:`principal`), else the refusal.
+
+        ``held``: open sessions of a principal, for its connection share (coordinator/limits.py).
+        """
         address = _address(conn)
         headers = request.headers
         refusal = self.refusal_log.refused
@@ -198,6 +245,13 @@ class Gatekeeper:
                 refusal(address, "wrong role", principal=found.name, token_role=found.role, path=path)
                 return conn.respond(403, f"a {found.role} token cannot open {path}; use a {role} token\n")
             principal = found
+        # Connection shares (issue 17 finding 4): a client principal's share, and the workers' reserve.
+        # Without tokens every client is one principal: only the reserve applies.
+        count = held(principal.name) if held is not None and self.tokens is not None else 0
+        shared = self.limits.connection_refusal(role, principal.name, open_sessions, count)
+        if shared is not None:
+            refusal(address, "connection share", principal=principal.name, held=count, path=path)
+            return conn.respond(503, shared + "\n")
         key = self._penalty_key(principal, conn)
         left = self.penalty.refusal(key, time.monotonic())
         if left is not None:

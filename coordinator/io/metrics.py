@@ -47,6 +47,7 @@ _CORE_COUNTERS: Final = (
     ("fleetwire_stale_events_dropped", "stale_dropped", "Worker messages dropped for a stale lease (fencing)."),
     ("fleetwire_protocol_errors", "protocol_errors", "Messages answered with a protocol error."),
     ("fleetwire_workers_reaped", "workers_reaped", "Workers dropped by the reaper after the heartbeat timeout."),
+    ("fleetwire_workers_left", "workers_left", "Workers that left on purpose (goodbye), removed at once."),
     ("fleetwire_heartbeats", "heartbeats", "Heartbeats received from workers."),
     # Security refusals the core makes (docs/OPERATIONS.md §Security); 4403 closes are fleetwire_scope_refused.
     ("fleetwire_plans_refused", "plans_refused", "Submits refused at the per-principal plan limit."),
@@ -73,6 +74,8 @@ METRIC_NAMES: Final = (
     "fleetwire_placements",
     "fleetwire_plan_queue_wait_seconds",
     "fleetwire_plan_run_seconds",
+    "fleetwire_plan_energy_joules",
+    "fleetwire_plan_co2e_grams",
     "fleetwire_frames",
     "fleetwire_bytes",
     *(name for name, _, _ in _CORE_COUNTERS),
@@ -85,7 +88,11 @@ METRIC_NAMES: Final = (
     "fleetwire_handshakes_pending",
     "fleetwire_handshakes_evicted",
     "fleetwire_refusal_logs_suppressed",
+    "fleetwire_cost_throttled",
+    "fleetwire_replays_pending",
     "fleetwire_autoscaler_desired_replicas",
+    "fleetwire_autoscaler_workers",
+    "fleetwire_autoscaler_provider_failures",
     "fleetwire_worker_leases",
     "fleetwire_worker_in_flight",
     "fleetwire_worker_last_beat_age_seconds",
@@ -113,6 +120,8 @@ class CoordinatorCollector:
             penalty box: ``penalties`` (cool-offs by close code) and ``penalty.boxed(now)``.
         clock: monotonic seconds, the clock the core is driven with.
         version: the coordinator's version, exposed in ``fleetwire_info``.
+        provision: the autoscaler provider's status (coordinator/io/provision.py ``ProviderStatus``),
+            read duck-typed: ``provider``, ``failures``, ``workers`` (by state); None without one.
     """
 
     def __init__(
@@ -125,8 +134,10 @@ class CoordinatorCollector:
         clock: Callable[[], float] = time.monotonic,
         version: str = "",
         gate: Any = None,
+        provision: Any = None,
     ) -> None:
         self._gate = gate
+        self._provision = provision
         self._core = core
         self._frames = frames or FrameCounters()
         self._sessions = sessions
@@ -171,6 +182,8 @@ class CoordinatorCollector:
         for why in ("time", "bytes"):
             forgotten.add_metric([why], core.counters.get(f"plans_forgotten.{why}", 0))
         yield forgotten
+        yield CounterMetricFamily("fleetwire_data_tickets_issued", "Data-plane tickets signed (a client's pass to a "
+                                  "worker's inputs or outputs).", value=core.data.tickets_issued)
         yield GaugeMetricFamily("fleetwire_plans_retained_bytes", "What the finished plans kept hold (args, result, "
                                 "held events, overhead), as --plan-retention-bytes counts it.",
                                 value=core.retention.retained_bytes)
@@ -183,6 +196,24 @@ class CoordinatorCollector:
             for pool, replicas in sorted(autoscaler.desired_replicas().items()):
                 desired.add_metric([str(pool)], replicas)
         yield desired
+        yield from self._provisioning()
+
+    def _provisioning(self) -> Iterator[Metric]:
+        status = self._provision
+        workers = GaugeMetricFamily(
+            "fleetwire_autoscaler_workers", "Workers the autoscaler's provider started and has not stopped, by state "
+            "(starting: not registered yet; running; draining: being removed).", labels=["state"],
+        )
+        failures = CounterMetricFamily(
+            "fleetwire_autoscaler_provider_failures", "Autoscaler provider calls that failed (retried with backoff).",
+            labels=["provider"],
+        )
+        if status is not None:
+            for state, n in sorted(status.workers.items()):
+                workers.add_metric([state], n)
+            failures.add_metric([status.provider], status.failures)
+        yield workers
+        yield failures
 
     def _penalty_box(self, now: float) -> Iterator[Metric]:
         penalties = CounterMetricFamily(
@@ -205,11 +236,16 @@ class CoordinatorCollector:
         refusal_log = getattr(gate, "refusal_log", None)
         yield CounterMetricFamily("fleetwire_refusal_logs_suppressed", "Refusals summed up in a per-address summary "
                                   "line instead of logged one by one.", value=getattr(refusal_log, "suppressed", 0))
+        yield CounterMetricFamily("fleetwire_cost_throttled", "Frames after which a client principal over "
+                                  "--cost-rate work units per second was read more slowly.",
+                                  value=getattr(gate, "cost_throttles", 0))
+        yield GaugeMetricFamily("fleetwire_replays_pending", "Large subscribe replays being sent in slices now.",
+                                value=self._core.streams.replaying)
 
     def _workers(self, core: Coordinator, now: float) -> Iterator[Metric]:
         states = dict.fromkeys(WORKER_STATES, 0)
         connected = alive = draining = 0
-        per_worker: dict[str, GaugeMetricFamily] = {
+        per_worker: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "leases": GaugeMetricFamily("fleetwire_worker_leases", "Plans the coordinator placed on the worker.",
                                         labels=["worker"]),
             "in_flight": GaugeMetricFamily("fleetwire_worker_in_flight", "Plans running, as the worker reports.",
@@ -227,6 +263,12 @@ class CoordinatorCollector:
                                         "Requests in the worker's inference engine.", labels=["worker", "state"]),
             "kv": GaugeMetricFamily("fleetwire_worker_kv_cache_usage_ratio",
                                     "KV-cache usage of the worker's inference engine, 0..1.", labels=["worker"]),
+            "data_bytes": CounterMetricFamily("fleetwire_worker_data_bytes", "Bytes through the worker's data "
+                                              "endpoint since it started, as it reports: inputs in, outputs out.",
+                                              labels=["worker", "direction"]),
+            "data_refused": CounterMetricFamily("fleetwire_worker_data_refused", "Requests the worker's data endpoint "
+                                                "refused since it started, as it reports, by HTTP status.",
+                                                labels=["worker", "status"]),
         }
         registry = core.registry
         for record in registry:
@@ -248,6 +290,11 @@ class CoordinatorCollector:
             per_worker["engine"].add_metric([record.id, "running"], load.engine_running)
             per_worker["engine"].add_metric([record.id, "waiting"], load.engine_waiting)
             per_worker["kv"].add_metric(wid, load.kv_cache_usage)
+            if load.data_bytes_in or load.data_bytes_out:
+                per_worker["data_bytes"].add_metric([record.id, "in"], load.data_bytes_in)
+                per_worker["data_bytes"].add_metric([record.id, "out"], load.data_bytes_out)
+            for status, n in sorted(load.data_refused.items()):
+                per_worker["data_refused"].add_metric([record.id, status], n)
         by_state = GaugeMetricFamily("fleetwire_workers", "Registered workers by liveness.", labels=["state"])
         for state, n in states.items():
             by_state.add_metric([state], n)
@@ -286,6 +333,16 @@ class CoordinatorCollector:
         for outcome, hist in timings.run_time.items():
             run.add_metric([outcome], _buckets(hist), hist.sum)
         yield run
+        footprint = core.footprint  # coordinator/receipts.py: every finished attempt's receipt
+        joules = CounterMetricFamily("fleetwire_plan_energy_joules", "Energy of finished plans, as their receipts "
+                                     "say (measured or estimated), by principal and op.", labels=["principal", "op"])
+        grams = CounterMetricFamily("fleetwire_plan_co2e_grams", "Emissions of finished plans (gCO2e), as their "
+                                    "receipts say, by principal and op.", labels=["principal", "op"])
+        for (principal, op), value in sorted(footprint.joules.items()):
+            joules.add_metric([principal, op], value)
+            grams.add_metric([principal, op], footprint.co2e_g.get((principal, op), 0.0))
+        yield joules
+        yield grams
 
     def _io(self) -> Iterator[Metric]:
         frames = CounterMetricFamily("fleetwire_frames", "Websocket frames, by session role and direction.",

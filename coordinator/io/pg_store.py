@@ -6,13 +6,16 @@ checksums as the SQLite store: one :meth:`PgStore.write` is one transaction, and
 before its records are durable (PostgreSQL ``synchronous_commit=on``, its default; with a
 synchronous standby, on the standby too).
 
-Driver: asyncpg. It sends each group's rows as a few ``unnest()`` array parameters, one
-statement per kind of row, binary protocol; docs/CLUSTER.md §4 measured 17-18k plans/s with
-one writer and fencing on a 2-core machine, the SQLite figure, and 37-38k with four writers.
-Its connections live on a private event loop in one thread (``fleetwire-pg``): the committer's
-writer thread calls :meth:`write` as it calls SQLite's, so the group commit is unchanged and a
-busy server loop never delays a commit; the lease keeper (coordinator/io/pg_leases.py) has its
-own connection on the same loop, so a long commit never delays a renewal.
+Driver: asyncpg (binary protocol, prepared statements, array parameters). A group commit is ONE
+statement, so one round trip (:func:`commit_statement`): the fence and the group's deletes,
+inserts, updates and event upserts as parts of one ``WITH`` query, each row kind sent as
+``unnest()`` arrays, one array per column. Phase 1's BEGIN, fence, one statement per kind and
+COMMIT took 4-5 round trips. The writer connection has its own event loop, run by the thread
+that writes (:meth:`PgStore._run`: the committer's writer thread), so a commit is never handed to
+another thread and back; a thread with a running loop (a store opened from a coroutine) goes
+through a helper thread instead. The lease connection lives on a private loop in its own thread
+(``fleetwire-pg``; :meth:`PgStore.execute`, :meth:`PgStore.call`), so a long commit never delays
+a renewal. Both loops are uvloop when it is installed.
 
 Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or migrated on open)::
 
@@ -28,8 +31,9 @@ rows and the seed of their checksum. The blobs and checksums are the SQLite stor
 (coordinator/io/store_rows.py). The cluster's name and shard count are kept in ``fleetwire_meta``:
 another name, another count or a newer schema is refused at open.
 
-Fencing: every write first runs :data:`~coordinator.io.pg_leases.FENCE` over the shards it
-writes, with the epochs in :attr:`PgStore.fence` (set by the lease keeper), in the same
+Fencing: every write's statement starts with :data:`~coordinator.io.pg_leases.FENCE` over the
+shards it writes, with the epochs in :attr:`PgStore.fence` (set by the lease keeper), and each
+of its data-modifying parts runs only when every one of them was found held, in the same
 transaction; a lease that changed hands or expired fails the write with
 :class:`~coordinator.io.pg_leases.ShardFenced` and nothing of the group is applied.
 """
@@ -37,6 +41,7 @@ transaction; a lease that changed hands or expired fails the write with
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -111,44 +116,59 @@ _SELECT_PLANS = (  # decode_plans' columns (coordinator/io/store_rows.py), then 
     "FROM fleetwire_plans WHERE shard = ANY($1::int[])"
 )
 _SELECT_EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE shard = ANY($1::int[]) ORDER BY plan, seq"
-# One group commit is ONE statement (one round trip, its own transaction): the fence locks the
-# lease rows it checks (FOR SHARE: a takeover's UPDATE waits for this commit, or this commit sees
-# the new epoch and writes nothing), and every data-modifying part runs only when every shard
-# written is still held (``ok``, an InitPlan evaluated before them). Parts with no rows get empty
-# arrays. The answer is the shards the fence found held; fewer than asked: nothing was written.
-_COMMIT = f"""
-WITH fence AS ({FENCE}), ok AS (
-    SELECT count(*) = cardinality($1::int[]) AS held FROM fence
-), gone_plans AS (
-    DELETE FROM fleetwire_plans WHERE key = ANY($4::bigint[]) AND (SELECT held FROM ok)
-), gone_events AS (
-    DELETE FROM fleetwire_events WHERE plan = ANY($4::bigint[]) AND (SELECT held FROM ok)
-), created AS (
-    INSERT INTO fleetwire_plans (key, shard, id, owner, ord, state, spec, status, events, nevents,
+# One group commit is ONE statement (one round trip, its own transaction), built from the parts
+# the group has (a statement per combination, prepared once per connection by asyncpg): the fence
+# locks the lease rows it checks (FOR SHARE: a takeover's UPDATE waits for this commit, or this
+# commit sees the new epoch and writes nothing), and every data-modifying part runs only when every
+# shard written is still held (``ok``, an InitPlan evaluated before them). The answer is the shards
+# the fence found held; fewer than asked means nothing was written.
+_PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types)
+    ("gone_plans", "DELETE FROM fleetwire_plans WHERE key = ANY({0}) AND (SELECT held FROM ok)", ("bigint[]",)),
+    ("gone_events", "DELETE FROM fleetwire_events WHERE plan = ANY({0}) AND (SELECT held FROM ok)", ()),
+    ("created", """INSERT INTO fleetwire_plans (key, shard, id, owner, ord, state, spec, status, events, nevents,
                                  spec_crc, status_crc, events_crc)
-    SELECT * FROM unnest($5::bigint[], $6::int[], $7::text[], $8::text[], $9::bigint[], $10::text[],
-                         $11::bytea[], $12::bytea[], $13::bytea[], $14::int[], $15::bigint[], $16::bigint[],
-                         $17::bigint[])
-    WHERE (SELECT held FROM ok)
-), changed AS (
-    UPDATE fleetwire_plans AS p SET
+    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12})
+    WHERE (SELECT held FROM ok)""",
+     ("bigint[]", "int[]", "text[]", "text[]", "bigint[]", "text[]", "bytea[]", "bytea[]", "bytea[]", "int[]",
+      "bigint[]", "bigint[]", "bigint[]")),
+    ("changed", """UPDATE fleetwire_plans AS p SET
         state = coalesce(v.state, p.state),
         status = coalesce(v.status, p.status),
         events = CASE WHEN v.events IS NULL THEN p.events ELSE coalesce(p.events, ''::bytea) || v.events END,
         nevents = p.nevents + v.nevents,
         status_crc = coalesce(v.status_crc, p.status_crc),
         events_crc = coalesce(v.events_crc, p.events_crc)
-    FROM unnest($18::bigint[], $19::text[], $20::bytea[], $21::bytea[], $22::int[], $23::bigint[],
-                $24::bigint[]) AS v(key, state, status, events, nevents, status_crc, events_crc)
-    WHERE p.key = v.key AND (SELECT held FROM ok)
-), runs AS (
-    INSERT INTO fleetwire_events (plan, seq, shard, body, crc)
-    SELECT * FROM unnest($25::bigint[], $26::int[], $27::int[], $28::bytea[], $29::bigint[])
-    WHERE (SELECT held FROM ok)
-    ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc
+    FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}) AS v(key, state, status, events, nevents, status_crc, events_crc)
+    WHERE p.key = v.key AND (SELECT held FROM ok)""",
+     ("bigint[]", "text[]", "bytea[]", "bytea[]", "int[]", "bigint[]", "bigint[]")),
+    ("runs", """INSERT INTO fleetwire_events (plan, seq, shard, body, crc)
+    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}) WHERE (SELECT held FROM ok)
+    ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
+     ("bigint[]", "int[]", "int[]", "bytea[]", "bigint[]")),
 )
-SELECT coalesce(array_agg(shard), '{{}}') FROM fence
-"""
+_COMMITS: dict[tuple[bool, bool, bool, bool], str] = {}
+
+
+def commit_statement(doomed: bool, created: bool, changed: bool, runs: bool) -> str:
+    """The one statement of a group commit with these parts ($1-$3: the fence's shards, epochs, owner)."""
+    key = (doomed, created, changed, runs)
+    sql = _COMMITS.get(key)
+    if sql is None:
+        wanted = (doomed, doomed, created, changed, runs)
+        parts = [f"fence AS ({FENCE})", "ok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)"]
+        n = 4
+        for (name, text, types), on in zip(_PARTS, wanted, strict=True):
+            if not on:
+                continue
+            if name == "gone_events":  # the same keys as gone_plans
+                parts.append(f"{name} AS ({text.format(f'${n - 1}::bigint[]')})")
+                continue
+            parts.append(f"{name} AS ({text.format(*(f'${n + i}::{t}' for i, t in enumerate(types)))})")
+            n += len(types)
+        sql = _COMMITS[key] = "WITH " + ",\n".join(parts) + "\nSELECT coalesce(array_agg(shard), '{}') FROM fence"
+    return sql
+
+
 _KEYS = "SELECT nextval('fleetwire_plan_keys') FROM generate_series(1, $1::int)"
 
 
@@ -246,12 +266,16 @@ class PgStore:
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetwire-pg", daemon=True)
         self._thread.start()
+        # The writer connection's own loop, run by whichever thread writes (the committer's writer
+        # thread): a group commit is one round trip with no hop to another thread and back.
+        self._wloop = _new_loop()
+        self._wlock = threading.Lock()
         self._writer: Any = None
         self._leases: Any = None
         try:
-            self._writer = self._sync(self._connect(dsn))
+            self._writer = self._run(self._connect(dsn))
             self._leases = self._sync(self._connect(dsn))
-            self._sync(self._setup())
+            self._run(self._setup())
         except BaseException:
             self.close()
             raise
@@ -261,6 +285,20 @@ class PgStore:
     def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the store's loop and wait for it (from any thread but that loop's)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` (which uses the writer connection) on the writer's loop, in this thread.
+
+        From a thread that runs a loop of its own (a store opened or closed from a coroutine),
+        it runs in a helper thread instead; one thread at a time either way.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            with self._wlock:
+                return self._wloop.run_until_complete(coro)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fleetwire-pg-writer") as helper:
+            return helper.submit(self._run, coro).result()
 
     def execute(self, make: Callable[[Any], Awaitable[T]]) -> T:
         """``make(lease_connection)`` run on the store's loop; its result (blocks: not from a loop)."""
@@ -344,7 +382,7 @@ class PgStore:
         """Every plan of the shards in :attr:`fence` (all shards when it is empty), in submit order."""
         shards = sorted(self.fence) or list(range(self.cluster.shards))
         try:
-            rows, event_rows = self._sync(self._fetch(shards))
+            rows, event_rows = self._run(self._fetch(shards))
         except self._asyncpg.PostgresError as exc:
             raise StoreError(f"cannot read the store {self.description}: {_cause(exc)}") from exc
         plan_rows = [tuple(r)[:11] for r in rows]
@@ -428,7 +466,7 @@ class PgStore:
                     inline, count = body[1:], len(run)  # without its one-byte array header
                     previous = 0 if plan_id in fresh else chained.get(plan_id)
                     if previous is None:
-                        previous = self._sync(self._stored_events_crc(key))
+                        previous = self._run(self._stored_events_crc(key))
                     inline_crc = chained_now[plan_id] = crc(inline, previous)
                 else:
                     for column, value in zip(ev_rows, (key, run[0][2], shard, body, crc(body, key & 0xFFFFFFFF)),
@@ -462,7 +500,7 @@ class PgStore:
         shards = sorted(touched_shards)
         epochs = [fence[s] for s in shards]
         try:
-            self._sync(self._commit(shards, epochs, doomed, new_rows, upd_rows, ev_rows))
+            self._run(self._commit(shards, epochs, doomed, new_rows, upd_rows, ev_rows))
         except ShardFenced:
             raise
         except (self._asyncpg.PostgresError, self._asyncpg.InterfaceError, OSError, TimeoutError) as exc:
@@ -491,7 +529,13 @@ class PgStore:
         ev_rows: list[list[Any]],
     ) -> None:
         owner = self.owner
-        held = await self._writer.fetchval(_COMMIT, shards, epochs, owner, doomed, *new_rows, *upd_rows, *ev_rows)
+        args: list[Any] = [shards, epochs, owner]
+        for present, values in ((bool(doomed), [doomed]), (bool(new_rows[0]), new_rows),
+                                (bool(upd_rows[0]), upd_rows), (bool(ev_rows[0]), ev_rows)):  # fmt: skip
+            if present:
+                args += values
+        sql = commit_statement(bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0]))
+        held = await self._writer.fetchval(sql, *args)
         if len(held) != len(shards):
             lost = sorted(set(shards) - set(held))
             raise ShardFenced(
@@ -506,7 +550,7 @@ class PgStore:
         free = self._free_keys
         if len(free) < n:
             blocks = -(-(n - len(free)) // _KEY_BLOCK)
-            starts = self._sync(self._writer.fetch(_KEYS, blocks))
+            starts = self._run(self._writer.fetch(_KEYS, blocks))
             for row in sorted(r[0] for r in starts):
                 free.extend(range(row, row + _KEY_BLOCK))
         taken, self._free_keys = free[:n], free[n:]
@@ -523,13 +567,23 @@ class PgStore:
         loop = getattr(self, "_loop", None)
         if loop is None:
             return
-        for conn in (self._writer, self._leases):
-            if conn is not None:
-                try:
-                    self._sync(asyncio.wait_for(conn.close(), 5))
-                except Exception:
-                    conn.terminate()
+        writer, leases = self._writer, self._leases
+        if leases is not None:
+            try:
+                self._sync(asyncio.wait_for(leases.close(), 5))
+            except Exception:
+                leases.terminate()
         loop.call_soon_threadsafe(loop.stop)
         self._thread.join(10)
         if not self._thread.is_alive():
             loop.close()
+        if self._wlock.acquire(timeout=5):  # a write in progress (the committer's last group) ends first
+            self._wlock.release()
+            if writer is not None:
+                try:
+                    self._run(asyncio.wait_for(writer.close(), 5))
+                except Exception:
+                    writer.terminate()
+            self._wloop.close()
+        elif writer is not None:  # a write hangs (the database is away): drop the connection
+            writer.terminate()

@@ -48,6 +48,7 @@ DASHBOARD_FILES: Final = {
     "/": "index.html",
     "/index.html": "index.html",
     "/dashboard/app.js": "app.js",
+    "/dashboard/charts.js": "charts.js",
     "/dashboard/style.css": "style.css",
 }
 # The page runs only its own script and style, and talks only to this host's websocket.

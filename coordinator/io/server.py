@@ -26,6 +26,7 @@ import secrets
 import socket
 import ssl
 import time
+import traceback
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -43,20 +44,22 @@ from coordinator.core import Coordinator, CoreConfig, Effects
 from coordinator.io import routes as http_routes
 from coordinator.io.commit import GroupCommitter
 from coordinator.io.connection import FailFastConnection, Session, close_or_abort
-from coordinator.io.gate import Gatekeeper, peer_identity, server_tls_context
+from coordinator.io.gate import Gatekeeper, peer_identity, server_tls_context, subprotocol_refused
 from coordinator.io.hooks import HookRunner
 from coordinator.io.integrity import report_accepted_losses
 from coordinator.io.metrics import CONTENT_TYPE, build_registry, render
 from coordinator.io.metrics_http import ExpositionCache, MetricsListener, parse_listen
 from coordinator.io.pg_leases import LeaseKeeper, ShardFenced
+from coordinator.io.provision import Provider, Provisioner
 from coordinator.io.store import Store, open_store
-from coordinator.limits import Limits
+from coordinator.limits import Limits, TokenBucket
 from coordinator.records import StoredPlan
 from coordinator.shards import ClusterConfig
 from coordinator.stats import FrameCounters
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec, Encoding
 from protocol import errors as codes
 from protocol.messages import Assign, Error, FromClient, FromWorker, Moved
+from protocol.relay import MAX_CHUNK_BYTES
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +67,7 @@ Role = Literal["worker", "client"]
 ROLE_PATHS: dict[str, Role] = {"/v1/worker": "worker", "/v1/client": "client"}
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 STANDBY = "standby: owns no shard (another coordinator of the cluster serves; this one takes over when its lease ends)"
+REPLAY_BACKLOG_BYTES = 1 << 20  # a replay's next slice waits while its subscriber has more than this unsent
 LOADING = "loading the store"  # /readyz's reason (503) until the store's plans are loaded
 
 
@@ -119,6 +123,7 @@ class ServerSettings:
     tls_client_ca: str | None = None
     limits: Limits = Limits()  # noqa: RUF009 - frozen, so one shared default is safe
     autoscale_hook: str | None = None
+    autoscale_provider: Provider | None = None  # starts and stops workers (coordinator/io/provision.py)
     metrics_cache_s: float = 2.0  # /metrics is rebuilt at most this often (coordinator/io/metrics_http.py)
     metrics_token: str | None = None  # /metrics needs this bearer token when set
     metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
@@ -156,6 +161,8 @@ class ServerSettings:
             core.autoscale.check()
         elif self.autoscale_hook is not None:
             raise ValueError("--autoscale-hook needs the autoscaler: pass --autoscale too")
+        elif self.autoscale_provider is not None:
+            raise ValueError("--autoscale-provider needs the autoscaler: pass --autoscale too")
         if not self.metrics_cache_s >= 0:
             raise ValueError(f"--metrics-cache must be >= 0 seconds, got {self.metrics_cache_s}")
         if self.metrics_token is not None and len(self.metrics_token) < 16:
@@ -168,6 +175,9 @@ class ServerSettings:
             raise ValueError(f"--plan-retention must be >= 0 seconds (0 keeps every plan), got {core.plan_retention_s}")
         if core.plan_retention_bytes < 0:
             raise ValueError(f"--plan-retention-bytes must be >= 0 (0: no byte bound), got {core.plan_retention_bytes}")
+        if core.relay_max_bytes < MAX_CHUNK_BYTES or core.relay_window_bytes < MAX_CHUNK_BYTES:
+            raise ValueError(f"--relay-max-bytes (and the relay window) must be at least one chunk, {MAX_CHUNK_BYTES} "
+                             f"bytes; got {core.relay_max_bytes}")
 
     @property
     def reaper_period_s(self) -> float:
@@ -213,6 +223,13 @@ class CoordinatorServer:
             new_secret=lambda: secrets.token_urlsafe(24),  # welcome.session_secret: proof of a worker id
         )
         self._hook = HookRunner(settings.autoscale_hook) if settings.autoscale_hook else None
+        self.provisioner: Provisioner | None = None  # acts on autoscaler decisions (coordinator/io/provision.py)
+        if settings.autoscale_provider is not None and settings.core.autoscale is not None:
+            self.provisioner = Provisioner(
+                settings.autoscale_provider, registry=self.core.registry, plans=self.core.plans,
+                max_workers=settings.core.autoscale.max_workers, min_workers=settings.core.autoscale.min_workers,
+                notify=self._autoscale_note, clock=time.monotonic,
+            )
         # Raises TokenFileError (a ValueError) for a token file that cannot be used.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
         self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
@@ -227,6 +244,9 @@ class CoordinatorServer:
         )
         self._background: set[asyncio.Task[None]] = set()  # closes the server started itself
         self._sessions: dict[int, Session] = {}
+        self._held: dict[str, int] = {}  # open client sessions per principal (connection shares)
+        self._costs: dict[str, TokenBucket] = {}  # work-unit buckets per principal (coordinator/limits.py)
+        self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
         self._conn_ids = itertools.count(1)
         self._codecs: dict[tuple[Role, Encoding], Codec] = {
             (role, enc): Codec(enc, FromWorker if role == "worker" else FromClient, role)
@@ -249,7 +269,7 @@ class CoordinatorServer:
         self.refusals: dict[str, int] = {}  # by answer: HTTP status before the upgrade, close code after
         self.metrics_registry = build_registry(
             self.core, frames=self.frames, sessions=self._session_counts, refusals=self.refusals, version=version,
-            gate=self._gate,
+            gate=self._gate, provision=self.provisioner.status if self.provisioner is not None else None,
         )
         # A scrape walks every worker and plan: rebuilt at most every metrics_cache_s (metrics_http.py).
         self.metrics_cache = ExpositionCache(lambda: render(self.metrics_registry), settings.metrics_cache_s)
@@ -318,6 +338,8 @@ class CoordinatorServer:
         self._rotate_data_key()
         self._flush()
         self._reaper = asyncio.create_task(self._reap_forever())
+        if self.provisioner is not None:
+            self.provisioner.start()  # min_workers, in the background
         log.info(
             "coordinator listening", url=self.url, insecure=self.settings.insecure, plans=len(self.core.plans),
             tokens=0 if self.tokens is None else len(self.tokens), mtls=self.settings.tls_client_ca is not None,
@@ -326,6 +348,12 @@ class CoordinatorServer:
     def _load(self) -> None:
         """Read the store and restore the core (in a thread: no session, tick or commit runs meanwhile)."""
         self.core.set_wall_offset(time.time() - time.monotonic())
+        stream = getattr(self.store, "stream", None)  # SQLite: each plan as it is decoded
+        if stream is not None:
+            # Liveness clocks start now (docs/SEMANTICS.md §Durability): workers of restored leases
+            # get one heartbeat timeout from here to reconnect.
+            self.core.restore(stream(), time.monotonic())
+            return
         stored = self.store.load()
         stored.reverse()
 
@@ -336,8 +364,6 @@ class CoordinatorServer:
             while stored:
                 yield stored.pop()
 
-        # Liveness clocks start now (docs/SEMANTICS.md §Durability): workers of restored leases
-        # get one heartbeat timeout from here to reconnect.
         self.core.restore(one_by_one(), time.monotonic())
 
     async def _listen(self) -> None:
@@ -399,6 +425,8 @@ class CoordinatorServer:
             await self.cluster.stop(release=True)
         if self._hook is not None:
             await self._hook.close()
+        if self.provisioner is not None:
+            await self.provisioner.close()
         self.store.close()
 
     # ------------------------------------------------------------------ HTTP (coordinator/io/routes.py)
@@ -422,6 +450,11 @@ class CoordinatorServer:
         return None
 
     @property
+    def cost_throttles(self) -> int:
+        """Frames after which a client principal over its work-unit rate was throttled (/metrics)."""
+        return self._gate.cost_throttles
+
+    @property
     def metrics_port(self) -> int | None:
         """The port of the ``--metrics-listen`` socket; None when /metrics is on the main port."""
         return self._metrics_listener.port if self._metrics_listener is not None else None
@@ -443,20 +476,28 @@ class CoordinatorServer:
     def _process_request(
         self, conn: ServerConnection, request: Request
     ) -> Response | Coroutine[Any, Any, Response | None] | None:
-        response = http_routes.process_request(self, conn, request)  # /healthz /readyz /metrics / (dashboard)
-        if response is not None:
-            if response.status_code == 404:  # unknown paths are probes too: counted with the refusals
-                self._count_refusal(404)
-            return response
         path = urlsplit(request.path).path
         role = ROLE_PATHS.get(path)
+        upgrade = "websocket" in request.headers.get("Upgrade", "").lower()
+        if not upgrade or role is not None:  # a websocket upgrade never gets the dashboard page
+            response = http_routes.process_request(self, conn, request)  # /healthz /readyz /metrics / (dashboard)
+            if response is not None:
+                if response.status_code == 404:  # unknown paths are probes too: counted with the refusals
+                    self._count_refusal(404)
+                return response
         if role is None:
             self._count_refusal(404)
-            return conn.respond(404, f"unknown path {path}; fleetwire serves /v1/worker and /v1/client\n")
+            what = "websocket path" if upgrade else "path"
+            served = "fleetwire serves websockets on /v1/worker and /v1/client"
+            return conn.respond(404, f"unknown {what} {path}; {served}\n")
+        refused_subprotocol = subprotocol_refused(request.headers, (SUBPROTOCOL_MSGPACK, SUBPROTOCOL_JSON))
+        if refused_subprotocol is not None:
+            self._count_refusal(400)
+            return conn.respond(400, refused_subprotocol + "\n")
         if not self.loaded.is_set():
             return self._after_load(conn, request)
         # Origin, connection limit, client certificate, token (coordinator/auth.py).
-        refused = self._gate.admit(conn, request, path, role, len(self._sessions))
+        refused = self._gate.admit(conn, request, path, role, len(self._sessions), self._held_by)
         if refused is not None:
             self._count_refusal(refused.status_code)
             if refused.status_code == 429:  # penalty box: answered after a hold (coordinator/limits.py)
@@ -532,6 +573,7 @@ class CoordinatorServer:
         session = Session(conn_id, ws, codec, role=role, io=self.frames.of(role), principal=principal)
         io = session.io
         self._sessions[conn_id] = session
+        self._held[principal.name] = self._held.get(principal.name, 0) + 1
         writer = session.writer = asyncio.create_task(session.write_loop())
         address = f"{ws.remote_address[0]}:{ws.remote_address[1]}" if ws.remote_address else ""
         core = self.core
@@ -540,7 +582,11 @@ class CoordinatorServer:
             worker_ids=principal.worker_ids, identity=peer_identity(ws) if role == "worker" else "",
         )
         self._flush()
-        bucket = self.settings.limits.bucket(role, time.monotonic())
+        limits = self.settings.limits
+        bucket = limits.bucket(role, time.monotonic())
+        cost = self._cost_bucket(principal.name) if role == "client" else None
+        outbox = core.outbox
+        frame_budget = limits.frame_cost_budget
         try:
             async for frame in ws:
                 io[0] += 1  # FrameCounters.FRAMES_IN, BYTES_IN
@@ -554,12 +600,30 @@ class CoordinatorServer:
                     self._kill(session, codes.CLOSE_RATE_LIMITED, "message rate limit exceeded")
                     continue
                 redirect = self.redirect
+                work = outbox.work
+                spent = 0
                 for msg in msgs:
                     if redirect is not None and (moved := redirect(role, msg)) is not None:
                         self._move(session, moved)
                         break
                     self._receive(conn_id, msg, now)
+                    if outbox.work - work > frame_budget:
+                        # One frame's requests cost more than a turn's budget: what it asked so far goes
+                        # out, and the rest waits for the next loop turn (others' frames run meanwhile).
+                        spent += outbox.work - work
+                        self._flush(len(frame))
+                        await asyncio.sleep(0)
+                        work = outbox.work
+                        if session.killed:
+                            break
+                        now = time.monotonic()
+                spent += outbox.work - work
                 self._flush(len(frame))
+                if cost is not None:  # the principal's work units: one per message plus what the core counted
+                    owed = cost.take(len(msgs) + spent, now)
+                    if owed:
+                        self._gate.cost_throttles += 1
+                        pause = max(pause or 0.0, min(owed, 5.0))
                 if self._committer.over:  # the disk is behind: stop reading until it catches up
                     await self._committer.drained()
                 if pause:
@@ -576,6 +640,11 @@ class CoordinatorServer:
                     address=address, limit_bytes=ws.protocol.max_message_size,
                 )
             self._sessions.pop(conn_id, None)
+            left = self._held.get(principal.name, 0) - 1
+            if left > 0:
+                self._held[principal.name] = left
+            else:
+                self._held.pop(principal.name, None)
             core.close_session(conn_id, time.monotonic())
             self._flush()
             if not writer.done():
@@ -587,7 +656,10 @@ class CoordinatorServer:
         except Exception:
             # A bug in the core must not take the coordinator down, and no traceback
             # reaches the wire: log it here, answer with a bare internal error.
-            log.exception("core failed on a message", conn_id=conn_id, type=type(msg).__name__)
+            log.error(
+                "core failed on a message", conn_id=conn_id, type=type(msg).__name__,
+                exception=traceback.format_exc(),  # never exc_info: frames hold the message (fleetwire/logs.py)
+            )
             session = self._sessions.get(conn_id)
             if session is not None:
                 session.pending.append(Error(code=codes.INTERNAL, message="internal error; see coordinator log"))
@@ -601,6 +673,8 @@ class CoordinatorServer:
         effects = self.core.take_effects()
         if effects.decisions and self._hook is not None:
             self._hook.run(effects.decisions)
+        if effects.decisions and self.provisioner is not None:
+            self.provisioner.decided(effects.decisions)
         # Frames go out only once the records of their step (and of every step before) are committed.
         if effects.records:
             self._committer.submit(effects.records, effects, size)
@@ -608,6 +682,44 @@ class CoordinatorServer:
             self._committer.after(effects)
         else:
             self._deliver(effects)
+        if not self._pumping and self.core.streams.replaying:
+            self._pumping = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """One slice of the large replays under way, then the loop runs everyone else (issue 17 finding 1).
+
+        A subscriber with more than a slow reader's share unsent waits (its writer catches up first);
+        when every one waits, the pump looks again a little later.
+        """
+        sent = self.core.pump(self.settings.limits.frame_cost_budget // 4, self._busy)
+        self._flush()  # _pumping is still set: it schedules nothing
+        if not self.core.streams.replaying:
+            self._pumping = False
+        elif sent:
+            asyncio.get_running_loop().call_soon(self._pump)
+        else:  # every subscriber still reads its backlog: look again shortly instead of spinning
+            asyncio.get_running_loop().call_later(0.005, self._pump)
+
+    def _busy(self, conn_id: int) -> bool:
+        session = self._sessions.get(conn_id)
+        return session is not None and session.out_bytes() > REPLAY_BACKLOG_BYTES
+
+    def _held_by(self, principal: str) -> int:
+        """Open sessions of ``principal`` (its connection share, coordinator/limits.py)."""
+        return self._held.get(principal, 0)
+
+    def _cost_bucket(self, principal: str) -> TokenBucket | None:
+        """The principal's work-unit bucket, shared by its sessions; None when the cost limit is off."""
+        bucket = self._costs.get(principal)
+        if bucket is None:
+            bucket = self.settings.limits.cost_bucket(time.monotonic())
+            if bucket is None:
+                return None
+            if len(self._costs) > 100_000:  # bounded: forget them all (each starts full again)
+                self._costs.clear()
+            self._costs[principal] = bucket
+        return bucket
 
     def _deliver(self, effects: Effects) -> None:
         sessions = self._sessions
@@ -621,10 +733,11 @@ class CoordinatorServer:
         for conn_id, msgs in sends.items():
             session = sessions.get(conn_id)
             if session is not None and not session.killed:
-                # Already at the cap before this batch: the peer is not reading. (A burst such as
-                # a replay into a short list is fine: the writer takes it all at once.)
+                # Already at the cap before this batch: the peer is not reading. Bytes are the
+                # writer's encoded frames not yet sent and the socket's buffer, measured, plus the
+                # messages not yet encoded, estimated (coordinator/io/connection.py ``out_bytes``).
                 backlog = len(session.pending)
-                if backlog >= cap or (backlog >= 64 and session.pending_bytes() >= cap_bytes):
+                if backlog >= cap or ((backlog >= 8 or session.unsent) and session.out_bytes() >= cap_bytes):
                     slow.append(session)
                 session.pending.extend(msgs)
                 # Writers run in the order they are woken. A worker's ``assign`` goes first: it is
@@ -711,9 +824,16 @@ class CoordinatorServer:
                 self.core.set_wall_offset(time.time() - now)  # follows the wall clock's adjustments
                 self.core.tick(now)
                 self._rotate_data_key()
+                if self.provisioner is not None:
+                    self.provisioner.step()
             except Exception:
-                log.exception("reaper tick failed")
+                log.error("reaper tick failed", exception=traceback.format_exc())
             self._flush()
+
+    def _autoscale_note(self, data: dict[str, Any]) -> None:
+        """The provisioner's news for admin followers (a failed provider call), sent at once."""
+        self.core.autoscale_note(data)
+        self._flush()
 
     def _rotate_data_key(self) -> None:
         """A new data-plane ticket key when the core says one is due (coordinator/data_plane.py)."""

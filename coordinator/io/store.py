@@ -61,7 +61,7 @@ import operator
 import os
 import sqlite3
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -78,7 +78,7 @@ from coordinator.io.integrity import (
     readable_rows,
     set_aside,
 )
-from coordinator.io.store_rows import SELECT_EVENTS, SELECT_PLANS, StoredEvent, by_seq, decode_plans
+from coordinator.io.store_rows import SELECT_EVENTS, SELECT_PLANS, StoredEvent, by_seq, decode_plans, iter_plans
 from coordinator.io.store_schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
 from coordinator.shards import ClusterConfig
@@ -260,6 +260,14 @@ _UPDATE_ONE = (
     "WHERE rowid = ?1"
 )
 _SET_GENERATION = "UPDATE store_meta SET generation = ?"
+_BUSY_TIMEOUT_MS = 5000  # sqlite3's default: how long a write waits for another connection's lock
+_NO_BUSY_WAIT = "PRAGMA busy_timeout = 0"
+_BUSY_WAIT = f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}"
+_SELECT_PLANS_BY_ROWID = SELECT_PLANS + " ORDER BY rowid"  # a rowid table's own order: no sort
+# Whether some plan's row comes before an older plan's (rowids follow the submit order, so never).
+_OUT_OF_ORDER = (
+    "SELECT EXISTS (SELECT 1 FROM (SELECT ord - lag(ord) OVER (ORDER BY rowid) AS step FROM plans) WHERE step < 0)"
+)
 _first = operator.itemgetter(0)
 _first_two = operator.itemgetter(0, 1)
 _third = operator.itemgetter(2)
@@ -327,7 +335,8 @@ class SQLiteStore:
         try:
             # check_same_thread=False: opened here, written by the committer's one thread, never
             # by two threads at once. isolation_level=None: transactions are explicit.
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                       timeout=_BUSY_TIMEOUT_MS / 1000)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -427,6 +436,29 @@ class SQLiteStore:
             self._drop(damaged)
         return plans
 
+    def stream(self) -> Iterator[StoredPlan]:
+        """Every plan held, in submit order, each handed over as soon as it is decoded (a restart's load).
+
+        The server's restore turns each into the core's plan before the next is read, so the
+        decoded store is never in memory whole. Checks as :meth:`load`: the damage found is
+        raised (:class:`StoreDamaged`) once every sound plan was given, as :meth:`load` raises
+        it. With ``accept_loss``, or a file whose rowids do not follow the submit order (never
+        written so by this store), it is :meth:`load`'s list.
+        """
+        if self.accept_loss or self._db.execute(_OUT_OF_ORDER).fetchone()[0]:
+            yield from self.load()
+            return
+        self._rowids = {}
+        damaged: dict[int, str] = {}
+        try:
+            yield from iter_plans(self._db.execute(_SELECT_PLANS_BY_ROWID), self._db.execute(SELECT_EVENTS), damaged,
+                                  keep_crc=self._events_crc, keep_rowids=self._rowids)  # fmt: skip
+        except sqlite3.Error as exc:
+            raise StoreDamaged(self.path, f"cannot read it: {exc}") from exc
+        if damaged:
+            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+            raise StoreDamaged(self.path, next(iter(damaged.values())) + more)
+
     def _drop(self, damaged: dict[int, str]) -> None:
         """Delete the damaged plans (``--accept-store-loss``), so the next start finds a clean file."""
         keys = [(rowid,) for rowid in damaged]
@@ -470,7 +502,36 @@ class SQLiteStore:
                     rows.append((kind, _text(data), seq, attempt, ephemeral))
             return self._encoder.encode(rows)
 
+    def try_write(self, records: Sequence[Record]) -> bool:
+        """:meth:`write` without waiting for the database: False (nothing written) while another connection holds it.
+
+        The committer's commit on the event loop (coordinator/io/commit.py): the loop must not
+        wait up to sqlite3's busy timeout (5 s) for, e.g., a checkpoint by ``fleetwire store
+        backup``; the writer thread, which may wait, gets the group instead.
+        """
+        return self._write(records, wait=False)
+
     def write(self, records: Sequence[Record]) -> None:
+        self._write(records, wait=True)
+
+    def _begin(self, wait: bool) -> bool:
+        """``BEGIN IMMEDIATE``; without ``wait``, False at once when another connection holds the write lock."""
+        db = self._db
+        if wait:
+            db.execute("BEGIN IMMEDIATE")
+            return True
+        db.execute(_NO_BUSY_WAIT)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if db.in_transaction or ("locked" not in str(exc) and "busy" not in str(exc)):
+                raise
+            return False
+        finally:
+            db.execute(_BUSY_WAIT)
+        return True
+
+    def _write(self, records: Sequence[Record], *, wait: bool) -> bool:
         created: dict[str, PlanCreated] = {}
         latest: dict[str, PlanStatus] = {}  # a status is a whole snapshot: the group's last one per plan is enough
         runs: dict[str, list[StoredEvent]] = {}  # each plan's events in this group, in the order written
@@ -558,7 +619,8 @@ class SQLiteStore:
         spilled.sort(key=_first_two)
         db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
+            if not self._begin(wait):
+                return False  # nothing changed yet: the caller writes the same records later
             try:
                 # Multi-row statements: sqlite3 releases the GIL around every step, and under a busy
                 # event loop each hand-back can wait a switch interval; one step per chunk of rows
@@ -594,6 +656,7 @@ class SQLiteStore:
             self._next_rowid += len(fresh)
         self.writes += 1
         self.records += len(records)
+        return True
 
     def check_files(self) -> None:
         """Raise :class:`StoreDamaged` when the ``-wal`` or ``-shm`` was deleted or replaced since the open.

@@ -5,7 +5,8 @@
   sticky sessions, prefetch and work stealing);
 * policies: the scoring policies (least busy, latency, joule, carbon, KV-aware, session);
 * capacity: per-pool indexes of free workers (heaps) that keep placement O(log n);
-* prefix: prefix-hash bookkeeping for KV-aware routing.
+* prefix: prefix-hash bookkeeping for KV-aware routing;
+* shares: each worker's share of recent placements (KV-aware routing's bounded load).
 
 The workers' records and their report predicates are coordinator/workers.py's; the registry
 (coordinator/registry.py) owns the records and keeps the pools told. Imports point one way:

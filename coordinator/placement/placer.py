@@ -31,12 +31,17 @@ Rules (docs/SEMANTICS.md §Placement, docs/ROUTING.md):
 5. *KV-block admission.* A plan reserves ``ceil((prompt + max output tokens) / block
    tokens)`` blocks on a worker that advertises a budget, for as long as it holds the lease;
    the reservation is computed from the worker's leases, so releasing a lease frees it.
+   *Devices.* A plan with ``resources.gpus`` fits a worker only while that many of its matching
+   devices are free (coordinator/devices.py; the registry takes them with the lease and gives
+   them back with it). Such a plan skips the room index's shortcut and the full-pool memo: each
+   candidate is vetted as a KV plan is (an exact, slower path); plans without devices pay one
+   attribute test.
 6. *Stealing.* When a worker has a free slot and nothing queued it can run, the coordinator
    revokes an unstarted lease from the most backlogged worker that the idle one could run.
    Nothing changes until that worker answers: ``reject(code="revoked")`` requeues the plan;
    an ``accept`` (it had started) keeps it where it is (Dask's transactional stealing).
 
-Ownership and invariants: :class:`Placement` owns its prefix index, its sticky sessions, the
+Ownership and invariants: :class:`Placement` owns its prefix index, its recent shares, its sticky sessions, the
 revokes it asked for and its memo of pools found full; it reads the registry's records and
 pools but never writes them. What a decision changes in a record goes through the registry
 (the scheduler claims the lease and hands it the tokens :meth:`Placement.claimed` returns,
@@ -56,6 +61,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from coordinator.devices import pick
 from coordinator.placement.capacity import Pool
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.policies import (
@@ -72,6 +78,7 @@ from coordinator.placement.policies import (
     projected_carbon,
 )
 from coordinator.placement.prefix import PrefixIndex
+from coordinator.placement.shares import RecentShares
 from coordinator.plans import Plan
 from coordinator.registry import WorkerRegistry
 from coordinator.workers import WorkerRecord
@@ -116,6 +123,7 @@ class PlacementConfig:
             raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        self.knobs.check()
         if self.candidates < 0:
             raise ValueError(f"placement candidates must be >= 0 (0: rank every worker), got {self.candidates}")
 
@@ -176,6 +184,7 @@ class Placement:
         self._now = 0.0  # the time of the decision in progress (busyness ages reports with it)
         # Pools found without room, by id(pool): (pool, registry generation, releases) then.
         self._full: dict[int, tuple[Pool, int, int]] = {}
+        self.shares = RecentShares(config.knobs.kv_share_window)  # recent placements per worker (kv_aware)
 
     # ------------------------------------------------------------------ FleetView
 
@@ -186,6 +195,10 @@ class Placement:
     def prefix_match(self, hashes: Sequence[int], workers: Sequence[WorkerRecord]) -> dict[str, int]:
         """Per worker id, how many leading ``hashes`` its cache is thought to hold."""
         return self.prefix.match(hashes, (w.id for w in workers))
+
+    def recent_placements(self, worker: WorkerRecord) -> float:
+        """The worker's placements, each fading by ``1 - 1/kv_share_window`` per later one (shares.py)."""
+        return self.shares.of(worker.id)
 
     # ------------------------------------------------------------------ workers
 
@@ -203,6 +216,7 @@ class Placement:
         """Workers were reaped: their caches are gone."""
         for worker_id in worker_ids:
             self.prefix.forget(worker_id)
+            self.shares.forget(worker_id)
 
     # ------------------------------------------------------------------ admission
 
@@ -220,7 +234,10 @@ class Placement:
         return sum(self.kv_need(plans[pid], worker) for pid in worker.leases if pid in plans)
 
     def fits(self, plan: Plan, worker: WorkerRecord) -> bool:
-        """Whether the plan's KV blocks fit in what the worker's budget has left."""
+        """Whether the plan's KV blocks fit in what the worker's budget has left, and its devices are free."""
+        gpus = plan.gpus
+        if gpus is not None and pick(gpus, worker.capabilities, worker.gpu_use) is None:
+            return False
         need = self.kv_need(plan, worker)
         return need == 0 or self.kv_reserved(worker) + need <= worker.capabilities.kv_blocks
 
@@ -257,7 +274,8 @@ class Placement:
         """
         self._now = now
         registry = self.registry
-        no_kv = plan.hints.prompt_tokens + plan.hints.max_output_tokens <= 0
+        # A plan that holds devices is vetted per worker like one with KV blocks: the exact, slower path.
+        no_kv = plan.hints.prompt_tokens + plan.hints.max_output_tokens <= 0 and plan.gpus is None
         indexed = pool.indexed
         if indexed:
             if not pool.not_plain and self._indexable(plan):
@@ -430,13 +448,14 @@ class Placement:
         return min(tied, key=lambda w: (self.busyness(w), w.last_assigned, w.id), default=None)
 
     def claimed(self, plan: Plan, worker: WorkerRecord) -> int:
-        """The plan was assigned to the worker: remember its prefix and session; return the tokens placed.
+        """The plan was assigned to the worker: count it, remember its prefix and session; return the tokens placed.
 
         Placement updates only its own indexes (prefix cache, sessions). The prompt tokens the
         worker's cache does not already hold are returned for the caller to hand to the
         registry, which owns the record (:meth:`WorkerRegistry.count_placed_tokens`).
         """
         hints = plan.hints
+        self.shares.add(worker.id)
         matched_tokens = 0
         if hints.prefix_hashes:
             block = hints.prefix_block_tokens or worker.capabilities.kv_block_tokens or DEFAULT_BLOCK_TOKENS
@@ -496,7 +515,9 @@ class Placement:
             ]
             unstarted.sort(key=lambda p: (p.priority, -p.queued_at_s, -p.order))
             for plan in unstarted:
-                if Signature.of(plan.op, plan.requirements, plan.avoid).admits(thief) and self.fits(plan, thief):
+                if Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus).admits(thief) and self.fits(
+                    plan, thief
+                ):
                     self._revoking[plan.id] = (thief.id, plan.attempt)
                     return plan, victim
         return None

@@ -2,9 +2,9 @@
 
 Placement must not scan every queued plan against every worker (docs/SEMANTICS.md §Placement).
 Plans that need the same thing share a :class:`Signature`: op, sorted tags, accelerator,
-model, minimum GPU memory, python env, plus the workers the plan avoids after they
-rejected it. Whether a worker can run a plan depends only on the signature, so a worker
-with room is matched against the few signatures, not the many plans.
+model, minimum GPU memory, python env, the devices it holds (coordinator/devices.py), plus the
+workers the plan avoids after they rejected it. Whether a worker can run a plan depends only
+on the signature, so a worker with room is matched against the few signatures, not the many plans.
 
 Each signature holds a heap ordered by ``(-priority, submit order)``: higher priority
 first, then older first. Deletion is lazy: :meth:`PlanQueue.discard` forgets the plan and
@@ -12,7 +12,10 @@ its heap entry is skipped when it surfaces. Each push carries a fresh token so a
 pushed again (requeued) never revives its old entry.
 
 :func:`explain_wait` turns a signature and the alive workers into the reason a person
-can act on, shown in the plan's ``waiting`` events.
+can act on, shown in the plan's ``waiting`` events. A signature with devices (``gpus``) is met by
+workers that have that many matching devices at all; whether enough are *free* is placement's
+check (:meth:`~coordinator.placement.placer.Placement.fits`), and :func:`explain_wait` names the
+largest free count when that is what is missing.
 
 The queue owns its groups and its index of live entries: a plan id is queued exactly when
 it maps to its (signature, token) entry, and at most one entry per plan is live.
@@ -27,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from coordinator.devices import GpuNeed, largest_free, matching
 from coordinator.workers import WorkerRecord
 from protocol.messages import Accelerator, Requirements
 
@@ -43,10 +47,13 @@ class Signature(NamedTuple):
     min_gpu_memory_bytes: int = 0
     python_env: str | None = None
     avoid: tuple[str, ...] = ()
+    gpus: GpuNeed | None = None
 
     @classmethod
-    def of(cls, op: str, requirements: Requirements, avoid: Iterable[str] = ()) -> Signature:
-        """The signature of a plan with this op, requirements and avoided workers."""
+    def of(
+        cls, op: str, requirements: Requirements, avoid: Iterable[str] = (), gpus: GpuNeed | None = None
+    ) -> Signature:
+        """The signature of a plan with this op, requirements, avoided workers and device need."""
         return cls(
             op=op,
             tags=tuple(sorted(set(requirements.tags))),
@@ -55,6 +62,7 @@ class Signature(NamedTuple):
             min_gpu_memory_bytes=requirements.min_gpu_memory_bytes,
             python_env=requirements.python_env,
             avoid=tuple(sorted(set(avoid))),
+            gpus=gpus,
         )
 
     def avoiding(self, avoid: Iterable[str]) -> Signature:
@@ -67,6 +75,7 @@ class Signature(NamedTuple):
             min_gpu_memory_bytes=self.min_gpu_memory_bytes,
             python_env=self.python_env,
             avoid=tuple(sorted(set(avoid))),
+            gpus=self.gpus,
         )
 
     def meets(self, worker: WorkerRecord) -> bool:
@@ -86,7 +95,7 @@ class Signature(NamedTuple):
         yield f"op {op!r}", lambda w: op in w.capabilities.ops
         if self.tags:
             tags = self.tags
-            yield f"tags [{', '.join(tags)}]", lambda w: w.has_tags(tags)
+            yield f"tags [{_tag_list(tags)}]", lambda w: w.has_tags(tags)
         if self.accelerator is not None:
             acc = self.accelerator
             # A mixed host has several accelerator kinds, so it can serve any single one.
@@ -103,6 +112,9 @@ class Signature(NamedTuple):
         if self.python_env is not None:
             env = self.python_env
             yield f"python env {env!r}", lambda w: env in w.capabilities.python_envs
+        if self.gpus is not None:
+            gpus = self.gpus
+            yield GPU_CHECK + gpus.describe(free=False), lambda w: len(matching(gpus, w.capabilities)) >= gpus.count
 
 
 @functools.lru_cache(maxsize=4096)
@@ -120,8 +132,10 @@ def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
     pool = list(alive)
     matched: list[str] = []
     for name, check in signature._checks():
-        pool = [w for w in pool if check(w)]
+        before, pool = pool, [w for w in pool if check(w)]
         if not pool:
+            if name.startswith(GPU_CHECK) and signature.gpus is not None:
+                return _too_many_gpus(signature.gpus, before)
             if not matched:
                 return f"no connected worker handles {name}"
             return f"no worker {_describe(matched)} has {name}"
@@ -139,7 +153,37 @@ def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
             return f"the only matching worker ({pool[0].id}) is at capacity"
         # No count: it would change with every registration and re-send `waiting` to every queued plan.
         return "all matching workers are at capacity"
+    need = signature.gpus
+    if need is not None:
+        room = [w for w in pool if w.has_capacity() and not w.draining]
+        free, where = largest_free(need, [(w.id, w.capabilities, w.gpu_use) for w in room])
+        if free < need.count:
+            return f"needs {need.describe()}; largest free: {free} on {where}"
     return "waiting for placement"
+
+
+GPU_CHECK = "devices: "  # how the GPU requirement's name starts (explain_wait words its reason itself)
+
+
+def _too_many_gpus(need: GpuNeed, pool: list[WorkerRecord]) -> str:
+    """Why no worker can ever hold the plan's devices: it asks more than the largest worker has."""
+    what = need.describe(free=False)
+    if need.shared and not any(w.capabilities.gpu_share > 1 for w in pool):
+        return f"needs {what}, and no matching worker shares its GPUs (start one with --gpu-share K)"
+    best = max(pool, key=lambda w: (len(matching(need, w.capabilities)), w.id), default=None)
+    if best is None:
+        return f"needs {what}, and no matching worker has one"
+    return f"needs {what}; the largest matching worker is {best.id} with {len(matching(need, best.capabilities))}"
+
+
+REASON_TAGS = 4  # a waiting reason names this many tags, then "and N more" (issue 17 finding 5)
+
+
+def _tag_list(tags: tuple[str, ...]) -> str:
+    """The tags for a waiting reason: the first few, and how many more (a reason stays short)."""
+    if len(tags) <= REASON_TAGS:
+        return ", ".join(tags)
+    return ", ".join(tags[:REASON_TAGS]) + f", and {len(tags) - REASON_TAGS} more"
 
 
 def _describe(matched: list[str]) -> str:

@@ -57,6 +57,7 @@ BUSY_PER_IN_FLIGHT: Final = 4.0
 BUSY_PER_QUEUED_TOKEN: Final = 0.1
 UJ_PER_KWH: Final = 3.6e12  # 1 kWh = 3.6e6 J = 3.6e12 µJ
 DEFAULT_POLICY: Final = "joule_weighted"
+HARD_BOUND_FACTOR: Final = 2.0  # kv_aware's bound for diversions that lose most of a match: (1 + 2ε)
 
 
 def busyness(in_flight: int, queued_tokens: float) -> float:
@@ -102,6 +103,10 @@ class FleetView(Protocol):
 
     def prefix_match(self, hashes: Sequence[int], workers: Sequence[WorkerRecord]) -> dict[str, int]:
         """Per worker id, how many leading ``hashes`` its prefix cache holds (absent: 0)."""
+        ...
+
+    def recent_placements(self, worker: WorkerRecord) -> float:
+        """The worker's recent placements: each counts 1, decaying by ``1 - 1/window`` per later placement."""
         ...
 
 
@@ -240,18 +245,28 @@ class CarbonWeighted:
 
 @dataclass
 class KvAware:
-    """Longest prefix-block match, guarded by load (the SGLang router's rule).
+    """Longest prefix-block match, guarded by load (the SGLang router's rule), optionally with bounded load.
 
     Falls back to least busy when the match is shorter than ``min_match_blocks``
     (a prefix every request shares, such as a system prompt, says nothing about where
     the rest is cached) or when the fleet is imbalanced: the busiest candidate is more
     than ``balance_gap`` busyness units above the least busy one *and* more than
     ``balance_ratio`` times it. Among equally long matches, the least busy wins.
+
+    With a finite ``load_bound`` ε (consistent hashing with bounded loads, Mirrokni et al.),
+    the load is each candidate's share of recent placements (:meth:`FleetView.recent_placements`)
+    and a candidate is *over* when its share + 1 exceeds (1 + ε) · (the candidates' total + 1) / n.
+    An over candidate loses its prefix preference, so a hot prefix is copied to the best
+    match among the others (often a worker that already holds it); except when diverting
+    the plan would lose more than half of its matched blocks (a long conversation), which
+    only happens past (1 + 2ε). Among equally long matches the least recent share wins
+    (then the least busy). Cost: one pass over the candidates.
     """
 
     min_match_blocks: int = 2
     balance_gap: float = 20_000.0
     balance_ratio: float = 1.5
+    load_bound: float = math.inf
 
     def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
         if not ask.prefix_hashes:
@@ -261,10 +276,31 @@ class KvAware:
         if high - low > self.balance_gap and high > self.balance_ratio * low:
             return _least_busy(candidates, fleet)
         matches = fleet.prefix_match(ask.prefix_hashes, candidates)
+        if self.load_bound != math.inf and matches:
+            return self._bounded(candidates, matches, fleet)
         best = max(matches.values(), default=0)
         if best < max(1, self.min_match_blocks):
             return _least_busy(candidates, fleet)
         return _least_busy([w for w in candidates if matches.get(w.id, 0) == best], fleet)
+
+    def _bounded(self, candidates: Sequence[WorkerRecord], matches: dict[str, int], fleet: FleetView) -> WorkerRecord:
+        """The longest match among the candidates under the bound (class doc); least recent share breaks ties."""
+        shares = {w.id: fleet.recent_placements(w) for w in candidates}
+        per_worker = (math.fsum(shares.values()) + 1.0) / len(candidates)
+        soft = (1.0 + self.load_bound) * per_worker
+        under = matches
+        if any(share + 1.0 <= soft for share in shares.values()):  # else nobody is under it: no bound yet
+            full = max(matches.values())
+            kept = max((m for i, m in matches.items() if shares[i] + 1.0 <= soft), default=0)
+            # Diverting loses most of the hit (a conversation's own blocks): only past the hard bound.
+            cap = soft if full - kept <= full / 2 else (1.0 + HARD_BOUND_FACTOR * self.load_bound) * per_worker
+            if any(share + 1.0 <= cap for share in shares.values()):
+                under = {i: m for i, m in matches.items() if shares[i] + 1.0 <= cap}
+        best = max(under.values(), default=0)
+        if best < max(1, self.min_match_blocks):
+            return _least_busy(candidates, fleet)
+        tied = [w for w in candidates if under.get(w.id, 0) == best]
+        return min(tied, key=lambda w: (shares[w.id], fleet.busyness(w), *_tie(w)))
 
 
 @dataclass(frozen=True)
@@ -275,6 +311,15 @@ class PolicyKnobs:
     kv_min_match_blocks: int = 2
     kv_balance_gap: float = 20_000.0
     kv_balance_ratio: float = 1.5
+    kv_load_bound: float = math.inf  # kv_aware's ε; inf: no bound (docs/ROUTING.md §Synthetic grid)
+    kv_share_window: float = 1024.0  # placements over which recent shares decay (1 - 1/window each)
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming a knob whose value cannot work."""
+        if not self.kv_load_bound >= 0:
+            raise ValueError(f"kv_load_bound must be >= 0 (inf: no bound), got {self.kv_load_bound}")
+        if not (self.kv_share_window >= 1 and math.isfinite(self.kv_share_window)):
+            raise ValueError(f"kv_share_window must be a finite number of placements >= 1, got {self.kv_share_window}")
 
 
 _FACTORIES: Final[dict[str, Callable[[PolicyKnobs], Policy]]] = {
@@ -284,7 +329,10 @@ _FACTORIES: Final[dict[str, Callable[[PolicyKnobs], Policy]]] = {
     "joule_weighted": lambda k: JouleWeighted(max_gap=k.energy_max_gap),
     "carbon_weighted": lambda k: CarbonWeighted(max_gap=k.energy_max_gap),
     "kv_aware": lambda k: KvAware(
-        min_match_blocks=k.kv_min_match_blocks, balance_gap=k.kv_balance_gap, balance_ratio=k.kv_balance_ratio
+        min_match_blocks=k.kv_min_match_blocks,
+        balance_gap=k.kv_balance_gap,
+        balance_ratio=k.kv_balance_ratio,
+        load_bound=k.kv_load_bound,
     ),
 }
 

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_TOKEN = "e2e-worker-token"
 CLIENT_TOKEN = "e2e-client-token"
-ADMIN_TOKEN = "e2e-admin-token"  # operator actions (drain/undrain) need the admin role
+ADMIN_TOKEN = "e2e-admin-secret"  # operator actions (drain/undrain) need the admin role
 
 
 class Proc:

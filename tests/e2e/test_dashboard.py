@@ -16,7 +16,7 @@ from tests.e2e.conftest import ROOT, Cluster
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 ARTIFACTS = ROOT / "test-artifacts"
-ADMIN_TOKEN = "e2e-admin-token"
+ADMIN_TOKEN = "e2e-admin-secret"
 # Flags that keep Chromium off the network and quiet in a container (no sandbox: CI runs as root).
 CHROMIUM_FLAGS = [
     "--headless",
@@ -94,6 +94,8 @@ async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, 
     assert kinds[0] == "queued" and kinds[-1] == "succeeded", kinds
     assert "running" in kinds
     assert "w1" in await page.text_content(f'#plans tr[data-plan-id="{plan_id}"]')
+    # Listings carry no result bodies: the selected plan's result is fetched on demand (get_plan).
+    await page.wait_for_selector('#plan-result[data-state="succeeded"]:not([hidden])', timeout=5_000)
 
     # A plan submitted elsewhere, by a client, appears live too: the page holds an admin token.
     other = await cluster.run("submit", "echo", "--args", '"from the cli"', "--json")

@@ -515,12 +515,16 @@ async def test_run_worker_registers_and_stops_on_sigterm(
 
 
 def test_url_gets_the_worker_path() -> None:
-    """ws://host:port gets /v1/worker; a URL with a path is used as is; other schemes are refused."""
+    """ws://host:port gets /v1/worker; a path is kept; http(s) means ws(s); no scheme or another is refused."""
     assert Agent("ws://h:1").url == "ws://h:1/v1/worker"
     assert Agent("ws://h:1/").url == "ws://h:1/v1/worker"
     assert Agent("wss://h:1/custom/path").url == "wss://h:1/custom/path"
-    with pytest.raises(ValueError, match="ws://host:port"):
-        Agent("http://h:1")
+    assert Agent("http://h:1").url == "ws://h:1/v1/worker"
+    assert Agent("https://h:1").url == "wss://h:1/v1/worker"
+    with pytest.raises(ValueError, match="has no scheme: write ws://h:1"):
+        Agent("h:1")
+    with pytest.raises(ValueError, match="use ws:// \\(plain\\) or wss://"):
+        Agent("ftp://h:1")
 
 
 def test_handler_decorator_registers_ops() -> None:

@@ -469,12 +469,13 @@ async def test_token_and_url_default_to_the_environment(
 
 
 def test_resolve_url_appends_the_client_path_only_when_there_is_none() -> None:
-    """ws://host:port gains /v1/client; a URL with a path is kept; other schemes are refused."""
+    """ws://host:port gains /v1/client; a URL with a path is kept; http(s) means ws(s); other schemes are refused."""
     assert resolve_url("ws://h:1") == "ws://h:1/v1/client"
     assert resolve_url("wss://h:1/") == "wss://h:1/v1/client"
     assert resolve_url("ws://h:1/proxy/v1/client") == "ws://h:1/proxy/v1/client"
-    with pytest.raises(ValueError, match="ws://host:port"):
-        resolve_url("http://h:1")
+    assert resolve_url("http://h:1") == "ws://h:1/v1/client"
+    with pytest.raises(ValueError, match="use ws:// \\(plain\\) or wss://"):
+        resolve_url("gopher://h:1")
 
 
 async def test_connection_drop_fails_pending_calls_and_plans(coordinator: FakeCoordinator) -> None:

@@ -134,6 +134,19 @@ def test_a_write_after_the_lease_was_taken_is_fenced_and_applies_nothing(pg: PgS
     assert [p.created.plan_id for p in pg.load()] == ["kept"]
 
 
+def test_a_fenced_group_of_every_kind_of_row_applies_none_of_them(pg: PgStore) -> None:
+    """One statement per group: a fenced delete + insert + update + event rows changes no row at all."""
+    pg.write([created("gone", 1), created("open", 2), PlanStatus("open", "queued", next_seq=2)])
+    before = pg.execute(lambda c: c.fetch("SELECT key, state, status, nevents FROM fleetwire_plans ORDER BY key"))
+    steal(pg)
+    with pytest.raises(ShardFenced):
+        pg.write([PlanForgotten("gone"), created("new", 3), PlanStatus("open", "running", attempt=1, next_seq=30),
+                  *[event("open", seq, "x" * 100) for seq in range(2, 30)]])  # fmt: skip
+    after = pg.execute(lambda c: c.fetch("SELECT key, state, status, nevents FROM fleetwire_plans ORDER BY key"))
+    assert after == before
+    assert pg.execute(lambda c: c.fetchval("SELECT count(*) FROM fleetwire_events")) == 0
+
+
 def test_a_write_after_the_lease_expired_is_fenced(pg: PgStore) -> None:
     """An expired lease (nobody took it yet) fences too: the database clock judges, not the writer."""
     pg.execute(lambda c: c.execute("UPDATE shard_leases SET expires_at = now() - interval '1 second'"))

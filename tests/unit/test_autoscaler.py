@@ -118,7 +118,7 @@ def test_core_sends_decisions_to_admin_followers_and_the_hook() -> None:
     effects = core.take_effects()
     assert effects.decisions == [
         {"pool": "op=train", "action": "scale_up", "current": 1, "desired": 3, "ongoing": 6, "alive": 1,
-         "at_s": 5.0, "held_s": 5.0}
+         "at_s": 5.0, "held_s": 5.0, "workers": []}
     ]
     admin_events = [m for m in effects.sends.get(3, []) if isinstance(m, Event) and m.kind == "autoscale"]
     assert [(e.plan_id, e.data["desired"], e.seq) for e in admin_events] == [("", 3, 1)]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from coordinator.placement.capacity import Pool
 from coordinator.placement.placer import DEFAULT_CANDIDATES, PlacementConfig
 from coordinator.placement.plan_queue import Signature
-from coordinator.placement.policies import POLICY_NAMES
+from coordinator.placement.policies import POLICY_NAMES, PolicyKnobs
 from coordinator.placement.prefix import PrefixIndex
 from fleetwire.cli import _routing_settings, build_parser
 from protocol.messages import Capabilities, Load
@@ -51,6 +51,26 @@ def test_bounded_choice_equals_brute_force(
     for policy in POLICY_NAMES:
         for prefix in PREFIXES:
             model.place(policy, 40, False, False, False, prefix)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    candidates=st.integers(1, 4),
+    bound=st.sampled_from([0.0, 0.1, 0.5]),
+    window=st.sampled_from([1.0, 4.0, 64.0]),
+    first=st.lists(register, max_size=6),
+    steps=st.lists(bounded_ops, max_size=80),
+)
+def test_kv_load_bound_choice_equals_brute_force(
+    candidates: int, bound: float, window: float, first: list[tuple[Any, ...]], steps: list[tuple[Any, ...]]
+) -> None:
+    """kv_aware with a finite kv_load_bound decides from the same candidates in a large pool as the brute-force rule."""
+    knobs = PolicyKnobs(kv_load_bound=bound, kv_share_window=window)
+    model = Model(0, LOADS, candidates=candidates, knobs=knobs)
+    for op in [*first, *steps]:
+        model.apply(op)
+    for prefix in PREFIXES:
+        model.place("kv_aware", 40, False, False, False, prefix)
 
 
 @settings(max_examples=150, deadline=None)

@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from coordinator.placement.capacity import Pool, carbon_key, energy_key, slot_key
 from coordinator.placement.placer import DEFAULT_CANDIDATES, Placement, PlacementConfig, ask_of
 from coordinator.placement.plan_queue import Signature
-from coordinator.placement.policies import POLICY_NAMES, JouleWeighted, LatencyWeighted, projected_carbon
+from coordinator.placement.policies import (
+    POLICY_NAMES,
+    JouleWeighted,
+    LatencyWeighted,
+    PolicyKnobs,
+    projected_carbon,
+)
 from coordinator.plans import Plan
 from coordinator.registry import WorkerRegistry
 from coordinator.workers import WorkerRecord, has_carbon, has_energy, has_latency, is_plain, latency_ms
@@ -31,18 +37,28 @@ class Model:
     :meth:`bounded`, a brute-force statement of the rule (docs/ROUTING.md §Large pools).
     """
 
-    def __init__(self, prefetch: int, loads: list[Load] | None = None, candidates: int = DEFAULT_CANDIDATES) -> None:
+    def __init__(
+        self,
+        prefetch: int,
+        loads: list[Load] | None = None,
+        candidates: int = DEFAULT_CANDIDATES,
+        knobs: PolicyKnobs | None = None,
+    ) -> None:
         self.loads = loads or LOADS  # what heartbeats carry; with ``loads`` given, each registration beats too
         self.beat_on_register = loads is not None
         self.now = 0.0
         self.registry = WorkerRegistry(TIMEOUT, prefetch=prefetch)
         self.plans: dict[str, Plan] = {}
         self.candidates = candidates
-        self.indexed = Placement(self.registry, self.plans, PlacementConfig(prefetch=prefetch, candidates=candidates))
-        self.scanned = Placement(self.registry, self.plans, PlacementConfig(prefetch=prefetch))
-        # One placement's claimed() updates the sessions and prefixes both read.
+        knobs = knobs or PolicyKnobs()
+        self.indexed = Placement(
+            self.registry, self.plans, PlacementConfig(prefetch=prefetch, candidates=candidates, knobs=knobs)
+        )
+        self.scanned = Placement(self.registry, self.plans, PlacementConfig(prefetch=prefetch, knobs=knobs))
+        # One placement's claimed() updates the sessions, prefixes and recent shares all read.
         self.scanned._sessions = self.indexed._sessions
         self.scanned.prefix = self.indexed.prefix
+        self.scanned.shares = self.indexed.shares
         self.ids = (f"p{i}" for i in itertools.count())
         self.order = itertools.count()
 

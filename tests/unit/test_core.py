@@ -11,6 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from coordinator import Coordinator, CoreConfig
+from coordinator.devices import pick
 from coordinator.placement.plan_queue import Signature
 from protocol import DecodeFailure, errors
 from protocol.messages import (
@@ -127,9 +128,10 @@ def check_invariant(core: Coordinator, now: float) -> None:
     for plan in core.plans.values():
         if plan.state != "queued":
             continue
-        sig = Signature.of(plan.op, plan.requirements, plan.avoid)
+        sig = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
         for record in core.registry.alive(now):
-            assert not (record.has_capacity() and sig.admits(record)), (plan.id, record.id)
+            devices_free = plan.gpus is None or pick(plan.gpus, record.capabilities, record.gpu_use) is not None
+            assert not (record.has_capacity() and sig.admits(record) and devices_free), (plan.id, record.id)
 
 
 def kinds(events: list[Event]) -> list[str]:

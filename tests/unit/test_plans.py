@@ -95,6 +95,7 @@ def test_table_matches_the_semantics() -> None:
             (state, "retry"): "queued",
             (state, "handback"): "queued",
         }
+    expected[("running", "timeout")] = "failed"  # the coordinator's timeout_s backstop (coordinator/timeouts.py)
     assert expected == TRANSITIONS
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator.placement.policies import (
     DEFAULT_POLICY,
@@ -15,6 +18,7 @@ from coordinator.placement.policies import (
     KvAware,
     LatencyWeighted,
     LeastBusy,
+    PolicyKnobs,
     RoundRobin,
     _mean_known,
     busyness,
@@ -29,15 +33,24 @@ from protocol.messages import Capabilities, Load
 class Fleet:
     """A FleetView with fixed busyness and prefix matches per worker id."""
 
-    def __init__(self, busy: dict[str, float] | None = None, matches: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        busy: dict[str, float] | None = None,
+        matches: dict[str, int] | None = None,
+        shares: dict[str, float] | None = None,
+    ) -> None:
         self.busy = busy or {}
         self.matches = matches or {}
+        self.shares = shares or {}
 
     def busyness(self, worker: WorkerRecord) -> float:
         return self.busy.get(worker.id, 0.0)
 
     def prefix_match(self, hashes: Sequence[int], workers: Sequence[WorkerRecord]) -> dict[str, int]:
         return {w.id: self.matches[w.id] for w in workers if self.matches.get(w.id)}
+
+    def recent_placements(self, worker: WorkerRecord) -> float:
+        return self.shares.get(worker.id, 0.0)
 
 
 def worker(worker_id: str, *, leases: int = 0, last_assigned: int = 0, **load: float) -> WorkerRecord:
@@ -208,3 +221,93 @@ def test_kv_aware_without_hashes_is_least_busy() -> None:
     """A plan with no prefix hashes goes to the least busy worker."""
     a, b = worker("a"), worker("b")
     assert KvAware().choose(Ask(), [a, b], Fleet({"a": 3, "b": 1}, {"a": 5})).id == "b"
+
+
+# ---------------------------------------------------------------- kv_aware with a load bound
+
+
+def _old_kv_rule(policy: KvAware, ask: Ask, candidates: list[WorkerRecord], fleet: Fleet) -> WorkerRecord:
+    """kv_aware as it was before kv_load_bound: guards, then the longest match, least busy among ties."""
+    least = LeastBusy()
+    loads = [fleet.busyness(w) for w in candidates]
+    if max(loads) - min(loads) > policy.balance_gap and max(loads) > policy.balance_ratio * min(loads):
+        return least.choose(ask, candidates, fleet)
+    matches = fleet.prefix_match(ask.prefix_hashes, candidates)
+    best = max(matches.values(), default=0)
+    if best < max(1, policy.min_match_blocks):
+        return least.choose(ask, candidates, fleet)
+    return least.choose(ask, [w for w in candidates if matches.get(w.id, 0) == best], fleet)
+
+
+fleet_state = st.lists(
+    st.tuples(st.integers(0, 60), st.integers(0, 8), st.floats(0, 50)), min_size=1, max_size=8
+)  # per worker: busyness, prefix match, recent share
+
+
+@settings(max_examples=300, deadline=None)
+@given(state=fleet_state, bound=st.sampled_from([0.0, 0.1, 0.5, math.inf]), min_match=st.integers(1, 3))
+def test_kv_load_bound_invariants(state: list[tuple[int, int, float]], bound: float, min_match: int) -> None:
+    """Unbounded kv_aware is the old rule; bounded, a worker over (1 + 2ε) x the mean share wins only as least busy."""
+    candidates = [worker(f"w{i}") for i in range(len(state))]
+    fleet = Fleet(
+        {f"w{i}": b for i, (b, _, _) in enumerate(state)},
+        {f"w{i}": m for i, (_, m, _) in enumerate(state)},
+        {f"w{i}": sh for i, (_, _, sh) in enumerate(state)},
+    )
+    ask = Ask(prefix_hashes=tuple(range(8)))
+    policy = KvAware(min_match_blocks=min_match, load_bound=bound)
+    chosen = policy.choose(ask, candidates, fleet)
+    if bound == math.inf:
+        assert chosen is _old_kv_rule(policy, ask, candidates, fleet)
+        return
+    shares = [sh for _, _, sh in state]
+    per_worker = (math.fsum(shares) + 1) / len(shares)
+    some_under = any(sh + 1 <= (1 + bound) * per_worker for sh in shares)
+    over_hard = fleet.shares[chosen.id] + 1 > (1 + 2 * bound) * per_worker
+    if some_under and over_hard:
+        assert chosen is LeastBusy().choose(ask, candidates, fleet)
+
+
+def test_kv_load_bound_moves_a_hot_prefix_to_a_worker_under_the_bound() -> None:
+    """A holder over the bound loses a plan whose match another worker nearly has: the prefix is copied there."""
+    hot, warm, cold = worker("hot"), worker("warm"), worker("cold")
+    shares = {"hot": 30.0, "warm": 10.0, "cold": 5.0}  # mean (45 + 1) / 3 = 15.3; bound 1.1 x that = 16.9
+    ask = Ask(prefix_hashes=tuple(range(20)))
+    # A new session of a hot group: 16 shared blocks on hot and warm, 17 (one of its own) on hot only.
+    fleet = Fleet({"hot": 0, "warm": 8, "cold": 0}, {"hot": 17, "warm": 16}, shares)
+    assert KvAware(load_bound=0.1).choose(ask, [hot, warm, cold], fleet).id == "warm"
+    assert KvAware().choose(ask, [hot, warm, cold], fleet).id == "hot"  # no bound: the longest match
+    # Nobody else holds it: the least busy worker under the bound takes it (and holds a copy from then on).
+    fleet = Fleet({"hot": 6, "warm": 8, "cold": 4}, {"hot": 16}, shares)
+    assert KvAware(load_bound=0.1).choose(ask, [hot, warm, cold], fleet).id == "cold"
+
+
+def test_kv_load_bound_keeps_a_long_conversation_until_the_hard_bound() -> None:
+    """Diverting a plan that would lose most of its match waits until its worker is past (1 + 2ε) x the mean."""
+    home, other = worker("home"), worker("other")
+    ask = Ask(prefix_hashes=tuple(range(30)))
+    matches = {"home": 30, "other": 2}
+    # Mean (20 + 10 + 1) / 2 = 15.5: soft bound 17.05, hard bound (1 + 0.2) x 15.5 = 18.6.
+    between = Fleet({}, matches, {"home": 17.5, "other": 12.5})  # home + 1 = 18.5: over soft, under hard
+    assert KvAware(load_bound=0.1).choose(ask, [home, other], between).id == "home"
+    past = Fleet({}, matches, {"home": 20.0, "other": 10.0})  # home + 1 = 21 > 18.6
+    assert KvAware(load_bound=0.1).choose(ask, [home, other], past).id == "other"
+
+
+def test_kv_load_bound_breaks_equal_matches_by_recent_share() -> None:
+    """Among equally long matches, the worker with the smaller recent share wins, then the least busy."""
+    a, b = worker("a"), worker("b")
+    fleet = Fleet({"a": 0, "b": 9}, {"a": 4, "b": 4}, {"a": 6.0, "b": 5.0})
+    assert KvAware(load_bound=1.0).choose(Ask(prefix_hashes=(1, 2, 3, 4)), [a, b], fleet).id == "b"
+    assert KvAware().choose(Ask(prefix_hashes=(1, 2, 3, 4)), [a, b], fleet).id == "a"
+
+
+def test_policy_knobs_reject_a_bad_load_bound_or_window() -> None:
+    """kv_load_bound must be >= 0 and kv_share_window a finite count >= 1; the error names the knob."""
+    with pytest.raises(ValueError, match="kv_load_bound"):
+        PolicyKnobs(kv_load_bound=-0.1).check()
+    with pytest.raises(ValueError, match="kv_share_window"):
+        PolicyKnobs(kv_share_window=0.5).check()
+    with pytest.raises(ValueError, match="kv_share_window"):
+        PolicyKnobs(kv_share_window=math.inf).check()
+    PolicyKnobs(kv_load_bound=math.inf).check()

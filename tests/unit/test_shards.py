@@ -126,3 +126,77 @@ def test_default_timings_meet_the_takeover_target() -> None:
     config = ClusterConfig()
     config.check()
     assert config.lease_ttl_s + config.scan_s <= 3.5
+
+
+# ---- phase 2: partial ownership, rebalance and pools (pure, fake clock)
+
+from coordinator.shards import LeaseRow, PartialLeases, fair_share, plan_round, pool_of, pool_shard  # noqa: E402
+
+
+def _rows(owners: list[str], live: list[bool] | None = None) -> list[LeaseRow]:
+    live = live or [bool(o) for o in owners]
+    return [LeaseRow(s, o, 1, alive) for s, (o, alive) in enumerate(zip(owners, live, strict=True))]
+
+
+def test_fair_share_is_the_ceiling_over_live_coordinators() -> None:
+    """ceil(shards / live coordinators), with at least one coordinator counted."""
+    assert (fair_share(16, 3), fair_share(4, 2), fair_share(4, 0)) == (6, 2, 4)
+
+
+def test_a_lone_coordinator_takes_every_orphaned_slot() -> None:
+    """Alone (no live peer), a coordinator's share is every slot: it takes all the expired ones."""
+    assert plan_round("a", [], _rows(["", "", "", ""]), {"a"}).acquire == [0, 1, 2, 3]
+
+
+def test_an_owner_over_its_share_gives_back_a_few_when_another_joins() -> None:
+    """A joins B: A (4 of 4) releases at most max_moves slots, B takes nothing held (none orphaned)."""
+    rows = _rows(["a", "a", "a", "a"])
+    a = plan_round("a", [0, 1, 2, 3], rows, {"a", "b"}, max_moves=1)
+    assert a.release == [3] and a.acquire == []
+    assert plan_round("b", [], rows, {"a", "b"}).acquire == []
+
+
+def test_nobody_gives_back_when_no_live_peer_is_under_its_share() -> None:
+    """Balanced (2 + 2 of 4): no release, no acquisition."""
+    rows = _rows(["a", "a", "b", "b"])
+    assert plan_round("a", [0, 1], rows, {"a", "b"}) == plan_round("a", [0, 1], rows, {"a", "b"}).__class__()
+
+
+def test_survivors_take_a_dead_owners_slots_up_to_their_share() -> None:
+    """C died (its leases expired): A and B (share 2 of 4 each) take the orphans, never more than the share."""
+    rows = _rows(["a", "b", "c", "c"], [True, True, False, False])
+    assert plan_round("a", [0], rows, {"a", "b"}).acquire == [2]
+    assert plan_round("b", [1], rows, {"a", "b"}).acquire == [2]  # both try; the database gives it to one
+
+
+def test_giving_back_is_capped_by_max_moves_per_round() -> None:
+    """Three newcomers: an owner of 8 of 8 gives back at most max_moves slots in one round."""
+    rows = _rows(["a"] * 8)
+    assert plan_round("a", range(8), rows, {"a", "b", "c", "d"}, max_moves=2).release == [7, 6]
+
+
+def test_partial_leases_win_and_lose_slots_one_by_one() -> None:
+    """A changed epoch loses only that slot; a new row is a won slot; the rest stay held."""
+    leases = PartialLeases(ClusterConfig(shards=4, lease_ttl_s=3, lease_renew_s=1), "me")
+    assert leases.result([(0, 1), (1, 1)], 0.0, 0.1) == ([0, 1], [])
+    assert leases.result([(1, 1), (2, 5)], 1.0, 1.1) == ([2], [0])
+    assert leases.held == {1: 1, 2: 5}
+
+
+def test_partial_leases_lose_everything_when_renewals_stop() -> None:
+    """No renewal before ttl - margin: every held slot is lost (self-demotion); a late answer too."""
+    config = ClusterConfig(shards=4, lease_ttl_s=3, lease_renew_s=1)
+    leases = PartialLeases(config, "me")
+    leases.result([(0, 1), (3, 2)], 0.0, 0.1)
+    assert leases.check(2.0) == []
+    assert leases.check(3.0 - config.margin_s) == [0, 3] and leases.held == {}
+    leases.result([(0, 1)], 10.0, 10.1)
+    assert leases.result([(0, 1)], 11.0, 11.0 + 3.0) == ([], [0])
+
+
+def test_pools_map_to_shards_and_the_default_pool_to_shard_0() -> None:
+    """pool:NAME wins, else the first tag; no tag is the default pool on shard 0; the same name, the same slot."""
+    assert pool_of(["gpu", "pool:train"]) == "train" and pool_of(["gpu", "a100"]) == "gpu" and pool_of([]) == ""
+    assert pool_shard("", 16) == 0 and pool_shard("gpu", 1) == 0
+    assert pool_shard("gpu", 16) == pool_shard("gpu", 16) and 0 <= pool_shard("gpu", 16) < 16
+    assert len({pool_shard(f"p{i}", 16) for i in range(100)}) == 16

@@ -8,8 +8,16 @@
 //
 // Live data: `subscribe(all, from_seq=MAX)` makes the coordinator push every future event of every
 // plan this token may see (an admin token: all plans) without replaying history; `list_plans` and
-// `list_workers` give snapshots, polled every few seconds. Everything is rendered with textContent,
+// `list_workers` give snapshots, polled every few seconds. Listings are summaries (no result bodies,
+// only `result_bytes`): the selected plan's result is fetched on demand with `get_plan`, once it ends. Everything is rendered with textContent,
 // never innerHTML, so nothing a worker or a client sends can inject markup.
+//
+// Charts (charts.js draws them): series are computed here, in the page, from what it already
+// receives: terminal events give plans/s by outcome and submit->result latency (from the plan's
+// first `queued` event to its end, as this page saw them), the listings give the queue depth
+// (`counts.queued`, the true number, not the length of the capped `queue` list), `list_workers`
+// gives in-flight, load and power per worker. Nothing new is asked of the coordinator, so the
+// charts cost it nothing; they start when the page opens and keep the last hour.
 "use strict";
 
 const JSON_SUBPROTOCOL = "fleetwire.v1.json";
@@ -19,6 +27,13 @@ const WORKERS_EVERY_MS = 2000;
 const PLANS_EVERY_MS = 5000;
 const MAX_PLANS = 200;
 const MAX_EVENT_ROWS = 500;
+const HOUR_MS = 3600 * 1000;
+const RATE_BUCKET_MS = 10 * 1000; // plans/s and latency percentiles per 10 s
+const CHARTS_EVERY_MS = 2000;
+const MAX_SEEN = 20000; // plans whose first-seen time is kept (latency), oldest dropped first
+// Plan states in the order the counts show them, whatever order the coordinator sends.
+const STATE_ORDER = ["queued", "leased", "running", "succeeded", "failed", "cancelled"];
+const MAX_RESULT_CHARS = 20000; // a result shown longer than this is cut (the page stays responsive)
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 // Lifecycle event kind -> the plan state it means (docs/PROTOCOL.md §6).
 const KIND_STATE = {
@@ -42,7 +57,29 @@ const state = {
   refreshSoon: null,
   reconnectDelay: 500,
   everConnected: false,
+  workersLoaded: false, // a list_workers reply arrived on this connection
+  plansLoaded: false,
+  detail: null, // the selected plan's record from get_plan
+  eventTimes: new Map(), // "plan_id:seq" -> ms the page received it live (the detail's times)
+  seenAt: new Map(), // plan_id -> ms its first event (seq 1) arrived live: submit->result latency
+  charts: null, // made at start (charts.js)
 };
+
+function makeCharts() {
+  const { TimeSeries, Buckets } = window.fleetCharts;
+  return {
+    since: Date.now(),
+    outcomes: { succeeded: new Buckets(HOUR_MS, RATE_BUCKET_MS), failed: new Buckets(HOUR_MS, RATE_BUCKET_MS),
+      cancelled: new Buckets(HOUR_MS, RATE_BUCKET_MS) },
+    latencies: new Map(), // bucket start -> [seconds]
+    queue: new TimeSeries(HOUR_MS),
+    inflight: new Map(), // worker id -> TimeSeries
+    load: new Map(),
+    energy: new TimeSeries(HOUR_MS),
+    carbon: new TimeSeries(HOUR_MS),
+    powerSeen: false,
+  };
+}
 
 const $ = (id) => document.getElementById(id);
 
@@ -72,6 +109,30 @@ function setStatus(text, kind) {
   pill.textContent = text;
   pill.dataset.state = kind;
   pill.className = "pill " + (kind === "connected" ? "pill-on" : kind === "connecting" ? "pill-wait" : "pill-off");
+  if (kind !== "connected") {
+    state.workersLoaded = false;
+    state.plansLoaded = false;
+  }
+  renderPlaceholders();
+}
+
+// "connecting…" / "disconnected" until a listing arrives; "No workers registered" only when one says so.
+function renderPlaceholders() {
+  const conn = $("conn-status").dataset.state;
+  for (const [id, loaded, table, empty] of [
+    ["no-workers", state.workersLoaded, "workers", "No workers registered."],
+    ["no-plans", state.plansLoaded, "plans", "No plans yet."],
+  ]) {
+    const p = $(id);
+    const rows = $(table).tBodies[0].rows.length;
+    let text = empty;
+    let kind = "empty";
+    if (conn === "disconnected") [text, kind] = [rows ? "disconnected: showing the last known rows" : "disconnected", "disconnected"];
+    else if (!loaded) [text, kind] = [rows ? "reconnecting…: showing the last known rows" : "connecting…", "connecting"];
+    p.textContent = text;
+    p.dataset.state = kind;
+    p.hidden = kind === "empty" && rows > 0;
+  }
 }
 
 function connect() {
@@ -205,6 +266,7 @@ function onPlans(reply) {
   state.plans = fresh;
   state.queue = reply.queue || [];
   state.counts = reply.counts || {};
+  state.plansLoaded = true;
   renderPlans();
 }
 
@@ -212,13 +274,44 @@ function onWorkers(reply) {
   if (reply.type !== "workers") return;
   state.workers = reply.workers || [];
   state.summary = reply.summary || "";
+  state.workersLoaded = true;
+  sampleWorkers(Date.now());
   renderWorkers();
 }
 
+// The autoscaler's last word (an admin's fleet event, plan_id ""): a decision or a failed provider call.
+function showAutoscale(d) {
+  const line = $("autoscale");
+  if (!line) return;
+  line.hidden = false;
+  line.dataset.action = d.action || "";
+  line.className = d.action === "provider_failed" ? "error" : "muted";
+  const names = d.workers && d.workers.length ? ` (${d.workers.join(", ")})` : "";
+  line.textContent = d.action === "provider_failed"
+    ? `autoscaler: ${d.provider} provider failed to ${d.call} ${d.workers.length} worker(s) for ${d.pool}: ` +
+      `${d.error} (failure ${d.failures}; retry in ${d.retry_in_s} s)`
+    : `autoscaler: ${d.action} ${d.pool} ${d.current} → ${d.desired} workers${names}, ${d.ongoing} plans ongoing`;
+}
+
 function onEvent(ev) {
+  if (ev.kind === "autoscale" && !ev.plan_id) {
+    showAutoscale(ev.data || {});
+    return;
+  }
+  const now = Date.now();
+  if (!state.eventTimes.has(`${ev.plan_id}:${ev.seq}`)) state.eventTimes.set(`${ev.plan_id}:${ev.seq}`, now);
+  if (state.eventTimes.size > MAX_SEEN) state.eventTimes.delete(state.eventTimes.keys().next().value);
   let plan = state.plans.get(ev.plan_id);
+  const known = Boolean(plan);
+  if (ev.seq === 1 && ev.kind === "queued" && !state.seenAt.has(ev.plan_id)) {
+    state.seenAt.set(ev.plan_id, now); // a new plan: its submit->result clock starts
+    if (state.seenAt.size > MAX_SEEN) state.seenAt.delete(state.seenAt.keys().next().value);
+    if (!known || !plan.last_seq) state.counts.queued = (state.counts.queued || 0) + 1;
+  }
   if (!plan) {
-    plan = { id: ev.plan_id, op: "", state: "queued", attempt: 0, last_seq: 0 };
+    // Its state before this event is known only when this is its first event; else the counts
+    // wait for the listing this asks for.
+    plan = { id: ev.plan_id, op: "", state: "queued", attempt: 0, last_seq: 0, guessed: ev.seq !== 1 };
     state.plans = new Map([[ev.plan_id, plan], ...state.plans]); // newest first
     refreshPlansSoon(); // learn its op from a snapshot
   }
@@ -227,11 +320,18 @@ function onEvent(ev) {
   if (newer) plan.last_seq = ev.seq;
   const next = KIND_STATE[ev.kind];
   if (newer && next && !TERMINAL.has(plan.state)) {
+    if (!plan.guessed && plan.state !== next) {
+      // Live counts between listings: each transition moves one plan from a state to another.
+      state.counts[plan.state] = Math.max(0, (state.counts[plan.state] || 0) - 1);
+      state.counts[next] = (state.counts[next] || 0) + 1;
+    }
+    if (TERMINAL.has(next)) noteOutcome(ev.plan_id, next, now);
     plan.state = next;
     const data = ev.data || {};
     if (data.worker_id) plan.worker_id = data.worker_id;
     if (ev.kind === "leased" && data.attempt) plan.attempt = data.attempt;
     if (ev.kind === "waiting") plan.waiting_reason = data.reason;
+    if (TERMINAL.has(next) && data.receipt) plan.receipt = data.receipt; // energy and carbon (PROTOCOL.md §Receipt)
     if (next === "queued" && !state.queue.includes(plan.id)) state.queue.push(plan.id);
     if (next !== "queued") state.queue = state.queue.filter((id) => id !== plan.id);
     if (ev.kind === "requeued" || TERMINAL.has(next)) refreshPlansSoon();
@@ -239,6 +339,9 @@ function onEvent(ev) {
   if (ev.plan_id === state.selected && ev.seq > state.selectedSeq) {
     state.selectedSeq = ev.seq;
     appendEvent(ev);
+    if (TERMINAL.has(ev.kind) || ev.kind === "leased" || ev.kind === "requeued" || ev.kind === "running") {
+      fetchResult(ev.plan_id); // the detail's record (attempts, times, result) follows the plan
+    }
   }
   renderPlans();
 }
@@ -248,9 +351,143 @@ function follow(planId) {
   state.selectedSeq = 0;
   $("events").tBodies[0].replaceChildren();
   $("events-plan").textContent = planId;
+  $("plan-result").hidden = true;
+  state.detail = null;
+  $("detail-error").textContent = "";
+  $("detail-close").hidden = false;
+  renderDetail();
   // Replays what the coordinator still holds, then stays live (the all-subscription already is).
   send([request({ type: "subscribe", plan_ids: [planId], from_seq: 0 })]);
+  fetchResult(planId); // the record: owner, attempts, times, and the result once it ended
   renderPlans();
+}
+
+function closeDetail() {
+  state.selected = null;
+  state.detail = null;
+  $("events").tBodies[0].replaceChildren();
+  $("events-plan").textContent = "(select a plan)";
+  $("plan-result").hidden = true;
+  $("detail-close").hidden = true;
+  renderDetail();
+  renderPlans();
+}
+
+function cancelSelected() {
+  const planId = state.selected;
+  if (!planId) return;
+  $("detail-error").textContent = "";
+  const ok = send([request({ type: "cancel", plan_id: planId }, (reply) => {
+    if (reply.type === "error") $("detail-error").textContent = `cancel: ${reply.code}: ${reply.message}`;
+    else if (reply.type === "plan" && reply.plan && reply.plan.id === state.selected) {
+      state.detail = reply.plan;
+      renderDetail();
+    }
+  })]);
+  if (!ok) $("detail-error").textContent = "not connected";
+}
+
+function clockTime(ms) {
+  if (!ms) return "-";
+  const d = new Date(ms);
+  return d.toLocaleTimeString([], { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
+}
+
+// The selected plan beside the list: its record (get_plan) merged with the events seen live.
+function renderDetail() {
+  const planId = state.selected;
+  const fields = $("detail-fields");
+  const attemptsBody = $("detail-attempts").tBodies[0];
+  $("detail").dataset.planId = planId || "";
+  if (!planId) {
+    fields.replaceChildren();
+    attemptsBody.replaceChildren();
+    $("detail-cancel").hidden = true;
+    return;
+  }
+  const row = state.plans.get(planId) || {};
+  const rec = state.detail && state.detail.id === planId ? state.detail : {};
+  const planState = TERMINAL.has(rec.state) ? rec.state : row.state || rec.state || "?";
+  $("detail").dataset.state = planState;
+  $("detail-cancel").hidden = TERMINAL.has(planState);
+  const times = { queued: null, running: null, ended: null };
+  const attempts = new Map(); // attempt -> {worker, leased, outcome, reason}
+  for (const tr of $("events").tBodies[0].rows) {
+    const kind = tr.dataset.kind;
+    const at = Number(tr.dataset.seen) || null;
+    let data = {};
+    try { data = JSON.parse(tr.dataset.json || "{}") || {}; } catch (err) { data = {}; }
+    if (kind === "queued" && !times.queued) times.queued = at;
+    if (kind === "running") times.running = at;
+    if (TERMINAL.has(kind)) times.ended = at;
+    if (kind === "leased" && data.attempt) {
+      attempts.set(data.attempt, { worker: data.worker_id, leased: at, outcome: "leased", reason: "" });
+    }
+    const a = attempts.get(Number(tr.dataset.attempt));
+    if (a && kind === "running") a.outcome = "running";
+    if (a && TERMINAL.has(kind)) a.outcome = kind;
+  }
+  for (const h of rec.history || []) {
+    const a = attempts.get(h.attempt) || { worker: h.worker_id, leased: null };
+    attempts.set(h.attempt, { ...a, worker: h.worker_id || a.worker, outcome: h.outcome, reason: h.reason || "" });
+  }
+  if (rec.attempt && !attempts.has(rec.attempt)) {
+    attempts.set(rec.attempt, { worker: rec.worker_id, leased: null, outcome: rec.state, reason: "" });
+  }
+  const error = rec.error || row.error;
+  const pairs = [
+    ["id", planId],
+    ["op", rec.op || row.op || "…"],
+    ["state", planState],
+    ["owner", rec.owner || "-"],
+    ["worker", rec.worker_id || row.worker_id || "-"],
+    ["attempt", rec.attempt || row.attempt || 0],
+    ["priority", rec.priority || 0],
+    ["tags", ((rec.requirements || {}).tags || []).join(", ") || "-"],
+    ["queued (seen)", clockTime(times.queued)],
+    ["running (seen)", clockTime(times.running)],
+    ["ended", rec.ended_at ? clockTime(rec.ended_at * 1000) : clockTime(times.ended)],
+  ];
+  if (times.queued && (times.ended || rec.ended_at)) {
+    const end = times.ended || rec.ended_at * 1000;
+    pairs.push(["submit → result", `${((end - times.queued) / 1000).toFixed(3)} s`]);
+  }
+  if (planState === "queued" && (row.waiting_reason || rec.waiting_reason)) {
+    pairs.push(["waiting", row.waiting_reason || rec.waiting_reason]);
+  }
+  if (error) pairs.push(["error", `${error.code}: ${error.message}`]);
+  const nodes = [];
+  for (const [k, v] of pairs) {
+    const dd = el("dd", v);
+    dd.dataset.field = k;
+    nodes.push(el("dt", k), dd);
+  }
+  fields.replaceChildren(...nodes);
+  const rows = [...attempts.entries()].sort((a, b) => a[0] - b[0]).map(([n, a]) => {
+    const tr = el("tr");
+    tr.dataset.attempt = n;
+    tr.append(el("td", n), el("td", a.worker || "-", "mono"), el("td", clockTime(a.leased)),
+      el("td", a.outcome || "-"), el("td", a.reason || ""));
+    return tr;
+  });
+  attemptsBody.replaceChildren(...rows);
+}
+
+// The result of one plan, on demand: listings never carry result bodies.
+function fetchResult(planId) {
+  send([request({ type: "get_plan", plan_id: planId }, (reply) => {
+    if (reply.type !== "plan" || !reply.plan || reply.plan.id !== state.selected) return;
+    const p = reply.plan;
+    state.detail = p;
+    renderDetail();
+    if (!TERMINAL.has(p.state)) return; // the result, once it ends
+    const out = $("plan-result");
+    out.dataset.state = p.state;
+    let text = p.error ? `${p.error.code}: ${p.error.message}` : JSON.stringify(p.result === undefined ? null : p.result);
+    if (text.length > MAX_RESULT_CHARS) text = text.slice(0, MAX_RESULT_CHARS) + ` … (${text.length} characters)`;
+    out.textContent = `${p.state}: ${text}`;
+    out.hidden = false;
+  })]);
 }
 
 function submitPlan(event) {
@@ -275,7 +512,8 @@ function submitPlan(event) {
       return;
     }
     const known = state.plans.get(reply.plan_id);
-    const plan = known || { id: reply.plan_id, state: reply.state, attempt: 0, last_seq: 0 };
+    // Its state comes from its events (the first one counts it as queued).
+    const plan = known || { id: reply.plan_id, state: "queued", attempt: 0, last_seq: 0 };
     plan.op = op;
     plan.local = true;
     if (!known) state.plans = new Map([[plan.id, plan], ...state.plans]);
@@ -319,7 +557,12 @@ function renderWorkers() {
     tr.append(el("td", (caps.tags || []).join(", ") || "-"));
     tr.append(el("td", caps.accelerator || "cpu"));
     const gpus = caps.gpus || [];
-    tr.append(el("td", gpus.length ? gpus.map((g) => `${g.name} (${gib(g.memory_bytes || 0)})`).join(", ") : "-"));
+    const gpuUse = w.gpu_use || [];
+    const gpusUsed = gpuUse.filter((n) => n > 0).length;
+    tr.append(el("td", gpus.length
+      ? gpus.map((g, i) => `${g.name} (${gib(g.memory_bytes || 0)})${gpuUse[i] ? " ●" : ""}`).join(", ") +
+        ` — ${gpusUsed} used, ${gpus.length - gpusUsed} free`
+      : "-"));
     const max = caps.max_concurrency === undefined ? 1 : caps.max_concurrency;
     const leases = w.leases || 0;
     const loadTd = el("td");
@@ -343,10 +586,41 @@ function renderWorkers() {
       : "-";
     tr.append(el("td", engine));
     tr.append(el("td", age(w.last_beat_age_s)));
+    const act = el("td");
+    const button = el("button", w.draining ? "Undrain" : "Drain", "small worker-action");
+    button.type = "button";
+    button.dataset.action = w.draining ? "undrain" : "drain";
+    button.addEventListener("click", () => drainWorker(w.id, !w.draining));
+    act.append(button);
+    tr.append(act);
     rows.push(tr);
   }
   body.replaceChildren(...rows);
-  $("no-workers").hidden = rows.length > 0;
+  renderPlaceholders();
+}
+
+// A plan's receipt in one cell: "12.3 J · 0.41 g" ("~" before an estimate); "-" without one.
+function receiptText(r) {
+  if (!r) return "-";
+  const j = r.joules || 0;
+  const energy = j >= 1e4 ? `${(j / 1e3).toPrecision(3)} kJ` : `${j.toFixed(1)} J`;
+  return `${r.estimated ? "~" : ""}${energy} · ${(r.co2e_g || 0).toPrecision(2)} g`;
+}
+
+// The fleet total over the plans listed: energy and gCO2e of those with a receipt.
+function renderFootprint() {
+  const out = $("plans-footprint");
+  if (!out) return;
+  let joules = 0, grams = 0, n = 0, estimated = 0;
+  for (const p of state.plans.values()) {
+    if (!p.receipt) continue;
+    n += 1;
+    joules += p.receipt.joules || 0;
+    grams += p.receipt.co2e_g || 0;
+    if (p.receipt.estimated) estimated += 1;
+  }
+  out.textContent = n ? `fleet total over ${n} finished plans listed: ${receiptText({ joules, co2e_g: grams })}` +
+    (estimated ? ` (${estimated} estimated)` : "") : "";
 }
 
 function renderPlans() {
@@ -367,12 +641,15 @@ function renderPlans() {
     tr.append(el("td", p.worker_id || "-", "mono"));
     tr.append(el("td", p.attempt || 0));
     tr.append(el("td", p.last_seq || 0));
+    tr.append(el("td", receiptText(p.receipt)));
     tr.addEventListener("click", () => follow(p.id));
     rows.push(tr);
   }
   body.replaceChildren(...rows);
-  $("no-plans").hidden = rows.length > 0;
-  const counts = Object.entries(state.counts).filter(([, v]) => v).map(([k, v]) => `${v} ${k}`);
+  renderFootprint();
+  // A fixed order (the coordinator's map follows the plans it met first, which changes).
+  const order = [...STATE_ORDER, ...Object.keys(state.counts).filter((k) => !STATE_ORDER.includes(k)).sort()];
+  const counts = order.filter((k) => state.counts[k]).map((k) => `${state.counts[k]} ${k}`);
   $("plan-counts").textContent = counts.length ? "plans: " + counts.join(", ") : "";
   const queue = $("queue");
   const items = state.queue.map((id) => {
@@ -384,7 +661,14 @@ function renderPlans() {
     return li;
   });
   queue.replaceChildren(...items);
-  $("queue-depth").textContent = `(${state.queue.length})`;
+  // The queue list is capped (the listing's limit); the depth is the count of queued plans.
+  const depth = Math.max(state.counts.queued || 0, state.queue.length);
+  $("queue-depth").textContent = depth > state.queue.length
+    ? `(${depth} waiting; the first ${state.queue.length} shown)`
+    : `(${depth})`;
+  $("queue-depth").dataset.depth = depth;
+  renderPlaceholders();
+  if (state.selected) renderDetail();
 }
 
 function appendEvent(ev) {
@@ -393,10 +677,102 @@ function appendEvent(ev) {
   tr.dataset.seq = ev.seq;
   tr.dataset.kind = ev.kind;
   if (ev.ephemeral) tr.className = "ephemeral";
-  tr.append(el("td", ev.seq), el("td", ev.kind));
+  const seen = state.eventTimes.get(`${ev.plan_id}:${ev.seq}`);
+  tr.dataset.attempt = ev.attempt || 0;
+  if (seen) tr.dataset.seen = seen;
+  if (ev.data && typeof ev.data === "object" && !Array.isArray(ev.data)) {
+    const small = JSON.stringify(ev.data);
+    if (small.length < 1000) tr.dataset.json = small;
+  }
+  tr.append(el("td", ev.seq), el("td", seen ? clockTime(seen) : "-", "mono"), el("td", ev.kind));
   tr.append(el("td", ev.data === undefined || ev.data === null ? "" : JSON.stringify(ev.data), "data mono"));
   body.append(tr);
   while (body.rows.length > MAX_EVENT_ROWS) body.deleteRow(0);
+}
+
+// ------------------------------------------------------------------ operator actions
+
+// Drain (no new plans; running ones finish) or undrain a worker: admin only (others get forbidden).
+function drainWorker(workerId, drain) {
+  $("worker-error").textContent = "";
+  const type = drain ? "drain_worker" : "undrain_worker";
+  const ok = send([request({ type, worker_id: workerId }, (reply) => {
+    if (reply.type === "error") {
+      $("worker-error").textContent = `${drain ? "drain" : "undrain"} ${workerId}: ${reply.code}: ${reply.message}`;
+      return;
+    }
+    send([request({ type: "list_workers" }, onWorkers)]);
+  })]);
+  if (!ok) $("worker-error").textContent = "not connected";
+}
+
+// ------------------------------------------------------------------ charts
+
+function noteOutcome(planId, outcome, now) {
+  const c = state.charts;
+  c.outcomes[outcome].add(now);
+  const start = state.seenAt.get(planId);
+  if (start === undefined) return; // first heard of mid-life: its submit time is unknown here
+  state.seenAt.delete(planId);
+  const b = Math.floor(now / RATE_BUCKET_MS) * RATE_BUCKET_MS;
+  if (!c.latencies.has(b)) c.latencies.set(b, []);
+  c.latencies.get(b).push((now - start) / 1000);
+}
+
+function sampleWorkers(now) {
+  const c = state.charts;
+  const { TimeSeries } = window.fleetCharts;
+  let powerW = 0;
+  let gramsPerMin = 0;
+  for (const w of state.workers) {
+    const caps = w.capabilities || {};
+    const load = w.load || {};
+    const max = caps.max_concurrency === undefined ? 1 : caps.max_concurrency;
+    const leases = w.leases || 0;
+    if (!c.inflight.has(w.id)) c.inflight.set(w.id, new TimeSeries(HOUR_MS));
+    if (!c.load.has(w.id)) c.load.set(w.id, new TimeSeries(HOUR_MS));
+    c.inflight.get(w.id).add(now, leases);
+    c.load.get(w.id).add(now, max ? (100 * leases) / max : 0);
+    const p = load.power_w || 0;
+    if (p) c.powerSeen = true;
+    powerW += p;
+    gramsPerMin += ((p / 60) / 1000) * (load.zone_intensity_g_per_kwh || 0); // Wh/min -> kWh/min x g/kWh
+  }
+  c.energy.add(now, powerW / 60); // W sustained for a minute = W/60 Wh
+  c.carbon.add(now, gramsPerMin);
+}
+
+function drawCharts() {
+  const c = state.charts;
+  const { drawChart, percentile } = window.fleetCharts;
+  const now = Date.now();
+  // The last hour, or since the page opened (at least a minute) while it has seen less: readable at once.
+  const opts = { now, windowMs: Math.min(HOUR_MS, Math.max(60 * 1000, now - c.since)) };
+  c.queue.add(now, Math.max(state.counts.queued || 0, state.queue.length));
+  const scale = 1000 / RATE_BUCKET_MS;
+  drawChart($("chart-rate"), ["succeeded", "failed", "cancelled"].map((k, i) => ({
+    name: k, color: ["#1f8a4c", "#c53030", "#6b7385"][i], points: c.outcomes[k].points(now, scale, c.since),
+  })), { ...opts, unit: "plans/s" });
+  drawChart($("chart-queue"), [{ name: "queued", points: c.queue.points, color: "#b7791f" }], { ...opts, unit: "plans" });
+  const p50 = [];
+  const p99 = [];
+  for (const [b, values] of [...c.latencies.entries()].sort((x, y) => x[0] - y[0])) {
+    if (b < now - HOUR_MS) {
+      c.latencies.delete(b);
+      continue;
+    }
+    const t = Math.min(b + RATE_BUCKET_MS, now);
+    p50.push([t, percentile(values, 0.5)]);
+    p99.push([t, percentile(values, 0.99)]);
+  }
+  drawChart($("chart-latency"), [{ name: "p50", points: p50 }, { name: "p99", points: p99, color: "#c53030" }],
+    { ...opts, unit: "seconds" });
+  const perWorker = (m) => [...m.entries()].filter(([, s]) => (s.trim(now), s.points.length)).map(([id, s]) => ({ name: id, points: s.points }));
+  drawChart($("chart-inflight"), perWorker(c.inflight), { ...opts, unit: "plans" });
+  drawChart($("chart-load"), perWorker(c.load), { ...opts, unit: "%" });
+  drawChart($("chart-energy"), [{ name: "Wh/min", points: c.energy.points, color: "#b7791f" },
+    { name: "gCO2e/min", points: c.carbon.points, color: "#4a5568" }], opts);
+  $("energy-note").textContent = c.powerSeen ? "" : "(no worker reports power: NVML absent)";
 }
 
 // ------------------------------------------------------------------ start
@@ -412,6 +788,11 @@ document.addEventListener("DOMContentLoaded", () => {
     connect();
   });
   $("logout").addEventListener("click", logOut);
+  $("detail-cancel").addEventListener("click", cancelSelected);
+  $("detail-close").addEventListener("click", closeDetail);
+  state.charts = makeCharts();
+  drawCharts();
+  setInterval(drawCharts, CHARTS_EVERY_MS);
   const fromFragment = tokenFromFragment();
   if (fromFragment !== null) {
     state.token = fromFragment;

@@ -1,0 +1,187 @@
+"""The direct path's transfer threads and counters, over loopback sockets: file inputs by sendfile, resumes,
+outputs straight to a file, progress reports, and the worker's and coordinator's data-plane counts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.core import CoreConfig
+from coordinator.io.server import CoordinatorServer, ServerSettings
+from fleetwire import Client
+from fleetwire.data import DirectTransport, Grant, prepare_inputs
+from protocol.messages import DataKey, Load
+from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from worker_agent.agent import Agent
+from worker_agent.dataplane import BODY_CHUNK, DataServer
+from worker_agent.spool import Spool
+
+pytestmark = pytest.mark.timeout(60)
+
+MASTER = b"f" * 32
+WORKER = "w1"
+WORKER_TOKEN = "w-secret"
+CLIENT_TOKEN = "c-secret"
+SIZE = 2 * BODY_CHUNK + 12345  # two whole chunks and a remainder
+
+
+def _digest(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def _grant(server: DataServer, name: str, size: int, digest: str, direction: str = "put") -> Grant:
+    claims = TicketClaims("p1", 1, WORKER, direction, {name: FileClaim(size, digest)},  # type: ignore[arg-type]
+                          time.time() + 60)
+    ticket = sign(claims, "k1", worker_key(MASTER, WORKER))
+    return Grant("p1", 1, server.url, ticket, ticket)
+
+
+@pytest.fixture
+async def endpoint(tmp_path: Path) -> AsyncIterator[DataServer]:
+    server = DataServer(Spool(tmp_path / "spool", memory_bytes=1024), worker_id=WORKER, stall_timeout_s=2.0)
+    server.set_keys([DataKey(kid="k1", key=worker_key(MASTER, WORKER))])
+    await server.start()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+def payload(tmp_path: Path) -> tuple[Path, bytes]:
+    data = os.urandom(SIZE)
+    path = tmp_path / "input.bin"
+    path.write_bytes(data)
+    return path, data
+
+
+async def test_file_input_goes_whole_by_sendfile_and_is_counted(endpoint: DataServer,
+                                                                 payload: tuple[Path, bytes]) -> None:
+    """A file input spanning several chunks arrives whole and verified; progress reaches its size; bytes counted."""
+    path, data = payload
+    source = (await prepare_inputs({"x": path}))["x"]
+    assert source.digest == _digest(data)
+    transport = DirectTransport()
+    seen: list[int] = []
+    transport.progress = lambda name, done, size: seen.append(done)
+    try:
+        await transport.upload(_grant(endpoint, "x", SIZE, source.digest), source)
+    finally:
+        await transport.aclose()
+    entry = endpoint.spool.input("p1", 1, "x")
+    assert entry is not None and entry.state == "verified" and entry.received == SIZE
+    assert entry.path is not None and entry.path.read_bytes() == data
+    assert seen == sorted(seen) and seen[-1] == SIZE
+    assert endpoint.count_into(Load()).data_bytes_in == SIZE
+
+
+async def test_upload_resumes_from_the_workers_offset(endpoint: DataServer, payload: tuple[Path, bytes]) -> None:
+    """When the worker already holds part of an input, the SDK sends only the rest (Content-Range) and it verifies."""
+    path, data = payload
+    source = (await prepare_inputs({"x": path}))["x"]
+    grant = _grant(endpoint, "x", SIZE, source.digest)
+    entry = endpoint.spool.declare("p1", 1, "x", SIZE, source.digest)
+    entry.write(data[:BODY_CHUNK + 7])  # what an earlier, dropped connection left
+    entry.pause()
+    transport = DirectTransport()
+    try:
+        await transport.upload(grant, source)
+    finally:
+        await transport.aclose()
+    assert entry.state == "verified"
+    assert endpoint.bytes_in == SIZE - (BODY_CHUNK + 7)
+
+
+async def test_cancelled_upload_ends_its_thread_and_keeps_what_arrived(endpoint: DataServer,
+                                                                       tmp_path: Path) -> None:
+    """Cancelling an upload mid-body shuts its socket: the transfer thread ends and the worker keeps the
+    bytes it stored, to resume from."""
+    big = tmp_path / "big.bin"
+    await asyncio.to_thread(big.write_bytes, b"")
+    await asyncio.to_thread(os.truncate, big, 64 << 20)  # sparse: 64 MiB of zeros, quick to make
+    source = (await prepare_inputs({"x": big}))["x"]
+    original = endpoint.spool.declare("p1", 1, "x", source.size, source.digest)
+    loop = asyncio.get_running_loop()
+    sent = asyncio.Event()
+    transport = DirectTransport()
+    transport.progress = lambda name, done, size: loop.call_soon_threadsafe(sent.set)
+    threads_before = {t.ident for t in threading.enumerate()}
+    upload = asyncio.create_task(transport.upload(_grant(endpoint, "x", source.size, source.digest), source))
+    await asyncio.wait_for(sent.wait(), 10)  # a first chunk is on its way
+    upload.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await upload
+    await transport.aclose()
+    for thread in threading.enumerate():
+        if thread.ident not in threads_before and thread.name == "fleetwire-data":
+            thread.join(5)
+            assert not thread.is_alive()
+    for _ in range(500):  # the worker sees the connection close and stores what arrived
+        if endpoint.open_uploads == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert endpoint.open_uploads == 0
+    assert 0 < original.received < source.size and original.state == "receiving"
+
+
+async def test_refusals_are_counted_by_status(endpoint: DataServer) -> None:
+    """A request without a ticket is refused 401 and counted under "401" in the worker's load."""
+    reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+    writer.write(b"HEAD /v1/data/p1/1/inputs/x HTTP/1.1\r\nHost: h\r\n\r\n")
+    await writer.drain()
+    line = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    assert line.startswith(b"HTTP/1.1 401")
+    assert endpoint.count_into(Load()).data_refused == {"401": 1}
+
+
+# --------------------------------------------------------------------------- SDK <-> coordinator <-> agent
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
+    server = CoordinatorServer(ServerSettings(
+        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
+        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
+    ))
+    await server.start()
+    agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", data_listen="127.0.0.1:0",
+                  spool_dir=str(tmp_path / "spool"), input_timeout_s=10.0)
+
+    @agent.handler
+    async def mirror(ctx: Any, args: Any) -> int:
+        source = ctx.inputs["data"]
+        await asyncio.to_thread(ctx.output, "copy", source.path)
+        return int(source.size)
+
+    task = asyncio.create_task(agent.run())
+    await asyncio.wait_for(agent.registered.wait(), 10)
+    yield server, agent
+    agent.stop()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(task, 10)
+    await server.stop()
+
+
+async def test_file_in_file_out_through_the_sdk(cluster: tuple[CoordinatorServer, Agent], tmp_path: Path,
+                                                payload: tuple[Path, bytes]) -> None:
+    """A file input and its copy as an output written with output_to: same bytes; tickets and worker bytes counted."""
+    server, agent = cluster
+    path, data = payload
+    async with Client(server.url, token=CLIENT_TOKEN) as client:
+        plan = await client.submit("mirror", inputs={"data": path}, outputs=["copy"])
+        assert await asyncio.wait_for(plan.result(), 30) == SIZE
+        target = await plan.output_to("copy", tmp_path / "copy.bin")
+    assert target.read_bytes() == data
+    assert not (tmp_path / ".copy.bin.partial").exists()
+    assert server.core.data.tickets_issued >= 2  # data_ready's put and get, and the output's fresh get
+    assert agent.data_server is not None
+    load = agent.data_server.count_into(Load())
+    assert load.data_bytes_in == SIZE and load.data_bytes_out == SIZE
