@@ -7,6 +7,7 @@ MIN workers. Prints one line per sample and a summary::
 
     python bench/autoscale_trace.py                      # 1..4 workers, 24 plans of 1 s
     python bench/autoscale_trace.py --max 8 --plans 64 --seconds 2 --json
+    python bench/autoscale_trace.py --max 2 --target 2 --plans 4 --seconds 3   # a busy worker drained
 
 The delays are short on purpose (upscale 0 s, downscale 2 s, cooldown 1 s); a production
 coordinator keeps the defaults (30 s, 600 s, 60 s). tests/e2e/test_autoscale.py runs the same
@@ -56,14 +57,15 @@ class Trace:
     burst_done_s: float = 0.0  # every plan finished
     back_down_s: float = 0.0  # the fleet back at MIN workers, none draining
     seen: list[str] = field(default_factory=list)  # every worker id that ever registered
+    attempts: list[int] = field(default_factory=list)  # each plan's last attempt (1: never requeued)
 
 
-async def _start_up(lo: int, hi: int, extra: list[str]) -> tuple[asyncio.subprocess.Process, str, str]:
+async def _start_up(lo: int, hi: int, target: float, extra: list[str]) -> tuple[asyncio.subprocess.Process, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_")}
     env["PYTHONUNBUFFERED"] = "1"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "fleetwire", "up", "--port", "0", "--autoscale", f"{lo}..{hi}",
-        "--autoscale-target", "1", "--autoscale-upscale-delay", "0", "--autoscale-downscale-delay", "2",
+        "--autoscale-target", str(target), "--autoscale-upscale-delay", "0", "--autoscale-downscale-delay", "2",
         "--autoscale-cooldown", "1", "--autoscale-drain-deadline", "30", "--max-concurrency", "1",
         "--log-level", "warning", *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=ROOT,
@@ -93,9 +95,9 @@ async def _sample(client: Client, t0: float) -> Sample:
 
 
 async def trace(lo: int = 1, hi: int = 4, plans: int = 24, seconds: float = 1.0, every_s: float = 0.25,
-                timeout_s: float = 120.0, extra: list[str] | None = None) -> Trace:
+                timeout_s: float = 120.0, target: float = 1.0, extra: list[str] | None = None) -> Trace:
     """Run ``up --autoscale lo..hi``, submit the burst, sample until back at ``lo``; the coordinator is stopped."""
-    proc, url, admin = await _start_up(lo, hi, extra or [])
+    proc, url, admin = await _start_up(lo, hi, target, extra or [])
     out = Trace()
     try:
         async with Client(url, token=admin) as client:
@@ -125,6 +127,7 @@ async def trace(lo: int = 1, hi: int = 4, plans: int = 24, seconds: float = 1.0,
             for w in waits:
                 await w
             out.seen = sorted(seen)
+            out.attempts = [(await client.get_plan(p.id)).attempt for p in submitted]
     finally:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGINT)
@@ -143,9 +146,10 @@ def main() -> None:
     p.add_argument("--plans", type=int, default=24)
     p.add_argument("--seconds", type=float, default=1.0, help="each sleep plan's length")
     p.add_argument("--sample", type=float, default=0.25, help="seconds between samples")
+    p.add_argument("--target", type=float, default=1.0, help="--autoscale-target: ongoing plans per worker")
     p.add_argument("--json", action="store_true", help="print the trace as one JSON object")
     ns = p.parse_args()
-    result = asyncio.run(trace(ns.min, ns.max, ns.plans, ns.seconds, ns.sample))
+    result = asyncio.run(trace(ns.min, ns.max, ns.plans, ns.seconds, ns.sample, target=ns.target))
     if ns.json:
         print(json.dumps(asdict(result)))
         return
@@ -159,7 +163,8 @@ def main() -> None:
     print(f"burst of {ns.plans} x {ns.seconds:g} s plans on up --autoscale {ns.min}..{ns.max}: peak "
           f"{result.peak_workers} workers at {result.time_to_peak_s:.2f} s; all done at {result.burst_done_s:.2f} s; "
           f"back to {ns.min} at {result.back_down_s:.2f} s (drain back down took "
-          f"{result.back_down_s - result.burst_done_s:.2f} s); workers seen: {', '.join(result.seen)}")
+          f"{result.back_down_s - result.burst_done_s:.2f} s); workers seen: {', '.join(result.seen)}; "
+          f"plans requeued: {sum(a > 1 for a in result.attempts)}")
 
 
 if __name__ == "__main__":

@@ -49,8 +49,17 @@ was attached again. Targets (reported, not asserted): p99 <= 5 s, workers back w
     python bench/cluster_chaos.py --kills 2 --sims 12 --rate 2 --json     # the smoke size
     python bench/cluster_chaos.py --logs DIR            # keep every process's output in DIR
 
-``--db-failover`` (a primary killed, a synchronous standby promoted) is not implemented yet; the
-bench says so in its output.
+``--db-failover`` adds a database failover in the middle of the faults: the PostgreSQL server
+gets a streaming replica (``pg_basebackup -R``, tests/pg.py ``replica``) that the primary waits
+for at every commit (``synchronous_standby_names = '*'``, ``synchronous_commit = on``); every
+process is given a multi-host DSN (``...@127.0.0.1:P1,127.0.0.1:P2/db?target_session_attrs=
+read-write``, which asyncpg follows as libpq does). The primary's postmaster and its children are
+``kill -9``-ed, the standby is promoted (``pg_ctl promote``) ``--db-away`` seconds later, and the
+coordinators must reconnect to it. The report says how long until every shard accepted submits
+again, which coordinators stopped shards or exited, and the checker then runs on the promoted
+server: 0 acknowledged plans lost means every acknowledged commit was on the standby.
+
+    python bench/cluster_chaos.py --db-failover --kills 3     # the database failover, shorter
 """
 
 from __future__ import annotations
@@ -103,7 +112,7 @@ from coordinator.io.pg_store import PgStore
 from coordinator.io.store_rows import decode_plans
 from coordinator.plans import TRANSITIONS
 from coordinator.shards import ClusterConfig, pool_shard
-from tests.pg import PostgresServer, missing_reason, postgres_server
+from tests.pg import PostgresServer, missing_reason, postgres_server, standby_dsn
 
 ME = str(Path(__file__).resolve())
 
@@ -445,9 +454,11 @@ class Tracked:
 
 
 class Run:
-    def __init__(self, ns: argparse.Namespace, dsn: str, logs: Path) -> None:
+    def __init__(self, ns: argparse.Namespace, dsn: str, logs: Path,
+                 primary: PostgresServer | None = None, standby: PostgresServer | None = None) -> None:  # fmt: skip
         self.ns = ns
         self.dsn = dsn
+        self.primary, self.standby = primary, standby  # --db-failover
         self.logs = logs
         self.rng = random.Random(ns.seed)
         self.config = ClusterConfig(shards=ns.shards, lease_ttl_s=ns.lease_ttl, lease_renew_s=ns.lease_renew)
@@ -462,6 +473,7 @@ class Run:
         self.registered: dict[str, float | None] = {}  # sim worker -> since when attached (None: not)
         self.sim_events: list[tuple[float, str, str, str]] = []  # (t, event, worker, pool)
         self.submitting = True
+        self.db_record: dict[str, Any] = {}
         self.all_attached = asyncio.Event()  # every sim worker attached (set once)
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -753,9 +765,11 @@ class Run:
             schedule.insert(min(len(schedule), 3), "SIGSTOP")
         if ns.handoff:
             schedule.insert(min(len(schedule), 6), "SIGTERM")
+        if ns.db_failover:
+            schedule.insert(len(schedule) // 2, "db failover")
         print(f"cluster chaos: {len(schedule)} faults: {', '.join(schedule)}", file=sys.stderr, flush=True)
         for kind in schedule:
-            await self.fault(kind)
+            await (self.db_failover() if kind == "db failover" else self.fault(kind))
             await asyncio.sleep(ns.settle)
         faults_s = time.monotonic() - t_faults
         self.submitting = False
@@ -787,11 +801,59 @@ class Run:
             "faults": self.faults, "actions": dict(self.actions),
             "faults_phase_s": round(faults_s, 1), "drain_s": round(drained_s, 1),
             "elapsed_s": round(time.monotonic() - t_start, 1),
-            "db_failover": "not run: --db-failover (pg_basebackup standby, kill the primary, pg_ctl promote) is "
-                           "not implemented in this bench yet",
+            "db_failover": self.db_record or "not run (--db-failover)",
             "logs": str(self.logs), "seed": ns.seed, "machine": h.machine(),
             **checked,
         }  # fmt: skip
+
+    async def db_failover(self) -> None:
+        """kill -9 the PostgreSQL primary, promote the synchronous standby; how the cluster comes back."""
+        assert self.primary is not None and self.standby is not None
+        shards = list(range(self.ns.shards))
+        sync = await asyncio.to_thread(self.primary.sql_value,
+                                       "SELECT string_agg(sync_state, ',') FROM pg_stat_replication")  # fmt: skip
+        record: dict[str, Any] = {"kind": "db failover", "standby_sync_state": sync, "away_s": self.ns.db_away}
+        at = time.monotonic()
+        await asyncio.to_thread(self.primary.kill)
+        self.actions["postgresql primary kill -9"] += 1
+        rec_task = asyncio.create_task(self.recovery(at, shards, 60))
+        back_task = asyncio.create_task(self.reattached(at, shards, 60))
+        await asyncio.sleep(self.ns.db_away)
+        await asyncio.to_thread(self.standby.promote)
+        promoted = time.monotonic()
+        record["promoted_after_s"] = round(promoted - at, 3)
+        recovered = await rec_task
+        times = [v for v in recovered.values() if v is not None]
+        record["recovered_s"] = round(max(times), 3) if len(times) == len(shards) else None
+        record["recovered_after_promotion_s"] = (None if record["recovered_s"] is None
+                                                 else round(record["recovered_s"] - (promoted - at), 3))  # fmt: skip
+        reattached = await back_task
+        record["workers_reattached_s"] = None if reattached is None else round(reattached, 3)
+        # What the coordinators did: shards stopped (fail-stop) and won again, processes that exited.
+        lost = sum(1 for c in self.coords if c.proc for t, line in c.proc.lines
+                   if t >= at and ("lost shard" in line or "released shard" in line))  # fmt: skip
+        won = sum(1 for c in self.coords if c.proc for t, line in c.proc.lines if t >= at and "serving shard" in line)
+        record["shards_stopped"], record["shards_served_again"] = lost, won
+        exited = [(c.index, c.proc.proc.returncode) for c in self.coords if c.proc and not c.alive]
+        record["coordinators_exited"] = exited
+        for c in self.coords:
+            if not c.alive:
+                await self.start_coordinator(c)
+        during = [t for t in self.plans if at <= t.sent_at < promoted]
+        waits = [t.acked_at - t.sent_at for t in during if t.acked_at is not None]
+        record["submits_while_away"] = len(during)
+        record["their_errors"] = sum(1 for t in during if t.error and t.acked_at is None)
+        record["their_max_ack_wait_s"] = round(max(waits), 3) if waits else None
+        t_balance = time.monotonic()
+        record["rebalanced_s"] = round(time.monotonic() - t_balance, 3) if await self.wait_balanced(60) else None
+        self.db_record = record
+        print(f"  db failover: primary kill -9, standby ({sync}) promoted after {record['promoted_after_s']} s; "
+              f"every shard accepted submits again after {record['recovered_s']} s "
+              f"({record['recovered_after_promotion_s']} s after the promotion); sim workers re-attached after "
+              f"{record['workers_reattached_s']} s; shards stopped {lost}, served again {won}; coordinators "
+              f"exited {exited}; submits sent while away {len(during)} (errors {record['their_errors']}, "
+              f"slowest ack {record['their_max_ack_wait_s']} s); rebalanced {record['rebalanced_s']} s after",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     async def stop_all(self) -> None:
         if self.sim is not None and self.sim.proc.stdin is not None:
@@ -1011,13 +1073,21 @@ async def bench(ns: argparse.Namespace) -> dict[str, Any]:
     server: PostgresServer
     with postgres_server() as server:
         dsn = server.new_database()
-        run = Run(ns, dsn, logs)
+        standby = None
+        if ns.db_failover:
+            standby = await asyncio.to_thread(server.replica)
+            dsn = standby_dsn(server, standby, dsn.rsplit("/", 1)[1])
+        run = Run(ns, dsn, logs, server, standby)
         try:
             return await run.main()
         finally:
             await run.stop_all()
             with contextlib.suppress(OSError):
                 (logs / "postgresql.log").write_text(server.log_tail(2000))
+            if standby is not None:
+                with contextlib.suppress(OSError):
+                    (logs / "postgresql-standby.log").write_text(standby.log_tail(2000))
+                standby.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1042,7 +1112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent-kill-every", type=float, default=20.0,
                         help="a worker agent is kill -9-ed every this many seconds instead (default 20)")
     parser.add_argument("--drain", type=float, default=90.0, help="seconds for open plans to end after the faults")
-    parser.add_argument("--db-failover", action="store_true", help="also kill the PostgreSQL primary (not yet)")
+    parser.add_argument("--db-failover", action="store_true",
+                        help="also kill -9 the PostgreSQL primary and promote its synchronous standby")
+    parser.add_argument("--db-away", type=float, default=2.0,
+                        help="--db-failover: seconds between the primary's kill and the promotion (default 2)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--logs", help="directory for every process's output (default: a new temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")

@@ -89,7 +89,7 @@ def _open(store: str, directory: Path) -> Any:
 
 
 async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> dict[str, Any]:
-    """The store on its own, in this process: sequential commits (one step each) and group commit."""
+    """The store on its own, in this process: sequential commits of one plan step each, from a thread."""
     try:
         db = await asyncio.to_thread(_open, store, directory)
         steps = [store_bench.plan_steps(n) for n in range(ns.store_plans)]
@@ -107,9 +107,7 @@ async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> di
 
         cpu = await asyncio.to_thread(sequential)
         await asyncio.to_thread(db.close)
-        grouped = await store_bench.group_commit(ns.plans, directory, await asyncio.to_thread(_open, store, directory))
-        return {"commit": h.summary_ms(times), "sequential_cpu_us_per_plan": round(cpu / len(steps) * 1e6, 1),
-                "group_commit": grouped}  # fmt: skip
+        return {"commit": h.summary_ms(times), "sequential_cpu_us_per_plan": round(cpu / len(steps) * 1e6, 1)}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -321,10 +319,7 @@ def report(results: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     else:
         for label, get in (("one commit (sequential), p50 ms", lambda r: r["commit"]["p50_ms"]),
                            ("one commit (sequential), p99 ms", lambda r: r["commit"]["p99_ms"]),
-                           ("sequential, CPU µs per plan (4 commits)", lambda r: r["sequential_cpu_us_per_plan"]),
-                           ("group commit, plans/s", lambda r: r["group_commit"]["plans_per_s"]),
-                           ("group commit, batches per transaction",
-                            lambda r: r["group_commit"]["batches_per_transaction"])):
+                           ("sequential, CPU µs per plan (4 commits)", lambda r: r["sequential_cpu_us_per_plan"])):
             lines.append(f"| {label} | {get(a):,} | {get(b):,} | {_ratio(get(b), get(a))} |")
     rate, p50, cpu = values["rate"], values["p50"], values["cpu"]
     verdict = {

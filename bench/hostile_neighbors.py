@@ -181,6 +181,12 @@ async def _oversize(url: str, retry: str) -> None:
         tally.closed(ws)
 
 
+def _msgs(frame: bytes) -> list[dict[str, Any]]:
+    """A frame's messages (a frame holds one message or a list of them)."""
+    decoded = msgspec.msgpack.decode(frame)
+    return decoded if isinstance(decoded, list) else [decoded]
+
+
 async def _fill(ws: ClientConnection, n: int, **submit: Any) -> None:
     """Submit ``n`` plans nobody runs (op ``nobody``), in frames under the 1 MiB limit; read their replies."""
     step = max(1, min(200, (900 << 10) // max(1, len(msgspec.msgpack.encode(submit)) + 64)))
@@ -191,7 +197,7 @@ async def _fill(ws: ClientConnection, n: int, **submit: Any) -> None:
         async with asyncio.timeout(30):
             answered = 0
             while answered < n:
-                for msg in msgspec.msgpack.decode(await ws.recv(decode=False)):
+                for msg in _msgs(await ws.recv(decode=False)):
                     answered += msg.get("type") in ("accepted", "error")
 
 
@@ -203,7 +209,7 @@ async def _cost_neighbour(kind: str, url: str) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     tally = _Tally()
     if kind in ("f1-list", "f1-subscribe", "f2-never-reads"):
-        ws = await _open(url, who="hostile", max_size=None)
+        ws = await _open(url, who="hostile")
         await _fill(ws, 2_000)  # its own plans to list and replay
         await ws.close()
     while True:
@@ -218,7 +224,7 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                         await asyncio.sleep(0.05)
                     if len(held) >= 3_000:
                         await asyncio.sleep(1)
-            ws = await _open(url, who="hostile", max_size=None, max_queue=1 if kind == "f2-never-reads" else 16)
+            ws = await _open(url, who="hostile", max_queue=1 if kind == "f2-never-reads" else 16)
         except InvalidStatus as exc:
             await tally.refusal(exc, "now")
             continue
@@ -228,8 +234,9 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                                                 for i in range(200)])
                 while True:
                     await ws.send(frame)
-                    for _ in range(200):
-                        await ws.recv()
+                    answered = 0
+                    while answered < 200:  # replies come coalesced: count messages, not frames
+                        answered += len(_msgs(await ws.recv(decode=False)))
             elif kind == "f1-subscribe":  # 300 subscribe(all, from_seq=0) in one frame
                 frame = msgspec.msgpack.encode([{"type": "subscribe", "req_id": i, "all": True, "from_seq": 0}
                                                 for i in range(300)])
@@ -255,7 +262,7 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                     await worker.recv()
                     await worker.close()
             elif kind == "f11-dashboard":  # finished plans with 1 MB results, listed every 100 ms
-                worker = await _open(url, "worker", max_size=None)
+                worker = await _open(url, "worker")
                 await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": "big-results",
                                                           "capabilities": {"ops": ["big"], "max_concurrency": 8}}))
                 await worker.recv()
@@ -264,7 +271,7 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                 done = 0
                 result = "r" * 900_000
                 while done < 100:
-                    for msg in msgspec.msgpack.decode(await worker.recv(decode=False)):
+                    for msg in _msgs(await worker.recv(decode=False)):
                         if msg.get("type") == "assign":
                             await worker.send(msgspec.msgpack.encode({
                                 "type": "done", "plan_id": msg["plan_id"], "attempt": msg["attempt"],
@@ -534,7 +541,11 @@ async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
             await _latencies(legit, ns.requests)  # warm-up
             for kind in (*NEIGHBOURS, *COST_NEIGHBOURS):
                 if kind in phases:
-                    rows.append(await _interleaved(legit, coordinator, coordinator.url, kind, ns, kind))
+                    try:
+                        rows.append(await _interleaved(legit, coordinator, coordinator.url, kind, ns, kind))
+                    except ProcessLookupError:  # the neighbour died: say so, go on with the next phase
+                        rows.append({"neighbour": kind, "error": "the neighbour process exited (see its traceback)"})
+                        continue
                     if other is not None:
                         rows.append(await _interleaved(legit, coordinator, other.url, kind, ns, f"{kind} elsewhere"))
             if "slowloris" in phases:

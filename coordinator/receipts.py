@@ -57,6 +57,16 @@ def settle(receipt: Receipt | None, projected: tuple[float, float] | None) -> Re
     """The receipt to keep: the worker's, checked, with the projection added; None without one."""
     if receipt is None:
         return None
+    if (
+        0 <= receipt.joules < math.inf and 0 <= receipt.co2e_g < math.inf and 0 <= receipt.run_s < math.inf
+        and 0 <= receipt.intensity_g_per_kwh < math.inf and receipt.tokens >= 0 and len(receipt.source) <= MAX_TEXT
+        and not receipt.devices
+    ):  # the usual receipt: kept as decoded (it is this step's own object), the projection added
+        if projected:
+            receipt.projected_joules, receipt.projected_co2e_g = round(projected[0], 6), projected[1]
+        else:
+            receipt.projected_joules = receipt.projected_co2e_g = 0.0
+        return receipt
     return msgspec.structs.replace(
         receipt,
         joules=_figure(receipt.joules),

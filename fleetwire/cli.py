@@ -376,9 +376,12 @@ async def _coordinator(ns: argparse.Namespace) -> int:
     worker_token = ns.worker_token or os.environ.get("FLEETWIRE_WORKER_TOKEN")
     client_token = ns.client_token or os.environ.get("FLEETWIRE_CLIENT_TOKEN")
     admin_token = ns.admin_token or os.environ.get("FLEETWIRE_ADMIN_TOKEN")
-    settings = _server_settings(
-        ns, (worker_token,) if worker_token else (), (client_token,) if client_token else ()
-    )
+    try:  # flags that cannot work together (e.g. --autoscale-start without the command provider)
+        settings = _server_settings(
+            ns, (worker_token,) if worker_token else (), (client_token,) if client_token else ()
+        )
+    except ValueError as exc:
+        return _fail(str(exc))
     settings = dataclasses.replace(settings, admin_tokens=(admin_token,) if admin_token else ())
     unsafe = unsafe_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
     if unsafe:  # placeholders and short tokens (fleetwire/cli_safety.py): one line each, exit 2
@@ -505,7 +508,9 @@ async def _up(ns: argparse.Namespace) -> int:
             from coordinator.io.provision import LocalProvider
 
             settings = dataclasses.replace(settings, autoscale_provider=LocalProvider(
-                lambda worker_id: _local_worker_argv(server.url, worker_id, ns),
+                # --drain-timeout 0: the coordinator's drain (--autoscale-drain-deadline) already ran
+                # before the provider stops a worker; SIGTERM then hands back whatever is left at once.
+                lambda worker_id: [*_local_worker_argv(server.url, worker_id, ns), "--drain-timeout", "0"],
                 {**os.environ, "FLEETWIRE_WORKER_TOKEN": worker_token},
             ))
             ns.workers = 0  # the autoscaler keeps --autoscale-min..max workers instead
@@ -525,8 +530,11 @@ async def _up(ns: argparse.Namespace) -> int:
         except (RuntimeError, TimeoutError) as exc:
             return _fail(f"local workers did not start: {exc or 'timed out'}", EXIT_FAILED)
         print(
-            f"fleetwire is up: coordinator {server.url} with {len(ids)} workers ({', '.join(ids) or 'none'})\n"
-            "In another shell:\n"
+            f"fleetwire is up: coordinator {server.url} with "
+            + (f"{len(ids)} workers ({', '.join(ids) or 'none'})\n" if server.provisioner is None else
+               f"{server.provisioner.min_workers}..{server.provisioner.max_workers} autoscaled local workers "
+               "(auto-1, auto-2, ...)\n")
+            + "In another shell:\n"
             f"  export FLEETWIRE_URL={server.url}\n"
             f"  export FLEETWIRE_TOKEN={client_token}\n"
             + (f"  export FLEETWIRE_CA_FILE={ns.ca_file or ns.tls_cert}\n" if server.url.startswith("wss://") else "")

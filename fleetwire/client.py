@@ -97,6 +97,7 @@ from protocol.messages import (
     Workers,
 )
 from protocol.relay import ARGS_INPUT, RESERVED_NAMES
+from protocol.urls import keepalive
 
 __all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
 
@@ -128,6 +129,10 @@ class Client:
             False: a dropped connection ends it.
         reconnect_base_s, reconnect_cap_s: the reconnect backoff's first ceiling and its cap.
         reconnect_give_up_s: how long without a connection before the session ends; None: never.
+        ping_interval_s, ping_timeout_s: websocket pings to the coordinator; one unanswered for
+            ``ping_timeout_s`` ends the connection (and the session resumes elsewhere). None:
+            1 s / 3 s in cluster mode (several URLs, or after a ``moved``: about the lease renewal
+            and TTL, so a frozen shard owner is left within seconds), else 20 s / 20 s. 0: no pings.
 
     Use as ``async with Client(...) as client:``, or ``await client.connect()`` and
     ``await client.close()``.
@@ -147,6 +152,8 @@ class Client:
         reconnect_base_s: float = 0.5,
         reconnect_cap_s: float = 30.0,
         reconnect_give_up_s: float | None = 120.0,
+        ping_interval_s: float | None = None,
+        ping_timeout_s: float | None = None,
     ) -> None:
         if encoding not in ENCODING_SUBPROTOCOL:
             raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
@@ -157,6 +164,8 @@ class Client:
         self._token = (token if token is not None else os.environ.get("FLEETWIRE_TOKEN")) or None
         self._open_timeout_s = open_timeout_s
         self._max_frame_bytes = max_frame_bytes
+        self._ping = (ping_interval_s, ping_timeout_s)
+        self._cluster = len(self._urls.urls) > 1  # or once a ``moved`` was followed
         self._session = ClientSession(encoding)
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -214,6 +223,8 @@ class Client:
         if moved is not None:
             urls.move_to(moved.url)
             self._session.moved = None
+            self._cluster = True
+        ping_interval_s, ping_timeout_s, close_timeout_s = keepalive(*self._ping, cluster=self._cluster)
         error = FleetwireConnectionError("no coordinator URL")
         tried = ""
         # A first connect tries each URL of the list once; a reconnect one URL per backoff step.
@@ -227,6 +238,9 @@ class Client:
                     open_timeout_s=self._open_timeout_s,
                     max_frame_bytes=self._max_frame_bytes,
                     ca_file=self._ca_file,
+                    ping_interval_s=ping_interval_s,
+                    ping_timeout_s=ping_timeout_s,
+                    close_timeout_s=close_timeout_s,
                 )
             except FleetwireConnectionError as exc:
                 tried = urls.failed(url)

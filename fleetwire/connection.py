@@ -20,7 +20,7 @@ from websockets.typing import Subprotocol
 from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
-from protocol.urls import websocket_url
+from protocol.urls import SINGLE_KEEPALIVE, websocket_url
 
 __all__ = [
     "CLIENT_PATH",
@@ -119,8 +119,15 @@ async def dial(
     open_timeout_s: float | None,
     max_frame_bytes: int | None,
     ca_file: str | None,
+    ping_interval_s: float | None = SINGLE_KEEPALIVE[0],
+    ping_timeout_s: float | None = SINGLE_KEEPALIVE[1],
+    close_timeout_s: float = SINGLE_KEEPALIVE[2],
 ) -> ClientConnection:
     """A new websocket to the coordinator (the first one, or one that resumes the session).
+
+    ``ping_interval_s``/``ping_timeout_s``: websocket pings; a coordinator that answers none
+    within the timeout (frozen, partitioned) ends the session. None: no pings.
+    ``close_timeout_s``: how long a closing connection waits for the coordinator's close frame.
 
     Raises:
         AuthError: HTTP 401 or 403 at the handshake.
@@ -138,6 +145,9 @@ async def dial(
             open_timeout=open_timeout_s,
             max_size=max_frame_bytes,
             proxy=None,
+            ping_interval=ping_interval_s,
+            ping_timeout=ping_timeout_s,
+            close_timeout=close_timeout_s,
             **_tls(url, ca_file),
         )
     except InvalidStatus as exc:

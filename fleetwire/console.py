@@ -29,6 +29,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetwire.client import Client, Plan
+from fleetwire.cluster_views import cluster_plans
+from fleetwire.connection import resolve_urls
 from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
 from protocol.messages import Event, PlanInfo, Plans, Receipt, WorkerInfo, Workers
 
@@ -371,8 +373,12 @@ async def _plans(ns: argparse.Namespace, target: Target) -> int:
     if ns.by is not None and not states:
         states = ("succeeded", "failed", "cancelled")  # a footprint is made of finished plans
     limit = ns.limit if ns.limit is not None else (MAX_LIST if ns.by is not None else 50)
-    async with Client(url, token=token) as client:
-        reply: Plans = await client.plans(states=states, limit=limit)
+    urls = resolve_urls(url)
+    if len(urls) > 1:  # cluster mode: every shard's plans, read from PostgreSQL by a main port
+        reply: Plans = await cluster_plans(urls, token, states=states, limit=limit)
+    else:
+        async with Client(url, token=token) as client:
+            reply = await client.plans(states=states, limit=limit)
     if ns.since is not None:
         since = time.time() - ns.since
         reply.plans = [p for p in reply.plans if p.ended_at is not None and p.ended_at >= since]

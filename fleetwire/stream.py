@@ -73,6 +73,7 @@ class PlanStream:
     __slots__ = (
         "_cancel_reason",
         "_failure",
+        "_receipt",
         "_result",
         "attempt",
         "events",
@@ -82,7 +83,6 @@ class PlanStream:
         "live",
         "lost",
         "on_change",
-        "receipt",
         "recovered",
         "resyncs",
         "state",
@@ -102,7 +102,7 @@ class PlanStream:
         self.recovered = 0
         self.events: list[Event] = []
         self.final: PlanStateName | None = None
-        self.receipt: Receipt | None = None
+        self._receipt: Any = None  # as the terminal event carried it; converted when read (:attr:`receipt`)
         self.lost: FleetwireConnectionError | None = None
         self.on_change: Callable[[], None] = _unchanged
         self._result: Any = None
@@ -115,6 +115,12 @@ class PlanStream:
     def done(self) -> bool:
         """Whether the plan reached a terminal state (succeeded, failed or cancelled)."""
         return self.final is not None
+
+    @property
+    def receipt(self) -> Receipt | None:
+        """The plan's energy and carbon receipt (docs/PROTOCOL.md §Receipt); None before it ended or without one."""
+        receipt = self._receipt = _receipt(self._receipt)
+        return receipt
 
     def outcome(self) -> Any:
         """The result of a plan that succeeded.
@@ -176,7 +182,7 @@ class PlanStream:
                 self._cancel_reason = str(data.get("reason", ""))
             if state in TERMINAL_STATES:
                 self.final = state
-                self.receipt = _receipt(data.get("receipt"))
+                self._receipt = data.get("receipt")
         self.on_change()
 
     def resync(self, msg: Resync) -> None:
@@ -227,7 +233,7 @@ class PlanStream:
         self.attempt = info.attempt
         self.worker_id = info.worker_id
         self._result = info.result
-        self.receipt = info.receipt
+        self._receipt = info.receipt
         if info.error is not None:
             self._failure = info.error
         self.on_change()

@@ -15,13 +15,35 @@ from __future__ import annotations
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["BadUrl", "websocket_url"]
+__all__ = ["CLUSTER_KEEPALIVE", "SINGLE_KEEPALIVE", "BadUrl", "keepalive", "websocket_url"]
+
+# Websocket pings (interval, timeout, close timeout) in seconds. In cluster mode a frozen owner
+# (SIGSTOP, a VM pause) loses its shards after the lease TTL (3 s by default) and another
+# coordinator serves them; a peer that pings at about the lease renewal, gives up after about the
+# TTL and then waits 1 s (not websockets' 10 s) for a close frame that a frozen peer never sends
+# finds that out in about 5 s instead of 20 s + 20 s + 10 s (docs/CLUSTER.md §What is promised).
+CLUSTER_KEEPALIVE: Final = (1.0, 3.0, 1.0)
+SINGLE_KEEPALIVE: Final = (20.0, 20.0, 10.0)  # websockets' defaults: one coordinator, nowhere else to go
 
 _SCHEMES: Final = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
 
 
 class BadUrl(ValueError):
     """A coordinator URL that cannot be dialled; the message says what was wrong and how to write it."""
+
+
+def keepalive(
+    interval_s: float | None, timeout_s: float | None, *, cluster: bool
+) -> tuple[float | None, float | None, float]:
+    """``ping_interval``, ``ping_timeout`` and ``close_timeout`` to dial with.
+
+    The given ping figures (0: no pings), else by mode; ``cluster``: several URLs were given, or a
+    ``moved`` was followed.
+    """
+    default = CLUSTER_KEEPALIVE if cluster else SINGLE_KEEPALIVE
+    interval = default[0] if interval_s is None else interval_s
+    timeout = default[1] if timeout_s is None else timeout_s
+    return interval or None, timeout or None, default[2]
 
 
 def websocket_url(url: str, path: str) -> str:

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["PostgresServer", "find_bin_dir", "missing_reason", "postgres_server"]
+__all__ = ["PostgresServer", "find_bin_dir", "missing_reason", "postgres_server", "standby_dsn"]
 
 
 def find_bin_dir() -> Path | None:
@@ -81,9 +81,61 @@ class PostgresServer:
         """initdb (trust auth for the test user, no fsync while creating the files) and start, waiting for it."""
         self._run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust", "--no-sync",
                   "-E", "UTF8", "--locale", "C")  # fmt: skip
+        self._start()
+
+    def _start(self) -> None:
         options = f"-p {self.port} -h 127.0.0.1 -k {self.root} -c fsync=on -c synchronous_commit=on"
         self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"), "-w",
                   "-t", "60", "-o", options, "start")  # fmt: skip
+
+    def replica(self, *, synchronous: bool = True) -> PostgresServer:
+        """A started streaming replica of this server (``pg_basebackup -R``), on its own port.
+
+        ``synchronous``: this server then waits for the replica's flush before acknowledging a
+        commit (``synchronous_standby_names = '*'``, ``synchronous_commit = on``), so a commit
+        acknowledged here survives :meth:`kill` followed by the replica's :meth:`promote`.
+        """
+        standby = PostgresServer(self.bin_dir)
+        self._run(str(self.bin_dir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user,
+                  "-D", str(standby.data), "-R", "-X", "stream", "-c", "fast", "--no-sync")  # fmt: skip
+        standby._start()
+        if synchronous:
+            self.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            self.sql("SELECT pg_reload_conf()")
+            self.sql("DO $$ BEGIN FOR i IN 1..600 LOOP EXIT WHEN EXISTS (SELECT 1 FROM pg_stat_replication "
+                     "WHERE sync_state = 'sync'); PERFORM pg_sleep(0.05); END LOOP; END $$")  # fmt: skip
+            if self.sql_value("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") != "1":
+                raise RuntimeError(f"the replica on port {standby.port} did not become a synchronous standby")
+        return standby
+
+    def promote(self) -> None:
+        """A replica becomes a primary (``pg_ctl promote``, waiting until it accepts writes)."""
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "promote")
+
+    def kill(self) -> None:
+        """``kill -9`` of the postmaster and of its children (the host is lost); the files stay for :meth:`stop`."""
+        pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    children.append(int(Path(stat).parent.name))
+        for victim in [pid, *children]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, 9)
+
+    def sql(self, statement: str) -> None:
+        """Run one statement as the superuser in the ``postgres`` database (psql)."""
+        self._run(str(self.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-q",
+                  "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", statement)  # fmt: skip
+
+    def sql_value(self, query: str) -> str:
+        """The first column of the first row of ``query``, as text."""
+        result = subprocess.run([*self._as, str(self.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port),
+                                 "-U", self.user, "-d", "postgres", "-Atc", query],
+                                capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+        return result.stdout.strip()
 
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete its files."""
@@ -119,3 +171,11 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.stop()
+
+
+def standby_dsn(primary: PostgresServer, standby: PostgresServer, database: str) -> str:
+    """A multi-host DSN that reaches whichever of the two accepts writes (asyncpg, as libpq)."""
+    return (
+        f"postgresql://{primary.user}@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/{database}"
+        "?target_session_attrs=read-write"
+    )

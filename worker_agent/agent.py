@@ -57,6 +57,7 @@ from websockets.typing import Subprotocol
 
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, errors
+from protocol.urls import keepalive
 from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
 from worker_agent.devices import DeviceAllocator
 from worker_agent.handlers import Handler, builtin_handlers
@@ -126,6 +127,7 @@ class Agent:
         self.url = self.urls[0]
         self._dials = 0
         self._moved_to: str | None = None  # where the last ``moved`` said this worker's shard is served
+        self._cluster = len(self.urls) > 1  # or once a ``moved`` was followed: faster pings
         self.worker_id = settings.worker_id or default_worker_id()
         self.telemetry = telemetry or Telemetry()
         self.registered = asyncio.Event()  # set on welcome, cleared when the session ends
@@ -346,10 +348,15 @@ class Agent:
         # Only for wss://: an explicit ssl=None there would mean plain TCP.
         tls: dict[str, Any] = {"ssl": self._ssl} if self._ssl is not None else {}
         if self._moved_to is not None:
+            self._cluster = True
             self.url, self._moved_to = self._moved_to, None
         else:
             self.url = self.urls[self._dials % len(self.urls)]
             self._dials += 1
+        # A frozen coordinator is left within seconds in cluster mode (protocol/urls.py keepalive).
+        ping_interval, ping_timeout, close_timeout = keepalive(
+            self.settings.ping_interval_s, self.settings.ping_timeout_s, cluster=self._cluster
+        )
         try:
             ws = await connect(
                 self.url,
@@ -358,6 +365,9 @@ class Agent:
                 compression=None,
                 max_size=64 << 20,
                 open_timeout=self.settings.handshake_timeout_s,
+                ping_interval=ping_interval,
+                ping_timeout=ping_timeout,
+                close_timeout=close_timeout,
                 **tls,
             )
         except InvalidStatus as exc:

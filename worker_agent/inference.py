@@ -21,13 +21,28 @@ Theory of operation (docs/OPERATIONS.md §Inference workers):
   seconds; running and waiting requests and KV-cache usage go into the worker's ``load`` frames
   (vLLM ``vllm:num_requests_running|waiting``, ``vllm:kv_cache_usage_perc`` or
   ``vllm:gpu_cache_usage_perc``; SGLang, TGI and llama.cpp equivalents in :data:`ENGINE_GAUGES`).
+* From the same scrape come the figures placement needs (:meth:`InferenceEngine.figures`):
+
+  - the KV-cache block budget (vLLM ``vllm:cache_config_info{num_gpu_blocks, block_size}``;
+    SGLang ``sglang:max_total_num_tokens``, one token per block) and the blocks in use
+    (usage times budget). The worker advertises the budget as ``kv_blocks``/``kv_block_tokens``
+    when the operator did not set ``--kv-blocks``, so KV admission works by default;
+  - ``queued_tokens``: the waiting requests times the mean prompt tokens per request (the engine's
+    ``vllm:request_prompt_tokens`` / ``tgi_request_input_length`` histogram; else the prompts this
+    worker sent, from their usage);
+  - p50/p99 latency: quantiles of the engine's end-to-end latency histogram
+    (:data:`ENGINE_HISTOGRAMS`) over the requests that finished *since the previous scrape*
+    (Prometheus' ``histogram_quantile`` interpolation); without that histogram, of the last 256
+    ``generate`` plans this worker ran. The last window with requests is kept while idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -42,7 +57,15 @@ from worker_agent.handlers import Context, HandlerError
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["ENGINE_GAUGES", "EngineLoad", "InferenceEngine", "parse_engine_metrics"]
+__all__ = [
+    "ENGINE_GAUGES",
+    "ENGINE_HISTOGRAMS",
+    "EngineFigures",
+    "EngineLoad",
+    "InferenceEngine",
+    "histogram_quantile",
+    "parse_engine_metrics",
+]
 
 #: Engine metric names per load field. Values of one field are summed over label sets (several
 #: models or engines behind one URL), except KV-cache usage, which takes the largest.
@@ -58,6 +81,12 @@ ENGINE_GAUGES: Final[Mapping[str, tuple[str, ...]]] = {
         "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio",
     ),
 }
+#: Engine histograms per figure (buckets, sums and counts are summed over label sets).
+ENGINE_HISTOGRAMS: Final[Mapping[str, tuple[str, ...]]] = {
+    "latency_s": ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds", "tgi_request_duration"),
+    "prompt_tokens": ("vllm:request_prompt_tokens", "tgi_request_input_length"),
+}
+_OWN_WINDOW: Final = 256  # generate durations kept for the latency fallback
 # Request fields the handler sets itself.
 _OWN_FIELDS: Final = frozenset({"stream", "stream_options"})
 
@@ -69,6 +98,48 @@ class EngineLoad:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0  # 0..1
+    kv_blocks_total: int = 0  # the engine's KV-cache block budget (0: it does not say)
+    kv_block_tokens: int = 0  # tokens per block
+    latency_buckets: tuple[tuple[float, float], ...] = ()  # (le seconds, cumulative count), since engine start
+    prompt_tokens_sum: float = 0.0  # over every request since engine start
+    prompt_tokens_count: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFigures:
+    """What a worker reports from its engine in ``load`` and ``capabilities`` (0: unknown)."""
+
+    queued_tokens: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    kv_block_tokens: int = 0
+    latency_p50_ms: float = 0.0
+    latency_p99_ms: float = 0.0
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """The ``q`` quantile of cumulative ``(le, count)`` buckets, interpolated inside its bucket as
+    Prometheus' ``histogram_quantile`` does; None without observations. An answer in the ``+Inf``
+    bucket is the largest finite bound."""
+    ordered = sorted(buckets)
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    rank = q * ordered[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in ordered:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower
+
+
+def _quantile(q: float, values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def parse_engine_metrics(text: str) -> EngineLoad:
@@ -78,9 +149,32 @@ def parse_engine_metrics(text: str) -> EngineLoad:
         ValueError: the text is not valid Prometheus exposition format.
     """
     wanted = {name: field for field, names in ENGINE_GAUGES.items() for name in names}
+    histograms = {name: field for field, names in ENGINE_HISTOGRAMS.items() for name in names}
     sums = {"running": 0.0, "waiting": 0.0}
     kv = 0.0
+    blocks = block_tokens = 0
+    latency: dict[float, float] = {}
+    prompt = {"sum": 0.0, "count": 0.0}
     for family in text_string_to_metric_families(text):
+        if family.name == "vllm:cache_config_info":
+            for sample in family.samples:
+                with contextlib.suppress(KeyError, ValueError):
+                    blocks = max(blocks, int(sample.labels["num_gpu_blocks"]))
+                    block_tokens = int(sample.labels["block_size"])
+            continue
+        if family.name == "sglang:max_total_num_tokens":
+            for sample in family.samples:
+                blocks, block_tokens = max(blocks, int(sample.value)), 1
+            continue
+        kind = histograms.get(family.name)
+        if kind is not None:
+            for sample in family.samples:
+                if kind == "latency_s" and sample.name == f"{family.name}_bucket" and "le" in sample.labels:
+                    le = float(sample.labels["le"])
+                    latency[le] = latency.get(le, 0.0) + float(sample.value)
+                elif kind == "prompt_tokens" and sample.name in (f"{family.name}_sum", f"{family.name}_count"):
+                    prompt[sample.name.rsplit("_", 1)[1]] += float(sample.value)
+            continue
         field = wanted.get(family.name)
         if field is None:
             continue
@@ -91,7 +185,11 @@ def parse_engine_metrics(text: str) -> EngineLoad:
                 kv = max(kv, float(sample.value))
             else:
                 sums[field] += float(sample.value)
-    return EngineLoad(running=int(sums["running"]), waiting=int(sums["waiting"]), kv_cache_usage=min(1.0, kv))
+    return EngineLoad(
+        running=int(sums["running"]), waiting=int(sums["waiting"]), kv_cache_usage=min(1.0, kv),
+        kv_blocks_total=blocks, kv_block_tokens=block_tokens, latency_buckets=tuple(sorted(latency.items())),
+        prompt_tokens_sum=prompt["sum"], prompt_tokens_count=prompt["count"],
+    )
 
 
 def _base_url(url: str) -> str:
@@ -142,6 +240,39 @@ class InferenceEngine:
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._client: httpx.AsyncClient | None = None
         self._metrics_failing = False
+        self._latency_ms: tuple[float, float] = (0.0, 0.0)  # p50, p99 of the last window with requests
+        self._durations: deque[float] = deque(maxlen=_OWN_WINDOW)  # this worker's generate plans, seconds
+        self._prompt_tokens = [0, 0]  # this worker's prompts: tokens, requests (from usage)
+
+    def figures(self) -> EngineFigures:
+        """The engine's figures for ``load`` and ``capabilities`` (module docstring)."""
+        load = self.load
+        if load.prompt_tokens_count > 0:
+            mean_prompt = load.prompt_tokens_sum / load.prompt_tokens_count
+        else:
+            mean_prompt = self._prompt_tokens[0] / self._prompt_tokens[1] if self._prompt_tokens[1] else 0.0
+        p50, p99 = self._latency_ms
+        if not p50 and self._durations:
+            p50, p99 = _quantile(0.5, self._durations) * 1000, _quantile(0.99, self._durations) * 1000
+        return EngineFigures(
+            queued_tokens=round(load.waiting * mean_prompt),
+            kv_blocks_used=round(load.kv_cache_usage * load.kv_blocks_total),
+            kv_blocks_total=load.kv_blocks_total,
+            kv_block_tokens=load.kv_block_tokens,
+            latency_p50_ms=round(p50, 3),
+            latency_p99_ms=round(p99, 3),
+        )
+
+    def _window(self, new: EngineLoad) -> None:
+        """p50/p99 over the requests that finished between the last scrape and this one."""
+        before = dict(self.load.latency_buckets)
+        after = new.latency_buckets
+        if after and after[-1][1] < before.get(after[-1][0], 0.0):
+            before = {}  # the counts went down: the engine restarted
+        delta = [(le, count - before.get(le, 0.0)) for le, count in after]
+        p50, p99 = histogram_quantile(0.5, delta), histogram_quantile(0.99, delta)
+        if p50 is not None and p99 is not None:
+            self._latency_ms = (p50 * 1000, p99 * 1000)
 
     def _http(self) -> httpx.AsyncClient:
         # Made on first use, on the loop that uses it; trust_env=False: no proxy for a local engine.
@@ -188,6 +319,7 @@ class InferenceEngine:
         if self._metrics_failing:
             log.info("engine metrics readable again", url=self.metrics_url)
         self._metrics_failing = False
+        self._window(load)
         self.load = load
         return load
 
@@ -264,6 +396,10 @@ class InferenceEngine:
         completion_tokens = chunks_with_text if estimated or usage is None else int(usage["completion_tokens"])
         prompt_tokens = int(usage.get("prompt_tokens", 0)) if usage else 0
         ctx.report_tokens(completion_tokens)
+        self._durations.append(time.monotonic() - started)
+        if prompt_tokens:
+            self._prompt_tokens[0] += prompt_tokens
+            self._prompt_tokens[1] += 1
         return {
             "text": "".join(parts),
             "finish_reason": finish_reason,

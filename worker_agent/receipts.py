@@ -144,14 +144,14 @@ class ReceiptMeter:
         intensity = self._intensity()
         intensity = intensity if intensity > 0 and math.isfinite(intensity) else 0.0
         return protocol.Receipt(
-            joules=round(joules, 6),
-            co2e_g=co2e_g(joules, intensity),
+            joules=joules,
+            co2e_g=co2e_g(joules, intensity) if intensity else 0.0,
             estimated=estimated,
             source=source,
             intensity_g_per_kwh=intensity,
             tokens=max(0, tokens),
-            run_s=round(run_s, 6),
-            devices=list(devices),
+            run_s=run_s,
+            devices=list(devices) if devices else [],
         )
 
     def forget(self, plan_id: str) -> None:

@@ -60,6 +60,9 @@ class AgentSettings:
             ``0:80GB:H100,1:80GB:H100``; worker_agent/devices.py); "": NVML's. A declaration
             that contradicts the devices NVML sees is refused when the agent is built.
         gpu_share: plans one device may hold at once (``--gpu-share K``; 1: none shared).
+        ping_interval_s, ping_timeout_s: websocket pings to the coordinator; one unanswered for
+            ``ping_timeout_s`` ends the session (the agent reconnects). None: 1 s / 3 s in cluster
+            mode (several URLs, or after a ``moved``), else 20 s / 20 s. 0: no pings.
 
     Raises:
         ValueError: a value out of range; the message names the field.
@@ -99,6 +102,8 @@ class AgentSettings:
     upload_stall_timeout_s: float = 30.0
     gpus: str = ""
     gpu_share: int = 1
+    ping_interval_s: float | None = None
+    ping_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODING_SUBPROTOCOL:
@@ -123,6 +128,9 @@ class AgentSettings:
             parse_gpus(self.gpus)  # raises ValueError naming the bad entry
         if (self.data_tls_cert is None) != (self.data_tls_key is None):
             raise ValueError("data_tls_cert and data_tls_key go together")
+        for name in ("ping_interval_s", "ping_timeout_s"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: no pings), got {getattr(self, name)}")
         for name in ("output_retention_s", "input_timeout_s", "upload_stall_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -186,3 +194,5 @@ class AgentOptions(TypedDict, total=False):
     upload_stall_timeout_s: float
     gpus: str
     gpu_share: int
+    ping_interval_s: float | None
+    ping_timeout_s: float | None

@@ -116,6 +116,10 @@ class Telemetry:
             changes["models"] = list(dict.fromkeys([*caps.models, *models]))
         if self.engine is not None:
             changes["continuous_batching"] = True  # vLLM, SGLang, TGI and llama.cpp all batch continuously
+            figures = self.engine.figures()
+            if not caps.kv_blocks and figures.kv_blocks_total and figures.kv_block_tokens:
+                # No --kv-blocks: KV admission uses the engine's own block budget.
+                changes.update(kv_blocks=figures.kv_blocks_total, kv_block_tokens=figures.kv_block_tokens)
         return msgspec.structs.replace(caps, **changes) if changes else caps
 
     def load(self, load: protocol.Load) -> protocol.Load:
@@ -131,6 +135,13 @@ class Telemetry:
             engine = self.engine.load
             changes.update(
                 engine_running=engine.running, engine_waiting=engine.waiting, kv_cache_usage=engine.kv_cache_usage
+            )
+            figures = self.engine.figures()  # queued tokens, KV blocks, latency (worker_agent/inference.py)
+            changes.update(
+                queued_tokens=max(load.queued_tokens, figures.queued_tokens),
+                kv_blocks_used=figures.kv_blocks_used or load.kv_blocks_used,
+                latency_p50_ms=figures.latency_p50_ms or load.latency_p50_ms,
+                latency_p99_ms=figures.latency_p99_ms or load.latency_p99_ms,
             )
         return msgspec.structs.replace(load, **changes) if changes else load
 

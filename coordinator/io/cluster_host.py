@@ -47,7 +47,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from coordinator.auth import TokenStore, inline_tokens
 from coordinator.io.cluster_metrics import CONTENT_TYPE, ClusterStats, build_registry, render
+from coordinator.io.cluster_views import ViewError, read_plans
 from coordinator.io.metrics_http import metrics_token_refused
 from coordinator.io.pg_leases import RELEASE, ShardFenced
 from coordinator.io.pg_store import PgStore
@@ -135,6 +137,9 @@ class ClusterHost:
         self.stats = ClusterStats()  # the main port's /metrics (coordinator/io/cluster_metrics.py)
         self.metrics_registry = build_registry(self.stats, lambda: len(self.servers))
         self._announce = announce or (lambda line: None)
+        # The main port's /v1/plans (cross-shard views, coordinator/io/cluster_views.py): admin tokens only.
+        tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
+        self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
         self._moving: set[int] = set()  # held slots being stopped (given back or lost)
         self._starting: set[int] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -192,6 +197,8 @@ class ClusterHost:
 
     def reload_tokens(self) -> list[str]:
         """SIGHUP: every shard's server re-reads the token file."""
+        if self.tokens is not None:
+            self.tokens.reload()
         return sorted({name for server in self.servers.values() for name in server.reload_tokens()})
 
     # ------------------------------------------------------------------ rounds
@@ -210,9 +217,30 @@ class ClusterHost:
                 await asyncio.wait_for(self._round(), timeout)
             except TimeoutError:
                 self._lose(self.leases.check(time.monotonic()), "a lease renewal hung past the lease")
+                await self._reconnect()
             except Exception as exc:  # the database is away: judged by the leases' own clock
                 log.warning("cluster round failed", store=self.control.description,
                             error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        """A round failed: open a new control connection (a database failover left the old one dead).
+
+        With a multi-host DSN (``...@h1:p1,h2:p2/db?target_session_attrs=read-write``) the new
+        connection reaches whichever host accepts writes now; while none does, this fails and the
+        next round tries again. The shards' cores reconnect on their own when they are won again.
+        """
+        try:
+            fresh = await asyncio.to_thread(PgStore, self.settings.store, self.config)
+        except Exception as exc:
+            log.warning("cannot reconnect to PostgreSQL yet", store=self.control.description, error=str(exc))
+            return
+        fresh.owner = self.owner
+        async with self._lock:
+            old, self.control = self.control, fresh
+        self.store = fresh
+        await asyncio.to_thread(old.close)
+        log.warning("reconnected to PostgreSQL", store=fresh.description)
 
     async def _round(self) -> None:
         """Beat, scan, decide (coordinator/shards.py plan_round), acquire and renew; start and stop cores."""
@@ -359,11 +387,13 @@ class ClusterHost:
             return _text(503, "not ready: owns no shard yet (the other coordinators own every slot)\n")
         if path == "/v1/topology":
             return self._topology()
+        if path == "/v1/plans":
+            return self._plans(request)
         if path in ("/v1/worker", "/v1/client"):
             return None
         return _text(404, f"unknown path {path}; a cluster coordinator's main port serves /v1/topology, "
-                          "/healthz, /readyz, /metrics and redirects /v1/worker and /v1/client sessions to the shard's "
-                          "owner\n")  # fmt: skip
+                          "/v1/plans, /healthz, /readyz, /metrics and redirects /v1/worker and /v1/client sessions "
+                          "to the shard's owner\n")  # fmt: skip
 
     async def _topology(self) -> Response:
         try:
@@ -378,6 +408,24 @@ class ClusterHost:
                          for r in rows],
         }  # fmt: skip
         return _text(200, json.dumps(body, indent=1) + "\n", "application/json")
+
+    async def _plans(self, request: Request) -> Response:
+        """``GET /v1/plans``: plans of every shard, read from PostgreSQL (admin token; cluster_views.py)."""
+        if self.tokens is not None:
+            header = request.headers.get("Authorization", "")
+            principal = self.tokens.authenticate(header[7:]) if header.startswith("Bearer ") else None
+            if principal is None:
+                return _text(401, "/v1/plans needs an admin token (Authorization: Bearer TOKEN)\n")
+            if principal.role != "admin":
+                return _text(403, f"/v1/plans needs an admin token; this one is a {principal.role} token\n")
+        query = parse_qs(urlsplit(request.path).query)
+        try:
+            status, body = await self._db(lambda conn: read_plans(conn, query))
+        except ViewError as exc:
+            return _text(400, f"{exc}\n")
+        except Exception as exc:
+            return _text(503, f"cannot read the plans from {self.control.description}: {exc}\n")
+        return _text(status, body.decode(), "application/json")
 
     async def _handle(self, ws: ServerConnection) -> None:
         """A session on the main port: ``moved`` to the owner of its pool's shard, then 4307 (1013: no owner yet)."""
@@ -412,7 +460,7 @@ def _with_application_name(dsn: str, name: str) -> str:
     parts = urlsplit(dsn)
     query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("application_name="))
     query = "&".join(p for p in (query, "application_name=" + quote(name[:63], safe="")) if p)
-    return urlunsplit(parts._replace(query=query))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
 
 
 def _select_subprotocol(conn: ServerConnection, offered: Any) -> Subprotocol | None:
@@ -427,5 +475,6 @@ def _text(status: int, body: str, content_type: str = "text/plain; charset=utf-8
     headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(data)))])
     if status == 503:
         headers["Retry-After"] = "1"
-    reasons = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}
+    reasons = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+               503: "Service Unavailable"}  # fmt: skip
     return Response(status, reasons.get(status, ""), headers, data)

@@ -194,15 +194,24 @@ class PgStoreDamaged(StoreDamaged):
 
 
 def describe_dsn(dsn: str) -> tuple[str, str]:
-    """``(description, host:port)`` of a DSN: the description without the password."""
+    """``(description, host:port)`` of a DSN: the description without the password.
+
+    A multi-host DSN (``postgresql://u@h1:p1,h2:p2/db?target_session_attrs=read-write``, what
+    a database failover needs: docs/CLUSTER.md) names every host: ``h1:p1,h2:p2``.
+    """
     parts = urlsplit(dsn)
-    host = parts.hostname or "localhost"
-    try:
-        port = parts.port or 5432
-    except ValueError:
-        raise StoreError(f"bad PostgreSQL DSN {parts.scheme}://{host}...: the port is not a number") from None
+    netloc = parts.netloc.rpartition("@")[2]
+    places = []
+    for item in netloc.split(",") if "," in netloc else [None]:
+        one = parts if item is None else urlsplit(f"{parts.scheme}://{item}")
+        host = one.hostname or "localhost"
+        try:
+            port = one.port or 5432
+        except ValueError:
+            raise StoreError(f"bad PostgreSQL DSN {parts.scheme}://{host}...: the port is not a number") from None
+        places.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     user = f"{unquote(parts.username)}@" if parts.username else ""
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    where = ",".join(places)
     return f"postgresql://{user}{where}{parts.path}", where
 
 

@@ -15,6 +15,8 @@ Rules:
 * Scale-up starts ``desired - alive - starting`` workers, never more than ``max_workers`` in
   flight (started and not stopped); the core bounds each step (``max_step``) and spaces actions
   (``cooldown_s``). Worker ids are ``<prefix>-<n>``, never reused within a run.
+* A ``local`` worker process that exits on its own (not stopped by us) counts as a provider
+  failure: it is replaced, after the backoff.
 * A worker to remove is stopped only once :func:`~coordinator.autoscaler.drained_out` says so:
   its plans are done, or the drain deadline passed and the core took them back.
 * One provider call runs at a time, in its own task: a slow provider never blocks the
@@ -235,6 +237,7 @@ class Provisioner:
         self.owned: set[str] = set()  # started and not stopped
         self._up: dict[str, _Up] = {}  # pool -> the scale-up still to do
         self._stopping: dict[str, str] = {}  # worker id -> pool: drained, stopped once drained out
+        self._replace = 0  # local workers that exited on their own, to start again
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -289,8 +292,9 @@ class Provisioner:
             for worker_id in self.provider.exited():
                 if worker_id in self.owned:
                     self.owned.discard(worker_id)
-                    self._stopping.pop(worker_id, None)
-                    log.warning("autoscaled worker exited on its own", worker_id=worker_id)
+                    if self._stopping.pop(worker_id, None) is None:  # not one we were removing: replace it
+                        self._replace += 1
+                        self._failed("start", "*", [worker_id], f"local worker {worker_id} exited on its own")
         starting = len(self._starting())
         draining = sum(1 for w in self.owned if w in self._stopping)
         self.status.workers = {"starting": starting, "running": len(self.owned) - starting - draining,
@@ -303,26 +307,35 @@ class Provisioner:
             for worker_id in done:
                 by_pool.setdefault(self._stopping[worker_id], []).append(worker_id)
             pool, ids = next(iter(by_pool.items()))
-            return self._call("stop", pool, sorted(ids))
+            return self._call("stop", pool, sorted(ids), None)
+        if self._replace and self.max_workers > len(self.owned):
+            count = min(self._replace, self.max_workers - len(self.owned))
+            return self._call("start", "*", self._new_ids(count), None)
         for pool, up in list(self._up.items()):
             room = self.max_workers - len(self.owned)
             count = min(room, up.desired - up.alive - len(self._starting()))
             if count <= 0:
                 del self._up[pool]
                 continue
-            ids = []
-            for _ in range(count):
-                self._serial += 1
-                ids.append(f"{self._prefix}-{self._serial}")
-            return self._call("start", pool, ids)
+            return self._call("start", pool, self._new_ids(count), up)
         return None
 
-    async def _call(self, action: str, pool: str, ids: list[str]) -> None:
+    def _new_ids(self, count: int) -> list[str]:
+        ids = []
+        for _ in range(count):
+            self._serial += 1
+            ids.append(f"{self._prefix}-{self._serial}")
+        return ids
+
+    async def _call(self, action: str, pool: str, ids: list[str], up: _Up | None) -> None:
         try:
             if action == "start":
                 self.owned.update(ids)  # counted as starting at once, so a second decision does not double up
                 await self.provider.start(pool, ids)
-                self._up.pop(pool, None)
+                if up is None:
+                    self._replace = max(0, self._replace - len(ids))
+                elif self._up.get(pool) is up:  # a newer decision for the pool stays to be looked at
+                    del self._up[pool]
             else:
                 await self.provider.stop(pool, ids)
                 for worker_id in ids:
@@ -331,15 +344,18 @@ class Provisioner:
         except Exception as exc:  # a provider's failure is retried, never fatal
             if action == "start":
                 self.owned.difference_update(ids)
-            self.status.failures += 1
-            self.status.last_error = str(exc) or type(exc).__name__
-            wait = self._backoff.failed(self._clock())
-            log.error("autoscaler provider failed", provider=self.provider.name, action=action, pool=pool,
-                      workers=ids, error=self.status.last_error, retry_in_s=round(wait, 3))
-            if self._notify is not None:
-                self._notify({"action": "provider_failed", "provider": self.provider.name, "pool": pool,
-                              "call": action, "workers": ids, "error": self.status.last_error[:500],
-                              "failures": self.status.failures, "retry_in_s": round(wait, 3)})
+            self._failed(action, pool, ids, str(exc) or type(exc).__name__)
             return
         self._backoff.succeeded()
         self._refresh()
+
+    def _failed(self, action: str, pool: str, ids: list[str], error: str) -> None:
+        self.status.failures += 1
+        self.status.last_error = error
+        wait = self._backoff.failed(self._clock())
+        log.error("autoscaler provider failed", provider=self.provider.name, action=action, pool=pool,
+                  workers=ids, error=error, retry_in_s=round(wait, 3))
+        if self._notify is not None:
+            self._notify({"action": "provider_failed", "provider": self.provider.name, "pool": pool,
+                          "call": action, "workers": ids, "error": error[:500],
+                          "failures": self.status.failures, "retry_in_s": round(wait, 3)})

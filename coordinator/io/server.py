@@ -737,7 +737,9 @@ class CoordinatorServer:
                 # writer's encoded frames not yet sent and the socket's buffer, measured, plus the
                 # messages not yet encoded, estimated (coordinator/io/connection.py ``out_bytes``).
                 backlog = len(session.pending)
-                if backlog >= cap or ((backlog >= 8 or session.unsent) and session.out_bytes() >= cap_bytes):
+                if backlog >= cap or (
+                    (backlog >= 64 or session.unsent > cap_bytes >> 2) and session.out_bytes() >= cap_bytes
+                ):
                     slow.append(session)
                 session.pending.extend(msgs)
                 # Writers run in the order they are woken. A worker's ``assign`` goes first: it is
@@ -831,9 +833,9 @@ class CoordinatorServer:
             self._flush()
 
     def _autoscale_note(self, data: dict[str, Any]) -> None:
-        """The provisioner's news for admin followers (a failed provider call), sent at once."""
+        """The provisioner's news for admin followers (a failed provider call); the next flush (at the
+        latest the reaper's, within a tick) sends it: this may run inside one."""
         self.core.autoscale_note(data)
-        self._flush()
 
     def _rotate_data_key(self) -> None:
         """A new data-plane ticket key when the core says one is due (coordinator/data_plane.py)."""

@@ -8,7 +8,10 @@ It is a real HTTP/1.1 server (standard library only) with the endpoints a fleetw
   SGLang, TGI and llama.cpp share. Without ``stream`` it answers one JSON object.
 * ``GET /v1/models``: the one model it "serves".
 * ``GET /metrics``: vLLM's gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and
-  ``vllm:kv_cache_usage_perc``, from the streams open right now.
+  ``vllm:kv_cache_usage_perc`` from the streams open right now (beyond ``max_running`` they wait,
+  like vLLM's scheduler; each running stream holds ``blocks_per_request`` KV blocks), its
+  ``vllm:cache_config_info`` (``num_gpu_blocks``, ``block_size``), and the histograms
+  ``vllm:request_prompt_tokens`` and ``vllm:e2e_request_latency_seconds`` of finished requests.
 
 The "model" answers with the words of the prompt, reversed, then ``[from <name>]``: deterministic,
 so tests can check every token. Replace it with a real engine, e.g.
@@ -38,6 +41,9 @@ class FakeEngine:
         name: appended to every answer, so a client can tell engines apart.
         model: the model id it reports.
         token_delay_s: pause before each streamed token, like a real decoder's step.
+        max_running: streams decoded at once; more wait (counted in ``vllm:num_requests_waiting``).
+        num_gpu_blocks, block_size: the KV-cache budget it reports (``vllm:cache_config_info``).
+        blocks_per_request: KV blocks each running stream holds.
     """
 
     def __init__(
@@ -48,10 +54,19 @@ class FakeEngine:
         name: str = "fake",
         model: str = "fake-model",
         token_delay_s: float = 0.01,
+        max_running: int = 1_000_000,
+        num_gpu_blocks: int = 2560,
+        block_size: int = 16,
+        blocks_per_request: int = 256,
     ) -> None:
         self.name = name
         self.model = model
         self.token_delay_s = token_delay_s
+        self.max_running = max_running
+        self.num_gpu_blocks = num_gpu_blocks
+        self.block_size = block_size
+        self.blocks_per_request = blocks_per_request
+        self.finished: list[tuple[int, float]] = []  # (prompt tokens, seconds) of each finished stream
         self.running = 0  # streams open now (vllm:num_requests_running)
         self.requests: list[dict[str, Any]] = []  # every request body received, for tests
         self.disconnects = 0  # streams the client closed before the end
@@ -102,17 +117,28 @@ class FakeEngine:
 
     def metrics(self) -> str:
         with self._lock:
-            running = self.running
+            open_streams, finished = self.running, list(self.finished)
+        running, waiting = min(open_streams, self.max_running), max(0, open_streams - self.max_running)
+        usage = min(1.0, running * self.blocks_per_request / max(1, self.num_gpu_blocks))
+        label = f'model_name="{self.model}"'
         return (
             "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
             "# TYPE vllm:num_requests_running gauge\n"
-            f'vllm:num_requests_running{{model_name="{self.model}"}} {float(running)}\n'
+            f"vllm:num_requests_running{{{label}}} {float(running)}\n"
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
             "# TYPE vllm:num_requests_waiting gauge\n"
-            f'vllm:num_requests_waiting{{model_name="{self.model}"}} 0.0\n'
+            f"vllm:num_requests_waiting{{{label}}} {float(waiting)}\n"
             "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
             "# TYPE vllm:kv_cache_usage_perc gauge\n"
-            f'vllm:kv_cache_usage_perc{{model_name="{self.model}"}} {min(1.0, 0.1 * running)}\n'
+            f"vllm:kv_cache_usage_perc{{{label}}} {usage}\n"
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="{self.block_size}",num_gpu_blocks="{self.num_gpu_blocks}"}} 1.0\n'
+            + _histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", label,
+                         [float(p) for p, _ in finished], (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000))
+            + _histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+                         label, [s for _, s in finished],
+                         (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0))
         )
 
     def _track(self, delta: int) -> None:
@@ -124,6 +150,16 @@ class FakeEngine:
         """Wait until no stream is open (a cancelled client's stream ends at the next write)."""
         with self._lock:
             return self._lock.wait_for(lambda: self.running == 0, timeout_s)
+
+
+def _histogram(name: str, help_text: str, label: str, values: list[float], bounds: tuple[float, ...]) -> str:
+    """A Prometheus histogram exposition of ``values`` (cumulative buckets, sum and count)."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    for bound in (*bounds, float("inf")):
+        le = "+Inf" if bound == float("inf") else repr(float(bound))
+        lines.append(f'{name}_bucket{{{label},le="{le}"}} {float(sum(1 for v in values if v <= bound))}')
+    lines += [f"{name}_sum{{{label}}} {float(sum(values))}", f"{name}_count{{{label}}} {float(len(values))}"]
+    return "\n".join(lines) + "\n"
 
 
 def _prompt_of(body: dict[str, Any], chat: bool) -> str:
@@ -220,6 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
             events.append({**base, "choices": [], "usage": usage})
         events.append("[DONE]")
         self.fake._track(+1)
+        started = time.monotonic()
         try:
             for event in events:
                 if self.fake.token_delay_s and isinstance(event, dict) and event["choices"]:
@@ -235,6 +272,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             self.fake._track(-1)
+            with self.fake._lock:
+                self.fake.finished.append((usage["prompt_tokens"], time.monotonic() - started))
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from tests.e2e.conftest import ROOT, Cluster
+from tests.e2e.conftest import ADMIN_TOKEN, ROOT, Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -28,6 +28,20 @@ async def test_up_autoscale_starts_workers_for_a_burst_and_stops_them_after(clus
     after = [s["alive"] for s in trace["samples"] if s["t_s"] >= trace["burst_done_s"]]
     assert after == sorted(after, reverse=True)  # once the burst is done the fleet only shrinks
     assert trace["burst_done_s"] <= trace["back_down_s"]
+
+
+async def test_a_busy_worker_named_by_scale_down_is_stopped_only_after_its_plan(cluster: Cluster) -> None:
+    """Two busy workers, desired 1: the one with the least run time is drained while its plan runs, and is
+    stopped only once the plan is done; no plan is requeued."""
+    bench = await cluster.script(ROOT / "bench" / "autoscale_trace.py", "--min", "1", "--max", "2", "--target", "2",
+                                 "--plans", "4", "--seconds", "6", "--sample", "0.2", "--json")
+    assert await bench.wait(140) == 0, bench.lines
+    trace = json.loads(bench.lines[-1])
+    assert trace["peak_workers"] == 2 and trace["attempts"] == [1, 1, 1, 1]
+    drained_busy = [s for s in trace["samples"] if s["draining"] == 1 and s["running"] == 2]
+    assert drained_busy, trace["samples"]  # drained while both plans still ran
+    stopped = next(s for s in trace["samples"] if s["t_s"] > drained_busy[0]["t_s"] and s["draining"] == 0)
+    assert stopped["running"] <= 1  # it went once its plan was done (attempts all 1: nothing was taken back)
 
 
 def _failures(url: str) -> float:
@@ -52,3 +66,36 @@ async def test_a_failing_command_provider_is_retried_and_counted_on_metrics(clus
         seen = await asyncio.to_thread(_failures, cluster.url)
         if seen < 2:
             await asyncio.sleep(0.2)
+
+
+async def test_bad_autoscale_flags_are_refused_with_a_clear_error(cluster: Cluster) -> None:
+    """A malformed range, or start/stop commands without the command provider, exit non-zero naming the flag."""
+    bad_range = await cluster.run("up", "--port", "0", "--autoscale", "1-8", name="up")
+    assert await bad_range.wait() != 0
+    no_provider = await cluster.run("coordinator", "--port", "0", "--insecure", "--autoscale",
+                                    "--autoscale-start", "true", name="coordinator")
+    assert await no_provider.wait() != 0
+
+
+async def test_fleetwire_remove_takes_a_worker_out_for_good(cluster: Cluster) -> None:
+    """`fleetwire remove` (admin): the worker's running plan moves to another worker, the removed agent exits,
+    and a client token is refused."""
+    await cluster.coordinator()
+    w1 = await cluster.worker("w1")
+    submit = await cluster.run("submit", "sleep", "--args", '{"seconds": 30}', "--detach")
+    plan_id = (await submit.wait_for_line(r"plan (\S+) submitted")).group(1)
+    assert await submit.wait() == 0
+    refused = await cluster.run("remove", "w1")
+    assert await refused.wait() != 0
+    removed = await cluster.run("remove", "w1", env=cluster.env(FLEETWIRE_TOKEN=ADMIN_TOKEN))
+    assert await removed.wait() == 0
+    assert "w1 removed" in removed.lines[-1]
+    assert await w1.wait(30) == 0  # closed 4410: the agent stops instead of reconnecting
+    w2 = await cluster.worker("w2")
+    workers = await cluster.run("workers", "--json")
+    assert await workers.wait() == 0
+    assert "w1" not in "\n".join(workers.lines) and "w2" in "\n".join(workers.lines)
+    cancel = await cluster.run("cancel", plan_id, "--json")  # its reply names the plan's worker now
+    assert await cancel.wait() == 0
+    assert '"worker_id":"w2"' in "".join(cancel.lines).replace(" ", ""), cancel.lines
+    w2.stop()

@@ -148,7 +148,9 @@ async def test_metrics_scrape_reads_vllm_running_waiting_and_kv_usage(engine: In
     """The engine's /metrics is parsed into running, waiting and KV-cache usage for the load frames."""
     server.running = 3
     load = await engine.scrape_metrics()
-    assert load == EngineLoad(running=3, waiting=0, kv_cache_usage=pytest.approx(0.3))
+    assert load is not None
+    assert (load.running, load.waiting, load.kv_cache_usage) == (3, 0, pytest.approx(0.3))
+    assert (load.kv_blocks_total, load.kv_block_tokens) == (2560, 16)  # vllm:cache_config_info
     assert engine.load == load
     server.running = 0
 
@@ -201,6 +203,7 @@ async def test_worker_fronting_an_engine_reports_its_load_models_energy_and_carb
             row = (await client.workers()).workers[0]
             assert row.capabilities.models == ["m1"] and row.capabilities.continuous_batching
             assert row.capabilities.carbon_zone == "FR"
+            assert (row.capabilities.kv_blocks, row.capabilities.kv_block_tokens) == (2560, 16)  # the engine's budget
             assert row.load is not None
             assert (row.load.engine_running, row.load.kv_cache_usage) == (2, pytest.approx(0.2))
             assert row.load.uj_per_token == 900.0 and row.load.zone_intensity_g_per_kwh == 56

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from coordinator.autoscaler import AutoscaleConfig, Autoscaler, Backoff, PoolSignal, drained_out, pick_removals
-from coordinator.io.provision import CommandProvider, ProviderError, Provisioner
 from protocol import errors
 from protocol.messages import Accept, Cancel, Done, Drain, Error, Heartbeat, Load, Ok, RemoveWorker
 from tests.unit.test_core import Harness, only
@@ -125,68 +121,3 @@ def test_remove_worker_needs_admin_and_a_known_worker() -> None:
     error = ask(h, admin(h), RemoveWorker(req_id=5, worker_id="ghost"), Error)
     assert error.code == errors.UNKNOWN_WORKER and "ghost" in error.message
     assert "w1" in h.core.registry
-
-
-class FlakyProvider:
-    """A provider that fails its first ``failures`` starts (an in-memory stand-in for the pure retry rule)."""
-
-    name = "flaky"
-
-    def __init__(self, failures: int) -> None:
-        self.failures = failures
-        self.started: list[list[str]] = []
-
-    async def start(self, pool: str, worker_ids: Sequence[str]) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise ProviderError("cloud says no")
-        self.started.append(list(worker_ids))
-
-    async def stop(self, pool: str, worker_ids: Sequence[str]) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
-async def test_provisioner_retries_a_failing_provider_with_backoff_and_reports_it() -> None:
-    """Failed starts are counted, told to admins, and retried only once the backoff (fake clock) allows."""
-    clock = [0.0]
-    notes: list[dict[str, Any]] = []
-    provider = FlakyProvider(failures=2)
-    prov = Provisioner(provider, registry={}, plans={}, max_workers=4, notify=notes.append,
-                       backoff=Backoff(base_s=10, cap_s=60), clock=lambda: clock[0])
-
-    async def settle() -> None:
-        await prov.settled()
-
-    prov.decided([{"pool": "op=echo", "action": "scale_up", "desired": 2, "alive": 0}])
-    await settle()
-    assert prov.status.failures == 1 and notes[-1]["action"] == "provider_failed"
-    prov.step()  # backoff: not before t=10
-    await settle()
-    assert prov.status.failures == 1
-    clock[0] = 10.0
-    prov.step()
-    await settle()
-    assert prov.status.failures == 2
-    clock[0] = 29.0  # second wait is 20 s
-    prov.step()
-    await settle()
-    assert provider.started == []
-    clock[0] = 30.0
-    prov.step()
-    await settle()
-    assert len(provider.started) == 1 and len(provider.started[0]) == 2
-    assert prov.status.workers["starting"] == 2
-
-
-async def test_command_provider_passes_pool_count_and_ids_and_fails_on_nonzero() -> None:
-    """The start command sees FLEETWIRE_POOL/COUNT/WORKER_IDS; a non-zero exit raises ProviderError with its output."""
-    show = f"{sys.executable} -c \"import os; print(os.environ['FLEETWIRE_POOL'], os.environ['FLEETWIRE_COUNT'], " \
-           "os.environ['FLEETWIRE_WORKER_IDS']); raise SystemExit(3)\""
-    provider = CommandProvider(show, None, timeout_s=30)
-    with pytest.raises(ProviderError, match=r"status 3: op=echo 2 auto-1 auto-2"):
-        await provider.start("op=echo", ["auto-1", "auto-2"])
-    await provider.stop("op=echo", ["auto-1"])  # no stop command: nothing to do
-    await asyncio.sleep(0)
