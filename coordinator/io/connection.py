@@ -117,7 +117,7 @@ class Session:
         """The next batch: everything pending, or a long backlog's first few MiB (by estimate), so the
         writer never encodes tens of MB in one go on the loop everyone shares (issue 17 finding 1)."""
         pending = self.pending
-        if len(pending) <= 32:
+        if len(pending) <= 32 or self.pending_bytes() <= TAKE_BYTES:  # the sampled estimate: ≤ 64 sizings
             self.pending = []
             return pending
         size = 0

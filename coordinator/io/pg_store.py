@@ -54,10 +54,16 @@ import structlog
 
 from coordinator.io.integrity import StoreDamaged, StoreError
 from coordinator.io.pg_leases import FENCE, ShardFenced
-from coordinator.io.store_rows import StoredEvent, decode_plans, encode_record, encode_run, run_by_seq
-from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
+from coordinator.io.store_rows import (
+    decode_plans,
+    encode_record,
+    encode_run,
+    group_records,
+    run_by_seq,
+)
+from coordinator.records import Record, StoredPlan
 from coordinator.shards import ClusterConfig, shard_of
-from protocol.messages import TERMINAL_STATES, Event
+from protocol.messages import TERMINAL_STATES
 
 __all__ = ["SCHEMA_VERSION", "PgStore", "PgStoreDamaged", "describe_dsn"]
 
@@ -416,30 +422,7 @@ class PgStore:
         return plans, events
 
     def write(self, records: Sequence[Record]) -> None:
-        created: dict[str, PlanCreated] = {}
-        latest: dict[str, PlanStatus] = {}
-        runs: dict[str, list[StoredEvent]] = {}
-        forgotten: set[str] = set()
-        for record in records:
-            kind = type(record)
-            if kind is Event:
-                event: Event = record  # type: ignore[assignment]
-                item = (event.kind, event.data, event.seq, event.attempt, event.ephemeral)
-                run = runs.get(event.plan_id)
-                if run is None:
-                    runs[event.plan_id] = [item]
-                else:
-                    run.append(item)
-            elif kind is PlanStatus:
-                latest[record.plan_id] = record  # type: ignore[assignment]
-            elif kind is PlanForgotten:
-                gone = record.plan_id
-                created.pop(gone, None)
-                latest.pop(gone, None)
-                runs.pop(gone, None)
-                forgotten.add(gone)
-            else:
-                created.setdefault(record.plan_id, record)  # type: ignore[arg-type]
+        created, latest, runs, forgotten = group_records(records)
         keys, shards_of = self._keys, self._shards
         doomed = [keys[p] for p in forgotten if p in keys]
         touched_shards = {shards_of[p] for p in forgotten if p in shards_of}

@@ -78,7 +78,15 @@ from coordinator.io.integrity import (
     readable_rows,
     set_aside,
 )
-from coordinator.io.store_rows import SELECT_EVENTS, SELECT_PLANS, StoredEvent, by_seq, decode_plans, iter_plans
+from coordinator.io.store_rows import (
+    SELECT_EVENTS,
+    SELECT_PLANS,
+    StoredEvent,
+    by_seq,
+    decode_plans,
+    group_records,
+    iter_plans,
+)
 from coordinator.io.store_schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
 from coordinator.shards import ClusterConfig
@@ -532,31 +540,7 @@ class SQLiteStore:
         return True
 
     def _write(self, records: Sequence[Record], *, wait: bool) -> bool:
-        created: dict[str, PlanCreated] = {}
-        latest: dict[str, PlanStatus] = {}  # a status is a whole snapshot: the group's last one per plan is enough
-        runs: dict[str, list[StoredEvent]] = {}  # each plan's events in this group, in the order written
-        forgotten: set[str] = set()  # plans deleted by this group (a later creation of the id is a new plan)
-        for record in records:
-            kind = type(record)
-            if kind is Event:
-                event: Event = record  # type: ignore[assignment]
-                item = (event.kind, event.data, event.seq, event.attempt, event.ephemeral)
-                run = runs.get(event.plan_id)
-                if run is None:
-                    runs[event.plan_id] = [item]
-                else:
-                    run.append(item)
-            elif kind is PlanStatus:
-                latest[record.plan_id] = record  # type: ignore[assignment]
-            elif kind is PlanForgotten:
-                # Records are applied in order: what this group wrote of the plan so far goes too.
-                gone = record.plan_id
-                created.pop(gone, None)
-                latest.pop(gone, None)
-                runs.pop(gone, None)
-                forgotten.add(gone)
-            else:
-                created.setdefault(record.plan_id, record)  # type: ignore[arg-type]
+        created, latest, runs, forgotten = group_records(records)
         rowids = self._rowids
         fresh: dict[str, int] = {}  # rowids of plans new in this group
         next_rowid = self._next_rowid

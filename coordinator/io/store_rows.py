@@ -282,3 +282,38 @@ def as_text(record: Any) -> Any:
         return record
     submit = msgspec.structs.replace(record.submit, args=not_storable(record.submit.args))
     return msgspec.structs.replace(record, submit=submit)
+
+
+def group_records(
+    records: Iterable[Any],
+) -> tuple[dict[str, PlanCreated], dict[str, PlanStatus], dict[str, list[StoredEvent]], set[str]]:
+    """One group's records as each store writes them: creations, the last status per plan (a status
+    is a whole snapshot), each plan's events in the order written, and the plans forgotten.
+
+    Records are applied in order: a ``PlanForgotten`` drops what the group wrote of that plan so far
+    (a later creation of the id in the same group is a new plan).
+    """
+    created: dict[str, PlanCreated] = {}
+    latest: dict[str, PlanStatus] = {}
+    runs: dict[str, list[StoredEvent]] = {}
+    forgotten: set[str] = set()
+    for record in records:
+        kind = type(record)
+        if kind is Event:
+            item = (record.kind, record.data, record.seq, record.attempt, record.ephemeral)
+            run = runs.get(record.plan_id)
+            if run is None:
+                runs[record.plan_id] = [item]
+            else:
+                run.append(item)
+        elif kind is PlanStatus:
+            latest[record.plan_id] = record
+        elif kind is PlanForgotten:
+            gone = record.plan_id
+            created.pop(gone, None)
+            latest.pop(gone, None)
+            runs.pop(gone, None)
+            forgotten.add(gone)
+        else:
+            created.setdefault(record.plan_id, record)
+    return created, latest, runs, forgotten
