@@ -39,6 +39,7 @@ log = structlog.get_logger("coordinator.io.server")
 # Coalesced frames stay under websockets' default 1 MiB receive limit of our peers.
 MAX_OUT_FRAME_BYTES = 512 * 1024
 TAKE_BYTES = 4 << 20  # a writer takes about this much of a long backlog at a time
+FRAME_TARGET_BYTES = MAX_OUT_FRAME_BYTES * 3 // 4  # a batch cut by recent message sizes aims at this
 
 
 class FailFastConnection(ServerConnection):
@@ -69,6 +70,7 @@ class Session:
     killed: bool = False  # closed by the server itself (a limit, a revoked token): input is dropped
     writer: asyncio.Task[None] | None = None
     unsent: int = 0  # encoded bytes the writer has taken (its batch's frames) and not yet handed to the socket
+    msg_bytes: float = 0.0  # the encoded size of this session's recent messages (0: nothing sent yet)
 
     def pending_bytes(self) -> int:
         """About how many bytes wait in ``pending``, from at most 64 evenly spaced messages."""
@@ -96,6 +98,8 @@ class Session:
                     # The real size of what is taken: a slow reader's backlog is judged by it
                     # (finding 2 of issue 17: a ``plans`` reply used to count as 64 bytes).
                     self.unsent = sum(map(len, frames)) if len(frames) > 1 else len(frames[0])
+                    size = self.unsent / len(batch)  # exact: what the next batch is cut by
+                    self.msg_bytes = size if not self.msg_bytes else 0.5 * (self.msg_bytes + size)
                     for frame in frames:
                         self.io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
                         self.io[3] += len(frame)
@@ -117,7 +121,19 @@ class Session:
         """The next batch: everything pending, or a long backlog's first few MiB (by estimate), so the
         writer never encodes tens of MB in one go on the loop everyone shares (issue 17 finding 1)."""
         pending = self.pending
-        if len(pending) <= 32 or self.pending_bytes() <= TAKE_BYTES:  # the sampled estimate: ≤ 64 sizings
+        if len(pending) <= 32:
+            self.pending = []
+            return pending
+        if self.msg_bytes:
+            # Cut by the exact size of the last messages sent, so a batch fits one frame: no
+            # oversize frame to encode twice, and no per-message sizing on the hot path.
+            count = max(32, int(FRAME_TARGET_BYTES / self.msg_bytes))
+            if len(pending) <= count:
+                self.pending = []
+                return pending
+            self.pending = pending[count:]
+            return pending[:count]
+        if self.pending_bytes() <= TAKE_BYTES:  # nothing sent yet: the sampled estimate
             self.pending = []
             return pending
         size = 0
