@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import operator
 import os
 import sqlite3
@@ -82,13 +81,16 @@ from coordinator.io.store_rows import (
     SELECT_EVENTS,
     SELECT_PLANS,
     StoredEvent,
+    as_text,
     by_seq,
     decode_plans,
     group_records,
     iter_plans,
+    not_storable,
+    run_by_seq,
 )
 from coordinator.io.store_schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
-from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
+from coordinator.records import PlanCreated, PlanForgotten, Record, StoredPlan
 from coordinator.shards import ClusterConfig
 from protocol.messages import TERMINAL_STATES, Event
 
@@ -278,7 +280,6 @@ _OUT_OF_ORDER = (
 )
 _first = operator.itemgetter(0)
 _first_two = operator.itemgetter(0, 1)
-_third = operator.itemgetter(2)
 # Rows per statement. Multi-row statements need SQLite 3.33 (UPDATE ... FROM), whose limit is
 # 32,766 parameters: 12 x 128 is far below it.
 _CHUNK = 128
@@ -487,7 +488,7 @@ class SQLiteStore:
             # A payload msgpack cannot hold (e.g. a map with null keys that came in as JSON-ish
             # data) must not stop the coordinator: keep the record, with the payload as text.
             log.error("record payload cannot be stored; storing it as text", plan_id=record.plan_id, error=str(exc))
-            return self._encoder.encode(_as_text(record))
+            return self._encoder.encode(as_text(record))
 
     def _encode_run(self, plan_id: str, run: list[StoredEvent]) -> bytes:
         """A run of events as one msgpack array of ``[kind, data, seq, attempt, ephemeral]`` arrays.
@@ -507,7 +508,7 @@ class SQLiteStore:
                     # A payload msgpack cannot hold (e.g. a map with null keys that came in as
                     # JSON-ish data) must not stop the coordinator: keep the event, data as text.
                     log.error("event data cannot be stored; storing it as text", plan_id=plan_id, error=str(exc))
-                    rows.append((kind, _text(data), seq, attempt, ephemeral))
+                    rows.append((kind, not_storable(data), seq, attempt, ephemeral))
             return self._encoder.encode(rows)
 
     def try_write(self, records: Sequence[Record]) -> bool:
@@ -571,7 +572,7 @@ class SQLiteStore:
             run = runs.get(plan_id)
             if run is not None:
                 if len(run) > 1:
-                    run = _run_by_seq(run)
+                    run = run_by_seq(run)
                 body = encode_run(plan_id, run)
                 last = run[-1][2]
                 if last <= _INLINE_MAX_SEQ and len(run) < 16 and len(body) <= _INLINE_MAX_BYTES:
@@ -688,34 +689,3 @@ class SQLiteStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-
-
-def _run_by_seq(run: list[StoredEvent]) -> list[StoredEvent]:
-    """A run of stored events in seq order, the last of each seq kept."""
-    if len(run) == 2 and run[0][2] < run[1][2]:  # the usual case, without a generator
-        return run
-    if all(a[2] < b[2] for a, b in itertools.pairwise(run)):
-        return run
-    return sorted({e[2]: e for e in run}.values(), key=_third)
-
-
-def _text(value: Any) -> str:
-    """What is stored in place of a payload msgpack cannot hold."""
-    return f"<not storable: {value!r:.200}>"
-
-
-def _as_text(record: Record) -> Record:
-    """``record`` with its free-form payloads (args, data, result, error detail) replaced by their repr."""
-    text = _text
-
-    if isinstance(record, Event):
-        return msgspec.structs.replace(record, data=text(record.data))
-    if isinstance(record, PlanStatus):
-        error = record.error
-        if error is not None and error.detail is not None:
-            error = msgspec.structs.replace(error, detail=text(error.detail))
-        return msgspec.structs.replace(record, result=text(record.result) if record.result is not None else None,
-                                       error=error, history=[])  # fmt: skip
-    if isinstance(record, PlanForgotten):
-        return record  # an id only: always storable
-    return msgspec.structs.replace(record, submit=msgspec.structs.replace(record.submit, args=text(record.submit.args)))

@@ -230,7 +230,7 @@ def array_header(count: int) -> bytes:
     return b"\xdd" + count.to_bytes(4, "big")
 
 
-# ---------------------------------------------------------------- writing (the PostgreSQL store; see store.py)
+# ---------------------------------------------------------------- writing (both stores)
 
 
 def encode_record(encoder: msgspec.msgpack.Encoder, record: Any) -> bytes:
@@ -258,6 +258,8 @@ def encode_run(encoder: msgspec.msgpack.Encoder, run: list[StoredEvent]) -> byte
 
 def run_by_seq(run: list[StoredEvent]) -> list[StoredEvent]:
     """A run of stored events in seq order, the last of each seq kept."""
+    if len(run) == 2 and run[0][2] < run[1][2]:  # the usual case, without a generator
+        return run
     if all(a[2] < b[2] for a, b in itertools.pairwise(run)):
         return run
     return sorted({e[2]: e for e in run}.values(), key=operator.itemgetter(2))
