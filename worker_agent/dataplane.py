@@ -114,12 +114,23 @@ class DataServer:
         self.stall_timeout_s = stall_timeout_s
         self.keys: dict[str, bytes] = {}
         self.open_uploads = 0  # uploads in progress (tests and metrics)
+        self._no_uploads = asyncio.Event()  # set while open_uploads == 0 (see wait_no_uploads)
+        self._no_uploads.set()
         self.bytes_in = 0  # input bytes received, all uploads (the worker's load report)
         self.bytes_out = 0  # output bytes sent
         self.refused: Counter[int] = Counter()  # requests refused, by HTTP status
         self._wall = wall
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+
+    async def wait_no_uploads(self, timeout_s: float) -> None:
+        """Return once no upload is in progress (a dropped connection's bytes are stored by then).
+
+        Raises:
+            TimeoutError: uploads were still open after ``timeout_s``.
+        """
+        async with asyncio.timeout(timeout_s):
+            await self._no_uploads.wait()
 
     @property
     def url(self) -> str:
@@ -289,6 +300,7 @@ class DataServer:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         entry.busy = True
         self.open_uploads += 1
+        self._no_uploads.clear()
         try:
             await self._receive(reader, entry, length)
         except SpoolError as exc:
@@ -300,6 +312,8 @@ class DataServer:
         finally:
             entry.busy = False
             self.open_uploads -= 1
+            if not self.open_uploads:
+                self._no_uploads.set()
         headers = {"Upload-Offset": str(entry.received)}
         if entry.received < entry.size:
             entry.pause()

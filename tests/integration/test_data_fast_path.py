@@ -123,10 +123,7 @@ async def test_cancelled_upload_ends_its_thread_and_keeps_what_arrived(endpoint:
         if thread.ident not in threads_before and thread.name == "fleetwire-data":
             thread.join(5)
             assert not thread.is_alive()
-    for _ in range(500):  # the worker sees the connection close and stores what arrived
-        if endpoint.open_uploads == 0:
-            break
-        await asyncio.sleep(0.01)
+    await endpoint.wait_no_uploads(5.0)  # the worker sees the connection close and stores what arrived
     assert endpoint.open_uploads == 0
     assert 0 < original.received < source.size and original.state == "receiving"
 

@@ -127,10 +127,7 @@ async def test_upload_resumes_from_the_acknowledged_offset(endpoint: DataServer)
     writer.close()  # the connection drops mid-upload
     async with httpx.AsyncClient() as http:
         auth = {"Authorization": f"Bearer {t}"}
-        for _ in range(200):
-            if endpoint.open_uploads == 0:
-                break
-            await asyncio.sleep(0.01)
+        await endpoint.wait_no_uploads(2.0)
         head_answer = await http.head(input_url(endpoint, "x"), headers=auth)
         offset = int(head_answer.headers["upload-offset"])
         assert offset == 1 << 20
