@@ -3,55 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.browser import browser_page
 from tests.e2e.conftest import ROOT, Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 ARTIFACTS = ROOT / "test-artifacts"
 ADMIN_TOKEN = "e2e-admin-secret"
-# Flags that keep Chromium off the network and quiet in a container (no sandbox: CI runs as root).
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def _chromium() -> str:
-    path = os.environ.get("FLEETWIRE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(path).exists():
-        why = f"no Chromium at {path}: install Debian's package (apt-get install -y chromium); .ci/run does"
-        if os.environ.get("CI"):
-            pytest.fail(why)  # CI must run the browser test, never skip it
-        pytest.skip(why)
-    return path
-
-
 @pytest.fixture
 async def page() -> AsyncIterator[Any]:
     """A page in headless Chromium, driven by Playwright through the system browser."""
-    executable = _chromium()
-    playwright = pytest.importorskip("playwright.async_api", reason="pip install playwright (in the test extra)")
-    async with playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            context = await browser.new_context(viewport={"width": 1400, "height": 1000})
-            yield await context.new_page()
-        finally:
-            await browser.close()
+    async with browser_page(1400, 1000) as page:
+        yield page
 
 
 async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, page: Any) -> None:

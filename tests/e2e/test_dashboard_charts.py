@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from fleetwire.client import Client
+from tests.e2e.browser import browser_page
 from tests.e2e.conftest import ADMIN_TOKEN, CLIENT_TOKEN, Cluster
-from tests.e2e.test_dashboard import CHROMIUM_FLAGS, _chromium
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -39,15 +39,8 @@ NON_EMPTY = """sel => {
 @pytest.fixture
 async def page() -> AsyncIterator[Any]:
     """A page in headless Chromium, driven by Playwright through the system browser."""
-    executable = _chromium()
-    playwright = pytest.importorskip("playwright.async_api", reason="pip install playwright (in the test extra)")
-    async with playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            context = await browser.new_context(viewport={"width": 1600, "height": 1200})
-            yield await context.new_page()
-        finally:
-            await browser.close()
+    async with browser_page(1600, 1200) as page:
+        yield page
 
 
 async def _shot(page: Any, tmp_path: Path, name: str, **kwargs: Any) -> Path:
