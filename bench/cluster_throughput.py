@@ -89,11 +89,28 @@ def _open(store: str, directory: Path) -> Any:
 
 
 async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> dict[str, Any]:
-    """The store on its own, in this process: sequential commits of one plan step each, from a thread."""
+    """The store on its own, in this process: sequential commits of one plan step each, as its committer makes them.
+
+    SQLite: ``write`` from a thread (the committer's writer thread). PostgreSQL: ``write_async`` on
+    this loop (its committer, coordinator/io/pg_commit.py, commits on the server's loop).
+    """
     try:
         db = await asyncio.to_thread(_open, store, directory)
         steps = [store_bench.plan_steps(n) for n in range(ns.store_plans)]
         times: list[float] = []
+        if isinstance(db, PgStore):
+            await db.open_async()
+            clock = time.perf_counter
+            cpu0 = time.process_time()
+            for plan in steps:
+                for batch in plan:
+                    t0 = clock()
+                    await db.write_async(batch)
+                    times.append(clock() - t0)
+            cpu = time.process_time() - cpu0
+            await db.close_async()
+            await asyncio.to_thread(db.close)
+            return {"commit": h.summary_ms(times), "sequential_cpu_us_per_plan": round(cpu / len(steps) * 1e6, 1)}
 
         def sequential() -> float:  # in a thread, as the committer's writer thread calls write()
             clock = time.perf_counter
@@ -166,9 +183,10 @@ async def measure(
 ) -> dict[str, Any]:
     """One column: start ``coordinators`` on ``store`` and the workers, then time throughput and latency.
 
-    One coordinator: ``--workers`` workers of the default pool, as bench/throughput.py. Several:
-    one pool per coordinator (a pool whose shard it owns), ``--workers`` workers per pool and one
-    client per pool submitting at once; the round trips go to the first pool.
+    SQLite: ``--workers`` workers of the default pool, as bench/throughput.py. PostgreSQL: one
+    pool per coordinator (a pool whose shard it owns; the client names it, so the main port moves
+    it to that shard's core), ``--workers`` workers per pool and one client per pool submitting
+    at once; the round trips go to the first pool.
     """
     fleets = [h.Fleet(store) for _ in range(coordinators)]
     try:
@@ -181,7 +199,7 @@ async def measure(
             if rows is None:
                 if coordinators > 1:
                     return {"not_yet": "this build has no /v1/topology (multi-shard ownership, issue #12 phase 2b)"}
-            elif coordinators > 1:
+            else:  # a named pool: a client naming none is a view session of the main port (cluster_sessions.py)
                 pools = list(_pools(rows, coordinators))
         main = fleets[0]
         main.url = ",".join(urls)  # one URL, or the cluster's list (workers take --url a,b,c)

@@ -31,9 +31,10 @@ own, so one column's memory or threads never show in another's figures:
   On one host Ray moves objects through shared memory, not a socket.
 
 Figures: MB/s (10^6 bytes per second), the ratio to ``ws``, the coordinator's CPU seconds and
-RSS growth during the transfer (fleetwire: the coordinator process), and the client's and
-worker's RSS growth: peak (``VmHWM``, reset through ``/proc/PID/clear_refs`` before each
-transfer) minus the RSS before it.
+RSS growth during the transfer (fleetwire: the coordinator process), the client's and worker's
+CPU seconds (steadier than MB/s on a shared machine; for ``raw`` and ``ws`` the worker's are the
+server process's), and the client's and worker's RSS growth: peak (``VmHWM``, reset through
+``/proc/PID/clear_refs`` before each transfer) minus the RSS before it.
 """
 
 from __future__ import annotations
@@ -409,7 +410,8 @@ def _cell(figures: dict[str, Any], key: str, fmt: str = "{:.2f}") -> str:
 
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     head = (f"{'size':>8} {'dir':>3} {'column':>7} {'MB/s':>8} {'x ws':>6} {'x dask':>6} {'digest s':>8} "
-            f"{'coord cpu s':>11} {'coord rss MiB':>13} {'client rss MiB':>14} {'worker rss MiB':>14}")
+            f"{'coord cpu s':>11} {'coord rss MiB':>13} {'client rss MiB':>14} {'worker rss MiB':>14} "
+            f"{'client cpu s':>12} {'worker cpu s':>12}")
     lines = [head, "-" * len(head)]
     notes: list[str] = []
     for label, columns in results.items():
@@ -433,7 +435,9 @@ def table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                     f"{_cell(figures, 'digest_s'):>8} {_cell(figures, 'coordinator_cpu_s', '{:.3f}'):>11} "
                     f"{_cell(figures, 'coordinator_rss_mib', '{:.1f}'):>13} "
                     f"{_cell(figures, 'client_rss_mib', '{:.1f}'):>14} "
-                    f"{_cell(figures, 'worker_rss_mib', '{:.1f}'):>14}"
+                    f"{_cell(figures, 'worker_rss_mib', '{:.1f}'):>14} "
+                    f"{_cell(figures, 'client_cpu_s'):>12} "
+                    f"{_cell(figures, 'worker_cpu_s' if 'worker_cpu_s' in figures else 'server_cpu_s'):>12}"
                 )
         lines.append("")
     for note in dict.fromkeys(notes):

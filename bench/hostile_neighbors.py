@@ -5,8 +5,10 @@
 A coordinator process (`fleetwire coordinator`, default limits except a 2 s handshake timeout
 and ``--flood-grace``, 1 s here so a flood reaches 4429 within the bench) on loopback, with a
 token file: the legitimate client and the hostile neighbour hold different client tokens, as
-two users would. A legitimate client in this process sends ``list_workers`` requests one at a
-time and records each round trip.
+two users would. A legitimate client in this process submits ``echo`` plans one at a time and
+records each one's submit→result time (from its ``submit`` to its ``succeeded`` event); a
+legitimate worker in this process (``bench-echo``) answers each ``assign`` with ``accept`` and
+``done`` at once.
 
 The flooding and oversize neighbours are child processes. Each phase interleaves chunks of
 ``--requests`` round trips with the neighbour stopped (SIGSTOP: *baseline*) and running
@@ -30,7 +32,12 @@ counted apart), its own CPU and the coordinator's CPU during the hostile chunks:
   per frame over its 2,000 plans), ``f1-subscribe`` (300 ``subscribe(all, from_seq=0)`` per frame),
   ``f2-never-reads`` (``list_plans`` frames, never reading), ``f3-bytes`` (plans with 512 KiB args
   until refused), ``f4-connections`` (one token opening 3,000 sessions), ``f5-tags`` (1,000 plans
-  with 64 tags of 128 bytes while a worker connects and disconnects in a loop) and ``f11-dashboard``
+  with 64 tags of 128 bytes while a worker connects and disconnects in a loop), ``f5-distinct`` (the
+  same with a tag list of its own per plan, under the churning worker's op, so every connect and
+  disconnect changes every plan's waiting reason), ``f6-idle-sockets``
+  (2,000 token-less TCP connections that never send a byte, reopened when dropped), ``f9-metrics``
+  (500 idle workers, then 6 loops scraping the unauthenticated ``/metrics``), ``f10-401-flood``
+  (8 loops of upgrades with a wrong token) and ``f11-dashboard``
   (100 plans with 0.9 MB results listed every 100 ms); the targets are legit p99 within +25 % and
   RSS growth ≤ 256 MiB, the neighbour refused or throttled with a clear code;
 * ``slow consumer``: a subscriber that stops reading while a worker streams 32 KiB events
@@ -60,6 +67,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,7 +85,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NEIGHBOURS = ("flood", "oversize")
 # Issue 17's cost-model findings, each a neighbour child process (see _cost_neighbour).
 COST_NEIGHBOURS = ("f1-list", "f1-subscribe", "f2-never-reads", "f3-bytes", "f4-connections", "f5-tags",
-                   "f11-dashboard")
+                   "f5-distinct", "f6-idle-sockets", "f9-metrics", "f10-401-flood", "f11-dashboard")
 PHASES = ("flood", "oversize", "slowloris", "slow", *COST_NEIGHBOURS)
 
 
@@ -88,15 +96,55 @@ async def _open(url: str, role: str = "client", who: str = "legit", **kw: Any) -
                          **kw)
 
 
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
 async def _latencies(ws: ClientConnection, n: int) -> list[float]:
-    request = msgspec.msgpack.encode({"type": "list_workers", "req_id": 1})
+    """``n`` plans one at a time, each timed from its ``submit`` to its result (the ``succeeded`` event)."""
     out = []
-    for _ in range(n):
-        start = time.perf_counter()
+    clock = time.perf_counter
+    for i in range(n):
+        request = msgspec.msgpack.encode({"type": "submit", "req_id": i + 1, "op": "echo", "args": i})
+        start = clock()
         await ws.send(request)
-        await ws.recv()
-        out.append(time.perf_counter() - start)
+        done = False
+        while not done:
+            for msg in _msgs(await ws.recv(decode=False)):
+                if msg.get("type") == "event" and msg.get("kind") in TERMINAL:
+                    done = True
+                elif msg.get("type") == "error":
+                    raise RuntimeError(f"the legitimate submit was refused: {msg}")
+        out.append(clock() - start)
     return out
+
+
+async def _echo_worker(url: str) -> None:
+    """The legitimate worker (in the measuring process): answers each ``assign`` with accept and done at once."""
+    ws = await _open(url, "worker")
+    await ws.send(msgspec.msgpack.encode({"type": "hello", "worker_id": "bench-echo",
+                                          "capabilities": {"ops": ["echo"], "max_concurrency": 64}}))
+    beat = msgspec.msgpack.encode({"type": "heartbeat"})
+
+    async def heartbeats() -> None:
+        while True:
+            await asyncio.sleep(5)
+            await ws.send(beat)
+
+    beating = asyncio.create_task(heartbeats())
+    try:
+        with contextlib.suppress(ConnectionClosed):
+            while True:
+                replies = []
+                for msg in _msgs(await ws.recv(decode=False)):
+                    if msg.get("type") == "assign":
+                        plan_id, attempt = msg["plan_id"], msg["attempt"]
+                        replies += [{"type": "accept", "plan_id": plan_id, "attempt": attempt},
+                                    {"type": "done", "plan_id": plan_id, "attempt": attempt,
+                                     "outcome": "succeeded", "result": msg.get("args")}]
+                if replies:
+                    await ws.send(msgspec.msgpack.encode(replies))
+    finally:
+        beating.cancel()
 
 
 def _p99(samples: list[float]) -> float:
@@ -208,6 +256,12 @@ async def _cost_neighbour(kind: str, url: str) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     tally = _Tally()
+    if kind == "f6-idle-sockets":
+        return await _idle_sockets(url, tally)
+    if kind == "f9-metrics":
+        return await _scrapes(url, tally)
+    if kind == "f10-401-flood":
+        return await _bad_tokens(url, tally)
     if kind in ("f1-list", "f1-subscribe", "f2-never-reads"):
         ws = await _open(url, who="hostile")
         await _fill(ws, 2_000)  # its own plans to list and replay
@@ -252,15 +306,30 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                 args = "x" * (512 << 10)
                 while True:
                     await _fill(ws, 50, args=args)
-            elif kind == "f5-tags":  # plans with the most tags the caps allow; a worker (dis)connects
-                tags = [f"{i:03d}" + "t" * 125 for i in range(64)]
-                await _fill(ws, 1_000, requirements={"tags": tags})
+            elif kind in ("f5-tags", "f5-distinct"):  # plans with the most tags the caps allow; a worker churns
+                op = "nobody"
+                if kind == "f5-tags":  # one tag list for all: one group, under an op the worker does not serve
+                    tags = [f"{i:03d}" + "t" * 125 for i in range(64)]
+                    await _fill(ws, 1_000, requirements={"tags": tags})
+                else:  # a tag list of its own per plan, under the worker's op: each (dis)connect changes every reason
+                    op = "tagged"
+                    for first in range(0, 1_000, 100):
+                        await ws.send(msgspec.msgpack.encode([
+                            {"type": "submit", "req_id": i + 1, "op": op,
+                             "requirements": {"tags": [f"{i:04d}-{k:02d}" + "t" * 120 for k in range(64)]}}
+                            for i in range(first, first + 100)]))
+                    answered = 0
+                    while answered < 1_000:
+                        replies = _msgs(await ws.recv(decode=False))
+                        answered += sum(m.get("type") in ("accepted", "error") for m in replies)
+                hello = msgspec.msgpack.encode({"type": "hello", "worker_id": "churn",
+                                                "capabilities": {"ops": ["other" if op == "nobody" else op]}})
                 while True:
                     worker = await _open(url, "worker")
-                    await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": "churn",
-                                                              "capabilities": {"ops": ["other"]}}))
+                    await worker.send(hello)
                     await worker.recv()
                     await worker.close()
+                    tally.closed(worker)
             elif kind == "f11-dashboard":  # finished plans with 1 MB results, listed every 100 ms
                 worker = await _open(url, "worker")
                 await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": "big-results",
@@ -284,6 +353,90 @@ async def _cost_neighbour(kind: str, url: str) -> None:
         with contextlib.suppress(Exception):
             await ws.close()
         tally.closed(ws)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
+async def _idle_sockets(url: str, tally: _Tally, n: int = 2_000) -> None:
+    """Finding 6: ``n`` token-less TCP connections that never send a byte, each reopened when dropped."""
+    host, port = _host_port(url)
+
+    async def hold() -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+            except OSError as exc:
+                tally.refused[type(exc).__name__] = tally.refused.get(type(exc).__name__, 0) + 1
+                tally.attempts += 1
+                tally._print()
+                await asyncio.sleep(0.05)
+                continue
+            with contextlib.suppress(OSError):
+                await reader.read()  # the coordinator drops it (handshake timeout or the pending budget)
+            writer.close()
+            tally.attempts += 1
+            tally.closes["dropped"] = tally.closes.get("dropped", 0) + 1
+            tally._print()
+
+    await asyncio.gather(*(hold() for _ in range(n)))
+
+
+async def _scrapes(url: str, tally: _Tally, loops: int = 6, workers: int = 500) -> None:
+    """Finding 9: ``workers`` idle worker sessions, then ``loops`` unauthenticated /metrics scrape loops."""
+    held = []
+    for i in range(workers):
+        ws = await _open(url, "worker")
+        await ws.send(msgspec.msgpack.encode({"type": "hello", "worker_id": f"idle-{i}",
+                                              "capabilities": {"ops": ["idle"]}}))
+        await ws.recv()
+        held.append(ws)
+    beat = msgspec.msgpack.encode({"type": "heartbeat"})
+
+    async def heartbeats() -> None:
+        while True:
+            await asyncio.sleep(5)
+            for ws in held:
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(beat)
+
+    host, port = _host_port(url)
+    request = f"GET /metrics HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode()
+
+    async def scrape() -> None:
+        while True:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(request)
+            body = await reader.read()
+            writer.close()
+            status = body[9:12].decode(errors="replace") or "none"
+            tally.attempts += 1
+            if status == "200":
+                tally.closes[status] = tally.closes.get(status, 0) + 1
+            else:
+                tally.refused[status] = tally.refused.get(status, 0) + 1
+            tally._print()
+
+    await asyncio.gather(heartbeats(), *(scrape() for _ in range(loops)))
+
+
+async def _bad_tokens(url: str, tally: _Tally, loops: int = 8) -> None:
+    """Finding 10: upgrades with a wrong token as fast as they are answered (401 each)."""
+
+    async def attempt() -> None:
+        while True:
+            try:
+                ws = await connect(f"{url}/v1/client", additional_headers={"Authorization": "Bearer wrong-token"},
+                                   subprotocols=["fleetwire.v1.msgpack"], compression=None)  # type: ignore[list-item]
+            except InvalidStatus as exc:
+                await tally.refusal(exc, "now")
+            else:
+                await ws.close()
+                tally.closed(ws)
+
+    await asyncio.gather(*(attempt() for _ in range(loops)))
 
 
 # ---------------------------------------------------------------------------- the measuring side
@@ -371,6 +524,24 @@ class _Neighbour:
         await self._reader
 
 
+class _Spy:
+    """``--profile DIR``: py-spy on the coordinator while one chunk is measured (``DIR/<phase>-<chunk>.txt``)."""
+
+    def __init__(self, directory: str | None, pid: int, name: str) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            self.proc = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(pid), "--output", str(Path(directory) / f"{name}.txt"),
+                 "--rate", "500", "--format", "raw", "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            await asyncio.to_thread(self.proc.wait, 30)
+
+
 def _spread(values: list[float]) -> str:
     return f"{min(values):.3f}..{max(values):.3f}"
 
@@ -392,15 +563,19 @@ async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, targe
     hostile: list[list[float]] = []
     coord_cpu = neigh_cpu = wall = base_cpu = base_wall = 0.0
     attempts = 0  # while a hostile chunk is measured
-    for _ in range(ns.rounds):
+    for r in range(ns.rounds):
+        spy = _Spy(ns.profile if r == 0 else None, coordinator.proc.pid, f"{label}-baseline")
         t0, c0 = time.perf_counter(), coordinator.cpu_s()
         base.append(await _latencies(legit, ns.requests))
+        await spy.stop()
         base_wall += time.perf_counter() - t0
         base_cpu += coordinator.cpu_s() - c0
         neighbour.resume()
         await asyncio.sleep(0.3)  # past its reconnect: measure it in its steady state
+        spy = _Spy(ns.profile, coordinator.proc.pid, f"{label}-hostile{r}")
         t0, c0, n0, a0 = time.perf_counter(), coordinator.cpu_s(), neighbour.cpu_s(), neighbour.last["attempts"]
         hostile.append(await _latencies(legit, ns.requests))
+        await spy.stop()
         wall += time.perf_counter() - t0
         coord_cpu += coordinator.cpu_s() - c0
         neigh_cpu += neighbour.cpu_s() - n0
@@ -485,10 +660,10 @@ async def _stream(url: str, coordinator: psutil.Process, plan_id: str, *, reads:
     closes_before = await asyncio.to_thread(_closes_4503, url)
     worker = await _open(url, "worker")
     await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": f"b-{plan_id}",
-                                              "capabilities": {"ops": ["echo"], "max_concurrency": 1}}))
+                                              "capabilities": {"ops": ["stream"], "max_concurrency": 1}}))
     await worker.recv()
     sub = await _open(url, ping_interval=None)
-    await sub.send(msgspec.msgpack.encode({"type": "submit", "req_id": 1, "op": "echo", "plan_id": plan_id}))
+    await sub.send(msgspec.msgpack.encode({"type": "submit", "req_id": 1, "op": "stream", "plan_id": plan_id}))
     assign = msgspec.msgpack.decode(await worker.recv(decode=False))
     reader = asyncio.create_task(_drain(sub)) if reads else None
     if not reads:
@@ -536,6 +711,7 @@ async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
         # The control coordinator stands for another host: with --pin it shares the neighbour's CPU.
         other = await _Coordinator.start(tokens, extra, ns.neighbour_cpu) if ns.control else None
         rows: list[dict[str, Any]] = []
+        echo = asyncio.create_task(_echo_worker(coordinator.url))
         try:
             legit = await _open(coordinator.url)
             await _latencies(legit, ns.requests)  # warm-up
@@ -555,6 +731,7 @@ async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
                 rows.append(await _stream(coordinator.url, coordinator.ps, "reading", reads=True))
                 rows.append(await _stream(coordinator.url, coordinator.ps, "slow", reads=False))
         finally:
+            echo.cancel()
             await coordinator.stop()
             if other is not None:
                 await other.stop()
@@ -580,6 +757,8 @@ def main() -> int:
                         help="pin the coordinators and the measuring client to CPU 0 and the neighbours to CPU 1, "
                              "as if the neighbour ran on its own host")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy the coordinator during each hostile chunk (and "
+                        "the first baseline one) into DIR/<phase>-<chunk>.txt; read with bench/profile_top.py")
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="seconds a cost-model neighbour (f1..f11) runs before it is measured (default 5)")
     parser.add_argument("--neighbour", choices=(*NEIGHBOURS, *COST_NEIGHBOURS), help=argparse.SUPPRESS)

@@ -8,7 +8,9 @@ that streams the prompt's words reversed, ``--token-delay`` s per token), an in-
 and two workers fronting them (``--carbon-zone FR``). Without NVML the workers *estimate* energy
 (``--power-watts`` x run time, split over their concurrent plans) and report ``--uj-per-token`` as
 their energy per token, which placement projects with: µJ/token x (prompt + max output tokens
-hinted). One warm-up plan per worker first (so the coordinator holds their figures), then the plans,
+hinted). The hints are the SDK's own (fleetwire/prompt_hints.py: prompt tokens estimated from the
+chat's characters, ``max_tokens`` as the output bound), as any ``generate`` plan gets them. One
+warm-up plan per worker first (so the coordinator holds their figures), then the plans,
 and one row per plan: tokens, projected and measured joules and gCO2e, and their ratio.
 
 On a GPU host (NVML present) the same script prints measured NVML figures (``estimated`` no) for
@@ -30,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fleetwire import Client  # noqa: E402  (after the path set-up, as the other benches)
+from fleetwire.prompt_hints import fill_hints  # noqa: E402
+from protocol import RoutingHints  # noqa: E402
 
 FAKE_ENGINE = ROOT / "examples" / "inference_fleet" / "fake_engine.py"
 PROMPTS = [
@@ -87,18 +91,19 @@ async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
             warm = [await client.submit("generate", args={"prompt": "warm up", "max_tokens": 2}, tags=["llm"])
                     for _ in range(2)]  # fmt: skip
             await asyncio.gather(*(p.result() for p in warm))
-            plans = []
+            plans, hinted = [], []
             for i in range(ns.plans):
                 prompt = PROMPTS[i % len(PROMPTS)]
-                hints = {"prompt_tokens": len(prompt.split()), "max_output_tokens": ns.max_tokens}
                 args = {"messages": [{"role": "user", "content": prompt}], "max_tokens": ns.max_tokens}
-                plans.append(await client.submit("generate", args=args, tags=["llm"], hints=hints))
-            for plan in plans:
+                hints = fill_hints(RoutingHints(), args)  # what client.submit sends for op generate
+                hinted.append(hints.prompt_tokens + hints.max_output_tokens)
+                plans.append(await client.submit("generate", args=args, tags=["llm"]))
+            for plan, tokens in zip(plans, hinted, strict=True):
                 result = await plan.result()
                 r = plan.receipt
                 assert r is not None, f"plan {plan.id} ended without a receipt"
                 rows.append({"plan": plan.id, "worker": plan.worker_id, "tokens": result["usage"]["completion_tokens"],
-                             "hinted": ns.max_tokens + len(PROMPTS[len(rows) % len(PROMPTS)].split()),
+                             "hinted": tokens,
                              "projected_j": r.projected_joules, "measured_j": r.joules, "estimated": r.estimated,
                              "source": r.source, "run_s": r.run_s, "projected_g": r.projected_co2e_g,
                              "measured_g": r.co2e_g})  # fmt: skip

@@ -456,8 +456,6 @@ class Replay:
                 kv_block_tokens=spec.kv_block_tokens,
                 prefix_cache_tokens=spec.prefix_cache_tokens,
                 carbon_zone=spec.zone,
-                continuous_batching=True,
-                paged_kv=True,
             )
             core.receive(conn_id, Hello(worker_id=spec.name, capabilities=caps), 0.0)
             self._deliver(0.0)

@@ -11,6 +11,16 @@ The garbage collector runs with the coordinator daemon's thresholds.
 
     python bench/store_writer.py                  # 20,000 plans, groups of 900 new plans
     python bench/store_writer.py --plans 2000 --json
+    python bench/store_writer.py --lone           # a sequential round trip's two commits, split up
+
+``--lone``: what one lone plan's commits cost, as a sequential round trip (bench/latency.py)
+makes them: a group of the plan's creation and lease (4 records), then one of its run and end
+(4 records), each one ``try_write`` (the committer's commit on the loop) into a WAL file with
+``synchronous=FULL``. Reported per commit, medians of CPU (``time.thread_time``: the thread's
+user and kernel time) and wall: the whole commit; the same with ``synchronous=OFF`` (everything
+but the WAL's sync); the store's Python alone (a connection that runs nothing); and the
+``pwrite`` + ``fdatasync`` of two WAL frames in a file of the same directory. The differences
+are the table of issue #16: Python, SQLite's statements, the sync.
 
 To compare two versions of the store, run it from each tree (``cd TREE && python
 bench/store_writer.py``): it imports the store of the tree it is in.
@@ -98,13 +108,122 @@ def measure(plans: int, per_group: int, repeat: int) -> dict[str, Any]:
             "records_per_plan": sum(map(len, groups)) / plans, **{k: round(v, 2) for k, v in best.items()}}  # fmt: skip
 
 
+def lone_groups(n: int, plan_id: str) -> list[list[Record]]:
+    """A lone plan's two groups, as a sequential round trip commits them: submit and lease; run and end."""
+    data = {"worker_id": "w1", "attempt": 1}
+    submit = Submit(req_id=n, op="echo", args=n, plan_id=plan_id)
+    return [
+        [PlanCreated(plan_id, "bench", n, submit), Event(plan_id=plan_id, kind="queued", data={}, seq=1),
+         Event(plan_id=plan_id, kind="leased", data=data, seq=2, attempt=1),
+         PlanStatus(plan_id, "leased", 1, "w1", next_seq=3)],
+        [Event(plan_id=plan_id, kind="running", data=data, seq=3, attempt=1),
+         Event(plan_id=plan_id, kind="echo", data={"result": n}, seq=4, attempt=1),
+         Event(plan_id=plan_id, kind="succeeded", data={"result": n, **data}, seq=5, attempt=1),
+         PlanStatus(plan_id, "succeeded", 1, "w1", next_seq=6, result=n, worker_seq=(1, n))],
+    ]  # fmt: skip
+
+
+class _NoStatements:
+    """A connection that runs nothing: what is left of a commit is the store's Python."""
+
+    in_transaction = False
+
+    def execute(self, *args: Any) -> _NoStatements:
+        return self
+
+    def executemany(self, *args: Any) -> _NoStatements:
+        return self
+
+    def fetchone(self) -> tuple[int]:
+        return (0,)
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def lone_commits(plans: int, mode: str) -> tuple[float, float]:
+    """Median CPU and wall seconds of one lone plan's commit (``mode``: full, sync_off, python)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SQLiteStore(Path(tmp) / "bench.sqlite3")
+        db = store._db
+        if mode == "sync_off":
+            db.execute("PRAGMA synchronous=OFF")
+        if mode == "python":
+            store._db = _NoStatements()  # type: ignore[assignment]
+        write = store.try_write if mode != "python" else store.write
+        steps = [lone_groups(n, uuid.uuid4().hex) for n in range(plans)]
+        cpu: list[float] = []
+        wall: list[float] = []
+        for groups in steps:
+            for group in groups:
+                c0, w0 = time.thread_time(), time.perf_counter()
+                write(group)
+                cpu.append(time.thread_time() - c0)
+                wall.append(time.perf_counter() - w0)
+        store._db = db
+        store.close()
+    return _median(cpu), _median(wall)
+
+
+def fdatasync_commit(samples: int) -> tuple[float, float]:
+    """Median CPU and wall seconds of two WAL frames written in place + ``fdatasync`` (bench/compare.py's floor)."""
+    import os
+
+    frame = os.urandom(2 * (24 + 4096))
+    size = 1000 * (24 + 4096)
+    with tempfile.TemporaryDirectory() as tmp:
+        fd = os.open(Path(tmp) / "wal", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+            cpu: list[float] = []
+            wall: list[float] = []
+            for i in range(samples):
+                c0, w0 = time.thread_time(), time.perf_counter()
+                os.pwrite(fd, frame, (i * len(frame)) % (size - len(frame)))
+                os.fdatasync(fd)
+                cpu.append(time.thread_time() - c0)
+                wall.append(time.perf_counter() - w0)
+        finally:
+            os.close(fd)
+    return _median(cpu), _median(wall)
+
+
+def measure_lone(plans: int) -> dict[str, Any]:
+    gc.freeze()
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+    out: dict[str, Any] = {"bench": "store_writer_lone", "plans": plans, "commits": 2 * plans}
+    for mode in ("full", "sync_off", "python"):
+        cpu, wall = lone_commits(plans, mode)
+        out[f"{mode}_cpu_us"], out[f"{mode}_wall_us"] = round(cpu * 1e6, 1), round(wall * 1e6, 1)
+    cpu, wall = fdatasync_commit(2 * plans)
+    out["fdatasync_cpu_us"], out["fdatasync_wall_us"] = round(cpu * 1e6, 1), round(wall * 1e6, 1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plans", type=int, default=20_000, help="plans to write (default 20000)")
     parser.add_argument("--group", type=int, default=900, help="new plans per group (default 900)")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the best is reported (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--lone", action="store_true",
+                        help="a lone plan's two commits (a sequential round trip's), split into Python, SQLite, sync")
     args = parser.parse_args(argv)
+    if args.lone:
+        lone = measure_lone(min(args.plans, 2000))
+        if args.json:
+            print(json.dumps(lone, sort_keys=True))
+            return 0
+        print(f"fleetwire store writer, lone plans: {lone['commits']} commits of 4 records; median per commit")
+        print(f"  whole commit (synchronous=FULL): CPU {lone['full_cpu_us']} µs, wall {lone['full_wall_us']} µs")
+        print(f"  without the WAL sync (OFF):      CPU {lone['sync_off_cpu_us']} µs, "
+              f"wall {lone['sync_off_wall_us']} µs")
+        print(f"  the store's Python alone:        CPU {lone['python_cpu_us']} µs")
+        print(f"  pwrite 8 KiB + fdatasync alone:  CPU {lone['fdatasync_cpu_us']} µs, "
+              f"wall {lone['fdatasync_wall_us']} µs")
+        return 0
     result = measure(args.plans, args.group, args.repeat)
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -3,9 +3,15 @@
 Rules (docs/ROUTING.md §Autoscaler):
 
 * A *pool* is the set of workers that meet one requirement signature (op, tags, accelerator,
-  model, GPU memory, python env). Its *ongoing* count is its queued plans plus the leased and
-  running plans it holds.
-* desired = clamp(ceil(ongoing / target_per_worker), min_workers, max_workers).
+  model, GPU memory, python env, the devices each plan holds). Its *ongoing* count is its queued
+  plans plus the leased and running plans it holds; a worker without the devices a pool's plans
+  hold is not one of its workers.
+* desired = clamp(ceil(ongoing / per_worker), min_workers, max_workers), where per_worker is
+  ``target_per_worker``, or for a pool whose plans hold G devices each, when the operator said
+  how many devices a provisioned worker has (``worker_gpus``, ``--autoscale-worker-gpus``), at
+  most ``worker_gpus // G`` (the plans one such worker can run at once). A pool whose plans need
+  more devices than a provisioned worker has is never scaled: no worker the provider starts could
+  run them (:meth:`Autoscaler.unprovisionable` names it).
 * The autoscaler remembers a *target* per pool (at first sight: the alive workers it has).
   A desired count above the target must hold for ``upscale_delay_s``, one below it for
   ``downscale_delay_s``, before it is acted on; the level acted on is the one that held the
@@ -66,6 +72,7 @@ class AutoscaleConfig:
     interval_s: float = 1.0  # how often the signal is sampled
     max_step: int = 0  # most workers one scale-up adds (0: no bound but max_workers)
     drain_deadline_s: float | None = 300.0  # a removed worker's plans are taken back after this (None: never)
+    worker_gpus: int | None = None  # devices each provisioned worker has (None: not said; pools scale by plans)
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when a setting cannot work."""
@@ -80,6 +87,10 @@ class AutoscaleConfig:
                 raise ValueError(f"autoscale {name} must be >= 0, got {getattr(self, name)}")
         if self.max_step < 0:
             raise ValueError(f"autoscale max_step must be >= 0 (0: no bound), got {self.max_step}")
+        if self.worker_gpus is not None and self.worker_gpus < 0:
+            raise ValueError(
+                f"autoscale worker_gpus (devices per provisioned worker) must be >= 0, got {self.worker_gpus}"
+            )
         if self.drain_deadline_s is not None and not (
             math.isfinite(self.drain_deadline_s) and self.drain_deadline_s >= 0
         ):
@@ -93,6 +104,7 @@ class PoolSignal:
     ongoing: int  # queued + leased + running plans of the pool
     current: int  # alive workers in the pool
     members: tuple[str, ...] = ()  # their ids (scale-down picks among them)
+    gpus: int = 0  # devices each plan of the pool holds (0: none)
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,7 @@ class Autoscaler:
         self.decisions_made = 0
         self._pools: dict[str, _PoolState] = {}
         self._next_sample_s: float | None = None
+        self._unprovisionable: dict[str, int] = {}  # pool -> devices its plans hold, more than a worker has
 
     def due(self, now: float) -> bool:
         """Whether ``interval_s`` has passed since the last sample (the core samples only then)."""
@@ -155,10 +168,21 @@ class Autoscaler:
         self._next_sample_s = now + self.config.interval_s
         return True
 
-    def desired(self, ongoing: int) -> int:
-        """clamp(ceil(ongoing / target_per_worker), min_workers, max_workers)."""
+    def desired(self, ongoing: int, gpus: int = 0) -> int:
+        """clamp(ceil(ongoing / per_worker), min_workers, max_workers); ``gpus``: devices each plan holds."""
         c = self.config
-        return min(c.max_workers, max(c.min_workers, math.ceil(ongoing / c.target_per_worker)))
+        return min(c.max_workers, max(c.min_workers, math.ceil(ongoing / self.per_worker(gpus))))
+
+    def per_worker(self, gpus: int) -> float:
+        """Plans one worker should carry when each holds ``gpus`` devices (module docstring)."""
+        c = self.config
+        if gpus <= 0 or c.worker_gpus is None:
+            return c.target_per_worker
+        return max(1, min(c.target_per_worker, c.worker_gpus // gpus)) if c.worker_gpus >= gpus else math.inf
+
+    def unprovisionable(self) -> dict[str, int]:
+        """Pools with ongoing plans that need more devices than a provisioned worker has (pool -> devices)."""
+        return dict(self._unprovisionable)
 
     def desired_replicas(self) -> dict[str, int]:
         """The target worker count of every pool seen (read by ``/metrics``)."""
@@ -176,8 +200,12 @@ class Autoscaler:
         once its target is back at ``min_workers``.
         """
         decisions: list[Decision] = []
+        self._unprovisionable = {}
         for name in sorted(set(self._pools) | set(signals)):
             signal = signals.get(name)
+            if signal is not None and self.per_worker(signal.gpus) == math.inf:
+                self._unprovisionable[name] = signal.gpus  # no worker the provider starts could run them
+                continue
             state = self._pools.get(name)
             if state is None:
                 assert signal is not None
@@ -186,7 +214,7 @@ class Autoscaler:
                 if state.target <= self.config.min_workers:
                     del self._pools[name]
                     continue
-                signal = PoolSignal(0, state.last.current, state.last.members)
+                signal = PoolSignal(0, state.last.current, state.last.members, state.last.gpus)
             state.last = signal
             decision = self._step(name, state, signal, now)
             if decision is not None:
@@ -195,7 +223,7 @@ class Autoscaler:
 
     def _step(self, name: str, state: _PoolState, signal: PoolSignal, now: float) -> Decision | None:
         c = self.config
-        desired = self.desired(signal.ongoing)
+        desired = self.desired(signal.ongoing, signal.gpus)
         if desired > state.target:
             state.down_since = None
             if state.up_since is None:
@@ -248,6 +276,13 @@ def pool_name(signature: Signature) -> str:
         parts.append(f"min_gpu_memory_bytes={signature.min_gpu_memory_bytes}")
     if signature.python_env is not None:
         parts.append(f"python_env={signature.python_env}")
+    if signature.gpus is not None:  # pools differing only in devices are different pools
+        need = signature.gpus
+        parts.append("gpus=" + ("share" if need.shared else str(need.count)))
+        if need.min_memory_bytes:
+            parts.append(f"gpu_memory_bytes={need.min_memory_bytes}")
+        if need.accelerator:
+            parts.append(f"gpu_model={need.accelerator}")
     return " ".join(parts)
 
 
@@ -266,13 +301,14 @@ def pool_signals(
         for plan_id in worker.leases:
             plan = plans.get(plan_id)
             if plan is not None and not plan.terminal:
-                key = Signature.of(plan.op, plan.requirements)
+                key = Signature.of(plan.op, plan.requirements, gpus=plan.gpus)
                 ongoing[key] = ongoing.get(key, 0) + 1
     signals: dict[str, PoolSignal] = {}
     for signature, count in ongoing.items():
         members = registry.matching(signature, signature.meets)
         ids = tuple(w.id for w in members if not w.draining and registry.is_alive(w.id, now))
-        signals[pool_name(signature)] = PoolSignal(ongoing=count, current=len(ids), members=ids)
+        gpus = signature.gpus.count if signature.gpus is not None else 0
+        signals[pool_name(signature)] = PoolSignal(ongoing=count, current=len(ids), members=ids, gpus=gpus)
     return signals
 
 

@@ -150,6 +150,7 @@ class Coordinator:
         self.retention = Retention(  # forgets old finished plans (retention.py)
             plans=self.plans, registry=self.registry, subscriptions=self.subscriptions, journal=journal,
             counters=self.counters, retention_s=config.plan_retention_s, max_bytes=config.plan_retention_bytes,
+            quota=self.quota,  # a principal's finished plans share its --max-bytes-per-client budget
         )
         self.streams = Streams(
             outbox=self.outbox, subscriptions=self.subscriptions, plans=self.plans, journal=journal, quota=self.quota,
@@ -276,6 +277,7 @@ class Coordinator:
         self.timeouts.expire(now)  # running past timeout_s + grace: failed timeout (coordinator/timeouts.py)
         self.operator.tick(now)
         self._autoscale(now)
+        self.scheduler.catch_up_waiting(now)  # waiting reasons a refresh left past its budget (scheduling.py)
         return self.workers.reap(now)
 
     def pump(self, budget: int, busy: Callable[[int], bool] | None = None) -> int:

@@ -223,7 +223,7 @@ class Plan:
             inputs=msg.inputs,
             outputs=msg.outputs,
             resources=msg.resources,
-            gpus=GpuNeed.of(msg.resources),
+            gpus=GpuNeed.of(msg.resources) if msg.resources is not None else None,
         )
 
     @property
@@ -264,6 +264,16 @@ class Plan:
             self._compact(max_events, max_bytes)
         return event
 
+    def drop_superseded(self, kind: str, size: int) -> None:
+        """Forget the newest held event if it is of ``kind`` (counted as ``size`` bytes): the caller is about
+        to append a newer one that supersedes it (a ``waiting`` reason). Without it a queued plan whose
+        reason flips at every worker (dis)connect held one event per flip (issue 17 finding 5). A
+        replay from before it gets a ``resync`` for its seq, as after compaction."""
+        events = self.events
+        if events and events[-1].kind == kind:
+            events.pop()
+            self.held_bytes -= size
+
     def _compact(self, max_events: int, max_bytes: int = 0) -> None:
         """Shrink the held stream under both bounds, oldest ephemeral events first.
 
@@ -290,9 +300,11 @@ class Plan:
     def drop_ephemeral(self) -> None:
         """Let go of the held ephemeral events (the plan ended: only the durable ones stay for replay)."""
         events = self.events
-        if any(event.ephemeral for event in events):
-            self.events = [event for event in events if not event.ephemeral]
-            self.recount()
+        for event in events:  # a plain loop: this runs for every plan that ends, most with none
+            if event.ephemeral:
+                self.events = [event for event in events if not event.ephemeral]
+                self.recount()
+                return
 
     def retained_bytes(self) -> int:
         """What the plan holds, as the core sizes payloads: args, result, held events, and its own records.
@@ -300,7 +312,8 @@ class Plan:
         :data:`PLAN_OVERHEAD_BYTES` stands for the Python objects every plan has whatever its
         payloads (the plan, its submit fields, status, lifecycle events).
         """
-        return PLAN_OVERHEAD_BYTES + event_bytes(self.args) + event_bytes(self.result) + self.held_bytes
+        # result_bytes() + 16 is event_bytes(result), sized once for a finished plan (None: 16, as event_bytes(None)).
+        return PLAN_OVERHEAD_BYTES + event_bytes(self.args) + self.result_bytes() + 16 + self.held_bytes
 
     def recount(self) -> None:
         """Set ``held_bytes`` from the held events (after they were replaced, e.g. on restore)."""
@@ -524,13 +537,33 @@ def event_bytes(data: Any) -> int:
     """A cheap estimate of an event payload's size, for the per-plan held-bytes bound.
 
     Exact enough where it matters (large string or bytes payloads: tokens, logs, blobs);
-    anything else is sized by its msgpack encoding, and 16 bytes of overhead per event.
+    a number is its msgpack size, worked out without encoding it (the usual small args and
+    results); anything else is sized by its msgpack encoding, and 16 bytes of overhead per event.
     """
     if data is None:
         return 16
+    kind = type(data)
+    if kind is int:
+        if 0 <= data < 1 << 16:  # the usual small int: fixint, uint8 or uint16
+            return 17 if data < 128 else 18 if data < 256 else 19
+        if -(1 << 63) <= data < 1 << 64:
+            return _int_bytes(data) + 16
+    if kind is float:
+        return 25  # msgpack float 64
+    if kind is bool:
+        return 17
     if isinstance(data, str | bytes):
         return len(data) + 16
     try:
         return len(_encode(data)) + 16
     except (TypeError, ValueError, OverflowError):  # not encodable as msgpack: it cannot go out either
         return 64
+
+
+def _int_bytes(value: int) -> int:
+    """The msgpack size of an int within -2**63 .. 2**64-1 (as ``len(msgpack.encode(value))``)."""
+    if -32 <= value < 128:
+        return 1  # fixint
+    if value >= 0:
+        return 2 if value < 1 << 8 else 3 if value < 1 << 16 else 5 if value < 1 << 32 else 9
+    return 2 if value >= -(1 << 7) else 3 if value >= -(1 << 15) else 5 if value >= -(1 << 31) else 9

@@ -126,6 +126,9 @@ class Relay:
         self._by_conn: dict[int, set[StreamKey]] = {}
         self.reserved = 0  # the windows of the open streams, together
         self.bytes_relayed = 0
+        self.bytes_in = 0  # of inputs (put: client -> worker); bytes_relayed = bytes_in + bytes_out
+        self.bytes_out = 0  # of outputs (get: worker -> client)
+        self.credit_stalls = 0  # chunks after which their sender had used its whole window (it waits for credit)
         self.refused = 0  # opens refused and streams ended for a violation
 
     @property
@@ -234,6 +237,12 @@ class Relay:
         stream.ready = True
         stream.sent += n
         self.bytes_relayed += n
+        if stream.direction == "put":
+            self.bytes_in += n
+        else:
+            self.bytes_out += n
+        if stream.window - stream.in_flight < MAX_CHUNK_BYTES and not msg.last:
+            self.credit_stalls += 1  # no room for another whole chunk until the receiver credits
         self._outbox.send(stream.receiver(), msg)
         if msg.last and stream.direction == "get":  # the whole output passed: the client's last credits are moot
             self._drop(stream)

@@ -24,14 +24,15 @@ Depends on the registry, placement (coordinator/placement/), the queue, streams
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from coordinator.limits import TokenBucket
 from coordinator.placement.plan_queue import Signature, explain_wait
 from coordinator.placement.policies import POLICY_NAMES
-from coordinator.plans import advance
+from coordinator.plans import SMALL_EVENT_BYTES, advance
 from coordinator.receipts import projection
 from protocol import errors
 from protocol.messages import Assign, ErrorInfo, Revoke
@@ -53,6 +54,12 @@ log = structlog.get_logger(__name__)
 # Placements are counted per policy under "placements.<policy>" (coordinator/io/metrics.py turns the
 # suffix into the ``policy`` label); the policies are in coordinator/placement/policies.py.
 PLACEMENT_COUNTERS = tuple(f"placements.{name}" for name in POLICY_NAMES)
+
+#: Work units per second (one per queued group explained, one per plan told its new reason) that
+#: re-explaining waiting reasons may take, and at most ``WAIT_WORK_BURST`` in one loop turn; the rest
+#: waits for the next tick.
+WAIT_WORK_RATE = 2_000.0
+WAIT_WORK_BURST = 500
 
 
 def note_attempt(plan: Plan, outcome: str, reason: str) -> None:
@@ -102,6 +109,10 @@ class Scheduler:
         """The submit order of new plans (``next(orders)``): ties between equal priorities go to the older plan."""
         self._wait_reasons: dict[Signature, str] = {}  # see _wait_reason
         self._wait_stamp = (-1, -1)
+        self._wait_budget = TokenBucket(WAIT_WORK_RATE, WAIT_WORK_BURST, float("inf"), 0.0)  # see _explain
+        self._deferred: set[str] = set()  # ops whose groups wait for the tick's explanation (_explain)
+        self._defer_all = False
+        self._pending = False
 
     # ------------------------------------------------------------------ submit order
 
@@ -124,11 +135,13 @@ class Scheduler:
         if best is not None:
             self.assign(plan, best)
             return
-        queue.push(plan.id, signature, plan.priority, plan.order)
+        alone = queue.push(plan.id, signature, plan.priority, plan.order)
         reason = self._wait_reason(signature, now)
         if reason == "waiting for placement":  # room somewhere, but not for this plan's KV blocks
             reason = self._placement.kv_reason(plan, pool) or reason
-        if reason != queue.group_reason(signature):
+        if alone:  # a new group: its only plan's reason is the group's (no refresh need visit it)
+            queue.set_group_reason(signature, reason)
+        elif reason != queue.group_reason(signature):
             queue.set_group_reason(signature, None)  # the group's plans disagree: the next refresh visits them
         self._set_waiting(plan, reason)
 
@@ -150,8 +163,12 @@ class Scheduler:
         if not self._registry.is_alive(record.id, now):
             return
         plans, fits = self._plans, self._placement.fits
+        # It can run no signature of another op, nor one whose first tag it lacks: those are not looked at.
+        ops, tags = record.capabilities.ops, record.capabilities.tags
         while record.has_capacity():
-            plan_id = self._queue.best_for(lambda sig: sig.admits(record), lambda pid: fits(plans[pid], record))
+            plan_id = self._queue.best_for(
+                lambda sig: sig.admits(record), lambda pid: fits(plans[pid], record), ops, tags
+            )
             if plan_id is None:
                 break
             self.assign(plans[plan_id], record)
@@ -236,29 +253,78 @@ class Scheduler:
 
     # ------------------------------------------------------------------ waiting reasons
 
-    def refresh_waiting(self, now: float) -> None:
-        """Re-explain every queued group after the set of alive workers changed.
+    def refresh_waiting(self, now: float, ops: Iterable[str] | None = None) -> None:
+        """Re-explain the queued groups after the set of alive workers changed.
 
+        ``ops``: the ops of the workers that changed (connected, left, drained, revived); only
+        groups of those ops are re-explained, with the groups whose reason is not known yet
+        (a group's reason depends only on the workers that handle its op). None: every group.
         A group's plans are visited only when its reason changed since the last refresh.
         Nothing queued: nothing to explain (a registration then costs no pass over the workers).
         """
         self._wait_reasons.clear()  # drains and revivals change reasons without a registry change
         self._placement.room_may_have_changed()
+        if self._queue:
+            self._explain(ops, now)
+
+    def catch_up_waiting(self, now: float) -> None:
+        """At each tick: explain the groups a refresh left for later (past its work budget)."""
+        if self._pending and self._queue:
+            ops = None if self._defer_all else list(self._deferred)  # [] still explains the unexplained groups
+            self._pending, self._defer_all, self._deferred = False, False, set()
+            self._explain(ops, now)
+
+    def _defer(self, ops: Iterable[str] | None) -> None:
+        self._pending = True
+        if ops is None:
+            self._defer_all = True
+        else:
+            self._deferred.update(ops)
+
+    def _explain(self, ops: Iterable[str] | None, now: float) -> None:
+        """Explain each group and tell its plans when their reason changed, within the work budget.
+
+        Each group explained and each plan told cost one unit of :data:`WAIT_WORK_RATE` per second
+        (at most :data:`WAIT_WORK_BURST` at once): worker churn under a deep queue whose reasons flip at
+        every (dis)connect costs a bounded amount of work per second and per loop turn (issue 17
+        finding 5). Past the budget the rest of the groups of ``ops`` wait for the tick
+        (:meth:`catch_up_waiting`), which explains them again.
+        """
         queue = self._queue
-        if not queue:
+        budget = self._wait_budget
+        budget.tokens = min(float(budget.burst), budget.tokens + (now - budget.last_s) * budget.rate)
+        budget.last_s = now
+        if budget.tokens < 1:
+            self._defer(ops)
             return
-        alive = list(self._registry.iter_alive(now))  # explain_wait needs no order
-        for signature in queue.signatures():
+        alive: list[WorkerRecord] | None = None
+        for signature in queue.iter_signatures(ops, unexplained=True):
+            if alive is None:
+                alive = list(self._registry.iter_alive(now))  # explain_wait needs no order
+            if budget.tokens < 1:
+                self._defer(ops)
+                return
+            budget.tokens -= 1
             reason = explain_wait(signature, alive)
             if reason == queue.group_reason(signature):
                 continue
+            plans = self._plans
             for plan_id in queue.plans_in(signature):
-                self._set_waiting(self._plans[plan_id], reason)
+                plan = plans[plan_id]
+                if plan.waiting_reason == reason:
+                    continue  # told already (on a visit that ran out of budget)
+                if budget.tokens < 1:
+                    queue.set_group_reason(signature, None)  # its plans disagree until the tick goes on
+                    self._defer(ops)
+                    return
+                budget.tokens -= 1
+                self._set_waiting(plan, reason)
             queue.set_group_reason(signature, reason)
 
     def _set_waiting(self, plan: Plan, reason: str) -> None:
         if plan.waiting_reason != reason:  # §Plan lifecycle: emitted again only when the reason changes
             plan.waiting_reason = reason
+            plan.drop_superseded("waiting", SMALL_EVENT_BYTES)  # only the newest reason in a row is held
             self._emit(plan, "waiting", {"reason": reason}, small=True)
 
     def _wait_reason(self, signature: Signature, now: float) -> str:

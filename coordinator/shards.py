@@ -33,10 +33,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.records import PlanCreated
+from protocol.messages import Submit
 
 __all__ = [
-    "DEFAULT_SHARD", "ClusterConfig", "LeaseRow", "LeaseState", "Outcome", "PartialLeases", "Round", "ShardLeases",
-    "fair_share", "plan_round", "pool_of", "pool_shard", "shard_of",
+    "DEFAULT_SHARD", "ClusterConfig", "LeaseRow", "LeaseState", "Outcome", "PartialLeases", "Partitions", "Round",
+    "ShardLeases", "fair_share", "parse_partitions", "partition_of", "partition_shard", "plan_round", "pool_of",
+    "pool_shard", "shard_of", "submit_shard", "worker_shard",
 ]
 
 DEFAULT_SHARD = 0
@@ -67,9 +69,74 @@ def pool_shard(pool: str, shards: int) -> int:
     return zlib.crc32(pool.encode()) % shards
 
 
-def shard_of(created: PlanCreated, shards: int) -> int:
-    """The shard slot that holds a plan: the shard of the pool its required tags name (:func:`pool_of`)."""
-    return pool_shard(pool_of(created.submit.requirements.tags), shards)
+def shard_of(created: PlanCreated, shards: int, partitions: Partitions = ()) -> int:
+    """The shard slot that holds a plan: :func:`submit_shard` of the submit it was created from."""
+    return submit_shard(created.submit, shards, partitions)
+
+
+Partitions = tuple[tuple[str, int], ...]
+"""Pools split into partitions: ``((pool, K), ...)`` (``--pool-partitions gpu=4``)."""
+
+
+def parse_partitions(text: str) -> Partitions:
+    """``"gpu=4,llm=2"`` as :data:`Partitions` (sorted by pool; "" gives none).
+
+    Raises:
+        ValueError: naming the item that is not ``POOL=K`` with a K of at least 1, or a pool given twice.
+    """
+    found: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        pool, sep, count = item.partition("=")
+        pool = pool.strip()
+        try:
+            k = int(count) if sep else 0
+        except ValueError:
+            k = 0
+        if not pool or k < 1:
+            raise ValueError(f"--pool-partitions: {item!r} is not POOL=K with a pool name and a count K >= 1")
+        if pool in found:
+            raise ValueError(f"--pool-partitions: pool {pool!r} is given twice")
+        found[pool] = k
+    return tuple(sorted(found.items()))
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition of a worker id or a session key among ``partitions``: CRC-32 of it mod the count."""
+    if partitions <= 1:
+        return 0
+    return zlib.crc32(key.encode()) % partitions
+
+
+def partition_shard(pool: str, partition: int, shards: int) -> int:
+    """The shard of partition ``partition`` of ``pool``: the pool's own shard, then the next ones, in turn."""
+    return (pool_shard(pool, shards) + partition) % max(1, shards)
+
+
+def worker_shard(tags: Sequence[str], worker_id: str, shards: int, partitions: Partitions = ()) -> int:
+    """The shard a worker belongs to: its pool's, or in a partitioned pool its partition's (hash of its id)."""
+    pool = pool_of(tags)
+    k = dict(partitions).get(pool, 1) if pool else 1
+    if k <= 1:
+        return pool_shard(pool, shards)
+    return partition_shard(pool, partition_of(worker_id, k), shards)
+
+
+def submit_shard(submit: Submit, shards: int, partitions: Partitions = ()) -> int:
+    """The shard a submit belongs to: its pool's, or in a partitioned pool the partition of its key.
+
+    The key is the sticky session key (``hints.session_key``), so a session stays in one core;
+    a plan without one goes by its ``plan_id`` (the SDK always gives one), and one with neither
+    to partition 0. Only what the submit itself says counts, so the shard that answers the
+    submit and the shard its rows are written to agree.
+    """
+    pool = pool_of(submit.requirements.tags)
+    k = dict(partitions).get(pool, 1) if pool else 1
+    if k <= 1:
+        return pool_shard(pool, shards)
+    key = submit.hints.session_key or submit.plan_id or ""
+    return partition_shard(pool, partition_of(key, k) if key else 0, shards)
 
 
 @dataclass(frozen=True)
@@ -83,12 +150,15 @@ class ClusterConfig:
         lease_ttl_s: how long a lease lasts after its last renewal (database clock). A dead
             owner's shards are taken over after at most this plus one standby scan.
         lease_renew_s: how often the owner renews (a standby scans twice as often).
+        partitions: pools split into K partitions, each on its own shard (``--pool-partitions``;
+            every coordinator of the cluster must be given the same).
     """
 
     name: str = "fleetwire"
     shards: int = 16
     lease_ttl_s: float = 3.0
     lease_renew_s: float = 1.0
+    partitions: Partitions = ()
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the setting that cannot work."""
@@ -98,6 +168,12 @@ class ClusterConfig:
             raise ValueError(f"--shards must be between 1 and 4096, got {self.shards}")
         if not self.lease_renew_s > 0 or not self.lease_ttl_s > 0:
             raise ValueError("--lease-ttl and --lease-renew must be positive seconds")
+        for pool, k in self.partitions:
+            if k > self.shards:
+                raise ValueError(
+                    f"--pool-partitions {pool}={k}: a pool cannot have more partitions than the {self.shards} shard "
+                    "slots (--shards)"
+                )
         if self.lease_ttl_s < 2 * self.lease_renew_s:
             raise ValueError(
                 f"--lease-ttl ({self.lease_ttl_s} s) must be at least twice --lease-renew ({self.lease_renew_s} s), "

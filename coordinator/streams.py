@@ -96,14 +96,17 @@ class Streams:
         self._max_event_bytes = max_event_bytes
         counters["resyncs_sent"] = 0
 
-    def emit(self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False, small: bool = False) -> None:
+    def emit(
+        self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False, small: bool = False, size: int | None = None
+    ) -> None:
         """Stamp the next seq on an event of the plan and send it to its followers.
 
         ``small``: a lifecycle event whose data the core built from a few scalars (not sized).
+        ``size``: the payload's size when the caller already knows it (not sized again).
         """
         event = plan.append_event(
             kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self._max_events,
-            max_bytes=self._max_event_bytes, size=SMALL_EVENT_BYTES if small else None,
+            max_bytes=self._max_event_bytes, size=SMALL_EVENT_BYTES if small else size,
         )
         self._emitted(plan, event)
         send = self._send

@@ -44,7 +44,7 @@ import structlog
 
 from coordinator import scopes
 from coordinator.errors import InvalidTransition
-from coordinator.plans import RESERVED_KINDS, Plan, advance, done_event
+from coordinator.plans import RESERVED_KINDS, SMALL_EVENT_BYTES, Plan, advance, done_event
 from coordinator.receipts import Footprint, settle
 from coordinator.records import Journal
 from protocol import caps, errors
@@ -63,6 +63,7 @@ from protocol.messages import (
     Goodbye,
     Heartbeat,
     Hello,
+    Receipt,
     Reject,
     Welcome,
 )
@@ -235,7 +236,7 @@ class WorkerSessions:
         self._placement.forget([worker_id])
         self._counters["workers_left"] += 1
         log.info("worker left", worker_id=worker_id, leases=sorted(record.leases))
-        self._refresh_waiting(now)
+        self._refresh_waiting(now, record.capabilities.ops)  # only its ops' groups can change their reason
 
     def remove(self, worker_id: str, now: float) -> None:
         """An operator removed the worker for good (``remove_worker``; the id is registered).
@@ -267,7 +268,7 @@ class WorkerSessions:
         self._secrets.pop(worker_id, None)
         self._placement.forget([worker_id])
         log.info("worker removed by an operator", worker_id=worker_id, leases=leases)
-        self._refresh_waiting(now)
+        self._refresh_waiting(now, record.capabilities.ops)
 
     def detach(self, s: Session, now: float) -> None:
         """The session no longer speaks for its worker; the record stays (with its leases) until reaped."""
@@ -280,7 +281,7 @@ class WorkerSessions:
             return
         registry.disconnect(worker_id)
         log.info("worker disconnected", worker_id=worker_id, leases=sorted(record.leases))
-        self._refresh_waiting(now)
+        self._refresh_waiting(now, record.capabilities.ops)
 
     def reap(self, now: float) -> list[str]:
         """Reap workers silent past the timeout (§Registry), unless the breaker holds; returns their ids, sorted.
@@ -368,6 +369,7 @@ class WorkerSessions:
                 older.worker_id = None  # its close must not disconnect the new session
                 why = f"worker id {worker_id!r} registered on a newer session"
                 self._outbox.close(older, errors.CLOSE_REPLACED, why)
+        old_ops = registry.get(worker_id).capabilities.ops if reconnect else []  # their groups' reasons change too
         record = registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
         if worker_id in self._leaving:  # it announced a stop, then came back: its own drain is over
             self._leaving.discard(worker_id)
@@ -440,7 +442,7 @@ class WorkerSessions:
         for plan_id in self._queue.forgive(worker_id):
             plans[plan_id].avoid -= {worker_id}
         self._fill_worker(record, now)
-        self._refresh_waiting(now)
+        self._refresh_waiting(now, [*record.capabilities.ops, *old_ops])
 
     def _refuse_takeover(self, s: Session, holder: Session, worker_id: str, silent_s: float) -> None:
         """Refuse ``s`` the live id ``worker_id``: error(worker_id_in_use) naming the holder, then 4409."""
@@ -466,7 +468,7 @@ class WorkerSessions:
             log.info("worker leaving: no new plans", worker_id=worker_id, leases=len(record.leases))
         if not was_alive:  # it fell silent past the timeout but beat before the reaper ran
             self._fill_worker(record, now)
-            self._refresh_waiting(now)
+            self._refresh_waiting(now, record.capabilities.ops)
 
     def _lease(self, s: Session, worker_id: str, plan_id: str, attempt: int) -> Plan | None:
         """The plan if (plan_id, attempt) is this worker's current lease; otherwise answer stale_lease."""
@@ -553,13 +555,18 @@ class WorkerSessions:
         registry.release(worker_id, plan.id)
         if self._adopted and self._adopted.pop(plan.id, None) == msg.attempt and not plan.terminal:
             self._counters["results_recovered_from_worker"] += 1
-        if msg.receipt is not None:  # every attempt's energy counts; the plan keeps its last one's
-            receipt = settle(msg.receipt, plan.projected)
+        receipt = msg.receipt
+        if receipt is None and plan.projected is not None:  # the worker measured nothing: the projection stays
+            receipt = Receipt(estimated=True, source="none")
+        if receipt is not None:  # every attempt's energy counts; the plan keeps its last one's
+            receipt = settle(receipt, plan.projected)
             assert receipt is not None
             self._footprint.add(plan.owner, plan.op, receipt)
             plan.receipt = receipt
             if plan.terminal and self._journal is not None:  # cancelled before this done: its record gets it
                 self._journal.touched(plan)
+        elif plan.receipt is not None and not plan.terminal:
+            plan.receipt = None  # an earlier attempt's: this last one measured nothing
         if not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
             why = f"worker {worker_id} reported a failure without an error"
             self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
@@ -570,12 +577,16 @@ class WorkerSessions:
                 case "succeeded":
                     plan.result = msg.result
                     data = {"result": msg.result, "worker_id": worker_id, "attempt": plan.attempt}
+                    # The result is sized once (the event, listings and retention reuse it); the rest is small.
+                    size: int | None = SMALL_EVENT_BYTES + plan.result_bytes()
                     if plan.receipt is not None:
                         data["receipt"] = plan.receipt
+                        size = None
                     if msg.outputs or plan.outputs:  # where to fetch them: docs/PROTOCOL.md §Data plane
                         plan.produced = msg.outputs
                         data["outputs"] = {o.name: [o.size, o.digest] for o in msg.outputs}
-                    self._emit(plan, "succeeded", data)
+                        size = None
+                    self._emit(plan, "succeeded", data, size=size)
                 case "failed":
                     why = f"worker {worker_id} reported a failure without an error"
                     self._fail(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why))

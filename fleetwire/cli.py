@@ -257,7 +257,19 @@ def _cluster_settings(ns: argparse.Namespace) -> Any:
     """Cluster mode's settings (docs/CLUSTER.md; used with a postgresql:// store only)."""
     from coordinator.shards import ClusterConfig
 
-    return ClusterConfig(name=ns.cluster_name, shards=ns.shards, lease_ttl_s=ns.lease_ttl, lease_renew_s=ns.lease_renew)
+    partitions = tuple(item for given in ns.pool_partitions for item in given)
+    return ClusterConfig(name=ns.cluster_name, shards=ns.shards, lease_ttl_s=ns.lease_ttl, lease_renew_s=ns.lease_renew,
+                         partitions=tuple(sorted(dict(partitions).items())))
+
+
+def _pool_partitions(text: str) -> Any:
+    """``--pool-partitions gpu=4,llm=2`` (argparse type): ``((pool, K), ...)``."""
+    from coordinator.shards import parse_partitions
+
+    try:
+        return parse_partitions(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--pool-partitions: ")) from None
 
 
 def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
@@ -281,6 +293,7 @@ def _routing_settings(ns: argparse.Namespace) -> dict[str, Any]:
             cooldown_s=ns.autoscale_cooldown,
             max_step=ns.autoscale_max_step,
             drain_deadline_s=ns.autoscale_drain_deadline,
+            worker_gpus=ns.autoscale_worker_gpus,
         )
     return {
         "placement": PlacementConfig(
@@ -448,6 +461,8 @@ def _local_worker_argv(url: str, worker_id: str, ns: argparse.Namespace) -> list
            "--data-listen", "127.0.0.1:0"]  # the data plane on a loopback port of its own
     if ns.allow_shell:
         cmd.append("--allow-shell")
+    if getattr(ns, "autoscale", None) and ns.autoscale_worker_gpus:  # what the autoscaler was told they have
+        cmd += ["--gpus", ",".join(str(i) for i in range(ns.autoscale_worker_gpus))]
     if url.startswith("wss://"):
         cmd += ["--ca-file", ns.ca_file or ns.tls_cert]
     return cmd
@@ -626,6 +641,10 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                         "shards are taken over after at most this plus half --lease-renew (default 3)")
     g.add_argument("--lease-renew", type=float, default=1.0, metavar="S",
                    help="how often the owner renews its leases; at most half --lease-ttl (default 1)")
+    g.add_argument("--pool-partitions", type=_pool_partitions, action="append", default=[], metavar="POOL=K",
+                   help="split a pool larger than one coordinator into K partitions, each on its own shard: workers "
+                        "by hash of their id, plans by hash of their session key (else plan id); comma-separated or "
+                        "repeated; give every coordinator the same (default: none)")
     add_security_arguments(p)  # TLS and limits (fleetwire/cli_security.py)
     g = p.add_argument_group("placement and autoscaling (docs/ROUTING.md)")
     g.add_argument("--policy", default="joule_weighted", metavar="NAME",
@@ -668,6 +687,9 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     g.add_argument("--autoscale-drain-deadline", type=float, default=300.0, metavar="S",
                    help="a worker removed by scale-down has this long to finish its plans before they are taken "
                         "back and it is stopped (default 300)")
+    g.add_argument("--autoscale-worker-gpus", type=int, default=None, metavar="N",
+                   help="devices each provisioned worker has: plans needing more are never scaled for, a worker "
+                        "carries at most N // G plans of G devices (`up`: local workers declare --gpus 0..N-1)")
 
 
 def _client_parent(token_help: str) -> argparse.ArgumentParser:

@@ -108,7 +108,8 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {_default('max_plans_per_client')})")
     g.add_argument("--max-bytes-per-client", type=int, default=_default("max_bytes_per_client"), metavar="B",
                    help="bytes of unfinished plans (args, requirements, overhead) per client token before submit "
-                        "gets error(too_many_plans) naming bytes; 0: none "
+                        "gets error(too_many_plans) naming bytes; the token's finished plans share the budget "
+                        "(its oldest are forgotten past it); 0: none "
                         f"(default {_default('max_bytes_per_client')}, 256 MiB)")
     g.add_argument("--max-connections-per-principal", type=int, default=None, metavar="N",
                    help="open sessions one client token may hold before its next upgrade gets HTTP 503; 0: none "

@@ -66,6 +66,7 @@ from fleetwire.connection import (
 from fleetwire.data import DirectTransport, Grant, InputValue, Transport, Uploads, prepare_inputs
 from fleetwire.errors import FleetwireConnectionError, RequestError
 from fleetwire.plan import Plan
+from fleetwire.prompt_hints import fill_hints
 from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.resume import Resumer
 from fleetwire.session import COALESCE_LIMIT_BYTES, ClientSession
@@ -178,6 +179,7 @@ class Client:
         """A submit encoded larger than this moves its ``args`` to the data plane (input ``__args__``)."""
         self.relay = RelayTransport(self)  # inputs and outputs through the coordinator (fleetwire/relay.py)
         self._session.on_data = self.relay.receive
+        self._session.retry_later = self._retry_later  # ``unavailable`` (store away): send again after the wait
         self._resumer: Resumer[ClientConnection] = Resumer(
             self._session,
             dial=self._dial,
@@ -357,7 +359,9 @@ class Client:
             plan_id: an idempotency key: submitting it again returns the existing plan
                 (``plan.duplicate`` is true) and changes nothing.
             hints: a ``protocol.RoutingHints`` or a dict of its fields (docs/ROUTING.md):
-                prefix hashes and token estimates for KV-aware placement and admission.
+                prefix hashes and token estimates for KV-aware placement and admission. For op
+                ``generate`` the fields left empty are computed from ``args`` (its ``messages`` or
+                ``prompt`` and ``max_tokens``; fleetwire/prompt_hints.py).
             session_key: plans with the same key go to the same worker while it has room.
             policy: the placement policy for this plan (else the coordinator's default).
             inputs: named inputs (``bytes``, ``memoryview``, ``pathlib.Path`` or a binary file),
@@ -385,6 +389,8 @@ class Client:
         sources = await prepare_inputs(inputs) if inputs else {}
         reqs = options.requirements(requirements, tags)
         routing = options.hints(hints, session_key, policy)
+        if op == "generate":  # token estimate and prefix hashes of the prompt (fleetwire/prompt_hints.py)
+            routing = fill_hints(routing, args)
         msg = Submit(
             req_id=self._session.next_req_id(),
             op=op,
@@ -480,10 +486,11 @@ class Client:
             req_ids.append(req_id)
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
+        on_accepted = {own: functools.partial(self._on_accepted, own=own) for own in (False, True)}  # not one per plan
+        send_request = session.send_request
         for req_id, raw, plan_id in zip(req_ids, raws, ids, strict=True):
             future: asyncio.Future[Any] = loop.create_future()
-            accepted = functools.partial(self._on_accepted, own=plan_id is None)
-            session.send_request(req_id, Submit, raw, Accepted, future, accepted)
+            send_request(req_id, Submit, raw, Accepted, future, on_accepted[plan_id is None])
             futures.append(future)
         plans: list[Plan] = []
         refused: RequestError | None = None
@@ -668,6 +675,14 @@ class Client:
         finally:
             if ws is self._ws:  # resume, or end the session
                 self._connection_lost(ending_error(ws, self.url, closing=self._closing))
+
+    def _retry_later(self, req_id: int, delay_s: float) -> None:
+        """A request answered ``unavailable`` goes out again after ``delay_s`` (same req_id and plan id)."""
+        asyncio.get_running_loop().call_later(delay_s, self._resend, req_id)
+
+    def _resend(self, req_id: int) -> None:
+        if self._session.resend(req_id):
+            self._outbox_ready.set()
 
     def _connection_lost(self, error: FleetwireConnectionError) -> None:
         if self._closing or not self._resumer.can_resume(error):

@@ -29,8 +29,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetwire.client import Client, Plan
-from fleetwire.cluster_views import cluster_plans
-from fleetwire.connection import resolve_urls
 from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
 from protocol.messages import Event, PlanInfo, Plans, Receipt, WorkerInfo, Workers
 
@@ -174,8 +172,11 @@ async def finish(plan: Plan, *, follow: bool, as_json: bool, on_waiting: Waiting
                     await on_waiting(_reason(event))
         follower.flush_tokens()
     outcome = await _result(plan)
-    if follow and not as_json and plan.receipt is not None:
-        print(receipt_line(plan.receipt), flush=True)  # before the result: that stays the last line
+    if follow and not as_json:  # before the result: that stays the last line
+        if plan.receipt is not None:
+            print(receipt_line(plan.receipt), flush=True)
+        elif plan.worker_id is not None and plan.state != "cancelled":  # it ran, and nothing measured it
+            print(NO_RECEIPT, flush=True)
     return _outcome(plan, outcome, as_json)
 
 
@@ -187,6 +188,11 @@ def _joules(joules: float) -> str:
 
 def _grams(grams: float) -> str:
     return f"{grams:.2f}" if grams >= 0.01 or grams == 0 else f"{grams:.2g}"
+
+
+#: What ``submit --follow`` prints for a plan that ran and came back without a receipt: its worker
+#: measured nothing, so it sent none (docs/PROTOCOL.md §Receipt).
+NO_RECEIPT: Final = "energy unknown (no receipt: the worker has no NVML, --power-watts or --uj-per-token)"
 
 
 def receipt_line(receipt: Receipt) -> str:
@@ -373,12 +379,9 @@ async def _plans(ns: argparse.Namespace, target: Target) -> int:
     if ns.by is not None and not states:
         states = ("succeeded", "failed", "cancelled")  # a footprint is made of finished plans
     limit = ns.limit if ns.limit is not None else (MAX_LIST if ns.by is not None else 50)
-    urls = resolve_urls(url)
-    if len(urls) > 1:  # cluster mode: every shard's plans, read from PostgreSQL by a main port
-        reply: Plans = await cluster_plans(urls, token, states=states, limit=limit)
-    else:
-        async with Client(url, token=token) as client:
-            reply = await client.plans(states=states, limit=limit)
+    # Cluster mode (several URLs): a coordinator's main port reads every shard's plans from PostgreSQL.
+    async with Client(url, token=token) as client:
+        reply: Plans = await client.plans(states=states, limit=limit)
     if ns.since is not None:
         since = time.time() - ns.since
         reply.plans = [p for p in reply.plans if p.ended_at is not None and p.ended_at >= since]

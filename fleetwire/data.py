@@ -22,6 +22,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import hashlib
@@ -36,6 +37,7 @@ import ssl
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Protocol
 from urllib.parse import quote
@@ -43,7 +45,7 @@ from urllib.parse import quote
 import httpx
 
 from protocol.messages import DataGrant, Event, InputSpec
-from protocol.tickets import name_problem
+from protocol.tickets import name_problem, new_hasher
 
 __all__ = [
     "CHUNK_BYTES",
@@ -52,6 +54,8 @@ __all__ = [
     "Grant",
     "InputSource",
     "InputValue",
+    "OutputCheck",
+    "OutputMismatch",
     "Progress",
     "Transport",
     "Uploads",
@@ -63,6 +67,8 @@ log = logging.getLogger("fleetwire.data")
 
 CHUNK_BYTES = 1 << 20
 TRANSFER_CHUNK = 4 << 20  # what a transfer thread moves per call (bounded memory, few calls)
+SETTLE_S = 10.0  # how long a succeeded plan's last upload may take to read the worker's answer
+WRITES_AHEAD = 4  # batches of a download by chunks waiting for the disk (about 4 MiB)
 InputValue = bytes | bytearray | memoryview | pathlib.Path | IO[bytes]
 Progress = Callable[[str, int, int], None]
 """``progress(name, done_bytes, size)``: how far a transfer got (called from a transfer thread)."""
@@ -74,6 +80,45 @@ class DataTransferError(Exception):
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
+
+
+class OutputMismatch(DataTransferError):
+    """An output's bytes arrived whole but do not have the digest its worker reported: nothing was kept."""
+
+
+class OutputCheck:
+    """Hashes an output's bytes as they arrive and checks them against the digest its worker reported.
+
+    ``digest`` comes from the plan's ``succeeded`` event (``outputs``: ``[size, digest]``); with
+    ``""`` (a worker that reported none) nothing is checked. :meth:`update` may run in a thread.
+    """
+
+    def __init__(self, name: str, digest: str) -> None:
+        self.name = name
+        self.digest = digest
+        self._hasher = new_hasher(digest) if digest else None
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        if self._hasher is not None:
+            self._hasher.update(data)
+
+    def restart(self) -> None:
+        """The download starts again from byte 0 (another path)."""
+        if self.digest:
+            self._hasher = new_hasher(self.digest)
+
+    def verify(self) -> None:
+        """Raises:
+            OutputMismatch: the bytes received do not have the reported digest.
+        """
+        if self._hasher is None:
+            return
+        got = f"{self.digest.partition(':')[0]}:{self._hasher.hexdigest()}"
+        if got != self.digest:
+            raise OutputMismatch(
+                f"output {self.name!r}: the bytes received have digest {got}, not {self.digest} as its worker "
+                "reported when the plan succeeded (damaged on the worker's disk or on the way); nothing was kept"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,11 +380,13 @@ class DirectTransport:
             self._tls = ssl.create_default_context(cafile=self._ca_file)
         return self._tls
 
-    async def download_to(self, grant: Grant, name: str, path: str | os.PathLike[str]) -> pathlib.Path:
+    async def download_to(self, grant: Grant, name: str, path: str | os.PathLike[str],
+                          check: OutputCheck | None = None) -> pathlib.Path:
         """Write an output to ``path`` (through a partial file renamed at the end), resuming with ``Range``.
 
-        The bytes go socket -> a reused buffer -> the file in a thread of its own: bounded
-        memory, no per-chunk work on the event loop.
+        The bytes go socket -> a reused buffer -> the file (and ``check``'s hash) in a thread of
+        its own: bounded memory, no per-chunk work on the event loop. A digest that does not
+        match ``check`` raises :class:`OutputMismatch` and leaves no file.
         """
         target = pathlib.Path(path)
         partial = target.with_name(f".{target.name}.partial")
@@ -360,7 +407,7 @@ class DirectTransport:
                                    self._stall_timeout_s)
                 try:
                     status, body = await call.run(functools.partial(_get_body, request=request, file=file,
-                                                                    progress=progress, report=report))
+                                                                    progress=progress, report=report, check=check))
                 except OSError as exc:
                     received, size = progress
                     failures += 1
@@ -371,6 +418,8 @@ class DirectTransport:
                 received, size = progress
                 if status not in (200, 206):
                     raise DataTransferError(f"output {name!r}: {_body_error(body)}", status)
+            if check is not None:
+                check.verify()
         except BaseException:
             file.close()
             with contextlib.suppress(OSError):
@@ -523,7 +572,7 @@ def _put_body(sock: socket.socket, request: bytes, source: InputSource, offset: 
 
 
 def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: list[int],
-              report: Callable[[int, int], None] | None) -> tuple[int, bytes]:
+              report: Callable[[int, int], None] | None, check: OutputCheck | None = None) -> tuple[int, bytes]:
     """Send a ``GET``; write the body to ``file`` at ``progress[0]``, keeping ``progress`` = [received, size]."""
     sock.sendall(request)
     status, headers, _, first = _read_response(sock, keep_body=False)
@@ -539,9 +588,11 @@ def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: li
     file.seek(progress[0])
     if first:
         file.write(first[:remaining])
+        if check is not None:
+            check.update(first[:remaining])
         progress[0] += min(len(first), remaining)
         remaining -= min(len(first), remaining)
-    with _FileWriter(file) as writer:
+    with _FileWriter(file, check) as writer:
         while remaining > 0:
             view = writer.buffer()
             got = 0
@@ -562,12 +613,13 @@ def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: li
 
 
 class _FileWriter:
-    """Writes buffers to a file in a thread of its own while the caller fills the next (two buffers)."""
+    """Writes buffers to a file (and hashes them) in a thread of its own while the caller fills the next."""
 
-    def __init__(self, file: IO[bytes]) -> None:
+    def __init__(self, file: IO[bytes], check: OutputCheck | None = None) -> None:
         self._file = file
+        self._check = check
         self._free: queue.Queue[memoryview] = queue.Queue()
-        for _ in range(2):
+        for _ in range(3):
             self._free.put(memoryview(bytearray(TRANSFER_CHUNK)))
         self._full: queue.Queue[memoryview | None] = queue.Queue()
         self._error: BaseException | None = None
@@ -598,6 +650,8 @@ class _FileWriter:
             try:
                 if self._error is None:
                     self._file.write(part)
+                    if self._check is not None:
+                        self._check.update(part)
             except BaseException as exc:  # reported to the filling thread
                 self._error = exc
             finally:
@@ -632,8 +686,10 @@ class Uploads:
         self.task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
+        succeeded = False
         try:
             async for event in self._events:
+                succeeded = event.kind == "succeeded"
                 if event.kind == "data_ready" and self.sources:
                     if self._current is not None:
                         self._current.cancel()  # a newer attempt: the older worker is gone
@@ -641,6 +697,10 @@ class Uploads:
         except Exception as exc:  # the session ended: the plan's own calls report it
             log.debug("uploads of plan %s stopped: %s", self.plan_id, exc)
         finally:
+            if succeeded and self._current is not None and not self._current.done():
+                # Every input arrived (the handler ran): the upload is only reading the worker's answer.
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(self._current), SETTLE_S)
             if self._current is not None:
                 self._current.cancel()
                 with contextlib.suppress(BaseException):
@@ -671,26 +731,65 @@ class Uploads:
         self.task.cancel()
 
 
-async def fetch_to(transport: Transport, grant: Grant, name: str, path: str | os.PathLike[str]) -> pathlib.Path:
-    """Write output ``name`` to ``path``: straight from the socket to the file on the direct path, else by chunks."""
+async def fetch_to(transport: Transport, grant: Grant, name: str, path: str | os.PathLike[str],
+                   check: OutputCheck | None = None) -> pathlib.Path:
+    """Write output ``name`` to ``path``: straight from the socket to the file on the direct path, else by chunks.
+
+    With ``check``, the bytes are hashed on the way and a mismatch raises :class:`OutputMismatch` (no file left).
+    """
     if isinstance(transport, DirectTransport) and grant.url:
-        return await transport.download_to(grant, name, path)
-    return await write_chunks(transport.download(grant, name), path)
+        return await transport.download_to(grant, name, path, check)
+    return await write_chunks(transport.download(grant, name), path, check)
 
 
-async def write_chunks(chunks: AsyncIterator[bytes], path: str | os.PathLike[str]) -> pathlib.Path:
-    """Write a download to ``path`` (through a temporary file renamed at the end)."""
+def _write_and_hash(file: IO[bytes], chunks: list[bytes], check: OutputCheck | None) -> None:
+    for chunk in chunks:
+        file.write(chunk)
+        if check is not None:
+            check.update(chunk)
+
+
+async def write_chunks(chunks: AsyncIterator[bytes], path: str | os.PathLike[str],
+                       check: OutputCheck | None = None) -> pathlib.Path:
+    """Write a download to ``path`` (through a temporary file renamed at the end), checked by ``check``.
+
+    Chunks are written (and hashed) in order by one thread of their own, in batches of about
+    :data:`CHUNK_BYTES`, while the next ones arrive, at most :data:`WRITES_AHEAD` batches
+    waiting: the source (a relayed stream, which credits each chunk once it is taken) is not
+    held up by the disk chunk by chunk, and memory stays bounded.
+    """
     target = pathlib.Path(path)
     partial = target.with_name(f".{target.name}.partial")
     file = await asyncio.to_thread(open, partial, "wb")
+    loop = asyncio.get_running_loop()
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetwire-output")  # one thread: in order
+    pending: collections.deque[asyncio.Future[None]] = collections.deque()
+    batch: list[bytes] = []
+    batched = 0
     try:
         async for chunk in chunks:
-            await asyncio.to_thread(file.write, chunk)
+            batch.append(chunk)
+            batched += len(chunk)
+            if batched < CHUNK_BYTES:  # small chunks (the relay's 256 KiB) go to the thread a few at a time
+                continue
+            pending.append(loop.run_in_executor(writer, _write_and_hash, file, batch, check))
+            batch, batched = [], 0
+            if len(pending) >= WRITES_AHEAD:
+                await pending.popleft()
+        if batch:
+            pending.append(loop.run_in_executor(writer, _write_and_hash, file, batch, check))
+        while pending:
+            await pending.popleft()
+        if check is not None:
+            check.verify()
     except BaseException:
+        writer.shutdown(wait=True)  # the writes under way finish before the file closes
         file.close()
         with contextlib.suppress(OSError):
             partial.unlink()
         raise
+    finally:
+        writer.shutdown(wait=False)
     file.close()
     await asyncio.to_thread(shutil.move, partial, target)
     return target

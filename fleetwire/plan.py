@@ -3,7 +3,7 @@
 A ``Plan`` does no I/O and holds no protocol state of its own: its ``PlanStream``
 (fleetwire/stream.py), fed by the client's session, buffers the events in ``seq`` order and
 fixes the outcome. The handle adds the waiting: ``events()`` and ``result()`` sleep on an
-``asyncio.Event`` that the stream's ``on_change`` sets.
+``asyncio.Event`` that they leave as the stream's ``waker``, which the stream's next change sets.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from fleetwire.data import Grant, Transport, Uploads, fetch_to
+from fleetwire.data import Grant, OutputCheck, Transport, Uploads, fetch_to
 from fleetwire.relay import AutoTransport
 from fleetwire.stream import PlanStream
 from protocol.messages import Event, PlanInfo, PlanStateName, Receipt
@@ -67,10 +67,6 @@ class Plan:
         self.duplicate = duplicate
         self._stream = stream
         self._client = client
-        # Made by the first waiter and dropped by ``_wake``: most plans of a large batch
-        # are never waited on while they run, and an Event per plan costs at 20k plans/s.
-        self._changed: asyncio.Event | None = None
-        stream.on_change = self._wake
         self.uploads: Uploads | None = None
         """Its inputs' uploads (fleetwire/data.py), when it was submitted with inputs."""
         self.relay = False
@@ -124,7 +120,7 @@ class Plan:
     def receipt(self) -> Receipt | None:
         """Once the plan ended: the energy (J) and emissions (gCO2e) of its last attempt, measured or
         ``estimated``, with what placement projected (docs/PROTOCOL.md §Receipt); None before, or
-        when its worker sent none."""
+        when its worker sent none (it measured nothing)."""
         return self._stream.receipt
 
     def events(self) -> AsyncIterator[Event]:
@@ -164,6 +160,18 @@ class Plan:
             await self._changed_event().wait()
         return stream.outcome()
 
+    def _output_check(self, name: str) -> OutputCheck:
+        """What an output's bytes must hash to: the digest its worker reported in ``succeeded`` ("" when none)."""
+        for event in reversed(self._stream.events):
+            if event.kind == "succeeded":
+                data = event.data if isinstance(event.data, dict) else {}
+                outputs = data.get("outputs")
+                spec = outputs.get(name) if isinstance(outputs, dict) else None
+                if isinstance(spec, list | tuple) and len(spec) >= 2 and isinstance(spec[1], str):
+                    return OutputCheck(name, spec[1])
+                break
+        return OutputCheck(name, "")
+
     def _result_output(self) -> bool:
         """Whether the ``succeeded`` event lists the output ``__result__`` (an oversize result)."""
         for event in reversed(self._stream.events):
@@ -195,14 +203,22 @@ class Plan:
     async def output_chunks(self, name: str) -> AsyncIterator[bytes]:
         """An output's bytes in chunks, fetched from its worker once the plan succeeded.
 
+        The bytes are hashed as they come: when the last chunk was taken, a digest other than the
+        one the worker reported raises :class:`~fleetwire.data.OutputMismatch` (the chunks already
+        yielded are not to be trusted then).
+
         Raises:
             PlanFailed, PlanCancelled: the plan did not succeed.
             DataTransferError: the worker no longer has it (expired, or the worker died), or it is unreachable.
+            OutputMismatch: the bytes do not have the reported digest.
         """
         await self._outcome()
         grant = await self._client.data_ticket(self.id, "get")
+        check = self._output_check(name)
         async for chunk in self._transport().download(grant, name):
+            check.update(chunk)
             yield chunk
+        check.verify()
 
     async def output(self, name: str) -> bytes:
         """An output's bytes, whole (for small outputs; see :meth:`output_to` and :meth:`output_chunks`)."""
@@ -210,26 +226,32 @@ class Plan:
         return b"".join(parts)
 
     async def output_to(self, name: str, path: str | os.PathLike[str]) -> Path:
-        """Write an output to ``path`` in chunks (bounded memory); returns the path."""
+        """Write an output to ``path`` in chunks (bounded memory); returns the path.
+
+        Raises:
+            OutputMismatch: the bytes do not have the digest the worker reported (``path`` is not written).
+        """
         await self._outcome()
         grant = await self._client.data_ticket(self.id, "get")
         transport = self._transport()
+        check = self._output_check(name)
         if isinstance(transport, AutoTransport):
-            return await transport.fetch_to(grant, name, path)
-        return await fetch_to(transport, grant, name, path)
-
-    def _wake(self) -> None:
-        # One Event per generation: every waiter of this generation wakes, later
-        # waiters wait on the next one. Works for any number of iterators.
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+            return await transport.fetch_to(grant, name, path, check)
+        return await fetch_to(transport, grant, name, path, check)
 
     def _changed_event(self) -> asyncio.Event:
-        """The Event the next ``_wake`` sets (made on demand)."""
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        return self._changed
+        """The Event the stream's next change sets (its ``waker``, made by the first waiter).
+
+        One Event per generation: the stream sets it and drops it, so every waiter of this
+        generation wakes and later waiters wait on the next one (any number of iterators). Most
+        plans of a large batch are never waited on while they run: they never get one. The stream
+        holds the Event, not this handle, so a plan makes no reference cycle.
+        """
+        stream = self._stream
+        changed = stream.waker
+        if not isinstance(changed, asyncio.Event):
+            changed = stream.waker = asyncio.Event()
+        return changed
 
 
 class _PlanEvents(AsyncIterator[Event]):

@@ -35,7 +35,16 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from fleetwire.data import DataTransferError, Grant, InputSource, Transport, fetch_to, write_chunks
+from fleetwire.data import (
+    DataTransferError,
+    Grant,
+    InputSource,
+    OutputCheck,
+    OutputMismatch,
+    Transport,
+    fetch_to,
+    write_chunks,
+)
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
 from protocol.relay import BUSY, CLOSED, MAX_CHUNK_BYTES, REFUSED, RETRYABLE, UNAUTHORIZED, VIOLATION
 
@@ -302,18 +311,24 @@ class AutoTransport:
         async for chunk in self.relay.download(grant, name, received):
             yield chunk
 
-    async def fetch_to(self, grant: Grant, name: str, path: str | os.PathLike[str]) -> pathlib.Path:
-        """Write an output to ``path``: the direct path's own way when the worker can be dialled, else relayed."""
+    async def fetch_to(self, grant: Grant, name: str, path: str | os.PathLike[str],
+                       check: OutputCheck | None = None) -> pathlib.Path:
+        """Write an output to ``path``: the direct path's own way when the worker can be dialled, else relayed.
+
+        ``check``: the digest the bytes must have (:class:`OutputMismatch` otherwise, on either path).
+        """
         if await self._reachable(grant.url):
             try:
-                target = await fetch_to(self.direct, grant, name, path)
+                target = await fetch_to(self.direct, grant, name, path, check)
                 self.paths[(grant.plan_id, grant.attempt, "get", name)] = "direct"
                 return target
             except DataTransferError as exc:
-                if exc.status:
+                if exc.status or isinstance(exc, OutputMismatch):  # the relay would bring the same bytes
                     raise
                 self._mark_unreachable(grant.url, exc)
-        return await write_chunks(self.relay.download(grant, name), path)
+            if check is not None:
+                check.restart()  # the relay writes the file again from byte 0
+        return await write_chunks(self.relay.download(grant, name), path, check)
 
     async def aclose(self) -> None:
         await self.direct.aclose()

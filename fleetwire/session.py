@@ -47,6 +47,7 @@ import msgspec
 
 from fleetwire.errors import FleetwireConnectionError, PlanNotFound, ProtocolError, request_error
 from fleetwire.stream import PlanStream
+from protocol import errors as codes
 from protocol.codec import Codec, DecodeFailure, Encoding
 from protocol.messages import (
     TERMINAL_STATES,
@@ -70,13 +71,18 @@ from protocol.messages import (
     type_name,
 )
 
-__all__ = ["COALESCE_LIMIT_BYTES", "RECOVERED_REASON", "ClientSession", "PendingRequest", "Waiter"]
+__all__ = [
+    "COALESCE_LIMIT_BYTES", "RECOVERED_REASON", "UNAVAILABLE_RETRY_S", "ClientSession", "PendingRequest", "Waiter",
+]
 
 log = logging.getLogger("fleetwire.client")
 
 # Outgoing frames hold several messages only up to this size: well under the 1 MiB
 # frame limit a coordinator is likely to enforce (websockets' default).
 COALESCE_LIMIT_BYTES: Final = 256 * 2**10
+
+#: The wait before a request answered ``unavailable`` without ``retry_after_s`` is sent again.
+UNAVAILABLE_RETRY_S: Final = 1.0
 
 #: The ``reason`` of the ``recovered`` event of a plan the session resubmitted.
 RECOVERED_REASON: Final = "coordinator lost the plan; resubmitted by the client"
@@ -148,6 +154,9 @@ class ClientSession:
         self._specs: dict[str, msgspec.Raw] = {}
         self.on_data: Callable[[DataChunk | DataCredit | DataEnd], None] | None = None
         """Receives the relay's messages (fleetwire/relay.py ``RelayTransport.receive``); None: dropped."""
+        self.retry_later: Callable[[int, float], None] | None = None
+        """Told ``(req_id, seconds)`` when a request was answered ``unavailable`` (the coordinator's store is
+        away): the request stays pending, and the driver calls :meth:`resend` after that long. None: it fails."""
 
     def __repr__(self) -> str:
         state = f"ended: {self.ended}" if self.ended is not None else "open"
@@ -198,6 +207,14 @@ class ClientSession:
         if self.ended is not None:
             raise self.ended
         self._outbox.append(self.encode(msg))
+
+    def resend(self, req_id: int) -> bool:
+        """Queue a pending request again (after an ``unavailable`` answer's wait); False if it is no longer pending."""
+        pending = self._pending.get(req_id)
+        if pending is None or pending.raw is None or self.ended is not None:
+            return False
+        self._outbox.append(pending.raw)
+        return True
 
     def forget_request(self, req_id: int) -> None:
         """Stop waiting for a reply (answered, or its caller gave up); a later reply is dropped."""
@@ -257,7 +274,11 @@ class ClientSession:
                 self._resolve(msg.req_id, msg)
             case Error():
                 pending = self._pending.pop(msg.req_id, None) if msg.req_id else None
-                if pending is None or pending.waiter.done():
+                if (msg.code == codes.UNAVAILABLE and pending is not None and pending.raw is not None
+                        and self.retry_later is not None and not pending.waiter.done()):  # fmt: skip
+                    self._pending[msg.req_id] = pending  # sent again after the wait, same req_id and plan id
+                    self.retry_later(msg.req_id, msg.retry_after_s or UNAVAILABLE_RETRY_S)
+                elif pending is None or pending.waiter.done():
                     log.warning("fleetwire client: coordinator error %s: %s", msg.code, msg.message)
                 else:
                     pending.waiter.set_exception(
@@ -296,7 +317,13 @@ class ClientSession:
 
     def _drop_finished(self, plan_id: str) -> None:
         # Streams still waiting for their own replay stay registered.
-        streams = [stream for stream in self._streams.get(plan_id, ()) if not stream.done()]
+        streams = self._streams.get(plan_id)
+        if streams is None:
+            return
+        if len(streams) == 1 and streams[0].final is not None:  # the usual case: its one stream ended
+            del self._streams[plan_id]
+            return
+        streams = [stream for stream in streams if not stream.done()]
         if streams:
             self._streams[plan_id] = streams
         else:

@@ -12,14 +12,16 @@ Theory of operation (docs/PROTOCOL.md §Client session, §Lifecycle events):
   returns or raises. A session that ends first marks the stream ``lost``.
 * A plan the coordinator lost (a store loss) and the session resubmitted (``recover``) starts
   its stream again: a ``recovered`` marker event, then the new stream from ``seq`` 1.
-* Every change calls ``on_change``: the asyncio ``Plan`` handle (fleetwire/plan.py) wakes
-  its waiters there. Nothing here awaits, sleeps or allocates per event beyond the buffer.
+* Every change sets the stream's ``waker`` once (then drops it) and calls ``on_change``: the
+  asyncio ``Plan`` handle (fleetwire/plan.py) puts an ``asyncio.Event`` there while someone waits.
+  Nothing here awaits, sleeps or allocates per event beyond the buffer, and the stream holds no
+  reference back to its handle: no reference cycle per plan for the garbage collector to find.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -42,8 +44,12 @@ _STATE_OF_KIND: Final[dict[str, PlanStateName]] = {
 }
 
 
-def _unchanged() -> None:
-    """The ``on_change`` of a stream nobody waits on."""
+class Waker(Protocol):
+    """What a stream sets at its next change (an ``asyncio.Event`` in the ``Plan`` handle)."""
+
+    def set(self) -> None:
+        """Wake whoever waits for the stream's next change."""
+        ...
 
 
 class PlanStream:
@@ -67,7 +73,8 @@ class PlanStream:
         final: the terminal state, once known.
         receipt: the energy and carbon receipt its terminal event (or record) carried; None: none.
         lost: why the session ended before the plan did, if it did.
-        on_change: called after every change; the owner of the stream sets it.
+        waker: set (once, then dropped) at the next change; whoever waits puts it there. None: nobody waits.
+        on_change: called after every change, when set (None: nothing to call).
     """
 
     __slots__ = (
@@ -86,6 +93,7 @@ class PlanStream:
         "recovered",
         "resyncs",
         "state",
+        "waker",
         "worker_id",
     )
 
@@ -104,7 +112,8 @@ class PlanStream:
         self.final: PlanStateName | None = None
         self._receipt: Any = None  # as the terminal event carried it; converted when read (:attr:`receipt`)
         self.lost: FleetwireConnectionError | None = None
-        self.on_change: Callable[[], None] = _unchanged
+        self.waker: Waker | None = None
+        self.on_change: Callable[[], None] | None = None
         self._result: Any = None
         self._failure: ErrorInfo | None = None
         self._cancel_reason = ""
@@ -146,6 +155,14 @@ class PlanStream:
             attempt=self.attempt,
         )
 
+    def _changed(self) -> None:
+        waker = self.waker
+        if waker is not None:
+            self.waker = None
+            waker.set()
+        if self.on_change is not None:
+            self.on_change()
+
     # ---- fed by the session
 
     def go_live(self) -> PlanStream:
@@ -183,7 +200,12 @@ class PlanStream:
             if state in TERMINAL_STATES:
                 self.final = state
                 self._receipt = data.get("receipt")
-        self.on_change()
+        waker = self.waker  # as _changed(), inline: this runs for every event
+        if waker is not None:
+            self.waker = None
+            waker.set()
+        if self.on_change is not None:
+            self.on_change()
 
     def resync(self, msg: Resync) -> None:
         """The coordinator no longer holds seqs ``first_seq..last_seq``: say so in the stream.
@@ -204,7 +226,7 @@ class PlanStream:
             if info.state not in TERMINAL_STATES:
                 self.state = info.state
             self.finish_from_info(info)  # ends it when its terminal event was among the missing ones
-        self.on_change()
+        self._changed()
 
     def recover(self, reason: str) -> None:
         """The coordinator lost the plan and the session resubmitted it (same id and spec): start again.
@@ -219,7 +241,7 @@ class PlanStream:
         self.last_seq = 0
         self.state = "queued"
         self.recovered += 1
-        self.on_change()
+        self._changed()
 
     def finish_from_info(self, info: PlanInfo) -> None:
         """End the stream from the plan's record when its terminal event came before ``last_seq``.
@@ -236,13 +258,13 @@ class PlanStream:
         self._receipt = info.receipt
         if info.error is not None:
             self._failure = info.error
-        self.on_change()
+        self._changed()
 
     def fail(self, error: FleetwireConnectionError) -> None:
         """The session ended (or lost the plan) before the plan did."""
         if self.final is None and self.lost is None:
             self.lost = error
-            self.on_change()
+            self._changed()
 
 
 def _receipt(value: Any) -> Receipt | None:

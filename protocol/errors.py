@@ -37,12 +37,13 @@ INTERNAL: Final = "internal"
 TOO_MANY_PLANS: Final = "too_many_plans"  # submit: the principal has its limit of unfinished plans
 FORBIDDEN: Final = "forbidden"  # an operator request (drain/undrain) from a token without the admin role
 WORKER_ID_IN_USE: Final = "worker_id_in_use"  # hello: a live session holds the id and no proof was given
+UNAVAILABLE: Final = "unavailable"  # submit: the store cannot take writes now (database failover); retry_after_s
 
 ERROR_CODES: Final = (
     BAD_FRAME, INVALID_MESSAGE, UNKNOWN_TYPE, NOT_REGISTERED, ALREADY_REGISTERED,
     PLAN_NOT_FOUND, UNKNOWN_WORKER, STALE_LEASE, INVALID_TRANSITION, INVALID_ARGUMENT,
     UNKNOWN_OP, REJECTED, REVOKED, HANDLER_ERROR, ENGINE_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
-    TOO_MANY_PLANS, FORBIDDEN, WORKER_ID_IN_USE,
+    TOO_MANY_PLANS, FORBIDDEN, WORKER_ID_IN_USE, UNAVAILABLE,
 )
 
 # ---- websocket close codes (RFC 6455 §7.4; 4000-4999 are ours)

@@ -73,8 +73,8 @@ class Capabilities(msgspec.Struct, omit_defaults=True):
     kv_block_tokens: int = 0  # tokens per KV block
     prefix_cache_tokens: int = 0  # prefix-cache size incl. offload tiers (0: kv_blocks * kv_block_tokens)
     carbon_zone: str = ""  # grid zone, e.g. "FR", "US-CAL-CISO"
-    continuous_batching: bool = False
-    paged_kv: bool = False
+    # continuous_batching and paged_kv were removed (nothing read them; docs/PROTOCOL.md §2, v1 notes):
+    # an older worker that still sends them is understood, the fields being ignored as unknown.
     gpu_share: int = 1  # plans that may hold one of ``gpus`` at once (``--gpu-share K``)
 
 
@@ -299,7 +299,7 @@ class Done(_Msg, tag="done"):
     error: ErrorInfo | None = None
     seq: int = 0  # the worker's message counter (see ``ack``); 0: not counted
     outputs: list[OutputSpec] = []  # outputs this attempt left on the worker's data endpoint
-    receipt: Receipt | None = None  # the attempt's energy and carbon (None: an older worker)
+    receipt: Receipt | None = None  # the attempt's energy and carbon (None: nothing measured, or an older worker)
 
 
 class Goodbye(_Msg, tag="goodbye"):
@@ -343,6 +343,7 @@ class Error(_Msg, tag="error"):
     req_id: int = 0
     plan_id: str | None = None
     attempt: int = 0  # with plan_id: which lease the error is about (stale_lease); 0 = any
+    retry_after_s: float = 0.0  # with a retryable code (unavailable): send the request again after this long
 
 
 # ---- coordinator -> worker

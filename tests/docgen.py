@@ -173,6 +173,10 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
     errors.WORKER_LOST: ("ErrorInfo", "The plan lost its worker on its last attempt."),
     errors.CANCELLED: ("ErrorInfo", "The `error` of a cancelled plan's `PlanInfo`."),
     errors.INTERNAL: ("error", "A coordinator bug while handling the message. Details are in the coordinator log."),
+    errors.UNAVAILABLE: ("error", "A `submit` while the coordinator's store cannot take writes (cluster mode: the "
+                         "PostgreSQL primary is away, a failover is under way). Nothing was recorded; the error's "
+                         "`retry_after_s` says when to send it again (the SDK does, with the same plan id). Sent "
+                         "instead of closing the session."),
     errors.TOO_MANY_PLANS: ("error", "A `submit` while the principal already has its limit of unfinished (queued, "
                             "leased or running) plans. Nothing was recorded; retry once some finish."),
     errors.FORBIDDEN: ("error", "`drain_worker`, `undrain_worker` or `remove_worker` on a session whose token is "

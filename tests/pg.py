@@ -125,6 +125,14 @@ class PostgresServer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, 9)
 
+    def pause(self) -> None:
+        """Stop the server at once (``pg_ctl stop -m immediate``: connections cut, no checkpoint); files kept."""
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start a :meth:`pause`d server again on the same port (crash recovery replays its WAL)."""
+        self._start()
+
     def sql(self, statement: str) -> None:
         """Run one statement as the superuser in the ``postgres`` database (psql)."""
         self._run(str(self.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-q",

@@ -4,8 +4,9 @@ Why HTTP and not a websocket: an upload is one ``PUT`` with a ``Content-Length``
 one ``HEAD`` (the acknowledged offset) plus a ``PUT`` from there (``Content-Range``); a download is
 a ``GET`` with ``Range``. Any HTTP client, proxy or load balancer speaks it; the body is raw bytes
 (a websocket client must mask every byte it sends and frames it), and outputs go out with
-``sendfile`` (no copy through Python). The server is ``asyncio.start_server`` and a small parser:
-no new dependency.
+``sendfile`` (no copy through Python). The server is ``loop.create_server`` with a
+``BufferedProtocol`` (worker_agent/http_conn.py: a body goes from the socket straight into large
+reused buffers, stored and hashed in threads) and a small parser: no new dependency.
 
 Requests (``{plan}``, ``{name}`` percent-encoded; ``Authorization: Bearer <ticket>`` on each):
 
@@ -38,6 +39,7 @@ import structlog
 
 import protocol
 from protocol.tickets import Direction, TicketError, name_problem, verify
+from worker_agent.http_conn import HeadTooLarge, HttpConnection
 from worker_agent.spool import DISK_FULL, InputFile, Spool, SpoolError
 
 __all__ = ["DataServer", "server_tls"]
@@ -153,8 +155,8 @@ class DataServer:
         self.keys = {key.kid: key.key for key in keys}
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._serve, self.host, self.port, ssl=self.tls, limit=MAX_HEAD_BYTES
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: HttpConnection(self._open, MAX_HEAD_BYTES), self.host, self.port, ssl=self.tls
         )
         sockets = self._server.sockets
         if sockets and not self.port:
@@ -172,43 +174,47 @@ class DataServer:
 
     # ------------------------------------------------------------------ connections
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def _open(self, conn: HttpConnection) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve(conn))
         self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    async def _serve(self, conn: HttpConnection) -> None:
         try:
             while True:
-                request = await self._read_head(reader, writer)
+                request = await self._read_head(conn)
                 if request is None:
                     return
                 try:
-                    keep = await self._dispatch(request, reader, writer)
+                    keep = await self._dispatch(request, conn)
                 except _Refused as refused:
                     self.refused[refused.status] += 1
-                    await self._respond(writer, refused.status, {"error": refused.message}, refused.headers, close=True)
+                    await self._respond(conn, refused.status, {"error": refused.message}, refused.headers, close=True)
                     return
                 if not keep:
                     return
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             return
         finally:
-            self._connections.discard(task)
-            writer.close()
+            conn.close()
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await conn.wait_closed()
 
-    async def _read_head(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Request | None:
+    async def _read_head(self, conn: HttpConnection) -> _Request | None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.stall_timeout_s)
+            async with asyncio.timeout(self.stall_timeout_s):
+                head = await conn.read_head()
         except asyncio.IncompleteReadError:
             return None
-        except asyncio.LimitOverrunError:
-            await self._respond(writer, 431, {"error": f"request head over {MAX_HEAD_BYTES} bytes"}, close=True)
+        except HeadTooLarge:
+            await self._respond(conn, 431, {"error": f"request head over {MAX_HEAD_BYTES} bytes"}, close=True)
+            return None
+        if head is None:
             return None
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await self._respond(writer, 400, {"error": "not an HTTP/1.1 request"}, close=True)
+            await self._respond(conn, 400, {"error": "not an HTTP/1.1 request"}, close=True)
             return None
         headers: dict[str, str] = {}
         for line in lines[1:]:
@@ -217,7 +223,7 @@ class DataServer:
                 headers[key.strip().lower()] = value.strip()
         return _Request(parts[0], parts[1], headers)
 
-    async def _dispatch(self, req: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _dispatch(self, req: _Request, conn: HttpConnection) -> bool:
         path = req.target.split("?", 1)[0]
         segments = path.split("/")
         # "", "v1", "data", plan, attempt, kind, name
@@ -238,16 +244,16 @@ class DataServer:
         direction: Direction = "put" if kind == "inputs" else "get"
         claim = self._check_ticket(req, plan_id, attempt, direction, name)
         if kind == "outputs":
-            return await self._get_output(req, writer, plan_id, attempt, name)
+            return await self._get_output(req, conn, plan_id, attempt, name)
         entry = self.spool.declare(plan_id, attempt, name, claim.size, claim.digest)
         if req.method != "PUT":
             headers = {"Upload-Offset": str(entry.received), "Upload-State": entry.state}
             body: dict[str, Any] = {"offset": entry.received, "size": entry.size, "state": entry.state}
             if entry.error is not None:
                 body["error"] = entry.error.message
-            await self._respond(writer, 200, body, headers, head_only=req.method == "HEAD")
+            await self._respond(conn, 200, body, headers, head_only=req.method == "HEAD")
             return req.headers.get("connection", "").lower() != "close"
-        return await self._put_input(req, reader, writer, entry)
+        return await self._put_input(req, conn, entry)
 
     def _check_ticket(self, req: _Request, plan_id: str, attempt: int, direction: Direction, name: str) -> Any:
         auth = req.headers.get("authorization", "")
@@ -267,9 +273,7 @@ class DataServer:
 
     # ------------------------------------------------------------------ inputs
 
-    async def _put_input(
-        self, req: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, entry: Any
-    ) -> bool:
+    async def _put_input(self, req: _Request, conn: HttpConnection, entry: Any) -> bool:
         length_text = req.headers.get("content-length")
         if length_text is None or not length_text.isdigit():
             raise _Refused(411, "PUT needs a Content-Length")
@@ -286,7 +290,7 @@ class DataServer:
                            entry.error.message if entry.error else "input failed", where)
         if entry.state == "verified":
             if offset + length <= entry.size and length == 0:
-                await self._respond(writer, 201, {"offset": entry.received, "state": entry.state}, where)
+                await self._respond(conn, 201, {"offset": entry.received, "state": entry.state}, where)
                 return True
             raise _Refused(409, f"input {entry.name!r} already arrived whole", where)
         if entry.busy:
@@ -297,12 +301,12 @@ class DataServer:
             over = f"input {entry.name!r}: {offset + length} bytes is over its declared {entry.size}"
             raise _Refused(413, over, where)
         if req.headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         entry.busy = True
         self.open_uploads += 1
         self._no_uploads.clear()
         try:
-            await self._receive(reader, entry, length)
+            await self._receive(conn, entry, length)
         except SpoolError as exc:
             raise _Refused(507, exc.message, {"Upload-Offset": str(entry.received)}) from None
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
@@ -317,59 +321,50 @@ class DataServer:
         headers = {"Upload-Offset": str(entry.received)}
         if entry.received < entry.size:
             entry.pause()
-            await self._respond(writer, 204, None, headers)
+            await self._respond(conn, 204, None, headers)
             return True
         entry.finish()
         if entry.state == "failed":
             assert entry.error is not None
             raise _Refused(422, entry.error.message, headers)
-        await self._respond(writer, 201, {"offset": entry.received, "state": entry.state}, headers)
+        await self._respond(conn, 201, {"offset": entry.received, "state": entry.state}, headers)
         return True
 
-    async def _receive(self, reader: asyncio.StreamReader, entry: InputFile, length: int) -> None:
+    async def _receive(self, conn: HttpConnection, entry: InputFile, length: int) -> None:
         """Read ``length`` body bytes into ``entry``.
 
-        The event loop only moves bytes: they gather into chunks of :data:`BODY_CHUNK`, each
-        stored (written and hashed; both release the GIL) in a thread while the next one
-        arrives. At most two chunks are held. When the connection drops or stalls, what arrived
-        is stored first, so it stays acknowledged for a resume. One stall deadline, pushed on
-        by each read, instead of a timer per read.
+        The socket fills large reused buffers (worker_agent/http_conn.py: no copy on the event
+        loop); each chunk of :data:`BODY_CHUNK` is stored (written and hashed at once, in two
+        threads: both release the GIL) while the next one fills. At most three buffers per
+        upload. An upload that sends nothing for the stall timeout, or drops, has what arrived
+        stored first, so it stays acknowledged for a resume.
         """
-        loop = asyncio.get_running_loop()
-        remaining = length
-        pending = bytearray()
         storing: asyncio.Future[None] | None = None
+        held: memoryview | None = None  # the chunk being stored
         try:
-            async with asyncio.timeout(self.stall_timeout_s) as watchdog:
-                while remaining:
-                    piece = await reader.read(min(BODY_CHUNK - len(pending), remaining))
-                    if not piece:
-                        raise ConnectionError("the client closed the upload early")
-                    remaining -= len(piece)
-                    self.bytes_in += len(piece)
-                    pending += piece
-                    if len(pending) < BODY_CHUNK and remaining:
-                        watchdog.reschedule(loop.time() + self.stall_timeout_s)
-                        continue
+            async with contextlib.aclosing(conn.body(length, BODY_CHUNK, self.stall_timeout_s)) as chunks:
+                async for chunk in chunks:
+                    self.bytes_in += len(chunk)
                     if storing is not None:
                         await storing  # one chunk in flight: stores stay in order
                         storing = None
-                    watchdog.reschedule(loop.time() + self.stall_timeout_s)
-                    chunk, pending = pending, bytearray()
+                    if held is not None:
+                        conn.release(held)
+                        held = None
                     if entry.path is None or len(chunk) < THREAD_MIN_BYTES:
                         entry.store(chunk)
-                    else:  # written and hashed at once, each in a thread
+                        conn.release(chunk)
+                    else:
+                        held = chunk
                         storing = asyncio.ensure_future(_store(entry, chunk))
-                if storing is not None:
-                    await storing
-                    storing = None
+            if storing is not None:
+                await storing
+                storing = None
         except (ConnectionError, TimeoutError):
             with contextlib.suppress(OSError, ValueError, SpoolError):  # keep what arrived before the drop
                 if storing is not None:
                     await asyncio.shield(storing)
                     storing = None
-                if pending and entry.state == "receiving":
-                    entry.write(pending)
             raise
         except ValueError:  # the attempt ended meanwhile and its file was closed
             raise ConnectionError(f"input {entry.name!r} was dropped while it arrived") from None
@@ -382,7 +377,7 @@ class DataServer:
 
     # ------------------------------------------------------------------ outputs
 
-    async def _get_output(self, req: _Request, writer: asyncio.StreamWriter, plan_id: str, attempt: int,
+    async def _get_output(self, req: _Request, conn: HttpConnection, plan_id: str, attempt: int,
                           name: str) -> bool:
         output = self.spool.output(plan_id, attempt, name)
         if output is None:
@@ -397,7 +392,7 @@ class DataServer:
             status = 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{output.size}"
         headers["Content-Length"] = str(end - start)
-        await self._respond(writer, status, None, headers, raw_length=True)
+        await self._respond(conn, status, None, headers, raw_length=True)
         if req.method == "HEAD":
             return True
         try:
@@ -405,17 +400,18 @@ class DataServer:
         except OSError:
             raise ConnectionError("output vanished") from None
         with file:
+            assert conn.transport is not None
             try:  # zero-copy where the loop has it (asyncio; falls back to reads itself for TLS)
-                await asyncio.get_running_loop().sendfile(writer.transport, file, start, end - start)
+                await asyncio.get_running_loop().sendfile(conn.transport, file, start, end - start)
             except NotImplementedError:  # uvloop has no sendfile: big reads in a thread, the next while one is sent
-                await self._send_chunks(writer, file.fileno(), start, end)
-            await writer.drain()
+                await self._send_chunks(conn, file.fileno(), start, end)
+            await conn.drain()
         self.bytes_out += end - start
         if start == 0 and end == output.size:
             self.spool.fetched(output)
         return True
 
-    async def _send_chunks(self, writer: asyncio.StreamWriter, fd: int, start: int, end: int) -> None:
+    async def _send_chunks(self, conn: HttpConnection, fd: int, start: int, end: int) -> None:
         """Send bytes [start, end) of a file: each read of :data:`READ_CHUNK` in a thread while the previous is sent."""
         with contextlib.suppress(OSError, AttributeError):
             os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_SEQUENTIAL)
@@ -431,8 +427,8 @@ class DataServer:
                     reading = asyncio.ensure_future(
                         asyncio.to_thread(os.pread, fd, min(READ_CHUNK, end - position), position)
                     )
-                writer.write(chunk)
-                await writer.drain()
+                conn.write(chunk)
+                await conn.drain()
                 if position >= end:
                     return
         finally:
@@ -444,7 +440,7 @@ class DataServer:
 
     async def _respond(
         self,
-        writer: asyncio.StreamWriter,
+        conn: HttpConnection,
         status: int,
         body: Any,
         headers: Mapping[str, str] | None = None,
@@ -463,13 +459,13 @@ class DataServer:
         if close:
             extra["Connection"] = "close"
         lines += [f"{key}: {value}" for key, value in extra.items()]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        conn.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         if payload and not head_only:
-            writer.write(payload)
-        await writer.drain()
+            conn.write(payload)
+        await conn.drain()
 
 
-async def _store(entry: InputFile, chunk: bytearray) -> None:
+async def _store(entry: InputFile, chunk: bytearray | memoryview) -> None:
     """Write and hash a chunk in two threads at once (file writes and hashlib both release the GIL)."""
     results = await asyncio.gather(asyncio.to_thread(entry.put, chunk), asyncio.to_thread(entry.hash, chunk),
                                    return_exceptions=True)  # both threads are done before anything is raised

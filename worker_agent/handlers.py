@@ -36,6 +36,7 @@ import structlog
 
 import protocol
 from protocol import errors
+from worker_agent.pyproc import FunctionFailed, run_in_process
 from worker_agent.spool import SpoolError
 
 if TYPE_CHECKING:
@@ -551,10 +552,11 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
     A function with a ``ctx`` parameter gets the Context as that keyword, and one with an
     ``inputs`` parameter gets the plan's inputs (``{name: InputReader}``) as that keyword; it
     leaves outputs with ``ctx.output(name, bytes_or_path)``. Coroutine functions are awaited;
-    others run in a thread. A function with a ``devices`` parameter gets the plan's devices
-    (their CUDA ids, ``ctx.devices``) as that keyword: it runs inside the worker's process, where
-    ``CUDA_VISIBLE_DEVICES`` is one for all plans, so it must address those devices itself
-    (e.g. ``torch.device(f"cuda:{devices[0]}")``).
+    others run in a thread. A plan that holds devices runs its function in its own process
+    instead, started with ``CUDA_VISIBLE_DEVICES`` set to the plan's devices before anything is
+    imported (worker_agent/pyproc.py): CUDA libraries there see those devices only, as ``cuda:0``
+    and up; cancel and timeout stop that process. A function with a ``devices`` parameter gets the
+    plan's devices (their CUDA ids, ``ctx.devices``) as that keyword.
     """
     patterns = tuple(allow)
 
@@ -573,6 +575,11 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
         call_kwargs = args.get("kwargs") or {}
         if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
             raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}; 'args' must be a list and 'kwargs' a map")
+        if ctx.devices:  # its own process, CUDA_VISIBLE_DEVICES set before any import (worker_agent/pyproc.py)
+            try:
+                return await run_in_process(ctx, target, call_args, call_kwargs, reserved_kinds=RESERVED_EVENT_KINDS)
+            except FunctionFailed as exc:
+                raise HandlerError(exc.code, exc.message, exc.detail) from None
         try:
             fn = await asyncio.to_thread(resolve_callable, target)  # imports can be slow
         except ValueError as exc:

@@ -109,7 +109,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument(
         "--input-timeout", type=positive_float, default=600.0, metavar="S",
-        help="how long a plan waits for its inputs before failing inputs_unavailable (default 600)",
+        help="how long a started plan waits with no byte of its inputs arriving (its client gone) before "
+             "failing inputs_unavailable (default 600)",
     )
     add_telemetry_arguments(parser)  # energy, carbon and --inference-url (worker_agent/telemetry.py)
 

@@ -16,7 +16,10 @@ Theory of operation (docs/OPERATIONS.md §Energy and carbon, docs/PROTOCOL.md §
   - ``power_model``: the worker's ``--power-watts`` * run time, split equally among the plans
     running in each interval (the same running-sum trick as the energy meter: O(1) per plan);
   - ``uj_per_token``: without a power model, the configured ``--uj-per-token`` * tokens reported;
-  - ``none``: neither: 0 J, still a receipt (so every finished plan has one).
+  - ``none``: neither: 0 J. Such a receipt says nothing, so the worker does not send it
+    (:meth:`~worker_agent.telemetry.Telemetry.plan_finished`) unless it carries reported tokens or
+    devices: the plan has no receipt. Without NVML and a power model (:attr:`ReceiptMeter.timed`) no
+    plan's start is noted either, so a plain CPU worker pays nothing per plan here.
 
 * Emissions: joules / 3.6e6 (J per kWh) * the zone intensity when the plan ended (0: unknown zone).
 
@@ -88,6 +91,17 @@ class ReceiptMeter:
         """Whether NVML readings exist (receipts are measured, not estimated)."""
         return self._counters is not None
 
+    @property
+    def running(self) -> int:
+        """Plans whose start is noted and whose receipt is not yet made."""
+        return len(self._running)
+
+    @property
+    def timed(self) -> bool:
+        """Whether a receipt needs its plan's start (NVML readings or a power model): without, only
+        reported tokens can price a plan, and :meth:`started` need not be called."""
+        return self._counters is not None or self.power_w > 0
+
     def _advance(self, now: float) -> None:
         if self._last_s is not None and now > self._last_s and self._running:
             self._share_s += (now - self._last_s) / len(self._running)
@@ -119,17 +133,20 @@ class ReceiptMeter:
         physical: Sequence[int] = (),
         devices: Sequence[str] = (),
         power_joules: float | None = None,
+        run_s: float = 0.0,
     ) -> protocol.Receipt:
         """The receipt of a plan that ended.
 
         ``power_joules``: its share of the sampled NVML power (the energy meter's figure), when
-        the host has NVML; used when no energy counter covers the plan's devices.
+        the host has NVML; used when no energy counter covers the plan's devices. ``run_s``: its
+        run time as the caller measured it, for a plan whose start was not noted here (not
+        :attr:`timed`).
         """
         now = self._clock()
         self._advance(now)
         start = self._running.pop(plan_id, None)
-        if start is None:  # never started here (a plan refused before it ran): nothing used
-            start = _Start(now, self._share_s, None)
+        if start is None:  # not noted here (not timed, or refused before it ran): nothing used over time
+            start = _Start(now - max(0.0, run_s), self._share_s, None)
         run_s = max(0.0, now - start.at_s)
         joules, source, estimated = 0.0, "none", True
         end_mj = self._counter_mj(physical) if start.counter_mj is not None else None

@@ -47,11 +47,19 @@ class Outbound(Protocol):
 
 
 class _PlanRun:
-    """One attempt of one plan on this worker."""
+    """One attempt of one plan on this worker.
 
-    __slots__ = ("attempt", "cancel_requested", "ctx", "devices", "plan_id", "silent", "started_at", "task")
+    Its bound methods are the callbacks its plan needs (the handler's event sink, the task's done
+    callback, the result spill): one small object each per plan, where a ``functools.partial`` of a
+    runner method would make two, and a plan's every object is work for the garbage collector.
+    """
 
-    def __init__(self, plan_id: str, attempt: int, started_at: float) -> None:
+    __slots__ = (
+        "attempt", "cancel_requested", "ctx", "devices", "plan_id", "runner", "silent", "started_at", "task"
+    )
+
+    def __init__(self, runner: PlanRunner, plan_id: str, attempt: int, started_at: float) -> None:
+        self.runner = runner
         self.plan_id = plan_id
         self.attempt = attempt
         self.started_at = started_at
@@ -65,6 +73,18 @@ class _PlanRun:
     def key(self) -> str:
         """Its key in the device allocator: one per attempt (a superseded attempt still ending keeps its own)."""
         return f"{self.plan_id}#{self.attempt}"
+
+    def emit(self, kind: str, data: Any, ephemeral: bool) -> None:
+        """The handler's event sink (``Context``)."""
+        self.runner._on_event(self, kind, data, ephemeral)
+
+    def finished(self, task: asyncio.Task[protocol.Done]) -> None:
+        """The plan task's done callback."""
+        self.runner._plan_finished(self, task)
+
+    def spill(self, encoded: bytes) -> protocol.OutputSpec:
+        """Keeps a result over the frame limit (``Context.spill_result``)."""
+        return self.runner._spill_result(self.plan_id, self.attempt, encoded)
 
 
 class PlanRunner:
@@ -81,7 +101,8 @@ class PlanRunner:
         logger: the agent's bound logger.
         spool: where plans' inputs and outputs are kept (None: no data endpoint; a plan with
             inputs fails ``inputs_unavailable``).
-        input_timeout_s: how long a started plan waits for its inputs before it fails ``inputs_unavailable``.
+        input_timeout_s: how long a started plan waits with no byte of its inputs arriving before it fails
+            ``inputs_unavailable`` (spool.PlanData.wait).
     """
 
     def __init__(
@@ -196,7 +217,7 @@ class PlanRunner:
             reason = f"worker {self.worker_id} has no handler for op {assign.op!r}; it handles: {', '.join(self.ops)}"
             self._reject(assign, errors.UNKNOWN_OP, reason)
             return
-        request = DeviceRequest.of(assign.resources)
+        request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None and len(self.devices.gpus) < request.count:
             reason = f"worker {self.worker_id} has {len(self.devices.gpus)} devices; the plan needs {request.count}"
             self._reject(assign, REJECTED, reason)
@@ -311,7 +332,7 @@ class PlanRunner:
 
     def _start(self, assign: protocol.Assign, handler: Handler) -> None:
         loop = asyncio.get_running_loop()
-        run = _PlanRun(assign.plan_id, assign.attempt, loop.time())
+        run = _PlanRun(self, assign.plan_id, assign.attempt, loop.time())
         data = None
         if self.spool is not None and (assign.inputs or assign.outputs):
             data = self.spool.plan_data(assign.plan_id, assign.attempt, assign.inputs)
@@ -322,14 +343,14 @@ class PlanRunner:
             attempt=assign.attempt,
             worker_id=self.worker_id,
             args=assign.args,
-            sink=functools.partial(self._on_event, run),
+            sink=run.emit,
             kill_grace_s=self.kill_grace_s,
             max_payload_bytes=self.max_payload_bytes,
             loop=loop,
         )
         if self.spool is not None:
-            run.ctx.spill_result = functools.partial(self._spill_result, assign.plan_id, assign.attempt)
-        request = DeviceRequest.of(assign.resources)
+            run.ctx.spill_result = run.spill
+        request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None:
             run.devices = self.devices.allocate(run.key, request, assign.devices) or ()
         if self.devices.gpus:  # a worker with devices shows each plan only its own (none without a request)
@@ -339,15 +360,18 @@ class PlanRunner:
         self._plans[run.plan_id] = run
         self.idle.clear()
         self.load.started()
-        self.telemetry.plan_started(run.plan_id, self._physical(run))
+        self.telemetry.plan_started(run.plan_id, self._physical(run) if run.devices else ())
         self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
-        run.task = loop.create_task(self._run_plan(run, handler, assign))
-        run.task.add_done_callback(functools.partial(self._plan_finished, run))
+        # The task keeps what it needs of the assign, not the assign (its lists go at once: less for the collector).
+        run.task = loop.create_task(self._run_plan(run, handler, bool(assign.inputs), assign.timeout_s))
+        run.task.add_done_callback(run.finished)
 
-    async def _run_plan(self, run: _PlanRun, handler: Handler, assign: protocol.Assign) -> protocol.Done:
+    async def _run_plan(
+        self, run: _PlanRun, handler: Handler, has_inputs: bool, timeout_s: float | None
+    ) -> protocol.Done:
         # The task's own context copy: handlers' structlog calls carry the plan's ids.
         structlog.contextvars.bind_contextvars(worker_id=self.worker_id, plan_id=run.plan_id, attempt=run.attempt)
-        if assign.inputs:  # the plan stays running, its handler unstarted, until its inputs are verified
+        if has_inputs:  # the plan stays running, its handler unstarted, until its inputs are verified
             data = run.ctx.data
             error: protocol.ErrorInfo | None
             if data is None:
@@ -362,7 +386,7 @@ class PlanRunner:
             if error is not None:
                 run.ctx.close()
                 return protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=error)
-        return await run_handler(handler, run.ctx, run.ctx.args, timeout_s=assign.timeout_s)
+        return await run_handler(handler, run.ctx, run.ctx.args, timeout_s=timeout_s)
 
     def _oversize_args(self, run: _PlanRun) -> protocol.ErrorInfo | None:
         """Args the SDK moved to the input ``__args__`` (over the frame limit): decoded, hidden from ``ctx.inputs``."""
@@ -397,10 +421,14 @@ class PlanRunner:
     def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
         if run.devices:  # however it ended: its processes are gone, its devices are free
             self.devices.release(run.key)
-        self.load.finished(asyncio.get_running_loop().time() - run.started_at)
-        receipt = self.telemetry.plan_finished(
-            run.plan_id, run.ctx.tokens, self._physical(run), [self._device_name(i) for i in run.devices]
-        )
+        run_s = asyncio.get_running_loop().time() - run.started_at
+        self.load.finished(run_s)
+        if run.devices:
+            receipt = self.telemetry.plan_finished(
+                run.plan_id, run.ctx.tokens, self._physical(run), [self._device_name(i) for i in run.devices], run_s
+            )
+        else:  # no devices: nothing to look up (None when nothing was measured: no receipt)
+            receipt = self.telemetry.plan_finished(run.plan_id, run.ctx.tokens, run_s=run_s)
         run.ctx.close()
         self._orphans.discard(run)
         if self._plans.get(run.plan_id) is run:

@@ -52,7 +52,8 @@ class AgentSettings:
         spool_memory_bytes: inputs up to this size are kept in memory, larger ones on disk.
         spool_capacity_bytes: the most bytes of inputs and outputs kept at once (0: the disk's room).
         output_retention_s: how long an output is kept for the client to fetch.
-        input_timeout_s: how long a started plan waits for its inputs (then ``inputs_unavailable``).
+        input_timeout_s: how long a started plan waits with no byte of its inputs arriving (then
+            ``inputs_unavailable``).
         upload_stall_timeout_s: an upload that sends nothing this long is dropped.
         cert_file, key_file: this worker's client certificate and key, for a coordinator
             that requires mTLS (``--tls-client-ca``).

@@ -29,6 +29,7 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal
@@ -69,7 +70,7 @@ class SpoolError(Exception):
 class InputFile:
     """One declared input of one plan attempt, as it arrives."""
 
-    def __init__(self, name: str, size: int, digest: str, path: Path | None) -> None:
+    def __init__(self, name: str, size: int, digest: str, path: Path | None, clock: Any = time.monotonic) -> None:
         self.name = name
         self.size = size
         self.digest = digest
@@ -81,6 +82,8 @@ class InputFile:
         self.busy = False  # an upload is writing it now
         self.via = "direct"  # how its bytes came: "direct" (the HTTP endpoint) or "relay" (worker_agent/relay.py)
         self.settled = asyncio.Event()
+        self.progressed_at = clock()  # when its last bytes were stored (or it was declared)
+        self._clock = clock
         self._hasher = new_hasher(digest)
         self._file: BinaryIO | None = None
 
@@ -123,6 +126,7 @@ class InputFile:
     def advance(self, count: int) -> None:
         """Both halves of :meth:`store` are done for ``count`` more bytes: they are acknowledged."""
         self.received += count
+        self.progressed_at = self._clock()
 
     def write_failed(self, exc: OSError) -> None:
         """A :meth:`store` failed: a full disk fails the input (``SpoolError``); anything else is raised again."""
@@ -227,7 +231,7 @@ class Spool:
             return entry
         in_memory = size <= self.memory_bytes
         path = None if in_memory else self._dir(plan_id, attempt) / f"in-{_safe(name)}"
-        entry = entries[name] = InputFile(name, size, digest, path)
+        entry = entries[name] = InputFile(name, size, digest, path, self._clock)
         problem = self._no_room(size)
         if problem is not None:
             entry.fail(DISK_FULL, f"input {name!r} ({size} bytes): {problem}")
@@ -466,13 +470,17 @@ class PlanData:
         return self.spool.plan_dir(self.plan_id, self.attempt)
 
     async def wait(self, timeout_s: float, on_verified: Any) -> protocol.ErrorInfo | None:
-        """Wait until every input settled; the first failure, an ``inputs_unavailable`` after ``timeout_s``, or None.
+        """Wait until every input settled; the first failure, an ``inputs_unavailable``, or None.
 
+        The bound is on silence, not on the whole transfer: the attempt fails ``inputs_unavailable``
+        once ``timeout_s`` passed with no byte of its missing inputs arriving (since the wait began or
+        the last bytes stored), so a slow upload that keeps going is never cut off, while a client
+        that has gone (or cannot reach this worker) gets ``timeout_s`` to come back and resume.
         ``on_verified(entry)`` runs for each input as it is verified.
         """
         pending = dict(self.entries)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        clock = self.spool._clock  # the inputs' progressed_at is on it too
+        began = clock()
         while pending:
             for name, entry in list(pending.items()):
                 if entry.state == "failed":
@@ -482,22 +490,24 @@ class PlanData:
                     on_verified(entry)
             if not pending:
                 break
-            waits = [asyncio.ensure_future(e.settled.wait()) for e in pending.values()]
-            try:
-                done, _ = await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()),
-                                             return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-            if not done:
+            last = max(began, *(entry.progressed_at for entry in pending.values()))
+            left = last + timeout_s - clock()
+            if left <= 0:
                 missing = ", ".join(f"{n!r} ({e.received} of {e.size} bytes)" for n, e in pending.items())
                 return protocol.ErrorInfo(
                     code=INPUTS_UNAVAILABLE,
-                    message=f"inputs did not arrive within {timeout_s:g} s (the worker's --input-timeout): {missing}; "
-                            "the client that submitted the plan uploads them to each attempt's worker, so it has "
-                            "gone, or cannot reach this worker's data endpoint or the relay",
+                    message=f"no byte of the plan's inputs arrived for {timeout_s:g} s (the worker's "
+                            f"--input-timeout): {missing}; the client that submitted the plan uploads them to each "
+                            "attempt's worker, so it has gone and did not come back, or cannot reach this worker's "
+                            "data endpoint or the relay",
                     detail={"inputs": sorted(pending)},
                 )
+            waits = [asyncio.ensure_future(e.settled.wait()) for e in pending.values()]
+            try:
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
         return None
 
     def output(self, name: str, value: bytes | memoryview | str | os.PathLike[str]) -> protocol.OutputSpec:

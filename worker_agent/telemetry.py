@@ -7,7 +7,7 @@ The agent calls, and nothing else (worker_agent/agent.py):
 * :meth:`~Telemetry.capabilities` on every ``hello`` (carbon zone, served models);
 * :meth:`~Telemetry.load` on every ``heartbeat`` (µJ/token, power, zone intensity, engine load);
 * :meth:`~Telemetry.plan_started` / :meth:`~Telemetry.plan_finished` around each plan run (the latter
-  returns the plan's energy and carbon receipt: worker_agent/receipts.py).
+  returns the plan's energy and carbon receipt, or None when nothing was measured: worker_agent/receipts.py).
 
 Every one of these returns at once from cached values: NVML is read in the power sampler's
 thread, the carbon command and the engine's metrics in their own tasks.
@@ -73,6 +73,7 @@ class Telemetry:
             clock=time.monotonic, power_w=power_w, uj_per_token=self.meter.configured_uj_per_token,
             counters_mj=counters, intensity=self._intensity,
         )
+        self._timed = self.receipts.timed or self.meter.measured  # plans' starts are noted (see plan_started)
 
     def _intensity(self) -> float:
         return self.carbon.g_per_kwh if self.carbon is not None else 0.0
@@ -115,7 +116,6 @@ class Telemetry:
         if models:
             changes["models"] = list(dict.fromkeys([*caps.models, *models]))
         if self.engine is not None:
-            changes["continuous_batching"] = True  # vLLM, SGLang, TGI and llama.cpp all batch continuously
             figures = self.engine.figures()
             if not caps.kv_blocks and figures.kv_blocks_total and figures.kv_block_tokens:
                 # No --kv-blocks: KV admission uses the engine's own block budget.
@@ -147,20 +147,27 @@ class Telemetry:
 
     def plan_started(self, plan_id: str, physical: Sequence[int] = ()) -> None:
         """A plan began running on this worker; ``physical``: NVML indices of the whole GPUs it holds alone."""
-        self.meter.plan_started(plan_id)
-        self.receipts.started(plan_id, physical)
+        if self._timed:  # without NVML or a power model nothing is noted per plan (worker_agent/receipts.py)
+            self.meter.plan_started(plan_id)
+            self.receipts.started(plan_id, physical)
 
     def plan_finished(
-        self, plan_id: str, tokens: int, physical: Sequence[int] = (), devices: Sequence[str] = ()
-    ) -> protocol.Receipt:
-        """A plan ended having reported ``tokens`` generated tokens: its receipt."""
+        self, plan_id: str, tokens: int, physical: Sequence[int] = (), devices: Sequence[str] = (), run_s: float = 0.0
+    ) -> protocol.Receipt | None:
+        """A plan that ran ``run_s`` seconds ended having reported ``tokens`` generated tokens: its receipt.
+
+        None when it would say nothing: no NVML, no power model, no tokens and no devices (docs/PROTOCOL.md
+        §Receipt: the worker then sends none).
+        """
+        if not self._timed and not tokens and not devices:
+            return None
         used = self.meter.plan_finished(plan_id, tokens)
         if used is not None and used.tokens:
             log.debug("plan energy", plan_id=plan_id, joules=round(used.joules, 3), tokens=used.tokens,
                       uj_per_token=round(used.uj_per_token, 1))
         return self.receipts.finished(
             plan_id, tokens=tokens, physical=physical, devices=devices,
-            power_joules=used.joules if used is not None else None,
+            power_joules=used.joules if used is not None else None, run_s=run_s,
         )
 
 

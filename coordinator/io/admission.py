@@ -21,6 +21,13 @@ rather than tokens (docs/OPERATIONS.md §Security):
   full, counts the rest, and at the end of the interval writes one summary line per address:
   ``refused 2,931 connections from 10.0.0.5 in the last 60 s (invalid token: 2,931)``.
   /metrics still counts every refusal (``fleetwire_refusals_total``).
+* **Repeats from one address.** A loop of upgrades with a wrong token (about 1,100 401s a second
+  from one process) or of ``/metrics`` scrapes (about 1,900 a second) cost the coordinator a
+  third to a half of a core in HTTP handling. :class:`Repeats` counts them per peer address in
+  windows of ``interval_s``; past ``burst`` in a window, each further one is answered only after
+  ``--penalty-hold`` (a 401 then carries ``Retry-After``), so a loop makes one attempt per hold
+  per connection and a held connection costs a timer, not CPU (issue 17 findings 9 and 10).
+  A Prometheus server scraping every 15 s or a person mistyping a token never gets there.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from websockets.asyncio.server import ServerConnection
 
 from coordinator.io.connection import FailFastConnection
 
-__all__ = ["PendingHandshakes", "RefusalLog", "pending_budget", "raise_fd_limit"]
+__all__ = ["PendingHandshakes", "RefusalLog", "Repeats", "pending_budget", "raise_fd_limit"]
 
 log = structlog.get_logger("coordinator.auth")
 
@@ -125,6 +132,46 @@ class PendingHandshakes:
     def finished(self, conn: ServerConnection) -> None:
         """``conn`` finished its handshake or went away (idempotent)."""
         self._pending.pop(conn, None)
+
+
+class Repeats:
+    """Events per peer address (its host) in windows of ``interval_s``: which ones are past ``burst``.
+
+    Args:
+        burst: events per address and window that are not over.
+        interval_s: the window.
+        max_addresses: addresses tracked at once; past it the table is cleared (at worst a
+            repeat loop gets one more burst).
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self, *, burst: int, interval_s: float, max_addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.burst = burst
+        self.interval_s = interval_s
+        self.max_addresses = max_addresses
+        self.over_count = 0  # events past the burst (for /metrics)
+        self._clock = clock
+        self._windows: dict[str, tuple[float, int]] = {}  # host -> (window start, events in it)
+
+    def over(self, address: str) -> bool:
+        """Count one event from ``address`` (``host:port``); whether it is past the burst of its window."""
+        now = self._clock()
+        host = _host(address)
+        windows = self._windows
+        start, count = windows.get(host, (now, 0))
+        if now - start >= self.interval_s:
+            start, count = now, 0
+        elif count == 0 and len(windows) >= self.max_addresses:
+            windows.clear()
+        count += 1
+        windows[host] = (start, count)
+        if count <= self.burst:
+            return False
+        self.over_count += 1
+        return True
 
 
 @dataclass

@@ -11,16 +11,23 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
   fail-stop for that shard only: its server stops (sessions closed 1001, clients resume), the
   others keep serving.
 * **Partial ownership and rebalance** (pure: :func:`coordinator.shards.plan_round`): every
-  round (``--lease-renew`` / 2) the host beats its row in ``fleetwire_coordinators``, reads the
+  round (``--lease-renew`` / 2) the host beats its row in ``fleetwire_coordinators`` (a table of
+  the versioned schema, coordinator/io/pg_store.py), reads the
   lease rows and the live coordinators, takes orphaned slots up to its fair share
   ``ceil(shards / live)``, renews what it holds (one statement), and gives back a few slots at a
   time (after flushing them) while another live coordinator is under its share.
 * **Finding the owner.** The main port answers ``/v1/topology`` (shard -> owner URL, epoch,
   lease expiry, from PostgreSQL), ``/healthz`` and ``/readyz`` (503 while it owns nothing),
-  and every websocket session on it gets a ``moved`` to the owner of the shard of the pool its
-  URL names (``?pool=NAME``; none: the default pool) and a 4307 close. A shard's own server
-  sends ``moved`` to a worker whose ``hello`` names another shard's pool and to a client whose
-  ``submit`` belongs to another shard, before anything is processed.
+  and every websocket session on it that names a pool (``?pool=NAME``; every worker session,
+  none: the default pool) gets a ``moved`` to the owner of that pool's shard (in a partitioned
+  pool, of the partition its ``hello`` or ``submit`` picks) and a 4307 close. A shard's own
+  server sends ``moved`` to a worker whose ``hello`` names another shard's pool and to a client
+  whose ``submit`` belongs to another shard, before anything is processed.
+* **Cross-shard views** (coordinator/io/cluster_sessions.py): a client session that names no
+  pool is served on the main port for every shard from PostgreSQL (get, list, watch through the
+  commit doorbell, workers), with ``cancel`` and the worker verbs forwarded to the owner. Every
+  shard's store rings the doorbell after its group commits (:class:`ShardPgStore`), and the
+  host writes its shards' registries to ``fleetwire_shard_workers`` while a view wants them.
 
 The lease row's ``owner_url`` is the shard server's URL: empty from the acquisition until the
 shard's server listens, so a ``moved`` never points at a port that is not serving yet.
@@ -35,6 +42,7 @@ import os
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -47,26 +55,34 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from coordinator.auth import TokenStore, inline_tokens
+from coordinator.auth import Principal, TokenStore, inline_tokens
 from coordinator.io.cluster_metrics import CONTENT_TYPE, ClusterStats, build_registry, render
-from coordinator.io.cluster_views import ViewError, read_plans
+from coordinator.io.cluster_sessions import Doorbell, ViewSessions, open_connection
+from coordinator.io.cluster_views import (
+    ID_INDEX,
+    PUT_WORKERS,
+    WORKERS_TABLE,
+    WORKERS_WANTED,
+    ViewError,
+    encode_workers,
+    read_plans,
+)
+from coordinator.io.gate import bearer_token
 from coordinator.io.metrics_http import metrics_token_refused
 from coordinator.io.pg_leases import RELEASE, ShardFenced
 from coordinator.io.pg_store import PgStore
+from coordinator.io.routes import DASHBOARD_FILES, respond
 from coordinator.io.server import CoordinatorServer, ServerSettings
-from coordinator.shards import LeaseRow, PartialLeases, plan_round, pool_of, pool_shard
+from coordinator.limits import host_refused, origin_refused
+from coordinator.shards import LeaseRow, PartialLeases, plan_round, pool_shard, submit_shard, worker_shard
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec
 from protocol import errors as codes
-from protocol.messages import FromClient, FromWorker, Hello, Moved, Submit
+from protocol.messages import Event, FromClient, FromWorker, Hello, Moved, Submit
 
 __all__ = ["ClusterHost", "ShardPgStore"]
 
 log = structlog.get_logger(__name__)
 
-_COORDINATORS = """
-CREATE TABLE IF NOT EXISTS fleetwire_coordinators (
-    owner text PRIMARY KEY, url text NOT NULL, expires_at timestamptz NOT NULL
-)"""
 _BEAT = """
 INSERT INTO fleetwire_coordinators (owner, url, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))
 ON CONFLICT (owner) DO UPDATE SET url = excluded.url, expires_at = excluded.expires_at
@@ -102,6 +118,23 @@ class ShardPgStore(PgStore):
     """
 
     sharded = False
+    doorbell: Doorbell | None = None  # rung after every group commit (coordinator/io/cluster_sessions.py)
+
+    def write(self, records: Any) -> None:
+        super().write(records)
+        self._ring(records)
+
+    async def write_async(self, records: Any) -> None:
+        await super().write_async(records)
+        self._ring(records)
+
+    def _ring(self, records: Any) -> None:
+        """At most one doorbell per group commit: the shard and the highest event seq it wrote."""
+        bell = self.doorbell
+        if bell is not None and records:
+            seq = max((r.seq for r in records if type(r) is Event), default=0)
+            for shard in self.fence:
+                bell.ring(shard, seq)
 
 
 class ClusterHost:
@@ -134,12 +167,21 @@ class ClusterHost:
         self.loaded = asyncio.Event()
         self.port = settings.port
         self.failovers = 0
+        self.db_away = False  # the last round failed: new sessions get 503 + Retry-After (docs/CLUSTER.md)
         self.stats = ClusterStats()  # the main port's /metrics (coordinator/io/cluster_metrics.py)
         self.metrics_registry = build_registry(self.stats, lambda: len(self.servers))
         self._announce = announce or (lambda line: None)
         # The main port's /v1/plans (cross-shard views, coordinator/io/cluster_views.py): admin tokens only.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
         self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
+        # Client sessions on the main port that name no pool see every shard (coordinator/io/cluster_sessions.py).
+        self.doorbell = Doorbell(settings.store, open_connection)
+        config = self.config
+        self.views = ViewSessions(settings.store, where=self.where, version=version, doorbell=self.doorbell,
+                                  renew_s=config.lease_renew_s,
+                                  submit_shard=lambda msg: submit_shard(msg, config.shards, config.partitions))
+        self._principals: weakref.WeakKeyDictionary[ServerConnection, Principal] = weakref.WeakKeyDictionary()
+        self._workers_at = 0.0  # when the shards' registries were last written (fleetwire_shard_workers)
         self._moving: set[int] = set()  # held slots being stopped (given back or lost)
         self._starting: set[int] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -165,7 +207,15 @@ class ClusterHost:
     async def start(self) -> None:
         """Listen on the main port, join the cluster and start the rounds (shards are served as they are won)."""
         self.fatal = asyncio.get_running_loop().create_future()
-        await self._db(lambda conn: conn.execute(_COORDINATORS))
+        self.doorbell.bind(asyncio.get_running_loop())
+        for attempt in (1, 2):  # two coordinators creating it at once: the second attempt finds it
+            try:
+                await self._db(lambda conn: conn.execute(WORKERS_TABLE))
+                break
+            except Exception as exc:  # the views' workers list is missing; plans and shards work
+                if attempt == 2:
+                    log.warning("cannot create the cross-shard views' tables", error=f"{type(exc).__name__}: {exc}")
+        self._spawn(self._index_ids())
         self._server = await serve(
             self._handle, self.settings.host, self.settings.port, process_request=self._process_request,
             select_subprotocol=_select_subprotocol, compression=None, server_header=None,
@@ -176,6 +226,20 @@ class ClusterHost:
             self.port = sockets[0].getsockname()[1]
         await self._round()
         self._keeper = asyncio.create_task(self._keep())
+
+    async def _index_ids(self) -> None:
+        """The plans' id index of the cross-shard views, built concurrently (commits go on) on its own connection."""
+        try:
+            conn = await open_connection(self.settings.store)
+        except Exception as exc:
+            log.warning("cannot index the plans by id for the cross-shard views", error=f"{type(exc).__name__}: {exc}")
+            return
+        try:
+            await conn.execute(ID_INDEX, timeout=None)
+        except Exception as exc:  # another coordinator builds it at the same moment, or the database is away
+            log.info("plans' id index not built here", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            await conn.close()
 
     async def stop(self) -> None:
         """SIGTERM: flush and stop every shard's core, give the slots back, leave the cluster."""
@@ -193,12 +257,16 @@ class ClusterHost:
             await self._stop_shard(shard, release=True, why="shutting down")
         with contextlib.suppress(Exception):
             await self._db(lambda conn: conn.execute(_GONE, self.owner))
+        await self.views.close()
+        await self.doorbell.close()
         self.control.close()
 
     def reload_tokens(self) -> list[str]:
         """SIGHUP: every shard's server re-reads the token file."""
         if self.tokens is not None:
             self.tokens.reload()
+            tokens = self.tokens
+            self.views.revoke(tokens.current)
         return sorted({name for server in self.servers.values() for name in server.reload_tokens()})
 
     # ------------------------------------------------------------------ rounds
@@ -216,12 +284,16 @@ class ClusterHost:
                 timeout = max(0.05, self.leases.valid_until - time.monotonic()) if self.leases.held else 30.0
                 await asyncio.wait_for(self._round(), timeout)
             except TimeoutError:
+                self.db_away = True  # new sessions: 503 + Retry-After until a round succeeds
                 self._lose(self.leases.check(time.monotonic()), "a lease renewal hung past the lease")
                 await self._reconnect()
             except Exception as exc:  # the database is away: judged by the leases' own clock
+                self.db_away = True
                 log.warning("cluster round failed", store=self.control.description,
                             error=f"{type(exc).__name__}: {exc}")  # fmt: skip
                 await self._reconnect()
+            else:
+                self.db_away = False
 
     async def _reconnect(self) -> None:
         """A round failed: open a new control connection (a database failover left the old one dead).
@@ -262,10 +334,34 @@ class ClusterHost:
         self._lose(lost, "lost the lease to another coordinator (or it expired)")
         for shard in won:
             self._spawn(self._start_shard(shard, self.leases.held[shard]))
+        try:
+            await self._write_workers()
+        except Exception as exc:  # only the views' registries are late; the round itself succeeded
+            log.warning("cannot write the shards' registries for the cross-shard views",
+                        error=f"{type(exc).__name__}: {exc}")  # fmt: skip
         for shard in decided.release:
             if shard in self.servers and shard not in self._moving and shard not in self._starting:
                 self._moving.add(shard)
                 self._spawn(self._stop_shard(shard, release=True, why="rebalance: another coordinator joined"))
+
+    async def _write_workers(self) -> None:
+        """Every ``--lease-renew`` while a view wants them: the served shards' registries to the database."""
+        now = time.monotonic()
+        if now - self._workers_at < self.config.lease_renew_s:
+            return
+        served = [(shard, server) for shard, server in sorted(self.servers.items())
+                  if shard not in self._moving and shard in self.leases.held]  # fmt: skip
+        if not served or not await self._db(lambda conn: conn.fetchval(WORKERS_WANTED)):
+            return
+        self._workers_at = now
+        blobs = []
+        for _, server in served:
+            registry = server.core.registry
+            blobs.append(encode_workers([registry.info(r.id, now) for r in registry]))
+        shards = [shard for shard, _ in served]
+        epochs = [self.leases.held[shard] for shard in shards]
+        owners = [self.owner] * len(shards)
+        await self._db(lambda conn: conn.execute(PUT_WORKERS, shards, owners, epochs, blobs))
 
     def _lose(self, shards: list[int], why: str) -> None:
         for shard in shards:
@@ -292,6 +388,7 @@ class ClusterHost:
             dsn = _with_application_name(self.settings.store, f"fw/{shard}/{epoch}/{self.owner}")
             store = await asyncio.to_thread(ShardPgStore, dsn, self.config)
             store.owner, store.fence = self.owner, {shard: epoch}
+            store.doorbell = self.doorbell
             settings = replace(self.settings, port=0, metrics_listen=None)
             server = CoordinatorServer(settings, version=self.version, store=store)
             server.redirect = lambda role, msg: self._redirect(shard, role, msg)
@@ -363,13 +460,13 @@ class ClusterHost:
     def _redirect(self, shard: int, role: str, msg: Any) -> Moved | None:
         """A shard server's check: a worker of another pool, or a submit of another shard, is moved."""
         kind = type(msg)
+        config = self.config
         if kind is Submit:
-            tags = msg.requirements.tags
+            target = submit_shard(msg, config.shards, config.partitions)
         elif kind is Hello:
-            tags = msg.capabilities.tags
+            target = worker_shard(msg.capabilities.tags, msg.worker_id, config.shards, config.partitions)
         else:
             return None
-        target = pool_shard(pool_of(tags), self.config.shards)
         return None if target == shard else self.where(target)
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Any:
@@ -389,11 +486,39 @@ class ClusterHost:
             return self._topology()
         if path == "/v1/plans":
             return self._plans(request)
+        if path in ("/v1/worker", "/v1/client") and self.db_away:  # a database failover: come back shortly
+            return _text(503, f"the cluster's database {self.control.description} is away (a failover?); "
+                              "retry after the Retry-After seconds\n")  # fmt: skip
+        if path == "/v1/client" and _views_session(request.path):
+            return self._admit_view(conn, request)
         if path in ("/v1/worker", "/v1/client"):
             return None
+        if path in DASHBOARD_FILES:  # its session is a view session of this port
+            return respond(request, ready=lambda: None, metrics=lambda: None)
         return _text(404, f"unknown path {path}; a cluster coordinator's main port serves /v1/topology, "
                           "/v1/plans, /healthz, /readyz, /metrics and redirects /v1/worker and /v1/client sessions "
                           "to the shard's owner\n")  # fmt: skip
+
+    def _admit_view(self, conn: ServerConnection, request: Request) -> Response | None:
+        """A view session's handshake: the Origin check and a client or admin token, as a shard's own gate does."""
+        headers = request.headers
+        refused = origin_refused(headers.get("Origin"), headers.get("Host"), self.settings.limits.allowed_origins)
+        if refused is not None:
+            return _text(403, refused + "\n")
+        if self.tokens is None:  # --insecure: only loopback names (DNS rebinding), as the gate
+            refused = host_refused(headers.get("Host"), self.settings.limits.allowed_hosts)
+            if refused is not None:
+                return _text(403, refused + "\n")
+            self._principals[conn] = Principal("client", "client")
+            return None
+        token = bearer_token(headers)
+        principal = self.tokens.authenticate(token) if token else None
+        if principal is None:
+            return _text(401, "missing or invalid token: a client or admin token (Authorization: Bearer TOKEN)\n")
+        if principal.path_role != "client":
+            return _text(403, f"a {principal.role} token cannot open /v1/client; use a client or admin token\n")
+        self._principals[conn] = principal
+        return None
 
     async def _topology(self) -> Response:
         try:
@@ -438,13 +563,25 @@ class ClusterHost:
         if "shard" in query:
             with contextlib.suppress(ValueError):
                 shard = int(query["shard"][0]) % self.config.shards
-        moved = self.where(shard)
         codec = self._codecs[(role, SUBPROTOCOLS.get(ws.subprotocol or "", "msgpack"))]
+        principal = self._principals.pop(ws, None)
+        if role == "client" and principal is not None:
+            token = None if self.tokens is None else bearer_token(ws.request.headers)
+            await self.views.serve(ws, principal, codec, token)
+            return
+        config = self.config
         try:
             # Answered after its first message (a worker's hello, a client's first request), so the
-            # peer reads the ``moved`` before it writes into a closed connection.
+            # peer reads the ``moved`` before it writes into a closed connection. In a partitioned
+            # pool the hello's worker id, or the submit's session key, picks the partition.
+            first: Any = None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ws.recv(), self.settings.limits.handshake_timeout_s)
+                first = await asyncio.wait_for(ws.recv(), self.settings.limits.handshake_timeout_s)
+            msgs = codec.decode(first) if first is not None and config.partitions else []
+            if msgs and type(msgs[0]) is Hello:
+                shard = worker_shard(msgs[0].capabilities.tags, msgs[0].worker_id, config.shards, config.partitions)
+            elif msgs and type(msgs[0]) is Submit:
+                shard = submit_shard(msgs[0], config.shards, config.partitions)
             moved = self.where(shard)
             if not moved.url:
                 await ws.close(1013, f"shard {shard} has no owner yet; try again")
@@ -453,6 +590,12 @@ class ClusterHost:
             await ws.close(codes.CLOSE_MOVED, f"shard {shard} is served at {moved.url}")
         except ConnectionClosed:
             pass
+
+
+def _views_session(path: str) -> bool:
+    """Whether a ``/v1/client`` session names no pool or shard: a view session of the main port."""
+    query = parse_qs(urlsplit(path).query)
+    return "pool" not in query and "shard" not in query
 
 
 def _with_application_name(dsn: str, name: str) -> str:

@@ -10,7 +10,15 @@ A shard's core answers ``get_plan``/``plans`` for its own shard only. A coordina
   in blocks per coordinator, so that is roughly, not strictly, newest first); ``limit`` at most
   1000 (default 200).
 
-The admin token only (``Authorization: Bearer``; every owner's plans are shown). Rows are decoded
+The same reads serve a client session on the main port (coordinator/io/cluster_sessions.py), where
+a client token sees its own plans only (``owner``). Workers are read from
+``fleetwire_shard_workers``: each shard's core's registry, written by its owner once per lease
+renewal (:data:`PUT_WORKERS`) **while somebody looks**: a ``list_workers`` on any main port marks
+the registries wanted for :data:`WANTED_S` (:func:`want_workers`; owners check with
+:data:`WORKERS_WANTED`), so an idle cluster writes no registry at all (10,000 workers are about
+2.5 MB and 60 ms of CPU per write). Rows of a shard whose lease moved on are ignored.
+
+``GET /v1/plans``: the admin token only (``Authorization: Bearer``; every owner's plans are shown). Rows are decoded
 with the shared decoders and checksums (coordinator/io/store_rows.py ``decode_plans``,
 coordinator/recovery.py ``plan_from_store``); a damaged row is left out and counted in
 ``damaged``. What is read is what is committed: a core's view may be one group commit ahead.
@@ -18,24 +26,70 @@ coordinator/recovery.py ``plan_from_store``); a damaged row is left out and coun
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Final, get_args
 
 import msgspec
 
 from coordinator.io.store_rows import decode_plans
+from coordinator.plans import Plan
 from coordinator.recovery import plan_from_store
-from protocol.messages import PlanStateName
+from protocol.messages import PlanStateName, WorkerInfo
 
-__all__ = ["MAX_LIMIT", "PLAN_STATES", "ViewError", "parse_query", "read_plans"]
+__all__ = [
+    "ID_INDEX", "MAX_LIMIT", "PLAN_STATES", "PUT_WORKERS", "WANTED_S", "WORKERS_TABLE", "WORKERS_WANTED",
+    "ViewError", "Watched", "encode_workers", "list_plans", "parse_query", "plan_shard", "plans_by_id",
+    "read_plans", "read_watched", "read_workers", "want_workers", "workers_summary",
+]
 
 MAX_LIMIT: Final = 1000
 PLAN_STATES: Final = get_args(PlanStateName)
 _COLUMNS = "key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc"
 _BY_ID = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE id = $1 ORDER BY key"
 _EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE plan = ANY($1::bigint[]) ORDER BY plan, seq"
-_LIST = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE cardinality($1::text[]) = 0 OR state = ANY($1::text[]) " \
-        "ORDER BY key DESC LIMIT $2"  # fmt: skip
-_COUNTS = "SELECT state, count(*) FROM fleetwire_plans GROUP BY state"
+_LIST = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE (cardinality($1::text[]) = 0 OR state = ANY($1::text[])) " \
+        "AND ($3::text IS NULL OR owner = $3) AND key < $4 ORDER BY key DESC LIMIT $2"  # fmt: skip
+_COUNTS = "SELECT state, count(*) FROM fleetwire_plans WHERE $1::text IS NULL OR owner = $1 GROUP BY state"
+_SHARD_OF = "SELECT shard, owner, key FROM fleetwire_plans WHERE id = $1 ORDER BY key DESC LIMIT 1"
+_BY_KEY = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE key = ANY($1::bigint[])"
+# A watched plan's events rows from the last one read on (a row holds a run of events, keyed by its first seq).
+_EVENTS_SINCE = """SELECT e.plan, e.seq, e.body, e.crc FROM fleetwire_events e
+JOIN unnest($1::bigint[], $2::int[]) AS w(plan, since) ON e.plan = w.plan AND e.seq >= w.since
+ORDER BY e.plan, e.seq"""
+# Looking a plan up by id (get_plan, cancel, subscribe on a main port): built without blocking the
+# shards' commits, on its own connection, in the background of a coordinator's start.
+ID_INDEX: Final = "CREATE INDEX CONCURRENTLY IF NOT EXISTS fleetwire_plans_by_id ON fleetwire_plans (id)"
+WANTED_S: Final = 30.0  # a list_workers keeps the registries written for this long
+WORKERS_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS fleetwire_shard_workers (
+    shard int PRIMARY KEY, owner text NOT NULL, epoch bigint NOT NULL, workers bytea NOT NULL,
+    written_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS fleetwire_views (key text PRIMARY KEY, wanted_until timestamptz NOT NULL)
+"""
+PUT_WORKERS: Final = """
+INSERT INTO fleetwire_shard_workers (shard, owner, epoch, workers, written_at)
+SELECT s, o, e, w, now() FROM unnest($1::int[], $2::text[], $3::bigint[], $4::bytea[]) AS u(s, o, e, w)
+ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, workers = excluded.workers,
+    written_at = excluded.written_at
+"""
+WORKERS_WANTED: Final = \
+    "SELECT coalesce((SELECT wanted_until > now() FROM fleetwire_views WHERE key = 'workers'), false)"
+# The answer: whether the registries were already wanted (fresh rows are being written), and now().
+_WANT = """
+WITH old AS (SELECT wanted_until FROM fleetwire_views WHERE key = 'workers')
+INSERT INTO fleetwire_views (key, wanted_until) VALUES ('workers', now() + make_interval(secs => $1))
+ON CONFLICT (key) DO UPDATE SET wanted_until = excluded.wanted_until
+RETURNING coalesce((SELECT wanted_until FROM old) > now(), false), now()
+"""
+# Only rows written under the lease in force: a dead or former owner's registry is not shown.
+_WORKERS = """SELECT w.shard, w.workers, w.written_at >= $1 FROM fleetwire_shard_workers w
+JOIN shard_leases l ON l.shard = w.shard AND l.owner = w.owner AND l.epoch = w.epoch AND l.expires_at > now()
+ORDER BY w.shard"""
+_SERVED = "SELECT count(*) FROM shard_leases WHERE expires_at > now() AND owner <> ''"
+_NO_KEY = 2**63 - 1
+_workers_decoder = msgspec.msgpack.Decoder(list[WorkerInfo])
+_workers_encoder = msgspec.msgpack.Encoder()
 
 
 class ViewError(ValueError):
@@ -71,19 +125,104 @@ async def read_plans(conn: Any, query: dict[str, list[str]]) -> tuple[int, bytes
     """
     plan_id, states, limit = parse_query(query)
     if plan_id is not None:
-        async with conn.transaction(isolation="repeatable_read", readonly=True):
-            rows = [tuple(r) for r in await conn.fetch(_BY_ID, plan_id)]
-            events = [tuple(r) for r in await conn.fetch(_EVENTS, [r[0] for r in rows])] if rows else []
-        stored, damaged = decode_plans(rows, events)
-        if not stored and not damaged:
+        found = await plans_by_id(conn, plan_id)
+        if not found and not found.damaged:
             return 404, msgspec.json.encode({"error": f"no plan {plan_id!r} in any shard of this cluster"})
-        infos = [plan_from_store(p).info() for p in stored]
-        return 200, msgspec.json.encode({"plans": infos, "damaged": len(damaged)})
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = [tuple(r) for r in await conn.fetch(_LIST, states, limit)]
-        counts = {r[0]: r[1] for r in await conn.fetch(_COUNTS)}
-    stored, damaged = decode_plans(rows, [])
-    summaries = [plan_from_store(p) for p in stored]  # in key order, highest first
+        return 200, msgspec.json.encode({"plans": [p.info() for p in found], "damaged": found.damaged})
+    plans, counts, damaged = await list_plans(conn, states, limit)
     total = sum(n for state, n in counts.items() if not states or state in states)
-    body = {"plans": [p.summary() for p in summaries], "total": total, "counts": counts, "damaged": len(damaged)}
+    body = {"plans": [p.summary() for _, p in plans], "total": total, "counts": counts, "damaged": damaged}
     return 200, msgspec.json.encode(body)
+
+
+class _Found(list[Plan]):
+    damaged = 0
+
+
+async def plans_by_id(conn: Any, plan_id: str) -> _Found:
+    """The plans stored under ``plan_id`` (one per shard that holds that id; ``damaged``: rows left out)."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = [tuple(r) for r in await conn.fetch(_BY_ID, plan_id)]
+        events = [tuple(r) for r in await conn.fetch(_EVENTS, [r[0] for r in rows])] if rows else []
+    stored, damaged = decode_plans(rows, events)
+    found = _Found(plan_from_store(p) for p in stored)
+    found.damaged = len(damaged)
+    return found
+
+
+async def list_plans(conn: Any, states: list[str], limit: int, *, owner: str | None = None,
+                     before: int | None = None) -> tuple[list[tuple[int, Plan]], dict[str, int], int]:  # fmt: skip
+    """``([(store key, plan)], counts per state, damaged)``: at most ``limit`` plans in ``states`` (none: all) of
+    ``owner`` (None: everyone's) with a store key below ``before``, highest key first (no events)."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = [tuple(r) for r in await conn.fetch(_LIST, states, limit, owner, _NO_KEY if before is None else before)]
+        counts = {r[0]: r[1] for r in await conn.fetch(_COUNTS, owner)}
+    keys: dict[str, int] = {}
+    stored, damaged = decode_plans(rows, [], keep_rowids=keys)
+    plans = sorted(((keys[p.created.plan_id], plan_from_store(p)) for p in stored), key=lambda kp: -kp[0])
+    return plans, counts, len(damaged)
+
+
+async def plan_shard(conn: Any, plan_id: str) -> tuple[int, str, int] | None:
+    """``(shard, owner principal, store key)`` of the plan stored under ``plan_id``; None when no shard holds it."""
+    row = await conn.fetchrow(_SHARD_OF, plan_id)
+    return None if row is None else (row[0], row[1], row[2])
+
+
+class Watched(msgspec.Struct):
+    """A plan a main-port session follows from the rows: ``since`` is the first events row to read again."""
+
+    key: int
+    plan_id: str
+    shard: int
+    expected: int  # the next seq to send
+    since: int = 0
+
+
+async def read_watched(conn: Any, watched: list[Watched]) -> dict[int, Plan]:
+    """Each watched plan as stored now (key -> plan), with its inline events and its events rows from ``since``.
+
+    A plan no longer stored (forgotten at retention) or damaged is absent.
+    """
+    keys = [w.key for w in watched]
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = [tuple(r) for r in await conn.fetch(_BY_KEY, keys)]
+        events = [tuple(r) for r in await conn.fetch(_EVENTS_SINCE, keys, [w.since for w in watched])]
+    stored, _ = decode_plans(rows, events)
+    by_id = {p.created.plan_id: plan_from_store(p) for p in stored}
+    return {w.key: by_id[w.plan_id] for w in watched if w.plan_id in by_id}
+
+
+def encode_workers(rows: list[WorkerInfo]) -> bytes:
+    """One shard's registry as stored in ``fleetwire_shard_workers.workers``."""
+    return _workers_encoder.encode(rows)
+
+
+async def want_workers(conn: Any) -> tuple[bool, Any]:
+    """Mark the registries wanted for :data:`WANTED_S`: ``(already wanted, the database's now())``."""
+    row = await conn.fetchrow(_WANT, WANTED_S)
+    return bool(row[0]), row[1]
+
+
+async def read_workers(conn: Any, since: Any = None) -> tuple[dict[int, list[WorkerInfo]], bool]:
+    """Every served shard's registry (shard -> its workers), as its owner last wrote it, and whether
+    every served shard's row was written at or after ``since`` (a database timestamp; None: any)."""
+    found: dict[int, list[WorkerInfo]] = {}
+    fresh = 0
+    rows = await conn.fetch(_WORKERS, since or datetime.datetime.min.replace(tzinfo=datetime.UTC))
+    for shard, blob, recent in rows:
+        fresh += bool(recent)
+        try:
+            found[shard] = _workers_decoder.decode(blob)
+        except msgspec.DecodeError:
+            continue  # written by a newer fleetwire: left out rather than failing the view
+    return found, fresh >= await conn.fetchval(_SERVED)
+
+
+def workers_summary(rows: list[WorkerInfo]) -> str:
+    """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers, as one core's ``list_workers`` says."""
+    alive = [w for w in rows if w.alive]
+    cpus = sum(w.capabilities.cpu_cores for w in alive)
+    gpus = sum(len(w.capabilities.gpus) for w in alive)
+    ram_gb = sum(w.capabilities.ram_bytes for w in alive) / 1e9
+    return f"{len(alive)} workers ({cpus} CPUs, {gpus} GPUs, {ram_gb:.1f} GB RAM)"

@@ -23,7 +23,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from coordinator.auth import Principal, TokenStore
-from coordinator.io.admission import PendingHandshakes, RefusalLog, pending_budget, raise_fd_limit
+from coordinator.io.admission import PendingHandshakes, RefusalLog, Repeats, pending_budget, raise_fd_limit
 from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, host_refused, origin_refused
 
 __all__ = [
@@ -32,6 +32,11 @@ __all__ = [
 ]
 
 log = structlog.get_logger("coordinator.auth")
+
+#: Failed authentications (401) or /metrics scrapes per peer address and window answered at once;
+#: past it each further one is held ``--penalty-hold`` (coordinator/io/admission.py ``Repeats``).
+REPEAT_BURST: Final = 100
+REPEAT_INTERVAL_S: Final = 10.0
 
 def server_tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:
     """The coordinator's TLS context: TLS 1.2 or later, and client certificates when asked.
@@ -174,6 +179,9 @@ class Gatekeeper:
         self._cooling_logged: set[str] = set()  # keys whose 429 was logged in their current cool-off
         self.refusal_log = RefusalLog(burst=limits.refusal_log_burst, interval_s=limits.refusal_log_interval_s)
         self.pending = PendingHandshakes(limits.max_pending_handshakes, self.refusal_log)
+        # Repeated 401s and /metrics scrapes from one address are answered after a hold (admission.py).
+        self.auth_failures = Repeats(burst=REPEAT_BURST, interval_s=REPEAT_INTERVAL_S)
+        self.scrapes = Repeats(burst=REPEAT_BURST, interval_s=REPEAT_INTERVAL_S)
 
     def fit_fd_limit(self, reserved: int) -> None:
         """At start: raise the soft open-file limit to the hard one and fit the pending budget to it.
@@ -236,11 +244,11 @@ class Gatekeeper:
             token = bearer_token(headers)
             if token is None:
                 refusal(address, "missing token", path=path)
-                return _unauthorized(conn, "missing 'Authorization: Bearer <token>' header")
+                return self._throttled(_unauthorized(conn, "missing 'Authorization: Bearer <token>' header"), address)
             found = self.tokens.authenticate(token)
             if found is None:
                 refusal(address, "invalid token", path=path)
-                return _unauthorized(conn, "invalid token")
+                return self._throttled(_unauthorized(conn, "invalid token"), address)
             if found.path_role != role:
                 refusal(address, "wrong role", principal=found.name, token_role=found.role, path=path)
                 return conn.respond(403, f"a {found.role} token cannot open {path}; use a {role} token\n")
@@ -293,8 +301,23 @@ class Gatekeeper:
         response.headers["Retry-After"] = str(wait_s)
         return response
 
+    def _throttled(self, response: Response, address: str) -> Response:
+        """A 401 past the address's burst of failures carries ``Retry-After`` and is held (:meth:`should_hold`)."""
+        if self.hold_s > 0 and self.auth_failures.over(address):
+            response.headers["Retry-After"] = str(max(1, math.ceil(self.hold_s)))
+        return response
+
+    def should_hold(self, response: Response) -> bool:
+        """Whether a refusal is answered only after :meth:`hold`: a penalty-box 429, or a 401 past its
+        address's burst of failed authentications."""
+        return response.status_code == 429 or (response.status_code == 401 and "Retry-After" in response.headers)
+
+    def scrape_held(self, conn: ServerConnection) -> bool:
+        """Count a ``/metrics`` answer to ``conn``'s address; whether it is past the burst (hold it)."""
+        return self.hold_s > 0 and self.scrapes.over(_address(conn))
+
     async def hold(self, response: Response) -> Response:
-        """``response`` (a penalty-box 429) after ``penalty_hold_s``: see coordinator/limits.py."""
+        """``response`` (a penalty-box 429, a repeated 401 or scrape) after ``penalty_hold_s`` (limits.py)."""
         await asyncio.sleep(self.hold_s)
         return response
 

@@ -31,6 +31,7 @@ from protocol.messages import PlanStateName
 
 if TYPE_CHECKING:
     from coordinator.core import Coordinator
+    from coordinator.relay import Relay
 
 __all__ = ["CONTENT_TYPE", "METRIC_NAMES", "CoordinatorCollector", "build_registry", "render"]
 
@@ -88,6 +89,7 @@ METRIC_NAMES: Final = (
     "fleetwire_handshakes_pending",
     "fleetwire_handshakes_evicted",
     "fleetwire_refusal_logs_suppressed",
+    "fleetwire_repeats_held",
     "fleetwire_cost_throttled",
     "fleetwire_replays_pending",
     "fleetwire_autoscaler_desired_replicas",
@@ -101,6 +103,12 @@ METRIC_NAMES: Final = (
     "fleetwire_worker_carbon_intensity_grams_per_kwh",
     "fleetwire_worker_engine_requests",
     "fleetwire_worker_kv_cache_usage_ratio",
+    "fleetwire_relay_bytes",
+    "fleetwire_relay_streams",
+    "fleetwire_relay_in_flight_bytes",
+    "fleetwire_relay_credit_stalls",
+    "fleetwire_relay_refused",
+    "fleetwire_worker_latency_seconds",
 )
 
 
@@ -176,14 +184,15 @@ class CoordinatorCollector:
             scope.add_metric([reason], core.counters.get(f"scope_refused.{reason}", 0))
         yield scope
         forgotten = CounterMetricFamily(
-            "fleetwire_plans_forgotten", "Finished plans forgotten, by reason: past --plan-retention (time) or "
-            "--plan-retention-bytes (bytes).", labels=["reason"],
+            "fleetwire_plans_forgotten", "Finished plans forgotten, by reason: past --plan-retention (time), "
+            "--plan-retention-bytes (bytes) or their owner's --max-bytes-per-client (principal).", labels=["reason"],
         )
-        for why in ("time", "bytes"):
+        for why in ("time", "bytes", "principal"):
             forgotten.add_metric([why], core.counters.get(f"plans_forgotten.{why}", 0))
         yield forgotten
         yield CounterMetricFamily("fleetwire_data_tickets_issued", "Data-plane tickets signed (a client's pass to a "
                                   "worker's inputs or outputs).", value=core.data.tickets_issued)
+        yield from self._relay(core.relay)
         yield GaugeMetricFamily("fleetwire_plans_retained_bytes", "What the finished plans kept hold (args, result, "
                                 "held events, overhead), as --plan-retention-bytes counts it.",
                                 value=core.retention.retained_bytes)
@@ -215,6 +224,25 @@ class CoordinatorCollector:
         yield workers
         yield failures
 
+    @staticmethod
+    def _relay(relay: Relay) -> Iterator[Metric]:
+        """The relay's families (coordinator/relay.py): bytes carried, open streams, credit stalls, refusals."""
+        carried = CounterMetricFamily("fleetwire_relay_bytes", "Bytes the relay carried through the coordinator: "
+                                      "in = inputs (client to worker), out = outputs (worker to client).",
+                                      labels=["direction"])
+        carried.add_metric(["in"], relay.bytes_in)
+        carried.add_metric(["out"], relay.bytes_out)
+        yield carried
+        yield GaugeMetricFamily("fleetwire_relay_streams", "Relayed streams open now (one input or output each).",
+                                value=len(relay.streams))
+        yield GaugeMetricFamily("fleetwire_relay_in_flight_bytes", "Relayed bytes sent and not yet acknowledged by "
+                                "their receiver, all streams (what the coordinator may hold).", value=relay.in_flight)
+        yield CounterMetricFamily("fleetwire_relay_credit_stalls", "Relayed chunks that left their stream's window "
+                                  "without room for another chunk: the sender waits for the receiver's credit.",
+                                  value=relay.credit_stalls)
+        yield CounterMetricFamily("fleetwire_relay_refused", "Relay opens refused and streams ended for a violation "
+                                  "(relay_busy, relay_violation, plan checks).", value=relay.refused)
+
     def _penalty_box(self, now: float) -> Iterator[Metric]:
         penalties = CounterMetricFamily(
             "fleetwire_penalties", "Cool-offs imposed on a peer (new connections get 429), by the close that caused "
@@ -236,6 +264,12 @@ class CoordinatorCollector:
         refusal_log = getattr(gate, "refusal_log", None)
         yield CounterMetricFamily("fleetwire_refusal_logs_suppressed", "Refusals summed up in a per-address summary "
                                   "line instead of logged one by one.", value=getattr(refusal_log, "suppressed", 0))
+        held = CounterMetricFamily("fleetwire_repeats_held", "Answers held --penalty-hold because their address "
+                                   "sent too many of them: failed authentications (401) or /metrics scrapes.",
+                                   labels=["kind"])
+        for kind, attribute in (("unauthorized", "auth_failures"), ("metrics", "scrapes")):
+            held.add_metric([kind], getattr(getattr(gate, attribute, None), "over_count", 0))
+        yield held
         yield CounterMetricFamily("fleetwire_cost_throttled", "Frames after which a client principal over "
                                   "--cost-rate work units per second was read more slowly.",
                                   value=getattr(gate, "cost_throttles", 0))
@@ -263,6 +297,9 @@ class CoordinatorCollector:
                                         "Requests in the worker's inference engine.", labels=["worker", "state"]),
             "kv": GaugeMetricFamily("fleetwire_worker_kv_cache_usage_ratio",
                                     "KV-cache usage of the worker's inference engine, 0..1.", labels=["worker"]),
+            "latency": GaugeMetricFamily("fleetwire_worker_latency_seconds", "Latency of the worker's recent "
+                                         "plans (its engine's requests), as it reports: p50 and p99.",
+                                         labels=["worker", "quantile"]),
             "data_bytes": CounterMetricFamily("fleetwire_worker_data_bytes", "Bytes through the worker's data "
                                               "endpoint since it started, as it reports: inputs in, outputs out.",
                                               labels=["worker", "direction"]),
@@ -290,6 +327,9 @@ class CoordinatorCollector:
             per_worker["engine"].add_metric([record.id, "running"], load.engine_running)
             per_worker["engine"].add_metric([record.id, "waiting"], load.engine_waiting)
             per_worker["kv"].add_metric(wid, load.kv_cache_usage)
+            if load.latency_p50_ms or load.latency_p99_ms:  # the tail an SLO alert watches
+                per_worker["latency"].add_metric([record.id, "0.5"], load.latency_p50_ms / 1e3)
+                per_worker["latency"].add_metric([record.id, "0.99"], load.latency_p99_ms / 1e3)
             if load.data_bytes_in or load.data_bytes_out:
                 per_worker["data_bytes"].add_metric([record.id, "in"], load.data_bytes_in)
                 per_worker["data_bytes"].add_metric([record.id, "out"], load.data_bytes_out)

@@ -24,6 +24,10 @@ Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or m
     fleetwire_plans(key PRIMARY KEY, shard, id, owner, ord, state, spec, status, events, nevents,
                     spec_crc, status_crc, events_crc)
     fleetwire_events(plan, seq, shard, body, crc, PRIMARY KEY (plan, seq))
+    fleetwire_coordinators(owner PRIMARY KEY, url, expires_at)   -- live coordinators (version 2)
+
+A database of an older version is migrated at open, every step in the same transaction as the
+version bump (:data:`MIGRATIONS`); one of a newer version is refused, naming both versions.
 
 ``key`` plays SQLite's rowid: an integer per plan, taken in blocks of 1024 from the sequence
 ``fleetwire_plan_keys`` (unique across every coordinator of the cluster), the key of the events
@@ -53,6 +57,7 @@ import msgspec
 import structlog
 
 from coordinator.io.integrity import StoreDamaged, StoreError
+from coordinator.io.pg_commit import PipelinedCommitter
 from coordinator.io.pg_leases import FENCE, ShardFenced
 from coordinator.io.store_rows import (
     decode_plans,
@@ -71,7 +76,7 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 crc = zlib.crc32
 
 _KEY_BLOCK = 1024
@@ -115,7 +120,17 @@ CREATE TABLE fleetwire_events (
 );
 CREATE SEQUENCE fleetwire_plan_keys START 1 INCREMENT 1024;
 """
-MIGRATIONS: Final[dict[int, str]] = {}  # from version N to N + 1 (none yet)
+# Version 2: the coordinators' heartbeat rows (coordinator/io/cluster_host.py: live coordinators and
+# the fair share of slots). Before, the cluster host created it outside the versioned schema; ``IF NOT
+# EXISTS`` keeps a version 1 database that already has it (same columns) as it is.
+_MIGRATE_V1 = """
+CREATE TABLE IF NOT EXISTS fleetwire_coordinators (
+    owner text PRIMARY KEY,
+    url text NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+"""
+MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1}  # from version N to N + 1
 
 _SELECT_PLANS = (  # decode_plans' columns (coordinator/io/store_rows.py), then the shard
     "SELECT key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc, shard "
@@ -286,6 +301,9 @@ class PgStore:
         self._wloop = _new_loop()
         self._wlock = threading.Lock()
         self._writer: Any = None
+        self._awriter: Any = None  # the writer connection on the server's loop (open_async)
+        self._async = False  # open_async was called: writes go through _awriter from then on
+        self._dsn = dsn
         self._leases: Any = None
         try:
             self._writer = self._run(self._connect(dsn))
@@ -359,7 +377,7 @@ class PgStore:
                         f"coordinator knows versions up to {SCHEMA_VERSION}: run a newer fleetwire"
                     )
                 if version == 0:
-                    await conn.execute(_CREATE_V1)
+                    await conn.execute(_CREATE_V1 + "".join(MIGRATIONS[v] for v in range(1, SCHEMA_VERSION)))
                     await conn.executemany(
                         "INSERT INTO fleetwire_meta (key, value) VALUES ($1, $2)",
                         [("schema_version", str(SCHEMA_VERSION)), ("cluster_name", config.name),
@@ -422,14 +440,84 @@ class PgStore:
         return plans, events
 
     def write(self, records: Sequence[Record]) -> None:
+        """Commit ``records`` as one transaction (blocking; the thread committer's path and tests)."""
+        if self._writer is None:
+            raise StoreError(f"the store {self.description} writes through its async committer now")
+        self._run(self._write(self._writer, records))
+
+    async def write_async(self, records: Sequence[Record]) -> None:
+        """Commit ``records`` as one transaction on the caller's loop (:meth:`open_async` first).
+
+        The async committer's path (coordinator/io/pg_commit.py): no thread, one round trip.
+        """
+        assert self._awriter is not None, "open_async() first"
+        await self._write(self._awriter, records)
+
+    async def open_async(self, on_lost: Callable[[], None] | None = None) -> None:
+        """Open the writer connection on the running loop (the server's) and close the threaded one.
+
+        From then on :meth:`write_async` commits; :meth:`write` is refused. The connection count
+        stays two per store (docs/CLUSTER.md, sizing). Called again after :meth:`lost` (the database
+        went away: a failover), it opens a new connection; with a multi-host DSN
+        (``target_session_attrs=read-write``) that reaches whichever host accepts writes now.
+        ``on_lost`` is called (on the loop) when the connection closes under the store.
+
+        Raises:
+            StoreError: no host accepts the connection now.
+        """
+        old = self._awriter
+        if old is not None and not old.is_closed():
+            return
+        conn = await self._connect(self._dsn)
+        if on_lost is not None:
+            conn.add_termination_listener(lambda _conn: on_lost())
+        self._awriter, self._async = conn, True
+        if old is not None:
+            old.terminate()
+        threaded, self._writer = self._writer, None
+        if threaded is not None:
+            await asyncio.to_thread(self._close_writer, threaded)
+
+    def lost(self) -> bool:
+        """Whether the writer connection of :meth:`open_async` closed under the store (reopen it first)."""
+        conn = self._awriter
+        return self._async and (conn is None or conn.is_closed())
+
+    def away(self) -> str | None:
+        """Why this store cannot take a write now (its database connection is lost: a failover), else None.
+
+        The server answers new submits ``unavailable`` and new handshakes 503 + Retry-After meanwhile.
+        """
+        if not self.lost() or self.closed:
+            return None
+        return f"the database {self.where} is away (the connection was lost; a failover?); reconnecting"
+
+    async def close_async(self) -> None:
+        """Close the writer connection of :meth:`open_async` (on its loop)."""
+        conn, self._awriter = self._awriter, None
+        if conn is not None:
+            try:
+                await asyncio.wait_for(conn.close(), 5)
+            except Exception:
+                conn.terminate()
+
+    async def _write(self, conn: Any, records: Sequence[Record]) -> None:
+        try:
+            await self._write_group(conn, records)
+        except ShardFenced:
+            raise
+        except (self._asyncpg.PostgresError, self._asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            raise StoreError(f"cannot write the store {self.description}: {_cause(exc)}") from exc
+
+    async def _write_group(self, conn: Any, records: Sequence[Record]) -> None:
         created, latest, runs, forgotten = group_records(records)
         keys, shards_of = self._keys, self._shards
         doomed = [keys[p] for p in forgotten if p in keys]
         touched_shards = {shards_of[p] for p in forgotten if p in shards_of}
         fresh_ids = [p for p in created if p not in keys or p in forgotten]
-        fresh_keys = self._take_keys(len(fresh_ids))
+        fresh_keys = await self._take_keys(conn, len(fresh_ids))
         fresh = dict(zip(fresh_ids, fresh_keys, strict=True))
-        fresh_shards = {p: shard_of(created[p], self.cluster.shards) for p in fresh_ids}
+        fresh_shards = {p: shard_of(created[p], self.cluster.shards, self.cluster.partitions) for p in fresh_ids}
         touched: Iterable[str] = latest
         if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
             touched = {**fresh, **latest, **runs}
@@ -458,7 +546,7 @@ class PgStore:
                     inline, count = body[1:], len(run)  # without its one-byte array header
                     previous = 0 if plan_id in fresh else chained.get(plan_id)
                     if previous is None:
-                        previous = self._run(self._stored_events_crc(key))
+                        previous = await self._stored_events_crc(conn, key)
                     inline_crc = chained_now[plan_id] = crc(inline, previous)
                 else:
                     for column, value in zip(ev_rows, (key, run[0][2], shard, body, crc(body, key & 0xFFFFFFFF)),
@@ -491,12 +579,7 @@ class PgStore:
             raise ShardFenced(f"this coordinator does not hold shard(s) {missing or 'any'}; the write was refused")
         shards = sorted(touched_shards)
         epochs = [fence[s] for s in shards]
-        try:
-            self._run(self._commit(shards, epochs, doomed, new_rows, upd_rows, ev_rows))
-        except ShardFenced:
-            raise
-        except (self._asyncpg.PostgresError, self._asyncpg.InterfaceError, OSError, TimeoutError) as exc:
-            raise StoreError(f"cannot write the store {self.description}: {_cause(exc)}") from exc
+        await self._commit(conn, shards, epochs, doomed, new_rows, upd_rows, ev_rows)
         for plan_id in forgotten:
             keys.pop(plan_id, None)
             shards_of.pop(plan_id, None)
@@ -513,6 +596,7 @@ class PgStore:
 
     async def _commit(
         self,
+        conn: Any,
         shards: list[int],
         epochs: list[int],
         doomed: list[int],
@@ -527,7 +611,7 @@ class PgStore:
             if present:
                 args += values
         sql = commit_statement(bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0]))
-        held = await self._writer.fetchval(sql, *args)
+        held = await conn.fetchval(sql, *args)
         if len(held) != len(shards):
             lost = sorted(set(shards) - set(held))
             raise ShardFenced(
@@ -536,21 +620,38 @@ class PgStore:
                 "was refused"
             )
 
-    def _take_keys(self, n: int) -> list[int]:
+    async def _take_keys(self, conn: Any, n: int) -> list[int]:
         if n == 0:
             return []
         free = self._free_keys
         if len(free) < n:
             blocks = -(-(n - len(free)) // _KEY_BLOCK)
-            starts = self._run(self._writer.fetch(_KEYS, blocks))
+            starts = await conn.fetch(_KEYS, blocks)
             for row in sorted(r[0] for r in starts):
                 free.extend(range(row, row + _KEY_BLOCK))
         taken, self._free_keys = free[:n], free[n:]
         return taken
 
-    async def _stored_events_crc(self, key: int) -> int:
-        value = await self._writer.fetchval("SELECT events_crc FROM fleetwire_plans WHERE key = $1", key)
+    async def _stored_events_crc(self, conn: Any, key: int) -> int:
+        value = await conn.fetchval("SELECT events_crc FROM fleetwire_plans WHERE key = $1", key)
         return int(value) if value is not None else 0
+
+    def make_committer(
+        self, release: Callable[[T], None], on_failure: Callable[[BaseException], None], *, max_backlog_bytes: int = 0
+    ) -> PipelinedCommitter[T]:
+        """The server's committer for this store: group commits on the server's own loop (pg_commit.py)."""
+        return PipelinedCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)
+
+    def _close_writer(self, writer: Any) -> None:
+        """Close the threaded writer connection (waits for a write in progress, up to 5 s)."""
+        if self._wlock.acquire(timeout=5):  # a write in progress (the committer's last group) ends first
+            self._wlock.release()
+            try:
+                self._run(asyncio.wait_for(writer.close(), 5))
+            except Exception:
+                writer.terminate()
+        else:  # a write hangs (the database is away): drop the connection
+            writer.terminate()
 
     def close(self) -> None:
         if self.closed:
@@ -569,13 +670,10 @@ class PgStore:
         self._thread.join(10)
         if not self._thread.is_alive():
             loop.close()
-        if self._wlock.acquire(timeout=5):  # a write in progress (the committer's last group) ends first
-            self._wlock.release()
-            if writer is not None:
-                try:
-                    self._run(asyncio.wait_for(writer.close(), 5))
-                except Exception:
-                    writer.terminate()
+        if writer is not None:
+            self._close_writer(writer)
+        if self._awriter is not None:  # the async committer did not close it (a failure): drop it
+            self._awriter.terminate()
+            self._awriter = None
+        if not self._wlock.locked():
             self._wloop.close()
-        elif writer is not None:  # a write hangs (the database is away): drop the connection
-            writer.terminate()

@@ -49,6 +49,7 @@ from coordinator.io.hooks import HookRunner
 from coordinator.io.integrity import report_accepted_losses
 from coordinator.io.metrics import CONTENT_TYPE, build_registry, render
 from coordinator.io.metrics_http import ExpositionCache, MetricsListener, parse_listen
+from coordinator.io.pg_commit import PipelinedCommitter
 from coordinator.io.pg_leases import LeaseKeeper, ShardFenced
 from coordinator.io.provision import Provider, Provisioner
 from coordinator.io.store import Store, open_store
@@ -58,7 +59,7 @@ from coordinator.shards import ClusterConfig
 from coordinator.stats import FrameCounters
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec, Encoding
 from protocol import errors as codes
-from protocol.messages import Assign, Error, FromClient, FromWorker, Moved
+from protocol.messages import Assign, Error, FromClient, FromWorker, Moved, Submit
 from protocol.relay import MAX_CHUNK_BYTES
 
 log = structlog.get_logger(__name__)
@@ -68,6 +69,7 @@ ROLE_PATHS: dict[str, Role] = {"/v1/worker": "worker", "/v1/client": "client"}
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 STANDBY = "standby: owns no shard (another coordinator of the cluster serves; this one takes over when its lease ends)"
 REPLAY_BACKLOG_BYTES = 1 << 20  # a replay's next slice waits while its subscriber has more than this unsent
+UNAVAILABLE_RETRY_S = 1.0  # the retry_after_s of an ``unavailable`` answer (the store is away)
 LOADING = "loading the store"  # /readyz's reason (503) until the store's plans are loaded
 
 
@@ -214,8 +216,16 @@ class CoordinatorServer:
             owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
             self.cluster = LeaseKeeper(self.store, settings.cluster, owner,  # type: ignore[arg-type]
                                        on_acquired=self._acquired.set, on_fenced=self._store_failed)  # fmt: skip
-        self._committer: GroupCommitter[Effects] = GroupCommitter(
-            self.store, self._deliver, self._store_failed, max_backlog_bytes=settings.limits.max_commit_backlog_bytes
+        # A store whose database can go away for a while (PostgreSQL failover) says why (PgStore.away): new
+        # submits are then answered ``unavailable`` (retryable) and new handshakes 503 + Retry-After.
+        self._away: Callable[[], str | None] | None = getattr(self.store, "away", None)
+        # A store may bring its own committer (PostgreSQL: commits on this loop, coordinator/io/pg_commit.py).
+        make_committer = getattr(self.store, "make_committer", None)
+        backlog = settings.limits.max_commit_backlog_bytes
+        self._committer: GroupCommitter[Effects] | PipelinedCommitter[Effects] = (
+            make_committer(self._deliver, self._store_failed, max_backlog_bytes=backlog)
+            if make_committer is not None
+            else GroupCommitter(self.store, self._deliver, self._store_failed, max_backlog_bytes=backlog)
         )
         self.fatal: asyncio.Future[BaseException] | None = None  # set when the store fails (fail-stop)
         self.core = Coordinator(
@@ -267,6 +277,7 @@ class CoordinatorServer:
         # /metrics reads these at scrape time (coordinator/io/metrics.py); see coordinator/io/routes.py.
         self.frames = FrameCounters()
         self.refusals: dict[str, int] = {}  # by answer: HTTP status before the upgrade, close code after
+        self.unavailable_answers = 0  # submits answered ``unavailable`` while the store was away
         self.metrics_registry = build_registry(
             self.core, frames=self.frames, sessions=self._session_counts, refusals=self.refusals, version=version,
             gate=self._gate, provision=self.provisioner.status if self.provisioner is not None else None,
@@ -484,6 +495,8 @@ class CoordinatorServer:
             if response is not None:
                 if response.status_code == 404:  # unknown paths are probes too: counted with the refusals
                     self._count_refusal(404)
+                elif path == "/metrics" and self._gate.scrape_held(conn):  # a scrape loop (issue 17 finding 9)
+                    return self._gate.hold(response)
                 return response
         if role is None:
             self._count_refusal(404)
@@ -496,11 +509,14 @@ class CoordinatorServer:
             return conn.respond(400, refused_subprotocol + "\n")
         if not self.loaded.is_set():
             return self._after_load(conn, request)
+        if self._away is not None and (away := self._away()) is not None:
+            self._count_refusal(503)
+            return http_routes.loading(away)  # 503 + Retry-After: 1
         # Origin, connection limit, client certificate, token (coordinator/auth.py).
         refused = self._gate.admit(conn, request, path, role, len(self._sessions), self._held_by)
         if refused is not None:
             self._count_refusal(refused.status_code)
-            if refused.status_code == 429:  # penalty box: answered after a hold (coordinator/limits.py)
+            if self._gate.should_hold(refused):  # penalty box, repeated 401s: answered after a hold (gate.py)
                 return self._gate.hold(refused)
         return refused
 
@@ -600,12 +616,16 @@ class CoordinatorServer:
                     self._kill(session, codes.CLOSE_RATE_LIMITED, "message rate limit exceeded")
                     continue
                 redirect = self.redirect
+                away = self._away() if self._away is not None else None
                 work = outbox.work
                 spent = 0
                 for msg in msgs:
                     if redirect is not None and (moved := redirect(role, msg)) is not None:
                         self._move(session, moved)
                         break
+                    if away is not None and type(msg) is Submit:
+                        self._unavailable(session, msg, away)
+                        continue
                     self._receive(conn_id, msg, now)
                     if outbox.work - work > frame_budget:
                         # One frame's requests cost more than a turn's budget: what it asked so far goes
@@ -760,6 +780,13 @@ class CoordinatorServer:
                     self._gate.offence(session.principal, session.ws, code)
         for session in slow:
             self._kill(session, codes.CLOSE_SLOW_CONSUMER, "slow consumer: too much waiting for it to read")
+
+    def _unavailable(self, session: Session, msg: Submit, why: str) -> None:
+        """The store is away (a database failover): the submit is not processed; the client sends it again."""
+        self.unavailable_answers += 1
+        session.pending.append(Error(code=codes.UNAVAILABLE, message=f"{why}; send the submit again",
+                                     req_id=msg.req_id, plan_id=msg.plan_id, retry_after_s=UNAVAILABLE_RETRY_S))
+        session.wake.set()
 
     def _move(self, session: Session, moved: Moved) -> None:
         """Cluster mode: the session belongs to another shard; tell it where, then close it 4307."""

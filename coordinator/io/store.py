@@ -346,6 +346,7 @@ class SQLiteStore:
             # by two threads at once. isolation_level=None: transactions are explicit.
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                        timeout=_BUSY_TIMEOUT_MS / 1000)
+            self._waits = True  # the connection's busy timeout is _BUSY_TIMEOUT_MS (0 while False: try_write)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -471,7 +472,7 @@ class SQLiteStore:
     def _drop(self, damaged: dict[int, str]) -> None:
         """Delete the damaged plans (``--accept-store-loss``), so the next start finds a clean file."""
         keys = [(rowid,) for rowid in damaged]
-        self._db.execute("BEGIN IMMEDIATE")
+        self._begin(wait=True)
         self._run_chunked(_DELETE_PLANS, "?", keys)
         self._run_chunked(_DELETE_EVENTS, "?", keys)
         self._db.execute("COMMIT")
@@ -524,20 +525,26 @@ class SQLiteStore:
         self._write(records, wait=True)
 
     def _begin(self, wait: bool) -> bool:
-        """``BEGIN IMMEDIATE``; without ``wait``, False at once when another connection holds the write lock."""
+        """``BEGIN IMMEDIATE``; without ``wait``, False at once when another connection holds the write lock.
+
+        The connection's busy timeout is switched only when the mode changes (:attr:`_waits`): a
+        store whose commits all run on the loop (``wait`` off) or all in the writer thread runs no
+        ``PRAGMA`` per commit. Two per commit were ~3 µs of a lone commit's ~20 µs of SQLite work
+        on a quiet machine, and more on a busy one (bench/store_writer.py --lone).
+        """
         db = self._db
+        if wait != self._waits:
+            db.execute(_BUSY_WAIT if wait else _NO_BUSY_WAIT)
+            self._waits = wait
         if wait:
             db.execute("BEGIN IMMEDIATE")
             return True
-        db.execute(_NO_BUSY_WAIT)
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if db.in_transaction or ("locked" not in str(exc) and "busy" not in str(exc)):
                 raise
             return False
-        finally:
-            db.execute(_BUSY_WAIT)
         return True
 
     def _write(self, records: Sequence[Record], *, wait: bool) -> bool:

@@ -132,15 +132,17 @@ def hints_problem(hints: RoutingHints) -> str | None:
     """Why a submit's routing hints are invalid, in words a person can act on; None when valid."""
     if hints.policy is not None and hints.policy not in POLICY_NAMES:
         return f"hints.policy {hints.policy!r} is not a placement policy; use one of {', '.join(POLICY_NAMES)}"
-    for name in ("prompt_tokens", "max_output_tokens", "prefix_block_tokens"):
-        value = getattr(hints, name)
-        if value < 0:
-            return f"hints.{name} must be >= 0 (got {value})"
-    if hints.session_key is not None and not hints.session_key:
-        return "hints.session_key must be non-empty when given"
-    key_problem = too_long("hints.session_key", hints.session_key, MAX_SESSION_KEY_BYTES)
-    if key_problem is not None:
-        return key_problem
+    if hints.prompt_tokens < 0 or hints.max_output_tokens < 0 or hints.prefix_block_tokens < 0:  # the rare case
+        for name in ("prompt_tokens", "max_output_tokens", "prefix_block_tokens"):
+            value = getattr(hints, name)
+            if value < 0:
+                return f"hints.{name} must be >= 0 (got {value})"
+    if hints.session_key is not None:
+        if not hints.session_key:
+            return "hints.session_key must be non-empty when given"
+        key_problem = too_long("hints.session_key", hints.session_key, MAX_SESSION_KEY_BYTES)
+        if key_problem is not None:
+            return key_problem
     if len(hints.prefix_hashes) > MAX_PREFIX_HASHES:
         return f"hints.prefix_hashes has {len(hints.prefix_hashes)} hashes; at most {MAX_PREFIX_HASHES} are allowed"
     return None
@@ -153,6 +155,7 @@ def ask_of(plan: Plan) -> Ask:
         tokens=hints.prompt_tokens + hints.max_output_tokens,
         prompt_tokens=hints.prompt_tokens,
         prefix_hashes=tuple(hints.prefix_hashes),
+        data=bool(plan.inputs or plan.outputs),
     )
 
 
@@ -277,7 +280,9 @@ class Placement:
         # A plan that holds devices is vetted per worker like one with KV blocks: the exact, slower path.
         no_kv = plan.hints.prompt_tokens + plan.hints.max_output_tokens <= 0 and plan.gpus is None
         indexed = pool.indexed
-        if indexed:
+        # The indexes do not know data endpoints: a plan with inputs or outputs is ranked by its policy
+        # (a worker with a data endpoint wins a tie: policies._tie).
+        if indexed and not (plan.inputs or plan.outputs):
             if not pool.not_plain and self._indexable(plan):
                 return self._choose_indexed(plan, pool, now, no_kv)
             figure = self._figure(plan)

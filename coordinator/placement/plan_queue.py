@@ -19,6 +19,14 @@ largest free count when that is what is missing.
 
 The queue owns its groups and its index of live entries: a plan id is queued exactly when
 it maps to its (signature, token) entry, and at most one entry per plan is live.
+
+Groups are also indexed by op (issue 17 finding 5): a worker can run only signatures of its ops,
+and why a plan waits depends only on the workers that handle its op, so a worker's connect or
+disconnect looks at the groups of that worker's ops (:meth:`PlanQueue.signatures` with ``ops``),
+plus the groups whose reason is not known yet (``unexplained=True``), not at every
+group. A client that queues thousands of plans with distinct tag lists under an op no worker
+serves then costs a worker (dis)connect nothing; the groups with avoided workers are indexed
+too, for :meth:`PlanQueue.forgive`.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -201,6 +209,14 @@ class _Group:
 
     heap: list[tuple[int, int, int, str]] = field(default_factory=list)
     reason: str | None = None  # the waiting reason last given to its plans
+    born: int = 0  # creation order: a selection of groups is visited in the order of the whole
+
+
+TAG_INDEX_MIN = 64  # groups of one op past which best_for looks them up by the worker's tags
+
+
+def _born(pair: tuple[Signature, _Group]) -> int:
+    return pair[1].born
 
 
 class PlanQueue:
@@ -210,6 +226,11 @@ class PlanQueue:
         self._groups: dict[Signature, _Group] = {}
         self._live: dict[str, tuple[Signature, int]] = {}  # plan_id -> (its group, live token)
         self._tokens = itertools.count(1)
+        self._by_op: dict[str, dict[Signature, _Group]] = {}  # op -> its groups
+        self._unexplained: dict[Signature, _Group] = {}  # groups whose reason is None
+        self._avoiding: dict[Signature, _Group] = {}  # groups that avoid some worker
+        # (op, first tag or ""): its groups. A worker without a group's first tag cannot run it (best_for).
+        self._by_tag: dict[tuple[str, str], dict[Signature, _Group]] = {}
 
     def __contains__(self, plan_id: object) -> bool:
         return plan_id in self._live
@@ -217,14 +238,26 @@ class PlanQueue:
     def __len__(self) -> int:
         return len(self._live)
 
-    def push(self, plan_id: str, signature: Signature, priority: int, order: int) -> None:
-        """Queue a plan (again). A plan already queued is moved to the new position."""
+    def push(self, plan_id: str, signature: Signature, priority: int, order: int) -> bool:
+        """Queue a plan (again). A plan already queued is moved to the new position.
+
+        Returns:
+            True if the plan is its group's only one (the group is new, or was empty).
+        """
         token = next(self._tokens)
         self._live[plan_id] = (signature, token)
         group = self._groups.get(signature)
         if group is None:
-            group = self._groups[signature] = _Group()
+            group = self._groups[signature] = _Group(born=token)
+            self._by_op.setdefault(signature.op, {})[signature] = group
+            self._by_tag.setdefault((signature.op, signature.tags[0] if signature.tags else ""), {})[signature] = group
+            self._unexplained[signature] = group
+            if signature.avoid:
+                self._avoiding[signature] = group
+            heapq.heappush(group.heap, (-priority, order, token, plan_id))
+            return True
         heapq.heappush(group.heap, (-priority, order, token, plan_id))
+        return False
 
     def discard(self, plan_id: str) -> bool:
         """Take a plan out of the queue; its heap entry is dropped when it surfaces.
@@ -249,31 +282,120 @@ class PlanQueue:
             heapq.heappop(heap)
         return None
 
-    def signatures(self) -> list[Signature]:
-        """Signatures that still have queued plans; empty groups are dropped on the way."""
-        out: list[Signature] = []
-        for signature, group in list(self._groups.items()):
-            if self._head(signature, group) is None:
-                del self._groups[signature]
+    def signatures(self, ops: Iterable[str] | None = None, *, unexplained: bool = False) -> list[Signature]:
+        """Signatures that still have queued plans, in creation order; empty groups are dropped on the way.
+
+        ``ops``: only those of these ops, and (``unexplained``) those whose group has no waiting
+        reason recorded yet. None: every signature.
+        """
+        return [sig for sig, _ in self._pairs(ops, unexplained)]
+
+    def iter_signatures(self, ops: Iterable[str] | None = None, *, unexplained: bool = False) -> Iterator[Signature]:
+        """:meth:`signatures`, lazily: a caller that stops early (a work budget) pays for what it took,
+        not for sorting every group. Groups dropped or re-created meanwhile are skipped."""
+        groups = self._groups
+        if ops is None:
+            sources = [groups]
+        else:
+            by_op = self._by_op
+            sources = [of_op for op in dict.fromkeys(ops) if (of_op := by_op.get(op))]
+        if unexplained and self._unexplained:
+            sources.append(dict(sorted(self._unexplained.items(), key=_born)))  # marked in any order
+        if not sources:
+            return
+        pairs: Iterable[tuple[Signature, _Group]] = (
+            list(sources[0].items()) if len(sources) == 1
+            else heapq.merge(*(list(source.items()) for source in sources), key=_born)
+        )
+        last = -1
+        for signature, group in pairs:
+            if group.born == last or groups.get(signature) is not group:
+                continue  # met twice (its op's and the unexplained), or gone since
+            last = group.born
+            if not self._dropped(signature, group):
+                yield signature
+
+    def _pairs(self, ops: Iterable[str] | None, unexplained: bool = False) -> list[tuple[Signature, _Group]]:
+        """:meth:`signatures` with their groups."""
+        by_op = self._by_op
+        if ops is None or (len(by_op) == 1 and not unexplained and next(iter(by_op)) in ops):
+            candidates: list[tuple[Signature, _Group]] = list(self._groups.items())  # every group qualifies
+        else:
+            found = [of_op for op in ops if (of_op := by_op.get(op))]
+            if unexplained and self._unexplained:
+                found.append(self._unexplained)
+            if not found:
+                return []
+            if len(found) == 1 and found[0] is not self._unexplained:
+                candidates = list(found[0].items())  # one op's groups: already in creation order
             else:
-                out.append(signature)
-        return out
+                picked = {sig: group for of_op in found for sig, group in of_op.items()}
+                candidates = sorted(picked.items(), key=_born)
+        head = self._head
+        return [(sig, group) for sig, group in candidates if head(sig, group) is not None or self._drop(sig)]
+
+    def _tagged_pairs(self, ops: Iterable[str], tags: Collection[str]) -> list[tuple[Signature, _Group]]:
+        """:meth:`_pairs` of ``ops`` that a worker with ``tags`` may admit, by the first-tag index of large ops."""
+        by_op, by_tag = self._by_op, self._by_tag
+        found: list[dict[Signature, _Group]] = []
+        for op in ops:
+            of_op = by_op.get(op)
+            if not of_op:
+                continue
+            if len(of_op) <= TAG_INDEX_MIN:
+                found.append(of_op)
+                continue
+            found.extend(of_tag for tag in ("", *tags) if (of_tag := by_tag.get((op, tag))))
+        if not found:
+            return []
+        if len(found) == 1:
+            candidates = list(found[0].items())
+        else:
+            picked = {sig: group for of in found for sig, group in of.items()}
+            candidates = sorted(picked.items(), key=_born)
+        head = self._head
+        return [(sig, group) for sig, group in candidates if head(sig, group) is not None or self._drop(sig)]
+
+    def _dropped(self, signature: Signature, group: _Group) -> bool:
+        """Drop the group if it has no live plan left; whether it was dropped."""
+        return self._head(signature, group) is None and not self._drop(signature)
+
+    def _drop(self, signature: Signature) -> bool:
+        """Forget an empty group; returns False (so a filter drops it too)."""
+        del self._groups[signature]
+        of_op = self._by_op[signature.op]
+        del of_op[signature]
+        if not of_op:
+            del self._by_op[signature.op]
+        key = (signature.op, signature.tags[0] if signature.tags else "")
+        of_tag = self._by_tag[key]
+        del of_tag[signature]
+        if not of_tag:
+            del self._by_tag[key]
+        self._unexplained.pop(signature, None)
+        self._avoiding.pop(signature, None)
+        return False
 
     def best_for(
-        self, admits: Callable[[Signature], bool], fits: Callable[[str], bool] | None = None
+        self, admits: Callable[[Signature], bool], fits: Callable[[str], bool] | None = None,
+        ops: Iterable[str] | None = None, tags: Collection[str] | None = None,
     ) -> str | None:
         """The best queued plan among the signatures ``admits`` accepts (it is not removed).
 
         ``fits`` (a plan id) vets each group's head, e.g. whether its KV blocks fit: a head
         that does not fit holds its group back (first come, first served within a group,
-        as vLLM's scheduler does), so a later, smaller plan never overtakes it.
-        Cost is one ``admits`` call per signature, whatever the number of plans.
+        as vLLM's scheduler does), so a later, smaller plan never overtakes it. ``ops``: only
+        signatures of these ops are looked at (those ``admits`` can accept, e.g. a worker's ops);
+        with ``tags`` (the worker's), an op of more than :data:`TAG_INDEX_MIN` groups offers only
+        its groups without tags or whose first tag is one of ``tags`` (the others need a tag the
+        worker lacks). Cost is one ``admits`` call per signature looked at, whatever the number of plans.
         """
         best: tuple[int, int, int, str] | None = None
-        for signature in self.signatures():
+        pairs = self._pairs(ops) if tags is None or ops is None else self._tagged_pairs(ops, tags)
+        for signature, group in pairs:
             if not admits(signature):
                 continue
-            head = self._head(signature, self._groups[signature])
+            head = self._head(signature, group)
             if head is None or (best is not None and head >= best):
                 continue
             if fits is None or fits(head[3]):
@@ -300,11 +422,11 @@ class PlanQueue:
             The ids of the plans moved; their priority and age are kept.
         """
         moved: list[str] = []
-        for signature in self.signatures():
-            if worker_id not in signature.avoid:
+        for signature, group in sorted(self._avoiding.items(), key=_born):
+            if worker_id not in signature.avoid or self._dropped(signature, group):
                 continue
             kept = signature.avoiding(w for w in signature.avoid if w != worker_id)
-            for neg_priority, order, token, plan_id in sorted(self._groups[signature].heap):
+            for neg_priority, order, token, plan_id in sorted(group.heap):
                 if self._live.get(plan_id) == (signature, token):
                     self.push(plan_id, kept, -neg_priority, order)
                     moved.append(plan_id)
@@ -328,3 +450,7 @@ class PlanQueue:
         group = self._groups.get(signature)
         if group is not None:
             group.reason = reason
+            if reason is None:
+                self._unexplained[signature] = group
+            else:
+                self._unexplained.pop(signature, None)

@@ -4,7 +4,9 @@ A policy is one small class with one method, :meth:`Policy.choose`. Placement
 (``coordinator/placement/placer.py``) has already filtered the candidates (alive, not draining,
 requirements met, room left, KV blocks fit) and handled sticky sessions; a policy only ranks
 what is left and never returns None. Every ranking ends with the same tie-break, least
-recently assigned and then the lowest id, so a decision is deterministic.
+recently assigned and then the lowest id, so a decision is deterministic; for a plan with inputs
+or outputs a worker with a data endpoint comes before both (its bytes go direct, not through the
+coordinator's relay).
 
 Derived figures, shared by the policies and the trace simulator:
 
@@ -92,6 +94,7 @@ class Ask:
     tokens: int = 0  # prompt + maximum output tokens (0: unknown)
     prompt_tokens: int = 0
     prefix_hashes: tuple[int, ...] = ()
+    data: bool = False  # the plan has inputs or outputs: of tied workers, one with a data endpoint first
 
 
 class FleetView(Protocol):
@@ -116,12 +119,14 @@ class Policy(Protocol):
     def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord: ...
 
 
-def _tie(worker: WorkerRecord) -> tuple[int, str]:
-    return worker.last_assigned, worker.id
+def _tie(worker: WorkerRecord, ask: Ask) -> tuple[bool, int, str]:
+    """The last keys of every ranking: for a plan with inputs or outputs a worker with a data endpoint
+    (its bytes go direct, not relayed through the coordinator), then the least recently assigned, the lowest id."""
+    return ask.data and not worker.data_url, worker.last_assigned, worker.id
 
 
-def _least_busy(candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
-    return min(candidates, key=lambda w: (fleet.busyness(w), *_tie(w)))
+def _least_busy(candidates: Sequence[WorkerRecord], fleet: FleetView, ask: Ask) -> WorkerRecord:
+    return min(candidates, key=lambda w: (fleet.busyness(w), *_tie(w, ask)))
 
 
 def _near_least_busy(candidates: Sequence[WorkerRecord], fleet: FleetView, max_gap: float) -> list[WorkerRecord]:
@@ -153,7 +158,7 @@ class LeastBusy:
     """The candidate with the least busyness."""
 
     def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
-        return _least_busy(candidates, fleet)
+        return _least_busy(candidates, fleet, ask)
 
 
 @dataclass
@@ -172,7 +177,7 @@ class LatencyWeighted:
         def expected(w: WorkerRecord) -> float:
             return (_latency_ms(w) or fallback) * (len(w.leases) + 1)
 
-        return min(candidates, key=lambda w: (expected(w), fleet.busyness(w), *_tie(w)))
+        return min(candidates, key=lambda w: (expected(w), fleet.busyness(w), *_tie(w, ask)))
 
 
 def _mean_known(candidates: Sequence[WorkerRecord], figure: Callable[[WorkerRecord], float]) -> float:
@@ -217,7 +222,7 @@ class JouleWeighted:
         costs = [(projected_uj(_uj_per_token(w) or fallback, tokens), w) for w in pool]
         least = min(cost for cost, _ in costs)
         tied = [w for cost, w in costs if cost == least] or pool  # a NaN figure ties with nothing
-        return min(tied, key=lambda w: (fleet.busyness(w), *_tie(w)))
+        return min(tied, key=lambda w: (fleet.busyness(w), *_tie(w, ask)))
 
 
 @dataclass
@@ -236,9 +241,9 @@ class CarbonWeighted:
         intensity_fallback = _mean_known(pool, _intensity)
         tokens = max(ask.tokens, 1)
 
-        def score(w: WorkerRecord) -> tuple[float, float, int, str]:
+        def score(w: WorkerRecord) -> tuple[float, float, bool, int, str]:
             per_token = (_uj_per_token(w) or uj_fallback) * (_intensity(w) or intensity_fallback)
-            return projected_carbon(per_token, tokens), fleet.busyness(w), *_tie(w)
+            return projected_carbon(per_token, tokens), fleet.busyness(w), *_tie(w, ask)
 
         return min(pool, key=score)
 
@@ -270,20 +275,22 @@ class KvAware:
 
     def choose(self, ask: Ask, candidates: Sequence[WorkerRecord], fleet: FleetView) -> WorkerRecord:
         if not ask.prefix_hashes:
-            return _least_busy(candidates, fleet)
+            return _least_busy(candidates, fleet, ask)
         loads = [fleet.busyness(w) for w in candidates]
         low, high = min(loads), max(loads)
         if high - low > self.balance_gap and high > self.balance_ratio * low:
-            return _least_busy(candidates, fleet)
+            return _least_busy(candidates, fleet, ask)
         matches = fleet.prefix_match(ask.prefix_hashes, candidates)
         if self.load_bound != math.inf and matches:
-            return self._bounded(candidates, matches, fleet)
+            return self._bounded(ask, candidates, matches, fleet)
         best = max(matches.values(), default=0)
         if best < max(1, self.min_match_blocks):
-            return _least_busy(candidates, fleet)
-        return _least_busy([w for w in candidates if matches.get(w.id, 0) == best], fleet)
+            return _least_busy(candidates, fleet, ask)
+        return _least_busy([w for w in candidates if matches.get(w.id, 0) == best], fleet, ask)
 
-    def _bounded(self, candidates: Sequence[WorkerRecord], matches: dict[str, int], fleet: FleetView) -> WorkerRecord:
+    def _bounded(
+        self, ask: Ask, candidates: Sequence[WorkerRecord], matches: dict[str, int], fleet: FleetView
+    ) -> WorkerRecord:
         """The longest match among the candidates under the bound (class doc); least recent share breaks ties."""
         shares = {w.id: fleet.recent_placements(w) for w in candidates}
         per_worker = (math.fsum(shares.values()) + 1.0) / len(candidates)
@@ -298,9 +305,9 @@ class KvAware:
                 under = {i: m for i, m in matches.items() if shares[i] + 1.0 <= cap}
         best = max(under.values(), default=0)
         if best < max(1, self.min_match_blocks):
-            return _least_busy(candidates, fleet)
+            return _least_busy(candidates, fleet, ask)
         tied = [w for w in candidates if under.get(w.id, 0) == best]
-        return min(tied, key=lambda w: (shares[w.id], fleet.busyness(w), *_tie(w)))
+        return min(tied, key=lambda w: (shares[w.id], fleet.busyness(w), *_tie(w, ask)))
 
 
 @dataclass(frozen=True)

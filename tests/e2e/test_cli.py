@@ -26,6 +26,7 @@ async def test_up_submit_follow_workers(cluster: Cluster) -> None:
     assert out[0].startswith("plan ") and out[0].endswith(" submitted")
     assert any("] queued" in line for line in out)
     assert any("] succeeded" in line for line in out)
+    assert out[-2].startswith("energy unknown (no receipt")  # these workers measure nothing: no receipt sent
     assert json.loads(out[-1]) == {"hello": 1}
 
     workers = await cluster.run("workers", env=env)

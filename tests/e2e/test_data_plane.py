@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fleetwire import Client
-from fleetwire.data import DirectTransport, Grant, InputSource
+from fleetwire.data import DirectTransport, Grant, InputSource, OutputMismatch
 from tests.e2e.conftest import CLIENT_TOKEN, Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -82,3 +82,27 @@ async def test_worker_killed_mid_upload_retry_reuploads_to_the_new_worker(cluste
         result = await asyncio.wait_for(plan.result(), 60)
         assert plan.worker_id == "survivor"
     assert result == {"size": SIZE, "digest": f"sha256:{hashlib.sha256(data).hexdigest()}"}
+
+
+async def test_output_damaged_in_the_workers_spool_is_refused_by_the_sdk_and_the_cli(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A shell output whose spool file is damaged on a real worker: `fleetwire output` fails and writes nothing,
+    plan.output_to raises OutputMismatch naming the output."""
+    await cluster.coordinator()
+    spool = tmp_path / "spool"
+    await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0", "--spool-dir", str(spool))
+    args = json.dumps({"cmd": 'head -c 3000000 /dev/zero > "$FLEETWIRE_OUTPUT_DIR/blob"',
+                       "outputs": {"blob": "blob"}})
+    async with Client(cluster.url, token=CLIENT_TOKEN) as client:
+        plan = await client.submit("shell", args=json.loads(args), outputs=["blob"])
+        await asyncio.wait_for(plan.result(), 60)
+        [kept] = [p for p in spool.rglob("out-blob")]  # the worker's copy of the output
+        with open(kept, "r+b") as file:  # noqa: ASYNC230  (one byte of a local file)
+            file.seek(1234)
+            file.write(b"\x01")
+        fetch = await cluster.run("output", plan.id, "blob", "-o", str(tmp_path / "blob.bin"))
+        assert await fetch.wait(30) != 0
+        assert not (tmp_path / "blob.bin").exists()
+        with pytest.raises(OutputMismatch, match="output 'blob'"):
+            await plan.output_to("blob", tmp_path / "blob.bin")

@@ -46,7 +46,7 @@ async def test_drain_holds_new_plans_until_undrain(cluster: Cluster) -> None:
     assert json.loads(undrain.lines[-1]) == {"worker_id": "w1", "draining": False}
     assert await submit.wait() == 0
     final = json.loads(submit.lines[-1])
-    assert final.pop("receipt")["estimated"] is True  # every finished plan has one (no NVML here: estimated)
+    # No NVML, --power-watts or --uj-per-token here: nothing measured the plan, so it has no receipt.
     assert final == {"plan_id": plan_id, "state": "succeeded", "result": 7}
 
     table = await cluster.run("plans")

@@ -31,6 +31,9 @@ SMOKE: dict[str, list[str]] = {
     "relay": ["raw_relay.py", "throughput", "--items", "300", "--per-frame", "64"],
     "compare": ["compare.py", "--peers", "none", "--plans", "200", "--samples", "20", "--store", "memory"],
     "store_writer": ["store_writer.py", "--plans", "200", "--group", "50", "--repeat", "1"],
+    "store_writer_lone": ["store_writer.py", "--lone", "--plans", "50"],
+    "store_split": ["store_split.py", "--samples", "20", "--warmup", "5", "--rounds", "1"],
+    "data_endpoint": ["data_endpoint.py", "--size", "2M", "--rounds", "1"],
 }
 
 
@@ -103,3 +106,29 @@ def test_store_writer_bench_gives_every_plan_back(results: dict[str, dict[str, A
     """bench/store_writer.py writes every plan's 10 records into SQLite and loads each plan back with its events."""
     r = results["store_writer"]
     assert r["plans"] == 200 and r["records_per_plan"] == 10 and r["file_bytes_per_plan"] > 0
+
+
+def test_store_writer_lone_splits_a_lone_commit(results: dict[str, dict[str, Any]]) -> None:
+    """bench/store_writer.py --lone times two commits per plan: whole, unsynced, Python alone, a bare fdatasync."""
+    r = results["store_writer_lone"]
+    assert r["commits"] == 100
+    assert all(r[f"{k}_cpu_us"] > 0 for k in ("full", "sync_off", "python", "fdatasync"))
+
+
+def test_store_split_probes_the_coordinators_commits(results: dict[str, dict[str, Any]]) -> None:
+    """bench/store_split.py's probe counts the SQLite coordinator's commits (two a round trip) and splits the CPU."""
+    r = results["store_split"]
+    modes = r["modes"]
+    assert modes["memory"]["commits_per_trip"] == 0
+    assert modes["sqlite"]["commits_per_trip"] >= 1.5 and modes["sqlite-nosync"]["commits_per_trip"] >= 1.5
+    assert modes["sqlite"]["store_cpu_us"] > 0 and set(r["split"]) == {
+        "durable_minus_memory_cpu_us", "commits_without_sync_us", "wal_sync_in_committing_thread_us",
+        "outside_store_committing_us", "outside_store_waiting_for_disk_us",
+    }
+
+
+def test_data_endpoint_bench_moves_the_bytes_both_ways(results: dict[str, dict[str, Any]]) -> None:
+    """The endpoint bench reports an upload and a download (digest checked) of its size in each round."""
+    report = results["data_endpoint"]
+    assert report["size"] == 2 << 20 and len(report["rounds"]) == 1
+    assert all(report["rounds"][0][d]["mb_s"] > 0 for d in ("in", "out"))

@@ -201,7 +201,7 @@ async def test_worker_fronting_an_engine_reports_its_load_models_energy_and_carb
         await asyncio.wait_for(agent.registered.wait(), 5)
         async with Client(coordinator.url) as client:
             row = (await client.workers()).workers[0]
-            assert row.capabilities.models == ["m1"] and row.capabilities.continuous_batching
+            assert row.capabilities.models == ["m1"]
             assert row.capabilities.carbon_zone == "FR"
             assert (row.capabilities.kv_blocks, row.capabilities.kv_block_tokens) == (2560, 16)  # the engine's budget
             assert row.load is not None

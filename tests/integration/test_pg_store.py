@@ -10,8 +10,9 @@ import msgspec
 import pytest
 
 from coordinator.io.commit import GroupCommitter
+from coordinator.io.pg_commit import PipelinedCommitter
 from coordinator.io.pg_leases import ACQUIRE, ShardFenced
-from coordinator.io.pg_store import PgStore
+from coordinator.io.pg_store import SCHEMA_VERSION, PgStore
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.io.store import StoreError, open_store
 from coordinator.records import PlanForgotten, PlanStatus
@@ -183,8 +184,25 @@ def test_schema_checks_refuse_another_cluster_a_shard_count_and_a_newer_version(
     store = PgStore(pg_dsn, CLUSTER)
     store.execute(lambda c: c.execute("UPDATE fleetwire_meta SET value = '99' WHERE key = 'schema_version'"))
     store.close()
-    with pytest.raises(StoreError, match=r"schema version 99; this coordinator knows versions up to 1"):
+    with pytest.raises(StoreError, match=rf"schema version 99; this coordinator knows versions up to {SCHEMA_VERSION}"):
         PgStore(pg_dsn, CLUSTER)
+
+
+def test_a_version_1_schema_is_migrated_on_open_with_the_coordinators_table(pg_dsn: str) -> None:
+    """A version 1 database (no coordinators table) gets it and version 2 at open; its plans stay."""
+    store = hold(PgStore(pg_dsn, CLUSTER))
+    store.write([created("p1")])
+    store.execute(lambda c: c.execute(
+        "DROP TABLE fleetwire_coordinators; UPDATE fleetwire_meta SET value = '1' WHERE key = 'schema_version'"))
+    store.close()
+    store = hold(PgStore(pg_dsn, CLUSTER))
+    try:
+        assert [p.created.plan_id for p in store.load()] == ["p1"]
+        assert store.execute(lambda c: c.fetchval(
+            "SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == str(SCHEMA_VERSION) == "2"
+        assert store.execute(lambda c: c.fetchval("SELECT count(*) FROM fleetwire_coordinators")) == 0
+    finally:
+        store.close()
 
 
 def test_a_dsn_that_cannot_connect_or_log_in_is_one_line_naming_the_host(pg_dsn: str) -> None:
@@ -209,6 +227,48 @@ async def test_group_commit_through_postgres_releases_in_order(pg: PgStore) -> N
     await committer.close()
     assert released == list(range(1, 201)) and committer.transactions < 200
     assert len(pg.load()) == 200
+
+
+async def test_pipelined_committer_groups_on_the_loop_and_releases_in_order(pg: PgStore, pg_dsn: str) -> None:
+    """The store's own committer commits on this loop: batches gathered while one is in flight, payloads in order."""
+    released: list[Any] = []
+    first = asyncio.Event()
+    committer = pg.make_committer(lambda p: (released.append(p), first.set()), lambda exc: None)
+    assert isinstance(committer, PipelinedCommitter)
+    committer.start()
+    committer.submit([created("p1", 1)], 1)
+    await asyncio.wait_for(first.wait(), 10)  # the writer connection is open on this loop
+    for n in range(2, 201):
+        committer.submit([created(f"p{n}", n)], n)
+        await asyncio.sleep(0)  # the task sends a group; the next batches gather while it is in flight
+    committer.after("last")
+    await committer.close()
+    assert released == [*range(1, 201), "last"] and 1 < committer.transactions < 200
+    with pytest.raises(StoreError, match="async committer"):
+        pg.write([created("sync")])  # the threaded writer connection was handed over (two connections per store)
+    check = PgStore(pg_dsn, CLUSTER)
+    try:
+        assert len(check.load()) == 200
+    finally:
+        check.close()
+
+
+async def test_pipelined_committer_a_fenced_group_releases_nothing_after_it(pg: PgStore) -> None:
+    """A stolen lease: the group in flight is fenced, on_failure gets ShardFenced once, no payload comes out."""
+    released: list[Any] = []
+    failures: list[BaseException] = []
+    first = asyncio.Event()
+    committer = pg.make_committer(lambda p: (released.append(p), first.set()), failures.append)
+    committer.start()
+    committer.submit([created("ok")], "ok")
+    await asyncio.wait_for(first.wait(), 10)
+    steal(pg)
+    committer.submit([created("late", 2)], "late")
+    committer.submit([created("later", 3)], "later")
+    await committer.close()
+    assert released == ["ok"] and len(failures) == 1 and isinstance(failures[0], ShardFenced)
+    committer.submit([created("after", 4)], "after")  # refused silently: the core is stopping
+    assert released == ["ok"]
 
 
 # ---------------------------------------------------------------- a coordinator on PostgreSQL

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import weakref
 from concurrent.futures import Future
 from typing import Any, cast
 
@@ -268,6 +271,46 @@ def test_the_session_keeps_a_submit_only_until_its_plan_ends() -> None:
     assert session.held_specs == 1
     session.end(FleetwireConnectionError("closed"))
     assert session.held_specs == 0
+
+
+def test_a_plan_handle_and_its_stream_make_no_reference_cycle() -> None:
+    """A dropped Plan handle is freed at once with the collector off: its stream holds no reference back to it."""
+    session = ClientSession("msgpack")
+    _, waiter = submit(session, "p1")
+    session.receive_frame(frame(Accepted(req_id=1, plan_id="p1")))
+    stream: PlanStream = waiter.result(0)
+    plan = Plan(stream, cast(Any, None))
+    handle = weakref.ref(plan)
+    gc.disable()
+    try:
+        del plan
+        assert handle() is None
+    finally:
+        gc.enable()
+    session.receive_frame(frame(Event(plan_id="p1", kind="succeeded", data={"result": 1}, seq=1)))
+    assert stream.done() and stream.outcome() == 1
+
+
+def test_every_waiter_of_a_plan_wakes_at_each_change() -> None:
+    """Several waiters (result and events iterators) wake on the stream's changes and see the outcome."""
+    session = ClientSession("msgpack")
+    _, waiter = submit(session, "p1")
+    session.receive_frame(frame(Accepted(req_id=1, plan_id="p1")))
+    plan = Plan(waiter.result(0), cast(Any, None))
+
+    async def scenario() -> tuple[Any, list[str], list[str]]:
+        async def kinds() -> list[str]:
+            return [event.kind async for event in plan.events()]
+
+        waiting = asyncio.gather(plan.result(), kinds(), kinds())
+        await asyncio.sleep(0)
+        session.receive_frame(frame(Event(plan_id="p1", kind="running", data={"attempt": 1}, seq=1)))
+        await asyncio.sleep(0)
+        session.receive_frame(frame(Event(plan_id="p1", kind="succeeded", data={"result": 7}, seq=2)))
+        result, first, second = await asyncio.wait_for(waiting, 5)
+        return result, first, second
+
+    assert asyncio.run(scenario()) == (7, ["running", "succeeded"], ["running", "succeeded"])
 
 
 def test_resync_puts_a_marker_in_the_stream_and_may_end_it() -> None:

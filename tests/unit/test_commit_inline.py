@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,3 +144,35 @@ async def test_slow_inline_commits_hand_every_commit_to_the_thread_for_a_while(d
         await asyncio.wait_for(done.wait(), 10)
     await committer.close()
     assert released == [1, 2, 3] and committer.inline_commits == 1 and committer.transactions == 3
+
+
+def test_commits_of_one_mode_run_no_busy_timeout_pragma_each(db: SQLiteStore) -> None:
+    """Inline (no-wait) commits in a row, or thread (waiting) commits in a row, switch the busy timeout only once."""
+    statements: list[str] = []
+    db._db.set_trace_callback(statements.append)
+    for n in range(1, 4):
+        assert db.try_write([created(f"i{n}", n)])
+    for n in range(4, 7):
+        db.write([created(f"t{n}", n)])
+    db._db.set_trace_callback(None)
+    pragmas = [s for s in statements if "busy_timeout" in s]
+    assert pragmas == ["PRAGMA busy_timeout = 0", "PRAGMA busy_timeout = 5000"] and in_file(db.path) == 6
+
+
+def test_switching_modes_keeps_try_write_non_blocking_and_write_waiting(db: SQLiteStore, tmp_path: Path) -> None:
+    """After a waiting write, try_write still gives up at once on a held database; after it, write still waits."""
+    blocker = sqlite3.connect(tmp_path / DB_FILE, isolation_level=None, check_same_thread=False)
+    db.write([created("a", 1)])
+    blocker.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    assert not db.try_write([created("b", 2)])  # busy timeout 5 s: must not be waited for
+    assert time.monotonic() - started < 1.0
+    blocker.execute("ROLLBACK")
+    assert db.try_write([created("b", 2)])
+    blocker.execute("BEGIN IMMEDIATE")
+    released = threading.Timer(0.2, blocker.execute, ("ROLLBACK",))  # the writer must wait for the lock, not fail
+    released.start()
+    db.write([created("c", 3)])
+    released.join()
+    blocker.close()
+    assert in_file(db.path) == 3

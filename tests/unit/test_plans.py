@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, get_args
 
+import msgspec
 import pytest
 
 from coordinator.errors import CoordinatorError, InvalidTransition, PlanNotFound, UnknownWorker
@@ -188,6 +189,15 @@ def test_event_bytes_sizes_strings_exactly_and_structures_by_encoding() -> None:
     assert event_bytes("x" * 100) == 116 and event_bytes(b"x" * 100) == 116
     assert event_bytes({"t": "y" * 500}) > 500
     assert event_bytes(None) == 16
+
+
+def test_event_bytes_sizes_numbers_as_their_msgpack_encoding() -> None:
+    """Ints (every width and sign), floats and bools count exactly what msgpack encodes them to, plus the overhead."""
+    edges = [0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1, 2**64 - 1]
+    numbers = [*edges, *(-n for n in edges[1:9]), -32, -33, -128, -129, -(2**15), -(2**15) - 1, -(2**31) - 1, -(2**63)]
+    for value in [*numbers, 1.5, -0.0, True, False]:
+        assert event_bytes(value) == len(msgspec.msgpack.encode(value)) + 16, value
+    assert event_bytes(2**64) == event_bytes(-(2**63) - 1) == 64  # no msgpack form: as any unencodable payload
 
 
 def test_plan_info_reports_the_record() -> None:

@@ -30,7 +30,9 @@ from protocol.messages import (
 )
 from tests.unit.test_core import Harness, only
 from tests.unit.test_durability_core import Durable
+from worker_agent.energy import EnergyMeter
 from worker_agent.receipts import J_PER_KWH, ReceiptMeter, co2e_g
+from worker_agent.telemetry import Telemetry
 
 
 class Clock:
@@ -95,6 +97,25 @@ def test_configured_uj_per_token_then_nothing() -> None:
     assert (r.joules, r.source, r.estimated) == (0.0, "none", True)
 
 
+def test_a_worker_that_measures_nothing_sends_no_receipt_and_notes_no_start() -> None:
+    """No NVML, power model or tokens: Telemetry gives no receipt and keeps nothing per plan; tokens still get one."""
+    bare = Telemetry()
+    assert not bare.receipts.timed
+    bare.plan_started("p")
+    assert bare.receipts.running == 0  # nothing noted on a plain CPU worker's plan path
+    assert bare.plan_finished("p", 0, run_s=0.5) is None
+    counted = bare.plan_finished("q", 7, run_s=0.5)
+    assert counted is not None and (counted.source, counted.tokens, counted.run_s) == ("none", 7, 0.5)
+    priced = Telemetry(meter=EnergyMeter(configured_uj_per_token=2_000.0)).plan_finished("r", 500, run_s=1.0)
+    assert priced is not None and (priced.joules, priced.source) == (1.0, "uj_per_token")
+    timed = Telemetry(power_w=10.0)
+    assert timed.receipts.timed
+    timed.plan_started("s")
+    assert timed.receipts.running == 1
+    receipt = timed.plan_finished("s", 0)
+    assert receipt is not None and receipt.source == "power_model"
+
+
 def test_bad_power_model_is_refused_and_bad_intensity_is_unknown() -> None:
     """A negative or infinite --power-watts is refused naming it; a NaN intensity counts as unknown."""
     with pytest.raises(ValueError, match="power model"):
@@ -154,6 +175,26 @@ def test_failed_plan_carries_the_receipt_and_no_hint_means_no_projection() -> No
                    receipt=Receipt(joules=5.0, source="nvml_counter")))  # fmt: skip
     failed = next(e for e in h.events(c, pid) if e.kind == "failed")
     assert failed.data["receipt"].joules == 5.0 and failed.data["receipt"].projected_joules == 0.0
+
+
+def test_without_a_workers_receipt_the_projection_alone_is_kept_and_no_projection_means_none() -> None:
+    """A done without a receipt (the worker measured nothing): a projected plan gets a receipt carrying the
+    projection (source none); an unprojected one gets none, in its terminal event and its record."""
+    h = Harness()
+    w = h.worker("w1")
+    _beat(h, w, uj_per_token=2_000.0)
+    c = h.client()
+    projected = h.submit(c, hints=RoutingHints(prompt_tokens=1_000, max_output_tokens=4_000))
+    plain = h.submit(c)
+    for _ in (projected, plain):  # one at a time (the worker runs one plan)
+        assign = only(h.take(w), Assign)
+        h.send(w, Accept(plan_id=assign.plan_id, attempt=assign.attempt))
+        h.send(w, Done(plan_id=assign.plan_id, attempt=assign.attempt, outcome="succeeded", result=1))
+    ended = {e.plan_id: e.data for e in h.events(c) if e.kind == "succeeded"}
+    receipt = ended[projected]["receipt"]
+    assert (receipt.source, receipt.joules, receipt.projected_joules) == ("none", 0.0, 10.0)
+    assert "receipt" not in ended[plain]
+    assert h.core.plans[plain].receipt is None and h.core.plans[projected].receipt == receipt
 
 
 def test_a_cancelled_plans_late_receipt_is_stored_with_it() -> None:

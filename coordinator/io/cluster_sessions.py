@@ -1,0 +1,593 @@
+"""Cluster mode: client sessions on a coordinator's main port see every shard (docs/CLUSTER.md §Cross-shard views).
+
+A client session that reaches a coordinator's main port without naming a pool (``/v1/client``,
+no ``?pool=`` or ``?shard=``: the CLI, the dashboard, an SDK ``Client`` given the coordinators'
+list) is a **view session**. It is served on the main port, from PostgreSQL's committed rows,
+for plans and workers of every shard whoever owns them:
+
+* ``get_plan``, ``list_plans`` (a client token: its own plans; an admin token: all; ``queue``
+  is empty: the queue order lives in each shard's core), ``list_workers`` (each served shard's
+  registry as its owner last wrote it, once per ``--lease-renew``);
+* ``subscribe`` to plan ids: the events are read from the rows. The session waits on the
+  **doorbell**: every shard's core rings it at most once per group commit (coalesced, never
+  per event), a PostgreSQL ``NOTIFY`` on :data:`CHANNEL` whose payload is ``"<shard>:<max
+  seq>"`` (the highest event seq of the commit). A watcher re-reads its plans of that shard
+  and sends the events after the last one it sent (a ``resync`` for a seq the rows never held,
+  as a core's replay does). The doorbell is only a wake-up: a watcher also reads again every
+  :data:`POLL_S` in case one was lost (a dropped connection). ``subscribe`` with ``all`` is
+  answered ``subscribed`` with no plan (live events of every plan are a shard core's:
+  ``?pool=NAME``); the dashboard refreshes its listing every few seconds instead;
+* ``cancel`` (by the plan's shard, read from the rows) and ``drain_worker``,
+  ``undrain_worker``, ``remove_worker`` (by the shard whose registry holds the worker) are
+  **forwarded** to that shard's owner: the main port sends the request on a session of its own
+  to the owner's core, opened with the caller's own token (so the owner checks it exactly as if
+  the caller had come itself), and passes the reply back. Forwarded rather than ``moved``: a
+  view session serves every shard, and ``moved`` would pin it to one shard's core, so
+  ``fleetwire cancel A B`` (or ``--all``) over plans of two shards, or the dashboard, would then
+  find the second plan missing. One forwarding session per owner URL is kept for the session's
+  life. When the owner cannot be reached (it is failing over), the caller is ``moved`` there
+  instead and the SDK re-sends the request once the shard is served again;
+* ``submit`` (by its pool, or its partition), ``data_ticket`` and the relay (by the plan's
+  shard) are answered ``moved`` to the owner and the session is closed ``4307``; the SDK re-sends
+  the request there. A submit is moved rather than forwarded so that a client's plans keep the
+  owner's fast path (a pipelined ``submit_many``, live events straight from its core): a
+  forwarded submit would go one at a time and its events one doorbell late, measured at 100
+  plans/s instead of thousands (``bench/cluster_throughput.py``, a client with no pool). Anything
+  else is moved to the owner of shard 0 (the default pool).
+
+The reads use their own small asyncpg pool on the driver's loop (never the lease connection,
+so a large listing never delays a renewal) and a doorbell connection that ``LISTEN`` s only
+while a watcher waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import structlog
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.typing import Subprotocol
+
+from coordinator.auth import Principal
+from coordinator.io.cluster_views import (
+    Watched,
+    list_plans,
+    plan_shard,
+    plans_by_id,
+    read_watched,
+    read_workers,
+    want_workers,
+    workers_summary,
+)
+from coordinator.operator_requests import MAX_LIST_LIMIT, PAGE_BYTES
+from coordinator.plans import Plan
+from protocol import SUBPROTOCOL_MSGPACK, Codec
+from protocol import errors as codes
+from protocol.codec import DecodeFailure
+from protocol.messages import (
+    TERMINAL_STATES,
+    Cancel,
+    DataChunk,
+    DataCredit,
+    DataEnd,
+    DataOpen,
+    DataTicket,
+    DrainWorker,
+    Error,
+    GetPlan,
+    ListPlans,
+    ListWorkers,
+    Moved,
+    Ok,
+    PlanInfo,
+    PlanReply,
+    Plans,
+    RemoveWorker,
+    Resync,
+    Submit,
+    Subscribe,
+    Subscribed,
+    ToClient,
+    UndrainWorker,
+    Unsubscribe,
+    WorkerInfo,
+    Workers,
+)
+
+__all__ = ["CHANNEL", "POLL_S", "Doorbell", "ViewSessions", "bell_payload", "catch_up", "open_connection", "parse_bell"]
+
+log = structlog.get_logger(__name__)
+
+CHANNEL: Final = "fleetwire_commits"
+POLL_S: Final = 5.0  # a watcher reads again this often even without a doorbell (one lost with its connection)
+_MAX_WATCHED: Final = 1000  # plans one view session may follow
+FORWARD_TIMEOUT_S: Final = 10.0  # a forwarded request's connect, and its reply, each within this
+
+
+async def open_connection(dsn: str) -> Any:
+    """An asyncpg connection on the running loop (the doorbell's)."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    return await asyncpg.connect(dsn, timeout=10, command_timeout=30)
+
+
+def bell_payload(shard: int, max_seq: int) -> str:
+    """The doorbell's payload: the shard and the highest event seq of the group commit."""
+    return f"{shard}:{max_seq}"
+
+
+def parse_bell(payload: str) -> tuple[int, int] | None:
+    """``(shard, max seq)`` of a doorbell payload; None for one this version does not read."""
+    shard, _, seq = payload.partition(":")
+    try:
+        return int(shard), int(seq or 0)
+    except ValueError:
+        return None
+
+
+class Doorbell:
+    """The ``NOTIFY`` doorbell of a coordinator: rings for its shards' commits, wakes its watchers.
+
+    :meth:`ring` is called by a shard's store after every group commit (from any thread); it
+    coalesces per shard, so at most one notification leaves per group commit (fewer while one
+    is in flight). :meth:`wait_on` registers a watcher's wake-up for some shards and ``LISTEN`` s
+    while any watcher waits.
+    """
+
+    def __init__(self, dsn: str, connect: Callable[[str], Any]) -> None:
+        self._dsn = dsn
+        self._connect = connect
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: Any = None
+        self._lock = asyncio.Lock()
+        self._pending: dict[int, int] = {}  # shard -> highest seq not rung yet
+        self._sender: asyncio.Task[None] | None = None
+        self._waiters: dict[int, set[asyncio.Event]] = {}
+        self._listening = False
+        self.rung = 0  # notifications sent (tests and /metrics-free introspection)
+        self.heard = 0  # notifications received
+        self._closed = False
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def ring(self, shard: int, max_seq: int) -> None:
+        """A group commit of ``shard`` returned (any thread): ring once it is this loop's turn."""
+        loop = self._loop
+        if loop is not None and not self._closed:
+            loop.call_soon_threadsafe(self._queue, shard, max_seq)
+
+    def _queue(self, shard: int, max_seq: int) -> None:
+        pending = self._pending
+        if pending.get(shard, -1) < max_seq:
+            pending[shard] = max_seq
+        if self._sender is None and not self._closed:
+            self._sender = asyncio.ensure_future(self._send())
+
+    async def _send(self) -> None:
+        try:
+            while self._pending and not self._closed:
+                batch, self._pending = self._pending, {}
+                payloads = [bell_payload(shard, seq) for shard, seq in batch.items()]
+                try:
+                    async with self._lock:
+                        conn = await self._open()
+                        await conn.execute("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", CHANNEL, payloads)
+                    self.rung += len(payloads)
+                except Exception as exc:  # the database is away: watchers read again after POLL_S
+                    log.warning("doorbell not rung", error=f"{type(exc).__name__}: {exc}")
+                    await self._drop()
+                    return
+        finally:
+            self._sender = None
+
+    async def _open(self) -> Any:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await self._connect(self._dsn)
+            self._listening = False
+        if self._waiters and not self._listening:
+            await self._conn.add_listener(CHANNEL, self._heard)
+            self._listening = True
+        return self._conn
+
+    async def _drop(self) -> None:
+        conn, self._conn, self._listening = self._conn, None, False
+        if conn is not None:
+            conn.terminate()
+
+    def _heard(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        self.heard += 1
+        parsed = parse_bell(payload)
+        if parsed is None:
+            return
+        for wake in self._waiters.get(parsed[0], ()):
+            wake.set()
+
+    async def wait_on(self, wake: asyncio.Event, shards: set[int]) -> None:
+        """Set ``wake`` on every doorbell of ``shards`` (replacing what it waited on); LISTEN first."""
+        self.forget(wake)
+        for shard in shards:
+            self._waiters.setdefault(shard, set()).add(wake)
+        if shards and not self._listening:
+            try:
+                async with self._lock:
+                    await self._open()
+            except Exception as exc:
+                log.warning("cannot listen for the doorbell; watchers poll", error=f"{type(exc).__name__}: {exc}")
+                await self._drop()
+
+    def forget(self, wake: asyncio.Event) -> None:
+        for shard in [s for s, waiting in self._waiters.items() if wake in waiting]:
+            self._waiters[shard].discard(wake)
+            if not self._waiters[shard]:
+                del self._waiters[shard]
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sender
+        async with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.close(), 5)
+
+
+class _Moved(Exception):
+    def __init__(self, shard: int) -> None:
+        self.shard = shard
+
+
+class ViewSessions:
+    """Serves view sessions (module docstring) on a coordinator's main port.
+
+    Args:
+        dsn: the cluster's database.
+        shards: the cluster's shard count.
+        where: shard -> ``moved`` to its owner (``url`` "" while nobody serves it).
+        submit_shard: the shard a ``submit`` belongs to (its pool, or its partition).
+        doorbell: the coordinator's doorbell.
+        version: told in ``workers``.
+        renew_s: ``--lease-renew``: how often owners write their registries while they are wanted.
+    """
+
+    def __init__(self, dsn: str, *, where: Callable[[int], Moved], submit_shard: Callable[[Submit], int],
+                 doorbell: Doorbell, version: str = "", renew_s: float = 1.0) -> None:  # fmt: skip
+        self._dsn = dsn
+        self.renew_s = renew_s
+        self.where = where
+        self.submit_shard = submit_shard
+        self.doorbell = doorbell
+        self.version = version
+        self._pool: Any = None
+        self._pool_lock = asyncio.Lock()
+        self._open: set[_Session] = set()
+        self._closing: set[asyncio.Future[None]] = set()
+
+    @property
+    def sessions(self) -> int:
+        """View sessions open now."""
+        return len(self._open)
+
+    def revoke(self, still_valid: Callable[[Principal], bool]) -> int:
+        """SIGHUP: close (4401) every view session whose principal ``still_valid`` refuses now; how many."""
+        gone = [s for s in self._open if not still_valid(s.principal)]
+        for session in gone:
+            self._closing.add(task := asyncio.ensure_future(session.ws.close(codes.CLOSE_REVOKED, "token revoked")))
+            task.add_done_callback(self._closing.discard)
+        return len(gone)
+
+    @contextlib.asynccontextmanager
+    async def conn(self) -> AsyncIterator[Any]:
+        """A connection of the view reads' asyncpg pool (opened on first use)."""
+        async with self._pool_lock:
+            if self._pool is None:
+                import asyncpg  # type: ignore[import-untyped]
+
+                self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=2, timeout=10,
+                                                       command_timeout=30)  # fmt: skip
+        async with self._pool.acquire() as conn:
+            yield conn
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), 5)
+
+    async def serve(self, ws: ServerConnection, principal: Principal, codec: Codec, token: str | None) -> None:
+        """One view session until it closes, or until a request only an owner can answer moves it.
+
+        ``token``: the caller's bearer token, for the requests forwarded to an owner (None: ``--insecure``).
+        """
+        session = _Session(self, ws, principal, codec, token)
+        self._open.add(session)
+        try:
+            await session.run()
+        finally:
+            self._open.discard(session)
+            await session.stop()
+
+
+class _Session:
+    def __init__(self, views: ViewSessions, ws: ServerConnection, principal: Principal, codec: Codec,
+                 token: str | None) -> None:  # fmt: skip
+        self.views = views
+        self.token = token
+        self.forwards: dict[str, ClientConnection] = {}  # owner core URL -> this session's session there
+        self.owner_codec = Codec("msgpack", ToClient, role="coordinator")
+        self.ws = ws
+        self.principal = principal
+        self.owner = None if principal.admin else principal.name
+        self.codec = codec
+        self.watched: dict[int, Watched] = {}  # plan key -> what was sent of it
+        self.wake = asyncio.Event()
+        self.follower: asyncio.Task[None] | None = None
+        self.send_lock = asyncio.Lock()
+
+    async def send(self, msgs: list[Any]) -> None:
+        if msgs:
+            async with self.send_lock:
+                await self.ws.send(self.codec.encode(msgs), text=self.codec.text)
+
+    async def run(self) -> None:
+        try:
+            async for frame in self.ws:
+                for msg in self.codec.decode(frame):
+                    try:
+                        await self.answer(msg)
+                    except (_Moved, ConnectionClosed):
+                        raise
+                    except Exception as exc:  # the database is away, or a bug: this request fails, not the session
+                        log.warning("view session request failed", request=type(msg).__name__,
+                                    error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                        problem = f"the cluster's database could not answer {type(msg).__name__}: {exc}"
+                        await self.send([Error(code=codes.INTERNAL, message=problem, req_id=getattr(msg, "req_id", 0))])
+        except _Moved as moved:
+            target = self.views.where(moved.shard)
+            if not target.url:
+                await self.ws.close(1013, f"shard {moved.shard} has no owner yet; try again")
+                return
+            await self.send([target])
+            await self.ws.close(codes.CLOSE_MOVED, f"shard {moved.shard} is served at {target.url}")
+        except ConnectionClosed:
+            pass
+
+    async def stop(self) -> None:
+        self.views.doorbell.forget(self.wake)
+        for conn in self.forwards.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)
+        if self.follower is not None:
+            self.follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.follower
+
+    def visible(self, owner: str) -> bool:
+        return self.owner is None or owner == self.owner
+
+    def not_found(self, plan_id: str, req_id: int, owner: str | None) -> Error:
+        message = f"plan id {plan_id!r} belongs to another principal" if owner is not None else \
+            f"no plan with id {plan_id!r} in any shard of this cluster"  # fmt: skip
+        return Error(code=codes.PLAN_NOT_FOUND, message=message, req_id=req_id, plan_id=plan_id)
+
+    async def answer(self, msg: Any) -> None:
+        match msg:
+            case GetPlan():
+                await self.get_plan(msg)
+            case ListPlans():
+                await self.list_plans(msg)
+            case ListWorkers():
+                shards = await self.registries()
+                rows = [w for shard in sorted(shards) for w in shards[shard]]
+                await self.send([Workers(req_id=msg.req_id, workers=rows, summary=workers_summary(rows),
+                                         version=self.views.version)])  # fmt: skip
+            case Subscribe():
+                await self.subscribe(msg)
+            case Unsubscribe():
+                if msg.all:
+                    self.watched.clear()
+                gone = set(msg.plan_ids)
+                for key in [k for k, w in self.watched.items() if w.plan_id in gone]:
+                    del self.watched[key]
+                await self.send([Ok(req_id=msg.req_id)])
+            case Submit():  # the owner's fast path: its live stream comes straight from its core
+                raise _Moved(self.views.submit_shard(msg))
+            case Cancel():
+                shard = await self.plan_shard(msg.plan_id, msg.req_id)
+                if shard is not None:
+                    await self.send([await self.forward(shard, msg)])
+            case DataTicket() | DataOpen() | DataChunk() | DataCredit() | DataEnd():
+                shard = await self.plan_shard(msg.plan_id, getattr(msg, "req_id", 0))
+                if shard is not None:
+                    raise _Moved(shard)
+            case DrainWorker() | UndrainWorker() | RemoveWorker():
+                shard = await self.worker_shard(msg.worker_id, msg.req_id)
+                if shard is not None:
+                    await self.send([await self.forward(shard, msg)])
+            case DecodeFailure():
+                await self.send([Error(code=msg.code, message=msg.message, req_id=msg.req_id)])
+            case _:
+                raise _Moved(0)
+
+    async def get_plan(self, msg: GetPlan) -> None:
+        async with self.views.conn() as conn:
+            found = await plans_by_id(conn, msg.plan_id)
+        mine = [p for p in found if self.visible(p.owner)]
+        if not mine:
+            owner = found[0].owner if found else None
+            await self.send([self.not_found(msg.plan_id, msg.req_id, owner)])
+            return
+        await self.send([PlanReply(req_id=msg.req_id, plan=mine[-1].info())])
+
+    async def list_plans(self, msg: ListPlans) -> None:
+        if not 1 <= msg.limit <= MAX_LIST_LIMIT:
+            problem = f"limit must be 1..{MAX_LIST_LIMIT} (got {msg.limit})"
+            await self.send([Error(code=codes.INVALID_ARGUMENT, message=problem, req_id=msg.req_id)])
+            return
+        before: int | None = None
+        if msg.cursor:
+            try:
+                before = int(msg.cursor)
+            except ValueError:
+                problem = f"cursor {msg.cursor[:40]!r} is not one this coordinator gave (use a reply's next_cursor)"
+                await self.send([Error(code=codes.INVALID_ARGUMENT, message=problem, req_id=msg.req_id)])
+                return
+        states: list[str] = list(msg.states)
+        async with self.views.conn() as conn:
+            plans, counts, _ = await list_plans(conn, states, msg.limit + 1, owner=self.owner, before=before)
+        listed: list[PlanInfo] = []
+        size = last = 0
+        cursor = ""
+        for key, plan in plans:
+            row = plan.summary_bytes()
+            if len(listed) >= msg.limit or (listed and size + row > PAGE_BYTES):  # a page stays under frame limits
+                cursor = str(last)
+                break
+            listed.append(plan.summary())
+            size += row
+            last = key
+        total = sum(n for state, n in counts.items() if not states or state in states)
+        await self.send([Plans(req_id=msg.req_id, plans=listed, counts=counts, total=total, next_cursor=cursor)])
+
+    async def plan_shard(self, plan_id: str, req_id: int) -> int | None:
+        """The shard of a plan this session may see; None after answering ``plan_not_found``."""
+        async with self.views.conn() as conn:
+            found = await plan_shard(conn, plan_id)
+        if found is None or not self.visible(found[1]):
+            await self.send([self.not_found(plan_id, req_id, None if found is None else found[1])])
+            return None
+        return found[0]
+
+    async def worker_shard(self, worker_id: str, req_id: int) -> int | None:
+        """The shard whose registry holds a worker; None after answering ``unknown_worker``."""
+        shards = await self.registries()
+        for shard, rows in shards.items():
+            if any(w.id == worker_id for w in rows):
+                return shard
+        message = f"no worker {worker_id!r} in any served shard of this cluster (see `fleetwire workers`)"
+        await self.send([Error(code=codes.UNKNOWN_WORKER, message=message, req_id=req_id)])
+        return None
+
+    async def registries(self) -> dict[int, list[WorkerInfo]]:
+        """Every served shard's registry. Owners write them only while wanted: the first look after
+        a quiet spell marks them wanted and waits (up to a few lease renewals) for fresh rows."""
+        async with self.views.conn() as conn:
+            already, marked = await want_workers(conn)
+            shards, fresh = await read_workers(conn, None if already else marked)
+            deadline = asyncio.get_running_loop().time() + 3 * self.views.renew_s
+            while not fresh and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(self.views.renew_s / 4)
+                shards, fresh = await read_workers(conn, marked)
+        return shards
+
+    async def forward(self, shard: int, msg: Any) -> Any:
+        """Send ``msg`` to ``shard``'s owner on a session opened with the caller's token; its reply.
+
+        Raises:
+            _Moved: the owner cannot be reached now: the caller goes there itself and re-sends.
+        """
+        target = self.views.where(shard)
+        if not target.url:
+            raise _Moved(shard)
+        codec = self.owner_codec
+        try:
+            conn = self.forwards.get(target.url)
+            if conn is None:
+                headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+                conn = await connect(target.url.rstrip("/") + "/v1/client", additional_headers=headers,
+                                     subprotocols=[Subprotocol(SUBPROTOCOL_MSGPACK)], compression=None,
+                                     open_timeout=FORWARD_TIMEOUT_S)  # fmt: skip
+                self.forwards[target.url] = conn
+            await conn.send(codec.encode([msg]))
+            async with asyncio.timeout(FORWARD_TIMEOUT_S):
+                while True:
+                    for reply in codec.decode(await conn.recv()):
+                        if type(reply) is Moved:  # the shard moved on since the last scan
+                            raise _Moved(shard)
+                        if getattr(reply, "req_id", None) == msg.req_id:
+                            return reply
+        except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake) as exc:
+            log.info("forwarding to a shard's owner failed; moving the session there", shard=shard,
+                     url=target.url, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            stale = self.forwards.pop(target.url, None)
+            if stale is not None:
+                with contextlib.suppress(Exception):
+                    await stale.close()
+            raise _Moved(shard) from None
+
+    async def subscribe(self, msg: Subscribe) -> None:
+        fresh: list[Watched] = []
+        if msg.plan_ids:
+            async with self.views.conn() as conn:
+                found = [await plan_shard(conn, plan_id) for plan_id in msg.plan_ids]
+            for plan_id, one in zip(msg.plan_ids, found, strict=True):
+                if one is None or not self.visible(one[1]):
+                    await self.send([self.not_found(plan_id, msg.req_id, None if one is None else one[1])])
+                    return  # one unknown id and nothing is subscribed
+                fresh.append(Watched(one[2], plan_id, one[0], max(0, msg.from_seq) + 1))
+        if len(self.watched) + len(fresh) > _MAX_WATCHED:
+            problem = f"a view session follows at most {_MAX_WATCHED} plans; subscribe on the shard's owner (?pool=)"
+            await self.send([Error(code=codes.INVALID_ARGUMENT, message=problem, req_id=msg.req_id)])
+            return
+        await self.send([Subscribed(req_id=msg.req_id, plan_ids=[w.plan_id for w in fresh])])
+        await self.watch(fresh)
+
+    async def watch(self, fresh: list[Watched]) -> None:
+        """Follow these plans from their rows (the follower task sends their events)."""
+        for w in fresh:
+            self.watched.setdefault(w.key, w)
+        if fresh:
+            await self.views.doorbell.wait_on(self.wake, {w.shard for w in self.watched.values()})
+            self.wake.set()
+            if self.follower is None:
+                self.follower = asyncio.create_task(self.follow())
+
+    async def follow(self) -> None:
+        """Send the watched plans' new events, after every doorbell of their shards (or every POLL_S)."""
+        views = self.views
+        while self.watched:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), POLL_S)
+            self.wake.clear()
+            try:
+                async with views.conn() as conn:
+                    stored = await read_watched(conn, list(self.watched.values()))
+            except Exception as exc:  # the database is away: try again at the next doorbell or poll
+                log.warning("view session cannot read the watched plans", error=f"{type(exc).__name__}: {exc}")
+                continue
+            for key, w in list(self.watched.items()):
+                plan = stored.get(key)
+                if plan is None:
+                    continue
+                for msg in catch_up(plan, w):  # a frame each: one result may be most of a frame
+                    await self.send([msg])
+                if plan.state in TERMINAL_STATES and w.expected >= plan.next_seq:
+                    del self.watched[key]
+        views.doorbell.forget(self.wake)
+        self.follower = None
+
+
+def catch_up(plan: Plan, w: Watched) -> list[Any]:
+    """The events of ``plan`` from ``w.expected`` on, a ``resync`` for each run the rows never held."""
+    out: list[Any] = []
+    for event in plan.events:
+        if event.seq < w.expected:
+            continue
+        if event.seq > w.expected:
+            out.append(Resync(plan_id=plan.id, first_seq=w.expected, last_seq=event.seq - 1, plan=plan.info()))
+        out.append(event)
+        w.expected = event.seq + 1
+    if plan.state in TERMINAL_STATES and w.expected < plan.next_seq:
+        out.append(Resync(plan_id=plan.id, first_seq=w.expected, last_seq=plan.next_seq - 1, plan=plan.info()))
+        w.expected = plan.next_seq
+    # The inline events are re-read whole with the row; events rows from the last one's first seq.
+    w.since = max((e.seq for e in plan.events), default=w.since)
+    return out

@@ -1,0 +1,258 @@
+"""The PostgreSQL store's group committer: commits on the server's own event loop, pipelined.
+
+Theory of operation. The same contract as :class:`~coordinator.io.commit.GroupCommitter`
+(``submit``, ``after``, ``drained``, ``close``): each batch of records comes with a *payload*
+(the frames and closes of one core step), and payloads are released strictly in submit order
+once their batch (and every earlier one) has committed. Frames therefore leave only after the
+commit that holds their records, as with SQLite (docs/SEMANTICS.md §Durability).
+
+What differs is where the commit runs. A PostgreSQL commit is a network round trip, not a
+disk write: the coordinator waits on a socket, it does not burn a thread. So one task on the
+server's loop (``fleetwire-pg-commit``) drives the store's writer connection (asyncpg) itself:
+
+* **No thread hop.** ``submit`` appends to the group being gathered and wakes the task; the
+  task builds the group's one statement (coordinator/io/pg_store.py: the fence and every row,
+  one round trip) and awaits it on this loop. No hand-over to a writer thread and back (a
+  thread wake-up, the GIL passed twice, the loop woken from outside).
+* **Pipelined.** While one group's transaction is in flight, the batches submitted meanwhile
+  gather into the next group, which is sent the moment the first commit returns. At most one
+  transaction is in flight per store (per shard's core), so groups commit in submit order and
+  each sees the rows of the one before. Under load the group grows to what one round trip
+  carries; an idle core's lone request pays one round trip and nothing else.
+* **Fencing unchanged.** Every group commit checks its shards' epochs in the same statement
+  (:data:`~coordinator.io.pg_leases.FENCE`); a fenced group changes no row and fails with
+  :class:`~coordinator.io.pg_leases.ShardFenced`.
+
+A failed commit is fatal to the core (``on_failure``), as with SQLite: nothing of the failed
+group, or after it, is released. A connection lost while no group is in flight (the database
+primary went away between commits) is not a failure: nothing is uncertain, so the task opens a
+new connection (:meth:`PipelinedCommitter._reopen`; with a multi-host DSN, to the promoted
+standby) and carries on, while the server answers new submits ``unavailable`` (retryable) and
+new handshakes 503 + ``Retry-After`` (``PgStore.away``). Backpressure is the same byte count: :attr:`backlog_bytes`
+waits for a commit, and :meth:`drained` returns once it is at most half of
+``max_backlog_bytes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol, TypeVar
+
+import structlog
+
+from coordinator.records import Record
+
+__all__ = ["RECONNECT_CAP_S", "RECONNECT_FIRST_S", "AsyncStore", "PipelinedCommitter"]
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+RECONNECT_FIRST_S = 0.05  # the first retry after a lost connection; doubling ...
+RECONNECT_CAP_S = 1.0  # ... up to this
+
+
+class AsyncStore(Protocol):
+    """What the committer needs: a writer connection opened on the loop, and one commit per group."""
+
+    description: str
+
+    async def open_async(self, on_lost: Callable[[], None] | None = None) -> None: ...
+
+    def lost(self) -> bool: ...
+
+    async def write_async(self, records: Sequence[Record]) -> None: ...
+
+    async def close_async(self) -> None: ...
+
+
+class PipelinedCommitter(Generic[T]):
+    """Commits record batches through ``store`` on the running loop, one group in flight at a time.
+
+    Args:
+        store: a store with :class:`AsyncStore`'s methods (coordinator/io/pg_store.py).
+        release: called on the loop with each payload once its batch (and every earlier one) committed.
+        on_failure: called on the loop, once, when a commit fails.
+        max_backlog_bytes: :attr:`over` past this many bytes waiting for a commit (0: no bound).
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        release: Callable[[T], None],
+        on_failure: Callable[[BaseException], None],
+        *,
+        max_backlog_bytes: int = 0,
+    ) -> None:
+        self.store = store
+        self.max_backlog_bytes = max_backlog_bytes
+        self.backlog_bytes = 0
+        self.held_back = 0  # times a reader waited in drained()
+        self.transactions = 0  # groups committed
+        self.batches = 0  # batches submitted
+        self.reconnects = 0  # connections reopened after a loss (database failovers ridden through)
+        self.failed: BaseException | None = None
+        self._release = release
+        self._on_failure = on_failure
+        self._group: list[Record] = []  # gathering: every batch since the last group was sent
+        self._submitted = 0  # ticket of the latest batch
+        self._waiting: deque[tuple[int, T]] = deque()
+        self._sizes: deque[tuple[int, int]] = deque()  # (ticket, size) of sized batches
+        self._below: asyncio.Event | None = None
+        self._wake: asyncio.Future[None] | None = None  # the task waits on it while nothing is gathered
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @property
+    def pending(self) -> int:
+        """Payloads waiting for a commit."""
+        return len(self._waiting)
+
+    @property
+    def over(self) -> bool:
+        """Whether the backlog is past ``max_backlog_bytes`` (readers should await :meth:`drained`)."""
+        return bool(self.max_backlog_bytes) and self.backlog_bytes > self.max_backlog_bytes
+
+    async def drained(self) -> None:
+        """Return once the backlog is at most half of ``max_backlog_bytes`` (at once if it is)."""
+        if not self.over:
+            return
+        self.held_back += 1
+        if self._below is None:
+            self._below = asyncio.Event()
+        while self.backlog_bytes > self.max_backlog_bytes // 2 and self.failed is None:
+            self._below.clear()
+            await self._below.wait()
+
+    def start(self) -> None:
+        """Start the commit task on the running loop (it first opens the store's writer connection there)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._commit_forever(), name="fleetwire-pg-commit")
+
+    def submit(self, records: Sequence[Record], payload: T, size: int = 0) -> None:
+        """Commit ``records``; release ``payload`` once they (and everything before) are durable."""
+        if self.failed is not None:
+            return
+        self.batches += 1
+        self._submitted += 1
+        if size:
+            self.backlog_bytes += size
+            self._sizes.append((self._submitted, size))
+        self._waiting.append((self._submitted, payload))
+        self._group.extend(records)
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            if not wake.done():
+                wake.set_result(None)
+
+    def after(self, payload: T) -> None:
+        """Release ``payload`` once every batch submitted so far is durable (at once if none waits)."""
+        if self.failed is not None:
+            return
+        if not self._waiting:
+            self._release(payload)
+        else:
+            self._waiting.append((self._submitted, payload))
+
+    async def close(self) -> None:
+        """Commit what is gathered, release it, and close the store's writer connection."""
+        task = self._task
+        if task is None:
+            return
+        self._closing = True
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            if not wake.done():
+                wake.set_result(None)
+        try:
+            await task
+        finally:
+            self._task = None
+            await self.store.close_async()
+
+    # ------------------------------------------------------------------ the commit task
+
+    async def _commit_forever(self) -> None:
+        try:
+            await self.store.open_async(self._kick)
+        except Exception as exc:
+            self._fail(exc)
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.store.lost() and not await self._reopen():
+                return
+            if not self._group:
+                if self._closing:
+                    return
+                self._wake = loop.create_future()
+                await self._wake
+                continue
+            group, ticket = self._group, self._submitted
+            self._group = []
+            try:
+                await self.store.write_async(group)
+            except Exception as exc:
+                self._fail(exc)
+                return
+            self._done(ticket)
+
+    def _kick(self) -> None:
+        """The connection closed under the store: wake the task, which reopens it."""
+        wake = self._wake
+        if wake is not None:
+            self._wake = None
+            if not wake.done():
+                wake.set_result(None)
+
+    async def _reopen(self) -> bool:
+        """The connection was lost with no group in flight (a database failover): open a new one.
+
+        Safe to carry on: every group sent before has committed (else the committer failed), so
+        memory and the store agree, and the next group's fence still checks the lease. Batches
+        submitted meanwhile wait (their frames with them). Tries until a host accepts the
+        connection or the core stops (its lease lapsed: the cluster host stops it).
+        """
+        delay = RECONNECT_FIRST_S
+        logged = False
+        while not self._closing:
+            try:
+                await self.store.open_async(self._kick)
+            except Exception as exc:
+                if not logged:
+                    log.warning("store connection lost; reconnecting", store=self.store.description, error=str(exc))
+                    logged = True
+                await asyncio.sleep(delay)
+                delay = min(RECONNECT_CAP_S, delay * 2)
+                continue
+            self.reconnects += 1
+            log.warning("store connection reopened", store=self.store.description)
+            return True
+        if self._group:  # closing with batches that could not be written
+            self._fail(ConnectionError(f"the store {self.store.description} stayed away; {len(self._waiting)} "
+                                       "replies were never sent"))  # fmt: skip
+        return False
+
+    def _done(self, ticket: int) -> None:
+        self.transactions += 1
+        sizes = self._sizes
+        while sizes and sizes[0][0] <= ticket:
+            self.backlog_bytes -= sizes.popleft()[1]
+        if self._below is not None and self.backlog_bytes <= self.max_backlog_bytes // 2:
+            self._below.set()
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= ticket and self.failed is None:
+            self._release(waiting.popleft()[1])
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._below is not None:
+            self._below.set()  # nobody waits on a store that failed: the core stops
+        if self.failed is None:
+            self.failed = exc
+            self._waiting.clear()
+            self._group = []
+            self._on_failure(exc)

@@ -1,0 +1,264 @@
+"""One HTTP/1.1 connection of the worker's data endpoint (worker_agent/dataplane.py), as a ``BufferedProtocol``.
+
+Theory of operation: the transport reads straight into buffers this protocol hands it
+(``recv_into``), so a request body is never copied on the event loop.
+
+* *Head mode*: bytes land in a small scratch buffer and gather in :attr:`HttpConnection.pending`
+  until :meth:`read_head` finds the blank line; past ``head_limit`` bytes without one the head is
+  refused. Bytes after the head stay pending (the start of a body, or a pipelined request).
+* *Body mode* (:meth:`body`): the socket fills large preallocated buffers (``chunk`` bytes each,
+  ``buffers`` of them), each handed over whole to the caller, who stores it (in a thread) while
+  the next one fills, then gives it back (:meth:`release`). The protocol never takes a byte past
+  the body's length (the next request's bytes stay for the next head). When every buffer is
+  full and not given back, reading pauses: memory stays ``buffers * chunk`` per upload, and a
+  slow disk slows only its own uploader.
+* Writing: :meth:`write` and :meth:`drain` (paused while the transport's buffer is over its
+  high-water mark); outputs go with ``loop.sendfile(conn.transport, ...)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Final
+
+__all__ = ["HeadTooLarge", "HttpConnection"]
+
+SCRATCH_BYTES: Final = 64 << 10  # what one read takes in head mode
+
+
+class HeadTooLarge(Exception):
+    """No blank line within the head limit."""
+
+
+class HttpConnection(asyncio.BufferedProtocol):
+    """One connection's reads and writes (see the module docstring).
+
+    Args:
+        on_open: called with the connection once it is made (the server starts its task there).
+        head_limit: the largest request head accepted.
+    """
+
+    def __init__(self, on_open: Callable[[HttpConnection], None], head_limit: int) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.pending = bytearray()  # head mode: bytes read and not yet taken
+        self._on_open = on_open
+        self._head_limit = head_limit
+        self._scratch = bytearray(SCRATCH_BYTES)
+        self._eof = False
+        self._lost: BaseException | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._paused = False  # reading paused (buffers full, or a backlog of pending bytes)
+        self._write_paused = False
+        self._drains: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._loop = asyncio.get_running_loop()
+        self._closed = self._loop.create_future()
+        self.last_read = 0.0  # loop time of the last body bytes (or of reading resumed)
+        # body mode
+        self._body_left = 0  # body bytes still to read from the socket
+        self._filling: bytearray | None = None
+        self._filled = 0
+        self._ready: collections.deque[memoryview] = collections.deque()
+        self._free: list[bytearray] = []
+        self._chunk = 0
+
+    # ------------------------------------------------------------------ protocol callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a stream transport (asyncio's or uvloop's)
+        self._on_open(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._body_left:
+            if self._filling is None:  # a read after reading paused: one more buffer
+                self._filling = self._free.pop() if self._free else bytearray(self._chunk)
+                self._filled = 0
+            end = min(len(self._filling), self._filled + self._body_left)
+            return memoryview(self._filling)[self._filled : end]
+        return memoryview(self._scratch)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._body_left:
+            self.last_read = self._loop.time()
+            self._filled += nbytes
+            self._body_left -= nbytes
+            assert self._filling is not None
+            if self._filled == len(self._filling) or not self._body_left:
+                self._ready.append(memoryview(self._filling)[: self._filled])
+                self._filling = None
+                if self._body_left and not self._free:
+                    self._pause()
+                self._wake()
+            return
+        self.pending += memoryview(self._scratch)[:nbytes]
+        if len(self.pending) > self._head_limit + SCRATCH_BYTES:
+            self._pause()  # nobody is taking them now: wait for the next read_head
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = exc or ConnectionResetError("the connection closed")
+        self._eof = True
+        self._wake()
+        while self._drains:
+            waiter = self._drains.popleft()
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("the connection closed"))
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        while self._drains:
+            waiter = self._drains.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # ------------------------------------------------------------------ reading
+
+    async def read_head(self) -> bytes | None:
+        """The next request head (through its blank line); None at a clean end of the connection.
+
+        Raises:
+            HeadTooLarge: no blank line within the limit.
+            asyncio.IncompleteReadError: the peer ended mid-head.
+        """
+        searched = 0
+        while True:
+            end = self.pending.find(b"\r\n\r\n", max(0, searched - 3))
+            if end >= 0:
+                head = bytes(self.pending[: end + 4])
+                del self.pending[: end + 4]
+                self._resume()
+                return head
+            if len(self.pending) > self._head_limit:
+                raise HeadTooLarge
+            searched = len(self.pending)
+            if self._eof:
+                if not self.pending:
+                    return None
+                raise asyncio.IncompleteReadError(bytes(self.pending), None)
+            self._resume()
+            await self._wait()
+
+    async def body(
+        self, length: int, chunk: int, stall_timeout_s: float, buffers: int = 3
+    ) -> AsyncGenerator[memoryview, None]:
+        """The next ``length`` bytes in chunks of ``chunk`` (the last one shorter); give each back with :meth:`release`.
+
+        A chunk is a view of a reused buffer: store it before releasing it. When the connection
+        ends early, or sends nothing for ``stall_timeout_s`` (time spent with reading paused,
+        waiting for the caller, does not count), the bytes that did arrive come as a last,
+        short chunk, then ``ConnectionError`` or ``TimeoutError``.
+        """
+        loop = asyncio.get_running_loop()
+        self._chunk = chunk
+        self._free = [bytearray(chunk) for _ in range(buffers - 1)]
+        self._ready.clear()
+        first = bytearray(chunk)  # the bytes that came with the head go first
+        taken = min(len(self.pending), length)
+        first[:taken] = self.pending[:taken]
+        del self.pending[:taken]
+        self._filling, self._filled = first, taken
+        if taken == len(first) or taken == length:
+            self._ready.append(memoryview(first)[:taken])
+            self._filling = None
+        self._body_left = length - taken
+        self.last_read = loop.time()
+        self._resume()
+        try:
+            delivered = 0
+            while delivered < length:
+                if self._ready:
+                    view = self._ready.popleft()
+                    delivered += len(view)
+                    yield view
+                    continue
+                stalled: BaseException | None = None
+                if self._eof:
+                    stalled = ConnectionResetError("the client closed the upload early")
+                else:
+                    left = self.last_read + stall_timeout_s - loop.time()
+                    if left > 0:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(left):
+                                await self._wait()
+                        continue
+                    stalled = TimeoutError(f"the upload sent nothing for {stall_timeout_s:g} s")
+                self._body_left = 0  # later bytes are not taken
+                if self._filling is not None and self._filled:  # what arrived before the drop
+                    view = memoryview(self._filling)[: self._filled]
+                    self._filling = None
+                    yield view
+                raise stalled
+        finally:
+            self._body_left = 0  # any later bytes are the next request's
+            self._filling = None
+            self._ready.clear()
+            self._free = []
+
+    def release(self, view: memoryview) -> None:
+        """A chunk from :meth:`body` was stored: its buffer is free again."""
+        buffer = view.obj
+        if self._body_left and isinstance(buffer, bytearray) and len(buffer) == self._chunk:
+            self._free.append(buffer)
+            self._resume()
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        if self._lost is not None:
+            raise ConnectionResetError("the connection closed")
+        if not self._write_paused:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._drains.append(waiter)
+        await waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _wait(self) -> None:
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._wakeup = waiter
+        try:
+            await waiter
+        finally:
+            self._wakeup = None
+
+    def _wake(self) -> None:
+        waiter = self._wakeup
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _pause(self) -> None:
+        if not self._paused and self.transport is not None and not self._eof:
+            self._paused = True
+            with contextlib.suppress(RuntimeError):
+                self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self._paused and self.transport is not None and not self._eof:
+            self._paused = False
+            self.last_read = self._loop.time()  # paused time is the caller's, not a stall
+            with contextlib.suppress(RuntimeError):
+                self.transport.resume_reading()

@@ -1,0 +1,160 @@
+"""Run a ``python`` plan that holds devices in its own process, with its own ``CUDA_VISIBLE_DEVICES``.
+
+The ``python`` op (worker_agent/handlers.py) runs a function inside the worker's process, where
+``CUDA_VISIBLE_DEVICES`` is one for all plans. A plan that holds devices (``resources={"gpus": N}``
+on a worker with ``--gpus`` or NVML devices) runs instead in a child interpreter started with
+``CUDA_VISIBLE_DEVICES`` set to its devices before anything is imported
+(worker_agent/pychild.py), so CUDA libraries see that plan's devices only. Plans without devices
+keep the in-process path: nothing here runs for them.
+
+The child reports over a pipe (its fd 1; its prints go to the worker's stderr): events, token
+counts and outputs as they come, then the result or the error. Cancelling the awaiting task (a
+cancel, the plan's timeout, the worker leaving) SIGTERMs the child's process group, then
+SIGKILLs it after ``ctx.kill_grace_s``. A child that dies without a result (a crash, the OOM
+killer) fails the plan with ``handler_error`` naming its exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import struct
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from protocol import errors
+
+__all__ = ["CHILD_SCRIPT", "FunctionFailed", "run_in_process"]
+
+#: The child's script, run as a file (worker_agent/pychild.py explains why not ``-m``).
+CHILD_SCRIPT = str(Path(__file__).with_name("pychild.py"))
+
+_HEADER = struct.Struct(">I")
+_MAX_FRAME = 1 << 30  # a report frame larger than this is a broken child, not data
+
+
+class FunctionFailed(Exception):
+    """The function failed in its process: the plan fails with ``code`` (handlers.py makes it a ``HandlerError``)."""
+
+    def __init__(self, code: str, message: str, detail: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+
+async def run_in_process(
+    ctx: Any, target: str, args: list[Any], kwargs: dict[str, Any], *, reserved_kinds: Iterable[str]
+) -> Any:
+    """Call ``target(*args, **kwargs)`` in a child with the plan's devices visible; return its result.
+
+    ``ctx`` is the plan's ``Context`` (worker_agent/handlers.py): the child's events, tokens and
+    outputs go through it. The child passes ``ctx``, ``inputs`` and ``devices`` to a function that
+    takes them, as the in-process path does.
+
+    Raises:
+        FunctionFailed: the function raised (``handler_error``, or the code of its ``HandlerError``),
+            could not be imported (``invalid_argument``), or its process died without a result.
+    """
+    inputs: dict[str, dict[str, Any]] = {}
+    if ctx.data is not None:
+        for name, reader in ctx.inputs.items():
+            path = await asyncio.to_thread(getattr, reader, "path")  # materialised once, as ``shell`` does
+            inputs[name] = {"path": str(path), "size": reader.size, "digest": reader.digest}
+    start = msgspec.msgpack.encode({
+        "function": target, "args": args, "kwargs": kwargs, "op_args": ctx.args, "plan_id": ctx.plan_id,
+        "attempt": ctx.attempt, "worker_id": ctx.worker_id, "devices": list(ctx.devices),
+        "kill_grace_s": ctx.kill_grace_s, "max_payload_bytes": ctx.max_payload_bytes,
+        "reserved_kinds": sorted(reserved_kinds), "has_data": ctx.data is not None, "inputs": inputs,
+    })  # fmt: skip
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices or ",".join(ctx.devices)
+    env["FLEETWIRE_SYS_PATH"] = os.pathsep.join(sys.path)  # the worker's import path: same modules found
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-P", CHILD_SCRIPT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=None, env=env, start_new_session=True,
+        )  # fmt: skip
+    except OSError as exc:
+        raise FunctionFailed(errors.HANDLER_ERROR, f"cannot start the plan's process: {exc.strerror or exc}") from None
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(start)
+        with contextlib.suppress(ConnectionError):  # a child that died at once is reported below
+            await proc.stdin.drain()
+        proc.stdin.close()
+        outcome = await _read_reports(ctx, proc.stdout)
+        if outcome is not None:  # it is done: let it exit, then sweep what it left behind (threads, children)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), ctx.kill_grace_s)
+        await _stop(proc, ctx.kill_grace_s)
+        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+    except BaseException:
+        await asyncio.shield(_stop(proc, ctx.kill_grace_s))  # cancel or timeout: the child goes too
+        raise
+    if outcome is None:
+        raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process {_ended(code)} without a result",
+                             {"exit_code": code})  # fmt: skip
+    kind, *rest = outcome
+    if kind == "result":
+        return rest[0]
+    if kind == "error":
+        raise FunctionFailed(str(rest[0]), str(rest[1]), rest[2])
+    ctx.log.warning("handler raised", error=str(rest[0]).partition(":")[0], exception=rest[1])
+    raise FunctionFailed(errors.HANDLER_ERROR, str(rest[0]))
+
+
+async def _read_reports(ctx: Any, stream: asyncio.StreamReader) -> list[Any] | None:
+    """Deliver the child's events, tokens and outputs; return its final frame (None: it ended without one)."""
+    while True:
+        try:
+            (size,) = _HEADER.unpack(await stream.readexactly(_HEADER.size))
+            if size > _MAX_FRAME:
+                raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process sent a {size}-byte report")
+            frame = msgspec.msgpack.decode(await stream.readexactly(size))
+        except asyncio.IncompleteReadError:
+            return None
+        except msgspec.DecodeError as exc:
+            raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process sent an unreadable report: {exc}") from None
+        kind = frame[0] if isinstance(frame, list) and frame else None
+        if kind == "event":
+            ctx.emit(frame[1], frame[2], ephemeral=bool(frame[3]))
+        elif kind == "tokens":
+            ctx.report_tokens(int(frame[1]))
+        elif kind == "output":
+            value = frame[2] if frame[2] is not None else frame[3]
+            await asyncio.to_thread(ctx.output, frame[1], value)
+        elif kind in ("result", "error", "raised"):
+            return list(frame)
+        else:
+            raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process sent an unknown report {kind!r}")
+
+
+def _ended(code: int) -> str:
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"was killed by signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the child's group, SIGKILL what is left after ``grace_s``, and reap the child."""
+    if proc.returncode is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), grace_s)
+    _signal_group(proc.pid, signal.SIGKILL)
+    await proc.wait()
