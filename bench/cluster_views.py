@@ -106,6 +106,8 @@ async def measure(dsn: str, ns: argparse.Namespace) -> dict[str, Any]:
             "notifies": heard,
             "notifies_per_plan": round(heard / ns.plans, 4),
             "notifies_per_event": round(heard / max(1, ns.plans * events_per_plan), 4),
+            "doorbell_warnings": [line for f in fleets if f.coordinator is not None
+                                  for line in f.coordinator.lines if "doorbell" in line][-5:],
         }
     finally:
         for f in reversed(fleets):

@@ -1,6 +1,8 @@
 """A legitimate client's latency while hostile peers hit the coordinator (docs/OPERATIONS.md §Test matrix 16, 19-21).
 
     python bench/hostile_neighbors.py [--requests 2000] [--rounds 3] [--phases flood,oversize,...] [--json]
+    python bench/hostile_neighbors.py --phases f1-list --rounds 2 --profile /tmp/prof   # py-spy the coordinator
+    python bench/profile_top.py /tmp/prof/f1-list-hostile0.txt                           # ... and read it
 
 A coordinator process (`fleetwire coordinator`, default limits except a 2 s handshake timeout
 and ``--flood-grace``, 1 s here so a flood reaches 4429 within the bench) on loopback, with a

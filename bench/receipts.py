@@ -3,15 +3,16 @@
     python bench/receipts.py                       # 2 fake engines, 2 workers, 12 chat plans
     python bench/receipts.py --plans 24 --power-watts 300 --uj-per-token 6e6
 
-Starts, as real processes on 127.0.0.1: two ``fake_engine.py`` engines (vLLM's API, a toy model
-that streams the prompt's words reversed, ``--token-delay`` s per token), an in-memory coordinator,
-and two workers fronting them (``--carbon-zone FR``). Without NVML the workers *estimate* energy
+Starts, as real processes on 127.0.0.1: two ``fake_engine.py`` engines (vLLM's API, a toy model that
+streams the prompt's words reversed, ``--token-delay`` s per token), an in-memory coordinator, and
+two workers fronting them (``--carbon-zone FR``). Without NVML the workers *estimate* energy
 (``--power-watts`` x run time, split over their concurrent plans) and report ``--uj-per-token`` as
-their energy per token, which placement projects with: µJ/token x (prompt + max output tokens
-hinted). The hints are the SDK's own (fleetwire/prompt_hints.py: prompt tokens estimated from the
-chat's characters, ``max_tokens`` as the output bound), as any ``generate`` plan gets them. One
-warm-up plan per worker first (so the coordinator holds their figures), then the plans,
-and one row per plan: tokens, projected and measured joules and gCO2e, and their ratio.
+their energy per generated token, which the receipt's projection uses: µJ/token x the hinted maximum
+output tokens (a bound: a plan may stop early). The hints are the SDK's own
+(fleetwire/prompt_hints.py: prompt tokens estimated from the chat's characters, ``max_tokens`` as
+the output bound), as any ``generate`` plan gets them. One warm-up plan per worker first (so the
+coordinator holds their figures), then the plans, and one row per plan: tokens, projected and
+measured joules and gCO2e, and their ratio.
 
 On a GPU host (NVML present) the same script prints measured NVML figures (``estimated`` no) for
 workers fronting real engines: pass ``--inference-url`` to the workers instead (edit ENGINES).

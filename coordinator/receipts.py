@@ -3,10 +3,12 @@ receipt a worker's ``done`` brings, and the running footprint per principal and 
 
 Theory of operation (docs/PROTOCOL.md §Receipt, docs/OPERATIONS.md §Energy and carbon):
 
-* At assign, :func:`projection` asks what placement itself ranks by
-  (coordinator/placement/policies.py): the chosen worker's µJ/token * the plan's hinted tokens
-  (prompt + maximum output), and that energy at the worker's zone intensity. No hint or no
-  figure: no projection. It is kept on the plan (``Plan.projected``), for this attempt only.
+* At assign, :func:`projection` prices the plan with the figure placement ranks by
+  (coordinator/placement/policies.py): the chosen worker's µJ/token * the plan's hinted maximum
+  output tokens, and that energy at the worker's zone intensity. A worker's µJ/token is energy
+  per *generated* token (worker_agent/energy.py), so the prompt is not counted again and the
+  projection is a bound: the plan may stop before its maximum. No output hint or no figure: no
+  projection. It is kept on the plan (``Plan.projected``), for this attempt only.
 * At the end, :func:`settle` takes the worker's receipt (measured or estimated; a worker is a
   peer: every figure is checked, a bad one becomes 0, text is cut) and adds the projection. A
   plan that ended without a receipt (an older worker, a lease lost) gets none.
@@ -39,7 +41,7 @@ MAX_DEVICES: Final = 64
 
 def projection(hints: RoutingHints, worker: WorkerRecord) -> tuple[float, float] | None:
     """(J, gCO2e) placement projects for a plan with ``hints`` on ``worker``; None when it cannot."""
-    tokens = hints.prompt_tokens + hints.max_output_tokens
+    tokens = hints.max_output_tokens  # µJ/token is per generated token (module docstring)
     load = worker.load
     if tokens <= 0 or load is None or not 0 < load.uj_per_token < math.inf:
         return None

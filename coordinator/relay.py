@@ -15,7 +15,8 @@ Theory of operation:
   output the plan declared or left) and passes it to the plan's worker with ``credit``: the
   stream's *window*. The worker checks the ticket (as its HTTP endpoint does) and answers: a
   ``put`` with ``data_credit`` (the offset it holds: where the client starts), a ``get`` with
-  its first chunks.
+  its first chunks; the client of a ``get`` is told the window too (a ``data_credit``), so both
+  receivers credit once per quarter window (protocol/relay.py ``credit_every``), not per chunk.
 * Credit: the sender may have at most ``window`` bytes sent and not yet acknowledged by the
   receiver (``data_credit.offset``). The coordinator checks every chunk: in order (its offset is
   where the previous one ended), at most 256 KiB, within the declared size, within the window.
@@ -179,6 +180,9 @@ class Relay:
         self._outbox.send(worker_conn, msgspec.structs.replace(msg, credit=window, offset=max(0, msg.offset)))
         if msg.direction == "get":
             stream.sent = stream.acked = max(0, msg.offset)
+            # the receiving client learns the window too, so it may credit once per quarter of it
+            self._outbox.send(s.conn_id, DataCredit(plan_id=msg.plan_id, attempt=msg.attempt, name=msg.name,
+                                                    direction="get", offset=stream.sent, credit=window))
 
     def _open_problem(self, plan: Plan, msg: DataOpen) -> tuple[str, str] | None:
         if msg.attempt != plan.attempt or plan.worker_id is None:

@@ -39,13 +39,14 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
-
-import httpx
 
 from protocol.messages import DataGrant, Event, InputSpec
 from protocol.tickets import name_problem, new_hasher
+
+if TYPE_CHECKING:  # httpx (and what it pulls in) loads with the first DirectTransport, not with the SDK
+    import httpx
 
 __all__ = [
     "CHUNK_BYTES",
@@ -309,6 +310,8 @@ class DirectTransport:
 
     def __init__(self, *, ca_file: str | None = None, connect_timeout_s: float = 10.0, stall_timeout_s: float = 60.0,
                  max_resumes: int = 8) -> None:
+        import httpx
+
         timeout = httpx.Timeout(stall_timeout_s, connect=connect_timeout_s)
         self._http = httpx.AsyncClient(timeout=timeout, verify=ca_file or True, http2=False)
         self.max_resumes = max_resumes
@@ -330,6 +333,8 @@ class DirectTransport:
         return int(response.headers.get("upload-offset", "0")), response.headers.get("upload-state", "receiving")
 
     async def upload(self, grant: Grant, source: InputSource) -> None:
+        import httpx
+
         failures = 0
         while True:
             try:
@@ -361,6 +366,8 @@ class DirectTransport:
         the submit) and by ``sendall`` of memoryview slices for a buffer: no copy, no per-chunk
         work on the event loop. Cancelling closes the socket, which ends the thread.
         """
+        import httpx
+
         url = httpx.URL(grant.resource("inputs", source.name))
         length = source.size - offset
         head = [f"PUT {url.raw_path.decode('ascii')} HTTP/1.1", f"Host: {url.netloc.decode('ascii')}",
@@ -388,6 +395,8 @@ class DirectTransport:
         its own: bounded memory, no per-chunk work on the event loop. A digest that does not
         match ``check`` raises :class:`OutputMismatch` and leaves no file.
         """
+        import httpx
+
         target = pathlib.Path(path)
         partial = target.with_name(f".{target.name}.partial")
         url = httpx.URL(grant.resource("outputs", name))
@@ -430,6 +439,8 @@ class DirectTransport:
         return target
 
     async def download(self, grant: Grant, name: str) -> AsyncIterator[bytes]:
+        import httpx
+
         url = grant.resource("outputs", name)
         received, size, failures = 0, None, 0
         while size is None or received < size:

@@ -6,8 +6,10 @@ Theory of operation:
   websocket session: ``data_open`` (with the grant's ticket), then ``data_chunk`` s of at most
   256 KiB, never more unacknowledged bytes in flight than the stream's credit
   (``data_credit``), so the client holds at most one window of a stream in memory, the
-  coordinator no more, and a slow worker slows only its own uploads. A download sends a
-  ``data_credit`` for each chunk once the caller has taken it.
+  coordinator no more, and a slow worker slows only its own uploads. An upload reads its source
+  a MiB at a time (one thread hop) and sends it as 256 KiB chunks. A download sends a
+  ``data_credit`` once the caller has taken a quarter of the stream's window (the coordinator
+  says the window right after the open; ``credit_every``), or each chunk when it does not say.
 * A stream that breaks (``data_end(relay_closed)``: a session closed, the coordinator
   restarted; ``relay_busy``; nothing heard for ``stall_timeout_s``) is opened again: an upload
   resumes from the offset the worker holds, a download from the bytes already received.
@@ -46,13 +48,14 @@ from fleetwire.data import (
     write_chunks,
 )
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
-from protocol.relay import BUSY, CLOSED, MAX_CHUNK_BYTES, REFUSED, RETRYABLE, UNAUTHORIZED, VIOLATION
+from protocol.relay import BUSY, CLOSED, MAX_CHUNK_BYTES, REFUSED, RETRYABLE, UNAUTHORIZED, VIOLATION, credit_every
 
 __all__ = ["AutoTransport", "RelayLink", "RelayTransport"]
 
 log = logging.getLogger("fleetwire.data")
 
 Key = tuple[str, int, str, str]
+READ_BYTES = 4 * MAX_CHUNK_BYTES  # an upload reads its source this much at a time
 REACHED_TTL_S = 30.0  # a data endpoint dialled this recently is not dialled again before a transfer
 _STATUS = {UNAUTHORIZED: 401, REFUSED: 403, "plan_not_found": 404, "input_mismatch": 422,
            "worker_disk_full": 507, VIOLATION: 400, "invalid_argument": 400, CLOSED: 503, BUSY: 503}
@@ -159,14 +162,19 @@ class RelayTransport:
             while stream.acked < 0:
                 await self._wait(stream, source.name)
             sent = stream.acked
-            chunks = aiter(source.chunks(sent, MAX_CHUNK_BYTES))
+            chunks = aiter(source.chunks(sent, READ_BYTES))
+            block = memoryview(b"")  # read a MiB at a time (one thread hop), sent as 256 KiB chunks
             while True:
                 self._check_end(stream, source.name, done_ok=True)
                 if stream.end is not None:
                     return  # verified
-                if sent < source.size and sent - stream.acked < stream.window:
-                    data = await anext(chunks)
-                    self._link.post(DataChunk(plan_id=key[0], attempt=key[1], name=key[2], offset=sent, data=data,
+                room = stream.window - (sent - stream.acked)
+                if sent < source.size and min(MAX_CHUNK_BYTES, source.size - sent) <= room:
+                    if not block:
+                        block = memoryview(await anext(chunks))
+                    data, block = block[:MAX_CHUNK_BYTES], block[MAX_CHUNK_BYTES:]
+                    self._link.post(DataChunk(plan_id=key[0], attempt=key[1], name=key[2], offset=sent,
+                                              data=data,  # type: ignore[arg-type]  # encoded (copied) right here
                                               direction="put", last=sent + len(data) >= source.size))
                     sent += len(data)
                     continue
@@ -185,6 +193,7 @@ class RelayTransport:
         key: Key = (grant.plan_id, grant.attempt, name, "get")
         received, failures = offset, 0
         while True:
+            credited = received
             stream = self._open(key, DataOpen(plan_id=key[0], attempt=key[1], name=name, direction="get",
                                               ticket=grant.get_ticket or grant.ticket, offset=received))
             try:
@@ -200,8 +209,10 @@ class RelayTransport:
                         if chunk.last:
                             self.paths[(key[0], key[1], "get", name)] = "relay"
                             return
-                        self._link.post(DataCredit(plan_id=key[0], attempt=key[1], name=name, direction="get",
-                                                   offset=received))
+                        if received - credited >= credit_every(stream.window):  # per quarter window
+                            credited = received
+                            self._link.post(DataCredit(plan_id=key[0], attempt=key[1], name=name,
+                                                       direction="get", offset=received))
                     self._check_end(stream, name, done_ok=False)
                     await self._wait(stream, name)
             except _Retry as exc:

@@ -140,7 +140,7 @@ class Receipt(msgspec.Struct, omit_defaults=True):
     tokens: int = 0  # tokens the handler reported
     run_s: float = 0.0  # seconds from start to end on the worker
     devices: list[str] = []  # the devices it held (CUDA_VISIBLE_DEVICES names)
-    projected_joules: float = 0.0  # µJ/token * tokens of the chosen worker, at assign
+    projected_joules: float = 0.0  # chosen worker's µJ/token (per generated token) * hinted max output tokens
     projected_co2e_g: float = 0.0
 
 

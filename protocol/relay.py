@@ -21,12 +21,13 @@ __all__ = [
     "RETRYABLE",
     "UNAUTHORIZED",
     "VIOLATION",
+    "credit_every",
 ]
 
 #: The largest ``data_chunk.data`` (bytes); far below the 1 MiB frame limit.
 MAX_CHUNK_BYTES: Final = 256 << 10
-#: A stream's window: unacknowledged bytes its sender may have in flight (four chunks).
-DEFAULT_WINDOW_BYTES: Final = 4 * MAX_CHUNK_BYTES
+#: A stream's window: unacknowledged bytes its sender may have in flight (sixteen chunks).
+DEFAULT_WINDOW_BYTES: Final = 16 * MAX_CHUNK_BYTES
 #: The most bytes the coordinator lets all relayed streams have in flight together (``--relay-max-bytes``).
 DEFAULT_MAX_BYTES: Final = 32 << 20
 
@@ -45,3 +46,14 @@ UNAUTHORIZED: Final = "unauthorized"  # the worker refused the ticket (not valid
 REFUSED: Final = "forbidden"  # the worker refused the ticket (out of scope: 403 on the direct path)
 #: Codes after which the same stream may be opened again (from the acknowledged offset).
 RETRYABLE: Final = frozenset({CLOSED, BUSY})
+
+
+def credit_every(window: int) -> int:
+    """How many bytes a stream's receiver takes between two ``data_credit`` s, given its window.
+
+    A quarter window (one credit per four chunks of the default window, not one per chunk: each
+    credit is a frame through three processes), but never so many that a sender with less than a
+    chunk of its window left could wait for a credit that is not coming. 0 (a window of one
+    chunk, or not known): a credit per chunk.
+    """
+    return max(0, min(window // 4, window - MAX_CHUNK_BYTES))

@@ -250,7 +250,15 @@ def encode_frames(codec: Codec, msgs: list[Any], max_frame_bytes: int) -> list[t
     and resending it after every reconnect would wedge the worker. Handlers' payloads are
     checked in msgpack, but JSON can be larger, so: an oversized ``done`` becomes a failed
     ``done`` saying why, and any other oversized (or unencodable) message is dropped and logged.
+
+    A batch that starts or ends with relayed chunks (``data_chunk``, up to 256 KiB each) is cut
+    into runs of at most half a frame of chunk bytes first, so each byte is encoded once, not
+    once per halving of a batch that was too big.
     """
+    if len(msgs) > 1 and (type(msgs[0]) is protocol.DataChunk or type(msgs[-1]) is protocol.DataChunk):
+        runs = _chunk_runs(msgs, max_frame_bytes // 2)
+        if len(runs) > 1:
+            return [frame for run in runs for frame in encode_frames(codec, run, max_frame_bytes)]
     try:
         frame = codec.encode(msgs)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -271,3 +279,17 @@ def encode_frames(codec: Codec, msgs: list[Any], max_frame_bytes: int) -> list[t
         return []
     mid = len(msgs) // 2
     return encode_frames(codec, msgs[:mid], max_frame_bytes) + encode_frames(codec, msgs[mid:], max_frame_bytes)
+
+
+def _chunk_runs(msgs: list[Any], limit: int) -> list[list[Any]]:
+    """``msgs`` cut into runs whose relayed chunks' bytes add up to at most ``limit`` each (one chunk at least)."""
+    runs: list[list[Any]] = []
+    start = size = 0
+    for index, msg in enumerate(msgs):
+        n = len(msg.data) if type(msg) is protocol.DataChunk else 0
+        if index > start and size + n > limit:
+            runs.append(msgs[start:index])
+            start, size = index, 0
+        size += n
+    runs.append(msgs[start:])
+    return runs

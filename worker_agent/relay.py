@@ -7,7 +7,8 @@ data endpoint does (protocol/tickets.py: the same keys, the same 401/403 reasons
 * ``put`` (an input): declares it in the spool (worker_agent/spool.py) and answers
   ``data_credit`` with the offset it holds, so a transfer resumes where the last one stopped
   (direct or relayed: both write the same spool entry). Each ``data_chunk`` is written at the
-  entry's offset and acknowledged with a ``data_credit``; the last byte settles the input
+  entry's offset; a ``data_credit`` acknowledges them once per quarter window
+  (protocol/relay.py ``credit_every``), not per chunk; the last byte settles the input
   (digest checked) and the stream ends with ``data_end`` ("" when verified, else
   ``input_mismatch`` or ``worker_disk_full`` naming the input).
 * ``get`` (an output): sends chunks of the spooled file while the client's credit allows,
@@ -28,7 +29,7 @@ import structlog
 
 import protocol
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
-from protocol.relay import CLOSED, MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION
+from protocol.relay import CLOSED, MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION, credit_every
 from protocol.tickets import TicketError, verify
 from worker_agent.spool import InputFile, OutputFile, Spool, SpoolError
 
@@ -66,6 +67,7 @@ class RelayEndpoint:
         self._send = send
         self._wall = wall
         self._uploads: dict[Key, InputFile] = {}
+        self._credited: dict[Key, tuple[int, int]] = {}  # upload -> (offset last credited, bytes between credits)
         self._downloads: dict[Key, _Download] = {}
 
     def set_keys(self, keys: list[protocol.DataKey]) -> None:
@@ -79,6 +81,7 @@ class RelayEndpoint:
         for download in self._downloads.values():
             download.file.close()
         self._uploads.clear()
+        self._credited.clear()
         self._downloads.clear()
 
     def on_message(self, msg: DataOpen | DataChunk | DataCredit | DataEnd) -> None:
@@ -120,26 +123,27 @@ class RelayEndpoint:
             self._end(key, CLOSED, f"input {entry.name!r} is being uploaded on a direct connection", entry.received)
             return
         self._uploads[key] = entry
+        self._credited[key] = (entry.received, credit_every(credit))
         self._send(DataCredit(plan_id=key[0], attempt=key[1], name=key[2], direction="put", offset=entry.received,
                               credit=credit, size=entry.size))
 
     def _chunk(self, key: Key, msg: DataChunk) -> None:
         entry = self._uploads.get(key)
         if entry is None or self.spool.input(key[0], key[1], key[2]) is not entry:
-            self._uploads.pop(key, None)
+            self._forget(key)
             self._end(key, CLOSED, "no relayed upload of this input is open here (the attempt ended?)")
             return
         if entry.state != "receiving":
-            self._uploads.pop(key, None)
+            self._forget(key)
             self._settled(key, entry)
             return
         if entry.busy:
-            self._uploads.pop(key, None)
+            self._forget(key)
             self._end(key, CLOSED, f"input {entry.name!r} is being uploaded on a direct connection", entry.received)
             return
         n = len(msg.data)
         if msg.offset != entry.received or entry.received + n > entry.size:
-            self._uploads.pop(key, None)
+            self._forget(key)
             entry.pause()
             why = f"input {entry.name!r}: a chunk at {msg.offset}..{msg.offset + n}; it continues at {entry.received}"
             self._end(key, VIOLATION, f"{why} and is {entry.size} bytes", entry.received)
@@ -148,14 +152,17 @@ class RelayEndpoint:
         try:
             entry.write(msg.data)
         except SpoolError:
-            self._uploads.pop(key, None)
+            self._forget(key)
             self._settled(key, entry)
             return
         if entry.received < entry.size:
-            self._send(DataCredit(plan_id=key[0], attempt=key[1], name=key[2], direction="put",
-                                  offset=entry.received))
+            credited, every = self._credited.get(key, (0, 0))
+            if entry.received - credited >= every:  # one credit per quarter window, not per chunk
+                self._credited[key] = (entry.received, every)
+                self._send(DataCredit(plan_id=key[0], attempt=key[1], name=key[2], direction="put",
+                                      offset=entry.received))
             return
-        del self._uploads[key]
+        self._forget(key)
         entry.finish()
         self._settled(key, entry)
 
@@ -213,8 +220,12 @@ class RelayEndpoint:
 
     # ------------------------------------------------------------------ helpers
 
+    def _forget(self, key: Key) -> InputFile | None:
+        self._credited.pop(key, None)
+        return self._uploads.pop(key, None)
+
     def _close(self, key: Key) -> None:
-        entry = self._uploads.pop(key, None)
+        entry = self._forget(key)
         if entry is not None:
             entry.pause()
         download = self._downloads.pop(key, None)
@@ -228,3 +239,4 @@ class RelayEndpoint:
                      code=code, reason=message)
         self._send(DataEnd(plan_id=key[0], attempt=key[1], name=key[2], direction=direction, code=code,
                            message=message, offset=offset))
+

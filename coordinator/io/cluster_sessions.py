@@ -190,6 +190,9 @@ class Doorbell:
         if self._conn is None or self._conn.is_closed():
             self._conn = await self._connect(self._dsn)
             self._listening = False
+            # A NOTIFY's transaction takes an xid and a commit record: not worth a WAL flush (nor a
+            # standby's round trip) for a wake-up that watchers back up with a poll anyway.
+            await self._conn.execute("SET synchronous_commit = off")
         if self._waiters and not self._listening:
             await self._conn.add_listener(CHANNEL, self._heard)
             self._listening = True

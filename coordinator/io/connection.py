@@ -152,9 +152,11 @@ class Session:
         runs by each message's estimated size and each run encoded once more, instead of being
         re-encoded in halves (N log N work and twice the memory for a large backlog).
         """
-        frame = self.codec.encode_safe(batch)
-        if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
-            return [frame]
+        if len(batch) == 1 or self.msg_bytes * len(batch) < MAX_OUT_FRAME_BYTES:
+            frame = self.codec.encode_safe(batch)
+            if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
+                return [frame]
+        # else recent messages were large (relayed chunks): cut first, not encoded whole and then again
         frames: list[bytes] = []
         start = size = 0
         for index, msg in enumerate(batch):

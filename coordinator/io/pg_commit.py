@@ -28,9 +28,10 @@ group, or after it, is released. A connection lost while no group is in flight (
 primary went away between commits) is not a failure: nothing is uncertain, so the task opens a
 new connection (:meth:`PipelinedCommitter._reopen`; with a multi-host DSN, to the promoted
 standby) and carries on, while the server answers new submits ``unavailable`` (retryable) and
-new handshakes 503 + ``Retry-After`` (``PgStore.away``). Backpressure is the same byte count: :attr:`backlog_bytes`
-waits for a commit, and :meth:`drained` returns once it is at most half of
-``max_backlog_bytes``.
+new handshakes 503 + ``Retry-After`` (``PgStore.away``).
+
+Backpressure is the same byte count: :attr:`backlog_bytes` waits for a commit, and
+:meth:`drained` returns once it is at most half of ``max_backlog_bytes``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,24 @@
 """The PostgreSQL store of cluster mode (``--store postgresql://USER@HOST:PORT/DB``, docs/CLUSTER.md).
 
 The same :class:`~coordinator.io.store.Store` interface, record formats, group commit and
-checksums as the SQLite store: one :meth:`PgStore.write` is one transaction, and the committer
-(coordinator/io/commit.py) releases a group's frames only once it returned, so no frame leaves
-before its records are durable (PostgreSQL ``synchronous_commit=on``, its default; with a
-synchronous standby, on the standby too).
+checksums as the SQLite store: one :meth:`PgStore.write` (or :meth:`PgStore.write_async`) is
+one transaction, and the committer releases a group's frames only once it returned, so no frame
+leaves before its records are durable (PostgreSQL ``synchronous_commit=on``, its default; with
+a synchronous standby, on the standby too). The server's committer is the store's own
+(:meth:`PgStore.make_committer`: coordinator/io/pg_commit.py), which commits on the server's
+event loop, pipelined, one group in flight at a time.
 
 Driver: asyncpg (binary protocol, prepared statements, array parameters). A group commit is ONE
 statement, so one round trip (:func:`commit_statement`): the fence and the group's deletes,
 inserts, updates and event upserts as parts of one ``WITH`` query, each row kind sent as
 ``unnest()`` arrays, one array per column. Phase 1's BEGIN, fence, one statement per kind and
-COMMIT took 4-5 round trips. The writer connection has its own event loop, run by the thread
-that writes (:meth:`PgStore._run`: the committer's writer thread), so a commit is never handed to
-another thread and back; a thread with a running loop (a store opened from a coroutine) goes
-through a helper thread instead. The lease connection lives on a private loop in its own thread
-(``fleetwire-pg``; :meth:`PgStore.execute`, :meth:`PgStore.call`), so a long commit never delays
-a renewal. Both loops are uvloop when it is installed.
+COMMIT took 4-5 round trips. Until :meth:`PgStore.open_async` (the committer's start) the
+writer connection has its own event loop, run by the thread that calls (the loader, tests,
+:meth:`PgStore.write` from a thread: :meth:`PgStore._run`); from then on the writer connection
+lives on the server's loop and the threaded one is closed (two connections per store either
+way). A thread with a running loop goes through a helper thread instead. The lease connection
+lives on a private loop in its own thread (``fleetwire-pg``; :meth:`PgStore.execute`,
+:meth:`PgStore.call`), so a long commit never delays a renewal. Both loops are uvloop when it is installed.
 
 Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or migrated on open)::
 

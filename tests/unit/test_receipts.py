@@ -147,8 +147,8 @@ def test_projection_at_assign_and_receipt_reach_the_terminal_event_record_and_me
     ended = [e for e in h.events(c, pid) if e.kind == "succeeded"]
     assert ended, "the client follows its plan"
     receipt = ended[0].data["receipt"]
-    assert (receipt.joules, receipt.estimated, receipt.projected_joules) == (12.3, True, 10.0)  # 2000 µJ x 5000
-    assert receipt.projected_co2e_g == pytest.approx(10.0 / J_PER_KWH * 360.0)
+    assert (receipt.joules, receipt.estimated, receipt.projected_joules) == (12.3, True, 8.0)  # 2000 µJ x 4000 out
+    assert receipt.projected_co2e_g == pytest.approx(8.0 / J_PER_KWH * 360.0)
     h.send(c, GetPlan(req_id=99, plan_id=pid))
     info = only(h.take(c), PlanReply).plan
     assert info.receipt == receipt
@@ -192,7 +192,7 @@ def test_without_a_workers_receipt_the_projection_alone_is_kept_and_no_projectio
         h.send(w, Done(plan_id=assign.plan_id, attempt=assign.attempt, outcome="succeeded", result=1))
     ended = {e.plan_id: e.data for e in h.events(c) if e.kind == "succeeded"}
     receipt = ended[projected]["receipt"]
-    assert (receipt.source, receipt.joules, receipt.projected_joules) == ("none", 0.0, 10.0)
+    assert (receipt.source, receipt.joules, receipt.projected_joules) == ("none", 0.0, 8.0)
     assert "receipt" not in ended[plain]
     assert h.core.plans[plain].receipt is None and h.core.plans[projected].receipt == receipt
 

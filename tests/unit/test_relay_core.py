@@ -49,7 +49,7 @@ def only_of(msgs: list[Any], cls: type) -> Any:
 
 @pytest.fixture
 def h() -> Harness:
-    return Harness()
+    return Harness(relay_window_bytes=WINDOW)  # four chunks: the tests count them
 
 
 def test_open_is_passed_to_the_plans_worker_with_the_streams_credit(h: Harness) -> None:
@@ -167,7 +167,7 @@ def test_undeclared_name_and_old_attempt_are_refused(h: Harness) -> None:
 
 def test_memory_is_bounded_in_total(h: Harness) -> None:
     """Windows together stay within max_bytes: a stream gets what is left (a chunk at least) or relay_busy."""
-    h = Harness(relay_max_bytes=WINDOW + MAX_CHUNK_BYTES)
+    h = Harness(relay_max_bytes=WINDOW + MAX_CHUNK_BYTES, relay_window_bytes=WINDOW)
     client = h.client()
     w1, p1 = placed(h, "w1", client)
     w2, p2 = placed(h, "w2", client)

@@ -1,0 +1,192 @@
+"""Coordinator core CPU per no-op plan: no sockets, no store, no event loop, a fake clock.
+
+Drives ``coordinator.Coordinator`` directly the way the driver does: one client submits N
+``echo`` plans in batches (each subscribed, as ``Client.submit_many`` does), two workers with
+room for 1000 plans each accept, emit one event and finish every plan assigned to them, and
+the effects are taken after each batch, with the collector tuned as the daemon tunes it
+(``fleetwire/cli.py``). The figure is CPU microseconds per plan (best of
+``--repeat`` runs) and, when valgrind is installed, callgrind instructions per plan: the
+difference between two runs of different sizes, so start-up and imports cancel out. The
+instruction count hardly moves with machine load, so it is the signal to compare trees by.
+
+    python bench/core_per_plan.py                          # this tree
+    python bench/core_per_plan.py --compare /tmp/wt_old    # and another tree, same sitting
+    python bench/core_per_plan.py --no-callgrind --plans 50000
+    python bench/core_per_plan.py --profile [--compare PATH]  # cProfile calls and time per plan
+
+``--compare PATH`` runs the same measurement against the tree at PATH (a checkout of this
+repository, through PYTHONPATH) and prints both and their ratio. Only the core's public
+surface is used (``open_session``, ``receive``, ``take_effects``), so older trees work too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run_plans(plans: int, batch: int) -> float:
+    """Run ``plans`` echo plans through a fresh core; CPU seconds spent (setup excluded)."""
+    import itertools
+
+    from coordinator import Coordinator, CoreConfig
+    from protocol.messages import Accept, Assign, Capabilities, Done, Event, Hello, Submit
+
+    ids = (f"p{i}" for i in itertools.count(1))
+    core = Coordinator(CoreConfig(), new_id=lambda: next(ids))
+    workers = (1, 2)
+    for conn in workers:
+        core.open_session(conn, "worker", 0.0, address=f"127.0.0.1:{4000 + conn}")
+        caps = Capabilities(cpu_cores=4, ram_bytes=8_000_000_000, ops=["echo"], max_concurrency=1000)
+        core.receive(conn, Hello(worker_id=f"bench-{conn}", capabilities=caps), 0.0)
+    client = 3
+    core.open_session(client, "client", 0.0, principal="bench")
+    core.take_effects()
+    gc.collect()
+    gc.freeze()  # as the daemon does after start-up (fleetwire/cli.py tune_gc_for_daemon)
+    gc.set_threshold(50_000, 20, 100)  # DAEMON_GC_THRESHOLDS, spelled out so older trees measure alike
+    pending: dict[int, list[Any]] = {conn: [] for conn in workers}
+
+    def pump() -> None:
+        for conn, msgs in core.take_effects().sends.items():
+            if conn in pending:
+                pending[conn].extend(m for m in msgs if isinstance(m, Assign))
+
+    now = 1.0
+    done = 0
+    t0 = time.process_time()
+    for start in range(0, plans, batch):
+        for i in range(start, min(plans, start + batch)):
+            core.receive(client, Submit(req_id=i + 1, op="echo", args=i, subscribe=True), now)
+        pump()
+        now += 0.001
+    while done < plans:
+        progressed = False
+        for conn in workers:
+            assigned, pending[conn] = pending[conn][:batch], pending[conn][batch:]
+            for a in assigned:
+                core.receive(conn, Accept(plan_id=a.plan_id, attempt=a.attempt), now)
+                core.receive(conn, Event(plan_id=a.plan_id, attempt=a.attempt, kind="echo", data=a.args), now)
+                core.receive(conn, Done(plan_id=a.plan_id, attempt=a.attempt, outcome="succeeded", result=a.args), now)
+                done += 1
+                progressed = True
+            pump()
+            now += 0.001
+        if not progressed:
+            raise RuntimeError(f"stuck after {done} of {plans} plans")
+    spent = time.process_time() - t0
+    gc.unfreeze()
+    return spent
+
+
+def _child(ns: argparse.Namespace) -> int:
+    """Inside the measured tree: print one JSON line."""
+    if ns.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        run_plans(ns.plans, ns.batch)
+        prof.disable()
+        stats = pstats.Stats(prof)
+        table = stats.stats  # type: ignore[attr-defined]
+        rows = sorted(table.items(), key=lambda kv: -kv[1][2])
+        calls = sum(v[1] for v in table.values())
+        print(f"{calls / ns.plans:.1f} calls per plan; by own time (own us, cumulative us, calls per plan):")
+        for (path, line, name), (_cc, nc, tt, ct, _callers) in rows[: ns.top]:
+            where = "/".join(path.split("/")[-2:])
+            per = 1e6 / ns.plans
+            print(f"{tt * per:7.2f} {ct * per:7.2f} {nc / ns.plans:6.2f}  {name} ({where}:{line})")
+        return 0
+    if ns.once:
+        run_plans(ns.plans, ns.batch)
+        return 0
+    best = min(run_plans(ns.plans, ns.batch) for _ in range(ns.repeat))
+    print(json.dumps({"us_per_plan": round(best / ns.plans * 1e6, 2)}))
+    return 0
+
+
+def _python(tree: str, args: list[str], valgrind_out: str | None = None) -> str:
+    env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
+    cmd = [sys.executable, os.path.join(HERE, "core_per_plan.py"), "--child", *args]
+    if valgrind_out is not None:
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={valgrind_out}", *cmd]
+    proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{tree}: {' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def _instructions(tree: str, small: int, large: int, batch: int) -> float:
+    """Callgrind instructions per plan: (Ir(large) - Ir(small)) / (large - small)."""
+    counts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (small, large):
+            out = os.path.join(tmp, f"cg.{n}")
+            _python(tree, ["--once", "--plans", str(n), "--batch", str(batch)], valgrind_out=out)
+            with open(out) as fh:
+                total = next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
+            counts.append(total)
+    return (counts[1] - counts[0]) / (large - small)
+
+
+def measure(tree: str, ns: argparse.Namespace) -> dict[str, Any]:
+    args = ["--plans", str(ns.plans), "--batch", str(ns.batch), "--repeat", str(ns.repeat)]
+    result: dict[str, Any] = {"tree": tree, **json.loads(_python(tree, args).strip().splitlines()[-1])}
+    if ns.callgrind:
+        result["instructions_per_plan"] = round(_instructions(tree, ns.cg_plans // 4, ns.cg_plans, ns.batch))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plans", type=int, default=20_000, help="plans per timed run (default 20000)")
+    parser.add_argument("--batch", type=int, default=500, help="messages between take_effects (default 500)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs; the best counts (default 5)")
+    parser.add_argument("--compare", metavar="PATH", help="also measure the tree at PATH and print the ratio")
+    parser.add_argument("--no-callgrind", dest="callgrind", action="store_false", help="skip the instruction count")
+    parser.add_argument("--cg-plans", type=int, default=2_000, help="plans in the larger callgrind run (default 2000)")
+    parser.add_argument("--profile", action="store_true", help="cProfile (each tree): calls and time per plan")
+    parser.add_argument("--top", type=int, default=30, help="rows of --profile (default 30)")
+    parser.add_argument("--json", action="store_true", help="one JSON line instead of text")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
+    ns = parser.parse_args(argv)
+    if ns.child:
+        return _child(ns)
+    trees = [ROOT] + ([os.path.abspath(ns.compare)] if ns.compare else [])
+    if ns.profile:
+        for tree in trees:
+            print(f"== {tree}")
+            print(_python(tree, ["--profile", "--plans", str(ns.plans), "--batch", str(ns.batch), "--top", str(ns.top)]))
+        return 0
+    if ns.callgrind and shutil.which("valgrind") is None:
+        print("valgrind not found: timing only", file=sys.stderr)
+        ns.callgrind = False
+    results = [measure(tree, ns) for tree in trees]
+    if len(results) == 2:
+        this, other = results
+        ratios = {f"ratio_{k}": round(this[k] / other[k], 3) for k in this if k != "tree" and k in other}
+        results.append(ratios)
+    if ns.json:
+        print(json.dumps(results))
+        return 0
+    for r in results:
+        print("  ".join(f"{k}={v}" for k, v in r.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
