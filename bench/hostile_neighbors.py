@@ -79,7 +79,7 @@ from typing import Any
 import msgspec
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 
 TOKENS = {"legit": ("client", "bench-legit-token"), "hostile": ("client", "bench-hostile-token"),
           "worker": ("worker", "bench-worker-token")}
@@ -237,8 +237,11 @@ def _msgs(frame: bytes) -> list[dict[str, Any]]:
     return decoded if isinstance(decoded, list) else [decoded]
 
 
-async def _fill(ws: ClientConnection, n: int, **submit: Any) -> None:
-    """Submit ``n`` plans nobody runs (op ``nobody``), in frames under the 1 MiB limit; read their replies."""
+async def _fill(ws: ClientConnection, n: int, tally: _Tally | None = None, **submit: Any) -> None:
+    """Submit ``n`` plans nobody runs (op ``nobody``), in frames under the 1 MiB limit; read their replies.
+
+    With ``tally``, refused submits are counted by their error code (``its_refusals``: ``too_many_plans``).
+    """
     step = max(1, min(200, (900 << 10) // max(1, len(msgspec.msgpack.encode(submit)) + 64)))
     for first in range(0, n, step):
         await ws.send(msgspec.msgpack.encode([{"type": "submit", "req_id": i + 1, "op": "nobody", **submit}
@@ -249,6 +252,11 @@ async def _fill(ws: ClientConnection, n: int, **submit: Any) -> None:
             while answered < n:
                 for msg in _msgs(await ws.recv(decode=False)):
                     answered += msg.get("type") in ("accepted", "error")
+                    if tally is not None and msg.get("type") == "error":
+                        code = str(msg.get("code"))
+                        tally.refused[code] = tally.refused.get(code, 0) + 1
+            if tally is not None:
+                tally._print()
 
 
 async def _cost_neighbour(kind: str, url: str) -> None:
@@ -307,7 +315,7 @@ async def _cost_neighbour(kind: str, url: str) -> None:
             elif kind == "f3-bytes":  # plans of 512 KiB args until refused, then again
                 args = "x" * (512 << 10)
                 while True:
-                    await _fill(ws, 50, args=args)
+                    await _fill(ws, 50, tally, args=args)
             elif kind in ("f5-tags", "f5-distinct"):  # plans with the most tags the caps allow; a worker churns
                 op = "nobody"
                 if kind == "f5-tags":  # one tag list for all: one group, under an op the worker does not serve
@@ -327,7 +335,13 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                 hello = msgspec.msgpack.encode({"type": "hello", "worker_id": "churn",
                                                 "capabilities": {"ops": ["other" if op == "nobody" else op]}})
                 while True:
-                    worker = await _open(url, "worker")
+                    try:
+                        worker = await _open(url, "worker")
+                    except (InvalidStatus, InvalidMessage, OSError) as exc:  # closed in its handshake: count, go on
+                        key = type(exc).__name__
+                        tally.refused[key] = tally.refused.get(key, 0) + 1
+                        tally._print()
+                        continue
                     await worker.send(hello)
                     await worker.recv()
                     await worker.close()

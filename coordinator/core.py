@@ -81,6 +81,10 @@ log = structlog.get_logger(__name__)
 # The message types each role may send, for the dispatch in Coordinator.receive.
 FROM_WORKER_TYPES: Final[tuple[type[FromWorker], ...]] = get_args(FromWorker)
 FROM_CLIENT_TYPES: Final[tuple[type[FromClient], ...]] = get_args(FromClient)
+# The same as sets of exact types: isinstance against a tuple of msgspec Struct classes asks each class's
+# metaclass in turn (about 0.3 us for a done, the sixth); a subclass still matches through isinstance.
+_WORKER_KINDS: Final[frozenset[type]] = frozenset(FROM_WORKER_TYPES)
+_CLIENT_KINDS: Final[frozenset[type]] = frozenset(FROM_CLIENT_TYPES)
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class CoreConfig:
     heartbeat_timeout_s: float = 30.0
     max_protocol_errors: int = 100  # per session; reaching it closes the session with 4400
     max_plans_per_client: int = 10_000  # unfinished plans per client principal (0: no limit; coordinator/limits.py)
-    max_bytes_per_client: int = 256 << 20  # ... and their bytes: args, requirements, overhead (0: no limit)
+    max_bytes_per_client: int = 64 << 20  # ... and their bytes: args, requirements, overhead (0: no limit)
     max_events_per_plan: int = 10_000  # events held in memory per plan (coordinator/plans.py)
     max_event_bytes_per_plan: int = 64 << 20  # ... and their payload bytes (0: no byte bound)
     version: str = ""  # the coordinator's version, put in ``welcome``
@@ -241,10 +245,10 @@ class Coordinator:
                 self.outbox.forbid(session, f"a {session.role} session may not send {msg.type!r}", "foreign_type")
             else:
                 self.outbox.protocol_error(session, msg.code, msg.message, req_id=msg.req_id)
-        elif session.role == "worker" and isinstance(msg, FROM_WORKER_TYPES):
-            self._on_worker(session, msg, now)
-        elif session.role == "client" and isinstance(msg, FROM_CLIENT_TYPES):
-            self._on_client(session, msg, now)
+        elif session.role == "worker" and (type(msg) in _WORKER_KINDS or isinstance(msg, FROM_WORKER_TYPES)):
+            self._on_worker(session, msg, now)  # type: ignore[arg-type]  # a FromWorker: mypy reads no set test
+        elif session.role == "client" and (type(msg) in _CLIENT_KINDS or isinstance(msg, FROM_CLIENT_TYPES)):
+            self._on_client(session, msg, now)  # type: ignore[arg-type]  # a FromClient, as above
         else:
             self._misdirected(session, msg)
 

@@ -82,7 +82,12 @@ class Outbox:
         """Queue a frame for a connection, unless it is gone or closing."""
         session = self._sessions.get(conn_id)
         if session is not None and not session.closing:
-            self._effects.sends.setdefault(conn_id, []).append(msg)
+            sends = self._effects.sends
+            queued = sends.get(conn_id)  # no setdefault(conn_id, []): that makes a list per frame
+            if queued is None:
+                sends[conn_id] = [msg]
+            else:
+                queued.append(msg)
 
     def discard(self, conn_id: int) -> None:
         """The connection is gone: drop the frames queued for it (nothing can reach it any more)."""

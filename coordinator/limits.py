@@ -27,8 +27,9 @@ Rules (docs/OPERATIONS.md §Security and §Test matrix rows 15-22):
   large replay to a peer that reads is sent in slices (``Streams.pump``), so it is not
   mistaken for one that does not read.
 * **Cost per principal** (issue 17 finding 1): every request is charged what it costs, in
-  *work units* (one per message, plus the rows a ``list_plans`` or ``subscribe`` scans and the
-  events a replay sends; the core counts them, ``Outbox.work``), against a token bucket per
+  *work units* (one per message and one per KiB of the frame it came in, plus the rows a
+  ``list_plans`` or ``subscribe`` scans and the events a replay sends; the core counts those,
+  ``Outbox.work``), against a token bucket per
   principal (``cost_rate`` units per second, ``cost_burst`` at once) shared by all its
   connections. A principal over it is throttled: its readers stop reading until the bucket
   refills. Within one frame, once its requests have cost ``frame_cost_budget`` units the rest

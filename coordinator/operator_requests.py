@@ -9,7 +9,8 @@ Rules (docs/SEMANTICS.md §Operator requests):
   (``Outbox.charge``, coordinator/limits.py §Cost per principal).
 * Listings are **summaries** and **pages** (issue 17 findings 5 and 11): a row carries no result
   (``result_bytes`` gives its size; ``get_plan`` the body), a cut error message and waiting
-  reason; a page stops at about :data:`PAGE_BYTES` even below ``limit`` and says where the next
+  reason; a page stops at about :data:`PAGE_BYTES` or :data:`PAGE_ROWS` rows even below ``limit``
+  (so one request's rows cost the loop about a millisecond, bench phase ``f2-never-reads``) and says where the next
   starts (``next_cursor``: the submit order of its last row; plans older than it follow). The
   queue list stops at about :data:`QUEUE_BYTES`. No reply can exceed a peer's frame limit.
 * ``drain_worker`` marks a worker *draining*: placement skips it (it has no capacity), its
@@ -40,6 +41,7 @@ and the outbox (coordinator/effects.py).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -69,12 +71,14 @@ if TYPE_CHECKING:
     from coordinator.sessions import Session
     from coordinator.workers import WorkerRecord
 
-__all__ = ["MAX_LIST_LIMIT", "OperatorRequests"]
+__all__ = ["MAX_LIST_LIMIT", "PAGE_ROWS", "OperatorRequests"]
 
 log = structlog.get_logger(__name__)
 
 MAX_LIST_LIMIT = 10_000
+_PRIORITY = operator.attrgetter("priority")
 PAGE_BYTES = 256 * 1024  # about the most a page of ``plans`` rows encodes to; the rest via ``next_cursor``
+PAGE_ROWS = 500  # ... and the most rows it holds: each costs ~1.5 µs to size and build on the loop
 QUEUE_BYTES = 64 * 1024  # ... and its queue of plan ids
 
 
@@ -148,7 +152,7 @@ class OperatorRequests:
                     next_cursor = str(last_order)
                 continue
             row = plan.summary_bytes()
-            if listed and size + row > PAGE_BYTES:  # a page stays far under every frame limit
+            if listed and (size + row > PAGE_BYTES or len(listed) >= PAGE_ROWS):  # far under every frame limit
                 full = True
                 next_cursor = str(last_order)
                 continue
@@ -156,7 +160,8 @@ class OperatorRequests:
             size += row
             last_order = plan.order
             full = len(listed) >= msg.limit
-        queued.sort(key=lambda p: (-p.priority, p.order))
+        queued.reverse()  # oldest first; a stable sort by priority then keeps age order within a priority
+        queued.sort(key=_PRIORITY, reverse=True)
         queue: list[str] = []
         room = QUEUE_BYTES
         for p in queued[: msg.limit]:

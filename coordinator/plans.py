@@ -204,6 +204,7 @@ class Plan:
     gpus: GpuNeed | None = None  # the devices it holds while leased (coordinator/devices.py)
     projected: tuple[float, float] | None = None  # (J, gCO2e) placement projected at its last assign
     receipt: Receipt | None = None  # a finished plan's energy and carbon, measured and projected
+    seq_recorded: int = 0  # next_seq as far as the store has it reserved (unrecorded events: coordinator/streams.py)
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -470,6 +471,8 @@ class Subscriptions:
 
     def all_followers(self, principal: str) -> list[int]:
         """Connections following every plan of ``principal``, admin sessions (``EVERY_PRINCIPAL``) included."""
+        if not self._all:
+            return []  # the usual case: nobody follows all plans (a submit asks this every time)
         every = self._all.get(EVERY_PRINCIPAL)
         if every is None:
             return sorted(self._all.get(principal, ()))
@@ -481,8 +484,17 @@ class Subscriptions:
 
     def add(self, plan_id: str, conn_id: int) -> None:
         """Follow one plan. Idempotent."""
-        self._by_plan.setdefault(plan_id, set()).add(conn_id)
-        self._by_conn.setdefault(conn_id, set()).add(plan_id)
+        # No setdefault(key, set()): a new plan's key is new, a connection's nearly never is.
+        followers = self._by_plan.get(plan_id)
+        if followers is None:
+            self._by_plan[plan_id] = {conn_id}
+        else:
+            followers.add(conn_id)
+        followed = self._by_conn.get(conn_id)
+        if followed is None:
+            self._by_conn[conn_id] = {plan_id}
+        else:
+            followed.add(plan_id)
 
     def remove(self, plan_id: str, conn_id: int) -> None:
         """Stop following one plan; a plan not followed is ignored."""

@@ -95,7 +95,7 @@ def status_of(plan: Plan) -> PlanStatus:
         state=plan.state,
         attempt=plan.attempt,
         worker_id=plan.worker_id,
-        next_seq=plan.next_seq,
+        next_seq=max(plan.next_seq, plan.seq_recorded),  # a reservation for unrecorded events (streams.py)
         result=plan.result,
         error=plan.error,
         waiting_reason=plan.waiting_reason,

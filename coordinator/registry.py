@@ -256,7 +256,8 @@ class WorkerRegistry:
     def is_alive(self, worker_id: str, now: float) -> bool:
         """Whether the worker is connected and beat within the timeout; False if unknown."""
         record = self._workers.get(worker_id)
-        return record is not None and self._alive(record, now)
+        # _alive, inlined: this runs several times per plan.
+        return record is not None and record.connected and now - record.last_beat_s <= self.heartbeat_timeout_s
 
     def _alive(self, record: WorkerRecord, now: float) -> bool:
         return record.connected and now - record.last_beat_s <= self.heartbeat_timeout_s

@@ -143,7 +143,7 @@ class Retention:
     def ended(self, plan: Plan, now: float) -> None:
         """The plan just reached a terminal state at ``now`` (monotonic seconds): stamp and track it."""
         plan.ended_at = now + self.wall_offset
-        if self.bounded:
+        if self.retention_s > 0 or self.max_bytes > 0:  # self.bounded, inlined: this runs for every plan
             self._track(now, plan)
             quota = self._quota
             if quota is not None:

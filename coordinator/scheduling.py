@@ -54,6 +54,7 @@ log = structlog.get_logger(__name__)
 # Placements are counted per policy under "placements.<policy>" (coordinator/io/metrics.py turns the
 # suffix into the ``policy`` label); the policies are in coordinator/placement/policies.py.
 PLACEMENT_COUNTERS = tuple(f"placements.{name}" for name in POLICY_NAMES)
+_PLACEMENT_KEYS = dict(zip(POLICY_NAMES, PLACEMENT_COUNTERS, strict=True))  # policy -> its counter, made once
 
 #: Work units per second (one per queued group explained, one per plan told its new reason) that
 #: re-explaining waiting reasons may take, and at most ``WAIT_WORK_BURST`` in one loop turn; the rest
@@ -190,8 +191,9 @@ class Scheduler:
         placed_tokens = placement.claimed(plan, record)
         if placed_tokens:
             registry.count_placed_tokens(record.id, placed_tokens)
-        plan.projected = projection(plan.hints, record)  # what the receipt compares with (coordinator/receipts.py)
-        self._counters[f"placements.{placement.policy_name(plan)}"] += 1
+        # What the receipt compares with (coordinator/receipts.py); no output tokens: nothing to project.
+        plan.projected = projection(plan.hints, record) if plan.hints.max_output_tokens > 0 else None
+        self._counters[_PLACEMENT_KEYS[placement.policy_name(plan)]] += 1
         if record.conn_id is not None:
             assign = Assign(
                 plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s,
@@ -318,14 +320,14 @@ class Scheduler:
                     self._defer(ops)
                     return
                 budget.tokens -= 1
-                self._set_waiting(plan, reason)
+                self._set_waiting(plan, reason, recorded=False)  # churn: not a store row each (streams.py)
             queue.set_group_reason(signature, reason)
 
-    def _set_waiting(self, plan: Plan, reason: str) -> None:
+    def _set_waiting(self, plan: Plan, reason: str, *, recorded: bool = True) -> None:
         if plan.waiting_reason != reason:  # §Plan lifecycle: emitted again only when the reason changes
             plan.waiting_reason = reason
             plan.drop_superseded("waiting", SMALL_EVENT_BYTES)  # only the newest reason in a row is held
-            self._emit(plan, "waiting", {"reason": reason}, small=True)
+            self._emit(plan, "waiting", {"reason": reason}, small=True, recorded=recorded)
 
     def _wait_reason(self, signature: Signature, now: float) -> str:
         """Why a plan just queued waits: explain_wait, cached per signature until room may have changed.

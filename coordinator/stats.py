@@ -49,7 +49,8 @@ class Histogram:
 
     def observe(self, value: float) -> None:
         """Count one value (negative values, from a clock that stepped back, count as 0)."""
-        value = max(0.0, value)
+        if not value >= 0.0:  # max(0.0, value) without the call: NaN counts as 0 too
+            value = 0.0
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
         self.count += 1

@@ -9,6 +9,14 @@ Rules:
   records), then goes to every follower of the plan, in that order, within the same step.
 * A terminal event (``succeeded``, ``failed``, ``cancelled``) ends the stream: the plan no
   longer counts against its owner's plan limit, and its retention starts at :attr:`Streams.now`.
+* **Unrecorded events.** A ``waiting`` reason re-explained after workers came or went
+  (``emit(recorded=False)``) goes to followers and is held for replay like any event, but is not
+  written to the store: a worker connecting and leaving in a loop flipped every queued plan's
+  reason, and each flip cost a store row (issue 17 finding 5). Seqs are still never reused: the
+  plan's status is recorded with ``next_seq`` reserved :data:`UNRECORDED_SEQ_RESERVE` ahead
+  (:attr:`Plan.seq_recorded`), written again only once the unrecorded events pass it, so one
+  status write covers that many flips. After a restart the numbering resumes at the
+  reservation; a replay from before it gets a ``resync`` for the seqs that were not recorded.
 * **Replay gaps.** A replay that cannot give every seq after ``from_seq`` (ephemeral events
   lost in a restart, events past the per-plan bound) says so with ``resync`` in place of each
   missing run of events, never with a silent gap.
@@ -35,11 +43,12 @@ if TYPE_CHECKING:
     from coordinator.records import Journal
     from coordinator.retention import Retention
 
-__all__ = ["REPLAY_NOW_EVENTS", "REPLAY_SLICE_EVENTS", "Streams"]
+__all__ = ["REPLAY_NOW_EVENTS", "REPLAY_SLICE_EVENTS", "UNRECORDED_SEQ_RESERVE", "Streams"]
 
 _MAX_SEQ = 2**53  # a subscriber's from_seq beyond this never moves a plan's numbering (JSON-safe integers)
 REPLAY_NOW_EVENTS = 512  # a subscribe replaying at most this many events is answered in its own step
 REPLAY_SLICE_EVENTS = 256  # ... a larger one goes out in slices of about this many, across loop turns
+UNRECORDED_SEQ_RESERVE = 64  # seqs a plan's recorded status reserves ahead for unrecorded events (emit)
 
 
 @dataclass(eq=False)
@@ -89,6 +98,7 @@ class Streams:
         self._replays: deque[_Replay] = deque()
         self._followers = subscriptions.followers
         self._emitted = journal.emitted
+        self._touched = journal.touched
         self._quota = quota
         self._retention = retention
         self._counters = counters
@@ -97,18 +107,25 @@ class Streams:
         counters["resyncs_sent"] = 0
 
     def emit(
-        self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False, small: bool = False, size: int | None = None
+        self, plan: Plan, kind: str, data: Any, *, ephemeral: bool = False, small: bool = False,
+        size: int | None = None, recorded: bool = True,
     ) -> None:
         """Stamp the next seq on an event of the plan and send it to its followers.
 
         ``small``: a lifecycle event whose data the core built from a few scalars (not sized).
         ``size``: the payload's size when the caller already knows it (not sized again).
+        ``recorded``: False for an event the store need not keep (a re-explained ``waiting``):
+        only the plan's seq reservation is recorded, when the event passes it (module docstring).
         """
         event = plan.append_event(
             kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self._max_events,
             max_bytes=self._max_event_bytes, size=SMALL_EVENT_BYTES if small else size,
         )
-        self._emitted(plan, event)
+        if recorded:
+            self._emitted(plan, event)
+        elif plan.next_seq > plan.seq_recorded:  # past what the store has reserved: reserve the next run
+            plan.seq_recorded = plan.next_seq + UNRECORDED_SEQ_RESERVE
+            self._touched(plan)
         send = self._send
         for conn_id in self._followers(plan.id):
             send(conn_id, event)

@@ -644,7 +644,8 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     g.add_argument("--pool-partitions", type=_pool_partitions, action="append", default=[], metavar="POOL=K",
                    help="split a pool larger than one coordinator into K partitions, each on its own shard: workers "
                         "by hash of their id, plans by hash of their session key (else plan id); comma-separated or "
-                        "repeated; give every coordinator the same (default: none)")
+                        "repeated; kept in the database: a coordinator given other partitions is refused "
+                        "(default: none)")
     add_security_arguments(p)  # TLS and limits (fleetwire/cli_security.py)
     g = p.add_argument_group("placement and autoscaling (docs/ROUTING.md)")
     g.add_argument("--policy", default="joule_weighted", metavar="NAME",

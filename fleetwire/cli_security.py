@@ -58,7 +58,7 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
 # flag dest -> (CoreConfig field, default): limits the core enforces, in the same "limits" flag group.
 PLAN_LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "max_plans_per_client": ("max_plans_per_client", 10_000),
-    "max_bytes_per_client": ("max_bytes_per_client", 256 << 20),
+    "max_bytes_per_client": ("max_bytes_per_client", 64 << 20),
     "max_events_per_plan": ("max_events_per_plan", 10_000),
     "max_event_bytes_per_plan": ("max_event_bytes_per_plan", 64 << 20),
 }
@@ -110,7 +110,7 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
                    help="bytes of unfinished plans (args, requirements, overhead) per client token before submit "
                         "gets error(too_many_plans) naming bytes; the token's finished plans share the budget "
                         "(its oldest are forgotten past it); 0: none "
-                        f"(default {_default('max_bytes_per_client')}, 256 MiB)")
+                        f"(default {_default('max_bytes_per_client')}, 64 MiB)")
     g.add_argument("--max-connections-per-principal", type=int, default=None, metavar="N",
                    help="open sessions one client token may hold before its next upgrade gets HTTP 503; 0: none "
                         "(default: a quarter of --max-connections, at least 16)")
@@ -118,8 +118,8 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
                    help="of --max-connections, the slots only workers may take (clients get 503 past the rest); "
                         "0: none (default: a tenth of --max-connections)")
     g.add_argument("--cost-rate", type=float, default=_default("cost_rate"), metavar="UNITS",
-                   help="work units per second one client token may spend (a unit: a message, a row scanned, an "
-                        "event replayed); past it its connections are read more slowly; 0: none "
+                   help="work units per second one client token may spend (a unit: a message, a KiB received, "
+                        "a row scanned, an event replayed); past it its connections are read more slowly; 0: none "
                         f"(default {_default('cost_rate'):g})")
     g.add_argument("--cost-burst", type=int, default=_default("cost_burst"), metavar="UNITS",
                    help="work units a client token may spend at once above its rate "

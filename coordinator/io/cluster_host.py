@@ -26,7 +26,8 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
 * **Cross-shard views** (coordinator/io/cluster_sessions.py): a client session that names no
   pool is served on the main port for every shard from PostgreSQL (get, list, watch through the
   commit doorbell, workers), with ``cancel`` and the worker verbs forwarded to the owner. Every
-  shard's store rings the doorbell after its group commits (:class:`ShardPgStore`), and the
+  shard's store rings the doorbell after its group commits (:class:`ShardPgStore`) while a
+  watcher waits on some coordinator (each round reads whether one does), and the
   host writes its shards' registries to ``fleetwire_shard_workers`` while a view wants them.
 
 The lease row's ``owner_url`` is the shard server's URL: empty from the acquisition until the
@@ -57,11 +58,9 @@ from websockets.typing import Subprotocol
 
 from coordinator.auth import Principal, TokenStore, inline_tokens
 from coordinator.io.cluster_metrics import CONTENT_TYPE, ClusterStats, build_registry, render
-from coordinator.io.cluster_sessions import Doorbell, ViewSessions, open_connection
+from coordinator.io.cluster_sessions import DOORBELL_WANTED, Doorbell, ViewSessions, open_connection
 from coordinator.io.cluster_views import (
-    ID_INDEX,
     PUT_WORKERS,
-    WORKERS_TABLE,
     WORKERS_WANTED,
     ViewError,
     encode_workers,
@@ -70,7 +69,7 @@ from coordinator.io.cluster_views import (
 from coordinator.io.gate import bearer_token
 from coordinator.io.metrics_http import metrics_token_refused
 from coordinator.io.pg_leases import RELEASE, ShardFenced
-from coordinator.io.pg_store import PgStore
+from coordinator.io.pg_store import PgStore, ensure_indexes
 from coordinator.io.routes import DASHBOARD_FILES, respond
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.limits import host_refused, origin_refused
@@ -175,10 +174,11 @@ class ClusterHost:
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
         self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
         # Client sessions on the main port that name no pool see every shard (coordinator/io/cluster_sessions.py).
-        self.doorbell = Doorbell(settings.store, open_connection)
         config = self.config
+        # Rings only while a watcher waits somewhere in the cluster (each round reads whether one does).
+        self.doorbell = Doorbell(settings.store, open_connection, gated=True, warm_s=1.5 * config.lease_renew_s)
         self.views = ViewSessions(settings.store, where=self.where, version=version, doorbell=self.doorbell,
-                                  renew_s=config.lease_renew_s,
+                                  renew_s=config.lease_renew_s, limits=settings.limits, shards=config.shards,
                                   submit_shard=lambda msg: submit_shard(msg, config.shards, config.partitions))
         self._principals: weakref.WeakKeyDictionary[ServerConnection, Principal] = weakref.WeakKeyDictionary()
         self._workers_at = 0.0  # when the shards' registries were last written (fleetwire_shard_workers)
@@ -208,13 +208,6 @@ class ClusterHost:
         """Listen on the main port, join the cluster and start the rounds (shards are served as they are won)."""
         self.fatal = asyncio.get_running_loop().create_future()
         self.doorbell.bind(asyncio.get_running_loop())
-        for attempt in (1, 2):  # two coordinators creating it at once: the second attempt finds it
-            try:
-                await self._db(lambda conn: conn.execute(WORKERS_TABLE))
-                break
-            except Exception as exc:  # the views' workers list is missing; plans and shards work
-                if attempt == 2:
-                    log.warning("cannot create the cross-shard views' tables", error=f"{type(exc).__name__}: {exc}")
         self._spawn(self._index_ids())
         self._server = await serve(
             self._handle, self.settings.host, self.settings.port, process_request=self._process_request,
@@ -228,16 +221,19 @@ class ClusterHost:
         self._keeper = asyncio.create_task(self._keep())
 
     async def _index_ids(self) -> None:
-        """The plans' id index of the cross-shard views, built concurrently (commits go on) on its own connection."""
+        """The indexes of a migrated schema (pg_store.py ensure_indexes), built concurrently on a connection of
+        their own (commits go on) when they are missing; a fresh database got them with its tables."""
         try:
             conn = await open_connection(self.settings.store)
         except Exception as exc:
-            log.warning("cannot index the plans by id for the cross-shard views", error=f"{type(exc).__name__}: {exc}")
+            log.warning("cannot index the plans for the cross-shard views", error=f"{type(exc).__name__}: {exc}")
             return
         try:
-            await conn.execute(ID_INDEX, timeout=None)
+            built = await ensure_indexes(conn)
+            if built:
+                log.info("plans' indexes built for the cross-shard views", store=self.control.description, built=built)
         except Exception as exc:  # another coordinator builds it at the same moment, or the database is away
-            log.info("plans' id index not built here", error=f"{type(exc).__name__}: {exc}")
+            log.info("plans' indexes not built here", error=f"{type(exc).__name__}: {exc}")
         finally:
             await conn.close()
 
@@ -318,11 +314,11 @@ class ClusterHost:
         """Beat, scan, decide (coordinator/shards.py plan_round), acquire and renew; start and stop cores."""
         ttl, owner, url = self.config.lease_ttl_s, self.owner, self.url
 
-        async def scan(conn: Any) -> tuple[list[Any], list[Any]]:
+        async def scan(conn: Any) -> tuple[list[Any], list[Any], bool]:
             await conn.execute(_BEAT, owner, url, ttl)
-            return await conn.fetch(_SCAN), await conn.fetch(_PEERS)
+            return await conn.fetch(_SCAN), await conn.fetch(_PEERS), await conn.fetchval(DOORBELL_WANTED)
 
-        rows, peers = await self._db(scan)
+        rows, peers, self.doorbell.wanted = await self._db(scan)
         self.rows = [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
         self.peers = {r[0] for r in peers}
         decided = plan_round(owner, self.leases.held, self.rows, self.peers, max_moves=2)

@@ -14,9 +14,14 @@ for plans and workers of every shard whoever owns them:
   seq>"`` (the highest event seq of the commit). A watcher re-reads its plans of that shard
   and sends the events after the last one it sent (a ``resync`` for a seq the rows never held,
   as a core's replay does). The doorbell is only a wake-up: a watcher also reads again every
-  :data:`POLL_S` in case one was lost (a dropped connection). ``subscribe`` with ``all`` is
-  answered ``subscribed`` with no plan (live events of every plan are a shard core's:
-  ``?pool=NAME``); the dashboard refreshes its listing every few seconds instead;
+  :data:`POLL_S` in case one was lost (a dropped connection). ``subscribe`` with ``all`` (the
+  dashboard) follows, from then on, every plan created after it (of the principal; an admin:
+  everyone's) on any shard: on each doorbell it reads each shard's plans above the highest key it
+  read of that shard (keys only grow within a shard in commit order), at most
+  :data:`_ALL_PER_RING` per shard per read (more: it reads again at once), and follows them
+  as watched plans (their events from seq 1) until they end, at most :data:`_MAX_ALL` at a time
+  (past it, new plans are counted in ``skipped_all`` and not followed). Plans open at the
+  ``subscribe`` are not followed (the dashboard's listing shows them);
 * ``cancel`` (by the plan's shard, read from the rows) and ``drain_worker``,
   ``undrain_worker``, ``remove_worker`` (by the shard whose registry holds the worker) are
   **forwarded** to that shard's owner: the main port sends the request on a session of its own
@@ -35,6 +40,16 @@ for plans and workers of every shard whoever owns them:
   plans/s instead of thousands (``bench/cluster_throughput.py``, a client with no pool). Anything
   else is moved to the owner of shard 0 (the default pool).
 
+**Limits** (coordinator/limits.py): a view session is charged as a core's client session is. Its
+connection has the client message rate (``client_rate``/``client_burst``: throttled, then closed
+4429 after ``flood_grace_s``), and its principal a work-unit bucket (``cost_rate``/``cost_burst``,
+shared by the principal's view sessions on this main port; a core's buckets are its own): one
+unit per message plus the rows a request scanned and built, as the core counts them, and the
+events a watcher sent. Over it, the session's frames stop being read until the bucket refills.
+The counts per state of a ``list_plans`` scan every plan row of the principal, so they are cached
+per principal for :data:`COUNTS_TTL_S` (charged only when that scan ran): a flood of listings
+costs one count per second or two, not one per request.
+
 The reads use their own small asyncpg pool on the driver's loop (never the lease connection,
 so a large listing never delays a renewal) and a doorbell connection that ``LISTEN`` s only
 while a watcher waits.
@@ -44,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -56,14 +72,18 @@ from websockets.typing import Subprotocol
 from coordinator.auth import Principal
 from coordinator.io.cluster_views import (
     Watched,
+    count_plans,
     list_plans,
+    new_plans,
     plan_shard,
     plans_by_id,
     read_watched,
     read_workers,
+    shard_tips,
     want_workers,
     workers_summary,
 )
+from coordinator.limits import Limits, TokenBucket
 from coordinator.operator_requests import MAX_LIST_LIMIT, PAGE_BYTES
 from coordinator.plans import Plan
 from protocol import SUBPROTOCOL_MSGPACK, Codec
@@ -99,14 +119,30 @@ from protocol.messages import (
     Workers,
 )
 
-__all__ = ["CHANNEL", "POLL_S", "Doorbell", "ViewSessions", "bell_payload", "catch_up", "open_connection", "parse_bell"]
+__all__ = ["CHANNEL", "COUNTS_TTL_S", "DOORBELL_WANTED", "POLL_S", "WANTED_S", "WARM_POLL_S", "Doorbell",
+           "ViewSessions", "bell_payload", "catch_up", "open_connection", "parse_bell"]
 
 log = structlog.get_logger(__name__)
 
 CHANNEL: Final = "fleetwire_commits"
 POLL_S: Final = 5.0  # a watcher reads again this often even without a doorbell (one lost with its connection)
-_MAX_WATCHED: Final = 1000  # plans one view session may follow
+WARM_POLL_S: Final = 0.1  # ... and this often while the owners may not ring yet (Doorbell.poll_s)
+WANTED_S: Final = 30.0  # a doorbell marked wanted stays wanted this long (renewed while watchers wait)
+# The owners' check, every lease round, and a watcher's mark (the answer: whether it was wanted already).
+DOORBELL_WANTED: Final = \
+    "SELECT coalesce((SELECT wanted_until > now() FROM fleetwire_views WHERE key = 'doorbell'), false)"
+_WANT_DOORBELL = """
+WITH old AS (SELECT wanted_until FROM fleetwire_views WHERE key = 'doorbell')
+INSERT INTO fleetwire_views (key, wanted_until) VALUES ('doorbell', now() + make_interval(secs => $1))
+ON CONFLICT (key) DO UPDATE SET wanted_until = excluded.wanted_until
+RETURNING coalesce((SELECT wanted_until FROM old) > now(), false)
+"""
+_MAX_WATCHED: Final = 1000  # plans one view session may follow by id
+_MAX_ALL: Final = 1000  # plans one view session's subscribe to all follows at once
+_ALL_PER_RING: Final = 200  # new plans of one shard read per doorbell (more: read again at once)
 FORWARD_TIMEOUT_S: Final = 10.0  # a forwarded request's connect, and its reply, each within this
+COUNTS_TTL_S: Final = 2.0  # a list_plans' counts per state are reused this long (per principal)
+_MAX_PAUSE_S: Final = 5.0  # the longest one throttle pause (as a core's reader)
 
 
 async def open_connection(dsn: str) -> Any:
@@ -137,11 +173,25 @@ class Doorbell:
     coalesces per shard, so at most one notification leaves per group commit (fewer while one
     is in flight). :meth:`wait_on` registers a watcher's wake-up for some shards and ``LISTEN`` s
     while any watcher waits.
+
+    ``gated`` (a cluster host's doorbell): it rings only while some watcher waits, on this
+    coordinator (:meth:`wait_on`) or on any other: a coordinator whose watchers wait marks the
+    doorbell wanted in ``fleetwire_views`` (key ``doorbell``, for :data:`WANTED_S`, renewed while
+    they wait: :meth:`keep_wanted`), and each owner reads that mark every lease round
+    (:data:`DOORBELL_WANTED`, into :attr:`wanted`). So a cluster nobody watches sends no
+    ``NOTIFY`` at all (each is a transaction and a wake-up of a PostgreSQL backend per group
+    commit). Until the owners' next round has seen a new mark (:attr:`warm_s`), watchers read
+    every :data:`WARM_POLL_S` instead of relying on rings (:meth:`poll_s`).
     """
 
-    def __init__(self, dsn: str, connect: Callable[[str], Any]) -> None:
+    def __init__(self, dsn: str, connect: Callable[[str], Any], *, gated: bool = False, warm_s: float = 1.0) -> None:
         self._dsn = dsn
         self._connect = connect
+        self.gated = gated
+        self.warm_s = warm_s
+        self.wanted = False  # gated: some coordinator's watchers wait (the owners' rounds set it)
+        self._marked_at = -1e18  # monotonic time this doorbell last marked itself wanted in the database
+        self._warm_until = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: Any = None
         self._lock = asyncio.Lock()
@@ -158,6 +208,8 @@ class Doorbell:
 
     def ring(self, shard: int, max_seq: int) -> None:
         """A group commit of ``shard`` returned (any thread): ring once it is this loop's turn."""
+        if self.gated and not self.wanted and not self._waiters:
+            return  # nobody watches anywhere in the cluster
         loop = self._loop
         if loop is not None and not self._closed:
             loop.call_soon_threadsafe(self._queue, shard, max_seq)
@@ -223,6 +275,31 @@ class Doorbell:
             except Exception as exc:
                 log.warning("cannot listen for the doorbell; watchers poll", error=f"{type(exc).__name__}: {exc}")
                 await self._drop()
+        if shards:
+            await self.keep_wanted()
+
+    async def keep_wanted(self) -> None:
+        """Gated, with watchers waiting: mark the doorbell wanted in the database (again every third of WANTED_S)."""
+        if not self.gated or not self._waiters:
+            return
+        now = time.monotonic()
+        if now - self._marked_at < WANTED_S / 3:
+            return
+        try:
+            async with self._lock:
+                conn = await self._open()
+                already = await conn.fetchval(_WANT_DOORBELL, WANTED_S)
+        except Exception as exc:  # the database is away: watchers poll meanwhile
+            log.warning("cannot mark the doorbell wanted; watchers poll", error=f"{type(exc).__name__}: {exc}")
+            await self._drop()
+            return
+        if not already:  # the owners learn it at their next round: poll until then
+            self._warm_until = now + self.warm_s
+        self._marked_at = now
+
+    def poll_s(self) -> float:
+        """How long a watcher may wait for a ring before it reads anyway."""
+        return WARM_POLL_S if time.monotonic() < self._warm_until else POLL_S
 
     def forget(self, wake: asyncio.Event) -> None:
         for shard in [s for s, waiting in self._waiters.items() if wake in waiting]:
@@ -253,17 +330,26 @@ class ViewSessions:
 
     Args:
         dsn: the cluster's database.
-        shards: the cluster's shard count.
+        shards: the cluster's shard count (a subscribe to all plans reads each shard).
         where: shard -> ``moved`` to its owner (``url`` "" while nobody serves it).
         submit_shard: the shard a ``submit`` belongs to (its pool, or its partition).
         doorbell: the coordinator's doorbell.
         version: told in ``workers``.
         renew_s: ``--lease-renew``: how often owners write their registries while they are wanted.
+        limits: the coordinator's limits (the client message rate and the work-unit cost per principal).
     """
 
     def __init__(self, dsn: str, *, where: Callable[[int], Moved], submit_shard: Callable[[Submit], int],
-                 doorbell: Doorbell, version: str = "", renew_s: float = 1.0) -> None:  # fmt: skip
+                 doorbell: Doorbell, version: str = "", renew_s: float = 1.0,
+                 limits: Limits | None = None, shards: int = 1) -> None:  # fmt: skip
         self._dsn = dsn
+        self.shards = shards
+        self.skipped_all = 0  # new plans a subscribe to all did not follow (over _MAX_ALL at once)
+        self.limits = limits or Limits()
+        self.cost_throttles = 0  # frames after which a principal over its work-unit rate was throttled
+        self.rate_closes = 0  # view sessions closed 4429 (message rate)
+        self._costs: dict[str, TokenBucket] = {}
+        self._counts: dict[str | None, tuple[float, dict[str, int]]] = {}  # owner -> (read at, counts per state)
         self.renew_s = renew_s
         self.where = where
         self.submit_shard = submit_shard
@@ -273,6 +359,30 @@ class ViewSessions:
         self._pool_lock = asyncio.Lock()
         self._open: set[_Session] = set()
         self._closing: set[asyncio.Future[None]] = set()
+
+    def cost_bucket(self, principal: str) -> TokenBucket | None:
+        """The principal's work-unit bucket, shared by its view sessions; None when the cost limit is off."""
+        bucket = self._costs.get(principal)
+        if bucket is None:
+            bucket = self.limits.cost_bucket(time.monotonic())
+            if bucket is None:
+                return None
+            if len(self._costs) > 100_000:  # bounded: forget them all (each starts full again)
+                self._costs.clear()
+            self._costs[principal] = bucket
+        return bucket
+
+    async def counts(self, conn: Any, owner: str | None) -> tuple[dict[str, int], int]:
+        """``(plans per state of owner, rows scanned)``: cached :data:`COUNTS_TTL_S` (0 rows scanned when cached)."""
+        now = time.monotonic()
+        cached = self._counts.get(owner)
+        if cached is not None and now - cached[0] < COUNTS_TTL_S:
+            return cached[1], 0
+        counts = await count_plans(conn, owner)
+        if len(self._counts) > 10_000:
+            self._counts.clear()
+        self._counts[owner] = (now, counts)
+        return counts, sum(counts.values())
 
     @property
     def sessions(self) -> int:
@@ -331,9 +441,17 @@ class _Session:
         self.owner = None if principal.admin else principal.name
         self.codec = codec
         self.watched: dict[int, Watched] = {}  # plan key -> what was sent of it
+        self.tips: dict[int, int] | None = None  # subscribed to all: shard -> highest plan key read
+        self.from_all: set[int] = set()  # keys of the watched plans the subscribe to all added
         self.wake = asyncio.Event()
         self.follower: asyncio.Task[None] | None = None
         self.send_lock = asyncio.Lock()
+        self.cost = views.cost_bucket(principal.name)
+        self.work = 0  # work units beyond one per message (coordinator/limits.py), as the core's Outbox.work
+
+    def charge(self, units: int) -> None:
+        """Count work beyond a request's one message: rows scanned and built, events sent."""
+        self.work += units
 
     async def send(self, msgs: list[Any]) -> None:
         if msgs:
@@ -341,9 +459,18 @@ class _Session:
                 await self.ws.send(self.codec.encode(msgs), text=self.codec.text)
 
     async def run(self) -> None:
+        views = self.views
+        bucket = views.limits.bucket("client", time.monotonic())
         try:
             async for frame in self.ws:
-                for msg in self.codec.decode(frame):
+                msgs = self.codec.decode(frame)
+                pause = 0.0 if bucket is None else bucket.take(len(msgs), time.monotonic())
+                if pause is None:  # over the message rate for longer than the grace: as a core's session
+                    views.rate_closes += 1
+                    log.warning("view session closed: message rate limit exceeded", principal=self.principal.name)
+                    await self.ws.close(codes.CLOSE_RATE_LIMITED, "message rate limit exceeded")
+                    return
+                for msg in msgs:
                     try:
                         await self.answer(msg)
                     except (_Moved, ConnectionClosed):
@@ -353,6 +480,14 @@ class _Session:
                                     error=f"{type(exc).__name__}: {exc}")  # fmt: skip
                         problem = f"the cluster's database could not answer {type(msg).__name__}: {exc}"
                         await self.send([Error(code=codes.INTERNAL, message=problem, req_id=getattr(msg, "req_id", 0))])
+                spent, self.work = self.work, 0
+                if self.cost is not None:  # the principal's work units: one per message plus what the requests scanned
+                    owed = self.cost.take(len(msgs) + spent, time.monotonic())
+                    if owed:
+                        views.cost_throttles += 1
+                        pause = max(pause, min(owed, _MAX_PAUSE_S))
+                if pause:
+                    await asyncio.sleep(pause)  # throttle: stop reading until the buckets refill
         except _Moved as moved:
             target = self.views.where(moved.shard)
             if not target.url:
@@ -390,6 +525,7 @@ class _Session:
             case ListWorkers():
                 shards = await self.registries()
                 rows = [w for shard in sorted(shards) for w in shards[shard]]
+                self.charge(len(shards) + len(rows))  # registries read, rows sent
                 await self.send([Workers(req_id=msg.req_id, workers=rows, summary=workers_summary(rows),
                                          version=self.views.version)])  # fmt: skip
             case Subscribe():
@@ -397,9 +533,12 @@ class _Session:
             case Unsubscribe():
                 if msg.all:
                     self.watched.clear()
+                    self.tips = None
+                    self.from_all.clear()
                 gone = set(msg.plan_ids)
                 for key in [k for k, w in self.watched.items() if w.plan_id in gone]:
                     del self.watched[key]
+                    self.from_all.discard(key)
                 await self.send([Ok(req_id=msg.req_id)])
             case Submit():  # the owner's fast path: its live stream comes straight from its core
                 raise _Moved(self.views.submit_shard(msg))
@@ -445,7 +584,8 @@ class _Session:
                 return
         states: list[str] = list(msg.states)
         async with self.views.conn() as conn:
-            plans, counts, _ = await list_plans(conn, states, msg.limit + 1, owner=self.owner, before=before)
+            plans, _, _ = await list_plans(conn, states, msg.limit + 1, owner=self.owner, before=before, counted=False)
+            counts, scanned = await self.views.counts(conn, self.owner)
         listed: list[PlanInfo] = []
         size = last = 0
         cursor = ""
@@ -458,6 +598,7 @@ class _Session:
             size += row
             last = key
         total = sum(n for state, n in counts.items() if not states or state in states)
+        self.charge(scanned + len(plans) + 4 * len(listed))  # rows scanned and rows built, as the core's listing
         await self.send([Plans(req_id=msg.req_id, plans=listed, counts=counts, total=total, next_cursor=cursor)])
 
     async def plan_shard(self, plan_id: str, req_id: int) -> int | None:
@@ -529,6 +670,7 @@ class _Session:
     async def subscribe(self, msg: Subscribe) -> None:
         fresh: list[Watched] = []
         if msg.plan_ids:
+            self.charge(len(msg.plan_ids))  # one look-up by id each
             async with self.views.conn() as conn:
                 found = [await plan_shard(conn, plan_id) for plan_id in msg.plan_ids]
             for plan_id, one in zip(msg.plan_ids, found, strict=True):
@@ -536,44 +678,81 @@ class _Session:
                     await self.send([self.not_found(plan_id, msg.req_id, None if one is None else one[1])])
                     return  # one unknown id and nothing is subscribed
                 fresh.append(Watched(one[2], plan_id, one[0], max(0, msg.from_seq) + 1))
-        if len(self.watched) + len(fresh) > _MAX_WATCHED:
+        if len(self.watched) - len(self.from_all) + len(fresh) > _MAX_WATCHED:
             problem = f"a view session follows at most {_MAX_WATCHED} plans; subscribe on the shard's owner (?pool=)"
             await self.send([Error(code=codes.INVALID_ARGUMENT, message=problem, req_id=msg.req_id)])
             return
+        if msg.all and self.tips is None:  # every plan created from now on (module docstring)
+            async with self.views.conn() as conn:
+                self.tips = await shard_tips(conn, self.views.shards)
+            self.charge(self.views.shards)
         await self.send([Subscribed(req_id=msg.req_id, plan_ids=[w.plan_id for w in fresh])])
         await self.watch(fresh)
 
     async def watch(self, fresh: list[Watched]) -> None:
-        """Follow these plans from their rows (the follower task sends their events)."""
+        """Follow these plans from their rows, and every new one when subscribed to all (the follower sends)."""
         for w in fresh:
             self.watched.setdefault(w.key, w)
-        if fresh:
-            await self.views.doorbell.wait_on(self.wake, {w.shard for w in self.watched.values()})
+        if fresh or self.tips is not None:
+            shards = {w.shard for w in self.watched.values()}
+            if self.tips is not None:
+                shards = set(range(self.views.shards))
+            await self.views.doorbell.wait_on(self.wake, shards)
             self.wake.set()
             if self.follower is None:
                 self.follower = asyncio.create_task(self.follow())
 
+    async def discover(self, conn: Any, tips: dict[int, int]) -> bool:
+        """Subscribed to all: watch the plans committed since the last read; whether a shard has more to read."""
+        rows = await new_plans(conn, tips, _ALL_PER_RING)
+        per_shard: dict[int, int] = {}
+        for key, plan_id, shard, owner in rows:
+            tips[shard] = max(tips[shard], key)
+            per_shard[shard] = per_shard.get(shard, 0) + 1
+            if not self.visible(owner) or key in self.watched:
+                continue
+            if len(self.from_all) >= _MAX_ALL:
+                self.views.skipped_all += 1
+                continue
+            self.watched[key] = Watched(key, plan_id, shard, 1)
+            self.from_all.add(key)
+        if rows and self.cost is not None:  # rows read: charged now, paid by the session's next frames
+            self.cost.take(len(rows), time.monotonic())
+        return any(n >= _ALL_PER_RING for n in per_shard.values())
+
     async def follow(self) -> None:
         """Send the watched plans' new events, after every doorbell of their shards (or every POLL_S)."""
         views = self.views
-        while self.watched:
+        while self.watched or self.tips is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), POLL_S)
+                await asyncio.wait_for(self.wake.wait(), views.doorbell.poll_s())
             self.wake.clear()
+            await views.doorbell.keep_wanted()
             try:
                 async with views.conn() as conn:
-                    stored = await read_watched(conn, list(self.watched.values()))
+                    tips = self.tips
+                    if tips is not None and await self.discover(conn, tips):
+                        self.wake.set()  # a shard had more new plans than one read takes: read again at once
+                    stored = await read_watched(conn, list(self.watched.values())) if self.watched else {}
             except Exception as exc:  # the database is away: try again at the next doorbell or poll
                 log.warning("view session cannot read the watched plans", error=f"{type(exc).__name__}: {exc}")
                 continue
+            sent = 0
             for key, w in list(self.watched.items()):
                 plan = stored.get(key)
                 if plan is None:
+                    if key in self.from_all:  # forgotten at retention, or damaged: not followed any longer
+                        self.from_all.discard(key)
+                        del self.watched[key]
                     continue
                 for msg in catch_up(plan, w):  # a frame each: one result may be most of a frame
                     await self.send([msg])
+                    sent += 1
                 if plan.state in TERMINAL_STATES and w.expected >= plan.next_seq:
                     del self.watched[key]
+                    self.from_all.discard(key)
+            if sent and self.cost is not None:  # the events sent: charged now, paid by the session's next frames
+                self.cost.take(sent, time.monotonic())
         views.doorbell.forget(self.wake)
         self.follower = None
 

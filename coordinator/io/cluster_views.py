@@ -37,9 +37,9 @@ from coordinator.recovery import plan_from_store
 from protocol.messages import PlanStateName, WorkerInfo
 
 __all__ = [
-    "ID_INDEX", "MAX_LIMIT", "PLAN_STATES", "PUT_WORKERS", "WANTED_S", "WORKERS_TABLE", "WORKERS_WANTED",
-    "ViewError", "Watched", "encode_workers", "list_plans", "parse_query", "plan_shard", "plans_by_id",
-    "read_plans", "read_watched", "read_workers", "want_workers", "workers_summary",
+    "MAX_LIMIT", "PLAN_STATES", "PUT_WORKERS", "WANTED_S", "WORKERS_WANTED",
+    "ViewError", "Watched", "count_plans", "encode_workers", "list_plans", "new_plans", "parse_query", "plan_shard",
+    "plans_by_id", "read_plans", "read_watched", "read_workers", "shard_tips", "want_workers", "workers_summary",
 ]
 
 MAX_LIMIT: Final = 1000
@@ -56,17 +56,9 @@ _BY_KEY = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE key = ANY($1::bigint[])
 _EVENTS_SINCE = """SELECT e.plan, e.seq, e.body, e.crc FROM fleetwire_events e
 JOIN unnest($1::bigint[], $2::int[]) AS w(plan, since) ON e.plan = w.plan AND e.seq >= w.since
 ORDER BY e.plan, e.seq"""
-# Looking a plan up by id (get_plan, cancel, subscribe on a main port): built without blocking the
-# shards' commits, on its own connection, in the background of a coordinator's start.
-ID_INDEX: Final = "CREATE INDEX CONCURRENTLY IF NOT EXISTS fleetwire_plans_by_id ON fleetwire_plans (id)"
+# The tables fleetwire_shard_workers and fleetwire_views and the id index (fleetwire_plans_by_id, the
+# look-up by id of get_plan, cancel and subscribe) are of the versioned schema (coordinator/io/pg_store.py).
 WANTED_S: Final = 30.0  # a list_workers keeps the registries written for this long
-WORKERS_TABLE: Final = """
-CREATE TABLE IF NOT EXISTS fleetwire_shard_workers (
-    shard int PRIMARY KEY, owner text NOT NULL, epoch bigint NOT NULL, workers bytea NOT NULL,
-    written_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS fleetwire_views (key text PRIMARY KEY, wanted_until timestamptz NOT NULL)
-"""
 PUT_WORKERS: Final = """
 INSERT INTO fleetwire_shard_workers (shard, owner, epoch, workers, written_at)
 SELECT s, o, e, w, now() FROM unnest($1::int[], $2::text[], $3::bigint[], $4::bytea[]) AS u(s, o, e, w)
@@ -88,6 +80,14 @@ JOIN shard_leases l ON l.shard = w.shard AND l.owner = w.owner AND l.epoch = w.e
 ORDER BY w.shard"""
 _SERVED = "SELECT count(*) FROM shard_leases WHERE expires_at > now() AND owner <> ''"
 _NO_KEY = 2**63 - 1
+# Each shard's highest plan key, and the plans of each shard above a key (a subscribe to all plans): within
+# a shard keys only grow in commit order (one store commits at a time, a new owner takes a higher block),
+# so "above the last key read" is "committed since"; both walk fleetwire_plans_by_shard (shard, key).
+_TIPS = """SELECT s, coalesce((SELECT max(key) FROM fleetwire_plans WHERE shard = s), -1)
+FROM generate_series(0, $1::int - 1) AS s"""
+_NEW = """SELECT p.key, p.id, p.shard, p.owner FROM unnest($1::int[], $2::bigint[]) AS h(shard, high),
+LATERAL (SELECT key, id, shard, owner FROM fleetwire_plans
+         WHERE shard = h.shard AND key > h.high ORDER BY shard, key LIMIT $3) AS p"""
 _workers_decoder = msgspec.msgpack.Decoder(list[WorkerInfo])
 _workers_encoder = msgspec.msgpack.Encoder()
 
@@ -151,16 +151,37 @@ async def plans_by_id(conn: Any, plan_id: str) -> _Found:
 
 
 async def list_plans(conn: Any, states: list[str], limit: int, *, owner: str | None = None,
-                     before: int | None = None) -> tuple[list[tuple[int, Plan]], dict[str, int], int]:  # fmt: skip
+                     before: int | None = None,
+                     counted: bool = True) -> tuple[list[tuple[int, Plan]], dict[str, int], int]:  # fmt: skip
     """``([(store key, plan)], counts per state, damaged)``: at most ``limit`` plans in ``states`` (none: all) of
-    ``owner`` (None: everyone's) with a store key below ``before``, highest key first (no events)."""
+    ``owner`` (None: everyone's) with a store key below ``before``, highest key first (no events).
+
+    ``counted`` False: no counts (``{}``); they scan every plan row of ``owner`` (:func:`count_plans`).
+    """
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         rows = [tuple(r) for r in await conn.fetch(_LIST, states, limit, owner, _NO_KEY if before is None else before)]
-        counts = {r[0]: r[1] for r in await conn.fetch(_COUNTS, owner)}
+        counts = {r[0]: r[1] for r in await conn.fetch(_COUNTS, owner)} if counted else {}
     keys: dict[str, int] = {}
     stored, damaged = decode_plans(rows, [], keep_rowids=keys)
     plans = sorted(((keys[p.created.plan_id], plan_from_store(p)) for p in stored), key=lambda kp: -kp[0])
     return plans, counts, len(damaged)
+
+
+async def count_plans(conn: Any, owner: str | None = None) -> dict[str, int]:
+    """Plans per state of ``owner`` (None: everyone's): a scan of every such row, so callers cache it."""
+    return {r[0]: r[1] for r in await conn.fetch(_COUNTS, owner)}
+
+
+async def shard_tips(conn: Any, shards: int) -> dict[int, int]:
+    """Each shard's highest plan key now (-1: none yet)."""
+    return {r[0]: r[1] for r in await conn.fetch(_TIPS, shards)}
+
+
+async def new_plans(conn: Any, tips: dict[int, int], limit: int) -> list[tuple[int, str, int, str]]:
+    """``[(key, id, shard, owner)]`` of the plans above each shard's tip, at most ``limit`` per shard, by key."""
+    shards = sorted(tips)
+    rows = await conn.fetch(_NEW, shards, [tips[s] for s in shards], limit)
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
 
 
 async def plan_shard(conn: Any, plan_id: str) -> tuple[int, str, int] | None:

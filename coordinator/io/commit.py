@@ -15,14 +15,18 @@ With a non-blocking store (memory) ``submit`` writes at once and releases at onc
 Idle writer: commit at once, on the loop. A batch submitted while the writer thread has
 nothing in flight, to a store that allows it (one with ``try_write``: SQLite, a local file),
 is not handed to the thread: the batches of the same loop iteration are gathered
-(``call_soon``) and, when they hold at most :data:`INLINE_MAX_RECORDS` records, written by
-the loop itself, one transaction (``store.try_write``, which never waits for a lock held by
-another connection: then the thread takes the group). A lone request then pays the disk and
+(``call_soon``) and, when they hold at most :data:`INLINE_MAX_RECORDS` records and came from
+at most :data:`INLINE_MAX_BYTES` of frames, written by the loop itself, one transaction
+(``store.try_write``, which never waits for a lock held by another connection: then the
+thread takes the group). A lone request then pays the disk and
 nothing else: the hand-over to the thread and back (a thread wake-up, the GIL passed twice,
 the loop woken) cost as much as the fsync itself, and more on a machine whose cores are busy
 (a woken thread waits for a core). Under
 load the writer is busy, or the gathered group is larger, and the thread batches as above,
-overlapping the fsync with the loop's work. The loop is blocked for one small commit at a
+overlapping the fsync with the loop's work. A group of few records but many bytes (plans with
+512 KiB args) goes to the thread too: writing and checksumming its pages held the loop for
+milliseconds per commit, which every other peer's round trip waited behind (issue 17, bench
+phase ``f3-bytes``). The loop is blocked for one small commit at a
 time; when the inline commits' moving average (one fifth weight to the latest) passes
 :data:`INLINE_SLOW_S` (a slow or busy disk, not one outlier) the thread takes every commit for
 :data:`INLINE_COOLDOWN_S`, so a slow disk never stalls the loop commit after commit.
@@ -59,7 +63,10 @@ import structlog
 from coordinator.io.store import Store
 from coordinator.records import Record
 
-__all__ = ["FILE_CHECK_INTERVAL_S", "INLINE_COOLDOWN_S", "INLINE_MAX_RECORDS", "INLINE_SLOW_S", "GroupCommitter"]
+__all__ = [
+    "FILE_CHECK_INTERVAL_S", "INLINE_COOLDOWN_S", "INLINE_MAX_BYTES", "INLINE_MAX_RECORDS", "INLINE_SLOW_S",
+    "GroupCommitter",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +76,7 @@ _STOP = object()
 
 FILE_CHECK_INTERVAL_S = 0.01
 INLINE_MAX_RECORDS = 64  # a few plans' steps: a commit of a handful of pages
+INLINE_MAX_BYTES = 64 << 10  # ... from at most this much of frames (``submit``'s size): else the thread
 INLINE_SLOW_S = 0.002  # inline commits slower than this on average ...
 INLINE_COOLDOWN_S = 1.0  # ... sends every commit to the writer thread for this long
 
@@ -86,6 +94,8 @@ class GroupCommitter(Generic[T]):
             ``try_write`` method.
         inline_slow_s: the inline commits' average past which the thread takes them all for
             :data:`INLINE_COOLDOWN_S`.
+        inline_max_bytes: the most bytes (``submit``'s sizes) an idle writer's group may hold to be
+            committed on the loop.
     """
 
     def __init__(
@@ -98,6 +108,7 @@ class GroupCommitter(Generic[T]):
         file_check_interval_s: float = FILE_CHECK_INTERVAL_S,
         inline_max_records: int = INLINE_MAX_RECORDS,
         inline_slow_s: float = INLINE_SLOW_S,
+        inline_max_bytes: int = INLINE_MAX_BYTES,
     ) -> None:
         self.store = store
         self.max_backlog_bytes = max_backlog_bytes  # 0: no bound
@@ -123,6 +134,8 @@ class GroupCommitter(Generic[T]):
         self._inline_max = inline_max_records if self._try_write is not None else 0
         self._inline: list[Sequence[Record]] | None = None  # the group gathered for a commit on the loop
         self._inline_size = 0  # its records
+        self._inline_bytes = 0  # its sizes
+        self._inline_max_bytes = inline_max_bytes
         self._inline_off_until = 0.0  # slow inline commits: the thread only until then
         self._inline_avg_s = 0.0  # the inline commits' moving average
         self._inline_slow_s = inline_slow_s
@@ -181,15 +194,18 @@ class GroupCommitter(Generic[T]):
         if self._inline is not None:  # this loop iteration's group for the loop
             self._inline.append(records)
             self._inline_size += len(records)
+            self._inline_bytes += size
             return
         if (
             self._committed == self._submitted - 1  # the writer has nothing in flight
             and len(records) <= self._inline_max
+            and size <= self._inline_max_bytes
             and self._loop is not None
             and time.monotonic() >= self._inline_off_until
         ):
             self._inline = [records]
             self._inline_size = len(records)
+            self._inline_bytes = size
             self._loop.call_soon(self._commit_inline)
             return
         self._queue.put((self._submitted, records))
@@ -253,7 +269,10 @@ class GroupCommitter(Generic[T]):
             return
         ticket = self._submitted  # every batch since the writer went idle is in the group
         records = groups[0] if len(groups) == 1 else [r for g in groups for r in g]
-        if not on_loop or self._inline_size > self._inline_max or self._try_write is None:
+        if (
+            not on_loop or self._inline_size > self._inline_max or self._inline_bytes > self._inline_max_bytes
+            or self._try_write is None
+        ):
             self._queue.put((ticket, records))
             return
         started = time.monotonic()

@@ -178,7 +178,7 @@ class Gatekeeper:
         self.cost_throttles = 0  # frames after which a principal over its work-unit rate was throttled (/metrics)
         self._cooling_logged: set[str] = set()  # keys whose 429 was logged in their current cool-off
         self.refusal_log = RefusalLog(burst=limits.refusal_log_burst, interval_s=limits.refusal_log_interval_s)
-        self.pending = PendingHandshakes(limits.max_pending_handshakes, self.refusal_log)
+        self.pending = PendingHandshakes(limits.max_pending_handshakes, self.refusal_log, limits.handshake_timeout_s)
         # Repeated 401s and /metrics scrapes from one address are answered after a hold (admission.py).
         self.auth_failures = Repeats(burst=REPEAT_BURST, interval_s=REPEAT_INTERVAL_S)
         self.scrapes = Repeats(burst=REPEAT_BURST, interval_s=REPEAT_INTERVAL_S)

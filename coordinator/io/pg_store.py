@@ -22,21 +22,33 @@ lives on a private loop in its own thread (``fleetwire-pg``; :meth:`PgStore.exec
 
 Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or migrated on open)::
 
-    fleetwire_meta(key PRIMARY KEY, value)    -- schema_version, cluster_name, shards
+    fleetwire_meta(key PRIMARY KEY, value)    -- schema_version, cluster_name, shards, pool_partitions
     shard_leases(shard PRIMARY KEY, owner, owner_url, epoch, expires_at, acquired_at)
     fleetwire_plans(key PRIMARY KEY, shard, id, owner, ord, state, spec, status, events, nevents,
                     spec_crc, status_crc, events_crc)
     fleetwire_events(plan, seq, shard, body, crc, PRIMARY KEY (plan, seq))
     fleetwire_coordinators(owner PRIMARY KEY, url, expires_at)   -- live coordinators (version 2)
+    fleetwire_shard_workers(shard PRIMARY KEY, owner, epoch, workers, written_at)  -- (version 3)
+    fleetwire_views(key PRIMARY KEY, wanted_until)     -- registries wanted by a view (version 3)
+    index fleetwire_plans_by_id ON fleetwire_plans (id)  -- the views' look-up by id (version 3)
+    index fleetwire_plans_by_shard ON fleetwire_plans (shard, key)  -- a shard's plans, newest (version 3)
 
 A database of an older version is migrated at open, every step in the same transaction as the
-version bump (:data:`MIGRATIONS`); one of a newer version is refused, naming both versions.
+version bump (:data:`MIGRATIONS`); one of a newer version is refused, naming both versions. The
+one exception is the indexes of version 3 on a migrated database: a plain ``CREATE INDEX``
+would hold every shard's commits for the whole build and ``CREATE INDEX CONCURRENTLY`` cannot
+run in a transaction, so a fresh database gets them with its tables (an empty table: instant) and
+a migrated one gets them from :func:`ensure_indexes` right after open, concurrently on a
+connection of its own (the cluster host's start; one left invalid by an interrupted build is
+dropped and built again). Until they are there, the views' reads are sequential scans, nothing worse.
 
 ``key`` plays SQLite's rowid: an integer per plan, taken in blocks of 1024 from the sequence
 ``fleetwire_plan_keys`` (unique across every coordinator of the cluster), the key of the events
 rows and the seed of their checksum. The blobs and checksums are the SQLite store's
-(coordinator/io/store_rows.py). The cluster's name and shard count are kept in ``fleetwire_meta``:
-another name, another count or a newer schema is refused at open.
+(coordinator/io/store_rows.py). The cluster's name, shard count and pool partitions
+(``--pool-partitions``, :func:`partitions_text`) are kept in ``fleetwire_meta``: another name,
+another count, other partitions or a newer schema is refused at open. (A database of version 2
+or older kept no partitions: the first coordinator of version 3 to open it records its own.)
 
 Fencing: every write's statement starts with :data:`~coordinator.io.pg_leases.FENCE` over the
 shards it writes, with the epochs in :attr:`PgStore.fence` (set by the lease keeper), and each
@@ -73,13 +85,14 @@ from coordinator.records import Record, StoredPlan
 from coordinator.shards import ClusterConfig, shard_of
 from protocol.messages import TERMINAL_STATES
 
-__all__ = ["SCHEMA_VERSION", "PgStore", "PgStoreDamaged", "describe_dsn"]
+__all__ = ["INDEXES", "MIGRATIONS", "SCHEMA_VERSION", "PgStore", "PgStoreDamaged", "describe_dsn", "ensure_indexes",
+           "partitions_text"]
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 crc = zlib.crc32
 
 _KEY_BLOCK = 1024
@@ -133,7 +146,30 @@ CREATE TABLE IF NOT EXISTS fleetwire_coordinators (
     expires_at timestamptz NOT NULL
 );
 """
-MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1}  # from version N to N + 1
+# Version 3: the cross-shard views' tables (coordinator/io/cluster_views.py: each shard's registry as
+# its owner wrote it, and whether a view wants them written). Before, the cluster host created them
+# outside the versioned schema; ``IF NOT EXISTS`` keeps a version 2 database's (same columns) as they are.
+_MIGRATE_V2 = """
+CREATE TABLE IF NOT EXISTS fleetwire_shard_workers (
+    shard int PRIMARY KEY,
+    owner text NOT NULL,
+    epoch bigint NOT NULL,
+    workers bytea NOT NULL,
+    written_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS fleetwire_views (key text PRIMARY KEY, wanted_until timestamptz NOT NULL);
+"""
+MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2}  # from version N to N + 1
+# Version 3's indexes, name -> columns: the views' look-up of a plan by id (get_plan, cancel, subscribe on a
+# main port) and a shard's plans by key (a subscribe to all plans on a main port: each shard's new plans; the
+# load of a shard taken over). Created with the tables of a fresh database; on a migrated one by ensure_indexes.
+INDEXES: Final = {
+    "fleetwire_plans_by_id": "fleetwire_plans (id)",
+    "fleetwire_plans_by_shard": "fleetwire_plans (shard, key)",
+}
+_CREATE_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {on};\n" for name, on in INDEXES.items())
+_INDEX_VALID = """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE c.relname = $1 AND c.relnamespace = to_regnamespace(current_schema())::oid"""
 
 _SELECT_PLANS = (  # decode_plans' columns (coordinator/io/store_rows.py), then the shard
     "SELECT key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc, shard "
@@ -215,6 +251,29 @@ class PgStoreDamaged(StoreDamaged):
         )
         self.path = Path(description)
         self.problem = problem
+
+
+def partitions_text(partitions: Iterable[tuple[str, int]]) -> str:
+    """``--pool-partitions`` as kept in ``fleetwire_meta``: ``gpu=4,llm=2`` by pool name ("" for none)."""
+    return ",".join(f"{pool}={k}" for pool, k in sorted(partitions))
+
+
+async def ensure_indexes(conn: Any) -> list[str]:
+    """Build version 3's :data:`INDEXES` concurrently where missing or invalid; the names of those built.
+
+    ``conn``: an asyncpg connection of its own, outside any transaction (commits go on meanwhile).
+    An index left invalid by an interrupted build (``IF NOT EXISTS`` would keep it) is dropped first.
+    """
+    built = []
+    for name, on in INDEXES.items():
+        valid = await conn.fetchval(_INDEX_VALID, name)
+        if valid:
+            continue
+        if valid is not None:
+            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}", timeout=None)
+        await conn.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {on}", timeout=None)
+        built.append(name)
+    return built
 
 
 def describe_dsn(dsn: str) -> tuple[str, str]:
@@ -380,11 +439,12 @@ class PgStore:
                         f"coordinator knows versions up to {SCHEMA_VERSION}: run a newer fleetwire"
                     )
                 if version == 0:
-                    await conn.execute(_CREATE_V1 + "".join(MIGRATIONS[v] for v in range(1, SCHEMA_VERSION)))
+                    steps = "".join(MIGRATIONS[v] for v in range(1, SCHEMA_VERSION))
+                    await conn.execute(_CREATE_V1 + steps + _CREATE_INDEXES)
                     await conn.executemany(
                         "INSERT INTO fleetwire_meta (key, value) VALUES ($1, $2)",
                         [("schema_version", str(SCHEMA_VERSION)), ("cluster_name", config.name),
-                         ("shards", str(config.shards))],
+                         ("shards", str(config.shards)), ("pool_partitions", partitions_text(config.partitions))],
                     )
                     await conn.execute(
                         "INSERT INTO shard_leases (shard) SELECT generate_series(0, $1::int - 1)", config.shards
@@ -409,6 +469,19 @@ class PgStore:
                         f"cluster {name!r} at {self.description} has {shards} shard slots, not {config.shards} "
                         "(--shards): the count is fixed when the cluster is created"
                     )
+                ours = partitions_text(config.partitions)
+                if "pool_partitions" not in meta:  # not kept before version 3: the first to open it records its own
+                    await conn.execute("INSERT INTO fleetwire_meta (key, value) VALUES ('pool_partitions', $1)", ours)
+                elif meta["pool_partitions"] != ours:
+                    stored = meta["pool_partitions"]
+                    raise StoreError(
+                        f"cluster {name!r} at {self.description} splits pools as --pool-partitions "
+                        f"{stored or '(none)'}, not {ours or '(none)'}: every coordinator of a cluster must be given "
+                        "the same (a pool's plans and workers are routed by it)"
+                    )
+                if version != SCHEMA_VERSION:
+                    log.info("fleetwire schema migrated", store=self.description, from_version=version,
+                             to_version=SCHEMA_VERSION)  # fmt: skip
         except asyncpg.PostgresError as exc:
             raise StoreError(f"cannot set up the fleetwire schema at {self.description}: {_cause(exc)}") from None
 

@@ -422,6 +422,7 @@ class CoordinatorServer:
             self._reaper.cancel()
         if self._server is not None:
             self._server.close()
+            self._gate.pending.close()  # sockets still waiting for their first byte (admission.py)
             await self._server.wait_closed()
         if self._metrics_listener is not None:
             await self._metrics_listener.stop()
@@ -639,8 +640,8 @@ class CoordinatorServer:
                         now = time.monotonic()
                 spent += outbox.work - work
                 self._flush(len(frame))
-                if cost is not None:  # the principal's work units: one per message plus what the core counted
-                    owed = cost.take(len(msgs) + spent, now)
+                if cost is not None:  # the principal's work units: one per message and KiB, plus what the core counted
+                    owed = cost.take(len(msgs) + (len(frame) >> 10) + spent, now)
                     if owed:
                         self._gate.cost_throttles += 1
                         pause = max(pause or 0.0, min(owed, 5.0))

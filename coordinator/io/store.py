@@ -90,7 +90,7 @@ from coordinator.io.store_rows import (
     run_by_seq,
 )
 from coordinator.io.store_schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
-from coordinator.records import PlanCreated, PlanForgotten, Record, StoredPlan
+from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
 from coordinator.shards import ClusterConfig
 from protocol.messages import TERMINAL_STATES, Event
 
@@ -219,14 +219,24 @@ class MemoryStore:
     def write(self, records: Sequence[Record]) -> None:
         self.writes += 1
         plans = self._plans
+        # The usual records by exact type first: an isinstance miss on a msgspec Struct class goes
+        # through its metaclass, and each of a plan's statuses missed three times.
         for record in records:
-            if isinstance(record, PlanCreated):
+            if type(record) is Event:
+                stored = plans.get(record.plan_id)
+                if stored is not None:  # a seq written twice is resolved by load(): O(1) per event
+                    stored.events.append(record)
+            elif type(record) is PlanStatus:
+                stored = plans.get(record.plan_id)
+                if stored is not None:
+                    stored.status = record
+            elif isinstance(record, PlanCreated):
                 plans.setdefault(record.plan_id, StoredPlan(record, None, []))
             elif isinstance(record, PlanForgotten):
                 plans.pop(record.plan_id, None)
             elif isinstance(record, Event):
                 stored = plans.get(record.plan_id)
-                if stored is not None:  # a seq written twice is resolved by load(): O(1) per event
+                if stored is not None:
                     stored.events.append(record)
             else:
                 stored = plans.get(record.plan_id)

@@ -209,6 +209,8 @@ class Pool(list[WorkerRecord]):
 
         A heap that grew past twice the members is dropped, to be rebuilt when next asked.
         """
+        if self.energy is None and self.carbon is None and self.latency is None:
+            return  # no figure heap built yet (plain pools never build one): nothing to index
         bound = 2 * len(self) + 64
         if self.energy is not None and (energy := energy_key(worker)) is not None:
             heapq.heappush(self.energy, energy)

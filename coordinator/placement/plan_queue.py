@@ -69,7 +69,7 @@ class Signature(NamedTuple):
             model=requirements.model,
             min_gpu_memory_bytes=requirements.min_gpu_memory_bytes,
             python_env=requirements.python_env,
-            avoid=tuple(sorted(set(avoid))),
+            avoid=tuple(sorted(set(avoid))) if avoid else (),  # the usual plan avoids nobody
             gpus=gpus,
         )
 

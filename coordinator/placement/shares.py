@@ -35,8 +35,10 @@ class RecentShares:
 
     def add(self, worker_id: str) -> None:
         """A placement on the worker: every weight fades one step, this worker's gains 1."""
-        self.placed += 1
-        self._weights[worker_id] = (self.of(worker_id) + 1.0, self.placed)
+        self.placed = placed = self.placed + 1
+        entry = self._weights.get(worker_id)  # of(), inlined: this runs for every placement
+        weight = 1.0 if entry is None else entry[0] * self.decay ** (placed - entry[1]) + 1.0
+        self._weights[worker_id] = (weight, placed)
 
     def forget(self, worker_id: str) -> None:
         """The worker is gone."""

@@ -34,6 +34,7 @@ SMOKE: dict[str, list[str]] = {
     "store_writer_lone": ["store_writer.py", "--lone", "--plans", "50"],
     "store_split": ["store_split.py", "--samples", "20", "--warmup", "5", "--rounds", "1"],
     "data_endpoint": ["data_endpoint.py", "--size", "2M", "--rounds", "1"],
+    "core_per_plan": ["core_per_plan.py", "--plans", "300", "--repeat", "1", "--no-callgrind"],
 }
 
 
@@ -132,3 +133,9 @@ def test_data_endpoint_bench_moves_the_bytes_both_ways(results: dict[str, dict[s
     report = results["data_endpoint"]
     assert report["size"] == 2 << 20 and len(report["rounds"]) == 1
     assert all(report["rounds"][0][d]["mb_s"] > 0 for d in ("in", "out"))
+
+
+def test_core_per_plan_bench_measures_this_tree(results: dict[str, dict[str, Any]]) -> None:
+    """The pure-core bench drives every plan to its end (it raises if one is stuck) and reports a figure."""
+    r = results["core_per_plan"]
+    assert r["plans"] == 300 and len(r["trees"]) == 1 and r["trees"][0]["us_per_plan"] > 0

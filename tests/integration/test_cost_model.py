@@ -129,3 +129,13 @@ async def test_the_sdk_follows_pages_of_a_long_listing(start: Start) -> None:  #
 def test_tokens_fixture_is_shared(tmp_path: Path) -> None:
     """The token names these tests use exist in the shared token file (alice, bob: clients; fleet: workers)."""
     assert TOKENS["alice"][0] == "client" and TOKENS["bob"][0] == "client" and TOKENS["fleet"][0] == "worker"
+
+
+async def test_bytes_received_are_charged_so_a_big_submit_loop_is_read_more_slowly(start: Start) -> None:  # noqa: F811
+    """Frames cost a unit per KiB: three 512 KiB submits against a 1,000-unit burst throttle their principal."""
+    srv = await start(Limits(cost_rate=1_000, cost_burst=1_000))
+    p = await peer(srv, "alice")
+    for i in range(3):
+        await p.send(Submit(req_id=i + 1, op="nobody", args="x" * (512 << 10)))
+    await until(lambda: srv.cost_throttles >= 1)
+    await p.ws.close()

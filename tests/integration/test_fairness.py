@@ -118,6 +118,22 @@ async def test_idle_sockets_past_the_budget_evict_the_oldest_and_never_starve_a_
             writer.close()
 
 
+async def test_idle_sockets_cost_no_websocket_connection_until_their_first_byte(insecure: Any) -> None:
+    """100 idle TCP connections start no handler task; a real client still connects; a silent one is dropped in time."""
+    srv = await insecure(Limits(handshake_timeout_s=1.0))
+    tasks_before = len(asyncio.all_tasks())
+    idle = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(100)]
+    try:
+        async with Client(srv.url) as client:  # accepted after the idle ones: they are all accepted by now
+            await client.workers()
+            assert len(asyncio.all_tasks()) - tasks_before < 20  # the client's own; none per idle socket
+        reader, _ = idle[0]
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # dropped at the handshake timeout
+    finally:
+        for _, writer in idle:
+            writer.close()
+
+
 # ---------------------------------------------------------------- finding 9: /metrics cost and access
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from coordinator.io.commit import GroupCommitter
 from coordinator.io.pg_commit import PipelinedCommitter
 from coordinator.io.pg_leases import ACQUIRE, ShardFenced
-from coordinator.io.pg_store import SCHEMA_VERSION, PgStore
+from coordinator.io.pg_store import INDEXES, SCHEMA_VERSION, PgStore, ensure_indexes
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.io.store import StoreError, open_store
 from coordinator.records import PlanForgotten, PlanStatus
@@ -199,10 +201,79 @@ def test_a_version_1_schema_is_migrated_on_open_with_the_coordinators_table(pg_d
     try:
         assert [p.created.plan_id for p in store.load()] == ["p1"]
         assert store.execute(lambda c: c.fetchval(
-            "SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == str(SCHEMA_VERSION) == "2"
+            "SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == str(SCHEMA_VERSION) == "3"
         assert store.execute(lambda c: c.fetchval("SELECT count(*) FROM fleetwire_coordinators")) == 0
     finally:
         store.close()
+
+
+def _tables_and_indexes(store: PgStore) -> set[str]:
+    """The names of the tables and indexes of the store's schema."""
+    rows = store.execute(lambda c: c.fetch("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() UNION "
+                                           "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"))
+    return {r[0] for r in rows}
+
+
+def test_a_version_2_schema_is_migrated_to_3_with_the_views_tables_and_its_id_index(pg_dsn: str) -> None:
+    """A v2 database (no views' tables, index or partitions row) becomes v3 at open; the index is built online."""
+    fresh = PgStore(pg_dsn, CLUSTER)
+    assert {"fleetwire_shard_workers", "fleetwire_views", *INDEXES} <= _tables_and_indexes(fresh)
+    hold(fresh).write([created("p1")])
+    fresh.execute(lambda c: c.execute(
+        "DROP TABLE fleetwire_shard_workers, fleetwire_views; "
+        "DROP INDEX fleetwire_plans_by_id, fleetwire_plans_by_shard; "
+        "DELETE FROM fleetwire_meta WHERE key = 'pool_partitions'; "
+        "UPDATE fleetwire_meta SET value = '2' WHERE key = 'schema_version'"))  # fmt: skip
+    fresh.close()
+    partitioned = ClusterConfig(shards=4, lease_ttl_s=2.0, lease_renew_s=0.2, partitions=(("gpu", 2),))
+    store = hold(PgStore(pg_dsn, partitioned))
+    try:
+        assert [p.created.plan_id for p in store.load()] == ["p1"]
+        meta = dict(store.execute(lambda c: c.fetch("SELECT key, value FROM fleetwire_meta")))
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "3" and meta["pool_partitions"] == "gpu=2"
+        found = _tables_and_indexes(store)
+        assert {"fleetwire_shard_workers", "fleetwire_views"} <= found and not set(INDEXES) & found
+        assert store.execute(ensure_indexes) == list(INDEXES)  # concurrently, outside the migration's transaction
+        assert store.execute(ensure_indexes) == []  # there and valid: nothing to build
+        store.execute(lambda c: c.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = "
+                                          "'fleetwire_plans_by_shard'::regclass"))  # as an interrupted build leaves it
+        assert store.execute(ensure_indexes) == ["fleetwire_plans_by_shard"]  # dropped and built again
+        assert set(INDEXES) <= _tables_and_indexes(store)
+    finally:
+        store.close()
+    with pytest.raises(StoreError, match=r"--pool-partitions gpu=2, not \(none\): every coordinator"):
+        PgStore(pg_dsn, CLUSTER)
+
+
+def test_a_newer_schema_is_refused_naming_both_versions(pg_dsn: str) -> None:
+    """A database of schema version 4 (a newer fleetwire's) is refused: 'version 4 ... up to 3'; nothing changes."""
+    store = PgStore(pg_dsn, CLUSTER)
+    store.execute(lambda c: c.execute("UPDATE fleetwire_meta SET value = '4' WHERE key = 'schema_version'"))
+    store.close()
+    with pytest.raises(StoreError, match=r"has fleetwire schema version 4; this coordinator knows versions up to 3: "):
+        PgStore(pg_dsn, CLUSTER)
+
+
+def test_pool_partitions_are_kept_and_another_value_is_refused(pg_dsn: str) -> None:
+    """--pool-partitions is stored at creation; a coordinator given other partitions (or none) is refused."""
+    mine = ClusterConfig(shards=4, partitions=(("gpu", 2), ("llm", 3)))
+    PgStore(pg_dsn, mine).close()
+    PgStore(pg_dsn, ClusterConfig(shards=4, partitions=(("llm", 3), ("gpu", 2)))).close()  # same, in another order
+    with pytest.raises(StoreError, match=r"splits pools as --pool-partitions gpu=2,llm=3, not gpu=4: every coord"):
+        PgStore(pg_dsn, ClusterConfig(shards=4, partitions=(("gpu", 4),)))
+    with pytest.raises(StoreError, match=r"--pool-partitions gpu=2,llm=3, not \(none\)"):
+        PgStore(pg_dsn, ClusterConfig(shards=4))
+
+
+def test_a_coordinator_with_other_pool_partitions_exits_2_with_one_line(pg_dsn: str) -> None:
+    """`fleetwire coordinator --pool-partitions` unlike the cluster's: one line naming both values, exit 2."""
+    PgStore(pg_dsn, ClusterConfig(shards=4, partitions=(("gpu", 2),))).close()
+    done = subprocess.run([sys.executable, "-m", "fleetwire", "coordinator", "--store", pg_dsn, "--shards", "4",
+                           "--pool-partitions", "gpu=3", "--port", "0", "--insecure"],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, (done.returncode, done.stderr)
+    assert "--pool-partitions gpu=2, not gpu=3" in lines[0] and lines[0].startswith("fleetwire: error: "), lines
 
 
 def test_a_dsn_that_cannot_connect_or_log_in_is_one_line_naming_the_host(pg_dsn: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.commit import INLINE_MAX_RECORDS, GroupCommitter
+from coordinator.io.commit import INLINE_MAX_BYTES, INLINE_MAX_RECORDS, GroupCommitter
 from coordinator.io.store import DB_FILE, SQLiteStore
 from coordinator.records import PlanCreated
 from protocol.messages import Submit
@@ -90,6 +90,27 @@ async def test_a_large_group_goes_to_the_writer_thread(db: SQLiteStore) -> None:
     committer.submit([created(f"p{n}", n) for n in range(INLINE_MAX_RECORDS + 1)], "big")
     await committer.close()
     assert released == ["big"] and committer.inline_commits == 0 and in_file(db.path) == INLINE_MAX_RECORDS + 1
+
+
+async def test_a_group_of_few_records_but_many_bytes_goes_to_the_writer_thread(db: SQLiteStore) -> None:
+    """One plan from a frame past INLINE_MAX_BYTES (512 KiB args): the thread commits it; a small one stays inline."""
+    released: list[Any] = []
+    done = asyncio.Event()
+
+    def release(payload: Any) -> None:
+        released.append(payload)
+        done.set()
+
+    committer: GroupCommitter[Any] = GroupCommitter(db, release, lambda exc: None, inline_slow_s=60)
+    committer.start()
+    committer.submit([created("big")], "big", INLINE_MAX_BYTES + 1)
+    await asyncio.wait_for(done.wait(), 10)
+    assert released == ["big"] and committer.inline_commits == 0
+    done.clear()
+    committer.submit([created("small", 2)], "small", 200)
+    await asyncio.wait_for(done.wait(), 10)
+    await committer.close()
+    assert released == ["big", "small"] and committer.inline_commits == 1 and in_file(db.path) == 2
 
 
 async def test_a_database_held_by_another_connection_never_blocks_the_loop(db: SQLiteStore, tmp_path: Path) -> None:

@@ -11,12 +11,13 @@ import msgspec
 import pytest
 
 from coordinator.limits import Limits
-from coordinator.operator_requests import PAGE_BYTES
+from coordinator.operator_requests import PAGE_BYTES, PAGE_ROWS
 from coordinator.streams import REPLAY_SLICE_EVENTS
 from protocol.caps import MAX_TAG_BYTES, MAX_TAGS
 from protocol.messages import (
     Accept,
     Done,
+    Error,
     Event,
     ListPlans,
     Plans,
@@ -153,6 +154,43 @@ def test_a_submit_past_the_byte_limit_is_refused_naming_bytes() -> None:
     assert error.code == "too_many_plans" and "bytes" in error.message and "--max-bytes-per-client" in error.message
     h.send(h.client("bob"), Submit(req_id=10, op="echo", args="y" * 60_000))  # another principal is not touched
     assert h.core.quota.held_bytes("bob") > 60_000
+
+
+def test_a_listing_page_holds_at_most_page_rows_rows_however_small() -> None:
+    """1,200 small plans with limit 10,000: pages of PAGE_ROWS rows (one request's work bounded), each plan once."""
+    h = Harness()
+    alice = h.client()
+    ids = [h.submit(alice, priority=i % 3) for i in range(1_200)]
+    h.take(alice)
+    seen: list[str] = []
+    cursor = ""
+    while True:
+        h.send(alice, ListPlans(req_id=1, limit=10_000, cursor=cursor))
+        reply = only(h.take(alice), Plans)
+        assert len(reply.plans) <= PAGE_ROWS and reply.total == 1_200
+        seen += [p.id for p in reply.plans]
+        if not reply.next_cursor:
+            break
+        assert len(reply.plans) == PAGE_ROWS
+        cursor = reply.next_cursor
+    assert seen == ids[::-1]
+    by_priority = [pid for _, _, pid in sorted((-(n % 3), n, pid) for n, pid in enumerate(ids))]  # priority, age
+    assert reply.queue == by_priority[: len(reply.queue)]
+
+
+def test_the_default_byte_budget_refuses_512_kib_args_past_64_mib() -> None:
+    """Default limits: a principal queueing 512 KiB-args plans is refused too_many_plans at 64 MiB held."""
+    h = Harness()
+    alice = h.client()
+    args = "x" * (512 << 10)
+    for n in range(1, 200):
+        h.send(alice, Submit(req_id=n, op="echo", args=args))
+        errors = [m for m in h.take(alice) if isinstance(m, Error)]
+        if errors:
+            break
+    [reply] = errors
+    assert reply.code and reply.code == "too_many_plans" and "--max-bytes-per-client" in reply.message
+    assert n <= 128 and h.core.quota.held_bytes("alice") <= 64 << 20
 
 
 def test_waiting_reason_names_a_few_tags_not_all() -> None:

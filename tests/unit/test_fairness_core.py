@@ -7,6 +7,7 @@ principal's plan. The helpers the driver uses, with a fake clock: the Host check
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -327,6 +328,61 @@ def test_past_the_budget_the_oldest_pending_handshake_is_dropped() -> None:
     budget.finished(conns[4])  # type: ignore[arg-type]
     budget.finished(conns[4])  # type: ignore[arg-type]  # idempotent
     assert len(budget) == 2
+
+
+class _Socket:
+    """A transport: records what the protocol does with it."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.protocol: Any = None
+        self.aborted = asyncio.Event()
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("10.0.0.9", self.port) if name == "peername" else None
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    def abort(self) -> None:
+        self.aborted.set()
+
+
+class _Built:
+    """Stands for websockets' ServerConnection: records that it was built and what it was given."""
+
+    made: list[Any] = []
+
+    def __init__(self, protocol: Any, server: Any, **kwargs: Any) -> None:
+        self.ws_protocol, self.kwargs, self.data = protocol, kwargs, b""
+        _Built.made.append(self)
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+
+async def test_an_idle_socket_builds_no_websocket_connection_and_is_dropped_at_the_timeout() -> None:
+    """Accepted sockets cost no websocket connection until their first byte; a silent one is aborted in time."""
+    _Built.made.clear()
+    budget = PendingHandshakes(8, RefusalLog(), timeout_s=0.05)
+    create = budget.connection_class(_Built)  # type: ignore[arg-type]
+    idle, talking = _Socket(1), _Socket(2)
+    first, second = create("proto-1", "server", ping_interval=5), create("proto-2", "server", ping_interval=5)
+    first.connection_made(idle)
+    second.connection_made(talking)
+    assert len(budget) == 2 and _Built.made == [] and first.protocol == "proto-1"
+    second.data_received(b"GET /v1/client")
+    [conn] = _Built.made
+    assert talking.protocol is conn and conn.transport is talking and conn.data == b"GET /v1/client"
+    assert conn.ws_protocol == "proto-2" and conn.kwargs == {"ping_interval": 5} and budget.built == 1
+    assert len(budget) == 2  # still in its handshake: it counts until the handshake ends
+    await asyncio.wait_for(idle.aborted.wait(), 5)  # the silent one: dropped at the timeout
+    assert not talking.aborted.is_set()  # the talking one's timer was cancelled
+    first.connection_lost(None)
+    assert len(budget) == 1
 
 
 def test_the_budget_fits_the_open_file_limit() -> None:

@@ -19,7 +19,7 @@ def scrape(h: Harness) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_relayed_input_counts_bytes_in_and_a_stall_each_time_the_window_fills() -> None:
     """Four chunks fill the window (one stall); credit for two and two more fill it again (a second)."""
-    h = Harness()
+    h = Harness(relay_window_bytes=WINDOW)  # four chunks
     client = h.client()
     worker, plan_id = placed(h, "w1", client)
     put_open(h, client, worker, plan_id)
