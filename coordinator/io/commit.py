@@ -60,6 +60,7 @@ from typing import Generic, TypeVar
 
 import structlog
 
+from coordinator.io.backlog import Backlog
 from coordinator.io.store import Store
 from coordinator.records import Record
 
@@ -81,7 +82,7 @@ INLINE_SLOW_S = 0.002  # inline commits slower than this on average ...
 INLINE_COOLDOWN_S = 1.0  # ... sends every commit to the writer thread for this long
 
 
-class GroupCommitter(Generic[T]):
+class GroupCommitter(Backlog, Generic[T]):
     """Writes record batches through ``store`` and releases their payloads, in order, once committed.
 
     Args:
@@ -110,15 +111,10 @@ class GroupCommitter(Generic[T]):
         inline_slow_s: float = INLINE_SLOW_S,
         inline_max_bytes: int = INLINE_MAX_BYTES,
     ) -> None:
+        super().__init__(max_backlog_bytes)
         self.store = store
-        self.max_backlog_bytes = max_backlog_bytes  # 0: no bound
-        self.backlog_bytes = 0  # sizes given to submit() still waiting for their commit
-        self.held_back = 0  # times a reader waited in drained()
-        self._sizes: deque[tuple[int, int]] = deque()  # (ticket, size) of sized batches
-        self._below: asyncio.Event | None = None
         self.transactions = 0  # groups committed
         self.batches = 0  # batches submitted
-        self.failed: BaseException | None = None
         self._release = release
         self._on_failure = on_failure
         self._check_files: Callable[[], None] | None = getattr(store, "check_files", None)
@@ -153,22 +149,6 @@ class GroupCommitter(Generic[T]):
             self._thread = threading.Thread(target=self._write_forever, name="fleetwire-store-writer", daemon=True)
             self._thread.start()
 
-    @property
-    def over(self) -> bool:
-        """Whether the backlog is past ``max_backlog_bytes`` (readers should await :meth:`drained`)."""
-        return bool(self.max_backlog_bytes) and self.backlog_bytes > self.max_backlog_bytes
-
-    async def drained(self) -> None:
-        """Return once the backlog is at most half of ``max_backlog_bytes`` (at once if it is)."""
-        if not self.over:
-            return
-        self.held_back += 1
-        if self._below is None:
-            self._below = asyncio.Event()
-        while self.backlog_bytes > self.max_backlog_bytes // 2 and self.failed is None:
-            self._below.clear()
-            await self._below.wait()
-
     def submit(self, records: Sequence[Record], payload: T, size: int = 0) -> None:
         """Write ``records``; release ``payload`` once they (and everything before) are durable.
 
@@ -187,9 +167,7 @@ class GroupCommitter(Generic[T]):
             self._release(payload)
             return
         self._submitted += 1
-        if size:
-            self.backlog_bytes += size
-            self._sizes.append((self._submitted, size))
+        self.added(self._submitted, size)
         self._waiting.append((self._submitted, payload))
         if self._inline is not None:  # this loop iteration's group for the loop
             self._inline.append(records)
@@ -306,17 +284,12 @@ class GroupCommitter(Generic[T]):
         self.transactions += 1
         self._committed = ticket
         waiting = self._waiting
-        sizes = self._sizes
-        while sizes and sizes[0][0] <= ticket:
-            self.backlog_bytes -= sizes.popleft()[1]
-        if self._below is not None and self.backlog_bytes <= self.max_backlog_bytes // 2:
-            self._below.set()
+        self.committed(ticket)
         while waiting and waiting[0][0] <= ticket and self.failed is None:
             self._release(waiting.popleft()[1])
 
     def _fail(self, exc: BaseException) -> None:
-        if self._below is not None:
-            self._below.set()  # nobody waits on a store that failed: the coordinator stops
+        self.wake_all()
         if self.failed is None:
             self.failed = exc
             self._waiting.clear()

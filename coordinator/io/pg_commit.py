@@ -43,6 +43,7 @@ from typing import Generic, Protocol, TypeVar
 
 import structlog
 
+from coordinator.io.backlog import Backlog
 from coordinator.records import Record
 
 __all__ = ["RECONNECT_CAP_S", "RECONNECT_FIRST_S", "AsyncStore", "PipelinedCommitter"]
@@ -69,7 +70,7 @@ class AsyncStore(Protocol):
     async def close_async(self) -> None: ...
 
 
-class PipelinedCommitter(Generic[T]):
+class PipelinedCommitter(Backlog, Generic[T]):
     """Commits record batches through ``store`` on the running loop, one group in flight at a time.
 
     Args:
@@ -87,21 +88,16 @@ class PipelinedCommitter(Generic[T]):
         *,
         max_backlog_bytes: int = 0,
     ) -> None:
+        super().__init__(max_backlog_bytes)
         self.store = store
-        self.max_backlog_bytes = max_backlog_bytes
-        self.backlog_bytes = 0
-        self.held_back = 0  # times a reader waited in drained()
         self.transactions = 0  # groups committed
         self.batches = 0  # batches submitted
         self.reconnects = 0  # connections reopened after a loss (database failovers ridden through)
-        self.failed: BaseException | None = None
         self._release = release
         self._on_failure = on_failure
         self._group: list[Record] = []  # gathering: every batch since the last group was sent
         self._submitted = 0  # ticket of the latest batch
         self._waiting: deque[tuple[int, T]] = deque()
-        self._sizes: deque[tuple[int, int]] = deque()  # (ticket, size) of sized batches
-        self._below: asyncio.Event | None = None
         self._wake: asyncio.Future[None] | None = None  # the task waits on it while nothing is gathered
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -110,22 +106,6 @@ class PipelinedCommitter(Generic[T]):
     def pending(self) -> int:
         """Payloads waiting for a commit."""
         return len(self._waiting)
-
-    @property
-    def over(self) -> bool:
-        """Whether the backlog is past ``max_backlog_bytes`` (readers should await :meth:`drained`)."""
-        return bool(self.max_backlog_bytes) and self.backlog_bytes > self.max_backlog_bytes
-
-    async def drained(self) -> None:
-        """Return once the backlog is at most half of ``max_backlog_bytes`` (at once if it is)."""
-        if not self.over:
-            return
-        self.held_back += 1
-        if self._below is None:
-            self._below = asyncio.Event()
-        while self.backlog_bytes > self.max_backlog_bytes // 2 and self.failed is None:
-            self._below.clear()
-            await self._below.wait()
 
     def start(self) -> None:
         """Start the commit task on the running loop (it first opens the store's writer connection there)."""
@@ -138,9 +118,7 @@ class PipelinedCommitter(Generic[T]):
             return
         self.batches += 1
         self._submitted += 1
-        if size:
-            self.backlog_bytes += size
-            self._sizes.append((self._submitted, size))
+        self.added(self._submitted, size)
         self._waiting.append((self._submitted, payload))
         self._group.extend(records)
         wake = self._wake
@@ -240,18 +218,13 @@ class PipelinedCommitter(Generic[T]):
 
     def _done(self, ticket: int) -> None:
         self.transactions += 1
-        sizes = self._sizes
-        while sizes and sizes[0][0] <= ticket:
-            self.backlog_bytes -= sizes.popleft()[1]
-        if self._below is not None and self.backlog_bytes <= self.max_backlog_bytes // 2:
-            self._below.set()
+        self.committed(ticket)
         waiting = self._waiting
         while waiting and waiting[0][0] <= ticket and self.failed is None:
             self._release(waiting.popleft()[1])
 
     def _fail(self, exc: BaseException) -> None:
-        if self._below is not None:
-            self._below.set()  # nobody waits on a store that failed: the core stops
+        self.wake_all()
         if self.failed is None:
             self.failed = exc
             self._waiting.clear()
