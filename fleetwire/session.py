@@ -20,7 +20,8 @@ Theory of operation:
   once it ends, unless it still waits for its own replay.
 * **Outbox.** Encoded requests wait in the outbox; ``next_frame`` takes everything queued
   as one frame, several past ``COALESCE_LIMIT_BYTES`` (one larger message goes alone), so
-  batching never trips the coordinator's frame limit.
+  batching never trips the coordinator's frame limit. A posted message that goes alone (a
+  relayed 256 KiB chunk) is sent as the bytes it was encoded to, not copied into a frame again.
 * **Resuming** (fleetwire/resume.py decides when). ``resume`` queues, for the new
   connection, every request still waiting for its reply in ``req_id`` order (a submit
   always carries a plan id, so a re-sent one is idempotent), then a ``subscribe`` of every
@@ -149,7 +150,8 @@ class ClientSession:
         self._req_ids = itertools.count(1)
         self._pending: dict[int, PendingRequest] = {}
         self._streams: dict[str, list[PlanStream]] = {}
-        self._outbox: list[msgspec.Raw] = []
+        self._outbox: list[msgspec.Raw | bytes] = []  # bytes: a posted message (not re-sent after a reconnect)
+        self._posted = 0  # how many of the outbox's messages are posted ones (bytes)
         # Accepted and not ended: plan id -> its encoded submit, to resubmit a plan the coordinator lost.
         self._specs: dict[str, msgspec.Raw] = {}
         self.on_data: Callable[[DataChunk | DataCredit | DataEnd], None] | None = None
@@ -206,7 +208,8 @@ class ClientSession:
         """
         if self.ended is not None:
             raise self.ended
-        self._outbox.append(self.encode(msg))
+        self._outbox.append(self._codec.encode([msg]))
+        self._posted += 1
 
     def resend(self, req_id: int) -> bool:
         """Queue a pending request again (after an ``unavailable`` answer's wait); False if it is no longer pending."""
@@ -333,7 +336,11 @@ class ClientSession:
 
     def next_frame(self) -> bytes | None:
         """The next frame to send: the oldest queued requests, at most ``COALESCE_LIMIT_BYTES``
-        (one larger request goes alone); None when nothing is queued or the session ended."""
+        (one larger request goes alone); None when nothing is queued or the session ended.
+
+        A lone posted message (``post``: kept as the bytes it was encoded to) is its own frame,
+        not copied again: a relayed upload's 256 KiB chunks go out with one copy fewer.
+        """
         outbox = self._outbox
         if not outbox or self.ended is not None:
             return None
@@ -342,7 +349,14 @@ class ClientSession:
             if count and size + len(raw) > COALESCE_LIMIT_BYTES:
                 break
             count, size = count + 1, size + len(raw)
-        batch = outbox[:count]
+        if not self._posted:  # requests only (the hot path): as they were queued
+            batch = outbox[:count]
+        elif count == 1 and type(outbox[0]) is bytes:
+            self._posted -= 1
+            return outbox.pop(0)  # type: ignore[return-value]
+        else:
+            batch = [raw if type(raw) is not bytes else msgspec.Raw(raw) for raw in outbox[:count]]
+            self._posted -= sum(type(raw) is bytes for raw in outbox[:count])
         del outbox[:count]
         return self._codec.encode(batch)
 
@@ -364,6 +378,7 @@ class ClientSession:
             else:
                 outbox.append(raw)
         self._outbox[:] = outbox
+        self._posted = 0  # posted messages are not re-sent on a new connection
         for streams in self._streams.values():
             for stream in streams:
                 if stream.live and stream.final is None:
@@ -388,6 +403,7 @@ class ClientSession:
         self._streams.clear()
         self._specs.clear()
         self._outbox.clear()
+        self._posted = 0
 
     def _resubmit(self, stream: PlanStream) -> bool:
         """Submit again a plan the coordinator forgot, if this session submitted it; False if not."""

@@ -1,10 +1,13 @@
-"""The relay's throughput mechanics: one credit per quarter window, each chunk encoded once on its way."""
+"""The relay's throughput mechanics: one credit per quarter window, each chunk encoded once on its way,
+no second copy of a client's lone chunk."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import time
+import tracemalloc
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +16,20 @@ import pytest
 from coordinator.io.connection import MAX_OUT_FRAME_BYTES, Session
 from fleetwire.data import Grant, InputSource
 from fleetwire.relay import RelayTransport
+from fleetwire.session import ClientSession
 from protocol import Codec
-from protocol.messages import DataChunk, DataCredit, DataEnd, DataKey, DataOpen, FromWorker, ToClient
+from protocol.messages import (
+    DataChunk,
+    DataCredit,
+    DataEnd,
+    DataKey,
+    DataOpen,
+    FromClient,
+    FromWorker,
+    ListWorkers,
+    ToClient,
+    Workers,
+)
 from protocol.relay import DEFAULT_WINDOW_BYTES, MAX_CHUNK_BYTES, credit_every
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.unit.test_core import Harness
@@ -173,3 +188,32 @@ async def test_client_upload_sends_whole_chunks_in_order_within_credit() -> None
     relay.receive(DataEnd(plan_id="p", attempt=1, name="x", offset=len(data)))
     await asyncio.wait_for(task, 5)
     assert bytes(got) == data
+
+
+def test_a_lone_posted_chunk_is_its_frame_without_another_copy() -> None:
+    """A posted relay chunk alone in the client's outbox goes out as encoded: next_frame allocates no second copy."""
+    session = ClientSession("msgpack")
+    session.post(DataChunk(plan_id="p", attempt=1, name="x", offset=0, data=b"z" * MAX_CHUNK_BYTES))
+    tracemalloc.start()
+    try:
+        frame = session.next_frame()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < MAX_CHUNK_BYTES // 4
+    assert frame is not None and session.next_frame() is None
+    (msg,) = Codec("msgpack", FromClient, "client").decode(frame)
+    assert isinstance(msg, DataChunk) and msg.data == b"z" * MAX_CHUNK_BYTES
+
+
+def test_posted_messages_coalesce_with_requests_into_one_frame() -> None:
+    """Small posted messages and queued requests still go out as one array frame, in order."""
+    session = ClientSession("json")
+    session.post(DataCredit(plan_id="p", attempt=1, name="x", direction="get", offset=7))
+    ask = ListWorkers(req_id=session.next_req_id())
+    session.send_request(ask.req_id, ListWorkers, session.encode(ask), Workers, Future())
+    session.post(DataEnd(plan_id="p", attempt=1, name="x", direction="get", code="cancelled"))
+    frame = session.next_frame()
+    assert frame is not None and session.next_frame() is None
+    msgs = Codec("json", FromClient, "client").decode(frame.decode())
+    assert [type(m) for m in msgs] == [DataCredit, ListWorkers, DataEnd]
