@@ -126,8 +126,13 @@ class Chaos:
 
 def check_stream(plan: Plan, events: list[Any]) -> tuple[bool, int]:
     """(the stream is in order, resync markers in it)."""
-    seqs = [e.seq for e in events]
-    ordered = seqs == list(range(1, len(seqs) + 1))
+    expected, ordered = 1, True
+    for e in events:  # a resync marker (seq = its last_seq) stands for the run first_seq..last_seq
+        first = e.data.get("first_seq", e.seq) if e.kind == "resync" and isinstance(e.data, dict) else e.seq
+        if first != expected or e.seq < first:
+            ordered = False
+            break
+        expected = e.seq + 1
     terminal = [i for i, e in enumerate(events) if e.kind in TERMINAL_STATES]
     ordered = ordered and len(terminal) == 1 and terminal[0] == len(events) - 1
     return ordered, sum(e.kind == "resync" for e in events)

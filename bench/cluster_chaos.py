@@ -904,9 +904,12 @@ def stream_problems(events: list[Any], *, contiguous: bool) -> list[str]:
         problems.append("seqs out of order")
     if contiguous:
         expected = 1
-        for e in events:
-            if e.kind == "resync" and isinstance(e.data, dict) and "next_seq" in e.data:
-                expected = int(e.data["next_seq"])
+        for e in events:  # a resync marker (seq = its last_seq) stands for the run first_seq..last_seq
+            if e.kind == "resync" and isinstance(e.data, dict) and "first_seq" in e.data:
+                if int(e.data["first_seq"]) != expected or e.seq < expected:
+                    problems.append(f"gap: resync from {e.data['first_seq']} after {expected - 1}")
+                    break
+                expected = e.seq + 1
                 continue
             if e.seq != expected:
                 problems.append(f"gap: seq {e.seq} after {expected - 1}")

@@ -95,7 +95,8 @@ def status_of(plan: Plan) -> PlanStatus:
         state=plan.state,
         attempt=plan.attempt,
         worker_id=plan.worker_id,
-        next_seq=max(plan.next_seq, plan.seq_recorded),  # a reservation for unrecorded events (streams.py)
+        # a reservation for unrecorded events (streams.py), none once the stream has ended
+        next_seq=plan.next_seq if plan.terminal else max(plan.next_seq, plan.seq_recorded),
         result=plan.result,
         error=plan.error,
         waiting_reason=plan.waiting_reason,

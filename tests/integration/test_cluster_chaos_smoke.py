@@ -73,6 +73,13 @@ def test_stream_checker_flags_gaps_duplicates_and_illegal_transitions() -> None:
     jump = [_ev(1, "queued"), _ev(2, "running"), _ev(3, "succeeded")]
     problems = cluster_chaos.stream_problems(jump, contiguous=True)
     assert any("illegal transition queued -> running" in p for p in problems)
+    marker = Event(plan_id="p", kind="resync", seq=66, data={"recovered": False, "first_seq": 3, "last_seq": 66})
+    resynced = [_ev(1, "queued"), _ev(2, "waiting"), marker, _ev(67, "leased"), _ev(68, "running"),
+                _ev(69, "succeeded")]  # fmt: skip
+    assert cluster_chaos.stream_problems(resynced, contiguous=True) == []  # the marker stands for seqs 3..66
+    late = Event(plan_id="p", kind="resync", seq=66, data={"recovered": False, "first_seq": 5, "last_seq": 66})
+    skipped = [_ev(1, "queued"), _ev(2, "waiting"), late, _ev(67, "leased"), _ev(68, "running"), _ev(69, "succeeded")]
+    assert any("gap" in p for p in cluster_chaos.stream_problems(skipped, contiguous=True))  # 3..4 unaccounted
 
 
 def test_checker_counts_a_commit_under_a_stale_epoch_and_an_epoch_going_back() -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from coordinator.records import PlanStatus
 from coordinator.streams import UNRECORDED_SEQ_RESERVE
-from protocol.messages import Event, Requirements, Resync, Subscribe
+from protocol.messages import Accept, Assign, Done, Event, Requirements, Resync, Subscribe
+from tests.unit.test_core import only
 from tests.unit.test_durability_core import Durable
 
 
@@ -57,3 +58,23 @@ def test_after_a_restart_seqs_resume_past_the_unrecorded_ones_and_a_replay_resyn
     assert [m.kind if isinstance(m, Event) else "resync" for m in msgs] == ["queued", "resync", "waiting"]
     resync = msgs[1]  # the superseded and the unrecorded reasons: one run, never a silent gap
     assert isinstance(resync, Resync) and resync.first_seq == 2 and resync.last_seq == plan.events[-1].seq - 1
+
+
+def test_a_finished_plan_records_its_true_next_seq_so_a_restart_reports_its_last_seq() -> None:
+    """A plan that ends after unrecorded flips: its last status holds the real next_seq (no reservation left), so
+    after a restart get_plan's last_seq is its terminal event's seq (bench/chaos.py counted these as duplicates)."""
+    h = Durable()
+    c = h.client()
+    pid = h.submit(c, requirements=Requirements(tags=["gpu"]))
+    churn(h, 5)
+    w = h.worker("w2", tags=["gpu"])
+    assign = only(h.take(w), Assign)
+    h.send(w, Accept(plan_id=pid, attempt=assign.attempt, seq=1))
+    h.send(w, Done(plan_id=pid, attempt=assign.attempt, outcome="succeeded", result=1, seq=2))
+    plan = h.core.plans[pid]
+    terminal_seq = plan.events[-1].seq
+    assert plan.events[-1].kind == "succeeded"
+    statuses = [r for r in h.records if isinstance(r, PlanStatus) and r.plan_id == pid]
+    assert statuses[-1].next_seq == terminal_seq + 1
+    h.restart(now=100.0)
+    assert h.core.plans[pid].info().last_seq == terminal_seq
