@@ -288,6 +288,7 @@ _SELECT_PLANS_BY_ROWID = SELECT_PLANS + " ORDER BY rowid"  # a rowid table's own
 _OUT_OF_ORDER = (
     "SELECT EXISTS (SELECT 1 FROM (SELECT ord - lag(ord) OVER (ORDER BY rowid) AS step FROM plans) WHERE step < 0)"
 )
+_UNENCODABLE = (TypeError, ValueError, OverflowError)  # what msgspec raises for a payload it cannot hold
 _first = operator.itemgetter(0)
 _first_two = operator.itemgetter(0, 1)
 # Rows per statement. Multi-row statements need SQLite 3.33 (UPDATE ... FROM), whose limit is
@@ -573,6 +574,10 @@ class SQLiteStore:
         if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
             touched = {**fresh, **latest, **runs}
         encode, encode_run = self._encode, self._encode_run
+        # msgspec's encoder called here, ~3 statuses and runs a plan; _encode/_encode_run (their
+        # fallback for a payload msgpack cannot hold) only when it raises: a method call each saved.
+        raw_encode = self._encoder.encode
+        unencodable = _UNENCODABLE
         chained = self._events_crc
         chained_now: dict[str, int] = {}  # applied once committed, like the rowids
         ended: list[str] = []
@@ -590,7 +595,10 @@ class SQLiteStore:
             if run is not None:
                 if len(run) > 1:
                     run = run_by_seq(run)
-                body = encode_run(plan_id, run)
+                try:
+                    body = raw_encode(run)
+                except unencodable:
+                    body = encode_run(plan_id, run)
                 last = run[-1][2]
                 if last <= _INLINE_MAX_SEQ and len(run) < 16 and len(body) <= _INLINE_MAX_BYTES:
                     inline, count = body[1:], len(run)  # without its one-byte array header
@@ -605,7 +613,11 @@ class SQLiteStore:
             if status is None:
                 state = status_blob = status_crc = None
             else:
-                state, status_blob = status.state, encode(status)
+                state = status.state
+                try:
+                    status_blob = raw_encode(status)
+                except unencodable:
+                    status_blob = encode(status)
                 status_crc = crc(status_blob)
                 if state in TERMINAL_STATES:
                     ended.append(plan_id)  # no more inline events: its running checksum is dropped

@@ -223,6 +223,23 @@ def test_payload_msgpack_cannot_hold_is_stored_as_text(db: SQLiteStore) -> None:
     assert data == f"<not storable: {{'n': {2**70}}}>"
 
 
+def test_status_result_msgpack_cannot_hold_is_stored_as_text(db: SQLiteStore) -> None:
+    """A status whose result msgpack cannot encode is kept, with the result as text, next to a storable run."""
+    db.write([created("p"), event("p", 1, "ok"), PlanStatus("p", "succeeded", attempt=1, next_seq=2, result=2**70)])
+    (plan,) = db.load()
+    assert plan.status is not None and plan.status.result == f"<not storable: {2**70}>"
+    assert [(e.seq, e.data) for e in plan.events] == [(1, "ok")]
+
+
+def test_a_run_out_of_seq_order_is_stored_in_order_last_of_each_seq(db: SQLiteStore) -> None:
+    """One group's events of a plan written out of seq order, one seq twice: stored in order, the later kept."""
+    db.write([created("p"), event("p", 3, "c"), event("p", 1, "a"), event("p", 2, "b"), event("p", 1, "a2"),
+              PlanStatus("p", "running", attempt=1, next_seq=4)])  # fmt: skip
+    db.write([event("p", 4, "d"), event("p", 5, "e"), event("p", 6, "f"), PlanStatus("p", "running", next_seq=7)])
+    (plan,) = db.load()
+    assert [(e.seq, e.data) for e in plan.events] == [(1, "a2"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (6, "f")]
+
+
 def test_open_store_specs(tmp_path: Path) -> None:
     """--store memory | sqlite (in the data dir) | sqlite:PATH; anything else is refused with the choices."""
     assert isinstance(open_store("memory"), MemoryStore)
