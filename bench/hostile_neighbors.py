@@ -448,6 +448,10 @@ async def _bad_tokens(url: str, tally: _Tally, loops: int = 8) -> None:
                                    subprotocols=["fleetwire.v1.msgpack"], compression=None)  # type: ignore[list-item]
             except InvalidStatus as exc:
                 await tally.refusal(exc, "now")
+            except (InvalidMessage, OSError) as exc:  # closed in its handshake (e.g. a held answer cut): count, go on
+                key = type(exc).__name__
+                tally.refused[key] = tally.refused.get(key, 0) + 1
+                tally.attempts += 1
             else:
                 await ws.close()
                 tally.closed(ws)
