@@ -100,6 +100,12 @@ _INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its
 _INLINE_MAX_BYTES = 512
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 30.0  # a statement that hangs longer fails the write (fail-stop), never blocks forever
+# Every statement is planned for its own parameters. The group commit is one prepared statement;
+# after five runs PostgreSQL would switch to a generic plan made while fleetwire_plans was nearly
+# empty (a hash join over a full scan for the UPDATE of a few plans by key) and keep it until an
+# autoanalyze: a plan's terminal commit then cost ~2 ms at 10k plans and grew with the table
+# (submit -> result p50 2.85x SQLite's in bench/cluster_throughput.py; 1.7x with this).
+SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}  # PostgreSQL >= 12
 
 _CREATE_META = "CREATE TABLE IF NOT EXISTS fleetwire_meta (key text PRIMARY KEY, value text NOT NULL)"
 _CREATE_V1 = """
@@ -414,7 +420,8 @@ class PgStore:
     async def _connect(self, dsn: str) -> Any:
         asyncpg = self._asyncpg
         try:
-            return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S)
+            return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S,
+                                         server_settings=SERVER_SETTINGS)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {_cause(exc)}") from None
 

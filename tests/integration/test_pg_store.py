@@ -14,7 +14,7 @@ import pytest
 from coordinator.io.commit import GroupCommitter
 from coordinator.io.pg_commit import PipelinedCommitter
 from coordinator.io.pg_leases import ACQUIRE, ShardFenced
-from coordinator.io.pg_store import INDEXES, SCHEMA_VERSION, PgStore, ensure_indexes
+from coordinator.io.pg_store import INDEXES, SCHEMA_VERSION, SERVER_SETTINGS, PgStore, ensure_indexes
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.io.store import StoreError, open_store
 from coordinator.records import PlanForgotten, PlanStatus
@@ -47,6 +47,16 @@ def pg(pg_dsn: str) -> Iterator[PgStore]:
     store = hold(PgStore(pg_dsn, CLUSTER))
     yield store
     store.close()
+
+
+def test_the_store_plans_every_statement_for_its_own_parameters(pg: PgStore) -> None:
+    """The store's connections run with plan_cache_mode force_custom_plan: no generic plan made on an empty table."""
+
+    async def show() -> str:
+        return str(await pg.call(lambda conn: conn.fetchval("SHOW plan_cache_mode")))
+
+    assert SERVER_SETTINGS["plan_cache_mode"] == "force_custom_plan"
+    assert asyncio.run(show()) == "force_custom_plan"
 
 
 def test_round_trip_across_reopen(pg_dsn: str) -> None:
