@@ -1,4 +1,5 @@
-"""Backpressure from the store: the bytes of received frames waiting for their commit.
+"""What both committers keep while batches wait for their commit: the payloads to release in
+order once durable, and the backpressure of the bytes of frames behind them.
 
 The server's readers await :meth:`Backlog.drained` after a frame that left :attr:`Backlog.over`
 true, so a peer streaming faster than the disk is held back by TCP instead of growing the
@@ -10,25 +11,46 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 __all__ = ["Backlog"]
 
+T = TypeVar("T")
 
-class Backlog:
-    """The bytes of received frames waiting for their commit, and the readers held back by them.
 
-    Shared by the committers (this module's, coordinator/io/pg_commit.py's): :meth:`added` when a
-    batch is submitted, :meth:`committed` when every batch up to a ticket is durable,
-    :meth:`wake_all` when the store failed (nobody waits on a failed store: the core stops).
+class Backlog(Generic[T]):
+    """Batches waiting for their commit: their payloads, released in order once durable, and their bytes.
+
+    Shared by the committers (coordinator/io/commit.py, coordinator/io/pg_commit.py): :meth:`queued`
+    when a batch is submitted, :meth:`after` for a payload that needs no records, :meth:`committed`
+    when every batch up to a ticket is durable, :meth:`fail` when the store failed (nothing more
+    is released, readers waiting in :meth:`drained` return: the core stops).
+
+    Args:
+        release: called on the event loop with each payload once its batch (and every earlier one)
+            is committed.
+        on_failure: called on the event loop, once, when the store failed.
+        max_backlog_bytes: :attr:`over` past this many bytes waiting for a commit (0: no bound).
     """
 
-    def __init__(self, max_backlog_bytes: int = 0) -> None:
+    def __init__(self, release: Callable[[T], None], on_failure: Callable[[BaseException], None],
+                 max_backlog_bytes: int = 0) -> None:
         self.max_backlog_bytes = max_backlog_bytes  # 0: no bound
         self.backlog_bytes = 0  # sizes given to submit() still waiting for their commit
         self.held_back = 0  # times a reader waited in drained()
         self.failed: BaseException | None = None
+        self.submitted = 0  # ticket of the latest batch
+        self._release = release
+        self._on_failure = on_failure
+        self._waiting: deque[tuple[int, T]] = deque()  # (ticket, payload) not yet released
         self._sizes: deque[tuple[int, int]] = deque()  # (ticket, size) of sized batches
         self._below: asyncio.Event | None = None
+
+    @property
+    def pending(self) -> int:
+        """Payloads waiting for a commit."""
+        return len(self._waiting)
 
     @property
     def over(self) -> bool:
@@ -46,21 +68,41 @@ class Backlog:
             self._below.clear()
             await self._below.wait()
 
-    def added(self, ticket: int, size: int) -> None:
-        """Batch ``ticket`` brought ``size`` bytes of frames."""
+    def queued(self, payload: T, size: int) -> int:
+        """A batch of ``size`` bytes of frames was submitted; ``payload`` goes once it is durable. Its ticket."""
+        self.submitted += 1
+        ticket = self.submitted
         if size:
             self.backlog_bytes += size
             self._sizes.append((ticket, size))
+        self._waiting.append((ticket, payload))
+        return ticket
+
+    def after(self, payload: T) -> None:
+        """Release ``payload`` once every batch submitted so far is durable (at once if none waits)."""
+        if self.failed is not None:
+            return
+        if not self._waiting:
+            self._release(payload)
+        else:
+            self._waiting.append((self.submitted, payload))
 
     def committed(self, ticket: int) -> None:
-        """Every batch up to ``ticket`` is durable: their bytes leave the backlog."""
+        """Every batch up to ``ticket`` is durable: their bytes leave the backlog, their payloads go."""
         sizes = self._sizes
         while sizes and sizes[0][0] <= ticket:
             self.backlog_bytes -= sizes.popleft()[1]
         if self._below is not None and self.backlog_bytes <= self.max_backlog_bytes // 2:
             self._below.set()
+        waiting = self._waiting
+        while waiting and waiting[0][0] <= ticket and self.failed is None:
+            self._release(waiting.popleft()[1])
 
-    def wake_all(self) -> None:
-        """The store failed: readers waiting in :meth:`drained` return."""
+    def fail(self, exc: BaseException) -> None:
+        """The store failed: nothing more is released; the first failure is reported."""
         if self._below is not None:
-            self._below.set()
+            self._below.set()  # nobody waits on a store that failed: the core stops
+        if self.failed is None:
+            self.failed = exc
+            self._waiting.clear()
+            self._on_failure(exc)

@@ -54,9 +54,8 @@ import asyncio
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import structlog
 
@@ -82,7 +81,7 @@ INLINE_SLOW_S = 0.002  # inline commits slower than this on average ...
 INLINE_COOLDOWN_S = 1.0  # ... sends every commit to the writer thread for this long
 
 
-class GroupCommitter(Backlog, Generic[T]):
+class GroupCommitter(Backlog[T]):
     """Writes record batches through ``store`` and releases their payloads, in order, once committed.
 
     Args:
@@ -111,18 +110,14 @@ class GroupCommitter(Backlog, Generic[T]):
         inline_slow_s: float = INLINE_SLOW_S,
         inline_max_bytes: int = INLINE_MAX_BYTES,
     ) -> None:
-        super().__init__(max_backlog_bytes)
+        super().__init__(release, on_failure, max_backlog_bytes)
         self.store = store
         self.transactions = 0  # groups committed
         self.batches = 0  # batches submitted
-        self._release = release
-        self._on_failure = on_failure
         self._check_files: Callable[[], None] | None = getattr(store, "check_files", None)
         self._file_check_interval_s = file_check_interval_s
         self._next_file_check = 0.0
-        self._submitted = 0  # ticket of the latest batch
         self._committed = 0  # every ticket up to this one is durable
-        self._waiting: deque[tuple[int, T]] = deque()
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -136,11 +131,6 @@ class GroupCommitter(Backlog, Generic[T]):
         self._inline_avg_s = 0.0  # the inline commits' moving average
         self._inline_slow_s = inline_slow_s
         self.inline_commits = 0  # groups committed on the loop
-
-    @property
-    def pending(self) -> int:
-        """Payloads waiting for a commit."""
-        return len(self._waiting)
 
     def start(self) -> None:
         """Start the writer thread (a blocking store only); call on the event loop."""
@@ -164,18 +154,16 @@ class GroupCommitter(Backlog, Generic[T]):
                 self._fail(exc)
                 return
             self.transactions += 1
-            self._release(payload)
+            self.after(payload)  # nothing ever waits without a writer thread: released at once
             return
-        self._submitted += 1
-        self.added(self._submitted, size)
-        self._waiting.append((self._submitted, payload))
+        ticket = self.queued(payload, size)
         if self._inline is not None:  # this loop iteration's group for the loop
             self._inline.append(records)
             self._inline_size += len(records)
             self._inline_bytes += size
             return
         if (
-            self._committed == self._submitted - 1  # the writer has nothing in flight
+            self._committed == ticket - 1  # the writer has nothing in flight
             and len(records) <= self._inline_max
             and size <= self._inline_max_bytes
             and self._loop is not None
@@ -186,16 +174,7 @@ class GroupCommitter(Backlog, Generic[T]):
             self._inline_bytes = size
             self._loop.call_soon(self._commit_inline)
             return
-        self._queue.put((self._submitted, records))
-
-    def after(self, payload: T) -> None:
-        """Release ``payload`` once every batch submitted so far is durable (at once if none waits)."""
-        if self.failed is not None:
-            return
-        if not self._waiting:
-            self._release(payload)
-        else:
-            self._waiting.append((self._submitted, payload))
+        self._queue.put((ticket, records))
 
     async def close(self) -> None:
         """Write what is queued, release it, and stop the writer thread."""
@@ -245,7 +224,7 @@ class GroupCommitter(Backlog, Generic[T]):
         groups, self._inline = self._inline, None
         if groups is None or self.failed is not None:
             return
-        ticket = self._submitted  # every batch since the writer went idle is in the group
+        ticket = self.submitted  # every batch since the writer went idle is in the group
         records = groups[0] if len(groups) == 1 else [r for g in groups for r in g]
         if (
             not on_loop or self._inline_size > self._inline_max or self._inline_bytes > self._inline_max_bytes
@@ -283,14 +262,7 @@ class GroupCommitter(Backlog, Generic[T]):
                 return
         self.transactions += 1
         self._committed = ticket
-        waiting = self._waiting
         self.committed(ticket)
-        while waiting and waiting[0][0] <= ticket and self.failed is None:
-            self._release(waiting.popleft()[1])
 
     def _fail(self, exc: BaseException) -> None:
-        self.wake_all()
-        if self.failed is None:
-            self.failed = exc
-            self._waiting.clear()
-            self._on_failure(exc)
+        self.fail(exc)

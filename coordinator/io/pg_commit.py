@@ -37,9 +37,8 @@ Backpressure is the same byte count: :attr:`backlog_bytes` waits for a commit, a
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -70,7 +69,7 @@ class AsyncStore(Protocol):
     async def close_async(self) -> None: ...
 
 
-class PipelinedCommitter(Backlog, Generic[T]):
+class PipelinedCommitter(Backlog[T]):
     """Commits record batches through ``store`` on the running loop, one group in flight at a time.
 
     Args:
@@ -88,24 +87,15 @@ class PipelinedCommitter(Backlog, Generic[T]):
         *,
         max_backlog_bytes: int = 0,
     ) -> None:
-        super().__init__(max_backlog_bytes)
+        super().__init__(release, on_failure, max_backlog_bytes)
         self.store = store
         self.transactions = 0  # groups committed
         self.batches = 0  # batches submitted
         self.reconnects = 0  # connections reopened after a loss (database failovers ridden through)
-        self._release = release
-        self._on_failure = on_failure
         self._group: list[Record] = []  # gathering: every batch since the last group was sent
-        self._submitted = 0  # ticket of the latest batch
-        self._waiting: deque[tuple[int, T]] = deque()
         self._wake: asyncio.Future[None] | None = None  # the task waits on it while nothing is gathered
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-
-    @property
-    def pending(self) -> int:
-        """Payloads waiting for a commit."""
-        return len(self._waiting)
 
     def start(self) -> None:
         """Start the commit task on the running loop (it first opens the store's writer connection there)."""
@@ -117,24 +107,13 @@ class PipelinedCommitter(Backlog, Generic[T]):
         if self.failed is not None:
             return
         self.batches += 1
-        self._submitted += 1
-        self.added(self._submitted, size)
-        self._waiting.append((self._submitted, payload))
+        self.queued(payload, size)
         self._group.extend(records)
         wake = self._wake
         if wake is not None:
             self._wake = None
             if not wake.done():
                 wake.set_result(None)
-
-    def after(self, payload: T) -> None:
-        """Release ``payload`` once every batch submitted so far is durable (at once if none waits)."""
-        if self.failed is not None:
-            return
-        if not self._waiting:
-            self._release(payload)
-        else:
-            self._waiting.append((self._submitted, payload))
 
     async def close(self) -> None:
         """Commit what is gathered, release it, and close the store's writer connection."""
@@ -171,7 +150,7 @@ class PipelinedCommitter(Backlog, Generic[T]):
                 self._wake = loop.create_future()
                 await self._wake
                 continue
-            group, ticket = self._group, self._submitted
+            group, ticket = self._group, self.submitted
             self._group = []
             try:
                 await self.store.write_async(group)
@@ -212,21 +191,15 @@ class PipelinedCommitter(Backlog, Generic[T]):
             log.warning("store connection reopened", store=self.store.description)
             return True
         if self._group:  # closing with batches that could not be written
-            self._fail(ConnectionError(f"the store {self.store.description} stayed away; {len(self._waiting)} "
+            self._fail(ConnectionError(f"the store {self.store.description} stayed away; {self.pending} "
                                        "replies were never sent"))  # fmt: skip
         return False
 
     def _done(self, ticket: int) -> None:
         self.transactions += 1
         self.committed(ticket)
-        waiting = self._waiting
-        while waiting and waiting[0][0] <= ticket and self.failed is None:
-            self._release(waiting.popleft()[1])
 
     def _fail(self, exc: BaseException) -> None:
-        self.wake_all()
         if self.failed is None:
-            self.failed = exc
-            self._waiting.clear()
             self._group = []
-            self._on_failure(exc)
+        self.fail(exc)
