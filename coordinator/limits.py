@@ -70,7 +70,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Final, Literal
 from urllib.parse import urlsplit
 
-__all__ = ["PENALIZED_CLOSES", "Limits", "PenaltyBox", "PlanQuota", "TokenBucket", "host_refused", "origin_refused"]
+__all__ = [
+    "PENALIZED_CLOSES", "CostBuckets", "Limits", "PenaltyBox", "PlanQuota", "TokenBucket", "host_refused",
+    "origin_refused",
+]
 
 Role = Literal["worker", "client"]
 
@@ -249,6 +252,30 @@ class Limits:
         if rate <= 0:
             return None
         return TokenBucket(rate, burst, self.flood_grace_s, now)
+
+
+class CostBuckets:
+    """Each principal's work-unit bucket (:meth:`Limits.cost_bucket`), shared by all its sessions.
+
+    Made on first use; bounded: past ``max_principals`` all are forgotten (each starts full again).
+    """
+
+    def __init__(self, limits: Limits, max_principals: int = 100_000) -> None:
+        self.limits = limits
+        self.max_principals = max_principals
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def get(self, principal: str, now: float) -> TokenBucket | None:
+        """The principal's bucket; None when the cost limit is off."""
+        bucket = self._buckets.get(principal)
+        if bucket is None:
+            bucket = self.limits.cost_bucket(now)
+            if bucket is None:
+                return None
+            if len(self._buckets) > self.max_principals:
+                self._buckets.clear()
+            self._buckets[principal] = bucket
+        return bucket
 
 
 @dataclass

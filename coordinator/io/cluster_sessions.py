@@ -83,7 +83,7 @@ from coordinator.io.cluster_views import (
     want_workers,
     workers_summary,
 )
-from coordinator.limits import Limits, TokenBucket
+from coordinator.limits import CostBuckets, Limits, TokenBucket
 from coordinator.operator_requests import MAX_LIST_LIMIT, PAGE_BYTES
 from coordinator.plans import Plan
 from protocol import SUBPROTOCOL_MSGPACK, Codec
@@ -348,7 +348,7 @@ class ViewSessions:
         self.limits = limits or Limits()
         self.cost_throttles = 0  # frames after which a principal over its work-unit rate was throttled
         self.rate_closes = 0  # view sessions closed 4429 (message rate)
-        self._costs: dict[str, TokenBucket] = {}
+        self._costs = CostBuckets(self.limits)
         self._counts: dict[str | None, tuple[float, dict[str, int]]] = {}  # owner -> (read at, counts per state)
         self.renew_s = renew_s
         self.where = where
@@ -362,15 +362,7 @@ class ViewSessions:
 
     def cost_bucket(self, principal: str) -> TokenBucket | None:
         """The principal's work-unit bucket, shared by its view sessions; None when the cost limit is off."""
-        bucket = self._costs.get(principal)
-        if bucket is None:
-            bucket = self.limits.cost_bucket(time.monotonic())
-            if bucket is None:
-                return None
-            if len(self._costs) > 100_000:  # bounded: forget them all (each starts full again)
-                self._costs.clear()
-            self._costs[principal] = bucket
-        return bucket
+        return self._costs.get(principal, time.monotonic())
 
     async def counts(self, conn: Any, owner: str | None) -> tuple[dict[str, int], int]:
         """``(plans per state of owner, rows scanned)``: cached :data:`COUNTS_TTL_S` (0 rows scanned when cached)."""

@@ -53,7 +53,7 @@ from coordinator.io.pg_commit import PipelinedCommitter
 from coordinator.io.pg_leases import LeaseKeeper, ShardFenced
 from coordinator.io.provision import Provider, Provisioner
 from coordinator.io.store import Store, open_store
-from coordinator.limits import Limits, TokenBucket
+from coordinator.limits import CostBuckets, Limits
 from coordinator.records import StoredPlan
 from coordinator.shards import ClusterConfig
 from coordinator.stats import FrameCounters
@@ -255,7 +255,7 @@ class CoordinatorServer:
         self._background: set[asyncio.Task[None]] = set()  # closes the server started itself
         self._sessions: dict[int, Session] = {}
         self._held: dict[str, int] = {}  # open client sessions per principal (connection shares)
-        self._costs: dict[str, TokenBucket] = {}  # work-unit buckets per principal (coordinator/limits.py)
+        self._costs = CostBuckets(settings.limits)  # work-unit buckets per principal (coordinator/limits.py)
         self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
         self._conn_ids = itertools.count(1)
         self._codecs: dict[tuple[Role, Encoding], Codec] = {
@@ -601,7 +601,7 @@ class CoordinatorServer:
         self._flush()
         limits = self.settings.limits
         bucket = limits.bucket(role, time.monotonic())
-        cost = self._cost_bucket(principal.name) if role == "client" else None
+        cost = self._costs.get(principal.name, time.monotonic()) if role == "client" else None
         outbox = core.outbox
         frame_budget = limits.frame_cost_budget
         try:
@@ -729,18 +729,6 @@ class CoordinatorServer:
     def _held_by(self, principal: str) -> int:
         """Open sessions of ``principal`` (its connection share, coordinator/limits.py)."""
         return self._held.get(principal, 0)
-
-    def _cost_bucket(self, principal: str) -> TokenBucket | None:
-        """The principal's work-unit bucket, shared by its sessions; None when the cost limit is off."""
-        bucket = self._costs.get(principal)
-        if bucket is None:
-            bucket = self.settings.limits.cost_bucket(time.monotonic())
-            if bucket is None:
-                return None
-            if len(self._costs) > 100_000:  # bounded: forget them all (each starts full again)
-                self._costs.clear()
-            self._costs[principal] = bucket
-        return bucket
 
     def _deliver(self, effects: Effects) -> None:
         sessions = self._sessions

@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from coordinator.limits import Limits
+from coordinator.limits import CostBuckets, Limits
 from coordinator.operator_requests import PAGE_BYTES, PAGE_ROWS
 from coordinator.streams import REPLAY_SLICE_EVENTS
 from protocol.caps import MAX_TAG_BYTES, MAX_TAGS
@@ -223,3 +223,15 @@ def test_connection_shares_and_the_workers_reserve(
         assert problem is None
     else:
         assert problem is not None and refused in problem
+
+
+def test_a_principals_sessions_share_one_cost_bucket_and_the_table_is_bounded() -> None:
+    """Two lookups of one principal give the same bucket; another principal its own; none when the limit is off;
+    past the bound every bucket is forgotten and starts full again."""
+    buckets = CostBuckets(Limits(cost_rate=10.0, cost_burst=20.0), max_principals=2)
+    a = buckets.get("a", 0.0)
+    assert a is not None and buckets.get("a", 1.0) is a and buckets.get("b", 1.0) is not a
+    buckets.get("c", 1.0)
+    buckets.get("d", 1.0)  # three held: over the bound, the table starts again
+    assert buckets.get("a", 2.0) is not a
+    assert CostBuckets(Limits(cost_rate=0.0)).get("a", 0.0) is None
