@@ -100,12 +100,19 @@ _INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its
 _INLINE_MAX_BYTES = 512
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 30.0  # a statement that hangs longer fails the write (fail-stop), never blocks forever
-# Every statement is planned for its own parameters. The group commit is one prepared statement;
-# after five runs PostgreSQL would switch to a generic plan made while fleetwire_plans was nearly
-# empty (a hash join over a full scan for the UPDATE of a few plans by key) and keep it until an
-# autoanalyze: a plan's terminal commit then cost ~2 ms at 10k plans and grew with the table
-# (submit -> result p50 2.85x SQLite's in bench/cluster_throughput.py; 1.7x with this).
+# The lease and view connections plan every statement for its own parameters. Left to itself,
+# after five runs PostgreSQL would switch a prepared statement to a generic plan made while
+# fleetwire_plans was nearly empty (a hash join over a full scan for the UPDATE of a few plans by
+# key) and keep it until an autoanalyze: a plan's terminal commit then cost ~2 ms at 10k plans and
+# grew with the table (submit -> result p50 2.85x SQLite's in bench/cluster_throughput.py).
 SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}  # PostgreSQL >= 12
+# The writer connection runs the same few statements thousands of times a second: planning each
+# one again (a custom plan) cost ~0.1-0.4 ms of every group commit's round trip. It keeps one
+# generic plan per statement instead, made with sequential scans priced out, so the plan is the
+# index one whatever the table held when it was made (every commit statement reaches its rows by
+# key; the fence reads the lease rows through their primary key). A shard's load on the same
+# connection turns sequential scans back on for its own transaction (it reads whole shards).
+WRITER_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
 
 _CREATE_META = "CREATE TABLE IF NOT EXISTS fleetwire_meta (key text PRIMARY KEY, value text NOT NULL)"
 _CREATE_V1 = """
@@ -374,7 +381,7 @@ class PgStore:
         self._dsn = dsn
         self._leases: Any = None
         try:
-            self._writer = self._run(self._connect(dsn))
+            self._writer = self._run(self._connect(dsn, writer=True))
             self._leases = self._sync(self._connect(dsn))
             self._run(self._setup())
         except BaseException:
@@ -417,11 +424,11 @@ class PgStore:
 
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self._loop))
 
-    async def _connect(self, dsn: str) -> Any:
+    async def _connect(self, dsn: str, *, writer: bool = False) -> Any:
         asyncpg = self._asyncpg
         try:
             return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S,
-                                         server_settings=SERVER_SETTINGS)
+                                         server_settings=WRITER_SETTINGS if writer else SERVER_SETTINGS)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {_cause(exc)}") from None
 
@@ -518,6 +525,7 @@ class PgStore:
     async def _fetch(self, shards: list[int]) -> tuple[list[Any], list[Any]]:
         conn = self._writer
         async with conn.transaction(isolation="repeatable_read", readonly=True):
+            await conn.execute("SET LOCAL enable_seqscan = on")  # whole shards: see WRITER_SETTINGS
             plans = await conn.fetch(_SELECT_PLANS, shards)
             events = await conn.fetch(_SELECT_EVENTS, shards)
         return plans, events
@@ -551,7 +559,7 @@ class PgStore:
         old = self._awriter
         if old is not None and not old.is_closed():
             return
-        conn = await self._connect(self._dsn)
+        conn = await self._connect(self._dsn, writer=True)
         if on_lost is not None:
             conn.add_termination_listener(lambda _conn: on_lost())
         self._awriter, self._async = conn, True

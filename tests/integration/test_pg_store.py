@@ -14,7 +14,15 @@ import pytest
 from coordinator.io.commit import GroupCommitter
 from coordinator.io.pg_commit import PipelinedCommitter
 from coordinator.io.pg_leases import ACQUIRE, ShardFenced
-from coordinator.io.pg_store import INDEXES, SCHEMA_VERSION, SERVER_SETTINGS, PgStore, ensure_indexes
+from coordinator.io.pg_store import (
+    INDEXES,
+    SCHEMA_VERSION,
+    SERVER_SETTINGS,
+    WRITER_SETTINGS,
+    PgStore,
+    commit_statement,
+    ensure_indexes,
+)
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.io.store import StoreError, open_store
 from coordinator.records import PlanForgotten, PlanStatus
@@ -50,13 +58,40 @@ def pg(pg_dsn: str) -> Iterator[PgStore]:
 
 
 def test_the_store_plans_every_statement_for_its_own_parameters(pg: PgStore) -> None:
-    """The store's connections run with plan_cache_mode force_custom_plan: no generic plan made on an empty table."""
+    """The lease connection runs with plan_cache_mode force_custom_plan: no generic plan made on an empty table."""
 
     async def show() -> str:
         return str(await pg.call(lambda conn: conn.fetchval("SHOW plan_cache_mode")))
 
     assert SERVER_SETTINGS["plan_cache_mode"] == "force_custom_plan"
     assert asyncio.run(show()) == "force_custom_plan"
+
+
+def test_the_writers_generic_plan_reaches_plans_by_key_whatever_the_table_held(pg: PgStore, pg_dsn: str) -> None:
+    """A commit's generic plan made on an empty table still updates plans through the primary key once it is full."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    update = commit_statement(False, False, True, False)
+    args = "ARRAY[0], ARRAY[1::bigint], 'o', ARRAY[{k}::bigint], ARRAY['succeeded'], ARRAY['\\x00'::bytea], " \
+           "ARRAY[NULL::bytea], ARRAY[0], ARRAY[1::bigint], ARRAY[NULL::bigint]"
+
+    async def plan_after_filling() -> str:
+        conn = await asyncpg.connect(pg_dsn, server_settings=WRITER_SETTINGS)
+        try:
+            await conn.execute(f"PREPARE commit_update AS {update}")
+            await conn.execute(f"EXECUTE commit_update({args.format(k=1)})")  # the generic plan is made now: no rows
+            await conn.execute(
+                "INSERT INTO fleetwire_plans (key, shard, id, owner, ord, state, spec, spec_crc) "
+                "SELECT g, 0, 'p' || g, 'o', g, 'queued', '\\x00', 0 FROM generate_series(1, 20000) g")
+            rows = await conn.fetch(f"EXPLAIN EXECUTE commit_update({args.format(k=7)})")
+            return "\n".join(r[0] for r in rows)
+        finally:
+            await conn.close()
+
+    plan = asyncio.run(plan_after_filling())
+    assert "$" in plan, plan  # the generic plan (parameters unbound), not one made for these values
+    assert "Index Scan using fleetwire_plans_pkey on fleetwire_plans" in plan, plan
+    assert "Seq Scan on fleetwire_plans" not in plan, plan
 
 
 def test_round_trip_across_reopen(pg_dsn: str) -> None:
