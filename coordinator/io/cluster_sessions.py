@@ -83,6 +83,7 @@ from coordinator.io.cluster_views import (
     want_workers,
     workers_summary,
 )
+from coordinator.io.pg_store import SERVER_SETTINGS
 from coordinator.limits import CostBuckets, Limits, TokenBucket
 from coordinator.operator_requests import MAX_LIST_LIMIT, PAGE_BYTES
 from coordinator.plans import Plan
@@ -396,8 +397,10 @@ class ViewSessions:
             if self._pool is None:
                 import asyncpg  # type: ignore[import-untyped]
 
+                # Planned for their parameters, as the lease connection (pg_store.py SERVER_SETTINGS):
+                # a generic plan made while the plans table was small would scan it whole later.
                 self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=2, timeout=10,
-                                                       command_timeout=30)  # fmt: skip
+                                                       command_timeout=30, server_settings=SERVER_SETTINGS)  # fmt: skip
         async with self._pool.acquire() as conn:
             yield conn
 
