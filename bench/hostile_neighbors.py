@@ -23,7 +23,8 @@ counted apart), its own CPU and the coordinator's CPU during the hostile chunks:
 * ``flood``: a client sending single-message frames as fast as it can (throttled, then 4429,
   then reconnecting);
 * ``oversize``: a client sending 10 MiB frames in a loop (each closed 1009, reconnecting);
-* ``oversize elsewhere`` (``--control``): the same neighbour aimed at a second, identical
+* ``oversize elsewhere`` (``--control``; every phase gets its ``<phase> elsewhere`` row): the
+  same neighbour aimed at a second, identical
   coordinator on the same machine. What it costs the legitimate client is what sharing two
   cores with the neighbour costs (its CPU, the kernel's copies, the other coordinator's
   work), not what fleetwire's coordinator pays; the difference to ``oversize`` is fleetwire's.
@@ -36,8 +37,11 @@ counted apart), its own CPU and the coordinator's CPU during the hostile chunks:
   until refused), ``f4-connections`` (one token opening 3,000 sessions), ``f5-tags`` (1,000 plans
   with 64 tags of 128 bytes while a worker connects and disconnects in a loop), ``f5-distinct`` (the
   same with a tag list of its own per plan, under the churning worker's op, so every connect and
-  disconnect changes every plan's waiting reason), ``f6-idle-sockets``
-  (2,000 token-less TCP connections that never send a byte, reopened when dropped), ``f9-metrics``
+  disconnect changes every plan's waiting reason; in both the churning worker id is refused past
+  its reconnect budget, ``too_many_reconnects`` and 4429, then the penalty box's 429s), ``f6-idle-sockets``
+  (2,000 token-less TCP connections that never send a byte, reopened when dropped; after each
+  hostile chunk, 20 fresh legitimate connects are timed while it goes on: ``legit_connect_ms``),
+  ``f9-metrics``
   (500 idle workers, then 6 loops scraping the unauthenticated ``/metrics``), ``f10-401-flood``
   (8 loops of upgrades with a wrong token) and ``f11-dashboard``
   (100 plans with 0.9 MB results listed every 100 ms); the targets are legit p99 within +25 % and
@@ -337,13 +341,17 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                 while True:
                     try:
                         worker = await _open(url, "worker")
-                    except (InvalidStatus, InvalidMessage, OSError) as exc:  # closed in its handshake: count, go on
+                    except InvalidStatus as exc:  # the penalty box (429) after a refused hello: at once again
+                        await tally.refusal(exc, "now")
+                        continue
+                    except (InvalidMessage, OSError) as exc:  # closed in its handshake: count, go on
                         key = type(exc).__name__
                         tally.refused[key] = tally.refused.get(key, 0) + 1
                         tally._print()
                         continue
-                    await worker.send(hello)
-                    await worker.recv()
+                    with contextlib.suppress(ConnectionClosed):  # welcome, or too_many_reconnects and 4429
+                        await worker.send(hello)
+                        await worker.recv()
                     await worker.close()
                     tally.closed(worker)
             elif kind == "f11-dashboard":  # finished plans with 1 MB results, listed every 100 ms
@@ -583,6 +591,8 @@ async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, targe
     hostile: list[list[float]] = []
     coord_cpu = neigh_cpu = wall = base_cpu = base_wall = 0.0
     attempts = 0  # while a hostile chunk is measured
+    connects: list[float] = []  # f6: fresh legitimate connects while the neighbour runs (seconds)
+    connect_failures: dict[str, int] = {}
     for r in range(ns.rounds):
         spy = _Spy(ns.profile if r == 0 else None, coordinator.proc.pid, f"{label}-baseline")
         t0, c0 = time.perf_counter(), coordinator.cpu_s()
@@ -601,6 +611,8 @@ async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, targe
         neigh_cpu += neighbour.cpu_s() - n0
         attempts += neighbour.last["attempts"] - a0
         peak_rss = max(peak_rss, coordinator.ps.memory_info().rss)
+        if kind == "f6-idle-sockets":
+            await _connects(coordinator.url, 20, connects, connect_failures)
         neighbour.pause()
     base.append(await _latencies(legit, ns.requests))
     last = dict(neighbour.last)
@@ -632,7 +644,24 @@ async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, targe
         "its_closes": last["closes"],
         "its_refusals": last["refused"],
         "coordinator_rss_growth_mb": round((peak_rss - rss_before) / 2**20, 1),
+        **({"legit_connect_ms": {"p50": round(statistics.median(connects) * 1e3, 2),
+                                 "max": round(max(connects) * 1e3, 2), "n": len(connects),
+                                 "failed": connect_failures}} if connects else
+           {"legit_connect_ms": {"failed": connect_failures}} if connect_failures else {}),
     }
+
+
+async def _connects(url: str, n: int, out: list[float], failures: dict[str, int]) -> None:
+    """``n`` fresh legitimate connects one after another, each timed from connect to the finished upgrade."""
+    for _ in range(n):
+        start = time.perf_counter()
+        try:
+            ws = await _open(url, open_timeout=10)
+        except (InvalidStatus, InvalidMessage, OSError, TimeoutError) as exc:
+            failures[type(exc).__name__] = failures.get(type(exc).__name__, 0) + 1
+            continue
+        out.append(time.perf_counter() - start)
+        await ws.close()
 
 
 async def _slowloris(legit: ClientConnection, url: str, n: int) -> dict[str, Any]:

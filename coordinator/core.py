@@ -58,6 +58,7 @@ from coordinator.placement.placer import Placement, PlacementConfig
 from coordinator.placement.plan_queue import PlanQueue
 from coordinator.plans import EVERY_PRINCIPAL, Plan, Subscriptions, held_size
 from coordinator.receipts import Footprint
+from coordinator.reconnects import ReconnectBudget
 from coordinator.records import Journal, StoredPlan
 from coordinator.recovery import Recovery
 from coordinator.registry import WorkerRegistry
@@ -110,6 +111,8 @@ class CoreConfig:
     plan_retention_s: float = 86_400.0  # finished plans are forgotten this long after they end (0: never)
     plan_retention_bytes: int = DEFAULT_RETENTION_BYTES  # ... or, oldest first, past these retained bytes (0: none)
     run_timeout_grace_s: float = DEFAULT_GRACE_S  # a running attempt past timeout_s + this fails (timeouts.py)
+    worker_reconnect_rate: float = 0.2  # registrations per second a worker id regains (0: no budget; reconnects.py)
+    worker_reconnect_burst: int = 10  # ... and may make at once; past it hello gets too_many_reconnects + 4429
 
 
 class Coordinator:
@@ -193,6 +196,7 @@ class Coordinator:
             version=config.version, prefetch=config.placement.prefetch, data=self.data, relay=self.relay,
             new_secret=new_secret or map("secret-{}".format, itertools.count(1)).__next__, timeouts=self.timeouts,
             footprint=self.footprint, journal=journal,
+            reconnects=ReconnectBudget(config.worker_reconnect_rate, config.worker_reconnect_burst),
         )
         self.operator.remover = self.workers.remove  # remove_worker (operator_requests.py)
         self.clients = ClientSessions(
@@ -218,12 +222,15 @@ class Coordinator:
         admin: bool = False,
         worker_ids: str | None = None,
         identity: str = "",
+        named_worker_id: str | None = None,
     ) -> None:
         """A connection was accepted. ``admin`` sessions see every principal's plans.
 
         ``worker_ids`` limits the ids a worker session may register (a glob; None: any).
         ``identity`` names the peer's verified client certificate (mTLS), "" when none: a
         worker session with the same identity as a live id's holder may take that id over.
+        ``named_worker_id``: the id a worker's upgrade request named (``?worker_id=``, docs/PROTOCOL.md
+        §1), None when none; its ``hello`` must name the same id (else 4403).
 
         Raises:
             ValueError: ``conn_id`` is already open (a driver bug).
@@ -231,7 +238,8 @@ class Coordinator:
         if conn_id in self.sessions:
             raise ValueError(f"connection {conn_id} is already open")
         self.sessions[conn_id] = Session(
-            conn_id, role, principal, address, admin, worker_ids=worker_ids, identity=identity
+            conn_id, role, principal, address, admin, worker_ids=worker_ids, identity=identity,
+            named_worker_id=named_worker_id,
         )
 
     def receive(self, conn_id: int, msg: FromWorker | FromClient | DecodeFailure, now: float) -> None:

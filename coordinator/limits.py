@@ -57,7 +57,9 @@ Rules (docs/OPERATIONS.md §Security and §Test matrix rows 15-22):
   ``localhost``) or one of ``allowed_hosts``; otherwise 403 (:func:`host_refused`).
 * **Pending handshakes**: at most ``max_pending_handshakes`` TCP connections may be between
   accept and the end of their upgrade; a new one past it evicts the oldest
-  (coordinator/io/admission.py). Refusal warnings are rate-limited per peer address: the
+  (coordinator/io/admission.py). Before that, the kernel holds a new connection until its
+  first byte for up to ``defer_accept_s`` (``TCP_DEFER_ACCEPT``), so idle sockets mostly never
+  reach the coordinator at all. Refusal warnings are rate-limited per peer address: the
   first ``refusal_log_burst`` per ``refusal_log_interval_s``, then one summary line.
 
 Everything here is plain computation with time passed in, so the sans-I/O core may use it.
@@ -114,6 +116,9 @@ class Limits:
         max_pending_handshakes: TCP connections between accept and the end of their upgrade;
             past it the oldest is dropped; 0: no budget. The server also keeps it to a quarter
             of the process's open-file limit.
+        defer_accept_s: how long the kernel may hold a new TCP connection until its first byte
+            before the coordinator accepts it (``TCP_DEFER_ACCEPT``, Linux; rounded up to the
+            kernel's SYN-ACK retransmit schedule); None: the handshake timeout; 0: off.
         allowed_hosts: with ``--insecure``, ``Host`` names accepted besides loopback ones.
         refusal_log_burst: refusals per peer address and interval logged one by one.
         refusal_log_interval_s: the interval; the rest are summed up in one line at its end.
@@ -147,6 +152,7 @@ class Limits:
     penalty_max_s: float = 60.0
     penalty_hold_s: float = 1.0
     max_pending_handshakes: int = 1024
+    defer_accept_s: float | None = None  # None: the handshake timeout; 0: off
     allowed_hosts: tuple[str, ...] = ()
     refusal_log_burst: int = 5
     refusal_log_interval_s: float = 60.0
@@ -166,6 +172,8 @@ class Limits:
                 raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(self, name)}")
         if not self.handshake_timeout_s > 0:
             raise ValueError(f"handshake timeout must be > 0 seconds, got {self.handshake_timeout_s}")
+        if self.defer_accept_s is not None and not self.defer_accept_s >= 0:
+            raise ValueError(f"defer accept must be >= 0 seconds (0: off), got {self.defer_accept_s}")
         if not self.refusal_log_interval_s > 0:
             raise ValueError(f"refusal log interval must be > 0 seconds, got {self.refusal_log_interval_s}")
         if not self.close_timeout_s > 0:

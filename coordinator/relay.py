@@ -26,7 +26,10 @@ Theory of operation:
 * Memory: the windows of all open streams together stay within ``max_bytes``
   (``--relay-max-bytes``): a stream opened when less than a window is free gets what is free,
   at least one chunk, or is refused ``relay_busy`` (the SDK retries it). Chunks are not held
-  here: each is handed on to the receiver's outbox as the same ``bytes`` object.
+  here: each is handed on to the receiver's outbox as the same message, its ``data`` a view into
+  the frame it came in (copied out only when that frame held more than the chunk: ``compact``,
+  so a window of chunks is that many bytes, not frames); a chunk that came alone in its frame
+  goes out as that frame, unencoded (protocol/chunkview.py, coordinator/io/connection.py).
 * A stream ends with ``data_end`` from either party (passed on to the other), after the last
   chunk of a ``get``, or when either party's session closes (``relay_closed`` to the other,
   which may open it again: the worker's spool keeps what arrived).
@@ -43,6 +46,7 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 
 from protocol import errors
+from protocol.chunkview import compact
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
 from protocol.relay import BUSY, CLOSED, DEFAULT_MAX_BYTES, DEFAULT_WINDOW_BYTES, MAX_CHUNK_BYTES, VIOLATION
 
@@ -247,7 +251,7 @@ class Relay:
             self.bytes_out += n
         if stream.window - stream.in_flight < MAX_CHUNK_BYTES and not msg.last:
             self.credit_stalls += 1  # no room for another whole chunk until the receiver credits
-        self._outbox.send(stream.receiver(), msg)
+        self._outbox.send(stream.receiver(), compact(msg))  # held: its bytes, not a bigger frame they came in
         if msg.last and stream.direction == "get":  # the whole output passed: the client's last credits are moot
             self._drop(stream)
 

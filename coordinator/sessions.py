@@ -40,6 +40,7 @@ class Session:
     worker_ids: str | None = None  # the glob of worker ids its token may register (coordinator/scopes.py)
     quota_refusals: int = 0
     identity: str = ""  # the SHA-256 of the peer's verified client certificate (mTLS); "": none
+    named_worker_id: str | None = None  # the id its upgrade named (?worker_id=); its hello must say the same
 
 
 SessionTable = dict[int, Session]

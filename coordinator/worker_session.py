@@ -26,6 +26,11 @@ Rules:
   workers); its ``done`` counts in ``results_recovered_from_worker``.
 * A closed session leaves its worker registered (not connected) with its leases until the
   reaper drops it, so a worker that reconnects in time keeps its plans.
+* A worker id that registers in a tight loop is refused (coordinator/reconnects.py): past its
+  reconnect budget a ``hello`` gets ``error(too_many_reconnects)`` with ``retry_after_s`` and the
+  session is closed 4429 (the driver's penalty box then answers its upgrades 429), before
+  anything changes; the holder of a live id keeps it. A session whose upgrade named its id
+  (``?worker_id=``, the key of that penalty) must say the same id in ``hello`` (4403 otherwise).
 * A clean stop is not a crash: ``heartbeat.leaving`` drains the worker at once (no new plans),
   and ``goodbye`` hands its unfinished plans back and removes it (``workers_left``, not
   ``workers_reaped``). An operator's drain mark outlives the goodbye: the id comes back drained.
@@ -74,6 +79,7 @@ if TYPE_CHECKING:
     from coordinator.operator_requests import OperatorRequests
     from coordinator.placement.placer import Placement
     from coordinator.placement.plan_queue import PlanQueue
+    from coordinator.reconnects import ReconnectBudget
     from coordinator.recovery import Recovery
     from coordinator.registry import WorkerRegistry
     from coordinator.relay import Relay
@@ -117,6 +123,7 @@ class WorkerSessions:
         data: the data-plane ticket keys, put in ``welcome``; outputs' tickets in ``succeeded``.
         relay: carries the worker's ``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py).
         timeouts: starts a running attempt's ``timeout_s`` clock (coordinator/timeouts.py).
+        reconnects: each worker id's registration budget (coordinator/reconnects.py); None: none.
     """
 
     def __init__(
@@ -144,7 +151,9 @@ class WorkerSessions:
         timeouts: RunTimeouts | None = None,
         footprint: Footprint | None = None,
         journal: Journal | None = None,
+        reconnects: ReconnectBudget | None = None,
     ) -> None:
+        self._reconnects = reconnects
         self._timeouts = timeouts
         self._footprint = footprint if footprint is not None else Footprint()
         self._journal = journal
@@ -342,12 +351,20 @@ class WorkerSessions:
             self._protocol_error(s, errors.INVALID_ARGUMENT, too_long)
             return
         refused = scopes.worker_id_refused(s.worker_ids, worker_id)
+        if refused is None and s.named_worker_id is not None and worker_id != s.named_worker_id:
+            # The upgrade named another id: the penalty box keyed it so; a hello may not switch ids.
+            refused = (f"hello.worker_id {worker_id!r} is not the id {s.named_worker_id!r} this connection's "
+                       "upgrade named (?worker_id=)")  # fmt: skip
         if refused is not None:
             self._outbox.forbid(s, refused, "worker_id")
             return
         if worker_id in self._removed:  # an operator removed it for good (remove_worker)
             log.warning("refused: removed worker id", worker_id=worker_id, address=s.address)
             self._outbox.close(s, errors.CLOSE_REMOVED, f"worker {worker_id} was removed by an operator"[:120])
+            return
+        reconnects = self._reconnects
+        if reconnects is not None and (wait_s := reconnects.wait_s(worker_id, now)) > 0:
+            self._refuse_reconnect(s, worker_id, wait_s)
             return
         registry, plans = self._registry, self._plans
         reconnect = worker_id in registry
@@ -371,6 +388,8 @@ class WorkerSessions:
                 older.worker_id = None  # its close must not disconnect the new session
                 why = f"worker id {worker_id!r} registered on a newer session"
                 self._outbox.close(older, errors.CLOSE_REPLACED, why)
+        if reconnects is not None:
+            reconnects.spend(worker_id, now)  # a refused takeover above took none
         old_ops = registry.get(worker_id).capabilities.ops if reconnect else []  # their groups' reasons change too
         record = registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
         if worker_id in self._leaving:  # it announced a stop, then came back: its own drain is over
@@ -459,6 +478,23 @@ class WorkerSessions:
                     newcomer=s.address)  # fmt: skip
         self._send(s.conn_id, Error(code=errors.WORKER_ID_IN_USE, message=message))
         self._outbox.close(s, errors.CLOSE_REPLACED, f"worker id in use by a live session from {holder.address}"[:120])
+
+    def _refuse_reconnect(self, s: Session, worker_id: str, wait_s: float) -> None:
+        """Refuse ``s`` the id ``worker_id``, past its reconnect budget: error(too_many_reconnects), then 4429."""
+        self._counters["worker_reconnects_refused"] = self._counters.get("worker_reconnects_refused", 0) + 1
+        budget = self._reconnects
+        assert budget is not None
+        message = (
+            f"worker id {worker_id!r} registered more often than its reconnect budget allows ({budget.burst} at once, "
+            f"then {budget.rate:g} per second: coordinator flags --worker-reconnect-burst, --worker-reconnect-rate); "
+            f"a worker that reconnects in a loop is refused. Retry in {wait_s:.1f} s, and find out why its sessions "
+            "end (its log, the coordinator's close codes)"
+        )
+        log.warning("refused hello: worker reconnects too often", worker_id=worker_id, address=s.address,
+                    retry_after_s=round(wait_s, 3))  # fmt: skip
+        self._send(s.conn_id, Error(code=errors.TOO_MANY_RECONNECTS, message=message, retry_after_s=wait_s))
+        self._outbox.close(s, errors.CLOSE_RATE_LIMITED, f"worker {worker_id} reconnects too often; retry in "
+                                                          f"{wait_s:.1f} s"[:120])
 
     def _heartbeat(self, worker_id: str, msg: Heartbeat, now: float) -> None:
         self._counters["heartbeats"] += 1

@@ -627,8 +627,8 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                         "until the next rotation (default 86400; 0: never)")
     p.add_argument("--relay-max-bytes", type=int, default=DEFAULT_RELAY_MAX_BYTES, metavar="B",
                    help="the most bytes of plans' relayed inputs and outputs (workers a client cannot dial) in flight "
-                        "through the coordinator at once; each stream gets up to 1 MiB of it (default 33554432 = "
-                        "32 MiB; at least 262144)")
+                        "through the coordinator at once; each stream gets up to 16 MiB of it (default 67108864 = "
+                        "64 MiB; at least 262144)")
     add_store_loss_argument(p)  # fleetwire/cli_store.py
     g = p.add_argument_group("cluster mode (--store postgresql://..., docs/CLUSTER.md)")
     g.add_argument("--cluster-name", default="fleetwire", metavar="NAME",

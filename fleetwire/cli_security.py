@@ -46,6 +46,7 @@ LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "penalty_max": ("penalty_max_s", 60.0),
     "penalty_hold": ("penalty_hold_s", 1.0),
     "max_pending_handshakes": ("max_pending_handshakes", 1024),
+    "defer_accept": ("defer_accept_s", None),
     "refusal_log_burst": ("refusal_log_burst", 5),
     "refusal_log_interval": ("refusal_log_interval_s", 60.0),
     "max_connections_per_principal": ("max_connections_per_principal", None),
@@ -61,6 +62,8 @@ PLAN_LIMIT_DEFAULTS: dict[str, tuple[str, Any]] = {
     "max_bytes_per_client": ("max_bytes_per_client", 64 << 20),
     "max_events_per_plan": ("max_events_per_plan", 10_000),
     "max_event_bytes_per_plan": ("max_event_bytes_per_plan", 64 << 20),
+    "worker_reconnect_rate": ("worker_reconnect_rate", 0.2),
+    "worker_reconnect_burst": ("worker_reconnect_burst", 10),
 }
 
 
@@ -103,6 +106,14 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--penalty-hold", type=float, default=_default("penalty_hold"), metavar="S",
                    help="hold each penalty-box 429 this long before answering it, so a reconnect loop that "
                         f"ignores Retry-After stays slow (default {_default('penalty_hold')})")
+    g.add_argument("--worker-reconnect-burst", type=int, default=_default("worker_reconnect_burst"), metavar="N",
+                   help="registrations (hello) one worker id may make at once; past its budget a hello gets "
+                        "error(too_many_reconnects) and 4429, then the penalty box "
+                        f"(default {_default('worker_reconnect_burst')})")
+    g.add_argument("--worker-reconnect-rate", type=float, default=_default("worker_reconnect_rate"), metavar="N",
+                   help="registrations per second a worker id regains above its burst, so a worker that "
+                        "reconnects in a loop is held back; 0: no budget "
+                        f"(default {_default('worker_reconnect_rate'):g})")
     g.add_argument("--max-plans-per-client", type=int, default=_default("max_plans_per_client"), metavar="N",
                    help="unfinished plans per client token before submit gets error(too_many_plans); 0: none "
                         f"(default {_default('max_plans_per_client')})")
@@ -162,6 +173,11 @@ def add_security_arguments(p: argparse.ArgumentParser) -> None:
                         "(idle token-less sockets); kept under a quarter of the open-file limit, which the "
                         f"coordinator raises to its hard limit at start; 0: none "
                         f"(default {_default('max_pending_handshakes')})")
+    g.add_argument("--defer-accept", type=float, default=_default("defer_accept"), metavar="S",
+                   help="the kernel holds a new TCP connection until its first byte for up to S seconds before "
+                        "the coordinator accepts it (TCP_DEFER_ACCEPT, Linux; rounded up to 1, 3, 7, 15 s...): "
+                        "real peers send at once, idle sockets cost nothing meanwhile; 0: off "
+                        "(default: --handshake-timeout)")
     g.add_argument("--refusal-log-burst", type=int, default=_default("refusal_log_burst"), metavar="N",
                    help="refused connections logged one by one per peer address and interval; the rest are "
                         f"summed up in one line at its end (default {_default('refusal_log_burst')})")

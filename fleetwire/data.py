@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
+from fleetwire.writeback import WriteBehind
 from protocol.messages import DataGrant, Event, InputSpec
 from protocol.tickets import name_problem, new_hasher
 
@@ -68,8 +69,11 @@ log = logging.getLogger("fleetwire.data")
 
 CHUNK_BYTES = 1 << 20
 TRANSFER_CHUNK = 4 << 20  # what a transfer thread moves per call (bounded memory, few calls)
+CONTINUE_WAIT_S = 1.0  # how long a PUT waits for "100 Continue" before sending its body anyway
 SETTLE_S = 10.0  # how long a succeeded plan's last upload may take to read the worker's answer
 WRITES_AHEAD = 4  # batches of a download by chunks waiting for the disk (about 4 MiB)
+WRITE_BUFFERS = 8  # buffers of a direct download: some filling, some written and hashed, some spare
+WRITE_BUFFER_BYTES = 1 << 20  # small: what is left to write and hash once the last byte arrived is small too
 InputValue = bytes | bytearray | memoryview | pathlib.Path | IO[bytes]
 Progress = Callable[[str, int, int], None]
 """``progress(name, done_bytes, size)``: how far a transfer got (called from a transfer thread)."""
@@ -336,13 +340,17 @@ class DirectTransport:
         import httpx
 
         failures = 0
+        ask = False  # the first PUT goes from 0 unasked: its "Expect: 100-continue" learns any other offset
         while True:
             try:
-                offset, state = await self.offset(grant, source.name)
-                if state == "verified":
-                    return
-                if state == "failed":
-                    raise DataTransferError(f"input {source.name!r} was refused by the worker", 422)
+                offset = 0
+                if ask:
+                    offset, state = await self.offset(grant, source.name)
+                    if state == "verified":
+                        return
+                    if state == "failed":
+                        raise DataTransferError(f"input {source.name!r} was refused by the worker", 422)
+                ask = True
                 status, body = await self._put(grant, source, offset)
             except (httpx.TransportError, OSError, asyncio.IncompleteReadError) as exc:
                 failures += 1
@@ -364,7 +372,9 @@ class DirectTransport:
 
         The body goes by ``sendfile`` for a file (zero-copy; the digest came from the pass before
         the submit) and by ``sendall`` of memoryview slices for a buffer: no copy, no per-chunk
-        work on the event loop. Cancelling closes the socket, which ends the thread.
+        work on the event loop. Cancelling closes the socket, which ends the thread. The request
+        says ``Expect: 100-continue``: the worker answers a wrong offset, a bad ticket or a failed
+        input from the head, before any body byte is sent (so the first ``PUT`` needs no ``HEAD``).
         """
         import httpx
 
@@ -374,6 +384,7 @@ class DirectTransport:
                 f"Authorization: Bearer {grant.ticket}", f"Content-Length: {length}"]
         if length:
             head.append(f"Content-Range: bytes {offset}-{source.size - 1}/{source.size}")
+            head.append("Expect: 100-continue")
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         tls = self._tls_context() if url.scheme == "https" else None
         call = _SocketCall(url.host, url.port or (443 if tls else 80), tls, url.host, self._connect_timeout_s,
@@ -391,9 +402,10 @@ class DirectTransport:
                           check: OutputCheck | None = None) -> pathlib.Path:
         """Write an output to ``path`` (through a partial file renamed at the end), resuming with ``Range``.
 
-        The bytes go socket -> a reused buffer -> the file (and ``check``'s hash) in a thread of
-        its own: bounded memory, no per-chunk work on the event loop. A digest that does not
-        match ``check`` raises :class:`OutputMismatch` and leaves no file.
+        The bytes go socket -> a reused buffer -> the file, then ``check``'s hash, in threads of
+        their own (:class:`_FileWriter`): bounded memory, no per-chunk work on the event loop; the
+        file is written behind (fleetwire/writeback.py), so a big download does not fill the page
+        cache. A digest that does not match ``check`` raises :class:`OutputMismatch` and leaves no file.
         """
         import httpx
 
@@ -543,9 +555,12 @@ class _SocketCall:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
-def _read_response(sock: socket.socket, *, keep_body: bool = True) -> tuple[int, dict[str, str], bytes, bytes]:
-    """Status, headers, and what came after the head (its body when ``keep_body``, else the first bytes)."""
-    data = b""
+def _read_response(sock: socket.socket, *, keep_body: bool = True,
+                   data: bytes = b"") -> tuple[int, dict[str, str], bytes, bytes]:
+    """Status, headers, and what came after the head (its body when ``keep_body``, else the first bytes).
+
+    A ``100 Continue`` (late: the body went without waiting for it) is skipped. ``data``: bytes already read.
+    """
     while b"\r\n\r\n" not in data:
         more = sock.recv(65536)
         if not more:
@@ -558,6 +573,8 @@ def _read_response(sock: socket.socket, *, keep_body: bool = True) -> tuple[int,
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[1].isdigit():
         raise ConnectionError(f"not an HTTP answer: {lines[0][:80]!r}")
+    if parts[1] == "100":
+        return _read_response(sock, keep_body=keep_body, data=rest)
     headers = {}
     for line in lines[1:]:
         key, _, value = line.partition(":")
@@ -577,8 +594,38 @@ def _read_response(sock: socket.socket, *, keep_body: bool = True) -> tuple[int,
 def _put_body(sock: socket.socket, request: bytes, source: InputSource, offset: int, length: int,
               progress: Progress | None) -> tuple[int, bytes]:
     sock.sendall(request)
+    if length:
+        answer = _await_continue(sock)
+        if answer is not None:  # refused from the head: no body byte was sent
+            return answer
     source.send(sock, offset, length, progress)
     status, _, body, _ = _read_response(sock)
+    return status, body
+
+
+def _await_continue(sock: socket.socket) -> tuple[int, bytes] | None:
+    """After an ``Expect: 100-continue`` head: None to send the body (``100``, or no answer within
+    :data:`CONTINUE_WAIT_S`: a server or proxy that ignores ``Expect``), else the final answer."""
+    stall = sock.gettimeout()
+    sock.settimeout(CONTINUE_WAIT_S)
+    try:
+        first = sock.recv(65536)
+    except TimeoutError:
+        return None
+    finally:
+        sock.settimeout(stall)
+    if not first:
+        raise ConnectionResetError("the worker closed the connection before answering")
+    while b"\r\n\r\n" not in first:
+        more = sock.recv(65536)
+        if not more:
+            raise ConnectionResetError("the worker closed the connection before answering")
+        first += more
+        if len(first) > 1 << 16:
+            raise ConnectionError("the worker's answer has an oversized head")
+    if first.startswith((b"HTTP/1.1 100 ", b"HTTP/1.0 100 ")):
+        return None  # nothing follows a 100 before the body is sent
+    status, _, body, _ = _read_response(sock, data=first)
     return status, body
 
 
@@ -624,48 +671,82 @@ def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: li
 
 
 class _FileWriter:
-    """Writes buffers to a file (and hashes them) in a thread of its own while the caller fills the next."""
+    """Writes buffers to a file and hashes them, in two threads of their own, while the caller fills the next.
+
+    A filled buffer goes to the writer thread (``write``, then the file's write-behind,
+    fleetwire/writeback.py) and to the hasher thread (``check``) at once, and is free again once
+    both are done with it: the write and the hash of one buffer and the filling of the next
+    overlap (file writes, hashlib and ``recv_into`` all release the GIL). At most
+    :data:`WRITE_BUFFERS` buffers of :data:`WRITE_BUFFER_BYTES` in all; small buffers keep what is
+    left to do after the last byte arrived (the fixed cost at the end of a download) small.
+    """
 
     def __init__(self, file: IO[bytes], check: OutputCheck | None = None) -> None:
         self._file = file
         self._check = check
+        self._end = file.tell()  # where the next write lands
+        self._behind = WriteBehind(file.fileno(), self._end)  # a big download does not pile up in the page cache
         self._free: queue.Queue[memoryview] = queue.Queue()
-        for _ in range(3):
-            self._free.put(memoryview(bytearray(TRANSFER_CHUNK)))
-        self._full: queue.Queue[memoryview | None] = queue.Queue()
+        for _ in range(WRITE_BUFFERS):
+            self._free.put(memoryview(bytearray(WRITE_BUFFER_BYTES)))
+        self._full: queue.Queue[memoryview | None] = queue.Queue()  # to write
+        self._to_hash: queue.Queue[memoryview | None] = queue.Queue()
+        self._written: queue.Queue[memoryview | None] = queue.Queue()  # written (the hasher frees them, in order)
         self._error: BaseException | None = None
-        self._written = 0
-        self._thread = threading.Thread(target=self._run, name="fleetwire-data-write", daemon=True)
+        self._threads = [threading.Thread(target=self._write, name="fleetwire-data-write", daemon=True)]
+        if check is not None:
+            self._threads.append(threading.Thread(target=self._hash, name="fleetwire-data-hash", daemon=True))
 
     def __enter__(self) -> _FileWriter:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._full.put(None)
-        self._thread.join()
+        self._to_hash.put(None)
+        for thread in self._threads:
+            thread.join()
         if self._error is not None and exc[0] is None:
             raise self._error
 
     def buffer(self) -> memoryview:
-        """A free buffer (waits while both are being written)."""
+        """A free buffer (waits while all are being written or hashed)."""
         if self._error is not None:
             raise self._error
         return self._free.get()
 
     def write(self, part: memoryview) -> None:
         self._full.put(part)
+        if self._check is not None:
+            self._to_hash.put(part)
 
-    def _run(self) -> None:
+    def _write(self) -> None:
         while (part := self._full.get()) is not None:
             try:
                 if self._error is None:
                     self._file.write(part)
-                    if self._check is not None:
-                        self._check.update(part)
+                    self._end += len(part)
+                    self._behind.wrote(self._end)
             except BaseException as exc:  # reported to the filling thread
                 self._error = exc
             finally:
+                if self._check is not None:
+                    self._written.put(part)
+                else:
+                    self._free.put(memoryview(part.obj))  # type: ignore[arg-type]
+        self._written.put(None)
+
+    def _hash(self) -> None:
+        assert self._check is not None
+        while (part := self._to_hash.get()) is not None:
+            try:
+                if self._error is None:
+                    self._check.update(part)
+            except BaseException as exc:  # reported to the filling thread
+                self._error = exc
+            finally:
+                self._written.get()  # the writer is done with it too (both take the buffers in the same order)
                 self._free.put(memoryview(part.obj))  # type: ignore[arg-type]
 
 

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import msgspec
 
-from fleetwire.data import Grant, OutputCheck, Transport, Uploads, fetch_to
-from fleetwire.relay import AutoTransport
+from fleetwire.data import DataTransferError, Grant, OutputCheck, Transport, Uploads, fetch_to
+from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.stream import PlanStream
 from protocol.messages import Event, PlanInfo, PlanStateName, Receipt
 from protocol.relay import RESULT_OUTPUT
 
 __all__ = ["Plan", "PlanCanceller"]
+
+READY_GRANT_MARGIN_S = 60.0  # a data_ready get ticket this close to its expiry is not used: a fresh one is asked for
 
 
 class PlanCanceller(Protocol):
@@ -213,8 +216,21 @@ class Plan:
             OutputMismatch: the bytes do not have the reported digest.
         """
         await self._outcome()
-        grant = await self._client.data_ticket(self.id, "get")
         check = self._output_check(name)
+        grant = self._ready_grant(name)
+        if grant is not None:
+            yielded = False
+            try:
+                async for chunk in self._transport().download(grant, name):
+                    check.update(chunk)
+                    yielded = True
+                    yield chunk
+                check.verify()
+                return
+            except DataTransferError as exc:
+                if exc.status not in (401, 403) or yielded:  # refused from the request's head: ask for a ticket
+                    raise
+        grant = await self._client.data_ticket(self.id, "get")
         async for chunk in self._transport().download(grant, name):
             check.update(chunk)
             yield chunk
@@ -232,12 +248,49 @@ class Plan:
             OutputMismatch: the bytes do not have the digest the worker reported (``path`` is not written).
         """
         await self._outcome()
-        grant = await self._client.data_ticket(self.id, "get")
         transport = self._transport()
         check = self._output_check(name)
-        if isinstance(transport, AutoTransport):
+        grant = self._ready_grant(name)
+        if grant is not None:
+            try:
+                return await self._fetch_to(transport, grant, name, path, check)
+            except DataTransferError as exc:
+                if exc.status not in (401, 403):
+                    raise
+                check.restart()
+        grant = await self._client.data_ticket(self.id, "get")
+        return await self._fetch_to(transport, grant, name, path, check)
+
+    @staticmethod
+    async def _fetch_to(transport: Transport, grant: Grant, name: str, path: str | os.PathLike[str],
+                        check: OutputCheck) -> Path:
+        if isinstance(transport, AutoTransport | RelayTransport):
             return await transport.fetch_to(grant, name, path, check)
         return await fetch_to(transport, grant, name, path, check)
+
+    def _ready_grant(self, name: str) -> Grant | None:
+        """The ``get`` ticket the succeeded attempt's ``data_ready`` brought, while it is valid a while more.
+
+        Fetching with it saves asking the coordinator (``data_ticket``) for one. It names the
+        outputs declared at submit (``outputs=``): for another output the worker answers 403 from
+        the request's head, and the caller asks for a fresh ticket then (and on 401: expired). Never
+        for an oversize result (``__result__``: not declared, so never in it).
+        """
+        if name == RESULT_OUTPUT:
+            return None
+        attempt = None
+        for event in reversed(self._stream.events):
+            if event.kind == "succeeded":
+                attempt = event.attempt
+            elif event.kind == "data_ready" and attempt is not None:
+                data = event.data if isinstance(event.data, dict) else {}
+                grant = Grant.from_event(event)
+                expires_at = data.get("expires_at")
+                if (grant.attempt != attempt or not grant.get_ticket or not isinstance(expires_at, int | float)
+                        or expires_at - time.time() < READY_GRANT_MARGIN_S):
+                    return None
+                return grant
+        return None
 
     def _changed_event(self) -> asyncio.Event:
         """The Event the stream's next change sets (its ``waker``, made by the first waiter).

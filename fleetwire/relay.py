@@ -187,9 +187,20 @@ class RelayTransport:
 
     def download(self, grant: Grant, name: str, offset: int = 0) -> AsyncIterator[bytes]:
         """The output's bytes through the coordinator, from ``offset``."""
-        return self._download(grant, name, offset)
+        return self._download(grant, name, offset, views=False)
 
-    async def _download(self, grant: Grant, name: str, offset: int) -> AsyncIterator[bytes]:
+    async def fetch_to(self, grant: Grant, name: str, path: str | os.PathLike[str],
+                       check: OutputCheck | None = None) -> pathlib.Path:
+        """Write an output to ``path`` through the coordinator; ``check``: the digest it must have.
+
+        The chunks are written as the views into their frames the session decoded (msgpack), not
+        copied into ``bytes`` first.
+        """
+        return await write_chunks(self._download(grant, name, 0, views=True), path, check)
+
+    async def _download(self, grant: Grant, name: str, offset: int, *, views: bool) -> AsyncIterator[bytes]:
+        """``views``: yield chunks as they were decoded (a msgpack session's are memoryviews into their
+        frames); else as ``bytes``, what :meth:`download`'s callers are promised."""
         key: Key = (grant.plan_id, grant.attempt, name, "get")
         received, failures = offset, 0
         while True:
@@ -205,7 +216,7 @@ class RelayTransport:
                                                     f"expected {received}", 400)
                         received += len(chunk.data)
                         if chunk.data:
-                            yield chunk.data
+                            yield chunk.data if views or type(chunk.data) is bytes else bytes(chunk.data)
                         if chunk.last:
                             self.paths[(key[0], key[1], "get", name)] = "relay"
                             return
@@ -339,7 +350,7 @@ class AutoTransport:
                 self._mark_unreachable(grant.url, exc)
             if check is not None:
                 check.restart()  # the relay writes the file again from byte 0
-        return await write_chunks(self.relay.download(grant, name), path, check)
+        return await self.relay.fetch_to(grant, name, path, check)
 
     async def aclose(self) -> None:
         await self.direct.aclose()

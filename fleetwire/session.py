@@ -49,6 +49,7 @@ import msgspec
 from fleetwire.errors import FleetwireConnectionError, PlanNotFound, ProtocolError, request_error
 from fleetwire.stream import PlanStream
 from protocol import errors as codes
+from protocol.chunkview import with_chunk_views
 from protocol.codec import Codec, DecodeFailure, Encoding
 from protocol.messages import (
     TERMINAL_STATES,
@@ -140,7 +141,9 @@ class ClientSession:
     """
 
     def __init__(self, encoding: Encoding) -> None:
-        self._codec = Codec(encoding, ToClient, role="coordinator")
+        # msgpack: relayed chunks decode as views into their frame (protocol/chunkview.py), written to a file uncopied
+        self._codec = Codec(encoding, with_chunk_views(ToClient) if encoding == "msgpack" else ToClient,
+                            role="coordinator")
         self.text = self._codec.text
         self.ended: FleetwireConnectionError | None = None
         self.moved: Moved | None = None  # cluster mode: the last ``moved`` (where the next dial goes)

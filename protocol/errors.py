@@ -38,12 +38,13 @@ TOO_MANY_PLANS: Final = "too_many_plans"  # submit: the principal has its limit 
 FORBIDDEN: Final = "forbidden"  # an operator request (drain/undrain) from a token without the admin role
 WORKER_ID_IN_USE: Final = "worker_id_in_use"  # hello: a live session holds the id and no proof was given
 UNAVAILABLE: Final = "unavailable"  # submit: the store cannot take writes now (database failover); retry_after_s
+TOO_MANY_RECONNECTS: Final = "too_many_reconnects"  # hello: the worker id registers too often; retry_after_s
 
 ERROR_CODES: Final = (
     BAD_FRAME, INVALID_MESSAGE, UNKNOWN_TYPE, NOT_REGISTERED, ALREADY_REGISTERED,
     PLAN_NOT_FOUND, UNKNOWN_WORKER, STALE_LEASE, INVALID_TRANSITION, INVALID_ARGUMENT,
     UNKNOWN_OP, REJECTED, REVOKED, HANDLER_ERROR, ENGINE_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
-    TOO_MANY_PLANS, FORBIDDEN, WORKER_ID_IN_USE, UNAVAILABLE,
+    TOO_MANY_PLANS, FORBIDDEN, WORKER_ID_IN_USE, UNAVAILABLE, TOO_MANY_RECONNECTS,
 )
 
 # ---- websocket close codes (RFC 6455 §7.4; 4000-4999 are ours)
@@ -57,7 +58,8 @@ CLOSE_FORBIDDEN: Final = 4403  # a message this role or token may not send (scop
 CLOSE_HEARTBEAT_TIMEOUT: Final = 4408  # the worker stopped beating and was reaped
 CLOSE_REMOVED: Final = 4410  # an operator removed this worker for good (``remove_worker``): do not reconnect
 CLOSE_REPLACED: Final = 4409  # the worker id moved to a newer session (with proof), or was refused to this one
-CLOSE_RATE_LIMITED: Final = 4429  # the peer kept sending faster than its message rate limit
+CLOSE_RATE_LIMITED: Final = 4429  # the peer kept sending faster than its message rate limit, or its
+# worker id registered (hello) more often than its reconnect budget (too_many_reconnects)
 CLOSE_MOVED: Final = 4307  # cluster mode: another coordinator owns the shard; a ``moved`` message says where
 CLOSE_SLOW_CONSUMER: Final = 4503  # the peer stopped reading; its outgoing buffer hit the limit
 

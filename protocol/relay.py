@@ -26,10 +26,11 @@ __all__ = [
 
 #: The largest ``data_chunk.data`` (bytes); far below the 1 MiB frame limit.
 MAX_CHUNK_BYTES: Final = 256 << 10
-#: A stream's window: unacknowledged bytes its sender may have in flight (sixteen chunks).
-DEFAULT_WINDOW_BYTES: Final = 16 * MAX_CHUNK_BYTES
+#: A stream's window: unacknowledged bytes its sender may have in flight (sixty-four chunks: with 4 MiB, a
+#: relayed stream's three processes waited on credit more than they worked).
+DEFAULT_WINDOW_BYTES: Final = 64 * MAX_CHUNK_BYTES
 #: The most bytes the coordinator lets all relayed streams have in flight together (``--relay-max-bytes``).
-DEFAULT_MAX_BYTES: Final = 32 << 20
+DEFAULT_MAX_BYTES: Final = 64 << 20  # four streams' whole windows
 
 #: The input an SDK moves oversize ``args`` to (msgpack of the args); the worker decodes it.
 ARGS_INPUT: Final = "__args__"

@@ -13,9 +13,12 @@ this is the one place that says which spellings mean what (docs/OPERATIONS.md §
 from __future__ import annotations
 
 from typing import Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["CLUSTER_KEEPALIVE", "SINGLE_KEEPALIVE", "BadUrl", "keepalive", "websocket_url"]
+__all__ = [
+    "CLUSTER_KEEPALIVE", "SINGLE_KEEPALIVE", "WORKER_ID_PARAM", "BadUrl", "keepalive", "named_worker_id",
+    "websocket_url", "with_worker_id",
+]
 
 # Websocket pings (interval, timeout, close timeout) in seconds. In cluster mode a frozen owner
 # (SIGSTOP, a VM pause) loses its shards after the lease TTL (3 s by default) and another
@@ -24,6 +27,10 @@ __all__ = ["CLUSTER_KEEPALIVE", "SINGLE_KEEPALIVE", "BadUrl", "keepalive", "webs
 # finds that out in about 5 s instead of 20 s + 20 s + 10 s (docs/CLUSTER.md §What is promised).
 CLUSTER_KEEPALIVE: Final = (1.0, 3.0, 1.0)
 SINGLE_KEEPALIVE: Final = (20.0, 20.0, 10.0)  # websockets' defaults: one coordinator, nowhere else to go
+
+#: The query parameter a worker names its id with in the upgrade request (docs/PROTOCOL.md §1): optional;
+#: when given, the reconnect-budget penalty box is keyed by it and ``hello`` must name the same id.
+WORKER_ID_PARAM: Final = "worker_id"
 
 _SCHEMES: Final = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
 
@@ -72,3 +79,28 @@ def websocket_url(url: str, path: str) -> str:
         raise BadUrl(f"the coordinator URL {url!r} has a port that is not a number") from None
     new_path = path if parts.path in ("", "/") else parts.path
     return urlunsplit((_SCHEMES[scheme], parts.netloc, new_path, parts.query, parts.fragment))
+
+
+def with_worker_id(url: str, worker_id: str) -> str:
+    """``url`` with ``?worker_id=<worker_id>`` added to its query (kept as it is when it already names one)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(name == WORKER_ID_PARAM for name, _ in query):
+        return url
+    query.append((WORKER_ID_PARAM, worker_id))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), parts.fragment))
+
+
+def named_worker_id(target: str) -> str | None:
+    """The worker id an upgrade request's target (``/v1/worker?worker_id=w1``) names; None when none.
+
+    An empty value names none; given twice, the last one counts (the driver and the core read the same).
+    """
+    query = urlsplit(target).query
+    if not query:
+        return None
+    named = None
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name == WORKER_ID_PARAM:
+            named = value or None
+    return named

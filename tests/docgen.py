@@ -124,7 +124,8 @@ CLOSE_CODE_MEANINGS: Final[dict[int, str]] = {
                            "client certificate) or found the holder silent; or, sent to the newcomer after "
                            "`error(worker_id_in_use)`, the id is held by a live session.",
     errors.CLOSE_RATE_LIMITED: "The connection stayed above its message rate limit (it was throttled first). "
-    "Slow down.",
+    "Slow down. Also sent after `error(too_many_reconnects)`: the worker id registered more often than its reconnect "
+    "budget.",
     errors.CLOSE_MOVED: "Cluster mode: another coordinator owns this session's shard; the `moved` message sent "
     "just before says where. Reconnect to its `url` (or to the next coordinator of the list when it is empty).",
     errors.CLOSE_SLOW_CONSUMER: "The peer stopped reading and the messages waiting for it reached the limit. "
@@ -184,6 +185,11 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
     errors.WORKER_ID_IN_USE: ("error", "A `hello` for a worker id a live session holds, without that id's "
                               "`session_secret` or the holder's client certificate; the message names the "
                               "holder's address. The session is then closed `4409`; the holder keeps the id."),
+    errors.TOO_MANY_RECONNECTS: ("error", "A `hello` for a worker id that registered more often than its reconnect "
+                                 "budget (`--worker-reconnect-burst` at once, then `--worker-reconnect-rate` per "
+                                 "second): a worker reconnecting in a loop. Nothing changed; `retry_after_s` says "
+                                 "when the id may register again. The session is then closed `4429`, and the "
+                                 "token's next upgrades from that address get `429` for a cool-off."),
 }
 
 

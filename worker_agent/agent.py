@@ -57,7 +57,8 @@ from websockets.typing import Subprotocol
 
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, errors
-from protocol.urls import keepalive
+from protocol.chunkview import with_chunk_views
+from protocol.urls import keepalive, with_worker_id
 from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
 from worker_agent.devices import DeviceAllocator
 from worker_agent.handlers import Handler, builtin_handlers
@@ -132,6 +133,7 @@ class Agent:
         self.telemetry = telemetry or Telemetry()
         self.registered = asyncio.Event()  # set on welcome, cleared when the session ends
         self._session_secret = ""  # from the last welcome; sent in every later hello (proof of the id)
+        self._hello_retry_s = 0.0  # the last hello refusal's retry_after_s (too_many_reconnects): back off that long
         self._token = token
         self._ssl = client_tls(self.url, settings.ca_file, settings.cert_file, settings.key_file)
         self._log = log.bind(worker_id=self.worker_id)
@@ -205,6 +207,7 @@ class Agent:
             while not self._stopping:
                 registered = False
                 floor_s = 0.0  # a refusal's Retry-After (429 penalty box, 503 full): wait at least that
+                self._hello_retry_s = 0.0
                 try:
                     registered = await self._connect_and_serve()
                 except AuthError:
@@ -221,6 +224,7 @@ class Agent:
                     self._log.error("session failed", exception=traceback.format_exc())
                 if self._stopping:
                     break
+                floor_s = max(floor_s, self._hello_retry_s)  # a refused hello's error.retry_after_s
                 failures = 0 if registered else min(failures + 1, 32)
                 ceiling = min(self.settings.reconnect_cap_s, self.settings.reconnect_base_s * 2**failures)
                 delay = max(floor_s, self._rng.uniform(0.0, ceiling))
@@ -297,7 +301,11 @@ class Agent:
         encoding = SUBPROTOCOLS.get(subprotocol or "", "msgpack")  # none selected → msgpack
         codec = self._codecs.get(encoding)
         if codec is None:
-            codec = self._codecs[encoding] = Codec(encoding, protocol.messages.ToWorker, "coordinator")
+            # msgpack: relayed chunks decode as views into their frame, written to the spool without a copy
+            inbound = protocol.messages.ToWorker
+            if encoding == "msgpack":
+                inbound = with_chunk_views(inbound)
+            codec = self._codecs[encoding] = Codec(encoding, inbound, "coordinator")
         return codec
 
     def _hello(self) -> protocol.Hello:
@@ -359,7 +367,9 @@ class Agent:
         )
         try:
             ws = await connect(
-                self.url,
+                # The id in the upgrade: a reconnect-budget 429 then holds this id only, not its neighbours
+                # on this host with the same token (docs/PROTOCOL.md §1).
+                with_worker_id(self.url, self.worker_id),
                 additional_headers=headers,
                 subprotocols=[Subprotocol(ENCODING_SUBPROTOCOL[self.settings.encoding])],
                 compression=None,
@@ -405,7 +415,9 @@ class Agent:
                         if isinstance(msg, protocol.Welcome):
                             return ws, codec, msg, early + msgs[index + 1 :]
                         if isinstance(msg, protocol.Error):
-                            self._log.error("coordinator refused hello", code=msg.code, message=msg.message)
+                            self._hello_retry_s = msg.retry_after_s if msg.retry_after_s > 0 else 0.0
+                            self._log.error("coordinator refused hello", code=msg.code, message=msg.message,
+                                            retry_after_s=msg.retry_after_s or None)  # fmt: skip
                             await ws.close()
                             return None
                         if isinstance(msg, protocol.messages.Moved):
@@ -512,6 +524,8 @@ class Agent:
                     outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
                     raise
                 outbox.sent(msgs)  # kept until acked; rewound and re-sent by the next session
+            if self.relay is not None:
+                self.relay.resume()  # relayed outputs read their next chunks once these went out
 
     async def _heartbeat_loop(self, interval_s: float) -> None:
         while True:

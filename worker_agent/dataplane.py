@@ -121,6 +121,7 @@ class DataServer:
         self.bytes_in = 0  # input bytes received, all uploads (the worker's load report)
         self.bytes_out = 0  # output bytes sent
         self.refused: Counter[int] = Counter()  # requests refused, by HTTP status
+        self.requests: Counter[str] = Counter()  # requests read, by method (tests: round trips per transfer)
         self._wall = wall
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -221,6 +222,7 @@ class DataServer:
             if line:
                 key, _, value = line.partition(":")
                 headers[key.strip().lower()] = value.strip()
+        self.requests[parts[0]] += 1
         return _Request(parts[0], parts[1], headers)
 
     async def _dispatch(self, req: _Request, conn: HttpConnection) -> bool:
@@ -466,8 +468,13 @@ class DataServer:
 
 
 async def _store(entry: InputFile, chunk: bytearray | memoryview) -> None:
-    """Write and hash a chunk in two threads at once (file writes and hashlib both release the GIL)."""
-    results = await asyncio.gather(asyncio.to_thread(entry.put, chunk), asyncio.to_thread(entry.hash, chunk),
+    """Write and hash a chunk in two threads at once (file writes and hashlib both release the GIL).
+
+    The write paces the file's writeback (fleetwire/writeback.py): a big input never piles up in
+    the page cache, where further writes got slow (2.5 CPU s per GiB once a GiB or two had).
+    """
+    results = await asyncio.gather(asyncio.to_thread(entry.put, chunk, write_behind=True),
+                                   asyncio.to_thread(entry.hash, chunk),
                                    return_exceptions=True)  # both threads are done before anything is raised
     for result in results:
         if isinstance(result, BaseException):

@@ -38,6 +38,7 @@ import structlog
 
 import protocol
 from protocol import Codec, errors
+from protocol.relay import MAX_CHUNK_BYTES
 
 log = structlog.get_logger(__name__)
 
@@ -252,11 +253,13 @@ def encode_frames(codec: Codec, msgs: list[Any], max_frame_bytes: int) -> list[t
     ``done`` saying why, and any other oversized (or unencodable) message is dropped and logged.
 
     A batch that starts or ends with relayed chunks (``data_chunk``, up to 256 KiB each) is cut
-    into runs of at most half a frame of chunk bytes first, so each byte is encoded once, not
-    once per halving of a batch that was too big.
+    into runs of at most one chunk's bytes first (half a frame when that is less), so each byte
+    is encoded once, not once per halving of a batch that was too big, and a chunk goes alone in
+    its frame: the coordinator passes such a frame on as it is, without encoding it again
+    (protocol/chunkview.py).
     """
     if len(msgs) > 1 and (type(msgs[0]) is protocol.DataChunk or type(msgs[-1]) is protocol.DataChunk):
-        runs = _chunk_runs(msgs, max_frame_bytes // 2)
+        runs = _chunk_runs(msgs, min(max_frame_bytes // 2, MAX_CHUNK_BYTES))
         if len(runs) > 1:
             return [frame for run in runs for frame in encode_frames(codec, run, max_frame_bytes)]
     try:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal
 
 import protocol
+from fleetwire.writeback import WriteBehind
 from protocol.tickets import name_problem, new_hasher
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "PlanData",
     "Spool",
     "SpoolError",
+    "remove_file",
 ]
 
 DISK_FULL: Final = "worker_disk_full"
@@ -54,6 +56,7 @@ INPUT_MISMATCH: Final = "input_mismatch"
 INPUTS_UNAVAILABLE: Final = "inputs_unavailable"
 FETCHED_GRACE_S: Final = 60.0  # an output fetched whole is kept this long more (a retried download)
 CHUNK: Final = 1 << 20
+UNLINK_AWAY_BYTES: Final = 8 << 20  # a spool file this big is unlinked in a thread (see remove_file)
 
 InputState = Literal["receiving", "verified", "failed"]
 
@@ -86,6 +89,7 @@ class InputFile:
         self._clock = clock
         self._hasher = new_hasher(digest)
         self._file: BinaryIO | None = None
+        self._behind: WriteBehind | None = None  # the file's writeback pacing (direct uploads)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes at :attr:`received` (on the event loop).
@@ -108,8 +112,12 @@ class InputFile:
         self.hash(data)
         self.advance(len(data))
 
-    def put(self, data: bytes | bytearray | memoryview) -> None:
-        """The writing half of :meth:`store` (a thread may run it while another runs :meth:`hash`)."""
+    def put(self, data: bytes | bytearray | memoryview, *, write_behind: bool = False) -> None:
+        """The writing half of :meth:`store` (a thread may run it while another runs :meth:`hash`).
+
+        ``write_behind``: pace the file's writeback as it grows (fleetwire/writeback.py), so a big
+        input does not pile up in the page cache; it may wait for the disk, so only from a thread.
+        """
         if self.buffer is not None:
             self.buffer += data
         else:
@@ -118,6 +126,10 @@ class InputFile:
                 self._file = open(self.path, "r+b" if self.received else "wb")
                 self._file.seek(self.received)
             self._file.write(data)
+            if write_behind:
+                if self._behind is None:
+                    self._behind = WriteBehind(self._file.fileno(), self.received)
+                self._behind.wrote(self.received + len(data))
 
     def hash(self, data: bytes | bytearray | memoryview) -> None:
         """The hashing half of :meth:`store`."""
@@ -137,6 +149,7 @@ class InputFile:
 
     def pause(self) -> None:
         """The upload stopped (dropped or partial): close the file, keep what was written."""
+        self._behind = None
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -158,8 +171,7 @@ class InputFile:
         self.error = protocol.ErrorInfo(code=code, message=message, detail={"input": self.name})
         self.buffer = None
         if self.path is not None:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+            remove_file(self.path, self.received)
         self.settled.set()
 
     def discard(self) -> None:
@@ -167,8 +179,7 @@ class InputFile:
         self.pause()
         self.buffer = None
         if self.path is not None:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
+            remove_file(self.path, self.received)
 
 
 class OutputFile:
@@ -387,8 +398,27 @@ class Spool:
     def _remove_output(self, output: OutputFile) -> None:
         with self._lock:
             self.used_bytes -= output.size
-        with contextlib.suppress(OSError):
-            output.path.unlink()
+        remove_file(output.path, output.size)
+
+
+def remove_file(path: Path, size: int) -> asyncio.Future[None] | None:
+    """Unlink a spool file; one of :data:`UNLINK_AWAY_BYTES` or more in a thread when called on an event loop.
+
+    Freeing a big file's blocks and cached pages takes a while (about 10 ms per 64 MiB): on the
+    agent's loop it would hold up everything else there, such as the ``done`` of the plan whose
+    input it was (sent after its inputs are dropped) and other plans' transfers. Returns the
+    thread's future (None: unlinked already).
+    """
+    if size >= UNLINK_AWAY_BYTES:
+        with contextlib.suppress(RuntimeError):  # no running loop (or it is closing): unlink here
+            return asyncio.get_running_loop().run_in_executor(None, _unlink, path)
+    _unlink(path)
+    return None
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def _safe(name: str) -> str:

@@ -33,6 +33,7 @@ from websockets.frames import CloseCode
 from coordinator.auth import Principal
 from protocol import Codec
 from protocol import errors as codes
+from protocol.chunkview import DataChunkView, own_frame
 
 log = structlog.get_logger("coordinator.io.server")
 
@@ -153,7 +154,7 @@ class Session:
         re-encoded in halves (N log N work and twice the memory for a large backlog).
         """
         if len(batch) == 1 or self.msg_bytes * len(batch) < MAX_OUT_FRAME_BYTES:
-            frame = self.codec.encode_safe(batch)
+            frame = self._encode(batch)
             if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
                 return [frame]
         # else recent messages were large (relayed chunks): cut first, not encoded whole and then again
@@ -171,11 +172,20 @@ class Session:
     def _frames_halving(self, batch: list[Any]) -> list[bytes]:
         """Encode ``batch``, halving it while a frame still exceeds the limit (the size estimate
         is a lower bound, so a run of large messages can still come out too big)."""
-        frame = self.codec.encode_safe(batch)
+        frame = self._encode(batch)
         if len(frame) <= MAX_OUT_FRAME_BYTES or len(batch) == 1:
             return [frame]
         half = len(batch) // 2
         return self._frames_halving(batch[:half]) + self._frames_halving(batch[half:])
+
+
+    def _encode(self, batch: list[Any]) -> bytes:
+        """One frame: a relayed chunk alone, that came in alone, is the frame it came in (protocol/chunkview.py)."""
+        if len(batch) == 1 and type(batch[0]) is DataChunkView and not self.codec.text:
+            frame = own_frame(batch[0])
+            if frame is not None:
+                return frame
+        return self.codec.encode_safe(batch)
 
 
 def approx_bytes(msg: Any) -> int:
@@ -185,7 +195,7 @@ def approx_bytes(msg: Any) -> int:
     if isinstance(msg, msgspec.Raw):
         return len(msg)
     data = getattr(msg, "data", None)
-    if isinstance(data, str | bytes):
+    if isinstance(data, str | bytes | memoryview):
         return len(data) + 64
     rows = getattr(msg, "plans", None) or getattr(msg, "workers", None) or getattr(msg, "plan_ids", None)
     if isinstance(rows, list):

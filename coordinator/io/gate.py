@@ -14,8 +14,8 @@ import math
 import ssl
 import time
 import weakref
-from collections.abc import Callable
-from typing import Final, Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Literal
 
 import structlog
 from websockets.asyncio.server import ServerConnection
@@ -23,8 +23,17 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from coordinator.auth import Principal, TokenStore
-from coordinator.io.admission import PendingHandshakes, RefusalLog, Repeats, pending_budget, raise_fd_limit
+from coordinator.io.admission import (
+    PendingHandshakes,
+    RefusalLog,
+    Repeats,
+    defer_accept,
+    pending_budget,
+    raise_fd_limit,
+)
 from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, host_refused, origin_refused
+from protocol import caps
+from protocol.urls import WORKER_ID_PARAM, named_worker_id
 
 __all__ = [
     "BEARER_SUBPROTOCOL_PREFIX", "Gatekeeper", "bearer_token", "peer_identity", "server_tls_context",
@@ -155,7 +164,11 @@ class Gatekeeper:
 
     The penalty box is keyed by principal name *and* peer IP address (IP only with
     ``--insecure``): a worker token is often shared by a whole fleet, and one host that
-    misbehaves must not keep the others from reconnecting.
+    misbehaves must not keep the others from reconnecting. A worker id past its reconnect
+    budget (the core's 4429, coordinator/reconnects.py) whose upgrade named the id
+    (``?worker_id=``) is boxed under principal, address *and* that id: its neighbours on the
+    same host and token, with other ids, are let in at once; an upgrade that names no id
+    keeps the principal-and-address key.
 
     Args:
         tokens: the tokens in force; None accepts everyone (``--insecure``).
@@ -179,6 +192,7 @@ class Gatekeeper:
         self._cooling_logged: set[str] = set()  # keys whose 429 was logged in their current cool-off
         self.refusal_log = RefusalLog(burst=limits.refusal_log_burst, interval_s=limits.refusal_log_interval_s)
         self.pending = PendingHandshakes(limits.max_pending_handshakes, self.refusal_log, limits.handshake_timeout_s)
+        self.defer_accept_s = 0  # TCP_DEFER_ACCEPT seconds in force on the listening sockets (defer_accept)
         # Repeated 401s and /metrics scrapes from one address are answered after a hold (admission.py).
         self.auth_failures = Repeats(burst=REPEAT_BURST, interval_s=REPEAT_INTERVAL_S)
         self.scrapes = Repeats(burst=REPEAT_BURST, interval_s=REPEAT_INTERVAL_S)
@@ -202,6 +216,19 @@ class Gatekeeper:
             log.warning("the open-file limit is below --max-connections plus the pending-handshake budget; "
                         "connections past it will fail (raise the hard limit: ulimit -Hn, LimitNOFILE=)",
                         fd_limit=soft, max_connections=reserved, pending_budget=self.pending.limit)  # fmt: skip
+
+    def defer_accept(self, sockets: Iterable[Any]) -> int:
+        """At start: the kernel holds new connections on ``sockets`` until their first byte (admission.py).
+
+        Returns the seconds in force (0: off or unavailable); ``self.defer_accept_s`` keeps them for /metrics.
+        """
+        wanted = self.limits.defer_accept_s
+        wanted = self.limits.handshake_timeout_s if wanted is None else wanted
+        self.defer_accept_s = defer_accept(sockets, wanted)
+        if wanted and not self.defer_accept_s:
+            log.info("TCP_DEFER_ACCEPT is unavailable here: idle sockets are accepted at once and bounded by the "
+                     "pending-handshake budget and the handshake timeout only")  # fmt: skip
+        return self.defer_accept_s
 
     def admit(
         self,
@@ -260,44 +287,61 @@ class Gatekeeper:
         if shared is not None:
             refusal(address, "connection share", principal=principal.name, held=count, path=path)
             return conn.respond(503, shared + "\n")
+        named = named_worker_id(request.path) if role == "worker" else None
+        if named is not None and (too_long := caps.too_long(WORKER_ID_PARAM, named, caps.MAX_WORKER_ID_BYTES)):
+            refusal(address, "worker id too long", principal=principal.name, path=path)
+            return conn.respond(400, f"the upgrade's query parameter {too_long}\n")
+        now = time.monotonic()
         key = self._penalty_key(principal, conn)
-        left = self.penalty.refusal(key, time.monotonic())
+        left = self.penalty.refusal(key, now)
         if left is not None:
             return self._cooling(conn, principal, key, left, path, address)
+        if named is not None:  # this id's own cool-off (its reconnect budget): its neighbours are not held
+            key = self._penalty_key(principal, conn, named)
+            left = self.penalty.refusal(key, now)
+            if left is not None:
+                return self._cooling(conn, principal, key, left, path, address, named)
         # Set before the upgrade completes, so the limit applies from the session's first frame.
         conn.protocol.max_message_size = self.limits.frame_bytes(role, self.max_frame_bytes)
         self._admitted[conn] = principal
         return None
 
-    def offence(self, principal: Principal, conn: ServerConnection, code: int) -> None:
+    def offence(self, principal: Principal, conn: ServerConnection, code: int, *, per_worker_id: bool = False) -> None:
         """``conn`` of ``principal`` was closed with ``code``: an abusive close starts a cool-off.
 
-        Codes outside :data:`~coordinator.limits.PENALIZED_CLOSES` are ignored.
+        Codes outside :data:`~coordinator.limits.PENALIZED_CLOSES` are ignored. ``per_worker_id``
+        (a worker id past its reconnect budget): keyed by the id the upgrade named too, when it named one.
         """
         if code not in PENALIZED_CLOSES or self.penalty.base_s <= 0:
             return
-        key = self._penalty_key(principal, conn)
+        request = conn.request
+        named = named_worker_id(request.path) if per_worker_id and request is not None else None
+        key = self._penalty_key(principal, conn, named)
         cool_s = self.penalty.offend(key, time.monotonic())
         self._cooling_logged.discard(key)
         name = str(code)
         self.penalties[name] = self.penalties.get(name, 0) + 1
         log.warning("penalty box: new connections refused (HTTP 429) for a while", principal=principal.name,
-                    address=_address(conn), code=code, cooloff_s=round(cool_s, 3))
+                    address=_address(conn), worker_id=named, code=code, cooloff_s=round(cool_s, 3))
 
     def _cooling(
-        self, conn: ServerConnection, principal: Principal, key: str, left_s: float, path: str, address: str
+        self, conn: ServerConnection, principal: Principal, key: str, left_s: float, path: str, address: str,
+        worker_id: str | None = None,
     ) -> Response:
         if key not in self._cooling_logged:
             if len(self._cooling_logged) > 10_000:
                 self._cooling_logged.clear()  # bounded; at worst a 429 is logged twice
             self._cooling_logged.add(key)
             log.warning("refused connection", reason="penalty box", principal=principal.name, path=path,
-                        address=address, retry_after_s=round(left_s, 3))
+                        address=address, worker_id=worker_id, retry_after_s=round(left_s, 3))
         wait_s = max(1, math.ceil(left_s - self.hold_s))
-        response = conn.respond(
-            429, f"{principal.name!r} was recently closed for abuse (an oversize frame, protocol violations or "
-                 f"flooding); retry in {wait_s} s\n",
-        )
+        if worker_id is not None:
+            why = (f"worker id {worker_id!r} of {principal.name!r} reconnected more often than its reconnect budget "
+                   f"allows; retry in {wait_s} s")  # fmt: skip
+        else:
+            why = (f"{principal.name!r} was recently closed for abuse (an oversize frame, protocol violations or "
+                   f"flooding); retry in {wait_s} s")  # fmt: skip
+        response = conn.respond(429, why + "\n")
         response.headers["Retry-After"] = str(wait_s)
         return response
 
@@ -321,10 +365,11 @@ class Gatekeeper:
         await asyncio.sleep(self.hold_s)
         return response
 
-    def _penalty_key(self, principal: Principal, conn: ServerConnection) -> str:
+    def _penalty_key(self, principal: Principal, conn: ServerConnection, worker_id: str | None = None) -> str:
         remote = conn.remote_address
         host = str(remote[0]) if remote else ""
-        return host if self.tokens is None else f"{principal.name}@{host}"
+        key = host if self.tokens is None else f"{principal.name}@{host}"
+        return key if worker_id is None else f"{key}#{worker_id}"  # "#" is in no address nor principal name
 
     def principal(self, conn: ServerConnection) -> Principal:
         """The principal :meth:`admit` let in on ``conn``.

@@ -54,6 +54,8 @@ _CORE_COUNTERS: Final = (
     ("fleetwire_plans_refused", "plans_refused", "Submits refused at the per-principal plan limit."),
     ("fleetwire_worker_takeovers_refused", "takeovers_refused",
      "Hellos refused for a worker id a live session holds, without its session_secret or certificate (4409)."),
+    ("fleetwire_worker_reconnects_refused", "worker_reconnects_refused",
+     "Hellos refused for a worker id past its reconnect budget (too_many_reconnects, 4429)."),
     ("fleetwire_store_loss_accepted", "store_loss_accepted",
      "Store damage accepted at start with --accept-store-loss (damaged plans dropped, commits lost)."),
     ("fleetwire_plans_recovered_from_client", "plans_recovered_from_client",
@@ -88,6 +90,9 @@ METRIC_NAMES: Final = (
     "fleetwire_penalty_boxed",
     "fleetwire_handshakes_pending",
     "fleetwire_handshakes_evicted",
+    "fleetwire_handshakes_accepted",
+    "fleetwire_handshakes_idle_dropped",
+    "fleetwire_defer_accept_seconds",
     "fleetwire_refusal_logs_suppressed",
     "fleetwire_repeats_held",
     "fleetwire_cost_throttled",
@@ -253,7 +258,8 @@ class CoordinatorCollector:
             penalties.add_metric([code], n)
         yield penalties
         box = getattr(gate, "penalty", None)
-        yield GaugeMetricFamily("fleetwire_penalty_boxed", "Peers (principal and address) in a cool-off now.",
+        yield GaugeMetricFamily("fleetwire_penalty_boxed", "Peers (principal and address, or one worker id of them) "
+                                "in a cool-off now.",
                                 value=box.boxed(now) if box is not None else 0)
         pending = getattr(gate, "pending", None)
         yield GaugeMetricFamily("fleetwire_handshakes_pending", "TCP connections still in their websocket handshake.",
@@ -261,6 +267,15 @@ class CoordinatorCollector:
         yield CounterMetricFamily("fleetwire_handshakes_evicted", "Pending handshakes dropped past "
                                   "--max-pending-handshakes (the oldest first).",
                                   value=getattr(pending, "evicted", 0))
+        yield CounterMetricFamily("fleetwire_handshakes_accepted", "TCP connections the coordinator accepted "
+                                  "(after their first byte, or after --defer-accept).",
+                                  value=getattr(pending, "accepted", 0))
+        yield CounterMetricFamily("fleetwire_handshakes_idle_dropped", "Accepted TCP connections dropped at "
+                                  "--handshake-timeout without having sent a byte.",
+                                  value=getattr(pending, "idle_dropped", 0))
+        yield GaugeMetricFamily("fleetwire_defer_accept_seconds", "How long the kernel may hold a new TCP "
+                                "connection until its first byte (TCP_DEFER_ACCEPT as it reports it); 0: off.",
+                                value=getattr(gate, "defer_accept_s", 0))
         refusal_log = getattr(gate, "refusal_log", None)
         yield CounterMetricFamily("fleetwire_refusal_logs_suppressed", "Refusals summed up in a per-address summary "
                                   "line instead of logged one by one.", value=getattr(refusal_log, "suppressed", 0))

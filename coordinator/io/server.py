@@ -42,6 +42,7 @@ from websockets.typing import Subprotocol
 from coordinator.auth import TokenFileError, TokenStore, inline_tokens
 from coordinator.core import Coordinator, CoreConfig, Effects
 from coordinator.io import routes as http_routes
+from coordinator.io.admission import LISTEN_BACKLOG
 from coordinator.io.commit import GroupCommitter
 from coordinator.io.connection import FailFastConnection, Session, close_or_abort
 from coordinator.io.gate import Gatekeeper, peer_identity, server_tls_context, subprotocol_refused
@@ -59,8 +60,10 @@ from coordinator.shards import ClusterConfig
 from coordinator.stats import FrameCounters
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec, Encoding
 from protocol import errors as codes
+from protocol.chunkview import with_chunk_views
 from protocol.messages import Assign, Error, FromClient, FromWorker, Moved, Submit
 from protocol.relay import MAX_CHUNK_BYTES
+from protocol.urls import named_worker_id
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +73,9 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 STANDBY = "standby: owns no shard (another coordinator of the cluster serves; this one takes over when its lease ends)"
 REPLAY_BACKLOG_BYTES = 1 << 20  # a replay's next slice waits while its subscriber has more than this unsent
 UNAVAILABLE_RETRY_S = 1.0  # the retry_after_s of an ``unavailable`` answer (the store is away)
+# Closes the core asks for that put the peer in the penalty box (gate.py): repeated protocol errors, and a
+# worker id past its reconnect budget (coordinator/reconnects.py), so its reconnect loop costs a 429, not a session.
+_CORE_PENALIZED = frozenset({codes.CLOSE_PROTOCOL, codes.CLOSE_RATE_LIMITED})
 LOADING = "loading the store"  # /readyz's reason (503) until the store's plans are loaded
 
 
@@ -158,6 +164,11 @@ class ServerSettings:
                 raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(core, name)}")
         if core.max_events_per_plan < 1:
             raise ValueError(f"max_events_per_plan must be >= 1, got {core.max_events_per_plan}")
+        if not core.worker_reconnect_rate >= 0:
+            raise ValueError(f"--worker-reconnect-rate must be >= 0 per second (0: no budget), "
+                             f"got {core.worker_reconnect_rate}")
+        if core.worker_reconnect_burst < 1:
+            raise ValueError(f"--worker-reconnect-burst must be >= 1, got {core.worker_reconnect_burst}")
         core.placement.check()
         if core.autoscale is not None:
             core.autoscale.check()
@@ -258,8 +269,10 @@ class CoordinatorServer:
         self._costs = CostBuckets(settings.limits)  # work-unit buckets per principal (coordinator/limits.py)
         self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
         self._conn_ids = itertools.count(1)
+        # msgpack sessions decode relayed chunks as views into their frame (protocol/chunkview.py): a chunk
+        # is checked and passed on without its bytes copied, and alone in a frame it is sent on as that frame.
         self._codecs: dict[tuple[Role, Encoding], Codec] = {
-            (role, enc): Codec(enc, FromWorker if role == "worker" else FromClient, role)
+            (role, enc): Codec(enc, _inbound(FromWorker if role == "worker" else FromClient, enc), role)
             for role in ("worker", "client")
             for enc in ("msgpack", "json")
         }
@@ -405,8 +418,10 @@ class CoordinatorServer:
             # A 1009 stops reading that peer at once; connections still in their handshake are
             # counted against the pending-handshake budget (coordinator/io/admission.py).
             create_connection=self._gate.pending.connection_class(FailFastConnection),
+            backlog=LISTEN_BACKLOG,  # room for the connections TCP_DEFER_ACCEPT holds back
         )
         sockets = list(self._server.sockets)
+        self._gate.defer_accept(sockets)  # idle sockets wait in the kernel, not here (admission.py)
         if sockets:
             self.port = sockets[0].getsockname()[1]
 
@@ -597,6 +612,7 @@ class CoordinatorServer:
         core.open_session(
             conn_id, role, time.monotonic(), principal=principal.name, address=address, admin=principal.admin,
             worker_ids=principal.worker_ids, identity=peer_identity(ws) if role == "worker" else "",
+            named_worker_id=named_worker_id(ws.request.path) if role == "worker" else None,
         )
         self._flush()
         limits = self.settings.limits
@@ -764,9 +780,12 @@ class CoordinatorServer:
             if session is not None:
                 session.close_with = (code, reason)
                 session.wake.set()
-                if code == codes.CLOSE_PROTOCOL and session.principal is not None:  # repeated violations
+                # Repeated violations, or a worker id past its reconnect budget (4429): the penalty box,
+                # the latter keyed by the id the upgrade named too (gate.py), so its neighbours get in.
+                if code in _CORE_PENALIZED and session.principal is not None:
                     self._count_refusal(code)
-                    self._gate.offence(session.principal, session.ws, code)
+                    self._gate.offence(session.principal, session.ws, code,
+                                       per_worker_id=code == codes.CLOSE_RATE_LIMITED)  # fmt: skip
         for session in slow:
             self._kill(session, codes.CLOSE_SLOW_CONSUMER, "slow consumer: too much waiting for it to read")
 
@@ -902,3 +921,8 @@ def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, Session]) ->
 def _address(ws: ServerConnection) -> str:
     remote = ws.remote_address
     return f"{remote[0]}:{remote[1]}" if remote else ""
+
+
+def _inbound(union: Any, encoding: Encoding) -> Any:
+    """What a session of this encoding decodes: msgpack chunks as views into their frame (protocol/chunkview.py)."""
+    return with_chunk_views(union) if encoding == "msgpack" else union

@@ -9,6 +9,8 @@ import asyncio
 import base64
 import contextlib
 import os
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -98,7 +100,7 @@ async def test_insecure_coordinator_refuses_a_rebinding_host_and_serves_loopback
 
 async def test_idle_sockets_past_the_budget_evict_the_oldest_and_never_starve_a_real_handshake(insecure: Any) -> None:
     """200 idle TCP connections against a budget of 16: the oldest are dropped, a real client still connects."""
-    srv = await insecure(Limits(max_pending_handshakes=16))
+    srv = await insecure(Limits(max_pending_handshakes=16, defer_accept_s=0))  # accepted at once, as without Linux
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     try:
         with capture_logs() as logs:
@@ -120,7 +122,7 @@ async def test_idle_sockets_past_the_budget_evict_the_oldest_and_never_starve_a_
 
 async def test_idle_sockets_cost_no_websocket_connection_until_their_first_byte(insecure: Any) -> None:
     """100 idle TCP connections start no handler task; a real client still connects; a silent one is dropped in time."""
-    srv = await insecure(Limits(handshake_timeout_s=1.0))
+    srv = await insecure(Limits(handshake_timeout_s=1.0, defer_accept_s=0))
     tasks_before = len(asyncio.all_tasks())
     idle = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(100)]
     try:
@@ -132,6 +134,71 @@ async def test_idle_sockets_cost_no_websocket_connection_until_their_first_byte(
     finally:
         for _, writer in idle:
             writer.close()
+
+
+needs_defer_accept = pytest.mark.skipif(not hasattr(socket, "TCP_DEFER_ACCEPT"), reason="TCP_DEFER_ACCEPT is Linux's")
+
+
+def idle_sockets(port: int, n: int) -> list[socket.socket]:
+    """``n`` TCP connections to 127.0.0.1:port that send nothing (the kernel completes them without the server)."""
+    return [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+
+
+def reset(socks: list[socket.socket]) -> None:
+    """Close with RST, so the kernel forgets a connection it still holds back instead of handing it over at its FIN."""
+    for sock in socks:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+
+@needs_defer_accept
+async def test_idle_sockets_are_never_accepted_before_their_first_byte_and_a_real_client_is_at_once(
+    insecure: Any,
+) -> None:
+    """With the default --defer-accept, 200 idle sockets against a budget of 16 are not accepted: no eviction."""
+    srv = await insecure(Limits(max_pending_handshakes=16))
+    idle = idle_sockets(srv.port, 200)
+    try:
+        async with Client(srv.url) as client:  # connected after the idle ones, accepted before them
+            await client.workers()
+        status, body = await http(srv.port, "/metrics")
+        assert status == 200
+        assert scraped(body, "fleetwire_defer_accept_seconds") >= Limits().handshake_timeout_s
+        assert scraped(body, "fleetwire_handshakes_accepted_total") <= 3  # the client's and this scrape's
+        assert scraped(body, "fleetwire_handshakes_evicted_total") == 0
+    finally:
+        reset(idle)
+
+
+@needs_defer_accept
+async def test_an_idle_socket_is_accepted_after_the_deferral_then_dropped_at_the_handshake_timeout(
+    insecure: Any,
+) -> None:
+    """An idle socket reaches the coordinator after --defer-accept and is dropped at the handshake timeout, counted."""
+    srv = await insecure(Limits(handshake_timeout_s=1.0, defer_accept_s=1.0))
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    try:
+        assert await asyncio.wait_for(reader.read(), 15) == b""  # kernel ~1 s, then the 1 s timeout
+        status, body = await http(srv.port, "/metrics")
+        assert status == 200
+        assert scraped(body, "fleetwire_handshakes_idle_dropped_total") == 1
+    finally:
+        writer.close()
+
+
+async def test_defer_accept_off_accepts_idle_sockets_at_once(insecure: Any) -> None:
+    """--defer-accept 0: no TCP_DEFER_ACCEPT; idle sockets are accepted (and budgeted) as they come."""
+    srv = await insecure(Limits(defer_accept_s=0))
+    idle = idle_sockets(srv.port, 20)
+    try:
+        async with Client(srv.url) as client:  # connected after the idle ones, so accepted after them
+            await client.workers()
+        status, body = await http(srv.port, "/metrics")
+        assert status == 200
+        assert scraped(body, "fleetwire_defer_accept_seconds") == 0
+        assert scraped(body, "fleetwire_handshakes_accepted_total") >= 21
+    finally:
+        reset(idle)
 
 
 # ---------------------------------------------------------------- finding 9: /metrics cost and access

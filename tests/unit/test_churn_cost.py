@@ -126,7 +126,7 @@ def test_past_the_work_budget_reasons_are_caught_up_at_the_next_ticks(monkeypatc
 
 def test_a_flipping_reason_holds_only_the_newest_waiting_event() -> None:
     """A worker that comes and goes 50 times: the queued plan's held events do not grow with the flips."""
-    h = Harness()
+    h = Harness(worker_reconnect_rate=0)  # no reconnect budget (test_reconnect_budget.py): the flips are the point
     c = h.client()
     pid = h.submit(c, requirements=Requirements(tags=["gpu"]))
     for i in range(50):

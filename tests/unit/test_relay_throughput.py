@@ -111,6 +111,9 @@ async def test_worker_credits_an_upload_once_per_quarter_window(tmp_path: Path, 
     sent.clear()
     for i in range(16):
         endpoint.on_message(DataChunk(plan_id="p1", attempt=1, name="x", offset=i * MAX_CHUNK_BYTES, data=CHUNK))
+        if window == MAX_CHUNK_BYTES:  # a one-chunk window: the sender waits for each chunk's credit
+            await endpoint.drained()
+    await endpoint.drained()
     acked = [m.offset for m in sent if isinstance(m, DataCredit)]
     assert len(acked) == credits and acked == sorted(acked)
     assert all(later - earlier >= credit_every(window) for earlier, later in zip([0, *acked], acked, strict=False))

@@ -49,8 +49,10 @@ async def test_upload_is_written_acked_and_verified(relay: Any) -> None:
     first = relay.sent.pop()
     assert isinstance(first, DataCredit) and (first.offset, first.size) == (0, len(data))
     relay.on_message(chunk(0, data[:MAX_CHUNK_BYTES]))
+    await relay.drained()  # a file-backed input's chunks are written and hashed off the loop
     assert relay.sent.pop().offset == MAX_CHUNK_BYTES
     relay.on_message(chunk(MAX_CHUNK_BYTES, data[MAX_CHUNK_BYTES:]))
+    await relay.drained()
     end = relay.sent.pop()
     assert isinstance(end, DataEnd) and end.code == "" and end.offset == len(data)
     entry = relay.spool.input("p1", 1, "x")

@@ -23,7 +23,7 @@ def churn(h: Durable, times: int, start: float = 0.0) -> None:
 
 def test_churn_writes_no_waiting_rows_and_one_status_per_reserve_of_flips() -> None:
     """200 connects and leaves: no waiting Event records, a status per 64 flips, the stored next_seq always ahead."""
-    h = Durable()
+    h = Durable(worker_reconnect_rate=0)  # no reconnect budget (test_reconnect_budget.py): the flips are the point
     c = h.client()
     pid = h.submit(c, requirements=Requirements(tags=["gpu"]))
     h.records.clear()

@@ -1,0 +1,137 @@
+"""The direct path's fixed cost per transfer, over loopback sockets: round trips per upload (``Expect:
+100-continue`` instead of a ``HEAD`` first), answers from the head before any body byte, a server that
+ignores ``Expect``, and big spool files unlinked off the worker's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import fleetwire.data
+from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_inputs
+from protocol.messages import DataKey
+from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from worker_agent.dataplane import BODY_CHUNK, DataServer
+from worker_agent.spool import UNLINK_AWAY_BYTES, Spool, remove_file
+
+pytestmark = pytest.mark.timeout(60)
+
+MASTER = b"f" * 32
+WORKER = "w1"
+SIZE = 2 * BODY_CHUNK + 12345
+
+
+def _digest(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def _grant(url: str, size: int, digest: str, key: bytes = MASTER) -> Grant:
+    claims = TicketClaims("p1", 1, WORKER, "put", {"x": FileClaim(size, digest)}, time.time() + 60)
+    ticket = sign(claims, "k1", worker_key(key, WORKER))
+    return Grant("p1", 1, url, ticket, ticket)
+
+
+@pytest.fixture
+async def endpoint(tmp_path: Path) -> AsyncIterator[DataServer]:
+    server = DataServer(Spool(tmp_path / "spool", memory_bytes=1024), worker_id=WORKER, stall_timeout_s=2.0)
+    server.set_keys([DataKey(kid="k1", key=worker_key(MASTER, WORKER))])
+    await server.start()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+def payload(tmp_path: Path) -> tuple[Path, bytes]:
+    data = os.urandom(SIZE)
+    path = tmp_path / "input.bin"
+    path.write_bytes(data)
+    return path, data
+
+
+async def _upload(url: str, path: Path, key: bytes = MASTER) -> None:
+    source = (await prepare_inputs({"x": path}))["x"]
+    transport = DirectTransport(stall_timeout_s=5.0)
+    try:
+        await transport.upload(_grant(url, source.size, source.digest, key), source)
+    finally:
+        await transport.aclose()
+
+
+async def test_a_fresh_upload_is_one_put_and_no_head(endpoint: DataServer, payload: tuple[Path, bytes]) -> None:
+    """A first upload asks nothing first: one PUT (Expect: 100-continue), no HEAD, and the input is verified."""
+    path, data = payload
+    await _upload(endpoint.url, path)
+    entry = endpoint.spool.input("p1", 1, "x")
+    assert entry is not None and entry.state == "verified"
+    assert entry.path is not None and entry.path.read_bytes() == data
+    assert dict(endpoint.requests) == {"PUT": 1}
+
+
+async def test_a_resumed_upload_learns_its_offset_before_sending_any_body(endpoint: DataServer,
+                                                                          payload: tuple[Path, bytes]) -> None:
+    """The worker already holds a part: the first PUT is answered 409 from its head, then only the rest is sent."""
+    path, data = payload
+    entry = endpoint.spool.declare("p1", 1, "x", SIZE, _digest(data))
+    entry.write(data[:BODY_CHUNK])
+    entry.pause()
+    await _upload(endpoint.url, path)
+    assert entry.state == "verified" and entry.path is not None and entry.path.read_bytes() == data
+    assert endpoint.bytes_in == SIZE - BODY_CHUNK  # the refused PUT's body was never sent
+    assert endpoint.refused[409] == 1 and dict(endpoint.requests) == {"PUT": 2, "HEAD": 1}
+
+
+async def test_a_forged_ticket_is_refused_before_any_body(endpoint: DataServer, payload: tuple[Path, bytes]) -> None:
+    """A ticket signed with another key: the PUT fails 401 from its head and no body byte reaches the worker."""
+    path, _ = payload
+    with pytest.raises(DataTransferError) as caught:
+        await _upload(endpoint.url, path, key=b"g" * 32)
+    assert caught.value.status == 401
+    assert endpoint.bytes_in == 0 and dict(endpoint.requests) == {"PUT": 1}
+
+
+async def test_a_server_that_ignores_expect_still_gets_the_body(payload: tuple[Path, bytes],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """No "100 Continue" comes (a server or proxy that ignores Expect): the body goes after a short wait."""
+    path, data = payload
+    monkeypatch.setattr(fleetwire.data, "CONTINUE_WAIT_S", 0.05)
+    received: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        received.append(await reader.readexactly(length))
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        await _upload(f"http://127.0.0.1:{port}", path)
+    assert received == [data]
+
+
+async def test_a_big_spool_file_is_unlinked_in_a_thread(tmp_path: Path) -> None:
+    """On the event loop a spool file of UNLINK_AWAY_BYTES or more goes in a thread; a small one at once."""
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.write_bytes(b"\0" * UNLINK_AWAY_BYTES)
+    small.write_bytes(b"\0" * 1024)
+    assert remove_file(small, 1024) is None and not small.exists()
+    away = remove_file(big, UNLINK_AWAY_BYTES)
+    assert away is not None
+    await away
+    assert not big.exists()
+
+
+def test_without_a_running_loop_a_big_spool_file_goes_at_once(tmp_path: Path) -> None:
+    """No event loop (a worker shutting down, a tool): even a big file is unlinked before remove_file returns."""
+    big = tmp_path / "big"
+    big.write_bytes(b"\0" * UNLINK_AWAY_BYTES)
+    assert remove_file(big, UNLINK_AWAY_BYTES) is None and not big.exists()

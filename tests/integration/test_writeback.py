@@ -1,0 +1,144 @@
+"""Write-behind (fleetwire/writeback.py) on real files: the bytes are intact and a big file does not stay in
+the page cache, alone and on the direct path (an upload's spool file, a download's target)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import mmap
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from fleetwire.data import DirectTransport, Grant, OutputCheck, prepare_inputs
+from fleetwire.writeback import WriteBehind
+from protocol.messages import DataKey
+from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from worker_agent.dataplane import DataServer
+from worker_agent.spool import Spool
+
+pytestmark = pytest.mark.timeout(60)
+
+MASTER = b"w" * 32
+WORKER = "w1"
+BIG = 64 << 20  # well past what write-behind leaves cached (LAG + 2 windows)
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident(path: Path) -> int:
+    """Bytes of the file now in the page cache (mincore on a mapping that touches nothing)."""
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY) as mapping:
+        pages = (size + PAGE - 1) // PAGE
+        vector = (ctypes.c_ubyte * pages)()
+        anchor = ctypes.c_char.from_buffer(mapping)
+        try:
+            if libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vector) != 0:
+                pytest.skip(f"mincore failed: {os.strerror(ctypes.get_errno())}")
+        finally:
+            del anchor
+        return sum(1 for flag in vector if flag & 1) * PAGE
+
+
+def _on_tmpfs(path: Path) -> bool:
+    best, kind = "", ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1]
+            if str(path).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+                best, kind = point, fields[2]
+    return kind in ("tmpfs", "ramfs")
+
+
+@pytest.fixture
+def cached_dir(tmp_path: Path) -> Path:
+    """A directory on a disk file system with write-behind available (else the test is skipped)."""
+    if not os.path.exists("/proc/mounts") or _on_tmpfs(tmp_path):
+        pytest.skip("needs a disk-backed file system (the page cache is the file's only home on tmpfs)")
+    probe = tmp_path / "probe"
+    with open(probe, "wb") as file:
+        if not WriteBehind(file.fileno()).active:
+            pytest.skip("no sync_file_range here")
+    probe.unlink()
+    return tmp_path
+
+
+def _write(path: Path, data: bytes, chunk: int, behind: bool) -> None:
+    with open(path, "wb") as file:
+        pacer = WriteBehind(file.fileno(), window=4 << 20, lag=1) if behind else None
+        for start in range(0, len(data), chunk):
+            file.write(data[start : start + chunk])
+            if pacer is not None:
+                pacer.wrote(min(len(data), start + chunk))
+
+
+def test_bytes_are_intact_and_the_file_leaves_the_page_cache(cached_dir: Path) -> None:
+    """A file written through WriteBehind reads back whole, and at most a few windows of it stay cached."""
+    data = os.urandom(BIG)
+    control = cached_dir / "control.bin"
+    _write(control, data, 1 << 20, behind=False)
+    if _resident(control) < BIG // 2:
+        pytest.skip("this machine's page cache does not keep a freshly written file (memory pressure)")
+    paced = cached_dir / "paced.bin"
+    _write(paced, data, 3 << 20, behind=True)  # windows and chunks not aligned
+    assert _resident(paced) <= 16 << 20
+    assert hashlib.sha256(paced.read_bytes()).digest() == hashlib.sha256(data).digest()
+
+
+def test_a_pipe_is_written_as_is(tmp_path: Path) -> None:
+    """A descriptor without writeback (a pipe) makes WriteBehind a no-op, not an error."""
+    read_end, write_end = os.pipe()
+    try:
+        pacer = WriteBehind(write_end, window=4)
+        for n in range(1, 4):
+            os.write(write_end, b"abcd")
+            pacer.wrote(4 * n)
+        assert not pacer.active
+        assert os.read(read_end, 64) == b"abcd" * 3
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _grant(server: DataServer, name: str, size: int, digest: str, direction: str, attempt: int = 1) -> Grant:
+    claims = TicketClaims("p1", attempt, WORKER, direction, {name: FileClaim(size, digest)},  # type: ignore[arg-type]
+                          time.time() + 60)
+    ticket = sign(claims, "k1", worker_key(MASTER, WORKER))
+    return Grant("p1", attempt, server.url, ticket, ticket)
+
+
+@pytest.fixture
+async def endpoint(cached_dir: Path) -> AsyncIterator[DataServer]:
+    server = DataServer(Spool(cached_dir / "spool"), worker_id=WORKER, stall_timeout_s=5.0)
+    server.set_keys([DataKey(kid="k1", key=worker_key(MASTER, WORKER))])
+    await server.start()
+    yield server
+    await server.close()
+
+
+async def test_a_direct_upload_and_download_leave_little_in_the_page_cache(endpoint: DataServer,
+                                                                           cached_dir: Path) -> None:
+    """The worker's spool file of a 64 MiB upload and the client's file of its download are mostly not cached."""
+    data = os.urandom(BIG)
+    source_path = cached_dir / "input.bin"
+    source_path.write_bytes(data)
+    source = (await prepare_inputs({"in": source_path}))["in"]
+    transport = DirectTransport()
+    try:
+        await transport.upload(_grant(endpoint, "in", BIG, source.digest, "put"), source)
+        entry = endpoint.spool.input("p1", 1, "in")
+        assert entry is not None and entry.state == "verified" and entry.path is not None
+        assert _resident(entry.path) <= 48 << 20
+        output = endpoint.spool.add_output("p1", 1, "out", source_path)
+        target = cached_dir / "out.bin"
+        grant = _grant(endpoint, "out", BIG, output.digest, "get")
+        await transport.download_to(grant, "out", target, OutputCheck("out", output.digest))
+        assert _resident(target) <= 48 << 20
+        assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
+    finally:
+        await transport.aclose()
