@@ -303,6 +303,15 @@ class Client:
         self._session.post(msg)
         self._outbox_ready.set()
 
+    def post_frame(self, frame: memoryview) -> None:
+        """Queue a message already encoded in :attr:`encoding` (the relay's chunks, read into their frames).
+
+        Raises:
+            FleetwireConnectionError: the session has ended.
+        """
+        self._session.post_frame(frame)
+        self._outbox_ready.set()
+
     async def data_ticket(self, plan_id: str, direction: Literal["put", "get"] = "get") -> Grant:
         """Where a plan's bytes are and a fresh ticket to them (``get``: outputs, ``put``: inputs).
 

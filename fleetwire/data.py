@@ -11,9 +11,11 @@ Theory of operation:
   (per attempt) with the worker's data URL and a ``put`` ticket; :class:`Uploads` (one task per
   plan) uploads every input there through a :class:`Transport`. A newer attempt (its worker
   died) gets the inputs again: the sources are kept until the plan ends.
-* :class:`DirectTransport` speaks HTTP/1.1 to the worker (httpx): ``HEAD`` for the acknowledged
-  offset, then ``PUT`` with ``Content-Range`` from there; a dropped connection resumes from the
-  new acknowledged offset. Downloads are ``GET`` with ``Range``, resumed the same way.
+* :class:`DirectTransport` speaks HTTP/1.1 to the worker: a ``PUT`` with ``Content-Range`` and
+  ``Expect: 100-continue`` (the first from offset 0, asking nothing first: a ``409`` from the head
+  says another offset), then on a ``409`` or a dropped connection ``HEAD`` (httpx) for the
+  acknowledged offset and a ``PUT`` from there. Downloads are ``GET`` with ``Range``, resumed the
+  same way. Each transfer runs on a socket and thread of its own (:class:`_SocketCall`).
 * The relay (fleetwire/relay.py ``RelayTransport``) carries the same bytes through the
   coordinator: it implements :class:`Transport`; the client's default ``AutoTransport`` picks it
   when a grant has no URL or the direct dial fails.
@@ -22,7 +24,6 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import hashlib
@@ -31,17 +32,19 @@ import logging
 import os
 import pathlib
 import queue
+import select
 import shutil
 import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
+from fleetwire.chunkwrite import ChunkWriter
 from fleetwire.writeback import WriteBehind
 from protocol.messages import DataGrant, Event, InputSpec
 from protocol.tickets import name_problem, new_hasher
@@ -73,6 +76,8 @@ CONTINUE_WAIT_S = 1.0  # how long a PUT waits for "100 Continue" before sending 
 SETTLE_S = 10.0  # how long a succeeded plan's last upload may take to read the worker's answer
 WRITES_AHEAD = 4  # batches of a download by chunks waiting for the disk (about 4 MiB)
 WRITE_BUFFERS = 8  # buffers of a direct download: some filling, some written and hashed, some spare
+IDLE_CONNECTIONS = 4  # keep-alive data connections kept per worker endpoint between transfers
+IDLE_S = 15.0  # how long one is kept (the worker drops it after its upload stall timeout, 30 s by default)
 WRITE_BUFFER_BYTES = 1 << 20  # small: what is left to write and hash once the last byte arrived is small too
 InputValue = bytes | bytearray | memoryview | pathlib.Path | IO[bytes]
 Progress = Callable[[str, int, int], None]
@@ -164,6 +169,16 @@ class InputSource:
 
     def spec(self) -> InputSpec:
         return InputSpec(name=self.name, size=self.size, digest=self.digest)
+
+    @property
+    def data(self) -> memoryview | None:
+        """The content when it is in memory; None: it is a file (:attr:`path`) or was let go."""
+        return self._data
+
+    @property
+    def path(self) -> pathlib.Path | None:
+        """The file the content is read from; None: it is in memory (:attr:`data`)."""
+        return self._path
 
     async def chunks(self, offset: int, chunk: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
         """The content from ``offset``, one chunk at a time."""
@@ -262,21 +277,36 @@ def _prepare_one(name: str, value: Any) -> InputSource:
 
 
 async def prepare_inputs(inputs: Mapping[str, InputValue]) -> dict[str, InputSource]:
-    """Sizes and digests of the inputs (files hashed in a thread).
+    """Sizes and digests of the inputs (big ones hashed in threads, all at once: hashlib releases the GIL).
 
     Raises:
         ValueError: a bad name. TypeError: a value of another type. OSError: a file that cannot be read.
     """
-    sources: dict[str, InputSource] = {}
-    for name, value in inputs.items():
+    for name in inputs:
         problem = name_problem(name, "input name")
         if problem is not None:
             raise ValueError(problem)
+    sources: dict[str, InputSource] = {}
+    big: dict[str, InputValue] = {}
+    for name, value in inputs.items():
         if isinstance(value, bytes | bytearray | memoryview) and len(value) < CHUNK_BYTES:
             sources[name] = _prepare_one(name, value)
         else:
-            sources[name] = await asyncio.to_thread(_prepare_one, name, value)
-    return sources
+            big[name] = value
+    if len(big) == 1:
+        [(name, value)] = big.items()
+        sources[name] = await asyncio.to_thread(_prepare_one, name, value)
+    elif big:
+        prepared = await asyncio.gather(*(asyncio.to_thread(_prepare_one, n, v) for n, v in big.items()),
+                                        return_exceptions=True)  # every thread is done before anything is raised
+        for source in prepared:
+            if isinstance(source, BaseException):
+                for other in prepared:
+                    if isinstance(other, InputSource):
+                        other.close()  # a copied stream's temporary file
+                raise source
+        sources.update((source.name, source) for source in prepared if isinstance(source, InputSource))
+    return {name: sources[name] for name in inputs}
 
 
 class Transport(Protocol):
@@ -323,10 +353,12 @@ class DirectTransport:
         self._connect_timeout_s = connect_timeout_s
         self._stall_timeout_s = stall_timeout_s
         self._tls: ssl.SSLContext | None = None
+        self._idle = _IdleConnections()
         self.progress: Progress | None = None
         """Called as bytes move, ``progress(name, done, size)``, from a transfer thread (rich is thread-safe)."""
 
     async def aclose(self) -> None:
+        self._idle.close()
         await self._http.aclose()
 
     async def offset(self, grant: Grant, name: str) -> tuple[int, str]:
@@ -388,7 +420,7 @@ class DirectTransport:
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
         tls = self._tls_context() if url.scheme == "https" else None
         call = _SocketCall(url.host, url.port or (443 if tls else 80), tls, url.host, self._connect_timeout_s,
-                           self._stall_timeout_s)
+                           self._stall_timeout_s, self._idle)
         progress = self.progress
         return await call.run(functools.partial(_put_body, request=request, source=source, offset=offset,
                                                 length=length, progress=progress))
@@ -425,7 +457,7 @@ class DirectTransport:
                 progress = [received, size]
                 report = None if self.progress is None else functools.partial(self.progress, name)
                 call = _SocketCall(url.host, url.port or (443 if tls else 80), tls, url.host, self._connect_timeout_s,
-                                   self._stall_timeout_s)
+                                   self._stall_timeout_s, self._idle)
                 try:
                     status, body = await call.run(functools.partial(_get_body, request=request, file=file,
                                                                     progress=progress, report=report, check=check))
@@ -491,20 +523,23 @@ class _SocketCall:
 
     A dedicated thread (not the loop's default executor): an upload holds it for as long as it
     lasts. Cancelling the awaiting task shuts the socket down, so the thread's send or receive
-    fails at once and the thread ends.
+    fails at once and the thread ends. The connection is an idle keep-alive one to the same
+    endpoint when ``idle`` has one (no connect, no TLS handshake), and goes back there when the
+    exchange says it may (its answer read whole, no ``Connection: close``).
     """
 
     def __init__(self, host: str, port: int, tls: ssl.SSLContext | None, server_name: str, connect_timeout_s: float,
-                 stall_timeout_s: float) -> None:
+                 stall_timeout_s: float, idle: _IdleConnections | None = None) -> None:
         self._address = (host, port)
         self._tls = tls
         self._server_name = server_name
         self._connect_timeout_s = connect_timeout_s
         self._stall_timeout_s = stall_timeout_s
+        self._idle = idle
         self._sock: socket.socket | None = None
         self._closed = False
 
-    async def run(self, exchange: Callable[[socket.socket], tuple[int, bytes]]) -> tuple[int, bytes]:
+    async def run(self, exchange: Callable[[socket.socket], tuple[int, bytes, bool]]) -> tuple[int, bytes]:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[int, bytes]] = loop.create_future()
 
@@ -533,19 +568,28 @@ class _SocketCall:
         finally:
             self._abort()
 
-    def _exchange(self, exchange: Callable[[socket.socket], tuple[int, bytes]]) -> tuple[int, bytes]:
-        sock = socket.create_connection(self._address, timeout=self._connect_timeout_s)
+    def _exchange(self, exchange: Callable[[socket.socket], tuple[int, bytes, bool]]) -> tuple[int, bytes]:
+        key = (*self._address, self._tls is not None)
+        sock = self._idle.take(key) if self._idle is not None else None
+        if sock is None:
+            sock = socket.create_connection(self._address, timeout=self._connect_timeout_s)
+        keep = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._tls is not None:
+            if self._tls is not None and not isinstance(sock, ssl.SSLSocket):
                 sock = self._tls.wrap_socket(sock, server_hostname=self._server_name)
             sock.settimeout(self._stall_timeout_s)
             self._sock = sock
             if self._closed:
                 raise ConnectionAbortedError("the transfer was cancelled")
-            return exchange(sock)
+            status, body, keep = exchange(sock)
+            return status, body
         finally:
-            sock.close()
+            self._sock = None  # first: a cancel from now on does not shut down a connection given back
+            if keep and not self._closed and self._idle is not None:
+                self._idle.give(key, sock)
+            else:
+                sock.close()
 
     def _abort(self) -> None:
         self._closed = True
@@ -553,6 +597,56 @@ class _SocketCall:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+
+class _IdleConnections:
+    """Keep-alive connections to workers' data endpoints, idle between transfers (used from transfer threads).
+
+    At most :data:`IDLE_CONNECTIONS` per endpoint, each for :data:`IDLE_S`. One is taken only if
+    nothing can be read from it (an idle HTTP/1.1 connection has nothing to say; a closed one
+    reads as end of file), so a connection the worker dropped meanwhile is not used.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, int, bool], list[tuple[float, socket.socket]]] = {}
+        self._closed = False
+
+    def take(self, key: tuple[str, int, bool]) -> socket.socket | None:
+        while True:
+            with self._lock:
+                entries = self._idle.get(key)
+                if not entries:
+                    return None
+                since, sock = entries.pop()
+            if time.monotonic() - since < IDLE_S and _quiet(sock):
+                return sock
+            sock.close()
+
+    def give(self, key: tuple[str, int, bool], sock: socket.socket) -> None:
+        with self._lock:
+            entries = self._idle.setdefault(key, [])
+            if not self._closed and len(entries) < IDLE_CONNECTIONS:
+                entries.append((time.monotonic(), sock))
+                return
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            entries = [sock for idle in self._idle.values() for _, sock in idle]
+            self._idle.clear()
+        for sock in entries:
+            sock.close()
+
+
+def _quiet(sock: socket.socket) -> bool:
+    """Whether nothing can be read from ``sock`` right now (neither bytes nor an end of file)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
 
 
 def _read_response(sock: socket.socket, *, keep_body: bool = True,
@@ -592,15 +686,20 @@ def _read_response(sock: socket.socket, *, keep_body: bool = True,
 
 
 def _put_body(sock: socket.socket, request: bytes, source: InputSource, offset: int, length: int,
-              progress: Progress | None) -> tuple[int, bytes]:
+              progress: Progress | None) -> tuple[int, bytes, bool]:
+    """Send a ``PUT`` and its body: (status, body, whether the connection may be used again)."""
     sock.sendall(request)
     if length:
         answer = _await_continue(sock)
-        if answer is not None:  # refused from the head: no body byte was sent
-            return answer
+        if answer is not None:  # refused from the head: no body byte was sent (and the worker closes)
+            return *answer, False
     source.send(sock, offset, length, progress)
-    status, _, body, _ = _read_response(sock)
-    return status, body
+    status, headers, body, _ = _read_response(sock)
+    return status, body, _keep_alive(headers)
+
+
+def _keep_alive(headers: dict[str, str]) -> bool:
+    return headers.get("connection", "").lower() != "close"
 
 
 def _await_continue(sock: socket.socket) -> tuple[int, bytes] | None:
@@ -630,8 +729,11 @@ def _await_continue(sock: socket.socket) -> tuple[int, bytes] | None:
 
 
 def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: list[int],
-              report: Callable[[int, int], None] | None, check: OutputCheck | None = None) -> tuple[int, bytes]:
-    """Send a ``GET``; write the body to ``file`` at ``progress[0]``, keeping ``progress`` = [received, size]."""
+              report: Callable[[int, int], None] | None, check: OutputCheck | None = None) -> tuple[int, bytes, bool]:
+    """Send a ``GET``; write the body to ``file`` at ``progress[0]``, keeping ``progress`` = [received, size].
+
+    Returns (status, the body of an error answer, whether the connection may be used again).
+    """
     sock.sendall(request)
     status, headers, _, first = _read_response(sock, keep_body=False)
     if status not in (200, 206):
@@ -639,11 +741,12 @@ def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: li
         body = bytearray(first)
         while len(body) < length and (more := sock.recv(length - len(body))):
             body += more
-        return status, bytes(body[:length])
+        return status, bytes(body[:length]), False
     remaining = int(headers.get("content-length", "0") or 0)
     if progress[1] < 0:
         progress[1] = progress[0] + remaining
     file.seek(progress[0])
+    keep = _keep_alive(headers) and len(first) <= remaining  # nothing read past the body
     if first:
         file.write(first[:remaining])
         if check is not None:
@@ -667,7 +770,7 @@ def _get_body(sock: socket.socket, request: bytes, file: IO[bytes], progress: li
                     report(progress[0], progress[1])
             if remaining and got < len(view):
                 raise ConnectionResetError(f"the worker closed the download at byte {progress[0]}")
-    return status, b""
+    return status, b"", keep
 
 
 class _FileWriter:
@@ -834,54 +937,43 @@ async def fetch_to(transport: Transport, grant: Grant, name: str, path: str | os
     return await write_chunks(transport.download(grant, name), path, check)
 
 
-def _write_and_hash(file: IO[bytes], chunks: list[bytes], check: OutputCheck | None) -> None:
-    for chunk in chunks:
-        file.write(chunk)
-        if check is not None:
-            check.update(chunk)
-
-
 async def write_chunks(chunks: AsyncIterator[bytes], path: str | os.PathLike[str],
                        check: OutputCheck | None = None) -> pathlib.Path:
     """Write a download to ``path`` (through a temporary file renamed at the end), checked by ``check``.
 
-    Chunks are written (and hashed) in order by one thread of their own, in batches of about
+    Chunks are written (with write-behind) and hashed by two threads of their own at once
+    (fleetwire/chunkwrite.py :class:`~fleetwire.chunkwrite.ChunkWriter`), in batches of about
     :data:`CHUNK_BYTES`, while the next ones arrive, at most :data:`WRITES_AHEAD` batches
-    waiting: the source (a relayed stream, which credits each chunk once it is taken) is not
-    held up by the disk chunk by chunk, and memory stays bounded.
+    under way: the source (a relayed stream, which credits each chunk once it is taken) is not
+    held up by the disk or the hash chunk by chunk, and memory stays bounded.
     """
     target = pathlib.Path(path)
     partial = target.with_name(f".{target.name}.partial")
     file = await asyncio.to_thread(open, partial, "wb")
-    loop = asyncio.get_running_loop()
-    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetwire-output")  # one thread: in order
-    pending: collections.deque[asyncio.Future[None]] = collections.deque()
+    writer: ChunkWriter | None = None
     batch: list[bytes] = []
     batched = 0
     try:
+        writer = ChunkWriter(file, check, ahead=WRITES_AHEAD)
         async for chunk in chunks:
             batch.append(chunk)
             batched += len(chunk)
-            if batched < CHUNK_BYTES:  # small chunks (the relay's 256 KiB) go to the thread a few at a time
+            if batched < CHUNK_BYTES:  # small chunks (the relay's 256 KiB) go to the threads a few at a time
                 continue
-            pending.append(loop.run_in_executor(writer, _write_and_hash, file, batch, check))
+            await writer.put(batch)
             batch, batched = [], 0
-            if len(pending) >= WRITES_AHEAD:
-                await pending.popleft()
         if batch:
-            pending.append(loop.run_in_executor(writer, _write_and_hash, file, batch, check))
-        while pending:
-            await pending.popleft()
+            await writer.put(batch)
+        await writer.finish()
         if check is not None:
             check.verify()
     except BaseException:
-        writer.shutdown(wait=True)  # the writes under way finish before the file closes
+        if writer is not None:
+            writer.close()  # the writes under way finish before the file closes
         file.close()
         with contextlib.suppress(OSError):
             partial.unlink()
         raise
-    finally:
-        writer.shutdown(wait=False)
     file.close()
     await asyncio.to_thread(shutil.move, partial, target)
     return target

@@ -6,8 +6,12 @@ Theory of operation:
   websocket session: ``data_open`` (with the grant's ticket), then ``data_chunk`` s of at most
   256 KiB, never more unacknowledged bytes in flight than the stream's credit
   (``data_credit``), so the client holds at most one window of a stream in memory, the
-  coordinator no more, and a slow worker slows only its own uploads. An upload reads its source
-  a MiB at a time (one thread hop) and sends it as 256 KiB chunks. A download sends a
+  coordinator no more, and a slow worker slows only its own uploads. On a msgpack session an
+  upload reads its source straight into its chunks' frames, in a thread of its own, reusing a
+  frame's buffer once its bytes are acknowledged (fleetwire/chunkread.py ``FrameReader``); else
+  (JSON, a link without ``post_frame``) it reads a MiB at a time and encodes each 256 KiB chunk.
+  A download written to a file is written and hashed by two threads of their own, with
+  write-behind (fleetwire/chunkwrite.py ``ChunkWriter``). A download sends a
   ``data_credit`` once the caller has taken a quarter of the stream's window (the coordinator
   says the window right after the open; ``credit_every``), or each chunk when it does not say.
 * A stream that breaks (``data_end(relay_closed)``: a session closed, the coordinator
@@ -37,6 +41,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from fleetwire.chunkread import FrameReader
 from fleetwire.data import (
     DataTransferError,
     Grant,
@@ -50,7 +55,7 @@ from fleetwire.data import (
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
 from protocol.relay import BUSY, CLOSED, MAX_CHUNK_BYTES, REFUSED, RETRYABLE, UNAUTHORIZED, VIOLATION, credit_every
 
-__all__ = ["AutoTransport", "RelayLink", "RelayTransport"]
+__all__ = ["AutoTransport", "FrameLink", "RelayLink", "RelayTransport"]
 
 log = logging.getLogger("fleetwire.data")
 
@@ -70,6 +75,16 @@ class RelayLink(Protocol):
         Raises:
             FleetwireConnectionError: the session has ended.
         """
+        ...
+
+
+class FrameLink(RelayLink, Protocol):
+    """A link that also takes frames already encoded (msgpack): a relayed upload's chunks, read into their frames."""
+
+    encoding: str
+
+    def post_frame(self, frame: memoryview) -> None:
+        """Queue ``frame`` (one message in ``encoding``) for the coordinator as it is."""
         ...
 
 
@@ -161,6 +176,9 @@ class RelayTransport:
         try:
             while stream.acked < 0:
                 await self._wait(stream, source.name)
+            if getattr(self._link, "encoding", None) == "msgpack" and hasattr(self._link, "post_frame"):
+                await self._upload_frames(key, stream, source, self._link)  # type: ignore[arg-type]
+                return
             sent = stream.acked
             chunks = aiter(source.chunks(sent, READ_BYTES))
             block = memoryview(b"")  # read a MiB at a time (one thread hop), sent as 256 KiB chunks
@@ -184,6 +202,29 @@ class RelayTransport:
                 with contextlib.suppress(Exception):
                     await chunks.aclose()  # type: ignore[attr-defined]
             self._close(key, stream)
+
+    async def _upload_frames(self, key: Key, stream: _Stream, source: InputSource, link: FrameLink) -> None:
+        """The chunks from the worker's offset, each read into its frame (fleetwire/chunkread.py), within the credit."""
+        sent = stream.acked
+        reader = FrameReader(source, (key[0], key[1], key[2]), sent, buffers=_buffers(stream.window),
+                             wake=stream.changed.set)
+        try:
+            while True:
+                self._check_end(stream, source.name, done_ok=True)
+                if stream.end is not None:
+                    return  # verified
+                reader.acked(stream.acked)
+                reader.allow(_buffers(stream.window))
+                room = stream.window - (sent - stream.acked)
+                if sent < source.size and min(MAX_CHUNK_BYTES, source.size - sent) <= room:
+                    taken = reader.take()
+                    if taken is not None:
+                        link.post_frame(taken[0])
+                        sent = taken[1]
+                        continue
+                await self._wait(stream, source.name)
+        finally:
+            reader.close()
 
     def download(self, grant: Grant, name: str, offset: int = 0) -> AsyncIterator[bytes]:
         """The output's bytes through the coordinator, from ``offset``."""
@@ -273,6 +314,11 @@ class RelayTransport:
             raise _Retry("the stream ended before its last chunk")
         what = "input" if end.direction == "put" else "output"
         raise DataTransferError(f"{what} {name!r} (relayed): {end.code}: {end.message}", _STATUS.get(end.code, 0))
+
+
+def _buffers(window: int) -> int:
+    """Frames an upload with this window may hold: the window's (sent, not acknowledged) and a read ahead."""
+    return (max(window, MAX_CHUNK_BYTES) + READ_BYTES) // MAX_CHUNK_BYTES
 
 
 def _dir(key: Key) -> Any:

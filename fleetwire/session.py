@@ -153,7 +153,8 @@ class ClientSession:
         self._req_ids = itertools.count(1)
         self._pending: dict[int, PendingRequest] = {}
         self._streams: dict[str, list[PlanStream]] = {}
-        self._outbox: list[msgspec.Raw | bytes] = []  # bytes: a posted message (not re-sent after a reconnect)
+        # bytes (or a frame's view): a posted message (not re-sent after a reconnect)
+        self._outbox: list[msgspec.Raw | bytes | memoryview] = []
         self._posted = 0  # how many of the outbox's messages are posted ones (bytes)
         # Accepted and not ended: plan id -> its encoded submit, to resubmit a plan the coordinator lost.
         self._specs: dict[str, msgspec.Raw] = {}
@@ -212,6 +213,19 @@ class ClientSession:
         if self.ended is not None:
             raise self.ended
         self._outbox.append(self._codec.encode([msg]))
+        self._posted += 1
+
+    def post_frame(self, frame: memoryview) -> None:
+        """Queue one message already encoded in this session's encoding (a relayed upload's chunk, its
+        bytes read straight into its frame: protocol/chunkview.py ``frame_into``); sent as is, not re-sent
+        after a reconnect. ``frame`` must not change until it was sent.
+
+        Raises:
+            FleetwireConnectionError: the session has ended.
+        """
+        if self.ended is not None:
+            raise self.ended
+        self._outbox.append(frame)
         self._posted += 1
 
     def resend(self, req_id: int) -> bool:
@@ -337,7 +351,7 @@ class ClientSession:
 
     # ---- outbound
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | memoryview | None:
         """The next frame to send: the oldest queued requests, at most ``COALESCE_LIMIT_BYTES``
         (one larger request goes alone); None when nothing is queued or the session ended.
 
@@ -354,12 +368,12 @@ class ClientSession:
             count, size = count + 1, size + len(raw)
         if not self._posted:  # requests only (the hot path): as they were queued
             batch = outbox[:count]
-        elif count == 1 and type(outbox[0]) is bytes:
+        elif count == 1 and type(outbox[0]) is not msgspec.Raw:
             self._posted -= 1
             return outbox.pop(0)  # type: ignore[return-value]
         else:
-            batch = [raw if type(raw) is not bytes else msgspec.Raw(raw) for raw in outbox[:count]]
-            self._posted -= sum(type(raw) is bytes for raw in outbox[:count])
+            batch = [raw if type(raw) is msgspec.Raw else msgspec.Raw(raw) for raw in outbox[:count]]
+            self._posted -= sum(type(raw) is not msgspec.Raw for raw in outbox[:count])
         del outbox[:count]
         return self._codec.encode(batch)
 

@@ -25,7 +25,7 @@ import msgspec
 
 from protocol.messages import DataChunk
 
-__all__ = ["DataChunkView", "compact", "own_frame", "with_chunk_views"]
+__all__ = ["DataChunkView", "compact", "frame_into", "own_frame", "with_chunk_views"]
 
 #: Bytes a passed-on chunk's frame may have besides its data (its names and offsets).
 MAX_OVERHEAD = 1024
@@ -79,6 +79,34 @@ def own_frame(msg: Any, max_overhead: int = MAX_OVERHEAD) -> bytes | None:
     if len(frame) != len(head) + size + len(tail) or not frame.startswith(head) or not frame.endswith(tail):
         return None
     return frame
+
+
+def frame_into(buffer: bytearray, msg: DataChunk, size: int) -> tuple[memoryview, memoryview]:
+    """The msgpack frame of ``msg`` with ``size`` bytes of data, laid out in ``buffer`` with its data left to fill.
+
+    Returns the frame (a view of the start of ``buffer``) and the view of its data (what the
+    sender reads its bytes into, so they are never encoded, i.e. copied, again). The frame is
+    byte for byte what encoding ``msg`` with those bytes gives (``msg.data`` is ignored).
+
+    Raises:
+        ValueError: ``size`` is not positive (an empty ``data`` is left out of the frame), or ``buffer`` is
+            shorter than the frame (``size`` + :data:`MAX_OVERHEAD` is always enough).
+    """
+    if size < 1:
+        raise ValueError(f"a chunk's data must have a byte at least, not {size}")
+    shape = _ENCODER.encode(msgspec.structs.replace(msg, data=b"\x00"))
+    at = shape.find(_MARK)
+    if at < 0:
+        raise ValueError("data_chunk encoded without its data field")
+    head = shape[: at + 5] + _bin_header(size)
+    tail = shape[at + len(_MARK) :]
+    end = len(head) + size + len(tail)
+    if end > len(buffer):
+        raise ValueError(f"a frame of {end} bytes does not fit a buffer of {len(buffer)}")
+    frame = memoryview(buffer)[:end]
+    frame[: len(head)] = head
+    frame[end - len(tail) :] = tail
+    return frame, frame[len(head) : end - len(tail)]
 
 
 def _bin_header(size: int) -> bytes:

@@ -82,11 +82,9 @@ def websocket_url(url: str, path: str) -> str:
 
 
 def with_worker_id(url: str, worker_id: str) -> str:
-    """``url`` with ``?worker_id=<worker_id>`` added to its query (kept as it is when it already names one)."""
+    """``url`` with ``?worker_id=<worker_id>`` in its query (replacing one it names: the hello must say the same)."""
     parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    if any(name == WORKER_ID_PARAM for name, _ in query):
-        return url
+    query = [(name, value) for name, value in parse_qsl(parts.query, keep_blank_values=True) if name != WORKER_ID_PARAM]
     query.append((WORKER_ID_PARAM, worker_id))
     return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), parts.fragment))
 

@@ -122,6 +122,7 @@ class DataServer:
         self.bytes_out = 0  # output bytes sent
         self.refused: Counter[int] = Counter()  # requests refused, by HTTP status
         self.requests: Counter[str] = Counter()  # requests read, by method (tests: round trips per transfer)
+        self.connections = 0  # connections accepted (tests: keep-alive reuse)
         self._wall = wall
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -176,6 +177,7 @@ class DataServer:
     # ------------------------------------------------------------------ connections
 
     def _open(self, conn: HttpConnection) -> None:
+        self.connections += 1
         task = asyncio.get_running_loop().create_task(self._serve(conn))
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)

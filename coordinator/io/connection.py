@@ -178,7 +178,6 @@ class Session:
         half = len(batch) // 2
         return self._frames_halving(batch[:half]) + self._frames_halving(batch[half:])
 
-
     def _encode(self, batch: list[Any]) -> bytes:
         """One frame: a relayed chunk alone, that came in alone, is the frame it came in (protocol/chunkview.py)."""
         if len(batch) == 1 and type(batch[0]) is DataChunkView and not self.codec.text:

@@ -161,7 +161,7 @@ async def test_hello_welcome_heartbeat_assign_events_done(coordinator: FakeCoord
     async with running(agent):
         hello = await coordinator.register(agent)
         request = coordinator.requests[0]
-        assert request.path == "/v1/worker"
+        assert request.path == "/v1/worker?worker_id=w1"  # the id in the upgrade keys its reconnect budget's 429
         assert request.headers["Authorization"] == "Bearer s3cret"
         assert coordinator.sessions[0].subprotocol == "fleetwire.v1.msgpack"
         assert hello.worker_id == "w1" and hello.running == [] and hello.version

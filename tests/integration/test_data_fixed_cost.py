@@ -135,3 +135,84 @@ def test_without_a_running_loop_a_big_spool_file_goes_at_once(tmp_path: Path) ->
     big = tmp_path / "big"
     big.write_bytes(b"\0" * UNLINK_AWAY_BYTES)
     assert remove_file(big, UNLINK_AWAY_BYTES) is None and not big.exists()
+
+
+def _output_grant(url: str) -> Grant:
+    claims = TicketClaims("p1", 1, WORKER, "get", {"out": FileClaim()}, time.time() + 60)
+    ticket = sign(claims, "k1", worker_key(MASTER, WORKER))
+    return Grant("p1", 1, url, ticket, ticket)
+
+
+async def test_transfers_to_one_worker_share_a_keep_alive_connection(endpoint: DataServer, tmp_path: Path,
+                                                                      payload: tuple[Path, bytes]) -> None:
+    """Two uploads and a download to the same endpoint, one after another: one connection, reused."""
+    path, data = payload
+    other = tmp_path / "other.bin"
+    other.write_bytes(data[::-1])
+    endpoint.spool.add_output("p1", 1, "out", data)
+    transport = DirectTransport(stall_timeout_s=5.0)
+    try:
+        for name, file in (("x", path), ("y", other)):
+            source = (await prepare_inputs({name: file}))[name]
+            claims = TicketClaims("p1", 1, WORKER, "put", {name: FileClaim(SIZE, source.digest)}, time.time() + 60)
+            ticket = sign(claims, "k1", worker_key(MASTER, WORKER))
+            await transport.upload(Grant("p1", 1, endpoint.url, ticket, ticket), source)
+        target = await transport.download_to(_output_grant(endpoint.url), "out", tmp_path / "out.bin")
+    finally:
+        await transport.aclose()
+    assert target.read_bytes() == data
+    assert endpoint.connections == 1 and dict(endpoint.requests) == {"PUT": 2, "GET": 1}
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_reused(payload: tuple[Path, bytes]) -> None:
+    """A server that closes each connection after answering (without saying so): the next upload dials again."""
+    path, data = payload
+    received: list[bytes] = []
+    closed: list[asyncio.Future[None]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        received.append(await reader.readexactly(length))
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        closed[len(received) - 1].set_result(None)
+
+    loop = asyncio.get_running_loop()
+    closed.extend(loop.create_future() for _ in range(2))
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        source = (await prepare_inputs({"x": path}))["x"]
+        transport = DirectTransport(stall_timeout_s=5.0)
+        try:
+            await transport.upload(_grant(url, source.size, source.digest), source)
+            await asyncio.wait_for(closed[0], 5)
+            await transport.upload(_grant(url, source.size, source.digest), source)
+        finally:
+            await transport.aclose()
+    assert received == [data, data]
+
+
+async def test_several_big_inputs_are_hashed_at_once_and_keep_their_order(tmp_path: Path) -> None:
+    """Files, a big buffer and a small one: each gets its own size and digest, in the order given."""
+    first, second = os.urandom(3 << 20), os.urandom(2 << 20)
+    (tmp_path / "a").write_bytes(first)
+    (tmp_path / "b").write_bytes(second)
+    sources = await prepare_inputs({"b": tmp_path / "b", "small": b"tiny", "a": tmp_path / "a", "buf": second})
+    assert list(sources) == ["b", "small", "a", "buf"]
+    assert [(s.size, s.digest) for s in sources.values()] == [
+        (len(second), _digest(second)), (4, _digest(b"tiny")), (len(first), _digest(first)),
+        (len(second), _digest(second)),
+    ]
+
+
+async def test_one_bad_input_among_big_ones_fails_the_whole_preparation(tmp_path: Path) -> None:
+    """A value of the wrong type beside big inputs: TypeError naming it, once every other pass has ended."""
+    (tmp_path / "a").write_bytes(os.urandom(2 << 20))
+    with pytest.raises(TypeError, match="input 'bad' must be bytes"):
+        await prepare_inputs({"a": tmp_path / "a", "bad": 12345})  # type: ignore[dict-item]

@@ -14,11 +14,10 @@ from tests.unit.test_core import Harness
 
 
 def test_the_agent_url_names_its_id_once_and_keeps_the_pool() -> None:
-    """with_worker_id appends ?worker_id= (after ?pool=), encoded, and leaves a URL that names one as it is."""
+    """with_worker_id appends ?worker_id= (after ?pool=), encoded, replacing one the URL names."""
     assert with_worker_id("ws://h:1/v1/worker", "w1") == "ws://h:1/v1/worker?worker_id=w1"
     assert with_worker_id("ws://h:1/v1/worker?pool=gpu", "w 1&x") == "ws://h:1/v1/worker?pool=gpu&worker_id=w+1%26x"
-    named = "ws://h:1/v1/worker?worker_id=a"
-    assert with_worker_id(named, "b") == named
+    assert with_worker_id("ws://h:1/v1/worker?worker_id=a&pool=p", "b") == "ws://h:1/v1/worker?pool=p&worker_id=b"
 
 
 def test_the_named_id_is_read_back_from_the_request_target() -> None:
