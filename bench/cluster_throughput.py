@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -164,6 +165,20 @@ async def _settled(urls: list[str], timeout_s: float = 60.0) -> list[dict[str, A
         await asyncio.sleep(0.2)
 
 
+def _spies(directory: str | None, pids: list[int], label: str) -> list[subprocess.Popen[bytes]]:
+    """``--profile DIR``: py-spy on each coordinator over the throughput window (``DIR/<store>-<n>c-<i>.txt``)."""
+    if not directory:
+        return []
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    spies = []
+    for i, pid in enumerate(pids):
+        out = Path(directory) / f"{label}-{len(pids)}c-{i}.txt"
+        command = ["py-spy", "record", "--pid", str(pid), "--rate", "500", "--format", "raw", "--nonblocking",
+                   "--output", str(out)]  # fmt: skip
+        spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
 def _pools(rows: list[dict[str, Any]], n: int) -> list[str]:
     """``n`` pool names whose shards are owned by ``n`` different coordinators (cluster mode)."""
     from coordinator.shards import pool_shard
@@ -220,6 +235,7 @@ async def measure(
             per_client = ns.plans // len(clients)
             plans = per_client * len(clients)
             cpu0, pg0 = _cpu(coordinator_pids), _cpu(pg_pids)
+            spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg")
             t0 = time.perf_counter()
 
             async def run(client: Client, pool: str | None) -> int:
@@ -240,6 +256,9 @@ async def measure(
                 failed = sum(await asyncio.gather(*(run(c, p) for c, p in zip(clients, pools, strict=True))))
             elapsed = time.perf_counter() - t0
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _cpu(pg_pids) - pg0
+            for spy in spies:
+                spy.send_signal(signal.SIGINT)
+                await asyncio.to_thread(spy.wait, 30)
             times: list[float] = []
             clock = time.perf_counter
             for i in range(ns.samples):
@@ -395,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=5000, help="plans per submit_many call (default 5000)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a throughput run may take")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy the coordinators over each throughput window "
+                        "(raw files in DIR; read them with bench/profile_top.py)")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     ns = parser.parse_args(argv)
     h.configure(ns)
