@@ -102,6 +102,18 @@ async def _open(url: str, role: str = "client", who: str = "legit", **kw: Any) -
                          **kw)
 
 
+async def _open_patiently(url: str, who: str, limit_s: float = 120.0) -> ClientConnection:
+    """``_open``, waiting out a 429 from the penalty box (an earlier phase's neighbour holds the same token)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            return await _open(url, who=who)
+        except InvalidStatus as exc:
+            if exc.response.status_code != 429 or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(float(exc.response.headers.get("Retry-After", "1") or 1))
+
+
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -277,7 +289,7 @@ async def _cost_neighbour(kind: str, url: str) -> None:
     if kind == "f10-401-flood":
         return await _bad_tokens(url, tally)
     if kind in ("f1-list", "f1-subscribe", "f2-never-reads"):
-        ws = await _open(url, who="hostile")
+        ws = await _open_patiently(url, who="hostile")
         await _fill(ws, 2_000)  # its own plans to list and replay
         await ws.close()
     while True:
