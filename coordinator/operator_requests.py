@@ -45,11 +45,12 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import structlog
 
+from coordinator.plans import OwnerTally
 from protocol import errors
 from protocol.messages import (
     Cancel,
@@ -80,6 +81,7 @@ log = structlog.get_logger(__name__)
 
 MAX_LIST_LIMIT = 10_000
 _PRIORITY = operator.attrgetter("priority")
+_AGE = operator.attrgetter("order")
 PAGE_BYTES = 256 * 1024  # about the most a page of ``plans`` rows encodes to; the rest via ``next_cursor``
 PAGE_ROWS = 500  # ... and the most rows it holds: each costs ~1.5 µs to size and build on the loop
 QUEUE_BYTES = 64 * 1024  # ... and its queue of plan ids
@@ -138,17 +140,28 @@ class OperatorRequests:
         last_order = -1
         next_cursor = ""
         full = False
-        # Plans are held in submit order, so walking backwards is newest first without a sort.
-        for plan in reversed(self._plans.values()) if s.admin else self._owned.newest_first(s.principal):
+        walk: Iterable[Plan]
+        if s.admin:  # every principal's plans: walked whole for the counts (plans are in submit order)
+            walk = reversed(self._plans.values())
+        else:  # its own plans: counts and queue from its tally, and only as many walked as the page needs
+            tally = self._owned.tally(s.principal)
+            counts = {state: n for state, n in tally.counts.items() if n}
+            total = sum(n for state, n in counts.items() if not wanted or state in wanted)
+            queued = sorted(tally.queued.values(), key=_AGE)  # oldest first
+            scanned = len(queued)
+            walk = self._owned.newest_first(s.principal)
+        for plan in walk:
             scanned += 1
-            if not (s.admin or plan.owner == s.principal):
-                continue
-            counts[plan.state] = counts.get(plan.state, 0) + 1
-            if plan.state == "queued":
-                queued.append(plan)
+            if s.admin:
+                counts[plan.state] = counts.get(plan.state, 0) + 1
+                if plan.state == "queued":
+                    queued.append(plan)
+            elif next_cursor:
+                break  # the page is full and one more plan is known to follow
             if wanted and plan.state not in wanted:
                 continue
-            total += 1
+            if s.admin:
+                total += 1
             if before is not None and plan.order >= before:
                 continue
             if full:
@@ -164,8 +177,9 @@ class OperatorRequests:
             size += row
             last_order = plan.order
             full = len(listed) >= msg.limit
-        queued.reverse()  # oldest first; a stable sort by priority then keeps age order within a priority
-        queued.sort(key=_PRIORITY, reverse=True)
+        if s.admin:
+            queued.reverse()  # oldest first
+        queued.sort(key=_PRIORITY, reverse=True)  # stable: age order kept within a priority
         queue: list[str] = []
         room = QUEUE_BYTES
         for p in queued[: msg.limit]:
@@ -312,26 +326,33 @@ class _OwnerIndex:
     ``_last``, one plan). Costs amortised O(1) per plan, and a listing O(the principal's plans).
     """
 
-    __slots__ = ("_ids", "_last", "_plans", "_size")
+    __slots__ = ("_ids", "_last", "_plans", "_size", "_tallies")
 
     def __init__(self, plans: dict[str, Plan]) -> None:
         self._plans = plans
         self._ids: dict[str, list[str]] = {}  # owner -> its plan ids, oldest first (may hold stale ones)
         self._last: Plan | None = None  # the newest plan indexed
         self._size = 0  # ids held, stale ones included
+        self._tallies: dict[str, OwnerTally] = {}  # owner -> its plans by state (plans.py OwnerTally)
 
-    def newest_first(self, owner: str) -> list[Plan]:
-        """``owner``'s plans, newest first."""
+    def newest_first(self, owner: str) -> Iterator[Plan]:
+        """``owner``'s plans, newest first (a generator: walk only what you need)."""
         self._catch_up()
         plans = self._plans
-        out: list[Plan] = []
         seen: set[str] = set()
         for plan_id in reversed(self._ids.get(owner, ())):
             plan = plans.get(plan_id)
             if plan is not None and plan.owner == owner and plan_id not in seen:  # not stale, listed once
                 seen.add(plan_id)
-                out.append(plan)
-        return out
+                yield plan
+
+    def tally(self, owner: str) -> OwnerTally:
+        """``owner``'s plans counted by state, and its queued plans (kept up to date from here on)."""
+        self._catch_up()
+        tally = self._tallies.get(owner)
+        if tally is None:
+            tally = self._tallies[owner] = OwnerTally()
+        return tally
 
     def _catch_up(self) -> None:
         plans, last = self._plans, self._last
@@ -344,11 +365,16 @@ class _OwnerIndex:
             new.append(plan)
         if not new:
             return
-        ids = self._ids
+        ids, tallies = self._ids, self._tallies
         for plan in reversed(new):
             mine = ids.get(plan.owner)
             if mine is None:
                 mine = ids[plan.owner] = []
             mine.append(plan.id)
+            if plan.tally is None:  # counted once, in its state now; advance() and forgetting keep it right
+                tally = tallies.get(plan.owner)
+                if tally is None:
+                    tally = tallies[plan.owner] = OwnerTally()
+                tally.add(plan)
         self._size += len(new)
         self._last = new[0]

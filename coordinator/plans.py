@@ -62,6 +62,7 @@ __all__ = [
     "PLAN_OVERHEAD_BYTES",
     "RESERVED_KINDS",
     "TRANSITIONS",
+    "OwnerTally",
     "Plan",
     "PlanEventName",
     "Subscriptions",
@@ -205,6 +206,7 @@ class Plan:
     projected: tuple[float, float] | None = None  # (J, gCO2e) placement projected at its last assign
     receipt: Receipt | None = None  # a finished plan's energy and carbon, measured and projected
     seq_recorded: int = 0  # next_seq as far as the store has it reserved (unrecorded events: coordinator/streams.py)
+    tally: OwnerTally | None = None  # its owner's counts by state, once a listing indexed it (operator_requests.py)
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -402,6 +404,47 @@ class Plan:
         )
 
 
+class OwnerTally:
+    """One principal's plans counted by state, and its queued plans, kept as they move.
+
+    A plan joins its owner's tally when a listing first indexes it (operator_requests.py, counted
+    in the state it has then), moves with every :func:`advance`, and leaves it when it is forgotten
+    (:meth:`remove`): a client's ``list_plans`` answers its counts and queue without walking all of
+    its plans (issue 17, finding 11).
+    """
+
+    __slots__ = ("counts", "queued")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.queued: dict[str, Plan] = {}  # plan id -> plan, of those queued now
+
+    def add(self, plan: Plan) -> None:
+        """Count ``plan`` in its present state (it must not be counted yet)."""
+        state = plan.state
+        self.counts[state] = self.counts.get(state, 0) + 1
+        if state == "queued":
+            self.queued[plan.id] = plan
+        plan.tally = self
+
+    def remove(self, plan: Plan) -> None:
+        """``plan`` is forgotten: no longer counted."""
+        if plan.tally is self:
+            self.counts[plan.state] -= 1
+            self.queued.pop(plan.id, None)
+            plan.tally = None
+
+    def moved(self, plan: Plan, old: str, new: str) -> None:
+        """``plan`` went from ``old`` to ``new``."""
+        counts = self.counts
+        counts[old] -= 1
+        counts[new] = counts.get(new, 0) + 1
+        if old == "queued":
+            self.queued.pop(plan.id, None)
+        elif new == "queued":
+            self.queued[plan.id] = plan
+
+
 def advance(plan: Plan, event: PlanEventName) -> PlanStateName:
     """Move ``plan`` along the table.
 
@@ -415,6 +458,9 @@ def advance(plan: Plan, event: PlanEventName) -> PlanStateName:
         new_state = TRANSITIONS[plan.state, event]
     except KeyError:
         raise InvalidTransition(plan.id, plan.state, event) from None
+    tally = plan.tally
+    if tally is not None and new_state != plan.state:
+        tally.moved(plan, plan.state, new_state)
     plan.state = new_state
     return new_state
 

@@ -305,6 +305,8 @@ class Retention:
 
     def _forget(self, plan: Plan) -> None:
         del self._plans[plan.id]
+        if plan.tally is not None:  # its owner's listing counts (plans.py OwnerTally)
+            plan.tally.remove(plan)
         subscriptions = self._subscriptions
         for conn_id in list(subscriptions.followers(plan.id)):
             subscriptions.remove(plan.id, conn_id)

@@ -132,6 +132,15 @@ def check_invariant(core: Coordinator, now: float) -> None:
         for record in core.registry.alive(now):
             devices_free = plan.gpus is None or pick(plan.gpus, record.capabilities, record.gpu_use) is not None
             assert not (record.has_capacity() and sig.admits(record) and devices_free), (plan.id, record.id)
+    tallies: dict[int, tuple[Any, dict[str, int], set[str]]] = {}  # a listing's counts by owner (plans.py OwnerTally)
+    for plan in core.plans.values():
+        if plan.tally is not None:
+            _, counts, queued = tallies.setdefault(id(plan.tally), (plan.tally, {}, set()))
+            counts[plan.state] = counts.get(plan.state, 0) + 1
+            if plan.state == "queued":
+                queued.add(plan.id)
+    for tally, counts, queued in tallies.values():
+        assert {k: n for k, n in tally.counts.items() if n} == counts and set(tally.queued) == queued
 
 
 def kinds(events: list[Event]) -> list[str]:
