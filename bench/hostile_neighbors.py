@@ -38,7 +38,9 @@ counted apart), its own CPU and the coordinator's CPU during the hostile chunks:
   with 64 tags of 128 bytes while a worker connects and disconnects in a loop), ``f5-distinct`` (the
   same with a tag list of its own per plan, under the churning worker's op, so every connect and
   disconnect changes every plan's waiting reason; in both the churning worker id is refused past
-  its reconnect budget, ``too_many_reconnects`` and 4429, then the penalty box's 429s), ``f6-idle-sockets``
+  its reconnect budget, ``too_many_reconnects`` and 4429, then the penalty box's 429s for that id: it
+  names its id in the upgrade, as fleetwire's agent does, so later phases' workers on the same
+  token and address are not held), ``f6-idle-sockets``
   (2,000 token-less TCP connections that never send a byte, reopened when dropped; after each
   hostile chunk, 20 fresh legitimate connects are timed while it goes on: ``legit_connect_ms``),
   ``f9-metrics``
@@ -95,9 +97,11 @@ COST_NEIGHBOURS = ("f1-list", "f1-subscribe", "f2-never-reads", "f3-bytes", "f4-
 PHASES = ("flood", "oversize", "slowloris", "slow", *COST_NEIGHBOURS)
 
 
-async def _open(url: str, role: str = "client", who: str = "legit", **kw: Any) -> ClientConnection:
+async def _open(url: str, role: str = "client", who: str = "legit", worker_id: str = "", **kw: Any) -> ClientConnection:
+    """A session; a worker names its id in the upgrade (``?worker_id=``) as fleetwire's agent does."""
     token = TOKENS["worker" if role == "worker" else who][1]
-    return await connect(f"{url}/v1/{role}", additional_headers={"Authorization": f"Bearer {token}"},
+    query = f"?worker_id={worker_id}" if worker_id else ""
+    return await connect(f"{url}/v1/{role}{query}", additional_headers={"Authorization": f"Bearer {token}"},
                          subprotocols=["fleetwire.v1.msgpack"], compression=None, max_size=None,  # type: ignore[list-item]
                          **kw)
 
@@ -138,7 +142,7 @@ async def _latencies(ws: ClientConnection, n: int) -> list[float]:
 
 async def _echo_worker(url: str) -> None:
     """The legitimate worker (in the measuring process): answers each ``assign`` with accept and done at once."""
-    ws = await _open(url, "worker")
+    ws = await _open(url, "worker", worker_id="bench-echo")
     await ws.send(msgspec.msgpack.encode({"type": "hello", "worker_id": "bench-echo",
                                           "capabilities": {"ops": ["echo"], "max_concurrency": 64}}))
     beat = msgspec.msgpack.encode({"type": "heartbeat"})
@@ -352,7 +356,7 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                                                 "capabilities": {"ops": ["other" if op == "nobody" else op]}})
                 while True:
                     try:
-                        worker = await _open(url, "worker")
+                        worker = await _open(url, "worker", worker_id="churn")
                     except InvalidStatus as exc:  # the penalty box (429) after a refused hello: at once again
                         await tally.refusal(exc, "now")
                         continue
@@ -367,7 +371,7 @@ async def _cost_neighbour(kind: str, url: str) -> None:
                     await worker.close()
                     tally.closed(worker)
             elif kind == "f11-dashboard":  # finished plans with 1 MB results, listed every 100 ms
-                worker = await _open(url, "worker")
+                worker = await _open(url, "worker", worker_id="big-results")
                 await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": "big-results",
                                                           "capabilities": {"ops": ["big"], "max_concurrency": 8}}))
                 await worker.recv()
@@ -424,7 +428,7 @@ async def _scrapes(url: str, tally: _Tally, loops: int = 6, workers: int = 500) 
     """Finding 9: ``workers`` idle worker sessions, then ``loops`` unauthenticated /metrics scrape loops."""
     held = []
     for i in range(workers):
-        ws = await _open(url, "worker")
+        ws = await _open(url, "worker", worker_id=f"idle-{i}")
         await ws.send(msgspec.msgpack.encode({"type": "hello", "worker_id": f"idle-{i}",
                                               "capabilities": {"ops": ["idle"]}}))
         await ws.recv()
@@ -719,7 +723,7 @@ async def _stream(url: str, coordinator: psutil.Process, plan_id: str, *, reads:
     coordinator's /metrics (``fleetwire_refusals_total{answer="4503"}``).
     """
     closes_before = await asyncio.to_thread(_closes_4503, url)
-    worker = await _open(url, "worker")
+    worker = await _open(url, "worker", worker_id=f"b-{plan_id}")
     await worker.send(msgspec.msgpack.encode({"type": "hello", "worker_id": f"b-{plan_id}",
                                               "capabilities": {"ops": ["stream"], "max_concurrency": 1}}))
     await worker.recv()
