@@ -655,14 +655,7 @@ def _read_response(sock: socket.socket, *, keep_body: bool = True,
 
     A ``100 Continue`` (late: the body went without waiting for it) is skipped. ``data``: bytes already read.
     """
-    while b"\r\n\r\n" not in data:
-        more = sock.recv(65536)
-        if not more:
-            raise ConnectionResetError("the worker closed the connection before answering")
-        data += more
-        if len(data) > 1 << 16:
-            raise ConnectionError("the worker's answer has an oversized head")
-    head, _, rest = data.partition(b"\r\n\r\n")
+    head, _, rest = _read_head(sock, data).partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[1].isdigit():
@@ -683,6 +676,18 @@ def _read_response(sock: socket.socket, *, keep_body: bool = True,
             break
         body += more
     return int(parts[1]), headers, bytes(body[:length]), b""
+
+
+def _read_head(sock: socket.socket, data: bytes) -> bytes:
+    """``data`` and what ``sock`` sends after it, until a whole answer head (up to a blank line) is in it."""
+    while b"\r\n\r\n" not in data:
+        more = sock.recv(65536)
+        if not more:
+            raise ConnectionResetError("the worker closed the connection before answering")
+        data += more
+        if len(data) > 1 << 16:
+            raise ConnectionError("the worker's answer has an oversized head")
+    return data
 
 
 def _put_body(sock: socket.socket, request: bytes, source: InputSource, offset: int, length: int,
@@ -715,13 +720,7 @@ def _await_continue(sock: socket.socket) -> tuple[int, bytes] | None:
         sock.settimeout(stall)
     if not first:
         raise ConnectionResetError("the worker closed the connection before answering")
-    while b"\r\n\r\n" not in first:
-        more = sock.recv(65536)
-        if not more:
-            raise ConnectionResetError("the worker closed the connection before answering")
-        first += more
-        if len(first) > 1 << 16:
-            raise ConnectionError("the worker's answer has an oversized head")
+    first = _read_head(sock, first)
     if first.startswith((b"HTTP/1.1 100 ", b"HTTP/1.0 100 ")):
         return None  # nothing follows a 100 before the body is sent
     status, _, body, _ = _read_response(sock, data=first)
