@@ -12,8 +12,10 @@ Rules:
   second. A registration (a ``hello`` that is welcomed) takes one token.
 * A ``hello`` that finds less than one token is refused before anything changes:
   ``error(too_many_reconnects)`` naming the flags and ``retry_after_s``, then close ``4429``;
-  the driver puts the token and address in the penalty box for 4429 (coordinator/limits.py), so
-  the loop's next upgrades cost an HTTP 429, not a session. A refused ``hello`` takes no token.
+  the driver puts the token, address and the id the upgrade named (``?worker_id=``; token and
+  address alone when it named none) in the penalty box (coordinator/io/gate.py), so the loop's
+  next upgrades cost an HTTP 429, not a session, and its neighbours' do not. A refused ``hello``
+  takes no token.
 * ``rate`` 0 turns the budget off. Memory is bounded: at most ``max_keys`` ids are kept, the
   least recently registered forgotten first (it starts again with a full bucket).
 
