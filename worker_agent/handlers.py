@@ -36,7 +36,7 @@ import structlog
 
 import protocol
 from protocol import errors
-from worker_agent.pyproc import FunctionFailed, run_in_process
+from worker_agent.pyproc import FunctionFailed, run_in_process, stop_process_group
 from worker_agent.spool import SpoolError
 
 if TYPE_CHECKING:
@@ -334,22 +334,6 @@ async def sleep(ctx: Context, args: Any) -> dict[str, float]:
     return {"slept_s": round(loop.time() - start, 6)}
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-async def _stop_process_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    """SIGTERM the process group, SIGKILL what is left after ``grace_s``, and reap the leader."""
-    if proc.returncode is None:
-        _signal_group(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), grace_s)
-    # Also sweeps grandchildren that ignored SIGTERM after the leader exited.
-    _signal_group(proc.pid, signal.SIGKILL)
-    await proc.wait()
-
-
 async def _stream_lines(ctx: Context, stream: asyncio.StreamReader, kind: str) -> None:
     while True:
         try:
@@ -470,7 +454,7 @@ async def shell(ctx: Context, args: Any) -> dict[str, int]:
         code = await proc.wait()
     except BaseException:
         # Cancel or timeout: stop the group even if this task is cancelled again meanwhile.
-        stopping = asyncio.ensure_future(_stop_process_group(proc, ctx.kill_grace_s))
+        stopping = asyncio.ensure_future(stop_process_group(proc, ctx.kill_grace_s))
         try:
             await asyncio.shield(stopping)
         finally:

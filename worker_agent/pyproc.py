@@ -30,7 +30,7 @@ import msgspec
 
 from protocol import errors
 
-__all__ = ["CHILD_SCRIPT", "FunctionFailed", "run_in_process"]
+__all__ = ["CHILD_SCRIPT", "FunctionFailed", "run_in_process", "stop_process_group"]
 
 #: The child's script, run as a file (worker_agent/pychild.py explains why not ``-m``).
 CHILD_SCRIPT = str(Path(__file__).with_name("pychild.py"))
@@ -93,10 +93,10 @@ async def run_in_process(
         if outcome is not None:  # it is done: let it exit, then sweep what it left behind (threads, children)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), ctx.kill_grace_s)
-        await _stop(proc, ctx.kill_grace_s)
+        await stop_process_group(proc, ctx.kill_grace_s)
         code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
     except BaseException:
-        await asyncio.shield(_stop(proc, ctx.kill_grace_s))  # cancel or timeout: the child goes too
+        await asyncio.shield(stop_process_group(proc, ctx.kill_grace_s))  # cancel or timeout: the child goes too
         raise
     if outcome is None:
         raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process {_ended(code)} without a result",
@@ -150,8 +150,12 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    """SIGTERM the child's group, SIGKILL what is left after ``grace_s``, and reap the child."""
+async def stop_process_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the process group, SIGKILL what is left after ``grace_s``, and reap the leader.
+
+    Also sweeps grandchildren that ignored SIGTERM after the leader exited (the shell handler's
+    commands and python plans in a child of their own both end this way).
+    """
     if proc.returncode is None:
         _signal_group(proc.pid, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
