@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from coordinator.sessions import Session
     from coordinator.workers import WorkerRecord
 
-__all__ = ["MAX_LIST_LIMIT", "PAGE_ROWS", "OperatorRequests"]
+__all__ = ["MAX_LIST_LIMIT", "PAGE_ROWS", "OperatorRequests", "page_start"]
 
 log = structlog.get_logger(__name__)
 
@@ -121,17 +121,10 @@ class OperatorRequests:
 
     def list_plans(self, s: Session, msg: ListPlans) -> None:
         """Answer ``list_plans`` with one page of ``plans`` (see the module docstring)."""
-        if not 1 <= msg.limit <= MAX_LIST_LIMIT:
-            self._error(s, msg.req_id, errors.INVALID_ARGUMENT, f"limit must be 1..{MAX_LIST_LIMIT} (got {msg.limit})")
+        before, problem = page_start(msg)
+        if problem is not None:
+            self._error(s, msg.req_id, errors.INVALID_ARGUMENT, problem)
             return
-        before: int | None = None
-        if msg.cursor:
-            try:
-                before = int(msg.cursor)
-            except ValueError:
-                problem = f"cursor {msg.cursor[:40]!r} is not one this coordinator gave (use a reply's next_cursor)"
-                self._error(s, msg.req_id, errors.INVALID_ARGUMENT, problem)
-                return
         wanted = frozenset(msg.states)
         counts: dict[str, int] = {}
         listed: list[PlanInfo] = []
@@ -313,6 +306,18 @@ class OperatorRequests:
 
     def _error(self, s: Session, req_id: int, code: str, message: str) -> None:
         self._outbox.send(s.conn_id, Error(code=code, message=message, req_id=req_id))
+
+
+def page_start(msg: ListPlans) -> tuple[int | None, str | None]:
+    """A ``list_plans``' first order to skip (its cursor; None: from the newest), or why it is invalid."""
+    if not 1 <= msg.limit <= MAX_LIST_LIMIT:
+        return None, f"limit must be 1..{MAX_LIST_LIMIT} (got {msg.limit})"
+    if not msg.cursor:
+        return None, None
+    try:
+        return int(msg.cursor), None
+    except ValueError:
+        return None, f"cursor {msg.cursor[:40]!r} is not one this coordinator gave (use a reply's next_cursor)"
 
 
 class _OwnerIndex:

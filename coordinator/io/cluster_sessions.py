@@ -85,7 +85,7 @@ from coordinator.io.cluster_views import (
 )
 from coordinator.io.pg_store import SERVER_SETTINGS
 from coordinator.limits import CostBuckets, Limits, TokenBucket
-from coordinator.operator_requests import MAX_LIST_LIMIT, PAGE_BYTES
+from coordinator.operator_requests import PAGE_BYTES, page_start
 from coordinator.plans import Plan
 from protocol import SUBPROTOCOL_MSGPACK, Codec
 from protocol import errors as codes
@@ -565,18 +565,10 @@ class _Session:
         await self.send([PlanReply(req_id=msg.req_id, plan=mine[-1].info())])
 
     async def list_plans(self, msg: ListPlans) -> None:
-        if not 1 <= msg.limit <= MAX_LIST_LIMIT:
-            problem = f"limit must be 1..{MAX_LIST_LIMIT} (got {msg.limit})"
+        before, problem = page_start(msg)  # the same checks as a core's listing
+        if problem is not None:
             await self.send([Error(code=codes.INVALID_ARGUMENT, message=problem, req_id=msg.req_id)])
             return
-        before: int | None = None
-        if msg.cursor:
-            try:
-                before = int(msg.cursor)
-            except ValueError:
-                problem = f"cursor {msg.cursor[:40]!r} is not one this coordinator gave (use a reply's next_cursor)"
-                await self.send([Error(code=codes.INVALID_ARGUMENT, message=problem, req_id=msg.req_id)])
-                return
         states: list[str] = list(msg.states)
         async with self.views.conn() as conn:
             plans, _, _ = await list_plans(conn, states, msg.limit + 1, owner=self.owner, before=before, counted=False)
