@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import threading
 import time
@@ -19,23 +18,16 @@ from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from fleetwire.data import DirectTransport, Grant, prepare_inputs
-from protocol.messages import DataKey, Load
+from protocol.messages import Load
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from tests.integration.data_helpers import MASTER, SIZE, WORKER, data_endpoint, digest, random_input
 from worker_agent.agent import Agent
 from worker_agent.dataplane import BODY_CHUNK, DataServer
-from worker_agent.spool import Spool
 
 pytestmark = pytest.mark.timeout(60)
 
-MASTER = b"f" * 32
-WORKER = "w1"
 WORKER_TOKEN = "w-secret"
 CLIENT_TOKEN = "c-secret"
-SIZE = 2 * BODY_CHUNK + 12345  # two whole chunks and a remainder
-
-
-def _digest(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
 def _grant(server: DataServer, name: str, size: int, digest: str, direction: str = "put") -> Grant:
@@ -47,19 +39,13 @@ def _grant(server: DataServer, name: str, size: int, digest: str, direction: str
 
 @pytest.fixture
 async def endpoint(tmp_path: Path) -> AsyncIterator[DataServer]:
-    server = DataServer(Spool(tmp_path / "spool", memory_bytes=1024), worker_id=WORKER, stall_timeout_s=2.0)
-    server.set_keys([DataKey(kid="k1", key=worker_key(MASTER, WORKER))])
-    await server.start()
-    yield server
-    await server.close()
+    async with data_endpoint(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture
 def payload(tmp_path: Path) -> tuple[Path, bytes]:
-    data = os.urandom(SIZE)
-    path = tmp_path / "input.bin"
-    path.write_bytes(data)
-    return path, data
+    return random_input(tmp_path)
 
 
 async def test_file_input_goes_whole_by_sendfile_and_is_counted(endpoint: DataServer,
@@ -67,7 +53,7 @@ async def test_file_input_goes_whole_by_sendfile_and_is_counted(endpoint: DataSe
     """A file input spanning several chunks arrives whole and verified; progress reaches its size; bytes counted."""
     path, data = payload
     source = (await prepare_inputs({"x": path}))["x"]
-    assert source.digest == _digest(data)
+    assert source.digest == digest(data)
     transport = DirectTransport()
     seen: list[int] = []
     transport.progress = lambda name, done, size: seen.append(done)

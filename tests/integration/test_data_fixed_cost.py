@@ -5,7 +5,6 @@ ignores ``Expect``, and big spool files unlinked off the worker's event loop."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import time
 from collections.abc import AsyncIterator
@@ -15,20 +14,12 @@ import pytest
 
 import fleetwire.data
 from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_inputs
-from protocol.messages import DataKey
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from tests.integration.data_helpers import MASTER, SIZE, WORKER, data_endpoint, digest, random_input
 from worker_agent.dataplane import BODY_CHUNK, DataServer
-from worker_agent.spool import UNLINK_AWAY_BYTES, Spool, remove_file
+from worker_agent.spool import UNLINK_AWAY_BYTES, remove_file
 
 pytestmark = pytest.mark.timeout(60)
-
-MASTER = b"f" * 32
-WORKER = "w1"
-SIZE = 2 * BODY_CHUNK + 12345
-
-
-def _digest(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
 def _grant(url: str, size: int, digest: str, key: bytes = MASTER) -> Grant:
@@ -39,19 +30,13 @@ def _grant(url: str, size: int, digest: str, key: bytes = MASTER) -> Grant:
 
 @pytest.fixture
 async def endpoint(tmp_path: Path) -> AsyncIterator[DataServer]:
-    server = DataServer(Spool(tmp_path / "spool", memory_bytes=1024), worker_id=WORKER, stall_timeout_s=2.0)
-    server.set_keys([DataKey(kid="k1", key=worker_key(MASTER, WORKER))])
-    await server.start()
-    yield server
-    await server.close()
+    async with data_endpoint(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture
 def payload(tmp_path: Path) -> tuple[Path, bytes]:
-    data = os.urandom(SIZE)
-    path = tmp_path / "input.bin"
-    path.write_bytes(data)
-    return path, data
+    return random_input(tmp_path)
 
 
 async def _upload(url: str, path: Path, key: bytes = MASTER) -> None:
@@ -77,7 +62,7 @@ async def test_a_resumed_upload_learns_its_offset_before_sending_any_body(endpoi
                                                                           payload: tuple[Path, bytes]) -> None:
     """The worker already holds a part: the first PUT is answered 409 from its head, then only the rest is sent."""
     path, data = payload
-    entry = endpoint.spool.declare("p1", 1, "x", SIZE, _digest(data))
+    entry = endpoint.spool.declare("p1", 1, "x", SIZE, digest(data))
     entry.write(data[:BODY_CHUNK])
     entry.pause()
     await _upload(endpoint.url, path)
@@ -206,8 +191,8 @@ async def test_several_big_inputs_are_hashed_at_once_and_keep_their_order(tmp_pa
     sources = await prepare_inputs({"b": tmp_path / "b", "small": b"tiny", "a": tmp_path / "a", "buf": second})
     assert list(sources) == ["b", "small", "a", "buf"]
     assert [(s.size, s.digest) for s in sources.values()] == [
-        (len(second), _digest(second)), (4, _digest(b"tiny")), (len(first), _digest(first)),
-        (len(second), _digest(second)),
+        (len(second), digest(second)), (4, digest(b"tiny")), (len(first), digest(first)),
+        (len(second), digest(second)),
     ]
 
 
