@@ -1,16 +1,22 @@
-"""What the data-endpoint tests share: a worker's data endpoint on loopback, its keys, a random input file."""
+"""What the data-plane tests share: a worker's data endpoint on loopback, its keys, a random input file, and a
+coordinator with one agent that has a data endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from coordinator.core import CoreConfig
+from coordinator.io.server import CoordinatorServer, ServerSettings
 from protocol.messages import DataKey
 from protocol.tickets import worker_key
+from worker_agent.agent import Agent
 from worker_agent.dataplane import BODY_CHUNK, DataServer
+from worker_agent.handlers import Handler
 from worker_agent.spool import Spool
 
 MASTER = b"f" * 32  # the coordinator's ticket key
@@ -41,3 +47,33 @@ def random_input(tmp_path: Path, size: int = SIZE) -> tuple[Path, bytes]:
     path = tmp_path / "input.bin"
     path.write_bytes(data)
     return path, data
+
+
+WORKER_TOKEN = "w-secret"
+CLIENT_TOKEN = "c-secret"
+
+
+@contextlib.asynccontextmanager
+async def coordinator_and_data_worker(
+    tmp_path: Path, handlers: dict[str, Handler], *, input_timeout_s: float = 5.0
+) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
+    """A coordinator on loopback (tokens :data:`WORKER_TOKEN`, :data:`CLIENT_TOKEN`) and a registered agent
+    ``w1`` with a data endpoint, its spool under ``tmp_path``, serving ``handlers`` (op -> handler)."""
+    server = CoordinatorServer(ServerSettings(
+        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
+        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
+    ))  # fmt: skip
+    await server.start()
+    agent = Agent(server.url, WORKER_TOKEN, worker_id=WORKER, data_listen="127.0.0.1:0",
+                  spool_dir=str(tmp_path / "spool"), input_timeout_s=input_timeout_s)  # fmt: skip
+    for op, handler in handlers.items():
+        agent.add_handler(op, handler)
+    task = asyncio.create_task(agent.run())
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        yield server, agent
+    finally:
+        agent.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 10)
+        await server.stop()

@@ -14,20 +14,25 @@ from typing import Any
 
 import pytest
 
-from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.server import CoordinatorServer
 from fleetwire import Client
 from fleetwire.data import DirectTransport, Grant, prepare_inputs
 from protocol.messages import Load
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
-from tests.integration.data_helpers import MASTER, SIZE, WORKER, data_endpoint, digest, random_input
+from tests.integration.data_helpers import (
+    CLIENT_TOKEN,
+    MASTER,
+    SIZE,
+    WORKER,
+    coordinator_and_data_worker,
+    data_endpoint,
+    digest,
+    random_input,
+)
 from worker_agent.agent import Agent
 from worker_agent.dataplane import BODY_CHUNK, DataServer
 
 pytestmark = pytest.mark.timeout(60)
-
-WORKER_TOKEN = "w-secret"
-CLIENT_TOKEN = "c-secret"
 
 
 def _grant(server: DataServer, name: str, size: int, digest: str, direction: str = "put") -> Grant:
@@ -130,27 +135,13 @@ async def test_refusals_are_counted_by_status(endpoint: DataServer) -> None:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
-    server = CoordinatorServer(ServerSettings(
-        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
-        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
-    ))
-    await server.start()
-    agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", data_listen="127.0.0.1:0",
-                  spool_dir=str(tmp_path / "spool"), input_timeout_s=10.0)
-
-    @agent.handler
     async def mirror(ctx: Any, args: Any) -> int:
         source = ctx.inputs["data"]
         await asyncio.to_thread(ctx.output, "copy", source.path)
         return int(source.size)
 
-    task = asyncio.create_task(agent.run())
-    await asyncio.wait_for(agent.registered.wait(), 10)
-    yield server, agent
-    agent.stop()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, 10)
-    await server.stop()
+    async with coordinator_and_data_worker(tmp_path, {"mirror": mirror}, input_timeout_s=10.0) as (server, agent):
+        yield server, agent
 
 
 async def test_file_in_file_out_through_the_sdk(cluster: tuple[CoordinatorServer, Agent], tmp_path: Path,

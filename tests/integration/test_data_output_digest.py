@@ -4,7 +4,6 @@ in this process, the output's file damaged in the worker's spool): direct, by ch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,42 +11,26 @@ from typing import Any
 
 import pytest
 
-from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.server import CoordinatorServer
 from fleetwire import Client
 from fleetwire.data import OutputMismatch
 from fleetwire.plan import Plan
+from tests.integration.data_helpers import CLIENT_TOKEN, coordinator_and_data_worker
 from worker_agent.agent import Agent
 
 pytestmark = pytest.mark.timeout(60)
 
-WORKER_TOKEN = "w-secret"
-CLIENT_TOKEN = "c-secret"
 DATA = bytes(range(256)) * (9 << 12)  # 9 MiB: more than two of the download's buffers
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
-    server = CoordinatorServer(ServerSettings(
-        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
-        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
-    ))
-    await server.start()
-    agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", data_listen="127.0.0.1:0",
-                  spool_dir=str(tmp_path / "spool"), input_timeout_s=5.0)
-
-    @agent.handler
     async def make(ctx: Any, args: Any) -> dict[str, Any]:
         ctx.output("out", DATA)
         return {"size": len(DATA)}
 
-    task = asyncio.create_task(agent.run())
-    await asyncio.wait_for(agent.registered.wait(), 10)
-    yield server, agent
-    agent.stop()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, 10)
-    await server.stop()
+    async with coordinator_and_data_worker(tmp_path, {"make": make}) as (server, agent):
+        yield server, agent
 
 
 async def _made(client: Client, agent: Agent, *, damage: bool) -> Plan:

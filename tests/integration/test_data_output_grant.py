@@ -5,7 +5,6 @@ expire (a real coordinator and agent in this process)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,43 +12,26 @@ from typing import Any
 import pytest
 
 import fleetwire.plan
-from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.server import CoordinatorServer
 from fleetwire import Client
 from fleetwire.data import Grant
-from worker_agent.agent import Agent
+from tests.integration.data_helpers import CLIENT_TOKEN, coordinator_and_data_worker
 
 pytestmark = pytest.mark.timeout(60)
 
-WORKER_TOKEN = "w-secret"
-CLIENT_TOKEN = "c-secret"
 DATA = bytes(range(256)) * (1 << 12)  # 1 MiB
 EXTRA = b"not declared at submit"
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[CoordinatorServer]:
-    server = CoordinatorServer(ServerSettings(
-        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
-        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
-    ))
-    await server.start()
-    agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", data_listen="127.0.0.1:0",
-                  spool_dir=str(tmp_path / "spool"), input_timeout_s=5.0)
-
-    @agent.handler
     async def make(ctx: Any, args: Any) -> dict[str, Any]:
         ctx.output("out", DATA)
         ctx.output("extra", EXTRA)
         return {"size": len(DATA)}
 
-    task = asyncio.create_task(agent.run())
-    await asyncio.wait_for(agent.registered.wait(), 10)
-    yield server
-    agent.stop()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, 10)
-    await server.stop()
+    async with coordinator_and_data_worker(tmp_path, {"make": make}) as (server, _agent):
+        yield server
 
 
 def _count_tickets(client: Client) -> list[str]:
