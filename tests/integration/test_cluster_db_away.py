@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -20,6 +19,7 @@ from coordinator.shards import ClusterConfig
 from fleetwire import Client
 from fleetwire.errors import FleetwireConnectionError
 from tests.pg import PostgresServer, missing_reason, postgres_server
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,13 +34,6 @@ def own_pg() -> Iterator[PostgresServer]:
         pytest.skip(reason)
     with postgres_server() as server:
         yield server
-
-
-async def until(condition: Any, timeout_s: float = 30.0) -> None:
-    """Wait for ``condition()`` to hold, looking every few ms, at most ``timeout_s``."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - the store's connection state has no event to wait on
-            await asyncio.sleep(0.01)
 
 
 async def refused(url: str) -> FleetwireConnectionError:

@@ -20,6 +20,7 @@ from coordinator.io.cluster_sessions import CHANNEL, Doorbell, open_connection
 from coordinator.io.server import ServerSettings
 from coordinator.shards import ClusterConfig, pool_shard
 from fleetwire import Client
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,13 +31,6 @@ NO_REPLAY = 2**53  # the dashboard's from_seq: live events only
 def pool_on(shard: int) -> str:
     """A pool name whose plans live on ``shard``."""
     return next(f"p{i}" for i in range(1000) if pool_shard(f"p{i}", CLUSTER.shards) == shard)
-
-
-async def until(condition: Any, timeout_s: float = 30.0) -> None:
-    """Wait for ``condition()`` to hold, looking every few ms, at most ``timeout_s``."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - a lease round's result has no event to wait on
-            await asyncio.sleep(0.01)
 
 
 async def serving_host(dsn: str) -> ClusterHost:

@@ -21,6 +21,7 @@ from protocol import SUBPROTOCOL_MSGPACK
 from protocol.caps import MAX_TAG_BYTES, MAX_TAGS
 from protocol.messages import ListPlans, ListWorkers, Requirements, Submit, Workers
 from tests.integration.test_security import TOKENS, Start, peer, start  # noqa: F401
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,13 +43,6 @@ async def _drain(ws: Any) -> None:
     with contextlib.suppress(Exception):
         async for _ in ws:
             pass
-
-
-async def until(condition: Any, timeout_s: float = 20.0) -> None:
-    """Wait for ``condition()`` to hold, looking after each loop turn, at most ``timeout_s``."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - server-side counters have no event to wait on
-            await asyncio.sleep(0.005)
 
 
 async def test_one_frame_of_expensive_requests_lets_others_in_between(start: Start) -> None:  # noqa: F811

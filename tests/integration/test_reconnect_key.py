@@ -19,16 +19,10 @@ from protocol import errors
 from protocol.messages import Capabilities, Hello
 from tests.integration.test_reconnect_budget import refused_churn, serve
 from tests.integration.test_security import closed_with, peer, refusals_scraped
+from tests.waiting import until
 from worker_agent import Agent
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def until(condition: object, timeout_s: float = 20.0) -> None:
-    """Wait for ``condition()`` to hold, looking after each loop turn, at most ``timeout_s``."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # type: ignore[operator]  # noqa: ASYNC110 - server counters have no event
-            await asyncio.sleep(0.005)
 
 
 async def run_until_registered(agent: Agent) -> asyncio.Task[None]:
