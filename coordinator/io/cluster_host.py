@@ -58,10 +58,10 @@ from websockets.typing import Subprotocol
 
 from coordinator.auth import Principal, TokenStore, inline_tokens
 from coordinator.io.cluster_metrics import CONTENT_TYPE, ClusterStats, build_registry, render
-from coordinator.io.cluster_sessions import DOORBELL_WANTED, Doorbell, ViewSessions, open_connection
+from coordinator.io.cluster_sessions import Doorbell, ViewSessions, open_connection
 from coordinator.io.cluster_views import (
     PUT_WORKERS,
-    WORKERS_WANTED,
+    WANTED,
     ViewError,
     encode_workers,
     read_plans,
@@ -316,7 +316,7 @@ class ClusterHost:
 
         async def scan(conn: Any) -> tuple[list[Any], list[Any], bool]:
             await conn.execute(_BEAT, owner, url, ttl)
-            return await conn.fetch(_SCAN), await conn.fetch(_PEERS), await conn.fetchval(DOORBELL_WANTED)
+            return await conn.fetch(_SCAN), await conn.fetch(_PEERS), await conn.fetchval(WANTED, "doorbell")
 
         rows, peers, self.doorbell.wanted = await self._db(scan)
         self.rows = [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
@@ -347,7 +347,7 @@ class ClusterHost:
             return
         served = [(shard, server) for shard, server in sorted(self.servers.items())
                   if shard not in self._moving and shard in self.leases.held]  # fmt: skip
-        if not served or not await self._db(lambda conn: conn.fetchval(WORKERS_WANTED)):
+        if not served or not await self._db(lambda conn: conn.fetchval(WANTED, "workers")):
             return
         self._workers_at = now
         blobs = []

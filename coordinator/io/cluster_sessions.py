@@ -74,6 +74,7 @@ from coordinator.io.cluster_views import (
     Watched,
     count_plans,
     list_plans,
+    mark_wanted,
     new_plans,
     plan_shard,
     plans_by_id,
@@ -120,7 +121,7 @@ from protocol.messages import (
     Workers,
 )
 
-__all__ = ["CHANNEL", "COUNTS_TTL_S", "DOORBELL_WANTED", "POLL_S", "WANTED_S", "WARM_POLL_S", "Doorbell",
+__all__ = ["CHANNEL", "COUNTS_TTL_S", "POLL_S", "WANTED_S", "WARM_POLL_S", "Doorbell",
            "ViewSessions", "bell_payload", "catch_up", "open_connection", "parse_bell"]
 
 log = structlog.get_logger(__name__)
@@ -129,15 +130,6 @@ CHANNEL: Final = "fleetwire_commits"
 POLL_S: Final = 5.0  # a watcher reads again this often even without a doorbell (one lost with its connection)
 WARM_POLL_S: Final = 0.1  # ... and this often while the owners may not ring yet (Doorbell.poll_s)
 WANTED_S: Final = 30.0  # a doorbell marked wanted stays wanted this long (renewed while watchers wait)
-# The owners' check, every lease round, and a watcher's mark (the answer: whether it was wanted already).
-DOORBELL_WANTED: Final = \
-    "SELECT coalesce((SELECT wanted_until > now() FROM fleetwire_views WHERE key = 'doorbell'), false)"
-_WANT_DOORBELL = """
-WITH old AS (SELECT wanted_until FROM fleetwire_views WHERE key = 'doorbell')
-INSERT INTO fleetwire_views (key, wanted_until) VALUES ('doorbell', now() + make_interval(secs => $1))
-ON CONFLICT (key) DO UPDATE SET wanted_until = excluded.wanted_until
-RETURNING coalesce((SELECT wanted_until FROM old) > now(), false)
-"""
 _MAX_WATCHED: Final = 1000  # plans one view session may follow by id
 _MAX_ALL: Final = 1000  # plans one view session's subscribe to all follows at once
 _ALL_PER_RING: Final = 200  # new plans of one shard read per doorbell (more: read again at once)
@@ -179,7 +171,7 @@ class Doorbell:
     coordinator (:meth:`wait_on`) or on any other: a coordinator whose watchers wait marks the
     doorbell wanted in ``fleetwire_views`` (key ``doorbell``, for :data:`WANTED_S`, renewed while
     they wait: :meth:`keep_wanted`), and each owner reads that mark every lease round
-    (:data:`DOORBELL_WANTED`, into :attr:`wanted`). So a cluster nobody watches sends no
+    (cluster_views.py :data:`WANTED` of ``doorbell``, into :attr:`wanted`). So a cluster nobody watches sends no
     ``NOTIFY`` at all (each is a transaction and a wake-up of a PostgreSQL backend per group
     commit). Until the owners' next round has seen a new mark (:attr:`warm_s`), watchers read
     every :data:`WARM_POLL_S` instead of relying on rings (:meth:`poll_s`).
@@ -289,7 +281,7 @@ class Doorbell:
         try:
             async with self._lock:
                 conn = await self._open()
-                already = await conn.fetchval(_WANT_DOORBELL, WANTED_S)
+                already, _ = await mark_wanted(conn, "doorbell", WANTED_S)
         except Exception as exc:  # the database is away: watchers poll meanwhile
             log.warning("cannot mark the doorbell wanted; watchers poll", error=f"{type(exc).__name__}: {exc}")
             await self._drop()

@@ -15,7 +15,7 @@ a client token sees its own plans only (``owner``). Workers are read from
 ``fleetwire_shard_workers``: each shard's core's registry, written by its owner once per lease
 renewal (:data:`PUT_WORKERS`) **while somebody looks**: a ``list_workers`` on any main port marks
 the registries wanted for :data:`WANTED_S` (:func:`want_workers`; owners check with
-:data:`WORKERS_WANTED`), so an idle cluster writes no registry at all (10,000 workers are about
+:data:`WANTED` of ``workers``), so an idle cluster writes no registry at all (10,000 workers are about
 2.5 MB and 60 ms of CPU per write). Rows of a shard whose lease moved on are ignored.
 
 ``GET /v1/plans``: the admin token only (``Authorization: Bearer``; every owner's plans are shown). Rows are decoded
@@ -37,8 +37,9 @@ from coordinator.recovery import plan_from_store
 from protocol.messages import PlanStateName, WorkerInfo
 
 __all__ = [
-    "MAX_LIMIT", "PLAN_STATES", "PUT_WORKERS", "WANTED_S", "WORKERS_WANTED",
-    "ViewError", "Watched", "count_plans", "encode_workers", "list_plans", "new_plans", "parse_query", "plan_shard",
+    "MAX_LIMIT", "PLAN_STATES", "PUT_WORKERS", "WANTED", "WANTED_S",
+    "ViewError", "Watched", "count_plans", "encode_workers", "list_plans", "mark_wanted", "new_plans", "parse_query",
+    "plan_shard",
     "plans_by_id", "read_plans", "read_watched", "read_workers", "shard_tips", "want_workers", "workers_summary",
 ]
 
@@ -65,12 +66,13 @@ SELECT s, o, e, w, now() FROM unnest($1::int[], $2::text[], $3::bigint[], $4::by
 ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, workers = excluded.workers,
     written_at = excluded.written_at
 """
-WORKERS_WANTED: Final = \
-    "SELECT coalesce((SELECT wanted_until > now() FROM fleetwire_views WHERE key = 'workers'), false)"
-# The answer: whether the registries were already wanted (fresh rows are being written), and now().
+# Whether a view wants something of the owners (``key``: 'workers', the registries; 'doorbell', the
+# commits' NOTIFY in coordinator/io/cluster_sessions.py): the owners' check every lease round ...
+WANTED: Final = "SELECT coalesce((SELECT wanted_until > now() FROM fleetwire_views WHERE key = $1), false)"
+# ... and a view's mark for $2 s. The answer: whether it was wanted already, and the database's now().
 _WANT = """
-WITH old AS (SELECT wanted_until FROM fleetwire_views WHERE key = 'workers')
-INSERT INTO fleetwire_views (key, wanted_until) VALUES ('workers', now() + make_interval(secs => $1))
+WITH old AS (SELECT wanted_until FROM fleetwire_views WHERE key = $1)
+INSERT INTO fleetwire_views (key, wanted_until) VALUES ($1, now() + make_interval(secs => $2))
 ON CONFLICT (key) DO UPDATE SET wanted_until = excluded.wanted_until
 RETURNING coalesce((SELECT wanted_until FROM old) > now(), false), now()
 """
@@ -219,10 +221,15 @@ def encode_workers(rows: list[WorkerInfo]) -> bytes:
     return _workers_encoder.encode(rows)
 
 
+async def mark_wanted(conn: Any, key: str, for_s: float = WANTED_S) -> tuple[bool, Any]:
+    """Mark ``key`` wanted of the owners for ``for_s``: ``(already wanted, the database's now())``."""
+    row = await conn.fetchrow(_WANT, key, for_s)
+    return bool(row[0]), row[1]
+
+
 async def want_workers(conn: Any) -> tuple[bool, Any]:
     """Mark the registries wanted for :data:`WANTED_S`: ``(already wanted, the database's now())``."""
-    row = await conn.fetchrow(_WANT, WANTED_S)
-    return bool(row[0]), row[1]
+    return await mark_wanted(conn, "workers")
 
 
 async def read_workers(conn: Any, since: Any = None) -> tuple[dict[int, list[WorkerInfo]], bool]:
