@@ -26,8 +26,8 @@ def test_payload_round_trips_and_an_unknown_one_is_ignored() -> None:
     assert parse_bell("shard three") is None
 
 
-async def test_a_group_commit_of_many_events_rings_once_and_a_burst_of_rings_coalesces(pg_dsn: str) -> None:
-    """40 events in one group commit: one NOTIFY ``0:40``; 200 rings of a shard at once: one NOTIFY, the max seq."""
+async def listen_to_commits(dsn: str) -> tuple[Any, list[str], asyncio.Event]:
+    """A connection listening to the doorbell's channel: it, the payloads heard in order, and an event set on each."""
     import asyncpg  # type: ignore[import-untyped]
 
     heard: list[str] = []
@@ -37,8 +37,14 @@ async def test_a_group_commit_of_many_events_rings_once_and_a_burst_of_rings_coa
         heard.append(payload)
         arrived.set()
 
-    listener = await asyncpg.connect(pg_dsn)
+    listener = await asyncpg.connect(dsn)
     await listener.add_listener(CHANNEL, on_notify)
+    return listener, heard, arrived
+
+
+async def test_a_group_commit_of_many_events_rings_once_and_a_burst_of_rings_coalesces(pg_dsn: str) -> None:
+    """40 events in one group commit: one NOTIFY ``0:40``; 200 rings of a shard at once: one NOTIFY, the max seq."""
+    listener, heard, arrived = await listen_to_commits(pg_dsn)
     bell = Doorbell(pg_dsn, open_connection)
     bell.bind(asyncio.get_running_loop())
     store = await asyncio.to_thread(lambda: hold(ShardPgStore(pg_dsn, CLUSTER)))

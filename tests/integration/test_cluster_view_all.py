@@ -16,10 +16,11 @@ from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
 from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.cluster_sessions import CHANNEL, Doorbell, open_connection
+from coordinator.io.cluster_sessions import Doorbell, open_connection
 from coordinator.io.server import ServerSettings
 from coordinator.shards import ClusterConfig, pool_shard
 from fleetwire import Client
+from tests.integration.test_cluster_doorbell import listen_to_commits
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,17 +89,7 @@ async def test_subscribe_all_on_a_main_port_streams_new_plans_of_every_shard_to_
 
 async def test_a_gated_doorbell_rings_only_while_a_watcher_waits_somewhere(pg_dsn: str) -> None:
     """Gated and unwanted: a ring sends no NOTIFY; once a round reads a watcher's mark (wanted), rings go out."""
-    import asyncpg  # type: ignore[import-untyped]
-
-    heard: list[str] = []
-    arrived = asyncio.Event()
-
-    def on_notify(conn: Any, pid: int, channel: str, payload: str) -> None:
-        heard.append(payload)
-        arrived.set()
-
-    listener = await asyncpg.connect(pg_dsn)
-    await listener.add_listener(CHANNEL, on_notify)
+    listener, heard, arrived = await listen_to_commits(pg_dsn)
     bell = Doorbell(pg_dsn, open_connection, gated=True)
     bell.bind(asyncio.get_running_loop())
     try:
