@@ -42,6 +42,18 @@ def in_file(path: Path) -> int:
         check.close()
 
 
+class Released(list[Any]):
+    """A committer's release callback: the payloads it released, in order, and an event set at each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = asyncio.Event()
+
+    def __call__(self, payload: Any) -> None:
+        self.append(payload)
+        self.done.set()
+
+
 async def test_a_lone_group_is_committed_on_the_loop_and_released_once_durable(db: SQLiteStore) -> None:
     """An idle writer: the group is written by the loop (no thread hand-over); its release sees it in the file."""
     seen: list[tuple[Any, int]] = []
@@ -65,14 +77,9 @@ async def test_a_lone_group_is_committed_on_the_loop_and_released_once_durable(d
 
 async def test_batches_of_one_loop_iteration_share_one_inline_commit_in_order(db: SQLiteStore) -> None:
     """Batches submitted in the same loop iteration (several peers' frames) are one transaction, released in order."""
-    released: list[Any] = []
-    done = asyncio.Event()
-
-    def release(payload: Any) -> None:
-        released.append(payload)
-        done.set()
-
-    committer: GroupCommitter[Any] = GroupCommitter(db, release, lambda exc: None, inline_slow_s=60)
+    released = Released()
+    done = released.done
+    committer: GroupCommitter[Any] = GroupCommitter(db, released, lambda exc: None, inline_slow_s=60)
     committer.start()
     committer.submit([created("a", 1)], "a")
     committer.after("after-a")
@@ -94,14 +101,9 @@ async def test_a_large_group_goes_to_the_writer_thread(db: SQLiteStore) -> None:
 
 async def test_a_group_of_few_records_but_many_bytes_goes_to_the_writer_thread(db: SQLiteStore) -> None:
     """One plan from a frame past INLINE_MAX_BYTES (512 KiB args): the thread commits it; a small one stays inline."""
-    released: list[Any] = []
-    done = asyncio.Event()
-
-    def release(payload: Any) -> None:
-        released.append(payload)
-        done.set()
-
-    committer: GroupCommitter[Any] = GroupCommitter(db, release, lambda exc: None, inline_slow_s=60)
+    released = Released()
+    done = released.done
+    committer: GroupCommitter[Any] = GroupCommitter(db, released, lambda exc: None, inline_slow_s=60)
     committer.start()
     committer.submit([created("big")], "big", INLINE_MAX_BYTES + 1)
     await asyncio.wait_for(done.wait(), 10)
@@ -115,14 +117,9 @@ async def test_a_group_of_few_records_but_many_bytes_goes_to_the_writer_thread(d
 
 async def test_a_database_held_by_another_connection_never_blocks_the_loop(db: SQLiteStore, tmp_path: Path) -> None:
     """Another writer holds the file: the loop does not wait for it (the thread does), and nothing is lost."""
-    released: list[Any] = []
-    done = asyncio.Event()
-
-    def release(payload: Any) -> None:
-        released.append(payload)
-        done.set()
-
-    committer: GroupCommitter[Any] = GroupCommitter(db, release, lambda exc: None)
+    released = Released()
+    done = released.done
+    committer: GroupCommitter[Any] = GroupCommitter(db, released, lambda exc: None)
     committer.start()
     blocker = sqlite3.connect(tmp_path / DB_FILE, isolation_level=None)
     blocker.execute("BEGIN IMMEDIATE")
@@ -150,14 +147,9 @@ async def test_inline_commits_off_commits_everything_through_the_thread(db: SQLi
 
 async def test_slow_inline_commits_hand_every_commit_to_the_thread_for_a_while(db: SQLiteStore) -> None:
     """Inline commits slower than inline_slow_s on average: the next groups go through the thread, still in order."""
-    released: list[Any] = []
-    done = asyncio.Event()
-
-    def release(payload: Any) -> None:
-        released.append(payload)
-        done.set()
-
-    committer: GroupCommitter[Any] = GroupCommitter(db, release, lambda exc: None, inline_slow_s=0)
+    released = Released()
+    done = released.done
+    committer: GroupCommitter[Any] = GroupCommitter(db, released, lambda exc: None, inline_slow_s=0)
     committer.start()
     for n in range(1, 4):
         done.clear()
