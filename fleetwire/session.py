@@ -142,8 +142,7 @@ class ClientSession:
 
     def __init__(self, encoding: Encoding) -> None:
         # msgpack: relayed chunks decode as views into their frame (protocol/chunkview.py), written to a file uncopied
-        self._codec = Codec(encoding, with_chunk_views(ToClient) if encoding == "msgpack" else ToClient,
-                            role="coordinator")
+        self._codec = Codec(encoding, with_chunk_views(ToClient, encoding), role="coordinator")
         self.text = self._codec.text
         self.ended: FleetwireConnectionError | None = None
         self.moved: Moved | None = None  # cluster mode: the last ``moved`` (where the next dial goes)

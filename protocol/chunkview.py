@@ -39,8 +39,11 @@ class DataChunkView(DataChunk, tag="data_chunk"):
     data: memoryview = memoryview(b"")  # type: ignore[assignment]
 
 
-def with_chunk_views(union: Any) -> Any:
-    """``union`` (e.g. ``FromClient``) with ``DataChunk`` decoded as :class:`DataChunkView`."""
+def with_chunk_views(union: Any, encoding: str = "msgpack") -> Any:
+    """``union`` (e.g. ``FromClient``) with ``DataChunk`` decoded as :class:`DataChunkView` by a msgpack codec;
+    ``union`` as it is for another ``encoding`` (JSON's base64 is decoded into a new buffer anyway)."""
+    if encoding != "msgpack":
+        return union
     return Union[tuple(DataChunkView if member is DataChunk else member for member in get_args(union))]
 
 

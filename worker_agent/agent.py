@@ -302,9 +302,7 @@ class Agent:
         codec = self._codecs.get(encoding)
         if codec is None:
             # msgpack: relayed chunks decode as views into their frame, written to the spool without a copy
-            inbound = protocol.messages.ToWorker
-            if encoding == "msgpack":
-                inbound = with_chunk_views(inbound)
+            inbound = with_chunk_views(protocol.messages.ToWorker, encoding)
             codec = self._codecs[encoding] = Codec(encoding, inbound, "coordinator")
         return codec
 

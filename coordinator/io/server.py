@@ -272,7 +272,7 @@ class CoordinatorServer:
         # msgpack sessions decode relayed chunks as views into their frame (protocol/chunkview.py): a chunk
         # is checked and passed on without its bytes copied, and alone in a frame it is sent on as that frame.
         self._codecs: dict[tuple[Role, Encoding], Codec] = {
-            (role, enc): Codec(enc, _inbound(FromWorker if role == "worker" else FromClient, enc), role)
+            (role, enc): Codec(enc, with_chunk_views(FromWorker if role == "worker" else FromClient, enc), role)
             for role in ("worker", "client")
             for enc in ("msgpack", "json")
         }
@@ -921,8 +921,3 @@ def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, Session]) ->
 def _address(ws: ServerConnection) -> str:
     remote = ws.remote_address
     return f"{remote[0]}:{remote[1]}" if remote else ""
-
-
-def _inbound(union: Any, encoding: Encoding) -> Any:
-    """What a session of this encoding decodes: msgpack chunks as views into their frame (protocol/chunkview.py)."""
-    return with_chunk_views(union) if encoding == "msgpack" else union
