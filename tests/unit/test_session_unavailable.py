@@ -7,21 +7,8 @@ from typing import Any
 
 from fleetwire.session import UNAVAILABLE_RETRY_S, ClientSession
 from protocol import errors as codes
-from protocol.codec import Codec
-from protocol.messages import Accepted, Error, FromClient, Submit, ToClient
-
-COORDINATOR = Codec("msgpack", FromClient, role="client")
-
-
-def frame(*msgs: ToClient) -> bytes:
-    return COORDINATOR.encode(list(msgs))
-
-
-def sent(session: ClientSession) -> list[Any]:
-    msgs: list[Any] = []
-    while (data := session.next_frame()) is not None:
-        msgs.extend(COORDINATOR.decode(data))
-    return msgs
+from protocol.messages import Accepted, Error, Submit
+from tests.unit.test_client_session import frame, sent
 
 
 def queue_submit(session: ClientSession, plan_id: str) -> tuple[Submit, Future[Any]]:
