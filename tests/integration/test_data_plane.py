@@ -272,7 +272,7 @@ async def test_input_never_uploaded_fails_inputs_unavailable(cluster: tuple[Coor
     """A plan whose inputs never arrive fails inputs_unavailable after the worker's input timeout."""
     server, _agent = cluster
     async with Client(server.url, token=CLIENT_TOKEN) as client:
-        client.transport = _NoTransport()
+        client.transport = NeverUploads()
         plan = await client.submit("digest", inputs={"data": b"abc"})
         with pytest.raises(PlanFailed) as failed:
             await asyncio.wait_for(plan.result(), 20)
@@ -280,8 +280,8 @@ async def test_input_never_uploaded_fails_inputs_unavailable(cluster: tuple[Coor
     assert "data" in failed.value.message
 
 
-class _NoTransport:
-    """A transport that never delivers (a client whose uploads cannot get through)."""
+class NeverUploads:
+    """A client's transport that never delivers: its uploads cannot get through, or it went away before them."""
 
     async def upload(self, grant: Any, source: Any) -> None:
         await asyncio.Event().wait()

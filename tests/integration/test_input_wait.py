@@ -18,6 +18,7 @@ from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from fleetwire import Client, PlanFailed
 from protocol.messages import InputSpec
+from tests.integration.test_data_plane import NeverUploads
 from worker_agent.agent import Agent
 from worker_agent.spool import INPUTS_UNAVAILABLE, Spool
 
@@ -95,20 +96,6 @@ async def agent(server: CoordinatorServer, tmp_path: Path, worker_id: str, input
             await asyncio.wait_for(task, 10)
 
 
-class _NeverUploads:
-    """A client's transport that never delivers (its client goes away before it uploads)."""
-
-    async def upload(self, grant: Any, source: Any) -> None:
-        await asyncio.Event().wait()
-
-    async def download(self, grant: Any, name: str) -> AsyncIterator[bytes]:
-        raise AssertionError("not used")
-        yield b""
-
-    async def aclose(self) -> None:
-        pass
-
-
 async def test_new_attempt_whose_client_has_gone_fails_inputs_unavailable(tmp_path: Path) -> None:
     """The client leaves; its plan's worker stops; the next attempt's worker waits its --input-timeout for the
     client, then the plan fails inputs_unavailable naming the input (seen by another client watching it)."""
@@ -120,7 +107,7 @@ async def test_new_attempt_whose_client_has_gone_fails_inputs_unavailable(tmp_pa
     try:
         async with agent(server, tmp_path, "first", input_timeout_s=30.0) as first:
             async with Client(server.url, token=CLIENT_TOKEN) as client:
-                client.transport = _NeverUploads()
+                client.transport = NeverUploads()
                 plan = await client.submit("digest", inputs={"data": DATA})
                 async for event in plan.events():
                     if event.kind == "data_ready":
