@@ -6,10 +6,10 @@ import asyncio
 import os
 from typing import Any
 
-import psutil
 import pytest
 
 import protocol
+from tests.unit.test_handlers import wait_gone
 from worker_agent.handlers import Context, make_python_handler, run_handler
 
 pytestmark = pytest.mark.timeout(60)
@@ -89,27 +89,6 @@ async def test_failures_in_the_process_fail_the_plan_as_in_process(function: str
     assert done.error.detail == detail
 
 
-async def _gone(pid: int) -> None:
-    """Wait (pidfd, no polling) until the process has exited."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    loop = asyncio.get_running_loop()
-    exited = loop.create_future()
-    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
-    try:
-        async with asyncio.timeout(10):
-            await exited
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-    try:
-        assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        pass
-
-
 async def test_cancel_and_timeout_stop_the_process() -> None:
     """Cancelling the plan ends it cancelled, a timeout fails it timeout; either way its process is gone."""
     op_args = {"function": f"{FUNCTIONS}:forever"}
@@ -121,7 +100,7 @@ async def test_cancel_and_timeout_stop_the_process() -> None:
     pid = sink.events[0][1]
     task.cancel()
     assert (await task).outcome == "cancelled"
-    await _gone(pid)
+    await wait_gone(pid, timeout_s=10)
 
     ctx, sink = device_ctx(op_args, ["0"], kill_grace_s=1.0)
     task = asyncio.create_task(run_handler(python, ctx, op_args, timeout_s=5.0))
@@ -130,7 +109,7 @@ async def test_cancel_and_timeout_stop_the_process() -> None:
     pid = sink.events[0][1]
     done = await task
     assert done.outcome == "failed" and done.error is not None and done.error.code == "timeout"
-    await _gone(pid)
+    await wait_gone(pid, timeout_s=10)
 
 
 async def test_outputs_left_in_the_process_are_kept_by_the_worker(tmp_path: Any) -> None:

@@ -159,7 +159,7 @@ async def test_shell_cancel_kills_the_process_group() -> None:
     done = await task
     assert done.outcome == "cancelled"
     assert ctx.cancelled
-    await _wait_gone(grandchild)
+    await wait_gone(grandchild)
 
 
 async def test_shell_cancel_escalates_to_sigkill_after_grace() -> None:
@@ -173,11 +173,11 @@ async def test_shell_cancel_escalates_to_sigkill_after_grace() -> None:
     done = await task
     assert done.outcome == "cancelled"
     assert time.monotonic() - started >= 0.25  # the grace (0.3 s), less timer slack
-    await _wait_gone(grandchild)
+    await wait_gone(grandchild)
 
 
-async def _wait_gone(pid: int) -> None:
-    """Wait for a (possibly reparented) process to exit, through a pidfd that polls readable."""
+async def wait_gone(pid: int, timeout_s: float = 5.0) -> None:
+    """Wait for a (possibly reparented) process to exit, through a pidfd that polls readable (no polling loop)."""
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -186,7 +186,7 @@ async def _wait_gone(pid: int) -> None:
     exited = loop.create_future()
     loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
     try:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(timeout_s):
             await exited
     finally:
         loop.remove_reader(fd)
@@ -199,7 +199,7 @@ async def test_shell_timeout_fails_and_kills() -> None:
     ctx, sink = make_ctx()
     done = await run_handler(shell, ctx, {"cmd": "echo $$; exec sleep 60"}, timeout_s=0.5)
     assert done.outcome == "failed" and done.error is not None and done.error.code == "timeout"
-    await _wait_gone(int(sink.events[0][1]))
+    await wait_gone(int(sink.events[0][1]))
 
 
 # --------------------------------------------------------------------------- outcomes
