@@ -18,7 +18,7 @@ own, so one column's memory or threads never show in another's figures:
   messages, no compression), the receiving side discarding them: the ceiling the targets name.
 * ``direct``: fleetwire, a coordinator and a worker (``--data-listen 127.0.0.1:0``) as real
   processes; the client submits a plan with ``inputs={"data": Path}`` (the worker spools it to a
-  file, verifying its sha256 as it arrives) and fetches an output with ``plan.output_to(...)``.
+  file, verifying its blake3 digest as it arrives) and fetches an output with ``plan.output_to(...)``.
   *in*: from the submit's answer to the plan's result (lease, upload, verify, a handler that only
   reads ``.size``); the digest pass before the submit is reported apart (``digest s``). *out*:
   ``output_to`` a file once the plan (which copied the file into the worker's spool) succeeded.

@@ -1,7 +1,7 @@
 """A stream of chunks written to a file and hashed in two threads of their own (a relayed download's writer).
 
 Why: a relayed download (fleetwire/relay.py) arrives on the event loop as 256 KiB chunks.
-Written and hashed one after the other in one thread, the slower of the two (the hash: sha256
+Written and hashed one after the other in one thread, the slower of the two (the hash: blake3
 runs at about the speed a loopback websocket carries) added to the other, and the client fell
 behind the coordinator. Here a writer thread (``write``, then the file's write-behind,
 fleetwire/writeback.py, so a big download does not pile up in the page cache) and a hasher

@@ -3,7 +3,7 @@
 Theory of operation:
 
 * :func:`prepare_inputs` turns what the caller gave (``bytes``, ``memoryview``, ``pathlib.Path``,
-  a binary file) into :class:`InputSource` s with their size and digest (``sha256:``), computed
+  a binary file) into :class:`InputSource` s with their size and digest (``blake3:``), computed
   in a pass over the content before the submit (a file in a thread; a file that cannot seek,
   such as stdin, is copied to a temporary file on the way). Nothing holds more than one chunk
   of a file in memory.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -47,7 +46,7 @@ from urllib.parse import quote
 from fleetwire.chunkwrite import ChunkWriter
 from fleetwire.writeback import WriteBehind
 from protocol.messages import DataGrant, Event, InputSpec
-from protocol.tickets import name_problem, new_hasher
+from protocol.tickets import DIGEST_DEFAULT, name_problem, new_hasher, new_hasher_of
 
 if TYPE_CHECKING:  # httpx (and what it pulls in) loads with the first DirectTransport, not with the SDK
     import httpx
@@ -235,7 +234,7 @@ class InputSource:
 
 def _hash_file(path: pathlib.Path) -> tuple[int, str]:
     """Size and digest in one pass: big reads into one reused buffer (hashlib drops the GIL for them)."""
-    hasher, size = hashlib.sha256(), 0
+    hasher, size = new_hasher_of(DIGEST_DEFAULT), 0
     buffer = bytearray(TRANSFER_CHUNK)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as file:
@@ -244,25 +243,27 @@ def _hash_file(path: pathlib.Path) -> tuple[int, str]:
         while got := file.readinto(view):
             hasher.update(view[:got])
             size += got
-    return size, f"sha256:{hasher.hexdigest()}"
+    return size, f"{DIGEST_DEFAULT}:{hasher.hexdigest()}"
 
 
 def _copy_stream(name: str, stream: IO[bytes]) -> InputSource:
     """A non-seekable file (stdin, a pipe) copied to a temporary file while hashing."""
-    hasher, size = hashlib.sha256(), 0
+    hasher, size = new_hasher_of(DIGEST_DEFAULT), 0
     fd, temp = tempfile.mkstemp(prefix="fleetwire-input-")
     with os.fdopen(fd, "wb") as out:
         while chunk := stream.read(CHUNK_BYTES):
             hasher.update(chunk)
             out.write(chunk)
             size += len(chunk)
-    return InputSource(name, size, f"sha256:{hasher.hexdigest()}", path=pathlib.Path(temp), temporary=True)
+    return InputSource(name, size, f"{DIGEST_DEFAULT}:{hasher.hexdigest()}", path=pathlib.Path(temp), temporary=True)
 
 
 def _prepare_one(name: str, value: Any) -> InputSource:
     if isinstance(value, bytes | bytearray | memoryview):
         view = memoryview(value).cast("B")
-        return InputSource(name, view.nbytes, f"sha256:{hashlib.sha256(view).hexdigest()}", data=view)
+        hasher = new_hasher_of(DIGEST_DEFAULT)
+        hasher.update(view)
+        return InputSource(name, view.nbytes, f"{DIGEST_DEFAULT}:{hasher.hexdigest()}", data=view)
     if isinstance(value, pathlib.Path):
         size, digest = _hash_file(value)
         return InputSource(name, size, digest, path=value)

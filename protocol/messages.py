@@ -167,7 +167,8 @@ class InputSpec(msgspec.Struct, omit_defaults=True):
     """A plan input the client uploads to the worker (docs/PROTOCOL.md §Data plane).
 
     ``name`` is a plain file name (protocol/tickets.py ``name_problem``); ``size`` in bytes;
-    ``digest`` is ``sha256:<hex>`` or ``blake2b:<hex>`` of the whole content, checked by the worker.
+    ``digest`` is ``blake3:<hex>`` (what the SDK declares), ``sha256:<hex>`` or ``blake2b:<hex>`` of the
+    whole content, checked by the worker.
     """
 
     name: str

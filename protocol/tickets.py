@@ -18,8 +18,11 @@ Theory of operation:
   bad signature, expired) and 403 for a genuine ticket used out of its scope (another plan,
   attempt, worker, direction or name), without anything but the request line and headers.
 * Names of inputs and outputs are plain file names (:func:`name_problem`): no ``/``, ``\\``,
-  ``..``, NUL, nothing empty and at most 255 UTF-8 bytes; digests are ``sha256:<hex>`` or
-  ``blake2b:<hex>`` (:func:`digest_problem`).
+  ``..``, NUL, nothing empty and at most 255 UTF-8 bytes; digests are ``blake3:<hex>``,
+  ``sha256:<hex>`` or ``blake2b:<hex>`` (:func:`digest_problem`). The SDK and the worker make
+  ``blake3`` ones (:data:`DIGEST_DEFAULT`): about 5 GB/s on one core, where sha256 is about 1 GB/s
+  even with the CPU's SHA extensions, which made the hash the largest cost of a transfer on both
+  ends; a client in another language may declare any of the three.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ import hmac
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
+import blake3
 import msgspec
 
 __all__ = [
     "DIGEST_ALGORITHMS",
+    "DIGEST_DEFAULT",
     "Direction",
     "FileClaim",
     "TicketClaims",
@@ -42,6 +47,7 @@ __all__ = [
     "digest_problem",
     "name_problem",
     "new_hasher",
+    "new_hasher_of",
     "sign",
     "verify",
     "worker_key",
@@ -52,7 +58,9 @@ Direction = Literal["put", "get"]
 TICKET_PREFIX: Final = "fw1"
 MAX_NAME_BYTES: Final = 255
 #: Digest algorithms by prefix, with their hex length.
-DIGEST_ALGORITHMS: Final[dict[str, int]] = {"sha256": 64, "blake2b": 128}
+DIGEST_ALGORITHMS: Final[dict[str, int]] = {"blake3": 64, "sha256": 64, "blake2b": 128}
+#: What the SDK declares for an input and the worker reports for an output.
+DIGEST_DEFAULT: Final = "blake3"
 _KEY_LABEL: Final = b"fleetwire data-plane worker key\x00"
 
 
@@ -188,6 +196,15 @@ def digest_problem(digest: object, field: str) -> str | None:
 
 
 def new_hasher(digest: str) -> Any:
-    """A fresh hasher of the algorithm ``digest`` names (``sha256:...`` or ``blake2b:...``)."""
-    algorithm = digest.partition(":")[0]
+    """A fresh hasher of the algorithm ``digest`` names (``blake3:...``, ``sha256:...`` or ``blake2b:...``).
+
+    Every one has ``update`` (which drops the GIL for big buffers) and ``hexdigest``.
+    """
+    return new_hasher_of(digest.partition(":")[0])
+
+
+def new_hasher_of(algorithm: str = DIGEST_DEFAULT) -> Any:
+    """A fresh hasher of ``algorithm`` (a key of :data:`DIGEST_ALGORITHMS`; the default: blake3)."""
+    if algorithm == "blake3":
+        return blake3.blake3()
     return hashlib.blake2b() if algorithm == "blake2b" else hashlib.sha256()

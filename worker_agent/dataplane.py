@@ -389,7 +389,7 @@ class DataServer:
                                 "(not made, expired, or the worker restarted)")
         start, end = 0, output.size  # [start, end)
         status = 200
-        headers = {"Content-Length": "", "Accept-Ranges": "bytes", "Digest-Sha256": output.digest}
+        headers = {"Content-Length": "", "Accept-Ranges": "bytes", "Fleetwire-Digest": output.digest}
         range_header = req.headers.get("range")
         if range_header:
             start, end = _parse_range(range_header, output.size)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hashlib
 import os
 import shutil
 import threading
@@ -36,7 +35,7 @@ from typing import Any, BinaryIO, Final, Literal
 
 import protocol
 from fleetwire.writeback import WriteBehind
-from protocol.tickets import name_problem, new_hasher
+from protocol.tickets import DIGEST_DEFAULT, name_problem, new_hasher, new_hasher_of
 
 __all__ = [
     "DISK_FULL",
@@ -283,7 +282,7 @@ class Spool:
             raise ValueError(problem)
         directory = self._dir(plan_id, attempt)
         target = directory / f"out-{_safe(name)}"
-        hasher = hashlib.sha256()
+        hasher = new_hasher_of(DIGEST_DEFAULT)
         try:
             if isinstance(value, bytes | bytearray | memoryview):
                 size = len(value)
@@ -305,7 +304,8 @@ class Spool:
                     target.unlink()
                 raise SpoolError(DISK_FULL, f"output {name!r}: the worker's disk is full ({exc.strerror})") from None
             raise
-        output = OutputFile(name, target, size, f"sha256:{hasher.hexdigest()}", self._clock() + self.output_retention_s)
+        digest = f"{DIGEST_DEFAULT}:{hasher.hexdigest()}"
+        output = OutputFile(name, target, size, digest, self._clock() + self.output_retention_s)
         with self._lock:
             previous = self._outputs.setdefault((plan_id, attempt), {}).get(name)
             self._outputs[(plan_id, attempt)][name] = output

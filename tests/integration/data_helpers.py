@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from protocol.messages import DataKey
-from protocol.tickets import worker_key
+from protocol.tickets import DIGEST_DEFAULT, new_hasher_of, worker_key
 from worker_agent.agent import Agent
 from worker_agent.dataplane import BODY_CHUNK, DataServer
 from worker_agent.handlers import Handler
@@ -25,8 +24,10 @@ SIZE = 2 * BODY_CHUNK + 12345  # two whole chunks and a remainder
 
 
 def digest(data: bytes) -> str:
-    """The digest an input of ``data`` is declared with."""
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+    """The digest the SDK declares for an input of ``data`` (and a worker reports for an output): blake3."""
+    hasher = new_hasher_of(DIGEST_DEFAULT)
+    hasher.update(data)
+    return f"{DIGEST_DEFAULT}:{hasher.hexdigest()}"
 
 
 @contextlib.asynccontextmanager

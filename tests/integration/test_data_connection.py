@@ -15,6 +15,7 @@ import pytest
 
 from protocol.messages import DataKey
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from tests.integration.data_helpers import digest
 from worker_agent.dataplane import BODY_CHUNK, MAX_HEAD_BYTES, DataServer
 from worker_agent.spool import Spool
 
@@ -24,12 +25,9 @@ MASTER = b"c" * 32
 WORKER = "w1"
 
 
-def _digest(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
-
 
 def _ticket(name: str, data: bytes) -> str:
-    claims = TicketClaims("p1", 1, WORKER, "put", {name: FileClaim(len(data), _digest(data))}, time.time() + 60)
+    claims = TicketClaims("p1", 1, WORKER, "put", {name: FileClaim(len(data), digest(data))}, time.time() + 60)
     return sign(claims, "k1", worker_key(MASTER, WORKER))
 
 

@@ -74,7 +74,7 @@ async def test_damaged_output_fails_output_to_and_leaves_no_file(cluster: tuple[
     server, agent = cluster
     async with Client(server.url, token=CLIENT_TOKEN) as client:
         plan = await _made(client, agent, damage=True)
-        with pytest.raises(OutputMismatch, match=r"output 'out': the bytes received have digest sha256:"):
+        with pytest.raises(OutputMismatch, match=r"output 'out': the bytes received have digest blake3:"):
             await plan.output_to("out", tmp_path / "out.bin")
     assert _leftovers(tmp_path) == []
     assert plan.transfers.get(("get", "out")) is None  # not counted as a finished transfer

@@ -19,6 +19,7 @@ from coordinator.io.server import CoordinatorServer, ServerSettings
 from fleetwire import Client, PlanFailed
 from protocol.messages import DataKey
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from tests.integration.data_helpers import digest
 from worker_agent.agent import Agent
 from worker_agent.dataplane import DataServer
 from worker_agent.spool import Spool
@@ -30,9 +31,6 @@ WORKER = "w1"
 WORKER_TOKEN = "w-secret"
 CLIENT_TOKEN = "c-secret"
 
-
-def digest_of(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
 def ticket(name: str, size: int, digest: str, *, direction: str = "put", plan: str = "p1", attempt: int = 1,
@@ -93,7 +91,7 @@ async def test_bad_tickets_are_refused_without_reading_the_body(
     endpoint: DataServer, kwargs: dict[str, Any], status: int
 ) -> None:
     """Forged, expired and foreign tickets get 401/403 while a 1 GiB body is still unsent."""
-    t = ticket("x", 1 << 30, digest_of(b""), **kwargs)
+    t = ticket("x", 1 << 30, digest(b""), **kwargs)
     head = (f"PUT /v1/data/p1/1/inputs/x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer {t}\r\n"
             f"Content-Length: {1 << 30}\r\n\r\n")
     line, _ = await raw_request(endpoint, head)
@@ -112,7 +110,7 @@ async def test_bad_names_are_refused(endpoint: DataServer, name: str) -> None:
 async def test_upload_resumes_from_the_acknowledged_offset(endpoint: DataServer) -> None:
     """A dropped upload keeps what arrived; HEAD tells the offset and a PUT from there completes it."""
     data = bytes(range(256)) * 8192  # 2 MiB: spooled to a file
-    t = ticket("x", len(data), digest_of(data))
+    t = ticket("x", len(data), digest(data))
     head = (f"PUT /v1/data/p1/1/inputs/x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer {t}\r\n"
             f"Content-Length: {len(data)}\r\n\r\n")
     _reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
@@ -144,7 +142,7 @@ async def test_upload_resumes_from_the_acknowledged_offset(endpoint: DataServer)
 
 async def test_digest_mismatch_fails_the_input_naming_it(endpoint: DataServer) -> None:
     """Bytes whose digest differs from the declared one: 422, and the input fails naming it."""
-    t = ticket("weights", 4, digest_of(b"abcd"))
+    t = ticket("weights", 4, digest(b"abcd"))
     async with httpx.AsyncClient() as http:
         auth = {"Authorization": f"Bearer {t}"}
         answer = await http.put(input_url(endpoint, "weights"), content=b"abce", headers=auth)
@@ -157,7 +155,7 @@ async def test_digest_mismatch_fails_the_input_naming_it(endpoint: DataServer) -
 
 async def test_size_mismatch_is_refused(endpoint: DataServer) -> None:
     """A body longer than the declared size is refused 413 before it is read; a wrong total 422."""
-    t = ticket("x", 4, digest_of(b"abcd"))
+    t = ticket("x", 4, digest(b"abcd"))
     async with httpx.AsyncClient() as http:
         auth = {"Authorization": f"Bearer {t}"}
         long = await http.put(input_url(endpoint, "x"), content=b"abcdef", headers=auth)
@@ -170,7 +168,7 @@ async def test_size_mismatch_is_refused(endpoint: DataServer) -> None:
 async def test_stalled_upload_is_dropped_and_its_memory_freed(endpoint: DataServer) -> None:
     """An upload that stops sending is dropped after the stall timeout, keeping its acknowledged bytes."""
     data = b"z" * 4096
-    t = ticket("x", len(data), digest_of(data))
+    t = ticket("x", len(data), digest(data))
     head = (f"PUT /v1/data/p1/1/inputs/x HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer {t}\r\n"
             f"Content-Length: {len(data)}\r\n\r\n")
     reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
@@ -187,13 +185,13 @@ async def test_stalled_upload_is_dropped_and_its_memory_freed(endpoint: DataServ
 async def test_disk_full_while_spooling_fails_the_input_not_the_worker(endpoint: DataServer) -> None:
     """An input over the spool's room fails worker_disk_full (507); the endpoint keeps serving."""
     size = 128 << 20  # over the 64 MiB capacity
-    t = ticket("big", size, digest_of(b""))
+    t = ticket("big", size, digest(b""))
     async with httpx.AsyncClient() as http:
         auth = {"Authorization": f"Bearer {t}"}
         answer = await http.put(input_url(endpoint, "big"), content=b"x" * 10,
                                 headers={**auth, "Content-Range": f"bytes 0-9/{size}"})
         assert answer.status_code == 507
-        small = ticket("small", 3, digest_of(b"abc"))
+        small = ticket("small", 3, digest(b"abc"))
         ok = await http.put(input_url(endpoint, "small"), content=b"abc", headers={"Authorization": f"Bearer {small}"})
     assert ok.status_code == 201
     entry = endpoint.spool.input("p1", 1, "big")
@@ -208,7 +206,7 @@ async def test_output_download_with_range(endpoint: DataServer) -> None:
     async with httpx.AsyncClient() as http:
         whole = await http.get(url, headers={"Authorization": f"Bearer {t}"})
         part = await http.get(url, headers={"Authorization": f"Bearer {t}", "Range": "bytes=4-"})
-        put_ticket = await http.get(url, headers={"Authorization": f"Bearer {ticket('out', 10, digest_of(b''))}"})
+        put_ticket = await http.get(url, headers={"Authorization": f"Bearer {ticket('out', 10, digest(b''))}"})
     assert whole.status_code == 200 and whole.content == b"0123456789"
     assert part.status_code == 206 and part.content == b"456789"
     assert put_ticket.status_code == 403
@@ -256,7 +254,9 @@ async def test_sdk_uploads_inputs_and_fetches_outputs_direct(cluster: tuple[Coor
         result = await asyncio.wait_for(plan.result(), 20)
         kinds = [event.kind async for event in plan.events()]
         assert await plan.output("upper") == data[:16].upper()
-    assert result == {"size": len(data), "digest": digest_of(data), "declared": digest_of(data)}
+    # the handler's own sha256 of what it read, beside the (blake3) digest the SDK declared
+    own = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    assert result == {"size": len(data), "digest": own, "declared": digest(data)}
     assert kinds.index("data_ready") < kinds.index("input_received") < kinds.index("succeeded")
 
 

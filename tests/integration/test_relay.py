@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from fleetwire import Client, FleetwireConnectionError
 from protocol import errors
+from tests.integration.data_helpers import digest
 from worker_agent.agent import Agent
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,9 +24,6 @@ WORKER_TOKEN = "w-secret"
 CLIENT_TOKEN = "c-secret"
 SIZE = 3 << 20  # 3 MiB
 
-
-def digest_of(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
 @contextlib.asynccontextmanager
@@ -43,11 +40,11 @@ async def running(tmp_path: Path, **agent_options: Any) -> AsyncIterator[tuple[C
     async def reverse(ctx: Any, args: Any) -> dict[str, Any]:
         data = ctx.inputs["data"].path.read_bytes()
         ctx.output("reversed", data[::-1])
-        return {"size": len(data), "digest": digest_of(data), "inputs": sorted(ctx.inputs)}
+        return {"size": len(data), "digest": digest(data), "inputs": sorted(ctx.inputs)}
 
     @agent.handler
     async def measure(ctx: Any, args: Any) -> dict[str, Any]:
-        return {"blob": len(args["blob"]), "digest": digest_of(args["blob"]), "inputs": sorted(ctx.inputs)}
+        return {"blob": len(args["blob"]), "digest": digest(args["blob"]), "inputs": sorted(ctx.inputs)}
 
     @agent.handler
     async def produce(ctx: Any, args: Any) -> Any:
@@ -76,7 +73,7 @@ async def test_worker_without_data_endpoint_gets_inputs_and_returns_outputs_rela
         assert agent.data_server is None
         plan = await client.submit("reverse", inputs={"data": data}, outputs=["reversed"])
         result = await asyncio.wait_for(plan.result(), 30)
-        assert result == {"size": SIZE, "digest": digest_of(data), "inputs": ["data"]}
+        assert result == {"size": SIZE, "digest": digest(data), "inputs": ["data"]}
         assert await asyncio.wait_for(plan.output("reversed"), 30) == data[::-1]
         target = await asyncio.wait_for(plan.output_to("reversed", tmp_path / "out.bin"), 30)
         assert target.read_bytes() == data[::-1]
@@ -112,7 +109,7 @@ async def test_unreachable_data_endpoint_falls_back_to_the_relay(tmp_path: Path)
     options = {"data_listen": "127.0.0.1:0", "data_advertise": "http://127.0.0.1:9"}  # port 9: nothing there
     async with running(tmp_path, **options) as (server, _agent), Client(server.url, token=CLIENT_TOKEN) as client:
         plan = await client.submit("reverse", inputs={"data": data}, outputs=["reversed"])
-        assert (await asyncio.wait_for(plan.result(), 30))["digest"] == digest_of(data)
+        assert (await asyncio.wait_for(plan.result(), 30))["digest"] == digest(data)
         assert await plan.output("reversed") == data[::-1]
         assert received_via(plan) == {"data": "relay"}
         assert plan.uploads is not None
@@ -126,7 +123,7 @@ async def test_oversize_args_move_to_the_data_plane_instead_of_closing_the_sessi
     async with running(tmp_path) as (server, _agent), Client(server.url, token=CLIENT_TOKEN) as client:
         plan = await client.submit("measure", args={"blob": blob})
         result = await asyncio.wait_for(plan.result(), 30)
-        assert result == {"blob": len(blob), "digest": digest_of(blob), "inputs": []}
+        assert result == {"blob": len(blob), "digest": digest(blob), "inputs": []}
         assert not client.closed
         assert (await client.submit("echo", args=1)).id  # the same session goes on
         assert server.core.plans[plan.id].args is None

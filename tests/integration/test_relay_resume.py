@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from fleetwire import Client
+from tests.integration.data_helpers import digest
 from tests.integration.test_relay import CLIENT_TOKEN, running
 
 pytestmark = pytest.mark.timeout(60)
@@ -101,4 +102,4 @@ async def test_relayed_upload_resumes_after_the_clients_connection_drops(relayed
     assert proxy.cut.is_set() and proxy.connections >= 2
     # resumed, not started over: at most the window in flight at the cut crossed the relay twice
     assert SIZE <= server.core.relay.bytes_in <= SIZE + (2 << 20)
-    assert result == {"size": SIZE, "digest": f"sha256:{hashlib.sha256(data).hexdigest()}", "inputs": ["data"]}
+    assert result == {"size": SIZE, "digest": digest(data), "inputs": ["data"]}

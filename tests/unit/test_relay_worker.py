@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataKey, DataOpen
 from protocol.relay import MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from tests.integration.data_helpers import digest
 from worker_agent.relay import RelayEndpoint
 from worker_agent.spool import Spool
 
@@ -23,9 +23,6 @@ def ticket(name: str, size: int, digest: str, *, direction: str = "put", plan: s
     claims = TicketClaims(plan, 1, "w1", direction, {name: FileClaim(size, digest)}, time.time() + 60)  # type: ignore[arg-type]
     return sign(claims, "k1", worker_key(key, "w1"))
 
-
-def digest_of(data: bytes) -> str:
-    return f"sha256:{hashlib.sha256(data).hexdigest()}"
 
 
 @pytest.fixture
@@ -44,7 +41,7 @@ def chunk(offset: int, data: bytes) -> DataChunk:
 async def test_upload_is_written_acked_and_verified(relay: Any) -> None:
     """Chunks are written in order, each acked with a credit; the last byte verifies the digest."""
     data = b"a" * (MAX_CHUNK_BYTES + 10)
-    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", len(data), digest_of(data)),
+    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", len(data), digest(data)),
                               credit=4 * MAX_CHUNK_BYTES))
     first = relay.sent.pop()
     assert isinstance(first, DataCredit) and (first.offset, first.size) == (0, len(data))
@@ -63,7 +60,7 @@ async def test_upload_is_written_acked_and_verified(relay: Any) -> None:
                                                ({"direction": "get"}, REFUSED)])
 async def test_bad_tickets_are_refused(relay: Any, kwargs: dict[str, Any], code: str) -> None:
     """A forged ticket is unauthorized (401 on the direct path); a foreign one forbidden (403); nothing declared."""
-    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest_of(b"abc"), **kwargs)))
+    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc"), **kwargs)))
     end = relay.sent.pop()
     assert isinstance(end, DataEnd) and end.code == code
     assert relay.spool.input("p1", 1, "x") is None
@@ -71,7 +68,7 @@ async def test_bad_tickets_are_refused(relay: Any, kwargs: dict[str, Any], code:
 
 async def test_digest_mismatch_fails_the_input_naming_it(relay: Any) -> None:
     """Bytes that do not match the declared digest: data_end(input_mismatch) naming the input."""
-    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest_of(b"abc"))))
+    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc"))))
     relay.sent.clear()
     relay.on_message(chunk(0, b"abd"))
     end = relay.sent.pop()
@@ -80,11 +77,11 @@ async def test_digest_mismatch_fails_the_input_naming_it(relay: Any) -> None:
 
 async def test_chunk_out_of_order_or_past_the_size_is_refused(relay: Any) -> None:
     """A chunk not at the acknowledged offset, or past the declared size, ends the stream; nothing is written."""
-    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest_of(b"abc"))))
+    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc"))))
     relay.sent.clear()
     relay.on_message(chunk(1, b"b"))
     assert relay.sent.pop().code == VIOLATION
-    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest_of(b"abc"))))
+    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc"))))
     relay.sent.clear()
     relay.on_message(chunk(0, b"abcd"))
     assert relay.sent.pop().code == VIOLATION

@@ -21,7 +21,18 @@ from protocol.messages import (
     OutputSpec,
     Submit,
 )
-from protocol.tickets import FileClaim, TicketClaims, TicketError, name_problem, sign, verify, worker_key
+from protocol.tickets import (
+    DIGEST_DEFAULT,
+    FileClaim,
+    TicketClaims,
+    TicketError,
+    digest_problem,
+    name_problem,
+    new_hasher,
+    sign,
+    verify,
+    worker_key,
+)
 
 MASTER = b"k" * 32
 WALL = 1_700_000_000.0
@@ -94,6 +105,33 @@ def test_rotated_key_keeps_in_flight_tickets_valid() -> None:
 def test_bad_names(name: str) -> None:
     """Separators, dot-dot, NUL, control characters, empty and over 255 UTF-8 bytes are refused."""
     assert name_problem(name, "inputs[0].name") is not None
+
+
+# The published test vectors for b"abc" (BLAKE3's test_vectors.json, FIPS 180-2, RFC 7693).
+ABC_DIGESTS = [
+    "blake3:6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85",
+    "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+    "blake2b:ba80a53f981c4d0d6a2797b69f12f6e94c212f14685ac4b74b12bb6fdbffa2d1"
+    "7d87c5392aab792dc252d5de4533cc9518d38aa8dbf1925ab92386edd4009923",
+]
+
+
+@pytest.mark.parametrize("digest", ABC_DIGESTS)
+def test_every_declarable_digest_algorithm_hashes_to_its_published_vector(digest: str) -> None:
+    """A client in another language may declare blake3, sha256 or blake2b; the worker's hasher agrees with each."""
+    assert digest_problem(digest, "inputs[0].digest") is None
+    hasher = new_hasher(digest)
+    hasher.update(b"a")
+    hasher.update(memoryview(b"bc"))  # in pieces, as an upload arrives
+    assert f"{digest.partition(':')[0]}:{hasher.hexdigest()}" == digest
+
+
+def test_a_blake3_digest_of_the_wrong_length_is_refused_naming_it() -> None:
+    """blake3 (the SDK's default, PROTOCOL.md) is 64 hex digits, like sha256."""
+    assert DIGEST_DEFAULT == "blake3"
+    assert digest_problem("blake3:" + "0" * 63, "inputs[0].digest") == (
+        "inputs[0].digest must be blake3: and 64 lowercase hex digits"
+    )
 
 
 # --------------------------------------------------------------------------- the core's grants
