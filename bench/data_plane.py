@@ -15,7 +15,12 @@ own, so one column's memory or threads never show in another's figures:
 * ``raw``: the same bytes over one plain loopback TCP socket (``sendfile`` on the sending side,
   ``recv_into`` a reused buffer on the other, nothing kept): the ceiling of moving bytes at all.
 * ``ws``: the same bytes over one websocket connection (the ``websockets`` library, 1 MiB binary
-  messages, no compression), the receiving side discarding them: the ceiling the targets name.
+  messages, no compression), the receiving side discarding them: the ceiling the targets name,
+  both processes with the C allocator as it comes.
+* ``ws-pad``: the same, both processes with glibc's top pad at 64 MiB (``MALLOC_TOP_PAD_``): the
+  setting every fleetwire process runs with (fleetwire/memtune.py). The library's per-frame
+  buffers fault every page in afresh without it, so this is the ceiling on equal terms; the
+  table gives each column's ratio to both.
 * ``direct``: fleetwire, a coordinator and a worker (``--data-listen 127.0.0.1:0``) as real
   processes; the client submits a plan with ``inputs={"data": Path}`` (the worker spools it to a
   file, verifying its blake3 digest as it arrives) and fetches an output with ``plan.output_to(...)``.
@@ -55,8 +60,10 @@ from typing import Any
 
 import _harness as h
 
+from fleetwire.memtune import DEFAULT_TOP_PAD
+
 MIB = 1 << 20
-COLUMNS = ("raw", "ws", "direct", "relay", "dask", "ray")
+COLUMNS = ("raw", "ws", "ws-pad", "direct", "relay", "dask", "ray")
 WS_MESSAGE = MIB
 
 
@@ -376,7 +383,7 @@ def column_ray(path: Path, size: int) -> dict[str, Any]:
 def run_column(column: str, path: Path, size: int) -> dict[str, Any]:
     if column == "raw":
         return column_raw(path, size)
-    if column == "ws":
+    if column in ("ws", "ws-pad"):  # ws-pad: its environment has the pad (child())
         return h.run_loop(_ws_column(path, size))  # type: ignore[no-any-return]
     if column in ("direct", "relay"):
         return h.run_loop(_fleetwire_column(path, size, relay=column == "relay"))  # type: ignore[no-any-return]
@@ -391,8 +398,9 @@ def run_column(column: str, path: Path, size: int) -> dict[str, Any]:
 def child(column: str, path: Path, size: int, timeout_s: float) -> dict[str, Any]:
     """One column in a fresh process; its JSON result (or why it has none)."""
     try:
+        pad = {"MALLOC_TOP_PAD_": str(DEFAULT_TOP_PAD)} if column == "ws-pad" else {}
         done = subprocess.run([sys.executable, __file__, "--column", column, "--file", str(path), "--size", str(size)],
-                              capture_output=True, text=True, env=h.bench_env(), cwd=h.ROOT, timeout=timeout_s,
+                              capture_output=True, text=True, env=h.bench_env(**pad), cwd=h.ROOT, timeout=timeout_s,
                               check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"no result within {timeout_s:g} s"}
@@ -409,7 +417,8 @@ def _cell(figures: dict[str, Any], key: str, fmt: str = "{:.2f}") -> str:
 
 
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    head = (f"{'size':>8} {'dir':>3} {'column':>7} {'MB/s':>8} {'x ws':>6} {'x dask':>6} {'digest s':>8} "
+    head = (f"{'size':>8} {'dir':>3} {'column':>7} {'MB/s':>8} {'x ws':>6} {'x ws-pad':>8} {'x dask':>6} "
+            f"{'digest s':>8} "
             f"{'coord cpu s':>11} {'coord rss MiB':>13} {'client rss MiB':>14} {'worker rss MiB':>14} "
             f"{'client cpu s':>12} {'worker cpu s':>12}")
     lines = [head, "-" * len(head)]
@@ -417,6 +426,7 @@ def table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     for label, columns in results.items():
         for direction in ("in", "out"):
             ws = columns.get("ws", {}).get(direction, {}).get("mb_s")
+            ws_pad = columns.get("ws-pad", {}).get(direction, {}).get("mb_s")
             dask = columns.get("dask", {}).get(direction, {}).get("mb_s")
             for column, result in columns.items():
                 figures = result.get(direction)
@@ -431,7 +441,8 @@ def table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                 mb_s = figures["mb_s"]
                 lines.append(
                     f"{label:>8} {direction:>3} {column:>7} {mb_s:>8.0f} "
-                    f"{(f'{mb_s / ws:.2f}' if ws else '-'):>6} {(f'{mb_s / dask:.2f}' if dask else '-'):>6} "
+                    f"{(f'{mb_s / ws:.2f}' if ws else '-'):>6} {(f'{mb_s / ws_pad:.2f}' if ws_pad else '-'):>8} "
+                    f"{(f'{mb_s / dask:.2f}' if dask else '-'):>6} "
                     f"{_cell(figures, 'digest_s'):>8} {_cell(figures, 'coordinator_cpu_s', '{:.3f}'):>11} "
                     f"{_cell(figures, 'coordinator_rss_mib', '{:.1f}'):>13} "
                     f"{_cell(figures, 'client_rss_mib', '{:.1f}'):>14} "

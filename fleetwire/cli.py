@@ -48,6 +48,7 @@ from fleetwire.console import finish as _finish
 from fleetwire.data import DataTransferError
 from fleetwire.errors import FleetwireConnectionError
 from fleetwire.logs import LEVELS, configure_logging
+from fleetwire.memtune import tune_allocator
 from protocol import json_schema
 from protocol.errors import FleetwireError
 from protocol.relay import DEFAULT_MAX_BYTES as DEFAULT_RELAY_MAX_BYTES
@@ -829,6 +830,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fleetwire`` console script."""
     ns = build_parser().parse_args(argv)
     configure_logging(ns.log_format, ns.log_level)
+    try:
+        tune_allocator()  # big frames without a page fault per page (fleetwire/memtune.py)
+    except ValueError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     try:
         return _run(ns.func(ns))
     except KeyboardInterrupt:

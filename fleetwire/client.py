@@ -65,6 +65,7 @@ from fleetwire.connection import (
 )
 from fleetwire.data import DirectTransport, Grant, InputValue, Transport, Uploads, prepare_inputs
 from fleetwire.errors import FleetwireConnectionError, RequestError
+from fleetwire.memtune import tune_allocator
 from fleetwire.plan import Plan
 from fleetwire.prompt_hints import fill_hints
 from fleetwire.relay import AutoTransport, RelayTransport
@@ -158,6 +159,7 @@ class Client:
     ) -> None:
         if encoding not in ENCODING_SUBPROTOCOL:
             raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
+        tune_allocator()  # once per process; FLEETWIRE_MALLOC_TOP_PAD=0 leaves it (fleetwire/memtune.py)
         self._urls = UrlList(resolve_urls(url, pool=pool))
         self.url = self._urls.current
         self._ca_file = ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None
