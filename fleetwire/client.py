@@ -100,6 +100,7 @@ from protocol.messages import (
 )
 from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 from protocol.urls import keepalive
+from protocol.wsbulk import send_frame
 
 __all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
 
@@ -712,7 +713,7 @@ class Client:
                 self._outbox_ready.clear()
                 # Everything queued while the previous send was in flight goes out coalesced.
                 while (frame := session.next_frame()) is not None:
-                    await ws.send(frame, text=session.text)
+                    await send_frame(ws, frame, session.text)  # big ones without the library's copies
                 if session.ended is not None:
                     return
         except ConnectionClosed:

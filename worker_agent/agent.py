@@ -59,6 +59,7 @@ import protocol
 from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, errors
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
+from protocol.wsbulk import send_frame
 from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
 from worker_agent.devices import DeviceAllocator
 from worker_agent.handlers import Handler, builtin_handlers
@@ -517,7 +518,7 @@ class Agent:
             chunks = encode_frames(codec, outbox.take(MAX_BATCH), max_frame_bytes)
             for index, (frame, msgs) in enumerate(chunks):
                 try:
-                    await ws.send(frame, text=codec.text)
+                    await send_frame(ws, frame, codec.text)  # big ones without the library's copies
                 except BaseException:
                     outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
                     raise

@@ -34,6 +34,7 @@ from coordinator.auth import Principal
 from protocol import Codec
 from protocol import errors as codes
 from protocol.chunkview import DataChunkView, own_frame
+from protocol.wsbulk import send_frame
 
 log = structlog.get_logger("coordinator.io.server")
 
@@ -104,7 +105,7 @@ class Session:
                     for frame in frames:
                         self.io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
                         self.io[3] += len(frame)
-                        await ws.send(frame, text=codec.text)
+                        await send_frame(ws, frame, codec.text)  # big ones without the library's copies
                         self.unsent -= len(frame)
                 if self.close_with is not None:
                     await ws.close(*self.close_with)
