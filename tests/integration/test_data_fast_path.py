@@ -16,7 +16,7 @@ import pytest
 
 from coordinator.io.server import CoordinatorServer
 from fleetwire import Client
-from fleetwire.data import DirectTransport, Grant, prepare_inputs
+from fleetwire.data import PARALLEL_HASH_BYTES, DirectTransport, Grant, prepare_inputs
 from protocol.messages import Load
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import (
@@ -71,6 +71,17 @@ async def test_file_input_goes_whole_by_sendfile_and_is_counted(endpoint: DataSe
     assert entry.path is not None and entry.path.read_bytes() == data
     assert seen == sorted(seen) and seen[-1] == SIZE
     assert endpoint.count_into(Load()).data_bytes_in == SIZE
+
+
+@pytest.mark.parametrize("size", [PARALLEL_HASH_BYTES - 1, PARALLEL_HASH_BYTES + 4097])
+async def test_big_inputs_hashed_on_every_core_have_the_one_threaded_digest(tmp_path: Path, size: int) -> None:
+    """A file mapped and hashed by blake3's threads, and a buffer hashed so, declare what one thread computes."""
+    data = os.urandom(size)
+    path = tmp_path / "big.bin"
+    path.write_bytes(data)
+    sources = await prepare_inputs({"file": path, "buffer": bytearray(data), "view": memoryview(data)[1:]})
+    assert sources["file"].digest == sources["buffer"].digest == digest(data) and sources["file"].size == size
+    assert sources["view"].digest == digest(data[1:]) and sources["view"].size == size - 1
 
 
 async def test_upload_resumes_from_the_workers_offset(endpoint: DataServer, payload: tuple[Path, bytes]) -> None:
