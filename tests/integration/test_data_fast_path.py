@@ -84,6 +84,31 @@ async def test_big_inputs_hashed_on_every_core_have_the_one_threaded_digest(tmp_
     assert sources["view"].digest == digest(data[1:]) and sources["view"].size == size - 1
 
 
+def _peak_rss() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmHWM:"))
+
+
+def _reset_peak_rss() -> None:
+    """The peak (VmHWM) starts again from what is resident now."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError as exc:
+        pytest.skip(f"cannot reset the peak RSS here: {exc}")
+
+
+async def test_hashing_a_big_file_maps_one_window_at_a_time(tmp_path: Path) -> None:
+    """The process's peak resident memory grows by about a window, not by the file (mapped pages count in RSS)."""
+    path = tmp_path / "big.bin"
+    await asyncio.to_thread(path.write_bytes, os.urandom(6 * PARALLEL_HASH_BYTES))
+    _reset_peak_rss()
+    before = _peak_rss()
+    source = (await prepare_inputs({"big": path}))["big"]
+    assert source.size == 6 * PARALLEL_HASH_BYTES
+    assert _peak_rss() - before <= 2 * PARALLEL_HASH_BYTES  # a 96 MiB file: at most two windows' worth
+
+
 async def test_upload_resumes_from_the_workers_offset(endpoint: DataServer, payload: tuple[Path, bytes]) -> None:
     """When the worker already holds part of an input, the SDK sends only the rest (Content-Range) and it verifies."""
     path, data = payload
@@ -113,7 +138,11 @@ async def test_cancelled_upload_ends_its_thread_and_keeps_what_arrived(endpoint:
     loop = asyncio.get_running_loop()
     sent = asyncio.Event()
     transport = DirectTransport()
-    transport.progress = lambda name, done, size: loop.call_soon_threadsafe(sent.set)
+
+    def progressed(name: str, done: int, size: int) -> None:
+        loop.call_soon_threadsafe(sent.set)
+
+    transport.progress = progressed
     threads_before = {t.ident for t in threading.enumerate()}
     upload = asyncio.create_task(transport.upload(_grant(endpoint, "x", source.size, source.digest), source))
     await asyncio.wait_for(sent.wait(), 10)  # a first chunk is on its way
