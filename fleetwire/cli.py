@@ -127,12 +127,35 @@ def _inputs(specs: list[str]) -> dict[str, Any]:
     return inputs
 
 
+def _args(value: str | None, inputs: list[str]) -> Any:
+    """``--args``: JSON inline, ``@PATH`` (a file of JSON) or ``-`` (JSON on stdin), decoded.
+
+    Raises:
+        ValueError: unreadable or not JSON, or stdin taken twice (saying which).
+    """
+    if value is None:
+        return None
+    where, text = "--args", value
+    if value == "-":
+        if any(spec.partition("=")[2] == "-" for spec in inputs):
+            raise ValueError("--args - and --input NAME=- both read stdin: give one of them a file (@PATH)")
+        where, text = "--args - (stdin)", sys.stdin.read()
+    elif value.startswith("@"):
+        path = Path(value[1:]).expanduser()
+        where = f"--args {value}"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{where}: cannot read {path}: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not valid JSON: {exc}") from None
+
+
 async def _submit(ns: argparse.Namespace) -> int:
     try:
-        args = json.loads(ns.args) if ns.args is not None else None
-    except json.JSONDecodeError as exc:
-        return _fail(f"--args is not valid JSON: {exc}")
-    try:
+        args = _args(ns.args, ns.input or [])
         inputs = _inputs(ns.input or [])
     except ValueError as exc:
         return _fail(str(exc))
@@ -159,8 +182,8 @@ async def _submit(ns: argparse.Namespace) -> int:
         else:
             print(f"plan {plan.id} submitted", flush=True)
         if ns.detach:
-            if inputs:  # the bytes come from this process: it stays until the worker has them all
-                await _inputs_delivered(plan, set(inputs))
+            if plan.uploads is not None:  # the bytes come from this process: it stays until the worker has them
+                await _inputs_delivered(plan, set(plan.uploads.sources))  # all (args past the frame limit too)
             return EXIT_OK
         return await follow_submitted(client, plan, ns)  # Ctrl-C and op hints (fleetwire/cli_ops.py)
 
@@ -758,7 +781,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Submit a plan. Prints its id, waits for the outcome and prints the result. "
                                    "Exit status: 0 succeeded, 1 failed, 3 cancelled, 2 usage error.")
     p.add_argument("op", help="handler name on the worker, e.g. echo, sleep, shell, python")
-    p.add_argument("--args", help="plan arguments as JSON, e.g. '{\"seconds\": 2}'")
+    p.add_argument("--args", help="plan arguments as JSON, e.g. '{\"seconds\": 2}'; @PATH reads them from a file, "
+                   "- from stdin (big args, past the frame limit, travel by the data plane)")
     p.add_argument("--tags", action="append", metavar="A,B",
                    help="comma-separated worker tags the plan requires (repeatable), as `fleetwire worker --tags`")
     p.add_argument("--tag", action="append", dest="tags", help=argparse.SUPPRESS)  # the old spelling, kept
@@ -786,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --gpus: each device's model name contains MODEL, e.g. H100")
     p.add_argument("--follow", "-f", action="store_true", help="print every event as it arrives")
     p.add_argument("--detach", "-d", action="store_true",
-                   help="print the plan id and exit at once (with --input: once the worker has the inputs)")
+                   help="print the plan id and exit at once (with --input or big --args: once the worker has them)")
     p.add_argument("--cancel-on-interrupt", action="store_true",
                    help="Ctrl-C cancels the plan (default: it keeps running; the commands to watch or cancel it "
                         "are printed)")

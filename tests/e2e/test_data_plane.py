@@ -106,3 +106,20 @@ async def test_output_damaged_in_the_workers_spool_is_refused_by_the_sdk_and_the
         assert not (tmp_path / "blob.bin").exists()
         with pytest.raises(OutputMismatch, match="output 'blob'"):
             await plan.output_to("blob", tmp_path / "blob.bin")
+
+
+async def test_cli_args_from_a_file_past_the_frame_limit_travel_by_the_data_plane(cluster: Cluster,
+                                                                                  tmp_path: Path) -> None:
+    """`submit --args @PATH` with 3 MiB of JSON (past the 1 MiB frame limit, and past what one command-line
+    argument may hold): the args go to the worker by the data plane, and echo's 3 MiB result comes back."""
+    await cluster.coordinator()
+    await cluster.worker("w1", "--data-listen", "127.0.0.1:0")
+    blob = os.urandom(3 << 19).hex()  # 3 MiB of text
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"blob": blob}))
+    submit = await cluster.run("submit", "echo", "--args", f"@{args}", "--json", "--detach")
+    assert await submit.wait(60) == 0, submit.lines  # --detach: once the worker has the args
+    plan_id = json.loads(submit.lines[0])["plan_id"]
+    async with Client(cluster.url, token=CLIENT_TOKEN) as client:
+        plan = await client.watch(plan_id)
+        assert await asyncio.wait_for(plan.result(), 30) == {"blob": blob}
