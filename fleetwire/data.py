@@ -380,7 +380,9 @@ class DirectTransport:
         import httpx
 
         timeout = httpx.Timeout(stall_timeout_s, connect=connect_timeout_s)
-        self._http = httpx.AsyncClient(timeout=timeout, verify=ca_file or True, http2=False)
+        # An SSLContext, not the CA file's path: httpx deprecated ``verify=<str>`` (a warning now, an error later).
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        self._http = httpx.AsyncClient(timeout=timeout, verify=verify, http2=False)
         self.max_resumes = max_resumes
         self._ca_file = ca_file
         self._connect_timeout_s = connect_timeout_s
@@ -419,7 +421,7 @@ class DirectTransport:
                 status, body = await self._put(grant, source, offset)
             except (httpx.TransportError, OSError, asyncio.IncompleteReadError) as exc:
                 failures += 1
-                if failures > self.max_resumes:
+                if failures > self.max_resumes or _untrusted(exc):
                     raise DataTransferError(f"input {source.name!r}: {type(exc).__name__}: {exc}") from None
                 await asyncio.sleep(min(2.0, 0.05 * 2**failures))
                 continue
@@ -497,7 +499,7 @@ class DirectTransport:
                 except OSError as exc:
                     received, size = progress
                     failures += 1
-                    if failures > self.max_resumes:
+                    if failures > self.max_resumes or _untrusted(exc):
                         raise DataTransferError(f"output {name!r}: {type(exc).__name__}: {exc}") from None
                     await asyncio.sleep(min(2.0, 0.05 * 2**failures))
                     continue
@@ -538,9 +540,22 @@ class DirectTransport:
                         yield chunk
             except httpx.TransportError as exc:
                 failures += 1
-                if failures > self.max_resumes:
+                if failures > self.max_resumes or _untrusted(exc):
                     raise DataTransferError(f"output {name!r}: {type(exc).__name__}: {exc}") from None
                 await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+
+
+def _untrusted(exc: BaseException) -> bool:
+    """Whether ``exc`` is the data endpoint's certificate failing verification (or from under httpx's wrapper):
+    no retry makes it pass, so the transfer fails at once (the client's ``AutoTransport`` then uses the relay)."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _body_error(body: bytes) -> str:

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
+import ssl
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 
 from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from fleetwire import Client, FleetwireConnectionError
+from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_inputs
 from protocol import errors
 from tests.integration.data_helpers import digest
 from worker_agent.agent import Agent
@@ -27,10 +33,12 @@ SIZE = 3 << 20  # 3 MiB
 
 
 @contextlib.asynccontextmanager
-async def running(tmp_path: Path, **agent_options: Any) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
+async def running(tmp_path: Path, server_options: dict[str, Any] | None = None,
+                  **agent_options: Any) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
     server = CoordinatorServer(ServerSettings(
         port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
         core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
+        **(server_options or {}),
     ))
     await server.start()
     agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", spool_dir=str(tmp_path / "spool"), input_timeout_s=10.0,
@@ -85,6 +93,88 @@ async def test_worker_without_data_endpoint_gets_inputs_and_returns_outputs_rela
         assert relay.streams == {} and relay.reserved == 0 and relay.bytes_relayed >= 3 * SIZE
 
 
+async def test_relayed_bytes_over_wss_arrive_whole_both_ways(tmp_path: Path) -> None:
+    """TLS on both of the relay's hops: random bytes in 512 KiB chunk frames (written past the websockets
+    library's serializer, protocol/wsbulk.py) go client -> coordinator -> worker and back, intact."""
+    ca = trustme.CA()
+    cert, ca_file = tmp_path / "server.pem", tmp_path / "ca.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(cert))
+    ca.cert_pem.write_to_path(str(ca_file))
+    data = os.urandom(SIZE + 12345)
+    tls = {"tls_cert": str(cert), "tls_key": str(cert)}
+    async with running(tmp_path, tls, ca_file=str(ca_file)) as (server, _agent):
+        assert server.url.startswith("wss://")
+        async with Client(server.url, token=CLIENT_TOKEN, ca_file=str(ca_file)) as client:
+            plan = await client.submit("reverse", inputs={"data": data}, outputs=["reversed"])
+            result = await asyncio.wait_for(plan.result(), 30)
+            assert result == {"size": len(data), "digest": digest(data), "inputs": ["data"]}
+            assert await asyncio.wait_for(plan.output("reversed"), 30) == data[::-1]
+            assert received_via(plan) == {"data": "relay"}
+
+
+async def test_direct_path_over_https_with_the_clients_ca_file(tmp_path: Path) -> None:
+    """--data-tls-cert: the worker's data endpoint serves https, advertised as such; a client that trusts the CA
+    (``ca_file``, as for wss://) uploads and downloads direct, intact; one that does not falls back to the relay."""
+    ca = trustme.CA()
+    cert, ca_file = tmp_path / "data.pem", tmp_path / "ca.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(cert))
+    ca.cert_pem.write_to_path(str(ca_file))
+    data = os.urandom(SIZE + 12345)
+    options = {"data_listen": "127.0.0.1:0", "data_tls_cert": str(cert), "data_tls_key": str(cert)}
+    async with running(tmp_path, None, **options) as (server, agent):
+        assert agent.data_server is not None and agent.data_server.url.startswith("https://127.0.0.1:")
+        async with Client(server.url, token=CLIENT_TOKEN, ca_file=str(ca_file)) as client:
+            plan = await client.submit("reverse", inputs={"data": data}, outputs=["reversed"])
+            assert (await asyncio.wait_for(plan.result(), 30))["digest"] == digest(data)
+            assert await asyncio.wait_for(plan.output("reversed"), 30) == data[::-1]
+            assert plan.transfers == {("put", "data"): "direct", ("get", "reversed"): "direct"}
+        async with Client(server.url, token=CLIENT_TOKEN) as untrusting:  # the system CAs: not this one
+            plan = await untrusting.submit("reverse", inputs={"data": data[:1000]}, outputs=["reversed"])
+            assert (await asyncio.wait_for(plan.result(), 30))["digest"] == digest(data[:1000])
+            assert received_via(plan) == {"data": "relay"}
+
+
+async def test_an_untrusted_data_certificate_fails_the_direct_path_at_once(tmp_path: Path) -> None:
+    """A certificate that does not verify is not retried with backoff (nine tries, ~8 s, before the relay took
+    over): one TLS handshake, then DataTransferError, for an upload and for a download."""
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = 0
+
+    def serve() -> None:  # counts TCP connections; each handshake fails on the client's side
+        nonlocal accepted
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            accepted += 1
+            with contextlib.suppress(OSError), conn, server_tls.wrap_socket(conn, server_side=True):
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    grant = Grant("p1", 1, f"https://127.0.0.1:{listener.getsockname()[1]}", "ticket", "ticket")
+    transport = DirectTransport()  # the system CAs: not this one
+    try:
+        source = (await prepare_inputs({"x": b"abc"}))["x"]
+        with pytest.raises(DataTransferError, match="CERTIFICATE_VERIFY_FAILED"):
+            await transport.upload(grant, source)
+        assert accepted == 1
+        with pytest.raises(DataTransferError, match="CERTIFICATE_VERIFY_FAILED"):
+            await transport.download_to(grant, "out", tmp_path / "out.bin")
+        assert accepted == 2
+    finally:
+        await transport.aclose()
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
+        listener.close()
+        thread.join(10)
+        assert not thread.is_alive()
+
+
 async def test_relay_on_request_even_with_a_data_endpoint(tmp_path: Path) -> None:
     """submit(relay=True) carries the bytes through the coordinator though the worker could be dialled."""
     data = b"abc" * 1000
@@ -107,7 +197,7 @@ async def test_unreachable_data_endpoint_falls_back_to_the_relay(tmp_path: Path)
     """A worker advertising an address nobody listens on: the SDK's dial fails and the relay carries the bytes."""
     data = b"xyz" * 50_000
     options = {"data_listen": "127.0.0.1:0", "data_advertise": "http://127.0.0.1:9"}  # port 9: nothing there
-    async with running(tmp_path, **options) as (server, _agent), Client(server.url, token=CLIENT_TOKEN) as client:
+    async with running(tmp_path, None, **options) as (server, _agent), Client(server.url, token=CLIENT_TOKEN) as client:
         plan = await client.submit("reverse", inputs={"data": data}, outputs=["reversed"])
         assert (await asyncio.wait_for(plan.result(), 30))["digest"] == digest(data)
         assert await plan.output("reversed") == data[::-1]
