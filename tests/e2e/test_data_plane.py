@@ -9,10 +9,11 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fleetwire import Client
+from fleetwire import Client, SyncClient
 from fleetwire.data import DirectTransport, Grant, InputSource, OutputMismatch
 from tests.e2e.conftest import CLIENT_TOKEN, Cluster
 
@@ -123,3 +124,27 @@ async def test_cli_args_from_a_file_past_the_frame_limit_travel_by_the_data_plan
     async with Client(cluster.url, token=CLIENT_TOKEN) as client:
         plan = await client.watch(plan_id)
         assert await asyncio.wait_for(plan.result(), 30) == {"blob": blob}
+
+
+def _sync_round_trip(url: str, source: Path, target: Path, relay: bool) -> dict[str, Any]:
+    """SyncClient (no event loop of the caller's): a file in, a shell copy of it out by output, output_to and
+    output_chunks."""
+    with SyncClient(url, token=CLIENT_TOKEN) as client:
+        args = {"cmd": 'cp "$FLEETWIRE_INPUT_DATA" "$FLEETWIRE_OUTPUT_DIR/copy"', "outputs": {"copy": "copy"}}
+        plan = client.submit("shell", args=args, inputs={"data": source}, outputs=["copy"], relay=relay)
+        plan.result(timeout=60)
+        return {"output": plan.output("copy", timeout=60), "output_to": plan.output_to("copy", target, timeout=60),
+                "chunks": b"".join(plan.output_chunks("copy", timeout=60))}
+
+
+@pytest.mark.parametrize("relay", [False, True])
+async def test_sync_client_moves_inputs_and_outputs(cluster: Cluster, tmp_path: Path, relay: bool) -> None:
+    """SyncClient has the data plane too, direct and relayed: an input file in, an output back three ways."""
+    await cluster.coordinator()
+    await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0")
+    source, target = tmp_path / "input.bin", tmp_path / "copy.bin"
+    data = os.urandom(SIZE)
+    source.write_bytes(data)
+    got = await asyncio.to_thread(_sync_round_trip, cluster.url, source, target, relay)
+    assert got["output"] == data and got["chunks"] == data
+    assert got["output_to"] == target and target.read_bytes() == data
