@@ -8,6 +8,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
@@ -78,3 +79,11 @@ async def coordinator_and_data_worker(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 10)
         await server.stop()
+
+
+def python_reverse(suffix: str, *, inputs: Any, ctx: Any) -> dict[str, Any]:
+    """A function for the ``python`` op (``tests.*`` allowed): its inputs come as ``inputs``, its output goes
+    through ``ctx.output``; runs in a worker thread."""
+    data = inputs["data"].path.read_bytes()
+    ctx.output("reversed", data[::-1] + suffix.encode())
+    return {"names": sorted(inputs), "size": inputs["data"].size, "digest": inputs["data"].digest}

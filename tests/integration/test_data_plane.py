@@ -268,6 +268,22 @@ async def test_bad_input_name_is_refused_at_submit(cluster: tuple[CoordinatorSer
             await client.submit("digest", inputs={"a/b": b"x"})
 
 
+async def test_python_op_gets_inputs_as_a_keyword_and_leaves_outputs(cluster: tuple[CoordinatorServer, Agent],
+                                                                     tmp_path: Path) -> None:
+    """The python op passes the plan's inputs to a function with an ``inputs`` parameter, verified before the call;
+    what it leaves with ``ctx.output`` comes back."""
+    server, _agent = cluster
+    data = bytes(range(256)) * 4096
+    source = tmp_path / "input.bin"
+    source.write_bytes(data)
+    args = {"function": "tests.integration.data_helpers:python_reverse", "args": ["!"]}
+    async with Client(server.url, token=CLIENT_TOKEN) as client:
+        plan = await client.submit("python", args, inputs={"data": source}, outputs=["reversed"])
+        result = await asyncio.wait_for(plan.result(), 20)
+        assert result == {"names": ["data"], "size": len(data), "digest": digest(data)}
+        assert await plan.output("reversed") == data[::-1] + b"!"
+
+
 async def test_input_never_uploaded_fails_inputs_unavailable(cluster: tuple[CoordinatorServer, Agent]) -> None:
     """A plan whose inputs never arrive fails inputs_unavailable after the worker's input timeout."""
     server, _agent = cluster
