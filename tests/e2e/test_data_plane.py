@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -148,3 +149,23 @@ async def test_sync_client_moves_inputs_and_outputs(cluster: Cluster, tmp_path: 
     got = await asyncio.to_thread(_sync_round_trip, cluster.url, source, target, relay)
     assert got["output"] == data and got["chunks"] == data
     assert got["output_to"] == target and target.read_bytes() == data
+
+
+async def test_cli_input_from_stdin(cluster: Cluster, tmp_path: Path) -> None:
+    """`submit --input data=-` reads the input from stdin (a pipe: copied aside while hashed, so a retry could
+    upload it again); the shell handler gets it whole."""
+    await cluster.coordinator()
+    await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0")
+    data = os.urandom(SIZE)
+    args = json.dumps({"cmd": 'cp "$FLEETWIRE_INPUT_DATA" "$FLEETWIRE_OUTPUT_DIR/copy"', "outputs": {"copy": "copy"}})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fleetwire", "submit", "shell", "--args", args, "--input", "data=-", "--json",
+        "--follow", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=cluster.env(),
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(data), 60)
+    assert proc.returncode == 0, out[-500:]
+    plan_id = json.loads(out.splitlines()[0])["plan_id"]
+    copy = tmp_path / "copy.bin"
+    fetch = await cluster.run("output", plan_id, "copy", "-o", str(copy))
+    assert await fetch.wait(30) == 0
+    assert copy.read_bytes() == data
