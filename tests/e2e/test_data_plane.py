@@ -153,7 +153,7 @@ async def test_sync_client_moves_inputs_and_outputs(cluster: Cluster, tmp_path: 
 
 async def test_cli_input_from_stdin(cluster: Cluster, tmp_path: Path) -> None:
     """`submit --input data=-` reads the input from stdin (a pipe: copied aside while hashed, so a retry could
-    upload it again); the shell handler gets it whole."""
+    upload it again); the shell handler gets it whole; `output PLAN NAME` without -o writes it to stdout."""
     await cluster.coordinator()
     await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0")
     data = os.urandom(SIZE)
@@ -169,3 +169,8 @@ async def test_cli_input_from_stdin(cluster: Cluster, tmp_path: Path) -> None:
     fetch = await cluster.run("output", plan_id, "copy", "-o", str(copy))
     assert await fetch.wait(30) == 0
     assert copy.read_bytes() == data
+    to_stdout = await asyncio.create_subprocess_exec(  # no -o: the bytes on stdout, as they are
+        sys.executable, "-m", "fleetwire", "output", plan_id, "copy", stdout=asyncio.subprocess.PIPE, env=cluster.env(),
+    )
+    out, _ = await asyncio.wait_for(to_stdout.communicate(), 60)
+    assert to_stdout.returncode == 0 and out == data
