@@ -8,6 +8,15 @@ fleetwire/writeback.py, so a big download does not pile up in the page cache) an
 thread each take every batch, in the order given; file writes, hashlib and ``sync_file_range``
 release the GIL, so the two overlap each other and the loop's reading of the next chunks.
 
+With ``direct_io`` (a fresh file on Linux), the writer copies the chunks into a page-aligned 4 MiB
+staging buffer and writes each full one with ``O_DIRECT``: the disk reads it from there, with no
+page-cache copy and nothing to write back. Measured on the 2-core VM: ~0.1 CPU s per GiB (copy and
+write) where paced buffered writes cost ~0.28, and no page-cache pages to fault in; the relay
+carries ~0.6 GB/s there, well below the disk's 1.5 GB/s of ``O_DIRECT`` writes, so the wait for
+the disk costs no speed. The last, partial buffer is written through the page cache (``O_DIRECT``
+is cleared for it). A file system that refuses ``O_DIRECT`` (tmpfs on older kernels) is written
+as without it.
+
 Bounded: at most ``ahead`` batches are handed over and not yet both written and hashed;
 :meth:`ChunkWriter.put` waits (on the loop) for the oldest beyond that. Each thread tells the
 loop once per batch (``call_soon_threadsafe``) that it is done with it. The first error of
@@ -20,14 +29,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import mmap
+import os
 import queue
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from typing import IO, Protocol
 
 from fleetwire.writeback import WriteBehind
 
-__all__ = ["ChunkWriter", "Hasher"]
+__all__ = ["STAGE_BYTES", "ChunkWriter", "Hasher"]
+
+STAGE_BYTES = 4 << 20  # the O_DIRECT staging buffer: a whole number of pages
+_ALIGN = 4096  # O_DIRECT's alignment of memory, offset and length (a page: every block size fits)
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 Chunk = bytes | bytearray | memoryview
 _Item = tuple[Sequence[Chunk], "asyncio.Future[None]"] | None
@@ -49,9 +65,11 @@ class ChunkWriter:
         file: a binary file open for writing (the chunks go after its current position).
         check: receives every byte in order (None: nothing is hashed, one thread).
         ahead: batches handed over and not yet done before ``put`` waits.
+        direct_io: write through an aligned staging buffer with ``O_DIRECT`` where the file takes it.
     """
 
-    def __init__(self, file: IO[bytes], check: Hasher | None = None, *, ahead: int = 4) -> None:
+    def __init__(self, file: IO[bytes], check: Hasher | None = None, *, ahead: int = 4,
+                 direct_io: bool = False) -> None:
         self._file = file
         self._check = check
         self._ahead = max(1, ahead)
@@ -60,6 +78,13 @@ class ChunkWriter:
         with contextlib.suppress(OSError):  # a pipe: no position (and no write-behind)
             self._end = file.tell()
         self._behind = WriteBehind(file.fileno(), self._end)
+        self._stage: mmap.mmap | None = None  # O_DIRECT: the bytes not written yet (a page-aligned map)
+        self._staged = 0
+        if direct_io and _O_DIRECT and not self._end % _ALIGN and _regular(file) and _set_direct(file, True):
+            self._stage = mmap.mmap(-1, STAGE_BYTES)
+        self.direct_bytes = 0
+        """Of what was written, the bytes that went by ``O_DIRECT``."""
+        self._finishing = False
         self._stopped = False
         self.error: BaseException | None = None
         """The first error of either thread (raised by ``put`` and ``finish``)."""
@@ -101,6 +126,7 @@ class ChunkWriter:
         """
         while self._pending:
             await self._settle_oldest()
+        self._finishing = True  # the writer thread writes what is staged before it ends
         self.close()
         self._raise()
 
@@ -124,9 +150,56 @@ class ChunkWriter:
             raise self.error
 
     def _write(self, chunk: Chunk) -> None:
-        self._file.write(chunk)
-        self._end += len(chunk)
-        self._behind.wrote(self._end)
+        stage = self._stage
+        if stage is None:
+            self._file.write(chunk)
+            self._end += len(chunk)
+            self._behind.wrote(self._end)
+            return
+        view = memoryview(chunk).cast("B")
+        taken = 0
+        while taken < view.nbytes:
+            count = min(STAGE_BYTES - self._staged, view.nbytes - taken)
+            stage[self._staged : self._staged + count] = view[taken : taken + count]
+            self._staged += count
+            taken += count
+            if self._staged == STAGE_BYTES:
+                self._write_stage(STAGE_BYTES)
+
+    def _write_stage(self, length: int) -> None:
+        """Write the first ``length`` staged bytes (a multiple of the alignment) with O_DIRECT at the end."""
+        assert self._stage is not None
+        view = memoryview(self._stage)
+        try:
+            written = 0
+            while written < length:
+                count = os.pwrite(self._file.fileno(), view[written:length], self._end + written)
+                if count <= 0:
+                    raise OSError(28, "No space left on device")  # ENOSPC: a short write of a regular file
+                written += count
+        finally:
+            view.release()
+        self._end += length
+        self.direct_bytes += length
+        self._staged -= length
+        if self._staged:
+            self._stage.move(0, length, self._staged)
+
+    def _drain_stage(self) -> None:
+        """The end: the aligned part of what is staged by O_DIRECT, the rest through the page cache."""
+        if self._stage is None:
+            return
+        aligned = self._staged - self._staged % _ALIGN
+        if aligned:
+            self._write_stage(aligned)
+        if self._staged:
+            _set_direct(self._file, False)
+            self._file.seek(self._end)
+            self._file.write(self._stage[: self._staged])
+            self._file.flush()
+            self._end += self._staged
+            self._staged = 0
+        self._file.seek(self._end)
 
     def _run(self, jobs: queue.SimpleQueue[_Item], work: Callable[[Chunk], None]) -> None:
         while (item := jobs.get()) is not None:
@@ -142,6 +215,32 @@ class ChunkWriter:
             finally:
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                     self._loop.call_soon_threadsafe(_done, future)
+        if work == self._write and self._finishing and self.error is None:
+            try:
+                self._drain_stage()  # finish(): every batch is written; what is staged goes now
+            except BaseException as exc:  # raised by finish() once the threads ended
+                self.error = exc
+
+
+def _regular(file: IO[bytes]) -> bool:
+    """Whether ``file`` is a regular file (``O_DIRECT`` on a pipe means packet mode, not this)."""
+    try:
+        return stat.S_ISREG(os.fstat(file.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _set_direct(file: IO[bytes], on: bool) -> bool:
+    """Turn ``O_DIRECT`` on or off for ``file``'s descriptor (Linux lets ``F_SETFL`` change it): whether it took."""
+    import fcntl
+
+    try:
+        fd = file.fileno()
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT))
+        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & _O_DIRECT) == on
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _done(future: asyncio.Future[None]) -> None:

@@ -21,6 +21,7 @@ from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
 from protocol.urls import SINGLE_KEEPALIVE, websocket_url
+from protocol.wsbulk import BulkClientConnection
 
 __all__ = [
     "CLIENT_PATH",
@@ -148,6 +149,7 @@ async def dial(
             ping_interval=ping_interval_s,
             ping_timeout=ping_timeout_s,
             close_timeout=close_timeout_s,
+            create_connection=BulkClientConnection,  # relayed chunks read past the library's copies
             **_tls(url, ca_file),
         )
     except InvalidStatus as exc:

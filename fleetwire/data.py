@@ -1001,7 +1001,7 @@ async def write_chunks(chunks: AsyncIterator[bytes], path: str | os.PathLike[str
     batch: list[bytes] = []
     batched = 0
     try:
-        writer = ChunkWriter(file, check, ahead=WRITES_AHEAD)
+        writer = ChunkWriter(file, check, ahead=WRITES_AHEAD, direct_io=True)  # a fresh file: O_DIRECT staged
         async for chunk in chunks:
             batch.append(chunk)
             batched += len(chunk)

@@ -59,7 +59,7 @@ import protocol
 from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, errors
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
-from protocol.wsbulk import send_frame
+from protocol.wsbulk import BulkClientConnection, send_frame
 from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
 from worker_agent.devices import DeviceAllocator
 from worker_agent.handlers import Handler, builtin_handlers
@@ -377,6 +377,7 @@ class Agent:
                 ping_interval=ping_interval,
                 ping_timeout=ping_timeout,
                 close_timeout=close_timeout,
+                create_connection=BulkClientConnection,  # relayed chunks read past the library's copies
                 **tls,
             )
         except InvalidStatus as exc:

@@ -34,7 +34,7 @@ from coordinator.auth import Principal
 from protocol import Codec
 from protocol import errors as codes
 from protocol.chunkview import DataChunkView, own_frame
-from protocol.wsbulk import send_frame
+from protocol.wsbulk import BulkReceive, send_frame
 
 log = structlog.get_logger("coordinator.io.server")
 
@@ -44,8 +44,9 @@ TAKE_BYTES = 4 << 20  # a writer takes about this much of a long backlog at a ti
 FRAME_TARGET_BYTES = MAX_OUT_FRAME_BYTES * 3 // 4  # a batch cut by recent message sizes aims at this
 
 
-class FailFastConnection(ServerConnection):
-    """A ``ServerConnection`` that closes its transport right after sending 1009 (message too big)."""
+class FailFastConnection(BulkReceive, ServerConnection):
+    """A ``ServerConnection`` that closes its transport right after sending 1009 (message too big), and reads
+    big binary frames (relayed chunks) past the library's copies (protocol/wsbulk.py ``BulkReceive``)."""
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
