@@ -3,6 +3,7 @@ the page cache, alone and on the direct path (an upload's spool file, a download
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import hashlib
 import mmap
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from fleetwire.chunkwrite import STAGE_BYTES, ChunkWriter
 from fleetwire.data import DirectTransport, Grant, OutputCheck, prepare_inputs
 from fleetwire.writeback import WriteBehind
 from protocol.messages import DataKey
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from tests.integration.data_helpers import digest
 from worker_agent.dataplane import DataServer
 from worker_agent.spool import Spool
 
@@ -142,3 +145,30 @@ async def test_a_direct_upload_and_download_leave_little_in_the_page_cache(endpo
         assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
     finally:
         await transport.aclose()
+
+
+async def test_a_relayed_download_goes_to_disk_by_o_direct_through_an_aligned_stage(cached_dir: Path) -> None:
+    """ChunkWriter(direct_io=True): chunks of any size are staged and written with O_DIRECT a stage at a time,
+    the unaligned tail through the page cache; the file is whole, hashed as written, and mostly not cached."""
+    try:
+        os.close(os.open(cached_dir / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+    except OSError as exc:
+        pytest.skip(f"this file system refuses O_DIRECT ({exc.strerror}): the writer writes buffered there")
+    data = os.urandom(3 * STAGE_BYTES + 5 * 4096 + 123)
+    view = memoryview(data)
+    check = OutputCheck("out", digest(data))
+    target = cached_dir / "out.bin"
+    with await asyncio.to_thread(open, target, "wb") as file:
+        writer = ChunkWriter(file, check, direct_io=True)
+        pos, sizes = 0, [1, 262_144, 100_000, 3 << 20, 77]
+        while pos < len(data):
+            batch = []
+            for size in sizes:
+                batch.append(view[pos : pos + size])
+                pos += size
+            await writer.put([chunk for chunk in batch if chunk.nbytes])
+        await writer.finish()
+    check.verify()
+    assert _resident(target) <= 64 << 10  # the O_DIRECT pages never entered the page cache (read below)
+    assert writer.direct_bytes == 3 * STAGE_BYTES + 5 * 4096  # all but the last 123 bytes
+    assert target.read_bytes() == data
