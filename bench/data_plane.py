@@ -35,6 +35,11 @@ own, so one column's memory or threads never show in another's figures:
   run only if every socket stays on loopback (as bench/peers.py checks), else excluded with why.
   On one host Ray moves objects through shared memory, not a socket.
 
+``--repeat N`` runs every column N times, each in a fresh process, and reports per direction the
+run with the median MB/s (its CPU and RSS figures too) and the range of all N: on a shared VM one
+run's figure can be half another's (a cold worker's first spool writes there cost host-level page
+faults; see docs/OPERATIONS.md), and the median of three is the figure to compare.
+
 Figures: MB/s (10^6 bytes per second), the ratio to ``ws``, the coordinator's CPU seconds and
 RSS growth during the transfer (fleetwire: the coordinator process), the client's and worker's
 CPU seconds (steadier than MB/s on a shared machine; for ``raw`` and ``ws`` the worker's are the
@@ -411,6 +416,24 @@ def child(column: str, path: Path, size: int, timeout_s: float) -> dict[str, Any
     return {"error": f"exit {done.returncode}: {' | '.join(tail)}"}
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One column's result from repeated runs: per direction, the figures of the run with the median MB/s
+    (the lower middle one for an even count), with every run's MB/s in ``mb_s_runs``."""
+    merged = dict(runs[0])
+    for direction in ("in", "out"):
+        done = [run[direction] for run in runs if "mb_s" in run.get(direction, {})]
+        if len(done) > 1:
+            ranked = sorted(done, key=lambda figures: figures["mb_s"])
+            merged[direction] = {**ranked[(len(ranked) - 1) // 2], "mb_s_runs": [f["mb_s"] for f in done]}
+    return merged
+
+
+def _runs(figures: dict[str, Any]) -> str:
+    """``--repeat``: the range of the runs' MB/s ("-" for one run)."""
+    runs = figures.get("mb_s_runs")
+    return f"{min(runs):.0f}-{max(runs):.0f}" if runs else "-"
+
+
 def _cell(figures: dict[str, Any], key: str, fmt: str = "{:.2f}") -> str:
     value = figures.get(key)
     return "-" if value is None else fmt.format(value)
@@ -420,7 +443,7 @@ def table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     head = (f"{'size':>8} {'dir':>3} {'column':>7} {'MB/s':>8} {'x ws':>6} {'x ws-pad':>8} {'x dask':>6} "
             f"{'digest s':>8} "
             f"{'coord cpu s':>11} {'coord rss MiB':>13} {'client rss MiB':>14} {'worker rss MiB':>14} "
-            f"{'client cpu s':>12} {'worker cpu s':>12}")
+            f"{'client cpu s':>12} {'worker cpu s':>12} {'runs MB/s':>15}")
     lines = [head, "-" * len(head)]
     notes: list[str] = []
     for label, columns in results.items():
@@ -448,7 +471,8 @@ def table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                     f"{_cell(figures, 'client_rss_mib', '{:.1f}'):>14} "
                     f"{_cell(figures, 'worker_rss_mib', '{:.1f}'):>14} "
                     f"{_cell(figures, 'client_cpu_s'):>12} "
-                    f"{_cell(figures, 'worker_cpu_s' if 'worker_cpu_s' in figures else 'server_cpu_s'):>12}"
+                    f"{_cell(figures, 'worker_cpu_s' if 'worker_cpu_s' in figures else 'server_cpu_s'):>12} "
+                    f"{_runs(figures):>15}"
                 )
         lines.append("")
     for note in dict.fromkeys(notes):
@@ -463,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="run only these columns (comma-separated)")
     parser.add_argument("--dir", help="where the input files go (default: a temporary directory)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one column may take (default 300)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run each column this many times (each in a fresh process) and report the run with "
+                             "the median MB/s, per direction, with the range (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--profile", metavar="DIR",
                         help="py-spy profiles of the fleetwire client, coordinator and worker into DIR")
@@ -493,8 +520,11 @@ def main(argv: list[str] | None = None) -> int:
             label = size_label(size)
             results[label] = {}
             for column in columns:
-                print(f"# {label} {column} ...", file=sys.stderr, flush=True)
-                results[label][column] = child(column, path, size, ns.timeout)
+                runs = []
+                for run in range(max(1, ns.repeat)):
+                    print(f"# {label} {column} ({run + 1}/{max(1, ns.repeat)}) ...", file=sys.stderr, flush=True)
+                    runs.append(child(column, path, size, ns.timeout))
+                results[label][column] = median_run(runs)
             path.unlink()
     report = {"bench": "data_plane", "machine": h.machine(), "results": results}
     h.emit(report, ns.json, [f"data plane, {h.machine()}", *table(results)])

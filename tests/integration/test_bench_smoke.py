@@ -35,6 +35,7 @@ SMOKE: dict[str, list[str]] = {
     "store_split": ["store_split.py", "--samples", "20", "--warmup", "5", "--rounds", "1"],
     "data_endpoint": ["data_endpoint.py", "--size", "2M", "--rounds", "1"],
     "core_per_plan": ["core_per_plan.py", "--plans", "300", "--repeat", "1", "--no-callgrind"],
+    "data_plane": ["data_plane.py", "--sizes", "1M", "--only", "ws,ws-pad,direct,relay", "--repeat", "2"],
 }
 
 
@@ -139,3 +140,14 @@ def test_core_per_plan_bench_measures_this_tree(results: dict[str, dict[str, Any
     """The pure-core bench drives every plan to its end (it raises if one is stuck) and reports a figure."""
     r = results["core_per_plan"]
     assert r["plans"] == 300 and len(r["trees"]) == 1 and r["trees"][0]["us_per_plan"] > 0
+
+
+def test_data_plane_bench_moves_every_column_both_ways(results: dict[str, dict[str, Any]]) -> None:
+    """Each column moved the bytes in and out; --repeat kept every run's MB/s."""
+    columns = results["data_plane"]["results"]["1 MiB"]
+    assert set(columns) == {"ws", "ws-pad", "direct", "relay"}
+    for name, column in columns.items():
+        for direction in ("in", "out"):
+            figures = column[direction]
+            assert figures["mb_s"] > 0 and len(figures["mb_s_runs"]) == 2, (name, direction, figures)
+            assert figures["mb_s"] == min(figures["mb_s_runs"])  # two runs: the lower middle one
