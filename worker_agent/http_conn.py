@@ -7,7 +7,8 @@ Theory of operation: the transport reads straight into buffers this protocol han
   until :meth:`read_head` finds the blank line; past ``head_limit`` bytes without one the head is
   refused. Bytes after the head stay pending (the start of a body, or a pipelined request).
 * *Body mode* (:meth:`body`): the socket fills large preallocated buffers (``chunk`` bytes each,
-  ``buffers`` of them), each handed over whole to the caller, who stores it (in a thread) while
+  ``buffers`` of them; anonymous maps, so page-aligned: the spool may write them with
+  ``O_DIRECT``, worker_agent/spool.py), each handed over whole to the caller, who stores it (in a thread) while
   the next one fills, then gives it back (:meth:`release`). The protocol never takes a byte past
   the body's length (the next request's bytes stay for the next head). When every buffer is
   full and not given back, reading pauses: memory stays ``buffers * chunk`` per upload, and a
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import mmap
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final
 
@@ -58,10 +60,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         self.last_read = 0.0  # loop time of the last body bytes (or of reading resumed)
         # body mode
         self._body_left = 0  # body bytes still to read from the socket
-        self._filling: bytearray | None = None
+        self._filling: mmap.mmap | None = None
         self._filled = 0
         self._ready: collections.deque[memoryview] = collections.deque()
-        self._free: list[bytearray] = []
+        self._free: list[mmap.mmap] = []
         self._chunk = 0
 
     # ------------------------------------------------------------------ protocol callbacks
@@ -73,7 +75,7 @@ class HttpConnection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body_left:
             if self._filling is None:  # a read after reading paused: one more buffer
-                self._filling = self._free.pop() if self._free else bytearray(self._chunk)
+                self._filling = self._free.pop() if self._free else _buffer(self._chunk)
                 self._filled = 0
             end = min(len(self._filling), self._filled + self._body_left)
             return memoryview(self._filling)[self._filled : end]
@@ -162,9 +164,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         """
         loop = asyncio.get_running_loop()
         self._chunk = chunk
-        self._free = [bytearray(chunk) for _ in range(buffers - 1)]
+        self._free = [_buffer(chunk) for _ in range(buffers - 1)]
         self._ready.clear()
-        first = bytearray(chunk)  # the bytes that came with the head go first
+        first = _buffer(chunk)  # the bytes that came with the head go first
         taken = min(len(self.pending), length)
         first[:taken] = self.pending[:taken]
         del self.pending[:taken]
@@ -209,7 +211,7 @@ class HttpConnection(asyncio.BufferedProtocol):
     def release(self, view: memoryview) -> None:
         """A chunk from :meth:`body` was stored: its buffer is free again."""
         buffer = view.obj
-        if self._body_left and isinstance(buffer, bytearray) and len(buffer) == self._chunk:
+        if self._body_left and isinstance(buffer, mmap.mmap) and len(buffer) == self._chunk:
             self._free.append(buffer)
             self._resume()
 
@@ -262,3 +264,8 @@ class HttpConnection(asyncio.BufferedProtocol):
             self.last_read = self._loop.time()  # paused time is the caller's, not a stall
             with contextlib.suppress(RuntimeError):
                 self.transport.resume_reading()
+
+
+def _buffer(size: int) -> mmap.mmap:
+    """A body buffer: an anonymous map, so it starts on a page boundary (``O_DIRECT`` writes need that)."""
+    return mmap.mmap(-1, size)

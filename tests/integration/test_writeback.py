@@ -21,7 +21,7 @@ from protocol.messages import DataKey
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import digest
 from worker_agent.dataplane import DataServer
-from worker_agent.spool import Spool
+from worker_agent.spool import DIRECT_ALIGN, InputFile, Spool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -172,3 +172,37 @@ async def test_a_relayed_download_goes_to_disk_by_o_direct_through_an_aligned_st
     assert _resident(target) <= 64 << 10  # the O_DIRECT pages never entered the page cache (read below)
     assert writer.direct_bytes == 3 * STAGE_BYTES + 5 * 4096  # all but the last 123 bytes
     assert target.read_bytes() == data
+
+
+def _page_aligned(size: int) -> memoryview:
+    return memoryview(mmap.mmap(-1, size))
+
+
+def test_aligned_chunks_go_by_o_direct_the_rest_buffered_and_the_file_is_whole(cached_dir: Path) -> None:
+    """Page-aligned whole-page chunks skip the page cache; a chunk from an unaligned buffer, one at an odd
+    offset and a short tail are written buffered in between; the file reads back as what was put."""
+    try:
+        os.close(os.open(cached_dir / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+    except OSError as exc:
+        pytest.skip(f"this file system refuses O_DIRECT ({exc.strerror}): the spool writes buffered there")
+    data = os.urandom(BIG + 12345)
+    entry = InputFile("in", len(data), "", cached_dir / "in.bin")
+    odd = (4 << 20) - 100
+    pieces = [4 << 20, 4 << 20, 100, odd, 8 << 20]  # aligned, aligned, short, at an odd offset, aligned
+    pieces.append(len(data) - sum(pieces))  # the rest, not a whole number of pages: buffered
+    direct = 0
+    for size in pieces:
+        start = entry.received
+        if size == odd:  # a chunk in an unaligned buffer (a bytes object) at an odd offset
+            chunk: memoryview = memoryview(data[start : start + size])
+        else:
+            chunk = _page_aligned(size)
+            chunk[:] = data[start : start + size]
+            if start % DIRECT_ALIGN == 0 and size % DIRECT_ALIGN == 0:
+                direct += size
+        entry.put(chunk, write_behind=True, direct_io=True)
+        entry.advance(size)
+    entry.pause()
+    assert entry.path is not None and entry.path.stat().st_size == len(data)
+    assert hashlib.sha256(entry.path.read_bytes()).digest() == hashlib.sha256(data).digest()
+    assert entry.direct_bytes == direct == (16 << 20)  # the first two chunks and the 8 MiB at offset 12 MiB
