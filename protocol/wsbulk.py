@@ -2,7 +2,7 @@
 
 ``Connection.send`` serializes a frame into a ``BytesIO`` (a copy of the payload, another for
 ``getvalue``, and on a client the masked copy before both), then writes the result. For the
-session's small frames that is nothing; for relayed chunks (512 KiB frames, a GiB a transfer)
+session's small frames that is nothing; for relayed chunks (256 KiB frames, a GiB a transfer)
 it was the largest cost of the relay's senders after the kernel's: 17 % of a relaying client's
 samples in ``Frame.serialize`` (bench/data_plane.py ``--profile``).
 
@@ -20,7 +20,7 @@ library's own control frames (ping, pong, close) go between them as usual.
 :class:`BulkReceive` is the same on the reading side, a mixin for the library's connection classes
 (``create_connection``): the library appends every read to a buffer, slices each frame out of it
 and joins it into the message (three copies of every byte, and a buffer that grows and moves);
-a 512 KiB chunk frame cost ~0.2 CPU s per GiB there. The mixin follows the frame boundaries of
+relayed chunk frames cost ~0.2 CPU s per GiB there. The mixin follows the frame boundaries of
 the stream itself: a final binary frame of at least :data:`BULK_MIN_BYTES` (within the
 connection's size limit, masked as the side requires, not inside a fragmented message, while the
 connection is open) is read into a buffer of its own and unmasked once, then handed to the
@@ -37,6 +37,7 @@ Bulk frames are only taken while the connection is open, so bytes after a refuse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import struct
 from typing import Final
@@ -81,7 +82,7 @@ async def send_frame(ws: Connection, frame: bytes | bytearray | memoryview, text
     transport = ws.transport
     client = ws.protocol.side is CLIENT
     if (text or length < BULK_MIN_BYTES or ws.protocol.state is not OPEN or ws.protocol.extensions
-            or ws.send_in_progress is not None or transport is None or transport.is_closing()
+            or getattr(ws, "send_in_progress", None) is not None or transport is None or transport.is_closing()
             or (not client and type(frame) is not bytes)):
         await ws.send(frame, text=text)
         return
@@ -93,7 +94,8 @@ async def send_frame(ws: Connection, frame: bytes | bytearray | memoryview, text
     try:
         await ws.drain()
     except Exception as exc:  # the transport broke under the write: close as send() does
-        ws.set_connection_exc(exc)
+        with contextlib.suppress(AttributeError):
+            ws.set_connection_exc(exc)
         transport.abort()
         await asyncio.shield(ws.connection_lost_waiter)
         raise ws.close_exc from exc
@@ -150,6 +152,7 @@ class BulkClientConnection(BulkReceive, ClientConnection):
 
 
 _HEADER, _BULK, _PASS = 0, 1, 2
+_UNKNOWN: Final = object()  # a library that names its size limit otherwise: every frame is the library's
 
 
 class _BulkReader:
@@ -210,9 +213,11 @@ class _BulkReader:
         length = ext if ext < 126 else int.from_bytes(head[2:at], "big")
         masked = bool(head[1] & 0x80)
         protocol = self._conn.protocol
-        limit = getattr(protocol, "max_message_size", None)
+        limit = getattr(protocol, "max_message_size", _UNKNOWN)  # None: no limit
+        fragment = getattr(protocol, "max_fragment_size", None)
         if (head[0] == 0x82 and masked == self._masked and length >= BULK_MIN_BYTES
-                and (limit is None or length <= limit) and protocol.state is OPEN
+                and (limit is None or (isinstance(limit, int) and length <= limit))
+                and (fragment is None or length <= fragment) and protocol.state is OPEN
                 and getattr(protocol, "current_size", 0) is None):
             self._mask = bytes(head[at : at + 4]) if masked else b""
             self._buffer = bytearray(length)
