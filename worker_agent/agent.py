@@ -549,6 +549,7 @@ class Agent:
         # plans finish (docs/PROTOCOL.md, heartbeat.leaving); goodbye then removes the worker.
         self._send_queue.send(protocol.Heartbeat(load=self._load(), leaving=True))
         runner.hand_back_waiting(f"worker {self.worker_id} is stopping")
+        runner.hand_back_unfed("handed back: worker stopping before any of its inputs arrived")
         if runner.running_count and drain_timeout_s > 0:
             idle = asyncio.ensure_future(runner.idle.wait())
             now = asyncio.ensure_future(self._stop_now.wait())

@@ -55,7 +55,8 @@ class _PlanRun:
     """
 
     __slots__ = (
-        "attempt", "cancel_requested", "ctx", "devices", "plan_id", "runner", "silent", "started_at", "task"
+        "attempt", "awaiting_inputs", "cancel_requested", "ctx", "devices", "plan_id", "runner", "silent",
+        "started_at", "task",
     )
 
     def __init__(self, runner: PlanRunner, plan_id: str, attempt: int, started_at: float) -> None:
@@ -67,6 +68,7 @@ class _PlanRun:
         self.task: asyncio.Task[protocol.Done] | None = None
         self.silent = False  # no longer our lease: send nothing more for it
         self.cancel_requested = False
+        self.awaiting_inputs = False  # running, its handler not started: its inputs are not all in yet
         self.devices: tuple[int, ...] = ()  # held from start until its task ends (worker_agent/devices.py)
 
     @property
@@ -295,6 +297,19 @@ class PlanRunner:
         self._waiting.clear()
         self.load.queued = 0
 
+    def hand_back_unfed(self, reason: str) -> None:
+        """Give back the running plans still waiting for inputs of which no byte has arrived (stopping).
+
+        Their handlers have not started, so another worker can run them as they are (their client
+        uploads the inputs to each attempt's worker); waiting for them would hold the stop for the
+        whole drain timeout for a client that may never come. One whose upload has begun is
+        drained like a running plan.
+        """
+        for run in list(self._plans.values()):
+            data = run.ctx.data if run.awaiting_inputs else None
+            if data is not None and data.untouched:
+                self._silence(run, reason)
+
     def silence_running(self, reason: str) -> None:
         """Cancel every running plan and send nothing more for any (the worker is leaving)."""
         for run in list(self._plans.values()):
@@ -380,7 +395,11 @@ class PlanRunner:
                     message=f"worker {self.worker_id} has no data endpoint (--data-listen) to receive inputs",
                 )
             else:
-                error = await data.wait(self.input_timeout_s, functools.partial(self._input_verified, run))
+                run.awaiting_inputs = True
+                try:
+                    error = await data.wait(self.input_timeout_s, functools.partial(self._input_verified, run))
+                finally:
+                    run.awaiting_inputs = False
             if error is None and data is not None and ARGS_INPUT in data.inputs:
                 error = self._oversize_args(run)
             if error is not None:

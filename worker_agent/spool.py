@@ -539,6 +539,11 @@ class PlanData:
         }
 
     @property
+    def untouched(self) -> bool:
+        """Whether no byte of any input has arrived (nor is one being written)."""
+        return not any(entry.received or entry.busy or entry.state != "receiving" for entry in self.entries.values())
+
+    @property
     def work_dir(self) -> Path:
         """A directory of this attempt's own in the spool (removed with its outputs' lifetime)."""
         return self.spool.plan_dir(self.plan_id, self.attempt)

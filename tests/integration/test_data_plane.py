@@ -296,6 +296,45 @@ async def test_input_never_uploaded_fails_inputs_unavailable(cluster: tuple[Coor
     assert "data" in failed.value.message
 
 
+async def test_a_stopping_worker_hands_back_a_plan_no_input_byte_reached(tmp_path: Path) -> None:
+    """Stopping (a 60 s drain), the worker does not wait for a plan whose inputs never began to arrive: it hands
+    the plan back at once (requeued, its handler never started) and leaves."""
+    server = CoordinatorServer(ServerSettings(
+        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
+        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
+    ))
+    await server.start()
+    agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", data_listen="127.0.0.1:0", spool_dir=str(tmp_path),
+                  input_timeout_s=60.0, drain_timeout_s=60.0)
+    started = asyncio.Event()
+
+    @agent.handler
+    async def digest(ctx: Any, args: Any) -> None:
+        started.set()
+
+    task = asyncio.create_task(agent.run())
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        async with Client(server.url, token=CLIENT_TOKEN) as client:
+            client.transport = NeverUploads()
+            plan = await client.submit("digest", inputs={"data": b"abc"})
+            async for event in plan.events():
+                if event.kind == "running":
+                    break
+            agent.stop()
+            await asyncio.wait_for(task, 10)  # well inside the drain timeout: nothing held the stop
+            async for event in plan.events():
+                if event.kind == "requeued":
+                    assert "handed it back" in event.data["reason"]
+                    break
+        assert server.core.plans[plan.id].state == "queued" and not started.is_set()
+    finally:
+        agent.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 10)
+        await server.stop()
+
+
 class NeverUploads:
     """A client's transport that never delivers: its uploads cannot get through, or it went away before them."""
 
