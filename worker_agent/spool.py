@@ -95,6 +95,7 @@ class InputFile:
         self._direct_fd: int | None = None  # the file opened with O_DIRECT (aligned blocks of direct uploads)
         self._direct_ok = DIRECT_IO is not None  # False once the file system refused O_DIRECT
         self.direct_bytes = 0  # of what was written, the bytes that went by O_DIRECT
+        self._file_stale = False  # O_DIRECT wrote since the buffered file last wrote: seek it first
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append bytes at :attr:`received` (on the event loop).
@@ -137,8 +138,9 @@ class InputFile:
                 assert self.path is not None
                 self._file = open(self.path, "r+b" if self.received else "wb")
                 self._file.seek(self.received)
-            elif self._direct_fd is not None:  # past what went by O_DIRECT (each chunk advanced once stored)
+            elif self._file_stale:  # past what went by O_DIRECT (each chunk advanced once stored)
                 self._file.seek(self.received)
+            self._file_stale = False
             self._file.write(data)
             if write_behind:
                 if self._behind is None:
@@ -164,11 +166,19 @@ class InputFile:
             self._file.flush()  # what the buffered file holds goes first
         written = 0
         while written < view.nbytes:
-            count = os.pwrite(self._direct_fd, view[written:], self.received + written)
+            try:
+                count = os.pwrite(self._direct_fd, view[written:], self.received + written)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or written:  # EINVAL: O_DIRECT opened but not written here
+                    raise
+                os.close(self._direct_fd)
+                self._direct_fd, self._direct_ok = None, False
+                return False
             if count <= 0:
                 raise OSError(errno.ENOSPC, "no space left on device")
             written += count
         self.direct_bytes += written
+        self._file_stale = True  # the buffered file's position is behind what O_DIRECT wrote
         return True
 
     def hash(self, data: bytes | bytearray | memoryview) -> None:
