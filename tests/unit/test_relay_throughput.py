@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 import tracemalloc
 from concurrent.futures import Future
 from pathlib import Path
@@ -22,7 +21,6 @@ from protocol.messages import (
     DataChunk,
     DataCredit,
     DataEnd,
-    DataKey,
     DataOpen,
     FromClient,
     FromWorker,
@@ -31,15 +29,12 @@ from protocol.messages import (
     Workers,
 )
 from protocol.relay import DEFAULT_WINDOW_BYTES, MAX_CHUNK_BYTES, credit_every
-from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.unit.test_core import Harness
 from tests.unit.test_relay_core import only_of, placed
+from tests.unit.test_relay_worker import relay_endpoint, ticket
 from worker_agent.outbox import encode_frames
-from worker_agent.relay import RelayEndpoint
-from worker_agent.spool import Spool
 
 CHUNK = b"c" * MAX_CHUNK_BYTES
-MASTER = b"m" * 32
 
 
 class CountingCodec(Codec):
@@ -93,20 +88,15 @@ def test_coordinator_writer_cuts_a_batch_of_chunks_before_encoding() -> None:
     assert codec.encoded == sum(map(len, frames))
 
 
-def ticket(size: int, digest: str) -> str:
-    claims = TicketClaims("p1", 1, "w1", "put", {"x": FileClaim(size, digest)}, time.time() + 60)
-    return sign(claims, "k1", worker_key(MASTER, "w1"))
-
-
 @pytest.mark.parametrize(("window", "credits"), [(16 * MAX_CHUNK_BYTES, 3), (MAX_CHUNK_BYTES, 15)])
 async def test_worker_credits_an_upload_once_per_quarter_window(tmp_path: Path, window: int, credits: int) -> None:
     """The worker acknowledges a relayed upload every quarter window (every chunk when the window is one)."""
-    sent: list[Any] = []
-    endpoint = RelayEndpoint(Spool(tmp_path / "spool", memory_bytes=1024), worker_id="w1", send=sent.append)
-    endpoint.set_keys([DataKey(kid="k1", key=worker_key(MASTER, "w1"))])
+    endpoint = relay_endpoint(tmp_path)
+    sent = endpoint.sent
     data = CHUNK * 16
     digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
-    endpoint.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket(len(data), digest), credit=window))
+    grant = ticket("x", len(data), digest)
+    endpoint.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=grant, credit=window))
     assert only_of(sent, DataCredit).offset == 0
     sent.clear()
     for i in range(16):

@@ -25,13 +25,19 @@ def ticket(name: str, size: int, digest: str, *, direction: str = "put", plan: s
 
 
 
-@pytest.fixture
-async def relay(tmp_path: Path) -> Any:
+def relay_endpoint(tmp_path: Path) -> Any:
+    """Worker w1's relay endpoint on a real spool under ``tmp_path``, keyed by :data:`MASTER`; what it sends
+    collects in its ``sent`` list."""
     sent: list[Any] = []
     endpoint = RelayEndpoint(Spool(tmp_path / "spool", memory_bytes=1024), worker_id="w1", send=sent.append)
     endpoint.set_keys([DataKey(kid="k1", key=worker_key(MASTER, "w1"))])
     endpoint.sent = sent  # type: ignore[attr-defined]
     return endpoint
+
+
+@pytest.fixture
+async def relay(tmp_path: Path) -> Any:
+    return relay_endpoint(tmp_path)
 
 
 def chunk(offset: int, data: bytes) -> DataChunk:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from protocol.messages import (
     DataChunk,
     DataCredit,
     DataEnd,
-    DataKey,
     DataOpen,
     FromClient,
     FromWorker,
@@ -30,14 +28,12 @@ from protocol.messages import (
     ToWorker,
 )
 from protocol.relay import MAX_CHUNK_BYTES
-from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.unit.test_core import Harness
 from tests.unit.test_relay_core import placed, put_open
+from tests.unit.test_relay_worker import relay_endpoint, ticket
 from worker_agent.outbox import encode_frames
-from worker_agent.relay import READ_AHEAD_BYTES, RelayEndpoint
-from worker_agent.spool import Spool
+from worker_agent.relay import READ_AHEAD_BYTES
 
-MASTER = b"m" * 32
 CHUNK = bytes(range(256)) * (MAX_CHUNK_BYTES // 256)
 
 
@@ -124,23 +120,14 @@ def test_chunks_not_alone_or_not_canonical_are_encoded_again(case: str) -> None:
     assert not hasattr(back, "junk")
 
 
-def ticket(size: int, digest: str) -> str:
-    claims = TicketClaims("p1", 1, "w1", "put", {"x": FileClaim(size, digest)}, time.time() + 60)
-    return sign(claims, "k1", worker_key(MASTER, "w1"))
-
-
 @pytest.fixture
 async def endpoint(tmp_path: Path) -> Any:
-    sent: list[Any] = []
-    relay = RelayEndpoint(Spool(tmp_path / "spool", memory_bytes=1024), worker_id="w1", send=sent.append)
-    relay.set_keys([DataKey(kid="k1", key=worker_key(MASTER, "w1"))])
-    relay.sent = sent  # type: ignore[attr-defined]
-    return relay
+    return relay_endpoint(tmp_path)
 
 
 def open_upload(relay: Any, data: bytes, window: int) -> None:
     digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
-    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket(len(data), digest), credit=window))
+    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", len(data), digest), credit=window))
 
 
 async def test_worker_stores_relayed_chunks_off_its_reader_and_credits_after(endpoint: Any) -> None:
@@ -201,9 +188,8 @@ async def test_an_output_is_read_ahead_a_little_at_a_time_within_its_window(endp
     """A wide window is not read whole into the send queue: READ_AHEAD_BYTES, then more as the writer sends."""
     data = CHUNK * (2 * READ_AHEAD_BYTES // MAX_CHUNK_BYTES + 2)
     endpoint.spool.add_output("p1", 1, "out", data)
-    claims = TicketClaims("p1", 1, "w1", "get", {"out": FileClaim(-1, "")}, time.time() + 60)
     endpoint.on_message(DataOpen(plan_id="p1", attempt=1, name="out", direction="get", credit=64 << 20,
-                                 ticket=sign(claims, "k1", worker_key(MASTER, "w1"))))
+                                 ticket=ticket("out", -1, "", direction="get")))
     assert sum(len(m.data) for m in endpoint.sent) == READ_AHEAD_BYTES
     endpoint.resume()  # the agent's writer sent them
     assert sum(len(m.data) for m in endpoint.sent) == 2 * READ_AHEAD_BYTES
