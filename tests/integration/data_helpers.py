@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from coordinator.core import CoreConfig
 from coordinator.io.server import CoordinatorServer, ServerSettings
+from fleetwire.data import Grant
 from protocol.messages import DataKey
-from protocol.tickets import DIGEST_DEFAULT, new_hasher_of, worker_key
+from protocol.tickets import DIGEST_DEFAULT, FileClaim, TicketClaims, new_hasher_of, sign, worker_key
 from worker_agent.agent import Agent
 from worker_agent.dataplane import BODY_CHUNK, DataServer
 from worker_agent.handlers import Handler
@@ -29,6 +31,15 @@ def digest(data: bytes) -> str:
     hasher = new_hasher_of(DIGEST_DEFAULT)
     hasher.update(data)
     return f"{DIGEST_DEFAULT}:{hasher.hexdigest()}"
+
+
+def grant(url: str, name: str, size: int, digest: str, direction: str = "put", *, key: bytes = MASTER) -> Grant:
+    """Where and how to move ``name`` of plan p1 attempt 1 on worker :data:`WORKER` (``size`` -1 and ``digest``
+    "": not declared), signed with ``key``: its ticket for both directions' fields."""
+    claims = TicketClaims("p1", 1, WORKER, direction, {name: FileClaim(size, digest)},  # type: ignore[arg-type]
+                          time.time() + 60)
+    ticket = sign(claims, "k1", worker_key(key, WORKER))
+    return Grant("p1", 1, url, ticket, ticket)
 
 
 @contextlib.asynccontextmanager

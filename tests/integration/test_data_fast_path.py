@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,30 +15,21 @@ import pytest
 
 from coordinator.io.server import CoordinatorServer
 from fleetwire import Client
-from fleetwire.data import PARALLEL_HASH_BYTES, DirectTransport, Grant, prepare_inputs
+from fleetwire.data import PARALLEL_HASH_BYTES, DirectTransport, prepare_inputs
 from protocol.messages import Load
-from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import (
     CLIENT_TOKEN,
-    MASTER,
     SIZE,
-    WORKER,
     coordinator_and_data_worker,
     data_endpoint,
     digest,
+    grant,
     random_input,
 )
 from worker_agent.agent import Agent
 from worker_agent.dataplane import BODY_CHUNK, DataServer
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _grant(server: DataServer, name: str, size: int, digest: str, direction: str = "put") -> Grant:
-    claims = TicketClaims("p1", 1, WORKER, direction, {name: FileClaim(size, digest)},  # type: ignore[arg-type]
-                          time.time() + 60)
-    ticket = sign(claims, "k1", worker_key(MASTER, WORKER))
-    return Grant("p1", 1, server.url, ticket, ticket)
 
 
 @pytest.fixture
@@ -63,7 +53,7 @@ async def test_file_input_goes_whole_by_sendfile_and_is_counted(endpoint: DataSe
     seen: list[int] = []
     transport.progress = lambda name, done, size: seen.append(done)
     try:
-        await transport.upload(_grant(endpoint, "x", SIZE, source.digest), source)
+        await transport.upload(grant(endpoint.url, "x", SIZE, source.digest), source)
     finally:
         await transport.aclose()
     entry = endpoint.spool.input("p1", 1, "x")
@@ -113,13 +103,13 @@ async def test_upload_resumes_from_the_workers_offset(endpoint: DataServer, payl
     """When the worker already holds part of an input, the SDK sends only the rest (Content-Range) and it verifies."""
     path, data = payload
     source = (await prepare_inputs({"x": path}))["x"]
-    grant = _grant(endpoint, "x", SIZE, source.digest)
+    upload_grant = grant(endpoint.url, "x", SIZE, source.digest)
     entry = endpoint.spool.declare("p1", 1, "x", SIZE, source.digest)
     entry.write(data[:BODY_CHUNK + 7])  # what an earlier, dropped connection left
     entry.pause()
     transport = DirectTransport()
     try:
-        await transport.upload(grant, source)
+        await transport.upload(upload_grant, source)
     finally:
         await transport.aclose()
     assert entry.state == "verified"
@@ -144,7 +134,7 @@ async def test_cancelled_upload_ends_its_thread_and_keeps_what_arrived(endpoint:
 
     transport.progress = progressed
     threads_before = {t.ident for t in threading.enumerate()}
-    upload = asyncio.create_task(transport.upload(_grant(endpoint, "x", source.size, source.digest), source))
+    upload = asyncio.create_task(transport.upload(grant(endpoint.url, "x", source.size, source.digest), source))
     await asyncio.wait_for(sent.wait(), 10)  # a first chunk is on its way
     upload.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -15,17 +15,11 @@ import pytest
 import fleetwire.data
 from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_inputs
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
-from tests.integration.data_helpers import MASTER, SIZE, WORKER, data_endpoint, digest, random_input
+from tests.integration.data_helpers import MASTER, SIZE, WORKER, data_endpoint, digest, grant, random_input
 from worker_agent.dataplane import BODY_CHUNK, DataServer
 from worker_agent.spool import UNLINK_AWAY_BYTES, remove_file
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _grant(url: str, size: int, digest: str, key: bytes = MASTER) -> Grant:
-    claims = TicketClaims("p1", 1, WORKER, "put", {"x": FileClaim(size, digest)}, time.time() + 60)
-    ticket = sign(claims, "k1", worker_key(key, WORKER))
-    return Grant("p1", 1, url, ticket, ticket)
 
 
 @pytest.fixture
@@ -43,7 +37,7 @@ async def _upload(url: str, path: Path, key: bytes = MASTER) -> None:
     source = (await prepare_inputs({"x": path}))["x"]
     transport = DirectTransport(stall_timeout_s=5.0)
     try:
-        await transport.upload(_grant(url, source.size, source.digest, key), source)
+        await transport.upload(grant(url, "x", source.size, source.digest, key=key), source)
     finally:
         await transport.aclose()
 
@@ -122,12 +116,6 @@ def test_without_a_running_loop_a_big_spool_file_goes_at_once(tmp_path: Path) ->
     assert remove_file(big, UNLINK_AWAY_BYTES) is None and not big.exists()
 
 
-def _output_grant(url: str) -> Grant:
-    claims = TicketClaims("p1", 1, WORKER, "get", {"out": FileClaim()}, time.time() + 60)
-    ticket = sign(claims, "k1", worker_key(MASTER, WORKER))
-    return Grant("p1", 1, url, ticket, ticket)
-
-
 async def test_transfers_to_one_worker_share_a_keep_alive_connection(endpoint: DataServer, tmp_path: Path,
                                                                       payload: tuple[Path, bytes]) -> None:
     """Two uploads and a download to the same endpoint, one after another: one connection, reused."""
@@ -142,7 +130,7 @@ async def test_transfers_to_one_worker_share_a_keep_alive_connection(endpoint: D
             claims = TicketClaims("p1", 1, WORKER, "put", {name: FileClaim(SIZE, source.digest)}, time.time() + 60)
             ticket = sign(claims, "k1", worker_key(MASTER, WORKER))
             await transport.upload(Grant("p1", 1, endpoint.url, ticket, ticket), source)
-        target = await transport.download_to(_output_grant(endpoint.url), "out", tmp_path / "out.bin")
+        target = await transport.download_to(grant(endpoint.url, "out", -1, "", "get"), "out", tmp_path / "out.bin")
     finally:
         await transport.aclose()
     assert target.read_bytes() == data
@@ -175,9 +163,9 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(payload: 
         source = (await prepare_inputs({"x": path}))["x"]
         transport = DirectTransport(stall_timeout_s=5.0)
         try:
-            await transport.upload(_grant(url, source.size, source.digest), source)
+            await transport.upload(grant(url, "x", source.size, source.digest), source)
             await asyncio.wait_for(closed[0], 5)
-            await transport.upload(_grant(url, source.size, source.digest), source)
+            await transport.upload(grant(url, "x", source.size, source.digest), source)
         finally:
             await transport.aclose()
     assert received == [data, data]

@@ -8,20 +8,17 @@ import ctypes
 import hashlib
 import mmap
 import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from fleetwire.chunkwrite import STAGE_BYTES, ChunkWriter
-from fleetwire.data import DirectTransport, Grant, OutputCheck, prepare_inputs
+from fleetwire.data import DirectTransport, OutputCheck, prepare_inputs
 from fleetwire.writeback import WriteBehind
-from protocol.messages import DataKey
-from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
-from tests.integration.data_helpers import digest
+from tests.integration.data_helpers import data_endpoint, digest, grant
 from worker_agent.dataplane import DataServer
-from worker_agent.spool import DIRECT_ALIGN, InputFile, Spool
+from worker_agent.spool import DIRECT_ALIGN, InputFile
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,20 +105,10 @@ def test_a_pipe_is_written_as_is(tmp_path: Path) -> None:
         os.close(write_end)
 
 
-def _grant(server: DataServer, name: str, size: int, digest: str, direction: str, attempt: int = 1) -> Grant:
-    claims = TicketClaims("p1", attempt, WORKER, direction, {name: FileClaim(size, digest)},  # type: ignore[arg-type]
-                          time.time() + 60)
-    ticket = sign(claims, "k1", worker_key(MASTER, WORKER))
-    return Grant("p1", attempt, server.url, ticket, ticket)
-
-
 @pytest.fixture
 async def endpoint(cached_dir: Path) -> AsyncIterator[DataServer]:
-    server = DataServer(Spool(cached_dir / "spool"), worker_id=WORKER, stall_timeout_s=5.0)
-    server.set_keys([DataKey(kid="k1", key=worker_key(MASTER, WORKER))])
-    await server.start()
-    yield server
-    await server.close()
+    async with data_endpoint(cached_dir, stall_timeout_s=5.0) as server:
+        yield server
 
 
 async def test_a_direct_upload_and_download_leave_little_in_the_page_cache(endpoint: DataServer,
@@ -133,14 +120,14 @@ async def test_a_direct_upload_and_download_leave_little_in_the_page_cache(endpo
     source = (await prepare_inputs({"in": source_path}))["in"]
     transport = DirectTransport()
     try:
-        await transport.upload(_grant(endpoint, "in", BIG, source.digest, "put"), source)
+        await transport.upload(grant(endpoint.url, "in", BIG, source.digest, "put"), source)
         entry = endpoint.spool.input("p1", 1, "in")
         assert entry is not None and entry.state == "verified" and entry.path is not None
         assert _resident(entry.path) <= 48 << 20
         output = endpoint.spool.add_output("p1", 1, "out", source_path)
         target = cached_dir / "out.bin"
-        grant = _grant(endpoint, "out", BIG, output.digest, "get")
-        await transport.download_to(grant, "out", target, OutputCheck("out", output.digest))
+        fetch = grant(endpoint.url, "out", BIG, output.digest, "get")
+        await transport.download_to(fetch, "out", target, OutputCheck("out", output.digest))
         assert _resident(target) <= 48 << 20
         assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
     finally:
