@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +68,21 @@ CLIENT_TOKEN = "c-secret"
 
 @contextlib.asynccontextmanager
 async def coordinator_and_data_worker(
-    tmp_path: Path, handlers: dict[str, Handler], *, input_timeout_s: float = 5.0
+    tmp_path: Path, handlers: Mapping[str, Handler], *, server_options: dict[str, Any] | None = None,
+    **agent_options: Any,
 ) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
-    """A coordinator on loopback (tokens :data:`WORKER_TOKEN`, :data:`CLIENT_TOKEN`) and a registered agent
-    ``w1`` with a data endpoint, its spool under ``tmp_path``, serving ``handlers`` (op -> handler)."""
+    """A coordinator on loopback (tokens :data:`WORKER_TOKEN`, :data:`CLIENT_TOKEN`; more ``ServerSettings`` in
+    ``server_options``) and a registered agent ``w1``, its spool under ``tmp_path``, serving ``handlers``
+    (op -> handler). ``agent_options`` go to the agent: by default it has a data endpoint and a 5 s input
+    timeout; ``data_listen=None``: none (the relay carries its bytes)."""
     server = CoordinatorServer(ServerSettings(
         port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
         core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
+        **(server_options or {}),
     ))  # fmt: skip
     await server.start()
-    agent = Agent(server.url, WORKER_TOKEN, worker_id=WORKER, data_listen="127.0.0.1:0",
-                  spool_dir=str(tmp_path / "spool"), input_timeout_s=input_timeout_s)  # fmt: skip
+    options = {"data_listen": "127.0.0.1:0", "input_timeout_s": 5.0, **agent_options}
+    agent = Agent(server.url, WORKER_TOKEN, worker_id=WORKER, spool_dir=str(tmp_path / "spool"), **options)
     for op, handler in handlers.items():
         agent.add_handler(op, handler)
     task = asyncio.create_task(agent.run())
@@ -87,6 +91,7 @@ async def coordinator_and_data_worker(
         yield server, agent
     finally:
         agent.stop()
+        agent.stop()  # a second stop: no drain (what a test left running is not waited for)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 10)
         await server.stop()

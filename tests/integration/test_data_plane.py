@@ -4,7 +4,6 @@ SDK's direct transfers through a real coordinator and agent in this process."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 from collections.abc import AsyncIterator
@@ -14,12 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.server import CoordinatorServer
 from fleetwire import Client, PlanFailed
 from protocol.messages import DataKey
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
-from tests.integration.data_helpers import digest
+from tests.integration.data_helpers import CLIENT_TOKEN, coordinator_and_data_worker, digest
 from worker_agent.agent import Agent
 from worker_agent.dataplane import DataServer
 from worker_agent.spool import Spool
@@ -28,8 +26,6 @@ pytestmark = pytest.mark.timeout(60)
 
 MASTER = b"m" * 32
 WORKER = "w1"
-WORKER_TOKEN = "w-secret"
-CLIENT_TOKEN = "c-secret"
 
 
 
@@ -217,32 +213,20 @@ async def test_output_download_with_range(endpoint: DataServer) -> None:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
-    server = CoordinatorServer(ServerSettings(
-        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
-        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
-    ))
-    await server.start()
-    agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", data_listen="127.0.0.1:0",
-                  spool_dir=str(tmp_path / "spool"), input_timeout_s=5.0, python_allow=["tests.*"])
+    async with coordinator_and_data_worker(tmp_path, {"digest": sha256_of_data}, python_allow=["tests.*"]) as fleet:
+        yield fleet
 
-    @agent.handler
-    async def digest(ctx: Any, args: Any) -> dict[str, Any]:
-        source = ctx.inputs["data"]
-        hasher, size = hashlib.sha256(), 0
-        async for chunk in source:
-            hasher.update(chunk)
-            size += len(chunk)
-        ctx.output("upper", source.path.read_bytes()[:16].upper())
-        return {"size": size, "digest": f"sha256:{hasher.hexdigest()}", "declared": source.digest}
 
-    task = asyncio.create_task(agent.run())
-    await asyncio.wait_for(agent.registered.wait(), 10)
-    yield server, agent
-    agent.stop()
-    agent.stop()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, 10)
-    await server.stop()
+async def sha256_of_data(ctx: Any, args: Any) -> dict[str, Any]:
+    """Input ``data`` read chunk by chunk and hashed (sha256) by the handler itself; its first 16 bytes upper-cased
+    as output ``upper``."""
+    source = ctx.inputs["data"]
+    hasher, size = hashlib.sha256(), 0
+    async for chunk in source:
+        hasher.update(chunk)
+        size += len(chunk)
+    ctx.output("upper", source.path.read_bytes()[:16].upper())
+    return {"size": size, "digest": f"sha256:{hasher.hexdigest()}", "declared": source.digest}
 
 
 async def test_sdk_uploads_inputs_and_fetches_outputs_direct(cluster: tuple[CoordinatorServer, Agent]) -> None:
@@ -299,40 +283,29 @@ async def test_input_never_uploaded_fails_inputs_unavailable(cluster: tuple[Coor
 async def test_a_stopping_worker_hands_back_a_plan_no_input_byte_reached(tmp_path: Path) -> None:
     """Stopping (a 60 s drain), the worker does not wait for a plan whose inputs never began to arrive: it hands
     the plan back at once (requeued, its handler never started) and leaves."""
-    server = CoordinatorServer(ServerSettings(
-        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
-        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
-    ))
-    await server.start()
-    agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", data_listen="127.0.0.1:0", spool_dir=str(tmp_path),
-                  input_timeout_s=60.0, drain_timeout_s=60.0)
     started = asyncio.Event()
 
-    @agent.handler
-    async def digest(ctx: Any, args: Any) -> None:
+    async def never_runs(ctx: Any, args: Any) -> None:
         started.set()
 
-    task = asyncio.create_task(agent.run())
-    try:
-        await asyncio.wait_for(agent.registered.wait(), 10)
-        async with Client(server.url, token=CLIENT_TOKEN) as client:
-            client.transport = NeverUploads()
-            plan = await client.submit("digest", inputs={"data": b"abc"})
-            async for event in plan.events():
-                if event.kind == "running":
-                    break
-            agent.stop()
-            await asyncio.wait_for(task, 10)  # well inside the drain timeout: nothing held the stop
+    fleet = coordinator_and_data_worker(tmp_path, {"digest": never_runs}, input_timeout_s=60.0, drain_timeout_s=60.0)
+    async with fleet as (server, agent), Client(server.url, token=CLIENT_TOKEN) as client:
+        client.transport = NeverUploads()
+        plan = await client.submit("digest", inputs={"data": b"abc"})
+        async for event in plan.events():
+            if event.kind == "running":
+                break
+        agent.stop()
+
+        async def requeued() -> str:
             async for event in plan.events():
                 if event.kind == "requeued":
-                    assert "handed it back" in event.data["reason"]
-                    break
+                    return str(event.data["reason"])
+            return ""
+
+        # well inside the drain timeout: nothing held the stop, and the worker left
+        assert "w1 left and handed it back" in await asyncio.wait_for(requeued(), 10)
         assert server.core.plans[plan.id].state == "queued" and not started.is_set()
-    finally:
-        agent.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 10)
-        await server.stop()
 
 
 class NeverUploads:

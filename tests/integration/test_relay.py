@@ -9,65 +9,45 @@ import os
 import socket
 import ssl
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trustme
 
-from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.server import CoordinatorServer
 from fleetwire import Client, FleetwireConnectionError
 from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_inputs
 from protocol import errors
-from tests.integration.data_helpers import digest
+from tests.integration.data_helpers import CLIENT_TOKEN, coordinator_and_data_worker, digest
 from worker_agent.agent import Agent
 
 pytestmark = pytest.mark.timeout(60)
 
-WORKER_TOKEN = "w-secret"
-CLIENT_TOKEN = "c-secret"
 SIZE = 3 << 20  # 3 MiB
 
 
 
-@contextlib.asynccontextmanager
-async def running(tmp_path: Path, server_options: dict[str, Any] | None = None,
-                  **agent_options: Any) -> AsyncIterator[tuple[CoordinatorServer, Agent]]:
-    server = CoordinatorServer(ServerSettings(
-        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
-        core=CoreConfig(heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0), reaper_interval_s=0.1,
-        **(server_options or {}),
-    ))
-    await server.start()
-    agent = Agent(server.url, WORKER_TOKEN, worker_id="w1", spool_dir=str(tmp_path / "spool"), input_timeout_s=10.0,
-                  **agent_options)
+async def reverse(ctx: Any, args: Any) -> dict[str, Any]:
+    data = ctx.inputs["data"].path.read_bytes()
+    ctx.output("reversed", data[::-1])
+    return {"size": len(data), "digest": digest(data), "inputs": sorted(ctx.inputs)}
 
-    @agent.handler
-    async def reverse(ctx: Any, args: Any) -> dict[str, Any]:
-        data = ctx.inputs["data"].path.read_bytes()
-        ctx.output("reversed", data[::-1])
-        return {"size": len(data), "digest": digest(data), "inputs": sorted(ctx.inputs)}
 
-    @agent.handler
-    async def measure(ctx: Any, args: Any) -> dict[str, Any]:
-        return {"blob": len(args["blob"]), "digest": digest(args["blob"]), "inputs": sorted(ctx.inputs)}
+async def measure(ctx: Any, args: Any) -> dict[str, Any]:
+    return {"blob": len(args["blob"]), "digest": digest(args["blob"]), "inputs": sorted(ctx.inputs)}
 
-    @agent.handler
-    async def produce(ctx: Any, args: Any) -> Any:
-        return bytes(range(256)) * (args["size"] // 256)
 
-    task = asyncio.create_task(agent.run())
-    await asyncio.wait_for(agent.registered.wait(), 10)
-    try:
-        yield server, agent
-    finally:
-        agent.stop()
-        agent.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 10)
-        await server.stop()
+async def produce(ctx: Any, args: Any) -> Any:
+    return bytes(range(256)) * (args["size"] // 256)
+
+
+def running(tmp_path: Path, server_options: dict[str, Any] | None = None,
+            **agent_options: Any) -> contextlib.AbstractAsyncContextManager[tuple[CoordinatorServer, Agent]]:
+    """The relay's fleet: worker w1 with no data endpoint unless ``agent_options`` give it one."""
+    options = {"data_listen": None, "input_timeout_s": 10.0, **agent_options}
+    handlers = {"reverse": reverse, "measure": measure, "produce": produce}
+    return coordinator_and_data_worker(tmp_path, handlers, server_options=server_options, **options)
 
 
 def received_via(plan: Any) -> dict[str, str]:
