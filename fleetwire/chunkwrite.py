@@ -37,13 +37,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, Protocol
 
-from fleetwire.writeback import WriteBehind
+from fleetwire.writeback import DIRECT_ALIGN, O_DIRECT, WriteBehind, pwrite_all
 
 __all__ = ["STAGE_BYTES", "ChunkWriter", "Hasher"]
 
 STAGE_BYTES = 4 << 20  # the O_DIRECT staging buffer: a whole number of pages
-_ALIGN = 4096  # O_DIRECT's alignment of memory, offset and length (a page: every block size fits)
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 Chunk = bytes | bytearray | memoryview
 _Item = tuple[Sequence[Chunk], "asyncio.Future[None]"] | None
@@ -80,7 +78,7 @@ class ChunkWriter:
         self._behind = WriteBehind(file.fileno(), self._end)
         self._stage: mmap.mmap | None = None  # O_DIRECT: the bytes not written yet (a page-aligned map)
         self._staged = 0
-        if direct_io and _O_DIRECT and not self._end % _ALIGN and _regular(file) and _set_direct(file, True):
+        if direct_io and O_DIRECT and not self._end % DIRECT_ALIGN and _regular(file) and _set_direct(file, True):
             self._stage = mmap.mmap(-1, STAGE_BYTES)
         self.direct_bytes = 0
         """Of what was written, the bytes that went by ``O_DIRECT``."""
@@ -169,16 +167,8 @@ class ChunkWriter:
     def _write_stage(self, length: int) -> None:
         """Write the first ``length`` staged bytes (a multiple of the alignment) with O_DIRECT at the end."""
         assert self._stage is not None
-        view = memoryview(self._stage)
-        try:
-            written = 0
-            while written < length:
-                count = os.pwrite(self._file.fileno(), view[written:length], self._end + written)
-                if count <= 0:
-                    raise OSError(28, "No space left on device")  # ENOSPC: a short write of a regular file
-                written += count
-        finally:
-            view.release()
+        with memoryview(self._stage) as view, view[:length] as staged:
+            pwrite_all(self._file.fileno(), staged, self._end)
         self._end += length
         self.direct_bytes += length
         self._staged -= length
@@ -189,7 +179,7 @@ class ChunkWriter:
         """The end: the aligned part of what is staged by O_DIRECT, the rest through the page cache."""
         if self._stage is None:
             return
-        aligned = self._staged - self._staged % _ALIGN
+        aligned = self._staged - self._staged % DIRECT_ALIGN
         if aligned:
             self._write_stage(aligned)
         if self._staged:
@@ -237,8 +227,8 @@ def _set_direct(file: IO[bytes], on: bool) -> bool:
     try:
         fd = file.fileno()
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT))
-        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & _O_DIRECT) == on
+        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | O_DIRECT) if on else (flags & ~O_DIRECT))
+        return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & O_DIRECT) == on
     except (OSError, ValueError, AttributeError):
         return False
 

@@ -31,13 +31,19 @@ import errno
 import os
 from typing import Any, Final
 
-__all__ = ["LAG", "WINDOW", "WriteBehind"]
+__all__ = ["DIRECT_ALIGN", "LAG", "O_DIRECT", "WINDOW", "WriteBehind", "page_aligned", "pwrite_all"]
 
 WINDOW: Final = 8 << 20
 LAG: Final = 2
 _WRITE: Final = 2  # SYNC_FILE_RANGE_WRITE
 _WAIT_ALL: Final = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER
 _UNSUPPORTED: Final = (errno.EINVAL, errno.ESPIPE, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF)
+
+#: ``O_DIRECT`` where the platform has it (else 0): the bypass of the page cache that the worker's spool and
+#: the SDK's relayed downloads use for whole aligned blocks (worker_agent/spool.py, fleetwire/chunkwrite.py).
+O_DIRECT: Final = getattr(os, "O_DIRECT", 0)
+#: ``O_DIRECT``'s alignment of memory, file offset and length: a page (every block size divides it).
+DIRECT_ALIGN: Final = 4096
 
 _sync_file_range: Any = None
 _looked_up = False
@@ -110,3 +116,28 @@ class WriteBehind:
             self._sync = None  # this file (or file system) does not do it: plain writes
             return
         raise OSError(code, os.strerror(code))
+
+
+def page_aligned(view: memoryview) -> bool:
+    """Whether ``view``'s memory starts on a :data:`DIRECT_ALIGN` boundary (read-only memory: not known, so no)."""
+    import ctypes
+
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return False
+    return address % DIRECT_ALIGN == 0
+
+
+def pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    """Write all of ``view`` at ``offset`` (``pwrite`` until done; a write that takes nothing is ``ENOSPC``).
+
+    Raises:
+        OSError: as ``pwrite`` does (``EINVAL``: the file system refused an ``O_DIRECT`` write).
+    """
+    written = 0
+    while written < view.nbytes:
+        count = os.pwrite(fd, view[written:], offset + written)
+        if count <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written += count

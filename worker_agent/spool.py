@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import os
 import shutil
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal
 
 import protocol
-from fleetwire.writeback import WriteBehind
+from fleetwire.writeback import DIRECT_ALIGN, O_DIRECT, WriteBehind, page_aligned, pwrite_all
 from protocol.tickets import DIGEST_DEFAULT, name_problem, new_hasher, new_hasher_of
 
 __all__ = [
@@ -57,8 +56,6 @@ INPUTS_UNAVAILABLE: Final = "inputs_unavailable"
 FETCHED_GRACE_S: Final = 60.0  # an output fetched whole is kept this long more (a retried download)
 CHUNK: Final = 1 << 20
 UNLINK_AWAY_BYTES: Final = 8 << 20  # a spool file this big is unlinked in a thread (see remove_file)
-DIRECT_IO: Final = getattr(os, "O_DIRECT", None)  # Linux and a few others
-DIRECT_ALIGN: Final = 4096  # O_DIRECT's alignment of memory, offset and length (a page: every block size fits)
 
 InputState = Literal["receiving", "verified", "failed"]
 
@@ -93,7 +90,7 @@ class InputFile:
         self._file: BinaryIO | None = None
         self._behind: WriteBehind | None = None  # the file's writeback pacing (direct uploads)
         self._direct_fd: int | None = None  # the file opened with O_DIRECT (aligned blocks of direct uploads)
-        self._direct_ok = DIRECT_IO is not None  # False once the file system refused O_DIRECT
+        self._direct_ok = bool(O_DIRECT)  # False once the file system refused O_DIRECT
         self.direct_bytes = 0  # of what was written, the bytes that went by O_DIRECT
         self._file_stale = False  # O_DIRECT wrote since the buffered file last wrote: seek it first
 
@@ -150,11 +147,11 @@ class InputFile:
     def _put_direct(self, data: bytes | bytearray | memoryview) -> bool:
         """Write ``data`` at :attr:`received` with ``O_DIRECT``: True, or False when it cannot be (nothing written)."""
         view = memoryview(data).cast("B")
-        if self.received % DIRECT_ALIGN or view.nbytes % DIRECT_ALIGN or not view.nbytes or not _aligned(view):
+        if self.received % DIRECT_ALIGN or view.nbytes % DIRECT_ALIGN or not view.nbytes or not page_aligned(view):
             return False
-        assert self.path is not None and DIRECT_IO is not None
+        assert self.path is not None
         if self._direct_fd is None:
-            flags = os.O_WRONLY | os.O_CREAT | DIRECT_IO | (os.O_TRUNC if not self.received else 0)
+            flags = os.O_WRONLY | os.O_CREAT | O_DIRECT | (os.O_TRUNC if not self.received else 0)
             try:
                 self._direct_fd = os.open(self.path, flags, 0o600)
             except OSError as exc:
@@ -164,20 +161,15 @@ class InputFile:
                 return False
         if self._file is not None:
             self._file.flush()  # what the buffered file holds goes first
-        written = 0
-        while written < view.nbytes:
-            try:
-                count = os.pwrite(self._direct_fd, view[written:], self.received + written)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL or written:  # EINVAL: O_DIRECT opened but not written here
-                    raise
-                os.close(self._direct_fd)
-                self._direct_fd, self._direct_ok = None, False
-                return False
-            if count <= 0:
-                raise OSError(errno.ENOSPC, "no space left on device")
-            written += count
-        self.direct_bytes += written
+        try:
+            pwrite_all(self._direct_fd, view, self.received)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: O_DIRECT opened but not written here
+                raise
+            os.close(self._direct_fd)  # what it wrote of the chunk, if any, the buffered write writes again
+            self._direct_fd, self._direct_ok = None, False
+            return False
+        self.direct_bytes += view.nbytes
         self._file_stale = True  # the buffered file's position is behind what O_DIRECT wrote
         return True
 
@@ -606,12 +598,3 @@ class PlanData:
     def close(self) -> None:
         for reader in self.inputs.values():
             reader.close()
-
-
-def _aligned(view: memoryview) -> bool:
-    """Whether ``view``'s memory starts on a :data:`DIRECT_ALIGN` boundary (read-only memory: not known, so no)."""
-    try:
-        address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    except (TypeError, ValueError):
-        return False
-    return address % DIRECT_ALIGN == 0

@@ -15,10 +15,10 @@ import pytest
 
 from fleetwire.chunkwrite import STAGE_BYTES, ChunkWriter
 from fleetwire.data import DirectTransport, OutputCheck, prepare_inputs
-from fleetwire.writeback import WriteBehind
+from fleetwire.writeback import DIRECT_ALIGN, WriteBehind
 from tests.integration.data_helpers import data_endpoint, digest, grant
 from worker_agent.dataplane import DataServer
-from worker_agent.spool import DIRECT_ALIGN, InputFile
+from worker_agent.spool import InputFile
 
 pytestmark = pytest.mark.timeout(60)
 
