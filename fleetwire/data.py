@@ -44,8 +44,6 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
-import blake3
-
 from fleetwire.chunkwrite import ChunkWriter
 from fleetwire.writeback import WriteBehind
 from protocol.messages import DataGrant, Event, InputSpec
@@ -245,7 +243,7 @@ def _hash_file(path: pathlib.Path) -> tuple[int, str]:
     a buffer on one core took ~0.34 s).
     """
     size = path.stat().st_size
-    if size >= PARALLEL_HASH_BYTES and DIGEST_DEFAULT == "blake3" and path.is_file():
+    if size >= PARALLEL_HASH_BYTES and path.is_file():
         with contextlib.suppress(OSError, ValueError):  # a file that cannot be mapped is read as below
             return size, _hash_mapped(path, size)
     hasher, size = new_hasher_of(DIGEST_DEFAULT), 0
@@ -261,12 +259,12 @@ def _hash_file(path: pathlib.Path) -> tuple[int, str]:
 
 
 def _hash_mapped(path: pathlib.Path, size: int) -> str:
-    """The blake3 digest of ``size`` bytes of ``path``, mapped a window at a time.
+    """The digest of ``size`` bytes of ``path``, mapped a window at a time and hashed on every core.
 
     Raises:
         OSError, ValueError: it cannot be mapped, or its size changed under the hash.
     """
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    hasher = new_hasher_of(DIGEST_DEFAULT, parallel=True)
     with open(path, "rb", buffering=0) as file:
         for offset in range(0, size, PARALLEL_HASH_BYTES):
             length = min(PARALLEL_HASH_BYTES, size - offset)
@@ -292,8 +290,7 @@ def _copy_stream(name: str, stream: IO[bytes]) -> InputSource:
 def _prepare_one(name: str, value: Any) -> InputSource:
     if isinstance(value, bytes | bytearray | memoryview):
         view = memoryview(value).cast("B")
-        big = view.nbytes >= PARALLEL_HASH_BYTES and DIGEST_DEFAULT == "blake3"
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if big else new_hasher_of(DIGEST_DEFAULT)
+        hasher = new_hasher_of(DIGEST_DEFAULT, parallel=view.nbytes >= PARALLEL_HASH_BYTES)
         hasher.update(view)
         return InputSource(name, view.nbytes, f"{DIGEST_DEFAULT}:{hasher.hexdigest()}", data=view)
     if isinstance(value, pathlib.Path):
@@ -380,14 +377,13 @@ class DirectTransport:
         import httpx
 
         timeout = httpx.Timeout(stall_timeout_s, connect=connect_timeout_s)
-        # An SSLContext, not the CA file's path: httpx deprecated ``verify=<str>`` (a warning now, an error later).
-        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
-        self._http = httpx.AsyncClient(timeout=timeout, verify=verify, http2=False)
+        # One context for httpx (an SSLContext, not the CA file's path: ``verify=<str>`` is deprecated) and the
+        # transfer sockets; without a CA file, the system's CAs (the sockets' context is made when first needed).
+        self._tls: ssl.SSLContext | None = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self._http = httpx.AsyncClient(timeout=timeout, verify=self._tls or True, http2=False)
         self.max_resumes = max_resumes
-        self._ca_file = ca_file
         self._connect_timeout_s = connect_timeout_s
         self._stall_timeout_s = stall_timeout_s
-        self._tls: ssl.SSLContext | None = None
         self._idle = _IdleConnections()
         self.progress: Progress | None = None
         """Called as bytes move, ``progress(name, done, size)``, from a transfer thread (rich is thread-safe)."""
@@ -462,7 +458,7 @@ class DirectTransport:
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
-            self._tls = ssl.create_default_context(cafile=self._ca_file)
+            self._tls = ssl.create_default_context()
         return self._tls
 
     async def download_to(self, grant: Grant, name: str, path: str | os.PathLike[str],

@@ -152,7 +152,6 @@ class BulkClientConnection(BulkReceive, ClientConnection):
 
 
 _HEADER, _BULK, _PASS = 0, 1, 2
-_UNKNOWN: Final = object()  # a library that names its size limit otherwise: every frame is the library's
 
 
 class _BulkReader:
@@ -213,10 +212,10 @@ class _BulkReader:
         length = ext if ext < 126 else int.from_bytes(head[2:at], "big")
         masked = bool(head[1] & 0x80)
         protocol = self._conn.protocol
-        limit = getattr(protocol, "max_message_size", _UNKNOWN)  # None: no limit
+        limit = getattr(protocol, "max_message_size", 0)  # None: no limit; 0: a library that names it otherwise
         fragment = getattr(protocol, "max_fragment_size", None)
         if (head[0] == 0x82 and masked == self._masked and length >= BULK_MIN_BYTES
-                and (limit is None or (isinstance(limit, int) and length <= limit))
+                and (limit is None or length <= limit)
                 and (fragment is None or length <= fragment) and protocol.state is OPEN
                 and getattr(protocol, "current_size", 0) is None):
             self._mask = bytes(head[at : at + 4]) if masked else b""
