@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import errno
 import os
 from typing import Any, Final
@@ -56,8 +57,6 @@ def _syscall() -> Any:
         _looked_up = True
         if hasattr(os, "posix_fadvise"):
             with contextlib.suppress(OSError, AttributeError, ImportError):
-                import ctypes
-
                 function = ctypes.CDLL(None, use_errno=True).sync_file_range
                 function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
                 function.restype = ctypes.c_int
@@ -120,8 +119,6 @@ class WriteBehind:
 
 def page_aligned(view: memoryview) -> bool:
     """Whether ``view``'s memory starts on a :data:`DIRECT_ALIGN` boundary (read-only memory: not known, so no)."""
-    import ctypes
-
     try:
         address = ctypes.addressof(ctypes.c_char.from_buffer(view))
     except (TypeError, ValueError):
