@@ -6,7 +6,12 @@ Damage is never served silently (docs/OPERATIONS.md §Store integrity, backup an
 * ``PRAGMA quick_check`` runs at every open;
 * :class:`GenerationMarker`: the number of committed groups, kept in the database *and* in a
   side file written after each commit. A database found behind its side file lost commits
-  that were acknowledged (a truncated or deleted ``-wal``, an old copy put back);
+  that were acknowledged (a truncated or deleted ``-wal``, an old copy put back). A database
+  that holds commits but whose side file is missing, empty or unreadable is refused the same
+  way (:func:`marker_problem`): without it nothing shows which commits were acknowledged, and a
+  ``-wal`` cut with the side file gone would otherwise start silently, acknowledged plans lost
+  and finished ones queued again. The side file is made durable (with its directory entry)
+  when it is created, so a power cut cannot leave it missing next to a database with commits;
 * :class:`FileWatch`: the committer stats the ``-wal`` and ``-shm`` files after a commit (at
   most every 10 ms, coordinator/io/commit.py); one deleted or replaced under a running
   coordinator stops it (what it would acknowledge next could be lost at the next restart);
@@ -39,6 +44,7 @@ __all__ = [
     "StoreDamaged",
     "StoreError",
     "iter_chunks",
+    "marker_problem",
     "quick_check",
     "readable_rows",
     "report_accepted_losses",
@@ -141,6 +147,7 @@ class GenerationMarker:
         self._syncer: threading.Thread | None = None
         self._sync_error: OSError | None = None
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.was_missing = os.fstat(self._fd).st_size == 0  # created now (or found empty): nothing recorded
         if os.fstat(self._fd).st_size < self.WIDTH + 1:
             os.ftruncate(self._fd, self.WIDTH + 1)
         # Written through a shared mapping: the bytes are in the page cache at once (what a kill -9
@@ -177,6 +184,22 @@ class GenerationMarker:
                 self._syncer.start()
             self._due.set()
 
+    def make_durable(self) -> None:
+        """Write the file and its directory entry to disk now (after its first :meth:`write`).
+
+        Once, when the file is created: a power cut must never leave a database with commits next
+        to no side file, which :func:`marker_problem` refuses.
+        """
+        assert self._map is not None and self._fd is not None
+        self._map.flush()
+        os.fsync(self._fd)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self.was_missing = False
+
     def _sync_forever(self) -> None:
         """The syncer thread: one fdatasync of the marker per :meth:`write` that found one due."""
         fd = self._fd
@@ -208,6 +231,31 @@ class GenerationMarker:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def marker_problem(generation: int, acknowledged: int | None, marker_name: str) -> str | None:
+    """What is wrong with a database of ``generation`` commits whose side file says ``acknowledged``; None: sound.
+
+    Behind its side file: acknowledged commits are gone. With commits but no readable side file
+    (``acknowledged`` None: missing, empty or garbled): nothing shows which commits were
+    acknowledged, and the usual cause, the side file deleted along with a cut ``-wal``, loses
+    them as surely (issue #25 part 4). A database ahead of its side file is sound: the file is
+    synced at most every second, so a power cut can leave it behind, never ahead.
+    """
+    if acknowledged is None:
+        if generation <= 0:
+            return None  # a new or freshly migrated store: no commit was ever acknowledged
+        return (
+            f"it holds {generation} commits but its generation file {marker_name} is missing or empty, so "
+            "nothing shows which commits were acknowledged (deleted, perhaps with a cut -wal, or the database "
+            "was copied without it)"
+        )
+    if acknowledged > generation:
+        return (
+            f"it holds {generation} commits but {marker_name} says {acknowledged} were acknowledged "
+            "(its -wal lost its tail or was deleted, or an older copy was put back)"
+        )
+    return None
 
 
 def write_generation(path: Path, generation: int) -> None:

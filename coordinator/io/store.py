@@ -73,6 +73,7 @@ from coordinator.io.integrity import (
     StoreDamaged,
     StoreError,
     iter_chunks,
+    marker_problem,
     quick_check,
     readable_rows,
     set_aside,
@@ -388,15 +389,15 @@ class SQLiteStore:
         if self._marker is None:
             self._marker = GenerationMarker(path, sync_interval_s=self._marker_sync_s)
         acknowledged = self._marker.read()
-        if acknowledged is not None and acknowledged > self.generation:
-            problem = (
-                f"it holds {self.generation} commits but {self._marker.path.name} says {acknowledged} were "
-                "acknowledged (its -wal lost its tail or was deleted, or an older copy was put back)"
-            )
+        problem = marker_problem(self.generation, acknowledged, self._marker.path.name)
+        if problem is not None:
             if not self.accept_loss:
                 raise StoreDamaged(path, problem)
-            self.losses.append(f"{path}: {problem}; the commits after {self.generation} are lost")
+            lost = "are lost" if acknowledged is not None else "may be lost"
+            self.losses.append(f"{path}: {problem}; the commits after {self.generation} {lost}")
         self._marker.write(self.generation)
+        if self._marker.was_missing:
+            self._marker.make_durable()  # never missing next to commits after a power cut
         self._watch.arm()
 
     def _rebuild(self, problem: str) -> None:

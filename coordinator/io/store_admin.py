@@ -22,7 +22,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.io.integrity import StoreError, quick_check, set_aside, sidecar_paths, write_generation
+from coordinator.io.integrity import (
+    StoreError,
+    marker_problem,
+    quick_check,
+    set_aside,
+    sidecar_paths,
+    write_generation,
+)
 from coordinator.io.store_rows import SELECT_EVENTS, SELECT_PLANS, decode_plans
 from coordinator.io.store_schema import SCHEMA_VERSION
 
@@ -118,13 +125,11 @@ def _check(db: sqlite3.Connection, report: CheckReport, *, full: bool, marker: b
     report.generation = db.execute("SELECT generation FROM store_meta").fetchone()[0]
     if marker:
         report.acknowledged = _read_marker(path)
-        if report.acknowledged is None:
+        problem = marker_problem(report.generation, report.acknowledged, path.name + ".generation")
+        if problem is not None:  # the coordinator refuses to start on it alike (coordinator/io/store.py)
+            report.problems.append(problem)
+        elif report.acknowledged is None:
             report.notes.append("no generation side file: nothing to compare the database with")
-        elif report.acknowledged > report.generation:
-            report.problems.append(
-                f"it holds {report.generation} commits but its generation file says {report.acknowledged} "
-                "were acknowledged"
-            )
 
 
 def backup_store(path: Path, dest: Path) -> CheckReport:

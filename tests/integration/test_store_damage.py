@@ -1,7 +1,7 @@
 """A real ``fleetwire coordinator`` process on a store damaged the way an operator's bad day damages it.
 
 Plans are acknowledged by a running coordinator, the coordinator is killed -9, the store's files
-are damaged (the ``-wal`` cut or deleted, a payload byte flipped), and the next start must refuse
+are damaged (the ``-wal`` cut or deleted, with or without its generation file, a payload byte flipped), and the next start must refuse
 with one line and exit 3, or with ``--accept-store-loss`` start, log and count the loss on /metrics.
 The -wal deleted under a running coordinator stops it (exit 1) at the first commit 10 ms or more after the last check.
 """
@@ -88,6 +88,15 @@ def test_a_truncated_wal_is_refused_with_one_line_and_exit_3(acknowledged: tuple
     wal = data_dir / (DB_FILE + "-wal")
     os.truncate(wal, int(wal.stat().st_size * keep))
     assert "were acknowledged" in _refused(data_dir)
+
+
+def test_a_truncated_wal_with_the_generation_file_deleted_is_refused(acknowledged: tuple[Path, int]) -> None:
+    """Issue #25 part 4: the -wal cut after a kill -9 and the generation file gone too: refused, exit 3."""
+    data_dir, _ = acknowledged
+    wal = data_dir / (DB_FILE + "-wal")
+    os.truncate(wal, int(wal.stat().st_size * 0.5))
+    (data_dir / (DB_FILE + ".generation")).unlink()
+    assert "is missing or empty" in _refused(data_dir)
 
 
 def test_a_deleted_wal_is_refused_then_accepted_and_counted(acknowledged: tuple[Path, int]) -> None:
