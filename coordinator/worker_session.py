@@ -360,7 +360,8 @@ class WorkerSessions:
             return
         if worker_id in self._removed:  # an operator removed it for good (remove_worker)
             log.warning("refused: removed worker id", worker_id=worker_id, address=s.address)
-            self._outbox.close(s, errors.CLOSE_REMOVED, f"worker {worker_id} was removed by an operator"[:120])
+            why = f"removed by an operator; refused until the coordinator restarts: worker {worker_id}"
+            self._outbox.close(s, errors.CLOSE_REMOVED, why[:120])
             return
         reconnects = self._reconnects
         if reconnects is not None and (wait_s := reconnects.wait_s(worker_id, now)) > 0:

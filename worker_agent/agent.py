@@ -5,6 +5,9 @@ Theory of operation:
 * ``run()`` dials ``/v1/worker``, runs a session, and when the session ends dials again after
   ``U(0, min(cap, base * 2**n))`` seconds (full jitter; ``n`` counts failures since the last
   welcome). HTTP 401/403 at the handshake is fatal (``AuthError``): retrying cannot fix a token.
+  So is close ``4410`` (``WorkerRemoved``): an operator removed this id, whether it closed a live
+  session or refused the ``hello`` of a restarted agent; the coordinator refuses the id until it
+  restarts.
 * A session: send ``hello`` (capabilities; plans still running or with an unsent ``done``, and
   the newest acknowledged ones, in case a store loss took them) → wait for ``welcome`` (cancel
   the plans in ``abandon_plans`` without a ``done``; re-send the kept results of the continued
@@ -67,12 +70,20 @@ from worker_agent.outbox import SendQueue, encode_frames
 from worker_agent.probe import check_declared_gpus, probe_capabilities
 from worker_agent.relay import RelayEndpoint
 from worker_agent.runner import REJECTED, PlanRunner
-from worker_agent.session import AuthError, client_tls, default_worker_id, dial_error_text, version, worker_url
+from worker_agent.session import (
+    AuthError,
+    WorkerRemoved,
+    client_tls,
+    default_worker_id,
+    dial_error_text,
+    version,
+    worker_url,
+)
 from worker_agent.settings import AgentOptions, AgentSettings
 from worker_agent.spool import Spool
 from worker_agent.telemetry import Telemetry
 
-__all__ = ["REJECTED", "Agent", "AgentSettings", "AuthError", "default_worker_id", "worker_url"]
+__all__ = ["REJECTED", "Agent", "AgentSettings", "AuthError", "WorkerRemoved", "default_worker_id", "worker_url"]
 
 log = structlog.get_logger(__name__)
 
@@ -200,6 +211,7 @@ class Agent:
 
         Raises:
             AuthError: the coordinator answered the handshake with 401 or 403.
+            WorkerRemoved: an operator removed this worker's id (close 4410).
         """
         failures = 0
         await self.telemetry.start()
@@ -211,7 +223,7 @@ class Agent:
                 self._hello_retry_s = 0.0
                 try:
                     registered = await self._connect_and_serve()
-                except AuthError:
+                except (AuthError, WorkerRemoved):
                     raise
                 except InvalidStatus as exc:
                     floor_s = errors.retry_after_seconds(exc.response.headers.get("Retry-After")) or 0.0
@@ -429,6 +441,10 @@ class Agent:
             self._log.warning("no welcome from coordinator", timeout_s=self.settings.handshake_timeout_s)
             await ws.close()
             return None
+        except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == errors.CLOSE_REMOVED:  # our hello refused: removed
+                raise WorkerRemoved(self.worker_id, self.url, exc.rcvd.reason) from None
+            raise
         except BaseException:
             await ws.close()
             raise
@@ -482,14 +498,14 @@ class Agent:
                     exception="".join(traceback.format_exception(result)),
                 )
         level = "info" if self._stopping or ws.close_code in (1000, 1001) else "warning"
-        if ws.close_code == errors.CLOSE_REPLACED:
-            level = "error"  # another process registered with our id
-        if ws.close_code == errors.CLOSE_REMOVED:
-            level = "error"
-            self._stopping = True  # an operator removed this worker for good: stop instead of reconnecting
+        if ws.close_code in (errors.CLOSE_REPLACED, errors.CLOSE_REMOVED):
+            level = "error"  # another process registered with our id, or an operator removed it
         getattr(self._log, level)(
             "disconnected", close_code=ws.close_code, close_reason=ws.close_reason, running=self.runner.running_count
         )
+        if ws.close_code == errors.CLOSE_REMOVED and not self._stopping:
+            # An operator removed this worker for good: stop instead of reconnecting.
+            raise WorkerRemoved(self.worker_id, self.url, ws.close_reason or "")
 
     async def _read_loop(self, ws: ClientConnection, codec: Codec) -> None:
         async for frame in ws:

@@ -2,7 +2,8 @@
 
 The CLI module (``fleetwire/cli.py``) builds the parser with ``add_worker_arguments`` and runs
 ``run_worker`` on its event loop. Exit status: 0 after a clean stop, 1 when the coordinator
-refuses the token, 2 for a usage error (no URL, a bad handler spec, a bad flag value).
+refuses the token, 2 for a usage error (no URL, a bad handler spec, a bad flag value), 4
+(``EXIT_REMOVED``) when an operator removed this worker's id (``fleetwire remove``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import os
 import signal
 import sys
 
-from worker_agent.agent import Agent, AuthError
+from worker_agent.agent import Agent, AuthError, WorkerRemoved
 from worker_agent.argtypes import non_negative_int, positive_float
 from worker_agent.handlers import Handler, load_handler_spec
-from worker_agent.session import worker_token
+from worker_agent.session import EXIT_REMOVED, worker_token
 from worker_agent.settings import AgentSettings
 from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry_from_args
 
@@ -192,6 +193,9 @@ async def run_worker(ns: argparse.Namespace) -> int:
     except AuthError as exc:
         _error(str(exc))
         return 1
+    except WorkerRemoved as exc:
+        _error(str(exc))
+        return EXIT_REMOVED
     finally:
         announcer.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -14,7 +14,20 @@ from collections.abc import Mapping
 from protocol import errors
 from protocol.urls import websocket_url
 
-__all__ = ["AuthError", "client_tls", "default_worker_id", "dial_error_text", "version", "worker_token", "worker_url"]
+__all__ = [
+    "EXIT_REMOVED",
+    "AuthError",
+    "WorkerRemoved",
+    "client_tls",
+    "default_worker_id",
+    "dial_error_text",
+    "version",
+    "worker_token",
+    "worker_url",
+]
+
+EXIT_REMOVED = 4
+"""Exit status of ``fleetwire worker`` whose id an operator removed (``fleetwire remove``): restarting cannot help."""
 
 
 def version() -> str:
@@ -64,6 +77,23 @@ class AuthError(errors.FleetwireError):
     def __init__(self, message: str, *, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class WorkerRemoved(errors.FleetwireError):
+    """An operator removed this worker's id (close ``4410``): the coordinator refuses it until it restarts.
+
+    Raised by ``Agent.run()`` whether the removal closed a live session or refused the ``hello``
+    of a restarted agent; reconnecting cannot help (docs/PROTOCOL.md §Close codes).
+    """
+
+    code = "worker_removed"
+
+    def __init__(self, worker_id: str, url: str, reason: str) -> None:
+        super().__init__(
+            f"worker {worker_id} was removed by an operator at {url} ({reason or 'close 4410'}); the coordinator "
+            "refuses this id until it restarts: start the worker with another --id"
+        )
+        self.worker_id = worker_id
 
 
 def client_tls(url: str, ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:

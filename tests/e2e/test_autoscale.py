@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 
 from tests.e2e.conftest import ADMIN_TOKEN, ROOT, Cluster
+from worker_agent.session import EXIT_REMOVED
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -90,7 +91,7 @@ async def test_fleetwire_remove_takes_a_worker_out_for_good(cluster: Cluster) ->
     removed = await cluster.run("remove", "w1", env=cluster.env(FLEETWIRE_TOKEN=ADMIN_TOKEN))
     assert await removed.wait() == 0
     assert "w1 removed" in removed.lines[-1]
-    assert await w1.wait(30) == 0  # closed 4410: the agent stops instead of reconnecting
+    assert await w1.wait(30) == EXIT_REMOVED  # closed 4410: the agent stops instead of reconnecting
     w2 = await cluster.worker("w2")
     workers = await cluster.run("workers", "--json")
     assert await workers.wait() == 0

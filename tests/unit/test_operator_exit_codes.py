@@ -1,5 +1,5 @@
 """Exit statuses (docs/OPERATIONS.md §Exit statuses) and the example systemd units agree: a crash or a
-refused token restarts, usage (2), a damaged store (3) and fencing (4) do not."""
+refused token restarts, usage (2), a damaged store (3), fencing and a removed worker (4) do not."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from coordinator.io.pg_leases import EXIT_SHARD_FENCED
 from fleetwire.cli_store import EXIT_STORE_DAMAGED
 from fleetwire.console import EXIT_FAILED, EXIT_USAGE
+from worker_agent.session import EXIT_REMOVED
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "examples" / "deploy"
@@ -30,8 +31,8 @@ def test_coordinator_unit_restarts_crashes_not_usage_damage_or_fencing() -> None
 
 
 def test_worker_unit_restarts_a_refused_token() -> None:
-    """The worker unit prevents restarts only for usage errors (2): a token refused after a rotation restarts."""
-    assert _prevented("fleetwire-worker.service") == {EXIT_USAGE}
+    """The worker unit prevents restarts only for usage errors (2) and a removed id (4): a refused token restarts."""
+    assert _prevented("fleetwire-worker.service") == {EXIT_USAGE, EXIT_REMOVED}
 
 
 def test_operations_table_names_the_same_codes() -> None:
