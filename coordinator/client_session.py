@@ -13,9 +13,12 @@ Rules:
   was lost: answered ``accepted(duplicate=True)``, and with ``subscribe`` its whole stream.
 * A new plan over the principal's plan limit is refused (``too_many_plans``) and nothing changes.
 * A submit marked ``recovered`` (the SDK re-sending an accepted plan this coordinator no longer
-  knows) is a new plan like any other, logged and counted (``plans_recovered_from_client``). A
-  subscriber whose ``from_seq`` is past the plan's stream saw events a store loss took: the
-  stream's numbering moves past it (coordinator/streams.py ``catch_up``).
+  knows) is a new plan like any other, logged and counted (``plans_recovered_from_client``).
+* **Reading never changes a plan.** A ``subscribe`` (whatever its ``from_seq``), ``get_plan`` or
+  listing leaves every plan's numbering as it was: ``subscribed.last_seqs`` tells the subscriber
+  where each named plan's stream ends, so one that saw events a store loss took (its ``from_seq``
+  past that end) takes the next events as new ones (fleetwire/session.py). A ``from_seq`` past
+  the end gives live events only, with no replay.
 * Subscribers of a new plan (the submitter, followers of all its owner's plans) are added
   before its first event, so none of them misses seq 1. One unknown id in a ``subscribe``
   subscribes to nothing.
@@ -241,10 +244,10 @@ class ClientSessions:
             subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
             targets.update((p.id, p) for p in self._plans.values() if _visible(s, p))
             self._outbox.charge(len(self._plans))  # rows scanned (coordinator/limits.py §Cost per principal)
-        self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets)))
-        for plan in targets.values():
-            if msg.from_seq >= plan.next_seq:  # the subscriber saw events this coordinator lost (a store loss)
-                self._streams.catch_up(plan, msg.from_seq)
+        # Each named plan's stream end: a subscriber past it learns that this stream is behind the one it
+        # saw (a store loss) and takes the next events as new. Nothing here moves a plan's numbering.
+        last_seqs = {plan_id: targets[plan_id].next_seq - 1 for plan_id in msg.plan_ids}
+        self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets), last_seqs=last_seqs))
         # Followed and replayed plan by plan; a large replay goes out in slices (Streams.pump).
         self._streams.subscribe_replay(s.conn_id, targets.values(), msg.from_seq)
 

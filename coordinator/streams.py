@@ -20,6 +20,9 @@ Rules:
 * **Replay gaps.** A replay that cannot give every seq after ``from_seq`` (ephemeral events
   lost in a restart, events past the per-plan bound) says so with ``resync`` in place of each
   missing run of events, never with a silent gap.
+* **A replay only reads.** Whatever its ``from_seq``, a replay never changes the plan: one
+  from past the stream's end sends nothing, and the plan's next event gets its next seq as
+  ever (the subscriber learns the stream's end from ``subscribed.last_seqs``).
 
 Depends on the outbox (coordinator/effects.py), subscriptions, journal, plan quota and
 retention (coordinator/retention.py); knows nothing of placement or sessions' handlers.
@@ -45,7 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = ["REPLAY_NOW_EVENTS", "REPLAY_SLICE_EVENTS", "UNRECORDED_SEQ_RESERVE", "Streams"]
 
-_MAX_SEQ = 2**53  # a subscriber's from_seq beyond this never moves a plan's numbering (JSON-safe integers)
 REPLAY_NOW_EVENTS = 512  # a subscribe replaying at most this many events is answered in its own step
 REPLAY_SLICE_EVENTS = 256  # ... a larger one goes out in slices of about this many, across loop turns
 UNRECORDED_SEQ_RESERVE = 64  # seqs a plan's recorded status reserves ahead for unrecorded events (emit)
@@ -141,18 +143,6 @@ class Streams:
         if plan.receipt is not None:  # the attempt's energy and carbon (coordinator/receipts.py)
             data["receipt"] = plan.receipt
         self.emit(plan, "failed", {**data, "attempt": plan.attempt})
-
-    def catch_up(self, plan: Plan, seen: int) -> None:
-        """A subscriber holds the plan's events up to ``seen``, past this coordinator's stream: a store
-        loss took them (docs/SEMANTICS.md §Recovery from clients and workers).
-
-        The plan's numbering moves past ``seen``, so its next events are not dropped as replays of
-        ones the subscriber holds. A plan that already ended here moves one further: the replay
-        then gives a ``resync`` for that seq carrying the plan's record, from which the subscriber
-        learns how it ended. Call before :meth:`replay`.
-        """
-        if 0 <= seen < _MAX_SEQ:
-            plan.next_seq = max(plan.next_seq, seen + (2 if plan.terminal else 1))
 
     def replay(self, conn_id: int, plan: Plan, from_seq: int) -> None:
         """Send the held events after ``from_seq`` to a subscriber, with a ``resync`` for each missing run."""

@@ -55,6 +55,7 @@ _KIND_STYLES: Final = {
     "queued": "yellow", "waiting": "yellow", "requeued": "yellow", "leased": "cyan", "running": "cyan",
     "succeeded": "bold green", "failed": "bold red", "cancelled": "magenta", "stderr": "red", "stdout": "",
 }
+_MARKERS: Final = ("resync", "rewound", "recovered")  # stream markers the SDK makes; each says why in data.reason
 _STATE_STYLES: Final = {"alive": "green", "suspect": "yellow", "disconnected": "red", "draining": "yellow"}
 
 
@@ -127,12 +128,17 @@ class _Follower:
             elif event.kind == "progress" and "fraction" in data:
                 self.progress = progress_text(data)
             if self.follow:
+                seqs = str(event.seq)
                 if event.kind == "progress" and "fraction" in data:  # 0.333333 -> "33 %"
                     payload = " " + progress_text(data)
+                elif event.kind in _MARKERS and isinstance(data.get("reason"), str):  # fleetwire/stream.py's markers
+                    payload = ": " + data["reason"]
+                    if event.kind == "resync" and data.get("first_seq", event.seq) != event.seq:
+                        seqs = f"{data['first_seq']}-{event.seq}"  # the seqs it stands for
                 else:
                     payload = "" if event.data is None else " " + _json(event.data)
                 style = _KIND_STYLES.get(event.kind, "")
-                line = f"[{event.seq}] {event.kind}{payload}"
+                line = f"[{seqs}] {event.kind}{payload}"
                 self.console.print(line, style=style or None, markup=False, highlight=False)
             elif event.kind == "waiting" and not self.live:
                 print(f"plan {self.plan_id} waiting: {data.get('reason', '')}", file=sys.stderr, flush=True)

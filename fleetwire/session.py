@@ -26,7 +26,10 @@ Theory of operation:
   connection, every request still waiting for its reply in ``req_id`` order (a submit
   always carries a plan id, so a re-sent one is idempotent), then a ``subscribe`` of every
   live, unfinished stream from its ``last_seq``. A plan the coordinator no longer knows
-  fails its stream, unless this session submitted it: see *Recovery*.
+  fails its stream, unless this session submitted it: see *Recovery*. A plan whose stream the
+  coordinator holds only to an earlier seq (``subscribed.last_seqs``: a store loss took its
+  tail) goes on from that seq (``PlanStream.rewind``), and a ``get_plan`` says whether it
+  already ended.
 * **Recovery** (docs/SEMANTICS.md §Recovery from clients and workers). For every plan it was
   told was accepted and that has not ended, the session keeps the encoded ``submit``. When a
   resubscription after a reconnect finds the plan unknown (a store loss on the coordinator's
@@ -60,6 +63,7 @@ from protocol.messages import (
     DataGrant,
     Error,
     Event,
+    GetPlan,
     Moved,
     Ok,
     PlanReply,
@@ -440,6 +444,14 @@ class ClientSession:
         self._outbox.append(self.encode(msg))
         return True
 
+    def _ask_outcome(self, stream: PlanStream) -> None:
+        """Ask for the plan's record (``get_plan``): a rewound stream's plan may have ended before the seq it
+        goes on from, and its terminal event is then never sent again. Re-sent after a reconnect."""
+        req_id = next(self._req_ids)
+        raw = self.encode(GetPlan(req_id=req_id, plan_id=stream.id))
+        self._pending[req_id] = PendingRequest(GetPlan, PlanReply, _Outcome(self, stream), raw=raw)
+        self._outbox.append(raw)
+
     def _recovered(self, stream: PlanStream) -> None:
         self.recovered += 1
         stream.recover(RECOVERED_REASON)
@@ -458,7 +470,11 @@ class _Resubscription:
         return False
 
     def set_result(self, result: Any, /) -> None:
-        """The replay follows the reply; nothing to do."""
+        """The replay follows the reply. A stream the coordinator holds only to an earlier seq (a store loss)
+        goes on from there, and the plan's record says whether it already ended (``Stream.rewind``)."""
+        last_seq = result.last_seqs.get(self._stream.id) if isinstance(result, Subscribed) else None
+        if last_seq is not None and self._stream.rewind(last_seq):
+            self._session._ask_outcome(self._stream)
 
     def set_exception(self, exception: BaseException, /) -> None:
         if isinstance(exception, PlanNotFound) and not self._session._resubmit(self._stream):
@@ -494,3 +510,26 @@ class _Recovery:
             )
         )
         self._session.remove_stream(self._stream)
+
+
+class _Outcome:
+    """The waiter of the ``get_plan`` that follows a rewind (``ClientSession._ask_outcome``): an ended plan's
+    record ends its stream."""
+
+    __slots__ = ("_session", "_stream")
+
+    def __init__(self, session: ClientSession, stream: PlanStream) -> None:
+        self._session = session
+        self._stream = stream
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, result: Any, /) -> None:
+        self._stream.finish_from_info(result.plan)
+        if self._stream.done():
+            self._session._specs.pop(self._stream.id, None)
+            self._session.remove_stream(self._stream)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        """No record (forgotten meanwhile): the stream goes on as it is."""

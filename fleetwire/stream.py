@@ -12,6 +12,11 @@ Theory of operation (docs/PROTOCOL.md §Client session, §Lifecycle events):
   returns or raises. A session that ends first marks the stream ``lost``.
 * A plan the coordinator lost (a store loss) and the session resubmitted (``recover``) starts
   its stream again: a ``recovered`` marker event, then the new stream from ``seq`` 1.
+* A plan whose stream the coordinator holds only up to an earlier ``seq`` than this one (a store
+  loss took its latest events; ``subscribed.last_seqs`` says so) goes on from there
+  (``rewind``): a ``rewound`` marker event, then the coordinator's next events, numbered again.
+* Every marker (``resync``, ``recovered``, ``rewound``) explains itself: its ``data`` has a
+  ``reason`` a person can read (``fleetwire watch`` prints it).
 * Every change sets the stream's ``waker`` once (then drops it) and calls ``on_change``: the
   asyncio ``Plan`` handle (fleetwire/plan.py) puts an ``asyncio.Event`` there while someone waits.
   Nothing here awaits, sleeps or allocates per event beyond the buffer, and the stream holds no
@@ -29,7 +34,18 @@ from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
 from protocol import errors as codes
 from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, PlanInfo, PlanStateName, Receipt, Resync
 
-__all__ = ["PlanStream"]
+__all__ = ["RESYNC_REASON", "REWOUND_REASON", "PlanStream"]
+
+#: The ``reason`` of a ``resync`` marker: why a replay can lack events (docs/PROTOCOL.md §6, *Events and seq*).
+RESYNC_REASON: Final = (
+    "the coordinator no longer holds these events: it keeps no superseded waiting reasons, no ephemeral "
+    "events (tokens, progress) of a plan that ended or from before a restart, and at most 10,000 events a plan"
+)
+
+#: The ``reason`` of a ``rewound`` marker (docs/SEMANTICS.md §Recovery from clients and workers).
+REWOUND_REASON: Final = (
+    "coordinator lost the latest events of this stream (a store loss); the next ones are numbered again"
+)
 
 # Lifecycle event kind -> the plan state it implies (docs/PROTOCOL.md §Lifecycle events).
 _STATE_OF_KIND: Final[dict[str, PlanStateName]] = {
@@ -69,6 +85,7 @@ class PlanStream:
         live: whether events are taken (see the module docstring).
         resyncs: runs of events the coordinator could no longer replay (see ``resync``).
         recovered: times the session resubmitted the plan after the coordinator lost it (see ``recover``).
+        rewound: times the coordinator's stream was found behind this one (see ``rewind``).
         events: every event taken, in ``seq`` order.
         final: the terminal state, once known.
         receipt: the energy and carbon receipt its terminal event (or record) carried; None: none.
@@ -92,6 +109,7 @@ class PlanStream:
         "on_change",
         "recovered",
         "resyncs",
+        "rewound",
         "state",
         "waker",
         "worker_id",
@@ -108,6 +126,7 @@ class PlanStream:
         self.live = live
         self.resyncs = 0
         self.recovered = 0
+        self.rewound = 0
         self.events: list[Event] = []
         self.final: PlanStateName | None = None
         self._receipt: Any = None  # as the terminal event carried it; converted when read (:attr:`receipt`)
@@ -211,14 +230,15 @@ class PlanStream:
         """The coordinator no longer holds seqs ``first_seq..last_seq``: say so in the stream.
 
         A marker ``Event(kind="resync", seq=last_seq, data={"recovered": False, "first_seq",
-        "last_seq", "state"})`` stands in for them, so the stream has no silent gap; the
+        "last_seq", "state", "reason"})`` stands in for them, so the stream has no silent gap; the
         plan's state comes from the record the coordinator sent with it.
         """
         if not self.live or self.final is not None or msg.last_seq <= self.last_seq:
             return
         info = msg.plan
         data = {"recovered": msg.recovered, "first_seq": max(msg.first_seq, self.last_seq + 1),
-                "last_seq": msg.last_seq, "state": info.state if info is not None else None}  # fmt: skip
+                "last_seq": msg.last_seq, "state": info.state if info is not None else None,
+                "reason": RESYNC_REASON}  # fmt: skip
         self.events.append(Event(plan_id=self.id, kind="resync", data=data, seq=msg.last_seq))
         self.last_seq = msg.last_seq
         self.resyncs += 1
@@ -242,6 +262,23 @@ class PlanStream:
         self.state = "queued"
         self.recovered += 1
         self._changed()
+
+    def rewind(self, last_seq: int) -> bool:
+        """The coordinator's stream of this plan ends at ``last_seq``, before this one's: a store loss took
+        the latest events it had sent. Its next events, numbered from ``last_seq + 1`` again, are new ones.
+
+        A marker ``Event(kind="rewound", seq=last_seq, data={"reason", "last_seq"})`` (``last_seq``: the
+        last seq this stream had) goes into the stream, and the stream takes seqs after ``last_seq``.
+        Returns whether it rewound (False: the coordinator is not behind, or the plan ended here).
+        """
+        if self.final is not None or not 0 <= last_seq < self.last_seq:
+            return False
+        data = {"reason": REWOUND_REASON, "last_seq": self.last_seq}
+        self.events.append(Event(plan_id=self.id, kind="rewound", data=data, seq=last_seq))
+        self.last_seq = last_seq
+        self.rewound += 1
+        self._changed()
+        return True
 
     def finish_from_info(self, info: PlanInfo) -> None:
         """End the stream from the plan's record when its terminal event came before ``last_seq``.

@@ -515,10 +515,17 @@ class Accepted(_Msg, tag="accepted"):
 
 
 class Subscribed(_Msg, tag="subscribed"):
-    """The subscription is in place; replayed events follow."""
+    """The subscription is in place; replayed events follow.
+
+    ``last_seqs``: each plan named in the ``subscribe`` and its last seq as the subscription starts
+    (the replay ends there, live events follow). Below the subscriber's ``from_seq``, this
+    coordinator's stream is behind what it saw (a store loss): the next events are numbered from
+    that seq + 1 and are new ones, not replays (docs/SEMANTICS.md §Recovery from clients and workers).
+    """
 
     req_id: int
     plan_ids: list[str] = []
+    last_seqs: dict[str, int] = {}
 
 
 class PlanReply(_Msg, tag="plan"):

@@ -14,7 +14,8 @@ from fleetwire import console
 from fleetwire.cli import build_parser
 from fleetwire.cli_ops import interrupted_text, op_hint, tag_list
 from fleetwire.reference import generate
-from protocol.messages import Capabilities, Event, Load, WorkerInfo, Workers
+from fleetwire.stream import RESYNC_REASON, PlanStream
+from protocol.messages import Capabilities, Event, Load, PlanInfo, Resync, WorkerInfo, Workers
 
 LONG_IDS = [
     "gpu-node-0042.rack-17.datacenter-west.example.internal-9f3a2b7c",
@@ -145,3 +146,16 @@ def test_cancel_takes_several_ids_or_all_with_state() -> None:
     assert ns.plan == ["a", "b", "c"] and not ns.all
     ns = build_parser().parse_args(["cancel", "--all", "--state", "queued"])
     assert ns.all and ns.state == ["queued"] and ns.plan == []
+
+
+def test_a_followed_resync_marker_says_which_events_it_stands_for_and_why() -> None:
+    """``watch`` of a finished plan whose ephemeral events are gone prints the resync marker's seqs and its
+    reason, not an unexplained map."""
+    stream = PlanStream("p1", live=True)
+    info = PlanInfo(id="p1", op="echo", state="succeeded", last_seq=9)
+    stream.resync(Resync(plan_id="p1", first_seq=3, last_seq=8, plan=info))
+    out = io.StringIO()
+    follower = console._Follower(Console(file=out, no_color=True), "p1", follow=True, live=False)
+    follower.event(stream.events[-1])
+    assert " ".join(out.getvalue().split()) == f"[3-8] resync: {RESYNC_REASON}"  # as wrapped at 80 columns
+    assert "ephemeral events (tokens, progress) of a plan that ended" in RESYNC_REASON

@@ -14,7 +14,7 @@ import pytest
 from fleetwire.errors import FleetwireConnectionError, PlanFailed, PlanNotFound, ProtocolError
 from fleetwire.plan import Plan
 from fleetwire.session import COALESCE_LIMIT_BYTES, RECOVERED_REASON, ClientSession
-from fleetwire.stream import PlanStream
+from fleetwire.stream import REWOUND_REASON, PlanStream
 from protocol import errors as codes
 from protocol.codec import Codec, Encoding
 from protocol.messages import (
@@ -337,3 +337,53 @@ def test_end_fails_every_waiter_and_stream_and_sends_nothing_more() -> None:
         waiter.result(0)
     assert str(accepted.result(0).lost) == "lost"
     assert session.next_frame() is None and session.pending_requests == 0
+
+
+def _resubscribed(session: ClientSession) -> tuple[PlanStream, Subscribe]:
+    """A submitted plan seen to seq 5, then a reconnect: its resubscription (from 5) as sent."""
+    _, waiter = submit(session, "p1")
+    session.receive_frame(frame(Accepted(req_id=1, plan_id="p1"), Event(plan_id="p1", kind="leased", seq=5)))
+    sent(session)
+    session.resume()
+    (subscribe,) = sent(session)
+    assert (subscribe.plan_ids, subscribe.from_seq) == (["p1"], 5)
+    return waiter.result(0), subscribe
+
+
+def test_a_stream_the_coordinator_holds_only_to_an_earlier_seq_goes_on_from_there() -> None:
+    """subscribed.last_seqs behind the stream (a store loss took its tail): a ``rewound`` marker, then the
+    coordinator's next events, numbered again from there, are taken; a get_plan asks whether it ended."""
+    session = ClientSession("msgpack")
+    stream, subscribe = _resubscribed(session)
+    session.receive_frame(frame(Subscribed(req_id=subscribe.req_id, plan_ids=["p1"], last_seqs={"p1": 2}),
+                                Event(plan_id="p1", kind="leased", seq=3)))  # fmt: skip
+    assert [(e.kind, e.seq) for e in stream.events] == [("leased", 5), ("rewound", 2), ("leased", 3)]
+    assert stream.events[1].data == {"reason": REWOUND_REASON, "last_seq": 5} and stream.rewound == 1
+    (ask,) = sent(session)
+    assert isinstance(ask, GetPlan) and ask.plan_id == "p1"
+    session.receive(PlanReply(req_id=ask.req_id, plan=PlanInfo(id="p1", op="echo", state="running", last_seq=3)))
+    assert not stream.done()
+    session.receive(Event(plan_id="p1", kind="succeeded", data={"result": 8}, seq=4))
+    assert stream.outcome() == 8 and session.held_specs == 0
+
+
+def test_a_rewound_stream_whose_plan_already_ended_ends_from_its_record() -> None:
+    """Behind and already ended on the coordinator (its terminal event is never sent again): the record that
+    the get_plan brings ends the stream with the plan's result."""
+    session = ClientSession("msgpack")
+    stream, subscribe = _resubscribed(session)
+    session.receive(Subscribed(req_id=subscribe.req_id, plan_ids=["p1"], last_seqs={"p1": 3}))
+    (ask,) = sent(session)
+    session.receive(PlanReply(req_id=ask.req_id, plan=PlanInfo(id="p1", op="echo", state="succeeded", result=4,
+                                                               last_seq=3)))  # fmt: skip
+    assert stream.outcome() == 4 and session.streams_of("p1") == [] and session.held_specs == 0
+
+
+def test_a_resubscription_the_coordinator_is_level_with_or_ahead_of_changes_nothing() -> None:
+    """last_seqs at or past the stream's seq (the usual resume), or absent (an older coordinator, a view
+    session): no marker, no get_plan."""
+    for last_seqs in ({"p1": 5}, {"p1": 9}, {}):
+        session = ClientSession("msgpack")
+        stream, subscribe = _resubscribed(session)
+        session.receive(Subscribed(req_id=subscribe.req_id, plan_ids=["p1"], last_seqs=last_seqs))
+        assert [e.kind for e in stream.events] == ["leased"] and sent(session) == []

@@ -7,12 +7,28 @@ run (a lost tail): what the clients and workers still hold is what brings the pl
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 from structlog.testing import capture_logs
 
 from coordinator.io.store import MemoryStore
-from protocol.messages import Accept, Accepted, Assign, Done, Event, Resync, Submit, Subscribe, Welcome
+from fleetwire.session import ClientSession
+from fleetwire.stream import PlanStream
+from protocol import Codec
+from protocol.messages import (
+    Accept,
+    Accepted,
+    Assign,
+    Done,
+    Event,
+    FromClient,
+    Resync,
+    Submit,
+    Subscribe,
+    Subscribed,
+    Welcome,
+)
 from tests.unit.test_core import kinds, only
 from tests.unit.test_durability_core import Durable, running_plan
 
@@ -112,27 +128,75 @@ def _subscribe_from(h: Durable, plan_id: str, from_seq: int) -> list[Any]:
     return h.take(c)
 
 
-def test_a_subscriber_past_the_stream_moves_its_numbering_so_new_events_are_not_replays() -> None:
-    """A client that saw seq 5 of a plan the store holds only to seq 1 (a lost tail): the plan's next events are
-    numbered after 5, so the client's stream takes them."""
+def test_a_subscriber_past_the_stream_is_told_where_it_ends_and_its_numbering_stays() -> None:
+    """A client that saw seq 5 of a plan the store holds only to seq 1 (a lost tail): ``subscribed.last_seqs``
+    says the stream ends at 1, nothing is replayed, and the plan's next event is seq 2 as ever."""
     h = Durable()
     plan_id = h.submit(h.client())
-    assert h.core.plans[plan_id].next_seq <= 3
+    end = h.core.plans[plan_id].next_seq - 1
     msgs = _subscribe_from(h, plan_id, 5)
+    assert only(msgs, Subscribed).last_seqs == {plan_id: end}
     assert not [m for m in msgs if isinstance(m, Event | Resync)]
     h.worker("w1")
-    assert h.core.plans[plan_id].events[-1].seq == 6  # leased
+    assert h.core.plans[plan_id].events[-1].seq == end + 1  # leased
 
 
-def test_a_subscriber_past_the_stream_of_an_ended_plan_gets_a_resync_with_its_record() -> None:
-    """The plan ended here with a seq the subscriber already passed: a resync carrying the record ends it."""
+def test_a_subscriber_past_the_stream_of_an_ended_plan_changes_nothing_and_get_plan_tells_the_outcome() -> None:
+    """The plan ended here with a seq the subscriber already passed: no resync, no new seq; the record is as
+    it was (its outcome, its last seq), for the subscriber's ``get_plan``."""
     h = Durable()
     _, w, plan_id = running_plan(h)
     h.send(w, Done(plan_id=plan_id, attempt=1, outcome="succeeded", result=9, seq=2))
-    last = h.core.plans[plan_id].next_seq - 1
+    plan = h.core.plans[plan_id]
+    last, held = plan.next_seq - 1, list(plan.events)
     msgs = _subscribe_from(h, plan_id, last + 3)
-    resync = only(msgs, Resync)
-    assert (resync.first_seq, resync.last_seq) == (last + 4, last + 4)
-    assert resync.plan is not None and (resync.plan.state, resync.plan.result, resync.plan.last_seq) == (
-        "succeeded", 9, last + 4,
-    )
+    assert only(msgs, Subscribed).last_seqs == {plan_id: last} and not [m for m in msgs if isinstance(m, Resync)]
+    assert (plan.next_seq - 1, plan.events, plan.info().result) == (last, held, 9)
+
+
+def test_an_sdk_session_past_a_lost_tail_goes_on_from_the_store_and_ends_with_the_result() -> None:
+    """The SDK's session saw a running plan to its log events; the store kept only the plan's creation. After the
+    restart its resubscription is told the stream ends earlier: a ``rewound`` marker, the plan's numbering left
+    as it was, and the events of the recovered lease, numbered on from the store's, end the stream with the result."""
+    h = Durable()
+    session, coordinator = ClientSession("msgpack"), Codec("msgpack", FromClient, role="client")
+    conn = h.client()
+
+    def exchange() -> None:
+        while (data := session.next_frame()) is not None:
+            for msg in coordinator.decode(data):
+                h.send(conn, msg)
+        if msgs := h.take(conn):
+            session.receive_frame(coordinator.encode(msgs))
+
+    def live(reply: Accepted) -> PlanStream:
+        stream = PlanStream(reply.plan_id, state=reply.state, live=True)
+        session.add_stream(stream)
+        return stream
+
+    waiter: Future[PlanStream] = Future()
+    submit = Submit(req_id=session.next_req_id(), op="echo", plan_id="p1")
+    session.send_request(submit.req_id, Submit, session.encode(submit), Accepted, waiter, live)
+    exchange()
+    keep = len(h.records)  # the plan and its first events: everything after is lost
+    w = h.worker("w1")
+    only(h.take(w), Assign)
+    h.send(w, Accept(plan_id="p1", attempt=1, seq=1))
+    for seq in (2, 3):
+        h.send(w, Event(plan_id="p1", attempt=1, kind="log", data=seq, seq=seq))
+    exchange()
+    stream = waiter.result(0)
+    seen = stream.last_seq
+    lose_tail(h, keep, now=100.0)
+    end = h.core.plans["p1"].next_seq - 1
+    assert end < seen
+    conn = h.client()
+    session.resume()
+    exchange()  # the resubscription: rewound; its get_plan goes next
+    exchange()
+    assert [e.kind for e in stream.events][-2:] == ["log", "rewound"] and stream.last_seq == end
+    assert h.core.plans["p1"].next_seq - 1 == end and not stream.done()
+    w = h.worker("w1", running=[("p1", 1)])
+    h.send(w, Done(plan_id="p1", attempt=1, outcome="succeeded", result=42, seq=4))
+    exchange()
+    assert stream.outcome() == 42 and [e.kind for e in stream.events][-2:] == ["leased", "succeeded"]
