@@ -73,7 +73,7 @@ from coordinator.worker_session import WorkerSessions
 from protocol import errors
 from protocol.codec import DecodeFailure
 from protocol.messages import Ack, Event, FromClient, FromWorker
-from protocol.relay import DEFAULT_MAX_BYTES, DEFAULT_WINDOW_BYTES
+from protocol.relay import DEFAULT_IDLE_S, DEFAULT_MAX_BYTES, DEFAULT_WINDOW_BYTES
 
 __all__ = ["Coordinator", "CoreConfig", "Effects"]
 
@@ -108,6 +108,9 @@ class CoreConfig:
     data_key_rotation_s: float = 86_400.0  # the driver rotates the ticket key this often (0: never)
     relay_window_bytes: int = DEFAULT_WINDOW_BYTES  # a relayed stream's credit (coordinator/relay.py)
     relay_max_bytes: int = DEFAULT_MAX_BYTES  # ... and all relayed streams' credit together
+    relay_principal_bytes: int = 0  # ... one principal's streams' (0: half of relay_max_bytes)
+    relay_session_bytes: int = 0  # ... one client session's streams' (0: a quarter of relay_max_bytes)
+    relay_idle_s: float = DEFAULT_IDLE_S  # a relayed stream's window on which nothing moved this long goes back
     plan_retention_s: float = 86_400.0  # finished plans are forgotten this long after they end (0: never)
     plan_retention_bytes: int = DEFAULT_RETENTION_BYTES  # ... or, oldest first, past these retained bytes (0: none)
     run_timeout_grace_s: float = DEFAULT_GRACE_S  # a running attempt past timeout_s + this fails (timeouts.py)
@@ -170,7 +173,8 @@ class Coordinator:
         )
         self.relay = Relay(  # inputs and outputs carried through the coordinator (coordinator/relay.py)
             plans=self.plans, registry=self.registry, outbox=self.outbox, window_bytes=config.relay_window_bytes,
-            max_bytes=config.relay_max_bytes,
+            max_bytes=config.relay_max_bytes, principal_bytes=config.relay_principal_bytes,
+            session_bytes=config.relay_session_bytes, idle_s=config.relay_idle_s,
         )
         self.scheduler = Scheduler(
             registry=self.registry, plans=self.plans, queue=self.queue, placement=self.placement,
@@ -259,6 +263,8 @@ class Coordinator:
             self._on_client(session, msg, now)  # type: ignore[arg-type]  # a FromClient, as above
         else:
             self._misdirected(session, msg)
+        if self.relay.streams:  # a relayed stream's plan may have ended or moved on: its window goes back at once
+            self.relay.plan_moved(getattr(msg, "plan_id", ""))
 
     def close_session(self, conn_id: int, now: float) -> None:
         """The connection is gone, for any reason. Idempotent; an unknown id is a no-op."""
@@ -287,6 +293,7 @@ class Coordinator:
         self.streams.now = now
         self.retention.sweep(now)
         self.timeouts.expire(now)  # running past timeout_s + grace: failed timeout (coordinator/timeouts.py)
+        self.relay.expire(now)  # relayed streams idle past relay_idle_s give their windows back (coordinator/relay.py)
         self.operator.tick(now)
         self._autoscale(now)
         self.scheduler.catch_up_waiting(now)  # waiting reasons a refresh left past its budget (scheduling.py)

@@ -4,51 +4,78 @@ When a client cannot reach a worker's data endpoint (the worker has none, it is 
 firewall is in the way) or asks for it, the bytes travel over the two websocket sessions the
 client and the worker already have with the coordinator, in ``data_chunk`` messages of at most
 256 KiB. This module is the pure bookkeeping: which streams are open, who may send on each,
-and how many bytes each may have in flight.
+how many bytes each may have in flight, and who gets the relay's memory when it is short.
 
 Theory of operation:
 
 * A *stream* is one input (``put``: client -> worker) or output (``get``: worker -> client) of
-  one plan attempt, named by (plan id, attempt, name, direction). The client opens it
-  (``data_open`` with the grant's ticket); the coordinator checks it against the plan (the
-  session's principal owns it, the attempt is current, the name is a declared input or an
-  output the plan declared or left) and passes it to the plan's worker with ``credit``: the
-  stream's *window*. The worker checks the ticket (as its HTTP endpoint does) and answers: a
-  ``put`` with ``data_credit`` (the offset it holds: where the client starts), a ``get`` with
-  its first chunks; the client of a ``get`` is told the window too (a ``data_credit``), so both
-  receivers credit once per quarter window (protocol/relay.py ``credit_every``), not per chunk.
-* Credit: the sender may have at most ``window`` bytes sent and not yet acknowledged by the
-  receiver (``data_credit.offset``). The coordinator checks every chunk: in order (its offset is
-  where the previous one ended), at most 256 KiB, within the declared size, within the window.
-  A chunk that breaks one of these ends the stream (``data_end(relay_violation)`` to both
-  sides); it is never queued. So the bytes of a stream inside the coordinator never exceed its
-  window, and a slow receiver slows only its own sender: nothing else waits on it.
-* Memory: the windows of all open streams together stay within ``max_bytes``
-  (``--relay-max-bytes``): a stream opened when less than a window is free gets what is free,
-  at least one chunk, or is refused ``relay_busy`` (the SDK retries it). Chunks are not held
-  here: each is handed on to the receiver's outbox as the same message, its ``data`` a view into
-  the frame it came in (copied out only when that frame held more than the chunk: ``compact``,
-  so a window of chunks is that many bytes, not frames); a chunk that came alone in its frame
-  goes out as that frame, unencoded (protocol/chunkview.py, coordinator/io/connection.py).
+  one plan attempt, named by (plan id, attempt, name, direction) and by the id its client gave
+  it (``data_open.stream``, echoed in every message of the stream; 0: a peer that gives none).
+  The client opens it (``data_open`` with the grant's ticket); the coordinator checks it against
+  the plan (the session's principal owns it, the attempt is current, the name is a declared
+  input or an output the plan declared or left) and passes it to the plan's worker with
+  ``credit``: the stream's *window* ``W``. The worker checks the ticket (as its HTTP endpoint
+  does) and answers: a ``put`` with ``data_credit`` (the offset it holds: where the client
+  starts), a ``get`` with its first chunks; the client of a ``get`` is told the window too (a
+  ``data_credit``), so both receivers credit once per quarter window (protocol/relay.py
+  ``credit_every``), not per chunk. A newer open of the same stream replaces it; a message that
+  names an older stream id is dropped (it was under way when the stream was opened again).
+* Credit: the sender may have at most ``W`` bytes sent and not yet acknowledged by the receiver
+  (``data_credit.offset``). The coordinator checks every chunk: in order (its offset is where
+  the previous one ended), at most 256 KiB, within the declared size, within the window. A chunk
+  that breaks one of these ends the stream (``data_end(relay_violation)`` to both sides); it is
+  never queued. So the bytes of a stream inside the coordinator never exceed its window, and a
+  slow receiver slows only its own sender: nothing else waits on it.
+* Memory, and who gets it (issue #24, the relay hog): a stream's window is *held* (counted
+  against the limits below) only from the moment bytes may flow: a ``put``'s once the worker
+  accepted the ticket (its first ``data_credit``), a ``get``'s when the open is passed to the
+  worker (the worker answers a ``get`` with its bytes). The windows held stay within three
+  limits at once: ``max_bytes`` in all (``--relay-max-bytes``), ``principal_bytes`` for one
+  principal's sessions and ``session_bytes`` for one session (protocol/relay.py
+  ``default_shares``: half and a quarter). Every stream's window is the same,
+  ``min(window_bytes, session_bytes, principal_bytes, max_bytes)``, so a stream that waits always
+  fits once others give theirs back. A stream with no room waits *in line* (oldest first; one
+  whose own session or principal is full does not hold up the others): its client gets
+  ``data_credit(credit=0, wait=<why>)`` and nothing may flow; when room comes, the ``put``'s
+  worker credit (or the ``get``'s open) goes on as usual. A window goes back at once when its
+  stream ends, when its plan ends (a ``put``), is requeued or moves to another attempt, when a
+  party's session closes, and when no byte moved on it for ``idle_s`` (``--relay-idle``): then
+  it ends ``relay_closed`` (its sender opens it again when it goes on; the worker's spool keeps
+  what arrived). Idleness is judged at the driver's ticks (:meth:`Relay.expire`, with ``now``):
+  a stream is idle from the first tick after the last chunk or credit it passed, so it goes back
+  between ``idle_s`` and ``idle_s`` plus one tick after it.
+* Chunks are not held here: each is handed on to the receiver's outbox as the same message, its
+  ``data`` a view into the frame it came in (copied out only when that frame held more than the
+  chunk: ``compact``, so a window of chunks is that many bytes, not frames); a chunk that came
+  alone in its frame goes out as that frame, unencoded (protocol/chunkview.py,
+  coordinator/io/connection.py).
 * A stream ends with ``data_end`` from either party (passed on to the other), after the last
-  chunk of a ``get``, or when either party's session closes (``relay_closed`` to the other,
-  which may open it again: the worker's spool keeps what arrived).
+  chunk of a ``get``, or as above (``relay_closed`` to the parties, which may open it again).
 
 Depends on the plans (what a stream may carry), the registry (the plan's worker's connection)
-and the outbox (where chunks, credits and ends go).
+and the outbox (where chunks, credits and ends go). Reads no clock: ``now`` comes with each tick.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import msgspec
 
 from protocol import errors
 from protocol.chunkview import compact
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
-from protocol.relay import BUSY, CLOSED, DEFAULT_MAX_BYTES, DEFAULT_WINDOW_BYTES, MAX_CHUNK_BYTES, VIOLATION
+from protocol.relay import (
+    BUSY,
+    CLOSED,
+    DEFAULT_IDLE_S,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_WINDOW_BYTES,
+    MAX_CHUNK_BYTES,
+    VIOLATION,
+    default_shares,
+)
 
 if TYPE_CHECKING:
     from coordinator.effects import Outbox
@@ -56,33 +83,47 @@ if TYPE_CHECKING:
     from coordinator.registry import WorkerRegistry
     from coordinator.sessions import Session
 
-__all__ = ["Relay", "RelayStream", "StreamKey"]
+__all__ = ["MAX_STREAMS_PER_SESSION", "Relay", "RelayStream", "StreamKey"]
 
 StreamKey = tuple[str, int, str, str]  # (plan id, attempt, name, direction)
 DataMessage = DataChunk | DataCredit | DataEnd
+StreamState = Literal["opening", "waiting", "open"]
+_Who = TypeVar("_Who", str, int)
+MAX_STREAMS_PER_SESSION = 64  # relayed streams one client session may have open or waiting; past it relay_busy
 
 
 @dataclass(slots=True, eq=False)
 class RelayStream:
-    """One open relayed stream.
+    """One relayed stream.
 
     Attributes:
         client, worker: the connection ids of its two parties.
+        principal: the client session's principal (whose share its window counts against).
         size: the input's declared size (``put``) or the output's size once the worker says (``get``; -1 before).
-        window: bytes its sender may have unacknowledged.
+        window: bytes its sender may have unacknowledged, once the window is held.
+        id: the client's id for it (``data_open.stream``; 0: none given).
+        state: ``opening`` (a ``put`` passed to its worker, not yet accepted), ``waiting`` (in line for
+            room), ``open`` (its window is held: bytes may flow).
         sent: where the next chunk must start (the end of what has passed through).
         acked: what the receiver acknowledged.
-        ready: the receiver (``put``: the worker's first credit) or sender (``get``) answered the open.
+        opened: a waiting ``get``'s open, passed to the worker once the window is held.
+        moved: a chunk or credit passed since the last tick (idleness, :meth:`Relay.expire`).
+        quiet_since: ``now`` of the first tick that found it still; None while it moves.
     """
 
     key: StreamKey
     client: int
     worker: int
+    principal: str
     size: int
     window: int
+    id: int = 0
+    state: StreamState = "opening"
     sent: int = 0
     acked: int = 0
-    ready: bool = False
+    opened: DataOpen | None = None
+    moved: bool = True
+    quiet_since: float | None = None
 
     @property
     def direction(self) -> str:
@@ -101,14 +142,17 @@ class RelayStream:
 
 
 class Relay:
-    """The relayed streams and their credit.
+    """The relayed streams, their credit and the shares of the relay's memory.
 
     Args:
         plans: the core's plans by id.
         registry: the workers (a plan's worker's connection).
         outbox: where messages go.
         window_bytes: a stream's window (unacknowledged bytes in flight).
-        max_bytes: the windows of all streams together.
+        max_bytes: the windows held by all streams together.
+        principal_bytes: ... by one principal's streams (0: half of ``max_bytes``).
+        session_bytes: ... by one client session's streams (0: a quarter of ``max_bytes``).
+        idle_s: a held window on which nothing moved this long goes back (its stream ends ``relay_closed``).
     """
 
     def __init__(
@@ -119,32 +163,56 @@ class Relay:
         outbox: Outbox,
         window_bytes: int = DEFAULT_WINDOW_BYTES,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        principal_bytes: int = 0,
+        session_bytes: int = 0,
+        idle_s: float = DEFAULT_IDLE_S,
     ) -> None:
-        if window_bytes < MAX_CHUNK_BYTES or max_bytes < MAX_CHUNK_BYTES:
-            raise ValueError(f"the relay's window and max bytes must be at least one chunk ({MAX_CHUNK_BYTES} bytes)")
+        default_principal, default_session = default_shares(max_bytes)
+        principal_bytes = principal_bytes or default_principal
+        session_bytes = session_bytes or default_session
+        if min(window_bytes, max_bytes, principal_bytes, session_bytes) < MAX_CHUNK_BYTES:
+            raise ValueError(f"the relay's window, max bytes and shares must be at least one chunk ({MAX_CHUNK_BYTES} "
+                             "bytes)")
+        if not idle_s > 0:
+            raise ValueError(f"the relay's idle timeout must be > 0 seconds, got {idle_s}")
         self._plans = plans
         self._registry = registry
         self._outbox = outbox
-        self.window_bytes = window_bytes
         self.max_bytes = max_bytes
+        self.principal_bytes = principal_bytes
+        self.session_bytes = session_bytes
+        self.idle_s = idle_s
+        self.window_bytes = min(window_bytes, session_bytes, principal_bytes, max_bytes)  # every stream's window
         self.streams: dict[StreamKey, RelayStream] = {}
         self._by_conn: dict[int, set[StreamKey]] = {}
-        self.reserved = 0  # the windows of the open streams, together
+        self._by_plan: dict[str, set[StreamKey]] = {}
+        self._line: dict[StreamKey, RelayStream] = {}  # streams waiting for room, oldest first
+        self._held_by_principal: dict[str, int] = {}
+        self._held_by_session: dict[int, int] = {}
+        self.reserved = 0  # the windows held, together
         self.bytes_relayed = 0
         self.bytes_in = 0  # of inputs (put: client -> worker); bytes_relayed = bytes_in + bytes_out
         self.bytes_out = 0  # of outputs (get: worker -> client)
         self.credit_stalls = 0  # chunks after which their sender had used its whole window (it waits for credit)
         self.refused = 0  # opens refused and streams ended for a violation
+        self.waits = 0  # streams that waited in line for room
+        self.idle_ends = 0  # streams ended because nothing moved on their window for idle_s
+        self.stale = 0  # messages of an older stream id, dropped
 
     @property
     def in_flight(self) -> int:
         """Bytes of all streams sent and not acknowledged (what the coordinator may hold of them)."""
         return sum(stream.in_flight for stream in self.streams.values())
 
+    @property
+    def waiting(self) -> int:
+        """Streams waiting in line for room."""
+        return len(self._line)
+
     # ------------------------------------------------------------------ from a client
 
     def open(self, s: Session, msg: DataOpen) -> None:
-        """A client opens a stream: checked against the plan, then passed on to its worker."""
+        """A client opens a stream: checked against the plan, then passed on to its worker (or in line)."""
         key: StreamKey = (msg.plan_id, msg.attempt, msg.name, msg.direction)
         plan = self._plans.get(msg.plan_id)
         problem: tuple[str, str] | None = None
@@ -160,33 +228,39 @@ class Relay:
             if worker_conn is None:
                 problem = (CLOSED, f"worker {plan.worker_id} of plan {msg.plan_id!r} is not connected now")
         old = self.streams.get(key)
-        free = self.max_bytes - self.reserved + (old.window if old is not None else 0)
-        window = min(self.window_bytes, free)
-        if problem is None and window < MAX_CHUNK_BYTES:
-            problem = (BUSY, f"the relay carries {self.reserved} bytes in flight, its limit (--relay-max-bytes)")
+        mine = self._by_conn.get(s.conn_id, ())
+        if problem is None and len(mine) - (old is not None and key in mine) >= MAX_STREAMS_PER_SESSION:
+            problem = (BUSY, f"this session has {MAX_STREAMS_PER_SESSION} relayed streams open or waiting, the most "
+                       "one session may; open it again once one of them ended")
         if problem is not None:
             self.refused += 1
-            self._outbox.send(s.conn_id, _end(key, *problem))
+            self._outbox.send(s.conn_id, _end(key, *problem, stream_id=msg.stream))
             return
         assert plan is not None and worker_conn is not None
         if old is not None:  # a newer open (a resumed transfer) replaces the stream
             self._drop(old)
             if old.client != s.conn_id:
-                self._outbox.send(old.client, _end(key, CLOSED, "replaced by a newer open of the same stream"))
+                self._outbox.send(old.client, _end(key, CLOSED, "replaced by a newer open of the same stream",
+                                                   stream_id=old.id))
         size = -1
         if msg.direction == "put":
             size = next(spec.size for spec in plan.inputs if spec.name == msg.name)
-        stream = RelayStream(key, s.conn_id, worker_conn, size, window)
+        stream = RelayStream(key, s.conn_id, worker_conn, s.principal, size, self.window_bytes, msg.stream)
         self.streams[key] = stream
-        self.reserved += window
         self._by_conn.setdefault(s.conn_id, set()).add(key)
         self._by_conn.setdefault(worker_conn, set()).add(key)
-        self._outbox.send(worker_conn, msgspec.structs.replace(msg, credit=window, offset=max(0, msg.offset)))
-        if msg.direction == "get":
-            stream.sent = stream.acked = max(0, msg.offset)
-            # the receiving client learns the window too, so it may credit once per quarter of it
-            self._outbox.send(s.conn_id, DataCredit(plan_id=msg.plan_id, attempt=msg.attempt, name=msg.name,
-                                                    direction="get", offset=stream.sent, credit=window))
+        self._by_plan.setdefault(msg.plan_id, set()).add(key)
+        opened = msgspec.structs.replace(msg, credit=stream.window, offset=max(0, msg.offset))
+        if msg.direction == "put":  # the worker checks the ticket first; its first credit asks for the window
+            self._outbox.send(worker_conn, opened)
+            return
+        stream.sent = stream.acked = opened.offset
+        stream.opened = opened
+        why = self._no_room(stream)
+        if why is None:
+            self._hold(stream)
+        else:
+            self._wait(stream, why)
 
     def _open_problem(self, plan: Plan, msg: DataOpen) -> tuple[str, str] | None:
         if msg.attempt != plan.attempt or plan.worker_id is None:
@@ -210,7 +284,11 @@ class Relay:
         stream = self.streams.get(key)
         if stream is None or conn_id not in (stream.client, stream.worker):
             if isinstance(msg, DataChunk):  # credits and ends of a stream that just ended are normal; chunks are not
-                self._outbox.send(conn_id, _end(key, CLOSED, "no open relay stream; open it again (data_open)"))
+                self._outbox.send(conn_id, _end(key, CLOSED, "no open relay stream; open it again (data_open)",
+                                                stream_id=msg.stream))
+            return
+        if msg.stream and msg.stream != stream.id:  # of an older open of this stream, under way when it was replaced
+            self.stale += 1
             return
         match msg:
             case DataChunk():
@@ -220,15 +298,16 @@ class Relay:
             case DataEnd():
                 self._drop(stream)
                 other = stream.worker if conn_id == stream.client else stream.client
-                self._outbox.send(other, msg)
+                self._outbox.send(other, _stamped(msg, stream.id))
 
     def _chunk(self, conn_id: int, stream: RelayStream, msg: DataChunk) -> None:
         n = len(msg.data)
         problem = None
         if conn_id != stream.sender():
             problem = "a chunk from the receiving side of the stream"
-        elif not stream.ready and stream.direction == "put":
-            problem = "a chunk before the worker's first data_credit"
+        elif stream.state != "open":
+            problem = ("a chunk before the worker's first data_credit" if stream.state == "opening"
+                       else "a chunk while the stream waits for relay room (no credit given yet)")
         elif n > MAX_CHUNK_BYTES:
             problem = f"a chunk of {n} bytes; at most {MAX_CHUNK_BYTES}"
         elif msg.offset != stream.sent:
@@ -242,7 +321,7 @@ class Relay:
         if problem is not None:
             self._violation(stream, f"{msg.direction} {msg.name!r} of plan {msg.plan_id!r}: {problem}")
             return
-        stream.ready = True
+        stream.moved = True
         stream.sent += n
         self.bytes_relayed += n
         if stream.direction == "put":
@@ -251,7 +330,8 @@ class Relay:
             self.bytes_out += n
         if stream.window - stream.in_flight < MAX_CHUNK_BYTES and not msg.last:
             self.credit_stalls += 1  # no room for another whole chunk until the receiver credits
-        self._outbox.send(stream.receiver(), compact(msg))  # held: its bytes, not a bigger frame they came in
+        msg = compact(msg)  # held: its bytes, not a bigger frame they came in
+        self._outbox.send(stream.receiver(), msg if msg.stream == stream.id else _stamped(msg, stream.id))
         if msg.last and stream.direction == "get":  # the whole output passed: the client's last credits are moot
             self._drop(stream)
 
@@ -259,18 +339,52 @@ class Relay:
         if conn_id != stream.receiver():
             self._violation(stream, f"a data_credit from the sending side of {msg.name!r}")
             return
-        if not stream.ready and stream.direction == "put":  # the worker answers the open: where the client starts
-            stream.ready = True
+        if stream.state == "opening":  # the worker accepted a put's ticket: where the client starts
             stream.sent = stream.acked = msg.offset
             if msg.size >= 0:
                 stream.size = msg.size
-        elif msg.offset < stream.acked or msg.offset > stream.sent:
+            why = self._no_room(stream)
+            if why is None:
+                self._hold(stream)
+            else:
+                self._wait(stream, why)
+            return
+        if stream.state == "waiting":
+            return  # nothing flowed yet, so nothing to acknowledge
+        if msg.offset < stream.acked or msg.offset > stream.sent:
             self._violation(stream, f"a data_credit at offset {msg.offset}, outside {stream.acked}..{stream.sent}")
             return
+        stream.moved = True
         stream.acked = msg.offset
-        self._outbox.send(stream.sender(), msgspec.structs.replace(msg, credit=stream.window))
+        self._outbox.send(stream.sender(), msgspec.structs.replace(msg, credit=stream.window, stream=stream.id))
 
-    # ------------------------------------------------------------------ sessions
+    # ------------------------------------------------------------------ the driver's clock, plans, sessions
+
+    def expire(self, now: float) -> None:
+        """A tick: streams of plans that ended or moved on end, and windows idle past ``idle_s`` go back."""
+        for stream in list(self.streams.values()):
+            if self.streams.get(stream.key) is not stream:
+                continue  # ended by an earlier one in this loop
+            if self._moved_on(stream):
+                continue
+            if stream.state == "waiting":
+                continue  # it waits on the relay, not the other way round
+            if stream.moved:
+                stream.moved, stream.quiet_since = False, now
+            elif stream.quiet_since is not None and now - stream.quiet_since >= self.idle_s:
+                self.idle_ends += 1
+                what = "its window" if stream.state == "open" else "the worker's answer to its open"
+                self._end_both(stream, CLOSED, f"no byte moved on it for {self.idle_s:g} s (--relay-idle): "
+                               f"{what} went back to the relay; open it again to go on")
+
+    def plan_moved(self, plan_id: str) -> None:
+        """A message about ``plan_id`` was handled: its streams end if the plan ended or moved to another attempt."""
+        keys = self._by_plan.get(plan_id)
+        if keys:
+            for key in list(keys):
+                stream = self.streams.get(key)
+                if stream is not None:
+                    self._moved_on(stream)
 
     def connection_closed(self, conn_id: int) -> None:
         """A session closed: its streams end, and the other party of each is told (``relay_closed``)."""
@@ -284,31 +398,137 @@ class Relay:
             self._drop(stream)
             other = stream.worker if conn_id == stream.client else stream.client
             who = "client" if conn_id == stream.client else "worker"
-            self._outbox.send(other, _end(key, CLOSED, f"the {who}'s session closed", stream.acked))
+            self._outbox.send(other, _end(key, CLOSED, f"the {who}'s session closed", stream.acked, stream.id))
+
+    # ------------------------------------------------------------------ room
+
+    def _no_room(self, stream: RelayStream) -> str | None:
+        """Why ``stream``'s window cannot be held now (naming the limit), or None."""
+        window = stream.window
+        held = self._held_by_session.get(stream.client, 0)
+        if held + window > self.session_bytes:
+            return (f"this session's relayed streams hold {held} bytes, and a stream's window of {window} would pass "
+                    f"its share of {self.session_bytes} (--relay-session-bytes)")
+        held = self._held_by_principal.get(stream.principal, 0)
+        if held + window > self.principal_bytes:
+            return (f"principal {stream.principal!r}'s relayed streams hold {held} bytes, and a stream's window of "
+                    f"{window} would pass its share of {self.principal_bytes} (--relay-principal-bytes)")
+        if self.reserved + window > self.max_bytes:
+            return (f"the relay holds {self.reserved} bytes of windows, and one more of {window} would pass its "
+                    f"{self.max_bytes} (--relay-max-bytes)")
+        return None
+
+    def _hold(self, stream: RelayStream) -> None:
+        """Hold ``stream``'s window (there is room) and let bytes flow."""
+        stream.state = "open"
+        stream.moved = True
+        window = stream.window
+        self.reserved += window
+        self._held_by_principal[stream.principal] = self._held_by_principal.get(stream.principal, 0) + window
+        self._held_by_session[stream.client] = self._held_by_session.get(stream.client, 0) + window
+        plan_id, attempt, name, _ = stream.key
+        if stream.direction == "put":  # the worker's first credit goes on: the client starts at its offset
+            self._outbox.send(stream.client, DataCredit(plan_id=plan_id, attempt=attempt, name=name, direction="put",
+                                                        offset=stream.acked, credit=window, size=stream.size,
+                                                        stream=stream.id))
+            return
+        assert stream.opened is not None
+        self._outbox.send(stream.worker, stream.opened)
+        stream.opened = None
+        # the receiving client learns the window too, so it may credit once per quarter of it
+        self._outbox.send(stream.client, DataCredit(plan_id=plan_id, attempt=attempt, name=name, direction="get",
+                                                    offset=stream.sent, credit=window, stream=stream.id))
+
+    def _wait(self, stream: RelayStream, why: str) -> None:
+        """No room for ``stream``: it waits in line, and its client is told why."""
+        stream.state = "waiting"
+        self._line[stream.key] = stream
+        self.waits += 1
+        plan_id, attempt, name, direction = stream.key
+        self._outbox.send(stream.client, DataCredit(
+            plan_id=plan_id, attempt=attempt, name=name, direction="put" if direction == "put" else "get",
+            offset=stream.acked, credit=0, size=stream.size, stream=stream.id,
+            wait=f"waiting for relay room: {why}; {len(self._line) - 1} streams ahead"))
+
+    def _serve_line(self) -> None:
+        """Room came back: the waiting streams that fit now hold their windows, oldest first."""
+        for stream in list(self._line.values()):
+            if self.reserved + self.window_bytes > self.max_bytes:
+                return
+            if self._no_room(stream) is None:
+                del self._line[stream.key]
+                self._hold(stream)
 
     # ------------------------------------------------------------------ helpers
 
+    def _moved_on(self, stream: RelayStream) -> bool:
+        """End ``stream`` if its plan is gone, ended (a ``put``) or at another attempt; whether it did."""
+        plan_id, attempt = stream.key[0], stream.key[1]
+        plan = self._plans.get(plan_id)
+        if plan is None:
+            why = f"plan {plan_id!r} was forgotten"
+        elif plan.attempt != attempt or plan.worker_id is None:
+            why = f"plan {plan_id!r} moved on from attempt {attempt} ({plan.state})"
+        elif stream.direction == "put" and plan.terminal:
+            why = f"plan {plan_id!r} ended {plan.state}; it takes no inputs"
+        else:
+            return False
+        self._end_both(stream, CLOSED, why)
+        return True
+
     def _violation(self, stream: RelayStream, why: str) -> None:
         self.refused += 1
+        self._end_both(stream, VIOLATION, why)
+
+    def _end_both(self, stream: RelayStream, code: str, why: str) -> None:
         self._drop(stream)
-        end = _end(stream.key, VIOLATION, why, stream.acked)
+        end = _end(stream.key, code, why, stream.acked, stream.id)
         self._outbox.send(stream.client, end)
-        self._outbox.send(stream.worker, end)
+        if stream.state != "waiting" or stream.direction == "put":  # a waiting get was never passed to its worker
+            self._outbox.send(stream.worker, end)
 
     def _drop(self, stream: RelayStream) -> None:
-        if self.streams.get(stream.key) is not stream:
+        key = stream.key
+        if self.streams.get(key) is not stream:
             return
-        del self.streams[stream.key]
-        self.reserved -= stream.window
+        del self.streams[key]
         for conn_id in (stream.client, stream.worker):
             keys = self._by_conn.get(conn_id)
             if keys is not None:
-                keys.discard(stream.key)
+                keys.discard(key)
                 if not keys:
                     del self._by_conn[conn_id]
+        keys = self._by_plan.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_plan[key[0]]
+        if stream.state == "waiting":
+            del self._line[key]
+        elif stream.state == "open":
+            window = stream.window
+            self.reserved -= window
+            _take(self._held_by_principal, stream.principal, window)
+            _take(self._held_by_session, stream.client, window)
+            if self._line:
+                self._serve_line()
 
 
-def _end(key: StreamKey, code: str, message: str, offset: int = 0) -> DataEnd:
+def _take(held: dict[_Who, int], who: _Who, window: int) -> None:
+    """Give back ``who``'s ``window`` (its entry goes once it holds nothing)."""
+    left = held[who] - window
+    if left:
+        held[who] = left
+    else:
+        del held[who]
+
+
+def _stamped(msg: DataMessage, stream_id: int) -> DataMessage:
+    """``msg`` naming ``stream_id`` (a peer that gives no stream id: the other party still gets it)."""
+    return msg if msg.stream == stream_id else msgspec.structs.replace(msg, stream=stream_id)
+
+
+def _end(key: StreamKey, code: str, message: str, offset: int = 0, stream_id: int = 0) -> DataEnd:
     direction: Literal["put", "get"] = "put" if key[3] == "put" else "get"
     return DataEnd(plan_id=key[0], attempt=key[1], name=key[2], direction=direction, code=code, message=message,
-                   offset=offset)
+                   offset=offset, stream=stream_id)

@@ -51,6 +51,7 @@ from fleetwire.logs import LEVELS, configure_logging
 from fleetwire.memtune import tune_allocator
 from protocol import json_schema
 from protocol.errors import FleetwireError
+from protocol.relay import DEFAULT_IDLE_S as DEFAULT_RELAY_IDLE_S
 from protocol.relay import DEFAULT_MAX_BYTES as DEFAULT_RELAY_MAX_BYTES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = (
@@ -255,6 +256,9 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
         data_ticket_ttl_s=ns.data_ticket_ttl,
         data_key_rotation_s=ns.data_key_rotation,
         relay_max_bytes=ns.relay_max_bytes,
+        relay_principal_bytes=ns.relay_principal_bytes,
+        relay_session_bytes=ns.relay_session_bytes,
+        relay_idle_s=ns.relay_idle,
         **_routing_settings(ns),
         **plan_limit_settings(ns),
     )
@@ -653,6 +657,15 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                    help="the most bytes of plans' relayed inputs and outputs (workers a client cannot dial) in flight "
                         "through the coordinator at once; each stream gets up to 16 MiB of it (default 67108864 = "
                         "64 MiB; at least 262144)")
+    p.add_argument("--relay-principal-bytes", type=int, default=0, metavar="B",
+                   help="the most of --relay-max-bytes one principal's relayed streams may hold; more of its streams "
+                        "wait in line (default 0: half of --relay-max-bytes)")
+    p.add_argument("--relay-session-bytes", type=int, default=0, metavar="B",
+                   help="the most of --relay-max-bytes one client session's relayed streams may hold; more of its "
+                        "streams wait in line (default 0: a quarter of --relay-max-bytes)")
+    p.add_argument("--relay-idle", type=float, default=DEFAULT_RELAY_IDLE_S, metavar="S",
+                   help="a relayed stream on which no byte moved this long gives its window back and ends "
+                        "relay_closed (the SDK opens it again when it goes on) (default 10)")
     add_store_loss_argument(p)  # fleetwire/cli_store.py
     g = p.add_argument_group("cluster mode (--store postgresql://..., docs/CLUSTER.md)")
     g.add_argument("--cluster-name", default="fleetwire", metavar="NAME",

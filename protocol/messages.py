@@ -604,7 +604,8 @@ class Moved(_Msg, tag="moved"):
 
 # ---- relay: a plan's bytes through the coordinator (docs/PROTOCOL.md §11 Relay)
 # ``data_open`` goes client -> coordinator -> worker; ``data_chunk``, ``data_credit`` and ``data_end``
-# travel both ways, each naming its stream by (plan_id, attempt, name, direction).
+# travel both ways, each naming its stream by (plan_id, attempt, name, direction), and by ``stream``,
+# the id its client gave it in ``data_open`` (0: none), echoed in every message of that stream.
 
 
 class DataOpen(_Msg, tag="data_open"):
@@ -621,6 +622,7 @@ class DataOpen(_Msg, tag="data_open"):
     ticket: str = ""
     offset: int = 0  # get: the first byte wanted (a resumed download)
     credit: int = 0  # coordinator -> worker: unacknowledged bytes the sender may have in flight
+    stream: int = 0  # the client's id for this stream (a new one per open); echoed in all of its messages
 
 
 class DataChunk(_Msg, tag="data_chunk"):
@@ -634,6 +636,7 @@ class DataChunk(_Msg, tag="data_chunk"):
     direction: Literal["put", "get"] = "put"
     last: bool = False  # the stream's final byte is in this chunk
     size: int = -1  # get: the output's size in bytes
+    stream: int = 0  # the stream's id (data_open.stream); a message of an older stream is dropped
 
 
 class DataCredit(_Msg, tag="data_credit"):
@@ -647,6 +650,8 @@ class DataCredit(_Msg, tag="data_credit"):
     direction: Literal["put", "get"] = "put"
     credit: int = 0
     size: int = -1  # put: the input's declared size
+    stream: int = 0  # the stream's id (data_open.stream)
+    wait: str = ""  # coordinator -> client: the stream waits in line for relay room, and why (credit 0 until then)
 
 
 class DataEnd(_Msg, tag="data_end"):
@@ -660,6 +665,7 @@ class DataEnd(_Msg, tag="data_end"):
     code: str = ""
     message: str = ""
     offset: int = 0  # bytes the receiver holds
+    stream: int = 0  # the stream's id (data_open.stream)
 
 
 class Ok(_Msg, tag="ok"):

@@ -12,8 +12,10 @@ __all__ = [
     "ARGS_INPUT",
     "BUSY",
     "CLOSED",
+    "DEFAULT_IDLE_S",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_WINDOW_BYTES",
+    "GONE",
     "MAX_CHUNK_BYTES",
     "REFUSED",
     "RESERVED_NAMES",
@@ -22,6 +24,7 @@ __all__ = [
     "UNAUTHORIZED",
     "VIOLATION",
     "credit_every",
+    "default_shares",
 ]
 
 #: The largest ``data_chunk.data`` (bytes); far below the 1 MiB frame limit.
@@ -31,6 +34,9 @@ MAX_CHUNK_BYTES: Final = 256 << 10
 DEFAULT_WINDOW_BYTES: Final = 64 * MAX_CHUNK_BYTES
 #: The most bytes the coordinator lets all relayed streams have in flight together (``--relay-max-bytes``).
 DEFAULT_MAX_BYTES: Final = 64 << 20  # four streams' whole windows
+#: A stream whose window moved no byte (no chunk, no credit) this long gives its window back: it ends
+#: ``relay_closed`` and is opened again when its sender goes on (``--relay-idle``).
+DEFAULT_IDLE_S: Final = 10.0
 
 #: The input an SDK moves oversize ``args`` to (msgpack of the args); the worker decodes it.
 ARGS_INPUT: Final = "__args__"
@@ -45,6 +51,7 @@ BUSY: Final = "relay_busy"  # the coordinator's relay is at --relay-max-bytes: o
 VIOLATION: Final = "relay_violation"  # a chunk out of order, over its credit or over the declared size
 UNAUTHORIZED: Final = "unauthorized"  # the worker refused the ticket (not valid: 401 on the direct path)
 REFUSED: Final = "forbidden"  # the worker refused the ticket (out of scope: 403 on the direct path)
+GONE: Final = "output_gone"  # the worker no longer holds the output (never made, expired, worker restarted): 404 direct
 #: Codes after which the same stream may be opened again (from the acknowledged offset).
 RETRYABLE: Final = frozenset({CLOSED, BUSY})
 
@@ -58,3 +65,13 @@ def credit_every(window: int) -> int:
     chunk, or not known): a credit per chunk.
     """
     return max(0, min(window // 4, window - MAX_CHUNK_BYTES))
+
+
+def default_shares(max_bytes: int) -> tuple[int, int]:
+    """The relay's default shares of ``max_bytes`` (``--relay-max-bytes``): (per principal, per session).
+
+    Half for one principal, a quarter for one session (each at least a chunk): with the defaults
+    one session's streams hold one whole window at a time, one principal's two, so a client that
+    opens streams and never sends leaves the rest of the relay to the others (coordinator/relay.py).
+    """
+    return max(max_bytes // 2, MAX_CHUNK_BYTES), max(max_bytes // 4, MAX_CHUNK_BYTES)

@@ -191,6 +191,13 @@ class ServerSettings:
         if core.relay_max_bytes < MAX_CHUNK_BYTES or core.relay_window_bytes < MAX_CHUNK_BYTES:
             raise ValueError(f"--relay-max-bytes (and the relay window) must be at least one chunk, {MAX_CHUNK_BYTES} "
                              f"bytes; got {core.relay_max_bytes}")
+        for flag, share in (("--relay-principal-bytes", core.relay_principal_bytes),
+                            ("--relay-session-bytes", core.relay_session_bytes)):
+            if share and not MAX_CHUNK_BYTES <= share <= core.relay_max_bytes:
+                raise ValueError(f"{flag} must be 0 (its default share) or from one chunk, {MAX_CHUNK_BYTES} bytes, "
+                                 f"to --relay-max-bytes ({core.relay_max_bytes}); got {share}")
+        if not core.relay_idle_s > 0:  # NaN too
+            raise ValueError(f"--relay-idle must be > 0 seconds, got {core.relay_idle_s}")
 
     @property
     def reaper_period_s(self) -> float:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from protocol.messages import Accept, Assign, DataChunk, DataCredit, DataEnd, DataOpen, InputSpec
-from protocol.relay import BUSY, CLOSED, MAX_CHUNK_BYTES, VIOLATION
+from protocol.relay import CLOSED, MAX_CHUNK_BYTES, VIOLATION
 from tests.unit.test_core import Harness
 
 DIGEST = "sha256:" + "0" * 64
@@ -53,13 +53,17 @@ def h() -> Harness:
 
 
 def test_open_is_passed_to_the_plans_worker_with_the_streams_credit(h: Harness) -> None:
-    """A client's data_open reaches the plan's worker with credit = the window; nothing is held yet."""
+    """A client's data_open reaches the plan's worker with credit = the window; it is held only once the worker
+    accepted the ticket (its first credit)."""
     client = h.client()
     worker, plan_id = placed(h, "w1", client)
     h.send(client, DataOpen(plan_id=plan_id, attempt=1, name="x", ticket="fw1.k.c.m"))
     opened = only_of(h.take(worker), DataOpen)
     assert (opened.plan_id, opened.name, opened.ticket, opened.credit) == (plan_id, "x", "fw1.k.c.m", WINDOW)
-    assert h.core.relay.reserved == WINDOW and h.core.relay.in_flight == 0
+    assert h.core.relay.reserved == 0 and h.core.relay.in_flight == 0
+    h.send(worker, DataCredit(plan_id=plan_id, attempt=1, name="x", offset=0, size=8 * MAX_CHUNK_BYTES))
+    assert only_of(h.take(client), DataCredit).credit == WINDOW
+    assert h.core.relay.reserved == WINDOW
 
 
 def test_chunks_pass_within_credit_and_the_credit_is_never_exceeded(h: Harness) -> None:
@@ -166,24 +170,33 @@ def test_undeclared_name_and_old_attempt_are_refused(h: Harness) -> None:
 
 
 def test_memory_is_bounded_in_total(h: Harness) -> None:
-    """Windows together stay within max_bytes: a stream gets what is left (a chunk at least) or relay_busy."""
-    h = Harness(relay_max_bytes=WINDOW + MAX_CHUNK_BYTES, relay_window_bytes=WINDOW)
-    client = h.client()
-    w1, p1 = placed(h, "w1", client)
-    w2, p2 = placed(h, "w2", client)
-    w3, p3 = placed(h, "w3", client)
-    h.send(client, DataOpen(plan_id=p1, attempt=1, name="x"))
-    assert only_of(h.take(w1), DataOpen).credit == WINDOW
-    h.send(client, DataOpen(plan_id=p2, attempt=1, name="x"))
-    assert only_of(h.take(w2), DataOpen).credit == MAX_CHUNK_BYTES
-    h.send(client, DataOpen(plan_id=p3, attempt=1, name="x"))
-    assert only_of(h.take(client), DataEnd).code == BUSY
-    assert not h.take(w3)
-    assert h.core.relay.reserved == WINDOW + MAX_CHUNK_BYTES
-    h.close(w1)  # the first worker goes: its window is free again, its client told
-    end = only_of(h.take(client), DataEnd)
+    """Windows held together stay within max_bytes: a stream with no room waits in line (credit 0, a reason), and
+    gets its window when another stream gives one back."""
+    h = Harness(relay_max_bytes=2 * WINDOW, relay_window_bytes=WINDOW, relay_principal_bytes=WINDOW,
+                relay_session_bytes=WINDOW)
+    alice, bob, carol = h.client("alice"), h.client("bob"), h.client("carol")
+    w1, p1 = placed(h, "w1", alice)
+    w2, p2 = placed(h, "w2", bob)
+    w3, p3 = placed(h, "w3", carol)
+    put_open(h, alice, w1, p1)
+    put_open(h, bob, w2, p2)
+    h.send(carol, DataOpen(plan_id=p3, attempt=1, name="x"))
+    assert only_of(h.take(w3), DataOpen).credit == WINDOW
+    h.send(w3, DataCredit(plan_id=p3, attempt=1, name="x", offset=0, size=8 * MAX_CHUNK_BYTES))
+    wait = only_of(h.take(carol), DataCredit)
+    assert wait.credit == 0 and "--relay-max-bytes" in wait.wait
+    assert h.core.relay.reserved == 2 * WINDOW and h.core.relay.waiting == 1
+    h.send(carol, chunk(p3, 0))  # no credit yet: a chunk is refused
+    assert only_of(h.take(carol), DataEnd).code == VIOLATION
+    h.send(carol, DataOpen(plan_id=p3, attempt=1, name="x"))
+    h.send(w3, DataCredit(plan_id=p3, attempt=1, name="x", offset=0, size=8 * MAX_CHUNK_BYTES))
+    assert only_of(h.take(carol), DataCredit).wait
+    h.close(w1)  # the first worker goes: its client is told, its window goes to the stream in line
+    end = only_of(h.take(alice), DataEnd)
     assert (end.plan_id, end.code) == (p1, CLOSED)
-    assert h.core.relay.reserved == MAX_CHUNK_BYTES
+    credit = only_of(h.take(carol), DataCredit)
+    assert (credit.plan_id, credit.credit, credit.wait) == (p3, WINDOW, "")
+    assert h.core.relay.reserved == 2 * WINDOW and h.core.relay.waiting == 0
 
 
 def test_slow_worker_does_not_stall_another_plans_relay(h: Harness) -> None:
