@@ -1,16 +1,20 @@
 """Admission before the handshake: the pending-handshake budget, the fd limit, rate-limited refusal logs.
 
-Three things the gatekeeper (coordinator/io/gate.py) needs that are about sockets and clocks
-rather than tokens (docs/OPERATIONS.md §Security):
+What the gatekeeper (coordinator/io/gate.py) needs that is about sockets and clocks rather than
+tokens (docs/OPERATIONS.md §Security). Every listener of the process applies it: the main port,
+``--metrics-listen`` (coordinator/io/metrics_http.py) and a cluster's main port
+(coordinator/io/cluster_host.py), since they share the process's file descriptors: 1,100 idle
+sockets at ``--metrics-listen`` alone used to make the main port's connects fail (issue 24).
 
 * **Pending handshakes.** A TCP connection that has not finished its websocket upgrade costs a
   file descriptor and holds no token yet. ``--max-connections`` counts finished upgrades only,
   so idle token-less sockets were bounded by nothing but the process's fd limit: at a
   shell's 1,024 fds, 1,100 idle sockets made legitimate connects fail. :class:`PendingHandshakes`
-  keeps at most ``max_pending_handshakes`` of them; a new connection past the budget evicts the
-  *oldest* pending one (its TCP connection is aborted). A real handshake takes milliseconds, so
-  it is almost never the oldest; an idle socket always becomes it. Each is also bounded in time
-  by ``--handshake-timeout``. Evictions are counted (``fleetwire_handshakes_evicted_total``) and
+  (a :class:`ConnectionBudget`: each listener keeps one) keeps at most ``max_pending_handshakes``
+  of them; a new connection past the budget evicts the *oldest* pending one (its TCP
+  connection is aborted). A real handshake takes milliseconds, so it is almost never the
+  oldest; an idle socket always becomes it. Each is also bounded in time by
+  ``--handshake-timeout``. Evictions are counted (``fleetwire_handshakes_evicted_total``) and
   logged through :class:`RefusalLog`. (With TLS, asyncio runs the TLS handshake before the
   connection object exists: those sockets are bounded by ``--handshake-timeout`` only.)
 * **Deferred accept.** Each idle socket the coordinator accepts costs it an accept, an asyncio
@@ -61,8 +65,8 @@ from websockets.asyncio.server import ServerConnection
 
 from coordinator.io.connection import FailFastConnection
 
-__all__ = ["LISTEN_BACKLOG", "PendingHandshakes", "RefusalLog", "Repeats", "defer_accept", "pending_budget",
-           "raise_fd_limit"]
+__all__ = ["LISTEN_BACKLOG", "ConnectionBudget", "PendingHandshakes", "RefusalLog", "Repeats", "defer_accept",
+           "pending_budget", "raise_fd_limit"]
 
 log = structlog.get_logger("coordinator.auth")
 
@@ -115,7 +119,62 @@ def pending_budget(configured: int, fd_limit: int) -> int:
     return max(8, min(configured, (fd_limit - FD_RESERVE) // 4))
 
 
-class PendingHandshakes:
+class ConnectionBudget:
+    """At most ``limit`` connections at once in an early phase of their life; past it the oldest is aborted.
+
+    The piece every listener shares (the main port's handshakes, ``--metrics-listen``, the
+    cluster's main port): a connection is counted from :meth:`opened` (its accept) until
+    :meth:`finished`; one opened past the limit aborts the *oldest* counted one. A real peer
+    finishes its phase in milliseconds, so it is almost never the oldest; an idle socket always
+    becomes it. One budget for every address: peers behind one NAT address are never refused
+    for their neighbours' idle sockets (a per-address cap would refuse them). No I/O and no
+    clock: a counted connection is anything with ``transport.abort()`` and ``remote_address``
+    (``(host, port)`` or None).
+
+    Args:
+        limit: the budget; 0: no budget.
+        refusals: where evictions are logged (rate-limited per address).
+        reason: the refusal's reason in that log.
+    """
+
+    def __init__(self, limit: int, refusals: RefusalLog, reason: str = "pending-handshake budget") -> None:
+        self.limit = limit
+        self.reason = reason
+        self.evicted = 0  # counted connections aborted to admit newer ones (for /metrics)
+        self.accepted = 0  # connections opened (for /metrics)
+        self._refusals = refusals
+        self._pending: dict[Any, None] = {}  # insertion order: the oldest first
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def opened(self, conn: Any) -> None:
+        """A TCP connection was accepted: count it, evicting the oldest counted one past the budget."""
+        pending = self._pending
+        self.accepted += 1
+        if self.limit and len(pending) >= self.limit:
+            oldest = next(iter(pending))
+            del pending[oldest]
+            self.evicted += 1
+            remote = oldest.remote_address
+            address = f"{remote[0]}:{remote[1]}" if remote else ""
+            self._refusals.refused(address, self.reason, limit=self.limit)
+            oldest.transport.abort()
+        pending[conn] = None
+
+    def finished(self, conn: Any) -> None:
+        """``conn`` is past the counted phase, or went away (idempotent)."""
+        self._pending.pop(conn, None)
+
+    def close(self) -> None:
+        """The listener stops: abort every connection still counted."""
+        for conn in list(self._pending):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self._pending.clear()
+
+
+class PendingHandshakes(ConnectionBudget):
     """At most ``limit`` connections between TCP accept and the end of the websocket upgrade.
 
     :meth:`connection_class` is the ``create_connection`` of ``websockets.serve``. An accepted
@@ -124,12 +183,9 @@ class PendingHandshakes:
     when the peer's first byte arrives. An idle socket that never sends one, and that a reopen
     loop replaces as soon as it is evicted, therefore costs an accept, a small object and a
     timer handle instead of websockets' connection setup (about 10 µs instead of 110-160 µs,
-    issue 17 finding 6). Either form counts against the budget from accept until its handshake
-    ends (upgraded, answered, timed out) or the connection is lost; a connection past the
-    budget evicts the oldest pending one. Every pending connection shares one budget whatever
-    its address: legitimate clients behind one NAT address are never refused for their
-    neighbours' idle sockets, since a real handshake takes milliseconds and is almost never the
-    oldest (a per-address cap would have refused them).
+    issue 17 finding 6). Either form counts against the budget (:class:`ConnectionBudget`) from
+    accept until its handshake ends (upgraded, answered, timed out) or the connection is lost;
+    a connection past the budget evicts the oldest pending one.
 
     Args:
         limit: the budget; 0: no budget.
@@ -139,17 +195,10 @@ class PendingHandshakes:
     """
 
     def __init__(self, limit: int, refusals: RefusalLog, timeout_s: float = 10.0) -> None:
-        self.limit = limit
+        super().__init__(limit, refusals)
         self.timeout_s = timeout_s
-        self.evicted = 0  # pending connections aborted to admit newer ones (for /metrics)
-        self.accepted = 0  # TCP connections accepted (for /metrics)
         self.idle_dropped = 0  # accepted ones dropped at the timeout before their first byte (for /metrics)
         self.built = 0  # pending connections that sent a first byte and got a websocket connection
-        self._refusals = refusals
-        self._pending: dict[Any, None] = {}  # _Accepted: insertion order, the oldest first
-
-    def __len__(self) -> int:
-        return len(self._pending)
 
     def connection_class(self, base: type[FailFastConnection] = FailFastConnection) -> type[ServerConnection]:
         """The ``create_connection`` of ``websockets.serve``: accepted connections counted against this budget."""
@@ -175,31 +224,6 @@ class PendingHandshakes:
 
         # websockets calls ``create_connection`` like a class and uses what it returns as the asyncio protocol.
         return cast("type[ServerConnection]", create_connection)
-
-    def opened(self, conn: Any) -> None:
-        """A TCP connection was accepted: count it, evicting the oldest pending one past the budget."""
-        pending = self._pending
-        self.accepted += 1
-        if self.limit and len(pending) >= self.limit:
-            oldest = next(iter(pending))
-            del pending[oldest]
-            self.evicted += 1
-            remote = oldest.remote_address
-            address = f"{remote[0]}:{remote[1]}" if remote else ""
-            self._refusals.refused(address, "pending-handshake budget", limit=self.limit)
-            oldest.transport.abort()
-        pending[conn] = None
-
-    def finished(self, conn: Any) -> None:
-        """``conn`` finished its handshake or went away (idempotent)."""
-        self._pending.pop(conn, None)
-
-    def close(self) -> None:
-        """The server stops: abort every connection still pending (websockets knows only the built ones)."""
-        for conn in list(self._pending):
-            if conn.transport is not None:
-                conn.transport.abort()
-        self._pending.clear()
 
 
 class _Accepted(asyncio.Protocol):

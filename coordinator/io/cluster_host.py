@@ -29,6 +29,13 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
   shard's store rings the doorbell after its group commits (:class:`ShardPgStore`) while a
   watcher waits on some coordinator (each round reads whether one does), and the
   host writes its shards' registries to ``fleetwire_shard_workers`` while a view wants them.
+* **The front door.** The main port admits as a single coordinator's port does, with the same
+  code (coordinator/io/gate.py ``Gatekeeper``, issue 24 part 6): the pending-handshake budget
+  and ``TCP_DEFER_ACCEPT`` from accept, and before any upgrade of ``/v1/worker`` or
+  ``/v1/client`` the Origin (and, under ``--insecure``, Host) checks, the connection limit and
+  shares, the bearer token (401/403: a worker is checked before it is moved) and the penalty
+  box (429 after a view session closed 1009 or 4429). Repeated 401s, and loops of ``/metrics``
+  or ``/v1/topology`` (a database read), are answered after ``--penalty-hold``.
 
 The lease row's ``owner_url`` is the shard server's URL: empty from the acquisition until the
 shard's server listens, so a ``moved`` never points at a port that is not serving yet.
@@ -43,20 +50,19 @@ import os
 import secrets
 import socket
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
 
 import structlog
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from coordinator.auth import Principal, TokenStore, inline_tokens
+from coordinator.auth import TokenStore, inline_tokens
 from coordinator.io.cluster_metrics import CONTENT_TYPE, ClusterStats, build_registry, render
 from coordinator.io.cluster_sessions import Doorbell, ViewSessions, open_connection
 from coordinator.io.cluster_views import (
@@ -66,13 +72,12 @@ from coordinator.io.cluster_views import (
     encode_workers,
     read_plans,
 )
-from coordinator.io.gate import bearer_token
+from coordinator.io.gate import Gatekeeper, bearer_token, subprotocol_refused
 from coordinator.io.metrics_http import metrics_token_refused
 from coordinator.io.pg_leases import RELEASE, ShardFenced
 from coordinator.io.pg_store import PgStore, ensure_indexes
 from coordinator.io.routes import DASHBOARD_FILES, respond
-from coordinator.io.server import CoordinatorServer, ServerSettings
-from coordinator.limits import host_refused, origin_refused
+from coordinator.io.server import ROLE_PATHS, CoordinatorServer, ServerSettings
 from coordinator.shards import LeaseRow, PartialLeases, plan_round, pool_shard, submit_shard, worker_shard
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec
 from protocol import errors as codes
@@ -146,13 +151,24 @@ class ClusterHost:
         settings: the coordinator's settings (``store`` is the ``postgresql://`` DSN).
         version: told to workers.
         announce: called with one line for each shard won or lost (the CLI prints them).
+        shard_ports: the ports (first, last) its shards' cores listen on (``--shard-ports``; None: any free
+            port). It holds at least ``shards`` ports; shard ``s`` takes ``first + s`` when it is free.
     """
 
     def __init__(self, settings: ServerSettings, *, version: str = "",
-                 announce: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 announce: Callable[[str], None] | None = None,
+                 shard_ports: tuple[int, int] | None = None) -> None:  # fmt: skip
         settings.check()
         self.settings = settings
         self.config = settings.cluster
+        if shard_ports is not None:
+            low, high = shard_ports
+            if not 0 < low <= high <= 65535 or high - low + 1 < self.config.shards:
+                raise ValueError(f"--shard-ports {low}-{high}: a coordinator alone serves all {self.config.shards} "
+                                 f"shards, each on its own port: give a range of at least {self.config.shards} ports "
+                                 "within 1-65535")  # fmt: skip
+        self.shard_ports = shard_ports
+        self._ports: dict[int, int] = {}  # shard -> the port of --shard-ports its core took
         self.version = version
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.control = PgStore(settings.store, self.config)  # the lease and topology connection
@@ -173,6 +189,12 @@ class ClusterHost:
         # The main port's /v1/plans (cross-shard views, coordinator/io/cluster_views.py): admin tokens only.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
         self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
+        # The main port's front door is a single coordinator's (coordinator/io/gate.py): the pending-handshake
+        # budget, TCP_DEFER_ACCEPT, the Origin and Host checks, the token before the upgrade on /v1/worker and
+        # /v1/client, the connection limits and shares, the penalty box, repeated 401s and scrapes held.
+        self._gate = Gatekeeper(self.tokens, settings.limits, max_frame_bytes=settings.max_frame_bytes)
+        self._held: dict[str, int] = {}  # open main-port sessions per principal (connection shares)
+        self._open = 0  # open main-port sessions (the connection limit)
         # Client sessions on the main port that name no pool see every shard (coordinator/io/cluster_sessions.py).
         config = self.config
         # Rings only while a watcher waits somewhere in the cluster (each round reads whether one does).
@@ -180,7 +202,6 @@ class ClusterHost:
         self.views = ViewSessions(settings.store, where=self.where, version=version, doorbell=self.doorbell,
                                   renew_s=config.lease_renew_s, limits=settings.limits, shards=config.shards,
                                   submit_shard=lambda msg: submit_shard(msg, config.shards, config.partitions))
-        self._principals: weakref.WeakKeyDictionary[ServerConnection, Principal] = weakref.WeakKeyDictionary()
         self._workers_at = 0.0  # when the shards' registries were last written (fleetwire_shard_workers)
         self._moving: set[int] = set()  # held slots being stopped (given back or lost)
         self._starting: set[int] = set()
@@ -209,9 +230,10 @@ class ClusterHost:
         self.fatal = asyncio.get_running_loop().create_future()
         self.doorbell.bind(asyncio.get_running_loop())
         self._spawn(self._index_ids())
-        self._server = await serve(
+        self._gate.fit_fd_limit(self.settings.limits.max_connections)  # soft RLIMIT_NOFILE up to the hard one
+        self._server = await self._gate.serve(
             self._handle, self.settings.host, self.settings.port, process_request=self._process_request,
-            select_subprotocol=_select_subprotocol, compression=None, server_header=None,
+            select_subprotocol=_select_subprotocol,
             subprotocols=[Subprotocol(SUBPROTOCOL_MSGPACK), Subprotocol(SUBPROTOCOL_JSON)],
         )  # fmt: skip
         sockets = list(self._server.sockets)
@@ -248,6 +270,7 @@ class ClusterHost:
             task.cancel()
         if self._server is not None:
             self._server.close()
+            self._gate.close()  # sockets still before their upgrade; the refusal log's summaries
             await self._server.wait_closed()
         for shard in sorted(self.servers):
             await self._stop_shard(shard, release=True, why="shutting down")
@@ -385,13 +408,16 @@ class ClusterHost:
             store = await asyncio.to_thread(ShardPgStore, dsn, self.config)
             store.owner, store.fence = self.owner, {shard: epoch}
             store.doorbell = self.doorbell
-            settings = replace(self.settings, port=0, metrics_listen=None)
+            # Its core sees only its shard's pools: waiting reasons say so (coordinator/placement/plan_queue.py).
+            core = replace(self.settings.core, placement=replace(self.settings.core.placement, cluster=True))
+            settings = replace(self.settings, port=self._shard_port(shard), metrics_listen=None, core=core)
             server = CoordinatorServer(settings, version=self.version, store=store)
             server.redirect = lambda role, msg: self._redirect(shard, role, msg)
             await server.start()
         except Exception as exc:
             log.error("cannot serve a won shard; giving it back", shard=shard, error=f"{type(exc).__name__}: {exc}")
             self._starting.discard(shard)
+            self._ports.pop(shard, None)
             self.leases.released([shard])
             with contextlib.suppress(Exception):
                 await self._db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
@@ -437,9 +463,25 @@ class ClusterHost:
         finally:
             self.leases.released([shard])
             self._moving.discard(shard)
+            self._ports.pop(shard, None)
         self.failovers += 0 if release else 1
         log.warning("stopped serving shard", shard=shard, released=release, why=why)
         self._announce(f"{'released' if release else 'lost'} shard {shard}: {why}")
+
+    def _shard_port(self, shard: int) -> int:
+        """The port ``shard``'s core listens on: 0 (any free one) without ``--shard-ports``, else the first
+        free one of the range from ``first + shard`` on (a range of ``--shards`` ports: one stable port per shard).
+        """
+        if self.shard_ports is None:
+            return 0
+        low, high = self.shard_ports
+        first = low + shard % (high - low + 1)
+        taken = set(self._ports.values())  # this host's other shards, maybe not listening yet
+        for port in (*range(first, high + 1), *range(low, first)):
+            if port not in taken and _bindable(self.settings.host, port):
+                self._ports[shard] = port
+                return port
+        raise OSError(f"no free port in --shard-ports {low}-{high} for shard {shard}")
 
     # ------------------------------------------------------------------ finding the owner
 
@@ -466,55 +508,52 @@ class ClusterHost:
         return None if target == shard else self.where(target)
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Any:
+        """The main port's answer before any upgrade: its own HTTP paths, else the gate's (coordinator/io/gate.py).
+
+        ``/v1/worker`` and ``/v1/client`` pass the same gate as a single coordinator's port: a bad
+        or missing token is a 401 before the upgrade (a moved worker session too), and an abusive
+        close on a view session puts its principal in the penalty box (429 at its next upgrades).
+        """
+        gate = self._gate
         path = urlsplit(request.path).path
         if path == "/healthz":
             return _text(200, "ok\n")
         if path == "/metrics":  # this coordinator's cluster families (each shard's core has its own)
             refused = metrics_token_refused(request.headers.get("Authorization"), self.settings.metrics_token)
             if refused is not None:
-                return _text(401, refused + "\n")
-            return _text(200, render(self.metrics_registry).decode(), CONTENT_TYPE)
+                return gate.answer(gate.unauthorized(conn, refused))
+            metrics = _text(200, render(self.metrics_registry).decode(), CONTENT_TYPE)
+            return gate.hold(metrics) if gate.scrape_held(conn) else metrics  # a scrape loop (issue 17 finding 9)
         if path == "/readyz":
             if self.servers:
                 return _text(200, "ready\n")
             return _text(503, "not ready: owns no shard yet (the other coordinators own every slot)\n")
-        if path == "/v1/topology":
-            return self._topology()
+        if path == "/v1/topology":  # a database read: a loop of them is held as a scrape loop
+            return self._held_after(gate.scrape_held(conn), self._topology())
         if path == "/v1/plans":
-            return self._plans(request)
-        if path in ("/v1/worker", "/v1/client") and self.db_away:  # a database failover: come back shortly
-            return _text(503, f"the cluster's database {self.control.description} is away (a failover?); "
-                              "retry after the Retry-After seconds\n")  # fmt: skip
-        if path == "/v1/client" and _views_session(request.path):
-            return self._admit_view(conn, request)
-        if path in ("/v1/worker", "/v1/client"):
-            return None
+            return self._plans(conn, request)
+        role = ROLE_PATHS.get(path)
+        if role is not None:
+            refused = subprotocol_refused(request.headers, (SUBPROTOCOL_MSGPACK, SUBPROTOCOL_JSON))
+            if refused is not None:
+                return _text(400, refused + "\n")
+            if self.db_away:  # a database failover: come back shortly
+                return _text(503, f"the cluster's database {self.control.description} is away (a failover?); "
+                                  "retry after the Retry-After seconds\n")  # fmt: skip
+            # Origin (and Host under --insecure), connection limits and shares, token, penalty box.
+            return gate.upgrade(conn, request, path, role, self._open, lambda name: self._held.get(name, 0))
         if path in DASHBOARD_FILES:  # its session is a view session of this port
             return respond(request, ready=lambda: None, metrics=lambda: None)
         return _text(404, f"unknown path {path}; a cluster coordinator's main port serves /v1/topology, "
                           "/v1/plans, /healthz, /readyz, /metrics and redirects /v1/worker and /v1/client sessions "
                           "to the shard's owner\n")  # fmt: skip
 
-    def _admit_view(self, conn: ServerConnection, request: Request) -> Response | None:
-        """A view session's handshake: the Origin check and a client or admin token, as a shard's own gate does."""
-        headers = request.headers
-        refused = origin_refused(headers.get("Origin"), headers.get("Host"), self.settings.limits.allowed_origins)
-        if refused is not None:
-            return _text(403, refused + "\n")
-        if self.tokens is None:  # --insecure: only loopback names (DNS rebinding), as the gate
-            refused = host_refused(headers.get("Host"), self.settings.limits.allowed_hosts)
-            if refused is not None:
-                return _text(403, refused + "\n")
-            self._principals[conn] = Principal("client", "client")
-            return None
-        token = bearer_token(headers)
-        principal = self.tokens.authenticate(token) if token else None
-        if principal is None:
-            return _text(401, "missing or invalid token: a client or admin token (Authorization: Bearer TOKEN)\n")
-        if principal.path_role != "client":
-            return _text(403, f"a {principal.role} token cannot open /v1/client; use a client or admin token\n")
-        self._principals[conn] = principal
-        return None
+    async def _held_after(self, hold: bool, answer: Any) -> Response:
+        """``answer`` (a coroutine), after ``--penalty-hold`` when ``hold``."""
+        if hold:
+            await asyncio.sleep(self._gate.hold_s)
+        response: Response = await answer
+        return response
 
     async def _topology(self) -> Response:
         try:
@@ -530,15 +569,19 @@ class ClusterHost:
         }  # fmt: skip
         return _text(200, json.dumps(body, indent=1) + "\n", "application/json")
 
-    async def _plans(self, request: Request) -> Response:
+    def _plans(self, conn: ServerConnection, request: Request) -> Any:
         """``GET /v1/plans``: plans of every shard, read from PostgreSQL (admin token; cluster_views.py)."""
         if self.tokens is not None:
-            header = request.headers.get("Authorization", "")
-            principal = self.tokens.authenticate(header[7:]) if header.startswith("Bearer ") else None
+            token = bearer_token(request.headers)
+            principal = self.tokens.authenticate(token) if token else None
             if principal is None:
-                return _text(401, "/v1/plans needs an admin token (Authorization: Bearer TOKEN)\n")
+                why = "/v1/plans needs an admin token (Authorization: Bearer TOKEN)"
+                return self._gate.answer(self._gate.unauthorized(conn, why))
             if principal.role != "admin":
                 return _text(403, f"/v1/plans needs an admin token; this one is a {principal.role} token\n")
+        return self._read_plans(request)
+
+    async def _read_plans(self, request: Request) -> Response:
         query = parse_qs(urlsplit(request.path).query)
         try:
             status, body = await self._db(lambda conn: read_plans(conn, query))
@@ -549,7 +592,8 @@ class ClusterHost:
         return _text(status, body.decode(), "application/json")
 
     async def _handle(self, ws: ServerConnection) -> None:
-        """A session on the main port: ``moved`` to the owner of its pool's shard, then 4307 (1013: no owner yet)."""
+        """A session on the main port: a view session (coordinator/io/cluster_sessions.py), or one that names a
+        pool, ``moved`` to the owner of its pool's shard, then 4307 (1013: no owner yet)."""
         assert ws.request is not None
         parts = urlsplit(ws.request.path)
         role = "worker" if parts.path == "/v1/worker" else "client"
@@ -560,11 +604,26 @@ class ClusterHost:
             with contextlib.suppress(ValueError):
                 shard = int(query["shard"][0]) % self.config.shards
         codec = self._codecs[(role, SUBPROTOCOLS.get(ws.subprotocol or "", "msgpack"))]
-        principal = self._principals.pop(ws, None)
-        if role == "client" and principal is not None:
-            token = None if self.tokens is None else bearer_token(ws.request.headers)
-            await self.views.serve(ws, principal, codec, token)
-            return
+        principal = self._gate.principal(ws)
+        self._open += 1
+        self._held[principal.name] = self._held.get(principal.name, 0) + 1
+        try:
+            if role == "client" and _views_session(ws.request.path):
+                token = None if self.tokens is None else bearer_token(ws.request.headers)
+                await self.views.serve(ws, principal, codec, token)
+            else:
+                await self._move(ws, codec, shard)
+        finally:
+            self._open -= 1
+            left = self._held.pop(principal.name, 1) - 1
+            if left > 0:
+                self._held[principal.name] = left
+            sent = ws.protocol.close_sent
+            if sent is not None:  # closed for abuse (1009 oversize frame, 4429 flood): the penalty box
+                self._gate.offence(principal, ws, sent.code)
+
+    async def _move(self, ws: ServerConnection, codec: Codec, shard: int) -> None:
+        """A session that names a pool (every worker's): ``moved`` to its shard's owner, then 4307."""
         config = self.config
         try:
             # Answered after its first message (a worker's hello, a client's first request), so the
@@ -617,3 +676,16 @@ def _text(status: int, body: str, content_type: str = "text/plain; charset=utf-8
     reasons = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
                503: "Service Unavailable"}  # fmt: skip
     return Response(status, reasons.get(status, ""), headers, data)
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be listened on now (as asyncio's server binds it: SO_REUSEADDR)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError:
+        return False
+    return True

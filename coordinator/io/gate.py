@@ -2,6 +2,12 @@
 
 Who may connect (tokens, roles, the token file) is decided by the pure coordinator/auth.py;
 this module applies it to websocket handshakes before the upgrade (docs/PROTOCOL.md §1).
+
+Every websocket listener of a coordinator process is one :class:`Gatekeeper`'s front door, with
+the same code: a single coordinator's port (coordinator/io/server.py) and a cluster's main port
+(coordinator/io/cluster_host.py) each listen through :meth:`Gatekeeper.serve` (the pending
+budget, the handshake timeout, ``TCP_DEFER_ACCEPT``) and decide each upgrade with
+:meth:`Gatekeeper.upgrade` (Origin, limits, token, penalty box; refusals held when repeated).
 """
 
 from __future__ import annotations
@@ -14,16 +20,17 @@ import math
 import ssl
 import time
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any, Final, Literal
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Final, Literal, Protocol
 
 import structlog
-from websockets.asyncio.server import ServerConnection
+from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from coordinator.auth import Principal, TokenStore
 from coordinator.io.admission import (
+    LISTEN_BACKLOG,
     PendingHandshakes,
     RefusalLog,
     Repeats,
@@ -31,6 +38,7 @@ from coordinator.io.admission import (
     pending_budget,
     raise_fd_limit,
 )
+from coordinator.io.connection import FailFastConnection
 from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, host_refused, origin_refused
 from protocol import caps
 from protocol.urls import WORKER_ID_PARAM, named_worker_id
@@ -46,6 +54,14 @@ log = structlog.get_logger("coordinator.auth")
 #: past it each further one is held ``--penalty-hold`` (coordinator/io/admission.py ``Repeats``).
 REPEAT_BURST: Final = 100
 REPEAT_INTERVAL_S: Final = 10.0
+
+
+class Peer(Protocol):
+    """A connection the gate counts repeats of: a websocket connection, or a plain HTTP one (metrics_http.py)."""
+
+    @property
+    def remote_address(self) -> Any: ...
+
 
 def server_tls_context(cert_file: str, key_file: str, client_ca_file: str | None = None) -> ssl.SSLContext:
     """The coordinator's TLS context: TLS 1.2 or later, and client certificates when asked.
@@ -351,12 +367,20 @@ class Gatekeeper:
             response.headers["Retry-After"] = str(max(1, math.ceil(self.hold_s)))
         return response
 
+    def unauthorized(self, conn: ServerConnection, why: str) -> Response:
+        """A 401 (``why``) for a plain HTTP request that needs a token, counted as the upgrades' failures are."""
+        return self._throttled(_unauthorized(conn, why), _address(conn))
+
+    def auth_failed(self, conn: Peer) -> bool:
+        """Count a failed authentication from ``conn``'s address; whether it is past the burst (hold the 401)."""
+        return self.hold_s > 0 and self.auth_failures.over(_address(conn))
+
     def should_hold(self, response: Response) -> bool:
         """Whether a refusal is answered only after :meth:`hold`: a penalty-box 429, or a 401 past its
         address's burst of failed authentications."""
         return response.status_code == 429 or (response.status_code == 401 and "Retry-After" in response.headers)
 
-    def scrape_held(self, conn: ServerConnection) -> bool:
+    def scrape_held(self, conn: Peer) -> bool:
         """Count a ``/metrics`` answer to ``conn``'s address; whether it is past the burst (hold it)."""
         return self.hold_s > 0 and self.scrapes.over(_address(conn))
 
@@ -364,6 +388,68 @@ class Gatekeeper:
         """``response`` (a penalty-box 429, a repeated 401 or scrape) after ``penalty_hold_s`` (limits.py)."""
         await asyncio.sleep(self.hold_s)
         return response
+
+    def answer(self, response: Response) -> Response | Coroutine[Any, Any, Response]:
+        """``response`` as a ``process_request`` hook returns it: after :meth:`hold` when :meth:`should_hold`."""
+        return self.hold(response) if self.should_hold(response) else response
+
+    def upgrade(
+        self,
+        conn: ServerConnection,
+        request: Request,
+        path: str,
+        role: Literal["worker", "client"],
+        open_sessions: int,
+        held: Callable[[str], int] | None = None,
+        count: Callable[[int], None] | None = None,
+    ) -> Response | Coroutine[Any, Any, Response] | None:
+        """The gate's answer to a websocket upgrade of ``path``, as a ``process_request`` hook returns it.
+
+        :meth:`admit`; a refusal is passed to ``count`` (its HTTP status) and, a penalty-box 429
+        or a repeated 401, answered after :meth:`hold`. None: the upgrade goes on.
+        """
+        refused = self.admit(conn, request, path, role, open_sessions, held)
+        if refused is None:
+            return None
+        if count is not None:
+            count(refused.status_code)
+        return self.answer(refused)
+
+    async def serve(
+        self, handler: Callable[[ServerConnection], Coroutine[Any, Any, None]], host: str | None, port: int,
+        **options: Any,
+    ) -> Server:
+        """``websockets.serve`` behind this gate; ``options`` (``process_request``, ``ssl``, ...) are passed on.
+
+        Connections are counted from their accept against :attr:`pending` (oldest evicted, no
+        websocket connection until their first byte), the kernel holds them until that byte
+        (:meth:`defer_accept`), the handshake has ``--handshake-timeout``, frames the largest
+        per-role limit (:meth:`admit` sets each connection's own), and no compression is
+        negotiated (decompression bombs; fleetwire frames are small msgpack).
+        """
+        limits = self.limits
+        server = await serve(
+            handler, host, port,
+            compression=None,
+            server_header=None,
+            max_size=max(self.max_frame_bytes, limits.frame_bytes("worker", self.max_frame_bytes),
+                         limits.frame_bytes("client", self.max_frame_bytes)),
+            open_timeout=limits.handshake_timeout_s,  # slowloris: unfinished handshakes are dropped
+            ping_interval=limits.ping_interval_s,
+            ping_timeout=limits.ping_timeout_s,
+            close_timeout=limits.close_timeout_s,
+            # A 1009 stops reading that peer at once (coordinator/io/connection.py).
+            create_connection=self.pending.connection_class(FailFastConnection),
+            backlog=LISTEN_BACKLOG,  # room for the connections TCP_DEFER_ACCEPT holds back
+            **options,
+        )  # fmt: skip
+        self.defer_accept(server.sockets)  # idle sockets wait in the kernel, not here (admission.py)
+        return server
+
+    def close(self) -> None:
+        """The listener stopped: abort the connections still before their upgrade, write the refusal summaries."""
+        self.pending.close()
+        self.refusal_log.close()
 
     def _penalty_key(self, principal: Principal, conn: ServerConnection, worker_id: str | None = None) -> str:
         remote = conn.remote_address
@@ -386,6 +472,6 @@ def _unauthorized(conn: ServerConnection, why: str) -> Response:
     return response
 
 
-def _address(conn: ServerConnection) -> str:
+def _address(conn: Peer) -> str:
     remote = conn.remote_address
     return f"{remote[0]}:{remote[1]}" if remote else ""

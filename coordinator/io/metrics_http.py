@@ -11,26 +11,34 @@ peers' p50 from 2 ms to 208 ms. So (docs/OPERATIONS.md §Metrics):
 * ``--metrics-listen HOST:PORT``: ``/metrics`` (and ``/healthz``) are served by
   :class:`MetricsListener` on their own socket, e.g. an interface only the monitoring network
   reaches, and the main port answers 404 for ``/metrics``. It is plain HTTP/1.1, one request per
-  connection, the request head bounded (8 KiB, 5 s).
+  connection, the request head bounded (8 KiB, ``--handshake-timeout``), and capped as the main
+  port is (:class:`MetricsListener`): idle sockets there must not take the fds the main port needs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
+import math
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-__all__ = ["ExpositionCache", "MetricsListener", "metrics_token_refused", "parse_listen"]
+from coordinator.io.admission import LISTEN_BACKLOG, ConnectionBudget, defer_accept
+
+if TYPE_CHECKING:
+    from coordinator.io.gate import Gatekeeper
+
+__all__ = ["MAX_CONNECTIONS", "ExpositionCache", "MetricsListener", "metrics_token_refused", "parse_listen"]
 
 log = structlog.get_logger(__name__)
 
 _MAX_HEAD_BYTES: Final = 8192
-_HEAD_TIMEOUT_S: Final = 5.0
+#: Connections ``--metrics-listen`` holds open at once; past it the oldest is aborted. Kept small, so
+#: sockets there never take the file descriptors the main port needs.
+MAX_CONNECTIONS: Final = 64
 
 
 class ExpositionCache:
@@ -83,55 +91,80 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 class MetricsListener:
-    """A plain HTTP listener for ``/metrics`` and ``/healthz`` only (``--metrics-listen``).
+    """A plain HTTP listener for ``/metrics`` and ``/healthz`` only (``--metrics-listen``), capped as the main port.
+
+    It shares the process's file descriptors with the main port, so it gets the main port's
+    admission (coordinator/io/admission.py, issue 24 part 5): ``TCP_DEFER_ACCEPT`` (idle sockets
+    wait in the kernel), a :class:`~coordinator.io.admission.ConnectionBudget` of
+    ``max_connections`` open at once (past it the oldest is aborted: a scrape takes
+    milliseconds, an idle socket becomes the oldest), a deadline for the request head from
+    accept (``--handshake-timeout``) and again for the answer to be read, and the gate's
+    repeat counts: scrapes or failed ``--metrics-token`` checks from one address past their
+    burst are answered after ``--penalty-hold``. Each connection is a small asyncio protocol
+    with a timer, no task. One request per connection, its head at most 8 KiB (431 past it).
 
     Args:
         exposition: the body and content type; None while the coordinator cannot answer (503).
         token: the ``--metrics-token``, if any.
+        gate: the main port's gatekeeper: its limits, refusal log, repeat counts and hold.
+        max_connections: connections held at once (a Prometheus server needs one at a time), at
+            most the main port's pending-handshake budget.
     """
 
-    def __init__(self, exposition: Callable[[], tuple[bytes, str] | None], token: str | None) -> None:
+    def __init__(self, exposition: Callable[[], tuple[bytes, str] | None], token: str | None, gate: Gatekeeper,
+                 max_connections: int = MAX_CONNECTIONS) -> None:  # fmt: skip
         self._exposition = exposition
         self._token = token
+        self._gate = gate
+        if gate.pending.limit:  # never above the main port's own budget (fitted to the open-file limit)
+            max_connections = min(max_connections, gate.pending.limit)
+        self.budget = ConnectionBudget(max_connections, gate.refusal_log, "metrics-listener connection budget")
+        self.deadline_s = gate.limits.handshake_timeout_s
+        self.idle_dropped = 0  # connections aborted at the deadline (no request head, or the answer not read)
+        self.defer_accept_s = 0  # TCP_DEFER_ACCEPT seconds in force (admission.py defer_accept)
         self._server: asyncio.Server | None = None
         self.port = 0
 
     async def start(self, host: str, port: int) -> None:
         """Bind ``host:port`` (0: a free port, then read :attr:`port`)."""
-        self._server = await asyncio.start_server(self._serve, host, port, limit=_MAX_HEAD_BYTES)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Scrape(self), host, port, backlog=LISTEN_BACKLOG)
+        limits = self._gate.limits
+        wanted = limits.handshake_timeout_s if limits.defer_accept_s is None else limits.defer_accept_s
+        self.defer_accept_s = defer_accept(self._server.sockets, wanted)
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("metrics listening", host=host, port=self.port)
+        log.info("metrics listening", host=host, port=self.port, max_connections=self.budget.limit)
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+            self.budget.close()
             await self._server.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(_HEAD_TIMEOUT_S):
-                head = await reader.readuntil(b"\r\n\r\n")
-            status, body, content_type, extra = self._answer(head)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-            writer.close()
-            return
-        lines = [f"HTTP/1.1 {status}", f"Content-Type: {content_type}", f"Content-Length: {len(body)}",
-                 "Cache-Control: no-store", "Connection: close", *extra]
-        try:
-            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-            await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    def _answer(self, head: bytes) -> tuple[str, bytes, str, list[str]]:
-        text = "text/plain; charset=utf-8"
+    def respond(self, conn: _Scrape, head: bytes) -> None:
+        """Answer ``conn``'s request ``head``: at once, or after the hold for a repeat past its burst."""
         request_line, *header_lines = head.decode("latin-1").split("\r\n")
         parts = request_line.split(" ")
         path = parts[1].split("?", 1)[0] if len(parts) == 3 else ""
+        status, body, content_type, extra = self._answer(path, header_lines)
+        gate = self._gate
+        held = False
+        if status.startswith("401"):
+            held = gate.auth_failed(conn)
+            if held:
+                extra.append(f"Retry-After: {max(1, math.ceil(gate.hold_s))}")
+        elif path == "/metrics":
+            held = gate.scrape_held(conn)
+        lines = [f"HTTP/1.1 {status}", f"Content-Type: {content_type}", f"Content-Length: {len(body)}",
+                 "Cache-Control: no-store", "Connection: close", *extra]
+        data = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        if held:
+            asyncio.get_running_loop().call_later(gate.hold_s, conn.send, data)
+        else:
+            conn.send(data)
+
+    def _answer(self, path: str, header_lines: list[str]) -> tuple[str, bytes, str, list[str]]:
+        text = "text/plain; charset=utf-8"
         if path == "/healthz":
             return "200 OK", b"ok\n", text, []
         if path != "/metrics":
@@ -149,3 +182,65 @@ class MetricsListener:
             return "503 Service Unavailable", b"not ready: loading the store\n", text, ["Retry-After: 1"]
         body, content_type = exposition
         return "200 OK", body, content_type, []
+
+
+class _Scrape(asyncio.Protocol):
+    """One connection of :class:`MetricsListener`: its request head, then its answer, under one deadline each."""
+
+    __slots__ = ("_head", "_listener", "_timer", "remote_address", "transport")
+
+    def __init__(self, listener: MetricsListener) -> None:
+        self._listener = listener
+        self._head: bytes | None = b""  # None once the head is complete
+        self._timer: asyncio.TimerHandle | None = None
+        self.transport: Any = None
+        self.remote_address: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.remote_address = transport.get_extra_info("peername")
+        self._listener.budget.opened(self)
+        self._timer = asyncio.get_running_loop().call_later(self._listener.deadline_s, self._expired)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head is None:
+            return  # one request per connection: what follows it is ignored
+        head = self._head + data
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(head) > _MAX_HEAD_BYTES:
+                self._head = None
+                self.send(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+                          b"Connection: close\r\n\r\n")  # fmt: skip
+            else:
+                self._head = head
+            return
+        self._head = None
+        self.transport.pause_reading()
+        self._listener.respond(self, head[: end + 4])
+
+    def send(self, data: bytes) -> None:
+        """Write the answer and close; the peer gets a fresh deadline to read it."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        transport.write(data)
+        transport.close()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(self._listener.deadline_s, self._expired)
+
+    def _expired(self) -> None:
+        self._timer = None
+        self._listener.idle_dropped += 1
+        self.transport.abort()
+
+    def eof_received(self) -> bool:
+        return self._head is None  # a half-closed peer with its request in still gets the answer
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._listener.budget.finished(self)
+

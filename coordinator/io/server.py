@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 import structlog
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
@@ -42,9 +42,8 @@ from websockets.typing import Subprotocol
 from coordinator.auth import TokenFileError, TokenStore, inline_tokens
 from coordinator.core import Coordinator, CoreConfig, Effects
 from coordinator.io import routes as http_routes
-from coordinator.io.admission import LISTEN_BACKLOG
 from coordinator.io.commit import GroupCommitter
-from coordinator.io.connection import FailFastConnection, Session, close_or_abort
+from coordinator.io.connection import Session, close_or_abort
 from coordinator.io.gate import Gatekeeper, peer_identity, server_tls_context, subprotocol_refused
 from coordinator.io.hooks import HookRunner
 from coordinator.io.integrity import report_accepted_losses
@@ -400,35 +399,21 @@ class CoordinatorServer:
     async def _listen(self) -> None:
         limits = self.settings.limits
         self._gate.fit_fd_limit(limits.max_connections)
-        if self.settings.metrics_listen is not None:
-            self._metrics_listener = MetricsListener(self.metrics_exposition, self.settings.metrics_token)
+        if self.settings.metrics_listen is not None:  # capped as the main port (metrics_http.py)
+            self._metrics_listener = MetricsListener(self.metrics_exposition, self.settings.metrics_token, self._gate)
             await self._metrics_listener.start(*parse_listen(self.settings.metrics_listen))
-        self._server = await serve(
+        # The gate's front door (gate.py serve): the pending-handshake budget, the handshake timeout,
+        # TCP_DEFER_ACCEPT, no compression, the largest per-role frame limit (each connection gets its own).
+        self._server = await self._gate.serve(
             self._handle,
             self.settings.host,
             self.settings.port,
             process_request=self._process_request,
             select_subprotocol=self._select_subprotocol,
             subprotocols=[Subprotocol(SUBPROTOCOL_MSGPACK), Subprotocol(SUBPROTOCOL_JSON)],
-            # permessage-deflate costs ~3x memory per connection and opens the door to
-            # decompression bombs; fleetwire frames are small msgpack (docs/OPERATIONS.md §Limits).
-            compression=None,
-            # The largest per-role limit; the Gatekeeper sets each connection's own at the handshake.
-            max_size=max(self.settings.max_frame_bytes, limits.frame_bytes("worker", self.settings.max_frame_bytes),
-                         limits.frame_bytes("client", self.settings.max_frame_bytes)),
-            server_header=None,
             ssl=self._tls,
-            open_timeout=limits.handshake_timeout_s,  # slowloris: unfinished handshakes are dropped
-            ping_interval=limits.ping_interval_s,
-            ping_timeout=limits.ping_timeout_s,
-            close_timeout=limits.close_timeout_s,
-            # A 1009 stops reading that peer at once; connections still in their handshake are
-            # counted against the pending-handshake budget (coordinator/io/admission.py).
-            create_connection=self._gate.pending.connection_class(FailFastConnection),
-            backlog=LISTEN_BACKLOG,  # room for the connections TCP_DEFER_ACCEPT holds back
         )
         sockets = list(self._server.sockets)
-        self._gate.defer_accept(sockets)  # idle sockets wait in the kernel, not here (admission.py)
         if sockets:
             self.port = sockets[0].getsockname()[1]
 
@@ -535,13 +520,8 @@ class CoordinatorServer:
         if self._away is not None and (away := self._away()) is not None:
             self._count_refusal(503)
             return http_routes.loading(away)  # 503 + Retry-After: 1
-        # Origin, connection limit, client certificate, token (coordinator/auth.py).
-        refused = self._gate.admit(conn, request, path, role, len(self._sessions), self._held_by)
-        if refused is not None:
-            self._count_refusal(refused.status_code)
-            if self._gate.should_hold(refused):  # penalty box, repeated 401s: answered after a hold (gate.py)
-                return self._gate.hold(refused)
-        return refused
+        # Origin, connection limit, client certificate, token, penalty box; repeated refusals held (gate.py).
+        return self._gate.upgrade(conn, request, path, role, len(self._sessions), self._held_by, self._count_refusal)
 
     async def _after_load(self, conn: ServerConnection, request: Request) -> Response | None:
         """A handshake that came while the store loads: admitted once it is loaded, or 503 after a while.
