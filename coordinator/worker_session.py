@@ -511,6 +511,10 @@ class WorkerSessions:
 
     def _lease(self, s: Session, worker_id: str, plan_id: str, attempt: int) -> Plan | None:
         """The plan if (plan_id, attempt) is this worker's current lease; otherwise answer stale_lease."""
+        if attempt < 1:  # no attempt (an event's default 0) is never a lease: say so, and stop nothing (PROTOCOL.md §4)
+            why = f"attempt must be the lease attempt of its assign (1 or more), got {attempt}; send it every time"
+            self._protocol_error(s, errors.INVALID_MESSAGE, f"plan {plan_id!r}: {why}", plan_id=plan_id)
+            return None
         plan = self._plans.get(plan_id)
         if (
             plan is not None

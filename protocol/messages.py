@@ -168,12 +168,13 @@ class InputSpec(msgspec.Struct, omit_defaults=True):
 
     ``name`` is a plain file name (protocol/tickets.py ``name_problem``); ``size`` in bytes;
     ``digest`` is ``blake3:<hex>`` (what the SDK declares), ``sha256:<hex>`` or ``blake2b:<hex>`` of the
-    whole content, checked by the worker.
+    whole content, checked by the worker. Every field is required: the worker checks the bytes it
+    receives against the digest, and an input without one was never accepted (``invalid_argument``).
     """
 
     name: str
     size: int
-    digest: str = ""
+    digest: str
 
 
 class OutputSpec(msgspec.Struct, omit_defaults=True):

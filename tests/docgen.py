@@ -141,8 +141,8 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
     errors.INVALID_MESSAGE: ("error", "A message that parses but is not valid: not a map (`42`, `null`, `\"x\"`, "
                              "or such an item of an array frame), no string `type`, a known `type` whose fields do "
                              "not validate (the message names the path, e.g. `` `$.req_id` ``), a msgpack extension "
-                             "type other than the timestamp. Also an empty `hello.worker_id`, or a worker event "
-                             "with a reserved kind."),
+                             "type other than the timestamp. Also an empty `hello.worker_id`, a worker event "
+                             "with a reserved kind, or a worker message without an `attempt` (0)."),
     errors.UNKNOWN_TYPE: ("error", "A `type` neither role may send (a type of the other role closes the session "
                           "`4403`)."),
     errors.NOT_REGISTERED: ("error", "A worker message before `hello`."),
@@ -152,7 +152,8 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
     errors.UNKNOWN_WORKER: ("error", "`drain_worker`, `undrain_worker` or `remove_worker` named a worker that is not "
                             "registered."),
     errors.STALE_LEASE: ("error", "A worker message for a (plan, attempt) that is not its current lease (an older "
-                         "attempt, its own or not, or a plan the coordinator does not hold). Stop that plan. A "
+                         "attempt, its own or not, or a plan the coordinator does not hold). Stop that attempt "
+                         "(`attempt`, always 1 or more: a message without one is `invalid_message`). A "
                          "message naming the *current* attempt of another worker's lease is not stale: it closes "
                          "the session `4403`. A plan that finished, or went back to the queue, has no lease: a "
                          "message about its last attempt is stale whoever held it."),

@@ -532,7 +532,8 @@ def test_reject_after_accept_is_an_invalid_transition(h: Harness) -> None:
 
 
 def test_stale_attempt_is_dropped_and_answered(h: Harness) -> None:
-    """An event or done naming an older attempt is dropped, counted and answered stale_lease."""
+    """An event or done naming an older attempt is dropped, counted and answered stale_lease; one naming no
+    attempt (0) is dropped and answered invalid_message, never stale_lease (whose attempt 0 would read "any")."""
     w = h.worker("w1")
     c = h.client()
     plan_id = h.submit(c)
@@ -542,12 +543,12 @@ def test_stale_attempt_is_dropped_and_answered(h: Harness) -> None:
     h.send(w, Done(plan_id=plan_id, attempt=0, outcome="succeeded"))
     h.send(w, Done(plan_id="nope", attempt=1, outcome="succeeded"))
     replies = h.take(w)
-    assert [(e.code, e.plan_id) for e in replies] == [
-        (errors.STALE_LEASE, plan_id),
-        (errors.STALE_LEASE, plan_id),
-        (errors.STALE_LEASE, "nope"),
+    assert [(e.code, e.plan_id, e.attempt) for e in replies] == [
+        (errors.INVALID_MESSAGE, plan_id, 0),
+        (errors.INVALID_MESSAGE, plan_id, 0),
+        (errors.STALE_LEASE, "nope", 1),
     ]
-    assert h.core.counters["stale_dropped"] == 3
+    assert h.core.counters["stale_dropped"] == 1
     assert h.take(c) == [] and h.state(plan_id) == "leased"
     h.send(w, Done(plan_id=plan_id, attempt=1, outcome="succeeded"))
     h.send(w, Done(plan_id=plan_id, attempt=1, outcome="failed"))  # a second done for the same attempt
@@ -788,7 +789,7 @@ def test_subscribe_replays_from_seq_then_streams(h: Harness) -> None:
     watcher = h.client()
     h.send(watcher, Subscribe(req_id=5, plan_ids=[plan_id], from_seq=1))
     msgs = h.take(watcher)
-    assert msgs[0] == Subscribed(req_id=5, plan_ids=[plan_id])
+    assert msgs[0] == Subscribed(req_id=5, plan_ids=[plan_id], last_seqs={plan_id: 3})  # where its stream ends
     assert [(e.seq, e.kind) for e in msgs[1:]] == [(2, "leased"), (3, "running")]
     h.send(w, Event(plan_id=plan_id, attempt=1, kind="log"))
     assert [e.seq for e in h.events(watcher)] == [4]

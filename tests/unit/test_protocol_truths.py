@@ -275,14 +275,19 @@ def test_req_id_zero_is_accepted_and_echoed(wire: Wire) -> None:
     assert reply["type"] == "workers" and reply["req_id"] == 0
 
 
-def test_a_worker_event_without_attempt_is_stale_lease(wire: Wire) -> None:
-    """event.attempt defaults to 0, which is never a lease: an event without it gets stale_lease, not forwarded."""
+def test_a_worker_event_without_attempt_is_invalid_message_and_stops_nothing(wire: Wire) -> None:
+    """event.attempt defaults to 0, which is never a lease: an event without it gets invalid_message naming
+    attempt (not stale_lease, whose attempt 0 a worker would read as "stop any"), is not forwarded, and the plan
+    goes on: the same event with its attempt is forwarded."""
     worker, client = wire.worker(), wire.open("client")
     plan_id = wire.run_plan(client, worker)
     wire.send_json(worker, {"type": "event", "plan_id": plan_id, "kind": "log", "data": "x"})
     [error] = wire.errors(worker)
-    assert (error["code"], error["plan_id"], error.get("attempt", 0)) == (errors.STALE_LEASE, plan_id, 0)
+    assert (error["code"], error["plan_id"]) == (errors.INVALID_MESSAGE, plan_id) and "attempt" in error["message"]
     assert not [m for m in wire.take(client) if m.get("kind") == "log"]
+    assert wire.core.plans[plan_id].state == "running"
+    wire.send_json(worker, {"type": "event", "plan_id": plan_id, "attempt": 1, "kind": "log", "data": "y", "seq": 9})
+    assert [m["data"] for m in wire.take(client) if m.get("kind") == "log"] == ["y"]
 
 
 @pytest.mark.parametrize("version", [0, 2, 99])

@@ -1,0 +1,69 @@
+"""Where docs/PROTOCOL.md was silent or said otherwise than the code (issue #25 part 12), driven through the
+real codecs and core (the :class:`Wire` of tests/unit/test_protocol_truths.py).
+
+* ``InputSpec.digest`` is required: the table says so, and a submit whose input has none is refused
+  naming its path (it was documented with a default ``""`` and refused anyway);
+* the lifecycle table of §6 names every key the core puts in a terminal event's ``data``
+  (``receipt`` was missing).
+
+(An ``event`` without ``attempt``: tests/unit/test_protocol_truths.py.)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from protocol import errors
+from protocol.messages import Receipt
+from tests.unit.test_protocol_truths import PROTOCOL_MD, Wire, _tables
+
+DIGEST = "sha256:" + "ab" * 32
+RECEIPT = {"joules": 2.0, "source": "power_model", "estimated": True}
+
+
+def test_an_input_without_a_digest_is_refused_naming_its_path_as_the_table_says() -> None:
+    """InputSpec's table says digest is required, and a submit whose input has none is refused with
+    invalid_message at ``$.inputs[0]``; with one it is accepted."""
+    (table,) = _tables()["InputSpec"]
+    assert table["fields"]["digest"] == "required"
+    wire = Wire()
+    client = wire.open("client")
+    wire.send_json(client, {"type": "submit", "req_id": 1, "op": "echo", "inputs": [{"name": "a", "size": 1}]})
+    [error] = wire.errors(client)
+    assert error["code"] == errors.INVALID_MESSAGE and "`digest`" in error["message"]
+    assert "$.inputs[0]" in error["message"] and error["req_id"] == 1
+    wire.send_json(client, {"type": "submit", "req_id": 2, "op": "echo",
+                            "inputs": [{"name": "a", "size": 1, "digest": DIGEST}]})  # fmt: skip
+    assert [m["type"] for m in wire.take(client)][:1] == ["accepted"]
+
+
+def _row_keys(kind: str) -> set[str]:
+    """The ``data`` keys the §6 lifecycle table lists for ``kind``."""
+    for line in PROTOCOL_MD.read_text().splitlines():
+        if line.startswith(f"| `{kind}` | `{{"):
+            return set(re.findall(r'"(\w+)":', line.split("|")[2]))
+    raise AssertionError(f"no §6 row for {kind}")
+
+
+def _terminal_data(outcome: str) -> dict[str, Any]:
+    wire = Wire()
+    worker, client = wire.worker(), wire.open("client")
+    plan_id = wire.run_plan(client, worker)
+    done: dict[str, Any] = {"type": "done", "plan_id": plan_id, "attempt": 1, "outcome": outcome, "seq": 2,
+                            "receipt": RECEIPT}  # fmt: skip
+    if outcome == "failed":
+        done["error"] = {"code": "handler_error", "message": "boom"}
+    else:
+        done["result"] = 1
+    wire.send_json(worker, done)
+    (event,) = [m for m in wire.take(client) if m.get("kind") == outcome]
+    return dict(event["data"])
+
+
+def test_the_lifecycle_table_names_every_key_of_a_terminal_events_data() -> None:
+    """succeeded and failed events with a receipt: every key of their data is in the §6 row of their kind."""
+    for outcome in ("succeeded", "failed"):
+        data = _terminal_data(outcome)
+        assert "receipt" in data and Receipt(**data["receipt"]).joules == 2.0
+        assert set(data) <= _row_keys(outcome), (outcome, set(data) - _row_keys(outcome))
