@@ -63,9 +63,11 @@ from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, e
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
 from protocol.wsbulk import BulkClientConnection, send_frame
+from worker_agent.attempts import Attempts
 from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
 from worker_agent.devices import DeviceAllocator
 from worker_agent.handlers import Handler, builtin_handlers
+from worker_agent.http_conn import raise_fd_limit
 from worker_agent.outbox import SendQueue, encode_frames
 from worker_agent.probe import check_declared_gpus, probe_capabilities
 from worker_agent.relay import RelayEndpoint
@@ -151,6 +153,9 @@ class Agent:
         self._log = log.bind(worker_id=self.worker_id)
         self._send_queue = SendQueue(settings.outbox_limit, self._log)
         self._outbox = self._send_queue.outbox
+        # Which attempts the data endpoint takes bytes for (worker_agent/attempts.py): fed by what the
+        # coordinator says (_dispatch) and what the runner answers (_Watched).
+        self.attempts = Attempts()
         self.runner = PlanRunner(
             worker_id=self.worker_id,
             max_concurrency=settings.max_concurrency,
@@ -158,7 +163,7 @@ class Agent:
             max_payload_bytes=settings.max_frame_bytes - 4096,
             handlers=builtin_handlers(allow_shell=settings.allow_shell, python_allow=settings.python_allow),
             telemetry=self.telemetry,
-            outbound=self._send_queue,
+            outbound=_Watched(self._send_queue, self.attempts),
             logger=self._log,
         )
         self.data_server: DataServer | None = None  # started by run() with settings.data_listen
@@ -261,8 +266,12 @@ class Agent:
             root, memory_bytes=settings.spool_memory_bytes, capacity_bytes=settings.spool_capacity_bytes,
             output_retention_s=settings.output_retention_s,
         )
+        self.attempts.on_end = spool.drop_unclaimed  # an attempt that ended before it ran: its inputs go now
         self.relay = RelayEndpoint(spool, worker_id=self.worker_id, send=self._send_queue.send)
         if settings.data_listen is not None:
+            before, now = raise_fd_limit()  # idle sockets at the data endpoint must not starve the session's fds
+            if now != before:
+                self._log.info("raised the open-file limit", soft_before=before, soft=now)
             host, _, port = settings.data_listen.rpartition(":")
             tls = None
             if settings.data_tls_cert and settings.data_tls_key:
@@ -270,6 +279,7 @@ class Agent:
             server = DataServer(
                 spool, worker_id=self.worker_id, host=host.strip("[]"), port=int(port),
                 advertise=settings.data_advertise, tls=tls, stall_timeout_s=settings.upload_stall_timeout_s,
+                attempts=self.attempts,
             )
             await server.start()
             self.data_server = server
@@ -279,7 +289,8 @@ class Agent:
         async def sweep() -> None:
             while True:
                 await asyncio.sleep(min(10.0, settings.output_retention_s / 4))
-                spool.sweep(stale_input_seconds(settings.input_timeout_s))
+                self.attempts.expire()  # held before an assign that never came: their inputs go
+                spool.sweep(stale_input_seconds(settings.input_timeout_s), keep=self.attempts.keeps)
 
         return asyncio.create_task(sweep())
 
@@ -459,6 +470,8 @@ class Agent:
             self.data_server.set_keys(welcome.data_keys)
         if self.relay is not None:
             self.relay.set_keys(welcome.data_keys)
+        for plan_id in welcome.abandon_plans:
+            self.attempts.ended(plan_id, 0, "was taken back by the coordinator (abandoned while this worker was away)")
         self._session_secret = welcome.session_secret
         self.runner.on_welcome(welcome)
         resent = self._outbox.welcomed(welcome.continue_plans)
@@ -587,10 +600,14 @@ class Agent:
     def _dispatch(self, msg: protocol.messages.ToWorker | DecodeFailure) -> None:
         match msg:
             case protocol.Assign():
+                self.attempts.assigned(msg.plan_id, msg.attempt)  # before the runner: a reject ends it again
                 self.runner.on_assign(msg)
             case protocol.Cancel():
+                self.attempts.ended(msg.plan_id, msg.attempt, "was cancelled")
                 self.runner.on_cancel(msg)
             case protocol.Error():
+                if msg.code == errors.STALE_LEASE and msg.plan_id:
+                    self.attempts.ended(msg.plan_id, msg.attempt, "is no longer this worker's (stale lease)")
                 self.runner.on_error(msg)
             case protocol.Drain():
                 self.runner.on_drain(msg)
@@ -616,6 +633,27 @@ class Agent:
                 self._log.warning("undecodable message from coordinator", code=msg.code, message=msg.message)
             case _:
                 assert_never(msg)
+
+
+class _Watched:
+    """The runner's outbound (the send queue), watched: a ``reject``, a ``done`` or a silenced plan ends its attempt
+    in :class:`~worker_agent.attempts.Attempts` (its data endpoint takes no more of its bytes)."""
+
+    def __init__(self, queue: SendQueue, attempts: Attempts) -> None:
+        self._queue = queue
+        self._attempts = attempts
+
+    def send(self, msg: Any) -> None:
+        if type(msg) is protocol.Done:
+            self._attempts.ended(msg.plan_id, msg.attempt, f"ended {msg.outcome}")
+        elif type(msg) is protocol.Reject:
+            why = "was revoked (to be placed again)" if msg.code == errors.REVOKED else f"was handed back: {msg.reason}"
+            self._attempts.ended(msg.plan_id, msg.attempt, why)
+        self._queue.send(msg)
+
+    def forget(self, plan_id: str, attempt: int | None = None) -> None:
+        self._attempts.ended(plan_id, attempt or 0, "is no longer run by this worker (taken back or handed back)")
+        self._queue.forget(plan_id, attempt)
 
 
 def _pool_of(tags: Sequence[str]) -> str:

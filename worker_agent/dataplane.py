@@ -18,8 +18,21 @@ Requests (``{plan}``, ``{name}`` percent-encoded; ``Authorization: Bearer <ticke
 * ``GET /v1/data/{plan}/{attempt}/outputs/{name}`` (``Range: bytes=N-`` or ``N-M``: 206) and ``HEAD``.
 
 Every request is checked against its ticket (protocol/tickets.py) from the head alone: 401 or
-403 is answered with ``Connection: close`` and the body is never read. An upload that sends
-nothing for ``stall_timeout_s`` is dropped (what arrived stays acknowledged; memory is freed).
+403 is answered with ``Connection: close`` and the body is never read. So is a request for the
+inputs of an attempt that is not live here (worker_agent/attempts.py): ``410 Gone`` with the
+reason (cancelled, ended, revoked, superseded, not assigned here), or ``503`` with
+``Retry-After`` while too many attempts not yet assigned are held. An upload that sends nothing
+for ``stall_timeout_s`` is dropped (what arrived stays acknowledged; memory is freed). A whole
+input whose digest does not match is answered ``409`` with ``Upload-Offset: 0`` (its bytes were
+dropped: send it again) up to ``spool.INPUT_RESTARTS`` times, then ``422``.
+
+Connections are capped like the coordinator's main port (docs/OPERATIONS.md §Data plane): a new
+connection must send its first request head within ``first_byte_timeout_s``, a keep-alive one
+its next within ``stall_timeout_s``; at most ``max_idle_connections`` wait for a head at once (the
+oldest idle one is aborted for a new one; http_conn.IdleBudget), and at most ``max_connections``
+are open (past it a new one evicts the oldest idle one, or is dropped when none is idle). Both
+budgets are kept within the process's open-file limit, which the agent raises to its hard limit
+at start.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import ssl
 import time
 from collections import Counter
@@ -39,7 +53,8 @@ import structlog
 
 import protocol
 from protocol.tickets import Direction, TicketError, name_problem, verify
-from worker_agent.http_conn import HeadTooLarge, HttpConnection
+from worker_agent.attempts import Attempts
+from worker_agent.http_conn import FD_RESERVE, HeadTooLarge, HttpConnection, IdleBudget, idle_budget
 from worker_agent.spool import DISK_FULL, InputFile, Spool, SpoolError
 
 __all__ = ["DataServer", "server_tls"]
@@ -50,11 +65,14 @@ MAX_HEAD_BYTES: Final = 16 << 10
 READ_CHUNK: Final = 4 << 20  # an output is sent in reads of this size (where sendfile is not there)
 BODY_CHUNK: Final = 4 << 20  # an upload is read, written and hashed in chunks of this size
 THREAD_MIN_BYTES: Final = 256 << 10  # a chunk this big is written and hashed in a thread
+MAX_IDLE_CONNECTIONS: Final = 1024  # connections waiting for a request head (at most a quarter of the fd limit)
+FIRST_BYTE_TIMEOUT_S: Final = 10.0  # a new connection's first request head must arrive within this
 _REASONS: Final = {
     200: "OK", 201: "Created", 204: "No Content", 206: "Partial Content", 400: "Bad Request",
     401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
     410: "Gone", 411: "Length Required", 413: "Content Too Large", 416: "Range Not Satisfiable",
-    422: "Unprocessable Content", 431: "Request Header Fields Too Large", 507: "Insufficient Storage",
+    422: "Unprocessable Content", 431: "Request Header Fields Too Large", 503: "Service Unavailable",
+    507: "Insufficient Storage",
 }
 
 
@@ -91,7 +109,12 @@ class DataServer:
         host, port: where to listen (port 0: any free one).
         advertise: the URL clients dial, when it differs from the listening address.
         tls: a server TLS context (``https``), or None.
-        stall_timeout_s: an upload (or a request head) that sends nothing this long is dropped.
+        stall_timeout_s: an upload (or a keep-alive connection's next head) that sends nothing this long is dropped.
+        attempts: which plan attempts are live here (the agent's; default: none yet, so each is held
+            before its assign as worker_agent/attempts.py says).
+        first_byte_timeout_s: a new connection's first request head must arrive within this.
+        max_idle_connections: connections waiting for a request head at once (at most a quarter of the fd limit).
+        max_connections: connections open at once (0: half the fd limit).
         wall: Unix time (tickets' expiry); tests may pass their own.
     """
 
@@ -105,6 +128,10 @@ class DataServer:
         advertise: str = "",
         tls: ssl.SSLContext | None = None,
         stall_timeout_s: float = 30.0,
+        attempts: Attempts | None = None,
+        first_byte_timeout_s: float = FIRST_BYTE_TIMEOUT_S,
+        max_idle_connections: int = MAX_IDLE_CONNECTIONS,
+        max_connections: int = 0,
         wall: Any = time.time,
     ) -> None:
         self.spool = spool
@@ -114,6 +141,11 @@ class DataServer:
         self.advertise = advertise
         self.tls = tls
         self.stall_timeout_s = stall_timeout_s
+        self.first_byte_timeout_s = min(first_byte_timeout_s, stall_timeout_s)
+        self.attempts = attempts if attempts is not None else Attempts()
+        self.idle = IdleBudget(idle_budget(max_idle_connections))
+        self.max_connections = max_connections or max(16, (_fd_limit() - FD_RESERVE) // 2)
+        self.dropped = 0  # connections dropped at accept: max_connections open and none idle
         self.keys: dict[str, bytes] = {}
         self.open_uploads = 0  # uploads in progress (tests and metrics)
         self._no_uploads = asyncio.Event()  # set while open_uploads == 0 (see wait_no_uploads)
@@ -168,6 +200,7 @@ class DataServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            self.idle.close()
             for task in list(self._connections):
                 task.cancel()
             await asyncio.gather(*self._connections, return_exceptions=True)
@@ -178,14 +211,25 @@ class DataServer:
 
     def _open(self, conn: HttpConnection) -> None:
         self.connections += 1
+        if len(self._connections) >= self.max_connections and not self.idle.evict_oldest():
+            self.dropped += 1  # every open connection is busy with a request: this one waits for none
+            conn.abort()
+            return
+        self.idle.waiting(conn)
         task = asyncio.get_running_loop().create_task(self._serve(conn))
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
 
     async def _serve(self, conn: HttpConnection) -> None:
+        timeout_s = self.first_byte_timeout_s
         try:
             while True:
-                request = await self._read_head(conn)
+                self.idle.waiting(conn)
+                try:
+                    request = await self._read_head(conn, timeout_s)
+                finally:
+                    self.idle.serving(conn)
+                timeout_s = self.stall_timeout_s
                 if request is None:
                     return
                 try:
@@ -203,11 +247,11 @@ class DataServer:
             with contextlib.suppress(Exception):
                 await conn.wait_closed()
 
-    async def _read_head(self, conn: HttpConnection) -> _Request | None:
+    async def _read_head(self, conn: HttpConnection, timeout_s: float) -> _Request | None:
         try:
-            async with asyncio.timeout(self.stall_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 head = await conn.read_head()
-        except asyncio.IncompleteReadError:
+        except (asyncio.IncompleteReadError, TimeoutError):
             return None
         except HeadTooLarge:
             await self._respond(conn, 431, {"error": f"request head over {MAX_HEAD_BYTES} bytes"}, close=True)
@@ -249,6 +293,10 @@ class DataServer:
         claim = self._check_ticket(req, plan_id, attempt, direction, name)
         if kind == "outputs":
             return await self._get_output(req, conn, plan_id, attempt, name)
+        refusal = self.attempts.check(plan_id, attempt)
+        if refusal is not None:
+            retry = {"Retry-After": f"{refusal.retry_after_s:.0f}"} if refusal.retry_after_s else {}
+            raise _Refused(refusal.status, refusal.reason, retry)
         entry = self.spool.declare(plan_id, attempt, name, claim.size, claim.digest)
         if req.method != "PUT":
             headers = {"Upload-Offset": str(entry.received), "Upload-State": entry.state}
@@ -331,6 +379,13 @@ class DataServer:
         if entry.state == "failed":
             assert entry.error is not None
             raise _Refused(422, entry.error.message, headers)
+        if entry.state == "receiving":  # a digest mismatch, taken for damage in transit: it starts again from 0
+            log.warning("input digest mismatch: its bytes were dropped; waiting for them again", name=entry.name,
+                        size=entry.size, restart=entry.restarts)
+            headers = {"Upload-Offset": "0", "Upload-State": "receiving"}
+            await self._respond(conn, 409, {"error": entry.mismatch, "offset": 0, "state": entry.state,
+                                            "restart": entry.restarts}, headers)
+            return True
         await self._respond(conn, 201, {"offset": entry.received, "state": entry.state}, headers)
         return True
 
@@ -385,7 +440,9 @@ class DataServer:
                           name: str) -> bool:
         output = self.spool.output(plan_id, attempt, name)
         if output is None:
-            raise _Refused(404, f"plan {plan_id!r} attempt {attempt} left no output {name!r} on this worker "
+            why = self.attempts.reason(plan_id, attempt)
+            ended = f" (the attempt {why})" if why else ""
+            raise _Refused(404, f"plan {plan_id!r} attempt {attempt} left no output {name!r} on this worker{ended} "
                                 "(not made, expired, or the worker restarted)")
         start, end = 0, output.size  # [start, end)
         status = 200
@@ -515,6 +572,11 @@ def _parse_range(value: str, size: int) -> tuple[int, int]:
         outside = f"Range {value!r} is outside the output's {size} bytes"
         raise _Refused(416, outside, {"Content-Range": f"bytes */{size}"})
     return start, end
+
+
+def _fd_limit() -> int:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (1 << 20) if soft == resource.RLIM_INFINITY else soft
 
 
 def stale_input_seconds(input_timeout_s: float) -> float:

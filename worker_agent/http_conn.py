@@ -15,6 +15,11 @@ Theory of operation: the transport reads straight into buffers this protocol han
   slow disk slows only its own uploader.
 * Writing: :meth:`write` and :meth:`drain` (paused while the transport's buffer is over its
   high-water mark); outputs go with ``loop.sendfile(conn.transport, ...)``.
+* Idle connections (accepted, or between keep-alive requests, waiting for a request head) hold
+  a file descriptor and no ticket yet: :class:`IdleBudget` keeps at most ``limit`` of them, a
+  new one past it aborting the *oldest* (the coordinator's pending-handshake discipline,
+  coordinator/io/admission.py, which the worker cannot import). A real client sends its head
+  at once, so it is almost never the oldest; an idle socket always becomes it.
 """
 
 from __future__ import annotations
@@ -23,12 +28,36 @@ import asyncio
 import collections
 import contextlib
 import mmap
+import resource
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final
 
-__all__ = ["HeadTooLarge", "HttpConnection"]
+__all__ = ["HeadTooLarge", "HttpConnection", "IdleBudget", "idle_budget", "raise_fd_limit"]
 
 SCRATCH_BYTES: Final = 64 << 10  # what one read takes in head mode
+FD_RESERVE: Final = 64  # fds kept free for the spool, the session, the log and the process's own needs
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft open-file limit to the hard one (a shell's 1,024 is the usual soft default).
+
+    Returns (soft before, soft now); an infinite hard limit is capped at 1,048,576, and a refusal
+    by the OS leaves the limit as it was.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return soft, target
+    return soft, soft
+
+
+def idle_budget(configured: int) -> int:
+    """The idle-connection budget: ``configured``, but at most a quarter of the fds the process may open (>= 8)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    usable = (1 << 20) if soft == resource.RLIM_INFINITY else soft
+    return max(8, min(configured, (usable - FD_RESERVE) // 4))
 
 
 class HeadTooLarge(Exception):
@@ -234,6 +263,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abort(self) -> None:
+        """Drop the connection at once (nothing more is sent)."""
+        if self.transport is not None:
+            self.transport.abort()
+
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
 
@@ -269,3 +303,54 @@ class HttpConnection(asyncio.BufferedProtocol):
 def _buffer(size: int) -> mmap.mmap:
     """A body buffer: an anonymous map, so it starts on a page boundary (``O_DIRECT`` writes need that)."""
     return mmap.mmap(-1, size)
+
+
+class IdleBudget:
+    """At most ``limit`` connections waiting for a request head at once; one more aborts the oldest.
+
+    A connection counts from :meth:`waiting` (accepted, or its last answer sent on a keep-alive
+    connection) until :meth:`serving` (a whole head arrived) or :meth:`gone`. No clock: each is
+    also bounded in time by the server's head deadline.
+
+    Args:
+        limit: the budget; 0: no budget.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.evicted = 0  # idle connections aborted to admit newer ones (tests, metrics)
+        self._idle: dict[HttpConnection, None] = {}  # insertion order: the oldest first
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def waiting(self, conn: HttpConnection) -> None:
+        """``conn`` waits for a request head now: counted, the oldest idle one aborted past the budget."""
+        idle = self._idle
+        if conn in idle:
+            return
+        if self.limit and len(idle) >= self.limit:
+            self.evict_oldest()
+        idle[conn] = None
+
+    def evict_oldest(self) -> bool:
+        """Abort the connection idle the longest; False when none is idle."""
+        if not self._idle:
+            return False
+        oldest = next(iter(self._idle))
+        del self._idle[oldest]
+        self.evicted += 1
+        oldest.abort()
+        return True
+
+    def serving(self, conn: HttpConnection) -> None:
+        """``conn`` sent a whole request head (or went away): no longer counted (idempotent)."""
+        self._idle.pop(conn, None)
+
+    gone = serving
+
+    def close(self) -> None:
+        """The server stops: abort every idle connection."""
+        for conn in list(self._idle):
+            conn.abort()
+        self._idle.clear()

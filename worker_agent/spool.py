@@ -10,7 +10,12 @@ Theory of operation:
   ``verified``, or ``failed`` (``input_mismatch``) with an error that names it.
 * Room is reserved when an input is declared: past ``capacity_bytes`` (0: no bound but the
   disk), or past the disk's free space, or on ``ENOSPC`` while writing, the input fails with
-  ``worker_disk_full``; nothing else on the worker is affected.
+  ``worker_disk_full``; nothing else on the worker is affected. Inputs kept in memory are
+  bounded in all by ``memory_budget_bytes``: one declared past it goes to a file however small,
+  so a flood of small uploads costs disk (bounded as above), never the worker's memory.
+* A digest that does not match when the last byte arrived is taken for damage in transit: the
+  input's bytes are dropped and it starts again from offset 0 (:meth:`InputFile.restart`), at
+  most :data:`INPUT_RESTARTS` times; the next mismatch fails it ``input_mismatch``.
 * An *output* is a file a handler left (``ctx.output``): copied into the spool, its size and
   digest computed once. It lives until ``output_retention_s`` after it was made, or a short
   grace after a complete download (:meth:`Spool.fetched`), or until the worker stops (outputs
@@ -29,7 +34,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal
 
@@ -54,6 +59,8 @@ DISK_FULL: Final = "worker_disk_full"
 INPUT_MISMATCH: Final = "input_mismatch"
 INPUTS_UNAVAILABLE: Final = "inputs_unavailable"
 FETCHED_GRACE_S: Final = 60.0  # an output fetched whole is kept this long more (a retried download)
+INPUT_RESTARTS: Final = 2  # an input whose digest did not match starts again from 0 this many times
+MEMORY_BUDGET_BYTES: Final = 64 << 20  # inputs kept in memory, in all (the rest go to files)
 CHUNK: Final = 1 << 20
 UNLINK_AWAY_BYTES: Final = 8 << 20  # a spool file this big is unlinked in a thread (see remove_file)
 
@@ -82,6 +89,8 @@ class InputFile:
         self.state: InputState = "receiving"
         self.error: protocol.ErrorInfo | None = None
         self.busy = False  # an upload is writing it now
+        self.restarts = 0  # times its bytes were dropped for a digest mismatch and it started again from 0
+        self.mismatch = ""  # the last mismatch, while it is being sent again
         self.via = "direct"  # how its bytes came: "direct" (the HTTP endpoint) or "relay" (worker_agent/relay.py)
         self.settled = asyncio.Event()
         self.progressed_at = clock()  # when its last bytes were stored (or it was declared)
@@ -204,10 +213,29 @@ class InputFile:
         self.pause()
         got = f"{self.digest.partition(':')[0]}:{self._hasher.hexdigest()}"
         if got != self.digest:
-            self.fail(INPUT_MISMATCH, f"input {self.name!r}: digest {got} does not match the declared {self.digest}")
+            mismatch = f"input {self.name!r}: digest {got} does not match the declared {self.digest}"
+            if self.restarts < INPUT_RESTARTS:
+                self.restart(mismatch)
+                return
+            self.fail(INPUT_MISMATCH, f"{mismatch} ({self.restarts + 1} times: the bytes sent are not those declared)")
             return
         self.state = "verified"
         self.settled.set()
+
+    def restart(self, mismatch: str) -> None:
+        """The bytes did not have the declared digest (damaged in transit?): drop them and start again from 0."""
+        self.pause()
+        self.restarts += 1
+        self.mismatch = (f"{mismatch}; its {self.received} bytes were dropped: send it again from offset 0 "
+                         f"(retry {self.restarts} of {INPUT_RESTARTS})")
+        if self.buffer is not None:
+            self.buffer = bytearray()
+        # A file is truncated by its next write from 0 (opened "wb", or O_DIRECT with O_TRUNC): unlinking it in
+        # a thread (remove_file) could remove the file that write makes.
+        self._hasher = new_hasher(self.digest)
+        self._file_stale = False
+        self.received = 0
+        self.progressed_at = self._clock()
 
     def fail(self, code: str, message: str) -> None:
         """Settle the input as failed (its bytes are dropped)."""
@@ -249,6 +277,7 @@ class Spool:
     Args:
         root: a directory of its own (made if missing).
         memory_bytes: inputs up to this size stay in memory.
+        memory_budget_bytes: inputs kept in memory in all; one declared past it goes to a file.
         capacity_bytes: the most bytes of inputs and outputs held at once (0: only the disk bounds it).
         output_retention_s: how long an output is kept.
         clock: monotonic seconds (tests may pass their own).
@@ -259,6 +288,7 @@ class Spool:
         root: str | os.PathLike[str],
         *,
         memory_bytes: int = 1 << 20,
+        memory_budget_bytes: int = MEMORY_BUDGET_BYTES,
         capacity_bytes: int = 0,
         output_retention_s: float = 3600.0,
         clock: Any = None,
@@ -266,6 +296,8 @@ class Spool:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.memory_bytes = memory_bytes
+        self.memory_budget_bytes = memory_budget_bytes
+        self.memory_used = 0  # declared sizes of the inputs kept in memory
         self.capacity_bytes = capacity_bytes
         self.output_retention_s = output_retention_s
         self._clock = clock or asyncio.get_running_loop().time
@@ -285,7 +317,9 @@ class Spool:
         entry = entries.get(name)
         if entry is not None:
             return entry
-        in_memory = size <= self.memory_bytes
+        in_memory = size <= self.memory_bytes and self.memory_used + size <= self.memory_budget_bytes
+        if in_memory:
+            self.memory_used += size
         path = None if in_memory else self._dir(plan_id, attempt) / f"in-{_safe(name)}"
         entry = entries[name] = InputFile(name, size, digest, path, self._clock)
         problem = self._no_room(size)
@@ -310,7 +344,14 @@ class Spool:
         for entry in self._inputs.pop((plan_id, attempt), {}).values():
             if entry.state != "failed" or entry.error is None or entry.error.code != DISK_FULL:
                 self.used_bytes -= entry.size
+            if entry.path is None:
+                self.memory_used -= entry.size
             entry.discard()
+
+    def drop_unclaimed(self, plan_id: str, attempt: int) -> None:
+        """The attempt ended before it ran here (or never came): its inputs go, unless a running plan holds them."""
+        if (plan_id, attempt) not in self._claimed:
+            self.drop_inputs(plan_id, attempt)
 
     # ------------------------------------------------------------------ outputs
 
@@ -378,8 +419,9 @@ class Spool:
         for output in outputs.values():
             self._remove_output(output)
 
-    def sweep(self, stale_input_s: float) -> None:
-        """Drop expired outputs, and inputs declared ``stale_input_s`` ago whose attempt never claimed them."""
+    def sweep(self, stale_input_s: float, keep: Callable[[str, int], bool] | None = None) -> None:
+        """Drop expired outputs, and inputs declared ``stale_input_s`` ago whose attempt never claimed them
+        (nor does ``keep(plan_id, attempt)`` say to keep them: a prefetched plan waiting for a slot)."""
         now = self._clock()
         with self._lock:
             expired = [(key, o) for key, outs in self._outputs.items() for o in outs.values() if o.expires_at <= now]
@@ -391,7 +433,7 @@ class Spool:
         for _key, output in expired:
             self._remove_output(output)
         for key, since in list(self._declared_at.items()):
-            if now - since >= stale_input_s and key not in self._claimed:
+            if now - since >= stale_input_s and key not in self._claimed and (keep is None or not keep(*key)):
                 self.drop_inputs(*key)
 
     def claim(self, plan_id: str, attempt: int) -> None:

@@ -137,10 +137,15 @@ async def test_upload_resumes_from_the_acknowledged_offset(endpoint: DataServer)
 
 
 async def test_digest_mismatch_fails_the_input_naming_it(endpoint: DataServer) -> None:
-    """Bytes whose digest differs from the declared one: 422, and the input fails naming it."""
+    """Bytes whose digest differs from the declared one: 409 from offset 0 (taken for damage in transit) twice,
+    then 422, and the input fails naming it."""
     t = ticket("weights", 4, digest(b"abcd"))
     async with httpx.AsyncClient() as http:
         auth = {"Authorization": f"Bearer {t}"}
+        for retry in (1, 2):
+            again = await http.put(input_url(endpoint, "weights"), content=b"abce", headers=auth)
+            assert again.status_code == 409 and again.headers["upload-offset"] == "0"
+            assert again.json()["restart"] == retry and "weights" in again.json()["error"]
         answer = await http.put(input_url(endpoint, "weights"), content=b"abce", headers=auth)
     assert answer.status_code == 422
     assert "weights" in answer.json()["error"]

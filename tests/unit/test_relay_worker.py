@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataKey, DataOpen
+from protocol.relay import CLOSED as RETRYABLE_CLOSED
 from protocol.relay import MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import digest
@@ -73,7 +74,14 @@ async def test_bad_tickets_are_refused(relay: Any, kwargs: dict[str, Any], code:
 
 
 async def test_digest_mismatch_fails_the_input_naming_it(relay: Any) -> None:
-    """Bytes that do not match the declared digest: data_end(input_mismatch) naming the input."""
+    """Bytes that do not match the declared digest: the stream is closed to be opened again from offset 0 (damage
+    in transit) twice, then data_end(input_mismatch) naming the input."""
+    for retry in (1, 2):
+        relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc"))))
+        assert relay.sent.pop().offset == 0  # the credit: from 0
+        relay.on_message(chunk(0, b"abd"))
+        again = relay.sent.pop()
+        assert again.code == RETRYABLE_CLOSED and again.offset == 0 and f"retry {retry} of 2" in again.message
     relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc"))))
     relay.sent.clear()
     relay.on_message(chunk(0, b"abd"))
