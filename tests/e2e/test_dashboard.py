@@ -97,10 +97,44 @@ async def test_dashboard_shows_a_plan_submitted_from_the_page(cluster: Cluster, 
 
 
 async def test_dashboard_without_a_valid_token_asks_for_one(cluster: Cluster, page: Any) -> None:
-    """A wrong token fails the handshake and the page shows the token form with a message."""
+    """A wrong token typed into the form fails the handshake and the page shows the form again with a message."""
     await cluster.coordinator()
     http_url = cluster.url.replace("ws://", "http://", 1)
-    await page.goto(f"{http_url}/#token=wrong")
+    await page.goto(f"{http_url}/")
     await page.wait_for_selector("#token-form:not([hidden])", timeout=15_000)
-    assert "check the token" in await page.text_content("#token-error")
+    await page.fill("#token", "wrong")
+    await page.click("#login")
+    await page.wait_for_selector('#token-error:has-text("check the token")', timeout=15_000)
     assert await page.get_attribute("#conn-status", "data-state") == "disconnected"
+
+
+async def test_a_token_in_the_link_is_ignored_and_removed_from_the_address(cluster: Cluster, page: Any) -> None:
+    """/#token=<a valid token>: the page never uses it (no websocket opens, nothing stored), removes it from the
+    address bar and its history entry, and asks to log in with the form, which then works."""
+    await cluster.coordinator("--admin-token", ADMIN_TOKEN)
+    http_url = cluster.url.replace("ws://", "http://", 1)
+    sockets: list[str] = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    await page.goto(f"{http_url}/healthz")  # the entry before, to go back to
+    await page.goto(f"{http_url}/#token={ADMIN_TOKEN}")
+    await page.wait_for_selector('#token-error:has-text("the token in the link was ignored")', timeout=15_000)
+    assert "log in with the form" in await page.text_content("#token-error")
+    assert page.url == f"{http_url}/"
+    assert await page.evaluate('sessionStorage.getItem("fleetwire-token")') is None
+    assert await page.get_attribute("#conn-status", "data-state") == "disconnected"
+    assert sockets == []
+    # The link's history entry was replaced, not kept: back and forward never show the token again.
+    await page.go_back()
+    assert page.url == f"{http_url}/healthz"
+    await page.go_forward()
+    assert page.url == f"{http_url}/"
+    await page.wait_for_selector("#token-form:not([hidden])", timeout=15_000)
+    await page.fill("#token", ADMIN_TOKEN)
+    await page.click("#login")
+    await page.wait_for_selector('#conn-status[data-state="connected"]', timeout=15_000)
+    assert ADMIN_TOKEN not in page.url
+    opened = len(sockets)
+    # Such a link pasted into the open tab (a fragment change, no reload): removed and refused too.
+    await page.evaluate("location.hash = '#token=another'")
+    await page.wait_for_selector('#token-error:has-text("the token in the link was ignored")', timeout=5_000)
+    assert page.url == f"{http_url}/" and len(sockets) == opened

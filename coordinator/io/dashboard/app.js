@@ -3,8 +3,9 @@
 // The token travels as an offered subprotocol `fleetwire.bearer.<base64url token>` (browsers
 // cannot set an Authorization header); the coordinator never selects it. It comes from the login
 // form and is kept in sessionStorage (this tab only, gone when it closes), never in the URL, so it
-// stays out of the browser's history. A legacy #token=... fragment is still read once, moved to
-// sessionStorage and cleared from the address bar.
+// stays out of the browser's history. A #token=... link (the old way) is never used: the page
+// removes the fragment from the address bar and its history entry (history.replaceState) and
+// asks to log in with the form instead.
 //
 // Live data: `subscribe(all, from_seq=MAX)` makes the coordinator push every future event of every
 // plan this token may see (an admin token: all plans) without replaying history; `list_plans` and
@@ -97,9 +98,14 @@ function base64url(text) {
   return btoa(binary).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
 }
 
-function tokenFromFragment() {
-  const params = new URLSearchParams(location.hash.replace(/^#/, ""));
-  return params.get("token");
+// A token in the address's fragment (#token=..., the old links) is refused, never read: it is removed
+// from the address bar and from this history entry, and the form asks to log in. True when there was one.
+function refuseTokenInLink() {
+  if (!new URLSearchParams(location.hash.replace(/^#/, "")).has("token")) return false;
+  history.replaceState(null, "", location.pathname + location.search);
+  showTokenForm("the token in the link was ignored: a token in a URL is kept in the browser's history; "
+    + "log in with the form instead");
+  return true;
 }
 
 // ------------------------------------------------------------------ connection
@@ -793,15 +799,13 @@ document.addEventListener("DOMContentLoaded", () => {
   state.charts = makeCharts();
   drawCharts();
   setInterval(drawCharts, CHARTS_EVERY_MS);
-  const fromFragment = tokenFromFragment();
-  if (fromFragment !== null) {
-    state.token = fromFragment;
-    sessionStorage.setItem("fleetwire-token", fromFragment);
-    history.replaceState(null, "", location.pathname); // keep the token out of the address bar
-  } else {
-    state.token = sessionStorage.getItem("fleetwire-token") || "";
-  }
+  window.addEventListener("hashchange", refuseTokenInLink); // such a link pasted into this tab
   renderPlans();
   renderWorkers();
+  if (refuseTokenInLink()) {
+    setStatus("disconnected", "disconnected");
+    return; // not connected until the form is used
+  }
+  state.token = sessionStorage.getItem("fleetwire-token") || "";
   connect();
 });
