@@ -583,7 +583,7 @@ class _Session:
     async def plan_shard(self, plan_id: str, req_id: int) -> int | None:
         """The shard of a plan this session may see; None after answering ``plan_not_found``."""
         async with self.views.conn() as conn:
-            found = await plan_shard(conn, plan_id)
+            found = await plan_shard(conn, plan_id, self.owner)
         if found is None or not self.visible(found[1]):
             await self.send([self.not_found(plan_id, req_id, None if found is None else found[1])])
             return None
@@ -651,7 +651,7 @@ class _Session:
         if msg.plan_ids:
             self.charge(len(msg.plan_ids))  # one look-up by id each
             async with self.views.conn() as conn:
-                found = [await plan_shard(conn, plan_id) for plan_id in msg.plan_ids]
+                found = [await plan_shard(conn, plan_id, self.owner) for plan_id in msg.plan_ids]
             for plan_id, one in zip(msg.plan_ids, found, strict=True):
                 if one is None or not self.visible(one[1]):
                     await self.send([self.not_found(plan_id, msg.req_id, None if one is None else one[1])])

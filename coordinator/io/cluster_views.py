@@ -51,7 +51,10 @@ _EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE plan = ANY($1
 _LIST = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE (cardinality($1::text[]) = 0 OR state = ANY($1::text[])) " \
         "AND ($3::text IS NULL OR owner = $3) AND key < $4 ORDER BY key DESC LIMIT $2"  # fmt: skip
 _COUNTS = "SELECT state, count(*) FROM fleetwire_plans WHERE $1::text IS NULL OR owner = $1 GROUP BY state"
-_SHARD_OF = "SELECT shard, owner, key FROM fleetwire_plans WHERE id = $1 ORDER BY key DESC LIMIT 1"
+# The caller's own plan first: another principal may hold the same id in another shard (a core refuses another
+# principal's id only within its own shard), and its newer row must not hide the caller's (issue #24 part 6).
+_SHARD_OF = """SELECT shard, owner, key FROM fleetwire_plans WHERE id = $1
+ORDER BY (owner = $2) IS TRUE DESC, key DESC LIMIT 1"""
 _BY_KEY = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE key = ANY($1::bigint[])"
 # A watched plan's events rows from the last one read on (a row holds a run of events, keyed by its first seq).
 _EVENTS_SINCE = """SELECT e.plan, e.seq, e.body, e.crc FROM fleetwire_events e
@@ -186,9 +189,10 @@ async def new_plans(conn: Any, tips: dict[int, int], limit: int) -> list[tuple[i
     return [(r[0], r[1], r[2], r[3]) for r in rows]
 
 
-async def plan_shard(conn: Any, plan_id: str) -> tuple[int, str, int] | None:
-    """``(shard, owner principal, store key)`` of the plan stored under ``plan_id``; None when no shard holds it."""
-    row = await conn.fetchrow(_SHARD_OF, plan_id)
+async def plan_shard(conn: Any, plan_id: str, owner: str | None = None) -> tuple[int, str, int] | None:
+    """``(shard, owner principal, store key)`` of the plan stored under ``plan_id``, ``owner``'s when it has one
+    (None: an admin's look-up, the newest); None when no shard holds it."""
+    row = await conn.fetchrow(_SHARD_OF, plan_id, owner)
     return None if row is None else (row[0], row[1], row[2])
 
 
