@@ -116,6 +116,9 @@ class CoreConfig:
     run_timeout_grace_s: float = DEFAULT_GRACE_S  # a running attempt past timeout_s + this fails (timeouts.py)
     worker_reconnect_rate: float = 0.2  # registrations per second a worker id regains (0: no budget; reconnects.py)
     worker_reconnect_burst: int = 10  # ... and may make at once; past it hello gets too_many_reconnects + 4429
+    # A worker whose connection closed keeps its plans this long for a reconnect (with its session secret),
+    # then they are requeued: a killed worker's plans need not wait for the heartbeat timeout (registry.py).
+    worker_reconnect_grace_s: float = 5.0
 
 
 class Coordinator:
@@ -137,7 +140,10 @@ class Coordinator:
     ) -> None:
         self.config = config
         # State, shared by the collaborators below.
-        self.registry = WorkerRegistry(config.heartbeat_timeout_s, prefetch=config.placement.prefetch)
+        self.registry = WorkerRegistry(
+            config.heartbeat_timeout_s, prefetch=config.placement.prefetch,
+            reconnect_grace_s=config.worker_reconnect_grace_s,
+        )
         self.plans: dict[str, Plan] = {}
         self.queue = PlanQueue()
         self.subscriptions = Subscriptions()

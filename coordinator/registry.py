@@ -12,9 +12,12 @@ Semantics are the seed's (docs/SEMANTICS.md §Registry):
   may hold unstarted in a local queue, the coordinator's ``--prefetch``); a *free slot* is
   ``len(leases) < max_concurrency``. ``max_concurrency`` 0 never has room.
 * The reaper drops every worker whose last beat is older than the timeout, connected or
-  not. A disconnected worker keeps its leases until then, so a quick reconnect can
-  continue its plans. Every beat goes into a heap by time, so finding the stale workers
-  costs O(log W) per beat and O(stale) per tick, not a pass over every worker.
+  not, and every worker whose session closed longer than ``reconnect_grace_s`` ago without
+  it registering again (a closed connection is news: a killed worker's plans need not wait
+  for the heartbeat timeout; docs/SEMANTICS.md §Registry). A disconnected worker keeps its
+  leases until then, so a quick reconnect can continue its plans. Every beat and every
+  disconnect goes into a heap by time, so finding the stale workers costs O(log W) per beat
+  and O(stale) per tick, not a pass over every worker.
 * Per signature, the connected workers that meet it are cached as a
   :class:`~coordinator.placement.capacity.Pool`, kept up to date on every registration, disconnect
   and reap, with an index of the members that have room, kept up to date on every claim
@@ -74,16 +77,23 @@ class WorkerRegistry:
         heartbeat_timeout_s: how long after its last beat a worker stops being alive
             and becomes reapable.
         prefetch: leases each worker may hold beyond its concurrency (a local queue).
+        reconnect_grace_s: how long after its session closed a worker becomes reapable
+            (when :meth:`disconnect` is given the time); None: only the heartbeat timeout.
     """
 
-    def __init__(self, heartbeat_timeout_s: float = 30.0, prefetch: int = 0) -> None:
+    def __init__(
+        self, heartbeat_timeout_s: float = 30.0, prefetch: int = 0, reconnect_grace_s: float | None = None
+    ) -> None:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.prefetch = prefetch
+        self.reconnect_grace_s = reconnect_grace_s
         self._workers: dict[str, WorkerRecord] = {}
         self._claims = 0
         self._matching: dict[tuple[Hashable, object], Pool] = {}  # see matching()
         self._beats: list[tuple[float, str]] = []  # (a beat's time, worker id); see stale()
         self._overdue: dict[str, float] = {}  # worker id -> the beat found overdue, until it beats again
+        self._gone: list[tuple[float, str, float]] = []  # (grace over at, worker id, disconnected at); see stale()
+        self._grace_over: dict[str, float] = {}  # worker id -> its disconnect whose grace is over, until reaped
         self._pools_of: dict[str, list[Pool]] = {}  # worker id -> the cached pools it is a member of
         self._connected = 0
         self.generation = 0  # bumped whenever membership or connection changes (caches key on it)
@@ -134,6 +144,7 @@ class WorkerRegistry:
             record.address = address
             record.conn_id = conn_id
             record.connected = True
+            record.disconnected_at_s = None  # back within its grace: its pending reap entry goes stale
             record.last_beat_s = now
             _recount_devices(record)  # its device list may have changed with the new capabilities
         self._join_pools(record)
@@ -227,18 +238,38 @@ class WorkerRegistry:
                 pool.figures_changed(record)
         return record
 
-    def disconnect(self, worker_id: str) -> None:
+    def disconnect(self, worker_id: str, now: float | None = None) -> None:
         """Mark a worker's session gone; its record and leases stay until reaped.
+
+        With ``now`` (its connection closed at that time) and a ``reconnect_grace_s``, it is
+        reaped once the grace is over unless it registers again first; without, only its
+        heartbeat timeout reaps it (a restored lease's placeholder, a worker leaving for good).
 
         Raises:
             UnknownWorker: the id is not registered.
         """
         record = self.get(worker_id)
+        grace = self.reconnect_grace_s
+        if now is not None and grace is not None and record.connected:
+            record.disconnected_at_s = now
+            heapq.heappush(self._gone, (now + grace, worker_id, now))
         self._connected -= record.connected
         record.connected = False
         record.conn_id = None
         self._leave_pools(record)
         self.generation += 1
+
+    def in_grace(self, worker_id: str, now: float) -> float | None:
+        """Seconds left of the worker's reconnect grace at ``now``; None when it is connected, unknown or has none.
+
+        Its session closed and it has not registered again: the id is still its own (its leases
+        wait for it; docs/SEMANTICS.md §Worker identity).
+        """
+        record = self._workers.get(worker_id)
+        if record is None or record.connected or record.disconnected_at_s is None or self.reconnect_grace_s is None:
+            return None
+        left = record.disconnected_at_s + self.reconnect_grace_s - now
+        return left if left > 0 else None
 
     def get(self, worker_id: str) -> WorkerRecord:
         """The record of ``worker_id``.
@@ -313,14 +344,26 @@ class WorkerRegistry:
             record = workers.get(worker_id)
             if record is not None and record.last_beat_s == beat:
                 overdue[worker_id] = beat
-        found: list[WorkerRecord] = []
+        found: dict[str, WorkerRecord] = {}
         for worker_id, beat in list(overdue.items()):
             record = workers.get(worker_id)
             if record is None or record.last_beat_s != beat:
                 del overdue[worker_id]  # reaped, or it beat again (that beat is in the heap)
             elif now - beat > timeout:  # a clock read earlier than a past tick keeps it pending
-                found.append(record)
-        return sorted(found, key=_by_id)
+                found[worker_id] = record
+        grace, gone, grace_over = self.reconnect_grace_s, self._gone, self._grace_over
+        while gone and gone[0][0] < now:
+            _, worker_id, at = heapq.heappop(gone)
+            record = workers.get(worker_id)
+            if record is not None and record.disconnected_at_s == at:
+                grace_over[worker_id] = at
+        for worker_id, at in list(grace_over.items()):
+            record = workers.get(worker_id)
+            if record is None or record.disconnected_at_s != at:
+                del grace_over[worker_id]  # reaped, or it registered again
+            elif grace is not None and now - at > grace:
+                found[worker_id] = record
+        return sorted(found.values(), key=_by_id)
 
     def reap(self, now: float, only: Collection[str] | None = None) -> list[str]:
         """Drop every worker whose last beat is older than the timeout (of ``only``, when given).
@@ -333,10 +376,12 @@ class WorkerRegistry:
             record = self._workers.pop(worker_id)
             self._connected -= record.connected
             self._overdue.pop(worker_id, None)
+            self._grace_over.pop(worker_id, None)
             self._leave_pools(record)
         if dropped:
             self.generation += 1
-            log.warning("workers reaped", worker_ids=dropped, heartbeat_timeout_s=self.heartbeat_timeout_s)
+            log.warning("workers reaped", worker_ids=dropped, heartbeat_timeout_s=self.heartbeat_timeout_s,
+                        reconnect_grace_s=self.reconnect_grace_s)  # fmt: skip
         return dropped
 
     def remove(self, worker_id: str) -> WorkerRecord:
@@ -350,7 +395,9 @@ class WorkerRegistry:
         self._connected -= record.connected
         record.connected = False
         record.conn_id = None
+        record.disconnected_at_s = None
         self._overdue.pop(worker_id, None)
+        self._grace_over.pop(worker_id, None)
         self._leave_pools(record)
         self.generation += 1
         return record

@@ -24,8 +24,13 @@ Rules:
   store's tail (or the plan was, and its client resubmitted it): it is leased back to the worker
   and continued, so its result is not lost nor the plan run twice (§Recovery from clients and
   workers); its ``done`` counts in ``results_recovered_from_worker``.
-* A closed session leaves its worker registered (not connected) with its leases until the
-  reaper drops it, so a worker that reconnects in time keeps its plans.
+* A closed session leaves its worker registered (not connected) with its leases for the
+  reconnect grace (``--worker-reconnect-grace-s``, coordinator/registry.py), so a worker that
+  reconnects in time keeps its plans; past it the reaper requeues them, without waiting for the
+  heartbeat timeout (a killed worker's connection closes at once). Within the grace the id stays
+  its holder's: a ``hello`` without its ``session_secret`` (or the holder's client certificate)
+  is refused ``error(worker_id_in_use)`` with ``retry_after_s`` = the grace left, then 4409, so a
+  worker token cannot take the id, and its plans' continuations, while the holder reconnects.
 * A worker id that registers in a tight loop is refused (coordinator/reconnects.py): past its
   reconnect budget a ``hello`` gets ``error(too_many_reconnects)`` with ``retry_after_s`` and the
   session is closed 4429 (the driver's penalty box then answers its upgrades 429), before
@@ -88,6 +93,7 @@ if TYPE_CHECKING:
     from coordinator.stats import PlanTimings
     from coordinator.streams import Streams
     from coordinator.timeouts import RunTimeouts
+    from coordinator.workers import WorkerRecord
 
 __all__ = ["WorkerSessions"]
 
@@ -164,6 +170,7 @@ class WorkerSessions:
         self._leaving: set[str] = set()  # ids drained by their own heartbeat.leaving, not by an operator
         self._drained_gone: dict[str, None] = {}  # operator-drained ids that left with goodbye (oldest first)
         self._removed: dict[str, None] = {}  # ids an operator removed (remove_worker); their hello is refused
+        self._identities: dict[str, str] = {}  # worker id -> the client certificate (mTLS) of its last holder
         # A holder silent this long (two missed beats) may be replaced without proof: a restarted
         # worker whose old connection is half-open gets its id back before the reaper's timeout.
         self._silent_takeover_s = min(heartbeat_timeout_s, 2 * heartbeat_interval_s)
@@ -244,6 +251,7 @@ class WorkerSessions:
         self._leaving.discard(worker_id)
         self._registry.remove(worker_id)
         self._secrets.pop(worker_id, None)
+        self._identities.pop(worker_id, None)
         self._placement.forget([worker_id])
         self._counters["workers_left"] += 1
         log.info("worker left", worker_id=worker_id, leases=sorted(record.leases))
@@ -277,12 +285,13 @@ class WorkerSessions:
         self._leaving.discard(worker_id)
         registry.remove(worker_id)
         self._secrets.pop(worker_id, None)
+        self._identities.pop(worker_id, None)
         self._placement.forget([worker_id])
         log.info("worker removed by an operator", worker_id=worker_id, leases=leases)
         self._refresh_waiting(now, record.capabilities.ops)
 
     def detach(self, s: Session, now: float) -> None:
-        """The session no longer speaks for its worker; the record stays (with its leases) until reaped."""
+        """The session no longer speaks for its worker; the record stays (with its leases) for the reconnect grace."""
         worker_id, s.worker_id = s.worker_id, None
         registry = self._registry
         if worker_id is None or worker_id not in registry:
@@ -290,12 +299,14 @@ class WorkerSessions:
         record = registry.get(worker_id)
         if record.conn_id != s.conn_id:
             return
-        registry.disconnect(worker_id)
-        log.info("worker disconnected", worker_id=worker_id, leases=sorted(record.leases))
+        registry.disconnect(worker_id, now)  # its reconnect grace starts (coordinator/registry.py)
+        log.info("worker disconnected", worker_id=worker_id, leases=sorted(record.leases),
+                 reconnect_grace_s=registry.reconnect_grace_s)  # fmt: skip
         self._refresh_waiting(now, record.capabilities.ops)
 
     def reap(self, now: float) -> list[str]:
-        """Reap workers silent past the timeout (§Registry), unless the breaker holds; returns their ids, sorted.
+        """Reap workers silent past the timeout, or disconnected past the reconnect grace (§Registry), unless
+        the breaker holds; returns their ids, sorted.
 
         Their sessions are closed (4408) and their leases requeued, best first, or failed after
         their last attempt.
@@ -318,16 +329,26 @@ class WorkerSessions:
         reaped = registry.reap(now, only={r.id for r in lost})
         for worker_id in reaped:
             self._secrets.pop(worker_id, None)
+            self._identities.pop(worker_id, None)
             self._leaving.discard(worker_id)
         self._placement.forget(reaped)
         self._counters["workers_reaped"] += len(reaped)
         plans = self._plans
+        why = {r.id: self._lost_because(r, now) for r in lost}
         leases = [(plans[pid], r.id) for r in lost for pid in r.leases if pid in plans]
         leases.sort(key=lambda pair: (-pair[0].priority, pair[0].order))  # requeue best first
         for plan, worker_id in leases:
-            self._scheduler.lease_lost(plan, worker_id, f"worker {worker_id} stopped sending heartbeats", now)
+            self._scheduler.lease_lost(plan, worker_id, why[worker_id], now)
         self._refresh_waiting(now)
         return reaped
+
+    def _lost_because(self, record: WorkerRecord, now: float) -> str:
+        """Why a reaped worker's plans were taken back, for their streams."""
+        at, grace = record.disconnected_at_s, self._registry.reconnect_grace_s
+        if at is not None and grace is not None and now - at > grace:
+            return (f"worker {record.id}'s connection closed {now - at:.1f} s ago and it did not reconnect "
+                    f"within the reconnect grace ({grace:g} s)")  # fmt: skip
+        return f"worker {record.id} stopped sending heartbeats"
 
     # ------------------------------------------------------------------ handlers
 
@@ -389,10 +410,16 @@ class WorkerSessions:
                 older.worker_id = None  # its close must not disconnect the new session
                 why = f"worker id {worker_id!r} registered on a newer session"
                 self._outbox.close(older, errors.CLOSE_REPLACED, why)
+            elif secret and not proven and not (s.identity and s.identity == self._identities.get(worker_id)):
+                left_s = registry.in_grace(worker_id, now)
+                if left_s is not None:  # its holder may be reconnecting: the id and its plans stay its own
+                    self._refuse_in_grace(s, worker_id, left_s, now)
+                    return
         if reconnects is not None:
             reconnects.spend(worker_id, now)  # a refused takeover above took none
         old_ops = registry.get(worker_id).capabilities.ops if reconnect else []  # their groups' reasons change too
         record = registry.register(worker_id, msg.capabilities, now, address=s.address, conn_id=s.conn_id)
+        self._identities[worker_id] = s.identity
         if worker_id in self._leaving:  # it announced a stop, then came back: its own drain is over
             self._leaving.discard(worker_id)
             record.draining = False
@@ -479,6 +506,23 @@ class WorkerSessions:
                     newcomer=s.address)  # fmt: skip
         self._send(s.conn_id, Error(code=errors.WORKER_ID_IN_USE, message=message))
         self._outbox.close(s, errors.CLOSE_REPLACED, f"worker id in use by a live session from {holder.address}"[:120])
+
+    def _refuse_in_grace(self, s: Session, worker_id: str, left_s: float, now: float) -> None:
+        """Refuse ``s`` the id of a worker whose session closed within the reconnect grace: error(worker_id_in_use)
+        with ``retry_after_s`` = the grace left, then 4409."""
+        self._counters["takeovers_refused"] = self._counters.get("takeovers_refused", 0) + 1
+        record = self._registry.get(worker_id)
+        gone_s = now - (record.disconnected_at_s or now)
+        message = (
+            f"worker id {worker_id!r} belongs to a worker from {record.address or 'an unknown address'} whose "
+            f"connection closed {gone_s:.1f} s ago: it may reconnect for {left_s:.1f} s more and continue its "
+            "plans, and only it may take the id back (hello.session_secret from its welcome, or the same client "
+            f"certificate). Retry in {left_s:.1f} s; give each worker its own id (--id)"
+        )
+        log.warning("refused hello: worker id held for its reconnecting holder", worker_id=worker_id,
+                    holder=record.address, newcomer=s.address, grace_left_s=round(left_s, 3))  # fmt: skip
+        self._send(s.conn_id, Error(code=errors.WORKER_ID_IN_USE, message=message, retry_after_s=left_s))
+        self._outbox.close(s, errors.CLOSE_REPLACED, f"worker id {worker_id} is held for its reconnecting holder"[:120])
 
     def _refuse_reconnect(self, s: Session, worker_id: str, wait_s: float) -> None:
         """Refuse ``s`` the id ``worker_id``, past its reconnect budget: error(too_many_reconnects), then 4429."""

@@ -43,6 +43,9 @@ class WorkerRecord:
         leases: ids of the plans placed on it that it has not finished.
         last_beat_s: monotonic time of the last register or heartbeat.
         connected: whether a session holds the id now.
+        disconnected_at_s: monotonic time its session closed, while it is disconnected and its
+            reconnect grace runs (None: connected, or disconnected without a grace, as the
+            placeholder of a restored lease); the registry reaps it when the grace is over.
         last_assigned: order number of its latest claim (0 = never); placement breaks
             ties by least recently assigned, and a counter (not ``now``) keeps two claims
             at the same instant ordered.
@@ -74,6 +77,7 @@ class WorkerRecord:
     leases: set[str] = field(default_factory=set)
     last_beat_s: float = 0.0
     connected: bool = True
+    disconnected_at_s: float | None = None
     last_assigned: int = 0
     draining: bool = False
     drain_deadline_s: float | None = None

@@ -252,6 +252,7 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
         heartbeat_timeout_s=ns.heartbeat_timeout,
         breaker_fraction=ns.breaker_fraction,
         plan_retention_s=ns.plan_retention,
+        worker_reconnect_grace_s=ns.worker_reconnect_grace_s,
         plan_retention_bytes=ns.plan_retention_bytes,
         data_ticket_ttl_s=ns.data_ticket_ttl,
         data_key_rotation_s=ns.data_key_rotation,
@@ -633,6 +634,10 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     p.add_argument("--store", default=None, metavar="SPEC",
                    help="where plans are kept: sqlite (default; coordinator.sqlite3 in --data-dir), "
                         "sqlite:PATH, memory (lost on restart), or postgresql://USER@HOST:PORT/DB (cluster mode: "
+    p.add_argument("--worker-reconnect-grace-s", type=float, default=5.0, metavar="S",
+                   help="a worker whose connection closed keeps its plans this long for a reconnect with its "
+                        "session secret (its id is refused to others meanwhile), then they are requeued; heartbeat "
+                        "silence on an open connection waits for --heartbeat-timeout (default 5)")
                         "coordinators sharing the database fail over to each other, docs/CLUSTER.md); "
                         "default $FLEETWIRE_STORE, else sqlite")
     p.add_argument("--data-dir", default=None, metavar="DIR",

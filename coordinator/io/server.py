@@ -168,6 +168,8 @@ class ServerSettings:
                              f"got {core.worker_reconnect_rate}")
         if core.worker_reconnect_burst < 1:
             raise ValueError(f"--worker-reconnect-burst must be >= 1, got {core.worker_reconnect_burst}")
+        if not 0 <= core.worker_reconnect_grace_s < float("inf"):
+            raise ValueError(f"--worker-reconnect-grace-s must be >= 0 seconds, got {core.worker_reconnect_grace_s}")
         core.placement.check()
         if core.autoscale is not None:
             core.autoscale.check()

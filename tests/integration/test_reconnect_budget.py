@@ -34,8 +34,10 @@ async def serve(tmp_path: Path, rate: float, **limits: Any) -> CoordinatorServer
     write_tokens(path, list(TOKENS))
     server = CoordinatorServer(ServerSettings(
         port=0, token_file=str(path), limits=Limits(penalty_hold_s=0.0, **limits),
+        # No reconnect grace: the churn here is of new processes, without a session secret, which the grace
+        # would refuse first (worker_id_in_use; tests/unit/test_reconnect_grace.py).
         core=CoreConfig(heartbeat_interval_s=5.0, heartbeat_timeout_s=15.0, worker_reconnect_burst=2,
-                        worker_reconnect_rate=rate),
+                        worker_reconnect_rate=rate, worker_reconnect_grace_s=0.0),
     ))
     await server.start()
     return server

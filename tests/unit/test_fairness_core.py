@@ -112,7 +112,8 @@ def test_the_same_client_certificate_is_proof_too(h: Harness) -> None:
 
 
 def test_a_restarted_worker_gets_its_id_back_once_the_old_session_closes_or_goes_silent(h: Harness) -> None:
-    """No secret after a restart: refused while the holder beats, admitted after it closes or misses two beats."""
+    """No secret after a restart: refused while the holder beats, admitted after it misses two beats, or once
+    the reconnect grace of its closed session is over."""
     old = open_worker(h, "10.0.0.1:4000")
     h.send(old, hello("gpu-1"))
     h.take(old)
@@ -126,10 +127,16 @@ def test_a_restarted_worker_gets_its_id_back_once_the_old_session_closes_or_goes
     h.send(again, hello("gpu-1"))
     assert only(h.take(again), Welcome).worker_id == "gpu-1"
     assert (old, errors.CLOSE_REPLACED) in [(conn, code) for conn, code, _ in h.closes]
-    # A crash the kernel reports (the TCP connection closes): the id is free at once.
+    # A crash the kernel reports (the TCP connection closes): the id is its holder's for the reconnect grace
+    # (5 s), then free; the refusal says when to retry.
     h.close(again)
     h.now = 21.0
-    fresh = open_worker(h, "10.0.0.1:4102")
+    early = open_worker(h, "10.0.0.1:4102")
+    h.send(early, hello("gpu-1"))
+    refusal = only(h.take(early), Error)
+    assert refusal.code == errors.WORKER_ID_IN_USE and refusal.retry_after_s == pytest.approx(4.5)
+    h.now = 25.6
+    fresh = open_worker(h, "10.0.0.1:4103")
     h.send(fresh, hello("gpu-1"))
     assert only(h.take(fresh), Welcome).worker_id == "gpu-1"
 
@@ -148,13 +155,14 @@ def test_a_beating_holder_is_never_replaced_without_proof(h: Harness) -> None:
 
 
 def test_without_proof_a_free_id_is_registered_but_its_leases_are_not_continued(h: Harness) -> None:
-    """After the holder disconnects, a hello without the secret registers the id but abandons the old leases."""
+    """Past the holder's reconnect grace (before the reaper ran), a hello without the secret registers the id but
+    abandons the old leases."""
     old = open_worker(h, "10.0.0.1:4000")
     h.send(old, hello("gpu-1"))
     plan_id = h.submit(h.client())
     h.send(old, Accept(plan_id=plan_id, attempt=1))
     h.close(old)
-    h.now = 1.0
+    h.now = 5.5
     other = open_worker(h, "10.6.6.6:5000")
     h.send(other, hello("gpu-1", running=[(plan_id, 1)]))
     welcome = only(h.take(other), Welcome)

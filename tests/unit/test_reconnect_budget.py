@@ -8,6 +8,8 @@ anything changes. The driver's penalty box for that 4429 is tests/integration/te
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 
 from coordinator.reconnects import ReconnectBudget
@@ -32,10 +34,21 @@ def hello_on_new_session(h: Harness, worker_id: str, address: str = "10.0.0.9:40
     return conn
 
 
+_SECRETS: weakref.WeakKeyDictionary[Harness, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
 def cycle(h: Harness, worker_id: str = "churn") -> list[object]:
-    """One connect, hello and disconnect; what the session was sent."""
-    conn = hello_on_new_session(h, worker_id)
+    """One connect, hello and disconnect of an agent reconnecting in a loop; what the session was sent.
+
+    Its hello carries the session secret of its last welcome, as the agent's does: without it a
+    hello within the reconnect grace of the id's last session is refused (worker_id_in_use).
+    """
+    secrets = _SECRETS.setdefault(h, {})
+    conn = hello_on_new_session(h, worker_id, secret=secrets.get(worker_id, ""))
     sent = h.take(conn)
+    for msg in sent:
+        if isinstance(msg, Welcome):
+            secrets[worker_id] = msg.session_secret
     h.close(conn)
     return sent
 
@@ -103,7 +116,7 @@ def test_a_refused_hello_changes_nothing_and_the_holder_keeps_its_session(h: Har
     """Past the budget, even the live holder's own takeover (with its secret) is refused; the old session stays."""
     for _ in range(BURST - 1):
         cycle(h)
-    live = hello_on_new_session(h, "churn")
+    live = hello_on_new_session(h, "churn", secret=_SECRETS[h]["churn"])
     secret = only(h.take(live), Welcome).session_secret
     c = h.client()
     plan_id = h.submit(c)

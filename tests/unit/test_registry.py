@@ -124,7 +124,8 @@ def test_reap_logs_dropped_ids(reg: WorkerRegistry) -> None:
     with capture_logs() as logs:
         reg.reap(100.0)
     assert logs == [
-        {"event": "workers reaped", "log_level": "warning", "worker_ids": ["w1"], "heartbeat_timeout_s": 30.0}
+        {"event": "workers reaped", "log_level": "warning", "worker_ids": ["w1"], "heartbeat_timeout_s": 30.0,
+         "reconnect_grace_s": None}
     ]
 
 
