@@ -324,7 +324,7 @@ class Client:
         """
         msg = DataTicket(req_id=self._session.next_req_id(), plan_id=plan_id, direction=direction)
         reply: DataGrant = await self._request(msg, DataGrant)
-        return Grant.from_reply(reply)
+        return Grant.from_reply(reply, functools.partial(self.data_ticket, plan_id, direction))  # a fresh one on 401
 
     async def __aenter__(self) -> Client:
         return await self.connect()

@@ -19,6 +19,15 @@ Theory of operation:
 * The relay (fleetwire/relay.py ``RelayTransport``) carries the same bytes through the
   coordinator: it implements :class:`Transport`; the client's default ``AutoTransport`` picks it
   when a grant has no URL or the direct dial fails.
+* What a worker's answer asks of a transfer (docs/PROTOCOL.md §Data plane): ``401`` mid-transfer
+  (a ticket key the worker no longer has: the coordinator restarted, or rotated twice) fetches a
+  fresh ticket through :attr:`Grant.refresh` and goes on from the byte reached, at most
+  :data:`TICKET_REFRESHES` times; ``409`` after a whole input (its digest did not match: the
+  worker dropped its bytes) sends it again from 0, logged; ``503`` (the worker holds too many
+  uploads not yet assigned to it) waits and asks again; ``410`` (the attempt was cancelled,
+  ended, revoked or is not the worker's) ends that attempt's transfer. A downloaded output whose
+  digest does not match is fetched again from 0, at most :data:`MISMATCH_RETRIES` times, logged,
+  before :class:`OutputMismatch` is raised.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
@@ -66,6 +75,7 @@ __all__ = [
     "Uploads",
     "fetch_to",
     "prepare_inputs",
+    "refetch_on_mismatch",
 ]
 
 log = logging.getLogger("fleetwire.data")
@@ -78,6 +88,8 @@ WRITES_AHEAD = 4  # batches of a download by chunks waiting for the disk (about 
 WRITE_BUFFERS = 8  # buffers of a direct download: some filling, some written and hashed, some spare
 IDLE_CONNECTIONS = 4  # keep-alive data connections kept per worker endpoint between transfers
 IDLE_S = 15.0  # how long one is kept (the worker drops it after its upload stall timeout, 30 s by default)
+TICKET_REFRESHES = 2  # fresh tickets one transfer asks for after 401s (a coordinator restart: new keys)
+MISMATCH_RETRIES = 2  # downloads of an output again after its digest did not match (damage in transit)
 PARALLEL_HASH_BYTES = 16 << 20  # inputs this big are hashed on every core before the submit, a window at a time
 WRITE_BUFFER_BYTES = 1 << 20  # small: what is left to write and hash once the last byte arrived is small too
 InputValue = bytes | bytearray | memoryview | pathlib.Path | IO[bytes]
@@ -141,16 +153,33 @@ class Grant:
     url: str
     ticket: str
     get_ticket: str = ""
+    refresh: Callable[[], Awaitable[Grant]] | None = field(default=None, compare=False, repr=False)
+    """Asks the coordinator for a fresh grant of the same direction (``Client.data_ticket``); None: no way to."""
 
     @classmethod
-    def from_event(cls, event: Event) -> Grant:
+    def from_event(cls, event: Event, refresh: Callable[[], Awaitable[Grant]] | None = None) -> Grant:
         data = event.data or {}
         return cls(event.plan_id, int(data.get("attempt", event.attempt)), data.get("url", ""),
-                   data.get("ticket", ""), data.get("get_ticket", ""))
+                   data.get("ticket", ""), data.get("get_ticket", ""), refresh)
 
     @classmethod
-    def from_reply(cls, reply: DataGrant) -> Grant:
-        return cls(reply.plan_id, reply.attempt, reply.url, reply.ticket, reply.ticket)
+    def from_reply(cls, reply: DataGrant, refresh: Callable[[], Awaitable[Grant]] | None = None) -> Grant:
+        return cls(reply.plan_id, reply.attempt, reply.url, reply.ticket, reply.ticket, refresh)
+
+    async def renewed(self, what: str, refused: DataTransferError) -> Grant:
+        """A fresh ticket to the same attempt's bytes, after ``refused`` (a 401: its key is gone).
+
+        Raises:
+            DataTransferError: ``refused`` again, when there is no way to ask for one or the plan has
+            moved on to another attempt (whose bytes are elsewhere).
+        """
+        if self.refresh is None:
+            raise refused
+        fresh = await self.refresh()
+        if fresh.attempt != self.attempt or fresh.plan_id != self.plan_id:
+            raise refused
+        log.info("fleetwire: %s: the worker refused the ticket (%s); going on with a fresh one", what, refused)
+        return fresh
 
     def resource(self, kind: str, name: str) -> str:
         return f"{self.url}/v1/data/{quote(self.plan_id, safe='')}/{self.attempt}/{kind}/{quote(name, safe='')}"
@@ -396,7 +425,9 @@ class DirectTransport:
         """The worker's acknowledged offset and state of an input."""
         response = await self._http.head(grant.resource("inputs", name), headers=_auth(grant.ticket))
         if response.status_code != 200:
-            raise DataTransferError(f"input {name!r}: {response.status_code} from {grant.url}", response.status_code)
+            status = response.status_code
+            gone = " (the attempt is no longer live on that worker)" if status == 410 else ""
+            raise DataTransferError(f"input {name!r}: {status} {response.reason_phrase} from {grant.url}{gone}", status)
         return int(response.headers.get("upload-offset", "0")), response.headers.get("upload-state", "receiving")
 
     async def upload(self, grant: Grant, source: InputSource) -> None:
@@ -423,10 +454,15 @@ class DirectTransport:
                 continue
             if status in (200, 201):
                 return
-            if status in (204, 409):  # a part arrived / another offset: ask again
+            if status in (204, 409, 503):  # a part arrived / another offset / not yet: ask again
                 failures += 1
                 if failures > self.max_resumes:
                     raise DataTransferError(f"input {source.name!r}: {_body_error(body)}", status)
+                if status == 409 and _restarted(body):  # its digest did not match: the worker dropped its bytes
+                    log.warning("fleetwire: input %r of plan %s: %s", source.name, grant.plan_id, _body_error(body))
+                if status == 503:  # refused from the head: the next PUT goes from 0 unasked again
+                    ask = False
+                    await asyncio.sleep(min(2.0, 0.25 * 2**failures))
                 continue
             raise DataTransferError(f"input {source.name!r}: {_body_error(body)}", status)
 
@@ -476,7 +512,7 @@ class DirectTransport:
         partial = target.with_name(f".{target.name}.partial")
         url = httpx.URL(grant.resource("outputs", name))
         tls = self._tls_context() if url.scheme == "https" else None
-        received, size, failures = 0, -1, 0
+        received, size, failures, refreshes = 0, -1, 0, 0
         file = await asyncio.to_thread(open, partial, "wb")
         try:
             while size < 0 or received < size:
@@ -500,6 +536,12 @@ class DirectTransport:
                     await asyncio.sleep(min(2.0, 0.05 * 2**failures))
                     continue
                 received, size = progress
+                if status == 401 and refreshes < TICKET_REFRESHES:  # its key is gone (a coordinator restart)
+                    refreshes += 1
+                    refused = DataTransferError(f"output {name!r}: {_body_error(body)}", status)
+                    grant = await grant.renewed(f"output {name!r}", refused)
+                    url = httpx.URL(grant.resource("outputs", name))
+                    continue
                 if status not in (200, 206):
                     raise DataTransferError(f"output {name!r}: {_body_error(body)}", status)
             if check is not None:
@@ -517,7 +559,7 @@ class DirectTransport:
         import httpx
 
         url = grant.resource("outputs", name)
-        received, size, failures = 0, None, 0
+        received, size, failures, refreshes = 0, None, 0, 0
         while size is None or received < size:
             headers = _auth(grant.get_ticket or grant.ticket)
             if received:
@@ -526,7 +568,13 @@ class DirectTransport:
                 async with self._http.stream("GET", url, headers=headers) as response:
                     if response.status_code not in (200, 206):
                         await response.aread()
-                        raise DataTransferError(f"output {name!r}: {_error_text(response)}", response.status_code)
+                        refused = DataTransferError(f"output {name!r}: {_error_text(response)}", response.status_code)
+                        if response.status_code != 401 or refreshes >= TICKET_REFRESHES:
+                            raise refused
+                        refreshes += 1  # its key is gone (a coordinator restart): a fresh ticket, from here
+                        grant = await grant.renewed(f"output {name!r}", refused)
+                        url = grant.resource("outputs", name)
+                        continue
                     if size is None:
                         size = received + int(response.headers.get("content-length", "0"))
                     async for chunk in response.aiter_raw(CHUNK_BYTES):
@@ -552,6 +600,15 @@ def _untrusted(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _restarted(body: bytes) -> bool:
+    """Whether a ``409`` says the worker dropped the input's bytes (a digest mismatch) and waits for them from 0."""
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(decoded, dict) and bool(decoded.get("restart"))
 
 
 def _body_error(body: bytes) -> str:
@@ -952,7 +1009,10 @@ class Uploads:
             self.uploaded.append(grant.attempt)
         except DataTransferError as exc:
             self.error = exc
-            log.warning("fleetwire: upload of plan %s attempt %d failed: %s", self.plan_id, grant.attempt, exc)
+            if exc.status == 410:  # cancelled, ended, revoked or moved on: a newer attempt gets its own data_ready
+                log.info("fleetwire: upload of plan %s attempt %d stopped: %s", self.plan_id, grant.attempt, exc)
+            else:
+                log.warning("fleetwire: upload of plan %s attempt %d failed: %s", self.plan_id, grant.attempt, exc)
 
     async def _upload(self, grant: Grant, source: InputSource) -> None:
         try:
@@ -973,11 +1033,31 @@ async def fetch_to(transport: Transport, grant: Grant, name: str, path: str | os
                    check: OutputCheck | None = None) -> pathlib.Path:
     """Write output ``name`` to ``path``: straight from the socket to the file on the direct path, else by chunks.
 
-    With ``check``, the bytes are hashed on the way and a mismatch raises :class:`OutputMismatch` (no file left).
+    With ``check``, the bytes are hashed on the way; a mismatch fetches them again (:func:`refetch_on_mismatch`),
+    then raises :class:`OutputMismatch` (no file left).
     """
     if isinstance(transport, DirectTransport) and grant.url:
-        return await transport.download_to(grant, name, path, check)
-    return await write_chunks(transport.download(grant, name), path, check)
+        direct = transport
+        return await refetch_on_mismatch(lambda: direct.download_to(grant, name, path, check), check)
+    return await refetch_on_mismatch(lambda: write_chunks(transport.download(grant, name), path, check), check)
+
+
+async def refetch_on_mismatch(fetch: Callable[[], Awaitable[pathlib.Path]], check: OutputCheck | None) -> pathlib.Path:
+    """``fetch()`` an output to its file; when its digest does not match ``check``, fetch it again from byte 0.
+
+    The worker's copy was checked when it was made, so a mismatch is taken for damage on the way:
+    logged, and retried at most :data:`MISMATCH_RETRIES` times before :class:`OutputMismatch` is raised.
+    """
+    retries = 0
+    while True:
+        try:
+            return await fetch()
+        except OutputMismatch as exc:
+            if check is None or retries >= MISMATCH_RETRIES:
+                raise
+            retries += 1
+            log.warning("fleetwire: %s; fetching it again (retry %d of %d)", exc, retries, MISMATCH_RETRIES)
+            check.restart()
 
 
 async def write_chunks(chunks: AsyncIterator[bytes], path: str | os.PathLike[str],

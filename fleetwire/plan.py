@@ -284,7 +284,7 @@ class Plan:
                 attempt = event.attempt
             elif event.kind == "data_ready" and attempt is not None:
                 data = event.data if isinstance(event.data, dict) else {}
-                grant = Grant.from_event(event)
+                grant = Grant.from_event(event, lambda: self._client.data_ticket(self.id, "get"))  # for a 401
                 expires_at = data.get("expires_at")
                 if (grant.attempt != attempt or not grant.get_ticket or not isinstance(expires_at, int | float)
                         or expires_at - time.time() < READY_GRANT_MARGIN_S):

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 from fleetwire.chunkread import FrameReader
 from fleetwire.data import (
+    TICKET_REFRESHES,
     DataTransferError,
     Grant,
     InputSource,
@@ -50,6 +51,7 @@ from fleetwire.data import (
     OutputMismatch,
     Transport,
     fetch_to,
+    refetch_on_mismatch,
     write_chunks,
 )
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
@@ -237,13 +239,14 @@ class RelayTransport:
         The chunks are written as the views into their frames the session decoded (msgpack), not
         copied into ``bytes`` first.
         """
-        return await write_chunks(self._download(grant, name, 0, views=True), path, check)
+        return await refetch_on_mismatch(
+            lambda: write_chunks(self._download(grant, name, 0, views=True), path, check), check)
 
     async def _download(self, grant: Grant, name: str, offset: int, *, views: bool) -> AsyncIterator[bytes]:
         """``views``: yield chunks as they were decoded (a msgpack session's are memoryviews into their
         frames); else as ``bytes``, what :meth:`download`'s callers are promised."""
         key: Key = (grant.plan_id, grant.attempt, name, "get")
-        received, failures = offset, 0
+        received, failures, refreshes = offset, 0, 0
         while True:
             credited = received
             stream = self._open(key, DataOpen(plan_id=key[0], attempt=key[1], name=name, direction="get",
@@ -272,6 +275,11 @@ class RelayTransport:
                 if failures > self.max_resumes:
                     raise DataTransferError(f"output {name!r} (relayed): {exc}", 503) from None
                 await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+            except DataTransferError as exc:  # 401: the ticket's key is gone (a coordinator restart): a fresh one
+                if exc.status != 401 or refreshes >= TICKET_REFRESHES:
+                    raise
+                refreshes += 1
+                grant = await grant.renewed(f"output {name!r} (relayed)", exc)
             finally:
                 self._close(key, stream)
 
