@@ -33,7 +33,8 @@ Theory of operation (docs/PROTOCOL.md §Client session):
   backoff, re-sends the requests still waiting for a reply (a submit always carries a plan
   id, so a re-sent one is idempotent) and re-subscribes every unfinished plan from its last
   ``seq``; ``events()`` continues without a gap or a duplicate, and a ``resync`` marker
-  stands in for events the coordinator no longer holds.
+  stands in for events the coordinator no longer holds (a ``rewound`` one where a store loss
+  took the stream's latest events: ``subscribed.last_seqs``, fleetwire/session.py).
 * When the session ends for good (closed, a close the coordinator meant, the reconnect
   deadline), every pending call and every unfinished plan fails with
   ``FleetwireConnectionError``.
