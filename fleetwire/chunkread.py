@@ -46,6 +46,7 @@ class FrameReader:
     Args:
         source: the input.
         key: (plan id, attempt, name): the chunks' fields.
+        stream: the stream's id (``data_open.stream``), on every chunk.
         offset: the first byte to send (the worker's acknowledged offset).
         buffers: frames that may exist at once (sent and not acknowledged, or filled and not sent).
         wake: called on the loop when frames were filled (or the reader failed).
@@ -53,9 +54,10 @@ class FrameReader:
     """
 
     def __init__(self, source: InputSource, key: tuple[str, int, str], offset: int, *, buffers: int,
-                 wake: Callable[[], None], chunk: int = MAX_CHUNK_BYTES) -> None:
+                 wake: Callable[[], None], chunk: int = MAX_CHUNK_BYTES, stream: int = 0) -> None:
         self._source = source
         self._key = key
+        self._stream = stream
         self._chunk = chunk
         self._buffers = self._initial = max(GROUP + 1, buffers)
         self._made = 0
@@ -129,7 +131,7 @@ class FrameReader:
         size = min(self._chunk, self._source.size - offset)
         plan_id, attempt, name = self._key
         msg = DataChunk(plan_id=plan_id, attempt=attempt, name=name, offset=offset, direction="put",
-                        last=offset + size >= self._source.size)
+                        last=offset + size >= self._source.size, stream=self._stream)
         return frame_into(buffer, msg, size)
 
     def _buffer(self, block: bool) -> bytearray | None:

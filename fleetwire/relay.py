@@ -15,9 +15,20 @@ Theory of operation:
   ``data_credit`` once the caller has taken a quarter of the stream's window (the coordinator
   says the window right after the open; ``credit_every``), or each chunk when it does not say.
 * A stream that breaks (``data_end(relay_closed)``: a session closed, the coordinator
-  restarted; ``relay_busy``; nothing heard for ``stall_timeout_s``) is opened again: an upload
-  resumes from the offset the worker holds, a download from the bytes already received.
-  The client tells the transport when its connection drops or comes back (:meth:`reset`).
+  restarted, the stream sat idle past the coordinator's ``--relay-idle``; ``relay_busy``;
+  nothing heard for ``stall_timeout_s``) is opened again: an upload resumes from the offset the
+  worker holds, a download from the bytes already received. An attempt that moved bytes resets
+  the count of re-opens (``max_resumes`` counts breaks in a row, not a slow transfer's idle
+  ends). The client tells the transport when its connection drops or comes back (:meth:`reset`).
+* A stream the coordinator has no room for yet waits in line: ``data_credit(credit=0, wait=why)``
+  (docs/PROTOCOL.md §11 Relay, *Shares*). The transport logs the reason (``fleetwire.data``,
+  info), keeps it in :attr:`RelayTransport.waits` while it lasts, and does not count the wait
+  against ``stall_timeout_s``: the coordinator answers a waiting stream with its credit or an end.
+* Every open gets a new stream id (``data_open.stream``); a message naming another id belongs
+  to an earlier open of the same stream (a late ``data_end(relay_closed)`` after a re-open) and
+  is ignored.
+* An output its worker no longer holds ends ``output_gone``: :class:`OutputGone` (status 404,
+  as the direct path's answer).
 * :class:`AutoTransport` is the client's default: direct to the worker's data endpoint
   (:class:`~fleetwire.data.DirectTransport`) when the grant has a URL and it can be dialled,
   else through the relay; a direct transfer that fails at the transport level (no HTTP answer)
@@ -33,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import pathlib
@@ -55,9 +67,19 @@ from fleetwire.data import (
     write_chunks,
 )
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
-from protocol.relay import BUSY, CLOSED, MAX_CHUNK_BYTES, REFUSED, RETRYABLE, UNAUTHORIZED, VIOLATION, credit_every
+from protocol.relay import (
+    BUSY,
+    CLOSED,
+    GONE,
+    MAX_CHUNK_BYTES,
+    REFUSED,
+    RETRYABLE,
+    UNAUTHORIZED,
+    VIOLATION,
+    credit_every,
+)
 
-__all__ = ["AutoTransport", "FrameLink", "RelayLink", "RelayTransport"]
+__all__ = ["AutoTransport", "FrameLink", "OutputGone", "RelayLink", "RelayTransport"]
 
 log = logging.getLogger("fleetwire.data")
 
@@ -65,7 +87,7 @@ Key = tuple[str, int, str, str]
 READ_BYTES = 4 * MAX_CHUNK_BYTES  # an upload reads its source this much at a time
 REACHED_TTL_S = 30.0  # a data endpoint dialled this recently is not dialled again before a transfer
 _STATUS = {UNAUTHORIZED: 401, REFUSED: 403, "plan_not_found": 404, "input_mismatch": 422,
-           "worker_disk_full": 507, VIOLATION: 400, "invalid_argument": 400, CLOSED: 503, BUSY: 503}
+           "worker_disk_full": 507, VIOLATION: 400, "invalid_argument": 400, CLOSED: 503, BUSY: 503, GONE: 404}
 
 
 class RelayLink(Protocol):
@@ -90,20 +112,29 @@ class FrameLink(RelayLink, Protocol):
         ...
 
 
-class _Stream:
-    __slots__ = ("acked", "changed", "chunks", "end", "size", "window")
+class OutputGone(DataTransferError):
+    """The output's worker no longer holds it (never made, expired from its spool, or the worker restarted)."""
 
-    def __init__(self) -> None:
+
+class _Stream:
+    __slots__ = ("acked", "changed", "chunks", "end", "first", "id", "size", "wait", "window")
+
+    def __init__(self, stream_id: int) -> None:
+        self.id = stream_id  # data_open.stream: messages naming another id are an older open's
         self.changed = asyncio.Event()
         self.acked = -1  # put: the worker's acknowledged offset (-1: no credit yet)
+        self.first = -1  # put: the offset of the first credit (where this open started)
         self.window = 0
         self.size = -1
+        self.wait = ""  # the coordinator's reason while the stream waits in line for relay room
         self.end: DataEnd | None = None
         self.chunks: collections.deque[DataChunk] = collections.deque()  # get: received, not yet taken
 
 
 class _Retry(Exception):
     """The stream broke in a way that opening it again may mend."""
+
+    progressed = False  # the broken open moved bytes first (its re-opens start counting again)
 
 
 class RelayTransport:
@@ -120,19 +151,36 @@ class RelayTransport:
         self.stall_timeout_s = stall_timeout_s
         self.max_resumes = max_resumes
         self._streams: dict[Key, _Stream] = {}
+        self._ids = itertools.count(1)
         self.paths: dict[tuple[str, int, str, str], str] = {}
         """(plan id, attempt, "put"|"get", name) -> "relay": the transfers this transport finished."""
+        self.waits: dict[Key, str] = {}
+        """(plan id, attempt, name, "put"|"get") -> why: the streams waiting in line for relay room now."""
 
     # ------------------------------------------------------------------ from the session
 
     def receive(self, msg: DataChunk | DataCredit | DataEnd) -> None:
         """A relay message from the coordinator (the client's reader calls this; no awaits)."""
-        stream = self._streams.get((msg.plan_id, msg.attempt, msg.name, msg.direction))
-        if stream is None:
-            return  # a stream this transport gave up on
+        key: Key = (msg.plan_id, msg.attempt, msg.name, msg.direction)
+        stream = self._streams.get(key)
+        if stream is None or (msg.stream and msg.stream != stream.id):
+            return  # a stream this transport gave up on, or an earlier open of it
         match msg:
             case DataCredit():
+                if msg.wait:  # in line for relay room: nothing may flow yet
+                    if not stream.wait:
+                        log.info("fleetwire: relayed %s of %r waits: %s", _what(key), msg.name, msg.wait)
+                    stream.wait = self.waits[key] = msg.wait
+                    if msg.size >= 0:
+                        stream.size = msg.size
+                    stream.changed.set()  # a waiter goes back to waiting, now without the stall timeout
+                    return
+                if stream.wait:
+                    stream.wait = ""
+                    self.waits.pop(key, None)
                 stream.acked = max(stream.acked, msg.offset)
+                if stream.first < 0:
+                    stream.first = stream.acked
                 stream.window = msg.credit or stream.window
                 if msg.size >= 0:
                     stream.size = msg.size
@@ -165,7 +213,7 @@ class RelayTransport:
                 self.paths[(key[0], key[1], "put", key[2])] = "relay"
                 return
             except _Retry as exc:
-                failures += 1
+                failures = 1 if exc.progressed else failures + 1
                 if failures > self.max_resumes:
                     raise DataTransferError(f"input {source.name!r} (relayed): {exc}", 503) from None
                 log.debug("relayed upload of %r interrupted (%s); opening it again", source.name, exc)
@@ -176,7 +224,7 @@ class RelayTransport:
                                           ticket=grant.ticket))
         chunks: AsyncIterator[bytes] | None = None
         try:
-            while stream.acked < 0:
+            while stream.acked < 0 or stream.wait:
                 await self._wait(stream, source.name)
             if getattr(self._link, "encoding", None) == "msgpack" and hasattr(self._link, "post_frame"):
                 await self._upload_frames(key, stream, source, self._link)  # type: ignore[arg-type]
@@ -195,10 +243,14 @@ class RelayTransport:
                     data, block = block[:MAX_CHUNK_BYTES], block[MAX_CHUNK_BYTES:]
                     self._link.post(DataChunk(plan_id=key[0], attempt=key[1], name=key[2], offset=sent,
                                               data=data,  # type: ignore[arg-type]  # encoded (copied) right here
-                                              direction="put", last=sent + len(data) >= source.size))
+                                              direction="put", last=sent + len(data) >= source.size,
+                                              stream=stream.id))
                     sent += len(data)
                     continue
                 await self._wait(stream, source.name)
+        except _Retry as exc:
+            exc.progressed = stream.acked > stream.first >= 0
+            raise
         finally:
             if chunks is not None:
                 with contextlib.suppress(Exception):
@@ -209,7 +261,7 @@ class RelayTransport:
         """The chunks from the worker's offset, each read into its frame (fleetwire/chunkread.py), within the credit."""
         sent = stream.acked
         reader = FrameReader(source, (key[0], key[1], key[2]), sent, buffers=_buffers(stream.window),
-                             wake=stream.changed.set)
+                             wake=stream.changed.set, stream=stream.id)
         try:
             while True:
                 self._check_end(stream, source.name, done_ok=True)
@@ -248,7 +300,7 @@ class RelayTransport:
         key: Key = (grant.plan_id, grant.attempt, name, "get")
         received, failures, refreshes = offset, 0, 0
         while True:
-            credited = received
+            credited = started = received
             stream = self._open(key, DataOpen(plan_id=key[0], attempt=key[1], name=name, direction="get",
                                               ticket=grant.get_ticket or grant.ticket, offset=received))
             try:
@@ -267,11 +319,11 @@ class RelayTransport:
                         if received - credited >= credit_every(stream.window):  # per quarter window
                             credited = received
                             self._link.post(DataCredit(plan_id=key[0], attempt=key[1], name=name,
-                                                       direction="get", offset=received))
+                                                       direction="get", offset=received, stream=stream.id))
                     self._check_end(stream, name, done_ok=False)
                     await self._wait(stream, name)
             except _Retry as exc:
-                failures += 1
+                failures = 1 if received > started else failures + 1  # bytes came: a new run of breaks
                 if failures > self.max_resumes:
                     raise DataTransferError(f"output {name!r} (relayed): {exc}", 503) from None
                 await asyncio.sleep(min(2.0, 0.05 * 2**failures))
@@ -286,7 +338,8 @@ class RelayTransport:
     # ------------------------------------------------------------------ helpers
 
     def _open(self, key: Key, msg: DataOpen) -> _Stream:
-        stream = self._streams[key] = _Stream()
+        stream = self._streams[key] = _Stream(next(self._ids))
+        msg.stream = stream.id
         self._link.post(msg)
         return stream
 
@@ -294,16 +347,18 @@ class RelayTransport:
         if self._streams.get(key) is not stream:
             return
         del self._streams[key]
+        self.waits.pop(key, None)
         if stream.end is None:  # given up on (cancelled, an error here): free the coordinator's stream
             with contextlib.suppress(Exception):
                 self._link.post(DataEnd(plan_id=key[0], attempt=key[1], name=key[2], direction=_dir(key),
-                                        code="cancelled", message="the client stopped the transfer"))
+                                        code="cancelled", message="the client stopped the transfer",
+                                        stream=stream.id))
 
     async def _wait(self, stream: _Stream, name: str) -> None:
         if stream.end is None and not stream.chunks:
             stream.changed.clear()
-            try:
-                await asyncio.wait_for(stream.changed.wait(), self.stall_timeout_s)
+            try:  # waiting in line is the coordinator's to end (a credit or a data_end), not a stall
+                await asyncio.wait_for(stream.changed.wait(), None if stream.wait else self.stall_timeout_s)
             except TimeoutError:
                 raise _Retry(f"nothing heard of {name!r} for {self.stall_timeout_s:g} s") from None
         if stream.end is not None and stream.end.code:
@@ -321,7 +376,8 @@ class RelayTransport:
                 return
             raise _Retry("the stream ended before its last chunk")
         what = "input" if end.direction == "put" else "output"
-        raise DataTransferError(f"{what} {name!r} (relayed): {end.code}: {end.message}", _STATUS.get(end.code, 0))
+        error = OutputGone if end.code == GONE else DataTransferError
+        raise error(f"{what} {name!r} (relayed): {end.code}: {end.message}", _STATUS.get(end.code, 0))
 
 
 def _buffers(window: int) -> int:
@@ -331,6 +387,10 @@ def _buffers(window: int) -> int:
 
 def _dir(key: Key) -> Any:
     return "put" if key[3] == "put" else "get"
+
+
+def _what(key: Key) -> str:
+    return "upload" if key[3] == "put" else "download"
 
 
 class AutoTransport:

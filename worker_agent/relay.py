@@ -23,6 +23,13 @@ data endpoint does (protocol/tickets.py: the same keys, the same 401/403 reasons
   encoded whole into frames) at once: the window's bytes wait in the sockets and the coordinator,
   not in the worker's memory.
 
+* An output this worker no longer holds (never made, expired from the spool, or the worker
+  restarted) ends ``output_gone``, which the SDK raises as :class:`~fleetwire.relay.OutputGone`.
+
+Every message of a stream carries the id its client gave it (``data_open.stream``); a chunk,
+credit or end naming another id than the stream open here is dropped: it belongs to an older
+open of the same stream (docs/PROTOCOL.md §11 Relay, *Stream ids*).
+
 Everything else runs in the agent's reader, synchronously (no awaits between a message and
 its effect): reads of outputs are of one chunk (at most 256 KiB) each, and so are the writes of
 inputs held in memory. Messages go out through the
@@ -41,7 +48,7 @@ import structlog
 
 import protocol
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
-from protocol.relay import CLOSED, MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION, credit_every
+from protocol.relay import CLOSED, GONE, MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION, credit_every
 from protocol.tickets import TicketError, verify
 from worker_agent.spool import INPUTS_UNAVAILABLE, InputFile, OutputFile, Spool, SpoolError
 
@@ -65,6 +72,7 @@ class _Upload:
     queue: collections.deque[bytes] = field(default_factory=collections.deque)
     storing: asyncio.Task[None] | None = None  # the task writing and hashing the queue, while it runs
     closed: bool = False  # the stream ended: what is queued is dropped, the entry paused once the store returns
+    stream: int = 0  # the stream's id (data_open.stream), on everything sent for it
 
 
 @dataclass(slots=True, eq=False)
@@ -75,6 +83,7 @@ class _Download:
     sent: int
     acked: int
     window: int
+    stream: int = 0  # the stream's id (data_open.stream)
 
 
 class RelayEndpoint:
@@ -122,6 +131,10 @@ class RelayEndpoint:
     def on_message(self, msg: DataOpen | DataChunk | DataCredit | DataEnd) -> None:
         """One relay message from the coordinator."""
         key: Key = (msg.plan_id, msg.attempt, msg.name, msg.direction)
+        if msg.stream and not isinstance(msg, DataOpen):
+            current = self._uploads.get(key) or self._downloads.get(key)
+            if current is not None and current.stream != msg.stream:
+                return  # of an older open of this stream, under way when it was opened again
         match msg:
             case DataOpen():
                 self._close(key)
@@ -129,11 +142,11 @@ class RelayEndpoint:
                     _, claim = verify(msg.ticket, self.keys, wall=self._wall(), worker=self.worker_id,
                                       plan=msg.plan_id, attempt=msg.attempt, direction=msg.direction, name=msg.name)
                 except TicketError as exc:
-                    self._end(key, UNAUTHORIZED if exc.status == 401 else REFUSED, exc.reason)
+                    self._end(key, UNAUTHORIZED if exc.status == 401 else REFUSED, exc.reason, stream=msg.stream)
                     return
                 if msg.direction == "put":
                     self._open_upload(key, self.spool.declare(msg.plan_id, msg.attempt, msg.name, claim.size,
-                                                              claim.digest), msg.credit)
+                                                              claim.digest), msg.credit, msg.stream)
                 else:
                     self._open_download(key, msg)
             case DataChunk():
@@ -148,40 +161,42 @@ class RelayEndpoint:
 
     # ------------------------------------------------------------------ inputs
 
-    def _open_upload(self, key: Key, entry: InputFile, credit: int) -> None:
+    def _open_upload(self, key: Key, entry: InputFile, credit: int, stream: int = 0) -> None:
         if entry.state == "receiving" and entry.received == entry.size:
             entry.finish()  # an empty input: nothing to wait for
         if entry.state != "receiving":
-            self._settled(key, entry)
+            self._settled(key, entry, stream)
             return
         if entry.busy:
             self._end(key, CLOSED, f"input {entry.name!r} is being uploaded on another connection (or its last "
-                      "relayed chunks are still being stored); open it again", entry.received)
+                      "relayed chunks are still being stored); open it again", entry.received, stream)
             return
-        self._uploads[key] = _Upload(entry, credit_every(credit), entry.received, entry.received)
+        self._uploads[key] = _Upload(entry, credit_every(credit), entry.received, entry.received, stream=stream)
         self._send(DataCredit(plan_id=key[0], attempt=key[1], name=key[2], direction="put", offset=entry.received,
-                              credit=credit, size=entry.size))
+                              credit=credit, size=entry.size, stream=stream))
 
     def _chunk(self, key: Key, msg: DataChunk) -> None:
         upload = self._uploads.get(key)
         entry = upload.entry if upload is not None else None
         if upload is None or entry is None or self.spool.input(key[0], key[1], key[2]) is not entry:
             self._close(key)
-            self._end(key, CLOSED, "no relayed upload of this input is open here (the attempt ended?)")
+            self._end(key, CLOSED, "no relayed upload of this input is open here (the attempt ended?)",
+                      stream=msg.stream)
             return
         if entry.state != "receiving":
             self._close(key)
-            self._settled(key, entry)
+            self._settled(key, entry, upload.stream)
             return
         if entry.busy and upload.storing is None:
             del self._uploads[key]  # not paused: the direct upload writes its file
-            self._end(key, CLOSED, f"input {entry.name!r} is being uploaded on a direct connection", entry.received)
+            self._end(key, CLOSED, f"input {entry.name!r} is being uploaded on a direct connection", entry.received,
+                      upload.stream)
             return
         n = len(msg.data)
         if msg.offset != upload.expected or upload.expected + n > entry.size:
             self._close(key)
             why = f"input {entry.name!r}: a chunk at {msg.offset}..{msg.offset + n}; it continues at {upload.expected}"
-            self._end(key, VIOLATION, f"{why} and is {entry.size} bytes", entry.received)
+            self._end(key, VIOLATION, f"{why} and is {entry.size} bytes", entry.received, upload.stream)
             return
         entry.via = "relay"
         upload.expected += n
@@ -197,7 +212,7 @@ class RelayEndpoint:
             entry.write(msg.data)
         except SpoolError:
             self._close(key)
-            self._settled(key, entry)
+            self._settled(key, entry, upload.stream)
             return
         self._stored(key, upload)
 
@@ -208,11 +223,11 @@ class RelayEndpoint:
             if entry.received - upload.credited >= upload.every:  # one credit per quarter window, not per chunk
                 upload.credited = entry.received
                 self._send(DataCredit(plan_id=key[0], attempt=key[1], name=key[2], direction="put",
-                                      offset=entry.received))
+                                      offset=entry.received, stream=upload.stream))
             return
         self._close(key)
         entry.finish()
-        self._settled(key, entry)
+        self._settled(key, entry, upload.stream)
 
     async def _store(self, key: Key, upload: _Upload) -> None:
         """Write and hash an upload's queued chunks off the loop, a credit's worth at a time, in order."""
@@ -232,29 +247,30 @@ class RelayEndpoint:
                         entry.write_failed(exc)
                     except SpoolError:  # a full disk: the input failed, and says so
                         self._close(key)
-                        self._settled(key, entry)
+                        self._settled(key, entry, upload.stream)
                         return
                     except OSError as other:  # the digest has taken bytes the file has not: no resume
                         self._close(key)
                         entry.fail(INPUTS_UNAVAILABLE, f"input {entry.name!r} could not be written on worker "
                                    f"{self.worker_id}: {other.strerror}")
-                        self._settled(key, entry)
+                        self._settled(key, entry, upload.stream)
                         return
                 except ValueError:  # the entry was discarded (its file closed) while a chunk was written
                     self._close(key)
-                    self._end(key, CLOSED, "the input was dropped while it was written (the attempt ended?)")
+                    self._end(key, CLOSED, "the input was dropped while it was written (the attempt ended?)",
+                              stream=upload.stream)
                     return
                 entry.advance(count)
                 if self.spool.input(key[0], key[1], key[2]) is not entry:  # the attempt ended meanwhile
                     if not upload.closed:
-                        self._end(key, CLOSED, "the attempt ended while its input was written")
+                        self._end(key, CLOSED, "the attempt ended while its input was written", stream=upload.stream)
                     self._close(key)
                     return
                 if upload.closed:
                     return
                 if entry.state != "receiving":
                     self._close(key)
-                    self._settled(key, entry)
+                    self._settled(key, entry, upload.stream)
                     return
                 self._stored(key, upload)
         finally:
@@ -266,35 +282,36 @@ class RelayEndpoint:
             if self.spool.input(key[0], key[1], key[2]) is not entry:
                 entry.discard()  # dropped meanwhile: a write that raced the drop may have made its file anew
 
-    def _settled(self, key: Key, entry: InputFile) -> None:
+    def _settled(self, key: Key, entry: InputFile, stream: int = 0) -> None:
         error = entry.error
         if entry.state == "receiving":  # its digest did not match: its bytes were dropped; the client opens it again
             self._end(key, CLOSED, entry.mismatch, entry.received)
             return
         if entry.state == "verified" or error is None:
-            self._end(key, "", "", entry.received)
+            self._end(key, "", "", entry.received, stream)
         else:
-            self._end(key, error.code, error.message, entry.received)
+            self._end(key, error.code, error.message, entry.received, stream)
 
     # ------------------------------------------------------------------ outputs
 
     def _open_download(self, key: Key, msg: DataOpen) -> None:
         output = self.spool.output(msg.plan_id, msg.attempt, msg.name)
         if output is None:
-            self._end(key, protocol.errors.PLAN_NOT_FOUND,
-                      f"plan {msg.plan_id!r} attempt {msg.attempt} left no output {msg.name!r} on worker "
-                      f"{self.worker_id} (not made, expired, or the worker restarted)")
+            self._end(key, GONE, f"plan {msg.plan_id!r} attempt {msg.attempt} left no output {msg.name!r} on worker "
+                      f"{self.worker_id} (not made, expired, or the worker restarted)", stream=msg.stream)
             return
         if msg.offset > output.size:
-            self._end(key, VIOLATION, f"offset {msg.offset} is past the output's {output.size} bytes")
+            self._end(key, VIOLATION, f"offset {msg.offset} is past the output's {output.size} bytes",
+                      stream=msg.stream)
             return
         try:
             file = open(output.path, "rb")  # closed when the stream ends
         except OSError as exc:
-            self._end(key, CLOSED, f"output {msg.name!r} cannot be read: {exc.strerror}")
+            self._end(key, CLOSED, f"output {msg.name!r} cannot be read: {exc.strerror}", stream=msg.stream)
             return
         file.seek(msg.offset)
-        download = _Download(output, file, msg.offset, msg.offset, msg.offset, max(msg.credit, MAX_CHUNK_BYTES))
+        download = _Download(output, file, msg.offset, msg.offset, msg.offset, max(msg.credit, MAX_CHUNK_BYTES),
+                             msg.stream)
         self._downloads[key] = download
         self._pump(key, download)
 
@@ -310,13 +327,13 @@ class RelayEndpoint:
             data = download.file.read(min(MAX_CHUNK_BYTES, size - download.sent))
             if len(data) != min(MAX_CHUNK_BYTES, size - download.sent):
                 self._close(key)
-                self._end(key, CLOSED, f"output {key[2]!r} shrank while it was read")
+                self._end(key, CLOSED, f"output {key[2]!r} shrank while it was read", stream=download.stream)
                 return
             offset = download.sent
             download.sent += len(data)
             last = download.sent >= size
             self._send(DataChunk(plan_id=key[0], attempt=key[1], name=key[2], offset=offset, data=data,
-                                 direction="get", last=last, size=size))
+                                 direction="get", last=last, size=size, stream=download.stream))
             first = False
             if last:
                 if download.start == 0:
@@ -337,13 +354,13 @@ class RelayEndpoint:
         if download is not None:
             download.file.close()
 
-    def _end(self, key: Key, code: str, message: str, offset: int = 0) -> None:
+    def _end(self, key: Key, code: str, message: str, offset: int = 0, stream: int = 0) -> None:
         direction: Literal["put", "get"] = "put" if key[3] == "put" else "get"
         if code:
             log.info("relayed transfer refused", plan_id=key[0], attempt=key[1], name=key[2], direction=direction,
                      code=code, reason=message)
         self._send(DataEnd(plan_id=key[0], attempt=key[1], name=key[2], direction=direction, code=code,
-                           message=message, offset=offset))
+                           message=message, offset=offset, stream=stream))
 
 
 async def _write_and_hash(entry: InputFile, batch: list[bytes]) -> None:

@@ -113,6 +113,8 @@ METRIC_NAMES: Final = (
     "fleetwire_relay_in_flight_bytes",
     "fleetwire_relay_credit_stalls",
     "fleetwire_relay_refused",
+    "fleetwire_relay_waiting_streams",
+    "fleetwire_relay_idle_ends",
     "fleetwire_worker_latency_seconds",
 )
 
@@ -247,6 +249,11 @@ class CoordinatorCollector:
                                   value=relay.credit_stalls)
         yield CounterMetricFamily("fleetwire_relay_refused", "Relay opens refused and streams ended for a violation "
                                   "(relay_busy, relay_violation, plan checks).", value=relay.refused)
+        yield GaugeMetricFamily("fleetwire_relay_waiting_streams", "Relayed streams waiting in line for room now "
+                                "(their session's, principal's or the relay's share is held by other streams).",
+                                value=relay.waiting)
+        yield CounterMetricFamily("fleetwire_relay_idle_ends", "Relayed streams ended because no byte moved on them "
+                                  "for --relay-idle (their window went back to the relay).", value=relay.idle_ends)
 
     def _penalty_box(self, now: float) -> Iterator[Metric]:
         penalties = CounterMetricFamily(

@@ -66,3 +66,19 @@ def test_refused_open_is_counted() -> None:
     _worker, plan_id = placed(h, "w1", client)
     h.send(client, DataOpen(plan_id=plan_id, attempt=1, name="nope", ticket="t"))
     assert scrape(h)[("fleetwire_relay_refused_total", ())] == 1
+
+
+def test_streams_in_line_and_idle_ends_are_exported() -> None:
+    """fleetwire_relay_waiting_streams counts the streams in line; fleetwire_relay_idle_ends_total the idle ends."""
+    h = Harness(relay_window_bytes=WINDOW, relay_session_bytes=WINDOW, relay_idle_s=5.0)
+    client = h.client()
+    (w1, p1), (w2, p2) = placed(h, "w1", client), placed(h, "w2", client)
+    put_open(h, client, w1, p1)
+    h.send(client, DataOpen(plan_id=p2, attempt=1, name="x"))
+    h.send(w2, DataCredit(plan_id=p2, attempt=1, name="x", offset=0, size=8 * MAX_CHUNK_BYTES))
+    assert scrape(h)[("fleetwire_relay_waiting_streams", ())] == 1
+    h.tick(1.0)
+    h.tick(6.0)  # the first stream idle: its window goes to the second
+    samples = scrape(h)
+    assert samples[("fleetwire_relay_waiting_streams", ())] == 0
+    assert samples[("fleetwire_relay_idle_ends_total", ())] == 1

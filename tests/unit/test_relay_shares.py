@@ -174,7 +174,7 @@ def test_a_session_opens_at_most_so_many_streams() -> None:
     """Past MAX_STREAMS_PER_SESSION streams open or waiting, another open is refused relay_busy, naming the limit."""
     h = Harness(relay_window_bytes=WINDOW, relay_max_bytes=1 << 30)  # room for all: the count is what refuses
     client = h.client()
-    worker, plan_id = placed(h, "w1", client, outputs=[f"o{i}" for i in range(MAX_STREAMS_PER_SESSION + 1)])
+    _, plan_id = placed(h, "w1", client, outputs=[f"o{i}" for i in range(MAX_STREAMS_PER_SESSION + 1)])
     for i in range(MAX_STREAMS_PER_SESSION):
         h.send(client, DataOpen(plan_id=plan_id, attempt=1, name=f"o{i}", direction="get"))
     h.take(client)

@@ -10,7 +10,7 @@ import pytest
 
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataKey, DataOpen
 from protocol.relay import CLOSED as RETRYABLE_CLOSED
-from protocol.relay import MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION
+from protocol.relay import GONE, MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import digest
 from worker_agent.relay import RelayEndpoint
@@ -115,8 +115,9 @@ async def test_download_respects_the_credit(relay: Any) -> None:
     assert b"".join(m.data for m in relay.sent) == data
 
 
-async def test_missing_output_is_not_found(relay: Any) -> None:
-    """A get of an output the worker does not hold ends plan_not_found."""
+async def test_missing_output_is_gone(relay: Any) -> None:
+    """A get of an output the worker does not hold ends output_gone, naming the output and the worker."""
     relay.on_message(DataOpen(plan_id="p1", attempt=1, name="out", direction="get",
-                              ticket=ticket("out", -1, "", direction="get")))
-    assert relay.sent.pop().code == "plan_not_found"
+                              ticket=ticket("out", -1, "", direction="get"), stream=5))
+    end = relay.sent.pop()
+    assert (end.code, end.stream) == (GONE, 5) and "no output 'out' on worker w1" in end.message
