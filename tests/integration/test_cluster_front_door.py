@@ -83,6 +83,18 @@ async def test_past_the_burst_bad_tokens_on_the_main_port_get_a_held_401_with_re
     assert (await request(host.port, "/v1/client", CLIENT))[0] == 101  # the same address, a valid token
 
 
+async def test_past_the_burst_scrapes_and_topology_reads_on_the_main_port_are_held(cluster_host: Host) -> None:
+    """A loop of /metrics or /v1/topology (a database read) from one address: past the burst each is held, then
+    answered 200."""
+    host = await cluster_host(Limits(penalty_hold_s=0.05))
+    answers = [await request(host.port, "/metrics") for _ in range(REPEAT_BURST + 1)]
+    assert {status for status, _, _ in answers} == {200}
+    assert host._gate.scrapes.over_count == 1
+    status, _, body = await request(host.port, "/v1/topology")
+    assert status == 200 and json.loads(body)["shards"] == CLUSTER.shards
+    assert host._gate.scrapes.over_count == 2
+
+
 async def test_a_view_session_closed_for_flooding_puts_it_in_the_penalty_box(cluster_host: Host) -> None:
     """Closed 4429 on the main port: its next upgrade is 429 with Retry-After, as on a single coordinator."""
     host = await cluster_host(Limits(client_rate=100, client_burst=10, flood_grace_s=0.3, cost_rate=0,
