@@ -307,7 +307,7 @@ class Scheduler:
                 self._defer(ops)
                 return
             budget.tokens -= 1
-            reason = explain_wait(signature, alive)
+            reason = explain_wait(signature, alive, cluster=self._placement.config.cluster)
             if reason == queue.group_reason(signature):
                 continue
             plans = self._plans
@@ -347,7 +347,7 @@ class Scheduler:
             self._wait_stamp = stamp
         reason = cache.get(signature)
         if reason is None:
-            reason = explain_wait(signature, registry.iter_alive(now))
+            reason = explain_wait(signature, registry.iter_alive(now), cluster=self._placement.config.cluster)
             # Free devices change with every claim, not only with releases: a GPU group's reason is not kept.
             if reason != "waiting for placement" and signature.gpus is None:
                 cache[signature] = reason

@@ -161,11 +161,13 @@ async def _submit(ns: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     url, token = _client_target(ns)
-    async with Client(url, token=token) as client, transfer_progress(client, "upload", as_json=ns.json):
+    pool = ns.pool.strip()
+    tags = tag_list([f"pool:{pool}", *(ns.tags or ())] if pool else ns.tags)  # as `fleetwire worker --pool` tags it
+    async with Client(url, token=token, pool=pool) as client, transfer_progress(client, "upload", as_json=ns.json):
         plan = await client.submit(
             ns.op,
             args=args,
-            tags=tag_list(ns.tags),
+            tags=tags,
             priority=ns.priority,
             timeout_s=ns.timeout,
             max_attempts=ns.max_attempts,
@@ -432,7 +434,10 @@ async def _coordinator(ns: argparse.Namespace) -> int:
     if settings.store.startswith("postgresql://"):  # cluster mode: one core per owned shard (docs/CLUSTER.md)
         from fleetwire.cli_shards import run_cluster_coordinator
 
-        return await run_cluster_coordinator(settings, _version())
+        return await run_cluster_coordinator(settings, _version(), ns.shard_ports)
+    if ns.shard_ports is not None:
+        return _fail("--shard-ports is for cluster mode (--store postgresql://...): a single coordinator listens "
+                     "on --port only")
     try:
         server = CoordinatorServer(settings, version=_version())
     except ValueError as exc:
@@ -678,6 +683,10 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                         "(default fleetwire)")
     g.add_argument("--shards", type=int, default=16, metavar="N",
                    help="shard slots, fixed when the cluster's database is first used (default 16)")
+    g.add_argument("--shard-ports", default=None, metavar="FIRST-LAST",
+                   help="the ports this coordinator's shard cores listen on (a range to open in a firewall): at "
+                        "least --shards of them, shard S on FIRST+S when free; FIRST alone: --shards ports from "
+                        "FIRST (default: any free port)")
     g.add_argument("--lease-ttl", type=float, default=3.0, metavar="S",
                    help="a shard lease lasts this long after its last renewal (database clock); a dead owner's "
                         "shards are taken over after at most this plus half --lease-renew (default 3)")
@@ -804,6 +813,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tags", action="append", metavar="A,B",
                    help="comma-separated worker tags the plan requires (repeatable), as `fleetwire worker --tags`")
     p.add_argument("--tag", action="append", dest="tags", help=argparse.SUPPRESS)  # the old spelling, kept
+    p.add_argument("--pool", default="", metavar="NAME",
+                   help="run on the workers of pool NAME (`fleetwire worker --pool NAME`): requires their tag "
+                        "pool:NAME, which in cluster mode also sends the plan to that pool's shard")
     p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="fail the plan after S seconds")
     p.add_argument("--max-attempts", type=int, default=3, help="attempts lost to dead workers before failing")

@@ -1,6 +1,7 @@
 """``fleetwire coordinator`` in cluster mode: a main port plus one core per owned shard.
 
-See coordinator/io/cluster_host.py and docs/CLUSTER.md.
+See coordinator/io/cluster_host.py and docs/CLUSTER.md. Each shard's core listens on a port of
+its own: any free one, or one of ``--shard-ports`` (a range a firewall can open).
 """
 
 from __future__ import annotations
@@ -10,11 +11,32 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["run_cluster_coordinator"]
+__all__ = ["parse_shard_ports", "run_cluster_coordinator"]
 
 
-async def run_cluster_coordinator(settings: Any, version: str) -> int:
-    """Serve as one coordinator of the cluster until SIGINT/SIGTERM (exit 0; the shards are handed over)."""
+def parse_shard_ports(text: str, shards: int) -> tuple[int, int]:
+    """``--shard-ports``: ``FIRST-LAST``, or ``FIRST`` for the ``shards`` ports from FIRST on.
+
+    Raises:
+        ValueError: one line naming the flag and what is wrong with the value.
+    """
+    low_text, dash, high_text = text.strip().partition("-")
+    try:
+        low = int(low_text)
+        high = int(high_text) if dash else low + shards - 1
+    except ValueError:
+        raise ValueError(f"--shard-ports takes a port range FIRST-LAST (or FIRST: {shards} ports from it), "
+                         f"e.g. 9100-{9100 + shards - 1}; got {text!r}") from None  # fmt: skip
+    if not 0 < low <= high <= 65535:
+        raise ValueError(f"--shard-ports {low}-{high}: ports run from 1 to 65535, FIRST no larger than LAST")
+    return low, high
+
+
+async def run_cluster_coordinator(settings: Any, version: str, shard_ports: str | None = None) -> int:
+    """Serve as one coordinator of the cluster until SIGINT/SIGTERM (exit 0; the shards are handed over).
+
+    ``shard_ports``: the ``--shard-ports`` text (None: each shard's core on any free port).
+    """
     from coordinator.io.cluster_host import ClusterHost
     from coordinator.io.integrity import StoreError
 
@@ -22,7 +44,8 @@ async def run_cluster_coordinator(settings: Any, version: str) -> int:
         print(f"fleetwire coordinator {line}", flush=True)
 
     try:
-        host = ClusterHost(settings, version=version, announce=announce)
+        ports = None if shard_ports is None else parse_shard_ports(shard_ports, settings.cluster.shards)
+        host = ClusterHost(settings, version=version, announce=announce, shard_ports=ports)
     except (ValueError, StoreError) as exc:
         print(f"fleetwire: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -35,6 +35,7 @@ from typing import Final, Generic, TypeVar
 
 from fleetwire.errors import AuthError, FleetwireConnectionError
 from fleetwire.session import ClientSession
+from protocol.errors import CLOSE_MOVED
 
 __all__ = ["RESUMABLE_CLOSE_CODES", "Resumer"]
 
@@ -101,8 +102,14 @@ class Resumer(Generic[C]):
         return self.enabled and error.close_code in RESUMABLE_CLOSE_CODES
 
     def start(self, error: FleetwireConnectionError) -> None:
-        """Reconnect in the background after the connection ended with ``error`` (see ``can_resume``)."""
-        log.warning("fleetwire client: %s; reconnecting", error)
+        """Reconnect in the background after the connection ended with ``error`` (see ``can_resume``).
+
+        A ``moved`` (4307) is cluster mode's routine hand-off to the shard's owner, logged at debug.
+        """
+        if error.close_code == CLOSE_MOVED:
+            log.debug("fleetwire client: %s; following it", error)
+        else:
+            log.warning("fleetwire client: %s; reconnecting", error)
         self._task = asyncio.create_task(self._resume(error), name="fleetwire-client-resume")
 
     def cancel(self) -> None:
@@ -115,7 +122,7 @@ class Resumer(Generic[C]):
         started = loop.time()
         failures = 0
         floor_s = 0.0  # a refusal's Retry-After: the next try waits at least that long
-        moved = error.close_code == 4307  # told where to go: the first dial goes there at once
+        moved = error.close_code == CLOSE_MOVED  # told where to go: the first dial goes there at once
         while True:
             if not moved:
                 await asyncio.sleep(max(floor_s, self._rng.uniform(0.0, min(self.cap_s, self.base_s * 2**failures))))
@@ -138,4 +145,5 @@ class Resumer(Generic[C]):
         # Replies that never came are asked for again, in order, before anything else is sent.
         self._session.resume()
         self._attach(connection)
-        log.info("fleetwire client: session resumed after %.2f s", loop.time() - started)
+        resumed = log.debug if error.close_code == CLOSE_MOVED else log.info
+        resumed("fleetwire client: session resumed after %.2f s", loop.time() - started)

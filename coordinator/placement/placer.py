@@ -106,6 +106,8 @@ class PlacementConfig:
         default_cache_tokens: prefix-cache size assumed for a worker without a KV budget.
         candidates: in a pool of more workers than this, the policy ranks only this many
             (the least loaded by the room index; module doc, rule 4); 0 ranks them all.
+        cluster: this core serves one shard of a cluster: it sees only the workers of that
+            shard's pools, and waiting reasons say so (plan_queue.py ``explain_wait``).
     """
 
     policy: str = DEFAULT_POLICY
@@ -114,6 +116,7 @@ class PlacementConfig:
     max_sessions: int = 100_000
     default_cache_tokens: int = 1 << 21
     candidates: int = DEFAULT_CANDIDATES
+    cluster: bool = False
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when a setting cannot work."""

@@ -15,7 +15,11 @@ pushed again (requeued) never revives its old entry.
 can act on, shown in the plan's ``waiting`` events. A signature with devices (``gpus``) is met by
 workers that have that many matching devices at all; whether enough are *free* is placement's
 check (:meth:`~coordinator.placement.placer.Placement.fits`), and :func:`explain_wait` names the
-largest free count when that is what is missing.
+largest free count when that is what is missing. Reasons know pools (docs/CLUSTER.md §Pools): a
+worker started with ``--pool NAME`` carries the tag ``pool:NAME``, so a plan that requires tag
+``cpu`` of workers that carry ``pool:cpu`` is told to use ``--pool cpu``; in cluster mode a
+core sees only the workers of its shard's pools, so there "no worker" names the plan's pool
+instead of claiming that none is connected.
 
 The queue owns its groups and its index of live entries: a plan id is queued exactly when
 it maps to its (signature, token) entry, and at most one entry per plan is live.
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from coordinator.devices import GpuNeed, largest_free, matching
+from coordinator.shards import POOL_TAG, pool_of
 from coordinator.workers import WorkerRecord
 from protocol.messages import Accelerator, Requirements
 
@@ -131,11 +136,12 @@ def _compiled(signature: Signature) -> tuple[Callable[[WorkerRecord], bool], ...
     return tuple(check for _, check in signature._checks())
 
 
-def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
+def explain_wait(signature: Signature, alive: Iterable[WorkerRecord], *, cluster: bool = False) -> str:
     """Why a plan of ``signature`` cannot be placed on any of the ``alive`` workers.
 
     The requirements are applied one by one; the first that leaves no worker is the
     reason, phrased with the ones that did match so the person knows what to change.
+    ``cluster``: the workers are those of one shard's pools (cluster mode), not all of them.
     """
     pool = list(alive)
     matched: list[str] = []
@@ -145,8 +151,13 @@ def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
             if name.startswith(GPU_CHECK) and signature.gpus is not None:
                 return _too_many_gpus(signature.gpus, before)
             if not matched:
+                if cluster:
+                    return _no_worker_of_pool(signature.tags, name)
                 return f"no connected worker handles {name}"
-            return f"no worker {_describe(matched)} has {name}"
+            reason = f"no worker {_describe(matched)} has {name}"
+            if name.startswith(TAGS_CHECK):
+                reason += _pool_hint(signature.tags, before)
+            return reason
         matched.append(name)
     avoided = sorted(w.id for w in pool if w.id in signature.avoid)
     pool = [w for w in pool if w.id not in signature.avoid]
@@ -171,6 +182,41 @@ def explain_wait(signature: Signature, alive: Iterable[WorkerRecord]) -> str:
 
 
 GPU_CHECK = "devices: "  # how the GPU requirement's name starts (explain_wait words its reason itself)
+TAGS_CHECK = "tags ["  # how the tags requirement's name starts (explain_wait adds pool hints to it)
+
+
+def _no_worker_of_pool(tags: tuple[str, ...], need: str) -> str:
+    """Cluster mode, no worker of the plan's shard meets ``need`` (its op): name the pool the plan went to.
+
+    A core sees only its shard's workers, so "no connected worker" would be false while other
+    pools' workers are connected. A signature's tags are sorted: the pool is its ``pool:NAME``
+    tag's, or its only tag's; of several plain tags the first named it when the plan was routed.
+    """
+    if not tags:
+        return (f"no worker of the default pool (workers with no tags) handles {need}: a plan with no tags waits "
+                "for one; to run on the workers of pool NAME submit it with --pool NAME")
+    if not any(t.startswith(POOL_TAG) for t in tags) and len(tags) > 1:
+        return (f"no worker of the pool named by the plan's first tag (tags [{_tag_list(tags)}]) handles {need}: "
+                "workers join pool NAME with `fleetwire worker --pool NAME`, plans with `fleetwire submit --pool NAME`")
+    pool = pool_of(tags)
+    return f"no worker of pool {pool!r} handles {need}: workers join it with `fleetwire worker --pool {pool}`"
+
+
+def _pool_hint(tags: tuple[str, ...], workers: list[WorkerRecord]) -> str:
+    """When tags and pools are mixed up: the required tag ``cpu`` where workers carry ``pool:cpu``, or back.
+
+    Names no worker and counts none: the reason must not change with every registration.
+    """
+    for tag in tags:
+        if tag.startswith(POOL_TAG):
+            name = tag[len(POOL_TAG):]
+            if name and name not in tags and any(w.has_tags((name,)) for w in workers):
+                return (f"; workers tagged {name!r} are not in pool {name!r} (that is the tag pool:{name}, "
+                        f"from `fleetwire worker --pool {name}`): to run on them require --tags {name}")
+        elif any(w.has_tags((POOL_TAG + tag,)) for w in workers):
+            return (f"; workers of pool {tag!r} carry the tag pool:{tag}, not {tag!r}: "
+                    f"submit with --pool {tag} (the tag pool:{tag})")
+    return ""
 
 
 def _too_many_gpus(need: GpuNeed, pool: list[WorkerRecord]) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.messages import DrainWorker, Ok, Submit
+from coordinator.placement.placer import PlacementConfig
+from protocol.messages import DrainWorker, Ok, Requirements, Submit
 from tests.unit.test_core import Harness
 from tests.unit.test_operator import admin, ask
 
@@ -60,3 +61,43 @@ def test_submit_with_an_empty_plan_id_is_refused(h: Harness) -> None:
     (reply,) = h.take(c)
     assert reply.code == "invalid_argument" and reply.req_id == 7 and "plan_id" in reply.message
     assert h.core.plans == {}
+
+
+def test_a_plan_requiring_a_pool_name_as_a_tag_is_told_to_use_pool(h: Harness) -> None:
+    """Tag 'cpu' required while the workers carry pool:cpu (started with --pool cpu): the reason says --pool cpu."""
+    h.worker("w1", tags=["pool:cpu"])
+    c = h.client()
+    plan = h.submit(c, requirements=Requirements(tags=["cpu"]))
+    assert h.core.plans[plan].waiting_reason == (
+        "no worker handling op 'echo' has tags [cpu]; workers of pool 'cpu' carry the tag pool:cpu, not 'cpu': "
+        "submit with --pool cpu (the tag pool:cpu)")
+    placed = h.submit(c, requirements=Requirements(tags=["pool:cpu"]))
+    assert h.core.plans[placed].state == "leased"
+
+
+def test_a_plan_requiring_a_pool_of_workers_that_only_carry_its_name_is_told_so(h: Harness) -> None:
+    """pool:cpu required while the workers carry the plain tag cpu: the reason names both ways out."""
+    h.worker("w1", tags=["cpu"])
+    c = h.client()
+    plan = h.submit(c, requirements=Requirements(tags=["pool:cpu"]))
+    reason = h.core.plans[plan].waiting_reason
+    assert reason is not None and reason.startswith("no worker handling op 'echo' has tags [pool:cpu]; workers "
+                                                    "tagged 'cpu' are not in pool 'cpu'")
+    assert "--tags cpu" in reason and "fleetwire worker --pool cpu" in reason
+
+
+def test_a_cluster_shard_names_the_plans_pool_instead_of_saying_no_worker_is_connected() -> None:
+    """In cluster mode a core sees one shard's workers: no worker there names the plan's pool, not "connected"."""
+    shard = Harness(placement=PlacementConfig(cluster=True))
+    c = shard.client()
+    none = shard.submit(c)
+    cpu = shard.submit(c, requirements=Requirements(tags=["pool:cpu", "gpu"]))
+    assert shard.core.plans[none].waiting_reason == (
+        "no worker of the default pool (workers with no tags) handles op 'echo': a plan with no tags waits for one; "
+        "to run on the workers of pool NAME submit it with --pool NAME")
+    assert shard.core.plans[cpu].waiting_reason == (
+        "no worker of pool 'cpu' handles op 'echo': workers join it with `fleetwire worker --pool cpu`")
+    shard.worker("w1", ops=["sleep"])  # a worker of another op: the reasons stay true
+    assert shard.core.plans[none].waiting_reason.startswith("no worker of the default pool")
+    single = Harness()  # one coordinator sees every worker: "no connected worker" is the truth there
+    assert single.core.plans[single.submit(single.client())].waiting_reason == "no connected worker handles op 'echo'"
