@@ -189,8 +189,10 @@ class DataServer:
         self.keys = {key.kid: key.key for key in keys}
 
     async def start(self) -> None:
+        # A TLS handshake comes before the connection is made (and counted): it gets the first-byte deadline.
+        handshake: dict[str, Any] = {"ssl_handshake_timeout": self.first_byte_timeout_s} if self.tls else {}
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: HttpConnection(self._open, MAX_HEAD_BYTES), self.host, self.port, ssl=self.tls
+            lambda: HttpConnection(self._open, MAX_HEAD_BYTES), self.host, self.port, ssl=self.tls, **handshake
         )
         sockets = self._server.sockets
         if sockets and not self.port:

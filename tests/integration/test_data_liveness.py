@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+import ssl
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 from fleetwire import Client, PlanCancelled
 from fleetwire.data import Grant
@@ -232,6 +234,22 @@ async def test_a_silent_new_connection_is_dropped_at_the_first_byte_deadline(tmp
     """A connection that sends nothing is closed after first_byte_timeout_s, well before the stall timeout."""
     spool = Spool(tmp_path / "spool", memory_bytes=1024)
     endpoint = DataServer(spool, worker_id=WORKER, first_byte_timeout_s=0.3, stall_timeout_s=30.0)
+    await endpoint.start()
+    try:
+        reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.transport.abort()
+    finally:
+        await endpoint.close()
+
+
+async def test_a_silent_connection_to_a_tls_endpoint_is_dropped_at_the_first_byte_deadline(tmp_path: Path) -> None:
+    """Over TLS the handshake comes before the connection is counted: a socket that never starts it is dropped
+    after first_byte_timeout_s too (asyncio's default would hold it 60 s)."""
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    trustme.CA().issue_cert("127.0.0.1").configure_cert(tls)
+    spool = Spool(tmp_path / "spool", memory_bytes=1024)
+    endpoint = DataServer(spool, worker_id=WORKER, tls=tls, first_byte_timeout_s=0.3, stall_timeout_s=30.0)
     await endpoint.start()
     try:
         reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
