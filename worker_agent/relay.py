@@ -285,7 +285,7 @@ class RelayEndpoint:
     def _settled(self, key: Key, entry: InputFile, stream: int = 0) -> None:
         error = entry.error
         if entry.state == "receiving":  # its digest did not match: its bytes were dropped; the client opens it again
-            self._end(key, CLOSED, entry.mismatch, entry.received)
+            self._end(key, CLOSED, entry.mismatch, entry.received, stream)
             return
         if entry.state == "verified" or error is None:
             self._end(key, "", "", entry.received, stream)

@@ -77,11 +77,13 @@ async def test_digest_mismatch_fails_the_input_naming_it(relay: Any) -> None:
     """Bytes that do not match the declared digest: the stream is closed to be opened again from offset 0 (damage
     in transit) twice, then data_end(input_mismatch) naming the input."""
     for retry in (1, 2):
-        relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc"))))
+        relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc")),
+                                  stream=retry))
         assert relay.sent.pop().offset == 0  # the credit: from 0
-        relay.on_message(chunk(0, b"abd"))
+        relay.on_message(DataChunk(plan_id="p1", attempt=1, name="x", offset=0, data=b"abd", stream=retry))
         again = relay.sent.pop()
         assert again.code == RETRYABLE_CLOSED and again.offset == 0 and f"retry {retry} of 2" in again.message
+        assert again.stream == retry  # the open's id, as on every end
     relay.on_message(DataOpen(plan_id="p1", attempt=1, name="x", ticket=ticket("x", 3, digest(b"abc"))))
     relay.sent.clear()
     relay.on_message(chunk(0, b"abd"))
