@@ -29,6 +29,14 @@ Rules (docs/ROUTING.md §Autoscaler):
   work lost: fewest live plans, then the least run time they would lose). The core drains them
   (``drain_deadline_s``); a provider stops each one only once :func:`drained_out` says so (no
   live plan left: done, or taken back when the drain deadline passed).
+* A provider is told what the pool's workers must have (:class:`PoolNeeds`: its op, tags,
+  accelerator, model, GPU memory, python env, devices; in every decision's ``needs``), so the
+  workers it starts can run the plans that wait.
+* An idle worker the provider started that can run none of the plans that wait (it meets no
+  pool with ongoing plans while some pool has queued ones) is removed once that held for
+  ``downscale_delay_s`` (:func:`unfit_idle`): a decision for the pool :data:`UNFIT_POOL` that names
+  it. Only the provider's workers (:attr:`Autoscaler.managed`, set by the driver) are removed so;
+  workers an operator started stay theirs.
 * A provider that fails is retried with exponential backoff (:class:`Backoff`).
 
 Time comes in as ``now``; nothing here reads a clock.
@@ -36,8 +44,9 @@ Time comes in as ``now``; nothing here reads a clock.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,16 +56,22 @@ from coordinator.registry import WorkerRegistry
 from coordinator.workers import WorkerRecord
 
 __all__ = [
+    "UNFIT_POOL",
     "AutoscaleConfig",
     "Autoscaler",
     "Backoff",
     "Decision",
+    "PoolNeeds",
     "PoolSignal",
     "drained_out",
     "pick_removals",
     "pool_name",
     "pool_signals",
+    "unfit_idle",
 ]
+
+UNFIT_POOL = "unfit"
+"""The pool of a decision that removes idle workers unable to run what waits (they belong to no pool with work)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,76 @@ class AutoscaleConfig:
 
 
 @dataclass(frozen=True)
+class PoolNeeds:
+    """What a worker must have to run a pool's plans: what a provider is asked to start.
+
+    Sent as the decision's ``needs`` object (:meth:`as_dict`; docs/PROTOCOL.md §Fleet events)
+    and, for ``--autoscale-provider command``, in ``FLEETWIRE_NEEDS`` and friends.
+    """
+
+    op: str = ""
+    tags: tuple[str, ...] = ()  # the worker must carry all of them
+    accelerator: str | None = None
+    model: str | None = None
+    min_gpu_memory_bytes: int = 0  # some GPU with at least this much memory
+    python_env: str | None = None
+    gpus: int = 0  # devices each plan holds (0: none)
+    gpu_share: bool = False  # a share of one device: the worker must share its GPUs (--gpu-share)
+    gpu_memory_bytes: int = 0  # each held device has at least this much memory
+    gpu_model: str = ""  # each held device's name contains this ("": any)
+
+    @classmethod
+    def of(cls, signature: Signature) -> PoolNeeds:
+        """The needs of a pool's requirement signature (which workers it avoids is not a need)."""
+        need = signature.gpus
+        return cls(
+            op=signature.op,
+            tags=signature.tags,
+            accelerator=signature.accelerator,
+            model=signature.model,
+            min_gpu_memory_bytes=signature.min_gpu_memory_bytes,
+            python_env=signature.python_env,
+            gpus=need.count if need is not None else 0,
+            gpu_share=need is not None and need.shared,
+            gpu_memory_bytes=need.min_memory_bytes if need is not None else 0,
+            gpu_model=need.accelerator if need is not None else "",
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PoolNeeds:
+        """Back from :meth:`as_dict` (a decision as the driver receives it); missing fields take defaults."""
+        if not data:
+            return cls()
+        return cls(
+            op=str(data.get("op", "")),
+            tags=tuple(str(t) for t in data.get("tags", ())),
+            accelerator=data.get("accelerator"),
+            model=data.get("model"),
+            min_gpu_memory_bytes=int(data.get("min_gpu_memory_bytes", 0)),
+            python_env=data.get("python_env"),
+            gpus=int(data.get("gpus", 0)),
+            gpu_share=bool(data.get("gpu_share", False)),
+            gpu_memory_bytes=int(data.get("gpu_memory_bytes", 0)),
+            gpu_model=str(data.get("gpu_model", "")),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The needs as the JSON object admins, the hook and the command provider receive."""
+        return {
+            "op": self.op,
+            "tags": list(self.tags),
+            "accelerator": self.accelerator,
+            "model": self.model,
+            "min_gpu_memory_bytes": self.min_gpu_memory_bytes,
+            "python_env": self.python_env,
+            "gpus": self.gpus,
+            "gpu_share": self.gpu_share,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "gpu_model": self.gpu_model,
+        }
+
+
+@dataclass(frozen=True)
 class PoolSignal:
     """One pool's figures at one instant."""
 
@@ -105,6 +190,13 @@ class PoolSignal:
     current: int  # alive workers in the pool
     members: tuple[str, ...] = ()  # their ids (scale-down picks among them)
     gpus: int = 0  # devices each plan of the pool holds (0: none)
+    waiting: int = 0  # its queued plans (part of ongoing)
+    signature: Signature | None = None  # what its workers must meet (None: unknown)
+
+    @property
+    def needs(self) -> PoolNeeds:
+        """What a worker of the pool must have (empty when the signature is unknown)."""
+        return PoolNeeds.of(self.signature) if self.signature is not None else PoolNeeds()
 
 
 @dataclass(frozen=True)
@@ -120,6 +212,8 @@ class Decision:
     at_s: float
     held_s: float
     workers: tuple[str, ...] = ()  # scale_down: the workers to remove (drained by the core)
+    needs: PoolNeeds = field(default_factory=PoolNeeds)  # what the pool's workers must have
+    reason: str = ""  # why, when not the pool's load (the idle workers of UNFIT_POOL)
 
     def as_dict(self) -> dict[str, Any]:
         """The decision as the JSON object admins and the hook command receive."""
@@ -133,6 +227,8 @@ class Decision:
             "at_s": round(self.at_s, 3),
             "held_s": round(self.held_s, 3),
             "workers": list(self.workers),
+            "needs": self.needs.as_dict(),
+            "reason": self.reason,
         }
 
 
@@ -160,6 +256,9 @@ class Autoscaler:
         self._pools: dict[str, _PoolState] = {}
         self._next_sample_s: float | None = None
         self._unprovisionable: dict[str, int] = {}  # pool -> devices its plans hold, more than a worker has
+        self.managed: frozenset[str] = frozenset()
+        """The workers the provider started (the driver keeps it current): only they are removed as unfit."""
+        self._unfit_since: dict[str, float] = {}  # worker -> since when it has been idle and unfit
 
     def due(self, now: float) -> bool:
         """Whether ``interval_s`` has passed since the last sample (the core samples only then)."""
@@ -193,13 +292,20 @@ class Autoscaler:
         state = self._pools.get(pool)
         return state.last.members if state is not None else ()
 
-    def observe(self, now: float, signals: Mapping[str, PoolSignal]) -> list[Decision]:
+    def observe(
+        self, now: float, signals: Mapping[str, PoolSignal], unfit: Iterable[str] = ()
+    ) -> list[Decision]:
         """Take one sample of every pool; returns the decisions it makes now.
 
         A pool seen before but absent from ``signals`` has nothing ongoing; it is forgotten
-        once its target is back at ``min_workers``.
+        once its target is back at ``min_workers``. ``unfit``: the idle workers that can run
+        nothing that waits now (:func:`unfit_idle`); those that stayed so for
+        ``downscale_delay_s`` are removed by one decision for :data:`UNFIT_POOL`.
         """
         decisions: list[Decision] = []
+        removal = self._remove_unfit(now, tuple(unfit), signals)
+        if removal is not None:
+            decisions.append(removal)
         self._unprovisionable = {}
         for name in sorted(set(self._pools) | set(signals)):
             signal = signals.get(name)
@@ -214,7 +320,7 @@ class Autoscaler:
                 if state.target <= self.config.min_workers:
                     del self._pools[name]
                     continue
-                signal = PoolSignal(0, state.last.current, state.last.members, state.last.gpus)
+                signal = dataclasses.replace(state.last, ongoing=0, waiting=0)
             state.last = signal
             decision = self._step(name, state, signal, now)
             if decision is not None:
@@ -255,12 +361,36 @@ class Autoscaler:
             alive=signal.current,
             at_s=now,
             held_s=now - since,
+            needs=signal.needs,
         )
         state.target = held
         state.up_since = state.down_since = None
         state.last_action_s = now
         self.decisions_made += 1
         return decision
+
+
+    def _remove_unfit(self, now: float, unfit: tuple[str, ...], signals: Mapping[str, PoolSignal]) -> Decision | None:
+        """The decision removing the workers idle and unfit for ``downscale_delay_s`` (None: none yet)."""
+        self._unfit_since = {w: self._unfit_since.get(w, now) for w in unfit}
+        delay = self.config.downscale_delay_s
+        due = tuple(sorted(w for w, since in self._unfit_since.items() if now - since >= delay))
+        if not due:
+            return None
+        held = max(now - self._unfit_since.pop(w) for w in due)  # named once: drained from here on
+        self.decisions_made += 1
+        return Decision(
+            pool=UNFIT_POOL,
+            action="scale_down",
+            current=len(unfit),
+            desired=len(unfit) - len(due),
+            ongoing=sum(s.ongoing for s in signals.values()),
+            alive=len(unfit),
+            at_s=now,
+            held_s=held,
+            workers=due,
+            reason=f"idle for {held:g} s and unable to run any of the plans that wait",
+        )
 
 
 def pool_name(signature: Signature) -> str:
@@ -294,9 +424,11 @@ def pool_signals(
     Cost: one pass over the queue and one over the leases, never over finished plans.
     """
     ongoing: dict[Signature, int] = {}
+    waiting: dict[Signature, int] = {}
     for signature, count in queue.counts().items():
         key = signature.avoiding(())
         ongoing[key] = ongoing.get(key, 0) + count
+        waiting[key] = waiting.get(key, 0) + count
     for worker in registry:
         for plan_id in worker.leases:
             plan = plans.get(plan_id)
@@ -308,8 +440,36 @@ def pool_signals(
         members = registry.matching(signature, signature.meets)
         ids = tuple(w.id for w in members if not w.draining and registry.is_alive(w.id, now))
         gpus = signature.gpus.count if signature.gpus is not None else 0
-        signals[pool_name(signature)] = PoolSignal(ongoing=count, current=len(ids), members=ids, gpus=gpus)
+        signals[pool_name(signature)] = PoolSignal(
+            ongoing=count, current=len(ids), members=ids, gpus=gpus, waiting=waiting.get(signature, 0),
+            signature=signature,
+        )
     return signals
+
+
+def unfit_idle(
+    registry: WorkerRegistry, signals: Mapping[str, PoolSignal], managed: Collection[str], now: float
+) -> tuple[str, ...]:
+    """The ``managed`` workers that are idle and can run none of the plans that wait.
+
+    Such a worker is alive, not draining, holds no lease, and meets the requirements of no pool
+    with ongoing plans (ignoring room), while some pool has queued plans. Nothing waits: none is
+    (an idle member of a pool leaves by that pool's scale-down). Cost: the managed workers times
+    the pools with ongoing plans, once per sample.
+    """
+    if not managed or not any(s.waiting for s in signals.values()):
+        return ()
+    pools = [s.signature for s in signals.values() if s.signature is not None]
+    found = []
+    for worker_id in sorted(managed):
+        if worker_id not in registry:
+            continue
+        worker = registry.get(worker_id)
+        if worker.draining or worker.leases or not registry.is_alive(worker_id, now):
+            continue
+        if not any(signature.meets(worker) for signature in pools):
+            found.append(worker_id)
+    return tuple(found)
 
 
 def pick_removals(

@@ -48,7 +48,7 @@ from typing import Any, Final, assert_never, get_args
 import structlog
 
 from coordinator import scopes
-from coordinator.autoscaler import AutoscaleConfig, Autoscaler, Decision, pick_removals, pool_signals
+from coordinator.autoscaler import AutoscaleConfig, Autoscaler, Decision, pick_removals, pool_signals, unfit_idle
 from coordinator.client_session import ClientSessions
 from coordinator.data_plane import DataPlane
 from coordinator.effects import Effects, Outbox
@@ -370,7 +370,8 @@ class Coordinator:
         if self.autoscaler is None or not self.autoscaler.due(now):
             return
         signals = pool_signals(self.queue, self.registry, self.plans, now)
-        for decision in self.autoscaler.observe(now, signals):
+        unfit = unfit_idle(self.registry, signals, self.autoscaler.managed, now)  # the provider's idle misfits
+        for decision in self.autoscaler.observe(now, signals, unfit):
             if decision.action == "scale_down":
                 decision = self._name_removals(decision, now)
             data = decision.as_dict()
@@ -389,14 +390,18 @@ class Coordinator:
             self.outbox.send(conn_id, event)
 
     def _name_removals(self, decision: Decision, now: float) -> Decision:
-        """A scale-down names its workers (idle first, then least work lost) and drains them."""
+        """A scale-down names its workers (idle first, then least work lost) and drains them.
+
+        A decision that names them already (idle workers unable to run what waits) drains those.
+        """
         assert self.autoscaler is not None
         registry = self.registry
         members = [
-            registry.get(w) for w in self.autoscaler.members(decision.pool)
+            registry.get(w) for w in decision.workers or self.autoscaler.members(decision.pool)
             if w in registry and not registry.get(w).draining and registry.is_alive(w, now)
         ]
-        victims = pick_removals(members, len(members) - decision.desired, self.plans, now)
+        count = len(members) if decision.workers else len(members) - decision.desired
+        victims = pick_removals(members, count, self.plans, now)
         for worker_id in victims:
             self.operator.drain_record(registry.get(worker_id), self.autoscaler.config.drain_deadline_s, now)
         return dataclasses.replace(decision, workers=tuple(victims))

@@ -23,7 +23,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -487,10 +487,10 @@ async def _start_local_worker(
     return await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE)
 
 
-def _local_worker_argv(url: str, worker_id: str, ns: argparse.Namespace) -> list[str]:
-    """The command line of one `up` worker (the token goes in its environment)."""
+def _local_worker_argv(url: str, worker_id: str, ns: argparse.Namespace, tags: Sequence[str] = ()) -> list[str]:
+    """The command line of one `up` worker (the token goes in its environment); ``tags`` before `up`'s own."""
     cmd = [sys.executable, "-m", "fleetwire", "worker", "--url", url, "--id", worker_id,
-           "--tags", ns.tags, "--max-concurrency", str(ns.max_concurrency),
+           "--tags", ",".join(t for t in (*tags, ns.tags) if t), "--max-concurrency", str(ns.max_concurrency),
            "--log-format", ns.log_format, "--log-level", ns.log_level,
            "--data-listen", "127.0.0.1:0"]  # the data plane on a loopback port of its own
     if ns.allow_shell:
@@ -559,7 +559,9 @@ async def _up(ns: argparse.Namespace) -> int:
             settings = dataclasses.replace(settings, autoscale_provider=LocalProvider(
                 # --drain-timeout 0: the coordinator's drain (--autoscale-drain-deadline) already ran
                 # before the provider stops a worker; SIGTERM then hands back whatever is left at once.
-                lambda worker_id: [*_local_worker_argv(server.url, worker_id, ns), "--drain-timeout", "0"],
+                # Each carries the tags the plans it is started for require (the pool's needs).
+                lambda worker_id, needs: [*_local_worker_argv(server.url, worker_id, ns, needs.tags),
+                                          "--drain-timeout", "0"],
                 {**os.environ, "FLEETWIRE_WORKER_TOKEN": worker_token},
             ))
             ns.workers = 0  # the autoscaler keeps --autoscale-min..max workers instead
@@ -731,7 +733,9 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                         "default with --autoscale) or command (--autoscale-start/--autoscale-stop); default none")
     g.add_argument("--autoscale-start", default=None, metavar="CMD",
                    help="command provider: shell command that starts $FLEETWIRE_COUNT workers with the ids "
-                        "$FLEETWIRE_WORKER_IDS for pool $FLEETWIRE_POOL")
+                        "$FLEETWIRE_WORKER_IDS for pool $FLEETWIRE_POOL, with the tags $FLEETWIRE_TAGS (all it "
+                        "needs: $FLEETWIRE_NEEDS, JSON); run detached, done when it exits (a worker it leaves "
+                        "running in the background is fine)")
     g.add_argument("--autoscale-stop", default=None, metavar="CMD",
                    help="command provider: shell command that stops the drained workers $FLEETWIRE_WORKER_IDS")
     g.add_argument("--autoscale-max-step", type=int, default=0, metavar="N",

@@ -257,7 +257,7 @@ class CoordinatorServer:
             self.provisioner = Provisioner(
                 settings.autoscale_provider, registry=self.core.registry, plans=self.core.plans,
                 max_workers=settings.core.autoscale.max_workers, min_workers=settings.core.autoscale.min_workers,
-                notify=self._autoscale_note, clock=time.monotonic,
+                notify=self._autoscale_note, clock=time.monotonic, autoscaler=self.core.autoscaler,
             )
         # Raises TokenFileError (a ValueError) for a token file that cannot be used.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)

@@ -100,3 +100,18 @@ async def test_fleetwire_remove_takes_a_worker_out_for_good(cluster: Cluster) ->
     assert await cancel.wait() == 0
     assert '"worker_id":"w2"' in "".join(cancel.lines).replace(" ", ""), cancel.lines
     w2.stop()
+
+
+async def test_up_autoscale_starts_a_worker_with_the_tags_the_waiting_plan_requires(cluster: Cluster) -> None:
+    """`up --autoscale 0..2`, a plan requiring tag cpu: the local provider starts a worker carrying cpu; it runs."""
+    up = await cluster.run("up", "--port", "0", "--autoscale", "0..2", "--autoscale-upscale-delay", "0",
+                           "--autoscale-cooldown", "0", "--log-level", "warning", name="up")
+    url = (await up.wait_for_line(r"export FLEETWIRE_URL=(\S+)", 60)).group(1)
+    token = (await up.wait_for_line(r"export FLEETWIRE_TOKEN=(\S+)")).group(1)
+    env = cluster.env(FLEETWIRE_URL=url, FLEETWIRE_TOKEN=token)
+    submit = await cluster.run("submit", "echo", "--args", '{"n": 1}', "--tags", "cpu", env=env)
+    assert await submit.wait(90) == 0, submit.lines
+    workers = await cluster.run("workers", "--json", env=env)
+    assert await workers.wait() == 0
+    [worker] = json.loads("".join(workers.lines))["workers"]
+    assert worker["id"] == "auto-1" and {"cpu", "local"} <= set(worker["capabilities"]["tags"])

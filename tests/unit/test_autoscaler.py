@@ -10,9 +10,18 @@ from typing import Any
 import pytest
 
 from coordinator import Coordinator, CoreConfig
-from coordinator.autoscaler import AutoscaleConfig, Autoscaler, Decision, PoolSignal
+from coordinator.autoscaler import (
+    UNFIT_POOL,
+    AutoscaleConfig,
+    Autoscaler,
+    Decision,
+    PoolNeeds,
+    PoolSignal,
+    pool_signals,
+    unfit_idle,
+)
 from coordinator.io.hooks import HookRunner
-from protocol.messages import Capabilities, Event, Hello, Submit, Subscribe
+from protocol.messages import Capabilities, Event, Hello, Requirements, Submit, Subscribe
 
 
 def run(scaler: Autoscaler, samples: list[tuple[float, int, int]], pool: str = "p") -> list[Decision]:
@@ -116,9 +125,11 @@ def test_core_sends_decisions_to_admin_followers_and_the_hook() -> None:
     for now in range(0, 7):
         core.tick(float(now))
     effects = core.take_effects()
+    needs = {"op": "train", "tags": [], "accelerator": None, "model": None, "min_gpu_memory_bytes": 0,
+             "python_env": None, "gpus": 0, "gpu_share": False, "gpu_memory_bytes": 0, "gpu_model": ""}
     assert effects.decisions == [
         {"pool": "op=train", "action": "scale_up", "current": 1, "desired": 3, "ongoing": 6, "alive": 1,
-         "at_s": 5.0, "held_s": 5.0, "workers": []}
+         "at_s": 5.0, "held_s": 5.0, "workers": [], "needs": needs, "reason": ""}
     ]
     admin_events = [m for m in effects.sends.get(3, []) if isinstance(m, Event) and m.kind == "autoscale"]
     assert [(e.plan_id, e.data["desired"], e.seq) for e in admin_events] == [("", 3, 1)]
@@ -135,3 +146,64 @@ async def test_hook_runner_gives_the_decision_as_json_on_stdin(tmp_path: pytest.
     await runner.close()
     assert (runner.runs, runner.failures) == (1, 0)
     assert out.read_text() == '{"pool": "op=train", "desired": 3}'
+
+
+def scaling_core(*workers: tuple[str, list[str]]) -> Coordinator:
+    """A core whose autoscaler samples every second (scale-down delay 10 s) with these (id, tags) echo workers."""
+    config = AutoscaleConfig(upscale_delay_s=2, downscale_delay_s=10, cooldown_s=0, interval_s=1)
+    ids = (f"p{i}" for i in itertools.count(1))
+    core = Coordinator(CoreConfig(autoscale=config), new_id=lambda: next(ids))
+    for session, (worker_id, tags) in enumerate(workers, start=10):
+        core.open_session(session, "worker", 0.0)
+        core.receive(session, Hello(worker_id=worker_id, capabilities=Capabilities(ops=["echo"], tags=tags)), 0.0)
+    core.open_session(1, "client", 0.0, principal="alice")
+    return core
+
+
+def ticks(core: Coordinator, start_s: int, until_s: int) -> list[dict[str, Any]]:
+    """The decisions of ticks once a second from ``start_s`` to ``until_s``."""
+    core.take_effects()
+    for now in range(start_s, until_s + 1):
+        core.tick(float(now))
+    return core.take_effects().decisions
+
+
+def test_a_scale_up_says_what_the_waiting_plans_need() -> None:
+    """The decision for plans requiring tags cpu and pool:cpu carries them (and the op) in its needs."""
+    core = scaling_core()
+    core.receive(1, Submit(req_id=1, op="echo", subscribe=False, requirements=Requirements(tags=["pool:cpu", "cpu"])),
+                 0.0)
+    [decision] = ticks(core, 0, 3)
+    assert decision["action"] == "scale_up" and decision["pool"] == "op=echo tags=cpu,pool:cpu"
+    assert decision["needs"]["tags"] == ["cpu", "pool:cpu"] and decision["needs"]["op"] == "echo"
+    assert PoolNeeds.from_dict(decision["needs"]) == PoolNeeds(op="echo", tags=("cpu", "pool:cpu"))
+
+
+def test_an_idle_provider_worker_that_cannot_run_what_waits_is_drained_after_the_downscale_delay() -> None:
+    """auto-1 (tag local) idles while a plan needing tag gpu waits: after 10 s it is named for removal and
+    drained; a worker the operator started (manual) is left alone."""
+    core = scaling_core(("auto-1", ["local"]), ("manual", ["local"]))
+    assert core.autoscaler is not None
+    core.autoscaler.managed = frozenset({"auto-1"})
+    core.receive(1, Submit(req_id=1, op="echo", subscribe=False, requirements=Requirements(tags=["gpu"])), 0.0)
+    assert [d["pool"] for d in ticks(core, 0, 9)] == ["op=echo tags=gpu"]  # its scale-up, nothing removed yet
+    [removal] = ticks(core, 10, 12)
+    assert (removal["pool"], removal["action"], removal["workers"]) == (UNFIT_POOL, "scale_down", ["auto-1"])
+    assert removal["held_s"] == 10.0 and "unable to run" in removal["reason"]
+    assert core.registry.get("auto-1").draining and not core.registry.get("manual").draining
+    assert ticks(core, 13, 40) == []  # named once
+
+
+def test_a_provider_worker_that_can_run_what_waits_or_is_busy_is_not_unfit() -> None:
+    """A managed worker that meets a pool with plans, or holds a lease, or when nothing waits: not unfit."""
+    core = scaling_core(("fit", ["gpu"]), ("idle", ["local"]))
+    assert core.autoscaler is not None
+    registry = core.registry
+    assert unfit_idle(registry, {}, {"fit", "idle"}, 0.0) == ()  # nothing waits
+    core.receive(1, Submit(req_id=1, op="echo", subscribe=False, requirements=Requirements(tags=["gpu"])), 0.0)
+    core.receive(1, Submit(req_id=2, op="echo", subscribe=False, requirements=Requirements(tags=["gpu"])), 0.0)
+    core.receive(1, Submit(req_id=3, op="echo", subscribe=False, requirements=Requirements(tags=["nope"])), 0.0)
+    signals = pool_signals(core.queue, registry, core.plans, 0.0)
+    assert registry.get("fit").leases  # it runs the gpu plans; the 'nope' plan waits
+    assert unfit_idle(registry, signals, {"fit", "idle"}, 0.0) == ("idle",)
+    assert unfit_idle(registry, signals, {"fit"}, 0.0) == ()
