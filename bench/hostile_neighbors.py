@@ -52,6 +52,19 @@ counted apart), its own CPU and the coordinator's CPU during the hostile chunks:
   (closed 4503); the coordinator's RSS growth is printed, next to the same stream with a
   subscriber that reads (the plan's own event history is held either way).
 
+* issue 24's data-plane neighbours (bench/_hostile_data.py), after the others, each measured with a
+  legitimate client's latency next to its baseline: ``relay-hog`` (a client keeping 4 relayed
+  input streams open and never sending; legit: 1 MiB relayed uploads, submit to result,
+  ``--uploads`` per chunk), ``data-idle-sockets`` (``--idle-sockets`` token-less idle TCP
+  connections at a worker's data endpoint; legit: 1 MiB direct uploads to that worker),
+  ``metrics-idle-sockets`` (the same at the coordinator's ``--metrics-listen``; legit: round trips
+  on the main port) and ``data-cancelled-flood`` (``--flood-uploads`` 1 MiB ``PUT`` s with tickets
+  of cancelled plans at the worker's data endpoint, 32 at a time, over and over; legit: direct
+  uploads; the worker's RSS growth is printed, target ≤ +256 MiB). The relay hog and the idle
+  sockets hurt by what they hold, so their baseline chunks run with the neighbour's process ended
+  (its streams and sockets gone), not paused; the flood is paused. The data phases run against two
+  ``fleetwire worker`` processes (a relay-only one, one with ``--data-listen``) started for them.
+
 A hostile neighbour reconnects as soon as it is closed; when the coordinator's penalty box
 refuses it (HTTP 429), it retries at once (``--neighbour-retry now``, the worst case) or after
 the ``Retry-After`` it was told (``retry-after``, what fleetwire's own clients do).
@@ -82,6 +95,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _hostile_data as data_phases
 import msgspec
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
@@ -94,7 +108,7 @@ NEIGHBOURS = ("flood", "oversize")
 # Issue 17's cost-model findings, each a neighbour child process (see _cost_neighbour).
 COST_NEIGHBOURS = ("f1-list", "f1-subscribe", "f2-never-reads", "f3-bytes", "f4-connections", "f5-tags",
                    "f5-distinct", "f6-idle-sockets", "f9-metrics", "f10-401-flood", "f11-dashboard")
-PHASES = ("flood", "oversize", "slowloris", "slow", *COST_NEIGHBOURS)
+PHASES = ("flood", "oversize", "slowloris", "slow", *COST_NEIGHBOURS, *data_phases.PHASES)
 
 
 async def _open(url: str, role: str = "client", who: str = "legit", worker_id: str = "", **kw: Any) -> ClientConnection:
@@ -526,11 +540,14 @@ class _Neighbour:
         self.last: dict[str, Any] = {"attempts": 0, "closes": {}, "refused": {}}
         self.started = time.perf_counter()
         self.first_close = asyncio.get_running_loop().create_future()  # seconds to its first close, and the code
+        self.ready = asyncio.Event()  # a data neighbour's load is in place ("ready": true)
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
     async def start(cls, kind: str, url: str, ns: argparse.Namespace) -> _Neighbour:
-        cmd = [sys.executable, __file__, "--neighbour", kind, "--url", url, "--neighbour-retry", ns.neighbour_retry]
+        cmd = [sys.executable, __file__, "--neighbour", kind, "--url", url, "--neighbour-retry", ns.neighbour_retry,
+               "--idle-sockets", str(ns.idle_sockets), "--flood-uploads", str(ns.flood_uploads),
+               "--hog-streams", str(ns.hog_streams), "--upload-bytes", str(ns.upload_bytes)]
         if ns.neighbour_cpu is not None:
             cmd = ["taskset", "-c", str(ns.neighbour_cpu), *cmd]
         if ns.neighbour_nice:
@@ -540,8 +557,10 @@ class _Neighbour:
     async def _read(self) -> None:
         assert self.proc.stdout is not None
         async for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, KeyError):
                 self.last = json.loads(line)
+                if self.last.get("ready"):
+                    self.ready.set()
                 if (self.last["closes"] or self.last["refused"]) and not self.first_close.done():
                     code = next(iter(self.last["closes"] or self.last["refused"]))
                     self.first_close.set_result((round(time.perf_counter() - self.started, 2), code))
@@ -667,6 +686,126 @@ async def _interleaved(legit: ClientConnection, coordinator: _Coordinator, targe
     }
 
 
+async def _data_interleaved(kind: str, target: str, ns: argparse.Namespace, measure: Any,
+                            watched: dict[str, psutil.Process]) -> dict[str, Any]:
+    """Issue 24's data-plane neighbours: ``B H B H ... B`` chunks of ``measure()`` (a list of seconds) with the
+    neighbour absent and present. A neighbour in ``data_phases.RESTARTED`` is started for each hostile chunk
+    and ended after it (what it holds goes with it); the others are paused between chunks. The RSS of each
+    ``watched`` process is sampled every 0.1 s during the hostile chunks."""
+    restart = kind in data_phases.RESTARTED
+    rss_before = {name: ps.memory_info().rss for name, ps in watched.items()}
+    peak = dict(rss_before)
+    base: list[list[float]] = []
+    hostile: list[list[float]] = []
+    ready_s: list[float] = []
+    last: dict[str, Any] = {}
+    neighbour: _Neighbour | None = None
+
+    async def present() -> _Neighbour:
+        started = time.perf_counter()
+        one = await _Neighbour.start(kind, target, ns)
+        try:
+            await asyncio.wait_for(one.ready.wait(), ns.ready_timeout)
+        except TimeoutError:  # measured anyway, with what it got in place: its tally says how far it came
+            pass
+        ready_s.append(round(time.perf_counter() - started, 2))
+        return one
+
+    async def sample() -> None:
+        while True:
+            for name, ps in watched.items():
+                with contextlib.suppress(psutil.Error):
+                    peak[name] = max(peak[name], ps.memory_info().rss)
+            await asyncio.sleep(0.1)
+
+    if not restart:
+        neighbour = await present()
+        neighbour.pause()
+    try:
+        for _ in range(ns.rounds):
+            base.append(await measure())
+            if restart:
+                neighbour = await present()
+            else:
+                assert neighbour is not None
+                neighbour.resume()
+                await asyncio.sleep(0.3)
+            sampler = asyncio.create_task(sample())
+            try:
+                hostile.append(await measure())
+            finally:
+                sampler.cancel()
+            assert neighbour is not None
+            last = dict(neighbour.last)
+            if restart:
+                await neighbour.stop()
+                neighbour = None
+            else:
+                neighbour.pause()
+        base.append(await measure())
+    finally:
+        if neighbour is not None:
+            await neighbour.stop()
+    base_p99 = [_p99(b) for b in base]
+    hostile_p99 = [_p99(h) for h in hostile]
+    deltas = [(h / ((base_p99[i] + base_p99[i + 1]) / 2) - 1) * 100 for i, h in enumerate(hostile_p99)]
+    return {
+        "neighbour": kind,
+        **_summary([x for h in hostile for x in h]),
+        "baseline_p99_ms": round(_p99([x for b in base for x in b]), 3),
+        "delta_p99_pct": round(statistics.median(deltas), 1),
+        "delta_p99_pct_range": [round(min(deltas), 1), round(max(deltas), 1)],
+        "baseline_p99_ms_range": [round(min(base_p99), 3), round(max(base_p99), 3)],
+        "hostile_p99_ms_range": [round(min(hostile_p99), 3), round(max(hostile_p99), 3)],
+        "legit_per_chunk": len(hostile[0]) if hostile else 0,
+        "its_ready_s": ready_s,
+        "its_last": last,
+        **{f"{name}_rss_growth_mb": round((peak[name] - rss_before[name]) / 2**20, 1) for name in watched},
+    }
+
+
+async def _data_phases(legit: ClientConnection, coordinator: _Coordinator, ns: argparse.Namespace,
+                       phases: list[str], metrics_target: str | None) -> list[dict[str, Any]]:
+    """Issue 24's data-plane phases (bench/_hostile_data.py), the metrics listener's first (no data workers yet)."""
+    from fleetwire import Client
+
+    rows: list[dict[str, Any]] = []
+    coordinator_only = {"coordinator": coordinator.ps}
+    if "metrics-idle-sockets" in phases and metrics_target is not None:
+        rows.append(await _data_interleaved("metrics-idle-sockets", metrics_target, ns,
+                                            lambda: _latencies(legit, ns.requests), coordinator_only))
+    wanted = [kind for kind in ("relay-hog", "data-idle-sockets", "data-cancelled-flood") if kind in phases]
+    if not wanted:
+        return rows
+    async with Client(coordinator.url, token=TOKENS["legit"][1]) as client:
+        fleet = await data_phases.DataFleet.start(coordinator.url, TOKENS["worker"][1], client,
+                                                  0 if ns.pin else None)
+        try:
+            def relayed() -> Any:
+                return data_phases.uploads(client, ns.uploads, ns.upload_bytes, relay=True)
+
+            def direct() -> Any:
+                return data_phases.uploads(client, ns.uploads, ns.upload_bytes, relay=False)
+
+            await relayed()  # warm-up: both paths, the workers' spools, the SDK's connections
+            await direct()
+            watched = {"coordinator": coordinator.ps, "worker": fleet.data_ps}
+            for kind in wanted:
+                try:
+                    if kind == "relay-hog":
+                        rows.append(await _data_interleaved(kind, coordinator.url, ns, relayed, coordinator_only))
+                    elif kind == "data-cancelled-flood":  # its tickets come through the coordinator, with the URL
+                        rows.append(await _data_interleaved(kind, coordinator.url, ns, direct, watched))
+                    else:
+                        rows.append(await _data_interleaved(kind, fleet.data_url.split("://", 1)[1], ns, direct,
+                                                            watched))
+                except ProcessLookupError:
+                    rows.append({"neighbour": kind, "error": "the neighbour process exited (see its traceback)"})
+        finally:
+            await fleet.stop()
+    return rows
+
+
 async def _connects(url: str, n: int, out: list[float], failures: dict[str, int]) -> None:
     """``n`` fresh legitimate connects one after another, each timed from connect to the finished upgrade."""
     for _ in range(n):
@@ -769,6 +908,10 @@ async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
     if ns.penalty is not None:
         extra += ["--penalty-base", str(ns.penalty)]
     phases = ns.phases.split(",")
+    metrics_target = None
+    if "metrics-idle-sockets" in phases:
+        metrics_target = f"127.0.0.1:{data_phases.free_port()}"
+        extra += ["--metrics-listen", metrics_target]
     with tempfile.TemporaryDirectory() as tmp:
         tokens = _token_file(tmp)
         cpu = 0 if ns.pin else None
@@ -791,6 +934,7 @@ async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
                         rows.append(await _interleaved(legit, coordinator, other.url, kind, ns, f"{kind} elsewhere"))
             if "slowloris" in phases:
                 rows.append(await _slowloris(legit, coordinator.url, ns.requests))
+            rows += await _data_phases(legit, coordinator, ns, phases, metrics_target)
             await legit.close()
             if "slow" in phases:
                 rows.append(await _stream(coordinator.url, coordinator.ps, "reading", reads=True))
@@ -801,6 +945,22 @@ async def run(ns: argparse.Namespace) -> list[dict[str, Any]]:
             if other is not None:
                 await other.stop()
     return rows
+
+
+async def _data_neighbour(ns: argparse.Namespace) -> None:
+    """Issue 24's data-plane neighbours (bench/_hostile_data.py), in this child process."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    tally = data_phases.Tally()
+    token = TOKENS["hostile"][1]
+    if ns.neighbour == "relay-hog":
+        await data_phases.relay_hog(ns.url, token, tally, ns.hog_streams, ns.upload_bytes)
+    elif ns.neighbour == "data-cancelled-flood":
+        await data_phases.cancelled_flood(ns.url, token, tally, ns.flood_uploads, ns.upload_bytes)
+    else:
+        await data_phases.idle_sockets(ns.url, tally, ns.idle_sockets)
 
 
 def main() -> int:
@@ -826,12 +986,26 @@ def main() -> int:
                         "the first baseline one) into DIR/<phase>-<chunk>.txt; read with bench/profile_top.py")
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="seconds a cost-model neighbour (f1..f11) runs before it is measured (default 5)")
-    parser.add_argument("--neighbour", choices=(*NEIGHBOURS, *COST_NEIGHBOURS), help=argparse.SUPPRESS)
+    parser.add_argument("--uploads", type=int, default=100,
+                        help="legitimate 1 MiB uploads per chunk in the data phases (default 100)")
+    parser.add_argument("--upload-bytes", type=int, default=1 << 20, help="their size (default 1048576)")
+    parser.add_argument("--idle-sockets", type=int, default=1_200,
+                        help="idle sockets of data-idle-sockets and metrics-idle-sockets (default 1200)")
+    parser.add_argument("--flood-uploads", type=int, default=1_200,
+                        help="cancelled plans whose tickets data-cancelled-flood uploads with (default 1200)")
+    parser.add_argument("--hog-streams", type=int, default=4, help="relayed streams the relay hog holds (default 4)")
+    parser.add_argument("--ready-timeout", type=float, default=120.0,
+                        help="seconds a data neighbour gets to put its load in place before it is measured anyway "
+                             "(default 120)")
+    parser.add_argument("--neighbour", choices=(*NEIGHBOURS, *COST_NEIGHBOURS, *data_phases.PHASES),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.neighbour is not None:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # its tally lines are already flushed
-        if ns.neighbour in COST_NEIGHBOURS:
+        if ns.neighbour in data_phases.PHASES:
+            asyncio.run(_data_neighbour(ns))
+        elif ns.neighbour in COST_NEIGHBOURS:
             asyncio.run(_cost_neighbour(ns.neighbour, ns.url))
         else:
             asyncio.run(_flood(ns.url, ns.neighbour_retry) if ns.neighbour == "flood"
