@@ -155,3 +155,14 @@ def test_data_plane_bench_moves_every_column_both_ways(results: dict[str, dict[s
             figures = column[direction]
             assert figures["mb_s"] > 0 and len(figures["mb_s_runs"]) == 2, (name, direction, figures)
             assert figures["mb_s"] == min(figures["mb_s_runs"])  # two runs: the lower middle one
+
+
+def test_hostile_data_bench_measures_each_neighbour_once_in_place(results: dict[str, Any]) -> None:
+    """Each of issue 24's data-plane phases measured the legitimate client next to its baseline, with the
+    neighbour's load in place (the hog's streams answered, the sockets tried, the tickets collected)."""
+    rows = {row["neighbour"]: row for row in results["hostile_data"]}
+    assert set(rows) == {"relay-hog", "data-idle-sockets", "metrics-idle-sockets", "data-cancelled-flood"}, rows
+    for row in rows.values():
+        assert "error" not in row and row["its_last"]["ready"] and row["legit_per_chunk"] > 0, row
+    assert rows["relay-hog"]["its_last"]["held"] + rows["relay-hog"]["its_last"]["waiting"] == 4
+    assert "worker_rss_growth_mb" in rows["data-cancelled-flood"]
