@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from coordinator.io.cluster_host import ClusterHost
 from coordinator.io.server import ServerSettings
 from coordinator.shards import ClusterConfig
-from fleetwire.cli import main
 from fleetwire.cli_shards import parse_shard_ports
 
 
@@ -37,7 +39,9 @@ def test_a_range_smaller_than_the_shard_count_is_refused() -> None:
         ClusterHost(settings, shard_ports=(9100, 9102))
 
 
-def test_shard_ports_without_cluster_mode_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_shard_ports_without_cluster_mode_exits_2() -> None:
     """A single coordinator has no shard cores: the flag is refused before anything listens."""
-    assert main(["coordinator", "--insecure", "--store", "memory", "--port", "0", "--shard-ports", "9100"]) == 2
-    assert "--shard-ports is for cluster mode" in capsys.readouterr().err
+    done = subprocess.run([sys.executable, "-m", "fleetwire", "coordinator", "--insecure", "--store", "memory",
+                           "--port", "0", "--shard-ports", "9100"], capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    assert done.returncode == 2 and "--shard-ports is for cluster mode" in done.stderr, done.stderr
