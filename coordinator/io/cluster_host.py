@@ -477,7 +477,8 @@ class ClusterHost:
         low, high = self.shard_ports
         first = low + shard % (high - low + 1)
         taken = set(self._ports.values())  # this host's other shards, maybe not listening yet
-        for port in (*range(first, high + 1), *range(low, first)):
+        order: list[int] = [*range(first, high + 1), *range(low, first)]
+        for port in order:
             if port not in taken and _bindable(self.settings.host, port):
                 self._ports[shard] = port
                 return port
