@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -340,10 +340,15 @@ class Provisioner:
         backoff = self._backoffs.get(key)
         return key not in self._calls and (backoff is None or backoff.ready(now))
 
-    def _launch(self, key: _Key, call: Any) -> None:
+    def _launch(self, key: _Key, call: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(call)
         self._calls[key] = task
-        task.add_done_callback(lambda done: self._calls.pop(key, None) if self._calls.get(key) is done else None)
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._calls.get(key) is done:
+                del self._calls[key]
+
+        task.add_done_callback(forget)
 
     def _begin_start(self, pool: str, count: int, needs: PoolNeeds, up: _Up | None) -> None:
         ids = self._new_ids(count)
