@@ -52,21 +52,30 @@ async def run_cluster_coordinator(settings: Any, version: str, shard_ports: str 
     try:
         await host.start()
     except OSError as exc:
-        host.control.close()
+        if host.control is not None:
+            host.control.close()
         print(f"fleetwire: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
               file=sys.stderr, flush=True)  # fmt: skip
         return 2
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGHUP, host.reload_tokens)
-    print(f"fleetwire coordinator listening on {host.url} (store {host.control.description}; cluster "
+    print(f"fleetwire coordinator listening on {host.url} (store {host.description}; cluster "
           f"{settings.cluster.name!r}, {settings.cluster.shards} shards, owner {host.owner})", flush=True)  # fmt: skip
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    assert host.fatal is not None
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await stop.wait()
+        # A database that cannot be reached is waited for (/readyz 503); one that refuses this coordinator
+        # (another cluster's, a newer schema) is a configuration error: exit 2 (docs/OPERATIONS.md §Exit statuses).
+        await asyncio.wait((stopping, host.fatal), return_when=asyncio.FIRST_COMPLETED)
     finally:
+        stopping.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await host.stop()
+    if host.fatal.done():
+        print(f"fleetwire: error: {host.fatal.result()}", file=sys.stderr, flush=True)
+        return 2
     return 0

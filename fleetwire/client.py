@@ -193,6 +193,7 @@ class Client:
             base_s=reconnect_base_s,
             cap_s=reconnect_cap_s,
             give_up_s=reconnect_give_up_s,
+            urls=len(self._urls.urls),
         )
 
     def __repr__(self) -> str:
@@ -233,6 +234,7 @@ class Client:
         ping_interval_s, ping_timeout_s, close_timeout_s = keepalive(*self._ping, cluster=self._cluster)
         error = FleetwireConnectionError("no coordinator URL")
         tried = ""
+        answered = False  # some coordinator of the list answered (an HTTP refusal): protocol/backoff.py
         # A first connect tries each URL of the list once; a reconnect one URL per backoff step.
         for _ in range(len(urls.urls) if self._ws is None else 1):
             url = self.url = urls.pick()
@@ -253,11 +255,13 @@ class Client:
                 if len(urls.urls) == 1:
                     raise
                 error = exc
+                answered = answered or exc.answered
                 continue
             urls.succeeded()
             return ws
         raise FleetwireConnectionError(
-            f"no coordinator of the list answered (tried {tried}): {error}", retry_after_s=error.retry_after_s
+            f"no coordinator of the list answered (tried {tried}): {error}", retry_after_s=error.retry_after_s,
+            answered=answered,
         )
 
     def _attach(self, ws: ClientConnection) -> None:

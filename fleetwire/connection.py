@@ -154,7 +154,8 @@ async def dial(
         )
     except InvalidStatus as exc:
         wait_s = codes.retry_after_seconds(exc.response.headers.get("Retry-After"))
-        raise _handshake_refused(url, token, exc.response.status_code, wait_s) from exc
+        body = exc.response.body.decode("utf-8", "replace").strip().splitlines()
+        raise _handshake_refused(url, token, exc.response.status_code, wait_s, body[0] if body else "") from exc
     except InvalidURI as exc:
         raise ValueError(f"invalid coordinator URL {url!r}: {exc}") from exc
     except (OSError, InvalidHandshake) as exc:
@@ -166,7 +167,8 @@ async def dial(
     if ws.subprotocol not in (subprotocol, None) or (ws.subprotocol is None and encoding != "msgpack"):
         await ws.close()
         raise FleetwireConnectionError(
-            f"the coordinator at {url} did not accept subprotocol {subprotocol!r} (it selected {ws.subprotocol!r})"
+            f"the coordinator at {url} did not accept subprotocol {subprotocol!r} (it selected {ws.subprotocol!r})",
+            answered=True,
         )
     return ws
 
@@ -197,7 +199,10 @@ def _tls(url: str, ca_file: str | None) -> dict[str, Any]:
         raise ValueError(f"cannot load the CA file {ca_file}: {exc}") from exc
 
 
-def _handshake_refused(url: str, token: str | None, status: int, wait_s: float | None = None) -> Exception:
+def _handshake_refused(
+    url: str, token: str | None, status: int, wait_s: float | None = None, said: str = ""
+) -> Exception:
+    """The error of an HTTP answer to the upgrade: a coordinator answered (``answered``, protocol/backoff.py)."""
     where = f"the coordinator at {url}"
     if status == 401:
         if token is None:
@@ -214,19 +219,20 @@ def _handshake_refused(url: str, token: str | None, status: int, wait_s: float |
     if status == 404:
         return FleetwireConnectionError(
             f"{where} has no fleetwire endpoint at this path (HTTP 404); give ws://host:port "
-            f"and the SDK appends {CLIENT_PATH}"
+            f"and the SDK appends {CLIENT_PATH}",
+            answered=True,
         )
     if status in (429, 503):
         why = (
             "a session of this token from this address was just closed for abuse (penalty box)"
             if status == 429
-            else "it is at its connection limit"
+            else said[:200] or "it is at its connection limit"  # a cluster coordinator says why (database away)
         )
         after = f"; retry after {wait_s:g} s" if wait_s is not None else ""
         return FleetwireConnectionError(
-            f"{where} refused the connection (HTTP {status}): {why}{after}", retry_after_s=wait_s
+            f"{where} refused the connection (HTTP {status}): {why}{after}", retry_after_s=wait_s, answered=True
         )
-    return FleetwireConnectionError(f"{where} refused the websocket upgrade (HTTP {status})")
+    return FleetwireConnectionError(f"{where} refused the websocket upgrade (HTTP {status})", answered=True)
 
 
 def ending_error(ws: ClientConnection, url: str, *, closing: bool) -> FleetwireConnectionError:

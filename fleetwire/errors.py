@@ -92,17 +92,26 @@ class FleetwireConnectionError(FleetwireError, ConnectionError):
     ``close_code`` and ``close_reason`` are the websocket close frame's, when there was one
     (docs/PROTOCOL.md §Close codes), else ``None`` and ``""``. ``retry_after_s`` is the wait a
     refused handshake asked for (HTTP 429 or 503 with ``Retry-After``), else ``None``.
+    ``answered``: a coordinator answered the dial (an HTTP refusal) rather than nothing at all; the
+    reconnect backoff starts afresh after an answer (protocol/backoff.py).
     """
 
     code = CONNECTION_LOST
 
     def __init__(
-        self, message: str, *, close_code: int | None = None, close_reason: str = "", retry_after_s: float | None = None
+        self,
+        message: str,
+        *,
+        close_code: int | None = None,
+        close_reason: str = "",
+        retry_after_s: float | None = None,
+        answered: bool = False,
     ) -> None:
         super().__init__(message)
         self.close_code = close_code
         self.close_reason = close_reason
         self.retry_after_s = retry_after_s
+        self.answered = answered
 
 
 class PlanError(FleetwireError):

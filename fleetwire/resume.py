@@ -4,8 +4,10 @@ Theory of operation. When a ``Client``'s connection drops (no close frame, ``100
 away, ``1011``/``1012``/``1013``/``1014``), :class:`Resumer` keeps the session alive instead of
 failing every call:
 
-* it dials again after ``U(0, min(cap, base * 2**n))`` seconds (full jitter, the worker
-  agent's backoff), and at least the ``Retry-After`` of a refusal, for up to ``give_up_s``
+* it dials again after the delay of :class:`~protocol.backoff.ReconnectBackoff`, the worker
+  agent's too (reconnect that follows the cluster: full jitter ``U(0, min(cap, base * 2**n))``,
+  ``n`` reset by any answer from a coordinator, a refusal's ``Retry-After`` waited as such, the
+  ceiling at most 5 s while some coordinator of the list answers), for up to ``give_up_s``
   without a session;
 * on the new connection the ``ClientSession`` (fleetwire/session.py, ``resume``) first
   re-sends every request still waiting for its reply, in ``req_id`` order (submits are
@@ -35,6 +37,7 @@ from typing import Final, Generic, TypeVar
 
 from fleetwire.errors import AuthError, FleetwireConnectionError
 from fleetwire.session import ClientSession
+from protocol.backoff import ReconnectBackoff
 from protocol.errors import CLOSE_MOVED
 
 __all__ = ["RESUMABLE_CLOSE_CODES", "Resumer"]
@@ -60,6 +63,7 @@ class Resumer(Generic[C]):
         enabled: False: a dropped connection ends the session (the SDK's v1 behaviour).
         base_s, cap_s: the backoff's first ceiling and its cap.
         give_up_s: how long without a session before giving up; None: never.
+        urls: how many coordinator URLs ``dial`` tries in turn (protocol/backoff.py: a pass over them).
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class Resumer(Generic[C]):
         base_s: float,
         cap_s: float,
         give_up_s: float | None,
+        urls: int = 1,
     ) -> None:
         if not 0 < base_s <= cap_s:
             raise ValueError("reconnect delays must satisfy 0 < reconnect_base_s <= reconnect_cap_s")
@@ -80,6 +85,7 @@ class Resumer(Generic[C]):
         self.base_s = base_s
         self.cap_s = cap_s
         self.give_up_s = give_up_s
+        self.urls = urls
         self._session = session
         self._dial = dial
         self._attach = attach
@@ -120,12 +126,12 @@ class Resumer(Generic[C]):
     async def _resume(self, error: FleetwireConnectionError) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        failures = 0
-        floor_s = 0.0  # a refusal's Retry-After: the next try waits at least that long
+        backoff = ReconnectBackoff(self.base_s, self.cap_s, urls=self.urls, rng=self._rng)
+        delay = backoff.answered()  # the session that ended was a coordinator's answer
         moved = error.close_code == CLOSE_MOVED  # told where to go: the first dial goes there at once
         while True:
             if not moved:
-                await asyncio.sleep(max(floor_s, self._rng.uniform(0.0, min(self.cap_s, self.base_s * 2**failures))))
+                await asyncio.sleep(delay)
             moved = False
             try:
                 connection = await self._dial()
@@ -133,8 +139,8 @@ class Resumer(Generic[C]):
                 self._end(FleetwireConnectionError(f"cannot resume the session: {exc}"))
                 return
             except FleetwireConnectionError as exc:
-                failures = min(failures + 1, 32)
-                floor_s = exc.retry_after_s or 0.0
+                # An HTTP refusal (503 while the database is away, 429) is an answer: its Retry-After is the wait.
+                delay = backoff.answered(exc.retry_after_s) if exc.answered else backoff.unanswered()
                 if self.give_up_s is not None and loop.time() - started >= self.give_up_s:
                     why = f"{error}; gave up reconnecting after {self.give_up_s:g} s: {exc}"
                     self._end(FleetwireConnectionError(why))

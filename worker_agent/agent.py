@@ -3,8 +3,10 @@
 Theory of operation:
 
 * ``run()`` dials ``/v1/worker``, runs a session, and when the session ends dials again after
-  ``U(0, min(cap, base * 2**n))`` seconds (full jitter; ``n`` counts failures since the last
-  welcome). HTTP 401/403 at the handshake is fatal (``AuthError``): retrying cannot fix a token.
+  the delay of :class:`~protocol.backoff.ReconnectBackoff` (reconnect that follows the cluster:
+  full jitter ``U(0, min(cap, base * 2**n))``, ``n`` reset by any answer from a coordinator, a
+  refusal's Retry-After waited as such, the ceiling at most 5 s while some coordinator of the list
+  answers). HTTP 401/403 at the handshake is fatal (``AuthError``): retrying cannot fix a token.
   So is close ``4410`` (``WorkerRemoved``): an operator removed this id, whether it closed a live
   session or refused the ``hello`` of a restarted agent; the coordinator refuses the id until it
   restarts.
@@ -60,6 +62,7 @@ from websockets.typing import Subprotocol
 
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, errors
+from protocol.backoff import ReconnectBackoff
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
 from protocol.wsbulk import BulkClientConnection, send_frame
@@ -148,6 +151,7 @@ class Agent:
         self.registered = asyncio.Event()  # set on welcome, cleared when the session ends
         self._session_secret = ""  # from the last welcome; sent in every later hello (proof of the id)
         self._hello_retry_s = 0.0  # the last hello refusal's retry_after_s (too_many_reconnects): back off that long
+        self._opened = False  # the current dial's websocket opened (protocol/backoff.py: an answer)
         self._token = token
         self._ssl = client_tls(self.url, settings.ca_file, settings.cert_file, settings.key_file)
         self._log = log.bind(worker_id=self.worker_id)
@@ -218,23 +222,27 @@ class Agent:
             AuthError: the coordinator answered the handshake with 401 or 403.
             WorkerRemoved: an operator removed this worker's id (close 4410).
         """
-        failures = 0
+        backoff = ReconnectBackoff(self.settings.reconnect_base_s, self.settings.reconnect_cap_s,
+                                   urls=len(self.urls), rng=self._rng)  # fmt: skip
         await self.telemetry.start()
         sweeper = await self._start_data_plane()
         try:
             while not self._stopping:
                 registered = False
-                floor_s = 0.0  # a refusal's Retry-After (429 penalty box, 503 full): wait at least that
+                wait_s = 0.0  # a refusal's Retry-After (429 penalty box, 503 full or database away): the wait
                 self._hello_retry_s = 0.0
                 try:
+                self._opened = False  # set once the websocket opens: a coordinator answered
+                refused = False
                     registered = await self._connect_and_serve()
                 except (AuthError, WorkerRemoved):
                     raise
                 except InvalidStatus as exc:
-                    floor_s = errors.retry_after_seconds(exc.response.headers.get("Retry-After")) or 0.0
+                    refused = True
+                    wait_s = errors.retry_after_seconds(exc.response.headers.get("Retry-After")) or 0.0
                     self._log.warning(
                         "coordinator refused the connection", url=self.url,
-                        status=exc.response.status_code, retry_after_s=floor_s or None,
+                        status=exc.response.status_code, retry_after_s=wait_s or None,
                     )
                 except (OSError, TimeoutError, WebSocketException) as exc:
                     self._log.warning("cannot reach coordinator", url=self.url, error=dial_error_text(self.url, exc))
@@ -242,13 +250,14 @@ class Agent:
                     self._log.error("session failed", exception=traceback.format_exc())
                 if self._stopping:
                     break
-                floor_s = max(floor_s, self._hello_retry_s)  # a refused hello's error.retry_after_s
-                failures = 0 if registered else min(failures + 1, 32)
-                ceiling = min(self.settings.reconnect_cap_s, self.settings.reconnect_base_s * 2**failures)
-                delay = max(floor_s, self._rng.uniform(0.0, ceiling))
+                wait_s = max(wait_s, self._hello_retry_s)  # a refused hello's error.retry_after_s
+                if registered or refused or self._opened:  # a coordinator answered: n back to 0
+                    delay = backoff.answered(wait_s)
+                else:
+                    delay = backoff.unanswered()
                 if self._moved_to is not None:
                     delay = 0.0  # told where to go: go at once
-                self._log.debug("reconnecting", delay_s=round(delay, 3), failures=failures)
+                self._log.debug("reconnecting", delay_s=round(delay, 3), failures=backoff.failures)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_requested.wait(), delay)
         finally:
@@ -404,6 +413,7 @@ class Agent:
                 **tls,
             )
         except InvalidStatus as exc:
+            self._opened = True
             status = exc.response.status_code
             if status == 401:
                 raise AuthError(

@@ -39,6 +39,15 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
 
 The lease row's ``owner_url`` is the shard server's URL: empty from the acquisition until the
 shard's server listens, so a ``moved`` never points at a port that is not serving yet.
+
+**Waiting for the database.** A coordinator that cannot reach PostgreSQL at start (refused, no
+answer, a login it cannot make yet: :class:`~coordinator.io.integrity.StoreUnreachable`) does not
+exit: it listens on its main port, answers ``/readyz`` 503 "waiting for the database" and new
+sessions 503 + ``Retry-After``, and dials again with a jittered backoff (1 s doubling to 5 s)
+until the database answers, then joins the cluster (issue #25 part 3: the exit status 2 it had
+was never restarted by the shipped unit). A database that answers but refuses this coordinator
+(another cluster's, another shard count, a newer schema) is a configuration error:
+:attr:`ClusterHost.fatal` is set and ``fleetwire coordinator`` exits 2.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import secrets
 import socket
 import time
@@ -73,9 +83,10 @@ from coordinator.io.cluster_views import (
     read_plans,
 )
 from coordinator.io.gate import Gatekeeper, bearer_token, subprotocol_refused
+from coordinator.io.integrity import StoreError, StoreUnreachable
 from coordinator.io.metrics_http import metrics_token_refused
 from coordinator.io.pg_leases import RELEASE, ShardFenced
-from coordinator.io.pg_store import PgStore, ensure_indexes
+from coordinator.io.pg_store import PgStore, describe_dsn, ensure_indexes
 from coordinator.io.routes import DASHBOARD_FILES, respond
 from coordinator.io.server import ROLE_PATHS, CoordinatorServer, ServerSettings
 from coordinator.shards import LeaseRow, PartialLeases, plan_round, pool_shard, submit_shard, worker_shard
@@ -86,6 +97,8 @@ from protocol.messages import Event, FromClient, FromWorker, Hello, Moved, Submi
 __all__ = ["ClusterHost", "ShardPgStore"]
 
 log = structlog.get_logger(__name__)
+
+DB_RETRY_CAP_S = 5.0  # the longest wait between two tries to reach the database at start
 
 _BEAT = """
 INSERT INTO fleetwire_coordinators (owner, url, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))
@@ -171,9 +184,14 @@ class ClusterHost:
         self._ports: dict[int, int] = {}  # shard -> the port of --shard-ports its core took
         self.version = version
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.control = PgStore(settings.store, self.config)  # the lease and topology connection
-        self.control.owner = self.owner
-        self.store = self.control  # for the CLI's "listening" line
+        self.description = describe_dsn(settings.store)[0]  # the store, without its password
+        self.waiting_db: str | None = None  # why the database could not be reached yet (None: it was)
+        self.control: PgStore | None = None  # the lease and topology connection; None until the database answers
+        try:
+            self.control = PgStore(settings.store, self.config)
+            self.control.owner = self.owner
+        except StoreUnreachable as exc:  # start anyway: wait for it (see "Waiting for the database" above)
+            self.waiting_db = str(exc)
         self.leases = PartialLeases(self.config, self.owner)
         self.servers: dict[int, CoordinatorServer] = {}
         self.rows: list[LeaseRow] = []  # the last scan
@@ -182,7 +200,9 @@ class ClusterHost:
         self.loaded = asyncio.Event()
         self.port = settings.port
         self.failovers = 0
-        self.db_away = False  # the last round failed: new sessions get 503 + Retry-After (docs/CLUSTER.md)
+        # The last round failed, or the database has not answered yet: new sessions get 503 + Retry-After
+        # (docs/CLUSTER.md).
+        self.db_away = self.control is None
         self.stats = ClusterStats()  # the main port's /metrics (coordinator/io/cluster_metrics.py)
         self.metrics_registry = build_registry(self.stats, lambda: len(self.servers))
         self._announce = announce or (lambda line: None)
@@ -214,8 +234,14 @@ class ClusterHost:
                         for role in ("worker", "client") for enc in ("msgpack", "json")}  # fmt: skip
 
     async def _db(self, make: Callable[[Any], Any]) -> Any:
-        """``make(connection)`` on the control connection, one statement group at a time."""
+        """``make(connection)`` on the control connection, one statement group at a time.
+
+        Raises:
+            StoreUnreachable: the database has not answered since the start.
+        """
         async with self._lock:
+            if self.control is None:
+                raise StoreUnreachable(f"waiting for the database: {self.waiting_db}")
             return await self.control.call(make)
 
     @property
@@ -229,7 +255,8 @@ class ClusterHost:
         """Listen on the main port, join the cluster and start the rounds (shards are served as they are won)."""
         self.fatal = asyncio.get_running_loop().create_future()
         self.doorbell.bind(asyncio.get_running_loop())
-        self._spawn(self._index_ids())
+        if self.control is not None:  # else once the database answers
+            self._spawn(self._index_ids())
         self._gate.fit_fd_limit(self.settings.limits.max_connections)  # soft RLIMIT_NOFILE up to the hard one
         self._server = await self._gate.serve(
             self._handle, self.settings.host, self.settings.port, process_request=self._process_request,
@@ -239,8 +266,40 @@ class ClusterHost:
         sockets = list(self._server.sockets)
         if sockets:
             self.port = sockets[0].getsockname()[1]
+        if self.control is None:
+            log.error("cannot reach the cluster's database; waiting for it (/readyz 503 until it answers)",
+                      store=self.description, error=self.waiting_db)  # fmt: skip
+            self._keeper = asyncio.create_task(self._wait_for_database())
+            return
         await self._round()
         self._keeper = asyncio.create_task(self._keep())
+
+    async def _wait_for_database(self) -> None:
+        """Dial the database with a jittered backoff (1 s doubling to 5 s) until it answers, then join the cluster."""
+        rng = random.Random()
+        ceiling = 1.0
+        while self.control is None:
+            await asyncio.sleep(rng.uniform(ceiling / 2, ceiling))
+            ceiling = min(DB_RETRY_CAP_S, 2 * ceiling)
+            try:
+                control = await asyncio.to_thread(PgStore, self.settings.store, self.config)
+            except StoreUnreachable as exc:
+                self.waiting_db = str(exc)
+                log.warning("still waiting for the cluster's database", store=self.description, error=str(exc))
+                continue
+            except StoreError as exc:  # it answered and refused this coordinator: configuration, not a wait
+                log.critical("the cluster's database refused this coordinator", store=self.description, error=str(exc))
+                assert self.fatal is not None
+                if not self.fatal.done():
+                    self.fatal.set_result(exc)
+                return
+            control.owner = self.owner
+            async with self._lock:
+                self.control = control
+            self.waiting_db = None
+            log.warning("reached the cluster's database; joining the cluster", store=self.description)
+        self._spawn(self._index_ids())
+        await self._keep()
 
     async def _index_ids(self) -> None:
         """The indexes of a migrated schema (pg_store.py ensure_indexes), built concurrently on a connection of
@@ -253,7 +312,7 @@ class ClusterHost:
         try:
             built = await ensure_indexes(conn)
             if built:
-                log.info("plans' indexes built for the cross-shard views", store=self.control.description, built=built)
+                log.info("plans' indexes built for the cross-shard views", store=self.description, built=built)
         except Exception as exc:  # another coordinator builds it at the same moment, or the database is away
             log.info("plans' indexes not built here", error=f"{type(exc).__name__}: {exc}")
         finally:
@@ -278,7 +337,8 @@ class ClusterHost:
             await self._db(lambda conn: conn.execute(_GONE, self.owner))
         await self.views.close()
         await self.doorbell.close()
-        self.control.close()
+        if self.control is not None:
+            self.control.close()
 
     def reload_tokens(self) -> list[str]:
         """SIGHUP: every shard's server re-reads the token file."""
@@ -308,7 +368,7 @@ class ClusterHost:
                 await self._reconnect()
             except Exception as exc:  # the database is away: judged by the leases' own clock
                 self.db_away = True
-                log.warning("cluster round failed", store=self.control.description,
+                log.warning("cluster round failed", store=self.description,
                             error=f"{type(exc).__name__}: {exc}")  # fmt: skip
                 await self._reconnect()
             else:
@@ -324,13 +384,13 @@ class ClusterHost:
         try:
             fresh = await asyncio.to_thread(PgStore, self.settings.store, self.config)
         except Exception as exc:
-            log.warning("cannot reconnect to PostgreSQL yet", store=self.control.description, error=str(exc))
+            log.warning("cannot reconnect to PostgreSQL yet", store=self.description, error=str(exc))
             return
         fresh.owner = self.owner
         async with self._lock:
             old, self.control = self.control, fresh
-        self.store = fresh
-        await asyncio.to_thread(old.close)
+        if old is not None:
+            await asyncio.to_thread(old.close)
         log.warning("reconnected to PostgreSQL", store=fresh.description)
 
     async def _round(self) -> None:
@@ -528,6 +588,8 @@ class ClusterHost:
         if path == "/readyz":
             if self.servers:
                 return _text(200, "ready\n")
+            if self.control is None:
+                return _text(503, f"not ready: waiting for the database ({self.waiting_db})\n")
             return _text(503, "not ready: owns no shard yet (the other coordinators own every slot)\n")
         if path == "/v1/topology":  # a database read: a loop of them is held as a scrape loop
             return self._held_after(gate.scrape_held(conn), self._topology())
@@ -539,7 +601,7 @@ class ClusterHost:
             if refused is not None:
                 return _text(400, refused + "\n")
             if self.db_away:  # a database failover: come back shortly
-                return _text(503, f"the cluster's database {self.control.description} is away (a failover?); "
+                return _text(503, f"the cluster's database {self.description} is away (a failover?); "
                                   "retry after the Retry-After seconds\n")  # fmt: skip
             # Origin (and Host under --insecure), connection limits and shares, token, penalty box.
             return gate.upgrade(conn, request, path, role, self._open, lambda name: self._held.get(name, 0))
@@ -560,7 +622,7 @@ class ClusterHost:
         try:
             rows = await self._db(lambda conn: conn.fetch(_TOPOLOGY))
         except Exception as exc:
-            return _text(503, f"cannot read the topology from {self.control.description}: {exc}\n")
+            return _text(503, f"cannot read the topology from {self.description}: {exc}\n")
         body = {
             "cluster": self.config.name, "shards": self.config.shards, "coordinator": self.owner, "url": self.url,
             "coordinators": sorted(self.peers),
@@ -589,7 +651,7 @@ class ClusterHost:
         except ViewError as exc:
             return _text(400, f"{exc}\n")
         except Exception as exc:
-            return _text(503, f"cannot read the plans from {self.control.description}: {exc}\n")
+            return _text(503, f"cannot read the plans from {self.description}: {exc}\n")
         return _text(status, body.decode(), "application/json")
 
     async def _handle(self, ws: ServerConnection) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "GenerationMarker",
     "StoreDamaged",
     "StoreError",
+    "StoreUnreachable",
     "iter_chunks",
     "marker_problem",
     "quick_check",
@@ -68,6 +69,14 @@ class StoreError(ValueError):
     """A store cannot be opened or written; the message says what to do.
 
     A ``ValueError`` like the other configuration problems the CLI reports before it serves.
+    """
+
+
+class StoreUnreachable(StoreError):
+    """The store's database cannot be reached now (refused, no answer, a login it cannot make yet).
+
+    Not a configuration error that a restart cannot mend: a cluster coordinator that meets it at
+    start waits for the database and retries (coordinator/io/cluster_host.py) rather than exit.
     """
 
 

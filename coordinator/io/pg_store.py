@@ -71,7 +71,7 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 import structlog
 
-from coordinator.io.integrity import StoreDamaged, StoreError
+from coordinator.io.integrity import StoreDamaged, StoreError, StoreUnreachable
 from coordinator.io.pg_commit import PipelinedCommitter
 from coordinator.io.pg_leases import FENCE, ShardFenced
 from coordinator.io.store_rows import (
@@ -430,7 +430,7 @@ class PgStore:
             return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S,
                                          server_settings=WRITER_SETTINGS if writer else SERVER_SETTINGS)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(f"cannot connect to PostgreSQL at {self.where}: {_cause(exc)}") from None
+            raise StoreUnreachable(f"cannot connect to PostgreSQL at {self.where}: {_cause(exc)}") from None
 
     async def _setup(self) -> None:
         """Create or migrate the schema; check the version, the cluster's name and its shard count."""
