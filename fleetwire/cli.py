@@ -634,6 +634,10 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                    help="seconds between worker heartbeats (default 10)")
     p.add_argument("--heartbeat-timeout", type=float, default=30.0, metavar="S",
                    help="a worker silent this long is reaped and its plans requeued (default 30)")
+    p.add_argument("--worker-reconnect-grace-s", type=float, default=5.0, metavar="S",
+                   help="a worker whose connection closed keeps its plans this long for a reconnect with its "
+                        "session secret (its id is refused to others meanwhile), then they are requeued; heartbeat "
+                        "silence on an open connection waits for --heartbeat-timeout (default 5)")
     p.add_argument("--reaper-interval", type=float, default=None, metavar="S",
                    help="how often the reaper runs (default: timeout/10, at most 1 s)")
     p.add_argument("--max-frame-bytes", type=int, default=1 << 20, metavar="N",
@@ -641,10 +645,6 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     p.add_argument("--store", default=None, metavar="SPEC",
                    help="where plans are kept: sqlite (default; coordinator.sqlite3 in --data-dir), "
                         "sqlite:PATH, memory (lost on restart), or postgresql://USER@HOST:PORT/DB (cluster mode: "
-    p.add_argument("--worker-reconnect-grace-s", type=float, default=5.0, metavar="S",
-                   help="a worker whose connection closed keeps its plans this long for a reconnect with its "
-                        "session secret (its id is refused to others meanwhile), then they are requeued; heartbeat "
-                        "silence on an open connection waits for --heartbeat-timeout (default 5)")
                         "coordinators sharing the database fail over to each other, docs/CLUSTER.md); "
                         "default $FLEETWIRE_STORE, else sqlite")
     p.add_argument("--data-dir", default=None, metavar="DIR",
