@@ -231,9 +231,9 @@ class Agent:
                 registered = False
                 wait_s = 0.0  # a refusal's Retry-After (429 penalty box, 503 full or database away): the wait
                 self._hello_retry_s = 0.0
-                try:
                 self._opened = False  # set once the websocket opens: a coordinator answered
                 refused = False
+                try:
                     registered = await self._connect_and_serve()
                 except (AuthError, WorkerRemoved):
                     raise
@@ -412,8 +412,8 @@ class Agent:
                 create_connection=BulkClientConnection,  # relayed chunks read past the library's copies
                 **tls,
             )
-        except InvalidStatus as exc:
             self._opened = True
+        except InvalidStatus as exc:
             status = exc.response.status_code
             if status == 401:
                 raise AuthError(
