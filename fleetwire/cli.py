@@ -476,7 +476,7 @@ async def _worker(ns: argparse.Namespace) -> int:
     from worker_agent.main import run_worker
 
     tune_gc_for_daemon()
-    return await run_worker(ns)
+    return await run_worker(ns, own_process=True)  # this process is the worker's alone: made non-dumpable
 
 
 async def _start_local_worker(

@@ -166,6 +166,7 @@ class Agent:
             kill_grace_s=settings.kill_grace_s,
             max_payload_bytes=settings.max_frame_bytes - 4096,
             handlers=builtin_handlers(allow_shell=settings.allow_shell, python_allow=settings.python_allow),
+            isolation=settings.plan_isolation(),  # plans' environment and user (worker_agent/isolation.py)
             telemetry=self.telemetry,
             outbound=_Watched(self._send_queue, self.attempts),
             logger=self._log,

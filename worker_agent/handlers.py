@@ -14,30 +14,39 @@ Theory of operation (docs/SEMANTICS.md §Worker session, items 4-5):
 * Cancelling a handler cancels its task. Subprocesses started by the built-in ``shell`` op run
   in their own session (process group): they get SIGTERM, then SIGKILL after
   ``ctx.kill_grace_s``. A sync handler's thread cannot be stopped; it may poll ``ctx.cancelled``.
+* What a plan's processes get of the worker (``shell`` commands, ``python`` plans run in a
+  process of their own) is ``ctx.isolation``'s to say (worker_agent/isolation.py): an environment
+  built from an allow-list (never the worker's tokens), their devices only, a scratch directory of
+  their own as the working directory, and optionally another Unix user. Which functions the
+  ``python`` op calls is worker_agent/pychild.py ``resolve_allowed``'s to say, in either process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import functools
 import importlib
 import inspect
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgspec
 import structlog
 
 import protocol
 from protocol import errors
+from worker_agent.isolation import PlanIsolation
+from worker_agent.pychild import allowed_target, resolve_allowed
 from worker_agent.pyproc import FunctionFailed, run_in_process, stop_process_group
-from worker_agent.spool import SpoolError
+from worker_agent.spool import SpoolError, open_confined
 
 if TYPE_CHECKING:
     from worker_agent.spool import InputReader, PlanData
@@ -57,6 +66,9 @@ RESERVED_EVENT_KINDS = frozenset(
 
 #: Largest event data or result, encoded, that a handler may produce (the agent sets its own).
 DEFAULT_MAX_PAYLOAD_BYTES = (1 << 20) - 4096
+
+#: How plans' processes are started when the runner says nothing else: the built environment, the worker's user.
+DEFAULT_ISOLATION = PlanIsolation()
 
 _payload_encoder = msgspec.msgpack.Encoder()
 
@@ -142,6 +154,8 @@ class Context:
         self.devices: list[str] = []
         self.gpus: list[protocol.GpuInfo] = []
         self.cuda_visible_devices: str | None = None
+        # How this plan's processes start (environment, user): the worker's (the runner sets it).
+        self.isolation = DEFAULT_ISOLATION
 
     @functools.cached_property
     def log(self) -> Any:
@@ -154,8 +168,9 @@ class Context:
         ``.read(n)``, ``async for chunk in ...``, ``.path``. Verified before the handler starts."""
         return self.data.inputs if self.data is not None else {}
 
-    def output(self, name: str, value: bytes | memoryview | str | os.PathLike[str]) -> protocol.OutputSpec:
-        """Leave an output (bytes, or a file to copy) for the client to fetch with ``plan.output(name)``.
+    def output(self, name: str, value: bytes | memoryview | str | os.PathLike[str] | BinaryIO) -> protocol.OutputSpec:
+        """Leave an output (bytes, or a file to copy: a path or an open file) for the client to fetch
+        with ``plan.output(name)``.
 
         Callable from the handler's task or thread. A file is copied and hashed here: from an async
         handler, call it through ``asyncio.to_thread`` for large files.
@@ -367,17 +382,7 @@ def _shell_command(args: Any) -> tuple[list[str], str | None, dict[str, str] | N
     if env is not None:
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}; 'env' is {env!r}")
-        env = {**os.environ, **env}  # added to the worker's environment, not replacing it
-    return argv, cwd, env
-
-
-def _device_env(ctx: Context, env: dict[str, str] | None) -> dict[str, str] | None:
-    """``env`` with CUDA_VISIBLE_DEVICES set to the plan's devices, on a worker that has devices."""
-    if ctx.cuda_visible_devices is None:
-        return env
-    env = dict(env if env is not None else os.environ)
-    env["CUDA_VISIBLE_DEVICES"] = ctx.cuda_visible_devices
-    return env
+    return argv, cwd, env  # env: added to the plan's environment (worker_agent/isolation.py), not the worker's
 
 
 def input_env_name(name: str) -> str:
@@ -386,62 +391,126 @@ def input_env_name(name: str) -> str:
     return "FLEETWIRE_INPUT_" + "".join(c if c.isascii() and c.isalnum() else "_" for c in name).upper()
 
 
-def _collect_outputs(ctx: Context, out_dir: Any, declared: dict[str, str] | None) -> None:
+def _declared_outputs(args: dict[str, Any]) -> dict[str, str] | None:
+    """``args["outputs"]``, checked: names to plain relative paths (no ``..``, nothing absolute)."""
+    declared = args.get("outputs")
+    if declared is None:
+        return None
+    if not (isinstance(declared, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in declared.items())):
+        raise HandlerError(errors.INVALID_ARGUMENT, f"shell 'outputs' must map names to paths, got {declared!r}")
+    for name, relative in declared.items():
+        parts = relative.split("/")
+        if relative.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            why = f"{relative!r} is not a plain path relative to $FLEETWIRE_OUTPUT_DIR (no '..', no leading '/')"
+            raise HandlerError(errors.INVALID_ARGUMENT, f"declared output {name!r}: {why}")
+    return declared
+
+
+def _keep_output(ctx: Context, name: str, out_dir: Path, relative: str) -> None:
+    """Keep ``out_dir/relative`` as output ``name``, read without following a link (spool.open_confined)."""
+    try:
+        file = open_confined(out_dir, relative, owner=ctx.isolation.owner)
+    except FileNotFoundError:
+        raise HandlerError(errors.HANDLER_ERROR, f"output {name!r}: the command made no file {relative!r}") from None
+    except ValueError as exc:
+        raise HandlerError(errors.HANDLER_ERROR, f"output {name!r} refused: {exc}") from None
+    with file:
+        ctx.output(name, file)
+
+
+def _collect_outputs(ctx: Context, out_dir: Path, declared: dict[str, str] | None) -> None:
     """Keep the shell command's outputs: the declared ``{name: path}`` (relative to the output
-    directory), or else every regular file directly in ``$FLEETWIRE_OUTPUT_DIR``."""
+    directory), or else every regular file directly in ``$FLEETWIRE_OUTPUT_DIR``. A symbolic link
+    where an output is fails the plan, naming it: an output is never read through a link."""
     if declared:
         for name, relative in declared.items():
-            path = out_dir / relative
-            if not path.is_file():
-                why = f"declared output {name!r}: the command made no file {relative!r}"
-                raise HandlerError(errors.HANDLER_ERROR, why)
-            ctx.output(name, path)
+            _keep_output(ctx, name, out_dir, relative)
         return
-    for path in sorted(out_dir.iterdir()):
-        if path.is_file():
-            ctx.output(path.name, path)
+    with os.scandir(out_dir) as entries:
+        found = sorted((entry.name, entry.is_symlink(), entry.is_file(follow_symlinks=False)) for entry in entries)
+    for name, link, regular in found:
+        if link:
+            raise HandlerError(errors.HANDLER_ERROR, f"output {name!r} refused: it is a symbolic link in "
+                               "$FLEETWIRE_OUTPUT_DIR; outputs must be regular files")  # fmt: skip
+        if regular:
+            _keep_output(ctx, name, out_dir, name)
+
+
+def _scratch(ctx: Context) -> tuple[Path, bool]:
+    """The directory a plan's process starts in, handed to its user: the attempt's ``work/`` in the
+    spool, or a new temporary one (True: remove it after)."""
+    if ctx.data is not None:
+        work = ctx.data.work_dir
+        ctx.isolation.open_to_plan(work.parent)  # a plan user passes through the attempt's directory
+        ctx.isolation.hand_over(work)
+        return work, False
+    work = Path(tempfile.mkdtemp(prefix="fleetwire-plan-"))
+    ctx.isolation.hand_over(work)
+    return work, True
+
+
+async def _plan_files(ctx: Context, work: Path) -> tuple[dict[str, str], Path | None]:
+    """The variables naming a plan's inputs and its output directory, and that directory (None: no data)."""
+    if ctx.data is None:
+        return {}, None
+    env = {}
+    for name, source in ctx.inputs.items():
+        path = await asyncio.to_thread(getattr, source, "path")  # an in-memory input is written out once
+        ctx.isolation.hand_over(path)
+        env[input_env_name(name)] = str(path)
+    out_dir = work / "outputs"
+    with contextlib.suppress(FileExistsError):
+        out_dir.mkdir(mode=0o700)
+    ctx.isolation.hand_over(out_dir)
+    env["FLEETWIRE_OUTPUT_DIR"] = str(out_dir)
+    return env, out_dir
 
 
 async def shell(ctx: Context, args: Any) -> dict[str, int]:
     """Run a command, streaming its output lines as ``stdout``/``stderr`` events.
 
-    A string ``cmd`` runs through ``/bin/sh -c``; a list runs as is. ``env`` is added to the
-    worker's environment. Exit status 0 → ``{"exit_code": 0}``; otherwise the plan fails with
+    A string ``cmd`` runs through ``/bin/sh -c``; a list runs as is. Its environment is built
+    (worker_agent/isolation.py: the worker's allowed variables, never its tokens), with ``env``
+    added; it runs in ``cwd``, else in a scratch directory of its own, as the plan user when the
+    worker has one. Exit status 0 → ``{"exit_code": 0}``; otherwise the plan fails with
     ``handler_error``. The command runs in a new session so cancel reaches its whole group.
 
     A plan with inputs or outputs (a worker with a data endpoint): each input's file path is in
     ``$FLEETWIRE_INPUT_<NAME>`` (:func:`input_env_name`) and ``$FLEETWIRE_OUTPUT_DIR`` is an empty
-    directory; after exit 0 the files named by ``args["outputs"]`` (``{name: path}``, relative to
-    that directory) become the plan's outputs, or, without ``outputs``, every file in it.
+    directory (``outputs`` in the scratch directory); after exit 0 the files named by
+    ``args["outputs"]`` (``{name: path}``, plain paths relative to that directory) become the
+    plan's outputs, or, without ``outputs``, every file in it; none is read through a link.
     """
-    argv, cwd, env = _shell_command(args)
-    env = _device_env(ctx, env)  # the plan's devices only (docs/SEMANTICS.md §GPU resources)
-    declared = args.get("outputs")
-    if declared is not None and not (
-        isinstance(declared, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in declared.items())
-    ):
-        raise HandlerError(errors.INVALID_ARGUMENT, f"shell 'outputs' must map names to paths, got {declared!r}")
-    out_dir = None
-    if ctx.data is not None:  # inputs as files, outputs from files (docs/SEMANTICS.md §Data plane)
-        env = dict(env if env is not None else os.environ)
-        for name, source in ctx.inputs.items():
-            env[input_env_name(name)] = str(await asyncio.to_thread(getattr, source, "path"))
-        out_dir = ctx.data.work_dir / "outputs"
-        out_dir.mkdir(exist_ok=True)
-        env["FLEETWIRE_OUTPUT_DIR"] = str(out_dir)
-    elif declared:
+    argv, cwd, plan_env = _shell_command(args)
+    declared = _declared_outputs(args)
+    if declared and ctx.data is None:
         raise HandlerError(errors.INVALID_ARGUMENT, f"worker {ctx.worker_id} has no data endpoint for outputs")
+    work, temporary = await asyncio.to_thread(_scratch, ctx)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=cwd,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            limit=1 << 20,
-        )
+        files, out_dir = await _plan_files(ctx, work)  # docs/SEMANTICS.md §Data plane
+        # The plan's devices only, set last (docs/SEMANTICS.md §GPU resources): its own env cannot widen them.
+        env = ctx.isolation.environment(ctx.cuda_visible_devices, {**(plan_env or {}), **files})
+        return await _run_command(ctx, argv, cwd or str(work), env, out_dir, declared)
+    finally:
+        if temporary:
+            await asyncio.to_thread(shutil.rmtree, work, True)
+
+
+async def _run_command(ctx: Context, argv: list[str], cwd: str, env: dict[str, str], out_dir: Path | None,
+                       declared: dict[str, str] | None) -> dict[str, int]:  # fmt: skip
+    try:
+        with ctx.isolation.spawn(argv, env) as (command, spawn_env, fds):  # as the plan user, if any
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                cwd=cwd,
+                env=spawn_env,
+                pass_fds=fds,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                limit=1 << 20,
+            )
     except OSError as exc:
         raise HandlerError(errors.HANDLER_ERROR, f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     assert proc.stdout is not None and proc.stderr is not None
@@ -530,7 +599,9 @@ def _accepts(fn: Callable[..., Any], parameter: str) -> bool:
 
 
 def make_python_handler(allow: Sequence[str]) -> Handler:
-    """The ``python`` op, limited to functions whose ``"module:function"`` matches ``allow``.
+    """The ``python`` op, limited to plain functions ``allow`` lets it call (worker_agent/pychild.py
+    ``resolve_allowed``: the target and the function it resolves to must both match; attribute
+    paths, built-ins, classes and re-exports from other modules are refused, naming the target).
 
     Args of the op: ``{"function": "module:function", "args": [...], "kwargs": {...}}``.
     A function with a ``ctx`` parameter gets the Context as that keyword, and one with an
@@ -539,8 +610,10 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
     others run in a thread. A plan that holds devices runs its function in its own process
     instead, started with ``CUDA_VISIBLE_DEVICES`` set to the plan's devices before anything is
     imported (worker_agent/pyproc.py): CUDA libraries there see those devices only, as ``cuda:0``
-    and up; cancel and timeout stop that process. A function with a ``devices`` parameter gets the
-    plan's devices (their CUDA ids, ``ctx.devices``) as that keyword.
+    and up; cancel and timeout stop that process. So does a plan holding no device on a worker
+    that has devices (it sees none), and every plan on a worker with a plan user (it runs as that
+    user). A function with a ``devices`` parameter gets the plan's devices (their CUDA ids,
+    ``ctx.devices``) as that keyword.
     """
     patterns = tuple(allow)
 
@@ -549,23 +622,23 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
         target = args.get("function") if isinstance(args, dict) else None
         if not isinstance(target, str):
             raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}, got {args!r}")
-        if not any(fnmatch.fnmatchcase(target, pattern) for pattern in patterns):
-            allowed = ", ".join(repr(p) for p in patterns) or "none"
-            raise HandlerError(
-                errors.INVALID_ARGUMENT,
-                f"python function {target!r} is not allowed on worker {ctx.worker_id}; allowed patterns: {allowed}",
-            )
+        try:
+            allowed_target(target, patterns, ctx.worker_id)  # before anything is imported or started
+        except ValueError as exc:
+            raise HandlerError(errors.INVALID_ARGUMENT, str(exc)) from None
         call_args = args.get("args") or []
         call_kwargs = args.get("kwargs") or {}
         if not isinstance(call_args, list) or not isinstance(call_kwargs, dict):
             raise HandlerError(errors.INVALID_ARGUMENT, f"{usage}; 'args' must be a list and 'kwargs' a map")
-        if ctx.devices:  # its own process, CUDA_VISIBLE_DEVICES set before any import (worker_agent/pyproc.py)
+        if ctx.devices or ctx.cuda_visible_devices is not None or ctx.isolation.plan_user is not None:
+            # Its own process: CUDA_VISIBLE_DEVICES set before any import, its user (worker_agent/pyproc.py).
             try:
-                return await run_in_process(ctx, target, call_args, call_kwargs, reserved_kinds=RESERVED_EVENT_KINDS)
+                return await run_in_process(ctx, target, call_args, call_kwargs, reserved_kinds=RESERVED_EVENT_KINDS,
+                                            allow=patterns)  # fmt: skip
             except FunctionFailed as exc:
                 raise HandlerError(exc.code, exc.message, exc.detail) from None
         try:
-            fn = await asyncio.to_thread(resolve_callable, target)  # imports can be slow
+            fn = await asyncio.to_thread(resolve_allowed, target, patterns, ctx.worker_id)  # imports can be slow
         except ValueError as exc:
             raise HandlerError(errors.INVALID_ARGUMENT, str(exc)) from None
         if _accepts_ctx(fn):

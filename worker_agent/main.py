@@ -4,6 +4,12 @@ The CLI module (``fleetwire/cli.py``) builds the parser with ``add_worker_argume
 ``run_worker`` on its event loop. Exit status: 0 after a clean stop, 1 when the coordinator
 refuses the token, 2 for a usage error (no URL, a bad handler spec, a bad flag value), 4
 (``EXIT_REMOVED``) when an operator removed this worker's id (``fleetwire remove``).
+
+The token is read once (``--token-file``, ``$FLEETWIRE_WORKER_TOKEN``; ``--token`` works but
+shows in ``ps``, and is warned about), then every token variable is removed from the worker's
+environment, and the worker's process is made non-dumpable (worker_agent/isolation.py
+``lock_worker_process``), so plans running as the same user cannot read them back from
+``/proc``. docs/OPERATIONS.md §Security says what a plan sees.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import sys
 from worker_agent.agent import Agent, AuthError, WorkerRemoved
 from worker_agent.argtypes import non_negative_int, positive_float
 from worker_agent.handlers import Handler, load_handler_spec
-from worker_agent.session import EXIT_REMOVED, worker_token
+from worker_agent.isolation import lock_worker_process
+from worker_agent.session import EXIT_REMOVED, forget_secrets, take_worker_token
 from worker_agent.settings import AgentSettings
 from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry_from_args
 
@@ -29,7 +36,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         "ws://a:8765,ws://b:8765 tried in turn, following `moved` (default: $FLEETWIRE_URL)")
     parser.add_argument("--pool", default="", metavar="NAME",
                         help="cluster mode: the worker pool (adds the tag pool:NAME first; default: the first tag)")
-    parser.add_argument("--token", help="worker token (default: $FLEETWIRE_WORKER_TOKEN, else $FLEETWIRE_TOKEN)")
+    parser.add_argument("--token", help="worker token (default: --token-file, $FLEETWIRE_WORKER_TOKEN, else "
+                        "$FLEETWIRE_TOKEN); on the command line every user of the host sees it in ps")
+    parser.add_argument("--token-file", metavar="PATH",
+                        help="read the worker token from this file (one line; keep it 0600)")
     parser.add_argument("--ca-file", metavar="PEM", help="CA to trust for a wss:// URL (default: $FLEETWIRE_CA_FILE)")
     parser.add_argument("--tls-cert", metavar="PEM", help="client certificate, for a coordinator that requires mTLS")
     parser.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
@@ -38,13 +48,24 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--tags", action="append", default=[], metavar="A,B", help="comma-separated tags plans can require (repeatable)"
     )
     parser.add_argument("--max-concurrency", type=non_negative_int, default=4, metavar="N", help="plans run at once")
-    parser.add_argument("--allow-shell", action="store_true", help="offer the 'shell' op (runs any command)")
+    parser.add_argument("--allow-shell", action="store_true",
+                        help="offer the 'shell' op (runs any command, as the worker's user or --plan-user)")
     parser.add_argument(
         "--python-allow",
         action="append",
         default=[],
         metavar="PATTERN",
-        help="fnmatch pattern of module:function the 'python' op may call (repeatable)",
+        help="fnmatch pattern of module:function the 'python' op may call: only plain functions "
+        "defined in a module it matches (repeatable)",
+    )
+    parser.add_argument(
+        "--plan-env", action="append", default=[], metavar="NAME",
+        help="pass this variable (or fnmatch pattern) of the worker's environment to plans' processes, "
+        "besides PATH, HOME, LANG, ... (repeatable; never FLEETWIRE_*)",
+    )
+    parser.add_argument(
+        "--plan-user", metavar="USER",
+        help="run plans' processes (shell, python) as this user, not the worker's (the worker runs as root)",
     )
     parser.add_argument(
         "--python-env",
@@ -120,17 +141,39 @@ def _tags(values: list[str]) -> list[str]:
     return [tag.strip() for value in values for tag in value.split(",") if tag.strip()]
 
 
+def _import_from_cwd() -> None:
+    """Make modules in the worker's current directory importable by ``--handler`` and ``--python-allow``,
+    as ``python -m`` does: the ``fleetwire`` console script's ``sys.path`` starts with its own bin
+    directory instead. Appended, so a file there never shadows an installed module or fleetwire's own."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def _error(message: str) -> None:
     print(f"fleetwire worker: error: {message}", file=sys.stderr, flush=True)
 
 
-async def run_worker(ns: argparse.Namespace) -> int:
-    """Run a worker agent from parsed ``fleetwire worker`` flags until SIGTERM/SIGINT."""
+async def run_worker(ns: argparse.Namespace, *, own_process: bool = False) -> int:
+    """Run a worker agent from parsed ``fleetwire worker`` flags until SIGTERM/SIGINT.
+
+    ``own_process``: the process is the worker's alone (the CLI), so it is made non-dumpable
+    (tests that run a worker in their own process leave it as it is).
+    """
     url = ns.url or os.environ.get("FLEETWIRE_URL")
     if not url:
         _error("no coordinator URL: pass --url ws://host:port or set FLEETWIRE_URL")
         return 2
-    token = worker_token(ns.token, os.environ)
+    try:
+        token = take_worker_token(ns.token, ns.token_file, os.environ)
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    if ns.token:
+        print("fleetwire worker: warning: --token on the command line is shown to every user of this host (ps, "
+              "/proc/PID/cmdline); pass it in $FLEETWIRE_WORKER_TOKEN or --token-file", file=sys.stderr, flush=True)
+    if ns.handler or ns.python_allow:
+        _import_from_cwd()
     handlers: list[tuple[str, Handler]] = []
     for spec in ns.handler:
         try:
@@ -146,6 +189,8 @@ async def run_worker(ns: argparse.Namespace) -> int:
             max_concurrency=ns.max_concurrency,
             allow_shell=ns.allow_shell,
             python_allow=ns.python_allow,
+            plan_env=ns.plan_env,
+            plan_user=ns.plan_user,
             python_envs=ns.python_env,
             models=ns.model,
             accelerator=ns.accelerator,
@@ -173,6 +218,9 @@ async def run_worker(ns: argparse.Namespace) -> int:
     except ValueError as exc:
         _error(str(exc))
         return 2
+    forget_secrets(os.environ)  # read by now; the python op's in-process functions do not find them
+    if own_process:
+        lock_worker_process()  # same-user plans cannot read /proc/PID/environ (the start environment) or memory
     if telemetry.engine is not None:  # op "generate" streams from the OpenAI-compatible server
         agent.add_handler("generate", telemetry.engine.generate)
     for name, fn in handlers:

@@ -8,25 +8,42 @@ moves its own stdout aside (the function's prints go to stderr; fd 1 at start is
 and writes length-prefixed msgpack frames to that pipe:
 
 * ``["event", kind, data, ephemeral]`` — ``ctx.emit``; ``["tokens", n]`` — ``ctx.report_tokens``;
-* ``["output", name, bytes | None, path | None]`` — ``ctx.output`` (the worker keeps it);
+* ``["output", name, bytes | None, path | None]`` — ``ctx.output`` (the worker keeps it; running
+  as a plan user, a file is first copied into the output directory the start message names, and
+  the path is its name there: the worker reads back only what this process's user could);
 * then exactly one of ``["result", value]``, ``["error", code, message, detail]`` (a
   ``HandlerError``), ``["raised", "ExcType: message", traceback]``.
 
 SIGTERM (a cancel or a timeout) sets ``ctx.cancelled`` and raises ``SystemExit`` in the main
 thread, so ``finally`` blocks run; the worker sends SIGKILL after its kill grace.
+
+Which functions a plan may call (:func:`resolve_allowed`, the one check of the ``python`` op, here so
+this process and the worker's own, worker_agent/handlers.py, apply it alike): the target
+``"module:function"`` is a dotted module path and one name, none of them starting with ``__``; it
+matches a ``--python-allow`` pattern before anything is imported; then the object it names must be
+a plain function (a ``def``, not a built-in, a class, a method or another callable) defined at the
+top level of its module, and its own ``"__module__:__qualname__"`` must match a pattern too (or the
+target be listed exactly). So ``mymod:os.system`` (an attribute walk), ``mymod:system`` (``os.system``
+imported into ``mymod``: a built-in), ``mymod:run`` (``subprocess.run`` imported into ``mymod``:
+defined in ``subprocess``) and ``mymod:Klass`` are all refused, naming the target.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
+import importlib
 import inspect
 import os
+import re
+import shutil
 import signal
 import struct
 import sys
 import threading
 import traceback
-from collections.abc import AsyncIterator, Callable
+import types
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, BinaryIO
 
 import msgspec
@@ -96,6 +113,8 @@ class ProcessContext:
         self._pipe = pipe
         self._encoder = msgspec.msgpack.Encoder()
         self._cancelled = False
+        self._output_dir: str | None = start.get("output_dir")
+        self._copies = 0
 
     @property
     def cancelled(self) -> bool:
@@ -134,6 +153,11 @@ class ProcessContext:
             raise RuntimeError(f"worker {self.worker_id} has no data endpoint (--data-listen): it cannot keep outputs")
         if isinstance(value, bytes | bytearray | memoryview):
             self._pipe.send("output", name, bytes(value), None)
+        elif self._output_dir is not None:  # a plan user: the worker reads back a copy this user made
+            self._copies += 1
+            copy = f"output-{self._copies}"
+            shutil.copyfile(os.fspath(value), os.path.join(self._output_dir, copy))
+            self._pipe.send("output", name, None, copy)
         else:
             self._pipe.send("output", name, None, os.path.abspath(os.fspath(value)))
 
@@ -145,23 +169,76 @@ def _accepts(fn: Callable[..., Any], parameter: str) -> bool:
         return False
 
 
-def _resolve(target: str) -> Callable[..., Any]:
-    """As worker_agent/handlers.py ``resolve_callable`` (ValueError naming what is wrong)."""
-    import importlib
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-    module_name, _, attr_path = target.partition(":")
+
+def allowed_target(target: str, allow: Sequence[str], worker_id: str) -> tuple[str, str]:
+    """The module and function a plan's ``"module:function"`` names, checked before anything is imported.
+
+    Raises:
+        ValueError: a malformed target (an attribute path, a ``__`` name) or one no pattern of
+            ``allow`` matches; the message names the target and the patterns.
+    """
+    module_name, sep, name = target.partition(":")
+    parts = module_name.split(".")
+    if not sep or not _NAME.fullmatch(name) or not all(_NAME.fullmatch(part) for part in parts):
+        raise ValueError(f"python function {target!r} is not of the form 'module:function' (a module path and one "
+                         "function name: attribute paths are refused)")  # fmt: skip
+    if any(part.startswith("__") for part in [*parts, name]):
+        raise ValueError(f"python function {target!r} is refused: names starting with '__' are never called")
+    if not any(fnmatch.fnmatchcase(target, pattern) for pattern in allow):
+        allowed = ", ".join(repr(p) for p in allow) or "none"
+        raise ValueError(f"python function {target!r} is not allowed on worker {worker_id}; "
+                         f"allowed patterns: {allowed}")  # fmt: skip
+    return module_name, name
+
+
+def resolve_allowed(target: str, allow: Sequence[str], worker_id: str) -> Callable[..., Any]:
+    """The plain function ``target`` names, imported, when the allow-list lets a plan call it.
+
+    The target must pass :func:`allowed_target`; the object it resolves to must be a plain function
+    defined at the top level of a module, whose own ``"__module__:__qualname__"`` matches a pattern
+    of ``allow`` (or ``target`` is one of them, written out).
+
+    Raises:
+        ValueError: naming the target and why it is refused (or does not import, or does not exist).
+    """
+    module_name, name = allowed_target(target, allow, worker_id)
     try:
-        obj: Any = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
     except Exception as exc:
         raise ValueError(f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}") from None
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"module {module_name!r} has no attribute {attr_path!r}") from None
-    if not callable(obj):
-        raise ValueError(f"{target!r} is a {type(obj).__name__}, not a callable")
+    try:
+        obj = getattr(module, name)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {name!r}") from None
+    refused = _refusal(obj, target, allow)
+    if refused is not None:
+        raise ValueError(f"python function {target!r} is refused on worker {worker_id}: {refused}")
     return obj  # type: ignore[no-any-return]
+
+
+def _refusal(obj: Any, target: str, allow: Sequence[str]) -> str | None:
+    """Why ``obj`` may not run as ``target`` (None: it may)."""
+    if not isinstance(obj, types.FunctionType):
+        if isinstance(obj, types.BuiltinFunctionType):
+            kind = f"a built-in function ({getattr(obj, '__module__', None) or '?'}.{obj.__qualname__})"
+        elif isinstance(obj, type):
+            kind = f"a class ({obj.__module__}.{obj.__qualname__})"
+        elif isinstance(obj, types.ModuleType):
+            kind = f"a module ({obj.__name__})"
+        elif isinstance(obj, types.MethodType):
+            kind = f"a bound method ({obj.__qualname__})"
+        else:
+            kind = f"a {type(obj).__name__} object"
+        return f"it is {kind}, not a plain function defined in an allowed module"
+    defined = f"{obj.__module__}:{obj.__qualname__}"
+    if not _NAME.fullmatch(obj.__qualname__):
+        return f"it is {defined}, defined inside a class or a function, not at the top level of a module"
+    if target not in allow and not any(fnmatch.fnmatchcase(defined, pattern) for pattern in allow):
+        return (f"it is {defined}, defined in a module the allow-list does not match (imported into "
+                f"{target.partition(':')[0]!r}); allow {defined!r}, or list {target!r} exactly")
+    return None
 
 
 def _call(fn: Callable[..., Any], start: dict[str, Any], ctx: ProcessContext) -> Any:
@@ -197,7 +274,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        fn = _resolve(start["function"])
+        fn = resolve_allowed(start["function"], start["allow"], start["worker_id"])
     except ValueError as exc:
         pipe.send("error", "invalid_argument", str(exc), None)
         return

@@ -24,7 +24,8 @@ import protocol
 from protocol import errors
 from protocol.relay import ARGS_INPUT, RESULT_OUTPUT
 from worker_agent.devices import DeviceAllocator, DeviceRequest
-from worker_agent.handlers import Context, Handler, run_handler
+from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handler
+from worker_agent.isolation import PlanIsolation
 from worker_agent.probe import LoadTracker
 from worker_agent.spool import INPUTS_UNAVAILABLE, InputFile, Spool
 from worker_agent.telemetry import Telemetry
@@ -105,6 +106,7 @@ class PlanRunner:
             inputs fails ``inputs_unavailable``).
         input_timeout_s: how long a started plan waits with no byte of its inputs arriving before it fails
             ``inputs_unavailable`` (spool.PlanData.wait).
+        isolation: how plans' processes start (worker_agent/isolation.py: ``--plan-env``, ``--plan-user``).
     """
 
     def __init__(
@@ -120,8 +122,10 @@ class PlanRunner:
         logger: Any,
         spool: Spool | None = None,
         input_timeout_s: float = 600.0,
+        isolation: PlanIsolation = DEFAULT_ISOLATION,
     ) -> None:
         self.spool = spool
+        self.isolation = isolation
         self.input_timeout_s = input_timeout_s
         self.worker_id = worker_id
         self.max_concurrency = max_concurrency
@@ -365,10 +369,11 @@ class PlanRunner:
         )
         if self.spool is not None:
             run.ctx.spill_result = run.spill
+        run.ctx.isolation = self.isolation
         request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None:
             run.devices = self.devices.allocate(run.key, request, assign.devices) or ()
-        if self.devices.gpus:  # a worker with devices shows each plan only its own (none without a request)
+        if self.devices.gpus:  # a worker with devices shows each plan only its own (none without a request: "")
             run.ctx.gpus = [self.devices.gpus[i] for i in run.devices]
             run.ctx.devices = [gpu.visible_id or str(gpu.index) for gpu in run.ctx.gpus]
             run.ctx.cuda_visible_devices = ",".join(run.ctx.devices)

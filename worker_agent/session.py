@@ -9,22 +9,35 @@ import importlib.metadata
 import os
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
 from protocol import errors
 from protocol.urls import websocket_url
 
 __all__ = [
     "EXIT_REMOVED",
+    "WORKER_SECRETS",
     "AuthError",
     "WorkerRemoved",
     "client_tls",
     "default_worker_id",
     "dial_error_text",
+    "forget_secrets",
+    "read_token_file",
+    "take_worker_token",
     "version",
     "worker_token",
     "worker_url",
 ]
+
+#: Variables holding secrets that `fleetwire worker` removes from its environment once read: no
+#: function the ``python`` op runs in the worker's process finds them there (plans' processes get a
+#: built environment anyway, worker_agent/isolation.py).
+WORKER_SECRETS = (
+    "FLEETWIRE_WORKER_TOKEN", "FLEETWIRE_TOKEN", "FLEETWIRE_CLIENT_TOKEN", "FLEETWIRE_ADMIN_TOKEN",
+    "FLEETWIRE_METRICS_TOKEN", "FLEETWIRE_INFERENCE_API_KEY",
+)  # fmt: skip
 
 EXIT_REMOVED = 4
 """Exit status of ``fleetwire worker`` whose id an operator removed (``fleetwire remove``): restarting cannot help."""
@@ -62,6 +75,38 @@ def worker_token(flag: str | None, environ: Mapping[str, str]) -> str | None:
     make the worker present the client token. ``FLEETWIRE_TOKEN`` still works (older setups).
     """
     return flag or environ.get("FLEETWIRE_WORKER_TOKEN") or environ.get("FLEETWIRE_TOKEN") or None
+
+
+def read_token_file(path: str) -> str:
+    """The token a ``--token-file`` holds (one line; surrounding white space is dropped).
+
+    Raises:
+        ValueError: the file cannot be read, is empty, or holds more than one line.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--token-file {path!r}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    if not text or "\n" in text:
+        raise ValueError(f"--token-file {path!r} must hold the token alone, on one line")
+    return text
+
+
+def take_worker_token(flag: str | None, token_file: str | None, environ: Mapping[str, str]) -> str | None:
+    """The worker token: ``--token``, ``--token-file``, then :func:`worker_token`'s variables.
+    (`fleetwire worker` then removes :data:`WORKER_SECRETS` from its environment: :func:`forget_secrets`.)
+
+    Raises:
+        ValueError: both ``--token`` and ``--token-file``, or a bad token file.
+    """
+    if flag and token_file:
+        raise ValueError("give the worker token once: --token or --token-file, not both")
+    return read_token_file(token_file) if token_file else worker_token(flag, environ)
+
+
+def forget_secrets(environ: MutableMapping[str, str]) -> list[str]:
+    """Remove :data:`WORKER_SECRETS` from ``environ``; the names removed."""
+    return [name for name in WORKER_SECRETS if environ.pop(name, None) is not None]
 
 
 def default_worker_id() -> str:

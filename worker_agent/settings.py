@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 import protocol
 from protocol import ENCODING_SUBPROTOCOL, Encoding
 from worker_agent.devices import parse_gpus
+from worker_agent.isolation import PlanIsolation
 
 __all__ = ["AgentOptions", "AgentSettings"]
 
@@ -27,9 +28,15 @@ class AgentSettings:
         tags: labels plans can require.
         max_concurrency: plans run at once; assigns beyond it (and beyond the prefetch the
             coordinator allows) are rejected with ``rejected``.
-        allow_shell: offer the ``shell`` op (runs arbitrary commands).
-        python_allow: fnmatch patterns of ``module:function`` the ``python`` op may call;
+        allow_shell: offer the ``shell`` op (runs arbitrary commands, as the worker's user or
+            ``plan_user``).
+        python_allow: fnmatch patterns of ``module:function`` the ``python`` op may call (the
+            plain function a target resolves to must match too: worker_agent/pychild.py);
             empty: no ``python`` op.
+        plan_env: more of the worker's environment variables plans' processes get (names or
+            fnmatch patterns) besides worker_agent/isolation.py ``PLAN_ENV``; never ``FLEETWIRE_*``.
+        plan_user: the Unix user (name or uid) plans' processes run as; the worker must run as
+            root. None: the worker's own user.
         python_envs: interpreters to advertise besides this one.
         models: models this host serves (plans may require one).
         accelerator: the accelerator class to advertise instead of the probed one.
@@ -74,6 +81,8 @@ class AgentSettings:
     max_concurrency: int = 4
     allow_shell: bool = False
     python_allow: Sequence[str] = ()
+    plan_env: Sequence[str] = ()
+    plan_user: str | None = None
     python_envs: Sequence[str] = ()
     models: Sequence[str] = ()
     accelerator: protocol.messages.Accelerator | None = None
@@ -136,8 +145,18 @@ class AgentSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         # Tuples, so a caller's list changed later cannot change a frozen configuration.
-        for name in ("tags", "python_allow", "python_envs", "models"):
+        for name in ("tags", "python_allow", "plan_env", "python_envs", "models"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        self.plan_isolation()  # raises ValueError naming a bad --plan-env or --plan-user
+
+    def plan_isolation(self) -> PlanIsolation:
+        """How plans' processes start on this worker (their environment, their user).
+
+        Raises:
+            ValueError: a ``plan_env`` entry naming ``FLEETWIRE_*``; an unknown or root
+                ``plan_user``, or one on a worker not running as root.
+        """
+        return PlanIsolation.of(self.plan_env, self.plan_user)
 
     def advertised_capabilities(self) -> dict[str, Any]:
         """The capabilities these settings set, as ``Capabilities`` fields; they override the probe."""
@@ -166,6 +185,8 @@ class AgentOptions(TypedDict, total=False):
     max_concurrency: int
     allow_shell: bool
     python_allow: Sequence[str]
+    plan_env: Sequence[str]
+    plan_user: str | None
     python_envs: Sequence[str]
     models: Sequence[str]
     accelerator: protocol.messages.Accelerator | None

@@ -21,6 +21,14 @@ Theory of operation:
   grace after a complete download (:meth:`Spool.fetched`), or until the worker stops (outputs
   are not durable: a worker that dies loses them).
 * :class:`PlanData` is one attempt's view for its handler: ``ctx.inputs`` and ``ctx.output``.
+* Layout and permissions (docs/OPERATIONS.md §Security, "What a plan sees"): the root is mode
+  0311 (no one lists it, not even its owner without a chmod), each attempt has a directory of its
+  own named ``<plan>.<attempt>.<16 random hex digits>`` (0700; files 0600): its inputs ``in-*``,
+  the outputs kept ``out-*``, and ``work/``, the scratch a ``shell`` plan runs in (its
+  ``$FLEETWIRE_OUTPUT_DIR`` is ``work/outputs``), removed when the attempt ends; the directory
+  goes once the attempt holds nothing more. So a path a plan is handed leads to its own files
+  only: another attempt's directory cannot be found by listing a parent, nor guessed.
+  :func:`open_confined` reads a plan's outputs back without following a symbolic link.
 
 Everything here runs on the agent's event loop except :meth:`PlanData.output` (any thread).
 """
@@ -30,8 +38,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
+import secrets
 import shutil
+import stat
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -52,7 +63,9 @@ __all__ = [
     "PlanData",
     "Spool",
     "SpoolError",
+    "open_confined",
     "remove_file",
+    "remove_tree",
 ]
 
 DISK_FULL: Final = "worker_disk_full"
@@ -63,6 +76,8 @@ INPUT_RESTARTS: Final = 2  # an input whose digest did not match starts again fr
 MEMORY_BUDGET_BYTES: Final = 64 << 20  # inputs kept in memory, in all (the rest go to files)
 CHUNK: Final = 1 << 20
 UNLINK_AWAY_BYTES: Final = 8 << 20  # a spool file this big is unlinked in a thread (see remove_file)
+ROOT_MODE: Final = 0o311  # the spool's root: passed through (an attempt's directory by its name), never listed
+WORK: Final = "work"  # an attempt's scratch directory (a shell plan's cwd; outputs/ in it)
 
 InputState = Literal["receiving", "verified", "failed"]
 
@@ -142,7 +157,7 @@ class InputFile:
         else:
             if self._file is None:
                 assert self.path is not None
-                self._file = open(self.path, "r+b" if self.received else "wb")
+                self._file = open(self.path, "r+b" if self.received else "wb", opener=_private)
                 self._file.seek(self.received)
             elif self._file_stale:  # past what went by O_DIRECT (each chunk advanced once stored)
                 self._file.seek(self.received)
@@ -295,6 +310,11 @@ class Spool:
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a root of someone else's: its owner chose its mode
+            self.root.chmod(ROOT_MODE)
+        self._dirs: dict[tuple[str, int], Path] = {}  # each attempt's directory (named at random)
+        self._dir_keys: dict[Path, tuple[str, int]] = {}
+        self._dirs_lock = threading.Lock()  # outputs (and so directories) are made from handlers' threads
         self.memory_bytes = memory_bytes
         self.memory_budget_bytes = memory_budget_bytes
         self.memory_used = 0  # declared sizes of the inputs kept in memory
@@ -356,9 +376,10 @@ class Spool:
     # ------------------------------------------------------------------ outputs
 
     def add_output(
-        self, plan_id: str, attempt: int, name: str, value: bytes | memoryview | str | os.PathLike[str]
+        self, plan_id: str, attempt: int, name: str, value: bytes | memoryview | str | os.PathLike[str] | BinaryIO
     ) -> OutputFile:
-        """Keep an output: bytes, or a copy of the file at a path. Any thread.
+        """Keep an output: bytes, or a copy of the file at a path or of a file opened for reading
+        (from where it is: :func:`open_confined` opens a plan's own). Any thread.
 
         Raises:
             ValueError: a bad name. TypeError: a value of another type.
@@ -374,17 +395,16 @@ class Spool:
             if isinstance(value, bytes | bytearray | memoryview):
                 size = len(value)
                 self._reserve(size, name)
-                target.write_bytes(value)
+                with open(target, "wb", opener=_private) as dst:
+                    dst.write(value)
                 hasher.update(value)
             elif isinstance(value, str | os.PathLike):
-                size = os.path.getsize(value)
-                self._reserve(size, name)
-                with open(value, "rb") as src, open(target, "wb") as dst:
-                    while chunk := src.read(CHUNK):
-                        hasher.update(chunk)
-                        dst.write(chunk)
+                with open(value, "rb") as src:
+                    size = self._copy(src, target, name, hasher)
+            elif hasattr(value, "read") and hasattr(value, "fileno"):
+                size = self._copy(value, target, name, hasher)
             else:
-                raise TypeError(f"output {name!r} must be bytes or a path, got {type(value).__name__}")
+                raise TypeError(f"output {name!r} must be bytes, a path or a file, got {type(value).__name__}")
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 with contextlib.suppress(OSError):
@@ -399,6 +419,21 @@ class Spool:
             if previous is not None:
                 self.used_bytes -= previous.size
         return output
+
+    def _copy(self, src: BinaryIO, target: Path, name: str, hasher: Any) -> int:
+        """Copy an open file into the spool (its size, as it is now, reserved first); the bytes copied."""
+        size = os.fstat(src.fileno()).st_size
+        self._reserve(size, name)
+        copied = 0
+        with open(target, "wb", opener=_private) as dst:
+            while copied < size and (chunk := src.read(min(CHUNK, size - copied))):
+                hasher.update(chunk)
+                dst.write(chunk)
+                copied += len(chunk)
+        if copied != size:  # it shrank meanwhile: what it holds now (the room taken back)
+            with self._lock:
+                self.used_bytes -= size - copied
+        return copied
 
     def output(self, plan_id: str, attempt: int, name: str) -> OutputFile | None:
         """An output kept for download, if any."""
@@ -441,9 +476,10 @@ class Spool:
         self._claimed.add((plan_id, attempt))
 
     def release(self, plan_id: str, attempt: int) -> None:
-        """An attempt ended here: its inputs go now."""
+        """An attempt ended here: its inputs and its scratch directory go now."""
         self._claimed.discard((plan_id, attempt))
         self.drop_inputs(plan_id, attempt)
+        self._tidy((plan_id, attempt))
 
     def close(self) -> None:
         """The worker stops: everything goes."""
@@ -451,18 +487,47 @@ class Spool:
             self.drop_inputs(*key)
         for key in list(self._outputs):
             self.drop_outputs(*key)
+        with contextlib.suppress(OSError):
+            self.root.chmod(0o700)  # listable again, for rmtree
         shutil.rmtree(self.root, ignore_errors=True)
 
     # ------------------------------------------------------------------ helpers
 
     def plan_dir(self, plan_id: str, attempt: int) -> Path:
-        """The attempt's directory in the spool (made on first use)."""
+        """The attempt's directory in the spool (made on first use, 0700, named with 64 random bits)."""
         return self._dir(plan_id, attempt)
 
+    def work_dir(self, plan_id: str, attempt: int) -> Path:
+        """The attempt's scratch directory, ``work/`` in its own (made on first use, 0700; removed when it ends)."""
+        work = self._dir(plan_id, attempt) / WORK
+        with contextlib.suppress(FileExistsError):
+            work.mkdir(mode=0o700)
+        return work
+
     def _dir(self, plan_id: str, attempt: int) -> Path:
-        directory = self.root / f"{_safe(plan_id)}.{attempt}"
-        directory.mkdir(parents=True, exist_ok=True)
+        key = (plan_id, attempt)
+        directory = self._dirs.get(key)
+        if directory is None:
+            with self._dirs_lock:
+                directory = self._dirs.get(key)
+                if directory is None:
+                    directory = self.root / f"{_safe(plan_id)}.{attempt}.{secrets.token_hex(8)}"
+                    directory.mkdir(mode=0o700)
+                    self._dirs[key] = directory
+                    self._dir_keys[directory] = key
         return directory
+
+    def _tidy(self, key: tuple[str, int]) -> None:
+        """Remove an attempt's scratch once it is not running, and its directory once it holds nothing kept."""
+        directory = self._dirs.get(key)
+        if directory is None or key in self._claimed:
+            return
+        remove_tree(directory / WORK)
+        with self._lock, self._dirs_lock:
+            if key in self._inputs or key in self._outputs:
+                return
+            del self._dirs[key], self._dir_keys[directory]
+        remove_tree(directory)
 
     def _no_room(self, size: int) -> str | None:
         if self.capacity_bytes and self.used_bytes + size > self.capacity_bytes:
@@ -487,6 +552,9 @@ class Spool:
         with self._lock:
             self.used_bytes -= output.size
         remove_file(output.path, output.size)
+        key = self._dir_keys.get(output.path.parent)
+        if key is not None:
+            self._tidy(key)
 
 
 def remove_file(path: Path, size: int) -> asyncio.Future[None] | None:
@@ -509,6 +577,68 @@ def _unlink(path: Path) -> None:
         path.unlink()
 
 
+def remove_tree(path: Path) -> None:
+    """Remove a directory and what is in it (a plan's scratch: in a thread when called on an event loop)."""
+    if not os.path.lexists(path):
+        return
+    try:
+        asyncio.get_running_loop().run_in_executor(None, functools.partial(shutil.rmtree, path, ignore_errors=True))
+    except RuntimeError:  # no running loop: here
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _private(path: str, flags: int) -> int:
+    """``open``'s opener for spool files: mode 0600 whatever the umask."""
+    return os.open(path, flags, 0o600)
+
+
+def open_confined(directory: Path, relative: str, *, owner: int | None = None) -> BinaryIO:
+    """Open the regular file ``relative`` below ``directory`` for reading, never following a link.
+
+    Each component is opened with ``O_NOFOLLOW`` from the one before (no symbolic link, no
+    ``..``, nothing absolute: the path cannot leave ``directory``); a FIFO or device is refused
+    without blocking. ``owner``: the uid the file must belong to (a plan user's outputs).
+
+    Raises:
+        ValueError: the path leaves ``directory``, passes a link, or names no regular file of
+            ``owner``; the message says which. FileNotFoundError: nothing there.
+    """
+    parts = relative.split("/")
+    if relative.startswith("/") or not relative or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"path {relative!r} is not a plain relative path inside the output directory "
+                         "(no '..', no leading '/', no empty part)")  # fmt: skip
+    nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(directory, nofollow | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                following = os.open(part, nofollow | os.O_DIRECTORY, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise ValueError(f"path {relative!r}: {part!r} is a symbolic link or not a directory") from None
+                raise
+            os.close(fd)
+            fd = following
+        try:
+            file_fd = os.open(parts[-1], nofollow | os.O_NONBLOCK, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"path {relative!r} is a symbolic link; outputs must be regular files") from None
+            raise
+    finally:
+        os.close(fd)
+    info = os.fstat(file_fd)
+    problem = None
+    if not stat.S_ISREG(info.st_mode):
+        problem = f"path {relative!r} is not a regular file"
+    elif owner is not None and info.st_uid != owner:
+        problem = f"path {relative!r} belongs to uid {info.st_uid}, not the plan's user (uid {owner})"
+    if problem is not None:
+        os.close(file_fd)
+        raise ValueError(problem)
+    return os.fdopen(file_fd, "rb")
+
+
 def _safe(name: str) -> str:
     """A file-system-safe spelling of a validated name or plan id (no separators, no dot-dot)."""
     return "".join(c if c.isalnum() or c in "-_." else f"%{ord(c):02x}" for c in name).replace("..", "%2e.")
@@ -517,9 +647,10 @@ def _safe(name: str) -> str:
 class InputReader:
     """One input as its handler sees it: ``.size``, ``.digest``, ``.read(n)``, ``async for chunk``, ``.path``."""
 
-    def __init__(self, entry: InputFile, spool_dir: Path) -> None:
+    def __init__(self, entry: InputFile, spool_dir: Callable[[], Path]) -> None:
         self._entry = entry
-        self._dir = spool_dir
+        self._dir = spool_dir  # the attempt's directory (made when first asked for)
+        self._written: Path | None = None  # an in-memory input written out for .path, removed by close()
         self._offset = 0
         self._file: BinaryIO | None = None
         self.name = entry.name
@@ -531,11 +662,12 @@ class InputReader:
         """A file holding the input (an in-memory input is written out on first use)."""
         entry = self._entry
         if entry.path is None:
-            path = self._dir / f"in-{_safe(entry.name)}"
-            if not path.exists():
-                self._dir.mkdir(parents=True, exist_ok=True)  # nothing of this attempt was spooled to disk yet
-                path.write_bytes(bytes(entry.buffer or b""))
-            return path
+            if self._written is None:
+                path = self._dir() / f"in-{_safe(entry.name)}"
+                with open(path, "wb", opener=_private) as file:
+                    file.write(entry.buffer or b"")
+                self._written = path
+            return self._written
         return entry.path
 
     def read(self, n: int = -1) -> bytes:
@@ -568,6 +700,9 @@ class InputReader:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._written is not None:
+            _unlink(self._written)
+            self._written = None
 
 
 class PlanData:
@@ -578,9 +713,8 @@ class PlanData:
         self.plan_id = plan_id
         self.attempt = attempt
         self.entries = inputs
-        self.inputs: Mapping[str, InputReader] = {
-            name: InputReader(entry, spool.root / f"{_safe(plan_id)}.{attempt}") for name, entry in inputs.items()
-        }
+        attempt_dir = functools.partial(spool.plan_dir, plan_id, attempt)
+        self.inputs: Mapping[str, InputReader] = {n: InputReader(entry, attempt_dir) for n, entry in inputs.items()}
 
     @property
     def untouched(self) -> bool:
@@ -589,8 +723,8 @@ class PlanData:
 
     @property
     def work_dir(self) -> Path:
-        """A directory of this attempt's own in the spool (removed with its outputs' lifetime)."""
-        return self.spool.plan_dir(self.plan_id, self.attempt)
+        """This attempt's scratch directory in the spool (0700; removed when the attempt ends)."""
+        return self.spool.work_dir(self.plan_id, self.attempt)
 
     async def wait(self, timeout_s: float, on_verified: Any) -> protocol.ErrorInfo | None:
         """Wait until every input settled; the first failure, an ``inputs_unavailable``, or None.
@@ -633,7 +767,7 @@ class PlanData:
                     w.cancel()
         return None
 
-    def output(self, name: str, value: bytes | memoryview | str | os.PathLike[str]) -> protocol.OutputSpec:
+    def output(self, name: str, value: bytes | memoryview | str | os.PathLike[str] | BinaryIO) -> protocol.OutputSpec:
         """Keep an output for the client to fetch (``plan.output(name)``). Any thread."""
         return self.spool.add_output(self.plan_id, self.attempt, name, value).spec()
 

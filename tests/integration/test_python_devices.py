@@ -57,9 +57,19 @@ async def test_plan_with_devices_runs_in_its_own_process_seeing_only_them() -> N
     assert ctx.tokens == 3
 
 
-async def test_plan_without_devices_stays_in_the_worker_process() -> None:
-    """No devices: the function runs in the worker's process, as before (the hot path is unchanged)."""
+async def test_plan_without_devices_on_a_worker_with_devices_sees_none() -> None:
+    """A plan holding no device on a worker that has devices runs in its own process, seeing no device."""
     done, _, _ = await run_python("visible", [], args=["b"])
+    assert done.outcome == "succeeded", done
+    assert done.result["pid"] != os.getpid() and done.result["cuda"] == ""
+
+
+async def test_plan_on_a_worker_without_devices_stays_in_the_worker_process() -> None:
+    """A worker without devices runs the function in its own process, as before (the hot path is unchanged)."""
+    op_args = {"function": "tests.plan_functions:seen"}
+    ctx, _ = device_ctx(op_args, [])
+    ctx.cuda_visible_devices = None  # what the runner leaves on a worker without devices
+    done = await run_handler(make_python_handler(["tests.plan_functions:*"]), ctx, op_args)
     assert done.outcome == "succeeded", done
     assert done.result["pid"] == os.getpid()
 
