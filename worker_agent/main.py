@@ -150,15 +150,6 @@ def _import_from_cwd() -> None:
         sys.path.append(cwd)
 
 
-def _import_from_cwd() -> None:
-    """Make modules in the worker's current directory importable by ``--handler`` and ``--python-allow``,
-    as ``python -m`` does: the ``fleetwire`` console script's ``sys.path`` starts with its own bin
-    directory instead. Appended, so a file there never shadows an installed module or fleetwire's own."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-
-
 def _error(message: str) -> None:
     print(f"fleetwire worker: error: {message}", file=sys.stderr, flush=True)
 
@@ -181,8 +172,6 @@ async def run_worker(ns: argparse.Namespace, *, own_process: bool = False) -> in
     if ns.token:
         print("fleetwire worker: warning: --token on the command line is shown to every user of this host (ps, "
               "/proc/PID/cmdline); pass it in $FLEETWIRE_WORKER_TOKEN or --token-file", file=sys.stderr, flush=True)
-    if ns.handler or ns.python_allow:
-        _import_from_cwd()
     if ns.handler or ns.python_allow:
         _import_from_cwd()
     handlers: list[tuple[str, Handler]] = []
