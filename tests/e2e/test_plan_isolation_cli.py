@@ -33,18 +33,17 @@ async def stdout_of(plan: Plan) -> list[str]:
 async def test_no_plan_finds_the_worker_token(cluster: Cluster) -> None:
     """Shell `env` and the worker's /proc/PID/environ, and os.environ in the worker's process: no worker token."""
     await cluster.coordinator()
-    allow = ("--allow-shell", "--python-allow", "tests.plan_functions:*")
     # As root, a plan reads any process's /proc: the isolation that holds then is another user's.
     as_user = ("--plan-user", "nobody") if os.geteuid() == 0 else ()
-    await cluster.worker("w1", *allow, *as_user)
+    await cluster.worker("shell-worker", "--allow-shell", *as_user)
+    await cluster.worker("python-worker", "--python-allow", "tests.plan_functions:*")  # runs them in its process
     cmd = "env; tr '\\0' '\\n' < /proc/$PPID/environ || echo cannot-read-the-worker"
     async with Client(cluster.url, token=CLIENT_TOKEN) as client:
         shell = await client.submit("shell", {"cmd": cmd})
         lines = await asyncio.wait_for(stdout_of(shell), 60)
         assert any(line.startswith("PATH=") for line in lines), lines
         assert "cannot-read-the-worker" in lines and not [line for line in lines if WORKER_TOKEN in line]
-        if not as_user:  # the python op runs in the worker's process: its os.environ lost the token at start
-            seen: Any = await asyncio.wait_for(
-                (await client.submit("python", {"function": "tests.plan_functions:seen"})).result(), 60
-            )
-            assert seen["pid"] != os.getpid() and not [k for k, v in seen["env"].items() if WORKER_TOKEN in v]
+        python = await client.submit("python", {"function": "tests.plan_functions:seen"})
+        seen: Any = await asyncio.wait_for(python.result(), 60)
+        assert python.worker_id == "python-worker" and seen["pid"] != os.getpid()
+        assert not [name for name, value in seen["env"].items() if WORKER_TOKEN in value]  # os.environ lost it
