@@ -426,8 +426,16 @@ def _collect_outputs(ctx: Context, out_dir: Path, declared: dict[str, str] | Non
         for name, relative in declared.items():
             _keep_output(ctx, name, out_dir, relative)
         return
-    with os.scandir(out_dir) as entries:
-        found = sorted((entry.name, entry.is_symlink(), entry.is_file(follow_symlinks=False)) for entry in entries)
+    try:
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        why = f"the command replaced $FLEETWIRE_OUTPUT_DIR by a symbolic link or a file ({exc.strerror})"
+        raise HandlerError(errors.HANDLER_ERROR, f"outputs refused: {why}") from None
+    try:
+        with os.scandir(fd) as entries:
+            found = sorted((entry.name, entry.is_symlink(), entry.is_file(follow_symlinks=False)) for entry in entries)
+    finally:
+        os.close(fd)
     for name, link, regular in found:
         if link:
             raise HandlerError(errors.HANDLER_ERROR, f"output {name!r} refused: it is a symbolic link in "

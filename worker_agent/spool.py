@@ -608,7 +608,12 @@ def open_confined(directory: Path, relative: str, *, owner: int | None = None) -
         raise ValueError(f"path {relative!r} is not a plain relative path inside the output directory "
                          "(no '..', no leading '/', no empty part)")  # fmt: skip
     nofollow = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(directory, nofollow | os.O_DIRECTORY)
+    try:
+        fd = os.open(directory, nofollow | os.O_DIRECTORY)  # a plan (user) owning its parent may have linked it
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ValueError(f"the output directory {directory.name!r} is a symbolic link or not a directory") from None
+        raise
     try:
         for part in parts[:-1]:
             try:

@@ -188,8 +188,10 @@ async def test_a_declared_output_outside_the_output_directory_is_refused(tmp_pat
         ('ln -s "$OTHER" "$FLEETWIRE_OUTPUT_DIR/x"', None),
         ('ln -s "$OTHER" "$FLEETWIRE_OUTPUT_DIR/x"', {"x": "x"}),
         ('ln -s "$(dirname "$OTHER")" "$FLEETWIRE_OUTPUT_DIR/d"', {"x": "d/in-data"}),
+        ('rmdir "$FLEETWIRE_OUTPUT_DIR" && ln -s "$(dirname "$OTHER")" "$FLEETWIRE_OUTPUT_DIR"', {"x": "in-data"}),
+        ('rmdir "$FLEETWIRE_OUTPUT_DIR" && ln -s "$(dirname "$OTHER")" "$FLEETWIRE_OUTPUT_DIR"', None),
     ],
-    ids=["collected", "declared", "through-a-linked-directory"],
+    ids=["collected", "declared", "through-a-linked-directory", "output-dir-linked", "output-dir-linked-collected"],
 )
 async def test_an_output_is_never_read_through_a_symbolic_link(tmp_path: Path, cmd: str,
                                                                outputs: dict[str, str] | None) -> None:  # fmt: skip
@@ -202,7 +204,8 @@ async def test_an_output_is_never_read_through_a_symbolic_link(tmp_path: Path, c
     done, _, _ = await run_shell(args, spool=spool)
     assert done.outcome == "failed" and done.error is not None, done
     assert done.error.code == "handler_error" and "refused" in done.error.message
-    assert "symbolic link" in done.error.message and ("'x'" in done.error.message or "'d'" in done.error.message)
+    assert "symbolic link" in done.error.message
+    assert any(name in done.error.message for name in ("'x'", "'d'", "$FLEETWIRE_OUTPUT_DIR")), done.error.message
     assert spool.outputs_of("p1", 1) == []
 
 
