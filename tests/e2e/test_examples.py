@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 
 import pytest
 
@@ -34,3 +36,21 @@ async def test_custom_handler_example(cluster: Cluster) -> None:
     submit = await cluster.run("submit", "word_count", "--args", '{"text": "to be or\\nnot to be"}', "--json")
     assert await submit.wait() == 0
     assert json.loads(submit.lines[-1])["result"] == {"to": 2, "be": 2, "or": 1, "not": 1}
+
+
+async def test_custom_handler_example_refuses_a_client_token(cluster: Cluster) -> None:
+    """examples/custom_handler.py given a client's token says why in one line and exits 1 instead of hanging."""
+    await cluster.coordinator()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "examples" / "custom_handler.py"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cluster.env(), cwd=ROOT,
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1, lines
+    assert len(lines) == 1 and "not for a worker" in lines[0] and "worker role" in lines[0], lines
