@@ -132,7 +132,11 @@ async def _run_child(ctx: Any, target: str, args: list[Any], kwargs: dict[str, A
         await asyncio.shield(stop_process_group(proc, ctx.kill_grace_s))  # cancel or timeout: the child goes too
         raise
     if outcome is None:
-        raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process {_ended(code)} without a result",
+        hint = ""
+        if code == 127 and isolation.plan_user is not None:  # the launcher could not execute the interpreter
+            hint = (f" (as --plan-user {isolation.plan_user.name}, who must be able to run {sys.executable} and "
+                    "read the worker's modules)")  # fmt: skip
+        raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process {_ended(code)} without a result{hint}",
                              {"exit_code": code})  # fmt: skip
     kind, *rest = outcome
     if kind == "result":

@@ -300,6 +300,19 @@ async def test_a_python_plan_of_a_plan_user_runs_as_it_and_leaves_only_its_own_f
 
 
 @as_root
+async def test_a_plan_user_that_cannot_run_the_interpreter_is_named() -> None:
+    """Where nobody cannot run this interpreter (it lives in root's home), the plan fails saying what nobody needs."""
+    if runs_as_nobody(sys.executable):
+        pytest.skip("nobody can run this interpreter here")
+    args = {"function": "tests.plan_functions:seen"}
+    ctx, _ = make_ctx(args, isolation=nobody())
+    done = await run_handler(make_python_handler(["tests.plan_functions:*"]), ctx, args)
+    assert done.outcome == "failed" and done.error is not None, done
+    assert "exited with status 127" in done.error.message
+    assert f"as --plan-user nobody, who must be able to run {sys.executable}" in done.error.message
+
+
+@as_root
 def test_a_plan_user_needs_a_root_worker_and_a_real_user() -> None:
     """--plan-user root or an unknown name is refused at start, naming it."""
     with pytest.raises(ValueError, match="is root"):
