@@ -38,6 +38,8 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "add_operator_commands",
+    "data_ready_text",
+    "event_record",
     "explain_unreachable",
     "finish",
     "print_table",
@@ -135,6 +137,8 @@ class _Follower:
                     payload = ": " + data["reason"]
                     if event.kind == "resync" and data.get("first_seq", event.seq) != event.seq:
                         seqs = f"{data['first_seq']}-{event.seq}"  # the seqs it stands for
+                elif event.kind == "data_ready":  # signed tickets: never on a screen or in a log
+                    payload = " " + data_ready_text(data)
                 else:
                     payload = "" if event.data is None else " " + _json(event.data)
                 style = _KIND_STYLES.get(event.kind, "")
@@ -159,8 +163,7 @@ async def finish(plan: Plan, *, follow: bool, as_json: bool, on_waiting: Waiting
             if on_waiting is not None and event.kind == "waiting":
                 await on_waiting(_reason(event))
             if follow:
-                print(_json({"plan_id": event.plan_id, "seq": event.seq, "kind": event.kind, "data": event.data}),
-                      flush=True)
+                print(_json(event_record(event)), flush=True)
     else:
         console = make_console()
         follower = _Follower(console, plan.id, follow=follow, live=console.is_terminal)
@@ -184,6 +187,35 @@ async def finish(plan: Plan, *, follow: bool, as_json: bool, on_waiting: Waiting
         elif plan.worker_id is not None and plan.state != "cancelled":  # it ran, and nothing measured it
             print(NO_RECEIPT, flush=True)
     return _outcome(plan, outcome, as_json)
+
+
+#: The fields of a ``data_ready`` event that are bearer credentials (docs/PROTOCOL.md §11 Tickets).
+TICKET_FIELDS: Final = ("ticket", "get_ticket")
+REDACTED: Final = "(redacted)"
+
+
+def event_record(event: Event) -> dict[str, Any]:
+    """An event as ``--follow --json`` prints it: its data as sent, tickets redacted (anyone holding
+    one can upload or download the plan's bytes until it expires; the SDK fetches its own)."""
+    data = event.data
+    if event.kind == "data_ready" and isinstance(data, dict):
+        data = {k: REDACTED if k in TICKET_FIELDS and v else v for k, v in data.items()}
+    return {"plan_id": event.plan_id, "seq": event.seq, "kind": event.kind, "data": data}
+
+
+def data_ready_text(data: dict[str, Any]) -> str:
+    """A ``data_ready`` event in a line, without its tickets: attempt, worker, endpoint, the files it covers."""
+    where = data.get("url") or "the relay (the worker has no data endpoint)"
+    text = f"attempt {data.get('attempt', '?')} on {data.get('worker_id') or '?'} via {where}"
+    files = data.get("files")
+    if isinstance(files, dict) and files:
+        sizes = [f"{name} ({claim[0]} B)" if isinstance(claim, list) and claim and isinstance(claim[0], int)
+                 and claim[0] >= 0 else str(name) for name, claim in files.items()]
+        text += "; inputs " + ", ".join(sizes)
+    held = [name for name in TICKET_FIELDS if data.get(name)]
+    if held:
+        text += f"; {' and '.join(held)} {REDACTED}"
+    return text
 
 
 def _joules(joules: float) -> str:
@@ -240,10 +272,10 @@ def _outcome(plan: Plan, outcome: tuple[str, Any], as_json: bool) -> int:
     state, value = outcome
     if state == "failed":
         if as_json:
-            error = {"code": value.code, "message": str(value)}
+            error = {"code": value.code, "message": value.message}
             print(_json(_with_receipt(plan, {"plan_id": plan.id, "state": "failed", "error": error})))
-        else:
-            print(f"plan {plan.id} failed [{value.code}]: {value}", file=sys.stderr)
+        else:  # the message alone: str(PlanFailed) says "plan X failed (code)" too
+            print(f"plan {plan.id} failed [{value.code}]: {value.message}", file=sys.stderr)
         return EXIT_FAILED
     if state == "cancelled":
         print(_json(_with_receipt(plan, {"plan_id": plan.id, "state": "cancelled"})) if as_json
