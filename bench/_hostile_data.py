@@ -298,9 +298,12 @@ class DataFleet:
                 await proc.wait()
 
 
-async def uploads(client: Any, n: int, size: int, *, relay: bool) -> list[float]:
+async def uploads(client: Any, n: int, size: int, *, relay: bool, failures: dict[str, int] | None = None,
+                  timeout_s: float = 30.0) -> list[float]:
     """``n`` plans one at a time, each with a ``size``-byte input, timed from submit to result (the upload in it):
-    relayed to ``bench-relay`` (``relay``) or direct to ``bench-data``."""
+    relayed to ``bench-relay`` (``relay``) or direct to ``bench-data``. A plan that has no result within
+    ``timeout_s`` (its upload refused or stuck) is cancelled, counted in ``failures`` by its error and timed as
+    ``timeout_s``: a failed upload weighs in the p99 as the wait it cost."""
     data = os.urandom(size)
     out = []
     clock = time.perf_counter
@@ -308,6 +311,17 @@ async def uploads(client: Any, n: int, size: int, *, relay: bool) -> list[float]
         start = clock()
         plan = await client.submit("echo", args=i, inputs={"data": data}, tags=["relay" if relay else "data"],
                                    relay=relay)
-        await asyncio.wait_for(plan.result(), 60)
-        out.append(clock() - start)
+        try:
+            await asyncio.wait_for(plan.result(), timeout_s)
+            out.append(clock() - start)
+        except Exception as exc:  # a bench counts what went wrong and goes on
+            if failures is None:
+                raise
+            uploading = getattr(plan.uploads, "task", None)
+            cause = uploading.exception() if uploading is not None and uploading.done() else None
+            key = type(cause or exc).__name__ + (f": {cause}"[:120] if cause else "")
+            failures[key] = failures.get(key, 0) + 1
+            out.append(max(clock() - start, timeout_s))
+            with contextlib.suppress(Exception):
+                await client.cancel(plan.id)
     return out

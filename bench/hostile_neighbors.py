@@ -695,6 +695,24 @@ async def _data_interleaved(kind: str, target: str, ns: argparse.Namespace, meas
     restart = kind in data_phases.RESTARTED
     rss_before = {name: ps.memory_info().rss for name, ps in watched.items()}
     peak = dict(rss_before)
+    cpu = {name: {"baseline": 0.0, "hostile": 0.0} for name in watched}
+    wall = {"baseline": 0.0, "hostile": 0.0}
+    neighbour_cpu = 0.0
+
+    def cpu_s(ps: psutil.Process) -> float:
+        with contextlib.suppress(psutil.Error):
+            times = ps.cpu_times()
+            return float(times.user + times.system)
+        return 0.0
+
+    async def timed(phase: str) -> list[float]:
+        """One chunk of ``measure()``, its wall time and the watched processes' CPU counted under ``phase``."""
+        t0, c0 = time.perf_counter(), {name: cpu_s(ps) for name, ps in watched.items()}
+        samples: list[float] = await measure()
+        wall[phase] += time.perf_counter() - t0
+        for name, ps in watched.items():
+            cpu[name][phase] += cpu_s(ps) - c0[name]
+        return samples
     base: list[list[float]] = []
     hostile: list[list[float]] = []
     ready_s: list[float] = []
@@ -723,7 +741,7 @@ async def _data_interleaved(kind: str, target: str, ns: argparse.Namespace, meas
         neighbour.pause()
     try:
         for _ in range(ns.rounds):
-            base.append(await measure())
+            base.append(await timed("baseline"))
             if restart:
                 neighbour = await present()
             else:
@@ -731,18 +749,20 @@ async def _data_interleaved(kind: str, target: str, ns: argparse.Namespace, meas
                 neighbour.resume()
                 await asyncio.sleep(0.3)
             sampler = asyncio.create_task(sample())
+            assert neighbour is not None
+            n0 = neighbour.cpu_s()
             try:
-                hostile.append(await measure())
+                hostile.append(await timed("hostile"))
             finally:
                 sampler.cancel()
-            assert neighbour is not None
+            neighbour_cpu += neighbour.cpu_s() - n0
             last = dict(neighbour.last)
             if restart:
                 await neighbour.stop()
                 neighbour = None
             else:
                 neighbour.pause()
-        base.append(await measure())
+        base.append(await timed("baseline"))
     finally:
         if neighbour is not None:
             await neighbour.stop()
@@ -760,6 +780,9 @@ async def _data_interleaved(kind: str, target: str, ns: argparse.Namespace, meas
         "legit_per_chunk": len(hostile[0]) if hostile else 0,
         "its_ready_s": ready_s,
         "its_last": last,
+        "neighbour_cpu_pct": round(neighbour_cpu / wall["hostile"] * 100, 1) if wall["hostile"] else None,
+        **{f"{name}_cpu_pct_{phase}": round(used[phase] / wall[phase] * 100, 1)
+           for name, used in cpu.items() for phase in ("baseline", "hostile") if wall[phase]},
         **{f"{name}_rss_growth_mb": round((peak[name] - rss_before[name]) / 2**20, 1) for name in watched},
     }
 
@@ -781,24 +804,30 @@ async def _data_phases(legit: ClientConnection, coordinator: _Coordinator, ns: a
         fleet = await data_phases.DataFleet.start(coordinator.url, TOKENS["worker"][1], client,
                                                   0 if ns.pin else None)
         try:
+            failed: dict[str, int] = {}  # legit uploads with no result within --upload-timeout, by cause
+
             def relayed() -> Any:
-                return data_phases.uploads(client, ns.uploads, ns.upload_bytes, relay=True)
+                return data_phases.uploads(client, ns.uploads, ns.upload_bytes, relay=True, failures=failed,
+                                           timeout_s=ns.upload_timeout)
 
             def direct() -> Any:
-                return data_phases.uploads(client, ns.uploads, ns.upload_bytes, relay=False)
+                return data_phases.uploads(client, ns.uploads, ns.upload_bytes, relay=False, failures=failed,
+                                           timeout_s=ns.upload_timeout)
 
             await relayed()  # warm-up: both paths, the workers' spools, the SDK's connections
             await direct()
+            failed.clear()
             watched = {"coordinator": coordinator.ps, "worker": fleet.data_ps}
             for kind in wanted:
                 try:
                     if kind == "relay-hog":
-                        rows.append(await _data_interleaved(kind, coordinator.url, ns, relayed, coordinator_only))
+                        row = await _data_interleaved(kind, coordinator.url, ns, relayed, coordinator_only)
                     elif kind == "data-cancelled-flood":  # its tickets come through the coordinator, with the URL
-                        rows.append(await _data_interleaved(kind, coordinator.url, ns, direct, watched))
+                        row = await _data_interleaved(kind, coordinator.url, ns, direct, watched)
                     else:
-                        rows.append(await _data_interleaved(kind, fleet.data_url.split("://", 1)[1], ns, direct,
-                                                            watched))
+                        row = await _data_interleaved(kind, fleet.data_url.split("://", 1)[1], ns, direct, watched)
+                    rows.append({**row, "legit_failed": dict(failed)})
+                    failed.clear()
                 except ProcessLookupError:
                     rows.append({"neighbour": kind, "error": "the neighbour process exited (see its traceback)"})
         finally:
@@ -989,6 +1018,9 @@ def main() -> int:
     parser.add_argument("--uploads", type=int, default=100,
                         help="legitimate 1 MiB uploads per chunk in the data phases (default 100)")
     parser.add_argument("--upload-bytes", type=int, default=1 << 20, help="their size (default 1048576)")
+    parser.add_argument("--upload-timeout", type=float, default=30.0,
+                        help="a legitimate upload with no result this long counts as failed, timed at that "
+                             "(default 30)")
     parser.add_argument("--idle-sockets", type=int, default=1_200,
                         help="idle sockets of data-idle-sockets and metrics-idle-sockets (default 1200)")
     parser.add_argument("--flood-uploads", type=int, default=1_200,
