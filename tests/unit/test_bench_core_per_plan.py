@@ -1,0 +1,29 @@
+"""bench/core_per_plan.py runs at its default size, past the core's per-client plan limit."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("core_per_plan_bench", ROOT / "bench" / "core_per_plan.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_default_run_drives_more_plans_than_the_per_client_limit_to_their_end() -> None:
+    """All 20,000 plans of the default run finish (one client held 10,000 unfinished, the default limit, and stuck)."""
+    from coordinator import CoreConfig
+
+    bench = _bench()
+    plans = 20_000
+    assert plans > CoreConfig().max_plans_per_client
+    assert bench.run_plans(plans, 500) > 0  # raises "stuck after N of M plans" or names a refused submit
