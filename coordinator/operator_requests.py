@@ -10,6 +10,11 @@ Rules (docs/SEMANTICS.md §Operator requests):
   pass walks only its own plans (:class:`_OwnerIndex`), not every principal's: 100 plans listed
   every 100 ms next to another client's 30,000 finished ones held the loop ~2 ms per listing
   (issue 17 finding 11, bench phase ``f11-dashboard``); an admin's walks them all.
+* ``op``, ``owner`` and ``id_contains`` narrow the rows (and ``total``) to one op, one principal
+  (a client may name only itself: another is ``error(forbidden)``) and ids containing a text
+  (case-sensitive); ``counts`` and the queue stay those of every visible plan. A tally cannot
+  count such rows, so a narrowed client's pass walks all of its own plans. The queue comes with
+  the waiting reason of each plan in it (``waiting``): why it waits, beside its id.
 * Listings are **summaries** and **pages** (issue 17 findings 5 and 11): a row carries no result
   (``result_bytes`` gives its size; ``get_plan`` the body), a cut error message and waiting
   reason; a page stops at about :data:`PAGE_BYTES` or :data:`PAGE_ROWS` rows even below ``limit``
@@ -33,7 +38,7 @@ Rules (docs/SEMANTICS.md §Operator requests):
   role gets ``error(forbidden)`` and nothing changes (``list_plans`` stays open to clients: it
   shows only their own plans).
 * An unknown worker id answers ``error(unknown_worker)``; a negative or non-finite deadline,
-  or a ``limit`` outside 1..10000, answers ``error(invalid_argument)``.
+  a ``limit`` outside 1..10000, or a filter over 256 characters, answers ``error(invalid_argument)``.
 
 Like the rest of the core, nothing here reads a clock: ``now`` comes in.
 
@@ -50,7 +55,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from coordinator.plans import OwnerTally
+from coordinator.plans import SUMMARY_TEXT, OwnerTally
 from protocol import errors
 from protocol.messages import (
     Cancel,
@@ -75,7 +80,7 @@ if TYPE_CHECKING:
     from coordinator.sessions import Session
     from coordinator.workers import WorkerRecord
 
-__all__ = ["MAX_LIST_LIMIT", "PAGE_ROWS", "OperatorRequests", "page_start"]
+__all__ = ["MAX_FILTER_CHARS", "MAX_LIST_LIMIT", "PAGE_ROWS", "OperatorRequests", "page_start", "row_filter"]
 
 log = structlog.get_logger(__name__)
 
@@ -84,7 +89,8 @@ _PRIORITY = operator.attrgetter("priority")
 _AGE = operator.attrgetter("order")
 PAGE_BYTES = 256 * 1024  # about the most a page of ``plans`` rows encodes to; the rest via ``next_cursor``
 PAGE_ROWS = 500  # ... and the most rows it holds: each costs ~1.5 µs to size and build on the loop
-QUEUE_BYTES = 64 * 1024  # ... and its queue of plan ids
+QUEUE_BYTES = 64 * 1024  # ... and its queue of plan ids (with their waiting reasons)
+MAX_FILTER_CHARS = 256  # a listing's op, owner or id_contains filter, at most
 
 
 class OperatorRequests:
@@ -125,7 +131,14 @@ class OperatorRequests:
         if problem is not None:
             self._error(s, msg.req_id, errors.INVALID_ARGUMENT, problem)
             return
+        if msg.owner and not s.admin and msg.owner != s.principal:
+            problem = (f"owner {msg.owner[:MAX_FILTER_CHARS]!r}: a client token lists only its own plans "
+                       f"({s.principal!r}); another principal's need an admin token")
+            self._error(s, msg.req_id, errors.FORBIDDEN, problem)
+            return
         wanted = frozenset(msg.states)
+        # op, owner, id_contains: rows a tally cannot count, so a client's pass walks all of its plans
+        matches = row_filter(msg.op, msg.owner if s.admin else "", msg.id_contains)
         counts: dict[str, int] = {}
         listed: list[PlanInfo] = []
         queued: list[Plan] = []
@@ -139,7 +152,8 @@ class OperatorRequests:
         else:  # its own plans: counts and queue from its tally, and only as many walked as the page needs
             tally = self._owned.tally(s.principal)
             counts = {state: n for state, n in tally.counts.items() if n}
-            total = sum(n for state, n in counts.items() if not wanted or state in wanted)
+            if matches is None:
+                total = sum(n for state, n in counts.items() if not wanted or state in wanted)
             queued = sorted(tally.queued.values(), key=_AGE)  # oldest first
             scanned = len(queued)
             walk = self._owned.newest_first(s.principal)
@@ -149,11 +163,11 @@ class OperatorRequests:
                 counts[plan.state] = counts.get(plan.state, 0) + 1
                 if plan.state == "queued":
                     queued.append(plan)
-            elif next_cursor:
+            elif next_cursor and matches is None:
                 break  # the page is full and one more plan is known to follow
-            if wanted and plan.state not in wanted:
+            if (wanted and plan.state not in wanted) or (matches is not None and not matches(plan)):
                 continue
-            if s.admin:
+            if s.admin or matches is not None:
                 total += 1
             if before is not None and plan.order >= before:
                 continue
@@ -174,14 +188,21 @@ class OperatorRequests:
             queued.reverse()  # oldest first
         queued.sort(key=_PRIORITY, reverse=True)  # stable: age order kept within a priority
         queue: list[str] = []
+        waiting: dict[str, str] = {}
         room = QUEUE_BYTES
         for p in queued[: msg.limit]:
-            room -= len(p.id) + 4
+            reason = p.waiting_reason
+            if reason is not None and len(reason) > SUMMARY_TEXT:
+                reason = reason[: SUMMARY_TEXT - 3] + "..."
+            room -= len(p.id) + 4 + (len(p.id) + len(reason) + 8 if reason else 0)
             if room < 0:
                 break
             queue.append(p.id)
+            if reason:  # the queue's "why": an operator reads it beside the id (a dashboard's queue pane)
+                waiting[p.id] = reason
         self._outbox.charge(scanned + 4 * len(listed))  # rows scanned and rows built (coordinator/limits.py)
-        reply = Plans(req_id=msg.req_id, plans=listed, queue=queue, counts=counts, total=total, next_cursor=next_cursor)
+        reply = Plans(req_id=msg.req_id, plans=listed, queue=queue, counts=counts, total=total,
+                      next_cursor=next_cursor, waiting=waiting)  # fmt: skip
         self._outbox.send(s.conn_id, reply)
 
     # ------------------------------------------------------------------ drain / undrain
@@ -312,12 +333,26 @@ def page_start(msg: ListPlans) -> tuple[int | None, str | None]:
     """A ``list_plans``' first order to skip (its cursor; None: from the newest), or why it is invalid."""
     if not 1 <= msg.limit <= MAX_LIST_LIMIT:
         return None, f"limit must be 1..{MAX_LIST_LIMIT} (got {msg.limit})"
+    for name, text in (("op", msg.op), ("owner", msg.owner), ("id_contains", msg.id_contains)):
+        if len(text) > MAX_FILTER_CHARS:
+            return None, f"{name} is {len(text)} characters; a filter is at most {MAX_FILTER_CHARS}"
     if not msg.cursor:
         return None, None
     try:
         return int(msg.cursor), None
     except ValueError:
         return None, f"cursor {msg.cursor[:40]!r} is not one this coordinator gave (use a reply's next_cursor)"
+
+
+def row_filter(op: str, owner: str, id_contains: str) -> Callable[[Plan], bool] | None:
+    """Whether a plan matches a ``list_plans``' ``op``, ``owner`` and ``id_contains`` (None: no such filter)."""
+    if not (op or owner or id_contains):
+        return None
+
+    def matches(plan: Plan) -> bool:
+        return (not op or plan.op == op) and (not owner or plan.owner == owner) and id_contains in plan.id
+
+    return matches
 
 
 class _OwnerIndex:

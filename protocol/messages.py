@@ -479,6 +479,9 @@ class ListPlans(_Msg, tag="list_plans"):
     states: list[PlanStateName] = []  # only plans in these states; empty: every state
     limit: int = 200  # at most this many plans (and queue entries) in the answer
     cursor: str = ""  # a previous answer's ``next_cursor``: the page after it ("": the newest)
+    op: str = ""  # only plans of this op ("": any)
+    owner: str = ""  # only plans of this principal ("": any the session may see; a client: itself only)
+    id_contains: str = ""  # only plans whose id contains this text, case-sensitive ("": any)
 
 
 class DrainWorker(_Msg, tag="drain_worker"):
@@ -552,8 +555,9 @@ class Plans(_Msg, tag="plans"):
     plans: list[PlanInfo] = []  # newest first, at most ``limit``
     queue: list[str] = []  # queued plan ids in placement order (priority, then age), at most ``limit``
     counts: dict[str, int] = {}  # visible plans per state, over all of them (not only those listed)
-    total: int = 0  # visible plans matching ``states``, before ``limit``
+    total: int = 0  # visible plans matching ``states`` (and ``op``, ``owner``, ``id_contains``), before ``limit``
     next_cursor: str = ""  # more plans match after this page: ask again with ``cursor`` set to it
+    waiting: dict[str, str] = {}  # plan id in ``queue`` -> why it waits (its waiting reason, cut as in rows)
 
 
 class Resync(_Msg, tag="resync"):

@@ -5,20 +5,30 @@
 // form and is kept in sessionStorage (this tab only, gone when it closes), never in the URL, so it
 // stays out of the browser's history. A #token=... link (the old way) is never used: the page
 // removes the fragment from the address bar and its history entry (history.replaceState) and
-// asks to log in with the form instead.
+// asks to log in with the form instead. A #plan=<id> link opens that plan's detail.
 //
 // Live data: `subscribe(all, from_seq=MAX)` makes the coordinator push every future event of every
 // plan this token may see (an admin token: all plans) without replaying history; `list_plans` and
-// `list_workers` give snapshots, polled every few seconds. Listings are summaries (no result bodies,
-// only `result_bytes`): the selected plan's result is fetched on demand with `get_plan`, once it ends. Everything is rendered with textContent,
-// never innerHTML, so nothing a worker or a client sends can inject markup.
+// `list_workers` give snapshots, polled every few seconds. The plan list is one page of a
+// `list_plans` filtered by the coordinator (state, op, owner, a part of the id) and paged with its
+// `next_cursor`: the page asks for `pageSize` rows, never every plan. Listings are summaries (no result
+// bodies, only `result_bytes`): the selected plan's result is fetched on demand with `get_plan`, once
+// it ends. Everything is rendered with textContent, never innerHTML, so nothing a worker or a client
+// sends can inject markup.
+//
+// Rendering holds at hundreds of plans a second (issue #25 part 9: the page froze 4-10 s at ~100/s):
+// an event only updates records and marks what it changed; the page is redrawn at most once per
+// animation frame and no more often than every RENDER_EVERY_MS, with at most one page of rows and
+// one page of queue entries. Plans not on the page are tracked only while they live (for the counts,
+// the charts and the queue), and listings asked for on unknown plans are coalesced (LEARN_EVERY_MS).
 //
 // Charts (charts.js draws them): series are computed here, in the page, from what it already
-// receives: terminal events give plans/s by outcome and submit->result latency (from the plan's
-// first `queued` event to its end, as this page saw them), the listings give the queue depth
-// (`counts.queued`, the true number, not the length of the capped `queue` list), `list_workers`
-// gives in-flight, load and power per worker. Nothing new is asked of the coordinator, so the
-// charts cost it nothing; they start when the page opens and keep the last hour.
+// receives: terminal events give plans/s by outcome, submit->result latency (from the plan's
+// first `queued` event to its end, as this page saw them) and energy and gCO2e (the receipts the
+// terminal events carry: the same figures as each plan's receipt); the listings give the queue depth
+// (`counts.queued`, the true number, not the length of the capped `queue` list); `list_workers`
+// gives in-flight and load per worker. Nothing new is asked of the coordinator, so the charts cost
+// it nothing; they start when the page opens and keep the last hour.
 "use strict";
 
 const JSON_SUBPROTOCOL = "fleetwire.v1.json";
@@ -26,14 +36,20 @@ const BEARER_PREFIX = "fleetwire.bearer.";
 const NO_REPLAY = Number.MAX_SAFE_INTEGER; // from_seq past any event: live events only
 const WORKERS_EVERY_MS = 2000;
 const PLANS_EVERY_MS = 5000;
-const MAX_PLANS = 200;
+const LEARN_EVERY_MS = 1000; // a listing asked for unknown plans (their op), at most this often
+const RENDER_EVERY_MS = 100; // the page is redrawn at most this often (and once per animation frame)
+const PAGE_SIZES = [25, 50, 100, 200];
+const DEFAULT_PAGE_SIZE = 100;
 const MAX_EVENT_ROWS = 500;
+const MAX_TRACKED = 20000; // plans off the page followed for the counts (oldest dropped first)
 const HOUR_MS = 3600 * 1000;
-const RATE_BUCKET_MS = 10 * 1000; // plans/s and latency percentiles per 10 s
+const RATE_BUCKET_MS = 10 * 1000; // plans/s, latency percentiles and energy per 10 s
 const CHARTS_EVERY_MS = 2000;
 const MAX_SEEN = 20000; // plans whose first-seen time is kept (latency), oldest dropped first
+const FILTER_DELAY_MS = 300; // typing in a filter asks for a listing once it pauses this long
 // Plan states in the order the counts show them, whatever order the coordinator sends.
 const STATE_ORDER = ["queued", "leased", "running", "succeeded", "failed", "cancelled"];
+const UNFINISHED = ["queued", "leased", "running"];
 const MAX_RESULT_CHARS = 20000; // a result shown longer than this is cut (the page stays responsive)
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 // Lifecycle event kind -> the plan state it means (docs/PROTOCOL.md §6).
@@ -47,15 +63,26 @@ const state = {
   token: "",
   nextReqId: 1,
   pending: new Map(), // req_id -> callback(reply)
-  plans: new Map(), // plan_id -> {id, op, state, worker_id, attempt, last_seq, waiting_reason}
-  queue: [],
+  pendingSubmit: 0, // req_id of a submit not answered yet (a `moved` or a close says why it never will be)
+  rows: new Map(), // the page's plans, newest first: id -> {id, op, state, worker_id, attempt, last_seq, ...}
+  tracked: new Map(), // live plans off the page (counts): id -> the same record; ended ones are dropped
+  queue: [], // queued plan ids in placement order (the listing's, then moved by events)
+  waiting: {}, // plan id -> why it waits (the listing's `waiting`, then `waiting` events)
   counts: {},
+  total: 0, // plans matching the filter (the listing's `total`)
+  filter: { states: [], op: "", owner: "", id_contains: "" },
+  pageSize: DEFAULT_PAGE_SIZE,
+  cursors: [""], // the cursor of each page up to the one shown ("": the newest)
+  nextCursor: "", // the listing's: an older page follows
+  listingSeq: 0, // the newest listing asked for; older replies are ignored
   workers: [],
   summary: "",
   selected: null,
   selectedSeq: 0,
   timers: [],
-  refreshSoon: null,
+  learnTimer: null,
+  lastLearn: 0,
+  filterTimer: null,
   reconnectDelay: 500,
   everConnected: false,
   workersLoaded: false, // a list_workers reply arrived on this connection
@@ -64,6 +91,10 @@ const state = {
   eventTimes: new Map(), // "plan_id:seq" -> ms the page received it live (the detail's times)
   seenAt: new Map(), // plan_id -> ms its first event (seq 1) arrived live: submit->result latency
   charts: null, // made at start (charts.js)
+  dirty: new Set(), // parts to redraw: "plans", "queue", "counts", "detail", "workers"
+  renderQueued: false,
+  lastRender: 0,
+  renders: 0, // redraws so far (the browser test reads it)
 };
 
 function makeCharts() {
@@ -76,9 +107,10 @@ function makeCharts() {
     queue: new TimeSeries(HOUR_MS),
     inflight: new Map(), // worker id -> TimeSeries
     load: new Map(),
-    energy: new TimeSeries(HOUR_MS),
-    carbon: new TimeSeries(HOUR_MS),
-    powerSeen: false,
+    joules: new Buckets(HOUR_MS, RATE_BUCKET_MS), // receipts' joules per bucket of the plan's end
+    grams: new Buckets(HOUR_MS, RATE_BUCKET_MS), // receipts' gCO2e likewise
+    receipts: 0, // receipts counted (the chart's note)
+    joulesSeen: 0, // their sum: the figure the note shows, the same as the rows' receipts
   };
 }
 
@@ -108,6 +140,17 @@ function refuseTokenInLink() {
   return true;
 }
 
+// #plan=<id>: the plan whose detail the address names (a link from the queue or the list, or pasted).
+function planInLink() {
+  return new URLSearchParams(location.hash.replace(/^#/, "")).get("plan");
+}
+
+function onHashChange() {
+  if (refuseTokenInLink()) return;
+  const id = planInLink();
+  if (id && id !== state.selected) follow(id);
+}
+
 // ------------------------------------------------------------------ connection
 
 function setStatus(text, kind) {
@@ -125,9 +168,10 @@ function setStatus(text, kind) {
 // "connecting…" / "disconnected" until a listing arrives; "No workers registered" only when one says so.
 function renderPlaceholders() {
   const conn = $("conn-status").dataset.state;
+  const filtered = filterActive() || state.cursors.length > 1;
   for (const [id, loaded, table, empty] of [
     ["no-workers", state.workersLoaded, "workers", "No workers registered."],
-    ["no-plans", state.plansLoaded, "plans", "No plans yet."],
+    ["no-plans", state.plansLoaded, "plans", filtered ? "No plans match." : "No plans yet."],
   ]) {
     const p = $(id);
     const rows = $(table).tBodies[0].rows.length;
@@ -165,7 +209,7 @@ function connect() {
     // One frame: the subscription is in place before the snapshot, so no event falls between them.
     send([
       request({ type: "subscribe", all: true, from_seq: NO_REPLAY }),
-      request({ type: "list_plans", limit: MAX_PLANS }, onPlans),
+      listingRequest(),
       request({ type: "list_workers" }, onWorkers),
     ]);
     if (state.selected) follow(state.selected);
@@ -188,6 +232,11 @@ function connect() {
     for (const t of state.timers) clearInterval(t);
     state.timers = [];
     state.pending.clear();
+    if (state.pendingSubmit) {
+      state.pendingSubmit = 0;
+      $("submit-error").textContent = `the connection closed before the coordinator answered (${ev.code}`
+        + `${ev.reason ? ": " + ev.reason : ""}): look for the plan in the list before submitting it again`;
+    }
     if (!state.everConnected) {
       // The handshake failed: a browser hides the HTTP status, but 401/403 are by far the likeliest.
       setStatus("disconnected", "disconnected");
@@ -240,6 +289,14 @@ function dispatch(m) {
     onEvent(m);
     return;
   }
+  if (m.type === "moved" && state.pendingSubmit) {
+    // A cluster's main port that cannot reach the plan's shard owner now moves the session instead.
+    state.pending.delete(state.pendingSubmit);
+    state.pendingSubmit = 0;
+    $("submit-error").textContent = `not submitted: shard ${m.shard || 0} is served at ${m.url || "(nobody yet)"} and could `
+      + "not be reached from here; submit again in a moment";
+    return;
+  }
   const callback = m.req_id ? state.pending.get(m.req_id) : undefined;
   if (callback) {
     state.pending.delete(m.req_id);
@@ -249,31 +306,127 @@ function dispatch(m) {
   }
 }
 
+// ------------------------------------------------------------------ rendering schedule
+
+// Marks parts of the page to redraw; one redraw per animation frame at most, RENDER_EVERY_MS apart.
+function invalidate(...parts) {
+  for (const p of parts) state.dirty.add(p);
+  if (state.renderQueued) return;
+  state.renderQueued = true;
+  const wait = Math.max(0, state.lastRender + RENDER_EVERY_MS - performance.now());
+  const frame = () => requestAnimationFrame(flush);
+  if (wait > 0) setTimeout(frame, wait);
+  else frame();
+}
+
+function flush() {
+  state.renderQueued = false;
+  state.lastRender = performance.now();
+  state.renders += 1;
+  const dirty = state.dirty;
+  state.dirty = new Set();
+  if (dirty.has("plans")) renderPlans();
+  if (dirty.has("plans") || dirty.has("counts")) renderCounts();
+  if (dirty.has("queue") || dirty.has("counts")) renderQueue();
+  if (dirty.has("workers")) renderWorkers();
+  if (dirty.has("detail") || dirty.has("plans")) renderDetail();
+  renderPlaceholders();
+}
+
 // ------------------------------------------------------------------ data
 
+const LIVE_FIELDS = ["state", "worker_id", "attempt", "last_seq", "waiting_reason", "receipt"];
+
+function filterActive() {
+  const f = state.filter;
+  return Boolean(f.states.length || f.op || f.owner || f.id_contains);
+}
+
+// New plans are shown live only on the newest page of the unfiltered list (elsewhere: by the next listing).
+function showsNewPlans() {
+  return state.cursors.length === 1 && !filterActive();
+}
+
+// The listing of the page shown: its filter, its cursor, one page of rows (never every plan).
+function listingRequest() {
+  const seq = ++state.listingSeq;
+  const f = state.filter;
+  const body = { type: "list_plans", limit: state.pageSize, cursor: state.cursors[state.cursors.length - 1] };
+  if (f.states.length) body.states = f.states;
+  if (f.op) body.op = f.op;
+  if (f.owner) body.owner = f.owner;
+  if (f.id_contains) body.id_contains = f.id_contains;
+  state.lastLearn = performance.now();
+  return request(body, (reply) => onPlans(reply, seq));
+}
+
 function refreshPlans() {
-  send([request({ type: "list_plans", limit: MAX_PLANS }, onPlans)]);
+  send([listingRequest()]);
 }
 
+// A listing soon, to learn plans met only in events (their op): at most one per LEARN_EVERY_MS.
 function refreshPlansSoon() {
-  if (state.refreshSoon) return;
-  state.refreshSoon = setTimeout(() => {
-    state.refreshSoon = null;
+  if (state.learnTimer) return;
+  const wait = Math.max(0, state.lastLearn + LEARN_EVERY_MS - performance.now());
+  state.learnTimer = setTimeout(() => {
+    state.learnTimer = null;
     refreshPlans();
-  }, 100);
+  }, wait);
 }
 
-function onPlans(reply) {
+// A live plan off the page: followed for the counts until it ends (the oldest dropped past MAX_TRACKED).
+function track(plan) {
+  state.tracked.set(plan.id, plan);
+  if (state.tracked.size > MAX_TRACKED) state.tracked.delete(state.tracked.keys().next().value);
+}
+
+// The page's rows with `plan` first (the newest), cut to one page; the rows pushed off are tracked.
+function prependRow(plan) {
+  const rows = new Map([[plan.id, plan]]);
+  for (const [id, p] of state.rows) {
+    if (rows.has(id)) continue;
+    if (rows.size < state.pageSize) rows.set(id, p);
+    else if (!TERMINAL.has(p.state)) track(p);
+  }
+  state.rows = rows;
+}
+
+function planRecord(id) {
+  return state.rows.get(id) || state.tracked.get(id);
+}
+
+function onPlans(reply, seq) {
+  if (seq !== state.listingSeq) return; // a newer listing (another page or filter) was asked for since
+  if (reply.type === "error") {
+    $("filter-error").textContent = `${reply.code}: ${reply.message}`;
+    return;
+  }
   if (reply.type !== "plans") return;
-  const fresh = new Map();
-  for (const p of reply.plans || []) fresh.set(p.id, { ...p, last_seq: p.last_seq || 0 });
-  // Plans submitted from this page a moment ago may not be in an older snapshot yet.
-  for (const [id, p] of state.plans) if (!fresh.has(id) && p.local) fresh.set(id, p);
-  state.plans = fresh;
+  $("filter-error").textContent = "";
+  const rows = new Map();
+  if (showsNewPlans()) {
+    // Plans submitted from this page a moment ago may not be in an older snapshot yet.
+    for (const [id, p] of state.rows) if (p.local && !(reply.plans || []).some((q) => q.id === id)) rows.set(id, p);
+  }
+  for (const p of reply.plans || []) {
+    const known = planRecord(p.id);
+    const rec = { ...p, last_seq: p.last_seq || 0 };
+    if (known && (known.last_seq || 0) > rec.last_seq) {
+      for (const k of LIVE_FIELDS) if (known[k] !== undefined) rec[k] = known[k]; // events newer than the snapshot
+    }
+    if (known && known.local) rec.local = true;
+    state.tracked.delete(p.id);
+    rows.set(p.id, rec);
+  }
+  for (const [id, p] of state.rows) if (!rows.has(id) && !TERMINAL.has(p.state)) track(p);
+  state.rows = rows;
   state.queue = reply.queue || [];
+  state.waiting = { ...(reply.waiting || {}) };
   state.counts = reply.counts || {};
+  state.total = reply.total || 0;
+  state.nextCursor = reply.next_cursor || "";
   state.plansLoaded = true;
-  renderPlans();
+  invalidate("plans", "queue", "counts");
 }
 
 function onWorkers(reply) {
@@ -282,7 +435,7 @@ function onWorkers(reply) {
   state.summary = reply.summary || "";
   state.workersLoaded = true;
   sampleWorkers(Date.now());
-  renderWorkers();
+  invalidate("workers");
 }
 
 // The autoscaler's last word (an admin's fleet event, plan_id ""): a decision or a failed provider call.
@@ -299,29 +452,50 @@ function showAutoscale(d) {
     : `autoscaler: ${d.action} ${d.pool} ${d.current} → ${d.desired} workers${names}, ${d.ongoing} plans ongoing`;
 }
 
+function leaveQueue(id) {
+  if (id in state.waiting) delete state.waiting[id];
+  const at = state.queue.indexOf(id);
+  if (at >= 0) {
+    state.queue.splice(at, 1);
+    invalidate("queue");
+  }
+}
+
+// One event: records and counts change here; the page is redrawn later, once for many events (invalidate).
 function onEvent(ev) {
   if (ev.kind === "autoscale" && !ev.plan_id) {
     showAutoscale(ev.data || {});
     return;
   }
   const now = Date.now();
-  if (!state.eventTimes.has(`${ev.plan_id}:${ev.seq}`)) state.eventTimes.set(`${ev.plan_id}:${ev.seq}`, now);
-  if (state.eventTimes.size > MAX_SEEN) state.eventTimes.delete(state.eventTimes.keys().next().value);
-  let plan = state.plans.get(ev.plan_id);
-  const known = Boolean(plan);
-  if (ev.seq === 1 && ev.kind === "queued" && !state.seenAt.has(ev.plan_id)) {
-    state.seenAt.set(ev.plan_id, now); // a new plan: its submit->result clock starts
+  const id = ev.plan_id;
+  const key = `${id}:${ev.seq}`;
+  if (!state.eventTimes.has(key)) {
+    state.eventTimes.set(key, now);
+    if (state.eventTimes.size > MAX_SEEN) state.eventTimes.delete(state.eventTimes.keys().next().value);
+  }
+  let plan = planRecord(id);
+  if (ev.seq === 1 && ev.kind === "queued" && !state.seenAt.has(id)) {
+    state.seenAt.set(id, now); // a new plan: its submit->result clock starts
     if (state.seenAt.size > MAX_SEEN) state.seenAt.delete(state.seenAt.keys().next().value);
-    if (!known || !plan.last_seq) state.counts.queued = (state.counts.queued || 0) + 1;
+    if (!plan || !plan.last_seq) {
+      state.counts.queued = (state.counts.queued || 0) + 1;
+      invalidate("counts");
+    }
   }
   if (!plan) {
     // Its state before this event is known only when this is its first event; else the counts
-    // wait for the listing this asks for.
-    plan = { id: ev.plan_id, op: "", state: "queued", attempt: 0, last_seq: 0, guessed: ev.seq !== 1 };
-    state.plans = new Map([[ev.plan_id, plan], ...state.plans]); // newest first
-    refreshPlansSoon(); // learn its op from a snapshot
+    // wait for the next listing.
+    plan = { id, op: "", state: "queued", attempt: 0, last_seq: 0, guessed: ev.seq !== 1 };
+    if (showsNewPlans() && !TERMINAL.has(KIND_STATE[ev.kind])) {
+      prependRow(plan);
+      refreshPlansSoon(); // learn its op from a snapshot (coalesced: one listing for many new plans)
+    } else {
+      track(plan);
+    }
   }
-  // Only events newer than what the row shows move it (a replay for the event pane must not).
+  const onPage = state.rows.get(id) === plan;
+  // Only events newer than what the record shows move it (a replay for the event pane must not).
   const newer = ev.seq > (plan.last_seq || 0);
   if (newer) plan.last_seq = ev.seq;
   const next = KIND_STATE[ev.kind];
@@ -330,53 +504,68 @@ function onEvent(ev) {
       // Live counts between listings: each transition moves one plan from a state to another.
       state.counts[plan.state] = Math.max(0, (state.counts[plan.state] || 0) - 1);
       state.counts[next] = (state.counts[next] || 0) + 1;
+      invalidate("counts");
     }
-    if (TERMINAL.has(next)) noteOutcome(ev.plan_id, next, now);
-    plan.state = next;
     const data = ev.data || {};
+    if (TERMINAL.has(next)) noteOutcome(id, next, now, data.receipt);
+    plan.state = next;
     if (data.worker_id) plan.worker_id = data.worker_id;
     if (ev.kind === "leased" && data.attempt) plan.attempt = data.attempt;
-    if (ev.kind === "waiting") plan.waiting_reason = data.reason;
+    if (ev.kind === "waiting") {
+      plan.waiting_reason = data.reason;
+      if (data.reason) state.waiting[id] = data.reason;
+      invalidate("queue");
+    }
     if (TERMINAL.has(next) && data.receipt) plan.receipt = data.receipt; // energy and carbon (PROTOCOL.md §Receipt)
-    if (next === "queued" && !state.queue.includes(plan.id)) state.queue.push(plan.id);
-    if (next !== "queued") state.queue = state.queue.filter((id) => id !== plan.id);
-    if (ev.kind === "requeued" || TERMINAL.has(next)) refreshPlansSoon();
+    if (next === "queued") {
+      if (!state.queue.includes(id) && state.queue.length < state.pageSize) {
+        state.queue.push(id);
+        invalidate("queue");
+      }
+    } else {
+      leaveQueue(id);
+    }
+    if (TERMINAL.has(next) && !onPage) state.tracked.delete(id); // counted: nothing more to follow
+    if (onPage) invalidate("plans");
+    if (onPage && ev.kind === "requeued") refreshPlansSoon();
   }
-  if (ev.plan_id === state.selected && ev.seq > state.selectedSeq) {
+  if (id === state.selected && ev.seq > state.selectedSeq) {
     state.selectedSeq = ev.seq;
     appendEvent(ev);
     if (TERMINAL.has(ev.kind) || ev.kind === "leased" || ev.kind === "requeued" || ev.kind === "running") {
-      fetchResult(ev.plan_id); // the detail's record (attempts, times, result) follows the plan
+      fetchResult(id); // the detail's record (attempts, times, result) follows the plan
     }
+    invalidate("detail");
   }
-  renderPlans();
 }
 
 function follow(planId) {
   state.selected = planId;
   state.selectedSeq = 0;
+  if (planInLink() !== planId) history.replaceState(null, "", "#" + new URLSearchParams({ plan: planId }));
   $("events").tBodies[0].replaceChildren();
   $("events-plan").textContent = planId;
   $("plan-result").hidden = true;
   state.detail = null;
   $("detail-error").textContent = "";
   $("detail-close").hidden = false;
-  renderDetail();
   // Replays what the coordinator still holds, then stays live (the all-subscription already is).
-  send([request({ type: "subscribe", plan_ids: [planId], from_seq: 0 })]);
+  send([request({ type: "subscribe", plan_ids: [planId], from_seq: 0 }, (reply) => {
+    if (reply.type === "error" && planId === state.selected) $("detail-error").textContent = `${reply.code}: ${reply.message}`;
+  })]);
   fetchResult(planId); // the record: owner, attempts, times, and the result once it ended
-  renderPlans();
+  invalidate("plans", "detail");
 }
 
 function closeDetail() {
   state.selected = null;
   state.detail = null;
+  if (planInLink()) history.replaceState(null, "", location.pathname + location.search);
   $("events").tBodies[0].replaceChildren();
   $("events-plan").textContent = "(select a plan)";
   $("plan-result").hidden = true;
   $("detail-close").hidden = true;
-  renderDetail();
-  renderPlans();
+  invalidate("plans", "detail");
 }
 
 function cancelSelected() {
@@ -387,7 +576,7 @@ function cancelSelected() {
     if (reply.type === "error") $("detail-error").textContent = `cancel: ${reply.code}: ${reply.message}`;
     else if (reply.type === "plan" && reply.plan && reply.plan.id === state.selected) {
       state.detail = reply.plan;
-      renderDetail();
+      invalidate("detail");
     }
   })]);
   if (!ok) $("detail-error").textContent = "not connected";
@@ -411,7 +600,7 @@ function renderDetail() {
     $("detail-cancel").hidden = true;
     return;
   }
-  const row = state.plans.get(planId) || {};
+  const row = planRecord(planId) || {};
   const rec = state.detail && state.detail.id === planId ? state.detail : {};
   const planState = TERMINAL.has(rec.state) ? rec.state : row.state || rec.state || "?";
   $("detail").dataset.state = planState;
@@ -458,9 +647,10 @@ function renderDetail() {
     const end = times.ended || rec.ended_at * 1000;
     pairs.push(["submit → result", `${((end - times.queued) / 1000).toFixed(3)} s`]);
   }
-  if (planState === "queued" && (row.waiting_reason || rec.waiting_reason)) {
-    pairs.push(["waiting", row.waiting_reason || rec.waiting_reason]);
-  }
+  const reason = row.waiting_reason || state.waiting[planId] || rec.waiting_reason;
+  if (planState === "queued" && reason) pairs.push(["waiting", reason]);
+  const receipt = rec.receipt || row.receipt;
+  if (receipt) pairs.push(["energy · gCO2e", receiptText(receipt)]);
   if (error) pairs.push(["error", `${error.code}: ${error.message}`]);
   const nodes = [];
   for (const [k, v] of pairs) {
@@ -482,10 +672,14 @@ function renderDetail() {
 // The result of one plan, on demand: listings never carry result bodies.
 function fetchResult(planId) {
   send([request({ type: "get_plan", plan_id: planId }, (reply) => {
+    if (reply.type === "error" && planId === state.selected) {
+      $("detail-error").textContent = `${reply.code}: ${reply.message}`;
+      return;
+    }
     if (reply.type !== "plan" || !reply.plan || reply.plan.id !== state.selected) return;
     const p = reply.plan;
     state.detail = p;
-    renderDetail();
+    invalidate("detail");
     if (!TERMINAL.has(p.state)) return; // the result, once it ends
     const out = $("plan-result");
     out.dataset.state = p.state;
@@ -513,20 +707,85 @@ function submitPlan(event) {
   }
   const tags = $("tags").value.split(",").map((t) => t.trim()).filter(Boolean);
   const msg = request({ type: "submit", op, args, requirements: { tags }, subscribe: true }, (reply) => {
+    state.pendingSubmit = 0;
     if (reply.type === "error") {
       error.textContent = `${reply.code}: ${reply.message}`;
       return;
     }
-    const known = state.plans.get(reply.plan_id);
+    if (reply.type !== "accepted") {
+      error.textContent = `unexpected answer to submit: ${reply.type}`;
+      return;
+    }
+    const known = planRecord(reply.plan_id);
     // Its state comes from its events (the first one counts it as queued).
     const plan = known || { id: reply.plan_id, state: "queued", attempt: 0, last_seq: 0 };
     plan.op = op;
     plan.local = true;
-    if (!known) state.plans = new Map([[plan.id, plan], ...state.plans]);
+    if (!known) {
+      if (showsNewPlans()) prependRow(plan);
+      else track(plan);
+    }
     follow(plan.id);
     refreshPlansSoon(); // the counts and the queue now include it
   });
   if (!send([msg])) error.textContent = "not connected";
+  else state.pendingSubmit = msg.req_id;
+}
+
+// ------------------------------------------------------------------ filter and pages
+
+function readFilter() {
+  const chosen = $("filter-state").value;
+  return {
+    states: chosen === "unfinished" ? UNFINISHED : chosen ? [chosen] : [],
+    op: $("filter-op").value.trim(),
+    owner: $("filter-owner").value.trim(),
+    id_contains: $("filter-id").value.trim(),
+  };
+}
+
+// The filter or the page size changed: the newest page of what now matches.
+function applyFilter() {
+  clearTimeout(state.filterTimer);
+  state.filterTimer = null;
+  state.filter = readFilter();
+  state.pageSize = Number($("page-size").value) || DEFAULT_PAGE_SIZE;
+  state.cursors = [""];
+  state.nextCursor = "";
+  refreshPlans();
+  invalidate("counts");
+}
+
+function applyFilterSoon() {
+  clearTimeout(state.filterTimer);
+  state.filterTimer = setTimeout(applyFilter, FILTER_DELAY_MS);
+}
+
+function olderPage() {
+  if (!state.nextCursor) return;
+  state.cursors.push(state.nextCursor);
+  state.nextCursor = "";
+  refreshPlans();
+}
+
+function newerPage() {
+  if (state.cursors.length <= 1) return;
+  state.cursors.pop();
+  refreshPlans();
+}
+
+// A click on a plan id (a link to #plan=<id>) or a plan row opens its detail; the link works without script too.
+function onPlanClick(event) {
+  const target = event.target.closest("[data-plan-id]");
+  if (!target || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey) return;
+  event.preventDefault();
+  follow(target.dataset.planId);
+}
+
+function planLink(id) {
+  const a = el("a", id, "mono plan-link");
+  a.href = "#" + new URLSearchParams({ plan: id });
+  return a;
 }
 
 // ------------------------------------------------------------------ rendering
@@ -609,37 +868,39 @@ function renderWorkers() {
 function receiptText(r) {
   if (!r) return "-";
   const j = r.joules || 0;
-  const energy = j >= 1e4 ? `${(j / 1e3).toPrecision(3)} kJ` : `${j.toFixed(1)} J`;
+  const energy = j >= 1e4 ? `${(j / 1e3).toPrecision(3)} kJ` : j >= 0.1 || j === 0 ? `${j.toFixed(1)} J` : `${j.toPrecision(2)} J`;
   return `${r.estimated ? "~" : ""}${energy} · ${(r.co2e_g || 0).toPrecision(2)} g`;
 }
 
-// The fleet total over the plans listed: energy and gCO2e of those with a receipt.
+// The total over the plans listed: energy and gCO2e of those with a receipt.
 function renderFootprint() {
   const out = $("plans-footprint");
   if (!out) return;
   let joules = 0, grams = 0, n = 0, estimated = 0;
-  for (const p of state.plans.values()) {
+  for (const p of state.rows.values()) {
     if (!p.receipt) continue;
     n += 1;
     joules += p.receipt.joules || 0;
     grams += p.receipt.co2e_g || 0;
     if (p.receipt.estimated) estimated += 1;
   }
-  out.textContent = n ? `fleet total over ${n} finished plans listed: ${receiptText({ joules, co2e_g: grams })}` +
+  out.textContent = n ? `total over the ${n} finished plans listed: ${receiptText({ joules, co2e_g: grams })}` +
     (estimated ? ` (${estimated} estimated)` : "") : "";
 }
 
+// One page of rows at most (pageSize), rebuilt at most once per redraw.
 function renderPlans() {
   const body = $("plans").tBodies[0];
   const rows = [];
-  let n = 0;
-  for (const p of state.plans.values()) {
-    if (n++ >= MAX_PLANS) break;
+  for (const p of state.rows.values()) {
+    if (rows.length >= state.pageSize) break;
     const tr = el("tr");
     tr.dataset.planId = p.id;
     tr.dataset.state = p.state;
     if (p.id === state.selected) tr.className = "selected";
-    tr.append(el("td", p.id, "mono"));
+    const idCell = el("td");
+    idCell.append(planLink(p.id));
+    tr.append(idCell);
     tr.append(el("td", p.op || "…"));
     const st = el("td");
     st.append(el("span", p.state, `state state-${p.state}`));
@@ -648,33 +909,50 @@ function renderPlans() {
     tr.append(el("td", p.attempt || 0));
     tr.append(el("td", p.last_seq || 0));
     tr.append(el("td", receiptText(p.receipt)));
-    tr.addEventListener("click", () => follow(p.id));
     rows.push(tr);
   }
   body.replaceChildren(...rows);
   renderFootprint();
+}
+
+// The state counts (a fixed order), the page's place in the listing and the paging buttons.
+function renderCounts() {
   // A fixed order (the coordinator's map follows the plans it met first, which changes).
   const order = [...STATE_ORDER, ...Object.keys(state.counts).filter((k) => !STATE_ORDER.includes(k)).sort()];
   const counts = order.filter((k) => state.counts[k]).map((k) => `${state.counts[k]} ${k}`);
   $("plan-counts").textContent = counts.length ? "plans: " + counts.join(", ") : "";
+  const page = state.cursors.length;
+  const shown = Math.min(state.rows.size, state.pageSize);
+  const info = $("page-info");
+  info.dataset.page = page;
+  info.dataset.total = state.total;
+  info.textContent = `page ${page}: ${shown} of ${state.total} ${filterActive() ? "matching " : ""}plans`;
+  $("page-newer").disabled = page <= 1;
+  $("page-older").disabled = !state.nextCursor;
+}
+
+function renderQueue() {
   const queue = $("queue");
-  const items = state.queue.map((id) => {
+  const items = [];
+  for (const id of state.queue) {
+    if (items.length >= state.pageSize) break;
     const li = el("li");
     li.dataset.planId = id;
-    const p = state.plans.get(id);
-    li.append(el("span", `${id}${p && p.op ? " (" + p.op + ")" : ""}`, "mono"));
-    if (p && p.waiting_reason) li.append(el("span", p.waiting_reason, "reason"));
-    return li;
-  });
+    const p = planRecord(id);
+    li.append(planLink(id));
+    if (p && p.op) li.append(el("span", ` (${p.op})`, "muted"));
+    const reason = state.waiting[id] || (p && p.waiting_reason);
+    if (reason) li.append(el("span", reason, "reason"));
+    if (id === state.selected) li.className = "selected";
+    items.push(li);
+  }
   queue.replaceChildren(...items);
   // The queue list is capped (the listing's limit); the depth is the count of queued plans.
   const depth = Math.max(state.counts.queued || 0, state.queue.length);
-  $("queue-depth").textContent = depth > state.queue.length
-    ? `(${depth} waiting; the first ${state.queue.length} shown)`
+  $("queue-depth").textContent = depth > items.length
+    ? `(${depth} waiting; the first ${items.length} shown)`
     : `(${depth})`;
   $("queue-depth").dataset.depth = depth;
-  renderPlaceholders();
-  if (state.selected) renderDetail();
 }
 
 function appendEvent(ev) {
@@ -712,11 +990,34 @@ function drainWorker(workerId, drain) {
   if (!ok) $("worker-error").textContent = "not connected";
 }
 
+// ------------------------------------------------------------------ operator actions
+
+// Drain (no new plans; running ones finish) or undrain a worker: admin only (others get forbidden).
+function drainWorker(workerId, drain) {
+  $("worker-error").textContent = "";
+  const type = drain ? "drain_worker" : "undrain_worker";
+  const ok = send([request({ type, worker_id: workerId }, (reply) => {
+    if (reply.type === "error") {
+      $("worker-error").textContent = `${drain ? "drain" : "undrain"} ${workerId}: ${reply.code}: ${reply.message}`;
+      return;
+    }
+    send([request({ type: "list_workers" }, onWorkers)]);
+  })]);
+  if (!ok) $("worker-error").textContent = "not connected";
+}
+
 // ------------------------------------------------------------------ charts
 
-function noteOutcome(planId, outcome, now) {
+// A plan ended (live): its outcome, its latency when its start was seen, and its receipt's energy.
+function noteOutcome(planId, outcome, now, receipt) {
   const c = state.charts;
   c.outcomes[outcome].add(now);
+  if (receipt) { // the same figures as the plan's receipt (a row's energy cell), by the bucket of its end
+    c.joules.add(now, receipt.joules || 0);
+    c.grams.add(now, receipt.co2e_g || 0);
+    c.receipts += 1;
+    c.joulesSeen += receipt.joules || 0;
+  }
   const start = state.seenAt.get(planId);
   if (start === undefined) return; // first heard of mid-life: its submit time is unknown here
   state.seenAt.delete(planId);
@@ -728,24 +1029,19 @@ function noteOutcome(planId, outcome, now) {
 function sampleWorkers(now) {
   const c = state.charts;
   const { TimeSeries } = window.fleetCharts;
-  let powerW = 0;
-  let gramsPerMin = 0;
   for (const w of state.workers) {
     const caps = w.capabilities || {};
-    const load = w.load || {};
     const max = caps.max_concurrency === undefined ? 1 : caps.max_concurrency;
     const leases = w.leases || 0;
     if (!c.inflight.has(w.id)) c.inflight.set(w.id, new TimeSeries(HOUR_MS));
     if (!c.load.has(w.id)) c.load.set(w.id, new TimeSeries(HOUR_MS));
     c.inflight.get(w.id).add(now, leases);
     c.load.get(w.id).add(now, max ? (100 * leases) / max : 0);
-    const p = load.power_w || 0;
-    if (p) c.powerSeen = true;
-    powerW += p;
-    gramsPerMin += ((p / 60) / 1000) * (load.zone_intensity_g_per_kwh || 0); // Wh/min -> kWh/min x g/kWh
   }
-  c.energy.add(now, powerW / 60); // W sustained for a minute = W/60 Wh
-  c.carbon.add(now, gramsPerMin);
+}
+
+function joulesText(j) {
+  return j >= 1e4 ? `${(j / 1e3).toPrecision(3)} kJ` : `${j.toFixed(1)} J`;
 }
 
 function drawCharts() {
@@ -776,9 +1072,18 @@ function drawCharts() {
   const perWorker = (m) => [...m.entries()].filter(([, s]) => (s.trim(now), s.points.length)).map(([id, s]) => ({ name: id, points: s.points }));
   drawChart($("chart-inflight"), perWorker(c.inflight), { ...opts, unit: "plans" });
   drawChart($("chart-load"), perWorker(c.load), { ...opts, unit: "%" });
-  drawChart($("chart-energy"), [{ name: "Wh/min", points: c.energy.points, color: "#b7791f" },
-    { name: "gCO2e/min", points: c.carbon.points, color: "#4a5568" }], opts);
-  $("energy-note").textContent = c.powerSeen ? "" : "(no worker reports power: NVML absent)";
+  // Receipts per 10 s bucket, as a rate per minute: J x 6 / 3600 = Wh/min; g x 6 = g/min.
+  const perMinute = 60 * 1000 / RATE_BUCKET_MS;
+  drawChart($("chart-energy"), [
+    { name: "Wh/min", points: c.joules.points(now, perMinute / 3600, c.since), color: "#b7791f" },
+    { name: "gCO2e/min", points: c.grams.points(now, perMinute, c.since), color: "#4a5568" },
+  ], opts);
+  const note = $("energy-note");
+  note.dataset.receipts = c.receipts;
+  note.dataset.joules = c.joulesSeen;
+  note.textContent = c.receipts
+    ? `(receipts of ${c.receipts} plans ended since this page opened: ${joulesText(c.joulesSeen)})`
+    : "(no receipts yet: a worker measures energy with NVML, or estimates it with --power-watts or --uj-per-token)";
 }
 
 // ------------------------------------------------------------------ start
@@ -796,16 +1101,33 @@ document.addEventListener("DOMContentLoaded", () => {
   $("logout").addEventListener("click", logOut);
   $("detail-cancel").addEventListener("click", cancelSelected);
   $("detail-close").addEventListener("click", closeDetail);
+  $("plans").tBodies[0].addEventListener("click", onPlanClick);
+  $("queue").addEventListener("click", onPlanClick);
+  $("filter-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    applyFilter();
+  });
+  for (const id of ["filter-op", "filter-owner", "filter-id"]) $(id).addEventListener("input", applyFilterSoon);
+  for (const id of ["filter-state", "page-size"]) $(id).addEventListener("change", applyFilter);
+  $("page-size").replaceChildren(...PAGE_SIZES.map((n) => {
+    const option = el("option", n);
+    option.value = n;
+    option.selected = n === DEFAULT_PAGE_SIZE;
+    return option;
+  }));
+  $("page-older").addEventListener("click", olderPage);
+  $("page-newer").addEventListener("click", newerPage);
   state.charts = makeCharts();
   drawCharts();
   setInterval(drawCharts, CHARTS_EVERY_MS);
-  window.addEventListener("hashchange", refuseTokenInLink); // such a link pasted into this tab
-  renderPlans();
-  renderWorkers();
+  window.addEventListener("hashchange", onHashChange); // a token link pasted into this tab, or a plan link
+  invalidate("plans", "queue", "counts", "workers");
   if (refuseTokenInLink()) {
     setStatus("disconnected", "disconnected");
     return; // not connected until the form is used
   }
+  const linked = planInLink();
+  if (linked) state.selected = linked; // its detail opens once connected
   state.token = sessionStorage.getItem("fleetwire-token") || "";
   connect();
 });
