@@ -45,6 +45,16 @@ kills), and the time until every simulated worker of those shards that was attac
 was attached again. Targets (reported, not asserted): p99 <= 5 s, workers back within 10 s, 0 lost,
 0 duplicated, 0 gaps, 0 stale-epoch commits.
 
+**Reconnect that follows the cluster** (issue #25 part 3). For each fault kind (``kill -9``,
+``SIGSTOP`` past the lease, ``SIGTERM``, and a ``--db-freeze`` of PostgreSQL: its postmaster and
+children ``SIGSTOP``-ed for 20 s, then ``SIGCONT``), it prints the time from each affected shard
+being served again (its new core's ``serving shard`` line) until the clients are back (the first
+acknowledgement on that shard's pool after it) and until the worker agents and simulated workers
+that were attached at the fault are attached again, and the acknowledged plans lost per fault kind
+(each lost plan counted against the fault before it was sent). The clients and agents use the
+SDK's and the agent's default reconnect settings (base 0.5 s, cap 30 s), as deployed; target:
+back within 5 s of the shard being served again, 0 lost.
+
     python bench/cluster_chaos.py                       # defaults: <= 5 minutes on a 2-core machine
     python bench/cluster_chaos.py --kills 2 --sims 12 --rate 2 --json     # the smoke size
     python bench/cluster_chaos.py --logs DIR            # keep every process's output in DIR
@@ -60,6 +70,7 @@ again, which coordinators stopped shards or exited, and the checker then runs on
 server: 0 acknowledged plans lost means every acknowledged commit was on the standby.
 
     python bench/cluster_chaos.py --db-failover --kills 3     # the database failover, shorter
+    python bench/cluster_chaos.py --kills 2 --db-freeze 20 --shards 3 --sims 12 --rate 2   # a short reconnect run
 """
 
 from __future__ import annotations
@@ -70,6 +81,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import random
 import signal
 import socket
@@ -475,6 +487,8 @@ class Run:
         self.submitting = True
         self.db_record: dict[str, Any] = {}
         self.all_attached = asyncio.Event()  # every sim worker attached (set once)
+        self.windows: list[tuple[float, str]] = []  # (when, fault kind): a lost plan counts against the one before it
+        self.freezes: list[dict[str, Any]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -500,9 +514,10 @@ class Run:
         c.owner = found[1].rsplit("owner ", 1)[1].rstrip(")")
 
     async def start_agent(self, name: str, pool: str) -> None:
+        # The agent's default reconnect (base 0.5 s, cap 30 s), as deployed: the figures are its own.
         args = [sys.executable, "-m", "fleetwire", "worker", "--url", ",".join(self.urls), "--pool", pool,
-                "--id", name, "--max-concurrency", "4", "--reconnect-base", "0.05", "--reconnect-cap", "0.5",
-                "--drain-timeout", "0.5", "--log-level", "info"]  # fmt: skip
+                "--id", name, "--max-concurrency", "4", "--drain-timeout", "0.5", "--log-level", "info",
+                "--log-format", "json"]  # fmt: skip
         self.agents[name] = await start_logged(name, args, self.logs)
 
     async def read_sims(self) -> None:
@@ -665,6 +680,89 @@ class Run:
             await asyncio.sleep(0.1)
         return None
 
+    def served_at(self, at: float, shards: list[int]) -> dict[int, float]:
+        """Shard -> when a coordinator first announced serving it after ``at`` (its ``serving shard`` line)."""
+        got: dict[int, float] = {}
+        for c in self.coords:
+            for t, line in c.proc.lines if c.proc is not None else ():
+                if t < at or "serving shard " not in line:
+                    continue
+                for shard in shards:
+                    if f"serving shard {shard} (" in line and (shard not in got or t < got[shard]):
+                        got[shard] = t
+        return got
+
+    def _agent_sessions(self, name: str) -> list[tuple[float, str]]:
+        """(time, "registered" | "lost") of one worker agent, from its JSON log lines."""
+        proc = self.agents.get(name)
+        out: list[tuple[float, str]] = []
+        for t, line in proc.lines if proc is not None else ():
+            if '"event": "registered"' in line:
+                out.append((t, "registered"))
+            elif '"event": "disconnected"' in line:
+                out.append((t, "lost"))
+        return out
+
+    def _back_s(self, events: list[tuple[float, str]], at: float, served: float) -> float | None:
+        """Seconds after ``served`` until a worker attached at ``at`` was attached again (0: never lost; None: not yet).
+
+        ``events``: its (time, "registered" | "lost") in order. A worker not attached at ``at`` is not counted
+        (``nan``)."""
+        attached = False
+        for t, ev in events:
+            if t >= at:
+                break
+            attached = ev == "registered"
+        if not attached:
+            return float("nan")
+        lost = next((t for t, ev in events if t >= at and ev == "lost"), None)
+        if lost is None:
+            return 0.0
+        back = next((t for t, ev in events if t >= max(lost, served) and ev == "registered"), None)
+        return None if back is None else max(0.0, back - served)
+
+    async def back_after_served(self, at: float, shards: list[int], timeout_s: float,
+                                served_floor: float | None = None) -> dict[str, Any]:  # fmt: skip
+        """Per shard: seconds from it being served again until its clients and its workers are back.
+
+        Clients: the first acknowledgement on the shard's pool after it was served (a session of that
+        client resumed). Workers: every agent and simulated worker of the pool that was attached at ``at``
+        attached again. ``served_floor``: a shard whose lease outlived the fault (no new ``serving shard``
+        line) counts as served again at this time (a database freeze that ended before the lease did).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            served = self.served_at(at, shards)
+            if served_floor is not None and time.monotonic() > served_floor + 10:
+                for shard in shards:
+                    served.setdefault(shard, served_floor)
+            clients: dict[int, float | None] = {}
+            agents: dict[int, float | None] = {}
+            sims: dict[int, float | None] = {}
+            for shard in shards:
+                t_s = served.get(shard)
+                if t_s is None:
+                    clients[shard] = agents[shard] = sims[shard] = None
+                    continue
+                pool = self.pools[shard]
+                acks = [t.acked_at for t in self.plans if t.pool == pool and t.acked_at is not None
+                        and t.acked_at >= t_s]  # fmt: skip
+                clients[shard] = round(min(acks) - t_s, 3) if acks else None
+                backs = [self._back_s(self._agent_sessions(name), at, t_s) for name in sorted(self.agents)
+                         if self.pools[int(name.rsplit("-", 1)[1]) % len(self.pools)] == pool]  # fmt: skip
+                agents[shard] = _slowest(backs)
+                sim_backs = []
+                for w in self.sims_of([shard]):
+                    events = [(t, "registered" if ev == "registered" else "lost") for t, ev, ww, _p in self.sim_events
+                              if ww == w]  # fmt: skip
+                    sim_backs.append(self._back_s(events, at, t_s))
+                sims[shard] = _slowest(sim_backs)
+            pending = [v for d in (clients, agents, sims) for v in d.values() if v is None]
+            if not pending or time.monotonic() >= deadline:
+                return {"served_after_s": {s: round(t - at, 3) for s, t in sorted(served.items())},
+                        "clients_back_s": clients, "agents_back_s": agents, "sims_back_s": sims}  # fmt: skip
+            await asyncio.sleep(0.2)
+
     async def victim(self) -> tuple[Coordinator, list[int]]:
         owned = await self.owned()
         alive = [c for c in self.coords if c.alive and owned.get(c.owner)]
@@ -686,6 +784,7 @@ class Run:
         self.actions[f"coordinator {kind}"] += 1
         rec_task = asyncio.create_task(self.recovery(at, shards, 30))
         back_task = asyncio.create_task(self.reattached(at, shards, 30))
+        follow_task = asyncio.create_task(self.back_after_served(at, shards, 45))
         if kind == "SIGSTOP":
             stalled = self.ns.lease_ttl + self.ns.stall_extra
             record["stopped_s"] = stalled
@@ -712,6 +811,7 @@ class Run:
         record["recovered_s"] = round(max(times), 3) if len(times) == len(shards) else None
         reattached = await back_task
         record["workers_reattached_s"] = None if reattached is None else round(reattached, 3)
+        record.update(await follow_task)
         if kind == "SIGTERM":
             record["exit"] = await asyncio.wait_for(c.proc.proc.wait(), 30)
         if kind in ("kill -9", "SIGTERM"):
@@ -727,6 +827,9 @@ class Run:
                      f"SIGCONT: {record['found_itself_fenced']}")
         line += f"; rebalanced {record['rebalanced_s']} s after"
         print(line, file=sys.stderr, flush=True)
+        print(f"    after the shard was served again: clients back {_slowest(record['clients_back_s'].values())} s, "
+              f"agents {_slowest(record['agents_back_s'].values())} s, sim workers "
+              f"{_slowest(record['sims_back_s'].values())} s", file=sys.stderr, flush=True)  # fmt: skip
 
     # ------------------------------------------------------------------ the whole run
 
@@ -749,8 +852,8 @@ class Run:
             await asyncio.wait_for(self.all_attached.wait(), 60)
         clients = []
         for pool in self.pools:
-            client = Client(self.urls, pool=pool, token="", reconnect_base_s=0.05, reconnect_cap_s=0.5,
-                            reconnect_give_up_s=None)  # fmt: skip
+            # The SDK's default reconnect (base 0.5 s, cap 30 s), as deployed: the figures are its own.
+            client = Client(self.urls, pool=pool, token="", reconnect_give_up_s=None)
             await client.connect()
             clients.append(client)
         counter = itertools.count(1)
@@ -767,9 +870,19 @@ class Run:
             schedule.insert(min(len(schedule), 6), "SIGTERM")
         if ns.db_failover:
             schedule.insert(len(schedule) // 2, "db failover")
+        if ns.db_freeze > 0:  # before a database failover: it freezes the first server
+            at = schedule.index("db failover") if ns.db_failover else min(len(schedule), 2)
+            schedule.insert(at, "db freeze")
         print(f"cluster chaos: {len(schedule)} faults: {', '.join(schedule)}", file=sys.stderr, flush=True)
         for kind in schedule:
-            await (self.db_failover() if kind == "db failover" else self.fault(kind))
+            fault_at = time.monotonic()
+            if kind == "db failover":
+                await self.db_failover()
+            elif kind == "db freeze":
+                await self.db_freeze()
+            else:
+                await self.fault(kind)
+            self.windows.append((fault_at, kind))
             await asyncio.sleep(ns.settle)
         faults_s = time.monotonic() - t_faults
         self.submitting = False
@@ -805,6 +918,42 @@ class Run:
             "logs": str(self.logs), "seed": ns.seed, "machine": h.machine(),
             **checked,
         }  # fmt: skip
+
+    async def db_freeze(self) -> None:
+        """SIGSTOP PostgreSQL (postmaster and children) for ``--db-freeze`` seconds, SIGCONT; how the cluster comes
+        back: each shard served again, then its clients and workers."""
+        assert self.primary is not None
+        shards = list(range(self.ns.shards))
+        record: dict[str, Any] = {"kind": "db freeze", "frozen_s": self.ns.db_freeze}
+        at = time.monotonic()
+        pids = await asyncio.to_thread(postgres_pids, self.primary)
+        signal_all(pids, signal.SIGSTOP)
+        self.actions["postgresql SIGSTOP"] += 1
+        try:
+            await asyncio.sleep(self.ns.db_freeze)
+        finally:
+            signal_all(pids, signal.SIGCONT)
+        resumed = time.monotonic()
+        record.update(await self.back_after_served(at, shards, 60, served_floor=resumed))
+        acks = {s: [t.acked_at for t in self.plans if t.pool == self.pools[s] and t.acked_at is not None
+                    and t.acked_at >= resumed] for s in shards}  # fmt: skip
+        record["clients_back_after_thaw_s"] = {s: round(min(a) - resumed, 3) if a else None for s, a in acks.items()}
+        exited = [(c.index, c.proc.proc.returncode) for c in self.coords if c.proc and not c.alive]
+        record["coordinators_exited"] = exited
+        for c in self.coords:
+            if not c.alive:
+                await self.start_coordinator(c)
+        t_balance = time.monotonic()
+        record["rebalanced_s"] = round(time.monotonic() - t_balance, 3) if await self.wait_balanced(60) else None
+        self.freezes.append(record)
+        served = _slowest(record["served_after_s"].values())
+        record["served_after_thaw_s"] = None if served is None else round(served - (resumed - at), 3)
+        print(f"  db freeze: PostgreSQL SIGSTOP {self.ns.db_freeze:g} s, then SIGCONT: shards served again "
+              f"{record['served_after_thaw_s']} s after the thaw; after that clients back "
+              f"{_slowest(record['clients_back_s'].values())} s, agents {_slowest(record['agents_back_s'].values())} s,"
+              f" sim workers {_slowest(record['sims_back_s'].values())} s (clients back "
+              f"{_slowest(record['clients_back_after_thaw_s'].values())} s after the thaw); coordinators exited "
+              f"{exited}", file=sys.stderr, flush=True)  # fmt: skip
 
     async def db_failover(self) -> None:
         """kill -9 the PostgreSQL primary, promote the synchronous standby; how the cluster comes back."""
@@ -885,7 +1034,33 @@ class Run:
             leases = await conn.fetch("SELECT * FROM chaos_leases ORDER BY id")
         finally:
             await conn.close()
-        return check(self.plans, plan_rows, event_rows, [r["id"] for r in ids], commits, leases, self.faults)
+        return check(self.plans, plan_rows, event_rows, [r["id"] for r in ids], commits, leases,
+                     [*self.faults, *self.freezes], self.windows)  # fmt: skip
+
+
+def postgres_pids(server: PostgresServer) -> list[int]:
+    """The postmaster's pid and its children's (tests/pg.py ``kill`` finds them the same way)."""
+    pid = int((server.data / "postmaster.pid").read_text().split()[0])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+    return [pid, *children]
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _slowest(values: Any) -> float | None:
+    """The largest of the measured values (nan: not concerned, skipped); None when one is missing."""
+    got = [v for v in values if v is None or v == v]
+    if any(v is None for v in got):
+        return None
+    return round(max(got), 3) if got else 0.0
 
 
 # ---------------------------------------------------------------------------- the checker (pure)
@@ -946,7 +1121,9 @@ def check(
     commits: list[Any],
     leases: list[Any],
     faults: list[dict[str, Any]],
+    windows: list[tuple[float, str]] | None = None,
 ) -> dict[str, Any]:
+    """The checker's figures; ``windows``: (start, fault kind) of each fault, to count lost plans per kind."""
     stored, damaged = decode_plans(plan_rows, event_rows)
     by_id = {p.created.plan_id: p for p in stored}
     acked = [t for t in tracked if t.acked_at is not None]
@@ -992,6 +1169,28 @@ def check(
     def pct(xs: list[float], p: float) -> float | None:
         return round(h.percentile(xs, p), 3) if xs else None
 
+    sent_at = {t.plan_id: t.sent_at for t in acked}
+    lost_by_kind: Counter[str] = Counter()
+    for plan_id in lost:  # against the last fault that began before it was sent
+        kind = "before the faults"
+        for start, fault_kind in windows or []:
+            if start <= sent_at[plan_id]:
+                kind = fault_kind
+        lost_by_kind[kind] += 1
+    follow: dict[str, dict[str, Any]] = {}  # per fault kind: back after the shard was served again
+    for kind in ("kill -9", "SIGSTOP", "SIGTERM", "db freeze"):
+        of_kind = [f for f in faults if f["kind"] == kind and "clients_back_s" in f]
+        if not of_kind:
+            continue
+        row: dict[str, Any] = {"faults": len(of_kind), "lost": lost_by_kind.get(kind, 0)}
+        for what in ("clients_back_s", "agents_back_s", "sims_back_s"):
+            values = [v for f in of_kind for v in f[what].values()]
+            measured = [v for v in values if v is not None and v == v]
+            row[what.replace("_s", "_max_s")] = round(max(measured), 3) if measured else None
+            row[what.replace("_s", "_p50_s")] = pct(measured, 50)
+            row[what.replace("_back_s", "_not_back")] = sum(v is None for v in values)
+        follow[kind] = row
+
     return {
         "submitted": len(tracked),
         "acknowledged": len(acked),
@@ -1020,6 +1219,8 @@ def check(
         "stall_all_fenced": all(sorted(f["found_itself_fenced"]) == sorted(f["taken_over_while_stopped"])
                                 and f["taken_over_while_stopped"] for f in stalls) if stalls else None,
         "handoff_s": [f["recovered_s"] for f in handoffs],
+        "lost_by_fault_kind": dict(lost_by_kind),
+        "back_after_served": follow,
     }  # fmt: skip
 
 
@@ -1044,6 +1245,13 @@ def report_lines(r: dict[str, Any]) -> list[str]:
         f"(target <= 10 s)",
         f"  SIGSTOP past the lease, then SIGCONT: {r['stall_fenced']} (all fenced: {r['stall_all_fenced']})",
         f"  SIGTERM hand-off: submits accepted again after {r['handoff_s']} s",
+        "  back after the shard is served again (slowest shard, s; target <= 5; default reconnect settings):",
+        f"    {'fault':<10} {'n':>2} {'clients p50/max':>16} {'agents p50/max':>16} {'sims p50/max':>14} "
+        f"{'not back':>9} {'acked lost':>10}",
+        *(f"    {kind:<10} {row['faults']:>2} {_pair(row, 'clients'):>16} {_pair(row, 'agents'):>16} "
+          f"{_pair(row, 'sims'):>14} {row['clients_not_back'] + row['agents_not_back'] + row['sims_not_back']:>9} "
+          f"{row['lost']:>10}" for kind, row in r["back_after_served"].items()),
+        f"  acknowledged plans lost, by the fault before their submit: {r['lost_by_fault_kind'] or 'none'}",
         "  checker:",
         f"    every acknowledged plan ends        lost {r['lost']:>4}  {ok(r['lost'])} {r['lost_ids'] or ''}",
         f"    exactly one accepted result         duplicated {r['duplicated']:>4}  {ok(r['duplicated'])} "
@@ -1059,6 +1267,10 @@ def report_lines(r: dict[str, Any]) -> list[str]:
         f"  database failover: {r['db_failover']}",
         f"  logs: {r['logs']}",
     ]
+
+
+def _pair(row: dict[str, Any], what: str) -> str:
+    return f"{row[f'{what}_back_p50_s']}/{row[f'{what}_back_max_s']}"
 
 
 def passed(r: dict[str, Any]) -> bool:
@@ -1099,7 +1311,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coordinators", type=int, default=3, help="coordinator processes (default 3)")
     parser.add_argument("--shards", type=int, default=6, help="shard slots, one pool each (default 6)")
     parser.add_argument("--sims", type=int, default=120, help="simulated workers, in one process (default 120)")
-    parser.add_argument("--agents", type=int, default=2, help="real worker agents (default 2)")
+    parser.add_argument("--agents", type=int, default=None,
+                        help="real worker agents, agent-i in pool i (default: one per shard)")
     parser.add_argument("--kills", type=int, default=10, help="kill -9 of a shard owner, each restarted (default 10)")
     parser.add_argument("--no-stall", dest="stall", action="store_false", help="skip the SIGSTOP past the lease")
     parser.add_argument("--no-handoff", dest="handoff", action="store_false", help="skip the SIGTERM hand-off")
@@ -1117,6 +1330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=90.0, help="seconds for open plans to end after the faults")
     parser.add_argument("--db-failover", action="store_true",
                         help="also kill -9 the PostgreSQL primary and promote its synchronous standby")
+    parser.add_argument("--db-freeze", type=float, default=20.0,
+                        help="freeze PostgreSQL (SIGSTOP of the postmaster and its children) this many seconds, "
+                             "once, among the faults; 0: no freeze (default 20)")
     parser.add_argument("--db-away", type=float, default=2.0,
                         help="--db-failover: seconds between the primary's kill and the promotion (default 2)")
     parser.add_argument("--seed", type=int, default=1)
@@ -1126,6 +1342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pools", help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
+    if ns.agents is None:
+        ns.agents = ns.shards
     if ns.mode == "simulate":
         h.run_loop(simulate(ns.urls.split(","), ns.pools.split(","), "sim-", ns.count))
         return 0

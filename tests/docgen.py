@@ -183,9 +183,11 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
                             "leased or running) plans. Nothing was recorded; retry once some finish."),
     errors.FORBIDDEN: ("error", "`drain_worker`, `undrain_worker` or `remove_worker` on a session whose token is "
                        "not an admin token. Nothing changed; use an admin token."),
-    errors.WORKER_ID_IN_USE: ("error", "A `hello` for a worker id a live session holds, without that id's "
+    errors.WORKER_ID_IN_USE: ("error", "A `hello` for a worker id a live session holds, or whose holder's "
+                              "connection closed less than `--worker-reconnect-grace-s` ago, without that id's "
                               "`session_secret` or the holder's client certificate; the message names the "
-                              "holder's address. The session is then closed `4409`; the holder keeps the id."),
+                              "holder's address, and `retry_after_s` the grace left. The session is then closed "
+                              "`4409`; the holder keeps the id."),
     errors.TOO_MANY_RECONNECTS: ("error", "A `hello` for a worker id that registered more often than its reconnect "
                                  "budget (`--worker-reconnect-burst` at once, then `--worker-reconnect-rate` per "
                                  "second): a worker reconnecting in a loop. Nothing changed; `retry_after_s` says "

@@ -27,12 +27,13 @@ import cluster_chaos  # noqa: E402
 
 TINY = ["--coordinators", "3", "--shards", "3", "--sims", "6", "--agents", "1", "--kills", "1", "--rate", "2",
         "--settle", "0.5", "--lease-ttl", "1", "--lease-renew", "0.25", "--stall-extra", "1",
-        "--worker-kill-every", "0.5", "--agent-kill-every", "5", "--drain", "20"]  # fmt: skip
+        "--worker-kill-every", "0.5", "--agent-kill-every", "5", "--drain", "20", "--db-freeze", "2"]  # fmt: skip
 
 
 @pytest.mark.timeout(120)
 def test_cluster_chaos_bench_tiny_run_passes_its_checker(tmp_path: Path) -> None:
-    """A tiny chaos run (kill -9, SIGSTOP past the lease, SIGTERM) loses, duplicates and gaps nothing."""
+    """A tiny chaos run (kill -9, SIGSTOP past the lease, SIGTERM, a 2 s database freeze) loses, duplicates and gaps
+    nothing, and reports per fault kind when clients and workers were back."""
     if (reason := missing_reason()) is not None:
         pytest.skip(reason)
 
@@ -53,6 +54,9 @@ def test_cluster_chaos_bench_tiny_run_passes_its_checker(tmp_path: Path) -> None
     assert r["kills"] == 1 and r["acknowledged"] > 0 and r["commits_logged"] > 0
     assert (r["lost"], r["duplicated"], r["gaps"], r["stale_epoch_commits"]) == (0, 0, 0, 0)
     assert r["stall_all_fenced"] is True
+    # Each fault kind says how long clients and workers took to be back once their shard was served again.
+    assert set(r["back_after_served"]) == {"kill -9", "SIGSTOP", "SIGTERM", "db freeze"}
+    assert all(row["lost"] == 0 for row in r["back_after_served"].values())
 
 
 def _ev(seq: int, kind: str) -> Event:
