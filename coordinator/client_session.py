@@ -5,11 +5,14 @@ to coordinator/operator_requests.py.
 
 Rules:
 
-* A session sees its principal's plans; an admin session sees every principal's. Another
-  principal's plan is never shown (``plan_not_found``) and its id cannot be reused; both answers
-  say the same words, "belongs to another principal" (``foreign_plan``), so neither reveals
-  what the other hides (docs/SEMANTICS.md §Client session).
-* A submit with a plan id already known to the session is the retry of a submit whose reply
+* **Plan ids are scoped per principal** (docs/SEMANTICS.md §Plan ids; coordinator/plans.py
+  ``PlanNames``). A client session sees and names its own plans by the ids it submitted; an
+  admin session sees every principal's, by key. Another principal's plan does not exist for a
+  client: a request naming its id answers as for an id nobody uses (``plan_not_found``, "no
+  plan with id ..."), and a submit of that id makes a new plan of the caller's (``accepted``, the
+  same frames as for an unused id) under a key of the core's making. Every request resolves
+  ``(principal, id)`` through the names first (one truth test while none is aliased).
+* A submit with a plan id the principal already uses is the retry of a submit whose reply
   was lost: answered ``accepted(duplicate=True)``, and with ``subscribe`` its whole stream.
 * A new plan over the principal's plan limit is refused (``too_many_plans``) and nothing changes.
 * A submit marked ``recovered`` (the SDK re-sending an accepted plan this coordinator no longer
@@ -29,14 +32,16 @@ requests, with the plans, registry, subscriptions, plan quota and journal they a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
 
+import msgspec
 import structlog
 
 from coordinator.data_plane import data_problem
 from coordinator.placement.placer import hints_problem
-from coordinator.plans import EVERY_PRINCIPAL, Plan, advance, held_size, submit_problem
+from coordinator.plans import EVERY_PRINCIPAL, Plan, PlanNames, advance, held_size, submit_problem
 from protocol import errors
 from protocol.messages import (
     Accepted,
@@ -96,7 +101,8 @@ class ClientSessions:
         streams: plans' events, and their replay to a new subscriber.
         scheduler: places a new plan and numbers it.
         operator: answers ``list_plans``, ``drain_worker`` and ``undrain_worker``.
-        new_id: makes a plan id when the client gives none.
+        new_id: makes a plan id when the client gives none, or a key when another plan holds the one it gave.
+        names: the keys of plans whose name is not their key (coordinator/plans.py); None: a table of its own.
         data: answers ``data_ticket`` (coordinator/data_plane.py); None: refused.
         relay: carries ``data_open``/``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py); None: ignored.
         version: the coordinator's version, said in ``workers`` answers (``fleetwire status``).
@@ -116,6 +122,7 @@ class ClientSessions:
         scheduler: Scheduler,
         operator: OperatorRequests,
         new_id: Callable[[], str],
+        names: PlanNames | None = None,
         data: DataPlane | None = None,
         relay: Relay | None = None,
         version: str = "",
@@ -134,6 +141,8 @@ class ClientSessions:
         self._scheduler = scheduler
         self._operator = operator
         self._new_id = new_id
+        self.names = names if names is not None else PlanNames()
+        self._aliases = self.names.keys  # (owner, name) -> key; empty while no plan id was taken
         # Bound once: these run for every submit.
         self._send = outbox.send
         self._emit = streams.emit
@@ -153,7 +162,7 @@ class ClientSessions:
             case GetPlan():
                 plan = self._visible_plan(s, msg.plan_id, msg.req_id)
                 if plan is not None:
-                    self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
+                    self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
             case ListWorkers():
                 registry = self._registry
                 rows = [registry.info(r.id, now) for r in registry]
@@ -170,12 +179,16 @@ class ClientSessions:
             case DataTicket():
                 plan = self._visible_plan(s, msg.plan_id, msg.req_id)
                 if plan is not None and self._data is not None:
-                    self._data.answer(s.conn_id, plan, msg.direction, msg.req_id, now)
+                    self._data.answer(s.conn_id, plan, msg.direction, msg.req_id, now, shown=msg.plan_id)
             case DataOpen():
                 if self._relay is not None:
-                    self._relay.open(s, msg)
+                    self._relay.open(s, msg, self._find(s, msg.plan_id))
             case DataChunk() | DataCredit() | DataEnd():
                 if self._relay is not None:
+                    if self._aliases and not s.admin:  # the relay knows streams by the plan's key
+                        key = self._aliases.get((s.principal, msg.plan_id))
+                        if key is not None:
+                            msg = msgspec.structs.replace(msg, plan_id=key)
                     self._relay.on_data(s.conn_id, msg)
             case _:
                 assert_never(msg)
@@ -190,20 +203,17 @@ class ClientSessions:
             self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
             return
         plans, subscriptions = self._plans, self._subscriptions
-        if msg.plan_id is not None and msg.plan_id in plans:
-            existing = plans[msg.plan_id]
-            if not _visible(s, existing):
-                message = foreign_plan(msg.plan_id) + "; choose another id"
-                self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=message, req_id=msg.req_id))
+        name = msg.plan_id
+        if name is not None:
+            existing = self._own(s.principal, name)
+            if existing is not None:
+                # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
+                self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=existing.shown_id(s.admin),
+                                               state=existing.state, duplicate=True))  # fmt: skip
+                if msg.subscribe:
+                    subscriptions.add(existing.id, s.conn_id)
+                    self._streams.replay(s.conn_id, existing, 0)
                 return
-            # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
-            self._send(
-                s.conn_id, Accepted(req_id=msg.req_id, plan_id=existing.id, state=existing.state, duplicate=True)
-            )
-            if msg.subscribe:
-                subscriptions.add(existing.id, s.conn_id)
-                self._streams.replay(s.conn_id, existing, 0)
-            return
         quota = self._quota
         plan = Plan.from_submit(msg, "", s.principal, 0)
         size = held_size(plan) if quota.max_bytes else 0
@@ -211,10 +221,13 @@ class ClientSessions:
         if over_quota is not None:
             self._outbox.refuse_submit(s, msg.req_id, over_quota)
             return
-        plan_id = msg.plan_id
+        plan_id = name
         while plan_id is None or plan_id in plans:
             plan_id = self._new_id()
         plan.id, plan.order = plan_id, next(self._scheduler.orders)
+        if plan_id != name and name is not None:  # another plan holds that key: its owner knows it by its name
+            plan.name = name
+            self._aliases[plan.owner, name] = plan_id
         plans[plan_id] = plan
         quota.add(plan.owner, plan_id, size)
         self._counters["plans_submitted"] += 1
@@ -222,7 +235,7 @@ class ClientSessions:
             self._counters["plans_recovered_from_client"] += 1
             log.warning("plan recovered from its client: the store had lost it", plan_id=plan_id, owner=plan.owner)
         self._journal.created(plan, msg)
-        self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan_id, state="queued"))
+        self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan.shown_id(s.admin), state="queued"))
         # Subscribers go in before the first event so none of them misses seq 1.
         if msg.subscribe:
             subscriptions.add(plan_id, s.conn_id)
@@ -242,7 +255,11 @@ class ClientSessions:
         if msg.all:
             # An admin session follows every principal's plans (EVERY_PRINCIPAL), now and future.
             subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
-            targets.update((p.id, p) for p in self._plans.values() if _visible(s, p))
+            if s.admin:
+                targets.update((p.id, p) for p in self._plans.values())
+            else:
+                principal = s.principal
+                targets.update((p.name or p.id, p) for p in self._plans.values() if p.owner == principal)
             self._outbox.charge(len(self._plans))  # rows scanned (coordinator/limits.py §Cost per principal)
         # Each named plan's stream end: a subscriber past it learns that this stream is behind the one it
         # saw (a store loss) and takes the next events as new. Nothing here moves a plan's numbering.
@@ -255,10 +272,11 @@ class ClientSessions:
         if msg.all:
             self._subscriptions.drop(s.conn_id)
             self._streams.drop_replays(s.conn_id)
-        for plan_id in msg.plan_ids:
-            self._subscriptions.remove(plan_id, s.conn_id)
-        if msg.plan_ids:
-            self._streams.drop_replays(s.conn_id, msg.plan_ids)
+        keys = [plan.id for plan in map(functools.partial(self._find, s), msg.plan_ids) if plan is not None]
+        for key in keys:
+            self._subscriptions.remove(key, s.conn_id)
+        if keys:
+            self._streams.drop_replays(s.conn_id, keys)
         self._send(s.conn_id, Ok(req_id=msg.req_id))
 
     def _cancel(self, s: Session, msg: Cancel) -> None:
@@ -281,24 +299,36 @@ class ClientSessions:
                     self._send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
             log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
             self._emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
-        self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info()))
+        self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
 
-    def _visible_plan(self, s: Session, plan_id: str, req_id: int) -> Plan | None:
-        """The plan if this session may see it; otherwise answer plan_not_found (others' plans do not exist)."""
-        plan = self._plans.get(plan_id)
-        if plan is not None and _visible(s, plan):
+    # ------------------------------------------------------------------ plan ids (docs/SEMANTICS.md §Plan ids)
+
+    def _own(self, principal: str, name: str) -> Plan | None:
+        """``principal``'s plan it submitted as ``name``, or None."""
+        aliases = self._aliases
+        if aliases:  # only once some plan id was taken
+            key = aliases.get((principal, name))
+            if key is not None:
+                return self._plans.get(key)
+        plan = self._plans.get(name)
+        # Its key is ``name``, and so is its name (not a plan of the same owner known by another one).
+        if plan is not None and plan.owner == principal and plan.name is None:
             return plan
-        # Another principal's plan answers as its submit does (foreign_plan): the id's existence is
-        # not hidden from one call and shown by the other (no existence oracle); its content is never shown.
-        message = foreign_plan(plan_id) if plan is not None else f"no plan with id {plan_id!r}"
-        self._send(s.conn_id, Error(code=errors.PLAN_NOT_FOUND, message=message, req_id=req_id, plan_id=plan_id))
         return None
 
+    def _find(self, s: Session, plan_id: str) -> Plan | None:
+        """The plan ``plan_id`` names for this session (an admin's: the key), or None."""
+        return self._plans.get(plan_id) if s.admin else self._own(s.principal, plan_id)
 
-def foreign_plan(plan_id: str) -> str:
-    """What every request about another principal's plan is told: the same words for submit and look-ups."""
-    return f"plan id {plan_id!r} belongs to another principal"
+    def _visible_plan(self, s: Session, plan_id: str, req_id: int) -> Plan | None:
+        """The plan ``plan_id`` names for this session; otherwise answer plan_not_found.
 
-
-def _visible(s: Session, plan: Plan) -> bool:
-    return s.admin or plan.owner == s.principal
+        Another principal's plan does not exist for a client session: the same code, words and
+        fields as an id nobody uses, so no answer tells the two apart (no existence oracle).
+        """
+        plan = self._plans.get(plan_id) if s.admin else self._own(s.principal, plan_id)
+        if plan is not None:
+            return plan
+        message = f"no plan with id {plan_id!r}"
+        self._send(s.conn_id, Error(code=errors.PLAN_NOT_FOUND, message=message, req_id=req_id, plan_id=plan_id))
+        return None

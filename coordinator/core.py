@@ -56,7 +56,7 @@ from coordinator.limits import PlanQuota
 from coordinator.operator_requests import OperatorRequests
 from coordinator.placement.placer import Placement, PlacementConfig
 from coordinator.placement.plan_queue import PlanQueue
-from coordinator.plans import EVERY_PRINCIPAL, Plan, Subscriptions, held_size
+from coordinator.plans import EVERY_PRINCIPAL, Plan, PlanNames, Subscriptions, held_size
 from coordinator.receipts import Footprint
 from coordinator.reconnects import ReconnectBudget
 from coordinator.records import Journal, StoredPlan
@@ -145,6 +145,7 @@ class Coordinator:
             reconnect_grace_s=config.worker_reconnect_grace_s,
         )
         self.plans: dict[str, Plan] = {}
+        self.names = PlanNames()  # the keys of plans whose owner's id for them is not their key (plans.py)
         self.queue = PlanQueue()
         self.subscriptions = Subscriptions()
         self.sessions: SessionTable = {}
@@ -167,11 +168,12 @@ class Coordinator:
             plans=self.plans, registry=self.registry, subscriptions=self.subscriptions, journal=journal,
             counters=self.counters, retention_s=config.plan_retention_s, max_bytes=config.plan_retention_bytes,
             quota=self.quota,  # a principal's finished plans share its --max-bytes-per-client budget
+            names=self.names,
         )
         self.streams = Streams(
             outbox=self.outbox, subscriptions=self.subscriptions, plans=self.plans, journal=journal, quota=self.quota,
             retention=self.retention, counters=self.counters, max_events=config.max_events_per_plan,
-            max_event_bytes=config.max_event_bytes_per_plan,
+            max_event_bytes=config.max_event_bytes_per_plan, sessions=self.sessions,
         )
         self.data = DataPlane(  # ticket keys and grants (coordinator/data_plane.py)
             registry=self.registry, outbox=self.outbox, streams=self.streams, ticket_ttl_s=config.data_ticket_ttl_s,
@@ -190,6 +192,7 @@ class Coordinator:
             plans=self.plans, registry=self.registry, scheduler=self.scheduler, journal=journal,
             counters=self.counters, heartbeat_timeout_s=config.heartbeat_timeout_s,
             breaker_fraction=config.breaker_fraction, breaker_min_workers=config.breaker_min_workers,
+            names=self.names,
         )
         self.operator = OperatorRequests(  # list_plans, drain_worker, undrain_worker (operator_requests.py)
             registry=self.registry, plans=self.plans, queue=self.queue, scheduler=self.scheduler, outbox=self.outbox,
@@ -212,8 +215,8 @@ class Coordinator:
         self.clients = ClientSessions(
             plans=self.plans, registry=self.registry, subscriptions=self.subscriptions, quota=self.quota,
             journal=journal, counters=self.counters, outbox=self.outbox, streams=self.streams,
-            scheduler=self.scheduler, operator=self.operator, new_id=new_id, data=self.data, relay=self.relay,
-            version=config.version,
+            scheduler=self.scheduler, operator=self.operator, new_id=new_id, names=self.names, data=self.data,
+            relay=self.relay, version=config.version,
         )
         # Bound once: one of these runs for every message.
         self._on_worker = self.workers.on_message

@@ -18,6 +18,9 @@ Rules:
   a ``get`` ticket for the declared outputs, with their expiry. A client asks ``data_ticket``
   for a fresh one (an expired ticket, or outputs after the plan ended).
 * No keys yet (a driver that never rotated): no tickets; ``data_ticket`` is refused.
+* Tickets and the worker's URL name the plan by its key (coordinator/plans.py): a grant to a
+  session that knows the plan by another id (its owner's name, docs/SEMANTICS.md §Plan ids)
+  names it by that id and adds the key (``data_grant.key``, ``data_ready``'s ``key``).
 
 Depends on the registry (where a worker's data address is) and the outbox (``data_keys``).
 """
@@ -126,14 +129,21 @@ class DataPlane:
         put = self.grant(plan, "put", now)
         get = self.grant(plan, "get", now)
         data: dict[str, Any] = {"attempt": plan.attempt, "worker_id": plan.worker_id}
+        if plan.name is not None and (put is not None or get is not None):  # its owner knows it by its name
+            data["key"] = plan.id
         if put is not None:
             data.update(url=put.url, ticket=put.ticket, expires_at=put.expires_at, files=put.files)
         if get is not None:
             data.update(url=get.url, get_ticket=get.ticket, expires_at=get.expires_at)
         return data
 
-    def grant(self, plan: Plan, direction: Literal["put", "get"], now: float, req_id: int = 0) -> DataGrant | None:
-        """A ticket to the plan's bytes on its current (or last) worker; None without keys or a worker."""
+    def grant(
+        self, plan: Plan, direction: Literal["put", "get"], now: float, req_id: int = 0, shown: str | None = None
+    ) -> DataGrant | None:
+        """A ticket to the plan's bytes on its current (or last) worker; None without keys or a worker.
+
+        ``shown``: the id the session knows the plan by (None: its key); the grant adds the key when they differ.
+        """
         worker_id = plan.worker_id
         if not self._masters or worker_id is None:
             return None
@@ -148,26 +158,32 @@ class DataPlane:
         claims = TicketClaims(plan.id, plan.attempt, worker_id, direction, files, expires_at)
         url = self._registry.get(worker_id).data_url if worker_id in self._registry else ""
         self.tickets_issued += 1
+        key = plan.id
         return DataGrant(
-            req_id=req_id, plan_id=plan.id, attempt=plan.attempt, worker_id=worker_id, url=url,
-            ticket=sign(claims, kid, worker_key(secret, worker_id)), direction=direction, expires_at=expires_at,
-            files={name: [claim.size, claim.digest] for name, claim in files.items()},
+            req_id=req_id, plan_id=key if shown is None else shown, attempt=plan.attempt, worker_id=worker_id,
+            url=url, ticket=sign(claims, kid, worker_key(secret, worker_id)), direction=direction,
+            expires_at=expires_at, files={name: [claim.size, claim.digest] for name, claim in files.items()},
+            key="" if shown is None or shown == key else key,
         )
 
-    def answer(self, conn_id: int, plan: Plan, direction: Literal["put", "get"], req_id: int, now: float) -> None:
-        """Answer a ``data_ticket`` for a plan the session may see."""
+    def answer(
+        self, conn_id: int, plan: Plan, direction: Literal["put", "get"], req_id: int, now: float,
+        shown: str | None = None,
+    ) -> None:
+        """Answer a ``data_ticket`` for a plan the session may see (``shown``: the id it named the plan by)."""
         problem = None
+        plan_id = plan.id if shown is None else shown
         if direction == "put" and not plan.inputs:
-            problem = f"plan {plan.id!r} has no inputs"
+            problem = f"plan {plan_id!r} has no inputs"
         elif direction == "put" and plan.terminal:
-            problem = f"plan {plan.id!r} already ended {plan.state}; it takes no inputs"
+            problem = f"plan {plan_id!r} already ended {plan.state}; it takes no inputs"
         elif plan.worker_id is None:
-            problem = f"plan {plan.id!r} has not been placed on a worker yet; wait for its data_ready event"
-        grant = None if problem else self.grant(plan, direction, now, req_id)
+            problem = f"plan {plan_id!r} has not been placed on a worker yet; wait for its data_ready event"
+        grant = None if problem else self.grant(plan, direction, now, req_id, shown)
         if grant is None:
             problem = problem or "this coordinator has no data-plane key yet; try again shortly"
             self._outbox.send(
-                conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=req_id, plan_id=plan.id)
+                conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=req_id, plan_id=plan_id)
             )
             return
         self._outbox.send(conn_id, grant)

@@ -138,7 +138,7 @@ class OperatorRequests:
             return
         wanted = frozenset(msg.states)
         # op, owner, id_contains: rows a tally cannot count, so a client's pass walks all of its plans
-        matches = row_filter(msg.op, msg.owner if s.admin else "", msg.id_contains)
+        matches = row_filter(msg.op, msg.owner if s.admin else "", msg.id_contains, s.admin)
         counts: dict[str, int] = {}
         listed: list[PlanInfo] = []
         queued: list[Plan] = []
@@ -180,7 +180,7 @@ class OperatorRequests:
                 full = True
                 next_cursor = str(last_order)
                 continue
-            listed.append(plan.summary())
+            listed.append(plan.summary(s.admin))
             size += row
             last_order = plan.order
             full = len(listed) >= msg.limit
@@ -194,12 +194,13 @@ class OperatorRequests:
             reason = p.waiting_reason
             if reason is not None and len(reason) > SUMMARY_TEXT:
                 reason = reason[: SUMMARY_TEXT - 3] + "..."
-            room -= len(p.id) + 4 + (len(p.id) + len(reason) + 8 if reason else 0)
+            shown = p.shown_id(s.admin)  # its owner's name for it, to a client (plans.py PlanNames)
+            room -= len(shown) + 4 + (len(shown) + len(reason) + 8 if reason else 0)
             if room < 0:
                 break
-            queue.append(p.id)
+            queue.append(shown)
             if reason:  # the queue's "why": an operator reads it beside the id (a dashboard's queue pane)
-                waiting[p.id] = reason
+                waiting[shown] = reason
         self._outbox.charge(scanned + 4 * len(listed))  # rows scanned and rows built (coordinator/limits.py)
         reply = Plans(req_id=msg.req_id, plans=listed, queue=queue, counts=counts, total=total,
                       next_cursor=next_cursor, waiting=waiting)  # fmt: skip
@@ -344,13 +345,22 @@ def page_start(msg: ListPlans) -> tuple[int | None, str | None]:
         return None, f"cursor {msg.cursor[:40]!r} is not one this coordinator gave (use a reply's next_cursor)"
 
 
-def row_filter(op: str, owner: str, id_contains: str) -> Callable[[Plan], bool] | None:
-    """Whether a plan matches a ``list_plans``' ``op``, ``owner`` and ``id_contains`` (None: no such filter)."""
+def row_filter(op: str, owner: str, id_contains: str, admin: bool = True) -> Callable[[Plan], bool] | None:
+    """Whether a plan matches a ``list_plans``' ``op``, ``owner`` and ``id_contains`` (None: no such filter).
+
+    ``id_contains`` is matched against the id the session knows the plan by: a client's, the name it
+    submitted (never a key the core made for it: docs/SEMANTICS.md §Plan ids); an admin's, the key or the name.
+    """
     if not (op or owner or id_contains):
         return None
 
     def matches(plan: Plan) -> bool:
-        return (not op or plan.op == op) and (not owner or plan.owner == owner) and id_contains in plan.id
+        if (op and plan.op != op) or (owner and plan.owner != owner):
+            return False
+        name = plan.name
+        if name is None:
+            return id_contains in plan.id
+        return id_contains in name or (admin and id_contains in plan.id)
 
     return matches
 

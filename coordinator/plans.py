@@ -29,6 +29,13 @@ A finished plan keeps only its durable events (:meth:`Plan.drop_ephemeral`, at i
 ephemeral ones (tokens, progress) served the live stream, and a late replay gets a ``resync``
 in their place. :meth:`Plan.retained_bytes` is what a finished plan is counted as by the
 retention's byte bound (coordinator/retention.py).
+
+Plan ids are scoped per principal (docs/SEMANTICS.md §Plan ids). A plan has a *key*
+(:attr:`Plan.id`: the core's plans dict, store rows, worker messages, tickets) and a *name*, the
+id its owner submitted. The key is the name unless a plan already holds that key (another
+principal's, or one of the same owner's under a generated key); then the plan gets a fresh
+key, keeps the name in :attr:`Plan.name` and :class:`PlanNames` maps ``(owner, name)`` to the
+key. A client session sees and addresses its plans by name; an admin session, every plan by key.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ __all__ = [
     "OwnerTally",
     "Plan",
     "PlanEventName",
+    "PlanNames",
     "Subscriptions",
     "advance",
     "done_event",
@@ -138,7 +146,7 @@ class Plan:
     """One plan, from submit to its terminal state.
 
     Attributes:
-        id: client-chosen idempotency key, or generated.
+        id: its key: the client-chosen idempotency key, or generated (none given, or another plan held it).
         op: the handler name a worker must list in its capabilities.
         args: any msgpack value, passed to the handler untouched.
         requirements: what a worker must have.
@@ -167,6 +175,8 @@ class Plan:
         held_bytes: :func:`event_bytes` of the held events.
         ended_at: wall-clock seconds (Unix time) when it reached its terminal state; None before.
             Stored with its status, so its retention survives restarts (coordinator/retention.py).
+        name: the id its owner submitted, when that is not ``id`` (a plan held that key: module
+            docstring); None when its name is its key, as nearly always.
     """
 
     id: str
@@ -207,6 +217,7 @@ class Plan:
     receipt: Receipt | None = None  # a finished plan's energy and carbon, measured and projected
     seq_recorded: int = 0  # next_seq as far as the store has it reserved (unrecorded events: coordinator/streams.py)
     tally: OwnerTally | None = None  # its owner's counts by state, once a listing indexed it (operator_requests.py)
+    name: str | None = None  # its owner's id for it when that is not its key (PlanNames); None: the key
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -338,11 +349,17 @@ class Plan:
             self.result_size = size
         return size
 
-    def summary(self) -> PlanInfo:
+    def shown_id(self, admin: bool) -> str:
+        """The id a session knows this plan by: its key for an admin session, its name for its owner's."""
+        name = self.name
+        return self.id if admin or name is None else name
+
+    def summary(self, admin: bool = False) -> PlanInfo:
         """The listing (``plans``) view: no result body (its size instead), short error and reason.
 
         A listing must stay small whatever plans hold (issue 17 findings 5 and 11): the result is
-        fetched on demand with ``get_plan``.
+        fetched on demand with ``get_plan``. ``admin``: an admin session's view (by key, with the
+        owner and its name for a plan whose name is not its key); False: its owner's (by name).
         """
         error = self.error
         if error is not None and (error.detail is not None or len(error.message) > SUMMARY_TEXT):
@@ -350,8 +367,9 @@ class Plan:
         reason = self.waiting_reason
         if reason is not None and len(reason) > SUMMARY_TEXT:
             reason = reason[: SUMMARY_TEXT - 3] + "..."
+        name = self.name
         info = PlanInfo(
-            id=self.id,
+            id=self.id if admin or name is None else name,
             op=self.op,
             state=self.state,
             attempt=self.attempt,
@@ -365,6 +383,8 @@ class Plan:
         )
         if self.terminal:  # a finished plan's footprint: who, when, how much (``plans --since --by``)
             info.receipt, info.owner, info.ended_at = self.receipt, self.owner, self.ended_at
+        if admin and name is not None:  # whose it is, and what its owner calls it
+            info.owner, info.name = self.owner, name
         return info
 
     def summary_bytes(self) -> int:
@@ -383,10 +403,11 @@ class Plan:
                 size += RECEIPT_BYTES + sum(len(d) + 2 for d in self.receipt.devices)
         return size
 
-    def info(self) -> PlanInfo:
-        """The ``get_plan``/``cancel`` view of this plan."""
+    def info(self, admin: bool = False) -> PlanInfo:
+        """The ``get_plan``/``cancel`` view of this plan (``admin``: as :meth:`summary`)."""
+        name = self.name
         return PlanInfo(
-            id=self.id,
+            id=self.id if admin or name is None else name,
             op=self.op,
             state=self.state,
             attempt=self.attempt,
@@ -401,7 +422,34 @@ class Plan:
             history=list(self.history),
             ended_at=self.ended_at,
             receipt=self.receipt,
+            name=name if admin else None,
         )
+
+
+class PlanNames:
+    """The keys of plans whose name is not their key, by ``(owner, name)`` (module docstring).
+
+    A plan id is scoped per principal: two principals may submit the same id and neither sees
+    the other's plan, nor learns that it exists. Nearly every plan's key is its name and has no
+    entry here, so the usual look-up is one truth test of :attr:`keys` (empty) more.
+    """
+
+    __slots__ = ("keys",)
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[str, str], str] = {}
+        """``(owner, name) -> key`` of every plan kept whose ``name`` is set."""
+
+    def add(self, plan: Plan) -> None:
+        """``plan`` (its ``name`` set) was created or restored."""
+        if plan.name is not None:
+            self.keys[plan.owner, plan.name] = plan.id
+
+    def forget(self, plan: Plan) -> None:
+        """``plan`` was forgotten: its name is free again."""
+        name = plan.name
+        if name is not None and self.keys.get((plan.owner, name)) == plan.id:
+            del self.keys[plan.owner, name]
 
 
 class OwnerTally:

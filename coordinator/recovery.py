@@ -11,11 +11,12 @@ Rules (docs/SEMANTICS.md §Durability):
   step's records are committed: the worker drops what is acknowledged and re-sends the rest
   after a reconnect. A plan remembers (attempt, highest seq) applied for its current lease, and
   a message of that lease at or below it is a re-send: dropped silently (counted).
-* **Restart.** :meth:`Recovery.restore` rebuilds plans from a store. Queued plans are queued
-  again. A leased or running plan stays leased to its worker, which is registered as a
-  disconnected worker whose last beat is *now*: it has one heartbeat timeout to reconnect and
-  claim its plans (``hello.running``); otherwise the reaper takes them back as for any lost
-  worker. Liveness clocks start at the restart, never at a stored time.
+* **Restart.** :meth:`Recovery.restore` rebuilds plans from a store, and the names of those
+  whose key is not their owner's id for them (``PlanCreated.submit.plan_id``: coordinator/plans.py
+  ``PlanNames``). Queued plans are queued again. A leased or running plan stays leased to its
+  worker, which is registered as a disconnected worker whose last beat is *now*: it has one
+  heartbeat timeout to reconnect and claim its plans (``hello.running``); otherwise the reaper
+  takes them back as for any lost worker. Liveness clocks start at the restart, never at a stored time.
 * **Hand-back.** A worker that says ``goodbye`` gives back its unfinished leases at once; they
   are queued again without waiting for the reaper, and the attempt does not count against
   ``max_attempts``.
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from coordinator.plans import Plan, advance
+from coordinator.plans import Plan, PlanNames, advance
 from coordinator.records import Record, StoredPlan
 from coordinator.scheduling import note_attempt
 from protocol.messages import Accept, Capabilities, Done, ErrorInfo, Event, Reject
@@ -64,6 +65,9 @@ def plan_from_store(stored: StoredPlan) -> Plan:
     created, status = stored.created, stored.status
     plan = Plan.from_submit(created.submit, created.plan_id, intern(created.owner), created.order)
     plan.op = intern(plan.op)  # a few distinct owners and ops over every plan: shared, not one copy each
+    name = created.submit.plan_id  # what its owner submitted: its key unless another plan held that (plans.py)
+    if name is not None and name != created.plan_id:
+        plan.name = name
     plan.events = sorted(stored.events, key=lambda e: e.seq)
     plan.recount()
     last_held = plan.events[-1].seq if plan.events else 0
@@ -154,6 +158,7 @@ class Recovery:
         heartbeat_timeout_s: how long a restored lease waits for its worker; the breaker's hold.
         breaker_fraction: see :class:`ReaperBreaker`.
         breaker_min_workers: see :class:`ReaperBreaker`.
+        names: the plans whose name is not their key (coordinator/plans.py), rebuilt by :meth:`restore`.
     """
 
     def __init__(
@@ -167,8 +172,10 @@ class Recovery:
         heartbeat_timeout_s: float,
         breaker_fraction: float,
         breaker_min_workers: int,
+        names: PlanNames | None = None,
     ) -> None:
         self._plans = plans
+        self._names = names  # restored plans' names that are not their keys go here
         self._registry = registry
         self._scheduler = scheduler
         self._counters = counters
@@ -230,9 +237,12 @@ class Recovery:
         queued: list[Plan] = []
         held: dict[str, list[Plan]] = {}
         last_order = 0
+        names = self._names
         for item in stored:
             plan = plan_from_store(item)
             plans[plan.id] = plan
+            if plan.name is not None and names is not None:
+                names.add(plan)
             last_order = max(last_order, plan.order)
             if plan.state == "queued":
                 queued.append(plan)

@@ -51,6 +51,9 @@ Theory of operation:
   coordinator/io/connection.py).
 * A stream ends with ``data_end`` from either party (passed on to the other), after the last
   chunk of a ``get``, or as above (``relay_closed`` to the parties, which may open it again).
+* A stream is keyed by its plan's key; a client that knows the plan by another id (its owner's
+  name, docs/SEMANTICS.md §Plan ids) is sent that id (:attr:`RelayStream.shown`), and its own
+  messages come here with the key (coordinator/client_session.py resolves both).
 
 Depends on the plans (what a stream may carry), the registry (the plan's worker's connection)
 and the outbox (where chunks, credits and ends go). Reads no clock: ``now`` comes with each tick.
@@ -109,6 +112,7 @@ class RelayStream:
         opened: a waiting ``get``'s open, passed to the worker once the window is held.
         moved: a chunk or credit passed since the last tick (idleness, :meth:`Relay.expire`).
         quiet_since: ``now`` of the first tick that found it still; None while it moves.
+        shown: the plan id its client knows the plan by, when that is not the key (``""``: the key).
     """
 
     key: StreamKey
@@ -124,6 +128,7 @@ class RelayStream:
     opened: DataOpen | None = None
     moved: bool = True
     quiet_since: float | None = None
+    shown: str = ""
 
     @property
     def direction(self) -> str:
@@ -211,14 +216,15 @@ class Relay:
 
     # ------------------------------------------------------------------ from a client
 
-    def open(self, s: Session, msg: DataOpen) -> None:
-        """A client opens a stream: checked against the plan, then passed on to its worker (or in line)."""
-        key: StreamKey = (msg.plan_id, msg.attempt, msg.name, msg.direction)
-        plan = self._plans.get(msg.plan_id)
+    def open(self, s: Session, msg: DataOpen, plan: Plan | None) -> None:
+        """A client opens a stream: checked against the plan, then passed on to its worker (or in line).
+
+        ``plan``: the plan ``msg.plan_id`` names for this session (None: none it may see, which is
+        answered as a plan that does not exist, whoever's it is).
+        """
         problem: tuple[str, str] | None = None
-        if plan is None or not (s.admin or plan.owner == s.principal):
-            what = "belongs to another principal" if plan is not None else "does not exist"
-            problem = (errors.PLAN_NOT_FOUND, f"plan {msg.plan_id!r} {what}")
+        if plan is None:
+            problem = (errors.PLAN_NOT_FOUND, f"plan {msg.plan_id!r} does not exist")
         else:
             problem = self._open_problem(plan, msg)
         worker_conn = None
@@ -227,6 +233,8 @@ class Relay:
             worker_conn = self._registry.get(plan.worker_id).conn_id if plan.worker_id in self._registry else None
             if worker_conn is None:
                 problem = (CLOSED, f"worker {plan.worker_id} of plan {msg.plan_id!r} is not connected now")
+        asked: StreamKey = (msg.plan_id, msg.attempt, msg.name, msg.direction)
+        key = asked if plan is None or plan.id == msg.plan_id else (plan.id, *asked[1:])
         old = self.streams.get(key)
         mine = self._by_conn.get(s.conn_id, ())
         if problem is None and len(mine) - (old is not None and key in mine) >= MAX_STREAMS_PER_SESSION:
@@ -234,23 +242,25 @@ class Relay:
                        "one session may; open it again once one of them ended")
         if problem is not None:
             self.refused += 1
-            self._outbox.send(s.conn_id, _end(key, *problem, stream_id=msg.stream))
+            self._outbox.send(s.conn_id, _end(asked, *problem, stream_id=msg.stream))
             return
         assert plan is not None and worker_conn is not None
         if old is not None:  # a newer open (a resumed transfer) replaces the stream
             self._drop(old)
             if old.client != s.conn_id:
-                self._outbox.send(old.client, _end(key, CLOSED, "replaced by a newer open of the same stream",
-                                                   stream_id=old.id))
+                self._to_client(old, _end(key, CLOSED, "replaced by a newer open of the same stream",
+                                          stream_id=old.id))
         size = -1
         if msg.direction == "put":
             size = next(spec.size for spec in plan.inputs if spec.name == msg.name)
         stream = RelayStream(key, s.conn_id, worker_conn, s.principal, size, self.window_bytes, msg.stream)
+        if plan.id != msg.plan_id:
+            stream.shown = msg.plan_id
         self.streams[key] = stream
         self._by_conn.setdefault(s.conn_id, set()).add(key)
         self._by_conn.setdefault(worker_conn, set()).add(key)
-        self._by_plan.setdefault(msg.plan_id, set()).add(key)
-        opened = msgspec.structs.replace(msg, credit=stream.window, offset=max(0, msg.offset))
+        self._by_plan.setdefault(plan.id, set()).add(key)
+        opened = msgspec.structs.replace(msg, plan_id=plan.id, credit=stream.window, offset=max(0, msg.offset))
         if msg.direction == "put":  # the worker checks the ticket first; its first credit asks for the window
             self._outbox.send(worker_conn, opened)
             return
@@ -263,15 +273,16 @@ class Relay:
             self._wait(stream, why)
 
     def _open_problem(self, plan: Plan, msg: DataOpen) -> tuple[str, str] | None:
+        plan_id = msg.plan_id  # as the client knows it
         if msg.attempt != plan.attempt or plan.worker_id is None:
-            return (CLOSED, f"plan {plan.id!r} is at attempt {plan.attempt}, not {msg.attempt}")
+            return (CLOSED, f"plan {plan_id!r} is at attempt {plan.attempt}, not {msg.attempt}")
         if msg.direction == "put":
             if plan.terminal:
-                return (errors.INVALID_ARGUMENT, f"plan {plan.id!r} already ended {plan.state}; it takes no inputs")
+                return (errors.INVALID_ARGUMENT, f"plan {plan_id!r} already ended {plan.state}; it takes no inputs")
             if not any(spec.name == msg.name for spec in plan.inputs):
-                return (errors.INVALID_ARGUMENT, f"plan {plan.id!r} declared no input {msg.name!r}")
+                return (errors.INVALID_ARGUMENT, f"plan {plan_id!r} declared no input {msg.name!r}")
         elif msg.name not in plan.outputs and not any(spec.name == msg.name for spec in plan.produced):
-            return (errors.INVALID_ARGUMENT, f"plan {plan.id!r} has no output {msg.name!r}")
+            return (errors.INVALID_ARGUMENT, f"plan {plan_id!r} has no output {msg.name!r}")
         if msg.offset < 0:
             return (errors.INVALID_ARGUMENT, f"data_open.offset must be >= 0 (got {msg.offset})")
         return None
@@ -297,8 +308,10 @@ class Relay:
                 self._credit(conn_id, stream, msg)
             case DataEnd():
                 self._drop(stream)
-                other = stream.worker if conn_id == stream.client else stream.client
-                self._outbox.send(other, _stamped(msg, stream.id))
+                if conn_id == stream.client:
+                    self._outbox.send(stream.worker, _stamped(msg, stream.id))
+                else:
+                    self._to_client(stream, _stamped(msg, stream.id))
 
     def _chunk(self, conn_id: int, stream: RelayStream, msg: DataChunk) -> None:
         n = len(msg.data)
@@ -319,7 +332,8 @@ class Relay:
         if problem is None and stream.in_flight + n > stream.window:
             problem = f"{stream.in_flight + n} bytes unacknowledged, over the stream's credit of {stream.window}"
         if problem is not None:
-            self._violation(stream, f"{msg.direction} {msg.name!r} of plan {msg.plan_id!r}: {problem}")
+            plan_id = stream.shown or msg.plan_id  # as its client knows the plan
+            self._violation(stream, f"{msg.direction} {msg.name!r} of plan {plan_id!r}: {problem}")
             return
         stream.moved = True
         stream.sent += n
@@ -331,6 +345,8 @@ class Relay:
         if stream.window - stream.in_flight < MAX_CHUNK_BYTES and not msg.last:
             self.credit_stalls += 1  # no room for another whole chunk until the receiver credits
         msg = compact(msg)  # held: its bytes, not a bigger frame they came in
+        if stream.shown and stream.direction == "get":  # to a client that knows the plan by its name
+            msg = msgspec.structs.replace(msg, plan_id=stream.shown)
         self._outbox.send(stream.receiver(), msg if msg.stream == stream.id else _stamped(msg, stream.id))
         if msg.last and stream.direction == "get":  # the whole output passed: the client's last credits are moot
             self._drop(stream)
@@ -356,6 +372,8 @@ class Relay:
             return
         stream.moved = True
         stream.acked = msg.offset
+        if stream.shown and stream.direction == "put":  # to a client that knows the plan by its name
+            msg = msgspec.structs.replace(msg, plan_id=stream.shown)
         self._outbox.send(stream.sender(), msgspec.structs.replace(msg, credit=stream.window, stream=stream.id))
 
     # ------------------------------------------------------------------ the driver's clock, plans, sessions
@@ -396,9 +414,11 @@ class Relay:
             if stream is None:
                 continue
             self._drop(stream)
-            other = stream.worker if conn_id == stream.client else stream.client
-            who = "client" if conn_id == stream.client else "worker"
-            self._outbox.send(other, _end(key, CLOSED, f"the {who}'s session closed", stream.acked, stream.id))
+            if conn_id == stream.client:
+                self._outbox.send(stream.worker, _end(key, CLOSED, "the client's session closed", stream.acked,
+                                                      stream.id))
+            else:
+                self._to_client(stream, _end(key, CLOSED, "the worker's session closed", stream.acked, stream.id))
 
     # ------------------------------------------------------------------ room
 
@@ -426,7 +446,8 @@ class Relay:
         self.reserved += window
         self._held_by_principal[stream.principal] = self._held_by_principal.get(stream.principal, 0) + window
         self._held_by_session[stream.client] = self._held_by_session.get(stream.client, 0) + window
-        plan_id, attempt, name, _ = stream.key
+        _, attempt, name, _ = stream.key
+        plan_id = stream.shown or stream.key[0]  # as its client knows the plan
         if stream.direction == "put":  # the worker's first credit goes on: the client starts at its offset
             self._outbox.send(stream.client, DataCredit(plan_id=plan_id, attempt=attempt, name=name, direction="put",
                                                         offset=stream.acked, credit=window, size=stream.size,
@@ -444,7 +465,8 @@ class Relay:
         stream.state = "waiting"
         self._line[stream.key] = stream
         self.waits += 1
-        plan_id, attempt, name, direction = stream.key
+        _, attempt, name, direction = stream.key
+        plan_id = stream.shown or stream.key[0]  # as its client knows the plan
         self._outbox.send(stream.client, DataCredit(
             plan_id=plan_id, attempt=attempt, name=name, direction="put" if direction == "put" else "get",
             offset=stream.acked, credit=0, size=stream.size, stream=stream.id,
@@ -463,8 +485,9 @@ class Relay:
 
     def _moved_on(self, stream: RelayStream) -> bool:
         """End ``stream`` if its plan is gone, ended (a ``put``) or at another attempt; whether it did."""
-        plan_id, attempt = stream.key[0], stream.key[1]
-        plan = self._plans.get(plan_id)
+        attempt = stream.key[1]
+        plan = self._plans.get(stream.key[0])
+        plan_id = stream.shown or stream.key[0]  # named in the reason as its client knows it
         if plan is None:
             why = f"plan {plan_id!r} was forgotten"
         elif plan.attempt != attempt or plan.worker_id is None:
@@ -483,9 +506,15 @@ class Relay:
     def _end_both(self, stream: RelayStream, code: str, why: str) -> None:
         self._drop(stream)
         end = _end(stream.key, code, why, stream.acked, stream.id)
-        self._outbox.send(stream.client, end)
+        self._to_client(stream, end)
         if stream.state != "waiting" or stream.direction == "put":  # a waiting get was never passed to its worker
             self._outbox.send(stream.worker, end)
+
+    def _to_client(self, stream: RelayStream, msg: DataMessage) -> None:
+        """Send ``msg`` to ``stream``'s client, naming the plan as the client knows it."""
+        if stream.shown:
+            msg = msgspec.structs.replace(msg, plan_id=stream.shown)
+        self._outbox.send(stream.client, msg)
 
     def _drop(self, stream: RelayStream) -> None:
         key = stream.key

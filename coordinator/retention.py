@@ -55,7 +55,7 @@ import structlog
 
 if TYPE_CHECKING:
     from coordinator.limits import PlanQuota
-    from coordinator.plans import Plan, Subscriptions
+    from coordinator.plans import Plan, PlanNames, Subscriptions
     from coordinator.records import Journal
     from coordinator.registry import WorkerRegistry
 
@@ -89,6 +89,7 @@ class Retention:
             ``--max-bytes-per-client``) that a principal's finished plans share with its unfinished
             ones; None or a 0 budget: no per-principal bound (nor when both bounds above are 0,
             which keeps every plan).
+        names: the plans whose name is not their key (coordinator/plans.py): a forgotten one's entry goes.
 
     Attributes:
         wall_offset: Unix time minus the core's ``now``, set by the driver (0 in tests whose
@@ -107,8 +108,10 @@ class Retention:
         retention_s: float,
         max_bytes: int = DEFAULT_RETENTION_BYTES,
         quota: PlanQuota | None = None,
+        names: PlanNames | None = None,
     ) -> None:
         self._plans = plans
+        self._names = names  # a forgotten plan's name is free again (plans.py PlanNames)
         self._registry = registry
         self._subscriptions = subscriptions
         self._journal = journal
@@ -305,6 +308,8 @@ class Retention:
 
     def _forget(self, plan: Plan) -> None:
         del self._plans[plan.id]
+        if plan.name is not None and self._names is not None:
+            self._names.forget(plan)
         if plan.tally is not None:  # its owner's listing counts (plans.py OwnerTally)
             plan.tally.remove(plan)
         subscriptions = self._subscriptions

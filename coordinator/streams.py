@@ -23,6 +23,10 @@ Rules:
 * **A replay only reads.** Whatever its ``from_seq``, a replay never changes the plan: one
   from past the stream's end sends nothing, and the plan's next event gets its next seq as
   ever (the subscriber learns the stream's end from ``subscribed.last_seqs``).
+* **Each follower sees the plan by its own id.** A plan's events are held and journaled under
+  its key. A plan whose owner knows it by another name (coordinator/plans.py, docs/SEMANTICS.md
+  §Plan ids) goes to its owner's sessions under that name and to admin sessions under its key
+  (events, ``resync``); every other plan's event goes to all its followers as the same object.
 
 Depends on the outbox (coordinator/effects.py), subscriptions, journal, plan quota and
 retention (coordinator/retention.py); knows nothing of placement or sessions' handlers.
@@ -36,6 +40,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from coordinator.plans import SMALL_EVENT_BYTES
 from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, Resync
 
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
     from coordinator.plans import Plan, Subscriptions
     from coordinator.records import Journal
     from coordinator.retention import Retention
+    from coordinator.sessions import SessionTable
 
 __all__ = ["REPLAY_NOW_EVENTS", "REPLAY_SLICE_EVENTS", "UNRECORDED_SEQ_RESERVE", "Streams"]
 
@@ -76,6 +83,7 @@ class Streams:
         counters: the core's counters (``resyncs_sent``).
         max_events: events held in memory per plan.
         max_event_bytes: ... and their payload bytes (0: no byte bound).
+        sessions: the open sessions (which followers are admin sessions, that see plans by key).
     """
 
     def __init__(
@@ -90,6 +98,7 @@ class Streams:
         counters: dict[str, int],
         max_events: int,
         max_event_bytes: int,
+        sessions: SessionTable | None = None,
     ) -> None:
         self.now = 0.0
         """The ``now`` of the input being handled (the core sets it): when a plan that ends now ended."""
@@ -106,6 +115,7 @@ class Streams:
         self._counters = counters
         self._max_events = max_events
         self._max_event_bytes = max_event_bytes
+        self._sessions: SessionTable = sessions if sessions is not None else {}
         counters["resyncs_sent"] = 0
 
     def emit(
@@ -129,8 +139,13 @@ class Streams:
             plan.seq_recorded = plan.next_seq + UNRECORDED_SEQ_RESERVE
             self._touched(plan)
         send = self._send
-        for conn_id in self._followers(plan.id):
-            send(conn_id, event)
+        if plan.name is None:
+            for conn_id in self._followers(plan.id):
+                send(conn_id, event)
+        else:  # its owner's sessions know it by its name (module docstring)
+            named = msgspec.structs.replace(event, plan_id=plan.name)
+            for conn_id in self._followers(plan.id):
+                send(conn_id, event if self._by_key(conn_id) else named)
         if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
             self._quota.release(plan.owner, plan.id)
             plan.drop_ephemeral()  # a finished plan keeps its durable events only; a replay resyncs the rest
@@ -148,17 +163,25 @@ class Streams:
         """Send the held events after ``from_seq`` to a subscriber, with a ``resync`` for each missing run."""
         send = self._send
         expected = max(from_seq, 0) + 1
+        admin = self._by_key(conn_id)
+        name = None if admin else plan.name
         for event in plan.events_after(from_seq):
             if event.seq > expected:
-                send(conn_id, self._resync(plan, expected, event.seq - 1))
-            send(conn_id, event)
+                send(conn_id, self._resync(plan, expected, event.seq - 1, admin))
+            send(conn_id, event if name is None else msgspec.structs.replace(event, plan_id=name))
             expected = event.seq + 1
         if expected < plan.next_seq:
-            send(conn_id, self._resync(plan, expected, plan.next_seq - 1))
+            send(conn_id, self._resync(plan, expected, plan.next_seq - 1, admin))
 
-    def _resync(self, plan: Plan, first: int, last: int) -> Resync:
+    def _resync(self, plan: Plan, first: int, last: int, admin: bool) -> Resync:
         self._counters["resyncs_sent"] += 1
-        return Resync(plan_id=plan.id, first_seq=first, last_seq=last, plan=plan.info(), recovered=False)
+        return Resync(plan_id=plan.shown_id(admin), first_seq=first, last_seq=last, plan=plan.info(admin),
+                      recovered=False)  # fmt: skip
+
+    def _by_key(self, conn_id: int) -> bool:
+        """Whether the session knows plans by their keys (an admin's) rather than its own names for them."""
+        session = self._sessions.get(conn_id)
+        return session is None or session.admin
 
     # ------------------------------------------------------------------ replays in slices (issue 17 finding 1)
 
@@ -239,17 +262,18 @@ class Streams:
             events = plan.events
             start = bisect.bisect_left(events, job.expected, key=_seq)
             stop = min(len(events), start + budget - used)
+            admin = plan.name is None or self._by_key(conn_id)
             for index in range(start, stop):
                 event = events[index]
                 if event.seq > job.expected:
-                    send(conn_id, self._resync(plan, job.expected, event.seq - 1))
-                send(conn_id, event)
+                    send(conn_id, self._resync(plan, job.expected, event.seq - 1, admin))
+                send(conn_id, event if admin else msgspec.structs.replace(event, plan_id=plan.name))
                 job.expected = event.seq + 1
             used += stop - start + 1
             if stop < len(events):
                 return used  # the rest of this plan in the next slice
             if job.expected < plan.next_seq:
-                send(conn_id, self._resync(plan, job.expected, plan.next_seq - 1))
+                send(conn_id, self._resync(plan, job.expected, plan.next_seq - 1, admin))
             self._subscriptions.add(plan.id, conn_id)  # live from here on
             job.plans.popleft()
             job.ids.discard(plan.id)

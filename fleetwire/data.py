@@ -155,16 +155,18 @@ class Grant:
     get_ticket: str = ""
     refresh: Callable[[], Awaitable[Grant]] | None = field(default=None, compare=False, repr=False)
     """Asks the coordinator for a fresh grant of the same direction (``Client.data_ticket``); None: no way to."""
+    key: str = ""
+    """The plan's key on the worker when it is not ``plan_id`` (docs/PROTOCOL.md §5 *Plan ids*): the URL names it."""
 
     @classmethod
     def from_event(cls, event: Event, refresh: Callable[[], Awaitable[Grant]] | None = None) -> Grant:
         data = event.data or {}
         return cls(event.plan_id, int(data.get("attempt", event.attempt)), data.get("url", ""),
-                   data.get("ticket", ""), data.get("get_ticket", ""), refresh)
+                   data.get("ticket", ""), data.get("get_ticket", ""), refresh, str(data.get("key") or ""))
 
     @classmethod
     def from_reply(cls, reply: DataGrant, refresh: Callable[[], Awaitable[Grant]] | None = None) -> Grant:
-        return cls(reply.plan_id, reply.attempt, reply.url, reply.ticket, reply.ticket, refresh)
+        return cls(reply.plan_id, reply.attempt, reply.url, reply.ticket, reply.ticket, refresh, reply.key)
 
     async def renewed(self, what: str, refused: DataTransferError) -> Grant:
         """A fresh ticket to the same attempt's bytes, after ``refused`` (a 401: its key is gone).
@@ -182,7 +184,8 @@ class Grant:
         return fresh
 
     def resource(self, kind: str, name: str) -> str:
-        return f"{self.url}/v1/data/{quote(self.plan_id, safe='')}/{self.attempt}/{kind}/{quote(name, safe='')}"
+        plan = self.key or self.plan_id  # the worker knows the plan by its key
+        return f"{self.url}/v1/data/{quote(plan, safe='')}/{self.attempt}/{kind}/{quote(name, safe='')}"
 
 
 class InputSource:

@@ -235,6 +235,9 @@ class PlanInfo(msgspec.Struct, omit_defaults=True):
     history: list[dict[str, Any]] = []  # in ``get_plan``/``cancel``: attempts that ended without ending it
     ended_at: float | None = None  # in ``get_plan``/``cancel``: Unix time it reached its final state
     receipt: Receipt | None = None  # a finished plan's energy and carbon (None: none came)
+    # To an admin session: the id its owner submitted, when that is not ``id`` (another principal's plan held it
+    # when it came: ``id`` is then a key the coordinator made; docs/SEMANTICS.md §Plan ids). None otherwise.
+    name: str | None = None
 
 
 # --------------------------------------------------------------------------- messages
@@ -590,6 +593,9 @@ class DataGrant(_Msg, tag="data_grant"):
     direction: Literal["put", "get"] = "get"
     expires_at: float = 0.0  # Unix seconds
     files: dict[str, list[Any]] = {}  # name -> [size, digest] the ticket covers (-1: size not known)
+    # The plan's key on the worker (the data endpoint's URL path, the ticket's plan), when it is not ``plan_id``:
+    # its owner's id was another principal's when it came (docs/SEMANTICS.md §Plan ids). "": ``plan_id``.
+    key: str = ""
 
 
 class Moved(_Msg, tag="moved"):

@@ -751,15 +751,17 @@ def test_idempotent_submit_returns_the_existing_plan(h: Harness) -> None:
     assert [e.seq for e in msgs[1:]] == [1, 2]  # the retry is subscribed to the whole stream
 
 
-def test_another_principal_cannot_reuse_or_see_a_plan(h: Harness) -> None:
-    """Plans of another principal are not found, and their id cannot be taken over."""
+def test_another_principal_cannot_take_over_or_see_a_plan(h: Harness) -> None:
+    """Plans of another principal are not found, and submitting their id makes a plan of one's own (ids are
+    scoped per principal: tests/unit/test_plan_ids.py)."""
     alice = h.client("alice")
-    h.submit(alice, plan_id="job-1")
+    h.submit(alice, plan_id="job-1", args="alices")
     bob = h.client("bob")
     h.send(bob, GetPlan(req_id=1, plan_id="job-1"))
     assert only(h.take(bob), Error).code == errors.PLAN_NOT_FOUND
     h.send(bob, Submit(req_id=2, op="echo", plan_id="job-1"))
-    assert only(h.take(bob), Error).code == errors.INVALID_ARGUMENT
+    assert only(h.take(bob), Accepted) == Accepted(req_id=2, plan_id="job-1", state="queued")
+    assert h.core.plans["job-1"].owner == "alice" and h.core.plans["job-1"].args == "alices"
 
 
 @pytest.mark.parametrize("fields", [{"op": ""}, {"max_attempts": 0}, {"timeout_s": 0.0}, {"timeout_s": -2.5}])

@@ -145,13 +145,13 @@ def test_chunk_before_the_workers_credit_is_refused(h: Harness) -> None:
 
 
 def test_foreign_plan_is_refused(h: Harness) -> None:
-    """Another principal's plan cannot be opened: answered as if it did not exist, its worker untouched."""
+    """Another principal's plan cannot be opened: answered as a plan that does not exist, its worker untouched."""
     alice = h.client("alice")
     worker, plan_id = placed(h, "w1", alice)
     mallory = h.client("mallory")
     h.send(mallory, DataOpen(plan_id=plan_id, attempt=1, name="x"))
     end = only_of(h.take(mallory), DataEnd)
-    assert end.code == "plan_not_found" and "another principal" in end.message
+    assert end.code == "plan_not_found" and end.message == f"plan {plan_id!r} does not exist"
     assert not h.take(worker)
     h.send(mallory, chunk(plan_id, 0))  # nor can it push bytes into alice's stream
     assert only_of(h.take(mallory), DataEnd).code == CLOSED

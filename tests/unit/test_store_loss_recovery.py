@@ -55,14 +55,16 @@ def test_a_recovered_submit_is_a_new_plan_counted_and_logged() -> None:
     assert h.core.counters["plans_recovered_from_client"] == 1
 
 
-def test_a_recovered_submit_of_another_principals_plan_is_refused() -> None:
-    """Resubmitting an id another principal's plan holds is refused as any reuse of it is."""
+def test_a_recovered_submit_of_another_principals_plan_id_is_a_plan_of_its_own() -> None:
+    """Resubmitting an id another principal's plan holds makes the resubmitter's own plan (ids are scoped per
+    principal); the other's plan is untouched."""
     h = Durable()
     h.submit(h.client("alice"), plan_id="p1")
     bob = h.client("bob")
     h.send(bob, Submit(req_id=5, op="echo", plan_id="p1", recovered=True))
-    assert not [m for m in h.take(bob) if isinstance(m, Accepted)]
-    assert h.core.plans["p1"].owner == "alice" and h.core.counters["plans_recovered_from_client"] == 0
+    assert only(h.take(bob), Accepted).plan_id == "p1"
+    assert h.core.plans["p1"].owner == "alice" and h.core.counters["plans_recovered_from_client"] == 1
+    assert h.core.plans[h.core.names.keys["bob", "p1"]].owner == "bob"
 
 
 def test_a_lease_lost_with_the_tail_is_leased_back_and_its_result_accepted_once() -> None:
