@@ -6,7 +6,8 @@ list) is a **view session**. It is served on the main port, from PostgreSQL's co
 for plans and workers of every shard whoever owns them:
 
 * ``get_plan``, ``list_plans`` (a client token: its own plans; an admin token: all; ``queue``
-  is empty: the queue order lives in each shard's core), ``list_workers`` (each served shard's
+  is empty: the queue order lives in each shard's core; ``op``, ``owner`` and ``id_contains``
+  are filters of the SQL read, their ``total`` a count of its own), ``list_workers`` (each served shard's
   registry as its owner last wrote it, once per ``--lease-renew``);
 * ``subscribe`` to plan ids: the events are read from the rows. The session waits on the
   **doorbell**: every shard's core rings it at most once per group commit (coalesced, never
@@ -34,7 +35,11 @@ for plans and workers of every shard whoever owns them:
   instead and the SDK re-sends the request once the shard is served again;
 * ``submit`` (by its pool, or its partition), ``data_ticket`` and the relay (by the plan's
   shard) are answered ``moved`` to the owner and the session is closed ``4307``; the SDK re-sends
-  the request there. A submit is moved rather than forwarded so that a client's plans keep the
+  the request there. A **browser's** ``submit`` (a session whose handshake sent ``Origin``: the
+  dashboard) is forwarded instead, like ``cancel``, and its events followed from the rows when it
+  subscribes: a page cannot follow a ``moved`` (its socket may reach only what the page's CSP and
+  the owner's origin check allow, and closing it would drop the page's subscriptions), and it
+  submits one plan at a time. A submit is moved rather than forwarded so that a client's plans keep the
   owner's fast path (a pipelined ``submit_many``, live events straight from its core): a
   forwarded submit would go one at a time and its events one doorbell late, measured at 100
   plans/s instead of thousands (``bench/cluster_throughput.py``, a client with no pool). Anything
@@ -63,6 +68,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
+import msgspec
 import structlog
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection
@@ -72,6 +78,7 @@ from websockets.typing import Subprotocol
 from coordinator.auth import Principal
 from coordinator.io.cluster_views import (
     Watched,
+    count_matching,
     count_plans,
     list_plans,
     mark_wanted,
@@ -86,13 +93,14 @@ from coordinator.io.cluster_views import (
 )
 from coordinator.io.pg_store import SERVER_SETTINGS
 from coordinator.limits import CostBuckets, Limits, TokenBucket
-from coordinator.operator_requests import PAGE_BYTES, page_start
+from coordinator.operator_requests import MAX_FILTER_CHARS, PAGE_BYTES, page_start
 from coordinator.plans import Plan
 from protocol import SUBPROTOCOL_MSGPACK, Codec
 from protocol import errors as codes
 from protocol.codec import DecodeFailure
 from protocol.messages import (
     TERMINAL_STATES,
+    Accepted,
     Cancel,
     DataChunk,
     DataCredit,
@@ -434,6 +442,8 @@ class _Session:
         self.follower: asyncio.Task[None] | None = None
         self.send_lock = asyncio.Lock()
         self.cost = views.cost_bucket(principal.name)
+        # A browser (it sends Origin): the dashboard, whose submits are forwarded (module docstring).
+        self.browser = ws.request is not None and ws.request.headers.get("Origin") is not None
         self.work = 0  # work units beyond one per message (coordinator/limits.py), as the core's Outbox.work
 
     def charge(self, units: int) -> None:
@@ -527,6 +537,8 @@ class _Session:
                     del self.watched[key]
                     self.from_all.discard(key)
                 await self.send([Ok(req_id=msg.req_id)])
+            case Submit() if self.browser:  # a page cannot follow a moved (module docstring): forwarded
+                await self.forward_submit(msg)
             case Submit():  # the owner's fast path: its live stream comes straight from its core
                 raise _Moved(self.views.submit_shard(msg))
             case Cancel():
@@ -561,10 +573,23 @@ class _Session:
         if problem is not None:
             await self.send([Error(code=codes.INVALID_ARGUMENT, message=problem, req_id=msg.req_id)])
             return
+        if msg.owner and self.owner is not None and msg.owner != self.owner:
+            problem = (f"owner {msg.owner[:MAX_FILTER_CHARS]!r}: a client token lists only its own plans "
+                       f"({self.owner!r}); another principal's need an admin token")
+            await self.send([Error(code=codes.FORBIDDEN, message=problem, req_id=msg.req_id)])
+            return
         states: list[str] = list(msg.states)
+        owner = self.owner if self.owner is not None else msg.owner or None
+        narrowed = {"op": msg.op, "id_contains": msg.id_contains}
         async with self.views.conn() as conn:
-            plans, _, _ = await list_plans(conn, states, msg.limit + 1, owner=self.owner, before=before, counted=False)
+            plans, _, _ = await list_plans(conn, states, msg.limit + 1, owner=owner, before=before, counted=False,
+                                           **narrowed)  # fmt: skip
             counts, scanned = await self.views.counts(conn, self.owner)
+            if owner != self.owner or msg.op or msg.id_contains:  # the cached counts cannot say: counted apart
+                total = await count_matching(conn, states, owner=owner, **narrowed)
+                scanned += total
+            else:
+                total = sum(n for state, n in counts.items() if not states or state in states)
         listed: list[PlanInfo] = []
         size = last = 0
         cursor = ""
@@ -573,12 +598,27 @@ class _Session:
             if len(listed) >= msg.limit or (listed and size + row > PAGE_BYTES):  # a page stays under frame limits
                 cursor = str(last)
                 break
+            last = key
+            if msg.op and plan.op != msg.op:  # its args held the op's marker (cluster_views.op_marker)
+                continue
             listed.append(plan.summary())
             size += row
-            last = key
-        total = sum(n for state, n in counts.items() if not states or state in states)
+        else:
+            if len(plans) > msg.limit:  # every row read, one of them not of the op: more may follow
+                cursor = str(last)
         self.charge(scanned + len(plans) + 4 * len(listed))  # rows scanned and rows built, as the core's listing
         await self.send([Plans(req_id=msg.req_id, plans=listed, counts=counts, total=total, next_cursor=cursor)])
+
+    async def forward_submit(self, msg: Submit) -> None:
+        """A browser's ``submit``: forwarded to its shard's owner; its events followed here when it subscribes."""
+        reply = await self.forward(self.views.submit_shard(msg), msgspec.structs.replace(msg, subscribe=False))
+        await self.send([reply])
+        if not msg.subscribe or type(reply) is not Accepted:
+            return
+        async with self.views.conn() as conn:
+            found = await plan_shard(conn, reply.plan_id, self.owner)  # committed before accepted was sent
+        if found is not None and len(self.watched) - len(self.from_all) < _MAX_WATCHED:
+            await self.watch([Watched(found[2], reply.plan_id, found[0], 1)])
 
     async def plan_shard(self, plan_id: str, req_id: int) -> int | None:
         """The shard of a plan this session may see; None after answering ``plan_not_found``."""

@@ -38,7 +38,8 @@ from protocol.messages import PlanStateName, WorkerInfo
 
 __all__ = [
     "MAX_LIMIT", "PLAN_STATES", "PUT_WORKERS", "WANTED", "WANTED_S",
-    "ViewError", "Watched", "count_plans", "encode_workers", "list_plans", "mark_wanted", "new_plans", "parse_query",
+    "ViewError", "Watched", "count_matching", "count_plans", "encode_workers", "list_plans", "mark_wanted", "new_plans",
+    "op_marker", "parse_query",
     "plan_shard",
     "plans_by_id", "read_plans", "read_watched", "read_workers", "shard_tips", "want_workers", "workers_summary",
 ]
@@ -48,8 +49,12 @@ PLAN_STATES: Final = get_args(PlanStateName)
 _COLUMNS = "key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc"
 _BY_ID = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE id = $1 ORDER BY key"
 _EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE plan = ANY($1::bigint[]) ORDER BY plan, seq"
-_LIST = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE (cardinality($1::text[]) = 0 OR state = ANY($1::text[])) " \
-        "AND ($3::text IS NULL OR owner = $3) AND key < $4 ORDER BY key DESC LIMIT $2"  # fmt: skip
+# The filters of a listing (list_plans' op and id_contains). ``op`` is not a column: rows whose spec holds the
+# msgpack of ``"op"`` then the op's name are read (:func:`op_marker`) and the decoded plan's op is checked.
+_FILTERS = "(cardinality($1::text[]) = 0 OR state = ANY($1::text[])) AND ($2::text IS NULL OR owner = $2) " \
+           "AND strpos(id, $3::text) > 0 AND ($4::bytea IS NULL OR position($4::bytea IN spec) > 0)"  # fmt: skip
+_LIST = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE {_FILTERS} AND key < $5 ORDER BY key DESC LIMIT $6"
+_MATCHING = f"SELECT count(*) FROM fleetwire_plans WHERE {_FILTERS}"
 _COUNTS = "SELECT state, count(*) FROM fleetwire_plans WHERE $1::text IS NULL OR owner = $1 GROUP BY state"
 # The caller's own plan first: another principal may hold the same id in another shard (a core refuses another
 # principal's id only within its own shard), and its newer row must not hide the caller's (issue #24 part 6).
@@ -95,6 +100,7 @@ LATERAL (SELECT key, id, shard, owner FROM fleetwire_plans
          WHERE shard = h.shard AND key > h.high ORDER BY shard, key LIMIT $3) AS p"""
 _workers_decoder = msgspec.msgpack.Decoder(list[WorkerInfo])
 _workers_encoder = msgspec.msgpack.Encoder()
+_marker_encoder = msgspec.msgpack.Encoder()
 
 
 class ViewError(ValueError):
@@ -155,21 +161,39 @@ async def plans_by_id(conn: Any, plan_id: str) -> _Found:
     return found
 
 
+def op_marker(op: str) -> bytes | None:
+    """What a plan row's spec (msgpack) holds for ``op``: the key ``"op"`` then the op's name (None: any op)."""
+    return _marker_encoder.encode("op") + _marker_encoder.encode(op) if op else None
+
+
 async def list_plans(conn: Any, states: list[str], limit: int, *, owner: str | None = None,
-                     before: int | None = None,
-                     counted: bool = True) -> tuple[list[tuple[int, Plan]], dict[str, int], int]:  # fmt: skip
+                     before: int | None = None, counted: bool = True, op: str = "",
+                     id_contains: str = "") -> tuple[list[tuple[int, Plan]], dict[str, int], int]:  # fmt: skip
     """``([(store key, plan)], counts per state, damaged)``: at most ``limit`` plans in ``states`` (none: all) of
-    ``owner`` (None: everyone's) with a store key below ``before``, highest key first (no events).
+    ``owner`` (None: everyone's), of ``op`` and with ``id_contains`` in their id ("": any), with a store key
+    below ``before``, highest key first (no events). With ``op``, a plan whose args merely hold the op's
+    marker (:func:`op_marker`) is among them too: the caller checks ``plan.op``.
 
     ``counted`` False: no counts (``{}``); they scan every plan row of ``owner`` (:func:`count_plans`).
     """
+    marker = op_marker(op)
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = [tuple(r) for r in await conn.fetch(_LIST, states, limit, owner, _NO_KEY if before is None else before)]
+        rows = [tuple(r) for r in await conn.fetch(_LIST, states, owner, id_contains, marker,
+                                                   _NO_KEY if before is None else before, limit)]  # fmt: skip
         counts = {r[0]: r[1] for r in await conn.fetch(_COUNTS, owner)} if counted else {}
     keys: dict[str, int] = {}
     stored, damaged = decode_plans(rows, [], keep_rowids=keys)
     plans = sorted(((keys[p.created.plan_id], plan_from_store(p)) for p in stored), key=lambda kp: -kp[0])
     return plans, counts, len(damaged)
+
+
+async def count_matching(conn: Any, states: list[str], *, owner: str | None = None, op: str = "",
+                         id_contains: str = "") -> int:  # fmt: skip
+    """How many plans a filtered listing matches (a scan of ``owner``'s rows: the caller charges it).
+
+    With ``op``, a plan whose args hold the op's marker is counted too: rare enough for a total.
+    """
+    return int(await conn.fetchval(_MATCHING, states, owner, id_contains, op_marker(op)))
 
 
 async def count_plans(conn: Any, owner: str | None = None) -> dict[str, int]:
