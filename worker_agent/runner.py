@@ -74,7 +74,8 @@ class _PlanRun:
 
     @property
     def key(self) -> str:
-        """Its key in the device allocator: one per attempt (a superseded attempt still ending keeps its own)."""
+        """Its key in the device allocator and the energy meters: one per attempt (a superseded attempt still
+        ending keeps its own)."""
         return f"{self.plan_id}#{self.attempt}"
 
     def emit(self, kind: str, data: Any, ephemeral: bool) -> None:
@@ -380,7 +381,8 @@ class PlanRunner:
         self._plans[run.plan_id] = run
         self.idle.clear()
         self.load.started()
-        self.telemetry.plan_started(run.plan_id, self._physical(run) if run.devices else ())
+        # Keyed by attempt, as the devices: a superseded attempt still ending must not end this one's energy count.
+        self.telemetry.plan_started(run.key, self._physical(run) if run.devices else ())
         self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
         # The task keeps what it needs of the assign, not the assign (its lists go at once: less for the collector).
         run.task = loop.create_task(self._run_plan(run, handler, bool(assign.inputs), assign.timeout_s))
@@ -449,10 +451,10 @@ class PlanRunner:
         self.load.finished(run_s)
         if run.devices:
             receipt = self.telemetry.plan_finished(
-                run.plan_id, run.ctx.tokens, self._physical(run), [self._device_name(i) for i in run.devices], run_s
+                run.key, run.ctx.tokens, self._physical(run), [self._device_name(i) for i in run.devices], run_s
             )
         else:  # no devices: nothing to look up (None when nothing was measured: no receipt)
-            receipt = self.telemetry.plan_finished(run.plan_id, run.ctx.tokens, run_s=run_s)
+            receipt = self.telemetry.plan_finished(run.key, run.ctx.tokens, run_s=run_s)
         run.ctx.close()
         self._orphans.discard(run)
         if self._plans.get(run.plan_id) is run:
