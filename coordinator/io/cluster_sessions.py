@@ -45,6 +45,11 @@ for plans and workers of every shard whoever owns them:
   plans/s instead of thousands (``bench/cluster_throughput.py``, a client with no pool). Anything
   else is moved to the owner of shard 0 (the default pool).
 
+**Plan ids** are scoped per principal, as in a core (docs/SEMANTICS.md §Client session): a client's look-ups
+by id find only its own plans, by the id it submitted (cluster_views.py ``plan_shard``, ``plans_by_id``), and
+name them by it in every frame (:func:`catch_up`); another principal's plan of that id answers as an unused id
+(:meth:`_Session.not_found`). An admin's find plans by key and see each one's owner and name.
+
 **Limits** (coordinator/limits.py): a view session is charged as a core's client session is. Its
 connection has the client message rate (``client_rate``/``client_burst``: throttled, then closed
 4429 after ``flood_grace_s``), and its principal a work-unit bucket (``cost_rate``/``cost_burst``,
@@ -508,9 +513,10 @@ class _Session:
     def visible(self, owner: str) -> bool:
         return self.owner is None or owner == self.owner
 
-    def not_found(self, plan_id: str, req_id: int, owner: str | None) -> Error:
-        message = f"plan id {plan_id!r} belongs to another principal" if owner is not None else \
-            f"no plan with id {plan_id!r} in any shard of this cluster"  # fmt: skip
+    def not_found(self, plan_id: str, req_id: int) -> Error:
+        """The answer for an id this session knows no plan by: another principal's plan of that id answers alike
+        (plan ids are scoped per principal, docs/SEMANTICS.md §Plan ids: the look-ups never find it)."""
+        message = f"no plan with id {plan_id!r} in any shard of this cluster"
         return Error(code=codes.PLAN_NOT_FOUND, message=message, req_id=req_id, plan_id=plan_id)
 
     async def answer(self, msg: Any) -> None:
@@ -560,13 +566,12 @@ class _Session:
 
     async def get_plan(self, msg: GetPlan) -> None:
         async with self.views.conn() as conn:
-            found = await plans_by_id(conn, msg.plan_id)
+            found = await plans_by_id(conn, msg.plan_id, self.owner)  # a client's: its own, by the id it gave
         mine = [p for p in found if self.visible(p.owner)]
         if not mine:
-            owner = found[0].owner if found else None
-            await self.send([self.not_found(msg.plan_id, msg.req_id, owner)])
+            await self.send([self.not_found(msg.plan_id, msg.req_id)])
             return
-        await self.send([PlanReply(req_id=msg.req_id, plan=mine[-1].info())])
+        await self.send([PlanReply(req_id=msg.req_id, plan=mine[-1].info(self.owner is None))])
 
     async def list_plans(self, msg: ListPlans) -> None:
         before, problem = page_start(msg)  # the same checks as a core's listing
@@ -581,12 +586,13 @@ class _Session:
         states: list[str] = list(msg.states)
         owner = self.owner if self.owner is not None else msg.owner or None
         narrowed = {"op": msg.op, "id_contains": msg.id_contains}
+        admin = self.owner is None  # a client's id_contains matches the ids it submitted, never a key
         async with self.views.conn() as conn:
             plans, _, _ = await list_plans(conn, states, msg.limit + 1, owner=owner, before=before, counted=False,
-                                           **narrowed)  # fmt: skip
+                                           admin=admin, **narrowed)  # fmt: skip
             counts, scanned = await self.views.counts(conn, self.owner)
             if owner != self.owner or msg.op or msg.id_contains:  # the cached counts cannot say: counted apart
-                total = await count_matching(conn, states, owner=owner, **narrowed)
+                total = await count_matching(conn, states, owner=owner, admin=admin, **narrowed)
                 scanned += total
             else:
                 total = sum(n for state, n in counts.items() if not states or state in states)
@@ -601,7 +607,7 @@ class _Session:
             last = key
             if msg.op and plan.op != msg.op:  # its args held the op's marker (cluster_views.op_marker)
                 continue
-            listed.append(plan.summary())
+            listed.append(plan.summary(self.owner is None))
             size += row
         else:
             if len(plans) > msg.limit:  # every row read, one of them not of the op: more may follow
@@ -625,7 +631,7 @@ class _Session:
         async with self.views.conn() as conn:
             found = await plan_shard(conn, plan_id, self.owner)
         if found is None or not self.visible(found[1]):
-            await self.send([self.not_found(plan_id, req_id, None if found is None else found[1])])
+            await self.send([self.not_found(plan_id, req_id)])
             return None
         return found[0]
 
@@ -694,7 +700,7 @@ class _Session:
                 found = [await plan_shard(conn, plan_id, self.owner) for plan_id in msg.plan_ids]
             for plan_id, one in zip(msg.plan_ids, found, strict=True):
                 if one is None or not self.visible(one[1]):
-                    await self.send([self.not_found(plan_id, msg.req_id, None if one is None else one[1])])
+                    await self.send([self.not_found(plan_id, msg.req_id)])
                     return  # one unknown id and nothing is subscribed
                 fresh.append(Watched(one[2], plan_id, one[0], max(0, msg.from_seq) + 1))
         if len(self.watched) - len(self.from_all) + len(fresh) > _MAX_WATCHED:
@@ -725,7 +731,7 @@ class _Session:
         """Subscribed to all: watch the plans committed since the last read; whether a shard has more to read."""
         rows = await new_plans(conn, tips, _ALL_PER_RING)
         per_shard: dict[int, int] = {}
-        for key, plan_id, shard, owner in rows:
+        for key, plan_id, shard, owner, name in rows:
             tips[shard] = max(tips[shard], key)
             per_shard[shard] = per_shard.get(shard, 0) + 1
             if not self.visible(owner) or key in self.watched:
@@ -733,7 +739,8 @@ class _Session:
             if len(self.from_all) >= _MAX_ALL:
                 self.views.skipped_all += 1
                 continue
-            self.watched[key] = Watched(key, plan_id, shard, 1)
+            # a client knows its plan by the id it submitted (name, when that is not the key), an admin by key
+            self.watched[key] = Watched(key, plan_id if self.owner is None else name or plan_id, shard, 1)
             self.from_all.add(key)
         if rows and self.cost is not None:  # rows read: charged now, paid by the session's next frames
             self.cost.take(len(rows), time.monotonic())
@@ -777,17 +784,20 @@ class _Session:
 
 
 def catch_up(plan: Plan, w: Watched) -> list[Any]:
-    """The events of ``plan`` from ``w.expected`` on, a ``resync`` for each run the rows never held."""
+    """The events of ``plan`` from ``w.expected`` on, a ``resync`` for each run the rows never held, naming the
+    plan as the session knows it (``w.plan_id``: its owner's name for it where that is not its key)."""
     out: list[Any] = []
+    shown = w.plan_id
+    by_key = shown == plan.id  # an admin's view, or a plan whose name is its key (the same view)
     for event in plan.events:
         if event.seq < w.expected:
             continue
         if event.seq > w.expected:
-            out.append(Resync(plan_id=plan.id, first_seq=w.expected, last_seq=event.seq - 1, plan=plan.info()))
-        out.append(event)
+            out.append(Resync(plan_id=shown, first_seq=w.expected, last_seq=event.seq - 1, plan=plan.info(by_key)))
+        out.append(event if by_key else msgspec.structs.replace(event, plan_id=shown))
         w.expected = event.seq + 1
     if plan.state in TERMINAL_STATES and w.expected < plan.next_seq:
-        out.append(Resync(plan_id=plan.id, first_seq=w.expected, last_seq=plan.next_seq - 1, plan=plan.info()))
+        out.append(Resync(plan_id=shown, first_seq=w.expected, last_seq=plan.next_seq - 1, plan=plan.info(by_key)))
         w.expected = plan.next_seq
     # The inline events are re-read whole with the row; events rows from the last one's first seq.
     w.since = max((e.seq for e in plan.events), default=w.since)

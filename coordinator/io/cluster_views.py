@@ -3,8 +3,8 @@
 A shard's core answers ``get_plan``/``plans`` for its own shard only. A coordinator's main port
 (coordinator/io/cluster_host.py) answers, for every shard, from the committed rows:
 
-* ``GET /v1/plans?id=ID``: ``{"plans": [PlanInfo]}``, the ``get_plan`` view (result included);
-  404 when no shard holds that id;
+* ``GET /v1/plans?id=ID``: ``{"plans": [PlanInfo]}``, the ``get_plan`` view (result included) of the plans
+  whose key is ``ID`` (an admin's view: docs/SEMANTICS.md §Plan ids); 404 when no shard holds that id;
 * ``GET /v1/plans[?state=queued,running][&limit=N]``: ``{"plans": [...], "total": N, "counts":
   {state: n}}``, the ``plans`` listing view (no result bodies), highest store key first (keys come
   in blocks per coordinator, so that is roughly, not strictly, newest first); ``limit`` at most
@@ -47,19 +47,27 @@ __all__ = [
 MAX_LIMIT: Final = 1000
 PLAN_STATES: Final = get_args(PlanStateName)
 _COLUMNS = "key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc"
+# A plan by id: an admin's look-up by key (``id``), a client's by the id it submitted among its own plans (its
+# ``name`` where the row has one, else its ``id``: coordinator/io/pg_store.py; docs/SEMANTICS.md §Plan ids).
 _BY_ID = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE id = $1 ORDER BY key"
+_OWN = "owner = $2 AND (name = $1 OR (id = $1 AND name IS NULL))"
+_BY_NAME = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE {_OWN} ORDER BY key"
 _EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE plan = ANY($1::bigint[]) ORDER BY plan, seq"
 # The filters of a listing (list_plans' op and id_contains). ``op`` is not a column: rows whose spec holds the
 # msgpack of ``"op"`` then the op's name are read (:func:`op_marker`) and the decoded plan's op is checked.
+# ``id_contains`` ($3) is matched on the id the session knows a plan by ($5: an admin's, the key or the owner's
+# name for it; a client's, only its name, never a key the core made: docs/SEMANTICS.md §Plan ids).
 _FILTERS = "(cardinality($1::text[]) = 0 OR state = ANY($1::text[])) AND ($2::text IS NULL OR owner = $2) " \
-           "AND strpos(id, $3::text) > 0 AND ($4::bytea IS NULL OR position($4::bytea IN spec) > 0)"  # fmt: skip
-_LIST = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE {_FILTERS} AND key < $5 ORDER BY key DESC LIMIT $6"
+           "AND CASE WHEN $5::bool THEN strpos(id, $3::text) > 0 OR strpos(name, $3::text) > 0 " \
+           "ELSE strpos(coalesce(name, id), $3::text) > 0 END " \
+           "AND ($4::bytea IS NULL OR position($4::bytea IN spec) > 0)"  # fmt: skip
+_LIST = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE {_FILTERS} AND key < $6 ORDER BY key DESC LIMIT $7"
 _MATCHING = f"SELECT count(*) FROM fleetwire_plans WHERE {_FILTERS}"
 _COUNTS = "SELECT state, count(*) FROM fleetwire_plans WHERE $1::text IS NULL OR owner = $1 GROUP BY state"
-# The caller's own plan first: another principal may hold the same id in another shard (a core refuses another
-# principal's id only within its own shard), and its newer row must not hide the caller's (issue #24 part 6).
-_SHARD_OF = """SELECT shard, owner, key FROM fleetwire_plans WHERE id = $1
-ORDER BY (owner = $2) IS TRUE DESC, key DESC LIMIT 1"""
+# The newest plan a session knows by an id: an admin's by key, a client's among its own (another principal's plan
+# of the same id, in this shard or another, is never found for it: issue #24 part 6).
+_SHARD_OF = "SELECT shard, owner, key FROM fleetwire_plans WHERE id = $1 ORDER BY key DESC LIMIT 1"
+_SHARD_OF_OWN = f"SELECT shard, owner, key FROM fleetwire_plans WHERE {_OWN} ORDER BY key DESC LIMIT 1"
 _BY_KEY = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE key = ANY($1::bigint[])"
 # A watched plan's events rows from the last one read on (a row holds a run of events, keyed by its first seq).
 _EVENTS_SINCE = """SELECT e.plan, e.seq, e.body, e.crc FROM fleetwire_events e
@@ -95,8 +103,8 @@ _NO_KEY = 2**63 - 1
 # so "above the last key read" is "committed since"; both walk fleetwire_plans_by_shard (shard, key).
 _TIPS = """SELECT s, coalesce((SELECT max(key) FROM fleetwire_plans WHERE shard = s), -1)
 FROM generate_series(0, $1::int - 1) AS s"""
-_NEW = """SELECT p.key, p.id, p.shard, p.owner FROM unnest($1::int[], $2::bigint[]) AS h(shard, high),
-LATERAL (SELECT key, id, shard, owner FROM fleetwire_plans
+_NEW = """SELECT p.key, p.id, p.shard, p.owner, p.name FROM unnest($1::int[], $2::bigint[]) AS h(shard, high),
+LATERAL (SELECT key, id, shard, owner, name FROM fleetwire_plans
          WHERE shard = h.shard AND key > h.high ORDER BY shard, key LIMIT $3) AS p"""
 _workers_decoder = msgspec.msgpack.Decoder(list[WorkerInfo])
 _workers_encoder = msgspec.msgpack.Encoder()
@@ -139,10 +147,11 @@ async def read_plans(conn: Any, query: dict[str, list[str]]) -> tuple[int, bytes
         found = await plans_by_id(conn, plan_id)
         if not found and not found.damaged:
             return 404, msgspec.json.encode({"error": f"no plan {plan_id!r} in any shard of this cluster"})
-        return 200, msgspec.json.encode({"plans": [p.info() for p in found], "damaged": found.damaged})
+        return 200, msgspec.json.encode({"plans": [p.info(admin=True) for p in found], "damaged": found.damaged})
     plans, counts, damaged = await list_plans(conn, states, limit)
     total = sum(n for state, n in counts.items() if not states or state in states)
-    body = {"plans": [p.summary() for _, p in plans], "total": total, "counts": counts, "damaged": damaged}
+    body = {"plans": [p.summary(admin=True) for _, p in plans], "total": total, "counts": counts,
+            "damaged": damaged}
     return 200, msgspec.json.encode(body)
 
 
@@ -150,10 +159,14 @@ class _Found(list[Plan]):
     damaged = 0
 
 
-async def plans_by_id(conn: Any, plan_id: str) -> _Found:
-    """The plans stored under ``plan_id`` (one per shard that holds that id; ``damaged``: rows left out)."""
+async def plans_by_id(conn: Any, plan_id: str, owner: str | None = None) -> _Found:
+    """The plans stored under ``plan_id`` (one per shard that holds that id; ``damaged``: rows left out): by key
+    (``owner`` None: an admin's look-up), or ``owner``'s plans it submitted as ``plan_id``."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = [tuple(r) for r in await conn.fetch(_BY_ID, plan_id)]
+        if owner is None:
+            rows = [tuple(r) for r in await conn.fetch(_BY_ID, plan_id)]
+        else:
+            rows = [tuple(r) for r in await conn.fetch(_BY_NAME, plan_id, owner)]
         events = [tuple(r) for r in await conn.fetch(_EVENTS, [r[0] for r in rows])] if rows else []
     stored, damaged = decode_plans(rows, events)
     found = _Found(plan_from_store(p) for p in stored)
@@ -167,18 +180,19 @@ def op_marker(op: str) -> bytes | None:
 
 
 async def list_plans(conn: Any, states: list[str], limit: int, *, owner: str | None = None,
-                     before: int | None = None, counted: bool = True, op: str = "",
-                     id_contains: str = "") -> tuple[list[tuple[int, Plan]], dict[str, int], int]:  # fmt: skip
+                     before: int | None = None, counted: bool = True, op: str = "", id_contains: str = "",
+                     admin: bool = True) -> tuple[list[tuple[int, Plan]], dict[str, int], int]:  # fmt: skip
     """``([(store key, plan)], counts per state, damaged)``: at most ``limit`` plans in ``states`` (none: all) of
-    ``owner`` (None: everyone's), of ``op`` and with ``id_contains`` in their id ("": any), with a store key
-    below ``before``, highest key first (no events). With ``op``, a plan whose args merely hold the op's
-    marker (:func:`op_marker`) is among them too: the caller checks ``plan.op``.
+    ``owner`` (None: everyone's), of ``op`` and with ``id_contains`` in their id ("": any; ``admin`` False: in
+    the id their owner submitted, never their key), with a store key below ``before``, highest key first (no
+    events). With ``op``, a plan whose args merely hold the op's marker (:func:`op_marker`) is among them too:
+    the caller checks ``plan.op``.
 
     ``counted`` False: no counts (``{}``); they scan every plan row of ``owner`` (:func:`count_plans`).
     """
     marker = op_marker(op)
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        rows = [tuple(r) for r in await conn.fetch(_LIST, states, owner, id_contains, marker,
+        rows = [tuple(r) for r in await conn.fetch(_LIST, states, owner, id_contains, marker, admin,
                                                    _NO_KEY if before is None else before, limit)]  # fmt: skip
         counts = {r[0]: r[1] for r in await conn.fetch(_COUNTS, owner)} if counted else {}
     keys: dict[str, int] = {}
@@ -188,12 +202,12 @@ async def list_plans(conn: Any, states: list[str], limit: int, *, owner: str | N
 
 
 async def count_matching(conn: Any, states: list[str], *, owner: str | None = None, op: str = "",
-                         id_contains: str = "") -> int:  # fmt: skip
+                         id_contains: str = "", admin: bool = True) -> int:  # fmt: skip
     """How many plans a filtered listing matches (a scan of ``owner``'s rows: the caller charges it).
 
     With ``op``, a plan whose args hold the op's marker is counted too: rare enough for a total.
     """
-    return int(await conn.fetchval(_MATCHING, states, owner, id_contains, op_marker(op)))
+    return int(await conn.fetchval(_MATCHING, states, owner, id_contains, op_marker(op), admin))
 
 
 async def count_plans(conn: Any, owner: str | None = None) -> dict[str, int]:
@@ -206,22 +220,29 @@ async def shard_tips(conn: Any, shards: int) -> dict[int, int]:
     return {r[0]: r[1] for r in await conn.fetch(_TIPS, shards)}
 
 
-async def new_plans(conn: Any, tips: dict[int, int], limit: int) -> list[tuple[int, str, int, str]]:
-    """``[(key, id, shard, owner)]`` of the plans above each shard's tip, at most ``limit`` per shard, by key."""
+async def new_plans(conn: Any, tips: dict[int, int], limit: int) -> list[tuple[int, str, int, str, str | None]]:
+    """``[(key, id, shard, owner, name)]`` of the plans above each shard's tip, at most ``limit`` per shard, by key
+    (``name``: the id its owner submitted, when it is not ``id``; else None)."""
     shards = sorted(tips)
     rows = await conn.fetch(_NEW, shards, [tips[s] for s in shards], limit)
-    return [(r[0], r[1], r[2], r[3]) for r in rows]
+    return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
 
 async def plan_shard(conn: Any, plan_id: str, owner: str | None = None) -> tuple[int, str, int] | None:
-    """``(shard, owner principal, store key)`` of the plan stored under ``plan_id``, ``owner``'s when it has one
-    (None: an admin's look-up, the newest); None when no shard holds it."""
-    row = await conn.fetchrow(_SHARD_OF, plan_id, owner)
+    """``(shard, owner principal, store key)`` of the newest plan stored under the key ``plan_id`` (``owner``
+    None: an admin's look-up), or of ``owner``'s it submitted as ``plan_id``; None when no shard holds one."""
+    if owner is None:
+        row = await conn.fetchrow(_SHARD_OF, plan_id)
+    else:
+        row = await conn.fetchrow(_SHARD_OF_OWN, plan_id, owner)
     return None if row is None else (row[0], row[1], row[2])
 
 
 class Watched(msgspec.Struct):
-    """A plan a main-port session follows from the rows: ``since`` is the first events row to read again."""
+    """A plan a main-port session follows from the rows: ``since`` is the first events row to read again.
+
+    ``plan_id``: the id the session knows it by (a client's: the one it submitted; an admin's: the key).
+    """
 
     key: int
     plan_id: str
@@ -239,9 +260,16 @@ async def read_watched(conn: Any, watched: list[Watched]) -> dict[int, Plan]:
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         rows = [tuple(r) for r in await conn.fetch(_BY_KEY, keys)]
         events = [tuple(r) for r in await conn.fetch(_EVENTS_SINCE, keys, [w.since for w in watched])]
-    stored, _ = decode_plans(rows, events)
-    by_id = {p.created.plan_id: plan_from_store(p) for p in stored}
-    return {w.key: by_id[w.plan_id] for w in watched if w.plan_id in by_id}
+    rowids: dict[str, int] = {}  # a row's id (the core's key for the plan) -> its store key
+    stored, _ = decode_plans(rows, events, keep_rowids=rowids)
+    if len(rowids) == len(stored):
+        return {rowids[p.created.plan_id]: plan_from_store(p) for p in stored}
+    found: dict[int, Plan] = {}  # two shards' plans of one id (an admin follows both): each row on its own
+    for row in rows:
+        one, _ = decode_plans([row], [e for e in events if e[0] == row[0]])
+        if one:
+            found[row[0]] = plan_from_store(one[0])
+    return found
 
 
 def encode_workers(rows: list[WorkerInfo]) -> bytes:

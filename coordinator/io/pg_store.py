@@ -25,17 +25,23 @@ Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or m
     fleetwire_meta(key PRIMARY KEY, value)    -- schema_version, cluster_name, shards, pool_partitions
     shard_leases(shard PRIMARY KEY, owner, owner_url, epoch, expires_at, acquired_at)
     fleetwire_plans(key PRIMARY KEY, shard, id, owner, ord, state, spec, status, events, nevents,
-                    spec_crc, status_crc, events_crc)
+                    spec_crc, status_crc, events_crc, name)       -- name: version 4
     fleetwire_events(plan, seq, shard, body, crc, PRIMARY KEY (plan, seq))
     fleetwire_coordinators(owner PRIMARY KEY, url, expires_at)   -- live coordinators (version 2)
     fleetwire_shard_workers(shard PRIMARY KEY, owner, epoch, workers, written_at)  -- (version 3)
     fleetwire_views(key PRIMARY KEY, wanted_until)     -- registries wanted by a view (version 3)
     index fleetwire_plans_by_id ON fleetwire_plans (id)  -- the views' look-up by id (version 3)
     index fleetwire_plans_by_shard ON fleetwire_plans (shard, key)  -- a shard's plans, newest (version 3)
+    index fleetwire_plans_by_name ON fleetwire_plans (owner, name) WHERE name IS NOT NULL  -- (version 4)
+
+``id`` is a plan's key in its shard's core, ``name`` the id its owner submitted when that is not the key
+(another principal's plan held it: coordinator/plans.py ``PlanNames``), NULL otherwise, as in every row
+written before version 4: a client's look-up by the id it knows is ``owner = $2 AND (name = $1 OR (id = $1
+AND name IS NULL))`` (coordinator/io/cluster_views.py), through the two indexes.
 
 A database of an older version is migrated at open, every step in the same transaction as the
 version bump (:data:`MIGRATIONS`); one of a newer version is refused, naming both versions. The
-one exception is the indexes of version 3 on a migrated database: a plain ``CREATE INDEX``
+one exception is the indexes of versions 3 and 4 on a migrated database: a plain ``CREATE INDEX``
 would hold every shard's commits for the whole build and ``CREATE INDEX CONCURRENTLY`` cannot
 run in a transaction, so a fresh database gets them with its tables (an empty table: instant) and
 a migrated one gets them from :func:`ensure_indexes` right after open, concurrently on a
@@ -92,7 +98,7 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 crc = zlib.crc32
 
 _KEY_BLOCK = 1024
@@ -172,13 +178,20 @@ CREATE TABLE IF NOT EXISTS fleetwire_shard_workers (
 );
 CREATE TABLE IF NOT EXISTS fleetwire_views (key text PRIMARY KEY, wanted_until timestamptz NOT NULL);
 """
-MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2}  # from version N to N + 1
-# Version 3's indexes, name -> columns: the views' look-up of a plan by id (get_plan, cancel, subscribe on a
-# main port) and a shard's plans by key (a subscribe to all plans on a main port: each shard's new plans; the
-# load of a shard taken over). Created with the tables of a fresh database; on a migrated one by ensure_indexes.
+# Version 4: plan ids scoped per principal (issue #24 part 6): the id a plan's owner submitted, where it is not
+# the plan's key (its ``id``). NULL (the column's default) is "the same as id", so no row is rewritten.
+_MIGRATE_V3 = """
+ALTER TABLE fleetwire_plans ADD COLUMN IF NOT EXISTS name text;
+"""
+MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3}  # from version N to N + 1
+# Versions 3 and 4's indexes, name -> columns: the views' look-up of a plan by id (get_plan, cancel, subscribe
+# on a main port: an admin's by key, a client's by the id it submitted, whose rare name rows the partial index
+# holds) and a shard's plans by key (a subscribe to all plans on a main port: each shard's new plans; the load
+# of a shard taken over). Created with the tables of a fresh database; on a migrated one by ensure_indexes.
 INDEXES: Final = {
     "fleetwire_plans_by_id": "fleetwire_plans (id)",
     "fleetwire_plans_by_shard": "fleetwire_plans (shard, key)",
+    "fleetwire_plans_by_name": "fleetwire_plans (owner, name) WHERE name IS NOT NULL",
 }
 _CREATE_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {on};\n" for name, on in INDEXES.items())
 _INDEX_VALID = """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
@@ -199,11 +212,11 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
     ("gone_plans", "DELETE FROM fleetwire_plans WHERE key = ANY({0}) AND (SELECT held FROM ok)", ("bigint[]",)),
     ("gone_events", "DELETE FROM fleetwire_events WHERE plan = ANY({0}) AND (SELECT held FROM ok)", ()),
     ("created", """INSERT INTO fleetwire_plans (key, shard, id, owner, ord, state, spec, status, events, nevents,
-                                 spec_crc, status_crc, events_crc)
-    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12})
+                                 spec_crc, status_crc, events_crc, name)
+    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13})
     WHERE (SELECT held FROM ok)""",
      ("bigint[]", "int[]", "text[]", "text[]", "bigint[]", "text[]", "bytea[]", "bytea[]", "bytea[]", "int[]",
-      "bigint[]", "bigint[]", "bigint[]")),
+      "bigint[]", "bigint[]", "bigint[]", "text[]")),
     ("changed", """UPDATE fleetwire_plans AS p SET
         state = coalesce(v.state, p.state),
         status = coalesce(v.status, p.status),
@@ -272,7 +285,7 @@ def partitions_text(partitions: Iterable[tuple[str, int]]) -> str:
 
 
 async def ensure_indexes(conn: Any) -> list[str]:
-    """Build version 3's :data:`INDEXES` concurrently where missing or invalid; the names of those built.
+    """Build versions 3 and 4's :data:`INDEXES` concurrently where missing or invalid; the names of those built.
 
     ``conn``: an asyncpg connection of its own, outside any transaction (commits go on meanwhile).
     An index left invalid by an interrupted build (``IF NOT EXISTS`` would keep it) is dropped first.
@@ -616,7 +629,7 @@ class PgStore:
         chained = self._events_crc
         chained_now: dict[str, int] = {}
         ended: list[str] = []
-        new_rows: list[list[Any]] = [[] for _ in range(13)]
+        new_rows: list[list[Any]] = [[] for _ in range(14)]
         upd_rows: list[list[Any]] = [[] for _ in range(7)]
         ev_rows: list[list[Any]] = [[] for _ in range(5)]
         for plan_id in touched:
@@ -654,8 +667,9 @@ class PgStore:
             if plan_id in fresh:
                 record = created[plan_id]
                 spec = encode_record(encoder, record)
+                name = record.submit.plan_id  # the owner's id for it: kept only where it is not the key
                 row = (key, shard, plan_id, record.owner, record.order, state or "queued", spec, status_blob, inline,
-                       count, crc(spec), status_crc, inline_crc)  # fmt: skip
+                       count, crc(spec), status_crc, inline_crc, None if name == plan_id else name)  # fmt: skip
                 for column, value in zip(new_rows, row, strict=True):
                     column.append(value)
             else:

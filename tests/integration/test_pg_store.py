@@ -25,10 +25,10 @@ from coordinator.io.pg_store import (
 )
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from coordinator.io.store import StoreError, open_store
-from coordinator.records import PlanForgotten, PlanStatus
+from coordinator.records import PlanCreated, PlanForgotten, PlanStatus
 from coordinator.shards import ClusterConfig
 from fleetwire import Client
-from protocol.messages import ErrorInfo, Event, Subscribe
+from protocol.messages import ErrorInfo, Event, Submit, Subscribe
 from tests.unit.test_durability_core import Durable, running_plan
 from tests.unit.test_store import created, event
 
@@ -246,8 +246,31 @@ def test_a_version_1_schema_is_migrated_on_open_with_the_coordinators_table(pg_d
     try:
         assert [p.created.plan_id for p in store.load()] == ["p1"]
         assert store.execute(lambda c: c.fetchval(
-            "SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == str(SCHEMA_VERSION) == "3"
+            "SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == str(SCHEMA_VERSION) == "4"
         assert store.execute(lambda c: c.fetchval("SELECT count(*) FROM fleetwire_coordinators")) == 0
+    finally:
+        store.close()
+
+
+def test_a_version_3_schema_gets_the_name_column_and_its_plans_keep_their_ids(pg_dsn: str) -> None:
+    """A v3 database (no ``name`` column: every plan's key was its owner's id) becomes v4 at open without a row
+    rewritten (its rows' name stays NULL: "the id"); a plan written after it whose key is not its owner's id
+    keeps that id in ``name`` (issue #24 part 6), and both come back as they were written."""
+    store = hold(PgStore(pg_dsn, CLUSTER))
+    store.write([created("old")])
+    store.execute(lambda c: c.execute(
+        "DROP INDEX fleetwire_plans_by_name; ALTER TABLE fleetwire_plans DROP COLUMN name; "
+        "UPDATE fleetwire_meta SET value = '3' WHERE key = 'schema_version'"))  # fmt: skip
+    store.close()
+    store = hold(PgStore(pg_dsn, CLUSTER))
+    try:
+        assert store.execute(ensure_indexes) == ["fleetwire_plans_by_name"]
+        aliased = PlanCreated("k-0001", "bob", 2, Submit(req_id=1, op="echo", plan_id="old"))  # bob's "old"
+        store.write([aliased])
+        rows = store.execute(lambda c: c.fetch("SELECT id, owner, name FROM fleetwire_plans ORDER BY key"))
+        assert [tuple(r) for r in rows] == [("old", "alice", None), ("k-0001", "bob", "old")]
+        plans = store.load()
+        assert [(p.created.plan_id, p.created.submit.plan_id) for p in plans] == [("old", "old"), ("k-0001", "old")]
     finally:
         store.close()
 
@@ -259,14 +282,16 @@ def _tables_and_indexes(store: PgStore) -> set[str]:
     return {r[0] for r in rows}
 
 
-def test_a_version_2_schema_is_migrated_to_3_with_the_views_tables_and_its_id_index(pg_dsn: str) -> None:
-    """A v2 database (no views' tables, index or partitions row) becomes v3 at open; the index is built online."""
+def test_a_version_2_schema_is_migrated_to_4_with_the_views_tables_and_its_indexes(pg_dsn: str) -> None:
+    """A v2 database (no views' tables, indexes, name column or partitions row) becomes v4 at open; the indexes
+    are built online."""
     fresh = PgStore(pg_dsn, CLUSTER)
     assert {"fleetwire_shard_workers", "fleetwire_views", *INDEXES} <= _tables_and_indexes(fresh)
     hold(fresh).write([created("p1")])
     fresh.execute(lambda c: c.execute(
         "DROP TABLE fleetwire_shard_workers, fleetwire_views; "
-        "DROP INDEX fleetwire_plans_by_id, fleetwire_plans_by_shard; "
+        "DROP INDEX fleetwire_plans_by_id, fleetwire_plans_by_shard, fleetwire_plans_by_name; "
+        "ALTER TABLE fleetwire_plans DROP COLUMN name; "
         "DELETE FROM fleetwire_meta WHERE key = 'pool_partitions'; "
         "UPDATE fleetwire_meta SET value = '2' WHERE key = 'schema_version'"))  # fmt: skip
     fresh.close()
@@ -275,7 +300,7 @@ def test_a_version_2_schema_is_migrated_to_3_with_the_views_tables_and_its_id_in
     try:
         assert [p.created.plan_id for p in store.load()] == ["p1"]
         meta = dict(store.execute(lambda c: c.fetch("SELECT key, value FROM fleetwire_meta")))
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "3" and meta["pool_partitions"] == "gpu=2"
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "4" and meta["pool_partitions"] == "gpu=2"
         found = _tables_and_indexes(store)
         assert {"fleetwire_shard_workers", "fleetwire_views"} <= found and not set(INDEXES) & found
         assert store.execute(ensure_indexes) == list(INDEXES)  # concurrently, outside the migration's transaction
@@ -291,11 +316,11 @@ def test_a_version_2_schema_is_migrated_to_3_with_the_views_tables_and_its_id_in
 
 
 def test_a_newer_schema_is_refused_naming_both_versions(pg_dsn: str) -> None:
-    """A database of schema version 4 (a newer fleetwire's) is refused: 'version 4 ... up to 3'; nothing changes."""
+    """A database of schema version 5 (a newer fleetwire's) is refused: 'version 5 ... up to 4'; nothing changes."""
     store = PgStore(pg_dsn, CLUSTER)
-    store.execute(lambda c: c.execute("UPDATE fleetwire_meta SET value = '4' WHERE key = 'schema_version'"))
+    store.execute(lambda c: c.execute("UPDATE fleetwire_meta SET value = '5' WHERE key = 'schema_version'"))
     store.close()
-    with pytest.raises(StoreError, match=r"has fleetwire schema version 4; this coordinator knows versions up to 3: "):
+    with pytest.raises(StoreError, match=r"has fleetwire schema version 5; this coordinator knows versions up to 4: "):
         PgStore(pg_dsn, CLUSTER)
 
 
