@@ -89,7 +89,10 @@ async def test_the_page_on_a_non_owner_submits_and_filters_plans_of_another_shar
     reply = await listing(a_url, CLIENT_TOKEN, owner="admin")
     assert reply["type"] == "error" and reply["code"] == "forbidden", reply
 
-    # The page's filter: only the train plans, newest first, two a page.
+    # The page's queue: the order lives in each shard's core, which the page says rather than list nothing.
+    await page.evaluate("refreshPlans()")
+    await page.wait_for_selector('#queue-depth:has-text("5 waiting; the order is each shard")', timeout=10_000)
+    # The page's filter: only the train plans, newest first.
     await page.select_option("#filter-state", "queued")
     await page.select_option("#page-size", "25")
     await page.fill("#filter-op", "train")

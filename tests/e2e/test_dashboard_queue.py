@@ -48,10 +48,12 @@ async def test_queue_reasons_and_links_filters_and_pages(cluster: Cluster, page:
     await page.wait_for_selector('#conn-status[data-state="connected"]', timeout=15_000)
     await page.select_option("#page-size", "25")
     await page.wait_for_selector('#queue-depth[data-depth="30"]', timeout=10_000)
-    await page.wait_for_function("() => document.querySelectorAll('#queue li').length === 25", timeout=10_000)
+    await page.wait_for_function("() => document.querySelectorAll('#queue li').length === 25"
+                                 " && document.querySelectorAll('#plans tbody tr').length === 25", timeout=10_000)
     assert "30 waiting; the first 25 shown" in await page.text_content("#queue-depth")
     # The page's 25 rows are echo plans: the train plans' reasons come with the queue (list_plans' waiting).
-    assert all(i.startswith("echo-") for i in await page.eval_on_selector_all("#plans tbody tr", ROW_IDS))
+    shown = await page.eval_on_selector_all("#plans tbody tr", ROW_IDS)
+    assert all(i.startswith("echo-") for i in shown), shown
     reasons = await page.eval_on_selector_all("#queue li .reason", "spans => spans.map(s => s.textContent)")
     assert reasons == [REASON] * 25, reasons
 

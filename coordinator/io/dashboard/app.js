@@ -67,6 +67,7 @@ const state = {
   rows: new Map(), // the page's plans, newest first: id -> {id, op, state, worker_id, attempt, last_seq, ...}
   tracked: new Map(), // live plans off the page (counts): id -> the same record; ended ones are dropped
   queue: [], // queued plan ids in placement order (the listing's, then moved by events)
+  queueKnown: true, // false: plans wait but the listing gave no order (a cluster's main port: each shard has its own)
   waiting: {}, // plan id -> why it waits (the listing's `waiting`, then `waiting` events)
   counts: {},
   total: 0, // plans matching the filter (the listing's `total`)
@@ -423,6 +424,7 @@ function onPlans(reply, seq) {
   state.queue = reply.queue || [];
   state.waiting = { ...(reply.waiting || {}) };
   state.counts = reply.counts || {};
+  state.queueKnown = state.queue.length > 0 || !state.counts.queued;
   state.total = reply.total || 0;
   state.nextCursor = reply.next_cursor || "";
   state.plansLoaded = true;
@@ -518,7 +520,7 @@ function onEvent(ev) {
     }
     if (TERMINAL.has(next) && data.receipt) plan.receipt = data.receipt; // energy and carbon (PROTOCOL.md §Receipt)
     if (next === "queued") {
-      if (!state.queue.includes(id) && state.queue.length < state.pageSize) {
+      if (state.queueKnown && !state.queue.includes(id) && state.queue.length < state.pageSize) {
         state.queue.push(id);
         invalidate("queue");
       }
@@ -753,7 +755,7 @@ function applyFilter() {
   state.cursors = [""];
   state.nextCursor = "";
   refreshPlans();
-  invalidate("counts");
+  invalidate("plans", "queue", "counts");
 }
 
 function applyFilterSoon() {
@@ -949,9 +951,9 @@ function renderQueue() {
   queue.replaceChildren(...items);
   // The queue list is capped (the listing's limit); the depth is the count of queued plans.
   const depth = Math.max(state.counts.queued || 0, state.queue.length);
-  $("queue-depth").textContent = depth > items.length
-    ? `(${depth} waiting; the first ${items.length} shown)`
-    : `(${depth})`;
+  $("queue-depth").textContent = !state.queueKnown
+    ? `(${depth} waiting; the order is each shard's own, not shown on a cluster's main port: filter the list by state)`
+    : depth > items.length ? `(${depth} waiting; the first ${items.length} shown)` : `(${depth})`;
   $("queue-depth").dataset.depth = depth;
 }
 
