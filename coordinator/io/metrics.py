@@ -47,7 +47,8 @@ _CORE_COUNTERS: Final = (
     ("fleetwire_events_forwarded", "events_forwarded", "Worker events forwarded to plan streams."),
     ("fleetwire_stale_events_dropped", "stale_dropped", "Worker messages dropped for a stale lease (fencing)."),
     ("fleetwire_protocol_errors", "protocol_errors", "Messages answered with a protocol error."),
-    ("fleetwire_workers_reaped", "workers_reaped", "Workers dropped by the reaper after the heartbeat timeout."),
+    ("fleetwire_workers_reaped", "workers_reaped",
+     "Workers dropped by the reaper: silent past the heartbeat timeout, or disconnected past the reconnect grace."),
     ("fleetwire_workers_left", "workers_left", "Workers that left on purpose (goodbye), removed at once."),
     ("fleetwire_heartbeats", "heartbeats", "Heartbeats received from workers."),
     # Security refusals the core makes (docs/OPERATIONS.md §Security); 4403 closes are fleetwire_scope_refused.
