@@ -26,13 +26,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 RATE = 500  # plans per second, asked for
 SECONDS = 4
 # Loose: a 2-core CI box shared by a coordinator, a worker, the SDK and Chromium. The page before this
-# fix spent ~5.4 s of 5 s at 500 plans/s in long tasks (bench/dashboard_render.py); this one, none.
+# fix spent more time in long tasks than the run lasted at 500 plans/s (5.4-10 s of 5 s, 65 % of this
+# test's longer run), this one 0-13 % on a loaded machine (bench/dashboard_render.py).
 MAX_FRAME_GAP_MS = 1000
-MAX_LONG_TASKS_MS = 1000  # all of the run's long tasks together
+MAX_LONG_TASK_SHARE = 0.4  # of the time the probe ran, all long tasks together
 
 # Installed in the page: the longest gap between animation frames and the longest task, while it runs.
 PROBE = """() => {
-  const probe = { maxGapMs: 0, longestTaskMs: 0, longTaskMs: 0, longTasks: 0, frames: 0, running: true };
+  const probe = { maxGapMs: 0, longestTaskMs: 0, longTaskMs: 0, longTasks: 0, frames: 0, running: true,
+                  since: performance.now() };
   let last = performance.now();
   const tick = (t) => {
     probe.maxGapMs = Math.max(probe.maxGapMs, t - last);
@@ -55,7 +57,8 @@ READ_PROBE = """() => {
   const p = window.__probe;
   p.running = false;
   p.observer.disconnect();
-  return { maxGapMs: p.maxGapMs, longestTaskMs: p.longestTaskMs, longTaskMs: p.longTaskMs, longTasks: p.longTasks,
+  return { ranMs: performance.now() - p.since, maxGapMs: p.maxGapMs, longestTaskMs: p.longestTaskMs,
+           longTaskMs: p.longTaskMs, longTasks: p.longTasks,
            frames: p.frames, renders: typeof state.renders === "number" ? state.renders : -1,
            rows: document.querySelectorAll('#plans tbody tr').length,
            queueItems: document.querySelectorAll('#queue li').length };
@@ -101,10 +104,10 @@ async def test_the_page_stays_responsive_at_500_plans_a_second(cluster: Cluster,
     figures = await page.evaluate(READ_PROBE)
     print(f"dashboard at {rate:.0f} plans/s for {SECONDS} s ({len(plans)} plans): longest frame gap "
           f"{figures['maxGapMs']:.0f} ms, longest task {figures['longestTaskMs']:.0f} ms, "
-          f"{figures['longTasks']} long tasks ({figures['longTaskMs']:.0f} ms in all), {figures['frames']} frames, "
-          f"{figures['renders']} redraws")
+          f"{figures['longTasks']} long tasks ({figures['longTaskMs']:.0f} ms in all, of {figures['ranMs']:.0f} ms), "
+          f"{figures['frames']} frames, {figures['renders']} redraws")
     assert figures["maxGapMs"] < MAX_FRAME_GAP_MS, figures
-    assert figures["longTaskMs"] < MAX_LONG_TASKS_MS, figures
+    assert figures["longTaskMs"] < MAX_LONG_TASK_SHARE * figures["ranMs"], figures
     assert figures["rows"] <= 100 and figures["queueItems"] <= 100, figures
     assert figures["renders"] < figures["frames"], figures  # redraws are batched, never one per event
     # The counts come back to the coordinator's: every plan succeeded (a listing refreshes them).
