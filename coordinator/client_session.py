@@ -204,7 +204,8 @@ class ClientSessions:
             return
         plans, subscriptions = self._plans, self._subscriptions
         name = msg.plan_id
-        if name is not None:
+        # Usually a new id: no plan holds it as a key and none is known by another name (no _own call).
+        if name is not None and (self._aliases or name in plans):
             existing = self._own(s.principal, name)
             if existing is not None:
                 # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
@@ -235,7 +236,8 @@ class ClientSessions:
             self._counters["plans_recovered_from_client"] += 1
             log.warning("plan recovered from its client: the store had lost it", plan_id=plan_id, owner=plan.owner)
         self._journal.created(plan, msg)
-        self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=plan.shown_id(s.admin), state="queued"))
+        shown = plan_id if s.admin or plan.name is None else plan.name  # plan.shown_id, inlined
+        self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=shown, state="queued"))
         # Subscribers go in before the first event so none of them misses seq 1.
         if msg.subscribe:
             subscriptions.add(plan_id, s.conn_id)
