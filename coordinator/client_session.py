@@ -301,6 +301,8 @@ class ClientSessions:
                     self._send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
             log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
             self._emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
+            if plan.id != msg.plan_id and self._relay is not None:  # the core tells the relay of msg.plan_id only
+                self._relay.plan_moved(plan.id)  # its put streams end at once, as any cancelled plan's
         self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
 
     # ------------------------------------------------------------------ plan ids (docs/SEMANTICS.md §Plan ids)

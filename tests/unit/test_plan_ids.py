@@ -22,6 +22,7 @@ from protocol.messages import (
     Assign,
     Cancel,
     DataCredit,
+    DataEnd,
     DataOpen,
     DataTicket,
     Done,
@@ -227,6 +228,9 @@ def test_data_grants_name_the_plan_and_add_its_key_and_the_relay_maps_the_name()
     assert opened.plan_id == key
     h.send(w, DataCredit(plan_id=key, attempt=1, name="x", offset=0, size=8))
     assert only(h.take(bob), DataCredit).plan_id == "job"
+    h.send(bob, Cancel(plan_id="job", req_id=2))  # its upload ends at once, as any cancelled plan's
+    ended = only(h.take(bob), DataEnd)
+    assert (ended.plan_id, only(h.take(w), DataEnd).plan_id) == ("job", key) and not h.core.relay.streams
 
 
 def test_names_come_back_after_a_restart_from_sqlite(tmp_path: Path) -> None:
