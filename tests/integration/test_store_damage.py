@@ -1,8 +1,9 @@
 """A real ``fleetwire coordinator`` process on a store damaged the way an operator's bad day damages it.
 
 Plans are acknowledged by a running coordinator, the coordinator is killed -9, the store's files
-are damaged (the ``-wal`` cut or deleted, with or without its generation file, a payload byte flipped), and the next start must refuse
-with one line and exit 3, or with ``--accept-store-loss`` start, log and count the loss on /metrics.
+are damaged (the ``-wal`` cut or deleted, with or without its generation file, a payload byte flipped), and the
+next start must refuse with one line and exit 3, or with ``--accept-store-loss`` start, log and count the loss on
+/metrics.
 The -wal deleted under a running coordinator stops it (exit 1) at the first commit 10 ms or more after the last check.
 """
 

@@ -26,9 +26,9 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     counts = {"explain": 0, "admits": 0}
     explain, admits = scheduling.explain_wait, Signature.admits
 
-    def counting_explain(*args: Any) -> str:
+    def counting_explain(*args: Any, **kwargs: Any) -> str:
         counts["explain"] += 1
-        return explain(*args)
+        return explain(*args, **kwargs)
 
     def counting_admits(self: Signature, worker: Any) -> bool:
         counts["admits"] += 1
