@@ -3,9 +3,15 @@
 Theory of operation: the transport reads straight into buffers this protocol hands it
 (``recv_into``), so a request body is never copied on the event loop.
 
-* *Head mode*: bytes land in a small scratch buffer and gather in :attr:`HttpConnection.pending`
+* *Head mode*: bytes land in a scratch buffer and gather in :attr:`HttpConnection.pending`
   until :meth:`read_head` finds the blank line; past ``head_limit`` bytes without one the head is
   refused. Bytes after the head stay pending (the start of a body, or a pipelined request).
+  The scratch buffer is the server's, one for all its connections (a :class:`Scratch`): the
+  transport fills it and hands it back in one synchronous step (``get_buffer``, ``recv_into``,
+  ``buffer_updated``: asyncio's socket and TLS transports and uvloop's alike), and its bytes are
+  copied to ``pending`` at once. A 64 KiB buffer per connection made 1,200 idle sockets cost the
+  worker 75 MiB of RSS. Head-mode reads are small (:data:`SCRATCH_BYTES`): what follows a head is
+  best read in body mode, and not at all when the request is refused from its head.
 * *Body mode* (:meth:`body`): the socket fills large preallocated buffers (``chunk`` bytes each,
   ``buffers`` of them; anonymous maps, so page-aligned: the spool may write them with
   ``O_DIRECT``, worker_agent/spool.py), each handed over whole to the caller, who stores it (in a thread) while
@@ -20,6 +26,13 @@ Theory of operation: the transport reads straight into buffers this protocol han
   new one past it aborting the *oldest* (the coordinator's pending-handshake discipline,
   coordinator/io/admission.py, which the worker cannot import). A real client sends its head
   at once, so it is almost never the oldest; an idle socket always becomes it.
+* Before any of that, :func:`defer_accept` has the kernel hold a new connection until its first
+  byte (``TCP_DEFER_ACCEPT``, as the coordinator's listeners do): an idle socket is not accepted
+  at all for a while, so a loop that keeps many open costs the worker nothing and is not evicted
+  (and reopened) over and over.
+* Refusals repeated by one host (:class:`Repeats`): past a burst, the server holds each further
+  refusal's answer for a while with reading paused (worker_agent/dataplane.py), so a loop of
+  refused requests goes at the pace of the hold, not of the worker's answers.
 """
 
 from __future__ import annotations
@@ -27,15 +40,48 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import mmap
 import resource
-from collections.abc import AsyncGenerator, Callable
+import socket
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, Final
 
-__all__ = ["HeadTooLarge", "HttpConnection", "IdleBudget", "idle_budget", "raise_fd_limit"]
+__all__ = ["LISTEN_BACKLOG", "HeadTooLarge", "HttpConnection", "IdleBudget", "Repeats", "Scratch", "defer_accept",
+           "idle_budget", "raise_fd_limit"]
 
-SCRATCH_BYTES: Final = 64 << 10  # what one read takes in head mode
+#: What one read takes in head mode: a request head with its ticket is well under this, and bytes read
+#: past a head are copied twice (into ``pending``, then into a body buffer) where a body's are read
+#: into its buffer directly. A refused request is answered from its head: with 64 KiB reads its
+#: body was read, 64 KiB or more of it, only to be dropped (about a fifth of a refusal's cost).
+SCRATCH_BYTES: Final = 4 << 10
 FD_RESERVE: Final = 64  # fds kept free for the spool, the session, the log and the process's own needs
+#: The listen backlog asked for (the kernel caps it at ``net.core.somaxconn``): room for the connections
+#: ``TCP_DEFER_ACCEPT`` holds back, which count against it; past it the kernel answers with SYN cookies.
+LISTEN_BACKLOG: Final = 4096
+
+
+def defer_accept(sockets: Iterable[Any], seconds: float) -> int:
+    """Ask the kernel to hold each listening TCP socket's new connections until their first byte.
+
+    The coordinator's discipline (coordinator/io/admission.py, which the worker cannot import):
+    ``TCP_DEFER_ACCEPT`` for about ``seconds`` (rounded up to whole seconds, then by the kernel
+    to its SYN-ACK retransmit schedule: 1, 3, 7, 15 s), after which an idle connection is
+    accepted after all. Returns the seconds the kernel reports; 0 when off (``seconds`` <= 0),
+    unavailable (not Linux) or refused.
+    """
+    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
+    if option is None or seconds <= 0:
+        return 0
+    applied = 0
+    for sock in sockets:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            continue
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, option, max(1, math.ceil(seconds)))
+            applied = max(applied, int(sock.getsockopt(socket.IPPROTO_TCP, option)))
+    return applied
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -64,20 +110,31 @@ class HeadTooLarge(Exception):
     """No blank line within the head limit."""
 
 
+class Scratch:
+    """The buffer head-mode reads land in, shared by every connection of one server (see the module docstring)."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, size: int = SCRATCH_BYTES) -> None:
+        self.view = memoryview(bytearray(size))
+
+
 class HttpConnection(asyncio.BufferedProtocol):
     """One connection's reads and writes (see the module docstring).
 
     Args:
         on_open: called with the connection once it is made (the server starts its task there).
         head_limit: the largest request head accepted.
+        scratch: where head-mode reads land (the server's, shared); None: one of its own.
     """
 
-    def __init__(self, on_open: Callable[[HttpConnection], None], head_limit: int) -> None:
+    def __init__(self, on_open: Callable[[HttpConnection], None], head_limit: int,
+                 scratch: Scratch | None = None) -> None:
         self.transport: asyncio.Transport | None = None
         self.pending = bytearray()  # head mode: bytes read and not yet taken
         self._on_open = on_open
         self._head_limit = head_limit
-        self._scratch = bytearray(SCRATCH_BYTES)
+        self._scratch = (scratch or Scratch()).view
         self._eof = False
         self._lost: BaseException | None = None
         self._wakeup: asyncio.Future[None] | None = None
@@ -108,7 +165,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 self._filled = 0
             end = min(len(self._filling), self._filled + self._body_left)
             return memoryview(self._filling)[self._filled : end]
-        return memoryview(self._scratch)
+        return self._scratch
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._body_left:
@@ -123,7 +180,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                     self._pause()
                 self._wake()
             return
-        self.pending += memoryview(self._scratch)[:nbytes]
+        self.pending += self._scratch[:nbytes]  # copied at once: the scratch is every connection's
         if len(self.pending) > self._head_limit + SCRATCH_BYTES:
             self._pause()  # nobody is taking them now: wait for the next read_head
         self._wake()
@@ -259,6 +316,18 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._drains.append(waiter)
         await waiter
 
+    def pause_reading(self) -> None:
+        """Take nothing more from the socket until the next :meth:`read_head` or :meth:`body` (a held refusal)."""
+        self._pause()
+
+    @property
+    def peer_host(self) -> str:
+        """The peer's address without its port ("" when unknown: a Unix socket, or gone)."""
+        if self.transport is None:
+            return ""
+        peer = self.transport.get_extra_info("peername")
+        return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
@@ -354,3 +423,45 @@ class IdleBudget:
         for conn in list(self._idle):
             conn.abort()
         self._idle.clear()
+
+
+class Repeats:
+    """Refusals per peer host in windows of ``interval_s``: which ones are past ``burst`` (and get held).
+
+    The coordinator's ``Repeats`` (coordinator/io/admission.py), which the worker cannot import.
+    A client that gets a refusal now and then (an expired ticket, a cancelled plan's upload)
+    never gets near the burst; a loop of refused requests from one host passes it within a
+    fraction of a second. Keyed by host, not principal: a refused request's ticket may be no
+    ticket at all.
+
+    Args:
+        burst: refusals per host and window that are not over.
+        interval_s: the window.
+        max_hosts: hosts tracked at once; past it the table is cleared (at worst a loop gets one more burst).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, *, burst: int, interval_s: float, max_hosts: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.interval_s = interval_s
+        self.max_hosts = max_hosts
+        self.over_count = 0  # refusals past the burst (tests, metrics)
+        self._clock = clock
+        self._windows: dict[str, tuple[float, int]] = {}  # host -> (window start, refusals in it)
+
+    def over(self, host: str) -> bool:
+        """Count one refusal to ``host``; whether it is past the burst of its window."""
+        now = self._clock()
+        windows = self._windows
+        start, count = windows.get(host, (now, 0))
+        if now - start >= self.interval_s:
+            start, count = now, 0
+        elif count == 0 and len(windows) >= self.max_hosts:
+            windows.clear()
+        count += 1
+        windows[host] = (start, count)
+        if count <= self.burst:
+            return False
+        self.over_count += 1
+        return True
