@@ -345,24 +345,39 @@ async def test_refusals_repeated_by_one_host_are_held_while_its_live_uploads_are
 
 
 async def test_held_refusals_answer_after_the_hold(tmp_path: Path) -> None:
-    """A refusal past the burst gets its answer (410, naming why) once the hold is over."""
-    async with refusing_endpoint(tmp_path, repeat_burst=0, refusal_hold_s=0.3) as endpoint:
+    """A refusal past the burst gets its answer (410, naming why) once the hold is over (jittered: at least half)."""
+    async with refusing_endpoint(tmp_path, repeat_burst=0, refusal_hold_s=0.4) as endpoint:
         cancelled = grant(endpoint.url, "x", 3, digest(b"abc"))
         started = time.monotonic()
         status, _, text = await put(endpoint.url, cancelled, "x", b"abc")
         assert status == 410 and "was cancelled" in text.decode()
-        assert time.monotonic() - started >= 0.3 and endpoint.held == 1
+        assert time.monotonic() - started >= 0.2 and endpoint.held == 1
+
+
+async def test_refusals_held_together_are_answered_apart(tmp_path: Path) -> None:
+    """20 refused PUTs held at once are answered spread over the jittered hold (0.5 to 1.5 times it), not in one
+    lump: a loop's requests then come back apart too."""
+    async with refusing_endpoint(tmp_path, repeat_burst=0, refusal_hold_s=0.4) as endpoint:
+        cancelled = grant(endpoint.url, "x", 3, digest(b"abc"))
+        answered: list[float] = []
+
+        async def one() -> None:
+            assert (await put(endpoint.url, cancelled, "x", b"abc"))[0] == 410
+            answered.append(time.monotonic())
+
+        await asyncio.gather(*(one() for _ in range(20)))
+        assert endpoint.held == 20 and max(answered) - min(answered) > 0.1
 
 
 async def test_a_request_that_is_not_http_is_counted_and_held_like_any_refusal(tmp_path: Path) -> None:
     """A head that is not HTTP/1.1 is a refusal like a bad ticket: counted (400) and, past the burst, held."""
-    async with refusing_endpoint(tmp_path, repeat_burst=0, refusal_hold_s=0.3) as endpoint:
+    async with refusing_endpoint(tmp_path, repeat_burst=0, refusal_hold_s=0.4) as endpoint:
         reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
         started = time.monotonic()
         writer.write(b"HELLO THERE\r\n\r\n")
         status, _ = await _answer(reader)
         writer.transport.abort()
-        assert status == 400 and time.monotonic() - started >= 0.3
+        assert status == 400 and time.monotonic() - started >= 0.2
         assert (endpoint.refused[400], endpoint.held) == (1, 1)
 
 
