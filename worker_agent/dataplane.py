@@ -42,8 +42,9 @@ past ``REPEAT_BURST`` refused requests from one host in ``REPEAT_INTERVAL_S``, e
 refusal is answered only after ``refusal_hold_s`` (jittered, 0.5 to 1.5 times), its connection's
 reading paused meanwhile (the body stays in the kernel's buffers); at most ``max_held`` are held at
 once, one more is closed unanswered. A loop of PUTs with cancelled plans' tickets (1,200 tickets,
-32 at a time: ~1,500 410s a second, each with a 1 MiB body behind its head) thus makes about 32
-requests a second instead, paced by the hold rather than by the worker's answers. Without the
+32 at a time: ~1,500 410s a second, each with a 1 MiB body behind its head) thus makes about 40
+requests a second instead (32 a hold, and each window's burst), paced by the hold rather than by
+the worker's answers. Without the
 jitter the 32 came back together each second, a lump of work on the worker's loop: a legitimate
 upload's p99 moved -3 to +37 % in three runs of bench/hostile_neighbors.py
 ``data-cancelled-flood``, -13 to +6 % in four with it.
