@@ -238,9 +238,19 @@ class Context:
 
     def close(self) -> None:
         """The plan ended: later events (from a thread still running) are dropped. Called by
-        whoever runs the plan (``run_handler``, the agent's plan runner), not by handlers."""
+        whoever runs the plan (``run_handler``, the agent's plan runner), not by handlers.
+
+        The sink and ``spill_result`` are let go: they are the runner's bound methods of the plan's
+        run, which holds this context, and that cycle would wait for the daemon's rarely run oldest
+        collection (fleetwire/cli.py), keeping every ended plan's context, task and inputs meanwhile."""
         self._closed = True
         self._cancelled = True
+        self._sink = _dropped
+        self.spill_result = None
+
+
+def _dropped(kind: str, data: Any, ephemeral: bool) -> None:
+    """The sink of a closed context: nothing more is sent for its plan."""
 
 
 # --------------------------------------------------------------------------- running a plan
