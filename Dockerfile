@@ -12,6 +12,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY protocol ./protocol
+COPY wireio ./wireio
 COPY coordinator ./coordinator
 COPY worker_agent ./worker_agent
 COPY fleetwire ./fleetwire

@@ -101,7 +101,7 @@ from protocol.messages import (
 )
 from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 from protocol.urls import keepalive
-from protocol.wsbulk import send_frame
+from wireio.wsbulk import send_frame
 
 __all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
 

@@ -21,7 +21,7 @@ from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
 from protocol.urls import SINGLE_KEEPALIVE, websocket_url
-from protocol.wsbulk import BulkClientConnection
+from wireio.wsbulk import BulkClientConnection
 
 __all__ = [
     "CLIENT_PATH",

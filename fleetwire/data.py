@@ -53,10 +53,10 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
-from fleetwire.chunkwrite import ChunkWriter
-from fleetwire.writeback import WriteBehind
 from protocol.messages import DataGrant, Event, InputSpec
 from protocol.tickets import DIGEST_DEFAULT, name_problem, new_hasher, new_hasher_of
+from wireio.chunkwrite import ChunkWriter
+from wireio.writeback import WriteBehind
 
 if TYPE_CHECKING:  # httpx (and what it pulls in) loads with the first DirectTransport, not with the SDK
     import httpx
@@ -506,7 +506,7 @@ class DirectTransport:
 
         The bytes go socket -> a reused buffer -> the file, then ``check``'s hash, in threads of
         their own (:class:`_FileWriter`): bounded memory, no per-chunk work on the event loop; the
-        file is written behind (fleetwire/writeback.py), so a big download does not fill the page
+        file is written behind (wireio/writeback.py), so a big download does not fill the page
         cache. A digest that does not match ``check`` raises :class:`OutputMismatch` and leaves no file.
         """
         import httpx
@@ -880,7 +880,7 @@ class _FileWriter:
     """Writes buffers to a file and hashes them, in two threads of their own, while the caller fills the next.
 
     A filled buffer goes to the writer thread (``write``, then the file's write-behind,
-    fleetwire/writeback.py) and to the hasher thread (``check``) at once, and is free again once
+    wireio/writeback.py) and to the hasher thread (``check``) at once, and is free again once
     both are done with it: the write and the hash of one buffer and the filling of the next
     overlap (file writes, hashlib and ``recv_into`` all release the GIL). At most
     :data:`WRITE_BUFFERS` buffers of :data:`WRITE_BUFFER_BYTES` in all; small buffers keep what is
@@ -1068,7 +1068,7 @@ async def write_chunks(chunks: AsyncIterator[bytes], path: str | os.PathLike[str
     """Write a download to ``path`` (through a temporary file renamed at the end), checked by ``check``.
 
     Chunks are written (with write-behind) and hashed by two threads of their own at once
-    (fleetwire/chunkwrite.py :class:`~fleetwire.chunkwrite.ChunkWriter`), in batches of about
+    (wireio/chunkwrite.py :class:`~wireio.chunkwrite.ChunkWriter`), in batches of about
     :data:`CHUNK_BYTES`, while the next ones arrive, at most :data:`WRITES_AHEAD` batches
     under way: the source (a relayed stream, which credits each chunk once it is taken) is not
     held up by the disk or the hash chunk by chunk, and memory stays bounded.

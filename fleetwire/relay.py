@@ -11,7 +11,7 @@ Theory of operation:
   frame's buffer once its bytes are acknowledged (fleetwire/chunkread.py ``FrameReader``); else
   (JSON, a link without ``post_frame``) it reads a MiB at a time and encodes each 256 KiB chunk.
   A download written to a file is written and hashed by two threads of their own, with
-  write-behind (fleetwire/chunkwrite.py ``ChunkWriter``). A download sends a
+  write-behind (wireio/chunkwrite.py ``ChunkWriter``). A download sends a
   ``data_credit`` once the caller has taken a quarter of the stream's window (the coordinator
   says the window right after the open; ``credit_every``), or each chunk when it does not say.
 * A stream that breaks (``data_end(relay_closed)``: a session closed, the coordinator

@@ -65,7 +65,7 @@ from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, e
 from protocol.backoff import ReconnectBackoff
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
-from protocol.wsbulk import BulkClientConnection, send_frame
+from wireio.wsbulk import BulkClientConnection, send_frame
 from worker_agent.attempts import Attempts
 from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
 from worker_agent.devices import DeviceAllocator

@@ -605,7 +605,7 @@ async def _store(entry: InputFile, chunk: bytearray | memoryview) -> None:
 
     Whole aligned chunks go to the disk with ``O_DIRECT`` (worker_agent/spool.py ``InputFile.put``:
     the connection's buffers are page-aligned); the rest paces the file's writeback
-    (fleetwire/writeback.py): a big input never piles up in the page cache, where further writes
+    (wireio/writeback.py): a big input never piles up in the page cache, where further writes
     got slow (2.5 CPU s per GiB once a GiB or two had).
     """
     results = await asyncio.gather(asyncio.to_thread(entry.put, chunk, write_behind=True, direct_io=True),

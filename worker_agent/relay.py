@@ -370,7 +370,7 @@ async def _write_and_hash(entry: InputFile, batch: list[bytes]) -> None:
     """
     def write() -> None:
         for data in batch:
-            entry.put(data, write_behind=True)  # paced writeback (fleetwire/writeback.py): no page-cache pile-up
+            entry.put(data, write_behind=True)  # paced writeback (wireio/writeback.py): no page-cache pile-up
 
     def digest() -> None:
         for data in batch:

@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal
 
 import protocol
-from fleetwire.writeback import DIRECT_ALIGN, O_DIRECT, WriteBehind, page_aligned, pwrite_all
 from protocol.tickets import DIGEST_DEFAULT, name_problem, new_hasher, new_hasher_of
+from wireio.writeback import DIRECT_ALIGN, O_DIRECT, WriteBehind, page_aligned, pwrite_all
 
 __all__ = [
     "DISK_FULL",
@@ -142,7 +142,7 @@ class InputFile:
     def put(self, data: bytes | bytearray | memoryview, *, write_behind: bool = False, direct_io: bool = False) -> None:
         """The writing half of :meth:`store` (a thread may run it while another runs :meth:`hash`).
 
-        ``write_behind``: pace the file's writeback as it grows (fleetwire/writeback.py), so a big
+        ``write_behind``: pace the file's writeback as it grows (wireio/writeback.py), so a big
         input does not pile up in the page cache; it may wait for the disk, so only from a thread.
         ``direct_io``: write ``data`` with ``O_DIRECT`` when it can be (page-aligned memory, a
         whole number of pages, at a page-aligned offset; a file system that takes it): the disk

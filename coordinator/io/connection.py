@@ -34,7 +34,7 @@ from coordinator.auth import Principal
 from protocol import Codec
 from protocol import errors as codes
 from protocol.chunkview import DataChunkView, own_frame
-from protocol.wsbulk import BulkReceive, send_frame
+from wireio.wsbulk import BulkReceive, send_frame
 
 log = structlog.get_logger("coordinator.io.server")
 
@@ -46,7 +46,7 @@ FRAME_TARGET_BYTES = MAX_OUT_FRAME_BYTES * 3 // 4  # a batch cut by recent messa
 
 class FailFastConnection(BulkReceive, ServerConnection):
     """A ``ServerConnection`` that closes its transport right after sending 1009 (message too big), and reads
-    big binary frames (relayed chunks) past the library's copies (protocol/wsbulk.py ``BulkReceive``)."""
+    big binary frames (relayed chunks) past the library's copies (wireio/wsbulk.py ``BulkReceive``)."""
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 DOCKERFILE = ROOT / "Dockerfile"
 ALERTS = ROOT / "examples" / "deploy" / "alerts.yml"
 OPERATIONS = ROOT / "docs" / "OPERATIONS.md"
-PACKAGES = ("protocol", "coordinator", "worker_agent", "fleetwire")
+PACKAGES = ("protocol", "wireio", "coordinator", "worker_agent", "fleetwire")
 
 
 def _dockerfile_lines() -> list[str]:

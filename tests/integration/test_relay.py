@@ -75,7 +75,7 @@ async def test_worker_without_data_endpoint_gets_inputs_and_returns_outputs_rela
 
 async def test_relayed_bytes_over_wss_arrive_whole_both_ways(tmp_path: Path) -> None:
     """TLS on both of the relay's hops: random bytes in 512 KiB chunk frames (written past the websockets
-    library's serializer, protocol/wsbulk.py) go client -> coordinator -> worker and back, intact."""
+    library's serializer, wireio/wsbulk.py) go client -> coordinator -> worker and back, intact."""
     ca = trustme.CA()
     cert, ca_file = tmp_path / "server.pem", tmp_path / "ca.pem"
     ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(cert))

@@ -1,4 +1,4 @@
-"""Write-behind (fleetwire/writeback.py) on real files: the bytes are intact and a big file does not stay in
+"""Write-behind (wireio/writeback.py) on real files: the bytes are intact and a big file does not stay in
 the page cache, alone and on the direct path (an upload's spool file, a download's target)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetwire.chunkwrite import STAGE_BYTES, ChunkWriter
 from fleetwire.data import DirectTransport, OutputCheck, prepare_inputs
-from fleetwire.writeback import DIRECT_ALIGN, WriteBehind
 from tests.integration.data_helpers import data_endpoint, digest, grant
+from wireio.chunkwrite import STAGE_BYTES, ChunkWriter
+from wireio.writeback import DIRECT_ALIGN, WriteBehind
 from worker_agent.dataplane import DataServer
 from worker_agent.spool import InputFile
 

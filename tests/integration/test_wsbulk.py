@@ -1,4 +1,4 @@
-"""protocol/wsbulk.py: big binary frames written past the websockets library, checked by the library's own reader."""
+"""wireio/wsbulk.py: big binary frames written past the websockets library, checked by the library's own reader."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from protocol.wsbulk import BULK_MIN_BYTES, BulkReceive, frame_header, send_frame
+from wireio.wsbulk import BULK_MIN_BYTES, BulkReceive, frame_header, send_frame
 
 SIZES = [0, 1, 125, 126, 65535, 65536, BULK_MIN_BYTES - 1, BULK_MIN_BYTES, 512 << 10, (1 << 20) + 3]
 

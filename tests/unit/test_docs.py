@@ -40,7 +40,7 @@ def test_configuration_reference_matches_the_parser() -> None:
 def test_every_environment_variable_in_the_code_is_documented() -> None:
     """Each FLEETWIRE_* variable the packages read has a row in the environment table."""
     used = set()
-    for package in ("coordinator", "worker_agent", "fleetwire", "protocol"):
+    for package in ("coordinator", "worker_agent", "fleetwire", "protocol", "wireio"):
         for path in (ROOT / package).rglob("*.py"):
             used.update(re.findall(r"FLEETWIRE_[A-Z_]+[A-Z]", path.read_text()))
     documented = set(re.findall(r"^\| `(FLEETWIRE_[A-Z_]+)` \|", OPERATIONS.read_text(), re.MULTILINE))
@@ -113,7 +113,7 @@ def test_no_reference_to_a_document_outside_the_repository() -> None:
 
 # A repository path in prose: coordinator/io/store.py, tests/unit/test_docs.py, bench/fleets/x.toml.
 FILE_REFERENCE = re.compile(
-    r"(?<![\w/.-])((?:coordinator|fleetwire|protocol|worker_agent|tests|bench|examples)/[\w/.-]*\.(?:py|toml|js|html|css))\b"
+    r"(?<![\w/.-])((?:coordinator|fleetwire|protocol|wireio|worker_agent|tests|bench|examples)/[\w/.-]*\.(?:py|toml|js|html|css))\b"
 )
 
 

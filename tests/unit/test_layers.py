@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("protocol", "coordinator", "fleetwire", "worker_agent")
+PACKAGES = ("protocol", "wireio", "coordinator", "fleetwire", "worker_agent")
 IO_FREE_FORBIDDEN = frozenset({"asyncio", "socket", "time", "random", "sqlite3", "threading", "ssl", "websockets"})
 CLI_MODULES = frozenset({"fleetwire.cli", "fleetwire.reference", "fleetwire.__main__"})
 

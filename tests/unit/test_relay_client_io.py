@@ -1,5 +1,5 @@
 """The client's side of a relayed transfer: an upload read straight into reusable frames (fleetwire/chunkread.py),
-a download written and hashed by two threads (fleetwire/chunkwrite.py); bounded, failing cleanly."""
+a download written and hashed by two threads (wireio/chunkwrite.py); bounded, failing cleanly."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import msgspec
 import pytest
 
 from fleetwire.chunkread import GROUP
-from fleetwire.chunkwrite import ChunkWriter
 from fleetwire.data import DataTransferError, Grant, InputSource, OutputCheck, OutputMismatch, write_chunks
 from fleetwire.relay import RelayTransport
 from fleetwire.session import ClientSession
@@ -24,6 +23,7 @@ from protocol import Codec
 from protocol.chunkview import frame_into
 from protocol.messages import DataChunk, DataCredit, DataEnd, FromClient, ListWorkers
 from protocol.relay import MAX_CHUNK_BYTES
+from wireio.chunkwrite import ChunkWriter
 
 DATA = bytes(range(256)) * (3 * (1 << 20) // 256)  # 3 MiB: 12 relayed chunks, 3 batches (fewer than WRITES_AHEAD)
 DIGEST = "sha256:" + hashlib.sha256(DATA).hexdigest()

@@ -4,7 +4,7 @@ Why: a relayed download (fleetwire/relay.py) arrives on the event loop as 256 Ki
 Written and hashed one after the other in one thread, the slower of the two (the hash: blake3
 runs at about the speed a loopback websocket carries) added to the other, and the client fell
 behind the coordinator. Here a writer thread (``write``, then the file's write-behind,
-fleetwire/writeback.py, so a big download does not pile up in the page cache) and a hasher
+wireio/writeback.py, so a big download does not pile up in the page cache) and a hasher
 thread each take every batch, in the order given; file writes, hashlib and ``sync_file_range``
 release the GIL, so the two overlap each other and the loop's reading of the next chunks.
 
@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, Protocol
 
-from fleetwire.writeback import DIRECT_ALIGN, O_DIRECT, WriteBehind, pwrite_all
+from wireio.writeback import DIRECT_ALIGN, O_DIRECT, WriteBehind, pwrite_all
 
 __all__ = ["STAGE_BYTES", "ChunkWriter", "Hasher"]
 

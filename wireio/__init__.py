@@ -1,0 +1,11 @@
+"""Shared low-level I/O: the home of what the worker agent and the SDK both use (imports ``protocol`` only).
+
+* writeback: write-behind and ``O_DIRECT`` helpers, so big files written once do not pile up in
+  the page cache (the worker's spool, the SDK's downloads);
+* chunkwrite: a relayed download's chunks written and hashed in two threads of their own;
+* wsbulk: big binary websocket frames sent and received past the websockets library's copies
+  (the relayed chunks of the worker, the SDK and the coordinator's I/O layer).
+
+Neither the worker agent nor the SDK imports the other: both import this. The coordinator's pure
+core imports nothing from here (tests/unit/test_layers.py).
+"""
