@@ -242,7 +242,7 @@ class Context:
 
         The sink and ``spill_result`` are let go: they are the runner's bound methods of the plan's
         run, which holds this context, and that cycle would wait for the daemon's rarely run oldest
-        collection (fleetwire/cli.py), keeping every ended plan's context, task and inputs meanwhile."""
+        collection (fleetwire/cli/main.py), keeping every ended plan's context, task and inputs meanwhile."""
         self._closed = True
         self._cancelled = True
         self._sink = _dropped
@@ -325,7 +325,7 @@ async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float 
 
 def _handler_exception(ctx: Context, exc: BaseException) -> protocol.Done:
     # A plain-text traceback, not exc_info: structlog's dict and rich tracebacks show every
-    # frame's locals, and the handler's frames hold the plan's args (fleetwire/logs.py).
+    # frame's locals, and the handler's frames hold the plan's args (fleetwire/cli/logs.py).
     ctx.log.warning("handler raised", error=type(exc).__name__, exception="".join(traceback.format_exception(exc)))
     return _failed(ctx, errors.HANDLER_ERROR, f"{type(exc).__name__}: {exc}")
 

@@ -1,6 +1,6 @@
 """``fleetwire worker``: the command-line entry to the worker agent.
 
-The CLI module (``fleetwire/cli.py``) builds the parser with ``add_worker_arguments`` and runs
+The CLI module (``fleetwire/cli/main.py``) builds the parser with ``add_worker_arguments`` and runs
 ``run_worker`` on its event loop. Exit status: 0 after a clean stop, 1 when the coordinator
 refuses the token, 2 for a usage error (no URL, a bad handler spec, a bad flag value), 4
 (``EXIT_REMOVED``) when an operator removed this worker's id (``fleetwire remove``).

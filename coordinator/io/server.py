@@ -328,7 +328,7 @@ class CoordinatorServer:
         self.fatal = asyncio.get_running_loop().create_future()
         await self._listen()
         self.listening.set()
-        # debug: a store refused while loading must stay the one line it prints (fleetwire/cli_store.py)
+        # debug: a store refused while loading must stay the one line it prints (fleetwire/cli/store.py)
         log.debug("coordinator listening; loading the store", url=self.url, store=self.store.description)
         if self.cluster is not None:
             self.cluster.url = self.url
@@ -684,7 +684,7 @@ class CoordinatorServer:
             # reaches the wire: log it here, answer with a bare internal error.
             log.error(
                 "core failed on a message", conn_id=conn_id, type=type(msg).__name__,
-                exception=traceback.format_exc(),  # never exc_info: frames hold the message (fleetwire/logs.py)
+                exception=traceback.format_exc(),  # never exc_info: frames hold the message (fleetwire/cli/logs.py)
             )
             session = self._sessions.get(conn_id)
             if session is not None:

@@ -14,8 +14,8 @@ from typing import Any
 
 from coordinator.io.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
+from fleetwire.cli.logs import configure_logging
 from fleetwire.errors import PlanFailed
-from fleetwire.logs import configure_logging
 from worker_agent import Agent
 
 WORKER_TOKEN = "worker-token-0123456789"

@@ -563,14 +563,14 @@ def test_sync_client_submit_passes_routing_and_retries() -> None:
 
 def test_cli_submit_sends_session_policy_and_retries(capsys: pytest.CaptureFixture[str]) -> None:
     """`fleetwire submit --session K --policy P --retries N` puts them in the submit it sends."""
-    from fleetwire import cli
+    from fleetwire.cli.main import _run, build_parser
 
     with coordinator_in_thread() as fake:
         argv = ["submit", "echo", "--args", '"hi"', "--session", "s-1", "--policy", "least_busy", "--retries", "3",
                 "--url", fake.url, "--token", CLIENT_TOKEN, "--detach"]
-        ns = cli.build_parser().parse_args(argv)
-        # ns.func, not cli.main: main configures process-wide logging onto pytest's captured stdout.
-        assert cli._run(ns.func(ns)) == 0
+        ns = build_parser().parse_args(argv)
+        # ns.func, not main: main configures process-wide logging onto pytest's captured stdout.
+        assert _run(ns.func(ns)) == 0
     sent = fake.submits[-1]
     assert (sent.args, sent.hints.session_key, sent.hints.policy, sent.retries) == ("hi", "s-1", "least_busy", 3)
     assert "submitted" in capsys.readouterr().out

@@ -14,7 +14,7 @@ from coordinator.io.pg_store import PgStore
 from coordinator.io.server import ServerSettings
 from coordinator.records import PlanCreated, PlanStatus
 from coordinator.shards import ClusterConfig, pool_shard
-from fleetwire.cli_cluster import cluster_status, render
+from fleetwire.cli.cluster import cluster_status, render
 from protocol.messages import Requirements, Submit
 
 CLUSTER = ClusterConfig(shards=4, lease_ttl_s=30.0, lease_renew_s=1.0)

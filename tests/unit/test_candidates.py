@@ -13,7 +13,7 @@ from coordinator.placement.placer import DEFAULT_CANDIDATES, PlacementConfig
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.policies import POLICY_NAMES, PolicyKnobs
 from coordinator.placement.prefix import PrefixIndex
-from fleetwire.cli import _routing_settings, build_parser
+from fleetwire.cli.main import _routing_settings, build_parser
 from protocol.messages import Capabilities, Load
 from tests.unit.test_capacity import ENERGY_LOADS, LOADS, WORKERS, Model, figure_load, ops, register
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetwire.cli import _args
+from fleetwire.cli.main import _args
 
 
 def test_inline_file_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

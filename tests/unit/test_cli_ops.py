@@ -10,10 +10,10 @@ from unittest import mock
 import pytest
 from rich.console import Console
 
-from fleetwire import console
-from fleetwire.cli import build_parser
-from fleetwire.cli_ops import interrupted_text, op_hint, tag_list
-from fleetwire.reference import generate
+from fleetwire.cli import console
+from fleetwire.cli.main import build_parser
+from fleetwire.cli.ops import interrupted_text, op_hint, tag_list
+from fleetwire.cli.reference import generate
 from fleetwire.stream import RESYNC_REASON, PlanStream
 from protocol.messages import Capabilities, Event, Load, PlanInfo, Resync, WorkerInfo, Workers
 

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from rich.progress import Progress
 
-from fleetwire.cli_progress import MIN_BYTES, Bars, transfer_progress
+from fleetwire.cli.progress import MIN_BYTES, Bars, transfer_progress
 from fleetwire.data import DirectTransport
 
 

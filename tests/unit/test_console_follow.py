@@ -1,4 +1,4 @@
-"""What ``submit --follow`` and ``watch`` print for a plan's events and its end (fleetwire/console.py)."""
+"""What ``submit --follow`` and ``watch`` print for a plan's events and its end (fleetwire/cli/console.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fleetwire import Client
-from fleetwire.console import finish
+from fleetwire.cli.console import finish
 from fleetwire.plan import Plan
 from fleetwire.stream import PlanStream
 from protocol.messages import Event

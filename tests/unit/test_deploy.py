@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetwire.cli import build_parser
+from fleetwire.cli.main import build_parser
 
 DEPLOY = Path(__file__).resolve().parents[2] / "examples" / "deploy"
 

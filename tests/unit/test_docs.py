@@ -15,7 +15,7 @@ import pytest
 
 from coordinator.io.cluster_metrics import CLUSTER_METRIC_NAMES
 from coordinator.io.metrics import METRIC_NAMES
-from fleetwire.reference import BEGIN, END, generate, splice
+from fleetwire.cli.reference import BEGIN, END, generate, splice
 from tests import docgen
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,11 +29,11 @@ SECTION_REFERENCE = re.compile(r"\b([A-Z][A-Z_]{2,})(?:\.md)? §")
 
 
 def test_configuration_reference_matches_the_parser() -> None:
-    """The generated flag tables equal what the parser says now (regenerate: python -m fleetwire.reference --write)."""
+    """The generated flag tables equal what the parser says (regenerate: python -m fleetwire.cli.reference --write)."""
     text = OPERATIONS.read_text()
     assert BEGIN in text and END in text
     assert splice(text, generate()) == text, (
-        "docs/OPERATIONS.md is stale: run `python -m fleetwire.reference --write docs/OPERATIONS.md`"
+        "docs/OPERATIONS.md is stale: run `python -m fleetwire.cli.reference --write docs/OPERATIONS.md`"
     )
 
 

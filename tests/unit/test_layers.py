@@ -11,9 +11,8 @@ The rules (docs/SEMANTICS.md §Layers):
   name`` depends on ``pkg.name`` when that is a module, else on the package's ``__init__``.
   Importing ``a.b.c`` is not counted as depending on ``a`` and ``a.b`` (their ``__init__`` run,
   but they only re-export).
-* **SDK apart.** The SDK modules of ``fleetwire/`` (all but the CLI entry points that start
-  servers: ``cli*.py``, ``reference.py``, ``__main__.py``) import neither ``coordinator`` nor
-  ``worker_agent``.
+* **SDK apart.** The SDK modules of ``fleetwire/`` (all but the CLI, which starts servers:
+  ``fleetwire/cli/`` and ``__main__.py``) import neither ``coordinator`` nor ``worker_agent``.
 * **Own your privates.** No module reads or writes an underscore member (``obj._x``,
   ``self._x`` from a base class, ``from m import _x``) that another of our modules defines and it
   does not.
@@ -35,12 +34,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "wireio", "coordinator", "fleetwire", "worker_agent")
 IO_FREE_FORBIDDEN = frozenset({"asyncio", "socket", "time", "random", "sqlite3", "threading", "ssl", "websockets"})
-CLI_MODULES = frozenset({"fleetwire.cli", "fleetwire.reference", "fleetwire.__main__"})
+CLI_MODULES = frozenset({"fleetwire.cli", "fleetwire.__main__"})
 
 
 def is_cli(name: str) -> bool:
-    """The CLI entry points, which start coordinators and workers: fleetwire.cli, cli_*, reference, __main__."""
-    return name in CLI_MODULES or name.startswith("fleetwire.cli_")
+    """The CLI, which starts coordinators and workers: the fleetwire.cli package and __main__."""
+    return name in CLI_MODULES or name.startswith("fleetwire.cli.")
 
 
 @dataclass
@@ -310,7 +309,7 @@ def test_planted_sdk_import_of_the_coordinator_is_caught(tmp_path: Path) -> None
     """An SDK module importing the coordinator is reported; the CLI entry point may."""
     modules = _plant(tmp_path, {
         "fleetwire/client.py": "def f():\n    from coordinator.core import Coordinator\n",
-        "fleetwire/cli.py": "from coordinator.io.server import serve\nimport worker_agent.main\n",
+        "fleetwire/cli/main.py": "from coordinator.io.server import serve\nimport worker_agent.main\n",
     })
     assert sdk_violations(modules) == ["fleetwire.client:2: imports coordinator.core"]
 

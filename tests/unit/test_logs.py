@@ -7,7 +7,7 @@ import logging
 import pytest
 import structlog
 
-from fleetwire.logs import configure_logging
+from fleetwire.cli.logs import configure_logging
 
 
 def test_handshake_failures_dropped_handler_failures_kept(caplog: pytest.LogCaptureFixture) -> None:

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from coordinator.io.pg_leases import EXIT_SHARD_FENCED
-from fleetwire.cli_store import EXIT_STORE_DAMAGED
-from fleetwire.console import EXIT_FAILED, EXIT_USAGE
+from fleetwire.cli.console import EXIT_FAILED, EXIT_USAGE
+from fleetwire.cli.store import EXIT_STORE_DAMAGED
 from worker_agent.session import EXIT_REMOVED
 
 ROOT = Path(__file__).resolve().parents[2]

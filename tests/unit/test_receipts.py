@@ -13,7 +13,7 @@ from coordinator.io.metrics import CoordinatorCollector
 from coordinator.io.store import MemoryStore
 from coordinator.receipts import Footprint, settle
 from coordinator.records import PlanStatus
-from fleetwire.console import duration_s, footprint, receipt_line
+from fleetwire.cli.console import duration_s, footprint, receipt_line
 from protocol.messages import (
     Accept,
     Assign,

@@ -171,7 +171,7 @@ def test_the_flags_reach_the_core_and_bad_values_are_refused() -> None:
     """--worker-reconnect-burst/-rate set CoreConfig; a burst below 1 or a negative rate is refused naming the flag."""
     from coordinator.core import CoreConfig
     from coordinator.io.server import ServerSettings
-    from fleetwire.cli import _server_settings, build_parser
+    from fleetwire.cli.main import _server_settings, build_parser
 
     parser = build_parser()
     ns = parser.parse_args(["coordinator", "--insecure", "--worker-reconnect-burst", "3",

@@ -160,7 +160,7 @@ def test_the_flag_reaches_the_core_and_a_negative_grace_is_refused() -> None:
     """--worker-reconnect-grace-s sets CoreConfig (default 5 s); a negative value is refused naming the flag."""
     from coordinator.core import CoreConfig
     from coordinator.io.server import ServerSettings
-    from fleetwire.cli import _server_settings, build_parser
+    from fleetwire.cli.main import _server_settings, build_parser
 
     parser = build_parser()
     default = _server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ()).core

@@ -276,7 +276,7 @@ def test_negative_plan_retention_is_refused() -> None:
 
 def test_cli_flag_reaches_the_server_settings() -> None:
     """`fleetwire coordinator --plan-retention 60` sets ServerSettings.plan_retention_s; the default is 24 h."""
-    from fleetwire.cli import _server_settings, build_parser
+    from fleetwire.cli.main import _server_settings, build_parser
 
     parser = build_parser()
     ns = parser.parse_args(["coordinator", "--insecure", "--plan-retention", "60"])

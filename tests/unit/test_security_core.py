@@ -15,7 +15,7 @@ from coordinator import Coordinator, CoreConfig
 from coordinator.audit import snapshot, violations
 from coordinator.auth import TokenFileError, TokenStore, hash_token, parse_token_file
 from coordinator.limits import Limits, PenaltyBox, TokenBucket, origin_refused
-from fleetwire.cli_security import LIMIT_DEFAULTS, PLAN_LIMIT_DEFAULTS
+from fleetwire.cli.security import LIMIT_DEFAULTS, PLAN_LIMIT_DEFAULTS
 from protocol import Codec, DecodeFailure, errors
 from protocol.messages import (
     Accept,
@@ -416,7 +416,7 @@ def test_token_hash_command_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys:
     import asyncio
     import io
 
-    from fleetwire.cli_security import _token_hash
+    from fleetwire.cli.security import _token_hash
 
     monkeypatch.setattr("sys.stdin", io.StringIO("alice-token\n"))
     assert asyncio.run(_token_hash(argparse.Namespace())) == 0

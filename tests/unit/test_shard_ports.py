@@ -10,7 +10,7 @@ import pytest
 from coordinator.io.cluster_host import ClusterHost
 from coordinator.io.server import ServerSettings
 from coordinator.shards import ClusterConfig
-from fleetwire.cli_shards import parse_shard_ports
+from fleetwire.cli.shards import parse_shard_ports
 
 
 def test_a_range_or_a_first_port_for_every_shard() -> None:

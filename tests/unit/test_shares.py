@@ -11,7 +11,7 @@ from coordinator.placement.policies import PolicyKnobs
 from coordinator.placement.shares import RecentShares
 from coordinator.plans import Plan
 from coordinator.registry import WorkerRegistry
-from fleetwire.cli import _routing_settings, build_parser
+from fleetwire.cli.main import _routing_settings, build_parser
 from protocol.messages import Capabilities, Requirements, RoutingHints
 
 

@@ -20,8 +20,8 @@ from coordinator.io.integrity import EXIT_STORE_DAMAGED, StoreDamaged, StoreErro
 from coordinator.io.store import DB_FILE, SQLiteStore
 from coordinator.io.store_admin import backup_store, check_store, restore_store
 from coordinator.records import PlanCreated, PlanStatus, Record
-from fleetwire import cli_store
-from fleetwire.cli import build_parser
+from fleetwire.cli import store as cli_store
+from fleetwire.cli.main import build_parser
 from protocol.messages import Event, Submit
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.auth import TokenFileError, TokenStore, hash_token, parse_token_file, weak_tokens
-from fleetwire.cli_safety import plaintext_warning, up_state_tokens
+from fleetwire.cli.safety import plaintext_warning, up_state_tokens
 from worker_agent.session import worker_token
 
 ROOT = Path(__file__).resolve().parents[2]

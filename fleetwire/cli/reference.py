@@ -1,8 +1,8 @@
 """The configuration reference of docs/OPERATIONS.md, generated from the ``fleetwire`` parser.
 
-    python -m fleetwire.reference                          # print the generated section
-    python -m fleetwire.reference --write docs/OPERATIONS.md   # replace it in the file
-    python -m fleetwire.reference --check docs/OPERATIONS.md   # exit 1 when the file is stale
+    python -m fleetwire.cli.reference                          # print the generated section
+    python -m fleetwire.cli.reference --write docs/OPERATIONS.md   # replace it in the file
+    python -m fleetwire.cli.reference --check docs/OPERATIONS.md   # exit 1 when the file is stale
 
 The section lies between :data:`BEGIN` and :data:`END`. Defaults are rendered with every
 ``FLEETWIRE_*`` variable unset, so the page shows the built-in defaults, never this machine's
@@ -22,7 +22,7 @@ from unittest import mock
 __all__ = ["BEGIN", "END", "generate", "splice"]
 
 BEGIN: Final = (
-    "<!-- BEGIN GENERATED: configuration reference (python -m fleetwire.reference --write docs/OPERATIONS.md) -->"
+    "<!-- BEGIN GENERATED: configuration reference (python -m fleetwire.cli.reference --write docs/OPERATIONS.md) -->"
 )
 END: Final = "<!-- END GENERATED -->"
 
@@ -69,7 +69,7 @@ def generate(parser: argparse.ArgumentParser | None = None) -> str:
     if parser is None:
         with mock.patch.dict(os.environ, {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_")},
                              clear=True):
-            from fleetwire.cli import build_parser
+            from fleetwire.cli.main import build_parser
 
             parser = build_parser()
     out: list[str] = []
@@ -102,7 +102,7 @@ def splice(document: str, section: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fleetwire.reference", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fleetwire.cli.reference", description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--write", metavar="MD", help="replace the generated section of this file")
     group.add_argument("--check", metavar="MD", help="exit 1 if this file's generated section is stale")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(splice(path.read_text(), section))
     elif ns.check:
         if splice(path.read_text(), section) != path.read_text():
-            print(f"{path}: the configuration reference is stale; run python -m fleetwire.reference --write {path}",
+            print(f"{path}: the configuration reference is stale; run python -m fleetwire.cli.reference --write {path}",
                   file=sys.stderr)
             return 1
     else:

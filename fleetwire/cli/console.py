@@ -10,7 +10,7 @@ Output rules (docs/OPERATIONS.md §CLI):
   state, worker, event count and elapsed time in a spinner line below them; streamed ``token``
   events are shown growing in that line and printed as one text when the stream ends.
 
-Commands defined here: ``plans``, ``drain``, ``undrain``, ``remove`` and ``completion``; ``cli.py`` adds them
+Commands defined here: ``plans``, ``drain``, ``undrain``, ``remove`` and ``completion``; ``main.py`` adds them
 with :func:`add_operator_commands`.
 """
 

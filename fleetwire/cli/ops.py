@@ -25,8 +25,8 @@ from typing import Any, Final
 
 import msgspec
 
+from fleetwire.cli.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, WaitingHook, finish, make_console
 from fleetwire.client import Client, Plan
-from fleetwire.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, WaitingHook, finish, make_console
 from protocol.errors import RequestError
 from protocol.messages import WorkerInfo
 

@@ -2,11 +2,11 @@
 
 Commands: ``up`` (local coordinator + workers, zero config), ``coordinator``, ``worker``,
 ``submit``, ``watch``, ``workers``, ``cancel``, ``status``, ``plans``, ``drain``, ``undrain``,
-``completion``, ``protocol schema`` (``status`` and ``cancel`` live in ``fleetwire/cli_ops.py``).
-What client commands print (tables, live progress, ``--json``) lives in ``fleetwire/console.py``. Client commands read
-``FLEETWIRE_URL`` and ``FLEETWIRE_TOKEN`` (or ``--url``/``--token``). The coordinator and
-the worker agent are imported only by the commands that run them, so the SDK never
-depends on them.
+``completion``, ``protocol schema`` (``status`` and ``cancel`` live in ``fleetwire/cli/ops.py``).
+What client commands print (tables, live progress, ``--json``) lives in
+``fleetwire/cli/console.py``. Client commands read ``FLEETWIRE_URL`` and ``FLEETWIRE_TOKEN``
+(or ``--url``/``--token``). The coordinator and the worker agent are imported only by the
+commands that run them, so the SDK never depends on them.
 """
 
 from __future__ import annotations
@@ -29,25 +29,25 @@ from typing import Any
 
 import msgspec
 
-from fleetwire import console
-from fleetwire.cli_cluster import add_cluster_command
-from fleetwire.cli_ops import add_ops_commands, follow_submitted, tag_list
-from fleetwire.cli_progress import transfer_progress
-from fleetwire.cli_safety import unsafe_tokens, up_state_tokens, warn_plaintext
-from fleetwire.cli_security import (
+from fleetwire.cli import console
+from fleetwire.cli.cluster import add_cluster_command
+from fleetwire.cli.console import finish as _finish
+from fleetwire.cli.logs import LEVELS, configure_logging
+from fleetwire.cli.ops import add_ops_commands, follow_submitted, tag_list
+from fleetwire.cli.progress import transfer_progress
+from fleetwire.cli.safety import unsafe_tokens, up_state_tokens, warn_plaintext
+from fleetwire.cli.security import (
     add_security_arguments,
     add_token_arguments,
     add_token_command,
     plan_limit_settings,
     security_settings,
 )
-from fleetwire.cli_store import add_store_command, add_store_loss_argument, store_exit_code
+from fleetwire.cli.store import add_store_command, add_store_loss_argument, store_exit_code
 from fleetwire.client import Client
 from fleetwire.connection import resolve_urls
-from fleetwire.console import finish as _finish
 from fleetwire.data import DataTransferError
 from fleetwire.errors import FleetwireConnectionError
-from fleetwire.logs import LEVELS, configure_logging
 from fleetwire.memtune import tune_allocator
 from protocol import json_schema
 from protocol.errors import FleetwireError
@@ -188,7 +188,7 @@ async def _submit(ns: argparse.Namespace) -> int:
             if plan.uploads is not None:  # the bytes come from this process: it stays until the worker has them
                 await _inputs_delivered(plan, set(plan.uploads.sources))  # all (args past the frame limit too)
             return EXIT_OK
-        return await follow_submitted(client, plan, ns)  # Ctrl-C and op hints (fleetwire/cli_ops.py)
+        return await follow_submitted(client, plan, ns)  # Ctrl-C and op hints (fleetwire/cli/ops.py)
 
 
 def _resources(ns: argparse.Namespace) -> dict[str, Any] | None:
@@ -252,9 +252,9 @@ def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], cli
     core = CoreConfig(
         heartbeat_interval_s=ns.heartbeat_interval,
         heartbeat_timeout_s=ns.heartbeat_timeout,
+        worker_reconnect_grace_s=ns.worker_reconnect_grace_s,
         breaker_fraction=ns.breaker_fraction,
         plan_retention_s=ns.plan_retention,
-        worker_reconnect_grace_s=ns.worker_reconnect_grace_s,
         plan_retention_bytes=ns.plan_retention_bytes,
         data_ticket_ttl_s=ns.data_ticket_ttl,
         data_key_rotation_s=ns.data_key_rotation,
@@ -428,11 +428,11 @@ async def _coordinator(ns: argparse.Namespace) -> int:
         return _fail(str(exc))
     settings = dataclasses.replace(settings, admin_tokens=(admin_token,) if admin_token else ())
     unsafe = unsafe_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
-    if unsafe:  # placeholders and short tokens (fleetwire/cli_safety.py): one line each, exit 2
+    if unsafe:  # placeholders and short tokens (fleetwire/cli/safety.py): one line each, exit 2
         return _fail("refusing to start: " + "; ".join(unsafe))
     warn_plaintext(ns.host, settings.tls_cert is not None)
     if settings.store.startswith("postgresql://"):  # cluster mode: one core per owned shard (docs/CLUSTER.md)
-        from fleetwire.cli_shards import run_cluster_coordinator
+        from fleetwire.cli.shards import run_cluster_coordinator
 
         return await run_cluster_coordinator(settings, _version(), ns.shard_ports)
     if ns.shard_ports is not None:
@@ -444,7 +444,7 @@ async def _coordinator(ns: argparse.Namespace) -> int:
         return _fail(str(exc), store_exit_code(exc))
     try:
         await server.start()
-    except ValueError as exc:  # a damaged store found while loading: one line, exit 3 (fleetwire/cli_store.py)
+    except ValueError as exc:  # a damaged store found while loading: one line, exit 3 (fleetwire/cli/store.py)
         server.store.close()
         return _fail(str(exc), store_exit_code(exc))
     except OSError as exc:
@@ -533,7 +533,7 @@ async def _up(ns: argparse.Namespace) -> int:
     tune_gc_for_daemon()
     if ns.workers < 0:
         return _fail("--workers must be 0 or more")
-    if ns.state_dir is not None:  # tokens and the store kept in DIR across runs (fleetwire/cli_safety.py)
+    if ns.state_dir is not None:  # tokens and the store kept in DIR across runs (fleetwire/cli/safety.py)
         if ns.data_dir is not None:
             return _fail("--state-dir keeps the store in DIR: give --state-dir or --data-dir, not both")
         try:
@@ -678,7 +678,7 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
     p.add_argument("--relay-idle", type=float, default=DEFAULT_RELAY_IDLE_S, metavar="S",
                    help="a relayed stream on which no byte moved this long gives its window back and ends "
                         "relay_closed (the SDK opens it again when it goes on) (default 10)")
-    add_store_loss_argument(p)  # fleetwire/cli_store.py
+    add_store_loss_argument(p)  # fleetwire/cli/store.py
     g = p.add_argument_group("cluster mode (--store postgresql://..., docs/CLUSTER.md)")
     g.add_argument("--cluster-name", default="fleetwire", metavar="NAME",
                    help="the cluster's name, kept in the database; a coordinator of another name is refused "
@@ -699,7 +699,7 @@ def _add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None
                         "by hash of their id, plans by hash of their session key (else plan id); comma-separated or "
                         "repeated; kept in the database: a coordinator given other partitions is refused "
                         "(default: none)")
-    add_security_arguments(p)  # TLS and limits (fleetwire/cli_security.py)
+    add_security_arguments(p)  # TLS and limits (fleetwire/cli/security.py)
     g = p.add_argument_group("placement and autoscaling (docs/ROUTING.md)")
     g.add_argument("--policy", default="joule_weighted", metavar="NAME",
                    help="default placement policy: round_robin, least_busy, latency_weighted, joule_weighted "
@@ -765,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="log lines on stderr: console, json, or auto (console on a terminal)")
     common.add_argument("--log-level", choices=LEVELS, default="info")
     client = _client_parent("client token (default $FLEETWIRE_TOKEN)")
-    # drain, undrain, plans and status use the admin token (fleetwire/console.py, fleetwire/cli_ops.py)
+    # drain, undrain, plans and status use the admin token (fleetwire/cli/console.py, fleetwire/cli/ops.py)
     admin_client = _client_parent("admin token (default $FLEETWIRE_ADMIN_TOKEN, else $FLEETWIRE_TOKEN)")
 
     parser = argparse.ArgumentParser(
@@ -878,7 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_token_command(sub, [common])
     add_store_command(sub, [common])
-    add_cluster_command(sub, [common])  # fleetwire/cli_cluster.py
+    add_cluster_command(sub, [common])  # fleetwire/cli/cluster.py
     add_ops_commands(sub, common=common, client=client, admin_client=admin_client, target=_client_target)
     console.add_operator_commands(sub, common=common, client=admin_client, target=_client_target, root=build_parser)
     return parser

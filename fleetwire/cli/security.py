@@ -1,6 +1,6 @@
 """The security flags of ``fleetwire coordinator`` / ``up`` and the ``fleetwire token`` command.
 
-Kept apart from ``fleetwire/cli.py`` so the main parser stays readable. Nothing here imports
+Kept apart from ``fleetwire/cli/main.py`` so the main parser stays readable. Nothing here imports
 the coordinator at parser-build time (client commands must start fast); the coordinator's
 modules are imported by the functions that run it. ``LIMIT_DEFAULTS`` mirrors
 ``coordinator.limits.Limits`` and ``PLAN_LIMIT_DEFAULTS`` the plan limits of
