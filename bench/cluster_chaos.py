@@ -22,7 +22,7 @@ There is one pool per shard slot, so every coordinator owns work. Faults, on a s
   and then.
 
 How the checker sees commits. Each shard's core connects with ``application_name``
-``fw/<shard>/<epoch>/<owner>`` (coordinator/io/cluster_host.py). This bench installs, in its own
+``fw/<shard>/<epoch>/<owner>`` (coordinator/io/cluster/host.py). This bench installs, in its own
 database only, statement-level triggers on ``fleetwire_plans`` and ``fleetwire_events`` that
 log every committed write (shard, the writer's epoch, the lease row's epoch and owner as seen
 inside that transaction) to ``chaos_commits``, and a trigger on ``shard_leases`` that logs every
@@ -120,8 +120,8 @@ from protocol.messages import (
 )
 
 sys.path.insert(0, str(h.ROOT))  # tests/pg.py starts the PostgreSQL server (shared with the test suite)
-from coordinator.io.pg_store import PgStore
-from coordinator.io.store_rows import decode_plans
+from coordinator.io.stores.postgres import PgStore
+from coordinator.io.stores.rows import decode_plans
 from coordinator.plans import TRANSITIONS
 from coordinator.shards import ClusterConfig, pool_shard
 from tests.pg import PostgresServer, missing_reason, postgres_server, standby_dsn

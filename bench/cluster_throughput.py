@@ -46,9 +46,9 @@ import structlog
 from fleetwire import Client
 
 sys.path.insert(0, str(h.ROOT))  # tests/pg.py starts the PostgreSQL server (shared with the test suite)
-from coordinator.io.pg_leases import ACQUIRE
-from coordinator.io.pg_store import PgStore
-from coordinator.io.store import SQLiteStore
+from coordinator.io.cluster.leases import ACQUIRE
+from coordinator.io.stores.postgres import PgStore
+from coordinator.io.stores.store import SQLiteStore
 from coordinator.shards import ClusterConfig
 from tests.pg import PostgresServer, missing_reason, postgres_server
 
@@ -93,7 +93,7 @@ async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> di
     """The store on its own, in this process: sequential commits of one plan step each, as its committer makes them.
 
     SQLite: ``write`` from a thread (the committer's writer thread). PostgreSQL: ``write_async`` on
-    this loop (its committer, coordinator/io/pg_commit.py, commits on the server's loop).
+    this loop (its committer, coordinator/io/stores/pg_commit.py, commits on the server's loop).
     """
     try:
         db = await asyncio.to_thread(_open, store, directory)
@@ -214,7 +214,7 @@ async def measure(
             if rows is None:
                 if coordinators > 1:
                     return {"not_yet": "this build has no /v1/topology (multi-shard ownership, issue #12 phase 2b)"}
-            else:  # a named pool: a client naming none is a view session of the main port (cluster_sessions.py)
+            else:  # a named pool: a client naming none is a view session of the main port (cluster/sessions.py)
                 pools = list(_pools(rows, coordinators))
         main = fleets[0]
         main.url = ",".join(urls)  # one URL, or the cluster's list (workers take --url a,b,c)

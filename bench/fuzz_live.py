@@ -44,7 +44,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from coordinator.audit import violations
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.limits import Limits
 from protocol.messages import ALL_MESSAGE_TYPES, FromClient, FromWorker, type_name, type_names
 

@@ -1,6 +1,6 @@
 """Who may connect: bearer tokens with names and roles, and the token file (pure; no sockets).
 
-The handshake side (TLS contexts, reading the bearer token, the gatekeeper) is coordinator/io/gate.py.
+The handshake side (TLS contexts, reading the bearer token, the gatekeeper) is coordinator/io/frontdoor/gate.py.
 
 Rules (docs/OPERATIONS.md §Security):
 

@@ -21,7 +21,7 @@ Rules (docs/ROUTING.md §Autoscaler):
 * An action is a :class:`Decision`; the target becomes its ``desired``. The core sends it to
   admin sessions that follow all plans, as an ``event`` with ``plan_id`` "" and kind
   ``autoscale``, and the server runs the operator's hook command with it as JSON on stdin.
-  With a *provider* (coordinator/io/provision.py: ``local`` worker processes or operator
+  With a *provider* (coordinator/io/ops/provision.py: ``local`` worker processes or operator
   ``command``s) the server also acts on it; without one, the hook command does.
 * Scale-up is bounded by ``max_workers`` and rate-limited: one action adds at most ``max_step``
   workers (0: no step bound), and actions are ``cooldown_s`` apart.

@@ -150,7 +150,7 @@ class Coordinator:
         self.subscriptions = Subscriptions()
         self.sessions: SessionTable = {}
         self.quota = PlanQuota(config.max_plans_per_client, config.max_bytes_per_client)  # coordinator/limits.py
-        self.timings = PlanTimings()  # queue-wait and run-time histograms (coordinator/io/metrics.py exports them)
+        self.timings = PlanTimings()  # queue-wait and run-time histograms (coordinator/io/ops/metrics.py exports them)
         self.footprint = Footprint()  # energy and CO2e of finished plans by principal and op (coordinator/receipts.py)
         # Every counter exists from the start, so a metrics scrape never misses one.
         self.counters: dict[str, int] = dict.fromkeys(

@@ -40,7 +40,7 @@ Outbound = ToWorker | ToClient
 class Effects:
     """What the server must do: commit ``records``, then send ``sends`` (each list in order), then ``closes``.
 
-    No frame of a step may leave before the step's records are durable (coordinator/io/commit.py).
+    No frame of a step may leave before the step's records are durable (coordinator/io/stores/commit.py).
     """
 
     sends: dict[int, list[Outbound]] = field(default_factory=dict)
@@ -109,7 +109,7 @@ class Outbox:
         """Close a session that overstepped its role or token (4403), changing nothing else (scopes.py)."""
         counters = self._counters
         counters["scope_refused"] += 1
-        key = f"scope_refused.{kind}"  # by reason, for /metrics (coordinator/io/metrics.py)
+        key = f"scope_refused.{kind}"  # by reason, for /metrics (coordinator/io/ops/metrics.py)
         counters[key] = counters.get(key, 0) + 1
         log.warning(
             "refused: out of scope", reason=reason, conn_id=s.conn_id, role=s.role, principal=s.principal,

@@ -57,7 +57,7 @@ Rules (docs/OPERATIONS.md §Security and §Test matrix rows 15-22):
   ``localhost``) or one of ``allowed_hosts``; otherwise 403 (:func:`host_refused`).
 * **Pending handshakes**: at most ``max_pending_handshakes`` TCP connections may be between
   accept and the end of their upgrade; a new one past it evicts the oldest
-  (coordinator/io/admission.py). Before that, the kernel holds a new connection until its
+  (coordinator/io/frontdoor/admission.py). Before that, the kernel holds a new connection until its
   first byte for up to ``defer_accept_s`` (``TCP_DEFER_ACCEPT``), so idle sockets mostly never
   reach the coordinator at all. Refusal warnings are rate-limited per peer address: the
   first ``refusal_log_burst`` per ``refusal_log_interval_s``, then one summary line.

@@ -13,7 +13,7 @@ Rules:
 * A ``hello`` that finds less than one token is refused before anything changes:
   ``error(too_many_reconnects)`` naming the flags and ``retry_after_s``, then close ``4429``;
   the driver puts the token, address and the id the upgrade named (``?worker_id=``; token and
-  address alone when it named none) in the penalty box (coordinator/io/gate.py), so the loop's
+  address alone when it named none) in the penalty box (coordinator/io/frontdoor/gate.py), so the loop's
   next upgrades cost an HTTP 429, not a session, and its neighbours' do not. A refused ``hello``
   takes no token.
 * ``rate`` 0 turns the budget off. Memory is bounded: at most ``max_keys`` ids are kept, the

@@ -4,7 +4,7 @@ The core stays sans-I/O (docs/SEMANTICS.md §Durability): it never writes anythi
 input leaves *records* in ``Effects.records``; the server writes them in one batch and only
 then sends the frames of that batch, so a reply that depends on a record (``accepted``, an
 ``ack``, the events a subscriber sees) leaves the coordinator only once the record is
-committed. A store (``coordinator/io/store.py``) applies records; recovery
+committed. A store (``coordinator/io/stores/store.py``) applies records; recovery
 (``coordinator/recovery.py``) turns what a store holds back into plans.
 
 Four kinds of record; a store applies a batch in its order (a forget, then a new creation of

@@ -48,7 +48,7 @@ Theory of operation:
   ``data`` a view into the frame it came in (copied out only when that frame held more than the
   chunk: ``compact``, so a window of chunks is that many bytes, not frames); a chunk that came
   alone in its frame goes out as that frame, unencoded (protocol/chunkview.py,
-  coordinator/io/connection.py).
+  coordinator/io/frontdoor/connection.py).
 * A stream ends with ``data_end`` from either party (passed on to the other), after the last
   chunk of a ``get``, or as above (``relay_closed`` to the parties, which may open it again).
 * A stream is keyed by its plan's key; a client that knows the plan by another id (its owner's

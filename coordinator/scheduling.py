@@ -51,7 +51,7 @@ __all__ = ["PLACEMENT_COUNTERS", "Scheduler", "note_attempt"]
 
 log = structlog.get_logger(__name__)
 
-# Placements are counted per policy under "placements.<policy>" (coordinator/io/metrics.py turns the
+# Placements are counted per policy under "placements.<policy>" (coordinator/io/ops/metrics.py turns the
 # suffix into the ``policy`` label); the policies are in coordinator/placement/policies.py.
 PLACEMENT_COUNTERS = tuple(f"placements.{name}" for name in POLICY_NAMES)
 _PLACEMENT_KEYS = dict(zip(POLICY_NAMES, PLACEMENT_COUNTERS, strict=True))  # policy -> its counter, made once

@@ -3,7 +3,7 @@ to acquire or renew, and when it must stop (docs/CLUSTER.md).
 
 A cluster has a fixed number of shard slots (``ClusterConfig.shards``, fixed when the cluster's
 database is created). Each slot is a lease row in PostgreSQL: owner, epoch, expiry. Only the
-database clock judges expiry (``now()`` in SQL, coordinator/io/pg_leases.py); this module never
+database clock judges expiry (``now()`` in SQL, coordinator/io/cluster/leases.py); this module never
 compares clocks of two hosts. It only keeps its *own* monotonic clock to stop early: the lease
 it renewed at local time ``t`` expires in the database no sooner than ``t + ttl`` (the database
 sets the expiry after it receives the statement), so a coordinator that could not renew by
@@ -17,7 +17,7 @@ never commit, and since frames leave only after their commit it never sends a st
 Phase 1 policy (one core per process): a coordinator serves only when it holds *every* slot;
 one that holds some but not shard 0 gives them back, so two coordinators that start together
 cannot split the slots and both wait forever (the holder of shard 0 wins). The attempt is one
-statement over all slots: acquire the expired ones, renew its own (coordinator/io/pg_leases.py).
+statement over all slots: acquire the expired ones, renew its own (coordinator/io/cluster/leases.py).
 
 The driver calls :meth:`ShardLeases.attempt` when :meth:`ShardLeases.due` says, runs the
 statement, and feeds the rows back to :meth:`ShardLeases.result` (or :meth:`ShardLeases.failed`
@@ -367,7 +367,7 @@ class PartialLeases:
     """The leases of one coordinator that owns *some* slots; each slot is won and lost on its own.
 
     The statement of a round renews every held slot and tries the ones :func:`plan_round` chose
-    (coordinator/io/cluster_host.py). :meth:`result` says which slots were won and which were
+    (coordinator/io/cluster/host.py). :meth:`result` says which slots were won and which were
     lost (their epoch changed, or the answer came too late to prove the lease); :meth:`check`
     loses every held slot when no renewal succeeded in time. A lost slot is fail-stop for that
     slot only: the driver stops its core, the others keep serving.

@@ -7,7 +7,7 @@ The core observes two durations per plan attempt (docs/OPERATIONS.md §Metrics):
 * **run time**: from that ``accept`` to the worker's ``done``, per outcome.
 
 Observing is a bisect and three integer/float additions, paid once per plan transition,
-never per frame; ``coordinator/io/metrics.py`` reads the counts at scrape time. Times are the
+never per frame; ``coordinator/io/ops/metrics.py`` reads the counts at scrape time. Times are the
 core's ``now`` (monotonic seconds), so a fake clock drives them in tests.
 """
 

@@ -11,7 +11,7 @@ A chunk that came alone in its frame and goes on alone needs no encoding at all 
 is byte for byte what encoding the chunk would give: :func:`own_frame` checks it (the bytes
 around ``data`` against the chunk encoded with a one-byte placeholder: a few hundred bytes
 compared, none of the data copied) and gives the frame back, so a writer sends it as is (the
-coordinator's relay: coordinator/io/connection.py). So the receiver reads exactly what the relay
+coordinator's relay: coordinator/io/frontdoor/connection.py). So the receiver reads exactly what the relay
 checked: a frame with other fields, duplicated keys or another integer width is encoded afresh.
 
 No I/O.

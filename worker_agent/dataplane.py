@@ -37,7 +37,7 @@ at start. The kernel holds a new connection until its first byte for about
 costs nothing until then (1,200 of them, each reopened when evicted, more than doubled a
 legitimate upload's p99 on two cores).
 
-Refusals are the coordinator's repeat discipline too (coordinator/io/admission.py ``Repeats``):
+Refusals are the coordinator's repeat discipline too (coordinator/io/frontdoor/admission.py ``Repeats``):
 past ``REPEAT_BURST`` refused requests from one host in ``REPEAT_INTERVAL_S``, each further
 refusal is answered only after ``refusal_hold_s`` (jittered, 0.5 to 1.5 times), its connection's
 reading paused meanwhile (the body stays in the kernel's buffers); at most ``max_held`` are held at

@@ -24,7 +24,7 @@ Theory of operation: the transport reads straight into buffers this protocol han
 * Idle connections (accepted, or between keep-alive requests, waiting for a request head) hold
   a file descriptor and no ticket yet: :class:`IdleBudget` keeps at most ``limit`` of them, a
   new one past it aborting the *oldest* (the coordinator's pending-handshake discipline,
-  coordinator/io/admission.py, which the worker cannot import). A real client sends its head
+  coordinator/io/frontdoor/admission.py, which the worker cannot import). A real client sends its head
   at once, so it is almost never the oldest; an idle socket always becomes it.
 * Before any of that, :func:`defer_accept` has the kernel hold a new connection until its first
   byte (``TCP_DEFER_ACCEPT``, as the coordinator's listeners do): an idle socket is not accepted
@@ -65,7 +65,7 @@ LISTEN_BACKLOG: Final = 4096
 def defer_accept(sockets: Iterable[Any], seconds: float) -> int:
     """Ask the kernel to hold each listening TCP socket's new connections until their first byte.
 
-    The coordinator's discipline (coordinator/io/admission.py, which the worker cannot import):
+    The coordinator's discipline (coordinator/io/frontdoor/admission.py, which the worker cannot import):
     ``TCP_DEFER_ACCEPT`` for about ``seconds`` (rounded up to whole seconds, then by the kernel
     to its SYN-ACK retransmit schedule: 1, 3, 7, 15 s), after which an idle connection is
     accepted after all. Returns the seconds the kernel reports; 0 when off (``seconds`` <= 0),
@@ -428,7 +428,7 @@ class IdleBudget:
 class Repeats:
     """Refusals per peer host in windows of ``interval_s``: which ones are past ``burst`` (and get held).
 
-    The coordinator's ``Repeats`` (coordinator/io/admission.py), which the worker cannot import.
+    The coordinator's ``Repeats`` (coordinator/io/frontdoor/admission.py), which the worker cannot import.
     A client that gets a refusal now and then (an expired ticket, a cancelled plan's upload)
     never gets near the burst; a loop of refused requests from one host passes it within a
     fraction of a second. Keyed by host, not principal: a refused request's ticket may be no

@@ -26,8 +26,8 @@ if _OUT and "fleetwire" in sys.orig_argv and "coordinator" in sys.orig_argv:
     import time
     from typing import Any
 
-    from coordinator.io import commit as _commit
-    from coordinator.io import store as _store
+    from coordinator.io.stores import commit as _commit
+    from coordinator.io.stores import store as _store
 
     _sums: dict[str, dict[str, float]] = {}
     _write = _store.SQLiteStore._write

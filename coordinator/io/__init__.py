@@ -1,8 +1,21 @@
 """The coordinator's I/O layer: everything that touches sockets, files, threads or the clock.
 
-The pure core (``coordinator/`` outside this folder) decides; the modules here drive it: the
-websocket server and its per-connection writers (server, connection), admission before the
-upgrade (gate), the store and its group-commit writer (store, commit), the HTTP routes and the
-dashboard (http, dashboard/), the operator's hook command (hooks) and the Prometheus exposition
-(metrics). tests/unit/test_layers.py keeps the boundary.
+The pure core (``coordinator/`` outside this folder) decides; the packages here drive it, one
+folder per subsystem:
+
+===========  ==========================================================================
+frontdoor/   where peers come in: the server that drives the core (server), each
+             websocket's writer (connection), admission before the upgrade (gate,
+             admission) and the plain-HTTP routes (routes)
+stores/      where plans are kept: the Store interface with memory and SQLite (store),
+             PostgreSQL (postgres), tables (schema), rows read back (rows), damage
+             (integrity), group commit (commit, pg_commit, backlog), maintenance (admin)
+cluster/     cluster mode: the main port and its shards (host), client sessions across
+             shards (sessions) and their reads (views), shard leases (leases), metrics
+ops/         for operators: Prometheus metrics (metrics) and their listener
+             (metrics_http), autoscaler providers (provision), hook commands (hooks)
+dashboard/   the dashboard page's files and their loader (assets)
+===========  ==========================================================================
+
+tests/unit/test_layers.py keeps the boundary.
 """

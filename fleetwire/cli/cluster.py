@@ -64,8 +64,8 @@ def add_cluster_command(sub: Any, parents: list[argparse.ArgumentParser]) -> Non
 
 async def cluster_status(dsn: str) -> dict[str, Any]:
     """The report of the cluster whose database ``dsn`` names (raises ``ValueError`` with one line)."""
-    from coordinator.io.integrity import StoreError
-    from coordinator.io.pg_store import describe_dsn
+    from coordinator.io.stores.integrity import StoreError
+    from coordinator.io.stores.postgres import describe_dsn
 
     try:
         description, where = describe_dsn(dsn)

@@ -247,7 +247,7 @@ async def _workers(ns: argparse.Namespace) -> int:
 
 def _server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], client_tokens: tuple[str, ...]) -> Any:
     from coordinator.core import CoreConfig
-    from coordinator.io.server import ServerSettings
+    from coordinator.io.frontdoor.server import ServerSettings
 
     core = CoreConfig(
         heartbeat_interval_s=ns.heartbeat_interval,
@@ -346,11 +346,11 @@ def _autoscale_range(text: str) -> tuple[int, int]:
 
 
 def _autoscale_provider(ns: argparse.Namespace) -> Any:
-    """The autoscaler's command provider from the flags (coordinator/io/provision.py), or None.
+    """The autoscaler's command provider from the flags (coordinator/io/ops/provision.py), or None.
 
     The local provider is made by `up` itself (:func:`_up`), which knows the worker token and URL.
     """
-    from coordinator.io.provision import CommandProvider
+    from coordinator.io.ops.provision import CommandProvider
 
     if ns.autoscale_provider is None:
         if ns.autoscale_start or ns.autoscale_stop:
@@ -403,7 +403,7 @@ async def _serve_until_signal(server: Any) -> int:
     finally:
         waiter.cancel()
     if server.fatal.done():
-        from coordinator.io.pg_leases import EXIT_SHARD_FENCED, ShardFenced
+        from coordinator.io.cluster.leases import EXIT_SHARD_FENCED, ShardFenced
 
         if isinstance(server.fatal.result(), ShardFenced):  # cluster mode: another coordinator owns the shards now
             print(f"fleetwire: error: shard lease lost (fenced): {server.fatal.result()}", file=sys.stderr, flush=True)
@@ -414,7 +414,7 @@ async def _serve_until_signal(server: Any) -> int:
 
 
 async def _coordinator(ns: argparse.Namespace) -> int:
-    from coordinator.io.server import CoordinatorServer
+    from coordinator.io.frontdoor.server import CoordinatorServer
 
     tune_gc_for_daemon()
     worker_token = ns.worker_token or os.environ.get("FLEETWIRE_WORKER_TOKEN")
@@ -528,7 +528,7 @@ async def _stop_processes(procs: list[asyncio.subprocess.Process], grace_s: floa
 
 
 async def _up(ns: argparse.Namespace) -> int:
-    from coordinator.io.server import CoordinatorServer
+    from coordinator.io.frontdoor.server import CoordinatorServer
 
     tune_gc_for_daemon()
     if ns.workers < 0:
@@ -554,7 +554,7 @@ async def _up(ns: argparse.Namespace) -> int:
         if settings.core.autoscale is not None and settings.autoscale_provider is None and (
             ns.autoscale_provider in (None, "local")
         ):  # `up --autoscale MIN..MAX`: worker processes on this host, started and stopped by the autoscaler
-            from coordinator.io.provision import LocalProvider
+            from coordinator.io.ops.provision import LocalProvider
 
             settings = dataclasses.replace(settings, autoscale_provider=LocalProvider(
                 # --drain-timeout 0: the coordinator's drain (--autoscale-drain-deadline) already ran

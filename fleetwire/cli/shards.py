@@ -1,6 +1,6 @@
 """``fleetwire coordinator`` in cluster mode: a main port plus one core per owned shard.
 
-See coordinator/io/cluster_host.py and docs/CLUSTER.md. Each shard's core listens on a port of
+See coordinator/io/cluster/host.py and docs/CLUSTER.md. Each shard's core listens on a port of
 its own: any free one, or one of ``--shard-ports`` (a range a firewall can open).
 """
 
@@ -37,8 +37,8 @@ async def run_cluster_coordinator(settings: Any, version: str, shard_ports: str 
 
     ``shard_ports``: the ``--shard-ports`` text (None: each shard's core on any free port).
     """
-    from coordinator.io.cluster_host import ClusterHost
-    from coordinator.io.integrity import StoreError
+    from coordinator.io.cluster.host import ClusterHost
+    from coordinator.io.stores.integrity import StoreError
 
     def announce(line: str) -> None:
         print(f"fleetwire coordinator {line}", flush=True)

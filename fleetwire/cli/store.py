@@ -17,13 +17,13 @@ from typing import Any
 
 __all__ = ["EXIT_STORE_DAMAGED", "add_store_command", "add_store_loss_argument", "store_exit_code"]
 
-EXIT_STORE_DAMAGED = 3  # the same as coordinator.io.integrity.EXIT_STORE_DAMAGED (a unit test keeps them equal)
+EXIT_STORE_DAMAGED = 3  # the same as coordinator.io.stores.integrity.EXIT_STORE_DAMAGED (a unit test keeps them equal)
 _EXIT_USAGE = 2
 
 
 def store_exit_code(exc: BaseException) -> int:
     """The exit status for an error that stopped a coordinator's start: 3 for a damaged store, else 2."""
-    from coordinator.io.integrity import StoreDamaged
+    from coordinator.io.stores.integrity import StoreDamaged
 
     return EXIT_STORE_DAMAGED if isinstance(exc, StoreDamaged) else _EXIT_USAGE
 
@@ -61,7 +61,7 @@ def add_store_command(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 
 
 def _path(ns: argparse.Namespace) -> Path:
-    from coordinator.io.store import store_path
+    from coordinator.io.stores.store import store_path
 
     path = store_path(ns.store or "sqlite", ns.data_dir)
     if path is None:
@@ -89,7 +89,7 @@ def _print(report: Any, ns: argparse.Namespace, action: str) -> int:
 
 
 async def _check(ns: argparse.Namespace) -> int:
-    from coordinator.io.store_admin import check_store
+    from coordinator.io.stores.admin import check_store
 
     try:
         return _print(check_store(_path(ns), full=ns.full), ns, "check")
@@ -98,7 +98,7 @@ async def _check(ns: argparse.Namespace) -> int:
 
 
 async def _backup(ns: argparse.Namespace) -> int:
-    from coordinator.io.store_admin import backup_store
+    from coordinator.io.stores.admin import backup_store
 
     try:
         return _print(backup_store(_path(ns), ns.dest), ns, "backup")
@@ -107,7 +107,7 @@ async def _backup(ns: argparse.Namespace) -> int:
 
 
 async def _restore(ns: argparse.Namespace) -> int:
-    from coordinator.io.store_admin import restore_store
+    from coordinator.io.stores.admin import restore_store
 
     try:
         report, aside = restore_store(ns.src, _path(ns))

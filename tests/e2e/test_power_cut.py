@@ -3,7 +3,7 @@
 Real processes; the store file is opened again by the test itself (the checks a restart makes:
 quick_check, checksums, the generation side file), then by a new coordinator. Commits on the
 event loop (an idle writer) and through the writer thread (load) both run before the kill
-(coordinator/io/commit.py).
+(coordinator/io/stores/commit.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.store import DB_FILE, SQLiteStore
 from fleetwire.plan import Plan
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_durability import FAST, WORKER, client

@@ -21,7 +21,7 @@ from typing import IO
 
 import pytest
 
-from coordinator.io.store import DB_FILE
+from coordinator.io.stores.store import DB_FILE
 from fleetwire import Client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire.data import Grant
 from protocol.messages import DataKey
 from protocol.tickets import DIGEST_DEFAULT, FileClaim, TicketClaims, new_hasher_of, sign, worker_key

@@ -12,7 +12,7 @@ import asyncio
 import sys
 from typing import Any
 
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from fleetwire.cli.logs import configure_logging
 from fleetwire.errors import PlanFailed

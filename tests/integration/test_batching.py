@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.io.server import CoordinatorServer, ServerSettings, _encode_shared
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings, _encode_shared
 from fleetwire import Client, InvalidArgument, SyncClient
 from protocol import Codec
 from protocol.messages import Event, FromClient, ToClient

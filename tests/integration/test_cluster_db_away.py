@@ -1,7 +1,7 @@
 """While the PostgreSQL primary is away: 503 + Retry-After for new sessions, ``unavailable`` for submits, no loss.
 
 A real PostgreSQL server of the test's own (tests/pg.py), stopped with ``pg_ctl stop -m immediate``
-and started again on the same port, under an in-process cluster host (coordinator/io/cluster_host.py)
+and started again on the same port, under an in-process cluster host (coordinator/io/cluster/host.py)
 whose lease TTL outlasts the outage, so its shards ride through it.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.pg_store import PgStore
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.frontdoor.server import ServerSettings
+from coordinator.io.stores.postgres import PgStore
 from coordinator.shards import ClusterConfig
 from fleetwire import Client
 from fleetwire.errors import FleetwireConnectionError

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.shards import ClusterConfig
 from fleetwire import Client
 from tests.pg import PostgresServer, missing_reason, postgres_server

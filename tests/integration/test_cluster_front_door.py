@@ -1,6 +1,6 @@
-"""A cluster's main port admits as a single coordinator's port does (issue 24 part 6; coordinator/io/gate.py).
+"""A cluster's main port admits as a single coordinator's port does (issue 24 part 6; coordinator/io/frontdoor/gate.py).
 
-An in-process cluster host (coordinator/io/cluster_host.py) on a real PostgreSQL (tests/pg.py;
+An in-process cluster host (coordinator/io/cluster/host.py) on a real PostgreSQL (tests/pg.py;
 skipped without one), and raw HTTP and websocket clients on its main port over loopback.
 """
 
@@ -16,9 +16,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.gate import REPEAT_BURST
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.frontdoor.gate import REPEAT_BURST
+from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.limits import Limits
 from coordinator.shards import ClusterConfig
 from protocol import errors as codes

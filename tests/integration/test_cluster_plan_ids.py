@@ -1,5 +1,5 @@
 """Cluster mode: plan ids are scoped per principal through a main port's view sessions (issue #24 part 6;
-coordinator/io/cluster_views.py, cluster_sessions.py).
+coordinator/io/cluster/views.py, sessions.py).
 
 An in-process cluster host serving two shards on a real PostgreSQL (tests/pg.py; skipped without one), a
 token file with client principals and an admin, and SDK clients: the same id in two shards (alice's ``job`` on
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from coordinator.auth import hash_token
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.frontdoor.server import ServerSettings
 from fleetwire import Client
 from fleetwire.errors import PlanNotFound
 from protocol.messages import ListPlans, Plans

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import urllib.request
 
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.pg_leases import ACQUIRE
-from coordinator.io.pg_store import PgStore
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.cluster.leases import ACQUIRE
+from coordinator.io.frontdoor.server import ServerSettings
+from coordinator.io.stores.postgres import PgStore
 from coordinator.records import PlanCreated, PlanStatus
 from coordinator.shards import ClusterConfig, pool_shard
 from fleetwire.cli.cluster import cluster_status, render

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.shards import ClusterConfig
 from fleetwire import Client
 

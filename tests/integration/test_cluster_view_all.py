@@ -1,6 +1,6 @@
 """``subscribe`` with ``all`` on a cluster's main port: every new plan of every shard, read through the doorbell.
 
-An in-process cluster host (coordinator/io/cluster_host.py) serving two shards on a real
+An in-process cluster host (coordinator/io/cluster/host.py) serving two shards on a real
 PostgreSQL (tests/pg.py; skipped without one), a raw JSON view session (as the dashboard's) on its
 main port, and an SDK client submitting to the shards' cores.
 """
@@ -15,9 +15,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.cluster_sessions import Doorbell, open_connection
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.cluster.sessions import Doorbell, open_connection
+from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.shards import ClusterConfig, pool_shard
 from fleetwire import Client
 from tests.integration.test_cluster_doorbell import listen_to_commits

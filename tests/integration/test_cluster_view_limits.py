@@ -1,6 +1,6 @@
 """View sessions on a cluster's main port are charged as a core's client sessions (coordinator/limits.py).
 
-An in-process cluster host (coordinator/io/cluster_host.py) on a real PostgreSQL (tests/pg.py;
+An in-process cluster host (coordinator/io/cluster/host.py) on a real PostgreSQL (tests/pg.py;
 skipped without one), with small limits, and a raw websocket client on its main port.
 """
 
@@ -15,11 +15,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.cluster_sessions import COUNTS_TTL_S
-from coordinator.io.pg_leases import ACQUIRE
-from coordinator.io.pg_store import PgStore
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.cluster.leases import ACQUIRE
+from coordinator.io.cluster.sessions import COUNTS_TTL_S
+from coordinator.io.frontdoor.server import ServerSettings
+from coordinator.io.stores.postgres import PgStore
 from coordinator.limits import Limits
 from coordinator.records import PlanCreated
 from coordinator.shards import ClusterConfig

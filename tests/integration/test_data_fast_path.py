@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.server import CoordinatorServer
+from coordinator.io.frontdoor.server import CoordinatorServer
 from fleetwire import Client
 from fleetwire.data import PARALLEL_HASH_BYTES, DirectTransport, prepare_inputs
 from protocol.messages import Load

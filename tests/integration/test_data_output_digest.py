@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.server import CoordinatorServer
+from coordinator.io.frontdoor.server import CoordinatorServer
 from fleetwire import Client
 from fleetwire.data import OutputMismatch
 from fleetwire.plan import Plan

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import fleetwire.plan
-from coordinator.io.server import CoordinatorServer
+from coordinator.io.frontdoor.server import CoordinatorServer
 from fleetwire import Client
 from fleetwire.data import Grant
 from tests.integration.data_helpers import CLIENT_TOKEN, coordinator_and_data_worker

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.io.server import CoordinatorServer
+from coordinator.io.frontdoor.server import CoordinatorServer
 from fleetwire import Client, PlanFailed
 from protocol.messages import DataKey
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key

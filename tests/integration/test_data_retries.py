@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from fleetwire.data import DirectTransport, Grant, OutputCheck, fetch_to, prepare_inputs
 from protocol.messages import DataKey

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
-from coordinator.io.store import MemoryStore
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+from coordinator.io.stores.store import MemoryStore
 from fleetwire import Client
 from worker_agent import Agent, Context
 

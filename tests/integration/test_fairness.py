@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.limits import Limits
 from fleetwire import Client
 from protocol import errors

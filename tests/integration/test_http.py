@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.io.metrics import METRIC_NAMES
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+from coordinator.io.ops.metrics import METRIC_NAMES
 from fleetwire import Client, RequestError
 from worker_agent import Agent
 

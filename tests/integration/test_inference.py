@@ -181,7 +181,7 @@ async def test_metrics_failure_keeps_the_last_load(server: Any) -> None:
 async def test_worker_fronting_an_engine_reports_its_load_models_energy_and_carbon(server: Any) -> None:
     """A real agent with --inference-url: op generate runs through the coordinator, and its heartbeats
     carry the engine's running requests, its model, the configured µJ/token and the zone's intensity."""
-    from coordinator.io.server import CoordinatorServer, ServerSettings
+    from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
     from fleetwire import Client
     from worker_agent import Agent
     from worker_agent.carbon import CarbonIntensity

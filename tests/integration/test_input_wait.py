@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client, PlanFailed
 from protocol.messages import InputSpec
 from tests.integration.test_data_plane import NeverUploads

@@ -1,4 +1,4 @@
-"""``--metrics-listen`` is capped as the main port (issue 24 part 5; coordinator/io/metrics_http.py), over loopback.
+"""``--metrics-listen`` is capped as the main port (issue 24 part 5; coordinator/io/ops/metrics_http.py), over loopback.
 
 It shares the process's file descriptors with the main port: idle sockets there must cycle out
 (a connection budget, oldest first), wait in the kernel (TCP_DEFER_ACCEPT), and a loop of
@@ -12,8 +12,8 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
-from coordinator.io.gate import REPEAT_BURST
-from coordinator.io.metrics_http import MAX_CONNECTIONS
+from coordinator.io.frontdoor.gate import REPEAT_BURST
+from coordinator.io.ops.metrics_http import MAX_CONNECTIONS
 from coordinator.limits import Limits
 from fleetwire import Client
 from tests.integration.test_fairness import http, idle_sockets, insecure, needs_defer_accept, reset  # noqa: F401

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from fleetwire.connection import resolve_url
 from fleetwire.errors import FleetwireConnectionError

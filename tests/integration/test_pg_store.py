@@ -11,10 +11,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.io.commit import GroupCommitter
-from coordinator.io.pg_commit import PipelinedCommitter
-from coordinator.io.pg_leases import ACQUIRE, ShardFenced
-from coordinator.io.pg_store import (
+from coordinator.io.cluster.leases import ACQUIRE, ShardFenced
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.pg_commit import PipelinedCommitter
+from coordinator.io.stores.postgres import (
     INDEXES,
     SCHEMA_VERSION,
     SERVER_SETTINGS,
@@ -23,8 +24,7 @@ from coordinator.io.pg_store import (
     commit_statement,
     ensure_indexes,
 )
-from coordinator.io.server import CoordinatorServer, ServerSettings
-from coordinator.io.store import StoreError, open_store
+from coordinator.io.stores.store import StoreError, open_store
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus
 from coordinator.shards import ClusterConfig
 from fleetwire import Client

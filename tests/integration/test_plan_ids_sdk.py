@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from coordinator.auth import hash_token
-from coordinator.io.server import CoordinatorServer
+from coordinator.io.frontdoor.server import CoordinatorServer
 from fleetwire import Client
 from tests.integration.data_helpers import coordinator_and_data_worker
 

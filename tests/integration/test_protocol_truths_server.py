@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Frame, Opcode
 
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, Codec
 from protocol.messages import ListWorkers, ToClient, Workers
 

@@ -1,4 +1,4 @@
-"""The provisioner (coordinator/io/provision.py) on a fake clock: backoff, real commands and real processes."""
+"""The provisioner (coordinator/io/ops/provision.py) on a fake clock: backoff, real commands and real processes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import uvloop
 
 from coordinator.autoscaler import Backoff, PoolNeeds
-from coordinator.io.provision import CommandProvider, LocalProvider, ProviderError, Provisioner
+from coordinator.io.ops.provision import CommandProvider, LocalProvider, ProviderError, Provisioner
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(30)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from worker_agent import Agent
 from worker_agent.telemetry import Telemetry

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client, PlanFailed, SyncClient
 from worker_agent import Agent
 from worker_agent.carbon import CarbonIntensity

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import InvalidStatus
 
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.limits import Limits
 from protocol import errors
 from protocol.messages import Capabilities, Error, Hello, Welcome

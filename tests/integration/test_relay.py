@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trustme
 
-from coordinator.io.server import CoordinatorServer
+from coordinator.io.frontdoor.server import CoordinatorServer
 from fleetwire import Client, FleetwireConnectionError
 from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_inputs
 from protocol import errors

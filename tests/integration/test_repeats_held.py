@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from coordinator.io.gate import REPEAT_BURST
+from coordinator.io.frontdoor.gate import REPEAT_BURST
 from coordinator.limits import Limits
 from tests.integration.test_fairness import scraped
 from tests.integration.test_security import Start, start  # noqa: F401

@@ -18,8 +18,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
-from coordinator.io.store import DB_FILE, SQLiteStore
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+from coordinator.io.stores.store import DB_FILE, SQLiteStore
 from coordinator.limits import Limits
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
 from fleetwire import Client

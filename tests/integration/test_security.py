@@ -31,7 +31,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from coordinator.audit import snapshot
 from coordinator.auth import hash_token
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.limits import Limits
 from fleetwire import Client
 from fleetwire.errors import FleetwireConnectionError
@@ -285,7 +285,7 @@ async def test_oversize_frame_closes_1009_that_connection_only(start: Start) -> 
     server_end = server_side(srv, alice)
     with capture_logs() as logs:
         # The coordinator stops reading at the frame header and closes, so the send itself may
-        # fail with the 1009 (coordinator/io/connection.py); either way the close code is 1009.
+        # fail with the 1009 (coordinator/io/frontdoor/connection.py); either way the close code is 1009.
         with contextlib.suppress(ConnectionClosed):
             await alice.ws.send(b"\x00" * (10 << 20))
         assert await closed_with(alice) == errors.CLOSE_TOO_BIG

@@ -12,7 +12,7 @@ from websockets.exceptions import InvalidStatus
 
 from coordinator.core import CoreConfig
 from coordinator.errors import UnknownWorker
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, Codec
 from protocol.messages import (
     Accept,

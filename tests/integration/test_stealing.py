@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from coordinator.core import CoreConfig
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.placement.placer import PlacementConfig
 from fleetwire import Client
 from worker_agent import Agent, Context

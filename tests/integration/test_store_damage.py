@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.store import DB_FILE
+from coordinator.io.stores.store import DB_FILE
 from fleetwire.sync import SyncClient
 
 ROOT = Path(__file__).resolve().parents[2]

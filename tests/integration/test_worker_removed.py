@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from coordinator.io.server import CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from worker_agent import Agent
 from worker_agent.main import add_worker_arguments, run_worker

@@ -20,7 +20,7 @@ from coordinator.autoscaler import (
     pool_signals,
     unfit_idle,
 )
-from coordinator.io.hooks import HookRunner
+from coordinator.io.ops.hooks import HookRunner
 from protocol.messages import Capabilities, Event, Hello, Requirements, Submit, Subscribe
 
 

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.io.metrics import build_registry, render
+from coordinator.io.ops.metrics import build_registry, render
 from protocol.codec import Codec
 from protocol.messages import Capabilities, FromWorker, Heartbeat, Hello, Load, Welcome
 from tests.unit.test_core import Harness

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.io.cluster_views import MAX_LIMIT, ViewError, parse_query
+from coordinator.io.cluster.views import MAX_LIMIT, ViewError, parse_query
 
 
 def test_query_takes_an_id_states_and_a_limit() -> None:

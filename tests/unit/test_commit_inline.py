@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.commit import INLINE_MAX_BYTES, INLINE_MAX_RECORDS, GroupCommitter
-from coordinator.io.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.commit import INLINE_MAX_BYTES, INLINE_MAX_RECORDS, GroupCommitter
+from coordinator.io.stores.store import DB_FILE, SQLiteStore
 from coordinator.records import PlanCreated
 from protocol.messages import Submit
 

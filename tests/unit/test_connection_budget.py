@@ -1,10 +1,10 @@
-"""The connection budget every listener keeps (coordinator/io/admission.py ``ConnectionBudget``), without sockets."""
+"""Every listener's connection budget (coordinator/io/frontdoor/admission.py ``ConnectionBudget``), without sockets."""
 
 from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from coordinator.io.admission import ConnectionBudget, RefusalLog
+from coordinator.io.frontdoor.admission import ConnectionBudget, RefusalLog
 
 
 class _Transport:

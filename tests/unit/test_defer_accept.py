@@ -1,4 +1,4 @@
-"""TCP_DEFER_ACCEPT on the listening sockets (coordinator/io/admission.py, issue 17 finding 6), on real sockets."""
+"""TCP_DEFER_ACCEPT on listening sockets (coordinator/io/frontdoor/admission.py, issue 17 finding 6), real ones."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from coordinator.io.admission import defer_accept
+from coordinator.io.frontdoor.admission import defer_accept
 from coordinator.limits import Limits
 
 needs_defer_accept = pytest.mark.skipif(not hasattr(socket, "TCP_DEFER_ACCEPT"), reason="TCP_DEFER_ACCEPT is Linux's")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.cluster_metrics import CLUSTER_METRIC_NAMES
-from coordinator.io.metrics import METRIC_NAMES
+from coordinator.io.cluster.metrics import CLUSTER_METRIC_NAMES
+from coordinator.io.ops.metrics import METRIC_NAMES
 from fleetwire.cli.reference import BEGIN, END, generate, splice
 from tests import docgen
 
@@ -111,7 +111,7 @@ def test_no_reference_to_a_document_outside_the_repository() -> None:
     assert missing_references(ROOT) == []
 
 
-# A repository path in prose: coordinator/io/store.py, tests/unit/test_docs.py, bench/fleets/x.toml.
+# A repository path in prose: coordinator/io/stores/store.py, tests/unit/test_docs.py, bench/fleets/x.toml.
 FILE_REFERENCE = re.compile(
     r"(?<![\w/.-])((?:coordinator|fleetwire|protocol|wireio|worker_agent|tests|bench|examples)/[\w/.-]*\.(?:py|toml|js|html|css))\b"
 )

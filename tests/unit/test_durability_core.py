@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from coordinator import Coordinator, CoreConfig
-from coordinator.io.store import MemoryStore
+from coordinator.io.stores.store import MemoryStore
 from coordinator.records import PlanCreated, PlanStatus
 from protocol import errors
 from protocol.messages import (

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from coordinator.io.admission import PendingHandshakes, RefusalLog, pending_budget
-from coordinator.io.metrics_http import ExpositionCache, metrics_token_refused, parse_listen
+from coordinator.io.frontdoor.admission import PendingHandshakes, RefusalLog, pending_budget
+from coordinator.io.ops.metrics_http import ExpositionCache, metrics_token_refused, parse_listen
 from coordinator.limits import host_refused
 from protocol import caps, errors
 from protocol.messages import (

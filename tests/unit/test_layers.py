@@ -256,7 +256,9 @@ def test_layout_has_io_and_placement_folders(repo: dict[str, Module]) -> None:
     folder and misleads a reader of ``import queue`` next to it. The folder ``coordinator/io/`` is a
     package, which nobody imports as ``io``, so only modules (files) are checked.
     """
-    assert {"coordinator.io.server", "coordinator.io.store", "coordinator.placement.placer"} <= repo.keys()
+    assert {
+        "coordinator.io.frontdoor.server", "coordinator.io.stores.store", "coordinator.placement.placer",
+    } <= repo.keys()
     shadowing = [
         name for name, module in repo.items()
         if not module.is_package and name.rsplit(".", 1)[-1] in sys.stdlib_module_names
@@ -284,7 +286,7 @@ def test_planted_io_import_is_caught(tmp_path: Path) -> None:
     """A core module importing time, or coordinator.io, is reported; the same import under io/ is not."""
     modules = _plant(tmp_path, {
         "coordinator/io/__init__.py": "",
-        "coordinator/io/server.py": "import asyncio\nimport time\n",
+        "coordinator/io/frontdoor/server.py": "import asyncio\nimport time\n",
         "coordinator/core.py": "import time\nfrom coordinator.io import server\n",
     })
     assert io_violations(modules) == [
@@ -309,7 +311,7 @@ def test_planted_sdk_import_of_the_coordinator_is_caught(tmp_path: Path) -> None
     """An SDK module importing the coordinator is reported; the CLI entry point may."""
     modules = _plant(tmp_path, {
         "fleetwire/client.py": "def f():\n    from coordinator.core import Coordinator\n",
-        "fleetwire/cli/main.py": "from coordinator.io.server import serve\nimport worker_agent.main\n",
+        "fleetwire/cli/main.py": "from coordinator.io.frontdoor.server import serve\nimport worker_agent.main\n",
     })
     assert sdk_violations(modules) == ["fleetwire.client:2: imports coordinator.core"]
 

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.audit import snapshot
-from coordinator.io.metrics import METRIC_NAMES, build_registry, render
+from coordinator.io.ops.metrics import METRIC_NAMES, build_registry, render
 from coordinator.stats import FrameCounters, Histogram
 from protocol import errors
 from protocol.messages import (

@@ -7,7 +7,7 @@ import configparser
 import re
 from pathlib import Path
 
-from coordinator.io.pg_leases import EXIT_SHARD_FENCED
+from coordinator.io.cluster.leases import EXIT_SHARD_FENCED
 from fleetwire.cli.console import EXIT_FAILED, EXIT_USAGE
 from fleetwire.cli.store import EXIT_STORE_DAMAGED
 from worker_agent.session import EXIT_REMOVED

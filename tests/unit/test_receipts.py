@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.io.metrics import CoordinatorCollector
-from coordinator.io.store import MemoryStore
+from coordinator.io.ops.metrics import CoordinatorCollector
+from coordinator.io.stores.store import MemoryStore
 from coordinator.receipts import Footprint, settle
 from coordinator.records import PlanStatus
 from fleetwire.cli.console import duration_s, footprint, receipt_line

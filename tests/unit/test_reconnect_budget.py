@@ -170,7 +170,7 @@ def test_rate_zero_turns_the_budget_off() -> None:
 def test_the_flags_reach_the_core_and_bad_values_are_refused() -> None:
     """--worker-reconnect-burst/-rate set CoreConfig; a burst below 1 or a negative rate is refused naming the flag."""
     from coordinator.core import CoreConfig
-    from coordinator.io.server import ServerSettings
+    from coordinator.io.frontdoor.server import ServerSettings
     from fleetwire.cli.main import _server_settings, build_parser
 
     parser = build_parser()

@@ -159,7 +159,7 @@ def test_a_disconnect_without_a_time_waits_for_the_heartbeat_timeout() -> None:
 def test_the_flag_reaches_the_core_and_a_negative_grace_is_refused() -> None:
     """--worker-reconnect-grace-s sets CoreConfig (default 5 s); a negative value is refused naming the flag."""
     from coordinator.core import CoreConfig
-    from coordinator.io.server import ServerSettings
+    from coordinator.io.frontdoor.server import ServerSettings
     from fleetwire.cli.main import _server_settings, build_parser
 
     parser = build_parser()

@@ -1,6 +1,6 @@
 """A worker names its id in the upgrade request (issue 17: the reconnect budget must not hold its neighbours).
 
-``?worker_id=`` (protocol/urls.py) keys the reconnect-budget penalty box by id (coordinator/io/gate.py),
+``?worker_id=`` (protocol/urls.py) keys the reconnect-budget penalty box by id (coordinator/io/frontdoor/gate.py),
 so a session that named an id must say the same id in ``hello``; these are the pure parts. Over
 loopback sockets with real agents: tests/integration/test_reconnect_key.py.
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.io.metrics import build_registry, render
+from coordinator.io.ops.metrics import build_registry, render
 from protocol.messages import DataChunk, DataCredit, DataOpen
 from protocol.relay import MAX_CHUNK_BYTES
 from tests.unit.test_core import Harness

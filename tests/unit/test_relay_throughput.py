@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.connection import MAX_OUT_FRAME_BYTES, Session
+from coordinator.io.frontdoor.connection import MAX_OUT_FRAME_BYTES, Session
 from fleetwire.data import Grant, InputSource
 from fleetwire.relay import RelayTransport
 from fleetwire.session import ClientSession

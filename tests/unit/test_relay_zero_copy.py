@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.io.connection import Session
+from coordinator.io.frontdoor.connection import Session
 from fleetwire.data import Grant
 from fleetwire.relay import RelayTransport
 from fleetwire.session import ClientSession

@@ -1,8 +1,8 @@
-"""Repeated 401s and /metrics scrapes from one address (issue 17 findings 9, 10; coordinator/io/admission.py)."""
+"""Repeated 401s and /metrics scrapes from one address (issue 17 #9, #10; coordinator/io/frontdoor/admission.py)."""
 
 from __future__ import annotations
 
-from coordinator.io.admission import Repeats
+from coordinator.io.frontdoor.admission import Repeats
 
 
 class Clock:

@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from coordinator.core import Coordinator, CoreConfig
-from coordinator.io.server import ServerSettings
-from coordinator.io.store import DB_FILE, MemoryStore, SQLiteStore
+from coordinator.io.frontdoor.server import ServerSettings
+from coordinator.io.stores.store import DB_FILE, MemoryStore, SQLiteStore
 from coordinator.plans import PLAN_OVERHEAD_BYTES, event_bytes
 from coordinator.records import PlanForgotten, PlanStatus
 from coordinator.retention import DEFAULT_RETENTION_BYTES

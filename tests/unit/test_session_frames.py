@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.io.connection import MAX_OUT_FRAME_BYTES, Session
+from coordinator.io.frontdoor.connection import MAX_OUT_FRAME_BYTES, Session
 from protocol import Codec
 from protocol.messages import Event, ToClient
 

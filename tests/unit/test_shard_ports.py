@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from coordinator.io.cluster_host import ClusterHost
-from coordinator.io.server import ServerSettings
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.shards import ClusterConfig
 from fleetwire.cli.shards import parse_shard_ports
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.io import store as store_module
-from coordinator.io.commit import GroupCommitter
-from coordinator.io.store import DB_FILE, MemoryStore, SQLiteStore, StoreError, open_store
+from coordinator.io.stores import store as store_module
+from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.store import DB_FILE, MemoryStore, SQLiteStore, StoreError, open_store
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
 from protocol.messages import Done, ErrorInfo, Event, Submit, Subscribe
 from tests.unit.test_durability_core import Durable, running_plan

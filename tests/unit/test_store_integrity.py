@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.io.commit import GroupCommitter
-from coordinator.io.integrity import EXIT_STORE_DAMAGED, StoreDamaged, StoreError
-from coordinator.io.store import DB_FILE, SQLiteStore
-from coordinator.io.store_admin import backup_store, check_store, restore_store
+from coordinator.io.stores.admin import backup_store, check_store, restore_store
+from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.integrity import EXIT_STORE_DAMAGED, StoreDamaged, StoreError
+from coordinator.io.stores.store import DB_FILE, SQLiteStore
 from coordinator.records import PlanCreated, PlanStatus, Record
 from fleetwire.cli import store as cli_store
 from fleetwire.cli.main import build_parser

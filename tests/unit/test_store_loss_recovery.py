@@ -12,7 +12,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from coordinator.io.store import MemoryStore
+from coordinator.io.stores.store import MemoryStore
 from fleetwire.session import ClientSession
 from fleetwire.stream import PlanStream
 from protocol import Codec

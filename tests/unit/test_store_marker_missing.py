@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.integrity import StoreDamaged, marker_problem
-from coordinator.io.store import DB_FILE, SQLiteStore
-from coordinator.io.store_admin import check_store
+from coordinator.io.stores.admin import check_store
+from coordinator.io.stores.integrity import StoreDamaged, marker_problem
+from coordinator.io.stores.store import DB_FILE, SQLiteStore
 from tests.unit.test_store_integrity import _crash_copy, fill
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io import integrity
-from coordinator.io.integrity import GenerationMarker
-from coordinator.io.store import DB_FILE, SQLiteStore
+from coordinator.io.stores import integrity
+from coordinator.io.stores.integrity import GenerationMarker
+from coordinator.io.stores.store import DB_FILE, SQLiteStore
 from coordinator.records import PlanCreated
 from protocol.messages import Submit
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.integrity import StoreDamaged
-from coordinator.io.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.integrity import StoreDamaged
+from coordinator.io.stores.store import DB_FILE, SQLiteStore
 from coordinator.records import PlanForgotten, PlanStatus
 from tests.unit.test_store_integrity import created, event, fill, flip, lifecycle
 

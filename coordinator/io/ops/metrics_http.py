@@ -1,6 +1,6 @@
 """What ``/metrics`` costs and who may read it: a cached exposition, an optional token, a separate bind.
 
-A scrape walks every worker and plan (coordinator/io/metrics.py): O(workers) on the event loop
+A scrape walks every worker and plan (coordinator/io/ops/metrics.py): O(workers) on the event loop
 every session shares. Six scrape loops against 1,501 workers took a full core and raised other
 peers' p50 from 2 ms to 208 ms. So (docs/OPERATIONS.md §Metrics):
 
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from coordinator.io.admission import LISTEN_BACKLOG, ConnectionBudget, defer_accept
+from coordinator.io.frontdoor.admission import LISTEN_BACKLOG, ConnectionBudget, defer_accept
 
 if TYPE_CHECKING:
-    from coordinator.io.gate import Gatekeeper
+    from coordinator.io.frontdoor.gate import Gatekeeper
 
 __all__ = ["MAX_CONNECTIONS", "ExpositionCache", "MetricsListener", "metrics_token_refused", "parse_listen"]
 
@@ -94,8 +94,8 @@ class MetricsListener:
     """A plain HTTP listener for ``/metrics`` and ``/healthz`` only (``--metrics-listen``), capped as the main port.
 
     It shares the process's file descriptors with the main port, so it gets the main port's
-    admission (coordinator/io/admission.py, issue 24 part 5): ``TCP_DEFER_ACCEPT`` (idle sockets
-    wait in the kernel), a :class:`~coordinator.io.admission.ConnectionBudget` of
+    admission (coordinator/io/frontdoor/admission.py, issue 24 part 5): ``TCP_DEFER_ACCEPT`` (idle sockets
+    wait in the kernel), a :class:`~coordinator.io.frontdoor.admission.ConnectionBudget` of
     ``max_connections`` open at once (past it the oldest is aborted: a scrape takes
     milliseconds, an idle socket becomes the oldest), a deadline for the request head from
     accept (``--handshake-timeout``) and again for the answer to be read, and the gate's
@@ -121,7 +121,7 @@ class MetricsListener:
         self.budget = ConnectionBudget(max_connections, gate.refusal_log, "metrics-listener connection budget")
         self.deadline_s = gate.limits.handshake_timeout_s
         self.idle_dropped = 0  # connections aborted at the deadline (no request head, or the answer not read)
-        self.defer_accept_s = 0  # TCP_DEFER_ACCEPT seconds in force (admission.py defer_accept)
+        self.defer_accept_s = 0  # TCP_DEFER_ACCEPT seconds in force (frontdoor/admission.py defer_accept)
         self._server: asyncio.Server | None = None
         self.port = 0
 

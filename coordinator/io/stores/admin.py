@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.io.integrity import (
+from coordinator.io.stores.integrity import (
     StoreError,
     marker_problem,
     quick_check,
@@ -30,8 +30,8 @@ from coordinator.io.integrity import (
     sidecar_paths,
     write_generation,
 )
-from coordinator.io.store_rows import SELECT_EVENTS, SELECT_PLANS, decode_plans
-from coordinator.io.store_schema import SCHEMA_VERSION
+from coordinator.io.stores.rows import SELECT_EVENTS, SELECT_PLANS, decode_plans
+from coordinator.io.stores.schema import SCHEMA_VERSION
 
 __all__ = ["CheckReport", "backup_store", "check_store", "restore_store"]
 
@@ -126,7 +126,7 @@ def _check(db: sqlite3.Connection, report: CheckReport, *, full: bool, marker: b
     if marker:
         report.acknowledged = _read_marker(path)
         problem = marker_problem(report.generation, report.acknowledged, path.name + ".generation")
-        if problem is not None:  # the coordinator refuses to start on it alike (coordinator/io/store.py)
+        if problem is not None:  # the coordinator refuses to start on it alike (coordinator/io/stores/store.py)
             report.problems.append(problem)
         elif report.acknowledged is None:
             report.notes.append("no generation side file: nothing to compare the database with")

@@ -46,7 +46,7 @@ for plans and workers of every shard whoever owns them:
   else is moved to the owner of shard 0 (the default pool).
 
 **Plan ids** are scoped per principal, as in a core (docs/SEMANTICS.md §Client session): a client's look-ups
-by id find only its own plans, by the id it submitted (cluster_views.py ``plan_shard``, ``plans_by_id``), and
+by id find only its own plans, by the id it submitted (views.py ``plan_shard``, ``plans_by_id``), and
 name them by it in every frame (:func:`catch_up`); another principal's plan of that id answers as an unused id
 (:meth:`_Session.not_found`). An admin's find plans by key and see each one's owner and name.
 
@@ -81,7 +81,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
 
 from coordinator.auth import Principal
-from coordinator.io.cluster_views import (
+from coordinator.io.cluster.views import (
     Watched,
     count_matching,
     count_plans,
@@ -96,7 +96,7 @@ from coordinator.io.cluster_views import (
     want_workers,
     workers_summary,
 )
-from coordinator.io.pg_store import SERVER_SETTINGS
+from coordinator.io.stores.postgres import SERVER_SETTINGS
 from coordinator.limits import CostBuckets, Limits, TokenBucket
 from coordinator.operator_requests import MAX_FILTER_CHARS, PAGE_BYTES, page_start
 from coordinator.plans import Plan
@@ -184,7 +184,7 @@ class Doorbell:
     coordinator (:meth:`wait_on`) or on any other: a coordinator whose watchers wait marks the
     doorbell wanted in ``fleetwire_views`` (key ``doorbell``, for :data:`WANTED_S`, renewed while
     they wait: :meth:`keep_wanted`), and each owner reads that mark every lease round
-    (cluster_views.py :data:`WANTED` of ``doorbell``, into :attr:`wanted`). So a cluster nobody watches sends no
+    (views.py :data:`WANTED` of ``doorbell``, into :attr:`wanted`). So a cluster nobody watches sends no
     ``NOTIFY`` at all (each is a transaction and a wake-up of a PostgreSQL backend per group
     commit). Until the owners' next round has seen a new mark (:attr:`warm_s`), watchers read
     every :data:`WARM_POLL_S` instead of relying on rings (:meth:`poll_s`).
@@ -402,7 +402,7 @@ class ViewSessions:
             if self._pool is None:
                 import asyncpg  # type: ignore[import-untyped]
 
-                # Planned for their parameters, as the lease connection (pg_store.py SERVER_SETTINGS):
+                # Planned for their parameters, as the lease connection (stores/postgres.py SERVER_SETTINGS):
                 # a generic plan made while the plans table was small would scan it whole later.
                 self._pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=2, timeout=10,
                                                        command_timeout=30, server_settings=SERVER_SETTINGS)  # fmt: skip

@@ -41,18 +41,18 @@ from websockets.typing import Subprotocol
 
 from coordinator.auth import TokenFileError, TokenStore, inline_tokens
 from coordinator.core import Coordinator, CoreConfig, Effects
-from coordinator.io import routes as http_routes
-from coordinator.io.commit import GroupCommitter
-from coordinator.io.connection import Session, close_or_abort
-from coordinator.io.gate import Gatekeeper, peer_identity, server_tls_context, subprotocol_refused
-from coordinator.io.hooks import HookRunner
-from coordinator.io.integrity import report_accepted_losses
-from coordinator.io.metrics import CONTENT_TYPE, build_registry, render
-from coordinator.io.metrics_http import ExpositionCache, MetricsListener, parse_listen
-from coordinator.io.pg_commit import PipelinedCommitter
-from coordinator.io.pg_leases import LeaseKeeper, ShardFenced
-from coordinator.io.provision import Provider, Provisioner
-from coordinator.io.store import Store, open_store
+from coordinator.io.cluster.leases import LeaseKeeper, ShardFenced
+from coordinator.io.frontdoor import routes as http_routes
+from coordinator.io.frontdoor.connection import Session, close_or_abort
+from coordinator.io.frontdoor.gate import Gatekeeper, peer_identity, server_tls_context, subprotocol_refused
+from coordinator.io.ops.hooks import HookRunner
+from coordinator.io.ops.metrics import CONTENT_TYPE, build_registry, render
+from coordinator.io.ops.metrics_http import ExpositionCache, MetricsListener, parse_listen
+from coordinator.io.ops.provision import Provider, Provisioner
+from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.integrity import report_accepted_losses
+from coordinator.io.stores.pg_commit import PipelinedCommitter
+from coordinator.io.stores.store import Store, open_store
 from coordinator.limits import CostBuckets, Limits
 from coordinator.records import StoredPlan
 from coordinator.shards import ClusterConfig
@@ -118,10 +118,10 @@ class ServerSettings:
     core: CoreConfig = field(default_factory=CoreConfig)
     reaper_interval_s: float | None = None
     max_frame_bytes: int = 1 << 20
-    store: str = "memory"  # coordinator/io/store.py: "memory", "sqlite" (in data_dir) or "sqlite:PATH"
-    data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.io.store.default_data_dir()
+    store: str = "memory"  # coordinator/io/stores/store.py: "memory", "sqlite" (in data_dir) or "sqlite:PATH"
+    data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.io.stores.store.default_data_dir()
     cluster: ClusterConfig = ClusterConfig()  # noqa: RUF009 - frozen; cluster mode (a postgresql:// store) only
-    accept_store_loss: bool = False  # a damaged store starts from what is readable (coordinator/io/integrity.py)
+    accept_store_loss: bool = False  # a damaged store starts from what is readable (coordinator/io/stores/integrity.py)
     ping_workers: bool = False
     admin_tokens: tuple[str, ...] = ()
     token_file: str | None = None
@@ -130,8 +130,8 @@ class ServerSettings:
     tls_client_ca: str | None = None
     limits: Limits = Limits()  # noqa: RUF009 - frozen, so one shared default is safe
     autoscale_hook: str | None = None
-    autoscale_provider: Provider | None = None  # starts and stops workers (coordinator/io/provision.py)
-    metrics_cache_s: float = 2.0  # /metrics is rebuilt at most this often (coordinator/io/metrics_http.py)
+    autoscale_provider: Provider | None = None  # starts and stops workers (coordinator/io/ops/provision.py)
+    metrics_cache_s: float = 2.0  # /metrics is rebuilt at most this often (coordinator/io/ops/metrics_http.py)
     metrics_token: str | None = None  # /metrics needs this bearer token when set
     metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
 
@@ -226,7 +226,7 @@ class CoordinatorServer:
         self.store: Store = store if store is not None else open_store(
             settings.store, settings.data_dir, accept_loss=settings.accept_store_loss, cluster=settings.cluster
         )
-        # Cluster mode (a store with shard leases, coordinator/io/pg_leases.py): serves only while
+        # Cluster mode (a store with shard leases, coordinator/io/cluster/leases.py): serves only while
         # it holds the shards; a standby listens, answers /readyz 503, and takes over later.
         self.cluster: LeaseKeeper | None = None
         self._takeover: asyncio.Task[None] | None = None
@@ -238,7 +238,7 @@ class CoordinatorServer:
         # A store whose database can go away for a while (PostgreSQL failover) says why (PgStore.away): new
         # submits are then answered ``unavailable`` (retryable) and new handshakes 503 + Retry-After.
         self._away: Callable[[], str | None] | None = getattr(self.store, "away", None)
-        # A store may bring its own committer (PostgreSQL: commits on this loop, coordinator/io/pg_commit.py).
+        # A store may bring its own committer (PostgreSQL: commits on this loop, coordinator/io/stores/pg_commit.py).
         make_committer = getattr(self.store, "make_committer", None)
         backlog = settings.limits.max_commit_backlog_bytes
         self._committer: GroupCommitter[Effects] | PipelinedCommitter[Effects] = (
@@ -252,7 +252,7 @@ class CoordinatorServer:
             new_secret=lambda: secrets.token_urlsafe(24),  # welcome.session_secret: proof of a worker id
         )
         self._hook = HookRunner(settings.autoscale_hook) if settings.autoscale_hook else None
-        self.provisioner: Provisioner | None = None  # acts on autoscaler decisions (coordinator/io/provision.py)
+        self.provisioner: Provisioner | None = None  # acts on autoscaler decisions (coordinator/io/ops/provision.py)
         if settings.autoscale_provider is not None and settings.core.autoscale is not None:
             self.provisioner = Provisioner(
                 settings.autoscale_provider, registry=self.core.registry, plans=self.core.plans,
@@ -295,7 +295,7 @@ class CoordinatorServer:
         self.handshake_waits = asyncio.Event()  # set whenever one starts waiting (tests wait on it)
         self._stopping = False
         self.port: int = settings.port
-        # /metrics reads these at scrape time (coordinator/io/metrics.py); see coordinator/io/routes.py.
+        # /metrics reads these at scrape time (coordinator/io/ops/metrics.py); see coordinator/io/frontdoor/routes.py.
         self.frames = FrameCounters()
         self.refusals: dict[str, int] = {}  # by answer: HTTP status before the upgrade, close code after
         self.unavailable_answers = 0  # submits answered ``unavailable`` while the store was away
@@ -303,10 +303,10 @@ class CoordinatorServer:
             self.core, frames=self.frames, sessions=self._session_counts, refusals=self.refusals, version=version,
             gate=self._gate, provision=self.provisioner.status if self.provisioner is not None else None,
         )
-        # A scrape walks every worker and plan: rebuilt at most every metrics_cache_s (metrics_http.py).
+        # A scrape walks every worker and plan: rebuilt at most every metrics_cache_s (ops/metrics_http.py).
         self.metrics_cache = ExpositionCache(lambda: render(self.metrics_registry), settings.metrics_cache_s)
         self._metrics_listener: MetricsListener | None = None
-        # Cluster mode, one core per shard (coordinator/io/cluster_host.py): called with each
+        # Cluster mode, one core per shard (coordinator/io/cluster/host.py): called with each
         # session's role and message; a ``Moved`` answer ends the session with it and 4307.
         self.redirect: Callable[[Role, Any], Moved | None] | None = None
 
@@ -401,7 +401,7 @@ class CoordinatorServer:
     async def _listen(self) -> None:
         limits = self.settings.limits
         self._gate.fit_fd_limit(limits.max_connections)
-        if self.settings.metrics_listen is not None:  # capped as the main port (metrics_http.py)
+        if self.settings.metrics_listen is not None:  # capped as the main port (ops/metrics_http.py)
             self._metrics_listener = MetricsListener(self.metrics_exposition, self.settings.metrics_token, self._gate)
             await self._metrics_listener.start(*parse_listen(self.settings.metrics_listen))
         # The gate's front door (gate.py serve): the pending-handshake budget, the handshake timeout,
@@ -450,7 +450,7 @@ class CoordinatorServer:
             await self.provisioner.close()
         self.store.close()
 
-    # ------------------------------------------------------------------ HTTP (coordinator/io/routes.py)
+    # ------------------------------------------------------------------ HTTP (coordinator/io/frontdoor/routes.py)
 
     def readiness_problem(self) -> str | None:
         """None when ``/readyz`` should answer 200, else why not."""
@@ -749,7 +749,7 @@ class CoordinatorServer:
             if session is not None and not session.killed:
                 # Already at the cap before this batch: the peer is not reading. Bytes are the
                 # writer's encoded frames not yet sent and the socket's buffer, measured, plus the
-                # messages not yet encoded, estimated (coordinator/io/connection.py ``out_bytes``).
+                # messages not yet encoded, estimated (coordinator/io/frontdoor/connection.py ``out_bytes``).
                 backlog = len(session.pending)
                 if backlog >= cap or (
                     (backlog >= 64 or session.unsent > cap_bytes >> 2) and session.out_bytes() >= cap_bytes

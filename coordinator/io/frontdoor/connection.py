@@ -1,6 +1,6 @@
 """The coordinator's per-connection pieces: its websocket connection class and a session's writer.
 
-``Session`` is one open websocket as coordinator/io/server.py drives it: its outgoing queue and
+``Session`` is one open websocket as coordinator/io/frontdoor/server.py drives it: its outgoing queue and
 the writer task that sends what is pending as coalesced frames.
 
 ``FailFastConnection`` stops reading a peer that sent an oversize frame.
@@ -36,7 +36,7 @@ from protocol import errors as codes
 from protocol.chunkview import DataChunkView, own_frame
 from wireio.wsbulk import BulkReceive, send_frame
 
-log = structlog.get_logger("coordinator.io.server")
+log = structlog.get_logger("coordinator.io.frontdoor.server")
 
 # Coalesced frames stay under websockets' default 1 MiB receive limit of our peers.
 MAX_OUT_FRAME_BYTES = 512 * 1024

@@ -1,9 +1,9 @@
 """Cluster mode's metrics: shard leases, fenced commits, failovers and takeover time (docs/CLUSTER.md).
 
-A cluster coordinator (coordinator/io/cluster_host.py) keeps a :class:`ClusterStats` of plain
+A cluster coordinator (coordinator/io/cluster/host.py) keeps a :class:`ClusterStats` of plain
 integers and a :class:`~coordinator.stats.Histogram`, updated where leases are won and shards
 start or stop, never per message. Its main port's ``/metrics`` renders them with
-:func:`render`, read at scrape time like coordinator/io/metrics.py does for one core (each
+:func:`render`, read at scrape time like coordinator/io/ops/metrics.py does for one core (each
 shard's core keeps its own ``/metrics`` on its own port).
 
 Families (docs/OPERATIONS.md §Metrics; :data:`CLUSTER_METRIC_NAMES`):

@@ -45,7 +45,7 @@ is checked on the loop after a commit, before that commit's payloads are release
 every :data:`FILE_CHECK_INTERVAL_S`. Two ``os.stat`` after every commit cost +0.15 ms p50 per
 round trip in bench/latency.py (each hands the GIL over); once every 10 ms costs nothing
 measurable. A commit acknowledged in that window is not silent either: the store's generation
-file is then ahead of what a restart finds, and the restart refuses (coordinator/io/integrity.py).
+file is then ahead of what a restart finds, and the restart refuses (coordinator/io/stores/integrity.py).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ from typing import TypeVar
 
 import structlog
 
-from coordinator.io.backlog import Backlog
-from coordinator.io.store import Store
+from coordinator.io.stores.backlog import Backlog
+from coordinator.io.stores.store import Store
 from coordinator.records import Record
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 A store applies batches of records (``coordinator/records.py``) and gives every plan back on
 start. It is the only part of the coordinator that touches a disk; the core never calls it
-(the server does, through ``coordinator/io/commit.py``, off the event loop).
+(the server does, through ``coordinator/io/stores/commit.py``, off the event loop).
 
 * :class:`SQLiteStore` (the default, ``--store sqlite`` or ``sqlite:PATH``): one SQLite file in
   WAL mode with ``synchronous=FULL``, so a committed batch survives a power cut, not only a
@@ -10,7 +10,7 @@ start. It is the only part of the coordinator that touches a disk; the core neve
   the number of records in it: the committer groups every batch queued while the previous
   transaction was being written (group commit), so durability costs one fsync per group, not
   one per message. A lock file next to the database keeps a second coordinator off it.
-* ``PgStore`` (``--store postgresql://USER@HOST:PORT/DB``, coordinator/io/pg_store.py): cluster
+* ``PgStore`` (``--store postgresql://USER@HOST:PORT/DB``, coordinator/io/stores/postgres.py): cluster
   mode; the same records, formats and group commit in PostgreSQL, fenced by shard leases.
 * :class:`MemoryStore` (``--store memory``): records kept in this process only. A restart of
   the process loses everything; a new ``CoordinatorServer`` given the same ``MemoryStore``
@@ -19,7 +19,7 @@ start. It is the only part of the coordinator that touches a disk; the core neve
 Another backend implements the three methods of :class:`Store` and sets ``blocking``.
 
 Tables (``PRAGMA user_version`` = 4; a version 1 to 3 file is migrated on open; the
-definitions and migrations are in ``coordinator/io/store_schema.py``)::
+definitions and migrations are in ``coordinator/io/stores/schema.py``)::
 
     plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents,
           spec_crc, status_crc, events_crc)                              -- rowid: submit order
@@ -42,7 +42,7 @@ row and its events rows in the same transaction as the rest of its group. SQLite
 freed pages: the file stops growing once as many plans are forgotten as are finished, but it
 does not shrink (``VACUUM`` it offline, or ``fleetwire store backup`` writes a compact copy).
 
-Integrity (``coordinator/io/integrity.py``): every blob has a CRC-32 checked on load (the
+Integrity (``coordinator/io/stores/integrity.py``): every blob has a CRC-32 checked on load (the
 inline events' one runs on: the writer keeps each open plan's last value in memory, ~100
 bytes a plan); ``quick_check`` at open; ``store_meta.generation`` counts committed groups and
 the side file ``<db>.generation`` repeats it after each commit; the committer stats the
@@ -67,7 +67,7 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
-from coordinator.io.integrity import (
+from coordinator.io.stores.integrity import (
     FileWatch,
     GenerationMarker,
     StoreDamaged,
@@ -78,7 +78,7 @@ from coordinator.io.integrity import (
     readable_rows,
     set_aside,
 )
-from coordinator.io.store_rows import (
+from coordinator.io.stores.rows import (
     SELECT_EVENTS,
     SELECT_PLANS,
     StoredEvent,
@@ -90,7 +90,7 @@ from coordinator.io.store_rows import (
     not_storable,
     run_by_seq,
 )
-from coordinator.io.store_schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
+from coordinator.io.stores.schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
 from coordinator.shards import ClusterConfig
 from protocol.messages import TERMINAL_STATES, Event
@@ -109,7 +109,7 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 DB_FILE = "coordinator.sqlite3"
-POSTGRES_PREFIX = "postgresql://"  # --store postgresql://USER@HOST:PORT/DB: cluster mode (coordinator/io/pg_store.py)
+POSTGRES_PREFIX = "postgresql://"  # --store postgresql://USER@HOST:PORT/DB: cluster mode (postgres.py)
 crc = zlib.crc32
 
 class Store(Protocol):
@@ -179,7 +179,7 @@ def open_store(
     Args:
         spec: ``memory``, ``sqlite`` (the file ``coordinator.sqlite3`` in ``data_dir``),
             ``sqlite:PATH``, or ``postgresql://USER@HOST:PORT/DB`` (cluster mode,
-            coordinator/io/pg_store.py).
+            coordinator/io/stores/postgres.py).
         data_dir: where ``sqlite`` keeps its file; default :func:`default_data_dir`.
         accept_loss: a damaged store starts from what is readable (``--accept-store-loss``).
         cluster: cluster mode's settings (a ``postgresql://`` store only).
@@ -189,7 +189,7 @@ def open_store(
         StoreDamaged: the database is damaged (and ``accept_loss`` is off).
     """
     if spec.startswith(POSTGRES_PREFIX):
-        from coordinator.io.pg_store import PgStore
+        from coordinator.io.stores.postgres import PgStore
 
         return PgStore(spec, cluster, accept_loss=accept_loss)
     path = store_path(spec, data_dir)
@@ -306,7 +306,7 @@ class SQLiteStore:
             (damaged plans are dropped, an unreadable file is set aside and rebuilt from its
             readable rows) and lists what it lost in :attr:`losses`.
         marker_sync_s: the longest time between two fdatasyncs of the generation side file
-            (:class:`~coordinator.io.integrity.GenerationMarker`; 0: after every commit).
+            (:class:`~coordinator.io.stores.integrity.GenerationMarker`; 0: after every commit).
 
     Attributes:
         losses: one line per loss accepted at open or load (``accept_loss`` only).
@@ -527,7 +527,7 @@ class SQLiteStore:
     def try_write(self, records: Sequence[Record]) -> bool:
         """:meth:`write` without waiting for the database: False (nothing written) while another connection holds it.
 
-        The committer's commit on the event loop (coordinator/io/commit.py): the loop must not
+        The committer's commit on the event loop (coordinator/io/stores/commit.py): the loop must not
         wait up to sqlite3's busy timeout (5 s) for, e.g., a checkpoint by ``fleetwire store
         backup``; the writer thread, which may wait, gets the group instead.
         """

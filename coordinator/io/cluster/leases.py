@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from coordinator.io.integrity import StoreError
+from coordinator.io.stores.integrity import StoreError
 from coordinator.shards import ClusterConfig, LeaseState, Outcome, ShardLeases
 
 __all__ = ["ACQUIRE", "EXIT_SHARD_FENCED", "FENCE", "RELEASE", "LeaseKeeper", "LeaseStore", "ShardFenced"]
@@ -81,7 +81,7 @@ class LeaseKeeper:
     """Acquires, renews and releases this coordinator's shard leases.
 
     Args:
-        store: a PostgreSQL store (coordinator/io/pg_store.py).
+        store: a PostgreSQL store (coordinator/io/stores/postgres.py).
         config: the cluster settings.
         owner: this process run's unique id (host, pid, random).
         url: where this coordinator serves (kept in the lease row for phase 2's topology).

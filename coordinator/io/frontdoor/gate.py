@@ -4,8 +4,8 @@ Who may connect (tokens, roles, the token file) is decided by the pure coordinat
 this module applies it to websocket handshakes before the upgrade (docs/PROTOCOL.md §1).
 
 Every websocket listener of a coordinator process is one :class:`Gatekeeper`'s front door, with
-the same code: a single coordinator's port (coordinator/io/server.py) and a cluster's main port
-(coordinator/io/cluster_host.py) each listen through :meth:`Gatekeeper.serve` (the pending
+the same code: a single coordinator's port (coordinator/io/frontdoor/server.py) and a cluster's main port
+(coordinator/io/cluster/host.py) each listen through :meth:`Gatekeeper.serve` (the pending
 budget, the handshake timeout, ``TCP_DEFER_ACCEPT``) and decide each upgrade with
 :meth:`Gatekeeper.upgrade` (Origin, limits, token, penalty box; refusals held when repeated).
 """
@@ -29,7 +29,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from coordinator.auth import Principal, TokenStore
-from coordinator.io.admission import (
+from coordinator.io.frontdoor.admission import (
     LISTEN_BACKLOG,
     PendingHandshakes,
     RefusalLog,
@@ -38,7 +38,7 @@ from coordinator.io.admission import (
     pending_budget,
     raise_fd_limit,
 )
-from coordinator.io.connection import FailFastConnection
+from coordinator.io.frontdoor.connection import FailFastConnection
 from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, host_refused, origin_refused
 from protocol import caps
 from protocol.urls import WORKER_ID_PARAM, named_worker_id
@@ -51,13 +51,13 @@ __all__ = [
 log = structlog.get_logger("coordinator.auth")
 
 #: Failed authentications (401) or /metrics scrapes per peer address and window answered at once;
-#: past it each further one is held ``--penalty-hold`` (coordinator/io/admission.py ``Repeats``).
+#: past it each further one is held ``--penalty-hold`` (coordinator/io/frontdoor/admission.py ``Repeats``).
 REPEAT_BURST: Final = 100
 REPEAT_INTERVAL_S: Final = 10.0
 
 
 class Peer(Protocol):
-    """A connection the gate counts repeats of: a websocket connection, or a plain HTTP one (metrics_http.py)."""
+    """A connection the gate counts repeats of: a websocket connection, or a plain HTTP one (ops/metrics_http.py)."""
 
     @property
     def remote_address(self) -> Any: ...
@@ -176,7 +176,7 @@ class Gatekeeper:
     reconnect loop does not turn into a log flood; /metrics counts every one.
 
     Before the handshake, :attr:`pending` bounds the connections still in it
-    (coordinator/io/admission.py); :meth:`fit_fd_limit` sizes it at start.
+    (coordinator/io/frontdoor/admission.py); :meth:`fit_fd_limit` sizes it at start.
 
     The penalty box is keyed by principal name *and* peer IP address (IP only with
     ``--insecure``): a worker token is often shared by a whole fleet, and one host that
@@ -438,7 +438,7 @@ class Gatekeeper:
             ping_interval=limits.ping_interval_s,
             ping_timeout=limits.ping_timeout_s,
             close_timeout=limits.close_timeout_s,
-            # A 1009 stops reading that peer at once (coordinator/io/connection.py).
+            # A 1009 stops reading that peer at once (coordinator/io/frontdoor/connection.py).
             create_connection=self.pending.connection_class(FailFastConnection),
             backlog=LISTEN_BACKLOG,  # room for the connections TCP_DEFER_ACCEPT holds back
             **options,

@@ -1,6 +1,6 @@
 """The PostgreSQL store's group committer: commits on the server's own event loop, pipelined.
 
-Theory of operation. The same contract as :class:`~coordinator.io.commit.GroupCommitter`
+Theory of operation. The same contract as :class:`~coordinator.io.stores.commit.GroupCommitter`
 (``submit``, ``after``, ``drained``, ``close``): each batch of records comes with a *payload*
 (the frames and closes of one core step), and payloads are released strictly in submit order
 once their batch (and every earlier one) has committed. Frames therefore leave only after the
@@ -11,7 +11,7 @@ disk write: the coordinator waits on a socket, it does not burn a thread. So one
 server's loop (``fleetwire-pg-commit``) drives the store's writer connection (asyncpg) itself:
 
 * **No thread hop.** ``submit`` appends to the group being gathered and wakes the task; the
-  task builds the group's one statement (coordinator/io/pg_store.py: the fence and every row,
+  task builds the group's one statement (coordinator/io/stores/postgres.py: the fence and every row,
   one round trip) and awaits it on this loop. No hand-over to a writer thread and back (a
   thread wake-up, the GIL passed twice, the loop woken from outside).
 * **Pipelined.** While one group's transaction is in flight, the batches submitted meanwhile
@@ -20,8 +20,8 @@ server's loop (``fleetwire-pg-commit``) drives the store's writer connection (as
   each sees the rows of the one before. Under load the group grows to what one round trip
   carries; an idle core's lone request pays one round trip and nothing else.
 * **Fencing unchanged.** Every group commit checks its shards' epochs in the same statement
-  (:data:`~coordinator.io.pg_leases.FENCE`); a fenced group changes no row and fails with
-  :class:`~coordinator.io.pg_leases.ShardFenced`.
+  (:data:`~coordinator.io.cluster.leases.FENCE`); a fenced group changes no row and fails with
+  :class:`~coordinator.io.cluster.leases.ShardFenced`.
 
 A failed commit is fatal to the core (``on_failure``), as with SQLite: nothing of the failed
 group, or after it, is released. A connection lost while no group is in flight (the database
@@ -42,7 +42,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from coordinator.io.backlog import Backlog
+from coordinator.io.stores.backlog import Backlog
 from coordinator.records import Record
 
 __all__ = ["RECONNECT_CAP_S", "RECONNECT_FIRST_S", "AsyncStore", "PipelinedCommitter"]
@@ -73,7 +73,7 @@ class PipelinedCommitter(Backlog[T]):
     """Commits record batches through ``store`` on the running loop, one group in flight at a time.
 
     Args:
-        store: a store with :class:`AsyncStore`'s methods (coordinator/io/pg_store.py).
+        store: a store with :class:`AsyncStore`'s methods (coordinator/io/stores/postgres.py).
         release: called on the loop with each payload once its batch (and every earlier one) committed.
         on_failure: called on the loop, once, when a commit fails.
         max_backlog_bytes: :attr:`over` past this many bytes waiting for a commit (0: no bound).

@@ -1,5 +1,5 @@
 """The operator's commands, run detached: the autoscaler's hook (docs/ROUTING.md §Autoscaler) and the
-command provider's start and stop commands (coordinator/io/provision.py).
+command provider's start and stop commands (coordinator/io/ops/provision.py).
 
 The core decides (coordinator/autoscaler.py) and hands its decisions to the server in
 ``Effects.decisions``; the server gives each one to :class:`HookRunner`, which runs the

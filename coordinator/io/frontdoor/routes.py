@@ -9,21 +9,20 @@ websockets hands every request to ``process_request`` before the upgrade; the se
 ``/readyz``           200 ``ready`` when the listener accepts and the store (if any) is
                       loaded and open; else 503 with the reason (``loading the store``
                       while a restart reads it: the port opens before the load).
-``/metrics``          Prometheus text format (coordinator/io/metrics.py); 503 while the
+``/metrics``          Prometheus text format (coordinator/io/ops/metrics.py); 503 while the
                       store loads.
 ``/``                 the dashboard page; its files are under ``/dashboard/``.
 ====================  ===========================================================
 
 These paths carry no plan data, so they need no token; the dashboard's data comes over its
 own websocket session, which does (docs/PROTOCOL.md §1, the bearer subprotocol). Files are
-read once, at import, from ``coordinator/io/dashboard/``: nothing is loaded from elsewhere, and a
-request can never name a file outside that fixed set.
+read once, at import, from ``coordinator/io/dashboard/`` (coordinator/io/dashboard/assets.py):
+nothing is loaded from elsewhere, and a request can never name a file outside that fixed set.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -31,43 +30,18 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from coordinator.io.metrics_http import metrics_token_refused
+from coordinator.io.dashboard.assets import STATIC
+from coordinator.io.ops.metrics_http import metrics_token_refused
 
-__all__ = ["DASHBOARD_FILES", "WEBSOCKET_PATHS", "loading", "respond"]
+__all__ = ["WEBSOCKET_PATHS", "loading", "respond"]
 
 WEBSOCKET_PATHS: Final = frozenset({"/v1/worker", "/v1/client"})
 
-_DASHBOARD_DIR: Final = Path(__file__).with_name("dashboard")
-_TYPES: Final = {
-    ".html": "text/html; charset=utf-8",
-    ".js": "text/javascript; charset=utf-8",
-    ".css": "text/css; charset=utf-8",
-}
-#: URL path -> file in coordinator/io/dashboard/.
-DASHBOARD_FILES: Final = {
-    "/": "index.html",
-    "/index.html": "index.html",
-    "/dashboard/app.js": "app.js",
-    "/dashboard/charts.js": "charts.js",
-    "/dashboard/style.css": "style.css",
-}
 # The page runs only its own script and style, and talks only to this host's websocket.
 _CSP: Final = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-
-
-def _load_static() -> dict[str, tuple[bytes, str]]:
-    files: dict[str, tuple[bytes, str]] = {}
-    for path, name in DASHBOARD_FILES.items():
-        file = _DASHBOARD_DIR / name
-        if file.is_file():  # a wheel built without the dashboard still serves the rest
-            files[path] = (file.read_bytes(), _TYPES[file.suffix])
-    return files
-
-
-_STATIC: Final = _load_static()
 
 
 def _response(status: int, body: bytes, content_type: str, **extra: str) -> Response:
@@ -133,7 +107,7 @@ def respond(
             return loading(ready() or "loading the store")
         body, content_type = exposition
         return _response(200, body, content_type)
-    static = _STATIC.get(path)
+    static = STATIC.get(path)
     if static is not None:
         body, content_type = static
         return _response(200, body, content_type, Content_Security_Policy=_CSP, X_Frame_Options="DENY")

@@ -136,7 +136,7 @@ class CoordinatorCollector:
             penalty box: ``penalties`` (cool-offs by close code) and ``penalty.boxed(now)``.
         clock: monotonic seconds, the clock the core is driven with.
         version: the coordinator's version, exposed in ``fleetwire_info``.
-        provision: the autoscaler provider's status (coordinator/io/provision.py ``ProviderStatus``),
+        provision: the autoscaler provider's status (coordinator/io/ops/provision.py ``ProviderStatus``),
             read duck-typed: ``provider``, ``failures``, ``workers`` (by state); None without one.
     """
 

@@ -13,7 +13,7 @@ on them with a :class:`Provider`:
   environment, and for a start what the pool's workers need: ``FLEETWIRE_NEEDS`` (JSON),
   ``FLEETWIRE_TAGS``, ``FLEETWIRE_ACCELERATOR``, ``FLEETWIRE_MODEL``, ``FLEETWIRE_GPUS`` (a systemd
   template, a cloud CLI; docs/OPERATIONS.md §Autoscaling). The commands run detached
-  (coordinator/io/hooks.py ``run_detached``): a start command that leaves the worker running in
+  (coordinator/io/ops/hooks.py ``run_detached``): a start command that leaves the worker running in
   the background succeeds when it exits 0.
 
 Rules:
@@ -50,7 +50,7 @@ from typing import Any, Protocol
 import structlog
 
 from coordinator.autoscaler import Backoff, PoolNeeds, drained_out
-from coordinator.io.hooks import run_detached
+from coordinator.io.ops.hooks import run_detached
 
 __all__ = ["CommandProvider", "LocalProvider", "Provider", "ProviderError", "ProviderStatus", "Provisioner"]
 
@@ -82,7 +82,7 @@ class Provider(Protocol):
 
 @dataclass
 class ProviderStatus:
-    """What ``/metrics`` shows of the provisioner (coordinator/io/metrics.py reads it duck-typed)."""
+    """What ``/metrics`` shows of the provisioner (coordinator/io/ops/metrics.py reads it duck-typed)."""
 
     provider: str
     failures: int = 0

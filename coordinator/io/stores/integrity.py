@@ -2,7 +2,7 @@
 
 Damage is never served silently (docs/OPERATIONS.md §Store integrity, backup and restore):
 
-* every stored blob carries a checksum (``coordinator/io/store_schema.py``), verified on load;
+* every stored blob carries a checksum (``coordinator/io/stores/schema.py``), verified on load;
 * ``PRAGMA quick_check`` runs at every open;
 * :class:`GenerationMarker`: the number of committed groups, kept in the database *and* in a
   side file written after each commit. A database found behind its side file lost commits
@@ -13,7 +13,7 @@ Damage is never served silently (docs/OPERATIONS.md §Store integrity, backup an
   and finished ones queued again. The side file is made durable (with its directory entry)
   when it is created, so a power cut cannot leave it missing next to a database with commits;
 * :class:`FileWatch`: the committer stats the ``-wal`` and ``-shm`` files after a commit (at
-  most every 10 ms, coordinator/io/commit.py); one deleted or replaced under a running
+  most every 10 ms, coordinator/io/stores/commit.py); one deleted or replaced under a running
   coordinator stops it (what it would acknowledge next could be lost at the next restart);
 * :func:`readable_rows`: what can still be read from a damaged file, row by row, for
   ``--accept-store-loss``.
@@ -76,7 +76,7 @@ class StoreUnreachable(StoreError):
     """The store's database cannot be reached now (refused, no answer, a login it cannot make yet).
 
     Not a configuration error that a restart cannot mend: a cluster coordinator that meets it at
-    start waits for the database and retries (coordinator/io/cluster_host.py) rather than exit.
+    start waits for the database and retries (coordinator/io/cluster/host.py) rather than exit.
     """
 
 

@@ -1,7 +1,7 @@
 """Cross-shard views of a cluster: plans read from PostgreSQL by any coordinator (docs/CLUSTER.md).
 
 A shard's core answers ``get_plan``/``plans`` for its own shard only. A coordinator's main port
-(coordinator/io/cluster_host.py) answers, for every shard, from the committed rows:
+(coordinator/io/cluster/host.py) answers, for every shard, from the committed rows:
 
 * ``GET /v1/plans?id=ID``: ``{"plans": [PlanInfo]}``, the ``get_plan`` view (result included) of the plans
   whose key is ``ID`` (an admin's view: docs/SEMANTICS.md §Plan ids); 404 when no shard holds that id;
@@ -10,7 +10,7 @@ A shard's core answers ``get_plan``/``plans`` for its own shard only. A coordina
   in blocks per coordinator, so that is roughly, not strictly, newest first); ``limit`` at most
   1000 (default 200).
 
-The same reads serve a client session on the main port (coordinator/io/cluster_sessions.py), where
+The same reads serve a client session on the main port (coordinator/io/cluster/sessions.py), where
 a client token sees its own plans only (``owner``). Workers are read from
 ``fleetwire_shard_workers``: each shard's core's registry, written by its owner once per lease
 renewal (:data:`PUT_WORKERS`) **while somebody looks**: a ``list_workers`` on any main port marks
@@ -19,7 +19,7 @@ the registries wanted for :data:`WANTED_S` (:func:`want_workers`; owners check w
 2.5 MB and 60 ms of CPU per write). Rows of a shard whose lease moved on are ignored.
 
 ``GET /v1/plans``: the admin token only (``Authorization: Bearer``; every owner's plans are shown). Rows are decoded
-with the shared decoders and checksums (coordinator/io/store_rows.py ``decode_plans``,
+with the shared decoders and checksums (coordinator/io/stores/rows.py ``decode_plans``,
 coordinator/recovery.py ``plan_from_store``); a damaged row is left out and counted in
 ``damaged``. What is read is what is committed: a core's view may be one group commit ahead.
 """
@@ -31,7 +31,7 @@ from typing import Any, Final, get_args
 
 import msgspec
 
-from coordinator.io.store_rows import decode_plans
+from coordinator.io.stores.rows import decode_plans
 from coordinator.plans import Plan
 from coordinator.recovery import plan_from_store
 from protocol.messages import PlanStateName, WorkerInfo
@@ -48,7 +48,7 @@ MAX_LIMIT: Final = 1000
 PLAN_STATES: Final = get_args(PlanStateName)
 _COLUMNS = "key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc"
 # A plan by id: an admin's look-up by key (``id``), a client's by the id it submitted among its own plans (its
-# ``name`` where the row has one, else its ``id``: coordinator/io/pg_store.py; docs/SEMANTICS.md §Plan ids).
+# ``name`` where the row has one, else its ``id``: coordinator/io/stores/postgres.py; docs/SEMANTICS.md §Plan ids).
 _BY_ID = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE id = $1 ORDER BY key"
 _OWN = "owner = $2 AND (name = $1 OR (id = $1 AND name IS NULL))"
 _BY_NAME = f"SELECT {_COLUMNS} FROM fleetwire_plans WHERE {_OWN} ORDER BY key"
@@ -74,7 +74,7 @@ _EVENTS_SINCE = """SELECT e.plan, e.seq, e.body, e.crc FROM fleetwire_events e
 JOIN unnest($1::bigint[], $2::int[]) AS w(plan, since) ON e.plan = w.plan AND e.seq >= w.since
 ORDER BY e.plan, e.seq"""
 # The tables fleetwire_shard_workers and fleetwire_views and the id index (fleetwire_plans_by_id, the
-# look-up by id of get_plan, cancel and subscribe) are of the versioned schema (coordinator/io/pg_store.py).
+# look-up by id of get_plan, cancel and subscribe) are of the versioned schema (coordinator/io/stores/postgres.py).
 WANTED_S: Final = 30.0  # a list_workers keeps the registries written for this long
 PUT_WORKERS: Final = """
 INSERT INTO fleetwire_shard_workers (shard, owner, epoch, workers, written_at)
@@ -83,7 +83,7 @@ ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch
     written_at = excluded.written_at
 """
 # Whether a view wants something of the owners (``key``: 'workers', the registries; 'doorbell', the
-# commits' NOTIFY in coordinator/io/cluster_sessions.py): the owners' check every lease round ...
+# commits' NOTIFY in coordinator/io/cluster/sessions.py): the owners' check every lease round ...
 WANTED: Final = "SELECT coalesce((SELECT wanted_until > now() FROM fleetwire_views WHERE key = $1), false)"
 # ... and a view's mark for $2 s. The answer: whether it was wanted already, and the database's now().
 _WANT = """

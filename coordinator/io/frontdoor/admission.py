@@ -1,9 +1,9 @@
 """Admission before the handshake: the pending-handshake budget, the fd limit, rate-limited refusal logs.
 
-What the gatekeeper (coordinator/io/gate.py) needs that is about sockets and clocks rather than
+What the gatekeeper (coordinator/io/frontdoor/gate.py) needs that is about sockets and clocks rather than
 tokens (docs/OPERATIONS.md §Security). Every listener of the process applies it: the main port,
-``--metrics-listen`` (coordinator/io/metrics_http.py) and a cluster's main port
-(coordinator/io/cluster_host.py), since they share the process's file descriptors: 1,100 idle
+``--metrics-listen`` (coordinator/io/ops/metrics_http.py) and a cluster's main port
+(coordinator/io/cluster/host.py), since they share the process's file descriptors: 1,100 idle
 sockets at ``--metrics-listen`` alone used to make the main port's connects fail (issue 24).
 
 * **Pending handshakes.** A TCP connection that has not finished its websocket upgrade costs a
@@ -63,7 +63,7 @@ from typing import Any, cast
 import structlog
 from websockets.asyncio.server import ServerConnection
 
-from coordinator.io.connection import FailFastConnection
+from coordinator.io.frontdoor.connection import FailFastConnection
 
 __all__ = ["LISTEN_BACKLOG", "ConnectionBudget", "PendingHandshakes", "RefusalLog", "Repeats", "defer_accept",
            "pending_budget", "raise_fd_limit"]

@@ -4,7 +4,7 @@ order once durable, and the backpressure of the bytes of frames behind them.
 The server's readers await :meth:`Backlog.drained` after a frame that left :attr:`Backlog.over`
 true, so a peer streaming faster than the disk is held back by TCP instead of growing the
 coordinator (docs/OPERATIONS.md, ``--max-commit-backlog-bytes``). Both committers keep one:
-coordinator/io/commit.py (SQLite, memory) and coordinator/io/pg_commit.py (PostgreSQL).
+coordinator/io/stores/commit.py (SQLite, memory) and coordinator/io/stores/pg_commit.py (PostgreSQL).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ T = TypeVar("T")
 class Backlog(Generic[T]):
     """Batches waiting for their commit: their payloads, released in order once durable, and their bytes.
 
-    Shared by the committers (coordinator/io/commit.py, coordinator/io/pg_commit.py): :meth:`queued`
+    Shared by the committers (coordinator/io/stores/commit.py, coordinator/io/stores/pg_commit.py): :meth:`queued`
     when a batch is submitted, :meth:`after` for a payload that needs no records, :meth:`committed`
     when every batch up to a ticket is durable, :meth:`fail` when the store failed (nothing more
     is released, readers waiting in :meth:`drained` return: the core stops).

@@ -3,7 +3,7 @@
 Theory of operation (docs/CLUSTER.md §Shards and pools):
 
 * **One core per shard.** Every shard this process owns is served by its own
-  :class:`~coordinator.io.server.CoordinatorServer` (its own ``Coordinator`` core, group
+  :class:`~coordinator.io.frontdoor.server.CoordinatorServer` (its own ``Coordinator`` core, group
   committer, reaper and PostgreSQL store connection fenced with that shard's epoch), listening
   on its own port of the same host. The core is per-shard state (queue, workers of that pool,
   plans), so taking a shard over is exactly a restart of that core: load the shard's plans, give
@@ -12,7 +12,7 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
   others keep serving.
 * **Partial ownership and rebalance** (pure: :func:`coordinator.shards.plan_round`): every
   round (``--lease-renew`` / 2) the host beats its row in ``fleetwire_coordinators`` (a table of
-  the versioned schema, coordinator/io/pg_store.py), reads the
+  the versioned schema, coordinator/io/stores/postgres.py), reads the
   lease rows and the live coordinators, takes orphaned slots up to its fair share
   ``ceil(shards / live)``, renews what it holds (one statement), and gives back a few slots at a
   time (after flushing them) while another live coordinator is under its share.
@@ -23,14 +23,14 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
   pool, of the partition its ``hello`` or ``submit`` picks) and a 4307 close. A shard's own
   server sends ``moved`` to a worker whose ``hello`` names another shard's pool and to a client
   whose ``submit`` belongs to another shard, before anything is processed.
-* **Cross-shard views** (coordinator/io/cluster_sessions.py): a client session that names no
+* **Cross-shard views** (coordinator/io/cluster/sessions.py): a client session that names no
   pool is served on the main port for every shard from PostgreSQL (get, list, watch through the
   commit doorbell, workers), with ``cancel`` and the worker verbs forwarded to the owner. Every
   shard's store rings the doorbell after its group commits (:class:`ShardPgStore`) while a
   watcher waits on some coordinator (each round reads whether one does), and the
   host writes its shards' registries to ``fleetwire_shard_workers`` while a view wants them.
 * **The front door.** The main port admits as a single coordinator's port does, with the same
-  code (coordinator/io/gate.py ``Gatekeeper``, issue 24 part 6): the pending-handshake budget
+  code (coordinator/io/frontdoor/gate.py ``Gatekeeper``, issue 24 part 6): the pending-handshake budget
   and ``TCP_DEFER_ACCEPT`` from accept, and before any upgrade of ``/v1/worker`` or
   ``/v1/client`` the Origin (and, under ``--insecure``, Host) checks, the connection limit and
   shares, the bearer token (401/403: a worker is checked before it is moved) and the penalty
@@ -41,7 +41,7 @@ The lease row's ``owner_url`` is the shard server's URL: empty from the acquisit
 shard's server listens, so a ``moved`` never points at a port that is not serving yet.
 
 **Waiting for the database.** A coordinator that cannot reach PostgreSQL at start (refused, no
-answer, a login it cannot make yet: :class:`~coordinator.io.integrity.StoreUnreachable`) does not
+answer, a login it cannot make yet: :class:`~coordinator.io.stores.integrity.StoreUnreachable`) does not
 exit: it listens on its main port, answers ``/readyz`` 503 "waiting for the database" and new
 sessions 503 + ``Retry-After``, and dials again with a jittered backoff (1 s doubling to 5 s)
 until the database answers, then joins the cluster (issue #25 part 3: the exit status 2 it had
@@ -73,22 +73,23 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from coordinator.auth import TokenStore, inline_tokens
-from coordinator.io.cluster_metrics import CONTENT_TYPE, ClusterStats, build_registry, render
-from coordinator.io.cluster_sessions import Doorbell, ViewSessions, open_connection
-from coordinator.io.cluster_views import (
+from coordinator.io.cluster.leases import RELEASE, ShardFenced
+from coordinator.io.cluster.metrics import CONTENT_TYPE, ClusterStats, build_registry, render
+from coordinator.io.cluster.sessions import Doorbell, ViewSessions, open_connection
+from coordinator.io.cluster.views import (
     PUT_WORKERS,
     WANTED,
     ViewError,
     encode_workers,
     read_plans,
 )
-from coordinator.io.gate import Gatekeeper, bearer_token, subprotocol_refused
-from coordinator.io.integrity import StoreError, StoreUnreachable
-from coordinator.io.metrics_http import metrics_token_refused
-from coordinator.io.pg_leases import RELEASE, ShardFenced
-from coordinator.io.pg_store import PgStore, describe_dsn, ensure_indexes
-from coordinator.io.routes import DASHBOARD_FILES, respond
-from coordinator.io.server import ROLE_PATHS, CoordinatorServer, ServerSettings
+from coordinator.io.dashboard.assets import DASHBOARD_FILES
+from coordinator.io.frontdoor.gate import Gatekeeper, bearer_token, subprotocol_refused
+from coordinator.io.frontdoor.routes import respond
+from coordinator.io.frontdoor.server import ROLE_PATHS, CoordinatorServer, ServerSettings
+from coordinator.io.ops.metrics_http import metrics_token_refused
+from coordinator.io.stores.integrity import StoreError, StoreUnreachable
+from coordinator.io.stores.postgres import PgStore, describe_dsn, ensure_indexes
 from coordinator.shards import LeaseRow, PartialLeases, plan_round, pool_shard, submit_shard, worker_shard
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec
 from protocol import errors as codes
@@ -135,7 +136,7 @@ class ShardPgStore(PgStore):
     """
 
     sharded = False
-    doorbell: Doorbell | None = None  # rung after every group commit (coordinator/io/cluster_sessions.py)
+    doorbell: Doorbell | None = None  # rung after every group commit (coordinator/io/cluster/sessions.py)
 
     def write(self, records: Any) -> None:
         super().write(records)
@@ -203,19 +204,19 @@ class ClusterHost:
         # The last round failed, or the database has not answered yet: new sessions get 503 + Retry-After
         # (docs/CLUSTER.md).
         self.db_away = self.control is None
-        self.stats = ClusterStats()  # the main port's /metrics (coordinator/io/cluster_metrics.py)
+        self.stats = ClusterStats()  # the main port's /metrics (coordinator/io/cluster/metrics.py)
         self.metrics_registry = build_registry(self.stats, lambda: len(self.servers))
         self._announce = announce or (lambda line: None)
-        # The main port's /v1/plans (cross-shard views, coordinator/io/cluster_views.py): admin tokens only.
+        # The main port's /v1/plans (cross-shard views, coordinator/io/cluster/views.py): admin tokens only.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
         self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
-        # The main port's front door is a single coordinator's (coordinator/io/gate.py): the pending-handshake
+        # The main port's front door is a single coordinator's (coordinator/io/frontdoor/gate.py): the pending-handshake
         # budget, TCP_DEFER_ACCEPT, the Origin and Host checks, the token before the upgrade on /v1/worker and
         # /v1/client, the connection limits and shares, the penalty box, repeated 401s and scrapes held.
         self._gate = Gatekeeper(self.tokens, settings.limits, max_frame_bytes=settings.max_frame_bytes)
         self._held: dict[str, int] = {}  # open main-port sessions per principal (connection shares)
         self._open = 0  # open main-port sessions (the connection limit)
-        # Client sessions on the main port that name no pool see every shard (coordinator/io/cluster_sessions.py).
+        # Client sessions on the main port that name no pool see every shard (coordinator/io/cluster/sessions.py).
         config = self.config
         # Rings only while a watcher waits somewhere in the cluster (each round reads whether one does).
         self.doorbell = Doorbell(settings.store, open_connection, gated=True, warm_s=1.5 * config.lease_renew_s)
@@ -302,7 +303,7 @@ class ClusterHost:
         await self._keep()
 
     async def _index_ids(self) -> None:
-        """The indexes of a migrated schema (pg_store.py ensure_indexes), built concurrently on a connection of
+        """The indexes of a migrated schema (stores/postgres.py ensure_indexes), built concurrently on a connection of
         their own (commits go on) when they are missing; a fresh database got them with its tables."""
         try:
             conn = await open_connection(self.settings.store)
@@ -569,7 +570,7 @@ class ClusterHost:
         return None if target == shard else self.where(target)
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Any:
-        """The main port's answer before any upgrade: its own HTTP paths, else the gate's (coordinator/io/gate.py).
+        """The main port's answer before any upgrade: its own HTTP paths, else the gate's (frontdoor/gate.py).
 
         ``/v1/worker`` and ``/v1/client`` pass the same gate as a single coordinator's port: a bad
         or missing token is a 401 before the upgrade (a moved worker session too), and an abusive
@@ -633,7 +634,7 @@ class ClusterHost:
         return _text(200, json.dumps(body, indent=1) + "\n", "application/json")
 
     def _plans(self, conn: ServerConnection, request: Request) -> Any:
-        """``GET /v1/plans``: plans of every shard, read from PostgreSQL (admin token; cluster_views.py)."""
+        """``GET /v1/plans``: plans of every shard, read from PostgreSQL (admin token; views.py)."""
         if self.tokens is not None:
             token = bearer_token(request.headers)
             principal = self.tokens.authenticate(token) if token else None
@@ -655,7 +656,7 @@ class ClusterHost:
         return _text(status, body.decode(), "application/json")
 
     async def _handle(self, ws: ServerConnection) -> None:
-        """A session on the main port: a view session (coordinator/io/cluster_sessions.py), or one that names a
+        """A session on the main port: a view session (coordinator/io/cluster/sessions.py), or one that names a
         pool, ``moved`` to the owner of its pool's shard, then 4307 (1013: no owner yet)."""
         assert ws.request is not None
         parts = urlsplit(ws.request.path)

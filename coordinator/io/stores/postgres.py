@@ -1,11 +1,11 @@
 """The PostgreSQL store of cluster mode (``--store postgresql://USER@HOST:PORT/DB``, docs/CLUSTER.md).
 
-The same :class:`~coordinator.io.store.Store` interface, record formats, group commit and
+The same :class:`~coordinator.io.stores.store.Store` interface, record formats, group commit and
 checksums as the SQLite store: one :meth:`PgStore.write` (or :meth:`PgStore.write_async`) is
 one transaction, and the committer releases a group's frames only once it returned, so no frame
 leaves before its records are durable (PostgreSQL ``synchronous_commit=on``, its default; with
 a synchronous standby, on the standby too). The server's committer is the store's own
-(:meth:`PgStore.make_committer`: coordinator/io/pg_commit.py), which commits on the server's
+(:meth:`PgStore.make_committer`: coordinator/io/stores/pg_commit.py), which commits on the server's
 event loop, pipelined, one group in flight at a time.
 
 Driver: asyncpg (binary protocol, prepared statements, array parameters). A group commit is ONE
@@ -37,7 +37,7 @@ Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or m
 ``id`` is a plan's key in its shard's core, ``name`` the id its owner submitted when that is not the key
 (another principal's plan held it: coordinator/plans.py ``PlanNames``), NULL otherwise, as in every row
 written before version 4: a client's look-up by the id it knows is ``owner = $2 AND (name = $1 OR (id = $1
-AND name IS NULL))`` (coordinator/io/cluster_views.py), through the two indexes.
+AND name IS NULL))`` (coordinator/io/cluster/views.py), through the two indexes.
 
 A database of an older version is migrated at open, every step in the same transaction as the
 version bump (:data:`MIGRATIONS`); one of a newer version is refused, naming both versions. The
@@ -51,16 +51,16 @@ dropped and built again). Until they are there, the views' reads are sequential 
 ``key`` plays SQLite's rowid: an integer per plan, taken in blocks of 1024 from the sequence
 ``fleetwire_plan_keys`` (unique across every coordinator of the cluster), the key of the events
 rows and the seed of their checksum. The blobs and checksums are the SQLite store's
-(coordinator/io/store_rows.py). The cluster's name, shard count and pool partitions
+(coordinator/io/stores/rows.py). The cluster's name, shard count and pool partitions
 (``--pool-partitions``, :func:`partitions_text`) are kept in ``fleetwire_meta``: another name,
 another count, other partitions or a newer schema is refused at open. (A database of version 2
 or older kept no partitions: the first coordinator of version 3 to open it records its own.)
 
-Fencing: every write's statement starts with :data:`~coordinator.io.pg_leases.FENCE` over the
+Fencing: every write's statement starts with :data:`~coordinator.io.cluster.leases.FENCE` over the
 shards it writes, with the epochs in :attr:`PgStore.fence` (set by the lease keeper), and each
 of its data-modifying parts runs only when every one of them was found held, in the same
 transaction; a lease that changed hands or expired fails the write with
-:class:`~coordinator.io.pg_leases.ShardFenced` and nothing of the group is applied.
+:class:`~coordinator.io.cluster.leases.ShardFenced` and nothing of the group is applied.
 """
 
 from __future__ import annotations
@@ -77,10 +77,10 @@ from urllib.parse import unquote, urlsplit
 import msgspec
 import structlog
 
-from coordinator.io.integrity import StoreDamaged, StoreError, StoreUnreachable
-from coordinator.io.pg_commit import PipelinedCommitter
-from coordinator.io.pg_leases import FENCE, ShardFenced
-from coordinator.io.store_rows import (
+from coordinator.io.cluster.leases import FENCE, ShardFenced
+from coordinator.io.stores.integrity import StoreDamaged, StoreError, StoreUnreachable
+from coordinator.io.stores.pg_commit import PipelinedCommitter
+from coordinator.io.stores.rows import (
     decode_plans,
     encode_record,
     encode_run,
@@ -155,7 +155,7 @@ CREATE TABLE fleetwire_events (
 );
 CREATE SEQUENCE fleetwire_plan_keys START 1 INCREMENT 1024;
 """
-# Version 2: the coordinators' heartbeat rows (coordinator/io/cluster_host.py: live coordinators and
+# Version 2: the coordinators' heartbeat rows (coordinator/io/cluster/host.py: live coordinators and
 # the fair share of slots). Before, the cluster host created it outside the versioned schema; ``IF NOT
 # EXISTS`` keeps a version 1 database that already has it (same columns) as it is.
 _MIGRATE_V1 = """
@@ -165,7 +165,7 @@ CREATE TABLE IF NOT EXISTS fleetwire_coordinators (
     expires_at timestamptz NOT NULL
 );
 """
-# Version 3: the cross-shard views' tables (coordinator/io/cluster_views.py: each shard's registry as
+# Version 3: the cross-shard views' tables (coordinator/io/cluster/views.py: each shard's registry as
 # its owner wrote it, and whether a view wants them written). Before, the cluster host created them
 # outside the versioned schema; ``IF NOT EXISTS`` keeps a version 2 database's (same columns) as they are.
 _MIGRATE_V2 = """
@@ -197,7 +197,7 @@ _CREATE_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {on};\n" for na
 _INDEX_VALID = """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 WHERE c.relname = $1 AND c.relnamespace = to_regnamespace(current_schema())::oid"""
 
-_SELECT_PLANS = (  # decode_plans' columns (coordinator/io/store_rows.py), then the shard
+_SELECT_PLANS = (  # decode_plans' columns (coordinator/io/stores/rows.py), then the shard
     "SELECT key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc, shard "
     "FROM fleetwire_plans WHERE shard = ANY($1::int[])"
 )
@@ -552,7 +552,7 @@ class PgStore:
     async def write_async(self, records: Sequence[Record]) -> None:
         """Commit ``records`` as one transaction on the caller's loop (:meth:`open_async` first).
 
-        The async committer's path (coordinator/io/pg_commit.py): no thread, one round trip.
+        The async committer's path (coordinator/io/stores/pg_commit.py): no thread, one round trip.
         """
         assert self._awriter is not None, "open_async() first"
         await self._write(self._awriter, records)

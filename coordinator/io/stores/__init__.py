@@ -1,0 +1,10 @@
+"""The stores: where the coordinator keeps plans across restarts (docs/SEMANTICS.md §Durability).
+
+* store: the ``Store`` interface, ``MemoryStore``, the SQLite store and ``open_store``;
+* postgres: cluster mode's PostgreSQL store (docs/CLUSTER.md);
+* schema, rows: the SQLite tables and migrations; rows read back with their checksums;
+* integrity: how damage is noticed and salvaged (``--accept-store-loss``);
+* commit, pg_commit, backlog: group commit off the event loop (SQLite) and on it (PostgreSQL),
+  and the backpressure both keep;
+* admin: ``fleetwire store check | backup | restore``.
+"""
