@@ -214,14 +214,14 @@ async def sessions_phase(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 # What each worker reports before the placement phase (``--placement-load``): ``none`` keeps them
-# plain (coordinator/placement/capacity.py); ``energy`` gives each its own measured µJ/token and some queued
+# plain (coordinator/capacity.py); ``energy`` gives each its own measured µJ/token and some queued
 # tokens; ``energy-tied`` the same, but 8 figures shared by 1,250 workers each (joule_weighted then
 # compares the busyness of the free workers tied on the least energy, at most
 # ``--placement-candidates`` of them); ``tokens`` queued tokens only (the policy ranks the room
 # index's first ``--placement-candidates`` workers; 0: the whole pool in one pass); ``carbon``
 # (``carbon-tied``) each worker's own µJ/token and zone intensity (8 shared pairs), placed by
 # carbon_weighted; ``latency`` (``latency-tied``) each its own p50 latency (8 shared), placed by
-# latency_weighted (both answered by their pool indexes, coordinator/placement/capacity.py).
+# latency_weighted (both answered by their pool indexes, coordinator/capacity.py).
 PLACEMENT_LOADS = ("none", "energy", "energy-tied", "tokens", "carbon", "carbon-tied", "latency", "latency-tied")
 # The policy a load is placed by (the coordinator's default for the others).
 PLACEMENT_POLICY = {

@@ -19,9 +19,9 @@ Semantics are the seed's (docs/SEMANTICS.md §Registry):
   disconnect goes into a heap by time, so finding the stale workers costs O(log W) per beat
   and O(stale) per tick, not a pass over every worker.
 * Per signature, the connected workers that meet it are cached as a
-  :class:`~coordinator.placement.capacity.Pool`, kept up to date on every registration, disconnect
+  :class:`~coordinator.capacity.Pool`, kept up to date on every registration, disconnect
   and reap, with an index of the members that have room, kept up to date on every claim
-  and release (coordinator/placement/capacity.py).
+  and release (coordinator/capacity.py).
 
 Ownership and invariants:
 
@@ -33,7 +33,7 @@ Ownership and invariants:
   cached pool the worker belongs to has been told through the pool's own methods (the pool
   writes its counts and indexes itself).
 * A worker is in ``_pools_of[id]`` exactly for the cached pools that hold it as a member;
-  a pool dropped from the cache is retired (:meth:`~coordinator.placement.capacity.Pool.retire`).
+  a pool dropped from the cache is retired (:meth:`~coordinator.capacity.Pool.retire`).
 
 Time comes in as ``now`` (monotonic seconds); nothing here reads a clock.
 """
@@ -45,9 +45,9 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, 
 
 import structlog
 
+from coordinator.capacity import Pool
 from coordinator.devices import GpuNeed, pick
 from coordinator.errors import UnknownWorker
-from coordinator.placement.capacity import Pool
 from coordinator.workers import WorkerRecord, has_carbon, has_energy, has_latency, is_plain, latency_ms
 from protocol.messages import Capabilities, Load, WorkerInfo
 
@@ -311,7 +311,7 @@ class WorkerRegistry:
 
         Placement asks this on every submit. The pool is kept up to date as workers
         register (``meets`` is applied to them), disconnect or are reaped, and indexes its
-        members' room (coordinator/placement/capacity.py). Liveness and draining change without the
+        members' room (coordinator/capacity.py). Liveness and draining change without the
         registry knowing, so callers check those themselves.
         """
         # One key asked with two tests (a signature's admits and meets) is two pools. A bound

@@ -14,7 +14,7 @@ Invariants:
   beat and report fields. It keeps the cached flags ``plain``, ``has_energy``, ``has_carbon``
   and ``has_latency`` equal to the predicates above after every change that can move them (a
   load report, tokens placed since it), because the pools count their members by those flags
-  (coordinator/placement/capacity.py). The operator's drain fields are set by the operator
+  (coordinator/capacity.py). The operator's drain fields are set by the operator
   requests (coordinator/operator_requests.py); placement reads them when it checks a worker.
 * Nothing here imports the registry or placement: they import this module.
 """

@@ -15,7 +15,7 @@ Rules (docs/SEMANTICS.md §Placement, docs/ROUTING.md):
 4. *Policy.* The plan's ``hints.policy``, else the coordinator's default, ranks the tier
    (coordinator/placement/policies.py). While no worker of the pool reports a load figure a policy
    reads, every policy but round robin and prefix-matching ``kv_aware`` picks what least
-   busy picks, and the pool's room index answers in O(log W) (coordinator/placement/capacity.py);
+   busy picks, and the pool's room index answers in O(log W) (coordinator/capacity.py);
    while every worker of the pool reports the figure it ranks by first, ``joule_weighted``
    (µJ/token) and ``carbon_weighted`` (µJ/token and zone intensity; both without a busyness
    gap) and ``latency_weighted`` (latency) take their best workers from the pool's index by
@@ -46,7 +46,7 @@ revokes it asked for and its memo of pools found full; it reads the registry's r
 pools but never writes them. What a decision changes in a record goes through the registry
 (the scheduler claims the lease and hands it the tokens :meth:`Placement.claimed` returns,
 :meth:`~coordinator.registry.WorkerRegistry.count_placed_tokens`). :meth:`Placement.choose`
-takes a :class:`~coordinator.placement.capacity.Pool`: indexed (the registry's), answered
+takes a :class:`~coordinator.capacity.Pool`: indexed (the registry's), answered
 from its indexes where they are exact, or unindexed, answered by one pass; both give the
 same worker (tests/unit/test_capacity.py).
 
@@ -61,8 +61,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from coordinator.capacity import Pool
 from coordinator.devices import pick
-from coordinator.placement.capacity import Pool
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.policies import (
     DEFAULT_POLICY,
@@ -88,7 +88,7 @@ from protocol.messages import RoutingHints
 __all__ = ["DEFAULT_BLOCK_TOKENS", "DEFAULT_CANDIDATES", "Placement", "PlacementConfig", "hints_problem"]
 
 DEFAULT_BLOCK_TOKENS: Final = 16  # vLLM's default KV block size, for hashes of unknown block length
-# Policies that rank plain workers (coordinator/placement/capacity.py) exactly as least busy does.
+# Policies that rank plain workers (coordinator/capacity.py) exactly as least busy does.
 LEAST_BUSY_WHEN_PLAIN: Final = frozenset({"least_busy", "joule_weighted", "carbon_weighted", "latency_weighted"})
 DEFAULT_CANDIDATES: Final = 16  # workers a policy ranks in a large pool (docs/ROUTING.md §Large pools)
 MAX_PREFIX_HASHES: Final = 16_384  # 8M tokens of 512-token blocks; more would only bloat the index

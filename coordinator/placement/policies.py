@@ -16,7 +16,7 @@ Derived figures, shared by the policies and the trace simulator:
 * projected emissions = energy in kWh * zone intensity in gCO2e/kWh (:func:`projected_g`);
   ``carbon_weighted`` computes it as (µJ/token * intensity) * tokens / µJ per kWh
   (:func:`projected_carbon`), so its ranking follows the product µJ/token * intensity that the
-  pool's carbon index is ordered by (coordinator/placement/capacity.py).
+  pool's carbon index is ordered by (coordinator/capacity.py).
 
 The load a policy sees is the coordinator's own (:class:`FleetView`): its lease counts and
 the prompt tokens it placed since the worker's last report, so a load report that is

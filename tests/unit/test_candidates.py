@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.placement.capacity import Pool
+from coordinator.capacity import Pool
 from coordinator.placement.placer import DEFAULT_CANDIDATES, PlacementConfig
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.policies import POLICY_NAMES, PolicyKnobs

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.placement.capacity import Pool, carbon_key, energy_key, slot_key
+from coordinator.capacity import Pool, carbon_key, energy_key, slot_key
 from coordinator.placement.placer import DEFAULT_CANDIDATES, Placement, PlacementConfig, ask_of
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.policies import (
