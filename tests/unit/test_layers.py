@@ -1,12 +1,21 @@
-"""The architecture, checked: where I/O may live, no import cycles, no reaching into other modules' privates.
+"""The architecture, checked: where I/O may live, which way imports run, no cycles, no reaching into privates.
 
-The rules (docs/SEMANTICS.md §Layers):
+The rules (docs/SEMANTICS.md §Roles of code):
 
+* **Layers.** protocol < wireio < {coordinator, worker_agent, the SDK} < the CLI: ``protocol``
+  imports only itself; ``wireio`` (shared low-level I/O) only ``protocol``; the coordinator, the
+  worker agent and the SDK (``fleetwire/`` but the CLI) each import ``protocol``, ``wireio`` and
+  themselves, never one another; the CLI (``fleetwire/cli/``, ``fleetwire/__main__.py``) may
+  import everything. No import runs up or across.
 * **Pure core.** A module of ``coordinator/`` outside ``coordinator/io/`` imports none of
-  asyncio, socket, time, random, sqlite3, threading, ssl or websockets, and not
-  ``coordinator.io``: time and randomness come in as arguments, I/O is the driver's.
-* **No cycles.** The import graph of ``protocol/``, ``coordinator/``, ``fleetwire/`` and
-  ``worker_agent/`` is a DAG. Every import counts: module level, inside a function, and under
+  asyncio, socket, time, random, sqlite3, threading, ssl or websockets, and neither
+  ``coordinator.io`` nor ``wireio``: time and randomness come in as arguments, I/O is the driver's.
+* **Pure protocol.** ``protocol/`` imports none of those I/O modules either, but ``random``
+  (``protocol/backoff.py`` takes a ``random.Random`` its caller seeds).
+* **Placement is one layer.** No module outside ``coordinator/placement/`` both imports a module
+  of it (directly or not) and is imported by one: the registry and the pools sit below it.
+* **No cycles.** The import graph of ``protocol/``, ``wireio/``, ``coordinator/``, ``fleetwire/``
+  and ``worker_agent/`` is a DAG. Every import counts: module level, inside a function, and under
   ``if TYPE_CHECKING:`` (a module that names another's type depends on it). ``from pkg import
   name`` depends on ``pkg.name`` when that is a module, else on the package's ``__init__``.
   Importing ``a.b.c`` is not counted as depending on ``a`` and ``a.b`` (their ``__init__`` run,
@@ -34,12 +43,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "wireio", "coordinator", "fleetwire", "worker_agent")
 IO_FREE_FORBIDDEN = frozenset({"asyncio", "socket", "time", "random", "sqlite3", "threading", "ssl", "websockets"})
+PROTOCOL_FORBIDDEN = IO_FREE_FORBIDDEN - {"random"}  # protocol/backoff.py takes a random.Random, seeded by its caller
 CLI_MODULES = frozenset({"fleetwire.cli", "fleetwire.__main__"})
+PLACEMENT = "coordinator.placement"
+#: Which layers a layer may import (its own included); the CLI may import every one.
+LAYERS_ALLOWED = {
+    "protocol": frozenset({"protocol"}),
+    "wireio": frozenset({"protocol", "wireio"}),
+    "coordinator": frozenset({"protocol", "wireio", "coordinator"}),  # wireio from coordinator/io/ only: io_violations
+    "worker_agent": frozenset({"protocol", "wireio", "worker_agent"}),
+    "sdk": frozenset({"protocol", "wireio", "sdk"}),
+    "cli": frozenset({"protocol", "wireio", "coordinator", "worker_agent", "sdk", "cli"}),
+}
 
 
 def is_cli(name: str) -> bool:
     """The CLI, which starts coordinators and workers: the fleetwire.cli package and __main__."""
     return name in CLI_MODULES or name.startswith("fleetwire.cli.")
+
+
+def layer(name: str) -> str:
+    """The layer of a module: its top package, with fleetwire/ split into the SDK and the CLI."""
+    top = name.split(".")[0]
+    if top == "fleetwire":
+        return "cli" if is_cli(name) else "sdk"
+    return top
 
 
 @dataclass
@@ -101,19 +129,62 @@ def dependencies(module: Module, modules: dict[str, Module]) -> Iterator[tuple[s
 
 
 def io_violations(modules: dict[str, Module]) -> list[str]:
-    """Pure-core modules that import an I/O module or ``coordinator.io``."""
+    """Pure-core modules that import an I/O module, ``coordinator.io`` or ``wireio``."""
     found = []
     for module in modules.values():
         if not module.name.startswith("coordinator") or module.name.startswith("coordinator.io"):
             continue
         for target, line in module.imports:
             root = target.split(".")[0]
-            if root in IO_FREE_FORBIDDEN or target == "coordinator.io" or target.startswith("coordinator.io."):
+            if (root in IO_FREE_FORBIDDEN or root == "wireio" or target == "coordinator.io"
+                    or target.startswith("coordinator.io.")):
                 found.append(f"{module.name}:{line}: imports {target}")
         for base, name, line in module.from_names:
             if base == "coordinator" and name == "io":  # ``from coordinator import io``
                 found.append(f"{module.name}:{line}: imports coordinator.io")
     return found
+
+
+def protocol_io_violations(modules: dict[str, Module]) -> list[str]:
+    """Modules of ``protocol/`` that import an I/O module (``random`` apart: backoff takes a seeded one)."""
+    return [
+        f"{module.name}:{line}: imports {target}"
+        for module in modules.values() if module.name.split(".")[0] == "protocol"
+        for target, line in module.imports if target.split(".")[0] in PROTOCOL_FORBIDDEN
+    ]
+
+
+def up_arrows(modules: dict[str, Module]) -> list[str]:
+    """Imports that run up or across between the layers (``LAYERS_ALLOWED``), with their lines."""
+    found = []
+    for module in modules.values():
+        source = layer(module.name)
+        for target, line in dependencies(module, modules):
+            if layer(target) not in LAYERS_ALLOWED[source]:
+                found.append(f"{module.name}:{line}: {source} imports {layer(target)} ({target})")
+    return sorted(set(found), key=found.index)
+
+
+def _in_placement(name: str) -> bool:
+    return name == PLACEMENT or name.startswith(PLACEMENT + ".")
+
+
+def placement_sandwiches(modules: dict[str, Module]) -> list[str]:
+    """Modules outside ``coordinator/placement/`` that a placement module reaches and that reach one."""
+    graph = {name: {dep for dep, _ in dependencies(m, modules)} for name, m in modules.items()}
+
+    def reach(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    below = set().union(*(reach(name) for name in graph if _in_placement(name)))
+    return sorted(name for name in below if not _in_placement(name) and any(map(_in_placement, reach(name))))
 
 
 def cycles(modules: dict[str, Module]) -> list[list[str]]:
@@ -235,13 +306,28 @@ def test_pure_core_imports_no_io(repo: dict[str, Module]) -> None:
 
 
 def test_no_import_cycles(repo: dict[str, Module]) -> None:
-    """The import graph of protocol, coordinator, fleetwire and worker_agent has no cycle (TYPE_CHECKING counts)."""
+    """The import graph of our five packages (protocol ... worker_agent) has no cycle (TYPE_CHECKING counts)."""
     assert cycles(repo) == []
 
 
 def test_sdk_imports_neither_coordinator_nor_agent(repo: dict[str, Module]) -> None:
-    """The SDK modules (fleetwire/ but the CLI entry points) import only protocol and fleetwire."""
+    """The SDK modules (fleetwire/ but the CLI) import only protocol, wireio and fleetwire."""
     assert sdk_violations(repo) == []
+
+
+def test_no_import_runs_up_between_layers(repo: dict[str, Module]) -> None:
+    """protocol < wireio < coordinator, worker_agent, SDK < CLI: no import runs up, none across the middle."""
+    assert up_arrows(repo) == []
+
+
+def test_protocol_imports_no_io(repo: dict[str, Module]) -> None:
+    """protocol/ imports no asyncio, socket, time, sqlite3, threading, ssl or websockets."""
+    assert protocol_io_violations(repo) == []
+
+
+def test_placement_is_one_layer(repo: dict[str, Module]) -> None:
+    """No module outside coordinator/placement/ sits between two of its modules in the import graph."""
+    assert placement_sandwiches(repo) == []
 
 
 def test_no_module_touches_another_modules_privates(repo: dict[str, Module]) -> None:
@@ -250,14 +336,16 @@ def test_no_module_touches_another_modules_privates(repo: dict[str, Module]) -> 
 
 
 def test_layout_has_io_and_placement_folders(repo: dict[str, Module]) -> None:
-    """I/O and placement have their own folders, and no module is named like a standard-library module.
+    """I/O's subsystems, placement, wireio and the CLI have their own folders; no module is named like a stdlib one.
 
     A module named ``queue.py`` or ``http.py`` shadows the standard one for any script run from its
     folder and misleads a reader of ``import queue`` next to it. The folder ``coordinator/io/`` is a
     package, which nobody imports as ``io``, so only modules (files) are checked.
     """
     assert {
-        "coordinator.io.frontdoor.server", "coordinator.io.stores.store", "coordinator.placement.placer",
+        "coordinator.io.frontdoor.server", "coordinator.io.stores.store", "coordinator.io.cluster.host",
+        "coordinator.io.ops.metrics", "coordinator.io.dashboard.assets", "coordinator.placement.placer",
+        "fleetwire.cli.main", "wireio.writeback",
     } <= repo.keys()
     shadowing = [
         name for name, module in repo.items()
@@ -332,3 +420,64 @@ def test_planted_private_access_is_caught(tmp_path: Path) -> None:
         "coordinator.session:1: imports coordinator.core._helper",
         "coordinator.session:3: core._send (defined in coordinator.core)",
     ]
+
+
+def test_planted_wireio_import_in_the_core_is_caught(tmp_path: Path) -> None:
+    """A pure-core module importing wireio is reported; coordinator/io/ may import it."""
+    modules = _plant(tmp_path, {
+        "wireio/wsbulk.py": "import asyncio\n",
+        "coordinator/io/__init__.py": "",
+        "coordinator/io/connection.py": "from wireio.wsbulk import send_frame\n",
+        "coordinator/relay.py": "import wireio.wsbulk\n",
+    })
+    assert io_violations(modules) == ["coordinator.relay:1: imports wireio.wsbulk"]
+
+
+def test_planted_up_arrows_are_caught(tmp_path: Path) -> None:
+    """The worker importing the SDK, protocol importing wireio, wireio the SDK are reported; the CLI may import all."""
+    modules = _plant(tmp_path, {
+        "fleetwire/writeback.py": "import os\n",
+        "fleetwire/cli/__init__.py": "from fleetwire.cli.main import main\n",
+        "fleetwire/cli/main.py": (
+            "import worker_agent.spool\nfrom coordinator.io.server import serve\nfrom wireio import chunkwrite\n"
+            "def main(): ...\n"
+        ),
+        "coordinator/io/__init__.py": "",
+        "coordinator/io/server.py": "from wireio.chunkwrite import ChunkWriter\n",
+        "worker_agent/spool.py": "from fleetwire.writeback import WriteBehind\n",
+        "protocol/codec.py": "from wireio import chunkwrite\n",
+        "wireio/chunkwrite.py": "import protocol.codec\nfrom fleetwire import writeback\n",
+    })
+    assert up_arrows(modules) == [
+        "protocol.codec:1: protocol imports wireio (wireio.chunkwrite)",
+        "wireio.chunkwrite:2: wireio imports sdk (fleetwire.writeback)",
+        "worker_agent.spool:1: worker_agent imports sdk (fleetwire.writeback)",
+    ]
+
+
+def test_planted_io_import_in_protocol_is_caught(tmp_path: Path) -> None:
+    """A protocol module importing asyncio or websockets is reported; random (seeded by the caller) is not."""
+    modules = _plant(tmp_path, {
+        "protocol/backoff.py": "import random\n",
+        "protocol/wsbulk.py": "import asyncio\nfrom websockets.frames import Frame\n",
+    })
+    assert protocol_io_violations(modules) == [
+        "protocol.wsbulk:1: imports asyncio",
+        "protocol.wsbulk:2: imports websockets.frames",
+    ]
+
+
+def test_planted_placement_sandwich_is_caught(tmp_path: Path) -> None:
+    """The registry between placement's capacity and placer is reported; with capacity below it, nothing is."""
+    sandwich = {
+        "coordinator/workers.py": "class WorkerRecord: ...\n",
+        "coordinator/placement/__init__.py": "",
+        "coordinator/placement/capacity.py": "from coordinator.workers import WorkerRecord\n",
+        "coordinator/registry.py": "from coordinator.placement.capacity import Pool\n",
+        "coordinator/placement/placer.py": "from coordinator.registry import WorkerRegistry\n",
+    }
+    assert placement_sandwiches(_plant(tmp_path / "before", sandwich)) == ["coordinator.registry"]
+    layered = {**sandwich, "coordinator/capacity.py": sandwich["coordinator/placement/capacity.py"],
+               "coordinator/registry.py": "from coordinator.capacity import Pool\n"}
+    del layered["coordinator/placement/capacity.py"]
+    assert placement_sandwiches(_plant(tmp_path / "after", layered)) == []
