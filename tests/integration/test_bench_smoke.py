@@ -35,6 +35,7 @@ SMOKE: dict[str, list[str]] = {
     "store_split": ["store_split.py", "--samples", "20", "--warmup", "5", "--rounds", "1"],
     "data_endpoint": ["data_endpoint.py", "--size", "2M", "--rounds", "1"],
     "core_per_plan": ["core_per_plan.py", "--plans", "300", "--repeat", "1", "--no-callgrind"],
+    "leak": ["leak.py", "--minutes", "0.2", "--rate", "300", "--store", "memory"],
     "data_plane": ["data_plane.py", "--sizes", "1M", "--only", "ws,ws-pad,direct,relay", "--repeat", "2"],
     # issue 24's data-plane neighbours, one small round each (its --json is a list of rows)
     "hostile_data": ["hostile_neighbors.py", "--phases", "relay-hog,data-idle-sockets,metrics-idle-sockets,"
@@ -144,6 +145,17 @@ def test_core_per_plan_bench_measures_this_tree(results: dict[str, dict[str, Any
     """The pure-core bench drives every plan to its end (it raises if one is stuck) and reports a figure."""
     r = results["core_per_plan"]
     assert r["plans"] == 300 and len(r["trees"]) == 1 and r["trees"][0]["us_per_plan"] > 0
+
+
+def test_leak_bench_fits_every_process_and_finds_no_plan_left_for_the_collector(results: dict[str, Any]) -> None:
+    """bench/leak.py runs its plans with data, fits an RSS slope per process, and its worker's census finds no
+    ended plan's objects waiting in a reference cycle (issue #25 part 5)."""
+    r = results["leak"]
+    assert r["plans_failed"] == 0 and r["plans_done"] >= 50, r["failures"]
+    assert set(r["processes"]) == {"coordinator", "leak-1", "client"}
+    assert all(p["slope_mib_per_min"] == p["slope_mib_per_min"] for p in r["processes"].values())  # not NaN
+    garbage = dict(r["traced"]["leak-1"]["garbage"]["by_type"])
+    assert not {"_PlanRun", "InputFile", "PlanData"} & set(garbage), garbage
 
 
 def test_data_plane_bench_moves_every_column_both_ways(results: dict[str, dict[str, Any]]) -> None:
