@@ -6,20 +6,29 @@ paced, each with an input of ``--input-bytes`` and an output of ``--output-bytes
 4 KiB + 3 KiB is about 7 KB a plan run), waits for its result and fetches its output, as a
 client of a long-lived fleet does. Every ``--sample`` seconds it reads the RSS of every process;
 after a warm-up (``--warmup`` minutes, default a fifth of the run, at most 2) it fits a line to
-each process's samples and prints the slope in MiB per minute, and the growth per plan. The
+each process's samples and prints the slope in MiB per minute, the growth per plan, and the RSS
+at each tenth of the run (a leak climbs to the end; an allocator warming up levels off). The
 target is at most 0.1 MiB/min for each process over the default 10 minutes.
+
+The coordinator keeps finished plans by design (``--plan-retention``, 24 h by default): that is
+growth per plan until the retention is reached, not a leak. So it runs with a retention of half
+the warm-up unless ``--plan-retention`` says otherwise (``86400``: its default, to see what a
+retained plan costs: the line ``coordinator holds`` prints the RSS per plan held beside the bytes
+its retention counts each one as).
 
     python bench/leak.py                       # 10 minutes, 150 plans/min, 1 worker
     python bench/leak.py --minutes 0.5         # the smoke
     python bench/leak.py --relay --workers 2   # inputs and outputs through the coordinator
-    python bench/leak.py --minutes 3 --trace   # and what grew in each worker (tracemalloc, live objects)
+    python bench/leak.py --minutes 3 --rate 600 --trace   # and what grew in each worker (tracemalloc)
 
-``--trace`` runs the workers with tracemalloc on (slower; the RSS includes its own bookkeeping,
-so read the slopes of a run without it) and, at the end of the warm-up and at the end of the
-run, sends each worker a ``leak_snapshot`` plan that runs in the worker's own process: the
-second one reports the allocation sites that grew most in between, and the object types whose
-live count grew (objgraph-style). A plan-keyed map that never shrinks shows as a type whose
-count grows by about the number of plans.
+At the end of the warm-up and at the end of the run, each worker is sent a ``leak_snapshot`` plan
+that runs in the worker's own process: the second one reports what the cycle collector found
+unreachable (objects a plan left in a reference cycle wait for the daemon's rarely run oldest
+collection: fleetwire/cli.py ``DAEMON_GC_THRESHOLDS``), the object types whose live count grew
+(objgraph-style: a plan-keyed map that never shrinks shows as a type whose count grows by about
+the number of plans), the C heap by kind of mapping, and with ``--trace`` (tracemalloc in the
+workers: slower, and its bookkeeping is in their RSS, so read the slopes of a run without it) the
+allocation sites that grew most.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import ctypes
+import ctypes.util
 import gc
 import os
 import sys
@@ -63,10 +74,7 @@ def snapshot(ctx: Any, args: Any) -> dict[str, Any]:
     counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
     malloc = {**_mallinfo(), **_smaps(), "py_blocks": sys.getallocatedblocks()}
     if args.get("trim"):  # how much of the RSS is freed heap the C allocator kept
-        import ctypes
-        import ctypes.util
-
-        ctypes.CDLL(ctypes.util.find_library("c") or None).malloc_trim(0)
+        _libc().malloc_trim(0)
         malloc["rss_after_trim"] = sum(v for k, v in _smaps().items() if k.startswith("rss_"))
         malloc["rss_before_trim"] = sum(v for k, v in malloc.items() if k.startswith("rss_") and "trim" not in k)
     report: dict[str, Any] = {"tracing": tracemalloc.is_tracing(), "malloc": malloc,
@@ -111,19 +119,23 @@ def _garbage(top: int = 12) -> dict[str, Any]:
     return {"objects": found, "by_type": by_type.most_common(top)}
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _libc() -> Any:
+    if "libc" not in _LAST:
+        _LAST["libc"] = ctypes.CDLL(ctypes.util.find_library("c") or None)
+    return _LAST["libc"]
+
+
 def _mallinfo() -> dict[str, int]:
     """glibc's heap: bytes in use (``uordblks``), free in the heap (``fordblks``), mmapped; {} elsewhere."""
-    import ctypes
-    import ctypes.util
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-        libc.mallinfo2.restype = MallInfo2
-        info = libc.mallinfo2()
+        mallinfo2 = _libc().mallinfo2
+        mallinfo2.restype = _MallInfo2
+        info = mallinfo2()
     except (OSError, AttributeError):
         return {}
     return {"in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd, "arena": info.arena}
@@ -212,7 +224,8 @@ async def measure(ns: argparse.Namespace) -> dict[str, Any]:
         extra_env["PYTHONTRACEMALLOC"] = "10"
     env = h.bench_env(**extra_env)
     async with h.fleet(ns.store) as f:
-        await f.start_coordinator(*(["--plan-retention", str(ns.plan_retention)] if ns.plan_retention else []))
+        retention_s = ns.plan_retention if ns.plan_retention is not None else max(5.0, warmup_s / 2)
+        await f.start_coordinator("--plan-retention", f"{retention_s:g}")
         for i in range(ns.workers):
             name = f"leak-{i + 1}"
             f.workers.append(await h.spawn(
@@ -301,20 +314,21 @@ async def measure(ns: argparse.Namespace) -> dict[str, Any]:
         "input_bytes": ns.input_bytes, "output_bytes": ns.output_bytes,
         "plans_done": counts["done"], "plans_failed": counts["failed"], "failures": failures,
         "store_used": store_used, "target_mib_per_min": 0.1, "processes": procs,
-        "traced": traced, "plan_retention_s": ns.plan_retention or "the coordinator's default",
-        "coordinator_plans": _held(held), "machine": h.machine(),
+        "traced": traced, "plan_retention_s": retention_s,
+        "coordinator_plans": _held(held, plans_measured), "machine": h.machine(),
     }
 
 
-def _held(held: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """The coordinator's plans (by its /metrics) at the end of the warm-up and of the run, and the RSS grown per
-    plan it came to hold in between beside what its retention counts each one as."""
+def _held(held: dict[str, dict[str, float]], plans_measured: int) -> dict[str, Any]:
+    """The coordinator's plans (by its /metrics) at the end of the warm-up and of the run, and, when it came to
+    hold most of the plans run in between (a retention longer than the run), the RSS grown per plan beside what
+    its retention counts each one as."""
     warm, end = held.get("warm", {}), held.get("end", {})
     if "plans" not in warm or "plans" not in end:
         return {}
     figures: dict[str, Any] = {"warm": warm, "end": end}
     more = end["plans"] - warm["plans"]
-    if more > 0:
+    if more > 0 and more >= plans_measured / 2:
         figures["rss_bytes_per_plan_held"] = round((end["rss"] - warm["rss"]) / more)
         figures["retained_bytes_per_plan_held"] = round((end.get("retained_bytes", 0) - warm.get("retained_bytes", 0))
                                                         / more)
@@ -342,7 +356,7 @@ def _lines(result: dict[str, Any]) -> list[str]:
     if held:
         lines.append(
             f"  coordinator holds {held['warm']['plans']:.0f} -> {held['end']['plans']:.0f} plans "
-            f"(--plan-retention {result['plan_retention_s']})"
+            f"(--plan-retention {result['plan_retention_s']:g})"
             + (f"; its RSS grew {held['rss_bytes_per_plan_held']} B per plan it came to hold, its retention counts "
                f"{held['retained_bytes_per_plan_held']} B each" if "rss_bytes_per_plan_held" in held else ""))
     for worker, report in result.get("traced", {}).items():
@@ -381,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relay", action="store_true", help="inputs and outputs through the coordinator")
     parser.add_argument("--trace", action="store_true", help="tracemalloc in the workers; print what grew")
     parser.add_argument("--plan-retention", type=float, metavar="S",
-                        help="the coordinator's --plan-retention (default: its own, 24 h): finished plans it holds")
+                        help="the coordinator's --plan-retention (default: half the warm-up, so the finished plans it "
+                             "keeps by design stop growing before the fit; 86400: its own default)"),
     parser.add_argument("--trim", action="store_true",
                         help="at each snapshot, malloc_trim(0) in the workers (the fit then spans a trim)")
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
