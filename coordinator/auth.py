@@ -40,6 +40,28 @@ Token file::
     role = "worker"
     worker_ids = "gpu-*"           # optional: the worker ids this token may register
     hash = "sha256:9c1b...77d0"
+
+Shared fleets (issue #27; the rules are coordinator/teams.py's): a client or admin entry may carry
+``team = "vision"`` and ``weight = 2``, and ``[[team]]`` tables give teams a weight and quotas::
+
+    [[token]]
+    name = "carol"
+    role = "client"
+    team = "vision"                # optional: default, a team of its own named after it
+    weight = 2                     # optional: its share within the team (alone: its team's), default 1
+    hash = "sha256:..."
+
+    [[team]]
+    name = "vision"
+    weight = 2                     # the team's share against other teams, default 1
+    max_gpus = 8                   # optional quotas (coordinator/teams.py); none by default
+    max_running = 20
+    max_queued = 5000
+    borrow = true                  # past a quota, use capacity nobody else waits for (default true)
+
+A team or weight is not part of who a principal is: a reload that changes only those keeps its
+sessions open (:meth:`TokenStore.reload` reports none revoked) and puts the new :attr:`TokenStore.teams`
+in force.
 """
 
 from __future__ import annotations
@@ -56,6 +78,8 @@ from typing import Any, Final, Literal
 
 import structlog
 
+from coordinator.teams import Member, Team, TeamBook, weight_problem
+
 __all__ = [
     "ENV_TOKENS",
     "Principal",
@@ -64,7 +88,9 @@ __all__ = [
     "hash_token",
     "inline_tokens",
     "new_token",
+    "parse_teams",
     "parse_token_file",
+    "team_book",
     "weak_tokens",
 ]
 
@@ -74,7 +100,8 @@ Role = Literal["worker", "client", "admin"]
 ROLES: Final = ("worker", "client", "admin")
 HASH_PREFIX: Final = "sha256:"
 _HASH_RE: Final = re.compile(r"sha256:[0-9a-f]{64}")
-_ENTRY_KEYS: Final = frozenset({"name", "role", "hash", "worker_ids"})
+_ENTRY_KEYS: Final = frozenset({"name", "role", "hash", "worker_ids", "team", "weight"})
+_TEAM_KEYS: Final = frozenset({"name", "weight", "max_gpus", "max_running", "max_queued", "borrow"})
 MIN_TOKEN_CHARS: Final = 16
 PLACEHOLDER_PREFIX: Final = "change-me"
 # The placeholders examples/deploy/*.env ship with, hashed: refused in a token file too.
@@ -103,12 +130,16 @@ class Principal:
         role: ``worker``, ``client`` or ``admin``.
         worker_ids: for a worker, the glob of ids it may register as; None: any.
         digest: SHA-256 of the token (kept out of ``repr`` so it never reaches a log).
+        team: the team its entry names (None: a team of its own); not part of its identity.
+        weight: the weight its entry gives (None: 1); not part of its identity.
     """
 
     name: str
     role: Role
     worker_ids: str | None = None
     digest: bytes = field(default=b"", repr=False)
+    team: str | None = field(default=None, compare=False)
+    weight: float | None = field(default=None, compare=False)
 
     @property
     def admin(self) -> bool:
@@ -142,13 +173,41 @@ def parse_token_file(text: str, source: str) -> list[Principal]:
         TokenFileError: not TOML, or an entry with a missing, unknown or invalid field, or
             a name or hash used twice; the message says which entry and what to change.
     """
+    return _parse(text, source)[0]
+
+
+def parse_teams(text: str, source: str) -> TeamBook:
+    """The teams of a token file's ``text``: its ``[[team]]`` tables and its entries' ``team`` and ``weight``.
+
+    Raises:
+        TokenFileError: as :func:`parse_token_file`, or a ``[[team]]`` table with a missing, unknown or
+            invalid field, or a team named twice.
+    """
+    principals, teams = _parse(text, source)
+    return team_book(principals, teams)
+
+
+def team_book(principals: Iterable[Principal], teams: Iterable[Team] = ()) -> TeamBook:
+    """The :class:`~coordinator.teams.TeamBook` of these principals and ``[[team]]`` tables."""
+    members = {
+        p.name: Member(p.team or p.name, 1.0 if p.weight is None else p.weight, alone=p.team is None)
+        for p in principals if p.team is not None or p.weight is not None
+    }
+    return TeamBook(teams, members)
+
+
+def _parse(text: str, source: str) -> tuple[list[Principal], list[Team]]:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TokenFileError(f"{source}: not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - {"token"})
+    unknown = sorted(set(data) - {"token", "team"})
     if unknown:
-        raise TokenFileError(f"{source}: unknown top-level key(s) {unknown}; write one [[token]] table per token")
+        raise TokenFileError(
+            f"{source}: unknown top-level key(s) {unknown}; write one [[token]] table per token "
+            "and one [[team]] table per team"
+        )
+    teams = _teams(data.get("team", []), source)
     entries = data.get("token", [])
     if not isinstance(entries, list):
         raise TokenFileError(f"{source}: 'token' must be an array of tables: write [[token]], not [token]")
@@ -165,7 +224,52 @@ def parse_token_file(text: str, source: str) -> list[Principal]:
         names.add(principal.name)
         hashes.add(principal.digest.hex())
         principals.append(principal)
-    return principals
+    return principals, teams
+
+
+def _teams(entries: Any, source: str) -> list[Team]:
+    """The ``[[team]]`` tables, each checked; the message names the table and what to change."""
+    if not isinstance(entries, list):
+        raise TokenFileError(f"{source}: 'team' must be an array of tables: write [[team]], not [team]")
+    teams: list[Team] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        where = f"{source}: [[team]] #{index + 1}"
+        if not isinstance(entry, dict):
+            raise TokenFileError(f"{where}: must be a table")
+        unknown = sorted(set(entry) - _TEAM_KEYS)
+        if unknown:
+            raise TokenFileError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(_TEAM_KEYS)}")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise TokenFileError(f"{where}: 'name' must be a non-empty string")
+        where = f"{where} ({name!r})"
+        if name in seen:
+            raise TokenFileError(f"{where}: team {name!r} has two [[team]] tables; merge them")
+        seen.add(name)
+        weight = entry.get("weight", 1.0)
+        problem = weight_problem(weight)
+        if problem:
+            raise TokenFileError(f"{where}: 'weight' {problem}")
+        borrow = entry.get("borrow", True)
+        if not isinstance(borrow, bool):
+            raise TokenFileError(f"{where}: 'borrow' must be true or false, got {borrow!r}")
+        max_gpus = entry.get("max_gpus")
+        if max_gpus is not None and (
+            isinstance(max_gpus, bool) or not isinstance(max_gpus, (int, float)) or not 0 <= max_gpus < 1e6
+        ):
+            raise TokenFileError(f"{where}: 'max_gpus' must be a number >= 0, got {max_gpus!r}")
+        quotas: dict[str, int | None] = {}
+        for key in ("max_running", "max_queued"):
+            value = entry.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise TokenFileError(f"{where}: {key!r} must be a whole number >= 0, got {value!r}")
+            quotas[key] = value
+        teams.append(Team(
+            name, float(weight), None if max_gpus is None else float(max_gpus),
+            quotas["max_running"], quotas["max_queued"], borrow,
+        ))
+    return teams
 
 
 def _entry(entry: Any, where: str) -> Principal:
@@ -199,7 +303,19 @@ def _entry(entry: Any, where: str) -> Principal:
             f"{where}: 'hash' is the hash of a change-me placeholder token from examples/deploy; make a real "
             "token with `fleetwire token new`"
         )
-    return Principal(name, role, worker_ids, raw)
+    team, weight = entry.get("team"), entry.get("weight")
+    if (team is not None or weight is not None) and role == "worker":
+        raise TokenFileError(
+            f"{where}: 'team' and 'weight' apply to roles client and admin (who submit plans), not 'worker'"
+        )
+    if team is not None and (not isinstance(team, str) or not team.strip()):
+        raise TokenFileError(f"{where}: 'team' must be a non-empty string such as 'vision'")
+    if weight is not None:
+        problem = weight_problem(weight)
+        if problem:
+            raise TokenFileError(f"{where}: 'weight' {problem}")
+        weight = float(weight)
+    return Principal(name, role, worker_ids, raw, team, weight)
 
 
 def weak_tokens(inline: Iterable[tuple[str, Role, str]]) -> list[str]:
@@ -238,7 +354,9 @@ class TokenStore:
     def __init__(self, path: str | Path | None = None, inline: Iterable[tuple[str, Role, str]] = ()) -> None:
         self.path = None if path is None else Path(path)
         self._inline = [Principal(name, role, None, _digest(token)) for name, role, token in inline if token]
-        self._principals: tuple[Principal, ...] = tuple(self._load())
+        principals, teams = self._load()
+        self._principals: tuple[Principal, ...] = tuple(principals)
+        self._teams = team_book(principals, teams)
 
     @classmethod
     def from_environ(cls, path: str | Path | None, environ: Mapping[str, str]) -> TokenStore:
@@ -246,14 +364,15 @@ class TokenStore:
         inline = [(name, role, environ[var]) for var, (name, role) in ENV_TOKENS.items() if environ.get(var)]
         return cls(path, inline)
 
-    def _load(self) -> list[Principal]:
+    def _load(self) -> tuple[list[Principal], list[Team]]:
         from_file: list[Principal] = []
+        teams: list[Team] = []
         if self.path is not None:
             try:
                 text = self.path.read_text(encoding="utf-8")
             except OSError as exc:
                 raise TokenFileError(f"cannot read token file {self.path}: {exc.strerror or exc}") from None
-            from_file = parse_token_file(text, str(self.path))
+            from_file, teams = _parse(text, str(self.path))
         names = {p.name for p in from_file}
         for principal in self._inline:
             if principal.name in names:
@@ -269,7 +388,7 @@ class TokenStore:
                     f"the same token is given for {first.name!r} (role {first.role}) and {principal.name!r} "
                     f"(role {principal.role}); each needs its own token (`fleetwire token new`)"
                 )
-        return from_file + self._inline
+        return from_file + self._inline, teams
 
     def __len__(self) -> int:
         return len(self._principals)
@@ -278,6 +397,11 @@ class TokenStore:
     def principals(self) -> tuple[Principal, ...]:
         """Every principal in force."""
         return self._principals
+
+    @property
+    def teams(self) -> TeamBook:
+        """Every principal's team and weight, and the teams' weights and quotas, as the file says now."""
+        return self._teams
 
     def roles(self) -> set[str]:
         """The roles that have at least one token."""
@@ -300,15 +424,18 @@ class TokenStore:
         """Read the token file again and put it in force.
 
         Returns:
-            The principals no longer in force (removed, or changed in any field): their
-            sessions must be closed.
+            The principals no longer in force (removed, or changed in name, role, worker ids
+            or token): their sessions must be closed. A changed ``team`` or ``weight`` only
+            changes :attr:`teams`.
 
         Raises:
             TokenFileError: the file cannot be used; the old tokens stay in force.
         """
-        fresh = tuple(self._load())
-        revoked = [p for p in self._principals if p not in fresh]
+        principals, teams = self._load()
+        fresh = tuple(principals)
+        revoked = [p for p in self._principals if p not in fresh]  # team and weight are not compared
         self._principals = fresh
+        self._teams = team_book(principals, teams)
         return revoked
 
 
