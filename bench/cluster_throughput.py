@@ -48,7 +48,7 @@ from fleetwire import Client
 sys.path.insert(0, str(h.ROOT))  # tests/pg.py starts the PostgreSQL server (shared with the test suite)
 from coordinator.io.cluster.leases import ACQUIRE
 from coordinator.io.stores.postgres import PgStore
-from coordinator.io.stores.store import SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.shards import ClusterConfig
 from tests.pg import PostgresServer, missing_reason, postgres_server
 

@@ -32,7 +32,7 @@ import throughput
 sys.path.insert(0, str(h.ROOT))
 
 from coordinator.io.stores.commit import GroupCommitter
-from coordinator.io.stores.store import SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.records import PlanCreated, PlanStatus, Record
 from protocol.messages import Event, Submit
 

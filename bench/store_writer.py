@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coordinator.io.stores.store import SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.records import PlanCreated, PlanStatus, Record
 from fleetwire.cli.main import DAEMON_GC_THRESHOLDS
 from protocol.messages import Event, Submit

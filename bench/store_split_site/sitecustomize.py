@@ -27,11 +27,11 @@ if _OUT and "fleetwire" in sys.orig_argv and "coordinator" in sys.orig_argv:
     from typing import Any
 
     from coordinator.io.stores import commit as _commit
-    from coordinator.io.stores import store as _store
+    from coordinator.io.stores import sqlite as _sqlite
 
     _sums: dict[str, dict[str, float]] = {}
-    _write = _store.SQLiteStore._write
-    _open = _store.SQLiteStore._open
+    _write = _sqlite.SQLiteStore._write
+    _open = _sqlite.SQLiteStore._open
     _init = _commit.GroupCommitter.__init__
 
     def _timed_write(self: Any, records: Any, *, wait: bool) -> bool:
@@ -62,8 +62,8 @@ if _OUT and "fleetwire" in sys.orig_argv and "coordinator" in sys.orig_argv:
         with open(str(_OUT), "w") as fh:
             json.dump(_sums, fh)
 
-    _store.SQLiteStore._write = _timed_write  # type: ignore[method-assign]
+    _sqlite.SQLiteStore._write = _timed_write  # type: ignore[method-assign]
     if os.environ.get("FW_STORE_SPLIT_SYNC") == "OFF":
-        _store.SQLiteStore._open = _open_unsynced  # type: ignore[method-assign]
+        _sqlite.SQLiteStore._open = _open_unsynced  # type: ignore[method-assign]
     _commit.GroupCommitter.__init__ = _init_mode  # type: ignore[method-assign]
     atexit.register(_dump)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.stores.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE
 from fleetwire.plan import Plan
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_durability import FAST, WORKER, client

@@ -57,6 +57,14 @@ def pg(pg_dsn: str) -> Iterator[PgStore]:
     store.close()
 
 
+def test_the_store_declares_losses_away_its_committer_and_shard_leases(pg: PgStore) -> None:
+    """PgStore's abilities: its losses, a database that can be away, its own committer, its shard leases."""
+    abilities = pg.abilities
+    assert abilities.losses is pg.losses and abilities.away is not None and abilities.away() is None
+    assert abilities.make_committer is not None and abilities.leases is pg
+    assert abilities.stream is None and abilities.try_write is None and abilities.check_files is None
+
+
 def test_the_store_plans_every_statement_for_its_own_parameters(pg: PgStore) -> None:
     """The lease connection runs with plan_cache_mode force_custom_plan: no generic plan made on an empty table."""
 

@@ -19,7 +19,9 @@ from websockets.exceptions import InvalidStatus
 
 from coordinator.core import CoreConfig
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
-from coordinator.io.stores.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.abilities import StoreAbilities
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE
 from coordinator.limits import Limits
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
 from fleetwire import Client
@@ -35,6 +37,7 @@ class HeldStore:
     """A real SQLite store whose ``load`` tells the test it started, then waits for the test's go."""
 
     blocking = True
+    abilities = StoreAbilities()  # no streamed load: the test holds the whole load
 
     def __init__(self, path: Path) -> None:
         self.inner = SQLiteStore(path)

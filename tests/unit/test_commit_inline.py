@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from coordinator.io.stores.commit import INLINE_MAX_BYTES, INLINE_MAX_RECORDS, GroupCommitter
-from coordinator.io.stores.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE
 from coordinator.records import PlanCreated
 from protocol.messages import Submit
 

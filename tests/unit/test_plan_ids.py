@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.io.stores.store import SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.records import PlanCreated
 from protocol import errors
 from protocol.messages import (

@@ -12,7 +12,8 @@ import pytest
 
 from coordinator.core import Coordinator, CoreConfig
 from coordinator.io.frontdoor.server import ServerSettings
-from coordinator.io.stores.store import DB_FILE, MemoryStore, SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE, MemoryStore
 from coordinator.plans import PLAN_OVERHEAD_BYTES, event_bytes
 from coordinator.records import PlanForgotten, PlanStatus
 from coordinator.retention import DEFAULT_RETENTION_BYTES

@@ -18,7 +18,8 @@ import pytest
 from coordinator.io.stores.admin import backup_store, check_store, restore_store
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import EXIT_STORE_DAMAGED, StoreDamaged, StoreError
-from coordinator.io.stores.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE
 from coordinator.records import PlanCreated, PlanStatus, Record
 from fleetwire.cli import store as cli_store
 from fleetwire.cli.main import build_parser

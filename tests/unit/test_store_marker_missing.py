@@ -13,7 +13,8 @@ import pytest
 
 from coordinator.io.stores.admin import check_store
 from coordinator.io.stores.integrity import StoreDamaged, marker_problem
-from coordinator.io.stores.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE
 from tests.unit.test_store_integrity import _crash_copy, fill
 
 

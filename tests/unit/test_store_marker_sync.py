@@ -11,7 +11,8 @@ import pytest
 
 from coordinator.io.stores import integrity
 from coordinator.io.stores.integrity import GenerationMarker
-from coordinator.io.stores.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE
 from coordinator.records import PlanCreated
 from protocol.messages import Submit
 

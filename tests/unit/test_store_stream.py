@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.io.stores.integrity import StoreDamaged
-from coordinator.io.stores.store import DB_FILE, SQLiteStore
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE
 from coordinator.records import PlanForgotten, PlanStatus
 from tests.unit.test_store_integrity import created, event, fill, flip, lifecycle
 

@@ -1,6 +1,8 @@
 """The stores: where the coordinator keeps plans across restarts (docs/SEMANTICS.md §Durability).
 
-* store: the ``Store`` interface, ``MemoryStore``, the SQLite store and ``open_store``;
+* store: the ``Store`` interface, ``MemoryStore`` and ``open_store``; abilities: what a backend
+  declares beyond load, write and close (``StoreAbilities``: nobody probes a store);
+* sqlite: the SQLite store (the default);
 * postgres: cluster mode's PostgreSQL store (docs/CLUSTER.md);
 * schema, rows: the SQLite tables and migrations; rows read back with their checksums;
 * integrity: how damage is noticed and salvaged (``--accept-store-loss``);

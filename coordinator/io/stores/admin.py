@@ -126,7 +126,7 @@ def _check(db: sqlite3.Connection, report: CheckReport, *, full: bool, marker: b
     if marker:
         report.acknowledged = _read_marker(path)
         problem = marker_problem(report.generation, report.acknowledged, path.name + ".generation")
-        if problem is not None:  # the coordinator refuses to start on it alike (coordinator/io/stores/store.py)
+        if problem is not None:  # the coordinator refuses to start on it alike (coordinator/io/stores/sqlite.py)
             report.problems.append(problem)
         elif report.acknowledged is None:
             report.notes.append("no generation side file: nothing to compare the database with")

@@ -13,7 +13,7 @@ group builds up, so the fsync rate stays at what the disk does whatever the mess
 With a non-blocking store (memory) ``submit`` writes at once and releases at once.
 
 Idle writer: commit at once, on the loop. A batch submitted while the writer thread has
-nothing in flight, to a store that allows it (one with ``try_write``: SQLite, a local file),
+nothing in flight, to a store that allows it (one whose abilities have ``try_write``: SQLite, a local file),
 is not handed to the thread: the batches of the same loop iteration are gathered
 (``call_soon``) and, when they hold at most :data:`INLINE_MAX_RECORDS` records and came from
 at most :data:`INLINE_MAX_BYTES` of frames, written by the loop itself, one transaction
@@ -40,7 +40,7 @@ back by TCP instead of growing the coordinator's memory.
 A failed write is fatal to the coordinator (``on_failure``): the in-memory state is then ahead
 of the store, and carrying on would acknowledge what a restart would lose. Nothing of the
 failed group, or after it, is released. The same holds when the store's files were deleted or
-replaced under it: a store with a ``check_files()`` method (SQLite: its ``-wal`` and ``-shm``)
+replaced under it: a store with the ``check_files`` ability (SQLite: its ``-wal`` and ``-shm``)
 is checked on the loop after a commit, before that commit's payloads are released, at most
 every :data:`FILE_CHECK_INTERVAL_S`. Two ``os.stat`` after every commit cost +0.15 ms p50 per
 round trip in bench/latency.py (each hands the GIL over); once every 10 ms costs nothing
@@ -90,8 +90,8 @@ class GroupCommitter(Backlog[T]):
             earlier one) is committed.
         on_failure: called on the event loop, once, when a write fails.
         inline_max_records: the most records an idle writer's group may hold to be committed
-            on the loop (0: always through the thread); only for a store with a
-            ``try_write`` method.
+            on the loop (0: always through the thread); only for a store with the
+            ``try_write`` ability (coordinator/io/stores/abilities.py).
         inline_slow_s: the inline commits' average past which the thread takes them all for
             :data:`INLINE_COOLDOWN_S`.
         inline_max_bytes: the most bytes (``submit``'s sizes) an idle writer's group may hold to be
@@ -114,14 +114,15 @@ class GroupCommitter(Backlog[T]):
         self.store = store
         self.transactions = 0  # groups committed
         self.batches = 0  # batches submitted
-        self._check_files: Callable[[], None] | None = getattr(store, "check_files", None)
+        abilities = store.abilities
+        self._check_files: Callable[[], None] | None = abilities.check_files
         self._file_check_interval_s = file_check_interval_s
         self._next_file_check = 0.0
         self._committed = 0  # every ticket up to this one is durable
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._try_write: Callable[[Sequence[Record]], bool] | None = getattr(store, "try_write", None)
+        self._try_write: Callable[[Sequence[Record]], bool] | None = abilities.try_write
         self._inline_max = inline_max_records if self._try_write is not None else 0
         self._inline: list[Sequence[Record]] | None = None  # the group gathered for a commit on the loop
         self._inline_size = 0  # its records

@@ -30,9 +30,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -94,12 +94,25 @@ class StoreDamaged(StoreError):
         self.problem = problem
 
 
-def report_accepted_losses(store: object) -> int:
+class _Losses(Protocol):
+    """``StoreAbilities`` as read here (abilities.py reaches this module through cluster/leases.py: no import back)."""
+
+    @property
+    def losses(self) -> Sequence[str]: ...
+
+
+class _WithAbilities(Protocol):
+    @property
+    def abilities(self) -> _Losses: ...
+
+
+def report_accepted_losses(store: _WithAbilities) -> int:
     """Log every loss ``--accept-store-loss`` accepted in ``store`` (one critical line each); their count.
 
-    The server puts the count in ``fleetwire_store_loss_accepted_total``.
+    The server puts the count in ``fleetwire_store_loss_accepted_total``. The losses are the
+    store's ``abilities.losses`` (coordinator/io/stores/abilities.py), read after its load.
     """
-    losses: list[str] = getattr(store, "losses", [])
+    losses = store.abilities.losses
     for line in losses:
         log.critical("store damage accepted (--accept-store-loss): starting without what was lost", loss=line)
     return len(losses)

@@ -78,6 +78,7 @@ import msgspec
 import structlog
 
 from coordinator.io.cluster.leases import FENCE, ShardFenced
+from coordinator.io.stores.abilities import StoreAbilities
 from coordinator.io.stores.integrity import StoreDamaged, StoreError, StoreUnreachable
 from coordinator.io.stores.pg_commit import PipelinedCommitter
 from coordinator.io.stores.rows import (
@@ -357,7 +358,7 @@ class PgStore:
     """
 
     blocking = True
-    sharded = True
+    sharded = True  # the server keeps this store's shard leases (``abilities.leases``); not a shard's own store
 
     def __init__(self, dsn: str, cluster: ClusterConfig | None = None, *, accept_loss: bool = False) -> None:
         self.cluster = cluster or ClusterConfig()
@@ -400,6 +401,12 @@ class PgStore:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def abilities(self) -> StoreAbilities:
+        """The losses accepted, a database that can be away, its own committer, and (``sharded``) shard leases."""
+        return StoreAbilities(losses=self.losses, away=self.away, make_committer=self.make_committer,
+                              leases=self if self.sharded else None)  # fmt: skip
 
     # ------------------------------------------------------------------ the private loop
 

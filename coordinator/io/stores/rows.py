@@ -1,6 +1,6 @@
 """The stores' rows: read back with checksums and cross-references verified, damage named; encoded.
 
-Used by the store's ``load`` (``coordinator/io/stores/store.py``), by ``fleetwire store check``
+Used by the store's ``load`` (``coordinator/io/stores/sqlite.py``), by ``fleetwire store check``
 (``coordinator/io/stores/admin.py``) and by ``--accept-store-loss`` salvage, so the three read
 a file the same way. The PostgreSQL store (``coordinator/io/stores/postgres.py``) stores the same blobs
 with the same checksums, reads them back with :func:`decode_plans` and encodes them with

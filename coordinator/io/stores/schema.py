@@ -1,6 +1,6 @@
 """The SQLite store's tables, one definition per table version, and the migrations between versions.
 
-``coordinator/io/stores/store.py`` writes and reads these tables; ``coordinator/io/stores/integrity.py`` checks
+``coordinator/io/stores/sqlite.py`` writes and reads these tables; ``coordinator/io/stores/integrity.py`` checks
 them. A new file is created as version 3's tables followed by every later migration, so the
 current schema and the path an old file takes to it are the same statements.
 

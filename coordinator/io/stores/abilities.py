@@ -1,0 +1,79 @@
+"""What a store can do beyond load, write and close: its optional abilities, declared, never probed.
+
+Every store has the three methods of :class:`~coordinator.io.stores.store.Store`. The rest
+differs by backend, and each backend says what it has in one :class:`StoreAbilities`
+(``store.abilities``); the server and the committer read that, not the store's attributes:
+
+=================  ================================================  ========  ==========
+ability            what it is for (who uses it)                      SQLite    PostgreSQL
+=================  ================================================  ========  ==========
+``stream``         a restart's load, one plan at a time (server)     yes       -
+``check_files``    the ``-wal``/``-shm`` check after a commit         yes       -
+                   (GroupCommitter, commit.py)
+``try_write``      a commit on the loop that never waits for a       yes       -
+                   lock (GroupCommitter's inline commits)
+``losses``         what ``--accept-store-loss`` let go (server:      yes       yes
+                   ``fleetwire_store_loss_accepted_total``)
+``away``           why the database cannot take a write now          -         yes
+                   (server: ``unavailable`` / 503 meanwhile)
+``make_committer`` the store's own committer (pg_commit.py)          -         yes
+``leases``         shard leases the server keeps (LeaseKeeper)       -         yes [1]_
+=================  ================================================  ========  ==========
+
+.. [1] Not a shard's own store in a cluster host (``ShardPgStore``): the host keeps those.
+
+``MemoryStore`` has none of them. A store built for a test declares what it has (often
+``StoreAbilities()``: nothing optional).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from coordinator.records import Record, StoredPlan
+
+if TYPE_CHECKING:
+    from coordinator.io.cluster.leases import LeaseStore
+    from coordinator.io.stores.pg_commit import PipelinedCommitter
+
+__all__ = ["MakeCommitter", "StoreAbilities"]
+
+T = TypeVar("T")
+
+
+class MakeCommitter(Protocol):
+    """A store's own committer factory (``PgStore.make_committer``): the server's ``release`` and ``on_failure``."""
+
+    def __call__(
+        self, release: Callable[[T], None], on_failure: Callable[[BaseException], None], *, max_backlog_bytes: int = 0
+    ) -> PipelinedCommitter[T]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoreAbilities:
+    """The optional abilities of one store (None or empty: it has not that one). See the module's table.
+
+    Attributes:
+        stream: every plan held, in submit order, each handed over as soon as it is decoded
+            (instead of ``load``'s whole list).
+        check_files: raises ``StoreDamaged`` when the store's files were deleted or replaced
+            under it.
+        try_write: ``write`` that returns False at once, nothing written, while another
+            connection holds the database.
+        losses: one line per loss ``accept_loss`` accepted at open or load (read after ``load``).
+        away: why the store cannot take a write now (its database is away), else None.
+        make_committer: the committer the server must use for this store (instead of
+            ``GroupCommitter``).
+        leases: the store's shard-lease connection and fence, which the server keeps with a
+            ``LeaseKeeper``: it serves only while it holds them (cluster mode).
+    """
+
+    stream: Callable[[], Iterator[StoredPlan]] | None = None
+    check_files: Callable[[], None] | None = None
+    try_write: Callable[[Sequence[Record]], bool] | None = None
+    losses: Sequence[str] = ()
+    away: Callable[[], str | None] | None = None
+    make_committer: MakeCommitter | None = None
+    leases: LeaseStore | None = None

@@ -1,0 +1,567 @@
+"""The SQLite store (the default, ``--store sqlite`` or ``sqlite:PATH``): :class:`SQLiteStore`.
+
+One SQLite file in WAL mode with ``synchronous=FULL``, so a committed batch survives a power cut,
+not only a crash of the process. One :meth:`~SQLiteStore.write` is one transaction and one fsync
+whatever the number of records in it: the committer groups every batch queued while the previous
+transaction was being written (group commit, ``coordinator/io/stores/commit.py``), so durability
+costs one fsync per group, not one per message. A lock file next to the database keeps a second
+coordinator off it. Its abilities beyond the :class:`~coordinator.io.stores.store.Store`
+interface (``coordinator/io/stores/abilities.py``): ``stream``, ``try_write``, ``check_files``
+and ``losses``.
+
+Tables (``PRAGMA user_version`` = 4; a version 1 to 3 file is migrated on open; the
+definitions and migrations are in ``coordinator/io/stores/schema.py``)::
+
+    plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents,
+          spec_crc, status_crc, events_crc)                              -- rowid: submit order
+    events(plan, seq, body BLOB, crc, PRIMARY KEY (plan, seq))
+    store_meta(generation)
+
+``id`` has no index: the store, the file's only writer, keeps every id's rowid in memory and
+creates an id once.
+``spec`` is the :class:`PlanCreated`, ``status`` the latest :class:`PlanStatus` (a finished
+plan's carries ``ended_at``, its end in Unix time; a field with a default, so files of either
+age read both ways, with no schema change). A plan's
+durable events are stored in *runs*, the events of one plan in one group: a run of a plan's
+first events (seq <= 15, <= 512 bytes) is appended to ``plans.events`` (``nevents`` events,
+msgpack, without an array header) in the same row write as the plan's status; any other run
+is one ``events`` row (``plan``: the plans rowid, ``seq``: the run's first seq, ``body``: a
+msgpack array). An ordinary plan's whole lifecycle is then one row write per group.
+
+A :class:`PlanForgotten` record (a finished plan past ``--plan-retention``) deletes the plan's
+row and its events rows in the same transaction as the rest of its group. SQLite reuses the
+freed pages: the file stops growing once as many plans are forgotten as are finished, but it
+does not shrink (``VACUUM`` it offline, or ``fleetwire store backup`` writes a compact copy).
+
+Integrity (``coordinator/io/stores/integrity.py``): every blob has a CRC-32 checked on load (the
+inline events' one runs on: the writer keeps each open plan's last value in memory, ~100
+bytes a plan); ``quick_check`` at open; ``store_meta.generation`` counts committed groups and
+the side file ``<db>.generation`` repeats it after each commit; the committer stats the
+``-wal``/``-shm`` files after a commit (:meth:`SQLiteStore.check_files`, at most every
+10 ms). A damaged store raises :class:`StoreDamaged`; opened with ``accept_loss``
+(``--accept-store-loss``) the store starts from what is readable instead and lists what it
+dropped in :attr:`SQLiteStore.losses`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import operator
+import os
+import sqlite3
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from coordinator.io.stores.abilities import StoreAbilities
+from coordinator.io.stores.integrity import (
+    FileWatch,
+    GenerationMarker,
+    StoreDamaged,
+    StoreError,
+    iter_chunks,
+    marker_problem,
+    quick_check,
+    readable_rows,
+    set_aside,
+)
+from coordinator.io.stores.rows import (
+    SELECT_EVENTS,
+    SELECT_PLANS,
+    StoredEvent,
+    as_text,
+    decode_plans,
+    group_records,
+    iter_plans,
+    not_storable,
+    run_by_seq,
+)
+from coordinator.io.stores.schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
+from coordinator.records import Record, StoredPlan
+from protocol.messages import TERMINAL_STATES
+
+__all__ = ["SQLiteStore"]
+
+log = structlog.get_logger(__name__)
+
+crc = zlib.crc32
+
+# Where a plan's events go. A run (the events of one plan in one group) whose last seq is at
+# most _INLINE_MAX_SEQ and whose encoding is at most _INLINE_MAX_BYTES is appended to the plan's
+# own row: the whole lifecycle of an ordinary plan (queued ... succeeded) then costs no row of
+# its own. Anything else (a long stream, a large payload) is one events row per run, so the
+# plan's row, rewritten by every update, stays small (at most 15 runs of 512 bytes).
+_INLINE_MAX_SEQ = 15  # also keeps every inline run under 16 events: a one-byte array header
+_INLINE_MAX_BYTES = 512
+
+_INSERT_PLANS = (
+    "INSERT INTO plans (rowid, id, owner, ord, state, spec, status, events, nevents, spec_crc, status_crc, "
+    "events_crc) VALUES {values}"
+)
+_INSERT_EVENTS = "INSERT OR REPLACE INTO events (plan, seq, body, crc) VALUES {values}"
+_DELETE_PLANS = "DELETE FROM plans WHERE rowid IN ({values})"
+_DELETE_EVENTS = "DELETE FROM events WHERE plan IN ({values})"  # the key's prefix: a range per plan
+# SQLite's || gives text; CAST keeps the bytes (msgpack) as they are: the file is UTF-8 (SQLite's
+# default, never changed here), so nothing is converted on the way.
+_UPDATE_FROM = (
+    "UPDATE plans SET state = coalesce(v.column2, state), status = coalesce(v.column3, status), "
+    "events = CASE WHEN v.column4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || v.column4 AS BLOB) END, "
+    "nevents = nevents + v.column5, status_crc = coalesce(v.column6, status_crc), "
+    "events_crc = coalesce(v.column7, events_crc) FROM (VALUES {values}) AS v WHERE plans.rowid = v.column1"
+)
+_UPDATE_ONE = (
+    "UPDATE plans SET state = coalesce(?2, state), status = coalesce(?3, status), "
+    "events = CASE WHEN ?4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || ?4 AS BLOB) END, "
+    "nevents = nevents + ?5, status_crc = coalesce(?6, status_crc), events_crc = coalesce(?7, events_crc) "
+    "WHERE rowid = ?1"
+)
+_SET_GENERATION = "UPDATE store_meta SET generation = ?"
+_BUSY_TIMEOUT_MS = 5000  # sqlite3's default: how long a write waits for another connection's lock
+_NO_BUSY_WAIT = "PRAGMA busy_timeout = 0"
+_BUSY_WAIT = f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}"
+_SELECT_PLANS_BY_ROWID = SELECT_PLANS + " ORDER BY rowid"  # a rowid table's own order: no sort
+# Whether some plan's row comes before an older plan's (rowids follow the submit order, so never).
+_OUT_OF_ORDER = (
+    "SELECT EXISTS (SELECT 1 FROM (SELECT ord - lag(ord) OVER (ORDER BY rowid) AS step FROM plans) WHERE step < 0)"
+)
+_UNENCODABLE = (TypeError, ValueError, OverflowError)  # what msgspec raises for a payload it cannot hold
+_first = operator.itemgetter(0)
+_first_two = operator.itemgetter(0, 1)
+# Rows per statement. Multi-row statements need SQLite 3.33 (UPDATE ... FROM), whose limit is
+# 32,766 parameters: 12 x 128 is far below it.
+_CHUNK = 128
+
+
+class SQLiteStore:
+    """Plans in one SQLite file (WAL, ``synchronous=FULL``); one transaction per :meth:`write`.
+
+    Args:
+        path: the database file; its directory is created when missing.
+        accept_loss: a damaged file is not refused: the store starts from what is readable
+            (damaged plans are dropped, an unreadable file is set aside and rebuilt from its
+            readable rows) and lists what it lost in :attr:`losses`.
+        marker_sync_s: the longest time between two fdatasyncs of the generation side file
+            (:class:`~coordinator.io.stores.integrity.GenerationMarker`; 0: after every commit).
+
+    Attributes:
+        losses: one line per loss accepted at open or load (``accept_loss`` only).
+
+    Raises:
+        StoreError: the file cannot be opened, is not a fleetwire database of a known
+            version, or another coordinator holds it.
+        StoreDamaged: the file is damaged (``accept_loss`` off).
+    """
+
+    blocking = True
+
+    def __init__(self, path: Path, *, accept_loss: bool = False, marker_sync_s: float = 1.0) -> None:
+        self.path = path
+        self.description = f"sqlite:{path}"
+        self.closed = False
+        self.writes = 0  # transactions committed
+        self.records = 0  # records written
+        self.accept_loss = accept_loss
+        self.losses: list[str] = []
+        self._encoder = msgspec.msgpack.Encoder()
+        self._lock_fd: int | None = None
+        self._marker: GenerationMarker | None = None
+        self._watch = FileWatch(path)
+        self._marker_sync_s = marker_sync_s
+        # The inline events' running checksum of each open plan (written by the writer thread only).
+        self._events_crc: dict[str, int] = {}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock(path.with_name(path.name + ".lock"))
+            try:
+                self._open()
+            except StoreDamaged as exc:
+                if not accept_loss:
+                    raise
+                self._rebuild(exc.problem)
+        except (OSError, sqlite3.Error) as exc:
+            self.close()
+            raise StoreError(f"cannot open the store {path}: {exc}") from exc
+        except StoreError:
+            self.close()
+            raise
+
+    @property
+    def abilities(self) -> StoreAbilities:
+        """A restart's load one plan at a time, commits on the loop, the file check and the losses accepted."""
+        return StoreAbilities(stream=self.stream, check_files=self.check_files, try_write=self.try_write,
+                              losses=self.losses)  # fmt: skip
+
+    def _open(self) -> None:
+        """Connect, migrate or create the schema, check the file and its generation; read the rowids."""
+        path = self.path
+        try:
+            # check_same_thread=False: opened here, written by the committer's one thread, never
+            # by two threads at once. isolation_level=None: transactions are explicit.
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                       timeout=_BUSY_TIMEOUT_MS / 1000)
+            self._waits = True  # the connection's busy timeout is _BUSY_TIMEOUT_MS (0 while False: try_write)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
+                raise StoreError(
+                    f"{path} has schema version {version}; this coordinator reads versions 1 to {SCHEMA_VERSION}"
+                )
+            problem = quick_check(self._db)
+            if problem is not None:
+                raise StoreDamaged(path, problem)
+            if version == 0:
+                create_schema(self._db)
+            elif version in MIGRATIONS:
+                migrate(self._db, version)
+            self.generation: int = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
+            # The events key: every plan's rowid (a forgotten plan's is dropped with its row).
+            self._rowids: dict[str, int] = dict(self._db.execute("SELECT id, rowid FROM plans"))
+        except sqlite3.OperationalError as exc:
+            if "malformed" not in str(exc) and "no such" not in str(exc):
+                raise  # locked, unreadable, disk I/O: a problem of the machine, not of the file's content
+            raise StoreDamaged(path, str(exc)) from exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
+            raise StoreDamaged(path, str(exc)) from exc
+        self._next_rowid = max(self._rowids.values(), default=0) + 1
+        # UPDATE ... FROM needs SQLite 3.33; an older library writes one row per step.
+        self._multi_row = sqlite3.sqlite_version_info >= (3, 33, 0)
+        self._update_status = _UPDATE_FROM if self._multi_row else _UPDATE_ONE
+        if self._marker is None:
+            self._marker = GenerationMarker(path, sync_interval_s=self._marker_sync_s)
+        acknowledged = self._marker.read()
+        problem = marker_problem(self.generation, acknowledged, self._marker.path.name)
+        if problem is not None:
+            if not self.accept_loss:
+                raise StoreDamaged(path, problem)
+            lost = "are lost" if acknowledged is not None else "may be lost"
+            self.losses.append(f"{path}: {problem}; the commits after {self.generation} {lost}")
+        self._marker.write(self.generation)
+        if self._marker.was_missing:
+            self._marker.make_durable()  # never missing next to commits after a power cut
+        self._watch.arm()
+
+    def _rebuild(self, problem: str) -> None:
+        """``--accept-store-loss`` on a file SQLite cannot use: set it aside, start anew from its readable rows."""
+        with contextlib.suppress(sqlite3.Error):
+            if getattr(self, "_db", None) is not None:
+                self._db.close()
+        self._db = None  # type: ignore[assignment]
+        plans_rows, event_rows, unreadable = readable_rows(self.path)
+        aside = set_aside(self.path, "damaged")
+        self._watch = FileWatch(self.path)
+        plans, damaged = decode_plans(plans_rows, event_rows)
+        if self._marker is None:
+            self._marker = GenerationMarker(self.path, sync_interval_s=self._marker_sync_s)
+        self._marker.write(0)  # the new file starts its own count
+        self._open()
+        for chunk in iter_chunks(plans, 1000):
+            self.write([r for p in chunk for r in (p.created, *p.events, *([p.status] if p.status else []))])
+        self.losses.append(
+            f"{self.path}: {problem}; the damaged file is kept as {aside.name}; {len(plans)} plans were read back, "
+            f"{len(damaged)} damaged plans and {unreadable} unreadable parts were dropped"
+        )
+        self.losses.extend(f"{self.path}: {what}" for what in damaged.values())
+
+    def _lock(self, lock_path: Path) -> None:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreError(
+                f"another coordinator (pid {holder}) is using {self.path}; stop it or give this one "
+                "another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd  # held until close(); the kernel releases it if the process dies
+
+    def load(self) -> list[StoredPlan]:
+        # The rowids read at open are read again with the plans, keyed by the plans' own id strings:
+        # freed first, so the plans' memory reuses theirs, and each id is one string, not two.
+        opened, self._rowids = self._rowids, {}
+        try:
+            plans, damaged = decode_plans(self._db.execute(SELECT_PLANS), self._db.execute(SELECT_EVENTS),
+                                          keep_crc=self._events_crc, keep_rowids=self._rowids)  # fmt: skip
+        except sqlite3.Error as exc:
+            self._rowids = opened
+            if not self.accept_loss:
+                raise StoreDamaged(self.path, f"cannot read it: {exc}") from exc
+            self._rebuild(f"cannot read it: {exc}")
+            return self.load()
+        del opened
+        if damaged:
+            if not self.accept_loss:
+                more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+                raise StoreDamaged(self.path, next(iter(damaged.values())) + more)
+            self._drop(damaged)
+        return plans
+
+    def stream(self) -> Iterator[StoredPlan]:
+        """Every plan held, in submit order, each handed over as soon as it is decoded (a restart's load).
+
+        The server's restore turns each into the core's plan before the next is read, so the
+        decoded store is never in memory whole. Checks as :meth:`load`: the damage found is
+        raised (:class:`StoreDamaged`) once every sound plan was given, as :meth:`load` raises
+        it. With ``accept_loss``, or a file whose rowids do not follow the submit order (never
+        written so by this store), it is :meth:`load`'s list.
+        """
+        if self.accept_loss or self._db.execute(_OUT_OF_ORDER).fetchone()[0]:
+            yield from self.load()
+            return
+        self._rowids = {}
+        damaged: dict[int, str] = {}
+        try:
+            yield from iter_plans(self._db.execute(_SELECT_PLANS_BY_ROWID), self._db.execute(SELECT_EVENTS), damaged,
+                                  keep_crc=self._events_crc, keep_rowids=self._rowids)  # fmt: skip
+        except sqlite3.Error as exc:
+            raise StoreDamaged(self.path, f"cannot read it: {exc}") from exc
+        if damaged:
+            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+            raise StoreDamaged(self.path, next(iter(damaged.values())) + more)
+
+    def _drop(self, damaged: dict[int, str]) -> None:
+        """Delete the damaged plans (``--accept-store-loss``), so the next start finds a clean file."""
+        keys = [(rowid,) for rowid in damaged]
+        self._begin(wait=True)
+        self._run_chunked(_DELETE_PLANS, "?", keys)
+        self._run_chunked(_DELETE_EVENTS, "?", keys)
+        self._db.execute("COMMIT")
+        gone = set(damaged)
+        for plan_id in [p for p, rowid in self._rowids.items() if rowid in gone]:
+            del self._rowids[plan_id]
+            self._events_crc.pop(plan_id, None)
+        self.losses.extend(f"{self.path}: {what}; the plan was dropped" for what in damaged.values())
+
+    def _encode(self, record: Record) -> bytes:
+        try:
+            return self._encoder.encode(record)
+        except (TypeError, ValueError, OverflowError) as exc:
+            # A payload msgpack cannot hold (e.g. a map with null keys that came in as JSON-ish
+            # data) must not stop the coordinator: keep the record, with the payload as text.
+            log.error("record payload cannot be stored; storing it as text", plan_id=record.plan_id, error=str(exc))
+            return self._encoder.encode(as_text(record))
+
+    def _encode_run(self, plan_id: str, run: list[StoredEvent]) -> bytes:
+        """A run of events as one msgpack array of ``[kind, data, seq, attempt, ephemeral]`` arrays.
+
+        A stored event leaves out its plan id (the row's) and its field names: a third of the
+        bytes, which every later update of the plan's row writes again.
+        """
+        try:
+            return self._encoder.encode(run)
+        except (TypeError, ValueError, OverflowError):
+            rows = []
+            for kind, data, seq, attempt, ephemeral in run:
+                try:
+                    self._encoder.encode(data)
+                    rows.append((kind, data, seq, attempt, ephemeral))
+                except (TypeError, ValueError, OverflowError) as exc:
+                    # A payload msgpack cannot hold (e.g. a map with null keys that came in as
+                    # JSON-ish data) must not stop the coordinator: keep the event, data as text.
+                    log.error("event data cannot be stored; storing it as text", plan_id=plan_id, error=str(exc))
+                    rows.append((kind, not_storable(data), seq, attempt, ephemeral))
+            return self._encoder.encode(rows)
+
+    def try_write(self, records: Sequence[Record]) -> bool:
+        """:meth:`write` without waiting for the database: False (nothing written) while another connection holds it.
+
+        The committer's commit on the event loop (coordinator/io/stores/commit.py): the loop must not
+        wait up to sqlite3's busy timeout (5 s) for, e.g., a checkpoint by ``fleetwire store
+        backup``; the writer thread, which may wait, gets the group instead.
+        """
+        return self._write(records, wait=False)
+
+    def write(self, records: Sequence[Record]) -> None:
+        self._write(records, wait=True)
+
+    def _begin(self, wait: bool) -> bool:
+        """``BEGIN IMMEDIATE``; without ``wait``, False at once when another connection holds the write lock.
+
+        The connection's busy timeout is switched only when the mode changes (:attr:`_waits`): a
+        store whose commits all run on the loop (``wait`` off) or all in the writer thread runs no
+        ``PRAGMA`` per commit. Two per commit were ~3 µs of a lone commit's ~20 µs of SQLite work
+        on a quiet machine, and more on a busy one (bench/store_writer.py --lone).
+        """
+        db = self._db
+        if wait != self._waits:
+            db.execute(_BUSY_WAIT if wait else _NO_BUSY_WAIT)
+            self._waits = wait
+        if wait:
+            db.execute("BEGIN IMMEDIATE")
+            return True
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if db.in_transaction or ("locked" not in str(exc) and "busy" not in str(exc)):
+                raise
+            return False
+        return True
+
+    def _write(self, records: Sequence[Record], *, wait: bool) -> bool:
+        created, latest, runs, forgotten = group_records(records)
+        rowids = self._rowids
+        fresh: dict[str, int] = {}  # rowids of plans new in this group
+        next_rowid = self._next_rowid
+        doomed = [(rowids[plan_id],) for plan_id in forgotten if plan_id in rowids]
+        for plan_id in created:
+            # A plan id is created once while kept: a second creation keeps the first.
+            if plan_id not in rowids or plan_id in forgotten:
+                fresh[plan_id] = next_rowid + len(fresh)
+        # Every plan this group touches, once. The core writes a status with every change, so
+        # the statuses name them all; other callers may write events or creations alone.
+        touched: Iterable[str] = latest
+        if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
+            touched = {**fresh, **latest, **runs}
+        encode, encode_run = self._encode, self._encode_run
+        # msgspec's encoder called here, ~3 statuses and runs a plan; _encode/_encode_run (their
+        # fallback for a payload msgpack cannot hold) only when it raises: a method call each saved.
+        raw_encode = self._encoder.encode
+        unencodable = _UNENCODABLE
+        chained = self._events_crc
+        chained_now: dict[str, int] = {}  # applied once committed, like the rowids
+        ended: list[str] = []
+        new_rows: list[tuple[Any, ...]] = []
+        updates: list[tuple[Any, ...]] = []
+        spilled: list[tuple[Any, ...]] = []  # runs that go to the events table
+        for plan_id in touched:
+            rowid = fresh.get(plan_id) or (None if plan_id in forgotten else rowids.get(plan_id))
+            if rowid is None:
+                continue  # a record of a plan never created (or deleted): load() would never return it
+            inline: bytes | None = None
+            count = 0
+            inline_crc = None
+            run = runs.get(plan_id)
+            if run is not None:
+                if len(run) > 1:
+                    run = run_by_seq(run)
+                try:
+                    body = raw_encode(run)
+                except unencodable:
+                    body = encode_run(plan_id, run)
+                last = run[-1][2]
+                if last <= _INLINE_MAX_SEQ and len(run) < 16 and len(body) <= _INLINE_MAX_BYTES:
+                    inline, count = body[1:], len(run)  # without its one-byte array header
+                    # The checksum of the row's whole events blob runs on from its previous value.
+                    previous = 0 if plan_id in fresh else chained.get(plan_id)
+                    if previous is None:
+                        previous = self._stored_events_crc(rowid)
+                    inline_crc = chained_now[plan_id] = crc(inline, previous)
+                else:
+                    spilled.append((rowid, run[0][2], body, crc(body, rowid & 0xFFFFFFFF)))
+            status = latest.get(plan_id)
+            if status is None:
+                state = status_blob = status_crc = None
+            else:
+                state = status.state
+                try:
+                    status_blob = raw_encode(status)
+                except unencodable:
+                    status_blob = encode(status)
+                status_crc = crc(status_blob)
+                if state in TERMINAL_STATES:
+                    ended.append(plan_id)  # no more inline events: its running checksum is dropped
+            if plan_id in fresh:
+                record = created[plan_id]
+                spec = encode(record)
+                new_rows.append((rowid, plan_id, record.owner, record.order, state or "queued",
+                                 spec, status_blob, inline, count, crc(spec), status_crc, inline_crc))  # fmt: skip
+            else:
+                updates.append((rowid, state, status_blob, inline, count, status_crc, inline_crc))
+        # Key order: each B-tree page is visited once per group.
+        updates.sort(key=_first)
+        spilled.sort(key=_first_two)
+        db = self._db
+        try:
+            if not self._begin(wait):
+                return False  # nothing changed yet: the caller writes the same records later
+            try:
+                # Multi-row statements: sqlite3 releases the GIL around every step, and under a busy
+                # event loop each hand-back can wait a switch interval; one step per chunk of rows
+                # instead of one per row keeps the writer from convoying with the loop.
+                self._run_chunked(_DELETE_PLANS, "?", doomed)  # first: nothing below touches those rows
+                self._run_chunked(_DELETE_EVENTS, "?", doomed)
+                self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
+                self._run_chunked(self._update_status, "(?, ?, ?, ?, ?, ?, ?)", updates)
+                self._run_chunked(_INSERT_EVENTS, "(?, ?, ?, ?)", spilled)
+                db.execute(_SET_GENERATION, (self.generation + 1,))
+                db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write the store {self.path}: {exc}") from exc
+        self.generation += 1
+        assert self._marker is not None
+        try:
+            self._marker.write(self.generation)
+        except OSError as exc:
+            raise StoreError(f"cannot write the store's generation file {self._marker.path}: {exc}") from exc
+        for plan_id in forgotten:  # only once committed, like the new rowids below
+            rowids.pop(plan_id, None)
+            chained.pop(plan_id, None)
+        if chained_now:
+            chained.update(chained_now)
+        for plan_id in ended:
+            chained.pop(plan_id, None)
+        if fresh:  # only once committed: a rolled-back group leaves no rowid behind
+            rowids.update(fresh)
+            self._next_rowid += len(fresh)
+        self.writes += 1
+        self.records += len(records)
+        return True
+
+    def check_files(self) -> None:
+        """Raise :class:`StoreDamaged` when the ``-wal`` or ``-shm`` was deleted or replaced since the open.
+
+        The committer calls it on the event loop after a commit (at most every 10 ms), before it
+        releases the replies: a commit in a file nobody will read again must not be acknowledged.
+        """
+        moved = self._watch.problem()
+        if moved is not None:
+            raise StoreDamaged(self.path, moved)
+
+    def _stored_events_crc(self, rowid: int) -> int:
+        """The inline events' checksum of a plan the writer has no value for (an ended plan, once more)."""
+        row = self._db.execute("SELECT events_crc FROM plans WHERE rowid = ?", (rowid,)).fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else 0
+
+    def _run_chunked(self, sql: str, row: str, rows: list[tuple[Any, ...]]) -> None:
+        """Run ``sql`` (with ``{values}`` for the VALUES list) over ``rows`` in power-of-two chunks.
+
+        Chunk sizes are powers of two up to :data:`_CHUNK` so only a handful of distinct
+        statements exist and every one stays in sqlite3's statement cache.
+        """
+        if not rows:
+            return
+        if not self._multi_row:
+            self._db.executemany(sql.format(values=row), rows)
+            return
+        start, total = 0, len(rows)
+        while start < total:
+            size = min(_CHUNK, 1 << ((total - start).bit_length() - 1))
+            params = [value for r in rows[start:start + size] for value in r]
+            self._db.execute(sql.format(values=", ".join([row] * size)), params)
+            start += size
+
+    def close(self) -> None:
+        self.closed = True
+        db = getattr(self, "_db", None)
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+            self._db = None  # type: ignore[assignment]
+        if self._marker is not None:
+            self._marker.close()
+            self._marker = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
