@@ -1,6 +1,9 @@
 """Where a plan runs: the plan queue, the placement engine and its policies, one layer above the registry.
 
 * plan_queue: queued plans grouped by requirement signature, best first, and why they wait;
+* fair_queue: the same groups in fair-share order (teams, then principals, by weighted dominant
+  share; quota tiers), with fairshare's usage, service and keys per team and principal (issue #27);
+* preemption: which preemptible leases to stop so that a waiting plan can run, with no loops;
 * placer: :class:`Placement`, which picks a worker for a plan (candidates, KV admission,
   sticky sessions, prefetch and work stealing);
 * policies: the scoring policies (least busy, latency, joule, carbon, KV-aware, session);

@@ -40,7 +40,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from coordinator.devices import GpuNeed, largest_free, matching
 from coordinator.shards import POOL_TAG, pool_of
@@ -292,18 +292,22 @@ class PlanQueue:
         """
         token = next(self._tokens)
         self._live[plan_id] = (signature, token)
-        group = self._groups.get(signature)
-        if group is None:
-            group = self._groups[signature] = _Group(born=token)
-            self._by_op.setdefault(signature.op, {})[signature] = group
-            self._by_tag.setdefault((signature.op, signature.tags[0] if signature.tags else ""), {})[signature] = group
-            self._unexplained[signature] = group
-            if signature.avoid:
-                self._avoiding[signature] = group
-            heapq.heappush(group.heap, (-priority, order, token, plan_id))
-            return True
+        group, new = self._group_for(signature, token)
         heapq.heappush(group.heap, (-priority, order, token, plan_id))
-        return False
+        return new
+
+    def _group_for(self, signature: Signature, token: int) -> tuple[_Group, bool]:
+        """The signature's group, made (and indexed) if it has none; whether it was made."""
+        group = self._groups.get(signature)
+        if group is not None:
+            return group, False
+        group = self._groups[signature] = _Group(born=token)
+        self._by_op.setdefault(signature.op, {})[signature] = group
+        self._by_tag.setdefault((signature.op, signature.tags[0] if signature.tags else ""), {})[signature] = group
+        self._unexplained[signature] = group
+        if signature.avoid:
+            self._avoiding[signature] = group
+        return group, True
 
     def discard(self, plan_id: str) -> bool:
         """Take a plan out of the queue; its heap entry is dropped when it surfaces.
@@ -318,8 +322,9 @@ class PlanQueue:
         entry = self._live.get(plan_id)
         return None if entry is None else entry[0]
 
-    def _head(self, signature: Signature, group: _Group) -> tuple[int, int, int, str] | None:
-        """The live head of a group, popping dead entries off the top."""
+    def _head(self, signature: Signature, group: _Group) -> tuple[Any, ...] | None:
+        """The live head of a group, popping dead entries off the top: a tuple that orders heads
+        across groups (smaller first), the plan id last; None when the group has no live plan."""
         heap = group.heap
         while heap:
             entry = heap[0]
@@ -377,8 +382,8 @@ class PlanQueue:
             else:
                 picked = {sig: group for of_op in found for sig, group in of_op.items()}
                 candidates = sorted(picked.items(), key=_born)
-        head = self._head
-        return [(sig, group) for sig, group in candidates if head(sig, group) is not None or self._drop(sig)]
+        held = self._holds
+        return [(sig, group) for sig, group in candidates if held(sig, group) or self._drop(sig)]
 
     def _tagged_pairs(self, ops: Iterable[str], tags: Collection[str]) -> list[tuple[Signature, _Group]]:
         """:meth:`_pairs` of ``ops`` that a worker with ``tags`` may admit, by the first-tag index of large ops."""
@@ -399,12 +404,16 @@ class PlanQueue:
         else:
             picked = {sig: group for of in found for sig, group in of.items()}
             candidates = sorted(picked.items(), key=_born)
-        head = self._head
-        return [(sig, group) for sig, group in candidates if head(sig, group) is not None or self._drop(sig)]
+        held = self._holds
+        return [(sig, group) for sig, group in candidates if held(sig, group) or self._drop(sig)]
 
     def _dropped(self, signature: Signature, group: _Group) -> bool:
         """Drop the group if it has no live plan left; whether it was dropped."""
-        return self._head(signature, group) is None and not self._drop(signature)
+        return not self._holds(signature, group) and not self._drop(signature)
+
+    def _holds(self, signature: Signature, group: _Group) -> bool:
+        """Whether the group has a live plan (its dead entries on top are dropped on the way)."""
+        return self._head(signature, group) is not None
 
     def _drop(self, signature: Signature) -> bool:
         """Forget an empty group; returns False (so a filter drops it too)."""
@@ -436,17 +445,21 @@ class PlanQueue:
         its groups without tags or whose first tag is one of ``tags`` (the others need a tag the
         worker lacks). Cost is one ``admits`` call per signature looked at, whatever the number of plans.
         """
-        best: tuple[int, int, int, str] | None = None
+        best: tuple[Any, ...] | None = None
         pairs = self._pairs(ops) if tags is None or ops is None else self._tagged_pairs(ops, tags)
         for signature, group in pairs:
             if not admits(signature):
                 continue
             head = self._head(signature, group)
-            if head is None or (best is not None and head >= best):
+            if head is None or (best is not None and head >= best) or not self._offered(head):
                 continue
-            if fits is None or fits(head[3]):
+            if fits is None or fits(head[-1]):
                 best = head
-        return None if best is None else best[3]
+        return None if best is None else best[-1]
+
+    def _offered(self, head: tuple[Any, ...]) -> bool:
+        """Whether a group's head may be placed now (the fair queue holds back a team past a hard quota)."""
+        return True
 
     def has_ahead(self, signature: Signature, priority: int, order: int) -> bool:
         """Whether the group holds a plan that comes before one of ``priority`` and ``order``."""

@@ -1,0 +1,426 @@
+"""The fair-share plan queue: which waiting plan a free worker gets next (issue #27).
+
+A layer on :class:`~coordinator.placement.plan_queue.PlanQueue`: plans are still grouped by
+:class:`~coordinator.placement.plan_queue.Signature`, so a worker with room is matched against
+the few signatures it can run, never the many plans. What changes is the order within and
+between groups (docs/SEMANTICS.md §Fair share):
+
+1. quota tier: plans of teams within their quotas first, then plans that would borrow beyond a
+   quota; a team past a quota with ``borrow = false`` is not offered at all (coordinator/teams.py);
+2. the team's share key, smallest first (coordinator/placement/fairshare.py: weighted DRF, then
+   cumulative service);
+3. within the team, the principal's share key;
+4. within the principal, higher priority first, then older first.
+
+Theory of operation. Each group holds a heap of teams keyed ``(tier, team key)``; each team part a
+heap of its principals keyed by the principal's key; each principal a heap of its plans keyed
+``(-priority, order)``. The head of a group walks down the three heaps: O(1) when nothing changed.
+Keys change when a team's or principal's usage changes (a plan of theirs is leased or lets go of
+its lease: :meth:`FairQueue.started`, :meth:`FairQueue.ended`): the new key is pushed into each
+group where the team (or principal) has waiting plans, and the old entry, whose version is now
+stale, is dropped when it surfaces. That is O(g log t) per change for a team waiting in g groups
+among t teams, and a decision (:meth:`PlanQueue.best_for`) costs O(log n) amortised per group
+looked at: nothing scans the waiting plans or the teams. A heap whose stale entries outnumber its
+live ones is rebuilt.
+
+Capacity changes (workers come or go) and token-file reloads move every key: every group's heaps
+are rebuilt, O(entries) once.
+
+Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from coordinator.placement.fairshare import NO_CAPACITY, Capacity, Demand, ShareBook
+from coordinator.placement.plan_queue import PlanQueue, Signature, _Group
+from coordinator.teams import TeamBook
+
+__all__ = ["TIER_BORROW", "TIER_HELD", "TIER_WITHIN", "FairQueue"]
+
+TIER_WITHIN = 0  # the team stays within its quotas with this plan
+TIER_BORROW = 1  # the plan would take its team past a quota: only capacity nobody else waits for
+TIER_HELD = 2  # past a quota and the team may not borrow: not offered
+# A share plan's fraction of a device is not part of its signature: against max_gpus it counts as "some".
+SHARE_NEED = 1e-6
+
+
+class _TeamPart:
+    """One team's waiting plans in one group: its principals' heap and each principal's plans."""
+
+    __slots__ = ("count", "counts", "indexed", "plans", "principals", "pushed")
+
+    def __init__(self) -> None:
+        self.indexed = False  # whether ``principals`` is kept (only with two principals or more)
+        self.count = 0
+        self.counts: dict[str, int] = {}  # principal -> live plans here
+        self.plans: dict[str, list[tuple[int, int, int, str]]] = {}  # principal -> heap (-priority, order, token, id)
+        self.principals: list[tuple[tuple[float, ...], int, str]] = []  # heap (key, version, principal)
+        self.pushed: dict[str, int] = {}  # principal -> version of its newest entry in ``principals``
+        # The team's newest entry in the group's heap has version pushed[""] (no principal is named "").
+
+
+class _FairPart:
+    """One group's teams: a heap of ``(tier, key, version, team)`` and each team's part."""
+
+    __slots__ = ("indexed", "members", "teams")
+
+    def __init__(self) -> None:
+        self.indexed = False  # whether ``teams`` is kept (only with two teams or more: one needs no order)
+        self.teams: list[tuple[int, tuple[float, ...], int, str]] = []
+        self.members: dict[str, _TeamPart] = {}
+
+
+class FairQueue(PlanQueue):
+    """Queued plans in fair-share order (module docstring), grouped by signature.
+
+    Args:
+        teams: who is in which team, weights, quotas.
+        capacity: the fleet's totals now.
+    """
+
+    def __init__(self, teams: TeamBook | None = None, capacity: Capacity = NO_CAPACITY) -> None:
+        super().__init__()
+        self.shares = ShareBook(teams, capacity)
+        self._parts: dict[Signature, _FairPart] = {}
+        self._owners: dict[str, str] = {}  # queued plan id -> its principal
+        self._team_groups: dict[str, set[Signature]] = {}  # team -> groups it waits in
+        self._principal_groups: dict[str, set[Signature]] = {}  # principal -> groups it waits in
+
+    # ------------------------------------------------------------------ queue
+
+    def push(self, plan_id: str, signature: Signature, priority: int, order: int, owner: str = "") -> bool:
+        """Queue a plan of ``owner`` (again); a plan already queued is moved. True if its group was empty."""
+        if plan_id in self._live:
+            self.discard(plan_id)
+        token = next(self._tokens)
+        self._live[plan_id] = (signature, token)
+        self._owners[plan_id] = owner
+        new = self._group_for(signature, token)[1]
+        part = self._parts.get(signature)
+        if part is None:
+            part = self._parts[signature] = _FairPart()
+        empty = not part.members
+        shares = self.shares
+        team = shares.team_of(owner)
+        shares.queued(owner, 1)  # before the keys are read: a team that comes back is lifted first
+        member = part.members.get(team)
+        if member is None:
+            member = part.members[team] = _TeamPart()
+            self._team_groups.setdefault(team, set()).add(signature)
+            self._push_team(part, member, team, signature)
+        if owner not in member.counts:
+            member.counts[owner] = 0
+            member.plans[owner] = []
+            self._principal_groups.setdefault(owner, set()).add(signature)
+            self._push_principal(member, owner)
+        member.count += 1
+        member.counts[owner] += 1
+        heapq.heappush(member.plans[owner], (-priority, order, token, plan_id))
+        return new or empty
+
+    def discard(self, plan_id: str) -> bool:
+        """Take a plan out of the queue (its entry is dropped when it surfaces). True if it was queued."""
+        entry = self._live.pop(plan_id, None)
+        if entry is None:
+            return False
+        owner = self._owners.pop(plan_id)
+        signature = entry[0]
+        self.shares.queued(owner, -1)
+        part = self._parts[signature]
+        team = self.shares.team_of(owner)
+        member = part.members[team]
+        member.count -= 1
+        member.counts[owner] -= 1
+        if not member.counts[owner]:
+            del member.counts[owner], member.plans[owner]
+            member.pushed.pop(owner, None)
+            _unindex(self._principal_groups, owner, signature)
+            if len(member.counts) < 2:
+                member.indexed = False
+        if not member.count:
+            del part.members[team]
+            _unindex(self._team_groups, team, signature)
+            if len(part.members) < 2:
+                part.indexed = False
+        return True
+
+    def owner_of(self, plan_id: str) -> str | None:
+        """The principal of a queued plan."""
+        return self._owners.get(plan_id)
+
+    def _head(self, signature: Signature, group: _Group) -> tuple[Any, ...] | None:
+        """The group's fair head: ``(tier, team key, principal key, -priority, order, token, plan id)``.
+
+        A group of one team (a team part of one principal) needs no heap to say who is first.
+        """
+        part = self._parts.get(signature)
+        if part is None or not part.members:
+            return None
+        shares = self.shares
+        teams = shares._teams.accounts
+        members = part.members
+        if len(members) == 1:
+            team, member = next(iter(members.items()))
+            tier, team_key = self._tier(team, signature), teams[team].key
+        else:
+            tier, team_key, team, member = self._first_team(part, signature)
+        principals = shares._principals.accounts
+        if len(member.counts) == 1:
+            owner = next(iter(member.counts))
+            key = principals[owner].key
+        else:
+            key, owner = self._first_principal(member)
+        plans = member.plans[owner]
+        live = self._live
+        while plans:
+            entry = plans[0]
+            if live.get(entry[3]) == (signature, entry[2]):
+                return (tier, team_key, key, *entry)
+            heapq.heappop(plans)
+        raise AssertionError(f"principal {owner!r} counted in group {signature} with no live plan")
+
+    def _first_team(self, part: _FairPart, signature: Signature) -> tuple[int, tuple[float, ...], str, _TeamPart]:
+        """The top of a group's team heap, stale entries replaced on the way."""
+        teams = self.shares._teams.accounts
+        heap = part.teams
+        while heap:
+            tier, team_key, version, team = heap[0]
+            member = part.members.get(team)
+            current = teams[team].version
+            if member is not None and current == version:
+                return tier, team_key, team, member
+            heapq.heappop(heap)
+            if member is not None and member.pushed[""] != current:  # its key grew: see _rekeyed
+                self._push_team(part, member, team, signature)
+        raise AssertionError(f"group {signature} has teams and no team entry")
+
+    def _first_principal(self, member: _TeamPart) -> tuple[tuple[float, ...], str]:
+        """The top of a team part's principal heap, stale entries replaced on the way."""
+        principals = self.shares._principals.accounts
+        heap = member.principals
+        while heap:
+            key, version, owner = heap[0]
+            present = owner in member.counts
+            current = principals[owner].version
+            if present and current == version:
+                return key, owner
+            heapq.heappop(heap)
+            if present and member.pushed[owner] != current:
+                self._push_principal(member, owner)
+        raise AssertionError("a team part has principals and no principal entry")
+
+    def _holds(self, signature: Signature, group: _Group) -> bool:
+        part = self._parts.get(signature)
+        return part is not None and bool(part.members)  # members are counted: no heap to look at
+
+    def _offered(self, head: tuple[Any, ...]) -> bool:
+        return bool(head[0] != TIER_HELD)
+
+    def _drop(self, signature: Signature) -> bool:
+        self._parts.pop(signature, None)
+        return super()._drop(signature)
+
+    def has_ahead(self, signature: Signature, priority: int, order: int, owner: str = "") -> bool:
+        """Whether the group holds a plan that comes before a newcomer of ``owner``, ``priority`` and ``order``."""
+        group = self._groups.get(signature)
+        head = None if group is None else self._head(signature, group)
+        if head is None:
+            return False
+        shares = self.shares
+        team = shares.team_of(owner)
+        mine = (self._tier(team, signature), shares.team_account(team).key, shares.principal_account(owner).key,
+                -priority, order)
+        return bool(head[:5] < mine)
+
+    def plans_in(self, signature: Signature) -> list[str]:
+        """The queued plans of one signature, in the order the keys give now (they move as plans start and end)."""
+        part = self._parts.get(signature)
+        if part is None:
+            return []
+        live = self._live
+        shares = self.shares
+        ranked: list[tuple[Any, ...]] = []
+        for team, member in part.members.items():
+            team_key = (self._tier(team, signature), shares.team_account(team).key)
+            for owner, plans in member.plans.items():
+                owner_key = shares.principal_account(owner).key
+                ranked.extend(
+                    (team_key, owner_key, e) for e in plans if live.get(e[3]) == (signature, e[2])
+                )
+        ranked.sort()
+        return [entry[3] for _, _, entry in ranked]
+
+    def forgive(self, worker_id: str) -> list[str]:
+        """Move the plans that avoid ``worker_id`` to the groups without that avoidance (order kept)."""
+        moved: list[str] = []
+        for signature in [s for s in sorted(self._avoiding, key=lambda s: self._avoiding[s].born)
+                          if worker_id in s.avoid]:
+            part = self._parts.get(signature)
+            if part is None:
+                continue
+            kept = signature.avoiding(w for w in signature.avoid if w != worker_id)
+            entries = sorted(
+                (entry, owner) for member in part.members.values() for owner, plans in member.plans.items()
+                for entry in plans if self._live.get(entry[3]) == (signature, entry[2])
+            )
+            for (neg_priority, order, _, plan_id), owner in entries:
+                self.push(plan_id, kept, -neg_priority, order, owner)
+                moved.append(plan_id)
+            if signature in self._groups:
+                self._dropped(signature, self._groups[signature])
+        return moved
+
+    def waiting_of(self, team: str) -> int:
+        """Plans of a team waiting now (for its ``max_queued``)."""
+        return self.shares.team_account(team).waiting
+
+    # ------------------------------------------------------------------ usage
+
+    def started(self, owner: str, demand: Demand) -> None:
+        """A plan of ``owner`` was leased (taken out of the queue first): its team's and its keys grow.
+
+        Nothing is pushed: the old, smaller entries surface first and are replaced then (:meth:`_head`).
+        """
+        self.shares.started(owner, demand)
+
+    def ended(self, owner: str, demand: Demand, run_s: float) -> None:
+        """A leased plan of ``owner`` let go of its lease after ``run_s`` seconds: its keys shrink."""
+        self.shares.ended(owner, demand, run_s)
+        self._rekeyed(owner)
+
+    def set_capacity(self, capacity: Capacity) -> None:
+        """The fleet's totals changed (workers came, left, drained): every key moves."""
+        if self.shares.set_capacity(capacity):
+            self._rebuild()
+
+    def set_teams(self, teams: TeamBook, running: dict[str, list[Demand]]) -> None:
+        """A new team book (the token file was reloaded).
+
+        Args:
+            running: principal -> the demands of its leased plans (principals that moved team
+                carry their usage with them).
+        """
+        queued: dict[str, int] = {}
+        for owner in self._owners.values():
+            queued[owner] = queued.get(owner, 0) + 1
+        moved = {p: (running.get(p, []), queued.get(p, 0)) for p in set(running) | set(queued)}
+        entries: list[tuple[str, Signature, int, int, str]] = []
+        for signature, part in self._parts.items():
+            for member in part.members.values():
+                for owner, plans in member.plans.items():
+                    live = [e for e in plans if self._live.get(e[3]) == (signature, e[2])]
+                    entries.extend((e[3], signature, -e[0], e[1], owner) for e in live)
+        self.shares.set_teams(teams, moved)
+        # Plans keep their signature, priority and age; their team parts are built anew.
+        self._parts.clear()
+        self._team_groups.clear()
+        self._principal_groups.clear()
+        for plan_id, *_ in entries:
+            self._live.pop(plan_id)
+            self.shares.queued(self._owners.pop(plan_id), -1)
+        for plan_id, signature, priority, order, owner in entries:
+            self.push(plan_id, signature, priority, order, owner)
+
+    def _tier(self, team: str, signature: Signature) -> int:
+        shares = self.shares
+        if not shares.teams_book.quotas:
+            return TIER_WITHIN
+        quota = shares.team(team)
+        if quota.max_running is None and quota.max_gpus is None:
+            return TIER_WITHIN
+        account = shares.team_account(team)
+        need = 0.0 if signature.gpus is None else (SHARE_NEED if signature.gpus.shared else float(signature.gpus.count))
+        if not quota.over_quota(account.running, account.gpus, need):
+            return TIER_WITHIN
+        return TIER_BORROW if quota.borrow else TIER_HELD
+
+    def _team_entry(self, team: str, signature: Signature) -> tuple[int, tuple[float, ...], int, str]:
+        account = self.shares.team_account(team)
+        return (self._tier(team, signature), account.key, account.version, team)
+
+    def _push_team(self, part: _FairPart, member: _TeamPart, team: str, signature: Signature) -> None:
+        """Put the team's current key in the group's heap (kept only from two teams on: see :meth:`_head`)."""
+        if len(part.members) < 2:
+            return
+        heap = part.teams
+        if not part.indexed or len(heap) > 2 * len(part.members) + 8:  # new, or mostly stale: one per team
+            self._index_teams(part, signature)
+            return
+        entry = self._team_entry(team, signature)
+        member.pushed[""] = entry[2]
+        heapq.heappush(heap, entry)
+
+    def _index_teams(self, part: _FairPart, signature: Signature) -> None:
+        heap = part.teams
+        heap[:] = [self._team_entry(t, signature) for t in part.members]
+        heapq.heapify(heap)
+        for entry in heap:
+            part.members[entry[3]].pushed[""] = entry[2]
+        part.indexed = True
+
+    def _push_principal(self, member: _TeamPart, owner: str) -> None:
+        """Put the principal's current key in the team part's heap (kept only from two principals on)."""
+        if len(member.counts) < 2:
+            return
+        heap = member.principals
+        if not member.indexed or len(heap) > 2 * len(member.counts) + 8:
+            self._index_principals(member)
+            return
+        account = self.shares.principal_account(owner)
+        member.pushed[owner] = account.version
+        heapq.heappush(heap, (account.key, account.version, owner))
+
+    def _index_principals(self, member: _TeamPart) -> None:
+        heap = member.principals
+        heap[:] = [self._principal_entry(p) for p in member.counts]
+        heapq.heapify(heap)
+        for entry in heap:
+            member.pushed[entry[2]] = entry[1]
+        member.indexed = True
+
+    def _rekeyed(self, owner: str) -> None:
+        """The owner's team's and its own keys shrank: push the new ones where they wait.
+
+        Keys only shrink when a lease ends (its usage goes, its service grows by less than the
+        key's first elements shrink); they grow when a lease starts or a team comes back (the
+        lift), and then the old entries, smaller, surface before they would be due and are
+        replaced by :meth:`_head`. So a lease start pushes nothing, and an end O(groups) entries.
+        """
+        shares = self.shares
+        team = shares.team_of(owner)
+        version = shares.team_account(team).version
+        for signature in self._team_groups.get(team, ()):
+            part = self._parts[signature]
+            member = part.members[team]
+            if part.indexed and member.pushed[""] != version:
+                self._push_team(part, member, team, signature)
+        version = shares.principal_account(owner).version
+        for signature in self._principal_groups.get(owner, ()):
+            member = self._parts[signature].members[team]
+            if member.indexed and member.pushed[owner] != version:
+                self._push_principal(member, owner)
+
+    def _principal_entry(self, owner: str) -> tuple[tuple[float, ...], int, str]:
+        account = self.shares.principal_account(owner)
+        return (account.key, account.version, owner)
+
+    def _rebuild(self) -> None:
+        """Every key moved: each group's heaps anew from its members."""
+        for signature, part in self._parts.items():
+            if len(part.members) > 1:
+                self._index_teams(part, signature)
+            for member in part.members.values():
+                if len(member.counts) > 1:
+                    self._index_principals(member)
+
+
+def _unindex(index: dict[str, set[Signature]], name: str, signature: Signature) -> None:
+    groups = index.get(name)
+    if groups is not None:
+        groups.discard(signature)
+        if not groups:
+            del index[name]
+
