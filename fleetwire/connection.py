@@ -20,6 +20,7 @@ from websockets.typing import Subprotocol
 from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
+from protocol.transfer import http1
 from protocol.urls import SINGLE_KEEPALIVE, websocket_url
 from wireio.wsbulk import BulkClientConnection
 
@@ -180,9 +181,9 @@ async def serves_plain_http(url: str, timeout_s: float | None) -> bool:
         async with asyncio.timeout(timeout_s or 5.0):
             reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 443)
             try:
-                writer.write(f"GET /healthz HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode())
+                writer.write(http1.format_request("GET", "/healthz", {"Host": parts.netloc, "Connection": "close"}))
                 await writer.drain()
-                return (await reader.read(5)) == b"HTTP/"
+                return http1.is_response(await reader.read(5))
             finally:
                 writer.close()
     except (OSError, TimeoutError):

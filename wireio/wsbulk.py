@@ -47,6 +47,8 @@ from websockets.asyncio.connection import Connection
 from websockets.frames import Frame, Opcode
 from websockets.protocol import CLIENT, OPEN, SERVER, Protocol
 
+from protocol.transfer.http1 import head_end
+
 try:
     from websockets.speedups import apply_mask
 except ImportError:  # pragma: no cover - the C extension ships in every wheel we install
@@ -121,12 +123,12 @@ class BulkReceive(Connection):
         # The opening handshake: its HTTP head (a request or a 101 answer) ends at the first blank line;
         # the frames start right after it, where the library's parser then waits (checked, not assumed).
         joined = tail + data[: 1 << 16]
-        end = joined.find(b"\r\n\r\n")
+        end = head_end(joined, len(joined))  # protocol/transfer/http1.py
         if end < 0:
             self._bulk_scan = joined[-3:] if len(data) < 1 << 16 else None  # a head this long: leave it
             super().data_received(data)
             return
-        cut = end + 4 - len(tail)
+        cut = end - len(tail)
         super().data_received(data[:cut])
         self._bulk_scan = None
         if not _at_frame_boundary(self.protocol):

@@ -6,7 +6,10 @@ a ``GET`` with ``Range``. Any HTTP client, proxy or load balancer speaks it; the
 (a websocket client must mask every byte it sends and frames it), and outputs go out with
 ``sendfile`` (no copy through Python). The server is ``loop.create_server`` with a
 ``BufferedProtocol`` (worker_agent/http_conn.py: a body goes from the socket straight into large
-reused buffers, stored and hashed in threads) and a small parser: no new dependency.
+reused buffers, stored and hashed in threads); heads are parsed and written by
+protocol/transfer/http1.py (``httptools``), which never sees a body. A head that is not
+well-formed HTTP/1.1 (a space before a colon, two ``Content-Length`` s, a folded line,
+``Transfer-Encoding`` with ``Content-Length``) is answered 400.
 
 Requests (``{plan}``, ``{name}`` percent-encoded; ``Authorization: Bearer <ticket>`` on each):
 
@@ -69,11 +72,13 @@ import structlog
 
 import protocol
 from protocol.tickets import Direction, TicketError, name_problem, verify
+from protocol.transfer import http1
+from protocol.transfer.http1 import HeadError, HeadTooLarge, Request
+from protocol.transfer.ranges import RangeError, content_range, parse_content_range, parse_range
 from worker_agent.attempts import Attempts
 from worker_agent.http_conn import (
     FD_RESERVE,
     LISTEN_BACKLOG,
-    HeadTooLarge,
     HttpConnection,
     IdleBudget,
     Repeats,
@@ -97,13 +102,6 @@ REPEAT_BURST: Final = 100  # refusals per host and window answered at once (as t
 REPEAT_INTERVAL_S: Final = 10.0
 REFUSAL_HOLD_S: Final = 1.0  # a refusal past the burst is answered after this (the coordinator's --penalty-hold)
 MAX_HELD: Final = 256  # refusals held at once; one more is closed unanswered
-_REASONS: Final = {
-    200: "OK", 201: "Created", 204: "No Content", 206: "Partial Content", 400: "Bad Request",
-    401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
-    410: "Gone", 411: "Length Required", 413: "Content Too Large", 416: "Range Not Satisfiable",
-    422: "Unprocessable Content", 431: "Request Header Fields Too Large", 503: "Service Unavailable",
-    507: "Insufficient Storage",
-}
 
 
 def server_tls(cert: str, key: str) -> ssl.SSLContext:
@@ -119,15 +117,6 @@ class _Refused(Exception):
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
-
-
-class _Request:
-    __slots__ = ("headers", "method", "target")
-
-    def __init__(self, method: str, target: str, headers: dict[str, str]) -> None:
-        self.method = method
-        self.target = target
-        self.headers = headers
 
 
 class DataServer:
@@ -324,7 +313,7 @@ class DataServer:
         self.held += 1
         return True
 
-    async def _read_head(self, conn: HttpConnection, timeout_s: float) -> _Request | None:
+    async def _read_head(self, conn: HttpConnection, timeout_s: float) -> Request | None:
         try:
             async with asyncio.timeout(timeout_s):
                 head = await conn.read_head()
@@ -334,21 +323,15 @@ class DataServer:
             raise _Refused(431, f"request head over {MAX_HEAD_BYTES} bytes") from None
         if head is None:
             return None
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _Refused(400, "not an HTTP/1.1 request")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if line:
-                key, _, value = line.partition(":")
-                headers[key.strip().lower()] = value.strip()
-        self.requests[parts[0]] += 1
-        return _Request(parts[0], parts[1], headers)
+        try:
+            request = http1.parse_request(head)
+        except HeadError as exc:
+            raise _Refused(400, str(exc)) from None
+        self.requests[request.method] += 1
+        return request
 
-    async def _dispatch(self, req: _Request, conn: HttpConnection) -> bool:
-        path = req.target.split("?", 1)[0]
-        segments = path.split("/")
+    async def _dispatch(self, req: Request, conn: HttpConnection) -> bool:
+        segments = req.path.split("/")
         # "", "v1", "data", plan, attempt, kind, name
         if len(segments) != 7 or segments[1:3] != ["v1", "data"] or segments[5] not in ("inputs", "outputs"):
             raise _Refused(404, "no such resource; see docs/PROTOCOL.md §Data plane")
@@ -379,10 +362,10 @@ class DataServer:
             if entry.error is not None:
                 body["error"] = entry.error.message
             await self._respond(conn, 200, body, headers, head_only=req.method == "HEAD")
-            return req.headers.get("connection", "").lower() != "close"
+            return req.keep_alive
         return await self._put_input(req, conn, entry)
 
-    def _check_ticket(self, req: _Request, plan_id: str, attempt: int, direction: Direction, name: str) -> Any:
+    def _check_ticket(self, req: Request, plan_id: str, attempt: int, direction: Direction, name: str) -> Any:
         auth = req.headers.get("authorization", "")
         scheme, _, ticket = auth.partition(" ")
         if scheme.lower() != "bearer" or not ticket:
@@ -400,7 +383,7 @@ class DataServer:
 
     # ------------------------------------------------------------------ inputs
 
-    async def _put_input(self, req: _Request, conn: HttpConnection, entry: Any) -> bool:
+    async def _put_input(self, req: Request, conn: HttpConnection, entry: Any) -> bool:
         length_text = req.headers.get("content-length")
         if length_text is None or not length_text.isdigit():
             raise _Refused(411, "PUT needs a Content-Length")
@@ -408,7 +391,10 @@ class DataServer:
         offset, total = 0, entry.size
         content_range = req.headers.get("content-range")
         if content_range:
-            offset, total = _parse_content_range(content_range, length)
+            try:
+                offset, total = parse_content_range(content_range, length)
+            except RangeError as exc:
+                raise _Refused(exc.status, exc.message, exc.headers) from None
         where = {"Upload-Offset": str(entry.received)}
         if total != entry.size:
             raise _Refused(422, f"input {entry.name!r} is declared {entry.size} bytes, not {total}", where)
@@ -428,7 +414,7 @@ class DataServer:
             over = f"input {entry.name!r}: {offset + length} bytes is over its declared {entry.size}"
             raise _Refused(413, over, where)
         if req.headers.get("expect", "").lower() == "100-continue":
-            conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            conn.write(http1.CONTINUE)
         entry.busy = True
         self.open_uploads += 1
         self._no_uploads.clear()
@@ -511,7 +497,7 @@ class DataServer:
 
     # ------------------------------------------------------------------ outputs
 
-    async def _get_output(self, req: _Request, conn: HttpConnection, plan_id: str, attempt: int,
+    async def _get_output(self, req: Request, conn: HttpConnection, plan_id: str, attempt: int,
                           name: str) -> bool:
         output = self.spool.output(plan_id, attempt, name)
         if output is None:
@@ -524,9 +510,12 @@ class DataServer:
         headers = {"Content-Length": "", "Accept-Ranges": "bytes", "Fleetwire-Digest": output.digest}
         range_header = req.headers.get("range")
         if range_header:
-            start, end = _parse_range(range_header, output.size)
+            try:
+                start, end = parse_range(range_header, output.size)
+            except RangeError as exc:
+                raise _Refused(exc.status, exc.message, exc.headers) from None
             status = 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{output.size}"
+            headers["Content-Range"] = content_range(start, end, output.size)
         headers["Content-Length"] = str(end - start)
         await self._respond(conn, status, None, headers, raw_length=True)
         if req.method == "HEAD":
@@ -586,7 +575,6 @@ class DataServer:
         raw_length: bool = False,
     ) -> None:
         payload = b"" if body is None else msgspec.json.encode(body)
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
         extra = dict(headers or {})
         if not raw_length:
             extra["Content-Length"] = str(len(payload))
@@ -594,8 +582,7 @@ class DataServer:
                 extra["Content-Type"] = "application/json"
         if close:
             extra["Connection"] = "close"
-        lines += [f"{key}: {value}" for key, value in extra.items()]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        head = http1.format_response(status, extra)
         conn.write(head + payload if payload and not head_only else head)  # one send for a whole answer
         await conn.drain()
 
@@ -615,37 +602,6 @@ async def _store(entry: InputFile, chunk: bytearray | memoryview) -> None:
         if isinstance(result, BaseException):
             raise result
     entry.advance(len(chunk))
-
-
-def _parse_content_range(value: str, length: int) -> tuple[int, int]:
-    """``bytes S-E/T`` -> (S, T), checked against the body's length."""
-    unit, _, spec = value.partition(" ")
-    span, _, total_text = spec.partition("/")
-    first, _, last = span.partition("-")
-    try:
-        start, end, total = int(first), int(last), int(total_text)
-    except ValueError:
-        raise _Refused(400, f"bad Content-Range {value!r}: expected 'bytes START-END/SIZE'") from None
-    if unit != "bytes" or start < 0 or (length and end - start + 1 != length) or total < 0:
-        raise _Refused(400, f"bad Content-Range {value!r} for a body of {length} bytes")
-    return start, total
-
-
-def _parse_range(value: str, size: int) -> tuple[int, int]:
-    """``bytes=N-`` or ``bytes=N-M`` -> [start, end)."""
-    unit, _, spec = value.partition("=")
-    first, _, last = spec.partition("-")
-    try:
-        start = int(first)
-        end = int(last) + 1 if last else size
-    except ValueError:
-        raise _Refused(416, f"unsupported Range {value!r}: use 'bytes=START-' or 'bytes=START-END'",
-                       {"Content-Range": f"bytes */{size}"}) from None
-    end = min(end, size)
-    if unit != "bytes" or start < 0 or (start >= end and size):
-        outside = f"Range {value!r} is outside the output's {size} bytes"
-        raise _Refused(416, outside, {"Content-Range": f"bytes */{size}"})
-    return start, end
 
 
 def _fd_limit() -> int:

@@ -4,8 +4,9 @@ Theory of operation: the transport reads straight into buffers this protocol han
 (``recv_into``), so a request body is never copied on the event loop.
 
 * *Head mode*: bytes land in a scratch buffer and gather in :attr:`HttpConnection.pending`
-  until :meth:`read_head` finds the blank line; past ``head_limit`` bytes without one the head is
-  refused. Bytes after the head stay pending (the start of a body, or a pipelined request).
+  until :meth:`read_head` finds the blank line (protocol/transfer/http1.py ``head_end``); past
+  ``head_limit`` bytes without one the head is refused. Bytes after the head stay pending (the
+  start of a body, or a pipelined request).
   The scratch buffer is the server's, one for all its connections (a :class:`Scratch`): the
   transport fills it and hands it back in one synchronous step (``get_buffer``, ``recv_into``,
   ``buffer_updated``: asyncio's socket and TLS transports and uvloop's alike), and its bytes are
@@ -48,7 +49,9 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, Final
 
-__all__ = ["LISTEN_BACKLOG", "HeadTooLarge", "HttpConnection", "IdleBudget", "Repeats", "Scratch", "defer_accept",
+from protocol.transfer.http1 import head_end
+
+__all__ = ["LISTEN_BACKLOG", "HttpConnection", "IdleBudget", "Repeats", "Scratch", "defer_accept",
            "idle_budget", "raise_fd_limit"]
 
 #: What one read takes in head mode: a request head with its ticket is well under this, and bytes read
@@ -104,10 +107,6 @@ def idle_budget(configured: int) -> int:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     usable = (1 << 20) if soft == resource.RLIM_INFINITY else soft
     return max(8, min(configured, (usable - FD_RESERVE) // 4))
-
-
-class HeadTooLarge(Exception):
-    """No blank line within the head limit."""
 
 
 class Scratch:
@@ -217,19 +216,17 @@ class HttpConnection(asyncio.BufferedProtocol):
         """The next request head (through its blank line); None at a clean end of the connection.
 
         Raises:
-            HeadTooLarge: no blank line within the limit.
+            HeadTooLarge: no blank line within the limit (protocol/transfer/http1.py).
             asyncio.IncompleteReadError: the peer ended mid-head.
         """
         searched = 0
         while True:
-            end = self.pending.find(b"\r\n\r\n", max(0, searched - 3))
+            end = head_end(self.pending, self._head_limit, searched)
             if end >= 0:
-                head = bytes(self.pending[: end + 4])
-                del self.pending[: end + 4]
+                head = bytes(self.pending[:end])
+                del self.pending[:end]
                 self._resume()
                 return head
-            if len(self.pending) > self._head_limit:
-                raise HeadTooLarge
             searched = len(self.pending)
             if self._eof:
                 if not self.pending:

@@ -11,8 +11,9 @@ peers' p50 from 2 ms to 208 ms. So (docs/OPERATIONS.md §Metrics):
 * ``--metrics-listen HOST:PORT``: ``/metrics`` (and ``/healthz``) are served by
   :class:`MetricsListener` on their own socket, e.g. an interface only the monitoring network
   reaches, and the main port answers 404 for ``/metrics``. It is plain HTTP/1.1, one request per
-  connection, the request head bounded (8 KiB, ``--handshake-timeout``), and capped as the main
-  port is (:class:`MetricsListener`): idle sockets there must not take the fds the main port needs.
+  connection, the request head bounded (8 KiB, ``--handshake-timeout``; parsed and answered by
+  protocol/transfer/http1.py: a malformed head gets 400), and capped as the main port is
+  (:class:`MetricsListener`): idle sockets there must not take the fds the main port needs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from coordinator.io.frontdoor.admission import LISTEN_BACKLOG, ConnectionBudget, defer_accept
+from protocol.transfer import http1
 
 if TYPE_CHECKING:
     from coordinator.io.frontdoor.gate import Gatekeeper
@@ -36,6 +38,7 @@ __all__ = ["MAX_CONNECTIONS", "ExpositionCache", "MetricsListener", "metrics_tok
 log = structlog.get_logger(__name__)
 
 _MAX_HEAD_BYTES: Final = 8192
+_TEXT: Final = "text/plain; charset=utf-8"
 #: Connections ``--metrics-listen`` holds open at once; past it the oldest is aborted. Kept small, so
 #: sockets there never take the file descriptors the main port needs.
 MAX_CONNECTIONS: Final = 64
@@ -143,45 +146,43 @@ class MetricsListener:
 
     def respond(self, conn: _Scrape, head: bytes) -> None:
         """Answer ``conn``'s request ``head``: at once, or after the hold for a repeat past its burst."""
-        request_line, *header_lines = head.decode("latin-1").split("\r\n")
-        parts = request_line.split(" ")
-        path = parts[1].split("?", 1)[0] if len(parts) == 3 else ""
-        status, body, content_type, extra = self._answer(path, header_lines)
+        try:
+            request = http1.parse_request(head)
+        except http1.HeadError as exc:
+            status, body, content_type, extra = 400, f"{exc}\n".encode(), _TEXT, {}
+            path = ""
+        else:
+            path = request.path
+            status, body, content_type, extra = self._answer(path, request.headers.get("authorization"))
         gate = self._gate
         held = False
-        if status.startswith("401"):
+        if status == 401:
             held = gate.auth_failed(conn)
             if held:
-                extra.append(f"Retry-After: {max(1, math.ceil(gate.hold_s))}")
+                extra["Retry-After"] = str(max(1, math.ceil(gate.hold_s)))
         elif path == "/metrics":
             held = gate.scrape_held(conn)
-        lines = [f"HTTP/1.1 {status}", f"Content-Type: {content_type}", f"Content-Length: {len(body)}",
-                 "Cache-Control: no-store", "Connection: close", *extra]
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        headers = {"Content-Type": content_type, "Content-Length": str(len(body)), "Cache-Control": "no-store",
+                   "Connection": "close", **extra}
+        data = http1.format_response(status, headers) + body
         if held:
             asyncio.get_running_loop().call_later(gate.hold_s, conn.send, data)
         else:
             conn.send(data)
 
-    def _answer(self, path: str, header_lines: list[str]) -> tuple[str, bytes, str, list[str]]:
-        text = "text/plain; charset=utf-8"
+    def _answer(self, path: str, authorization: str | None) -> tuple[int, bytes, str, dict[str, str]]:
         if path == "/healthz":
-            return "200 OK", b"ok\n", text, []
+            return 200, b"ok\n", _TEXT, {}
         if path != "/metrics":
-            return "404 Not Found", b"this listener serves /metrics and /healthz\n", text, []
-        authorization = None
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "authorization":
-                authorization = value.strip()
+            return 404, b"this listener serves /metrics and /healthz\n", _TEXT, {}
         refused = metrics_token_refused(authorization, self._token)
         if refused is not None:
-            return "401 Unauthorized", (refused + "\n").encode(), text, ['WWW-Authenticate: Bearer realm="fleetwire"']
+            return 401, (refused + "\n").encode(), _TEXT, {"WWW-Authenticate": 'Bearer realm="fleetwire"'}
         exposition = self._exposition()
         if exposition is None:
-            return "503 Service Unavailable", b"not ready: loading the store\n", text, ["Retry-After: 1"]
+            return 503, b"not ready: loading the store\n", _TEXT, {"Retry-After": "1"}
         body, content_type = exposition
-        return "200 OK", body, content_type, []
+        return 200, body, content_type, {}
 
 
 class _Scrape(asyncio.Protocol):
@@ -206,18 +207,18 @@ class _Scrape(asyncio.Protocol):
         if self._head is None:
             return  # one request per connection: what follows it is ignored
         head = self._head + data
-        end = head.find(b"\r\n\r\n")
+        try:
+            end = http1.head_end(head, _MAX_HEAD_BYTES)
+        except http1.HeadTooLarge:
+            self._head = None
+            self.send(http1.format_response(431, {"Content-Length": "0", "Connection": "close"}))
+            return
         if end < 0:
-            if len(head) > _MAX_HEAD_BYTES:
-                self._head = None
-                self.send(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
-                          b"Connection: close\r\n\r\n")  # fmt: skip
-            else:
-                self._head = head
+            self._head = head
             return
         self._head = None
         self.transport.pause_reading()
-        self._listener.respond(self, head[: end + 4])
+        self._listener.respond(self, head[:end])
 
     def send(self, data: bytes) -> None:
         """Write the answer and close; the peer gets a fresh deadline to read it."""
