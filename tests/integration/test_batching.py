@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings, _encode_shared
+from coordinator.io.frontdoor.core_driver import _encode_shared
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client, InvalidArgument, SyncClient
 from protocol import Codec
 from protocol.messages import Event, FromClient, ToClient

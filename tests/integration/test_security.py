@@ -465,14 +465,14 @@ async def test_slow_consumer_is_closed_with_its_buffer_bounded(start: Start, lim
     server_end = server_side(srv, slow)
     slow.ws.transport.pause_reading()  # it stops reading; the kernel buffers fill, then the coordinator's
     high_water = 0
-    deliver = srv._deliver
+    deliver = srv.driver.deliver
 
     def watch(effects: Any) -> None:
         nonlocal high_water
         deliver(effects)
-        high_water = max([high_water, *(len(s.pending) for s in srv._sessions.values() if s.ws is server_end)])
+        high_water = max([high_water, *(len(s.pending) for s in srv.door.sessions.values() if s.ws is server_end)])
 
-    srv._deliver = watch  # type: ignore[method-assign]
+    srv.driver.deliver = watch  # type: ignore[method-assign]
     blob = "x" * 32_768
     sent = 0
     while server_end.close_code is None and sent < 3_000:
@@ -510,7 +510,7 @@ async def test_half_open_peer_is_closed_by_the_ping_timeout(start: Start) -> Non
     if its_tasks:  # the session's reader, writer and keepalive end once the close is through
         _, pending = await asyncio.wait(its_tasks, timeout=5)
         assert not pending
-    assert not any(s.ws is server_end for s in srv._sessions.values())
+    assert not any(s.ws is server_end for s in srv.door.sessions.values())
     await still_served(srv)
 
 

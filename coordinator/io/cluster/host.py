@@ -472,8 +472,8 @@ class ClusterHost:
             # Its core sees only its shard's pools: waiting reasons say so (coordinator/placement/plan_queue.py).
             core = replace(self.settings.core, placement=replace(self.settings.core.placement, cluster=True))
             settings = replace(self.settings, port=self._shard_port(shard), metrics_listen=None, core=core)
-            server = CoordinatorServer(settings, version=self.version, store=store)
-            server.redirect = lambda role, msg: self._redirect(shard, role, msg)
+            server = CoordinatorServer(settings, version=self.version, store=store,
+                                       redirect=lambda role, msg: self._redirect(shard, role, msg))  # fmt: skip
             await server.start()
         except Exception as exc:
             log.error("cannot serve a won shard; giving it back", shard=shard, error=f"{type(exc).__name__}: {exc}")

@@ -153,7 +153,7 @@ def peer_identity(conn: ServerConnection) -> str:
     """The SHA-256 (hex) of the peer's verified client certificate; "" without TLS or a certificate.
 
     A worker session with the same identity as the live holder of a worker id may take that id
-    over (coordinator/worker_session.py): the certificate's private key is the proof.
+    over (coordinator/worker_sessions/registration.py): the certificate's private key is the proof.
     """
     ssl_object = conn.transport.get_extra_info("ssl_object")
     if ssl_object is None:
@@ -204,7 +204,6 @@ class Gatekeeper:
         self.penalty = PenaltyBox(limits.penalty_base_s, limits.penalty_max_s)
         self.hold_s = min(limits.penalty_hold_s, limits.handshake_timeout_s / 2)
         self.penalties: dict[str, int] = {}  # cool-offs imposed, by the close code that caused them
-        self.cost_throttles = 0  # frames after which a principal over its work-unit rate was throttled (/metrics)
         self._cooling_logged: set[str] = set()  # keys whose 429 was logged in their current cool-off
         self.refusal_log = RefusalLog(burst=limits.refusal_log_burst, interval_s=limits.refusal_log_interval_s)
         self.pending = PendingHandshakes(limits.max_pending_handshakes, self.refusal_log, limits.handshake_timeout_s)

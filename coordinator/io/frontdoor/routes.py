@@ -1,8 +1,8 @@
 """Plain HTTP on the coordinator's own port: health, readiness, metrics and the dashboard.
 
-websockets hands every request to ``process_request`` before the upgrade; the server asks
-:func:`respond` first, which answers every path that is not a websocket endpoint
-(docs/OPERATIONS.md §HTTP endpoints):
+websockets hands every request to ``process_request`` before the upgrade; the front door
+(coordinator/io/frontdoor/door.py) admits the websocket paths and asks :func:`respond` for every
+other path of a core's port (docs/OPERATIONS.md §HTTP endpoints):
 
 ====================  ===========================================================
 ``/healthz``          200 ``ok``: the process is up and its event loop answers.
@@ -23,10 +23,9 @@ nothing is loaded from elsewhere, and a request can never name a file outside th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlsplit
 
-from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
@@ -77,8 +76,8 @@ def respond(
     metrics: Callable[[], tuple[bytes, str] | None],
     metrics_token: str | None = None,
     metrics_elsewhere: bool = False,
-) -> Response | None:
-    """The answer to a plain HTTP request, or None for a websocket path (the upgrade goes on).
+) -> Response:
+    """The answer to a plain HTTP request of a path that is not a websocket endpoint (door.py admits those).
 
     Args:
         request: the parsed request.
@@ -88,8 +87,6 @@ def respond(
         metrics_elsewhere: ``/metrics`` is served on ``--metrics-listen``: 404 here.
     """
     path = urlsplit(request.path).path
-    if path in WEBSOCKET_PATHS:
-        return None
     if path == "/healthz":
         return _text(200, "ok\n")
     if path == "/readyz":
@@ -114,11 +111,3 @@ def respond(
     known = ", ".join(sorted({*WEBSOCKET_PATHS, "/healthz", "/readyz", "/metrics", "/"}))
     return _text(404, f"unknown path {path}; fleetwire serves {known}\n")
 
-
-def process_request(server: Any, conn: ServerConnection, request: Request) -> Response | None:
-    """``process_request`` hook body for ``CoordinatorServer``: see :func:`respond`."""
-    settings = server.settings
-    return respond(
-        request, ready=server.readiness_problem, metrics=server.metrics_exposition,
-        metrics_token=settings.metrics_token, metrics_elsewhere=settings.metrics_listen is not None,
-    )

@@ -31,6 +31,8 @@ from protocol.messages import PlanStateName
 
 if TYPE_CHECKING:
     from coordinator.core import Coordinator
+    from coordinator.io.frontdoor.gate import Gatekeeper
+    from coordinator.read_policy import ReadPolicy
     from coordinator.relay import Relay
 
 __all__ = ["CONTENT_TYPE", "METRIC_NAMES", "CoordinatorCollector", "build_registry", "render"]
@@ -132,8 +134,9 @@ class CoordinatorCollector:
         frames: frame and byte counters kept by the server, if any.
         sessions: open sessions per role, if known.
         refusals: the server's refusals by answer (an HTTP status or a close code), if any.
-        gate: the server's ``Gatekeeper`` (coordinator/auth.py), read duck-typed for its
-            penalty box: ``penalties`` (cool-offs by close code) and ``penalty.boxed(now)``.
+        gate: the port's ``Gatekeeper`` (coordinator/io/frontdoor/gate.py): its penalty box,
+            pending handshakes, refusal log and held repeats; None: those families read 0.
+        read_policy: the port's read limits (coordinator/read_policy.py): the cost throttles.
         clock: monotonic seconds, the clock the core is driven with.
         version: the coordinator's version, exposed in ``fleetwire_info``.
         provision: the autoscaler provider's status (coordinator/io/ops/provision.py ``ProviderStatus``),
@@ -149,10 +152,12 @@ class CoordinatorCollector:
         refusals: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         version: str = "",
-        gate: Any = None,
+        gate: Gatekeeper | None = None,
+        read_policy: ReadPolicy | None = None,
         provision: Any = None,
     ) -> None:
         self._gate = gate
+        self._read_policy = read_policy
         self._provision = provision
         self._core = core
         self._frames = frames or FrameCounters()
@@ -262,40 +267,39 @@ class CoordinatorCollector:
             "them.", labels=["code"],
         )
         gate = self._gate
-        for code, n in sorted(getattr(gate, "penalties", {}).items()):
+        for code, n in sorted(gate.penalties.items() if gate is not None else ()):
             penalties.add_metric([code], n)
         yield penalties
-        box = getattr(gate, "penalty", None)
         yield GaugeMetricFamily("fleetwire_penalty_boxed", "Peers (principal and address, or one worker id of them) "
                                 "in a cool-off now.",
-                                value=box.boxed(now) if box is not None else 0)
-        pending = getattr(gate, "pending", None)
+                                value=gate.penalty.boxed(now) if gate is not None else 0)
+        pending = gate.pending if gate is not None else None
         yield GaugeMetricFamily("fleetwire_handshakes_pending", "TCP connections still in their websocket handshake.",
                                 value=len(pending) if pending is not None else 0)
         yield CounterMetricFamily("fleetwire_handshakes_evicted", "Pending handshakes dropped past "
                                   "--max-pending-handshakes (the oldest first).",
-                                  value=getattr(pending, "evicted", 0))
+                                  value=pending.evicted if pending is not None else 0)
         yield CounterMetricFamily("fleetwire_handshakes_accepted", "TCP connections the coordinator accepted "
                                   "(after their first byte, or after --defer-accept).",
-                                  value=getattr(pending, "accepted", 0))
+                                  value=pending.accepted if pending is not None else 0)
         yield CounterMetricFamily("fleetwire_handshakes_idle_dropped", "Accepted TCP connections dropped at "
                                   "--handshake-timeout without having sent a byte.",
-                                  value=getattr(pending, "idle_dropped", 0))
+                                  value=pending.idle_dropped if pending is not None else 0)
         yield GaugeMetricFamily("fleetwire_defer_accept_seconds", "How long the kernel may hold a new TCP "
                                 "connection until its first byte (TCP_DEFER_ACCEPT as it reports it); 0: off.",
-                                value=getattr(gate, "defer_accept_s", 0))
-        refusal_log = getattr(gate, "refusal_log", None)
+                                value=gate.defer_accept_s if gate is not None else 0)
         yield CounterMetricFamily("fleetwire_refusal_logs_suppressed", "Refusals summed up in a per-address summary "
-                                  "line instead of logged one by one.", value=getattr(refusal_log, "suppressed", 0))
+                                  "line instead of logged one by one.",
+                                  value=gate.refusal_log.suppressed if gate is not None else 0)
         held = CounterMetricFamily("fleetwire_repeats_held", "Answers held --penalty-hold because their address "
                                    "sent too many of them: failed authentications (401) or /metrics scrapes.",
                                    labels=["kind"])
-        for kind, attribute in (("unauthorized", "auth_failures"), ("metrics", "scrapes")):
-            held.add_metric([kind], getattr(getattr(gate, attribute, None), "over_count", 0))
+        held.add_metric(["unauthorized"], gate.auth_failures.over_count if gate is not None else 0)
+        held.add_metric(["metrics"], gate.scrapes.over_count if gate is not None else 0)
         yield held
         yield CounterMetricFamily("fleetwire_cost_throttled", "Frames after which a client principal over "
                                   "--cost-rate work units per second was read more slowly.",
-                                  value=getattr(gate, "cost_throttles", 0))
+                                  value=self._read_policy.cost_throttles if self._read_policy is not None else 0)
         yield GaugeMetricFamily("fleetwire_replays_pending", "Large subscribe replays being sent in slices now.",
                                 value=self._core.streams.replaying)
 

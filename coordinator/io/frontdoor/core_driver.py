@@ -1,0 +1,308 @@
+"""The asyncio side of one ``Coordinator`` core: its sessions' messages in, its effects out.
+
+Theory of operation. On a core's port every session is a :class:`CoreSession`
+(a :class:`~coordinator.io.frontdoor.reader.SessionHandler`): it opens the session in the core,
+feeds it each message with ``now`` and *flushes* (:meth:`CoreDriver.flush`). The effects the core
+accumulated go to the store first: records to the committer (coordinator/io/stores/commit.py),
+and the frames of a step only once that step's records (and every earlier step's) are committed.
+Then :meth:`CoreDriver.deliver` appends each message to its target session's pending list and
+wakes its writer (coordinator/io/frontdoor/connection.py), so frames to one connection coalesce
+while a send is in flight; a message many sessions get is encoded once per encoding. A session
+already at its pending cap when more arrives is closed 4503 (slow consumer, coordinator/limits.py);
+the closes the core asks for are passed on, and its abusive ones (4400, a worker id's 4429) box
+the peer (coordinator/read_policy.py). Large replays go out in slices between everyone else's
+frames (:meth:`CoreDriver.pump`).
+
+Within one frame, once its requests have cost the frame budget (coordinator/read_policy.py), what
+they asked so far goes out and the rest waits for the next loop turn. In cluster mode a shard's
+core moves a session whose message belongs to another shard (``redirect``: a ``moved``, then
+4307); while the store's database is away a ``submit`` is answered ``unavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from coordinator.core import Coordinator, Effects
+from coordinator.io.frontdoor.connection import Session
+from coordinator.io.frontdoor.door import FrontDoor
+from coordinator.io.frontdoor.gate import peer_identity
+from coordinator.io.ops.hooks import HookRunner
+from coordinator.io.ops.provision import Provisioner
+from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.pg_commit import PipelinedCommitter
+from coordinator.limits import Limits
+from protocol import errors as codes
+from protocol.messages import Assign, Error, Moved, Submit
+from protocol.urls import named_worker_id
+
+__all__ = ["REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S", "CoreDriver", "CoreSession", "Redirect"]
+
+log = structlog.get_logger("coordinator.io.frontdoor.server")
+
+REPLAY_BACKLOG_BYTES: Final = 1 << 20  # a replay's next slice waits while its subscriber has more than this unsent
+UNAVAILABLE_RETRY_S: Final = 1.0  # the retry_after_s of an ``unavailable`` answer (the store is away)
+
+#: Cluster mode, one core per shard (coordinator/io/cluster/host.py): called with a session's role and
+#: message; a ``Moved`` answer ends the session with it and 4307.
+Redirect = Callable[[str, Any], Moved | None]
+Committer = GroupCommitter[Effects] | PipelinedCommitter[Effects]
+
+
+class CoreDriver:
+    """Feeds a core and hands its effects on: to the committer, then to the door's sessions (module docstring).
+
+    Args:
+        core: the sans-I/O coordinator.
+        door: the port's front door (its sessions, closes and penalty box).
+        limits: the server's limits (the pending caps, the frame budget of a replay slice).
+        committer: makes the committer given the driver's :meth:`deliver` (the store's own, or a
+            ``GroupCommitter``).
+        hook: runs the autoscaler's decisions as a command (None: none).
+        provisioner: acts on the autoscaler's decisions (None: none).
+        away: why the store cannot take a write now (None: a store that is never away).
+        redirect: cluster mode's check of each message (None: a single coordinator).
+
+    Attributes:
+        unavailable_answers: submits answered ``unavailable`` while the store was away.
+    """
+
+    def __init__(
+        self, core: Coordinator, door: FrontDoor, limits: Limits,
+        committer: Callable[[Callable[[Effects], None]], Committer], *,
+        hook: HookRunner | None = None, provisioner: Provisioner | None = None,
+        away: Callable[[], str | None] | None = None, redirect: Redirect | None = None,
+    ) -> None:  # fmt: skip
+        self.core = core
+        self.door = door
+        self.limits = limits
+        self.committer = committer(self.deliver)
+        self.hook = hook
+        self.provisioner = provisioner
+        self.away = away
+        self.redirect = redirect
+        self.unavailable_answers = 0
+        self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
+
+    def receive(self, conn_id: int, msg: Any, now: float) -> None:
+        """One message into the core; a bug in the core costs this message an error frame, never the process."""
+        try:
+            self.core.receive(conn_id, msg, now)
+        except Exception:
+            # No traceback reaches the wire: log it here, answer with a bare internal error.
+            log.error(
+                "core failed on a message", conn_id=conn_id, type=type(msg).__name__,
+                exception=traceback.format_exc(),  # never exc_info: frames hold the message (fleetwire/cli/logs.py)
+            )
+            session = self.door.sessions.get(conn_id)
+            if session is not None:
+                session.pending.append(Error(code=codes.INTERNAL, message="internal error; see coordinator log"))
+                session.wake.set()
+
+    def flush(self, size: int = 0) -> None:
+        """Hand the core's effects on: records to the committer, frames out once committed.
+
+        ``size``: the bytes of the frame that caused them (the committer's backlog bound).
+        """
+        effects = self.core.take_effects()
+        if effects.decisions and self.hook is not None:
+            self.hook.run(effects.decisions)
+        if effects.decisions and self.provisioner is not None:
+            self.provisioner.decided(effects.decisions)
+        # Frames go out only once the records of their step (and of every step before) are committed.
+        committer = self.committer
+        if effects.records:
+            committer.submit(effects.records, effects, size)
+        elif committer.pending:
+            committer.after(effects)
+        else:
+            self.deliver(effects)
+        if not self._pumping and self.core.streams.replaying:
+            self._pumping = True
+            asyncio.get_running_loop().call_soon(self.pump)
+
+    def pump(self) -> None:
+        """One slice of the large replays under way, then the loop runs everyone else (issue 17 finding 1).
+
+        A subscriber with more than a slow reader's share unsent waits (its writer catches up first);
+        when every one waits, the pump looks again a little later.
+        """
+        sent = self.core.pump(self.limits.frame_cost_budget // 4, self._busy)
+        self.flush()  # _pumping is still set: it schedules nothing
+        if not self.core.streams.replaying:
+            self._pumping = False
+        elif sent:
+            asyncio.get_running_loop().call_soon(self.pump)
+        else:  # every subscriber still reads its backlog: look again shortly instead of spinning
+            asyncio.get_running_loop().call_later(0.005, self.pump)
+
+    def _busy(self, conn_id: int) -> bool:
+        session = self.door.sessions.get(conn_id)
+        return session is not None and session.out_bytes() > REPLAY_BACKLOG_BYTES
+
+    def deliver(self, effects: Effects) -> None:
+        """A step's frames to their sessions' writers, its closes to the sessions (its records are committed)."""
+        sessions = self.door.sessions
+        cap = self.limits.max_pending_messages
+        cap_bytes = self.limits.max_pending_bytes
+        slow: list[Session] = []
+        sends = effects.sends
+        if len(sends) > 2:  # fan-out: one event to many subscribers is encoded once, not per session
+            sends = _encode_shared(sends, sessions)
+        woken: list[Session] = []
+        for conn_id, msgs in sends.items():
+            session = sessions.get(conn_id)
+            if session is not None and not session.killed:
+                # Already at the cap before this batch: the peer is not reading. Bytes are the
+                # writer's encoded frames not yet sent and the socket's buffer, measured, plus the
+                # messages not yet encoded, estimated (coordinator/io/frontdoor/connection.py ``out_bytes``).
+                backlog = len(session.pending)
+                if backlog >= cap or (
+                    (backlog >= 64 or session.unsent > cap_bytes >> 2) and session.out_bytes() >= cap_bytes
+                ):
+                    slow.append(session)
+                session.pending.extend(msgs)
+                # Writers run in the order they are woken. A worker's ``assign`` goes first: it is
+                # on the plan's critical path; the client's ``accepted``/``leased`` are not.
+                if session.role == "worker" and any(type(m) is Assign for m in msgs):
+                    session.wake.set()
+                else:
+                    woken.append(session)
+        for session in woken:
+            session.wake.set()
+        for conn_id, code, reason in effects.closes:
+            session = sessions.get(conn_id)
+            if session is not None:
+                session.close_with = (code, reason)
+                session.wake.set()
+                # Repeated violations, or a worker id past its reconnect budget (4429): the penalty box,
+                # the latter keyed by the id the upgrade named too (gate.py), so its neighbours get in.
+                self.door.penalize(session, code)
+        for session in slow:
+            self.door.kill(session, codes.CLOSE_SLOW_CONSUMER, "slow consumer: too much waiting for it to read")
+
+    def unavailable(self, session: Session, msg: Submit, why: str) -> None:
+        """The store is away (a database failover): the submit is not processed; the client sends it again."""
+        self.unavailable_answers += 1
+        session.pending.append(Error(code=codes.UNAVAILABLE, message=f"{why}; send the submit again",
+                                     req_id=msg.req_id, plan_id=msg.plan_id, retry_after_s=UNAVAILABLE_RETRY_S))
+        session.wake.set()
+
+    @staticmethod
+    def move(session: Session, moved: Moved) -> None:
+        """Cluster mode: the session belongs to another shard; tell it where, then close it 4307."""
+        session.killed = True  # what it still sends is dropped
+        session.pending.append(moved)
+        session.close_with = (codes.CLOSE_MOVED, f"shard {moved.shard} is served elsewhere")
+        session.wake.set()
+
+
+class CoreSession:
+    """One session of a core's port, as the reader drives it (coordinator/io/frontdoor/reader.py).
+
+    Opens the session in the core with what the upgrade said (principal, address, the worker's
+    certificate and named id), feeds each frame's messages within the frame budget, and closes it
+    in the core when the connection ends or the server closes it.
+    """
+
+    __slots__ = ("clock", "driver", "session")
+
+    def __init__(self, driver: CoreDriver, session: Session, clock: Callable[[], float] = time.monotonic) -> None:
+        self.driver = driver
+        self.session = session
+        self.clock = clock
+
+    def opened(self, now: float) -> None:
+        session = self.session
+        ws, principal = session.ws, session.principal
+        assert ws.request is not None and principal is not None
+        worker = session.role == "worker"
+        self.driver.core.open_session(
+            session.conn_id, "worker" if worker else "client", now, principal=principal.name,
+            address=f"{ws.remote_address[0]}:{ws.remote_address[1]}" if ws.remote_address else "",
+            admin=principal.admin, worker_ids=principal.worker_ids, identity=peer_identity(ws) if worker else "",
+            named_worker_id=named_worker_id(ws.request.path) if worker else None,
+        )
+        self.driver.flush()
+
+    async def received(self, msgs: list[Any], frame_bytes: int, now: float) -> int:
+        driver, session = self.driver, self.session
+        outbox = driver.core.outbox
+        policy = driver.door.policy
+        redirect = driver.redirect
+        away = driver.away() if driver.away is not None else None
+        work = outbox.work
+        spent = 0
+        for msg in msgs:
+            if redirect is not None and (moved := redirect(session.role, msg)) is not None:
+                driver.move(session, moved)
+                break
+            if away is not None and type(msg) is Submit:
+                driver.unavailable(session, msg, away)
+                continue
+            driver.receive(session.conn_id, msg, now)
+            if policy.over_frame_budget(outbox.work - work):
+                # What it asked so far goes out; the rest waits for the next loop turn (others' frames run meanwhile).
+                spent += outbox.work - work
+                driver.flush(frame_bytes)
+                await asyncio.sleep(0)
+                work = outbox.work
+                if session.killed:
+                    break
+                now = self.clock()
+        spent += outbox.work - work
+        driver.flush(frame_bytes)
+        return spent
+
+    def closed(self, now: float, code: int | None) -> None:
+        self.driver.core.close_session(self.session.conn_id, now)
+        if code is None:
+            self.driver.flush()
+        else:  # the server closed it, maybe in the middle of a delivery: what that changed goes out after it
+            asyncio.get_running_loop().call_soon(self.driver.flush)
+
+
+def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, Session]) -> dict[int, list[Any]]:
+    """``sends`` with every message that goes to several sessions encoded once per encoding.
+
+    The core hands the same Struct to every subscriber of a plan; the writers would encode it
+    once each. Here each such message becomes a ``msgspec.Raw`` (its encoded bytes, which the
+    codec copies into a frame as they are), made once per encoding and shared by all sessions.
+    """
+    counts: dict[int, int] = {}
+    for msgs in sends.values():
+        for msg in msgs:
+            key = id(msg)
+            counts[key] = counts.get(key, 0) + 1
+    if len(counts) == sum(counts.values()):
+        return sends  # nothing is shared
+    raws: dict[tuple[int, str], msgspec.Raw] = {}
+    out: dict[int, list[Any]] = {}
+    for conn_id, msgs in sends.items():
+        session = sessions.get(conn_id)
+        if session is None:
+            continue
+        codec = session.codec
+        encoded: list[Any] = []
+        for msg in msgs:
+            key = id(msg)
+            if counts[key] < 2:
+                encoded.append(msg)
+                continue
+            raw = raws.get((key, codec.encoding))
+            if raw is None:
+                try:
+                    raw = raws[(key, codec.encoding)] = codec.encode_raw(msg)
+                except Exception:  # left to each session's writer, which closes only that session
+                    encoded.append(msg)
+                    continue
+            encoded.append(raw)
+        out[conn_id] = encoded
+    return out
