@@ -27,7 +27,8 @@ Rules:
   subscribes to nothing.
 
 Depends on the collaborators it is handed: the outbox, streams, scheduler and operator
-requests, with the plans, registry, subscriptions, plan quota and journal they act on.
+requests, with the core's shared tables they act on (coordinator/state.py: plans and their names, the
+registry, subscriptions, the plan quota, the journal and the counters).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import structlog
 
 from coordinator.data_plane import data_problem
 from coordinator.placement.placer import hints_problem
-from coordinator.plans import EVERY_PRINCIPAL, Plan, PlanNames, advance, held_size, submit_problem
+from coordinator.plans import EVERY_PRINCIPAL, Plan, advance, held_size, submit_problem
 from protocol import errors
 from protocol.messages import (
     Accepted,
@@ -72,14 +73,11 @@ from protocol.messages import (
 if TYPE_CHECKING:
     from coordinator.data_plane import DataPlane
     from coordinator.effects import Outbox
-    from coordinator.limits import PlanQuota
     from coordinator.operator_requests import OperatorRequests
-    from coordinator.plans import Subscriptions
-    from coordinator.records import Journal
-    from coordinator.registry import WorkerRegistry
     from coordinator.relay import Relay
     from coordinator.scheduling import Scheduler
     from coordinator.sessions import Session
+    from coordinator.state import CoreState
     from coordinator.streams import Streams
 
 __all__ = ["ClientSessions"]
@@ -91,18 +89,14 @@ class ClientSessions:
     """Handles client sessions' messages.
 
     Args:
-        plans: the core's plans by id.
-        registry: the workers (``list_workers``; a cancelled plan's worker is told).
-        subscriptions: who follows which plan.
-        quota: the per-principal plan limit.
-        journal: a new plan's record goes here.
-        counters: the core's counters.
+        state: the core's shared tables (coordinator/state.py): plans and their names, the registry
+            (``list_workers``; a cancelled plan's worker is told), subscriptions, the plan quota,
+            the journal (a new plan's record) and the counters.
         outbox: replies and refusals.
         streams: plans' events, and their replay to a new subscriber.
         scheduler: places a new plan and numbers it.
-        operator: answers ``list_plans``, ``drain_worker`` and ``undrain_worker``.
+        operator: answers ``list_plans``, ``drain_worker``, ``undrain_worker`` and ``remove_worker``.
         new_id: makes a plan id when the client gives none, or a key when another plan holds the one it gave.
-        names: the keys of plans whose name is not their key (coordinator/plans.py); None: a table of its own.
         data: answers ``data_ticket`` (coordinator/data_plane.py); None: refused.
         relay: carries ``data_open``/``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py); None: ignored.
         version: the coordinator's version, said in ``workers`` answers (``fleetwire status``).
@@ -110,43 +104,26 @@ class ClientSessions:
 
     def __init__(
         self,
+        state: CoreState,
         *,
-        plans: dict[str, Plan],
-        registry: WorkerRegistry,
-        subscriptions: Subscriptions,
-        quota: PlanQuota,
-        journal: Journal,
-        counters: dict[str, int],
         outbox: Outbox,
         streams: Streams,
         scheduler: Scheduler,
         operator: OperatorRequests,
         new_id: Callable[[], str],
-        names: PlanNames | None = None,
         data: DataPlane | None = None,
         relay: Relay | None = None,
         version: str = "",
     ) -> None:
-        self._version = version  # the coordinator's, in ``workers`` answers
-        self._data = data
-        self._relay = relay
-        self._plans = plans
-        self._registry = registry
-        self._subscriptions = subscriptions
-        self._quota = quota
-        self._journal = journal
-        self._counters = counters
+        self._state = state
         self._outbox = outbox
         self._streams = streams
         self._scheduler = scheduler
         self._operator = operator
         self._new_id = new_id
-        self.names = names if names is not None else PlanNames()
-        self._aliases = self.names.keys  # (owner, name) -> key; empty while no plan id was taken
-        # Bound once: these run for every submit.
-        self._send = outbox.send
-        self._emit = streams.emit
-        self._enqueue = scheduler.enqueue
+        self._data = data
+        self._relay = relay
+        self._version = version  # the coordinator's, in ``workers`` answers
 
     def on_message(self, s: Session, msg: FromClient, now: float) -> None:
         """One message from a client session."""
@@ -162,12 +139,12 @@ class ClientSessions:
             case GetPlan():
                 plan = self._visible_plan(s, msg.plan_id, msg.req_id)
                 if plan is not None:
-                    self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
+                    self._outbox.send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
             case ListWorkers():
-                registry = self._registry
+                registry = self._state.registry
                 rows = [registry.info(r.id, now) for r in registry]
-                self._send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=registry.summary(now),
-                                                 version=self._version))
+                self._outbox.send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=registry.summary(now),
+                                                     version=self._version))
             case ListPlans():
                 self._operator.list_plans(s, msg)
             case DrainWorker():
@@ -185,8 +162,9 @@ class ClientSessions:
                     self._relay.open(s, msg, self._find(s, msg.plan_id))
             case DataChunk() | DataCredit() | DataEnd():
                 if self._relay is not None:
-                    if self._aliases and not s.admin:  # the relay knows streams by the plan's key
-                        key = self._aliases.get((s.principal, msg.plan_id))
+                    keys = self._state.names.keys
+                    if keys and not s.admin:  # the relay knows streams by the plan's key
+                        key = keys.get((s.principal, msg.plan_id))
                         if key is not None:
                             msg = msgspec.structs.replace(msg, plan_id=key)
                     self._relay.on_data(s.conn_id, msg)
@@ -200,22 +178,23 @@ class ClientSessions:
         if problem is None and (msg.inputs or msg.outputs):
             problem = data_problem(msg)
         if problem is not None:
-            self._send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
+            self._outbox.send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
             return
-        plans, subscriptions = self._plans, self._subscriptions
+        state = self._state
+        plans, subscriptions = state.plans, state.subscriptions
         name = msg.plan_id
         # Usually a new id: no plan holds it as a key and none is known by another name (no _own call).
-        if name is not None and (self._aliases or name in plans):
+        if name is not None and (state.names.keys or name in plans):
             existing = self._own(s.principal, name)
             if existing is not None:
                 # The retry of a submit whose reply was lost: same plan, and (when asked) its whole stream.
-                self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=existing.shown_id(s.admin),
-                                               state=existing.state, duplicate=True))  # fmt: skip
+                self._outbox.send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=existing.shown_id(s.admin),
+                                                      state=existing.state, duplicate=True))  # fmt: skip
                 if msg.subscribe:
                     subscriptions.add(existing.id, s.conn_id)
                     self._streams.replay(s.conn_id, existing, 0)
                 return
-        quota = self._quota
+        quota = state.quota
         plan = Plan.from_submit(msg, "", s.principal, 0)
         size = held_size(plan) if quota.max_bytes else 0
         over_quota = quota.refusal(s.principal, size)
@@ -228,23 +207,23 @@ class ClientSessions:
         plan.id, plan.order = plan_id, next(self._scheduler.orders)
         if plan_id != name and name is not None:  # another plan holds that key: its owner knows it by its name
             plan.name = name
-            self._aliases[plan.owner, name] = plan_id
+            state.names.keys[plan.owner, name] = plan_id
         plans[plan_id] = plan
         quota.add(plan.owner, plan_id, size)
-        self._counters["plans_submitted"] += 1
+        state.counters["plans_submitted"] += 1
         if msg.recovered:  # rare: the SDK re-sent an accepted plan this coordinator lost (a store loss)
-            self._counters["plans_recovered_from_client"] += 1
+            state.counters["plans_recovered_from_client"] += 1
             log.warning("plan recovered from its client: the store had lost it", plan_id=plan_id, owner=plan.owner)
-        self._journal.created(plan, msg)
+        state.journal.created(plan, msg)
         shown = plan_id if s.admin or plan.name is None else plan.name  # plan.shown_id, inlined
-        self._send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=shown, state="queued"))
+        self._outbox.send(s.conn_id, Accepted(req_id=msg.req_id, plan_id=shown, state="queued"))
         # Subscribers go in before the first event so none of them misses seq 1.
         if msg.subscribe:
             subscriptions.add(plan_id, s.conn_id)
         for conn_id in subscriptions.all_followers(plan.owner):
             subscriptions.add(plan_id, conn_id)
-        self._emit(plan, "queued", {}, small=True)
-        self._enqueue(plan, now)
+        self._streams.emit(plan, "queued", {}, small=True)
+        self._scheduler.enqueue(plan, now)
 
     def _subscribe(self, s: Session, msg: Subscribe) -> None:
         targets: dict[str, Plan] = {}
@@ -253,33 +232,33 @@ class ClientSessions:
             if plan is None:
                 return  # one unknown id and nothing is subscribed
             targets[plan_id] = plan
-        subscriptions = self._subscriptions
         if msg.all:
+            plans = self._state.plans
             # An admin session follows every principal's plans (EVERY_PRINCIPAL), now and future.
-            subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
+            self._state.subscriptions.add_all(EVERY_PRINCIPAL if s.admin else s.principal, s.conn_id)
             if s.admin:
-                targets.update((p.id, p) for p in self._plans.values())
+                targets.update((p.id, p) for p in plans.values())
             else:
                 principal = s.principal
-                targets.update((p.name or p.id, p) for p in self._plans.values() if p.owner == principal)
-            self._outbox.charge(len(self._plans))  # rows scanned (coordinator/limits.py §Cost per principal)
+                targets.update((p.name or p.id, p) for p in plans.values() if p.owner == principal)
+            self._outbox.charge(len(plans))  # rows scanned (coordinator/limits.py §Cost per principal)
         # Each named plan's stream end: a subscriber past it learns that this stream is behind the one it
         # saw (a store loss) and takes the next events as new. Nothing here moves a plan's numbering.
         last_seqs = {plan_id: targets[plan_id].next_seq - 1 for plan_id in msg.plan_ids}
-        self._send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets), last_seqs=last_seqs))
+        self._outbox.send(s.conn_id, Subscribed(req_id=msg.req_id, plan_ids=list(targets), last_seqs=last_seqs))
         # Followed and replayed plan by plan; a large replay goes out in slices (Streams.pump).
         self._streams.subscribe_replay(s.conn_id, targets.values(), msg.from_seq)
 
     def _unsubscribe(self, s: Session, msg: Unsubscribe) -> None:
         if msg.all:
-            self._subscriptions.drop(s.conn_id)
+            self._state.subscriptions.drop(s.conn_id)
             self._streams.drop_replays(s.conn_id)
         keys = [plan.id for plan in map(functools.partial(self._find, s), msg.plan_ids) if plan is not None]
         for key in keys:
-            self._subscriptions.remove(key, s.conn_id)
+            self._state.subscriptions.remove(key, s.conn_id)
         if keys:
             self._streams.drop_replays(s.conn_id, keys)
-        self._send(s.conn_id, Ok(req_id=msg.req_id))
+        self._outbox.send(s.conn_id, Ok(req_id=msg.req_id))
 
     def _cancel(self, s: Session, msg: Cancel) -> None:
         plan = self._visible_plan(s, msg.plan_id, msg.req_id)
@@ -290,7 +269,7 @@ class ClientSessions:
             advance(plan, "cancel")
             plan.error = ErrorInfo(errors.CANCELLED, "cancelled by the client")
             plan.waiting_reason = None
-            registry = self._registry
+            registry = self._state.registry
             if was == "queued":
                 self._scheduler.dequeue(plan)
             elif plan.worker_id is not None and plan.worker_id in registry:
@@ -298,23 +277,23 @@ class ClientSessions:
                 # so the slot is not handed out while the handler may still be stopping.
                 conn_id = registry.get(plan.worker_id).conn_id
                 if conn_id is not None:
-                    self._send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
+                    self._outbox.send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
             log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
-            self._emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
+            self._streams.emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
             if plan.id != msg.plan_id and self._relay is not None:  # the core tells the relay of msg.plan_id only
                 self._relay.plan_moved(plan.id)  # its put streams end at once, as any cancelled plan's
-        self._send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
+        self._outbox.send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
 
     # ------------------------------------------------------------------ plan ids (docs/SEMANTICS.md §Plan ids)
 
     def _own(self, principal: str, name: str) -> Plan | None:
         """``principal``'s plan it submitted as ``name``, or None."""
-        aliases = self._aliases
+        plans, aliases = self._state.plans, self._state.names.keys
         if aliases:  # only once some plan id was taken
             key = aliases.get((principal, name))
             if key is not None:
-                return self._plans.get(key)
-        plan = self._plans.get(name)
+                return plans.get(key)
+        plan = plans.get(name)
         # Its key is ``name``, and so is its name (not a plan of the same owner known by another one).
         if plan is not None and plan.owner == principal and plan.name is None:
             return plan
@@ -322,7 +301,7 @@ class ClientSessions:
 
     def _find(self, s: Session, plan_id: str) -> Plan | None:
         """The plan ``plan_id`` names for this session (an admin's: the key), or None."""
-        return self._plans.get(plan_id) if s.admin else self._own(s.principal, plan_id)
+        return self._state.plans.get(plan_id) if s.admin else self._own(s.principal, plan_id)
 
     def _visible_plan(self, s: Session, plan_id: str, req_id: int) -> Plan | None:
         """The plan ``plan_id`` names for this session; otherwise answer plan_not_found.
@@ -330,9 +309,9 @@ class ClientSessions:
         Another principal's plan does not exist for a client session: the same code, words and
         fields as an id nobody uses, so no answer tells the two apart (no existence oracle).
         """
-        plan = self._plans.get(plan_id) if s.admin else self._own(s.principal, plan_id)
+        plan = self._state.plans.get(plan_id) if s.admin else self._own(s.principal, plan_id)
         if plan is not None:
             return plan
         message = f"no plan with id {plan_id!r}"
-        self._send(s.conn_id, Error(code=errors.PLAN_NOT_FOUND, message=message, req_id=req_id, plan_id=plan_id))
+        self._outbox.send(s.conn_id, Error(code=errors.PLAN_NOT_FOUND, message=message, req_id=req_id, plan_id=plan_id))
         return None

@@ -17,7 +17,8 @@ This module is the wiring and the dispatch of inputs. The work is done by collab
 built in this order, each handed only the state and collaborators above it (calls go down,
 never up; none of them imports this module)::
 
-    sessions.py           Session table   the open connections            (state)
+    state.py              CoreState       the shared tables: registry, plans, names, queue, subscriptions,
+                                          sessions, quota, timings, footprint, counters, journal, placement
     effects.py            Outbox          sends, closes, refusals         <- sessions
     retention.py          Retention       forgets old finished plans      <- plans, registry, journal
     streams.py            Streams         emit, fail, replay              <- Outbox, Retention, quota
@@ -27,8 +28,9 @@ never up; none of them imports this module)::
     recovery.py           Recovery        records, acks, restore, retries <- Scheduler
     operator_requests.py  OperatorRequests  list_plans, drain, undrain    <- Scheduler, Outbox
     timeouts.py           RunTimeouts     timeout_s backstop              <- registry, Outbox, Streams
-    worker_session.py     WorkerSessions  worker messages, the reaper     <- all of the above
-    client_session.py     ClientSessions  client messages                 <- Streams, Scheduler, Outbox, operator
+    worker_sessions/      WorkerSessions  worker messages, the reaper     <- CoreState and all of the above
+    client_session.py     ClientSessions  client messages                 <- CoreState, Streams, Scheduler, Outbox,
+                                                                             operator
 
 The core hands ``now`` to the streams (``Streams.now``) before each input, for plans that end in it.
 
@@ -54,22 +56,20 @@ from coordinator.data_plane import DataPlane
 from coordinator.effects import Effects, Outbox
 from coordinator.limits import PlanQuota
 from coordinator.operator_requests import OperatorRequests
-from coordinator.placement.placer import Placement, PlacementConfig
-from coordinator.placement.plan_queue import PlanQueue
-from coordinator.plans import EVERY_PRINCIPAL, Plan, PlanNames, Subscriptions, held_size
-from coordinator.receipts import Footprint
+from coordinator.placement.placer import PlacementConfig
+from coordinator.plans import EVERY_PRINCIPAL, Plan, held_size
 from coordinator.reconnects import ReconnectBudget
-from coordinator.records import Journal, StoredPlan
+from coordinator.records import StoredPlan
 from coordinator.recovery import Recovery
 from coordinator.registry import WorkerRegistry
 from coordinator.relay import Relay
 from coordinator.retention import DEFAULT_RETENTION_BYTES, Retention
 from coordinator.scheduling import Scheduler
-from coordinator.sessions import Role, Session, SessionTable
-from coordinator.stats import PlanTimings
+from coordinator.sessions import Role, Session
+from coordinator.state import CoreState
 from coordinator.streams import Streams
 from coordinator.timeouts import DEFAULT_GRACE_S, RunTimeouts
-from coordinator.worker_session import WorkerSessions
+from coordinator.worker_sessions import WorkerSessionConfig, WorkerSessions
 from protocol import errors
 from protocol.codec import DecodeFailure
 from protocol.messages import Ack, Event, FromClient, FromWorker
@@ -139,29 +139,21 @@ class Coordinator:
         self, config: CoreConfig, new_id: Callable[[], str], new_secret: Callable[[], str] | None = None
     ) -> None:
         self.config = config
-        # State, shared by the collaborators below.
-        self.registry = WorkerRegistry(
-            config.heartbeat_timeout_s, prefetch=config.placement.prefetch,
-            reconnect_grace_s=config.worker_reconnect_grace_s,
+        # The tables every collaborator shares (coordinator/state.py), public by name for tests, metrics, the server.
+        state = self.state = CoreState.new(
+            registry=WorkerRegistry(
+                config.heartbeat_timeout_s, prefetch=config.placement.prefetch,
+                reconnect_grace_s=config.worker_reconnect_grace_s,
+            ),
+            quota=PlanQuota(config.max_plans_per_client, config.max_bytes_per_client),  # coordinator/limits.py
+            placement=config.placement,
         )
-        self.plans: dict[str, Plan] = {}
-        self.names = PlanNames()  # the keys of plans whose owner's id for them is not their key (plans.py)
-        self.queue = PlanQueue()
-        self.subscriptions = Subscriptions()
-        self.sessions: SessionTable = {}
-        self.quota = PlanQuota(config.max_plans_per_client, config.max_bytes_per_client)  # coordinator/limits.py
-        self.timings = PlanTimings()  # queue-wait and run-time histograms (coordinator/io/ops/metrics.py exports them)
-        self.footprint = Footprint()  # energy and CO2e of finished plans by principal and op (coordinator/receipts.py)
-        # Every counter exists from the start, so a metrics scrape never misses one.
-        self.counters: dict[str, int] = dict.fromkeys(
-            "plans_submitted plans_requeued events_forwarded stale_dropped protocol_errors workers_reaped workers_left"
-            " heartbeats plans_revoked scope_refused plans_refused"
-            " plans_recovered_from_client results_recovered_from_worker".split(),
-            0,
-        )
-        self.placement = Placement(self.registry, self.plans, config.placement)
+        self.registry, self.plans, self.names, self.queue = state.registry, state.plans, state.names, state.queue
+        self.subscriptions, self.sessions, self.quota = state.subscriptions, state.sessions, state.quota
+        self.timings, self.footprint, self.counters = state.timings, state.footprint, state.counters
+        self.placement = state.placement
         self.autoscaler = Autoscaler(config.autoscale) if config.autoscale is not None else None
-        journal = Journal()
+        journal = state.journal
         # The collaborators, each built on those before it (see the module docstring).
         self.outbox = Outbox(self.sessions, self.counters, config.max_protocol_errors)
         self.retention = Retention(  # forgets old finished plans (retention.py)
@@ -201,26 +193,20 @@ class Coordinator:
             plans=self.plans, registry=self.registry, outbox=self.outbox, streams=self.streams, timings=self.timings,
             grace_s=config.run_timeout_grace_s,
         )
-        self.workers = WorkerSessions(
-            sessions=self.sessions, registry=self.registry, plans=self.plans, queue=self.queue,
-            placement=self.placement, timings=self.timings, counters=self.counters, outbox=self.outbox,
-            streams=self.streams, scheduler=self.scheduler, recovery=self.recovery, operator=self.operator,
-            heartbeat_interval_s=config.heartbeat_interval_s, heartbeat_timeout_s=config.heartbeat_timeout_s,
-            version=config.version, prefetch=config.placement.prefetch, data=self.data, relay=self.relay,
-            new_secret=new_secret or map("secret-{}".format, itertools.count(1)).__next__, timeouts=self.timeouts,
-            footprint=self.footprint, journal=journal,
+        self.workers = WorkerSessions(  # coordinator/worker_sessions/
+            state, outbox=self.outbox, streams=self.streams, scheduler=self.scheduler, recovery=self.recovery,
+            operator=self.operator, config=WorkerSessionConfig(
+                config.heartbeat_interval_s, config.heartbeat_timeout_s, config.version, config.placement.prefetch,
+                new_secret or map("secret-{}".format, itertools.count(1)).__next__,
+            ),
+            data=self.data, relay=self.relay, timeouts=self.timeouts,
             reconnects=ReconnectBudget(config.worker_reconnect_rate, config.worker_reconnect_burst),
         )
         self.operator.remover = self.workers.remove  # remove_worker (operator_requests.py)
         self.clients = ClientSessions(
-            plans=self.plans, registry=self.registry, subscriptions=self.subscriptions, quota=self.quota,
-            journal=journal, counters=self.counters, outbox=self.outbox, streams=self.streams,
-            scheduler=self.scheduler, operator=self.operator, new_id=new_id, names=self.names, data=self.data,
-            relay=self.relay, version=config.version,
+            state, outbox=self.outbox, streams=self.streams, scheduler=self.scheduler, operator=self.operator,
+            new_id=new_id, data=self.data, relay=self.relay, version=config.version,
         )
-        # Bound once: one of these runs for every message.
-        self._on_worker = self.workers.on_message
-        self._on_client = self.clients.on_message
 
     # ================================================================== driver API
 
@@ -267,9 +253,9 @@ class Coordinator:
             else:
                 self.outbox.protocol_error(session, msg.code, msg.message, req_id=msg.req_id)
         elif session.role == "worker" and (type(msg) in _WORKER_KINDS or isinstance(msg, FROM_WORKER_TYPES)):
-            self._on_worker(session, msg, now)  # type: ignore[arg-type]  # a FromWorker: mypy reads no set test
+            self.workers.on_message(session, msg, now)  # type: ignore[arg-type]  # a FromWorker: mypy reads no set test
         elif session.role == "client" and (type(msg) in _CLIENT_KINDS or isinstance(msg, FROM_CLIENT_TYPES)):
-            self._on_client(session, msg, now)  # type: ignore[arg-type]  # a FromClient, as above
+            self.clients.on_message(session, msg, now)  # type: ignore[arg-type]  # a FromClient, as above
         else:
             self._misdirected(session, msg)
         if self.relay.streams:  # a relayed stream's plan may have ended or moved on: its window goes back at once

@@ -33,7 +33,8 @@ Rules (docs/SEMANTICS.md §Operator requests):
 * ``remove_worker`` removes a worker for good, *at once* (a graceful removal is ``drain_worker``
   with a deadline first): its live attempts are cancelled on the worker and the plans requeued at
   no cost in attempts, its record is forgotten, its session closed 4410, and a later ``hello``
-  with its id is refused the same way until the coordinator restarts (coordinator/worker_session.py).
+  with its id is refused the same way until the coordinator restarts
+  (coordinator/worker_sessions/registration.py).
 * ``drain_worker``, ``undrain_worker`` and ``remove_worker`` are operator actions: a session without the admin
   role gets ``error(forbidden)`` and nothing changes (``list_plans`` stays open to clients: it
   shows only their own plans).

@@ -19,7 +19,7 @@ Rules:
 * ``rate`` 0 turns the budget off. Memory is bounded: at most ``max_keys`` ids are kept, the
   least recently registered forgotten first (it starts again with a full bucket).
 
-Plain computation with time passed in: the pure core uses it (coordinator/worker_session.py).
+Plain computation with time passed in: the pure core uses it (coordinator/worker_sessions/registration.py).
 """
 
 from __future__ import annotations
