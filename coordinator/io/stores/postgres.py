@@ -82,13 +82,14 @@ from coordinator.io.stores.abilities import StoreAbilities
 from coordinator.io.stores.integrity import StoreDamaged, StoreError, StoreUnreachable
 from coordinator.io.stores.pg_commit import PipelinedCommitter
 from coordinator.io.stores.rows import (
+    StoredEvent,
     decode_plans,
     encode_record,
     encode_run,
     group_records,
     run_by_seq,
 )
-from coordinator.records import Record, StoredPlan
+from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
 from coordinator.shards import ClusterConfig, shard_of
 from protocol.messages import TERMINAL_STATES
 
@@ -333,6 +334,12 @@ def _cause(exc: BaseException) -> str:
         return f"no answer within {CONNECT_TIMEOUT_S:g} s"
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:300]
+
+
+# One group's rows (PgStore._encode_rows), one list per column: new plans rows, updates, spilled runs;
+# then each plan's inline events' checksum after the group, the shards the rows are in, and the plans
+# that reached a terminal state (their running checksum is dropped).
+_Columns = tuple[list[list[Any]], list[list[Any]], list[list[Any]], dict[str, int], set[int], list[str]]
 
 
 class PgStore:
@@ -621,6 +628,7 @@ class PgStore:
             raise StoreError(f"cannot write the store {self.description}: {_cause(exc)}") from exc
 
     async def _write_group(self, conn: Any, records: Sequence[Record]) -> None:
+        """One group: the rows it touches, :meth:`_encode_rows`, the fence, :meth:`_commit`, :meth:`_committed`."""
         created, latest, runs, forgotten = group_records(records)
         keys, shards_of = self._keys, self._shards
         doomed = [keys[p] for p in forgotten if p in keys]
@@ -632,10 +640,38 @@ class PgStore:
         touched: Iterable[str] = latest
         if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
             touched = {**fresh, **latest, **runs}
+        rows = await self._encode_rows(conn, touched, created, latest, runs, forgotten, fresh, fresh_shards)
+        touched_shards |= rows[4]
+        if not touched_shards:
+            touched_shards = set(self.fence)  # nothing to write: still proves the lease (no stale replies)
+        fence = self.fence
+        missing = sorted(touched_shards - fence.keys())
+        if missing or not fence:
+            raise ShardFenced(f"this coordinator does not hold shard(s) {missing or 'any'}; the write was refused")
+        shards = sorted(touched_shards)
+        await self._commit(conn, shards, [fence[s] for s in shards], doomed, *rows[:3])
+        self._committed(rows, fresh, fresh_shards, forgotten)
+        self.writes += 1
+        self.records += len(records)
+
+    async def _encode_rows(
+        self,
+        conn: Any,
+        touched: Iterable[str],
+        created: dict[str, PlanCreated],
+        latest: dict[str, PlanStatus],
+        runs: dict[str, list[StoredEvent]],
+        forgotten: set[str],
+        fresh: dict[str, int],
+        fresh_shards: dict[str, int],
+    ) -> _Columns:
+        """Each touched plan's row insert or update and its spilled run, as one array per column."""
+        keys, shards_of = self._keys, self._shards
         encoder = self._encoder
         chained = self._events_crc
-        chained_now: dict[str, int] = {}
+        chained_now: dict[str, int] = {}  # applied once committed, like the keys
         ended: list[str] = []
+        shards: set[int] = set()
         new_rows: list[list[Any]] = [[] for _ in range(14)]
         upd_rows: list[list[Any]] = [[] for _ in range(7)]
         ev_rows: list[list[Any]] = [[] for _ in range(5)]
@@ -644,7 +680,7 @@ class PgStore:
             if key is None:
                 continue  # a record of a plan never created (or deleted)
             shard = fresh_shards[plan_id] if plan_id in fresh else shards_of[plan_id]
-            touched_shards.add(shard)
+            shards.add(shard)
             inline: bytes | None = None
             count = 0
             inline_crc = None
@@ -683,15 +719,13 @@ class PgStore:
                 for column, value in zip(upd_rows, (key, state, status_blob, inline, count, status_crc, inline_crc),
                                          strict=True):  # fmt: skip
                     column.append(value)
-        if not touched_shards:
-            touched_shards = set(self.fence)  # nothing to write: still proves the lease (no stale replies)
-        fence = self.fence
-        missing = sorted(touched_shards - fence.keys())
-        if missing or not fence:
-            raise ShardFenced(f"this coordinator does not hold shard(s) {missing or 'any'}; the write was refused")
-        shards = sorted(touched_shards)
-        epochs = [fence[s] for s in shards]
-        await self._commit(conn, shards, epochs, doomed, new_rows, upd_rows, ev_rows)
+        return new_rows, upd_rows, ev_rows, chained_now, shards, ended
+
+    def _committed(self, rows: _Columns, fresh: dict[str, int], fresh_shards: dict[str, int],
+                   forgotten: set[str]) -> None:  # fmt: skip
+        """The in-memory keys follow a committed group only: a refused one leaves nothing behind."""
+        chained_now, ended = rows[3], rows[5]
+        keys, shards_of, chained = self._keys, self._shards, self._events_crc
         for plan_id in forgotten:
             keys.pop(plan_id, None)
             shards_of.pop(plan_id, None)
@@ -703,8 +737,6 @@ class PgStore:
         if fresh:
             keys.update(fresh)
             shards_of.update(fresh_shards)
-        self.writes += 1
-        self.records += len(records)
 
     async def _commit(
         self,
