@@ -101,9 +101,8 @@ class Scheduler:
         self._plans = plans
         self._queue = queue
         self._placement = placement
-        self._emit = streams.emit
-        self._fail = streams.fail
-        self._send = outbox.send
+        self._streams = streams
+        self._outbox = outbox
         self._counters = counters
         counters.update(dict.fromkeys(PLACEMENT_COUNTERS, 0))
         self.orders: Iterator[int] = itertools.count(1)
@@ -177,7 +176,7 @@ class Scheduler:
         while (stolen := self._placement.steal_for(record, now)) is not None:
             plan, victim = stolen
             if victim.conn_id is not None:
-                self._send(victim.conn_id, Revoke(plan_id=plan.id, attempt=plan.attempt))
+                self._outbox.send(victim.conn_id, Revoke(plan_id=plan.id, attempt=plan.attempt))
 
     def assign(self, plan: Plan, record: WorkerRecord) -> None:
         """Lease a queued plan to a worker with room: the next attempt starts (``leased``)."""
@@ -202,11 +201,11 @@ class Scheduler:
             if plan.gpus is not None:
                 assign.resources = plan.resources
                 assign.devices = list(registry.devices_of(record.id, plan.id))
-            self._send(record.conn_id, assign)
-        self._emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
+            self._outbox.send(record.conn_id, assign)
+        self._streams.emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
         if (plan.inputs or plan.outputs) and self._data is not None:  # where the client sends and fetches bytes
             plan.produced = []
-            self._emit(plan, "data_ready", self._data.ready_event(plan))
+            self._streams.emit(plan, "data_ready", self._data.ready_event(plan))
 
     def adopt(self, plan: Plan, record: WorkerRecord, attempt: int, devices: Sequence[int] = ()) -> None:
         """Lease a queued plan to the worker that runs (or ran) its ``attempt``: a store loss took
@@ -225,7 +224,7 @@ class Scheduler:
         if placed_tokens:
             self._registry.count_placed_tokens(record.id, placed_tokens)
         data = {"worker_id": record.id, "attempt": attempt, "recovered": True}
-        self._emit(plan, "leased", data, small=True)
+        self._streams.emit(plan, "leased", data, small=True)
 
     def dequeue(self, plan: Plan) -> None:
         """A queued plan ended (cancelled) before it was placed: it leaves the queue."""
@@ -236,7 +235,7 @@ class Scheduler:
         plan.worker_id = None
         self._counters["plans_requeued"] += 1
         log.info("plan requeued", plan_id=plan.id, reason=why, next_attempt=plan.attempt + 1)
-        self._emit(plan, "requeued", {"reason": why, "attempt": plan.attempt + 1}, small=True)
+        self._streams.emit(plan, "requeued", {"reason": why, "attempt": plan.attempt + 1}, small=True)
         self.enqueue(plan, now)
 
     def lease_lost(self, plan: Plan, worker_id: str, why: str, now: float) -> None:
@@ -248,7 +247,8 @@ class Scheduler:
             advance(plan, "worker_lost.final")
             message = f"{why} on attempt {plan.attempt} of {plan.max_attempts}; no attempts left"
             log.warning("plan failed: worker lost", plan_id=plan.id, worker_id=worker_id, attempt=plan.attempt)
-            self._fail(plan, worker_id, ErrorInfo(errors.WORKER_LOST, message, {"attempts": list(plan.history)}))
+            error = ErrorInfo(errors.WORKER_LOST, message, {"attempts": list(plan.history)})
+            self._streams.fail(plan, worker_id, error)
         else:
             advance(plan, "worker_lost")
             self.requeue(plan, why, now)
@@ -327,7 +327,7 @@ class Scheduler:
         if plan.waiting_reason != reason:  # §Plan lifecycle: emitted again only when the reason changes
             plan.waiting_reason = reason
             plan.drop_superseded("waiting", SMALL_EVENT_BYTES)  # only the newest reason in a row is held
-            self._emit(plan, "waiting", {"reason": reason}, small=True, recorded=recorded)
+            self._streams.emit(plan, "waiting", {"reason": reason}, small=True, recorded=recorded)
 
     def _wait_reason(self, signature: Signature, now: float) -> str:
         """Why a plan just queued waits: explain_wait, cached per signature until room may have changed.

@@ -102,14 +102,11 @@ class Streams:
     ) -> None:
         self.now = 0.0
         """The ``now`` of the input being handled (the core sets it): when a plan that ends now ended."""
-        self._send = outbox.send
         self._outbox = outbox
         self._subscriptions = subscriptions
         self._plans = plans
         self._replays: deque[_Replay] = deque()
-        self._followers = subscriptions.followers
-        self._emitted = journal.emitted
-        self._touched = journal.touched
+        self._journal = journal
         self._quota = quota
         self._retention = retention
         self._counters = counters
@@ -134,17 +131,17 @@ class Streams:
             max_bytes=self._max_event_bytes, size=SMALL_EVENT_BYTES if small else size,
         )
         if recorded:
-            self._emitted(plan, event)
+            self._journal.emitted(plan, event)
         elif plan.next_seq > plan.seq_recorded:  # past what the store has reserved: reserve the next run
             plan.seq_recorded = plan.next_seq + UNRECORDED_SEQ_RESERVE
-            self._touched(plan)
-        send = self._send
+            self._journal.touched(plan)
+        send = self._outbox.send
         if plan.name is None:
-            for conn_id in self._followers(plan.id):
+            for conn_id in self._subscriptions.followers(plan.id):
                 send(conn_id, event)
         else:  # its owner's sessions know it by its name (module docstring)
             named = msgspec.structs.replace(event, plan_id=plan.name)
-            for conn_id in self._followers(plan.id):
+            for conn_id in self._subscriptions.followers(plan.id):
                 send(conn_id, event if self._by_key(conn_id) else named)
         if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
             self._quota.release(plan.owner, plan.id)
@@ -161,7 +158,7 @@ class Streams:
 
     def replay(self, conn_id: int, plan: Plan, from_seq: int) -> None:
         """Send the held events after ``from_seq`` to a subscriber, with a ``resync`` for each missing run."""
-        send = self._send
+        send = self._outbox.send
         expected = max(from_seq, 0) + 1
         admin = self._by_key(conn_id)
         name = None if admin else plan.name
@@ -248,7 +245,7 @@ class Streams:
 
     def _slice(self, job: _Replay, budget: int) -> int:
         """Up to ``budget`` events of a replay (at least one step of progress); returns the units used."""
-        send, conn_id, plans = self._send, job.conn_id, self._plans
+        send, conn_id, plans = self._outbox.send, job.conn_id, self._plans
         used = 0
         while job.plans and used < budget:
             plan = job.plans[0]
