@@ -41,7 +41,7 @@ _WAIT_ALL: Final = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFT
 _UNSUPPORTED: Final = (errno.EINVAL, errno.ESPIPE, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF)
 
 #: ``O_DIRECT`` where the platform has it (else 0): the bypass of the page cache that the worker's spool and
-#: the SDK's relayed downloads use for whole aligned blocks (worker_agent/spool.py, wireio/chunkwrite.py).
+#: the SDK's relayed downloads use for whole aligned blocks (worker_agent/spool_files.py, wireio/chunkwrite.py).
 O_DIRECT: Final = getattr(os, "O_DIRECT", 0)
 #: ``O_DIRECT``'s alignment of memory, file offset and length: a page (every block size divides it).
 DIRECT_ALIGN: Final = 4096

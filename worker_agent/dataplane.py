@@ -27,7 +27,7 @@ reason (cancelled, ended, revoked, superseded, not assigned here), or ``503`` wi
 ``Retry-After`` while too many attempts not yet assigned are held. An upload that sends nothing
 for ``stall_timeout_s`` is dropped (what arrived stays acknowledged; memory is freed). A whole
 input whose digest does not match is answered ``409`` with ``Upload-Offset: 0`` (its bytes were
-dropped: send it again) up to ``spool.INPUT_RESTARTS`` times, then ``422``.
+dropped: send it again) up to ``spool_files.INPUT_RESTARTS`` times, then ``422``.
 
 Connections are capped like the coordinator's main port (docs/OPERATIONS.md §Data plane): a new
 connection must send its first request head within ``first_byte_timeout_s``, a keep-alive one
@@ -72,9 +72,10 @@ import structlog
 
 import protocol
 from protocol.tickets import Direction, TicketError, name_problem, verify
-from protocol.transfer import http1
+from protocol.transfer import http1, upload, verdicts
 from protocol.transfer.http1 import HeadError, HeadTooLarge, Request
 from protocol.transfer.ranges import RangeError, content_range, parse_content_range, parse_range
+from protocol.transfer.verdicts import Answer
 from worker_agent.attempts import Attempts
 from worker_agent.http_conn import (
     FD_RESERVE,
@@ -86,7 +87,8 @@ from worker_agent.http_conn import (
     defer_accept,
     idle_budget,
 )
-from worker_agent.spool import DISK_FULL, InputFile, Spool, SpoolError
+from worker_agent.spool import Spool
+from worker_agent.spool_files import InputFile, SpoolError
 
 __all__ = ["DataServer", "server_tls"]
 
@@ -117,6 +119,15 @@ class _Refused(Exception):
         self.status = status
         self.message = message
         self.headers = dict(headers or {})
+
+    @classmethod
+    def of(cls, answer: Answer) -> _Refused:
+        """A verdict of protocol/transfer (its HTTP status), with the acknowledged offset."""
+        return cls(answer.status, answer.message, _offset(answer))
+
+
+def _offset(answer: Answer) -> dict[str, str]:
+    return {"Upload-Offset": str(answer.offset)}
 
 
 class DataServer:
@@ -383,7 +394,7 @@ class DataServer:
 
     # ------------------------------------------------------------------ inputs
 
-    async def _put_input(self, req: Request, conn: HttpConnection, entry: Any) -> bool:
+    async def _put_input(self, req: Request, conn: HttpConnection, entry: InputFile) -> bool:
         length_text = req.headers.get("content-length")
         if length_text is None or not length_text.isdigit():
             raise _Refused(411, "PUT needs a Content-Length")
@@ -395,24 +406,12 @@ class DataServer:
                 offset, total = parse_content_range(content_range, length)
             except RangeError as exc:
                 raise _Refused(exc.status, exc.message, exc.headers) from None
-        where = {"Upload-Offset": str(entry.received)}
-        if total != entry.size:
-            raise _Refused(422, f"input {entry.name!r} is declared {entry.size} bytes, not {total}", where)
-        if entry.state == "failed":
-            raise _Refused(507 if entry.error and entry.error.code == DISK_FULL else 422,
-                           entry.error.message if entry.error else "input failed", where)
-        if entry.state == "verified":
-            if offset + length <= entry.size and length == 0:
-                await self._respond(conn, 201, {"offset": entry.received, "state": entry.state}, where)
-                return True
-            raise _Refused(409, f"input {entry.name!r} already arrived whole", where)
-        if entry.busy:
-            raise _Refused(409, f"input {entry.name!r} is being uploaded on another connection", where)
-        if offset != entry.received:
-            raise _Refused(409, f"input {entry.name!r} continues at offset {entry.received}, not {offset}", where)
-        if offset + length > entry.size:
-            over = f"input {entry.name!r}: {offset + length} bytes is over its declared {entry.size}"
-            raise _Refused(413, over, where)
+        answer = upload.check_put(entry, offset, length, total)  # from the head: no body byte read yet
+        if answer is not None:
+            if answer.verdict is not verdicts.VERIFIED:
+                raise _Refused.of(answer)
+            await self._respond(conn, 201, {"offset": entry.received, "state": entry.state}, _offset(answer))
+            return True
         if req.headers.get("expect", "").lower() == "100-continue":
             conn.write(http1.CONTINUE)
         entry.busy = True
@@ -431,23 +430,22 @@ class DataServer:
             self.open_uploads -= 1
             if not self.open_uploads:
                 self._no_uploads.set()
-        headers = {"Upload-Offset": str(entry.received)}
-        if entry.received < entry.size:
+        if not upload.complete(entry):
             entry.pause()
-            await self._respond(conn, 204, None, headers)
+            await self._respond(conn, 204, None, {"Upload-Offset": str(entry.received)})
             return True
         entry.finish()
-        if entry.state == "failed":
-            assert entry.error is not None
-            raise _Refused(422, entry.error.message, headers)
-        if entry.state == "receiving":  # a digest mismatch, taken for damage in transit: it starts again from 0
+        answer = upload.settled(entry)
+        if answer.verdict is verdicts.RESTART:  # a digest mismatch, taken for damage in transit: from 0 again
             log.warning("input digest mismatch: its bytes were dropped; waiting for them again", name=entry.name,
                         size=entry.size, restart=entry.restarts)
-            headers = {"Upload-Offset": "0", "Upload-State": "receiving"}
             await self._respond(conn, 409, {"error": entry.mismatch, "offset": 0, "state": entry.state,
-                                            "restart": entry.restarts}, headers)
+                                            "restart": entry.restarts},
+                                {"Upload-Offset": "0", "Upload-State": "receiving"})
             return True
-        await self._respond(conn, 201, {"offset": entry.received, "state": entry.state}, headers)
+        if answer.verdict is not verdicts.VERIFIED:
+            raise _Refused.of(answer)
+        await self._respond(conn, 201, {"offset": entry.received, "state": entry.state}, _offset(answer))
         return True
 
     async def _receive(self, conn: HttpConnection, entry: InputFile, length: int) -> None:
@@ -476,7 +474,7 @@ class DataServer:
                         conn.release(chunk)
                     else:
                         held = chunk
-                        storing = asyncio.ensure_future(_store(entry, chunk))
+                        storing = asyncio.ensure_future(entry.store_off_loop([chunk], direct_io=True))
             if storing is not None:
                 await storing
                 storing = None
@@ -585,23 +583,6 @@ class DataServer:
         head = http1.format_response(status, extra)
         conn.write(head + payload if payload and not head_only else head)  # one send for a whole answer
         await conn.drain()
-
-
-async def _store(entry: InputFile, chunk: bytearray | memoryview) -> None:
-    """Write and hash a chunk in two threads at once (file writes and hashlib both release the GIL).
-
-    Whole aligned chunks go to the disk with ``O_DIRECT`` (worker_agent/spool.py ``InputFile.put``:
-    the connection's buffers are page-aligned); the rest paces the file's writeback
-    (wireio/writeback.py): a big input never piles up in the page cache, where further writes
-    got slow (2.5 CPU s per GiB once a GiB or two had).
-    """
-    results = await asyncio.gather(asyncio.to_thread(entry.put, chunk, write_behind=True, direct_io=True),
-                                   asyncio.to_thread(entry.hash, chunk),
-                                   return_exceptions=True)  # both threads are done before anything is raised
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    entry.advance(len(chunk))
 
 
 def _fd_limit() -> int:

@@ -46,10 +46,11 @@ from protocol import errors
 from worker_agent.isolation import PlanIsolation
 from worker_agent.pychild import allowed_target, resolve_allowed
 from worker_agent.pyproc import FunctionFailed, run_in_process, stop_process_group
-from worker_agent.spool import SpoolError, open_confined
+from worker_agent.spool_files import SpoolError, open_confined
 
 if TYPE_CHECKING:
-    from worker_agent.spool import InputReader, PlanData
+    from worker_agent.spool import PlanData
+    from worker_agent.spool_files import InputReader
 
 log = structlog.get_logger(__name__)
 
@@ -164,7 +165,7 @@ class Context:
 
     @property
     def inputs(self) -> Mapping[str, InputReader]:
-        """The plan's inputs by name (worker_agent/spool.py ``InputReader``): ``.size``, ``.digest``,
+        """The plan's inputs by name (worker_agent/spool_files.py ``InputReader``): ``.size``, ``.digest``,
         ``.read(n)``, ``async for chunk in ...``, ``.path``. Verified before the handler starts."""
         return self.data.inputs if self.data is not None else {}
 
@@ -417,7 +418,7 @@ def _declared_outputs(args: dict[str, Any]) -> dict[str, str] | None:
 
 
 def _keep_output(ctx: Context, name: str, out_dir: Path, relative: str) -> None:
-    """Keep ``out_dir/relative`` as output ``name``, read without following a link (spool.open_confined)."""
+    """Keep ``out_dir/relative`` as output ``name``, read without following a link (spool_files.open_confined)."""
     try:
         file = open_confined(out_dir, relative, owner=ctx.isolation.owner)
     except FileNotFoundError:

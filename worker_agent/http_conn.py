@@ -15,7 +15,7 @@ Theory of operation: the transport reads straight into buffers this protocol han
   best read in body mode, and not at all when the request is refused from its head.
 * *Body mode* (:meth:`body`): the socket fills large preallocated buffers (``chunk`` bytes each,
   ``buffers`` of them; anonymous maps, so page-aligned: the spool may write them with
-  ``O_DIRECT``, worker_agent/spool.py), each handed over whole to the caller, who stores it (in a thread) while
+  ``O_DIRECT``, worker_agent/spool_files.py), each handed over whole to the caller, who stores it (in a thread) while
   the next one fills, then gives it back (:meth:`release`). The protocol never takes a byte past
   the body's length (the next request's bytes stay for the next head). When every buffer is
   full and not given back, reading pauses: memory stays ``buffers * chunk`` per upload, and a

@@ -21,7 +21,7 @@ sees"):
 * **Plan user** (``--plan-user NAME``, the worker running as root): a plan's processes run as that
   user and its primary group, with no supplementary groups; its scratch directory is handed to
   that user, and so are its input files; the worker reads outputs back without following a
-  symbolic link and only from files that user owns (worker_agent/spool.py ``open_confined``).
+  symbolic link and only from files that user owns (worker_agent/spool_files.py ``open_confined``).
   ``HOME``, ``USER`` and ``LOGNAME`` are that user's.
 * :func:`lock_worker_process`: the worker's own process is made non-dumpable (Linux
   ``PR_SET_DUMPABLE`` 0, as ssh-agent does), so a plan running as the same user cannot read its

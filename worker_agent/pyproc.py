@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 
 from protocol import errors
-from worker_agent.spool import open_confined
+from worker_agent.spool_files import open_confined
 
 __all__ = ["CHILD_SCRIPT", "FunctionFailed", "run_in_process", "stop_process_group"]
 
@@ -151,7 +151,7 @@ async def _read_reports(ctx: Any, stream: asyncio.StreamReader, out_dir: Path | 
     """Deliver the child's events, tokens and outputs; return its final frame (None: it ended without one).
 
     ``out_dir``: the child runs as a plan user, and an output file is one it copied there, read back
-    confined (worker_agent/spool.py ``open_confined``: no link, that user's own file); else a path
+    confined (worker_agent/spool_files.py ``open_confined``: no link, that user's own file); else a path
     the child names is copied as is (it runs as the worker's user: it could read it itself)."""
     while True:
         try:

@@ -48,9 +48,12 @@ import structlog
 
 import protocol
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
-from protocol.relay import CLOSED, GONE, MAX_CHUNK_BYTES, REFUSED, UNAUTHORIZED, VIOLATION, credit_every
+from protocol.relay import credit_every
 from protocol.tickets import TicketError, verify
-from worker_agent.spool import INPUTS_UNAVAILABLE, InputFile, OutputFile, Spool, SpoolError
+from protocol.transfer import download, upload, verdicts
+from protocol.transfer.verdicts import Answer
+from worker_agent.spool import Spool
+from worker_agent.spool_files import INPUTS_UNAVAILABLE, InputFile, OutputFile, SpoolError
 
 __all__ = ["RelayEndpoint"]
 
@@ -63,12 +66,10 @@ READ_AHEAD_BYTES = 2 << 20  # an output's chunks queued at once, more when the w
 
 @dataclass(slots=True, eq=False)
 class _Upload:
-    """A relayed upload: where its next chunk starts, what waits to be stored, and its credit."""
+    """A relayed upload: its rules (where its next chunk starts, when to credit), and what waits to be stored."""
 
     entry: InputFile
-    every: int  # bytes between two credits (credit_every of the window)
-    credited: int  # the offset last credited
-    expected: int  # where the next chunk must start: what is stored plus what is queued
+    rules: upload.Receiver
     queue: collections.deque[bytes] = field(default_factory=collections.deque)
     storing: asyncio.Task[None] | None = None  # the task writing and hashing the queue, while it runs
     closed: bool = False  # the stream ended: what is queued is dropped, the entry paused once the store returns
@@ -79,10 +80,7 @@ class _Upload:
 class _Download:
     output: OutputFile
     file: IO[bytes]
-    start: int
-    sent: int
-    acked: int
-    window: int
+    rules: download.Sender
     stream: int = 0  # the stream's id (data_open.stream)
 
 
@@ -114,14 +112,14 @@ class RelayEndpoint:
         """The session ended: every stream with it (clients open them again on the next one)."""
         for key in list(self._uploads):
             self._close(key)
-        for download in self._downloads.values():
-            download.file.close()
+        for sending in self._downloads.values():
+            sending.file.close()
         self._downloads.clear()
 
     def resume(self) -> None:
         """The agent's writer sent what was queued: outputs with credit left queue their next chunks."""
-        for key, download in list(self._downloads.items()):
-            self._pump(key, download)
+        for key, sending in list(self._downloads.items()):
+            self._pump(key, sending)
 
     async def drained(self) -> None:
         """Return once no chunk waits to be stored (tests; a clean shutdown)."""
@@ -142,7 +140,8 @@ class RelayEndpoint:
                     _, claim = verify(msg.ticket, self.keys, wall=self._wall(), worker=self.worker_id,
                                       plan=msg.plan_id, attempt=msg.attempt, direction=msg.direction, name=msg.name)
                 except TicketError as exc:
-                    self._end(key, UNAUTHORIZED if exc.status == 401 else REFUSED, exc.reason, stream=msg.stream)
+                    refused = verdicts.UNAUTHORIZED if exc.status == 401 else verdicts.FORBIDDEN
+                    self._end(key, Answer(refused, exc.reason), msg.stream)
                     return
                 if msg.direction == "put":
                     self._open_upload(key, self.spool.declare(msg.plan_id, msg.attempt, msg.name, claim.size,
@@ -152,59 +151,47 @@ class RelayEndpoint:
             case DataChunk():
                 self._chunk(key, msg)
             case DataCredit():
-                download = self._downloads.get(key)
-                if download is not None and download.acked <= msg.offset <= download.sent:
-                    download.acked = msg.offset
-                    self._pump(key, download)
+                sending = self._downloads.get(key)
+                if sending is not None and sending.rules.credit(msg.offset):
+                    self._pump(key, sending)
             case DataEnd():
                 self._close(key)
 
     # ------------------------------------------------------------------ inputs
 
     def _open_upload(self, key: Key, entry: InputFile, credit: int, stream: int = 0) -> None:
-        if entry.state == "receiving" and entry.received == entry.size:
+        if entry.state == "receiving" and upload.complete(entry):
             entry.finish()  # an empty input: nothing to wait for
-        if entry.state != "receiving":
-            self._settled(key, entry, stream)
+        refused = upload.check_open(entry)
+        if refused is not None:
+            self._end(key, refused, stream)
             return
-        if entry.busy:
-            self._end(key, CLOSED, f"input {entry.name!r} is being uploaded on another connection (or its last "
-                      "relayed chunks are still being stored); open it again", entry.received, stream)
-            return
-        self._uploads[key] = _Upload(entry, credit_every(credit), entry.received, entry.received, stream=stream)
+        self._uploads[key] = _Upload(entry, upload.Receiver(credit_every(credit), entry.received), stream=stream)
         self._send(DataCredit(plan_id=key[0], attempt=key[1], name=key[2], direction="put", offset=entry.received,
                               credit=credit, size=entry.size, stream=stream))
 
     def _chunk(self, key: Key, msg: DataChunk) -> None:
-        upload = self._uploads.get(key)
-        entry = upload.entry if upload is not None else None
-        if upload is None or entry is None or self.spool.input(key[0], key[1], key[2]) is not entry:
+        state = self._uploads.get(key)
+        entry = state.entry if state is not None else None
+        if state is None or entry is None or self.spool.input(key[0], key[1], key[2]) is not entry:
             self._close(key)
-            self._end(key, CLOSED, "no relayed upload of this input is open here (the attempt ended?)",
-                      stream=msg.stream)
+            self._end(key, Answer(verdicts.NOT_OPEN, "no relayed upload of this input is open here (the attempt "
+                                  "ended?)"), msg.stream)
             return
-        if entry.state != "receiving":
-            self._close(key)
-            self._settled(key, entry, upload.stream)
-            return
-        if entry.busy and upload.storing is None:
-            del self._uploads[key]  # not paused: the direct upload writes its file
-            self._end(key, CLOSED, f"input {entry.name!r} is being uploaded on a direct connection", entry.received,
-                      upload.stream)
-            return
-        n = len(msg.data)
-        if msg.offset != upload.expected or upload.expected + n > entry.size:
-            self._close(key)
-            why = f"input {entry.name!r}: a chunk at {msg.offset}..{msg.offset + n}; it continues at {upload.expected}"
-            self._end(key, VIOLATION, f"{why} and is {entry.size} bytes", entry.received, upload.stream)
+        refused = state.rules.chunk(entry, msg.offset, len(msg.data), storing=state.storing is not None)
+        if refused is not None:
+            if refused.verdict is verdicts.BUSY:
+                del self._uploads[key]  # not paused: the direct upload writes its file
+            else:
+                self._close(key)
+            self._end(key, refused, state.stream)
             return
         entry.via = "relay"
-        upload.expected += n
-        if (entry.path is not None and n >= THREAD_MIN_BYTES) or upload.storing is not None:
-            upload.queue.append(msg.data)  # at most a window: the coordinator holds the sender to it
-            if upload.storing is None:
+        if (entry.path is not None and len(msg.data) >= THREAD_MIN_BYTES) or state.storing is not None:
+            state.queue.append(msg.data)  # at most a window: the coordinator holds the sender to it
+            if state.storing is None:
                 entry.busy = True  # no direct upload writes it meanwhile
-                upload.storing = task = asyncio.get_running_loop().create_task(self._store(key, upload))
+                state.storing = task = asyncio.get_running_loop().create_task(self._store(key, state))
                 self._storing.add(task)
                 task.add_done_callback(self._storing.discard)
             return
@@ -212,171 +199,137 @@ class RelayEndpoint:
             entry.write(msg.data)
         except SpoolError:
             self._close(key)
-            self._settled(key, entry, upload.stream)
+            self._end(key, upload.settled(entry), state.stream)
             return
-        self._stored(key, upload)
+        self._stored(key, state)
 
-    def _stored(self, key: Key, upload: _Upload) -> None:
+    def _stored(self, key: Key, state: _Upload) -> None:
         """Bytes of an upload were stored: credit them (once per quarter window), or settle it after its last."""
-        entry = upload.entry
-        if entry.received < entry.size:
-            if entry.received - upload.credited >= upload.every:  # one credit per quarter window, not per chunk
-                upload.credited = entry.received
-                self._send(DataCredit(plan_id=key[0], attempt=key[1], name=key[2], direction="put",
-                                      offset=entry.received, stream=upload.stream))
+        entry = state.entry
+        if not upload.complete(entry):
+            offset = state.rules.stored(entry)
+            if offset is not None:
+                self._send(DataCredit(plan_id=key[0], attempt=key[1], name=key[2], direction="put", offset=offset,
+                                      stream=state.stream))
             return
         self._close(key)
         entry.finish()
-        self._settled(key, entry, upload.stream)
+        self._end(key, upload.settled(entry), state.stream)
 
-    async def _store(self, key: Key, upload: _Upload) -> None:
+    async def _store(self, key: Key, state: _Upload) -> None:
         """Write and hash an upload's queued chunks off the loop, a credit's worth at a time, in order."""
-        entry, queue = upload.entry, upload.queue
+        entry, queue = state.entry, state.queue
         try:
-            while queue and not upload.closed:
+            while queue and not state.closed:
                 batch: list[bytes] = []
                 count = 0
-                goal = max(upload.every - (entry.received - upload.credited), 1)  # the bytes up to the next credit
+                goal = state.rules.batch(entry)  # the bytes up to the next credit
                 while queue and count < goal:
                     batch.append(queue.popleft())
                     count += len(batch[-1])
                 try:
-                    await _write_and_hash(entry, batch)
+                    await entry.store_off_loop(batch)
                 except OSError as exc:
                     try:
                         entry.write_failed(exc)
                     except SpoolError:  # a full disk: the input failed, and says so
                         self._close(key)
-                        self._settled(key, entry, upload.stream)
+                        self._end(key, upload.settled(entry), state.stream)
                         return
                     except OSError as other:  # the digest has taken bytes the file has not: no resume
                         self._close(key)
                         entry.fail(INPUTS_UNAVAILABLE, f"input {entry.name!r} could not be written on worker "
                                    f"{self.worker_id}: {other.strerror}")
-                        self._settled(key, entry, upload.stream)
+                        self._end(key, upload.settled(entry), state.stream)
                         return
                 except ValueError:  # the entry was discarded (its file closed) while a chunk was written
                     self._close(key)
-                    self._end(key, CLOSED, "the input was dropped while it was written (the attempt ended?)",
-                              stream=upload.stream)
+                    self._end(key, Answer(verdicts.DROPPED, "the input was dropped while it was written (the attempt "
+                                          "ended?)"), state.stream)
                     return
-                entry.advance(count)
                 if self.spool.input(key[0], key[1], key[2]) is not entry:  # the attempt ended meanwhile
-                    if not upload.closed:
-                        self._end(key, CLOSED, "the attempt ended while its input was written", stream=upload.stream)
+                    if not state.closed:
+                        self._end(key, Answer(verdicts.DROPPED, "the attempt ended while its input was written"),
+                                  state.stream)
                     self._close(key)
                     return
-                if upload.closed:
+                if state.closed:
                     return
                 if entry.state != "receiving":
                     self._close(key)
-                    self._settled(key, entry, upload.stream)
+                    self._end(key, upload.settled(entry), state.stream)
                     return
-                self._stored(key, upload)
+                self._stored(key, state)
         finally:
-            upload.storing = None
+            state.storing = None
             entry.busy = False
-            if upload.closed:
+            if state.closed:
                 queue.clear()
                 entry.pause()
             if self.spool.input(key[0], key[1], key[2]) is not entry:
                 entry.discard()  # dropped meanwhile: a write that raced the drop may have made its file anew
-
-    def _settled(self, key: Key, entry: InputFile, stream: int = 0) -> None:
-        error = entry.error
-        if entry.state == "receiving":  # its digest did not match: its bytes were dropped; the client opens it again
-            self._end(key, CLOSED, entry.mismatch, entry.received, stream)
-            return
-        if entry.state == "verified" or error is None:
-            self._end(key, "", "", entry.received, stream)
-        else:
-            self._end(key, error.code, error.message, entry.received, stream)
 
     # ------------------------------------------------------------------ outputs
 
     def _open_download(self, key: Key, msg: DataOpen) -> None:
         output = self.spool.output(msg.plan_id, msg.attempt, msg.name)
         if output is None:
-            self._end(key, GONE, f"plan {msg.plan_id!r} attempt {msg.attempt} left no output {msg.name!r} on worker "
-                      f"{self.worker_id} (not made, expired, or the worker restarted)", stream=msg.stream)
+            self._end(key, Answer(verdicts.GONE, f"plan {msg.plan_id!r} attempt {msg.attempt} left no output "
+                                  f"{msg.name!r} on worker {self.worker_id} (not made, expired, or the worker "
+                                  "restarted)"), msg.stream)
             return
-        if msg.offset > output.size:
-            self._end(key, VIOLATION, f"offset {msg.offset} is past the output's {output.size} bytes",
-                      stream=msg.stream)
+        refused = download.check_offset(msg.offset, output.size)
+        if refused is not None:
+            self._end(key, refused, msg.stream)
             return
         try:
             file = open(output.path, "rb")  # closed when the stream ends
         except OSError as exc:
-            self._end(key, CLOSED, f"output {msg.name!r} cannot be read: {exc.strerror}", stream=msg.stream)
+            self._end(key, Answer(verdicts.DROPPED, f"output {msg.name!r} cannot be read: {exc.strerror}"), msg.stream)
             return
         file.seek(msg.offset)
-        download = _Download(output, file, msg.offset, msg.offset, msg.offset, max(msg.credit, MAX_CHUNK_BYTES),
-                             msg.stream)
-        self._downloads[key] = download
-        self._pump(key, download)
+        state = _Download(output, file, download.Sender(output.size, msg.offset, msg.credit), msg.stream)
+        self._downloads[key] = state
+        self._pump(key, state)
 
-    def _pump(self, key: Key, download: _Download) -> None:
-        size = download.output.size
-        first = download.sent == download.start
-        until = download.sent + READ_AHEAD_BYTES
-        while download.sent < size or first:
-            if download.sent - download.acked + min(MAX_CHUNK_BYTES, size - download.sent) > download.window:
-                return
-            if download.sent >= until:
-                return  # the rest when the writer has sent these (resume)
-            data = download.file.read(min(MAX_CHUNK_BYTES, size - download.sent))
-            if len(data) != min(MAX_CHUNK_BYTES, size - download.sent):
+    def _pump(self, key: Key, state: _Download) -> None:
+        rules = state.rules
+        until = rules.sent + READ_AHEAD_BYTES  # the rest when the writer has sent these (resume)
+        while (length := rules.next_length(until)) is not None:
+            data = state.file.read(length)
+            if len(data) != length:
                 self._close(key)
-                self._end(key, CLOSED, f"output {key[2]!r} shrank while it was read", stream=download.stream)
+                self._end(key, Answer(verdicts.DROPPED, f"output {key[2]!r} shrank while it was read"), state.stream)
                 return
-            offset = download.sent
-            download.sent += len(data)
-            last = download.sent >= size
+            offset = rules.sent
+            last = rules.sent_chunk(length)
             self._send(DataChunk(plan_id=key[0], attempt=key[1], name=key[2], offset=offset, data=data,
-                                 direction="get", last=last, size=size, stream=download.stream))
-            first = False
+                                 direction="get", last=last, size=rules.size, stream=state.stream))
             if last:
-                if download.start == 0:
-                    self.spool.fetched(download.output)
+                if rules.whole:
+                    self.spool.fetched(state.output)
                 self._close(key)
                 return
 
     # ------------------------------------------------------------------ helpers
 
     def _close(self, key: Key) -> None:
-        upload = self._uploads.pop(key, None)
-        if upload is not None:
-            upload.closed = True
-            upload.queue.clear()  # never credited: a resume sends them again
-            if upload.storing is None:
-                upload.entry.pause()  # else the store task pauses it once its thread returns
-        download = self._downloads.pop(key, None)
-        if download is not None:
-            download.file.close()
+        receiving = self._uploads.pop(key, None)
+        if receiving is not None:
+            receiving.closed = True
+            receiving.queue.clear()  # never credited: a resume sends them again
+            if receiving.storing is None:
+                receiving.entry.pause()  # else the store task pauses it once its thread returns
+        sending = self._downloads.pop(key, None)
+        if sending is not None:
+            sending.file.close()
 
-    def _end(self, key: Key, code: str, message: str, offset: int = 0, stream: int = 0) -> None:
+    def _end(self, key: Key, answer: Answer, stream: int = 0) -> None:
+        """End the stream with ``answer``'s ``data_end`` code (protocol/transfer/verdicts.py; "" : verified)."""
         direction: Literal["put", "get"] = "put" if key[3] == "put" else "get"
+        code = answer.end_code
         if code:
             log.info("relayed transfer refused", plan_id=key[0], attempt=key[1], name=key[2], direction=direction,
-                     code=code, reason=message)
+                     code=code, reason=answer.message)
         self._send(DataEnd(plan_id=key[0], attempt=key[1], name=key[2], direction=direction, code=code,
-                           message=message, offset=offset, stream=stream))
-
-
-async def _write_and_hash(entry: InputFile, batch: list[bytes]) -> None:
-    """Write ``batch`` to the entry's file in one thread while another hashes it (both release the GIL).
-
-    Both threads are done before anything is raised (the file is never closed under a write).
-    """
-    def write() -> None:
-        for data in batch:
-            entry.put(data, write_behind=True)  # paced writeback (wireio/writeback.py): no page-cache pile-up
-
-    def digest() -> None:
-        for data in batch:
-            entry.hash(data)
-
-    results = await asyncio.gather(asyncio.to_thread(write), asyncio.to_thread(digest), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+                           message=answer.message, offset=answer.offset, stream=stream))

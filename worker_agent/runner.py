@@ -27,7 +27,8 @@ from worker_agent.devices import DeviceAllocator, DeviceRequest
 from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handler
 from worker_agent.isolation import PlanIsolation
 from worker_agent.probe import LoadTracker
-from worker_agent.spool import INPUTS_UNAVAILABLE, InputFile, Spool
+from worker_agent.spool import Spool
+from worker_agent.spool_files import INPUTS_UNAVAILABLE, InputFile
 from worker_agent.telemetry import Telemetry
 
 __all__ = ["REJECTED", "Outbound", "PlanRunner"]

@@ -17,7 +17,7 @@ from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_in
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import MASTER, SIZE, WORKER, data_endpoint, digest, grant, random_input
 from worker_agent.dataplane import BODY_CHUNK, DataServer
-from worker_agent.spool import UNLINK_AWAY_BYTES, remove_file
+from worker_agent.spool_files import UNLINK_AWAY_BYTES, remove_file
 
 pytestmark = pytest.mark.timeout(60)
 

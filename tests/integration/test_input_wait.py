@@ -20,7 +20,8 @@ from fleetwire import Client, PlanFailed
 from protocol.messages import InputSpec
 from tests.integration.test_data_plane import NeverUploads
 from worker_agent.agent import Agent
-from worker_agent.spool import INPUTS_UNAVAILABLE, Spool
+from worker_agent.spool import Spool
+from worker_agent.spool_files import INPUTS_UNAVAILABLE
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ from tests.integration.data_helpers import data_endpoint, digest, grant
 from wireio.chunkwrite import STAGE_BYTES, ChunkWriter
 from wireio.writeback import DIRECT_ALIGN, WriteBehind
 from worker_agent.dataplane import DataServer
-from worker_agent.spool import InputFile
+from worker_agent.spool_files import InputFile
 
 pytestmark = pytest.mark.timeout(60)
 

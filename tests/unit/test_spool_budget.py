@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.integration.data_helpers import digest
-from worker_agent.spool import INPUT_MISMATCH, INPUT_RESTARTS, Spool
+from worker_agent.spool import Spool
+from worker_agent.spool_files import INPUT_MISMATCH, INPUT_RESTARTS
 
 
 def test_inputs_kept_in_memory_are_bounded_in_all(tmp_path: Path) -> None:
