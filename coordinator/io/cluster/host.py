@@ -195,6 +195,7 @@ class ClusterHost:
             self.waiting_db = str(exc)
         self.leases = PartialLeases(self.config, self.owner)
         self.servers: dict[int, CoordinatorServer] = {}
+        self._stores: dict[int, ShardPgStore] = {}  # each served shard's store (its fence is cleared when it is lost)
         self.rows: list[LeaseRow] = []  # the last scan
         self.peers: set[str] = set()
         self.fatal: asyncio.Future[BaseException] | None = None
@@ -445,9 +446,9 @@ class ClusterHost:
 
     def _lose(self, shards: list[int], why: str) -> None:
         for shard in shards:
-            server = self.servers.get(shard)
-            if server is not None and isinstance(server.store, ShardPgStore):
-                server.store.fence = {}  # no commit of it may succeed from now on (the database checks too)
+            store = self._stores.get(shard)
+            if store is not None:
+                store.fence = {}  # no commit of it may succeed from now on (the database checks too)
             if shard not in self._moving:
                 self._moving.add(shard)
                 self._spawn(self._stop_shard(shard, release=False, why=why))
@@ -484,6 +485,7 @@ class ClusterHost:
                 await self._db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
             return
         self._starting.discard(shard)
+        self._stores[shard] = store
         if self.leases.held.get(shard) != epoch or self._stopping:  # lost while loading
             self.servers[shard] = server
             await self._stop_shard(shard, release=False, why="lost while loading")
@@ -514,6 +516,7 @@ class ClusterHost:
     async def _stop_shard(self, shard: int, *, release: bool, why: str) -> None:
         """Stop ``shard``'s core (what is queued is committed first), then give its slot back."""
         server = self.servers.pop(shard, None)
+        self._stores.pop(shard, None)
         try:
             if server is not None:
                 await server.stop()

@@ -258,7 +258,7 @@ class CoordinatorServer:
         self.driver = CoreDriver(
             self.core, self.door, settings.limits, self._committer_for, redirect=redirect,
             hook=HookRunner(settings.autoscale_hook) if settings.autoscale_hook else None, provisioner=self.provisioner,
-            away=getattr(self.store, "away", None),  # PgStore: new submits ``unavailable`` and handshakes 503 meanwhile
+            away=self.store.abilities.away,  # PgStore: new submits ``unavailable`` and handshakes 503 meanwhile
         )
         self.door.store = self._committer = self.driver.committer
         self._server: Server | None = None
@@ -283,17 +283,18 @@ class CoordinatorServer:
         holds the shards; a standby listens, answers /readyz 503, and takes over later."""
         self._takeover: asyncio.Task[None] | None = None
         self._acquired = asyncio.Event()  # set when this coordinator holds every shard
-        if not getattr(self.store, "sharded", False):
+        leases = self.store.abilities.leases
+        if leases is None:
             return None
         owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        return LeaseKeeper(self.store, self.settings.cluster, owner,  # type: ignore[arg-type]
-                           on_acquired=self._acquired.set, on_fenced=self._store_failed)  # fmt: skip
+        return LeaseKeeper(leases, self.settings.cluster, owner, on_acquired=self._acquired.set,
+                           on_fenced=self._store_failed)  # fmt: skip
 
     def _committer_for(self, release: Callable[[Effects], None]) -> Committer:
         """The store's own committer (PostgreSQL: commits on this loop, coordinator/io/stores/pg_commit.py), else
         a ``GroupCommitter``; either hands each step's effects to ``release`` once its records are committed."""
         backlog = self.settings.limits.max_commit_backlog_bytes
-        make_committer = getattr(self.store, "make_committer", None)
+        make_committer = self.store.abilities.make_committer
         if make_committer is not None:
             committer: Committer = make_committer(release, self._store_failed, max_backlog_bytes=backlog)
             return committer
@@ -391,7 +392,7 @@ class CoordinatorServer:
     def _load(self) -> None:
         """Read the store and restore the core (in a thread: no session, tick or commit runs meanwhile)."""
         self.core.set_wall_offset(time.time() - time.monotonic())
-        stream = getattr(self.store, "stream", None)  # SQLite: each plan as it is decoded
+        stream = self.store.abilities.stream  # SQLite: each plan as it is decoded
         if stream is not None:
             # Liveness clocks start now (docs/SEMANTICS.md §Durability): workers of restored leases
             # get one heartbeat timeout from here to reconnect.
