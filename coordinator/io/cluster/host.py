@@ -84,9 +84,10 @@ from coordinator.io.cluster.views import (
     read_plans,
 )
 from coordinator.io.dashboard.assets import DASHBOARD_FILES
+from coordinator.io.frontdoor.door import ROLE_PATHS
 from coordinator.io.frontdoor.gate import Gatekeeper, bearer_token, subprotocol_refused
 from coordinator.io.frontdoor.routes import respond
-from coordinator.io.frontdoor.server import ROLE_PATHS, CoordinatorServer, ServerSettings
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.io.ops.metrics_http import metrics_token_refused
 from coordinator.io.stores.integrity import StoreError, StoreUnreachable
 from coordinator.io.stores.postgres import PgStore, describe_dsn, ensure_indexes

@@ -26,7 +26,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Final
 
 import structlog
@@ -35,36 +35,33 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from coordinator.auth import TokenFileError, TokenStore, inline_tokens
-from coordinator.core import Coordinator, CoreConfig, Effects
+from coordinator.core import Coordinator, Effects
 from coordinator.io.cluster.leases import LeaseKeeper, ShardFenced
 from coordinator.io.frontdoor import routes as http_routes
 from coordinator.io.frontdoor.connection import Session
 from coordinator.io.frontdoor.core_driver import Committer, CoreDriver, CoreSession, Redirect
 from coordinator.io.frontdoor.door import ROLE_PATHS, Answer, FrontDoor, Role
 from coordinator.io.frontdoor.gate import Gatekeeper, server_tls_context
+from coordinator.io.frontdoor.settings import ServerSettings
 from coordinator.io.ops.hooks import HookRunner
 from coordinator.io.ops.metrics import CONTENT_TYPE, build_registry, render
 from coordinator.io.ops.metrics_http import ExpositionCache, MetricsListener, parse_listen
-from coordinator.io.ops.provision import Provider, Provisioner
+from coordinator.io.ops.provision import Provisioner
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import report_accepted_losses
 from coordinator.io.stores.store import Store, open_store
-from coordinator.limits import Limits
 from coordinator.read_policy import ReadPolicy
 from coordinator.records import StoredPlan
-from coordinator.shards import ClusterConfig
 from coordinator.stats import FrameCounters
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, Codec, Encoding
 from protocol import errors as codes
 from protocol.chunkview import with_chunk_views
 from protocol.messages import FromClient, FromWorker
-from protocol.relay import MAX_CHUNK_BYTES
 
 __all__ = ["ROLE_PATHS", "CoordinatorServer", "Role", "ServerSettings"]
 
 log = structlog.get_logger(__name__)
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 STANDBY = "standby: owns no shard (another coordinator of the cluster serves; this one takes over when its lease ends)"
 LOADING = "loading the store"  # /readyz's reason (503) until the store's plans are loaded
 # msgpack sessions decode relayed chunks as views into their frame (protocol/chunkview.py): a chunk
@@ -74,135 +71,6 @@ CORE_CODECS: Final[dict[tuple[Role, Encoding], Codec]] = {
     for role in ("worker", "client")
     for enc in ("msgpack", "json")
 }
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """Everything the coordinator process is configured with.
-
-    Attributes:
-        host: interface to bind; loopback by default.
-        port: TCP port; 0 picks a free one (read ``CoordinatorServer.port`` after start).
-        worker_tokens: bearer tokens accepted on ``/v1/worker``.
-        client_tokens: bearer tokens accepted on ``/v1/client``.
-        insecure: accept connections without tokens (only allowed on loopback).
-        core: the core's settings (coordinator/core.py ``CoreConfig``): heartbeat interval and
-            timeout (told to workers in ``welcome``; the reaper drops a worker whose last beat
-            is older than the timeout), the reaper's circuit breaker, the plan quota per client
-            principal and the per-plan event bounds, placement, the autoscaler (None: none) and
-            plan retention. The server fills in only ``version``.
-        reaper_interval_s: how often the reaper runs; defaults to a tenth of the heartbeat
-            timeout (at most 1 s), so detection takes at most timeout + interval.
-        max_frame_bytes: largest accepted frame (larger closes that connection with 1009).
-        admin_tokens: bearer tokens of the ``admin`` role (``/v1/client``, sees every plan).
-        token_file: a TOML token file (coordinator/auth.py); reloaded by ``reload_tokens``.
-        tls_cert / tls_key: serve ``wss://`` with this PEM certificate chain and key.
-        tls_client_ca: require worker client certificates signed by this CA (mTLS).
-        limits: rate, size, connection and buffer limits (coordinator/limits.py).
-        autoscale_hook: a shell command run with each autoscaler decision as JSON on stdin
-            (needs ``core.autoscale``).
-        ping_workers: send websocket keepalive pings (``limits.ping_interval_s``) on
-            ``/v1/worker`` sessions too. Off by default: a worker heartbeats and the reaper
-            closes a silent one 4408 after the heartbeat timeout, which covers a half-open
-            worker connection; with 10,000 workers the pings were ~40 % of the steady CPU
-            (docs/PERFORMANCE.md). Client sessions are always pinged (docs/OPERATIONS.md §Test matrix row 22).
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8765
-    worker_tokens: tuple[str, ...] = ()
-    client_tokens: tuple[str, ...] = ()
-    insecure: bool = False
-    core: CoreConfig = field(default_factory=CoreConfig)
-    reaper_interval_s: float | None = None
-    max_frame_bytes: int = 1 << 20
-    store: str = "memory"  # coordinator/io/stores/store.py: "memory", "sqlite" (in data_dir) or "sqlite:PATH"
-    data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.io.stores.store.default_data_dir()
-    cluster: ClusterConfig = ClusterConfig()  # noqa: RUF009 - frozen; cluster mode (a postgresql:// store) only
-    accept_store_loss: bool = False  # a damaged store starts from what is readable (coordinator/io/stores/integrity.py)
-    ping_workers: bool = False
-    admin_tokens: tuple[str, ...] = ()
-    token_file: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
-    limits: Limits = Limits()  # noqa: RUF009 - frozen, so one shared default is safe
-    autoscale_hook: str | None = None
-    autoscale_provider: Provider | None = None  # starts and stops workers (coordinator/io/ops/provision.py)
-    metrics_cache_s: float = 2.0  # /metrics is rebuilt at most this often (coordinator/io/ops/metrics_http.py)
-    metrics_token: str | None = None  # /metrics needs this bearer token when set
-    metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
-
-    def check(self) -> None:
-        """Raise ``ValueError`` with an actionable message when the settings cannot work."""
-        core = self.core
-        if core.heartbeat_interval_s <= 0 or core.heartbeat_timeout_s <= 0:
-            raise ValueError("heartbeat interval and timeout must be positive seconds")
-        if core.heartbeat_timeout_s < core.heartbeat_interval_s:
-            raise ValueError(
-                f"heartbeat timeout ({core.heartbeat_timeout_s} s) must be at least the interval "
-                f"({core.heartbeat_interval_s} s), or every worker would be reaped between beats"
-            )
-        if self.insecure:
-            if self.host not in LOOPBACK_HOSTS:
-                raise ValueError(f"--insecure is only allowed on a loopback address, not {self.host!r}")
-        elif self.token_file is None and (not self.worker_tokens or not (self.client_tokens or self.admin_tokens)):
-            raise ValueError(
-                "refusing to start without tokens: pass --token-file, or set FLEETWIRE_WORKER_TOKEN and "
-                "FLEETWIRE_CLIENT_TOKEN (or --worker-token/--client-token), or pass --insecure on a loopback address"
-            )
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("TLS needs both --tls-cert and --tls-key")
-        if self.tls_client_ca is not None and self.tls_cert is None:
-            raise ValueError("--tls-client-ca (mTLS) needs TLS: pass --tls-cert and --tls-key too")
-        self.limits.check()
-        for name in ("max_plans_per_client", "max_event_bytes_per_plan"):
-            if getattr(core, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0: no limit), got {getattr(core, name)}")
-        if core.max_events_per_plan < 1:
-            raise ValueError(f"max_events_per_plan must be >= 1, got {core.max_events_per_plan}")
-        if not core.worker_reconnect_rate >= 0:
-            raise ValueError(f"--worker-reconnect-rate must be >= 0 per second (0: no budget), "
-                             f"got {core.worker_reconnect_rate}")
-        if core.worker_reconnect_burst < 1:
-            raise ValueError(f"--worker-reconnect-burst must be >= 1, got {core.worker_reconnect_burst}")
-        if not 0 <= core.worker_reconnect_grace_s < float("inf"):
-            raise ValueError(f"--worker-reconnect-grace-s must be >= 0 seconds, got {core.worker_reconnect_grace_s}")
-        core.placement.check()
-        if core.autoscale is not None:
-            core.autoscale.check()
-        elif self.autoscale_hook is not None:
-            raise ValueError("--autoscale-hook needs the autoscaler: pass --autoscale too")
-        elif self.autoscale_provider is not None:
-            raise ValueError("--autoscale-provider needs the autoscaler: pass --autoscale too")
-        if not self.metrics_cache_s >= 0:
-            raise ValueError(f"--metrics-cache must be >= 0 seconds, got {self.metrics_cache_s}")
-        if self.metrics_token is not None and len(self.metrics_token) < 16:
-            raise ValueError("--metrics-token must be at least 16 characters")
-        if self.metrics_listen is not None:
-            parse_listen(self.metrics_listen)
-        if self.store.startswith("postgresql://"):
-            self.cluster.check()
-        if not core.plan_retention_s >= 0:  # NaN too
-            raise ValueError(f"--plan-retention must be >= 0 seconds (0 keeps every plan), got {core.plan_retention_s}")
-        if core.plan_retention_bytes < 0:
-            raise ValueError(f"--plan-retention-bytes must be >= 0 (0: no byte bound), got {core.plan_retention_bytes}")
-        if core.relay_max_bytes < MAX_CHUNK_BYTES or core.relay_window_bytes < MAX_CHUNK_BYTES:
-            raise ValueError(f"--relay-max-bytes (and the relay window) must be at least one chunk, {MAX_CHUNK_BYTES} "
-                             f"bytes; got {core.relay_max_bytes}")
-        for flag, share in (("--relay-principal-bytes", core.relay_principal_bytes),
-                            ("--relay-session-bytes", core.relay_session_bytes)):
-            if share and not MAX_CHUNK_BYTES <= share <= core.relay_max_bytes:
-                raise ValueError(f"{flag} must be 0 (its default share) or from one chunk, {MAX_CHUNK_BYTES} bytes, "
-                                 f"to --relay-max-bytes ({core.relay_max_bytes}); got {share}")
-        if not core.relay_idle_s > 0:  # NaN too
-            raise ValueError(f"--relay-idle must be > 0 seconds, got {core.relay_idle_s}")
-
-    @property
-    def reaper_period_s(self) -> float:
-        if self.reaper_interval_s is not None:
-            return self.reaper_interval_s
-        return min(1.0, self.core.heartbeat_timeout_s / 10)
 
 
 class CoordinatorServer:
