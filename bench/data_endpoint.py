@@ -5,7 +5,7 @@
 
 No coordinator and no plan: a ``DataServer`` (worker_agent/dataplane.py) runs in a child process
 of its own with a spool under ``--dir``; this process signs the tickets and plays the client with
-the SDK's ``DirectTransport`` (fleetwire/data.py): the input is a file (``sendfile``), the output
+the SDK's ``DirectTransport`` (fleetwire/direct.py): the input is a file (``sendfile``), the output
 is written to a file through ``download_to`` with its digest checked. Each round reports MB/s
 (10^6 bytes per second) and the CPU seconds (user + system) of the server process and of this
 one during the transfer. On a shared machine the CPU seconds are the steadier figure: they say
@@ -77,7 +77,9 @@ def _start_server(work: Path, path: Path) -> subprocess.Popen[str]:
 
 
 async def run(path: Path, size: int, work: Path, rounds: int) -> list[dict[str, Any]]:
-    from fleetwire.data import DirectTransport, Grant, OutputCheck, prepare_inputs
+    from fleetwire.data import Grant, OutputCheck
+    from fleetwire.direct import DirectTransport
+    from fleetwire.inputs import prepare_inputs
 
     child = _start_server(work, path)
     assert child.stdin is not None and child.stdout is not None

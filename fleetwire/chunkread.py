@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fleetwire.data import DataTransferError, InputSource
+from fleetwire.data import DataTransferError, Source
 from protocol.chunkview import MAX_OVERHEAD, frame_into
 from protocol.messages import DataChunk
 from protocol.relay import MAX_CHUNK_BYTES
@@ -53,7 +53,7 @@ class FrameReader:
         chunk: data bytes per chunk.
     """
 
-    def __init__(self, source: InputSource, key: tuple[str, int, str], offset: int, *, buffers: int,
+    def __init__(self, source: Source, key: tuple[str, int, str], offset: int, *, buffers: int,
                  wake: Callable[[], None], chunk: int = MAX_CHUNK_BYTES, stream: int = 0) -> None:
         self._source = source
         self._key = key

@@ -64,8 +64,10 @@ from fleetwire.connection import (
     resolve_url,
     resolve_urls,
 )
-from fleetwire.data import DirectTransport, Grant, InputValue, Transport, Uploads, prepare_inputs
+from fleetwire.data import Grant, Transport, Uploads
+from fleetwire.direct import DirectTransport
 from fleetwire.errors import FleetwireConnectionError, RequestError
+from fleetwire.inputs import InputValue, prepare_inputs
 from fleetwire.memtune import tune_allocator
 from fleetwire.plan import Plan
 from fleetwire.prompt_hints import fill_hints

@@ -17,7 +17,8 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from fleetwire.data import DataTransferError, Grant, OutputCheck, Transport, Uploads, fetch_to
+from fleetwire.data import DataTransferError, Grant, OutputCheck, Transport, Uploads
+from fleetwire.direct import fetch_to
 from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.stream import PlanStream
 from protocol.messages import Event, PlanInfo, PlanStateName, Receipt

@@ -30,7 +30,7 @@ Theory of operation:
 * An output its worker no longer holds ends ``output_gone``: :class:`OutputGone` (status 404,
   as the direct path's answer).
 * :class:`AutoTransport` is the client's default: direct to the worker's data endpoint
-  (:class:`~fleetwire.data.DirectTransport`) when the grant has a URL and it can be dialled,
+  (:class:`~fleetwire.direct.DirectTransport`) when the grant has a URL and it can be dialled,
   else through the relay; a direct transfer that fails at the transport level (no HTTP answer)
   goes on through the relay from where it stopped (both paths write the same spool entry on
   the worker). It remembers per URL, for ``unreachable_ttl_s``, that a worker could not be dialled.
@@ -55,29 +55,20 @@ from urllib.parse import urlsplit
 
 from fleetwire.chunkread import FrameReader
 from fleetwire.data import (
-    TICKET_REFRESHES,
     DataTransferError,
     Grant,
-    InputSource,
     OutputCheck,
     OutputMismatch,
+    Source,
     Transport,
-    fetch_to,
     refetch_on_mismatch,
     write_chunks,
 )
+from fleetwire.direct import fetch_to
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
-from protocol.relay import (
-    BUSY,
-    CLOSED,
-    GONE,
-    MAX_CHUNK_BYTES,
-    REFUSED,
-    RETRYABLE,
-    UNAUTHORIZED,
-    VIOLATION,
-    credit_every,
-)
+from protocol.relay import CLOSED, GONE, MAX_CHUNK_BYTES
+from protocol.transfer import download, upload
+from protocol.transfer.retries import TICKET_REFRESHES, Resumes, end_step
 
 __all__ = ["AutoTransport", "FrameLink", "OutputGone", "RelayLink", "RelayTransport"]
 
@@ -86,8 +77,6 @@ log = logging.getLogger("fleetwire.data")
 Key = tuple[str, int, str, str]
 READ_BYTES = 4 * MAX_CHUNK_BYTES  # an upload reads its source this much at a time
 REACHED_TTL_S = 30.0  # a data endpoint dialled this recently is not dialled again before a transfer
-_STATUS = {UNAUTHORIZED: 401, REFUSED: 403, "plan_not_found": 404, "input_mismatch": 422,
-           "worker_disk_full": 507, VIOLATION: 400, "invalid_argument": 400, CLOSED: 503, BUSY: 503, GONE: 404}
 
 
 class RelayLink(Protocol):
@@ -203,23 +192,23 @@ class RelayTransport:
 
     # ------------------------------------------------------------------ transfers
 
-    async def upload(self, grant: Grant, source: InputSource) -> None:
+    async def upload(self, grant: Grant, source: Source) -> None:
         """Send the whole input through the coordinator, from the offset the worker holds."""
         key: Key = (grant.plan_id, grant.attempt, source.name, "put")
-        failures = 0
+        resumes = Resumes(self.max_resumes)
         while True:
             try:
                 await self._upload_once(key, grant, source)
                 self.paths[(key[0], key[1], "put", key[2])] = "relay"
                 return
             except _Retry as exc:
-                failures = 1 if exc.progressed else failures + 1
-                if failures > self.max_resumes:
+                wait = resumes.broke(progressed=exc.progressed)
+                if wait is None:
                     raise DataTransferError(f"input {source.name!r} (relayed): {exc}", 503) from None
                 log.debug("relayed upload of %r interrupted (%s); opening it again", source.name, exc)
-                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+                await asyncio.sleep(wait)
 
-    async def _upload_once(self, key: Key, grant: Grant, source: InputSource) -> None:
+    async def _upload_once(self, key: Key, grant: Grant, source: Source) -> None:
         stream = self._open(key, DataOpen(plan_id=key[0], attempt=key[1], name=key[2], direction="put",
                                           ticket=grant.ticket))
         chunks: AsyncIterator[bytes] | None = None
@@ -236,8 +225,7 @@ class RelayTransport:
                 self._check_end(stream, source.name, done_ok=True)
                 if stream.end is not None:
                     return  # verified
-                room = stream.window - (sent - stream.acked)
-                if sent < source.size and min(MAX_CHUNK_BYTES, source.size - sent) <= room:
+                if upload.next_length(sent, stream.acked, stream.window, source.size):
                     if not block:
                         block = memoryview(await anext(chunks))
                     data, block = block[:MAX_CHUNK_BYTES], block[MAX_CHUNK_BYTES:]
@@ -257,7 +245,7 @@ class RelayTransport:
                     await chunks.aclose()  # type: ignore[attr-defined]
             self._close(key, stream)
 
-    async def _upload_frames(self, key: Key, stream: _Stream, source: InputSource, link: FrameLink) -> None:
+    async def _upload_frames(self, key: Key, stream: _Stream, source: Source, link: FrameLink) -> None:
         """The chunks from the worker's offset, each read into its frame (fleetwire/chunkread.py), within the credit."""
         sent = stream.acked
         reader = FrameReader(source, (key[0], key[1], key[2]), sent, buffers=_buffers(stream.window),
@@ -269,8 +257,7 @@ class RelayTransport:
                     return  # verified
                 reader.acked(stream.acked)
                 reader.allow(_buffers(stream.window))
-                room = stream.window - (sent - stream.acked)
-                if sent < source.size and min(MAX_CHUNK_BYTES, source.size - sent) <= room:
+                if upload.next_length(sent, stream.acked, stream.window, source.size):
                     taken = reader.take()
                     if taken is not None:
                         link.post_frame(taken[0])
@@ -298,38 +285,41 @@ class RelayTransport:
         """``views``: yield chunks as they were decoded (a msgpack session's are memoryviews into their
         frames); else as ``bytes``, what :meth:`download`'s callers are promised."""
         key: Key = (grant.plan_id, grant.attempt, name, "get")
-        received, failures, refreshes = offset, 0, 0
+        received, refreshes = offset, 0
+        resumes = Resumes(self.max_resumes)
         while True:
-            credited = started = received
+            started = received
+            rules = download.Receiver(received)
             stream = self._open(key, DataOpen(plan_id=key[0], attempt=key[1], name=name, direction="get",
                                               ticket=grant.get_ticket or grant.ticket, offset=received))
             try:
                 while True:
                     while stream.chunks:
                         chunk = stream.chunks.popleft()
-                        if chunk.offset != received:
-                            raise DataTransferError(f"output {name!r} (relayed): a chunk at {chunk.offset}, "
-                                                    f"expected {received}", 400)
-                        received += len(chunk.data)
+                        wrong = rules.chunk(chunk.offset, len(chunk.data))
+                        if wrong is not None:
+                            raise DataTransferError(f"output {name!r} (relayed): {wrong}", 400)
                         if chunk.data:
                             yield chunk.data if views or type(chunk.data) is bytes else bytes(chunk.data)
                         if chunk.last:
                             self.paths[(key[0], key[1], "get", name)] = "relay"
                             return
-                        if received - credited >= credit_every(stream.window):  # per quarter window
-                            credited = received
+                        credit = rules.credit(stream.window)  # per quarter window
+                        if credit is not None:
                             self._link.post(DataCredit(plan_id=key[0], attempt=key[1], name=name,
-                                                       direction="get", offset=received, stream=stream.id))
+                                                       direction="get", offset=credit, stream=stream.id))
                     self._check_end(stream, name, done_ok=False)
                     await self._wait(stream, name)
             except _Retry as exc:
-                failures = 1 if received > started else failures + 1  # bytes came: a new run of breaks
-                if failures > self.max_resumes:
+                received = rules.received
+                wait = resumes.broke(progressed=received > started)  # bytes came: a new run of breaks
+                if wait is None:
                     raise DataTransferError(f"output {name!r} (relayed): {exc}", 503) from None
-                await asyncio.sleep(min(2.0, 0.05 * 2**failures))
+                await asyncio.sleep(wait)
             except DataTransferError as exc:  # 401: the ticket's key is gone (a coordinator restart): a fresh one
                 if exc.status != 401 or refreshes >= TICKET_REFRESHES:
                     raise
+                received = rules.received
                 refreshes += 1
                 grant = await grant.renewed(f"output {name!r} (relayed)", exc)
             finally:
@@ -369,15 +359,14 @@ class RelayTransport:
         end = stream.end
         if end is None:
             return
-        if end.code in RETRYABLE:
-            raise _Retry(f"{end.code}: {end.message}")
-        if not end.code:
-            if done_ok:
-                return
-            raise _Retry("the stream ended before its last chunk")
+        step, status = end_step(end.code, done_ok=done_ok)
+        if step == "done":
+            return
+        if step == "retry":
+            raise _Retry(f"{end.code}: {end.message}" if end.code else "the stream ended before its last chunk")
         what = "input" if end.direction == "put" else "output"
         error = OutputGone if end.code == GONE else DataTransferError
-        raise error(f"{what} {name!r} (relayed): {end.code}: {end.message}", _STATUS.get(end.code, 0))
+        raise error(f"{what} {name!r} (relayed): {end.code}: {end.message}", status)
 
 
 def _buffers(window: int) -> int:
@@ -414,7 +403,7 @@ class AutoTransport:
         self._unreachable: dict[str, float] = {}  # url -> until (monotonic)
         self._reached: dict[str, float] = {}  # url -> until: dialled lately, not dialled again before each transfer
 
-    async def upload(self, grant: Grant, source: InputSource) -> None:
+    async def upload(self, grant: Grant, source: Source) -> None:
         key = (grant.plan_id, grant.attempt, "put", source.name)
         if await self._reachable(grant.url):
             try:

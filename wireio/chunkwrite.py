@@ -1,4 +1,7 @@
-"""A stream of chunks written to a file and hashed in two threads of their own (a relayed download's writer).
+"""A stream of chunks written to a file and hashed in two threads of their own (the SDK's download writers).
+
+:class:`ChunkWriter` takes batches from the event loop (a relayed download); :class:`BufferWriter`
+takes buffers a transfer thread fills from its socket (a direct download, fleetwire/direct.py).
 
 Why: a relayed download (fleetwire/relay.py) arrives on the event loop as 256 KiB chunks.
 Written and hashed one after the other in one thread, the slower of the two (the hash: blake3
@@ -39,9 +42,11 @@ from typing import IO, Protocol
 
 from wireio.writeback import DIRECT_ALIGN, O_DIRECT, WriteBehind, pwrite_all
 
-__all__ = ["STAGE_BYTES", "ChunkWriter", "Hasher"]
+__all__ = ["STAGE_BYTES", "WRITE_BUFFERS", "WRITE_BUFFER_BYTES", "BufferWriter", "ChunkWriter", "Hasher"]
 
 STAGE_BYTES = 4 << 20  # the O_DIRECT staging buffer: a whole number of pages
+WRITE_BUFFERS = 8  # BufferWriter's buffers: some filling, some written and hashed, some spare
+WRITE_BUFFER_BYTES = 1 << 20  # small: what is left to write and hash once the last byte arrived is small too
 
 Chunk = bytes | bytearray | memoryview
 _Item = tuple[Sequence[Chunk], "asyncio.Future[None]"] | None
@@ -236,3 +241,84 @@ def _set_direct(file: IO[bytes], on: bool) -> bool:
 def _done(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+class BufferWriter:
+    """Writes buffers to a file and hashes them, in two threads of their own, while the caller fills the next
+    (the SDK's direct downloads, fleetwire/direct.py: a transfer thread fills them from its socket).
+
+    A filled buffer goes to the writer thread (``write``, then the file's write-behind,
+    wireio/writeback.py) and to the hasher thread (``check``) at once, and is free again once
+    both are done with it: the write and the hash of one buffer and the filling of the next
+    overlap (file writes, hashlib and ``recv_into`` all release the GIL). At most
+    :data:`WRITE_BUFFERS` buffers of :data:`WRITE_BUFFER_BYTES` in all; small buffers keep what is
+    left to do after the last byte arrived (the fixed cost at the end of a download) small.
+    """
+
+    def __init__(self, file: IO[bytes], check: Hasher | None = None) -> None:
+        self._file = file
+        self._check = check
+        self._end = file.tell()  # where the next write lands
+        self._behind = WriteBehind(file.fileno(), self._end)  # a big download does not pile up in the page cache
+        self._free: queue.Queue[memoryview] = queue.Queue()
+        for _ in range(WRITE_BUFFERS):
+            self._free.put(memoryview(bytearray(WRITE_BUFFER_BYTES)))
+        self._full: queue.Queue[memoryview | None] = queue.Queue()  # to write
+        self._to_hash: queue.Queue[memoryview | None] = queue.Queue()
+        self._written: queue.Queue[memoryview | None] = queue.Queue()  # written (the hasher frees them, in order)
+        self._error: BaseException | None = None
+        self._threads = [threading.Thread(target=self._write, name="fleetwire-data-write", daemon=True)]
+        if check is not None:
+            self._threads.append(threading.Thread(target=self._hash, name="fleetwire-data-hash", daemon=True))
+
+    def __enter__(self) -> BufferWriter:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._full.put(None)
+        self._to_hash.put(None)
+        for thread in self._threads:
+            thread.join()
+        if self._error is not None and exc[0] is None:
+            raise self._error
+
+    def buffer(self) -> memoryview:
+        """A free buffer (waits while all are being written or hashed)."""
+        if self._error is not None:
+            raise self._error
+        return self._free.get()
+
+    def write(self, part: memoryview) -> None:
+        self._full.put(part)
+        if self._check is not None:
+            self._to_hash.put(part)
+
+    def _write(self) -> None:
+        while (part := self._full.get()) is not None:
+            try:
+                if self._error is None:
+                    self._file.write(part)
+                    self._end += len(part)
+                    self._behind.wrote(self._end)
+            except BaseException as exc:  # reported to the filling thread
+                self._error = exc
+            finally:
+                if self._check is not None:
+                    self._written.put(part)
+                else:
+                    self._free.put(memoryview(part.obj))  # type: ignore[arg-type]
+        self._written.put(None)
+
+    def _hash(self) -> None:
+        assert self._check is not None
+        while (part := self._to_hash.get()) is not None:
+            try:
+                if self._error is None:
+                    self._check.update(part)
+            except BaseException as exc:  # reported to the filling thread
+                self._error = exc
+            finally:
+                self._written.get()  # the writer is done with it too (both take the buffers in the same order)
+                self._free.put(memoryview(part.obj))  # type: ignore[arg-type]

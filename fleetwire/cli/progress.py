@@ -3,7 +3,7 @@
 A bar appears on standard error for each input or output of at least :data:`MIN_BYTES`, only
 when standard error is a terminal and ``--json`` was not given: a script or a pipe sees
 nothing new. The bars follow the direct path's transfer threads
-(:attr:`fleetwire.data.DirectTransport.progress`; rich's progress is thread-safe); bytes
+(:attr:`fleetwire.direct.DirectTransport.progress`; rich's progress is thread-safe); bytes
 carried by the relay show no bar.
 """
 
@@ -26,7 +26,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from fleetwire.data import DirectTransport
+from fleetwire.direct import DirectTransport
 
 __all__ = ["MIN_BYTES", "Bars", "transfer_progress"]
 

@@ -47,7 +47,7 @@ from protocol.transfer.verdicts import (
 )
 from protocol.transfer.verdicts import RESTART as RESTARTED
 
-__all__ = ["InputFacts", "Receiver", "Window", "check_open", "check_put", "complete", "settled"]
+__all__ = ["InputFacts", "Receiver", "Window", "check_open", "check_put", "complete", "next_length", "settled"]
 
 
 class InputFacts(Protocol):
@@ -171,6 +171,14 @@ class Receiver:
         return max(self.every - (entry.received - self.credited), 1)
 
 
+def next_length(sent: int, acked: int, window: int, size: int) -> int:
+    """The length of the chunk from ``sent`` that may go now with ``acked`` credited of ``window``; 0: none."""
+    length = min(MAX_CHUNK_BYTES, size - sent)
+    if sent >= size or sent - acked + length > window:
+        return 0
+    return length
+
+
 class Window:
     """What a sender may have in flight against its receiver's credit (relayed uploads and downloads alike).
 
@@ -187,10 +195,7 @@ class Window:
 
     def next_length(self, sent: int) -> int:
         """The length of the chunk from ``sent`` that may go now; 0: none (all sent, or wait for credit)."""
-        length = min(MAX_CHUNK_BYTES, self.size - sent)
-        if sent >= self.size or sent - self.acked + length > self.window:
-            return 0
-        return length
+        return next_length(sent, self.acked, self.window, self.size)
 
     def credit(self, offset: int, sent: int) -> bool:
         """A credit up to ``offset``: whether it is one (within what was sent, not behind the last)."""

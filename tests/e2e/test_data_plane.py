@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from fleetwire import Client, SyncClient
-from fleetwire.data import DirectTransport, Grant, InputSource, OutputMismatch
+from fleetwire.data import Grant, OutputMismatch
+from fleetwire.direct import DirectTransport
+from fleetwire.inputs import InputSource
 from tests.e2e.conftest import CLIENT_TOKEN, Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

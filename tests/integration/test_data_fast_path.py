@@ -15,7 +15,8 @@ import pytest
 
 from coordinator.io.frontdoor.server import CoordinatorServer
 from fleetwire import Client
-from fleetwire.data import PARALLEL_HASH_BYTES, DirectTransport, prepare_inputs
+from fleetwire.direct import DirectTransport
+from fleetwire.inputs import PARALLEL_HASH_BYTES, prepare_inputs
 from protocol.messages import Load
 from tests.integration.data_helpers import (
     CLIENT_TOKEN,

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import fleetwire.data
-from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_inputs
+import fleetwire.direct
+from fleetwire.data import DataTransferError, Grant
+from fleetwire.direct import DirectTransport
+from fleetwire.inputs import prepare_inputs
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import MASTER, SIZE, WORKER, data_endpoint, digest, grant, random_input
 from worker_agent.dataplane import BODY_CHUNK, DataServer
@@ -78,7 +80,7 @@ async def test_a_server_that_ignores_expect_still_gets_the_body(payload: tuple[P
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """No "100 Continue" comes (a server or proxy that ignores Expect): the body goes after a short wait."""
     path, data = payload
-    monkeypatch.setattr(fleetwire.data, "CONTINUE_WAIT_S", 0.05)
+    monkeypatch.setattr(fleetwire.direct, "CONTINUE_WAIT_S", 0.05)
     received: list[bytes] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -19,7 +19,9 @@ import pytest
 from coordinator.core import CoreConfig
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
-from fleetwire.data import DirectTransport, Grant, OutputCheck, fetch_to, prepare_inputs
+from fleetwire.data import Grant, OutputCheck
+from fleetwire.direct import DirectTransport, fetch_to
+from fleetwire.inputs import prepare_inputs
 from protocol.messages import DataKey
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import MASTER, WORKER, data_endpoint, digest, grant

@@ -17,7 +17,9 @@ import trustme
 
 from coordinator.io.frontdoor.server import CoordinatorServer
 from fleetwire import Client, FleetwireConnectionError
-from fleetwire.data import DataTransferError, DirectTransport, Grant, prepare_inputs
+from fleetwire.data import DataTransferError, Grant
+from fleetwire.direct import DirectTransport
+from fleetwire.inputs import prepare_inputs
 from protocol import errors
 from tests.integration.data_helpers import CLIENT_TOKEN, coordinator_and_data_worker, digest
 from worker_agent.agent import Agent

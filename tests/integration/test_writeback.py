@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetwire.data import DirectTransport, OutputCheck, prepare_inputs
+from fleetwire.data import OutputCheck
+from fleetwire.direct import DirectTransport
+from fleetwire.inputs import prepare_inputs
 from tests.integration.data_helpers import data_endpoint, digest, grant
 from wireio.chunkwrite import STAGE_BYTES, ChunkWriter
 from wireio.writeback import DIRECT_ALIGN, WriteBehind

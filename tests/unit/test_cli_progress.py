@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from fleetwire.cli.progress import MIN_BYTES, Bars, transfer_progress
-from fleetwire.data import DirectTransport
+from fleetwire.direct import DirectTransport
 
 
 class _Client:

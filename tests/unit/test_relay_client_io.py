@@ -16,7 +16,8 @@ import msgspec
 import pytest
 
 from fleetwire.chunkread import GROUP
-from fleetwire.data import DataTransferError, Grant, InputSource, OutputCheck, OutputMismatch, write_chunks
+from fleetwire.data import DataTransferError, Grant, OutputCheck, OutputMismatch, write_chunks
+from fleetwire.inputs import InputSource
 from fleetwire.relay import RelayTransport
 from fleetwire.session import ClientSession
 from protocol import Codec

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from fleetwire.data import Grant, InputSource
+from fleetwire.data import Grant
+from fleetwire.inputs import InputSource
 from fleetwire.relay import OutputGone, RelayTransport
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
 from protocol.relay import CLOSED, GONE, MAX_CHUNK_BYTES

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from coordinator.io.frontdoor.connection import MAX_OUT_FRAME_BYTES, Session
-from fleetwire.data import Grant, InputSource
+from fleetwire.data import Grant
+from fleetwire.inputs import InputSource
 from fleetwire.relay import RelayTransport
 from fleetwire.session import ClientSession
 from protocol import Codec
