@@ -7,8 +7,8 @@ between groups (docs/SEMANTICS.md §Fair share):
 
 1. quota tier: plans of teams within their quotas first, then plans that would borrow beyond a
    quota; a team past a quota with ``borrow = false`` is not offered at all (coordinator/teams.py);
-2. the team's share key, smallest first (coordinator/placement/fairshare.py: weighted DRF, then
-   cumulative service);
+2. the team's share key, smallest first (coordinator/placement/fairshare.py: its weighted
+   dominant-share service so far plus what it holds now, counted for a horizon);
 3. within the team, the principal's share key;
 4. within the principal, higher priority first, then older first.
 
@@ -23,8 +23,9 @@ among t teams, and a decision (:meth:`PlanQueue.best_for`) costs O(log n) amorti
 looked at: nothing scans the waiting plans or the teams. A heap whose stale entries outnumber its
 live ones is rebuilt.
 
-Capacity changes (workers come or go) and token-file reloads move every key: every group's heaps
-are rebuilt, O(entries) once.
+The driver's tick (:meth:`FairQueue.advance`), capacity changes (workers come or go) and
+token-file reloads move every key: the groups' team and principal heaps are rebuilt, O(teams and
+principals waiting, per group), never O(plans).
 
 Pure: no clock, no I/O.
 """
@@ -231,8 +232,8 @@ class FairQueue(PlanQueue):
             return False
         shares = self.shares
         team = shares.team_of(owner)
-        mine = (self._tier(team, signature), shares.team_account(team).key, shares.principal_account(owner).key,
-                -priority, order)
+        mine = (self._tier(team, signature), shares.team_account(team).key,
+                shares.principal_account(owner).key, -priority, order)
         return bool(head[:5] < mine)
 
     def plans_in(self, signature: Signature) -> list[str]:
@@ -279,29 +280,36 @@ class FairQueue(PlanQueue):
 
     # ------------------------------------------------------------------ usage
 
-    def started(self, owner: str, demand: Demand) -> None:
-        """A plan of ``owner`` was leased (taken out of the queue first): its team's and its keys grow.
+    def started(self, owner: str, demand: Demand, now: float) -> None:
+        """A plan of ``owner`` was leased at ``now`` (taken out of the queue first): its team's and its keys grow.
 
         Nothing is pushed: the old, smaller entries surface first and are replaced then (:meth:`_head`).
         """
-        self.shares.started(owner, demand)
+        self.shares.started(owner, demand, now)
 
-    def ended(self, owner: str, demand: Demand, run_s: float) -> None:
-        """A leased plan of ``owner`` let go of its lease after ``run_s`` seconds: its keys shrink."""
-        self.shares.ended(owner, demand, run_s)
+    def ended(self, owner: str, demand: Demand, now: float) -> None:
+        """A leased plan of ``owner`` let go of its lease at ``now``: its keys move (mostly shrink)."""
+        self.shares.ended(owner, demand, now)
         self._rekeyed(owner)
 
-    def set_capacity(self, capacity: Capacity) -> None:
-        """The fleet's totals changed (workers came, left, drained): every key moves."""
-        if self.shares.set_capacity(capacity):
+    def advance(self, now: float) -> None:
+        """The driver's tick: keys are read at ``now`` (the service of running leases counted up to it)."""
+        if now > self.shares.now:
+            self.shares.advance(now)
             self._rebuild()
 
-    def set_teams(self, teams: TeamBook, running: dict[str, list[Demand]]) -> None:
+    def set_capacity(self, capacity: Capacity, now: float) -> None:
+        """The fleet's totals changed (workers came, left, drained): every key moves."""
+        if self.shares.set_capacity(capacity, now):
+            self._rebuild()
+
+    def set_teams(self, teams: TeamBook, running: dict[str, list[Demand]], now: float) -> None:
         """A new team book (the token file was reloaded).
 
         Args:
             running: principal -> the demands of its leased plans (principals that moved team
                 carry their usage with them).
+            now: when.
         """
         queued: dict[str, int] = {}
         for owner in self._owners.values():
@@ -313,7 +321,7 @@ class FairQueue(PlanQueue):
                 for owner, plans in member.plans.items():
                     live = [e for e in plans if self._live.get(e[3]) == (signature, e[2])]
                     entries.extend((e[3], signature, -e[0], e[1], owner) for e in live)
-        self.shares.set_teams(teams, moved)
+        self.shares.set_teams(teams, moved, now)
         # Plans keep their signature, priority and age; their team parts are built anew.
         self._parts.clear()
         self._team_groups.clear()
@@ -332,8 +340,7 @@ class FairQueue(PlanQueue):
         if quota.max_running is None and quota.max_gpus is None:
             return TIER_WITHIN
         account = shares.team_account(team)
-        need = 0.0 if signature.gpus is None else (SHARE_NEED if signature.gpus.shared else float(signature.gpus.count))
-        if not quota.over_quota(account.running, account.gpus, need):
+        if not quota.over_quota(account.running, account.gpus, _need(signature).gpus):
             return TIER_WITHIN
         return TIER_BORROW if quota.borrow else TIER_HELD
 
@@ -369,9 +376,9 @@ class FairQueue(PlanQueue):
         if not member.indexed or len(heap) > 2 * len(member.counts) + 8:
             self._index_principals(member)
             return
-        account = self.shares.principal_account(owner)
-        member.pushed[owner] = account.version
-        heapq.heappush(heap, (account.key, account.version, owner))
+        entry = self._principal_entry(owner)
+        member.pushed[owner] = entry[1]
+        heapq.heappush(heap, entry)
 
     def _index_principals(self, member: _TeamPart) -> None:
         heap = member.principals
@@ -382,12 +389,12 @@ class FairQueue(PlanQueue):
         member.indexed = True
 
     def _rekeyed(self, owner: str) -> None:
-        """The owner's team's and its own keys shrank: push the new ones where they wait.
+        """A lease of the owner ended: push its team's and its own new keys where they wait.
 
-        Keys only shrink when a lease ends (its usage goes, its service grows by less than the
-        key's first elements shrink); they grow when a lease starts or a team comes back (the
-        lift), and then the old entries, smaller, surface before they would be due and are
-        replaced by :meth:`_head`. So a lease start pushes nothing, and an end O(groups) entries.
+        Keys grow when a lease starts or an account comes back (the lift): the old entries,
+        smaller, surface before they would be due and are replaced by :meth:`_head`, so a start
+        pushes nothing. An end moves them either way (mostly down: the rate falls), so its new
+        keys are pushed into the O(groups) heaps where the team and the principal wait.
         """
         shares = self.shares
         team = shares.team_of(owner)
@@ -399,7 +406,8 @@ class FairQueue(PlanQueue):
                 self._push_team(part, member, team, signature)
         version = shares.principal_account(owner).version
         for signature in self._principal_groups.get(owner, ()):
-            member = self._parts[signature].members[team]
+            part = self._parts[signature]
+            member = part.members[team]
             if member.indexed and member.pushed[owner] != version:
                 self._push_principal(member, owner)
 
@@ -415,6 +423,12 @@ class FairQueue(PlanQueue):
             for member in part.members.values():
                 if len(member.counts) > 1:
                     self._index_principals(member)
+
+
+def _need(signature: Signature) -> Demand:
+    """What one plan of a group holds: its GPUs (a share plan: a sliver) and a slot; KV blocks depend on the worker."""
+    gpus = signature.gpus
+    return Demand(0.0 if gpus is None else (SHARE_NEED if gpus.shared else float(gpus.count)), 1.0, 0.0)
 
 
 def _unindex(index: dict[str, set[Signature]], name: str, signature: Signature) -> None:

@@ -1,29 +1,34 @@
-"""Fair share: what each team and principal uses now, and the order that follows (issue #27).
+"""Fair share: what each team and principal uses and has used, and the order that follows (issue #27).
 
 What it owns: per team and per principal, the resources its leased and running plans hold now
-(GPUs, CPU slots, KV blocks: a :class:`Demand` each), its cumulative service, and the *share
-key* the fair queue orders by (coordinator/placement/fair_queue.py). The teams, weights and
-quotas are coordinator/teams.py's :class:`~coordinator.teams.TeamBook`.
+(GPUs, CPU slots, KV blocks: a :class:`Demand` each), the service it has had, and the *share key*
+the fair queue orders by (coordinator/placement/fair_queue.py). The teams, weights and quotas
+are coordinator/teams.py's :class:`~coordinator.teams.TeamBook`.
 
 Rules (docs/SEMANTICS.md §Fair share):
 
-* Dominant resource fairness (DRF, Ghodsi et al. 2011) with weights: an account's share of a
-  resource is what it holds over the fleet's capacity of it; its key is its shares, largest
-  first, each divided by its weight. The account with the smallest key is the furthest below
-  its weighted share of what is in use now, and is served first. Comparing the whole sorted
-  vector (not only the dominant share) makes any plan that starts raise its account's key
-  strictly: every plan holds a CPU slot. The preemption rules rely on it
-  (coordinator/placement/preemption.py).
-* Ties between equal keys go to the account with less cumulative *service* (its plans'
-  run seconds times their dominant share, over its weight), as in Virtual Token Counter
-  scheduling (Sheng et al. 2024): two backlogged accounts alternate, and the service gap
-  between them stays bounded. An account that comes back after being idle starts from the
-  least service among the accounts active then (VTC's lift), so idle time is not banked.
-* A team is *active* while it has plans waiting or running; likewise a principal within its team.
-* Every change of an account's key bumps its version: the fair queue's heaps hold (key,
-  version) entries and skip those whose version is old (lazy deletion).
+* An account's *rate* is its dominant resource share now (DRF, Ghodsi et al. 2011): of GPUs,
+  CPU slots and KV blocks, the largest fraction of the fleet's capacity its leases hold, over
+  its weight. Its *service* is that rate integrated over time (weighted dominant-share-seconds),
+  as Virtual Token Counter scheduling counts service (Sheng et al. 2024).
+* Its key is ``service + rate x horizon_s``: what it has had, plus what it holds now counted
+  as ``horizon_s`` seconds of service (default 10). The smallest key is served first. The rate
+  term makes what is in use now decide at once (a team that holds more waits behind one that
+  holds less); the service term makes the shares of backlogged teams converge to their weights
+  over time, even where whole slots cannot split the fleet in their proportion (two slots for
+  weights 1:2), and keeps the service gap between two backlogged accounts bounded. The shares
+  themselves, largest first, break ties.
+* Service is counted up to a reference time the driver moves on (:meth:`ShareBook.advance`, at
+  its tick) and at each lease's start and end: between those, keys stand still, so the queue's
+  heaps stay ordered; the queue rebuilds them when the reference time moves.
+* A team is *active* while it has plans waiting or running; likewise a principal within its
+  team. One that becomes active is lifted to the least service among the active ones of its
+  scope (VTC's lift), so time spent idle is not banked as credit.
+* A lease's start raises its account's key, its end lowers it (the rate falls, and the service
+  it had is already counted); every change bumps the account's version, and the fair queue's
+  heaps skip entries of old versions (lazy deletion).
 
-Pure: no clock (run seconds are handed in), no I/O.
+Pure: ``now`` is handed in (monotonic seconds); no I/O.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import NamedTuple
 
 from coordinator.teams import Team, TeamBook
 
-__all__ = ["NO_CAPACITY", "Account", "Capacity", "Demand", "ShareBook", "dominant"]
+__all__ = ["HORIZON_S", "NO_CAPACITY", "Account", "Capacity", "Demand", "ShareBook", "dominant"]
 
 
 class Demand(NamedTuple):
@@ -54,6 +59,7 @@ class Capacity(NamedTuple):
 
 
 NO_CAPACITY = Capacity()  # before the first worker registers
+HORIZON_S = 10.0  # what an account holds now weighs as this many seconds of service (module docstring)
 
 
 def _share(used: float, total: float) -> float:
@@ -62,7 +68,7 @@ def _share(used: float, total: float) -> float:
 
 
 def dominant(demand: Demand, capacity: Capacity) -> float:
-    """The largest share of the fleet one plan's demand takes."""
+    """The largest share of the fleet one demand takes."""
     return max(
         _share(demand.gpus, capacity.gpus), _share(demand.slots, capacity.slots),
         _share(demand.kv_blocks, capacity.kv_blocks),
@@ -70,20 +76,22 @@ def dominant(demand: Demand, capacity: Capacity) -> float:
 
 
 class _Fleet:
-    """The capacity every account's key divides by (one object shared by a book's accounts)."""
+    """What every account's key reads: the capacity, the horizon, the reference time (shared by a book's accounts)."""
 
-    __slots__ = ("capacity",)
+    __slots__ = ("capacity", "horizon_s", "now")
 
-    def __init__(self, capacity: Capacity) -> None:
+    def __init__(self, capacity: Capacity, horizon_s: float) -> None:
         self.capacity = capacity
+        self.horizon_s = horizon_s
+        self.now = 0.0
 
 
 class Account:
     """One team's or one principal's usage now, service so far, and key (worked out when read)."""
 
     __slots__ = (
-        "_fleet", "_key", "_keyed", "active", "gpus", "kv_blocks", "running", "scope", "service", "slots",
-        "version", "waiting", "weight",
+        "_fleet", "_key", "_keyed", "active", "gpus", "kv_blocks", "rate", "running", "scope", "service",
+        "since", "slots", "version", "waiting", "weight",
     )
 
     def __init__(self, weight: float, fleet: _Fleet, scope: str = "") -> None:
@@ -94,36 +102,52 @@ class Account:
         self.kv_blocks = 0.0
         self.running = 0  # plans leased or running
         self.waiting = 0  # plans queued
-        self.service = 0.0  # run seconds x dominant share / weight, of the plans that ended
+        self.rate = 0.0  # dominant share now over weight: service per second
+        self.service = 0.0  # weighted dominant-share-seconds, counted up to ``since``
+        self.since = fleet.now
         self.version = 0  # moves on with every change of the key
         self.active = False
         self._fleet = fleet
         self._key: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
-        self._keyed = 0  # the version _key was worked out at
+        self._keyed = -1  # the version _key was worked out at
+
+    def service_at(self, now: float) -> float:
+        """Its service as of ``now``."""
+        return self.service + self.rate * (now - self.since)
 
     @property
     def key(self) -> tuple[float, ...]:
-        """Shares of each resource over the weight, largest first, then service (module docstring)."""
+        """``service + rate x horizon`` at the book's reference time, then its shares, largest first."""
         if self._keyed == self.version:
             return self._key
-        capacity = self._fleet.capacity
+        fleet = self._fleet
+        capacity = fleet.capacity
         weight = self.weight
-        a = (self.gpus / capacity.gpus if capacity.gpus > 0 else self.gpus) / weight
-        b = (self.slots / capacity.slots if capacity.slots > 0 else self.slots) / weight
-        c = (self.kv_blocks / capacity.kv_blocks if capacity.kv_blocks > 0 else self.kv_blocks) / weight
-        # sorted((a, b, c), reverse=True), unrolled: keys are read at every decision
-        if a < b:
+        a = _share(self.gpus, capacity.gpus) / weight
+        b = _share(self.slots, capacity.slots) / weight
+        c = _share(self.kv_blocks, capacity.kv_blocks) / weight
+        if a < b:  # sorted((a, b, c), reverse=True), unrolled: keys are read at every decision
             a, b = b, a
         if b < c:
             b, c = c, b
             if a < b:
                 a, b = b, a
-        self._key = key = (a, b, c, self.service)
+        # At the reference time, or at its own last change if later (a driver that never ticks).
+        since = self.since
+        at = fleet.now if fleet.now > since else since
+        self._key = key = (self.service + self.rate * (at - since + fleet.horizon_s), a, b, c)
         self._keyed = self.version
         return key
 
-    def holds(self, demand: Demand, sign: int) -> None:
-        """It holds one more (``sign`` 1) or one less (-1) lease of ``demand``."""
+    def fold(self, now: float) -> None:
+        """Count the service of its leases up to ``now``."""
+        if self.rate:
+            self.service += self.rate * (now - self.since)
+        self.since = now
+
+    def holds(self, demand: Demand, sign: int, now: float) -> None:
+        """It holds one more (``sign`` 1) or one less (-1) lease of ``demand`` from ``now`` on."""
+        self.fold(now)
         gpus, slots, kv_blocks = demand
         if sign > 0:
             self.gpus += gpus
@@ -134,6 +158,15 @@ class Account:
             self.slots -= slots
             self.kv_blocks -= kv_blocks
         self.running += sign
+        self.rerate()
+
+    def rerate(self) -> None:
+        """Work the rate out again (usage, capacity or weight changed); the key moves."""
+        capacity = self._fleet.capacity
+        self.rate = max(
+            _share(self.gpus, capacity.gpus), _share(self.slots, capacity.slots),
+            _share(self.kv_blocks, capacity.kv_blocks),
+        ) / self.weight
         self.version += 1
 
 
@@ -150,8 +183,8 @@ class _Level:
         account = self.accounts[name] = Account(weight, self._fleet, scope)
         return account
 
-    def least_service(self, scope: str) -> float | None:
-        """The least service among the scope's active accounts.
+    def least_service(self, scope: str, now: float) -> float | None:
+        """The least service as of ``now`` among the scope's active accounts.
 
         Services only grow, so an entry is a lower bound: one found below its account's service
         now is pushed again with it; those of accounts no longer active (or moved) are dropped.
@@ -160,12 +193,13 @@ class _Level:
         while heap:
             service, name = heap[0]
             account = self.accounts[name]
+            current = account.service_at(now)
             if not account.active or account.scope != scope:
                 heapq.heappop(heap)
-            elif account.service > service:
-                heapq.heapreplace(heap, (account.service, name))
+            elif current > service + 1e-12:
+                heapq.heapreplace(heap, (current, name))
             else:
-                return service
+                return current
         return None
 
     def note(self, name: str, account: Account) -> None:
@@ -184,18 +218,26 @@ class ShareBook:
     Args:
         teams: who is in which team, the weights and quotas.
         capacity: the fleet's totals now (:meth:`set_capacity` when they change).
+        horizon_s: what an account holds now weighs as this many seconds of service.
     """
 
-    def __init__(self, teams: TeamBook | None = None, capacity: Capacity = NO_CAPACITY) -> None:
+    def __init__(
+        self, teams: TeamBook | None = None, capacity: Capacity = NO_CAPACITY, horizon_s: float = HORIZON_S,
+    ) -> None:
         self.teams_book = teams or TeamBook()
-        self._fleet = _Fleet(capacity)
+        self._fleet = _Fleet(capacity, horizon_s)
         self._teams = _Level(self._fleet)
         self._principals = _Level(self._fleet)
 
     @property
     def capacity(self) -> Capacity:
-        """The fleet's totals the keys divide by."""
+        """The fleet's totals the shares divide by."""
         return self._fleet.capacity
+
+    @property
+    def now(self) -> float:
+        """The reference time keys are read at (:meth:`advance`)."""
+        return self._fleet.now
 
     # ------------------------------------------------------------------ accounts
 
@@ -239,39 +281,32 @@ class ShareBook:
         if not (owner.active and owner.waiting + owner.running > 0):  # else both stay active: the usual case
             self._activity(owner, group, principal, 0)
 
-    def started(self, principal: str, demand: Demand) -> None:
-        """A plan of the principal was leased: its team and it hold ``demand`` until :meth:`ended`."""
+    def started(self, principal: str, demand: Demand, now: float) -> None:
+        """A plan of the principal was leased at ``now``: its team and it hold ``demand`` until :meth:`ended`."""
         owner = self.principal_account(principal)
         group = self.team_account(owner.scope)
         if not owner.active:
             self._activity(owner, group, principal, 1)  # before the lease is counted: it reads the running count
-        group.holds(demand, 1)
-        owner.holds(demand, 1)
+        group.holds(demand, 1, now)
+        owner.holds(demand, 1, now)
 
-    def ended(self, principal: str, demand: Demand, run_s: float) -> None:
-        """A plan of the principal that held ``demand`` for ``run_s`` seconds let go of its lease."""
+    def ended(self, principal: str, demand: Demand, now: float) -> None:
+        """A plan of the principal that held ``demand`` let go of its lease at ``now``."""
         owner = self.principal_account(principal)
         group = self.team_account(owner.scope)
-        group.holds(demand, -1)
-        owner.holds(demand, -1)
-        if run_s > 0:
-            capacity = self._fleet.capacity
-            share = max(  # dominant(demand, capacity), inlined: this runs at every lease's end
-                demand.gpus / capacity.gpus if capacity.gpus > 0 else demand.gpus,
-                demand.slots / capacity.slots if capacity.slots > 0 else demand.slots,
-                demand.kv_blocks / capacity.kv_blocks if capacity.kv_blocks > 0 else demand.kv_blocks,
-            )
-            group.service += run_s * share / group.weight
-            owner.service += run_s * share / owner.weight
+        group.holds(demand, -1, now)
+        owner.holds(demand, -1, now)
         if owner.waiting + owner.running == 0:
             self._activity(owner, group, principal, 0)
 
     def _activity(self, owner: Account, group: Account, principal: str, running: int) -> None:
         """Mark the principal and its team active or not; one that becomes active is lifted (VTC)."""
+        now = self._fleet.now
         for level, name, account in ((self._teams, owner.scope, group), (self._principals, principal, owner)):
             active = account.waiting > 0 or account.running + running > 0
             if active and not account.active:
-                least = level.least_service(account.scope)  # no credit for the time it was idle
+                least = level.least_service(account.scope, now)  # no credit for the time it was idle
+                account.fold(now)
                 if least is not None and least > account.service:
                     account.service = least
                     account.version += 1
@@ -280,43 +315,60 @@ class ShareBook:
             elif not active:
                 account.active = False
 
-    def set_capacity(self, capacity: Capacity) -> bool:
-        """The fleet's totals changed: every key moves. Returns whether they changed."""
+    def advance(self, now: float) -> None:
+        """Read keys at ``now`` from here on (the driver's tick): the keys of accounts that hold leases grow."""
+        fleet = self._fleet
+        if now <= fleet.now:
+            return
+        fleet.now = now
+        for level in (self._teams, self._principals):
+            for account in level.accounts.values():
+                if account.rate:
+                    account.version += 1
+
+    def set_capacity(self, capacity: Capacity, now: float) -> bool:
+        """The fleet's totals changed at ``now``: every rate and key moves. Returns whether they changed."""
         if capacity == self._fleet.capacity:
             return False
+        for level in (self._teams, self._principals):
+            for account in level.accounts.values():
+                account.fold(now)
         self._fleet.capacity = capacity
         for level in (self._teams, self._principals):
             for account in level.accounts.values():
-                account.version += 1
+                account.rerate()
         return True
 
-    def set_teams(self, teams: TeamBook, moved: dict[str, tuple[list[Demand], int]]) -> None:
-        """A new team book (the token file was reloaded): weights are taken up, and the usage of principals
-        that changed team moves with them.
+    def set_teams(self, teams: TeamBook, moved: dict[str, tuple[list[Demand], int]], now: float) -> None:
+        """A new team book (the token file was reloaded at ``now``): weights are taken up, and the usage of
+        principals that changed team moves with them.
 
         Args:
             teams: the new book.
             moved: principal -> (the demands of its leased plans, its queued count), for every principal
                 with plans that may have changed team; the caller has them (the core's plans).
+            now: when.
         """
         old = self.teams_book
         self.teams_book = teams
         for principal, (demands, waiting) in moved.items():
-            was, now = old.team_of(principal), teams.team_of(principal)
-            if was == now:
+            was, becomes = old.team_of(principal), teams.team_of(principal)
+            if was == becomes:
                 continue
-            before, after = self.team_account(was), self.team_account(now)
+            before, after = self.team_account(was), self.team_account(becomes)
             for demand in demands:
-                before.holds(demand, -1)
-                after.holds(demand, 1)
+                before.holds(demand, -1, now)
+                after.holds(demand, 1, now)
             before.waiting = max(0, before.waiting - waiting)
             after.waiting += waiting
             for account in (before, after):
                 account.active = account.waiting > 0 or account.running > 0
         for name, account in self._teams.accounts.items():
+            account.fold(now)
             account.weight = teams.team(name).weight
-            account.version += 1
+            account.rerate()
         for name, account in self._principals.accounts.items():
+            account.fold(now)
             account.weight = teams.member_weight(name)
             account.scope = teams.team_of(name)
-            account.version += 1
+            account.rerate()

@@ -26,6 +26,7 @@ class Fleet:
         self.queue = FairQueue(teams, Capacity(float(gpus), float(slots), 0.0))
         self.slots, self.gpus = slots, gpus
         self.running: dict[str, tuple[str, Demand]] = {}
+        self.now = 0.0  # the fake clock: tests move it
         self.order = 0
         self.started: list[str] = []
 
@@ -45,7 +46,7 @@ class Fleet:
             assert owner is not None
             demand = Demand(float(self._gpus(plan_id)))
             self.queue.discard(plan_id)
-            self.queue.started(owner, demand)
+            self.queue.started(owner, demand, self.now)
             self.running[plan_id] = (owner, demand)
             new.append(plan_id)
         self.started += new
@@ -55,9 +56,12 @@ class Fleet:
         signature = self.queue.signature_of(plan_id)
         return 0 if signature is None or signature.gpus is None else signature.gpus.count
 
-    def end(self, plan_id: str, run_s: float = 1.0) -> None:
+    def end(self, plan_id: str, after_s: float = 0.0) -> None:
+        """The plan ends ``after_s`` from now (the clock moves on)."""
+        self.now += after_s
+        self.queue.advance(self.now)
         owner, demand = self.running.pop(plan_id)
-        self.queue.ended(owner, demand, run_s)
+        self.queue.ended(owner, demand, self.now)
 
 
 def test_a_flood_does_not_hold_back_another_principals_handful() -> None:
@@ -124,7 +128,7 @@ def test_dominant_resource_counts_gpus_against_cpu_slots() -> None:
     fleet.submit("c3", "cpu-team")
     assert fleet.fill()[:2] == ["g1", "c1"]
     # gpu-team holds 1/4 of the GPUs (its dominant share) and 1/10 of the slots: cpu-team is served
-    # before it until its slots pass 1/4 (c3: 3/10).
+    # before it while its share is below that (c1, c2: 1/10, 2/10), and again after (c3 at 3/10 would pass it).
     assert fleet.started == ["g1", "c1", "c2", "c3", "g2"]
 
 
@@ -211,7 +215,7 @@ def test_a_reloaded_team_book_moves_principals_and_their_usage() -> None:
         fleet.submit(f"z{i}", "z")
     fleet.fill()
     running = {owner: [d for o, d in fleet.running.values() if o == owner] for owner in ("x", "y", "z")}
-    fleet.queue.set_teams(TeamBook([], {"x": Member("xy"), "y": Member("xy")}), running)
+    fleet.queue.set_teams(TeamBook([], {"x": Member("xy"), "y": Member("xy")}), running, fleet.now)
     for plan_id in list(fleet.running):
         fleet.end(plan_id)
     fleet.fill()
@@ -225,19 +229,19 @@ def test_a_team_back_from_idle_does_not_bring_credit() -> None:
     fleet = Fleet(slots=1)
     fleet.submit("old", "late")
     fleet.fill()
-    fleet.end("old", run_s=1.0)
+    fleet.end("old", after_s=1.0)
     for i in range(50):  # early is served alone for a long time
         fleet.submit(f"e{i}", "early")
     for i in range(20):
         fleet.fill()
-        fleet.end(f"e{i}", run_s=10.0)
+        fleet.end(f"e{i}", after_s=10.0)
     fleet.submit("l0", "late")
     fleet.submit("l1", "late")
     fleet.submit("l2", "late")
     started = []
     for _ in range(6):
         started += fleet.fill()
-        fleet.end(started[-1], run_s=10.0)
+        fleet.end(started[-1], after_s=10.0)
     assert started == ["l0", "e20", "l1", "e21", "l2", "e22"]  # alternation, not late's three in a row
 
 
@@ -251,9 +255,9 @@ def test_capacity_changes_rekey_every_team() -> None:
     fleet.submit("g2", "gpu-team")
     fleet.submit("c2", "cpu-team")
     assert fleet.queue.best_for(lambda sig: True) == "g2"  # gpu-team 1/8 of the GPUs, cpu-team 2/10 of the slots
-    fleet.queue.set_capacity(Capacity(2.0, 10.0, 0.0))  # 6 GPUs gone: gpu-team holds half of them
+    fleet.queue.set_capacity(Capacity(2.0, 10.0, 0.0), fleet.now)  # 6 GPUs gone: gpu-team holds half of them
     assert fleet.queue.best_for(lambda sig: True) == "c2"
-    fleet.queue.set_capacity(Capacity(8.0, 10.0, 0.0))
+    fleet.queue.set_capacity(Capacity(8.0, 10.0, 0.0), fleet.now)
     assert fleet.queue.best_for(lambda sig: True) == "g2"
 
 
@@ -281,7 +285,7 @@ def test_with_one_principal_the_fair_queue_orders_as_the_first_come_queue(
             if picked is not None:
                 fair.discard(picked)
                 plain.discard(picked)
-                fair.started("solo", Demand())
+                fair.started("solo", Demand(), float(order))
         assert len(fair) == len(plain)
     for signature in signatures:
         assert fair.plans_in(signature) == plain.plans_in(signature)

@@ -28,13 +28,13 @@ class Fleet:
               demand: Demand = ONE, preemptible: bool = True) -> None:
         plan = Running(plan_id, owner, worker, priority, demand, now)
         self.leases[plan_id] = plan
-        self.book.started(owner, demand)
+        self.book.started(owner, demand, now)
         if preemptible:
             self.preemptor.started(plan, self.book.team_of(owner))
 
     def end(self, plan_id: str, now: float) -> tuple[str, str] | None:
         plan = self.leases.pop(plan_id)
-        self.book.ended(plan.owner, plan.demand, now - plan.started_s)
+        self.book.ended(plan.owner, plan.demand, now)
         return self.preemptor.ended(plan_id)
 
     def fits_after(self, need: Demand) -> Callable[[str, Sequence[Running]], bool]:
