@@ -36,10 +36,11 @@ Theory of operation:
   hand waiting plans back with ``reject``.
 
 Structure: :class:`Agent` is the session loop (dial, handshake, reader, writer, heartbeats,
-reconnect, stop). It *has* a :class:`~worker_agent.runner.PlanRunner`, which owns the plans
-(running, waiting, silenced) and answers through the :class:`~worker_agent.outbox.SendQueue`
-the two share; the agent's reader hands it each plan message. Configuration is one
-:class:`~worker_agent.settings.AgentSettings`.
+reconnect, stop); the handshake's rules (where a dial goes, the ``hello``, what a refusal or the
+answer means) are worker_agent/handshake.py's, sans-I/O. It *has* a
+:class:`~worker_agent.runner.PlanRunner`, which owns the plans (running, waiting, silenced) and
+answers through the :class:`~worker_agent.outbox.SendQueue` the two share; the agent's reader
+hands it each plan message. Configuration is one :class:`~worker_agent.settings.AgentSettings`.
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ import dataclasses
 import random
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar, Unpack, assert_never, overload
-from urllib.parse import urlencode, urlsplit
 
 import msgspec
 import structlog
@@ -66,6 +66,7 @@ from protocol.backoff import ReconnectBackoff
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
 from wireio.wsbulk import BulkClientConnection, send_frame
+from worker_agent import handshake
 from worker_agent.attempts import Attempts
 from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
 from worker_agent.devices import DeviceAllocator
@@ -81,7 +82,6 @@ from worker_agent.session import (
     client_tls,
     default_worker_id,
     dial_error_text,
-    version,
     worker_url,
 )
 from worker_agent.settings import AgentOptions, AgentSettings
@@ -138,14 +138,9 @@ class Agent:
             settings = dataclasses.replace(settings, **options)
         self.settings = settings
         # Cluster mode: ``a,b,c`` — dialled in turn; a ``moved`` names the next one (docs/CLUSTER.md).
-        self.urls = [worker_url(u.strip()) for u in url.split(",") if u.strip()] or [worker_url(url)]
-        pool = _pool_of(settings.tags)
-        if pool and (len(self.urls) > 1 or any(t.startswith("pool:") for t in settings.tags)):
-            self.urls = [u if urlsplit(u).query else f"{u}?{urlencode({'pool': pool})}" for u in self.urls]
+        self.urls = handshake.worker_urls(url, settings.tags)
         self.url = self.urls[0]
-        self._dials = 0
-        self._moved_to: str | None = None  # where the last ``moved`` said this worker's shard is served
-        self._cluster = len(self.urls) > 1  # or once a ``moved`` was followed: faster pings
+        self._dialer = handshake.Dialer(self.urls)  # the list in turn, or where a ``moved`` said
         self.worker_id = settings.worker_id or default_worker_id()
         self.telemetry = telemetry or Telemetry()
         self.registered = asyncio.Event()  # set on welcome, cleared when the session ends
@@ -256,7 +251,7 @@ class Agent:
                     delay = backoff.answered(wait_s)
                 else:
                     delay = backoff.unanswered()
-                if self._moved_to is not None:
+                if self._dialer.moved:
                     delay = 0.0  # told where to go: go at once
                 self._log.debug("reconnecting", delay_s=round(delay, 3), failures=backoff.failures)
                 with contextlib.suppress(TimeoutError):
@@ -348,16 +343,10 @@ class Agent:
             )
             self._capabilities = msgspec.structs.replace(probed, **self._advertised)  # flags beat the probe
             self.runner.devices = DeviceAllocator(self._capabilities.gpus, self.settings.gpu_share)
-        running = self.runner.running_plans() + self._outbox.pending_done()
-        # Acknowledged results a coordinator may have lost with its store (worker_agent/outbox.py).
-        running += self._outbox.recent_done({r.plan_id for r in running})
         caps = self.telemetry.capabilities(msgspec.structs.replace(self._capabilities, ops=self.ops))
-        # The secret of our last welcome proves this process held the id: a reconnect takes it over from
-        # a session the coordinator still thinks live (docs/SEMANTICS.md §Worker identity). Memory only:
-        # a restarted process waits until its old session closes or stays silent for two beats.
-        return protocol.Hello(
-            worker_id=self.worker_id, capabilities=caps, running=running, version=version(),
-            session_secret=self._session_secret,
+        return handshake.hello(
+            self.worker_id, caps, running=self.runner.running_plans() + self._outbox.pending_done(),
+            recent=self._outbox.recent_done, session_secret=self._session_secret,
             data_url=self.data_server.url if self.data_server is not None else "",
         )
 
@@ -384,81 +373,28 @@ class Agent:
         return True
 
     async def _handshake(self) -> tuple[ClientConnection, Codec, protocol.Welcome, list[Any]] | None:
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
-        # Only for wss://: an explicit ssl=None there would mean plain TCP.
-        tls: dict[str, Any] = {"ssl": self._ssl} if self._ssl is not None else {}
-        if self._moved_to is not None:
-            self._cluster = True
-            self.url, self._moved_to = self._moved_to, None
-        else:
-            self.url = self.urls[self._dials % len(self.urls)]
-            self._dials += 1
-        # A frozen coordinator is left within seconds in cluster mode (protocol/urls.py keepalive).
-        ping_interval, ping_timeout, close_timeout = keepalive(
-            self.settings.ping_interval_s, self.settings.ping_timeout_s, cluster=self._cluster
-        )
-        try:
-            ws = await connect(
-                # The id in the upgrade: a reconnect-budget 429 then holds this id only, not its neighbours
-                # on this host with the same token (docs/PROTOCOL.md §1).
-                with_worker_id(self.url, self.worker_id),
-                additional_headers=headers,
-                subprotocols=[Subprotocol(ENCODING_SUBPROTOCOL[self.settings.encoding])],
-                compression=None,
-                max_size=64 << 20,
-                open_timeout=self.settings.handshake_timeout_s,
-                ping_interval=ping_interval,
-                ping_timeout=ping_timeout,
-                close_timeout=close_timeout,
-                create_connection=BulkClientConnection,  # relayed chunks read past the library's copies
-                **tls,
-            )
-            self._opened = True
-        except InvalidStatus as exc:
-            status = exc.response.status_code
-            if status == 401:
-                raise AuthError(
-                    f"coordinator at {self.url} refused the worker token (HTTP 401): "
-                    "pass a valid worker token with --token or FLEETWIRE_WORKER_TOKEN",
-                    status=status,
-                ) from None
-            if status == 403:
-                body = exc.response.body.decode("utf-8", "replace").strip()
-                if "client certificate" in body:  # mTLS: the token may be fine; the certificate is missing
-                    raise AuthError(
-                        f"coordinator at {self.url} requires a client certificate (mTLS, HTTP 403): pass the "
-                        "worker's certificate and key with --tls-cert and --tls-key",
-                        status=status,
-                    ) from None
-                raise AuthError(
-                    f"coordinator at {self.url} accepted the token but not for a worker (HTTP 403): "
-                    f"use a token with the worker role ({body or 'no reason given'})",
-                    status=status,
-                ) from None
-            raise
+        """Dial, send ``hello`` and read until the answer (worker_agent/handshake.py); None: no session this time."""
+        self.url = self._dialer.next_url()
+        ws = await self._dial(self.url)
         try:
             codec = self._codec(ws.subprotocol)
             self._outbox.rewind()  # what the last session sent but got no ack for goes first
             self._outbox.discard_heartbeats()
             await ws.send(codec.encode([self._hello()]), text=codec.text)
-            early: list[Any] = []
+            answer = handshake.Answer()
             async with asyncio.timeout(self.settings.handshake_timeout_s):
-                while True:
-                    msgs = codec.decode(await ws.recv())
-                    for index, msg in enumerate(msgs):
-                        if isinstance(msg, protocol.Welcome):
-                            return ws, codec, msg, early + msgs[index + 1 :]
-                        if isinstance(msg, protocol.Error):
-                            self._hello_retry_s = msg.retry_after_s if msg.retry_after_s > 0 else 0.0
-                            self._log.error("coordinator refused hello", code=msg.code, message=msg.message,
-                                            retry_after_s=msg.retry_after_s or None)  # fmt: skip
-                            await ws.close()
-                            return None
-                        if isinstance(msg, protocol.messages.Moved):
-                            self._follow(msg)
-                            await ws.close()
-                            return None
-                        early.append(msg)
+                while (verdict := answer.feed(codec.decode(await ws.recv()))) is None:
+                    pass
+                if isinstance(verdict, handshake.Welcomed):
+                    return ws, codec, verdict.welcome, verdict.early
+                if isinstance(verdict, protocol.Error):
+                    self._hello_retry_s = verdict.retry_after_s if verdict.retry_after_s > 0 else 0.0
+                    self._log.error("coordinator refused hello", code=verdict.code, message=verdict.message,
+                                    retry_after_s=verdict.retry_after_s or None)  # fmt: skip
+                else:
+                    self._follow(verdict)
+                await ws.close()
+                return None
         except TimeoutError:
             self._log.warning("no welcome from coordinator", timeout_s=self.settings.handshake_timeout_s)
             await ws.close()
@@ -471,10 +407,48 @@ class Agent:
             await ws.close()
             raise
 
+    async def _dial(self, url: str) -> ClientConnection:
+        """The websocket upgrade to ``url``.
+
+        Raises:
+            AuthError: refused 401 or 403 (worker_agent/handshake.py ``upgrade_refusal``).
+            InvalidStatus: refused otherwise (the backoff waits its Retry-After).
+        """
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        # Only for wss://: an explicit ssl=None there would mean plain TCP.
+        tls: dict[str, Any] = {"ssl": self._ssl} if self._ssl is not None else {}
+        # A frozen coordinator is left within seconds in cluster mode (protocol/urls.py keepalive).
+        ping_interval, ping_timeout, close_timeout = keepalive(
+            self.settings.ping_interval_s, self.settings.ping_timeout_s, cluster=self._dialer.cluster
+        )
+        try:
+            ws = await connect(
+                # The id in the upgrade: a reconnect-budget 429 then holds this id only, not its neighbours
+                # on this host with the same token (docs/PROTOCOL.md §1).
+                with_worker_id(url, self.worker_id),
+                additional_headers=headers,
+                subprotocols=[Subprotocol(ENCODING_SUBPROTOCOL[self.settings.encoding])],
+                compression=None,
+                max_size=64 << 20,
+                open_timeout=self.settings.handshake_timeout_s,
+                ping_interval=ping_interval,
+                ping_timeout=ping_timeout,
+                close_timeout=close_timeout,
+                create_connection=BulkClientConnection,  # relayed chunks read past the library's copies
+                **tls,
+            )
+        except InvalidStatus as exc:
+            fatal = handshake.upgrade_refusal(url, exc.response.status_code, exc.response.body)
+            if fatal is not None:
+                raise fatal from None
+            raise
+        self._opened = True
+        return ws
+
     def _follow(self, moved: protocol.messages.Moved) -> None:
         """Cluster mode: the shard of this worker's pool is served at ``moved.url`` ("": try the list)."""
         self._log.info("moved", shard=moved.shard, epoch=moved.epoch, to=moved.url or "(no owner yet)", url=self.url)
-        self._moved_to = worker_url(moved.url) if moved.url else None
+        self._dialer.follow(moved)
 
     def _on_welcome(self, welcome: protocol.Welcome) -> None:
         if self.data_server is not None:
@@ -666,10 +640,3 @@ class _Watched:
         self._attempts.ended(plan_id, attempt or 0, "is no longer run by this worker (taken back or handed back)")
         self._queue.forget(plan_id, attempt)
 
-
-def _pool_of(tags: Sequence[str]) -> str:
-    """The worker's pool: a ``pool:NAME`` tag, else its first tag (as coordinator/shards.py ``pool_of``)."""
-    for tag in tags:
-        if tag.startswith("pool:"):
-            return tag[5:]
-    return tags[0] if tags else ""

@@ -154,6 +154,72 @@ def _error(message: str) -> None:
     print(f"fleetwire worker: error: {message}", file=sys.stderr, flush=True)
 
 
+def _settings(ns: argparse.Namespace) -> AgentSettings:
+    """The agent's settings from ``fleetwire worker`` flags.
+
+    Raises:
+        ValueError: a value out of range (worker_agent/settings.py).
+    """
+    return AgentSettings(
+        worker_id=ns.worker_id,
+        tags=([f"pool:{ns.pool}"] if ns.pool else []) + _tags(ns.tags),
+        max_concurrency=ns.max_concurrency,
+        allow_shell=ns.allow_shell,
+        python_allow=ns.python_allow,
+        plan_env=ns.plan_env,
+        plan_user=ns.plan_user,
+        python_envs=ns.python_env,
+        models=ns.model,
+        accelerator=ns.accelerator,
+        carbon_zone=ns.carbon_zone,
+        kv_blocks=ns.kv_blocks,
+        kv_block_tokens=ns.kv_block_tokens,
+        reconnect_base_s=ns.reconnect_base,
+        reconnect_cap_s=max(ns.reconnect_cap, ns.reconnect_base),
+        drain_timeout_s=ns.drain_timeout,
+        ca_file=ns.ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None,
+        cert_file=ns.tls_cert,
+        key_file=ns.tls_key,
+        data_listen=ns.data_listen,
+        data_advertise=ns.data_advertise,
+        data_tls_cert=ns.data_tls_cert,
+        data_tls_key=ns.data_tls_key,
+        spool_dir=ns.spool_dir,
+        spool_capacity_bytes=ns.spool_capacity,
+        output_retention_s=ns.output_retention,
+        input_timeout_s=ns.input_timeout,
+        gpus=ns.gpus,
+        gpu_share=ns.gpu_share,
+    )
+
+
+def _handlers(ns: argparse.Namespace) -> list[tuple[str, Handler]]:
+    """The ``--handler`` specs, loaded (modules in the current directory too, after the installed ones).
+
+    Raises:
+        ValueError: a spec that does not load (worker_agent/handlers.py ``load_handler_spec``).
+    """
+    if ns.handler or ns.python_allow:
+        _import_from_cwd()
+    return [load_handler_spec(spec) for spec in ns.handler]
+
+
+def _agent(ns: argparse.Namespace, url: str, token: str | None) -> Agent:
+    """The agent the flags describe, with its telemetry and ``--handler`` ops.
+
+    Raises:
+        ValueError: a bad handler spec, a value out of range, TLS files that cannot be loaded.
+    """
+    handlers = _handlers(ns)
+    telemetry: Telemetry = telemetry_from_args(ns)
+    agent = Agent(url, token, settings=_settings(ns), telemetry=telemetry)
+    if telemetry.engine is not None:  # op "generate" streams from the OpenAI-compatible server
+        agent.add_handler("generate", telemetry.engine.generate)
+    for name, fn in handlers:
+        agent.add_handler(name, fn)
+    return agent
+
+
 async def run_worker(ns: argparse.Namespace, *, own_process: bool = False) -> int:
     """Run a worker agent from parsed ``fleetwire worker`` flags until SIGTERM/SIGINT.
 
@@ -172,60 +238,19 @@ async def run_worker(ns: argparse.Namespace, *, own_process: bool = False) -> in
     if ns.token:
         print("fleetwire worker: warning: --token on the command line is shown to every user of this host (ps, "
               "/proc/PID/cmdline); pass it in $FLEETWIRE_WORKER_TOKEN or --token-file", file=sys.stderr, flush=True)
-    if ns.handler or ns.python_allow:
-        _import_from_cwd()
-    handlers: list[tuple[str, Handler]] = []
-    for spec in ns.handler:
-        try:
-            handlers.append(load_handler_spec(spec))
-        except ValueError as exc:
-            _error(str(exc))
-            return 2
     try:
-        telemetry: Telemetry = telemetry_from_args(ns)
-        settings = AgentSettings(
-            worker_id=ns.worker_id,
-            tags=([f"pool:{ns.pool}"] if ns.pool else []) + _tags(ns.tags),
-            max_concurrency=ns.max_concurrency,
-            allow_shell=ns.allow_shell,
-            python_allow=ns.python_allow,
-            plan_env=ns.plan_env,
-            plan_user=ns.plan_user,
-            python_envs=ns.python_env,
-            models=ns.model,
-            accelerator=ns.accelerator,
-            carbon_zone=ns.carbon_zone,
-            kv_blocks=ns.kv_blocks,
-            kv_block_tokens=ns.kv_block_tokens,
-            reconnect_base_s=ns.reconnect_base,
-            reconnect_cap_s=max(ns.reconnect_cap, ns.reconnect_base),
-            drain_timeout_s=ns.drain_timeout,
-            ca_file=ns.ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None,
-            cert_file=ns.tls_cert,
-            key_file=ns.tls_key,
-            data_listen=ns.data_listen,
-            data_advertise=ns.data_advertise,
-            data_tls_cert=ns.data_tls_cert,
-            data_tls_key=ns.data_tls_key,
-            spool_dir=ns.spool_dir,
-            spool_capacity_bytes=ns.spool_capacity,
-            output_retention_s=ns.output_retention,
-            input_timeout_s=ns.input_timeout,
-            gpus=ns.gpus,
-            gpu_share=ns.gpu_share,
-        )
-        agent = Agent(url, token, settings=settings, telemetry=telemetry)
+        agent = _agent(ns, url, token)
     except ValueError as exc:
         _error(str(exc))
         return 2
     forget_secrets(os.environ)  # read by now; the python op's in-process functions do not find them
     if own_process:
         lock_worker_process()  # same-user plans cannot read /proc/PID/environ (the start environment) or memory
-    if telemetry.engine is not None:  # op "generate" streams from the OpenAI-compatible server
-        agent.add_handler("generate", telemetry.engine.generate)
-    for name, fn in handlers:
-        agent.add_handler(name, fn)
+    return await _serve(agent, url)
 
+
+async def _serve(agent: Agent, url: str) -> int:
+    """Run ``agent`` until it stops (SIGTERM/SIGINT); the exit status."""
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT)
     for sig in signals:
