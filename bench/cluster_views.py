@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _harness as h
 from cluster_throughput import _pools, _settled
 
-from coordinator.io.cluster.sessions import CHANNEL
+from coordinator.io.cluster.doorbell import CHANNEL
 from coordinator.shards import pool_shard
 from fleetwire import Client
 from tests.pg import missing_reason, postgres_server

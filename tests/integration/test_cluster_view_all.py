@@ -15,8 +15,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
+from coordinator.io.cluster.doorbell import Doorbell, open_connection
 from coordinator.io.cluster.host import ClusterHost
-from coordinator.io.cluster.sessions import Doorbell, open_connection
 from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.shards import ClusterConfig, pool_shard
 from fleetwire import Client

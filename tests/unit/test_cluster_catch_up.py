@@ -1,10 +1,9 @@
-"""A view session's catch-up from stored rows (coordinator/io/cluster/sessions.py): new events, resyncs for gaps."""
+"""A view session's catch-up from stored rows (coordinator/views.py): new events, resyncs for gaps."""
 
 from __future__ import annotations
 
-from coordinator.io.cluster.sessions import catch_up
-from coordinator.io.cluster.views import Watched
 from coordinator.plans import Plan
+from coordinator.views import Watched, catch_up
 from protocol.messages import Event, Resync, Submit
 
 

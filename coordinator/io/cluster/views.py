@@ -34,14 +34,15 @@ import msgspec
 from coordinator.io.stores.rows import decode_plans
 from coordinator.plans import Plan
 from coordinator.recovery import plan_from_store
+from coordinator.views import Watched
 from protocol.messages import PlanStateName, WorkerInfo
 
 __all__ = [
     "MAX_LIMIT", "PLAN_STATES", "PUT_WORKERS", "WANTED", "WANTED_S",
-    "ViewError", "Watched", "count_matching", "count_plans", "encode_workers", "list_plans", "mark_wanted", "new_plans",
+    "ViewError", "count_matching", "count_plans", "encode_workers", "list_plans", "mark_wanted", "new_plans",
     "op_marker", "parse_query",
     "plan_shard",
-    "plans_by_id", "read_plans", "read_watched", "read_workers", "shard_tips", "want_workers", "workers_summary",
+    "plans_by_id", "read_plans", "read_watched", "read_workers", "shard_tips", "want_workers",
 ]
 
 MAX_LIMIT: Final = 1000
@@ -83,7 +84,7 @@ ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch
     written_at = excluded.written_at
 """
 # Whether a view wants something of the owners (``key``: 'workers', the registries; 'doorbell', the
-# commits' NOTIFY in coordinator/io/cluster/sessions.py): the owners' check every lease round ...
+# commits' NOTIFY in coordinator/io/cluster/doorbell.py): the owners' check every lease round ...
 WANTED: Final = "SELECT coalesce((SELECT wanted_until > now() FROM fleetwire_views WHERE key = $1), false)"
 # ... and a view's mark for $2 s. The answer: whether it was wanted already, and the database's now().
 _WANT = """
@@ -238,19 +239,6 @@ async def plan_shard(conn: Any, plan_id: str, owner: str | None = None) -> tuple
     return None if row is None else (row[0], row[1], row[2])
 
 
-class Watched(msgspec.Struct):
-    """A plan a main-port session follows from the rows: ``since`` is the first events row to read again.
-
-    ``plan_id``: the id the session knows it by (a client's: the one it submitted; an admin's: the key).
-    """
-
-    key: int
-    plan_id: str
-    shard: int
-    expected: int  # the next seq to send
-    since: int = 0
-
-
 async def read_watched(conn: Any, watched: list[Watched]) -> dict[int, Plan]:
     """Each watched plan as stored now (key -> plan), with its inline events and its events rows from ``since``.
 
@@ -301,12 +289,3 @@ async def read_workers(conn: Any, since: Any = None) -> tuple[dict[int, list[Wor
         except msgspec.DecodeError:
             continue  # written by a newer fleetwire: left out rather than failing the view
     return found, fresh >= await conn.fetchval(_SERVED)
-
-
-def workers_summary(rows: list[WorkerInfo]) -> str:
-    """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers, as one core's ``list_workers`` says."""
-    alive = [w for w in rows if w.alive]
-    cpus = sum(w.capabilities.cpu_cores for w in alive)
-    gpus = sum(len(w.capabilities.gpus) for w in alive)
-    ram_gb = sum(w.capabilities.ram_bytes for w in alive) / 1e9
-    return f"{len(alive)} workers ({cpus} CPUs, {gpus} GPUs, {ram_gb:.1f} GB RAM)"
