@@ -164,7 +164,7 @@ class Codec:
         """One message encoded (as by :meth:`encode_safe`), to be put in many frames as is.
 
         A frame encoded from a list holding ``msgspec.Raw`` items copies their bytes: this is
-        how one event for many subscribers is encoded once (coordinator/io/frontdoor/server.py).
+        how one event for many subscribers is encoded once (coordinator/io/frontdoor/core_driver.py).
         """
         return msgspec.Raw(self.encode_safe([msg]))
 

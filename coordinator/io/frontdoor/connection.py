@@ -1,7 +1,7 @@
 """The coordinator's per-connection pieces: its websocket connection class and a session's writer.
 
-``Session`` is one open websocket as coordinator/io/frontdoor/server.py drives it: its outgoing queue and
-the writer task that sends what is pending as coalesced frames.
+``Session`` is one open websocket as the front door holds it (coordinator/io/frontdoor/door.py): its
+outgoing queue and the writer task that sends what is pending as coalesced frames.
 
 ``FailFastConnection`` stops reading a peer that sent an oversize frame.
 

@@ -3,11 +3,12 @@
 Who may connect (tokens, roles, the token file) is decided by the pure coordinator/auth.py;
 this module applies it to websocket handshakes before the upgrade (docs/PROTOCOL.md §1).
 
-Every websocket listener of a coordinator process is one :class:`Gatekeeper`'s front door, with
-the same code: a single coordinator's port (coordinator/io/frontdoor/server.py) and a cluster's main port
+Every websocket listener of a coordinator process has one :class:`Gatekeeper`, with the same
+code: a single coordinator's port (coordinator/io/frontdoor/server.py) and a cluster's main port
 (coordinator/io/cluster/host.py) each listen through :meth:`Gatekeeper.serve` (the pending
-budget, the handshake timeout, ``TCP_DEFER_ACCEPT``) and decide each upgrade with
-:meth:`Gatekeeper.upgrade` (Origin, limits, token, penalty box; refusals held when repeated).
+budget, the handshake timeout, ``TCP_DEFER_ACCEPT``), and their front door
+(coordinator/io/frontdoor/door.py) decides each upgrade with :meth:`Gatekeeper.upgrade` (Origin,
+limits, token, penalty box; refusals held when repeated).
 """
 
 from __future__ import annotations
