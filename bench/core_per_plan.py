@@ -4,7 +4,7 @@ Drives ``coordinator.Coordinator`` directly the way the driver does: one client 
 ``echo`` plans in batches (each subscribed, as ``Client.submit_many`` does), two workers with
 room for 1000 plans each accept, emit one event and finish every plan assigned to them, and
 the effects are taken after each batch, with the collector tuned as the daemon tunes it
-(``fleetwire/cli/main.py``). The figure is CPU microseconds per plan (best of
+(``fleetwire/cli/serve.py``). The figure is CPU microseconds per plan (best of
 ``--repeat`` runs) and, when valgrind is installed, callgrind instructions per plan: the
 difference between two runs of different sizes, so start-up and imports cancel out. The
 instruction count hardly moves with machine load, so it is the signal to compare trees by.
@@ -63,7 +63,7 @@ def run_plans(plans: int, batch: int) -> float:
     core.open_session(client, "client", 0.0, principal="bench")
     core.take_effects()
     gc.collect()
-    gc.freeze()  # as the daemon does after start-up (fleetwire/cli/main.py tune_gc_for_daemon)
+    gc.freeze()  # as the daemon does after start-up (fleetwire/cli/serve.py tune_gc_for_daemon)
     gc.set_threshold(50_000, 20, 100)  # DAEMON_GC_THRESHOLDS, spelled out so older trees measure alike
     pending: dict[int, list[Any]] = {conn: [] for conn in workers}
     seqs = dict.fromkeys(workers, 0)

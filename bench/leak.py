@@ -24,7 +24,7 @@ its retention counts each one as).
 At the end of the warm-up and at the end of the run, each worker is sent a ``leak_snapshot`` plan
 that runs in the worker's own process: the second one reports what the cycle collector found
 unreachable (objects a plan left in a reference cycle wait for the daemon's rarely run oldest
-collection: fleetwire/cli/main.py ``DAEMON_GC_THRESHOLDS``), the object types whose live count grew
+collection: fleetwire/cli/serve.py ``DAEMON_GC_THRESHOLDS``), the object types whose live count grew
 (objgraph-style: a plan-keyed map that never shrinks shows as a type whose count grows by about
 the number of plans), the C heap by kind of mapping, and with ``--trace`` (tracemalloc in the
 workers: slower, and its bookkeeping is in their RSS, so read the slopes of a run without it) the

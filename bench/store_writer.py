@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.records import PlanCreated, PlanStatus, Record
-from fleetwire.cli.main import DAEMON_GC_THRESHOLDS
+from fleetwire.cli.serve import DAEMON_GC_THRESHOLDS
 from protocol.messages import Event, Submit
 
 WAITING = "all matching workers are at capacity"

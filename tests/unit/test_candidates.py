@@ -13,7 +13,8 @@ from coordinator.placement.placer import DEFAULT_CANDIDATES, PlacementConfig
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.policies import POLICY_NAMES, PolicyKnobs
 from coordinator.placement.prefix import PrefixIndex
-from fleetwire.cli.main import _routing_settings, build_parser
+from fleetwire.cli.main import build_parser
+from fleetwire.cli.serve import routing_settings
 from protocol.messages import Capabilities, Load
 from tests.unit.test_capacity import ENERGY_LOADS, LOADS, WORKERS, Model, figure_load, ops, register
 
@@ -171,6 +172,6 @@ def test_longer_holders_counts_leading_blocks_only() -> None:
 def test_cli_flag_reaches_the_placement_settings() -> None:
     """`fleetwire coordinator --placement-candidates K` sets the bound; the default is DEFAULT_CANDIDATES."""
     ns = build_parser().parse_args(["coordinator", "--placement-candidates", "0"])
-    assert _routing_settings(ns)["placement"].candidates == 0
+    assert routing_settings(ns)["placement"].candidates == 0
     ns = build_parser().parse_args(["coordinator"])
-    assert _routing_settings(ns)["placement"].candidates == DEFAULT_CANDIDATES
+    assert routing_settings(ns)["placement"].candidates == DEFAULT_CANDIDATES

@@ -171,12 +171,13 @@ def test_the_flags_reach_the_core_and_bad_values_are_refused() -> None:
     """--worker-reconnect-burst/-rate set CoreConfig; a burst below 1 or a negative rate is refused naming the flag."""
     from coordinator.core import CoreConfig
     from coordinator.io.frontdoor.server import ServerSettings
-    from fleetwire.cli.main import _server_settings, build_parser
+    from fleetwire.cli.main import build_parser
+    from fleetwire.cli.serve import server_settings
 
     parser = build_parser()
     ns = parser.parse_args(["coordinator", "--insecure", "--worker-reconnect-burst", "3",
                             "--worker-reconnect-rate", "0"])
-    core = _server_settings(ns, (), ()).core
+    core = server_settings(ns, (), ()).core
     assert (core.worker_reconnect_burst, core.worker_reconnect_rate) == (3, 0.0)
     for bad, flag in (({"worker_reconnect_burst": 0}, "--worker-reconnect-burst"),
                       ({"worker_reconnect_rate": -1.0}, "--worker-reconnect-rate")):

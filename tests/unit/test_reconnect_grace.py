@@ -160,13 +160,14 @@ def test_the_flag_reaches_the_core_and_a_negative_grace_is_refused() -> None:
     """--worker-reconnect-grace-s sets CoreConfig (default 5 s); a negative value is refused naming the flag."""
     from coordinator.core import CoreConfig
     from coordinator.io.frontdoor.server import ServerSettings
-    from fleetwire.cli.main import _server_settings, build_parser
+    from fleetwire.cli.main import build_parser
+    from fleetwire.cli.serve import server_settings
 
     parser = build_parser()
-    default = _server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ()).core
+    default = server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ()).core
     assert default.worker_reconnect_grace_s == 5.0
     ns = parser.parse_args(["coordinator", "--insecure", "--worker-reconnect-grace-s", "2.5"])
-    assert _server_settings(ns, (), ()).core.worker_reconnect_grace_s == 2.5
+    assert server_settings(ns, (), ()).core.worker_reconnect_grace_s == 2.5
     with pytest.raises(ValueError, match="--worker-reconnect-grace-s"):
         ServerSettings(insecure=True, core=CoreConfig(worker_reconnect_grace_s=-1.0)).check()
 

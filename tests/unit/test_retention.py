@@ -277,15 +277,16 @@ def test_negative_plan_retention_is_refused() -> None:
 
 def test_cli_flag_reaches_the_server_settings() -> None:
     """`fleetwire coordinator --plan-retention 60` sets ServerSettings.plan_retention_s; the default is 24 h."""
-    from fleetwire.cli.main import _server_settings, build_parser
+    from fleetwire.cli.main import build_parser
+    from fleetwire.cli.serve import server_settings
 
     parser = build_parser()
     ns = parser.parse_args(["coordinator", "--insecure", "--plan-retention", "60"])
-    assert _server_settings(ns, (), ()).core.plan_retention_s == 60.0
-    assert _server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ()).core.plan_retention_s == 86400.0
+    assert server_settings(ns, (), ()).core.plan_retention_s == 60.0
+    assert server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ()).core.plan_retention_s == 86400.0
     ns = parser.parse_args(["coordinator", "--insecure", "--plan-retention-bytes", "1000"])
-    assert _server_settings(ns, (), ()).core.plan_retention_bytes == 1000
-    default = _server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ())
+    assert server_settings(ns, (), ()).core.plan_retention_bytes == 1000
+    default = server_settings(parser.parse_args(["coordinator", "--insecure"]), (), ())
     assert default.core.plan_retention_bytes == DEFAULT_RETENTION_BYTES == 1 << 30
 
 

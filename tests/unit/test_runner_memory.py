@@ -1,6 +1,6 @@
 """A worker's memory per plan: what a plan that ended leaves behind (issue #25 part 5, bench/leak.py).
 
-The daemon's collector runs its oldest generation rarely (fleetwire/cli/main.py ``DAEMON_GC_THRESHOLDS``),
+The daemon's collector runs its oldest generation rarely (fleetwire/cli/serve.py ``DAEMON_GC_THRESHOLDS``),
 so a reference cycle left by each plan is memory that grows with every plan until then: a plan's
 run, context, task and inputs must be freed by reference counting alone when it ends.
 """

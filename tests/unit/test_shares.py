@@ -11,7 +11,8 @@ from coordinator.placement.policies import PolicyKnobs
 from coordinator.placement.shares import RecentShares
 from coordinator.plans import Plan
 from coordinator.registry import WorkerRegistry
-from fleetwire.cli.main import _routing_settings, build_parser
+from fleetwire.cli.main import build_parser
+from fleetwire.cli.serve import routing_settings
 from protocol.messages import Capabilities, Requirements, RoutingHints
 
 
@@ -59,6 +60,6 @@ def test_bad_knobs_are_refused_by_the_placement_config_and_the_flag_reaches_it()
     ns = build_parser().parse_args(
         ["coordinator", "--policy-option", "kv_load_bound=0.1", "--policy-option", "kv_share_window=512"]
     )
-    knobs = _routing_settings(ns)["placement"].knobs
+    knobs = routing_settings(ns)["placement"].knobs
     assert (knobs.kv_load_bound, knobs.kv_share_window) == (0.1, 512.0)
-    assert math.isinf(_routing_settings(build_parser().parse_args(["coordinator"]))["placement"].knobs.kv_load_bound)
+    assert math.isinf(routing_settings(build_parser().parse_args(["coordinator"]))["placement"].knobs.kv_load_bound)
