@@ -54,7 +54,7 @@ import msgspec
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from fleetwire import options
+from fleetwire import options, submits
 from fleetwire.connection import (
     CLIENT_PATH,
     DEFAULT_MAX_FRAME_BYTES,
@@ -67,10 +67,9 @@ from fleetwire.connection import (
 from fleetwire.data import Grant, Transport, Uploads
 from fleetwire.direct import DirectTransport
 from fleetwire.errors import FleetwireConnectionError, RequestError
-from fleetwire.inputs import InputValue, prepare_inputs
+from fleetwire.inputs import InputSource, InputValue, prepare_inputs
 from fleetwire.memtune import tune_allocator
 from fleetwire.plan import Plan
-from fleetwire.prompt_hints import fill_hints
 from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.resume import Resumer
 from fleetwire.session import COALESCE_LIMIT_BYTES, ClientSession
@@ -95,13 +94,11 @@ from protocol.messages import (
     Requirements,
     Resources,
     RoutingHints,
-    Submit,
     Subscribe,
     Subscribed,
     UndrainWorker,
     Workers,
 )
-from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 from protocol.urls import keepalive
 from wireio.wsbulk import send_frame
 
@@ -402,52 +399,24 @@ class Client:
             ValueError: ``requirements`` or ``hints`` has an unknown field or a wrong type, or a bad
                 input name (``__args__`` and ``__result__`` are reserved).
         """
-        reserved = RESERVED_NAMES.intersection(inputs or ()) | RESERVED_NAMES.intersection(outputs)
-        if reserved:
-            raise ValueError(f"input and output names {sorted(reserved)} are reserved for oversize args and results")
+        submits.check_names(inputs or (), outputs)
         sources = await prepare_inputs(inputs) if inputs else {}
-        reqs = options.requirements(requirements, tags)
-        routing = options.hints(hints, session_key, policy)
-        if op == "generate":  # token estimate and prefix hashes of the prompt (fleetwire/prompt_hints.py)
-            routing = fill_hints(routing, args)
-        msg = Submit(
-            req_id=self._session.next_req_id(),
-            op=op,
-            args=args,
-            requirements=reqs,
-            priority=priority,
-            timeout_s=timeout_s,
-            max_attempts=max_attempts,
-            retries=retries,
-            plan_id=plan_id or options.new_plan_id(),  # always an id: a submit re-sent after a reconnect is idempotent
-            subscribe=True,
-            hints=routing,
-            inputs=[source.spec() for source in sources.values()],
-            outputs=list(outputs),
-            resources=options.resources(resources),
+        msg = submits.submit_message(
+            self._session.next_req_id, op, args, sources, tags=tags, requirements=requirements, priority=priority,
+            timeout_s=timeout_s, max_attempts=max_attempts, retries=retries, plan_id=plan_id, hints=hints,
+            session_key=session_key, policy=policy, outputs=outputs, resources=resources,
         )
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
         if len(raw) > self.max_inline_bytes and args is not None:  # over the frame limit: args go by the data plane
-            packed = await prepare_inputs({ARGS_INPUT: msgspec.msgpack.encode(args)})
-            sources.update(packed)
-            msg = msgspec.structs.replace(msg, args=None, inputs=[*msg.inputs, packed[ARGS_INPUT].spec()])
-            raw = self._session.encode(msg)
-        accepted = functools.partial(self._on_accepted, own=plan_id is None)
-        plan: Plan = await self._request(msg, Accepted, accepted, raw=raw)
+            msg, raw = await submits.args_by_data_plane(msg, sources, self._session.encode)
+        plans, refused = await self._submit([submits.Request(msg.req_id, raw, plan_id is None)])
+        if refused is not None:
+            raise refused
+        plan = plans[0]
         plan.relay = relay
         if sources:  # uploaded to each attempt's worker on its data_ready, until the plan ends
-            transport: Transport = self.relay if relay else self.transport
-            uploads = Uploads(
-                plan.id, sources, plan.events(), transport, functools.partial(self.data_ticket, plan.id, "put")
-            )
-            plan.uploads = uploads
-            self._uploads.add(uploads)
-            uploads.task.add_done_callback(lambda _task: self._uploads.discard(uploads))
-        if plan.duplicate:
-            # A duplicate's events were emitted before this session subscribed: replay them
-            # (a coordinator that replays them after ``accepted`` too costs only duplicates,
-            # which the plan drops by seq).
-            await self._subscribe(plan.stream, 0)
+            self._upload(plan, sources)
+        await self._replay_duplicates(plans)
         return plan
 
     async def submit_many(
@@ -478,60 +447,18 @@ class Client:
                 submitted and subscribed.
             ValueError: ``plan_ids`` and ``args`` differ in length, or bad ``requirements``.
         """
-        session = self._session
-        if session.ended is not None:
-            raise session.ended
-        if self._ws is None:
-            raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
+        self._check_open()
         reqs = options.requirements(requirements, tags)
         items = list(args)
         ids = list(plan_ids) if plan_ids is not None else [None] * len(items)
         if len(ids) != len(items):
             raise ValueError(f"plan_ids has {len(ids)} ids for {len(items)} args; give one per plan (or None)")
-        encode = session.encode
-        req_ids: list[int] = []
-        raws: list[msgspec.Raw] = []
-        for item, plan_id in zip(items, ids, strict=True):
-            req_id = session.next_req_id()
-            msg = Submit(
-                req_id=req_id, op=op, args=item, requirements=reqs, priority=priority, timeout_s=timeout_s,
-                max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True,
-            )
-            raws.append(encode(msg))  # an unencodable item fails here, before anything is sent
-            if len(raws[-1]) > self.max_inline_bytes:  # never a frame the coordinator would close the session for
-                raise ValueError(f"args[{len(raws) - 1}] is {len(raws[-1])} bytes encoded, over max_inline_bytes "
-                                 f"({self.max_inline_bytes}); submit it with submit(), which moves large args "
-                                 "to the data plane")
-            req_ids.append(req_id)
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[Any]] = []
-        on_accepted = {own: functools.partial(self._on_accepted, own=own) for own in (False, True)}  # not one per plan
-        send_request = session.send_request
-        for req_id, raw, plan_id in zip(req_ids, raws, ids, strict=True):
-            future: asyncio.Future[Any] = loop.create_future()
-            send_request(req_id, Submit, raw, Accepted, future, on_accepted[plan_id is None])
-            futures.append(future)
-        plans: list[Plan] = []
-        refused: RequestError | None = None
-        try:
-            self._outbox_ready.set()
-            for future in futures:
-                try:
-                    plans.append(await future)
-                except RequestError as exc:
-                    refused = refused or exc
-        finally:
-            for req_id in req_ids:
-                session.forget_request(req_id)
-            for future in futures:  # after an early exit: no "exception was never retrieved"
-                if future.done():
-                    if not future.cancelled():
-                        future.exception()
-                else:
-                    future.cancel()
-        for plan in plans:
-            if plan.duplicate:  # as in submit(): replay the stream that began before this session
-                await self._subscribe(plan.stream, 0)
+        requests = submits.batch(
+            self._session, op, items, ids, requirements=reqs, priority=priority, timeout_s=timeout_s,
+            max_attempts=max_attempts, max_inline_bytes=self.max_inline_bytes,
+        )
+        plans, refused = await self._submit(requests)
+        await self._replay_duplicates(plans)
         if refused is not None:
             raise refused
         return plans
@@ -642,11 +569,8 @@ class Client:
     async def _request(
         self, msg: Any, expect: type[Any], on_reply: Callable[[Any], Any] | None = None, raw: msgspec.Raw | None = None
     ) -> Any:
+        self._check_open()
         session = self._session
-        if session.ended is not None:
-            raise session.ended
-        if self._ws is None:
-            raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
         if raw is None:
             raw = session.encode(msg)  # an unencodable argument fails here, in the caller
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -657,6 +581,36 @@ class Client:
         finally:
             session.forget_request(msg.req_id)
 
+    def _check_open(self) -> None:
+        """Raises the session's end, or RuntimeError before ``connect``."""
+        if self._session.ended is not None:
+            raise self._session.ended
+        if self._ws is None:
+            raise RuntimeError("the Client is not connected: use 'async with Client(...)' or await connect()")
+
+    async def _submit(self, requests: list[submits.Request]) -> tuple[list[Plan], RequestError | None]:
+        """Send encoded submits and wait for every reply (fleetwire/submits.py): the accepted plans, the first
+        refusal."""
+        self._check_open()
+        return await submits.await_accepted(self._session, requests, self._on_accepted, self._outbox_ready.set)
+
+    def _upload(self, plan: Plan, sources: dict[str, InputSource]) -> None:
+        """Start the uploads of a plan's inputs (fleetwire/data.py ``Uploads``): to each attempt's worker."""
+        transport: Transport = self.relay if plan.relay else self.transport
+        uploads = Uploads(
+            plan.id, sources, plan.events(), transport, functools.partial(self.data_ticket, plan.id, "put")
+        )
+        plan.uploads = uploads
+        self._uploads.add(uploads)
+        uploads.task.add_done_callback(lambda _task: self._uploads.discard(uploads))
+
+    async def _replay_duplicates(self, plans: list[Plan]) -> None:
+        """A duplicate's events were emitted before this session subscribed: replay them (a coordinator that
+        replays them after ``accepted`` too costs only duplicates, which the plan drops by seq)."""
+        for plan in plans:
+            if plan.duplicate:
+                await self._subscribe(plan.stream, 0)
+
     async def _subscribe(self, stream: PlanStream, from_seq: int) -> None:
         self._session.add_stream(stream)
         msg = Subscribe(req_id=self._session.next_req_id(), plan_ids=[stream.id], from_seq=from_seq)
@@ -666,7 +620,7 @@ class Client:
             self._session.remove_stream(stream)
             raise
 
-    def _on_accepted(self, reply: Accepted, own: bool = False) -> Plan:
+    def _on_accepted(self, reply: Accepted, *, own: bool = False) -> Plan:
         # Runs in the reader: registered before the events that follow ``accepted``.
         # A duplicate's stream began before this session subscribed, so it goes live
         # only with the replay of its own ``subscribe`` (see ``submit``). A duplicate of an

@@ -96,7 +96,7 @@ class Dialer:
         self._moved_to = worker_url(moved.url) if moved.url else None
 
 
-def upgrade_refusal(url: str, status: int, body: bytes) -> AuthError | None:
+def upgrade_refusal(url: str, status: int, body: bytes | bytearray) -> AuthError | None:
     """What an HTTP refusal of the upgrade at ``url`` means: an ``AuthError`` (fatal) for 401 and 403, else None."""
     if status == 401:
         return AuthError(

@@ -1,0 +1,198 @@
+"""Submitting plans: the ``submit`` messages a call makes, and the wait for their ``accepted``.
+
+What it owns: the one path ``Client.submit`` and ``Client.submit_many`` share (fleetwire/client.py):
+each ``submit`` built from the caller's options and encoded, then the batch sent and every reply
+waited for, each accepted plan's stream registered by the client's hook the moment its
+``accepted`` arrives (in the reader, before the events that follow it).
+
+Rules (docs/PROTOCOL.md §Client session):
+
+* Every submit carries a plan id: the caller's idempotency key, else one the SDK makes, so a
+  submit re-sent after a reconnect (fleetwire/resume.py) is idempotent. The hook is told which
+  (``own``: the SDK made the id): a duplicate of an id the SDK made is this client's own submit
+  re-sent, not a duplicate to the caller.
+* Input and output names ``__args__`` and ``__result__`` are reserved (oversize args and results).
+* A submit encoded larger than the client's ``max_inline_bytes`` is never sent inline: ``submit``
+  moves its args to the data plane (the input ``__args__``, their msgpack, which the worker
+  decodes before calling the handler); ``submit_many`` refuses the batch before anything is sent.
+* An argument the encoding cannot carry fails in the caller, before anything is sent.
+* A batch waits for every reply: the accepted plans come back with the first refusal, which the
+  caller raises once the accepted plans are subscribed; the requests are forgotten whatever
+  happens (a caller that gives up leaves no waiter behind).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import msgspec
+
+from fleetwire import options
+from fleetwire.errors import RequestError
+from fleetwire.inputs import InputSource, prepare_inputs
+from fleetwire.plan import Plan
+from fleetwire.prompt_hints import fill_hints
+from fleetwire.session import ClientSession
+from protocol.messages import Accepted, Requirements, Resources, RoutingHints, Submit
+from protocol.relay import ARGS_INPUT, RESERVED_NAMES
+
+__all__ = ["AcceptedHook", "Request", "args_by_data_plane", "await_accepted", "batch", "check_names", "submit_message"]
+
+
+class Request(NamedTuple):
+    """One encoded submit to send: its ``req_id``, its bytes, and whether the SDK made its plan id."""
+
+    req_id: int
+    raw: msgspec.Raw
+    own: bool
+
+
+class AcceptedHook(Protocol):
+    """Makes the plan of an ``accepted`` (in the reader); ``own``: the SDK made its plan id."""
+
+    def __call__(self, reply: Accepted, *, own: bool) -> Plan: ...
+
+
+def check_names(inputs: Iterable[str], outputs: Iterable[str]) -> None:
+    """Refuse the reserved input and output names.
+
+    Raises:
+        ValueError: ``__args__`` or ``__result__`` among them.
+    """
+    reserved = RESERVED_NAMES.intersection(inputs) | RESERVED_NAMES.intersection(outputs)
+    if reserved:
+        raise ValueError(f"input and output names {sorted(reserved)} are reserved for oversize args and results")
+
+
+def submit_message(
+    next_req_id: Callable[[], int],
+    op: str,
+    args: Any,
+    sources: Mapping[str, InputSource],
+    *,
+    tags: Iterable[str] | None,
+    requirements: Requirements | Mapping[str, Any] | None,
+    priority: int,
+    timeout_s: float | None,
+    max_attempts: int,
+    retries: int,
+    plan_id: str | None,
+    hints: RoutingHints | Mapping[str, Any] | None,
+    session_key: str | None,
+    policy: str | None,
+    outputs: Iterable[str],
+    resources: Resources | Mapping[str, Any] | None,
+) -> Submit:
+    """``Client.submit``'s message, subscribed, with a plan id (see ``Client.submit`` for the options); its
+    ``req_id`` is drawn once the options are valid.
+
+    Raises:
+        ValueError: ``requirements``, ``hints`` or ``resources`` with an unknown field or a wrong type.
+    """
+    reqs = options.requirements(requirements, tags)
+    routing = options.hints(hints, session_key, policy)
+    if op == "generate":  # token estimate and prefix hashes of the prompt (fleetwire/prompt_hints.py)
+        routing = fill_hints(routing, args)
+    return Submit(
+        req_id=next_req_id(),
+        op=op,
+        args=args,
+        requirements=reqs,
+        priority=priority,
+        timeout_s=timeout_s,
+        max_attempts=max_attempts,
+        retries=retries,
+        plan_id=plan_id or options.new_plan_id(),  # always an id: a submit re-sent after a reconnect is idempotent
+        subscribe=True,
+        hints=routing,
+        inputs=[source.spec() for source in sources.values()],
+        outputs=list(outputs),
+        resources=options.resources(resources),
+    )
+
+
+async def args_by_data_plane(
+    msg: Submit, sources: dict[str, InputSource], encode: Callable[[Any], msgspec.Raw]
+) -> tuple[Submit, msgspec.Raw]:
+    """``msg`` with its args moved to the input ``__args__`` (added to ``sources``), and its encoding."""
+    packed = await prepare_inputs({ARGS_INPUT: msgspec.msgpack.encode(msg.args)})
+    sources.update(packed)
+    msg = msgspec.structs.replace(msg, args=None, inputs=[*msg.inputs, packed[ARGS_INPUT].spec()])
+    return msg, encode(msg)
+
+
+def batch(
+    session: ClientSession,
+    op: str,
+    items: Sequence[Any],
+    ids: Sequence[str | None],
+    *,
+    requirements: Requirements,
+    priority: int,
+    timeout_s: float | None,
+    max_attempts: int,
+    max_inline_bytes: int,
+) -> list[Request]:
+    """``Client.submit_many``'s requests: one subscribed submit per item, each with its plan id or a new one.
+
+    Raises:
+        ValueError: an item encoded over ``max_inline_bytes`` (nothing is sent).
+        TypeError: an item the encoding cannot carry.
+    """
+    encode = session.encode
+    requests: list[Request] = []
+    for item, plan_id in zip(items, ids, strict=True):
+        req_id = session.next_req_id()
+        msg = Submit(
+            req_id=req_id, op=op, args=item, requirements=requirements, priority=priority, timeout_s=timeout_s,
+            max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True,
+        )
+        raw = encode(msg)  # an unencodable item fails here, before anything is sent
+        if len(raw) > max_inline_bytes:  # never a frame the coordinator would close the session for
+            raise ValueError(f"args[{len(requests)}] is {len(raw)} bytes encoded, over max_inline_bytes "
+                             f"({max_inline_bytes}); submit it with submit(), which moves large args "
+                             "to the data plane")  # fmt: skip
+        requests.append(Request(req_id, raw, plan_id is None))
+    return requests
+
+
+async def await_accepted(
+    session: ClientSession,
+    requests: Sequence[Request],
+    accepted: AcceptedHook,
+    wake: Callable[[], None],
+) -> tuple[list[Plan], RequestError | None]:
+    """Send ``requests`` (``wake``: the writer) and wait for every reply.
+
+    ``accepted(reply, own)`` runs in the reader for each ``accepted`` and makes its plan. Returns
+    the accepted plans, in the order of ``requests``, and the first refusal (None: none).
+    """
+    loop = asyncio.get_running_loop()
+    hooks = {own: functools.partial(accepted, own=own) for own in (False, True)}  # not one per plan
+    futures: list[asyncio.Future[Any]] = []
+    for request in requests:
+        future: asyncio.Future[Any] = loop.create_future()
+        session.send_request(request.req_id, Submit, request.raw, Accepted, future, hooks[request.own])
+        futures.append(future)
+    plans: list[Plan] = []
+    refused: RequestError | None = None
+    try:
+        wake()
+        for future in futures:
+            try:
+                plans.append(await future)
+            except RequestError as exc:
+                refused = refused or exc
+    finally:
+        for request in requests:
+            session.forget_request(request.req_id)
+        for future in futures:  # after an early exit: no "exception was never retrieved"
+            if future.done():
+                if not future.cancelled():
+                    future.exception()
+            else:
+                future.cancel()
+    return plans, refused

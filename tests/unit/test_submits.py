@@ -1,0 +1,73 @@
+"""The SDK's submit path (fleetwire/submits.py), driven over a sans-I/O ClientSession: no socket, no Client."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from fleetwire import submits
+from fleetwire.errors import RequestError
+from fleetwire.plan import Plan
+from fleetwire.session import ClientSession
+from fleetwire.stream import PlanStream
+from protocol import errors as codes
+from protocol.codec import Codec
+from protocol.messages import Accepted, Error, FromClient, Requirements
+
+COORDINATOR = Codec("msgpack", FromClient, "client")  # decodes what the session sends
+
+
+def batch(session: ClientSession, items: list[Any], ids: list[str | None], limit: int = 1 << 20) -> list[Any]:
+    return submits.batch(session, "echo", items, ids, requirements=Requirements(tags=["cpu"]), priority=2,
+                         timeout_s=None, max_attempts=3, max_inline_bytes=limit)  # fmt: skip
+
+
+def test_a_batch_gives_every_submit_a_plan_id_and_says_which_the_sdk_made() -> None:
+    """Each item is one subscribed submit with the caller's id or a new one; ``own`` marks the new ones."""
+    session = ClientSession("msgpack")
+    requests = batch(session, [1, 2], ["mine", None])
+    msgs = [COORDINATOR.decode(bytes(r.raw))[0] for r in requests]
+    assert [(r.req_id, r.own) for r in requests] == [(1, False), (2, True)]
+    assert msgs[0].plan_id == "mine" and msgs[1].plan_id and msgs[1].plan_id != "mine"
+    assert all(m.subscribe and m.op == "echo" and m.requirements.tags == ["cpu"] for m in msgs)
+
+
+def test_an_oversize_item_refuses_the_whole_batch_before_anything_is_sent() -> None:
+    """An item encoded over max_inline_bytes raises ValueError naming it; the session has nothing to send."""
+    session = ClientSession("msgpack")
+    with pytest.raises(ValueError, match=r"args\[1\] is \d+ bytes encoded, over max_inline_bytes \(200\)"):
+        batch(session, [b"x", b"y" * 300], [None, None], limit=200)
+    assert session.next_frame() is None
+
+
+def test_reserved_input_and_output_names_are_refused() -> None:
+    """``__args__`` as an input or ``__result__`` as an output name is a ValueError; other names pass."""
+    with pytest.raises(ValueError, match=r"\['__args__', '__result__'\] are reserved"):
+        submits.check_names(["__args__", "a"], ["__result__"])
+    submits.check_names(["a"], ["b"])
+
+
+async def test_every_reply_is_waited_for_and_the_first_refusal_comes_back_with_the_accepted() -> None:
+    """Three submits: the accepted plans come back in order with the first refusal, and no request stays pending."""
+    session = ClientSession("msgpack")
+    requests = batch(session, [1, 2, 3], ["a", None, "c"])
+    made: list[tuple[str, bool]] = []
+
+    def accepted(reply: Accepted, *, own: bool) -> Plan:
+        made.append((reply.plan_id, own))
+        return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
+
+    woken = asyncio.Event()
+    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, accepted, woken.set))
+    await woken.wait()
+    refusal = Error(code=codes.INVALID_ARGUMENT, message="no", req_id=2)
+    for reply in (Accepted(req_id=3, plan_id="c", state="queued"), refusal,
+                  Accepted(req_id=1, plan_id="a", state="queued")):  # fmt: skip
+        session.receive(reply)
+    plans, refused = await waiting
+    assert [p.id for p in plans] == ["a", "c"]
+    assert made == [("c", False), ("a", False)]
+    assert isinstance(refused, RequestError) and refused.code == codes.INVALID_ARGUMENT
+    assert session.pending_requests == 0
