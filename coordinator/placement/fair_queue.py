@@ -36,10 +36,10 @@ import heapq
 from typing import Any
 
 from coordinator.placement.fairshare import NO_CAPACITY, Capacity, Demand, ShareBook
-from coordinator.placement.plan_queue import PlanQueue, Signature, _Group
+from coordinator.placement.plan_queue import PlanQueue, Signature
 from coordinator.teams import TeamBook
 
-__all__ = ["TIER_BORROW", "TIER_HELD", "TIER_WITHIN", "FairQueue"]
+__all__ = ["TIER_BORROW", "TIER_HELD", "TIER_WITHIN", "FairOrder", "FairQueue"]
 
 TIER_WITHIN = 0  # the team stays within its quotas with this plan
 TIER_BORROW = 1  # the plan would take its team past a quota: only capacity nobody else waits for
@@ -74,8 +74,12 @@ class _FairPart:
         self.members: dict[str, _TeamPart] = {}
 
 
-class FairQueue(PlanQueue):
-    """Queued plans in fair-share order (module docstring), grouped by signature.
+class FairOrder:
+    """The fair-share order of a :class:`~coordinator.placement.plan_queue.PlanQueue`'s groups (module docstring).
+
+    The plan queue keeps its groups and indexes and hands each group's plans to this order
+    (:meth:`push`, :meth:`discard`), which says who heads each group (:meth:`head`). It keeps
+    its own record of which plans are queued, with their owners.
 
     Args:
         teams: who is in which team, weights, quotas.
@@ -83,8 +87,8 @@ class FairQueue(PlanQueue):
     """
 
     def __init__(self, teams: TeamBook | None = None, capacity: Capacity = NO_CAPACITY) -> None:
-        super().__init__()
         self.shares = ShareBook(teams, capacity)
+        self._entries: dict[str, tuple[Signature, int]] = {}  # queued plan id -> (its group, its live token)
         self._parts: dict[Signature, _FairPart] = {}
         self._owners: dict[str, str] = {}  # queued plan id -> its principal
         self._team_groups: dict[str, set[Signature]] = {}  # team -> groups it waits in
@@ -92,14 +96,12 @@ class FairQueue(PlanQueue):
 
     # ------------------------------------------------------------------ queue
 
-    def push(self, plan_id: str, signature: Signature, priority: int, order: int, owner: str = "") -> bool:
-        """Queue a plan of ``owner`` (again); a plan already queued is moved. True if its group was empty."""
-        if plan_id in self._live:
+    def push(self, plan_id: str, signature: Signature, token: int, priority: int, order: int, owner: str) -> bool:
+        """A plan of ``owner`` joins the group (a plan already queued moves). True if the group had no plan."""
+        if plan_id in self._entries:
             self.discard(plan_id)
-        token = next(self._tokens)
-        self._live[plan_id] = (signature, token)
+        self._entries[plan_id] = (signature, token)
         self._owners[plan_id] = owner
-        new = self._group_for(signature, token)[1]
         part = self._parts.get(signature)
         if part is None:
             part = self._parts[signature] = _FairPart()
@@ -120,11 +122,11 @@ class FairQueue(PlanQueue):
         member.count += 1
         member.counts[owner] += 1
         heapq.heappush(member.plans[owner], (-priority, order, token, plan_id))
-        return new or empty
+        return empty
 
     def discard(self, plan_id: str) -> bool:
-        """Take a plan out of the queue (its entry is dropped when it surfaces). True if it was queued."""
-        entry = self._live.pop(plan_id, None)
+        """A plan left the queue (its heap entry is dropped when it surfaces). True if it was queued."""
+        entry = self._entries.pop(plan_id, None)
         if entry is None:
             return False
         owner = self._owners.pop(plan_id)
@@ -152,7 +154,7 @@ class FairQueue(PlanQueue):
         """The principal of a queued plan."""
         return self._owners.get(plan_id)
 
-    def _head(self, signature: Signature, group: _Group) -> tuple[Any, ...] | None:
+    def head(self, signature: Signature) -> tuple[Any, ...] | None:
         """The group's fair head: ``(tier, team key, principal key, -priority, order, token, plan id)``.
 
         A group of one team (a team part of one principal) needs no heap to say who is first.
@@ -161,21 +163,21 @@ class FairQueue(PlanQueue):
         if part is None or not part.members:
             return None
         shares = self.shares
-        teams = shares._teams.accounts
+        teams = shares.team_accounts
         members = part.members
         if len(members) == 1:
             team, member = next(iter(members.items()))
             tier, team_key = self._tier(team, signature), teams[team].key
         else:
             tier, team_key, team, member = self._first_team(part, signature)
-        principals = shares._principals.accounts
+        principals = shares.principal_accounts
         if len(member.counts) == 1:
             owner = next(iter(member.counts))
             key = principals[owner].key
         else:
             key, owner = self._first_principal(member)
         plans = member.plans[owner]
-        live = self._live
+        live = self._entries
         while plans:
             entry = plans[0]
             if live.get(entry[3]) == (signature, entry[2]):
@@ -185,7 +187,7 @@ class FairQueue(PlanQueue):
 
     def _first_team(self, part: _FairPart, signature: Signature) -> tuple[int, tuple[float, ...], str, _TeamPart]:
         """The top of a group's team heap, stale entries replaced on the way."""
-        teams = self.shares._teams.accounts
+        teams = self.shares.team_accounts
         heap = part.teams
         while heap:
             tier, team_key, version, team = heap[0]
@@ -200,7 +202,7 @@ class FairQueue(PlanQueue):
 
     def _first_principal(self, member: _TeamPart) -> tuple[tuple[float, ...], str]:
         """The top of a team part's principal heap, stale entries replaced on the way."""
-        principals = self.shares._principals.accounts
+        principals = self.shares.principal_accounts
         heap = member.principals
         while heap:
             key, version, owner = heap[0]
@@ -213,21 +215,23 @@ class FairQueue(PlanQueue):
                 self._push_principal(member, owner)
         raise AssertionError("a team part has principals and no principal entry")
 
-    def _holds(self, signature: Signature, group: _Group) -> bool:
+    def holds(self, signature: Signature) -> bool:
+        """Whether the group has a queued plan (members are counted: no heap to look at)."""
         part = self._parts.get(signature)
-        return part is not None and bool(part.members)  # members are counted: no heap to look at
+        return part is not None and bool(part.members)
 
-    def _offered(self, head: tuple[Any, ...]) -> bool:
+    @staticmethod
+    def offered(head: tuple[Any, ...]) -> bool:
+        """Whether a group's head may be placed: not of a team past a quota that may not borrow."""
         return bool(head[0] != TIER_HELD)
 
-    def _drop(self, signature: Signature) -> bool:
+    def drop(self, signature: Signature) -> None:
+        """The plan queue dropped the (empty) group."""
         self._parts.pop(signature, None)
-        return super()._drop(signature)
 
-    def has_ahead(self, signature: Signature, priority: int, order: int, owner: str = "") -> bool:
+    def has_ahead(self, signature: Signature, priority: int, order: int, owner: str) -> bool:
         """Whether the group holds a plan that comes before a newcomer of ``owner``, ``priority`` and ``order``."""
-        group = self._groups.get(signature)
-        head = None if group is None else self._head(signature, group)
+        head = self.head(signature)
         if head is None:
             return False
         shares = self.shares
@@ -241,7 +245,7 @@ class FairQueue(PlanQueue):
         part = self._parts.get(signature)
         if part is None:
             return []
-        live = self._live
+        live = self._entries
         shares = self.shares
         ranked: list[tuple[Any, ...]] = []
         for team, member in part.members.items():
@@ -254,25 +258,17 @@ class FairQueue(PlanQueue):
         ranked.sort()
         return [entry[3] for _, _, entry in ranked]
 
-    def forgive(self, worker_id: str) -> list[str]:
-        """Move the plans that avoid ``worker_id`` to the groups without that avoidance (order kept)."""
-        moved: list[str] = []
-        for signature in [s for s in sorted(self._avoiding, key=lambda s: self._avoiding[s].born)
-                          if worker_id in s.avoid]:
-            part = self._parts.get(signature)
-            if part is None:
-                continue
-            kept = signature.avoiding(w for w in signature.avoid if w != worker_id)
-            entries = sorted(
-                (entry, owner) for member in part.members.values() for owner, plans in member.plans.items()
-                for entry in plans if self._live.get(entry[3]) == (signature, entry[2])
-            )
-            for (neg_priority, order, _, plan_id), owner in entries:
-                self.push(plan_id, kept, -neg_priority, order, owner)
-                moved.append(plan_id)
-            if signature in self._groups:
-                self._dropped(signature, self._groups[signature])
-        return moved
+    def entries(self, signature: Signature) -> list[tuple[str, int, int, str]]:
+        """The group's queued plans as (id, priority, order, owner), by priority then age (a forgiven group's move)."""
+        part = self._parts.get(signature)
+        if part is None:
+            return []
+        live = self._entries
+        found = sorted(
+            (entry, owner) for member in part.members.values() for owner, plans in member.plans.items()
+            for entry in plans if live.get(entry[3]) == (signature, entry[2])
+        )
+        return [(plan_id, -neg_priority, order, owner) for (neg_priority, order, _, plan_id), owner in found]
 
     def waiting_of(self, team: str) -> int:
         """Plans of a team waiting now (for its ``max_queued``)."""
@@ -283,7 +279,7 @@ class FairQueue(PlanQueue):
     def started(self, owner: str, demand: Demand, now: float) -> None:
         """A plan of ``owner`` was leased at ``now`` (taken out of the queue first): its team's and its keys grow.
 
-        Nothing is pushed: the old, smaller entries surface first and are replaced then (:meth:`_head`).
+        Nothing is pushed: the old, smaller entries surface first and are replaced then (:meth:`head`).
         """
         self.shares.started(owner, demand, now)
 
@@ -311,26 +307,22 @@ class FairQueue(PlanQueue):
                 carry their usage with them).
             now: when.
         """
-        queued: dict[str, int] = {}
-        for owner in self._owners.values():
-            queued[owner] = queued.get(owner, 0) + 1
-        moved = {p: (running.get(p, []), queued.get(p, 0)) for p in set(running) | set(queued)}
-        entries: list[tuple[str, Signature, int, int, str]] = []
+        moved = {p: (demands, 0) for p, demands in running.items()}  # queued plans are taken out and put back
+        entries: list[tuple[str, Signature, int, int, int, str]] = []
         for signature, part in self._parts.items():
             for member in part.members.values():
                 for owner, plans in member.plans.items():
-                    live = [e for e in plans if self._live.get(e[3]) == (signature, e[2])]
-                    entries.extend((e[3], signature, -e[0], e[1], owner) for e in live)
+                    live = [e for e in plans if self._entries.get(e[3]) == (signature, e[2])]
+                    entries.extend((e[3], signature, e[2], -e[0], e[1], owner) for e in live)
+        # Taken out under the old book (discard reads it), put back under the new one.
+        for plan_id, *_ in entries:
+            self.discard(plan_id)
         self.shares.set_teams(teams, moved, now)
-        # Plans keep their signature, priority and age; their team parts are built anew.
         self._parts.clear()
         self._team_groups.clear()
         self._principal_groups.clear()
-        for plan_id, *_ in entries:
-            self._live.pop(plan_id)
-            self.shares.queued(self._owners.pop(plan_id), -1)
-        for plan_id, signature, priority, order, owner in entries:
-            self.push(plan_id, signature, priority, order, owner)
+        for plan_id, signature, token, priority, order, owner in entries:
+            self.push(plan_id, signature, token, priority, order, owner)
 
     def _tier(self, team: str, signature: Signature) -> int:
         shares = self.shares
@@ -392,7 +384,7 @@ class FairQueue(PlanQueue):
         """A lease of the owner ended: push its team's and its own new keys where they wait.
 
         Keys grow when a lease starts or an account comes back (the lift): the old entries,
-        smaller, surface before they would be due and are replaced by :meth:`_head`, so a start
+        smaller, surface before they would be due and are replaced by :meth:`head`, so a start
         pushes nothing. An end moves them either way (mostly down: the rate falls), so its new
         keys are pushed into the O(groups) heaps where the team and the principal wait.
         """
@@ -438,3 +430,50 @@ def _unindex(index: dict[str, set[Signature]], name: str, signature: Signature) 
         if not groups:
             del index[name]
 
+
+
+class FairQueue(PlanQueue):
+    """A :class:`~coordinator.placement.plan_queue.PlanQueue` in fair-share order: its :class:`FairOrder`,
+    with the order's usage calls at hand.
+
+    Args:
+        teams: who is in which team, weights, quotas.
+        capacity: the fleet's totals now.
+    """
+
+    def __init__(self, teams: TeamBook | None = None, capacity: Capacity = NO_CAPACITY) -> None:
+        self.fair = FairOrder(teams, capacity)
+        super().__init__(self.fair)
+
+    @property
+    def shares(self) -> ShareBook:
+        """Usage, service and keys per team and principal."""
+        return self.fair.shares
+
+    def owner_of(self, plan_id: str) -> str | None:
+        """The principal of a queued plan."""
+        return self.fair.owner_of(plan_id)
+
+    def waiting_of(self, team: str) -> int:
+        """Plans of a team waiting now (for its ``max_queued``)."""
+        return self.fair.waiting_of(team)
+
+    def started(self, owner: str, demand: Demand, now: float) -> None:
+        """A plan of ``owner`` was leased at ``now`` (taken out of the queue first)."""
+        self.fair.started(owner, demand, now)
+
+    def ended(self, owner: str, demand: Demand, now: float) -> None:
+        """A leased plan of ``owner`` let go of its lease at ``now``."""
+        self.fair.ended(owner, demand, now)
+
+    def advance(self, now: float) -> None:
+        """The driver's tick: keys are read at ``now``."""
+        self.fair.advance(now)
+
+    def set_capacity(self, capacity: Capacity, now: float) -> None:
+        """The fleet's totals changed at ``now``."""
+        self.fair.set_capacity(capacity, now)
+
+    def set_teams(self, teams: TeamBook, running: dict[str, list[Demand]], now: float) -> None:
+        """A new team book (the token file was reloaded at ``now``); ``running``: each principal's leased demands."""
+        self.fair.set_teams(teams, running, now)

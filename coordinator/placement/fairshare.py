@@ -228,6 +228,8 @@ class ShareBook:
         self._fleet = _Fleet(capacity, horizon_s)
         self._teams = _Level(self._fleet)
         self._principals = _Level(self._fleet)
+        self.team_accounts = self._teams.accounts  # team -> its account (read at every decision)
+        self.principal_accounts = self._principals.accounts  # principal -> its account
 
     @property
     def capacity(self) -> Capacity:

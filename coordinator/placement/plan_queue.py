@@ -40,14 +40,47 @@ import heapq
 import itertools
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from coordinator.devices import GpuNeed, largest_free, matching
 from coordinator.shards import POOL_TAG, pool_of
 from coordinator.workers import WorkerRecord
 from protocol.messages import Accelerator, Requirements
 
-__all__ = ["PlanQueue", "Signature", "explain_wait"]
+__all__ = ["GroupOrder", "PlanQueue", "Signature", "explain_wait"]
+
+
+class GroupOrder(Protocol):
+    """An order of each group's plans other than (priority, age): fair share's
+    (coordinator/placement/fair_queue.py ``FairOrder``). It holds the groups' plans; the queue keeps
+    the groups, their indexes and which plans are queued, and asks it who heads each group."""
+
+    def push(self, plan_id: str, signature: Signature, token: int, priority: int, order: int, owner: str) -> bool:
+        """A plan joins a group; True if the group had no plan."""
+
+    def discard(self, plan_id: str) -> bool:
+        """A plan left the queue."""
+
+    def head(self, signature: Signature) -> tuple[Any, ...] | None:
+        """The group's first plan as a tuple that orders heads across groups, the plan id last."""
+
+    def holds(self, signature: Signature) -> bool:
+        """Whether the group has a plan."""
+
+    def offered(self, head: tuple[Any, ...]) -> bool:
+        """Whether a head may be placed now."""
+
+    def drop(self, signature: Signature) -> None:
+        """The queue dropped the group."""
+
+    def has_ahead(self, signature: Signature, priority: int, order: int, owner: str) -> bool:
+        """Whether the group holds a plan before a newcomer of ``owner``, ``priority`` and ``order``."""
+
+    def entries(self, signature: Signature) -> list[tuple[str, int, int, str]]:
+        """The group's plans as (id, priority, order, owner), by priority then age."""
+
+    def plans_in(self, signature: Signature) -> list[str]:
+        """The group's plans in this order."""
 
 
 class Signature(NamedTuple):
@@ -266,9 +299,15 @@ def _born(pair: tuple[Signature, _Group]) -> int:
 
 
 class PlanQueue:
-    """Queued plans, grouped by signature, each group in (priority, age) order."""
+    """Queued plans, grouped by signature, each group in (priority, age) order, or in ``order``'s.
 
-    def __init__(self) -> None:
+    Args:
+        order: the fair-share order of each group (coordinator/placement/fair_queue.py), which then
+            holds the groups' plans; None: priority, then age.
+    """
+
+    def __init__(self, order: GroupOrder | None = None) -> None:
+        self.order = order
         self._groups: dict[Signature, _Group] = {}
         self._live: dict[str, tuple[Signature, int]] = {}  # plan_id -> (its group, live token)
         self._tokens = itertools.count(1)
@@ -284,8 +323,8 @@ class PlanQueue:
     def __len__(self) -> int:
         return len(self._live)
 
-    def push(self, plan_id: str, signature: Signature, priority: int, order: int) -> bool:
-        """Queue a plan (again). A plan already queued is moved to the new position.
+    def push(self, plan_id: str, signature: Signature, priority: int, order: int, owner: str = "") -> bool:
+        """Queue a plan of ``owner`` (again). A plan already queued is moved to the new position.
 
         Returns:
             True if the plan is its group's only one (the group is new, or was empty).
@@ -293,6 +332,9 @@ class PlanQueue:
         token = next(self._tokens)
         self._live[plan_id] = (signature, token)
         group, new = self._group_for(signature, token)
+        fair = self.order
+        if fair is not None:
+            return fair.push(plan_id, signature, token, priority, order, owner) or new
         heapq.heappush(group.heap, (-priority, order, token, plan_id))
         return new
 
@@ -315,7 +357,11 @@ class PlanQueue:
         Returns:
             True if it was queued.
         """
-        return self._live.pop(plan_id, None) is not None
+        if self._live.pop(plan_id, None) is None:
+            return False
+        if self.order is not None:
+            self.order.discard(plan_id)
+        return True
 
     def signature_of(self, plan_id: str) -> Signature | None:
         """The group of a queued plan, None if it is not queued."""
@@ -325,6 +371,8 @@ class PlanQueue:
     def _head(self, signature: Signature, group: _Group) -> tuple[Any, ...] | None:
         """The live head of a group, popping dead entries off the top: a tuple that orders heads
         across groups (smaller first), the plan id last; None when the group has no live plan."""
+        if self.order is not None:
+            return self.order.head(signature)
         heap = group.heap
         while heap:
             entry = heap[0]
@@ -413,6 +461,8 @@ class PlanQueue:
 
     def _holds(self, signature: Signature, group: _Group) -> bool:
         """Whether the group has a live plan (its dead entries on top are dropped on the way)."""
+        if self.order is not None:
+            return self.order.holds(signature)
         return self._head(signature, group) is not None
 
     def _drop(self, signature: Signature) -> bool:
@@ -429,6 +479,8 @@ class PlanQueue:
             del self._by_tag[key]
         self._unexplained.pop(signature, None)
         self._avoiding.pop(signature, None)
+        if self.order is not None:
+            self.order.drop(signature)
         return False
 
     def best_for(
@@ -458,11 +510,13 @@ class PlanQueue:
         return None if best is None else best[-1]
 
     def _offered(self, head: tuple[Any, ...]) -> bool:
-        """Whether a group's head may be placed now (the fair queue holds back a team past a hard quota)."""
-        return True
+        """Whether a group's head may be placed now (the fair order holds back a team past a hard quota)."""
+        return self.order is None or self.order.offered(head)
 
-    def has_ahead(self, signature: Signature, priority: int, order: int) -> bool:
-        """Whether the group holds a plan that comes before one of ``priority`` and ``order``."""
+    def has_ahead(self, signature: Signature, priority: int, order: int, owner: str = "") -> bool:
+        """Whether the group holds a plan that comes before one of ``owner``, ``priority`` and ``order``."""
+        if self.order is not None:
+            return signature in self._groups and self.order.has_ahead(signature, priority, order, owner)
         group = self._groups.get(signature)
         head = None if group is None else self._head(signature, group)
         return head is not None and (head[0], head[1]) < (-priority, order)
@@ -485,6 +539,11 @@ class PlanQueue:
             if worker_id not in signature.avoid or self._dropped(signature, group):
                 continue
             kept = signature.avoiding(w for w in signature.avoid if w != worker_id)
+            if self.order is not None:
+                for plan_id, priority, order, owner in self.order.entries(signature):
+                    self.push(plan_id, kept, priority, order, owner)
+                    moved.append(plan_id)
+                continue
             for neg_priority, order, token, plan_id in sorted(group.heap):
                 if self._live.get(plan_id) == (signature, token):
                     self.push(plan_id, kept, -neg_priority, order)
@@ -492,7 +551,9 @@ class PlanQueue:
         return moved
 
     def plans_in(self, signature: Signature) -> list[str]:
-        """The queued plans of one signature, in queue order."""
+        """The queued plans of one signature, in queue order (the fair order's: as its keys stand now)."""
+        if self.order is not None:
+            return self.order.plans_in(signature)
         group = self._groups.get(signature)
         if group is None:
             return []
