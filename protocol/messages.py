@@ -435,6 +435,7 @@ class Submit(_Msg, tag="submit"):
     # (a store loss), with the same id and spec (docs/SEMANTICS.md §Recovery from clients and workers).
     recovered: bool = False
     resources: Resources | None = None  # devices the plan holds while it runs (None: none)
+    preemptible: bool = False  # it may be stopped and requeued for another team's plan (issue #27; not yet acted on)
 
 
 class Subscribe(_Msg, tag="subscribe"):
@@ -685,6 +686,55 @@ class Ok(_Msg, tag="ok"):
     req_id: int
 
 
+# --------------------------------------------------------------------------- shared fleets (issue #27)
+# Defined, not yet in a direction's union: the core and the worker do not send or answer them in this
+# version (docs/PROTOCOL.md §Shared fleets); issue #27's phase 2 adds them with their dispatch.
+
+
+class Preempt(_Msg, tag="preempt"):
+    """Coordinator -> worker: stop this attempt so another plan can run. The handler is told (Python:
+    ``ctx.preempted``; child processes: SIGTERM) and has ``grace_s`` to checkpoint and end, then it is
+    stopped; the attempt ends with its ``done`` as usual and the plan is requeued without charging an attempt."""
+
+    plan_id: str
+    attempt: int
+    grace_s: float = 30.0
+    reason: str = ""  # who waits and why it may go first, for the plan's ``preempted`` event
+
+
+class UsageTotals(msgspec.Struct, omit_defaults=True):
+    """One principal's or team's usage in a ``usage`` answer (coordinator/ledger.py)."""
+
+    name: str
+    team: str = ""  # by principal: the team it was in ("" by team)
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    slot_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    tokens: int = 0
+    joules: float = 0.0
+    co2e_g: float = 0.0
+    preemptions: int = 0
+
+
+class GetUsage(_Msg, tag="get_usage"):
+    """Client -> coordinator: usage totals by principal or team (an admin: everyone's; a client: its own)."""
+
+    req_id: ReqId
+    by: Literal["principal", "team"] = "principal"
+    since: float = 0.0  # Unix seconds: only usage from the hour that holds it on (0: all time)
+
+
+class Usage(_Msg, tag="usage"):
+    """Coordinator -> client: the answer to ``get_usage``."""
+
+    req_id: int
+    by: Literal["principal", "team"] = "principal"
+    since: float = 0.0
+    rows: list[UsageTotals] = []
+
+
 # --------------------------------------------------------------------------- unions
 
 FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye, DataChunk, DataCredit, DataEnd]
@@ -706,6 +756,7 @@ AnyMessage = Union[
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
     DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
+    Preempt, GetUsage, Usage,
 ]
 
 ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
@@ -713,6 +764,7 @@ ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
     DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
+    Preempt, GetUsage, Usage,
 )
 
 
