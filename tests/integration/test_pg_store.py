@@ -15,15 +15,8 @@ from coordinator.io.cluster.leases import ACQUIRE, ShardFenced
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.pg_commit import PipelinedCommitter
-from coordinator.io.stores.postgres import (
-    INDEXES,
-    SCHEMA_VERSION,
-    SERVER_SETTINGS,
-    WRITER_SETTINGS,
-    PgStore,
-    commit_statement,
-    ensure_indexes,
-)
+from coordinator.io.stores.pg_schema import INDEXES, SCHEMA_VERSION, commit_statement
+from coordinator.io.stores.postgres import SERVER_SETTINGS, WRITER_SETTINGS, PgStore, ensure_indexes
 from coordinator.io.stores.store import StoreError, open_store
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus
 from coordinator.shards import ClusterConfig

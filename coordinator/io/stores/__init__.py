@@ -3,7 +3,7 @@
 * store: the ``Store`` interface, ``MemoryStore`` and ``open_store``; abilities: what a backend
   declares beyond load, write and close (``StoreAbilities``: nobody probes a store);
 * sqlite: the SQLite store (the default);
-* postgres: cluster mode's PostgreSQL store (docs/CLUSTER.md);
+* postgres: cluster mode's PostgreSQL store (docs/CLUSTER.md); pg_schema: its tables and statements;
 * schema, rows: the SQLite tables and migrations; rows read back with their checksums;
 * integrity: how damage is noticed and salvaged (``--accept-store-loss``);
 * commit, pg_commit, backlog: group commit off the event loop (SQLite) and on it (PostgreSQL),

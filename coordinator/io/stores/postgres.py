@@ -9,9 +9,9 @@ a synchronous standby, on the standby too). The server's committer is the store'
 event loop, pipelined, one group in flight at a time.
 
 Driver: asyncpg (binary protocol, prepared statements, array parameters). A group commit is ONE
-statement, so one round trip (:func:`commit_statement`): the fence and the group's deletes,
-inserts, updates and event upserts as parts of one ``WITH`` query, each row kind sent as
-``unnest()`` arrays, one array per column. Phase 1's BEGIN, fence, one statement per kind and
+statement, so one round trip (coordinator/io/stores/pg_schema.py ``commit_statement``): the fence
+and the group's deletes, inserts, updates and event upserts as parts of one ``WITH`` query, each
+row kind sent as ``unnest()`` arrays, one array per column. Phase 1's BEGIN, fence, one statement per kind and
 COMMIT took 4-5 round trips. Until :meth:`PgStore.open_async` (the committer's start) the
 writer connection has its own event loop, run by the thread that calls (the loader, tests,
 :meth:`PgStore.write` from a thread: :meth:`PgStore._run`); from then on the writer connection
@@ -20,41 +20,8 @@ way). A thread with a running loop goes through a helper thread instead. The lea
 lives on a private loop in its own thread (``fleetwire-pg``; :meth:`PgStore.execute`,
 :meth:`PgStore.call`), so a long commit never delays a renewal. Both loops are uvloop when it is installed.
 
-Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or migrated on open)::
-
-    fleetwire_meta(key PRIMARY KEY, value)    -- schema_version, cluster_name, shards, pool_partitions
-    shard_leases(shard PRIMARY KEY, owner, owner_url, epoch, expires_at, acquired_at)
-    fleetwire_plans(key PRIMARY KEY, shard, id, owner, ord, state, spec, status, events, nevents,
-                    spec_crc, status_crc, events_crc, name)       -- name: version 4
-    fleetwire_events(plan, seq, shard, body, crc, PRIMARY KEY (plan, seq))
-    fleetwire_coordinators(owner PRIMARY KEY, url, expires_at)   -- live coordinators (version 2)
-    fleetwire_shard_workers(shard PRIMARY KEY, owner, epoch, workers, written_at)  -- (version 3)
-    fleetwire_views(key PRIMARY KEY, wanted_until)     -- registries wanted by a view (version 3)
-    index fleetwire_plans_by_id ON fleetwire_plans (id)  -- the views' look-up by id (version 3)
-    index fleetwire_plans_by_shard ON fleetwire_plans (shard, key)  -- a shard's plans, newest (version 3)
-    index fleetwire_plans_by_name ON fleetwire_plans (owner, name) WHERE name IS NOT NULL  -- (version 4)
-
-``id`` is a plan's key in its shard's core, ``name`` the id its owner submitted when that is not the key
-(another principal's plan held it: coordinator/plans.py ``PlanNames``), NULL otherwise, as in every row
-written before version 4: a client's look-up by the id it knows is ``owner = $2 AND (name = $1 OR (id = $1
-AND name IS NULL))`` (coordinator/io/cluster/views.py), through the two indexes.
-
-A database of an older version is migrated at open, every step in the same transaction as the
-version bump (:data:`MIGRATIONS`); one of a newer version is refused, naming both versions. The
-one exception is the indexes of versions 3 and 4 on a migrated database: a plain ``CREATE INDEX``
-would hold every shard's commits for the whole build and ``CREATE INDEX CONCURRENTLY`` cannot
-run in a transaction, so a fresh database gets them with its tables (an empty table: instant) and
-a migrated one gets them from :func:`ensure_indexes` right after open, concurrently on a
-connection of its own (the cluster host's start; one left invalid by an interrupted build is
-dropped and built again). Until they are there, the views' reads are sequential scans, nothing worse.
-
-``key`` plays SQLite's rowid: an integer per plan, taken in blocks of 1024 from the sequence
-``fleetwire_plan_keys`` (unique across every coordinator of the cluster), the key of the events
-rows and the seed of their checksum. The blobs and checksums are the SQLite store's
-(coordinator/io/stores/rows.py). The cluster's name, shard count and pool partitions
-(``--pool-partitions``, :func:`partitions_text`) are kept in ``fleetwire_meta``: another name,
-another count, other partitions or a newer schema is refused at open. (A database of version 2
-or older kept no partitions: the first coordinator of version 3 to open it records its own.)
+The tables, their migrations and indexes, and the commit statement are in
+coordinator/io/stores/pg_schema.py.
 
 Fencing: every write's statement starts with :data:`~coordinator.io.cluster.leases.FENCE` over the
 shards it writes, with the epochs in :attr:`PgStore.fence` (set by the lease keeper), and each
@@ -71,16 +38,24 @@ import threading
 import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import msgspec
 import structlog
 
-from coordinator.io.cluster.leases import FENCE, ShardFenced
+from coordinator.io.cluster.leases import ShardFenced
 from coordinator.io.stores.abilities import StoreAbilities
 from coordinator.io.stores.integrity import StoreDamaged, StoreError, StoreUnreachable
 from coordinator.io.stores.pg_commit import PipelinedCommitter
+from coordinator.io.stores.pg_schema import (
+    INDEX_VALID,
+    INDEXES,
+    SELECT_EVENTS,
+    SELECT_PLANS,
+    commit_statement,
+    setup_schema,
+)
 from coordinator.io.stores.rows import (
     StoredEvent,
     decode_plans,
@@ -93,14 +68,13 @@ from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
 from coordinator.shards import ClusterConfig, shard_of
 from protocol.messages import TERMINAL_STATES
 
-__all__ = ["INDEXES", "MIGRATIONS", "SCHEMA_VERSION", "PgStore", "PgStoreDamaged", "describe_dsn", "ensure_indexes",
-           "partitions_text"]
+__all__ = ["CONNECT_TIMEOUT_S", "SERVER_SETTINGS", "WRITER_SETTINGS", "PgStore", "PgStoreDamaged", "describe_dsn",
+           "ensure_indexes"]
 
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 4
 crc = zlib.crc32
 
 _KEY_BLOCK = 1024
@@ -121,141 +95,6 @@ SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}  # PostgreSQL >= 12
 # key; the fence reads the lease rows through their primary key). A shard's load on the same
 # connection turns sequential scans back on for its own transaction (it reads whole shards).
 WRITER_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
-
-_CREATE_META = "CREATE TABLE IF NOT EXISTS fleetwire_meta (key text PRIMARY KEY, value text NOT NULL)"
-_CREATE_V1 = """
-CREATE TABLE shard_leases (
-    shard int PRIMARY KEY,
-    owner text NOT NULL DEFAULT '',
-    owner_url text NOT NULL DEFAULT '',
-    epoch bigint NOT NULL DEFAULT 0,
-    expires_at timestamptz NOT NULL DEFAULT '-infinity',
-    acquired_at timestamptz
-);
-CREATE TABLE fleetwire_plans (
-    key bigint PRIMARY KEY,
-    shard int NOT NULL,
-    id text NOT NULL,
-    owner text NOT NULL,
-    ord bigint NOT NULL,
-    state text NOT NULL,
-    spec bytea NOT NULL,
-    status bytea,
-    events bytea,
-    nevents int NOT NULL DEFAULT 0,
-    spec_crc bigint NOT NULL,
-    status_crc bigint,
-    events_crc bigint
-);
-CREATE TABLE fleetwire_events (
-    plan bigint NOT NULL,
-    seq int NOT NULL,
-    shard int NOT NULL,
-    body bytea NOT NULL,
-    crc bigint NOT NULL,
-    PRIMARY KEY (plan, seq)
-);
-CREATE SEQUENCE fleetwire_plan_keys START 1 INCREMENT 1024;
-"""
-# Version 2: the coordinators' heartbeat rows (coordinator/io/cluster/host.py: live coordinators and
-# the fair share of slots). Before, the cluster host created it outside the versioned schema; ``IF NOT
-# EXISTS`` keeps a version 1 database that already has it (same columns) as it is.
-_MIGRATE_V1 = """
-CREATE TABLE IF NOT EXISTS fleetwire_coordinators (
-    owner text PRIMARY KEY,
-    url text NOT NULL,
-    expires_at timestamptz NOT NULL
-);
-"""
-# Version 3: the cross-shard views' tables (coordinator/io/cluster/views.py: each shard's registry as
-# its owner wrote it, and whether a view wants them written). Before, the cluster host created them
-# outside the versioned schema; ``IF NOT EXISTS`` keeps a version 2 database's (same columns) as they are.
-_MIGRATE_V2 = """
-CREATE TABLE IF NOT EXISTS fleetwire_shard_workers (
-    shard int PRIMARY KEY,
-    owner text NOT NULL,
-    epoch bigint NOT NULL,
-    workers bytea NOT NULL,
-    written_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS fleetwire_views (key text PRIMARY KEY, wanted_until timestamptz NOT NULL);
-"""
-# Version 4: plan ids scoped per principal (issue #24 part 6): the id a plan's owner submitted, where it is not
-# the plan's key (its ``id``). NULL (the column's default) is "the same as id", so no row is rewritten.
-_MIGRATE_V3 = """
-ALTER TABLE fleetwire_plans ADD COLUMN IF NOT EXISTS name text;
-"""
-MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3}  # from version N to N + 1
-# Versions 3 and 4's indexes, name -> columns: the views' look-up of a plan by id (get_plan, cancel, subscribe
-# on a main port: an admin's by key, a client's by the id it submitted, whose rare name rows the partial index
-# holds) and a shard's plans by key (a subscribe to all plans on a main port: each shard's new plans; the load
-# of a shard taken over). Created with the tables of a fresh database; on a migrated one by ensure_indexes.
-INDEXES: Final = {
-    "fleetwire_plans_by_id": "fleetwire_plans (id)",
-    "fleetwire_plans_by_shard": "fleetwire_plans (shard, key)",
-    "fleetwire_plans_by_name": "fleetwire_plans (owner, name) WHERE name IS NOT NULL",
-}
-_CREATE_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {on};\n" for name, on in INDEXES.items())
-_INDEX_VALID = """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-WHERE c.relname = $1 AND c.relnamespace = to_regnamespace(current_schema())::oid"""
-
-_SELECT_PLANS = (  # decode_plans' columns (coordinator/io/stores/rows.py), then the shard
-    "SELECT key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc, shard "
-    "FROM fleetwire_plans WHERE shard = ANY($1::int[])"
-)
-_SELECT_EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE shard = ANY($1::int[]) ORDER BY plan, seq"
-# One group commit is ONE statement (one round trip, its own transaction), built from the parts
-# the group has (a statement per combination, prepared once per connection by asyncpg): the fence
-# locks the lease rows it checks (FOR SHARE: a takeover's UPDATE waits for this commit, or this
-# commit sees the new epoch and writes nothing), and every data-modifying part runs only when every
-# shard written is still held (``ok``, an InitPlan evaluated before them). The answer is the shards
-# the fence found held; fewer than asked means nothing was written.
-_PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types)
-    ("gone_plans", "DELETE FROM fleetwire_plans WHERE key = ANY({0}) AND (SELECT held FROM ok)", ("bigint[]",)),
-    ("gone_events", "DELETE FROM fleetwire_events WHERE plan = ANY({0}) AND (SELECT held FROM ok)", ()),
-    ("created", """INSERT INTO fleetwire_plans (key, shard, id, owner, ord, state, spec, status, events, nevents,
-                                 spec_crc, status_crc, events_crc, name)
-    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13})
-    WHERE (SELECT held FROM ok)""",
-     ("bigint[]", "int[]", "text[]", "text[]", "bigint[]", "text[]", "bytea[]", "bytea[]", "bytea[]", "int[]",
-      "bigint[]", "bigint[]", "bigint[]", "text[]")),
-    ("changed", """UPDATE fleetwire_plans AS p SET
-        state = coalesce(v.state, p.state),
-        status = coalesce(v.status, p.status),
-        events = CASE WHEN v.events IS NULL THEN p.events ELSE coalesce(p.events, ''::bytea) || v.events END,
-        nevents = p.nevents + v.nevents,
-        status_crc = coalesce(v.status_crc, p.status_crc),
-        events_crc = coalesce(v.events_crc, p.events_crc)
-    FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}) AS v(key, state, status, events, nevents, status_crc, events_crc)
-    WHERE p.key = v.key AND (SELECT held FROM ok)""",
-     ("bigint[]", "text[]", "bytea[]", "bytea[]", "int[]", "bigint[]", "bigint[]")),
-    ("runs", """INSERT INTO fleetwire_events (plan, seq, shard, body, crc)
-    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}) WHERE (SELECT held FROM ok)
-    ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
-     ("bigint[]", "int[]", "int[]", "bytea[]", "bigint[]")),
-)
-_COMMITS: dict[tuple[bool, bool, bool, bool], str] = {}
-
-
-def commit_statement(doomed: bool, created: bool, changed: bool, runs: bool) -> str:
-    """The one statement of a group commit with these parts ($1-$3: the fence's shards, epochs, owner)."""
-    key = (doomed, created, changed, runs)
-    sql = _COMMITS.get(key)
-    if sql is None:
-        wanted = (doomed, doomed, created, changed, runs)
-        parts = [f"fence AS ({FENCE})", "ok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)"]
-        n = 4
-        for (name, text, types), on in zip(_PARTS, wanted, strict=True):
-            if not on:
-                continue
-            if name == "gone_events":  # the same keys as gone_plans
-                parts.append(f"{name} AS ({text.format(f'${n - 1}::bigint[]')})")
-                continue
-            parts.append(f"{name} AS ({text.format(*(f'${n + i}::{t}' for i, t in enumerate(types)))})")
-            n += len(types)
-        sql = _COMMITS[key] = "WITH " + ",\n".join(parts) + "\nSELECT coalesce(array_agg(shard), '{}') FROM fence"
-    return sql
-
 
 _KEYS = "SELECT nextval('fleetwire_plan_keys') FROM generate_series(1, $1::int)"
 
@@ -281,11 +120,6 @@ class PgStoreDamaged(StoreDamaged):
         self.problem = problem
 
 
-def partitions_text(partitions: Iterable[tuple[str, int]]) -> str:
-    """``--pool-partitions`` as kept in ``fleetwire_meta``: ``gpu=4,llm=2`` by pool name ("" for none)."""
-    return ",".join(f"{pool}={k}" for pool, k in sorted(partitions))
-
-
 async def ensure_indexes(conn: Any) -> list[str]:
     """Build versions 3 and 4's :data:`INDEXES` concurrently where missing or invalid; the names of those built.
 
@@ -294,7 +128,7 @@ async def ensure_indexes(conn: Any) -> list[str]:
     """
     built = []
     for name, on in INDEXES.items():
-        valid = await conn.fetchval(_INDEX_VALID, name)
+        valid = await conn.fetchval(INDEX_VALID, name)
         if valid:
             continue
         if valid is not None:
@@ -460,70 +294,10 @@ class PgStore:
             raise StoreUnreachable(f"cannot connect to PostgreSQL at {self.where}: {_cause(exc)}") from None
 
     async def _setup(self) -> None:
-        """Create or migrate the schema; check the version, the cluster's name and its shard count."""
-        asyncpg = self._asyncpg
-        conn = self._writer
-        config = self.cluster
+        """Create or migrate the schema; check the version, the cluster's name and its shard count (pg_schema.py)."""
         try:
-            try:
-                await conn.execute(_CREATE_META)
-            except asyncpg.UniqueViolationError:  # two coordinators created it at once: it exists now
-                pass
-            async with conn.transaction():
-                # Coordinators starting together create or migrate one at a time (no advisory lock).
-                await conn.execute("LOCK TABLE fleetwire_meta IN SHARE ROW EXCLUSIVE MODE")
-                meta = {r["key"]: r["value"] for r in await conn.fetch("SELECT key, value FROM fleetwire_meta")}
-                version = int(meta.get("schema_version", "0"))
-                if version > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"the database at {self.description} has fleetwire schema version {version}; this "
-                        f"coordinator knows versions up to {SCHEMA_VERSION}: run a newer fleetwire"
-                    )
-                if version == 0:
-                    steps = "".join(MIGRATIONS[v] for v in range(1, SCHEMA_VERSION))
-                    await conn.execute(_CREATE_V1 + steps + _CREATE_INDEXES)
-                    await conn.executemany(
-                        "INSERT INTO fleetwire_meta (key, value) VALUES ($1, $2)",
-                        [("schema_version", str(SCHEMA_VERSION)), ("cluster_name", config.name),
-                         ("shards", str(config.shards)), ("pool_partitions", partitions_text(config.partitions))],
-                    )
-                    await conn.execute(
-                        "INSERT INTO shard_leases (shard) SELECT generate_series(0, $1::int - 1)", config.shards
-                    )
-                    log.info("cluster created in PostgreSQL", store=self.description, cluster=config.name,
-                             shards=config.shards, schema_version=SCHEMA_VERSION)  # fmt: skip
-                    return
-                for step in range(version, SCHEMA_VERSION):
-                    await conn.execute(MIGRATIONS[step])
-                if version != SCHEMA_VERSION:
-                    await conn.execute("UPDATE fleetwire_meta SET value = $1 WHERE key = 'schema_version'",
-                                       str(SCHEMA_VERSION))  # fmt: skip
-                name, shards = meta.get("cluster_name", ""), int(meta.get("shards", "0"))
-                if name != config.name:
-                    raise StoreError(
-                        f"the database at {self.description} belongs to cluster {name!r}, not {config.name!r} "
-                        "(--cluster-name): two clusters must not share one database; give this one its own "
-                        "database, or the same --cluster-name to join that cluster"
-                    )
-                if shards != config.shards:
-                    raise StoreError(
-                        f"cluster {name!r} at {self.description} has {shards} shard slots, not {config.shards} "
-                        "(--shards): the count is fixed when the cluster is created"
-                    )
-                ours = partitions_text(config.partitions)
-                if "pool_partitions" not in meta:  # not kept before version 3: the first to open it records its own
-                    await conn.execute("INSERT INTO fleetwire_meta (key, value) VALUES ('pool_partitions', $1)", ours)
-                elif meta["pool_partitions"] != ours:
-                    stored = meta["pool_partitions"]
-                    raise StoreError(
-                        f"cluster {name!r} at {self.description} splits pools as --pool-partitions "
-                        f"{stored or '(none)'}, not {ours or '(none)'}: every coordinator of a cluster must be given "
-                        "the same (a pool's plans and workers are routed by it)"
-                    )
-                if version != SCHEMA_VERSION:
-                    log.info("fleetwire schema migrated", store=self.description, from_version=version,
-                             to_version=SCHEMA_VERSION)  # fmt: skip
-        except asyncpg.PostgresError as exc:
+            await setup_schema(self._writer, self.cluster, self.description)
+        except self._asyncpg.PostgresError as exc:
             raise StoreError(f"cannot set up the fleetwire schema at {self.description}: {_cause(exc)}") from None
 
     # ------------------------------------------------------------------ the Store interface
@@ -553,8 +327,8 @@ class PgStore:
         conn = self._writer
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             await conn.execute("SET LOCAL enable_seqscan = on")  # whole shards: see WRITER_SETTINGS
-            plans = await conn.fetch(_SELECT_PLANS, shards)
-            events = await conn.fetch(_SELECT_EVENTS, shards)
+            plans = await conn.fetch(SELECT_PLANS, shards)
+            events = await conn.fetch(SELECT_EVENTS, shards)
         return plans, events
 
     def write(self, records: Sequence[Record]) -> None:

@@ -137,12 +137,9 @@ _first_two = operator.itemgetter(0, 1)
 _CHUNK = 128
 
 
-
-# One group's encoded rows (SQLiteStore._encode_rows) and what to keep once it commits: the plans rows
-# to insert, the updates (rowid, state, status, inline events, count, status_crc, events_crc), the
-# runs that go to the events table, each plan's inline events' checksum after the group, and the
-# plans that reached a terminal state (their running checksum is dropped). A plain tuple: a
-# NamedTuple's construction cost 0.3 us of a lone commit's ~8 us of Python (bench/store_writer.py --lone).
+# One group's rows (SQLiteStore._encode_rows): plans rows to insert, updates, runs for the events table; then each
+# plan's inline events' checksum after the group, and the plans that ended (their running checksum is dropped).
+# A plain tuple: a NamedTuple's construction cost 0.3 us of a lone commit's ~8 us of Python (store_writer.py --lone).
 _Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, int], list[str]]
 
 

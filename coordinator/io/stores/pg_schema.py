@@ -1,0 +1,267 @@
+"""The PostgreSQL store's schema and statements (coordinator/io/stores/postgres.py runs them).
+
+Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or migrated on open)::
+
+    fleetwire_meta(key PRIMARY KEY, value)    -- schema_version, cluster_name, shards, pool_partitions
+    shard_leases(shard PRIMARY KEY, owner, owner_url, epoch, expires_at, acquired_at)
+    fleetwire_plans(key PRIMARY KEY, shard, id, owner, ord, state, spec, status, events, nevents,
+                    spec_crc, status_crc, events_crc, name)       -- name: version 4
+    fleetwire_events(plan, seq, shard, body, crc, PRIMARY KEY (plan, seq))
+    fleetwire_coordinators(owner PRIMARY KEY, url, expires_at)   -- live coordinators (version 2)
+    fleetwire_shard_workers(shard PRIMARY KEY, owner, epoch, workers, written_at)  -- (version 3)
+    fleetwire_views(key PRIMARY KEY, wanted_until)     -- registries wanted by a view (version 3)
+    index fleetwire_plans_by_id ON fleetwire_plans (id)  -- the views' look-up by id (version 3)
+    index fleetwire_plans_by_shard ON fleetwire_plans (shard, key)  -- a shard's plans, newest (version 3)
+    index fleetwire_plans_by_name ON fleetwire_plans (owner, name) WHERE name IS NOT NULL  -- (version 4)
+
+``id`` is a plan's key in its shard's core, ``name`` the id its owner submitted when that is not the key
+(another principal's plan held it: coordinator/plans.py ``PlanNames``), NULL otherwise, as in every row
+written before version 4: a client's look-up by the id it knows is ``owner = $2 AND (name = $1 OR (id = $1
+AND name IS NULL))`` (coordinator/io/cluster/views.py), through the two indexes.
+
+A database of an older version is migrated at open, every step in the same transaction as the
+version bump (:data:`MIGRATIONS`); one of a newer version is refused, naming both versions. The
+one exception is the indexes of versions 3 and 4 on a migrated database: a plain ``CREATE INDEX``
+would hold every shard's commits for the whole build and ``CREATE INDEX CONCURRENTLY`` cannot
+run in a transaction, so a fresh database gets them with its tables (an empty table: instant) and
+a migrated one gets them from ``ensure_indexes`` (postgres.py) right after open, concurrently on a
+connection of its own (the cluster host's start; one left invalid by an interrupted build is
+dropped and built again). Until they are there, the views' reads are sequential scans, nothing worse.
+
+``key`` plays SQLite's rowid: an integer per plan, taken in blocks of 1024 from the sequence
+``fleetwire_plan_keys`` (unique across every coordinator of the cluster), the key of the events
+rows and the seed of their checksum. The blobs and checksums are the SQLite store's
+(coordinator/io/stores/rows.py). The cluster's name, shard count and pool partitions
+(``--pool-partitions``, :func:`partitions_text`) are kept in ``fleetwire_meta``: another name,
+another count, other partitions or a newer schema is refused at open. (A database of version 2
+or older kept no partitions: the first coordinator of version 3 to open it records its own.)
+
+A group commit is ONE statement (:func:`commit_statement`): the fence
+(:data:`~coordinator.io.cluster.leases.FENCE`) and the group's deletes, inserts, updates and event
+upserts as parts of one ``WITH`` query, each row kind sent as ``unnest()`` arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+import structlog
+
+from coordinator.io.cluster.leases import FENCE
+from coordinator.io.stores.integrity import StoreError
+from coordinator.shards import ClusterConfig
+
+__all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "SCHEMA_VERSION", "SELECT_EVENTS", "SELECT_PLANS",
+           "commit_statement", "partitions_text", "setup_schema"]
+
+log = structlog.get_logger("coordinator.io.stores.postgres")  # the store's own lines, as before this module
+
+SCHEMA_VERSION: Final = 4
+_CREATE_META = "CREATE TABLE IF NOT EXISTS fleetwire_meta (key text PRIMARY KEY, value text NOT NULL)"
+_CREATE_V1 = """
+CREATE TABLE shard_leases (
+    shard int PRIMARY KEY,
+    owner text NOT NULL DEFAULT '',
+    owner_url text NOT NULL DEFAULT '',
+    epoch bigint NOT NULL DEFAULT 0,
+    expires_at timestamptz NOT NULL DEFAULT '-infinity',
+    acquired_at timestamptz
+);
+CREATE TABLE fleetwire_plans (
+    key bigint PRIMARY KEY,
+    shard int NOT NULL,
+    id text NOT NULL,
+    owner text NOT NULL,
+    ord bigint NOT NULL,
+    state text NOT NULL,
+    spec bytea NOT NULL,
+    status bytea,
+    events bytea,
+    nevents int NOT NULL DEFAULT 0,
+    spec_crc bigint NOT NULL,
+    status_crc bigint,
+    events_crc bigint
+);
+CREATE TABLE fleetwire_events (
+    plan bigint NOT NULL,
+    seq int NOT NULL,
+    shard int NOT NULL,
+    body bytea NOT NULL,
+    crc bigint NOT NULL,
+    PRIMARY KEY (plan, seq)
+);
+CREATE SEQUENCE fleetwire_plan_keys START 1 INCREMENT 1024;
+"""
+# Version 2: the coordinators' heartbeat rows (coordinator/io/cluster/host.py: live coordinators and
+# the fair share of slots). Before, the cluster host created it outside the versioned schema; ``IF NOT
+# EXISTS`` keeps a version 1 database that already has it (same columns) as it is.
+_MIGRATE_V1 = """
+CREATE TABLE IF NOT EXISTS fleetwire_coordinators (
+    owner text PRIMARY KEY,
+    url text NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+"""
+# Version 3: the cross-shard views' tables (coordinator/io/cluster/views.py: each shard's registry as
+# its owner wrote it, and whether a view wants them written). Before, the cluster host created them
+# outside the versioned schema; ``IF NOT EXISTS`` keeps a version 2 database's (same columns) as they are.
+_MIGRATE_V2 = """
+CREATE TABLE IF NOT EXISTS fleetwire_shard_workers (
+    shard int PRIMARY KEY,
+    owner text NOT NULL,
+    epoch bigint NOT NULL,
+    workers bytea NOT NULL,
+    written_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS fleetwire_views (key text PRIMARY KEY, wanted_until timestamptz NOT NULL);
+"""
+# Version 4: plan ids scoped per principal (issue #24 part 6): the id a plan's owner submitted, where it is not
+# the plan's key (its ``id``). NULL (the column's default) is "the same as id", so no row is rewritten.
+_MIGRATE_V3 = """
+ALTER TABLE fleetwire_plans ADD COLUMN IF NOT EXISTS name text;
+"""
+MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3}  # from version N to N + 1
+# Versions 3 and 4's indexes, name -> columns: the views' look-up of a plan by id (get_plan, cancel, subscribe
+# on a main port: an admin's by key, a client's by the id it submitted, whose rare name rows the partial index
+# holds) and a shard's plans by key (a subscribe to all plans on a main port: each shard's new plans; the load
+# of a shard taken over). Created with the tables of a fresh database; on a migrated one by ensure_indexes.
+INDEXES: Final = {
+    "fleetwire_plans_by_id": "fleetwire_plans (id)",
+    "fleetwire_plans_by_shard": "fleetwire_plans (shard, key)",
+    "fleetwire_plans_by_name": "fleetwire_plans (owner, name) WHERE name IS NOT NULL",
+}
+_CREATE_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {on};\n" for name, on in INDEXES.items())
+INDEX_VALID = """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE c.relname = $1 AND c.relnamespace = to_regnamespace(current_schema())::oid"""
+
+SELECT_PLANS = (  # decode_plans' columns (coordinator/io/stores/rows.py), then the shard
+    "SELECT key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc, shard "
+    "FROM fleetwire_plans WHERE shard = ANY($1::int[])"
+)
+SELECT_EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE shard = ANY($1::int[]) ORDER BY plan, seq"
+# One group commit is ONE statement (one round trip, its own transaction), built from the parts
+# the group has (a statement per combination, prepared once per connection by asyncpg): the fence
+# locks the lease rows it checks (FOR SHARE: a takeover's UPDATE waits for this commit, or this
+# commit sees the new epoch and writes nothing), and every data-modifying part runs only when every
+# shard written is still held (``ok``, an InitPlan evaluated before them). The answer is the shards
+# the fence found held; fewer than asked means nothing was written.
+_PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types)
+    ("gone_plans", "DELETE FROM fleetwire_plans WHERE key = ANY({0}) AND (SELECT held FROM ok)", ("bigint[]",)),
+    ("gone_events", "DELETE FROM fleetwire_events WHERE plan = ANY({0}) AND (SELECT held FROM ok)", ()),
+    ("created", """INSERT INTO fleetwire_plans (key, shard, id, owner, ord, state, spec, status, events, nevents,
+                                 spec_crc, status_crc, events_crc, name)
+    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13})
+    WHERE (SELECT held FROM ok)""",
+     ("bigint[]", "int[]", "text[]", "text[]", "bigint[]", "text[]", "bytea[]", "bytea[]", "bytea[]", "int[]",
+      "bigint[]", "bigint[]", "bigint[]", "text[]")),
+    ("changed", """UPDATE fleetwire_plans AS p SET
+        state = coalesce(v.state, p.state),
+        status = coalesce(v.status, p.status),
+        events = CASE WHEN v.events IS NULL THEN p.events ELSE coalesce(p.events, ''::bytea) || v.events END,
+        nevents = p.nevents + v.nevents,
+        status_crc = coalesce(v.status_crc, p.status_crc),
+        events_crc = coalesce(v.events_crc, p.events_crc)
+    FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}) AS v(key, state, status, events, nevents, status_crc, events_crc)
+    WHERE p.key = v.key AND (SELECT held FROM ok)""",
+     ("bigint[]", "text[]", "bytea[]", "bytea[]", "int[]", "bigint[]", "bigint[]")),
+    ("runs", """INSERT INTO fleetwire_events (plan, seq, shard, body, crc)
+    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}) WHERE (SELECT held FROM ok)
+    ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
+     ("bigint[]", "int[]", "int[]", "bytea[]", "bigint[]")),
+)
+_COMMITS: dict[tuple[bool, bool, bool, bool], str] = {}
+
+
+def commit_statement(doomed: bool, created: bool, changed: bool, runs: bool) -> str:
+    """The one statement of a group commit with these parts ($1-$3: the fence's shards, epochs, owner)."""
+    key = (doomed, created, changed, runs)
+    sql = _COMMITS.get(key)
+    if sql is None:
+        wanted = (doomed, doomed, created, changed, runs)
+        parts = [f"fence AS ({FENCE})", "ok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)"]
+        n = 4
+        for (name, text, types), on in zip(_PARTS, wanted, strict=True):
+            if not on:
+                continue
+            if name == "gone_events":  # the same keys as gone_plans
+                parts.append(f"{name} AS ({text.format(f'${n - 1}::bigint[]')})")
+                continue
+            parts.append(f"{name} AS ({text.format(*(f'${n + i}::{t}' for i, t in enumerate(types)))})")
+            n += len(types)
+        sql = _COMMITS[key] = "WITH " + ",\n".join(parts) + "\nSELECT coalesce(array_agg(shard), '{}') FROM fence"
+    return sql
+
+
+def partitions_text(partitions: Iterable[tuple[str, int]]) -> str:
+    """``--pool-partitions`` as kept in ``fleetwire_meta``: ``gpu=4,llm=2`` by pool name ("" for none)."""
+    return ",".join(f"{pool}={k}" for pool, k in sorted(partitions))
+
+
+async def setup_schema(conn: Any, config: ClusterConfig, description: str) -> None:
+    """Create or migrate the schema on ``conn``; check the version, the cluster's name, shard count and partitions.
+
+    Raises:
+        StoreError: a newer schema, another cluster's database, another shard count or other partitions
+        (one line naming both values); asyncpg's ``PostgresError`` when a statement fails.
+    """
+    import asyncpg  # type: ignore[import-untyped]
+
+    try:
+        await conn.execute(_CREATE_META)
+    except asyncpg.UniqueViolationError:  # two coordinators created it at once: it exists now
+        pass
+    async with conn.transaction():
+        # Coordinators starting together create or migrate one at a time (no advisory lock).
+        await conn.execute("LOCK TABLE fleetwire_meta IN SHARE ROW EXCLUSIVE MODE")
+        meta = {r["key"]: r["value"] for r in await conn.fetch("SELECT key, value FROM fleetwire_meta")}
+        version = int(meta.get("schema_version", "0"))
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the database at {description} has fleetwire schema version {version}; this "
+                f"coordinator knows versions up to {SCHEMA_VERSION}: run a newer fleetwire"
+            )
+        if version == 0:
+            steps = "".join(MIGRATIONS[v] for v in range(1, SCHEMA_VERSION))
+            await conn.execute(_CREATE_V1 + steps + _CREATE_INDEXES)
+            await conn.executemany(
+                "INSERT INTO fleetwire_meta (key, value) VALUES ($1, $2)",
+                [("schema_version", str(SCHEMA_VERSION)), ("cluster_name", config.name),
+                 ("shards", str(config.shards)), ("pool_partitions", partitions_text(config.partitions))],
+            )
+            await conn.execute(
+                "INSERT INTO shard_leases (shard) SELECT generate_series(0, $1::int - 1)", config.shards
+            )
+            log.info("cluster created in PostgreSQL", store=description, cluster=config.name,
+                     shards=config.shards, schema_version=SCHEMA_VERSION)  # fmt: skip
+            return
+        for step in range(version, SCHEMA_VERSION):
+            await conn.execute(MIGRATIONS[step])
+        if version != SCHEMA_VERSION:
+            await conn.execute("UPDATE fleetwire_meta SET value = $1 WHERE key = 'schema_version'",
+                               str(SCHEMA_VERSION))  # fmt: skip
+        name, shards = meta.get("cluster_name", ""), int(meta.get("shards", "0"))
+        if name != config.name:
+            raise StoreError(
+                f"the database at {description} belongs to cluster {name!r}, not {config.name!r} "
+                "(--cluster-name): two clusters must not share one database; give this one its own "
+                "database, or the same --cluster-name to join that cluster"
+            )
+        if shards != config.shards:
+            raise StoreError(
+                f"cluster {name!r} at {description} has {shards} shard slots, not {config.shards} "
+                "(--shards): the count is fixed when the cluster is created"
+            )
+        ours = partitions_text(config.partitions)
+        if "pool_partitions" not in meta:  # not kept before version 3: the first to open it records its own
+            await conn.execute("INSERT INTO fleetwire_meta (key, value) VALUES ('pool_partitions', $1)", ours)
+        elif meta["pool_partitions"] != ours:
+            stored = meta["pool_partitions"]
+            raise StoreError(
+                f"cluster {name!r} at {description} splits pools as --pool-partitions "
+                f"{stored or '(none)'}, not {ours or '(none)'}: every coordinator of a cluster must be given "
+                "the same (a pool's plans and workers are routed by it)"
+            )
+        if version != SCHEMA_VERSION:
+            log.info("fleetwire schema migrated", store=description, from_version=version,
+                     to_version=SCHEMA_VERSION)  # fmt: skip
