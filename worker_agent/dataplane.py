@@ -19,6 +19,7 @@ Requests (``{plan}``, ``{name}`` percent-encoded; ``Authorization: Bearer <ticke
   part; 422 for a size or digest mismatch (the plan fails naming the input), 507 disk full.
 * ``HEAD``/``GET /v1/data/{plan}/{attempt}/inputs/{name}``: ``Upload-Offset`` and ``Upload-State``.
 * ``GET /v1/data/{plan}/{attempt}/outputs/{name}`` (``Range: bytes=N-`` or ``N-M``: 206) and ``HEAD``.
+  What each may do is protocol/transfer/upload.py's and verdicts.py's to say; this module reads and writes.
 
 Every request is checked against its ticket (protocol/tickets.py) from the head alone: 401 or
 403 is answered with ``Connection: close`` and the body is never read. So is a request for the

@@ -2,7 +2,10 @@
 
 The coordinator passes on a client's ``data_open``; this module checks its ticket as the HTTP
 data endpoint does (protocol/tickets.py: the same keys, the same 401/403 reasons, here as
-``data_end`` codes ``unauthorized``/``forbidden``) and then:
+``data_end`` codes ``unauthorized``/``forbidden``) and then drives the same rules as the HTTP
+endpoint, protocol/transfer/upload.py and download.py (offsets, busy inputs, credits, what a
+settled input answers, each verdict's ``data_end`` code from protocol/transfer/verdicts.py): this
+module only stores and reads the bytes and sends the messages.
 
 * ``put`` (an input): declares it in the spool (worker_agent/spool.py) and answers
   ``data_credit`` with the offset it holds, so a transfer resumes where the last one stopped
@@ -13,9 +16,10 @@ data endpoint does (protocol/tickets.py: the same keys, the same 401/403 reasons
   ``input_mismatch`` or ``worker_disk_full`` naming the input). Chunks of a file-backed input
   are written and hashed off the event loop (:class:`_Upload`): one task per upload takes the
   chunks queued since its last store, up to the next credit, and writes them in one thread
-  while another hashes them (both release the GIL), so a disk that blocks in writeback or a
-  digest pass never stalls the agent's reader. A credit is sent only once its bytes are
-  stored, so what is queued never exceeds the window the coordinator enforces.
+  while another hashes them (worker_agent/spool_files.py ``store_off_loop``; both release the
+  GIL), so a disk that blocks in writeback or a digest pass never stalls the agent's reader. A
+  credit is sent only once its bytes are stored, so what is queued never exceeds the window the
+  coordinator enforces.
 * ``get`` (an output): sends chunks of the spooled file while the client's credit allows,
   more as each ``data_credit`` comes, the last marked ``last``. It reads at most
   :data:`READ_AHEAD_BYTES` at a time, more each time the agent's writer has sent what was queued
