@@ -146,10 +146,11 @@ class MetricsListener:
 
     def respond(self, conn: _Scrape, head: bytes) -> None:
         """Answer ``conn``'s request ``head``: at once, or after the hold for a repeat past its burst."""
+        extra: dict[str, str] = {}
         try:
             request = http1.parse_request(head)
         except http1.HeadError as exc:
-            status, body, content_type, extra = 400, f"{exc}\n".encode(), _TEXT, {}
+            status, body, content_type = 400, f"{exc}\n".encode(), _TEXT
             path = ""
         else:
             path = request.path
