@@ -7,6 +7,7 @@ skipped without one), and raw HTTP and websocket clients on its main port over l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -117,6 +118,21 @@ async def test_a_view_session_closed_for_flooding_puts_it_in_the_penalty_box(clu
         assert ws.close_code == codes.CLOSE_RATE_LIMITED
     status, headers, body = await request(host.port, "/v1/client")
     assert status == 429 and int(headers["retry-after"]) >= 1 and "abuse" in body
+
+
+async def test_an_oversize_frame_on_the_main_port_closes_1009_and_boxes_the_peer(cluster_host: Host) -> None:
+    """A view session's frame over the client frame limit: closed 1009, its next upgrade 429; other tokens pass."""
+    host = await cluster_host(Limits(client_frame_bytes=64 << 10, penalty_hold_s=0.05))
+    async with connect(host.url + "/v1/client", subprotocols=JSON,
+                       additional_headers={"Authorization": f"Bearer {CLIENT}"}) as ws:  # fmt: skip
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send("x" * (1 << 20))
+            await asyncio.wait_for(ws.recv(), 10)
+        await asyncio.wait_for(ws.wait_closed(), 10)
+        assert ws.close_code == codes.CLOSE_TOO_BIG
+    status, headers, body = await request(host.port, "/v1/client", CLIENT)
+    assert status == 429 and int(headers["retry-after"]) >= 1 and "abuse" in body
+    assert (await request(host.port, "/v1/client", ADMIN))[0] == 101  # another principal from the same address
 
 
 async def test_idle_sockets_at_the_main_port_past_the_budget_evict_the_oldest(cluster_host: Host) -> None:

@@ -29,13 +29,16 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
   shard's store rings the doorbell after its group commits (:class:`ShardPgStore`) while a
   watcher waits on some coordinator (each round reads whether one does), and the
   host writes its shards' registries to ``fleetwire_shard_workers`` while a view wants them.
-* **The front door.** The main port admits as a single coordinator's port does, with the same
-  code (coordinator/io/frontdoor/gate.py ``Gatekeeper``, issue 24 part 6): the pending-handshake budget
-  and ``TCP_DEFER_ACCEPT`` from accept, and before any upgrade of ``/v1/worker`` or
-  ``/v1/client`` the Origin (and, under ``--insecure``, Host) checks, the connection limit and
-  shares, the bearer token (401/403: a worker is checked before it is moved) and the penalty
-  box (429 after a view session closed 1009 or 4429). Repeated 401s, and loops of ``/metrics``
-  or ``/v1/topology`` (a database read), are answered after ``--penalty-hold``.
+* **The front door.** The main port is a single coordinator's port with other routes: the same
+  front door (coordinator/io/frontdoor/door.py, gate.py; issue 24 part 6, issue #26) with the
+  main port's routes and per-session router (coordinator/io/cluster/mainport.py). The
+  pending-handshake budget and ``TCP_DEFER_ACCEPT`` from accept, and before any upgrade of
+  ``/v1/worker`` or ``/v1/client`` the Origin (and, under ``--insecure``, Host) checks, the
+  connection limit and shares, the bearer token (401/403: a worker is checked before it is
+  moved) and the penalty box (429 after a session closed 1009 or 4429); each session is read
+  within the read policy (coordinator/read_policy.py: the client message rate, 4429 past the
+  flood grace; the principal's work units). Repeated 401s, and loops of ``/metrics`` or
+  ``/v1/topology`` (a database read), are answered after ``--penalty-hold``.
 
 The lease row's ``owner_url`` is the shard server's URL: empty from the acquisition until the
 shard's server listens, so a ``moved`` never points at a port that is not serving yet.
@@ -54,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import secrets
@@ -63,38 +65,32 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import structlog
-from websockets.asyncio.server import Server, ServerConnection
-from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
+from websockets.asyncio.server import Server
 from websockets.typing import Subprotocol
 
 from coordinator.auth import TokenStore, inline_tokens
+from coordinator.io.cluster.doorbell import Doorbell, open_connection
 from coordinator.io.cluster.leases import RELEASE, ShardFenced
-from coordinator.io.cluster.metrics import CONTENT_TYPE, ClusterStats, build_registry, render
-from coordinator.io.cluster.sessions import Doorbell, ViewSessions, open_connection
+from coordinator.io.cluster.mainport import MAIN_CODECS, MainPort
+from coordinator.io.cluster.metrics import ClusterStats, build_registry
+from coordinator.io.cluster.sessions import ViewSessions
 from coordinator.io.cluster.views import (
     PUT_WORKERS,
     WANTED,
-    ViewError,
     encode_workers,
-    read_plans,
 )
-from coordinator.io.dashboard.assets import DASHBOARD_FILES
-from coordinator.io.frontdoor.door import ROLE_PATHS
-from coordinator.io.frontdoor.gate import Gatekeeper, bearer_token, subprotocol_refused
-from coordinator.io.frontdoor.routes import respond
+from coordinator.io.frontdoor.door import FrontDoor
+from coordinator.io.frontdoor.gate import Gatekeeper
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
-from coordinator.io.ops.metrics_http import metrics_token_refused
 from coordinator.io.stores.integrity import StoreError, StoreUnreachable
 from coordinator.io.stores.postgres import PgStore, describe_dsn, ensure_indexes
-from coordinator.shards import LeaseRow, PartialLeases, plan_round, pool_shard, submit_shard, worker_shard
-from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, SUBPROTOCOLS, Codec
-from protocol import errors as codes
-from protocol.messages import Event, FromClient, FromWorker, Hello, Moved, Submit
+from coordinator.read_policy import ReadPolicy
+from coordinator.shards import LeaseRow, PartialLeases, plan_round, submit_shard, worker_shard
+from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK
+from protocol.messages import Event, Hello, Moved, Submit
 
 __all__ = ["ClusterHost", "ShardPgStore"]
 
@@ -122,11 +118,6 @@ WHERE shard = ANY($3::int[]) AND (owner = $1 OR expires_at < now())
 RETURNING shard, epoch
 """
 _SET_URL = "UPDATE shard_leases SET owner_url = $1 WHERE shard = $2 AND owner = $3 AND epoch = $4"
-_TOPOLOGY = """
-SELECT shard, owner, owner_url, epoch, expires_at > now() AS live,
-       extract(epoch FROM expires_at - now())::float8 AS expires_in_s
-FROM shard_leases ORDER BY shard
-"""
 
 
 class ShardPgStore(PgStore):
@@ -212,18 +203,17 @@ class ClusterHost:
         # The main port's /v1/plans (cross-shard views, coordinator/io/cluster/views.py): admin tokens only.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
         self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
-        # The main port's front door is a single coordinator's (coordinator/io/frontdoor/gate.py): the pending-handshake
-        # budget, TCP_DEFER_ACCEPT, the Origin and Host checks, the token before the upgrade on /v1/worker and
-        # /v1/client, the connection limits and shares, the penalty box, repeated 401s and scrapes held.
+        # The main port's front door is a single coordinator's (module docstring, "The front door").
         self._gate = Gatekeeper(self.tokens, settings.limits, max_frame_bytes=settings.max_frame_bytes)
-        self._held: dict[str, int] = {}  # open main-port sessions per principal (connection shares)
-        self._open = 0  # open main-port sessions (the connection limit)
+        policy = ReadPolicy(settings.limits)  # the view sessions' work-unit buckets are its too
+        self.door = FrontDoor(MainPort(self, self._gate), self._gate, policy, MAIN_CODECS,
+                              ping_workers=settings.ping_workers)  # fmt: skip
         # Client sessions on the main port that name no pool see every shard (coordinator/io/cluster/sessions.py).
         config = self.config
         # Rings only while a watcher waits somewhere in the cluster (each round reads whether one does).
         self.doorbell = Doorbell(settings.store, open_connection, gated=True, warm_s=1.5 * config.lease_renew_s)
         self.views = ViewSessions(settings.store, where=self.where, version=version, doorbell=self.doorbell,
-                                  renew_s=config.lease_renew_s, limits=settings.limits, shards=config.shards,
+                                  renew_s=config.lease_renew_s, read_policy=policy, shards=config.shards,
                                   submit_shard=lambda msg: submit_shard(msg, config.shards, config.partitions))
         self._workers_at = 0.0  # when the shards' registries were last written (fleetwire_shard_workers)
         self._moving: set[int] = set()  # held slots being stopped (given back or lost)
@@ -233,10 +223,8 @@ class ClusterHost:
         self._server: Server | None = None
         self._stopping = False
         self._lock = asyncio.Lock()  # one operation at a time on the control connection
-        self._codecs = {(role, enc): Codec(enc, FromWorker if role == "worker" else FromClient, role)
-                        for role in ("worker", "client") for enc in ("msgpack", "json")}  # fmt: skip
 
-    async def _db(self, make: Callable[[Any], Any]) -> Any:
+    async def db(self, make: Callable[[Any], Any]) -> Any:
         """``make(connection)`` on the control connection, one statement group at a time.
 
         Raises:
@@ -252,6 +240,11 @@ class ClusterHost:
         host = self.settings.host
         return f"ws://{f'[{host}]' if ':' in host else host}:{self.port}"
 
+    @property
+    def serving(self) -> bool:
+        """It serves at least one shard (``/readyz`` 200)."""
+        return bool(self.servers)
+
     # ------------------------------------------------------------------ life cycle
 
     async def start(self) -> None:
@@ -262,8 +255,8 @@ class ClusterHost:
             self._spawn(self._index_ids())
         self._gate.fit_fd_limit(self.settings.limits.max_connections)  # soft RLIMIT_NOFILE up to the hard one
         self._server = await self._gate.serve(
-            self._handle, self.settings.host, self.settings.port, process_request=self._process_request,
-            select_subprotocol=_select_subprotocol,
+            self.door.serve, self.settings.host, self.settings.port, process_request=self.door.process_request,
+            select_subprotocol=self.door.select_subprotocol,
             subprotocols=[Subprotocol(SUBPROTOCOL_MSGPACK), Subprotocol(SUBPROTOCOL_JSON)],
         )  # fmt: skip
         sockets = list(self._server.sockets)
@@ -337,7 +330,7 @@ class ClusterHost:
         for shard in sorted(self.servers):
             await self._stop_shard(shard, release=True, why="shutting down")
         with contextlib.suppress(Exception):
-            await self._db(lambda conn: conn.execute(_GONE, self.owner))
+            await self.db(lambda conn: conn.execute(_GONE, self.owner))
         await self.views.close()
         await self.doorbell.close()
         if self.control is not None:
@@ -404,13 +397,13 @@ class ClusterHost:
             await conn.execute(_BEAT, owner, url, ttl)
             return await conn.fetch(_SCAN), await conn.fetch(_PEERS), await conn.fetchval(WANTED, "doorbell")
 
-        rows, peers, self.doorbell.wanted = await self._db(scan)
+        rows, peers, self.doorbell.wanted = await self.db(scan)
         self.rows = [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
         self.peers = {r[0] for r in peers}
         decided = plan_round(owner, self.leases.held, self.rows, self.peers, max_moves=2)
         wanted = sorted(set(self.leases.held) | set(decided.acquire))
         sent_at = time.monotonic()
-        got = await self._db(lambda conn: conn.fetch(_ACQUIRE, owner, ttl, wanted)) if wanted else []
+        got = await self.db(lambda conn: conn.fetch(_ACQUIRE, owner, ttl, wanted)) if wanted else []
         won, lost = self.leases.result([(r[0], r[1]) for r in got], sent_at, time.monotonic())
         self.stats.won(self.leases.held[shard] for shard in won)
         self._lose(lost, "lost the lease to another coordinator (or it expired)")
@@ -433,7 +426,7 @@ class ClusterHost:
             return
         served = [(shard, server) for shard, server in sorted(self.servers.items())
                   if shard not in self._moving and shard in self.leases.held]  # fmt: skip
-        if not served or not await self._db(lambda conn: conn.fetchval(WANTED, "workers")):
+        if not served or not await self.db(lambda conn: conn.fetchval(WANTED, "workers")):
             return
         self._workers_at = now
         blobs = []
@@ -443,7 +436,7 @@ class ClusterHost:
         shards = [shard for shard, _ in served]
         epochs = [self.leases.held[shard] for shard in shards]
         owners = [self.owner] * len(shards)
-        await self._db(lambda conn: conn.execute(PUT_WORKERS, shards, owners, epochs, blobs))
+        await self.db(lambda conn: conn.execute(PUT_WORKERS, shards, owners, epochs, blobs))
 
     def _lose(self, shards: list[int], why: str) -> None:
         for shard in shards:
@@ -483,7 +476,7 @@ class ClusterHost:
             self._ports.pop(shard, None)
             self.leases.released([shard])
             with contextlib.suppress(Exception):
-                await self._db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
+                await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
             return
         self._starting.discard(shard)
         self._stores[shard] = store
@@ -492,7 +485,7 @@ class ClusterHost:
             await self._stop_shard(shard, release=False, why="lost while loading")
             return
         self.servers[shard] = server
-        await self._db(lambda conn: conn.execute(_SET_URL, server.url, shard, self.owner, epoch))
+        await self.db(lambda conn: conn.execute(_SET_URL, server.url, shard, self.owner, epoch))
         assert server.fatal is not None
         server.fatal.add_done_callback(lambda f: self._shard_failed(shard, f.result()))
         load_s = time.monotonic() - started
@@ -522,7 +515,7 @@ class ClusterHost:
             if server is not None:
                 await server.stop()
             if release:
-                await self._db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
+                await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
         except Exception as exc:
             log.warning("shard not released cleanly; it expires after the TTL", shard=shard, error=str(exc))
         finally:
@@ -573,177 +566,12 @@ class ClusterHost:
             return None
         return None if target == shard else self.where(target)
 
-    def _process_request(self, conn: ServerConnection, request: Request) -> Any:
-        """The main port's answer before any upgrade: its own HTTP paths, else the gate's (frontdoor/gate.py).
-
-        ``/v1/worker`` and ``/v1/client`` pass the same gate as a single coordinator's port: a bad
-        or missing token is a 401 before the upgrade (a moved worker session too), and an abusive
-        close on a view session puts its principal in the penalty box (429 at its next upgrades).
-        """
-        gate = self._gate
-        path = urlsplit(request.path).path
-        if path == "/healthz":
-            return _text(200, "ok\n")
-        if path == "/metrics":  # this coordinator's cluster families (each shard's core has its own)
-            refused = metrics_token_refused(request.headers.get("Authorization"), self.settings.metrics_token)
-            if refused is not None:
-                return gate.answer(gate.unauthorized(conn, refused))
-            metrics = _text(200, render(self.metrics_registry).decode(), CONTENT_TYPE)
-            return gate.hold(metrics) if gate.scrape_held(conn) else metrics  # a scrape loop (issue 17 finding 9)
-        if path == "/readyz":
-            if self.servers:
-                return _text(200, "ready\n")
-            if self.control is None:
-                return _text(503, f"not ready: waiting for the database ({self.waiting_db})\n")
-            return _text(503, "not ready: owns no shard yet (the other coordinators own every slot)\n")
-        if path == "/v1/topology":  # a database read: a loop of them is held as a scrape loop
-            return self._held_after(gate.scrape_held(conn), self._topology())
-        if path == "/v1/plans":
-            return self._plans(conn, request)
-        role = ROLE_PATHS.get(path)
-        if role is not None:
-            refused = subprotocol_refused(request.headers, (SUBPROTOCOL_MSGPACK, SUBPROTOCOL_JSON))
-            if refused is not None:
-                return _text(400, refused + "\n")
-            if self.db_away:  # a database failover: come back shortly
-                return _text(503, f"the cluster's database {self.description} is away (a failover?); "
-                                  "retry after the Retry-After seconds\n")  # fmt: skip
-            # Origin (and Host under --insecure), connection limits and shares, token, penalty box.
-            return gate.upgrade(conn, request, path, role, self._open, lambda name: self._held.get(name, 0))
-        if path in DASHBOARD_FILES:  # its session is a view session of this port
-            return respond(request, ready=lambda: None, metrics=lambda: None)
-        return _text(404, f"unknown path {path}; a cluster coordinator's main port serves /v1/topology, "
-                          "/v1/plans, /healthz, /readyz, /metrics and redirects /v1/worker and /v1/client sessions "
-                          "to the shard's owner\n")  # fmt: skip
-
-    async def _held_after(self, hold: bool, answer: Any) -> Response:
-        """``answer`` (a coroutine), after ``--penalty-hold`` when ``hold``."""
-        if hold:
-            await asyncio.sleep(self._gate.hold_s)
-        response: Response = await answer
-        return response
-
-    async def _topology(self) -> Response:
-        try:
-            rows = await self._db(lambda conn: conn.fetch(_TOPOLOGY))
-        except Exception as exc:
-            return _text(503, f"cannot read the topology from {self.description}: {exc}\n")
-        body = {
-            "cluster": self.config.name, "shards": self.config.shards, "coordinator": self.owner, "url": self.url,
-            "coordinators": sorted(self.peers),
-            "topology": [{"shard": r["shard"], "owner": r["owner"] if r["live"] else "", "url": r["owner_url"],
-                          "epoch": r["epoch"], "live": r["live"], "expires_in_s": round(r["expires_in_s"], 3)}
-                         for r in rows],
-        }  # fmt: skip
-        return _text(200, json.dumps(body, indent=1) + "\n", "application/json")
-
-    def _plans(self, conn: ServerConnection, request: Request) -> Any:
-        """``GET /v1/plans``: plans of every shard, read from PostgreSQL (admin token; views.py)."""
-        if self.tokens is not None:
-            token = bearer_token(request.headers)
-            principal = self.tokens.authenticate(token) if token else None
-            if principal is None:
-                why = "/v1/plans needs an admin token (Authorization: Bearer TOKEN)"
-                return self._gate.answer(self._gate.unauthorized(conn, why))
-            if principal.role != "admin":
-                return _text(403, f"/v1/plans needs an admin token; this one is a {principal.role} token\n")
-        return self._read_plans(request)
-
-    async def _read_plans(self, request: Request) -> Response:
-        query = parse_qs(urlsplit(request.path).query)
-        try:
-            status, body = await self._db(lambda conn: read_plans(conn, query))
-        except ViewError as exc:
-            return _text(400, f"{exc}\n")
-        except Exception as exc:
-            return _text(503, f"cannot read the plans from {self.description}: {exc}\n")
-        return _text(status, body.decode(), "application/json")
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        """A session on the main port: a view session (coordinator/io/cluster/sessions.py), or one that names a
-        pool, ``moved`` to the owner of its pool's shard, then 4307 (1013: no owner yet)."""
-        assert ws.request is not None
-        parts = urlsplit(ws.request.path)
-        role = "worker" if parts.path == "/v1/worker" else "client"
-        query = parse_qs(parts.query)
-        pool = query.get("pool", [""])[0]
-        shard = pool_shard(pool, self.config.shards)
-        if "shard" in query:
-            with contextlib.suppress(ValueError):
-                shard = int(query["shard"][0]) % self.config.shards
-        codec = self._codecs[(role, SUBPROTOCOLS.get(ws.subprotocol or "", "msgpack"))]
-        principal = self._gate.principal(ws)
-        self._open += 1
-        self._held[principal.name] = self._held.get(principal.name, 0) + 1
-        try:
-            if role == "client" and _views_session(ws.request.path):
-                token = None if self.tokens is None else bearer_token(ws.request.headers)
-                await self.views.serve(ws, principal, codec, token)
-            else:
-                await self._move(ws, codec, shard)
-        finally:
-            self._open -= 1
-            left = self._held.pop(principal.name, 1) - 1
-            if left > 0:
-                self._held[principal.name] = left
-            sent = ws.protocol.close_sent
-            if sent is not None:  # closed for abuse (1009 oversize frame, 4429 flood): the penalty box
-                self._gate.offence(principal, ws, sent.code)
-
-    async def _move(self, ws: ServerConnection, codec: Codec, shard: int) -> None:
-        """A session that names a pool (every worker's): ``moved`` to its shard's owner, then 4307."""
-        config = self.config
-        try:
-            # Answered after its first message (a worker's hello, a client's first request), so the
-            # peer reads the ``moved`` before it writes into a closed connection. In a partitioned
-            # pool the hello's worker id, or the submit's session key, picks the partition.
-            first: Any = None
-            with contextlib.suppress(TimeoutError):
-                first = await asyncio.wait_for(ws.recv(), self.settings.limits.handshake_timeout_s)
-            msgs = codec.decode(first) if first is not None and config.partitions else []
-            if msgs and type(msgs[0]) is Hello:
-                shard = worker_shard(msgs[0].capabilities.tags, msgs[0].worker_id, config.shards, config.partitions)
-            elif msgs and type(msgs[0]) is Submit:
-                shard = submit_shard(msgs[0], config.shards, config.partitions)
-            moved = self.where(shard)
-            if not moved.url:
-                await ws.close(1013, f"shard {shard} has no owner yet; try again")
-                return
-            await ws.send(codec.encode([moved]), text=codec.text)
-            await ws.close(codes.CLOSE_MOVED, f"shard {shard} is served at {moved.url}")
-        except ConnectionClosed:
-            pass
-
-
-def _views_session(path: str) -> bool:
-    """Whether a ``/v1/client`` session names no pool or shard: a view session of the main port."""
-    query = parse_qs(urlsplit(path).query)
-    return "pool" not in query and "shard" not in query
-
-
 def _with_application_name(dsn: str, name: str) -> str:
     """``dsn`` with ``application_name=name`` (PostgreSQL keeps 63 bytes of it): ``fw/<shard>/<epoch>/<owner>``."""
     parts = urlsplit(dsn)
     query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("application_name="))
     query = "&".join(p for p in (query, "application_name=" + quote(name[:63], safe="")) if p)
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
-
-
-def _select_subprotocol(conn: ServerConnection, offered: Any) -> Subprotocol | None:
-    for name in (SUBPROTOCOL_MSGPACK, SUBPROTOCOL_JSON):
-        if name in offered:
-            return Subprotocol(name)
-    return None
-
-
-def _text(status: int, body: str, content_type: str = "text/plain; charset=utf-8") -> Response:
-    data = body.encode()
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(data)))])
-    if status == 503:
-        headers["Retry-After"] = "1"
-    reasons = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-               503: "Service Unavailable"}  # fmt: skip
-    return Response(status, reasons.get(status, ""), headers, data)
 
 
 def _bindable(host: str, port: int) -> bool:

@@ -56,12 +56,14 @@ its asyncio driver: :class:`ViewDriver` (a ``SessionHandler`` of coordinator/io/
 made by :meth:`ViewSessions.handler`) reads the rows each request needs, forwards or moves what
 only an owner can do, and runs the follower that sends the watched plans' events.
 
-**Limits** (coordinator/limits.py): a view session is charged as a core's client session is. Its
-connection has the client message rate (``client_rate``/``client_burst``: throttled, then closed
-4429 after ``flood_grace_s``), and its principal a work-unit bucket (``cost_rate``/``cost_burst``,
-shared by the principal's view sessions on this main port; a core's buckets are its own): one
-unit per message plus the rows a request scanned and built, as the core counts them, and the
-events a watcher sent. Over it, the session's frames stop being read until the bucket refills.
+**Limits** (coordinator/limits.py): a view session is read by the main port's front door as a core's
+client session is by its port's (coordinator/io/frontdoor/reader.py, coordinator/read_policy.py).
+Its connection has the client message rate (``client_rate``/``client_burst``: throttled, then
+closed 4429 after ``flood_grace_s``, which puts its peer in the penalty box), and its principal a
+work-unit bucket (``cost_rate``/``cost_burst``, shared by the principal's view sessions on this
+main port; a core's buckets are its own): one unit per message and per KiB of the frame, plus the
+rows a request scanned and built, as the core counts them, and the events a watcher sent. Over it,
+the session's frames stop being read until the bucket refills.
 The counts per state of a ``list_plans`` scan every plan row of the principal, so they are cached
 per principal for :data:`COUNTS_TTL_S` (charged only when that scan ran): a flood of listings
 costs one count per second or two, not one per request.
@@ -101,7 +103,8 @@ from coordinator.io.cluster.views import (
     want_workers,
 )
 from coordinator.io.stores.postgres import SERVER_SETTINGS
-from coordinator.limits import CostBuckets, Limits, TokenBucket
+from coordinator.limits import Limits, TokenBucket
+from coordinator.read_policy import ReadPolicy
 from coordinator.views import ALL_PER_RING, Found, ViewSession, Watched
 from protocol import SUBPROTOCOL_MSGPACK, Codec
 from protocol import errors as codes
@@ -137,7 +140,6 @@ log = structlog.get_logger(__name__)
 
 FORWARD_TIMEOUT_S: Final = 10.0  # a forwarded request's connect, and its reply, each within this
 COUNTS_TTL_S: Final = 2.0  # a list_plans' counts per state are reused this long (per principal)
-_MAX_PAUSE_S: Final = 5.0  # the longest one throttle pause (as a core's reader)
 
 
 class _Moved(Exception):
@@ -156,19 +158,18 @@ class ViewSessions:
         doorbell: the coordinator's doorbell.
         version: told in ``workers``.
         renew_s: ``--lease-renew``: how often owners write their registries while they are wanted.
-        limits: the coordinator's limits (the client message rate and the work-unit cost per principal).
+        read_policy: the main port's read limits (coordinator/read_policy.py): its front door reads view
+            sessions within them, and the principals' work-unit buckets are its.
     """
 
     def __init__(self, dsn: str, *, where: Callable[[int], Moved], submit_shard: Callable[[Submit], int],
                  doorbell: Doorbell, version: str = "", renew_s: float = 1.0,
-                 limits: Limits | None = None, shards: int = 1) -> None:  # fmt: skip
+                 read_policy: ReadPolicy | None = None, shards: int = 1) -> None:  # fmt: skip
         self._dsn = dsn
         self.shards = shards
         self.skipped_all = 0  # new plans a subscribe to all did not follow (over MAX_ALL at once)
-        self.limits = limits or Limits()
-        self.cost_throttles = 0  # frames after which a principal over its work-unit rate was throttled
+        self.read_policy = read_policy or ReadPolicy(Limits())
         self.rate_closes = 0  # view sessions closed 4429 (message rate)
-        self._costs = CostBuckets(self.limits)
         self._counts: dict[str | None, tuple[float, dict[str, int]]] = {}  # owner -> (read at, counts per state)
         self.renew_s = renew_s
         self.where = where
@@ -182,7 +183,12 @@ class ViewSessions:
 
     def cost_bucket(self, principal: str) -> TokenBucket | None:
         """The principal's work-unit bucket, shared by its view sessions; None when the cost limit is off."""
-        return self._costs.get(principal, time.monotonic())
+        return self.read_policy.costs.get(principal, time.monotonic())
+
+    @property
+    def cost_throttles(self) -> int:
+        """Frames after which a principal over its work-unit rate was throttled (the main port's read policy)."""
+        return self.read_policy.cost_throttles
 
     async def counts(self, conn: Any, owner: str | None) -> tuple[dict[str, int], int]:
         """``(plans per state of owner, rows scanned)``: cached :data:`COUNTS_TTL_S` (0 rows scanned when cached)."""
@@ -242,40 +248,6 @@ class ViewSessions:
         """
         return ViewDriver(self, ws, principal, codec, token, cost)
 
-    async def serve(self, ws: ServerConnection, principal: Principal, codec: Codec, token: str | None) -> None:
-        """One view session until it closes, read here within the client message rate and the principal's cost.
-
-        ``token``: the caller's bearer token, for the requests forwarded to an owner (None: ``--insecure``).
-        """
-        cost = self.cost_bucket(principal.name)
-        driver = self.handler(ws, principal, codec, token, cost)
-        bucket = self.limits.bucket("client", time.monotonic())
-        driver.opened(time.monotonic())
-        try:
-            async for frame in ws:
-                msgs = codec.decode(frame)
-                pause = 0.0 if bucket is None else bucket.take(len(msgs), time.monotonic())
-                if pause is None:  # over the message rate for longer than the grace: as a core's session
-                    self.rate_closes += 1
-                    log.warning("view session closed: message rate limit exceeded", principal=principal.name)
-                    await ws.close(codes.CLOSE_RATE_LIMITED, "message rate limit exceeded")
-                    return
-                spent = await driver.received(msgs, len(frame), time.monotonic())
-                if driver.moved:
-                    return  # moved to a shard's owner: the session is closed
-                if cost is not None:  # the principal's work units: one per message plus what the requests scanned
-                    owed = cost.take(len(msgs) + spent, time.monotonic())
-                    if owed:
-                        self.cost_throttles += 1
-                        pause = max(pause, min(owed, _MAX_PAUSE_S))
-                if pause:
-                    await asyncio.sleep(pause)  # throttle: stop reading until the buckets refill
-        except ConnectionClosed:
-            pass
-        finally:
-            await driver.stop()
-            driver.closed(time.monotonic(), None)
-
 
 class ViewDriver:
     """The asyncio side of one view session: reads the rows a :class:`~coordinator.views.ViewSession` decides on.
@@ -328,6 +300,8 @@ class ViewDriver:
         return view.take_work()
 
     def closed(self, now: float, code: int | None) -> None:
+        if code == codes.CLOSE_RATE_LIMITED:  # the front door closed it: over the message rate past the grace
+            self.views.rate_closes += 1
         self.views._open.discard(self)
         self.views.doorbell.forget(self.wake)
         if not self._stopped:
