@@ -49,7 +49,6 @@ import asyncio
 import contextlib
 import dataclasses
 import random
-import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar, Unpack, assert_never, overload
@@ -68,10 +67,10 @@ from protocol.urls import keepalive, with_worker_id
 from wireio.wsbulk import BulkClientConnection, send_frame
 from worker_agent import handshake
 from worker_agent.attempts import Attempts
-from worker_agent.dataplane import DataServer, server_tls, stale_input_seconds
+from worker_agent.data_side import DataSide, WatchedOutbound
+from worker_agent.dataplane import DataServer
 from worker_agent.devices import DeviceAllocator
 from worker_agent.handlers import Handler, builtin_handlers
-from worker_agent.http_conn import raise_fd_limit
 from worker_agent.outbox import SendQueue, encode_frames
 from worker_agent.probe import check_declared_gpus, probe_capabilities
 from worker_agent.relay import RelayEndpoint
@@ -85,7 +84,6 @@ from worker_agent.session import (
     worker_url,
 )
 from worker_agent.settings import AgentOptions, AgentSettings
-from worker_agent.spool import Spool
 from worker_agent.telemetry import Telemetry
 
 __all__ = ["REJECTED", "Agent", "AgentSettings", "AuthError", "WorkerRemoved", "default_worker_id", "worker_url"]
@@ -153,7 +151,7 @@ class Agent:
         self._send_queue = SendQueue(settings.outbox_limit, self._log)
         self._outbox = self._send_queue.outbox
         # Which attempts the data endpoint takes bytes for (worker_agent/attempts.py): fed by what the
-        # coordinator says (_dispatch) and what the runner answers (_Watched).
+        # coordinator says (_dispatch) and what the runner answers (worker_agent/data_side.py WatchedOutbound).
         self.attempts = Attempts()
         self.runner = PlanRunner(
             worker_id=self.worker_id,
@@ -163,11 +161,12 @@ class Agent:
             handlers=builtin_handlers(allow_shell=settings.allow_shell, python_allow=settings.python_allow),
             isolation=settings.plan_isolation(),  # plans' environment and user (worker_agent/isolation.py)
             telemetry=self.telemetry,
-            outbound=_Watched(self._send_queue, self.attempts),
+            outbound=WatchedOutbound(self._send_queue, self.attempts),
             logger=self._log,
         )
         self.data_server: DataServer | None = None  # started by run() with settings.data_listen
         self.relay: RelayEndpoint | None = None  # relayed inputs and outputs (worker_agent/relay.py), from run()
+        self._data_side = DataSide(settings, self.worker_id, self.attempts, self._send_queue.send, self._log)
         if settings.gpus:  # refused here, at start, when NVML sees devices that say otherwise
             check_declared_gpus(settings.gpus)
         self._advertised = settings.advertised_capabilities()  # set by flags, overriding the probe
@@ -221,7 +220,7 @@ class Agent:
         backoff = ReconnectBackoff(self.settings.reconnect_base_s, self.settings.reconnect_cap_s,
                                    urls=len(self.urls), rng=self._rng)  # fmt: skip
         await self.telemetry.start()
-        sweeper = await self._start_data_plane()
+        await self._start_data_plane()
         try:
             while not self._stopping:
                 registered = False
@@ -260,55 +259,15 @@ class Agent:
             self.registered.clear()
             await self.runner.silence_all("worker stopping")
             await self.telemetry.stop()
-            await self._stop_data_plane(sweeper)
+            self.data_server = self.relay = None
+            await self._data_side.stop()
 
-    async def _start_data_plane(self) -> asyncio.Task[None] | None:
-        """Start the spool, the relay's side (always: a worker without an endpoint gets its bytes relayed),
-        the data endpoint (``settings.data_listen``) and the spool sweeper."""
-        settings = self.settings
-        root = settings.spool_dir or tempfile.mkdtemp(prefix=f"fleetwire-spool-{self.worker_id}-")
-        spool = Spool(
-            root, memory_bytes=settings.spool_memory_bytes, capacity_bytes=settings.spool_capacity_bytes,
-            output_retention_s=settings.output_retention_s,
-        )
-        self.attempts.on_end = spool.drop_unclaimed  # an attempt that ended before it ran: its inputs go now
-        self.relay = RelayEndpoint(spool, worker_id=self.worker_id, send=self._send_queue.send)
-        if settings.data_listen is not None:
-            before, now = raise_fd_limit()  # idle sockets at the data endpoint must not starve the session's fds
-            if now != before:
-                self._log.info("raised the open-file limit", soft_before=before, soft=now)
-            host, _, port = settings.data_listen.rpartition(":")
-            tls = None
-            if settings.data_tls_cert and settings.data_tls_key:
-                tls = server_tls(settings.data_tls_cert, settings.data_tls_key)
-            server = DataServer(
-                spool, worker_id=self.worker_id, host=host.strip("[]"), port=int(port),
-                advertise=settings.data_advertise, tls=tls, stall_timeout_s=settings.upload_stall_timeout_s,
-                attempts=self.attempts,
-            )
-            await server.start()
-            self.data_server = server
-        self.runner.spool = spool
-        self.runner.input_timeout_s = settings.input_timeout_s
-
-        async def sweep() -> None:
-            while True:
-                await asyncio.sleep(min(10.0, settings.output_retention_s / 4))
-                self.attempts.expire()  # held before an assign that never came: their inputs go
-                spool.sweep(stale_input_seconds(settings.input_timeout_s), keep=self.attempts.keeps)
-
-        return asyncio.create_task(sweep())
-
-    async def _stop_data_plane(self, sweeper: asyncio.Task[None] | None) -> None:
-        if sweeper is not None:
-            sweeper.cancel()
-        server, self.data_server = self.data_server, None
-        if server is not None:
-            await server.close()
-        relay, self.relay = self.relay, None
-        if relay is not None:
-            relay.reset()
-            relay.spool.close()
+    async def _start_data_plane(self) -> None:
+        """Start the data side (worker_agent/data_side.py): the spool, the relay's end, the data endpoint
+        (``settings.data_listen``) and the spool's sweeper; the runner keeps plans' bytes in the spool."""
+        self.runner.spool = await self._data_side.start()
+        self.relay, self.data_server = self._data_side.relay, self._data_side.server
+        self.runner.input_timeout_s = self.settings.input_timeout_s
 
     def stop(self) -> None:
         """Stop gracefully (see the module docstring); a second call skips the drain wait.
@@ -618,25 +577,3 @@ class Agent:
                 self._log.warning("undecodable message from coordinator", code=msg.code, message=msg.message)
             case _:
                 assert_never(msg)
-
-
-class _Watched:
-    """The runner's outbound (the send queue), watched: a ``reject``, a ``done`` or a silenced plan ends its attempt
-    in :class:`~worker_agent.attempts.Attempts` (its data endpoint takes no more of its bytes)."""
-
-    def __init__(self, queue: SendQueue, attempts: Attempts) -> None:
-        self._queue = queue
-        self._attempts = attempts
-
-    def send(self, msg: Any) -> None:
-        if type(msg) is protocol.Done:
-            self._attempts.ended(msg.plan_id, msg.attempt, f"ended {msg.outcome}")
-        elif type(msg) is protocol.Reject:
-            why = "was revoked (to be placed again)" if msg.code == errors.REVOKED else f"was handed back: {msg.reason}"
-            self._attempts.ended(msg.plan_id, msg.attempt, why)
-        self._queue.send(msg)
-
-    def forget(self, plan_id: str, attempt: int | None = None) -> None:
-        self._attempts.ended(plan_id, attempt or 0, "is no longer run by this worker (taken back or handed back)")
-        self._queue.forget(plan_id, attempt)
-
