@@ -251,7 +251,8 @@ class TimeShifter:
         self.config = config or ShiftConfig()
         self.stats = ShiftStats()
         self._held: dict[str, _Held] = {}
-        self._by_zone: dict[str, set[str]] = {}  # zone -> held plan ids
+        self._held_at: dict[str, set[str]] = {}  # zone -> the plans held to run there
+        self._may_use: dict[str, set[str]] = {}  # zone -> the held plans that list it
         self._reserved: dict[str, _Reservation] = {}  # held and run plans alike
         self._ends: list[tuple[int, str]] = []  # (end quantum, plan id) of reservations, to forget them
         self._calendars: dict[str, _Calendar] = {}
@@ -316,7 +317,7 @@ class TimeShifter:
             self._forget_ended(quantum)
             replan = {pid for zone in self._dirty for pid in self._held_in(zone)}
             self._dirty.clear()
-            for zone, plan_ids in self._by_zone.items():
+            for zone, plan_ids in self._held_at.items():
                 if plan_ids and self.book.usable(zone, now)[0] is None:
                     replan |= plan_ids
             decisions += self._replan(replan, now)
@@ -388,7 +389,8 @@ class TimeShifter:
     # -------------------------------------------------------------------------------- internals
 
     def _held_in(self, zone: str) -> set[str]:
-        return self._by_zone.get(zone, set())
+        """The held plans that ``zone`` may run: a change there may move them."""
+        return self._may_use.get(zone, set())
 
     def _calendar(self, zone: str) -> _Calendar:
         calendar = self._calendars.get(zone)
@@ -406,7 +408,9 @@ class TimeShifter:
     def _unhold(self, plan_id: str) -> None:
         held = self._held.pop(plan_id, None)
         if held is not None:
-            self._by_zone[held.hold.zone].discard(plan_id)
+            self._held_at[held.hold.zone].discard(plan_id)
+            for zone in held.plan.zones:
+                self._may_use[zone].discard(plan_id)
 
     def _forget_ended(self, quantum: int) -> None:
         ends = self._ends
@@ -437,7 +441,9 @@ class TimeShifter:
         decision = self._choose(plan, now)
         if isinstance(decision, Hold):
             self._held[plan.plan_id] = _Held(plan, decision)
-            self._by_zone.setdefault(decision.zone, set()).add(plan.plan_id)
+            self._held_at.setdefault(decision.zone, set()).add(plan.plan_id)
+            for zone in plan.zones:
+                self._may_use.setdefault(zone, set()).add(plan.plan_id)
             self._reserve(plan.plan_id, decision.zone, decision.start_s, plan.expected_run_s)
             heapq.heappush(self._starts, (decision.start_s, plan.plan_id))
         else:

@@ -248,6 +248,16 @@ def test_several_zones_pick_the_greener_one_and_name_it() -> None:
     assert decision.reason() == "deferred for carbon until 01:00 in FR (60 g/kWh vs 90 now)"
 
 
+def test_a_new_forecast_in_another_of_its_zones_moves_a_held_plan_there() -> None:
+    """A plan held in DE that may also run in FR is re-planned when FR's forecast changes."""
+    shifter = shifter_with(hourly(300, 100, 300, zone="DE") + hourly(300, 300, 300, zone="FR"), T0)
+    held = only(shifter.submit(plan("p", T0 + 3 * H, zones=("DE", "FR")), T0))
+    assert isinstance(held, Hold) and held.zone == "DE"
+    moved = only(shifter.update_forecast(hourly(300, 300, 300, 300, zone="FR")[:1] + hourly(20, 300, zone="FR",
+                                                                                         start=T0 + H), T0 + 60))
+    assert isinstance(moved, Hold) and (moved.zone, moved.start_s) == ("FR", T0 + H)
+
+
 def test_a_green_hour_takes_only_as_many_plans_as_it_has_slots() -> None:
     """Capacity-aware: with 2 slots (hold share 1) five plans fill the green hour, then the next best, all in time."""
     shifter = shifter_with(hourly(300, 50, 100, 150, 300, 300), T0, ShiftConfig(queue_margin_s=0, hold_share=1.0))
