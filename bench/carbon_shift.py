@@ -7,7 +7,8 @@ Workload Shifting Can Reduce Carbon Emissions in the Cloud", Middleware '21, ENT
 with a job mix after that paper's two scenarios, and lets coordinator/carbon_time/planner.py
 decide when each job starts. Virtual time, no sockets: a year replays in seconds.
 
-**Job mix** (``--jobs``, default ``nightly:40,ml:3387``), times in the data file's clock:
+**Job mix** (``--jobs``, default ``nightly:40,ml:3387``), in the data file's clock (its times
+carry no zone and are read as UTC):
 
 * ``nightly:N``: every day N batch jobs are submitted at 01:00, each expected to run 30, 45, 60,
   75 or 90 min, with the results due at 09:00 (an 8-hour window; the paper's Scenario I runs
@@ -53,7 +54,8 @@ grow with lead time here; ``--horizon-h 48`` is closer to what providers publish
   01:00, moved to the greenest start within ±8 h with perfect knowledge;
 * ``avoided_g`` (the receipts' rule, coordinator/carbon_time/accounting.py, summed over held
   jobs) beside ``saved_g`` (baseline emissions minus shifted);
-* decision cost: ``decision_us_p50`` / ``p99`` per planner call.
+* cost: ``decision_us_p50`` / ``p99`` per submit's decision, ``forecast_update_ms_p50`` / ``p99``
+  per new forecast (every held plan re-planned).
 
 ``--scaling`` instead times one decision with 100, 1,000, 10,000 and 100,000 plans held.
 
