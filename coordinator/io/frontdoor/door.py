@@ -169,10 +169,10 @@ class FrontDoor:
         self.sessions[session.conn_id] = session
         self._held[principal.name] = self._held.get(principal.name, 0) + 1
         writer = session.writer = asyncio.create_task(session.write_loop())
-        handler = self._handlers[session.conn_id] = self.port.handler(session)
-        handler.opened(self.clock())
-        policy = self.policy.connection(role, principal.name, self.clock())
         try:
+            handler = self._handlers[session.conn_id] = self.port.handler(session)
+            handler.opened(self.clock())
+            policy = self.policy.connection(role, principal.name, self.clock())
             await read_frames(session, handler, policy, kill=self.kill, store=self.store, clock=self.clock)
         except ConnectionClosed:
             pass
