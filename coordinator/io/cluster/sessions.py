@@ -53,8 +53,9 @@ as an unused id (``ViewSession.not_found``). An admin's find plans by key and se
 **Decisions and driver.** What a view session answers is decided by coordinator/views.py's
 ``ViewSession``, sans-I/O (rows in, messages out; unit-tested without PostgreSQL). This module is
 its asyncio driver: :class:`ViewDriver` (a ``SessionHandler`` of coordinator/io/frontdoor/reader.py,
-made by :meth:`ViewSessions.handler`) reads the rows each request needs, forwards or moves what
-only an owner can do, and runs the follower that sends the watched plans' events.
+made by :meth:`ViewSessions.handler` for the main port's router, coordinator/io/cluster/mainport.py)
+reads the rows each request needs, forwards or moves what only an owner can do, and runs the
+follower that sends the watched plans' events.
 
 **Limits** (coordinator/limits.py): a view session is read by the main port's front door as a core's
 client session is by its port's (coordinator/io/frontdoor/reader.py, coordinator/read_policy.py).
@@ -89,7 +90,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.typing import Subprotocol
 
 from coordinator.auth import Principal
-from coordinator.io.cluster.doorbell import Doorbell, open_connection
+from coordinator.io.cluster.doorbell import Doorbell
 from coordinator.io.cluster.views import (
     count_matching,
     count_plans,
@@ -133,8 +134,7 @@ from protocol.messages import (
     WorkerInfo,
 )
 
-# Doorbell and open_connection: re-exported until coordinator/io/cluster/host.py imports them from doorbell.py.
-__all__ = ["COUNTS_TTL_S", "Doorbell", "ViewDriver", "ViewSessions", "open_connection"]
+__all__ = ["COUNTS_TTL_S", "ViewDriver", "ViewSessions"]
 
 log = structlog.get_logger(__name__)
 
