@@ -9,8 +9,9 @@ frontdoor/   where peers come in, one front door for every port (door: routes,
              driver (core_driver) and its port's wiring (server, settings), each
              websocket's writer (connection), admission before the upgrade (gate,
              admission) and the plain-HTTP routes (routes)
-stores/      where plans are kept: the Store interface with memory and SQLite (store),
-             PostgreSQL (postgres), tables (schema), rows read back (rows), damage
+stores/      where plans are kept: the Store interface with memory (store) and the
+             abilities a store declares (abilities), SQLite (sqlite, schema),
+             PostgreSQL (postgres, pg_schema), rows read back (rows), damage
              (integrity), group commit (commit, pg_commit, backlog), maintenance (admin)
 cluster/     cluster mode: a coordinator's shards (host) and its main port's routes and
              router (mainport), client sessions across shards (sessions) and their

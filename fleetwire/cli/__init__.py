@@ -1,7 +1,8 @@
 """The ``fleetwire`` command line: the one part of the repository that may import every other part.
 
-* main: the parser, the commands that start a coordinator, a worker or ``up``, the client
-  commands, and :func:`main` (the console script ``fleetwire.cli:main``, re-exported here);
+* main: the parser, the client commands, and :func:`main` (the console script
+  ``fleetwire.cli:main``, re-exported here); serve: the coordinator's flags and settings, and the
+  start of a coordinator or a worker; up: ``fleetwire up`` (a coordinator and local workers);
 * cluster, ops, progress, safety, security, shards, store: commands and flags by concern;
 * console: what the client commands print; logs: the logging set-up of every process;
 * reference: docs/OPERATIONS.md's configuration reference, generated from the parser.
