@@ -97,7 +97,6 @@ class ReadPolicy:
         self.limits = limits
         self.costs = CostBuckets(limits)
         self.cost_throttles = 0
-        self._frame_budget = limits.frame_cost_budget
 
     def connection(self, role: Role, principal: str, now: float) -> ConnectionPolicy:
         """The policy of a new ``role`` connection of ``principal``, opened at ``now``."""
@@ -106,7 +105,7 @@ class ReadPolicy:
 
     def over_frame_budget(self, units: int) -> bool:
         """Whether a frame's requests, having cost ``units`` so far, must let the loop run others first."""
-        return units > self._frame_budget
+        return units > self.limits.frame_cost_budget
 
 
 class ConnectionPolicy:
