@@ -8,7 +8,9 @@ Theory of operation (docs/OPERATIONS.md §Inference workers):
   (``model``, ``max_tokens``, ``temperature``, ``stop``, ...), which is passed through. The request
   always streams (``stream: true``, with ``stream_options.include_usage`` unless turned off).
 * Each server-sent event ``data: {chunk}`` with text becomes an **ephemeral** ``token`` event
-  ``{"text": ...}`` on the plan's stream; ``data: [DONE]`` ends it. The plan's result is
+  ``{"text": ...}`` on the plan's stream; the rest of a chat delta (``tool_calls``, ...) an
+  ephemeral ``delta`` event with those fields as sent, which the coordinator's OpenAI front door
+  passes on (docs/OPENAI.md); ``data: [DONE]`` ends it. The plan's result is
   ``{"text", "finish_reason", "model", "usage": {prompt_tokens, completion_tokens, total_tokens},
   "usage_estimated", "ttft_s", "duration_s"}``. Without a usage chunk the completion tokens are
   estimated as the number of text chunks (``usage_estimated: true``).
@@ -89,6 +91,8 @@ ENGINE_HISTOGRAMS: Final[Mapping[str, tuple[str, ...]]] = {
 _OWN_WINDOW: Final = 256  # generate durations kept for the latency fallback
 # Request fields the handler sets itself.
 _OWN_FIELDS: Final = frozenset({"stream", "stream_options"})
+# A chat delta's fields that the ``token`` event carries (the rest go in a ``delta`` event).
+_TEXT_FIELDS: Final = frozenset({"content", "role"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,6 +391,10 @@ class InferenceEngine:
                             parts.append(text)
                             chunks_with_text += 1
                             ctx.emit("token", {"text": text}, ephemeral=True)
+                        if isinstance(delta, dict) and not _TEXT_FIELDS.issuperset(delta):
+                            rest = {k: v for k, v in delta.items() if k not in _TEXT_FIELDS and v not in (None, [], "")}
+                            if rest:  # tool calls (docs/OPENAI.md): the front door passes them on
+                                ctx.emit("delta", rest, ephemeral=True)
                         finish_reason = choice.get("finish_reason") or finish_reason
         except httpx.HTTPError as exc:
             raise HandlerError(

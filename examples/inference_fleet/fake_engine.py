@@ -14,7 +14,9 @@ It is a real HTTP/1.1 server (standard library only) with the endpoints a fleetw
   ``vllm:request_prompt_tokens`` and ``vllm:e2e_request_latency_seconds`` of finished requests.
 
 The "model" answers with the words of the prompt, reversed, then ``[from <name>]``: deterministic,
-so tests can check every token. Replace it with a real engine, e.g.
+so tests can check every token. A chat request with ``tools`` is answered with a call of the first
+tool instead (``finish_reason: tool_calls``; streamed as OpenAI streams it, the arguments
+``{"words": <the prompt's word count>}`` in two parts). Replace it with a real engine, e.g.
 ``vllm serve Qwen/Qwen2.5-0.5B-Instruct --port 8000``, and nothing else changes.
 
 Usage: ``python fake_engine.py --port 8001 --name engine-a`` (prints ``fake engine listening on
@@ -162,6 +164,16 @@ def _histogram(name: str, help_text: str, label: str, values: list[float], bound
     return "\n".join(lines) + "\n"
 
 
+def _tool_call_of(body: dict[str, Any], prompt: str) -> dict[str, Any] | None:
+    """The call of the request's first tool, whole (``tools`` in a chat request), or None."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+        return None
+    name = str((tools[0].get("function") or {}).get("name", "tool"))
+    arguments = json.dumps({"words": len(prompt.split())})
+    return {"id": f"call_{name}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def _prompt_of(body: dict[str, Any], chat: bool) -> str:
     if chat:
         messages = body.get("messages") or []
@@ -217,6 +229,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         prompt = _prompt_of(body, chat)
         tokens, finish = self.fake.reply_tokens(prompt, body.get("max_tokens"))
+        call = _tool_call_of(body, prompt) if chat else None
+        if call is not None:
+            tokens, finish = [], "tool_calls"
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:12]}"
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(tokens),
                  "total_tokens": len(prompt.split()) + len(tokens)}
@@ -224,14 +239,18 @@ class _Handler(BaseHTTPRequestHandler):
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
             if chat:
                 choice["message"] = {"role": "assistant", "content": "".join(tokens)}
+                if call is not None:
+                    choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
             else:
                 choice["text"] = "".join(tokens)
             self._json(200, {"id": ident, "model": self.fake.model, "choices": [choice], "usage": usage})
             return
-        self._stream(chat, ident, tokens, finish, usage, bool((body.get("stream_options") or {}).get("include_usage")))
+        self._stream(chat, ident, tokens, finish, usage, bool((body.get("stream_options") or {}).get("include_usage")),
+                     call)
 
     def _stream(
-        self, chat: bool, ident: str, tokens: list[str], finish: str, usage: dict[str, int], include_usage: bool
+        self, chat: bool, ident: str, tokens: list[str], finish: str, usage: dict[str, int], include_usage: bool,
+        call: dict[str, Any] | None = None,
     ) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -251,6 +270,15 @@ class _Handler(BaseHTTPRequestHandler):
         if chat:
             events.append({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
         events += [{**base, "choices": [choice(token, None)]} for token in tokens]
+        if call is not None:  # OpenAI's way: the call's id and name first, then its arguments in parts
+            arguments = call["function"]["arguments"]
+            half = len(arguments) // 2
+            first = {"index": 0, "id": call["id"], "type": "function",
+                     "function": {"name": call["function"]["name"], "arguments": ""}}
+            parts = [first, *({"index": 0, "function": {"arguments": a}} for a in (arguments[:half], arguments[half:]))]
+            for part in parts:
+                delta = {"tool_calls": [part]}
+                events.append({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
         events.append({**base, "choices": [choice(None, finish)]})
         if include_usage:
             events.append({**base, "choices": [], "usage": usage})

@@ -65,6 +65,21 @@ async def test_chat_streams_tokens_as_ephemeral_events_and_returns_text_and_usag
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True} and body["model"] == "m1"
 
 
+async def test_tool_call_deltas_become_ephemeral_delta_events(engine: InferenceEngine, server: Any) -> None:
+    """A chat delta's tool calls are emitted as ephemeral ``delta`` events as the engine sent them (no token events)."""
+    events: list[tuple[str, Any, bool]] = []
+    tools = [{"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}]
+    args = {"messages": [{"role": "user", "content": "a b c"}], "tools": tools}
+    result = await engine.generate(_context(events), args)
+    assert [kind for kind, _, _ in events] == ["delta", "delta", "delta"]
+    assert all(ephemeral for _, _, ephemeral in events)
+    calls = [data["tool_calls"][0] for _, data, _ in events]
+    assert calls[0]["id"] == "call_count" and calls[0]["function"]["name"] == "count"
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"words": 3}'
+    assert result["finish_reason"] == "tool_calls" and result["text"] == ""
+    assert server.requests[-1]["tools"] == tools  # passed through unchanged
+
+
 async def test_completion_passes_fields_through_and_stops_at_max_tokens(engine: InferenceEngine, server: Any) -> None:
     """A completion plan uses /v1/completions with the plan's own fields; max_tokens ends it with 'length'."""
     events: list[tuple[str, Any, bool]] = []

@@ -1,0 +1,396 @@
+"""The OpenAI front door's pure part (coordinator/openai_api/): requests to plans, events to answers, limits."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from coordinator.openai_api import (
+    ApiError,
+    ModelTable,
+    Reply,
+    RequestReader,
+    parse_request,
+    plan_failure,
+    submit_refused,
+)
+from coordinator.openai_api.request import DoorRequest
+from coordinator.workers import WorkerRecord
+from protocol import errors as codes
+from protocol.messages import Capabilities, Receipt, RoutingHints
+from protocol.prompts import BLOCK_TOKENS, fill_hints, prefix_hashes, prompt_text
+from protocol.transfer.http1 import head_end, parse_response
+
+CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hello " * 40}]}
+
+
+def body(fields: dict[str, Any]) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def http(data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """A whole HTTP response: status, headers, the body (de-chunked)."""
+    end = head_end(data, 1 << 16)
+    head = parse_response(data[:end])
+    rest = data[end:]
+    if head.headers.get("transfer-encoding") != "chunked":
+        assert len(rest) == head.content_length
+        return head.status, head.headers, rest
+    out = b""
+    while True:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            assert rest == b"\r\n", "nothing may follow the last chunk"
+            return head.status, head.headers, out
+        out, rest = out + rest[:size], rest[size + 2:]
+
+
+def sse(data: bytes) -> list[Any]:
+    """The ``data:`` payloads of an event stream, JSON-decoded ([DONE] as the string)."""
+    events = [line[len("data: "):] for line in data.decode().split("\n\n") if line]
+    return [e if e == "[DONE]" else json.loads(e) for e in events]
+
+
+def reply(fields: dict[str, Any] | None = None, kind: Any = "chat", *, timeout_s: float = 30.0) -> Reply:
+    request = parse_request(kind, body(fields or CHAT))
+    answer = Reply(request, created=1_700_000_000, now=0.0, queue_timeout_s=timeout_s)
+    answer.accepted("p1")
+    return answer
+
+
+def succeeded(text: str = "hi there", finish: str = "stop", receipt: Any = None) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "result": {"text": text, "finish_reason": finish, "model": "m1",
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}},
+        "worker_id": "w1", "attempt": 1,
+    }
+    if receipt is not None:
+        data["receipt"] = receipt
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+def test_chat_request_becomes_a_generate_plan_with_hints_by_the_sdk_rule() -> None:
+    """A chat request is a generate plan: args without the door's fields, the model required, hints as the SDK's."""
+    fields = {**CHAT, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 64,
+              "temperature": 0.2, "tools": [{"type": "function", "function": {"name": "f"}}], "frobnicate": {"x": 1}}
+    request = parse_request("chat", body(fields))
+    assert request.stream and request.include_usage and request.model == "m1"
+    assert "stream" not in request.args and "stream_options" not in request.args
+    assert request.args["frobnicate"] == {"x": 1} and request.args["tools"] == fields["tools"]  # passed through
+    submit = request.submit(7)
+    assert submit.op == "generate" and submit.requirements.model == "m1" and submit.req_id == 7
+    assert submit.hints == fill_hints(RoutingHints(), request.args)  # the SDK's own hints for the same args
+    assert submit.hints.max_output_tokens == 64 and submit.hints.prompt_tokens > 60
+    text, _ = prompt_text(request.args) or ("", 0)
+    assert submit.hints.prefix_hashes == prefix_hashes(text) and submit.hints.prefix_block_tokens == BLOCK_TOKENS
+
+
+def test_next_turn_of_a_chat_repeats_the_previous_turns_prefix_hashes() -> None:
+    """Turn two's leading prefix hashes are turn one's: kv_aware sends it where turn one went."""
+    first = [{"role": "system", "content": "You are terse. " * 10}, {"role": "user", "content": "Name a prime. " * 8}]
+    second = [*first, {"role": "assistant", "content": "Seven. " * 6}, {"role": "user", "content": "Another. " * 8}]
+    one = parse_request("chat", body({"model": "m", "messages": first})).hints.prefix_hashes
+    two = parse_request("chat", body({"model": "m", "messages": second})).hints.prefix_hashes
+    assert len(one) >= 4 and two[:len(one) - 1] == one[:-1]  # the last block of turn one may be partial there
+
+
+def test_session_key_is_the_header_else_user() -> None:
+    """x-fleetwire-session wins over user; without either there is no session key."""
+    assert parse_request("chat", body({**CHAT, "user": "alice"})).hints.session_key == "alice"
+    assert parse_request("chat", body({**CHAT, "user": "alice"}), session="conv-9").hints.session_key == "conv-9"
+    assert parse_request("chat", body(CHAT)).hints.session_key is None
+
+
+@pytest.mark.parametrize(("raw", "param", "fragment"), [
+    (b"{not json", None, "not valid JSON"),
+    (b"[1, 2]", None, "must be a JSON object, got an array"),
+    (body({"messages": CHAT["messages"]}), "model", "you must provide a model"),
+    (body({"model": 5, "messages": CHAT["messages"]}), "model", "a number"),
+    (body({"model": "m" * 300, "messages": CHAT["messages"]}), "model", "at most 256 bytes"),
+    (body({"model": "m"}), "messages", "non-empty list"),
+    (body({"model": "m", "messages": []}), "messages", "non-empty list"),
+    (body({"model": "m", "messages": ["hi"]}), "messages[0]", "got a string"),
+    (body({"model": "m", "messages": [{"content": "x"}]}), "messages[0].role", "non-empty string"),
+    (body({"model": "m", "messages": [{"role": "user", "content": 5}]}), "messages[0].content", "got a number"),
+    (body({**CHAT, "n": 2}), "n", "n must be 1"),
+    (body({**CHAT, "stream": "yes"}), "stream", "true or false"),
+    (body({**CHAT, "stream_options": {"include_usage": True}}), "stream_options", "only allowed when 'stream'"),
+    (body({**CHAT, "max_tokens": 0}), "max_tokens", "positive integer"),
+    (body({**CHAT, "user": 3}), "user", "must be a string"),
+    (body({**CHAT, "user": "u" * 300}), "user", "at most 256 bytes"),
+])
+def test_bad_chat_requests_are_400_naming_the_field(raw: bytes, param: str | None, fragment: str) -> None:
+    """Each malformed request is a 400 whose param names the field and whose message says what it must be."""
+    with pytest.raises(ApiError) as caught:
+        parse_request("chat", raw)
+    assert caught.value.status == 400 and caught.value.param == param
+    assert fragment in caught.value.message
+    shape = json.loads(caught.value.body())
+    assert shape["error"]["type"] == "invalid_request_error" and shape["error"]["param"] == param
+
+
+def test_completion_needs_a_prompt_and_passes_a_list_prompt_on_without_hints() -> None:
+    """A completion needs a prompt; a list prompt goes to the engine as sent, with no prefix hints."""
+    with pytest.raises(ApiError, match="needs a 'prompt'"):
+        parse_request("completion", body({"model": "m"}))
+    request = parse_request("completion", body({"model": "m", "prompt": [1, 2, 3]}))
+    assert request.args["prompt"] == [1, 2, 3] and request.hints.prefix_hashes == []
+
+
+# ---------------------------------------------------------------------------------------------- answers
+
+
+def test_non_streamed_chat_answer_has_usage_and_the_receipt_extension() -> None:
+    """succeeded -> 200 chat.completion with the text, usage, plan id headers and joules/gCO2e from the receipt."""
+    answer = reply()
+    answer.event("leased", {"worker_id": "w1", "attempt": 1}, 0.1)
+    out = answer.event("succeeded", succeeded(receipt=Receipt(joules=12.5, co2e_g=0.75, source="nvml_counter")), 0.2)
+    assert out.done and not out.cancel
+    status, headers, raw = http(out.data)
+    assert status == 200 and headers["x-fleetwire-plan-id"] == "p1" and headers["x-request-id"] == "p1"
+    answer_json = json.loads(raw)
+    assert answer_json["object"] == "chat.completion" and answer_json["id"] == "chatcmpl-p1"
+    assert answer_json["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hi there"},
+                                       "logprobs": None, "finish_reason": "stop"}]
+    assert answer_json["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    fleetwire = answer_json["fleetwire"]
+    assert fleetwire["joules"] == 12.5 and fleetwire["gco2e"] == 0.75 and fleetwire["worker_id"] == "w1"
+    assert fleetwire["energy_source"] == "nvml_counter" and fleetwire["energy_estimated"] is False
+
+
+def test_streamed_chat_sends_role_then_chunks_then_finish_usage_and_done() -> None:
+    """A stream: head with the first text, role chunk, one chunk per token, finish, usage + receipt, [DONE]."""
+    answer = reply({**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    assert answer.event("queued", {}, 0.0).data == b""
+    first = answer.event("token", {"text": "hi"}, 0.1)
+    assert first.data.startswith(b"HTTP/1.1 200 OK\r\n") and b"text/event-stream" in first.data
+    rest = answer.event("token", {"text": " \"there\"\n"}, 0.2).data
+    end = answer.event("succeeded", succeeded(text="hi \"there\"\n", receipt={"joules": 3.0, "co2e_g": 0.1}), 0.3)
+    assert end.done
+    status, _, raw = http(first.data + rest + end.data)
+    events = sse(raw)
+    assert status == 200 and events[-1] == "[DONE]"
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [e["choices"][0]["delta"]["content"] for e in events[1:3]] == ["hi", " \"there\"\n"]
+    assert all(e["id"] == "chatcmpl-p1" and e["object"] == "chat.completion.chunk" for e in events[:-1])
+    assert events[3]["choices"][0]["finish_reason"] == "stop" and "fleetwire" not in events[3]
+    assert events[4]["choices"] == [] and events[4]["usage"]["total_tokens"] == 7
+    assert events[4]["fleetwire"]["joules"] == 3.0 and events[4]["fleetwire"]["gco2e"] == 0.1
+
+
+def test_streamed_completion_without_usage_carries_the_receipt_on_the_finish_chunk() -> None:
+    """A completion stream's chunks are text_completion; without include_usage the finish chunk has the extension."""
+    answer = reply({"model": "m1", "prompt": "say", "stream": True}, "completion")
+    data = answer.event("token", {"text": "ok"}, 0.1).data + answer.event("succeeded", succeeded("ok"), 0.2).data
+    events = sse(http(data)[2])
+    assert events[0]["choices"][0]["text"] == "ok" and events[0]["object"] == "text_completion"
+    assert events[1]["choices"][0]["finish_reason"] == "stop" and events[1]["fleetwire"]["plan_id"] == "p1"
+    assert events[1]["fleetwire"]["joules"] is None  # no receipt came
+    assert events[2] == "[DONE]" and len(events) == 3
+
+
+def test_stream_whose_plan_ends_without_tokens_still_gets_the_text() -> None:
+    """A streamed request whose handler sent no token events gets the result's text as one chunk."""
+    answer = reply({**CHAT, "stream": True})
+    events = sse(http(answer.event("succeeded", succeeded("whole"), 0.1).data)[2])
+    assert [e["choices"][0]["delta"].get("content") for e in events[:2]] == ["", "whole"]
+    assert events[-1] == "[DONE]"
+
+
+@pytest.mark.parametrize(("data", "status", "code"), [
+    ({"code": codes.ENGINE_ERROR, "message": "engine down"}, 502, codes.ENGINE_ERROR),
+    ({"code": codes.ENGINE_ERROR, "message": "no such model", "detail": {"status": 404}}, 404, codes.ENGINE_ERROR),
+    ({"code": codes.ENGINE_ERROR, "message": "engine key", "detail": {"status": 401}}, 502, codes.ENGINE_ERROR),
+    ({"code": codes.INVALID_ARGUMENT, "message": "n must be 1"}, 400, codes.INVALID_ARGUMENT),
+    ({"code": codes.TIMEOUT, "message": "too slow"}, 504, codes.TIMEOUT),
+    ({"code": codes.WORKER_LOST, "message": "lost"}, 503, codes.WORKER_LOST),
+    ({"code": codes.HANDLER_ERROR, "message": "boom"}, 500, codes.HANDLER_ERROR),
+    ("garbage", 500, codes.INTERNAL),
+])
+def test_failed_plan_before_any_text_is_an_http_error_of_its_status(data: Any, status: int, code: str) -> None:
+    """A plan failing before any text is answered with the status of its code and OpenAI's error shape."""
+    answer = reply({**CHAT, "stream": True})
+    out = answer.event("failed", data, 1.0)
+    got_status, headers, raw = http(out.data)
+    assert out.done and got_status == status and headers["x-fleetwire-plan-id"] == "p1"
+    assert json.loads(raw)["error"]["code"] == code
+    assert plan_failure(data).status == status
+
+
+def test_failure_mid_stream_is_an_error_event_and_never_done() -> None:
+    """After text was streamed a failure ends the stream with an error event and no [DONE]."""
+    answer = reply({**CHAT, "stream": True})
+    data = answer.event("token", {"text": "par"}, 0.1).data
+    out = answer.event("failed", {"code": codes.ENGINE_ERROR, "message": "engine died"}, 0.2)
+    events = sse(http(data + out.data)[2])
+    assert out.done and events[-1]["error"]["message"] == "engine died" and "[DONE]" not in events
+
+
+def test_worker_lost_before_any_text_resumes_unseen_and_after_text_fails_and_cancels() -> None:
+    """requeued before the first text: the request waits again; after it: an error event, and the plan is cancelled."""
+    answer = reply({**CHAT, "stream": True}, timeout_s=10.0)
+    answer.event("leased", {"worker_id": "w1", "attempt": 1}, 1.0)
+    assert answer.deadline is None
+    assert answer.event("requeued", {"reason": "worker lost", "attempt": 2}, 5.0).data == b""
+    assert answer.state == "waiting" and answer.deadline == 15.0  # the queue timeout starts again
+    data = answer.event("token", {"text": "a"}, 6.0).data
+    out = answer.event("requeued", {"reason": "worker w2 lost", "attempt": 3}, 7.0)
+    assert out.done and out.cancel
+    error = sse(http(data + out.data)[2])[-1]["error"]
+    assert error["code"] == "worker_lost" and "after 1 chunks" in error["message"]
+
+
+def test_queue_timeout_answers_503_with_the_waiting_reason_and_cancels() -> None:
+    """No worker took it within the timeout: 503 + Retry-After naming why it waited; the door cancels the plan."""
+    answer = reply(timeout_s=2.0)
+    answer.event("waiting", {"reason": "all matching workers are at capacity"}, 0.1)
+    assert answer.expire(1.9).data == b""
+    out = answer.expire(2.0)
+    status, headers, raw = http(out.data)
+    assert out.done and out.cancel and status == 503 and headers["retry-after"] == "1"
+    assert "within 2 s (all matching workers are at capacity)" in json.loads(raw)["error"]["message"]
+    assert answer.expire(3.0).data == b"" and answer.event("succeeded", succeeded(), 3.0).data == b""
+
+
+def test_queue_timeout_stops_once_the_plan_is_leased() -> None:
+    """A leased plan is not timed out by the door (its own timeout_s applies)."""
+    answer = reply(timeout_s=2.0)
+    answer.event("leased", {"worker_id": "w1", "attempt": 1}, 1.0)
+    assert answer.expire(100.0).data == b""
+
+
+def test_tool_call_deltas_stream_as_sent_and_are_gathered_without_stream() -> None:
+    """delta events pass on in a stream and become message.tool_calls (arguments joined) in a whole answer."""
+    parts = [{"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                              "function": {"name": "count", "arguments": ""}}]},
+             {"tool_calls": [{"index": 0, "function": {"arguments": '{"wo'}}]},
+             {"tool_calls": [{"index": 0, "function": {"arguments": 'rds": 3}'}}]}]
+    streamed = reply({**CHAT, "stream": True})
+    data = b"".join(streamed.event("delta", p, 0.1).data for p in parts)
+    data += streamed.event("succeeded", succeeded("", "tool_calls"), 0.2).data
+    events = sse(http(data)[2])
+    assert [e["choices"][0]["delta"] for e in events[1:4]] == parts
+    assert events[4]["choices"][0]["finish_reason"] == "tool_calls"
+    whole = reply()
+    for p in parts:
+        whole.event("delta", p, 0.1)
+    message = json.loads(http(whole.event("succeeded", succeeded("", "tool_calls"), 0.2).data)[2])["choices"][0]
+    assert message["finish_reason"] == "tool_calls" and message["message"]["content"] is None
+    assert message["message"]["tool_calls"] == [{"id": "call_1", "type": "function",
+                                                 "function": {"name": "count", "arguments": '{"words": 3}'}}]
+
+
+def test_cancelled_by_someone_else_is_an_error_and_refusals_map_to_statuses() -> None:
+    """An operator's cancel is a 503; refused submits map to 429 (plan limit), 503 (store away), 400."""
+    out = reply().event("cancelled", {"reason": "cancelled by an admin"}, 1.0)
+    assert http(out.data)[0] == 503 and not out.cancel
+    assert submit_refused(codes.TOO_MANY_PLANS, "limit").status == 429
+    assert submit_refused(codes.TOO_MANY_PLANS, "limit").retry_after_s > 0
+    assert submit_refused(codes.UNAVAILABLE, "away").status == 503
+    assert submit_refused(codes.INVALID_ARGUMENT, "bad").status == 400
+    assert http(reply().refused(ApiError(401, "bad key", code="invalid_api_key")).data)[1]["www-authenticate"]
+
+
+def test_connection_close_is_said_when_the_connection_ends_after_the_answer() -> None:
+    """keep_alive=False adds Connection: close to the head."""
+    request = parse_request("chat", body(CHAT))
+    answer = Reply(request, created=0, now=0.0, queue_timeout_s=1.0, keep_alive=False)
+    answer.accepted("p9")
+    assert http(answer.event("succeeded", succeeded(), 0.1).data)[1]["connection"] == "close"
+
+
+def test_door_request_is_frozen() -> None:
+    """A checked request cannot be changed after its plan was made from it."""
+    request = parse_request("chat", body(CHAT))
+    assert isinstance(request, DoorRequest)
+    with pytest.raises(AttributeError):
+        request.model = "other"  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------------------------- HTTP intake
+
+
+def post(path: str, payload: bytes, **headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(payload)}"]
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+
+def test_intake_cuts_pipelined_requests_fed_byte_by_byte() -> None:
+    """Two pipelined requests fed one byte at a time come out whole, in order, with their bodies."""
+    reader = RequestReader()
+    data = post("/v1/chat/completions", b'{"a": 1}', Authorization="Bearer k") + post("/v1/models", b"")
+    got: list[Any] = []
+    for i in range(len(data)):
+        got += reader.feed(data[i:i + 1])
+    assert [(r.method, r.path, r.body) for r in got] == [("POST", "/v1/chat/completions", b'{"a": 1}'),
+                                                          ("POST", "/v1/models", b"")]
+    assert got[0].headers["authorization"] == "Bearer k" and reader.buffered == 0
+
+
+def test_intake_answers_expect_continue_before_the_body() -> None:
+    """Expect: 100-continue gets 100 Continue once the head is read, then the request when its body came."""
+    reader = RequestReader()
+    data = post("/v1/completions", b"x" * 2000, Expect="100-continue")
+    head_len = data.index(b"\r\n\r\n") + 4
+    first = reader.feed(data[:head_len])
+    assert first == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    assert [r.body for r in reader.feed(data[head_len:])] == [b"x" * 2000]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("data", "status"), [
+    (post("/v1/chat/completions", b"", Content_Length="99999999999").replace(b"Content-Length: 0\r\n", b""), 413),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET /" + b"a" * 20_000, 431),
+])
+def test_intake_refuses_bad_heads_with_their_status(data: bytes, status: int) -> None:
+    """An oversize body (from its head), a body without a length, a malformed or huge head: 413, 411, 400, 431."""
+    with pytest.raises(ApiError) as caught:
+        RequestReader().feed(data)
+    assert caught.value.status == status
+
+
+def test_http_1_0_closes_unless_asked_to_keep_alive() -> None:
+    """An HTTP/1.0 request is not kept alive without Connection: keep-alive."""
+    (request,) = RequestReader().feed(b"GET /v1/models HTTP/1.0\r\n\r\n")
+    assert not request.keep_alive  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+def worker(worker_id: str, models: list[str], *, ops: tuple[str, ...] = ("generate",), draining: bool = False) -> Any:
+    record = WorkerRecord(id=worker_id, capabilities=Capabilities(models=models, ops=list(ops)))
+    record.draining = draining
+    return record
+
+
+def test_models_lists_what_alive_generate_workers_serve_with_counts() -> None:
+    """/v1/models: each model of a worker with op generate, its workers and the undrained ones; others not."""
+    fleet = [worker("a", ["m1", "m2"]), worker("b", ["m1"], draining=True), worker("c", ["m3"], ops=("echo",))]
+    listing = ModelTable(lambda now: fleet).listing(0.0)
+    assert listing["object"] == "list"
+    assert [(m["id"], m["fleetwire"]) for m in listing["data"]] == [
+        ("m1", {"workers": 2, "available": 1}), ("m2", {"workers": 1, "available": 1})]
+
+
+def test_model_table_scans_at_most_every_interval_and_again_on_an_old_miss() -> None:
+    """Hits reuse the table for a second; a miss rebuilds it once 0.1 s old; a miss loop costs one scan per 0.1 s."""
+    fleet = [worker("a", ["m1"])]
+    table = ModelTable(lambda now: fleet)
+    assert table.serves("m1", 0.0) and table.scans == 1
+    assert table.serves("m1", 0.9) and table.scans == 1
+    fleet.append(worker("b", ["m2"]))
+    assert not table.serves("m2", 0.05) and table.scans == 1  # the table is 50 ms old: no rescan yet
+    assert table.serves("m2", 0.15) and table.scans == 2  # a miss on an older table looks again
+    for step in range(100):
+        table.serves("nope", 0.15 + step * 0.001)
+    assert table.scans == 2
