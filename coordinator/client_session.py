@@ -61,6 +61,7 @@ from protocol.messages import (
     ListWorkers,
     Ok,
     PlanReply,
+    ReleaseDevice,
     RemoveWorker,
     Submit,
     Subscribe,
@@ -153,6 +154,8 @@ class ClientSessions:
                 self._operator.undrain(s, msg, now)
             case RemoveWorker():
                 self._operator.remove(s, msg, now)
+            case ReleaseDevice():
+                self._operator.release_device(s, msg)
             case DataTicket():
                 plan = self._visible_plan(s, msg.plan_id, msg.req_id)
                 if plan is not None and self._data is not None:

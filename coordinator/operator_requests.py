@@ -1,4 +1,5 @@
-"""Operator requests the core answers: ``list_plans``, ``drain_worker``, ``undrain_worker``, ``remove_worker``.
+"""Operator requests the core answers: ``list_plans``, ``drain_worker``, ``undrain_worker``, ``remove_worker``,
+``release_device``.
 
 Rules (docs/SEMANTICS.md §Operator requests):
 
@@ -35,7 +36,10 @@ Rules (docs/SEMANTICS.md §Operator requests):
   no cost in attempts, its record is forgotten, its session closed 4410, and a later ``hello``
   with its id is refused the same way until the coordinator restarts
   (coordinator/worker_sessions/registration.py).
-* ``drain_worker``, ``undrain_worker`` and ``remove_worker`` are operator actions: a session without the admin
+* ``release_device`` passes an operator's release of a quarantined device to its worker, which keeps
+  the quarantine (docs/OPERATIONS.md §GPU health): the worker's next load reports the device ``ok``
+  and placement counts it again. A disconnected worker, or a device it does not have, is an error.
+* ``drain_worker``, ``undrain_worker``, ``remove_worker`` and ``release_device`` are operator actions: a session without the admin
   role gets ``error(forbidden)`` and nothing changes (``list_plans`` stays open to clients: it
   shows only their own plans).
 * An unknown worker id answers ``error(unknown_worker)``; a negative or non-finite deadline,
@@ -67,6 +71,7 @@ from protocol.messages import (
     Ok,
     PlanInfo,
     Plans,
+    ReleaseDevice,
     RemoveWorker,
     Undrain,
     UndrainWorker,
@@ -268,6 +273,27 @@ class OperatorRequests:
         self._deadlines.pop(record.id, None)
         assert self.remover is not None
         self.remover(record.id, now)
+        self._outbox.send(s.conn_id, Ok(req_id=msg.req_id))
+
+    def release_device(self, s: Session, msg: ReleaseDevice) -> None:
+        """Answer ``release_device``: pass it to the worker, which ends the device's quarantine (its next
+        load says so, and placement uses the device again; docs/OPERATIONS.md §GPU health)."""
+        if not self._admin(s, msg.req_id, "release_device"):
+            return
+        record = self._record(s, msg.req_id, msg.worker_id)
+        if record is None:
+            return
+        count = len(record.capabilities.gpus)
+        if not 0 <= msg.device < count:
+            self._error(s, msg.req_id, errors.INVALID_ARGUMENT, f"worker {record.id} has no device {msg.device} "
+                        f"(its devices are 0..{count - 1})" if count else f"worker {record.id} has no devices")
+            return
+        if record.conn_id is None:
+            self._error(s, msg.req_id, errors.UNKNOWN_WORKER, f"worker {record.id} is not connected: it keeps its "
+                        "quarantines; release the device once it is back")  # fmt: skip
+            return
+        self._outbox.send(record.conn_id, msg)
+        log.info("device release passed to the worker", worker_id=record.id, device=msg.device, by=s.principal)
         self._outbox.send(s.conn_id, Ok(req_id=msg.req_id))
 
     def registered(self, record: WorkerRecord, now: float) -> None:

@@ -78,6 +78,32 @@ class Capabilities(msgspec.Struct, omit_defaults=True):
     gpu_share: int = 1  # plans that may hold one of ``gpus`` at once (``--gpu-share K``)
 
 
+DeviceState = Literal["ok", "degraded", "quarantined"]
+
+
+class DeviceHealth(msgspec.Struct, omit_defaults=True):
+    """One device's health as the worker sampled it (NVML; docs/OPERATIONS.md §GPU health).
+
+    ``index`` is its position in ``capabilities.gpus`` (as in ``assign.devices``). ``state``:
+    ``ok``; ``degraded`` (hot or hardware-throttled: still placed on, ``reason`` says why);
+    ``quarantined`` (a fatal XID, rising uncorrectable ECC errors or a failed health probe: no new
+    plan is placed on it until an operator releases it, ``release_device``).
+    """
+
+    index: int
+    state: DeviceState = "ok"
+    reason: str = ""  # why it is degraded or quarantined ("": ok)
+    utilization_pct: float = 0.0  # GPU busy, 0..100
+    memory_used_bytes: int = 0
+    temperature_c: float = 0.0
+    power_w: float = 0.0
+    throttle: list[str] = []  # clocks event reasons now active, e.g. ["hw_thermal_slowdown"]
+    ecc_corrected: int = 0  # volatile ECC error counts (since the driver loaded)
+    ecc_uncorrected: int = 0
+    xid: int = 0  # the last critical XID seen (0: none)
+    xid_count: int = 0  # critical XID events seen since the worker started
+
+
 class Load(msgspec.Struct, omit_defaults=True):
     """A worker's own view of its load; sent in every ``heartbeat``."""
 
@@ -98,6 +124,7 @@ class Load(msgspec.Struct, omit_defaults=True):
     data_bytes_out: int = 0  # data endpoint: output bytes sent since the worker started
     data_refused: dict[str, int] = {}  # data endpoint: requests refused since the worker started, by HTTP status
     gpus_free: int = -1  # devices no plan holds now (-1: not reported)
+    devices: list[DeviceHealth] = []  # each device's health (empty: not sampled; docs/OPERATIONS.md §GPU health)
 
 
 class Requirements(msgspec.Struct, omit_defaults=True):
@@ -142,6 +169,7 @@ class Receipt(msgspec.Struct, omit_defaults=True):
     devices: list[str] = []  # the devices it held (CUDA_VISIBLE_DEVICES names)
     projected_joules: float = 0.0  # chosen worker's µJ/token (per generated token) * hinted max output tokens
     projected_co2e_g: float = 0.0
+    trace_id: str = ""  # the plan's trace (its submit's traceparent; "": not traced)
 
 
 class RoutingHints(msgspec.Struct, omit_defaults=True):
@@ -238,6 +266,7 @@ class PlanInfo(msgspec.Struct, omit_defaults=True):
     # To an admin session: the id its owner submitted, when that is not ``id`` (another principal's plan held it
     # when it came: ``id`` is then a key the coordinator made; docs/SEMANTICS.md §Plan ids). None otherwise.
     name: str | None = None
+    trace_id: str = ""  # in ``get_plan``/``cancel``: the trace its submit's ``traceparent`` names ("": none)
 
 
 # --------------------------------------------------------------------------- messages
@@ -381,6 +410,7 @@ class Assign(_Msg, tag="assign"):
     outputs: list[str] = []  # names the client declared it will fetch
     resources: Resources | None = None  # the plan's device request (None: none)
     devices: list[int] = []  # the devices the coordinator counts it on: positions in ``capabilities.gpus``
+    traceparent: str = ""  # the plan's trace context, from its submit (W3C; "": not traced; protocol/tracecontext.py)
 
 
 class DataKeys(_Msg, tag="data_keys"):
@@ -436,6 +466,7 @@ class Submit(_Msg, tag="submit"):
     recovered: bool = False
     resources: Resources | None = None  # devices the plan holds while it runs (None: none)
     preemptible: bool = False  # it may be stopped and requeued for another team's plan (issue #27; not yet acted on)
+    traceparent: str = ""  # the caller's W3C trace context: the plan's spans join that trace ("": none)
 
 
 class Subscribe(_Msg, tag="subscribe"):
@@ -501,6 +532,20 @@ class UndrainWorker(_Msg, tag="undrain_worker"):
 
     req_id: ReqId
     worker_id: str
+
+
+class ReleaseDevice(_Msg, tag="release_device"):
+    """Put a quarantined device back in service (admin; docs/OPERATIONS.md §GPU health).
+
+    Client -> coordinator: ``worker_id`` and ``device`` (its position in ``capabilities.gpus``);
+    answered ``ok`` once passed on, ``error`` for an unknown or disconnected worker or device.
+    Coordinator -> worker: the same message; the worker clears the device's quarantine, takes its
+    counters as the new baseline, and reports its health in its next load (sent at once).
+    """
+
+    req_id: ReqId
+    worker_id: str
+    device: int
 
 
 class RemoveWorker(_Msg, tag="remove_worker"):
@@ -740,11 +785,11 @@ class Usage(_Msg, tag="usage"):
 FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye, DataChunk, DataCredit, DataEnd]
 ToWorker = Union[
     Welcome, Assign, Cancel, Revoke, Ack, Drain, Undrain, Error, DataKeys, Moved, DataOpen, DataChunk, DataCredit,
-    DataEnd,
+    DataEnd, ReleaseDevice,
 ]
 FromClient = Union[
     Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers, ListPlans, DrainWorker, UndrainWorker, DataTicket,
-    DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
+    DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker, ReleaseDevice,
 ]
 ToClient = Union[
     Accepted, Subscribed, Event, PlanReply, Workers, Plans, Resync, Ok, Error, DataGrant, Moved, DataChunk,
@@ -756,7 +801,7 @@ AnyMessage = Union[
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
     DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
-    Preempt, GetUsage, Usage,
+    Preempt, GetUsage, Usage, ReleaseDevice,
 ]
 
 ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
@@ -764,7 +809,7 @@ ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
     DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
-    Preempt, GetUsage, Usage,
+    Preempt, GetUsage, Usage, ReleaseDevice,
 )
 
 

@@ -64,12 +64,14 @@ from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, e
 from protocol.backoff import ReconnectBackoff
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
+from wireio.tracing import Tracing
 from wireio.wsbulk import BulkClientConnection, send_frame
 from worker_agent import handshake
 from worker_agent.attempts import Attempts
 from worker_agent.data_side import DataSide, WatchedOutbound
 from worker_agent.dataplane import DataServer
 from worker_agent.devices import DeviceAllocator
+from worker_agent.gpu_health import HealthMonitor, HealthRules, HealthSource, NvmlHealthSource, physical_of
 from worker_agent.handlers import Handler, builtin_handlers
 from worker_agent.outbox import SendQueue, encode_frames
 from worker_agent.probe import check_declared_gpus, probe_capabilities
@@ -108,6 +110,9 @@ class Agent:
         settings: everything else (worker_agent/settings.py); default: ``AgentSettings()``.
         telemetry: energy, carbon and inference-engine figures for hello and heartbeats
             (worker_agent/telemetry.py); default: none beyond plan counts.
+        health_source: what reads the devices' health (worker_agent/gpu_health.py); None: NVML's,
+            when it sees a device (``settings.gpu_health_interval_s`` 0: none at all).
+        tracing: where the worker's spans go (wireio/tracing.py); None: no spans.
         **options: :class:`~worker_agent.settings.AgentSettings` fields by name.
 
     Attributes:
@@ -128,6 +133,8 @@ class Agent:
         *,
         settings: AgentSettings | None = None,
         telemetry: Telemetry | None = None,
+        health_source: HealthSource | None = None,
+        tracing: Tracing | None = None,
         **options: Unpack[AgentOptions],
     ) -> None:
         if settings is None:
@@ -178,6 +185,9 @@ class Agent:
         self._finish_writing = False
         self._handshake_task: asyncio.Future[Any] | None = None
         self._rng = random.Random()
+        self._health_source = health_source
+        self.health: HealthMonitor | None = None  # started with the first hello when the worker has devices
+        self.runner.tracing = tracing
 
     # ------------------------------------------------------------------ handlers
 
@@ -259,6 +269,9 @@ class Agent:
             self.registered.clear()
             await self.runner.silence_all("worker stopping")
             await self.telemetry.stop()
+            if self.health is not None:
+                await self.health.stop()
+                self.health = None
             self.data_server = self.relay = None
             await self._data_side.stop()
 
@@ -302,12 +315,32 @@ class Agent:
             )
             self._capabilities = msgspec.structs.replace(probed, **self._advertised)  # flags beat the probe
             self.runner.devices = DeviceAllocator(self._capabilities.gpus, self.settings.gpu_share)
+            self._watch_health(self._capabilities.gpus)
         caps = self.telemetry.capabilities(msgspec.structs.replace(self._capabilities, ops=self.ops))
         return handshake.hello(
             self.worker_id, caps, running=self.runner.running_plans() + self._outbox.pending_done(),
             recent=self._outbox.recent_done, session_secret=self._session_secret,
             data_url=self.data_server.url if self.data_server is not None else "",
         )
+
+    def _watch_health(self, gpus: list[protocol.GpuInfo]) -> None:
+        """Start reading the devices' health (worker_agent/gpu_health.py), when there are devices and a source."""
+        if not gpus or self.settings.gpu_health_interval_s <= 0 or self.health is not None:
+            return
+        source = self._health_source or NvmlHealthSource.open()
+        if source is None:
+            return
+        physical = physical_of(gpus, getattr(source, "uuids", ()))
+        rules = HealthRules(len(gpus), hot_c=self.settings.gpu_hot_c)
+        self.health = HealthMonitor(source, physical, rules, self.settings.gpu_health_interval_s, self._health_changed)
+        self.health.start()
+
+    def _health_changed(self) -> None:
+        """A device's health moved: quarantined devices take no new plan here, and the coordinator is told at once."""
+        assert self.health is not None
+        self.runner.devices.blocked = frozenset(self.health.rules.quarantined)
+        if self.registered.is_set():
+            self._send_queue.send(protocol.Heartbeat(load=self._load()))
 
     async def _connect_and_serve(self) -> bool:
         """One session; returns whether it got as far as ``welcome``."""
@@ -510,6 +543,8 @@ class Agent:
         load = self.telemetry.load(self.runner.load.snapshot())
         if self.runner.devices.gpus:
             load.gpus_free = self.runner.devices.free
+        if self.health is not None:
+            load.devices = self.health.rules.report()
         server = self.data_server
         return load if server is None else server.count_into(load)
 
@@ -573,6 +608,11 @@ class Agent:
                 self._log.warning("ignored a second welcome")
             case protocol.messages.Moved():
                 self._follow(msg)  # the coordinator closes 4307 next; the next dial goes there
+            case protocol.ReleaseDevice():
+                if self.health is not None and 0 <= msg.device < len(self.health.rules):
+                    self.health.release(msg.device)  # its quarantine ends; the next load says so (sent at once)
+                else:
+                    self._log.warning("release of a device this worker does not watch", device=msg.device)
             case DecodeFailure():
                 self._log.warning("undecodable message from coordinator", code=msg.code, message=msg.message)
             case _:

@@ -73,14 +73,21 @@ class DeviceAllocator:
         self.share = share
         self._use = [0] * len(self.gpus)
         self._held: dict[str, tuple[int, ...]] = {}
+        # Quarantined devices (worker_agent/gpu_health.py): no new plan gets one until an operator releases it.
+        self.blocked: frozenset[int] = frozenset()
 
     def __len__(self) -> int:
         return len(self.gpus)
 
     @property
     def free(self) -> int:
-        """Devices no plan holds."""
-        return sum(1 for n in self._use if n == 0)
+        """Devices no plan holds (and not quarantined)."""
+        return sum(1 for i, n in enumerate(self._use) if n == 0 and i not in self.blocked)
+
+    def could_allocate(self, request: DeviceRequest) -> bool:
+        """Whether the request fits once every plan here has ended (False: too few unquarantined devices match)."""
+        fit = sum(1 for i, gpu in enumerate(self.gpus) if i not in self.blocked and request.matches(gpu))
+        return fit >= request.count
 
     def use(self) -> list[int]:
         """How many plans hold each device, by position."""
@@ -128,8 +135,8 @@ class DeviceAllocator:
         return ",".join(self.gpus[i].visible_id or str(self.gpus[i].index) for i in devices)
 
     def _free_matching(self, request: DeviceRequest) -> list[int]:
-        use, gpus = self._use, self.gpus
-        found = [i for i, gpu in enumerate(gpus) if use[i] < self.share and request.matches(gpu)]
+        use, gpus, blocked = self._use, self.gpus, self.blocked
+        found = [i for i, gpu in enumerate(gpus) if use[i] < self.share and request.matches(gpu) and i not in blocked]
         found.sort(key=lambda i: (use[i], gpus[i].memory_bytes, i))
         return found
 

@@ -157,6 +157,9 @@ class Context:
         self.cuda_visible_devices: str | None = None
         # How this plan's processes start (environment, user): the worker's (the runner sets it).
         self.isolation = DEFAULT_ISOLATION
+        # The plan's W3C trace context as a handler passes it on ("": not traced; docs/OPERATIONS.md §Tracing):
+        # the handler span's when this worker traces, else the caller's. The inference handler sends it to the engine.
+        self.traceparent = ""
 
     @functools.cached_property
     def log(self) -> Any:

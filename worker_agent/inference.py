@@ -368,7 +368,9 @@ class InferenceEngine:
         model = body.get("model")
         usage: dict[str, Any] | None = None
         try:
-            async with self._http().stream("POST", url, json=body) as response:
+            # The plan's trace continues in the engine (vLLM reads W3C traceparent; docs/OPERATIONS.md §Tracing).
+            headers = {"traceparent": ctx.traceparent} if ctx.traceparent else None
+            async with self._http().stream("POST", url, json=body, headers=headers) as response:
                 if response.status_code != 200:
                     detail = (await response.aread()).decode(errors="replace")[:1000]
                     raise HandlerError(

@@ -26,6 +26,7 @@ from protocol.relay import ARGS_INPUT, RESULT_OUTPUT
 from worker_agent.devices import DeviceAllocator, DeviceRequest
 from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handler
 from worker_agent.isolation import PlanIsolation
+from worker_agent.plan_tracing import LiveSpan, Tracing, attempt_span, child_span
 from worker_agent.probe import LoadTracker
 from worker_agent.spool import Spool
 from worker_agent.spool_files import INPUTS_UNAVAILABLE, InputFile
@@ -58,7 +59,7 @@ class _PlanRun:
 
     __slots__ = (
         "attempt", "awaiting_inputs", "cancel_requested", "ctx", "devices", "plan_id", "runner", "silent",
-        "started_at", "task",
+        "span", "started_at", "task",
     )
 
     def __init__(self, runner: PlanRunner, plan_id: str, attempt: int, started_at: float) -> None:
@@ -72,6 +73,7 @@ class _PlanRun:
         self.cancel_requested = False
         self.awaiting_inputs = False  # running, its handler not started: its inputs are not all in yet
         self.devices: tuple[int, ...] = ()  # held from start until its task ends (worker_agent/devices.py)
+        self.span: LiveSpan | None = None  # its ``fleetwire.attempt`` span, when sampled (worker_agent/plan_tracing.py)
 
     @property
     def key(self) -> str:
@@ -147,6 +149,7 @@ class PlanRunner:
         self._stopping = False
         self._draining = False
         self.devices = DeviceAllocator(())  # this worker's devices; the agent sets them with its capabilities
+        self.tracing: Tracing | None = None  # where attempt, input and handler spans go (the agent sets it)
 
     # ------------------------------------------------------------------ what the agent asks
 
@@ -228,6 +231,10 @@ class PlanRunner:
         request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None and len(self.devices.gpus) < request.count:
             reason = f"worker {self.worker_id} has {len(self.devices.gpus)} devices; the plan needs {request.count}"
+            self._reject(assign, REJECTED, reason)
+            return
+        if request is not None and not self.devices.could_allocate(request):
+            reason = f"worker {self.worker_id}: too few of its devices match the plan outside quarantine"
             self._reject(assign, REJECTED, reason)
             return
         if request is not None and not self.devices.can_allocate(request):
@@ -372,6 +379,12 @@ class PlanRunner:
         if self.spool is not None:
             run.ctx.spill_result = run.spill
         run.ctx.isolation = self.isolation
+        if assign.traceparent:  # the plan's trace (docs/OPERATIONS.md §Tracing): an attempt span when sampled
+            run.ctx.traceparent = assign.traceparent
+            if self.tracing is not None:
+                run.span = attempt_span(self.tracing, assign, self.worker_id)
+                if run.span is not None:
+                    run.ctx.traceparent = run.span.traceparent
         request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None:
             run.devices = self.devices.allocate(run.key, request, assign.devices) or ()
@@ -404,16 +417,27 @@ class PlanRunner:
                 )
             else:
                 run.awaiting_inputs = True
+                inputs = child_span(self.tracing, run.span, "fleetwire.inputs", {"fleetwire.inputs": len(data.inputs)})
                 try:
                     error = await data.wait(self.input_timeout_s, functools.partial(self._input_verified, run))
                 finally:
                     run.awaiting_inputs = False
+                    if inputs is not None:
+                        inputs.end()
             if error is None and data is not None and ARGS_INPUT in data.inputs:
                 error = self._oversize_args(run)
             if error is not None:
                 run.ctx.close()
                 return protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=error)
-        return await run_handler(handler, run.ctx, run.ctx.args, timeout_s=timeout_s)
+        if run.span is None:
+            return await run_handler(handler, run.ctx, run.ctx.args, timeout_s=timeout_s)
+        span = child_span(self.tracing, run.span, "fleetwire.handler", {"fleetwire.plan_id": run.plan_id})
+        if span is not None:
+            run.ctx.traceparent = span.traceparent  # what the handler forwards (the inference engine's request)
+        done = await run_handler(handler, run.ctx, run.ctx.args, timeout_s=timeout_s)
+        if span is not None:
+            span.end(done.error.code if done.error is not None else "")
+        return done
 
     def _oversize_args(self, run: _PlanRun) -> protocol.ErrorInfo | None:
         """Args the SDK moved to the input ``__args__`` (over the frame limit): decoded, hidden from ``ctx.inputs``."""
@@ -463,6 +487,8 @@ class PlanRunner:
             if not self._plans:
                 self.idle.set()
         if run.silent:
+            if run.span is not None:
+                run.span.end("silenced")  # no longer this worker's lease: another attempt (or nobody) goes on
             self._end_data(run, keep_outputs=False)
             if run.devices:
                 self._start_waiting()  # a plan waiting for the devices it held may start now
@@ -481,6 +507,9 @@ class PlanRunner:
         if done.outcome == "succeeded" and self.spool is not None and run.ctx.data is not None:
             done.outputs = self.spool.outputs_of(run.plan_id, run.attempt)
         done.receipt = receipt
+        if run.span is not None:
+            run.span.set("fleetwire.outcome", done.outcome)
+            run.span.end(done.error.code if done.error is not None else "")
         self._outbound.send(done)
         self._start_waiting()
 

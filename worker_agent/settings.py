@@ -71,6 +71,9 @@ class AgentSettings:
         ping_interval_s, ping_timeout_s: websocket pings to the coordinator; one unanswered for
             ``ping_timeout_s`` ends the session (the agent reconnects). None: 1 s / 3 s in cluster
             mode (several URLs, or after a ``moved``), else 20 s / 20 s. 0: no pings.
+        gpu_health_interval_s: seconds between two readings of every device's health (NVML; 0: none;
+            worker_agent/gpu_health.py): a quarantined device takes no new plan.
+        gpu_hot_c: temperature (°C) from which a device is reported degraded.
 
     Raises:
         ValueError: a value out of range; the message names the field.
@@ -114,6 +117,8 @@ class AgentSettings:
     gpu_share: int = 1
     ping_interval_s: float | None = None
     ping_timeout_s: float | None = None
+    gpu_health_interval_s: float = 5.0
+    gpu_hot_c: float = 90.0
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODING_SUBPROTOCOL:
@@ -141,6 +146,8 @@ class AgentSettings:
         for name in ("ping_interval_s", "ping_timeout_s"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: no pings), got {getattr(self, name)}")
+        if not 0 <= self.gpu_health_interval_s <= 3600:
+            raise ValueError(f"gpu_health_interval_s must be in 0 (off) .. 3600, got {self.gpu_health_interval_s}")
         for name in ("output_retention_s", "input_timeout_s", "upload_stall_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -218,3 +225,5 @@ class AgentOptions(TypedDict, total=False):
     gpu_share: int
     ping_interval_s: float | None
     ping_timeout_s: float | None
+    gpu_health_interval_s: float
+    gpu_hot_c: float

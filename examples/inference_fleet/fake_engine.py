@@ -71,6 +71,7 @@ class FakeEngine:
         self.finished: list[tuple[int, float]] = []  # (prompt tokens, seconds) of each finished stream
         self.running = 0  # streams open now (vllm:num_requests_running)
         self.requests: list[dict[str, Any]] = []  # every request body received, for tests
+        self.traceparents: list[str] = []  # each request's W3C traceparent header ("": none), as vLLM would read it
         self.disconnects = 0  # streams the client closed before the end
         self._lock = threading.Condition()
         engine = self
@@ -223,6 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": {"message": "request body must be a JSON object", "type": "invalid_request"}})
             return
         self.fake.requests.append(body)
+        self.fake.traceparents.append(self.headers.get("traceparent", ""))
         if body.get("model", self.fake.model) != self.fake.model:
             message = f"The model `{body['model']}` does not exist."
             self._json(404, {"error": {"message": message, "type": "NotFoundError", "code": 404}})

@@ -231,3 +231,13 @@ async def test_worker_fronting_an_engine_reports_its_load_models_energy_and_carb
         agent.stop()
         await asyncio.wait_for(task, 10)
         await coordinator.stop()
+
+
+async def test_the_plans_trace_context_goes_to_the_engine(engine: InferenceEngine, server: Any) -> None:
+    """ctx.traceparent is sent as the engine request's W3C traceparent header; none without one."""
+    traced = _context([])
+    traced.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    await engine.generate(traced, {"prompt": "a"})
+    await engine.generate(_context([]), {"prompt": "b"})
+    assert server.traceparents[-2:] == [traced.traceparent, ""]
+

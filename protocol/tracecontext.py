@@ -1,0 +1,103 @@
+"""W3C Trace Context on the wire: the ``traceparent`` a plan carries from its caller to every hop.
+
+A ``submit`` may carry ``traceparent`` (docs/PROTOCOL.md §5, *Tracing*): the caller's span
+context, as the W3C header writes it, ``00-<trace id: 32 hex>-<parent span id: 16 hex>-<flags: 2 hex>``.
+The coordinator stores it with the plan (it is a field of the stored ``submit``, so it survives a
+restart and a cluster failover) and hands it to each attempt's worker in ``assign.traceparent``;
+the worker's handler spans are its children, and the inference handler forwards the header to the
+engine. Sampling is the caller's: only a context whose ``sampled`` flag (bit 0 of the flags) is set
+makes spans downstream (parent-based sampling); an unsampled or absent one costs one string test.
+
+This module is pure (no OpenTelemetry import): it parses, checks and writes the header, so the
+pure core can keep and test it. wireio/tracing.py turns a context into OpenTelemetry spans.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "MAX_TRACEPARENT",
+    "SpanContext",
+    "format_traceparent",
+    "is_sampled",
+    "parse_traceparent",
+    "trace_id_of",
+    "traceparent_problem",
+]
+
+#: Longest ``traceparent`` accepted (version 00 is 55 characters; later versions may append fields).
+MAX_TRACEPARENT: Final = 256
+
+_TRACEPARENT: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[-0-9a-zA-Z_.]*)?")
+_ZERO_TRACE: Final = "0" * 32
+_ZERO_SPAN: Final = "0" * 16
+
+
+@dataclass(frozen=True, slots=True)
+class SpanContext:
+    """One parsed ``traceparent``: the trace, the parent span and whether the caller sampled it."""
+
+    trace_id: str  # 32 lower-case hex digits, never all zero
+    span_id: str  # 16 lower-case hex digits, never all zero
+    flags: int  # the trace flags; bit 0 is ``sampled``
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the caller recorded its span: downstream hops record theirs only then."""
+        return bool(self.flags & 1)
+
+    @property
+    def traceparent(self) -> str:
+        """The version-00 header of this context."""
+        return format_traceparent(self.trace_id, self.span_id, sampled=self.sampled)
+
+
+def traceparent_problem(text: str) -> str | None:
+    """Why ``text`` is not a ``traceparent`` the coordinator keeps, naming the rule; None when it is
+    one (or empty: no context)."""
+    if not text:
+        return None
+    if len(text) > MAX_TRACEPARENT:
+        return f"traceparent is {len(text)} characters; at most {MAX_TRACEPARENT}"
+    match = _TRACEPARENT.fullmatch(text)
+    if match is None:
+        return (f"traceparent {text[:80]!r} is not a W3C traceparent: 00-<32 hex trace id>-<16 hex span id>-"
+                "<2 hex flags>, lower case")  # fmt: skip
+    version, trace_id, span_id, _flags, rest = match.groups()
+    if version == "ff":
+        return f"traceparent {text!r}: version ff is invalid"
+    if version == "00" and rest:
+        return f"traceparent {text!r}: version 00 has exactly four fields"
+    if trace_id == _ZERO_TRACE:
+        return f"traceparent {text!r}: the trace id is all zeros"
+    if span_id == _ZERO_SPAN:
+        return f"traceparent {text!r}: the parent span id is all zeros"
+    return None
+
+
+def parse_traceparent(text: str) -> SpanContext | None:
+    """The context a ``traceparent`` names; None when it is empty or invalid (:func:`traceparent_problem`)."""
+    if not text or traceparent_problem(text) is not None:
+        return None
+    _, trace_id, span_id, flags = text.split("-")[:4]
+    return SpanContext(trace_id=trace_id, span_id=span_id, flags=int(flags, 16))
+
+
+def format_traceparent(trace_id: str | int, span_id: str | int, *, sampled: bool) -> str:
+    """The version-00 ``traceparent`` of a trace and span (hex strings, or OpenTelemetry's integers)."""
+    trace = trace_id if isinstance(trace_id, str) else f"{trace_id:032x}"
+    span = span_id if isinstance(span_id, str) else f"{span_id:016x}"
+    return f"00-{trace}-{span}-{'01' if sampled else '00'}"
+
+
+def trace_id_of(text: str) -> str:
+    """The trace id of a valid ``traceparent`` (``""``: none). Cheap: no full parse."""
+    return text[3:35] if len(text) >= 55 else ""
+
+
+def is_sampled(text: str) -> bool:
+    """Whether a (valid) ``traceparent`` has its ``sampled`` flag set. One slice and a test."""
+    return len(text) >= 55 and int(text[53:55], 16) & 1 == 1

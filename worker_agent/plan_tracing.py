@@ -1,0 +1,36 @@
+"""The worker's spans of a plan (docs/OPERATIONS.md §Tracing): its attempt, its inputs' arrival, its handler.
+
+An ``assign`` whose ``traceparent`` is sampled gets a ``fleetwire.attempt`` span (kind consumer),
+child of the plan's context (the caller's submit span, stored with the plan by the coordinator), from
+the assign to the ``done``; its children are ``fleetwire.inputs`` (the wait for the plan's inputs to
+arrive and be verified) and ``fleetwire.handler`` (the handler's run), whose ``traceparent`` is
+``ctx.traceparent``: the inference handler sends it to the engine (worker_agent/inference.py). A
+retry or a requeue is another attempt span of the same trace. Without a tracer, or with an unsampled
+context, none of this runs (worker_agent/runner.py tests ``assign.traceparent`` first).
+"""
+
+from __future__ import annotations
+
+from protocol.messages import Assign
+from wireio.tracing import LiveSpan, Tracing
+
+__all__ = ["LiveSpan", "Tracing", "attempt_span", "child_span"]
+
+
+def attempt_span(tracing: Tracing, assign: Assign, worker_id: str) -> LiveSpan | None:
+    """The ``fleetwire.attempt`` span of an assigned plan (None: its trace is not sampled)."""
+    attributes: dict[str, str | int | float | bool] = {
+        "fleetwire.plan_id": assign.plan_id, "fleetwire.attempt": assign.attempt, "fleetwire.op": assign.op,
+        "fleetwire.worker_id": worker_id,
+    }  # fmt: skip
+    if assign.devices:
+        attributes["fleetwire.devices"] = ",".join(str(d) for d in assign.devices)
+    return tracing.start("fleetwire.attempt", assign.traceparent, attributes, kind="consumer")
+
+
+def child_span(tracing: Tracing | None, parent: LiveSpan | None, name: str,
+               attributes: dict[str, str | int | float | bool]) -> LiveSpan | None:  # fmt: skip
+    """A child of the attempt span (None without one)."""
+    if tracing is None or parent is None:
+        return None
+    return tracing.start(name, parent.traceparent, attributes)
