@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from protocol import errors
-from protocol.messages import DataGrant, DataKey, DataKeys, Error, Submit
+from protocol.messages import DataGrant, DataKey, DataKeys, Error, InputSpec, Submit
 from protocol.tickets import FileClaim, TicketClaims, digest_problem, name_problem, sign, worker_key
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from coordinator.registry import WorkerRegistry
     from coordinator.streams import Streams
 
-__all__ = ["DataPlane", "data_problem"]
+__all__ = ["DataPlane", "data_problem", "ref_problem"]
 
 MAX_DATA_NAMES = 1024  # inputs and outputs of one plan, each
 
@@ -54,9 +54,14 @@ def data_problem(msg: Submit) -> str | None:
         problem = name_problem(spec.name, field)
         if problem is None and spec.name in seen:
             problem = f"{field} {spec.name!r} is given twice"
-        if problem is None and spec.size < 0:
-            problem = f"inputs[{index}].size must be >= 0 (got {spec.size})"
-        if problem is None:
+        if problem is None and spec.ref is not None:
+            problem = ref_problem(spec, index)
+        elif problem is None and spec.size < 0:
+            problem = (f"inputs[{index}].size is required for an uploaded input (bytes, >= 0)" if spec.size == -1
+                       else f"inputs[{index}].size must be >= 0 (got {spec.size})")
+        elif problem is None and not spec.digest:
+            problem = f"inputs[{index}].digest is required for an uploaded input (e.g. blake3:<64 hex>)"
+        elif problem is None:
             problem = digest_problem(spec.digest, f"inputs[{index}].digest")
         if problem is not None:
             return problem
@@ -70,6 +75,19 @@ def data_problem(msg: Submit) -> str | None:
             return problem
         outputs.add(name)
     return None
+
+
+def ref_problem(spec: InputSpec, index: int) -> str | None:
+    """Why an input in the reference form (``ref`` set) is invalid, naming the field, or None."""
+    ref = spec.ref
+    assert ref is not None
+    if spec.size != -1 or spec.digest:
+        return f"inputs[{index}] names another plan's output (ref): leave its size and digest out"
+    if not ref.plan_id:
+        return f"inputs[{index}].ref.plan_id must be a non-empty plan id"
+    problem = name_problem(ref.name, f"inputs[{index}].ref.name")
+    # Issue #28 phase 1: the graph is bookkept (coordinator/graphs/) but not wired into placement yet.
+    return problem or f"inputs[{index}].ref: this coordinator does not run plan graphs yet (issue #28)"
 
 
 class DataPlane:

@@ -191,18 +191,29 @@ class RunningPlan(msgspec.Struct, omit_defaults=True):
     devices: list[int] = []  # the devices it holds: positions in ``capabilities.gpus``
 
 
+class OutputRef(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Another plan's output, used as an input (docs/PROTOCOL.md §Plan graphs): plan ``plan_id``'s output ``name``."""
+
+    plan_id: str
+    name: str
+
+
 class InputSpec(msgspec.Struct, omit_defaults=True):
-    """A plan input the client uploads to the worker (docs/PROTOCOL.md §Data plane).
+    """A plan input: uploaded by the client to the worker, or another plan's output (docs/PROTOCOL.md §Data plane).
 
     ``name`` is a plain file name (protocol/tickets.py ``name_problem``); ``size`` in bytes;
     ``digest`` is ``blake3:<hex>`` (what the SDK declares), ``sha256:<hex>`` or ``blake2b:<hex>`` of the
-    whole content, checked by the worker. Every field is required: the worker checks the bytes it
-    receives against the digest, and an input without one was never accepted (``invalid_argument``).
+    whole content, checked by the worker. An uploaded input needs both (``invalid_argument`` naming
+    the field without them): the worker checks the bytes it receives against the digest.
+
+    The reference form sets ``ref`` and leaves ``size`` and ``digest`` out: the plan waits until the
+    referenced output exists, and the coordinator fills them in from it in ``assign`` (issue #28).
     """
 
     name: str
-    size: int
-    digest: str
+    size: int = -1  # -1: not given (a reference's; an uploaded input's is required)
+    digest: str = ""  # "": not given (a reference's; an uploaded input's is required)
+    ref: OutputRef | None = None  # another plan's output (None: the client uploads it)
 
 
 class OutputSpec(msgspec.Struct, omit_defaults=True):
@@ -367,6 +378,7 @@ class Cancel(_Msg, tag="cancel"):
     plan_id: str
     req_id: ReqId = 0
     attempt: int = 0
+    with_dependants: bool = False  # client -> coordinator: cancel the plans that use its outputs or run after it too
 
 
 class Error(_Msg, tag="error"):
@@ -465,6 +477,9 @@ class Submit(_Msg, tag="submit"):
     # (a store loss), with the same id and spec (docs/SEMANTICS.md §Recovery from clients and workers).
     recovered: bool = False
     resources: Resources | None = None  # devices the plan holds while it runs (None: none)
+    after: list[str] = []  # plans that must succeed before this one is placed (docs/PROTOCOL.md §Plan graphs)
+    # Running it again gives the same outputs: a lost output it made may be rebuilt by running it again (issue #28).
+    deterministic: bool = True
     preemptible: bool = False  # it may be stopped and requeued for another team's plan (issue #27; not yet acted on)
     traceparent: str = ""  # the caller's W3C trace context: the plan's spans join that trace ("": none)
 

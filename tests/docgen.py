@@ -193,6 +193,13 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
                                  "second): a worker reconnecting in a loop. Nothing changed; `retry_after_s` says "
                                  "when the id may register again. The session is then closed `4429`, and the "
                                  "token's next upgrades from that address get `429` for a cool-off."),
+    errors.UPSTREAM_FAILED: ("ErrorInfo", "A plan whose output the plan uses, or which it runs after (`after`), ended "
+                             "failed or cancelled, or failed so itself: `detail.upstream` names that plan and "
+                             "`detail.root` the one whose end started it (§4 *Plan graphs*)."),
+    errors.OUTPUT_LOST: ("ErrorInfo", "An output the plan uses is gone (its worker is gone, or its spool dropped it) "
+                         "and cannot be made again (its producer is not `deterministic`, took uploaded inputs, or "
+                         "its rebuild failed), or its producer succeeded without making it. The message names the "
+                         "output and why (§4 *Plan graphs*)."),
 }
 
 

@@ -1,8 +1,9 @@
 """Where docs/PROTOCOL.md was silent or said otherwise than the code (issue #25 part 12), driven through the
 real codecs and core (the :class:`Wire` of tests/unit/test_protocol_truths.py).
 
-* ``InputSpec.digest`` is required: the table says so, and a submit whose input has none is refused
-  naming its path (it was documented with a default ``""`` and refused anyway);
+* an uploaded input's ``InputSpec.digest`` is required: the table says so, and a submit whose uploaded input
+  has none is refused naming the field (issue #28 gave it a default ``""``: an input in the reference form
+  has none);
 * the lifecycle table of §6 names every key the core puts in a terminal event's ``data``
   (``receipt`` was missing).
 
@@ -22,17 +23,18 @@ DIGEST = "sha256:" + "ab" * 32
 RECEIPT = {"joules": 2.0, "source": "power_model", "estimated": True}
 
 
-def test_an_input_without_a_digest_is_refused_naming_its_path_as_the_table_says() -> None:
-    """InputSpec's table says digest is required, and a submit whose input has none is refused with
-    invalid_message at ``$.inputs[0]``; with one it is accepted."""
+def test_an_input_without_a_digest_is_refused_naming_its_field_as_the_table_says() -> None:
+    """InputSpec's table says an uploaded input's digest is required, and a submit whose input has none is
+    refused with invalid_argument naming ``inputs[0].digest``; with one it is accepted."""
     (table,) = _tables()["InputSpec"]
-    assert table["fields"]["digest"] == "required"
+    assert "required for an uploaded input" in PROTOCOL_MD.read_text().split("**InputSpec**")[1].split("**")[0]
+    assert table["fields"]["digest"] == '`""`'
     wire = Wire()
     client = wire.open("client")
     wire.send_json(client, {"type": "submit", "req_id": 1, "op": "echo", "inputs": [{"name": "a", "size": 1}]})
     [error] = wire.errors(client)
-    assert error["code"] == errors.INVALID_MESSAGE and "`digest`" in error["message"]
-    assert "$.inputs[0]" in error["message"] and error["req_id"] == 1
+    assert error["code"] == errors.INVALID_ARGUMENT and "inputs[0].digest is required" in error["message"]
+    assert error["req_id"] == 1
     wire.send_json(client, {"type": "submit", "req_id": 2, "op": "echo",
                             "inputs": [{"name": "a", "size": 1, "digest": DIGEST}]})  # fmt: skip
     assert [m["type"] for m in wire.take(client)][:1] == ["accepted"]
