@@ -130,6 +130,7 @@ class PlanGraph:
         """Upstream key -> the keys of the plans that need it directly."""
         self.held: set[str] = set()
         """Plans kept out of the placement queue until their needs are met."""
+        self._blocked: dict[str, int] = {}  # held plan -> the index of the need that holds it (admit)
 
     def __len__(self) -> int:
         return len(self.needs)
@@ -197,41 +198,54 @@ class PlanGraph:
 
     # ------------------------------------------------------------------ readiness
 
-    def admit(self, plan_id: str) -> Verdicts:
+    def admit(self, plan_id: str, *, resume: bool = False) -> Verdicts:
         """A plan with needs is about to be queued (submitted, restored, requeued): is it ready?
 
         Ready: in ``ready`` (no longer held). Waiting: held (:meth:`wait_of` says why). An upstream that
         failed: the plan and its dependants in ``doomed``. A lost output: a rebuild in ``rebuilds`` (the
         plan stays held), or ``output_lost`` in ``doomed`` when none can be made.
+
+        ``resume``: start at the need that held it last time (the ones before it were met, and only a
+        loss unmeets one: losses admit from the start). A fan-in of N plans then costs O(N), not O(N^2).
         """
         verdicts = Verdicts()
-        for need in self.needs.get(plan_id, ()):
+        needs = self.needs.get(plan_id, ())
+        start = self._blocked.get(plan_id, 0) if resume else 0
+        for index in range(start, len(needs)):
+            need = needs[index]
             found = self.lineage.lookup(need)
             if found.kind == "found":
                 continue
             if found.kind in ("unfinished", "rebuilding"):
                 self.held.add(plan_id)
+                self._blocked[plan_id] = index
                 verdicts.held.append(plan_id)
                 return verdicts
             if found.kind == "lost" and found.key in self._plans:
                 self.held.add(plan_id)
+                self._blocked[plan_id] = index
                 lost = self._lost(found.key, (need.output,))
                 if plan_id in self.held:  # not doomed: it waits for the rebuild
                     verdicts.held.append(plan_id)
                 verdicts.extend(lost)
                 return verdicts
-            self.held.discard(plan_id)
+            self._unhold(plan_id)
             # An upstream that failed: its fall dooms this plan; an output never made (or a forgotten
             # upstream): this plan is doomed by its own need, and its dependants fall with it.
             verdicts.doomed += self._fall(need.upstream if found.kind == "failed" else plan_id, set())
             return verdicts
-        self.held.discard(plan_id)
+        self._unhold(plan_id)
         verdicts.ready.append(plan_id)
         return verdicts
 
+    def _unhold(self, plan_id: str) -> None:
+        self.held.discard(plan_id)
+        self._blocked.pop(plan_id, None)
+
     def wait_of(self, plan_id: str) -> Wait | None:
         """The first need of ``plan_id`` that keeps it waiting, or None (ready, doomed, or no needs)."""
-        for need in self.needs.get(plan_id, ()):
+        needs = self.needs.get(plan_id, ())
+        for need in needs[self._blocked.get(plan_id, 0):]:  # those before the blocking one are met (admit)
             found = self.lineage.lookup(need)
             if found.kind == "unfinished":
                 return Wait(need, "unfinished")
@@ -265,7 +279,7 @@ class PlanGraph:
         verdicts = Verdicts()
         if plan is None or not plan.terminal:
             return verdicts
-        self.held.discard(plan_id)  # a held plan that ended otherwise (cancelled) waits no more
+        self._unhold(plan_id)  # a held plan that ended otherwise (cancelled) waits no more
         origin = self.lineage.origin_of(plan_id)
         if plan.state != "succeeded" and origin == plan_id:
             verdicts.doomed += self._fall(plan_id, set())
@@ -274,19 +288,25 @@ class PlanGraph:
         # consumers find their output lost and not rebuildable: output_lost).
         waiting = {plan_id, origin}
         keys = sorted(self.dependants.get(plan_id, set()) | self.dependants.get(origin, set()))
+        # Only a held plan blocked on this one looks again (from where it was blocked): a fan-in's
+        # plan is not rescanned at each of its upstreams' ends.
+        blocked = self._blocked
         return self._admit_all(
-            key for key in keys if key in self.held and any(n.upstream in waiting for n in self.needs.get(key, ()))
+            (key for key in keys if key in self.held and self.needs[key][blocked.get(key, 0)].upstream in waiting),
+            resume=True,
         )
 
-    def _admit_all(self, keys: Iterable[str], verdicts: Verdicts | None = None) -> Verdicts:
+    def _admit_all(self, keys: Iterable[str], verdicts: Verdicts | None = None, *, resume: bool = False) -> Verdicts:
         """:meth:`admit` each of ``keys`` but those already doomed in ``verdicts`` (one loss dooms every
         consumer waiting on it: the next one admitted must not be doomed twice)."""
         verdicts = verdicts if verdicts is not None else Verdicts()
+        doomed = {doom.plan_id for doom in verdicts.doomed}
         for key in keys:
             plan = self._plans.get(key)
-            if plan is not None and (key in self.held or plan.state == "queued"):
-                if not any(doom.plan_id == key for doom in verdicts.doomed):
-                    verdicts.extend(self.admit(key))
+            if plan is not None and (key in self.held or plan.state == "queued") and key not in doomed:
+                found = self.admit(key, resume=resume)
+                doomed.update(doom.plan_id for doom in found.doomed)
+                verdicts.extend(found)
         return verdicts
 
     def holder_lost(self, worker_id: str) -> Verdicts:
@@ -342,7 +362,7 @@ class PlanGraph:
                 if need.upstream == origin and need.data and self.lineage.lookup(need).kind == "lost":
                     message = f"output {need.output!r} of plan {name} is lost and cannot be made again: {why}"
                     seen.add(key)
-                    self.held.discard(key)
+                    self._unhold(key)
                     verdicts.doomed.append(Doom(key, errors.OUTPUT_LOST, message, origin, origin))
                     verdicts.doomed += self._fall(key, seen, root=origin)
                     break
@@ -356,7 +376,7 @@ class PlanGraph:
         plan = self._plans.get(failed)
         if plan is not None and not plan.terminal and failed not in seen:  # doomed by a need, not by its own end
             seen.add(failed)
-            self.held.discard(failed)
+            self._unhold(failed)
             out.append(self._first_doom(failed))
         todo = deque([failed])
         while todo:
@@ -366,7 +386,7 @@ class PlanGraph:
                 if key in seen or dependant is None or dependant.terminal:
                     continue
                 seen.add(key)
-                self.held.discard(key)
+                self._unhold(key)
                 out.append(self._upstream_doom(key, upstream, root))
                 todo.append(key)
             origin = self.lineage.origin.get(upstream)
@@ -436,7 +456,7 @@ class PlanGraph:
 
     def forget(self, plan_id: str) -> None:
         """Plan ``plan_id`` was forgotten (retention): its edges, hold and lineage go."""
-        self.held.discard(plan_id)
+        self._unhold(plan_id)
         for need in self.needs.pop(plan_id, ()):
             users = self.dependants.get(need.upstream)
             if users is not None:

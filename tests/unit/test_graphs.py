@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.graphs import (
+    Lineage,
     LocalityConfig,
     Need,
     PlanGraph,
@@ -20,6 +21,7 @@ from coordinator.graphs import (
     needs_of,
     wait_bound_s,
 )
+from coordinator.graphs.lineage import Lookup
 from protocol import errors
 from protocol.messages import ErrorInfo, InputSpec, OutputRef, OutputSpec
 
@@ -151,7 +153,9 @@ def after(upstream: str) -> Need:
 
 def test_needs_of_lists_references_then_orders_each_upstream_once() -> None:
     """needs_of takes references in input order, then after-orders, an upstream already referenced not again."""
-    inputs = [InputSpec("a", ref=OutputRef("p1", "y")), InputSpec("up", 3, DIGEST), InputSpec("b", ref=OutputRef("p2", "z"))]
+    inputs = [
+        InputSpec("a", ref=OutputRef("p1", "y")), InputSpec("up", 3, DIGEST), InputSpec("b", ref=OutputRef("p2", "z"))
+    ]
     assert needs_of(inputs, ["p1", "p3", "p3"]) == (Need("p1", "y", "a"), Need("p2", "z", "b"), Need("p3"))
 
 
@@ -338,7 +342,9 @@ def test_a_consumer_reporting_a_missing_output_gets_it_rebuilt() -> None:
     ("uploads", "deterministic", "why"),
     [(True, True, "uploaded by its client"), (False, False, "deterministic=false")],
 )
-def test_a_lost_output_that_cannot_be_made_again_fails_output_lost(uploads: bool, deterministic: bool, why: str) -> None:
+def test_a_lost_output_that_cannot_be_made_again_fails_output_lost(
+    uploads: bool, deterministic: bool, why: str
+) -> None:
     """A producer with uploaded inputs, or not deterministic, is not rebuilt: its waiting consumer fails
     output_lost naming the output and why, and the consumer's dependants fail upstream_failed."""
     core = Core()
@@ -408,6 +414,29 @@ def test_pinned_while_an_unfinished_plan_needs_it_and_forget_drops_edges() -> No
     core.graph.forget("b")
     core.graph.forget("a")
     assert not core.graph.needs and not core.graph.dependants and list(core.graph.edges()) == []
+
+
+class CountingLineage(Lineage):
+    """The graph's lineage, counting its look-ups (what a fan-in costs)."""
+
+    lookups = 0
+
+    def lookup(self, need: Need) -> Lookup:
+        self.lookups += 1
+        return super().lookup(need)
+
+
+def test_a_fan_in_costs_a_bounded_number_of_look_ups_per_edge() -> None:
+    """A plan after N plans is not rescanned at each of their ends: about two look-ups per edge, not N."""
+    core = Core()
+    lineage = core.graph.lineage = CountingLineage(core.plans)
+    ups = [f"u{i}" for i in range(400)]
+    for key in ups:
+        core.submit(key)
+    core.submit("sink", [after(key) for key in ups])
+    for key in ups:
+        core.run(key)
+    assert core.ready == ["sink"] and lineage.lookups <= 3 * len(ups)
 
 
 # ------------------------------------------------------------------ locality
