@@ -18,7 +18,7 @@ Depends only on the session table (coordinator/sessions.py) and the protocol mes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -28,12 +28,27 @@ from coordinator.sessions import Session, SessionTable
 from protocol import errors
 from protocol.messages import Error, ToClient, ToWorker
 
-__all__ = ["Effects", "Outbound", "Outbox"]
+__all__ = ["Effects", "Outbound", "Outbox", "TraceNote"]
 
 log = structlog.get_logger(__name__)
 
 Outbound = ToWorker | ToClient
 """A frame the core sends: to a worker session or to a client session."""
+
+
+class TraceNote(NamedTuple):
+    """A lifecycle step of a traced plan (its caller sampled it), for the driver's spans (io/ops/tracing.py).
+
+    ``kind`` is the stream event's (``queued``, ``waiting``, ``leased``, ...) or ``placed`` (the
+    scheduler's choice: ``data`` holds the policy and the worker). Noted only while the core traces
+    (``Streams.tracing``): off, nothing is built.
+    """
+
+    traceparent: str
+    plan_id: str
+    attempt: int
+    kind: str
+    data: Any
 
 
 @dataclass
@@ -47,6 +62,7 @@ class Effects:
     closes: list[tuple[int, int, str]] = field(default_factory=list)  # (conn_id, close code, reason)
     records: list[Record] = field(default_factory=list)  # coordinator/records.py
     decisions: list[dict[str, Any]] = field(default_factory=list)  # autoscaler decisions, for the hook command
+    traces: list[TraceNote] | None = None  # traced plans' steps, for the driver's spans (None: none this step)
 
 
 class Outbox:
@@ -98,6 +114,14 @@ class Outbox:
         if not s.closing:
             s.closing = True
             self._effects.closes.append((s.conn_id, code, reason))
+
+    def traced(self, note: TraceNote) -> None:
+        """A traced plan's step, for the driver's spans."""
+        traces = self._effects.traces
+        if traces is None:
+            self._effects.traces = [note]
+        else:
+            traces.append(note)
 
     def decided(self, decision: dict[str, Any]) -> None:
         """An autoscaler decision, for the server's hook command."""

@@ -39,8 +39,8 @@ Rules (docs/SEMANTICS.md §Operator requests):
 * ``release_device`` passes an operator's release of a quarantined device to its worker, which keeps
   the quarantine (docs/OPERATIONS.md §GPU health): the worker's next load reports the device ``ok``
   and placement counts it again. A disconnected worker, or a device it does not have, is an error.
-* ``drain_worker``, ``undrain_worker``, ``remove_worker`` and ``release_device`` are operator actions: a session without the admin
-  role gets ``error(forbidden)`` and nothing changes (``list_plans`` stays open to clients: it
+* ``drain_worker``, ``undrain_worker``, ``remove_worker`` and ``release_device`` are operator actions: a
+  session without the admin role gets ``error(forbidden)`` and nothing changes (``list_plans`` stays open to clients: it
   shows only their own plans).
 * An unknown worker id answers ``error(unknown_worker)``; a negative or non-finite deadline,
   a ``limit`` outside 1..10000, or a filter over 256 characters, answers ``error(invalid_argument)``.

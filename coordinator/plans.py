@@ -63,6 +63,7 @@ from protocol.messages import (
     RoutingHints,
     Submit,
 )
+from protocol.tracecontext import trace_id_of, traceparent_problem
 
 __all__ = [
     "EVERY_PRINCIPAL",
@@ -218,6 +219,7 @@ class Plan:
     seq_recorded: int = 0  # next_seq as far as the store has it reserved (unrecorded events: coordinator/streams.py)
     tally: OwnerTally | None = None  # its owner's counts by state, once a listing indexed it (operator_requests.py)
     name: str | None = None  # its owner's id for it when that is not its key (PlanNames); None: the key
+    traceparent: str = ""  # its caller's W3C trace context, from its submit ("": none; protocol/tracecontext.py)
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -234,6 +236,7 @@ class Plan:
             order=order,
             hints=msg.hints,
             retries=msg.retries,
+            traceparent=msg.traceparent,
             inputs=msg.inputs,
             outputs=msg.outputs,
             resources=msg.resources,
@@ -423,6 +426,7 @@ class Plan:
             ended_at=self.ended_at,
             receipt=self.receipt,
             name=name if admin else None,
+            trace_id=trace_id_of(self.traceparent),
         )
 
 
@@ -529,6 +533,8 @@ def submit_problem(msg: Submit) -> str | None:
         return f"requirements.min_gpu_memory_bytes must be >= 0 (got {msg.requirements.min_gpu_memory_bytes})"
     if msg.resources is not None and (problem := resources_problem(msg.resources)) is not None:
         return problem
+    if msg.traceparent and (problem := traceparent_problem(msg.traceparent)) is not None:
+        return f"submit.{problem}"
     # Name caps (protocol/caps.py): names go into logs, indexes and every reply about the plan.
     # The usual short names and no tags cannot exceed them: one cheap test on the hot path.
     short = len(msg.op) <= MAX_OP_BYTES // 4 and len(msg.plan_id or "") <= MAX_PLAN_ID_BYTES // 4

@@ -230,6 +230,11 @@ class WorkerRegistry:
         before = _figures(record)
         record.load = load
         record.last_beat_s = now
+        if load.devices or record.gpu_blocked:  # a worker that reports device health (docs/OPERATIONS.md §GPU health)
+            blocked = tuple(d.index for d in load.devices if d.state == "quarantined")
+            if blocked != record.gpu_blocked:
+                _block_devices(record, blocked)
+                self._room_changed(record)
         record.pending_tokens = 0  # this report counts what was placed before it
         heapq.heappush(self._beats, (now, worker_id))
         self._reflag(record, figures=True)
@@ -505,7 +510,7 @@ class WorkerRegistry:
             address=r.address,
             draining=r.draining,
             version=r.version,
-            gpu_use=[r.gpu_use[i] if i < len(r.gpu_use) else 0 for i in range(len(r.capabilities.gpus))],
+            gpu_use=_lease_use(r),
         )
 
     def summary(self, now: float) -> str:
@@ -515,6 +520,16 @@ class WorkerRegistry:
         gpus = sum(len(r.capabilities.gpus) for r in alive)
         ram_gb = sum(r.capabilities.ram_bytes for r in alive) / 1e9
         return f"{len(alive)} workers ({cpus} CPUs, {gpus} GPUs, {ram_gb:.1f} GB RAM)"
+
+
+def _lease_use(record: WorkerRecord) -> list[int]:
+    """Leases holding each device (a quarantine's count taken out)."""
+    use = [record.gpu_use[i] if i < len(record.gpu_use) else 0 for i in range(len(record.capabilities.gpus))]
+    if record.gpu_blocked:
+        share = max(1, record.capabilities.gpu_share)
+        for i in record.gpu_blocked:
+            use[i] = max(0, use[i] - share)
+    return use
 
 
 def _hold_devices(record: WorkerRecord, plan_id: str, need: GpuNeed, devices: Sequence[int]) -> None:
@@ -535,6 +550,22 @@ def _hold_devices(record: WorkerRecord, plan_id: str, need: GpuNeed, devices: Se
         use[i] += 1
 
 
+def _block_devices(record: WorkerRecord, blocked: tuple[int, ...]) -> None:
+    """Quarantined devices (the worker's load says so) count as fully held: no lease takes one, none is
+    free (``gpu_use`` adds ``gpu_share`` to each; ``info`` shows the leases' count only)."""
+    share = max(1, record.capabilities.gpu_share)
+    use = record.gpu_use
+    count = len(record.capabilities.gpus)
+    if len(use) < count:
+        use.extend([0] * (count - len(use)))
+    for i in record.gpu_blocked:
+        if i < len(use):
+            use[i] = max(0, use[i] - share)
+    record.gpu_blocked = tuple(i for i in blocked if 0 <= i < count)
+    for i in record.gpu_blocked:
+        use[i] += share
+
+
 def _recount_devices(record: WorkerRecord) -> None:
     """Rebuild ``gpu_use`` from ``gpu_held`` for the record's (new) device list."""
     count = len(record.capabilities.gpus)
@@ -548,3 +579,6 @@ def _recount_devices(record: WorkerRecord) -> None:
         for i in kept:
             use[i] += 1
     record.gpu_use = use
+    blocked, record.gpu_blocked = record.gpu_blocked, ()
+    if blocked:
+        _block_devices(record, blocked)

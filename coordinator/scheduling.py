@@ -196,12 +196,14 @@ class Scheduler:
         if record.conn_id is not None:
             assign = Assign(
                 plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s,
-                inputs=plan.inputs, outputs=plan.outputs,
+                inputs=plan.inputs, outputs=plan.outputs, traceparent=plan.traceparent,
             )
             if plan.gpus is not None:
                 assign.resources = plan.resources
                 assign.devices = list(registry.devices_of(record.id, plan.id))
             self._outbox.send(record.conn_id, assign)
+        if self._streams.tracing and plan.traceparent:  # the placement span's policy and worker (§Tracing)
+            self._streams.note(plan, "placed", {"policy": placement.policy_name(plan), "worker_id": record.id})
         self._streams.emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
         if (plan.inputs or plan.outputs) and self._data is not None:  # where the client sends and fetches bytes
             plan.produced = []

@@ -42,8 +42,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from coordinator.effects import TraceNote
 from coordinator.plans import SMALL_EVENT_BYTES
 from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, Resync
+from protocol.tracecontext import is_sampled
 
 if TYPE_CHECKING:
     from coordinator.effects import Outbox
@@ -58,6 +60,9 @@ __all__ = ["REPLAY_NOW_EVENTS", "REPLAY_SLICE_EVENTS", "UNRECORDED_SEQ_RESERVE",
 REPLAY_NOW_EVENTS = 512  # a subscribe replaying at most this many events is answered in its own step
 REPLAY_SLICE_EVENTS = 256  # ... a larger one goes out in slices of about this many, across loop turns
 UNRECORDED_SEQ_RESERVE = 64  # seqs a plan's recorded status reserves ahead for unrecorded events (emit)
+#: The lifecycle events a traced plan's spans are made of (coordinator/io/ops/tracing.py).
+TRACED_KINDS = frozenset({"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled",
+                          "preempted"})  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -102,6 +107,8 @@ class Streams:
     ) -> None:
         self.now = 0.0
         """The ``now`` of the input being handled (the core sets it): when a plan that ends now ended."""
+        self.tracing = False
+        """Note traced plans' lifecycle steps for the driver's spans (``note``; the driver sets it when it traces)."""
         self._outbox = outbox
         self._subscriptions = subscriptions
         self._plans = plans
@@ -130,6 +137,8 @@ class Streams:
             kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self._max_events,
             max_bytes=self._max_event_bytes, size=SMALL_EVENT_BYTES if small else size,
         )
+        if self.tracing and plan.traceparent and kind in TRACED_KINDS:
+            self.note(plan, kind, data)
         if recorded:
             self._journal.emitted(plan, event)
         elif plan.next_seq > plan.seq_recorded:  # past what the store has reserved: reserve the next run
@@ -147,6 +156,11 @@ class Streams:
             self._quota.release(plan.owner, plan.id)
             plan.drop_ephemeral()  # a finished plan keeps its durable events only; a replay resyncs the rest
             self._retention.ended(plan, self.now)
+
+    def note(self, plan: Plan, kind: str, data: Any) -> None:
+        """A step of a traced plan for the driver's spans (docs/OPERATIONS.md §Tracing), when its caller sampled it."""
+        if self.tracing and plan.traceparent and is_sampled(plan.traceparent):
+            self._outbox.traced(TraceNote(plan.traceparent, plan.id, plan.attempt, kind, data))
 
     def fail(self, plan: Plan, worker_id: str | None, error: ErrorInfo) -> None:
         """Record why the plan failed (the table move is done) and end its stream with ``failed``."""

@@ -65,6 +65,8 @@ class WorkerRecord:
         gpu_use: how many leases hold each of ``capabilities.gpus`` (by position), per
             coordinator/devices.py; the registry takes and gives back devices with leases.
         gpu_held: the devices each lease holds (leases without devices are absent).
+        gpu_blocked: its quarantined devices, as its last load said (docs/OPERATIONS.md §GPU health): each
+            counts ``gpu_share`` more in ``gpu_use``, so placement takes none of them.
     """
 
     id: str
@@ -90,6 +92,7 @@ class WorkerRecord:
     has_latency: bool = False
     gpu_use: list[int] = field(default_factory=list)
     gpu_held: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    gpu_blocked: tuple[int, ...] = ()  # quarantined devices, from its load (counted as held in gpu_use)
 
     def gpus_free(self) -> int:
         """Devices no lease holds now."""

@@ -74,6 +74,7 @@ from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.resume import Resumer
 from fleetwire.session import COALESCE_LIMIT_BYTES, ClientSession
 from fleetwire.stream import PlanStream
+from fleetwire.tracing import LiveSpan, end_submit_spans, start_submit_spans
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
 from protocol.messages import (
@@ -406,10 +407,12 @@ class Client:
             timeout_s=timeout_s, max_attempts=max_attempts, retries=retries, plan_id=plan_id, hints=hints,
             session_key=session_key, policy=policy, outputs=outputs, resources=resources,
         )
+        spans = start_submit_spans([msg])  # the caller's trace context rides with the plan (fleetwire/tracing.py)
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
         if len(raw) > self.max_inline_bytes and args is not None:  # over the frame limit: args go by the data plane
             msg, raw = await submits.args_by_data_plane(msg, sources, self._session.encode)
         plans, refused = await self._submit([submits.Request(msg.req_id, raw, plan_id is None)])
+        end_submit_spans(spans, refused.code if refused is not None else "")
         if refused is not None:
             raise refused
         plan = plans[0]
@@ -453,11 +456,13 @@ class Client:
         ids = list(plan_ids) if plan_ids is not None else [None] * len(items)
         if len(ids) != len(items):
             raise ValueError(f"plan_ids has {len(ids)} ids for {len(items)} args; give one per plan (or None)")
+        spans: list[LiveSpan | None] = []
         requests = submits.batch(
             self._session, op, items, ids, requirements=reqs, priority=priority, timeout_s=timeout_s,
-            max_attempts=max_attempts, max_inline_bytes=self.max_inline_bytes,
+            max_attempts=max_attempts, max_inline_bytes=self.max_inline_bytes, spans=spans,
         )
         plans, refused = await self._submit(requests)
+        end_submit_spans(spans, refused.code if refused is not None else "")
         await self._replay_duplicates(plans)
         if refused is not None:
             raise refused

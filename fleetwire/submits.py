@@ -36,6 +36,7 @@ from fleetwire.inputs import InputSource, prepare_inputs
 from fleetwire.plan import Plan
 from fleetwire.prompt_hints import fill_hints
 from fleetwire.session import ClientSession
+from fleetwire.tracing import LiveSpan, start_submit_spans
 from protocol.messages import Accepted, Requirements, Resources, RoutingHints, Submit
 from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 
@@ -135,8 +136,10 @@ def batch(
     timeout_s: float | None,
     max_attempts: int,
     max_inline_bytes: int,
+    spans: list[LiveSpan | None] | None = None,
 ) -> list[Request]:
-    """``Client.submit_many``'s requests: one subscribed submit per item, each with its plan id or a new one.
+    """``Client.submit_many``'s requests: one subscribed submit per item, each with its plan id or a new one,
+    and its caller's trace context (``spans`` gets their submit spans: fleetwire/tracing.py).
 
     Raises:
         ValueError: an item encoded over ``max_inline_bytes`` (nothing is sent).
@@ -144,12 +147,18 @@ def batch(
     """
     encode = session.encode
     requests: list[Request] = []
-    for item, plan_id in zip(items, ids, strict=True):
-        req_id = session.next_req_id()
-        msg = Submit(
-            req_id=req_id, op=op, args=item, requirements=requirements, priority=priority, timeout_s=timeout_s,
-            max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True,
+    msgs = [
+        Submit(
+            req_id=session.next_req_id(), op=op, args=item, requirements=requirements, priority=priority,
+            timeout_s=timeout_s, max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True,
         )
+        for item, plan_id in zip(items, ids, strict=True)
+    ]
+    started = start_submit_spans(msgs)
+    if started is not None and spans is not None:
+        spans.extend(started)
+    for msg, plan_id in zip(msgs, ids, strict=True):
+        req_id = msg.req_id
         raw = encode(msg)  # an unencodable item fails here, before anything is sent
         if len(raw) > max_inline_bytes:  # never a frame the coordinator would close the session for
             raise ValueError(f"args[{len(requests)}] is {len(raw)} bytes encoded, over max_inline_bytes "

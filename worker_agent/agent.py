@@ -272,6 +272,8 @@ class Agent:
             if self.health is not None:
                 await self.health.stop()
                 self.health = None
+            if self.runner.tracing is not None:  # the spans still queued go to the collector
+                await asyncio.to_thread(self.runner.tracing.flush)
             self.data_server = self.relay = None
             await self._data_side.stop()
 

@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 
+from wireio.tracing import SERVICE_WORKER, Tracing
 from worker_agent.agent import Agent, AuthError, WorkerRemoved
 from worker_agent.argtypes import non_negative_int, positive_float
 from worker_agent.handlers import Handler, load_handler_spec
@@ -108,6 +109,20 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpu-share", type=non_negative_int, default=1, metavar="K",
         help="plans that may hold one device at once (default 1: never shared)",
     )
+    parser.add_argument(
+        "--gpu-health-interval", type=float, default=5.0, metavar="S",
+        help="seconds between two readings of every device's health through NVML (XID, ECC, temperature, "
+             "throttling; a faulty device is quarantined: docs/OPERATIONS.md §GPU health); 0: none (default 5)",
+    )
+    parser.add_argument(
+        "--gpu-hot", type=float, default=90.0, metavar="C",
+        help="temperature from which a device is reported degraded (default 90)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint", default="", metavar="URL",
+        help="send traced plans' spans to this OpenTelemetry collector (OTLP/HTTP; default: "
+             "$OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing; needs fleetwire[otel]; docs/OPERATIONS.md §Tracing)",
+    )
     parser.add_argument("--kv-blocks", type=non_negative_int, default=0, metavar="N", help="KV-cache block budget")
     parser.add_argument(
         "--kv-block-tokens", type=non_negative_int, default=16, metavar="N", help="tokens per KV block (default 16)"
@@ -190,6 +205,8 @@ def _settings(ns: argparse.Namespace) -> AgentSettings:
         input_timeout_s=ns.input_timeout,
         gpus=ns.gpus,
         gpu_share=ns.gpu_share,
+        gpu_health_interval_s=ns.gpu_health_interval,
+        gpu_hot_c=ns.gpu_hot,
     )
 
 
@@ -212,7 +229,8 @@ def _agent(ns: argparse.Namespace, url: str, token: str | None) -> Agent:
     """
     handlers = _handlers(ns)
     telemetry: Telemetry = telemetry_from_args(ns)
-    agent = Agent(url, token, settings=_settings(ns), telemetry=telemetry)
+    tracing = Tracing.from_env(SERVICE_WORKER, endpoint=ns.otlp_endpoint or None)  # docs/OPERATIONS.md §Tracing
+    agent = Agent(url, token, settings=_settings(ns), telemetry=telemetry, tracing=tracing)
     if telemetry.engine is not None:  # op "generate" streams from the OpenAI-compatible server
         agent.add_handler("generate", telemetry.engine.generate)
     for name, fn in handlers:

@@ -33,6 +33,7 @@ from coordinator.plans import RESERVED_KINDS, SMALL_EVENT_BYTES, Plan, advance, 
 from coordinator.receipts import settle
 from protocol import errors
 from protocol.messages import Accept, Done, Error, ErrorInfo, Event, Receipt, Reject
+from protocol.tracecontext import trace_id_of
 
 if TYPE_CHECKING:
     from coordinator.effects import Outbox
@@ -196,6 +197,8 @@ class Leases:
         if receipt is not None:
             receipt = settle(receipt, plan.projected)
             assert receipt is not None
+            if plan.traceparent:  # the receipt names the plan's trace (docs/OPERATIONS.md §Tracing)
+                receipt.trace_id = trace_id_of(plan.traceparent)
             self._state.footprint.add(plan.owner, plan.op, receipt)
             plan.receipt = receipt
             if plan.terminal:  # cancelled before this done: its record gets it

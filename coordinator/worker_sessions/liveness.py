@@ -79,7 +79,13 @@ class Liveness:
         state = self._state
         state.counters["heartbeats"] += 1
         was_alive = state.registry.is_alive(worker_id, now)
+        blocked = state.registry.get(worker_id).gpu_blocked
         record = state.registry.heartbeat(worker_id, msg.load, now)
+        if record.gpu_blocked != blocked:  # a device was quarantined or released (docs/OPERATIONS.md §GPU health)
+            log.warning("worker devices quarantined", worker_id=worker_id, devices=list(record.gpu_blocked))
+            if was_alive:
+                self._scheduler.fill_worker(record, now)
+                self._scheduler.refresh_waiting(now, record.capabilities.ops)
         if msg.leaving and not record.draining:  # stopping: no new plans (cleared when it registers again)
             record.draining = True
             self._identities.leaving.add(worker_id)

@@ -100,6 +100,7 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         accept_store_loss=ns.accept_store_loss,
         autoscale_hook=ns.autoscale_hook,
         autoscale_provider=_autoscale_provider(ns),
+        otlp_endpoint=ns.otlp_endpoint,
         **security_settings(ns),
     )
 
@@ -316,6 +317,10 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
                    help="how often the reaper runs (default: timeout/10, at most 1 s)")
     p.add_argument("--max-frame-bytes", type=int, default=1 << 20, metavar="N",
                    help="largest accepted websocket frame (default 1 MiB)")
+    p.add_argument("--otlp-endpoint", default="", metavar="URL",
+                   help="send traced plans' spans to this OpenTelemetry collector (OTLP/HTTP, e.g. "
+                        "http://127.0.0.1:4318; default: $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing; "
+                        "needs fleetwire[otel]; docs/OPERATIONS.md §Tracing)")
     p.add_argument("--store", default=None, metavar="SPEC",
                    help="where plans are kept: sqlite (default; coordinator.sqlite3 in --data-dir), "
                         "sqlite:PATH, memory (lost on restart), or postgresql://USER@HOST:PORT/DB (cluster mode: "

@@ -36,6 +36,7 @@ from coordinator.io.frontdoor.door import FrontDoor
 from coordinator.io.frontdoor.gate import peer_identity
 from coordinator.io.ops.hooks import HookRunner
 from coordinator.io.ops.provision import Provisioner
+from coordinator.io.ops.tracing import PlanSpans
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.pg_commit import PipelinedCommitter
 from coordinator.limits import Limits
@@ -90,6 +91,7 @@ class CoreDriver:
         self.redirect = redirect
         self.unavailable_answers = 0
         self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
+        self.spans: PlanSpans | None = None  # traced plans' spans (coordinator/io/ops/tracing.py; the server sets it)
 
     def receive(self, conn_id: int, msg: Any, now: float) -> None:
         """One message into the core; a bug in the core costs this message an error frame, never the process."""
@@ -112,6 +114,8 @@ class CoreDriver:
         ``size``: the bytes of the frame that caused them (the committer's backlog bound).
         """
         effects = self.core.take_effects()
+        if effects.traces is not None and self.spans is not None:
+            self.spans.flushed(effects.traces)
         if effects.decisions and self.hook is not None:
             self.hook.run(effects.decisions)
         if effects.decisions and self.provisioner is not None:
@@ -149,6 +153,8 @@ class CoreDriver:
 
     def deliver(self, effects: Effects) -> None:
         """A step's frames to their sessions' writers, its closes to the sessions (its records are committed)."""
+        if effects.traces is not None and self.spans is not None:
+            self.spans.delivered(effects.traces)
         sessions = self.door.sessions
         cap = self.limits.max_pending_messages
         cap_bytes = self.limits.max_pending_bytes

@@ -47,6 +47,7 @@ from coordinator.io.ops.hooks import HookRunner
 from coordinator.io.ops.metrics import CONTENT_TYPE, build_registry, render
 from coordinator.io.ops.metrics_http import ExpositionCache, MetricsListener, parse_listen
 from coordinator.io.ops.provision import Provisioner
+from coordinator.io.ops.tracing import PlanSpans
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import report_accepted_losses
 from coordinator.io.stores.store import Store, open_store
@@ -57,6 +58,7 @@ from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK, Codec, Encoding
 from protocol import errors as codes
 from protocol.chunkview import with_chunk_views
 from protocol.messages import FromClient, FromWorker
+from wireio.tracing import SERVICE_COORDINATOR, Tracing
 
 __all__ = ["ROLE_PATHS", "CoordinatorServer", "Role", "ServerSettings"]
 
@@ -129,6 +131,11 @@ class CoordinatorServer:
             away=self.store.abilities.away,  # PgStore: new submits ``unavailable`` and handshakes 503 meanwhile
         )
         self.door.store = self._committer = self.driver.committer
+        # Traces (docs/OPERATIONS.md §Tracing): the core notes traced plans' steps, the driver makes their spans.
+        self.tracing = Tracing.from_env(SERVICE_COORDINATOR, endpoint=settings.otlp_endpoint or None)
+        if self.tracing is not None:
+            self.driver.spans = PlanSpans(self.tracing)
+            self.core.streams.tracing = True
         self._server: Server | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._life_cycle()
@@ -328,6 +335,8 @@ class CoordinatorServer:
             await self.driver.hook.close()
         if self.provisioner is not None:
             await self.provisioner.close()
+        if self.tracing is not None:  # the spans still queued go to the collector
+            await asyncio.to_thread(self.tracing.shutdown)
         self.store.close()
 
     # ------------------------------------------------------------------ HTTP (coordinator/io/frontdoor/routes.py)

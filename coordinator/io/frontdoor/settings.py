@@ -76,6 +76,7 @@ class ServerSettings:
     autoscale_hook: str | None = None
     autoscale_provider: Provider | None = None  # starts and stops workers (coordinator/io/ops/provision.py)
     metrics_cache_s: float = 2.0  # /metrics is rebuilt at most this often (coordinator/io/ops/metrics_http.py)
+    otlp_endpoint: str = ""  # traces to this OTLP/HTTP collector ("": OTEL_EXPORTER_OTLP_ENDPOINT says; §Tracing)
     metrics_token: str | None = None  # /metrics needs this bearer token when set
     metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
 

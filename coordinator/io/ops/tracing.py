@@ -1,0 +1,112 @@
+"""The coordinator's spans of a traced plan, made from what its core noted (docs/OPERATIONS.md §Tracing).
+
+The pure core never sees OpenTelemetry: while the driver traces, ``Streams`` notes each lifecycle
+step of a plan whose caller sampled its trace (``Effects.traces``: coordinator/effects.py
+``TraceNote``). :class:`PlanSpans` gets a step's notes twice, from the driver
+(coordinator/io/frontdoor/core_driver.py): when the step is flushed (its records handed to the
+store) and when it is delivered (its records committed, its frames released). From them it writes
+finished spans, each a child of the plan's stored context (the caller's submit span):
+
+* ``fleetwire.queue``: from ``queued`` (or ``requeued``, ``preempted``) to ``leased`` (or the plan's
+  end while queued); every ``waiting`` reason is an event of it, the last one its
+  ``fleetwire.wait_reason`` attribute.
+* ``fleetwire.placement``: the step that chose the worker: ``fleetwire.policy`` and
+  ``fleetwire.worker_id``.
+* ``fleetwire.store.commit``: the step that recorded the plan (``queued``: ``accepted`` waits for it)
+  or its end (``succeeded``/``failed``/``cancelled``), from the flush to the commit.
+
+Spans carry ``fleetwire.plan_id`` and ``fleetwire.attempt``. Times are wall-clock nanoseconds read
+here. What is held between notes is bounded by the traced plans queued now. After a restart a plan
+queued before it has no start: its queue span starts at the first note after it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from coordinator.effects import TraceNote
+from wireio.tracing import Tracing
+
+__all__ = ["PlanSpans"]
+
+_QUEUED_BY: Final = frozenset({"queued", "requeued", "preempted"})
+_ENDS: Final = frozenset({"succeeded", "failed", "cancelled"})
+_COMMITTED: Final = _ENDS | {"queued"}
+
+
+class _Queued:
+    __slots__ = ("attempt", "events", "reason", "since_ns", "traceparent")
+
+    def __init__(self, traceparent: str, since_ns: int, attempt: int) -> None:
+        self.traceparent = traceparent
+        self.since_ns = since_ns
+        self.attempt = attempt
+        self.reason = ""
+        self.events: list[tuple[str, int, dict[str, str | int | float | bool]]] = []
+
+
+class PlanSpans:
+    """Spans of traced plans from the core's notes (module docstring).
+
+    Args:
+        tracing: the coordinator's tracer.
+        clock: wall-clock nanoseconds.
+    """
+
+    def __init__(self, tracing: Tracing, clock: Callable[[], int] = time.time_ns) -> None:
+        self.tracing = tracing
+        self._clock = clock
+        self._queued: dict[str, _Queued] = {}
+        self._flushed: dict[int, int] = {}  # id(notes) -> when the step was flushed
+
+    def flushed(self, notes: Sequence[TraceNote]) -> None:
+        """A step's notes, as its records go to the store: queue and placement spans."""
+        now = self._clock()
+        self._flushed[id(notes)] = now
+        queued, record = self._queued, self.tracing.record
+        for note in notes:
+            kind, plan_id = note.kind, note.plan_id
+            base = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": note.attempt}
+            if kind in _QUEUED_BY:
+                queued[plan_id] = _Queued(note.traceparent, now, note.attempt + 1)
+            elif kind == "waiting":
+                entry = queued.get(plan_id)
+                if entry is None:  # queued before a restart: its wait is known from here on
+                    entry = queued[plan_id] = _Queued(note.traceparent, now, note.attempt + 1)
+                entry.reason = str((note.data or {}).get("reason", ""))
+                entry.events.append(("waiting", now, {"reason": entry.reason}))
+            elif kind == "placed":
+                data = note.data or {}
+                record("fleetwire.placement", note.traceparent, now, now, {
+                    **base, "fleetwire.policy": str(data.get("policy", "")),
+                    "fleetwire.worker_id": str(data.get("worker_id", "")),
+                })  # fmt: skip
+            elif kind == "leased" or kind in _ENDS:
+                entry = queued.pop(plan_id, None)
+                if entry is not None:
+                    attributes = {**base, "fleetwire.attempt": entry.attempt, "fleetwire.wait_reason": entry.reason}
+                    error = "" if kind == "leased" else f"ended {kind} while queued"
+                    record("fleetwire.queue", entry.traceparent, entry.since_ns, now, attributes,
+                           events=entry.events, error=error)  # fmt: skip
+
+    def delivered(self, notes: Sequence[TraceNote]) -> None:
+        """The step's records are committed: the commit spans of its plans' creations and ends."""
+        started = self._flushed.pop(id(notes), None)
+        if started is None:
+            return
+        now = self._clock()
+        done: set[str] = set()
+        for note in notes:
+            if note.kind in _COMMITTED and note.plan_id not in done:
+                done.add(note.plan_id)
+                self.tracing.record("fleetwire.store.commit", note.traceparent, started, now, {
+                    "fleetwire.plan_id": note.plan_id, "fleetwire.attempt": note.attempt,
+                    "fleetwire.event": note.kind,
+                })  # fmt: skip
+
+    @property
+    def queued(self) -> int:
+        """Traced plans whose queue span is open."""
+        return len(self._queued)

@@ -1,0 +1,65 @@
+"""The SDK's side of a plan's trace: the ``submit`` carries the caller's context (docs/OPERATIONS.md §Tracing).
+
+* With tracing on for the client (``OTEL_EXPORTER_OTLP_ENDPOINT`` set, ``fleetwire[otel]``
+  installed: wireio/tracing.py), each submitted plan gets a ``fleetwire.submit`` span (kind
+  producer, service ``fleetwire-client``), child of the caller's current OpenTelemetry span when
+  there is one, else a new trace; the client's sampler (``OTEL_TRACES_SAMPLER``, default parent-based
+  always-on) decides, and the plan's ``submit.traceparent`` is that span's context, sampled or not.
+  The span ends when the coordinator accepts (or refuses) the plan.
+* With tracing off, a caller that uses OpenTelemetry itself (it imported it and has a current span)
+  still gets its context carried: ``submit.traceparent`` is that span's, so the coordinator's and
+  the workers' spans join the caller's trace when they trace. Nothing is imported for it.
+* Neither: ``traceparent`` stays empty and nothing else runs.
+
+One :class:`~wireio.tracing.Tracing` serves every ``Client`` of a process (:func:`client_tracing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from protocol.messages import Submit
+from wireio.tracing import SERVICE_CLIENT, LiveSpan, Tracing, current_traceparent
+
+__all__ = ["LiveSpan", "client_tracing", "end_submit_spans", "start_submit_spans"]
+
+_UNSET: Final = object()
+_tracing: object = _UNSET
+
+
+def client_tracing() -> Tracing | None:
+    """The client's tracer, built on first use from the standard variables (None: tracing is off).
+
+    Raises:
+        ValueError: tracing asked for without the OpenTelemetry SDK installed.
+    """
+    global _tracing
+    if _tracing is _UNSET:
+        _tracing = Tracing.from_env(SERVICE_CLIENT)
+    return _tracing if isinstance(_tracing, Tracing) else None
+
+
+def start_submit_spans(msgs: Sequence[Submit]) -> list[LiveSpan | None] | None:
+    """Give each submit its ``traceparent`` (module docstring); the spans to end once answered (None: no tracer)."""
+    tracing = client_tracing()
+    parent = current_traceparent()
+    if tracing is None:
+        if parent:
+            for msg in msgs:
+                msg.traceparent = parent
+        return None
+    spans: list[LiveSpan | None] = []
+    for msg in msgs:
+        attributes = {"fleetwire.op": msg.op, "fleetwire.plan_id": msg.plan_id or ""}
+        span = tracing.start("fleetwire.submit", parent, attributes, kind="producer", root=True)
+        msg.traceparent = span.traceparent if span is not None else parent  # an unsampled caller's, passed on
+        spans.append(span)
+    return spans
+
+
+def end_submit_spans(spans: Sequence[LiveSpan | None] | None, error: str = "") -> None:
+    """The submits were answered: their spans end (``error``: the refusal's code)."""
+    for span in spans or ():
+        if span is not None:
+            span.end(error)

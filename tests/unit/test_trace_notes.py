@@ -1,0 +1,128 @@
+"""A traced plan through the core (fake clock): the notes its steps leave, and the coordinator's spans made of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from coordinator.effects import TraceNote
+from coordinator.io.ops.tracing import PlanSpans
+from protocol import errors
+from protocol.messages import (
+    Accept,
+    Assign,
+    Done,
+    Error,
+    GetPlan,
+    PlanReply,
+    Receipt,
+    Reject,
+    Submit,
+)
+from tests.unit.test_core import Harness, only
+from wireio.tracing import SERVICE_COORDINATOR, Tracing
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SAMPLED = f"00-{TRACE}-00f067aa0ba902b7-01"
+UNSAMPLED = f"00-{TRACE}-00f067aa0ba902b7-00"
+
+
+class Traced(Harness):
+    """The harness with the core tracing, keeping each step's notes."""
+
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        self.core.streams.tracing = True
+        self.steps: list[list[TraceNote]] = []
+
+    def _pump(self) -> None:
+        effects = self.core.take_effects()
+        if effects.traces is not None:
+            self.steps.append(effects.traces)
+        for conn_id, msgs in effects.sends.items():
+            self.inbox.setdefault(conn_id, []).extend(msgs)
+
+    def kinds(self) -> list[str]:
+        return [note.kind for step in self.steps for note in step]
+
+
+def test_a_sampled_plans_steps_are_noted_and_its_context_reaches_the_worker() -> None:
+    """queued, waiting, placed, leased, running, succeeded are noted with the caller's context; assign carries it;
+    get_plan and the receipt name the trace."""
+    h = Traced()
+    c = h.client()
+    plan = h.submit(c, traceparent=SAMPLED)
+    w = h.worker("w1")
+    assign = only(h.take(w), Assign)
+    assert assign.traceparent == SAMPLED
+    h.send(w, Accept(plan_id=plan, attempt=1))
+    h.send(w, Done(plan_id=plan, attempt=1, outcome="succeeded", receipt=Receipt(joules=1.0)))
+    assert h.kinds() == ["queued", "waiting", "placed", "leased", "running", "succeeded"]
+    placed = next(n for s in h.steps for n in s if n.kind == "placed")
+    assert placed.data == {"policy": "joule_weighted", "worker_id": "w1"} and placed.traceparent == SAMPLED
+    h.send(c, GetPlan(req_id=9, plan_id=plan))
+    info = only(h.take(c), PlanReply).plan
+    assert info.trace_id == TRACE
+    assert info.receipt is not None and info.receipt.trace_id == TRACE
+
+
+def test_unsampled_untraced_and_tracing_off_note_nothing() -> None:
+    """An unsampled context, no context, or a core that does not trace: no note (the worker still gets the context)."""
+    h = Traced()
+    c = h.client()
+    h.submit(c, traceparent=UNSAMPLED)
+    h.submit(c)
+    w = h.worker("w1", max_concurrency=2)
+    assert [a.traceparent for a in h.take(w) if isinstance(a, Assign)] == [UNSAMPLED, ""]
+    assert h.steps == []
+    off = Traced()
+    off.core.streams.tracing = False
+    off.submit(off.client(), traceparent=SAMPLED)
+    assert off.steps == []
+
+
+def test_a_malformed_traceparent_is_refused_naming_the_field() -> None:
+    """submit.traceparent that is not W3C is invalid_argument, and no plan is made."""
+    h = Traced()
+    c = h.client()
+    h.send(c, Submit(req_id=1, op="echo", traceparent="00-nope"))
+    error = only(h.take(c), Error)
+    assert error.code == errors.INVALID_ARGUMENT and error.message.startswith("submit.traceparent '00-nope'")
+    assert h.core.plans == {}
+
+
+def test_spans_from_notes_queue_with_wait_reasons_placement_and_commits() -> None:
+    """The queue span runs from queued to leased with each waiting reason as an event; a reject requeues it as a
+    second queue span; placement names policy and worker; the creation and end are commit spans."""
+    h = Traced()
+    c = h.client()
+    plan = h.submit(c, traceparent=SAMPLED)
+    w = h.worker("w1")
+    h.send(w, Reject(plan_id=plan, attempt=1, code="rejected", reason="busy"))
+    w2 = h.worker("w2")
+    h.send(w2, Accept(plan_id=plan, attempt=2))
+    h.send(w2, Done(plan_id=plan, attempt=2, outcome="succeeded"))
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(SERVICE_COORDINATOR, exporter=exporter, environ={})
+    clock = iter(range(1_000, 100_000, 1_000))
+    spans = PlanSpans(tracing, clock=lambda: next(clock))
+    for step in h.steps:
+        spans.flushed(step)
+        spans.delivered(step)
+    tracing.flush()
+    got = exporter.get_finished_spans()
+    names = [s.name for s in got]
+    assert names.count("fleetwire.queue") == 2 and names.count("fleetwire.placement") == 2
+    assert names.count("fleetwire.store.commit") == 2
+    first_queue = next(s for s in got if s.name == "fleetwire.queue")
+    assert [e.name for e in first_queue.events] == ["waiting"]
+    assert first_queue.attributes is not None
+    assert first_queue.attributes["fleetwire.wait_reason"] == "no connected worker handles op 'echo'"
+    assert first_queue.attributes["fleetwire.attempt"] == 1
+    placements = [s.attributes for s in got if s.name == "fleetwire.placement"]
+    assert [(a["fleetwire.worker_id"], a["fleetwire.attempt"]) for a in placements if a] == [("w1", 1), ("w2", 2)]
+    assert all(s.parent is not None and f"{s.parent.span_id:016x}" == "00f067aa0ba902b7" for s in got)
+    assert {f"{s.context.trace_id:032x}" for s in got} == {TRACE}
+    assert spans.queued == 0
+    tracing.shutdown()
