@@ -46,7 +46,7 @@ import msgspec
 
 from coordinator.openai_api.errors import ApiError, plan_failure
 from coordinator.openai_api.request import DoorRequest
-from protocol.transfer.http1 import format_response
+from protocol.transfer.http1 import LAST_CHUNK, format_chunk, format_response
 
 __all__ = ["REASONS", "Out", "Reply", "error_response", "json_response"]
 
@@ -58,7 +58,6 @@ REASONS: Final[dict[int, str]] = {
     500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
 }
 _ENCODE = msgspec.json.Encoder().encode
-_LAST_CHUNK: Final = b"0\r\n\r\n"
 _DONE: Final = b"data: [DONE]\n\n"
 
 State = Literal["waiting", "streaming", "done"]
@@ -105,11 +104,6 @@ def error_response(error: ApiError, *, keep_alive: bool = True, headers: dict[st
     return json_response(error.status, error.shape(), keep_alive=keep_alive, headers=extra)
 
 
-def _chunked(data: bytes) -> bytes:
-    """``data`` as one chunk of a chunked body."""
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
 def _field(receipt: Any, name: str) -> Any:
     """A receipt's field, whether it came as the core's Struct or as decoded JSON."""
     return receipt.get(name) if isinstance(receipt, dict) else getattr(receipt, name, None)
@@ -140,6 +134,7 @@ class Reply:
         self.waiting_reason = ""
         self.deadline: float | None = now + queue_timeout_s  # None: placed, or answered
         self.chunks = 0  # stream chunks of text sent
+        self.status = 0  # the answer's HTTP status once its head was made (0: not yet)
         self._prefix = b""
         self._suffix = b""
         self._tool_calls: dict[int, dict[str, Any]] = {}  # a chat's tool calls from ``delta`` events, by index
@@ -224,13 +219,14 @@ class Reply:
         if chunk:
             self.chunks += 1
         if self.state == "streaming":
-            return Out(_chunked(chunk))
+            return Out(format_chunk(chunk))
         self.state = "streaming"
         self.deadline = None
+        self.status = 200
         head = _head(200, "text/event-stream", self._headers(), keep_alive=self.keep_alive, length=None)
         if self.request.kind == "chat":
             chunk = self._chat_chunk({"role": "assistant", "content": ""}, None) + chunk
-        return Out(head + _chunked(chunk) if chunk else head)  # an empty chunk would end the body
+        return Out(head + format_chunk(chunk) if chunk else head)  # an empty chunk would end the body
 
     def _chat_chunk(self, delta: dict[str, Any], finish_reason: str | None, **extra: Any) -> bytes:
         payload = {"id": f"chatcmpl-{self.plan_id}", "object": "chat.completion.chunk", "created": self.created,
@@ -289,7 +285,7 @@ class Reply:
         extension = self._extension(data, result)
         request = self.request
         if not request.stream:
-            self.state = "done"
+            self.state, self.status = "done", 200
             return Out(json_response(200, self._whole(text, str(finish), usage, extension),
                                      keep_alive=self.keep_alive, headers=self._headers()), done=True)  # fmt: skip
         out = b""
@@ -314,7 +310,7 @@ class Reply:
                 "id": f"{prefix}-{self.plan_id}", "object": kind, "created": self.created, "model": request.model,
                 "choices": [], "usage": usage, "fleetwire": extension,
             })
-        return Out(out + _chunked(end + _DONE) + _LAST_CHUNK, done=True)
+        return Out(out + format_chunk(end + _DONE) + LAST_CHUNK, done=True)
 
     def _whole(self, text: str, finish: str, usage: dict[str, int], extension: dict[str, Any]) -> dict[str, Any]:
         """A non-streamed answer (``chat.completion`` or ``text_completion``)."""
@@ -342,7 +338,8 @@ class Reply:
         self.state = "done"
         self.deadline = None
         if streaming:
-            return Out(_chunked(b"data: %b\n\n" % error.body()) + _LAST_CHUNK, done=True, cancel=cancel)
+            return Out(format_chunk(b"data: %b\n\n" % error.body()) + LAST_CHUNK, done=True, cancel=cancel)
+        self.status = error.status
         return Out(error_response(error, keep_alive=self.keep_alive, headers=self._headers()), done=True, cancel=cancel)
 
 

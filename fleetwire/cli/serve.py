@@ -100,6 +100,8 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         accept_store_loss=ns.accept_store_loss,
         autoscale_hook=ns.autoscale_hook,
         autoscale_provider=_autoscale_provider(ns),
+        openai=not ns.no_openai,
+        openai_queue_timeout_s=ns.openai_queue_timeout,
         otlp_endpoint=ns.otlp_endpoint,
         **security_settings(ns),
     )
@@ -358,6 +360,12 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
                    help="a relayed stream on which no byte moved this long gives its window back and ends "
                         "relay_closed (the SDK opens it again when it goes on) (default 10)")
     add_store_loss_argument(p)  # fleetwire/cli/store.py
+    g = p.add_argument_group("OpenAI-compatible front door (docs/OPENAI.md)")
+    g.add_argument("--no-openai", action="store_true",
+                   help="do not serve /v1/chat/completions, /v1/completions and /v1/models on the main port")
+    g.add_argument("--openai-queue-timeout", type=float, default=30.0, metavar="S",
+                   help="an OpenAI request no worker took this long is answered 503 and its plan cancelled "
+                        "(default 30)")
     g = p.add_argument_group("cluster mode (--store postgresql://..., docs/CLUSTER.md)")
     g.add_argument("--cluster-name", default="fleetwire", metavar="NAME",
                    help="the cluster's name, kept in the database; a coordinator of another name is refused "

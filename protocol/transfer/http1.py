@@ -19,6 +19,8 @@ Rules:
   a repeated header keeps its last value. The version must be 1.x.
 * :func:`format_request` and :func:`format_response` write heads (latin-1, ``CRLF``); a
   header value with a line break is refused (``ValueError``): no caller can inject a header.
+* :func:`format_chunk` and :data:`LAST_CHUNK` frame a chunked body (the OpenAI door's event
+  streams); :func:`first_line` peeks at a request line before its head is whole.
 * No I/O: bytes in, values out.
 """
 
@@ -32,11 +34,14 @@ import httptools
 
 __all__ = [
     "CONTINUE",
+    "LAST_CHUNK",
     "REASONS",
     "HeadError",
     "HeadTooLarge",
     "Request",
     "Response",
+    "first_line",
+    "format_chunk",
     "format_request",
     "format_response",
     "head_end",
@@ -207,3 +212,18 @@ def format_response(status: int, headers: Mapping[str, str] | None = None, reaso
 
 #: The interim answer to ``Expect: 100-continue``: the body may come.
 CONTINUE: Final = format_response(100)
+
+
+#: The end of a chunked body (no trailers).
+LAST_CHUNK: Final = b"0\r\n\r\n"
+
+
+def format_chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body; empty ``data`` would end the body, so callers skip it."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def first_line(buf: bytes | bytearray, limit: int) -> bytes | None:
+    """The line at the start of ``buf`` without its ``CRLF``, if one ends within ``limit`` bytes; else None."""
+    end = buf.find(b"\r\n", 0, limit)
+    return bytes(buf[:end]) if end >= 0 else None

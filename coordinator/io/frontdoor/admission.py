@@ -58,7 +58,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import structlog
 from websockets.asyncio.server import ServerConnection
@@ -199,6 +199,9 @@ class PendingHandshakes(ConnectionBudget):
         self.timeout_s = timeout_s
         self.idle_dropped = 0  # accepted ones dropped at the timeout before their first byte (for /metrics)
         self.built = 0  # pending connections that sent a first byte and got a websocket connection
+        # Shown a connection's first bytes: the protocol that takes it instead of a websocket connection (the
+        # OpenAI door's routes, coordinator/io/frontdoor/openai_http.py), False: not its, None: too few to tell.
+        self.divert: Callable[[bytes], asyncio.BaseProtocol | Literal[False] | None] | None = None
 
     def connection_class(self, base: type[FailFastConnection] = FailFastConnection) -> type[ServerConnection]:
         """The ``create_connection`` of ``websockets.serve``: accepted connections counted against this budget."""
@@ -229,7 +232,7 @@ class PendingHandshakes(ConnectionBudget):
 class _Accepted(asyncio.Protocol):
     """An accepted TCP connection before its first byte: the websocket connection is built on it."""
 
-    __slots__ = ("_budget", "_cls", "_kwargs", "_server", "_timer", "protocol", "transport")
+    __slots__ = ("_budget", "_cls", "_first", "_kwargs", "_server", "_timer", "protocol", "transport")
 
     def __init__(self, budget: PendingHandshakes, cls: type[ServerConnection], protocol: Any, server: Any,
                  kwargs: dict[str, Any]) -> None:  # fmt: skip
@@ -238,6 +241,7 @@ class _Accepted(asyncio.Protocol):
         self._server = server
         self._kwargs = kwargs
         self._timer: asyncio.TimerHandle | None = None
+        self._first = b""  # bytes shown to the budget's divert that could not tell yet
         self.protocol = protocol  # websockets' select_subprotocol closure checks ``connection.protocol``
         self.transport: Any = None
 
@@ -257,11 +261,27 @@ class _Accepted(asyncio.Protocol):
         self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        """The first byte: hand the transport to a websocket connection, which goes on with the handshake."""
+        """The first byte: hand the transport to a websocket connection, which goes on with the handshake;
+        or to the protocol the budget's ``divert`` returns for the first bytes."""
+        divert = self._budget.divert
+        claimed: asyncio.BaseProtocol | Literal[False] | None = False
+        if divert is not None:
+            data = self._first + data
+            claimed = divert(data)
+            if claimed is None:  # too few bytes to tell: the first-byte timer still runs
+                self._first = data
+                return
+            self._first = b""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         transport = self.transport
+        if claimed is not False:
+            self._budget.finished(self)  # no longer a pending handshake: the protocol bounds it now
+            transport.set_protocol(claimed)
+            claimed.connection_made(transport)
+            cast("asyncio.Protocol", claimed).data_received(data)
+            return
         conn = self._cls(self.protocol, self._server, **self._kwargs)
         conn.accepted = self  # type: ignore[attr-defined]
         self._budget.built += 1

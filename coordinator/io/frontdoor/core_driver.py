@@ -25,7 +25,7 @@ import asyncio
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 import structlog
@@ -44,7 +44,7 @@ from protocol import errors as codes
 from protocol.messages import Assign, Error, Moved, Submit
 from protocol.urls import named_worker_id
 
-__all__ = ["REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S", "CoreDriver", "CoreSession", "Redirect"]
+__all__ = ["REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S", "CoreDriver", "CoreSession", "Redirect", "Sink"]
 
 log = structlog.get_logger("coordinator.io.frontdoor.server")
 
@@ -55,6 +55,13 @@ UNAVAILABLE_RETRY_S: Final = 1.0  # the retry_after_s of an ``unavailable`` answ
 #: message; a ``Moved`` answer ends the session with it and 4307.
 Redirect = Callable[[str, Any], Moved | None]
 Committer = GroupCommitter[Effects] | PipelinedCommitter[Effects]
+
+
+class Sink(Protocol):
+    """A core session that is no websocket: it takes its messages as they are (``CoreDriver.sinks``)."""
+
+    def deliver(self, msgs: list[Any]) -> None:
+        """The messages of one committed step for this session, in order."""
 
 
 class CoreDriver:
@@ -90,6 +97,9 @@ class CoreDriver:
         self.away = away
         self.redirect = redirect
         self.unavailable_answers = 0
+        # Sessions of the core that are no websocket (the OpenAI door's requests, frontdoor/openai_http.py): their
+        # messages are handed to ``deliver(msgs)`` as Structs, once committed like everyone's.
+        self.sinks: dict[int, Sink] = {}
         self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
         self.spans: PlanSpans | None = None  # traced plans' spans (coordinator/io/ops/tracing.py; the server sets it)
 
@@ -165,7 +175,9 @@ class CoreDriver:
         woken: list[Session] = []
         for conn_id, msgs in sends.items():
             session = sessions.get(conn_id)
-            if session is not None and not session.killed:
+            if session is None and (sink := self.sinks.get(conn_id)) is not None:
+                sink.deliver(msgs)
+            elif session is not None and not session.killed:
                 # Already at the cap before this batch: the peer is not reading. Bytes are the
                 # writer's encoded frames not yet sent and the socket's buffer, measured, plus the
                 # messages not yet encoded, estimated (coordinator/io/frontdoor/connection.py ``out_bytes``).
@@ -293,7 +305,8 @@ def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, Session]) ->
     out: dict[int, list[Any]] = {}
     for conn_id, msgs in sends.items():
         session = sessions.get(conn_id)
-        if session is None:
+        if session is None:  # a sink's (CoreDriver.sinks), or gone: as they are
+            out[conn_id] = msgs
             continue
         codec = session.codec
         encoded: list[Any] = []

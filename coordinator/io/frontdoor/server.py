@@ -10,7 +10,9 @@ message rate, pause or close 4429; the principal's work units; the store's backl
 messages to the core's driver (core_driver.py), which feeds the core with ``now`` and *flushes*:
 records to the committer, then the frames of each committed step to the sessions' writers
 (connection.py), coalesced per connection; a session already at its pending cap is closed 4503
-(slow consumer). Timers (the reaper, the data-plane key's rotation) live here, never in the core;
+(slow consumer). The OpenAI-compatible routes (openai_http.py, docs/OPENAI.md) take the
+connections whose first bytes ask for them, and feed the same core through the same driver.
+Timers (the reaper, the data-plane key's rotation) live here, never in the core;
 ``reload_tokens`` (SIGHUP) closes revoked tokens' sessions 4401. In cluster mode a server is one
 shard's core (coordinator/io/cluster/host.py) or keeps the shard leases itself
 (coordinator/io/cluster/leases.py).
@@ -42,6 +44,7 @@ from coordinator.io.frontdoor.connection import Session
 from coordinator.io.frontdoor.core_driver import Committer, CoreDriver, CoreSession, Redirect
 from coordinator.io.frontdoor.door import ROLE_PATHS, Answer, FrontDoor, Role
 from coordinator.io.frontdoor.gate import Gatekeeper, server_tls_context
+from coordinator.io.frontdoor.openai_http import OpenAIDoor
 from coordinator.io.frontdoor.settings import ServerSettings
 from coordinator.io.ops.hooks import HookRunner
 from coordinator.io.ops.metrics import CONTENT_TYPE, build_registry, render
@@ -131,6 +134,13 @@ class CoordinatorServer:
             away=self.store.abilities.away,  # PgStore: new submits ``unavailable`` and handshakes 503 meanwhile
         )
         self.door.store = self._committer = self.driver.committer
+        # The OpenAI-compatible routes on this same port and TLS (docs/OPENAI.md; --no-openai: none).
+        self.openai = OpenAIDoor(
+            self.driver, self.tokens, settings.limits, queue_timeout_s=settings.openai_queue_timeout_s,
+            max_body_bytes=settings.limits.frame_bytes("client", settings.max_frame_bytes),
+        ) if settings.openai else None
+        if self.openai is not None:
+            self._gate.pending.divert = self.openai.divert  # the first bytes of each connection decide (admission.py)
         # Traces (docs/OPERATIONS.md §Tracing): the core notes traced plans' steps, the driver makes their spans.
         self.tracing = Tracing.from_env(SERVICE_COORDINATOR, endpoint=settings.otlp_endpoint or None)
         if self.tracing is not None:

@@ -79,6 +79,8 @@ class ServerSettings:
     otlp_endpoint: str = ""  # traces to this OTLP/HTTP collector ("": OTEL_EXPORTER_OTLP_ENDPOINT says; §Tracing)
     metrics_token: str | None = None  # /metrics needs this bearer token when set
     metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
+    openai: bool = True  # serve the OpenAI-compatible routes on the main port (docs/OPENAI.md; --no-openai)
+    openai_queue_timeout_s: float = 30.0  # an OpenAI request waits this long for a worker, then 503
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when the settings cannot work."""
@@ -144,6 +146,8 @@ class ServerSettings:
                                  f"to --relay-max-bytes ({core.relay_max_bytes}); got {share}")
         if not core.relay_idle_s > 0:  # NaN too
             raise ValueError(f"--relay-idle must be > 0 seconds, got {core.relay_idle_s}")
+        if not 0 < self.openai_queue_timeout_s < float("inf"):
+            raise ValueError(f"--openai-queue-timeout must be > 0 seconds, got {self.openai_queue_timeout_s}")
 
     @property
     def reaper_period_s(self) -> float:
