@@ -30,7 +30,7 @@ from fleetwire.errors import (
 )
 from fleetwire.plan import Plan
 from fleetwire.sync import SyncClient, SyncPlan
-from protocol.messages import ErrorInfo, Event, PlanInfo, Requirements, WorkerInfo, Workers
+from protocol.messages import ErrorInfo, Event, OutputRef, PlanInfo, Requirements, WorkerInfo, Workers
 
 try:
     __version__ = version("fleetwire")
@@ -45,6 +45,7 @@ __all__ = [
     "FleetwireConnectionError",
     "FleetwireError",
     "InvalidArgument",
+    "OutputRef",
     "Plan",
     "PlanCancelled",
     "PlanError",

@@ -87,6 +87,7 @@ from protocol.messages import (
     ListPlans,
     ListWorkers,
     Ok,
+    OutputRef,
     PlanInfo,
     PlanReply,
     Plans,
@@ -356,10 +357,12 @@ class Client:
         hints: RoutingHints | Mapping[str, Any] | None = None,
         session_key: str | None = None,
         policy: str | None = None,
-        inputs: Mapping[str, InputValue] | None = None,
+        inputs: Mapping[str, InputValue | OutputRef] | None = None,
         outputs: Iterable[str] = (),
         relay: bool = False,
         resources: Resources | Mapping[str, Any] | None = None,
+        after: Iterable[Plan | str] = (),
+        deterministic: bool = True,
     ) -> Plan:
         """Submit a plan and return it, subscribed from its first event.
 
@@ -391,6 +394,14 @@ class Client:
                 its fields: ``{"gpus": 2, "gpu_memory_gb": 40, "accelerator": "H100"}``. It is placed
                 only where that many matching devices are free, and sees only those
                 (``CUDA_VISIBLE_DEVICES``; docs/SEMANTICS.md §GPU resources).
+            after: plans (or their ids) that must succeed before this one is placed; if one fails or
+                is cancelled, this one fails ``upstream_failed`` (docs/SEMANTICS.md §Graphs).
+            deterministic: running the plan again gives the same outputs, so an output of it that
+                another plan needs and that was lost may be made again by running it again.
+
+        An input may be another plan's output, ``other.ref("y")`` (or ``OutputRef(plan_id, "y")``): the
+        plan waits until that output exists, and is placed on the worker that holds it when it can be;
+        its bytes never pass through this client or the coordinator (docs/SEMANTICS.md §Graphs).
 
         Args over ``max_inline_bytes`` encoded move to the data plane as the input ``__args__``
         (their msgpack), which the worker decodes before calling the handler.
@@ -401,11 +412,14 @@ class Client:
                 input name (``__args__`` and ``__result__`` are reserved).
         """
         submits.check_names(inputs or (), outputs)
-        sources = await prepare_inputs(inputs) if inputs else {}
+        refs = {name: value for name, value in (inputs or {}).items() if isinstance(value, OutputRef)}
+        uploads = {name: value for name, value in (inputs or {}).items() if not isinstance(value, OutputRef)}
+        sources = await prepare_inputs(uploads) if uploads else {}
         msg = submits.submit_message(
             self._session.next_req_id, op, args, sources, tags=tags, requirements=requirements, priority=priority,
             timeout_s=timeout_s, max_attempts=max_attempts, retries=retries, plan_id=plan_id, hints=hints,
-            session_key=session_key, policy=policy, outputs=outputs, resources=resources,
+            session_key=session_key, policy=policy, outputs=outputs, resources=resources, refs=refs,
+            after=[item if isinstance(item, str) else item.id for item in after], deterministic=deterministic,
         )
         spans = start_submit_spans([msg])  # the caller's trace context rides with the plan (fleetwire/tracing.py)
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
@@ -497,13 +511,17 @@ class Client:
         reply: PlanReply = await self._request(GetPlan(req_id=self._session.next_req_id(), plan_id=plan_id), PlanReply)
         return reply.plan
 
-    async def cancel(self, plan_id: str) -> PlanInfo:
+    async def cancel(self, plan_id: str, *, with_dependants: bool = False) -> PlanInfo:
         """Cancel a plan; returns its record after the cancel (a terminal plan is left as is).
+
+        ``with_dependants``: cancel too the unfinished plans that use its outputs or run after it,
+        directly or not (without it they fail ``upstream_failed``; docs/SEMANTICS.md §Graphs).
 
         Raises:
             PlanNotFound: no such plan (or not one this client may see).
         """
-        reply: PlanReply = await self._request(Cancel(req_id=self._session.next_req_id(), plan_id=plan_id), PlanReply)
+        msg = Cancel(req_id=self._session.next_req_id(), plan_id=plan_id, with_dependants=with_dependants)
+        reply: PlanReply = await self._request(msg, PlanReply)
         return reply.plan
 
     async def workers(self) -> Workers:

@@ -40,6 +40,8 @@ class SubmitOptions(_PlanOptions, total=False):
     outputs: Iterable[str]
     relay: bool  # inputs and outputs through the coordinator (fleetwire/relay.py)
     resources: Resources | Mapping[str, Any] | None  # devices it holds: {"gpus": 2, "gpu_memory_gb": 40, ...}
+    after: Iterable[Any]  # plans (Plan, SyncPlan) or plan ids that must succeed first (docs/SEMANTICS.md §Graphs)
+    deterministic: bool  # running it again gives the same outputs (a lost one may be made again)
 
 
 class SubmitManyOptions(_PlanOptions, total=False):

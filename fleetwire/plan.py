@@ -21,7 +21,7 @@ from fleetwire.data import DataTransferError, Grant, OutputCheck, Transport, Upl
 from fleetwire.direct import fetch_to
 from fleetwire.relay import AutoTransport, RelayTransport
 from fleetwire.stream import PlanStream
-from protocol.messages import Event, PlanInfo, PlanStateName, Receipt
+from protocol.messages import Event, OutputRef, PlanInfo, PlanStateName, Receipt
 from protocol.relay import RESULT_OUTPUT
 
 __all__ = ["Plan", "PlanCanceller"]
@@ -33,8 +33,8 @@ class PlanCanceller(Protocol):
     """What a ``Plan`` needs of its client: a way to cancel it (``Client.cancel``), and for outputs
     a ticket to them (``Client.data_ticket``) and a transport (``Client.transport``)."""
 
-    async def cancel(self, plan_id: str) -> PlanInfo:
-        """Cancel the plan; its record after the cancel."""
+    async def cancel(self, plan_id: str, *, with_dependants: bool = False) -> PlanInfo:
+        """Cancel the plan (and the plans that use its outputs or run after it); its record after the cancel."""
         ...
 
     async def data_ticket(self, plan_id: str, direction: Literal["put", "get"] = "get") -> Grant:
@@ -200,9 +200,17 @@ class Plan:
     def _transport(self) -> Transport:
         return self._client.relay if self.relay else self._client.transport
 
-    async def cancel(self) -> PlanInfo:
-        """Cancel the plan; same as ``client.cancel(plan.id)``."""
-        return await self._client.cancel(self.id)
+    async def cancel(self, *, with_dependants: bool = False) -> PlanInfo:
+        """Cancel the plan; same as ``client.cancel(plan.id, with_dependants=...)``."""
+        return await self._client.cancel(self.id, with_dependants=with_dependants)
+
+    def ref(self, name: str) -> OutputRef:
+        """Its output ``name``, as another plan's input: ``client.submit("b", inputs={"x": plan.ref("y")})``.
+
+        The other plan waits until this one succeeded with that output, and is placed where the bytes
+        are when it can be (docs/SEMANTICS.md §Graphs). Nothing is fetched to this client.
+        """
+        return OutputRef(self.id, name)
 
     async def output_chunks(self, name: str) -> AsyncIterator[bytes]:
         """An output's bytes in chunks, fetched from its worker once the plan succeeded.

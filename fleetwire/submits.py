@@ -37,7 +37,7 @@ from fleetwire.plan import Plan
 from fleetwire.prompt_hints import fill_hints
 from fleetwire.session import ClientSession
 from fleetwire.tracing import LiveSpan, start_submit_spans
-from protocol.messages import Accepted, Requirements, Resources, RoutingHints, Submit
+from protocol.messages import Accepted, InputSpec, OutputRef, Requirements, Resources, RoutingHints, Submit
 from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 
 __all__ = ["AcceptedHook", "Request", "args_by_data_plane", "await_accepted", "batch", "check_names", "submit_message"]
@@ -86,9 +86,13 @@ def submit_message(
     policy: str | None,
     outputs: Iterable[str],
     resources: Resources | Mapping[str, Any] | None,
+    refs: Mapping[str, OutputRef] | None = None,
+    after: Sequence[str] = (),
+    deterministic: bool = True,
 ) -> Submit:
     """``Client.submit``'s message, subscribed, with a plan id (see ``Client.submit`` for the options); its
-    ``req_id`` is drawn once the options are valid.
+    ``req_id`` is drawn once the options are valid. ``refs``: its inputs that are other plans' outputs
+    (the reference form, docs/PROTOCOL.md §Plan graphs); ``after``: ids of plans that must succeed first.
 
     Raises:
         ValueError: ``requirements``, ``hints`` or ``resources`` with an unknown field or a wrong type.
@@ -109,9 +113,12 @@ def submit_message(
         plan_id=plan_id or options.new_plan_id(),  # always an id: a submit re-sent after a reconnect is idempotent
         subscribe=True,
         hints=routing,
-        inputs=[source.spec() for source in sources.values()],
+        inputs=[source.spec() for source in sources.values()]
+        + [InputSpec(name, ref=ref) for name, ref in (refs or {}).items()],
         outputs=list(outputs),
         resources=options.resources(resources),
+        after=list(after),
+        deterministic=deterministic,
     )
 
 

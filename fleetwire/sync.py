@@ -29,7 +29,7 @@ from fleetwire.client import DEFAULT_MAX_FRAME_BYTES, Client
 from fleetwire.options import SubmitManyOptions, SubmitOptions
 from fleetwire.plan import Plan
 from protocol.codec import Encoding
-from protocol.messages import Event, PlanInfo, Plans, PlanStateName, Receipt, Workers
+from protocol.messages import Event, OutputRef, PlanInfo, Plans, PlanStateName, Receipt, Workers
 
 __all__ = ["SyncClient", "SyncPlan"]
 
@@ -99,7 +99,7 @@ class SyncClient:
     def submit(self, op: str, args: Any = None, **options: Unpack[SubmitOptions]) -> SyncPlan:
         """Submit a plan; takes the keyword arguments of ``Client.submit`` (tags, requirements,
         priority, timeout_s, max_attempts, retries, plan_id, hints, session_key, policy, inputs, outputs,
-        relay)."""
+        relay, resources, after, deterministic)."""
         return SyncPlan(self, self._call(self._client.submit(op, args, **options)))
 
     def submit_many(self, op: str, args: Iterable[Any], **options: Unpack[SubmitManyOptions]) -> list[SyncPlan]:
@@ -116,9 +116,9 @@ class SyncClient:
         """The plan's current record; see ``Client.get_plan``."""
         return self._call(self._client.get_plan(plan_id))
 
-    def cancel(self, plan_id: str) -> PlanInfo:
+    def cancel(self, plan_id: str, *, with_dependants: bool = False) -> PlanInfo:
         """Cancel a plan; see ``Client.cancel``."""
-        return self._call(self._client.cancel(plan_id))
+        return self._call(self._client.cancel(plan_id, with_dependants=with_dependants))
 
     def workers(self) -> Workers:
         """The worker registry and cluster summary; see ``Client.workers``."""
@@ -224,9 +224,13 @@ class SyncPlan:
         """Wait up to ``timeout`` seconds for the plan to end; see ``Plan.result``."""
         return self._client._call(self._plan.result(), timeout)
 
-    def cancel(self) -> PlanInfo:
+    def cancel(self, *, with_dependants: bool = False) -> PlanInfo:
         """Cancel the plan; see ``Client.cancel``."""
-        return self._client.cancel(self._plan.id)
+        return self._client.cancel(self._plan.id, with_dependants=with_dependants)
+
+    def ref(self, name: str) -> OutputRef:
+        """Its output ``name``, as another plan's input; see ``Plan.ref``."""
+        return self._plan.ref(name)
 
     def output(self, name: str, timeout: float | None = None) -> bytes:
         """An output's bytes once the plan succeeded; see ``Plan.output``."""

@@ -216,6 +216,24 @@ class InputSpec(msgspec.Struct, omit_defaults=True):
     ref: OutputRef | None = None  # another plan's output (None: the client uploads it)
 
 
+class Pull(msgspec.Struct, omit_defaults=True):
+    """Where an input in the reference form is (``assign.pulls``; docs/PROTOCOL.md §Plan graphs).
+
+    Output ``output`` of attempt ``attempt`` of plan ``plan_id`` (the producer's key, or its rebuild's),
+    on worker ``worker_id``: fetch it from that worker's data endpoint ``url`` with ``ticket`` (a ``get``
+    ticket the coordinator signed for that worker), or copy it from this worker's own spool when
+    ``worker_id`` is this worker's id.
+    """
+
+    name: str  # the input it is (a name of ``assign.inputs``)
+    plan_id: str
+    attempt: int
+    output: str
+    worker_id: str
+    url: str = ""  # the holder's data endpoint ("": it has none)
+    ticket: str = ""
+
+
 class OutputSpec(msgspec.Struct, omit_defaults=True):
     """An output a plan's attempt left on its worker (``done.outputs``)."""
 
@@ -422,6 +440,7 @@ class Assign(_Msg, tag="assign"):
     outputs: list[str] = []  # names the client declared it will fetch
     resources: Resources | None = None  # the plan's device request (None: none)
     devices: list[int] = []  # the devices the coordinator counts it on: positions in ``capabilities.gpus``
+    pulls: list[Pull] = []  # where its inputs in the reference form are: fetch them before the handler starts
     traceparent: str = ""  # the plan's trace context, from its submit (W3C; "": not traced; protocol/tracecontext.py)
 
 

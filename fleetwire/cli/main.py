@@ -40,6 +40,7 @@ from fleetwire.errors import FleetwireConnectionError
 from fleetwire.memtune import tune_allocator
 from protocol import json_schema
 from protocol.errors import FleetwireError
+from protocol.messages import OutputRef
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = (
     console.EXIT_OK, console.EXIT_FAILED, console.EXIT_USAGE, console.EXIT_CANCELLED
@@ -78,15 +79,22 @@ def _client_target(ns: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def _inputs(specs: list[str]) -> dict[str, Any]:
-    """``--input name=@path`` / ``name=-`` (stdin) as the SDK's ``inputs``."""
+    """``--input name=@path`` / ``name=-`` (stdin) / ``name=plan:ID/OUTPUT`` (another plan's output) as the
+    SDK's ``inputs``."""
     inputs: dict[str, Any] = {}
     for spec in specs:
         name, sep, source = spec.partition("=")
-        if not sep or not name or not (source == "-" or source.startswith("@")):
-            raise ValueError(f"--input {spec!r}: expected NAME=@PATH or NAME=- (standard input)")
+        if not sep or not name or not (source == "-" or source.startswith(("@", "plan:"))):
+            raise ValueError(f"--input {spec!r}: expected NAME=@PATH, NAME=- (standard input) or "
+                             "NAME=plan:PLAN_ID/OUTPUT (another plan's output)")
         if name in inputs:
             raise ValueError(f"--input {name!r} is given twice")
-        if source == "-":
+        if source.startswith("plan:"):
+            plan_id, slash, output = source[len("plan:"):].rpartition("/")
+            if not slash or not plan_id or not output:
+                raise ValueError(f"--input {spec!r}: expected NAME=plan:PLAN_ID/OUTPUT, e.g. x=plan:a1b2/y")
+            inputs[name] = OutputRef(plan_id, output)
+        elif source == "-":
             inputs[name] = sys.stdin.buffer
         else:
             path = Path(source[1:]).expanduser()
@@ -147,6 +155,8 @@ async def _submit(ns: argparse.Namespace) -> int:
             outputs=ns.output or (),
             relay=ns.relay,
             resources=_resources(ns),
+            after=ns.after or (),
+            deterministic=not ns.not_deterministic,
         )
         if ns.json:
             print(_json({"plan_id": plan.id, "state": "queued"}), flush=True)
@@ -300,7 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", metavar="NAME",
                    help="placement policy for this plan, e.g. least_busy (default: the coordinator's)")
     p.add_argument("--input", action="append", metavar="NAME=@PATH",
-                   help="an input uploaded to the worker: NAME=@PATH, or NAME=- for standard input (repeatable)")
+                   help="an input uploaded to the worker: NAME=@PATH, or NAME=- for standard input; or another "
+                        "plan's output, NAME=plan:PLAN_ID/OUTPUT: the plan waits for it, and its bytes go worker "
+                        "to worker (repeatable)")
+    p.add_argument("--after", action="append", metavar="PLAN_ID",
+                   help="place the plan only once plan PLAN_ID succeeded; it fails upstream_failed if that one "
+                        "does not (repeatable)")
+    p.add_argument("--not-deterministic", action="store_true",
+                   help="running the plan again may give other outputs: a lost output of it is not made again "
+                        "for the plans that use it (they fail output_lost)")
     p.add_argument("--output", action="append", metavar="NAME",
                    help="an output name the plan will leave, for `fleetwire output` (repeatable)")
     p.add_argument("--relay", action="store_true",

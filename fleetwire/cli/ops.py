@@ -214,7 +214,7 @@ async def _cancel(ns: argparse.Namespace, target: Target) -> int:
             print(f"no {'/'.join(ns.state or UNFINISHED)} plans to cancel", file=sys.stderr)
         for plan_id in ids:
             try:
-                info = await client.cancel(plan_id)
+                info = await client.cancel(plan_id, with_dependants=ns.with_dependants)
             except RequestError as exc:  # one unknown id does not stop the others
                 status = EXIT_FAILED
                 if ns.json:
@@ -279,6 +279,9 @@ def add_ops_commands(
     p.add_argument("--all", action="store_true", help="cancel every plan in --state instead of the ids given")
     p.add_argument("--state", action="append", choices=UNFINISHED, metavar="STATE",
                    help="with --all: only plans in this state, queued, leased or running (repeatable)")
+    p.add_argument("--with-dependants", action="store_true",
+                   help="cancel too the plans that use its outputs or run after it, directly or not (without it "
+                        "they fail upstream_failed)")
 
     async def cancel(ns: argparse.Namespace) -> int:
         return await _cancel(ns, target)

@@ -35,7 +35,11 @@ MAX_FUNCTION_LINES: Final = 80
 #: The one module allowed HTTP/1.1 head literals.
 HEAD_CODEC: Final = "protocol.transfer.http1"
 #: Functions allowed over MAX_FUNCTION_LINES (qualified name -> why); the issue allows at most four.
-LONG_FUNCTIONS: Final[dict[str, str]] = {}
+LONG_FUNCTIONS: Final[dict[str, str]] = {
+    # Issue #28 added `after` and `deterministic`: 93 lines, of which the body is 21.
+    "fleetwire.client.Client.submit": "the SDK's one submit: a keyword per plan option, each documented in its "
+    "docstring (the reference users read); the work is in fleetwire/submits.py",
+}
 _STORE_NAMES = re.compile(r"(^|\.)_?(store|db|committer)$")
 _BUILDER_CALLS = frozenset({"add_argument", "add_parser", "add_argument_group", "add_mutually_exclusive_group",
                             "add_subparsers"})  # fmt: skip

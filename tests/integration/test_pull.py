@@ -1,0 +1,76 @@
+"""A worker fetches a plan's referenced input from the worker that holds it (worker_agent/pull.py), over a real
+loopback data endpoint: the bytes verified as an upload's, a local copy when held here, output_lost when gone."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from protocol import errors
+from protocol.messages import InputSpec, OutputRef, Pull
+from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
+from tests.integration.data_helpers import MASTER, WORKER, data_endpoint, digest
+from worker_agent.pull import Puller
+from worker_agent.spool import PlanData, Spool
+
+SIZE = (9 << 20) + 4321  # more than two of the puller's batches
+
+
+def _ticket(name: str, *, plan: str = "p1") -> str:
+    claims = TicketClaims(plan, 1, WORKER, "get", {name: FileClaim()}, time.time() + 60)
+    return sign(claims, "k1", worker_key(MASTER, WORKER))
+
+
+def _consumer(tmp_path: Path, data: bytes) -> tuple[Spool, PlanData]:
+    spool = Spool(tmp_path / "consumer", memory_bytes=1024)
+    spec = InputSpec("x", len(data), digest(data), ref=OutputRef("p1", "y"))
+    return spool, spool.plan_data("p2", 1, [spec])
+
+
+async def test_a_referenced_input_is_fetched_from_its_holder_and_verified(tmp_path: Path) -> None:
+    """The consumer's worker GETs the output with the holder's ticket; the input verifies with its bytes."""
+    data = os.urandom(SIZE)
+    async with data_endpoint(tmp_path) as holder:
+        holder.spool.add_output("p1", 1, "y", data)
+        spool, plan = _consumer(tmp_path, data)
+        puller = Puller(spool, "w2")
+        pull = Pull("x", "p1", 1, "y", WORKER, url=holder.url, ticket=_ticket("y"))
+        task = puller.start([pull], plan)
+        assert task is not None
+        assert await plan.wait(5.0, lambda entry: None) is None
+        await task
+    assert plan.inputs["x"].path.read_bytes() == data and puller.pulled_bytes == SIZE
+
+
+async def test_an_input_held_here_is_copied_from_this_workers_own_spool(tmp_path: Path) -> None:
+    """A pull naming this worker copies its own output: nothing is fetched."""
+    data = os.urandom(1 << 20)
+    spool = Spool(tmp_path / "w", memory_bytes=1024)
+    spool.add_output("p1", 1, "y", data)
+    plan = spool.plan_data("p2", 1, [InputSpec("x", len(data), digest(data), ref=OutputRef("p1", "y"))])
+    puller = Puller(spool, "w1")
+    task = puller.start([Pull("x", "p1", 1, "y", "w1")], plan)
+    assert task is not None
+    assert await plan.wait(5.0, lambda entry: None) is None
+    assert plan.inputs["x"].path.read_bytes() == data and puller.copied_bytes == len(data) and not puller.pulled_bytes
+
+
+@pytest.mark.parametrize("where", ["holder", "no_endpoint", "here"])
+async def test_an_output_that_is_gone_fails_the_input_output_lost_naming_it(tmp_path: Path, where: str) -> None:
+    """A 404 from the holder, a holder without a data endpoint, or an output gone from this worker's spool: the
+    input fails output_lost, its detail naming the plan, attempt and output (what the coordinator rebuilds)."""
+    data = b"never made"
+    async with data_endpoint(tmp_path) as holder:
+        spool, plan = _consumer(tmp_path, data)
+        worker = "w2" if where == "here" else WORKER
+        pull = Pull("x", "p1", 1, "y", worker, url="" if where == "no_endpoint" else holder.url, ticket=_ticket("y"))
+        task = Puller(spool, "w2").start([pull], plan)
+        error = await plan.wait(5.0, lambda entry: None)
+        assert task is not None
+        await task
+    assert error is not None and error.code == errors.OUTPUT_LOST
+    assert error.detail == {"input": "x", "plan_id": "p1", "attempt": 1, "output": "y", "worker_id": worker}
+    assert "output 'y' of plan p1" in error.message
