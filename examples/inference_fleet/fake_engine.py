@@ -187,6 +187,7 @@ def _prompt_of(body: dict[str, Any], chat: bool) -> str:
 class _Handler(BaseHTTPRequestHandler):
     fake: FakeEngine
     protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as real engines answer
+    disable_nagle_algorithm = True  # each chunk goes out at once, as uvicorn's (vLLM's server) do
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: tests and the example print what matters themselves

@@ -294,3 +294,20 @@ async def test_no_openai_leaves_the_routes_to_the_websocket_server() -> None:
     finally:
         await server.stop()
 
+
+
+def test_door_serves_on_uvloop_as_the_cli_runs_it() -> None:
+    """Under uvloop (the CLI's loop, whose transports are no asyncio.Transport subclass) the door answers too."""
+    import uvloop
+
+    async def scenario() -> bytes:
+        server = CoordinatorServer(SETTINGS)
+        await server.start()
+        try:
+            return await raw_http(server.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                               + CLIENT_TOKEN.encode() + b"\r\nConnection: close\r\n\r\n")  # fmt: skip
+        finally:
+            await server.stop()
+
+    answer = uvloop.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 200 ") and b'"object":"list"' in answer

@@ -40,7 +40,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import structlog
 
@@ -181,8 +181,8 @@ class OpenAIConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's TCPTransport is no asyncio.Transport subclass
+        transport = self.transport
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
         door = self.door
         door.connections.add(self)
