@@ -276,7 +276,7 @@ class _Accepted(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         transport = self.transport
-        if claimed is not False:
+        if claimed:  # a protocol (None returned above, False: a websocket connection)
             self._budget.finished(self)  # no longer a pending handshake: the protocol bounds it now
             transport.set_protocol(claimed)
             claimed.connection_made(transport)
