@@ -307,7 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fsync-samples", type=int, default=300,
                         help="commit-sized fdatasyncs measured before and after the fleetwire runs (default 300)")
     parser.add_argument("--json", action="store_true", help="print every result as one JSON object")
+    parser.add_argument("--tracing", action="store_true",
+                        help="measure what tracing costs instead: fleetwire at off / 1 %% / 100 %% sampling "
+                             "(bench/_tracing_cost.py; needs fleetwire[otel])")
+    parser.add_argument("--rounds", type=int, default=2, help="with --tracing: interleaved rounds (default 2)")
     ns = parser.parse_args(argv)
+    if ns.tracing:
+        import _tracing_cost
+
+        lines, traced = _tracing_cost.measure(ns, run)
+        print(json.dumps(traced, sort_keys=True) if ns.json else "\n".join(lines))
+        return 0
     results = collect(ns)
     results["durable_limit"] = durable_limit(results)
     results["durability_tax"] = durability_tax(results)

@@ -92,6 +92,7 @@ from protocol.messages import (
     PlanReply,
     Plans,
     PlanStateName,
+    ReleaseDevice,
     RemoveWorker,
     Requirements,
     Resources,
@@ -586,6 +587,17 @@ class Client:
             RequestError: code ``unknown_worker``: no such worker is registered; ``forbidden``: not an admin token.
         """
         await self._request(RemoveWorker(req_id=self._session.next_req_id(), worker_id=worker_id), Ok)
+
+    async def release_device(self, worker_id: str, device: int) -> None:
+        """Put a quarantined device back in service (docs/OPERATIONS.md §GPU health): the worker ends its
+        quarantine and says so in its next load; placement uses the device again.
+
+        Raises:
+            RequestError: ``unknown_worker`` (no such worker, or it is not connected), ``invalid_argument``
+                (it has no such device), ``forbidden`` (not an admin token).
+        """
+        msg = ReleaseDevice(req_id=self._session.next_req_id(), worker_id=worker_id, device=device)
+        await self._request(msg, Ok)
 
     # ---- internals: requests and plans
 

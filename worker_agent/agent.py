@@ -72,6 +72,7 @@ from worker_agent.data_side import DataSide, WatchedOutbound
 from worker_agent.dataplane import DataServer
 from worker_agent.devices import DeviceAllocator
 from worker_agent.gpu_health import HealthMonitor, HealthRules, HealthSource, NvmlHealthSource, physical_of
+from worker_agent.handler_proc import HandlerProcesses, Isolation, isolate
 from worker_agent.handlers import Handler, builtin_handlers
 from worker_agent.outbox import SendQueue, encode_frames
 from worker_agent.probe import check_declared_gpus, probe_capabilities
@@ -160,6 +161,7 @@ class Agent:
         # Which attempts the data endpoint takes bytes for (worker_agent/attempts.py): fed by what the
         # coordinator says (_dispatch) and what the runner answers (worker_agent/data_side.py WatchedOutbound).
         self.attempts = Attempts()
+        self._handler_processes = HandlerProcesses()  # isolated handlers' children (worker_agent/handler_proc.py)
         self.runner = PlanRunner(
             worker_id=self.worker_id,
             max_concurrency=settings.max_concurrency,
@@ -199,24 +201,34 @@ class Agent:
     @overload
     def handler(self, name: F, /) -> F: ...
     @overload
-    def handler(self, name: str | None = None, /) -> Callable[[F], F]: ...
+    def handler(self, name: str | None = None, /, *, isolation: Isolation = "auto") -> Callable[[F], F]: ...
 
-    def handler(self, name: str | F | None = None, /) -> F | Callable[[F], F]:
-        """Register a handler: ``@agent.handler``, ``@agent.handler()`` or ``@agent.handler("op")``."""
+    def handler(self, name: str | F | None = None, /, *, isolation: Isolation = "auto") -> F | Callable[[F], F]:
+        """Register a handler: ``@agent.handler``, ``@agent.handler()`` or ``@agent.handler("op")``;
+        ``isolation`` says where it runs (:meth:`add_handler`)."""
         if callable(name):
             self.add_handler(name.__name__, name)
             return name
 
         def register(fn: F) -> F:
-            self.add_handler(name or fn.__name__, fn)
+            self.add_handler(name or fn.__name__, fn, isolation=isolation)
             return fn
 
         return register
 
-    def add_handler(self, name: str, fn: Handler) -> None:
+    def add_handler(self, name: str, fn: Handler, *, isolation: Isolation = "auto") -> None:
         """Offer op ``name``, run by ``fn(ctx, args)`` (replaces a built-in of that name).
-        Ops added while connected are advertised in the next ``hello``."""
-        self.runner.add_handler(name, fn)
+        Ops added while connected are advertised in the next ``hello``.
+
+        ``isolation`` (worker_agent/handler_proc.py, docs/SEMANTICS.md §GPU resources): ``"process"`` runs
+        each plan in a child process (reused per device set) whose ``CUDA_VISIBLE_DEVICES`` names only the
+        plan's devices; ``"auto"`` (default) does so on a worker that has devices for a function defined at
+        the top level of a module, and runs anything else in the worker's process; ``"inline"`` never.
+
+        Raises:
+            ValueError: ``isolation="process"`` for a handler a child process cannot import.
+        """
+        self.runner.add_handler(name, isolate(fn, isolation, self._handler_processes))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -272,6 +284,7 @@ class Agent:
             if self.health is not None:
                 await self.health.stop()
                 self.health = None
+            await self._handler_processes.close()
             if self.runner.tracing is not None:  # the spans still queued go to the collector
                 await asyncio.to_thread(self.runner.tracing.flush)
             self.data_server = self.relay = None

@@ -512,6 +512,18 @@ async def _undrain(ns: argparse.Namespace, target: Target) -> int:
     return EXIT_OK
 
 
+async def _release_device(ns: argparse.Namespace, target: Target) -> int:
+    url, token = target(ns)
+    async with Client(url, token=token) as client:
+        await client.release_device(ns.worker, ns.device)
+    if ns.json:
+        print(_json({"worker_id": ns.worker, "device": ns.device, "released": True}))
+    else:
+        print(f"device {ns.device} of worker {ns.worker} released: the worker ends its quarantine and reports it "
+              "in its next load")
+    return EXIT_OK
+
+
 async def _remove(ns: argparse.Namespace, target: Target) -> int:
     url, token = target(ns)
     async with Client(url, token=token) as client:
@@ -599,6 +611,19 @@ def add_operator_commands(
                                    "first. Needs an admin token: $FLEETWIRE_ADMIN_TOKEN (or --token).")
     p.add_argument("worker", help="worker id")
     p.set_defaults(func=bind(_remove))
+
+    p = sub.add_parser("device", parents=[common], help="act on a worker's device (release a quarantine)",
+                       description="GPU devices as workers report them (docs/OPERATIONS.md §GPU health); "
+                                   "`fleetwire workers` shows each device's health.")
+    devices = p.add_subparsers(dest="device_command", required=True, metavar="ACTION")
+    p = devices.add_parser("release", parents=[common, client], help="put a quarantined device back in service",
+                           description="End a device's quarantine (a fatal XID, rising uncorrectable ECC errors or "
+                                       "failed health probes put it there): the worker takes its counters as the "
+                                       "new baseline and placement uses the device again. Needs an admin token: "
+                                       "$FLEETWIRE_ADMIN_TOKEN (or --token).")
+    p.add_argument("worker", help="worker id (see `fleetwire workers`)")
+    p.add_argument("device", type=int, help="the device's position in the worker's GPU list (0, 1, ...)")
+    p.set_defaults(func=bind(_release_device))
 
     p = sub.add_parser("completion", parents=[common], help="print a shell completion script",
                        description="Print a completion script for SHELL. Bash: "

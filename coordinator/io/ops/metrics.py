@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.process_collector import ProcessCollector
 
+from coordinator.io.ops.gpu_metrics import GPU_METRIC_NAMES, gpu_families
 from coordinator.scopes import SCOPE_REASONS
 from coordinator.stats import FrameCounters, Histogram
 from protocol.messages import PlanStateName
@@ -119,6 +120,7 @@ METRIC_NAMES: Final = (
     "fleetwire_relay_waiting_streams",
     "fleetwire_relay_idle_ends",
     "fleetwire_worker_latency_seconds",
+    *GPU_METRIC_NAMES,
 )
 
 
@@ -178,6 +180,7 @@ class CoordinatorCollector:
         info.add_metric([self._version or "unknown"], 1)
         yield info
         yield from self._workers(core, now)
+        yield from gpu_families(core.registry)  # per worker and device (coordinator/io/ops/gpu_metrics.py)
         yield from self._plans(core)
         yield from self._io()
         for name, key, doc in _CORE_COUNTERS:

@@ -1,0 +1,129 @@
+"""What tracing costs fleetwire (``bench/compare.py --tracing``): throughput and latency, off / 1 % / 100 %.
+
+    python bench/compare.py --peers none --tracing --plans 3000 --samples 300 --rounds 2
+
+Each level runs bench/throughput.py and bench/latency.py (coordinator, worker and client each in
+its own process, on 127.0.0.1) with the standard variables: ``OTEL_EXPORTER_OTLP_ENDPOINT`` set
+to an OTLP/HTTP sink in this process (it keeps the posted bodies and decodes them after the runs,
+so it does not compete for the CPU meanwhile), ``OTEL_TRACES_SAMPLER=parentbased_traceidratio``
+and ``OTEL_TRACES_SAMPLER_ARG`` 0.01 or 1.0: the client's submit spans sample; the coordinator and
+the worker follow the caller (parent-based). "off" has no endpoint: nothing is imported. Levels run
+in interleaved rounds (off, 1 %, 100 %, off, ...) and each figure is the median over the rounds, so
+the machine's drift falls on all three. The cost is the change against "off" in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+LEVELS = (("off", None), ("1 %", "0.01"), ("100 %", "1.0"))
+TARGETS = {"1 %": 1.0, "100 %": 5.0}  # the most throughput may drop, in per cent (issue #32)
+
+
+class Sink:
+    """An OTLP/HTTP endpoint that answers 200 and keeps what was posted."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                sink.bodies.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def spans(self) -> int | None:
+        """Spans received so far (None: opentelemetry-proto is not installed to count them)."""
+        try:
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        except ImportError:
+            return None
+        total = 0
+        for body in self.bodies:
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            total += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+        return total
+
+
+def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    """Run every level ``ns.rounds`` times; the table's lines and the results."""
+    sink = Sink()
+    saved = {k: os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER",
+                                            "OTEL_TRACES_SAMPLER_ARG")}  # fmt: skip
+    rates: dict[str, list[float]] = {name: [] for name, _ in LEVELS}
+    p50s: dict[str, list[float]] = {name: [] for name, _ in LEVELS}
+    spans: dict[str, int] = {name: 0 for name, _ in LEVELS}
+    errors: dict[str, str] = {}
+    try:
+        for _ in range(ns.rounds):
+            for name, ratio in LEVELS:
+                for key in saved:
+                    os.environ.pop(key, None)
+                if ratio is not None:
+                    os.environ.update(
+                        OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint,
+                        OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+                        OTEL_TRACES_SAMPLER_ARG=ratio,
+                    )
+                before = len(sink.bodies)
+                t = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, timeout_s=ns.timeout)
+                lat = run("latency.py", "--samples", str(ns.samples), "--store", ns.store, timeout_s=ns.timeout)
+                for result in (t, lat):
+                    if "error" in result:
+                        errors[name] = result["error"]
+                if "plans_per_s" in t:
+                    rates[name].append(t["plans_per_s"])
+                if "p50_ms" in lat:
+                    p50s[name].append(lat["p50_ms"])
+                spans[name] += len(sink.bodies) - before  # requests now; counted as spans below
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    counted = sink.spans()
+    base_rate = statistics.median(rates["off"]) if rates["off"] else None
+    base_p50 = statistics.median(p50s["off"]) if p50s["off"] else None
+    lines = [
+        f"tracing cost ({ns.plans:,} no-op plans throughput, {ns.samples} sequential round trips; store {ns.store}; "
+        f"median of {ns.rounds} interleaved rounds; OTLP/HTTP to a local sink)",
+        "| sampling | throughput | change | p50 round trip | change | OTLP posts | target |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    results: dict[str, Any] = {"levels": {}, "spans_received": counted, "errors": errors}
+    for name, _ in LEVELS:
+        rate = statistics.median(rates[name]) if rates[name] else None
+        p50 = statistics.median(p50s[name]) if p50s[name] else None
+        d_rate = (rate / base_rate - 1) * 100 if rate and base_rate else None
+        d_p50 = (p50 / base_p50 - 1) * 100 if p50 and base_p50 else None
+        target = TARGETS.get(name)
+        verdict = "-" if target is None or d_rate is None else (
+            f"{'met' if -d_rate <= target else 'MISSED'} (<= {target:g} % drop)")  # fmt: skip
+        lines.append(
+            f"| {name} | {errors.get(name) or f'{rate:,.0f} plans/s' if rate else '-'} | "
+            f"{'-' if d_rate is None or name == 'off' else f'{d_rate:+.1f} %'} | "
+            f"{f'{p50:.3f} ms' if p50 else '-'} | {'-' if d_p50 is None or name == 'off' else f'{d_p50:+.1f} %'} | "
+            f"{spans[name]} | {verdict} |"
+        )
+        results["levels"][name] = {"plans_per_s": rate, "p50_ms": p50, "rates": rates[name], "p50s": p50s[name],
+                                   "posts": spans[name]}  # fmt: skip
+    shown = counted if counted is not None else "? (no opentelemetry-proto to count them)"
+    lines.append(f"spans received by the sink, all levels: {shown}")
+    return lines, results
