@@ -68,6 +68,7 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
                                             "OTEL_TRACES_SAMPLER_ARG")}  # fmt: skip
     rates: dict[str, list[float]] = {name: [] for name, _ in LEVELS}
     p50s: dict[str, list[float]] = {name: [] for name, _ in LEVELS}
+    cpus: dict[str, list[float]] = {name: [] for name, _ in LEVELS}  # CPU µs per plan, every process together
     spans: dict[str, int] = {name: 0 for name, _ in LEVELS}
     errors: dict[str, str] = {}
     try:
@@ -89,6 +90,8 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
                         errors[name] = result["error"]
                 if "plans_per_s" in t:
                     rates[name].append(t["plans_per_s"])
+                if isinstance(t.get("cpu_s"), dict):
+                    cpus[name].append(sum(t["cpu_s"].values()) / ns.plans * 1e6)
                 if "p50_ms" in lat:
                     p50s[name].append(lat["p50_ms"])
                 spans[name] += len(sink.bodies) - before  # requests now; counted as spans below
@@ -101,11 +104,13 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
     counted = sink.spans()
     base_rate = statistics.median(rates["off"]) if rates["off"] else None
     base_p50 = statistics.median(p50s["off"]) if p50s["off"] else None
+    base_cpu = statistics.median(cpus["off"]) if cpus["off"] else None
     lines = [
         f"tracing cost ({ns.plans:,} no-op plans throughput, {ns.samples} sequential round trips; store {ns.store}; "
         f"median of {ns.rounds} interleaved rounds; OTLP/HTTP to a local sink)",
-        "| sampling | throughput | change | p50 round trip | change | OTLP posts | target |",
-        "|---|---|---|---|---|---|---|",
+        "| sampling | throughput | change | CPU per plan, all processes | change | p50 round trip | change | "
+        "OTLP posts | target (throughput) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     results: dict[str, Any] = {"levels": {}, "spans_received": counted, "errors": errors}
     for name, _ in LEVELS:
@@ -113,17 +118,20 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
         p50 = statistics.median(p50s[name]) if p50s[name] else None
         d_rate = (rate / base_rate - 1) * 100 if rate and base_rate else None
         d_p50 = (p50 / base_p50 - 1) * 100 if p50 and base_p50 else None
+        cpu = statistics.median(cpus[name]) if cpus[name] else None
+        d_cpu = (cpu / base_cpu - 1) * 100 if cpu and base_cpu else None
         target = TARGETS.get(name)
         verdict = "-" if target is None or d_rate is None else (
             f"{'met' if -d_rate <= target else 'MISSED'} (<= {target:g} % drop)")  # fmt: skip
         lines.append(
             f"| {name} | {errors.get(name) or f'{rate:,.0f} plans/s' if rate else '-'} | "
             f"{'-' if d_rate is None or name == 'off' else f'{d_rate:+.1f} %'} | "
+            f"{f'{cpu:.0f} µs' if cpu else '-'} | {'-' if d_cpu is None or name == 'off' else f'{d_cpu:+.1f} %'} | "
             f"{f'{p50:.3f} ms' if p50 else '-'} | {'-' if d_p50 is None or name == 'off' else f'{d_p50:+.1f} %'} | "
             f"{spans[name]} | {verdict} |"
         )
         results["levels"][name] = {"plans_per_s": rate, "p50_ms": p50, "rates": rates[name], "p50s": p50s[name],
-                                   "posts": spans[name]}  # fmt: skip
+                                   "posts": spans[name], "cpu_us_per_plan": cpu}  # fmt: skip
     shown = counted if counted is not None else "? (no opentelemetry-proto to count them)"
     lines.append(f"spans received by the sink, all levels: {shown}")
     return lines, results

@@ -58,14 +58,17 @@ _MAX_FRAME: Final = 1 << 30
 
 def handler_target(fn: Any) -> str | None:
     """``module:qualname`` a child can import ``fn`` by (``__main__`` included); None when it cannot."""
-    if not isinstance(fn, types.FunctionType) or "<" in fn.__qualname__ or "." in fn.__qualname__:
+    if not isinstance(fn, types.FunctionType):
         return None
-    module = sys.modules.get(fn.__module__)
-    if module is None or getattr(module, fn.__name__, None) is not fn:
+    name, qualname, module_name = fn.__name__, fn.__qualname__, fn.__module__
+    if "<" in qualname or "." in qualname:
         return None
-    if fn.__module__ == "__main__" and not getattr(module, "__file__", None):
+    module = sys.modules.get(module_name)
+    if module is None or getattr(module, name, None) is not fn:
         return None
-    return f"{fn.__module__}:{fn.__qualname__}"
+    if module_name == "__main__" and not getattr(module, "__file__", None):
+        return None
+    return f"{module_name}:{qualname}"
 
 
 def isolate(fn: Handler, isolation: Isolation, processes: HandlerProcesses) -> Handler:

@@ -826,9 +826,13 @@ function renderWorkers() {
     const gpus = caps.gpus || [];
     const gpuUse = w.gpu_use || [];
     const gpusUsed = gpuUse.filter((n) => n > 0).length;
+    // Each device's health from the worker's load (docs/OPERATIONS.md §GPU health): a quarantine says why.
+    const health = new Map((load.devices || []).map((d) => [d.index || 0, d]));
+    const healthText = (h) => !h ? "" : (h.state && h.state !== "ok")
+      ? ` ⚠ ${h.state}: ${h.reason || ""}` : ` ${Math.round(h.temperature_c || 0)} °C`;
     tr.append(el("td", gpus.length
-      ? gpus.map((g, i) => `${g.name} (${gib(g.memory_bytes || 0)})${gpuUse[i] ? " ●" : ""}`).join(", ") +
-        ` — ${gpusUsed} used, ${gpus.length - gpusUsed} free`
+      ? gpus.map((g, i) => `${g.name} (${gib(g.memory_bytes || 0)})${gpuUse[i] ? " ●" : ""}${healthText(health.get(i))}`)
+        .join(", ") + ` — ${gpusUsed} used, ${gpus.length - gpusUsed} free`
       : "-"));
     const max = caps.max_concurrency === undefined ? 1 : caps.max_concurrency;
     const leases = w.leases || 0;

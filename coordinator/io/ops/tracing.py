@@ -29,6 +29,8 @@ from typing import Final
 from coordinator.effects import TraceNote
 from wireio.tracing import Tracing
 
+Attributes = dict[str, str | int | float | bool]
+
 __all__ = ["PlanSpans"]
 
 _QUEUED_BY: Final = frozenset({"queued", "requeued", "preempted"})
@@ -68,7 +70,7 @@ class PlanSpans:
         queued, record = self._queued, self.tracing.record
         for note in notes:
             kind, plan_id = note.kind, note.plan_id
-            base = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": note.attempt}
+            base: Attributes = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": note.attempt}
             if kind in _QUEUED_BY:
                 queued[plan_id] = _Queued(note.traceparent, now, note.attempt + 1)
             elif kind == "waiting":
