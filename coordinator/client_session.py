@@ -14,7 +14,10 @@ Rules:
   ``(principal, id)`` through the names first (one truth test while none is aliased).
 * A submit with a plan id the principal already uses is the retry of a submit whose reply
   was lost: answered ``accepted(duplicate=True)``, and with ``subscribe`` its whole stream.
-* A new plan over the principal's plan limit is refused (``too_many_plans``) and nothing changes.
+* A new plan over the principal's plan limit, or past its team's ``max_queued``, is refused
+  (``too_many_plans``) and nothing changes.
+* ``get_usage`` answers the usage ledger's totals (coordinator/sharing.py): an admin's, everyone's;
+  a client's, its own.
 * A submit marked ``recovered`` (the SDK re-sending an accepted plan this coordinator no longer
   knows) is a new plan like any other, logged and counted (``plans_recovered_from_client``).
 * **Reading never changes a plan.** A ``subscribe`` (whatever its ``from_seq``), ``get_plan`` or
@@ -57,6 +60,7 @@ from protocol.messages import (
     ErrorInfo,
     FromClient,
     GetPlan,
+    GetUsage,
     ListPlans,
     ListWorkers,
     Ok,
@@ -78,6 +82,7 @@ if TYPE_CHECKING:
     from coordinator.relay import Relay
     from coordinator.scheduling import Scheduler
     from coordinator.sessions import Session
+    from coordinator.sharing import Sharing
     from coordinator.state import CoreState
     from coordinator.streams import Streams
 
@@ -101,6 +106,7 @@ class ClientSessions:
         data: answers ``data_ticket`` (coordinator/data_plane.py); None: refused.
         relay: carries ``data_open``/``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py); None: ignored.
         version: the coordinator's version, said in ``workers`` answers (``fleetwire status``).
+        sharing: teams' ``max_queued`` at submit, ``get_usage`` (coordinator/sharing.py); None: neither.
     """
 
     def __init__(
@@ -115,8 +121,10 @@ class ClientSessions:
         data: DataPlane | None = None,
         relay: Relay | None = None,
         version: str = "",
+        sharing: Sharing | None = None,
     ) -> None:
         self._state = state
+        self._sharing = sharing
         self._outbox = outbox
         self._streams = streams
         self._scheduler = scheduler
@@ -148,6 +156,9 @@ class ClientSessions:
                                                      version=self._version))
             case ListPlans():
                 self._operator.list_plans(s, msg)
+            case GetUsage():
+                if self._sharing is not None:  # an admin sees everyone's usage, a client its own
+                    self._outbox.send(s.conn_id, self._sharing.usage(msg, s.principal, s.admin))
             case DrainWorker():
                 self._operator.drain(s, msg, now)
             case UndrainWorker():
@@ -201,6 +212,8 @@ class ClientSessions:
         plan = Plan.from_submit(msg, "", s.principal, 0)
         size = held_size(plan) if quota.max_bytes else 0
         over_quota = quota.refusal(s.principal, size)
+        if over_quota is None and self._sharing is not None and self._sharing.queued_quotas:  # its team's max_queued
+            over_quota = self._sharing.submit_refusal(s.principal)
         if over_quota is not None:
             self._outbox.refuse_submit(s, msg.req_id, over_quota)
             return

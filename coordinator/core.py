@@ -18,13 +18,16 @@ built in this order, each handed only the state and collaborators above it (call
 never up; none of them imports this module)::
 
     state.py              CoreState       the shared tables: registry, plans, names, queue, subscriptions,
-                                          sessions, quota, timings, footprint, counters, journal, placement
+                                          sessions, quota, timings, footprint, counters, journal, ledger,
+                                          placement
     effects.py            Outbox          sends, closes, refusals         <- sessions
     retention.py          Retention       forgets old finished plans      <- plans, registry, journal
     streams.py            Streams         emit, fail, replay              <- Outbox, Retention, quota
     data_plane.py         DataPlane       ticket keys, data grants        <- registry, Outbox, Streams
     relay.py              Relay           relayed bytes, credit per stream <- plans, registry, Outbox
-    scheduling.py         Scheduler       queue <-> placement <-> leases  <- Streams, Outbox, DataPlane
+    sharing.py            Sharing         fair share's leases, quotas,    <- registry, queue, placement, Outbox,
+                                          preemption, the usage ledger       Streams (the registry tells it of leases)
+    scheduling.py         Scheduler       queue <-> placement <-> leases  <- Streams, Outbox, DataPlane, Sharing
     recovery.py           Recovery        records, acks, restore, retries <- Scheduler
     operator_requests.py  OperatorRequests  list_plans, drain, undrain    <- Scheduler, Outbox
     timeouts.py           RunTimeouts     timeout_s backstop              <- registry, Outbox, Streams
@@ -66,8 +69,10 @@ from coordinator.relay import Relay
 from coordinator.retention import DEFAULT_RETENTION_BYTES, Retention
 from coordinator.scheduling import Scheduler
 from coordinator.sessions import Role, Session
+from coordinator.sharing import Sharing, SharingConfig
 from coordinator.state import CoreState
 from coordinator.streams import Streams
+from coordinator.teams import TeamBook
 from coordinator.timeouts import DEFAULT_GRACE_S, RunTimeouts
 from coordinator.worker_sessions import WorkerSessionConfig, WorkerSessions
 from protocol import errors
@@ -119,6 +124,10 @@ class CoreConfig:
     # A worker whose connection closed keeps its plans this long for a reconnect (with its session secret),
     # then they are requeued: a killed worker's plans need not wait for the heartbeat timeout (registry.py).
     worker_reconnect_grace_s: float = 5.0
+    # Shared fleets (coordinator/sharing.py): a preempted plan has this long to checkpoint and end, and a plan
+    # runs at least this long before it may be preempted.
+    preemption_grace_s: float = 30.0
+    preemption_min_run_s: float = 10.0
 
 
 class Coordinator:
@@ -176,9 +185,16 @@ class Coordinator:
             max_bytes=config.relay_max_bytes, principal_bytes=config.relay_principal_bytes,
             session_bytes=config.relay_session_bytes, idle_s=config.relay_idle_s,
         )
+        self.sharing = Sharing(  # fair share's leases and capacity, quotas, preemption, the ledger (sharing.py)
+            registry=self.registry, plans=self.plans, queue=state.queue, placement=self.placement,
+            outbox=self.outbox, streams=self.streams, ledger=state.ledger, counters=self.counters,
+            config=SharingConfig(config.preemption_grace_s, config.preemption_min_run_s),
+        )
+        self.registry.watcher = self.sharing  # every lease's start and end (coordinator/registry.py)
+        self.streams.on_end = self.sharing.plan_ended  # the ledger's outcomes
         self.scheduler = Scheduler(
             registry=self.registry, plans=self.plans, queue=self.queue, placement=self.placement,
-            streams=self.streams, outbox=self.outbox, counters=self.counters, data=self.data,
+            streams=self.streams, outbox=self.outbox, counters=self.counters, data=self.data, sharing=self.sharing,
         )
         self.recovery = Recovery(  # records, acks, restore, hand-back, retries (coordinator/recovery.py)
             plans=self.plans, registry=self.registry, scheduler=self.scheduler, journal=journal,
@@ -201,11 +217,12 @@ class Coordinator:
             ),
             data=self.data, relay=self.relay, timeouts=self.timeouts,
             reconnects=ReconnectBudget(config.worker_reconnect_rate, config.worker_reconnect_burst),
+            sharing=self.sharing,
         )
         self.operator.remover = self.workers.remove  # remove_worker (operator_requests.py)
         self.clients = ClientSessions(
             state, outbox=self.outbox, streams=self.streams, scheduler=self.scheduler, operator=self.operator,
-            new_id=new_id, data=self.data, relay=self.relay, version=config.version,
+            new_id=new_id, data=self.data, relay=self.relay, version=config.version, sharing=self.sharing,
         )
 
     # ================================================================== driver API
@@ -246,7 +263,7 @@ class Coordinator:
         session = self.sessions.get(conn_id)
         if session is None or session.closing:
             return
-        self.streams.now = now
+        self.streams.now = self.sharing.now = now
         if isinstance(msg, DecodeFailure):
             if msg.code == errors.UNKNOWN_TYPE and scopes.foreign_type(session.role, msg.type):
                 self.outbox.forbid(session, f"a {session.role} session may not send {msg.type!r}", "foreign_type")
@@ -266,6 +283,7 @@ class Coordinator:
         session = self.sessions.pop(conn_id, None)
         if session is None:
             return
+        self.sharing.now = now
         self.outbox.discard(conn_id)
         self.recovery.forget(conn_id)
         self.relay.connection_closed(conn_id)
@@ -285,14 +303,21 @@ class Coordinator:
         running plans past ``timeout_s`` + grace fail ``timeout`` (coordinator/timeouts.py),
         drained workers past their deadline hand their plans back, and the autoscaler is fed.
         """
-        self.streams.now = now
+        self.streams.now = self.sharing.now = now
         self.retention.sweep(now)
         self.timeouts.expire(now)  # running past timeout_s + grace: failed timeout (coordinator/timeouts.py)
         self.relay.expire(now)  # relayed streams idle past relay_idle_s give their windows back (coordinator/relay.py)
         self.operator.tick(now)
         self._autoscale(now)
         self.scheduler.catch_up_waiting(now)  # waiting reasons a refresh left past its budget (scheduling.py)
-        return self.workers.reap(now)
+        reaped = self.workers.reap(now)
+        self._share(now)
+        return reaped
+
+    def set_teams(self, teams: TeamBook, now: float) -> None:
+        """The token file's teams, weights and quotas, at start and on each reload (coordinator/sharing.py)."""
+        self.sharing.now = now
+        self.sharing.set_teams(teams, now)
 
     def pump(self, budget: int, busy: Callable[[int], bool] | None = None) -> int:
         """Send the next slices of large replays (coordinator/streams.py); the driver calls it once per
@@ -315,6 +340,7 @@ class Coordinator:
         Queued plans are queued again; leased and running ones wait one heartbeat timeout,
         from ``now``, for their worker to reconnect and claim them.
         """
+        self.sharing.now = now
         queued = self.recovery.restore(stored, now)
         finished: list[Plan] = []
         for plan in self.plans.values():  # restored unfinished plans count against their owner's quota
@@ -333,6 +359,7 @@ class Coordinator:
         """
         self.retention.wall_offset = offset_s
         self.data.wall_offset = offset_s
+        self.sharing.wall_offset = offset_s
 
     def summary(self, now: float) -> str:
         """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers."""
@@ -353,6 +380,15 @@ class Coordinator:
             f"message type {tag!r} is not accepted on a {session.role} session",
             req_id=getattr(msg, "req_id", 0),
         )
+
+    def _share(self, now: float) -> None:
+        """The tick's part of shared fleets (coordinator/sharing.py): capacity, keys, preemption, overdue victims."""
+        sharing = self.sharing
+        sharing.refresh_capacity(now)
+        self.queue.advance(now)  # the service of running leases counts up to now
+        for plan_id in sharing.overdue(now):  # a worker that did not stop a preempted plan: taken back
+            self.scheduler.take_back_preempted(self.plans[plan_id], now)
+        sharing.preempt(now)
 
     def _autoscale(self, now: float) -> None:
         """Feed the autoscaler; its decisions go to admin followers and to the server's hook command."""

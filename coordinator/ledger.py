@@ -108,18 +108,32 @@ class UsageLedger:
     ) -> None:
         """A lease of the principal's plan ended after ``run_s`` seconds holding ``slots`` and ``gpus``."""
         row = self._row(principal, team, wall_s)
-        run_s = _figure(run_s)
+        if not 0 <= run_s < math.inf:  # _figure, inlined: this runs at every lease's end
+            run_s = 0.0
         row.slot_s += run_s * slots
-        row.gpu_s += run_s * gpus
+        if gpus:
+            row.gpu_s += run_s * gpus
         if receipt is not None:
             row.tokens += max(0, receipt.tokens)
             row.joules += _figure(receipt.joules)
             row.co2e_g += _figure(receipt.co2e_g)
 
+    def receipt(self, principal: str, team: str, receipt: Receipt, *, wall_s: float) -> None:
+        """An attempt of the principal's plan ended with ``receipt`` (its lease's end was counted apart)."""
+        row = self._row(principal, team, wall_s)
+        row.tokens += max(0, receipt.tokens)
+        row.joules += _figure(receipt.joules)
+        row.co2e_g += _figure(receipt.co2e_g)
+
     def plan_ended(self, principal: str, team: str, outcome: Outcome, *, wall_s: float) -> None:
         """A plan of the principal reached its final state."""
         row = self._row(principal, team, wall_s)
-        setattr(row, outcome, getattr(row, outcome) + 1)
+        if outcome == "succeeded":
+            row.succeeded += 1
+        elif outcome == "failed":
+            row.failed += 1
+        else:
+            row.cancelled += 1
 
     def preempted(self, principal: str, team: str, *, wall_s: float) -> None:
         """A lease of the principal's plan was preempted."""

@@ -9,6 +9,8 @@ Rules (docs/SEMANTICS.md §Plan lifecycle and events):
 * A lost worker's leased or running plan goes back to ``queued`` (``worker_lost``), or
   to ``failed`` once it has used its last attempt (``worker_lost.final``).
 * A client ``cancel`` ends a queued, leased or running plan at once.
+* A preempted attempt (``preempt``: stopped for another team's plan, or its host was interrupted)
+  puts a leased or running plan back to ``queued``; the attempt does not count (coordinator/sharing.py).
 
 Theory of operation. The table below is the whole state machine: :func:`advance` looks
 up ``(state, event)`` and either moves the plan or raises
@@ -94,6 +96,7 @@ PlanEventName = Literal[
     "worker_lost.final",
     "retry",
     "handback",
+    "preempt",
     "timeout",
 ]
 
@@ -116,6 +119,9 @@ TRANSITIONS: Final[dict[tuple[PlanStateName, PlanEventName], PlanStateName]] = {
     # when it left (goodbye): both queued again without counting against max_attempts.
     **{(state, "retry"): "queued" for state in _LIVE},
     **{(state, "handback"): "queued" for state in _LIVE},
+    # A preempted attempt (docs/SEMANTICS.md §Preemption): stopped for another team's plan, or its host
+    # was interrupted; queued again without counting against max_attempts.
+    **{(state, "preempt"): "queued" for state in _LIVE},
     # The coordinator's own timeout_s backstop: the worker never reported the attempt ended
     # (coordinator/timeouts.py). Only a running attempt has a clock.
     ("running", "timeout"): "failed",
@@ -127,7 +133,8 @@ EVERY_PRINCIPAL: Final = "\x00*"
 
 # Lifecycle kinds the coordinator stamps itself; a worker event using one is refused.
 RESERVED_KINDS: Final = frozenset(
-    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled", "data_ready"}
+    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled", "data_ready",
+     "preempted"}
 )
 
 _DONE_EVENTS: Final[dict[Outcome, PlanEventName]] = {
@@ -220,6 +227,7 @@ class Plan:
     tally: OwnerTally | None = None  # its owner's counts by state, once a listing indexed it (operator_requests.py)
     name: str | None = None  # its owner's id for it when that is not its key (PlanNames); None: the key
     traceparent: str = ""  # its caller's W3C trace context, from its submit ("": none; protocol/tracecontext.py)
+    preemptible: bool = False  # it may be stopped and requeued for another team's plan (coordinator/sharing.py)
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -241,6 +249,7 @@ class Plan:
             outputs=msg.outputs,
             resources=msg.resources,
             gpus=GpuNeed.of(msg.resources) if msg.resources is not None else None,
+            preemptible=msg.preemptible,
         )
 
     @property

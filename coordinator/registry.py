@@ -22,6 +22,8 @@ Semantics are the seed's (docs/SEMANTICS.md §Registry):
   :class:`~coordinator.capacity.Pool`, kept up to date on every registration, disconnect
   and reap, with an index of the members that have room, kept up to date on every claim
   and release (coordinator/capacity.py).
+* Its ``watcher`` (fair share's usage, coordinator/sharing.py) is told of every new lease and of
+  every lease's end: a release, or the record dropped with its leases (reaped, removed).
 
 Ownership and invariants:
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
+from typing import Protocol
 
 import structlog
 
@@ -68,6 +71,16 @@ def _figures(record: WorkerRecord) -> tuple[float, float, float] | None:
 
 def _by_id(record: WorkerRecord) -> str:
     return record.id
+
+
+class LeaseWatcher(Protocol):
+    """Told of every lease's start and end, whatever ends it (fair share's usage: coordinator/sharing.py)."""
+
+    def lease_claimed(self, record: WorkerRecord, plan_id: str) -> None:
+        """A new lease: ``plan_id`` on the worker of ``record``."""
+
+    def lease_released(self, record: WorkerRecord, plan_id: str) -> None:
+        """The lease ended: released, or its worker's record was dropped (reaped, removed) with it."""
 
 
 class WorkerRegistry:
@@ -98,6 +111,7 @@ class WorkerRegistry:
         self._connected = 0
         self.generation = 0  # bumped whenever membership or connection changes (caches key on it)
         self.releases = 0  # leases released so far: a release is the other way room appears
+        self.watcher: LeaseWatcher | None = None  # told of every lease's start and end (coordinator/sharing.py)
 
     def __contains__(self, worker_id: object) -> bool:
         return worker_id in self._workers
@@ -383,6 +397,7 @@ class WorkerRegistry:
             self._overdue.pop(worker_id, None)
             self._grace_over.pop(worker_id, None)
             self._leave_pools(record)
+            self._let_go(record)
         if dropped:
             self.generation += 1
             log.warning("workers reaped", worker_ids=dropped, heartbeat_timeout_s=self.heartbeat_timeout_s,
@@ -404,8 +419,16 @@ class WorkerRegistry:
         self._overdue.pop(worker_id, None)
         self._grace_over.pop(worker_id, None)
         self._leave_pools(record)
+        self._let_go(record)
         self.generation += 1
         return record
+
+    def _let_go(self, record: WorkerRecord) -> None:
+        """A dropped record's leases end with it, as far as the watcher is concerned (the record keeps them)."""
+        watcher = self.watcher
+        if watcher is not None:
+            for plan_id in sorted(record.leases):
+                watcher.lease_released(record, plan_id)
 
     # ------------------------------------------------------------------ leases
 
@@ -436,6 +459,8 @@ class WorkerRegistry:
         self._claims += 1
         record.last_assigned = self._claims
         self._room_changed(record)
+        if self.watcher is not None:
+            self.watcher.lease_claimed(record, plan_id)
         return True
 
     def release(self, worker_id: str, plan_id: str) -> bool:
@@ -459,6 +484,8 @@ class WorkerRegistry:
                     use[i] = max(0, use[i] - 1)
         self.releases += 1
         self._room_changed(record)
+        if self.watcher is not None:
+            self.watcher.lease_released(record, plan_id)
         return True
 
     def has_capacity(self, worker_id: str) -> bool:

@@ -35,7 +35,7 @@ from coordinator.placement.policies import POLICY_NAMES
 from coordinator.plans import SMALL_EVENT_BYTES, advance
 from coordinator.receipts import projection
 from protocol import errors
-from protocol.messages import Assign, ErrorInfo, Revoke
+from protocol.messages import Assign, Cancel, ErrorInfo, Revoke
 
 if TYPE_CHECKING:
     from coordinator.data_plane import DataPlane
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from coordinator.placement.plan_queue import PlanQueue
     from coordinator.plans import Plan
     from coordinator.registry import WorkerRegistry
+    from coordinator.sharing import Sharing
     from coordinator.streams import Streams
     from coordinator.workers import WorkerRecord
 
@@ -82,6 +83,7 @@ class Scheduler:
         outbox: where ``assign`` and ``revoke`` go.
         counters: the core's counters (placements per policy, ``plans_requeued``).
         data: a leased plan with inputs or outputs gets its ``data_ready`` event from it (None: never).
+        sharing: quotas, nominations and preempted attempts (coordinator/sharing.py); None: none.
     """
 
     def __init__(
@@ -95,8 +97,10 @@ class Scheduler:
         outbox: Outbox,
         counters: dict[str, int],
         data: DataPlane | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self._data = data
+        self._sharing = sharing
         self._registry = registry
         self._plans = plans
         self._queue = queue
@@ -129,16 +133,23 @@ class Scheduler:
         signature = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
         pool = self._registry.matching(signature, signature.admits)
         queue = self._queue
-        # Only KV room can leave a group queued while a worker has a slot: a newcomer waits its turn.
-        ahead = queue.has_ahead(signature, plan.priority, plan.order)
+        sharing = self._sharing
+        quotas = sharing if sharing is not None and sharing.quotas else None  # some team has a quota
+        # Only KV room (or a team past a quota it may not borrow beyond) can leave a group queued while a
+        # worker has a slot: a newcomer waits its turn.
+        ahead = (quotas is not None and quotas.held(plan, signature)) or queue.has_ahead(
+            signature, plan.priority, plan.order, plan.owner
+        )
         best = None if ahead else self._placement.choose(plan, pool, now)
         if best is not None:
             self.assign(plan, best)
             return
-        alone = queue.push(plan.id, signature, plan.priority, plan.order)
+        alone = queue.push(plan.id, signature, plan.priority, plan.order, plan.owner)
         reason = self._wait_reason(signature, now)
         if reason == "waiting for placement":  # room somewhere, but not for this plan's KV blocks
             reason = self._placement.kv_reason(plan, pool) or reason
+        if quotas is not None:  # its team's quota is why it waits (coordinator/sharing.py)
+            reason = quotas.quota_reason(plan) or reason
         if alone:  # a new group: its only plan's reason is the group's (no refresh need visit it)
             queue.set_group_reason(signature, reason)
         elif reason != queue.group_reason(signature):
@@ -155,13 +166,15 @@ class Scheduler:
         """
         plan.queued_at_s, plan.started_at_s = now, None
         signature = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
-        self._queue.push(plan.id, signature, plan.priority, plan.order)
+        self._queue.push(plan.id, signature, plan.priority, plan.order, plan.owner)
         self._queue.set_group_reason(signature, None)  # the next refresh visits each of its plans
 
     def fill_worker(self, record: WorkerRecord, now: float) -> None:
         """Give a worker with room the best queued plans it can run, one signature check per group."""
         if not self._registry.is_alive(record.id, now):
             return
+        if self._sharing is not None and self._sharing.nominated:  # a preemption made room here for a plan
+            self.fill_nominated(record, now)
         plans, fits = self._plans, self._placement.fits
         # It can run no signature of another op, nor one whose first tag it lacks: those are not looked at.
         ops, tags = record.capabilities.ops, record.capabilities.tags
@@ -177,6 +190,50 @@ class Scheduler:
             plan, victim = stolen
             if victim.conn_id is not None:
                 self._outbox.send(victim.conn_id, Revoke(plan_id=plan.id, attempt=plan.attempt))
+
+    def fill_nominated(self, record: WorkerRecord, now: float) -> None:
+        """Place the plan a preemption made room for on this worker (coordinator/sharing.py), if it still
+        waits and fits a free slot here; otherwise it is placed like any other."""
+        sharing = self._sharing
+        plan_id = None if sharing is None else sharing.take_nomination(record.id)
+        if plan_id is None or record.draining or len(record.leases) >= record.capabilities.max_concurrency:
+            return
+        signature = self._queue.signature_of(plan_id)
+        if signature is None or not signature.admits(record) or not self._registry.is_alive(record.id, now):
+            return
+        plan = self._plans[plan_id]
+        if self._placement.fits(plan, record):
+            self.assign(plan, record)
+
+    def preempted(self, plan: Plan, worker_id: str, why: str, now: float, *, noticed: bool) -> None:
+        """A preempted attempt ended without succeeding (its lease is released): queued again, the attempt not
+        counted (docs/SEMANTICS.md §Preemption). ``noticed``: its ``preempted`` event went out with the
+        ``preempt`` (else, a host interruption, it goes out now)."""
+        advance(plan, "preempt")
+        plan.free_attempts += 1
+        note_attempt(plan, "preempted", why)
+        if self._sharing is not None:
+            self._sharing.preempted(plan)
+        if not noticed:
+            self._streams.emit(plan, "preempted", {"reason": why, "worker_id": worker_id, "attempt": plan.attempt},
+                               small=True)  # fmt: skip
+        self.requeue(plan, f"preempted on worker {worker_id}: {why}", now)
+
+    def take_back_preempted(self, plan: Plan, now: float) -> None:
+        """A preempted attempt outlived its grace (coordinator/sharing.py ``overdue``): the worker is told to
+        cancel it, its lease is released, the waiting plan goes there, and the plan is queued again."""
+        worker_id = plan.worker_id
+        registry = self._registry
+        if worker_id is None or worker_id not in registry:
+            return
+        record = registry.get(worker_id)
+        if record.conn_id is not None:
+            self._outbox.send(record.conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
+        registry.release(worker_id, plan.id)
+        self.fill_nominated(record, now)
+        self.preempted(plan, worker_id, f"it did not stop within the preemption grace on worker {worker_id}", now,
+                       noticed=True)  # fmt: skip
+        self.fill_worker(record, now)
 
     def assign(self, plan: Plan, record: WorkerRecord) -> None:
         """Lease a queued plan to a worker with room: the next attempt starts (``leased``)."""
@@ -313,16 +370,18 @@ class Scheduler:
             if reason == queue.group_reason(signature):
                 continue
             plans = self._plans
+            sharing = self._sharing if self._sharing is not None and self._sharing.quotas else None
             for plan_id in queue.plans_in(signature):
                 plan = plans[plan_id]
-                if plan.waiting_reason == reason:
+                told = reason if sharing is None else sharing.quota_reason(plan) or reason  # its team's quota
+                if plan.waiting_reason == told:
                     continue  # told already (on a visit that ran out of budget)
                 if budget.tokens < 1:
                     queue.set_group_reason(signature, None)  # its plans disagree until the tick goes on
                     self._defer(ops)
                     return
                 budget.tokens -= 1
-                self._set_waiting(plan, reason, recorded=False)  # churn: not a store row each (streams.py)
+                self._set_waiting(plan, told, recorded=False)  # churn: not a store row each (streams.py)
             queue.set_group_reason(signature, reason)
 
     def _set_waiting(self, plan: Plan, reason: str, *, recorded: bool = True) -> None:

@@ -2,7 +2,7 @@
 
 What it owns: nothing but the grouping. :class:`CoreState` holds the registry, the plans and
 their names, the queue, the subscriptions, the session table, the plan quota, the timing
-histograms, the energy footprint, the counters, the journal of records and the placement
+histograms, the energy footprint, the counters, the journal of records, the usage ledger and the placement
 policies' own state (coordinator/placement/placer.py), so that a collaborator is handed one
 object for all of them instead of a parameter each.
 
@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from coordinator.ledger import UsageLedger
 from coordinator.limits import PlanQuota
+from coordinator.placement.fair_queue import FairQueue
 from coordinator.placement.placer import Placement, PlacementConfig
-from coordinator.placement.plan_queue import PlanQueue
 from coordinator.plans import Plan, PlanNames, Subscriptions
 from coordinator.receipts import Footprint
 from coordinator.records import Journal
@@ -51,13 +52,14 @@ class CoreState:
         placement: the placement policies over ``registry`` and ``plans`` (coordinator/placement/placer.py).
         plans: every plan the core holds, by key.
         names: the keys of plans whose owner's id for them is not their key (coordinator/plans.py).
-        queue: the queued plans, grouped by signature (coordinator/placement/plan_queue.py).
+        queue: the queued plans, grouped by signature, in fair-share order (coordinator/placement/fair_queue.py).
         subscriptions: who follows which plan.
         sessions: the open connections (coordinator/sessions.py).
         timings: queue-wait and run-time histograms (coordinator/io/ops/metrics.py exports them).
         footprint: energy and CO2e of finished plans by principal and op (coordinator/receipts.py).
         counters: the core's counters by name.
         journal: records for the store, accumulated since the last take (coordinator/records.py).
+        ledger: usage by hour, principal and team (coordinator/ledger.py; coordinator/sharing.py adds to it).
     """
 
     registry: WorkerRegistry
@@ -65,13 +67,14 @@ class CoreState:
     placement: Placement
     plans: dict[str, Plan]
     names: PlanNames = field(default_factory=PlanNames)
-    queue: PlanQueue = field(default_factory=PlanQueue)
+    queue: FairQueue = field(default_factory=FairQueue)
     subscriptions: Subscriptions = field(default_factory=Subscriptions)
     sessions: SessionTable = field(default_factory=dict)
     timings: PlanTimings = field(default_factory=PlanTimings)
     footprint: Footprint = field(default_factory=Footprint)
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     journal: Journal = field(default_factory=Journal)
+    ledger: UsageLedger = field(default_factory=UsageLedger)
 
     @classmethod
     def new(

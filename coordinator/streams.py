@@ -107,6 +107,8 @@ class Streams:
     ) -> None:
         self.now = 0.0
         """The ``now`` of the input being handled (the core sets it): when a plan that ends now ended."""
+        self.on_end: Callable[[Plan], None] | None = None
+        """Told of each plan whose stream ended (the usage ledger's outcomes: coordinator/sharing.py)."""
         self.tracing = False
         """Note traced plans' lifecycle steps for the driver's spans (``note``; the driver sets it when it traces)."""
         self._outbox = outbox
@@ -156,6 +158,8 @@ class Streams:
             self._quota.release(plan.owner, plan.id)
             plan.drop_ephemeral()  # a finished plan keeps its durable events only; a replay resyncs the rest
             self._retention.ended(plan, self.now)
+            if self.on_end is not None:
+                self.on_end(plan)
 
     def note(self, plan: Plan, kind: str, data: Any) -> None:
         """A step of a traced plan for the driver's spans (docs/OPERATIONS.md §Tracing), when its caller sampled it."""

@@ -84,6 +84,7 @@ from protocol.messages import (
     DataTicket,
     DrainWorker,
     GetPlan,
+    GetUsage,
     ListPlans,
     ListWorkers,
     Ok,
@@ -100,6 +101,7 @@ from protocol.messages import (
     Subscribe,
     Subscribed,
     UndrainWorker,
+    Usage,
     Workers,
 )
 from protocol.urls import keepalive
@@ -364,6 +366,7 @@ class Client:
         resources: Resources | Mapping[str, Any] | None = None,
         after: Iterable[Plan | str] = (),
         deterministic: bool = True,
+        preemptible: bool = False,
     ) -> Plan:
         """Submit a plan and return it, subscribed from its first event.
 
@@ -399,6 +402,10 @@ class Client:
                 is cancelled, this one fails ``upstream_failed`` (docs/SEMANTICS.md §Graphs).
             deterministic: running the plan again gives the same outputs, so an output of it that
                 another plan needs and that was lost may be made again by running it again.
+            preemptible: the plan may be stopped so that another team's plan (or a higher-priority plan
+                of yours) can run: its handler sees ``ctx.preempted`` (its processes get SIGTERM) and has
+                the coordinator's grace to checkpoint; it is then queued again without using an attempt
+                (docs/SEMANTICS.md §Preemption).
 
         An input may be another plan's output, ``other.ref("y")`` (or ``OutputRef(plan_id, "y")``): the
         plan waits until that output exists, and is placed on the worker that holds it when it can be;
@@ -421,6 +428,7 @@ class Client:
             timeout_s=timeout_s, max_attempts=max_attempts, retries=retries, plan_id=plan_id, hints=hints,
             session_key=session_key, policy=policy, outputs=outputs, resources=resources, refs=refs,
             after=[item if isinstance(item, str) else item.id for item in after], deterministic=deterministic,
+            preemptible=preemptible,
         )
         spans = start_submit_spans([msg])  # the caller's trace context rides with the plan (fleetwire/tracing.py)
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
@@ -524,6 +532,20 @@ class Client:
         msg = Cancel(req_id=self._session.next_req_id(), plan_id=plan_id, with_dependants=with_dependants)
         reply: PlanReply = await self._request(msg, PlanReply)
         return reply.plan
+
+    async def usage(self, *, by: Literal["principal", "team"] = "principal", since: float = 0.0) -> Usage:
+        """Usage totals from the coordinator's ledger (``reply.rows``: plans by outcome, slot- and GPU-seconds,
+        tokens, joules, gCO2e, preemptions), by ``principal`` or ``team``, from the hour holding ``since`` (Unix
+        seconds; 0: all time). An admin token sees everyone's; a client token its own (docs/SEMANTICS.md §Usage).
+
+        Raises:
+            ValueError: ``by`` is neither ``principal`` nor ``team``.
+        """
+        if by not in ("principal", "team"):
+            raise ValueError(f"by must be 'principal' or 'team', got {by!r}")
+        msg = GetUsage(req_id=self._session.next_req_id(), by=by, since=since)
+        reply: Usage = await self._request(msg, Usage)
+        return reply
 
     async def workers(self) -> Workers:
         """The worker registry: ``reply.workers`` (``WorkerInfo`` rows) and ``reply.summary``."""

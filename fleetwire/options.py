@@ -42,6 +42,7 @@ class SubmitOptions(_PlanOptions, total=False):
     resources: Resources | Mapping[str, Any] | None  # devices it holds: {"gpus": 2, "gpu_memory_gb": 40, ...}
     after: Iterable[Any]  # plans (Plan, SyncPlan) or plan ids that must succeed first (docs/SEMANTICS.md §Graphs)
     deterministic: bool  # running it again gives the same outputs (a lost one may be made again)
+    preemptible: bool  # it may be stopped and queued again for another team's plan (docs/SEMANTICS.md §Preemption)
 
 
 class SubmitManyOptions(_PlanOptions, total=False):

@@ -73,6 +73,7 @@ from protocol.messages import (
     Subscribe,
     Subscribed,
     ToClient,
+    Usage,
     Workers,
     type_name,
 )
@@ -293,7 +294,7 @@ class ClientSession:
                 if msg.kind in TERMINAL_STATES:
                     self._drop_finished(msg.plan_id)
                     self._specs.pop(msg.plan_id, None)
-            case Accepted() | Subscribed() | PlanReply() | Workers() | Plans() | Ok() | DataGrant():
+            case Accepted() | Subscribed() | PlanReply() | Workers() | Plans() | Usage() | Ok() | DataGrant():
                 self._resolve(msg.req_id, msg)
             case Error():
                 pending = self._pending.pop(msg.req_id, None) if msg.req_id else None

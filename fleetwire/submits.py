@@ -89,6 +89,7 @@ def submit_message(
     refs: Mapping[str, OutputRef] | None = None,
     after: Sequence[str] = (),
     deterministic: bool = True,
+    preemptible: bool = False,
 ) -> Submit:
     """``Client.submit``'s message, subscribed, with a plan id (see ``Client.submit`` for the options); its
     ``req_id`` is drawn once the options are valid. ``refs``: its inputs that are other plans' outputs
@@ -119,6 +120,7 @@ def submit_message(
         resources=options.resources(resources),
         after=list(after),
         deterministic=deterministic,
+        preemptible=preemptible,
     )
 
 

@@ -23,13 +23,13 @@ import threading
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, Literal, TypeVar, Unpack
 
 from fleetwire.client import DEFAULT_MAX_FRAME_BYTES, Client
 from fleetwire.options import SubmitManyOptions, SubmitOptions
 from fleetwire.plan import Plan
 from protocol.codec import Encoding
-from protocol.messages import Event, OutputRef, PlanInfo, Plans, PlanStateName, Receipt, Workers
+from protocol.messages import Event, OutputRef, PlanInfo, Plans, PlanStateName, Receipt, Usage, Workers
 
 __all__ = ["SyncClient", "SyncPlan"]
 
@@ -99,7 +99,7 @@ class SyncClient:
     def submit(self, op: str, args: Any = None, **options: Unpack[SubmitOptions]) -> SyncPlan:
         """Submit a plan; takes the keyword arguments of ``Client.submit`` (tags, requirements,
         priority, timeout_s, max_attempts, retries, plan_id, hints, session_key, policy, inputs, outputs,
-        relay, resources, after, deterministic)."""
+        relay, resources, after, deterministic, preemptible)."""
         return SyncPlan(self, self._call(self._client.submit(op, args, **options)))
 
     def submit_many(self, op: str, args: Iterable[Any], **options: Unpack[SubmitManyOptions]) -> list[SyncPlan]:
@@ -119,6 +119,10 @@ class SyncClient:
     def cancel(self, plan_id: str, *, with_dependants: bool = False) -> PlanInfo:
         """Cancel a plan; see ``Client.cancel``."""
         return self._call(self._client.cancel(plan_id, with_dependants=with_dependants))
+
+    def usage(self, *, by: Literal["principal", "team"] = "principal", since: float = 0.0) -> Usage:
+        """Usage totals from the coordinator's ledger; see ``Client.usage``."""
+        return self._call(self._client.usage(by=by, since=since))
 
     def workers(self) -> Workers:
         """The worker registry and cluster summary; see ``Client.workers``."""

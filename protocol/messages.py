@@ -363,6 +363,9 @@ class Done(_Msg, tag="done"):
     seq: int = 0  # the worker's message counter (see ``ack``); 0: not counted
     outputs: list[OutputSpec] = []  # outputs this attempt left on the worker's data endpoint
     receipt: Receipt | None = None  # the attempt's energy and carbon (None: nothing measured, or an older worker)
+    # The attempt was preempted (a ``preempt``, or its host is being interrupted) and did not succeed: the
+    # coordinator queues the plan again without counting the attempt (docs/SEMANTICS.md §Preemption).
+    preempted: bool = False
 
 
 class Goodbye(_Msg, tag="goodbye"):
@@ -499,7 +502,7 @@ class Submit(_Msg, tag="submit"):
     after: list[str] = []  # plans that must succeed before this one is placed (docs/PROTOCOL.md §Plan graphs)
     # Running it again gives the same outputs: a lost output it made may be rebuilt by running it again (issue #28).
     deterministic: bool = True
-    preemptible: bool = False  # it may be stopped and requeued for another team's plan (issue #27; not yet acted on)
+    preemptible: bool = False  # it may be stopped and requeued for another team's plan (docs/SEMANTICS.md §Preemption)
     traceparent: str = ""  # the caller's W3C trace context: the plan's spans join that trace ("": none)
 
 
@@ -766,8 +769,8 @@ class Ok(_Msg, tag="ok"):
 
 
 # --------------------------------------------------------------------------- shared fleets (issue #27)
-# Defined, not yet in a direction's union: the core and the worker do not send or answer them in this
-# version (docs/PROTOCOL.md §Shared fleets); issue #27's phase 2 adds them with their dispatch.
+# docs/PROTOCOL.md §Shared fleets: ``preempt`` goes to workers, ``get_usage``/``usage`` are a client's request
+# and its answer.
 
 
 class Preempt(_Msg, tag="preempt"):
@@ -818,15 +821,17 @@ class Usage(_Msg, tag="usage"):
 
 FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye, DataChunk, DataCredit, DataEnd]
 ToWorker = Union[
-    Welcome, Assign, Cancel, Revoke, Ack, Drain, Undrain, Error, DataKeys, Moved, DataOpen, DataChunk, DataCredit,
+    Welcome, Assign, Cancel, Revoke, Preempt, Ack, Drain, Undrain, Error, DataKeys, Moved, DataOpen, DataChunk,
+    DataCredit,
     DataEnd, ReleaseDevice,
 ]
 FromClient = Union[
-    Submit, Subscribe, Unsubscribe, Cancel, GetPlan, ListWorkers, ListPlans, DrainWorker, UndrainWorker, DataTicket,
+    Submit, Subscribe, Unsubscribe, Cancel, GetPlan, GetUsage, ListWorkers, ListPlans, DrainWorker, UndrainWorker,
+    DataTicket,
     DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker, ReleaseDevice,
 ]
 ToClient = Union[
-    Accepted, Subscribed, Event, PlanReply, Workers, Plans, Resync, Ok, Error, DataGrant, Moved, DataChunk,
+    Accepted, Subscribed, Event, PlanReply, Workers, Plans, Usage, Resync, Ok, Error, DataGrant, Moved, DataChunk,
     DataCredit, DataEnd,
 ]
 

@@ -34,6 +34,11 @@ Theory of operation:
   waiting plan drops it and answers ``reject(code="revoked")``; a revoke of a started plan
   is ignored. A cancelled waiting plan ends ``cancelled`` at once; ``drain`` and ``stop()``
   hand waiting plans back with ``reject``.
+* ``preempt`` (docs/SEMANTICS.md §Preemption): the plan's handler sees ``ctx.preempted`` and its
+  processes get SIGTERM at once; past ``grace_s`` it is cancelled; unless it succeeded, its ``done``
+  says ``preempted`` and the coordinator queues it again for free. ``interrupt()`` (SIGUSR1, or
+  ``--interruption-command`` exiting 0: this host is going away) takes no new plan, hands the
+  waiting ones back, preempts the running ones with ``--preemption-grace`` and then stops.
 
 Structure: :class:`Agent` is the session loop (dial, handshake, reader, writer, heartbeats,
 reconnect, stop); the handshake's rules (where a dial goes, the ``hello``, what a refusal or the
@@ -190,6 +195,8 @@ class Agent:
         self._health_source = health_source
         self.health: HealthMonitor | None = None  # started with the first hello when the worker has devices
         self.runner.tracing = tracing
+        self.interrupted: str | None = None  # why this host is being interrupted (interrupt()); None: it is not
+        self._interruption: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ handlers
 
@@ -243,6 +250,7 @@ class Agent:
                                    urls=len(self.urls), rng=self._rng)  # fmt: skip
         await self.telemetry.start()
         await self._start_data_plane()
+        watch = asyncio.ensure_future(self._watch_interruption()) if self.settings.interruption_command else None
         try:
             while not self._stopping:
                 registered = False
@@ -278,6 +286,9 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_requested.wait(), delay)
         finally:
+            for task in (watch, self._interruption):
+                if task is not None and not task.done():
+                    task.cancel()
             self.registered.clear()
             await self.runner.silence_all("worker stopping")
             await self.telemetry.stop()
@@ -310,6 +321,52 @@ class Agent:
         self._stop_requested.set()
         if self._handshake_task is not None:
             self._handshake_task.cancel()
+
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """This host is going away (a spot reclaim, SIGUSR1, ``interruption_command``): take no new plan, preempt
+        the running ones (``ctx.preempted``, SIGTERM to their processes; ``preemption_grace_s`` to checkpoint),
+        whose ``done(preempted)`` has the coordinator queue them elsewhere at once, then stop (docs/SEMANTICS.md
+        §Preemption). Call it on the agent's event loop; a second call changes nothing."""
+        if self.interrupted is not None or self._stopping:
+            return
+        self.interrupted = reason
+        grace_s = self.settings.preemption_grace_s
+        self._log.warning("host interruption: draining and preempting its plans", reason=reason, grace_s=grace_s,
+                          running=self.runner.running_count)  # fmt: skip
+        self.runner.stop_accepting()
+        self._send_queue.send(protocol.Heartbeat(load=self._load(), leaving=True))  # no new plans here
+        self.runner.preempt_all(grace_s, reason)
+        self._interruption = asyncio.ensure_future(self._leave_when_stopped(grace_s))
+
+    async def _leave_when_stopped(self, grace_s: float) -> None:
+        """Stop once the preempted plans ended (their grace, then the kill grace, at most)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.runner.idle.wait(), grace_s + self.settings.kill_grace_s + 1.0)
+        self.stop()
+
+    async def _watch_interruption(self) -> None:
+        """Run ``interruption_command`` every ``interruption_poll_s``; exit status 0 interrupts this host."""
+        command, period = self.settings.interruption_command, self.settings.interruption_poll_s
+        assert command is not None
+        while self.interrupted is None and not self._stopping:
+            try:
+                proc = await asyncio.create_subprocess_shell(
+                    command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
+                try:
+                    out, _ = await asyncio.wait_for(proc.communicate(), max(period, 1.0))
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+                    out = b""
+                if proc.returncode == 0:
+                    first = out.decode("utf-8", "replace").strip().splitlines()[:1]
+                    self.interrupt(f"--interruption-command: {first[0][:200] if first else 'exit status 0'}")
+                    return
+            except OSError as exc:
+                self._log.warning("cannot run --interruption-command", error=str(exc))
+            await asyncio.sleep(period)
 
     # ------------------------------------------------------------------ session
 
@@ -609,6 +666,8 @@ class Agent:
                 self.runner.on_undrain()
             case protocol.Revoke():
                 self.runner.on_revoke(msg)
+            case protocol.Preempt():
+                self.runner.on_preempt(msg)  # checkpoint signal now, cancelled past its grace (§Preemption)
             case protocol.Ack():
                 self._outbox.ack(msg.seq)
             case protocol.DataKeys():

@@ -14,6 +14,9 @@ Theory of operation (docs/SEMANTICS.md §Worker session, items 4-5):
 * Cancelling a handler cancels its task. Subprocesses started by the built-in ``shell`` op run
   in their own session (process group): they get SIGTERM, then SIGKILL after
   ``ctx.kill_grace_s``. A sync handler's thread cannot be stopped; it may poll ``ctx.cancelled``.
+* Preempting a plan (docs/SEMANTICS.md §Preemption) sets ``ctx.preempted`` and sends SIGTERM to its
+  processes (``shell`` commands, ``python`` plans in a process of their own) at once; past the
+  grace the plan runner cancels it as above.
 * What a plan's processes get of the worker (``shell`` commands, ``python`` plans run in a
   process of their own) is ``ctx.isolation``'s to say (worker_agent/isolation.py): an environment
   built from an allow-list (never the worker's tokens), their devices only, a scratch directory of
@@ -62,7 +65,8 @@ EventSink = Callable[[str, Any, bool], None]
 
 #: Event kinds the coordinator uses for lifecycle events; a worker must not emit them.
 RESERVED_EVENT_KINDS = frozenset(
-    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled", "data_ready"}
+    {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled", "data_ready",
+     "preempted"}
 )
 
 #: Largest event data or result, encoded, that a handler may produce (the agent sets its own).
@@ -144,6 +148,8 @@ class Context:
         # A plain flag, not a threading.Event: one per plan is on the hot path, and reading
         # or setting one attribute is atomic, which is all a polling sync handler needs.
         self._cancelled = False
+        self._preempted = False
+        self._groups: set[int] = set()  # process groups of the plan's processes (SIGTERM on preempt)
         self._closed = False
         self.tokens = 0  # generated tokens the handler reported (report_tokens): energy per token
         # Keeps a result over max_payload_bytes (its msgpack) as the output ``__result__`` (the runner
@@ -191,6 +197,33 @@ class Context:
     def cancelled(self) -> bool:
         """True once the plan was cancelled or timed out; sync handlers should poll it and return."""
         return self._cancelled
+
+    @property
+    def preempted(self) -> bool:
+        """True once the plan was preempted (docs/SEMANTICS.md §Preemption): another plan needs its slot, or
+        this host is going away. Save a checkpoint and end (raise, or return if the work is done) within the
+        grace; past it the plan is cancelled. Its processes got SIGTERM. Sync handlers poll it."""
+        return self._preempted
+
+    def mark_preempted(self) -> None:
+        """The plan is preempted: ``preempted`` turns true and its processes get SIGTERM. Called by the
+        plan runner, not by handlers."""
+        self._preempted = True
+        for group in list(self._groups):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGTERM)
+
+    def add_process(self, pid: int) -> None:
+        """A process of the plan started in its own session (``pid`` leads its group): a preempt SIGTERMs it.
+        One started after the preempt gets it at once."""
+        self._groups.add(pid)
+        if self._preempted:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+
+    def remove_process(self, pid: int) -> None:
+        """The process (group) ``pid`` ended."""
+        self._groups.discard(pid)
 
     def emit(self, kind: str, data: Any = None, *, ephemeral: bool = False) -> None:
         """Send an event of this plan. Thread-safe.
@@ -536,6 +569,7 @@ async def _run_command(ctx: Context, argv: list[str], cwd: str, env: dict[str, s
     except OSError as exc:
         raise HandlerError(errors.HANDLER_ERROR, f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     assert proc.stdout is not None and proc.stderr is not None
+    ctx.add_process(proc.pid)  # a preempt SIGTERMs its group at once (docs/SEMANTICS.md §Preemption)
     readers = [
         asyncio.ensure_future(_stream_lines(ctx, proc.stdout, "stdout")),
         asyncio.ensure_future(_stream_lines(ctx, proc.stderr, "stderr")),
@@ -543,7 +577,9 @@ async def _run_command(ctx: Context, argv: list[str], cwd: str, env: dict[str, s
     try:
         await asyncio.gather(*readers)
         code = await proc.wait()
+        ctx.remove_process(proc.pid)
     except BaseException:
+        ctx.remove_process(proc.pid)
         # Cancel or timeout: stop the group even if this task is cancelled again meanwhile.
         stopping = asyncio.ensure_future(stop_process_group(proc, ctx.kill_grace_s))
         try:

@@ -94,6 +94,20 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--reconnect-cap", type=positive_float, default=30.0, metavar="S", help="largest backoff")
     parser.add_argument(
+        "--preemption-grace", type=float, default=30.0, metavar="S",
+        help="when this host is interrupted (--interruption-command, SIGUSR1): how long its plans have to "
+        "checkpoint and end (ctx.preempted; their processes get SIGTERM) before they are cancelled",
+    )
+    parser.add_argument(
+        "--interruption-command", default="", metavar="CMD",
+        help="a shell command polled every --interruption-poll seconds; exit status 0 means this host will be "
+        "interrupted (e.g. curl -sf of a cloud's spot notice): the worker drains, preempts its plans and leaves",
+    )
+    parser.add_argument(
+        "--interruption-poll", type=positive_float, default=5.0, metavar="S",
+        help="seconds between two runs of --interruption-command (default 5)",
+    )
+    parser.add_argument(
         "--model", action="append", default=[], metavar="NAME", help="a model this host serves (repeatable)"
     )
     parser.add_argument(
@@ -207,6 +221,9 @@ def _settings(ns: argparse.Namespace) -> AgentSettings:
         gpu_share=ns.gpu_share,
         gpu_health_interval_s=ns.gpu_health_interval,
         gpu_hot_c=ns.gpu_hot,
+        preemption_grace_s=ns.preemption_grace,
+        interruption_command=ns.interruption_command or None,
+        interruption_poll_s=ns.interruption_poll,
     )
 
 
@@ -273,6 +290,8 @@ async def _serve(agent: Agent, url: str) -> int:
     signals = (signal.SIGTERM, signal.SIGINT)
     for sig in signals:
         loop.add_signal_handler(sig, agent.stop)
+    # This host is going away (a spot reclaim's notice): drain, preempt its plans, leave (SEMANTICS.md §Preemption).
+    loop.add_signal_handler(signal.SIGUSR1, agent.interrupt, "SIGUSR1")
 
     async def announce() -> None:
         await agent.registered.wait()
@@ -291,6 +310,6 @@ async def _serve(agent: Agent, url: str) -> int:
         announcer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await announcer
-        for sig in signals:
+        for sig in (*signals, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
     return 0

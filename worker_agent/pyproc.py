@@ -116,6 +116,7 @@ async def _run_child(ctx: Any, target: str, args: list[Any], kwargs: dict[str, A
             )  # fmt: skip
     except OSError as exc:
         raise FunctionFailed(errors.HANDLER_ERROR, f"cannot start the plan's process: {exc.strerror or exc}") from None
+    ctx.add_process(proc.pid)  # a preempt SIGTERMs it at once: its SystemExit runs the function's finally blocks
     try:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(start)
@@ -131,6 +132,8 @@ async def _run_child(ctx: Any, target: str, args: list[Any], kwargs: dict[str, A
     except BaseException:
         await asyncio.shield(stop_process_group(proc, ctx.kill_grace_s))  # cancel or timeout: the child goes too
         raise
+    finally:
+        ctx.remove_process(proc.pid)
     if outcome is None:
         hint = ""
         if code == 127 and isolation.plan_user is not None:  # the launcher could not execute the interpreter

@@ -1,4 +1,4 @@
-"""How the worker runs plans: assign, prefetch, revoke, cancel, finish, silence (no awaits).
+"""How the worker runs plans: assign, prefetch, revoke, cancel, preempt, finish, silence (no awaits).
 
 :class:`PlanRunner` owns the plans of one worker: those running, the prefetched ones waiting
 for a slot, and the silenced ones whose tasks are still ending. The agent
@@ -58,8 +58,8 @@ class _PlanRun:
     """
 
     __slots__ = (
-        "attempt", "awaiting_inputs", "cancel_requested", "ctx", "devices", "plan_id", "runner", "silent",
-        "span", "started_at", "task",
+        "attempt", "awaiting_inputs", "cancel_requested", "ctx", "devices", "plan_id", "preempted", "runner",
+        "silent", "span", "started_at", "stop_timer", "task",
     )
 
     def __init__(self, runner: PlanRunner, plan_id: str, attempt: int, started_at: float) -> None:
@@ -74,6 +74,8 @@ class _PlanRun:
         self.awaiting_inputs = False  # running, its handler not started: its inputs are not all in yet
         self.devices: tuple[int, ...] = ()  # held from start until its task ends (worker_agent/devices.py)
         self.span: LiveSpan | None = None  # its ``fleetwire.attempt`` span, when sampled (worker_agent/plan_tracing.py)
+        self.preempted: str | None = None  # why it was preempted (docs/SEMANTICS.md §Preemption); None: it was not
+        self.stop_timer: asyncio.TimerHandle | None = None  # cancels it when its preemption grace is over
 
     @property
     def key(self) -> str:
@@ -271,6 +273,51 @@ class PlanRunner:
         run = self._plans.get(cancel.plan_id)
         if run is None or (cancel.attempt and cancel.attempt != run.attempt) or run.cancel_requested:
             return  # not ours, or already stopping (a second task.cancel would cut the kill grace short)
+        run.cancel_requested = True
+        run.ctx.mark_cancelled()
+        if run.task is not None:
+            run.task.cancel()
+
+    def on_preempt(self, preempt: protocol.Preempt) -> None:
+        """Preempt one attempt (docs/SEMANTICS.md §Preemption): a waiting one ends at once, a running one is told
+        (``ctx.preempted``, SIGTERM to its processes) and cancelled once ``grace_s`` is over."""
+        waiting = self._waiting.get(preempt.plan_id)
+        if waiting is not None and waiting.attempt == preempt.attempt:
+            del self._waiting[preempt.plan_id]
+            self.load.queued = len(self._waiting)
+            why = f"preempted before it started: {preempt.reason}" if preempt.reason else "preempted before it started"
+            self._outbound.send(protocol.Done(
+                plan_id=waiting.plan_id, attempt=waiting.attempt, outcome="cancelled", preempted=True,
+                error=protocol.ErrorInfo(code=errors.CANCELLED, message=why),
+            ))  # fmt: skip
+            return
+        run = self._plans.get(preempt.plan_id)
+        if run is None or run.attempt != preempt.attempt:
+            return  # not ours (ended, or another attempt)
+        self._preempt(run, preempt.grace_s, preempt.reason or "preempted by the coordinator")
+
+    def preempt_all(self, grace_s: float, reason: str) -> int:
+        """This host is being interrupted: hand the waiting plans back and preempt every running one with
+        ``grace_s`` (``--interruption-command``, SIGUSR1). Returns the plans preempted."""
+        self.hand_back_waiting(f"worker {self.worker_id} is being interrupted: {reason}")
+        runs = [run for run in self._plans.values() if not run.silent]
+        for run in runs:
+            self._preempt(run, grace_s, f"worker {self.worker_id} is being interrupted: {reason}")
+        return len(runs)
+
+    def _preempt(self, run: _PlanRun, grace_s: float, reason: str) -> None:
+        if run.preempted is not None or run.cancel_requested:
+            return  # told already, or stopping anyway
+        run.preempted = reason
+        self._log.info("plan preempted", plan_id=run.plan_id, attempt=run.attempt, grace_s=grace_s, reason=reason)
+        run.ctx.mark_preempted()  # ctx.preempted, SIGTERM to its processes: checkpoint now
+        run.stop_timer = asyncio.get_running_loop().call_later(max(0.0, grace_s), self._grace_over, run)
+
+    def _grace_over(self, run: _PlanRun) -> None:
+        """A preempted plan's grace is over: it is cancelled (its processes: SIGTERM, then SIGKILL)."""
+        run.stop_timer = None
+        if self._plans.get(run.plan_id) is not run or run.cancel_requested:
+            return
         run.cancel_requested = True
         run.ctx.mark_cancelled()
         if run.task is not None:
@@ -503,6 +550,13 @@ class PlanRunner:
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=info)
         else:
             done = task.result()
+        if run.stop_timer is not None:
+            run.stop_timer.cancel()
+            run.stop_timer = None
+        if run.preempted is not None and done.outcome != "succeeded":  # queued again by the coordinator, for free
+            message = f"preempted: {run.preempted}"
+            done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="cancelled", preempted=True,
+                                 error=protocol.ErrorInfo(code=errors.CANCELLED, message=message))  # fmt: skip
         self._end_data(run, keep_outputs=done.outcome == "succeeded")
         if done.outcome == "succeeded" and self.spool is not None and run.ctx.data is not None:
             done.outputs = self.spool.outputs_of(run.plan_id, run.attempt)

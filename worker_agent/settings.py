@@ -74,6 +74,13 @@ class AgentSettings:
         gpu_health_interval_s: seconds between two readings of every device's health (NVML; 0: none;
             worker_agent/gpu_health.py): a quarantined device takes no new plan.
         gpu_hot_c: temperature (°C) from which a device is reported degraded.
+        preemption_grace_s: when this host is interrupted (``interruption_command``, SIGUSR1), how long its
+            preempted plans have to checkpoint and end before they are cancelled (docs/SEMANTICS.md §Preemption;
+            a coordinator's ``preempt`` brings its own grace).
+        interruption_command: a shell command polled every ``interruption_poll_s``: exit status 0 says this
+            host will be interrupted (a spot instance reclaimed: e.g. ``curl -sf`` of the cloud's metadata
+            endpoint), its first line of output why. None: not polled (SIGUSR1 still interrupts).
+        interruption_poll_s: seconds between two runs of ``interruption_command``.
 
     Raises:
         ValueError: a value out of range; the message names the field.
@@ -119,6 +126,9 @@ class AgentSettings:
     ping_timeout_s: float | None = None
     gpu_health_interval_s: float = 5.0
     gpu_hot_c: float = 90.0
+    preemption_grace_s: float = 30.0
+    interruption_command: str | None = None
+    interruption_poll_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODING_SUBPROTOCOL:
@@ -148,6 +158,10 @@ class AgentSettings:
                 raise ValueError(f"{name} must be >= 0 (0: no pings), got {getattr(self, name)}")
         if not 0 <= self.gpu_health_interval_s <= 3600:
             raise ValueError(f"gpu_health_interval_s must be in 0 (off) .. 3600, got {self.gpu_health_interval_s}")
+        if not 0 <= self.preemption_grace_s <= 86_400:
+            raise ValueError(f"preemption_grace_s must be in 0 .. 86400 seconds, got {self.preemption_grace_s}")
+        if not 0.1 <= self.interruption_poll_s <= 3600:
+            raise ValueError(f"interruption_poll_s must be in 0.1 .. 3600 seconds, got {self.interruption_poll_s}")
         for name in ("output_retention_s", "input_timeout_s", "upload_stall_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -227,3 +241,6 @@ class AgentOptions(TypedDict, total=False):
     ping_timeout_s: float | None
     gpu_health_interval_s: float
     gpu_hot_c: float
+    preemption_grace_s: float
+    interruption_command: str | None
+    interruption_poll_s: float

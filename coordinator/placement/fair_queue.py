@@ -90,7 +90,7 @@ class FairOrder:
         self.shares = ShareBook(teams, capacity)
         self._entries: dict[str, tuple[Signature, int]] = {}  # queued plan id -> (its group, its live token)
         self._parts: dict[Signature, _FairPart] = {}
-        self._owners: dict[str, str] = {}  # queued plan id -> its principal
+        self._owners: dict[str, tuple[str, str]] = {}  # queued plan id -> (its principal, its team when pushed)
         self._team_groups: dict[str, set[Signature]] = {}  # team -> groups it waits in
         self._principal_groups: dict[str, set[Signature]] = {}  # principal -> groups it waits in
 
@@ -101,13 +101,13 @@ class FairOrder:
         if plan_id in self._entries:
             self.discard(plan_id)
         self._entries[plan_id] = (signature, token)
-        self._owners[plan_id] = owner
+        shares = self.shares
+        team = shares.teams_book.team_of(owner)
+        self._owners[plan_id] = (owner, team)
         part = self._parts.get(signature)
         if part is None:
             part = self._parts[signature] = _FairPart()
         empty = not part.members
-        shares = self.shares
-        team = shares.team_of(owner)
         shares.queued(owner, 1)  # before the keys are read: a team that comes back is lifted first
         member = part.members.get(team)
         if member is None:
@@ -129,11 +129,10 @@ class FairOrder:
         entry = self._entries.pop(plan_id, None)
         if entry is None:
             return False
-        owner = self._owners.pop(plan_id)
+        owner, team = self._owners.pop(plan_id)  # the team it was pushed under: its part is there
         signature = entry[0]
         self.shares.queued(owner, -1)
         part = self._parts[signature]
-        team = self.shares.team_of(owner)
         member = part.members[team]
         member.count -= 1
         member.counts[owner] -= 1
@@ -152,7 +151,8 @@ class FairOrder:
 
     def owner_of(self, plan_id: str) -> str | None:
         """The principal of a queued plan."""
-        return self._owners.get(plan_id)
+        found = self._owners.get(plan_id)
+        return None if found is None else found[0]
 
     def head(self, signature: Signature) -> tuple[Any, ...] | None:
         """The group's fair head: ``(tier, team key, principal key, -priority, order, token, plan id)``.
@@ -167,7 +167,8 @@ class FairOrder:
         members = part.members
         if len(members) == 1:
             team, member = next(iter(members.items()))
-            tier, team_key = self._tier(team, signature), teams[team].key
+            tier = self._tier(team, signature) if shares.teams_book.quotas else TIER_WITHIN
+            team_key = teams[team].key
         else:
             tier, team_key, team, member = self._first_team(part, signature)
         principals = shares.principal_accounts
@@ -184,6 +185,30 @@ class FairOrder:
                 return (tier, team_key, key, *entry)
             heapq.heappop(plans)
         raise AssertionError(f"principal {owner!r} counted in group {signature} with no live plan")
+
+    def first(self, signature: Signature) -> str | None:
+        """The group's head plan if it may be placed now (a team past a quota that may not borrow: None).
+
+        What :meth:`head` says without the keys that order heads across groups: a group of one team and
+        one principal reads no key at all (the plan queue asks this when it looks at one group only).
+        """
+        part = self._parts.get(signature)
+        if part is None or not part.members:
+            return None
+        members = part.members
+        if len(members) == 1:
+            team, member = next(iter(members.items()))
+            if self.shares.teams_book.quotas and self._tier(team, signature) == TIER_HELD:
+                return None
+            if len(member.counts) == 1:
+                plans, live = member.plans[next(iter(member.counts))], self._entries
+                while plans:
+                    entry = plans[0]
+                    if live.get(entry[3]) == (signature, entry[2]):
+                        return entry[3]
+                    heapq.heappop(plans)
+        head = self.head(signature)
+        return None if head is None or head[0] == TIER_HELD else str(head[-1])
 
     def _first_team(self, part: _FairPart, signature: Signature) -> tuple[int, tuple[float, ...], str, _TeamPart]:
         """The top of a group's team heap, stale entries replaced on the way."""
@@ -231,11 +256,23 @@ class FairOrder:
 
     def has_ahead(self, signature: Signature, priority: int, order: int, owner: str) -> bool:
         """Whether the group holds a plan that comes before a newcomer of ``owner``, ``priority`` and ``order``."""
+        part = self._parts.get(signature)
+        if part is None or not part.members:
+            return False
+        shares = self.shares
+        team = shares.teams_book.team_of(owner)
+        member = part.members.get(team)
+        if member is not None and len(part.members) == 1 and len(member.counts) == 1 and owner in member.counts:
+            # Only the newcomer's own principal waits here: same tier and keys, so priority and age decide.
+            plans, live = member.plans[owner], self._entries
+            while plans:
+                entry = plans[0]
+                if live.get(entry[3]) == (signature, entry[2]):
+                    return entry[:2] < (-priority, order)
+                heapq.heappop(plans)
         head = self.head(signature)
         if head is None:
             return False
-        shares = self.shares
-        team = shares.team_of(owner)
         mine = (self._tier(team, signature), shares.team_account(team).key,
                 shares.principal_account(owner).key, -priority, order)
         return bool(head[:5] < mine)
@@ -274,6 +311,10 @@ class FairOrder:
         """Plans of a team waiting now (for its ``max_queued``)."""
         return self.shares.team_account(team).waiting
 
+    def tier_of(self, owner: str, signature: Signature) -> int:
+        """The quota tier a plan of ``owner`` in ``signature`` has now: TIER_WITHIN, TIER_BORROW or TIER_HELD."""
+        return self._tier(self.shares.team_of(owner), signature)
+
     # ------------------------------------------------------------------ usage
 
     def started(self, owner: str, demand: Demand, now: float) -> None:
@@ -283,10 +324,11 @@ class FairOrder:
         """
         self.shares.started(owner, demand, now)
 
-    def ended(self, owner: str, demand: Demand, now: float) -> None:
-        """A leased plan of ``owner`` let go of its lease at ``now``: its keys move (mostly shrink)."""
+    def ended(self, owner: str, demand: Demand, now: float, team: str | None = None) -> None:
+        """A leased plan of ``owner`` (of ``team``, when the caller knows it) let go of its lease at ``now``: its
+        keys move (mostly shrink)."""
         self.shares.ended(owner, demand, now)
-        self._rekeyed(owner)
+        self._rekeyed(owner, team)
 
     def advance(self, now: float) -> None:
         """The driver's tick: keys are read at ``now`` (the service of running leases counted up to it)."""
@@ -380,7 +422,7 @@ class FairOrder:
             member.pushed[entry[2]] = entry[1]
         member.indexed = True
 
-    def _rekeyed(self, owner: str) -> None:
+    def _rekeyed(self, owner: str, team: str | None = None) -> None:
         """A lease of the owner ended: push its team's and its own new keys where they wait.
 
         Keys grow when a lease starts or an account comes back (the lift): the old entries,
@@ -389,19 +431,24 @@ class FairOrder:
         keys are pushed into the O(groups) heaps where the team and the principal wait.
         """
         shares = self.shares
-        team = shares.team_of(owner)
-        version = shares.team_account(team).version
-        for signature in self._team_groups.get(team, ()):
-            part = self._parts[signature]
-            member = part.members[team]
-            if part.indexed and member.pushed[""] != version:
-                self._push_team(part, member, team, signature)
-        version = shares.principal_account(owner).version
-        for signature in self._principal_groups.get(owner, ()):
-            part = self._parts[signature]
-            member = part.members[team]
-            if member.indexed and member.pushed[owner] != version:
-                self._push_principal(member, owner)
+        if team is None:
+            team = shares.teams_book.team_of(owner)
+        groups = self._team_groups.get(team)
+        if groups:  # both accounts exist: the lease that ended was counted on them
+            version = shares.team_accounts[team].version
+            for signature in groups:
+                part = self._parts[signature]
+                member = part.members[team]
+                if part.indexed and member.pushed[""] != version:
+                    self._push_team(part, member, team, signature)
+        groups = self._principal_groups.get(owner)
+        if groups:
+            version = shares.principal_accounts[owner].version
+            for signature in groups:
+                part = self._parts[signature]
+                member = part.members[team]
+                if member.indexed and member.pushed[owner] != version:
+                    self._push_principal(member, owner)
 
     def _principal_entry(self, owner: str) -> tuple[tuple[float, ...], int, str]:
         account = self.shares.principal_account(owner)
@@ -457,6 +504,11 @@ class FairQueue(PlanQueue):
     def waiting_of(self, team: str) -> int:
         """Plans of a team waiting now (for its ``max_queued``)."""
         return self.fair.waiting_of(team)
+
+    def held(self, owner: str, signature: Signature) -> bool:
+        """Whether a plan of ``owner`` in ``signature`` may not be placed now (its team is past a quota and
+        may not borrow)."""
+        return self.fair.tier_of(owner, signature) == TIER_HELD
 
     def started(self, owner: str, demand: Demand, now: float) -> None:
         """A plan of ``owner`` was leased at ``now`` (taken out of the queue first)."""

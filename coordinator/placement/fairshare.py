@@ -121,11 +121,11 @@ class Account:
         if self._keyed == self.version:
             return self._key
         fleet = self._fleet
-        capacity = fleet.capacity
+        total_gpus, total_slots, total_kv = fleet.capacity
         weight = self.weight
-        a = _share(self.gpus, capacity.gpus) / weight
-        b = _share(self.slots, capacity.slots) / weight
-        c = _share(self.kv_blocks, capacity.kv_blocks) / weight
+        a = (self.gpus / total_gpus if total_gpus > 0 else self.gpus) / weight  # _share, inlined
+        b = (self.slots / total_slots if total_slots > 0 else self.slots) / weight
+        c = (self.kv_blocks / total_kv if total_kv > 0 else self.kv_blocks) / weight
         if a < b:  # sorted((a, b, c), reverse=True), unrolled: keys are read at every decision
             a, b = b, a
         if b < c:
@@ -146,19 +146,35 @@ class Account:
         self.since = now
 
     def holds(self, demand: Demand, sign: int, now: float) -> None:
-        """It holds one more (``sign`` 1) or one less (-1) lease of ``demand`` from ``now`` on."""
-        self.fold(now)
+        """It holds one more (``sign`` 1) or one less (-1) lease of ``demand`` from ``now`` on.
+
+        :meth:`fold` and :meth:`rerate` inlined: this runs twice at every lease's start and end.
+        """
+        rate = self.rate
+        if rate:
+            self.service += rate * (now - self.since)
+        self.since = now
         gpus, slots, kv_blocks = demand
         if sign > 0:
-            self.gpus += gpus
-            self.slots += slots
-            self.kv_blocks += kv_blocks
+            gpus += self.gpus
+            slots += self.slots
+            kv_blocks += self.kv_blocks
         else:  # every end follows its start (the caller's rule): usage never goes below 0
-            self.gpus -= gpus
-            self.slots -= slots
-            self.kv_blocks -= kv_blocks
+            gpus = self.gpus - gpus
+            slots = self.slots - slots
+            kv_blocks = self.kv_blocks - kv_blocks
+        self.gpus, self.slots, self.kv_blocks = gpus, slots, kv_blocks
         self.running += sign
-        self.rerate()
+        total_gpus, total_slots, total_kv = self._fleet.capacity
+        if total_gpus > 0:  # _share, inlined
+            gpus /= total_gpus
+        if total_slots > 0:
+            slots /= total_slots
+        if total_kv > 0:
+            kv_blocks /= total_kv
+        top = gpus if gpus > slots else slots
+        self.rate = (top if top > kv_blocks else kv_blocks) / self.weight
+        self.version += 1
 
     def rerate(self) -> None:
         """Work the rate out again (usage, capacity or weight changed); the key moves."""
@@ -276,8 +292,8 @@ class ShareBook:
 
     def queued(self, principal: str, delta: int) -> None:
         """``delta`` plans of the principal entered (+) or left (-) the queue."""
-        owner = self.principal_account(principal)
-        group = self.team_account(owner.scope)
+        owner = self.principal_accounts.get(principal) or self.principal_account(principal)
+        group = self.team_accounts.get(owner.scope) or self.team_account(owner.scope)
         owner.waiting += delta
         group.waiting += delta
         if not (owner.active and owner.waiting + owner.running > 0):  # else both stay active: the usual case
@@ -285,8 +301,8 @@ class ShareBook:
 
     def started(self, principal: str, demand: Demand, now: float) -> None:
         """A plan of the principal was leased at ``now``: its team and it hold ``demand`` until :meth:`ended`."""
-        owner = self.principal_account(principal)
-        group = self.team_account(owner.scope)
+        owner = self.principal_accounts.get(principal) or self.principal_account(principal)
+        group = self.team_accounts.get(owner.scope) or self.team_account(owner.scope)
         if not owner.active:
             self._activity(owner, group, principal, 1)  # before the lease is counted: it reads the running count
         group.holds(demand, 1, now)
@@ -294,8 +310,8 @@ class ShareBook:
 
     def ended(self, principal: str, demand: Demand, now: float) -> None:
         """A plan of the principal that held ``demand`` let go of its lease at ``now``."""
-        owner = self.principal_account(principal)
-        group = self.team_account(owner.scope)
+        owner = self.principal_accounts.get(principal) or self.principal_account(principal)
+        group = self.team_accounts.get(owner.scope) or self.team_account(owner.scope)
         group.holds(demand, -1, now)
         owner.holds(demand, -1, now)
         if owner.waiting + owner.running == 0:

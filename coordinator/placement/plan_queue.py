@@ -64,6 +64,9 @@ class GroupOrder(Protocol):
     def head(self, signature: Signature) -> tuple[Any, ...] | None:
         """The group's first plan as a tuple that orders heads across groups, the plan id last."""
 
+    def first(self, signature: Signature) -> str | None:
+        """The group's first plan if it may be placed now (:meth:`head` without what orders it against others)."""
+
     def holds(self, signature: Signature) -> bool:
         """Whether the group has a plan."""
 
@@ -499,6 +502,11 @@ class PlanQueue:
         """
         best: tuple[Any, ...] | None = None
         pairs = self._pairs(ops) if tags is None or ops is None else self._tagged_pairs(ops, tags)
+        order = self.order
+        if order is not None and len(pairs) == 1:  # one group: nothing to order its head against
+            signature = pairs[0][0]
+            first = order.first(signature) if admits(signature) else None
+            return first if first is not None and (fits is None or fits(first)) else None
         for signature, group in pairs:
             if not admits(signature):
                 continue

@@ -37,7 +37,7 @@ Pure: ``now`` is handed in; no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -130,6 +130,11 @@ class Preemptor:
         self._team_of: dict[str, str] = {}  # preemptible plan id -> team
         self._stopping: dict[str, str] = {}  # victim plan id -> the waiting plan it was stopped for
         self._pending: dict[str, _Pending] = {}  # waiting plan id -> its preemption under way
+        # Read-only views for the core's hot path (a lease's start and end ask them without a call).
+        self.stopping_plans: Mapping[str, str] = self._stopping
+        """The victims whose lease has not ended yet (plan id -> the waiting plan it was stopped for)."""
+        self.waiting_plans: Mapping[str, object] = self._pending
+        """The waiting plans a preemption is under way for."""
 
     # ------------------------------------------------------------------ leases
 
@@ -169,6 +174,20 @@ class Preemptor:
         if pending is not None:
             for victim in pending.victims:
                 self._stopping[victim] = ""  # stopping for nobody now
+
+    @property
+    def candidates(self) -> bool:
+        """Whether any preemptible plan holds a lease (else no decision can find a victim)."""
+        return bool(self._by_team)
+
+    def reteam(self, team_of: Callable[[str], str]) -> None:
+        """The teams changed (a token file reload): each preemptible lease is filed under its owner's team now."""
+        leases = [plan for plans in self._by_team.values() for plan in plans.values()]
+        leases.sort(key=lambda p: p.started_s)  # start order within each team, as started() keeps it
+        self._by_team.clear()
+        self._team_of.clear()
+        for plan in leases:
+            self.started(plan, team_of(plan.owner))
 
     def stopping(self, plan_id: str) -> bool:
         """Whether the plan was preempted and its lease has not ended yet."""

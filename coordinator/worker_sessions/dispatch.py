@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from coordinator.relay import Relay
     from coordinator.scheduling import Scheduler
     from coordinator.sessions import Session
+    from coordinator.sharing import Sharing
     from coordinator.state import CoreState
     from coordinator.streams import Streams
     from coordinator.timeouts import RunTimeouts
@@ -73,6 +74,7 @@ class WorkerSessions:
         relay: carries the worker's ``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py).
         timeouts: starts a running attempt's ``timeout_s`` clock (coordinator/timeouts.py).
         reconnects: each worker id's registration budget (coordinator/reconnects.py); None: none.
+        sharing: preempted attempts and the usage ledger's receipts (coordinator/sharing.py); None: none.
 
     Attributes:
         registration: hello, goodbye, removal (coordinator/worker_sessions/registration.py).
@@ -94,6 +96,7 @@ class WorkerSessions:
         relay: Relay | None = None,
         timeouts: RunTimeouts | None = None,
         reconnects: ReconnectBudget | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self._state = state
         self._outbox = outbox
@@ -101,7 +104,8 @@ class WorkerSessions:
         self._relay = relay
         identities = Identities()
         self.leases = Leases(
-            state, outbox=outbox, streams=streams, scheduler=scheduler, recovery=recovery, timeouts=timeouts
+            state, outbox=outbox, streams=streams, scheduler=scheduler, recovery=recovery, timeouts=timeouts,
+            sharing=sharing,
         )
         self.registration = Registration(
             state, outbox=outbox, scheduler=scheduler, recovery=recovery, operator=operator, config=config,

@@ -16,6 +16,9 @@ Rules:
 * A cancelled plan's stream has ended with its terminal event: later ``event`` s are dropped,
   and its ``done`` only frees the lease (and records the attempt's energy).
 * A ``done(failed)`` of a plan with retries left queues it again (coordinator/recovery.py).
+* A ``done`` that does not succeed of a preempted attempt (the coordinator's ``preempt``, or
+  ``done.preempted``: its host is being interrupted) queues the plan again, the attempt not
+  counted; the plan the preemption made room for is placed on that worker first (coordinator/sharing.py).
 * The ``done`` of a lease recovered from its worker at ``hello``
   (coordinator/worker_sessions/registration.py) counts in ``results_recovered_from_worker``.
 
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from coordinator.recovery import Recovery
     from coordinator.scheduling import Scheduler
     from coordinator.sessions import Session
+    from coordinator.sharing import Sharing
     from coordinator.state import CoreState
     from coordinator.streams import Streams
     from coordinator.timeouts import RunTimeouts
@@ -57,6 +61,7 @@ class Leases:
         scheduler: requeues a rejected plan, fills the worker whose lease ended.
         recovery: retries a failed plan with retries left.
         timeouts: starts a running attempt's ``timeout_s`` clock (coordinator/timeouts.py).
+        sharing: which attempts were preempted, the ledger's receipts (coordinator/sharing.py); None: none.
 
     Attributes:
         adopted: leases recovered from their worker at ``hello`` -> attempt: its done counts as a
@@ -73,8 +78,10 @@ class Leases:
         scheduler: Scheduler,
         recovery: Recovery,
         timeouts: RunTimeouts | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         self._state = state
+        self._sharing = sharing
         self._outbox = outbox
         self._streams = streams
         self._scheduler = scheduler
@@ -177,11 +184,19 @@ class Leases:
         state = self._state
         registry = state.registry
         record = registry.get(worker_id)
+        sharing = self._sharing
+        noticed = sharing is not None and plan.id in sharing.stopping_plans  # asked before the release forgets it
         registry.release(worker_id, plan.id)
         if self.adopted and self.adopted.pop(plan.id, None) == msg.attempt and not plan.terminal:
             state.counters["results_recovered_from_worker"] += 1
         self._settle_receipt(plan, msg.receipt)
-        if not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
+        if (noticed or msg.preempted) and msg.outcome != "succeeded" and not plan.terminal:
+            # Preempted (docs/SEMANTICS.md §Preemption): the plan it made room for goes here first, then it
+            # is queued again, the attempt not counted. One that succeeded within its grace has simply ended.
+            self._scheduler.fill_nominated(record, now)
+            why = msg.error.message if msg.error is not None and msg.error.message else "it was preempted"
+            self._scheduler.preempted(plan, worker_id, why, now, noticed=noticed)
+        elif not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
             why = f"worker {worker_id} reported a failure without an error"
             self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
         elif not plan.terminal:  # a cancelled plan only waited for this done to free the lease
@@ -200,6 +215,8 @@ class Leases:
             if plan.traceparent:  # the receipt names the plan's trace (docs/OPERATIONS.md §Tracing)
                 receipt.trace_id = trace_id_of(plan.traceparent)
             self._state.footprint.add(plan.owner, plan.op, receipt)
+            if self._sharing is not None:
+                self._sharing.receipt(plan, receipt)  # the usage ledger's tokens, joules, gCO2e
             plan.receipt = receipt
             if plan.terminal:  # cancelled before this done: its record gets it
                 self._state.journal.touched(plan)

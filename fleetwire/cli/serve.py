@@ -73,6 +73,8 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         heartbeat_interval_s=ns.heartbeat_interval,
         heartbeat_timeout_s=ns.heartbeat_timeout,
         worker_reconnect_grace_s=ns.worker_reconnect_grace_s,
+        preemption_grace_s=ns.preemption_grace,
+        preemption_min_run_s=ns.preemption_min_run,
         breaker_fraction=ns.breaker_fraction,
         plan_retention_s=ns.plan_retention,
         plan_retention_bytes=ns.plan_retention_bytes,
@@ -315,6 +317,12 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
                    help="a worker whose connection closed keeps its plans this long for a reconnect with its "
                         "session secret (its id is refused to others meanwhile), then they are requeued; heartbeat "
                         "silence on an open connection waits for --heartbeat-timeout (default 5)")
+    p.add_argument("--preemption-grace", type=float, default=30.0, metavar="S",
+                   help="a preempted plan has this long to checkpoint and end (ctx.preempted; its processes get "
+                        "SIGTERM) before its worker cancels it; it is then queued again without using an attempt "
+                        "(default 30)")
+    p.add_argument("--preemption-min-run", type=float, default=10.0, metavar="S",
+                   help="a preemptible plan runs at least this long before it may be preempted (default 10)")
     p.add_argument("--reaper-interval", type=float, default=None, metavar="S",
                    help="how often the reaper runs (default: timeout/10, at most 1 s)")
     p.add_argument("--max-frame-bytes", type=int, default=1 << 20, metavar="N",

@@ -95,6 +95,7 @@ def test_table_matches_the_semantics() -> None:
             (state, "cancel"): "cancelled",
             (state, "retry"): "queued",
             (state, "handback"): "queued",
+            (state, "preempt"): "queued",  # a preempted attempt (coordinator/sharing.py)
         }
     expected[("running", "timeout")] = "failed"  # the coordinator's timeout_s backstop (coordinator/timeouts.py)
     assert expected == TRANSITIONS
@@ -118,7 +119,7 @@ def test_done_event_maps_each_outcome() -> None:
 
 def test_reserved_kinds_are_the_lifecycle_kinds() -> None:
     """Every lifecycle kind the coordinator emits (and data_ready, which only it may send) is reserved."""
-    lifecycle = {"queued", "waiting", "leased", "running", "requeued", "succeeded", "failed", "cancelled"}
+    lifecycle = {"queued", "waiting", "leased", "running", "requeued", "preempted", "succeeded", "failed", "cancelled"}
     assert lifecycle | {"data_ready"} == RESERVED_KINDS
 
 

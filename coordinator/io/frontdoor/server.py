@@ -120,6 +120,8 @@ class CoordinatorServer:
         # Raises TokenFileError (a ValueError) for a token file that cannot be used.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
         self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
+        if self.tokens is not None:  # teams, weights and quotas for fair share (coordinator/sharing.py)
+            self.core.set_teams(self.tokens.teams, time.monotonic())
         self._tls = None if settings.tls_cert is None or settings.tls_key is None else server_tls_context(
             settings.tls_cert, settings.tls_key, settings.tls_client_ca)  # fmt: skip
         self._gate = Gatekeeper(self.tokens, settings.limits, max_frame_bytes=settings.max_frame_bytes,
@@ -464,6 +466,7 @@ class CoordinatorServer:
         except TokenFileError as exc:
             log.error("token file not reloaded; the old tokens stay in force", error=str(exc))
             return []
+        self.core.set_teams(self.tokens.teams, time.monotonic())  # a changed team or weight moves shares at once
         for session in list(self.door.sessions.values()):
             if session.principal is not None and not self.tokens.current(session.principal):
                 self.door.kill(session, codes.CLOSE_REVOKED, "token revoked")

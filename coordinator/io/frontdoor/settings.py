@@ -117,6 +117,10 @@ class ServerSettings:
             raise ValueError(f"--worker-reconnect-burst must be >= 1, got {core.worker_reconnect_burst}")
         if not 0 <= core.worker_reconnect_grace_s < float("inf"):
             raise ValueError(f"--worker-reconnect-grace-s must be >= 0 seconds, got {core.worker_reconnect_grace_s}")
+        if not 0 <= core.preemption_grace_s <= 86_400:
+            raise ValueError(f"--preemption-grace must be 0 to 86400 seconds, got {core.preemption_grace_s}")
+        if not 0 <= core.preemption_min_run_s < float("inf"):
+            raise ValueError(f"--preemption-min-run must be >= 0 seconds, got {core.preemption_min_run_s}")
         core.placement.check()
         if core.autoscale is not None:
             core.autoscale.check()
