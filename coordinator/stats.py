@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from protocol.messages import Outcome
+from protocol.tracecontext import is_sampled, trace_id_of
 
 if TYPE_CHECKING:
     from coordinator.plans import Plan
@@ -37,7 +38,7 @@ class Histogram:
         bounds: increasing upper bounds; a value equal to a bound falls in that bucket.
     """
 
-    __slots__ = ("bounds", "count", "counts", "sum")
+    __slots__ = ("bounds", "count", "counts", "exemplars", "sum")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         if list(bounds) != sorted(set(bounds)):
@@ -46,14 +47,22 @@ class Histogram:
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
         self.count = 0
+        # Per bucket, the last traced value: (trace id, value), an OpenMetrics exemplar (None: none yet).
+        self.exemplars: list[tuple[str, float] | None] | None = None
 
-    def observe(self, value: float) -> None:
-        """Count one value (negative values, from a clock that stepped back, count as 0)."""
+    def observe(self, value: float, trace_id: str = "") -> None:
+        """Count one value (negative values, from a clock that stepped back, count as 0); ``trace_id``: the
+        value's trace, kept as its bucket's exemplar (docs/OPERATIONS.md §Tracing)."""
         if not value >= 0.0:  # max(0.0, value) without the call: NaN counts as 0 too
             value = 0.0
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        bucket = bisect.bisect_left(self.bounds, value)
+        self.counts[bucket] += 1
         self.sum += value
         self.count += 1
+        if trace_id:
+            if self.exemplars is None:
+                self.exemplars = [None] * len(self.counts)
+            self.exemplars[bucket] = (trace_id, value)
 
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, values <= bound)`` pairs ending with ``(inf, count)``, as Prometheus wants."""
@@ -76,13 +85,19 @@ class PlanTimings:
 
     def started(self, plan: Plan, now: float) -> None:
         """The worker accepted the plan's attempt: its queue wait ends, its run starts."""
-        self.queue_wait.observe(now - plan.queued_at_s)
+        self.queue_wait.observe(now - plan.queued_at_s, _exemplar(plan))
         plan.started_at_s = now
 
     def finished(self, plan: Plan, outcome: Outcome, now: float) -> None:
         """The worker's ``done`` ended an attempt; one that never started (no accept) has no run time."""
         if plan.started_at_s is not None:
-            self.run_time[outcome].observe(now - plan.started_at_s)
+            self.run_time[outcome].observe(now - plan.started_at_s, _exemplar(plan))
+
+
+def _exemplar(plan: Plan) -> str:
+    """The plan's trace id when its caller sampled it (an exemplar links to a trace that exists), else ``""``."""
+    traceparent = plan.traceparent
+    return trace_id_of(traceparent) if traceparent and is_sampled(traceparent) else ""
 
 
 class FrameCounters:

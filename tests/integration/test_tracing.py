@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -136,6 +137,11 @@ async def test_a_plan_submitted_in_a_client_span_is_one_trace_across_every_servi
         "succeeded",
     }
     assert fleet.engine.traceparents[-1] == f"00-{trace_id}-{handler.span_id}-01"
+    url = fleet.coordinator.url.replace("ws://", "http://") + "/metrics"
+    async with httpx.AsyncClient() as http:  # a scrape that asks for OpenMetrics gets the trace as an exemplar
+        scraped = await http.get(url, headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert scraped.headers["content-type"].startswith("application/openmetrics-text")
+    assert f'# {{trace_id="{trace_id}"}}' in scraped.text
 
 
 async def test_a_retry_and_a_coordinator_restart_stay_in_the_plans_trace(receiver: OtlpReceiver, fleet: Fleet) -> None:

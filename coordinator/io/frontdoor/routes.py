@@ -30,7 +30,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from coordinator.io.dashboard.assets import STATIC
-from coordinator.io.ops.metrics_http import metrics_token_refused
+from coordinator.io.ops.metrics_http import metrics_token_refused, wants_openmetrics
 
 __all__ = ["WEBSOCKET_PATHS", "loading", "respond"]
 
@@ -73,7 +73,7 @@ def respond(
     request: Request,
     *,
     ready: Callable[[], str | None],
-    metrics: Callable[[], tuple[bytes, str] | None],
+    metrics: Callable[[bool], tuple[bytes, str] | None],
     metrics_token: str | None = None,
     metrics_elsewhere: bool = False,
 ) -> Response:
@@ -82,7 +82,8 @@ def respond(
     Args:
         request: the parsed request.
         ready: None when the coordinator is ready, else why not.
-        metrics: the exposition body and its content type; None while the store loads.
+        metrics: the exposition body and its content type (given whether the scrape asked for OpenMetrics);
+            None while the store loads.
         metrics_token: ``/metrics`` needs this bearer token (401 without it); None: open.
         metrics_elsewhere: ``/metrics`` is served on ``--metrics-listen``: 404 here.
     """
@@ -99,7 +100,7 @@ def respond(
         if refused is not None:
             return _response(401, (refused + "\n").encode(), "text/plain; charset=utf-8",
                              WWW_Authenticate='Bearer realm="fleetwire"')
-        exposition = metrics()
+        exposition = metrics(wants_openmetrics(request.headers.get("Accept")))  # OpenMetrics: with exemplars
         if exposition is None:
             return loading(ready() or "loading the store")
         body, content_type = exposition

@@ -47,7 +47,13 @@ from coordinator.io.frontdoor.gate import Gatekeeper, server_tls_context
 from coordinator.io.frontdoor.openai_http import OpenAIDoor
 from coordinator.io.frontdoor.settings import ServerSettings
 from coordinator.io.ops.hooks import HookRunner
-from coordinator.io.ops.metrics import CONTENT_TYPE, build_registry, render
+from coordinator.io.ops.metrics import (
+    CONTENT_TYPE,
+    OPENMETRICS_CONTENT_TYPE,
+    build_registry,
+    render,
+    render_openmetrics,
+)
 from coordinator.io.ops.metrics_http import ExpositionCache, MetricsListener, parse_listen
 from coordinator.io.ops.provision import Provisioner
 from coordinator.io.ops.tracing import PlanSpans
@@ -207,6 +213,8 @@ class CoordinatorServer:
         )
         # A scrape walks every worker and plan: rebuilt at most every metrics_cache_s (ops/metrics_http.py).
         self.metrics_cache = ExpositionCache(lambda: render(self.metrics_registry), self.settings.metrics_cache_s)
+        self.openmetrics_cache = ExpositionCache(lambda: render_openmetrics(self.metrics_registry),
+                                                 self.settings.metrics_cache_s)  # fmt: skip
         self._metrics_listener: MetricsListener | None = None
 
     @property
@@ -386,10 +394,13 @@ class CoordinatorServer:
         """The port of the ``--metrics-listen`` socket; None when /metrics is on the main port."""
         return self._metrics_listener.port if self._metrics_listener is not None else None
 
-    def metrics_exposition(self) -> tuple[bytes, str] | None:
-        """The ``/metrics`` body and its content type; None while the store loads (the core is being filled)."""
+    def metrics_exposition(self, openmetrics: bool = False) -> tuple[bytes, str] | None:
+        """The ``/metrics`` body and its content type (``openmetrics``: that format, with the latency histograms'
+        trace exemplars); None while the store loads (the core is being filled)."""
         if not self.loaded.is_set():
             return None
+        if openmetrics:
+            return self.openmetrics_cache.get(), OPENMETRICS_CONTENT_TYPE
         return self.metrics_cache.get(), CONTENT_TYPE
 
     def _session_counts(self) -> dict[str, int]:

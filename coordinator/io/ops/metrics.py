@@ -23,7 +23,10 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.samples import Exemplar
 
 from coordinator.io.ops.gpu_metrics import GPU_METRIC_NAMES, gpu_families
 from coordinator.scopes import SCOPE_REASONS
@@ -36,7 +39,10 @@ if TYPE_CHECKING:
     from coordinator.read_policy import ReadPolicy
     from coordinator.relay import Relay
 
-__all__ = ["CONTENT_TYPE", "METRIC_NAMES", "CoordinatorCollector", "build_registry", "render"]
+__all__ = [
+    "CONTENT_TYPE", "METRIC_NAMES", "OPENMETRICS_CONTENT_TYPE", "CoordinatorCollector", "build_registry", "render",
+    "render_openmetrics",
+]  # fmt: skip
 
 CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 
@@ -124,8 +130,14 @@ METRIC_NAMES: Final = (
 )
 
 
-def _buckets(hist: Histogram) -> list[tuple[str, float]]:
-    return [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in hist.cumulative()]
+def _buckets(hist: Histogram) -> list[Any]:
+    buckets: list[Any] = [("+Inf" if bound == float("inf") else repr(bound), count)
+                          for bound, count in hist.cumulative()]  # fmt: skip
+    if hist.exemplars is not None:  # traced plans' values: each bucket links to its last trace (OpenMetrics only)
+        for i, exemplar in enumerate(hist.exemplars):
+            if exemplar is not None:
+                buckets[i] = (*buckets[i], Exemplar({"trace_id": exemplar[0]}, exemplar[1]))
+    return buckets
 
 
 class CoordinatorCollector:
@@ -449,3 +461,9 @@ def build_registry(core: Coordinator, *, process: bool = True, **kwargs: Any) ->
 def render(registry: CollectorRegistry) -> bytes:
     """The Prometheus text exposition of ``registry``."""
     return generate_latest(registry)
+
+
+def render_openmetrics(registry: CollectorRegistry) -> bytes:
+    """The OpenMetrics exposition of ``registry``: the latency histograms' buckets carry trace exemplars."""
+    body: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]  # prometheus-client leaves it untyped
+    return body

@@ -81,6 +81,12 @@ def metrics_token_refused(authorization: str | None, token: str | None) -> str |
     return "/metrics needs 'Authorization: Bearer <token>' with the coordinator's --metrics-token"
 
 
+def wants_openmetrics(accept: str | None) -> bool:
+    """Whether a scrape's ``Accept`` asks for OpenMetrics (Prometheus does when it keeps exemplars: the latency
+    histograms' buckets then carry trace ids, docs/OPERATIONS.md §Tracing)."""
+    return accept is not None and "application/openmetrics-text" in accept
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port).
 
@@ -114,7 +120,7 @@ class MetricsListener:
             most the main port's pending-handshake budget.
     """
 
-    def __init__(self, exposition: Callable[[], tuple[bytes, str] | None], token: str | None, gate: Gatekeeper,
+    def __init__(self, exposition: Callable[[bool], tuple[bytes, str] | None], token: str | None, gate: Gatekeeper,
                  max_connections: int = MAX_CONNECTIONS) -> None:  # fmt: skip
         self._exposition = exposition
         self._token = token
@@ -154,7 +160,8 @@ class MetricsListener:
             path = ""
         else:
             path = request.path
-            status, body, content_type, extra = self._answer(path, request.headers.get("authorization"))
+            status, body, content_type, extra = self._answer(path, request.headers.get("authorization"),
+                                                             request.headers.get("accept"))  # fmt: skip
         gate = self._gate
         held = False
         if status == 401:
@@ -171,7 +178,8 @@ class MetricsListener:
         else:
             conn.send(data)
 
-    def _answer(self, path: str, authorization: str | None) -> tuple[int, bytes, str, dict[str, str]]:
+    def _answer(self, path: str, authorization: str | None,
+                accept: str | None = None) -> tuple[int, bytes, str, dict[str, str]]:  # fmt: skip
         if path == "/healthz":
             return 200, b"ok\n", _TEXT, {}
         if path != "/metrics":
@@ -179,7 +187,7 @@ class MetricsListener:
         refused = metrics_token_refused(authorization, self._token)
         if refused is not None:
             return 401, (refused + "\n").encode(), _TEXT, {"WWW-Authenticate": 'Bearer realm="fleetwire"'}
-        exposition = self._exposition()
+        exposition = self._exposition(wants_openmetrics(accept))
         if exposition is None:
             return 503, b"not ready: loading the store\n", _TEXT, {"Retry-After": "1"}
         body, content_type = exposition
