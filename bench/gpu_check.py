@@ -20,7 +20,10 @@ What it checks, each printed as PASS/FAIL with the figures:
    each plan's process, started with the ``CUDA_VISIBLE_DEVICES`` the ``shell`` handler would set,
    asks the CUDA driver (``libcuda`` through ctypes, no torch needed) what it sees: exactly one
    device each, a different one per plan (by UUID), and, for whole GPUs, the very one allocated.
-   Skipped (not failed) without ``libcuda``.
+   Skipped (not failed) without ``libcuda``;
+6. GPU health (worker_agent/gpu_health.py): ``NvmlHealthSource`` reads every device (utilisation,
+   memory, temperature, power, clocks event reasons, volatile ECC counts), polls the critical-XID event
+   set, and the quarantine rules put no device of a healthy host in quarantine.
 
 Exit status 0 when every check passes, 1 otherwise; without NVML or a GPU it prints
 ``SKIP`` and exits 0 (nothing to check here), or 2 with ``--require-gpu``.
@@ -122,6 +125,45 @@ def isolation_check(gpus: list[Any]) -> tuple[dict[str, Any], bool | None]:
     return {"plans": seen}, ok
 
 
+def health_check(gpus: list[Any]) -> tuple[dict[str, Any], bool]:
+    """GPU health (worker_agent/gpu_health.py, docs/OPERATIONS.md §GPU health) read through NVML itself: every
+    device reads (utilisation, memory, temperature, power, clocks reasons, ECC), the XID event set polls
+    without error, and a healthy host's devices come out ok or degraded, never quarantined."""
+    from worker_agent.gpu_health import HealthRules, NvmlHealthSource, ProbeFailed, physical_of
+
+    source = NvmlHealthSource.open()
+    if source is None:
+        return {"error": "NvmlHealthSource.open() found no device"}, False
+    try:
+        physical = physical_of(gpus, source.uuids)
+        rules = HealthRules(len(gpus))
+        readings: dict[int, Any] = {}
+        for index, p in enumerate(physical):
+            if p is None:
+                continue
+            try:
+                readings[p] = readings.get(p) or source.read(p)
+            except ProbeFailed as exc:
+                rules.probe_failed(index, str(exc))
+                continue
+            rules.read(index, readings[p])
+        started = time.monotonic()
+        xids = source.xids()
+        poll_ms = (time.monotonic() - started) * 1e3
+        for p, xid in xids:
+            for index, q in enumerate(physical):
+                if q == p:
+                    rules.xid(index, xid)
+    finally:
+        source.close()
+    import msgspec
+
+    report = {"devices": msgspec.to_builtins(rules.report()), "xids_pending": xids, "xid_poll_ms": round(poll_ms, 3)}
+    ok = bool(readings) and all(0 <= r.utilization_pct <= 100 and r.temperature_c > 0 and r.memory_used_bytes >= 0
+                                for r in readings.values()) and not rules.quarantined  # fmt: skip
+    return report, ok
+
+
 def main() -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -174,6 +216,7 @@ def main() -> int:
             report["meter_vs_counter"] = round(used.joules / counter_j, 3) if counter_j > 0 else None
             # Sampling at 10 Hz misses short spikes; within 25 % of the hardware counter is the bar.
             checks["energy_matches_counter"] = counter_j > 0 and abs(used.joules / counter_j - 1) < 0.25
+        report["health"], checks["health_sampled"] = health_check(gpus)
         report["isolation"], isolated = isolation_check(gpus) if gpus else ({"skipped": "no devices"}, None)
         if isolated is not None:
             checks["per_plan_isolation"] = isolated
