@@ -25,6 +25,8 @@ status      type                      when
 405         invalid_request_error     a method the path does not take
 411         invalid_request_error     a body sent without ``Content-Length``
 413         invalid_request_error     the body is over the door's limit
+421         invalid_request_error     cluster mode: a shard's own port was sent a request of
+                                      another shard's pool (send it to a main port)
 431         invalid_request_error     the request head is over the door's limit
 429         rate_limit_error          the principal's unfinished plans or its request rate are
                                       at their limit (``Retry-After``)
@@ -53,7 +55,7 @@ __all__ = ["TYPES", "ApiError", "plan_failure", "submit_refused"]
 TYPES: Final[dict[int, str]] = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "invalid_request_error", 405: "invalid_request_error", 411: "invalid_request_error",
-    413: "invalid_request_error", 431: "invalid_request_error",
+    413: "invalid_request_error", 421: "invalid_request_error", 431: "invalid_request_error",
     429: "rate_limit_error", 500: "server_error", 502: "server_error", 503: "server_error", 504: "server_error",
 }
 

@@ -12,6 +12,8 @@ Rules (docs/OPENAI.md §Models):
   every worker per request would cost more than the request), and at once on a miss older than
   :data:`MISS_REFRESH_S`, so a worker that just connected is found and a client asking for
   unknown models in a loop costs one scan per that interval, not one per request.
+* A request naming a pool (``x-fleetwire-pool``) is served only by that pool's workers: the 404
+  and the listing look at them alone (a worker's pool: coordinator/shards.py ``pool_of``).
 
 Pure: the registry's records and ``now`` come in.
 """
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from coordinator.openai_api.request import GENERATE_OP
+from coordinator.shards import pool_of
 from coordinator.workers import WorkerRecord
 
 __all__ = ["MISS_REFRESH_S", "REFRESH_S", "ModelTable", "Served", "served_models"]
@@ -33,10 +36,11 @@ MISS_REFRESH_S: Final = 0.1
 
 @dataclass(slots=True)
 class Served:
-    """One model: alive workers that serve it, and those of them not drained."""
+    """One model: alive workers that serve it, those of them not drained, and their pools."""
 
     workers: int = 0
     available: int = 0
+    pools: frozenset[str] = frozenset()
 
 
 def served_models(workers: Iterable[WorkerRecord]) -> dict[str, Served]:
@@ -51,6 +55,9 @@ def served_models(workers: Iterable[WorkerRecord]) -> dict[str, Served]:
             if entry is None:
                 entry = served[model] = Served()
             entry.workers += 1
+            pool = pool_of(capabilities.tags)
+            if pool not in entry.pools:
+                entry.pools = entry.pools | {pool}
             if not worker.draining:
                 entry.available += 1
     return served
@@ -76,20 +83,23 @@ class ModelTable:
             self.scans += 1
         return self.models
 
-    def serves(self, model: str, now: float) -> bool:
-        """Whether an alive worker serves ``model`` (a miss looks again after :data:`MISS_REFRESH_S`)."""
-        if model in self._fresh(now, REFRESH_S):
-            return True
-        return model in self._fresh(now, MISS_REFRESH_S)
+    def serves(self, model: str, now: float, pool: str | None = None) -> bool:
+        """Whether an alive worker (of ``pool``, when given) serves ``model`` (a miss looks again after
+        :data:`MISS_REFRESH_S`)."""
+        entry = self._fresh(now, REFRESH_S).get(model)
+        if entry is None or (pool is not None and pool not in entry.pools):
+            entry = self._fresh(now, MISS_REFRESH_S).get(model)
+        return entry is not None and (pool is None or pool in entry.pools)
 
-    def listing(self, now: float, created: int = 0) -> dict[str, Any]:
-        """``GET /v1/models``: OpenAI's model list, with the fleet's counts in a ``fleetwire`` field."""
+    def listing(self, now: float, created: int = 0, pool: str | None = None) -> dict[str, Any]:
+        """``GET /v1/models``: OpenAI's model list (of ``pool``'s workers, when given), with the fleet's counts
+        in a ``fleetwire`` field."""
         models = self._fresh(now, MISS_REFRESH_S)
         return {
             "object": "list",
             "data": [
                 {"id": name, "object": "model", "created": created, "owned_by": "fleetwire",
                  "fleetwire": {"workers": entry.workers, "available": entry.available}}
-                for name, entry in sorted(models.items())
+                for name, entry in sorted(models.items()) if pool is None or pool in entry.pools
             ],
         }

@@ -53,7 +53,8 @@ __all__ = ["REASONS", "Out", "Reply", "error_response", "json_response"]
 #: Reasons of the statuses the door answers with.
 REASONS: Final[dict[int, str]] = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-    405: "Method Not Allowed", 411: "Length Required", 413: "Content Too Large", 429: "Too Many Requests",
+    405: "Method Not Allowed", 411: "Length Required", 413: "Content Too Large", 421: "Misdirected Request",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
 }

@@ -34,17 +34,20 @@ from typing import Any, Final, Literal
 import msgspec
 
 from coordinator.openai_api.errors import ApiError
-from protocol.caps import MAX_SESSION_KEY_BYTES, too_long
+from coordinator.shards import POOL_TAG
+from protocol.caps import MAX_SESSION_KEY_BYTES, MAX_TAG_BYTES, too_long
 from protocol.messages import Requirements, RoutingHints, Submit
 from protocol.prompts import fill_hints
 
-__all__ = ["GENERATE_OP", "MAX_MODEL_BYTES", "PATHS", "DoorRequest", "Kind", "parse_request"]
+__all__ = ["GENERATE_OP", "MAX_MODEL_BYTES", "MAX_POOL_BYTES", "PATHS", "DoorRequest", "Kind", "check_pool",
+           "parse_request"]
 
 Kind = Literal["chat", "completion"]
 #: The POST paths and the kind of request each takes.
 PATHS: Final[dict[str, Kind]] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 GENERATE_OP: Final = "generate"
 MAX_MODEL_BYTES: Final = 256
+MAX_POOL_BYTES: Final = MAX_TAG_BYTES - len(POOL_TAG)  # the plan's tag pool:NAME fits a tag's cap
 # Fields the door reads and does not pass on: the handler streams from the engine whatever the caller asked.
 _DOOR_FIELDS: Final = frozenset({"stream", "stream_options"})
 _DECODE = msgspec.json.Decoder().decode
@@ -61,6 +64,7 @@ class DoorRequest:
         include_usage: a stream ends with a usage chunk (``stream_options.include_usage``).
         args: the ``generate`` plan's args: the body less ``stream`` and ``stream_options``.
         hints: the plan's routing hints (module docstring).
+        pool: the worker pool of ``x-fleetwire-pool`` ("": the default pool).
     """
 
     kind: Kind
@@ -69,17 +73,22 @@ class DoorRequest:
     include_usage: bool
     args: dict[str, Any]
     hints: RoutingHints
+    pool: str = ""
 
     def submit(self, req_id: int, *, timeout_s: float | None = None, max_attempts: int = 3) -> Submit:
         """The ``submit`` of this request's plan (subscribed: the door follows its events)."""
         return Submit(
-            req_id=req_id, op=GENERATE_OP, args=self.args, requirements=Requirements(model=self.model),
+            req_id=req_id, op=GENERATE_OP, args=self.args,
+            requirements=Requirements(model=self.model, tags=[POOL_TAG + self.pool] if self.pool else []),
             timeout_s=timeout_s, max_attempts=max_attempts, hints=self.hints,
         )
 
 
-def parse_request(kind: Kind, body: bytes | bytearray | memoryview, *, session: str | None = None) -> DoorRequest:
-    """The request in ``body`` (module docstring); ``session``: the ``x-fleetwire-session`` header.
+def parse_request(
+    kind: Kind, body: bytes | bytearray | memoryview, *, session: str | None = None, pool: str | None = None,
+) -> DoorRequest:
+    """The request in ``body`` (module docstring); ``session``, ``pool``: the ``x-fleetwire-session`` and
+    ``x-fleetwire-pool`` headers.
 
     Raises:
         ApiError: 400 naming what is wrong.
@@ -130,7 +139,22 @@ def parse_request(kind: Kind, body: bytes | bytearray | memoryview, *, session: 
         name: value for name, value in fields.items() if name not in _DOOR_FIELDS
     }
     hints = fill_hints(RoutingHints(session_key=key), args)
-    return DoorRequest(kind, model, stream, include_usage, args, hints)
+    return DoorRequest(kind, model, stream, include_usage, args, hints, check_pool(pool))
+
+
+def check_pool(pool: str | None) -> str:
+    """The ``x-fleetwire-pool`` header's pool ("" when not sent).
+
+    Raises:
+        ApiError: 400 for a pool name over :data:`MAX_POOL_BYTES` or with a comma or space.
+    """
+    if not pool:
+        return ""
+    problem = too_long("x-fleetwire-pool", pool, MAX_POOL_BYTES)
+    if problem is not None or "," in pool or " " in pool:
+        raise ApiError(400, problem or f"x-fleetwire-pool must be one pool name, got {pool[:80]!r}",
+                       param="x-fleetwire-pool")  # fmt: skip
+    return pool
 
 
 def _check_messages(messages: Any) -> None:

@@ -104,6 +104,8 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         autoscale_provider=_autoscale_provider(ns),
         openai=not ns.no_openai,
         openai_queue_timeout_s=ns.openai_queue_timeout,
+        openai_rate=ns.openai_rate,
+        openai_burst=ns.openai_burst,
         otlp_endpoint=ns.otlp_endpoint,
         **security_settings(ns),
     )
@@ -374,6 +376,12 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
     g.add_argument("--openai-queue-timeout", type=float, default=30.0, metavar="S",
                    help="an OpenAI request no worker took this long is answered 503 and its plan cancelled "
                         "(default 30)")
+    g.add_argument("--openai-rate", type=float, default=0.0, metavar="R",
+                   help="OpenAI requests per second each principal may make to this coordinator; past it 429 with "
+                        "Retry-After (default 0: no limit)")
+    g.add_argument("--openai-burst", type=int, default=0, metavar="N",
+                   help="OpenAI requests a principal may make at once above --openai-rate (default 0: one second's "
+                        "worth)")
     g = p.add_argument_group("cluster mode (--store postgresql://..., docs/CLUSTER.md)")
     g.add_argument("--cluster-name", default="fleetwire", metavar="NAME",
                    help="the cluster's name, kept in the database; a coordinator of another name is refused "

@@ -311,3 +311,53 @@ def test_door_serves_on_uvloop_as_the_cli_runs_it() -> None:
 
     answer = uvloop.run(scenario())
     assert answer.startswith(b"HTTP/1.1 200 ") and b'"object":"list"' in answer
+
+
+async def test_a_principal_over_its_request_rate_gets_429_with_retry_after() -> None:
+    """--openai-rate 1 --openai-burst 1: the second request at once is RateLimitError (429, Retry-After 1);
+    another principal is not held back by it."""
+    other = "admin-token-0123456789"  # the principal "admin"
+    server = CoordinatorServer(replace(SETTINGS, openai_rate=1.0, openai_burst=1, admin_tokens=(other,)))
+    await server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}/v1"
+        async with openai.AsyncOpenAI(base_url=base, api_key=CLIENT_TOKEN, max_retries=0,
+                                      http_client=httpx.AsyncClient(trust_env=False)) as client:  # fmt: skip
+            await client.models.list()
+            with pytest.raises(openai.RateLimitError) as caught:
+                await client.models.list()
+        assert caught.value.response.headers["retry-after"] == "1" and caught.value.code == "rate_limit_exceeded"
+        async with openai.AsyncOpenAI(base_url=base, api_key=other, max_retries=0,
+                                      http_client=httpx.AsyncClient(trust_env=False)) as client:  # fmt: skip
+            await client.models.list()
+        assert server.openai is not None and server.openai.stats.rate_limited == 1
+    finally:
+        await server.stop()
+
+
+async def test_metrics_count_answers_open_streams_and_the_first_byte(fleet: Fleet) -> None:
+    """/metrics: a stream under way is an open stream and a request in flight; once answered, a 200 and one first
+    byte in the histogram; a 404 counted by its status."""
+    from coordinator.io.ops.metrics import render
+
+    def scrape() -> str:
+        return render(fleet.server.metrics_registry).decode()
+
+    for engine in fleet.engines:
+        engine.token_delay_s = 0.05
+    async with fleet.client() as client:
+        async with client.chat.completions.with_streaming_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "a b c d e f"}], stream=True) as response:
+            lines = response.iter_lines()
+            await anext(lines)
+            assert "fleetwire_openai_streams_open 1.0" in scrape()
+            assert "fleetwire_openai_requests_in_flight 1.0" in scrape()
+            async for _ in lines:
+                pass
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "x"}])
+    await wait_until(lambda: "fleetwire_openai_requests_in_flight 0.0" in scrape(), timeout_s=5)
+    text = scrape()
+    assert 'fleetwire_openai_requests_total{status="200"} 1.0' in text
+    assert 'fleetwire_openai_requests_total{status="404"} 1.0' in text
+    assert "fleetwire_openai_streams_open 0.0" in text and "fleetwire_openai_first_byte_seconds_count 1.0" in text

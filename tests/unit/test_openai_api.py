@@ -9,13 +9,17 @@ import pytest
 
 from coordinator.openai_api import (
     ApiError,
+    HttpRequest,
     ModelTable,
     Reply,
     RequestReader,
+    error_response,
     parse_request,
     plan_failure,
     submit_refused,
 )
+from coordinator.openai_api.limits import RequestRate
+from coordinator.openai_api.relay import ResponseRelay, upstream_request
 from coordinator.openai_api.request import DoorRequest
 from coordinator.workers import WorkerRecord
 from protocol import errors as codes
@@ -394,3 +398,88 @@ def test_model_table_scans_at_most_every_interval_and_again_on_an_old_miss() -> 
     for step in range(100):
         table.serves("nope", 0.15 + step * 0.001)
     assert table.scans == 2
+
+
+def test_a_pool_header_narrows_the_model_check_and_the_listing_to_that_pools_workers() -> None:
+    """x-fleetwire-pool: a model only another pool serves is not served for it; the listing shows the pool's."""
+    gpu = worker("a", ["m1"])
+    gpu.capabilities = Capabilities(models=["m1"], ops=["generate"], tags=["pool:gpu"])
+    table = ModelTable(lambda now: [gpu, worker("b", ["m2"])])
+    assert table.serves("m1", 0.0) and table.serves("m1", 0.0, "gpu") and not table.serves("m1", 0.0, "")
+    assert table.serves("m2", 0.0, "") and not table.serves("m2", 0.0, "gpu")
+    assert [m["id"] for m in table.listing(0.0, pool="gpu")["data"]] == ["m1"]
+
+
+def test_a_pool_header_makes_the_plan_require_the_pools_tag() -> None:
+    """The plan of a request with x-fleetwire-pool requires pool:NAME (its shard's pool in cluster mode); a pool
+    name with a comma is a 400 naming the header."""
+    assert parse_request("chat", body(CHAT), pool="gpu").submit(1).requirements.tags == ["pool:gpu"]
+    assert parse_request("chat", body(CHAT)).submit(1).requirements.tags == []
+    with pytest.raises(ApiError) as caught:
+        parse_request("chat", body(CHAT), pool="a,b")
+    assert caught.value.status == 400 and caught.value.param == "x-fleetwire-pool"
+
+
+# ---------------------------------------------------------------------------------------------- request rate
+
+
+def test_request_rate_refuses_past_the_burst_with_the_wait_and_refills() -> None:
+    """2 requests/s with a burst of 2: the third at once waits 0.5 s; refused ones cost no token; principals apart."""
+    rate = RequestRate(2.0, 2)
+    assert rate.admit("alice", 0.0) == 0.0 and rate.admit("alice", 0.0) == 0.0
+    assert rate.admit("alice", 0.0) == pytest.approx(0.5)
+    assert rate.admit("alice", 0.1) == pytest.approx(0.4)  # the refusal took nothing: the wait only shrinks
+    assert rate.admit("bob", 0.1) == 0.0
+    assert rate.admit("alice", 0.5) == 0.0
+    assert RequestRate(0.0).admit("alice", 0.0) == 0.0  # 0: no limit
+
+
+def test_request_rate_table_is_bounded() -> None:
+    """Past max_principals the buckets are forgotten: each starts full again."""
+    rate = RequestRate(1.0, 1, max_principals=2)
+    assert rate.admit("a", 0.0) == 0.0 and rate.admit("a", 0.0) > 0
+    rate.admit("b", 0.0)
+    rate.admit("c", 0.0)  # the table was full: cleared
+    assert rate.admit("a", 0.0) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- cluster relay
+
+
+def test_upstream_request_drops_hop_by_hop_headers_and_asks_to_close() -> None:
+    """The forwarded request keeps the key and the fleetwire headers, drops Connection/Expect, closes after."""
+    data = upstream_request("POST", "/v1/chat/completions", {"authorization": "Bearer k", "expect": "100-continue",
+                            "connection": "keep-alive", "x-fleetwire-session": "s1"}, b"{}", client="10.0.0.1")
+    (request,) = RequestReader().feed(data)
+    assert isinstance(request, HttpRequest) and not request.keep_alive and request.body == b"{}"
+    assert request.headers["authorization"] == "Bearer k" and request.headers["x-fleetwire-session"] == "s1"
+    assert "expect" not in request.headers and request.headers["x-forwarded-for"] == "10.0.0.1"
+
+
+def test_response_relay_passes_a_stream_on_as_it_comes_and_knows_its_end() -> None:
+    """A chunked answer: the head again without the upstream's Connection: close, the body byte for byte, complete
+    only after the last chunk, however the bytes are cut."""
+    reply = Reply(parse_request("chat", body({**CHAT, "stream": True})), created=1, now=0.0, queue_timeout_s=30,
+                  keep_alive=False)  # fmt: skip
+    reply.accepted("p1")
+    upstream = reply.event("token", {"text": "hi"}, 0.0).data
+    upstream += reply.event("succeeded", {"result": {"text": "hi"}}, 0.0).data
+    relay = ResponseRelay(keep_alive=True)
+    most = upstream[:-1]
+    out = b"".join(relay.feed(most[i:i + 7]) for i in range(0, len(most), 7))
+    assert not relay.complete and out.split(b"\r\n\r\n", 1)[1] == most.split(b"\r\n\r\n", 1)[1]  # byte for byte
+    out += relay.feed(upstream[-1:])
+    assert relay.complete and relay.status == 200
+    status, headers, streamed = http(out)
+    assert status == 200 and "connection" not in headers and b"data: [DONE]" in streamed
+
+
+def test_response_relay_keeps_the_clients_close_and_refuses_a_non_http_answer() -> None:
+    """A client that said close gets Connection: close on a whole answer; garbage from upstream is a 502."""
+    relay = ResponseRelay(keep_alive=False)
+    out = relay.feed(error_response(ApiError(404, "no such model")))
+    assert relay.complete and relay.status == 404
+    assert http(out)[1]["connection"] == "close"
+    with pytest.raises(ApiError) as caught:
+        ResponseRelay(keep_alive=True).feed(b"SSH-2.0-OpenSSH\r\n\r\n")
+    assert caught.value.status == 502

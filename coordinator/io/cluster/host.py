@@ -76,6 +76,7 @@ from coordinator.io.cluster.doorbell import Doorbell, open_connection
 from coordinator.io.cluster.leases import RELEASE, ShardFenced
 from coordinator.io.cluster.mainport import MAIN_CODECS, MainPort
 from coordinator.io.cluster.metrics import ClusterStats, build_registry
+from coordinator.io.cluster.openai_route import cluster_door
 from coordinator.io.cluster.sessions import ViewSessions
 from coordinator.io.cluster.views import (
     PUT_WORKERS,
@@ -84,7 +85,9 @@ from coordinator.io.cluster.views import (
 )
 from coordinator.io.frontdoor.door import FrontDoor
 from coordinator.io.frontdoor.gate import Gatekeeper
+from coordinator.io.frontdoor.openai_http import OpenAIDoor
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+from coordinator.io.ops.openai_metrics import OpenAICollector
 from coordinator.io.stores.integrity import StoreError, StoreUnreachable
 from coordinator.io.stores.postgres import PgStore, describe_dsn, ensure_indexes
 from coordinator.read_policy import ReadPolicy
@@ -208,6 +211,10 @@ class ClusterHost:
         policy = ReadPolicy(settings.limits)  # the view sessions' work-unit buckets are its too
         self.door = FrontDoor(MainPort(self, self._gate), self._gate, policy, MAIN_CODECS,
                               ping_workers=settings.ping_workers)  # fmt: skip
+        self.openai = cluster_door(self, settings)  # each request to its pool's shard's core (cluster/openai_route.py)
+        if self.openai is not None:
+            self._gate.pending.divert = self.openai.divert
+            self.metrics_registry.register(OpenAICollector(self.openai.stats))  # type: ignore[arg-type]
         # Client sessions on the main port that name no pool see every shard (coordinator/io/cluster/sessions.py).
         config = self.config
         # Rings only while a watcher waits somewhere in the cluster (each round reads whether one does).
@@ -543,6 +550,11 @@ class ClusterHost:
         raise OSError(f"no free port in --shard-ports {low}-{high} for shard {shard}")
 
     # ------------------------------------------------------------------ finding the owner
+
+    def door_of(self, shard: int) -> OpenAIDoor | None:
+        """The OpenAI door of ``shard``'s core when this process serves it (cluster/openai_route.py)."""
+        server = self.servers.get(shard)
+        return server.openai if server is not None and shard not in self._moving else None
 
     def where(self, shard: int) -> Moved:
         """Where ``shard`` is served, from the last scan (``url`` "" while nobody serves it)."""

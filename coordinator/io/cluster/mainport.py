@@ -19,6 +19,9 @@ the dashboard's files        as a core's port serves them; its session is a view
                              session** across shards (coordinator/io/cluster/sessions.py);
                              any other is **moved** to its shard's owner (``moved``, then 4307;
                              1013 while the shard has no owner yet)
+the OpenAI routes            ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``:
+                             taken from the connection's first bytes, before any of the
+                             above, by the cluster's OpenAI door (cluster/openai_route.py)
 ===========================  ============================================================
 """
 

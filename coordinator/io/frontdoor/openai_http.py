@@ -36,22 +36,25 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import secrets
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, Protocol, cast
 
 import structlog
 
 from coordinator.auth import Principal, TokenStore
-from coordinator.io.frontdoor.core_driver import CoreDriver
+from coordinator.io.frontdoor.core_driver import CoreDriver, Redirect
 from coordinator.limits import Limits, host_refused
 from coordinator.openai_api import (
     PATHS,
     ApiError,
     DoorRequest,
     HttpRequest,
+    Kind,
     ModelTable,
     Reply,
     RequestReader,
@@ -61,10 +64,12 @@ from coordinator.openai_api import (
     submit_refused,
 )
 from coordinator.openai_api.intake import MAX_HEAD_BYTES
+from coordinator.openai_api.limits import DoorStats, RequestRate
+from coordinator.openai_api.request import check_pool
 from protocol.messages import Cancel, Error, Event
 from protocol.transfer.http1 import first_line
 
-__all__ = ["CONN_ID_BASE", "OpenAIConnection", "OpenAIDoor"]
+__all__ = ["CONN_ID_BASE", "InFlight", "OpenAIConnection", "OpenAIDoor", "OpenAIEntry", "bearer_token_of", "route_of"]
 
 log = structlog.get_logger("coordinator.io.frontdoor.openai")
 
@@ -81,36 +86,38 @@ _WRITE_HIGH: Final = 256 * 1024  # the transport says "pause" past this (only co
 # pipelined this many requests, or this many bytes, ahead of it.
 _MAX_PIPELINED: Final = 4
 _MAX_AHEAD: Final = 64 * 1024
+# Plan ids tried for a request with no session key to a partitioned pool on a shard's own port: a random id
+# lands in one of K partitions, so 1 - (1 - 1/K) ** 64 of them find this shard's (K = 8: 99.98 %).
+_PLACE_TRIES: Final = 64
 
 
-class OpenAIDoor:
-    """The OpenAI routes of one core's port (module docstring).
+class OpenAIEntry:
+    """The OpenAI routes of one port as its connections see them: admission, limits, counts.
+
+    A core's port serves each request itself (:class:`OpenAIDoor`); a cluster's main port sends
+    each to the core that serves its pool (coordinator/io/cluster/openai_route.py). Either way
+    the request is admitted (key, request rate) and counted by the port it came in by.
 
     Args:
-        driver: the core's driver (its core, its sinks, its flush).
         tokens: the token store (None: ``--insecure``).
         limits: the port's limits (connections, pending bytes, the handshake timeout, allowed hosts).
         max_body_bytes: a request body's limit (413 past it).
-        queue_timeout_s: how long a request waits for a worker (503 after).
+        rate: the request rate per principal (None: no limit).
         clock: monotonic seconds. wall: Unix seconds (OpenAI's ``created``).
     """
 
     def __init__(
-        self, driver: CoreDriver, tokens: TokenStore | None, limits: Limits, *, max_body_bytes: int,
-        queue_timeout_s: float, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+        self, tokens: TokenStore | None, limits: Limits, *, max_body_bytes: int, rate: RequestRate | None = None,
+        clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
     ) -> None:  # fmt: skip
-        self.driver = driver
         self.tokens = tokens
         self.limits = limits
         self.max_body_bytes = max_body_bytes
-        self.queue_timeout_s = queue_timeout_s
+        self.rate = rate if rate is not None else RequestRate(0.0)
         self.clock = clock
         self.wall = wall
-        self.models = ModelTable(driver.core.registry.iter_alive)
         self.connections: set[OpenAIConnection] = set()
-        self.answers: dict[int, int] = {}  # requests answered, by status (/metrics)
-        self.slow_consumers = 0
-        self.ids = itertools.count(CONN_ID_BASE)
+        self.stats = DoorStats()
 
     def divert(self, first: bytes) -> OpenAIConnection | Literal[False] | None:
         """The connection's protocol when its first bytes ask for an OpenAI route; False: not ours
@@ -129,16 +136,25 @@ class OpenAIDoor:
         return False
 
     def answered(self, status: int) -> None:
-        self.answers[status] = self.answers.get(status, 0) + 1
+        self.stats.answered(status)
 
     def admit(self, request: HttpRequest) -> Principal:
-        """The principal of the request's key.
+        """The principal of the request's key, within its request rate.
 
         Raises:
             ApiError: 401 without a key or with an unknown one, 403 for a worker's; 403 under
-                ``--insecure`` for a Host that is not loopback.
+                ``--insecure`` for a Host that is not loopback; 429 past the principal's request rate.
         """
-        headers = request.headers
+        principal = self._principal(request.headers)
+        wait_s = self.rate.admit(principal.name, self.clock())
+        if wait_s > 0:
+            self.stats.rate_limited += 1
+            raise ApiError(429, f"{principal.name!r} is over its rate of {self.rate.rate:g} requests per second to "
+                                "this coordinator (--openai-rate); retry after the Retry-After seconds",
+                           code="rate_limit_exceeded", retry_after_s=float(math.ceil(wait_s)))  # fmt: skip
+        return principal
+
+    def _principal(self, headers: dict[str, str]) -> Principal:
         if self.tokens is None:
             refused = host_refused(headers.get("host"), self.limits.allowed_hosts)
             if refused is not None:
@@ -157,6 +173,109 @@ class OpenAIDoor:
                            code="permission_denied")  # fmt: skip
         return principal
 
+    def serve(self, conn: OpenAIConnection, request: HttpRequest) -> None:
+        """Answer ``request``, whole or through an exchange set on ``conn`` (each port's own)."""
+        raise NotImplementedError
+
+
+def route_of(request: HttpRequest) -> Kind | None:
+    """The completion kind of the request's path; None for ``/v1/models``.
+
+    Raises:
+        ApiError: 404 for another path, 405 for a method the path does not take.
+    """
+    kind = PATHS.get(request.path)
+    if kind is None and request.path != _MODELS:
+        raise ApiError(404, f"unknown path {request.path}; the OpenAI routes are {', '.join(_ROUTES)}")
+    wanted = "GET" if kind is None else "POST"
+    if request.method != wanted:
+        raise ApiError(405, f"{request.path} takes {wanted}, not {request.method}")
+    return kind
+
+
+class OpenAIDoor(OpenAIEntry):
+    """The OpenAI routes of one core's port (module docstring).
+
+    Args:
+        driver: the core's driver (its core, its sinks, its flush, cluster mode's redirect).
+        tokens, limits, max_body_bytes, rate, clock, wall: as :class:`OpenAIEntry`'s.
+        queue_timeout_s: how long a request waits for a worker (503 after).
+    """
+
+    def __init__(
+        self, driver: CoreDriver, tokens: TokenStore | None, limits: Limits, *, max_body_bytes: int,
+        queue_timeout_s: float, rate: RequestRate | None = None, clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:  # fmt: skip
+        super().__init__(tokens, limits, max_body_bytes=max_body_bytes, rate=rate, clock=clock, wall=wall)
+        self.driver = driver
+        self.queue_timeout_s = queue_timeout_s
+        self.models = ModelTable(driver.core.registry.iter_alive)
+        self.ids = itertools.count(CONN_ID_BASE)
+
+    def serve(self, conn: OpenAIConnection, request: HttpRequest) -> None:
+        keep = request.keep_alive
+        try:
+            kind = route_of(request)
+            principal = self.admit(request)
+            pool = request.headers.get("x-fleetwire-pool")
+            if kind is None:
+                self.list_models(conn, keep, check_pool(pool) if pool is not None else None)
+                return
+            parsed = parse_request(kind, request.body, session=request.headers.get("x-fleetwire-session"), pool=pool)
+        except ApiError as error:
+            conn.answer(error.status, error_response(error, keep_alive=keep), keep)
+            return
+        self.take(conn, principal, parsed, keep, len(request.body))
+
+    def list_models(self, conn: OpenAIConnection, keep: bool, pool: str | None) -> None:
+        """``GET /v1/models`` answered on ``conn`` (of ``pool``'s workers when the request named one)."""
+        listing = self.models.listing(self.clock(), int(self.wall()), pool)
+        conn.answer(200, json_response(200, listing, keep_alive=keep), keep)
+
+    def take(self, conn: OpenAIConnection, principal: Principal, request: DoorRequest, keep: bool, body_bytes: int,
+             plan_id: str = "") -> None:  # fmt: skip
+        """Submit an admitted, parsed request's plan and answer it on ``conn`` as its events come.
+
+        ``plan_id``: the one a cluster's main port picked its shard by ("": a new one).
+        """
+        try:
+            if self.driver.redirect is not None:
+                plan_id = self._plan_id_here(request, plan_id, self.driver.redirect)
+            if not self.models.serves(request.model, self.clock(), request.pool or None):
+                in_pool = f" of pool {request.pool!r}" if request.pool else ""
+                raise ApiError(404, f"The model '{request.model}' does not exist: no connected worker{in_pool} serves "
+                                    "it (GET /v1/models lists the fleet's)", code="model_not_found", param="model")
+        except ApiError as error:
+            conn.answer(error.status, error_response(error, keep_alive=keep), keep)
+            return
+        exchange = Exchange(self, conn, principal, request, keep, body_bytes, plan_id)
+        conn.exchange = exchange
+        exchange.start()
+
+    @staticmethod
+    def _plan_id_here(request: DoorRequest, plan_id: str, redirect: Redirect) -> str:
+        """Cluster mode, a shard's own port: the plan must belong to this core's shard, whose store alone it
+        may be written to. A request with no session key to a partitioned pool takes a plan id of a partition
+        here.
+
+        Raises:
+            ApiError: 421 for a request of another shard, naming where that shard is served.
+        """
+        submit = request.submit(_SUBMIT_REQ)
+        submit.plan_id = plan_id or _new_plan_id()
+        moved = redirect("client", submit)
+        tries = 1
+        while moved is not None and not submit.hints.session_key and tries < _PLACE_TRIES:
+            submit.plan_id = _new_plan_id()
+            moved = redirect("client", submit)
+            tries += 1
+        if moved is not None:
+            where = f" (served at {moved.url})" if moved.url else " (no coordinator serves it now)"
+            raise ApiError(421, f"this port serves another shard than the request's, shard {moved.shard}{where}: "
+                                "send OpenAI requests to a cluster coordinator's main port", code="misdirected")
+        return submit.plan_id
+
 
 def bearer_token_of(headers: dict[str, str]) -> str | None:
     """The key of an ``Authorization: Bearer`` header (lower-cased names), or None."""
@@ -166,15 +285,25 @@ def bearer_token_of(headers: dict[str, str]) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
+class InFlight(Protocol):
+    """A request a connection is answering: its exchange with a core, or its forward to another coordinator."""
+
+    def abandon(self) -> None:
+        """The client went away before the answer was complete."""
+
+    def writable(self, ok: bool) -> None:
+        """The client's socket buffer went over its high-water mark (False), or back under it (True)."""
+
+
 class OpenAIConnection(asyncio.Protocol):
     """One HTTP/1.1 connection of the OpenAI door: its requests, one at a time (module docstring)."""
 
-    def __init__(self, door: OpenAIDoor) -> None:
+    def __init__(self, door: OpenAIEntry) -> None:
         self.door = door
         self.reader = RequestReader(MAX_HEAD_BYTES, door.max_body_bytes)
         self.transport: asyncio.Transport | None = None
         self.queue: deque[HttpRequest] = deque()
-        self.exchange: Exchange | None = None
+        self.exchange: InFlight | None = None
         self.closing = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -220,10 +349,14 @@ class OpenAIConnection(asyncio.Protocol):
             self.exchange.abandon()  # the client went away: its plan is cancelled
 
     def pause_writing(self) -> None:
-        pass  # the pending-bytes cap decides (module docstring); asyncio keeps buffering meanwhile
+        # An exchange's cap is the pending bytes' (module docstring): asyncio keeps buffering meanwhile; a
+        # forward stops reading its upstream.
+        if self.exchange is not None:
+            self.exchange.writable(False)
 
     def resume_writing(self) -> None:
-        pass
+        if self.exchange is not None:
+            self.exchange.writable(True)
 
     # ------------------------------------------------------------------ requests
 
@@ -234,7 +367,7 @@ class OpenAIConnection(asyncio.Protocol):
             return False
         transport.write(data)
         if transport.get_write_buffer_size() > self.door.limits.max_pending_bytes:
-            self.door.slow_consumers += 1
+            self.door.stats.slow_consumers += 1
             self.closing = True
             transport.abort()
             return False
@@ -273,35 +406,14 @@ class OpenAIConnection(asyncio.Protocol):
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            self.serve(request)
+            try:
+                self.door.serve(self, request)
+            except Exception:  # a bug costs this request a 500 and its connection, never the port
+                log.error("the OpenAI door failed on a request", path=request.path, exception=traceback.format_exc())
+                self.refuse(ApiError(500, "internal error; see the coordinator's log"))
         if self.transport is not None and not self.closing and self.exchange is None:
             self.transport.resume_reading()
             self._idle()
-
-    def serve(self, request: HttpRequest) -> None:
-        door = self.door
-        keep = request.keep_alive
-        kind = PATHS.get(request.path)
-        try:
-            if kind is None and request.path != _MODELS:
-                raise ApiError(404, f"unknown path {request.path}; the OpenAI routes are {', '.join(_ROUTES)}")
-            wanted = "GET" if kind is None else "POST"
-            if request.method != wanted:
-                raise ApiError(405, f"{request.path} takes {wanted}, not {request.method}")
-            principal = door.admit(request)
-            now = door.clock()
-            if kind is None:
-                self.answer(200, json_response(200, door.models.listing(now, int(door.wall())), keep_alive=keep), keep)
-                return
-            parsed = parse_request(kind, request.body, session=request.headers.get("x-fleetwire-session"))
-            if not door.models.serves(parsed.model, now):
-                raise ApiError(404, f"The model '{parsed.model}' does not exist: no connected worker serves it "
-                                    f"(GET /v1/models lists the fleet's)", code="model_not_found", param="model")
-        except ApiError as error:
-            self.answer(error.status, error_response(error, keep_alive=keep), keep)
-            return
-        self.exchange = Exchange(self, principal, parsed, keep, len(request.body))
-        self.exchange.start()
 
     def answer(self, status: int, data: bytes, keep_alive: bool) -> None:
         """A whole answer written at once; the connection goes on or closes."""
@@ -319,43 +431,51 @@ class OpenAIConnection(asyncio.Protocol):
 
 
 class Exchange:
-    """One completion in flight: a core session of its principal, its plan, its :class:`Reply`."""
+    """One completion in flight: a core session of its principal, its plan, its :class:`Reply`.
+
+    ``door`` serves it (its core); ``conn.door`` counts it (the port it came in by: the same door, or
+    a cluster's main port that handed it to the core of its shard).
+    """
 
     __slots__ = ("body_bytes", "conn", "conn_id", "done", "door", "keep_alive", "plan_id", "principal", "reply",
-                 "request", "timer")
+                 "request", "started", "stats", "streaming", "timer", "wrote")
 
-    def __init__(self, conn: OpenAIConnection, principal: Principal, request: DoorRequest, keep_alive: bool,
-                 body_bytes: int) -> None:  # fmt: skip
+    def __init__(self, door: OpenAIDoor, conn: OpenAIConnection, principal: Principal, request: DoorRequest,
+                 keep_alive: bool, body_bytes: int, plan_id: str = "") -> None:  # fmt: skip
         self.conn = conn
-        self.door = conn.door
+        self.door = door
+        self.stats = conn.door.stats
         self.principal = principal
         self.request = request
         self.keep_alive = keep_alive
         self.body_bytes = body_bytes
-        self.conn_id = next(self.door.ids)
-        self.plan_id = f"oai-{secrets.token_hex(8)}"
+        self.conn_id = next(door.ids)
+        self.plan_id = plan_id or _new_plan_id()
         self.done = False
+        self.streaming = False
+        self.wrote = False
         self.timer: asyncio.TimerHandle | None = None
-        now = self.door.clock()
-        self.reply = Reply(request, created=int(self.door.wall()), now=now, queue_timeout_s=self.door.queue_timeout_s,
+        now = self.started = door.clock()
+        self.reply = Reply(request, created=int(door.wall()), now=now, queue_timeout_s=door.queue_timeout_s,
                            keep_alive=keep_alive)  # fmt: skip
         self.reply.accepted(self.plan_id)
 
     def start(self) -> None:
         door, driver = self.door, self.door.driver
-        now = door.clock()
+        self.stats.in_flight += 1
         away = driver.away() if driver.away is not None else None
         if away is not None:
             self.finish_now(self.reply.refused(ApiError(503, f"{away}; send the request again", code="unavailable",
                                                         retry_after_s=1.0)).data)
             return
+        submit = self.request.submit(_SUBMIT_REQ)
+        submit.plan_id = self.plan_id
+        now = door.clock()
         transport = self.conn.transport
         peer = transport.get_extra_info("peername") if transport is not None else None
         driver.core.open_session(self.conn_id, "client", now, principal=self.principal.name,
                                  address=f"{peer[0]}:{peer[1]}" if peer else "", admin=self.principal.admin)
         driver.sinks[self.conn_id] = self
-        submit = self.request.submit(_SUBMIT_REQ)
-        submit.plan_id = self.plan_id
         driver.receive(self.conn_id, submit, now)
         driver.flush(self.body_bytes)
         self._schedule()
@@ -378,6 +498,9 @@ class Exchange:
                 self._out(out.data, out.done, out.cancel)
             else:
                 self._schedule()
+
+    def writable(self, ok: bool) -> None:
+        pass  # the pending-bytes cap decides (module docstring)
 
     def deliver(self, msgs: list[Any]) -> None:
         """The core's messages for this session, once committed (CoreDriver.deliver)."""
@@ -406,25 +529,45 @@ class Exchange:
             self._schedule()
 
     def _out(self, data: bytes, done: bool, cancel: bool) -> None:
-        if data and not self.conn.write(data):
-            done = cancel = True  # a slow consumer (aborted), or the connection is gone
+        if data:
+            self._first_byte(done)
+            if not self.conn.write(data):
+                done = cancel = True  # a slow consumer (aborted), or the connection is gone
         if done:
             self.done = True
+            self._ended()
             if self.timer is not None:
                 self.timer.cancel()
                 self.timer = None
             if self.reply.status:
-                self.door.answered(self.reply.status)
+                self.conn.door.answered(self.reply.status)
             # Not inside the driver's delivery: the cancel and the close are new input to the core.
             asyncio.get_running_loop().call_soon(self._close, cancel)
         elif self.reply.deadline is None and self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
+    def _first_byte(self, done: bool) -> None:
+        """The answer's first bytes go out: the time since the request is counted; a stream is open."""
+        if self.wrote:
+            return
+        self.wrote = True
+        self.stats.first_byte.observe(self.door.clock() - self.started)
+        if not done:
+            self.streaming = True
+            self.stats.streams_open += 1
+
+    def _ended(self) -> None:
+        self.stats.in_flight -= 1
+        if self.streaming:
+            self.streaming = False
+            self.stats.streams_open -= 1
+
     def abandon(self) -> None:
         """The connection is gone before the answer was complete: cancel the plan."""
         if not self.done:
             self.done = True
+            self._ended()
             if self.timer is not None:
                 self.timer.cancel()
             self._close(True)
@@ -432,18 +575,24 @@ class Exchange:
     def finish_now(self, data: bytes) -> None:
         """Answered before the core saw the request."""
         self.done = True
-        self.door.answered(self.reply.status)
+        self.stats.first_byte.observe(self.door.clock() - self.started)
+        self._ended()
+        self.conn.door.answered(self.reply.status)
         if self.conn.write(data):
             self.conn.finished(self.keep_alive)
 
     def _close(self, cancel: bool) -> None:
         """Cancel the plan if asked, close the core session, and let the connection go on."""
         driver = self.door.driver
-        driver.sinks.pop(self.conn_id, None)
-        now = self.door.clock()
-        if cancel:
-            driver.receive(self.conn_id, Cancel(plan_id=self.plan_id, req_id=_CANCEL_REQ), now)
-        driver.core.close_session(self.conn_id, now)
-        driver.flush()
+        if driver.sinks.pop(self.conn_id, None) is not None:
+            now = self.door.clock()
+            if cancel:
+                driver.receive(self.conn_id, Cancel(plan_id=self.plan_id, req_id=_CANCEL_REQ), now)
+            driver.core.close_session(self.conn_id, now)
+            driver.flush()
         if not self.conn.closing:
             self.conn.finished(self.keep_alive)
+
+
+def _new_plan_id() -> str:
+    return f"oai-{secrets.token_hex(8)}"

@@ -60,6 +60,7 @@ from coordinator.io.ops.tracing import PlanSpans
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import report_accepted_losses
 from coordinator.io.stores.store import Store, open_store
+from coordinator.openai_api.limits import RequestRate
 from coordinator.read_policy import ReadPolicy
 from coordinator.records import StoredPlan
 from coordinator.stats import FrameCounters
@@ -146,6 +147,7 @@ class CoordinatorServer:
         self.openai = OpenAIDoor(
             self.driver, self.tokens, settings.limits, queue_timeout_s=settings.openai_queue_timeout_s,
             max_body_bytes=settings.limits.frame_bytes("client", settings.max_frame_bytes),
+            rate=RequestRate(settings.openai_rate, settings.openai_burst),
         ) if settings.openai else None
         if self.openai is not None:
             self._gate.pending.divert = self.openai.divert  # the first bytes of each connection decide (admission.py)
@@ -210,6 +212,7 @@ class CoordinatorServer:
             self.core, frames=self.frames, sessions=self._session_counts, refusals=self.refusals, version=version,
             gate=self._gate, read_policy=self.door.policy,
             provision=self.provisioner.status if self.provisioner is not None else None,
+            openai=self.openai.stats if self.openai is not None else None,
         )
         # A scrape walks every worker and plan: rebuilt at most every metrics_cache_s (ops/metrics_http.py).
         self.metrics_cache = ExpositionCache(lambda: render(self.metrics_registry), self.settings.metrics_cache_s)

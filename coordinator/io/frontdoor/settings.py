@@ -81,6 +81,8 @@ class ServerSettings:
     metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
     openai: bool = True  # serve the OpenAI-compatible routes on the main port (docs/OPENAI.md; --no-openai)
     openai_queue_timeout_s: float = 30.0  # an OpenAI request waits this long for a worker, then 503
+    openai_rate: float = 0.0  # OpenAI requests per second per principal, then 429 (0: no limit; --openai-rate)
+    openai_burst: int = 0  # OpenAI requests a principal may make at once (0: one second's worth; --openai-burst)
 
     def check(self) -> None:
         """Raise ``ValueError`` with an actionable message when the settings cannot work."""
@@ -152,6 +154,9 @@ class ServerSettings:
             raise ValueError(f"--relay-idle must be > 0 seconds, got {core.relay_idle_s}")
         if not 0 < self.openai_queue_timeout_s < float("inf"):
             raise ValueError(f"--openai-queue-timeout must be > 0 seconds, got {self.openai_queue_timeout_s}")
+        if not 0 <= self.openai_rate < float("inf") or self.openai_burst < 0:
+            raise ValueError(f"--openai-rate must be >= 0 requests/s (0: no limit) and --openai-burst >= 0, got "
+                             f"{self.openai_rate} and {self.openai_burst}")
 
     @property
     def reaper_period_s(self) -> float:

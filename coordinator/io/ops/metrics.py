@@ -29,6 +29,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.samples import Exemplar
 
 from coordinator.io.ops.gpu_metrics import GPU_METRIC_NAMES, gpu_families
+from coordinator.io.ops.openai_metrics import OPENAI_METRIC_NAMES, openai_families
 from coordinator.scopes import SCOPE_REASONS
 from coordinator.stats import FrameCounters, Histogram
 from protocol.messages import PlanStateName
@@ -36,6 +37,7 @@ from protocol.messages import PlanStateName
 if TYPE_CHECKING:
     from coordinator.core import Coordinator
     from coordinator.io.frontdoor.gate import Gatekeeper
+    from coordinator.openai_api.limits import DoorStats
     from coordinator.read_policy import ReadPolicy
     from coordinator.relay import Relay
 
@@ -127,6 +129,7 @@ METRIC_NAMES: Final = (
     "fleetwire_relay_idle_ends",
     "fleetwire_worker_latency_seconds",
     *GPU_METRIC_NAMES,
+    *OPENAI_METRIC_NAMES,
 )
 
 
@@ -155,6 +158,7 @@ class CoordinatorCollector:
         version: the coordinator's version, exposed in ``fleetwire_info``.
         provision: the autoscaler provider's status (coordinator/io/ops/provision.py ``ProviderStatus``),
             read duck-typed: ``provider``, ``failures``, ``workers`` (by state); None without one.
+        openai: the OpenAI door's counts (None: ``--no-openai``, its families read 0).
     """
 
     def __init__(
@@ -169,7 +173,9 @@ class CoordinatorCollector:
         gate: Gatekeeper | None = None,
         read_policy: ReadPolicy | None = None,
         provision: Any = None,
+        openai: DoorStats | None = None,
     ) -> None:
+        self._openai = openai
         self._gate = gate
         self._read_policy = read_policy
         self._provision = provision
@@ -234,6 +240,7 @@ class CoordinatorCollector:
                 desired.add_metric([str(pool)], replicas)
         yield desired
         yield from self._provisioning()
+        yield from openai_families(self._openai)  # the OpenAI door's (coordinator/io/ops/openai_metrics.py)
 
     def _provisioning(self) -> Iterator[Metric]:
         status = self._provision
