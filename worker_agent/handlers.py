@@ -380,7 +380,8 @@ PROGRESS_INTERVAL_S = 1.0
 
 
 async def sleep(ctx: Context, args: Any) -> dict[str, float]:
-    """Sleep ``args["seconds"]``, with a ``progress`` event about once a second."""
+    """Sleep ``args["seconds"]``, with a ``progress`` event about once a second; preempted, it stops within a
+    second (it has nothing to save)."""
     seconds = args.get("seconds") if isinstance(args, dict) else None
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
         raise HandlerError(errors.INVALID_ARGUMENT, f"sleep needs args {{'seconds': number >= 0}}, got {args!r}")
@@ -388,6 +389,8 @@ async def sleep(ctx: Context, args: Any) -> dict[str, float]:
     start = loop.time()
     end = start + seconds
     while (remaining := end - loop.time()) > 0:
+        if ctx.preempted:
+            raise HandlerError(errors.CANCELLED, f"preempted after {loop.time() - start:.1f} of {seconds:g} s")
         step = min(PROGRESS_INTERVAL_S, remaining)
         await asyncio.sleep(step)
         elapsed = loop.time() - start

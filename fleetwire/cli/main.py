@@ -33,6 +33,7 @@ from fleetwire.cli.security import add_token_arguments, add_token_command
 from fleetwire.cli.serve import add_server_arguments, fail, run_coordinator, run_worker_command, version
 from fleetwire.cli.store import add_store_command
 from fleetwire.cli.up import run_up
+from fleetwire.cli.usage import add_usage_command
 from fleetwire.client import Client
 from fleetwire.connection import resolve_urls
 from fleetwire.data import DataTransferError
@@ -157,6 +158,7 @@ async def _submit(ns: argparse.Namespace) -> int:
             resources=_resources(ns),
             after=ns.after or (),
             deterministic=not ns.not_deterministic,
+            preemptible=ns.preemptible,
         )
         if ns.json:
             print(_json({"plan_id": plan.id, "state": "queued"}), flush=True)
@@ -330,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --gpus: each device has at least GB of memory")
     p.add_argument("--accelerator", default=None, metavar="MODEL",
                    help="with --gpus: each device's model name contains MODEL, e.g. H100")
+    p.add_argument("--preemptible", action="store_true",
+                   help="the plan may be stopped so that another team's plan can run: its handler sees "
+                        "ctx.preempted (its processes get SIGTERM), has the coordinator's --preemption-grace to "
+                        "checkpoint, and is queued again without using an attempt")
     p.add_argument("--follow", "-f", action="store_true", help="print every event as it arrives")
     p.add_argument("--detach", "-d", action="store_true",
                    help="print the plan id and exit at once (with --input or big --args: once the worker has them)")
@@ -368,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_store_command(sub, [common])
     add_cluster_command(sub, [common])  # fleetwire/cli/cluster.py
     add_ops_commands(sub, common=common, client=client, admin_client=admin_client, target=_client_target)
+    add_usage_command(sub, common=common, admin_client=admin_client, target=_client_target)  # fleetwire/cli/usage.py
     console.add_operator_commands(sub, common=common, client=admin_client, target=_client_target, root=build_parser)
     return parser
 
