@@ -129,7 +129,7 @@ class MainPort:
         if path == "/v1/plans":
             return self._plans(conn, request)
         if path in DASHBOARD_FILES:  # its session is a view session of this port
-            return respond(request, ready=lambda: None, metrics=lambda: None)
+            return respond(request, ready=lambda: None, metrics=lambda openmetrics: None)
         return _text(404, f"unknown path {path}; a cluster coordinator's main port serves /v1/topology, "
                           "/v1/plans, /healthz, /readyz, /metrics and redirects /v1/worker and /v1/client sessions "
                           "to the shard's owner\n")  # fmt: skip
