@@ -66,6 +66,7 @@ from protocol.messages import (
     Ok,
     PlanReply,
     ReleaseDevice,
+    ReleasePlan,
     RemoveWorker,
     Submit,
     Subscribe,
@@ -76,6 +77,7 @@ from protocol.messages import (
 )
 
 if TYPE_CHECKING:
+    from coordinator.carbon_holds import CarbonHolds
     from coordinator.data_plane import DataPlane
     from coordinator.effects import Outbox
     from coordinator.operator_requests import OperatorRequests
@@ -107,7 +109,13 @@ class ClientSessions:
         relay: carries ``data_open``/``data_chunk``/``data_credit``/``data_end`` (coordinator/relay.py); None: ignored.
         version: the coordinator's version, said in ``workers`` answers (``fleetwire status``).
         sharing: teams' ``max_queued`` at submit, ``get_usage`` (coordinator/sharing.py); None: neither.
+
+    Attributes:
+        carbon: holds plans with a deadline for a greener hour, answers ``release_plan`` (coordinator/carbon_holds.py;
+            the core sets it); None: a deadline is refused.
     """
+
+    carbon: CarbonHolds | None = None
 
     def __init__(
         self,
@@ -167,6 +175,8 @@ class ClientSessions:
                 self._operator.remove(s, msg, now)
             case ReleaseDevice():
                 self._operator.release_device(s, msg)
+            case ReleasePlan():
+                self._release(s, msg, now)
             case DataTicket():
                 plan = self._visible_plan(s, msg.plan_id, msg.req_id)
                 if plan is not None and self._data is not None:
@@ -210,6 +220,11 @@ class ClientSessions:
                 return
         quota = state.quota
         plan = Plan.from_submit(msg, "", s.principal, 0)
+        if plan.deadline_at is not None or msg.deadline_s is not None:  # made absolute, recorded so (carbon_holds.py)
+            msg, problem = self.carbon.admit(plan, msg, now) if self.carbon else (msg, "deadlines are not served here")
+            if problem is not None:
+                self._outbox.send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
+                return
         size = held_size(plan) if quota.max_bytes else 0
         over_quota = quota.refusal(s.principal, size)
         if over_quota is None and self._sharing is not None and self._sharing.queued_quotas:  # its team's max_queued
@@ -239,6 +254,8 @@ class ClientSessions:
         for conn_id in subscriptions.all_followers(plan.owner):
             subscriptions.add(plan_id, conn_id)
         self._streams.emit(plan, "queued", {}, small=True)
+        if plan.deadline_at is not None and self.carbon is not None and self.carbon.hold(plan, now):
+            return  # held for a greener hour, out of the queue (coordinator/carbon_holds.py)
         self._scheduler.enqueue(plan, now)
 
     def _subscribe(self, s: Session, msg: Subscribe) -> None:
@@ -288,6 +305,8 @@ class ClientSessions:
             registry = self._state.registry
             if was == "queued":
                 self._scheduler.dequeue(plan)
+                if plan.deadline_at is not None and self.carbon is not None:  # held for carbon: its slots freed
+                    self.carbon.forget(plan, self._streams.now)
             elif plan.worker_id is not None and plan.worker_id in registry:
                 # The lease stays claimed until the worker's done for this attempt (or its reaping),
                 # so the slot is not handed out while the handler may still be stopping.
@@ -298,6 +317,15 @@ class ClientSessions:
             self._streams.emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
             if plan.id != msg.plan_id and self._relay is not None:  # the core tells the relay of msg.plan_id only
                 self._relay.plan_moved(plan.id)  # its put streams end at once, as any cancelled plan's
+        self._outbox.send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
+
+    def _release(self, s: Session, msg: ReleasePlan, now: float) -> None:
+        """``release_plan``: a plan held for carbon is placed now (its owner, or an admin); answered with its record."""
+        plan = self._visible_plan(s, msg.plan_id, msg.req_id)
+        if plan is None:
+            return
+        if plan.state == "queued" and self.carbon is not None and self.carbon.release(plan, now):
+            log.info("plan released from its carbon hold", plan_id=plan.id, by=s.principal)
         self._outbox.send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
 
     # ------------------------------------------------------------------ plan ids (docs/SEMANTICS.md §Plan ids)

@@ -34,6 +34,8 @@ never up; none of them imports this module)::
     worker_sessions/      WorkerSessions  worker messages, the reaper     <- CoreState and all of the above
     client_session.py     ClientSessions  client messages                 <- CoreState, Streams, Scheduler, Outbox,
                                                                              operator
+    carbon_holds.py       CarbonHolds     plans held for a greener hour   <- CoreState, Scheduler, Streams (told by
+                                                                             ClientSessions, Leases, restore, tick)
 
 The core hands ``now`` to the streams (``Streams.now``) before each input, for plans that end in it.
 
@@ -54,6 +56,8 @@ import structlog
 
 from coordinator import scopes
 from coordinator.autoscaler import AutoscaleConfig, Autoscaler, Decision, pick_removals, pool_signals, unfit_idle
+from coordinator.carbon_holds import CarbonHolds
+from coordinator.carbon_time import ShiftConfig
 from coordinator.client_session import ClientSessions
 from coordinator.data_plane import DataPlane
 from coordinator.effects import Effects, Outbox
@@ -128,6 +132,8 @@ class CoreConfig:
     # runs at least this long before it may be preempted.
     preemption_grace_s: float = 30.0
     preemption_min_run_s: float = 10.0
+    # Carbon time shifting (coordinator/carbon_holds.py): the planner's knobs (coordinator/carbon_time/planner.py).
+    carbon: ShiftConfig = field(default_factory=ShiftConfig)
 
 
 class Coordinator:
@@ -222,8 +228,16 @@ class Coordinator:
         self.operator.remover = self.workers.remove  # remove_worker (operator_requests.py)
         self.clients = ClientSessions(
             state, outbox=self.outbox, streams=self.streams, scheduler=self.scheduler, operator=self.operator,
-            new_id=new_id, data=self.data, relay=self.relay, version=config.version, sharing=self.sharing,
-        )
+            new_id=new_id, data=self.data, relay=self.relay, version=config.version, sharing=self.sharing)
+        self.carbon = self._carbon_holds(state, config)  # plans held for a greener hour (coordinator/carbon_holds.py)
+
+    def _carbon_holds(self, state: CoreState, config: CoreConfig) -> CarbonHolds:
+        """Plans with a deadline may wait for a greener hour (coordinator/carbon_holds.py); the client sessions
+        hold and release them, the leases observe run times and account receipts; its driver feeds forecasts."""
+        carbon = CarbonHolds(state, scheduler=self.scheduler, streams=self.streams, config=config.carbon,
+                             restore_wait_s=config.heartbeat_timeout_s)  # fmt: skip
+        self.clients.carbon = self.workers.leases.carbon = carbon
+        return carbon
 
     # ================================================================== driver API
 
@@ -310,6 +324,7 @@ class Coordinator:
         self.operator.tick(now)
         self._autoscale(now)
         self.scheduler.catch_up_waiting(now)  # waiting reasons a refresh left past its budget (scheduling.py)
+        self.carbon.tick(now)  # held plans whose greener window began are placed (coordinator/carbon_holds.py)
         reaped = self.workers.reap(now)
         self._share(now)
         return reaped
@@ -350,7 +365,8 @@ class Coordinator:
                 finished.append(plan)
         self.retention.restored(finished, now)  # their retention runs from their stored end time
         for plan in queued:  # no worker is connected yet: nothing is placed, reasons are kept as stored
-            self.scheduler.queue_restored(plan, now)
+            if plan.deadline_at is None or not self.carbon.restored(plan, now):  # held for carbon: decided later
+                self.scheduler.queue_restored(plan, now)
 
     def set_wall_offset(self, offset_s: float) -> None:
         """Unix time minus ``now``: the driver's wall clock, for the end times stored with plans.
@@ -360,6 +376,12 @@ class Coordinator:
         self.retention.wall_offset = offset_s
         self.data.wall_offset = offset_s
         self.sharing.wall_offset = offset_s
+        self.carbon.wall_offset = offset_s
+
+    def forecast_changed(self, zones: Iterable[str], now: float) -> None:
+        """A carbon forecast feed changed ``zones`` in ``carbon.book``: plans that may run there are decided again."""
+        self.streams.now = self.sharing.now = now
+        self.carbon.forecast_changed(zones, now)
 
     def summary(self, now: float) -> str:
         """``"N workers (C CPUs, G GPUs, R GB RAM)"`` over alive workers."""

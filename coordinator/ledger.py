@@ -51,6 +51,7 @@ class Totals:
     joules: float = 0.0
     co2e_g: float = 0.0
     preemptions: int = 0
+    avoided_co2e_g: float = 0.0  # receipts' avoided_co2e_g: plans held for a greener hour (coordinator/carbon_holds.py)
 
     def add(self, other: Totals) -> None:
         """Add another's totals to these."""
@@ -75,6 +76,10 @@ class UsageRow:
 
 def _figure(value: float) -> float:
     return value if 0 <= value < math.inf else 0.0
+
+
+def _signed(value: float) -> float:
+    return value if -math.inf < value < math.inf else 0.0
 
 
 class UsageLedger:
@@ -117,6 +122,8 @@ class UsageLedger:
             row.tokens += max(0, receipt.tokens)
             row.joules += _figure(receipt.joules)
             row.co2e_g += _figure(receipt.co2e_g)
+            if receipt.avoided_co2e_g is not None:
+                row.avoided_co2e_g += _signed(receipt.avoided_co2e_g)
 
     def receipt(self, principal: str, team: str, receipt: Receipt, *, wall_s: float) -> None:
         """An attempt of the principal's plan ended with ``receipt`` (its lease's end was counted apart)."""
@@ -124,6 +131,8 @@ class UsageLedger:
         row.tokens += max(0, receipt.tokens)
         row.joules += _figure(receipt.joules)
         row.co2e_g += _figure(receipt.co2e_g)
+        if receipt.avoided_co2e_g is not None:  # may be negative: a plan that ran at a dirtier hour (accounting.py)
+            row.avoided_co2e_g += _signed(receipt.avoided_co2e_g)
 
     def plan_ended(self, principal: str, team: str, outcome: Outcome, *, wall_s: float) -> None:
         """A plan of the principal reached its final state."""

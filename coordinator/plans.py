@@ -43,6 +43,7 @@ key. A client session sees and addresses its plans by name; an admin session, ev
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -78,6 +79,7 @@ __all__ = [
     "PlanNames",
     "Subscriptions",
     "advance",
+    "deadline_problem",
     "done_event",
     "held_size",
     "submit_problem",
@@ -98,6 +100,7 @@ PlanEventName = Literal[
     "handback",
     "preempt",
     "timeout",
+    "doom",
 ]
 
 _LIVE: Final = ("leased", "running")
@@ -125,6 +128,9 @@ TRANSITIONS: Final[dict[tuple[PlanStateName, PlanEventName], PlanStateName]] = {
     # The coordinator's own timeout_s backstop: the worker never reported the attempt ended
     # (coordinator/timeouts.py). Only a running attempt has a clock.
     ("running", "timeout"): "failed",
+    # A plan graph's consumer that cannot run: a plan it needs did not succeed, or an output it needs is lost
+    # and cannot be made again (coordinator/plan_graphs.py). It never ran: it fails from the queue.
+    ("queued", "doom"): "failed",
 }
 
 # The ``all`` subscription key of admin sessions: they follow every principal's plans.
@@ -228,6 +234,17 @@ class Plan:
     name: str | None = None  # its owner's id for it when that is not its key (PlanNames); None: the key
     traceparent: str = ""  # its caller's W3C trace context, from its submit ("": none; protocol/tracecontext.py)
     preemptible: bool = False  # it may be stopped and requeued for another team's plan (coordinator/sharing.py)
+    after: list[str] = field(default_factory=list)  # keys of plans that must succeed first (coordinator/plan_graphs.py)
+    deterministic: bool = True  # running it again gives the same outputs: a lost one may be made again
+    graphed: bool = False  # it has references or ``after``: the graph decides when it is queued
+    rebuild_of: str | None = None  # the key of the plan whose lost outputs it makes again (None: not a rebuild)
+    # Carbon time shifting (coordinator/carbon_holds.py): by when it must finish (Unix seconds; None: no deadline,
+    # placed at once), how long it runs (0: its op's median), its submit time (Unix), whether it was ever held.
+    deadline_at: float | None = None
+    expected_run_s: float = 0.0
+    submitted_at: float | None = None
+    deferred: bool = False
+    deferred_until: float | None = None  # held now: the start its hold waits for (Unix); None: not held
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
@@ -250,6 +267,11 @@ class Plan:
             resources=msg.resources,
             gpus=GpuNeed.of(msg.resources) if msg.resources is not None else None,
             preemptible=msg.preemptible,
+            after=msg.after,
+            deterministic=msg.deterministic,
+            graphed=bool(msg.after) or (bool(msg.inputs) and any(spec.ref is not None for spec in msg.inputs)),
+            deadline_at=msg.deadline_at,  # deadline_s is made absolute at submit (coordinator/carbon_holds.py)
+            expected_run_s=msg.expected_run_s or 0.0,
         )
 
     @property
@@ -538,6 +560,10 @@ def submit_problem(msg: Submit) -> str | None:
         return f"timeout_s must be a positive number of seconds or null (got {msg.timeout_s})"
     if msg.plan_id is not None and not msg.plan_id:
         return "plan_id must be non-empty when given"
+    if msg.deadline_s is not None or msg.deadline_at is not None or msg.expected_run_s is not None:
+        problem = deadline_problem(msg)
+        if problem is not None:
+            return problem
     if msg.requirements.min_gpu_memory_bytes < 0:
         return f"requirements.min_gpu_memory_bytes must be >= 0 (got {msg.requirements.min_gpu_memory_bytes})"
     if msg.resources is not None and (problem := resources_problem(msg.resources)) is not None:
@@ -554,6 +580,19 @@ def submit_problem(msg: Submit) -> str | None:
         or too_long("plan_id", msg.plan_id, MAX_PLAN_ID_BYTES)
         or tags_problem("requirements.tags", msg.requirements.tags)
     )
+
+
+def deadline_problem(msg: Submit) -> str | None:
+    """Why a submit's ``deadline_s``/``deadline_at``/``expected_run_s`` are invalid (docs/SEMANTICS.md §Deadlines)."""
+    if msg.deadline_s is not None and msg.deadline_at is not None:
+        return "give deadline_s (seconds from now) or deadline_at (Unix seconds), not both"
+    for name, value in (("deadline_s", msg.deadline_s), ("deadline_at", msg.deadline_at),
+                        ("expected_run_s", msg.expected_run_s)):  # fmt: skip
+        if value is not None and not 0 < value < math.inf:  # written so that NaN fails too
+            return f"{name} must be a positive number of seconds (got {value})"
+    if msg.deadline_at is not None and msg.deadline_at > 1e11:
+        return f"deadline_at must be Unix seconds (got {msg.deadline_at:.0f}: milliseconds?)"
+    return None
 
 
 class Subscriptions:

@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 
 from coordinator.plans import Plan
-from protocol.messages import ErrorInfo, Event, PlanStateName, Receipt, Submit
+from protocol.messages import ErrorInfo, Event, OutputSpec, PlanStateName, Receipt, Submit
 
 __all__ = ["Journal", "PlanCreated", "PlanForgotten", "PlanStatus", "Record", "StoredPlan", "status_of"]
 
@@ -46,6 +46,7 @@ class PlanCreated(msgspec.Struct, frozen=True):
     owner: str
     order: int
     submit: Submit
+    rebuild_of: str | None = None  # the plan whose lost outputs it makes again (coordinator/plan_graphs.py)
 
 
 class PlanStatus(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -69,6 +70,10 @@ class PlanStatus(msgspec.Struct, frozen=True, omit_defaults=True):
     history: list[dict[str, Any]] = []
     ended_at: float | None = None  # Unix time it reached its terminal state (retention runs from it)
     receipt: Receipt | None = None  # a finished plan's energy and carbon (coordinator/receipts.py); None: none
+    produced: list[OutputSpec] = []  # the outputs its last attempt left on its worker (plan graphs use them)
+    submitted_at: float | None = None  # a plan with a deadline: its submit's Unix time (coordinator/carbon_holds.py)
+    deferred: bool = False  # ... whether it was held for a greener hour
+    deferred_until: float | None = None  # ... and, held now, the start it waits for (Unix)
 
 
 class PlanForgotten(msgspec.Struct, frozen=True):
@@ -106,6 +111,10 @@ def status_of(plan: Plan) -> PlanStatus:
         history=list(plan.history),
         ended_at=plan.ended_at,
         receipt=plan.receipt,
+        produced=plan.produced,
+        submitted_at=plan.submitted_at,
+        deferred=plan.deferred,
+        deferred_until=plan.deferred_until,
     )
 
 
@@ -123,7 +132,7 @@ class Journal:
 
     def created(self, plan: Plan, submit: Submit) -> None:
         """A plan was created from ``submit``."""
-        self._created.append(PlanCreated(plan.id, plan.owner, plan.order, submit))
+        self._created.append(PlanCreated(plan.id, plan.owner, plan.order, submit, plan.rebuild_of))
         self._dirty[plan.id] = plan
 
     def emitted(self, plan: Plan, event: Event) -> None:

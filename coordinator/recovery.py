@@ -85,6 +85,10 @@ def plan_from_store(stored: StoredPlan) -> Plan:
         plan.next_seq = status.next_seq
         plan.ended_at = status.ended_at
         plan.receipt = status.receipt
+        plan.produced = status.produced
+        plan.submitted_at, plan.deferred = status.submitted_at, status.deferred  # a deadline's (carbon_holds.py)
+        plan.deferred_until = status.deferred_until
+    plan.rebuild_of = created.rebuild_of
     plan.next_seq = max(plan.next_seq, last_held + 1)
     return plan
 

@@ -363,7 +363,7 @@ class Sharing:
             UsageTotals(
                 name=name, team=teams.team_of(name) if msg.by == "principal" else "", succeeded=t.succeeded,
                 failed=t.failed, cancelled=t.cancelled, slot_seconds=t.slot_s, gpu_seconds=t.gpu_s, tokens=t.tokens,
-                joules=t.joules, co2e_g=t.co2e_g, preemptions=t.preemptions,
+                joules=t.joules, co2e_g=t.co2e_g, preemptions=t.preemptions, avoided_co2e_g=t.avoided_co2e_g,
             )
             for name, t in sorted(totals.items())
         ]

@@ -170,6 +170,12 @@ class Receipt(msgspec.Struct, omit_defaults=True):
     projected_joules: float = 0.0  # chosen worker's µJ/token (per generated token) * hinted max output tokens
     projected_co2e_g: float = 0.0
     trace_id: str = ""  # the plan's trace (its submit's traceparent; "": not traced)
+    # A plan held for a greener hour (docs/ROUTING.md §Carbon in time; coordinator/carbon_time/accounting.py):
+    # the energy times (the zone's mean intensity over the run moved to its submit time - the mean over the run as
+    # it happened), both read from the coordinator's latest forecast values. None: not held, or not covered.
+    avoided_co2e_g: float | None = None
+    ran_g_per_kwh: float = 0.0  # a held plan's: the zone's mean intensity over its run (0: not known)
+    at_submit_g_per_kwh: float = 0.0  # ... and over the same run moved to its submit time
 
 
 class RoutingHints(msgspec.Struct, omit_defaults=True):
@@ -504,6 +510,12 @@ class Submit(_Msg, tag="submit"):
     deterministic: bool = True
     preemptible: bool = False  # it may be stopped and requeued for another team's plan (docs/SEMANTICS.md §Preemption)
     traceparent: str = ""  # the caller's W3C trace context: the plan's spans join that trace ("": none)
+    # Carbon time shifting (docs/SEMANTICS.md §Deadlines): the plan may finish any time within ``deadline_s`` seconds
+    # of its submit (or by ``deadline_at``, Unix seconds; one of the two), so the coordinator may hold it for a
+    # greener hour. ``expected_run_s``: how long it runs (None: its op's observed median). None: placed at once.
+    deadline_s: float | None = None
+    deadline_at: float | None = None
+    expected_run_s: float | None = None
 
 
 class Subscribe(_Msg, tag="subscribe"):
@@ -583,6 +595,17 @@ class ReleaseDevice(_Msg, tag="release_device"):
     req_id: ReqId
     worker_id: str
     device: int
+
+
+class ReleasePlan(_Msg, tag="release_plan"):
+    """Run a plan held for a greener hour now (``fleetwire release``; its owner or an admin).
+
+    Answered ``plan`` with its record (``queued`` with no carbon reason once released; a plan that
+    was not held is left as it is), or ``error(plan_not_found)``.
+    """
+
+    req_id: ReqId
+    plan_id: str
 
 
 class RemoveWorker(_Msg, tag="remove_worker"):
@@ -798,6 +821,7 @@ class UsageTotals(msgspec.Struct, omit_defaults=True):
     joules: float = 0.0
     co2e_g: float = 0.0
     preemptions: int = 0
+    avoided_co2e_g: float = 0.0  # held plans' receipts' ``avoided_co2e_g`` (docs/ROUTING.md §Carbon in time)
 
 
 class GetUsage(_Msg, tag="get_usage"):
@@ -828,7 +852,7 @@ ToWorker = Union[
 FromClient = Union[
     Submit, Subscribe, Unsubscribe, Cancel, GetPlan, GetUsage, ListWorkers, ListPlans, DrainWorker, UndrainWorker,
     DataTicket,
-    DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker, ReleaseDevice,
+    DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker, ReleaseDevice, ReleasePlan,
 ]
 ToClient = Union[
     Accepted, Subscribed, Event, PlanReply, Workers, Plans, Usage, Resync, Ok, Error, DataGrant, Moved, DataChunk,
@@ -840,7 +864,7 @@ AnyMessage = Union[
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
     DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
-    Preempt, GetUsage, Usage, ReleaseDevice,
+    Preempt, GetUsage, Usage, ReleaseDevice, ReleasePlan,
 ]
 
 ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
@@ -848,7 +872,7 @@ ALL_MESSAGE_TYPES: tuple[type[_Msg], ...] = (
     Revoke, Ack, Drain, Undrain, Submit, Subscribe, Unsubscribe, GetPlan, ListWorkers, ListPlans,
     DrainWorker, UndrainWorker, Accepted, Subscribed, PlanReply, Workers, Plans, Resync, Ok,
     DataKeys, DataTicket, DataGrant, Moved, DataOpen, DataChunk, DataCredit, DataEnd, RemoveWorker,
-    Preempt, GetUsage, Usage, ReleaseDevice,
+    Preempt, GetUsage, Usage, ReleaseDevice, ReleasePlan,
 )
 
 

@@ -39,6 +39,7 @@ from protocol.messages import Accept, Done, Error, ErrorInfo, Event, Receipt, Re
 from protocol.tracecontext import trace_id_of
 
 if TYPE_CHECKING:
+    from coordinator.carbon_holds import CarbonHolds
     from coordinator.effects import Outbox
     from coordinator.recovery import Recovery
     from coordinator.scheduling import Scheduler
@@ -67,7 +68,11 @@ class Leases:
         adopted: leases recovered from their worker at ``hello`` -> attempt: its done counts as a
             recovered result. An entry whose done never comes (the worker died) stays: a few bytes,
             after a store loss only.
+        carbon: observes each op's run times; what a plan held for carbon avoided goes in its receipts
+            (coordinator/carbon_holds.py; the core sets it). None: neither.
     """
+
+    carbon: CarbonHolds | None = None
 
     def __init__(
         self,
@@ -202,6 +207,8 @@ class Leases:
         elif not plan.terminal:  # a cancelled plan only waited for this done to free the lease
             advance(plan, done_event(msg.outcome))
             state.timings.finished(plan, msg.outcome, now)
+            if msg.outcome == "succeeded" and self.carbon is not None:  # its op's run times (carbon_holds.py)
+                self.carbon.ran(plan, now)
             self._ended(plan, worker_id, msg)
         self._scheduler.fill_worker(record, now)
 
@@ -212,6 +219,10 @@ class Leases:
         if receipt is not None:
             receipt = settle(receipt, plan.projected)
             assert receipt is not None
+            worker_id, registry = plan.worker_id, self._state.registry
+            if plan.deferred and self.carbon is not None and worker_id is not None and worker_id in registry:
+                zone = registry.get(worker_id).capabilities.carbon_zone  # what its wait avoided
+                self.carbon.account(plan, receipt, zone, self._streams.now)
             if plan.traceparent:  # the receipt names the plan's trace (docs/OPERATIONS.md §Tracing)
                 receipt.trace_id = trace_id_of(plan.traceparent)
             self._state.footprint.add(plan.owner, plan.op, receipt)

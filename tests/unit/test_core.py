@@ -131,6 +131,8 @@ def check_invariant(core: Coordinator, now: float) -> None:
         sig = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
         if core.queue.held(plan.owner, sig):
             continue  # its team is past a quota it may not borrow beyond (coordinator/sharing.py)
+        if plan.deferred_until is not None:
+            continue  # held for a greener hour (coordinator/carbon_holds.py)
         for record in core.registry.alive(now):
             devices_free = plan.gpus is None or pick(plan.gpus, record.capabilities, record.gpu_use) is not None
             assert not (record.has_capacity() and sig.admits(record) and devices_free), (plan.id, record.id)

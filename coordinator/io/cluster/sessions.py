@@ -23,7 +23,7 @@ for plans and workers of every shard whoever owns them:
   as watched plans (their events from seq 1) until they end, at most ``MAX_ALL`` at a time
   (past it, new plans are counted in ``skipped_all`` and not followed). Plans open at the
   ``subscribe`` are not followed (the dashboard's listing shows them);
-* ``cancel`` (by the plan's shard, read from the rows) and ``drain_worker``,
+* ``cancel`` and ``release_plan`` (by the plan's shard, read from the rows) and ``drain_worker``,
   ``undrain_worker``, ``remove_worker`` (by the shard whose registry holds the worker) are
   **forwarded** to that shard's owner: the main port sends the request on a session of its own
   to the owner's core, opened with the caller's own token (so the owner checks it exactly as if
@@ -124,6 +124,7 @@ from protocol.messages import (
     ListPlans,
     ListWorkers,
     Moved,
+    ReleasePlan,
     RemoveWorker,
     Submit,
     Subscribe,
@@ -355,7 +356,7 @@ class ViewDriver:
                 await self.forward_submit(msg)
             case Submit():  # the owner's fast path: its live stream comes straight from its core
                 raise _Moved(views.submit_shard(msg))
-            case Cancel():
+            case Cancel() | ReleasePlan():  # the plan's shard decides (a held plan is its core's)
                 shard = await self.plan_shard(msg.plan_id, msg.req_id)
                 if shard is not None:
                     await self.send([await self.forward(shard, msg)])
