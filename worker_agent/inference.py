@@ -18,7 +18,9 @@ Theory of operation (docs/OPERATIONS.md §Inference workers):
   plan's measured GPU energy by them (worker_agent/energy.py).
 * Failures are plan failures with code ``engine_error`` and a message naming the URL and the
   engine's answer; a malformed request is ``invalid_argument``. Cancelling the plan closes the
-  HTTP stream, which makes vLLM, SGLang, TGI and llama.cpp abort the request.
+  HTTP stream, which makes vLLM, SGLang, TGI and llama.cpp abort the request. The streams go over
+  kept-alive connections of worker_agent/engine_http.py (a lean client: httpx cost 1.5 ms to the
+  first token per request on loopback); discovery and metrics scrapes use httpx.
 * :meth:`InferenceEngine.poll_metrics_forever` scrapes the engine's ``/metrics`` every few
   seconds; running and waiting requests and KV-cache usage go into the worker's ``load`` frames
   (vLLM ``vllm:num_requests_running|waiting``, ``vllm:kv_cache_usage_perc`` or
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -51,10 +52,12 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 import httpx
+import msgspec
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol import errors
+from worker_agent.engine_http import EngineClient, EngineHttpError, EngineResponse
 from worker_agent.handlers import Context, HandlerError
 
 log = structlog.get_logger(__name__)
@@ -91,6 +94,9 @@ ENGINE_HISTOGRAMS: Final[Mapping[str, tuple[str, ...]]] = {
 _OWN_WINDOW: Final = 256  # generate durations kept for the latency fallback
 # Request fields the handler sets itself.
 _OWN_FIELDS: Final = frozenset({"stream", "stream_options"})
+_DRAIN_S: Final = 1.0  # how long the body's end is awaited after ``[DONE]`` (_sse_chunks)
+_ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
 # A chat delta's fields that the ``token`` event carries (the rest go in a ``delta`` event).
 _TEXT_FIELDS: Final = frozenset({"content", "role"})
 
@@ -242,7 +248,9 @@ class InferenceEngine:
         self.models: list[str] = [model] if model else []
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # discovery and metrics
+        self._engine: EngineClient | None = None  # generate's streams (worker_agent/engine_http.py)
+        self._connect_timeout_s, self._read_timeout_s = connect_timeout_s, read_timeout_s
         self._metrics_failing = False
         self._latency_ms: tuple[float, float] = (0.0, 0.0)  # p50, p99 of the last window with requests
         self._durations: deque[float] = deque(maxlen=_OWN_WINDOW)  # this worker's generate plans, seconds
@@ -284,8 +292,16 @@ class InferenceEngine:
             self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers, trust_env=False)
         return self._client
 
+    def _engine_client(self) -> EngineClient:
+        if self._engine is None:
+            self._engine = EngineClient(self.url, headers=self._headers, connect_timeout_s=self._connect_timeout_s,
+                                        read_timeout_s=self._read_timeout_s)  # fmt: skip
+        return self._engine
+
     async def aclose(self) -> None:
         """Close the HTTP connections."""
+        if self._engine is not None:
+            self._engine.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
@@ -336,6 +352,7 @@ class InferenceEngine:
     # ------------------------------------------------------------------ the handler
 
     def _request(self, args: Any) -> tuple[str, dict[str, Any]]:
+        """The request path (``/v1/chat/completions`` or ``/v1/completions``) and body of ``args``."""
         if not isinstance(args, Mapping):
             got = type(args).__name__
             raise HandlerError(errors.INVALID_ARGUMENT, f"generate takes a map of OpenAI request fields, got {got}")
@@ -354,12 +371,12 @@ class InferenceEngine:
         body["stream"] = True
         if self.include_usage:
             body["stream_options"] = {"include_usage": True}
-        path = "/v1/chat/completions" if chat else "/v1/completions"
-        return f"{self.url}{path}", body
+        return "/v1/chat/completions" if chat else "/v1/completions", body
 
     async def generate(self, ctx: Context, args: Any) -> dict[str, Any]:
         """Handler for op ``generate``: stream tokens as ephemeral events, return the whole text."""
-        url, body = self._request(args)
+        path, body = self._request(args)
+        url = f"{self.url}{path}"
         started = time.monotonic()
         ttft_s: float | None = None
         parts: list[str] = []
@@ -370,13 +387,13 @@ class InferenceEngine:
         try:
             # The plan's trace continues in the engine (vLLM reads W3C traceparent; docs/OPERATIONS.md §Tracing).
             headers = {"traceparent": ctx.traceparent} if ctx.traceparent else None
-            async with self._http().stream("POST", url, json=body, headers=headers) as response:
-                if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:1000]
+            async with self._engine_client().post(path, _ENCODE(body), headers) as response:
+                if response.status != 200:
+                    detail = (await response.read(4096)).decode(errors="replace")[:1000]
                     raise HandlerError(
                         errors.ENGINE_ERROR,
-                        f"inference engine at {url} answered HTTP {response.status_code}: {detail}",
-                        detail={"status": response.status_code},
+                        f"inference engine at {url} answered HTTP {response.status}: {detail}",
+                        detail={"status": response.status},
                     )
                 async for chunk in _sse_chunks(response, url):
                     model = chunk.get("model", model)
@@ -398,7 +415,7 @@ class InferenceEngine:
                             if rest:  # tool calls (docs/OPENAI.md): the front door passes them on
                                 ctx.emit("delta", rest, ephemeral=True)
                         finish_reason = choice.get("finish_reason") or finish_reason
-        except httpx.HTTPError as exc:
+        except EngineHttpError as exc:
             raise HandlerError(
                 errors.ENGINE_ERROR, f"cannot reach the inference engine at {url}: {type(exc).__name__}: {exc}"
             ) from None
@@ -425,29 +442,44 @@ class InferenceEngine:
         }
 
 
-async def _sse_chunks(response: httpx.Response, url: str) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of an OpenAI server-sent event stream, until ``[DONE]`` or its end."""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-            continue
-        if line or not data:
-            continue  # "event:", "id:", ": keep-alive" comments; an empty line ends an event
-        payload, data = "\n".join(data), []
-        if payload.strip() == "[DONE]":
-            return
-        yield _chunk(payload, url)
-    if data and "\n".join(data).strip() != "[DONE]":  # a last event without its blank line
-        yield _chunk("\n".join(data), url)
+async def _sse_chunks(response: EngineResponse, url: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects of an OpenAI server-sent event stream, until ``[DONE]`` or its end.
+
+    After ``[DONE]`` the body's end is read too (at most :data:`_DRAIN_S`): a response left before
+    its end cannot give its connection back for the next request (worker_agent/engine_http.py).
+    """
+    data: list[bytes] = []
+    rest = b""
+    pieces = response.chunks()
+    async for piece in pieces:
+        *lines, rest = (rest + piece).split(b"\n")  # a UTF-8 character never holds a line feed byte
+        for raw in lines:
+            line = raw[:-1] if raw.endswith(b"\r") else raw
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+                continue
+            if line or not data:
+                continue  # "event:", "id:", ": keep-alive" comments; an empty line ends an event
+            payload, data = b"\n".join(data), []
+            if payload.strip() == b"[DONE]":
+                with contextlib.suppress(TimeoutError, EngineHttpError):  # the connection is dropped instead
+                    async with asyncio.timeout(_DRAIN_S):
+                        async for _ in pieces:
+                            pass
+                return
+            yield _chunk(payload, url)
+    if rest.startswith(b"data:"):  # a last line without its line feed
+        data.append(rest[6:] if rest.startswith(b"data: ") else rest[5:])
+    if data and b"\n".join(data).strip() != b"[DONE]":  # a last event without its blank line
+        yield _chunk(b"\n".join(data), url)
 
 
-def _chunk(payload: str, url: str) -> dict[str, Any]:
+def _chunk(payload: bytes, url: str) -> dict[str, Any]:
     try:
-        chunk = json.loads(payload)
-    except json.JSONDecodeError:
+        chunk = _DECODE(payload)
+    except msgspec.DecodeError:
         raise HandlerError(errors.ENGINE_ERROR, f"inference engine at {url} sent a chunk that is not JSON: "
-                           f"{payload[:200]!r}") from None
+                           f"{payload[:200].decode(errors='replace')!r}") from None
     if not isinstance(chunk, dict):
         raise HandlerError(errors.ENGINE_ERROR, f"inference engine at {url} sent a chunk that is not an object")
     if "error" in chunk:  # vLLM and llama.cpp report mid-stream failures this way

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import ssl
 from typing import Final, Protocol
 from urllib.parse import urlsplit
@@ -92,7 +91,7 @@ class ClusterDoor(OpenAIEntry):
             submit = Submit(req_id=0, op=GENERATE_OP, requirements=Requirements(tags=[POOL_TAG + pool] if pool else []))
         else:
             submit = parsed.submit(0)
-            submit.plan_id = f"oai-{secrets.token_hex(8)}"
+            submit.plan_id = self.new_plan_id()
         shard = submit_shard(submit, config.shards, config.partitions)
         door = self.shards.door_of(shard)
         if door is not None:  # this process serves it: no hop

@@ -89,6 +89,7 @@ _MAX_AHEAD: Final = 64 * 1024
 # Plan ids tried for a request with no session key to a partitioned pool on a shard's own port: a random id
 # lands in one of K partitions, so 1 - (1 - 1/K) ** 64 of them find this shard's (K = 8: 99.98 %).
 _PLACE_TRIES: Final = 64
+_MAX_HOSTS: Final = 1024  # Host headers whose --insecure check is remembered
 
 
 class OpenAIEntry:
@@ -118,6 +119,13 @@ class OpenAIEntry:
         self.wall = wall
         self.connections: set[OpenAIConnection] = set()
         self.stats = DoorStats()
+        self._hosts: dict[str | None, str | None] = {}  # --insecure: Host header -> why refused (a parse each)
+        # Plan ids: a random prefix per door and a counter (no urandom per request); unique per process run.
+        self._plan_ids = map(f"oai-{secrets.token_hex(6)}{{:x}}".format, itertools.count(1))
+
+    def new_plan_id(self) -> str:
+        """A plan id of this door's making (``oai-`` and 12 random hex digits per door, then a counter)."""
+        return next(self._plan_ids)
 
     def divert(self, first: bytes) -> OpenAIConnection | Literal[False] | None:
         """The connection's protocol when its first bytes ask for an OpenAI route; False: not ours
@@ -156,7 +164,12 @@ class OpenAIEntry:
 
     def _principal(self, headers: dict[str, str]) -> Principal:
         if self.tokens is None:
-            refused = host_refused(headers.get("host"), self.limits.allowed_hosts)
+            host = headers.get("host")
+            refused = self._hosts.get(host, "")
+            if refused == "":
+                if len(self._hosts) >= _MAX_HOSTS:
+                    self._hosts.clear()
+                refused = self._hosts[host] = host_refused(host, self.limits.allowed_hosts)
             if refused is not None:
                 raise ApiError(403, refused, code="host_not_allowed")
             return Principal("client", "client")
@@ -241,7 +254,7 @@ class OpenAIDoor(OpenAIEntry):
         """
         try:
             if self.driver.redirect is not None:
-                plan_id = self._plan_id_here(request, plan_id, self.driver.redirect)
+                plan_id = self._plan_id_here(request, plan_id or self.new_plan_id(), self.driver.redirect)
             if not self.models.serves(request.model, self.clock(), request.pool or None):
                 in_pool = f" of pool {request.pool!r}" if request.pool else ""
                 raise ApiError(404, f"The model '{request.model}' does not exist: no connected worker{in_pool} serves "
@@ -253,8 +266,7 @@ class OpenAIDoor(OpenAIEntry):
         conn.exchange = exchange
         exchange.start()
 
-    @staticmethod
-    def _plan_id_here(request: DoorRequest, plan_id: str, redirect: Redirect) -> str:
+    def _plan_id_here(self, request: DoorRequest, plan_id: str, redirect: Redirect) -> str:
         """Cluster mode, a shard's own port: the plan must belong to this core's shard, whose store alone it
         may be written to. A request with no session key to a partitioned pool takes a plan id of a partition
         here.
@@ -263,11 +275,11 @@ class OpenAIDoor(OpenAIEntry):
             ApiError: 421 for a request of another shard, naming where that shard is served.
         """
         submit = request.submit(_SUBMIT_REQ)
-        submit.plan_id = plan_id or _new_plan_id()
+        submit.plan_id = plan_id
         moved = redirect("client", submit)
         tries = 1
         while moved is not None and not submit.hints.session_key and tries < _PLACE_TRIES:
-            submit.plan_id = _new_plan_id()
+            submit.plan_id = self.new_plan_id()
             moved = redirect("client", submit)
             tries += 1
         if moved is not None:
@@ -450,7 +462,7 @@ class Exchange:
         self.keep_alive = keep_alive
         self.body_bytes = body_bytes
         self.conn_id = next(door.ids)
-        self.plan_id = plan_id or _new_plan_id()
+        self.plan_id = plan_id or door.new_plan_id()
         self.done = False
         self.streaming = False
         self.wrote = False
@@ -593,6 +605,3 @@ class Exchange:
         if not self.conn.closing:
             self.conn.finished(self.keep_alive)
 
-
-def _new_plan_id() -> str:
-    return f"oai-{secrets.token_hex(8)}"
