@@ -218,6 +218,12 @@ class ClientSessions:
                     subscriptions.add(existing.id, s.conn_id)
                     self._streams.replay(s.conn_id, existing, 0)
                 return
+        graphs = self._scheduler.graphs
+        if graphs is not None and (msg.after or (msg.inputs and any(spec.ref is not None for spec in msg.inputs))):
+            msg, problem = graphs.resolve(msg, s.principal, functools.partial(self._find, s))  # ids -> keys
+            if problem is not None:
+                self._outbox.send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))
+                return
         quota = state.quota
         plan = Plan.from_submit(msg, "", s.principal, 0)
         if plan.deadline_at is not None or msg.deadline_s is not None:  # made absolute, recorded so (carbon_holds.py)
@@ -297,10 +303,23 @@ class ClientSessions:
         plan = self._visible_plan(s, msg.plan_id, msg.req_id)
         if plan is None:
             return
+        graphs = self._scheduler.graphs
+        if msg.with_dependants and graphs is not None and not plan.terminal:
+            together = [plan, *graphs.dependants(plan)]  # cancelled, not failed upstream_failed (plan_graphs.py)
+            with graphs.ending_together(together):
+                for dependant in together[1:]:
+                    self._stop(dependant, dependant.id, "cancelled with a plan it needs")
+                self._stop(plan, msg.plan_id, "cancelled by the client")
+        else:
+            self._stop(plan, msg.plan_id, "cancelled by the client")
+        self._outbox.send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
+
+    def _stop(self, plan: Plan, shown: str, why: str) -> None:
+        """Cancel an unfinished plan (a finished one is left as it is); ``shown``: the id the session named."""
         if not plan.terminal:
             was = plan.state
             advance(plan, "cancel")
-            plan.error = ErrorInfo(errors.CANCELLED, "cancelled by the client")
+            plan.error = ErrorInfo(errors.CANCELLED, why)
             plan.waiting_reason = None
             registry = self._state.registry
             if was == "queued":
@@ -314,10 +333,9 @@ class ClientSessions:
                 if conn_id is not None:
                     self._outbox.send(conn_id, Cancel(plan_id=plan.id, attempt=plan.attempt))
             log.info("plan cancelled", plan_id=plan.id, was=was, worker_id=plan.worker_id)
-            self._streams.emit(plan, "cancelled", {"reason": "cancelled by the client"}, small=True)
-            if plan.id != msg.plan_id and self._relay is not None:  # the core tells the relay of msg.plan_id only
+            self._streams.emit(plan, "cancelled", {"reason": why}, small=True)
+            if plan.id != shown and self._relay is not None:  # the core tells the relay of msg.plan_id only
                 self._relay.plan_moved(plan.id)  # its put streams end at once, as any cancelled plan's
-        self._outbox.send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
 
     def _release(self, s: Session, msg: ReleasePlan, now: float) -> None:
         """``release_plan``: a plan held for carbon is placed now (its owner, or an admin); answered with its record."""

@@ -28,6 +28,7 @@ never up; none of them imports this module)::
     sharing.py            Sharing         fair share's leases, quotas,    <- registry, queue, placement, Outbox,
                                           preemption, the usage ledger       Streams (the registry tells it of leases)
     scheduling.py         Scheduler       queue <-> placement <-> leases  <- Streams, Outbox, DataPlane, Sharing
+    plan_graphs.py        PlanGraphs      references, after, lineage      <- Streams, Scheduler, DataPlane
     recovery.py           Recovery        records, acks, restore, retries <- Scheduler
     operator_requests.py  OperatorRequests  list_plans, drain, undrain    <- Scheduler, Outbox
     timeouts.py           RunTimeouts     timeout_s backstop              <- registry, Outbox, Streams
@@ -64,6 +65,7 @@ from coordinator.effects import Effects, Outbox
 from coordinator.limits import PlanQuota
 from coordinator.operator_requests import OperatorRequests
 from coordinator.placement.placer import PlacementConfig
+from coordinator.plan_graphs import PlanGraphs
 from coordinator.plans import EVERY_PRINCIPAL, Plan, held_size
 from coordinator.reconnects import ReconnectBudget
 from coordinator.records import StoredPlan
@@ -197,16 +199,16 @@ class Coordinator:
             config=SharingConfig(config.preemption_grace_s, config.preemption_min_run_s),
         )
         self.registry.watcher = self.sharing  # every lease's start and end (coordinator/registry.py)
-        self.streams.on_end = self.sharing.plan_ended  # the ledger's outcomes
+        self.streams.on_end = self._plan_ended  # the ledger's outcomes, the plan graph's ends
         self.scheduler = Scheduler(
             registry=self.registry, plans=self.plans, queue=self.queue, placement=self.placement,
             streams=self.streams, outbox=self.outbox, counters=self.counters, data=self.data, sharing=self.sharing,
         )
+        self.graphs = PlanGraphs(state, streams=self.streams, scheduler=self.scheduler, data=self.data)
         self.recovery = Recovery(  # records, acks, restore, hand-back, retries (coordinator/recovery.py)
             plans=self.plans, registry=self.registry, scheduler=self.scheduler, journal=journal,
-            counters=self.counters, heartbeat_timeout_s=config.heartbeat_timeout_s,
+            counters=self.counters, heartbeat_timeout_s=config.heartbeat_timeout_s, names=self.names,
             breaker_fraction=config.breaker_fraction, breaker_min_workers=config.breaker_min_workers,
-            names=self.names,
         )
         self.operator = OperatorRequests(  # list_plans, drain_worker, undrain_worker (operator_requests.py)
             registry=self.registry, plans=self.plans, queue=self.queue, scheduler=self.scheduler, outbox=self.outbox,
@@ -225,7 +227,7 @@ class Coordinator:
             reconnects=ReconnectBudget(config.worker_reconnect_rate, config.worker_reconnect_burst),
             sharing=self.sharing,
         )
-        self.operator.remover = self.workers.remove  # remove_worker (operator_requests.py)
+        self.operator.remover = self._remove_worker  # remove_worker (operator_requests.py)
         self.clients = ClientSessions(
             state, outbox=self.outbox, streams=self.streams, scheduler=self.scheduler, operator=self.operator,
             new_id=new_id, data=self.data, relay=self.relay, version=config.version, sharing=self.sharing)
@@ -327,7 +329,18 @@ class Coordinator:
         self.carbon.tick(now)  # held plans whose greener window began are placed (coordinator/carbon_holds.py)
         reaped = self.workers.reap(now)
         self._share(now)
+        self.graphs.tick(reaped, now)  # outputs the reaped workers held are lost; waits for busy holders end
         return reaped
+
+    def _plan_ended(self, plan: Plan) -> None:
+        """A plan's terminal event went out (``Streams.on_end``): the ledger and the plan graph are told."""
+        self.sharing.plan_ended(plan)
+        self.graphs.ended(plan, self.streams.now)
+
+    def _remove_worker(self, worker_id: str, now: float) -> None:
+        """An operator removed a worker for good: the outputs it made go with it (plan_graphs.py)."""
+        self.workers.remove(worker_id, now)
+        self.graphs.holder_lost(worker_id, now)
 
     def set_teams(self, teams: TeamBook, now: float) -> None:
         """The token file's teams, weights and quotas, at start and on each reload (coordinator/sharing.py)."""
@@ -364,6 +377,9 @@ class Coordinator:
             else:
                 finished.append(plan)
         self.retention.restored(finished, now)  # their retention runs from their stored end time
+        for plan in self.plans.values():  # references, orders and rebuilds back into the plan graph
+            if plan.graphed or plan.rebuild_of is not None:
+                self.graphs.restored(plan)
         for plan in queued:  # no worker is connected yet: nothing is placed, reasons are kept as stored
             if plan.deadline_at is None or not self.carbon.restored(plan, now):  # held for carbon: decided later
                 self.scheduler.queue_restored(plan, now)

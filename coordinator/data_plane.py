@@ -35,6 +35,7 @@ from protocol.tickets import FileClaim, TicketClaims, digest_problem, name_probl
 
 if TYPE_CHECKING:
     from coordinator.effects import Outbox
+    from coordinator.graphs import Source
     from coordinator.plans import Plan
     from coordinator.registry import WorkerRegistry
     from coordinator.streams import Streams
@@ -85,9 +86,7 @@ def ref_problem(spec: InputSpec, index: int) -> str | None:
         return f"inputs[{index}] names another plan's output (ref): leave its size and digest out"
     if not ref.plan_id:
         return f"inputs[{index}].ref.plan_id must be a non-empty plan id"
-    problem = name_problem(ref.name, f"inputs[{index}].ref.name")
-    # Issue #28 phase 1: the graph is bookkept (coordinator/graphs/) but not wired into placement yet.
-    return problem or f"inputs[{index}].ref: this coordinator does not run plan graphs yet (issue #28)"
+    return name_problem(ref.name, f"inputs[{index}].ref.name")
 
 
 class DataPlane:
@@ -167,8 +166,8 @@ class DataPlane:
             return None
         kid, secret = self._masters[0]
         files: dict[str, FileClaim]
-        if direction == "put":
-            files = {spec.name: FileClaim(spec.size, spec.digest) for spec in plan.inputs}
+        if direction == "put":  # an input in the reference form is not uploaded: its worker fetches it (pull_ticket)
+            files = {spec.name: FileClaim(spec.size, spec.digest) for spec in plan.inputs if spec.ref is None}
         else:
             files = {name: FileClaim() for name in plan.outputs}
             files.update((spec.name, FileClaim(spec.size, spec.digest)) for spec in plan.produced)
@@ -183,6 +182,18 @@ class DataPlane:
             expires_at=expires_at, files={name: [claim.size, claim.digest] for name, claim in files.items()},
             key="" if shown is None or shown == key else key,
         )
+
+    def pull_ticket(self, source: Source, now: float) -> str:
+        """A ``get`` ticket to one output on the worker that holds it, for another worker that fetches it as an
+        input (``assign.pulls``, docs/PROTOCOL.md §Plan graphs); "" without keys."""
+        if not self._masters:
+            return ""
+        kid, secret = self._masters[0]
+        claims = TicketClaims(source.plan_id, source.attempt, source.worker_id, "get",
+                              {source.name: FileClaim(source.size, source.digest)},
+                              now + self.wall_offset + self.ticket_ttl_s)
+        self.tickets_issued += 1
+        return sign(claims, kid, worker_key(secret, source.worker_id))
 
     def answer(
         self, conn_id: int, plan: Plan, direction: Literal["put", "get"], req_id: int, now: float,

@@ -40,6 +40,7 @@ from protocol.messages import Assign, Cancel, ErrorInfo, Revoke
 if TYPE_CHECKING:
     from coordinator.data_plane import DataPlane
     from coordinator.effects import Outbox
+    from coordinator.graphs.hooks import GraphHooks
     from coordinator.placement.placer import Placement
     from coordinator.placement.plan_queue import PlanQueue
     from coordinator.plans import Plan
@@ -117,6 +118,8 @@ class Scheduler:
         self._deferred: set[str] = set()  # ops whose groups wait for the tick's explanation (_explain)
         self._defer_all = False
         self._pending = False
+        self.graphs: GraphHooks | None = None
+        """Plan graphs' part in placing plans with references or ``after`` (coordinator/plan_graphs.py); None: none."""
 
     # ------------------------------------------------------------------ submit order
 
@@ -130,8 +133,13 @@ class Scheduler:
         """Place a queued plan now if an alive worker with room can run it, else queue it and say why."""
         # Queue wait runs from here to the next attempt's accept (coordinator/stats.py).
         plan.queued_at_s, plan.started_at_s = now, None
+        graphs = self.graphs if plan.graphed else None
+        if graphs is not None and graphs.hold(plan, now):
+            return  # a plan it needs has not succeeded (held, its reason said), or it failed with one (plan_graphs.py)
         signature = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
         pool = self._registry.matching(signature, signature.admits)
+        if graphs is not None:  # the workers holding its bytes, or none while it waits for a busy one
+            pool = graphs.narrow(plan, pool, now)
         queue = self._queue
         sharing = self._sharing
         quotas = sharing if sharing is not None and sharing.quotas else None  # some team has a quota
@@ -150,6 +158,8 @@ class Scheduler:
             reason = self._placement.kv_reason(plan, pool) or reason
         if quotas is not None:  # its team's quota is why it waits (coordinator/sharing.py)
             reason = quotas.quota_reason(plan) or reason
+        if graphs is not None:  # it waits for the busy worker that holds its bytes
+            reason = graphs.wait_reason(plan) or reason
         if alone:  # a new group: its only plan's reason is the group's (no refresh need visit it)
             queue.set_group_reason(signature, reason)
         elif reason != queue.group_reason(signature):
@@ -165,6 +175,8 @@ class Scheduler:
         worked out again, and emitted only if it changed, when workers come back (:meth:`refresh_waiting`).
         """
         plan.queued_at_s, plan.started_at_s = now, None
+        if plan.graphed and self.graphs is not None and self.graphs.hold(plan, now):
+            return  # held by its graph, or failed with a plan it needs (plan_graphs.py)
         signature = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
         self._queue.push(plan.id, signature, plan.priority, plan.order, plan.owner)
         self._queue.set_group_reason(signature, None)  # the next refresh visits each of its plans
@@ -176,6 +188,13 @@ class Scheduler:
         if self._sharing is not None and self._sharing.nominated:  # a preemption made room here for a plan
             self.fill_nominated(record, now)
         plans, fits = self._plans, self._placement.fits
+        graphs = self.graphs
+        if graphs is not None and graphs.waits:  # a consumer waiting for another, busy holder is not taken here
+            placement_fits = fits
+
+            def fits(plan: Plan, worker: WorkerRecord) -> bool:
+                return placement_fits(plan, worker) and graphs.may_take(plan, worker, now)
+
         # It can run no signature of another op, nor one whose first tag it lacks: those are not looked at.
         ops, tags = record.capabilities.ops, record.capabilities.tags
         while record.has_capacity():
@@ -258,6 +277,8 @@ class Scheduler:
             if plan.gpus is not None:
                 assign.resources = plan.resources
                 assign.devices = list(registry.devices_of(record.id, plan.id))
+            if plan.graphed and self.graphs is not None:  # references: their sizes, digests, where to fetch them
+                assign.inputs, assign.pulls = self.graphs.assign_inputs(plan, record)
             self._outbox.send(record.conn_id, assign)
         if self._streams.tracing and plan.traceparent:  # the placement span's policy and worker (§Tracing)
             self._streams.note(plan, "placed", {"policy": placement.policy_name(plan), "worker_id": record.id})

@@ -531,7 +531,9 @@ class DataServer:
                 await self._send_chunks(conn, file.fileno(), start, end)
             await conn.drain()
         self.bytes_out += end - start
-        if start == 0 and end == output.size:
+        # A whole download ends the output's stay (a client has it), but not another worker's fetch of it as an
+        # input (``Fleetwire-Pull``, worker_agent/pull.py): more plans may take it, and a lost one is made again.
+        if start == 0 and end == output.size and "fleetwire-pull" not in req.headers:
             self.spool.fetched(output)
         return True
 

@@ -84,6 +84,7 @@ class Puller:
 
     async def _pull(self, pull: protocol.Pull, entry: InputFile) -> None:
         entry.busy = True
+        entry.via = "local" if pull.worker_id == self._worker_id else "pull"  # the input_received event says so
         try:
             while entry.state == "receiving":
                 if pull.worker_id == self._worker_id:
@@ -115,7 +116,8 @@ class Puller:
         host, port = url.hostname or "", url.port or (443 if tls else 80)
         broken = 0
         while entry.received < entry.size or entry.size == 0:
-            headers = {"Host": url.netloc, "Authorization": f"Bearer {pull.ticket}", "Connection": "close"}
+            headers = {"Host": url.netloc, "Authorization": f"Bearer {pull.ticket}", "Connection": "close",
+                       "Fleetwire-Pull": "1"}  # the holder keeps the output its whole retention (more may take it)
             if entry.received:
                 headers["Range"] = range_from(entry.received)
             try:

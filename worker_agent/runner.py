@@ -28,6 +28,7 @@ from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handl
 from worker_agent.isolation import PlanIsolation
 from worker_agent.plan_tracing import LiveSpan, Tracing, attempt_span, child_span
 from worker_agent.probe import LoadTracker
+from worker_agent.pull import Puller
 from worker_agent.spool import Spool
 from worker_agent.spool_files import INPUTS_UNAVAILABLE, InputFile
 from worker_agent.telemetry import Telemetry
@@ -58,7 +59,7 @@ class _PlanRun:
     """
 
     __slots__ = (
-        "attempt", "awaiting_inputs", "cancel_requested", "ctx", "devices", "plan_id", "preempted", "runner",
+        "attempt", "awaiting_inputs", "cancel_requested", "ctx", "devices", "plan_id", "preempted", "pulls", "runner",
         "silent", "span", "started_at", "stop_timer", "task",
     )
 
@@ -76,6 +77,7 @@ class _PlanRun:
         self.span: LiveSpan | None = None  # its ``fleetwire.attempt`` span, when sampled (worker_agent/plan_tracing.py)
         self.preempted: str | None = None  # why it was preempted (docs/SEMANTICS.md §Preemption); None: it was not
         self.stop_timer: asyncio.TimerHandle | None = None  # cancels it when its preemption grace is over
+        self.pulls: asyncio.Task[None] | None = None  # fetching its inputs that are other plans' outputs (pull.py)
 
     @property
     def key(self) -> str:
@@ -412,6 +414,8 @@ class PlanRunner:
         if self.spool is not None and (assign.inputs or assign.outputs):
             data = self.spool.plan_data(assign.plan_id, assign.attempt, assign.inputs)
             self.spool.claim(assign.plan_id, assign.attempt)
+            if assign.pulls:  # inputs that are other plans' outputs, fetched from their holders (worker_agent/pull.py)
+                run.pulls = Puller(self.spool, self.worker_id).start(assign.pulls, data)
         run.ctx = Context(
             data=data,
             plan_id=assign.plan_id,
@@ -469,6 +473,8 @@ class PlanRunner:
                     error = await data.wait(self.input_timeout_s, functools.partial(self._input_verified, run))
                 finally:
                     run.awaiting_inputs = False
+                    if run.pulls is not None:  # a fetch still going when the wait ended (failed, cancelled) stops
+                        run.pulls.cancel()
                     if inputs is not None:
                         inputs.end()
             if error is None and data is not None and ARGS_INPUT in data.inputs:

@@ -34,6 +34,7 @@ from coordinator import scopes
 from coordinator.errors import InvalidTransition
 from coordinator.plans import RESERVED_KINDS, SMALL_EVENT_BYTES, Plan, advance, done_event
 from coordinator.receipts import settle
+from coordinator.scheduling import note_attempt
 from protocol import errors
 from protocol.messages import Accept, Done, Error, ErrorInfo, Event, Receipt, Reject
 from protocol.tracecontext import trace_id_of
@@ -201,6 +202,13 @@ class Leases:
             self._scheduler.fill_nominated(record, now)
             why = msg.error.message if msg.error is not None and msg.error.message else "it was preempted"
             self._scheduler.preempted(plan, worker_id, why, now, noticed=noticed)
+        elif not plan.terminal and msg.outcome == "failed" and (graphs := self._scheduler.graphs) is not None and (
+            graphs.output_missing(plan, msg.error)
+        ):  # an input it takes from another plan was not found: queued again, not counted; it is made again
+            advance(plan, "retry")
+            plan.free_attempts += 1
+            note_attempt(plan, "failed", f"{errors.OUTPUT_LOST}: {msg.error.message if msg.error else ''}")
+            self._scheduler.requeue(plan, f"an input it takes from another plan was lost on worker {worker_id}", now)
         elif not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
             why = f"worker {worker_id} reported a failure without an error"
             self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)

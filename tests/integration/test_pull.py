@@ -31,10 +31,11 @@ def _consumer(tmp_path: Path, data: bytes) -> tuple[Spool, PlanData]:
 
 
 async def test_a_referenced_input_is_fetched_from_its_holder_and_verified(tmp_path: Path) -> None:
-    """The consumer's worker GETs the output with the holder's ticket; the input verifies with its bytes."""
+    """The consumer's worker GETs the output with the holder's ticket; the input verifies with its bytes, and the
+    holder keeps the output its whole retention (a client's whole download would end its stay)."""
     data = os.urandom(SIZE)
     async with data_endpoint(tmp_path) as holder:
-        holder.spool.add_output("p1", 1, "y", data)
+        kept = holder.spool.add_output("p1", 1, "y", data).expires_at
         spool, plan = _consumer(tmp_path, data)
         puller = Puller(spool, "w2")
         pull = Pull("x", "p1", 1, "y", WORKER, url=holder.url, ticket=_ticket("y"))
@@ -42,7 +43,10 @@ async def test_a_referenced_input_is_fetched_from_its_holder_and_verified(tmp_pa
         assert task is not None
         assert await plan.wait(5.0, lambda entry: None) is None
         await task
+        output = holder.spool.output("p1", 1, "y")
+        assert output is not None and output.expires_at == kept  # kept its whole retention for other consumers
     assert plan.inputs["x"].path.read_bytes() == data and puller.pulled_bytes == SIZE
+    assert plan.entries["x"].via == "pull"
 
 
 async def test_an_input_held_here_is_copied_from_this_workers_own_spool(tmp_path: Path) -> None:
@@ -56,6 +60,7 @@ async def test_an_input_held_here_is_copied_from_this_workers_own_spool(tmp_path
     assert task is not None
     assert await plan.wait(5.0, lambda entry: None) is None
     assert plan.inputs["x"].path.read_bytes() == data and puller.copied_bytes == len(data) and not puller.pulled_bytes
+    assert plan.entries["x"].via == "local"
 
 
 @pytest.mark.parametrize("where", ["holder", "no_endpoint", "here"])

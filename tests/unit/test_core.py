@@ -131,6 +131,8 @@ def check_invariant(core: Coordinator, now: float) -> None:
         sig = Signature.of(plan.op, plan.requirements, plan.avoid, plan.gpus)
         if core.queue.held(plan.owner, sig):
             continue  # its team is past a quota it may not borrow beyond (coordinator/sharing.py)
+        if plan.id in core.graphs.graph.held or plan.id in core.graphs.waits:
+            continue  # a plan it needs has not succeeded, or it waits for the busy worker holding its bytes
         if plan.deferred_until is not None:
             continue  # held for a greener hour (coordinator/carbon_holds.py)
         for record in core.registry.alive(now):

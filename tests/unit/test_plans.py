@@ -98,6 +98,7 @@ def test_table_matches_the_semantics() -> None:
             (state, "preempt"): "queued",  # a preempted attempt (coordinator/sharing.py)
         }
     expected[("running", "timeout")] = "failed"  # the coordinator's timeout_s backstop (coordinator/timeouts.py)
+    expected[("queued", "doom")] = "failed"  # a plan graph's consumer that cannot run (coordinator/plan_graphs.py)
     assert expected == TRANSITIONS
 
 

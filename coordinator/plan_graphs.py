@@ -1,0 +1,353 @@
+"""Plan graphs in the core (issue #28): coordinator/graphs/ tied to submits, placement, plan ends and lost workers.
+
+What it owns: the :class:`~coordinator.graphs.PlanGraph` over the core's plans, and the consumers waiting
+for a busy worker that holds their bytes. The decisions are the graph's; this collaborator carries them
+out with the core's own parts (the scheduler, the streams, the data plane), as every collaborator does.
+
+Rules (docs/SEMANTICS.md §Graphs):
+
+* *Submit.* A session's references (``InputSpec.ref``) and ``after`` name plans as the session knows
+  them; they are resolved to keys (:meth:`PlanGraphs.resolve`) and the plan, and its stored submit, name
+  keys. A refusal is ``invalid_argument`` naming the input (coordinator/graphs/graph.py ``refusal``).
+* *Held, ready, doomed.* A plan with needs passes the graph before the placement queue, whenever it
+  would be queued (submitted, requeued, restored): held (out of the queue, its ``waiting`` reason the
+  graph's), ready (queued as any plan), or doomed: it fails at once (the ``doom`` move, ``queued ->
+  failed``, with ``upstream_failed`` or ``output_lost``), and so do its own dependants.
+* *Ends.* Every plan's end is told to the graph (``Streams.on_end``): its held dependants are queued, or
+  fail with it. A plan forgotten by retention leaves the graph; one an unfinished plan needs is kept.
+* *Assign.* An input in the reference form gets the size and digest of the output it is, and a
+  ``Pull``: the holder, its data endpoint and a ``get`` ticket signed for it (coordinator/data_plane.py).
+* *Locality.* A ready consumer goes, among the workers with room, to those holding most of its bytes
+  (coordinator/graphs/locality.py); when the best holder is busy it waits for it up to the bound, and no
+  other worker takes it before (:meth:`PlanGraphs.may_take`); past the bound it goes where there is room.
+* *Losses.* A worker gone for good (reaped, removed) takes the outputs it made with it; a consumer's
+  worker that could not fetch one reports ``done(failed, output_lost)``: the consumer is queued again
+  without charging an attempt (the ``retry`` move) and the output marked missing. Either way the graph
+  has it made again by a *rebuild* (a new plan ``<key>.r<n>`` with the producer's spec, same owner,
+  recorded with ``rebuild_of``), or fails the waiting consumers ``output_lost``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import msgspec
+import structlog
+
+from coordinator.capacity import Pool
+from coordinator.graphs import (
+    LocalityConfig,
+    PlanGraph,
+    Verdicts,
+    choose_holders,
+    held_bytes,
+    needs_of,
+)
+from coordinator.graphs.needs import MAX_NEEDS
+from coordinator.plans import SMALL_EVENT_BYTES, Plan, advance, held_size
+from protocol import errors
+from protocol.messages import ErrorInfo, InputSpec, OutputRef, Pull, Submit
+
+if TYPE_CHECKING:
+    from coordinator.data_plane import DataPlane
+    from coordinator.scheduling import Scheduler
+    from coordinator.state import CoreState
+    from coordinator.streams import Streams
+    from coordinator.workers import WorkerRecord
+
+__all__ = ["PlanGraphs"]
+
+log = structlog.get_logger(__name__)
+
+GRAPH_COUNTERS = ("plans_rebuilt", "plans_doomed", "outputs_lost")
+
+
+class PlanGraphs:
+    """The core's collaborator for plan graphs (module docstring).
+
+    Args:
+        state: the core's tables.
+        streams: lifecycle events and failures.
+        scheduler: the placement queue (``enqueue``, ``dequeue``) and the submit order.
+        data: signs the tickets of ``assign.pulls``.
+        locality: how consumers are placed by their bytes.
+        max_rebuilds: rebuilds one producer may have.
+    """
+
+    def __init__(
+        self, state: CoreState, *, streams: Streams, scheduler: Scheduler, data: DataPlane,
+        locality: LocalityConfig | None = None, max_rebuilds: int = 3,
+    ) -> None:
+        self._state = state
+        self._plans = state.plans
+        self._streams = streams
+        self._scheduler = scheduler
+        self._data = data
+        self.locality = locality or LocalityConfig()
+        self.graph = PlanGraph(state.plans, name_of=self.name_of, max_rebuilds=max_rebuilds)  # type: ignore[arg-type]
+        self.waits: dict[str, tuple[str, float]] = {}
+        """Consumer key -> (the busy holder it waits for, until when, the core's clock)."""
+        self._ready_at: dict[str, float] = {}  # a ready consumer's first try at placement (its wait's start)
+        self._dooming: set[str] = set()
+        state.counters.update(dict.fromkeys(GRAPH_COUNTERS, 0))
+        scheduler.graphs = self  # asked before a graphed plan is queued, placed or assigned (graphs/hooks.py)
+
+    def name_of(self, key: str) -> str:
+        """A plan as its owner knows it (its name, else its key)."""
+        plan = self._plans.get(key)
+        return key if plan is None or plan.name is None else plan.name
+
+    # ------------------------------------------------------------------ submit
+
+    def resolve(self, msg: Submit, owner: str, find: Callable[[str], Plan | None]) -> tuple[Submit, str | None]:
+        """``msg`` with its references and ``after`` naming plan keys (``find``: the session's look-up of an
+        id), or the reason it is refused (naming the input or ``after``)."""
+        if len(msg.after) > MAX_NEEDS:
+            return msg, f"after names {len(msg.after)} plans; at most {MAX_NEEDS}"
+        inputs: list[InputSpec] = []
+        for spec in msg.inputs:
+            ref = spec.ref
+            if ref is None:
+                inputs.append(spec)
+                continue
+            plan = find(ref.plan_id)
+            if plan is None:
+                return msg, _unknown(f"input {spec.name!r} refers to", ref.plan_id, msg.plan_id)
+            inputs.append(msgspec.structs.replace(spec, ref=OutputRef(plan.id, ref.name)))
+        after: list[str] = []
+        for plan_id in msg.after:
+            plan = find(plan_id)
+            if plan is None:
+                return msg, _unknown("after names", plan_id, msg.plan_id)
+            after.append(plan.id)
+        resolved = msgspec.structs.replace(msg, inputs=inputs, after=after)
+        problem = self.graph.refusal(msg.plan_id or "", owner, needs_of(resolved.inputs, resolved.after))
+        return resolved, problem
+
+    # ------------------------------------------------------------------ held, ready, doomed
+
+    def hold(self, plan: Plan, now: float) -> bool:
+        """A plan with needs is about to be queued: False to queue it (ready), True when the graph holds it
+        (its waiting reason set) or failed it. The scheduler asks this first (``Scheduler.hold``)."""
+        graph = self.graph
+        if plan.id not in graph:
+            graph.add(plan.id, needs_of(plan.inputs, plan.after))
+        verdicts = graph.admit(plan.id)
+        ready = plan.id in verdicts.ready
+        verdicts.ready = [key for key in verdicts.ready if key != plan.id]
+        self.apply(verdicts, now)
+        return not ready
+
+    def apply(self, verdicts: Verdicts, now: float) -> None:
+        """Carry out the graph's verdicts (coordinator/graphs/graph.py ``Verdicts``), in their order."""
+        for rebuild in verdicts.rebuilds:
+            self._rebuild(rebuild.origin, rebuild.key, rebuild.outputs, now)
+        if verdicts.doomed:
+            self._doom(verdicts, now)
+        for key in verdicts.held:
+            plan = self._plans.get(key)
+            if plan is not None and plan.state == "queued":
+                self._scheduler.dequeue(plan)
+                self._say_waiting(plan)
+        for key in verdicts.ready:
+            plan = self._plans.get(key)
+            if plan is not None and plan.state == "queued":
+                self._scheduler.enqueue(plan, now)
+
+    def _doom(self, verdicts: Verdicts, now: float) -> None:
+        doomed = [doom for doom in verdicts.doomed if doom.plan_id in self._plans]
+        self._dooming.update(doom.plan_id for doom in doomed)
+        try:
+            for doom in doomed:
+                plan = self._plans[doom.plan_id]
+                if plan.state != "queued":  # ended already (a cancel in the same step), or placed: left alone
+                    continue
+                self._scheduler.dequeue(plan)
+                advance(plan, "doom")
+                plan.waiting_reason = None
+                self._state.counters["plans_doomed"] += 1
+                self._streams.fail(plan, None, doom.error(self.name_of))
+        finally:
+            self._dooming.difference_update(doom.plan_id for doom in doomed)
+
+    def _say_waiting(self, plan: Plan) -> None:
+        reason = self.graph.reason(plan.id)
+        if reason is not None and reason != plan.waiting_reason:
+            plan.waiting_reason = reason
+            plan.drop_superseded("waiting", SMALL_EVENT_BYTES)
+            self._streams.emit(plan, "waiting", {"reason": reason}, small=True)
+
+    def ended(self, plan: Plan, now: float) -> None:
+        """A plan reached a terminal state (``Streams.on_end``)."""
+        if self.waits or self._ready_at:
+            self.waits.pop(plan.id, None)
+            self._ready_at.pop(plan.id, None)
+        graph = self.graph
+        if plan.id in self._dooming or (
+            plan.id not in graph.dependants and plan.id not in graph and plan.id not in graph.lineage.origin
+        ):
+            return  # nothing needs it, it is no rebuild (or it ends with its dependants in this same step)
+        self.apply(graph.ended(plan.id), now)
+
+    @contextlib.contextmanager
+    def ending_together(self, plans: Iterable[Plan]) -> Iterator[None]:
+        """Plans ended together on purpose (``cancel`` with dependants): their ends doom none of them."""
+        keys = {plan.id for plan in plans} - self._dooming
+        self._dooming.update(keys)
+        try:
+            yield
+        finally:
+            self._dooming.difference_update(keys)
+
+    def tick(self, reaped: Iterable[str], now: float) -> None:
+        """The clock moved: the outputs the reaped workers made are lost; consumers whose wait for a busy holder
+        is over are placed wherever there is room."""
+        for worker_id in reaped:
+            self.holder_lost(worker_id, now)
+        if self.waits:
+            for plan in self.expired_waits(now):
+                self._scheduler.dequeue(plan)
+                self._scheduler.enqueue(plan, now)
+
+    def dependants(self, plan: Plan) -> list[Plan]:
+        """The unfinished plans that need ``plan``, directly or not, upstream first (``cancel --with-dependants``)."""
+        return [self._plans[key] for key in self.graph.dependants_of(plan.id) if key in self._plans]
+
+    def pinned(self, plan: Plan) -> bool:
+        """Whether an unfinished plan still needs ``plan`` (retention keeps it)."""
+        return self.graph.pinned(plan.id)
+
+    def forget(self, plan_id: str) -> None:
+        """Retention forgot a plan."""
+        self.graph.forget(plan_id)
+
+    # ------------------------------------------------------------------ rebuilds
+
+    def _rebuild(self, origin_key: str, key: str, outputs: Iterable[str], now: float) -> None:
+        """Make plan ``key``: producer ``origin_key``'s spec again, its lost ``outputs`` to be made again."""
+        state = self._state
+        origin = self._plans[origin_key]
+        msg = Submit(
+            req_id=0, op=origin.op, args=origin.args, requirements=origin.requirements, priority=origin.priority,
+            timeout_s=origin.timeout_s, max_attempts=origin.max_attempts, plan_id=key, subscribe=False,
+            hints=origin.hints, retries=origin.retries, inputs=list(origin.inputs), outputs=list(origin.outputs),
+            resources=origin.resources, after=list(origin.after),
+        )
+        plan = Plan.from_submit(msg, key, origin.owner, next(self._scheduler.orders))
+        plan.rebuild_of = origin_key
+        self._plans[key] = plan
+        state.quota.add(plan.owner, key, held_size(plan))
+        state.counters["plans_rebuilt"] += 1
+        state.journal.created(plan, msg)
+        for conn_id in state.subscriptions.all_followers(plan.owner):
+            state.subscriptions.add(key, conn_id)
+        lost = sorted(outputs)
+        log.info("plan rebuilt", plan_id=key, rebuilds=origin_key, outputs=lost)
+        self._streams.emit(plan, "queued", {"rebuilds": self.name_of(origin_key), "outputs": lost})
+        self._scheduler.enqueue(plan, now)
+
+    def restored(self, plan: Plan) -> None:
+        """A plan restored from the store: its edges and rebuild link go back into the graph."""
+        if plan.rebuild_of is not None:
+            self.graph.lineage.record(plan.rebuild_of, plan.id)
+        needs = needs_of(plan.inputs, plan.after)
+        if needs and plan.id not in self.graph:
+            self.graph.add(plan.id, needs)
+
+    # ------------------------------------------------------------------ losses
+
+    def holder_lost(self, worker_id: str, now: float) -> None:
+        """Worker ``worker_id`` is gone for good (reaped, removed): the outputs it made are lost."""
+        if self.graph.dependants:
+            self.apply(self.graph.holder_lost(worker_id), now)
+
+    def output_missing(self, plan: Plan, error: ErrorInfo | None) -> bool:
+        """A consumer's attempt failed ``output_lost`` (its worker could not fetch an input): mark that output
+        missing. True when the consumer is to be queued again (the caller's ``retry`` move, not counted)."""
+        if error is None or error.code != errors.OUTPUT_LOST or plan.id not in self.graph:
+            return False
+        detail = error.detail if isinstance(error.detail, dict) else {}
+        source, output = detail.get("plan_id"), detail.get("output")
+        if not isinstance(source, str) or not isinstance(output, str) or source not in self._plans:
+            return False
+        self._state.counters["outputs_lost"] += 1
+        self.graph.lineage.mark_lost(source, output)
+        return True
+
+    # ------------------------------------------------------------------ assign and locality
+
+    def assign_inputs(self, plan: Plan, record: WorkerRecord) -> tuple[list[InputSpec], list[Pull]]:
+        """The inputs of an ``assign`` (references with their size and digest) and its ``pulls``."""
+        sources = self.graph.sources(plan.id) or {}
+        self._ready_at.pop(plan.id, None)
+        inputs: list[InputSpec] = []
+        pulls: list[Pull] = []
+        registry, now = self._state.registry, self._streams.now
+        for spec in plan.inputs:
+            source = sources.get(spec.name) if spec.ref is not None else None
+            if source is None:
+                inputs.append(spec)
+                continue
+            inputs.append(InputSpec(spec.name, source.size, source.digest, spec.ref))
+            holder = registry.get(source.worker_id) if source.worker_id in registry else None
+            url = holder.data_url if holder is not None else ""
+            ticket = "" if source.worker_id == record.id else self._data.pull_ticket(source, now)
+            pulls.append(Pull(spec.name, source.plan_id, source.attempt, source.name, source.worker_id, url, ticket))
+        return inputs, pulls
+
+    def narrow(self, plan: Plan, pool: Pool, now: float) -> Pool:
+        """The workers of ``pool`` a ready consumer should go to: those with room holding most of its bytes, none
+        while it waits for a busy holder (then it is queued, saying so), or ``pool`` when locality plays no part."""
+        sources = self.graph.sources(plan.id)
+        if not sources:
+            return pool
+        registry = self._state.registry
+        room = [w for w in pool if w.has_capacity() and registry.is_alive(w.id, now)]
+        able = {w.id for w in pool if registry.is_alive(w.id, now)}
+        ready_at = self._ready_at.setdefault(plan.id, now)
+        choice = choose_holders(held_bytes(sources.values()), [w.id for w in room], able, now - ready_at, self.locality)
+        if choice.wait_for:
+            self.waits[plan.id] = (choice.wait_for, ready_at + choice.wait_s)
+            return Pool.unindexed(())
+        self.waits.pop(plan.id, None)
+        if not choice.among:
+            return pool
+        among = set(choice.among)
+        return Pool.unindexed(w for w in room if w.id in among)
+
+    def may_take(self, plan: Plan, record: WorkerRecord, now: float) -> bool:
+        """Whether a worker with room may take a queued consumer: not while it waits for another, busy holder."""
+        wait = self.waits.get(plan.id)
+        if wait is None or wait[0] == record.id:
+            return True
+        if now >= wait[1]:
+            del self.waits[plan.id]
+            return True
+        return False
+
+    def expired_waits(self, now: float) -> list[Plan]:
+        """The consumers whose wait for a busy holder is over (the tick places them again)."""
+        over = [key for key, (_, until) in self.waits.items() if now >= until]
+        for key in over:
+            del self.waits[key]  # its _ready_at stays: placed again, it does not wait again
+        return [self._plans[key] for key in over if key in self._plans and self._plans[key].state == "queued"]
+
+    def wait_reason(self, plan: Plan) -> str | None:
+        """Why a queued consumer waits for a busy holder, or None."""
+        wait = self.waits.get(plan.id)
+        if wait is None:
+            return None
+        sources = self.graph.sources(plan.id) or {}
+        local = held_bytes(sources.values()).get(wait[0], 0)
+        bound = wait[1] - self._ready_at.get(plan.id, wait[1])
+        return (f"waiting for worker {wait[0]}, which holds {local / 2**20:.1f} MiB of its inputs, to have room "
+                f"(at most {bound:.1f} s; then it goes where there is room)")
+
+
+def _unknown(where: str, plan_id: str, own: str | None) -> str:
+    if own is not None and plan_id == own:
+        return f"{where} the plan itself: a plan cannot need its own output"
+    return f"{where} plan {plan_id}, which this principal has not submitted (or it was forgotten)"
+

@@ -1,0 +1,242 @@
+"""Plan graphs in the core (coordinator/plan_graphs.py), driven with a fake clock: references resolved and refused at
+submit, held plans, the assign's pulls and locality, failure at once, cancel with dependants, lost outputs rebuilt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from protocol import errors
+from protocol.messages import (
+    Accept,
+    Assign,
+    Cancel,
+    Done,
+    Error,
+    ErrorInfo,
+    Event,
+    InputSpec,
+    OutputRef,
+    OutputSpec,
+    PlanReply,
+    Requirements,
+    Submit,
+)
+from tests.unit.test_core import Harness
+
+DIGEST = "blake3:" + "1" * 64
+MIB = 1 << 20
+
+
+def assign_of(h: Harness, conn: int) -> Assign:
+    found = [m for m in h.take(conn) if isinstance(m, Assign)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def finish(h: Harness, conn: int, plan_id: str, attempt: int = 1, *, outcome: str = "succeeded",
+           outputs: dict[str, int] | None = None, error: ErrorInfo | None = None) -> None:
+    """The worker on ``conn`` runs the attempt and reports its end, with outputs of the sizes given."""
+    h.send(conn, Accept(plan_id=plan_id, attempt=attempt))
+    made = [OutputSpec(name, size, DIGEST) for name, size in (outputs or {}).items()]
+    h.send(conn, Done(plan_id=plan_id, attempt=attempt, outcome=outcome, outputs=made,  # type: ignore[arg-type]
+                      error=error or (ErrorInfo(errors.HANDLER_ERROR, "boom") if outcome == "failed" else None)))
+
+
+def ref(plan_id: str, output: str = "y", name: str = "x") -> InputSpec:
+    return InputSpec(name, ref=OutputRef(plan_id, output))
+
+
+def error_of(h: Harness, conn: int) -> Error:
+    found = [m for m in h.take(conn) if isinstance(m, Error)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def fleet(h: Harness, *workers: str, concurrency: int = 1) -> dict[str, int]:
+    conns = {w: h.worker(w, max_concurrency=concurrency) for w in workers}
+    for conn in conns.values():
+        h.take(conn)
+    return conns
+
+
+def test_b_waits_for_as_output_then_runs_on_as_worker_with_the_bytes_local() -> None:
+    """B on A's 64 MiB output waits ("plan a has not produced 'y' yet"), then goes to A's worker, its input
+    filled in from A's output and fetched from that worker's own spool (no ticket, nothing over the network)."""
+    h = Harness()
+    conns = fleet(h, "w1", "w2")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    b = h.submit(client, plan_id="b", inputs=[ref("a")])
+    assert h.core.plans[b].waiting_reason == "plan a has not produced 'y' yet" and h.state(b) == "queued"
+    where = "w1" if any(isinstance(m, Assign) for m in h.inbox.get(conns["w1"], [])) else "w2"
+    assign = assign_of(h, conns[where])
+    finish(h, conns[where], a, assign.attempt, outputs={"y": 64 * MIB})
+    b_assign = assign_of(h, conns[where])
+    assert b_assign.plan_id == b
+    assert b_assign.inputs == [InputSpec("x", 64 * MIB, DIGEST, OutputRef("a", "y"))]
+    [pull] = b_assign.pulls
+    assert (pull.name, pull.plan_id, pull.attempt, pull.output, pull.worker_id, pull.ticket) == (
+        "x", "a", 1, "y", where, "")
+
+
+def test_a_pull_from_another_worker_carries_a_ticket_signed_for_the_holder() -> None:
+    """When B cannot run on A's worker (it lacks B's tag), B's worker gets a get ticket for A's output on A's worker."""
+    h = Harness()
+    holder = h.worker("w1")
+    other = h.worker("w2", tags=["big"])
+    for conn in (holder, other):
+        h.take(conn)
+    h.core.data.rotate("k1", b"s" * 32, h.now)
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    finish(h, holder, a, outputs={"y": 10})
+    h.take(other)
+    h.submit(client, plan_id="b", inputs=[ref("a")], requirements=Requirements(tags=["big"]))
+    [pull] = assign_of(h, other).pulls
+    assert pull.worker_id == "w1" and pull.ticket.startswith("fw1.k1.")
+
+
+def test_references_to_unknown_or_other_principals_plans_are_refused_naming_the_input() -> None:
+    """A reference to a plan this principal has not submitted (another's among them), or to itself, is refused
+    invalid_argument naming the input; after naming an unknown plan is refused too."""
+    h = Harness()
+    alice, bob = h.client("alice"), h.client("bob")
+    h.submit(bob, plan_id="theirs", outputs=["y"])
+    h.take(bob)
+    for msg, words in (
+        ({"plan_id": "b", "inputs": [ref("theirs")]}, "input 'x' refers to plan theirs, which this principal"),
+        ({"plan_id": "b", "inputs": [ref("b")]}, "input 'x' refers to the plan itself"),
+        ({"plan_id": "c", "after": ["ghost"]}, "after names plan ghost"),
+    ):
+        h.take(alice)
+        h.send(alice, Submit(req_id=7, op="echo", **msg))  # type: ignore[arg-type]
+        error = error_of(h, alice)
+        assert error.code == errors.INVALID_ARGUMENT and words in error.message, error.message
+    assert "b" not in h.core.plans and "c" not in h.core.plans
+
+
+def test_a_failed_upstream_fails_the_chain_at_once_naming_each_upstream() -> None:
+    """A fails: B (on A's output) and C (after B) fail upstream_failed in the same step, without running."""
+    h = Harness()
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    h.submit(client, plan_id="b", inputs=[ref("a")])
+    h.submit(client, plan_id="c", after=["b"])
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], a, outcome="failed")
+    b, c = h.core.plans["b"], h.core.plans["c"]
+    assert (b.state, c.state) == ("failed", "failed") and b.attempt == c.attempt == 0
+    assert b.error is not None and b.error.code == errors.UPSTREAM_FAILED
+    assert b.error.message == "plan a, whose output 'y' it uses, failed (handler_error: boom)"
+    assert c.error is not None and c.error.detail == {"upstream": "b", "root": "a"}
+    failed = [e for e in h.events(client) if isinstance(e, Event) and e.kind == "failed"]
+    assert [e.plan_id for e in failed] == ["a", "b", "c"]
+
+
+def test_cancel_with_dependants_cancels_them_and_without_it_they_fail() -> None:
+    """cancel(with_dependants) cancels B and C too; a plain cancel of D fails E upstream_failed ("was cancelled")."""
+    h = Harness()
+    client = h.client()
+    for name in ("a", "d"):
+        h.submit(client, plan_id=name, outputs=["y"])  # no worker: they stay queued
+    h.submit(client, plan_id="b", inputs=[ref("a")])
+    h.submit(client, plan_id="c", after=["b"])
+    h.submit(client, plan_id="e", inputs=[ref("d")])
+    h.send(client, Cancel(plan_id="a", req_id=90, with_dependants=True))
+    assert [h.state(k) for k in ("a", "b", "c")] == ["cancelled"] * 3
+    reply = [m for m in h.take(client) if isinstance(m, PlanReply)][-1]
+    assert reply.plan.state == "cancelled"
+    h.send(client, Cancel(plan_id="d", req_id=91))
+    e = h.core.plans["e"]
+    assert e.state == "failed" and e.error is not None and "was cancelled" not in e.error.message
+    assert e.error.code == errors.UPSTREAM_FAILED and "cancelled" in e.error.message
+
+
+def test_a_busy_holder_is_waited_for_within_the_bound_then_the_plan_goes_elsewhere() -> None:
+    """B's 256 MiB are on w1, busy: B waits for w1 (saying so) though w2 is free; past the bound it goes to w2."""
+    h = Harness()
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    assign_of(h, conns["w1"])
+    h.submit(client, plan_id="busy")  # takes w1's slot once a ends
+    finish(h, conns["w1"], a, outputs={"y": 256 * MIB})
+    assert assign_of(h, conns["w1"]).plan_id == "busy"
+    conns["w2"] = h.worker("w2")
+    h.take(conns["w2"])
+    b = h.submit(client, plan_id="b", inputs=[ref("a")])
+    assert h.state(b) == "queued" and not h.take(conns["w2"])
+    reason = h.core.plans[b].waiting_reason or ""
+    assert reason.startswith("waiting for worker w1, which holds 256.0 MiB of its inputs")
+    bound = h.core.graphs.waits[b][1]
+    h.tick(bound - 0.01)
+    assert h.state(b) == "queued"
+    h.tick(bound)
+    assert assign_of(h, conns["w2"]).plan_id == b
+
+
+def test_a_lost_output_is_rebuilt_once_and_the_consumer_resumes_on_the_rebuild() -> None:
+    """The holder is reaped before B runs: A is made again by a.r1 (A stays succeeded), B waits for it, then
+    takes a.r1's output; a reported missing output makes it again too, never twice at once."""
+    h = Harness(heartbeat_timeout_s=30.0)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    assign_of(h, conns["w1"])
+    h.submit(client, plan_id="gate")  # keeps w1 busy so b does not go there at once
+    finish(h, conns["w1"], a, outputs={"y": 10})
+    b = h.submit(client, plan_id="b", inputs=[ref("a")], after=["gate"])
+    h.close(conns["w1"])
+    h.tick(100.0)  # w1 is reaped: its outputs are gone
+    assert "a.r1" in h.core.plans and h.core.plans["a"].state == "succeeded"
+    assert h.core.counters["plans_rebuilt"] == 1
+    conns["w2"] = h.worker("w2", max_concurrency=2)
+    assert sorted(m.plan_id for m in h.take(conns["w2"]) if isinstance(m, Assign)) == ["a.r1", "gate"]
+    assert h.core.plans[b].waiting_reason == "plan a's output 'y' was lost; plan a.r1 is making it again"
+    finish(h, conns["w2"], "a.r1", outputs={"y": 10})
+    assert h.core.plans[b].waiting_reason == "plan gate has not succeeded yet"
+    finish(h, conns["w2"], "gate", 2)  # its first attempt was lost with w1
+    b_assign = assign_of(h, conns["w2"])
+    assert b_assign.plan_id == b and b_assign.pulls[0].plan_id == "a.r1" and b_assign.pulls[0].worker_id == "w2"
+    assert h.core.counters["plans_rebuilt"] == 1
+
+
+def test_a_consumer_whose_input_was_missing_is_queued_again_free_and_the_output_made_again() -> None:
+    """B's worker reports output_lost (a 404 from the holder): B is queued again without charging an attempt,
+    A is made again (a.r1), and B then runs on the rebuild's output."""
+    h = Harness()
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], a, outputs={"y": 10})
+    b = h.submit(client, plan_id="b", inputs=[ref("a")], max_attempts=1)
+    assert assign_of(h, conns["w1"]).plan_id == b
+    lost = ErrorInfo(errors.OUTPUT_LOST, "gone", {"input": "x", "plan_id": "a", "attempt": 1, "output": "y"})
+    finish(h, conns["w1"], b, outcome="failed", error=lost)
+    assert h.state(b) == "queued" and h.core.plans[b].free_attempts == 1
+    assert assign_of(h, conns["w1"]).plan_id == "a.r1"
+    finish(h, conns["w1"], "a.r1", outputs={"y": 10})
+    again = assign_of(h, conns["w1"])
+    assert again.plan_id == b and again.attempt == 2 and again.pulls[0].plan_id == "a.r1"
+
+
+@pytest.mark.parametrize("deterministic", [False])
+def test_a_lost_output_of_a_nondeterministic_producer_fails_its_consumer_output_lost(deterministic: bool) -> None:
+    """A producer submitted deterministic=false is not run again: the waiting consumer fails output_lost."""
+    h = Harness()
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"], deterministic=deterministic)
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], a, outputs={"y": 10})
+    b = h.submit(client, plan_id="b", inputs=[ref("a")], max_attempts=1)
+    assign_of(h, conns["w1"])
+    lost = ErrorInfo(errors.OUTPUT_LOST, "gone", {"input": "x", "plan_id": "a", "attempt": 1, "output": "y"})
+    finish(h, conns["w1"], b, outcome="failed", error=lost)
+    plan: Any = h.core.plans[b]
+    assert plan.state == "failed" and plan.error.code == errors.OUTPUT_LOST
+    assert "deterministic=false" in plan.error.message and "a.r1" not in h.core.plans
