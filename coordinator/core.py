@@ -62,6 +62,7 @@ from coordinator.carbon_time import ShiftConfig
 from coordinator.client_session import ClientSessions
 from coordinator.data_plane import DataPlane
 from coordinator.effects import Effects, Outbox
+from coordinator.ledger import UsageRow
 from coordinator.limits import PlanQuota
 from coordinator.operator_requests import OperatorRequests
 from coordinator.placement.placer import PlacementConfig
@@ -360,7 +361,15 @@ class Coordinator:
             send(conn_id, Ack(seq=seq))
         effects = self.outbox.take()
         effects.records = self.recovery.take_records()
+        if self.sharing.usage_due:  # once a tick: the usage ledger's changed rows (coordinator/sharing.py)
+            usage = self.sharing.usage_record()
+            if usage is not None:
+                effects.records.append(usage)
         return effects
+
+    def restore_usage(self, rows: Iterable[UsageRow]) -> None:
+        """Load the usage ledger's rows a store kept (its ``usage`` ability), at start, before any session opens."""
+        self.sharing.restore_usage(list(rows))
 
     def restore(self, stored: Iterable[StoredPlan], now: float) -> None:
         """Load the plans a store kept, before any session opens (coordinator/recovery.py).
@@ -427,6 +436,7 @@ class Coordinator:
         for plan_id in sharing.overdue(now):  # a worker that did not stop a preempted plan: taken back
             self.scheduler.take_back_preempted(self.plans[plan_id], now)
         sharing.preempt(now)
+        sharing.tick(now)  # the ledger's changed rows go with the next effects; old hours fold hourly
 
     def _autoscale(self, now: float) -> None:
         """Feed the autoscaler; its decisions go to admin followers and to the server's hook command."""

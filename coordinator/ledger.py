@@ -30,7 +30,7 @@ from typing import Final, Literal
 
 from protocol.messages import Outcome, Receipt
 
-__all__ = ["BUCKET_S", "Totals", "UsageLedger", "UsageRow"]
+__all__ = ["BUCKET_S", "FIELDS", "Totals", "UsageLedger", "UsageRow"]
 
 BUCKET_S: Final = 3600  # rows are per hour
 KEEP_HOURS: Final = 24 * 35  # hours kept apart before they fold into hour 0
@@ -64,6 +64,10 @@ class Totals:
         return self.succeeded + self.failed + self.cancelled
 
 
+#: The totals' fields in the order a store keeps them (coordinator/records.py ``UsageRows``).
+FIELDS: Final = tuple(f.name for f in fields(Totals))
+
+
 @dataclass(frozen=True, slots=True)
 class UsageRow:
     """One stored row: an hour (its start, Unix seconds; 0: before retention), a principal, its team, totals."""
@@ -72,6 +76,19 @@ class UsageRow:
     principal: str
     team: str
     totals: Totals
+
+    def values(self) -> list[float]:
+        """The totals as numbers in :data:`FIELDS` order (how a store keeps them)."""
+        totals = self.totals
+        return [getattr(totals, name) for name in FIELDS]
+
+    @classmethod
+    def of(cls, hour_s: int, principal: str, team: str, values: Iterable[float]) -> UsageRow:
+        """A row from what a store kept (:meth:`values`); a shorter list (an older coordinator's) leaves zeros."""
+        totals = Totals()
+        for name, value in zip(FIELDS, values, strict=False):
+            setattr(totals, name, type(getattr(totals, name))(value))
+        return cls(hour_s, principal, team, totals)
 
 
 def _figure(value: float) -> float:

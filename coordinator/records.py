@@ -25,6 +25,11 @@ the same id, leaves the new plan), and a journal's batch is forgets, creations, 
   (Unix time), so its retention survives a restart; a store written before it had the field
   decodes it as None (coordinator/retention.py). Its ``receipt`` (energy and carbon) is optional
   the same way: a status without one encodes exactly as before (``omit_defaults``).
+
+And one that is not a plan's: :class:`UsageRows`, the usage ledger's rows changed since the last
+(coordinator/ledger.py, coordinator/sharing.py), at most one a tick. A store that keeps them
+declares the ``usage`` ability to give them back (coordinator/io/stores/abilities.py); one that does not
+ignores them.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import msgspec
 from coordinator.plans import Plan
 from protocol.messages import ErrorInfo, Event, OutputSpec, PlanStateName, Receipt, Submit
 
-__all__ = ["Journal", "PlanCreated", "PlanForgotten", "PlanStatus", "Record", "StoredPlan", "status_of"]
+__all__ = ["Journal", "PlanCreated", "PlanForgotten", "PlanStatus", "Record", "StoredPlan", "UsageRows", "status_of"]
 
 
 class PlanCreated(msgspec.Struct, frozen=True):
@@ -82,7 +87,16 @@ class PlanForgotten(msgspec.Struct, frozen=True):
     plan_id: str
 
 
-Record = PlanCreated | PlanStatus | Event | PlanForgotten
+class UsageRows(msgspec.Struct, frozen=True):
+    """The usage ledger's rows changed since the last ones (coordinator/ledger.py, written at the core's tick):
+    each row is kept whole (``(hour, principal, team, totals in ledger.FIELDS order)``, replacing the one of its
+    key), and the keys in ``deleted`` (hours folded into hour 0) are dropped. Not a plan's record."""
+
+    rows: list[tuple[int, str, str, list[float]]] = []
+    deleted: list[tuple[int, str, str]] = []
+
+
+Record = PlanCreated | PlanStatus | Event | PlanForgotten | UsageRows
 
 
 class StoredPlan(msgspec.Struct):

@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from coordinator.devices import pick
-from coordinator.ledger import UsageLedger
+from coordinator.ledger import BUCKET_S, UsageLedger, UsageRow
 from coordinator.placement.fair_queue import FairQueue
 from coordinator.placement.fairshare import Capacity, Demand
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.preemption import Preemptor, Running, Waiting
+from coordinator.records import UsageRows
 from coordinator.teams import TeamBook, quota_reason
 from protocol.messages import GetUsage, Preempt, Receipt, Usage, UsageTotals
 
@@ -161,6 +162,9 @@ class Sharing:
         self.quotas = False
         """Whether some team has ``max_gpus`` or ``max_running`` (else no plan is ever past a quota)."""
         self._counted = False  # whether the capacity was taken with a worker in it
+        self.usage_due = False
+        """The tick says the ledger's changed rows go to the store with the next effects (:meth:`usage_record`)."""
+        self._folded_hour = 0  # the wall-clock hour the ledger was last folded in
         self.nominated: dict[str, str] = {}
         """Worker id -> the waiting plan a preemption made room for there (the scheduler places it first)."""
 
@@ -352,6 +356,26 @@ class Sharing:
             owner = plan.owner
             self.ledger.plan_ended(owner, self._shares.teams_book.team_of(owner), state,
                                    wall_s=self.now + self.wall_offset)  # fmt: skip
+
+    def usage_record(self) -> UsageRows | None:
+        """The ledger's rows changed since the last call, for the store (None: none changed)."""
+        self.usage_due = False
+        rows, deleted = self.ledger.take_dirty()
+        if not rows and not deleted:
+            return None
+        return UsageRows([(r.hour_s, r.principal, r.team, r.values()) for r in rows], deleted)
+
+    def restore_usage(self, rows: list[UsageRow]) -> None:
+        """The ledger's rows a store kept (at start, before any usage is added)."""
+        self.ledger.restore(rows)
+
+    def tick(self, now: float) -> None:
+        """The tick's bookkeeping: the ledger's rows go to the store, and once an hour its old hours fold."""
+        self.usage_due = True
+        hour = int((now + self.wall_offset) // BUCKET_S)
+        if hour != self._folded_hour:
+            self._folded_hour = hour
+            self.ledger.fold(now + self.wall_offset)
 
     def usage(self, msg: GetUsage, principal: str, admin: bool) -> Usage:
         """The answer to ``get_usage``: every principal's or team's totals for an admin, a client's own."""

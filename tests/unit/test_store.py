@@ -12,6 +12,7 @@ import pytest
 
 from coordinator.io.stores import sqlite as sqlite_module
 from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.schema import SCHEMA_VERSION
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE, MemoryStore, StoreError, open_store
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
@@ -121,7 +122,7 @@ def test_a_version_1_file_is_migrated_with_its_events(tmp_path: Path) -> None:
     store = SQLiteStore(path)
     store.write([event("a", 2, "new"), PlanStatus("a", "queued", next_seq=3)])
     plans = store.load()
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     store.close()
     a, b = plans
     assert a.created.plan_id == "a" and [(e.seq, e.data) for e in a.events] == [(1, 1), (2, "new")]
@@ -152,7 +153,7 @@ def test_a_version_2_file_is_migrated_with_its_events(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     store = SQLiteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     store.write([event("a", 2, "new"), PlanStatus("a", "leased", attempt=1, worker_id="w", next_seq=3)])
     store.close()
     again = SQLiteStore(path)

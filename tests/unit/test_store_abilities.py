@@ -13,7 +13,7 @@ from coordinator.io.stores.abilities import StoreAbilities
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import StoreDamaged, report_accepted_losses
 from coordinator.io.stores.sqlite import SQLiteStore
-from coordinator.io.stores.store import DB_FILE, MemoryStore, Store
+from coordinator.io.stores.store import DB_FILE, MemoryStore
 from coordinator.records import Record, StoredPlan
 from tests.unit.test_store import created
 
@@ -64,10 +64,10 @@ def test_sqlite_declares_stream_try_write_check_files_and_losses(db: SQLiteStore
     assert abilities.try_write([created("a")]) and [p.created.plan_id for p in abilities.stream()] == ["a"]
 
 
-def test_the_memory_store_declares_nothing_optional() -> None:
-    """MemoryStore's abilities are all empty: it streams nothing, commits only by write, never loses."""
-    store: Store = MemoryStore()
-    assert store.abilities == StoreAbilities()
+def test_the_memory_store_declares_nothing_optional_but_the_usage_ledger() -> None:
+    """MemoryStore's abilities are empty but ``usage``: it streams nothing, commits only by write, never loses."""
+    store = MemoryStore()
+    assert store.abilities == StoreAbilities(usage=store.load_usage)
 
 
 async def test_the_committer_uses_only_declared_abilities(db: SQLiteStore) -> None:

@@ -18,6 +18,7 @@ import pytest
 from coordinator.io.stores.admin import backup_store, check_store, restore_store
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import EXIT_STORE_DAMAGED, StoreDamaged, StoreError
+from coordinator.io.stores.schema import SCHEMA_VERSION
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from coordinator.records import PlanCreated, PlanStatus, Record
@@ -263,7 +264,7 @@ def test_a_version_3_file_is_migrated_with_checksums(tmp_path: Path) -> None:
     (plan,) = store.load()
     store.close()
     assert [e.data for e in plan.events] == ["INLINE-a", "ROW-a"]
-    assert check_store(path).sound and check_store(path).version == 4
+    assert check_store(path).sound and check_store(path).version == SCHEMA_VERSION
     flip(path, b"ROW-a")
     assert not check_store(path).sound
 

@@ -295,6 +295,7 @@ class CoordinatorServer:
             # Liveness clocks start now (docs/SEMANTICS.md §Durability): workers of restored leases
             # get one heartbeat timeout from here to reconnect.
             self.core.restore(stream(), time.monotonic())
+            self._load_usage()
             return
         stored = self.store.load()
         stored.reverse()
@@ -307,6 +308,13 @@ class CoordinatorServer:
                 yield stored.pop()
 
         self.core.restore(one_by_one(), time.monotonic())
+        self._load_usage()
+
+    def _load_usage(self) -> None:
+        """The usage ledger's rows, from a store that keeps them (coordinator/ledger.py; SQLite and memory)."""
+        usage = self.store.abilities.usage
+        if usage is not None:
+            self.core.restore_usage(usage())
 
     async def _listen(self) -> None:
         limits = self.settings.limits

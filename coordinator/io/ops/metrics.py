@@ -30,6 +30,7 @@ from prometheus_client.samples import Exemplar
 
 from coordinator.io.ops.gpu_metrics import GPU_METRIC_NAMES, gpu_families
 from coordinator.io.ops.openai_metrics import OPENAI_METRIC_NAMES, openai_families
+from coordinator.io.ops.sharing_metrics import SHARING_METRIC_NAMES, sharing_families
 from coordinator.scopes import SCOPE_REASONS
 from coordinator.stats import FrameCounters, Histogram
 from protocol.messages import PlanStateName
@@ -130,6 +131,7 @@ METRIC_NAMES: Final = (
     "fleetwire_worker_latency_seconds",
     *GPU_METRIC_NAMES,
     *OPENAI_METRIC_NAMES,
+    *SHARING_METRIC_NAMES,
 )
 
 
@@ -199,6 +201,7 @@ class CoordinatorCollector:
         yield info
         yield from self._workers(core, now)
         yield from gpu_families(core.registry)  # per worker and device (coordinator/io/ops/gpu_metrics.py)
+        yield from sharing_families(core.sharing, core.counters)  # per team (coordinator/io/ops/sharing_metrics.py)
         yield from self._plans(core)
         yield from self._io()
         for name, key, doc in _CORE_COUNTERS:

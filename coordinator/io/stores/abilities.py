@@ -18,9 +18,13 @@ ability            what it is for (who uses it)                      SQLite    P
                    (server: ``unavailable`` / 503 meanwhile)
 ``make_committer`` the store's own committer (pg_commit.py)          -         yes
 ``leases``         shard leases the server keeps (LeaseKeeper)       -         yes [1]_
+``usage``          the usage ledger's rows, at start (server;        yes       - [2]_
+                   coordinator/ledger.py)
 =================  ================================================  ========  ==========
 
 .. [1] Not a shard's own store in a cluster host (``ShardPgStore``): the host keeps those.
+.. [2] Not yet: a PostgreSQL store ignores ``UsageRows`` records, so a cluster's ledger restarts empty.
+   ``MemoryStore`` keeps them too (in its process).
 
 ``MemoryStore`` has none of them. A store built for a test declares what it has (often
 ``StoreAbilities()``: nothing optional).
@@ -32,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from coordinator.ledger import UsageRow
 from coordinator.records import Record, StoredPlan
 
 if TYPE_CHECKING:
@@ -68,6 +73,7 @@ class StoreAbilities:
             ``GroupCommitter``).
         leases: the store's shard-lease connection and fence, which the server keeps with a
             ``LeaseKeeper``: it serves only while it holds them (cluster mode).
+        usage: the usage ledger's rows the store keeps (from ``UsageRows`` records), read at start.
     """
 
     stream: Callable[[], Iterator[StoredPlan]] | None = None
@@ -77,3 +83,4 @@ class StoreAbilities:
     away: Callable[[], str | None] | None = None
     make_committer: MakeCommitter | None = None
     leases: LeaseStore | None = None
+    usage: Callable[[], list[UsageRow]] | None = None

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, StoredPlan
+from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, StoredPlan, UsageRows
 from protocol.messages import TERMINAL_STATES, Event
 
 __all__ = [
@@ -286,7 +286,7 @@ def as_text(record: Any) -> Any:
             error = msgspec.structs.replace(error, detail=not_storable(error.detail))
         result = not_storable(record.result) if record.result is not None else None
         return msgspec.structs.replace(record, result=result, error=error, history=[])
-    if isinstance(record, PlanForgotten):
+    if isinstance(record, PlanForgotten | UsageRows):
         return record
     submit = msgspec.structs.replace(record.submit, args=not_storable(record.submit.args))
     return msgspec.structs.replace(record, submit=submit)
@@ -316,6 +316,8 @@ def group_records(
                 run.append(item)
         elif kind is PlanStatus:
             latest[record.plan_id] = record
+        elif kind is UsageRows:
+            continue  # not a plan's: a store that keeps the ledger takes them apart (sqlite.py)
         elif kind is PlanForgotten:
             gone = record.plan_id
             created.pop(gone, None)

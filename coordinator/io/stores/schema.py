@@ -4,12 +4,13 @@
 them. A new file is created as version 3's tables followed by every later migration, so the
 current schema and the path an old file takes to it are the same statements.
 
-Version 4 (this one)::
+Version 5 (this one)::
 
     plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents,
           spec_crc, status_crc, events_crc)                  -- rowid: submit order
     events(plan, seq, body BLOB, crc, PRIMARY KEY (plan, seq))
     store_meta(generation)                                    -- one row: groups committed
+    usage(hour, principal, team, totals BLOB, crc, PRIMARY KEY (hour, principal, team))  -- the usage ledger
 
 Checksums (:func:`crc`) are CRC-32 of the stored bytes: ``spec_crc`` of ``spec``,
 ``status_crc`` of ``status``, ``events_crc`` of the whole inline ``events`` blob (kept running:
@@ -27,7 +28,7 @@ from typing import Final
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "crc", "create_schema", "migrate"]
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 crc = zlib.crc32
 """``crc(data, start=0)``: the checksum the store keeps of each blob (CRC-32, unsigned)."""
@@ -100,7 +101,19 @@ UPDATE events SET crc = fleetwire_crc(body, plan);
 CREATE TABLE store_meta (generation INTEGER NOT NULL);
 INSERT INTO store_meta (generation) VALUES (0);
 """
-MIGRATIONS: Final = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3}  # from version N to N + 1
+# Version 5 adds the usage ledger (coordinator/ledger.py): one row per (hour, principal, team), its totals a
+# msgpack array in ledger.FIELDS order with its checksum; hour 0 holds what was folded from old hours.
+_MIGRATE_V4 = """
+CREATE TABLE usage (
+    hour INTEGER NOT NULL,
+    principal TEXT NOT NULL,
+    team TEXT NOT NULL,
+    totals BLOB NOT NULL,
+    crc INTEGER NOT NULL,
+    PRIMARY KEY (hour, principal, team)
+) WITHOUT ROWID;
+"""
+MIGRATIONS: Final = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3, 4: _MIGRATE_V4}  # from version N to N + 1
 
 
 def _sql_crc(data: bytes | None, start: int) -> int | None:

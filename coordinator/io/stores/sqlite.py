@@ -9,13 +9,14 @@ coordinator off it. Its abilities beyond the :class:`~coordinator.io.stores.stor
 interface (``coordinator/io/stores/abilities.py``): ``stream``, ``try_write``, ``check_files``
 and ``losses``.
 
-Tables (``PRAGMA user_version`` = 4; a version 1 to 3 file is migrated on open; the
+Tables (``PRAGMA user_version`` = 5; a version 1 to 4 file is migrated on open; the
 definitions and migrations are in ``coordinator/io/stores/schema.py``)::
 
     plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents,
           spec_crc, status_crc, events_crc)                              -- rowid: submit order
     events(plan, seq, body BLOB, crc, PRIMARY KEY (plan, seq))
     store_meta(generation)
+    usage(hour, principal, team, totals BLOB, crc)                       -- the usage ledger (UsageRows)
 
 ``id`` has no index: the store, the file's only writer, keeps every id's rowid in memory and
 creates an id once.
@@ -82,7 +83,8 @@ from coordinator.io.stores.rows import (
     run_by_seq,
 )
 from coordinator.io.stores.schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
-from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
+from coordinator.ledger import UsageRow
+from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan, UsageRows
 from protocol.messages import TERMINAL_STATES
 
 __all__ = ["SQLiteStore"]
@@ -121,6 +123,10 @@ _UPDATE_ONE = (
     "WHERE rowid = ?1"
 )
 _SET_GENERATION = "UPDATE store_meta SET generation = ?"
+# The usage ledger (UsageRows records, coordinator/ledger.py): a row replaced whole, or dropped once folded.
+_UPSERT_USAGE = "INSERT OR REPLACE INTO usage (hour, principal, team, totals, crc) VALUES (?, ?, ?, ?, ?)"
+_DELETE_USAGE = "DELETE FROM usage WHERE hour = ? AND principal = ? AND team = ?"
+_SELECT_USAGE = "SELECT hour, principal, team, totals, crc FROM usage"
 _BUSY_TIMEOUT_MS = 5000  # sqlite3's default: how long a write waits for another connection's lock
 _NO_BUSY_WAIT = "PRAGMA busy_timeout = 0"
 _BUSY_WAIT = f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}"
@@ -140,6 +146,24 @@ _CHUNK = 128
 # One group's rows (_encode_rows): inserts, updates, events-table runs, inline checksums after it, plans ended.
 # A plain tuple: a NamedTuple's construction cost 0.3 us of a lone commit's ~8 us of Python (store_writer.py --lone).
 _Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, int], list[str]]
+
+
+def _usage_rows(records: list[UsageRows]) -> tuple[list[tuple[int, str, str]], list[tuple[Any, ...]]]:
+    """The usage ledger's keys to drop and rows to keep, in the order written (a later row of a key wins)."""
+    deleted: list[tuple[int, str, str]] = []
+    kept: dict[tuple[int, str, str], list[float]] = {}
+    for record in records:
+        for key in record.deleted:
+            key = (key[0], key[1], key[2])
+            deleted.append(key)
+            kept.pop(key, None)
+        for hour, principal, team, values in record.rows:
+            kept[hour, principal, team] = values
+    rows = []
+    for key, values in kept.items():
+        blob = msgspec.msgpack.encode(values)
+        rows.append((*key, blob, crc(blob)))
+    return deleted, rows
 
 
 class SQLiteStore:
@@ -199,7 +223,21 @@ class SQLiteStore:
     def abilities(self) -> StoreAbilities:
         """A restart's load one plan at a time, commits on the loop, the file check and the losses accepted."""
         return StoreAbilities(stream=self.stream, check_files=self.check_files, try_write=self.try_write,
-                              losses=self.losses)  # fmt: skip
+                              losses=self.losses, usage=self.load_usage)  # fmt: skip
+
+    def load_usage(self) -> list[UsageRow]:
+        """The usage ledger's rows (its ``usage`` ability); a row whose checksum fails is left out, and logged."""
+        rows: list[UsageRow] = []
+        try:
+            found = self._db.execute(_SELECT_USAGE).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the usage ledger of {self.path}: {exc}") from exc
+        for hour, principal, team, totals, checksum in found:
+            if crc(totals) != checksum:
+                log.error("usage ledger row damaged: left out", store=str(self.path), hour=hour, principal=principal)
+                continue
+            rows.append(UsageRow.of(hour, principal, team, msgspec.msgpack.decode(totals)))
+        return rows
 
     def _open(self) -> None:
         """Connect, migrate or create the schema, check the file and its generation; read the rowids."""
@@ -351,7 +389,8 @@ class SQLiteStore:
         except (TypeError, ValueError, OverflowError) as exc:
             # A payload msgpack cannot hold (e.g. a map with null keys that came in as JSON-ish
             # data) must not stop the coordinator: keep the record, with the payload as text.
-            log.error("record payload cannot be stored; storing it as text", plan_id=record.plan_id, error=str(exc))
+            log.error("record payload cannot be stored; storing it as text", plan_id=getattr(record, "plan_id", None),
+                      error=str(exc))  # fmt: skip
             return self._encoder.encode(as_text(record))
 
     def _encode_run(self, plan_id: str, run: list[StoredEvent]) -> bytes:
@@ -427,7 +466,8 @@ class SQLiteStore:
         if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
             touched = {**fresh, **latest, **runs}
         rows = self._encode_rows(touched, created, latest, runs, forgotten, fresh)
-        if not self._commit(doomed, rows, wait):
+        usage = [record for record in records if type(record) is UsageRows]  # at most one a tick
+        if not self._commit(doomed, rows, wait, _usage_rows(usage) if usage else None):
             return False  # nothing changed yet: the caller writes the same records later
         self._committed(rows, fresh, forgotten)
         self.writes += 1
@@ -505,8 +545,14 @@ class SQLiteStore:
         spilled.sort(key=_first_two)
         return new_rows, updates, spilled, chained_now, ended
 
-    def _commit(self, doomed: list[tuple[int]], rows: _Rows, wait: bool) -> bool:
-        """The group's statements as one transaction, then the generation side file; False: the database was held."""
+    def _commit(
+        self, doomed: list[tuple[int]], rows: _Rows, wait: bool,
+        usage: tuple[list[tuple[int, str, str]], list[tuple[Any, ...]]] | None = None,
+    ) -> bool:
+        """The group's statements as one transaction, then the generation side file; False: the database was held.
+
+        ``usage``: the usage ledger's keys to drop and rows to keep (:func:`_usage_rows`), in the same transaction.
+        """
         new_rows, updates, spilled, _, _ = rows
         db = self._db
         try:
@@ -521,6 +567,9 @@ class SQLiteStore:
                 self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
                 self._run_chunked(self._update_status, "(?, ?, ?, ?, ?, ?, ?)", updates)
                 self._run_chunked(_INSERT_EVENTS, "(?, ?, ?, ?)", spilled)
+                if usage is not None:
+                    db.executemany(_DELETE_USAGE, usage[0])
+                    db.executemany(_UPSERT_USAGE, usage[1])
                 db.execute(_SET_GENERATION, (self.generation + 1,))
                 db.execute("COMMIT")
             except BaseException:

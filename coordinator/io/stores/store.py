@@ -32,7 +32,8 @@ from coordinator.io.stores.abilities import StoreAbilities
 from coordinator.io.stores.integrity import StoreDamaged, StoreError
 from coordinator.io.stores.rows import by_seq
 from coordinator.io.stores.sqlite import SQLiteStore
-from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan
+from coordinator.ledger import UsageRow
+from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, StoredPlan, UsageRows
 from coordinator.shards import ClusterConfig
 from protocol.messages import Event
 
@@ -149,12 +150,18 @@ class MemoryStore:
 
     description = "memory"
     blocking = False
-    abilities = StoreAbilities()  # nothing optional
+    abilities = StoreAbilities()  # the usage ledger's rows only (set per store: __init__)
 
     def __init__(self) -> None:
         self._plans: dict[str, StoredPlan] = {}
+        self._usage: dict[tuple[int, str, str], list[float]] = {}  # the usage ledger's rows (UsageRows)
         self.writes = 0  # batches applied
         self.closed = False
+        self.abilities = StoreAbilities(usage=self.load_usage)
+
+    def load_usage(self) -> list[UsageRow]:
+        """The usage ledger's rows written so far (its ``usage`` ability)."""
+        return [UsageRow.of(hour, principal, team, values) for (hour, principal, team), values in self._usage.items()]
 
     def load(self) -> list[StoredPlan]:
         self.closed = False  # a server starting on this store opens it again
@@ -179,6 +186,10 @@ class MemoryStore:
                 plans.setdefault(record.plan_id, StoredPlan(record, None, []))
             elif isinstance(record, PlanForgotten):
                 plans.pop(record.plan_id, None)
+            elif isinstance(record, UsageRows):
+                for key in record.deleted:
+                    self._usage.pop((key[0], key[1], key[2]), None)
+                self._usage.update(((hour, principal, team), values) for hour, principal, team, values in record.rows)
             elif isinstance(record, Event):
                 stored = plans.get(record.plan_id)
                 if stored is not None:
