@@ -305,6 +305,8 @@ class PlanGraph:
             plan = self._plans.get(key)
             if plan is not None and (key in self.held or plan.state == "queued") and key not in doomed:
                 found = self.admit(key, resume=resume)
+                # A loss found through ``key`` dooms every waiter on it, some doomed already by an earlier key.
+                found.doomed = [doom for doom in found.doomed if doom.plan_id not in doomed]
                 doomed.update(doom.plan_id for doom in found.doomed)
                 verdicts.extend(found)
         return verdicts

@@ -565,6 +565,21 @@ def test_property_every_dependant_of_a_failed_plan_ends(ops: list[tuple[str, ...
             assert core.plans[down].state in ("failed", "cancelled")
 
 
+def test_a_plan_waiting_on_two_lost_producers_is_doomed_once() -> None:
+    """Two producers lost on one worker, neither can be rebuilt: their common consumer fails once, and a
+    second consumer of one of them is doomed too (found by the property above on CI)."""
+    core = Core(max_rebuilds=2)
+    core.submit("p0", uploads=True, deterministic=False)
+    core.submit("p1", uploads=True, deterministic=False)
+    core.submit("p2", [ref("p0", name="in0"), ref("p1", name="in1")], uploads=True, deterministic=False)
+    core.run("p0")
+    core.run("p1")
+    core.submit("p3", [ref("p1", name="in0")], uploads=True, deterministic=False)
+    core.lose("w1")  # apply() asserts no plan is doomed twice
+    assert {key: core.plans[key].state for key in ("p2", "p3")} == {"p2": "failed", "p3": "failed"}
+    assert core.plans["p2"].error is not None and core.plans["p2"].error.code == errors.OUTPUT_LOST
+
+
 @PROPERTY
 @given(graph_ops())
 def test_property_no_duplicate_rebuilds_and_producers_run_once(ops: list[tuple[str, ...]]) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 from urllib.parse import urlsplit
 
 from coordinator.auth import TokenStore
@@ -98,13 +98,13 @@ class ClusterDoor(OpenAIEntry):
             if parsed is None:
                 door.list_models(conn, keep, pool if "x-fleetwire-pool" in headers else None)
             else:
-                door.take(conn, principal, parsed, keep, len(request.body), submit.plan_id)
+                door.take(conn, principal, parsed, keep, len(request.body), submit.plan_id or "")
             return
         target = self.shards.where(shard)
         if not target.url:
-            error = ApiError(503, f"shard {shard} (the pool's) has no coordinator yet (a takeover?); retry after the "
-                                  "Retry-After seconds", code="unavailable", retry_after_s=1.0)  # fmt: skip
-            conn.answer(error.status, error_response(error, keep_alive=keep), keep)
+            why = f"shard {shard} (the pool's) has no coordinator yet (a takeover?): retry after Retry-After seconds"
+            unavailable = ApiError(503, why, code="unavailable", retry_after_s=1.0)
+            conn.answer(unavailable.status, error_response(unavailable, keep_alive=keep), keep)
             return
         self.stats.forwarded += 1
         forward = Forward(conn, target.url, shard, request)
@@ -155,7 +155,8 @@ class Forward(asyncio.Protocol):
         try:
             async with asyncio.timeout(FORWARD_CONNECT_S):
                 await asyncio.get_running_loop().create_connection(
-                    lambda: self, parts.hostname, parts.port or (443 if secure else 80), ssl=context)
+                    lambda: self, parts.hostname or "127.0.0.1", parts.port or (443 if secure else 80), ssl=context
+                )
         except (OSError, TimeoutError) as exc:
             why = f"{type(exc).__name__}: {exc}"
             self._fail(ApiError(502, f"cannot reach the coordinator serving shard {self.shard} at {self.url}: {why}",
@@ -164,11 +165,12 @@ class Forward(asyncio.Protocol):
     # ------------------------------------------------------------------ the upstream connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        upstream = self.upstream = transport  # type: ignore[assignment]
+        # uvloop's transports are no asyncio.Transport subclasses: typed as one, not checked.
+        upstream = self.upstream = cast(asyncio.Transport, transport)
         if self.done:
-            transport.abort()
+            upstream.abort()
             return
-        assert upstream is not None and self.data is not None
+        assert self.data is not None
         upstream.write(self.data)
         self.data = None
 
