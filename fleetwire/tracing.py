@@ -1,21 +1,26 @@
 """The SDK's side of a plan's trace: the ``submit`` carries the caller's context (docs/OPERATIONS.md §Tracing).
 
 * With tracing on for the client (``OTEL_EXPORTER_OTLP_ENDPOINT`` set, ``fleetwire[otel]``
-  installed: wireio/tracing.py), each submitted plan gets a ``fleetwire.submit`` span (kind
-  producer, service ``fleetwire-client``), child of the caller's current OpenTelemetry span when
-  there is one, else a new trace; the client's sampler (``OTEL_TRACES_SAMPLER``, default parent-based
-  always-on) decides, and the plan's ``submit.traceparent`` is that span's context, sampled or not.
-  The span ends when the coordinator accepts (or refuses) the plan.
+  installed: wireio/tracing.py), the client's sampler (``OTEL_TRACES_SAMPLER``, default parent-based
+  always-on) decides for each submitted plan, once: inside the caller's current OpenTelemetry span
+  the parent-based samplers follow its ``sampled`` flag; outside any span it is a ratio test
+  (:class:`~wireio.tracing.Sampler`, a few hundred ns, no OpenTelemetry call). A sampled plan gets a
+  ``fleetwire.submit`` span (kind producer, service ``fleetwire-client``), child of the caller's span
+  or the root of a new trace, and its ``submit.traceparent`` is that span's context; the span ends
+  when the coordinator accepts (or refuses) the plan. An unsampled plan carries the caller's
+  context when there is one (its flag says "not sampled": no hop makes a span), else nothing.
 * With tracing off, a caller that uses OpenTelemetry itself (it imported it and has a current span)
   still gets its context carried: ``submit.traceparent`` is that span's, so the coordinator's and
   the workers' spans join the caller's trace when they trace. Nothing is imported for it.
 * Neither: ``traceparent`` stays empty and nothing else runs.
 
-One :class:`~wireio.tracing.Tracing` serves every ``Client`` of a process (:func:`client_tracing`).
+One :class:`~wireio.tracing.Tracing` serves every ``Client`` of a process (:func:`client_tracing`);
+it exports what is still queued when the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Sequence
 from typing import Final
 
@@ -37,11 +42,13 @@ def client_tracing() -> Tracing | None:
     global _tracing
     if _tracing is _UNSET:
         _tracing = Tracing.from_env(SERVICE_CLIENT)
+        if _tracing is not None:
+            atexit.register(_tracing.shutdown)  # a CLI process's spans leave before it does
     return _tracing if isinstance(_tracing, Tracing) else None
 
 
 def start_submit_spans(msgs: Sequence[Submit]) -> list[LiveSpan | None] | None:
-    """Give each submit its ``traceparent`` (module docstring); the spans to end once answered (None: no tracer)."""
+    """Give each submit its ``traceparent`` (module docstring); the spans to end once answered (None: none)."""
     tracing = client_tracing()
     parent = current_traceparent()
     if tracing is None:
@@ -49,12 +56,19 @@ def start_submit_spans(msgs: Sequence[Submit]) -> list[LiveSpan | None] | None:
             for msg in msgs:
                 msg.traceparent = parent
         return None
-    spans: list[LiveSpan | None] = []
-    for msg in msgs:
-        attributes = {"fleetwire.op": msg.op, "fleetwire.plan_id": msg.plan_id or ""}
-        span = tracing.start("fleetwire.submit", parent, attributes, kind="producer", root=True)
-        msg.traceparent = span.traceparent if span is not None else parent  # an unsampled caller's, passed on
-        spans.append(span)
+    spans: list[LiveSpan | None] | None = None
+    start = tracing.start
+    for i, msg in enumerate(msgs):
+        span = start("fleetwire.submit", parent, kind="producer", root=True)
+        if span is None:  # not sampled: the caller's context (if any) is passed on, flag and all
+            msg.traceparent = parent
+            continue
+        span.set("fleetwire.op", msg.op)
+        span.set("fleetwire.plan_id", msg.plan_id or "")
+        msg.traceparent = span.traceparent
+        if spans is None:
+            spans = [None] * len(msgs)
+        spans[i] = span
     return spans
 
 

@@ -7,35 +7,53 @@ the environment, or a flag (``--otlp-endpoint``). Off, a plan costs one empty-st
 
 Theory of operation:
 
-* Each service has its own :class:`Tracing` (its own ``TracerProvider``, never the global one, so
-  a test can run a client, a coordinator and a worker in one process): service names
+* Each service has its own :class:`Tracing` (its own resource and exporter, never the global
+  provider, so a test can run a client, a coordinator and a worker in one process): service names
   ``fleetwire-client``, ``fleetwire-coordinator``, ``fleetwire-worker`` unless ``OTEL_SERVICE_NAME``
-  says otherwise; the sampler is ``OTEL_TRACES_SAMPLER`` (default ``parentbased_always_on``).
+  says otherwise.
 * Spans are linked by W3C ``traceparent`` strings (protocol/tracecontext.py), never by a context
   carried in the process: the SDK's submit span's context rides in ``submit.traceparent``, the
   coordinator stores it with the plan and hands it to each attempt in ``assign.traceparent``.
-  :meth:`Tracing.record` writes a finished span with explicit times (the coordinator's spans, built
+  :meth:`Tracing.record` notes a finished span with explicit times (the coordinator's spans, built
   from what its core noted), :meth:`Tracing.start` a live one (the worker's attempt and handler).
-* Parent-based: a parent whose ``sampled`` flag is clear makes no span here (:meth:`record` and
-  :meth:`start` return at once); the caller decided.
-* Spans leave through a ``BatchSpanProcessor`` (its own thread, bounded queue: a slow collector
-  drops spans, never stalls a session) to OTLP over HTTP/protobuf. :meth:`Tracing.shutdown` flushes.
+* **Sampling is decided once, at the root** (:class:`Sampler`, read from ``OTEL_TRACES_SAMPLER``
+  and ``..._ARG`` as the SDK reads them; default ``parentbased_always_on``): the client decides
+  for a plan submitted outside any span, with one ratio test (a few hundred ns, no OpenTelemetry
+  call); inside the caller's span the parent-based samplers follow its flag. Downstream hops are
+  always parent-based: a ``traceparent`` whose ``sampled`` flag is clear makes no span there
+  (:meth:`record` and :meth:`start` test the flags byte and return), whatever their sampler says.
+* **The hot path does no OpenTelemetry work.** A span is noted as one tuple of plain values (its
+  name, the trace and span ids, the times in Unix ns, a small attributes dict) appended to a
+  bounded queue (``OTEL_BSP_MAX_QUEUE_SIZE``, default 65,536; past it spans are dropped and
+  counted in :attr:`Tracing.dropped`, never a stall). An exporter thread wakes every
+  ``OTEL_BSP_SCHEDULE_DELAY`` ms (default 5,000) or when a batch (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
+  default 2,048) is waiting, builds the SDK's ``ReadableSpan`` objects from the tuples and hands
+  them to the standard OTLP/HTTP exporter (protobuf). :meth:`Tracing.flush` exports what is queued
+  now; :meth:`Tracing.shutdown` flushes and stops the thread.
+
+What a sampled span still costs, measured (docs/OPERATIONS.md §Tracing, *Cost*): about 1 µs to note
+it here, then about 25 µs in the exporter thread, nearly all of it the SDK's protobuf encoding.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import random
 import sys
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from protocol.tracecontext import format_traceparent, is_sampled, parse_traceparent
+from protocol.tracecontext import format_traceparent, is_sampled
 
 __all__ = [
     "SERVICE_CLIENT",
     "SERVICE_COORDINATOR",
     "SERVICE_WORKER",
     "LiveSpan",
+    "Sampler",
     "Tracing",
     "current_traceparent",
     "tracing_requested",
@@ -53,6 +71,13 @@ _MISSING: Final = (
     "tracing needs the OpenTelemetry SDK and its OTLP/HTTP exporter: pip install 'fleetwire[otel]' "
     "(opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http)"
 )
+_KINDS: Final = ("internal", "server", "client", "producer", "consumer")  # OpenTelemetry's SpanKind values, in order
+_MASK64: Final = (1 << 64) - 1
+_SAMPLERS: Final = frozenset({"always_on", "always_off", "traceidratio", "parentbased_always_on",
+                              "parentbased_always_off", "parentbased_traceidratio"})  # fmt: skip
+DEFAULT_QUEUE_SPANS: Final = 65_536
+DEFAULT_BATCH_SPANS: Final = 2_048
+DEFAULT_DELAY_MS: Final = 5_000
 
 
 def tracing_requested(environ: Mapping[str, str] | None = None, endpoint: str | None = None) -> bool:
@@ -78,30 +103,95 @@ def current_traceparent() -> str:
     return format_traceparent(context.trace_id, context.span_id, sampled=bool(context.trace_flags & 1))
 
 
+class Sampler:
+    """The decision at a trace's root, as ``OTEL_TRACES_SAMPLER`` names it, without OpenTelemetry.
+
+    The SDK's six samplers (an unknown name is the SDK's default, ``parentbased_always_on``):
+    ``always_on``, ``always_off``, ``traceidratio`` (``OTEL_TRACES_SAMPLER_ARG``, default 1.0) and
+    their ``parentbased_`` forms, which follow a parent's ``sampled`` flag when there is a parent.
+    A ratio decision is the SDK's ``TraceIdRatioBased`` one: a trace is sampled when the low 64 bits
+    of its id are under ``ratio * 2**64``, so the ids :meth:`root` draws agree with any ratio
+    sampler at least as wide downstream.
+    """
+
+    __slots__ = ("bound", "name", "parent_based", "ratio")
+
+    def __init__(self, name: str = "parentbased_always_on", ratio: float = 1.0) -> None:
+        self.name = name if name in _SAMPLERS else "parentbased_always_on"
+        self.parent_based = self.name.startswith("parentbased_")
+        rule = self.name.removeprefix("parentbased_")
+        self.ratio = 1.0 if rule == "always_on" else 0.0 if rule == "always_off" else min(max(ratio, 0.0), 1.0)
+        self.bound = round(self.ratio * (1 << 64))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Sampler:
+        """The sampler ``OTEL_TRACES_SAMPLER`` and ``OTEL_TRACES_SAMPLER_ARG`` name (a bad ratio: 1.0, as the SDK)."""
+        name = environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+        try:
+            ratio = float(environ.get("OTEL_TRACES_SAMPLER_ARG", ""))
+        except ValueError:
+            ratio = 1.0
+        return cls(name, ratio)
+
+    def root(self, _random: Any = random) -> int:
+        """A new sampled trace's id, or 0: this root is not sampled. One ratio test when it is not."""
+        ratio = self.ratio
+        if ratio < 1.0:
+            if ratio <= 0.0 or _random.random() >= ratio:
+                return 0
+            low = _random.randrange(self.bound) if self.bound else 0
+        else:
+            low = _random.getrandbits(64)
+        return (_random.getrandbits(64) << 64 | low) or 1
+
+    def child(self, parent: str) -> bool:
+        """Whether a span under ``parent`` (a valid ``traceparent``) is sampled here."""
+        if self.parent_based:
+            return is_sampled(parent)
+        return self.ratio >= 1.0 or int(parent[19:35], 16) < self.bound
+
+
 class LiveSpan:
-    """A span under way (:meth:`Tracing.start`): its ``traceparent`` for children, then :meth:`end`."""
+    """A span under way (:meth:`Tracing.start`): its ``traceparent`` for children, then :meth:`end`.
 
-    __slots__ = ("_span", "traceparent")
+    Nothing of OpenTelemetry: its fields, noted as one tuple when it ends.
+    """
 
-    def __init__(self, span: Any, traceparent: str) -> None:
-        self._span = span
-        self.traceparent = traceparent
+    __slots__ = ("_attributes", "_events", "_kind", "_name", "_parent_id", "_remote", "_start_ns", "_tracing",
+                 "span_id", "trace_id")  # fmt: skip
+
+    def __init__(self, tracing: Tracing, name: str, trace_id: str, parent_id: int, remote: bool, start_ns: int,
+                 attributes: dict[str, str | int | float | bool], kind: str) -> None:  # fmt: skip
+        self._tracing = tracing
+        self._name = name
+        self.trace_id = trace_id
+        self.span_id = _span_id()
+        self._parent_id = parent_id
+        self._remote = remote
+        self._start_ns = start_ns
+        self._attributes = attributes
+        self._events: list[Event] | None = None
+        self._kind = kind
+
+    @property
+    def traceparent(self) -> str:
+        """This span's context as a (sampled) ``traceparent``: its children's parent."""
+        return f"00-{self.trace_id}-{self.span_id:016x}-01"
 
     def set(self, key: str, value: str | int | float | bool) -> None:
         """Set an attribute."""
-        self._span.set_attribute(key, value)
+        self._attributes[key] = value
 
     def event(self, name: str, attributes: Attributes | None = None) -> None:
         """Add an event, now."""
-        self._span.add_event(name, dict(attributes or {}))
+        if self._events is None:
+            self._events = []
+        self._events.append((name, time.time_ns(), attributes or {}))
 
     def end(self, error: str = "") -> None:
         """End it; ``error`` (a code or message) marks it failed."""
-        if error:
-            from opentelemetry.trace import Status, StatusCode
-
-            self._span.set_status(Status(StatusCode.ERROR, error))
-        self._span.end()
+        self._tracing._note((self._name, self.trace_id, self.span_id, self._parent_id, self._remote, self._start_ns,
+                             time.time_ns(), self._attributes, self._events, self._kind, error))  # fmt: skip
 
 
 class Tracing:
@@ -128,8 +218,9 @@ class Tracing:
         try:
             from opentelemetry import trace
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.trace import Event as SdkEvent
+            from opentelemetry.sdk.trace import ReadableSpan
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         except ImportError:
             raise ValueError(_MISSING) from None
         if exporter is None:
@@ -139,14 +230,29 @@ class Tracing:
                 raise ValueError(_MISSING) from None
             exporter = OTLPSpanExporter(endpoint=_traces_url(endpoint) if endpoint else None)
         self.service = service_name or env.get("OTEL_SERVICE_NAME") or service
+        self.sampler = Sampler.from_env(env)
+        self.exporter = exporter
+        self.dropped = 0
+        """Spans not exported: the queue was full (a collector slower than the spans)."""
+        self.exported = 0
+        """Spans handed to the exporter."""
         self._trace = trace
-        self.provider = TracerProvider(resource=Resource.create({"service.name": self.service}),
-                                       shutdown_on_exit=False)  # fmt: skip
-        self.provider.add_span_processor(BatchSpanProcessor(exporter))
-        self.tracer = self.provider.get_tracer("fleetwire")
-        kinds = trace.SpanKind
-        self._kinds = {"internal": kinds.INTERNAL, "client": kinds.CLIENT, "server": kinds.SERVER,
-                       "producer": kinds.PRODUCER, "consumer": kinds.CONSUMER}  # fmt: skip
+        self._readable = ReadableSpan
+        self._event = SdkEvent
+        self._resource = _cached_hash(Resource.create({"service.name": self.service}))
+        self._scope = InstrumentationScope("fleetwire")
+        self._kinds = tuple(trace.SpanKind(i) for i in range(len(_KINDS)))
+        self._flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
+        self._ok = trace.Status(trace.StatusCode.UNSET)
+        self._max_queue = _env_int(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SPANS)
+        self._batch = min(_env_int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH_SPANS), self._max_queue)
+        self._delay_s = _env_int(env, "OTEL_BSP_SCHEDULE_DELAY", DEFAULT_DELAY_MS) / 1000
+        self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._wake = threading.Event()
+        self._export_lock = threading.Lock()  # one export at a time: the thread's, or a flush's
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"fleetwire-spans-{self.service}", daemon=True)
+        self._thread.start()
 
     @classmethod
     def from_env(cls, service: str, *, endpoint: str | None = None,
@@ -160,56 +266,126 @@ class Tracing:
             return None
         return cls(service, endpoint=endpoint, environ=environ)
 
-    def _parent(self, traceparent: str) -> Any:
-        """The OpenTelemetry context whose span is the remote parent ``traceparent`` names (None: a new trace)."""
-        trace = self._trace
-        parsed = parse_traceparent(traceparent)
-        if parsed is None:
-            return None
-        context = trace.SpanContext(
-            trace_id=int(parsed.trace_id, 16), span_id=int(parsed.span_id, 16), is_remote=True,
-            trace_flags=trace.TraceFlags(parsed.flags & 0xFF),
-        )  # fmt: skip
-        return trace.set_span_in_context(trace.NonRecordingSpan(context))
+    # -- the hot path: plain values into the queue ------------------------------------------------
 
     def start(self, name: str, parent: str = "", attributes: Attributes | None = None, *, kind: str = "internal",
               start_ns: int | None = None, root: bool = False) -> LiveSpan | None:  # fmt: skip
         """Start a span, child of ``parent``; None when ``parent`` is unsampled or absent (unless
-        ``root``: then an absent parent starts a new trace, which the sampler may sample)."""
-        if parent and not is_sampled(parent):
+        ``root``: then an absent parent starts a new trace, if :attr:`sampler` samples it, and a
+        present one is a child if the sampler follows it: the root's decision)."""
+        if parent:
+            if not (self.sampler.child(parent) if root else is_sampled(parent)):
+                return None
+            trace_id, parent_id = parent[3:35], int(parent[36:52], 16)
+        elif root:
+            trace = self.sampler.root()
+            if not trace:
+                return None
+            trace_id, parent_id = f"{trace:032x}", 0
+        else:
             return None
-        if not parent and not root:
-            return None
-        span = self.tracer.start_span(name, context=self._parent(parent) if parent else None,
-                                      kind=self._kinds[kind], attributes=dict(attributes or {}),
-                                      start_time=start_ns)  # fmt: skip
-        context = span.get_span_context()
-        return LiveSpan(span, format_traceparent(context.trace_id, context.span_id,
-                                                 sampled=bool(context.trace_flags & 1)))  # fmt: skip
+        return LiveSpan(self, name, trace_id, parent_id, True, time.time_ns() if start_ns is None else start_ns,
+                        dict(attributes) if attributes else {}, kind)  # fmt: skip
+
+    def child(self, parent: LiveSpan, name: str, attributes: Attributes | None = None, *,
+              kind: str = "internal") -> LiveSpan:  # fmt: skip
+        """Start a span under a live one of this process."""
+        return LiveSpan(self, name, parent.trace_id, parent.span_id, False, time.time_ns(),
+                        dict(attributes) if attributes else {}, kind)  # fmt: skip
 
     def record(self, name: str, parent: str, start_ns: int, end_ns: int, attributes: Attributes | None = None, *,
                events: Iterable[Event] = (), kind: str = "internal", error: str = "") -> str:  # fmt: skip
-        """Write a finished span, child of ``parent``, from ``start_ns`` to ``end_ns`` (Unix ns);
-        returns its ``traceparent`` (``""``: the parent is unsampled, nothing written)."""
+        """Note a finished span, child of ``parent``, from ``start_ns`` to ``end_ns`` (Unix ns);
+        returns its ``traceparent`` (``""``: the parent is unsampled, nothing noted)."""
         if not is_sampled(parent):
             return ""
-        span = self.tracer.start_span(name, context=self._parent(parent), kind=self._kinds[kind],
-                                      attributes=dict(attributes or {}), start_time=start_ns)  # fmt: skip
-        for event_name, at_ns, event_attributes in events:
-            span.add_event(event_name, dict(event_attributes), timestamp=at_ns)
-        if error:
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error))
-        context = span.get_span_context()
-        span.end(end_time=max(start_ns, end_ns))
-        return format_traceparent(context.trace_id, context.span_id, sampled=True)
+        span_id = _span_id()
+        self._note((name, parent[3:35], span_id, int(parent[36:52], 16), True, start_ns, max(start_ns, end_ns),
+                    attributes, list(events) if events else None, kind, error))  # fmt: skip
+        return f"00-{parent[3:35]}-{span_id:016x}-01"
+
+    def _note(self, span: tuple[Any, ...]) -> None:
+        queue = self._queue
+        if len(queue) >= self._max_queue:
+            self.dropped += 1
+            return
+        queue.append(span)
+        if len(queue) >= self._batch and not self._wake.is_set():
+            self._wake.set()
+
+    # -- the exporter thread: tuples to ReadableSpans to OTLP --------------------------------------
+
+    def _run(self) -> None:
+        wake = self._wake
+        while not self._closed:
+            wake.wait(self._delay_s)
+            wake.clear()
+            self._export_queued()
+
+    def _export_queued(self) -> None:
+        """Export every span queued now, in batches."""
+        with self._export_lock:
+            queue, batch_size = self._queue, self._batch
+            while queue:
+                batch = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
+                spans = [self._readable_span(*raw) for raw in batch]
+                try:
+                    self.exporter.export(spans)
+                except Exception:  # a failing exporter loses its batch, never the thread
+                    self.dropped += len(spans)
+                else:
+                    self.exported += len(spans)
+
+    def _readable_span(self, name: str, trace_hex: str, span_id: int, parent_id: int, remote: bool, start_ns: int,
+                       end_ns: int, attributes: Attributes | None, events: list[Event] | None, kind: str,
+                       error: str) -> Any:  # fmt: skip
+        trace, flags = self._trace, self._flags
+        trace_id = int(trace_hex, 16)
+        parent = trace.SpanContext(trace_id, parent_id, remote, flags) if parent_id else None
+        return self._readable(
+            name=name, context=trace.SpanContext(trace_id, span_id, False, flags), parent=parent,
+            resource=self._resource, attributes=attributes,
+            events=[self._event(n, a, t) for n, t, a in events] if events else (),
+            kind=self._kinds[_KINDS.index(kind)],
+            status=trace.Status(trace.StatusCode.ERROR, error) if error else self._ok,
+            start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope,
+        )  # fmt: skip
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Export what is queued now; whether it all went within ``timeout_s``."""
-        return bool(self.provider.force_flush(int(timeout_s * 1000)))
+        self._export_queued()
+        return bool(self.exporter.force_flush(int(timeout_s * 1000)))
 
     def shutdown(self) -> None:
-        """Flush and stop the exporter's thread."""
-        self.provider.shutdown()
+        """Export what is queued, stop the exporter's thread and the exporter (again: nothing)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        self._thread.join()
+        self._export_queued()
+        self.exporter.shutdown()
+
+
+def _cached_hash(resource: Any) -> Any:
+    """The resource, as one whose hash is computed once (the OTLP encoder hashes it per span: ~3 µs each)."""
+    base = type(resource)
+    cached = type("FleetwireResource", (base,), {"__hash__": lambda self: self._fleetwire_hash, "__eq__": base.__eq__})
+    clone = cached(resource.attributes, resource.schema_url)
+    clone._fleetwire_hash = hash(resource)
+    return clone
+
+
+def _span_id() -> int:
+    return random.getrandbits(64) or 1
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        value = int(env.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def _traces_url(endpoint: str) -> str:

@@ -33,4 +33,4 @@ def child_span(tracing: Tracing | None, parent: LiveSpan | None, name: str,
     """A child of the attempt span (None without one)."""
     if tracing is None or parent is None:
         return None
-    return tracing.start(name, parent.traceparent, attributes)
+    return tracing.child(parent, name, attributes)

@@ -240,4 +240,3 @@ async def test_the_plans_trace_context_goes_to_the_engine(engine: InferenceEngin
     await engine.generate(traced, {"prompt": "a"})
     await engine.generate(_context([]), {"prompt": "b"})
     assert server.traceparents[-2:] == [traced.traceparent, ""]
-

@@ -7,11 +7,11 @@ step of a plan whose caller sampled its trace (``Effects.traces``: coordinator/e
 store) and when it is delivered (its records committed, its frames released). From them it writes
 finished spans, each a child of the plan's stored context (the caller's submit span):
 
-* ``fleetwire.queue``: from ``queued`` (or ``requeued``, ``preempted``) to ``leased`` (or the plan's
-  end while queued); every ``waiting`` reason is an event of it, the last one its
-  ``fleetwire.wait_reason`` attribute.
-* ``fleetwire.placement``: the step that chose the worker: ``fleetwire.policy`` and
-  ``fleetwire.worker_id``.
+* ``fleetwire.queue``: from ``queued`` (or ``requeued``, ``preempted``) to the placement that
+  leased it (or the plan's end while queued); every ``waiting`` reason is an event of it, the last
+  one its ``fleetwire.wait_reason`` attribute; the placement that ended it is its
+  ``fleetwire.policy`` and ``fleetwire.worker_id`` (one span, not a zero-length placement span
+  beside it: each span costs the exporter ~25 µs, docs/OPERATIONS.md §Tracing).
 * ``fleetwire.store.commit``: the step that recorded the plan (``queued``: ``accepted`` waits for it)
   or its end (``succeeded``/``failed``/``cancelled``), from the flush to the commit.
 
@@ -39,7 +39,7 @@ _COMMITTED: Final = _ENDS | {"queued"}
 
 
 class _Queued:
-    __slots__ = ("attempt", "events", "reason", "since_ns", "traceparent")
+    __slots__ = ("attempt", "events", "placed", "reason", "since_ns", "traceparent")
 
     def __init__(self, traceparent: str, since_ns: int, attempt: int) -> None:
         self.traceparent = traceparent
@@ -47,6 +47,7 @@ class _Queued:
         self.attempt = attempt
         self.reason = ""
         self.events: list[tuple[str, int, dict[str, str | int | float | bool]]] = []
+        self.placed: dict[str, object] | None = None  # the placement's policy and worker, once placed
 
 
 class PlanSpans:
@@ -64,13 +65,12 @@ class PlanSpans:
         self._flushed: dict[int, int] = {}  # id(notes) -> when the step was flushed
 
     def flushed(self, notes: Sequence[TraceNote]) -> None:
-        """A step's notes, as its records go to the store: queue and placement spans."""
+        """A step's notes, as its records go to the store: queue spans, each ended by its placement."""
         now = self._clock()
         self._flushed[id(notes)] = now
         queued, record = self._queued, self.tracing.record
         for note in notes:
             kind, plan_id = note.kind, note.plan_id
-            base: Attributes = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": note.attempt}
             if kind in _QUEUED_BY:
                 queued[plan_id] = _Queued(note.traceparent, now, note.attempt + 1)
             elif kind == "waiting":
@@ -80,15 +80,18 @@ class PlanSpans:
                 entry.reason = str((note.data or {}).get("reason", ""))
                 entry.events.append(("waiting", now, {"reason": entry.reason}))
             elif kind == "placed":
-                data = note.data or {}
-                record("fleetwire.placement", note.traceparent, now, now, {
-                    **base, "fleetwire.policy": str(data.get("policy", "")),
-                    "fleetwire.worker_id": str(data.get("worker_id", "")),
-                })  # fmt: skip
+                entry = queued.get(plan_id)
+                if entry is None:  # queued before a restart and placed at once: a queue span from here
+                    entry = queued[plan_id] = _Queued(note.traceparent, now, note.attempt + 1)
+                entry.placed = note.data or {}
             elif kind == "leased" or kind in _ENDS:
                 entry = queued.pop(plan_id, None)
                 if entry is not None:
-                    attributes = {**base, "fleetwire.attempt": entry.attempt, "fleetwire.wait_reason": entry.reason}
+                    attributes: Attributes = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": entry.attempt,
+                                              "fleetwire.wait_reason": entry.reason}  # fmt: skip
+                    if entry.placed is not None:
+                        attributes["fleetwire.policy"] = str(entry.placed.get("policy", ""))
+                        attributes["fleetwire.worker_id"] = str(entry.placed.get("worker_id", ""))
                     error = "" if kind == "leased" else f"ended {kind} while queued"
                     record("fleetwire.queue", entry.traceparent, entry.since_ns, now, attributes,
                            events=entry.events, error=error)  # fmt: skip
