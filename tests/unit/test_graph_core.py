@@ -3,6 +3,7 @@ submit, held plans, the assign's pulls and locality, failure at once, cancel wit
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -240,3 +241,74 @@ def test_a_lost_output_of_a_nondeterministic_producer_fails_its_consumer_output_
     plan: Any = h.core.plans[b]
     assert plan.state == "failed" and plan.error.code == errors.OUTPUT_LOST
     assert "deterministic=false" in plan.error.message and "a.r1" not in h.core.plans
+
+
+def _durable(kind: str, tmp_path: Path, **config: Any) -> Any:
+    """A Durable harness on a MemoryStore, or on a SQLite file reopened by each restart (as a new process would)."""
+    from coordinator.io.stores.sqlite import SQLiteStore
+    from coordinator.io.stores.store import DB_FILE
+    from tests.unit.test_durability_core import Durable
+
+    h = Durable(**config)
+    if kind == "sqlite":
+        h.store = SQLiteStore(tmp_path / DB_FILE)
+        restart = h.restart
+
+        def reopened(now: float) -> None:
+            h.store.close()
+            h.store = SQLiteStore(tmp_path / DB_FILE)
+            restart(now)
+
+        h.restart = reopened
+    return h
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_the_graph_survives_a_restart_held_plans_wait_for_the_same_reasons(kind: str, tmp_path: Path) -> None:
+    """After a restart from the store, B still waits (same reason) and A's outputs are known: once the gate ends, B
+    is placed with A's output filled in and a pull from A's worker."""
+    h = _durable(kind, tmp_path)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    h.submit(client, plan_id="gate")
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], a, outputs={"y": 10})
+    h.submit(client, plan_id="b", inputs=[ref("a")], after=["gate"])
+    assert h.core.plans["b"].waiting_reason == "plan gate has not succeeded yet"
+    h.restart(50.0)
+    assert h.core.plans["b"].waiting_reason == "plan gate has not succeeded yet" and "b" in h.core.graphs.graph.held
+    assert h.core.plans["a"].produced == [OutputSpec("y", 10, DIGEST)]
+    w1 = h.worker("w1")
+    gate = assign_of(h, w1)
+    finish(h, w1, gate.plan_id, gate.attempt)
+    b = assign_of(h, w1)
+    assert b.plan_id == "b" and b.inputs[0].size == 10 and b.pulls[0].plan_id == "a"
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_rebuild_under_way_survives_a_restart_and_is_not_doubled(kind: str, tmp_path: Path) -> None:
+    """A restart while a.r1 makes A's lost output again: a.r1 is queued again (no a.r2), B still waits for it,
+    and then runs on a.r1's output (the rebuild's link to A is in its stored creation)."""
+    h = _durable(kind, tmp_path, heartbeat_timeout_s=30.0)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], a, outputs={"y": 10})
+    h.submit(client, plan_id="gate")  # w1's slot, so b waits on it as well as on a's output
+    assign_of(h, conns["w1"])
+    h.submit(client, plan_id="b", inputs=[ref("a")], after=["gate"])
+    h.close(conns["w1"])
+    h.tick(100.0)  # w1 is reaped: a.r1 is made, queued with no worker to take it
+    assert h.core.plans["a.r1"].state == "queued"
+    h.restart(150.0)
+    assert h.core.plans["a.r1"].rebuild_of == "a" and h.core.counters["plans_rebuilt"] == 0
+    w2 = h.worker("w2", max_concurrency=2)
+    assert sorted(m.plan_id for m in h.take(w2) if isinstance(m, Assign)) == ["a.r1", "gate"]
+    finish(h, w2, "gate", 2)
+    assert h.core.plans["b"].waiting_reason == "plan a's output 'y' was lost; plan a.r1 is making it again"
+    finish(h, w2, "a.r1", outputs={"y": 10})
+    b = assign_of(h, w2)
+    assert b.plan_id == "b" and b.pulls[0].plan_id == "a.r1" and b.pulls[0].worker_id == "w2"
+    assert sorted(k for k in h.core.plans if k.startswith("a.r")) == ["a.r1"]
