@@ -408,9 +408,16 @@ class Agent:
         self.health.start()
 
     def _health_changed(self) -> None:
-        """A device's health moved: quarantined devices take no new plan here, and the coordinator is told at once."""
+        """A device's health moved: quarantined devices take no new plan here, and the coordinator is told at once;
+        with ``on_quarantine="requeue"`` the plans running on a newly quarantined device are preempted (requeued)."""
         assert self.health is not None
-        self.runner.devices.blocked = frozenset(self.health.rules.quarantined)
+        rules = self.health.rules
+        blocked = frozenset(rules.quarantined)
+        newly = blocked - self.runner.devices.blocked
+        self.runner.devices.blocked = blocked
+        if newly and self.settings.on_quarantine == "requeue":
+            why = "; ".join(f"device {index} quarantined: {rules.state(index)[1]}" for index in sorted(newly))
+            self.runner.preempt_holding(newly, self.settings.preemption_grace_s, f"worker {self.worker_id}: {why}")
         if self.registered.is_set():
             self._send_queue.send(protocol.Heartbeat(load=self._load()))
 

@@ -133,6 +133,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="temperature from which a device is reported degraded (default 90)",
     )
     parser.add_argument(
+        "--on-quarantine", choices=("finish", "requeue"), default="finish",
+        help="the plans running on a device when it is quarantined: finish (run on; default) or requeue "
+             "(preempted with --preemption-grace, queued again elsewhere for free; docs/OPERATIONS.md §GPU health)",
+    )
+    parser.add_argument(
         "--otlp-endpoint", default="", metavar="URL",
         help="send traced plans' spans to this OpenTelemetry collector (OTLP/HTTP; default: "
              "$OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing; needs fleetwire[otel]; docs/OPERATIONS.md §Tracing)",
@@ -221,6 +226,7 @@ def _settings(ns: argparse.Namespace) -> AgentSettings:
         gpu_share=ns.gpu_share,
         gpu_health_interval_s=ns.gpu_health_interval,
         gpu_hot_c=ns.gpu_hot,
+        on_quarantine=ns.on_quarantine,
         preemption_grace_s=ns.preemption_grace,
         interruption_command=ns.interruption_command or None,
         interruption_poll_s=ns.interruption_poll,

@@ -307,6 +307,15 @@ class PlanRunner:
             self._preempt(run, grace_s, f"worker {self.worker_id} is being interrupted: {reason}")
         return len(runs)
 
+    def preempt_holding(self, devices: frozenset[int], grace_s: float, reason: str) -> int:
+        """Devices were quarantined and this worker requeues what runs on them (``--on-quarantine requeue``,
+        docs/OPERATIONS.md §GPU health): preempt every running plan holding one of ``devices`` with ``grace_s``;
+        its ``done(preempted)`` has the coordinator queue it again without charging an attempt. Returns how many."""
+        runs = [run for run in self._plans.values() if not run.silent and not devices.isdisjoint(run.devices)]
+        for run in runs:
+            self._preempt(run, grace_s, reason)
+        return len(runs)
+
     def _preempt(self, run: _PlanRun, grace_s: float, reason: str) -> None:
         if run.preempted is not None or run.cancel_requested:
             return  # told already, or stopping anyway

@@ -16,7 +16,10 @@ from protocol import ENCODING_SUBPROTOCOL, Encoding
 from worker_agent.devices import parse_gpus
 from worker_agent.isolation import PlanIsolation
 
-__all__ = ["AgentOptions", "AgentSettings"]
+__all__ = ["ON_QUARANTINE", "AgentOptions", "AgentSettings"]
+
+#: What ``on_quarantine`` may say: the plans on a quarantined device finish, or are requeued (§GPU health).
+ON_QUARANTINE = ("finish", "requeue")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +77,9 @@ class AgentSettings:
         gpu_health_interval_s: seconds between two readings of every device's health (NVML; 0: none;
             worker_agent/gpu_health.py): a quarantined device takes no new plan.
         gpu_hot_c: temperature (°C) from which a device is reported degraded.
+        on_quarantine: what becomes of the plans running on a device when it is quarantined: ``finish``
+            (they run on; the default) or ``requeue`` (they are preempted with ``preemption_grace_s``
+            and queued again, elsewhere, without charging an attempt; docs/OPERATIONS.md §GPU health).
         preemption_grace_s: when this host is interrupted (``interruption_command``, SIGUSR1), how long its
             preempted plans have to checkpoint and end before they are cancelled (docs/SEMANTICS.md §Preemption;
             a coordinator's ``preempt`` brings its own grace).
@@ -126,6 +132,7 @@ class AgentSettings:
     ping_timeout_s: float | None = None
     gpu_health_interval_s: float = 5.0
     gpu_hot_c: float = 90.0
+    on_quarantine: str = "finish"
     preemption_grace_s: float = 30.0
     interruption_command: str | None = None
     interruption_poll_s: float = 5.0
@@ -158,6 +165,8 @@ class AgentSettings:
                 raise ValueError(f"{name} must be >= 0 (0: no pings), got {getattr(self, name)}")
         if not 0 <= self.gpu_health_interval_s <= 3600:
             raise ValueError(f"gpu_health_interval_s must be in 0 (off) .. 3600, got {self.gpu_health_interval_s}")
+        if self.on_quarantine not in ON_QUARANTINE:
+            raise ValueError(f"on_quarantine must be 'finish' or 'requeue', got {self.on_quarantine!r}")
         if not 0 <= self.preemption_grace_s <= 86_400:
             raise ValueError(f"preemption_grace_s must be in 0 .. 86400 seconds, got {self.preemption_grace_s}")
         if not 0.1 <= self.interruption_poll_s <= 3600:
@@ -241,6 +250,7 @@ class AgentOptions(TypedDict, total=False):
     ping_timeout_s: float | None
     gpu_health_interval_s: float
     gpu_hot_c: float
+    on_quarantine: str
     preemption_grace_s: float
     interruption_command: str | None
     interruption_poll_s: float

@@ -59,3 +59,58 @@ async def test_an_xid_quarantines_a_device_and_a_release_puts_it_back_in_service
         agent.stop()
         await asyncio.wait_for(task, 10)
         await coordinator.stop()
+
+
+async def _quarantine_while_running(on_quarantine: str) -> tuple[list[str], list[dict[str, Any]], tuple[int, int]]:
+    """A 1-GPU plan runs on device 0 when XID 79 quarantines it; its result, its preempted events, its attempt and
+    free attempts."""
+    coordinator = CoordinatorServer(ServerSettings(port=0, store="memory", insecure=True))
+    await coordinator.start()
+    nvml = FakeNvml(2)
+    agent = Agent(coordinator.url, None, worker_id="w1", gpus="0:80GB:H100,1:80GB:H100", gpu_health_interval_s=0.02,
+                  health_source=nvml, on_quarantine=on_quarantine, preemption_grace_s=0.0)  # fmt: skip
+    gate = asyncio.Event()
+    started: list[list[str]] = []
+
+    @agent.handler("hold")
+    async def hold(ctx: Context, args: Any) -> list[str]:
+        started.append(ctx.devices)
+        await gate.wait()
+        return ctx.devices
+
+    task = asyncio.create_task(agent.run())
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        registry = coordinator.core.registry
+        async with Client(coordinator.url) as client:
+            plan = await client.submit("hold", resources={"gpus": 1})
+            await until(lambda: started == [["0"]])
+            nvml.inject_xid(0, 79)
+            await until(lambda: registry.get("w1").gpu_blocked == (0,), timeout_s=10)
+            if on_quarantine == "requeue":
+                await until(lambda: len(started) == 2, timeout_s=10)
+            gate.set()
+            result = await plan.result()
+            preempted = [e.data async for e in plan.events() if e.kind == "preempted"]
+            record = coordinator.core.plans[plan.id]
+            return result, preempted, (record.attempt, record.free_attempts)
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 10)
+        await coordinator.stop()
+
+
+async def test_a_quarantine_lets_running_plans_finish_by_default() -> None:
+    """on_quarantine "finish" (the default): a plan running on a device that gets quarantined runs on and succeeds
+    there, in its first attempt."""
+    result, preempted, attempt = await _quarantine_while_running("finish")
+    assert (result, preempted, attempt) == (["0"], [], (1, 0))
+
+
+async def test_on_quarantine_requeue_moves_a_running_plan_to_a_healthy_device() -> None:
+    """on_quarantine "requeue": XID 79 on the device a running plan holds preempts it, naming the device and the
+    fault; it is queued again without charging an attempt and succeeds on the other device."""
+    result, preempted, attempt = await _quarantine_while_running("requeue")
+    assert result == ["1"]
+    assert len(preempted) == 1 and "device 0 quarantined: fatal XID 79" in preempted[0]["reason"]
+    assert attempt == (2, 1)  # the preempted attempt is not charged

@@ -34,6 +34,7 @@ def test_keywords_build_the_same_settings_and_override_given_ones() -> None:
         ({"reconnect_base_s": 2.0, "reconnect_cap_s": 1.0}, "reconnect"),
         ({"max_frame_bytes": 100}, "max_frame_bytes"),
         ({"kv_blocks": -1}, "kv_blocks"),
+        ({"on_quarantine": "drop"}, "on_quarantine"),
     ],
 )
 def test_out_of_range_settings_are_refused(options: dict[str, Any], message: str) -> None:
