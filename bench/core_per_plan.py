@@ -1,4 +1,6 @@
-"""Coordinator core CPU per no-op plan: no sockets, no store, no event loop, a fake clock.
+"""CPU per no-op plan in each process: the coordinator core, the client SDK, the worker agent.
+
+``--side core`` (the default): the coordinator core alone: no sockets, no store, no event loop, a fake clock.
 
 Drives ``coordinator.Coordinator`` directly the way the driver does: one client submits N
 ``echo`` plans in batches (each subscribed, as ``Client.submit_many`` does), two workers with
@@ -13,6 +15,17 @@ instruction count hardly moves with machine load, so it is the signal to compare
     python bench/core_per_plan.py --compare /tmp/wt_old    # and another tree, same sitting
     python bench/core_per_plan.py --no-callgrind --plans 50000
     python bench/core_per_plan.py --profile [--compare PATH]  # cProfile calls and time per plan
+    python bench/core_per_plan.py --side client [--compare PATH]  # the client SDK's per-plan path
+    python bench/core_per_plan.py --side worker [--compare PATH]  # the worker agent's per-plan path
+
+``--side client``: a real ``fleetwire.Client`` without a socket: ``submit_many`` of N echo plans in batches
+(the caller's ids), the session's writer encoding its frames, then the coordinator's frames fed to the
+session as its reader would (per plan: ``accepted``, ``queued``, ``leased``; then ``running``, ``echo``,
+``succeeded``, encoded beforehand) and every plan's ``result()`` awaited. ``--side worker``: a real
+``worker_agent.Agent`` without a socket: frames of ``assign`` decoded and dispatched as its reader does, the
+plans run by the built-in ``echo`` on its loop, the outbox encoded into frames and acked as its writer and the
+coordinator do. For these two the frames made beforehand (and the client or agent built) are measured apart
+(``--setup-only``) and taken off, so the figure is the SDK's or the agent's own instructions per plan.
 
 One client holds every plan of a run unfinished at once, so the core's per-client limits
 (``max_plans_per_client``, 10,000 by default; ``max_bytes_per_client``) are lifted where the tree
@@ -109,6 +122,111 @@ def run_plans(plans: int, batch: int) -> float:
     return spent
 
 
+def _client_frames(plans: int, batch: int) -> list[tuple[int, int, bytes, bytes]]:
+    """The coordinator's frames to the client, per batch: (first, count, accepted + queued + leased, the rest)."""
+    import msgspec
+
+    from protocol.messages import Accepted, Event
+
+    frames = []
+    for start in range(0, plans, batch):
+        count = min(plans, start + batch) - start
+        first, rest = [], []
+        for i in range(start + 1, start + count + 1):
+            pid, placed = f"p{i}", {"worker_id": "bench-1", "attempt": 1}
+            first += [Accepted(req_id=i, plan_id=pid, state="queued"),
+                      Event(plan_id=pid, kind="queued", data={}, seq=1),
+                      Event(plan_id=pid, kind="leased", data=placed, seq=2, attempt=1)]
+            rest += [Event(plan_id=pid, kind="running", data=placed, seq=3, attempt=1),
+                     Event(plan_id=pid, kind="echo", data=i, seq=4, attempt=1),
+                     Event(plan_id=pid, kind="succeeded", data={"result": i, **placed}, seq=5, attempt=1)]
+        frames.append((start, count, msgspec.msgpack.encode(first), msgspec.msgpack.encode(rest)))
+    return frames
+
+
+def run_client(plans: int, batch: int, setup_only: bool = False) -> float:
+    """``plans`` echo plans through a socketless ``Client`` (see the module docstring); CPU seconds spent."""
+    import asyncio
+
+    from fleetwire import Client
+
+    frames = _client_frames(plans, batch)
+    ids = [f"p{i}" for i in range(1, plans + 1)]
+
+    async def main() -> float:
+        client = Client("ws://127.0.0.1:9", reconnect=False)
+        client._ws = object()  # type: ignore[assignment]  # connected, as far as submits go: the bench is the socket
+        session = client._session
+        if setup_only:
+            return 0.0
+        gc.collect()
+        t0 = time.process_time()
+        for start, count, first, rest in frames:
+            task = asyncio.ensure_future(client.submit_many("echo", range(start, start + count),
+                                                            plan_ids=ids[start:start + count]))
+            while session.pending_requests < count:  # noqa: ASYNC110  (loop turns: the submits' task queues them)
+                await asyncio.sleep(0)
+            while session.next_frame() is not None:  # the writer's encoding
+                pass
+            session.receive_frame(first)  # the reader's
+            submitted = await task
+            session.receive_frame(rest)
+            for plan in submitted:
+                await plan.result()
+        return time.process_time() - t0
+
+    return asyncio.run(main())
+
+
+def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
+    """``plans`` echo plans through a socketless worker ``Agent`` (see the module docstring); CPU seconds spent."""
+    import asyncio
+
+    import msgspec
+
+    from protocol.messages import Ack, Assign
+
+    frames = [msgspec.msgpack.encode([Assign(plan_id=f"p{i}", attempt=1, op="echo", args=i)
+                                      for i in range(start + 1, min(plans, start + batch) + 1)])
+              for start in range(0, plans, batch)]
+
+    async def main() -> float:
+        from worker_agent import agent as agent_module
+
+        agent = agent_module.Agent("ws://127.0.0.1:9", worker_id="bench-1", max_concurrency=batch)
+        codec = agent._codec("fleetwire.v1.msgpack")
+        outbox, send_queue, runner = agent._outbox, agent._send_queue, agent.runner
+        max_frame_bytes = agent.settings.max_frame_bytes
+        if setup_only:
+            return 0.0
+        gc.collect()
+        t0 = time.process_time()
+        for frame in frames:
+            for msg in codec.decode(frame):  # the reader
+                agent._dispatch(msg)
+            while runner.running_count:  # noqa: ASYNC110  (loop turns: the plans' tasks run to their end)
+                await asyncio.sleep(0)
+            while outbox:  # the writer
+                for _frame, msgs in agent_module.encode_frames(codec, outbox.take(agent_module.MAX_BATCH),
+                                                               max_frame_bytes):
+                    outbox.sent(msgs)
+            agent._dispatch(Ack(seq=send_queue._seq))  # the coordinator's ack
+        if outbox.unacked:
+            raise RuntimeError(f"{outbox.unacked} messages left unacked")
+        return time.process_time() - t0
+
+    return asyncio.run(main())
+
+
+RUNS = {"core": run_plans, "client": run_client, "worker": run_worker}
+
+
+def _run(ns: argparse.Namespace, setup_only: bool = False) -> float:
+    if ns.side == "core":
+        return run_plans(ns.plans, ns.batch)
+    return RUNS[ns.side](ns.plans, ns.batch, setup_only)  # type: ignore[operator]
+
+
 def _child(ns: argparse.Namespace) -> int:
     """Inside the measured tree: print one JSON line."""
     if ns.profile:
@@ -117,7 +235,7 @@ def _child(ns: argparse.Namespace) -> int:
 
         prof = cProfile.Profile()
         prof.enable()
-        run_plans(ns.plans, ns.batch)
+        _run(ns)
         prof.disable()
         stats = pstats.Stats(prof)
         table = stats.stats  # type: ignore[attr-defined]
@@ -130,9 +248,9 @@ def _child(ns: argparse.Namespace) -> int:
             print(f"{tt * per:7.2f} {ct * per:7.2f} {nc / ns.plans:6.2f}  {name} ({where}:{line})")
         return 0
     if ns.once:
-        run_plans(ns.plans, ns.batch)
+        _run(ns, ns.setup_only)
         return 0
-    best = min(run_plans(ns.plans, ns.batch) for _ in range(ns.repeat))
+    best = min(_run(ns) for _ in range(ns.repeat))
     print(json.dumps({"us_per_plan": round(best / ns.plans * 1e6, 2)}))
     return 0
 
@@ -148,25 +266,31 @@ def _python(tree: str, args: list[str], valgrind_out: str | None = None) -> str:
     return proc.stdout
 
 
-def _instructions(tree: str, small: int, large: int, batch: int) -> float:
-    """Callgrind instructions per plan: (Ir(large) - Ir(small)) / (large - small)."""
-    counts = []
-    _python(tree, ["--once", "--plans", "1"])  # byte-compiles what changed, so neither counted run pays for it
+def _callgrind_total(tree: str, args: list[str], out: str) -> int:
+    _python(tree, args, valgrind_out=out)
+    with open(out) as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
+
+
+def _instructions(tree: str, small: int, large: int, ns: argparse.Namespace) -> float:
+    """Callgrind instructions per plan: (Ir(large) - Ir(small)) / (large - small), less the same difference of
+    a ``--setup-only`` run (the client's and the worker's frames made beforehand) for those sides."""
+    side = ["--side", ns.side, "--batch", str(ns.batch)]
+    _python(tree, ["--once", "--plans", "1", *side])  # byte-compiles what changed, so no counted run pays for it
+    per_plan = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (small, large):
-            out = os.path.join(tmp, f"cg.{n}")
-            _python(tree, ["--once", "--plans", str(n), "--batch", str(batch)], valgrind_out=out)
-            with open(out) as fh:
-                total = next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
-            counts.append(total)
-    return (counts[1] - counts[0]) / (large - small)
+        for extra, sign in [([], 1)] + ([(["--setup-only"], -1)] if ns.side != "core" else []):
+            small_ir, large_ir = (_callgrind_total(tree, ["--once", "--plans", str(n), *side, *extra],
+                                                   os.path.join(tmp, f"cg.{n}")) for n in (small, large))
+            per_plan += sign * (large_ir - small_ir) / (large - small)
+    return per_plan
 
 
 def measure(tree: str, ns: argparse.Namespace) -> dict[str, Any]:
-    args = ["--plans", str(ns.plans), "--batch", str(ns.batch), "--repeat", str(ns.repeat)]
+    args = ["--plans", str(ns.plans), "--batch", str(ns.batch), "--repeat", str(ns.repeat), "--side", ns.side]
     result: dict[str, Any] = {"tree": tree, **json.loads(_python(tree, args).strip().splitlines()[-1])}
     if ns.callgrind:
-        result["instructions_per_plan"] = round(_instructions(tree, ns.cg_plans // 4, ns.cg_plans, ns.batch))
+        result["instructions_per_plan"] = round(_instructions(tree, ns.cg_plans // 4, ns.cg_plans, ns))
     return result
 
 
@@ -181,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="cProfile (each tree): calls and time per plan")
     parser.add_argument("--top", type=int, default=30, help="rows of --profile (default 30)")
     parser.add_argument("--json", action="store_true", help="one JSON line instead of text")
+    parser.add_argument("--side", choices=sorted(RUNS), default="core",
+                        help="whose per-plan path: the coordinator core (default), the client SDK, the worker")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--once", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.child:
@@ -190,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.profile:
         for tree in trees:
             print(f"== {tree}")
-            args = ["--profile", "--plans", str(ns.plans), "--batch", str(ns.batch), "--top", str(ns.top)]
+            args = ["--profile", "--plans", str(ns.plans), "--batch", str(ns.batch), "--top", str(ns.top),
+                    "--side", ns.side]
             print(_python(tree, args))
         return 0
     if ns.callgrind and shutil.which("valgrind") is None:
@@ -202,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios = {f"ratio_{k}": round(this[k] / other[k], 3) for k in this if k != "tree" and k in other}
         results.append(ratios)
     if ns.json:
-        print(json.dumps({"bench": "core_per_plan", "plans": ns.plans, "trees": results[:len(trees)],
+        print(json.dumps({"bench": "core_per_plan", "side": ns.side, "plans": ns.plans, "trees": results[:len(trees)],
                           **(results[-1] if len(results) > len(trees) else {})}))
         return 0
     for r in results:

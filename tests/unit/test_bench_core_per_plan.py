@@ -1,4 +1,4 @@
-"""bench/core_per_plan.py runs at its default size, past the core's per-client plan limit."""
+"""bench/core_per_plan.py runs at its default size, past the core's per-client plan limit; so do its other sides."""
 
 from __future__ import annotations
 
@@ -27,3 +27,13 @@ def test_default_run_drives_more_plans_than_the_per_client_limit_to_their_end() 
     plans = 20_000
     assert plans > CoreConfig().max_plans_per_client
     assert bench.run_plans(plans, 500) > 0  # raises "stuck after N of M plans" or names a refused submit
+
+
+def test_client_side_runs_every_plan_to_its_result() -> None:
+    """The client side submits its plans through a socketless Client and awaits each one's result."""
+    assert _bench().run_client(600, 250) > 0  # a plan without its result would wait for ever: the loop would stall
+
+
+def test_worker_side_runs_every_plan_and_gets_each_message_acked() -> None:
+    """The worker side runs its assigns through a socketless Agent to their done, every message acked."""
+    assert _bench().run_worker(600, 250) > 0  # raises when messages are left unacked
