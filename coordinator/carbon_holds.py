@@ -29,7 +29,7 @@ Rules (docs/SEMANTICS.md §Deadlines, docs/ROUTING.md §Carbon in time):
 * *Cancel.* A held plan that is cancelled leaves the planner, its reserved slots freed.
 * *Restore.* A queued plan held at the stop whose latest start has come is queued at once; the
   others keep their stored reason and are decided again once the workers had :attr:`restore_wait_s`
-  to reconnect and the feed to fetch (or at once when their latest start comes first).
+  to reconnect and the feed to fetch, or earlier when their stored start or their latest start comes.
 * *Receipt.* Every attempt's receipt of a plan that was held gets ``avoided_co2e_g`` and the two
   intensities it comes from, by the rule of coordinator/carbon_time/accounting.py (both windows
   read from the book's latest values when the attempt ends; None when the book does not cover
@@ -316,10 +316,14 @@ class CarbonHolds:
         return plan.deadline_at - plan.expected_run_s * (1 + self.shifter.config.run_margin) \
             - self.shifter.config.queue_margin_s
 
+    def _started(self, plan: Plan, unix: float) -> bool:
+        """A restored plan's stored start (or its latest start) has come: decided now, whoever reconnected."""
+        return (plan.deferred_until is not None and plan.deferred_until <= unix) or self._latest(plan) <= unix
+
     def _decide_restored(self, now: float) -> None:
         unix = self.unix(now)
         due = now >= self._restored_until
-        for plan in [p for p in self._restored.values() if due or self._latest(p) <= unix]:
+        for plan in [p for p in self._restored.values() if due or self._started(p, unix)]:
             del self._restored[plan.id]
             if plan.state != "queued":
                 continue

@@ -47,6 +47,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, get_args
 
@@ -94,6 +95,7 @@ from protocol.messages import (
     Plans,
     PlanStateName,
     ReleaseDevice,
+    ReleasePlan,
     RemoveWorker,
     Requirements,
     Resources,
@@ -367,6 +369,9 @@ class Client:
         after: Iterable[Plan | str] = (),
         deterministic: bool = True,
         preemptible: bool = False,
+        deadline_s: float | None = None,
+        deadline_at: float | datetime | None = None,
+        expected_run_s: float | None = None,
     ) -> Plan:
         """Submit a plan and return it, subscribed from its first event.
 
@@ -406,6 +411,11 @@ class Client:
                 of yours) can run: its handler sees ``ctx.preempted`` (its processes get SIGTERM) and has
                 the coordinator's grace to checkpoint; it is then queued again without using an attempt
                 (docs/SEMANTICS.md §Preemption).
+            deadline_s: the plan may finish any time within this many seconds, so the coordinator may
+                hold it for a greener hour (``waiting``: ``deferred for carbon until 02:00 (52 g/kWh vs 302
+                now)``; docs/SEMANTICS.md §Deadlines); its receipt then says what waiting avoided.
+            deadline_at: the same as a time (a timezone-aware ``datetime`` or Unix seconds); one of the two.
+            expected_run_s: how long it runs, for that decision (else its op's observed median run time).
 
         An input may be another plan's output, ``other.ref("y")`` (or ``OutputRef(plan_id, "y")``): the
         plan waits until that output exists, and is placed on the worker that holds it when it can be;
@@ -428,7 +438,8 @@ class Client:
             timeout_s=timeout_s, max_attempts=max_attempts, retries=retries, plan_id=plan_id, hints=hints,
             session_key=session_key, policy=policy, outputs=outputs, resources=resources, refs=refs,
             after=[item if isinstance(item, str) else item.id for item in after], deterministic=deterministic,
-            preemptible=preemptible,
+            preemptible=preemptible, deadline_s=deadline_s, deadline_at=submits.unix_time(deadline_at),
+            expected_run_s=expected_run_s,
         )
         spans = start_submit_spans([msg])  # the caller's trace context rides with the plan (fleetwire/tracing.py)
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
@@ -531,6 +542,17 @@ class Client:
         """
         msg = Cancel(req_id=self._session.next_req_id(), plan_id=plan_id, with_dependants=with_dependants)
         reply: PlanReply = await self._request(msg, PlanReply)
+        return reply.plan
+
+    async def release(self, plan_id: str) -> PlanInfo:
+        """Place a plan held for a greener hour now (``fleetwire release``); returns its record then (a plan
+        that was not held is left as it is). Its owner or an admin (docs/SEMANTICS.md §Deadlines).
+
+        Raises:
+            PlanNotFound: no such plan (or not one this client may see).
+        """
+        reply: PlanReply = await self._request(ReleasePlan(req_id=self._session.next_req_id(), plan_id=plan_id),
+                                               PlanReply)  # fmt: skip
         return reply.plan
 
     async def usage(self, *, by: Literal["principal", "team"] = "principal", since: float = 0.0) -> Usage:

@@ -43,6 +43,9 @@ class SubmitOptions(_PlanOptions, total=False):
     after: Iterable[Any]  # plans (Plan, SyncPlan) or plan ids that must succeed first (docs/SEMANTICS.md §Graphs)
     deterministic: bool  # running it again gives the same outputs (a lost one may be made again)
     preemptible: bool  # it may be stopped and queued again for another team's plan (docs/SEMANTICS.md §Preemption)
+    deadline_s: float | None  # it may finish within this many seconds: held for a greener hour (§Deadlines)
+    deadline_at: Any  # the same as a time: Unix seconds or an aware datetime
+    expected_run_s: float | None  # how long it runs (else its op's observed median)
 
 
 class SubmitManyOptions(_PlanOptions, total=False):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -90,6 +91,9 @@ def submit_message(
     after: Sequence[str] = (),
     deterministic: bool = True,
     preemptible: bool = False,
+    deadline_s: float | None = None,
+    deadline_at: float | None = None,
+    expected_run_s: float | None = None,
 ) -> Submit:
     """``Client.submit``'s message, subscribed, with a plan id (see ``Client.submit`` for the options); its
     ``req_id`` is drawn once the options are valid. ``refs``: its inputs that are other plans' outputs
@@ -121,7 +125,23 @@ def submit_message(
         after=list(after),
         deterministic=deterministic,
         preemptible=preemptible,
+        deadline_s=deadline_s,
+        deadline_at=deadline_at,
+        expected_run_s=expected_run_s,
     )
+
+
+def unix_time(when: float | datetime | None) -> float | None:
+    """A deadline as Unix seconds: a number as is, a timezone-aware ``datetime`` converted.
+
+    Raises:
+        ValueError: a naive ``datetime`` (its time zone would be a guess).
+    """
+    if not isinstance(when, datetime):
+        return when
+    if when.tzinfo is None:
+        raise ValueError(f"deadline_at {when.isoformat()} has no time zone; give one (e.g. datetime.now(UTC) + ...)")
+    return when.timestamp()
 
 
 async def args_by_data_plane(

@@ -99,7 +99,7 @@ class SyncClient:
     def submit(self, op: str, args: Any = None, **options: Unpack[SubmitOptions]) -> SyncPlan:
         """Submit a plan; takes the keyword arguments of ``Client.submit`` (tags, requirements,
         priority, timeout_s, max_attempts, retries, plan_id, hints, session_key, policy, inputs, outputs,
-        relay, resources, after, deterministic, preemptible)."""
+        relay, resources, after, deterministic, preemptible, deadline_s, deadline_at, expected_run_s)."""
         return SyncPlan(self, self._call(self._client.submit(op, args, **options)))
 
     def submit_many(self, op: str, args: Iterable[Any], **options: Unpack[SubmitManyOptions]) -> list[SyncPlan]:
@@ -119,6 +119,10 @@ class SyncClient:
     def cancel(self, plan_id: str, *, with_dependants: bool = False) -> PlanInfo:
         """Cancel a plan; see ``Client.cancel``."""
         return self._call(self._client.cancel(plan_id, with_dependants=with_dependants))
+
+    def release(self, plan_id: str) -> PlanInfo:
+        """Place a plan held for a greener hour now; see ``Client.release``."""
+        return self._call(self._client.release(plan_id))
 
     def usage(self, *, by: Literal["principal", "team"] = "principal", since: float = 0.0) -> Usage:
         """Usage totals from the coordinator's ledger; see ``Client.usage``."""

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
 from typing import Any, Final, TextIO
 
 import msgspec
@@ -488,6 +489,19 @@ def duration_s(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
     return value
+
+
+def deadline(text: str) -> tuple[float | None, float | None]:
+    """``--deadline``: ``6h`` (a duration from now) or an ISO 8601 time (no offset: this host's local time), as
+    ``(deadline_s, deadline_at)`` with one of the two set (argparse type)."""
+    if "-" in text or "T" in text or ":" in text:
+        try:
+            when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a duration like 6h or a time like 2026-06-01T06:00, got "
+                                             f"{text!r}") from None  # fmt: skip
+        return None, (when if when.tzinfo is not None else when.astimezone()).timestamp()
+    return duration_s(text), None
 
 
 async def _drain(ns: argparse.Namespace, target: Target) -> int:

@@ -159,6 +159,9 @@ async def _submit(ns: argparse.Namespace) -> int:
             after=ns.after or (),
             deterministic=not ns.not_deterministic,
             preemptible=ns.preemptible,
+            deadline_s=ns.deadline[0] if ns.deadline else None,
+            deadline_at=ns.deadline[1] if ns.deadline else None,
+            expected_run_s=ns.expected_run,
         )
         if ns.json:
             print(_json({"plan_id": plan.id, "state": "queued"}), flush=True)
@@ -336,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the plan may be stopped so that another team's plan can run: its handler sees "
                         "ctx.preempted (its processes get SIGTERM), has the coordinator's --preemption-grace to "
                         "checkpoint, and is queued again without using an attempt")
+    p.add_argument("--deadline", type=console.deadline, default=None, metavar="WHEN",
+                   help="the plan may finish any time by WHEN, a duration (6h, 90m) or a time (2026-06-01T06:00, "
+                        "local unless it has an offset): the coordinator may hold it for a greener hour "
+                        "(docs/SEMANTICS.md §Deadlines)")
+    p.add_argument("--expected-run", type=console.duration_s, default=None, metavar="DURATION",
+                   help="with --deadline: how long the plan runs, e.g. 45m (default: its op's observed median)")
     p.add_argument("--follow", "-f", action="store_true", help="print every event as it arrives")
     p.add_argument("--detach", "-d", action="store_true",
                    help="print the plan id and exit at once (with --input or big --args: once the worker has them)")

@@ -228,6 +228,26 @@ async def _cancel(ns: argparse.Namespace, target: Target) -> int:
     return status
 
 
+async def _release(ns: argparse.Namespace, target: Target) -> int:
+    """``fleetwire release``: plans held for a greener hour are placed now (docs/SEMANTICS.md §Deadlines)."""
+    url, token = target(ns)
+    status = EXIT_OK
+    async with Client(url, token=token) as client:
+        for plan_id in ns.plan:
+            try:
+                info = await client.release(plan_id)
+            except RequestError as exc:  # one unknown id does not stop the others
+                status = EXIT_FAILED
+                if ns.json:
+                    print(_json({"plan_id": plan_id, "error": {"code": exc.code, "message": str(exc)}}), flush=True)
+                else:
+                    print(f"fleetwire: error: plan {plan_id}: {exc} [{exc.code}]", file=sys.stderr, flush=True)
+                continue
+            waiting = f" ({info.waiting_reason})" if info.waiting_reason else ""
+            print(_json(info) if ns.json else f"plan {info.id} {info.state}{waiting}", flush=True)
+    return status
+
+
 async def _matching(client: Client, states: Iterable[str]) -> list[str]:
     """Ids of every plan this token may see in ``states``, oldest first (the order they were queued)."""
     reply = await client.plans(states=tuple(states), limit=10_000)
@@ -247,7 +267,7 @@ def add_ops_commands(
     admin_client: argparse.ArgumentParser,
     target: Target,
 ) -> None:
-    """Add ``status`` and ``cancel`` to the ``fleetwire`` subparsers.
+    """Add ``status``, ``cancel`` and ``release`` to the ``fleetwire`` subparsers.
 
     Args:
         sub: the root parser's subparsers.
@@ -287,3 +307,14 @@ def add_ops_commands(
         return await _cancel(ns, target)
 
     p.set_defaults(func=cancel)
+
+    p = sub.add_parser("release", parents=[common, client], help="place plans held for a greener hour now",
+                       description="Place now the plans named that wait for a greener hour (submitted with "
+                                   "--deadline; their owner or an admin). One line per plan: its state then (a "
+                                   "plan that was not held is left as it is). Exit status 0 unless an id is unknown.")
+    p.add_argument("plan", nargs="+", help="plan ids")
+
+    async def release(ns: argparse.Namespace) -> int:
+        return await _release(ns, target)
+
+    p.set_defaults(func=release)

@@ -86,6 +86,7 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         relay_idle_s=ns.relay_idle,
         **routing_settings(ns),
         **plan_limit_settings(ns),
+        **carbon_settings(ns),
     )
     return ServerSettings(
         host=ns.host,
@@ -107,8 +108,46 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         openai_rate=ns.openai_rate,
         openai_burst=ns.openai_burst,
         otlp_endpoint=ns.otlp_endpoint,
+        carbon_forecast=carbon_source(ns),
+        carbon_forecast_max_age_s=ns.carbon_forecast_max_age,
         **security_settings(ns),
     )
+
+
+def carbon_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """The planner's knobs of ``CoreConfig`` (``--carbon-option``; coordinator/carbon_time/planner.py)."""
+    from coordinator.carbon_time import ShiftConfig
+
+    if not ns.carbon_option:
+        return {}
+    try:
+        return {"carbon": ShiftConfig(**dict(ns.carbon_option))}
+    except ValueError as exc:
+        raise ValueError(f"--carbon-option: {exc}") from None
+
+
+_CARBON_OPTIONS = ("quantum_s", "run_margin", "queue_margin_s", "min_gain", "hold_share")
+
+
+def _carbon_option(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    if not sep or name.strip() not in _CARBON_OPTIONS:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {', '.join(_CARBON_OPTIONS)}")
+    try:
+        return name.strip(), float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name} needs a number, got {value!r}") from None
+
+
+def carbon_source(ns: argparse.Namespace) -> Any:
+    """``--carbon-forecast`` and its zone and interval (coordinator/carbon_time/sources.py), or None."""
+    from coordinator.carbon_time import parse_source
+
+    if not ns.carbon_forecast:
+        return None
+    if not ns.carbon_forecast_max_age > 0:  # NaN too
+        raise ValueError(f"--carbon-forecast-max-age must be > 0 seconds, got {ns.carbon_forecast_max_age}")
+    return parse_source(ns.carbon_forecast, ns.carbon_forecast_zone, ns.carbon_forecast_interval)
 
 
 def cluster_settings(ns: argparse.Namespace) -> Any:
@@ -403,6 +442,21 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
                         "repeated; kept in the database: a coordinator given other partitions is refused "
                         "(default: none)")
     add_security_arguments(p)  # TLS and limits (fleetwire/cli/security.py)
+    g = p.add_argument_group("carbon time shifting (docs/ROUTING.md §Carbon in time)")
+    g.add_argument("--carbon-forecast", default=None, metavar="SOURCE",
+                   help="grid carbon forecasts, rows zone,time,gco2_per_kwh: a CSV or JSON file (re-read when it "
+                        "changes), cmd:COMMAND (its stdout) or an http(s):// URL (rows, Electricity Maps' forecast "
+                        "or the GB Carbon Intensity API), fetched every --carbon-forecast-interval; plans with a "
+                        "deadline wait for a greener hour (default: none, they are placed at once)")
+    g.add_argument("--carbon-forecast-zone", default="", metavar="ZONE",
+                   help="the zone of rows that name none (a time,gco2_per_kwh CSV, the GB API)")
+    g.add_argument("--carbon-forecast-interval", type=float, default=900.0, metavar="S",
+                   help="how often the source is fetched (a file: looked at) (default 900)")
+    g.add_argument("--carbon-forecast-max-age", type=float, default=86_400.0, metavar="S",
+                   help="a forecast not renewed for this long is stale: held plans are placed (default 86400)")
+    g.add_argument("--carbon-option", type=_carbon_option, action="append", default=[], metavar="NAME=VALUE",
+                   help="a knob of the decision (repeatable): quantum_s (the grid of start times, 900), run_margin "
+                        "(0.2 of the expected run), queue_margin_s (300), min_gain (0.01), hold_share (0.8)")
     g = p.add_argument_group("placement and autoscaling (docs/ROUTING.md)")
     g.add_argument("--policy", default="joule_weighted", metavar="NAME",
                    help="default placement policy: round_robin, least_busy, latency_weighted, joule_weighted "

@@ -322,3 +322,21 @@ def test_a_held_plan_whose_latest_start_passed_while_the_coordinator_was_down_ru
     assert plan_id in h.core.queue and h.core.plans[plan_id].deferred_until is None
     w = worker(h, "w1")
     assert only(h.take(w), Assign).plan_id == plan_id
+
+
+def test_a_restored_held_plan_is_placed_at_its_stored_step_even_before_the_workers_wait_ends() -> None:
+    """Restarted just before its step with a long heartbeat timeout: placed when the step comes, not after the wait."""
+    h = Durable(heartbeat_timeout_s=2 * H)
+    start(h, T0)
+    worker(h, "w1")
+    forecast(h, [300, 280, 250, 50, 60, 290, 300, 310, 320, 330])
+    c = h.client()
+    plan_id = h.submit(c, deadline_s=9 * H, expected_run_s=H)
+    h.restart(T0 + 2.5 * H)
+    h.core.set_wall_offset(0.0)
+    w = worker(h, "w1")
+    forecast(h, [250, 50, 60, 290, 300, 310, 320, 330], start=T0 + 2 * H)
+    beat_and_tick(h, T0 + 2.5 * H + 60, w)
+    assert not [m for m in h.take(w) if isinstance(m, Assign)]
+    beat_and_tick(h, T0 + 3 * H, w)
+    assert only(h.take(w), Assign).plan_id == plan_id

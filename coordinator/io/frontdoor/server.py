@@ -46,6 +46,7 @@ from coordinator.io.frontdoor.door import ROLE_PATHS, Answer, FrontDoor, Role
 from coordinator.io.frontdoor.gate import Gatekeeper, server_tls_context
 from coordinator.io.frontdoor.openai_http import OpenAIDoor
 from coordinator.io.frontdoor.settings import ServerSettings
+from coordinator.io.ops.carbon_feed import CarbonFeed
 from coordinator.io.ops.hooks import HookRunner
 from coordinator.io.ops.metrics import (
     CONTENT_TYPE,
@@ -160,6 +161,10 @@ class CoordinatorServer:
         self._reaper: asyncio.Task[None] | None = None
         self._life_cycle()
         self._metrics(version)
+        self.core.carbon.book.max_age_s = settings.carbon_forecast_max_age_s
+        # Grid forecasts for carbon time shifting (docs/ROUTING.md §Carbon in time), fetched once the store is loaded.
+        self.carbon_feed = None if settings.carbon_forecast is None else CarbonFeed(
+            settings.carbon_forecast, self.core, self.driver.flush)  # fmt: skip
 
     def _life_cycle(self) -> None:
         """The life-cycle state: listening, loading, stopping."""
@@ -282,6 +287,8 @@ class CoordinatorServer:
         self._reaper = asyncio.create_task(self._reap_forever())
         if self.provisioner is not None:
             self.provisioner.start()  # min_workers, in the background
+        if self.carbon_feed is not None:
+            self.carbon_feed.start()  # the first fetch at once (coordinator/io/ops/carbon_feed.py)
         log.info(
             "coordinator listening", url=self.url, insecure=self.settings.insecure, plans=len(self.core.plans),
             tokens=0 if self.tokens is None else len(self.tokens), mtls=self.settings.tls_client_ca is not None,
@@ -366,6 +373,8 @@ class CoordinatorServer:
             await self.driver.hook.close()
         if self.provisioner is not None:
             await self.provisioner.close()
+        if self.carbon_feed is not None:
+            await self.carbon_feed.close()
         if self.tracing is not None:  # the spans still queued go to the collector
             await asyncio.to_thread(self.tracing.shutdown)
         self.store.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from coordinator.carbon_time import ForecastSource
 from coordinator.core import CoreConfig
 from coordinator.io.ops.metrics_http import parse_listen
 from coordinator.io.ops.provision import Provider
@@ -81,6 +82,10 @@ class ServerSettings:
     metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
     openai: bool = True  # serve the OpenAI-compatible routes on the main port (docs/OPENAI.md; --no-openai)
     openai_queue_timeout_s: float = 30.0  # an OpenAI request waits this long for a worker, then 503
+    # Grid carbon forecasts for time shifting (--carbon-forecast; coordinator/io/ops/carbon_feed.py); None: none, so
+    # plans with a deadline are placed at once. A forecast older than carbon_forecast_max_age_s is stale.
+    carbon_forecast: ForecastSource | None = None
+    carbon_forecast_max_age_s: float = 86_400.0
     openai_rate: float = 0.0  # OpenAI requests per second per principal, then 429 (0: no limit; --openai-rate)
     openai_burst: int = 0  # OpenAI requests a principal may make at once (0: one second's worth; --openai-burst)
 

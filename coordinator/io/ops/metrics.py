@@ -28,6 +28,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.samples import Exemplar
 
+from coordinator.io.ops.carbon_metrics import CARBON_METRIC_NAMES, carbon_families
 from coordinator.io.ops.gpu_metrics import GPU_METRIC_NAMES, gpu_families
 from coordinator.io.ops.openai_metrics import OPENAI_METRIC_NAMES, openai_families
 from coordinator.io.ops.sharing_metrics import SHARING_METRIC_NAMES, sharing_families
@@ -132,6 +133,7 @@ METRIC_NAMES: Final = (
     *GPU_METRIC_NAMES,
     *OPENAI_METRIC_NAMES,
     *SHARING_METRIC_NAMES,
+    *CARBON_METRIC_NAMES,
 )
 
 
@@ -202,6 +204,7 @@ class CoordinatorCollector:
         yield from self._workers(core, now)
         yield from gpu_families(core.registry)  # per worker and device (coordinator/io/ops/gpu_metrics.py)
         yield from sharing_families(core.sharing, core.counters)  # per team (coordinator/io/ops/sharing_metrics.py)
+        yield from carbon_families(core, now)  # holds and forecasts (coordinator/io/ops/carbon_metrics.py)
         yield from self._plans(core)
         yield from self._io()
         for name, key, doc in _CORE_COUNTERS:
