@@ -312,3 +312,30 @@ def test_a_rebuild_under_way_survives_a_restart_and_is_not_doubled(kind: str, tm
     b = assign_of(h, w2)
     assert b.plan_id == "b" and b.pulls[0].plan_id == "a.r1" and b.pulls[0].worker_id == "w2"
     assert sorted(k for k in h.core.plans if k.startswith("a.r")) == ["a.r1"]
+
+
+def test_after_a_restart_without_the_holder_the_consumer_finds_the_loss_by_its_fetch_and_it_is_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """Lost marks are not stored: after a restart that A's worker never comes back from, B goes to w2 with a pull
+    from w1; w2's output_lost costs B no attempt, a.r1 makes A's output again, and B runs on it."""
+    h = _durable("sqlite", tmp_path)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], a, outputs={"y": 10})
+    h.submit(client, plan_id="gate", requirements=Requirements(tags=["later"]))
+    h.submit(client, plan_id="b", inputs=[ref("a")], after=["gate"], max_attempts=1)
+    h.restart(50.0)
+    w2 = h.worker("w2", tags=["later"])
+    gate = assign_of(h, w2)
+    finish(h, w2, gate.plan_id, gate.attempt)
+    b = assign_of(h, w2)
+    assert b.plan_id == "b" and b.pulls[0].worker_id == "w1" and b.pulls[0].url == ""
+    lost = ErrorInfo(errors.OUTPUT_LOST, "no endpoint", {"input": "x", "plan_id": "a", "attempt": 1, "output": "y"})
+    finish(h, w2, "b", b.attempt, outcome="failed", error=lost)
+    assert h.state("b") == "queued" and assign_of(h, w2).plan_id == "a.r1"
+    finish(h, w2, "a.r1", outputs={"y": 10})
+    again = assign_of(h, w2)
+    assert again.plan_id == "b" and again.pulls[0].plan_id == "a.r1" and h.core.plans["a"].state == "succeeded"
