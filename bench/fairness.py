@@ -6,8 +6,8 @@ The queue under test is the coordinator's: :class:`coordinator.placement.fair_qu
 the coordinator used before), with :class:`coordinator.placement.preemption.Preemptor` deciding
 preemptions and :class:`coordinator.ledger.UsageLedger` counting usage. Workers, plan runs and the
 grace a preempted plan takes to checkpoint are simulated; nothing sleeps and no socket is opened.
-(The live run with real processes, and (e) the throughput cost through bench/compare.py, come
-when fair share is wired into the core: issue #27 phase 2.)
+``--live`` runs (a), (b) and (d) with real processes instead (bench/fairness_live.py); (e), the
+throughput cost of fair share, is bench/compare.py (or bench/throughput.py) on a tree before and after.
 
 Scenarios (the issue's):
 
@@ -24,7 +24,8 @@ Scenarios (the issue's):
 * ``decide``: the cost of one placement decision with 100,000 plans queued across 1,000 principals
   (and 10,000 / 100 for the slope), fair share against the first-come queue.
 
-Usage: ``python bench/fairness.py`` runs them all; ``--scenario NAME`` one; ``--json`` rows as JSON.
+Usage: ``python bench/fairness.py`` runs them all; ``--scenario NAME`` one; ``--json`` rows as JSON;
+``--live`` the live run (``--quick``: smaller).
 """
 
 from __future__ import annotations
@@ -475,7 +476,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", choices=SCENARIOS, action="append", help="run only this one (repeatable)")
     parser.add_argument("--quick", action="store_true", help="smaller runs (a smoke)")
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
+    parser.add_argument("--live", action="store_true",
+                        help="(a), (b), (d) and the ledger with real processes instead (bench/fairness_live.py)")
     ns = parser.parse_args(argv)
+    if ns.live:
+        import fairness_live
+
+        return fairness_live.main(ns.quick, ns.json)
     for name in ns.scenario or SCENARIOS:
         t0 = time.perf_counter()
         rows = run_scenario(name, ns.quick)
