@@ -60,6 +60,7 @@ _KIND_STYLES: Final = {
 }
 _MARKERS: Final = ("resync", "rewound", "recovered")  # stream markers the SDK makes; each says why in data.reason
 _STATE_STYLES: Final = {"alive": "green", "suspect": "yellow", "disconnected": "red", "draining": "yellow"}
+_HEALTH_STYLES: Final = {"quarantined": "red", "degraded": "yellow"}  # the GPU HEALTH cell, by its worst device
 
 
 def _json(value: Any) -> str:
@@ -317,8 +318,8 @@ def workers_table(rows: list[WorkerInfo]) -> Table:
     Print it with :func:`print_table`, which lets a table wider than the terminal run past it
     (the terminal wraps the line) instead of cutting ids.
     """
-    columns = ("ID", "VERSION", "STATE", "TAGS", "CPUS", "GPUS", "RAM", "IN-FLIGHT", "ENERGY", "CARBON", "ENGINE",
-               "LAST BEAT")
+    columns = ("ID", "VERSION", "STATE", "TAGS", "CPUS", "GPUS", "GPU HEALTH", "RAM", "IN-FLIGHT", "ENERGY", "CARBON",
+               "ENGINE", "LAST BEAT")
     cells = [_worker_cells(w) for w in rows]
     shown = [i for i, column in enumerate(columns)
              if column in _KEPT_COLUMNS or any(row[i] not in _EMPTY_CELLS for row in cells)]  # fmt: skip
@@ -331,6 +332,9 @@ def workers_table(rows: list[WorkerInfo]) -> Table:
         state_at = shown.index(2)
         if style:
             values[state_at] = f"[{style}]{values[state_at]}[/]"
+        health = _HEALTH_STYLES.get(_worst_device_state(w))
+        if health and 6 in shown:
+            values[shown.index(6)] = f"[{health}]{values[shown.index(6)]}[/]"
         table.add_row(*values)
     return table
 
@@ -366,6 +370,7 @@ def _worker_cells(w: WorkerInfo) -> list[str]:
         ",".join(caps.tags) or "-",
         str(caps.cpu_cores) if caps.cpu_cores else "-",
         _gpu_cell(w),
+        _gpu_health_cell(w),
         f"{caps.ram_bytes / 1e9:.1f} GB" if caps.ram_bytes else "-",
         f"{w.leases}/{caps.max_concurrency}",
         energy,
@@ -383,6 +388,23 @@ def _gpu_cell(w: WorkerInfo) -> str:
     used = sum(1 for n in w.gpu_use if n)
     share = w.capabilities.gpu_share
     return f"{len(gpus)} ({used} used, {len(gpus) - used} free" + (f", {share} plans each)" if share > 1 else ")")
+
+
+def _gpu_health_cell(w: WorkerInfo) -> str:
+    """``ok; max 64 °C``, or each device not ok with why (``gpu 0 quarantined: fatal XID 79 (...)``) and the
+    hottest device's temperature, from the worker's last load (docs/OPERATIONS.md §GPU health; "-": not sampled)."""
+    devices = w.load.devices if w.load is not None else []
+    if not devices:
+        return "-"
+    parts = [f"gpu {d.index} {d.state}" + (f": {d.reason}" if d.reason else "") for d in devices if d.state != "ok"]
+    hottest = max(d.temperature_c for d in devices)
+    return "; ".join((parts or ["ok"]) + ([f"max {hottest:.0f} °C"] if hottest > 0 else []))
+
+
+def _worst_device_state(w: WorkerInfo) -> str:
+    """The worst state among the worker's devices ("ok" when none is sampled)."""
+    states = {d.state for d in w.load.devices} if w.load is not None else set()
+    return next((state for state in ("quarantined", "degraded") if state in states), "ok")
 
 
 def print_workers(reply: Workers, *, as_json: bool) -> None:

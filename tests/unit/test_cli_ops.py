@@ -15,7 +15,7 @@ from fleetwire.cli.main import build_parser
 from fleetwire.cli.ops import interrupted_text, op_hint, tag_list
 from fleetwire.cli.reference import generate
 from fleetwire.stream import RESYNC_REASON, PlanStream
-from protocol.messages import Capabilities, Event, Load, PlanInfo, Resync, WorkerInfo, Workers
+from protocol.messages import Capabilities, DeviceHealth, Event, Load, PlanInfo, Resync, WorkerInfo, Workers
 
 LONG_IDS = [
     "gpu-node-0042.rack-17.datacenter-west.example.internal-9f3a2b7c",
@@ -65,6 +65,25 @@ def test_workers_table_drops_empty_columns_and_shows_versions() -> None:
     assert "0.2.0" in text and "0.1.0" in text
     old = _render(console.workers_table([_worker("w1", version="")]), 200).splitlines()[0]
     assert "VERSION" not in old  # workers too old to say their version
+
+
+def test_workers_table_shows_gpu_health_with_the_quarantine_reason() -> None:
+    """GPU HEALTH names each device not ok with its reason and the hottest temperature; a healthy GPU worker reads
+    "ok"; a CPU fleet has no such column."""
+    sick = _worker("w1")
+    sick.load = Load(devices=[
+        DeviceHealth(index=0, state="quarantined", reason="fatal XID 79 (GPU has fallen off the bus)",
+                     temperature_c=41.0),
+        DeviceHealth(index=1, state="degraded", reason="93 °C (from 90 °C)", temperature_c=93.0),
+    ])  # fmt: skip
+    well = _worker("w2")
+    well.load = Load(devices=[DeviceHealth(index=0, temperature_c=64.4)])
+    lines = _render(console.workers_table([sick, well]), 400).splitlines()
+    assert "GPU HEALTH" in lines[0]
+    assert ("gpu 0 quarantined: fatal XID 79 (GPU has fallen off the bus); gpu 1 degraded: 93 °C (from 90 °C); "
+            "max 93 °C") in lines[1]
+    assert "ok; max 64 °C" in lines[2]
+    assert "GPU HEALTH" not in _render(console.workers_table([_worker("w3")]), 400)
 
 
 def test_progress_fractions_are_rounded() -> None:
