@@ -1,41 +1,60 @@
 """The OpenAI front door (issue #30, docs/OPENAI.md): what it adds over calling an engine directly.
 
-Four measurements, each printed beside its peer measured in the same run:
+Five measurements, each printed beside its peer measured in the same run:
 
 1. **Time to first byte.** One coordinator process and one ``fleetwire worker --inference-url``
    fronting the example's fake vLLM engine (``examples/inference_fleet/fake_engine.py``, no token
    delay), all on 127.0.0.1. Sequential streamed chat requests, by a raw HTTP client and by the
-   official ``openai`` package, through the door and straight to the engine: the time from the
-   request's first byte to the first text chunk. The door's overhead is the difference of the p50s
-   (the path through the door adds the coordinator, a websocket hop each way and the worker agent).
+   official ``openai`` package (async and sync), through the door and straight to the engine: the
+   time from the request's first byte to the first text chunk. The door's overhead is the
+   difference of the p50s (the path through the door adds the coordinator, a websocket hop each
+   way and the worker agent); the CPU each process spent per request through the door is printed
+   beside. Then the same requests for a model only a raw websocket worker serves: the
+   coordinator's own share (no worker agent, no engine); and the SDK's submit of the same plan to
+   the same worker: the fleet's path without the door.
 2. **Streamed requests per second.** The coordinator alone is measured: its workers are
    in-bench raw websocket workers (``--fast-worker``, one process) that answer each ``generate``
    with one token and ``done`` at once, a fake engine with no cost; the load is C keep-alive
-   connections of raw HTTP streamed chat requests for D seconds (and, beside it, the official
-   ``openai`` client's ``AsyncOpenAI`` at lower concurrency). Figures: requests/s, the
-   coordinator's CPU seconds per request, time to the first chunk under load.
+   connections of streamed chat requests for D seconds, made by ``wrk`` (C, with a Lua script
+   POSTing the request) when it is installed, else by this process's asyncio generator. With 2+
+   CPUs and ``taskset``, the coordinator is pinned to CPU 0 and the generator and the fast workers
+   to CPU 1. The figures that hold on a shared machine are CPU per request, per process
+   (coordinator, generator, fast workers): the coordinator is one thread, so it serves at most
+   1 / its CPU per request; two cores carrying the generator too serve at most 2 / everyone's.
+   The lower of the two is the goal's figure (``two_core_requests_per_s``); the wall-clock rate
+   beside it is what the cores left by the machine's other tenants gave. Beside it, the official
+   ``openai`` client at lower concurrency (``AsyncOpenAI``, and ``OpenAI`` in threads).
 3. **Memory per open stream.** S streams held open (the fast workers send one token and hold the
    plan until it is cancelled): the coordinator's RSS with them open minus before, divided by S.
 4. **Prefix hit rate of multi-turn chats**, kv_aware on the door's own hints vs round robin: the
    real core in this process (no sockets), W workers with a KV budget, K four-turn conversations
    interleaved; a turn hits when it is placed on the worker that served the conversation's
    previous turn (the one holding its prefix).
+5. **Where a request's CPU goes** (:func:`door_steps`): the door's pure steps and the core's share
+   of the plan, timed in this process by CPU time (best of rounds); the rest of (2)'s coordinator
+   CPU per request is I/O.
 
-    python bench/openai_door.py                  # all four, default sizes
-    python bench/openai_door.py --quick --json   # the smoke size
+    python bench/openai_door.py                  # all five, default sizes
+    python bench/openai_door.py --quick --json   # a short run
+    python bench/openai_door.py --generator python   # the load from this process (no wrk)
 
 The goals of issue #30 are printed beside the figures (<= 1 ms p50 added, >= 5,000 streamed
-requests/s on 2 cores with tiny responses): on a shared 2-core machine the load generator, the
-workers and the coordinator share those cores, so the requests/s is a floor for the coordinator.
+requests/s on 2 cores with tiny responses).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from typing import Any
 
@@ -50,8 +69,15 @@ MODEL = "m1"
 # ---------------------------------------------------------------------------------------------- raw HTTP
 
 
-def chat_request(port: int, text: str, *, stream: bool = True, keep_alive: bool = True) -> bytes:
-    body = json.dumps({"model": MODEL, "stream": stream, "messages": [{"role": "user", "content": text}]}).encode()
+FAST_MODEL = "fast"  # served by the raw websocket workers only
+
+
+def chat_body(text: str, *, model: str = MODEL, stream: bool = True) -> str:
+    return json.dumps({"model": model, "stream": stream, "messages": [{"role": "user", "content": text}]})
+
+
+def chat_request(port: int, text: str, *, stream: bool = True, keep_alive: bool = True, model: str = MODEL) -> bytes:
+    body = chat_body(text, model=model, stream=stream).encode()
     return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer bench\r\nContent-Length: {len(body)}\r\n"
             f"{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n").encode() + body
@@ -76,14 +102,14 @@ async def read_stream(reader: asyncio.StreamReader, started: float) -> float:
             first = time.perf_counter() - started
 
 
-async def raw_ttfb(port: int, requests: int) -> list[float]:
+async def raw_ttfb(port: int, requests: int, model: str = MODEL) -> list[float]:
     """Sequential streamed requests on one kept-alive connection: time to the first text chunk of each."""
     reader, writer = await asyncio.open_connection(h.HOST, port)
     samples = []
     try:
         for i in range(requests):
             started = time.perf_counter()
-            writer.write(chat_request(port, f"hello number {i}"))
+            writer.write(chat_request(port, f"hello number {i}", model=model))
             samples.append(await read_stream(reader, started))
     finally:
         writer.close()
@@ -99,7 +125,7 @@ async def sdk_ttfb(url: str, requests: int) -> list[float]:
         for i in range(requests):
             started = time.perf_counter()
             plan = await client.submit("generate", {"messages": [{"role": "user", "content": f"hello number {i}"}],
-                                                    "model": MODEL})  # fmt: skip
+                                                    "model": MODEL}, requirements={"model": MODEL})  # fmt: skip
             first = 0.0
             async for event in plan.events():
                 if not first and event.kind == "token":
@@ -128,10 +154,30 @@ async def openai_ttfb(base_url: str, requests: int) -> list[float]:
     return samples
 
 
+def sync_openai_ttfb(base_url: str, requests: int) -> list[float]:
+    """The official sync client (``OpenAI``), in a thread: time from ``create(stream=True)`` to its first text."""
+    import httpx
+    import openai
+
+    samples = []
+    with openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0,
+                       http_client=httpx.Client(trust_env=False)) as client:  # fmt: skip
+        for i in range(requests):
+            started = time.perf_counter()
+            stream = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"hello number {i}"}], stream=True)
+            first = 0.0
+            for chunk in stream:
+                if not first and chunk.choices and chunk.choices[0].delta.content:
+                    first = time.perf_counter() - started
+            samples.append(first)
+    return samples
+
+
 # ---------------------------------------------------------------------------------------------- fast workers
 
 
-async def fast_workers(url: str, count: int, hold: bool) -> None:
+async def fast_workers(url: str, count: int, hold: bool, model: str = MODEL) -> None:
     """``count`` raw websocket workers: each generate gets one token and done at once (or is held, ``hold``)."""
     import websockets
 
@@ -151,13 +197,13 @@ async def fast_workers(url: str, count: int, hold: bool) -> None:
     )
 
     codec = Codec("msgpack", ToWorker, "coordinator")
-    result = {"text": "hi", "finish_reason": "stop", "model": MODEL,
+    result = {"text": "hi", "finish_reason": "stop", "model": model,
               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}  # fmt: skip
 
     async def one(index: int) -> None:
         async with websockets.connect(f"{url}/v1/worker", subprotocols=["fleetwire.v1.msgpack"],  # type: ignore[list-item]
                                       max_size=None, compression=None) as ws:  # fmt: skip
-            caps = Capabilities(ops=["generate"], models=[MODEL], max_concurrency=100_000, cpu_cores=1)
+            caps = Capabilities(ops=["generate"], models=[model], max_concurrency=100_000, cpu_cores=1)
             await ws.send(codec.encode([Hello(worker_id=f"fast-{index}", capabilities=caps)]))
 
             async def beat() -> None:
@@ -192,7 +238,7 @@ async def fast_workers(url: str, count: int, hold: bool) -> None:
 # ---------------------------------------------------------------------------------------------- load
 
 
-async def raw_load(port: int, connections: int, seconds: float) -> dict[str, Any]:
+async def raw_load(port: int, connections: int, seconds: float, model: str = MODEL) -> dict[str, Any]:
     """``connections`` kept-alive connections, each sending streamed requests back to back for ``seconds``."""
     done = 0
     firsts: list[float] = []
@@ -202,7 +248,7 @@ async def raw_load(port: int, connections: int, seconds: float) -> dict[str, Any
     async def one(index: int) -> None:
         nonlocal done, errors
         reader, writer = await asyncio.open_connection(h.HOST, port)
-        request = chat_request(port, f"tiny {index}")
+        request = chat_request(port, f"tiny {index}", model=model)
         try:
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
@@ -221,6 +267,67 @@ async def raw_load(port: int, connections: int, seconds: float) -> dict[str, Any
     elapsed = time.perf_counter() - started
     return {"requests": done, "errors": errors, "seconds": round(elapsed, 3),
             "requests_per_s": round(done / elapsed, 1), "first_chunk": h.summary_ms(firsts)}  # fmt: skip
+
+
+WRK_SCRIPT = """wrk.method = "POST"
+wrk.body = %s
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer bench"
+"""
+
+
+def wrk_load(port: int, connections: int, seconds: float, model: str, cpus: str | None) -> dict[str, Any]:
+    """``wrk`` (one thread, ``connections`` kept-alive connections) POSTing streamed chats for ``seconds``."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT % json.dumps(chat_body("tiny", model=model)))
+    try:
+        command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", script.name,
+                   f"http://{h.HOST}:{port}/v1/chat/completions"]  # fmt: skip
+        if cpus is not None:
+            command = ["taskset", "-c", cpus, *command]
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        usage = os.wait4(proc.pid, 0)[2]  # the generator's own CPU
+        out = proc.stdout.read() if proc.stdout is not None else ""
+        elapsed = time.perf_counter() - started
+    finally:
+        os.unlink(script.name)
+    requests = int(m.group(1)) if (m := re.search(r"(\d+) requests in", out)) else 0
+    bad = sum(int(n) for n in re.findall(r"Non-2xx or 3xx responses: (\d+)", out))
+    bad += sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    latency = {q: v for q, v in re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.MULTILINE)}
+    generator_cpu_s = round(usage.ru_utime + usage.ru_stime, 3)
+    return {"generator": "wrk", "requests": requests, "errors": bad, "seconds": round(elapsed, 3),
+            "requests_per_s": round(requests / elapsed, 1), "generator_cpu_s": generator_cpu_s,
+            "latency_p50": latency.get("50", "?"), "latency_p99": latency.get("99", "?"),
+            "raw": out if requests == 0 else ""}  # fmt: skip
+
+
+def pin(pid: int, cpus: str) -> bool:
+    """Every thread of ``pid`` on ``cpus`` (``taskset -a``); False where that is not possible."""
+    if not shutil.which("taskset"):
+        return False
+    return subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], capture_output=True).returncode == 0
+
+
+def cpu_figures(result: dict[str, Any], coordinator_s: float, workers_s: float) -> dict[str, float]:
+    """CPU µs per request of each process of the load, and the rate two cores would serve by them.
+
+    The figures do not depend on the other tenants of a shared machine (the wall-clock rate does): the
+    coordinator is one thread, so it serves at most 1 / its CPU per request; with the generator and the
+    fast workers beside it, two cores serve at most 2 / the sum of everyone's. The lower of the two is
+    the rate of a 2-core machine with the load generator on it, as the issue's goal counts it.
+    """
+    requests = max(1, result["requests"])
+    coordinator_us = coordinator_s * 1e6 / requests
+    others_us = (result["generator_cpu_s"] + workers_s) * 1e6 / requests
+    two_cores = min(1e6 / coordinator_us, 2e6 / (coordinator_us + others_us)) if coordinator_us else 0.0
+    return {"coordinator_cpu_ms_per_request": round(coordinator_us / 1e3, 4),
+            "coordinator_us_per_request": round(coordinator_us, 1),
+            "generator_us_per_request": round(result["generator_cpu_s"] * 1e6 / requests, 1),
+            "workers_us_per_request": round(workers_s * 1e6 / requests, 1),
+            "requests_per_s_per_coordinator_core": round(1e6 / coordinator_us, 1) if coordinator_us else 0.0,
+            "two_core_requests_per_s": round(two_cores, 1)}  # fmt: skip
 
 
 async def openai_load(base_url: str, concurrency: int, seconds: float) -> dict[str, Any]:
@@ -245,6 +352,33 @@ async def openai_load(base_url: str, concurrency: int, seconds: float) -> dict[s
         await asyncio.gather(*(one() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
     return {"requests": done, "requests_per_s": round(done / elapsed, 1)}
+
+
+def sync_openai_load(base_url: str, threads: int, seconds: float) -> dict[str, Any]:
+    """The official sync client: ``threads`` threads, each its own ``OpenAI`` client, streaming back to back."""
+    import httpx
+    import openai
+
+    done = [0] * threads
+    deadline = time.perf_counter() + seconds
+
+    def one(index: int) -> None:
+        with openai.OpenAI(base_url=base_url, api_key="bench", max_retries=0,
+                           http_client=httpx.Client(trust_env=False)) as client:  # fmt: skip
+            while time.perf_counter() < deadline:
+                for _ in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "tiny"}],
+                                                        stream=True):  # fmt: skip
+                    pass
+                done[index] += 1
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    return {"requests": sum(done), "requests_per_s": round(sum(done) / elapsed, 1), "threads": threads}
 
 
 async def open_streams(port: int, count: int) -> list[asyncio.StreamWriter]:
@@ -309,13 +443,90 @@ def prefix_hit_rate(policy: str, workers: int, conversations: int, turns: int = 
             "hit_rate": round(hits / max(1, turns_counted), 3)}  # fmt: skip
 
 
+# ---------------------------------------------------------------------------------------------- steps
+
+
+def door_steps(requests: int, rounds: int) -> dict[str, Any]:
+    """5. The coordinator's work for one tiny streamed request, step by step, in this process (no sockets).
+
+    The door's own steps (coordinator/openai_api/: the head and body cut from the bytes, the body checked
+    and its hints computed, the answer made from the plan's events) and the core's share of the plan
+    (the core driven directly as the door drives it: a session opened, the submit, the worker's accept,
+    one token and done, the session closed). Each figure is the best of ``rounds`` runs of ``requests``.
+    The rest of the coordinator's CPU per request under load (2) is its I/O: the HTTP connection's and the
+    worker's websocket reads and writes, the event loop, the driver's commit and delivery.
+    """
+    from coordinator.core import Coordinator, CoreConfig
+    from coordinator.openai_api import Reply, RequestReader, parse_request
+    from protocol.messages import Accept, Assign, Capabilities, Done, Event, Hello
+
+    wire = chat_request(8000, "tiny")
+    body = wire.split(b"\r\n\r\n", 1)[1]
+    reader = RequestReader()
+    parsed = parse_request("chat", body)
+    events = [("leased", {"worker_id": "w0", "attempt": 1}), ("running", {"worker_id": "w0", "attempt": 1}),
+              ("token", {"text": "hi"}),
+              ("succeeded", {"result": {"text": "hi", "finish_reason": "stop",
+                                        "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+                             "worker_id": "w0", "attempt": 1})]  # fmt: skip
+
+    def intake() -> None:
+        reader.feed(wire)
+
+    def checks() -> None:
+        parse_request("chat", body)
+
+    def reply() -> None:
+        answer = Reply(parsed, created=1, now=0.0, queue_timeout_s=30.0)
+        answer.accepted("oai-0123456789ab1")
+        for kind, data in events:
+            answer.event(kind, data, 0.0)
+
+    core = Coordinator(CoreConfig(), new_id=iter(range(10**12)).__next__)
+    core.open_session(1, "worker", 0.0, principal="worker")
+    caps = Capabilities(ops=["generate"], models=[MODEL], max_concurrency=100_000, cpu_cores=1)
+    core.receive(1, Hello(worker_id="w0", capabilities=caps), 0.0)
+    core.take_effects()
+    ids = iter(range(2, 10**12))
+
+    def core_plan() -> None:
+        conn = next(ids)
+        core.open_session(conn, "client", 0.0, principal="client")
+        submit = parsed.submit(1)
+        submit.plan_id = f"oai-0123456789ab{conn:x}"
+        core.receive(conn, submit, 0.0)
+        for msg in core.take_effects().sends.get(1, ()):
+            if type(msg) is Assign:
+                core.receive(1, Accept(plan_id=msg.plan_id, attempt=msg.attempt), 0.0)
+                core.receive(1, Event(plan_id=msg.plan_id, kind="token", data={"text": "hi"}, attempt=msg.attempt,
+                                      ephemeral=True), 0.0)  # fmt: skip
+                core.receive(1, Done(plan_id=msg.plan_id, attempt=msg.attempt, outcome="succeeded",
+                                     result={"text": "hi", "finish_reason": "stop"}), 0.0)  # fmt: skip
+        core.take_effects()
+        core.close_session(conn, 0.0)
+        core.take_effects()
+
+    def best_us(step: Any) -> float:
+        step()
+        best = float("inf")
+        for _ in range(rounds):  # CPU time: on a shared machine, wall time counts the other tenants' turns
+            started = time.process_time()
+            for _ in range(requests):
+                step()
+            best = min(best, time.process_time() - started)
+        return round(best / requests * 1e6, 2)
+
+    figures = {"intake_us": best_us(intake), "checks_us": best_us(checks), "reply_us": best_us(reply)}
+    figures["door_us"] = round(figures["intake_us"] + figures["checks_us"] + figures["reply_us"], 2)
+    figures["core_us"] = best_us(core_plan)
+    return {**figures, "requests": requests, "rounds": rounds}
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
-async def measure(ns: argparse.Namespace) -> dict[str, Any]:
-    result: dict[str, Any] = {"machine": h.machine()}
-    requests = 40 if ns.quick else ns.requests
-    # 1. time to first byte: door vs engine directly
+async def ttfb(ns: argparse.Namespace, requests: int) -> dict[str, Any]:
+    """1. Time to the first text chunk: the door, the engine directly, the coordinator's own share, the SDK."""
     async with h.fleet("memory") as f:
         fake = h.ROOT / "examples" / "inference_fleet" / "fake_engine.py"
         engine = await h.spawn("engine", sys.executable, str(fake), "--port", "0", "--name", "e0", "--model", MODEL,
@@ -323,88 +534,159 @@ async def measure(ns: argparse.Namespace) -> dict[str, Any]:
         f.others.append(engine)
         engine_url = (await engine.wait_for_line(r"listening on (http://\S+)")).group(1)
         engine_port = int(engine_url.rsplit(":", 1)[1])
-        await f.start_coordinator()
-        await f.start_worker("w0", "--inference-url", engine_url)
+        coordinator = await f.start_coordinator()
+        agent = await f.start_worker("w0", "--inference-url", engine_url)
+        fast = await h.spawn("fast-workers", sys.executable, __file__, "--fast-worker", f.url, "--fast-count", "1",
+                             "--fast-model", FAST_MODEL)  # fmt: skip
+        f.others.append(fast)
         await f.wait_workers()
+        await fast.wait_for_line(r"fast worker \d+ registered")
         await asyncio.sleep(0.5)  # the worker's capabilities (its engine's models) are in its hello already
-        await raw_ttfb(f.port, 10)  # warm-up: imports, connections
-        await raw_ttfb(engine_port, 10)
-        door, direct = await raw_ttfb(f.port, requests), await raw_ttfb(engine_port, requests)
+        for port, model in ((f.port, MODEL), (engine_port, MODEL), (f.port, FAST_MODEL)):
+            await raw_ttfb(port, 20, model)  # warm-up: imports, connections
+        processes = {"coordinator": coordinator.pid, "agent": agent.pid, "engine": engine.pid}
+        before, own_before = {name: h.cpu_seconds(pid) for name, pid in processes.items()}, time.process_time()
+        door = await raw_ttfb(f.port, requests)
+        cpu_us = {name: round((h.cpu_seconds(pid) - before[name]) * 1e6 / requests) for name, pid in processes.items()}
+        cpu_us["client"] = round((time.process_time() - own_before) * 1e6 / requests)
+        direct = await raw_ttfb(engine_port, requests)
+        own = await raw_ttfb(f.port, requests, FAST_MODEL)
         await sdk_ttfb(f.url, 5)
         sdk = await sdk_ttfb(f.url, requests)
         od, oe = (await openai_ttfb(f"http://{h.HOST}:{f.port}/v1", requests),
                   await openai_ttfb(f"{engine_url}/v1", requests))  # fmt: skip
-        result["ttfb"] = {
-            "raw": {"door": h.summary_ms(door), "engine": h.summary_ms(direct),
-                    "added_p50_ms": round((h.percentile(door, 50) - h.percentile(direct, 50)) * 1e3, 3)},
-            "sdk": {"fleet": h.summary_ms(sdk),
-                    "door_over_sdk_p50_ms": round((h.percentile(door, 50) - h.percentile(sdk, 50)) * 1e3, 3)},
-            "openai": {"door": h.summary_ms(od), "engine": h.summary_ms(oe),
-                       "added_p50_ms": round((h.percentile(od, 50) - h.percentile(oe, 50)) * 1e3, 3)},
-            "requests": requests,
-        }  # fmt: skip
-    # 2 and 3. requests/s and memory, the coordinator alone
-    for hold in (False, True):
-        async with h.fleet("memory") as f:
-            await f.start_coordinator("--openai-queue-timeout", "60")
-            workers = await h.spawn("fast-workers", sys.executable, __file__, "--fast-worker", f.url,
-                                    "--fast-count", str(ns.fast_workers), *(["--hold"] if hold else []))  # fmt: skip
-            f.others.append(workers)
-            for _ in range(ns.fast_workers):
-                await workers.wait_for_line(r"fast worker \d+ registered")
-            assert f.coordinator is not None
-            pid = f.coordinator.pid
-            if not hold:
-                seconds = 3.0 if ns.quick else ns.seconds
-                await raw_load(f.port, 4, 1.0)  # warm-up
-                cpu0 = h.cpu_seconds(pid)
-                load = await raw_load(f.port, ns.connections, seconds)
-                load["coordinator_cpu_ms_per_request"] = round(
-                    (h.cpu_seconds(pid) - cpu0) * 1e3 / max(1, load["requests"]), 3)
-                load["connections"] = ns.connections
-                result["raw_load"] = load
-                result["openai_load"] = {**await openai_load(f"http://{h.HOST}:{f.port}/v1", ns.openai_concurrency,
-                                                             seconds), "concurrency": ns.openai_concurrency}
-            else:
-                streams = 200 if ns.quick else ns.streams
-                await open_streams(f.port, 20)  # warm-up: a first allocation of everything a stream uses
-                before = h.rss_bytes(pid)
-                held = await open_streams(f.port, streams)
-                await asyncio.sleep(0.5)
-                after = h.rss_bytes(pid)
-                result["memory"] = {"streams": streams, "rss_before_mib": round(before / 2**20, 1),
-                                    "rss_after_mib": round(after / 2**20, 1),
-                                    "kib_per_open_stream": round((after - before) / streams / 1024, 1)}  # fmt: skip
-                for writer in held:
-                    writer.close()
-    # 4. prefix hit rate
+        sd = await asyncio.to_thread(sync_openai_ttfb, f"http://{h.HOST}:{f.port}/v1", requests)
+        se = await asyncio.to_thread(sync_openai_ttfb, f"{engine_url}/v1", requests)
+
+    def added(through: list[float], direct: list[float]) -> float:
+        return round((h.percentile(through, 50) - h.percentile(direct, 50)) * 1e3, 3)
+
+    return {
+        "raw": {"door": h.summary_ms(door), "engine": h.summary_ms(direct), "added_p50_ms": added(door, direct),
+                "cpu_us_per_request": cpu_us},
+        "coordinator_only": {"door": h.summary_ms(own), "added_p50_ms": added(own, direct)},
+        "sdk": {"fleet": h.summary_ms(sdk), "door_over_sdk_p50_ms": added(door, sdk)},
+        "openai": {"door": h.summary_ms(od), "engine": h.summary_ms(oe), "added_p50_ms": added(od, oe)},
+        "openai_sync": {"door": h.summary_ms(sd), "engine": h.summary_ms(se), "added_p50_ms": added(sd, se)},
+        "requests": requests,
+    }  # fmt: skip
+
+
+async def load(ns: argparse.Namespace, seconds: float) -> dict[str, Any]:
+    """2. Streamed requests/s through the coordinator alone (fast workers), on a core of its own where possible."""
+    async with h.fleet("memory") as f:
+        await f.start_coordinator("--openai-queue-timeout", "60")
+        workers = await h.spawn("fast-workers", sys.executable, __file__, "--fast-worker", f.url,
+                                "--fast-count", str(ns.fast_workers))  # fmt: skip
+        f.others.append(workers)
+        for _ in range(ns.fast_workers):
+            await workers.wait_for_line(r"fast worker \d+ registered")
+        assert f.coordinator is not None
+        pid = f.coordinator.pid
+        use_wrk = ns.generator == "wrk" or (ns.generator == "auto" and shutil.which("wrk") is not None)
+        pinned = (os.cpu_count() or 1) >= 2 and pin(pid, "0") and pin(workers.pid, "1")
+        generator_cpus = "1" if pinned else None
+        if use_wrk:
+            await asyncio.to_thread(wrk_load, f.port, 4, 1.0, MODEL, generator_cpus)  # warm-up
+        else:
+            await raw_load(f.port, 4, 1.0)
+        cpu0, workers0, started = h.cpu_seconds(pid), h.cpu_seconds(workers.pid), time.perf_counter()
+        if use_wrk:
+            result = await asyncio.to_thread(wrk_load, f.port, ns.connections, seconds, MODEL, generator_cpus)
+        else:
+            own = time.process_time()
+            result = await raw_load(f.port, ns.connections, seconds)
+            result.update(generator="python (this process)", generator_cpu_s=round(time.process_time() - own, 3))
+        wall = time.perf_counter() - started
+        cpu, workers_cpu = h.cpu_seconds(pid) - cpu0, h.cpu_seconds(workers.pid) - workers0
+        result.update(connections=ns.connections, pinned=pinned, coordinator_core_busy=round(cpu / wall, 3),
+                      workers_cpu_s=round(workers_cpu, 3), **cpu_figures(result, cpu, workers_cpu))  # fmt: skip
+        base = f"http://{h.HOST}:{f.port}/v1"
+        if pinned:
+            pin(os.getpid(), "1")  # the openai clients run here: beside the generator, not on the coordinator's core
+        oa = {**await openai_load(base, ns.openai_concurrency, seconds), "concurrency": ns.openai_concurrency}
+        sync = await asyncio.to_thread(sync_openai_load, base, ns.openai_concurrency, seconds)
+        if pinned:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    return {"raw_load": result, "openai_load": oa, "openai_sync_load": sync}
+
+
+async def memory(ns: argparse.Namespace, streams: int) -> dict[str, Any]:
+    """3. The coordinator's RSS per open stream (the fast workers hold every plan)."""
+    async with h.fleet("memory") as f:
+        await f.start_coordinator("--openai-queue-timeout", "60")
+        workers = await h.spawn("fast-workers", sys.executable, __file__, "--fast-worker", f.url,
+                                "--fast-count", str(ns.fast_workers), "--hold")  # fmt: skip
+        f.others.append(workers)
+        for _ in range(ns.fast_workers):
+            await workers.wait_for_line(r"fast worker \d+ registered")
+        assert f.coordinator is not None
+        pid = f.coordinator.pid
+        await open_streams(f.port, 20)  # warm-up: a first allocation of everything a stream uses
+        before = h.rss_bytes(pid)
+        held = await open_streams(f.port, streams)
+        await asyncio.sleep(0.5)
+        after = h.rss_bytes(pid)
+        for writer in held:
+            writer.close()
+    return {"streams": streams, "rss_before_mib": round(before / 2**20, 1), "rss_after_mib": round(after / 2**20, 1),
+            "kib_per_open_stream": round((after - before) / streams / 1024, 1)}  # fmt: skip
+
+
+async def measure(ns: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"machine": h.machine()}
+    result["ttfb"] = await ttfb(ns, 40 if ns.quick else ns.requests)
+    result.update(await load(ns, 3.0 if ns.quick else ns.seconds))
+    result["memory"] = await memory(ns, 200 if ns.quick else ns.streams)
     conversations = 41 if ns.quick else 201  # not a multiple of the workers: round robin's turns do not line up
     result["prefix"] = [prefix_hit_rate(policy, 8, conversations) for policy in ("kv_aware", "round_robin")]
+    result["steps"] = door_steps(500 if ns.quick else 3000, 3 if ns.quick else 7)
     return result
 
 
 def lines(r: dict[str, Any]) -> list[str]:
-    t, raw, oa, mem = r["ttfb"], r["raw_load"], r["openai_load"], r["memory"]
+    t, raw, oa, sync, mem, s = (r["ttfb"], r["raw_load"], r["openai_load"], r["openai_sync_load"], r["memory"],
+                                r["steps"])  # fmt: skip
+
+    def pair(figures: dict[str, float]) -> str:
+        return f"{figures['p50_ms']} / {figures['p99_ms']}"
+
+    pinned = "coordinator pinned to CPU 0, generator and workers to CPU 1" if raw["pinned"] else "not pinned"
     out = [
         f"OpenAI front door — {r['machine'].get('cpus')} CPUs, {r['machine'].get('cpu', '?')}",
         f"time to first text chunk, {t['requests']} sequential streamed requests (p50 / p99 ms):",
-        f"  raw HTTP   door {t['raw']['door']['p50_ms']} / {t['raw']['door']['p99_ms']}   "
-        f"engine directly {t['raw']['engine']['p50_ms']} / {t['raw']['engine']['p99_ms']}   "
+        f"  raw HTTP   door {pair(t['raw']['door'])}   engine directly {pair(t['raw']['engine'])}   "
         f"added p50 {t['raw']['added_p50_ms']} ms (goal <= 1 ms)",
-        f"  the fleet without the door (SDK submit of the same generate plan) {t['sdk']['fleet']['p50_ms']} / "
-        f"{t['sdk']['fleet']['p99_ms']}: the door's own share of the p50 {t['sdk']['door_over_sdk_p50_ms']} ms",
-        f"  openai pkg door {t['openai']['door']['p50_ms']} / {t['openai']['door']['p99_ms']}   "
-        f"engine directly {t['openai']['engine']['p50_ms']} / {t['openai']['engine']['p99_ms']}   "
+        "  CPU per request through the door (µs; /proc ticks, so +-{tick}): ".format(tick=round(1e4 / t["requests"]))
+        + ", ".join(f"{name} {us}" for name, us in t["raw"]["cpu_us_per_request"].items()),
+        f"  of which the coordinator's (a raw websocket worker, no agent, no engine): door "
+        f"{pair(t['coordinator_only']['door'])}, added p50 {t['coordinator_only']['added_p50_ms']} ms",
+        f"  the fleet without the door (SDK submit of the same generate plan) {pair(t['sdk']['fleet'])}: the door's "
+        f"own share of the p50 {t['sdk']['door_over_sdk_p50_ms']} ms",
+        f"  openai pkg door {pair(t['openai']['door'])}   engine directly {pair(t['openai']['engine'])}   "
         f"added p50 {t['openai']['added_p50_ms']} ms",
-        f"streamed requests/s through one coordinator (tiny answers, fast workers): raw HTTP x{raw['connections']} "
-        f"{raw['requests_per_s']}/s (goal >= 5,000), coordinator {raw['coordinator_cpu_ms_per_request']} ms CPU per "
-        f"request, first chunk under load p50 {raw['first_chunk']['p50_ms']} ms; openai pkg x{oa['concurrency']} "
-        f"{oa['requests_per_s']}/s; errors {raw['errors']}",
+        f"  openai sync door {pair(t['openai_sync']['door'])}   engine directly {pair(t['openai_sync']['engine'])}   "
+        f"added p50 {t['openai_sync']['added_p50_ms']} ms",
+        f"streamed requests/s through one coordinator (tiny answers, fast workers; {raw['generator']}, "
+        f"x{raw['connections']} connections; {pinned}): {raw['requests_per_s']}/s (goal >= 5,000), errors "
+        f"{raw['errors']}",
+        f"  CPU per request (µs): coordinator {raw['coordinator_us_per_request']} (its core busy "
+        f"{raw['coordinator_core_busy']:.0%}), generator {raw['generator_us_per_request']}, fast workers "
+        f"{raw['workers_us_per_request']}: {raw['requests_per_s_per_coordinator_core']}/s per coordinator core, "
+        f"{raw['two_core_requests_per_s']}/s on 2 cores with the generator beside it (goal >= 5,000)",
+        f"  openai pkg x{oa['concurrency']} {oa['requests_per_s']}/s; openai sync x{sync['threads']} threads "
+        f"{sync['requests_per_s']}/s (client-bound)",
         f"memory: {mem['streams']} open streams {mem['rss_before_mib']} -> {mem['rss_after_mib']} MiB = "
         f"{mem['kib_per_open_stream']} KiB per open stream",
         "prefix hit rate of four-turn chats (turns placed where their previous turn went): "
         + ", ".join(f"{p['policy']} {p['hit_rate']:.0%} ({p['hits']}/{p['turns_after_the_first']})"
                     for p in r["prefix"]),
+        f"the coordinator's CPU per tiny streamed request, in process (µs, best of {s['rounds']} x {s['requests']}): "
+        f"door {s['door_us']} (head and body {s['intake_us']}, checks and hints {s['checks_us']}, answer "
+        f"{s['reply_us']}), core {s['core_us']} (session, submit, placement, accept, token, done); the rest of "
+        f"the {raw['coordinator_us_per_request']} under load is I/O (sockets, websocket frames, the loop, the "
+        "driver's commit and delivery)",
     ]
     return out
 
@@ -419,12 +701,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each load")
     parser.add_argument("--streams", type=int, default=2000, help="open streams for the memory figure")
     parser.add_argument("--fast-workers", type=int, default=2, help="raw websocket workers of the load")
+    parser.add_argument("--generator", choices=("auto", "wrk", "python"), default="auto",
+                        help="the load's generator: wrk (C, when installed: auto) or this process's asyncio")
     parser.add_argument("--fast-worker", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--fast-count", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fast-model", default=MODEL, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.fast_worker:
-        h.run_loop(fast_workers(ns.fast_worker, ns.fast_count, ns.hold))
+        h.run_loop(fast_workers(ns.fast_worker, ns.fast_count, ns.hold, ns.fast_model))
         return 0
     result = h.run_loop(measure(ns))
     h.emit(result, ns.json, lines(result))
