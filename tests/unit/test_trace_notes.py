@@ -127,3 +127,25 @@ def test_spans_from_notes_queue_with_wait_reasons_placement_and_commits() -> Non
     assert {f"{s.context.trace_id:032x}" for s in got} == {TRACE}
     assert spans.queued == 0
     tracing.shutdown()
+
+
+def test_a_plan_placed_at_once_has_a_queue_span_without_a_wait_reason() -> None:
+    """A plan a connected worker takes at once: its queue span names the placement but carries no empty
+    wait_reason attribute (each attribute costs the exporter's encoding)."""
+    h = Traced()
+    w = h.worker("w1")
+    c = h.client()
+    plan = h.submit(c, traceparent=SAMPLED)
+    h.send(w, Accept(plan_id=plan, attempt=1))
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(SERVICE_COORDINATOR, exporter=exporter, environ={})
+    clock = iter(range(1_000, 100_000, 1_000))
+    spans = PlanSpans(tracing, clock=lambda: next(clock))
+    for step in h.steps:
+        spans.flushed(step)
+        spans.delivered(step)
+    tracing.flush()
+    (queue,) = [s for s in exporter.get_finished_spans() if s.name == "fleetwire.queue"]
+    assert dict(queue.attributes or {}) == {"fleetwire.plan_id": plan, "fleetwire.attempt": 1,
+                                            "fleetwire.policy": "joule_weighted", "fleetwire.worker_id": "w1"}
+    tracing.shutdown()

@@ -99,3 +99,88 @@ def test_spans_reach_a_real_otlp_receiver_as_children_of_the_remote_parent() -> 
     assert queue.attributes == {"fleetwire.plan_id": "p1"}
     assert attempt.parent_span_id == queue.span_id and attempt.error
     assert len(spans) == 2
+
+
+class _Counting:
+    """A span exporter that keeps what it is handed (the SDK's interface: export, force_flush, shutdown)."""
+
+    def __init__(self) -> None:
+        self.spans: list[object] = []
+
+    def export(self, spans: list[object]) -> None:
+        self.spans += spans
+
+    def force_flush(self, timeout_millis: int = 0) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_the_root_sampler_draws_the_ratio_and_ids_a_downstream_ratio_sampler_agrees_with() -> None:
+    """At ratio 0.01 about 1 % of roots are sampled, each id under the SDK's TraceIdRatioBased bound; always_off samples
+    none; a parent-based sampler follows the parent's flag, a plain ratio one the parent's trace id."""
+    import random
+
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    from wireio.tracing import Sampler
+
+    sampler = Sampler.from_env({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"})
+    rng = random.Random(7)
+    ids = [sampler.root(rng) for _ in range(20_000)]
+    sampled = [i for i in ids if i]
+    assert 140 <= len(sampled) <= 260  # 200 expected
+    sdk = TraceIdRatioBased(0.01)
+    assert all(sdk.should_sample(None, i, "x").decision.is_sampled() for i in sampled)
+    assert Sampler("always_off").root(rng) == 0 and Sampler("bogus").name == "parentbased_always_on"
+    assert sampler.child(SAMPLED) and not sampler.child(UNSAMPLED)
+    plain = Sampler("traceidratio", 0.5)
+    assert plain.child(f"00-{'0' * 16}{'f' * 16}-{SPAN}-01") is False
+    assert plain.child(f"00-{'0' * 16}{'0' * 15}1-{SPAN}-00") is True
+
+
+def test_an_unsampled_context_notes_nothing_and_a_full_queue_drops_without_blocking() -> None:
+    """An unsampled parent or root is no span at all (nothing queued, nothing exported); past
+    OTEL_BSP_MAX_QUEUE_SIZE spans are dropped and counted, never waited for."""
+    exporter = _Counting()
+    environ = {"OTEL_BSP_MAX_QUEUE_SIZE": "3", "OTEL_BSP_SCHEDULE_DELAY": "600000", "OTEL_TRACES_SAMPLER": "always_off"}
+    tracing = Tracing(SERVICE_COORDINATOR, exporter=exporter, environ=environ)
+    try:
+        assert tracing.start("fleetwire.submit", "", kind="producer", root=True) is None
+        assert tracing.record("fleetwire.queue", UNSAMPLED, 1, 2) == ""
+        assert len(tracing._queue) == 0
+        for _ in range(5):
+            tracing.record("fleetwire.queue", SAMPLED, 1, 2)
+        assert (len(tracing._queue), tracing.dropped) == (3, 2)
+        tracing.flush()
+        assert (len(exporter.spans), tracing.exported) == (3, 3)
+    finally:
+        tracing.shutdown()
+
+
+def test_the_client_decides_once_and_an_unsampled_plan_carries_only_its_callers_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the client's sampler off, a submit outside any span carries no traceparent and makes no span; inside an
+    application's unsampled span it carries that span's context, flag clear, so no hop makes a span."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    import fleetwire.tracing
+    from protocol.messages import Submit
+
+    tracing = Tracing("fleetwire-client", exporter=_Counting(), environ={"OTEL_TRACES_SAMPLER": "always_off"})
+    monkeypatch.setattr(fleetwire.tracing, "_tracing", tracing)
+    try:
+        msgs = [Submit(req_id=1, op="echo"), Submit(req_id=2, op="echo")]
+        assert fleetwire.tracing.start_submit_spans(msgs) is None
+        assert [m.traceparent for m in msgs] == ["", ""]
+        app = TracerProvider(sampler=ALWAYS_OFF).get_tracer("app")
+        with app.start_as_current_span("request") as request:
+            assert fleetwire.tracing.start_submit_spans(msgs) is None
+        context = request.get_span_context()
+        assert {m.traceparent for m in msgs} == {format_traceparent(context.trace_id, context.span_id, sampled=False)}
+        assert len(tracing._queue) == 0
+    finally:
+        tracing.shutdown()

@@ -87,8 +87,9 @@ class PlanSpans:
             elif kind == "leased" or kind in _ENDS:
                 entry = queued.pop(plan_id, None)
                 if entry is not None:
-                    attributes: Attributes = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": entry.attempt,
-                                              "fleetwire.wait_reason": entry.reason}  # fmt: skip
+                    attributes: Attributes = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": entry.attempt}
+                    if entry.reason:  # no attribute for a plan that never waited: each one costs the exporter ~3 µs
+                        attributes["fleetwire.wait_reason"] = entry.reason
                     if entry.placed is not None:
                         attributes["fleetwire.policy"] = str(entry.placed.get("policy", ""))
                         attributes["fleetwire.worker_id"] = str(entry.placed.get("worker_id", ""))
