@@ -220,6 +220,7 @@ class Tracing:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import Event as SdkEvent
             from opentelemetry.sdk.trace import ReadableSpan
+            from opentelemetry.sdk.trace.export import SpanExportResult
             from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         except ImportError:
             raise ValueError(_MISSING) from None
@@ -233,11 +234,12 @@ class Tracing:
         self.sampler = Sampler.from_env(env)
         self.exporter = exporter
         self.dropped = 0
-        """Spans not exported: the queue was full (a collector slower than the spans)."""
+        """Spans not exported: the queue was full (a collector slower than the spans), or the export failed."""
         self.exported = 0
         """Spans handed to the exporter."""
         self._trace = trace
         self._readable = ReadableSpan
+        self._failure = SpanExportResult.FAILURE
         self._event = SdkEvent
         self._resource = _cached_hash(Resource.create({"service.name": self.service}))
         self._scope = InstrumentationScope("fleetwire")
@@ -330,8 +332,10 @@ class Tracing:
                 batch = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
                 spans = [self._readable_span(*raw) for raw in batch]
                 try:
-                    self.exporter.export(spans)
+                    failed = self.exporter.export(spans) is self._failure  # the collector refused it, or is away
                 except Exception:  # a failing exporter loses its batch, never the thread
+                    failed = True
+                if failed:
                     self.dropped += len(spans)
                 else:
                     self.exported += len(spans)

@@ -184,3 +184,20 @@ def test_the_client_decides_once_and_an_unsampled_plan_carries_only_its_callers_
         assert len(tracing._queue) == 0
     finally:
         tracing.shutdown()
+
+
+def test_a_batch_the_collector_refuses_counts_as_dropped_not_exported() -> None:
+    """An export that fails (the SDK exporter's FAILURE: collector away or refusing) counts its spans in dropped."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class Refusing(_Counting):
+        def export(self, spans: list[object]) -> SpanExportResult:  # type: ignore[override]
+            return SpanExportResult.FAILURE
+
+    tracing = Tracing(SERVICE_COORDINATOR, exporter=Refusing(), environ={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    try:
+        tracing.record("fleetwire.queue", SAMPLED, 1, 2)
+        tracing.flush()
+        assert (tracing.exported, tracing.dropped) == (0, 1)
+    finally:
+        tracing.shutdown()
