@@ -34,7 +34,7 @@ Target = Callable[[argparse.Namespace], tuple[str, str | None]]
 #: The rows' fields, in the order the table and the CSV show them.
 COLUMNS: Final = (
     "name", "team", "succeeded", "failed", "cancelled", "slot_seconds", "gpu_seconds", "tokens", "joules", "co2e_g",
-    "preemptions",
+    "avoided_co2e_g", "preemptions",
 )  # fmt: skip
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 7 * 86_400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -81,7 +81,7 @@ def print_usage(reply: Usage, *, as_json: bool, as_csv: bool) -> None:
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
     heads = {"name": reply.by.upper(), "slot_seconds": "SLOT-S", "gpu_seconds": "GPU-S", "co2e_g": "GCO2E",
-             "joules": "J", "preemptions": "PREEMPTED"}  # fmt: skip
+             "avoided_co2e_g": "AVOIDED-G", "joules": "J", "preemptions": "PREEMPTED"}  # fmt: skip
     for column in columns:
         table.add_column(heads.get(column, column.upper()), justify="left" if column in ("name", "team") else "right")
     for r in reply.rows:
@@ -126,9 +126,9 @@ def add_usage_command(
 
     p = sub.add_parser("usage", parents=[common, admin_client], help="who used what of the fleet (the usage ledger)",
                        description="Usage totals from the coordinator's ledger: plans by outcome, slot- and "
-                                   "GPU-seconds, tokens, joules, gCO2e and preemptions, by principal or team. An "
-                                   "admin token sees everyone's, a client token its own. Uses "
-                                   "$FLEETWIRE_ADMIN_TOKEN when set, else $FLEETWIRE_TOKEN.")
+                                   "GPU-seconds, tokens, joules, gCO2e, gCO2e avoided by waiting for a greener hour "
+                                   "and preemptions, by principal or team. An admin token sees everyone's, a client "
+                                   "token its own. Uses $FLEETWIRE_ADMIN_TOKEN when set, else $FLEETWIRE_TOKEN.")
     p.add_argument("--by", choices=("principal", "team"), default="principal", help="rows per principal or team")
     p.add_argument("--since", default="", metavar="DURATION",
                    help="only usage from this long ago on, in whole hours: 24h, 90m, 7d (default: all time)")

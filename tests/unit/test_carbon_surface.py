@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -14,8 +15,9 @@ from coordinator.io.ops.carbon_metrics import CARBON_METRIC_NAMES, carbon_famili
 from fleetwire.cli import console
 from fleetwire.cli.main import build_parser
 from fleetwire.cli.serve import server_settings
+from fleetwire.cli.usage import print_usage
 from fleetwire.submits import unix_time
-from protocol.messages import Done, Receipt
+from protocol.messages import Done, Receipt, Usage, UsageTotals
 from tests.unit.test_carbon_holds import QUIET, T0, H, forecast, start, worker
 from tests.unit.test_core import Harness
 
@@ -99,3 +101,13 @@ def test_metrics_count_holds_and_what_they_avoided_and_each_zones_forecast() -> 
     assert got[("fleetwire_carbon_plans_held", ())] == 0 and got[("fleetwire_carbon_releases_total", ())] == 1
     assert got[("fleetwire_carbon_avoided_grams", ())] == 250  # 1 kWh at 50 instead of 300 g/kWh
     assert {m.name for m in carbon_families(h.core, h.now)} == set(CARBON_METRIC_NAMES)
+
+
+def test_usage_shows_what_waiting_avoided(capsys: pytest.CaptureFixture[str]) -> None:
+    """`fleetwire usage` has an AVOIDED-G column, and --json an avoided_co2e_g field, per row."""
+    rows = [UsageTotals(name="alice", team="ml", succeeded=3, co2e_g=12.5, avoided_co2e_g=250.0)]
+    print_usage(Usage(req_id=1, by="principal", rows=rows), as_json=True, as_csv=False)
+    assert json.loads(capsys.readouterr().out)["rows"][0]["avoided_co2e_g"] == 250.0
+    print_usage(Usage(req_id=1, by="principal", rows=rows), as_json=False, as_csv=False)
+    table = capsys.readouterr().out.splitlines()
+    assert "AVOIDED-G" in table[0] and "250.0" in table[1]
