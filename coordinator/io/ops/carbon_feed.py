@@ -70,7 +70,6 @@ class CarbonFeed:
         self._clock = clock
         self.timeout_s = timeout_s
         self._task: asyncio.Task[None] | None = None
-        self.fetched = asyncio.Event()  # set after each fetch, failed or not (tests wait on it)
 
     def start(self) -> None:
         if self._task is None:
@@ -104,7 +103,6 @@ class CarbonFeed:
                                               self._wall()))  # fmt: skip
             if text is None:
                 feed.unchanged(self._wall())
-                self.fetched.set()
                 return FeedOutcome()
             return self._tell(feed.fetched(text, self._wall(), stamp))
         if source.kind == "command":
@@ -127,7 +125,6 @@ class CarbonFeed:
                 log.info("carbon forecast updated", zones=sorted(outcome.changed), rows=outcome.rows)
                 self._core.forecast_changed(outcome.changed, self._clock())
                 self._flush()
-        self.fetched.set()
         return outcome
 
 
