@@ -8,6 +8,8 @@ import asyncio
 import http.server
 import json
 import math
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -181,3 +183,54 @@ async def test_an_http_provider_is_fetched_and_a_bad_status_is_a_failure(
     assert outcome.error == f"carbon forecast {url}: HTTP 503 Service Unavailable"
     forecast = f.h.core.carbon.book.forecast("DE")
     assert forecast is not None and forecast.value_at(f.hour + H) == 50
+
+
+def test_a_provider_that_never_answers_does_not_hold_up_the_coordinators_stop() -> None:
+    """A fetch hung in its thread: closing the feed and ending the event loop take well under the fetch timeout."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/forecast"
+    accepted = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept_and_say_nothing() -> None:
+        held.append(listener.accept()[0])
+        accepted.set()
+
+    async def run_and_stop() -> None:
+        f = Fleet()
+        feed = f.feed(parse_source(url), real_wall=True, timeout_s=20.0)
+        feed.start()
+        assert await asyncio.to_thread(accepted.wait, 10)  # the fetch is under way, blocked in its thread
+        await feed.close()
+
+    threading.Thread(target=accept_and_say_nothing, daemon=True).start()
+    started = time.monotonic()
+    try:
+        asyncio.run(run_and_stop())
+    finally:
+        for conn in held:
+            conn.close()
+        listener.close()
+    assert time.monotonic() - started < 5
+
+
+async def test_a_command_under_way_when_the_feed_closes_is_killed(tmp_path: Path) -> None:
+    """Closing the feed (the coordinator stops) kills a running command with what it started."""
+    f = Fleet()
+    pid_file = tmp_path / "pid"
+    feed = f.feed(parse_source(f"cmd:sh -c 'echo $$ > {pid_file}; exec sleep 30'"), real_wall=True)
+    feed.start()
+    await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
+    pid = int(await asyncio.to_thread(pid_file.read_text))
+    await feed.close()
+    await until(lambda: not alive(pid), timeout_s=5)
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for a reaper that is not ours counts as ended)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False

@@ -9,8 +9,10 @@ the I/O, never on the event loop's critical path:
 * a **command** (``cmd:COMMAND``) runs through the shell as a subprocess (in a session of its own) every
   interval; its stdout is the rows. Past :data:`FETCH_TIMEOUT_S` its process group is killed and the
   fetch counts as failed;
-* an **HTTP** provider is fetched in a thread (``urllib``, :data:`FETCH_TIMEOUT_S`); a status other
-  than 2xx is a failure naming it. A provider that needs a token is a command (``cmd:curl -H ...``).
+* an **HTTP** provider is fetched in a daemon thread of its own (``urllib``, :data:`FETCH_TIMEOUT_S`), not
+  the loop's executor, whose shutdown waits for its threads: a provider that never answers must not hold
+  up the coordinator's stop. A status other than 2xx is a failure naming it. A provider that needs a
+  token is a command (``cmd:curl -H ...``).
 
 After each fetch the book's changed zones go to ``Coordinator.forecast_changed`` (the plans that may
 run there are decided again) and the driver's ``flush`` sends what that decided. A failed fetch keeps
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -108,7 +111,7 @@ class CarbonFeed:
         if source.kind == "command":
             body, error = await _run_command(source.target, self.timeout_s)
         else:
-            body, error = await asyncio.to_thread(_get, source.target, self.timeout_s)
+            body, error = await _in_daemon_thread(_get, source.target, self.timeout_s)
         if error:
             return self._tell(feed.failed(error, self._wall()))
         return self._tell(feed.fetched(body, self._wall()))
@@ -149,16 +152,48 @@ async def _run_command(command: str, timeout_s: float) -> tuple[str, str]:
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc.pid)
         await proc.communicate()  # the pipes are drained and closed: their writers are dead
         return "", f"carbon forecast command {command!r} took more than {timeout_s:g} s; killed"
+    except asyncio.CancelledError:  # the coordinator stops: the command does not outlive it
+        _kill_group(proc.pid)
+        with contextlib.suppress(Exception):
+            await proc.wait()
+        raise
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip()[-300:]
         return "", f"carbon forecast command {command!r} exited {proc.returncode}" + (f": {tail}" if tail else "")
     if len(out) > MAX_BYTES:
         return "", f"carbon forecast command {command!r} printed more than {MAX_BYTES} bytes"
     return out.decode(errors="replace"), ""
+
+
+async def _in_daemon_thread(fetch: Callable[[str, float], tuple[str, str]], url: str,
+                            timeout_s: float) -> tuple[str, str]:
+    """``fetch(url, timeout_s)`` in a daemon thread; cancelling the caller abandons the thread to its timeout."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[tuple[str, str]] = loop.create_future()
+
+    def deliver(result: tuple[str, str]) -> None:
+        if not answer.done():
+            answer.set_result(result)
+
+    def run() -> None:
+        try:
+            result = fetch(url, timeout_s)
+        except Exception as exc:  # told to the caller as a failed fetch
+            result = ("", f"carbon forecast {url}: {type(exc).__name__}: {exc}")
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(deliver, result)
+
+    threading.Thread(target=run, name="carbon-forecast-http", daemon=True).start()
+    return await answer
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the command's session: the shell and what it started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _get(url: str, timeout_s: float) -> tuple[str, str]:
