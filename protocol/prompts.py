@@ -54,22 +54,27 @@ MAX_HASHES: Final = 16_384
 _MASK: Final = (1 << 53) - 1
 
 
+def _is_mapping(value: Any) -> bool:
+    """``isinstance(value, Mapping)``, without the ABC's cost for the dicts a JSON decoder makes (a hot path)."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _content(value: Any) -> str:
     """A message's text: a string, or the text parts of an OpenAI content list."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        return "".join(str(part.get("text", "")) for part in value if isinstance(part, Mapping))
+        return "".join(str(part.get("text", "")) for part in value if _is_mapping(part))
     return ""
 
 
 def prompt_text(args: Any) -> tuple[str, int] | None:
     """The request's prompt as one text, and its chat message count (0: a completion prompt); None: none."""
-    if not isinstance(args, Mapping):
+    if not _is_mapping(args):
         return None
     messages = args.get("messages")
     if isinstance(messages, list):
-        parts = [f"<|{m.get('role', '')}|>{_content(m.get('content'))}" for m in messages if isinstance(m, Mapping)]
+        parts = [f"<|{m.get('role', '')}|>{_content(m.get('content'))}" for m in messages if _is_mapping(m)]
         return "".join(parts), len(parts)
     prompt = args.get("prompt")
     if isinstance(prompt, str):

@@ -64,7 +64,7 @@ _DONE: Final = b"data: [DONE]\n\n"
 State = Literal["waiting", "streaming", "done"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Out:
     """What the door does after one input: write ``data``; then the answer is complete (``done``);
     cancel the plan (``cancel``: the door gave up on it)."""
@@ -72,6 +72,9 @@ class Out:
     data: bytes = b""
     done: bool = False
     cancel: bool = False
+
+
+_NOTHING: Final = Out()  # most events change nothing the client sees
 
 
 def _head(status: int, content_type: str, extra: dict[str, str], *, keep_alive: bool, length: int | None) -> bytes:
@@ -85,6 +88,20 @@ def _head(status: int, content_type: str, extra: dict[str, str], *, keep_alive: 
     if not keep_alive:
         headers["Connection"] = "close"
     return format_response(status, headers, REASONS.get(status, "Status"))
+
+
+def _stream_head(keep_alive: bool) -> tuple[bytes, bytes, bytes]:
+    """The 200 head of a stream, cut where the plan id goes twice (``x-fleetwire-plan-id``, ``x-request-id``)."""
+    head = _head(200, "text/event-stream", {"x-fleetwire-plan-id": "\0", "x-request-id": "\0"},
+                 keep_alive=keep_alive, length=None)  # fmt: skip
+    before, between, after = head.split(b"\0")
+    return before, between, after
+
+
+#: A stream's head is the same for every request but its plan id: made once, not per request (a hot path).
+_STREAM_HEADS: Final = {keep_alive: _stream_head(keep_alive) for keep_alive in (True, False)}
+_CHUNK_TAIL: Final = b',"logprobs":null,"finish_reason":'
+_ROLE_DELTA: Final = b'{"role":"assistant","content":""}' + _CHUNK_TAIL + b"null}]}\n\n"
 
 
 def json_response(
@@ -136,6 +153,7 @@ class Reply:
         self.deadline: float | None = now + queue_timeout_s  # None: placed, or answered
         self.chunks = 0  # stream chunks of text sent
         self.status = 0  # the answer's HTTP status once its head was made (0: not yet)
+        self._open = b""  # a chat chunk up to its delta (accepted())
         self._prefix = b""
         self._suffix = b""
         self._tool_calls: dict[int, dict[str, Any]] = {}  # a chat's tool calls from ``delta`` events, by index
@@ -143,17 +161,24 @@ class Reply:
     # ------------------------------------------------------------------ inputs
 
     def accepted(self, plan_id: str) -> None:
-        """The core accepted the plan under ``plan_id``; the chunk templates are made for it."""
+        """The core accepted the plan under ``plan_id``; the chunk templates are made for it.
+
+        Raises:
+            ValueError: a plan id with a line break (it goes into the answer's head).
+        """
+        if "\r" in plan_id or "\n" in plan_id:
+            raise ValueError(f"plan id {plan_id!r} has a line break in it")
         self.plan_id = plan_id
         request = self.request
         model = _ENCODE(request.model)
         if request.kind == "chat":
-            self._prefix = (b'data: {"id":"chatcmpl-%b","object":"chat.completion.chunk","created":%d,"model":%b,'
-                            b'"choices":[{"index":0,"delta":{"content":' % (plan_id.encode(), self.created, model))
+            self._open = (b'data: {"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b,'
+                          b'"choices":[{"index":0,"delta":' % (_ENCODE("chatcmpl-" + plan_id), self.created, model))
+            self._prefix = self._open + b'{"content":'
             self._suffix = b'},"finish_reason":null}]}\n\n'
         else:
-            self._prefix = (b'data: {"id":"cmpl-%b","object":"text_completion","created":%d,"model":%b,'
-                            b'"choices":[{"index":0,"text":' % (plan_id.encode(), self.created, model))
+            self._prefix = (b'data: {"id":%b,"object":"text_completion","created":%d,"model":%b,'
+                            b'"choices":[{"index":0,"text":' % (_ENCODE("cmpl-" + plan_id), self.created, model))
             self._suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
 
     def refused(self, error: ApiError) -> Out:
@@ -163,13 +188,17 @@ class Reply:
     def event(self, kind: str, data: Any, now: float) -> Out:
         """One event of the request's plan."""
         if self.state == "done":
-            return Out()
+            return _NOTHING
         match kind:
             case "token":
                 text = data.get("text") if isinstance(data, dict) else None
                 if not self.request.stream or not isinstance(text, str) or not text:
-                    return Out()
-                return self._stream(self._prefix + _ENCODE(text) + self._suffix)
+                    return _NOTHING
+                chunk = self._prefix + _ENCODE(text) + self._suffix
+                if self.state == "streaming":  # the hot path: one chunk more
+                    self.chunks += 1
+                    return Out(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                return self._stream(chunk)
             case "delta":
                 return self._delta(data)
             case "leased" | "running":
@@ -178,11 +207,11 @@ class Reply:
                     self.worker_id = str(data.get("worker_id", self.worker_id))
                     attempt = data.get("attempt")
                     self.attempt = attempt if isinstance(attempt, int) else self.attempt
-                return Out()
+                return _NOTHING
             case "waiting":
                 if isinstance(data, dict):
                     self.waiting_reason = str(data.get("reason", ""))
-                return Out()
+                return _NOTHING
             case "requeued":
                 if self.state == "streaming":
                     reason = data.get("reason", "") if isinstance(data, dict) else ""
@@ -191,7 +220,7 @@ class Reply:
                     return self._fail(ApiError(503, message, code="worker_lost", retry_after_s=1.0), cancel=True)
                 self.deadline = now + self.queue_timeout_s  # resumed elsewhere: nothing was sent
                 self._tool_calls.clear()
-                return Out()
+                return _NOTHING
             case "succeeded":
                 return self._succeeded(data)
             case "failed":
@@ -199,12 +228,12 @@ class Reply:
             case "cancelled":
                 reason = data.get("reason", "") if isinstance(data, dict) else ""
                 return self._fail(ApiError(503, f"the plan was cancelled: {reason}", code="cancelled"), cancel=False)
-        return Out()
+        return _NOTHING
 
     def expire(self, now: float) -> Out:
         """Past the queue timeout with no worker: 503 and cancel the plan; before it, nothing."""
         if self.state != "waiting" or self.deadline is None or now < self.deadline:
-            return Out()
+            return _NOTHING
         why = f" ({self.waiting_reason})" if self.waiting_reason else ""
         model, wait = self.request.model, self.queue_timeout_s
         message = f"no worker serving model {model!r} took the request within {wait:g} s{why}"
@@ -224,21 +253,25 @@ class Reply:
         self.state = "streaming"
         self.deadline = None
         self.status = 200
-        head = _head(200, "text/event-stream", self._headers(), keep_alive=self.keep_alive, length=None)
+        if self.plan_id:
+            before, between, after = _STREAM_HEADS[self.keep_alive]
+            plan_id = self.plan_id.encode("latin-1")
+            head = before + plan_id + between + plan_id + after
+        else:
+            head = _head(200, "text/event-stream", {}, keep_alive=self.keep_alive, length=None)
         if self.request.kind == "chat":
-            chunk = self._chat_chunk({"role": "assistant", "content": ""}, None) + chunk
+            chunk = self._open + _ROLE_DELTA + chunk
         return Out(head + format_chunk(chunk) if chunk else head)  # an empty chunk would end the body
 
-    def _chat_chunk(self, delta: dict[str, Any], finish_reason: str | None, **extra: Any) -> bytes:
-        payload = {"id": f"chatcmpl-{self.plan_id}", "object": "chat.completion.chunk", "created": self.created,
-                   "model": self.request.model,
-                   "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}], **extra}
-        return b"data: %b\n\n" % _ENCODE(payload)
+    def _chat_chunk(self, delta: dict[str, Any], finish_reason: str | None, fleetwire: Any = None) -> bytes:
+        """A chat chunk (``chat.completion.chunk``) with ``delta``, made on the template of :meth:`accepted`."""
+        extension = b',"fleetwire":%b' % _ENCODE(fleetwire) if fleetwire is not None else b""
+        return b"%b%b%b%b}]%b}\n\n" % (self._open, _ENCODE(delta), _CHUNK_TAIL, _ENCODE(finish_reason), extension)
 
     def _delta(self, data: Any) -> Out:
         """A chat delta with no text (tool calls): passed on as sent in a stream, gathered otherwise."""
         if self.request.kind != "chat" or not isinstance(data, dict) or not data:
-            return Out()
+            return _NOTHING
         if self.request.stream:
             return self._stream(self._chat_chunk(data, None))
         for call in data.get("tool_calls") or ():
@@ -256,7 +289,7 @@ class Reply:
                     into["name"] = function["name"]
                 if isinstance(function.get("arguments"), str):
                     into["arguments"] += function["arguments"]
-        return Out()
+        return _NOTHING
 
     def _extension(self, data: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         """The ``fleetwire`` extension (module docstring)."""
@@ -296,7 +329,7 @@ class Reply:
         self.state = "done"
         last = extension if not request.include_usage else None
         if request.kind == "chat":
-            end = self._chat_chunk({}, str(finish), **({"fleetwire": last} if last else {}))
+            end = self._chat_chunk({}, str(finish), last)
         else:
             payload = {"id": f"cmpl-{self.plan_id}", "object": "text_completion", "created": self.created,
                        "model": request.model, "choices": [{"index": 0, "text": "", "logprobs": None,
@@ -334,7 +367,7 @@ class Reply:
     def _fail(self, error: ApiError, *, cancel: bool) -> Out:
         """An error: its own answer before any text, an error event ending the stream after (module docstring)."""
         if self.state == "done":
-            return Out()
+            return _NOTHING
         streaming = self.state == "streaming"
         self.state = "done"
         self.deadline = None

@@ -283,6 +283,35 @@ async def test_pipelined_keep_alive_requests_are_answered_in_order(fleet: Fleet)
     assert answer.index(b"one first") < answer.index(b"two second")
 
 
+async def test_a_kept_alive_connection_closes_a_timeout_after_its_last_answer_not_its_first() -> None:
+    """The idle timer counts from the last answer: a connection that sends each request within the timeout is
+    served past the first answer's deadline, and closed once it has been idle for the timeout."""
+    timeout_s = 1.5
+    server = CoordinatorServer(replace(SETTINGS, limits=replace(SETTINGS.limits, handshake_timeout_s=timeout_s)))
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        ask = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CLIENT_TOKEN}\r\n\r\n".encode()
+
+        async def models() -> float:
+            writer.write(ask)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200 ")
+            await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+            return time.monotonic()
+
+        first = await models()
+        await asyncio.sleep(timeout_s * 0.7)  # time passing is what is tested: nothing to wait on
+        await models()
+        await asyncio.sleep(first + timeout_s * 1.3 - time.monotonic())  # past the first answer's deadline
+        last = await models()  # still served
+        assert await asyncio.wait_for(reader.read(), timeout_s * 5) == b""  # then closed, idle
+        assert time.monotonic() - last >= timeout_s * 0.9
+        writer.close()
+    finally:
+        await server.stop()
+
+
 async def test_no_openai_leaves_the_routes_to_the_websocket_server() -> None:
     """--no-openai: the routes are not served (the port's plain 404)."""
     server = CoordinatorServer(replace(SETTINGS, openai=False))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from coordinator.openai_api import (
@@ -25,7 +26,7 @@ from coordinator.workers import WorkerRecord
 from protocol import errors as codes
 from protocol.messages import Capabilities, Receipt, RoutingHints
 from protocol.prompts import BLOCK_TOKENS, fill_hints, prefix_hashes, prompt_text
-from protocol.transfer.http1 import head_end, parse_response
+from protocol.transfer.http1 import format_response, head_end, parse_response
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hello " * 40}]}
 
@@ -307,6 +308,47 @@ def test_connection_close_is_said_when_the_connection_ends_after_the_answer() ->
     answer = Reply(request, created=0, now=0.0, queue_timeout_s=1.0, keep_alive=False)
     answer.accepted("p9")
     assert http(answer.event("succeeded", succeeded(), 0.1).data)[1]["connection"] == "close"
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_a_streams_head_is_the_head_codecs_for_its_plan_id(keep_alive: bool) -> None:
+    """A stream's 200 head, made once and given each request's plan id, is byte for byte the head the HTTP codec
+    makes with that plan id's headers."""
+    request = parse_request("chat", body({**CHAT, "stream": True}))
+    answer = Reply(request, created=0, now=0.0, queue_timeout_s=1.0, keep_alive=keep_alive)
+    answer.accepted("oai-5f3a")
+    headers = {"Content-Type": "text/event-stream", "Transfer-Encoding": "chunked", "Cache-Control": "no-cache",
+               "x-fleetwire-plan-id": "oai-5f3a", "x-request-id": "oai-5f3a"}
+    if not keep_alive:
+        headers["Connection"] = "close"
+    assert answer.event("token", {"text": "x"}, 0.1).data.startswith(format_response(200, headers))
+
+
+def test_chat_chunks_are_the_json_of_openais_chunk_objects() -> None:
+    """The chunks made on the request's template (role, text, finish with the extension) are byte for byte the
+    JSON of OpenAI's chunk objects."""
+    answer = reply({**CHAT, "stream": True})
+    data = answer.event("token", {"text": "a\"b"}, 0.1).data + answer.event("succeeded", succeeded("a\"b"), 0.2).data
+    _, _, raw = http(data)
+    lines = [line for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
+    head = {"id": "chatcmpl-p1", "object": "chat.completion.chunk", "created": 1_700_000_000, "model": "m1"}
+
+    def chunk(delta: dict[str, Any], finish: str | None, **extra: Any) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return b"data: " + msgspec.json.encode({**head, "choices": [choice], **extra})
+
+    extension = json.loads(lines[2][6:])["fleetwire"]
+    assert lines[0] == chunk({"role": "assistant", "content": ""}, None)
+    assert lines[1] == b"data: " + msgspec.json.encode({**head, "choices": [{"index": 0, "delta": {"content": "a\"b"},
+                                                                              "finish_reason": None}]})  # fmt: skip
+    assert lines[2] == chunk({}, "stop", fleetwire=extension) and extension["plan_id"] == "p1"
+
+
+def test_a_plan_id_with_a_line_break_never_reaches_a_head() -> None:
+    """A plan id that would split the answer's head is refused (ValueError), not written."""
+    request = parse_request("chat", body({**CHAT, "stream": True}))
+    with pytest.raises(ValueError, match="line break"):
+        Reply(request, created=0, now=0.0, queue_timeout_s=1.0).accepted("p1\r\nSet-Cookie: x=1")
 
 
 def test_door_request_is_frozen() -> None:

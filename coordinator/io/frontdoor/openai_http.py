@@ -90,6 +90,7 @@ _MAX_AHEAD: Final = 64 * 1024
 # lands in one of K partitions, so 1 - (1 - 1/K) ** 64 of them find this shard's (K = 8: 99.98 %).
 _PLACE_TRIES: Final = 64
 _MAX_HOSTS: Final = 1024  # Host headers whose --insecure check is remembered
+_INSECURE: Final = Principal("client", "client")  # every request's principal under --insecure
 
 
 class OpenAIEntry:
@@ -172,7 +173,7 @@ class OpenAIEntry:
                 refused = self._hosts[host] = host_refused(host, self.limits.allowed_hosts)
             if refused is not None:
                 raise ApiError(403, refused, code="host_not_allowed")
-            return Principal("client", "client")
+            return _INSECURE
         token = bearer_token_of(headers)
         if token is None:
             raise ApiError(401, "You didn't provide an API key: send 'Authorization: Bearer <client token>'",
@@ -317,7 +318,9 @@ class OpenAIConnection(asyncio.Protocol):
         self.queue: deque[HttpRequest] = deque()
         self.exchange: InFlight | None = None
         self.closing = False
+        self.address = ""  # the client's host:port, for the core's sessions
         self._timer: asyncio.TimerHandle | None = None
+        self._idle_until: float | None = None  # loop time the next request must be whole by (None: one is served)
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -325,6 +328,8 @@ class OpenAIConnection(asyncio.Protocol):
         self.transport = cast("asyncio.Transport", transport)  # uvloop's TCPTransport is no asyncio.Transport subclass
         transport = self.transport
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
+        peer = transport.get_extra_info("peername")
+        self.address = f"{peer[0]}:{peer[1]}" if peer else ""
         door = self.door
         door.connections.add(self)
         limit = door.limits.max_connections
@@ -397,14 +402,24 @@ class OpenAIConnection(asyncio.Protocol):
             self.transport.close()
 
     def _idle(self) -> None:
-        """Each request head and body within the handshake timeout; an idle kept-alive connection closes."""
-        if self._timer is not None:
-            self._timer.cancel()
+        """Each request head and body within the handshake timeout; an idle kept-alive connection closes.
+
+        One timer per connection, moved lazily: when it fires early (a request was served since it was
+        set) it is set again for what is left, so a request costs no new timer (a hot path).
+        """
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.door.limits.handshake_timeout_s, self._timed_out)
+        self._idle_until = loop.time() + self.door.limits.handshake_timeout_s
+        if self._timer is None:
+            self._timer = loop.call_at(self._idle_until, self._timed_out)
 
     def _timed_out(self) -> None:
         self._timer = None
+        if self._idle_until is None:
+            return  # a request is served: the timer is set again once the connection is idle
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._idle_until:
+            self._timer = loop.call_at(self._idle_until, self._timed_out)
+            return
         if self.exchange is None and not self.closing:
             if self.reader.buffered or self.queue:
                 self.refuse(ApiError(400, "the request was not sent in time"))
@@ -415,9 +430,7 @@ class OpenAIConnection(asyncio.Protocol):
         """Serve the next whole request; reading pauses while one is in flight."""
         while self.queue and self.exchange is None and not self.closing:
             request = self.queue.popleft()
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._idle_until = None  # the timer, when it fires, leaves the connection be (_timed_out)
             try:
                 self.door.serve(self, request)
             except Exception:  # a bug costs this request a 500 and its connection, never the port
@@ -483,10 +496,8 @@ class Exchange:
         submit = self.request.submit(_SUBMIT_REQ)
         submit.plan_id = self.plan_id
         now = door.clock()
-        transport = self.conn.transport
-        peer = transport.get_extra_info("peername") if transport is not None else None
         driver.core.open_session(self.conn_id, "client", now, principal=self.principal.name,
-                                 address=f"{peer[0]}:{peer[1]}" if peer else "", admin=self.principal.admin)
+                                 address=self.conn.address, admin=self.principal.admin)
         driver.sinks[self.conn_id] = self
         driver.receive(self.conn_id, submit, now)
         driver.flush(self.body_bytes)
