@@ -10,8 +10,10 @@ Five measurements, each printed beside its peer measured in the same run:
    difference of the p50s (the path through the door adds the coordinator, a websocket hop each
    way and the worker agent); the CPU each process spent per request through the door is printed
    beside. Then the same requests for a model only a raw websocket worker serves: the
-   coordinator's own share (no worker agent, no engine); and the SDK's submit of the same plan to
-   the same worker: the fleet's path without the door.
+   coordinator's own share (no worker agent, no engine), on the in-memory store and on the default
+   durable one (SQLite: a plan is committed, fsync included, before it is placed); and the SDK's
+   submit of the same plan to the same worker: the fleet's path without the door. The TTFB figures
+   other than (1)'s SQLite one use ``--store memory``: what the door adds, not what the disk does.
 2. **Streamed requests per second.** The coordinator alone is measured: its workers are
    in-bench raw websocket workers (``--fast-worker``, one process) that answer each ``generate``
    with one token and ``done`` at once, a fake engine with no cost; the load is C keep-alive
@@ -557,6 +559,7 @@ async def ttfb(ns: argparse.Namespace, requests: int) -> dict[str, Any]:
                   await openai_ttfb(f"{engine_url}/v1", requests))  # fmt: skip
         sd = await asyncio.to_thread(sync_openai_ttfb, f"http://{h.HOST}:{f.port}/v1", requests)
         se = await asyncio.to_thread(sync_openai_ttfb, f"{engine_url}/v1", requests)
+    durable = await durable_ttfb(requests)
 
     def added(through: list[float], direct: list[float]) -> float:
         return round((h.percentile(through, 50) - h.percentile(direct, 50)) * 1e3, 3)
@@ -564,12 +567,26 @@ async def ttfb(ns: argparse.Namespace, requests: int) -> dict[str, Any]:
     return {
         "raw": {"door": h.summary_ms(door), "engine": h.summary_ms(direct), "added_p50_ms": added(door, direct),
                 "cpu_us_per_request": cpu_us},
-        "coordinator_only": {"door": h.summary_ms(own), "added_p50_ms": added(own, direct)},
+        "coordinator_only": {"door": h.summary_ms(own), "added_p50_ms": added(own, direct),
+                             "sqlite": h.summary_ms(durable), "sqlite_added_p50_ms": added(durable, direct)},
         "sdk": {"fleet": h.summary_ms(sdk), "door_over_sdk_p50_ms": added(door, sdk)},
         "openai": {"door": h.summary_ms(od), "engine": h.summary_ms(oe), "added_p50_ms": added(od, oe)},
         "openai_sync": {"door": h.summary_ms(sd), "engine": h.summary_ms(se), "added_p50_ms": added(sd, se)},
         "requests": requests,
     }  # fmt: skip
+
+
+async def durable_ttfb(requests: int) -> list[float]:
+    """(1) with the default durable store: the coordinator's own share again, on SQLite (its plan is recorded,
+    one group commit with its fsync, before the worker is sent it: docs/SEMANTICS.md)."""
+    async with h.fleet("sqlite") as f:
+        await f.start_coordinator()
+        fast = await h.spawn("fast-workers", sys.executable, __file__, "--fast-worker", f.url, "--fast-count", "1",
+                             "--fast-model", FAST_MODEL)  # fmt: skip
+        f.others.append(fast)
+        await fast.wait_for_line(r"fast worker \d+ registered")
+        await raw_ttfb(f.port, 20, FAST_MODEL)
+        return await raw_ttfb(f.port, requests, FAST_MODEL)
 
 
 async def load(ns: argparse.Namespace, seconds: float) -> dict[str, Any]:
@@ -636,12 +653,12 @@ async def memory(ns: argparse.Namespace, streams: int) -> dict[str, Any]:
 
 async def measure(ns: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"machine": h.machine()}
-    result["ttfb"] = await ttfb(ns, 40 if ns.quick else ns.requests)
-    result.update(await load(ns, 3.0 if ns.quick else ns.seconds))
-    result["memory"] = await memory(ns, 200 if ns.quick else ns.streams)
-    conversations = 41 if ns.quick else 201  # not a multiple of the workers: round robin's turns do not line up
+    result["ttfb"] = await ttfb(ns, ns.requests)
+    result.update(await load(ns, ns.seconds))
+    result["memory"] = await memory(ns, ns.streams)
+    conversations = ns.conversations  # not a multiple of the workers: round robin's turns do not line up
     result["prefix"] = [prefix_hit_rate(policy, 8, conversations) for policy in ("kv_aware", "round_robin")]
-    result["steps"] = door_steps(500 if ns.quick else 3000, 3 if ns.quick else 7)
+    result["steps"] = door_steps(ns.step_requests, 3 if ns.quick else 7)
     return result
 
 
@@ -661,7 +678,9 @@ def lines(r: dict[str, Any]) -> list[str]:
         "  CPU per request through the door (µs; /proc ticks, so +-{tick}): ".format(tick=round(1e4 / t["requests"]))
         + ", ".join(f"{name} {us}" for name, us in t["raw"]["cpu_us_per_request"].items()),
         f"  of which the coordinator's (a raw websocket worker, no agent, no engine): door "
-        f"{pair(t['coordinator_only']['door'])}, added p50 {t['coordinator_only']['added_p50_ms']} ms",
+        f"{pair(t['coordinator_only']['door'])}, added p50 {t['coordinator_only']['added_p50_ms']} ms; with the "
+        f"default durable store (SQLite: the plan is committed before it is placed) "
+        f"{pair(t['coordinator_only']['sqlite'])}, added p50 {t['coordinator_only']['sqlite_added_p50_ms']} ms",
         f"  the fleet without the door (SDK submit of the same generate plan) {pair(t['sdk']['fleet'])}: the door's "
         f"own share of the p50 {t['sdk']['door_over_sdk_p50_ms']} ms",
         f"  openai pkg door {pair(t['openai']['door'])}   engine directly {pair(t['openai']['engine'])}   "
@@ -694,12 +713,14 @@ def lines(r: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--quick", action="store_true", help="the smoke size")
-    parser.add_argument("--requests", type=int, default=300, help="sequential requests per TTFB sample")
+    parser.add_argument("--quick", action="store_true", help="a short run: the sizes in brackets below")
+    parser.add_argument("--requests", type=int, help="sequential requests per TTFB sample (300 [40])")
     parser.add_argument("--connections", type=int, default=64, help="raw HTTP connections of the load")
     parser.add_argument("--openai-concurrency", type=int, default=16, help="concurrent openai-package streams")
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of each load")
-    parser.add_argument("--streams", type=int, default=2000, help="open streams for the memory figure")
+    parser.add_argument("--seconds", type=float, help="length of each load (10 [3])")
+    parser.add_argument("--streams", type=int, help="open streams for the memory figure (2000 [200])")
+    parser.add_argument("--conversations", type=int, help="four-turn chats of the prefix figure (201 [41])")
+    parser.add_argument("--step-requests", type=int, help="requests per round of the in-process steps (3000 [500])")
     parser.add_argument("--fast-workers", type=int, default=2, help="raw websocket workers of the load")
     parser.add_argument("--generator", choices=("auto", "wrk", "python"), default="auto",
                         help="the load's generator: wrk (C, when installed: auto) or this process's asyncio")
@@ -708,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fast-model", default=MODEL, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
+    for name, full, quick in (("requests", 300, 40), ("seconds", 10.0, 3.0), ("streams", 2000, 200),
+                              ("conversations", 201, 41), ("step_requests", 3000, 500)):  # fmt: skip
+        if getattr(ns, name) is None:
+            setattr(ns, name, quick if ns.quick else full)
     if ns.fast_worker:
         h.run_loop(fast_workers(ns.fast_worker, ns.fast_count, ns.hold, ns.fast_model))
         return 0
