@@ -27,6 +27,15 @@ def test_each_hash_covers_its_block_and_every_block_before_it() -> None:
     assert prefix_hashes("y" * BLOCK + "y" * BLOCK)[1] != prefix_hashes(text)[1]  # same block, other prefix
 
 
+def test_a_text_beyond_ascii_is_cut_into_blocks_of_characters_not_bytes() -> None:
+    """Blocks are characters: a block of 'é' (two UTF-8 bytes each) hashes its BLOCK characters' bytes, as an
+    ASCII block hashes its BLOCK bytes."""
+    text = "é" * BLOCK + "x" * BLOCK
+    first = hashlib.blake2b(("é" * BLOCK).encode(), digest_size=8).digest()
+    second = hashlib.blake2b(first + ("x" * BLOCK).encode(), digest_size=8).digest()
+    assert prefix_hashes(text) == [int.from_bytes(h, "big") & ((1 << 53) - 1) for h in (first, second)]
+
+
 def test_a_later_turn_repeats_the_earlier_turns_hashes() -> None:
     """A chat's next turn starts with every hash of the previous turn (the coordinator finds its worker)."""
     earlier = fill_hints(RoutingHints(), {"messages": history(2)})
