@@ -293,13 +293,15 @@ def as_text(record: Any) -> Any:
 
 
 def group_records(
-    records: Iterable[Any],
+    records: Iterable[Any], usage: list[UsageRows] | None = None,
 ) -> tuple[dict[str, PlanCreated], dict[str, PlanStatus], dict[str, list[StoredEvent]], set[str]]:
     """One group's records as each store writes them: creations, the last status per plan (a status
     is a whole snapshot), each plan's events in the order written, and the plans forgotten.
 
     Records are applied in order: a ``PlanForgotten`` drops what the group wrote of that plan so far
-    (a later creation of the id in the same group is a new plan).
+    (a later creation of the id in the same group is a new plan). ``usage``, when given, gets the
+    group's :class:`UsageRows` (not a plan's: a store that keeps the usage ledger writes them apart),
+    so that store needs no second pass over the group to find them.
     """
     created: dict[str, PlanCreated] = {}
     latest: dict[str, PlanStatus] = {}
@@ -317,7 +319,8 @@ def group_records(
         elif kind is PlanStatus:
             latest[record.plan_id] = record
         elif kind is UsageRows:
-            continue  # not a plan's: a store that keeps the ledger takes them apart (sqlite.py)
+            if usage is not None:  # not a plan's: a store that keeps the ledger writes them apart (sqlite.py)
+                usage.append(record)
         elif kind is PlanForgotten:
             gone = record.plan_id
             created.pop(gone, None)
