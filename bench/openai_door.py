@@ -478,6 +478,14 @@ def door_steps(requests: int, rounds: int) -> dict[str, Any]:
     def checks() -> None:
         parse_request("chat", body)
 
+    long_chat = msgspec.json.encode({"model": MODEL, "stream": True, "messages": [
+        {"role": "system", "content": "You answer briefly. " * 40},
+        *({"role": role, "content": f"turn {n}: " + "some words of a conversation " * 50}
+          for n in range(5) for role in ("user", "assistant"))]})  # fmt: skip
+
+    def checks_long() -> None:
+        parse_request("chat", long_chat)
+
     def reply() -> None:
         answer = Reply(parsed, created=1, now=0.0, queue_timeout_s=30.0)
         answer.accepted("oai-0123456789ab1")
@@ -518,7 +526,9 @@ def door_steps(requests: int, rounds: int) -> dict[str, Any]:
             best = min(best, time.process_time() - started)
         return round(best / requests * 1e6, 2)
 
-    figures = {"intake_us": best_us(intake), "checks_us": best_us(checks), "reply_us": best_us(reply)}
+    figures = {"intake_us": best_us(intake), "checks_us": best_us(checks), "reply_us": best_us(reply),
+               "long_chat_tokens": parse_request("chat", long_chat).hints.prompt_tokens,
+               "long_chat_checks_us": best_us(checks_long)}
     figures["door_us"] = round(figures["intake_us"] + figures["checks_us"] + figures["reply_us"], 2)
     figures["core_us"] = best_us(core_plan)
     return {**figures, "requests": requests, "rounds": rounds}
@@ -706,6 +716,8 @@ def lines(r: dict[str, Any]) -> list[str]:
         f"{s['reply_us']}), core {s['core_us']} (session, submit, placement, accept, token, done); the rest of "
         f"the {raw['coordinator_us_per_request']} under load is I/O (sockets, websocket frames, the loop, the "
         "driver's commit and delivery)",
+        f"  a real chat's checks and hints ({s['long_chat_tokens']} prompt tokens: its prefix hashes): "
+        f"{s['long_chat_checks_us']} µs per request",
     ]
     return out
 
