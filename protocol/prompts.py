@@ -52,6 +52,7 @@ MESSAGE_OVERHEAD_TOKENS: Final = 4
 #: Hashes sent at most (the coordinator refuses more than 16,384): the first 256k tokens of a prompt.
 MAX_HASHES: Final = 16_384
 _MASK: Final = (1 << 53) - 1
+_BLAKE2B_8: Final = hashlib.blake2b(digest_size=8)  # copied, never updated: each block's hash starts from it
 
 
 def _is_mapping(value: Any) -> bool:
@@ -90,26 +91,25 @@ def estimate_tokens(text: str, messages: int = 0) -> int:
 def prefix_hashes(text: str, block_tokens: int = BLOCK_TOKENS) -> list[int]:
     """Chained hashes of the whole blocks of ``text`` (``block_tokens`` estimated tokens each).
 
-    The OpenAI door computes them for every request (a 4k-token chat: 256 blocks, ~0.5 µs each), so
-    the loop is lean: an ASCII text is encoded once and cut by bytes (one byte per character: the same
-    blocks), any other per block.
+    The OpenAI door computes them for every request (a 4k-token chat: 256 blocks), so the loop is
+    lean: an ASCII text is encoded once and cut by bytes (one byte per character: the same blocks),
+    any other per block; each hash is a copy of one made beforehand (a new ``blake2b`` parses its
+    keyword arguments each time: +30 % per block).
     """
     size = block_tokens * CHARS_PER_TOKEN
     stop = min(len(text), MAX_HASHES * size) - size + 1
     hashes: list[int] = []
     if stop <= 0:
         return hashes
-    new, from_bytes, append = hashlib.blake2b, int.from_bytes, hashes.append
+    copy, from_bytes, append = _BLAKE2B_8.copy, int.from_bytes, hashes.append
+    data = text.encode("ascii") if text.isascii() else None
     previous = b""
-    if text.isascii():
-        data = text.encode("ascii")
-        for start in range(0, stop, size):
-            previous = new(previous + data[start:start + size], digest_size=8).digest()
-            append(from_bytes(previous, "big") & _MASK)
-    else:
-        for start in range(0, stop, size):
-            previous = new(previous + text[start:start + size].encode(), digest_size=8).digest()
-            append(from_bytes(previous, "big") & _MASK)
+    for start in range(0, stop, size):
+        block = data[start:start + size] if data is not None else text[start:start + size].encode()
+        chained = copy()
+        chained.update(previous + block)
+        previous = chained.digest()
+        append(from_bytes(previous, "big") & _MASK)
     return hashes
 
 
