@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -37,6 +37,7 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "MAX_HASHES",
     "MESSAGE_OVERHEAD_TOKENS",
+    "PrefixMemo",
     "estimate_tokens",
     "fill_hints",
     "prefix_hashes",
@@ -88,8 +89,12 @@ def estimate_tokens(text: str, messages: int = 0) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN) + messages * MESSAGE_OVERHEAD_TOKENS
 
 
-def prefix_hashes(text: str, block_tokens: int = BLOCK_TOKENS) -> list[int]:
+def prefix_hashes(text: str, block_tokens: int = BLOCK_TOKENS, memo: dict[bytes, bytes] | None = None) -> list[int]:
     """Chained hashes of the whole blocks of ``text`` (``block_tokens`` estimated tokens each).
+
+    ``memo``: digests already computed, by the bytes hashed (the previous digest and the block): a
+    chat's next turn repeats the previous turn's blocks, so with the memo of a long-lived caller (the
+    door's :class:`PrefixMemo`) only its new blocks are hashed. The hashes are the same either way.
 
     The OpenAI door computes them for every request (a 4k-token chat: 256 blocks), so the loop is
     lean: an ASCII text is encoded once and cut by bytes (one byte per character: the same blocks),
@@ -104,17 +109,49 @@ def prefix_hashes(text: str, block_tokens: int = BLOCK_TOKENS) -> list[int]:
     copy, from_bytes, append = _BLAKE2B_8.copy, int.from_bytes, hashes.append
     data = text.encode("ascii") if text.isascii() else None
     previous = b""
+    if memo is None:
+        for start in range(0, stop, size):
+            block = data[start:start + size] if data is not None else text[start:start + size].encode()
+            chained = copy()
+            chained.update(previous + block)
+            previous = chained.digest()
+            append(from_bytes(previous, "big") & _MASK)
+        return hashes
+    known = memo.get
     for start in range(0, stop, size):
-        block = data[start:start + size] if data is not None else text[start:start + size].encode()
-        chained = copy()
-        chained.update(previous + block)
-        previous = chained.digest()
+        hashed = previous + (data[start:start + size] if data is not None else text[start:start + size].encode())
+        digest = known(hashed)
+        if digest is None:
+            chained = copy()
+            chained.update(hashed)
+            digest = memo[hashed] = chained.digest()
+        previous = digest
         append(from_bytes(previous, "big") & _MASK)
     return hashes
 
 
-def fill_hints(hints: RoutingHints, args: Any) -> RoutingHints:
-    """``hints`` with the fields left empty filled from the OpenAI-style ``args`` (module docstring)."""
+class PrefixMemo:
+    """A bounded memo of block digests for :func:`prefix_hashes`: conversations' next turns hash only their
+    new blocks (~0.2 µs a block remembered against ~0.4 µs hashed). Holds at most ``max_blocks`` digests
+    (~200 bytes each), forgotten all at once when full.
+    """
+
+    def __init__(self, max_blocks: int = 1 << 16) -> None:
+        self.max_blocks = max_blocks
+        self.memo: dict[bytes, bytes] = {}
+
+    def hashes(self, text: str) -> list[int]:
+        """:func:`prefix_hashes` of ``text``, with the memo."""
+        if len(self.memo) >= self.max_blocks:
+            self.memo.clear()
+        return prefix_hashes(text, BLOCK_TOKENS, self.memo)
+
+
+def fill_hints(
+    hints: RoutingHints, args: Any, hasher: Callable[[str], list[int]] = prefix_hashes,
+) -> RoutingHints:
+    """``hints`` with the fields left empty filled from the OpenAI-style ``args`` (module docstring);
+    ``hasher``: :func:`prefix_hashes`, or one that remembers (the door's cache)."""
     found = prompt_text(args)
     if found is None:
         return hints
@@ -127,7 +164,7 @@ def fill_hints(hints: RoutingHints, args: Any) -> RoutingHints:
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             changes["max_output_tokens"] = limit
     if not hints.prefix_hashes:
-        hashes = prefix_hashes(text)
+        hashes = hasher(text)
         if hashes:
             changes.update(prefix_hashes=hashes, prefix_block_tokens=BLOCK_TOKENS)
     return msgspec.structs.replace(hints, **changes) if changes else hints

@@ -27,7 +27,7 @@ out; the driver authenticates, checks the model against the fleet and submits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -37,7 +37,7 @@ from coordinator.openai_api.errors import ApiError
 from coordinator.shards import POOL_TAG
 from protocol.caps import MAX_SESSION_KEY_BYTES, MAX_TAG_BYTES, too_long
 from protocol.messages import Requirements, RoutingHints, Submit
-from protocol.prompts import fill_hints
+from protocol.prompts import fill_hints, prefix_hashes
 
 __all__ = ["GENERATE_OP", "MAX_MODEL_BYTES", "MAX_POOL_BYTES", "PATHS", "DoorRequest", "Kind", "check_pool",
            "parse_request"]
@@ -86,9 +86,11 @@ class DoorRequest:
 
 def parse_request(
     kind: Kind, body: bytes | bytearray | memoryview, *, session: str | None = None, pool: str | None = None,
+    hasher: Callable[[str], list[int]] = prefix_hashes,
 ) -> DoorRequest:
     """The request in ``body`` (module docstring); ``session``, ``pool``: the ``x-fleetwire-session`` and
-    ``x-fleetwire-pool`` headers.
+    ``x-fleetwire-pool`` headers; ``hasher``: the prefix hashes' function (the door's remembers: the same
+    hashes, fewer computed; protocol/prompts.py ``PrefixMemo``).
 
     Raises:
         ApiError: 400 naming what is wrong.
@@ -138,7 +140,7 @@ def parse_request(
     args = fields if not _DOOR_FIELDS.intersection(fields) else {
         name: value for name, value in fields.items() if name not in _DOOR_FIELDS
     }
-    hints = fill_hints(RoutingHints(session_key=key), args)
+    hints = fill_hints(RoutingHints(session_key=key), args, hasher)
     return DoorRequest(kind, model, stream, include_usage, args, hints, check_pool(pool))
 
 

@@ -6,6 +6,7 @@ import hashlib
 
 from fleetwire.prompt_hints import BLOCK_TOKENS, CHARS_PER_TOKEN, MAX_HASHES, fill_hints, prefix_hashes, prompt_text
 from protocol import RoutingHints
+from protocol.prompts import PrefixMemo
 
 BLOCK = BLOCK_TOKENS * CHARS_PER_TOKEN
 
@@ -34,6 +35,20 @@ def test_a_text_beyond_ascii_is_cut_into_blocks_of_characters_not_bytes() -> Non
     first = hashlib.blake2b(("é" * BLOCK).encode(), digest_size=8).digest()
     second = hashlib.blake2b(first + ("x" * BLOCK).encode(), digest_size=8).digest()
     assert prefix_hashes(text) == [int.from_bytes(h, "big") & ((1 << 53) - 1) for h in (first, second)]
+
+
+def test_a_memo_gives_the_same_hashes_and_hashes_only_a_next_turns_new_blocks() -> None:
+    """With the door's memo the hashes are prefix_hashes'; a chat's next turn adds only its new blocks to the
+    memo (the earlier ones are remembered, not hashed), and a full memo is emptied before it grows further."""
+    memo = PrefixMemo(max_blocks=10)
+    turn = "<|system|>" + "You are terse. " * 30
+    first = memo.hashes(turn)
+    assert first == prefix_hashes(turn) and len(memo.memo) == len(first)
+    longer = turn + "<|user|>" + "what next? " * 30
+    assert memo.hashes(longer) == prefix_hashes(longer)
+    assert len(memo.memo) == len(prefix_hashes(longer))  # the new blocks only
+    other = "é" * (BLOCK * 41)
+    assert memo.hashes(other) == prefix_hashes(other) and len(memo.memo) == 41  # emptied first: it was full
 
 
 def test_a_later_turn_repeats_the_earlier_turns_hashes() -> None:

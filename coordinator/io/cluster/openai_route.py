@@ -82,7 +82,7 @@ class ClusterDoor(OpenAIEntry):
             principal = self.admit(request)
             pool = check_pool(headers.get("x-fleetwire-pool"))
             parsed = None if kind is None else parse_request(kind, request.body, session=headers.get(
-                "x-fleetwire-session"), pool=pool)  # fmt: skip
+                "x-fleetwire-session"), pool=pool, hasher=self.prefixes.hashes)  # fmt: skip
         except ApiError as error:
             conn.answer(error.status, error_response(error, keep_alive=keep), keep)
             return

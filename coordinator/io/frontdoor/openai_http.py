@@ -67,6 +67,7 @@ from coordinator.openai_api.intake import MAX_HEAD_BYTES
 from coordinator.openai_api.limits import DoorStats, RequestRate
 from coordinator.openai_api.request import check_pool
 from protocol.messages import Cancel, Error, Event
+from protocol.prompts import PrefixMemo
 from protocol.transfer.http1 import first_line
 
 __all__ = ["CONN_ID_BASE", "InFlight", "OpenAIConnection", "OpenAIDoor", "OpenAIEntry", "bearer_token_of", "route_of"]
@@ -120,6 +121,7 @@ class OpenAIEntry:
         self.wall = wall
         self.connections: set[OpenAIConnection] = set()
         self.stats = DoorStats()
+        self.prefixes = PrefixMemo()  # chats' next turns hash only their new blocks (protocol/prompts.py)
         self._hosts: dict[str | None, str | None] = {}  # --insecure: Host header -> why refused (a parse each)
         # Plan ids: a random prefix per door and a counter (no urandom per request); unique per process run.
         self._plan_ids = map(f"oai-{secrets.token_hex(6)}{{:x}}".format, itertools.count(1))
@@ -236,7 +238,8 @@ class OpenAIDoor(OpenAIEntry):
             if kind is None:
                 self.list_models(conn, keep, check_pool(pool) if pool is not None else None)
                 return
-            parsed = parse_request(kind, request.body, session=request.headers.get("x-fleetwire-session"), pool=pool)
+            parsed = parse_request(kind, request.body, session=request.headers.get("x-fleetwire-session"), pool=pool,
+                                   hasher=self.prefixes.hashes)  # fmt: skip
         except ApiError as error:
             conn.answer(error.status, error_response(error, keep_alive=keep), keep)
             return
