@@ -293,8 +293,25 @@ def _dropped(kind: str, data: Any, ephemeral: bool) -> None:
 # --------------------------------------------------------------------------- running a plan
 
 
+#: Whether each handler seen is async, asked once per handler rather than once per plan (``inspect`` makes several
+#: calls of it); at most ``_ASYNC_KNOWN_MAX`` entries, so that handlers made per plan cannot grow it for ever.
+_async_known: dict[Any, bool] = {}
+_ASYNC_KNOWN_MAX = 1024
+
+#: Types a handler's result has that are never awaitable: ``call_handler`` asks ``inspect.isawaitable`` of no other.
+_NEVER_AWAITABLE = frozenset({type(None), bool, int, float, str, bytes, dict, list, tuple})
+
+
 def _is_async_callable(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004  (async __call__ objects)
+    try:
+        return _async_known[fn]
+    except (KeyError, TypeError):  # TypeError: an unhashable callable, asked every time
+        pass
+    found = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004  (async __call__ objects)
+    if len(_async_known) < _ASYNC_KNOWN_MAX:
+        with contextlib.suppress(TypeError):
+            _async_known[fn] = found
+    return found
 
 
 async def call_handler(fn: Handler, ctx: Context, args: Any) -> Any:
@@ -303,7 +320,7 @@ async def call_handler(fn: Handler, ctx: Context, args: Any) -> Any:
         result = await fn(ctx, args)
     else:
         result = await asyncio.to_thread(fn, ctx, args)
-    if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+    if type(result) not in _NEVER_AWAITABLE and inspect.isawaitable(result):  # a sync one that returned a coroutine
         result = await result
     return result
 

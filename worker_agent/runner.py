@@ -402,6 +402,9 @@ class PlanRunner:
 
     def _start_waiting(self) -> None:
         """Start prefetched plans, oldest first, while slots are free (a plan whose devices are held waits on)."""
+        if not self._waiting:  # the usual case, at every plan's end
+            self.load.queued = 0
+            return
         for plan_id, assign in list(self._waiting.items()):
             if len(self._plans) >= self.max_concurrency or self._stopping:
                 break
@@ -452,11 +455,13 @@ class PlanRunner:
             run.ctx.gpus = [self.devices.gpus[i] for i in run.devices]
             run.ctx.devices = [gpu.visible_id or str(gpu.index) for gpu in run.ctx.gpus]
             run.ctx.cuda_visible_devices = ",".join(run.ctx.devices)
+        if not self._plans:  # the first running plan: no longer idle (set again when the last one ends)
+            self.idle.clear()
         self._plans[run.plan_id] = run
-        self.idle.clear()
         self.load.started()
         # Keyed by attempt, as the devices: a superseded attempt still ending must not end this one's energy count.
-        self.telemetry.plan_started(run.key, self._physical(run) if run.devices else ())
+        if run.devices or self.telemetry.timed:  # else nothing is noted per plan: not even its key is made
+            self.telemetry.plan_started(run.key, self._physical(run) if run.devices else ())
         self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
         # The task keeps what it needs of the assign, not the assign (its lists go at once: less for the collector).
         run.task = loop.create_task(self._run_plan(run, handler, bool(assign.inputs), assign.timeout_s))
@@ -540,8 +545,10 @@ class PlanRunner:
             receipt = self.telemetry.plan_finished(
                 run.key, run.ctx.tokens, self._physical(run), [self._device_name(i) for i in run.devices], run_s
             )
-        else:  # no devices: nothing to look up (None when nothing was measured: no receipt)
+        elif run.ctx.tokens or self.telemetry.timed:  # no devices: nothing to look up (None: nothing was measured)
             receipt = self.telemetry.plan_finished(run.key, run.ctx.tokens, run_s=run_s)
+        else:  # nothing measured and no tokens: no receipt (Telemetry.plan_finished would say None)
+            receipt = None
         run.ctx.close()
         self._orphans.discard(run)
         if self._plans.get(run.plan_id) is run:

@@ -73,7 +73,9 @@ class Telemetry:
             clock=time.monotonic, power_w=power_w, uj_per_token=self.meter.configured_uj_per_token,
             counters_mj=counters, intensity=self._intensity,
         )
-        self._timed = self.receipts.timed or self.meter.measured  # plans' starts are noted (see plan_started)
+        self.timed = self.receipts.timed or self.meter.measured
+        """Whether plans' starts are noted (see plan_started): False without NVML or a power model, and then a plan
+        without tokens or devices needs neither call (worker_agent/runner.py asks before making their key)."""
 
     def _intensity(self) -> float:
         return self.carbon.g_per_kwh if self.carbon is not None else 0.0
@@ -147,7 +149,7 @@ class Telemetry:
 
     def plan_started(self, plan_id: str, physical: Sequence[int] = ()) -> None:
         """A plan began running on this worker; ``physical``: NVML indices of the whole GPUs it holds alone."""
-        if self._timed:  # without NVML or a power model nothing is noted per plan (worker_agent/receipts.py)
+        if self.timed:  # without NVML or a power model nothing is noted per plan (worker_agent/receipts.py)
             self.meter.plan_started(plan_id)
             self.receipts.started(plan_id, physical)
 
@@ -159,7 +161,7 @@ class Telemetry:
         None when it would say nothing: no NVML, no power model, no tokens and no devices (docs/PROTOCOL.md
         §Receipt: the worker then sends none).
         """
-        if not self._timed and not tokens and not devices:
+        if not self.timed and not tokens and not devices:
             return None
         used = self.meter.plan_finished(plan_id, tokens)
         if used is not None and used.tokens:

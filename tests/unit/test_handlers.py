@@ -302,6 +302,41 @@ async def test_sync_handler_runs_off_the_loop_and_emits_from_its_thread() -> Non
     assert sink.events == [("started", None, False), ("finished", 1, False)]
 
 
+async def test_a_handlers_kind_is_asked_once_and_kept() -> None:
+    """Whether a handler is async is asked of inspect once per handler, not once per plan (issue #29)."""
+    from worker_agent import handlers
+
+    async def fresh(ctx: Context, args: Any) -> Any:
+        return args
+
+    assert fresh not in handlers._async_known
+    for i in range(3):
+        ctx, _ = make_ctx(i)
+        assert (await run_handler(fresh, ctx, i)).result == i
+    assert handlers._async_known[fresh] is True
+
+
+async def test_unhashable_and_coroutine_returning_handlers_still_run() -> None:
+    """An unhashable async callable is asked every time and runs; a sync one returning a coroutine is awaited."""
+
+    class Unhashable:
+        __hash__ = None  # type: ignore[assignment]
+
+        async def __call__(self, ctx: Context, args: Any) -> Any:
+            return [args]
+
+    async def later(args: Any) -> Any:
+        return {"later": args}
+
+    def sync_returning_coroutine(ctx: Context, args: Any) -> Any:
+        return later(args)
+
+    ctx, _ = make_ctx(1)
+    assert (await run_handler(Unhashable(), ctx, 1)).result == [1]
+    ctx, _ = make_ctx(2)
+    assert (await run_handler(sync_returning_coroutine, ctx, 2)).result == {"later": 2}
+
+
 async def test_cancel_of_sync_handler_reports_cancelled_and_sets_flag() -> None:
     """Cancelling a sync handler reports cancelled at once; the thread sees ctx.cancelled."""
     saw_cancel = threading.Event()
