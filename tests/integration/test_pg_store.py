@@ -395,6 +395,30 @@ async def test_pipelined_committer_groups_on_the_loop_and_releases_in_order(pg: 
         check.close()
 
 
+async def test_pipelined_committer_bounds_a_group_in_whole_batches(pg: PgStore, pg_dsn: str) -> None:
+    """Batches gathered past max_group_records wait for the next group; a batch is never split; all in order."""
+    released: list[Any] = []
+    first = asyncio.Event()
+    committer = PipelinedCommitter(pg, lambda p: (released.append(p), first.set()), lambda exc: None,
+                                   max_group_records=4)  # fmt: skip
+    committer.start()
+    committer.submit([created("p0", 0)], 0)
+    await asyncio.wait_for(first.wait(), 10)  # the writer connection is open; nothing in flight
+    before = committer.transactions
+    # Gathered in one loop turn: 3 + 3 records exceed 4, so each goes alone; 6 in one batch is not split.
+    for n in (1, 2):
+        committer.submit([created(f"p{n}", n), event(f"p{n}", 1), PlanStatus(f"p{n}", "queued", next_seq=2)], n)
+    committer.submit([created(f"q{n}", 10 + n) for n in range(6)], 3)
+    committer.submit([created("p4", 20)], 4)  # 1 record: rides with nothing (the 6 before it are over 4)
+    await committer.close()
+    assert released == [0, 1, 2, 3, 4] and committer.transactions - before == 4
+    check = PgStore(pg_dsn, CLUSTER)
+    try:
+        assert len(check.load()) == 10
+    finally:
+        check.close()
+
+
 async def test_pipelined_committer_a_fenced_group_releases_nothing_after_it(pg: PgStore) -> None:
     """A stolen lease: the group in flight is fenced, on_failure gets ShardFenced once, no payload comes out."""
     released: list[Any] = []

@@ -19,6 +19,13 @@ server's loop (``fleetwire-pg-commit``) drives the store's writer connection (as
   transaction is in flight per store (per shard's core), so groups commit in submit order and
   each sees the rows of the one before. Under load the group grows to what one round trip
   carries; an idle core's lone request pays one round trip and nothing else.
+* **Bounded groups.** A group takes whole batches up to :data:`MAX_GROUP_RECORDS` records (a
+  batch is never split: one core step's records commit together); the rest wait for the next
+  group. Each group's fence holds its shards' lease rows ``FOR SHARE`` until it commits, and the
+  host's lease renewal (an ``UPDATE`` of those rows) waits behind it: under load on a 2-core
+  machine unbounded groups reached 20,000 records and 0.9 s a commit, and renewals then missed
+  their lease (bench/cluster_throughput.py lost every shard and reloaded one mid-run). The
+  group's encoding also runs on the loop, so the bound caps that stall as well.
 * **Fencing unchanged.** Every group commit checks its shards' epochs in the same statement
   (:data:`~coordinator.io.cluster.leases.FENCE`); a fenced group changes no row and fails with
   :class:`~coordinator.io.cluster.leases.ShardFenced`.
@@ -37,6 +44,7 @@ Backpressure is the same byte count: :attr:`backlog_bytes` waits for a commit, a
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
@@ -45,7 +53,7 @@ import structlog
 from coordinator.io.stores.backlog import Backlog
 from coordinator.records import Record
 
-__all__ = ["RECONNECT_CAP_S", "RECONNECT_FIRST_S", "AsyncStore", "PipelinedCommitter"]
+__all__ = ["MAX_GROUP_RECORDS", "RECONNECT_CAP_S", "RECONNECT_FIRST_S", "AsyncStore", "PipelinedCommitter"]
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +61,7 @@ T = TypeVar("T")
 
 RECONNECT_FIRST_S = 0.05  # the first retry after a lost connection; doubling ...
 RECONNECT_CAP_S = 1.0  # ... up to this
+MAX_GROUP_RECORDS = 4096  # the most records one group takes (more only in one batch): module docstring
 
 
 class AsyncStore(Protocol):
@@ -77,6 +86,8 @@ class PipelinedCommitter(Backlog[T]):
         release: called on the loop with each payload once its batch (and every earlier one) committed.
         on_failure: called on the loop, once, when a commit fails.
         max_backlog_bytes: :attr:`over` past this many bytes waiting for a commit (0: no bound).
+        max_group_records: the most records one group takes, in whole batches (a larger batch
+            goes alone).
     """
 
     def __init__(
@@ -86,13 +97,15 @@ class PipelinedCommitter(Backlog[T]):
         on_failure: Callable[[BaseException], None],
         *,
         max_backlog_bytes: int = 0,
+        max_group_records: int = MAX_GROUP_RECORDS,
     ) -> None:
         super().__init__(release, on_failure, max_backlog_bytes)
         self.store = store
         self.transactions = 0  # groups committed
         self.batches = 0  # batches submitted
         self.reconnects = 0  # connections reopened after a loss (database failovers ridden through)
-        self._group: list[Record] = []  # gathering: every batch since the last group was sent
+        self._batches: deque[tuple[int, Sequence[Record]]] = deque()  # (ticket, records) not yet sent
+        self._max_group = max_group_records
         self._wake: asyncio.Future[None] | None = None  # the task waits on it while nothing is gathered
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -107,8 +120,7 @@ class PipelinedCommitter(Backlog[T]):
         if self.failed is not None:
             return
         self.batches += 1
-        self.queued(payload, size)
-        self._group.extend(records)
+        self._batches.append((self.queued(payload, size), records))
         wake = self._wake
         if wake is not None:
             self._wake = None
@@ -144,20 +156,31 @@ class PipelinedCommitter(Backlog[T]):
         while True:
             if self.store.lost() and not await self._reopen():
                 return
-            if not self._group:
+            if not self._batches:
                 if self._closing:
                     return
                 self._wake = loop.create_future()
                 await self._wake
                 continue
-            group, ticket = self._group, self.submitted
-            self._group = []
+            group, ticket = self._take()
             try:
                 await self.store.write_async(group)
             except Exception as exc:
                 self._fail(exc)
                 return
             self._done(ticket)
+
+    def _take(self) -> tuple[Sequence[Record], int]:
+        """The next group: whole batches, in order, up to ``max_group_records`` records (at least one batch)."""
+        batches, room = self._batches, self._max_group
+        ticket, group = batches.popleft()
+        if not batches or len(group) + len(batches[0][1]) > room:
+            return group, ticket  # one batch: as it is, no copy
+        group = list(group)
+        while batches and len(group) + len(batches[0][1]) <= room:
+            ticket, records = batches.popleft()
+            group += records
+        return group, ticket
 
     def _kick(self) -> None:
         """The connection closed under the store: wake the task, which reopens it."""
@@ -190,7 +213,7 @@ class PipelinedCommitter(Backlog[T]):
             self.reconnects += 1
             log.warning("store connection reopened", store=self.store.description)
             return True
-        if self._group:  # closing with batches that could not be written
+        if self._batches:  # closing with batches that could not be written
             self._fail(ConnectionError(f"the store {self.store.description} stayed away; {self.pending} "
                                        "replies were never sent"))  # fmt: skip
         return False
@@ -201,5 +224,5 @@ class PipelinedCommitter(Backlog[T]):
 
     def _fail(self, exc: BaseException) -> None:
         if self.failed is None:
-            self._group = []
+            self._batches.clear()
         self.fail(exc)
