@@ -150,18 +150,31 @@ def test_wal_deleted_under_a_running_coordinator_stops_it(tmp_path: Path) -> Non
         client = SyncClient(url)
         client.submit("echo", {"n": 1})
         (tmp_path / (DB_FILE + "-wal")).unlink()
-        # A commit at least 10 ms after the last check finds the -wal gone: the coordinator stops. (The
-        # client would reconnect forever: it runs in a daemon thread.)
+        # A commit at least 10 ms after the last check finds the -wal gone: the coordinator stops. The
+        # submitting thread ends at the first error (the coordinator gone), and is joined here: left
+        # running, its client's reconnect gives up minutes later inside some other test.
+        stop = threading.Event()
+
         def keep_submitting() -> None:
             for n in range(2, 500):
-                client.submit("echo", {"n": n})
-                time.sleep(0.02)
+                if stop.is_set():
+                    return
+                try:
+                    client.submit("echo", {"n": n})
+                except Exception:  # the coordinator gone, or the client closed under it
+                    return
+                stop.wait(0.02)
 
-        threading.Thread(target=keep_submitting, daemon=True).start()
+        submitter = threading.Thread(target=keep_submitting, daemon=True)
+        submitter.start()
         deadline = time.monotonic() + 20
         while coordinator.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         rc, err = coordinator.finish()
     finally:
         coordinator.kill()
+    stop.set()
+    client.close()
+    submitter.join(timeout=30)
+    assert not submitter.is_alive()
     assert rc == 1 and "was deleted while the coordinator was running" in err
