@@ -8,30 +8,39 @@ Parts:
 
 * ``chain``: ``--chain`` plans (10), each taking the previous one's output (``--chain-mib``, 256 MiB)
   as its input and writing it out again as its own output. Figures: wall time beside the raw copy
-  (the same bytes copied as many times in one process's memory), bytes through the client and the
-  coordinator (fleetwire: 0 on the direct path), the share of plans placed on the worker that
-  held their input.
+  (the same bytes copied as many times in one process's memory; fleetwire's steps are shell plans
+  that ``cat`` a file, so ``raw_file_copy_s`` is the same ``cat`` run as many times on the same
+  disk), bytes through the client and the coordinator (fleetwire: 0 on the direct path; the
+  coordinator's figure is its relay counter), the share of plans placed on the worker that held
+  their input.
 * ``fan``: one producer, ``--fan`` (1,000) small consumers of its output, one plan after them all:
-  2 x fan edges. Figures: wall time per edge and the control plane's CPU per edge (fleetwire: the
+  2 x fan edges, every submit sent without waiting for the one before's reply. Figures: wall
+  time per edge and the control plane's CPU per edge (fleetwire: the
   coordinator process; Dask: the scheduler, in the driver's process; Ray: its GCS and raylet).
   The ``core`` column is the graph's own bookkeeping (coordinator/graphs/, driven directly): what
   each edge costs the coordinator's decisions, with no sockets.
 * ``loss``: a chain of ``--loss-chain`` (6) plans on two workers; the worker holding a mid-chain
   output is killed (``SIGKILL``) once it made it. Figures: whether the chain completes, how many
-  times each step ran (the producer of the lost output: twice; nothing downstream twice).
+  times each step ran to completion (the producer of the lost output: twice; nothing downstream
+  twice; fleetwire's ``starts_per_step`` also counts a run the kill cut short).
 
 Columns: ``core`` (fan only), ``fleetwire`` (a coordinator and two workers as real processes),
 ``dask`` (``LocalCluster``, two worker processes of one thread, 127.0.0.1), ``ray``
 (``ray.init(num_cpus=2)`` on 127.0.0.1; its loss part is not run: on one node Ray's objects live
 in the node's shared store, not in the worker process that made them, so killing that process loses
-nothing). Each column runs in a child process of its own; the peers' with ``--peer-python`` (a
+nothing). Each column runs in a child process of its own (a peer's, one per part; fleetwire's, every
+part in one fleet, started once: chain, fan, then loss); the peers' with ``--peer-python`` (a
 Python that has them: ``pip install -r bench/requirements.txt``); a peer that is missing, or that
-opens a socket beyond loopback (bench/peers.py), is excluded with why.
+opens a socket beyond loopback (bench/peers.py), is excluded with why. Ray's GCS listens on every
+address, so its child runs in a network namespace of its own whose only interface is lo (``unshare
+--net``, where the host allows it: root), where such a listen reaches loopback alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -41,6 +50,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import _harness as h
@@ -114,13 +124,130 @@ def core_fan(fan: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- fleetwire
 
 
-def fleetwire_part(part: str, ns: argparse.Namespace) -> dict[str, Any]:
-    """The part on fleetwire as real processes, once its coordinator runs plan graphs (issue #28 phase 2)."""
+def fleetwire_parts(parts: list[str], ns: argparse.Namespace) -> dict[str, Any]:
+    """The parts on fleetwire, in one fleet: a coordinator and two workers (data endpoints on loopback) as real
+    processes, the parts in the order of PARTS (the loss part, which kills a worker, last). ``{"parts": {...}}``."""
     import fleetwire
 
     if not hasattr(fleetwire, "OutputRef"):
-        return {"excluded": "this SDK has no plan references yet (issue #28 phase 2)"}
-    return {"excluded": f"part {part!r} is not written yet for fleetwire"}
+        return {"excluded": "this SDK has no plan references"}
+    return {"parts": h.run_loop(_with_fleet([part for part in PARTS if part in parts], ns))}
+
+
+async def _with_fleet(parts: list[str], ns: argparse.Namespace) -> dict[str, Any]:
+    runs = {"chain": _fw_chain, "fan": _fw_fan, "loss": _fw_loss}
+    coordinator_args = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.5", "--worker-reconnect-grace-s", "1"]
+    results: dict[str, Any] = {}
+    async with h.fleet("memory") as fleet:
+        await fleet.start_coordinator(*coordinator_args)
+        for worker_id in ("w1", "w2"):
+            await fleet.start_worker(worker_id, "--allow-shell", "--data-listen", "127.0.0.1:0",
+                                     "--spool-dir", f"{fleet.tmp.name}/{worker_id}", max_concurrency=2)
+        await fleet.wait_workers()
+        from fleetwire import Client
+
+        for part in parts:
+            try:
+                async with Client(fleet.url) as client:
+                    results[part] = await runs[part](client, fleet, ns)
+            except Exception as exc:  # a part that fails is reported as such; the next one still runs
+                results[part] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            results[part]["setup"] = ("coordinator + 2 workers (--max-concurrency 2, data endpoints), 127.0.0.1, "
+                                      "store memory; one fleet for every part, in the order chain, fan, loss")
+    return results
+
+
+def _relay_bytes(url: str) -> float:
+    """fleetwire_relay_bytes_total on the coordinator's /metrics: what the relay carried (both directions)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url.replace("ws://", "http://") + "/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("fleetwire_relay_bytes_total"))
+
+
+_COPY = 'cat "$FLEETWIRE_INPUT_X" > "$FLEETWIRE_OUTPUT_DIR/y"'
+
+
+async def _fw_chain(client: Any, fleet: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    size = ns.chain_mib * MIB
+    first = await client.submit("shell", args={"cmd": f'head -c {size} /dev/urandom > "$FLEETWIRE_OUTPUT_DIR/y"'},
+                                outputs=["y"])  # fmt: skip
+    await first.result()
+    coordinator_cpu0 = h.cpu_seconds(fleet.coordinator.pid)
+    t0 = time.perf_counter()
+    plans = [first]
+    for _ in range(ns.chain):
+        plans.append(await client.submit("shell", args={"cmd": _COPY}, inputs={"x": plans[-1].ref("y")}, outputs=["y"]))
+    await plans[-1].result()
+    wall = time.perf_counter() - t0
+    local = sum(1 for before, plan in itertools.pairwise(plans) if plan.worker_id == before.worker_id)
+    raw_file = _raw_file_copy_s(ns.chain, size, Path(fleet.tmp.name))
+    return {"wall_s": round(wall, 3), "raw_copy_s": _raw_copy_s(ns.chain, size), "raw_file_copy_s": raw_file,
+            "on_holder_share": round(local / ns.chain, 3), "client_bytes": 0 if all(p.uploads is None for p in plans)
+            else "uploads", "coordinator_bytes": _relay_bytes(fleet.url),
+            "coordinator_cpu_s": round(h.cpu_seconds(fleet.coordinator.pid) - coordinator_cpu0, 3),
+            "note": "client_bytes: no plan uploaded anything; coordinator_bytes: its relay's counter"}
+
+
+async def _fw_fan(client: Any, fleet: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    src = await client.submit("shell", args={"cmd": 'echo hello > "$FLEETWIRE_OUTPUT_DIR/y"'}, outputs=["y"])
+    await src.result()
+    cpu0 = h.cpu_seconds(fleet.coordinator.pid)
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(client.submit("echo", args=i, inputs={"x": src.ref("y")}) for i in range(ns.fan)))
+    sink = await client.submit("echo", args="sink", after=outs)
+    await sink.result()
+    wall = time.perf_counter() - t0
+    cpu = h.cpu_seconds(fleet.coordinator.pid) - cpu0
+    edges = 2 * ns.fan
+    return {"edges": edges, "wall_s": round(wall, 3), "us_per_edge": round(wall / edges * 1e6, 1),
+            "control_cpu_us_per_edge": round(cpu / edges * 1e6, 1),
+            "control_cpu_is": "the coordinator process (each edge: a plan's submit, placement, events and end too)"}
+
+
+async def _fw_loss(client: Any, fleet: Any, ns: argparse.Namespace) -> dict[str, Any]:
+    """Each step writes ``<i> start`` and ``<i> done`` lines to one log (every worker runs on this host), so a
+    step's completed runs are counted whoever ran them: its attempts and the rebuilds of its output alike."""
+    mid = ns.loss_chain // 2
+    log_path = Path(fleet.tmp.name) / "runs.log"
+
+    def step(i: int, body: str) -> dict[str, str]:
+        pause = "sleep 1; " if i else ""  # the step after the killed holder is still running when it dies
+        return {"cmd": f'echo "{i} start" >> "{log_path}"; {pause}{body}; echo "{i} done" >> "{log_path}"'}
+
+    plans = [await client.submit("shell", args=step(0, 'seq 1 100000 > "$FLEETWIRE_OUTPUT_DIR/y"'), outputs=["y"])]
+    for i in range(1, ns.loss_chain + 1):
+        plans.append(await client.submit("shell", args=step(i, _COPY), inputs={"x": plans[-1].ref("y")}, outputs=["y"]))
+    await plans[mid].result()
+    victim = plans[mid].worker_id
+    next(w for w in fleet.workers if w.name == victim).kill()
+    t0 = time.perf_counter()
+    await asyncio.wait_for(plans[-1].result(), 120)
+    after = time.perf_counter() - t0
+    seen = collections.Counter(tuple(line.split()) for line in log_path.read_text().splitlines())
+    started = [seen[(str(i), "start")] for i in range(len(plans))]
+    completed = [seen[(str(i), "done")] for i in range(len(plans))]
+    listed = {p.id: p for p in (await client.plans(limit=1000)).plans}
+    return {"completed": listed[plans[-1].id].state == "succeeded", "after_kill_s": round(after, 2), "killed": victim,
+            "runs_per_step": completed, "starts_per_step": started, "producer_runs": completed[mid],
+            "rebuilds": sorted(key for key in listed if ".r" in key),
+            "downstream_max_runs": max(completed[mid + 1:], default=0),
+            "downstream_max_starts": max(started[mid + 1:], default=0),
+            "note": "runs: completed runs of a step (attempts, rebuilds); starts count a run cut by the kill too"}
+
+
+def _raw_file_copy_s(length: int, size: int, where: Path) -> float:
+    """The same bytes copied ``length`` times file to file on the spools' disk (``cat``, as each step does)."""
+    source = where / "raw.bin"
+    source.write_bytes(os.urandom(size))
+    t0 = time.perf_counter()
+    for i in range(length):
+        target = where / f"raw{i}.bin"
+        subprocess.run(["sh", "-c", f'cat "{source}" > "{target}"'], check=True)
+        source = target
+    return round(time.perf_counter() - t0, 3)
 
 
 # ---------------------------------------------------------------------------- dask
@@ -250,17 +377,16 @@ def ray_part(part: str, ns: argparse.Namespace) -> dict[str, Any]:
     if part == "loss":
         return {"excluded": "one node: Ray's objects live in the node's shared store, not in the worker process that "
                             "made them, so killing that process loses nothing (a second node is not run here)"}
-    from peers import non_loopback_sockets
-
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     size = ns.chain_mib * MIB
     ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, logging_level="ERROR",
              configure_logging=False, log_to_driver=False, object_store_memory=max(4 * size, 512 * MIB))
     try:
-        bad = non_loopback_sockets()
+        bad = _beyond_loopback()
         if bad:
             return {"excluded": f"{len(bad)} sockets beyond 127.0.0.1, e.g. {bad[0]}"}
-        setup = {"setup": "ray.init(num_cpus=2) on 127.0.0.1", "version": ray.__version__}
+        setup = {"setup": f"ray.init(num_cpus=2) on 127.0.0.1{_ISOLATED if _only_loopback() else ''}",
+                 "version": ray.__version__}
         if part == "chain":
             make, step = ray.remote(_make), ray.remote(_pass_on)
             ref = make.remote(size)
@@ -290,6 +416,36 @@ def ray_part(part: str, ns: argparse.Namespace) -> dict[str, Any]:
             ray.shutdown()
 
 
+_ISOLATED = " in a network namespace of its own whose only interface is lo (unshare --net)"
+
+
+def _only_loopback() -> bool:
+    import psutil
+
+    return set(psutil.net_if_addrs()) == {"lo"}
+
+
+def _beyond_loopback() -> list[str]:
+    """The sockets of this process tree bound or connected beyond loopback (bench/peers.py). Ray's GCS listens on
+    every address; in a network namespace whose only interface is lo (the ray column's child runs in one where it
+    can) such a listen reaches nothing but loopback, so it does not count there."""
+    from peers import non_loopback_sockets
+
+    bad = non_loopback_sockets()
+    if _only_loopback():
+        bad = [s for s in bad if not (s.endswith("(listen)") and s.split("] ", 1)[1].startswith(("0.0.0.0:", ":::")))]
+    return bad
+
+
+def _isolated(argv: list[str]) -> list[str]:
+    """``argv`` run in a network namespace of its own with only lo up, where this host allows it (root, unshare)."""
+    probe = ["unshare", "--net", "sh", "-c", "ip link set lo up"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        if subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0:
+            return [*probe[:-1], 'ip link set lo up && exec "$@"', "sh", *argv]
+    return argv
+
+
 def _ray_control_processes() -> list[int]:
     import psutil
 
@@ -313,17 +469,20 @@ def run_column(column: str, part: str, ns: argparse.Namespace) -> dict[str, Any]
     if column == "core":
         return core_fan(ns.fan) if part == "fan" else {"excluded": "the core column measures the fan part only"}
     if column == "fleetwire":
-        return fleetwire_part(part, ns)
+        return fleetwire_parts(part.split(","), ns)
     if column == "dask":
         return dask_part(part, ns)
     return ray_part(part, ns)
 
 
 def child(column: str, part: str, ns: argparse.Namespace) -> dict[str, Any]:
-    """One column of one part in a fresh process; its JSON result (or why it has none)."""
+    """One column of one part (fleetwire: of every part asked for) in a fresh process; its JSON result (or why it
+    has none)."""
     python = ns.peer_python if column in ("dask", "ray") else sys.executable
     argv = [python, __file__, "--column", column, "--part", part, "--chain", str(ns.chain), "--chain-mib",
             str(ns.chain_mib), "--fan", str(ns.fan), "--loss-chain", str(ns.loss_chain)]
+    if column == "ray":
+        argv = _isolated(argv)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=h.bench_env(), cwd=h.ROOT,
                               timeout=ns.timeout_s, check=False)
@@ -339,9 +498,10 @@ def child(column: str, part: str, ns: argparse.Namespace) -> dict[str, Any]:
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     lines = []
     keys = {
-        "chain": ("wall_s", "raw_copy_s", "on_holder_share", "client_bytes", "coordinator_bytes"),
+        "chain": ("wall_s", "raw_copy_s", "raw_file_copy_s", "on_holder_share", "client_bytes", "coordinator_bytes"),
         "fan": ("edges", "us_per_edge", "cpu_us_per_edge", "control_cpu_us_per_edge"),
-        "loss": ("completed", "after_kill_s", "producer_runs", "downstream_max_runs", "runs_per_step"),
+        "loss": ("completed", "after_kill_s", "producer_runs", "downstream_max_runs", "runs_per_step",
+                 "starts_per_step"),
     }
     for part, columns in results.items():
         lines.append(f"== {part}")
@@ -364,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fan", type=int, default=1000, help="consumers in the fan (default 1000)")
     parser.add_argument("--loss-chain", type=int, default=6, help="plans in the loss part's chain (default 6)")
     parser.add_argument("--peer-python", default=sys.executable, help="the Python that runs the Ray and Dask columns")
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="per column and part (default 600)")
+    parser.add_argument("--timeout-s", type=float, default=600.0,
+                        help="per child process: a peer's column and part, or fleetwire's parts (default 600)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--column", help=argparse.SUPPRESS)
     parser.add_argument("--part", help=argparse.SUPPRESS)
@@ -372,9 +533,15 @@ def main(argv: list[str] | None = None) -> int:
     if ns.column:  # a child: one column of one part
         print(json.dumps(run_column(ns.column, ns.part, ns)), flush=True)
         return 0
+    parts, columns = [part for part in PARTS if part in ns.parts.split(",")], ns.columns.split(",")
+    unknown = sorted(set(ns.parts.split(",")) - set(PARTS)) + sorted(set(columns) - set(COLUMNS))
+    if unknown:
+        parser.error(f"no part or column {unknown[0]!r}: parts are {', '.join(PARTS)}; columns {', '.join(COLUMNS)}")
+    fleet = child("fleetwire", ",".join(parts), ns) if "fleetwire" in columns else {}
     results: dict[str, dict[str, dict[str, Any]]] = {}
-    for part in ns.parts.split(","):
-        results[part] = {column: child(column, part, ns) for column in ns.columns.split(",")}
+    for part in parts:
+        results[part] = {column: fleet.get("parts", {}).get(part, fleet) if column == "fleetwire"
+                         else child(column, part, ns) for column in columns}  # fmt: skip
     result = {"bench": "graphs", "machine": h.machine(), "chain": ns.chain, "chain_mib": ns.chain_mib,
               "fan": ns.fan, "results": results}
     h.emit(result, ns.json, table(results))
