@@ -107,6 +107,7 @@ async def test_plans_wait_for_the_greener_step_across_a_restart_and_say_what_the
         await cluster.coordinator(*FAST, *SHIFT, "--carbon-forecast", str(path), "--port", port)
         release = await cluster.run("release", released.plan.id, name="release")
         assert await release.wait(30) == 0
+        released_by = time.time()
         await asyncio.wait_for(asyncio.gather(green.task, short.task, released.task), 60)
         info = await c.get_plan(green.plan.id)
     assert green.reasons[0].startswith("deferred for carbon until") and "(50 g/kWh vs 300 now)" in green.reasons[0]
@@ -114,7 +115,8 @@ async def test_plans_wait_for_the_greener_step_across_a_restart_and_say_what_the
     assert not at_once.reasons and at_once.seen["running"] < killed_at
     # The short plan's window passed while the coordinator was down: it ran at once after the restart.
     assert t0 + DIP + 2.5 <= short.seen["running"] < t0 + GREEN
-    assert released.seen["running"] < green.seen["running"]  # released early, by the CLI
+    if released_by < t0 + GREEN - 1:  # a machine so slow the CLI answered after the green step cannot tell
+        assert released.seen["running"] < green.seen["running"]  # released early, by the CLI
     assert green.seen["running"] >= t0 + GREEN - 0.5  # the greener step, after the restart
     assert info.state == "succeeded" and info.ended_at is not None and info.ended_at <= t0 + 60
     receipt = green.plan.receipt
