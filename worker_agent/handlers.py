@@ -96,14 +96,18 @@ class PayloadTooLarge(ValueError):
         self.encoded = encoded
 
 
-def _check_payload(what: str, value: Any, limit: int) -> None:
-    """Raise TypeError/ValueError now, in the handler, rather than break a frame later."""
+def _check_payload(what: str, value: Any, limit: int, kind: str = "") -> None:
+    """Raise TypeError/ValueError now, in the handler, rather than break a frame later.
+
+    ``what`` names the value in the error; ``{kind!r}`` in it is filled in only then (not once per event).
+    """
     try:
         encoded = _payload_encoder.encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise TypeError(f"{what} is not msgpack-encodable: {exc}") from None
+        raise TypeError(f"{what.format(kind=kind)} is not msgpack-encodable: {exc}") from None
     if len(encoded) > limit:
-        raise PayloadTooLarge(f"{what} is {len(encoded)} bytes encoded; the limit is {limit}", encoded)
+        message = f"{what.format(kind=kind)} is {len(encoded)} bytes encoded; the limit is {limit}"
+        raise PayloadTooLarge(message, encoded)
 
 
 class Context:
@@ -242,11 +246,11 @@ class Context:
         if kind in RESERVED_EVENT_KINDS:
             raise ValueError(f"event kind {kind!r} is reserved for the coordinator's lifecycle events")
         if data is not None:
-            _check_payload(f"data of event {kind!r}", data, self.max_payload_bytes)
+            _check_payload("data of event {kind!r}", data, self.max_payload_bytes, kind)
         if self._closed:
             return
         if threading.get_ident() == self._loop_thread:
-            self._deliver(kind, data, ephemeral)
+            self._sink(kind, data, ephemeral)  # as _deliver: the plan has not ended (tested above)
         else:
             # A thread that outlives its loop (the worker is exiting) has nowhere to send to.
             with contextlib.suppress(RuntimeError):
@@ -343,7 +347,11 @@ async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float 
     # No timeout, no timeout context: most plans have none and this runs once per plan.
     deadline = asyncio.timeout(timeout_s) if timeout_s is not None else None
     try:
-        if deadline is None:
+        if deadline is None and _is_async_callable(fn):  # as call_handler, without its coroutine: the usual case
+            result = await fn(ctx, args)
+            if type(result) not in _NEVER_AWAITABLE and inspect.isawaitable(result):
+                result = await result
+        elif deadline is None:
             result = await call_handler(fn, ctx, args)
         else:
             async with deadline:
