@@ -138,6 +138,11 @@ class Reply:
         keep_alive: the connection serves another request after this one (else ``Connection: close``).
     """
 
+    # One per open request: slots keep it small (bench/openai_door.py, memory per open stream).
+    __slots__ = ("_open", "_prefix", "_suffix", "_tool_calls", "attempt", "chunks", "created", "deadline",
+                 "keep_alive", "plan_id", "queue_timeout_s", "request", "state", "status", "waiting_reason",
+                 "worker_id")  # fmt: skip
+
     def __init__(
         self, request: DoorRequest, *, created: int, now: float, queue_timeout_s: float, keep_alive: bool = True,
     ) -> None:  # fmt: skip
