@@ -699,7 +699,7 @@ class Client:
             self._session.remove_stream(stream)
             raise
 
-    def _on_accepted(self, reply: Accepted, *, own: bool = False) -> Plan:
+    def _on_accepted(self, own: bool, reply: Accepted, /) -> Plan:
         # Runs in the reader: registered before the events that follow ``accepted``.
         # A duplicate's stream began before this session subscribed, so it goes live
         # only with the replay of its own ``subscribe`` (see ``submit``). A duplicate of an

@@ -282,18 +282,24 @@ class ClientSession:
 
     def receive_frame(self, frame: bytes | str) -> None:
         """Dispatch every message of a frame from the coordinator, in order."""
+        streams = self._streams
         for msg in self._codec.decode(frame):
-            self.receive(msg)
+            if type(msg) is Event:  # as receive(), inline: most messages are events (five of six per plan)
+                for stream in streams.get(msg.plan_id, ()):
+                    stream.feed(msg)
+                if msg.kind in TERMINAL_STATES:
+                    self._ended(msg.plan_id)
+            else:
+                self.receive(msg)
 
     def receive(self, msg: ToClient | DecodeFailure) -> None:
         """Dispatch one decoded message: resolve its request, or feed its plan's streams."""
         match msg:
-            case Event():
+            case Event():  # receive_frame has its own copy of this case
                 for stream in self._streams.get(msg.plan_id, ()):
                     stream.feed(msg)
                 if msg.kind in TERMINAL_STATES:
-                    self._drop_finished(msg.plan_id)
-                    self._specs.pop(msg.plan_id, None)
+                    self._ended(msg.plan_id)
             case Accepted() | Subscribed() | PlanReply() | Workers() | Plans() | Usage() | Ok() | DataGrant():
                 self._resolve(msg.req_id, msg)
             case Error():
@@ -338,6 +344,11 @@ class ClientSession:
         if pending.request is Submit and pending.raw is not None and reply.state not in TERMINAL_STATES:
             self._specs[reply.plan_id] = pending.raw  # kept until the plan ends (see Recovery)
         pending.waiter.set_result(pending.on_reply(reply) if pending.on_reply else reply)
+
+    def _ended(self, plan_id: str) -> None:
+        """The plan's terminal event came: its ended streams go, and so does its held submit."""
+        self._drop_finished(plan_id)
+        self._specs.pop(plan_id, None)
 
     def _drop_finished(self, plan_id: str) -> None:
         # Streams still waiting for their own replay stay registered.

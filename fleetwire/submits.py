@@ -53,9 +53,10 @@ class Request(NamedTuple):
 
 
 class AcceptedHook(Protocol):
-    """Makes the plan of an ``accepted`` (in the reader); ``own``: the SDK made its plan id."""
+    """Makes the plan of an ``accepted`` (in the reader); ``own``: the SDK made its plan id. ``own`` comes first:
+    ``functools.partial(hook, own)`` then calls it without a keyword dictionary per reply."""
 
-    def __call__(self, reply: Accepted, *, own: bool) -> Plan: ...
+    def __call__(self, own: bool, reply: Accepted, /) -> Plan: ...
 
 
 def check_names(inputs: Iterable[str], outputs: Iterable[str]) -> None:
@@ -205,11 +206,11 @@ async def await_accepted(
 ) -> tuple[list[Plan], RequestError | None]:
     """Send ``requests`` (``wake``: the writer) and wait for every reply.
 
-    ``accepted(reply, own)`` runs in the reader for each ``accepted`` and makes its plan. Returns
+    ``accepted(own, reply)`` runs in the reader for each ``accepted`` and makes its plan. Returns
     the accepted plans, in the order of ``requests``, and the first refusal (None: none).
     """
     loop = asyncio.get_running_loop()
-    hooks = {own: functools.partial(accepted, own=own) for own in (False, True)}  # not one per plan
+    hooks = {own: functools.partial(accepted, own) for own in (False, True)}  # not one per plan
     futures: list[asyncio.Future[Any]] = []
     for request in requests:
         future: asyncio.Future[Any] = loop.create_future()
@@ -225,12 +226,12 @@ async def await_accepted(
             except RequestError as exc:
                 refused = refused or exc
     finally:
-        for request in requests:
-            session.forget_request(request.req_id)
-        for future in futures:  # after an early exit: no "exception was never retrieved"
-            if future.done():
-                if not future.cancelled():
-                    future.exception()
+        for request, future in zip(requests, futures, strict=False):  # futures: fewer after a failed send_request
+            if future.done() and not future.cancelled():  # answered: the session let its request go then
+                future.exception()  # after an early exit: no "exception was never retrieved"
             else:
+                session.forget_request(request.req_id)
                 future.cancel()
+        for request in requests[len(futures):]:  # never sent: send_request failed
+            session.forget_request(request.req_id)
     return plans, refused

@@ -55,7 +55,7 @@ async def test_every_reply_is_waited_for_and_the_first_refusal_comes_back_with_t
     requests = batch(session, [1, 2, 3], ["a", None, "c"])
     made: list[tuple[str, bool]] = []
 
-    def accepted(reply: Accepted, *, own: bool) -> Plan:
+    def accepted(own: bool, reply: Accepted, /) -> Plan:
         made.append((reply.plan_id, own))
         return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
 
@@ -70,4 +70,23 @@ async def test_every_reply_is_waited_for_and_the_first_refusal_comes_back_with_t
     assert [p.id for p in plans] == ["a", "c"]
     assert made == [("c", False), ("a", False)]
     assert isinstance(refused, RequestError) and refused.code == codes.INVALID_ARGUMENT
+    assert session.pending_requests == 0
+
+
+async def test_a_caller_that_gives_up_leaves_no_request_pending() -> None:
+    """Cancelled after one reply of three: the answered request was let go by the session, the others here."""
+    session = ClientSession("msgpack")
+    requests = batch(session, [1, 2, 3], ["a", "b", "c"])
+
+    def accepted(own: bool, reply: Accepted, /) -> Plan:
+        return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
+
+    woken = asyncio.Event()
+    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, accepted, woken.set))
+    await woken.wait()
+    session.receive(Accepted(req_id=1, plan_id="a", state="queued"))
+    assert session.pending_requests == 2
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
     assert session.pending_requests == 0
