@@ -19,8 +19,10 @@ Parts:
   coordinator process; Dask: the scheduler, in the driver's process; Ray: its GCS and raylet).
   The ``core`` column is the graph's own bookkeeping (coordinator/graphs/, driven directly): what
   each edge costs the coordinator's decisions, with no sockets.
-* ``loss``: a chain of ``--loss-chain`` (6) plans on two workers; the worker holding a mid-chain
-  output is killed (``SIGKILL``) once it made it. Figures: whether the chain completes, how many
+* ``loss``: a chain of ``--loss-chain`` (6) plans on two workers, each step after the first
+  sleeping ``LOSS_PAUSE_S`` (1 s) on every column; the worker holding a mid-chain output is
+  killed (``SIGKILL``) once it made it (fleetwire's outputs are 1.2 MiB, past locality's 1 MiB, so
+  the chain runs where its bytes are, as Dask's does). Figures: whether the chain completes, how many
   times each step ran to completion (the producer of the lost output: twice; nothing downstream
   twice; fleetwire's ``starts_per_step`` also counts a run the kill cut short).
 
@@ -58,6 +60,7 @@ import _harness as h
 MIB = 1 << 20
 PARTS = ("chain", "fan", "loss")
 COLUMNS = ("core", "fleetwire", "dask", "ray")
+LOSS_PAUSE_S = 1.0  # each loss step after the first sleeps this long: the step after the killed holder is unfinished
 
 
 # ---------------------------------------------------------------------------- core: the graph alone
@@ -214,10 +217,11 @@ async def _fw_loss(client: Any, fleet: Any, ns: argparse.Namespace) -> dict[str,
     log_path = Path(fleet.tmp.name) / "runs.log"
 
     def step(i: int, body: str) -> dict[str, str]:
-        pause = "sleep 1; " if i else ""  # the step after the killed holder is still running when it dies
+        pause = f"sleep {LOSS_PAUSE_S:g}; " if i else ""
         return {"cmd": f'echo "{i} start" >> "{log_path}"; {pause}{body}; echo "{i} done" >> "{log_path}"'}
 
-    plans = [await client.submit("shell", args=step(0, 'seq 1 100000 > "$FLEETWIRE_OUTPUT_DIR/y"'), outputs=["y"])]
+    numbers = 'seq 1 200000 > "$FLEETWIRE_OUTPUT_DIR/y"'  # 1.2 MiB: past locality's 1 MiB, each step goes to its holder
+    plans = [await client.submit("shell", args=step(0, numbers), outputs=["y"])]
     for i in range(1, ns.loss_chain + 1):
         plans.append(await client.submit("shell", args=step(i, _COPY), inputs={"x": plans[-1].ref("y")}, outputs=["y"]))
     await plans[mid].result()
@@ -337,7 +341,7 @@ def _dask_fan(client: Any, fan: int) -> dict[str, Any]:
 
 
 def _slow_pass(data: bytes) -> bytes:
-    time.sleep(0.3)
+    time.sleep(LOSS_PAUSE_S)
     return bytes(memoryview(data))
 
 
