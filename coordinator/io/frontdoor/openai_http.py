@@ -12,9 +12,10 @@ body becomes a plan (``request``), the plan's events become the answer (``reply`
   (401 without one or with an unknown one, 403 for a worker's); under ``--insecure`` every
   request is the principal ``client``, from a loopback Host only. Open HTTP connections count
   against ``--max-connections`` with the websocket sessions' own count beside them (503 past it).
-* **A request is a client session of the core.** Each completion opens a session for the key's
-  principal, submits the plan subscribed with an id of the door's making (so a disconnect can
-  cancel it before its ``accepted`` arrived), and closes the session when answered. The core's
+* **A request is a client session of the core** (its :class:`Exchange`, openai_exchange.py). Each
+  completion opens a session for the key's principal, submits the plan subscribed with an id of
+  the door's making (so a disconnect can cancel it before its ``accepted`` arrived), and closes
+  the session when answered. The core's
   effects for it reach it through the driver (:attr:`CoreDriver.sinks`), committed first like
   any client's (``accepted`` only once the plan is recorded). Quotas, fair share and receipts
   apply as to any plan; a plan over the principal's limit is 429.
@@ -42,12 +43,13 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final, Literal, Protocol, cast
+from typing import Final, Literal, Protocol, cast
 
 import structlog
 
 from coordinator.auth import Principal, TokenStore
 from coordinator.io.frontdoor.core_driver import CoreDriver, Redirect
+from coordinator.io.frontdoor.openai_exchange import SUBMIT_REQ, Exchange
 from coordinator.limits import Limits, host_refused
 from coordinator.openai_api import (
     PATHS,
@@ -56,17 +58,14 @@ from coordinator.openai_api import (
     HttpRequest,
     Kind,
     ModelTable,
-    Reply,
     RequestReader,
     error_response,
     json_response,
     parse_request,
-    submit_refused,
 )
 from coordinator.openai_api.intake import MAX_HEAD_BYTES
 from coordinator.openai_api.limits import DoorStats, RequestRate
 from coordinator.openai_api.request import check_pool
-from protocol.messages import Cancel, Error, Event
 from protocol.prompts import PrefixMemo
 from protocol.transfer.http1 import first_line
 
@@ -80,8 +79,6 @@ _MODELS: Final = "/v1/models"
 _ROUTES: Final = (*PATHS, _MODELS)
 _ROUTE_BYTES: Final = frozenset(route.encode() for route in _ROUTES)
 _LONGEST: Final = max(len(path) for path in _ROUTES) + 16  # bytes of a request line that decide
-_SUBMIT_REQ: Final = 1
-_CANCEL_REQ: Final = 2
 _WRITE_HIGH: Final = 256 * 1024  # the transport says "pause" past this (only counted: the cap is the limit's)
 # Reading goes on while a request is in flight (a client that goes away is seen at once), unless the client
 # pipelined this many requests, or this many bytes, ahead of it.
@@ -278,7 +275,7 @@ class OpenAIDoor(OpenAIEntry):
         Raises:
             ApiError: 421 for a request of another shard, naming where that shard is served.
         """
-        submit = request.submit(_SUBMIT_REQ)
+        submit = request.submit(SUBMIT_REQ)
         submit.plan_id = plan_id
         moved = redirect("client", submit)
         tries = 1
@@ -456,166 +453,3 @@ class OpenAIConnection(asyncio.Protocol):
             self.close()
             return
         self.next_request()
-
-
-class Exchange:
-    """One completion in flight: a core session of its principal, its plan, its :class:`Reply`.
-
-    ``door`` serves it (its core); ``conn.door`` counts it (the port it came in by: the same door, or
-    a cluster's main port that handed it to the core of its shard).
-    """
-
-    __slots__ = ("body_bytes", "conn", "conn_id", "done", "door", "keep_alive", "plan_id", "principal", "reply",
-                 "request", "started", "stats", "streaming", "timer", "wrote")
-
-    def __init__(self, door: OpenAIDoor, conn: OpenAIConnection, principal: Principal, request: DoorRequest,
-                 keep_alive: bool, body_bytes: int, plan_id: str = "") -> None:  # fmt: skip
-        self.conn = conn
-        self.door = door
-        self.stats = conn.door.stats
-        self.principal = principal
-        self.request = request
-        self.keep_alive = keep_alive
-        self.body_bytes = body_bytes
-        self.conn_id = next(door.ids)
-        self.plan_id = plan_id or door.new_plan_id()
-        self.done = False
-        self.streaming = False
-        self.wrote = False
-        self.timer: asyncio.TimerHandle | None = None
-        now = self.started = door.clock()
-        self.reply = Reply(request, created=int(door.wall()), now=now, queue_timeout_s=door.queue_timeout_s,
-                           keep_alive=keep_alive)  # fmt: skip
-        self.reply.accepted(self.plan_id)
-
-    def start(self) -> None:
-        door, driver = self.door, self.door.driver
-        self.stats.in_flight += 1
-        away = driver.away() if driver.away is not None else None
-        if away is not None:
-            self.finish_now(self.reply.refused(ApiError(503, f"{away}; send the request again", code="unavailable",
-                                                        retry_after_s=1.0)).data)
-            return
-        submit = self.request.submit(_SUBMIT_REQ)
-        submit.plan_id = self.plan_id
-        now = door.clock()
-        driver.core.open_session(self.conn_id, "client", now, principal=self.principal.name,
-                                 address=self.conn.address, admin=self.principal.admin)
-        driver.sinks[self.conn_id] = self
-        driver.receive(self.conn_id, submit, now)
-        driver.flush(self.body_bytes)
-        self._schedule()
-
-    def _schedule(self) -> None:
-        """The queue timeout's timer, at the reply's deadline (it moves on a requeue)."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        deadline = self.reply.deadline
-        if deadline is not None and not self.done:
-            delay = max(0.0, deadline - self.door.clock())
-            self.timer = asyncio.get_running_loop().call_later(delay, self._expire)
-
-    def _expire(self) -> None:
-        self.timer = None
-        if not self.done:
-            out = self.reply.expire(self.door.clock())
-            if out.data or out.done:
-                self._out(out.data, out.done, out.cancel)
-            else:
-                self._schedule()
-
-    def writable(self, ok: bool) -> None:
-        pass  # the pending-bytes cap decides (module docstring)
-
-    def deliver(self, msgs: list[Any]) -> None:
-        """The core's messages for this session, once committed (CoreDriver.deliver)."""
-        if self.done:
-            return
-        reply, now = self.reply, self.door.clock()
-        data = b""
-        done = cancel = False
-        deadline = reply.deadline
-        for msg in msgs:
-            kind = type(msg)
-            if kind is Event:
-                out = reply.event(msg.kind, msg.data, now)
-            elif kind is Error and msg.req_id == _SUBMIT_REQ:
-                out = reply.refused(submit_refused(msg.code, msg.message, msg.retry_after_s))
-            else:
-                continue  # accepted, the cancel's reply
-            if out.data:
-                data += out.data
-            if out.done:
-                done, cancel = True, out.cancel
-                break
-        if data or done:
-            self._out(data, done, cancel)
-        elif reply.deadline != deadline:
-            self._schedule()
-
-    def _out(self, data: bytes, done: bool, cancel: bool) -> None:
-        if data:
-            self._first_byte(done)
-            if not self.conn.write(data):
-                done = cancel = True  # a slow consumer (aborted), or the connection is gone
-        if done:
-            self.done = True
-            self._ended()
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-            if self.reply.status:
-                self.conn.door.answered(self.reply.status)
-            # Not inside the driver's delivery: the cancel and the close are new input to the core.
-            asyncio.get_running_loop().call_soon(self._close, cancel)
-        elif self.reply.deadline is None and self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _first_byte(self, done: bool) -> None:
-        """The answer's first bytes go out: the time since the request is counted; a stream is open."""
-        if self.wrote:
-            return
-        self.wrote = True
-        self.stats.first_byte.observe(self.door.clock() - self.started)
-        if not done:
-            self.streaming = True
-            self.stats.streams_open += 1
-
-    def _ended(self) -> None:
-        self.stats.in_flight -= 1
-        if self.streaming:
-            self.streaming = False
-            self.stats.streams_open -= 1
-
-    def abandon(self) -> None:
-        """The connection is gone before the answer was complete: cancel the plan."""
-        if not self.done:
-            self.done = True
-            self._ended()
-            if self.timer is not None:
-                self.timer.cancel()
-            self._close(True)
-
-    def finish_now(self, data: bytes) -> None:
-        """Answered before the core saw the request."""
-        self.done = True
-        self.stats.first_byte.observe(self.door.clock() - self.started)
-        self._ended()
-        self.conn.door.answered(self.reply.status)
-        if self.conn.write(data):
-            self.conn.finished(self.keep_alive)
-
-    def _close(self, cancel: bool) -> None:
-        """Cancel the plan if asked, close the core session, and let the connection go on."""
-        driver = self.door.driver
-        if driver.sinks.pop(self.conn_id, None) is not None:
-            now = self.door.clock()
-            if cancel:
-                driver.receive(self.conn_id, Cancel(plan_id=self.plan_id, req_id=_CANCEL_REQ), now)
-            driver.core.close_session(self.conn_id, now)
-            driver.flush()
-        if not self.conn.closing:
-            self.conn.finished(self.keep_alive)
-
