@@ -369,8 +369,9 @@ class Done(_Msg, tag="done"):
     seq: int = 0  # the worker's message counter (see ``ack``); 0: not counted
     outputs: list[OutputSpec] = []  # outputs this attempt left on the worker's data endpoint
     receipt: Receipt | None = None  # the attempt's energy and carbon (None: nothing measured, or an older worker)
-    # The attempt was preempted (a ``preempt``, or its host is being interrupted) and did not succeed: the
-    # coordinator queues the plan again without counting the attempt (docs/SEMANTICS.md §Preemption).
+    # The attempt was preempted (a ``preempt``, its host being interrupted, or a device it held quarantined under
+    # ``--on-quarantine requeue``) and did not succeed: the coordinator queues the plan again without counting the
+    # attempt (docs/SEMANTICS.md §Preemption).
     preempted: bool = False
 
 

@@ -79,8 +79,8 @@ TRANSITION_EVENTS: Final[dict[PlanEventName, str]] = {
     "worker_lost.final": "the same on the last counted attempt: fails `worker_lost`, `detail.attempts` lists them",
     "retry": "the worker's `done(failed)` with `retries` left: `requeued` says which retry, attempt not counted",
     "handback": "its worker said `goodbye`: queued again at once, attempt not counted",
-    "preempt": "its attempt was preempted (stopped for another team's plan, or its host was interrupted) and "
-    "ended without succeeding: `preempted`, then queued again at once, attempt not counted",
+    "preempt": "its attempt was preempted (stopped for another team's plan, its host interrupted, or a device it "
+    "held quarantined) and ended without succeeding: `preempted`, then queued again at once, attempt not counted",
     "doom": "a plan it needs (a reference or `after`) ended failed or cancelled, or an output it needs is lost and "
     "cannot be made again: fails `upstream_failed` or `output_lost` without running (§4 *Plan graphs*)",
     "timeout": f"the coordinator's own `timeout_s` check: still running `timeout_s` + the grace ({GRACE_S}) after it "
