@@ -54,3 +54,17 @@ def test_flags_override_the_probed_capabilities() -> None:
     assert settings.advertised_capabilities() == {
         "models": ["m", "n"], "accelerator": "gpu", "carbon_zone": "FR", "kv_blocks": 8, "kv_block_tokens": 16,
     }
+
+
+def test_the_on_quarantine_flag_reaches_the_settings() -> None:
+    """`fleetwire worker --on-quarantine requeue` sets on_quarantine; the default is finish; another word is refused."""
+    import argparse
+
+    from worker_agent.main import _settings, add_worker_arguments
+
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    assert _settings(parser.parse_args(["--on-quarantine", "requeue"])).on_quarantine == "requeue"
+    assert _settings(parser.parse_args([])).on_quarantine == "finish"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--on-quarantine", "drop"])
