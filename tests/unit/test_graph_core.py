@@ -3,6 +3,7 @@ submit, held plans, the assign's pulls and locality, failure at once, cancel wit
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -243,31 +244,42 @@ def test_a_lost_output_of_a_nondeterministic_producer_fails_its_consumer_output_
     assert "deterministic=false" in plan.error.message and "a.r1" not in h.core.plans
 
 
-def _durable(kind: str, tmp_path: Path, **config: Any) -> Any:
-    """A Durable harness on a MemoryStore, or on a SQLite file reopened by each restart (as a new process would)."""
+@pytest.fixture
+def durable(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Makes Durable harnesses on a MemoryStore, or on a SQLite file reopened by each restart (as a new process
+    would); their SQLite stores are closed at the end."""
     from coordinator.io.stores.sqlite import SQLiteStore
     from coordinator.io.stores.store import DB_FILE
     from tests.unit.test_durability_core import Durable
 
-    h = Durable(**config)
-    if kind == "sqlite":
-        h.store = SQLiteStore(tmp_path / DB_FILE)
-        restart = h.restart
+    made: list[Any] = []
 
-        def reopened(now: float) -> None:
-            h.store.close()
+    def make(kind: str, **config: Any) -> Any:
+        h = Durable(**config)
+        made.append(h)
+        if kind == "sqlite":
             h.store = SQLiteStore(tmp_path / DB_FILE)
-            restart(now)
+            restart = h.restart
 
-        h.restart = reopened
-    return h
+            def reopened(now: float) -> None:
+                h.store.close()
+                h.store = SQLiteStore(tmp_path / DB_FILE)
+                restart(now)
+
+            h.restart = reopened
+        return h
+
+    yield make
+    for h in made:
+        if isinstance(h.store, SQLiteStore):
+            h.store.close()
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_the_graph_survives_a_restart_held_plans_wait_for_the_same_reasons(kind: str, tmp_path: Path) -> None:
+def test_the_graph_survives_a_restart_held_plans_wait_for_the_same_reasons(kind: str, durable: Any) -> None:
     """After a restart from the store, B still waits (same reason) and A's outputs are known: once the gate ends, B
     is placed with A's output filled in and a pull from A's worker."""
-    h = _durable(kind, tmp_path)
+    h = durable(kind)
     conns = fleet(h, "w1")
     client = h.client()
     a = h.submit(client, plan_id="a", outputs=["y"])
@@ -287,10 +299,10 @@ def test_the_graph_survives_a_restart_held_plans_wait_for_the_same_reasons(kind:
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_a_rebuild_under_way_survives_a_restart_and_is_not_doubled(kind: str, tmp_path: Path) -> None:
+def test_a_rebuild_under_way_survives_a_restart_and_is_not_doubled(kind: str, durable: Any) -> None:
     """A restart while a.r1 makes A's lost output again: a.r1 is queued again (no a.r2), B still waits for it,
     and then runs on a.r1's output (the rebuild's link to A is in its stored creation)."""
-    h = _durable(kind, tmp_path, heartbeat_timeout_s=30.0)
+    h = durable(kind, heartbeat_timeout_s=30.0)
     conns = fleet(h, "w1")
     client = h.client()
     a = h.submit(client, plan_id="a", outputs=["y"])
@@ -315,11 +327,11 @@ def test_a_rebuild_under_way_survives_a_restart_and_is_not_doubled(kind: str, tm
 
 
 def test_after_a_restart_without_the_holder_the_consumer_finds_the_loss_by_its_fetch_and_it_is_rebuilt(
-    tmp_path: Path,
+    durable: Any,
 ) -> None:
     """Lost marks are not stored: after a restart that A's worker never comes back from, B goes to w2 with a pull
     from w1; w2's output_lost costs B no attempt, a.r1 makes A's output again, and B runs on it."""
-    h = _durable("sqlite", tmp_path)
+    h = durable("sqlite")
     conns = fleet(h, "w1")
     client = h.client()
     a = h.submit(client, plan_id="a", outputs=["y"])
