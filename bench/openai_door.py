@@ -35,10 +35,14 @@ Five measurements, each printed beside its peer measured in the same run:
 5. **Where a request's CPU goes** (:func:`door_steps`): the door's pure steps and the core's share
    of the plan, timed in this process by CPU time (best of rounds); the rest of (2)'s coordinator
    CPU per request is I/O.
+6. **Where the first byte's time goes** (``--timeline``, :func:`timeline`): the coordinator, a
+   worker agent and the fake engine in one process, the steps of each request marked; each
+   step's median time since the one before.
 
-    python bench/openai_door.py                  # all five, default sizes
+    python bench/openai_door.py                  # one to five, default sizes
     python bench/openai_door.py --quick --json   # a short run
     python bench/openai_door.py --generator python   # the load from this process (no wrk)
+    python bench/openai_door.py --timeline-only --requests 300   # only six
 
 The goals of issue #30 are printed beside the figures (<= 1 ms p50 added, >= 5,000 streamed
 requests/s on 2 cores with tiny responses).
@@ -404,7 +408,7 @@ def prefix_hit_rate(policy: str, workers: int, conversations: int, turns: int = 
     from coordinator.placement.placer import PlacementConfig
     from protocol.messages import Accept, Assign, Capabilities, Done, Hello
 
-    core = Coordinator(CoreConfig(placement=PlacementConfig(policy=policy)), new_id=iter(range(10**9)).__next__)
+    core = Coordinator(CoreConfig(placement=PlacementConfig(policy=policy)), new_id=map(str, range(10**9)).__next__)
     for w in range(workers):
         core.open_session(w + 1, "worker", 0.0, principal="worker")
         caps = Capabilities(ops=["generate"], models=[MODEL], max_concurrency=64, kv_blocks=4096, kv_block_tokens=16)
@@ -498,7 +502,7 @@ def door_steps(requests: int, rounds: int) -> dict[str, Any]:
         for kind, data in events:
             answer.event(kind, data, 0.0)
 
-    core = Coordinator(CoreConfig(), new_id=iter(range(10**12)).__next__)
+    core = Coordinator(CoreConfig(), new_id=map(str, range(10**12)).__next__)
     core.open_session(1, "worker", 0.0, principal="worker")
     caps = Capabilities(ops=["generate"], models=[MODEL], max_concurrency=100_000, cpu_cores=1)
     core.receive(1, Hello(worker_id="w0", capabilities=caps), 0.0)
@@ -539,6 +543,137 @@ def door_steps(requests: int, rounds: int) -> dict[str, Any]:
     figures["door_us"] = round(figures["intake_us"] + figures["checks_us"] + figures["reply_us"], 2)
     figures["core_us"] = best_us(core_plan)
     return {**figures, "requests": requests, "rounds": rounds}
+
+
+# ---------------------------------------------------------------------------------------------- timeline
+
+#: The steps of a request's first byte that --timeline marks: (module, class or None, function, step, after it
+#: returned, only when): the first time each is reached in a request is its mark.
+_STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
+    ("coordinator.io.frontdoor.openai_http", "OpenAIConnection", "data_received", "door: the request's bytes in",
+     False, None),
+    ("coordinator.openai_api.intake", "RequestReader", "feed", "door: head and body cut", True, None),
+    ("coordinator.io.frontdoor.openai_http", "OpenAIEntry", "admit", "door: key and rate admitted", True, None),
+    ("coordinator.io.frontdoor.openai_http", None, "parse_request", "door: body checked, hints computed", True, None),
+    ("coordinator.io.frontdoor.openai_exchange", "Exchange", "start", "door: exchange made", False, None),
+    ("coordinator.io.frontdoor.core_driver", "CoreDriver", "receive", "core: submit taken, plan placed", True,
+     lambda _driver, _conn, msg, _now: type(msg).__name__ == "Submit"),
+    ("coordinator.io.frontdoor.core_driver", "CoreDriver", "flush", "driver: committed, delivered", True,
+     lambda *_: "core: submit taken, plan placed" in _MARKS),
+    ("coordinator.io.frontdoor.connection", None, "send_frame", "coordinator: assign frame sent", False,
+     lambda *_: "driver: committed, delivered" in _MARKS),
+    ("worker_agent.agent", "Agent", "_dispatch", "agent: assign decoded", False,
+     lambda _agent, msg: type(msg).__name__ == "Assign"),
+    ("worker_agent.inference", "InferenceEngine", "generate", "agent: handler started", False, None),
+    ("worker_agent.engine_http", "EngineClient", "_exchange", "agent: request written to the engine", False, None),
+    ("worker_agent.engine_http", "EngineClient", "_exchange", "engine: its answer's head in", True, None),
+    ("worker_agent.handlers", "Context", "emit", "agent: first token emitted", False,
+     lambda _ctx, kind, *_a, **_k: kind == "token"),
+    ("worker_agent.agent", None, "send_frame", "agent: frame with the token sent", False,
+     lambda *_: "agent: first token emitted" in _MARKS),
+    ("coordinator.io.frontdoor.openai_exchange", "Exchange", "deliver", "door: token delivered", False,
+     lambda _exchange, msgs: any(getattr(m, "kind", "") == "token" for m in msgs)),
+    ("coordinator.io.frontdoor.openai_http", "OpenAIConnection", "write", "door: first byte written", False,
+     lambda *_: "door: token delivered" in _MARKS),
+]
+_MARKS: dict[str, float] = {}
+
+
+def _marked(fn: Any, step: str, after: bool, when: Any) -> Any:
+    import functools
+    import inspect
+
+    def mark(*args: Any, **kwargs: Any) -> None:
+        if step not in _MARKS and (when is None or when(*args, **kwargs)):
+            _MARKS[step] = time.perf_counter()
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def marked_async(*args: Any, **kwargs: Any) -> Any:
+            if not after:
+                mark(*args, **kwargs)
+            result = await fn(*args, **kwargs)
+            if after:
+                mark(*args, **kwargs)
+            return result
+        return marked_async
+
+    @functools.wraps(fn)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        if not after:
+            mark(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        if after:
+            mark(*args, **kwargs)
+        return result
+    return marked
+
+
+async def timeline(requests: int) -> dict[str, Any]:
+    """6. Where the first byte's time goes (``--timeline``): the coordinator, a worker agent and the fake engine
+    (in a thread) in this one process and loop, so the steps of a request run one after another; sequential
+    streamed requests, each step's median time since the one before it. Wall clock: on a busy machine every
+    gap grows by the other tenants' turns, so read the shares more than the microseconds."""
+    import importlib
+    import statistics
+
+    from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+    from worker_agent import Agent
+    from worker_agent.inference import InferenceEngine
+    from worker_agent.telemetry import Telemetry
+
+    spec = importlib.util.spec_from_file_location("fake_engine", h.ROOT / "examples" / "inference_fleet" /
+                                                  "fake_engine.py")  # fmt: skip
+    assert spec is not None and spec.loader is not None
+    fake_engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake_engine)
+    saved = []
+    for module_name, owner_name, name, step, after, when in _STEPS:
+        module = importlib.import_module(module_name)
+        owner = module if owner_name is None else getattr(module, owner_name)
+        saved.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, _marked(getattr(owner, name), step, after, when))
+    worker_token, client_token = "bench-worker-token-0123", "bench-client-token-0123"
+    server = CoordinatorServer(ServerSettings(port=0, worker_tokens=(worker_token,), client_tokens=(client_token,),
+                                              store="memory"))  # fmt: skip
+    fake = fake_engine.FakeEngine(name="e0", model=MODEL, token_delay_s=0.0).start()
+    gaps: dict[str, list[float]] = {}
+    firsts: list[float] = []
+    try:
+        await server.start()
+        engine = InferenceEngine(fake.url, metrics_interval_s=60.0)
+        agent = Agent(server.url, worker_token, worker_id="w0", telemetry=Telemetry(engine=engine))
+        agent.add_handler("generate", engine.generate)
+        running = asyncio.create_task(agent.run())
+        assert server.openai is not None
+        while not server.openai.models.serves(MODEL, time.monotonic()):  # noqa: ASYNC110 - no event says it
+            await asyncio.sleep(0.02)
+        reader, writer = await asyncio.open_connection(h.HOST, server.port)
+        for i in range(requests + 20):
+            _MARKS.clear()
+            started = time.perf_counter()
+            request = chat_request(server.port, f"hello {i}")
+            writer.write(request.replace(b"Bearer bench", b"Bearer " + client_token.encode()))
+            first = await read_stream(reader, started)
+            if i < 20:
+                continue  # warm-up
+            firsts.append(first)
+            previous = started
+            for step, at in sorted(_MARKS.items(), key=lambda item: item[1]):
+                gaps.setdefault(step, []).append(at - previous)
+                previous = at
+            gaps.setdefault("client: first text read", []).append(started + first - previous)
+        writer.close()
+        agent.stop()
+        await asyncio.wait_for(running, 10)
+    finally:
+        await server.stop()
+        fake.stop()
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+    order = [step for _m, _o, _n, step, _a, _w in _STEPS] + ["client: first text read"]
+    return {"requests": requests, "first_text_p50_ms": round(statistics.median(firsts) * 1e3, 3),
+            "steps_us": {step: round(statistics.median(gaps[step]) * 1e6, 1) for step in order if step in gaps}}
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -676,6 +811,8 @@ async def measure(ns: argparse.Namespace) -> dict[str, Any]:
     conversations = ns.conversations  # not a multiple of the workers: round robin's turns do not line up
     result["prefix"] = [prefix_hit_rate(policy, 8, conversations) for policy in ("kv_aware", "round_robin")]
     result["steps"] = door_steps(ns.step_requests, 3 if ns.quick else 7)
+    if ns.timeline:
+        result["timeline"] = await timeline(ns.requests)
     return result
 
 
@@ -730,6 +867,12 @@ def lines(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def timeline_lines(t: dict[str, Any]) -> list[str]:
+    return [f"where the first byte's time goes (one process and loop; {t['requests']} sequential requests, first "
+            f"text p50 {t['first_text_p50_ms']} ms; median µs since the step before):",
+            *(f"  {us:8.1f}  {step}" for step, us in t["steps_us"].items())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -740,6 +883,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="length of each load (10 [3])")
     parser.add_argument("--streams", type=int, help="open streams for the memory figure (2000 [200])")
     parser.add_argument("--conversations", type=int, help="four-turn chats of the prefix figure (201 [41])")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also 6: where the first byte's time goes, in one process (see timeline())")
+    parser.add_argument("--timeline-only", action="store_true", help="only 6")
     parser.add_argument("--step-requests", type=int, help="requests per round of the in-process steps (3000 [500])")
     parser.add_argument("--fast-workers", type=int, default=2, help="raw websocket workers of the load")
     parser.add_argument("--generator", choices=("auto", "wrk", "python"), default="auto",
@@ -756,8 +902,12 @@ def main(argv: list[str] | None = None) -> int:
     if ns.fast_worker:
         h.run_loop(fast_workers(ns.fast_worker, ns.fast_count, ns.hold, ns.fast_model))
         return 0
+    if ns.timeline_only:
+        result = {"timeline": h.run_loop(timeline(ns.requests))}
+        h.emit(result, ns.json, timeline_lines(result["timeline"]))
+        return 0
     result = h.run_loop(measure(ns))
-    h.emit(result, ns.json, lines(result))
+    h.emit(result, ns.json, lines(result) + (timeline_lines(result["timeline"]) if "timeline" in result else []))
     return 0
 
 
