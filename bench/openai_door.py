@@ -609,7 +609,7 @@ def _marked(fn: Any, step: str, after: bool, when: Any) -> Any:
     return marked
 
 
-async def timeline(requests: int) -> dict[str, Any]:
+async def timeline(requests: int, token_delay_s: float = 0.0) -> dict[str, Any]:
     """6. Where the first byte's time goes (``--timeline``): the coordinator, a worker agent and the fake engine
     (in a thread) in this one process and loop, so the steps of a request run one after another; sequential
     streamed requests, each step's median time since the one before it. Wall clock: on a busy machine every
@@ -636,7 +636,7 @@ async def timeline(requests: int) -> dict[str, Any]:
     worker_token, client_token = "bench-worker-token-0123", "bench-client-token-0123"
     server = CoordinatorServer(ServerSettings(port=0, worker_tokens=(worker_token,), client_tokens=(client_token,),
                                               store="memory"))  # fmt: skip
-    fake = fake_engine.FakeEngine(name="e0", model=MODEL, token_delay_s=0.0).start()
+    fake = fake_engine.FakeEngine(name="e0", model=MODEL, token_delay_s=token_delay_s).start()
     gaps: dict[str, list[float]] = {}
     firsts: list[float] = []
     try:
@@ -684,7 +684,7 @@ async def ttfb(ns: argparse.Namespace, requests: int) -> dict[str, Any]:
     async with h.fleet("memory") as f:
         fake = h.ROOT / "examples" / "inference_fleet" / "fake_engine.py"
         engine = await h.spawn("engine", sys.executable, str(fake), "--port", "0", "--name", "e0", "--model", MODEL,
-                               "--token-delay", "0")  # fmt: skip
+                               "--token-delay", str(ns.token_delay))  # fmt: skip
         f.others.append(engine)
         engine_url = (await engine.wait_for_line(r"listening on (http://\S+)")).group(1)
         engine_port = int(engine_url.rsplit(":", 1)[1])
@@ -812,7 +812,7 @@ async def measure(ns: argparse.Namespace) -> dict[str, Any]:
     result["prefix"] = [prefix_hit_rate(policy, 8, conversations) for policy in ("kv_aware", "round_robin")]
     result["steps"] = door_steps(ns.step_requests, 3 if ns.quick else 7)
     if ns.timeline:
-        result["timeline"] = await timeline(ns.requests)
+        result["timeline"] = await timeline(ns.requests, ns.token_delay)
     return result
 
 
@@ -883,6 +883,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="length of each load (10 [3])")
     parser.add_argument("--streams", type=int, help="open streams for the memory figure (2000 [200])")
     parser.add_argument("--conversations", type=int, help="four-turn chats of the prefix figure (201 [41])")
+    parser.add_argument("--token-delay", type=float, default=0.0, metavar="S",
+                        help="the fake engine's pause before each token (1 and 6; default 0: all at once). With one, "
+                             "the first token travels alone, as from a real engine, not in a frame with the rest")
     parser.add_argument("--timeline", action="store_true",
                         help="also 6: where the first byte's time goes, in one process (see timeline())")
     parser.add_argument("--timeline-only", action="store_true", help="only 6")
@@ -903,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         h.run_loop(fast_workers(ns.fast_worker, ns.fast_count, ns.hold, ns.fast_model))
         return 0
     if ns.timeline_only:
-        result = {"timeline": h.run_loop(timeline(ns.requests))}
+        result = {"timeline": h.run_loop(timeline(ns.requests, ns.token_delay))}
         h.emit(result, ns.json, timeline_lines(result["timeline"]))
         return 0
     result = h.run_loop(measure(ns))
