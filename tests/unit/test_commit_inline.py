@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,12 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.stores.commit import INLINE_MAX_BYTES, INLINE_MAX_RECORDS, GroupCommitter
+from coordinator.io.stores.commit import (
+    INLINE_MAX_BYTES,
+    INLINE_MAX_RECORDS,
+    WRITER_SWITCH_INTERVAL_S,
+    GroupCommitter,
+)
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from coordinator.records import PlanCreated
@@ -88,6 +94,18 @@ async def test_batches_of_one_loop_iteration_share_one_inline_commit_in_order(db
     await asyncio.wait_for(done.wait(), 10)
     await committer.close()
     assert released == ["a", "after-a", "b"] and committer.inline_commits == 1 == committer.transactions
+
+
+async def test_the_writer_thread_runs_with_a_short_switch_interval_and_puts_it_back(db: SQLiteStore) -> None:
+    """While the writer thread runs the interpreter switches every WRITER_SWITCH_INTERVAL_S at most; close restores."""
+    before = sys.getswitchinterval()
+    committer: GroupCommitter[Any] = GroupCommitter(db, lambda payload: None, lambda exc: None)
+    committer.start()
+    try:
+        assert sys.getswitchinterval() == min(before, WRITER_SWITCH_INTERVAL_S)
+    finally:
+        await committer.close()
+    assert sys.getswitchinterval() == before
 
 
 async def test_a_large_group_goes_to_the_writer_thread(db: SQLiteStore) -> None:
