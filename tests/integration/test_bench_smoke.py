@@ -44,6 +44,8 @@ SMOKE: dict[str, list[str]] = {
                      "50", "--flood-uploads", "20", "--ready-timeout", "20"],
     # issue 31: two weeks of both zones in ../shared/carbon (a {"skipped": ...} line where the data is absent)
     "carbon_shift": ["carbon_shift.py", "--days", "14", "--start", "2020-06-01"],
+    # issue 30: where a door request's first byte goes, in one process (the rest of the bench is minutes long)
+    "openai_door_timeline": ["openai_door.py", "--timeline-only", "--requests", "20", "--json"],
 }
 # issue 28: plan graphs, every part on fleetwire and the core at a tiny size (the peers are not installed here). Run
 # on its own, after the others: beside them, its three processes took the slowest of them from 74 s to 112 s on a
@@ -210,3 +212,11 @@ def test_graphs_bench_keeps_the_bytes_on_the_workers_and_survives_the_loss() -> 
     assert chain["client_bytes"] == 0 and chain["coordinator_bytes"] == 0 and 0 <= chain["on_holder_share"] <= 1
     assert fan["core"]["edges"] == fan["fleetwire"]["edges"] == 40
     assert loss["completed"] and loss["producer_runs"] == 2 and loss["downstream_max_runs"] == 1
+
+
+def test_openai_door_timeline_marks_every_step_of_a_first_byte(results: dict[str, Any]) -> None:
+    """bench/openai_door.py --timeline: each door request's first byte passes every marked step, from the door
+    through the core, the agent and the engine back to the client (a renamed step function fails here)."""
+    t = results["openai_door_timeline"]["timeline"]
+    assert t["requests"] == 20 and t["first_text_p50_ms"] > 0
+    assert len(t["steps_us"]) == 17 and all(us >= 0 for us in t["steps_us"].values())
