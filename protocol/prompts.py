@@ -133,7 +133,8 @@ def prefix_hashes(text: str, block_tokens: int = BLOCK_TOKENS, memo: dict[bytes,
 class PrefixMemo:
     """A bounded memo of block digests for :func:`prefix_hashes`: conversations' next turns hash only their
     new blocks (~0.2 µs a block remembered against ~0.4 µs hashed). Holds at most ``max_blocks`` digests
-    (~200 bytes each), forgotten all at once when full.
+    (~200 bytes each, ~400 for a block of 4-byte characters; one prompt may add up to :data:`MAX_HASHES`
+    past it), forgotten all at once when full.
     """
 
     def __init__(self, max_blocks: int = 1 << 16) -> None:
