@@ -33,6 +33,7 @@ scratch tree and show that the check catches it.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -295,9 +296,15 @@ def private_violations(modules: dict[str, Module]) -> list[str]:
     return found
 
 
+@functools.cache
+def repo_modules() -> dict[str, Module]:
+    """This repository's modules, parsed once per session (this file and test_architecture.py read them)."""
+    return load_modules(ROOT)
+
+
 @pytest.fixture(scope="module")
 def repo() -> dict[str, Module]:
-    return load_modules(ROOT)
+    return repo_modules()
 
 
 def test_pure_core_imports_no_io(repo: dict[str, Module]) -> None:
