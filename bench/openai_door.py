@@ -62,7 +62,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, Final
 
 import _harness as h
 import msgspec
@@ -577,6 +577,7 @@ _STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
      lambda *_: "door: token delivered" in _MARKS),
 ]
 _MARKS: dict[str, float] = {}
+_ORDER: Final = [step for _module, _owner, _name, step, _after, _when in _STEPS] + ["client: first text read"]
 
 
 def _marked(fn: Any, step: str, after: bool, when: Any) -> Any:
@@ -671,9 +672,8 @@ async def timeline(requests: int, token_delay_s: float = 0.0) -> dict[str, Any]:
         fake.stop()
         for owner, name, original in saved:
             setattr(owner, name, original)
-    order = [step for _m, _o, _n, step, _a, _w in _STEPS] + ["client: first text read"]
     return {"requests": requests, "first_text_p50_ms": round(statistics.median(firsts) * 1e3, 3),
-            "steps_us": {step: round(statistics.median(gaps[step]) * 1e6, 1) for step in order if step in gaps}}
+            "steps_us": {step: round(statistics.median(gaps[step]) * 1e6, 1) for step in _ORDER if step in gaps}}
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -870,7 +870,7 @@ def lines(r: dict[str, Any]) -> list[str]:
 def timeline_lines(t: dict[str, Any]) -> list[str]:
     return [f"where the first byte's time goes (one process and loop; {t['requests']} sequential requests, first "
             f"text p50 {t['first_text_p50_ms']} ms; median µs since the step before):",
-            *(f"  {us:8.1f}  {step}" for step, us in t["steps_us"].items())]
+            *(f"  {t['steps_us'][step]:8.1f}  {step}" for step in _ORDER if step in t["steps_us"])]
 
 
 def main(argv: list[str] | None = None) -> int:
