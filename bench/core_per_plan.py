@@ -18,14 +18,15 @@ instruction count hardly moves with machine load, so it is the signal to compare
     python bench/core_per_plan.py --side client [--compare PATH]  # the client SDK's per-plan path
     python bench/core_per_plan.py --side worker [--compare PATH]  # the worker agent's per-plan path
 
-``--side client``: a real ``fleetwire.Client`` without a socket: ``submit_many`` of N echo plans in batches
-(the caller's ids), the session's writer encoding its frames, then the coordinator's frames fed to the
-session as its reader would (per plan: ``accepted``, ``queued``, ``leased``; then ``running``, ``echo``,
-``succeeded``, encoded beforehand) and every plan's ``result()`` awaited. ``--side worker``: a real
-``worker_agent.Agent`` without a socket: frames of ``assign`` decoded and dispatched as its reader does, the
-plans run by the built-in ``echo`` on its loop, the outbox encoded into frames and acked as its writer and the
-coordinator do. For these two the frames made beforehand (and the client or agent built) are measured apart
-(``--setup-only``) and taken off, so the figure is the SDK's or the agent's own instructions per plan.
+``--side client``: a real ``fleetwire.Client`` without a socket (the collector as a user's process has
+it): ``submit_many`` of N echo plans in batches (the caller's ids), the session's writer encoding its frames,
+then the coordinator's frames fed to the session as its reader would (per plan: ``accepted``, ``queued``,
+``leased``; then ``running``, ``echo``, ``succeeded``, encoded beforehand) and every plan's ``result()``
+awaited. ``--side worker``: a real ``worker_agent.Agent`` without a socket (the collector tuned as the
+worker daemon tunes it): frames of ``assign`` decoded and dispatched as its reader does, the plans run by
+the built-in ``echo`` on its loop, the outbox encoded into frames and acked as its writer and the
+coordinator do. For these two the frames made beforehand (and the client or agent built) are measured
+apart (``--setup-only``) and taken off, so the figure is the SDK's or the agent's own instructions per plan.
 
 One client holds every plan of a run unfinished at once, so the core's per-client limits
 (``max_plans_per_client``, 10,000 by default; ``max_bytes_per_client``) are lifted where the tree
@@ -200,6 +201,8 @@ def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
         if setup_only:
             return 0.0
         gc.collect()
+        gc.freeze()  # the worker daemon's collector settings, as for the core (fleetwire/cli/serve.py)
+        gc.set_threshold(50_000, 20, 100)
         t0 = time.process_time()
         for frame in frames:
             for msg in codec.decode(frame):  # the reader
@@ -211,9 +214,11 @@ def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
                                                                max_frame_bytes):
                     outbox.sent(msgs)
             agent._dispatch(Ack(seq=send_queue._seq))  # the coordinator's ack
+        spent = time.process_time() - t0
+        gc.unfreeze()
         if outbox.unacked:
             raise RuntimeError(f"{outbox.unacked} messages left unacked")
-        return time.process_time() - t0
+        return spent
 
     return asyncio.run(main())
 
