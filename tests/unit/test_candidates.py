@@ -34,7 +34,7 @@ place_prefix = st.tuples(
 bounded_ops = st.one_of(ops, place_prefix, place_prefix)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)  # was 300: at 100 each of three planted placement bugs still failed it
 @given(
     candidates=st.integers(1, 4),
     prefetch=st.integers(0, 1),
@@ -54,7 +54,7 @@ def test_bounded_choice_equals_brute_force(
             model.place(policy, 40, False, False, False, prefix)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=70, deadline=None)
 @given(
     candidates=st.integers(1, 4),
     bound=st.sampled_from([0.0, 0.1, 0.5]),
@@ -74,7 +74,7 @@ def test_kv_load_bound_choice_equals_brute_force(
         model.place("kv_aware", 40, False, False, False, prefix)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(
     candidates=st.sampled_from([0, len(WORKERS), 64]),
     prefetch=st.integers(0, 1),
