@@ -202,7 +202,7 @@ class Reply:
                 chunk = self._prefix + _ENCODE(text) + self._suffix
                 if self.state == "streaming":  # the hot path: one chunk more
                     self.chunks += 1
-                    return Out(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    return Out(format_chunk(chunk))
                 return self._stream(chunk)
             case "delta":
                 return self._delta(data)
