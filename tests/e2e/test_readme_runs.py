@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import WORKER_TOKEN, Cluster, Proc
-from tests.unit.test_readme import python_blocks
+from tests.unit.test_readme import ROOT, python_blocks
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -61,3 +64,31 @@ async def test_readme_worker_blocks_serve_plans(cluster: Cluster, tmp_path: Path
     client = await run_block(cluster, block("Client()", '"segment"'), tmp_path, "readme_data_client")
     assert await client.wait(60) == 0, client.lines
     assert (tmp_path / "mask.png").read_bytes() == image[::-1]
+
+
+def shell_block(*needles: str) -> str:
+    """The one README block without a language that contains every needle (a shell transcript)."""
+    text = (ROOT / "README.md").read_text()
+    found = [m.group(1) for m in re.finditer(r"^```\n(.*?)^```$", text, re.S | re.M) if all(n in m.group(1) for n in needles)]
+    assert len(found) == 1, f"{len(found)} README shell blocks contain {needles}"
+    return found[0]
+
+
+async def test_readme_pipeline_blocks_run(cluster: Cluster, tmp_path: Path) -> None:
+    """The README's pipeline blocks run as written: the Python one prints the sum of the first plan's numbers, the
+    shell one (submit --detach, --input x=plan:ID/NAME --follow, cancel --with-dependants) ends with status 0."""
+    if shutil.which("jq") is None:
+        pytest.skip("the README's shell pipeline reads the plan id with jq")
+    await cluster.coordinator()
+    await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0")
+    client = await run_block(cluster, block("Client()", ".ref("), tmp_path, "readme_pipeline")
+    assert await client.wait(90) == 0, client.lines
+    assert client.lines == ["500500"], client.lines
+    env = cluster.env(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    script = "set -euo pipefail\n" + shell_block("plan:$A/n")
+    shell = await asyncio.create_subprocess_exec("bash", "-c", script, stdout=asyncio.subprocess.PIPE, env=env,
+                                                 cwd=tmp_path)  # fmt: skip
+    p = Proc(shell, "readme_pipeline_shell")
+    cluster.procs.append(p)
+    assert await p.wait(90) == 0, "\n".join(p.lines)
+    assert p.lines[-1] == "500500", p.lines
