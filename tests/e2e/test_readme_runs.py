@@ -69,14 +69,15 @@ async def test_readme_worker_blocks_serve_plans(cluster: Cluster, tmp_path: Path
 def shell_block(*needles: str) -> str:
     """The one README block without a language that contains every needle (a shell transcript)."""
     text = (ROOT / "README.md").read_text()
-    found = [m.group(1) for m in re.finditer(r"^```\n(.*?)^```$", text, re.S | re.M) if all(n in m.group(1) for n in needles)]
+    blocks = [m.group(1) for m in re.finditer(r"^```\n(.*?)^```$", text, re.S | re.M)]
+    found = [code for code in blocks if all(n in code for n in needles)]
     assert len(found) == 1, f"{len(found)} README shell blocks contain {needles}"
     return found[0]
 
 
 async def test_readme_pipeline_blocks_run(cluster: Cluster, tmp_path: Path) -> None:
     """The README's pipeline blocks run as written: the Python one prints the sum of the first plan's numbers, the
-    shell one (submit --detach, --input x=plan:ID/NAME --follow, cancel --with-dependants) ends with status 0."""
+    shell one (submit --detach, --input x=plan:ID/NAME, output) prints it too and ends with status 0."""
     if shutil.which("jq") is None:
         pytest.skip("the README's shell pipeline reads the plan id with jq")
     await cluster.coordinator()
