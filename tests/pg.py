@@ -146,9 +146,14 @@ class PostgresServer:
         return result.stdout.strip()
 
     def stop(self) -> None:
-        """Stop the server (fast shutdown) and delete its files."""
+        """Stop the server at once and delete its files.
+
+        ``-m immediate``: no shutdown checkpoint. A fast shutdown's checkpoint wrote and fsynced every
+        file of every test database (the session's server: 8,885 files, 27 s on a loaded machine, and
+        the rmtree after it 34 s more) only for them to be deleted.
+        """
         with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
-            self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+            self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
 
     def dsn(self, database: str = "postgres") -> str:
