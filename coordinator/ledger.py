@@ -112,8 +112,14 @@ class UsageLedger:
         self._dirty: set[tuple[int, str, str]] = set()
         self._deleted: list[tuple[int, str, str]] = []  # keys folded into hour 0 since the last take_dirty
         self._oldest = 0  # the oldest hour kept apart (0: none yet)
+        # The row used last, already marked dirty: a plan's lease end and its outcome come one after the other,
+        # and a busy principal's plans end in runs, so most calls find it. (principal, team, hour from, to, row)
+        self._last: tuple[str, str, float, float, Totals] | None = None
 
     def _row(self, principal: str, team: str, wall_s: float) -> Totals:
+        last = self._last
+        if last is not None and last[0] == principal and last[1] == team and last[2] <= wall_s < last[3]:
+            return last[4]
         hour = int(wall_s // BUCKET_S) * BUCKET_S
         key = (hour, principal, team)
         row = self._rows.get(key)
@@ -122,6 +128,7 @@ class UsageLedger:
             if self._oldest == 0 or hour < self._oldest:
                 self._oldest = hour
         self._dirty.add(key)
+        self._last = (principal, team, hour, hour + BUCKET_S, row)
         return row
 
     def lease_ended(
@@ -129,7 +136,11 @@ class UsageLedger:
         receipt: Receipt | None = None, wall_s: float,
     ) -> None:
         """A lease of the principal's plan ended after ``run_s`` seconds holding ``slots`` and ``gpus``."""
-        row = self._row(principal, team, wall_s)
+        last = self._last  # _row's first test, inlined: this runs at every lease's end
+        if last is not None and last[0] == principal and last[1] == team and last[2] <= wall_s < last[3]:
+            row = last[4]
+        else:
+            row = self._row(principal, team, wall_s)
         if not 0 <= run_s < math.inf:  # _figure, inlined: this runs at every lease's end
             run_s = 0.0
         row.slot_s += run_s * slots
@@ -153,7 +164,11 @@ class UsageLedger:
 
     def plan_ended(self, principal: str, team: str, outcome: Outcome, *, wall_s: float) -> None:
         """A plan of the principal reached its final state."""
-        row = self._row(principal, team, wall_s)
+        last = self._last  # as in lease_ended: at every plan's end
+        if last is not None and last[0] == principal and last[1] == team and last[2] <= wall_s < last[3]:
+            row = last[4]
+        else:
+            row = self._row(principal, team, wall_s)
         if outcome == "succeeded":
             row.succeeded += 1
         elif outcome == "failed":
@@ -193,6 +208,7 @@ class UsageLedger:
         if self._oldest == 0 or self._oldest >= limit:
             return 0
         old = [key for key in self._rows if 0 < key[0] < limit]
+        self._last = None  # its row may be folded away
         for key in old:
             row = self._rows.pop(key)
             self._dirty.discard(key)
@@ -212,10 +228,12 @@ class UsageLedger:
                 for k in sorted(self._dirty)]
         deleted, self._deleted = self._deleted, []
         self._dirty.clear()
+        self._last = None  # no longer marked dirty
         return rows, deleted
 
     def restore(self, rows: Iterable[UsageRow]) -> None:
         """Load stored rows (at start, before any usage is added)."""
+        self._last = None  # a restored row may replace it
         for row in rows:
             key = (row.hour_s, row.principal, row.team)
             self._rows[key] = row.totals

@@ -218,10 +218,8 @@ class Sharing:
         else:
             demand = _SLOT if plan.gpus is None else demand_of(plan)
         owner = plan.owner
-        shares = self._shares
-        team = shares.teams_book.team_of(owner)
+        team = self._shares.started(owner, demand, now)  # FairQueue.started, without its two hops
         self._leases[plan_id] = (owner, team, demand, now, plan.preemptible)
-        shares.started(owner, demand, now)  # FairQueue.started, without its two hops
         if self._waiting:
             self.preemptor.placed(plan_id)  # a waiting plan a preemption was under way for is placed
         if plan.preemptible:

@@ -91,8 +91,11 @@ class FairOrder:
         self._entries: dict[str, tuple[Signature, int]] = {}  # queued plan id -> (its group, its live token)
         self._parts: dict[Signature, _FairPart] = {}
         self._owners: dict[str, tuple[str, str]] = {}  # queued plan id -> (its principal, its team when pushed)
-        self._team_groups: dict[str, set[Signature]] = {}  # team -> groups it waits in
-        self._principal_groups: dict[str, set[Signature]] = {}  # principal -> groups it waits in
+        # team -> the groups it waits in, with their parts; principal -> the groups it waits in, with its team's
+        # part there (a lease's end visits them without hashing a signature: coordinator/placement/plan_queue.py)
+        self._team_groups: dict[str, dict[Signature, _FairPart]] = {}
+        self._principal_groups: dict[str, dict[Signature, _TeamPart]] = {}
+        self._heaps = 0  # groups whose teams, and team parts whose principals, are kept in a heap (``indexed``)
 
     # ------------------------------------------------------------------ queue
 
@@ -112,12 +115,12 @@ class FairOrder:
         member = part.members.get(team)
         if member is None:
             member = part.members[team] = _TeamPart()
-            self._team_groups.setdefault(team, set()).add(signature)
+            self._team_groups.setdefault(team, {})[signature] = part
             self._push_team(part, member, team, signature)
         if owner not in member.counts:
             member.counts[owner] = 0
             member.plans[owner] = []
-            self._principal_groups.setdefault(owner, set()).add(signature)
+            self._principal_groups.setdefault(owner, {})[signature] = member
             self._push_principal(member, owner)
         member.count += 1
         member.counts[owner] += 1
@@ -140,13 +143,15 @@ class FairOrder:
             del member.counts[owner], member.plans[owner]
             member.pushed.pop(owner, None)
             _unindex(self._principal_groups, owner, signature)
-            if len(member.counts) < 2:
+            if len(member.counts) < 2 and member.indexed:
                 member.indexed = False
+                self._heaps -= 1
         if not member.count:
             del part.members[team]
             _unindex(self._team_groups, team, signature)
-            if len(part.members) < 2:
+            if len(part.members) < 2 and part.indexed:
                 part.indexed = False
+                self._heaps -= 1
         return True
 
     def owner_of(self, plan_id: str) -> str | None:
@@ -328,7 +333,8 @@ class FairOrder:
         """A leased plan of ``owner`` (of ``team``, when the caller knows it) let go of its lease at ``now``: its
         keys move (mostly shrink)."""
         self.shares.ended(owner, demand, now)
-        self._rekeyed(owner, team)
+        if self._heaps:  # else no heap holds a key: nothing to push (one team and one principal per group)
+            self._rekeyed(owner, team)
 
     def advance(self, now: float) -> None:
         """The driver's tick: keys are read at ``now`` (the service of running leases counted up to it)."""
@@ -363,6 +369,7 @@ class FairOrder:
         self._parts.clear()
         self._team_groups.clear()
         self._principal_groups.clear()
+        self._heaps = 0  # (every plan was discarded: no part and no heap is left)
         for plan_id, signature, token, priority, order, owner in entries:
             self.push(plan_id, signature, token, priority, order, owner)
 
@@ -400,7 +407,9 @@ class FairOrder:
         heapq.heapify(heap)
         for entry in heap:
             part.members[entry[3]].pushed[""] = entry[2]
-        part.indexed = True
+        if not part.indexed:
+            part.indexed = True
+            self._heaps += 1
 
     def _push_principal(self, member: _TeamPart, owner: str) -> None:
         """Put the principal's current key in the team part's heap (kept only from two principals on)."""
@@ -420,7 +429,9 @@ class FairOrder:
         heapq.heapify(heap)
         for entry in heap:
             member.pushed[entry[2]] = entry[1]
-        member.indexed = True
+        if not member.indexed:
+            member.indexed = True
+            self._heaps += 1
 
     def _rekeyed(self, owner: str, team: str | None = None) -> None:
         """A lease of the owner ended: push its team's and its own new keys where they wait.
@@ -433,20 +444,18 @@ class FairOrder:
         shares = self.shares
         if team is None:
             team = shares.teams_book.team_of(owner)
-        groups = self._team_groups.get(team)
-        if groups:  # both accounts exist: the lease that ended was counted on them
+        parts = self._team_groups.get(team)
+        if parts:  # both accounts exist: the lease that ended was counted on them
             version = shares.team_accounts[team].version
-            for signature in groups:
-                part = self._parts[signature]
-                member = part.members[team]
-                if part.indexed and member.pushed[""] != version:
-                    self._push_team(part, member, team, signature)
-        groups = self._principal_groups.get(owner)
-        if groups:
+            for signature, part in parts.items():
+                if part.indexed:  # else one team waits there: no heap (the usual case)
+                    member = part.members[team]
+                    if member.pushed[""] != version:
+                        self._push_team(part, member, team, signature)
+        members = self._principal_groups.get(owner)
+        if members:
             version = shares.principal_accounts[owner].version
-            for signature in groups:
-                part = self._parts[signature]
-                member = part.members[team]
+            for member in members.values():
                 if member.indexed and member.pushed[owner] != version:
                     self._push_principal(member, owner)
 
@@ -470,10 +479,10 @@ def _need(signature: Signature) -> Demand:
     return Demand(0.0 if gpus is None else (SHARE_NEED if gpus.shared else float(gpus.count)), 1.0, 0.0)
 
 
-def _unindex(index: dict[str, set[Signature]], name: str, signature: Signature) -> None:
+def _unindex(index: dict[str, dict[Signature, Any]], name: str, signature: Signature) -> None:
     groups = index.get(name)
     if groups is not None:
-        groups.discard(signature)
+        groups.pop(signature, None)
         if not groups:
             del index[name]
 

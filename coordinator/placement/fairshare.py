@@ -146,35 +146,8 @@ class Account:
         self.since = now
 
     def holds(self, demand: Demand, sign: int, now: float) -> None:
-        """It holds one more (``sign`` 1) or one less (-1) lease of ``demand`` from ``now`` on.
-
-        :meth:`fold` and :meth:`rerate` inlined: this runs twice at every lease's start and end.
-        """
-        rate = self.rate
-        if rate:
-            self.service += rate * (now - self.since)
-        self.since = now
-        gpus, slots, kv_blocks = demand
-        if sign > 0:
-            gpus += self.gpus
-            slots += self.slots
-            kv_blocks += self.kv_blocks
-        else:  # every end follows its start (the caller's rule): usage never goes below 0
-            gpus = self.gpus - gpus
-            slots = self.slots - slots
-            kv_blocks = self.kv_blocks - kv_blocks
-        self.gpus, self.slots, self.kv_blocks = gpus, slots, kv_blocks
-        self.running += sign
-        total_gpus, total_slots, total_kv = self._fleet.capacity
-        if total_gpus > 0:  # _share, inlined
-            gpus /= total_gpus
-        if total_slots > 0:
-            slots /= total_slots
-        if total_kv > 0:
-            kv_blocks /= total_kv
-        top = gpus if gpus > slots else slots
-        self.rate = (top if top > kv_blocks else kv_blocks) / self.weight
-        self.version += 1
+        """It holds one more (``sign`` 1) or one less (-1) lease of ``demand`` from ``now`` on."""
+        _hold((self,), demand, sign, now)
 
     def rerate(self) -> None:
         """Work the rate out again (usage, capacity or weight changed); the key moves."""
@@ -184,6 +157,41 @@ class Account:
             _share(self.kv_blocks, capacity.kv_blocks),
         ) / self.weight
         self.version += 1
+
+
+def _hold(accounts: tuple[Account, ...], demand: Demand, sign: int, now: float) -> None:
+    """Each of ``accounts`` holds one more (``sign`` 1) or one less (-1) lease of ``demand`` from ``now`` on.
+
+    :meth:`Account.fold` and :meth:`Account.rerate` inlined, for a team's and its principal's accounts in
+    one call: this runs at every lease's start and end. Every end follows its start (the caller's rule):
+    usage never goes below 0.
+    """
+    gpus_d, slots_d, kv_d = demand
+    if sign < 0:
+        gpus_d, slots_d, kv_d = -gpus_d, -slots_d, -kv_d
+    total_gpus, total_slots, total_kv = accounts[0]._fleet.capacity
+    plain = not gpus_d and not kv_d  # a slot only: the usual lease
+    for account in accounts:
+        rate = account.rate
+        if rate:
+            account.service += rate * (now - account.since)
+        account.since = now
+        account.running += sign
+        account.version += 1
+        slots = account.slots = account.slots + slots_d
+        if total_slots > 0:  # _share, inlined
+            slots /= total_slots
+        if plain and not account.gpus and not account.kv_blocks:  # no other resource: slots are the dominant one
+            account.rate = slots / account.weight
+            continue
+        gpus = account.gpus = account.gpus + gpus_d
+        kv_blocks = account.kv_blocks = account.kv_blocks + kv_d
+        if total_gpus > 0:
+            gpus /= total_gpus
+        if total_kv > 0:
+            kv_blocks /= total_kv
+        top = gpus if gpus > slots else slots
+        account.rate = (top if top > kv_blocks else kv_blocks) / account.weight
 
 
 class _Level:
@@ -299,21 +307,25 @@ class ShareBook:
         if not (owner.active and owner.waiting + owner.running > 0):  # else both stay active: the usual case
             self._activity(owner, group, principal, 0)
 
-    def started(self, principal: str, demand: Demand, now: float) -> None:
-        """A plan of the principal was leased at ``now``: its team and it hold ``demand`` until :meth:`ended`."""
+    def started(self, principal: str, demand: Demand, now: float) -> str:
+        """A plan of the principal was leased at ``now``: its team and it hold ``demand`` until :meth:`ended`.
+
+        Returns:
+            the principal's team (the caller need not ask the team book again).
+        """
         owner = self.principal_accounts.get(principal) or self.principal_account(principal)
-        group = self.team_accounts.get(owner.scope) or self.team_account(owner.scope)
+        team = owner.scope
+        group = self.team_accounts.get(team) or self.team_account(team)
         if not owner.active:
             self._activity(owner, group, principal, 1)  # before the lease is counted: it reads the running count
-        group.holds(demand, 1, now)
-        owner.holds(demand, 1, now)
+        _hold((group, owner), demand, 1, now)
+        return team
 
     def ended(self, principal: str, demand: Demand, now: float) -> None:
         """A plan of the principal that held ``demand`` let go of its lease at ``now``."""
         owner = self.principal_accounts.get(principal) or self.principal_account(principal)
         group = self.team_accounts.get(owner.scope) or self.team_account(owner.scope)
-        group.holds(demand, -1, now)
-        owner.holds(demand, -1, now)
+        _hold((group, owner), demand, -1, now)
         if owner.waiting + owner.running == 0:
             self._activity(owner, group, principal, 0)
 

@@ -132,6 +132,20 @@ def test_dominant_resource_counts_gpus_against_cpu_slots() -> None:
     assert fleet.started == ["g1", "c1", "c2", "c3", "g2"]
 
 
+def test_a_cpu_plan_of_a_team_holding_gpus_leaves_its_gpu_share_dominant() -> None:
+    """A team's rate stays its GPU share while a CPU-only plan of it starts and ends (DRF over all it holds)."""
+    queue = FairQueue(capacity=Capacity(4.0, 100.0, 0.0))
+    team = queue.shares.team_account("ml")
+    queue.started("ml", Demand(2.0, 1.0, 0.0), 0.0)  # half the GPUs, one slot in a hundred
+    assert team.rate == 0.5
+    queue.started("ml", Demand(0.0, 1.0, 0.0), 1.0)  # a slot only
+    assert team.rate == 0.5 and team.slots == 2.0
+    queue.ended("ml", Demand(0.0, 1.0, 0.0), 2.0)
+    assert team.rate == 0.5 and team.slots == 1.0
+    queue.ended("ml", Demand(2.0, 1.0, 0.0), 3.0)
+    assert team.rate == 0.0 and team.gpus == 0.0 and team.service == 1.5  # 0.5 for 3 s
+
+
 def test_principals_share_their_team_by_their_weights() -> None:
     """Within a team, principals of weight 1 and 3 split its slots 1:3."""
     teams = TeamBook([], {"x": Member("t", 1.0), "y": Member("t", 3.0)})

@@ -94,3 +94,32 @@ def test_a_peers_impossible_figures_count_as_nothing() -> None:
     ledger.lease_ended("alice", "t", run_s=-3.0, receipt=bad, wall_s=T0)
     ledger.lease_ended("alice", "t", run_s=math.nan, wall_s=T0)
     assert ledger.totals()["alice"] == Totals()
+
+
+def test_a_row_changed_again_after_it_was_taken_is_taken_again() -> None:
+    """take_dirty hands back a row each time it changed since the last call, even one changed by the very next call."""
+    ledger = UsageLedger()
+    ledger.lease_ended("alice", "t", run_s=1.0, wall_s=T0)
+    assert [r.totals.slot_s for r in ledger.take_dirty()[0]] == [1.0]
+    ledger.plan_ended("alice", "t", "succeeded", wall_s=T0)
+    rows, _ = ledger.take_dirty()
+    assert [(r.principal, r.totals.succeeded, r.totals.slot_s) for r in rows] == [("alice", 1, 1.0)]
+
+
+def test_usage_in_the_next_hour_goes_to_that_hours_row() -> None:
+    """Two calls in a row for one principal and team but in two hours make two rows."""
+    ledger = UsageLedger()
+    ledger.lease_ended("alice", "t", run_s=1.0, wall_s=T0)
+    ledger.lease_ended("alice", "t", run_s=2.0, wall_s=T0 + BUCKET_S)
+    rows, _ = ledger.take_dirty()
+    assert [r.totals.slot_s for r in rows] == [1.0, 2.0]
+    assert ledger.totals(since_s=T0 + BUCKET_S)["alice"].slot_s == 2.0
+
+
+def test_usage_of_a_folded_hour_that_comes_late_is_still_counted() -> None:
+    """A lease that ends in an hour already folded into hour 0 adds to the totals (its row is made again)."""
+    ledger = UsageLedger(keep_hours=1)
+    ledger.lease_ended("alice", "t", run_s=1.0, wall_s=T0)
+    assert ledger.fold(T0 + 3 * BUCKET_S) == 1
+    ledger.lease_ended("alice", "t", run_s=2.0, wall_s=T0)  # the same hour as the row just folded away
+    assert ledger.totals()["alice"].slot_s == 3.0
