@@ -276,7 +276,7 @@ async def test_emit_refuses_reserved_kinds_and_unencodable_data() -> None:
     ctx, sink = make_ctx()
     with pytest.raises(ValueError, match="reserved"):
         ctx.emit("succeeded", {})
-    with pytest.raises(TypeError, match="^data of event 'token' is not msgpack-encodable"):
+    with pytest.raises(TypeError, match=r"^data of event 'token' is not msgpack-encodable"):
         ctx.emit("token", {"x": object()})
     with pytest.raises(ValueError, match=r"^data of event 'big' is \d+ bytes encoded; the limit is"):
         ctx.emit("big", b"x" * (ctx.max_payload_bytes + 1))
