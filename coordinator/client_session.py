@@ -53,6 +53,7 @@ from protocol.messages import (
     DataChunk,
     DataCredit,
     DataEnd,
+    DataGrant,
     DataOpen,
     DataTicket,
     DrainWorker,
@@ -180,7 +181,12 @@ class ClientSessions:
             case DataTicket():
                 plan = self._visible_plan(s, msg.plan_id, msg.req_id)
                 if plan is not None and self._data is not None:
-                    self._data.answer(s.conn_id, plan, msg.direction, msg.req_id, now, shown=msg.plan_id)
+                    source: Plan | None = plan
+                    if msg.output and msg.direction == "get" and plan.state == "succeeded":
+                        source = self._lineage_source(s, msg, plan, now)  # a rebuild's grant names the rebuild
+                    if source is not None:
+                        shown = msg.plan_id if source is plan else None
+                        self._data.answer(s.conn_id, source, msg.direction, msg.req_id, now, shown=shown)
             case DataOpen():
                 if self._relay is not None:
                     self._relay.open(s, msg, self._find(s, msg.plan_id))
@@ -364,6 +370,26 @@ class ClientSessions:
     def _find(self, s: Session, plan_id: str) -> Plan | None:
         """The plan ``plan_id`` names for this session (an admin's: the key), or None."""
         return self._state.plans.get(plan_id) if s.admin else self._own(s.principal, plan_id)
+
+    def _lineage_source(self, s: Session, msg: DataTicket, plan: Plan, now: float) -> Plan | None:
+        """The plan holding a copy of ``msg.output`` of succeeded ``plan`` (itself, or a rebuild of it); None when
+        answered here: a rebuild is making it again (a grant naming it, without a ticket), or it is lost for good
+        (``output_lost``). docs/SEMANTICS.md §Graphs, coordinator/plan_graphs.py ``output_source``."""
+        graphs = self._scheduler.graphs
+        if graphs is None or not any(spec.name == msg.output for spec in plan.produced):
+            return plan
+        failed = self._find(s, msg.lost) if msg.lost else None
+        source = graphs.output_source(plan, msg.output, failed.id if failed is not None else "", now)
+        if isinstance(source, Plan):
+            return source
+        if isinstance(source, str):
+            self._outbox.send(s.conn_id, DataGrant(
+                req_id=msg.req_id, plan_id=msg.plan_id, attempt=plan.attempt, worker_id="", url="", ticket="",
+                rebuilding=graphs.name_of(source)))  # fmt: skip
+            return None
+        self._outbox.send(s.conn_id, Error(code=source.code, message=source.message, req_id=msg.req_id,
+                                           plan_id=msg.plan_id))  # fmt: skip
+        return None
 
     def _visible_plan(self, s: Session, plan_id: str, req_id: int) -> Plan | None:
         """The plan ``plan_id`` names for this session; otherwise answer plan_not_found.

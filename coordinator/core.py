@@ -378,6 +378,7 @@ class Coordinator:
         from ``now``, for their worker to reconnect and claim them.
         """
         self.sharing.now = now
+        self.graphs.restored_at = now  # a holder not back yet is not taken as gone for a heartbeat timeout
         queued = self.recovery.restore(stored, now)
         finished: list[Plan] = []
         for plan in self.plans.values():  # restored unfinished plans count against their owner's quota

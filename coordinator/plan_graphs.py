@@ -91,6 +91,8 @@ class PlanGraphs:
         """Consumer key -> (the busy holder it waits for, until when, the core's clock)."""
         self._ready_at: dict[str, float] = {}  # a ready consumer's first try at placement (its wait's start)
         self._dooming: set[str] = set()
+        self.restored_at: float | None = None
+        """When the core loaded a store's plans (``Core.restore``): workers are still coming back for a while."""
         state.counters.update(dict.fromkeys(GRAPH_COUNTERS, 0))
         scheduler.graphs = self  # asked before a graphed plan is queued, placed or assigned (graphs/hooks.py)
 
@@ -275,6 +277,41 @@ class PlanGraphs:
         self._state.counters["outputs_lost"] += 1
         self.graph.lineage.mark_lost(source, output)
         return True
+
+    # ------------------------------------------------------------------ a client's fetch
+
+    def output_source(self, plan: Plan, output: str, lost: str, now: float) -> Plan | str | ErrorInfo:
+        """Where a client fetches output ``output`` of succeeded plan ``plan`` (``data_ticket.output``): the plan
+        that holds a copy (``plan`` or a rebuild of it), the key of the rebuild making it again, or why it is lost
+        for good (``output_lost``). ``lost``: the key of the plan whose copy the client could not fetch.
+
+        A copy is gone when the client could not fetch it, or when its worker is gone for good (not in the registry:
+        reaped, removed); but a worker not back yet in the first heartbeat timeout after a restart is not taken as
+        gone, whatever the client says (it may come back with its spool)."""
+        graph = self.graph
+        lineage = graph.lineage
+        origin = lineage.origin_of(plan.id)
+        copies = [origin, *lineage.rebuilds.get(origin, ())]
+        registry = self._state.registry
+        settled = self.restored_at is None or now >= self.restored_at + registry.heartbeat_timeout_s
+        failed = self._plans.get(lost) if lost in copies else None
+        if failed is not None and (settled or failed.worker_id in registry) and lineage.mark_lost(lost, output):
+            self._state.counters["outputs_lost"] += 1
+        if settled:
+            for key in copies:
+                copy = self._plans.get(key)
+                if copy is not None and copy.state == "succeeded" and copy.worker_id not in registry:
+                    lineage.mark_lost(key, output)
+        found, verdicts = graph.wanted(origin, output)
+        if verdicts:
+            self.apply(verdicts, now)
+        if found.kind == "found" and found.source is not None:
+            return self._plans[found.source.plan_id]
+        if found.kind == "rebuilding":
+            return found.key
+        why = lineage.why_not(origin) or "it is gone from every worker that made it"
+        return ErrorInfo(errors.OUTPUT_LOST, f"output {output!r} of plan {self.name_of(origin)} is lost and cannot "
+                         f"be made again: {why}", {"plan_id": self.name_of(origin), "output": output})
 
     # ------------------------------------------------------------------ assign and locality
 

@@ -75,6 +75,7 @@ from protocol.relay import (
     DEFAULT_IDLE_S,
     DEFAULT_MAX_BYTES,
     DEFAULT_WINDOW_BYTES,
+    GONE,
     MAX_CHUNK_BYTES,
     VIOLATION,
     default_shares,
@@ -231,7 +232,10 @@ class Relay:
         if problem is None:
             assert plan is not None and plan.worker_id is not None
             worker_conn = self._registry.get(plan.worker_id).conn_id if plan.worker_id in self._registry else None
-            if worker_conn is None:
+            if worker_conn is None and msg.direction == "get" and plan.worker_id not in self._registry:
+                # Reaped or removed: it is not coming back with this output (a retry would wait for nothing).
+                problem = (GONE, f"worker {plan.worker_id} of plan {msg.plan_id!r} is gone, and its outputs with it")
+            elif worker_conn is None:
                 problem = (CLOSED, f"worker {plan.worker_id} of plan {msg.plan_id!r} is not connected now")
         asked: StreamKey = (msg.plan_id, msg.attempt, msg.name, msg.direction)
         key = asked if plan is None or plan.id == msg.plan_id else (plan.id, *asked[1:])

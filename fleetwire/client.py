@@ -326,16 +326,25 @@ class Client:
         self._session.post_frame(frame)
         self._outbox_ready.set()
 
-    async def data_ticket(self, plan_id: str, direction: Literal["put", "get"] = "get") -> Grant:
+    async def data_ticket(
+        self, plan_id: str, direction: Literal["put", "get"] = "get", *, output: str = "", lost: str = ""
+    ) -> Grant:
         """Where a plan's bytes are and a fresh ticket to them (``get``: outputs, ``put``: inputs).
+
+        ``output``: a ``get`` for that output of a succeeded plan, following its lineage: the grant may be to a
+        rebuild of the plan, or name one making it again (``Grant.rebuilding``, no ticket). ``lost``: the
+        ``plan_id`` of a grant the output could not be fetched with (docs/SEMANTICS.md §Graphs).
 
         Raises:
             PlanNotFound: no such plan visible to this session.
             InvalidArgument: the plan has not been placed yet, or takes no inputs.
+            FleetwireError: ``output_lost``: the output is gone and cannot be made again.
         """
-        msg = DataTicket(req_id=self._session.next_req_id(), plan_id=plan_id, direction=direction)
+        msg = DataTicket(req_id=self._session.next_req_id(), plan_id=plan_id, direction=direction, output=output,
+                         lost=lost)  # fmt: skip
         reply: DataGrant = await self._request(msg, DataGrant)
-        return Grant.from_reply(reply, functools.partial(self.data_ticket, plan_id, direction))  # a fresh one on 401
+        refresh = functools.partial(self.data_ticket, plan_id, direction, output=output)  # a fresh one on 401
+        return Grant.from_reply(reply, refresh)
 
     async def __aenter__(self) -> Client:
         return await self.connect()
@@ -406,7 +415,8 @@ class Client:
             after: plans (or their ids) that must succeed before this one is placed; if one fails or
                 is cancelled, this one fails ``upstream_failed`` (docs/SEMANTICS.md §Graphs).
             deterministic: running the plan again gives the same outputs, so an output of it that
-                another plan needs and that was lost may be made again by running it again.
+                another plan needs, or that ``plan.output()`` fetches, and that was lost may be made
+                again by running it again.
             preemptible: the plan may be stopped so that another team's plan (or a higher-priority plan
                 of yours) can run: its handler sees ``ctx.preempted`` (its processes get SIGTERM) and has
                 the coordinator's grace to checkpoint; it is then queued again without using an attempt

@@ -126,6 +126,10 @@ class Grant:
     """Asks the coordinator for a fresh grant of the same direction (``Client.data_ticket``); None: no way to."""
     key: str = ""
     """The plan's key on the worker when it is not ``plan_id`` (docs/PROTOCOL.md §5 *Plan ids*): the URL names it."""
+    rebuilding: str = ""
+    """A plan making the output asked for again, its copies being lost (``data_grant.rebuilding``): no ticket then."""
+    digests: tuple[tuple[str, str], ...] = ()
+    """(name, digest) of the files the ticket covers, as the grant says (``data_grant.files``)."""
 
     @classmethod
     def from_event(cls, event: Event, refresh: Callable[[], Awaitable[Grant]] | None = None) -> Grant:
@@ -135,7 +139,10 @@ class Grant:
 
     @classmethod
     def from_reply(cls, reply: DataGrant, refresh: Callable[[], Awaitable[Grant]] | None = None) -> Grant:
-        return cls(reply.plan_id, reply.attempt, reply.url, reply.ticket, reply.ticket, refresh, reply.key)
+        digests = tuple((name, claim[1]) for name, claim in reply.files.items()
+                        if len(claim) >= 2 and isinstance(claim[1], str) and claim[1])  # fmt: skip
+        return cls(reply.plan_id, reply.attempt, reply.url, reply.ticket, reply.ticket, refresh, reply.key,
+                   reply.rebuilding, digests)
 
     async def renewed(self, what: str, refused: DataTransferError) -> Grant:
         """A fresh ticket to the same attempt's bytes, after ``refused`` (a 401: its key is gone).

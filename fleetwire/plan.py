@@ -9,6 +9,8 @@ fixes the outcome. The handle adds the waiting: ``events()`` and ``result()`` sl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,16 +19,22 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from fleetwire.data import DataTransferError, Grant, OutputCheck, Transport, Uploads
+from fleetwire.data import DataTransferError, Grant, OutputCheck, OutputMismatch, Transport, Uploads
 from fleetwire.direct import fetch_to
-from fleetwire.relay import AutoTransport, RelayTransport
+from fleetwire.errors import PlanError, RequestError
+from fleetwire.relay import AutoTransport, OutputGone, RelayTransport
 from fleetwire.stream import PlanStream
+from protocol.errors import OUTPUT_LOST
 from protocol.messages import Event, OutputRef, PlanInfo, PlanStateName, Receipt
 from protocol.relay import RESULT_OUTPUT
 
 __all__ = ["Plan", "PlanCanceller"]
 
 READY_GRANT_MARGIN_S = 60.0  # a data_ready get ticket this close to its expiry is not used: a fresh one is asked for
+LINEAGE_TRIES = 5  # grants asked for one output: a refused or gone copy, then each rebuild (at most 3) waited for
+GONE_STATUS = 404  # a copy that is gone (the direct path's 404, the relay's output_gone)
+
+log = logging.getLogger("fleetwire.data")
 
 
 class PlanCanceller(Protocol):
@@ -37,8 +45,14 @@ class PlanCanceller(Protocol):
         """Cancel the plan (and the plans that use its outputs or run after it); its record after the cancel."""
         ...
 
-    async def data_ticket(self, plan_id: str, direction: Literal["put", "get"] = "get") -> Grant:
-        """Where the plan's bytes are, with a fresh ticket."""
+    async def data_ticket(
+        self, plan_id: str, direction: Literal["put", "get"] = "get", *, output: str = "", lost: str = ""
+    ) -> Grant:
+        """Where the plan's bytes are, with a fresh ticket (``output``, ``lost``: follow its lineage)."""
+        ...
+
+    async def watch(self, plan_id: str, *, from_seq: int = 0) -> Plan:
+        """Subscribe to a plan (a rebuild making a lost output again)."""
         ...
 
     @property
@@ -219,15 +233,24 @@ class Plan:
         one the worker reported raises :class:`~fleetwire.data.OutputMismatch` (the chunks already
         yielded are not to be trusted then).
 
+        An output whose copies are gone (its worker died, or dropped it) is made again when its plan can be
+        run again (docs/SEMANTICS.md §Graphs): this waits for that rebuild and yields its bytes.
+
         Raises:
             PlanFailed, PlanCancelled: the plan did not succeed.
-            DataTransferError: the worker no longer has it (expired, or the worker died), or it is unreachable.
+            OutputGone: the output is gone and cannot be made again (``output_lost``: the message says why).
+            DataTransferError: its worker cannot be reached now.
             OutputMismatch: the bytes do not have the reported digest.
         """
         await self._outcome()
         check = self._output_check(name)
-        grant = self._ready_grant(name)
-        if grant is not None:
+        grant: Grant | None = self._ready_grant(name)
+        gone: _Gone | None = None
+        for _ in range(LINEAGE_TRIES):
+            fresh = grant is None  # a fresh grant refused (401, 403) is not asked for again
+            if grant is None:
+                grant = await self._lineage_grant(name, gone)
+                check = self._check_for(grant, name, check)
             yielded = False
             try:
                 async for chunk in self._transport().download(grant, name):
@@ -237,13 +260,12 @@ class Plan:
                 check.verify()
                 return
             except DataTransferError as exc:
-                if exc.status not in (401, 403) or yielded:  # refused from the request's head: ask for a ticket
+                # Refused from the request's head (401, 403: a fresh ticket) or gone (404: another copy).
+                if exc.status not in (401, 403, GONE_STATUS) or yielded or (exc.status != GONE_STATUS and fresh):
                     raise
-        grant = await self._client.data_ticket(self.id, "get")
-        async for chunk in self._transport().download(grant, name):
-            check.update(chunk)
-            yield chunk
-        check.verify()
+                gone = _Gone(grant.plan_id, exc) if exc.status == GONE_STATUS else None
+                grant = None
+        raise gone or OutputGone(f"output {name!r} of plan {self.id}: no copy after {LINEAGE_TRIES} tries", 404)
 
     async def output(self, name: str) -> bytes:
         """An output's bytes, whole (for small outputs; see :meth:`output_to` and :meth:`output_chunks`)."""
@@ -259,16 +281,56 @@ class Plan:
         await self._outcome()
         transport = self._transport()
         check = self._output_check(name)
-        grant = self._ready_grant(name)
-        if grant is not None:
+        grant: Grant | None = self._ready_grant(name)
+        gone: _Gone | None = None
+        for _ in range(LINEAGE_TRIES):
+            fresh = grant is None  # a fresh grant refused (401, 403) is not asked for again
+            if grant is None:
+                grant = await self._lineage_grant(name, gone)
+                check = self._check_for(grant, name, check)
             try:
                 return await self._fetch_to(transport, grant, name, path, check)
             except DataTransferError as exc:
-                if exc.status not in (401, 403):
+                if exc.status not in (401, 403, GONE_STATUS) or isinstance(exc, OutputMismatch) or (
+                        exc.status != GONE_STATUS and fresh):
                     raise
-                check.restart()
-        grant = await self._client.data_ticket(self.id, "get")
-        return await self._fetch_to(transport, grant, name, path, check)
+                gone = _Gone(grant.plan_id, exc) if exc.status == GONE_STATUS else None
+                grant = None
+        raise gone or OutputGone(f"output {name!r} of plan {self.id}: no copy after {LINEAGE_TRIES} tries", 404)
+
+    async def _lineage_grant(self, name: str, gone: _Gone | None) -> Grant:
+        """A fresh grant to a copy of output ``name``: this plan's, or a rebuild's (``data_ticket`` with ``output``;
+        ``gone``: the copy just found gone). While a rebuild makes it again, waits for that plan.
+
+        Raises:
+            OutputGone: it is gone and cannot be made again (the coordinator's ``output_lost`` says why).
+        """
+        lost = gone.plan_id if gone is not None else ""
+        for _ in range(LINEAGE_TRIES):
+            try:
+                grant = await self._client.data_ticket(self.id, "get", output=name, lost=lost)
+            except RequestError as exc:
+                if exc.code != OUTPUT_LOST:
+                    raise
+                cause = f"{gone}; and " if gone is not None else f"output {name!r}: "
+                raise OutputGone(f"{cause}{exc}", GONE_STATUS) from exc
+            if not grant.rebuilding:
+                return grant
+            log.info("fleetwire: output %r of plan %s was lost; waiting for plan %s, which makes it again",
+                     name, self.id, grant.rebuilding)
+            rebuild = await self._client.watch(grant.rebuilding)
+            with contextlib.suppress(PlanError):  # a failed rebuild: the next answer says output_lost, and why
+                await rebuild._outcome()
+            lost = ""
+        raise OutputGone(f"output {name!r} of plan {self.id}: still being made again after {LINEAGE_TRIES} tries",
+                         GONE_STATUS)
+
+    def _check_for(self, grant: Grant, name: str, check: OutputCheck) -> OutputCheck:
+        """The digest a copy's bytes must have: a rebuild's own (as its grant says), else this plan's."""
+        if grant.plan_id == self.id:
+            check.restart()
+            return check
+        return OutputCheck(name, dict(grant.digests).get(name, ""))
 
     @staticmethod
     async def _fetch_to(transport: Transport, grant: Grant, name: str, path: str | os.PathLike[str],
@@ -314,6 +376,14 @@ class Plan:
         if not isinstance(changed, asyncio.Event):
             changed = stream.waker = asyncio.Event()
         return changed
+
+
+class _Gone(OutputGone):
+    """A copy of an output found gone (404, ``output_gone``): the grant's ``plan_id`` and what was said."""
+
+    def __init__(self, plan_id: str, exc: DataTransferError) -> None:
+        super().__init__(str(exc), exc.status)
+        self.plan_id = plan_id
 
 
 class _PlanEvents(AsyncIterator[Event]):

@@ -549,6 +549,12 @@ class DataTicket(_Msg, tag="data_ticket"):
     req_id: ReqId
     plan_id: str
     direction: Literal["put", "get"] = "get"
+    # A ``get`` for one output of a succeeded plan, which follows its lineage (docs/SEMANTICS.md §Graphs): the
+    # grant may name a rebuild of the plan, or say one is under way (``data_grant.rebuilding``). "": any output.
+    output: str = ""
+    # The plan id of the grant this client could not fetch ``output`` with (its holder answered 404, or is gone):
+    # the coordinator takes that copy as lost. "": none failed.
+    lost: str = ""
 
 
 class ListWorkers(_Msg, tag="list_workers"):
@@ -703,6 +709,9 @@ class DataGrant(_Msg, tag="data_grant"):
     # The plan's key on the worker (the data endpoint's URL path, the ticket's plan), when it is not ``plan_id``:
     # its owner's id was another principal's when it came (docs/SEMANTICS.md §Plan ids). "": ``plan_id``.
     key: str = ""
+    # The plan making ``data_ticket.output`` again, when its copies were lost (docs/SEMANTICS.md §Graphs): the ticket
+    # is empty; ask again once that plan ended. "": none (the grant is to the plan that holds it).
+    rebuilding: str = ""
 
 
 class Moved(_Msg, tag="moved"):

@@ -21,7 +21,8 @@ Rules (docs/SEMANTICS.md §Graphs):
 * *Lineage.* A held consumer whose output is lost gets it rebuilt when the lineage allows
   (:meth:`Lineage.why_not`): the graph decides the rebuild's key and needs (the producer's), the core
   makes the plan. A succeeded producer is never run again unless outputs it made are lost and a
-  plan still waiting needs one; a rebuild under way is never doubled.
+  plan still waiting needs one, or a client fetching one finds it lost (:meth:`PlanGraph.wanted`);
+  a rebuild under way is never doubled.
 * *Dependants.* :meth:`PlanGraph.dependants` lists the unfinished plans that need a plan, directly
   or not, upstream first (``cancel --with-dependants``); :meth:`PlanGraph.pinned` says whether
   retention must keep a finished plan because an unfinished one still needs it.
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from coordinator.graphs.lineage import DEFAULT_MAX_REBUILDS, Lineage, Source
+from coordinator.graphs.lineage import DEFAULT_MAX_REBUILDS, Lineage, Lookup, Source
 from coordinator.graphs.needs import MAX_NEEDS, Need, PlanView
 from protocol import errors
 from protocol.messages import ErrorInfo
@@ -429,6 +430,19 @@ class PlanGraph:
         rooted = f", because plan {self.name_of(root)} did not succeed" if root != upstream else ""
         message = f"plan {self.name_of(upstream)}, {how}, {state}{cause}{rooted}"
         return Doom(plan_id, errors.UPSTREAM_FAILED, message, upstream, root)
+
+    # ------------------------------------------------------------------ a client's fetch
+
+    def wanted(self, plan_id: str, output: str) -> tuple[Lookup, Verdicts]:
+        """A client wants output ``output`` of succeeded plan ``plan_id`` (or of a rebuild of it; the caller marked
+        the copies it knows are gone): where it is now (``found``), the rebuild making it (``rebuilding``: one
+        under way, or one decided now, in the verdicts), or ``lost`` (:meth:`Lineage.why_not` says why)."""
+        origin = self.lineage.origin_of(plan_id)
+        found = self.lineage.lookup(Need(origin, output, output))
+        if found.kind == "lost" and origin in self._plans and self.lineage.why_not(origin) is None:
+            verdicts = self._lost(origin, (output,))
+            return Lookup("rebuilding", verdicts.rebuilds[0].key), verdicts
+        return found, Verdicts()
 
     # ------------------------------------------------------------------ dependants and retention
 

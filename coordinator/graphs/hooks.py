@@ -66,3 +66,12 @@ class GraphHooks(Protocol):
     def ending_together(self, plans: Iterable[Plan]) -> AbstractContextManager[None]:
         """While in it, the ends of ``plans`` doom none of them (a cancel with dependants)."""
         ...
+
+    def output_source(self, plan: Plan, output: str, lost: str, now: float) -> Plan | str | ErrorInfo:
+        """Where a client fetches an output of a succeeded plan: the plan holding a copy, the key of the rebuild
+        making it again, or why it is lost for good (``data_ticket.output``)."""
+        ...
+
+    def name_of(self, key: str) -> str:
+        """A plan as its owner knows it (its name, else its key)."""
+        ...

@@ -111,6 +111,24 @@ async def test_a_chain_survives_the_death_of_the_worker_holding_a_mid_chain_outp
         assert (await b.output("sum")).decode().strip() == digest
 
 
+async def test_a_clients_fetch_of_an_output_whose_worker_died_gets_it_made_again(cluster: Cluster) -> None:
+    """kill -9 of the worker holding A's output, which no plan needs: A's client fetching it gets the same bytes
+    from A.r1 on the other worker (A stays succeeded), not relay_closed after the relay's retries."""
+    await cluster.coordinator("--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.5",
+                              "--worker-reconnect-grace-s", "1")  # fmt: skip
+    holder = await cluster.worker("w1", *DATA)
+    async with Client(cluster.url, token=CLIENT_TOKEN) as client:
+        a = await client.submit("shell", args={"cmd": 'seq 1 100000 > "$FLEETWIRE_OUTPUT_DIR/y"'}, outputs=["y"])
+        await a.result()
+        await cluster.worker("w2", *DATA)
+        holder.stop(signal.SIGKILL)
+        data = await asyncio.wait_for(a.output("y"), 30)
+        assert data == "".join(f"{n}\n" for n in range(1, 100001)).encode()
+        listed = {p.id: p for p in (await client.plans()).plans}
+        assert sorted(key for key in listed if key.startswith(f"{a.id}.r")) == [f"{a.id}.r1"]
+        assert listed[f"{a.id}.r1"].worker_id == "w2" and listed[a.id].state == "succeeded"
+
+
 async def test_a_plan_after_a_cancelled_one_is_cancelled_with_it_from_the_cli(cluster: Cluster) -> None:
     """cancel --with-dependants cancels the plan and the plan after it; both end cancelled."""
     await cluster.coordinator()

@@ -39,9 +39,9 @@ def _count_tickets(client: Client) -> list[str]:
     asked: list[str] = []
     real = client.data_ticket
 
-    async def data_ticket(plan_id: str, direction: Any = "get") -> Grant:
+    async def data_ticket(plan_id: str, direction: Any = "get", **lineage: str) -> Grant:
         asked.append(direction)
-        return await real(plan_id, direction)
+        return await real(plan_id, direction, **lineage)
 
     client.data_ticket = data_ticket  # type: ignore[method-assign]
     return asked

@@ -14,6 +14,10 @@ from protocol.messages import (
     Accept,
     Assign,
     Cancel,
+    DataEnd,
+    DataGrant,
+    DataOpen,
+    DataTicket,
     Done,
     Error,
     ErrorInfo,
@@ -25,6 +29,7 @@ from protocol.messages import (
     Requirements,
     Submit,
 )
+from protocol.relay import CLOSED, GONE
 from tests.unit.test_core import Harness
 
 DIGEST = "blake3:" + "1" * 64
@@ -351,3 +356,95 @@ def test_after_a_restart_without_the_holder_the_consumer_finds_the_loss_by_its_f
     finish(h, w2, "a.r1", outputs={"y": 10})
     again = assign_of(h, w2)
     assert again.plan_id == "b" and again.pulls[0].plan_id == "a.r1" and h.core.plans["a"].state == "succeeded"
+
+
+def grant_of(h: Harness, conn: int) -> DataGrant:
+    found = [m for m in h.take(conn) if isinstance(m, DataGrant | Error)]
+    assert len(found) == 1 and isinstance(found[0], DataGrant), found
+    return found[0]
+
+
+def test_a_clients_fetch_of_a_lost_output_gets_it_rebuilt_then_a_grant_to_the_rebuild() -> None:
+    """A's worker is reaped: a client's data_ticket for A's output 'y' makes a.r1 and answers rebuilding=a.r1 (no
+    ticket); asked again meanwhile, no second rebuild; once a.r1 succeeded, the grant is to a.r1 on its worker."""
+    h = Harness(heartbeat_timeout_s=30.0)
+    conns = fleet(h, "w1")
+    h.core.data.rotate("k1", b"s" * 32, h.now)
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    finish(h, conns["w1"], assign_of(h, conns["w1"]).plan_id, outputs={"y": 10})
+    h.send(client, DataTicket(req_id=5, plan_id=a, output="y"))
+    assert grant_of(h, client).worker_id == "w1"  # the holder is there: no rebuild
+    h.close(conns["w1"])
+    h.tick(100.0)  # w1 is reaped: a has no dependants, its loss is found by the next fetch
+    assert "a.r1" not in h.core.plans
+    for req_id in (6, 7):
+        h.send(client, DataTicket(req_id=req_id, plan_id=a, output="y"))
+        grant = grant_of(h, client)
+        assert (grant.req_id, grant.rebuilding, grant.ticket, grant.plan_id) == (req_id, "a.r1", "", "a")
+    assert sorted(k for k in h.core.plans if k.startswith("a.r")) == ["a.r1"] and h.state(a) == "succeeded"
+    w2 = h.worker("w2")
+    finish(h, w2, assign_of(h, w2).plan_id, outputs={"y": 10})
+    h.send(client, DataTicket(req_id=8, plan_id=a, output="y"))
+    grant = grant_of(h, client)
+    assert (grant.plan_id, grant.worker_id, grant.rebuilding, grant.files) == ("a.r1", "w2", "", {"y": [10, DIGEST]})
+    assert grant.ticket.startswith("fw1.k1.")
+
+
+def test_a_copy_a_client_could_not_fetch_is_made_again_and_one_without_lineage_is_output_lost() -> None:
+    """A client that got a 404 from A's live worker names it (data_ticket.lost=a): a.r1 makes 'y' again. A producer
+    submitted deterministic=false is not run again: the fetch is answered output_lost, saying why."""
+    h = Harness()
+    conns = fleet(h, "w1", concurrency=2)
+    h.core.data.rotate("k1", b"s" * 32, h.now)
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    c = h.submit(client, plan_id="c", outputs=["y"], deterministic=False)
+    for assign in [m for m in h.take(conns["w1"]) if isinstance(m, Assign)]:
+        finish(h, conns["w1"], assign.plan_id, outputs={"y": 10})
+    h.send(client, DataTicket(req_id=5, plan_id=a, output="y", lost=a))
+    assert grant_of(h, client).rebuilding == "a.r1" and h.core.counters["outputs_lost"] == 1
+    h.send(client, DataTicket(req_id=6, plan_id=c, output="y", lost=c))
+    error = error_of(h, client)
+    assert (error.code, error.req_id) == (errors.OUTPUT_LOST, 6)
+    assert "output 'y' of plan c is lost and cannot be made again: it was submitted with deterministic=false" in (
+        error.message)
+    assert "c.r1" not in h.core.plans
+
+
+def test_in_the_first_heartbeat_timeout_after_a_restart_a_holder_not_back_yet_is_not_taken_as_gone(
+    durable: Any,
+) -> None:
+    """After a restart, A's worker has not reconnected yet: a fetch is granted to it (no rebuild) until one heartbeat
+    timeout has passed since the restart; then A's output is made again."""
+    h = durable("sqlite", heartbeat_timeout_s=30.0)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    finish(h, conns["w1"], assign_of(h, conns["w1"]).plan_id, outputs={"y": 10})
+    h.restart(50.0)
+    h.core.data.rotate("k1", b"s" * 32, h.now)
+    client = h.client()
+    h.send(client, DataTicket(req_id=5, plan_id=a, output="y"))
+    assert grant_of(h, client).worker_id == "w1" and "a.r1" not in h.core.plans
+    h.now = 81.0
+    h.send(client, DataTicket(req_id=6, plan_id=a, output="y"))
+    assert grant_of(h, client).rebuilding == "a.r1"
+
+
+def test_a_relayed_fetch_from_a_worker_gone_for_good_ends_output_gone_at_once() -> None:
+    """An output's relayed get while its worker is disconnected ends relay_closed (it may come back: the client opens
+    it again); once the worker is reaped it ends output_gone, which the client does not retry."""
+    h = Harness(heartbeat_timeout_s=30.0)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    finish(h, conns["w1"], assign_of(h, conns["w1"]).plan_id, outputs={"y": 10})
+    h.close(conns["w1"])
+    h.take(client)
+    h.send(client, DataOpen(plan_id=a, attempt=1, name="y", direction="get"))
+    assert [m.code for m in h.take(client) if isinstance(m, DataEnd)] == [CLOSED]
+    h.tick(100.0)
+    h.send(client, DataOpen(plan_id=a, attempt=1, name="y", direction="get"))
+    [end] = [m for m in h.take(client) if isinstance(m, DataEnd)]
+    assert end.code == GONE and end.message == "worker w1 of plan 'a' is gone, and its outputs with it"
