@@ -32,7 +32,9 @@ async def test_client_leaves_a_frozen_coordinator_within_its_ping_timeout() -> N
         frozen.set()
         await done.wait()
 
-    async with serve(handler, "127.0.0.1", 0, subprotocols=[Subprotocol(SUBPROTOCOL_MSGPACK)]) as server:
+    # close_timeout: at the end the frozen side closes without waiting 10 s for a close frame it cannot read.
+    async with serve(handler, "127.0.0.1", 0, subprotocols=[Subprotocol(SUBPROTOCOL_MSGPACK)],
+                     close_timeout=0.1) as server:
         port = server.sockets[0].getsockname()[1] if server.sockets else 0
         urls = [f"ws://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"]
         client = Client(urls, token="", reconnect=False, ping_interval_s=0.1, ping_timeout_s=0.3)
