@@ -287,7 +287,7 @@ class PlanGraphs:
 
         A copy is gone when the client could not fetch it, or when its worker is gone for good (not in the registry:
         reaped, removed); but a worker not back yet in the first heartbeat timeout after a restart is not taken as
-        gone, whatever the client says (it may come back with its spool)."""
+        gone, whatever the client says (it may come back with its spool): ``unavailable`` then, saying when."""
         graph = self.graph
         lineage = graph.lineage
         origin = lineage.origin_of(plan.id)
@@ -295,7 +295,13 @@ class PlanGraphs:
         registry = self._state.registry
         settled = self.restored_at is None or now >= self.restored_at + registry.heartbeat_timeout_s
         failed = self._plans.get(lost) if lost in copies else None
-        if failed is not None and (settled or failed.worker_id in registry) and lineage.mark_lost(lost, output):
+        if failed is not None and not settled and failed.worker_id not in registry:
+            assert self.restored_at is not None
+            wait_s = self.restored_at + registry.heartbeat_timeout_s - now
+            return ErrorInfo(errors.UNAVAILABLE, f"worker {failed.worker_id}, which holds output {output!r} of plan "
+                             f"{self.name_of(lost)}, has not come back since the coordinator restarted; ask again "
+                             f"in {wait_s:.0f} s (then its copy is taken as lost)")  # fmt: skip
+        if failed is not None and lineage.mark_lost(lost, output):
             self._state.counters["outputs_lost"] += 1
         if settled:
             for key in copies:

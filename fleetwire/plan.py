@@ -24,7 +24,7 @@ from fleetwire.direct import fetch_to
 from fleetwire.errors import PlanError, RequestError
 from fleetwire.relay import AutoTransport, OutputGone, RelayTransport
 from fleetwire.stream import PlanStream
-from protocol.errors import OUTPUT_LOST
+from protocol.errors import OUTPUT_LOST, UNAVAILABLE
 from protocol.messages import Event, OutputRef, PlanInfo, PlanStateName, Receipt
 from protocol.relay import RESULT_OUTPUT
 
@@ -310,9 +310,11 @@ class Plan:
             try:
                 grant = await self._client.data_ticket(self.id, "get", output=name, lost=lost)
             except RequestError as exc:
+                cause = f"{gone}; and " if gone is not None else f"output {name!r}: "
+                if exc.code == UNAVAILABLE:  # its holder may come back (a coordinator restart): not gone yet
+                    raise DataTransferError(f"{cause}{exc}", 503) from exc
                 if exc.code != OUTPUT_LOST:
                     raise
-                cause = f"{gone}; and " if gone is not None else f"output {name!r}: "
                 raise OutputGone(f"{cause}{exc}", GONE_STATUS) from exc
             if not grant.rebuilding:
                 return grant

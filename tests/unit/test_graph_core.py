@@ -415,8 +415,9 @@ def test_a_copy_a_client_could_not_fetch_is_made_again_and_one_without_lineage_i
 def test_in_the_first_heartbeat_timeout_after_a_restart_a_holder_not_back_yet_is_not_taken_as_gone(
     durable: Any,
 ) -> None:
-    """After a restart, A's worker has not reconnected yet: a fetch is granted to it (no rebuild) until one heartbeat
-    timeout has passed since the restart; then A's output is made again."""
+    """After a restart, A's worker has not reconnected yet: a fetch is granted to it (no rebuild), and a client's
+    report that it is gone is answered unavailable, until one heartbeat timeout has passed since the restart; then
+    A's output is made again."""
     h = durable("sqlite", heartbeat_timeout_s=30.0)
     conns = fleet(h, "w1")
     client = h.client()
@@ -427,6 +428,10 @@ def test_in_the_first_heartbeat_timeout_after_a_restart_a_holder_not_back_yet_is
     client = h.client()
     h.send(client, DataTicket(req_id=5, plan_id=a, output="y"))
     assert grant_of(h, client).worker_id == "w1" and "a.r1" not in h.core.plans
+    h.send(client, DataTicket(req_id=6, plan_id=a, output="y", lost=a))
+    error = error_of(h, client)
+    assert error.code == errors.UNAVAILABLE and "worker w1, which holds output 'y' of plan a, has not come back" in (
+        error.message) and "a.r1" not in h.core.plans
     h.now = 81.0
     h.send(client, DataTicket(req_id=6, plan_id=a, output="y"))
     assert grant_of(h, client).rebuilding == "a.r1"
