@@ -102,11 +102,11 @@ async def test_typo_op_names_the_offered_ops_and_the_closest(cluster: Cluster) -
     await cluster.coordinator()
     await cluster.worker("w1")
     submit = await _cli(cluster, "submit", "ecoh", "--cancel-on-interrupt")
+    shell = await _cli(cluster, "submit", "shell", "--args", '{"cmd": "true"}', "--cancel-on-interrupt")  # beside it
     await submit.stderr_has("did you mean 'echo'?")
     assert any("they offer:" in line and "echo" in line and "sleep" in line for line in submit.err)
     submit.proc.send_signal(signal.SIGINT)
     assert (await submit.finish())[0] == 130
-    shell = await _cli(cluster, "submit", "shell", "--args", '{"cmd": "true"}', "--cancel-on-interrupt")
     await shell.stderr_has("--allow-shell")
     shell.proc.send_signal(signal.SIGINT)
     assert (await shell.finish())[0] == 130
@@ -116,18 +116,19 @@ async def test_cancel_several_ids_and_all_queued(cluster: Cluster) -> None:
     """`cancel A B` cancels both; `cancel --all --state queued` cancels the rest; exit 0, one line per plan."""
     await cluster.coordinator()  # no worker: every plan stays queued
     ids = []
-    for n in range(4):
-        rc, out, err = await _run(cluster, "submit", "echo", "--args", str(n), "--detach")
+    # The commands that do not depend on each other run side by side (each is a process start).
+    for rc, out, err in await asyncio.gather(*(_run(cluster, "submit", "echo", "--args", str(n), "--detach")
+                                               for n in range(4))):  # fmt: skip
         assert rc == 0, err
         ids.append(out.split()[1])
     rc, out, err = await _run(cluster, "cancel", ids[0], ids[1])
     assert rc == 0, err
     assert out.splitlines() == [f"plan {ids[0]} cancelled", f"plan {ids[1]} cancelled"]
-    rc, out, err = await _run(cluster, "cancel", "--all", "--state", "queued")
+    (rc, out, err), (rc_again, _, err_again) = await asyncio.gather(
+        _run(cluster, "cancel", "--all", "--state", "queued"), _run(cluster, "cancel", ids[0], "no-such-plan"))
     assert rc == 0, err
     assert sorted(out.splitlines()) == sorted([f"plan {ids[2]} cancelled", f"plan {ids[3]} cancelled"])
-    rc, out, err = await _run(cluster, "cancel", ids[0], "no-such-plan")
-    assert rc == 1 and "no-such-plan" in err
+    assert rc_again == 1 and "no-such-plan" in err_again
 
 
 async def test_status_and_workers_show_versions(cluster: Cluster) -> None:
@@ -137,15 +138,18 @@ async def test_status_and_workers_show_versions(cluster: Cluster) -> None:
     await cluster.worker("w1")
     rc, _, err = await _run(cluster, "submit", "echo", "--args", "1")
     assert rc == 0, err
-    rc, out, err = await _run(cluster, "status", "--json", FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN)
+    as_json, as_text, workers = await asyncio.gather(  # three reads, side by side
+        _run(cluster, "status", "--json", FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN),
+        _run(cluster, "status", FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN), _run(cluster, "workers"))
+    rc, out, err = as_json
     assert rc == 0, err
     status = json.loads(out)
     assert status["url"] == cluster.url and status["version"]
     assert status["workers"]["alive"] == 1 and status["queue"] == 0 and status["plans"] == {"succeeded": 1}
-    rc, out, err = await _run(cluster, "status", FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN)
+    rc, out, err = as_text
     assert rc == 0, err
     assert f"coordinator  {cluster.url} (version {status['version']})" in out
     assert "1 alive of 1 registered" in out and "0 plans waiting" in out and "1 succeeded" in out
-    rc, out, err = await _run(cluster, "workers")
+    rc, out, err = workers
     assert rc == 0, err
     assert "VERSION" in out.splitlines()[0] and status["workers"]["versions"][0] in out.splitlines()[1]
