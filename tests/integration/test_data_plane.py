@@ -273,10 +273,10 @@ async def test_python_op_gets_inputs_as_a_keyword_and_leaves_outputs(cluster: tu
         assert await plan.output("reversed") == data[::-1] + b"!"
 
 
-async def test_input_never_uploaded_fails_inputs_unavailable(cluster: tuple[CoordinatorServer, Agent]) -> None:
+async def test_input_never_uploaded_fails_inputs_unavailable(tmp_path: Path) -> None:
     """A plan whose inputs never arrive fails inputs_unavailable after the worker's input timeout."""
-    server, _agent = cluster
-    async with Client(server.url, token=CLIENT_TOKEN) as client:
+    fleet = coordinator_and_data_worker(tmp_path, {"digest": sha256_of_data}, input_timeout_s=1.0)  # not the 5 s
+    async with fleet as (server, _agent), Client(server.url, token=CLIENT_TOKEN) as client:
         client.transport = NeverUploads()
         plan = await client.submit("digest", inputs={"data": b"abc"})
         with pytest.raises(PlanFailed) as failed:
