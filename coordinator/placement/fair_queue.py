@@ -111,7 +111,8 @@ class FairOrder:
         if part is None:
             part = self._parts[signature] = _FairPart()
         empty = not part.members
-        shares.queued(owner, 1)  # before the keys are read: a team that comes back is lifted first
+        if owner not in self._principal_groups:  # it waited nowhere: it (and maybe its team) becomes active
+            shares.queued(owner, 1)  # before the keys are read: a team that comes back is lifted first
         member = part.members.get(team)
         if member is None:
             member = part.members[team] = _TeamPart()
@@ -134,7 +135,6 @@ class FairOrder:
             return False
         owner, team = self._owners.pop(plan_id)  # the team it was pushed under: its part is there
         signature = entry[0]
-        self.shares.queued(owner, -1)
         part = self._parts[signature]
         member = part.members[team]
         member.count -= 1
@@ -143,6 +143,8 @@ class FairOrder:
             del member.counts[owner], member.plans[owner]
             member.pushed.pop(owner, None)
             _unindex(self._principal_groups, owner, signature)
+            if owner not in self._principal_groups:  # its last queued plan: it waits nowhere now
+                self.shares.queued(owner, -1)
             if len(member.counts) < 2 and member.indexed:
                 member.indexed = False
                 self._heaps -= 1
@@ -313,8 +315,9 @@ class FairOrder:
         return [(plan_id, -neg_priority, order, owner) for (neg_priority, order, _, plan_id), owner in found]
 
     def waiting_of(self, team: str) -> int:
-        """Plans of a team waiting now (for its ``max_queued``)."""
-        return self.shares.team_account(team).waiting
+        """Plans of a team waiting now (for its ``max_queued``): O(groups it waits in)."""
+        parts = self._team_groups.get(team)
+        return 0 if parts is None else sum(part.members[team].count for part in parts.values())
 
     def tier_of(self, owner: str, signature: Signature) -> int:
         """The quota tier a plan of ``owner`` in ``signature`` has now: TIER_WITHIN, TIER_BORROW or TIER_HELD."""

@@ -101,7 +101,7 @@ class Account:
         self.slots = 0.0
         self.kv_blocks = 0.0
         self.running = 0  # plans leased or running
-        self.waiting = 0  # plans queued
+        self.waiting = 0  # a principal: 1 while it has plans queued; a team: its principals that have (fair_queue.py)
         self.rate = 0.0  # dominant share now over weight: service per second
         self.service = 0.0  # weighted dominant-share-seconds, counted up to ``since``
         self.since = fleet.now
@@ -299,7 +299,8 @@ class ShareBook:
     # ------------------------------------------------------------------ changes
 
     def queued(self, principal: str, delta: int) -> None:
-        """``delta`` plans of the principal entered (+) or left (-) the queue."""
+        """The principal began (``delta`` 1) or ceased (-1) to have plans queued (the fair queue tells only then,
+        not at every plan: coordinator/placement/fair_queue.py). Its and its team's activity follow."""
         owner = self.principal_accounts.get(principal) or self.principal_account(principal)
         group = self.team_accounts.get(owner.scope) or self.team_account(owner.scope)
         owner.waiting += delta
