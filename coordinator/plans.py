@@ -304,7 +304,7 @@ class Plan:
         stream is compacted (see :meth:`_compact`). ``size``: the payload's size when the
         caller knows it is small (the core's own lifecycle events), else :func:`event_bytes`.
         """
-        event = Event(plan_id=self.id, kind=kind, data=data, seq=self.next_seq, attempt=attempt, ephemeral=ephemeral)
+        event = Event(self.id, kind, data, self.next_seq, attempt, ephemeral)  # positional: Event's field order
         self.next_seq += 1
         self.events.append(event)
         self.held_bytes += event_bytes(data) if size is None else size

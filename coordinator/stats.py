@@ -85,13 +85,13 @@ class PlanTimings:
 
     def started(self, plan: Plan, now: float) -> None:
         """The worker accepted the plan's attempt: its queue wait ends, its run starts."""
-        self.queue_wait.observe(now - plan.queued_at_s, _exemplar(plan))
+        self.queue_wait.observe(now - plan.queued_at_s, _exemplar(plan) if plan.traceparent else "")
         plan.started_at_s = now
 
     def finished(self, plan: Plan, outcome: Outcome, now: float) -> None:
         """The worker's ``done`` ended an attempt; one that never started (no accept) has no run time."""
         if plan.started_at_s is not None:
-            self.run_time[outcome].observe(now - plan.started_at_s, _exemplar(plan))
+            self.run_time[outcome].observe(now - plan.started_at_s, _exemplar(plan) if plan.traceparent else "")
 
 
 def _exemplar(plan: Plan) -> str:

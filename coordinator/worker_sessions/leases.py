@@ -196,23 +196,24 @@ class Leases:
         if self.adopted and self.adopted.pop(plan.id, None) == msg.attempt and not plan.terminal:
             state.counters["results_recovered_from_worker"] += 1
         self._settle_receipt(plan, msg.receipt)
-        if (noticed or msg.preempted) and msg.outcome != "succeeded" and not plan.terminal:
+        ended = plan.terminal  # a cancelled plan only waited for this done to free the lease (asked once)
+        if (noticed or msg.preempted) and msg.outcome != "succeeded" and not ended:
             # Preempted (docs/SEMANTICS.md §Preemption): the plan it made room for goes here first, then it
             # is queued again, the attempt not counted. One that succeeded within its grace has simply ended.
             self._scheduler.fill_nominated(record, now)
             why = msg.error.message if msg.error is not None and msg.error.message else "it was preempted"
             self._scheduler.preempted(plan, worker_id, why, now, noticed=noticed)
-        elif not plan.terminal and msg.outcome == "failed" and (graphs := self._scheduler.graphs) is not None and (
+        elif not ended and msg.outcome == "failed" and (graphs := self._scheduler.graphs) is not None and (
             graphs.output_missing(plan, msg.error)
         ):  # an input it takes from another plan was not found: queued again, not counted; it is made again
             advance(plan, "retry")
             plan.free_attempts += 1
             note_attempt(plan, "failed", f"{errors.OUTPUT_LOST}: {msg.error.message if msg.error else ''}")
             self._scheduler.requeue(plan, f"an input it takes from another plan was lost on worker {worker_id}", now)
-        elif not plan.terminal and msg.outcome == "failed" and plan.retried < plan.retries:
+        elif not ended and msg.outcome == "failed" and plan.retried < plan.retries:
             why = f"worker {worker_id} reported a failure without an error"
             self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
-        elif not plan.terminal:  # a cancelled plan only waited for this done to free the lease
+        elif not ended:
             advance(plan, done_event(msg.outcome))
             state.timings.finished(plan, msg.outcome, now)
             if msg.outcome == "succeeded" and self.carbon is not None:  # its op's run times (carbon_holds.py)
