@@ -604,14 +604,16 @@ class Subscriptions:
     """
 
     def __init__(self) -> None:
-        self._by_plan: dict[str, set[int]] = {}
+        self.by_plan: dict[str, set[int]] = {}
+        """plan id -> connections following it; read by ``Streams.emit`` (a lookup per event, no call), changed
+        only here."""
         self._by_conn: dict[int, set[str]] = {}
         self._all: dict[str, set[int]] = {}  # principal -> conns following all its plans
         self._all_of_conn: dict[int, str] = {}
 
     def followers(self, plan_id: str) -> set[int] | tuple[()]:
         """Connections following a plan."""
-        return self._by_plan.get(plan_id, ())
+        return self.by_plan.get(plan_id, ())
 
     def plans_of(self, conn_id: int) -> set[str]:
         """Plans a connection follows one by one (a copy)."""
@@ -633,9 +635,9 @@ class Subscriptions:
     def add(self, plan_id: str, conn_id: int) -> None:
         """Follow one plan. Idempotent."""
         # No setdefault(key, set()): a new plan's key is new, a connection's nearly never is.
-        followers = self._by_plan.get(plan_id)
+        followers = self.by_plan.get(plan_id)
         if followers is None:
-            self._by_plan[plan_id] = {conn_id}
+            self.by_plan[plan_id] = {conn_id}
         else:
             followers.add(conn_id)
         followed = self._by_conn.get(conn_id)
@@ -646,7 +648,7 @@ class Subscriptions:
 
     def remove(self, plan_id: str, conn_id: int) -> None:
         """Stop following one plan; a plan not followed is ignored."""
-        _discard(self._by_plan, plan_id, conn_id)
+        _discard(self.by_plan, plan_id, conn_id)
         _discard(self._by_conn, conn_id, plan_id)
 
     def add_all(self, principal: str, conn_id: int) -> None:

@@ -127,31 +127,33 @@ class Journal:
 
     def __init__(self) -> None:
         self._created: list[PlanCreated] = []
-        self._events: list[Event] = []
-        self._dirty: dict[str, Plan] = {}
+        # ``events`` and ``dirty`` are public for Streams.emit, which does what :meth:`emitted` does inline
+        # (once per event); everything else goes through the methods.
+        self.events: list[Event] = []
+        self.dirty: dict[str, Plan] = {}
         self._forgotten: list[PlanForgotten] = []
 
     def __bool__(self) -> bool:
-        return bool(self._created or self._events or self._dirty or self._forgotten)
+        return bool(self._created or self.events or self.dirty or self._forgotten)
 
     def created(self, plan: Plan, submit: Submit) -> None:
         """A plan was created from ``submit``."""
         self._created.append(PlanCreated(plan.id, plan.owner, plan.order, submit, plan.rebuild_of))
-        self._dirty[plan.id] = plan
+        self.dirty[plan.id] = plan
 
     def emitted(self, plan: Plan, event: Event) -> None:
         """The plan's stream got ``event`` (its status changed with it: at least ``next_seq``)."""
         if not event.ephemeral:
-            self._events.append(event)
-        self._dirty[plan.id] = plan
+            self.events.append(event)
+        self.dirty[plan.id] = plan
 
     def touched(self, plan: Plan) -> None:
         """The plan changed without an event."""
-        self._dirty[plan.id] = plan
+        self.dirty[plan.id] = plan
 
     def forgotten(self, plan: Plan) -> None:
         """The plan was forgotten (it ended before this step: nothing of it is pending here)."""
-        self._dirty.pop(plan.id, None)
+        self.dirty.pop(plan.id, None)
         self._forgotten.append(PlanForgotten(plan.id))
 
     def take(self) -> list[Record]:
@@ -161,7 +163,7 @@ class Journal:
         """
         if not self:
             return []
-        records: list[Record] = [*self._forgotten, *self._created, *self._events]
-        records.extend(status_of(plan) for plan in self._dirty.values())
-        self._created, self._events, self._dirty, self._forgotten = [], [], {}, []
+        records: list[Record] = [*self._forgotten, *self._created, *self.events]
+        records.extend(status_of(plan) for plan in self.dirty.values())
+        self._created, self.events, self.dirty, self._forgotten = [], [], {}, []
         return records

@@ -101,6 +101,9 @@ class WorkerRegistry:
         self.prefetch = prefetch
         self.reconnect_grace_s = reconnect_grace_s
         self._workers: dict[str, WorkerRecord] = {}
+        self.record_of: Callable[[str], WorkerRecord | None] = self._workers.get
+        """The record of a worker id, None if it is not registered: the dict's own ``get`` (no Python frame), for
+        the per-message paths (coordinator/worker_sessions/); ``_workers`` is never rebound."""
         self._claims = 0
         self._matching: dict[tuple[Hashable, object], Pool] = {}  # see matching()
         self._beats: list[tuple[float, str]] = []  # (a beat's time, worker id); see stale()
@@ -450,7 +453,9 @@ class WorkerRegistry:
         Raises:
             UnknownWorker: the id is not registered.
         """
-        record = self.get(worker_id)
+        record = self._workers.get(worker_id)  # self.get, inlined: once per plan
+        if record is None:
+            raise UnknownWorker(worker_id)
         if plan_id in record.leases:
             return False
         record.leases.add(plan_id)
@@ -472,7 +477,9 @@ class WorkerRegistry:
         Raises:
             UnknownWorker: the id is not registered.
         """
-        record = self.get(worker_id)
+        record = self._workers.get(worker_id)  # self.get, inlined: once per plan
+        if record is None:
+            raise UnknownWorker(worker_id)
         if plan_id not in record.leases:
             return False
         record.leases.discard(plan_id)

@@ -141,18 +141,22 @@ class Streams:
         )
         if self.tracing and plan.traceparent and kind in TRACED_KINDS:
             self.note(plan, kind, data)
-        if recorded:
-            self._journal.emitted(plan, event)
+        if recorded:  # self._journal.emitted(plan, event), inlined: this runs for every event
+            journal = self._journal
+            if not ephemeral:
+                journal.events.append(event)
+            journal.dirty[plan.id] = plan
         elif plan.next_seq > plan.seq_recorded:  # past what the store has reserved: reserve the next run
             plan.seq_recorded = plan.next_seq + UNRECORDED_SEQ_RESERVE
             self._journal.touched(plan)
         send = self._outbox.send
+        followers = self._subscriptions.by_plan.get(plan.id, ())  # Subscriptions.followers, inlined
         if plan.name is None:
-            for conn_id in self._subscriptions.followers(plan.id):
+            for conn_id in followers:
                 send(conn_id, event)
         else:  # its owner's sessions know it by its name (module docstring)
             named = msgspec.structs.replace(event, plan_id=plan.name)
-            for conn_id in self._subscriptions.followers(plan.id):
+            for conn_id in followers:
                 send(conn_id, event if self._by_key(conn_id) else named)
         if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
             self._quota.release(plan.owner, plan.id)

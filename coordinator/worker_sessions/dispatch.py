@@ -122,7 +122,7 @@ class WorkerSessions:
             self.registration.hello(s, msg, now)
             return
         worker_id = s.worker_id
-        if worker_id is None or worker_id not in self._state.registry:
+        if worker_id is None or self._state.registry.record_of(worker_id) is None:
             what = type(msg).__name__.lower()
             self._outbox.protocol_error(
                 s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id"

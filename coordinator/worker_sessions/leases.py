@@ -108,7 +108,8 @@ class Leases:
             plan is not None
             and plan.attempt == attempt
             and plan.worker_id == worker_id
-            and plan_id in registry.get(worker_id).leases
+            and (record := registry.record_of(worker_id)) is not None
+            and plan_id in record.leases
         ):
             return plan
         if plan is not None:
