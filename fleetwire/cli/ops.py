@@ -217,15 +217,20 @@ async def _cancel(ns: argparse.Namespace, target: Target) -> int:
                 info = await client.cancel(plan_id, with_dependants=ns.with_dependants)
             except RequestError as exc:  # one unknown id does not stop the others
                 status = EXIT_FAILED
-                if ns.json:
-                    print(_json({"plan_id": plan_id, "error": {"code": exc.code, "message": str(exc)}}), flush=True)
-                else:
-                    print(f"fleetwire: error: plan {plan_id}: {exc} [{exc.code}]", file=sys.stderr, flush=True)
+                _print_refusal(ns, plan_id, exc)
                 continue
             if info.state != "cancelled":
                 status = EXIT_FAILED
             print(_json(info) if ns.json else f"plan {info.id} {info.state}", flush=True)
     return status
+
+
+def _print_refusal(ns: argparse.Namespace, plan_id: str, exc: RequestError) -> None:
+    """One plan's refusal: a JSON line on stdout with --json, else an error line on stderr."""
+    if ns.json:
+        print(_json({"plan_id": plan_id, "error": {"code": exc.code, "message": str(exc)}}), flush=True)
+    else:
+        print(f"fleetwire: error: plan {plan_id}: {exc} [{exc.code}]", file=sys.stderr, flush=True)
 
 
 async def _release(ns: argparse.Namespace, target: Target) -> int:
@@ -238,10 +243,7 @@ async def _release(ns: argparse.Namespace, target: Target) -> int:
                 info = await client.release(plan_id)
             except RequestError as exc:  # one unknown id does not stop the others
                 status = EXIT_FAILED
-                if ns.json:
-                    print(_json({"plan_id": plan_id, "error": {"code": exc.code, "message": str(exc)}}), flush=True)
-                else:
-                    print(f"fleetwire: error: plan {plan_id}: {exc} [{exc.code}]", file=sys.stderr, flush=True)
+                _print_refusal(ns, plan_id, exc)
                 continue
             waiting = f" ({info.waiting_reason})" if info.waiting_reason else ""
             print(_json(info) if ns.json else f"plan {info.id} {info.state}{waiting}", flush=True)
