@@ -202,7 +202,8 @@ class Pool(list[WorkerRecord]):
             if len(self.heap) > 2 * len(self) + 64:
                 self.heap = [k for w in self if (k := slot_key(w)) is not None]
                 heapq.heapify(self.heap)
-        self.figures_changed(worker)
+        if self.energy is not None or self.carbon is not None or self.latency is not None:  # no call per lease
+            self.figures_changed(worker)  # without a figure heap built (plain pools never build one) it does nothing
 
     def figures_changed(self, worker: WorkerRecord) -> None:
         """A member's room, µJ/token, zone intensity or latency changed: index its keys in the heaps built so far.

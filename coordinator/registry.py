@@ -463,7 +463,8 @@ class WorkerRegistry:
             _hold_devices(record, plan_id, gpus, devices)
         self._claims += 1
         record.last_assigned = self._claims
-        self._room_changed(record)
+        for pool in self._pools_of.get(worker_id, ()):  # self._room_changed, inlined: once per plan
+            pool.changed(record)
         if self.watcher is not None:
             self.watcher.lease_claimed(record, plan_id)
         return True
@@ -490,7 +491,8 @@ class WorkerRegistry:
                 if i < len(use):
                     use[i] = max(0, use[i] - 1)
         self.releases += 1
-        self._room_changed(record)
+        for pool in self._pools_of.get(worker_id, ()):  # self._room_changed, inlined: once per plan
+            pool.changed(record)
         if self.watcher is not None:
             self.watcher.lease_released(record, plan_id)
         return True

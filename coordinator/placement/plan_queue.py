@@ -103,15 +103,16 @@ class Signature(NamedTuple):
         cls, op: str, requirements: Requirements, avoid: Iterable[str] = (), gpus: GpuNeed | None = None
     ) -> Signature:
         """The signature of a plan with this op, requirements, avoided workers and device need."""
-        return cls(
-            op=op,
-            tags=tuple(sorted(set(requirements.tags))),
-            accelerator=requirements.accelerator,
-            model=requirements.model,
-            min_gpu_memory_bytes=requirements.min_gpu_memory_bytes,
-            python_env=requirements.python_env,
-            avoid=tuple(sorted(set(avoid))) if avoid else (),  # the usual plan avoids nobody
-            gpus=gpus,
+        tags = requirements.tags
+        return cls(  # positional, in the field order: this runs at every enqueue
+            op,
+            tuple(sorted(set(tags))) if tags else (),  # the usual plan asks for no tag
+            requirements.accelerator,
+            requirements.model,
+            requirements.min_gpu_memory_bytes,
+            requirements.python_env,
+            tuple(sorted(set(avoid))) if avoid else (),  # the usual plan avoids nobody
+            gpus,
         )
 
     def avoiding(self, avoid: Iterable[str]) -> Signature:
