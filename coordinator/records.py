@@ -44,7 +44,7 @@ from protocol.messages import ErrorInfo, Event, OutputSpec, PlanStateName, Recei
 __all__ = ["Journal", "PlanCreated", "PlanForgotten", "PlanStatus", "Record", "StoredPlan", "UsageRows", "status_of"]
 
 
-class PlanCreated(msgspec.Struct, frozen=True):
+class PlanCreated(msgspec.Struct, frozen=True, gc=False):
     """A new plan, as submitted."""
 
     plan_id: str
@@ -54,11 +54,13 @@ class PlanCreated(msgspec.Struct, frozen=True):
     rebuild_of: str | None = None  # the plan whose lost outputs it makes again (coordinator/plan_graphs.py)
 
 
-class PlanStatus(msgspec.Struct, frozen=True, omit_defaults=True):
+class PlanStatus(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """Everything about a plan that changes after its submit.
 
     ``omit_defaults``: a store writes one per plan per group; fields at their default (no
     error, no history, ...) are left out of the encoding and come back as the default.
+    ``gc=False`` (as PlanCreated, and the wire messages: protocol/messages.py ``_Msg``): a record never
+    refers back to itself, and a few are made per plan at every step, so the collector need not track them.
     """
 
     plan_id: str

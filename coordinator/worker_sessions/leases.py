@@ -196,7 +196,8 @@ class Leases:
         registry.release(worker_id, plan.id)
         if self.adopted and self.adopted.pop(plan.id, None) == msg.attempt and not plan.terminal:
             state.counters["results_recovered_from_worker"] += 1
-        self._settle_receipt(plan, msg.receipt)
+        if msg.receipt is not None or plan.projected is not None or plan.receipt is not None:  # else nothing to settle
+            self._settle_receipt(plan, msg.receipt)
         ended = plan.terminal  # a cancelled plan only waited for this done to free the lease (asked once)
         if (noticed or msg.preempted) and msg.outcome != "succeeded" and not ended:
             # Preempted (docs/SEMANTICS.md §Preemption): the plan it made room for goes here first, then it
