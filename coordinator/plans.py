@@ -379,7 +379,7 @@ class Plan:
         if self.result_size >= 0:
             return self.result_size
         size = event_bytes(self.result) - 16
-        if self.terminal:  # a finished plan's result no longer changes
+        if self.state in ("succeeded", "failed", "cancelled"):  # finished (self.terminal, inlined): it stays as it is
             self.result_size = size
         return size
 
