@@ -166,6 +166,6 @@ class Journal:
         if not self:
             return []
         records: list[Record] = [*self._forgotten, *self._created, *self.events]
-        records.extend(status_of(plan) for plan in self.dirty.values())
+        records.extend(map(status_of, self.dirty.values()))  # map, not a generator: no frame resumed per plan
         self._created, self.events, self.dirty, self._forgotten = [], [], {}, []
         return records
