@@ -204,8 +204,9 @@ class Scheduler:
             if plan_id is None:
                 break
             self.assign(plans[plan_id], record)
-        # Nothing queued it can run and a slot free: take back an unstarted lease from the most backlogged.
-        while (stolen := self._placement.steal_for(record, now)) is not None:
+        # Nothing queued it can run and a slot free: take back an unstarted lease from the most backlogged
+        # (only with prefetch: without it no worker holds leases beyond its slots; no call per plan then).
+        while self._placement.config.prefetch > 0 and (stolen := self._placement.steal_for(record, now)) is not None:
             plan, victim = stolen
             if victim.conn_id is not None:
                 self._outbox.send(victim.conn_id, Revoke(plan_id=plan.id, attempt=plan.attempt))
@@ -268,7 +269,7 @@ class Scheduler:
             registry.count_placed_tokens(record.id, placed_tokens)
         # What the receipt compares with (coordinator/receipts.py); no output tokens: nothing to project.
         plan.projected = projection(plan.hints, record) if plan.hints.max_output_tokens > 0 else None
-        self._counters[_PLACEMENT_KEYS[placement.policy_name(plan)]] += 1
+        self._counters[_PLACEMENT_KEYS[plan.hints.policy or placement.config.policy]] += 1  # policy_name, inlined
         if record.conn_id is not None:
             assign = Assign(
                 plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s,
