@@ -193,6 +193,7 @@ def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
 
     async def main() -> float:
         from worker_agent import agent as agent_module
+        from worker_agent.outbox import encode_frames
 
         agent = agent_module.Agent("ws://127.0.0.1:9", worker_id="bench-1", max_concurrency=batch)
         codec = agent._codec("fleetwire.v1.msgpack")
@@ -210,8 +211,7 @@ def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
             while runner.running_count:  # noqa: ASYNC110  (loop turns: the plans' tasks run to their end)
                 await asyncio.sleep(0)
             while outbox:  # the writer
-                for _frame, msgs in agent_module.encode_frames(codec, outbox.take(agent_module.MAX_BATCH),
-                                                               max_frame_bytes):
+                for _frame, msgs in encode_frames(codec, outbox.take(agent_module.MAX_BATCH), max_frame_bytes):
                     outbox.sent(msgs)
             agent._dispatch(Ack(seq=send_queue._seq))  # the coordinator's ack
         spent = time.process_time() - t0

@@ -16,7 +16,9 @@ Theory of operation:
   ones, worker_agent/outbox.py) → three tasks:
   the reader decodes each frame and dispatches every message synchronously (no awaits between
   decode and state change); the single writer drains the outbox, coalescing everything queued
-  into one frame per send; the heartbeat task queues ``heartbeat(load)`` every interval ±10 %.
+  into one frame per send (a stream's event goes at once when waiting cannot help:
+  worker_agent/outbox.py, ``write_frames``); the heartbeat task queues ``heartbeat(load)``
+  every interval ±10 %.
 * Plans outlive sessions. Their events and ``done`` go to the outbox whether or not a session
   is up; a new session's writer sends them after the next ``welcome``. Messages whose send
   failed are put back (at-least-once: the coordinator may see an event twice, never zero times).
@@ -79,7 +81,7 @@ from worker_agent.devices import DeviceAllocator
 from worker_agent.gpu_health import HealthMonitor, HealthRules, HealthSource, NvmlHealthSource, physical_of
 from worker_agent.handler_proc import HandlerProcesses, Isolation, isolate
 from worker_agent.handlers import Handler, builtin_handlers
-from worker_agent.outbox import SendQueue, encode_frames
+from worker_agent.outbox import SendQueue, write_frames
 from worker_agent.probe import check_declared_gpus, probe_capabilities
 from worker_agent.relay import RelayEndpoint
 from worker_agent.runner import REJECTED, PlanRunner
@@ -101,7 +103,6 @@ log = structlog.get_logger(__name__)
 F = TypeVar("F", bound=Handler)
 
 MAX_BATCH = 4096  # messages per frame before size-splitting
-COALESCE_TURNS = 4  # loop turns the writer waits, at most, for more messages to join a frame
 
 
 class Agent:
@@ -582,35 +583,20 @@ class Agent:
                 self._dispatch(msg)
 
     async def _write_loop(self, ws: ClientConnection, codec: Codec) -> None:
-        """The session's only sender: everything queued goes out coalesced into one frame."""
-        outbox = self._outbox
-        wakeup = self._send_queue.wakeup
-        max_frame_bytes = self.settings.max_frame_bytes
-        while True:
-            if not outbox:
-                if self._finish_writing:
-                    return
-                wakeup.clear()
-                await wakeup.wait()
-                continue
-            # A few loop turns while the outbox still grows, so a plan that ends at once sends
-            # its accept, events and done as one frame rather than three (one send, one
-            # coordinator wake-up, one frame to the client instead of three of each).
-            for _ in range(COALESCE_TURNS):
-                queued = len(outbox)
-                await asyncio.sleep(0)
-                if len(outbox) == queued:
-                    break
-            chunks = encode_frames(codec, outbox.take(MAX_BATCH), max_frame_bytes)
-            for index, (frame, msgs) in enumerate(chunks):
-                try:
-                    await send_frame(ws, frame, codec.text)  # big ones without the library's copies
-                except BaseException:
-                    outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
-                    raise
-                outbox.sent(msgs)  # kept until acked; rewound and re-sent by the next session
-            if self.relay is not None:
-                self.relay.resume()  # relayed outputs read their next chunks once these went out
+        """The session's only sender: everything queued goes out coalesced (worker_agent/outbox.py, write_frames)."""
+        text = codec.text
+
+        async def send(frame: bytes) -> None:
+            await send_frame(ws, frame, text)  # big ones without the library's copies
+
+        await write_frames(
+            self._send_queue, codec, send, max_frame_bytes=self.settings.max_frame_bytes, max_batch=MAX_BATCH,
+            finishing=lambda: self._finish_writing, after_round=self._frames_sent,
+        )
+
+    def _frames_sent(self) -> None:
+        if self.relay is not None:
+            self.relay.resume()  # relayed outputs read their next chunks once these went out
 
     async def _heartbeat_loop(self, interval_s: float) -> None:
         while True:

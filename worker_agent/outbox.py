@@ -24,14 +24,16 @@ the result abandons them and they are forgotten. A lost tail holds the newest co
 newest results are the ones worth keeping.
 
 :class:`SendQueue` is the one way in: the plan runner and the session both queue through its
-``send``, which numbers plan messages and wakes the session's writer.
+``send``, which numbers plan messages and wakes the session's writer, :func:`write_frames`: it
+coalesces what is queued into frames, waiting a few loop turns for more unless waiting cannot help
+(a stream's event after a wait that gathered nothing goes at once: a token's time to first byte).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any, Final
 
 import structlog
@@ -42,10 +44,13 @@ from protocol.relay import MAX_CHUNK_BYTES
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["KEEP_ACKED_DONE", "Outbox", "SendQueue", "encode_frames"]
+__all__ = ["COALESCE_TURNS", "KEEP_ACKED_DONE", "Outbox", "SendQueue", "encode_frames", "write_frames"]
 
 #: Acknowledged ``done`` s kept for a coordinator whose store lost them (see the module docstring).
 KEEP_ACKED_DONE: Final = 128
+
+#: Loop turns the writer waits, at most, for more messages to join a frame (:func:`write_frames`).
+COALESCE_TURNS: Final = 4
 
 _NUMBERED = (protocol.Accept, protocol.Reject, protocol.Event, protocol.Done)  # carry ``seq``; acked
 _NUMBERED_TYPES = frozenset(_NUMBERED)
@@ -77,6 +82,11 @@ class Outbox:
 
     def __bool__(self) -> bool:
         return bool(self._items)
+
+    @property
+    def newest(self) -> Any:
+        """The message queued last; None when the queue is empty."""
+        return self._items[-1] if self._items else None
 
     def append(self, msg: Any) -> int:
         """Queue one message; returns how many older messages were shed to make room."""
@@ -244,6 +254,67 @@ class SendQueue:
     def forget(self, plan_id: str, attempt: int | None = None) -> None:
         """Send nothing more that is queued or unacknowledged for a plan (of one attempt when given)."""
         self.outbox.purge(plan_id, attempt)
+
+
+async def write_frames(
+    queue: SendQueue,
+    codec: Codec,
+    send: Callable[[bytes], Awaitable[None]],
+    *,
+    max_frame_bytes: int,
+    max_batch: int,
+    finishing: Callable[[], bool],
+    after_round: Callable[[], None] | None = None,
+) -> None:
+    """A session's writer: sends what ``queue`` holds with ``send``, coalesced into as few frames as fit.
+
+    Returns when the queue is empty and ``finishing()`` says so; a failed ``send`` puts the
+    messages of that frame and the ones after it back in front of the queue and raises.
+    ``after_round()`` runs after each round of frames (the relay reads its next chunks then).
+
+    Coalescing: with something queued, the writer first waits up to :data:`COALESCE_TURNS` loop
+    turns while the queue still grows, so a plan that ends at once sends its ``accept``, events
+    and ``done`` as one frame rather than three (one send, one coordinator wake-up, one frame to
+    the client instead of three of each). But where waiting cannot help it sends at once (like
+    TCP_NODELAY with autocorking): when the newest message is an ``event`` (a stream's item that
+    someone waits for: a token's time to first byte) and the writer's last wait gathered nothing
+    (the messages come spaced, not in bursts). One loop turn after such a send says whether the
+    stream came in a burst after all: if something was queued in it, the next rounds wait again.
+    """
+    outbox = queue.outbox
+    wakeup = queue.wakeup
+    spaced = True  # the last wait for more messages gathered nothing: an event may go at once
+    while True:
+        if not outbox:
+            if finishing():
+                return
+            wakeup.clear()
+            await wakeup.wait()
+            continue
+        eager = spaced and type(outbox.newest) is protocol.Event
+        if not eager:
+            queued = len(outbox)
+            await asyncio.sleep(0)
+            spaced = len(outbox) == queued
+            if not spaced:
+                for _ in range(COALESCE_TURNS - 1):
+                    queued = len(outbox)
+                    await asyncio.sleep(0)
+                    if len(outbox) == queued:
+                        break
+        chunks = encode_frames(codec, outbox.take(max_batch), max_frame_bytes)
+        for index, (frame, msgs) in enumerate(chunks):
+            try:
+                await send(frame)
+            except BaseException:
+                outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
+                raise
+            outbox.sent(msgs)  # kept until acked; rewound and re-sent by the next session
+        if after_round is not None:
+            after_round()
+        if eager:
+            await asyncio.sleep(0)  # did more follow in the next turn? then the next rounds wait for it
+            spaced = not outbox
 
 
 def encode_frames(codec: Codec, msgs: list[Any], max_frame_bytes: int) -> list[tuple[bytes, list[Any]]]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 import protocol
 from protocol import Codec
-from worker_agent.outbox import KEEP_ACKED_DONE, Outbox, encode_frames
+from worker_agent.outbox import COALESCE_TURNS, KEEP_ACKED_DONE, Outbox, SendQueue, encode_frames, write_frames
 
 
 def event(plan_id: str, n: int, *, ephemeral: bool = False, attempt: int = 1) -> protocol.Event:
@@ -181,3 +185,106 @@ def test_only_the_newest_acknowledged_dones_are_kept() -> None:
     assert len(kept) == KEEP_ACKED_DONE and kept[0] == "p5" and kept[-1] == f"p{KEEP_ACKED_DONE + 4}"
     box.purge("p5")
     assert "p5" not in [r.plan_id for r in box.recent_done()]
+
+
+# ---------------------------------------------------------------- the writer (write_frames)
+
+
+class Wire:
+    """The transport under the writer: each frame it was given, decoded back into its messages."""
+
+    def __init__(self) -> None:
+        self.codec = Codec("msgpack", protocol.messages.FromWorker, "worker")
+        self.frames: list[list[Any]] = []
+        self.broken = False
+
+    async def send(self, frame: bytes) -> None:
+        if self.broken:
+            raise ConnectionResetError("the wire broke")
+        self.frames.append(self.codec.decode(frame))
+
+
+class Writer:
+    """``write_frames`` running on a :class:`Wire`, as a session runs it."""
+
+    def __init__(self) -> None:
+        self.queue = SendQueue(1000, structlog.get_logger())
+        self.wire = Wire()
+        self.finishing = False
+        self.task = asyncio.ensure_future(write_frames(
+            self.queue, self.wire.codec, self.wire.send, max_frame_bytes=1 << 20, max_batch=4096,
+            finishing=lambda: self.finishing,
+        ))  # fmt: skip
+
+    async def sent(self, count: int) -> None:
+        """Loop turns until ``count`` frames went out (each turn lets every ready task run once)."""
+        for _ in range(100):
+            if len(self.wire.frames) >= count:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError(f"{len(self.wire.frames)} frames after 100 loop turns, waited for {count}")
+
+    async def close(self) -> None:
+        self.finishing = True
+        self.queue.wakeup.set()
+        await asyncio.wait_for(self.task, 5)
+
+
+def token(n: int) -> protocol.Event:
+    return protocol.Event(plan_id="p", kind="token", data={"text": f"t{n}"}, attempt=1, ephemeral=True)
+
+
+async def test_a_lone_token_is_written_in_the_loop_turn_the_writer_wakes() -> None:
+    """A stream's event queued while the writer idles goes out at once, without waiting turns for company."""
+    writer = Writer()
+    writer.queue.send(protocol.Accept(plan_id="p", attempt=1))
+    await writer.sent(1)
+    for n in range(3):  # the first token (time to first byte), and later ones spaced as a real engine's
+        await asyncio.sleep(0)  # the writer idles
+        msg = token(n)
+        writer.queue.send(msg)  # numbers it
+        await asyncio.sleep(0)  # one loop turn: the writer's
+        assert writer.wire.frames[-1] == [msg]
+    await writer.close()
+    assert len(writer.wire.frames) == 4
+
+
+async def test_a_plan_that_ends_at_once_is_still_one_frame() -> None:
+    """accept, then event and done a loop turn later, wait for each other: one frame, also after spaced tokens."""
+    writer = Writer()
+    writer.queue.send(token(0))
+    await writer.sent(1)
+    for plan_id in ("a", "b"):
+        writer.queue.send(protocol.Accept(plan_id=plan_id, attempt=1))
+        await asyncio.sleep(0)  # the plan's task starts in the next turn and ends at once
+        writer.queue.send(protocol.Event(plan_id=plan_id, kind="echo", data=1, attempt=1))
+        writer.queue.send(protocol.Done(plan_id=plan_id, attempt=1, outcome="succeeded"))
+        await writer.sent(len(writer.wire.frames) + 1)
+        assert [type(m).__name__ for m in writer.wire.frames[-1]] == ["Accept", "Event", "Done"]
+    await writer.close()
+    assert len(writer.wire.frames) == 3
+
+
+async def test_a_burst_of_tokens_after_the_first_is_coalesced() -> None:
+    """Tokens one per loop turn: the first goes alone, the turn after it shows a burst, the rest share frames."""
+    writer = Writer()
+    tokens = [token(n) for n in range(4 * COALESCE_TURNS)]
+    for msg in tokens:
+        writer.queue.send(msg)
+        await asyncio.sleep(0)
+    await writer.close()
+    frames = writer.wire.frames
+    assert frames[0] == [tokens[0]] and [m for frame in frames for m in frame] == tokens
+    assert len(frames) <= 5  # 16 tokens; one frame each were 16
+
+
+async def test_a_failed_send_puts_its_messages_back_in_front() -> None:
+    """The frame that could not be sent goes back to the queue, in order, and the writer raises."""
+    writer = Writer()
+    writer.wire.broken = True
+    msgs = [protocol.Accept(plan_id="p", attempt=1), token(0)]
+    for msg in msgs:
+        writer.queue.send(msg)
+    with pytest.raises(ConnectionResetError):
+        await asyncio.wait_for(writer.task, 5)
+    assert writer.queue.outbox.take(10) == msgs
