@@ -3,6 +3,8 @@
 * writeback: write-behind and ``O_DIRECT`` helpers, so big files written once do not pile up in
   the page cache (the worker's spool, the SDK's downloads);
 * chunkwrite: a relayed download's chunks written and hashed in two threads of their own;
+* listening: a listener's discipline (fd limit, ``TCP_DEFER_ACCEPT``, repeats per host), shared by
+  the coordinator's ports and the worker's data endpoint;
 * wsbulk: big binary websocket frames sent and received past the websockets library's copies
   (the relayed chunks of the worker, the SDK and the coordinator's I/O layer).
 

@@ -41,15 +41,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import math
 import mmap
 import resource
-import socket
-import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final
 
 from protocol.transfer.http1 import head_end
+from wireio.listening import LISTEN_BACKLOG, Repeats, defer_accept, raise_fd_limit
 
 __all__ = ["LISTEN_BACKLOG", "HttpConnection", "IdleBudget", "Repeats", "Scratch", "defer_accept",
            "idle_budget", "raise_fd_limit"]
@@ -60,46 +58,6 @@ __all__ = ["LISTEN_BACKLOG", "HttpConnection", "IdleBudget", "Repeats", "Scratch
 #: body was read, 64 KiB or more of it, only to be dropped (about a fifth of a refusal's cost).
 SCRATCH_BYTES: Final = 4 << 10
 FD_RESERVE: Final = 64  # fds kept free for the spool, the session, the log and the process's own needs
-#: The listen backlog asked for (the kernel caps it at ``net.core.somaxconn``): room for the connections
-#: ``TCP_DEFER_ACCEPT`` holds back, which count against it; past it the kernel answers with SYN cookies.
-LISTEN_BACKLOG: Final = 4096
-
-
-def defer_accept(sockets: Iterable[Any], seconds: float) -> int:
-    """Ask the kernel to hold each listening TCP socket's new connections until their first byte.
-
-    The coordinator's discipline (coordinator/io/frontdoor/admission.py, which the worker cannot import):
-    ``TCP_DEFER_ACCEPT`` for about ``seconds`` (rounded up to whole seconds, then by the kernel
-    to its SYN-ACK retransmit schedule: 1, 3, 7, 15 s), after which an idle connection is
-    accepted after all. Returns the seconds the kernel reports; 0 when off (``seconds`` <= 0),
-    unavailable (not Linux) or refused.
-    """
-    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
-    if option is None or seconds <= 0:
-        return 0
-    applied = 0
-    for sock in sockets:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
-            continue
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, option, max(1, math.ceil(seconds)))
-            applied = max(applied, int(sock.getsockopt(socket.IPPROTO_TCP, option)))
-    return applied
-
-
-def raise_fd_limit() -> tuple[int, int]:
-    """Raise the soft open-file limit to the hard one (a shell's 1,024 is the usual soft default).
-
-    Returns (soft before, soft now); an infinite hard limit is capped at 1,048,576, and a refusal
-    by the OS leaves the limit as it was.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return soft, target
-    return soft, soft
 
 
 def idle_budget(configured: int) -> int:
@@ -420,45 +378,3 @@ class IdleBudget:
         for conn in list(self._idle):
             conn.abort()
         self._idle.clear()
-
-
-class Repeats:
-    """Refusals per peer host in windows of ``interval_s``: which ones are past ``burst`` (and get held).
-
-    The coordinator's ``Repeats`` (coordinator/io/frontdoor/admission.py), which the worker cannot import.
-    A client that gets a refusal now and then (an expired ticket, a cancelled plan's upload)
-    never gets near the burst; a loop of refused requests from one host passes it within a
-    fraction of a second. Keyed by host, not principal: a refused request's ticket may be no
-    ticket at all.
-
-    Args:
-        burst: refusals per host and window that are not over.
-        interval_s: the window.
-        max_hosts: hosts tracked at once; past it the table is cleared (at worst a loop gets one more burst).
-        clock: monotonic seconds.
-    """
-
-    def __init__(self, *, burst: int, interval_s: float, max_hosts: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.burst = burst
-        self.interval_s = interval_s
-        self.max_hosts = max_hosts
-        self.over_count = 0  # refusals past the burst (tests, metrics)
-        self._clock = clock
-        self._windows: dict[str, tuple[float, int]] = {}  # host -> (window start, refusals in it)
-
-    def over(self, host: str) -> bool:
-        """Count one refusal to ``host``; whether it is past the burst of its window."""
-        now = self._clock()
-        windows = self._windows
-        start, count = windows.get(host, (now, 0))
-        if now - start >= self.interval_s:
-            start, count = now, 0
-        elif count == 0 and len(windows) >= self.max_hosts:
-            windows.clear()
-        count += 1
-        windows[host] = (start, count)
-        if count <= self.burst:
-            return False
-        self.over_count += 1
-        return True

@@ -51,12 +51,8 @@ sockets at ``--metrics-listen`` alone used to make the main port's connects fail
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import math
-import resource
-import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -64,6 +60,8 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 
 from coordinator.io.frontdoor.connection import FailFastConnection
+from wireio.listening import LISTEN_BACKLOG, defer_accept, raise_fd_limit
+from wireio.listening import Repeats as HostRepeats
 
 __all__ = ["LISTEN_BACKLOG", "ConnectionBudget", "PendingHandshakes", "RefusalLog", "Repeats", "defer_accept",
            "pending_budget", "raise_fd_limit"]
@@ -72,46 +70,6 @@ log = structlog.get_logger("coordinator.auth")
 
 #: fds kept free for the store, the log, the listener and the process's own needs.
 FD_RESERVE = 64
-
-
-def raise_fd_limit() -> tuple[int, int]:
-    """Raise the soft open-file limit to the hard one; returns (soft before, soft now).
-
-    An infinite hard limit is capped at 1,048,576. A refusal by the OS is ignored (the old
-    limit stays and is returned twice).
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return soft, target
-    return soft, soft
-
-
-#: The listen backlog asked for (the kernel caps it at ``net.core.somaxconn``): room for the
-#: connections it holds back under ``TCP_DEFER_ACCEPT`` and for bursts of real ones.
-LISTEN_BACKLOG = 4096
-
-
-def defer_accept(sockets: Iterable[Any], seconds: float) -> int:
-    """Ask the kernel to hold each listening TCP socket's new connections until their first byte.
-
-    ``seconds``: how long at most (rounded up to whole seconds; the kernel rounds further up to
-    its SYN-ACK retransmit schedule); 0: off. Returns the seconds the kernel reports, 0 where
-    ``TCP_DEFER_ACCEPT`` is unavailable (not Linux) or refused, or for no TCP socket.
-    """
-    option = getattr(socket, "TCP_DEFER_ACCEPT", None)
-    if option is None or seconds <= 0:
-        return 0
-    applied = 0
-    for sock in sockets:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
-            continue
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, option, max(1, math.ceil(seconds)))
-            applied = max(applied, int(sock.getsockopt(socket.IPPROTO_TCP, option)))
-    return applied
 
 
 def pending_budget(configured: int, fd_limit: int) -> int:
@@ -299,44 +257,20 @@ class _Accepted(asyncio.Protocol):
         self._budget.finished(self)
 
 
-class Repeats:
-    """Events per peer address (its host) in windows of ``interval_s``: which ones are past ``burst``.
-
-    Args:
-        burst: events per address and window that are not over.
-        interval_s: the window.
-        max_addresses: addresses tracked at once; past it the table is cleared (at worst a
-            repeat loop gets one more burst).
-        clock: monotonic seconds.
+class Repeats(HostRepeats):
+    """Events per peer address (``host:port``, counted by its host) in windows of ``interval_s``: which
+    ones are past ``burst`` (wireio/repeats.py; ``max_addresses``: hosts tracked at once).
     """
 
     def __init__(
         self, *, burst: int, interval_s: float, max_addresses: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.burst = burst
-        self.interval_s = interval_s
-        self.max_addresses = max_addresses
-        self.over_count = 0  # events past the burst (for /metrics)
-        self._clock = clock
-        self._windows: dict[str, tuple[float, int]] = {}  # host -> (window start, events in it)
+    ) -> None:  # fmt: skip
+        super().__init__(burst=burst, interval_s=interval_s, max_hosts=max_addresses, clock=clock)
 
     def over(self, address: str) -> bool:
         """Count one event from ``address`` (``host:port``); whether it is past the burst of its window."""
-        now = self._clock()
-        host = _host(address)
-        windows = self._windows
-        start, count = windows.get(host, (now, 0))
-        if now - start >= self.interval_s:
-            start, count = now, 0
-        elif count == 0 and len(windows) >= self.max_addresses:
-            windows.clear()
-        count += 1
-        windows[host] = (start, count)
-        if count <= self.burst:
-            return False
-        self.over_count += 1
-        return True
+        return super().over(_host(address))
 
 
 @dataclass
