@@ -21,7 +21,6 @@ import os
 import signal
 import struct
 import sys
-import threading
 import traceback
 from typing import Any
 
@@ -58,21 +57,6 @@ def _resolve(target: str, main_file: str | None) -> Any:
     return obj
 
 
-class _Pipe:
-    """Frames to the worker, as pychild's: length-prefixed msgpack; any thread may write."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
-        self._encoder = msgspec.msgpack.Encoder()
-
-    def send(self, *frame: Any) -> None:
-        body = self._encoder.encode(list(frame))
-        with self._lock:
-            self._stream.write(_HEADER.pack(len(body)) + body)
-            self._stream.flush()
-
-
 def _read(stream: Any) -> Any:
     head = stream.read(_HEADER.size)
     if len(head) < _HEADER.size:
@@ -86,7 +70,7 @@ def main() -> None:
     report = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the handler's prints go to the worker's stderr, never into the report pipe
     sys.stdout = sys.stderr
-    pipe = _Pipe(report)
+    pipe = pychild.ReportPipe(report)
     handlers: dict[str, Any] = {}
     terminated = False
 

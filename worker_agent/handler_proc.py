@@ -43,7 +43,7 @@ import msgspec
 
 from protocol import errors
 from worker_agent.handlers import RESERVED_EVENT_KINDS, Context, Handler, HandlerError, call_handler
-from worker_agent.pyproc import FunctionFailed, stop_process_group
+from worker_agent.pyproc import FunctionFailed, read_report, stop_process_group
 
 __all__ = ["CHILD_SCRIPT", "MAX_IDLE", "HandlerProcesses", "Isolation", "handler_target", "isolate"]
 
@@ -53,7 +53,6 @@ Isolation = Literal["auto", "process", "inline"]
 CHILD_SCRIPT: Final = str(Path(__file__).with_name("handler_child.py"))
 MAX_IDLE: Final = 8  # idle children kept for reuse, all device sets together
 _HEADER: Final = struct.Struct(">I")
-_MAX_FRAME: Final = 1 << 30
 
 
 def handler_target(fn: Any) -> str | None:
@@ -223,16 +222,9 @@ class HandlerProcesses:
 async def _read_reports(ctx: Any, stream: asyncio.StreamReader) -> list[Any] | None:
     """Deliver the child's events, tokens and outputs; its final frame (None: it ended without one)."""
     while True:
-        try:
-            (size,) = _HEADER.unpack(await stream.readexactly(_HEADER.size))
-            if size > _MAX_FRAME:
-                raise FunctionFailed(errors.HANDLER_ERROR, f"the handler's process sent a {size}-byte report")
-            frame = msgspec.msgpack.decode(await stream.readexactly(size))
-        except asyncio.IncompleteReadError:
+        frame = await read_report(stream, "the handler's process")
+        if frame is None:
             return None
-        except msgspec.DecodeError as exc:
-            raise FunctionFailed(errors.HANDLER_ERROR, f"the handler's process sent an unreadable report: {exc}") \
-                from None  # fmt: skip
         kind = frame[0] if isinstance(frame, list) and frame else None
         if kind == "event":
             ctx.emit(frame[1], frame[2], ephemeral=bool(frame[3]))

@@ -51,8 +51,9 @@ import msgspec
 _HEADER = struct.Struct(">I")
 
 
-class _Pipe:
-    """Frames to the worker; any thread may write."""
+class ReportPipe:
+    """Frames to the worker (length-prefixed msgpack); any thread may write. worker_agent/handler_child.py
+    uses it too."""
 
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
@@ -97,7 +98,7 @@ class FileInput:
 class ProcessContext:
     """The ``ctx`` a function gets in its own process: the same names as the worker's ``Context``."""
 
-    def __init__(self, start: dict[str, Any], pipe: _Pipe) -> None:
+    def __init__(self, start: dict[str, Any], pipe: ReportPipe) -> None:
         self.plan_id: str = start["plan_id"]
         self.attempt: int = start["attempt"]
         self.worker_id: str = start["worker_id"]
@@ -263,7 +264,7 @@ def main() -> None:
     report = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the function's prints go to the worker's stderr, never into the report pipe
     sys.stdout = sys.stderr
-    pipe = _Pipe(report)
+    pipe = ReportPipe(report)
     start = msgspec.msgpack.decode(sys.stdin.buffer.read())
     ctx = ProcessContext(start, pipe)
 

@@ -36,7 +36,7 @@ import msgspec
 from protocol import errors
 from worker_agent.spool_files import open_confined
 
-__all__ = ["CHILD_SCRIPT", "FunctionFailed", "run_in_process", "stop_process_group"]
+__all__ = ["CHILD_SCRIPT", "FunctionFailed", "read_report", "run_in_process", "stop_process_group"]
 
 #: The child's script, run as a file (worker_agent/pychild.py explains why not ``-m``).
 CHILD_SCRIPT = str(Path(__file__).with_name("pychild.py"))
@@ -150,6 +150,24 @@ async def _run_child(ctx: Any, target: str, args: list[Any], kwargs: dict[str, A
     raise FunctionFailed(errors.HANDLER_ERROR, str(rest[0]))
 
 
+async def read_report(stream: asyncio.StreamReader, who: str) -> Any:
+    """A child's next report frame (length-prefixed msgpack), None once it ended; ``who`` names the child
+    in the error a broken frame raises (worker_agent/handler_proc.py reads its children's with it too).
+
+    Raises:
+        FunctionFailed: a frame past 1 GiB or one that does not decode.
+    """
+    try:
+        (size,) = _HEADER.unpack(await stream.readexactly(_HEADER.size))
+        if size > _MAX_FRAME:
+            raise FunctionFailed(errors.HANDLER_ERROR, f"{who} sent a {size}-byte report")
+        return msgspec.msgpack.decode(await stream.readexactly(size))
+    except asyncio.IncompleteReadError:
+        return None
+    except msgspec.DecodeError as exc:
+        raise FunctionFailed(errors.HANDLER_ERROR, f"{who} sent an unreadable report: {exc}") from None
+
+
 async def _read_reports(ctx: Any, stream: asyncio.StreamReader, out_dir: Path | None) -> list[Any] | None:
     """Deliver the child's events, tokens and outputs; return its final frame (None: it ended without one).
 
@@ -157,15 +175,9 @@ async def _read_reports(ctx: Any, stream: asyncio.StreamReader, out_dir: Path | 
     confined (worker_agent/spool_files.py ``open_confined``: no link, that user's own file); else a path
     the child names is copied as is (it runs as the worker's user: it could read it itself)."""
     while True:
-        try:
-            (size,) = _HEADER.unpack(await stream.readexactly(_HEADER.size))
-            if size > _MAX_FRAME:
-                raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process sent a {size}-byte report")
-            frame = msgspec.msgpack.decode(await stream.readexactly(size))
-        except asyncio.IncompleteReadError:
+        frame = await read_report(stream, "the plan's process")
+        if frame is None:
             return None
-        except msgspec.DecodeError as exc:
-            raise FunctionFailed(errors.HANDLER_ERROR, f"the plan's process sent an unreadable report: {exc}") from None
         kind = frame[0] if isinstance(frame, list) and frame else None
         if kind == "event":
             ctx.emit(frame[1], frame[2], ephemeral=bool(frame[3]))
