@@ -64,7 +64,8 @@ async def test_two_teams_share_one_worker(cluster: Cluster) -> None:
     async with Client(cluster.url, token=ALICE) as alice, Client(cluster.url, token=BOB) as bob:
         # 1. alice floods 40 plans of 0.5 s (10 s of work on 2 slots); then bob submits 4.
         flood = await alice.submit_many("sleep", [{"seconds": PLAN_S}] * 40)
-        await asyncio.sleep(PLAN_S)  # the flood takes the slots first, as a flood does
+        # The flood takes the slots first, as a flood does.
+        await until(lambda: sum(plan.state in ("running", "succeeded") for plan in flood) >= 2, timeout_s=30)
         start = time.monotonic()
         trickle = [await bob.submit("sleep", {"seconds": PLAN_S}) for _ in range(4)]
         for plan in trickle:
