@@ -260,10 +260,7 @@ class Plan:
                 check.verify()
                 return
             except DataTransferError as exc:
-                # Refused from the request's head (401, 403: a fresh ticket) or gone (404: another copy).
-                if exc.status not in (401, 403, GONE_STATUS) or yielded or (exc.status != GONE_STATUS and fresh):
-                    raise
-                gone = _Gone(grant.plan_id, exc) if exc.status == GONE_STATUS else None
+                gone = _after_refusal(exc, grant, fresh=fresh, delivered=yielded)
                 grant = None
         raise gone or OutputGone(f"output {name!r} of plan {self.id}: no copy after {LINEAGE_TRIES} tries", 404)
 
@@ -291,10 +288,7 @@ class Plan:
             try:
                 return await self._fetch_to(transport, grant, name, path, check)
             except DataTransferError as exc:
-                if exc.status not in (401, 403, GONE_STATUS) or isinstance(exc, OutputMismatch) or (
-                        exc.status != GONE_STATUS and fresh):
-                    raise
-                gone = _Gone(grant.plan_id, exc) if exc.status == GONE_STATUS else None
+                gone = _after_refusal(exc, grant, fresh=fresh, delivered=isinstance(exc, OutputMismatch))
                 grant = None
         raise gone or OutputGone(f"output {name!r} of plan {self.id}: no copy after {LINEAGE_TRIES} tries", 404)
 
@@ -386,6 +380,15 @@ class _Gone(OutputGone):
     def __init__(self, plan_id: str, exc: DataTransferError) -> None:
         super().__init__(str(exc), exc.status)
         self.plan_id = plan_id
+
+
+def _after_refusal(exc: DataTransferError, grant: Grant, *, fresh: bool, delivered: bool) -> _Gone | None:
+    """A fetch refused from its request's head: the copy found gone (404: ask for another, kept as the
+    returned ``_Gone``) or None (401, 403: ask for a fresh ticket, unless this grant was fresh). Raises
+    ``exc`` for anything else, or once bytes were delivered (a stream cannot restart under its reader)."""
+    if exc.status not in (401, 403, GONE_STATUS) or delivered or (exc.status != GONE_STATUS and fresh):
+        raise exc
+    return _Gone(grant.plan_id, exc) if exc.status == GONE_STATUS else None
 
 
 class _PlanEvents(AsyncIterator[Event]):
