@@ -288,6 +288,7 @@ class _Handler(BaseHTTPRequestHandler):
         events.append("[DONE]")
         self.fake._track(+1)
         started = time.monotonic()
+        counted = False
         try:
             for event in events:
                 if self.fake.token_delay_s and isinstance(event, dict) and event["choices"]:
@@ -296,15 +297,23 @@ class _Handler(BaseHTTPRequestHandler):
                 data = f"data: {payload}\n\n".encode()
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
+            # Counted finished before the body's end goes out: a client that read the end and then scrapes
+            # /metrics sees this request among the finished ones, not still running.
+            counted = True
+            self._finished(usage["prompt_tokens"], started)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.fake.disconnects += 1  # the client went away: a real engine aborts the request here
             self.close_connection = True
         finally:
-            self.fake._track(-1)
-            with self.fake._lock:
-                self.fake.finished.append((usage["prompt_tokens"], time.monotonic() - started))
+            if not counted:
+                self._finished(usage["prompt_tokens"], started)
+
+    def _finished(self, prompt_tokens: int, started: float) -> None:
+        self.fake._track(-1)
+        with self.fake._lock:
+            self.fake.finished.append((prompt_tokens, time.monotonic() - started))
 
 
 def main() -> None:
