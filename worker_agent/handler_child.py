@@ -38,16 +38,22 @@ def _load_pychild() -> Any:
     return module
 
 
+# The worker script's module, loaded once by file. Not looked up as sys.modules["__mp_main__"] again: a
+# library a handler imports may put its own module there (after a handler that imported torch, the next
+# handler of the script was "not found" in the same child on a GPU host).
+_MAIN: dict[str, Any] = {}
+
+
 def _resolve(target: str, main_file: str | None) -> Any:
     module_name, _, qualname = target.partition(":")
     if module_name == "__main__":
-        module = sys.modules.get("__mp_main__")
+        assert main_file is not None, "a handler of __main__ needs the worker script's file"
+        module = _MAIN.get(main_file)
         if module is None:
-            assert main_file is not None, "a handler of __main__ needs the worker script's file"
             spec = importlib.util.spec_from_file_location("__mp_main__", main_file)
             assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["__mp_main__"] = module
+            module = _MAIN[main_file] = importlib.util.module_from_spec(spec)
+            sys.modules["__mp_main__"] = module  # pickle finds the script's classes by this name, as multiprocessing
             spec.loader.exec_module(module)
     else:
         module = importlib.import_module(module_name)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.no_nvml import pynvml as no_nvml
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_TOKEN = "e2e-worker-token"
 CLIENT_TOKEN = "e2e-client-token"
@@ -82,6 +84,8 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_")}
         env.update({"FLEETWIRE_URL": self.url, "FLEETWIRE_TOKEN": CLIENT_TOKEN, "PYTHONUNBUFFERED": "1",
                     "FLEETWIRE_DATA_DIR": self.data_dir})  # fmt: skip
+        # A GPU host's real NVML would refuse the GPUs tests declare (tests/no_nvml/pynvml.py).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (no_nvml.DIRECTORY, env.get("PYTHONPATH", "")) if p)
         env.update(extra)
         return env
 
