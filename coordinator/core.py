@@ -192,7 +192,7 @@ class Coordinator:
         self.relay = Relay(  # inputs and outputs carried through the coordinator (coordinator/relay.py)
             plans=self.plans, registry=self.registry, outbox=self.outbox, window_bytes=config.relay_window_bytes,
             max_bytes=config.relay_max_bytes, principal_bytes=config.relay_principal_bytes,
-            session_bytes=config.relay_session_bytes, idle_s=config.relay_idle_s,
+            session_bytes=config.relay_session_bytes, idle_s=config.relay_idle_s, sessions=self.sessions,
         )
         self.sharing = Sharing(  # fair share's leases and capacity, quotas, preemption, the ledger (sharing.py)
             registry=self.registry, plans=self.plans, queue=state.queue, placement=self.placement,

@@ -17,6 +17,8 @@ Rules (docs/SEMANTICS.md §Graphs):
   fail with it. A plan forgotten by retention leaves the graph; one an unfinished plan needs is kept.
 * *Assign.* An input in the reference form gets the size and digest of the output it is, and a
   ``Pull``: the holder, its data endpoint and a ``get`` ticket signed for it (coordinator/data_plane.py).
+  A holder with no data endpoint gets a pull with no ``url``: the consumer's worker then fetches through
+  the relay with the same ticket (coordinator/relay.py ``open_pull``), as it does when the dial fails.
 * *Locality.* A ready consumer goes, among the workers with room, to those holding most of its bytes
   (coordinator/graphs/locality.py); when the best holder is busy it waits for it up to the bound, and no
   other worker takes it before (:meth:`PlanGraphs.may_take`); past the bound it goes where there is room.

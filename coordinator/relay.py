@@ -51,6 +51,12 @@ Theory of operation:
   coordinator/io/frontdoor/connection.py).
 * A stream ends with ``data_end`` from either party (passed on to the other), after the last
   chunk of a ``get``, or as above (``relay_closed`` to the parties, which may open it again).
+* A worker may be a stream's client too (:meth:`Relay.open_pull`): a plan it runs takes another plan's
+  output whose holder it cannot dial (no data endpoint, or the dial failed), so it opens a ``get`` of
+  that output over its own session with the pull's ticket (docs/PROTOCOL.md §Plan graphs). Its
+  window counts against the plan's owner and the worker's session. While another party's stream of
+  that output is open, the pull waits behind it (told with ``data_credit(credit=0, wait=...)``) and
+  opens when it ends, so consumers of one output take turns instead of replacing each other.
 * A stream is keyed by its plan's key; a client that knows the plan by another id (its owner's
   name, docs/SEMANTICS.md §Plan ids) is sent that id (:attr:`RelayStream.shown`), and its own
   messages come here with the key (coordinator/client_session.py resolves both).
@@ -85,7 +91,7 @@ if TYPE_CHECKING:
     from coordinator.effects import Outbox
     from coordinator.plans import Plan
     from coordinator.registry import WorkerRegistry
-    from coordinator.sessions import Session
+    from coordinator.sessions import Session, SessionTable
 
 __all__ = ["MAX_STREAMS_PER_SESSION", "Relay", "RelayStream", "StreamKey"]
 
@@ -159,6 +165,7 @@ class Relay:
         principal_bytes: ... by one principal's streams (0: half of ``max_bytes``).
         session_bytes: ... by one client session's streams (0: a quarter of ``max_bytes``).
         idle_s: a held window on which nothing moved this long goes back (its stream ends ``relay_closed``).
+        sessions: the open sessions (a pull that waited behind another stream of its output opens from its own).
     """
 
     def __init__(
@@ -172,6 +179,7 @@ class Relay:
         principal_bytes: int = 0,
         session_bytes: int = 0,
         idle_s: float = DEFAULT_IDLE_S,
+        sessions: SessionTable | None = None,
     ) -> None:
         default_principal, default_session = default_shares(max_bytes)
         principal_bytes = principal_bytes or default_principal
@@ -184,6 +192,7 @@ class Relay:
         self._plans = plans
         self._registry = registry
         self._outbox = outbox
+        self._sessions = sessions
         self.max_bytes = max_bytes
         self.principal_bytes = principal_bytes
         self.session_bytes = session_bytes
@@ -193,6 +202,7 @@ class Relay:
         self._by_conn: dict[int, set[StreamKey]] = {}
         self._by_plan: dict[str, set[StreamKey]] = {}
         self._line: dict[StreamKey, RelayStream] = {}  # streams waiting for room, oldest first
+        self._behind: dict[StreamKey, dict[int, DataOpen]] = {}  # pulls waiting for a stream of theirs to end
         self._held_by_principal: dict[str, int] = {}
         self._held_by_session: dict[int, int] = {}
         self.reserved = 0  # the windows held, together
@@ -228,6 +238,41 @@ class Relay:
             problem = (errors.PLAN_NOT_FOUND, f"plan {msg.plan_id!r} does not exist")
         else:
             problem = self._open_problem(plan, msg)
+        self._open(s, msg, plan, problem, s.principal)
+
+    def open_pull(self, s: Session, msg: DataOpen) -> None:
+        """A worker opens a ``get`` of another plan's output that a plan it runs takes (a relayed pull).
+
+        The worker is the stream's client; the plan is named by its key (``assign.pulls``) and its
+        window counts against the plan's owner. The holder checks the ticket as for any ``get``.
+        While another party's stream of the same output is open, the pull waits behind it (its
+        worker told ``data_credit(credit=0, wait=...)``) instead of replacing it, so consumers
+        fetching one output take turns rather than end each other's streams.
+        """
+        plan = self._plans.get(msg.plan_id)
+        problem: tuple[str, str] | None = None
+        if msg.direction != "get":
+            problem = (errors.INVALID_ARGUMENT, "a worker opens only get streams (another plan's output it pulls)")
+        elif plan is None:
+            problem = (errors.PLAN_NOT_FOUND, f"plan {msg.plan_id!r} does not exist")
+        else:
+            problem = self._open_problem(plan, msg)
+        key: StreamKey = (msg.plan_id, msg.attempt, msg.name, msg.direction)
+        old = self.streams.get(key)
+        if problem is None and old is not None and old.client != s.conn_id:
+            line = self._behind.setdefault(key, {})
+            line.pop(s.conn_id, None)
+            line[s.conn_id] = msg
+            self.waits += 1
+            self._outbox.send(s.conn_id, DataCredit(
+                plan_id=msg.plan_id, attempt=msg.attempt, name=msg.name, direction="get", offset=max(0, msg.offset),
+                credit=0, stream=msg.stream,
+                wait=f"waiting for another relayed fetch of this output to end; {len(line) - 1} fetches ahead"))
+            return
+        self._open(s, msg, plan, problem, plan.owner if plan is not None else s.principal)
+
+    def _open(self, s: Session, msg: DataOpen, plan: Plan | None, problem: tuple[str, str] | None,
+              principal: str) -> None:
         worker_conn = None
         if problem is None:
             assert plan is not None and plan.worker_id is not None
@@ -250,14 +295,14 @@ class Relay:
             return
         assert plan is not None and worker_conn is not None
         if old is not None:  # a newer open (a resumed transfer) replaces the stream
-            self._drop(old)
+            self._drop(old, serve=False)
             if old.client != s.conn_id:
                 self._to_client(old, _end(key, CLOSED, "replaced by a newer open of the same stream",
                                           stream_id=old.id))
         size = -1
         if msg.direction == "put":
             size = next(spec.size for spec in plan.inputs if spec.name == msg.name)
-        stream = RelayStream(key, s.conn_id, worker_conn, s.principal, size, self.window_bytes, msg.stream)
+        stream = RelayStream(key, s.conn_id, worker_conn, principal, size, self.window_bytes, msg.stream)
         if plan.id != msg.plan_id:
             stream.shown = msg.plan_id
         self.streams[key] = stream
@@ -298,6 +343,10 @@ class Relay:
         key: StreamKey = (msg.plan_id, msg.attempt, msg.name, msg.direction)
         stream = self.streams.get(key)
         if stream is None or conn_id not in (stream.client, stream.worker):
+            if isinstance(msg, DataEnd) and key in self._behind:  # a pull that gave up waiting behind the stream
+                line = self._behind[key]
+                if line.pop(conn_id, None) is not None and not line:
+                    del self._behind[key]
             if isinstance(msg, DataChunk):  # credits and ends of a stream that just ended are normal; chunks are not
                 self._outbox.send(conn_id, _end(key, CLOSED, "no open relay stream; open it again (data_open)",
                                                 stream_id=msg.stream))
@@ -410,6 +459,10 @@ class Relay:
 
     def connection_closed(self, conn_id: int) -> None:
         """A session closed: its streams end, and the other party of each is told (``relay_closed``)."""
+        if self._behind:
+            for key, line in list(self._behind.items()):
+                if line.pop(conn_id, None) is not None and not line:
+                    del self._behind[key]
         keys = self._by_conn.pop(conn_id, None)
         if not keys:
             return
@@ -520,10 +573,29 @@ class Relay:
             msg = msgspec.structs.replace(msg, plan_id=stream.shown)
         self._outbox.send(stream.client, msg)
 
-    def _drop(self, stream: RelayStream) -> None:
+    def _drop(self, stream: RelayStream, *, serve: bool = True) -> None:
+        """Forget ``stream`` and give its window back; a pull waiting behind it opens (unless ``serve`` is False:
+        a newer open of the same stream takes its place)."""
         key = stream.key
         if self.streams.get(key) is not stream:
             return
+        self._forget(stream)
+        if serve and key in self._behind:
+            self._next_behind(key)
+
+    def _next_behind(self, key: StreamKey) -> None:
+        """The stream ``key`` ended: the oldest pull waiting behind it opens now (as the worker asked it)."""
+        line = self._behind[key]
+        conn_id, msg = next(iter(line.items()))
+        del line[conn_id]
+        if not line:
+            del self._behind[key]
+        session = self._sessions.get(conn_id) if self._sessions is not None else None
+        if session is not None:
+            self.open_pull(session, msg)
+
+    def _forget(self, stream: RelayStream) -> None:
+        key = stream.key
         del self.streams[key]
         for conn_id in (stream.client, stream.worker):
             keys = self._by_conn.get(conn_id)

@@ -739,7 +739,9 @@ class DataOpen(_Msg, tag="data_open"):
     """Open a relayed stream of one input (``put``) or output (``get``) of a plan attempt.
 
     The client sends it with the grant's ticket; the coordinator checks it against the plan and
-    passes it on to the plan's worker with ``credit`` set (the stream's window in bytes).
+    passes it on to the plan's worker with ``credit`` set (the stream's window in bytes). A worker
+    sends a ``get`` with a pull's ticket when it cannot dial the holder (a relayed pull: it is then
+    the stream's client; docs/PROTOCOL.md §Plan graphs).
     """
 
     plan_id: str
@@ -853,7 +855,7 @@ class Usage(_Msg, tag="usage"):
 
 # --------------------------------------------------------------------------- unions
 
-FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye, DataChunk, DataCredit, DataEnd]
+FromWorker = Union[Hello, Heartbeat, Accept, Reject, Event, Done, Goodbye, DataChunk, DataCredit, DataEnd, DataOpen]
 ToWorker = Union[
     Welcome, Assign, Cancel, Revoke, Preempt, Ack, Drain, Undrain, Error, DataKeys, Moved, DataOpen, DataChunk,
     DataCredit,

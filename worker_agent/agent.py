@@ -83,6 +83,7 @@ from worker_agent.handler_proc import HandlerProcesses, Isolation, isolate
 from worker_agent.handlers import Handler, builtin_handlers
 from worker_agent.outbox import SendQueue, write_frames
 from worker_agent.probe import check_declared_gpus, probe_capabilities
+from worker_agent.pull_relay import PullRelay
 from worker_agent.relay import RelayEndpoint
 from worker_agent.runner import REJECTED, PlanRunner
 from worker_agent.session import (
@@ -182,6 +183,7 @@ class Agent:
         self.data_server: DataServer | None = None  # started by run() with settings.data_listen
         self.relay: RelayEndpoint | None = None  # relayed inputs and outputs (worker_agent/relay.py), from run()
         self._data_side = DataSide(settings, self.worker_id, self.attempts, self._send_queue.send, self._log)
+        self.pulls = self.runner.pull_relay = PullRelay(self._send_queue.send)  # relayed pulls (pull_relay.py)
         if settings.gpus:  # refused here, at start, when NVML sees devices that say otherwise
             check_declared_gpus(settings.gpus)
         self._advertised = settings.advertised_capabilities()  # set by flags, overriding the probe
@@ -558,6 +560,7 @@ class Agent:
             self.registered.clear()
             if self.relay is not None:
                 self.relay.reset()  # the coordinator ended its streams with the session
+            self.pulls.reset()  # ... and this worker's relayed pulls, which open again on the next one
             for task in tasks:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -669,7 +672,7 @@ class Agent:
                 if self.relay is not None:
                     self.relay.set_keys(msg.keys)
             case protocol.DataOpen() | protocol.DataChunk() | protocol.DataCredit() | protocol.DataEnd():
-                if self.relay is not None:
+                if not self.pulls.on_message(msg) and self.relay is not None:  # a pull's, else a stream it holds
                     self.relay.on_message(msg)
             case protocol.Welcome():
                 self._log.warning("ignored a second welcome")

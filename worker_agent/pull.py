@@ -13,9 +13,13 @@ Rules:
   with the ticket the coordinator signed for it (protocol/tickets.py). A broken connection resumes from
   the bytes stored (``Range``), up to :data:`RESUMES` times; a digest that does not match starts the
   input again (``InputFile.finish``, as for an upload).
+* A holder that cannot be dialled (an empty ``url``: it has no data endpoint, e.g. behind NAT; or the
+  connect fails), or whose endpoint broke off more than :data:`RESUMES` times: the output comes through
+  the coordinator's relay instead, from the bytes stored (worker_agent/pull_relay.py; ``input_received``
+  says ``"via": "relay"``).
 * An output the holder no longer has (404, 410: its spool retention passed, or it restarted without its
-  spool), an empty ``url`` (it has no data endpoint) or a holder that cannot be reached after the resumes:
-  the input fails ``output_lost``, with ``detail`` naming the plan, attempt and output. The attempt's
+  spool; through the relay ``output_gone``) or a holder that cannot be read from either way: the input
+  fails ``output_lost``, with ``detail`` naming the plan, attempt and output. The attempt's
   ``done(failed)`` carries it; the coordinator then has the output made again when its producer allows
   (coordinator/graphs/lineage.py) and places the plan again, or fails it ``output_lost``.
 * Nothing here reads a ticket or decides placement: the coordinator did both.
@@ -32,10 +36,13 @@ from collections.abc import Sequence
 from typing import Final
 from urllib.parse import quote, urlsplit
 
+import structlog
+
 import protocol
 from protocol import errors
 from protocol.transfer import http1
 from protocol.transfer.ranges import range_from
+from worker_agent.pull_relay import PullRelay, RelayRefused
 from worker_agent.spool import PlanData, Spool
 from worker_agent.spool_files import InputFile, SpoolError
 
@@ -45,9 +52,15 @@ CHUNK_BYTES: Final = 4 << 20  # bytes stored at once (written and hashed in a th
 RESUMES: Final = 3  # broken connections a fetch resumes from before the input fails
 HEAD_LIMIT: Final = 16 << 10
 
+log = structlog.get_logger(__name__)
+
 
 class _Gone(Exception):
     """The holder does not have the output (or cannot be asked): the input fails ``output_lost``."""
+
+
+class _DialFailed(Exception):
+    """The holder's data endpoint could not be connected to: the fetch goes through the relay."""
 
 
 class Puller:
@@ -58,11 +71,14 @@ class Puller:
         worker_id: this worker's id (a pull naming it is a local copy).
         connect_timeout_s: how long connecting to a holder may take.
         stall_timeout_s: how long a fetch may go without a byte before it counts as broken.
+        relay: fetches through the coordinator's relay (worker_agent/pull_relay.py); None: none (the input is lost
+            when the holder cannot be dialled).
     """
 
     def __init__(self, spool: Spool, worker_id: str, *, connect_timeout_s: float = 10.0,
-                 stall_timeout_s: float = 30.0) -> None:
+                 stall_timeout_s: float = 30.0, relay: PullRelay | None = None) -> None:
         self._spool = spool
+        self._relay = relay
         self._worker_id = worker_id
         self._connect_timeout_s = connect_timeout_s
         self._stall_timeout_s = stall_timeout_s
@@ -108,8 +124,26 @@ class Puller:
         self.copied_bytes += copied
 
     async def _fetch(self, pull: protocol.Pull, entry: InputFile) -> None:
-        if not pull.url:
-            raise _Gone(f"its worker {pull.worker_id} has no data endpoint to fetch it from")
+        """Fetch from the holder: direct from its data endpoint, else (none, or it cannot be dialled) relayed."""
+        why = await self._fetch_direct(pull, entry) if pull.url else f"worker {pull.worker_id} has no data endpoint"
+        if why is None:
+            return
+        if self._relay is None:
+            raise _Gone(f"{why}, and there is no relay to fetch it through")
+        log.info("pull relayed", plan_id=pull.plan_id, attempt=pull.attempt, output=pull.output,
+                 worker_id=pull.worker_id, why=why)
+        entry.via = "relay"  # the input_received event says so
+        try:
+            await self._relay.fetch(pull, entry, self._store, stall_timeout_s=self._stall_timeout_s)
+        except RelayRefused as exc:
+            raise _Gone(f"{why}; through the relay: {exc}") from None
+
+    async def _store(self, entry: InputFile, data: bytearray) -> None:
+        await _store(entry, data)
+        self.pulled_bytes += len(data)
+
+    async def _fetch_direct(self, pull: protocol.Pull, entry: InputFile) -> str | None:
+        """Fetch from the holder's data endpoint: None when done, else why it could not (then the relay)."""
         url = urlsplit(pull.url)
         target = f"/v1/data/{quote(pull.plan_id, safe='')}/{pull.attempt}/outputs/{quote(pull.output, safe='')}"
         tls = ssl.create_default_context() if url.scheme == "https" else None
@@ -122,18 +156,24 @@ class Puller:
                 headers["Range"] = range_from(entry.received)
             try:
                 await self._get(host, port, tls, http1.format_request("GET", target, headers), entry, pull)
-                return
+                return None
+            except _DialFailed as exc:
+                return f"worker {pull.worker_id} at {pull.url} could not be dialled ({exc})"
             except (OSError, TimeoutError, asyncio.IncompleteReadError, http1.HeadError) as exc:
                 broken += 1
                 if broken > RESUMES:
-                    raise _Gone(f"worker {pull.worker_id} at {pull.url} could not be read from "
-                                f"({type(exc).__name__}: {exc}; {broken} tries)") from None
+                    return (f"worker {pull.worker_id} at {pull.url} could not be read from "
+                            f"({type(exc).__name__}: {exc}; {broken} tries)")
+        return None
 
     async def _get(self, host: str, port: int, tls: ssl.SSLContext | None, request: bytes, entry: InputFile,
                    pull: protocol.Pull) -> None:
         """One GET: its body's bytes stored in ``entry`` from where it stands."""
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=tls),
-                                                self._connect_timeout_s)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=tls),
+                                                    self._connect_timeout_s)
+        except (OSError, TimeoutError) as exc:
+            raise _DialFailed(f"{type(exc).__name__}: {exc}") from None
         try:
             writer.write(request)
             head = bytearray()
@@ -158,8 +198,7 @@ class Puller:
                     batch += chunk
                     left -= len(chunk)
                     continue
-                await _store(entry, batch)
-                self.pulled_bytes += len(batch)
+                await self._store(entry, batch)
                 batch = bytearray()
         finally:
             writer.close()

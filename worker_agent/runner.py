@@ -29,6 +29,7 @@ from worker_agent.isolation import PlanIsolation
 from worker_agent.plan_tracing import LiveSpan, Tracing, attempt_span, child_span
 from worker_agent.probe import LoadTracker
 from worker_agent.pull import Puller
+from worker_agent.pull_relay import PullRelay
 from worker_agent.spool import Spool
 from worker_agent.spool_files import INPUTS_UNAVAILABLE, InputFile
 from worker_agent.telemetry import Telemetry
@@ -135,6 +136,7 @@ class PlanRunner:
         self.spool = spool
         self.isolation = isolation
         self.input_timeout_s = input_timeout_s
+        self.pull_relay: PullRelay | None = None  # pulls through the relay when a holder cannot be dialled (agent's)
         self.worker_id = worker_id
         self.max_concurrency = max_concurrency
         self.kill_grace_s = kill_grace_s
@@ -427,7 +429,7 @@ class PlanRunner:
             data = self.spool.plan_data(assign.plan_id, assign.attempt, assign.inputs)
             self.spool.claim(assign.plan_id, assign.attempt)
             if assign.pulls:  # inputs that are other plans' outputs, fetched from their holders (worker_agent/pull.py)
-                run.pulls = Puller(self.spool, self.worker_id).start(assign.pulls, data)
+                run.pulls = Puller(self.spool, self.worker_id, relay=self.pull_relay).start(assign.pulls, data)
         run.ctx = Context(
             data=data,
             plan_id=assign.plan_id,

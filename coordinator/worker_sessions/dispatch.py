@@ -10,7 +10,8 @@ Rules:
   (``not_registered``).
 * ``accept``/``reject``/``event``/``done`` carry a ``seq``: a re-send of one already applied
   (after a reconnect) is acked and dropped before it reaches its handler (coordinator/recovery.py).
-* ``data_chunk``/``data_credit``/``data_end`` go to the relay (coordinator/relay.py), untouched.
+* ``data_chunk``/``data_credit``/``data_end`` go to the relay (coordinator/relay.py), untouched; a
+  ``data_open`` is a relayed pull (``Relay.open_pull``: a plan it runs takes another plan's output).
 
 Depends on the collaborators it is handed, which it passes on, and the core's shared state
 (coordinator/state.py).
@@ -29,6 +30,7 @@ from protocol.messages import (
     DataChunk,
     DataCredit,
     DataEnd,
+    DataOpen,
     Done,
     Event,
     FromWorker,
@@ -146,6 +148,9 @@ class WorkerSessions:
             case DataChunk() | DataCredit() | DataEnd():
                 if self._relay is not None:
                     self._relay.on_data(s.conn_id, msg)
+            case DataOpen():  # a relayed pull: another plan's output, for a plan it runs (PROTOCOL.md §Plan graphs)
+                if self._relay is not None:
+                    self._relay.open_pull(s, msg)
             case _:
                 assert_never(msg)
 

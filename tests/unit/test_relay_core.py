@@ -252,3 +252,51 @@ def test_end_from_either_side_is_passed_on(h: Harness) -> None:
     h.close(client)
     assert only_of(h.take(worker), DataEnd).code == CLOSED
     assert h.core.relay.streams == {}
+
+
+def test_a_workers_pull_waits_behind_another_stream_of_the_output_and_opens_when_it_ends(h: Harness) -> None:
+    """A worker's relayed pull (data_open get from a worker session) reaches the holder; a second worker's pull of
+    the same output waits behind it, told so, and is opened as the first one's last chunk passes."""
+    client = h.client()
+    holder, plan_id = placed(h, "w1", client, outputs=["out"])
+    w2, w3 = h.worker("w2"), h.worker("w3")
+    h.take(w2), h.take(w3)
+
+    def pull(conn: int, stream: int) -> None:
+        h.send(conn, DataOpen(plan_id=plan_id, attempt=1, name="out", direction="get", ticket="t", stream=stream))
+
+    pull(w2, 7)
+    assert only_of(h.take(holder), DataOpen).stream == 7
+    assert only_of(h.take(w2), DataCredit).credit == WINDOW
+    pull(w3, 7)  # the same stream id from another session: no matter, it waits
+    wait = only_of(h.take(w3), DataCredit)
+    assert wait.credit == 0 and "another relayed fetch of this output" in wait.wait
+    assert h.take(holder) == []
+    h.send(holder, DataChunk(plan_id=plan_id, attempt=1, name="out", offset=0, data=b"abc", direction="get", size=3,
+                             last=True, stream=7))
+    assert only_of(h.take(w2), DataChunk).last
+    assert only_of(h.take(holder), DataOpen).direction == "get"  # w3's, now
+    assert only_of(h.take(w3), DataCredit).credit == WINDOW
+    h.send(w3, DataEnd(plan_id=plan_id, attempt=1, name="out", direction="get", code="cancelled", stream=7))
+    assert only_of(h.take(holder), DataEnd).code == "cancelled"
+    assert h.core.relay.streams == {} and h.core.relay.reserved == 0
+
+
+def test_a_pull_that_gave_up_or_whose_session_closed_while_waiting_is_never_opened(h: Harness) -> None:
+    """A waiting pull whose worker ended it (data_end) or whose session closed is forgotten: the holder never
+    gets its open. A worker may not open a put."""
+    client = h.client()
+    holder, plan_id = placed(h, "w1", client, outputs=["out"])
+    w2, w3, w4 = h.worker("w2"), h.worker("w3"), h.worker("w4")
+    opened = DataOpen(plan_id=plan_id, attempt=1, name="out", direction="get", ticket="t", stream=1)
+    h.send(w2, opened)
+    h.send(w3, opened)
+    h.send(w4, opened)
+    h.take(holder)
+    h.send(w3, DataEnd(plan_id=plan_id, attempt=1, name="out", direction="get", code="cancelled", stream=1))
+    h.close(w4)
+    h.send(w2, DataEnd(plan_id=plan_id, attempt=1, name="out", direction="get", code="cancelled", stream=1))
+    assert not [m for m in h.take(holder) if isinstance(m, DataOpen)]
+    assert h.core.relay.streams == {}
+    h.send(w2, DataOpen(plan_id=plan_id, attempt=1, name="x", ticket="t"))
+    assert only_of(h.take(w2), DataEnd).code == "invalid_argument"
