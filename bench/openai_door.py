@@ -13,7 +13,8 @@ Five measurements, each printed beside its peer measured in the same run:
    coordinator's own share (no worker agent, no engine), on the in-memory store and on the default
    durable one (SQLite: a plan is committed, fsync included, before it is placed); and the SDK's
    submit of the same plan to the same worker: the fleet's path without the door. The TTFB figures
-   other than (1)'s SQLite one use ``--store memory``: what the door adds, not what the disk does.
+   other than (1)'s SQLite ones (durable, and ``--openai-durable off``) use ``--store memory``:
+   what the door adds, not what the disk does.
 2. **Streamed requests per second.** The coordinator alone is measured: its workers are
    in-bench raw websocket workers (``--fast-worker``, one process) that answer each ``generate``
    with one token and ``done`` at once, a fake engine with no cost; the load is C keep-alive
@@ -43,6 +44,7 @@ Five measurements, each printed beside its peer measured in the same run:
     python bench/openai_door.py --quick --json   # a short run
     python bench/openai_door.py --generator python   # the load from this process (no wrk)
     python bench/openai_door.py --timeline-only --requests 300   # only six
+    python bench/openai_door.py --only load --seconds 5 --profile /tmp/prof   # only (2)'s raw load, profiled
 
 The goals of issue #30 are printed beside the figures (<= 1 ms p50 added, >= 5,000 streamed
 requests/s on 2 cores with tiny responses).
@@ -70,6 +72,7 @@ import msgspec
 HTTP_OK = b"HTTP/1.1 200"
 TEXT = re.compile(rb'"content": ?"[^"]')  # a chunk with text (the door's JSON has no spaces, the engine's has)
 MODEL = "m1"
+SECTIONS: Final = ("ttfb", "load", "clients", "memory", "prefix", "steps", "timeline")  # --only's
 
 
 # ---------------------------------------------------------------------------------------------- raw HTTP
@@ -712,6 +715,7 @@ async def ttfb(ns: argparse.Namespace, requests: int) -> dict[str, Any]:
         sd = await asyncio.to_thread(sync_openai_ttfb, f"http://{h.HOST}:{f.port}/v1", requests)
         se = await asyncio.to_thread(sync_openai_ttfb, f"{engine_url}/v1", requests)
     durable = await durable_ttfb(requests)
+    volatile = await durable_ttfb(requests, "--openai-durable", "off")
 
     def added(through: list[float], direct: list[float]) -> float:
         return round((h.percentile(through, 50) - h.percentile(direct, 50)) * 1e3, 3)
@@ -720,7 +724,9 @@ async def ttfb(ns: argparse.Namespace, requests: int) -> dict[str, Any]:
         "raw": {"door": h.summary_ms(door), "engine": h.summary_ms(direct), "added_p50_ms": added(door, direct),
                 "cpu_us_per_request": cpu_us},
         "coordinator_only": {"door": h.summary_ms(own), "added_p50_ms": added(own, direct),
-                             "sqlite": h.summary_ms(durable), "sqlite_added_p50_ms": added(durable, direct)},
+                             "sqlite": h.summary_ms(durable), "sqlite_added_p50_ms": added(durable, direct),
+                             "sqlite_nondurable": h.summary_ms(volatile),
+                             "sqlite_nondurable_added_p50_ms": added(volatile, direct)},
         "sdk": {"fleet": h.summary_ms(sdk), "door_over_sdk_p50_ms": added(door, sdk)},
         "openai": {"door": h.summary_ms(od), "engine": h.summary_ms(oe), "added_p50_ms": added(od, oe)},
         "openai_sync": {"door": h.summary_ms(sd), "engine": h.summary_ms(se), "added_p50_ms": added(sd, se)},
@@ -728,11 +734,12 @@ async def ttfb(ns: argparse.Namespace, requests: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def durable_ttfb(requests: int) -> list[float]:
+async def durable_ttfb(requests: int, *flags: str) -> list[float]:
     """(1) with the default durable store: the coordinator's own share again, on SQLite (its plan is recorded,
-    one group commit with its fsync, before the worker is sent it: docs/SEMANTICS.md)."""
+    one group commit with its fsync, before the worker is sent it: docs/SEMANTICS.md); with ``--openai-durable
+    off`` in ``flags``, the door's plans are not recorded and nothing waits for a commit."""
     async with h.fleet("sqlite") as f:
-        await f.start_coordinator()
+        await f.start_coordinator(*flags)
         fast = await h.spawn("fast-workers", sys.executable, __file__, "--fast-worker", f.url, "--fast-count", "1",
                              "--fast-model", FAST_MODEL)  # fmt: skip
         f.others.append(fast)
@@ -759,6 +766,8 @@ async def load(ns: argparse.Namespace, seconds: float) -> dict[str, Any]:
             await asyncio.to_thread(wrk_load, f.port, 4, 1.0, MODEL, generator_cpus)  # warm-up
         else:
             await raw_load(f.port, 4, 1.0)
+        profiler = h.Profiler(ns.profile)
+        profiler.attach("coordinator", pid, round(seconds) + 5)
         cpu0, workers0, started = h.cpu_seconds(pid), h.cpu_seconds(workers.pid), time.perf_counter()
         if use_wrk:
             result = await asyncio.to_thread(wrk_load, f.port, ns.connections, seconds, MODEL, generator_cpus)
@@ -767,9 +776,12 @@ async def load(ns: argparse.Namespace, seconds: float) -> dict[str, Any]:
             result = await raw_load(f.port, ns.connections, seconds)
             result.update(generator="python (this process)", generator_cpu_s=round(time.process_time() - own, 3))
         wall = time.perf_counter() - started
+        profiler.finish()
         cpu, workers_cpu = h.cpu_seconds(pid) - cpu0, h.cpu_seconds(workers.pid) - workers0
         result.update(connections=ns.connections, pinned=pinned, coordinator_core_busy=round(cpu / wall, 3),
                       workers_cpu_s=round(workers_cpu, 3), **cpu_figures(result, cpu, workers_cpu))  # fmt: skip
+        if "clients" not in ns.only:
+            return {"raw_load": result}
         base = f"http://{h.HOST}:{f.port}/v1"
         if pinned:
             pin(os.getpid(), "1")  # the openai clients run here: beside the generator, not on the coordinator's core
@@ -805,65 +817,89 @@ async def memory(ns: argparse.Namespace, streams: int) -> dict[str, Any]:
 
 async def measure(ns: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"machine": h.machine()}
-    result["ttfb"] = await ttfb(ns, ns.requests)
-    result.update(await load(ns, ns.seconds))
-    result["memory"] = await memory(ns, ns.streams)
-    conversations = ns.conversations  # not a multiple of the workers: round robin's turns do not line up
-    result["prefix"] = [prefix_hit_rate(policy, 8, conversations) for policy in ("kv_aware", "round_robin")]
-    result["steps"] = door_steps(ns.step_requests, 3 if ns.quick else 7)
-    if ns.timeline:
+    only = ns.only
+    if "ttfb" in only:
+        result["ttfb"] = await ttfb(ns, ns.requests)
+    if "load" in only:
+        result.update(await load(ns, ns.seconds))
+    if "memory" in only:
+        result["memory"] = await memory(ns, ns.streams)
+    if "prefix" in only:
+        conversations = ns.conversations  # not a multiple of the workers: round robin's turns do not line up
+        result["prefix"] = [prefix_hit_rate(policy, 8, conversations) for policy in ("kv_aware", "round_robin")]
+    if "steps" in only:
+        result["steps"] = door_steps(ns.step_requests, 3 if ns.quick else 7)
+    if "timeline" in only:
         result["timeline"] = await timeline(ns.requests, ns.token_delay)
     return result
 
 
 def lines(r: dict[str, Any]) -> list[str]:
-    t, raw, oa, sync, mem, s = (r["ttfb"], r["raw_load"], r["openai_load"], r["openai_sync_load"], r["memory"],
-                                r["steps"])  # fmt: skip
-
     def pair(figures: dict[str, float]) -> str:
         return f"{figures['p50_ms']} / {figures['p99_ms']}"
 
-    pinned = "coordinator pinned to CPU 0, generator and workers to CPU 1" if raw["pinned"] else "not pinned"
-    out = [
-        f"OpenAI front door — {r['machine'].get('cpus')} CPUs, {r['machine'].get('cpu', '?')}",
-        f"time to first text chunk, {t['requests']} sequential streamed requests (p50 / p99 ms):",
-        f"  raw HTTP   door {pair(t['raw']['door'])}   engine directly {pair(t['raw']['engine'])}   "
-        f"added p50 {t['raw']['added_p50_ms']} ms (goal <= 1 ms)",
-        "  CPU per request through the door (µs; /proc ticks, so +-{tick}): ".format(tick=round(1e4 / t["requests"]))
-        + ", ".join(f"{name} {us}" for name, us in t["raw"]["cpu_us_per_request"].items()),
-        f"  of which the coordinator's (a raw websocket worker, no agent, no engine): door "
-        f"{pair(t['coordinator_only']['door'])}, added p50 {t['coordinator_only']['added_p50_ms']} ms; with the "
-        f"default durable store (SQLite: the plan is committed before it is placed) "
-        f"{pair(t['coordinator_only']['sqlite'])}, added p50 {t['coordinator_only']['sqlite_added_p50_ms']} ms",
-        f"  the fleet without the door (SDK submit of the same generate plan) {pair(t['sdk']['fleet'])}: the door's "
-        f"own share of the p50 {t['sdk']['door_over_sdk_p50_ms']} ms",
-        f"  openai pkg door {pair(t['openai']['door'])}   engine directly {pair(t['openai']['engine'])}   "
-        f"added p50 {t['openai']['added_p50_ms']} ms",
-        f"  openai sync door {pair(t['openai_sync']['door'])}   engine directly {pair(t['openai_sync']['engine'])}   "
-        f"added p50 {t['openai_sync']['added_p50_ms']} ms",
-        f"streamed requests/s through one coordinator (tiny answers, fast workers; {raw['generator']}, "
-        f"x{raw['connections']} connections; {pinned}): {raw['requests_per_s']}/s (goal >= 5,000), errors "
-        f"{raw['errors']}",
-        f"  CPU per request (µs): coordinator {raw['coordinator_us_per_request']} (its core busy "
-        f"{raw['coordinator_core_busy']:.0%}), generator {raw['generator_us_per_request']}, fast workers "
-        f"{raw['workers_us_per_request']}: {raw['requests_per_s_per_coordinator_core']}/s per coordinator core, "
-        f"{raw['two_core_requests_per_s']}/s on 2 cores with the generator beside it (goal >= 5,000)",
-        f"  openai pkg x{oa['concurrency']} {oa['requests_per_s']}/s; openai sync x{sync['threads']} threads "
-        f"{sync['requests_per_s']}/s (client-bound)",
-        f"memory: {mem['streams']} open streams {mem['rss_before_mib']} -> {mem['rss_after_mib']} MiB = "
-        f"{mem['kib_per_open_stream']} KiB per open stream",
-        "prefix hit rate of four-turn chats (turns placed where their previous turn went): "
-        + ", ".join(f"{p['policy']} {p['hit_rate']:.0%} ({p['hits']}/{p['turns_after_the_first']})"
-                    for p in r["prefix"]),
-        f"the coordinator's CPU per tiny streamed request, in process (µs, best of {s['rounds']} x {s['requests']}): "
-        f"door {s['door_us']} (head and body {s['intake_us']}, checks and hints {s['checks_us']}, answer "
-        f"{s['reply_us']}), core {s['core_us']} (session, submit, placement, accept, token, done); the rest of "
-        f"the {raw['coordinator_us_per_request']} under load is I/O (sockets, websocket frames, the loop, the "
-        "driver's commit and delivery)",
-        f"  a real chat's checks and hints ({s['long_chat_tokens']} prompt tokens: its prefix hashes): "
-        f"{s['long_chat_checks_us']} µs per request; {s['long_chat_remembered_checks_us']} µs with its blocks in the "
-        "door's memo (a chat's next turn: only the new turn's blocks are hashed)",
-    ]
+    out = [f"OpenAI front door — {r['machine'].get('cpus')} CPUs, {r['machine'].get('cpu', '?')}"]
+    if "ttfb" in r:
+        t = r["ttfb"]
+        out += [
+            f"time to first text chunk, {t['requests']} sequential streamed requests (p50 / p99 ms):",
+            f"  raw HTTP   door {pair(t['raw']['door'])}   engine directly {pair(t['raw']['engine'])}   "
+            f"added p50 {t['raw']['added_p50_ms']} ms (goal <= 1 ms)",
+            "  CPU per request through the door (µs; /proc ticks, so +-{tick}): ".format(
+                tick=round(1e4 / t["requests"]))
+            + ", ".join(f"{name} {us}" for name, us in t["raw"]["cpu_us_per_request"].items()),
+            f"  of which the coordinator's (a raw websocket worker, no agent, no engine): door "
+            f"{pair(t['coordinator_only']['door'])}, added p50 {t['coordinator_only']['added_p50_ms']} ms; with the "
+            f"default durable store (SQLite: the plan is committed before it is placed) "
+            f"{pair(t['coordinator_only']['sqlite'])}, added p50 {t['coordinator_only']['sqlite_added_p50_ms']} ms; "
+            f"SQLite with --openai-durable off {pair(t['coordinator_only']['sqlite_nondurable'])}, added p50 "
+            f"{t['coordinator_only']['sqlite_nondurable_added_p50_ms']} ms",
+            f"  the fleet without the door (SDK submit of the same generate plan) {pair(t['sdk']['fleet'])}: the "
+            f"door's own share of the p50 {t['sdk']['door_over_sdk_p50_ms']} ms",
+            f"  openai pkg door {pair(t['openai']['door'])}   engine directly {pair(t['openai']['engine'])}   "
+            f"added p50 {t['openai']['added_p50_ms']} ms",
+            f"  openai sync door {pair(t['openai_sync']['door'])}   engine directly "
+            f"{pair(t['openai_sync']['engine'])}   added p50 {t['openai_sync']['added_p50_ms']} ms",
+        ]
+    if "raw_load" in r:
+        raw = r["raw_load"]
+        pinned = "coordinator pinned to CPU 0, generator and workers to CPU 1" if raw["pinned"] else "not pinned"
+        out += [
+            f"streamed requests/s through one coordinator (tiny answers, fast workers; {raw['generator']}, "
+            f"x{raw['connections']} connections; {pinned}): {raw['requests_per_s']}/s (goal >= 5,000), errors "
+            f"{raw['errors']}",
+            f"  CPU per request (µs): coordinator {raw['coordinator_us_per_request']} (its core busy "
+            f"{raw['coordinator_core_busy']:.0%}), generator {raw['generator_us_per_request']}, fast workers "
+            f"{raw['workers_us_per_request']}: {raw['requests_per_s_per_coordinator_core']}/s per coordinator "
+            f"core, {raw['two_core_requests_per_s']}/s on 2 cores with the generator beside it (goal >= 5,000)",
+        ]
+    if "openai_load" in r:
+        oa, sync = r["openai_load"], r["openai_sync_load"]
+        out.append(f"  openai pkg x{oa['concurrency']} {oa['requests_per_s']}/s; openai sync x{sync['threads']} "
+                   f"threads {sync['requests_per_s']}/s (client-bound)")
+    if "memory" in r:
+        mem = r["memory"]
+        out.append(f"memory: {mem['streams']} open streams {mem['rss_before_mib']} -> {mem['rss_after_mib']} MiB = "
+                   f"{mem['kib_per_open_stream']} KiB per open stream")
+    if "prefix" in r:
+        out.append("prefix hit rate of four-turn chats (turns placed where their previous turn went): "
+                   + ", ".join(f"{p['policy']} {p['hit_rate']:.0%} ({p['hits']}/{p['turns_after_the_first']})"
+                               for p in r["prefix"]))
+    if "steps" in r:
+        s = r["steps"]
+        under_load = f" of the {r['raw_load']['coordinator_us_per_request']}" if "raw_load" in r else ""
+        out += [
+            f"the coordinator's CPU per tiny streamed request, in process (µs, best of {s['rounds']} x "
+            f"{s['requests']}): door {s['door_us']} (head and body {s['intake_us']}, checks and hints "
+            f"{s['checks_us']}, answer {s['reply_us']}), core {s['core_us']} (session, submit, placement, accept, "
+            f"token, done); the rest{under_load} under load is I/O (sockets, websocket frames, the loop, the "
+            "driver's commit and delivery)",
+            f"  a real chat's checks and hints ({s['long_chat_tokens']} prompt tokens: its prefix hashes): "
+            f"{s['long_chat_checks_us']} µs per request; {s['long_chat_remembered_checks_us']} µs with its blocks in "
+            "the door's memo (a chat's next turn: only the new turn's blocks are hashed)",
+        ]
+    if "timeline" in r:
+        out += timeline_lines(r["timeline"])
     return out
 
 
@@ -889,10 +925,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeline", action="store_true",
                         help="also 6: where the first byte's time goes, in one process (see timeline())")
     parser.add_argument("--timeline-only", action="store_true", help="only 6")
+    parser.add_argument("--only", metavar="SECTIONS", type=lambda text: set(text.split(",")) - {""},
+                        help=f"only these, comma-separated, of: {', '.join(SECTIONS)} (clients: the openai "
+                             "package's load, after load's)")
     parser.add_argument("--step-requests", type=int, help="requests per round of the in-process steps (3000 [500])")
     parser.add_argument("--fast-workers", type=int, default=2, help="raw websocket workers of the load")
     parser.add_argument("--generator", choices=("auto", "wrk", "python"), default="auto",
                         help="the load's generator: wrk (C, when installed: auto) or this process's asyncio")
+    parser.add_argument("--profile", metavar="DIR", help="record a py-spy profile of the coordinator during the load "
+                                                         "into DIR/coordinator.txt (bench/profile_top.py lists it)")
     parser.add_argument("--fast-worker", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--fast-count", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
@@ -902,6 +943,10 @@ def main(argv: list[str] | None = None) -> int:
                               ("conversations", 201, 41), ("step_requests", 3000, 500)):  # fmt: skip
         if getattr(ns, name) is None:
             setattr(ns, name, quick if ns.quick else full)
+    if ns.only is None:
+        ns.only = set(SECTIONS) - {"timeline"} | ({"timeline"} if ns.timeline else set())
+    elif ns.only - set(SECTIONS):
+        parser.error(f"--only: unknown sections {sorted(ns.only - set(SECTIONS))}; they are {', '.join(SECTIONS)}")
     if ns.fast_worker:
         h.run_loop(fast_workers(ns.fast_worker, ns.fast_count, ns.hold, ns.fast_model))
         return 0
@@ -910,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
         h.emit(result, ns.json, timeline_lines(result["timeline"]))
         return 0
     result = h.run_loop(measure(ns))
-    h.emit(result, ns.json, lines(result) + (timeline_lines(result["timeline"]) if "timeline" in result else []))
+    h.emit(result, ns.json, lines(result))
     return 0
 
 

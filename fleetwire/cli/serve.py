@@ -105,6 +105,7 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         autoscale_provider=_autoscale_provider(ns),
         openai=not ns.no_openai,
         openai_queue_timeout_s=ns.openai_queue_timeout,
+        openai_durable=ns.openai_durable == "on",
         openai_rate=ns.openai_rate,
         openai_burst=ns.openai_burst,
         otlp_endpoint=ns.otlp_endpoint,
@@ -415,6 +416,9 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
     g.add_argument("--openai-queue-timeout", type=float, default=30.0, metavar="S",
                    help="an OpenAI request no worker took this long is answered 503 and its plan cancelled "
                         "(default 30)")
+    g.add_argument("--openai-durable", choices=("on", "off"), default="on",
+                   help="off: the door's plans are never written to the store, so a request waits for no commit "
+                        "before it is placed (a crash loses their records: docs/OPENAI.md §Durability) (default on)")
     g.add_argument("--openai-rate", type=float, default=0.0, metavar="R",
                    help="OpenAI requests per second each principal may make to this coordinator; past it 429 with "
                         "Retry-After (default 0: no limit)")

@@ -17,6 +17,11 @@ Within one frame, once its requests have cost the frame budget (coordinator/read
 they asked so far goes out and the rest waits for the next loop turn. In cluster mode a shard's
 core moves a session whose message belongs to another shard (``redirect``: a ``moved``, then
 4307); while the store's database is away a ``submit`` is answered ``unavailable``.
+
+Plans in :attr:`CoreDriver.volatile` (the OpenAI door's under ``--openai-durable off``) are never
+written: their records are dropped before the committer, so a step that touched only them has no
+records and goes out at once, or behind the batches already waiting (order is kept), never behind
+a commit of its own.
 """
 
 from __future__ import annotations
@@ -100,6 +105,9 @@ class CoreDriver:
         # Sessions of the core that are no websocket (the OpenAI door's requests, frontdoor/openai_http.py): their
         # messages are handed to ``deliver(msgs)`` as Structs, once committed like everyone's.
         self.sinks: dict[int, Sink] = {}
+        # Plans never written to the store (the OpenAI door's under --openai-durable off, docs/OPENAI.md
+        # §Durability): their records are dropped here, so a step of theirs alone waits for no commit.
+        self.volatile: set[str] = set()
         self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
         self.spans: PlanSpans | None = None  # traced plans' spans (coordinator/io/ops/tracing.py; the server sets it)
 
@@ -124,6 +132,9 @@ class CoreDriver:
         ``size``: the bytes of the frame that caused them (the committer's backlog bound).
         """
         effects = self.core.take_effects()
+        if self.volatile and effects.records:
+            volatile = self.volatile
+            effects.records = [record for record in effects.records if getattr(record, "plan_id", None) not in volatile]
         if effects.traces is not None and self.spans is not None:
             self.spans.flushed(effects.traces)
         if effects.decisions and self.hook is not None:

@@ -35,6 +35,7 @@ class Door(Protocol):
 
     driver: CoreDriver
     queue_timeout_s: float
+    durable: bool  # False: its plans are never written to the store (CoreDriver.volatile)
     clock: Callable[[], float]
     wall: Callable[[], float]
 
@@ -110,6 +111,8 @@ class Exchange:
         driver.core.open_session(self.conn_id, "client", now, principal=self.principal.name,
                                  address=self.conn.address, admin=self.principal.admin)
         driver.sinks[self.conn_id] = self
+        if not door.durable:
+            driver.volatile.add(self.plan_id)  # its records are dropped: its steps wait for no commit
         driver.receive(self.conn_id, submit, now)
         driver.flush(self.body_bytes)
         self._schedule()
@@ -224,6 +227,9 @@ class Exchange:
                 driver.receive(self.conn_id, Cancel(plan_id=self.plan_id, req_id=CANCEL_REQ), now)
             driver.core.close_session(self.conn_id, now)
             driver.flush()
+        # A later record of the plan (a worker's late done, its retention's forget) reaches the store, which skips
+        # a record of a plan it never had (coordinator/io/stores/store.py).
+        driver.volatile.discard(self.plan_id)
         if not self.conn.closing:
             self.conn.finished(self.keep_alive)
 

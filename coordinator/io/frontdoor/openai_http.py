@@ -213,16 +213,19 @@ class OpenAIDoor(OpenAIEntry):
         driver: the core's driver (its core, its sinks, its flush, cluster mode's redirect).
         tokens, limits, max_body_bytes, rate, clock, wall: as :class:`OpenAIEntry`'s.
         queue_timeout_s: how long a request waits for a worker (503 after).
+        durable: False (``--openai-durable off``): the requests' plans are never written to the store
+            (``CoreDriver.volatile``), so no step of theirs waits for a commit (docs/OPENAI.md §Durability).
     """
 
     def __init__(
         self, driver: CoreDriver, tokens: TokenStore | None, limits: Limits, *, max_body_bytes: int,
         queue_timeout_s: float, rate: RequestRate | None = None, clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        wall: Callable[[], float] = time.time, durable: bool = True,
     ) -> None:  # fmt: skip
         super().__init__(tokens, limits, max_body_bytes=max_body_bytes, rate=rate, clock=clock, wall=wall)
         self.driver = driver
         self.queue_timeout_s = queue_timeout_s
+        self.durable = durable
         self.models = ModelTable(driver.core.registry.iter_alive)
         self.ids = itertools.count(CONN_ID_BASE)
 

@@ -147,13 +147,15 @@ class CoordinatorServer:
         # The OpenAI-compatible routes on this same port and TLS (docs/OPENAI.md; --no-openai: none).
         self.openai = OpenAIDoor(
             self.driver, self.tokens, settings.limits, queue_timeout_s=settings.openai_queue_timeout_s,
+            durable=settings.openai_durable,
             max_body_bytes=settings.limits.frame_bytes("client", settings.max_frame_bytes),
             rate=RequestRate(settings.openai_rate, settings.openai_burst),
         ) if settings.openai else None
         if self.openai is not None:
             self._gate.pending.divert = self.openai.divert  # the first bytes of each connection decide (admission.py)
         # Traces (docs/OPERATIONS.md §Tracing): the core notes traced plans' steps, the driver makes their spans.
-        self.tracing = Tracing.from_env(SERVICE_COORDINATOR, endpoint=settings.otlp_endpoint or None)
+        self.tracing = Tracing.from_env(SERVICE_COORDINATOR, endpoint=settings.otlp_endpoint or None,
+                                        export_process=True)  # the SDK's encoder off this process (§Tracing)
         if self.tracing is not None:
             self.driver.spans = PlanSpans(self.tracing)
             self.core.streams.tracing = True

@@ -82,6 +82,9 @@ class ServerSettings:
     metrics_listen: str | None = None  # HOST:PORT: /metrics on its own socket (404 on the main port)
     openai: bool = True  # serve the OpenAI-compatible routes on the main port (docs/OPENAI.md; --no-openai)
     openai_queue_timeout_s: float = 30.0  # an OpenAI request waits this long for a worker, then 503
+    # False (--openai-durable off): the door's plans are never written to the store, so a request's steps wait for
+    # no commit (docs/OPENAI.md §Durability); True: recorded before placement as every plan.
+    openai_durable: bool = True
     # Grid carbon forecasts for time shifting (--carbon-forecast; coordinator/io/ops/carbon_feed.py); None: none, so
     # plans with a deadline are placed at once. A forecast older than carbon_forecast_max_age_s is stale.
     carbon_forecast: ForecastSource | None = None
