@@ -88,7 +88,7 @@ def noop(ctx: Any, args: Any) -> None:
     """The cheapest plan: what the bridge to a child costs, with nothing else in the way."""
 
 
-async def _run(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, bool]]:
+async def _run(ns: argparse.Namespace, report: dict[str, Any], checks: dict[str, bool]) -> None:
     import httpx
 
     from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
@@ -96,8 +96,6 @@ async def _run(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, bool]]
     from worker_agent import Agent
     from worker_agent.energy import Nvml
 
-    report: dict[str, Any] = {}
-    checks: dict[str, bool] = {}
     nvml = Nvml.open()
     assert nvml is not None
     try:
@@ -181,7 +179,6 @@ async def _run(ns: argparse.Namespace) -> tuple[dict[str, Any], dict[str, bool]]
         agent.stop()
         await asyncio.wait_for(task, 30)
         await coordinator.stop()
-    return report, checks
 
 
 def main() -> int:
@@ -199,7 +196,13 @@ def main() -> int:
         print("SKIP: no NVML library, driver or device on this host; nothing to check")
         return 2 if ns.require_gpu else 0
     nvml.close()
-    report, checks = asyncio.run(_run(ns))
+    report: dict[str, Any] = {}
+    checks: dict[str, bool] = {}
+    try:  # what was gathered before a step failed is printed too (a lent GPU's run is not repeated lightly)
+        asyncio.run(_run(ns, report, checks))
+    except Exception as exc:
+        report["failed_step"] = f"{type(exc).__name__}: {exc}"
+        checks["every_step_ran"] = False
     if ns.json:
         print(json.dumps({"report": report, "checks": checks}, indent=2))
     else:
