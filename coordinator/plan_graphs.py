@@ -118,17 +118,21 @@ class PlanGraphs:
                 continue
             plan = find(ref.plan_id)
             if plan is None:
-                return msg, _unknown(f"input {spec.name!r} refers to", ref.plan_id, msg.plan_id)
+                return msg, self._unknown(f"input {spec.name!r} refers to", ref.plan_id, msg.plan_id)
             inputs.append(msgspec.structs.replace(spec, ref=OutputRef(plan.id, ref.name)))
         after: list[str] = []
         for plan_id in msg.after:
             plan = find(plan_id)
             if plan is None:
-                return msg, _unknown("after names", plan_id, msg.plan_id)
+                return msg, self._unknown("after names", plan_id, msg.plan_id)
             after.append(plan.id)
         resolved = msgspec.structs.replace(msg, inputs=inputs, after=after)
         problem = self.graph.refusal(msg.plan_id or "", owner, needs_of(resolved.inputs, resolved.after))
         return resolved, problem
+
+    def _unknown(self, where: str, plan_id: str, own: str | None) -> str:
+        """Why an upstream is refused as unknown; a shard's core (cluster mode) names the limit on shards."""
+        return _unknown(where, plan_id, own, self._state.placement.config.cluster)
 
     # ------------------------------------------------------------------ held, ready, doomed
 
@@ -391,8 +395,14 @@ class PlanGraphs:
                 f"(at most {bound:.1f} s; then it goes where there is room)")
 
 
-def _unknown(where: str, plan_id: str, own: str | None) -> str:
+_ACROSS_SHARDS = ("; in cluster mode a plan may need only plans of its own shard (submitted to the same pool), "
+                  "so a plan of another shard is not found here: references and after across shards are not "
+                  "supported yet (docs/SEMANTICS.md §Graphs)")
+
+
+def _unknown(where: str, plan_id: str, own: str | None, cluster: bool = False) -> str:
     if own is not None and plan_id == own:
         return f"{where} the plan itself: a plan cannot need its own output"
-    return f"{where} plan {plan_id}, which this principal has not submitted (or it was forgotten)"
+    why = f"{where} plan {plan_id}, which this principal has not submitted (or it was forgotten)"
+    return why + _ACROSS_SHARDS if cluster else why
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.placement.placer import PlacementConfig
 from protocol import errors
 from protocol.messages import (
     Accept,
@@ -122,6 +123,25 @@ def test_references_to_unknown_or_other_principals_plans_are_refused_naming_the_
         error = error_of(h, alice)
         assert error.code == errors.INVALID_ARGUMENT and words in error.message, error.message
     assert "b" not in h.core.plans and "c" not in h.core.plans
+
+
+def test_a_shards_core_refuses_an_unknown_upstream_naming_the_limit_on_shards() -> None:
+    """In cluster mode (a shard's core) a reference or after naming a plan this core does not hold is refused
+    saying that plans may need only plans of their own shard (references across shards are not supported)."""
+    h = Harness(placement=PlacementConfig(cluster=True))
+    alice = h.client("alice")
+    for msg, words in (
+        ({"plan_id": "b", "inputs": [ref("elsewhere")]}, "input 'x' refers to plan elsewhere"),
+        ({"plan_id": "c", "after": ["elsewhere"]}, "after names plan elsewhere"),
+    ):
+        h.send(alice, Submit(req_id=7, op="echo", **msg))  # type: ignore[arg-type]
+        error = error_of(h, alice)
+        assert error.code == errors.INVALID_ARGUMENT and words in error.message, error.message
+        assert "only plans of its own shard" in error.message and "across shards are not supported" in error.message
+    alone = Harness()
+    client = alone.client("alice")
+    alone.send(client, Submit(req_id=7, op="echo", plan_id="b", inputs=[ref("elsewhere")]))
+    assert "shard" not in error_of(alone, client).message  # one coordinator alone: no word of shards
 
 
 def test_a_failed_upstream_fails_the_chain_at_once_naming_each_upstream() -> None:
