@@ -27,29 +27,36 @@ Theory of operation:
   bounded queue (``OTEL_BSP_MAX_QUEUE_SIZE``, default 65,536; past it spans are dropped and
   counted in :attr:`Tracing.dropped`, never a stall). An exporter thread wakes every
   ``OTEL_BSP_SCHEDULE_DELAY`` ms (default 5,000) or when a batch (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
-  default 2,048) is waiting, builds the SDK's ``ReadableSpan`` objects from the tuples and hands
-  them to the standard OTLP/HTTP exporter (protobuf). :meth:`Tracing.flush` exports what is queued
-  now; :meth:`Tracing.shutdown` flushes and stops the thread.
+  default 2,048) is waiting and hands the batch on (wireio/span_export.py): with
+  ``export_process`` (the coordinator and worker daemons) as one msgpack frame to a child process
+  that builds the SDK's ``ReadableSpan`` objects and runs the standard OTLP/HTTP exporter
+  (protobuf), so this process never imports OpenTelemetry; without it (the client in an
+  application's process, or an exporter given in code) the thread does that itself.
+  :meth:`Tracing.flush` exports what is queued now; :meth:`Tracing.shutdown` flushes and stops the
+  thread (and the child).
 
 What a sampled span still costs, measured on the 2-core VM (docs/OPERATIONS.md §Tracing, *What it
-costs*): about 2 µs to note it here (the hot path), then in the exporter thread about 2.5 µs to build
-its ``ReadableSpan`` and about 12 µs plus 3 µs per attribute in the SDK's OTLP encoder
-(``encode_spans``: a protobuf message per span, attribute and value; serialising them is 0.5 µs).
+costs*): about 2 µs to note it here (the hot path), then about 2.5 µs to build its ``ReadableSpan``
+and about 12 µs plus 3 µs per attribute in the SDK's OTLP encoder (``encode_spans``: a protobuf
+message per span, attribute and value; serialising them is 0.5 µs), in the exporter thread or
+(``export_process``) the child, where the exporter thread only packs it (~0.2 µs).
 An unsampled plan costs the client one ratio test (~0.2 µs) and the other hops one flags test.
 """
 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import random
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from protocol.tracecontext import format_traceparent, is_sampled
+from wireio.span_export import ExportProcess, SpanBuilder
 
 __all__ = [
     "SERVICE_CLIENT",
@@ -74,7 +81,7 @@ _MISSING: Final = (
     "tracing needs the OpenTelemetry SDK and its OTLP/HTTP exporter: pip install 'fleetwire[otel]' "
     "(opentelemetry-sdk, opentelemetry-exporter-otlp-proto-http)"
 )
-_KINDS: Final = ("internal", "server", "client", "producer", "consumer")  # OpenTelemetry's SpanKind values, in order
+_SDK_MODULES: Final = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")
 _MASK64: Final = (1 << 64) - 1
 _SAMPLERS: Final = frozenset({"always_on", "always_off", "traceidratio", "parentbased_always_on",
                               "parentbased_always_off", "parentbased_traceidratio"})  # fmt: skip
@@ -208,6 +215,8 @@ class Tracing:
         environ: where ``OTEL_*`` are read (default: the process's).
         exporter: a span exporter to use instead of OTLP/HTTP (an in-memory one in tests).
         service_name: this exact service name, whatever ``OTEL_SERVICE_NAME`` says.
+        export_process: export through a child process (wireio/span_export.py: the daemons), not
+            in this one; ignored with ``exporter``.
 
     Raises:
         ValueError: the OpenTelemetry SDK is not installed (the message says what to install).
@@ -215,40 +224,34 @@ class Tracing:
 
     def __init__(
         self, service: str, *, endpoint: str | None = None, environ: Mapping[str, str] | None = None,
-        exporter: Any = None, service_name: str | None = None,
+        exporter: Any = None, service_name: str | None = None, export_process: bool = False,
     ) -> None:  # fmt: skip
         env = os.environ if environ is None else environ
-        try:
-            from opentelemetry import trace
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import Event as SdkEvent
-            from opentelemetry.sdk.trace import ReadableSpan
-            from opentelemetry.sdk.trace.export import SpanExportResult
-            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-        except ImportError:
-            raise ValueError(_MISSING) from None
-        if exporter is None:
-            try:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-            except ImportError:
-                raise ValueError(_MISSING) from None
-            exporter = OTLPSpanExporter(endpoint=_traces_url(endpoint) if endpoint else None)
         self.service = service_name or env.get("OTEL_SERVICE_NAME") or service
         self.sampler = Sampler.from_env(env)
         self.exporter = exporter
+        self.process: ExportProcess | None = None
+        """The child that exports (``export_process``), else None: the exporter runs in this process."""
+        self._builder: SpanBuilder | None = None
+        if export_process and exporter is None:
+            if not _sdk_installed():
+                raise ValueError(_MISSING)
+            self.process = ExportProcess(self.service, _traces_url(endpoint) if endpoint else "", env)
+            self.process.start()
+        else:
+            try:
+                self._builder = SpanBuilder(self.service)
+                if exporter is None:
+                    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+                    self.exporter = OTLPSpanExporter(endpoint=_traces_url(endpoint) if endpoint else None)
+            except ImportError:
+                raise ValueError(_MISSING) from None
         self.dropped = 0
-        """Spans not exported: the queue was full (a collector slower than the spans), or the export failed."""
+        """Spans not exported: the queue was full (a collector slower than the spans), the export failed, or
+        the exporter process was lost with them."""
         self.exported = 0
-        """Spans handed to the exporter."""
-        self._trace = trace
-        self._readable = ReadableSpan
-        self._failure = SpanExportResult.FAILURE
-        self._event = SdkEvent
-        self._resource = _cached_hash(Resource.create({"service.name": self.service}))
-        self._scope = InstrumentationScope("fleetwire")
-        self._kinds = tuple(trace.SpanKind(i) for i in range(len(_KINDS)))
-        self._flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
-        self._ok = trace.Status(trace.StatusCode.UNSET)
+        """Spans exported (with ``export_process``: handed to the child, less those it reported failed)."""
         self._max_queue = _env_int(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SPANS)
         self._batch = min(_env_int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH_SPANS), self._max_queue)
         self._delay_s = _env_int(env, "OTEL_BSP_SCHEDULE_DELAY", DEFAULT_DELAY_MS) / 1000
@@ -260,8 +263,8 @@ class Tracing:
         self._thread.start()
 
     @classmethod
-    def from_env(cls, service: str, *, endpoint: str | None = None,
-                 environ: Mapping[str, str] | None = None) -> Tracing | None:  # fmt: skip
+    def from_env(cls, service: str, *, endpoint: str | None = None, environ: Mapping[str, str] | None = None,
+                 export_process: bool = False) -> Tracing | None:  # fmt: skip
         """A tracer when tracing is asked for (:func:`tracing_requested`), else None.
 
         Raises:
@@ -269,7 +272,7 @@ class Tracing:
         """
         if not tracing_requested(environ, endpoint):
             return None
-        return cls(service, endpoint=endpoint, environ=environ)
+        return cls(service, endpoint=endpoint, environ=environ, export_process=export_process)
 
     # -- the hot path: plain values into the queue ------------------------------------------------
 
@@ -327,41 +330,35 @@ class Tracing:
             wake.clear()
             self._export_queued()
 
-    def _export_queued(self) -> None:
-        """Export every span queued now, in batches."""
+    def _export_queued(self) -> bool:
+        """Export every span queued now, in batches; whether every batch went."""
+        went = True
         with self._export_lock:
-            queue, batch_size = self._queue, self._batch
+            queue, batch_size, process, builder = self._queue, self._batch, self.process, self._builder
+            failed = process.failed if process is not None else 0
             while queue:
                 batch = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
-                spans = [self._readable_span(*raw) for raw in batch]
-                try:
-                    failed = self.exporter.export(spans) is self._failure  # the collector refused it, or is away
-                except Exception:  # a failing exporter loses its batch, never the thread
-                    failed = True
-                if failed:
-                    self.dropped += len(spans)
+                if process is not None:
+                    sent = process.send(batch)  # False: the child is gone (it is started again later)
                 else:
-                    self.exported += len(spans)
-
-    def _readable_span(self, name: str, trace_hex: str, span_id: int, parent_id: int, remote: bool, start_ns: int,
-                       end_ns: int, attributes: Attributes | None, events: list[Event] | None, kind: str,
-                       error: str) -> Any:  # fmt: skip
-        trace, flags = self._trace, self._flags
-        trace_id = int(trace_hex, 16)
-        parent = trace.SpanContext(trace_id, parent_id, remote, flags) if parent_id else None
-        return self._readable(
-            name=name, context=trace.SpanContext(trace_id, span_id, False, flags), parent=parent,
-            resource=self._resource, attributes=attributes,
-            events=[self._event(n, a, t) for n, t, a in events] if events else (),
-            kind=self._kinds[_KINDS.index(kind)],
-            status=trace.Status(trace.StatusCode.ERROR, error) if error else self._ok,
-            start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope,
-        )  # fmt: skip
+                    assert builder is not None
+                    sent = builder.export(self.exporter, batch)  # False: the collector refused it, or is away
+                if sent:
+                    self.exported += len(batch)
+                else:
+                    self.dropped += len(batch)
+                    went = False
+            if process is not None:
+                self._count_lost(process.failed - failed)
+        return went
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Export what is queued now; whether it all went within ``timeout_s``."""
-        self._export_queued()
-        return bool(self.exporter.force_flush(int(timeout_s * 1000)))
+        """Export what is queued now; whether it all went within ``timeout_s`` (none was lost)."""
+        went = self._export_queued()
+        process = self.process
+        if process is None:
+            return bool(self.exporter.force_flush(int(timeout_s * 1000))) and went
+        return self._settle(lambda: process.flush(timeout_s)) and went
 
     def shutdown(self) -> None:
         """Export what is queued, stop the exporter's thread and the exporter (again: nothing)."""
@@ -371,16 +368,32 @@ class Tracing:
         self._wake.set()
         self._thread.join()
         self._export_queued()
-        self.exporter.shutdown()
+        if self.process is None:
+            self.exporter.shutdown()
+        else:
+            self._settle(self.process.close)  # the child exports what it holds and exits (bounded: EXIT_WAIT_S)
+
+    def _settle(self, call: Callable[[], bool]) -> bool:
+        """Ask the exporter process (``call``) and count what it now says it did not export as dropped."""
+        assert self.process is not None
+        with self._export_lock:
+            failed = self.process.failed
+            done = call()
+            self._count_lost(self.process.failed - failed)
+        return done
+
+    def _count_lost(self, lost: int) -> None:
+        """Spans counted exported that the exporter process says it did not export (or died with)."""
+        self.exported -= lost
+        self.dropped += lost
 
 
-def _cached_hash(resource: Any) -> Any:
-    """The resource, as one whose hash is computed once (the OTLP encoder hashes it per span: ~3 µs each)."""
-    base = type(resource)
-    cached = type("FleetwireResource", (base,), {"__hash__": lambda self: self._fleetwire_hash, "__eq__": base.__eq__})
-    clone = cached(resource.attributes, resource.schema_url)
-    clone._fleetwire_hash = hash(resource)
-    return clone
+def _sdk_installed() -> bool:
+    """Whether the SDK and its OTLP/HTTP exporter can be imported (found, not imported)."""
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in _SDK_MODULES)
+    except (ImportError, ValueError):
+        return False
 
 
 def _span_id() -> int:

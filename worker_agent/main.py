@@ -252,7 +252,8 @@ def _agent(ns: argparse.Namespace, url: str, token: str | None) -> Agent:
     """
     handlers = _handlers(ns)
     telemetry: Telemetry = telemetry_from_args(ns)
-    tracing = Tracing.from_env(SERVICE_WORKER, endpoint=ns.otlp_endpoint or None)  # docs/OPERATIONS.md §Tracing
+    tracing = Tracing.from_env(SERVICE_WORKER, endpoint=ns.otlp_endpoint or None,
+                               export_process=True)  # the SDK's encoder off this process: docs/OPERATIONS.md §Tracing
     agent = Agent(url, token, settings=_settings(ns), telemetry=telemetry, tracing=tracing)
     if telemetry.engine is not None:  # op "generate" streams from the OpenAI-compatible server
         agent.add_handler("generate", telemetry.engine.generate)

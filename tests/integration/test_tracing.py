@@ -66,15 +66,16 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(receiver: OtlpReceiver) -> AsyncIterator[Fleet]:
-    """A traced coordinator (memory store) and a traced worker with op ``generate`` (the fake engine) and ``flaky``."""
+    """A traced coordinator (memory store) and a traced worker with op ``generate`` (the fake engine) and ``flaky``;
+    both export through a child process, as the daemons do (wireio/span_export.py)."""
     engine = fake_engine.FakeEngine(name="e1", model="m1", token_delay_s=0.0).start()
     store = MemoryStore()
     coordinator = CoordinatorServer(ServerSettings(port=0, insecure=True, store="memory",
                                                    otlp_endpoint=receiver.endpoint), store=store)  # fmt: skip
     await coordinator.start()
     inference = InferenceEngine(engine.url)
-    agent = Agent(coordinator.url, None, worker_id="w1", tracing=Tracing(SERVICE_WORKER, endpoint=receiver.endpoint),
-                  reconnect_base_s=0.02, reconnect_cap_s=0.2)  # fmt: skip
+    tracing = Tracing(SERVICE_WORKER, endpoint=receiver.endpoint, export_process=True)  # as the worker daemon's
+    agent = Agent(coordinator.url, None, worker_id="w1", tracing=tracing, reconnect_base_s=0.02, reconnect_cap_s=0.2)
     agent.add_handler("generate", inference.generate)
     failed: set[str] = set()
 
@@ -180,3 +181,31 @@ async def test_a_retry_and_a_coordinator_restart_stay_in_the_plans_trace(receive
     finally:
         agent.stop()
         await asyncio.wait_for(task, 10)
+
+
+async def test_a_killed_or_stopped_span_exporter_never_stalls_the_coordinator(
+    receiver: OtlpReceiver, app: Any, fleet: Fleet
+) -> None:
+    """With the coordinator's exporter process stopped (SIGSTOP) traced plans still run to the end; killed, it is
+    replaced and the next plan's coordinator spans reach the collector."""
+    import signal
+
+    tracing = fleet.coordinator.tracing
+    assert tracing is not None and tracing.process is not None and tracing.process.proc is not None
+    tracing.process.respawn_s = 0.0
+    child = tracing.process.proc
+    async with Client(fleet.coordinator.url) as client:
+        child.send_signal(signal.SIGSTOP)
+        with app.start_as_current_span("while-stopped"):
+            plans = await client.submit_many("echo", range(20))
+        assert [await p.result() for p in plans] == list(range(20))
+        child.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(child.wait)
+        with app.start_as_current_span("after-kill") as root:
+            plan = await client.submit("echo", args=1)
+        assert await plan.result() == 1
+    trace_id = f"{root.get_span_context().trace_id:032x}"
+    assert await asyncio.to_thread(tracing.flush, 20)
+    queued = await asyncio.to_thread(receiver.wait_for, lambda got: [s for s in got if s.trace_id == trace_id
+                                                                     and s.name == "fleetwire.queue"])  # fmt: skip
+    assert tracing.process.started == 2 and tracing.process.proc is not child and queued

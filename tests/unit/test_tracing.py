@@ -201,3 +201,99 @@ def test_a_batch_the_collector_refuses_counts_as_dropped_not_exported() -> None:
         assert (tracing.exported, tracing.dropped) == (0, 1)
     finally:
         tracing.shutdown()
+
+
+def test_an_exporter_process_posts_the_spans_and_the_daemon_imports_no_sdk() -> None:
+    """With export_process the spans reach a real receiver through the child (service name, parent and attributes
+    kept, flush waits for the post), and the process that noted them never imported the SDK or protobuf."""
+    code = (
+        "import sys; from wireio.tracing import Tracing; "
+        "t = Tracing('fleetwire-worker', endpoint=sys.argv[1], environ={}, export_process=True); "
+        f"t.record('fleetwire.queue', {SAMPLED!r}, 1_000, 2_000, {{'fleetwire.attempt': 2, 'ok': True}}, "
+        "events=[('waiting', 1_500, {'reason': 'r'})]); "
+        "assert t.flush(20), 'flush'; t.shutdown(); "
+        "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk.', 'google.protobuf', 'requests'))), "
+        "t.exported, t.dropped, t.process.started)"
+    )
+    with OtlpReceiver() as receiver:
+        out = subprocess.run([sys.executable, "-c", code, receiver.endpoint], capture_output=True, text=True,
+                             check=True, timeout=60).stdout  # fmt: skip
+        (span,) = receiver.wait_for(lambda got: len(got) >= 1)
+    assert out.split() == ["[]", "1", "0", "1"]
+    assert (span.service, span.name, span.trace_id, span.parent_span_id) == ("fleetwire-worker", "fleetwire.queue",
+                                                                             TRACE, SPAN)  # fmt: skip
+    assert (span.start_ns, span.end_ns, span.events) == (1_000, 2_000, ["waiting"])
+    assert span.attributes == {"fleetwire.attempt": 2, "ok": True}
+
+
+def _process_tracing(receiver: OtlpReceiver, batch: int = 2048) -> Tracing:
+    """A tracer whose child posts to ``receiver``; its thread sends only full batches (of ``batch`` spans)."""
+    environ = {"OTEL_BSP_SCHEDULE_DELAY": "600000", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": str(batch)}
+    tracing = Tracing(SERVICE_COORDINATOR, endpoint=receiver.endpoint, environ=environ, export_process=True)
+    assert tracing.process is not None and tracing.process.proc is not None
+    return tracing
+
+
+def test_a_killed_exporter_process_is_replaced_and_spans_meanwhile_are_dropped_not_waited_for() -> None:
+    """A child killed between batches is replaced at the next batch and its spans go through; the spans a child dies
+    with are counted dropped, and while its successor waits out the pause after a death, a batch is dropped and
+    counted at once, never waited for."""
+    import signal
+    import time
+
+    with OtlpReceiver() as receiver:
+        tracing = _process_tracing(receiver)
+        process = tracing.process
+        assert process is not None and process.proc is not None
+        try:
+            process.respawn_s = 0.0
+            process.proc.send_signal(signal.SIGKILL)
+            process.proc.wait()
+            tracing.record("after-kill", SAMPLED, 1, 2)
+            assert tracing.flush(20)
+            assert receiver.wait_for(lambda got: any(s.name == "after-kill" for s in got))
+            assert (process.started, tracing.exported, tracing.dropped) == (2, 1, 0)
+
+            process.respawn_s = 600.0  # the next death's successor waits: what comes meanwhile is lost
+            child = process.proc
+            assert child is not None
+            child.send_signal(signal.SIGSTOP)
+            tracing.record("in-its-pipe", SAMPLED, 1, 2)
+            assert not tracing.flush(0.3)  # sent, never answered for
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            tracing.record("while-away", SAMPLED, 1, 2)
+            began = time.monotonic()
+            assert not tracing.flush(20)
+            assert time.monotonic() - began < 5
+            assert (process.started, process.proc, tracing.exported, tracing.dropped) == (2, None, 1, 2)
+        finally:
+            tracing.shutdown()
+        assert not {"in-its-pipe", "while-away"} & {s.name for s in receiver.spans}
+
+
+def test_a_stuck_exporter_process_is_killed_and_a_flush_or_shutdown_never_hangs() -> None:
+    """A child that stops reading (SIGSTOP) is killed once its pipe has been full for stuck_s: the spans it did not
+    take are dropped and counted, the flush that found it says so within its bound, and the shutdown is prompt."""
+    import signal
+    import time
+
+    with OtlpReceiver() as receiver:
+        tracing = _process_tracing(receiver, batch=1_000_000)  # the flush below sends them: one ~3 MB frame
+        process = tracing.process
+        assert process is not None and process.proc is not None
+        stopped = process.proc
+        process.stuck_s, process.exit_wait_s, process.respawn_s = 0.3, 0.5, 600.0
+        try:
+            stopped.send_signal(signal.SIGSTOP)
+            for i in range(20_000):  # more than the pipe holds
+                tracing.record("fleetwire.queue", SAMPLED, i, i + 1, {"fleetwire.plan_id": f"plan-{i:08d}"})
+            began = time.monotonic()
+            assert not tracing.flush(1.0)
+            assert time.monotonic() - began < 5
+            assert stopped.returncode == -signal.SIGKILL and process.proc is None
+            assert (tracing.exported, tracing.dropped) == (0, 20_000)
+        finally:
+            began = time.monotonic()
+            tracing.shutdown()
+            assert time.monotonic() - began < 5
