@@ -48,6 +48,7 @@ from coordinator.placement.placer import hints_problem
 from coordinator.plans import EVERY_PRINCIPAL, Plan, advance, held_size, submit_problem
 from protocol import errors
 from protocol.messages import (
+    COPY_OP,
     Accepted,
     Cancel,
     DataChunk,
@@ -205,7 +206,7 @@ class ClientSessions:
 
     def _submit(self, s: Session, msg: Submit, now: float) -> None:
         problem = submit_problem(msg) or hints_problem(msg.hints)
-        if problem is None and (msg.inputs or msg.outputs):
+        if problem is None and (msg.inputs or msg.outputs or msg.replicas or msg.op == COPY_OP):
             problem = data_problem(msg)
         if problem is not None:
             self._outbox.send(s.conn_id, Error(code=errors.INVALID_ARGUMENT, message=problem, req_id=msg.req_id))

@@ -388,7 +388,7 @@ class Coordinator:
                 finished.append(plan)
         self.retention.restored(finished, now)  # their retention runs from their stored end time
         for plan in self.plans.values():  # references, orders and rebuilds back into the plan graph
-            if plan.graphed or plan.rebuild_of is not None:
+            if plan.graphed or plan.rebuild_of is not None or plan.replicas:
                 self.graphs.restored(plan)
         for plan in queued:  # no worker is connected yet: nothing is placed, reasons are kept as stored
             if plan.deadline_at is None or not self.carbon.restored(plan, now):  # held for carbon: decided later

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 from protocol import errors
-from protocol.messages import DataGrant, DataKey, DataKeys, Error, InputSpec, Submit
+from protocol.messages import COPY_OP, DataGrant, DataKey, DataKeys, Error, InputSpec, Submit
 from protocol.tickets import FileClaim, TicketClaims, digest_problem, name_problem, sign, worker_key
 
 if TYPE_CHECKING:
@@ -40,13 +40,17 @@ if TYPE_CHECKING:
     from coordinator.registry import WorkerRegistry
     from coordinator.streams import Streams
 
-__all__ = ["DataPlane", "data_problem", "ref_problem"]
+__all__ = ["MAX_REPLICAS", "DataPlane", "data_problem", "ref_problem"]
+
+MAX_REPLICAS = 3  # copies of an output a submit may ask for (``submit.replicas``), the producer's own included
 
 MAX_DATA_NAMES = 1024  # inputs and outputs of one plan, each
 
 
 def data_problem(msg: Submit) -> str | None:
-    """Why a submit's ``inputs``/``outputs`` are invalid (naming the field), or None."""
+    """Why a submit's ``inputs``/``outputs``/``replicas`` are invalid (naming the field), or None."""
+    if msg.op == COPY_OP:
+        return f"op {COPY_OP!r} is the coordinator's own (the copies of replicated outputs); a client cannot submit it"
     if len(msg.inputs) > MAX_DATA_NAMES or len(msg.outputs) > MAX_DATA_NAMES:
         return f"a plan has at most {MAX_DATA_NAMES} inputs and {MAX_DATA_NAMES} outputs"
     seen: set[str] = set()
@@ -75,6 +79,12 @@ def data_problem(msg: Submit) -> str | None:
         if problem is not None:
             return problem
         outputs.add(name)
+    for name, copies in msg.replicas.items():
+        if name not in outputs:
+            return f"replicas names {name!r}, which is not one of the plan's outputs"
+        if not isinstance(copies, int) or not 1 <= copies <= MAX_REPLICAS:
+            return (f"replicas[{name!r}] must be 1 to {MAX_REPLICAS} (the copies of the output, its producer's own "
+                    f"included; got {copies!r})")
     return None
 
 

@@ -42,15 +42,17 @@ from coordinator.capacity import Pool
 from coordinator.graphs import (
     LocalityConfig,
     PlanGraph,
+    Source,
     Verdicts,
     choose_holders,
     held_bytes,
     needs_of,
 )
 from coordinator.graphs.needs import MAX_NEEDS
+from coordinator.graphs.replicas import HeldSuccess, copy_submit, copy_wait_s, is_copy, still_wanted, wanted
 from coordinator.plans import SMALL_EVENT_BYTES, Plan, advance, held_size
 from protocol import errors
-from protocol.messages import ErrorInfo, InputSpec, OutputRef, Pull, Submit
+from protocol.messages import Done, ErrorInfo, InputSpec, OutputRef, Pull, Submit
 
 if TYPE_CHECKING:
     from coordinator.data_plane import DataPlane
@@ -63,7 +65,9 @@ __all__ = ["PlanGraphs"]
 
 log = structlog.get_logger(__name__)
 
-GRAPH_COUNTERS = ("plans_rebuilt", "plans_doomed", "outputs_lost")
+GRAPH_COUNTERS = ("plans_rebuilt", "plans_doomed", "outputs_lost", "outputs_copied")
+
+Finish = Callable[[Plan, str, Done, float, "dict[str, list[str]] | None"], None]
 
 
 class PlanGraphs:
@@ -95,6 +99,10 @@ class PlanGraphs:
         self._dooming: set[str] = set()
         self.restored_at: float | None = None
         """When the core loaded a store's plans (``Core.restore``): workers are still coming back for a while."""
+        self.held_successes: dict[str, HeldSuccess] = {}
+        """Replicating plans (``submit.replicas``): key -> the success held until copies of its outputs exist."""
+        self.finish: Finish | None = None
+        """Ends a plan as its worker's ``done`` says (the worker sessions' ``Leases.finish``; set by the core)."""
         state.counters.update(dict.fromkeys(GRAPH_COUNTERS, 0))
         scheduler.graphs = self  # asked before a graphed plan is queued, placed or assigned (graphs/hooks.py)
 
@@ -139,6 +147,8 @@ class PlanGraphs:
     def hold(self, plan: Plan, now: float) -> bool:
         """A plan with needs is about to be queued: False to queue it (ready), True when the graph holds it
         (its waiting reason set) or failed it. The scheduler asks this first (``Scheduler.hold``)."""
+        if is_copy(plan.op, plan.rebuild_of):
+            return False  # its producer is replicating, not succeeded: the copy takes its outputs as they are
         graph = self.graph
         if plan.id not in graph:
             graph.add(plan.id, needs_of(plan.inputs, plan.after))
@@ -192,6 +202,14 @@ class PlanGraphs:
         if self.waits or self._ready_at:
             self.waits.pop(plan.id, None)
             self._ready_at.pop(plan.id, None)
+        if self.held_successes or plan.rebuild_of is not None:
+            if is_copy(plan.op, plan.rebuild_of):
+                self._copy_ended(plan, now)
+                return
+            held = self.held_successes.pop(plan.id, None)
+            if held is not None:  # cancelled while it replicated: its copy not yet placed is not made
+                plan.replicating = False
+                self._drop_copy(held.copy, "its producer ended before the copy was placed", now)
         graph = self.graph
         if plan.id in self._dooming or (
             plan.id not in graph.dependants and plan.id not in graph and plan.id not in graph.lineage.origin
@@ -214,6 +232,8 @@ class PlanGraphs:
         is over are placed wherever there is room."""
         for worker_id in reaped:
             self.holder_lost(worker_id, now)
+        if self.held_successes:
+            self._replication_tick(now)
         if self.waits:
             for plan in self.expired_waits(now):
                 self._scheduler.dequeue(plan)
@@ -257,7 +277,23 @@ class PlanGraphs:
         self._scheduler.enqueue(plan, now)
 
     def restored(self, plan: Plan) -> None:
-        """A plan restored from the store: its edges and rebuild link go back into the graph."""
+        """A plan restored from the store: its edges and rebuild link go back into the graph; a replicating plan
+        holds its success again, and a copy plan is its producer's copy again (or the copy under way)."""
+        if is_copy(plan.op, plan.rebuild_of):
+            assert plan.rebuild_of is not None
+            origin = self._plans.get(plan.rebuild_of)
+            if origin is not None and origin.worker_id is not None:
+                plan.avoid = frozenset({origin.worker_id})  # not stored: it never goes to its producer's worker
+            if plan.state == "succeeded":
+                self.graph.lineage.record_copy(plan.rebuild_of, plan.id)
+            return
+        if plan.replicas and plan.state == "running" and plan.produced and plan.worker_id is not None:
+            plan.replicating = True  # the success its worker reported is held for copies (coordinator/recovery.py)
+            done = Done(plan_id=plan.id, attempt=plan.attempt, outcome="succeeded", result=plan.result,
+                        outputs=plan.produced)
+            now = self.restored_at or 0.0
+            self.held_successes[plan.id] = HeldSuccess(
+                plan.worker_id, done, now + copy_wait_s(spec.size for spec in plan.produced), restored=True)
         if plan.rebuild_of is not None:
             self.graph.lineage.record(plan.rebuild_of, plan.id)
         needs = needs_of(plan.inputs, plan.after)
@@ -297,7 +333,7 @@ class PlanGraphs:
         graph = self.graph
         lineage = graph.lineage
         origin = lineage.origin_of(plan.id)
-        copies = [origin, *lineage.rebuilds.get(origin, ())]
+        copies = lineage.holders(origin)
         registry = self._state.registry
         settled = self.restored_at is None or now >= self.restored_at + registry.heartbeat_timeout_s
         failed = self._plans.get(lost) if lost in copies else None
@@ -325,11 +361,133 @@ class PlanGraphs:
         return ErrorInfo(errors.OUTPUT_LOST, f"output {output!r} of plan {self.name_of(origin)} is lost and cannot "
                          f"be made again: {why}", {"plan_id": self.name_of(origin), "output": output})
 
+    # ------------------------------------------------------------------ replicated outputs
+
+    def replicate(self, plan: Plan, worker_id: str, msg: Done, now: float) -> bool:
+        """A plan with ``replicas`` succeeded on ``worker_id``: True when its success is held for copies of its
+        outputs (a copy plan made), False to end it now (nothing to copy, or no other worker is alive)."""
+        if not wanted(plan.replicas, msg.outputs) or self.finish is None:
+            return False
+        if not any(record.id != worker_id for record in self._state.registry.alive(now)):
+            return False  # nowhere to copy to: the plan ends now, its outputs on one worker
+        plan.replicating = True
+        plan.produced = msg.outputs
+        plan.result = msg.result  # stored with its status: a restart holds the same success again
+        until = now + copy_wait_s(spec.size for spec in msg.outputs)
+        held = HeldSuccess(worker_id, msg, until, {spec.name: [worker_id] for spec in msg.outputs})
+        self.held_successes[plan.id] = held
+        self._next_copy(plan, held, now)
+        return True
+
+    def _next_copy(self, plan: Plan, held: HeldSuccess, now: float) -> None:
+        """Make the next copy plan of ``plan``'s outputs that want one more copy, or end the plan: all are made."""
+        outputs = still_wanted(plan.replicas, plan.produced, held.holders)
+        if not outputs or now >= held.until:
+            self._finish_held(plan, now)
+            return
+        n = 1
+        while f"{plan.id}.c{n}" in self._plans:
+            n += 1
+        key = f"{plan.id}.c{n}"
+        msg = copy_submit(key, plan.id, outputs, plan.priority, held.until - now)
+        copy = Plan.from_submit(msg, key, plan.owner, next(self._scheduler.orders))
+        copy.rebuild_of = plan.id  # stored with its creation: a copy of plan.id (graphs/replicas.py is_copy)
+        copy.avoid = frozenset(worker for spec in outputs for worker in held.holders.get(spec.name, ()))
+        state = self._state
+        self._plans[key] = copy
+        state.quota.add(copy.owner, key, held_size(copy))
+        state.journal.created(copy, msg)
+        for conn_id in state.subscriptions.all_followers(copy.owner):
+            state.subscriptions.add(key, conn_id)
+        held.copy = key
+        names = [spec.name for spec in outputs]
+        self._streams.emit(copy, "queued", {"copies": self.name_of(plan.id), "outputs": names})
+        self._streams.emit(plan, "replicating", {"copy": key, "outputs": names,
+                                                 "holders": {name: list(held.holders[name]) for name in names}})
+        self._scheduler.enqueue(copy, now)
+
+    def _copy_ended(self, copy: Plan, now: float) -> None:
+        """A copy plan ended: a succeeded one holds its producer's outputs; its producer's next copy, or its end."""
+        origin_key = copy.rebuild_of
+        assert origin_key is not None
+        if copy.state == "succeeded" and copy.worker_id is not None:
+            self.graph.lineage.record_copy(origin_key, copy.id)
+            self._state.counters["outputs_copied"] += len(copy.produced)
+        held = self.held_successes.get(origin_key)
+        origin = self._plans.get(origin_key)
+        if held is None or held.copy != copy.id or origin is None:
+            return  # its producer ended meanwhile (the bound passed, or it was cancelled)
+        held.copy = ""
+        if copy.state != "succeeded" or copy.worker_id is None:
+            self._finish_held(origin, now)  # copies are a best effort: the plan ends with what exists
+            return
+        for spec in copy.produced:
+            held.holders.setdefault(spec.name, []).append(copy.worker_id)
+        self._next_copy(origin, held, now)
+
+    def _finish_held(self, plan: Plan, now: float) -> None:
+        """End a replicating plan ``succeeded`` with the copies that exist (its ``succeeded`` event names them)."""
+        held = self.held_successes.pop(plan.id)
+        plan.replicating = False
+        self._drop_copy(held.copy, f"plan {self.name_of(plan.id)} ended without waiting for it any longer", now)
+        copies = {name: workers for name, workers in held.holders.items() if plan.replicas.get(name, 1) > 1}
+        assert self.finish is not None
+        self.finish(plan, held.worker_id, held.done, now, copies)
+
+    def _drop_copy(self, key: str, why: str, now: float) -> None:
+        """A copy plan not yet placed is not made (``timeout``); one placed runs on, and counts if it succeeds."""
+        copy = self._plans.get(key) if key else None
+        if copy is None or copy.state != "queued":
+            return
+        self._scheduler.dequeue(copy)
+        advance(copy, "doom")
+        copy.waiting_reason = None
+        self._streams.fail(copy, None, ErrorInfo(errors.TIMEOUT, f"no worker took this copy in time: {why}"))
+
+    def _replication_tick(self, now: float) -> None:
+        """Replicating plans past their bound end with the copies that exist; restored ones find their copies."""
+        for key, held in list(self.held_successes.items()):
+            plan = self._plans.get(key)
+            if plan is None or plan.state != "running":
+                del self.held_successes[key]
+                continue
+            if held.restored:
+                self._found_again(plan, held)
+            if now >= held.until:
+                if held.copy and (copy := self._plans.get(held.copy)) is not None and copy.state == "queued":
+                    self._drop_copy(held.copy, "the copies took longer than their bound", now)  # ends it
+                if key in self.held_successes:
+                    self._finish_held(plan, now)
+            elif not held.copy:
+                self._next_copy(plan, held, now)
+
+    def _found_again(self, plan: Plan, held: HeldSuccess) -> None:
+        """After a restart: the workers holding a replicating plan's outputs, and its copy under way, from its copy
+        plans (restored after it, so looked up at the first tick)."""
+        held.restored = False
+        held.holders = {spec.name: [held.worker_id] for spec in plan.produced}
+        for key in self.graph.lineage.copies.get(plan.id, ()):
+            copy = self._plans.get(key)
+            if copy is not None and copy.worker_id is not None:
+                for spec in copy.produced:
+                    held.holders.setdefault(spec.name, []).append(copy.worker_id)
+        for copy in self._plans.values():  # one pass, once per replicating plan after a restart
+            if is_copy(copy.op, copy.rebuild_of) and copy.rebuild_of == plan.id and not copy.terminal:
+                held.copy = copy.id
+
+    def _copy_sources(self, copy: Plan) -> dict[str, Source]:
+        """Where a copy plan's inputs are: its producer's outputs, on its producer's worker."""
+        origin = self._plans.get(copy.rebuild_of or "")
+        if origin is None or origin.worker_id is None:
+            return {}
+        return {spec.name: Source(origin.id, origin.attempt, origin.worker_id, spec.name, spec.size, spec.digest)
+                for spec in origin.produced}
+
     # ------------------------------------------------------------------ assign and locality
 
     def assign_inputs(self, plan: Plan, record: WorkerRecord) -> tuple[list[InputSpec], list[Pull]]:
         """The inputs of an ``assign`` (references with their size and digest) and its ``pulls``."""
-        sources = self.graph.sources(plan.id) or {}
+        sources = self._copy_sources(plan) if is_copy(plan.op, plan.rebuild_of) else self.graph.sources(plan.id) or {}
         self._ready_at.pop(plan.id, None)
         inputs: list[InputSpec] = []
         pulls: list[Pull] = []

@@ -238,6 +238,8 @@ class Plan:
     deterministic: bool = True  # running it again gives the same outputs: a lost one may be made again
     graphed: bool = False  # it has references or ``after``: the graph decides when it is queued
     rebuild_of: str | None = None  # the key of the plan whose lost outputs it makes again (None: not a rebuild)
+    replicas: dict[str, int] = field(default_factory=dict)  # copies wanted of outputs, by name (submit.replicas)
+    replicating: bool = False  # its success is held until copies of its outputs exist (coordinator/plan_graphs.py)
     # Carbon time shifting (coordinator/carbon_holds.py): by when it must finish (Unix seconds; None: no deadline,
     # placed at once), how long it runs (0: its op's median), its submit time (Unix), whether it was ever held.
     deadline_at: float | None = None
@@ -272,6 +274,7 @@ class Plan:
             graphed=bool(msg.after) or (bool(msg.inputs) and any(spec.ref is not None for spec in msg.inputs)),
             deadline_at=msg.deadline_at,  # deadline_s is made absolute at submit (coordinator/carbon_holds.py)
             expected_run_s=msg.expected_run_s or 0.0,
+            replicas=msg.replicas,
         )
 
     @property

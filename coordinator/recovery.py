@@ -253,6 +253,8 @@ class Recovery:
             elif plan.worker_id is None:  # a live lease without a worker is never written; be safe
                 plan.state = "queued"
                 queued.append(plan)
+            elif plan.replicas and plan.state == "running" and plan.produced:
+                continue  # its worker's success is held for copies of its outputs: no lease (plan_graphs.py)
             elif not plan.terminal:
                 held.setdefault(plan.worker_id, []).append(plan)
         registry = self._registry

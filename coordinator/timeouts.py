@@ -110,8 +110,8 @@ class RunTimeouts:
             if self._watched.get(plan_id) == attempt:
                 del self._watched[plan_id]
             plan = plans.get(plan_id)
-            if plan is None or plan.attempt != attempt or plan.state != "running":
-                continue  # it ended, or moved on to another attempt, in time
+            if plan is None or plan.attempt != attempt or plan.state != "running" or plan.replicating:
+                continue  # it ended, or moved on to another attempt, in time (or its success waits for copies)
             self._time_out(plan, now)
             expired.append(plan_id)
         return expired

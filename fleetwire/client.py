@@ -372,7 +372,7 @@ class Client:
         session_key: str | None = None,
         policy: str | None = None,
         inputs: Mapping[str, InputValue | OutputRef] | None = None,
-        outputs: Iterable[str] = (),
+        outputs: submits.Outputs = (),
         relay: bool = False,
         resources: Resources | Mapping[str, Any] | None = None,
         after: Iterable[Plan | str] = (),
@@ -405,7 +405,10 @@ class Client:
             inputs: named inputs (``bytes``, ``memoryview``, ``pathlib.Path`` or a binary file),
                 uploaded straight to the plan's worker once it is placed, and again to a new
                 attempt's worker; the handler sees them as ``ctx.inputs`` (fleetwire/data.py).
-            outputs: names of outputs the handler will leave, fetched with ``plan.output(name)``.
+            outputs: names of outputs the handler will leave, fetched with ``plan.output(name)``; or a dict
+                of names to their options: ``{"y": {"replicas": 2}}`` has ``y`` copied to another worker
+                before the plan is reported succeeded, so losing its worker costs no rebuild
+                (docs/SEMANTICS.md §Graphs).
             relay: carry the inputs and outputs through the coordinator even when the worker could
                 be dialled (fleetwire/relay.py); otherwise the relay is used only when it cannot.
             resources: devices the plan holds while it runs, a ``protocol.Resources`` or a dict of

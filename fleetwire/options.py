@@ -37,7 +37,7 @@ class SubmitOptions(_PlanOptions, total=False):
     session_key: str | None
     policy: str | None
     inputs: Mapping[str, Any] | None  # name -> bytes | memoryview | pathlib.Path | binary file (fleetwire/data.py)
-    outputs: Iterable[str]
+    outputs: Iterable[str] | Mapping[str, Mapping[str, Any] | None]  # names, or names with options (replicas)
     relay: bool  # inputs and outputs through the coordinator (fleetwire/relay.py)
     resources: Resources | Mapping[str, Any] | None  # devices it holds: {"gpus": 2, "gpu_memory_gb": 40, ...}
     after: Iterable[Any]  # plans (Plan, SyncPlan) or plan ids that must succeed first (docs/SEMANTICS.md §Graphs)

@@ -70,6 +70,32 @@ def check_names(inputs: Iterable[str], outputs: Iterable[str]) -> None:
         raise ValueError(f"input and output names {sorted(reserved)} are reserved for oversize args and results")
 
 
+Outputs = Iterable[str] | Mapping[str, Mapping[str, Any] | None]
+"""``Client.submit``'s ``outputs``: names, or names with each one's options (``{"y": {"replicas": 2}}``)."""
+
+
+def output_options(outputs: Outputs) -> tuple[list[str], dict[str, int]]:
+    """The output names of ``outputs`` and the copies wanted of each (``replicas``; only those other than 1).
+
+    Raises:
+        ValueError: an option other than ``replicas``, or a count that is not an int.
+    """
+    if not isinstance(outputs, Mapping):
+        return list(outputs), {}
+    replicas: dict[str, int] = {}
+    for name, spec in outputs.items():
+        unknown = sorted(set(spec or {}) - {"replicas"})
+        if unknown:
+            raise ValueError(f"outputs[{name!r}] has unknown options {unknown}; the one an output takes is 'replicas'")
+        copies = (spec or {}).get("replicas", 1)
+        if isinstance(copies, bool) or not isinstance(copies, int):
+            raise ValueError(f"outputs[{name!r}]['replicas'] must be an int (copies of it, its own included), "
+                             f"got {copies!r}")
+        if copies != 1:
+            replicas[name] = copies
+    return list(outputs), replicas
+
+
 def submit_message(
     next_req_id: Callable[[], int],
     op: str,
@@ -86,7 +112,7 @@ def submit_message(
     hints: RoutingHints | Mapping[str, Any] | None,
     session_key: str | None,
     policy: str | None,
-    outputs: Iterable[str],
+    outputs: Outputs,
     resources: Resources | Mapping[str, Any] | None,
     refs: Mapping[str, OutputRef] | None = None,
     after: Sequence[str] = (),
@@ -101,10 +127,12 @@ def submit_message(
     (the reference form, docs/PROTOCOL.md §Plan graphs); ``after``: ids of plans that must succeed first.
 
     Raises:
-        ValueError: ``requirements``, ``hints`` or ``resources`` with an unknown field or a wrong type.
+        ValueError: ``requirements``, ``hints`` or ``resources`` with an unknown field or a wrong type, or
+            ``outputs`` with an unknown option.
     """
     reqs = options.requirements(requirements, tags)
     routing = options.hints(hints, session_key, policy)
+    names, replicas = output_options(outputs)
     if op == "generate":  # token estimate and prefix hashes of the prompt (fleetwire/prompt_hints.py)
         routing = fill_hints(routing, args)
     return Submit(
@@ -121,7 +149,8 @@ def submit_message(
         hints=routing,
         inputs=[source.spec() for source in sources.values()]
         + [InputSpec(name, ref=ref) for name, ref in (refs or {}).items()],
-        outputs=list(outputs),
+        outputs=names,
+        replicas=replicas,
         resources=options.resources(resources),
         after=list(after),
         deterministic=deterministic,

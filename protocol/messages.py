@@ -222,6 +222,11 @@ class InputSpec(msgspec.Struct, omit_defaults=True):
     ref: OutputRef | None = None  # another plan's output (None: the client uploads it)
 
 
+#: The op of the coordinator's copy plans (``<plan>.c<n>``): each keeps a copy of outputs of a plan submitted with
+#: ``replicas`` on another worker; every worker has its handler (worker_agent/handlers.py). Clients may not submit it.
+COPY_OP = "fleetwire.copy"
+
+
 class Pull(msgspec.Struct, omit_defaults=True):
     """Where an input in the reference form is (``assign.pulls``; docs/PROTOCOL.md §Plan graphs).
 
@@ -517,6 +522,9 @@ class Submit(_Msg, tag="submit"):
     deadline_s: float | None = None
     deadline_at: float | None = None
     expected_run_s: float | None = None
+    # Copies wanted of outputs, by name, the producer's own included (2: one more on another worker), made
+    # before the plan is reported succeeded (docs/PROTOCOL.md §Plan graphs, *Replicas*). {}: one copy each.
+    replicas: dict[str, int] = {}
 
 
 class Subscribe(_Msg, tag="subscribe"):

@@ -401,6 +401,16 @@ async def echo(ctx: Context, args: Any) -> Any:
     return args
 
 
+async def copy_outputs(ctx: Context, args: Any) -> None:
+    """``fleetwire.copy``: keep other plans' outputs here too, each input as the output of its name.
+
+    The coordinator's copy plans of replicated outputs (``submit.replicas``; docs/SEMANTICS.md §Graphs)
+    run it: their inputs are the outputs to copy, fetched from their holder as any referenced input.
+    """
+    for name, reader in ctx.inputs.items():
+        await asyncio.to_thread(ctx.output, name, reader.path)
+
+
 PROGRESS_INTERVAL_S = 1.0
 
 
@@ -745,9 +755,9 @@ def make_python_handler(allow: Sequence[str]) -> Handler:
 
 
 def builtin_handlers(*, allow_shell: bool = False, python_allow: Sequence[str] = ()) -> dict[str, Handler]:
-    """The built-in ops this worker offers: ``echo`` and ``sleep`` always, ``shell`` only when
-    allowed, ``python`` only with a non-empty allow-list."""
-    handlers: dict[str, Handler] = {"echo": echo, "sleep": sleep}
+    """The built-in ops this worker offers: ``echo``, ``sleep`` and ``fleetwire.copy`` (the coordinator's copies of
+    replicated outputs) always, ``shell`` only when allowed, ``python`` only with a non-empty allow-list."""
+    handlers: dict[str, Handler] = {"echo": echo, "sleep": sleep, protocol.messages.COPY_OP: copy_outputs}
     if allow_shell:
         handlers["shell"] = shell
     if python_allow:

@@ -12,6 +12,8 @@ core hands it the plans table and tells it what happened; it answers with decisi
                                              reasons; failure propagation; dependants to cancel; rebuilds
     locality.py  choose_holders              where a consumer should run: the worker holding most of its
                                              bytes, or a wait for it bounded by how long a copy would take
+    replicas.py  HeldSuccess, copy_submit    replicated outputs: which still want a copy, the copy plan's
+                                             submit, how long a success waits for its copies
 
 Calls go down the list; none of them imports the core or placement.
 """

@@ -17,13 +17,16 @@ if TYPE_CHECKING:
     from coordinator.capacity import Pool
     from coordinator.plans import Plan
     from coordinator.workers import WorkerRecord
-    from protocol.messages import ErrorInfo, InputSpec, Pull, Submit
+    from protocol.messages import Done, ErrorInfo, InputSpec, Pull, Submit
 
 __all__ = ["GraphHooks"]
 
 
 class GraphHooks(Protocol):
     """The graph's part in submitting, placing, cancelling and retrying plans."""
+
+    finish: Callable[[Plan, str, Done, float, dict[str, list[str]] | None], None] | None
+    """Ends a plan as its worker's ``done`` says (``Leases.finish``: a success held for copies ends there)."""
 
     @property
     def waits(self) -> dict[str, tuple[str, float]]:
@@ -70,6 +73,10 @@ class GraphHooks(Protocol):
     def output_source(self, plan: Plan, output: str, lost: str, now: float) -> Plan | str | ErrorInfo:
         """Where a client fetches an output of a succeeded plan: the plan holding a copy, the key of the rebuild
         making it again, or why it is lost for good (``data_ticket.output``)."""
+        ...
+
+    def replicate(self, plan: Plan, worker_id: str, msg: Done, now: float) -> bool:
+        """A plan with ``replicas`` succeeded: True when its success is held until copies of its outputs exist."""
         ...
 
     def name_of(self, key: str) -> str:

@@ -15,6 +15,9 @@ Rules (docs/SEMANTICS.md §Graphs, *Lineage*):
   else), it was rebuilt fewer than ``max_rebuilds`` times, and its latest rebuild did not fail.
   Otherwise the consumers that need it fail ``output_lost``, naming what is gone and why.
 * One rebuild at a time per producer: while one is under way, consumers wait for it.
+* A *copy* (a copy plan of a producer submitted with ``replicas``: coordinator/graphs/replicas.py) holds
+  the producer's outputs on another worker: a consumer takes an output from the latest rebuild that
+  has it, else the producer, else a copy, so a producer's lost worker costs no rebuild while a copy lives.
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ class Lineage:
         """Rebuild key -> the producer it rebuilds."""
         self.lost: set[tuple[str, str]] = set()
         """(plan key, output name) known gone from the worker that made it."""
+        self.copies: dict[str, list[str]] = {}
+        """Producer key -> its succeeded copy plans (``submit.replicas``: graphs/replicas.py), oldest first."""
+        self.copy_origin: dict[str, str] = {}
+        """Copy plan key -> the producer whose outputs it holds."""
 
     def origin_of(self, key: str) -> str:
         """The producer ``key`` rebuilds, or ``key`` itself."""
@@ -95,9 +102,12 @@ class Lineage:
             return Lookup("found")
         if not any(spec.name == need.output for spec in upstream.produced):
             return Lookup("missing", need.upstream)
-        for key in reversed([need.upstream, *self.rebuilds.get(need.upstream, ())]):
+        copies = self.copies.get(need.upstream, ())
+        for key in reversed([*copies, need.upstream, *self.rebuilds.get(need.upstream, ())]):  # rebuilds, it, copies
             plan = self._plans.get(key)
             if plan is None or not plan.terminal:  # None: decided, the core is making it (PlanGraph.admit)
+                if key in copies:
+                    continue  # a copy forgotten by retention: not a rebuild under way
                 return Lookup("rebuilding", key)
             if plan.state != "succeeded" or plan.worker_id is None or (key, need.output) in self.lost:
                 continue
@@ -106,6 +116,17 @@ class Lineage:
                     return Lookup("found", key, Source(key, plan.attempt, plan.worker_id, spec.name, spec.size,
                                                        spec.digest))
         return Lookup("lost", need.upstream)
+
+    def holders(self, origin: str) -> list[str]:
+        """The plans that made or hold outputs of producer ``origin``: itself, its copies, its rebuilds."""
+        return [origin, *self.copies.get(origin, ()), *self.rebuilds.get(origin, ())]
+
+    def record_copy(self, origin: str, key: str) -> None:
+        """Copy plan ``key`` succeeded: it holds outputs of ``origin`` as well (decided now, or restored)."""
+        chain = self.copies.setdefault(origin, [])
+        if key not in chain:
+            chain.append(key)
+        self.copy_origin[key] = origin
 
     def mark_lost(self, key: str, output: str) -> bool:
         """Output ``output`` of plan ``key`` (a producer or a rebuild) is gone; False if it was known."""
@@ -119,7 +140,7 @@ class Lineage:
         them lost. Returns the producers (origins) that lost one."""
         hit: list[str] = []
         for origin in producers:
-            for key in (origin, *self.rebuilds.get(origin, ())):
+            for key in self.holders(origin):
                 plan = self._plans.get(key)
                 if plan is None or plan.state != "succeeded" or plan.worker_id != worker_id:
                     continue
@@ -172,5 +193,10 @@ class Lineage:
                 chain.remove(key)
         for rebuild in self.rebuilds.pop(key, ()):
             self.origin.pop(rebuild, None)
+        origin = self.copy_origin.pop(key, None)
+        if origin is not None and key in self.copies.get(origin, ()):
+            self.copies[origin].remove(key)
+        for copy in self.copies.pop(key, ()):
+            self.copy_origin.pop(copy, None)
         if self.lost:
             self.lost = {item for item in self.lost if item[0] != key}

@@ -109,6 +109,8 @@ class WorkerSessions:
             state, outbox=outbox, streams=streams, scheduler=scheduler, recovery=recovery, timeouts=timeouts,
             sharing=sharing,
         )
+        if scheduler.graphs is not None:  # a success held for copies of its outputs ends here (plan_graphs.py)
+            scheduler.graphs.finish = self.leases.finish
         self.registration = Registration(
             state, outbox=outbox, scheduler=scheduler, recovery=recovery, operator=operator, config=config,
             identities=identities, adopted=self.leases.adopted, data=data, timeouts=timeouts, reconnects=reconnects,

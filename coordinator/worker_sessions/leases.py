@@ -215,13 +215,22 @@ class Leases:
         elif not ended and msg.outcome == "failed" and plan.retried < plan.retries:
             why = f"worker {worker_id} reported a failure without an error"
             self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
-        elif not ended:
-            advance(plan, done_event(msg.outcome))
-            state.timings.finished(plan, msg.outcome, now)
-            if msg.outcome == "succeeded" and self.carbon is not None:  # its op's run times (carbon_holds.py)
-                self.carbon.ran(plan, now)
-            self._ended(plan, worker_id, msg)
+        elif not ended and not (
+            plan.replicas and msg.outcome == "succeeded" and (graphs := self._scheduler.graphs) is not None
+            and graphs.replicate(plan, worker_id, msg, now)
+        ):  # (a success held for copies of its outputs on other workers ends later: coordinator/plan_graphs.py)
+            self.finish(plan, worker_id, msg, now)
         self._scheduler.fill_worker(record, now)
+
+    def finish(self, plan: Plan, worker_id: str, msg: Done, now: float,
+               copies: dict[str, list[str]] | None = None) -> None:
+        """The plan ends as its worker's ``done`` says; ``copies``: the workers holding each replicated output
+        (a success held for its copies, ended by the plan graph: coordinator/plan_graphs.py)."""
+        advance(plan, done_event(msg.outcome))
+        self._state.timings.finished(plan, msg.outcome, now)
+        if msg.outcome == "succeeded" and self.carbon is not None:  # its op's run times (carbon_holds.py)
+            self.carbon.ran(plan, now)
+        self._ended(plan, worker_id, msg, copies)
 
     def _settle_receipt(self, plan: Plan, receipt: Receipt | None) -> None:
         """Every attempt's energy counts in the footprint; the plan keeps its last attempt's receipt."""
@@ -245,7 +254,7 @@ class Leases:
         elif plan.receipt is not None and not plan.terminal:
             plan.receipt = None  # an earlier attempt's: this last one measured nothing
 
-    def _ended(self, plan: Plan, worker_id: str, msg: Done) -> None:
+    def _ended(self, plan: Plan, worker_id: str, msg: Done, copies: dict[str, list[str]] | None = None) -> None:
         """The plan's terminal event, by the outcome its worker reported."""
         match msg.outcome:
             case "succeeded":
@@ -253,6 +262,9 @@ class Leases:
                 data = {"result": msg.result, "worker_id": worker_id, "attempt": plan.attempt}
                 # The result is sized once (the event, listings and retention reuse it); the rest is small.
                 size: int | None = SMALL_EVENT_BYTES + plan.result_bytes()
+                if copies is not None:  # where the replicated outputs are (coordinator/plan_graphs.py)
+                    data["copies"] = copies
+                    size = None
                 if plan.receipt is not None:
                     data["receipt"] = plan.receipt
                     size = None

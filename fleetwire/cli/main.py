@@ -105,6 +105,21 @@ def _inputs(specs: list[str]) -> dict[str, Any]:
     return inputs
 
 
+def _outputs(names: list[str], replicas: list[str]) -> list[str] | dict[str, dict[str, int]]:
+    """``--output NAME`` and ``--output-replicas NAME=N`` as the SDK's ``outputs`` (a name given only to
+    ``--output-replicas`` is an output too)."""
+    if not replicas:
+        return names
+    outputs: dict[str, dict[str, int]] = {name: {} for name in names}
+    for spec in replicas:
+        name, sep, count = spec.partition("=")
+        if not sep or not name or not count.isdigit():
+            raise ValueError(f"--output-replicas {spec!r}: expected NAME=N, e.g. y=2 (copies of output y, its own "
+                             "included)")
+        outputs[name] = {"replicas": int(count)}
+    return outputs
+
+
 def _args(value: str | None, inputs: list[str]) -> Any:
     """``--args``: JSON inline, ``@PATH`` (a file of JSON) or ``-`` (JSON on stdin), decoded.
 
@@ -135,6 +150,7 @@ async def _submit(ns: argparse.Namespace) -> int:
     try:
         args = _args(ns.args, ns.input or [])
         inputs = _inputs(ns.input or [])
+        outputs = _outputs(ns.output or [], ns.output_replicas or [])
     except ValueError as exc:
         return fail(str(exc))
     url, token = _client_target(ns)
@@ -153,7 +169,7 @@ async def _submit(ns: argparse.Namespace) -> int:
             session_key=ns.session,
             policy=ns.policy,
             inputs=inputs,
-            outputs=ns.output or (),
+            outputs=outputs,
             relay=ns.relay,
             resources=_resources(ns),
             after=ns.after or (),
@@ -326,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "for the plans that use it (they fail output_lost)")
     p.add_argument("--output", action="append", metavar="NAME",
                    help="an output name the plan will leave, for `fleetwire output` (repeatable)")
+    p.add_argument("--output-replicas", action="append", metavar="NAME=N",
+                   help="keep N copies of output NAME (its own included) on as many workers before the plan is "
+                        "reported succeeded, so losing its worker costs no rebuild (repeatable)")
     p.add_argument("--relay", action="store_true",
                    help="carry the inputs through the coordinator even when the worker's data endpoint could be "
                         "dialled (without it: direct first, relayed when the worker cannot be reached)")

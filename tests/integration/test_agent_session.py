@@ -165,7 +165,7 @@ async def test_hello_welcome_heartbeat_assign_events_done(coordinator: FakeCoord
         assert request.headers["Authorization"] == "Bearer s3cret"
         assert coordinator.sessions[0].subprotocol == "fleetwire.v1.msgpack"
         assert hello.worker_id == "w1" and hello.running == [] and hello.version
-        assert hello.capabilities.ops == ["echo", "sleep"]
+        assert hello.capabilities.ops == ["echo", "fleetwire.copy", "sleep"]
         assert hello.capabilities.tags == ["blue"] and hello.capabilities.max_concurrency == 4
         beat = await coordinator.expect(protocol.Heartbeat)
         assert beat.load.in_flight == 0
@@ -506,7 +506,7 @@ async def test_run_worker_registers_and_stops_on_sigterm(
     task = asyncio.create_task(run_worker(ns))
     hello = await coordinator.expect(protocol.Hello)
     assert hello.worker_id == "cli-1" and hello.capabilities.tags == ["a", "b", "c"]
-    assert hello.capabilities.ops == ["dump", "echo", "python", "shell", "sleep"]
+    assert hello.capabilities.ops == ["dump", "echo", "fleetwire.copy", "python", "shell", "sleep"]
     await coordinator.send(protocol.Welcome(worker_id="cli-1", heartbeat_interval_s=5, heartbeat_timeout_s=15))
     await coordinator.expect(protocol.Heartbeat)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -541,4 +541,4 @@ def test_handler_decorator_registers_ops() -> None:
     @agent.handler("third-op")
     def third(ctx: Context, args: Any) -> None: ...
 
-    assert agent.ops == ["echo", "first", "second", "shell", "sleep", "third-op"]
+    assert agent.ops == ["echo", "first", "fleetwire.copy", "second", "shell", "sleep", "third-op"]

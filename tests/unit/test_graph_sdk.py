@@ -9,16 +9,17 @@ import msgspec
 import pytest
 
 from fleetwire import OutputRef, submits
-from fleetwire.cli.main import _inputs
+from fleetwire.cli.main import _inputs, _outputs
 from protocol.messages import InputSpec, Submit
 
 
 def _message(**options: object) -> Submit:
     ids = itertools.count(1)
+    fields: dict[str, object] = {"outputs": (), **options}
     return submits.submit_message(
         ids.__next__, "b", None, {}, tags=None, requirements=None, priority=0, timeout_s=None, max_attempts=3,
-        retries=0, plan_id="p2", hints=None, session_key=None, policy=None, outputs=(), resources=None,
-        **options,  # type: ignore[arg-type]
+        retries=0, plan_id="p2", hints=None, session_key=None, policy=None, resources=None,
+        **fields,  # type: ignore[arg-type]
     )
 
 
@@ -50,3 +51,23 @@ def test_the_cli_refuses_a_malformed_reference_saying_the_form(spec: str) -> Non
     """A reference without a plan id or an output name is refused, showing NAME=plan:PLAN_ID/OUTPUT."""
     with pytest.raises(ValueError, match="plan:PLAN_ID/OUTPUT"):
         _inputs([spec])
+
+
+def test_outputs_with_replicas_become_the_submits_replicas() -> None:
+    """outputs={"y": {"replicas": 2}, "log": None} names both outputs and asks for two copies of y; plain names
+    send no replicas; an unknown option or a non-int count is refused before anything is sent."""
+    msg = _message(outputs={"y": {"replicas": 2}, "log": None})
+    assert msg.outputs == ["y", "log"] and msg.replicas == {"y": 2}
+    assert b"replicas" not in msgspec.json.encode(_message(outputs=["y"]))
+    with pytest.raises(ValueError, match="unknown options \\['copies'\\]"):
+        submits.output_options({"y": {"copies": 2}})
+    with pytest.raises(ValueError, match="must be an int"):
+        submits.output_options({"y": {"replicas": "2"}})
+
+
+def test_the_cli_reads_output_replicas() -> None:
+    """--output-replicas y=2 with --output log: both outputs, two copies of y; a malformed one says the form."""
+    assert _outputs(["log"], ["y=2"]) == {"log": {}, "y": {"replicas": 2}}
+    assert _outputs(["y"], []) == ["y"]
+    with pytest.raises(ValueError, match="expected NAME=N"):
+        _outputs([], ["y"])
