@@ -152,11 +152,30 @@ class PlanGraphs:
         graph = self.graph
         if plan.id not in graph:
             graph.add(plan.id, needs_of(plan.inputs, plan.after))
+        self._gone_copies(plan.id, now)
         verdicts = graph.admit(plan.id)
         ready = plan.id in verdicts.ready
         verdicts.ready = [key for key in verdicts.ready if key != plan.id]
         self.apply(verdicts, now)
         return not ready
+
+    def _gone_copies(self, plan_id: str, now: float) -> None:
+        """The copies a plan about to be admitted takes whose worker is gone for good (not in the registry: reaped,
+        removed, left) are lost: it is placed on a copy that lives, or a rebuild, rather than fetch from nowhere
+        and fail. Not in the first heartbeat timeout after a restart, while workers come back."""
+        registry = self._state.registry
+        if self.restored_at is not None and now < self.restored_at + registry.heartbeat_timeout_s:
+            return
+        lineage = self.graph.lineage
+        for need in self.graph.needs.get(plan_id, ()):
+            if not need.output:
+                continue
+            for key in lineage.holders(need.upstream):
+                holder = self._plans.get(key)
+                if holder is not None and holder.state == "succeeded" and holder.worker_id is not None and (
+                    holder.worker_id not in registry and lineage.mark_lost(key, need.output)
+                ):
+                    self._state.counters["outputs_lost"] += 1
 
     def apply(self, verdicts: Verdicts, now: float) -> None:
         """Carry out the graph's verdicts (coordinator/graphs/graph.py ``Verdicts``), in their order."""

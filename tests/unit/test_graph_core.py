@@ -231,6 +231,23 @@ def test_a_lost_output_is_rebuilt_once_and_the_consumer_resumes_on_the_rebuild()
     assert h.core.counters["plans_rebuilt"] == 1
 
 
+def test_a_consumer_submitted_after_its_producers_worker_was_reaped_gets_a_rebuild_at_once() -> None:
+    """A's worker was reaped before B was submitted (no plan needed A then): B's admission finds A's copy gone
+    with its worker and has it made again at once, instead of being placed on a fetch from nowhere."""
+    h = Harness(heartbeat_timeout_s=30.0)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], a, outputs={"y": 10})
+    h.close(conns["w1"])
+    h.tick(100.0)
+    w2 = h.worker("w2")
+    b = h.submit(client, plan_id="b", inputs=[ref("a")])
+    assert h.core.counters["plans_rebuilt"] == 1 and b in h.core.graphs.graph.held
+    assert assign_of(h, w2).plan_id == "a.r1"
+
+
 def test_a_consumer_whose_input_was_missing_is_queued_again_free_and_the_output_made_again() -> None:
     """B's worker reports output_lost (a 404 from the holder): B is queued again without charging an attempt,
     A is made again (a.r1), and B then runs on the rebuild's output."""

@@ -54,8 +54,8 @@ def test_the_success_is_held_until_a_copy_plan_on_another_worker_made_the_copy()
 
 
 def test_a_lost_producer_worker_costs_no_rebuild_while_a_copy_lives() -> None:
-    """After the copy, w1 is gone for good: a waiting consumer takes y from the copy on w2; one whose worker found
-    y gone from w1 (output_lost) is queued again free and takes the copy too. Nothing is run again."""
+    """After the copy, w1 is gone for good: a waiting consumer takes y from the copy on w2, and so does one
+    submitted after w1 was reaped, at its first placement. Nothing is run again."""
     h = Harness(heartbeat_timeout_s=30.0)
     conns, client = replicating(h)
     assign_of(h, conns["w2"])
@@ -70,6 +70,9 @@ def test_a_lost_producer_worker_costs_no_rebuild_while_a_copy_lives() -> None:
     finish(h, w3, "gate")
     [pull] = next(m for m in h.take(w3) + h.take(conns["w2"]) if isinstance(m, Assign) and m.plan_id == b).pulls
     assert (pull.plan_id, pull.worker_id) == ("a.c1", "w2")
+    c = h.submit(client, plan_id="c", inputs=[ref("a")], requirements=Requirements(tags=["later"]))
+    [pull] = next(m for m in h.take(w3) if isinstance(m, Assign) and m.plan_id == c).pulls
+    assert (pull.plan_id, pull.worker_id) == ("a.c1", "w2")  # at once: w1 is known gone, its copy is not asked
     assert h.core.counters["plans_rebuilt"] == 0 and "a.r1" not in h.core.plans
 def test_with_no_other_worker_the_plan_ends_at_once_and_a_copy_nobody_takes_ends_at_the_bound() -> None:
     """Alone on w1, a succeeds at once (nowhere to copy to). With w2 present but unable to take the copy, z waits
