@@ -1,5 +1,6 @@
 """End to end: plan graphs between real coordinator, worker and client processes (issue #28): the example, the
-bytes staying on the workers, failure at once, and a chain that survives the death of a worker holding its data."""
+bytes staying on the workers, failure at once, a chain that survives the death of a worker holding its data, and a
+replicated output that outlives it with nothing run again."""
 
 from __future__ import annotations
 
@@ -107,6 +108,30 @@ async def test_a_chain_survives_the_death_of_the_worker_holding_a_mid_chain_outp
         listed = {p.id: p for p in (await client.plans()).plans}
         rebuilds = sorted(key for key in listed if key.startswith(f"{a.id}.r"))
         assert rebuilds == [f"{a.id}.r1"] and listed[a.id].state == "succeeded"
+        digest = hashlib.sha256("".join(f"{n}\n" for n in range(1, 200001)).encode()).hexdigest()
+        assert (await b.output("sum")).decode().strip() == digest
+
+
+async def test_a_replicated_output_outlives_the_kill_of_its_worker_with_nothing_run_again(cluster: Cluster) -> None:
+    """A (replicas y=2) succeeds once copy plan A.c1 holds y on w2; kill -9 of w1 while B waits: B runs once on
+    w2 with A's bytes from the copy, and A is never made again."""
+    await cluster.coordinator("--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.5",
+                              "--worker-reconnect-grace-s", "1")  # fmt: skip
+    holder = await cluster.worker("w1", *DATA, "--tags", "first")
+    await cluster.worker("w2", *DATA)
+    async with Client(cluster.url, token=CLIENT_TOKEN) as client:
+        a = await client.submit("shell", args={"cmd": 'seq 1 200000 > "$FLEETWIRE_OUTPUT_DIR/y"'},
+                                outputs={"y": {"replicas": 2}}, tags=["first"])  # fmt: skip
+        await asyncio.wait_for(a.result(), 60)
+        assert [e.data["copies"] for e in a._stream.events if e.kind == "succeeded"] == [{"y": ["w1", "w2"]}]
+        gate = await client.submit("shell", args={"cmd": "sleep 3"})
+        b = await client.submit("shell", args={"cmd": _sha_cmd("x")}, inputs={"x": a.ref("y")}, outputs=["sum"],
+                                after=[gate])  # fmt: skip
+        holder.stop(signal.SIGKILL)
+        await asyncio.wait_for(b.result(), 60)
+        assert b.attempt == 1 and b.worker_id == "w2"
+        listed = {p.id: p for p in (await client.plans()).plans}
+        assert not [key for key in listed if key.startswith(f"{a.id}.r")] and listed[f"{a.id}.c1"].worker_id == "w2"
         digest = hashlib.sha256("".join(f"{n}\n" for n in range(1, 200001)).encode()).hexdigest()
         assert (await b.output("sum")).decode().strip() == digest
 
