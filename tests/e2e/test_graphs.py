@@ -73,6 +73,24 @@ async def test_b_on_as_64_mib_output_runs_where_it_is_and_elsewhere_pulls_it_wor
         assert (await b.output("sum")).decode().strip() == expected == (await b2.output("sum")).decode().strip()
 
 
+async def test_b_on_the_output_of_a_worker_without_a_data_endpoint_gets_it_through_the_relay(cluster: Cluster) -> None:
+    """A on w1, which has no data endpoint (as behind NAT): B on w2 gets A's 8 MiB output through the
+    coordinator's relay over w2's own session (input_received via relay), the same bytes."""
+    await cluster.coordinator()
+    await cluster.worker("w1", "--allow-shell", "--tags", "first")
+    await cluster.worker("w2", *DATA, "--tags", "second")
+    async with Client(cluster.url, token=CLIENT_TOKEN) as client:
+        a = await client.submit("shell", args={"cmd": f'head -c {8 * MIB} /dev/urandom > "$FLEETWIRE_OUTPUT_DIR/y"'},
+                                outputs=["y"], tags=["first"])  # fmt: skip
+        b = await client.submit("shell", args={"cmd": _sha_cmd("x")}, inputs={"x": a.ref("y")}, outputs=["sum"],
+                                tags=["second"])  # fmt: skip
+        await asyncio.wait_for(b.result(), 60)
+        assert [e.data["via"] for e in b._stream.events if e.kind == "input_received"] == ["relay"]
+        assert _metric(cluster, "fleetwire_relay_bytes_total") >= 8 * MIB
+        expected = hashlib.sha256(await a.output("y")).hexdigest()
+        assert (await b.output("sum")).decode().strip() == expected
+
+
 async def test_b_on_a_failing_a_fails_fast_naming_a(cluster: Cluster) -> None:
     """A fails: B, waiting for A's output, fails upstream_failed at once, naming A (the CLI's references too)."""
     await cluster.coordinator()
