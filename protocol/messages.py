@@ -760,6 +760,7 @@ class DataOpen(_Msg, tag="data_open"):
     offset: int = 0  # get: the first byte wanted (a resumed download)
     credit: int = 0  # coordinator -> worker: unacknowledged bytes the sender may have in flight
     stream: int = 0  # the client's id for this stream (a new one per open); echoed in all of its messages
+    pull: bool = False  # get: a worker fetching the output as another plan's input (kept its whole retention)
 
 
 class DataChunk(_Msg, tag="data_chunk"):

@@ -125,7 +125,7 @@ class PullRelay:
         self._streams[key] = stream
         plan_id, attempt, name, _ = key
         self._send(DataOpen(plan_id=plan_id, attempt=attempt, name=name, direction="get", ticket=pull.ticket,
-                            offset=entry.received, stream=stream.id))
+                            offset=entry.received, stream=stream.id, pull=True))  # the holder keeps the output
         ended = False
         try:
             every = 0  # credit every chunk until the window is known

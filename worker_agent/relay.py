@@ -29,6 +29,9 @@ module only stores and reads the bytes and sends the messages.
 
 * An output this worker no longer holds (never made, expired from the spool, or the worker
   restarted) ends ``output_gone``, which the SDK raises as :class:`~fleetwire.relay.OutputGone`.
+* An output sent whole to a client is kept only a short grace more (``Spool.fetched``, as the HTTP
+  endpoint does); one another worker fetches as an input (``data_open.pull``: a relayed pull,
+  worker_agent/pull_relay.py) stays its whole retention, as with the HTTP ``Fleetwire-Pull`` header.
 
 Every message of a stream carries the id its client gave it (``data_open.stream``); a chunk,
 credit or end naming another id than the stream open here is dropped: it belongs to an older
@@ -86,6 +89,7 @@ class _Download:
     file: IO[bytes]
     rules: download.Sender
     stream: int = 0  # the stream's id (data_open.stream)
+    pull: bool = False  # another worker fetches it as an input (data_open.pull): its whole send keeps its stay
 
 
 class RelayEndpoint:
@@ -292,7 +296,7 @@ class RelayEndpoint:
             self._end(key, Answer(verdicts.DROPPED, f"output {msg.name!r} cannot be read: {exc.strerror}"), msg.stream)
             return
         file.seek(msg.offset)
-        state = _Download(output, file, download.Sender(output.size, msg.offset, msg.credit), msg.stream)
+        state = _Download(output, file, download.Sender(output.size, msg.offset, msg.credit), msg.stream, msg.pull)
         self._downloads[key] = state
         self._pump(key, state)
 
@@ -310,7 +314,7 @@ class RelayEndpoint:
             self._send(DataChunk(plan_id=key[0], attempt=key[1], name=key[2], offset=offset, data=data,
                                  direction="get", last=last, size=rules.size, stream=state.stream))
             if last:
-                if rules.whole:
+                if rules.whole and not state.pull:  # a client has it: a short grace more (as the HTTP endpoint)
                     self.spool.fetched(state.output)
                 self._close(key)
                 return

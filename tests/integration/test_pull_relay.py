@@ -17,6 +17,7 @@ from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from tests.integration.data_helpers import CLIENT_TOKEN, WORKER_TOKEN, digest
 from worker_agent.agent import Agent
+from worker_agent.spool import FETCHED_GRACE_S
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,12 +75,16 @@ async def test_a_holder_that_cannot_be_dialled_sends_the_output_through_the_rela
     tmp_path: Path, holder: dict[str, Any]
 ) -> None:
     """B on A's output, on another worker than A's, which cannot be dialled: B's worker fetches it through the
-    coordinator's relay; B sees the bytes A made, the input says via relay, and the relay is empty after."""
-    async with fleet(tmp_path, **holder) as (server, _w1, w2), Client(server.url, token=CLIENT_TOKEN) as client:
+    coordinator's relay; B sees the bytes A made, the input says via relay, the holder keeps the output its
+    whole retention (a pull, not a client's download), and the relay is empty after."""
+    async with fleet(tmp_path, **holder) as (server, w1, w2), Client(server.url, token=CLIENT_TOKEN) as client:
         a = await client.submit("make", args={"size": SIZE}, outputs=["y"], tags=["first"])
         b = await client.submit("take", inputs={"x": a.ref("y")}, tags=["second"])
         result = await asyncio.wait_for(b.result(), 30)
         assert a.worker_id == "w1" and b.worker_id == "w2"
+        assert w1.runner.spool is not None
+        kept = w1.runner.spool.output(a.id, 1, "y")
+        assert kept is not None and kept.expires_at - asyncio.get_running_loop().time() > FETCHED_GRACE_S  # a pull
         assert result == digest(await a.output("y"))
         assert received_via(b) == {"x": "relay"}
         relay = server.core.relay

@@ -123,3 +123,16 @@ async def test_missing_output_is_gone(relay: Any) -> None:
                               ticket=ticket("out", -1, "", direction="get"), stream=5))
     end = relay.sent.pop()
     assert (end.code, end.stream) == (GONE, 5) and "no output 'out' on worker w1" in end.message
+
+
+async def test_a_whole_get_ends_the_outputs_stay_but_a_workers_pull_keeps_it(relay: Any) -> None:
+    """A client's whole relayed get leaves the output a short grace (as a whole HTTP download); a get with pull set
+    (another worker fetching it as an input) leaves its retention as it was."""
+    relay.spool.add_output("p1", 1, "out", b"abc")
+    kept = relay.spool.output("p1", 1, "out").expires_at
+    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="out", direction="get",
+                              ticket=ticket("out", -1, "", direction="get"), credit=MAX_CHUNK_BYTES, pull=True))
+    assert relay.sent[-1].last and relay.spool.output("p1", 1, "out").expires_at == kept
+    relay.on_message(DataOpen(plan_id="p1", attempt=1, name="out", direction="get",
+                              ticket=ticket("out", -1, "", direction="get"), credit=MAX_CHUNK_BYTES))
+    assert relay.sent[-1].last and relay.spool.output("p1", 1, "out").expires_at < kept
