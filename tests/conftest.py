@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 
@@ -9,6 +10,27 @@ import pytest
 
 from tests.no_nvml import pynvml as no_nvml
 from tests.pg import PostgresServer, missing_reason, postgres_server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _child_bytecode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Child Python processes cache their bytecode in a temp tree kept for the session.
+
+    The tests start hundreds of Python processes (coordinators, workers, CLI commands, bench
+    scripts, handler children). Under ``PYTHONDONTWRITEBYTECODE=1`` (set where CI runs) each one
+    compiled every module it imported afresh: 0.68-0.78 s of CPU to import the coordinator and the
+    worker agent, against 0.33-0.36 s with bytecode. ``PYTHONPYCACHEPREFIX`` keeps that bytecode
+    out of the checkout, and the tree goes with the session's temp dirs.
+    """
+    saved = {name: os.environ.get(name) for name in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.mktemp("pycache"))
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session", autouse=True)
