@@ -286,6 +286,8 @@ class Plan:
         """Where the plan's lease is now, for the message that refuses a stale one."""
         if self.terminal:
             return f"it already ended {self.state}"
+        if self.replicating:
+            return f"its attempt {self.attempt} succeeded; it waits for copies of its outputs on other workers"
         if self.state == "queued" or self.worker_id is None:
             return f"it is queued again after attempt {self.attempt}"
         return f"its lease is attempt {self.attempt} on worker {self.worker_id}"

@@ -34,12 +34,17 @@ def replicating(h: Harness) -> tuple[dict[str, int], int]:
 
 
 def test_the_success_is_held_until_a_copy_plan_on_another_worker_made_the_copy() -> None:
-    """a succeeds on w1: it stays running while copy plan a.c1 fetches y from w1 to w2 (log wants no copy); a
-    consumer waits meanwhile; when a.c1 succeeds, a ends succeeded naming both holders and the consumer goes on."""
+    """a succeeds on w1: it stays running (its lease gone: a late message of it is stale, saying why) while copy
+    plan a.c1 fetches y from w1 to w2 (log wants no copy); a consumer waits meanwhile; when a.c1 succeeds, a ends
+    succeeded naming both holders and the consumer goes on."""
     h = Harness()
     conns, client = replicating(h)
     assert h.state("a") == "running" and h.core.plans["a"].replicating
     assert any(e.kind == "replicating" and e.data["copy"] == "a.c1" for e in events(h, client, "a"))
+    h.take(conns["w1"])
+    h.send(conns["w1"], Event(plan_id="a", attempt=1, seq=0, kind="progress", data={}))  # late: its lease is gone
+    [stale] = [m for m in h.take(conns["w1"]) if isinstance(m, Error)]
+    assert stale.code == errors.STALE_LEASE and "waits for copies of its outputs" in stale.message
     copy = assign_of(h, conns["w2"])
     assert (copy.plan_id, copy.op, [p.output for p in copy.pulls]) == ("a.c1", COPY_OP, ["y"])
     assert copy.pulls[0].worker_id == "w1" and copy.pulls[0].plan_id == "a"
