@@ -145,7 +145,7 @@ async def test_shell_is_offered_only_when_allowed() -> None:
     """The shell op is absent from the built-ins unless allow_shell is set."""
     assert "shell" not in builtin_handlers()
     assert builtin_handlers(allow_shell=True)["shell"] is shell
-    assert set(builtin_handlers()) == {"echo", "sleep"}
+    assert set(builtin_handlers()) == {"echo", "sleep", "fleetwire.copy"}
 
 
 async def test_shell_cancel_kills_the_process_group() -> None:
