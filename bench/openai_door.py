@@ -39,6 +39,9 @@ Five measurements, each printed beside its peer measured in the same run:
 6. **Where the first byte's time goes** (``--timeline``, :func:`timeline`): the coordinator, a
    worker agent and the fake engine in one process, the steps of each request marked; each
    step's median time since the one before.
+7. **Instructions per request** (``--only callgrind``, :func:`callgrind`): the coordinator under
+   callgrind serving a fixed count of (2)'s tiny streamed requests, twice; the stable figure of
+   its CPU per request on a shared machine.
 
     python bench/openai_door.py                  # one to five, default sizes
     python bench/openai_door.py --quick --json   # a short run
@@ -58,6 +61,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,7 +76,7 @@ import msgspec
 HTTP_OK = b"HTTP/1.1 200"
 TEXT = re.compile(rb'"content": ?"[^"]')  # a chunk with text (the door's JSON has no spaces, the engine's has)
 MODEL = "m1"
-SECTIONS: Final = ("ttfb", "load", "clients", "memory", "prefix", "steps", "timeline")  # --only's
+SECTIONS: Final = ("ttfb", "load", "clients", "memory", "prefix", "steps", "timeline", "callgrind")  # --only's
 
 
 # ---------------------------------------------------------------------------------------------- raw HTTP
@@ -548,6 +552,68 @@ def door_steps(requests: int, rounds: int) -> dict[str, Any]:
     return {**figures, "requests": requests, "rounds": rounds}
 
 
+# ---------------------------------------------------------------------------------------------- callgrind
+
+
+async def counted_load(port: int, connections: int, total: int) -> None:
+    """``total`` streamed requests over ``connections`` kept-alive connections, back to back (a fixed count)."""
+    left = total
+
+    async def one(index: int) -> None:
+        nonlocal left
+        reader, writer = await asyncio.open_connection(h.HOST, port)
+        request = chat_request(port, f"tiny {index}")
+        try:
+            while left > 0:
+                left -= 1
+                writer.write(request)
+                await read_stream(reader, time.perf_counter())
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(one(i) for i in range(connections)))
+
+
+async def callgrind_run(ns: argparse.Namespace, requests: int, out: str) -> int:
+    """The coordinator's callgrind instructions over its whole life, serving ``requests`` tiny streamed requests
+    (after 20 of warm-up) from one fast worker over ``ns.cg_connections`` connections."""
+    argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m", "fleetwire",
+            "coordinator", "--host", h.HOST, "--port", "0", "--insecure", "--log-level", "warning", "--store",
+            "memory", "--openai-queue-timeout", "120", *(f for pair in h.BENCH_LIMITS.items() for f in pair),
+            *shlex.split(ns.coordinator_args)]  # fmt: skip
+    coordinator = await h.spawn("coordinator", *argv, env=h.bench_env(PYTHONHASHSEED="0"))
+    workers = None
+    try:
+        url = (await coordinator.wait_for_line(r"listening on (ws://\S+)", 600)).group(1)
+        port = int(url.rsplit(":", 1)[1])
+        workers = await h.spawn("fast-workers", sys.executable, __file__, "--fast-worker", url, "--fast-count", "1")
+        await workers.wait_for_line(r"fast worker \d+ registered", 600)
+        await counted_load(port, 4, 20)
+        await counted_load(port, ns.cg_connections, requests)
+    finally:
+        if workers is not None:
+            await workers.stop()
+        await coordinator.stop(grace_s=600)
+    return _callgrind_total(out)
+
+
+def _callgrind_total(out: str) -> int:
+    with open(out) as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
+
+
+async def callgrind(ns: argparse.Namespace) -> dict[str, Any]:
+    """7. The coordinator's callgrind instructions per tiny streamed request (``--only callgrind``): two runs of
+    ``cg_requests / 5`` and ``cg_requests`` requests, the difference over the difference of their counts (startup
+    and shutdown cancel out). Stable on a shared machine where CPU time is not."""
+    small, large = ns.cg_requests // 5, ns.cg_requests
+    with tempfile.TemporaryDirectory() as tmp:
+        small_ir = await callgrind_run(ns, small, os.path.join(tmp, "small"))
+        large_ir = await callgrind_run(ns, large, os.path.join(tmp, "large"))
+    return {"requests": [small, large], "connections": ns.cg_connections,
+            "instructions_per_request": round((large_ir - small_ir) / (large - small))}  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------- timeline
 
 #: The steps of a request's first byte that --timeline marks: (module, class or None, function, step, after it
@@ -574,6 +640,14 @@ _STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
      lambda _ctx, kind, *_a, **_k: kind == "token"),
     ("worker_agent.agent", None, "send_frame", "agent: frame with the token sent", False,
      lambda *_: "agent: first token emitted" in _MARKS),
+    # The coordinator's side of the token's frame: its bytes read (the websocket's data_received), the session's
+    # reader task woken with the frame decoded, the core's step.
+    ("websockets.asyncio.connection", "Connection", "data_received", "coordinator: the token's frame read", False,
+     lambda *_: "agent: frame with the token sent" in _MARKS),
+    ("coordinator.io.frontdoor.core_driver", "CoreSession", "received", "coordinator: reader task woken, decoded",
+     False, lambda _session, msgs, *_: any(getattr(m, "kind", "") == "token" for m in msgs)),
+    ("coordinator.io.frontdoor.core_driver", "CoreDriver", "receive", "core: token taken", True,
+     lambda _driver, _conn, msg, _now: getattr(msg, "kind", "") == "token"),
     ("coordinator.io.frontdoor.openai_exchange", "Exchange", "deliver", "door: token delivered", False,
      lambda _exchange, msgs: any(getattr(m, "kind", "") == "token" for m in msgs)),
     ("coordinator.io.frontdoor.openai_http", "OpenAIConnection", "write", "door: first byte written", False,
@@ -751,7 +825,7 @@ async def durable_ttfb(requests: int, *flags: str) -> list[float]:
 async def load(ns: argparse.Namespace, seconds: float) -> dict[str, Any]:
     """2. Streamed requests/s through the coordinator alone (fast workers), on a core of its own where possible."""
     async with h.fleet("memory") as f:
-        await f.start_coordinator("--openai-queue-timeout", "60")
+        await f.start_coordinator("--openai-queue-timeout", "60", *shlex.split(ns.coordinator_args))
         workers = await h.spawn("fast-workers", sys.executable, __file__, "--fast-worker", f.url,
                                 "--fast-count", str(ns.fast_workers))  # fmt: skip
         f.others.append(workers)
@@ -831,6 +905,8 @@ async def measure(ns: argparse.Namespace) -> dict[str, Any]:
         result["steps"] = door_steps(ns.step_requests, 3 if ns.quick else 7)
     if "timeline" in only:
         result["timeline"] = await timeline(ns.requests, ns.token_delay)
+    if "callgrind" in only:
+        result["callgrind"] = await callgrind(ns)
     return result
 
 
@@ -900,6 +976,11 @@ def lines(r: dict[str, Any]) -> list[str]:
         ]
     if "timeline" in r:
         out += timeline_lines(r["timeline"])
+    if "callgrind" in r:
+        cg = r["callgrind"]
+        out.append(f"callgrind: the coordinator's instructions per tiny streamed request ({cg['requests'][0]} and "
+                   f"{cg['requests'][1]} requests over {cg['connections']} connections, the difference): "
+                   f"{cg['instructions_per_request']:,}")
     return out
 
 
@@ -932,6 +1013,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast-workers", type=int, default=2, help="raw websocket workers of the load")
     parser.add_argument("--generator", choices=("auto", "wrk", "python"), default="auto",
                         help="the load's generator: wrk (C, when installed: auto) or this process's asyncio")
+    parser.add_argument("--cg-requests", type=int, default=1000, help="requests of callgrind's larger run (1000)")
+    parser.add_argument("--cg-connections", type=int, default=8, help="connections of callgrind's runs (8)")
+    parser.add_argument("--coordinator-args", default="", metavar="ARGS",
+                        help="more flags for the coordinator of (2)'s load, e.g. '--openai-durable off' (one string)")
     parser.add_argument("--profile", metavar="DIR", help="record a py-spy profile of the coordinator during the load "
                                                          "into DIR/coordinator.txt (bench/profile_top.py lists it)")
     parser.add_argument("--fast-worker", metavar="URL", help=argparse.SUPPRESS)
@@ -944,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(ns, name) is None:
             setattr(ns, name, quick if ns.quick else full)
     if ns.only is None:
-        ns.only = set(SECTIONS) - {"timeline"} | ({"timeline"} if ns.timeline else set())
+        ns.only = set(SECTIONS) - {"timeline", "callgrind"} | ({"timeline"} if ns.timeline else set())
     elif ns.only - set(SECTIONS):
         parser.error(f"--only: unknown sections {sorted(ns.only - set(SECTIONS))}; they are {', '.join(SECTIONS)}")
     if ns.fast_worker:

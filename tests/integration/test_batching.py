@@ -109,6 +109,15 @@ def test_nothing_shared_leaves_the_sends_as_they_are() -> None:
     assert _encode_shared(sends, sessions) is sends
 
 
+def test_a_sinks_messages_are_not_counted_as_shared() -> None:
+    """A message for one session and a sink (the OpenAI door's request, no websocket) is no shared encoding."""
+    codec = Codec("msgpack", FromClient, "client")
+    sessions: dict[int, Any] = {1: SimpleNamespace(codec=codec), 2: SimpleNamespace(codec=codec)}
+    event = Event(plan_id="p", kind="token", data={"text": "hi"}, seq=3)
+    sends: dict[int, list[Any]] = {1: [event], 2: [Event(plan_id="q", kind="k", seq=1)], 1 << 48: [event]}
+    assert _encode_shared(sends, sessions) is sends
+
+
 def test_sync_client_submit_many() -> None:
     """SyncClient.submit_many returns SyncPlans in order; plans/drain/undrain work without an event loop."""
     loop = asyncio.new_event_loop()

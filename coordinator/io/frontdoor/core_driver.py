@@ -306,7 +306,9 @@ def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, Session]) ->
     codec copies into a frame as they are), made once per encoding and shared by all sessions.
     """
     counts: dict[int, int] = {}
-    for msgs in sends.values():
+    for conn_id, msgs in sends.items():
+        if conn_id not in sessions:
+            continue  # a sink's (the OpenAI door's requests): it takes the Structs as they are, nothing to encode
         for msg in msgs:
             key = id(msg)
             counts[key] = counts.get(key, 0) + 1
