@@ -48,8 +48,9 @@ import msgspec
 __all__ = ["EXIT_WAIT_S", "RESPAWN_S", "STUCK_S", "ExportProcess", "RawSpan", "SpanBuilder", "main"]
 
 RawSpan = tuple[Any, ...]
-"""A noted span: (name, trace id hex, span id, parent span id, parent remote, start ns, end ns,
-attributes or None, events [(name, ns, attributes)] or None, kind, error)."""
+"""A noted span: (name, trace id hex, span id, parent span id (an int, its hex, or 0: a root), parent
+remote, start ns, end ns (the later of the two, if before start), attributes or None, events [(name,
+ns, attributes)] or None, kind, error)."""
 
 KINDS: Final = ("internal", "server", "client", "producer", "consumer")  # OpenTelemetry's SpanKind values, in order
 STUCK_S: Final = 30.0
@@ -92,12 +93,14 @@ class SpanBuilder:
         self._flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
         self._ok = trace.Status(trace.StatusCode.UNSET)
 
-    def build(self, name: str, trace_hex: str, span_id: int, parent_id: int, remote: bool, start_ns: int,
+    def build(self, name: str, trace_hex: str, span_id: int, parent_id: int | str, remote: bool, start_ns: int,
               end_ns: int, attributes: Mapping[str, Any] | None, events: Sequence[Sequence[Any]] | None,
               kind: str, error: str) -> Any:  # fmt: skip
         """The ``ReadableSpan`` of one noted span (its fields, splatted)."""
         trace, flags = self._trace, self._flags
         trace_id = int(trace_hex, 16)
+        if parent_id.__class__ is str:
+            parent_id = int(parent_id, 16)
         parent = trace.SpanContext(trace_id, parent_id, remote, flags) if parent_id else None
         return self._readable(
             name=name, context=trace.SpanContext(trace_id, span_id, False, flags), parent=parent,
@@ -105,7 +108,7 @@ class SpanBuilder:
             events=[self._event(n, a, t) for n, t, a in events] if events else (),
             kind=self._kinds[KINDS.index(kind)],
             status=trace.Status(trace.StatusCode.ERROR, error) if error else self._ok,
-            start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope,
+            start_time=start_ns, end_time=max(start_ns, end_ns), instrumentation_scope=self._scope,
         )  # fmt: skip
 
     def export(self, exporter: Any, batch: Sequence[Sequence[Any]]) -> bool:

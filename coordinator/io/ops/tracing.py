@@ -68,7 +68,7 @@ class PlanSpans:
         """A step's notes, as its records go to the store: queue spans, each ended by its placement."""
         now = self._clock()
         self._flushed[id(notes)] = now
-        queued, record = self._queued, self.tracing.record
+        queued, add = self._queued, self.tracing.add
         for note in notes:
             kind, plan_id = note.kind, note.plan_id
             if kind in _QUEUED_BY:
@@ -94,8 +94,8 @@ class PlanSpans:
                         attributes["fleetwire.policy"] = str(entry.placed.get("policy", ""))
                         attributes["fleetwire.worker_id"] = str(entry.placed.get("worker_id", ""))
                     error = "" if kind == "leased" else f"ended {kind} while queued"
-                    record("fleetwire.queue", entry.traceparent, entry.since_ns, now, attributes,
-                           events=entry.events, error=error)  # fmt: skip
+                    events = entry.events or None
+                    add("fleetwire.queue", entry.traceparent, entry.since_ns, now, attributes, events, error)
 
     def delivered(self, notes: Sequence[TraceNote]) -> None:
         """The step's records are committed: the commit spans of its plans' creations and ends."""
@@ -104,10 +104,11 @@ class PlanSpans:
             return
         now = self._clock()
         done: set[str] = set()
+        add = self.tracing.add
         for note in notes:
             if note.kind in _COMMITTED and note.plan_id not in done:
                 done.add(note.plan_id)
-                self.tracing.record("fleetwire.store.commit", note.traceparent, started, now, {
+                add("fleetwire.store.commit", note.traceparent, started, now, {
                     "fleetwire.plan_id": note.plan_id, "fleetwire.attempt": note.attempt,
                     "fleetwire.event": note.kind,
                 })  # fmt: skip
