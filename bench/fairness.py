@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 from coordinator.devices import GpuNeed  # noqa: E402 - after the path tweak above
 from coordinator.ledger import UsageLedger  # noqa: E402
 from coordinator.placement.fair_queue import FairQueue  # noqa: E402
-from coordinator.placement.fairshare import Capacity, Demand  # noqa: E402
+from coordinator.placement.fairshare import SLOT, Capacity, Demand  # noqa: E402
 from coordinator.placement.plan_queue import PlanQueue, Signature  # noqa: E402
 from coordinator.placement.preemption import Preemption, Preemptor, Running, Waiting  # noqa: E402
 from coordinator.teams import Member, Team, TeamBook  # noqa: E402
@@ -83,7 +83,7 @@ class SimPlan:
 
     @property
     def demand(self) -> Demand:
-        return Demand(float(self.gpus), 1.0, 0.0)
+        return Demand(float(self.gpus), 1.0, 0.0) if self.gpus else SLOT  # SLOT: as the core's leases of one slot
 
     @property
     def signature(self) -> Signature:
@@ -435,12 +435,12 @@ def decide(*, queued: int, principals: int, fair: bool, decisions: int = 20_000,
         queue.discard(plan_id)
         now += 0.001
         if isinstance(queue, FairQueue):
-            queue.started(owners[plan_id], Demand(), now)
+            queue.started(owners[plan_id], SLOT, now)
         running.append(plan_id)
         if len(running) > 500:  # a plan ends: its owner's keys move
             done = running.pop(rng.randrange(len(running)))
             if isinstance(queue, FairQueue):
-                queue.ended(owners[done], Demand(), now)
+                queue.ended(owners[done], SLOT, now)
         push()  # the queue stays as deep
     elapsed = time.perf_counter() - t0
     return {"scenario": "decide", "queue": "fair share" if fair else "first come", "queued": queued,

@@ -47,7 +47,7 @@ import structlog
 from coordinator.devices import pick
 from coordinator.ledger import BUCKET_S, UsageLedger, UsageRow
 from coordinator.placement.fair_queue import FairQueue
-from coordinator.placement.fairshare import Capacity, Demand
+from coordinator.placement.fairshare import SLOT, Capacity, Demand
 from coordinator.placement.plan_queue import Signature
 from coordinator.placement.preemption import Preemptor, Running, Waiting
 from coordinator.records import UsageRows
@@ -83,7 +83,7 @@ class SharingConfig:
     preemption_min_run_s: float = 10.0  # a plan runs at least this long before it may be preempted
 
 
-_SLOT: Final = Demand(0.0, 1.0, 0.0)  # what most leases hold: one slot
+_SLOT: Final = SLOT  # what most leases hold: one slot (this object: fair share tallies it, fairshare.py)
 
 
 def demand_of(plan: Plan, kv_blocks: float = 0.0) -> Demand:

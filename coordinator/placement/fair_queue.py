@@ -147,13 +147,13 @@ class FairOrder:
                 self.shares.queued(owner, -1)
             if len(member.counts) < 2 and member.indexed:
                 member.indexed = False
-                self._heaps -= 1
+                self._heap_count(-1)
         if not member.count:
             del part.members[team]
             _unindex(self._team_groups, team, signature)
             if len(part.members) < 2 and part.indexed:
                 part.indexed = False
-                self._heaps -= 1
+                self._heap_count(-1)
         return True
 
     def owner_of(self, plan_id: str) -> str | None:
@@ -372,7 +372,7 @@ class FairOrder:
         self._parts.clear()
         self._team_groups.clear()
         self._principal_groups.clear()
-        self._heaps = 0  # (every plan was discarded: no part and no heap is left)
+        # (every plan was discarded: no part and no heap is left, so _heaps is 0 and the book is told so)
         for plan_id, signature, token, priority, order, owner in entries:
             self.push(plan_id, signature, token, priority, order, owner)
 
@@ -412,7 +412,7 @@ class FairOrder:
             part.members[entry[3]].pushed[""] = entry[2]
         if not part.indexed:
             part.indexed = True
-            self._heaps += 1
+            self._heap_count(1)
 
     def _push_principal(self, member: _TeamPart, owner: str) -> None:
         """Put the principal's current key in the team part's heap (kept only from two principals on)."""
@@ -434,7 +434,7 @@ class FairOrder:
             member.pushed[entry[2]] = entry[1]
         if not member.indexed:
             member.indexed = True
-            self._heaps += 1
+            self._heap_count(1)
 
     def _rekeyed(self, owner: str, team: str | None = None) -> None:
         """A lease of the owner ended: push its team's and its own new keys where they wait.
@@ -461,6 +461,14 @@ class FairOrder:
             for member in members.values():
                 if member.indexed and member.pushed[owner] != version:
                     self._push_principal(member, owner)
+
+    def _heap_count(self, delta: int) -> None:
+        """One heap more (``delta`` 1) or less (-1). The share book tallies SLOT leases only while no heap holds
+        keys (coordinator/placement/fairshare.py): the first heap has it count what it tallied, and stop tallying."""
+        before = self._heaps
+        self._heaps = before + delta
+        if not before or not self._heaps:
+            self.shares.keyed(bool(self._heaps))
 
     def _principal_entry(self, owner: str) -> tuple[tuple[float, ...], int, str]:
         account = self.shares.principal_account(owner)

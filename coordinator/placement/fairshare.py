@@ -27,6 +27,15 @@ Rules (docs/SEMANTICS.md §Fair share):
 * A lease's start raises its account's key, its end lowers it (the rate falls, and the service
   it had is already counted); every change bumps the account's version, and the fair queue's
   heaps skip entries of old versions (lazy deletion).
+* Leases of one slot (:data:`SLOT`, the usual lease) are counted *late* while nothing needs the
+  keys at once: no fair-queue heap holds them (the fair queue says so: :meth:`ShareBook.keyed`)
+  and no lease of a GPU or KV blocks is held. Then an account's rate is its slots over the
+  fleet's slots, linear in them, so a principal's starts and ends can be tallied (their count,
+  and the sum of their times) and added to it and its team in one step, with the same service
+  and key as one step per lease: :meth:`ShareBook.settle`, which every reader of an account
+  runs first (:attr:`Account.key`, the book's accessors and changes). A principal whose lease
+  would leave it idle, a lease of anything else, or a heap made by the queue settles first and
+  counts at once. A lone principal's plans, the common case, then cost one tally per lease.
 
 Pure: ``now`` is handed in (monotonic seconds); no I/O.
 """
@@ -39,7 +48,7 @@ from typing import NamedTuple
 
 from coordinator.teams import Team, TeamBook
 
-__all__ = ["HORIZON_S", "NO_CAPACITY", "Account", "Capacity", "Demand", "ShareBook", "dominant"]
+__all__ = ["HORIZON_S", "NO_CAPACITY", "SLOT", "Account", "Capacity", "Demand", "ShareBook", "dominant"]
 
 
 class Demand(NamedTuple):
@@ -59,6 +68,7 @@ class Capacity(NamedTuple):
 
 
 NO_CAPACITY = Capacity()  # before the first worker registers
+SLOT = Demand(0.0, 1.0, 0.0)  # one slot, nothing else: the usual lease (this object: counted late, module docstring)
 HORIZON_S = 10.0  # what an account holds now weighs as this many seconds of service (module docstring)
 
 
@@ -76,27 +86,37 @@ def dominant(demand: Demand, capacity: Capacity) -> float:
 
 
 class _Fleet:
-    """What every account's key reads: the capacity, the horizon, the reference time (shared by a book's accounts)."""
+    """What every account's key reads: the capacity, the horizon, the reference time (shared by a book's accounts),
+    and the principals whose leases are tallied but not counted yet (module docstring)."""
 
-    __slots__ = ("capacity", "horizon_s", "now")
+    __slots__ = ("capacity", "dirty", "heavy", "horizon_s", "keyed", "late", "now")
 
     def __init__(self, capacity: Capacity, horizon_s: float) -> None:
         self.capacity = capacity
         self.horizon_s = horizon_s
         self.now = 0.0
+        self.dirty: list[Account] = []  # principals with tallied leases (Account.pending), in the order tallied
+        self.heavy = 0  # leases held now that hold more than one slot's worth (a GPU, KV blocks)
+        self.keyed = False  # whether a heap of the fair queue holds keys (ShareBook.keyed)
+        self.late = True  # whether a SLOT lease may be tallied: not keyed and nothing heavy held
+
+    def relate(self) -> None:
+        """Work out :attr:`late` again (``heavy`` or ``keyed`` changed)."""
+        self.late = not self.keyed and self.heavy == 0
 
 
 class Account:
     """One team's or one principal's usage now, service so far, and key (worked out when read)."""
 
     __slots__ = (
-        "_fleet", "_key", "_keyed", "active", "gpus", "kv_blocks", "rate", "running", "scope", "service",
-        "since", "slots", "version", "waiting", "weight",
+        "_fleet", "_key", "_keyed", "active", "gpus", "kv_blocks", "parent", "pending", "pending_at", "pending_n",
+        "pending_s", "rate", "running", "scope", "service", "since", "slots", "version", "waiting", "weight",
     )
 
-    def __init__(self, weight: float, fleet: _Fleet, scope: str = "") -> None:
+    def __init__(self, weight: float, fleet: _Fleet, scope: str = "", parent: Account | None = None) -> None:
         self.weight = weight
         self.scope = scope  # a principal's team ("" for a team): where the VTC lift looks
+        self.parent = parent  # a principal's team's account (None for a team)
         self.gpus = 0.0
         self.slots = 0.0
         self.kv_blocks = 0.0
@@ -107,6 +127,12 @@ class Account:
         self.since = fleet.now
         self.version = 0  # moves on with every change of the key
         self.active = False
+        # SLOT leases tallied, not counted yet (module docstring): whether it is in the fleet's dirty list, their
+        # count (starts less ends), the sum of their times less ``since`` (ends subtracted), the last one's time.
+        self.pending = False
+        self.pending_n = 0
+        self.pending_s = 0.0
+        self.pending_at = 0.0
         self._fleet = fleet
         self._key: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
         self._keyed = -1  # the version _key was worked out at
@@ -118,9 +144,11 @@ class Account:
     @property
     def key(self) -> tuple[float, ...]:
         """``service + rate x horizon`` at the book's reference time, then its shares, largest first."""
+        fleet = self._fleet
+        if fleet.dirty:  # tallied leases are counted first (module docstring)
+            _settle(fleet)
         if self._keyed == self.version:
             return self._key
-        fleet = self._fleet
         total_gpus, total_slots, total_kv = fleet.capacity
         weight = self.weight
         a = (self.gpus / total_gpus if total_gpus > 0 else self.gpus) / weight  # _share, inlined
@@ -194,6 +222,55 @@ def _hold(accounts: tuple[Account, ...], demand: Demand, sign: int, now: float) 
         account.rate = (top if top > kv_blocks else kv_blocks) / account.weight
 
 
+def _settle(fleet: _Fleet) -> None:
+    """Count the tallied SLOT leases of the fleet's dirty principals on them and on their teams (module docstring).
+
+    While leases are tallied, an account's rate is its slots over the fleet's (``late``: no GPU or KV block is
+    held), so its service from ``since`` to its last tallied lease at ``at`` is its rate then times the span, plus
+    ``(n x span - s) / slots / weight`` for ``n`` leases more (starts less ends) whose times less ``since`` add up
+    to ``s``: what one step per lease would have counted. A team adds up its principals' tallies, their times
+    taken from its own ``since``.
+    """
+    total = fleet.capacity.slots
+    per = total if total > 0 else 1.0  # _share: a fleet of no slots counts the slots held
+    teams: list[Account] = []
+    for owner in fleet.dirty:
+        n, s, at = owner.pending_n, owner.pending_s, owner.pending_at
+        owner.pending = False
+        owner.pending_n = 0
+        owner.pending_s = 0.0
+        group = owner.parent
+        assert group is not None  # a principal's account has its team's
+        if not group.pending:
+            group.pending = True
+            group.pending_at = at
+            teams.append(group)
+        elif at > group.pending_at:
+            group.pending_at = at
+        group.pending_n += n
+        group.pending_s += s + n * (owner.since - group.since)
+        _count(owner, n, s, at, per)
+    fleet.dirty.clear()
+    for group in teams:
+        n, s = group.pending_n, group.pending_s
+        group.pending = False
+        group.pending_n = 0
+        group.pending_s = 0.0
+        _count(group, n, s, group.pending_at, per)
+
+
+def _count(account: Account, n: int, s: float, at: float, per: float) -> None:
+    """Count ``n`` more SLOT leases, whose times less ``since`` add up to ``s``, on an account up to ``at``."""
+    span = at - account.since
+    weight = account.weight
+    account.service += account.rate * span + (n * span - s) / per / weight
+    account.since = at
+    account.running += n
+    slots = account.slots = account.slots + n
+    account.rate = slots / per / weight
+    account.version += 1
+
+
 class _Level:
     """Accounts of one level (teams, or principals) and, per scope, a heap for the VTC lift."""
 
@@ -203,8 +280,8 @@ class _Level:
         # scope -> heap of (service when pushed, name): lower bounds of the active accounts' services
         self._least: dict[str, list[tuple[float, str]]] = {}
 
-    def add(self, name: str, weight: float, scope: str = "") -> Account:
-        account = self.accounts[name] = Account(weight, self._fleet, scope)
+    def add(self, name: str, weight: float, scope: str = "", parent: Account | None = None) -> Account:
+        account = self.accounts[name] = Account(weight, self._fleet, scope, parent)
         return account
 
     def least_service(self, scope: str, now: float) -> float | None:
@@ -269,16 +346,21 @@ class ShareBook:
 
     def team_account(self, team: str) -> Account:
         """The account of a team (made at its first use)."""
+        if self._fleet.dirty:
+            _settle(self._fleet)
         account = self._teams.accounts.get(team)
         return account if account is not None else self._teams.add(team, self.teams_book.team(team).weight)
 
     def principal_account(self, principal: str) -> Account:
         """The account of a principal (made at its first use)."""
+        if self._fleet.dirty:
+            _settle(self._fleet)
         account = self._principals.accounts.get(principal)
         if account is not None:
             return account
         book = self.teams_book
-        return self._principals.add(principal, book.member_weight(principal), book.team_of(principal))
+        team = book.team_of(principal)
+        return self._principals.add(principal, book.member_weight(principal), team, self.team_account(team))
 
     def team(self, team: str) -> Team:
         """A team's weight and quotas."""
@@ -290,11 +372,27 @@ class ShareBook:
 
     def teams(self) -> Iterator[tuple[str, Account]]:
         """Every team account, in the order they were first used."""
+        self.settle()
         return iter(self._teams.accounts.items())
 
     def principals(self) -> Iterator[tuple[str, Account]]:
         """Every principal account, in the order they were first used."""
+        self.settle()
         return iter(self._principals.accounts.items())
+
+    def settle(self) -> None:
+        """Count the SLOT leases tallied so far (module docstring): the accounts say what one step per lease says."""
+        if self._fleet.dirty:
+            _settle(self._fleet)
+
+    def keyed(self, keyed: bool) -> None:
+        """Whether a heap of the fair queue holds keys from now on: while one does, every lease counts at once (the
+        queue pushes an account's new key where it waits when a lease ends: coordinator/placement/fair_queue.py)."""
+        fleet = self._fleet
+        if keyed and fleet.dirty:
+            _settle(fleet)
+        fleet.keyed = keyed
+        fleet.relate()
 
     # ------------------------------------------------------------------ changes
 
@@ -305,7 +403,8 @@ class ShareBook:
         group = self.team_accounts.get(owner.scope) or self.team_account(owner.scope)
         owner.waiting += delta
         group.waiting += delta
-        if not (owner.active and owner.waiting + owner.running > 0):  # else both stay active: the usual case
+        if not (owner.active and owner.waiting + owner.running + owner.pending_n > 0):  # else both stay active
+            self.settle()
             self._activity(owner, group, principal, 0)
 
     def started(self, principal: str, demand: Demand, now: float) -> str:
@@ -314,19 +413,53 @@ class ShareBook:
         Returns:
             the principal's team (the caller need not ask the team book again).
         """
-        owner = self.principal_accounts.get(principal) or self.principal_account(principal)
+        owner = self.principal_accounts.get(principal)
+        fleet = self._fleet
+        if owner is not None and demand is SLOT and owner.active and fleet.late:  # tallied (module docstring)
+            if not owner.pending:
+                owner.pending = True
+                fleet.dirty.append(owner)
+            owner.pending_n += 1
+            owner.pending_s += now - owner.since
+            owner.pending_at = now
+            return owner.scope
+        if fleet.dirty:
+            _settle(fleet)
+        if owner is None:
+            owner = self.principal_account(principal)
         team = owner.scope
-        group = self.team_accounts.get(team) or self.team_account(team)
+        group = owner.parent = self.team_accounts.get(team) or self.team_account(team)
         if not owner.active:
             self._activity(owner, group, principal, 1)  # before the lease is counted: it reads the running count
+        if demand is not SLOT and demand != SLOT:  # it holds a GPU or KV blocks: no lease is tallied while it does
+            fleet.heavy += 1
+            fleet.relate()
         _hold((group, owner), demand, 1, now)
         return team
 
     def ended(self, principal: str, demand: Demand, now: float) -> None:
         """A plan of the principal that held ``demand`` let go of its lease at ``now``."""
-        owner = self.principal_accounts.get(principal) or self.principal_account(principal)
+        owner = self.principal_accounts.get(principal)
+        fleet = self._fleet
+        if owner is not None and demand is SLOT and fleet.late and (
+            owner.waiting or owner.running + owner.pending_n > 1  # it stays active: tallied (module docstring)
+        ):
+            if not owner.pending:
+                owner.pending = True
+                fleet.dirty.append(owner)
+            owner.pending_n -= 1
+            owner.pending_s -= now - owner.since
+            owner.pending_at = now
+            return
+        if fleet.dirty:
+            _settle(fleet)
+        if owner is None:
+            owner = self.principal_account(principal)
         group = self.team_accounts.get(owner.scope) or self.team_account(owner.scope)
         _hold((group, owner), demand, -1, now)
+        if demand is not SLOT and demand != SLOT:
+            fleet.heavy -= 1
+            fleet.relate()
         if owner.waiting + owner.running == 0:
             self._activity(owner, group, principal, 0)
 
@@ -351,6 +484,8 @@ class ShareBook:
         fleet = self._fleet
         if now <= fleet.now:
             return
+        if fleet.dirty:
+            _settle(fleet)
         fleet.now = now
         for level in (self._teams, self._principals):
             for account in level.accounts.values():
@@ -361,6 +496,7 @@ class ShareBook:
         """The fleet's totals changed at ``now``: every rate and key moves. Returns whether they changed."""
         if capacity == self._fleet.capacity:
             return False
+        self.settle()  # tallied leases count at the capacity they were held under
         for level in (self._teams, self._principals):
             for account in level.accounts.values():
                 account.fold(now)
@@ -380,6 +516,7 @@ class ShareBook:
                 with plans that may have changed team; the caller has them (the core's plans).
             now: when.
         """
+        self.settle()
         old = self.teams_book
         self.teams_book = teams
         for principal, (demands, waiting) in moved.items():
@@ -398,8 +535,9 @@ class ShareBook:
             account.fold(now)
             account.weight = teams.team(name).weight
             account.rerate()
-        for name, account in self._principals.accounts.items():
+        for name, account in list(self._principals.accounts.items()):
             account.fold(now)
             account.weight = teams.member_weight(name)
             account.scope = teams.team_of(name)
+            account.parent = self._teams.accounts.get(account.scope)  # one that is active has it: see started
             account.rerate()
