@@ -259,8 +259,13 @@ def _client_parent(token_help: str) -> argparse.ArgumentParser:
     return client
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole ``fleetwire`` argument parser."""
+def build_parser(*, worker_flags: bool = True) -> argparse.ArgumentParser:
+    """The whole ``fleetwire`` argument parser.
+
+    ``worker_flags=False`` leaves ``fleetwire worker``'s own flags out, and with them the import of
+    the worker agent (a third of a client command's start-up): :func:`main` does so when the
+    command line does not name ``worker``.
+    """
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-format", choices=("auto", "console", "json"), default="auto",
                         help="log lines on stderr: console, json, or auto (console on a terminal)")
@@ -302,11 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_token_arguments(p)
     p.set_defaults(func=run_coordinator)
 
-    from worker_agent.main import add_worker_arguments
-
     p = sub.add_parser("worker", parents=[common], help="run a worker agent on this host",
                        description="Run a worker agent that dials the coordinator and runs plans.")
-    add_worker_arguments(p)
+    if worker_flags:
+        from worker_agent.main import add_worker_arguments
+
+        add_worker_arguments(p)
     p.set_defaults(func=run_worker_command)
 
     p = sub.add_parser("submit", parents=[common, client], help="submit a plan and wait for its outcome",
@@ -409,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fleetwire`` console script."""
-    ns = build_parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    ns = build_parser(worker_flags="worker" in args).parse_args(args)
     configure_logging(ns.log_format, ns.log_level)
     try:
         tune_allocator()  # big frames without a page fault per page (fleetwire/memtune.py)
