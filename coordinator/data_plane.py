@@ -121,6 +121,9 @@ class DataPlane:
         self.wall_offset = 0.0
         """Unix time minus the core's ``now`` (the driver sets it; tickets' expiries are Unix time)."""
         self._masters: list[tuple[str, bytes]] = []  # current first, then the previous one
+        self.shared: tuple[str, bytes] | None = None
+        """Cluster mode: the key every shard's core shares (kid, secret; the driver sets it before any worker comes):
+        it signs a worker's pull of another shard's output (coordinator/graphs/remote.py); workers verify with it."""
         self.tickets_issued = 0
         """Tickets signed so far (``data_ready`` and ``data_ticket``; the metric ``fleetwire_data_tickets_issued``)."""
         self._rotated_at: float | None = None
@@ -146,7 +149,10 @@ class DataPlane:
 
     def worker_keys(self, worker_id: str) -> list[DataKey]:
         """The keys worker ``worker_id`` verifies tickets with, current first."""
-        return [DataKey(kid=kid, key=worker_key(secret, worker_id)) for kid, secret in self._masters]
+        keys = [DataKey(kid=kid, key=worker_key(secret, worker_id)) for kid, secret in self._masters]
+        if self.shared is not None:
+            keys.append(DataKey(kid=self.shared[0], key=worker_key(self.shared[1], worker_id)))
+        return keys
 
     # ------------------------------------------------------------------ grants
 
@@ -193,12 +199,16 @@ class DataPlane:
             key="" if shown is None or shown == key else key,
         )
 
-    def pull_ticket(self, source: Source, now: float) -> str:
+    def pull_ticket(self, source: Source, now: float, *, shared: bool = False) -> str:
         """A ``get`` ticket to one output on the worker that holds it, for another worker that fetches it as an
-        input (``assign.pulls``, docs/PROTOCOL.md §Plan graphs); "" without keys."""
-        if not self._masters:
+        input (``assign.pulls``, docs/PROTOCOL.md §Plan graphs); "" without keys. ``shared``: signed with the
+        cluster's shared key (a holder served by another shard's core)."""
+        if shared and self.shared is not None:
+            kid, secret = self.shared
+        elif not self._masters:
             return ""
-        kid, secret = self._masters[0]
+        else:
+            kid, secret = self._masters[0]
         claims = TicketClaims(source.plan_id, source.attempt, source.worker_id, "get",
                               {source.name: FileClaim(source.size, source.digest)},
                               now + self.wall_offset + self.ticket_ttl_s)

@@ -49,6 +49,7 @@ from coordinator.graphs import (
     needs_of,
 )
 from coordinator.graphs.needs import MAX_NEEDS
+from coordinator.graphs.remote import PlansAndRemotes, RemotePlan, RemoteUpstreams, remote_row
 from coordinator.graphs.replicas import HeldSuccess, copy_submit, copy_wait_s, is_copy, still_wanted, wanted
 from coordinator.plans import SMALL_EVENT_BYTES, Plan, advance, held_size
 from protocol import errors
@@ -92,7 +93,10 @@ class PlanGraphs:
         self._scheduler = scheduler
         self._data = data
         self.locality = locality or LocalityConfig()
-        self.graph = PlanGraph(state.plans, name_of=self.name_of, max_rebuilds=max_rebuilds)  # type: ignore[arg-type]
+        self.remotes = RemoteUpstreams()
+        """Upstreams of another shard (cluster mode; coordinator/graphs/remote.py): the driver tells their rows."""
+        self.graph = PlanGraph(PlansAndRemotes(state.plans, self.remotes.plans),  # type: ignore[arg-type]
+                               name_of=self.name_of, max_rebuilds=max_rebuilds)  # fmt: skip
         self.waits: dict[str, tuple[str, float]] = {}
         """Consumer key -> (the busy holder it waits for, until when, the core's clock)."""
         self._ready_at: dict[str, float] = {}  # a ready consumer's first try at placement (its wait's start)
@@ -109,7 +113,10 @@ class PlanGraphs:
     def name_of(self, key: str) -> str:
         """A plan as its owner knows it (its name, else its key)."""
         plan = self._plans.get(key)
-        return key if plan is None or plan.name is None else plan.name
+        if plan is None:
+            remote = self.remotes.get(key) if self.remotes else None
+            return key if remote is None else remote.name
+        return key if plan.name is None else plan.name
 
     # ------------------------------------------------------------------ submit
 
@@ -124,13 +131,13 @@ class PlanGraphs:
             if ref is None:
                 inputs.append(spec)
                 continue
-            plan = find(ref.plan_id)
+            plan = find(ref.plan_id) or self.remotes.named(owner, ref.plan_id)
             if plan is None:
                 return msg, self._unknown(f"input {spec.name!r} refers to", ref.plan_id, msg.plan_id)
             inputs.append(msgspec.structs.replace(spec, ref=OutputRef(plan.id, ref.name)))
         after: list[str] = []
         for plan_id in msg.after:
-            plan = find(plan_id)
+            plan = find(plan_id) or self.remotes.named(owner, plan_id)
             if plan is None:
                 return msg, self._unknown("after names", plan_id, msg.plan_id)
             after.append(plan.id)
@@ -139,8 +146,63 @@ class PlanGraphs:
         return resolved, problem
 
     def _unknown(self, where: str, plan_id: str, own: str | None) -> str:
-        """Why an upstream is refused as unknown; a shard's core (cluster mode) names the limit on shards."""
+        """Why an upstream is refused as unknown; a shard's core (cluster mode) says no shard holds it."""
         return _unknown(where, plan_id, own, self._state.placement.config.cluster)
+
+    def unknown_upstreams(self, msg: Submit, principal: str, admin: bool) -> list[str]:
+        """The ids a submit's references and ``after`` name that neither a plan of this core nor a known remote
+        upstream is, for ``principal`` (an admin names plans by key): the driver looks them up in the other
+        shards before the core takes the submit (coordinator/io/cluster/remote_refs.py)."""
+        plans, aliases = self._plans, self._state.names.keys
+        unknown: list[str] = []
+        for plan_id in [spec.ref.plan_id for spec in msg.inputs if spec.ref is not None] + list(msg.after):
+            if admin:
+                if plan_id in plans:
+                    continue
+            else:
+                key = aliases.get((principal, plan_id)) if aliases else None
+                plan = plans.get(plan_id if key is None else key)
+                if plan is not None and plan.owner == principal and (key is not None or plan.name is None):
+                    continue
+            if self.remotes.named(principal, plan_id) is None and plan_id not in unknown:
+                unknown.append(plan_id)
+        return unknown
+
+    # ------------------------------------------------------------------ remote upstreams (cluster mode)
+
+    def remote_seen(self, seen: RemotePlan, now: float) -> None:
+        """The driver read the row of a remote upstream (coordinator/graphs/remote.py): its record here is updated,
+        and when it has just ended, its held consumers are placed, or fail with it (as any upstream's end)."""
+        remote = self.remotes.add(seen)
+        was_terminal = remote.terminal and remote is not seen
+        if remote is not seen:
+            for name in ("name", "shard", "key", "state", "attempt", "worker_id", "produced", "error", "data_url"):
+                setattr(remote, name, getattr(seen, name))
+        if remote.terminal and not was_terminal:
+            self.apply(self.graph.ended(remote.id), now)
+
+    def remote_gone(self, key: str, now: float) -> None:
+        """No shard holds the row of remote upstream ``key`` any longer (forgotten there before its end was read
+        here): it is taken as failed, and its consumers here fail ``upstream_failed`` saying so."""
+        remote = self.remotes.get(key)
+        if remote is None or remote.terminal:
+            return
+        remote.state = "failed"
+        remote.error = ErrorInfo(errors.PLAN_NOT_FOUND, f"shard {remote.shard} no longer holds it (forgotten)")
+        self.apply(self.graph.ended(key), now)
+
+    def _remote_key_of(self, plan: Plan, key: str) -> str:
+        """The key here of the remote upstream of ``plan`` whose key in its own shard is ``key`` (else ``key``)."""
+        for need in self.graph.needs.get(plan.id, ()):
+            remote = self.remotes.get(need.upstream)
+            if remote is not None and remote.key == key:
+                return remote.id
+        return key
+
+    def _remote_placeholder(self, key: str, owner: str) -> None:
+        """A restored consumer names remote upstream ``key``: it is not ended until the driver reads its row."""
+        if key not in self.remotes.plans and key not in self._plans and remote_row(key) is not None:
+            self.remotes.add(RemotePlan(key, owner, key))
 
     # ------------------------------------------------------------------ held, ready, doomed
 
@@ -267,8 +329,12 @@ class PlanGraphs:
         return self.graph.pinned(plan.id)
 
     def forget(self, plan_id: str) -> None:
-        """Retention forgot a plan."""
+        """Retention forgot a plan (and a remote upstream it alone needed is forgotten with it)."""
+        needs = self.graph.needs.get(plan_id, ()) if self.remotes else ()
         self.graph.forget(plan_id)
+        for need in needs:
+            if need.upstream in self.remotes.plans and need.upstream not in self.graph.dependants:
+                self.remotes.drop(need.upstream)
 
     # ------------------------------------------------------------------ rebuilds
 
@@ -317,6 +383,9 @@ class PlanGraphs:
             self.graph.lineage.record(plan.rebuild_of, plan.id)
         needs = needs_of(plan.inputs, plan.after)
         if needs and plan.id not in self.graph:
+            if not plan.terminal:
+                for need in needs:  # its remote upstreams are read again by the driver (graphs/remote.py)
+                    self._remote_placeholder(need.upstream, plan.owner)
             self.graph.add(plan.id, needs)
 
     # ------------------------------------------------------------------ losses
@@ -333,7 +402,10 @@ class PlanGraphs:
             return False
         detail = error.detail if isinstance(error.detail, dict) else {}
         source, output = detail.get("plan_id"), detail.get("output")
-        if not isinstance(source, str) or not isinstance(output, str) or source not in self._plans:
+        if self.remotes and isinstance(source, str):  # a remote upstream, named by its key in its shard: its key here
+            source = self._remote_key_of(plan, source)
+        known = isinstance(source, str) and (source in self._plans or source in self.remotes.plans)
+        if not known or not isinstance(source, str) or not isinstance(output, str):
             return False
         self._state.counters["outputs_lost"] += 1
         self.graph.lineage.mark_lost(source, output)
@@ -517,6 +589,13 @@ class PlanGraphs:
                 inputs.append(spec)
                 continue
             inputs.append(InputSpec(spec.name, source.size, source.digest, spec.ref))
+            remote = self.remotes.get(source.plan_id) if self.remotes else None
+            if remote is not None:  # a plan of another shard: its key there, its worker's endpoint, the shared key
+                source = Source(remote.key, source.attempt, source.worker_id, source.name, source.size, source.digest)
+                ticket = self._data.pull_ticket(source, now, shared=True)
+                pulls.append(Pull(spec.name, source.plan_id, source.attempt, source.name, source.worker_id,
+                                  remote.data_url, ticket))  # fmt: skip
+                continue
             holder = registry.get(source.worker_id) if source.worker_id in registry else None
             url = holder.data_url if holder is not None else ""
             ticket = "" if source.worker_id == record.id else self._data.pull_ticket(source, now)
@@ -572,14 +651,12 @@ class PlanGraphs:
                 f"(at most {bound:.1f} s; then it goes where there is room)")
 
 
-_ACROSS_SHARDS = ("; in cluster mode a plan may need only plans of its own shard (submitted to the same pool), "
-                  "so a plan of another shard is not found here: references and after across shards are not "
-                  "supported yet (docs/SEMANTICS.md §Graphs)")
+_ACROSS_SHARDS = " in any shard of this cluster"
 
 
 def _unknown(where: str, plan_id: str, own: str | None, cluster: bool = False) -> str:
     if own is not None and plan_id == own:
         return f"{where} the plan itself: a plan cannot need its own output"
-    why = f"{where} plan {plan_id}, which this principal has not submitted (or it was forgotten)"
-    return why + _ACROSS_SHARDS if cluster else why
+    where_held = _ACROSS_SHARDS if cluster else ""
+    return f"{where} plan {plan_id}, which this principal has not submitted{where_held} (or it was forgotten)"
 

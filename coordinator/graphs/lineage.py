@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from coordinator.graphs.needs import Need, PlanView
+from coordinator.graphs.remote import REMOTE_PREFIX
 
 __all__ = ["DEFAULT_MAX_REBUILDS", "Lineage", "Lookup", "Source"]
 
@@ -154,6 +155,8 @@ class Lineage:
         plan = self._plans.get(origin)
         if plan is None:
             return "it was forgotten"
+        if origin.startswith(REMOTE_PREFIX):  # a plan of another shard (graphs/remote.py): no lineage across shards
+            return "it is a plan of another shard, and outputs are not made again across shards"
         if not plan.deterministic:
             return "it was submitted with deterministic=false, so running it again may not give the same output"
         uploaded = [spec.name for spec in plan.inputs if spec.ref is None]

@@ -125,9 +125,9 @@ def test_references_to_unknown_or_other_principals_plans_are_refused_naming_the_
     assert "b" not in h.core.plans and "c" not in h.core.plans
 
 
-def test_a_shards_core_refuses_an_unknown_upstream_naming_the_limit_on_shards() -> None:
-    """In cluster mode (a shard's core) a reference or after naming a plan this core does not hold is refused
-    saying that plans may need only plans of their own shard (references across shards are not supported)."""
+def test_a_shards_core_refuses_an_upstream_no_shard_holds_saying_so() -> None:
+    """In cluster mode (a shard's core) a reference or after naming a plan neither this core nor (as its driver
+    found) any other shard holds is refused saying that no shard of the cluster holds it."""
     h = Harness(placement=PlacementConfig(cluster=True))
     alice = h.client("alice")
     for msg, words in (
@@ -137,7 +137,7 @@ def test_a_shards_core_refuses_an_unknown_upstream_naming_the_limit_on_shards() 
         h.send(alice, Submit(req_id=7, op="echo", **msg))  # type: ignore[arg-type]
         error = error_of(h, alice)
         assert error.code == errors.INVALID_ARGUMENT and words in error.message, error.message
-        assert "only plans of its own shard" in error.message and "across shards are not supported" in error.message
+        assert "has not submitted in any shard of this cluster" in error.message, error.message
     alone = Harness()
     client = alone.client("alice")
     alone.send(client, Submit(req_id=7, op="echo", plan_id="b", inputs=[ref("elsewhere")]))
