@@ -188,7 +188,7 @@ class PlanGraphs:
         if remote is None or remote.terminal:
             return
         remote.state = "failed"
-        remote.error = ErrorInfo(errors.PLAN_NOT_FOUND, f"shard {remote.shard} no longer holds it (forgotten)")
+        remote.error = ErrorInfo(errors.PLAN_NOT_FOUND, "its shard no longer holds it (forgotten at retention)")
         self.apply(self.graph.ended(key), now)
 
     def _remote_key_of(self, plan: Plan, key: str) -> str:

@@ -77,6 +77,7 @@ from coordinator.io.cluster.leases import RELEASE, ShardFenced
 from coordinator.io.cluster.mainport import MAIN_CODECS, MainPort
 from coordinator.io.cluster.metrics import ClusterStats, build_registry
 from coordinator.io.cluster.openai_route import cluster_door
+from coordinator.io.cluster.remote_refs import RemoteRefs, shared_key
 from coordinator.io.cluster.sessions import ViewSessions
 from coordinator.io.cluster.views import (
     PUT_WORKERS,
@@ -191,6 +192,8 @@ class ClusterHost:
         self.leases = PartialLeases(self.config, self.owner)
         self.servers: dict[int, CoordinatorServer] = {}
         self._stores: dict[int, ShardPgStore] = {}  # each served shard's store (its fence is cleared when it is lost)
+        self._refs: dict[int, RemoteRefs] = {}  # each served shard's reader of remote upstreams (remote_refs.py)
+        self._shared_key: tuple[str, bytes] | None = None  # the data-plane key every core shares (remote_refs.py)
         self.rows: list[LeaseRow] = []  # the last scan
         self.peers: set[str] = set()
         self.fatal: asyncio.Future[BaseException] | None = None
@@ -476,6 +479,10 @@ class ClusterHost:
             settings = replace(self.settings, port=self._shard_port(shard), metrics_listen=None, core=core)
             server = CoordinatorServer(settings, version=self.version, store=store,
                                        redirect=lambda role, msg: self._redirect(shard, role, msg))  # fmt: skip
+            if self._shared_key is None:
+                self._shared_key = await self.db(shared_key)
+            server.core.data.shared = self._shared_key  # before any worker: its keys include it
+            refs = RemoteRefs(server, shard, self.views.conn)  # looks up remote upstreams from its first submit
             await server.start()
         except Exception as exc:
             log.error("cannot serve a won shard; giving it back", shard=shard, error=f"{type(exc).__name__}: {exc}")
@@ -492,6 +499,8 @@ class ClusterHost:
             await self._stop_shard(shard, release=False, why="lost while loading")
             return
         self.servers[shard] = server
+        self._refs[shard] = refs
+        refs.start()  # the loop reads the restored consumers' remote upstreams
         await self.db(lambda conn: conn.execute(_SET_URL, server.url, shard, self.owner, epoch))
         assert server.fatal is not None
         server.fatal.add_done_callback(lambda f: self._shard_failed(shard, f.result()))
@@ -518,7 +527,10 @@ class ClusterHost:
         """Stop ``shard``'s core (what is queued is committed first), then give its slot back."""
         server = self.servers.pop(shard, None)
         self._stores.pop(shard, None)
+        refs = self._refs.pop(shard, None)
         try:
+            if refs is not None:
+                await refs.stop()
             if server is not None:
                 await server.stop()
             if release:

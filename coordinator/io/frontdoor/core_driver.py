@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 import msgspec
@@ -110,6 +110,9 @@ class CoreDriver:
         self.volatile: set[str] = set()
         self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
         self.spans: PlanSpans | None = None  # traced plans' spans (coordinator/io/ops/tracing.py; the server sets it)
+        # Cluster mode: a submit naming upstreams this core does not hold first waits for the look-up in the other
+        # shards (coordinator/io/cluster/remote_refs.py); None back: nothing to look up.
+        self.upstreams: Callable[[int, Submit], Awaitable[None] | None] | None = None
 
     def receive(self, conn_id: int, msg: Any, now: float) -> None:
         """One message into the core; a bug in the core costs this message an error frame, never the process."""
@@ -276,6 +279,15 @@ class CoreSession:
             if away is not None and type(msg) is Submit:
                 driver.unavailable(session, msg, away)
                 continue
+            if driver.upstreams is not None and type(msg) is Submit and (msg.inputs or msg.after):
+                lookup = driver.upstreams(session.conn_id, msg)
+                if lookup is not None:  # what it asked so far goes out; its later messages wait behind this one
+                    spent += outbox.work - work
+                    driver.flush(frame_bytes)
+                    await lookup
+                    work, now = outbox.work, self.clock()
+                    if session.killed:
+                        break
             driver.receive(session.conn_id, msg, now)
             if policy.over_frame_budget(outbox.work - work):
                 # What it asked so far goes out; the rest waits for the next loop turn (others' frames run meanwhile).

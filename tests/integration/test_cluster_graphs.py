@@ -1,0 +1,96 @@
+"""References across shards (cluster mode, issue #28): a consumer submitted on one shard runs on the output of a
+producer of another shard (coordinator/io/cluster/remote_refs.py, coordinator/graphs/remote.py).
+
+An in-process cluster host serving two shards on a real PostgreSQL (tests/pg.py; skipped without one), one worker
+agent with a data endpoint per shard's pool, and SDK clients submitting to each pool's shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.io.cluster.host import ClusterHost
+from fleetwire import Client, OutputRef
+from fleetwire.errors import FleetwireError
+from protocol import errors
+from tests.integration.data_helpers import digest
+from tests.integration.test_cluster_view_all import pool_on, serving_host
+from worker_agent.agent import Agent
+
+pytestmark = pytest.mark.timeout(120)
+
+SIZE = (1 << 20) + 333
+
+
+@contextlib.asynccontextmanager
+async def two_shards(dsn: str, tmp_path: Path, gate: asyncio.Event) -> AsyncIterator[tuple[ClusterHost, list[str]]]:
+    """A host serving shards 0 and 1, and worker ``w0`` of shard 0's pool and ``w1`` of shard 1's (each with a data
+    endpoint); ``make`` writes output ``y`` once ``gate`` is set, ``take`` answers its input's digest."""
+
+    async def make(ctx: Any, args: Any) -> None:
+        await gate.wait()
+        if args and args.get("fail"):
+            raise RuntimeError("producer failed on purpose")
+        ctx.output("y", os.urandom(SIZE))
+
+    async def take(ctx: Any, args: Any) -> str:
+        return digest(ctx.inputs["x"].path.read_bytes())
+
+    host = await serving_host(dsn)
+    pools = [pool_on(0), pool_on(1)]
+    agents = [Agent(host.url, "token", worker_id=f"w{shard}", tags=[f"pool:{pools[shard]}"],
+                    spool_dir=str(tmp_path / f"w{shard}"), data_listen="127.0.0.1:0", input_timeout_s=10.0)
+              for shard in (0, 1)]  # fmt: skip
+    for agent in agents:
+        agent.add_handler("make", make)
+        agent.add_handler("take", take)
+    tasks = [asyncio.create_task(agent.run()) for agent in agents]
+    try:
+        for agent in agents:
+            await asyncio.wait_for(agent.registered.wait(), 30)
+        yield host, pools
+    finally:
+        for agent in agents:
+            agent.stop()
+            agent.stop()
+        for task in tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 10)
+        await host.stop()
+
+
+async def test_a_consumer_on_one_shard_runs_on_the_output_of_a_producer_on_another(pg_dsn: str, tmp_path: Path) -> None:
+    """A (shard 0's pool) runs; B (shard 1's pool) on A's output is accepted and waits; once A succeeded B runs on
+    shard 1's worker with A's bytes pulled worker to worker from shard 0's worker (via pull), and C on a failing
+    producer of shard 0 fails upstream_failed naming it."""
+    gate = asyncio.Event()
+    async with (two_shards(pg_dsn, tmp_path, gate) as (host, pools), Client(host.url, pool=pools[0]) as first,
+                Client(host.url, pool=pools[1]) as second):  # fmt: skip
+        a = await first.submit("make", {}, outputs=["y"], tags=[f"pool:{pools[0]}"], plan_id="a")
+        await first.submit("make", {"fail": True}, outputs=["y"], tags=[f"pool:{pools[0]}"], plan_id="bad")
+        b = await second.submit("take", inputs={"x": OutputRef("a", "y")}, tags=[f"pool:{pools[1]}"], plan_id="b")
+        c = await second.submit("take", inputs={"x": OutputRef("bad", "y")}, tags=[f"pool:{pools[1]}"], plan_id="c")
+        assert (await second.get_plan("b")).state == "queued"
+        refs = host._refs[1]
+        assert refs.lookups == 2
+        gate.set()
+        result = await asyncio.wait_for(b.result(), 60)
+        assert result == digest(await a.output("y"))
+        assert (a.worker_id, b.worker_id) == ("w0", "w1")
+        via = {e.data["name"]: e.data["via"] for e in b._stream.events if e.kind == "input_received"}
+        assert via == {"x": "pull"}
+        with pytest.raises(FleetwireError) as failed:
+            await asyncio.wait_for(c.result(), 60)
+        info = await second.get_plan("c")
+        assert info.error is not None and info.error.code == errors.UPSTREAM_FAILED, info.error
+        assert "plan bad" in info.error.message and (await first.get_plan("bad")).state == "failed"
+        assert failed.value is not None
+        with pytest.raises(FleetwireError, match="has not submitted in any shard of this cluster"):
+            await second.submit("take", inputs={"x": OutputRef("nobody", "y")}, tags=[f"pool:{pools[1]}"])
