@@ -11,9 +11,15 @@ the worker follow the caller (parent-based). "off" has no endpoint: nothing is i
 the exporters post whenever a batch of 2,048 spans is queued, and every ``OTEL_BSP_SCHEDULE_DELAY``
 = 200 ms (not the default 5 s), so what is left after the last batch is exported inside the timed
 window, as it would be in a fleet that runs all day; at 1 % the default delay stays (a post every
-200 ms would cost more than the spans: each post is ~1 ms of CPU in the exporter's HTTP client). Levels run
-in interleaved rounds (off, 1 %, 100 %, off, ...) and each figure is the median over the rounds, so
-the machine's drift falls on all three. The cost is the change against "off" in the same run.
+200 ms would cost more than the spans: each post is ~1 ms of CPU in the exporter's HTTP client).
+
+Where the spans are exported (``FLEETWIRE_TRACE_EXPORT``, wireio/tracing.py): at "1 %" and "100 %"
+as shipped, the coordinator and the workers through their exporter child processes and the client
+in its own thread; "100 %, all threads" every process in its own exporter thread (as before the
+child processes); "100 %, all processes" the client through a child too. The CPU columns count the
+children (bench/throughput.py adds each daemon's child processes). Levels run in interleaved rounds
+(off, 1 %, 100 %, ..., off, ...) and each figure is the median over the rounds, so the machine's
+drift falls on every level. The cost is the change against "off" in the same run.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-LEVELS = (("off", None), ("1 %", "0.01"), ("100 %", "1.0"))
-EXPORT_DELAY_MS = {"100 %": "200"}  # OTEL_BSP_SCHEDULE_DELAY by level (module docstring); else the default
+LEVELS = (("off", None), ("1 %", "0.01"), ("100 %", "1.0"), ("100 %, all threads", "1.0"),
+          ("100 %, all processes", "1.0"))  # fmt: skip
+EXPORT_MODES = {"100 %, all threads": "thread", "100 %, all processes": "process"}  # FLEETWIRE_TRACE_EXPORT by level
+EXPORT_DELAY_MS = {name: "200" for name, ratio in LEVELS if ratio == "1.0"}  # OTEL_BSP_SCHEDULE_DELAY (docstring)
 TARGETS = {"1 %": 1.0, "100 %": 5.0}  # the most throughput may drop, in per cent (issue #32)
 
 
@@ -70,7 +78,8 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
     """Run every level ``ns.rounds`` times; the table's lines and the results."""
     sink = Sink()
     saved = {k: os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER",
-                                            "OTEL_TRACES_SAMPLER_ARG", "OTEL_BSP_SCHEDULE_DELAY")}  # fmt: skip
+                                            "OTEL_TRACES_SAMPLER_ARG", "OTEL_BSP_SCHEDULE_DELAY",
+                                            "FLEETWIRE_TRACE_EXPORT")}  # fmt: skip
     rates: dict[str, list[float]] = {name: [] for name, _ in LEVELS}
     p50s: dict[str, list[float]] = {name: [] for name, _ in LEVELS}
     cpus: dict[str, list[float]] = {name: [] for name, _ in LEVELS}  # CPU µs per plan, every process together
@@ -88,6 +97,8 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
                         OTEL_TRACES_SAMPLER="parentbased_traceidratio",
                         OTEL_TRACES_SAMPLER_ARG=ratio,
                     )
+                    if name in EXPORT_MODES:
+                        os.environ["FLEETWIRE_TRACE_EXPORT"] = EXPORT_MODES[name]
                     if name in EXPORT_DELAY_MS:
                         os.environ["OTEL_BSP_SCHEDULE_DELAY"] = EXPORT_DELAY_MS[name]
                 before = len(sink.bodies)

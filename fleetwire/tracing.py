@@ -15,7 +15,11 @@
 * Neither: ``traceparent`` stays empty and nothing else runs.
 
 One :class:`~wireio.tracing.Tracing` serves every ``Client`` of a process (:func:`client_tracing`);
-it exports what is still queued when the process exits.
+it exports what is still queued when the process exits. It exports in a thread of the application's
+process (the OpenTelemetry SDK is imported there), unless ``FLEETWIRE_TRACE_EXPORT=process``: then a
+child process does (wireio/span_export.py), as for the coordinator and the workers. A library does
+not start processes in its host unasked, nor freeze its collector: docs/OPERATIONS.md §Tracing says
+what each choice costs.
 """
 
 from __future__ import annotations

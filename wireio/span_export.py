@@ -170,6 +170,7 @@ class ExportProcess:
         self._backoff = 0.0
         self._started_at = 0.0
         self._closed = False
+        self._pid = os.getpid()  # a fork of this process (multiprocessing) must never write to our child's pipe
 
     @property
     def failed(self) -> int:
@@ -192,7 +193,7 @@ class ExportProcess:
 
     def flush(self, timeout_s: float) -> bool:
         """Whether the child exported everything sent before, within ``timeout_s`` (no child: nothing is pending)."""
-        if self.proc is None:
+        if self.proc is None or os.getpid() != self._pid:
             return True
         self._seq += 1
         seq = self._seq
@@ -213,6 +214,8 @@ class ExportProcess:
             Whether the child exported everything sent to it.
         """
         self._closed = True  # no child is started after this
+        if os.getpid() != self._pid:
+            return True
         deadline = time.monotonic() + self.exit_wait_s
         done = self.flush(self.exit_wait_s)
         proc, self.proc = self.proc, None
@@ -233,6 +236,8 @@ class ExportProcess:
 
     def _child(self) -> subprocess.Popen[bytes] | None:
         """The running child, started if there is none and its backoff is over (None: not now)."""
+        if os.getpid() != self._pid:  # a forked copy: its spans are dropped (the pipe is the parent's)
+            return None
         proc = self.proc
         if proc is not None and proc.poll() is None:
             return proc

@@ -52,13 +52,14 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from protocol.tracecontext import format_traceparent, is_sampled
 from wireio.span_export import ExportProcess, SpanBuilder
 
 __all__ = [
+    "EXPORT_VARIABLE",
     "SERVICE_CLIENT",
     "SERVICE_COORDINATOR",
     "SERVICE_WORKER",
@@ -85,6 +86,9 @@ _SDK_MODULES: Final = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.p
 _MASK64: Final = (1 << 64) - 1
 _SAMPLERS: Final = frozenset({"always_on", "always_off", "traceidratio", "parentbased_always_on",
                               "parentbased_always_off", "parentbased_traceidratio"})  # fmt: skip
+EXPORT_VARIABLE: Final = "FLEETWIRE_TRACE_EXPORT"
+"""``process`` or ``thread``: where a tracer built by :meth:`Tracing.from_env` exports (default: the
+daemons ``process``, the client ``thread``)."""
 DEFAULT_QUEUE_SPANS: Final = 65_536
 DEFAULT_BATCH_SPANS: Final = 2_048
 DEFAULT_DELAY_MS: Final = 5_000
@@ -265,14 +269,22 @@ class Tracing:
     @classmethod
     def from_env(cls, service: str, *, endpoint: str | None = None, environ: Mapping[str, str] | None = None,
                  export_process: bool = False) -> Tracing | None:  # fmt: skip
-        """A tracer when tracing is asked for (:func:`tracing_requested`), else None.
+        """A tracer when tracing is asked for (:func:`tracing_requested`), else None; it exports through a
+        child process when ``export_process`` says so, unless ``FLEETWIRE_TRACE_EXPORT`` (``process`` or
+        ``thread``) says otherwise.
 
         Raises:
-            ValueError: asked for, without the SDK installed.
+            ValueError: asked for, without the SDK installed; a ``FLEETWIRE_TRACE_EXPORT`` of another value.
         """
         if not tracing_requested(environ, endpoint):
             return None
-        return cls(service, endpoint=endpoint, environ=environ, export_process=export_process)
+        env = os.environ if environ is None else environ
+        mode = env.get(EXPORT_VARIABLE, "").strip().lower()
+        if mode not in ("", "process", "thread"):
+            raise ValueError(f"{EXPORT_VARIABLE}={mode!r}: expected 'process' (a child process exports the spans) "
+                             "or 'thread' (this process does)")  # fmt: skip
+        process = mode == "process" if mode else export_process
+        return cls(service, endpoint=endpoint, environ=environ, export_process=process)
 
     # -- the hot path: plain values into the queue ------------------------------------------------
 
@@ -313,7 +325,7 @@ class Tracing:
         return f"00-{parent[3:35]}-{span_id:016x}-01"
 
     def add(self, name: str, parent: str, start_ns: int, end_ns: int, attributes: Attributes | None,
-            events: list[Event] | None = None, error: str = "") -> None:  # fmt: skip
+            events: Sequence[Event] | None = None, error: str = "") -> None:  # fmt: skip
         """:meth:`record` for a caller that knows ``parent`` is sampled (the coordinator's notes are only of
         sampled plans) and needs no ``traceparent`` back: an internal span, the least work on the hot path.
         The ids stay hex and the times as given; the exporter parses and orders them (span_export.py)."""

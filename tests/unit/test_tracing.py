@@ -297,3 +297,50 @@ def test_a_stuck_exporter_process_is_killed_and_a_flush_or_shutdown_never_hangs(
             began = time.monotonic()
             tracing.shutdown()
             assert time.monotonic() - began < 5
+
+
+def test_fleetwire_trace_export_says_where_a_tracer_from_the_environment_exports() -> None:
+    """FLEETWIRE_TRACE_EXPORT=process gives the client an exporter process, =thread keeps a daemon's in-process; any
+    other value is refused naming the variable."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
+    client = Tracing.from_env("fleetwire-client", environ={**env, "FLEETWIRE_TRACE_EXPORT": "process"})
+    daemon = Tracing.from_env(SERVICE_COORDINATOR, environ={**env, "FLEETWIRE_TRACE_EXPORT": "Thread"},
+                              export_process=True)  # fmt: skip
+    default = Tracing.from_env(SERVICE_COORDINATOR, environ=env, export_process=True)
+    try:
+        assert client is not None and client.process is not None
+        assert daemon is not None and daemon.process is None
+        assert default is not None and default.process is not None
+    finally:
+        for tracing in (client, daemon, default):
+            if tracing is not None:
+                tracing.shutdown()
+    with pytest.raises(ValueError, match="FLEETWIRE_TRACE_EXPORT='both'"):
+        Tracing.from_env(SERVICE_COORDINATOR, environ={**env, "FLEETWIRE_TRACE_EXPORT": "both"})
+
+
+def test_a_forked_copy_never_writes_to_the_parents_exporter_process() -> None:
+    """A fork of a process with an exporter child (multiprocessing's default) drops its own spans and leaves the pipe
+    alone: the parent's spans still arrive whole, and the fork's shutdown does not stop the parent's child."""
+    import os
+
+    with OtlpReceiver() as receiver:
+        tracing = _process_tracing(receiver)
+        process = tracing.process
+        assert process is not None
+        process.respawn_s = 0.0  # nothing but the fork check keeps the fork from starting a child of its own
+        pid = os.fork()
+        if pid == 0:  # the fork: note, flush, shut down, then leave without running the parent's cleanup
+            tracing.record("from-the-fork", SAMPLED, 1, 2)
+            ok = tracing.flush(5) is False and tracing.dropped == 1 and process.started == 1
+            tracing.shutdown()
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        try:
+            tracing.record("from-the-parent", SAMPLED, 1, 2)
+            assert tracing.flush(20) and process.started == 1
+            receiver.wait_for(lambda got: any(s.name == "from-the-parent" for s in got))
+        finally:
+            tracing.shutdown()
+        assert not any(s.name == "from-the-fork" for s in receiver.spans)
