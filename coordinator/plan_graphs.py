@@ -27,6 +27,12 @@ Rules (docs/SEMANTICS.md §Graphs):
   without charging an attempt (the ``retry`` move) and the output marked missing. Either way the graph
   has it made again by a *rebuild* (a new plan ``<key>.r<n>`` with the producer's spec, same owner,
   recorded with ``rebuild_of``), or fails the waiting consumers ``output_lost``.
+* *Across shards* (cluster mode; coordinator/graphs/remote.py). An upstream of another shard is a
+  ``RemotePlan`` the driver tells (:meth:`PlanGraphs.remote_seen`, ``remote_gone``; the ids it looks up:
+  :meth:`PlanGraphs.unknown_upstreams`); the graph reads it as any upstream. Its consumer's pull names its
+  key, attempt and worker in its shard, that worker's endpoint and a ticket of the cluster's shared key; a
+  lost output of it is never rebuilt here. A restored consumer's remote upstream is a placeholder, not
+  ended, until the driver reads its row.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ after other plans (``submit.after``). This package is the pure bookkeeping of th
 core hands it the plans table and tells it what happened; it answers with decisions.
 
     needs.py     Need, needs_of, PlanView    the edges one plan declares, and what the graph reads of a plan
+    remote.py    RemotePlan, PlansAndRemotes upstreams of another shard (cluster mode), as the driver read
+                                             their rows; the plans table and them, as the graph reads both
     lineage.py   Lineage                     where each output is now (the producer, or its latest
                                              rebuild), which are lost, and whether a lost one can be rebuilt
     graph.py     PlanGraph                   edges both ways; refusals at submit; readiness and waiting
