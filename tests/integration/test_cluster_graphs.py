@@ -22,6 +22,7 @@ from fleetwire.errors import FleetwireError
 from protocol import errors
 from tests.integration.data_helpers import digest
 from tests.integration.test_cluster_view_all import pool_on, serving_host
+from tests.waiting import until
 from worker_agent.agent import Agent
 
 pytestmark = pytest.mark.timeout(120)
@@ -94,3 +95,23 @@ async def test_a_consumer_on_one_shard_runs_on_the_output_of_a_producer_on_anoth
         assert failed.value is not None
         with pytest.raises(FleetwireError, match="has not submitted in any shard of this cluster"):
             await second.submit("take", inputs={"x": OutputRef("nobody", "y")}, tags=[f"pool:{pools[1]}"])
+
+
+async def test_a_new_owner_of_the_consumers_shard_waits_on_the_remote_upstream_again(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """B (shard 1) waits on A (shard 0); shard 1 is handed off and served again by a new core loaded from PostgreSQL:
+    its B waits on A again (from its stored reference), and runs on A's output once A succeeds."""
+    gate = asyncio.Event()
+    async with (two_shards(pg_dsn, tmp_path, gate) as (host, pools), Client(host.url, pool=pools[0]) as first,
+                Client(host.url, pool=pools[1]) as second):  # fmt: skip
+        a = await first.submit("make", {}, outputs=["y"], tags=[f"pool:{pools[0]}"], plan_id="a")
+        await second.submit("take", inputs={"x": OutputRef("a", "y")}, tags=[f"pool:{pools[1]}"], plan_id="b")
+        old = host.servers[1]
+        await host._stop_shard(1, release=True, why="handed off by the test")
+        await until(lambda: 1 in host.servers and host.servers[1] is not old, timeout_s=30)
+        graphs = host.servers[1].core.graphs
+        assert graphs.remotes.plans and host.servers[1].core.plans["b"].state == "queued"
+        gate.set()
+        await until(lambda: host.servers[1].core.plans["b"].state == "succeeded", timeout_s=60)
+        assert host.servers[1].core.plans["b"].result == digest(await a.output("y"))
