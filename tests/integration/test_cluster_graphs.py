@@ -115,3 +115,34 @@ async def test_a_new_owner_of_the_consumers_shard_waits_on_the_remote_upstream_a
         gate.set()
         await until(lambda: host.servers[1].core.plans["b"].state == "succeeded", timeout_s=60)
         assert host.servers[1].core.plans["b"].result == digest(await a.output("y"))
+
+
+async def test_a_submit_whose_upstream_cannot_be_looked_up_is_answered_unavailable_and_sent_again(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """While shard 1's driver cannot read the database, B's submit (naming A of shard 0) is answered unavailable,
+    not refused; the SDK sends it again, and once the database answers B is accepted waiting on A."""
+    gate = asyncio.Event()
+    async with (two_shards(pg_dsn, tmp_path, gate) as (host, pools), Client(host.url, pool=pools[0]) as first,
+                Client(host.url, pool=pools[1]) as second):  # fmt: skip
+        await first.submit("make", {}, outputs=["y"], tags=[f"pool:{pools[0]}"], plan_id="a")
+        refs = host._refs[1]
+        reachable = refs.connect
+
+        @contextlib.asynccontextmanager
+        async def unreachable() -> AsyncIterator[Any]:
+            import asyncpg  # type: ignore[import-untyped]
+
+            conn = await asyncpg.connect("postgresql://nobody@127.0.0.1:1/none", timeout=5)  # refused
+            yield conn  # pragma: no cover
+
+        refs.connect = unreachable
+        submit = asyncio.create_task(
+            second.submit("take", inputs={"x": OutputRef("a", "y")}, tags=[f"pool:{pools[1]}"], plan_id="b"))
+        driver = host.servers[1].driver
+        await until(lambda: driver.unavailable_answers >= 1, timeout_s=30)
+        refs.connect = reachable
+        b = await asyncio.wait_for(submit, 30)
+        assert (await second.get_plan(b.id)).state == "queued"
+        gate.set()
+        await asyncio.wait_for(b.result(), 60)

@@ -9,7 +9,8 @@ own shard's plans, and it does no I/O; the rows of every shard are in PostgreSQL
   the caller's own plan of that id in any shard, an admin's by key), reads its row and tells the core
   (``PlanGraphs.remote_seen``). The session's later messages wait behind it (its order is kept); other sessions
   do not. The core then resolves the id to the remote upstream, or refuses it as before (no shard holds it, or
-  it is another principal's). A database that cannot be read leaves the submit to that refusal.
+  it is another principal's). When the database cannot be read the submit is answered ``unavailable``
+  (``retry_after_s``), and the SDK sends it again, as while the store is away.
 * **While they run.** While some remote upstream has not ended, one query every ``interval_s`` reads all of
   their rows by store key (``views.read_watched``, no events rows) and tells the core each; a row gone
   (forgotten there) is ``PlanGraphs.remote_gone``. A succeeded one's ``data_ready`` event (the holder's data
@@ -113,8 +114,9 @@ class RemoteRefs:
 
     # ------------------------------------------------------------------ at submit
 
-    def before_submit(self, conn_id: int, msg: Submit) -> Awaitable[None] | None:
-        """None when the core knows every upstream ``msg`` names; else the look-up to wait for first."""
+    def before_submit(self, conn_id: int, msg: Submit) -> Awaitable[str | None] | None:
+        """None when the core knows every upstream ``msg`` names; else the look-up to wait for first (its answer:
+        why the database could not be read, or None)."""
         core = self.server.core
         session = core.sessions.get(conn_id)
         if session is None:
@@ -125,7 +127,7 @@ class RemoteRefs:
         self.lookups += 1
         return self._look_up(unknown, None if session.admin else session.principal)
 
-    async def _look_up(self, ids: list[str], owner: str | None) -> None:
+    async def _look_up(self, ids: list[str], owner: str | None) -> str | None:
         try:
             async with self.connect() as conn:
                 found: list[tuple[int, int]] = []
@@ -134,11 +136,12 @@ class RemoteRefs:
                     if where is not None and where[0] != self.shard:
                         found.append((where[2], where[0]))
                 plans = await read_watched(conn, [Watched(row, "", shard, 0, 0) for row, shard in found])
-        except Exception as exc:  # the submit is refused as naming an unknown plan
+        except Exception as exc:  # the submit is answered unavailable: the client sends it again
             log.warning("cannot look up a submit's upstreams in the other shards", error=f"{type(exc).__name__}: {exc}")
-            return
+            return f"cannot look up its upstreams in the other shards now ({type(exc).__name__})"
         self._tell({row: (shard, plans.get(row)) for row, shard in found})
         self._wake.set()
+        return None
 
     # ------------------------------------------------------------------ while they run
 

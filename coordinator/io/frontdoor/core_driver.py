@@ -111,8 +111,9 @@ class CoreDriver:
         self._pumping = False  # a replay pump is scheduled (coordinator/streams.py ``pump``)
         self.spans: PlanSpans | None = None  # traced plans' spans (coordinator/io/ops/tracing.py; the server sets it)
         # Cluster mode: a submit naming upstreams this core does not hold first waits for the look-up in the other
-        # shards (coordinator/io/cluster/remote_refs.py); None back: nothing to look up.
-        self.upstreams: Callable[[int, Submit], Awaitable[None] | None] | None = None
+        # shards (coordinator/io/cluster/remote_refs.py); None back: nothing to look up. The look-up's answer: why it
+        # could not be made (the submit is answered ``unavailable``), or None.
+        self.upstreams: Callable[[int, Submit], Awaitable[str | None] | None] | None = None
 
     def receive(self, conn_id: int, msg: Any, now: float) -> None:
         """One message into the core; a bug in the core costs this message an error frame, never the process."""
@@ -284,10 +285,13 @@ class CoreSession:
                 if lookup is not None:  # what it asked so far goes out; its later messages wait behind this one
                     spent += outbox.work - work
                     driver.flush(frame_bytes)
-                    await lookup
+                    failed = await lookup
                     work, now = outbox.work, self.clock()
                     if session.killed:
                         break
+                    if failed is not None:
+                        driver.unavailable(session, msg, failed)
+                        continue
             driver.receive(session.conn_id, msg, now)
             if policy.over_frame_budget(outbox.work - work):
                 # What it asked so far goes out; the rest waits for the next loop turn (others' frames run meanwhile).
