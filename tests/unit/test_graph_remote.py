@@ -11,7 +11,7 @@ import pytest
 from coordinator.graphs.remote import RemotePlan, remote_key, remote_row
 from coordinator.placement.placer import PlacementConfig
 from protocol import errors
-from protocol.messages import Assign, Cancel, ErrorInfo, OutputRef, OutputSpec, Submit
+from protocol.messages import Assign, Cancel, ErrorInfo, OutputRef, OutputSpec, Requirements, Submit
 from tests.unit.test_core import Harness
 from tests.unit.test_graph_core import DIGEST, assign_of, durable, error_of, finish, fleet, ref
 
@@ -52,6 +52,9 @@ def test_a_consumer_of_a_remote_upstream_waits_then_pulls_from_the_holders_endpo
     b = h.submit(client, plan_id="b", inputs=[ref("a")])
     assert h.core.plans[b].waiting_reason == "plan a has not produced 'y' yet" and h.state(b) == "queued"
     assert h.core.plans[b].inputs[0].ref == OutputRef(remote_key(ROW), "y")  # stored by its key here
+    after = h.submit(client, plan_id="after-a", after=["a"], requirements=Requirements(tags=["none-has-it"]))
+    assert h.core.plans[after].after == [remote_key(ROW)]
+    assert h.core.plans[after].waiting_reason == "plan a has not succeeded yet"
     assert not [m for m in h.take(conns["w1"]) if isinstance(m, Assign)]
     h.core.graphs.remote_seen(succeeded(), h.now)
     h._pump()
@@ -61,6 +64,8 @@ def test_a_consumer_of_a_remote_upstream_waits_then_pulls_from_the_holders_endpo
     assert (pull.plan_id, pull.attempt, pull.output, pull.worker_id, pull.url) == (
         "a", 2, "y", "wa", "http://10.0.0.9:7000")
     assert pull.ticket.startswith("fw1.cluster.")
+    assert h.core.plans[after].waiting_reason != "plan a has not succeeded yet"  # ready: queued for a worker
+    assert after not in h.core.graphs.graph.held
     assert {key.kid for key in h.core.data.worker_keys("w1")} == {"k1", "cluster"}  # workers verify with it too
 
 
