@@ -136,8 +136,9 @@ class Proc:
 
 
 def bench_env(**extra: str) -> dict[str, str]:
-    """The environment of child processes: no inherited FLEETWIRE_* and bench/ importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_")}
+    """The environment of child processes: no inherited FLEETWIRE_* (but the tracing bench's
+    FLEETWIRE_TRACE_EXPORT) and bench/ importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_") or k == "FLEETWIRE_TRACE_EXPORT"}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra)

@@ -26,6 +26,23 @@ import psutil
 from fleetwire import Client
 
 
+async def _add_helpers(pids: dict[str, int]) -> None:
+    """Add the processes' helper processes (a tracer's span exporter: wireio/span_export.py), the client's too,
+    once their start-up (the exporter's imports) is over: their CPU counts, their start-up does not."""
+    known = set(pids.values())  # the client's children are the daemons themselves, and its exporter
+    for name, pid in [*pids.items(), ("client", os.getpid())]:
+        for i, child in enumerate(c for c in psutil.Process(pid).children() if c.pid not in known):
+            pids[f"{name} exporter" if "wireio.span_export" in child.cmdline() else f"{name} child {i}"] = child.pid
+    helpers = [pid for name, pid in pids.items() if " " in name]
+    last: list[float] = []
+    for _ in range(100):  # up to 20 s: quiet once no 10 ms tick was added in 200 ms
+        now = [h.cpu_seconds(pid) for pid in helpers]
+        if now == last:
+            break
+        last = now
+        await asyncio.sleep(0.2)
+
+
 async def measure(
     plans: int, workers: int, max_concurrency: int, store: str, chunk: int, profile: str | None,
     deadline_s: float = 300.0,
@@ -38,12 +55,10 @@ async def measure(
         await f.wait_workers()
         assert f.coordinator is not None
         pids = {"coordinator": f.coordinator.pid, **{w.name: w.pid for w in f.workers}}
-        for name, pid in list(pids.items()):  # the helper processes they run count too (wireio/span_export.py)
-            for i, child in enumerate(psutil.Process(pid).children()):
-                pids[f"{name} exporter" if "wireio.span_export" in child.cmdline() else f"{name} child {i}"] = child.pid
         async with Client(f.url) as client:
             # One warm-up plan so connection set-up and imports are not timed.
             await (await client.submit("echo", args=0)).result()
+            await _add_helpers(pids)
             for name, pid in {**pids, "client": os.getpid()}.items():
                 profiler.attach(name, pid)
             cpu0 = {name: h.cpu_seconds(pid) for name, pid in pids.items()}
