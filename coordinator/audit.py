@@ -45,6 +45,14 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+def _attributes(value: object) -> dict[str, Any]:
+    """An object's attributes: its ``vars()``, or those mypyc lists for a class it compiled (setup.py)."""
+    names = getattr(type(value), "__mypyc_attrs__", None)
+    if names is None:
+        return vars(value)
+    return {name: getattr(value, name) for name in names if name != "__dict__" and hasattr(value, name)}
+
+
 def snapshot(core: Coordinator) -> Any:
     """Everything a refusal must not change: plans, registry, queue and subscriptions.
 
@@ -54,7 +62,7 @@ def snapshot(core: Coordinator) -> Any:
     plans = tuple(sorted((pid, _freeze(plan)) for pid, plan in core.plans.items()))
     workers = tuple((record.id, _freeze(record)) for record in core.registry)
     queued = tuple(sorted(pid for pid in core.plans if pid in core.queue))
-    subscriptions = _freeze(vars(core.subscriptions))
+    subscriptions = _freeze(_attributes(core.subscriptions))
     return plans, workers, queued, subscriptions
 
 

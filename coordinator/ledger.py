@@ -132,8 +132,8 @@ class UsageLedger:
         return row
 
     def lease_ended(
-        self, principal: str, team: str, *, run_s: float, slots: float = 1.0, gpus: float = 0.0,
-        receipt: Receipt | None = None, wall_s: float,
+        self, principal: str, team: str, *, run_s: float, wall_s: float, slots: float = 1.0, gpus: float = 0.0,
+        receipt: Receipt | None = None,
     ) -> None:
         """A lease of the principal's plan ended after ``run_s`` seconds holding ``slots`` and ``gpus``."""
         last = self._last  # _row's first test, inlined: this runs at every lease's end

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import ClassVar, Final, Literal
+from typing import Final, Literal
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -286,6 +286,11 @@ class CostBuckets:
         return bucket
 
 
+#: A token bucket's break (:class:`TokenBucket`): a message that leaves this many seconds of the rate unused.
+#: Module level, not a ClassVar of the dataclass: mypyc's dataclasses took a ClassVar for a field (setup.py).
+BREAK_S: Final = 0.05
+
+
 @dataclass
 class TokenBucket:
     """A per-connection message rate limit that throttles first and closes a sustained flood.
@@ -293,13 +298,11 @@ class TokenBucket:
     Each message takes a token; tokens come back at ``rate`` per second up to ``burst``.
     :meth:`take` answers how long to stop reading so the peer falls back to its rate, or
     None once the peer has been over its rate for ``grace_s`` without a break (close 4429).
-    A break is a message that leaves at least ``BREAK_S`` worth of the rate unused in the
+    A break is a message that leaves at least :data:`BREAK_S` worth of the rate unused in the
     bucket, i.e. the peer slowed down below its rate. (Merely finding a token is no break:
     the reader's own pause refills the bucket to about zero, so a flooder that TCP holds
     back would always find one. A peer at 95 % of its rate is forgiven within a second.)
     """
-
-    BREAK_S: ClassVar[float] = 0.05
 
     rate: float
     burst: int
@@ -310,6 +313,7 @@ class TokenBucket:
 
     def __post_init__(self) -> None:
         self.tokens = float(self.burst)
+        self.throttled_since = None  # the field's default again: compiled (setup.py), an init=False default is not set
 
     def take(self, n: int, now: float) -> float | None:
         """Charge ``n`` messages received at ``now``.
@@ -322,7 +326,7 @@ class TokenBucket:
         self.last_s = now
         self.tokens -= n
         if self.tokens >= 0:
-            if self.tokens >= min(float(self.burst), self.rate * self.BREAK_S):
+            if self.tokens >= min(float(self.burst), self.rate * BREAK_S):
                 self.throttled_since = None  # a break: it left some of its rate unused
             return 0.0
         if self.throttled_since is None:

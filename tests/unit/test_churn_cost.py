@@ -23,6 +23,8 @@ N = 300  # queued plans, each with its own tag list (its own group)
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
     """Counts of explain_wait and Signature.admits calls while the test runs."""
+    if not scheduling.__file__ or not scheduling.__file__.endswith(".py"):  # built with FLEETWIRE_MYPYC=1 (setup.py)
+        pytest.skip("compiled callers call explain_wait and admits directly: a patched name counts nothing")
     counts = {"explain": 0, "admits": 0}
     explain, admits = scheduling.explain_wait, Signature.admits
 

@@ -227,7 +227,7 @@ def test_connection_shares_and_the_workers_reserve(
 def test_a_principals_sessions_share_one_cost_bucket_and_the_table_is_bounded() -> None:
     """Two lookups of one principal give the same bucket; another principal its own; none when the limit is off;
     past the bound every bucket is forgotten and starts full again."""
-    buckets = CostBuckets(Limits(cost_rate=10.0, cost_burst=20.0), max_principals=2)
+    buckets = CostBuckets(Limits(cost_rate=10.0, cost_burst=20), max_principals=2)
     a = buckets.get("a", 0.0)
     assert a is not None and buckets.get("a", 1.0) is a and buckets.get("b", 1.0) is not a
     buckets.get("c", 1.0)

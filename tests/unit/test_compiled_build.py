@@ -1,0 +1,94 @@
+"""The optional compiled core's build (setup.py, tools/build_compiled.py): off by default, never in place.
+
+The compiled build itself is run by CI (.ci/run: ``tools/build_compiled.py --test``, about a minute);
+these tests check its switches and lists without a compiler.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def setup_py() -> ModuleType:
+    """setup.py as a module (its ``setup()`` call runs only as ``__main__``)."""
+    return load(ROOT / "setup.py", "fleetwire_setup_under_test")
+
+
+@pytest.fixture
+def tool() -> ModuleType:
+    return load(ROOT / "tools" / "build_compiled.py", "fleetwire_build_compiled_under_test")
+
+
+@pytest.mark.parametrize("value", [None, "", "0"])
+def test_without_the_switch_the_build_adds_no_extension_and_no_requirement(
+    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, value: str | None
+) -> None:
+    """FLEETWIRE_MYPYC unset, empty or 0: no extension modules, no extra build requirement, for any command."""
+    if value is None:
+        monkeypatch.delenv("FLEETWIRE_MYPYC", raising=False)
+    else:
+        monkeypatch.setenv("FLEETWIRE_MYPYC", value)
+    for argv in (["setup.py", "egg_info"], ["setup.py", "bdist_wheel"], ["setup.py", "editable_wheel"]):
+        assert setup_py.ext_modules(argv) == ([], [])
+
+
+def test_an_in_place_compiled_build_in_a_checkout_is_refused(
+    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With the switch, build_ext --inplace or an editable install in a git checkout exits naming the way out."""
+    (tmp_path / ".git").mkdir()
+    monkeypatch.setattr(setup_py, "ROOT", tmp_path)
+    monkeypatch.setenv("FLEETWIRE_MYPYC", "1")
+    monkeypatch.delenv("FLEETWIRE_MYPYC_INPLACE", raising=False)
+    for argv in (["setup.py", "build_ext", "--inplace"], ["setup.py", "editable_wheel", "--dist-dir", "d"]):
+        with pytest.raises(SystemExit, match=r"refusing to build in place.*tools/build_compiled\.py"):
+            setup_py.ext_modules(argv)
+
+
+def test_without_mypyc_the_metadata_step_asks_for_mypy_and_a_build_says_how_to_get_it(
+    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No mypyc: egg_info (pip asking the build requirements) answers mypy; a wheel build exits with the command."""
+    monkeypatch.setenv("FLEETWIRE_MYPYC", "1")
+    monkeypatch.setitem(sys.modules, "mypyc", None)  # import mypyc raises ImportError
+    monkeypatch.setitem(sys.modules, "mypyc.build", None)
+    assert setup_py.ext_modules(["setup.py", "egg_info"]) == ([], [setup_py.MYPY])
+    assert setup_py.ext_modules(["setup.py", "dist_info", "--output-dir", "x"]) == ([], [])
+    with pytest.raises(SystemExit, match=r"needs mypyc.*--no-build-isolation"):
+        setup_py.ext_modules(["setup.py", "bdist_wheel"])
+
+
+def test_the_compiled_modules_are_modules_of_the_pure_core(setup_py: ModuleType, tool: ModuleType) -> None:
+    """Each compiled path is a module of coordinator/ outside coordinator/io/, and the build script reads the list."""
+    assert setup_py.COMPILED, "nothing compiled"
+    for path in setup_py.COMPILED:
+        assert (ROOT / path).is_file(), path
+        assert path.startswith("coordinator/") and not path.startswith("coordinator/io/"), path
+    # pure on purpose (setup.py says why): compiled, these two break
+    assert not {"coordinator/capacity.py", "coordinator/records.py"} & set(setup_py.COMPILED)
+    assert tool.compiled_modules(ROOT) == [p.removesuffix(".py").replace("/", ".") for p in setup_py.COMPILED]
+
+
+def test_the_core_tests_are_the_unit_tests_that_do_no_io(tool: ModuleType) -> None:
+    """The list run against the compiled copy holds the core's tests and none that start the SDK or a loop."""
+    tests = tool.core_tests(ROOT)
+    assert "tests/unit/test_core.py" in tests and "tests/unit/test_read_policy.py" in tests
+    assert "tests/unit/test_client_session.py" not in tests  # the SDK
+    for path in tests:
+        assert not {"asyncio", "fleetwire", "worker_agent"} & {n.split(".")[0] for n in tool.imports_of(ROOT / path)}

@@ -1,0 +1,184 @@
+"""Build the compiled core (``FLEETWIRE_MYPYC=1``, setup.py) in a copy of this tree, and test it there.
+
+The extensions go next to the copy's sources, never the checkout's: an in-place build there would
+shadow the pure modules for every test run in the tree. In the copy, Python imports each compiled
+module's extension before its source, so the copy is a compiled tree, and this tree stays pure::
+
+    python tools/build_compiled.py /tmp/fw-compiled           # copy + build (prints the build's seconds)
+    python tools/build_compiled.py --test                     # ... in a temporary copy, then the core's tests
+    python bench/core_per_plan.py --compare /tmp/fw-compiled  # this tree (pure) against the compiled copy
+
+``--test`` runs the unit tests of the pure core against the compiled copy (:func:`core_tests`: the
+files of tests/unit that import the core and nothing that does I/O), after checking that each module
+of setup.py's ``COMPILED`` is imported from its extension. ``--if-compiler``: without a C compiler or
+Python's headers, say so and exit 0 (CI on a machine that cannot build). Exit status: 0 when built
+(and passed), 1 when the build, the check or a test failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: What the copy holds: the build's inputs, the packages, and what the tests read.
+COPIED = ("pyproject.toml", "setup.py", "README.md", "protocol", "wireio", "coordinator", "worker_agent", "fleetwire",
+          "tests", "bench", "examples", "docs")
+IGNORED = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", ".mypy_cache", ".pytest_cache", "build")
+#: Imports that make a test file more than the core's: I/O being done (an event loop, sockets, processes),
+#: the SDK, the worker. (The core's tests that read a MemoryStore or render metrics count: they stay sans-I/O.)
+NOT_CORE = ("asyncio", "socket", "subprocess", "websockets", "httpx", "wireio", "worker_agent", "fleetwire",
+            "coordinator.io.frontdoor", "coordinator.io.cluster", "tests.waiting")
+
+
+def compiled_modules(root: Path = ROOT) -> list[str]:
+    """setup.py's ``COMPILED``, as dotted module names (setup.py is read, not run)."""
+    tree = ast.parse((root / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMPILED" for t in node.targets):
+            call = node.value
+            assert isinstance(call, ast.Call) and isinstance(call.args[0], ast.GeneratorExp)
+            names = ast.literal_eval(call.args[0].generators[0].iter)
+            return [f"coordinator.{name}".replace("/", ".") for name in names]
+    raise SystemExit(f"{root / 'setup.py'}: no COMPILED")
+
+
+def imports_of(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def core_tests(root: Path = ROOT) -> list[str]:
+    """The unit tests of the core: files of tests/unit that import ``coordinator`` and, themselves or through
+    the test modules they import, none of :data:`NOT_CORE`."""
+    cache: dict[Path, set[str]] = {}
+
+    def closure(path: Path, seen: set[Path]) -> set[str]:
+        if path not in cache:
+            cache[path] = imports_of(path)
+        names = set(cache[path])
+        for name in cache[path]:
+            if name.startswith("tests."):
+                helper = root / (name.replace(".", "/") + ".py")
+                if helper.is_file() and helper not in seen:
+                    names |= closure(helper, seen | {helper})
+        return names
+
+    selected = []
+    for path in sorted((root / "tests" / "unit").glob("test_*.py")):
+        names = closure(path, {path})
+        core = any(n == "coordinator" or n.startswith("coordinator.") for n in names)
+        if core and not any(n == bad or n.startswith(bad + ".") for n in names for bad in NOT_CORE):
+            selected.append(str(path.relative_to(root)))
+    return selected
+
+
+def can_compile() -> str | None:
+    """Why this machine cannot build the extensions (no C compiler, no Python.h), or None."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler!r} is not on PATH; Debian: apt-get install gcc)"
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").is_file():
+        return f"no Python headers ({include}/Python.h; Debian: apt-get install python3-dev)"
+    try:
+        import mypyc  # noqa: F401
+    except ImportError:
+        return "no mypyc (it comes with mypy: pip install -e '.[test]')"
+    return None
+
+
+def copy_tree(dest: Path, parts: Iterable[str] = COPIED) -> None:
+    """Copy this tree's sources (no caches, no extensions) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        src = ROOT / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=IGNORED, dirs_exist_ok=True)
+        elif src.is_file():
+            shutil.copy2(src, dest / part)
+
+
+def build(dest: Path) -> float:
+    """Compile ``dest`` in place (setup.py with the switch on); the seconds it took."""
+    env = {**os.environ, "FLEETWIRE_MYPYC": "1", "FLEETWIRE_MYPYC_INPLACE": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"], cwd=dest, env=env,
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-5000:])
+        raise SystemExit(f"build_compiled: the build in {dest} failed (exit {proc.returncode})")
+    return time.perf_counter() - start
+
+
+def _env(dest: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(dest)}
+
+
+def check(dest: Path) -> list[str]:
+    """The modules of ``COMPILED`` that the copy imports from their source instead of an extension."""
+    modules = compiled_modules(dest)
+    code = ("import importlib, sys\n"
+            f"for name in {modules!r}:\n"
+            "    path = importlib.import_module(name).__file__ or ''\n"
+            "    if path.endswith('.py') or not path.startswith(sys.argv[1]): print(name, path)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(dest)], cwd=dest, env=_env(dest), capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"build_compiled: importing the compiled modules failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout.splitlines()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dest", nargs="?", help="where to copy and build (default: a temporary directory)")
+    parser.add_argument("--test", action="store_true", help="run the pure core's unit tests against the build")
+    parser.add_argument("--if-compiler", action="store_true", help="exit 0 with a message when nothing can build")
+    parser.add_argument("--list-tests", action="store_true", help="print the core's test files and exit")
+    parser.add_argument("pytest_args", nargs="*", default=[], help="after --: more pytest arguments")
+    ns = parser.parse_args(argv)
+    if ns.list_tests:
+        print("\n".join(core_tests()))
+        return 0
+    why = can_compile()
+    if why is not None:
+        print(f"build_compiled: cannot build the compiled core here: {why}", file=sys.stderr)
+        return 0 if ns.if_compiler else 1
+    with tempfile.TemporaryDirectory(prefix="fleetwire-compiled-") as tmp:
+        dest = Path(ns.dest).resolve() if ns.dest else Path(tmp)
+        copy_tree(dest)
+        seconds = build(dest)
+        print(f"build_compiled: {len(compiled_modules(dest))} modules compiled in {dest} in {seconds:.1f} s")
+        pure = check(dest)
+        if pure:
+            print("build_compiled: imported from source, not compiled:\n  " + "\n  ".join(pure), file=sys.stderr)
+            return 1
+        if not ns.test:
+            return 0
+        tests = core_tests(dest)
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, *ns.pytest_args],
+                              cwd=dest, env=_env(dest), check=False)
+        seconds = time.perf_counter() - start
+        print(f"build_compiled: {len(tests)} test files against the compiled core in {seconds:.1f} s "
+              f"(exit {proc.returncode})")
+        return 0 if proc.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
