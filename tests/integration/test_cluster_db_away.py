@@ -18,7 +18,7 @@ from coordinator.io.stores.postgres import PgStore
 from coordinator.shards import ClusterConfig
 from fleetwire import Client
 from fleetwire.errors import FleetwireConnectionError
-from tests.pg import PostgresServer, missing_reason, postgres_server
+from tests.pg import PostgresServer, missing_reason, postgres_server, scratch_dir
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,7 +32,7 @@ def own_pg() -> Iterator[PostgresServer]:
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
-    with postgres_server() as server:
+    with postgres_server(parent=scratch_dir()) as server:
         yield server
 
 
