@@ -101,6 +101,11 @@ class FairOrder:
 
     def push(self, plan_id: str, signature: Signature, token: int, priority: int, order: int, owner: str) -> bool:
         """A plan of ``owner`` joins the group (a plan already queued moves). True if the group had no plan."""
+        return self._push(plan_id, signature, token, priority, order, owner, True)
+
+    def _push(
+        self, plan_id: str, signature: Signature, token: int, priority: int, order: int, owner: str, tell: bool,
+    ) -> bool:
         if plan_id in self._entries:
             self.discard(plan_id)
         self._entries[plan_id] = (signature, token)
@@ -111,7 +116,7 @@ class FairOrder:
         if part is None:
             part = self._parts[signature] = _FairPart()
         empty = not part.members
-        if owner not in self._principal_groups:  # it waited nowhere: it (and maybe its team) becomes active
+        if tell and owner not in self._principal_groups:  # it waited nowhere: it (and maybe its team) becomes active
             shares.queued(owner, 1)  # before the keys are read: a team that comes back is lifted first
         member = part.members.get(team)
         if member is None:
@@ -160,6 +165,26 @@ class FairOrder:
         """The principal of a queued plan."""
         found = self._owners.get(plan_id)
         return None if found is None else found[0]
+
+    # ------------------------------------------------------------------ one owner (the plan queue's solo)
+
+    def sleeps(self) -> bool:
+        """Whether one principal's plans may wait without this order: their order is priority then age, unless a
+        quota may hold its team back (coordinator/placement/plan_queue.py keeps them then)."""
+        return not self.shares.teams_book.quotas
+
+    def waits(self, owner: str, delta: int) -> None:
+        """The principal's plans began (1) or ceased (-1) to wait while the plan queue kept them."""
+        self.shares.queued(owner, delta)
+
+    def adopt(self, owner: str, entries: list[tuple[str, Signature, int, int, int]]) -> None:
+        """The plans the plan queue kept (all of ``owner``, who waits already), in this order from now on."""
+        for plan_id, signature, token, priority, order in entries:
+            self._push(plan_id, signature, token, priority, order, owner, False)
+
+    def reset(self) -> None:
+        """The queue is empty (every plan was discarded): the groups' parts go."""
+        self._parts.clear()
 
     def head(self, signature: Signature) -> tuple[Any, ...] | None:
         """The group's fair head: ``(tier, team key, principal key, -priority, order, token, plan id)``.
@@ -519,10 +544,14 @@ class FairQueue(PlanQueue):
 
     def owner_of(self, plan_id: str) -> str | None:
         """The principal of a queued plan."""
+        if self.order is None:  # one principal's plans, kept by the plan queue (coordinator/placement/plan_queue.py)
+            return self.solo if plan_id in self else None
         return self.fair.owner_of(plan_id)
 
     def waiting_of(self, team: str) -> int:
         """Plans of a team waiting now (for its ``max_queued``)."""
+        if self.order is None:
+            return len(self) if self.solo is not None and self.shares.team_of(self.solo) == team else 0
         return self.fair.waiting_of(team)
 
     def held(self, owner: str, signature: Signature) -> bool:
@@ -548,4 +577,5 @@ class FairQueue(PlanQueue):
 
     def set_teams(self, teams: TeamBook, running: dict[str, list[Demand]], now: float) -> None:
         """A new team book (the token file was reloaded at ``now``); ``running``: each principal's leased demands."""
+        self.wake()  # the order moves the queued plans' waiting to their new teams
         self.fair.set_teams(teams, running, now)

@@ -85,6 +85,19 @@ class GroupOrder(Protocol):
     def plans_in(self, signature: Signature) -> list[str]:
         """The group's plans in this order."""
 
+    def sleeps(self) -> bool:
+        """Whether the queue may leave one owner's plans in (priority, age) order without it (:class:`PlanQueue`)."""
+
+    def waits(self, owner: str, delta: int) -> None:
+        """The owner's plans began (``delta`` 1) or ceased (-1) to wait while the queue kept them without it."""
+
+    def adopt(self, owner: str, entries: list[tuple[str, Signature, int, int, int]]) -> None:
+        """Take the plans the queue kept without it: (id, group, token, priority, order), all of ``owner``, who
+        waits already (it was told by :meth:`waits`)."""
+
+    def reset(self) -> None:
+        """The queue is empty and keeps its plans without the order again: forget every group."""
+
 
 class Signature(NamedTuple):
     """What a worker must have to run any plan of a group."""
@@ -305,13 +318,21 @@ def _born(pair: tuple[Signature, _Group]) -> int:
 class PlanQueue:
     """Queued plans, grouped by signature, each group in (priority, age) order, or in ``order``'s.
 
+    While every queued plan has one owner (and the order :meth:`GroupOrder.sleeps`), the order is that
+    owner's priority-then-age order: the queue keeps the plans in its own heaps and ``order`` is None
+    (the owner is :attr:`solo`). A plan of another owner hands them to the order (:meth:`GroupOrder.adopt`),
+    which keeps them until the queue is empty again.
+
     Args:
         order: the fair-share order of each group (coordinator/placement/fair_queue.py), which then
             holds the groups' plans; None: priority, then age.
     """
 
     def __init__(self, order: GroupOrder | None = None) -> None:
-        self.order = order
+        self.order: GroupOrder | None = None  # the order in use now (None: priority, then age)
+        self._kept = order  # the order given, in use or not
+        self.solo: str | None = None
+        """The owner of every queued plan while the order is not in use and a plan is queued."""
         self._groups: dict[Signature, _Group] = {}
         self._live: dict[str, tuple[Signature, int]] = {}  # plan_id -> (its group, live token)
         self._tokens = itertools.count(1)
@@ -339,8 +360,34 @@ class PlanQueue:
         fair = self.order
         if fair is not None:
             return fair.push(plan_id, signature, token, priority, order, owner) or new
+        kept = self._kept
+        if kept is not None:
+            if owner != self.solo:
+                if self.solo is None and len(self._live) == 1 and kept.sleeps():  # the empty queue's first plan
+                    self.solo = owner
+                    kept.waits(owner, 1)
+                else:  # another owner's plan: the order takes the queue's plans, and this one
+                    self._wake()
+                    return kept.push(plan_id, signature, token, priority, order, owner) or new
+            if not new and self._head(signature, group) is None:  # as the order says: a group with no live plan
+                new = True
         heapq.heappush(group.heap, (-priority, order, token, plan_id))
         return new
+
+    def _wake(self) -> None:
+        """Hand the plans kept in (priority, age) order to the order, which is in use from now on."""
+        kept = self._kept
+        assert kept is not None
+        solo, live = self.solo, self._live
+        if solo is not None:
+            entries = [(plan_id, signature, token, -neg_priority, order)
+                       for signature, group in self._groups.items()
+                       for neg_priority, order, token, plan_id in group.heap if live.get(plan_id) == (signature, token)]
+            for group in self._groups.values():
+                group.heap.clear()
+            kept.adopt(solo, entries)
+        self.solo = None
+        self.order = kept
 
     def _group_for(self, signature: Signature, token: int) -> tuple[_Group, bool]:
         """The signature's group, made (and indexed) if it has none; whether it was made."""
@@ -365,7 +412,19 @@ class PlanQueue:
             return False
         if self.order is not None:
             self.order.discard(plan_id)
+            if not self._live and self.order.sleeps():  # empty: one owner's plans need no order again
+                self.order.reset()
+                self.order = None
+        elif self.solo is not None and not self._live:
+            assert self._kept is not None
+            self._kept.waits(self.solo, -1)
+            self.solo = None
         return True
+
+    def wake(self) -> None:
+        """Have the order take the queued plans and keep them from now on (until the queue is empty)."""
+        if self.order is None and self._kept is not None:
+            self._wake()
 
     def signature_of(self, plan_id: str) -> Signature | None:
         """The group of a queued plan, None if it is not queued."""
@@ -524,6 +583,8 @@ class PlanQueue:
 
     def has_ahead(self, signature: Signature, priority: int, order: int, owner: str = "") -> bool:
         """Whether the group holds a plan that comes before one of ``owner``, ``priority`` and ``order``."""
+        if self.order is None and self.solo is not None and owner != self.solo:
+            self._wake()  # another owner's plan is compared by the order's keys
         if self.order is not None:
             return signature in self._groups and self.order.has_ahead(signature, priority, order, owner)
         group = self._groups.get(signature)
@@ -555,7 +616,7 @@ class PlanQueue:
                 continue
             for neg_priority, order, token, plan_id in sorted(group.heap):
                 if self._live.get(plan_id) == (signature, token):
-                    self.push(plan_id, kept, -neg_priority, order)
+                    self.push(plan_id, kept, -neg_priority, order, self.solo or "")  # (every plan is the solo's)
                     moved.append(plan_id)
         return moved
 
