@@ -64,6 +64,7 @@ _SPANS: Final = 0
 _FLUSH: Final = 1
 _PIPE_BYTES: Final = 1 << 20  # a full batch of 2,048 spans is ~0.5 MB: it goes in one write, not a wait
 _F_SETPIPE_SZ: Final = 1031  # Linux fcntl
+_PR_SET_DUMPABLE: Final = 4  # Linux prctl
 _HEAD: Final = 4
 _RESPAWN_MAX_S: Final = 60.0
 
@@ -139,7 +140,8 @@ class ExportProcess:
     Args:
         service: the service name the child's spans carry.
         endpoint: the collector's full traces URL; "": the child's ``OTEL_*`` variables say.
-        environ: the ``OTEL_*`` variables the child gets (the rest of its environment is this process's).
+        environ: the ``OTEL_*`` variables the child gets (the rest of its environment is this process's,
+            less every ``FLEETWIRE_*`` variable: the tokens a worker reads at its start stay out of it).
         stuck_s: see :data:`STUCK_S`.
         exit_wait_s: see :data:`EXIT_WAIT_S`.
         respawn_s: the first pause before a dead child's successor starts (it doubles, to 60 s, while
@@ -150,7 +152,7 @@ class ExportProcess:
                  exit_wait_s: float = EXIT_WAIT_S, respawn_s: float = RESPAWN_S) -> None:  # fmt: skip
         self.service = service
         self.endpoint = endpoint
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "FLEETWIRE_"))}  # no tokens
         self.env.update((k, v) for k, v in environ.items() if k.startswith("OTEL_"))
         self.stuck_s = stuck_s
         self.exit_wait_s = exit_wait_s
@@ -249,7 +251,8 @@ class ExportProcess:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env,
                                     start_new_session=True)  # fmt: skip
-        except OSError:
+        except OSError:  # no process to be had now (EAGAIN): try again after the pause
+            self._backoff = min(max(self._backoff * 2, self.respawn_s), _RESPAWN_MAX_S)
             self._next_start = time.monotonic() + self._backoff
             return None
         assert proc.stdin is not None and proc.stdout is not None
@@ -336,9 +339,20 @@ class ExportProcess:
 # -- the child -----------------------------------------------------------------------------------
 
 
+def _not_dumpable() -> None:
+    """Linux: same-user processes cannot read this one's memory or ``/proc/PID/environ`` (as the worker daemon)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 def main(argv: Sequence[str]) -> int:
     """The exporter child: ``python -m wireio.span_export SERVICE [TRACES_URL]`` (module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon's Ctrl-C is the daemon's: it flushes through us
+    _not_dumpable()  # a worker's plans (same user) cannot read the collector's headers from /proc/PID/environ
     answers = os.dup(1)
     os.dup2(2, 1)  # stray prints (the SDK logs to stderr anyway) never corrupt the answers
     service, endpoint = argv[0], argv[1] if len(argv) > 1 else ""

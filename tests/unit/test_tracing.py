@@ -344,3 +344,19 @@ def test_a_forked_copy_never_writes_to_the_parents_exporter_process() -> None:
         finally:
             tracing.shutdown()
         assert not any(s.name == "from-the-fork" for s in receiver.spans)
+
+
+def test_the_exporter_process_gets_the_otel_variables_and_no_fleetwire_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's environment has the tracer's OTEL_* variables and none of the FLEETWIRE_* ones a worker reads
+    its tokens from before it forgets them."""
+    monkeypatch.setenv("FLEETWIRE_WORKER_TOKEN", "wt-secret")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "from-the-process")
+    tracing = Tracing(SERVICE_COORDINATOR, endpoint="http://127.0.0.1:9", export_process=True,
+                      environ={"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20c"})  # fmt: skip
+    try:
+        assert tracing.process is not None
+        env = tracing.process.env
+        assert env["OTEL_EXPORTER_OTLP_HEADERS"] == "authorization=Bearer%20c"
+        assert not [k for k in env if k.startswith("FLEETWIRE_")] and "PATH" in env
+    finally:
+        tracing.shutdown()
