@@ -380,6 +380,24 @@ def test_intake_cuts_pipelined_requests_fed_byte_by_byte() -> None:
     assert got[0].headers["authorization"] == "Bearer k" and reader.buffered == 0
 
 
+def test_intake_cuts_the_same_requests_wherever_the_bytes_are_split() -> None:
+    """Three pipelined requests fed in two pieces, split at every byte, come out as fed whole (and fed alone)."""
+    requests = [post("/v1/chat/completions", b'{"a": 1}'), post("/v1/models", b""), post("/v1/completions", b"xyz")]
+    data = b"".join(requests)
+
+    def cut(*pieces: bytes) -> list[tuple[str, bytes]]:
+        reader = RequestReader()
+        got = [request for piece in pieces for request in reader.feed(piece)]
+        assert reader.buffered == 0
+        return [(r.path, r.body) for r in got]  # type: ignore[union-attr]
+
+    whole = cut(data)
+    assert whole == [("/v1/chat/completions", b'{"a": 1}'), ("/v1/models", b""), ("/v1/completions", b"xyz")]
+    assert cut(*requests) == whole
+    for at in range(1, len(data)):
+        assert cut(data[:at], data[at:]) == whole, at
+
+
 def test_intake_answers_expect_continue_before_the_body() -> None:
     """Expect: 100-continue gets 100 Continue once the head is read, then the request when its body came."""
     reader = RequestReader()
