@@ -308,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="commit-sized fdatasyncs measured before and after the fleetwire runs (default 300)")
     parser.add_argument("--json", action="store_true", help="print every result as one JSON object")
     parser.add_argument("--tracing", action="store_true",
-                        help="measure what tracing costs instead: fleetwire at off / 1 %% / 100 %% sampling "
+                        help="measure what tracing costs instead: fleetwire at off / 1 %% / 100 %% sampling, and "
+                             "100 %% with every process exporting in a thread or through a child process "
                              "(bench/_tracing_cost.py; needs fleetwire[otel])")
     parser.add_argument("--rounds", type=int, default=2, help="with --tracing: interleaved rounds (default 2)")
     ns = parser.parse_args(argv)
