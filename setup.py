@@ -33,9 +33,9 @@ INPLACE_OK = "FLEETWIRE_MYPYC_INPLACE"
 #: pure, and so do two per-plan modules: ``coordinator/capacity.py`` (its Pool derives from list, which no
 #: native class may, and mypyc cannot compile the closures in its methods as those of a non-native class)
 #: and ``coordinator/records.py`` (compiled, its msgspec Structs' annotations read as ``type``, and the
-#: store's decoder then refuses every optional field).
+#: store's decoder then refuses every optional field; its journal, which is per-plan, is journal.py).
 COMPILED = tuple(f"coordinator/{name}.py" for name in (
-    "carbon_holds", "client_session", "core", "effects", "ledger", "limits", "plan_graphs", "plans",
+    "carbon_holds", "client_session", "core", "effects", "journal", "ledger", "limits", "plan_graphs", "plans",
     "recovery", "registry", "retention", "scheduling", "sharing", "stats", "streams", "teams",
     "workers", "graphs/graph", "placement/fair_queue", "placement/fairshare", "placement/placer",
     "placement/plan_queue", "placement/shares", "worker_sessions/dispatch", "worker_sessions/leases",

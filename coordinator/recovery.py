@@ -48,7 +48,7 @@ from coordinator.scheduling import note_attempt
 from protocol.messages import Accept, Capabilities, Done, ErrorInfo, Event, Reject
 
 if TYPE_CHECKING:
-    from coordinator.records import Journal
+    from coordinator.journal import Journal
     from coordinator.registry import WorkerRegistry
     from coordinator.scheduling import Scheduler
     from coordinator.workers import WorkerRecord

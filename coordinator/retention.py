@@ -54,9 +54,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 if TYPE_CHECKING:
+    from coordinator.journal import Journal
     from coordinator.limits import PlanQuota
     from coordinator.plans import Plan, PlanNames, Subscriptions
-    from coordinator.records import Journal
     from coordinator.registry import WorkerRegistry
 
 __all__ = ["DEFAULT_RETENTION_BYTES", "MAX_PER_SWEEP", "Retention"]

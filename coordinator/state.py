@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from coordinator.journal import Journal
 from coordinator.ledger import UsageLedger
 from coordinator.limits import PlanQuota
 from coordinator.placement.fair_queue import FairQueue
 from coordinator.placement.placer import Placement, PlacementConfig
 from coordinator.plans import Plan, PlanNames, Subscriptions
 from coordinator.receipts import Footprint
-from coordinator.records import Journal
 from coordinator.registry import WorkerRegistry
 from coordinator.sessions import SessionTable
 from coordinator.stats import PlanTimings

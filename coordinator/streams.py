@@ -49,9 +49,9 @@ from protocol.tracecontext import is_sampled
 
 if TYPE_CHECKING:
     from coordinator.effects import Outbox
+    from coordinator.journal import Journal
     from coordinator.limits import PlanQuota
     from coordinator.plans import Plan, Subscriptions
-    from coordinator.records import Journal
     from coordinator.retention import Retention
     from coordinator.sessions import SessionTable
 

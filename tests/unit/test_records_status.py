@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
+from coordinator.journal import status_of
 from coordinator.plans import Plan
-from coordinator.records import PlanStatus, status_of
+from coordinator.records import PlanStatus
 from protocol.messages import ErrorInfo, OutputSpec, Receipt, Submit
 
 
