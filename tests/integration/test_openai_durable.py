@@ -17,6 +17,7 @@ from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.io.stores.sqlite import SQLiteStore
 from fleetwire import Client
 from tests.integration.test_openai_door import CLIENT_TOKEN, MODEL, SETTINGS, start_fleet, stop_fleet
+from tests.waiting import until as wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,3 +90,29 @@ async def test_durable_on_records_the_door_plan_before_it_is_answered(tmp_path: 
     door_plan, sdk_plan, door_batches, _ = await door_and_sdk_plans(sqlite_settings(tmp_path))
     assert door_batches > 0
     assert {door_plan, sdk_plan} <= stored_ids(tmp_path)
+
+
+async def test_durable_off_a_stream_cut_mid_way_leaves_no_plan_and_the_store_writes_on(tmp_path: Path) -> None:
+    """--openai-durable off: a client gone mid-stream cancels its plan and the id is let go; the next request
+    is answered, and neither plan is stored."""
+    fleet = await start_fleet(sqlite_settings(tmp_path, openai_durable=False), engines=1, token_delay_s=0.05)
+    try:
+        port, core = fleet.server.port, fleet.server.core
+        body = json.dumps({"model": MODEL, "stream": True,
+                           "messages": [{"role": "user", "content": " ".join(["w"] * 200)}]}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                     + CLIENT_TOKEN.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        head = await reader.readuntil(b"\r\n\r\n")
+        cut = next(line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"x-fleetwire-plan-id:"))  # fmt: skip
+        writer.close()
+        await wait_until(lambda: core.plans[cut].state == "cancelled", timeout_s=10)
+        await wait_until(lambda: fleet.engines[0].running == 0, timeout_s=10)
+        assert not fleet.server.driver.volatile
+        fleet.engines[0].token_delay_s = 0.0
+        answered, text = await streamed(port, "after")
+        assert "data: [DONE]" in text
+    finally:
+        await stop_fleet(fleet)
+    assert not {cut, answered} & stored_ids(tmp_path)
