@@ -128,14 +128,17 @@ class UsageLedger:
             if self._oldest == 0 or hour < self._oldest:
                 self._oldest = hour
         self._dirty.add(key)
-        self._last = (principal, team, hour, hour + BUCKET_S, row)
+        self._last = (principal, team, float(hour), float(hour + BUCKET_S), row)  # floats: compared with wall_s
         return row
 
     def lease_ended(
-        self, principal: str, team: str, *, run_s: float, wall_s: float, slots: float = 1.0, gpus: float = 0.0,
+        self, principal: str, team: str, run_s: float, wall_s: float, slots: float = 1.0, gpus: float = 0.0,
         receipt: Receipt | None = None,
     ) -> None:
-        """A lease of the principal's plan ended after ``run_s`` seconds holding ``slots`` and ``gpus``."""
+        """A lease of the principal's plan ended after ``run_s`` seconds holding ``slots`` and ``gpus``.
+
+        Positional arguments (not keyword-only): coordinator/sharing.py calls it at every lease's end.
+        """
         last = self._last  # _row's first test, inlined: this runs at every lease's end
         if last is not None and last[0] == principal and last[1] == team and last[2] <= wall_s < last[3]:
             row = last[4]
@@ -162,8 +165,8 @@ class UsageLedger:
         if receipt.avoided_co2e_g is not None:  # may be negative: a plan that ran at a dirtier hour (accounting.py)
             row.avoided_co2e_g += _signed(receipt.avoided_co2e_g)
 
-    def plan_ended(self, principal: str, team: str, outcome: Outcome, *, wall_s: float) -> None:
-        """A plan of the principal reached its final state."""
+    def plan_ended(self, principal: str, team: str, outcome: Outcome, wall_s: float) -> None:
+        """A plan of the principal reached its final state (positional arguments: called at every plan's end)."""
         last = self._last  # as in lease_ended: at every plan's end
         if last is not None and last[0] == principal and last[1] == team and last[2] <= wall_s < last[3]:
             row = last[4]

@@ -149,6 +149,8 @@ class Sharing:
         self.config = config
         self.preemptor = Preemptor(config.preemption_min_run_s)
         self._shares = queue.shares  # one object for the queue's life (set_teams and set_capacity change it in place)
+        self._fair = queue.fair
+        self._tallies = queue.shares.fleet  # a lease of one slot is tallied inline (fairshare.py's module docstring)
         self.stopping_plans = self.preemptor.stopping_plans
         """Victims whose lease has not ended yet (a lease's end asks it without a call)."""
         self._waiting = self.preemptor.waiting_plans
@@ -218,7 +220,18 @@ class Sharing:
         else:
             demand = _SLOT if plan.gpus is None else demand_of(plan)
         owner = plan.owner
-        team = self._shares.started(owner, demand, now)  # FairQueue.started, without its two hops
+        account = self._shares.principal_accounts.get(owner)
+        fleet = self._tallies
+        if demand is _SLOT and fleet.late and account is not None and account.active:  # ShareBook.started's tally
+            if not account.pending:
+                account.pending = True
+                fleet.dirty.append(account)
+            account.pending_n += 1
+            account.pending_s += now - account.since
+            account.pending_at = now
+            team = account.scope
+        else:
+            team = self._shares.started(owner, demand, now)  # FairQueue.started, without its two hops
         self._leases[plan_id] = (owner, team, demand, now, plan.preemptible)
         if self._waiting:
             self.preemptor.placed(plan_id)  # a waiting plan a preemption was under way for is placed
@@ -232,9 +245,25 @@ class Sharing:
             return
         now = self.now
         owner, team, demand, started_s, preemptible = lease
-        self.queue.fair.ended(owner, demand, now, team)
-        self.ledger.lease_ended(owner, team, run_s=now - started_s, slots=demand.slots, gpus=demand.gpus,
-                                wall_s=now + self.wall_offset)  # fmt: skip
+        account = self._shares.principal_accounts.get(owner)
+        fleet = self._tallies
+        if demand is _SLOT and fleet.late and account is not None and (
+            account.waiting or account.running + account.pending_n > 1  # ShareBook.ended's tally: it stays active
+        ):
+            if not account.pending:
+                account.pending = True
+                fleet.dirty.append(account)
+            account.pending_n -= 1
+            account.pending_s -= now - account.since
+            account.pending_at = now
+        else:
+            self._shares.ended(owner, demand, now)  # FairOrder.ended, without its hop:
+            if self._fair.heaps:  # a heap holds keys: the new ones go where the owner and its team wait
+                self._fair.rekeyed(owner, team)
+        if demand is _SLOT:
+            self.ledger.lease_ended(owner, team, now - started_s, now + self.wall_offset)
+        else:
+            self.ledger.lease_ended(owner, team, now - started_s, now + self.wall_offset, demand.slots, demand.gpus)
         if preemptible:
             self._deadlines.pop(plan_id, None)
             nominated = self.preemptor.ended(plan_id)
@@ -352,8 +381,9 @@ class Sharing:
         state = plan.state
         if state == "succeeded" or state == "failed" or state == "cancelled":
             owner = plan.owner
-            self.ledger.plan_ended(owner, self._shares.teams_book.team_of(owner), state,
-                                   wall_s=self.now + self.wall_offset)  # fmt: skip
+            account = self._shares.principal_accounts.get(owner)  # its scope is the owner's team in the book
+            team = account.scope if account is not None else self._shares.teams_book.team_of(owner)
+            self.ledger.plan_ended(owner, team, state, self.now + self.wall_offset)
 
     def usage_record(self) -> UsageRows | None:
         """The ledger's rows changed since the last call, for the store (None: none changed)."""

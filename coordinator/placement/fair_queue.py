@@ -95,7 +95,9 @@ class FairOrder:
         # part there (a lease's end visits them without hashing a signature: coordinator/placement/plan_queue.py)
         self._team_groups: dict[str, dict[Signature, _FairPart]] = {}
         self._principal_groups: dict[str, dict[Signature, _TeamPart]] = {}
-        self._heaps = 0  # groups whose teams, and team parts whose principals, are kept in a heap (``indexed``)
+        self.heaps = 0
+        """Groups whose teams, and team parts whose principals, are kept in a heap (``indexed``): while there are
+        none, a lease's end moves no entry (:meth:`rekeyed`)."""
 
     # ------------------------------------------------------------------ queue
 
@@ -253,7 +255,7 @@ class FairOrder:
             if member is not None and current == version:
                 return tier, team_key, team, member
             heapq.heappop(heap)
-            if member is not None and member.pushed[""] != current:  # its key grew: see _rekeyed
+            if member is not None and member.pushed[""] != current:  # its key grew: see rekeyed
                 self._push_team(part, member, team, signature)
         raise AssertionError(f"group {signature} has teams and no team entry")
 
@@ -361,8 +363,8 @@ class FairOrder:
         """A leased plan of ``owner`` (of ``team``, when the caller knows it) let go of its lease at ``now``: its
         keys move (mostly shrink)."""
         self.shares.ended(owner, demand, now)
-        if self._heaps:  # else no heap holds a key: nothing to push (one team and one principal per group)
-            self._rekeyed(owner, team)
+        if self.heaps:  # else no heap holds a key: nothing to push (one team and one principal per group)
+            self.rekeyed(owner, team)
 
     def advance(self, now: float) -> None:
         """The driver's tick: keys are read at ``now`` (the service of running leases counted up to it)."""
@@ -397,7 +399,7 @@ class FairOrder:
         self._parts.clear()
         self._team_groups.clear()
         self._principal_groups.clear()
-        # (every plan was discarded: no part and no heap is left, so _heaps is 0 and the book is told so)
+        # (every plan was discarded: no part and no heap is left, so heaps is 0 and the book is told so)
         for plan_id, signature, token, priority, order, owner in entries:
             self.push(plan_id, signature, token, priority, order, owner)
 
@@ -461,7 +463,7 @@ class FairOrder:
             member.indexed = True
             self._heap_count(1)
 
-    def _rekeyed(self, owner: str, team: str | None = None) -> None:
+    def rekeyed(self, owner: str, team: str | None = None) -> None:
         """A lease of the owner ended: push its team's and its own new keys where they wait.
 
         Keys grow when a lease starts or an account comes back (the lift): the old entries,
@@ -490,10 +492,10 @@ class FairOrder:
     def _heap_count(self, delta: int) -> None:
         """One heap more (``delta`` 1) or less (-1). The share book tallies SLOT leases only while no heap holds
         keys (coordinator/placement/fairshare.py): the first heap has it count what it tallied, and stop tallying."""
-        before = self._heaps
-        self._heaps = before + delta
-        if not before or not self._heaps:
-            self.shares.keyed(bool(self._heaps))
+        before = self.heaps
+        self.heaps = before + delta
+        if not before or not self.heaps:
+            self.shares.keyed(bool(self.heaps))
 
     def _principal_entry(self, owner: str) -> tuple[tuple[float, ...], int, str]:
         account = self.shares.principal_account(owner)

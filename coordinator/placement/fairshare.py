@@ -326,7 +326,9 @@ class ShareBook:
         self, teams: TeamBook | None = None, capacity: Capacity = NO_CAPACITY, horizon_s: float = HORIZON_S,
     ) -> None:
         self.teams_book = teams or TeamBook()
-        self._fleet = _Fleet(capacity, horizon_s)
+        self._fleet = self.fleet = _Fleet(capacity, horizon_s)
+        """What its accounts share, with the tallies (coordinator/sharing.py tallies a lease inline as :meth:`started`
+        and :meth:`ended` do)."""
         self._teams = _Level(self._fleet)
         self._principals = _Level(self._fleet)
         self.team_accounts = self._teams.accounts  # team -> its account (read at every decision)

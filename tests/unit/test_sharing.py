@@ -266,3 +266,20 @@ def test_a_reaped_workers_leases_end_for_fair_share() -> None:
     f.h.tick(100.0)
     assert not sharing.holds(a) and sharing.queue.shares.principal_account("alice").running == 0
     assert sharing.ledger.totals("principal")["alice"].slot_s == 100.0
+
+
+def test_a_lone_principals_tallied_leases_count_as_each_at_once() -> None:
+    """Alice's plans on 2 slots, her leases tallied by the core between ticks: her account reads 2 slots held for
+    5 s and 1 for 1 s (5.5 slot-share-seconds over a fleet of 2 slots), as one step per lease would."""
+    f = Fleet(slots=2)
+    f.h.now = 10.0
+    plans = [f.submit("alice") for _ in range(6)]
+    f._start()
+    for i in range(5):  # one ends each second; the next waiting one starts at once
+        f.h.now = 11.0 + i
+        f.finish(plans[i])
+    shares = f.h.core.sharing.queue.shares
+    assert shares.principal_accounts["alice"].pending  # tallied, not counted yet
+    account = shares.principal_account("alice")  # read through the book: counted
+    assert account.running == 1 and not account.pending and shares.team_account("alice").running == 1
+    assert abs(account.service_at(16.0) - 5.5) < 1e-9 and abs(account.rate - 0.5) < 1e-9
