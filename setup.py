@@ -30,13 +30,12 @@ MYPY = "mypy>=1.11"
 INPLACE_OK = "FLEETWIRE_MYPYC_INPLACE"
 #: The modules compiled: those the core runs for every plan (``python bench/core_per_plan.py --profile``:
 #: each is called at least once per no-op plan). The rest of the core is seldom on that path and stays
-#: pure, and so do two per-plan modules: ``coordinator/capacity.py`` (its Pool derives from list, which no
-#: native class may, and mypyc cannot compile the closures in its methods as those of a non-native class)
-#: and ``coordinator/records.py`` (compiled, its msgspec Structs' annotations read as ``type``, and the
-#: store's decoder then refuses every optional field; its journal, which is per-plan, is journal.py).
+#: pure, and so does ``coordinator/records.py``, a per-plan module (compiled, its msgspec Structs'
+#: annotations read as ``type``, and the store's decoder then refuses every optional field; its journal,
+#: which is per-plan, is journal.py). ``coordinator/mypyc_compat.py`` is never compiled.
 COMPILED = tuple(f"coordinator/{name}.py" for name in (
-    "carbon_holds", "client_session", "core", "effects", "journal", "ledger", "limits", "plan_graphs", "plans",
-    "recovery", "registry", "retention", "scheduling", "sharing", "stats", "streams", "teams",
+    "capacity", "carbon_holds", "client_session", "core", "effects", "journal", "ledger", "limits", "plan_graphs",
+    "plans", "recovery", "registry", "retention", "scheduling", "sharing", "stats", "streams", "teams",
     "workers", "graphs/graph", "placement/fair_queue", "placement/fairshare", "placement/placer",
     "placement/plan_queue", "placement/shares", "worker_sessions/dispatch", "worker_sessions/leases",
 ))

@@ -57,6 +57,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 
+from coordinator.mypyc_compat import mypyc_attr
 from coordinator.workers import WorkerRecord, has_carbon, has_energy, has_latency, latency_ms
 
 __all__ = ["Pool", "carbon_key", "energy_key", "latency_key", "slot_key"]
@@ -116,6 +117,19 @@ def latency_key(worker: WorkerRecord) -> LatencyKey | None:
     return (slot[0], latency_ms(worker), slot[1], slot[2], worker.id)
 
 
+def _times(factor: int) -> Callable[[float], float]:
+    """``x -> x * factor``, made here: compiled (setup.py), a closure in a method of Pool crashes mypyc."""
+    return lambda x: x * factor
+
+
+def _expected_order(w: WorkerRecord) -> tuple[int, float, int, int, str]:
+    """A member's (tier, expected latency, leases, last assigned, id): :meth:`Pool.least_latency` without ties."""
+    leases = len(w.leases)
+    tier = 0 if leases < w.capabilities.max_concurrency else 1
+    return tier, latency_ms(w) * (leases + 1), leases, w.last_assigned, w.id
+
+
+@mypyc_attr(native_class=False)  # compiled (setup.py): a native class cannot derive from list
 class Pool(list[WorkerRecord]):
     """The connected workers that meet one cached key, in arrival order, plus their room indexes.
 
@@ -301,7 +315,7 @@ class Pool(list[WorkerRecord]):
         if self.energy is None:
             self.energy = [k for w in self if (k := energy_key(w)) is not None]
             heapq.heapify(self.energy)
-        return self._least(self.energy, energy_key, usable, lambda uj: uj * tokens, limit, ties=ties, tier=tier)
+        return self._least(self.energy, energy_key, usable, _times(tokens), limit, ties=ties, tier=tier)
 
     def least_carbon(
         self,
@@ -359,6 +373,13 @@ class Pool(list[WorkerRecord]):
             heapq.heappush(heap, entry)
         return list(found.values())
 
+    def _walk(
+        self, levels: dict[Level, list[LatencyKey]], level: Level, usable: Callable[[WorkerRecord], bool], count: int,
+        tied: bool, tier: int | None,
+    ) -> list[WorkerRecord]:
+        """One level's heap for :meth:`least_latency` (a method, not a closure in it: see :func:`_times`)."""
+        return self._least(levels[level], latency_key, usable, _times(level[1] + 1), count, ties=tied, tier=tier)
+
     def least_latency(
         self, usable: Callable[[WorkerRecord], bool], limit: int = 0, *, ties: bool = True, tier: int | None = None
     ) -> list[WorkerRecord]:
@@ -380,29 +401,20 @@ class Pool(list[WorkerRecord]):
             self.latency_entries = sum(map(len, levels.values()))
         asked = sorted(level for level in levels if tier is None or level[0] == tier)
 
-        def walk(level: Level, count: int, tied: bool) -> list[WorkerRecord]:
-            leases = level[1] + 1
-            return self._least(levels[level], latency_key, usable, lambda ms: ms * leases, count, ties=tied, tier=tier)
-
         found: list[WorkerRecord] = []
         if not ties:  # each level's first ``limit``, merged (only where some members lack a latency)
             for level in asked:
-                found += walk(level, limit, False)
-
-            def order(w: WorkerRecord) -> tuple[int, float, int, int, str]:
-                leases = len(w.leases)
-                tier = 0 if leases < w.capabilities.max_concurrency else 1
-                return tier, latency_ms(w) * (leases + 1), leases, w.last_assigned, w.id
-
+                found += self._walk(levels, level, usable, limit, False, tier)
+            order = _expected_order
             found.sort(key=order)
             found = [w for w in found if order(w)[0] == order(found[0])[0]]
             return found[:limit] if limit > 0 else found
         if len(asked) > 1:  # the least (tier, expected) among the levels' heads picks the levels to walk
-            heads = {level: head for level in asked if (head := walk(level, 1, False))}
+            heads = {level: head for level in asked if (head := self._walk(levels, level, usable, 1, False, tier))}
             best = min(((level[0], latency_ms(w[0]) * (level[1] + 1)) for level, w in heads.items()), default=None)
             asked = [lv for lv, w in heads.items() if (lv[0], latency_ms(w[0]) * (lv[1] + 1)) == best]
         for level in asked:
-            found += walk(level, limit - len(found) if limit > 0 else 0, True)
+            found += self._walk(levels, level, usable, limit - len(found) if limit > 0 else 0, True, tier)
             if limit > 0 and len(found) >= limit:
                 break
         for level in [level for level, level_heap in levels.items() if not level_heap]:

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: What the copy holds: the build's inputs, the packages, and what the tests read.
 COPIED = ("pyproject.toml", "setup.py", "README.md", "protocol", "wireio", "coordinator", "worker_agent", "fleetwire",
-          "tests", "bench", "examples", "docs")
+          "tests", "bench", "examples", "docs", "tools")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", ".mypy_cache", ".pytest_cache", "build")
 #: Imports that make a test file more than the core's: I/O being done (an event loop, sockets, processes),
 #: the SDK, the worker. (The core's tests that read a MemoryStore or render metrics count: they stay sans-I/O.)
