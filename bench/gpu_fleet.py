@@ -28,47 +28,28 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-_CUDA_PROBE_COUNT_UUIDS = r"""
-import ctypes
-def probe():
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return {"skip": str(exc)}
-    if cuda.cuInit(0) != 0:
-        return {"count": 0, "uuids": []}
-    count = ctypes.c_int()
-    cuda.cuDeviceGetCount(ctypes.byref(count))
-    uuids = []
-    for i in range(count.value):
-        dev = ctypes.c_int()
-        cuda.cuDeviceGet(ctypes.byref(dev), i)
-        raw = (ctypes.c_ubyte * 16)()
-        get = getattr(cuda, "cuDeviceGetUuid_v2", None) or cuda.cuDeviceGetUuid
-        get(raw, dev)
-        h = bytes(raw).hex()
-        uuids.append(f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-    return {"count": count.value, "uuids": uuids}
-"""
+from gpu_check import _CUDA_PROBE
 
 
 def cuda_probe(ctx: Any, args: Any) -> dict[str, Any]:
     """What this plan's process sees of the GPUs: its environment, the CUDA driver and (if here) torch."""
-    scope: dict[str, Any] = {}
-    exec(_CUDA_PROBE_COUNT_UUIDS, scope)  # the driver is asked in this (the plan's) process
+    # The CUDA driver, asked by a process with this plan's environment (bench/gpu_check.py's probe).
+    out = subprocess.run([sys.executable, "-c", _CUDA_PROBE], capture_output=True, text=True, timeout=60, check=False)
     names = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
     seen: dict[str, Any] = {
         "pid": os.getpid(),
         "devices": list(ctx.devices),
         "env": {k: os.environ.get(k) for k in names},
-        "driver": scope["probe"](),
+        "driver": json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else {"error": out.stderr},
     }
     if (args or {}).get("torch"):
         try:
