@@ -82,8 +82,12 @@ async def cluster(pg_dsn: str) -> AsyncIterator[Cluster]:
         door = running.owner(DEFAULT_SHARD).door_of(DEFAULT_SHARD)
         assert door is not None
         registry = door.driver.core.registry
-        await wait_until(lambda: door.models.serves(MODEL, time.monotonic()) and len(list(registry)) == 3,
-                         timeout_s=30)  # fmt: skip
+
+        def ready() -> bool:  # the door's model table is rebuilt now and then: wait until it lists all three
+            listed = door.models.listing(time.monotonic())["data"]
+            return len(list(registry)) == 3 and [m["fleetwire"]["workers"] for m in listed if m["id"] == MODEL] == [3]
+
+        await wait_until(ready, timeout_s=30)
         yield running
     finally:
         for agent in running.agents:
