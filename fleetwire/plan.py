@@ -243,14 +243,10 @@ class Plan:
             OutputMismatch: the bytes do not have the reported digest.
         """
         await self._outcome()
-        check = self._output_check(name)
-        grant: Grant | None = self._ready_grant(name)
-        gone: _Gone | None = None
-        for _ in range(LINEAGE_TRIES):
-            fresh = grant is None  # a fresh grant refused (401, 403) is not asked for again
-            if grant is None:
-                grant = await self._lineage_grant(name, gone)
-                check = self._check_for(grant, name, check)
+        tries = _Tries(self, name)
+        while True:
+            grant = await tries.next()
+            check = tries.check
             yielded = False
             try:
                 async for chunk in self._transport().download(grant, name):
@@ -260,9 +256,7 @@ class Plan:
                 check.verify()
                 return
             except DataTransferError as exc:
-                gone = _after_refusal(exc, grant, fresh=fresh, delivered=yielded)
-                grant = None
-        raise gone or OutputGone(f"output {name!r} of plan {self.id}: no copy after {LINEAGE_TRIES} tries", 404)
+                tries.refused(exc, delivered=yielded)
 
     async def output(self, name: str) -> bytes:
         """An output's bytes, whole (for small outputs; see :meth:`output_to` and :meth:`output_chunks`)."""
@@ -277,20 +271,13 @@ class Plan:
         """
         await self._outcome()
         transport = self._transport()
-        check = self._output_check(name)
-        grant: Grant | None = self._ready_grant(name)
-        gone: _Gone | None = None
-        for _ in range(LINEAGE_TRIES):
-            fresh = grant is None  # a fresh grant refused (401, 403) is not asked for again
-            if grant is None:
-                grant = await self._lineage_grant(name, gone)
-                check = self._check_for(grant, name, check)
+        tries = _Tries(self, name)
+        while True:
+            grant = await tries.next()
             try:
-                return await self._fetch_to(transport, grant, name, path, check)
+                return await self._fetch_to(transport, grant, name, path, tries.check)
             except DataTransferError as exc:
-                gone = _after_refusal(exc, grant, fresh=fresh, delivered=isinstance(exc, OutputMismatch))
-                grant = None
-        raise gone or OutputGone(f"output {name!r} of plan {self.id}: no copy after {LINEAGE_TRIES} tries", 404)
+                tries.refused(exc, delivered=isinstance(exc, OutputMismatch))
 
     async def _lineage_grant(self, name: str, gone: _Gone | None) -> Grant:
         """A fresh grant to a copy of output ``name``: this plan's, or a rebuild's (``data_ticket`` with ``output``;
@@ -389,6 +376,39 @@ def _after_refusal(exc: DataTransferError, grant: Grant, *, fresh: bool, deliver
     if exc.status not in (401, 403, GONE_STATUS) or delivered or (exc.status != GONE_STATUS and fresh):
         raise exc
     return _Gone(grant.plan_id, exc) if exc.status == GONE_STATUS else None
+
+
+class _Tries:
+    """The tries at fetching one output (:meth:`Plan.output_chunks`, :meth:`Plan.output_to`): the grant in hand
+    first, then fresh ones (a rebuild's when the copy was found gone), at most :data:`LINEAGE_TRIES`."""
+
+    def __init__(self, plan: Plan, name: str) -> None:
+        self.plan = plan
+        self.name = name
+        self.check = plan._output_check(name)
+        self.grant: Grant | None = plan._ready_grant(name)
+        self.gone: _Gone | None = None
+        self.fresh = False
+        self.left = LINEAGE_TRIES
+
+    async def next(self) -> Grant:
+        """The grant to try next. Raises the last copy found gone, or OutputGone, once the tries are spent."""
+        if self.left == 0:
+            raise self.gone or OutputGone(
+                f"output {self.name!r} of plan {self.plan.id}: no copy after {LINEAGE_TRIES} tries", 404)
+        self.left -= 1
+        self.fresh = self.grant is None  # a fresh grant refused (401, 403) is not asked for again
+        if self.grant is None:
+            self.grant = await self.plan._lineage_grant(self.name, self.gone)
+            self.check = self.plan._check_for(self.grant, self.name, self.check)
+        return self.grant
+
+    def refused(self, exc: DataTransferError, *, delivered: bool) -> None:
+        """The fetch with the current grant failed: ask for another (raises ``exc`` when it must not, see
+        :func:`_after_refusal`)."""
+        assert self.grant is not None
+        self.gone = _after_refusal(exc, self.grant, fresh=self.fresh, delivered=delivered)
+        self.grant = None
 
 
 class _PlanEvents(AsyncIterator[Event]):
