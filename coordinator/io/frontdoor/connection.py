@@ -15,6 +15,11 @@ frame is written: asyncio flushes the queued 1009 frame first, then the socket i
 and because the peer's unread payload is still in the kernel buffer the kernel resets the
 connection instead of reading it. A well-behaved peer that reads while it writes (every
 websockets client does) sees the 1009 close frame; one that does not may see only the reset.
+
+It also hands each whole data frame to the session's reader right where the library parsed it
+(``frame_sink``: coordinator/io/frontdoor/reader.py ``FrameReader``), instead of queueing it for the
+reader's task to be woken for: a fragmented message, and a text frame the reader cannot take
+(not UTF-8), go to the library's queue as before, and so does every frame after them.
 """
 
 from __future__ import annotations
@@ -22,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import CloseCode
+from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
+from websockets.protocol import Event
 
 from coordinator.auth import Principal
 from protocol import Codec
@@ -44,9 +50,42 @@ TAKE_BYTES = 4 << 20  # a writer takes about this much of a long backlog at a ti
 FRAME_TARGET_BYTES = MAX_OUT_FRAME_BYTES * 3 // 4  # a batch cut by recent message sizes aims at this
 
 
+class FrameSink(Protocol):
+    """Where a connection's whole data frames go as they are parsed (reader.py ``FrameReader``)."""
+
+    def frame(self, data: bytes | bytearray | memoryview, text: bool) -> bool:
+        """One whole data frame; False: not taken (the library's queue gets it, and every later one)."""
+
+    def fallback(self) -> None:
+        """From now on frames go to the library's queue (a fragmented message began)."""
+
+    def lost(self) -> None:
+        """The connection ended."""
+
+
 class FailFastConnection(BulkReceive, ServerConnection):
-    """A ``ServerConnection`` that closes its transport right after sending 1009 (message too big), and reads
-    big binary frames (relayed chunks) past the library's copies (wireio/wsbulk.py ``BulkReceive``)."""
+    """A ``ServerConnection`` that closes its transport right after sending 1009 (message too big), reads
+    big binary frames (relayed chunks) past the library's copies (wireio/wsbulk.py ``BulkReceive``), and
+    hands whole data frames to its ``frame_sink`` (module docstring)."""
+
+    frame_sink: FrameSink | None = None
+
+    def process_event(self, event: Event) -> None:
+        sink = self.frame_sink
+        if sink is not None and type(event) is Frame:
+            opcode = event.opcode
+            if opcode is BINARY or opcode is TEXT or opcode is CONT:
+                if event.fin and opcode is not CONT and sink.frame(event.data, opcode is TEXT):
+                    return
+                self.frame_sink = None  # the library's queue from this frame on, in order behind the sink's
+                sink.fallback()
+        super().process_event(event)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        sink = self.frame_sink
+        if sink is not None:
+            sink.lost()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

@@ -266,44 +266,72 @@ class CoreSession:
         self.driver.flush()
 
     async def received(self, msgs: list[Any], frame_bytes: int, now: float) -> int:
+        index, spent = self.take(msgs, frame_bytes, now)
+        if index < len(msgs):
+            spent += await self.finish(msgs, index, frame_bytes)
+        return spent
+
+    def take(self, msgs: list[Any], frame_bytes: int, now: float, start: int = 0, looked_up: bool = False,
+             ) -> tuple[int, int]:  # fmt: skip
+        """Feed ``msgs[start:]`` to the core until one needs waiting; (where it stopped, work units spent).
+
+        It stops before a submit whose upstreams need a look-up (``looked_up``: ``msgs[start]``'s was
+        done), and after the message that spent the frame budget; either way what was fed goes out.
+        Called from ``data_received`` itself while the reader is idle (coordinator/io/frontdoor/reader.py).
+        """
         driver, session = self.driver, self.session
         outbox = driver.core.outbox
-        policy = driver.door.policy
         redirect = driver.redirect
         away = driver.away() if driver.away is not None else None
+        upstreams = driver.upstreams
+        budget = driver.door.policy.over_frame_budget
         work = outbox.work
-        spent = 0
-        for msg in msgs:
+        index, count = start, len(msgs)
+        while index < count:
+            msg = msgs[index]
+            index += 1
             if redirect is not None and (moved := redirect(session.role, msg)) is not None:
                 driver.move(session, moved)
+                index = count  # the rest of the frame is dropped with the session
                 break
             if away is not None and type(msg) is Submit:
                 driver.unavailable(session, msg, away)
                 continue
+            if upstreams is not None and type(msg) is Submit and (msg.inputs or msg.after) and not (
+                    looked_up and index == start + 1):
+                index -= 1  # what it asked so far goes out; this one and the later ones wait for the look-up
+                break
+            driver.receive(session.conn_id, msg, now)
+            if budget(outbox.work - work):
+                # What it asked so far goes out; the rest waits for the next loop turn (others' frames run meanwhile).
+                break
+        driver.flush(frame_bytes)
+        return index, outbox.work - work
+
+    async def finish(self, msgs: list[Any], index: int, frame_bytes: int) -> int:
+        """Feed ``msgs[index:]`` where :meth:`take` stopped: after a look-up, or a loop turn (the frame budget)."""
+        driver, session = self.driver, self.session
+        spent = 0
+        while index < len(msgs) and not session.killed:
+            msg = msgs[index]
             if driver.upstreams is not None and type(msg) is Submit and (msg.inputs or msg.after):
                 lookup = driver.upstreams(session.conn_id, msg)
-                if lookup is not None:  # what it asked so far goes out; its later messages wait behind this one
-                    spent += outbox.work - work
-                    driver.flush(frame_bytes)
+                if lookup is not None:
                     failed = await lookup
-                    work, now = outbox.work, self.clock()
                     if session.killed:
                         break
                     if failed is not None:
                         driver.unavailable(session, msg, failed)
+                        index, units = self.take(msgs, frame_bytes, self.clock(), index + 1)
+                        spent += units
                         continue
-            driver.receive(session.conn_id, msg, now)
-            if policy.over_frame_budget(outbox.work - work):
-                # What it asked so far goes out; the rest waits for the next loop turn (others' frames run meanwhile).
-                spent += outbox.work - work
-                driver.flush(frame_bytes)
+                index, units = self.take(msgs, frame_bytes, self.clock(), index, looked_up=True)
+            else:
                 await asyncio.sleep(0)
-                work = outbox.work
                 if session.killed:
                     break
-                now = self.clock()
-        spent += outbox.work - work
-        driver.flush(frame_bytes)
+                index, units = self.take(msgs, frame_bytes, self.clock(), index)
+            spent += units
         return spent
 
     def closed(self, now: float, code: int | None) -> None:
