@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol, assert_never
 
 import msgspec
@@ -111,9 +110,10 @@ class Waiter(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class PendingRequest:
+class PendingRequest(msgspec.Struct):
     """A request waiting for the reply that echoes its ``req_id``.
+
+    A ``msgspec.Struct``: made in C, one per request (a batch's submits make thousands at once).
 
     Attributes:
         request: the request's message class (named in a ``ProtocolError``).
@@ -178,6 +178,12 @@ class ClientSession:
         """The ``req_id`` of the next request (1, 2, ...)."""
         return next(self._req_ids)
 
+    def take_req_ids(self, count: int) -> range:
+        """The ``req_id`` s of the next ``count`` requests, consecutive (a batch's)."""
+        first = next(self._req_ids)
+        self._req_ids = itertools.count(first + count)
+        return range(first, first + count)
+
     def encode(self, msg: Any) -> msgspec.Raw:
         """One request encoded for the outbox.
 
@@ -185,6 +191,14 @@ class ClientSession:
             TypeError, ValueError, OverflowError: a value this encoding cannot carry.
         """
         return msgspec.Raw(self._codec.encode([msg]))
+
+    def encode_each(self, msgs: Iterable[Any]) -> list[msgspec.Raw]:
+        """Requests encoded one by one for the outbox (as :meth:`encode` does each).
+
+        Raises:
+            TypeError, ValueError, OverflowError: a value this encoding cannot carry.
+        """
+        return list(map(msgspec.Raw, map(self._codec.encode_one, msgs)))
 
     def send_request(
         self,
@@ -207,6 +221,16 @@ class ClientSession:
         """
         self._pending[req_id] = PendingRequest(request, expect, waiter, on_reply, raw)
         self._outbox.append(raw)
+
+    def send_requests(
+        self, requests: Iterable[tuple[int, msgspec.Raw, bool]], request: type[Any], expect: type[Any], waiter: Waiter
+    ) -> None:
+        """Queue encoded requests ``(req_id, raw, own)`` of one kind, as :meth:`send_request` does each, all
+        answered to one ``waiter`` (given each reply itself: ``Client.submit_many``'s batch)."""
+        pending, outbox = self._pending, self._outbox
+        for req_id, raw, _own in requests:
+            pending[req_id] = PendingRequest(request, expect, waiter, None, raw)
+            outbox.append(raw)
 
     def post(self, msg: Any) -> None:
         """Queue a message that expects no reply (the relay's ``data_*``); it is not re-sent after a reconnect.
@@ -289,6 +313,8 @@ class ClientSession:
                     stream.feed(msg)
                 if msg.kind in TERMINAL_STATES:
                     self._ended(msg.plan_id)
+            elif type(msg) is Accepted:  # and the sixth
+                self._resolve(msg.req_id, msg)
             else:
                 self.receive(msg)
 

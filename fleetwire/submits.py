@@ -24,7 +24,7 @@ Rules (docs/PROTOCOL.md §Client session):
 from __future__ import annotations
 
 import asyncio
-import functools
+import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
@@ -52,9 +52,12 @@ class Request(NamedTuple):
     own: bool
 
 
+_REQ_ID = operator.itemgetter(0)  # a Request's req_id
+
+
 class AcceptedHook(Protocol):
-    """Makes the plan of an ``accepted`` (in the reader); ``own``: the SDK made its plan id. ``own`` comes first:
-    ``functools.partial(hook, own)`` then calls it without a keyword dictionary per reply."""
+    """Makes the plan of an ``accepted`` (in the reader); ``own``: the SDK made its plan id. Called positionally
+    (``hook(own, reply)``), once per plan: no keyword dictionary per reply."""
 
     def __call__(self, own: bool, reply: Accepted, /) -> Plan: ...
 
@@ -204,27 +207,26 @@ def batch(
         ValueError: an item encoded over ``max_inline_bytes`` (nothing is sent).
         TypeError: an item the encoding cannot carry.
     """
-    encode = session.encode
-    requests: list[Request] = []
+    hints = RoutingHints()  # one for the batch, not a default_factory's per submit (encoded, never changed)
+    req_ids = session.take_req_ids(len(items))
     msgs = [
         Submit(
-            req_id=session.next_req_id(), op=op, args=item, requirements=requirements, priority=priority,
-            timeout_s=timeout_s, max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True,
+            req_id=req_id, op=op, args=item, requirements=requirements, priority=priority, timeout_s=timeout_s,
+            max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True, hints=hints,
         )
-        for item, plan_id in zip(items, ids, strict=True)
+        for req_id, item, plan_id in zip(req_ids, items, ids, strict=True)
     ]
     started = start_submit_spans(msgs)
     if started is not None and spans is not None:
         spans.extend(started)
-    for msg, plan_id in zip(msgs, ids, strict=True):
-        req_id = msg.req_id
-        raw = encode(msg)  # an unencodable item fails here, before anything is sent
-        if len(raw) > max_inline_bytes:  # never a frame the coordinator would close the session for
-            raise ValueError(f"args[{len(requests)}] is {len(raw)} bytes encoded, over max_inline_bytes "
-                             f"({max_inline_bytes}); submit it with submit(), which moves large args "
-                             "to the data plane")  # fmt: skip
-        requests.append(Request(req_id, raw, plan_id is None))
-    return requests
+    raws = session.encode_each(msgs)  # an unencodable item fails here, before anything is sent
+    if max(map(len, raws), default=0) > max_inline_bytes:  # never a frame the coordinator would close the session for
+        index, size = next((i, len(raw)) for i, raw in enumerate(raws) if len(raw) > max_inline_bytes)
+        raise ValueError(f"args[{index}] is {size} bytes encoded, over max_inline_bytes ({max_inline_bytes}); "
+                         "submit it with submit(), which moves large args to the data plane")
+    new = tuple.__new__  # a Request made in C: NamedTuple's own __new__ is a Python call per plan
+    return [new(Request, (req_id, raw, plan_id is None))
+            for req_id, raw, plan_id in zip(req_ids, raws, ids, strict=True)]
 
 
 async def await_accepted(
@@ -238,29 +240,70 @@ async def await_accepted(
     ``accepted(own, reply)`` runs in the reader for each ``accepted`` and makes its plan. Returns
     the accepted plans, in the order of ``requests``, and the first refusal (None: none).
     """
-    loop = asyncio.get_running_loop()
-    hooks = {own: functools.partial(accepted, own) for own in (False, True)}  # not one per plan
-    futures: list[asyncio.Future[Any]] = []
-    for request in requests:
-        future: asyncio.Future[Any] = loop.create_future()
-        session.send_request(request.req_id, Submit, request.raw, Accepted, future, hooks[request.own])
-        futures.append(future)
-    plans: list[Plan] = []
-    refused: RequestError | None = None
+    if not requests:
+        return [], None
+    waiter = _Batch(requests, accepted, asyncio.get_running_loop().create_future())
     try:
+        session.send_requests(requests, Submit, Accepted, waiter)
         wake()
-        for future in futures:
-            try:
-                plans.append(await future)
-            except RequestError as exc:
-                refused = refused or exc
+        await waiter.future
     finally:
-        for request, future in zip(requests, futures, strict=False):  # futures: fewer after a failed send_request
-            if future.done() and not future.cancelled():  # answered: the session let its request go then
-                future.exception()  # after an early exit: no "exception was never retrieved"
-            else:
+        if waiter.left:  # gave up (or failed) before every reply: let go the requests still pending
+            for request in requests:
                 session.forget_request(request.req_id)
-                future.cancel()
-        for request in requests[len(futures):]:  # never sent: send_request failed
-            session.forget_request(request.req_id)
-    return plans, refused
+            waiter.future.cancel()
+    plans = waiter.plans if waiter.refused is None else [plan for plan in waiter.plans if plan is not None]
+    return plans, waiter.refused  # type: ignore[return-value]  # every place holds a plan when none was refused
+
+
+class _Batch:
+    """The one waiter of a batch's submits (``await_accepted``), instead of a future per plan: each
+    ``accepted`` makes its plan in its place, each refusal is counted, and ``future`` is set once every
+    request was answered (or at once by a failure that is not a refusal: the session ended).
+
+    The session resolves it with the reply itself (no ``on_reply``): a reply's ``req_id`` says its place.
+    """
+
+    __slots__ = ("_accepted", "_at", "_requests", "future", "left", "plans", "refused", "refused_at")
+
+    def __init__(self, requests: Sequence[Request], accepted: AcceptedHook, future: asyncio.Future[None]) -> None:
+        self._accepted = accepted
+        self._requests = requests
+        first = requests[0].req_id
+        if list(map(_REQ_ID, requests)) == list(range(first, first + len(requests))):
+            self._at: dict[int, int] | int = first  # consecutive ids (a batch's): the place is req_id - first
+        else:
+            self._at = {r.req_id: i for i, r in enumerate(requests)}
+        self.future = future
+        self.left = len(requests)
+        self.plans: list[Plan | None] = [None] * len(requests)
+        self.refused: RequestError | None = None
+        self.refused_at = len(requests)
+
+    def _place(self, req_id: int) -> int:
+        at = self._at
+        return req_id - at if type(at) is int else at[req_id]  # type: ignore[operator, index]
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def set_result(self, reply: Accepted, /) -> None:
+        """An ``accepted``: its plan made now, in the reader, before the events that follow it."""
+        at = self._at
+        place = reply.req_id - at if type(at) is int else at[reply.req_id]  # type: ignore[operator, index]
+        self.plans[place] = self._accepted(self._requests[place][2], reply)  # [2]: own
+        self.left -= 1
+        if not self.left:
+            self.future.set_result(None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        """A refusal (the first, in the order of the requests, is returned), or the end of the session."""
+        if not isinstance(exception, RequestError):
+            self.future.set_exception(exception)  # the caller raises it; the requests still pending are let go
+            return
+        place = self._place(exception.req_id) if exception.req_id else self.refused_at - 1
+        if place < self.refused_at:
+            self.refused, self.refused_at = exception, place
+        self.left -= 1
+        if not self.left:
+            self.future.set_result(None)

@@ -12,7 +12,7 @@ answer each bad message with an ``error`` frame and keep the good ones.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -139,6 +139,11 @@ class Codec:
         if len(msgs) == 1:
             return self._encoder.encode(msgs[0])  # type: ignore[no-any-return]
         return self._encoder.encode(msgs)  # type: ignore[no-any-return]
+
+    @property
+    def encode_one(self) -> Callable[[Any], bytes]:
+        """One message to its bytes, as :meth:`encode` of a list of one: for a caller that encodes many apart."""
+        return self._encoder.encode  # type: ignore[no-any-return]
 
     def encode_safe(self, msgs: Sequence[Any]) -> bytes:
         """Like :meth:`encode`, but values this encoding cannot carry are sent in a portable form.

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fleetwire import submits
-from fleetwire.errors import RequestError
+from fleetwire.errors import FleetwireConnectionError, RequestError
 from fleetwire.plan import Plan
 from fleetwire.session import ClientSession
 from fleetwire.stream import PlanStream
@@ -90,3 +90,42 @@ async def test_a_caller_that_gives_up_leaves_no_request_pending() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert session.pending_requests == 0
+
+
+async def test_a_session_that_ends_mid_batch_fails_the_caller_and_leaves_no_request_pending() -> None:
+    """The session ends after one reply of three: the caller gets its error, no request stays pending."""
+    session = ClientSession("msgpack")
+    requests = batch(session, [1, 2, 3], ["a", "b", "c"])
+
+    def accepted(own: bool, reply: Accepted, /) -> Plan:
+        return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
+
+    woken = asyncio.Event()
+    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, accepted, woken.set))
+    await woken.wait()
+    session.receive(Accepted(req_id=2, plan_id="b", state="queued"))
+    session.end(FleetwireConnectionError("gone"))
+    with pytest.raises(FleetwireConnectionError, match="gone"):
+        await waiting
+    assert session.pending_requests == 0
+
+
+async def test_a_batch_with_ids_out_of_order_puts_each_plan_in_its_place() -> None:
+    """Requests whose req_ids are not consecutive still come back in the order given, refusals left out."""
+    session = ClientSession("msgpack")
+    first = batch(session, [1, 2], ["a", "b"])
+    second = batch(session, [3], ["c"])
+    requests = [second[0], first[1], first[0]]
+
+    def accepted(own: bool, reply: Accepted, /) -> Plan:
+        return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
+
+    woken = asyncio.Event()
+    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, accepted, woken.set))
+    await woken.wait()
+    for reply in (Accepted(req_id=1, plan_id="a", state="queued"), Accepted(req_id=3, plan_id="c", state="queued"),
+                  Error(code=codes.INVALID_ARGUMENT, message="no", req_id=2)):  # fmt: skip
+        session.receive(reply)
+    plans, refused = await waiting
+    assert [p.id for p in plans] == ["c", "a"]
+    assert isinstance(refused, RequestError) and refused.req_id == 2
