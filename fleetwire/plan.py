@@ -161,7 +161,8 @@ class Plan:
             PlanCancelled: the plan was cancelled.
             FleetwireConnectionError: the session ended before the plan did.
         """
-        result = await self._outcome()
+        stream = self._stream
+        result = stream.outcome() if stream.final is not None else await self._outcome()  # ended: no coroutine
         if result is None and self._stream.final == "succeeded" and self._result_output():
             # The handler's result was over the frame limit: the worker kept it as an output.
             if self._big_result is None:

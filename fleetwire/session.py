@@ -156,7 +156,10 @@ class ClientSession:
         self._encoding: Encoding = encoding
         self._req_ids = itertools.count(1)
         self._pending: dict[int, PendingRequest] = {}
-        self._streams: dict[str, list[PlanStream]] = {}
+        # A plan's first stream, and its others (rare: a watch of a plan this session submitted too) apart:
+        # no list per plan, and an event finds its one stream with one lookup.
+        self._streams: dict[str, PlanStream] = {}
+        self._more_streams: dict[str, list[PlanStream]] = {}
         # bytes (or a frame's view): a posted message (not re-sent after a reconnect)
         self._outbox: list[msgspec.Raw | bytes | memoryview] = []
         self._posted = 0  # how many of the outbox's messages are posted ones (bytes)
@@ -277,16 +280,23 @@ class ClientSession:
 
     def add_stream(self, stream: PlanStream) -> None:
         """Deliver the events of ``stream.id`` to ``stream`` (once it is live)."""
-        self._streams.setdefault(stream.id, []).append(stream)
+        if self._streams.setdefault(stream.id, stream) is not stream:
+            self._more_streams.setdefault(stream.id, []).append(stream)
 
     def remove_stream(self, stream: PlanStream) -> None:
         """Deliver nothing more to ``stream``."""
-        streams = self._streams.get(stream.id, [])
-        if stream in streams:
-            streams.remove(stream)
+        self._keep_streams(stream.id, [other for other in self.streams_of(stream.id) if other is not stream])
+
+    def _keep_streams(self, plan_id: str, streams: list[PlanStream]) -> None:
+        """Deliver the plan's events to ``streams`` only; none: its held submit goes too."""
+        self._more_streams.pop(plan_id, None)
         if not streams:
-            self._streams.pop(stream.id, None)
-            self._specs.pop(stream.id, None)
+            self._streams.pop(plan_id, None)
+            self._specs.pop(plan_id, None)
+            return
+        self._streams[plan_id] = streams[0]
+        if len(streams) > 1:
+            self._more_streams[plan_id] = streams[1:]
 
     @property
     def has_outgoing(self) -> bool:
@@ -300,17 +310,22 @@ class ClientSession:
 
     def streams_of(self, plan_id: str) -> list[PlanStream]:
         """The streams registered for a plan (a copy)."""
-        return list(self._streams.get(plan_id, ()))
+        first = self._streams.get(plan_id)
+        return [] if first is None else [first, *self._more_streams.get(plan_id, ())]
 
     # ---- inbound
 
     def receive_frame(self, frame: bytes | str) -> None:
         """Dispatch every message of a frame from the coordinator, in order."""
-        streams = self._streams
+        streams, more = self._streams, self._more_streams
         for msg in self._codec.decode(frame):
             if type(msg) is Event:  # as receive(), inline: most messages are events (five of six per plan)
-                for stream in streams.get(msg.plan_id, ()):
+                stream = streams.get(msg.plan_id)
+                if stream is not None:
                     stream.feed(msg)
+                    if more:
+                        for other in more.get(msg.plan_id, ()):
+                            other.feed(msg)
                 if msg.kind in TERMINAL_STATES:
                     self._ended(msg.plan_id)
             elif type(msg) is Accepted:  # and the sixth
@@ -322,7 +337,7 @@ class ClientSession:
         """Dispatch one decoded message: resolve its request, or feed its plan's streams."""
         match msg:
             case Event():  # receive_frame has its own copy of this case
-                for stream in self._streams.get(msg.plan_id, ()):
+                for stream in self.streams_of(msg.plan_id):
                     stream.feed(msg)
                 if msg.kind in TERMINAL_STATES:
                     self._ended(msg.plan_id)
@@ -341,7 +356,7 @@ class ClientSession:
                         request_error(msg.code, msg.message, req_id=msg.req_id, plan_id=msg.plan_id)
                     )
             case Resync():
-                for stream in self._streams.get(msg.plan_id, ()):
+                for stream in self.streams_of(msg.plan_id):
                     stream.resync(msg)
                 if msg.plan is not None and msg.plan.state in TERMINAL_STATES:
                     self._specs.pop(msg.plan_id, None)
@@ -373,22 +388,13 @@ class ClientSession:
 
     def _ended(self, plan_id: str) -> None:
         """The plan's terminal event came: its ended streams go, and so does its held submit."""
-        self._drop_finished(plan_id)
+        stream = self._streams.get(plan_id)
+        if stream is not None:
+            if stream.final is not None and plan_id not in self._more_streams:  # the usual case: its one stream
+                del self._streams[plan_id]
+            else:  # streams still waiting for their own replay stay registered
+                self._keep_streams(plan_id, [other for other in self.streams_of(plan_id) if not other.done()])
         self._specs.pop(plan_id, None)
-
-    def _drop_finished(self, plan_id: str) -> None:
-        # Streams still waiting for their own replay stay registered.
-        streams = self._streams.get(plan_id)
-        if streams is None:
-            return
-        if len(streams) == 1 and streams[0].final is not None:  # the usual case: its one stream ended
-            del self._streams[plan_id]
-            return
-        streams = [stream for stream in streams if not stream.done()]
-        if streams:
-            self._streams[plan_id] = streams
-        else:
-            self._streams.pop(plan_id, None)
 
     # ---- outbound
 
@@ -437,13 +443,18 @@ class ClientSession:
                 outbox.append(raw)
         self._outbox[:] = outbox
         self._posted = 0  # posted messages are not re-sent on a new connection
-        for streams in self._streams.values():
-            for stream in streams:
-                if stream.live and stream.final is None:
-                    req_id = next(self._req_ids)
-                    msg = Subscribe(req_id=req_id, plan_ids=[stream.id], from_seq=stream.last_seq)
-                    self._outbox.append(self.encode(msg))
-                    self._pending[req_id] = PendingRequest(Subscribe, Subscribed, _Resubscription(self, stream))
+        for stream in self._all_streams():
+            if stream.live and stream.final is None:
+                req_id = next(self._req_ids)
+                msg = Subscribe(req_id=req_id, plan_ids=[stream.id], from_seq=stream.last_seq)
+                self._outbox.append(self.encode(msg))
+                self._pending[req_id] = PendingRequest(Subscribe, Subscribed, _Resubscription(self, stream))
+
+    def _all_streams(self) -> list[PlanStream]:
+        """Every registered stream, plan by plan (a copy)."""
+        if not self._more_streams:
+            return list(self._streams.values())
+        return [stream for plan_id in self._streams for stream in self.streams_of(plan_id)]
 
     def end(self, error: FleetwireConnectionError) -> None:
         """End the session for good: every waiter and unfinished stream fails with ``error``
@@ -455,10 +466,10 @@ class ClientSession:
             if not pending.waiter.done():
                 pending.waiter.set_exception(ended)
         self._pending.clear()
-        for streams in self._streams.values():
-            for stream in streams:
-                stream.fail(ended)
+        for stream in self._all_streams():
+            stream.fail(ended)
         self._streams.clear()
+        self._more_streams.clear()
         self._specs.clear()
         self._outbox.clear()
         self._posted = 0

@@ -60,6 +60,9 @@ _STATE_OF_KIND: Final[dict[str, PlanStateName]] = {
 }
 
 
+_ABSENT: Final = object()  # a key not in an event's data
+
+
 class Waker(Protocol):
     """What a stream sets at its next change (an ``asyncio.Event`` in the ``Plan`` handle)."""
 
@@ -193,38 +196,46 @@ class PlanStream:
         """Take one event of this plan (dropped when not live, ended, or already held)."""
         if not self.live or self.final is not None:
             return
-        if event.seq:
-            if event.seq <= self.last_seq:
+        seq = event.seq
+        if seq:
+            if seq <= self.last_seq:
                 return  # a replay of an event this stream already holds
-            self.last_seq = event.seq
+            self.last_seq = seq
         self.events.append(event)
         state = _STATE_OF_KIND.get(event.kind)
         if state is not None:
-            data = event.data if isinstance(event.data, dict) else {}
             self.state = state
-            if isinstance(data.get("attempt"), int):
-                self.attempt = data["attempt"]
-            if "worker_id" in data:
-                self.worker_id = data["worker_id"]
-            if state == "succeeded":
-                self._result = data.get("result")
-            elif state == "failed":
-                self._failure = ErrorInfo(
-                    code=str(data.get("code", codes.INTERNAL)),
-                    message=str(data.get("message", "")),
-                    detail=data.get("detail"),
-                )
-            elif state == "cancelled":
-                self._cancel_reason = str(data.get("reason", ""))
+            data = event.data
+            if data and isinstance(data, dict):  # a lifecycle event's placement: {} and None say nothing
+                attempt = data.get("attempt")
+                if isinstance(attempt, int):
+                    self.attempt = attempt
+                worker_id = data.get("worker_id", _ABSENT)
+                if worker_id is not _ABSENT:
+                    self.worker_id = worker_id
             if state in TERMINAL_STATES:
-                self.final = state
-                self._receipt = data.get("receipt")
+                self._end(state, data if isinstance(data, dict) else {})
         waker = self.waker  # as _changed(), inline: this runs for every event
         if waker is not None:
             self.waker = None
             waker.set()
         if self.on_change is not None:
             self.on_change()
+
+    def _end(self, state: PlanStateName, data: dict[str, Any]) -> None:
+        """The terminal event's outcome (``feed``)."""
+        if state == "succeeded":
+            self._result = data.get("result")
+        elif state == "failed":
+            self._failure = ErrorInfo(
+                code=str(data.get("code", codes.INTERNAL)),
+                message=str(data.get("message", "")),
+                detail=data.get("detail"),
+            )
+        else:
+            self._cancel_reason = str(data.get("reason", ""))
+        self.final = state
+        self._receipt = data.get("receipt")
 
     def resync(self, msg: Resync) -> None:
         """The coordinator no longer holds seqs ``first_seq..last_seq``: say so in the stream.

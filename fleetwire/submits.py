@@ -207,15 +207,14 @@ def batch(
         ValueError: an item encoded over ``max_inline_bytes`` (nothing is sent).
         TypeError: an item the encoding cannot carry.
     """
-    hints = RoutingHints()  # one for the batch, not a default_factory's per submit (encoded, never changed)
+    # One submit made with every option, the others copied from it (in C) with their own id, args and plan id:
+    # keyword matching and defaults (new empty lists, a RoutingHints) once per batch, not per plan.
+    template = Submit(req_id=0, op=op, requirements=requirements, priority=priority, timeout_s=timeout_s,
+                      max_attempts=max_attempts, subscribe=True)  # fmt: skip
+    new_id, replace = options.new_plan_id, msgspec.structs.replace
     req_ids = session.take_req_ids(len(items))
-    msgs = [
-        Submit(
-            req_id=req_id, op=op, args=item, requirements=requirements, priority=priority, timeout_s=timeout_s,
-            max_attempts=max_attempts, plan_id=plan_id or options.new_plan_id(), subscribe=True, hints=hints,
-        )
-        for req_id, item, plan_id in zip(req_ids, items, ids, strict=True)
-    ]
+    msgs = [replace(template, req_id=req_id, args=item, plan_id=plan_id or new_id())
+            for req_id, item, plan_id in zip(req_ids, items, ids, strict=True)]
     started = start_submit_spans(msgs)
     if started is not None and spans is not None:
         spans.extend(started)
@@ -264,7 +263,7 @@ class _Batch:
     The session resolves it with the reply itself (no ``on_reply``): a reply's ``req_id`` says its place.
     """
 
-    __slots__ = ("_accepted", "_at", "_requests", "future", "left", "plans", "refused", "refused_at")
+    __slots__ = ("_accepted", "_at", "_requests", "done", "future", "left", "plans", "refused", "refused_at")
 
     def __init__(self, requests: Sequence[Request], accepted: AcceptedHook, future: asyncio.Future[None]) -> None:
         self._accepted = accepted
@@ -275,6 +274,7 @@ class _Batch:
         else:
             self._at = {r.req_id: i for i, r in enumerate(requests)}
         self.future = future
+        self.done = future.done  # the Waiter's done(): the future's own (C) method, asked once per reply
         self.left = len(requests)
         self.plans: list[Plan | None] = [None] * len(requests)
         self.refused: RequestError | None = None
@@ -283,9 +283,6 @@ class _Batch:
     def _place(self, req_id: int) -> int:
         at = self._at
         return req_id - at if type(at) is int else at[req_id]  # type: ignore[operator, index]
-
-    def done(self) -> bool:
-        return self.future.done()
 
     def set_result(self, reply: Accepted, /) -> None:
         """An ``accepted``: its plan made now, in the reader, before the events that follow it."""

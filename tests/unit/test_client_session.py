@@ -387,3 +387,21 @@ def test_a_resubscription_the_coordinator_is_level_with_or_ahead_of_changes_noth
         stream, subscribe = _resubscribed(session)
         session.receive(Subscribed(req_id=subscribe.req_id, plan_ids=["p1"], last_seqs=last_seqs))
         assert [e.kind for e in stream.events] == ["leased"] and sent(session) == []
+
+
+def test_two_streams_of_one_plan_each_get_its_events_and_go_when_done() -> None:
+    """A plan watched twice: both streams take its events; one removed, the other goes on; an end drops it."""
+    session = ClientSession("msgpack")
+    first, second, third = (PlanStream("p1", live=True) for _ in range(3))
+    for stream in (first, second, third):
+        session.add_stream(stream)
+    session.receive_frame(frame(Event(plan_id="p1", kind="log", seq=1)))
+    session.remove_stream(first)
+    assert session.streams_of("p1") == [second, third]
+    session.receive_frame(frame(Event(plan_id="p1", kind="log", seq=2)))
+    session.remove_stream(third)
+    assert session.streams_of("p1") == [second]
+    session.receive_frame(frame(Event(plan_id="p1", kind="succeeded", data={"result": 5}, seq=3)))
+    assert [e.seq for e in first.events] == [1] and [e.seq for e in third.events] == [1, 2]
+    assert [e.seq for e in second.events] == [1, 2, 3] and second.outcome() == 5
+    assert session.streams_of("p1") == [] and "0 plans" in repr(session)
