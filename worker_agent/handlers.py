@@ -39,7 +39,7 @@ import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import msgspec
 import structlog
@@ -318,10 +318,42 @@ def _is_async_callable(fn: Any) -> bool:
     return found
 
 
+#: The attribute :func:`on_loop` sets on a handler.
+_ON_LOOP_MARK = "fleetwire_on_loop"
+
+_H = TypeVar("_H", bound=Handler)
+
+
+def on_loop(fn: _H) -> _H:
+    """Mark a plain-function handler as one that runs on the event loop, in the step that reads its ``assign``.
+
+    For handlers that return at once and never block (the built-in ``echo``): the plan gets no task and
+    no thread, and it ends (``accept``, its events, ``done``) before the worker reads its next message. It
+    cannot be cancelled, preempted or timed out while it runs (it has ended before any of those can come),
+    and structlog's context is not bound to the plan's ids: log through ``ctx.log``. A plan with inputs
+    or a sampled trace gets a task as any other, which calls it.
+
+    Raises:
+        TypeError: ``fn`` is an ``async def`` function (it would have to be awaited).
+    """
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(f"on_loop is for plain functions; {fn!r} is async (an async handler runs on the loop anyway)")
+    setattr(fn, _ON_LOOP_MARK, True)
+    return fn
+
+
+def runs_on_loop(fn: Any) -> bool:
+    """Whether ``fn`` is a handler marked :func:`on_loop`."""
+    return getattr(fn, _ON_LOOP_MARK, False) is True
+
+
 async def call_handler(fn: Handler, ctx: Context, args: Any) -> Any:
-    """Call a handler: await it if async, else run it in a thread. Returns its result."""
+    """Call a handler: await it if async, call it if it runs on the loop (:func:`on_loop`), else run it in a
+    thread. Returns its result."""
     if _is_async_callable(fn):
         result = await fn(ctx, args)
+    elif runs_on_loop(fn):
+        result = fn(ctx, args)
     else:
         result = await asyncio.to_thread(fn, ctx, args)
     if type(result) not in _NEVER_AWAITABLE and inspect.isawaitable(result):  # a sync one that returned a coroutine
@@ -365,24 +397,46 @@ async def run_handler(fn: Handler, ctx: Context, args: Any, *, timeout_s: float 
             return _handler_exception(ctx, exc)
         ctx.mark_cancelled()
         return _failed(ctx, errors.TIMEOUT, f"the plan did not finish within its timeout of {timeout_s:g} s")
-    except HandlerError as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit from a handler must not stop the worker
+        return _raised(ctx, exc)
+    finally:
+        ctx.close()
+    return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="succeeded", result=result)
+
+
+def run_on_loop(fn: Handler, ctx: Context, args: Any) -> protocol.Done:
+    """``run_handler`` for a handler that runs on the loop (:func:`on_loop`): called here, its ``done`` returned.
+
+    Never raises for anything the handler does; the outcomes are ``run_handler``'s.
+    """
+    try:
+        result = fn(ctx, args)
+        _check_payload("the result", result, ctx.max_payload_bytes)
+    except asyncio.CancelledError:
+        ctx.mark_cancelled()
+        return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="cancelled")
+    except (Exception, SystemExit) as exc:  # SystemExit from a handler must not stop the worker
+        return _raised(ctx, exc)
+    finally:
+        ctx.close()
+    return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="succeeded", result=result)
+
+
+def _raised(ctx: Context, exc: BaseException) -> protocol.Done:
+    """The ``done`` of a handler that raised ``exc`` (not cancelled, not its deadline)."""
+    if isinstance(exc, HandlerError):
         ctx.log.debug("handler failed", code=exc.code, message=exc.message)
         return _failed(ctx, exc.code, exc.message, exc.detail)
-    except SpoolError as exc:  # worker_disk_full while keeping an output
+    if isinstance(exc, SpoolError):  # worker_disk_full while keeping an output
         return _failed(ctx, exc.code, exc.message)
-    except PayloadTooLarge as exc:  # a result over the frame limit goes to the data plane as ``__result__``
-        if ctx.spill_result is None:
-            return _handler_exception(ctx, exc)
+    if isinstance(exc, PayloadTooLarge) and ctx.spill_result is not None:
+        # A result over the frame limit goes to the data plane as ``__result__``.
         try:
             spec = ctx.spill_result(exc.encoded)
         except SpoolError as err:
             return _failed(ctx, err.code, err.message)
         return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="succeeded", outputs=[spec])
-    except (Exception, SystemExit) as exc:  # SystemExit from a handler must not stop the worker
-        return _handler_exception(ctx, exc)
-    finally:
-        ctx.close()
-    return protocol.Done(plan_id=ctx.plan_id, attempt=ctx.attempt, outcome="succeeded", result=result)
+    return _handler_exception(ctx, exc)
 
 
 def _handler_exception(ctx: Context, exc: BaseException) -> protocol.Done:
@@ -395,8 +449,9 @@ def _handler_exception(ctx: Context, exc: BaseException) -> protocol.Done:
 # --------------------------------------------------------------------------- built-in ops
 
 
-async def echo(ctx: Context, args: Any) -> Any:
-    """Return ``args`` unchanged, after one ``echo`` event carrying them."""
+@on_loop
+def echo(ctx: Context, args: Any) -> Any:
+    """Return ``args`` unchanged, after one ``echo`` event carrying them (on the loop: :func:`on_loop`)."""
     ctx.emit("echo", args)
     return args
 
@@ -775,8 +830,11 @@ __all__ = [
     "echo",
     "load_handler_spec",
     "make_python_handler",
+    "on_loop",
     "resolve_callable",
     "run_handler",
+    "run_on_loop",
+    "runs_on_loop",
     "shell",
     "sleep",
 ]

@@ -24,7 +24,7 @@ import protocol
 from protocol import errors
 from protocol.relay import ARGS_INPUT, RESULT_OUTPUT
 from worker_agent.devices import DeviceAllocator, DeviceRequest
-from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handler
+from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handler, run_on_loop, runs_on_loop
 from worker_agent.isolation import PlanIsolation
 from worker_agent.plan_tracing import LiveSpan, Tracing, attempt_span, child_span
 from worker_agent.probe import LoadTracker
@@ -154,6 +154,8 @@ class PlanRunner:
         self._orphans: set[_PlanRun] = set()  # silenced plans whose tasks are still ending
         self._stopping = False
         self._draining = False
+        self._starting = False  # _start_waiting is starting plans (one that ends on the loop calls it again)
+        self._start_again = False
         self.devices = DeviceAllocator(())  # this worker's devices; the agent sets them with its capabilities
         self.tracing: Tracing | None = None  # where attempt, input and handler spans go (the agent sets it)
 
@@ -403,22 +405,36 @@ class PlanRunner:
         self._outbound.send(protocol.Reject(plan_id=assign.plan_id, attempt=assign.attempt, code=code, reason=reason))
 
     def _start_waiting(self) -> None:
-        """Start prefetched plans, oldest first, while slots are free (a plan whose devices are held waits on)."""
+        """Start prefetched plans, oldest first, while slots are free (a plan whose devices are held waits on).
+
+        A plan that runs on the loop ends inside ``_start`` and calls this again: that inner call only asks the
+        outer one for another pass (the devices it held may let a plan it passed over start now)."""
         if not self._waiting:  # the usual case, at every plan's end
             self.load.queued = 0
             return
-        for plan_id, assign in list(self._waiting.items()):
-            if len(self._plans) >= self.max_concurrency or self._stopping:
-                break
-            request = DeviceRequest.of(assign.resources)
-            if request is not None and not self.devices.can_allocate(request):
-                continue
-            del self._waiting[plan_id]
-            handler = self._handlers.get(assign.op)
-            if handler is None:  # removed since it was queued
-                self._reject(assign, errors.UNKNOWN_OP, f"worker {self.worker_id} has no handler for op {assign.op!r}")
-                continue
-            self._start(assign, handler)
+        if self._starting:
+            self._start_again = True
+            return
+        self._starting = True
+        try:
+            self._start_again = True
+            while self._start_again and self._waiting:
+                self._start_again = False
+                for plan_id, assign in list(self._waiting.items()):
+                    if len(self._plans) >= self.max_concurrency or self._stopping:
+                        break
+                    request = DeviceRequest.of(assign.resources)
+                    if request is not None and not self.devices.can_allocate(request):
+                        continue
+                    del self._waiting[plan_id]
+                    handler = self._handlers.get(assign.op)
+                    if handler is None:  # removed since it was queued
+                        reason = f"worker {self.worker_id} has no handler for op {assign.op!r}"
+                        self._reject(assign, errors.UNKNOWN_OP, reason)
+                        continue
+                    self._start(assign, handler)
+        finally:
+            self._starting = False
         self.load.queued = len(self._waiting)
 
     def _start(self, assign: protocol.Assign, handler: Handler) -> None:
@@ -457,14 +473,19 @@ class PlanRunner:
             run.ctx.gpus = [self.devices.gpus[i] for i in run.devices]
             run.ctx.devices = [gpu.visible_id or str(gpu.index) for gpu in run.ctx.gpus]
             run.ctx.cuda_visible_devices = ",".join(run.ctx.devices)
-        if not self._plans:  # the first running plan: no longer idle (set again when the last one ends)
-            self.idle.clear()
-        self._plans[run.plan_id] = run
+        on_loop = run.span is None and not assign.inputs and runs_on_loop(handler)
+        if not on_loop:  # (one that runs on the loop has ended before anyone could see it running)
+            if not self._plans:  # the first running plan: no longer idle (set again when the last one ends)
+                self.idle.clear()
+            self._plans[run.plan_id] = run
         self.load.started()
         # Keyed by attempt, as the devices: a superseded attempt still ending must not end this one's energy count.
         if run.devices or self.telemetry.timed:  # else nothing is noted per plan: not even its key is made
             self.telemetry.plan_started(run.key, self._physical(run) if run.devices else ())
         self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
+        if on_loop:  # no task, no thread: it runs and ends here (handlers.on_loop)
+            self._report(run, run_on_loop(handler, run.ctx, run.ctx.args), self._release(run))
+            return
         # The task keeps what it needs of the assign, not the assign (its lists go at once: less for the collector).
         run.task = loop.create_task(self._run_plan(run, handler, bool(assign.inputs), assign.timeout_s))
         run.task.add_done_callback(run.finished)
@@ -538,7 +559,8 @@ class PlanRunner:
             protocol.Event(plan_id=run.plan_id, kind=kind, data=data, attempt=run.attempt, ephemeral=ephemeral)
         )
 
-    def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
+    def _release(self, run: _PlanRun) -> protocol.Receipt | None:
+        """The plan's handler ended, however: its devices are free, its context closed; its receipt, if any."""
         if run.devices:  # however it ended: its processes are gone, its devices are free
             self.devices.release(run.key)
         run_s = asyncio.get_running_loop().time() - run.started_at
@@ -552,6 +574,10 @@ class PlanRunner:
         else:  # nothing measured and no tokens: no receipt (Telemetry.plan_finished would say None)
             receipt = None
         run.ctx.close()
+        return receipt
+
+    def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
+        receipt = self._release(run)
         self._orphans.discard(run)
         if self._plans.get(run.plan_id) is run:
             del self._plans[run.plan_id]
@@ -574,6 +600,10 @@ class PlanRunner:
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=info)
         else:
             done = task.result()
+        self._report(run, done, receipt)
+
+    def _report(self, run: _PlanRun, done: protocol.Done, receipt: protocol.Receipt | None) -> None:
+        """Send the ``done`` of a plan that ended (not silenced) and start what waits for its slot."""
         if run.stop_timer is not None:
             run.stop_timer.cancel()
             run.stop_timer = None
