@@ -45,7 +45,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import msgspec
@@ -155,7 +155,7 @@ done_event: Final[Callable[[Outcome], PlanEventName]] = _DONE_EVENTS.__getitem__
 """The table event for a worker's ``done`` with ``outcome`` (the dict's own lookup: no Python frame per plan)."""
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Plan:
     """One plan, from submit to its terminal state.
 
@@ -202,56 +202,167 @@ class Plan:
     max_attempts: int
     owner: str
     order: int
-    state: PlanStateName = "queued"
-    attempt: int = 0
-    worker_id: str | None = None
-    result: Any = None
-    error: ErrorInfo | None = None
-    events: list[Event] = field(default_factory=list)
-    next_seq: int = 1
-    waiting_reason: str | None = None
-    avoid: frozenset[str] = frozenset()
-    queued_at_s: float = 0.0
-    started_at_s: float | None = None
-    hints: RoutingHints = field(default_factory=RoutingHints)
-    retries: int = 0
-    retried: int = 0
-    free_attempts: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    worker_seq: tuple[int, int] = (0, 0)
-    held_bytes: int = 0
-    ended_at: float | None = None
-    inputs: list[InputSpec] = field(default_factory=list)  # uploaded to its worker (coordinator/data_plane.py)
-    outputs: list[str] = field(default_factory=list)  # output names the client declared
-    produced: list[OutputSpec] = field(default_factory=list)  # outputs its last attempt left on its worker
-    result_size: int = -1  # event_bytes(result), once known (a finished plan's; -1: not sized yet)
-    resources: Resources | None = None  # its device request, as submitted (None: none)
-    gpus: GpuNeed | None = None  # the devices it holds while leased (coordinator/devices.py)
-    projected: tuple[float, float] | None = None  # (J, gCO2e) placement projected at its last assign
-    receipt: Receipt | None = None  # a finished plan's energy and carbon, measured and projected
-    seq_recorded: int = 0  # next_seq as far as the store has it reserved (unrecorded events: coordinator/streams.py)
-    tally: OwnerTally | None = None  # its owner's counts by state, once a listing indexed it (operator_requests.py)
-    name: str | None = None  # its owner's id for it when that is not its key (PlanNames); None: the key
-    traceparent: str = ""  # its caller's W3C trace context, from its submit ("": none; protocol/tracecontext.py)
-    preemptible: bool = False  # it may be stopped and requeued for another team's plan (coordinator/sharing.py)
-    after: list[str] = field(default_factory=list)  # keys of plans that must succeed first (coordinator/plan_graphs.py)
-    deterministic: bool = True  # running it again gives the same outputs: a lost one may be made again
-    graphed: bool = False  # it has references or ``after``: the graph decides when it is queued
-    rebuild_of: str | None = None  # the key of the plan whose lost outputs it makes again (None: not a rebuild)
-    replicas: dict[str, int] = field(default_factory=dict)  # copies wanted of outputs, by name (submit.replicas)
-    replicating: bool = False  # its success is held until copies of its outputs exist (coordinator/plan_graphs.py)
+    state: PlanStateName
+    attempt: int
+    worker_id: str | None
+    result: Any
+    error: ErrorInfo | None
+    events: list[Event]
+    next_seq: int
+    waiting_reason: str | None
+    avoid: frozenset[str]
+    queued_at_s: float
+    started_at_s: float | None
+    hints: RoutingHints
+    retries: int
+    retried: int
+    free_attempts: int
+    history: list[dict[str, Any]]
+    worker_seq: tuple[int, int]
+    held_bytes: int
+    ended_at: float | None
+    inputs: list[InputSpec]  # uploaded to its worker (coordinator/data_plane.py)
+    outputs: list[str]  # output names the client declared
+    produced: list[OutputSpec]  # outputs its last attempt left on its worker
+    result_size: int  # event_bytes(result), once known (a finished plan's; -1: not sized yet)
+    resources: Resources | None  # its device request, as submitted (None: none)
+    gpus: GpuNeed | None  # the devices it holds while leased (coordinator/devices.py)
+    projected: tuple[float, float] | None  # (J, gCO2e) placement projected at its last assign
+    receipt: Receipt | None  # a finished plan's energy and carbon, measured and projected
+    seq_recorded: int  # next_seq as far as the store has it reserved (unrecorded events: coordinator/streams.py)
+    tally: OwnerTally | None  # its owner's counts by state, once a listing indexed it (operator_requests.py)
+    name: str | None  # its owner's id for it when that is not its key (PlanNames); None: the key
+    traceparent: str  # its caller's W3C trace context, from its submit ("": none; protocol/tracecontext.py)
+    preemptible: bool  # it may be stopped and requeued for another team's plan (coordinator/sharing.py)
+    after: list[str]  # keys of plans that must succeed first (coordinator/plan_graphs.py)
+    deterministic: bool  # running it again gives the same outputs: a lost one may be made again
+    graphed: bool  # it has references or ``after``: the graph decides when it is queued
+    rebuild_of: str | None  # the key of the plan whose lost outputs it makes again (None: not a rebuild)
+    replicas: dict[str, int]  # copies wanted of outputs, by name (submit.replicas)
+    replicating: bool  # its success is held until copies of its outputs exist (coordinator/plan_graphs.py)
     # Carbon time shifting (coordinator/carbon_holds.py): by when it must finish (Unix seconds; None: no deadline,
     # placed at once), how long it runs (0: its op's median), its submit time (Unix), whether it was ever held.
-    deadline_at: float | None = None
-    expected_run_s: float = 0.0
-    submitted_at: float | None = None
-    deferred: bool = False
-    deferred_until: float | None = None  # held now: the start its hold waits for (Unix); None: not held
+    deadline_at: float | None
+    expected_run_s: float
+    submitted_at: float | None
+    deferred: bool
+    deferred_until: float | None  # held now: the start its hold waits for (Unix); None: not held
+
+    def __init__(
+        self,
+        id: str,
+        op: str,
+        args: Any,
+        requirements: Requirements,
+        priority: int,
+        timeout_s: float | None,
+        max_attempts: int,
+        owner: str,
+        order: int,
+        state: PlanStateName = "queued",
+        attempt: int = 0,
+        worker_id: str | None = None,
+        result: Any = None,
+        error: ErrorInfo | None = None,
+        events: list[Event] | None = None,
+        next_seq: int = 1,
+        waiting_reason: str | None = None,
+        avoid: frozenset[str] = frozenset(),
+        queued_at_s: float = 0.0,
+        started_at_s: float | None = None,
+        hints: RoutingHints | None = None,
+        retries: int = 0,
+        retried: int = 0,
+        free_attempts: int = 0,
+        history: list[dict[str, Any]] | None = None,
+        worker_seq: tuple[int, int] = (0, 0),
+        held_bytes: int = 0,
+        ended_at: float | None = None,
+        inputs: list[InputSpec] | None = None,
+        outputs: list[str] | None = None,
+        produced: list[OutputSpec] | None = None,
+        result_size: int = -1,
+        resources: Resources | None = None,
+        gpus: GpuNeed | None = None,
+        projected: tuple[float, float] | None = None,
+        receipt: Receipt | None = None,
+        seq_recorded: int = 0,
+        tally: OwnerTally | None = None,
+        name: str | None = None,
+        traceparent: str = "",
+        preemptible: bool = False,
+        after: list[str] | None = None,
+        deterministic: bool = True,
+        graphed: bool = False,
+        rebuild_of: str | None = None,
+        replicas: dict[str, int] | None = None,
+        replicating: bool = False,
+        deadline_at: float | None = None,
+        expected_run_s: float = 0.0,
+        submitted_at: float | None = None,
+        deferred: bool = False,
+        deferred_until: float | None = None,
+    ) -> None:
+        """A plan with these fields; a field not given gets its default (a list, a dict or hints given as None: a
+        new empty one). Written out rather than made by ``dataclass``: compiled (setup.py), this ``__init__`` is
+        native, where the generated one runs interpreted, one call per plan with every field (issue #29)."""
+        self.id = id
+        self.op = op
+        self.args = args
+        self.requirements = requirements
+        self.priority = priority
+        self.timeout_s = timeout_s
+        self.max_attempts = max_attempts
+        self.owner = owner
+        self.order = order
+        self.state = state
+        self.attempt = attempt
+        self.worker_id = worker_id
+        self.result = result
+        self.error = error
+        self.events = [] if events is None else events
+        self.next_seq = next_seq
+        self.waiting_reason = waiting_reason
+        self.avoid = avoid
+        self.queued_at_s = queued_at_s
+        self.started_at_s = started_at_s
+        self.hints = RoutingHints() if hints is None else hints
+        self.retries = retries
+        self.retried = retried
+        self.free_attempts = free_attempts
+        self.history = [] if history is None else history
+        self.worker_seq = worker_seq
+        self.held_bytes = held_bytes
+        self.ended_at = ended_at
+        self.inputs = [] if inputs is None else inputs
+        self.outputs = [] if outputs is None else outputs
+        self.produced = [] if produced is None else produced
+        self.result_size = result_size
+        self.resources = resources
+        self.gpus = gpus
+        self.projected = projected
+        self.receipt = receipt
+        self.seq_recorded = seq_recorded
+        self.tally = tally
+        self.name = name
+        self.traceparent = traceparent
+        self.preemptible = preemptible
+        self.after = [] if after is None else after
+        self.deterministic = deterministic
+        self.graphed = graphed
+        self.rebuild_of = rebuild_of
+        self.replicas = {} if replicas is None else replicas
+        self.replicating = replicating
+        self.deadline_at = deadline_at
+        self.expected_run_s = expected_run_s
+        self.submitted_at = submitted_at
+        self.deferred = deferred
+        self.deferred_until = deferred_until
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
         """A new queued plan from a validated ``submit``."""
-        return cls(
+        return Plan(  # not ``cls``: compiled, a call of the class itself is a native call
             id=plan_id,
             op=msg.op,
             args=msg.args,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, get_args
 
@@ -46,6 +47,18 @@ def make_plan(state: PlanStateName = "queued", **kw: Any) -> Plan:
     plan = Plan(**fields)
     plan.state = state
     return plan
+
+
+def test_plan_init_sets_every_field_with_its_own_containers() -> None:
+    """Plan's written-out ``__init__`` sets every declared field, and each plan gets its own lists, dict and hints."""
+    first, second = make_plan(), make_plan()
+    given = {f.name: getattr(first, f.name) for f in dataclasses.fields(Plan)}  # AttributeError: a field left unset
+    again = Plan(**given)  # TypeError: a field the __init__ does not take
+    assert {name: getattr(again, name) for name in given} == given
+    for name in ("events", "history", "inputs", "outputs", "produced", "after", "replicas", "hints"):
+        assert getattr(first, name) is not getattr(second, name), name
+    defaults = (first.state, first.attempt, first.next_seq, first.result_size, first.deterministic)
+    assert defaults == ("queued", 0, 1, -1, True)
 
 
 # ---------------------------------------------------------------- transition table
