@@ -18,15 +18,16 @@ async def test_submit_follow_shows_the_receipt_and_plans_by_principal_sums_it(cl
     await cluster.coordinator()
     await cluster.worker("w1", "--power-watts", "40", "--carbon-zone", "FR")
 
+    # The two CLIs run side by side (each is mostly its process's start).
     submit = await cluster.run("submit", "echo", "--args", '{"n": 1}', "--follow")
+    submit_json = await cluster.run("submit", "echo", "--args", "2", "--follow", "--json")
     assert await submit.wait() == 0
     line = next(line for line in submit.lines if line.startswith("energy "))
     assert re.fullmatch(r"energy \d+\.\d J \(estimated\), [0-9.e-]+ gCO2e", line), line
     assert json.loads(submit.lines[-1]) == {"n": 1}  # the result stays the last line
 
-    submit = await cluster.run("submit", "echo", "--args", "2", "--follow", "--json")
-    assert await submit.wait() == 0
-    final = json.loads(submit.lines[-1])
+    assert await submit_json.wait() == 0
+    final = json.loads(submit_json.lines[-1])
     receipt = final["receipt"]
     assert final["state"] == "succeeded" and receipt["estimated"] is True and receipt["source"] == "power_model"
     assert receipt["intensity_g_per_kwh"] == 56.0  # FR in the built-in table
