@@ -70,8 +70,7 @@ async def test_coordinator_killed_with_200_plans_in_flight_loses_none(cluster: C
     """kill -9 of the coordinator mid-run and a restart on the same store: all 200 acknowledged plans end once."""
     coordinator = await cluster.coordinator(*FAST)
     port = cluster.url.rsplit(":", 1)[1]
-    for name in ("w1", "w2"):
-        await cluster.worker(name, *WORKER, "--max-concurrency", "40")
+    await asyncio.gather(*(cluster.worker(name, *WORKER, "--max-concurrency", "40") for name in ("w1", "w2")))
     async with client(cluster.url) as c:
         plans = await asyncio.gather(*(c.submit("sleep", {"seconds": 0.3}, plan_id=f"p{n}") for n in range(200)))
         streams = [asyncio.create_task(stream(plan, 60)) for plan in plans]
@@ -112,8 +111,8 @@ async def test_frozen_worker_is_fenced_and_the_newer_attempt_wins(cluster: Clust
 async def test_poison_plan_fails_after_three_attempts(cluster: Cluster) -> None:
     """A plan that kills every worker running it fails worker_lost after 3 attempts, losing 3 workers."""
     await cluster.coordinator(*FAST)
-    workers = [await cluster.worker(f"w{n}", *WORKER, "--python-allow", "tests.plan_functions:exit_process")
-               for n in (1, 2, 3)]  # fmt: skip
+    allow = ("--python-allow", "tests.plan_functions:exit_process")
+    workers = await asyncio.gather(*(cluster.worker(f"w{n}", *WORKER, *allow) for n in (1, 2, 3)))
     async with client(cluster.url) as c:
         plan = await c.submit("python", {"function": "tests.plan_functions:exit_process", "args": [13]},
                               plan_id="poison")  # os:_exit itself is a built-in: the python op refuses it
