@@ -80,16 +80,18 @@ class Plan:
         duplicate: ``submit`` found an existing plan with the given ``plan_id``.
     """
 
+    # Set on the few plans that have them; the class holds the defaults, so a plan of a large batch sets none.
+    uploads: Uploads | None = None
+    """Its inputs' uploads (fleetwire/data.py), when it was submitted with inputs."""
+    relay: bool = False
+    """Its inputs and outputs go through the coordinator (``submit(relay=True)``; fleetwire/relay.py)."""
+    _big_result: tuple[Any] | None = None  # a result fetched from the output ``__result__``
+
     def __init__(self, stream: PlanStream, client: PlanCanceller, *, duplicate: bool = False) -> None:
         self.id = stream.id
         self.duplicate = duplicate
         self._stream = stream
         self._client = client
-        self.uploads: Uploads | None = None
-        """Its inputs' uploads (fleetwire/data.py), when it was submitted with inputs."""
-        self.relay = False
-        """Its inputs and outputs go through the coordinator (``submit(relay=True)``; fleetwire/relay.py)."""
-        self._big_result: tuple[Any] | None = None  # a result fetched from the output ``__result__``
 
     def __repr__(self) -> str:
         return f"<Plan {self.id} {self.state or 'unknown'} seq={self.last_seq}>"

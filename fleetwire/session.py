@@ -41,8 +41,11 @@ Theory of operation:
 
 from __future__ import annotations
 
+import bisect
+import functools
 import itertools
 import logging
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol, assert_never
 
@@ -86,6 +89,11 @@ log = logging.getLogger("fleetwire.client")
 # Outgoing frames hold several messages only up to this size: well under the 1 MiB
 # frame limit a coordinator is likely to enforce (websockets' default).
 COALESCE_LIMIT_BYTES: Final = 256 * 2**10
+
+# A frame holds at most this many messages (each one is longer than 4 bytes): next_frame looks no further.
+_MOST_PER_FRAME: Final = COALESCE_LIMIT_BYTES // 4 + 1
+
+_REQ_ID_OF, _RAW_OF = operator.itemgetter(0), operator.itemgetter(1)  # of a ``(req_id, raw, own)``
 
 #: The wait before a request answered ``unavailable`` without ``retry_after_s`` is sent again.
 UNAVAILABLE_RETRY_S: Final = 1.0
@@ -230,10 +238,12 @@ class ClientSession:
     ) -> None:
         """Queue encoded requests ``(req_id, raw, own)`` of one kind, as :meth:`send_request` does each, all
         answered to one ``waiter`` (given each reply itself: ``Client.submit_many``'s batch)."""
-        pending, outbox = self._pending, self._outbox
-        for req_id, raw, _own in requests:
-            pending[req_id] = PendingRequest(request, expect, waiter, None, raw)
-            outbox.append(raw)
+        requests = list(requests)
+        raws = list(map(_RAW_OF, requests))
+        # Made and queued in C: no Python step per request.
+        made = map(functools.partial(PendingRequest, request, expect, waiter, None), raws)
+        self._pending.update(zip(map(_REQ_ID_OF, requests), made, strict=True))
+        self._outbox.extend(raws)
 
     def post(self, msg: Any) -> None:
         """Queue a message that expects no reply (the relay's ``data_*``); it is not re-sent after a reconnect.
@@ -382,9 +392,10 @@ class ClientSession:
                 )
             )
             return
-        if pending.request is Submit and pending.raw is not None and reply.state not in TERMINAL_STATES:
-            self._specs[reply.plan_id] = pending.raw  # kept until the plan ends (see Recovery)
-        pending.waiter.set_result(pending.on_reply(reply) if pending.on_reply else reply)
+        raw = pending.raw
+        if raw is not None and pending.request is Submit and reply.state not in TERMINAL_STATES:
+            self._specs[reply.plan_id] = raw  # kept until the plan ends (see Recovery)
+        pending.waiter.set_result(reply if pending.on_reply is None else pending.on_reply(reply))
 
     def _ended(self, plan_id: str) -> None:
         """The plan's terminal event came: its ended streams go, and so does its held submit."""
@@ -408,11 +419,9 @@ class ClientSession:
         outbox = self._outbox
         if not outbox or self.ended is not None:
             return None
-        count, size = 0, 0
-        for raw in outbox:
-            if count and size + len(raw) > COALESCE_LIMIT_BYTES:
-                break
-            count, size = count + 1, size + len(raw)
+        # As many as fit (their running total at most the limit), at least one: counted in C, not per message.
+        ends = list(itertools.accumulate(map(len, itertools.islice(outbox, _MOST_PER_FRAME))))
+        count = bisect.bisect_right(ends, COALESCE_LIMIT_BYTES) or 1
         if not self._posted:  # requests only (the hot path): as they were queued
             batch = outbox[:count]
         elif count == 1 and type(outbox[0]) is not msgspec.Raw:

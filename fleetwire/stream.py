@@ -194,13 +194,13 @@ class PlanStream:
 
     def feed(self, event: Event) -> None:
         """Take one event of this plan (dropped when not live, ended, or already held)."""
-        if not self.live or self.final is not None:
+        if self.final is not None or not self.live:
             return
         seq = event.seq
-        if seq:
-            if seq <= self.last_seq:
-                return  # a replay of an event this stream already holds
+        if seq > self.last_seq:
             self.last_seq = seq
+        elif seq:
+            return  # a replay of an event this stream already holds (seq 0: an unnumbered one, taken)
         self.events.append(event)
         state = _STATE_OF_KIND.get(event.kind)
         if state is not None:

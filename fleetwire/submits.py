@@ -24,6 +24,7 @@ Rules (docs/PROTOCOL.md §Client session):
 from __future__ import annotations
 
 import asyncio
+import itertools
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -52,7 +53,7 @@ class Request(NamedTuple):
     own: bool
 
 
-_REQ_ID = operator.itemgetter(0)  # a Request's req_id
+_REQ_ID, _OWN = operator.itemgetter(0), operator.itemgetter(2)  # of a Request
 
 
 class AcceptedHook(Protocol):
@@ -223,9 +224,9 @@ def batch(
         index, size = next((i, len(raw)) for i, raw in enumerate(raws) if len(raw) > max_inline_bytes)
         raise ValueError(f"args[{index}] is {size} bytes encoded, over max_inline_bytes ({max_inline_bytes}); "
                          "submit it with submit(), which moves large args to the data plane")
-    new = tuple.__new__  # a Request made in C: NamedTuple's own __new__ is a Python call per plan
-    return [new(Request, (req_id, raw, plan_id is None))
-            for req_id, raw, plan_id in zip(req_ids, raws, ids, strict=True)]
+    # Requests made in C (NamedTuple's own __new__ is a Python call): (req_id, raw, own: plan_id is None)
+    return list(map(tuple.__new__, itertools.repeat(Request),
+                    zip(req_ids, raws, map(operator.is_, ids, itertools.repeat(None)), strict=True)))
 
 
 async def await_accepted(
@@ -263,16 +264,15 @@ class _Batch:
     The session resolves it with the reply itself (no ``on_reply``): a reply's ``req_id`` says its place.
     """
 
-    __slots__ = ("_accepted", "_at", "_requests", "done", "future", "left", "plans", "refused", "refused_at")
+    __slots__ = ("_accepted", "_first", "_own", "_places", "done", "future", "left", "plans", "refused", "refused_at")
 
     def __init__(self, requests: Sequence[Request], accepted: AcceptedHook, future: asyncio.Future[None]) -> None:
         self._accepted = accepted
-        self._requests = requests
-        first = requests[0].req_id
-        if list(map(_REQ_ID, requests)) == list(range(first, first + len(requests))):
-            self._at: dict[int, int] | int = first  # consecutive ids (a batch's): the place is req_id - first
-        else:
-            self._at = {r.req_id: i for i, r in enumerate(requests)}
+        self._own = list(map(_OWN, requests))
+        first = self._first = requests[0].req_id
+        self._places: dict[int, int] | None = None  # None: consecutive ids (a batch's), placed at req_id - first
+        if list(map(_REQ_ID, requests)) != list(range(first, first + len(requests))):
+            self._places = {r.req_id: i for i, r in enumerate(requests)}
         self.future = future
         self.done = future.done  # the Waiter's done(): the future's own (C) method, asked once per reply
         self.left = len(requests)
@@ -281,14 +281,12 @@ class _Batch:
         self.refused_at = len(requests)
 
     def _place(self, req_id: int) -> int:
-        at = self._at
-        return req_id - at if type(at) is int else at[req_id]  # type: ignore[operator, index]
+        return req_id - self._first if self._places is None else self._places[req_id]
 
     def set_result(self, reply: Accepted, /) -> None:
         """An ``accepted``: its plan made now, in the reader, before the events that follow it."""
-        at = self._at
-        place = reply.req_id - at if type(at) is int else at[reply.req_id]  # type: ignore[operator, index]
-        self.plans[place] = self._accepted(self._requests[place][2], reply)  # [2]: own
+        place = reply.req_id - self._first if self._places is None else self._places[reply.req_id]
+        self.plans[place] = self._accepted(self._own[place], reply)
         self.left -= 1
         if not self.left:
             self.future.set_result(None)
