@@ -281,7 +281,12 @@ class Coordinator:
         if session is None or session.closing:
             return
         self.streams.now = self.sharing.now = now
-        if isinstance(msg, DecodeFailure):
+        kind = type(msg)  # the exact kinds first: a failed isinstance on a Struct costs more than a set test
+        if kind in _WORKER_KINDS and session.role == "worker":
+            self.workers.on_message(session, msg, now)  # type: ignore[arg-type]  # a FromWorker: mypy reads no set test
+        elif kind in _CLIENT_KINDS and session.role == "client":
+            self.clients.on_message(session, msg, now)  # type: ignore[arg-type]  # a FromClient, as above
+        elif isinstance(msg, DecodeFailure):
             if msg.code == errors.UNKNOWN_TYPE and scopes.foreign_type(session.role, msg.type):
                 self.outbox.forbid(session, f"a {session.role} session may not send {msg.type!r}", "foreign_type")
             else:

@@ -218,13 +218,14 @@ class Recovery:
         if seq > self._acked.get(conn_id, 0):
             self._acked[conn_id] = self._ack_due[conn_id] = seq
         plan = self._plans.get(msg.plan_id)
-        if plan is None or plan.worker_id != worker_id or plan.attempt != msg.attempt:
+        leased = msg.attempt  # read once: on a union of Structs each read is a generic attribute lookup
+        if plan is None or plan.worker_id != worker_id or plan.attempt != leased:
             return False  # not this worker's current lease: the core answers stale_lease
         attempt, applied = plan.worker_seq
-        if attempt == msg.attempt and seq <= applied:
+        if attempt == leased and seq <= applied:
             self._counters["duplicates_dropped"] += 1
             return True
-        plan.worker_seq = (msg.attempt, seq)
+        plan.worker_seq = (leased, seq)
         return False
 
     # ------------------------------------------------------------------ restart

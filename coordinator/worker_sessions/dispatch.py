@@ -122,19 +122,29 @@ class WorkerSessions:
 
     def on_message(self, s: Session, msg: FromWorker, now: float) -> None:
         """One message from a worker session."""
+        # A plan's own three messages are told apart by their exact type first: compiled (setup.py), each
+        # isinstance test that fails on a msgspec Struct takes the metaclass's slow path (~600 instructions).
+        if type(msg) is Done:
+            if (worker_id := self._fresh(s, msg)) is not None:
+                self.leases.done(s, worker_id, msg, now)
+            return
+        if type(msg) is Accept:
+            if (worker_id := self._fresh(s, msg)) is not None:
+                self.leases.accept(s, worker_id, msg, now)
+            return
+        if type(msg) is Event:
+            if (worker_id := self._fresh(s, msg)) is not None:
+                self.leases.event(s, worker_id, msg, now)
+            return
         if isinstance(msg, Hello):
             self.registration.hello(s, msg, now)
             return
-        worker_id = s.worker_id
-        if worker_id is None or self._state.registry.record_of(worker_id) is None:
-            what = type(msg).__name__.lower()
-            self._outbox.protocol_error(
-                s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id"
-            )
+        worker_id = self._registered(s, msg)
+        if worker_id is None:
             return
         if isinstance(msg, NUMBERED) and self._recovery.duplicate(s.conn_id, worker_id, msg):
             return  # a re-send of a message already applied (after a reconnect): acked, not applied twice
-        match msg:  # the per-plan messages first: each case is an isinstance test
+        match msg:  # each case is an isinstance test (a subclass of the three above comes here too)
             case Done():
                 self.leases.done(s, worker_id, msg, now)
             case Accept():
@@ -155,6 +165,25 @@ class WorkerSessions:
                     self._relay.open_pull(s, msg)
             case _:
                 assert_never(msg)
+
+    def _registered(self, s: Session, msg: FromWorker) -> str | None:
+        """The session's worker id; None, with a ``not_registered`` error sent, before its ``hello``."""
+        worker_id = s.worker_id
+        if worker_id is None or self._state.registry.record_of(worker_id) is None:
+            what = type(msg).__name__.lower()
+            self._outbox.protocol_error(
+                s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id"
+            )
+            return None
+        return worker_id
+
+    def _fresh(self, s: Session, msg: Done | Accept | Event) -> str | None:
+        """The session's worker id for a numbered message to apply; None before ``hello`` (answered
+        ``not_registered``) or for a re-send of a message already applied (after a reconnect: acked only)."""
+        worker_id = self._registered(s, msg)
+        if worker_id is None or self._recovery.duplicate(s.conn_id, worker_id, msg):
+            return None
+        return worker_id
 
     def remove(self, worker_id: str, now: float) -> None:
         """An operator removed the worker for good (``remove_worker``; coordinator/worker_sessions/registration.py)."""

@@ -206,13 +206,24 @@ def test_registration_is_logged_with_worker_id(h: Harness) -> None:
     ]
 
 
-def test_message_before_hello_is_not_registered(h: Harness) -> None:
-    """Any worker message before hello is answered with error not_registered."""
+@pytest.mark.parametrize(
+    "msg",
+    [
+        Heartbeat(load=Load()),
+        Accept(plan_id="p1", attempt=1, seq=1),
+        Event(plan_id="p1", attempt=1, kind="k", data=None, seq=1),
+        Done(plan_id="p1", attempt=1, outcome="succeeded", seq=1),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_message_before_hello_is_not_registered(h: Harness, msg: Heartbeat | Accept | Event | Done) -> None:
+    """Any worker message before hello, a plan's own included, is answered with error not_registered."""
     conn = 99
     h.core.open_session(conn, "worker", 0.0)
-    h.send(conn, Heartbeat(load=Load()))
+    h.send(conn, msg)
     error = only(h.take(conn), Error)
     assert error.code == errors.NOT_REGISTERED
+    assert type(msg).__name__.lower() in error.message
 
 
 def test_second_hello_is_already_registered(h: Harness) -> None:
