@@ -29,14 +29,16 @@ MYPY = "mypy>=1.11"
 #: Set by tools/build_compiled.py, which builds in place in a copy of the tree, never in the checkout.
 INPLACE_OK = "FLEETWIRE_MYPYC_INPLACE"
 #: The modules compiled: those the core runs for every plan (``python bench/core_per_plan.py --profile``:
-#: each is called at least once per no-op plan). The rest of the core is seldom on that path and stays
-#: pure, and so does ``coordinator/records.py``, a per-plan module (compiled, its msgspec Structs'
-#: annotations read as ``type``, and the store's decoder then refuses every optional field; its journal,
-#: which is per-plan, is journal.py). ``coordinator/mypyc_compat.py`` is never compiled.
+#: each is called at least once per no-op plan), and those whose objects it reads on every plan (``sessions``,
+#: ``state``: compiled, their classes are native, and a field read is a C struct read, not an attribute
+#: lookup). The rest of the core is seldom on that path and stays pure, and so does ``coordinator/records.py``,
+#: a per-plan module (compiled, its msgspec Structs' annotations read as ``type``, and the store's decoder then
+#: refuses every optional field; its journal, which is per-plan, is journal.py). ``coordinator/mypyc_compat.py``
+#: is never compiled.
 COMPILED = tuple(f"coordinator/{name}.py" for name in (
     "capacity", "carbon_holds", "client_session", "core", "effects", "journal", "ledger", "limits", "plan_graphs",
-    "plans", "recovery", "registry", "retention", "scheduling", "sharing", "stats", "streams", "teams",
-    "workers", "graphs/graph", "placement/fair_queue", "placement/fairshare", "placement/placer",
+    "plans", "recovery", "registry", "retention", "scheduling", "sessions", "sharing", "state", "stats", "streams",
+    "teams", "workers", "graphs/graph", "placement/fair_queue", "placement/fairshare", "placement/placer",
     "placement/plan_queue", "placement/shares", "worker_sessions/dispatch", "worker_sessions/leases",
 ))
 
