@@ -19,30 +19,33 @@ from fleetwire.data import Grant, OutputMismatch
 from fleetwire.direct import DirectTransport
 from fleetwire.inputs import InputSource
 from tests.e2e.conftest import CLIENT_TOKEN, Cluster
+from tests.e2e.module_fleet import ON_THE_FLEETS_LOOP, module_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 SIZE = 3 << 20  # 3 MiB
 
+# The tests that only move their own plans' bytes share one coordinator and worker (tests/e2e/module_fleet.py).
+fleet = module_fleet("--allow-shell", "--data-listen", "127.0.0.1:0")
 
-async def test_cli_input_file_shell_output_fetched(cluster: Cluster, tmp_path: Path) -> None:
+
+@ON_THE_FLEETS_LOOP
+async def test_cli_input_file_shell_output_fetched(fleet: Cluster, tmp_path: Path) -> None:
     """submit --input name=@file: the shell handler reads it from $FLEETWIRE_INPUT_DATA and its output file
     comes back with `fleetwire output`."""
-    await cluster.coordinator()
-    await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0")
     source = tmp_path / "input.bin"
     data = os.urandom(SIZE)
     source.write_bytes(data)
     cmd = 'sha256sum "$FLEETWIRE_INPUT_DATA" | cut -c1-64 > "$FLEETWIRE_OUTPUT_DIR/sum"'
     args = json.dumps({"cmd": cmd, "outputs": {"sum": "sum"}})
-    submit = await cluster.run("submit", "shell", "--args", args, "--input", f"data=@{source}", "--follow", "--json")
+    submit = await fleet.run("submit", "shell", "--args", args, "--input", f"data=@{source}", "--follow", "--json")
     assert await submit.wait(60) == 0, submit.lines
     events = [json.loads(line) for line in submit.lines]
     received = [e for e in events if e.get("kind") == "input_received"]
     assert received and received[0]["data"]["size"] == SIZE
     plan_id = events[0]["plan_id"]
     out = tmp_path / "sum.txt"
-    fetch = await cluster.run("output", plan_id, "sum", "-o", str(out))
+    fetch = await fleet.run("output", plan_id, "sum", "-o", str(out))
     assert await fetch.wait(30) == 0
     assert out.read_text().strip() == hashlib.sha256(data).hexdigest()
 
@@ -142,38 +145,36 @@ def _sync_round_trip(url: str, source: Path, target: Path, relay: bool) -> dict[
 
 
 @pytest.mark.parametrize("relay", [False, True])
-async def test_sync_client_moves_inputs_and_outputs(cluster: Cluster, tmp_path: Path, relay: bool) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_sync_client_moves_inputs_and_outputs(fleet: Cluster, tmp_path: Path, relay: bool) -> None:
     """SyncClient has the data plane too, direct and relayed: an input file in, an output back three ways."""
-    await cluster.coordinator()
-    await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0")
     source, target = tmp_path / "input.bin", tmp_path / "copy.bin"
     data = os.urandom(SIZE)
     source.write_bytes(data)
-    got = await asyncio.to_thread(_sync_round_trip, cluster.url, source, target, relay)
+    got = await asyncio.to_thread(_sync_round_trip, fleet.url, source, target, relay)
     assert got["output"] == data and got["chunks"] == data
     assert got["output_to"] == target and target.read_bytes() == data
 
 
-async def test_cli_input_from_stdin(cluster: Cluster, tmp_path: Path) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_cli_input_from_stdin(fleet: Cluster, tmp_path: Path) -> None:
     """`submit --input data=-` reads the input from stdin (a pipe: copied aside while hashed, so a retry could
     upload it again); the shell handler gets it whole; `output PLAN NAME` without -o writes it to stdout."""
-    await cluster.coordinator()
-    await cluster.worker("w1", "--allow-shell", "--data-listen", "127.0.0.1:0")
     data = os.urandom(SIZE)
     args = json.dumps({"cmd": 'cp "$FLEETWIRE_INPUT_DATA" "$FLEETWIRE_OUTPUT_DIR/copy"', "outputs": {"copy": "copy"}})
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "fleetwire", "submit", "shell", "--args", args, "--input", "data=-", "--json",
-        "--follow", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=cluster.env(),
+        "--follow", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=fleet.env(),
     )
     out, _ = await asyncio.wait_for(proc.communicate(data), 60)
     assert proc.returncode == 0, out[-500:]
     plan_id = json.loads(out.splitlines()[0])["plan_id"]
     copy = tmp_path / "copy.bin"
-    fetch = await cluster.run("output", plan_id, "copy", "-o", str(copy))
+    fetch = await fleet.run("output", plan_id, "copy", "-o", str(copy))
     assert await fetch.wait(30) == 0
     assert copy.read_bytes() == data
     to_stdout = await asyncio.create_subprocess_exec(  # no -o: the bytes on stdout, as they are
-        sys.executable, "-m", "fleetwire", "output", plan_id, "copy", stdout=asyncio.subprocess.PIPE, env=cluster.env(),
+        sys.executable, "-m", "fleetwire", "output", plan_id, "copy", stdout=asyncio.subprocess.PIPE, env=fleet.env(),
     )
     out, _ = await asyncio.wait_for(to_stdout.communicate(), 60)
     assert to_stdout.returncode == 0 and out == data
