@@ -10,8 +10,13 @@ import sys
 import pytest
 
 from tests.e2e.conftest import ADMIN_TOKEN, ROOT, Cluster
+from tests.e2e.module_fleet import ON_THE_FLEETS_LOOP, module_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# One coordinator and worker w1 for the Ctrl-C and op-hint tests (tests/e2e/module_fleet.py): each looks only
+# at its own plan (the first leaves its plan running, in one of w1's 4 slots).
+fleet = module_fleet()
 
 
 class Cli:
@@ -60,11 +65,10 @@ async def _run(cluster: Cluster, *args: str, **env: str) -> tuple[int, str, str]
     return await (await _cli(cluster, *args, **env)).finish()
 
 
-async def test_ctrl_c_during_submit_follow_says_the_plan_keeps_running(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_ctrl_c_during_submit_follow_says_the_plan_keeps_running(fleet: Cluster) -> None:
     """SIGINT during `submit --follow`: exit 130, the exact watch/cancel commands printed, the plan still runs."""
-    await cluster.coordinator()
-    await cluster.worker("w1")
-    submit = await _cli(cluster, "submit", "sleep", "--args", '{"seconds": 60}', "--follow")
+    submit = await _cli(fleet, "submit", "sleep", "--args", '{"seconds": 60}', "--follow")
     assert submit.proc.stdout is not None
     first = (await asyncio.wait_for(submit.proc.stdout.readline(), 30)).decode()
     plan_id = first.split()[1]
@@ -76,15 +80,14 @@ async def test_ctrl_c_during_submit_follow_says_the_plan_keeps_running(cluster: 
     assert f"plan {plan_id} keeps running" in err
     assert f"fleetwire watch {plan_id}" in err and f"fleetwire cancel {plan_id}" in err
     assert "Traceback" not in err
-    rc, out, _ = await _run(cluster, "plans", "--json", FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN)
+    rc, out, _ = await _run(fleet, "plans", "--json", FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN)
     assert {p["id"]: p["state"] for p in json.loads(out)["plans"]}[plan_id] == "running"
 
 
-async def test_ctrl_c_with_cancel_on_interrupt_cancels_the_plan(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_ctrl_c_with_cancel_on_interrupt_cancels_the_plan(fleet: Cluster) -> None:
     """SIGINT during `submit --cancel-on-interrupt`: the plan ends cancelled, exit 130."""
-    await cluster.coordinator()
-    await cluster.worker("w1")
-    submit = await _cli(cluster, "submit", "sleep", "--args", '{"seconds": 60}', "--follow", "--cancel-on-interrupt")
+    submit = await _cli(fleet, "submit", "sleep", "--args", '{"seconds": 60}', "--follow", "--cancel-on-interrupt")
     assert submit.proc.stdout is not None
     plan_id = (await asyncio.wait_for(submit.proc.stdout.readline(), 30)).decode().split()[1]
     while b"] running" not in await asyncio.wait_for(submit.proc.stdout.readline(), 30):
@@ -93,16 +96,15 @@ async def test_ctrl_c_with_cancel_on_interrupt_cancels_the_plan(cluster: Cluster
     rc, _, err = await submit.finish()
     assert rc == 130, err
     assert f"plan {plan_id} cancelled" in err
-    rc, out, _ = await _run(cluster, "plans", "--json", FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN)
+    rc, out, _ = await _run(fleet, "plans", "--json", FLEETWIRE_ADMIN_TOKEN=ADMIN_TOKEN)
     assert {p["id"]: p["state"] for p in json.loads(out)["plans"]}[plan_id] == "cancelled"
 
 
-async def test_typo_op_names_the_offered_ops_and_the_closest(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_typo_op_names_the_offered_ops_and_the_closest(fleet: Cluster) -> None:
     """`submit ecoh`: stderr lists the ops the workers offer and suggests 'echo'; `shell` mentions --allow-shell."""
-    await cluster.coordinator()
-    await cluster.worker("w1")
-    submit = await _cli(cluster, "submit", "ecoh", "--cancel-on-interrupt")
-    shell = await _cli(cluster, "submit", "shell", "--args", '{"cmd": "true"}', "--cancel-on-interrupt")  # beside it
+    submit = await _cli(fleet, "submit", "ecoh", "--cancel-on-interrupt")
+    shell = await _cli(fleet, "submit", "shell", "--args", '{"cmd": "true"}', "--cancel-on-interrupt")  # beside it
     await submit.stderr_has("did you mean 'echo'?")
     assert any("they offer:" in line and "echo" in line and "sleep" in line for line in submit.err)
     submit.proc.send_signal(signal.SIGINT)
