@@ -40,7 +40,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol, cast
 
 from coordinator.devices import GpuNeed, largest_free, matching
 from coordinator.shards import POOL_TAG, pool_of
@@ -99,6 +99,10 @@ class GroupOrder(Protocol):
         """The queue is empty and keeps its plans without the order again: forget every group."""
 
 
+_new_tuple: Final = cast("Callable[[type[Signature], tuple[Any, ...]], Signature]", tuple.__new__)
+"""``tuple.__new__``: a :class:`Signature` made from its fields in order, without its Python ``__new__``."""
+
+
 class Signature(NamedTuple):
     """What a worker must have to run any plan of a group."""
 
@@ -117,7 +121,9 @@ class Signature(NamedTuple):
     ) -> Signature:
         """The signature of a plan with this op, requirements, avoided workers and device need."""
         tags = requirements.tags
-        return cls(  # positional, in the field order: this runs at every enqueue
+        # tuple.__new__ with the fields in their order: this runs at every enqueue, and the NamedTuple's own
+        # __new__ is a Python function (interpreted even in the compiled core: ~2,800 instructions a call).
+        return _new_tuple(cls, (
             op,
             tuple(sorted(set(tags))) if tags else (),  # the usual plan asks for no tag
             requirements.accelerator,
@@ -126,7 +132,7 @@ class Signature(NamedTuple):
             requirements.python_env,
             tuple(sorted(set(avoid))) if avoid else (),  # the usual plan avoids nobody
             gpus,
-        )
+        ))
 
     def avoiding(self, avoid: Iterable[str]) -> Signature:
         """This signature with ``avoid`` as the workers it avoids (sorted, without repeats)."""

@@ -9,6 +9,7 @@ from typing import Any, get_args
 import msgspec
 import pytest
 
+from coordinator.devices import GpuNeed
 from coordinator.errors import CoordinatorError, InvalidTransition, PlanNotFound, UnknownWorker
 from coordinator.placement.plan_queue import PlanQueue, Signature, explain_wait
 from coordinator.plans import (
@@ -270,6 +271,16 @@ def test_signature_normalises_tags() -> None:
     a = Signature.of("echo", Requirements(tags=["b", "a", "a"]))
     b = Signature.of("echo", Requirements(tags=["a", "b"]))
     assert a == b and a.tags == ("a", "b")
+
+
+def test_signature_of_sets_each_field_by_name() -> None:
+    """Signature.of (built without the NamedTuple's __new__) gives each requirement its named field."""
+    gpus = GpuNeed(count=1)
+    needs = Requirements(tags=["t"], accelerator="gpu", model="m", min_gpu_memory_bytes=5, python_env="env")
+    sig = Signature.of("echo", needs, avoid=["w2", "w1", "w2"], gpus=gpus)
+    assert type(sig) is Signature
+    assert sig == Signature(op="echo", tags=("t",), accelerator="gpu", model="m", min_gpu_memory_bytes=5,
+                            python_env="env", avoid=("w1", "w2"), gpus=gpus)
 
 
 def test_queue_orders_by_priority_then_age() -> None:
