@@ -8,8 +8,13 @@ import signal
 import pytest
 
 from tests.e2e.conftest import Cluster
+from tests.e2e.module_fleet import ON_THE_FLEETS_LOOP, module_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+# One coordinator and worker w1 for the cancel and failed-plan tests (tests/e2e/module_fleet.py): each looks
+# only at its own plan.
+fleet = module_fleet("--allow-shell")
 
 
 async def test_up_submit_follow_workers(cluster: Cluster) -> None:
@@ -39,23 +44,21 @@ async def test_up_submit_follow_workers(cluster: Cluster) -> None:
     assert await up.wait(30) == 0
 
 
-async def test_submit_then_cancel(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_submit_then_cancel(fleet: Cluster) -> None:
     """A long plan cancelled from another process ends cancelled; submit exits 3, cancel exits 0."""
-    await cluster.coordinator()
-    await cluster.worker("w1")
-    submit = await cluster.run("submit", "sleep", "--args", '{"seconds": 30}')
+    submit = await fleet.run("submit", "sleep", "--args", '{"seconds": 30}')
     plan_id = (await submit.wait_for_line(r"plan (\S+) submitted")).group(1)
-    cancel = await cluster.run("cancel", plan_id)
+    cancel = await fleet.run("cancel", plan_id)
     assert await cancel.wait() == 0
     assert cancel.lines == [f"plan {plan_id} cancelled"]
     assert await submit.wait() == 3
 
 
-async def test_failed_plan_exit_status_and_json(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_failed_plan_exit_status_and_json(fleet: Cluster) -> None:
     """A shell plan exiting non-zero streams its stdout, fails with handler_error, and submit exits 1."""
-    await cluster.coordinator()
-    await cluster.worker("w1", "--allow-shell")
-    submit = await cluster.run("submit", "shell", "--args", '{"cmd": "echo hi; exit 3"}', "--follow", "--json")
+    submit = await fleet.run("submit", "shell", "--args", '{"cmd": "echo hi; exit 3"}', "--follow", "--json")
     assert await submit.wait() == 1
     lines = [json.loads(line) for line in submit.lines]
     assert any(line.get("kind") == "stdout" and line.get("data") == "hi" for line in lines)
@@ -64,14 +67,15 @@ async def test_failed_plan_exit_status_and_json(cluster: Cluster) -> None:
 
 async def test_kill_9_worker_plan_completes_elsewhere(cluster: Cluster) -> None:
     """kill -9 of the worker running a plan: it stops being alive, the plan is requeued and finishes on another."""
-    await cluster.coordinator("--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.2")
+    await cluster.coordinator("--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.2",
+                              "--worker-reconnect-grace-s", "1")  # fmt: skip
     doomed = await cluster.worker("doomed", "--max-concurrency", "1")
     submit = await cluster.run("submit", "sleep", "--args", '{"seconds": 1}', "--follow", "--json")
     running = await submit.wait_for_line(r'"kind":"running"')
     assert '"worker_id":"doomed"' in running.string
-    await cluster.worker("survivor", "--max-concurrency", "1")
-
+    # Killed before the survivor starts: on a loaded machine that start outlasted the 1 s plan (it succeeded).
     doomed.stop(signal.SIGKILL)
+    await cluster.worker("survivor", "--max-concurrency", "1")
     requeued = json.loads((await submit.wait_for_line(r'"kind":"requeued"')).string)
     assert requeued["data"]["attempt"] == 2
     workers = await cluster.run("workers", "--json")
