@@ -149,15 +149,15 @@ class Streams:
         elif plan.next_seq > plan.seq_recorded:  # past what the store has reserved: reserve the next run
             plan.seq_recorded = plan.next_seq + UNRECORDED_SEQ_RESERVE
             self._journal.touched(plan)
-        send = self._outbox.send
+        outbox = self._outbox  # not its bound send: compiled (setup.py), outbox.send(...) is a direct call
         followers = self._subscriptions.by_plan.get(plan.id, ())  # Subscriptions.followers, inlined
         if plan.name is None:
             for conn_id in followers:
-                send(conn_id, event)
+                outbox.send(conn_id, event)
         else:  # its owner's sessions know it by its name (module docstring)
             named = msgspec.structs.replace(event, plan_id=plan.name)
             for conn_id in followers:
-                send(conn_id, event if self._by_key(conn_id) else named)
+                outbox.send(conn_id, event if self._by_key(conn_id) else named)
         if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
             self._quota.release(plan.owner, plan.id)
             plan.drop_ephemeral()  # a finished plan keeps its durable events only; a replay resyncs the rest
