@@ -14,11 +14,16 @@ import pytest
 
 from fleetwire import Client, PlanCancelled
 from tests.e2e.conftest import CLIENT_TOKEN, ROOT, Cluster
+from tests.e2e.module_fleet import ON_THE_FLEETS_LOOP, module_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 DATA = ("--allow-shell", "--data-listen", "127.0.0.1:0")
 MIB = 1 << 20
+
+# One coordinator and worker w1 (DATA) for the tests that look only at their own plans and kill nothing
+# (tests/e2e/module_fleet.py); the others start a fleet of their own.
+fleet = module_fleet(*DATA)
 
 
 def _metric(cluster: Cluster, name: str) -> float:
@@ -32,12 +37,11 @@ def _sha_cmd(name: str) -> str:
     return f'sha256sum "$FLEETWIRE_INPUT_{name.upper()}" | cut -c1-64 > "$FLEETWIRE_OUTPUT_DIR/sum"'
 
 
-async def test_the_pipeline_example_runs(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_the_pipeline_example_runs(fleet: Cluster) -> None:
     """examples/pipeline.py: the second plan sums the first one's output, an order is kept, and a consumer of a
     failing plan fails upstream_failed."""
-    await cluster.coordinator()
-    await cluster.worker("w1", *DATA)
-    proc = await cluster.script(ROOT / "examples" / "pipeline.py")
+    proc = await fleet.script(ROOT / "examples" / "pipeline.py")
     assert await proc.wait(90) == 0, proc.lines
     out = "\n".join(proc.lines)
     assert "sum: 500500" in out and "failed: upstream_failed" in out, out
@@ -91,15 +95,14 @@ async def test_b_on_the_output_of_a_worker_without_a_data_endpoint_gets_it_throu
         assert (await b.output("sum")).decode().strip() == expected
 
 
-async def test_b_on_a_failing_a_fails_fast_naming_a(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_b_on_a_failing_a_fails_fast_naming_a(fleet: Cluster) -> None:
     """A fails: B, waiting for A's output, fails upstream_failed at once, naming A (the CLI's references too)."""
-    await cluster.coordinator()
-    await cluster.worker("w1", *DATA)
-    submit = await cluster.run("submit", "shell", "--args", json.dumps({"cmd": "sleep 1; exit 3"}), "--output", "y",
+    submit = await fleet.run("submit", "shell", "--args", json.dumps({"cmd": "sleep 1; exit 3"}), "--output", "y",
                                "--detach", "--json")  # fmt: skip
     assert await submit.wait(30) == 0, submit.lines
     a = json.loads(submit.lines[-1])["plan_id"]
-    after = await cluster.run("submit", "shell", "--args", json.dumps({"cmd": "true"}), "--input",
+    after = await fleet.run("submit", "shell", "--args", json.dumps({"cmd": "true"}), "--input",
                               f"x=plan:{a}/y", "--json")  # fmt: skip
     assert await after.wait(30) != 0
     failed = [json.loads(line) for line in after.lines if '"failed"' in line][-1]
@@ -172,13 +175,13 @@ async def test_a_clients_fetch_of_an_output_whose_worker_died_gets_it_made_again
         assert listed[f"{a.id}.r1"].worker_id == "w2" and listed[a.id].state == "succeeded"
 
 
-async def test_a_plan_after_a_cancelled_one_is_cancelled_with_it_from_the_cli(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_a_plan_after_a_cancelled_one_is_cancelled_with_it_from_the_cli(fleet: Cluster) -> None:
     """cancel --with-dependants cancels the plan and the plan after it; both end cancelled."""
-    await cluster.coordinator()
-    async with Client(cluster.url, token=CLIENT_TOKEN) as client:
+    async with Client(fleet.url, token=CLIENT_TOKEN) as client:
         first = await client.submit("nobody-runs-this")
         second = await client.submit("echo", after=[first])
-        cancel = await cluster.run("cancel", first.id, "--with-dependants")
+        cancel = await fleet.run("cancel", first.id, "--with-dependants")
         assert await cancel.wait(30) == 0, cancel.lines
         with pytest.raises(PlanCancelled):
             await second.result()
