@@ -98,11 +98,14 @@ class PlanStream:
     """
 
     __slots__ = (
+        "_applied",
+        "_attempt",
         "_cancel_reason",
         "_failure",
         "_receipt",
         "_result",
-        "attempt",
+        "_state",
+        "_worker_id",
         "events",
         "final",
         "id",
@@ -113,18 +116,17 @@ class PlanStream:
         "recovered",
         "resyncs",
         "rewound",
-        "state",
         "waker",
-        "worker_id",
     )
 
     def __init__(
         self, plan_id: str, *, state: PlanStateName | None = None, from_seq: int = 0, live: bool = False
     ) -> None:
         self.id = plan_id
-        self.state: PlanStateName | None = state
-        self.attempt = 0
-        self.worker_id: str | None = None
+        self._state: PlanStateName | None = state
+        self._attempt = 0
+        self._worker_id: str | None = None
+        self._applied = 0  # events[:_applied] are in _state, _attempt, _worker_id (see _catch_up)
         self.last_seq = from_seq
         self.live = live
         self.resyncs = 0
@@ -146,6 +148,64 @@ class PlanStream:
     def done(self) -> bool:
         """Whether the plan reached a terminal state (succeeded, failed or cancelled)."""
         return self.final is not None
+
+    # state, attempt and worker_id follow the lifecycle events when read: feed() only keeps the events, so a
+    # plan whose state nobody reads (a large batch's, awaited for its result) never works them out.
+
+    @property
+    def state(self) -> PlanStateName | None:
+        """The state the latest lifecycle event (or the plan's record) implies; None while unknown."""
+        if self._applied < len(self.events):
+            self._catch_up()
+        return self._state
+
+    @state.setter
+    def state(self, value: PlanStateName | None) -> None:
+        self._catch_up()
+        self._state = value
+
+    @property
+    def attempt(self) -> int:
+        """The attempt the latest lifecycle event names (0 before the first lease)."""
+        if self._applied < len(self.events):
+            self._catch_up()
+        return self._attempt
+
+    @attempt.setter
+    def attempt(self, value: int) -> None:
+        self._catch_up()
+        self._attempt = value
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker of the latest attempt, once leased."""
+        if self._applied < len(self.events):
+            self._catch_up()
+        return self._worker_id
+
+    @worker_id.setter
+    def worker_id(self, value: str | None) -> None:
+        self._catch_up()
+        self._worker_id = value
+
+    def _catch_up(self) -> None:
+        """Apply the lifecycle events taken since the last call, in order (docs/PROTOCOL.md §Lifecycle events)."""
+        events = self.events
+        for index in range(self._applied, len(events)):
+            event = events[index]
+            state = _STATE_OF_KIND.get(event.kind)
+            if state is None:
+                continue  # not a lifecycle event (output, a marker)
+            self._state = state
+            data = event.data
+            if data and isinstance(data, dict):  # a lifecycle event's placement: {} and None say nothing
+                attempt = data.get("attempt")
+                if isinstance(attempt, int):
+                    self._attempt = attempt
+                worker_id = data.get("worker_id", _ABSENT)
+                if worker_id is not _ABSENT:
+                    self._worker_id = worker_id
+        self._applied = len(events)
 
     @property
     def receipt(self) -> Receipt | None:
@@ -201,20 +261,9 @@ class PlanStream:
             self.last_seq = seq
         elif seq:
             return  # a replay of an event this stream already holds (seq 0: an unnumbered one, taken)
-        self.events.append(event)
-        state = _STATE_OF_KIND.get(event.kind)
-        if state is not None:
-            self.state = state
-            data = event.data
-            if data and isinstance(data, dict):  # a lifecycle event's placement: {} and None say nothing
-                attempt = data.get("attempt")
-                if isinstance(attempt, int):
-                    self.attempt = attempt
-                worker_id = data.get("worker_id", _ABSENT)
-                if worker_id is not _ABSENT:
-                    self.worker_id = worker_id
-            if state in TERMINAL_STATES:
-                self._end(state, data if isinstance(data, dict) else {})
+        self.events.append(event)  # its state, attempt and worker id are worked out when read (_catch_up)
+        if event.kind in TERMINAL_STATES:
+            self._end(event)
         waker = self.waker  # as _changed(), inline: this runs for every event
         if waker is not None:
             self.waker = None
@@ -222,8 +271,10 @@ class PlanStream:
         if self.on_change is not None:
             self.on_change()
 
-    def _end(self, state: PlanStateName, data: dict[str, Any]) -> None:
+    def _end(self, event: Event) -> None:
         """The terminal event's outcome (``feed``)."""
+        data = event.data if isinstance(event.data, dict) else {}
+        state: PlanStateName = _STATE_OF_KIND[event.kind]
         if state == "succeeded":
             self._result = data.get("result")
         elif state == "failed":

@@ -405,3 +405,32 @@ def test_two_streams_of_one_plan_each_get_its_events_and_go_when_done() -> None:
     assert [e.seq for e in first.events] == [1] and [e.seq for e in third.events] == [1, 2]
     assert [e.seq for e in second.events] == [1, 2, 3] and second.outcome() == 5
     assert session.streams_of("p1") == [] and "0 plans" in repr(session)
+
+
+def test_a_streams_state_follows_its_lifecycle_events_however_late_it_is_read() -> None:
+    """State, attempt and worker id are those of the latest lifecycle event, read mid-way or only at the end;
+    a marker that sets the state (recovered) after unread events wins over them, as it came later."""
+    def lifecycle(stream: PlanStream, *events: Event) -> None:
+        for event in events:
+            stream.feed(event)
+
+    placed = [{"worker_id": f"w{n}", "attempt": n} for n in (1, 2)]
+    early = [Event(plan_id="p1", kind="queued", data={}, seq=1),
+             Event(plan_id="p1", kind="leased", data=placed[0], seq=2, attempt=1),
+             Event(plan_id="p1", kind="progress", data={"attempt": 9, "worker_id": "x"}, seq=3, attempt=1),
+             Event(plan_id="p1", kind="requeued", data={"reason": "worker lost"}, seq=4)]
+    late = [Event(plan_id="p1", kind="leased", data=placed[1], seq=5, attempt=2),
+            Event(plan_id="p1", kind="running", data=placed[1], seq=6, attempt=2)]
+    read_mid, read_end = PlanStream("p1", live=True), PlanStream("p1", live=True)
+    lifecycle(read_mid, *early)
+    assert (read_mid.state, read_mid.attempt, read_mid.worker_id) == ("queued", 1, "w1")
+    lifecycle(read_mid, *late)
+    lifecycle(read_end, *early, *late)
+    for stream in (read_mid, read_end):
+        assert (stream.state, stream.attempt, stream.worker_id) == ("running", 2, "w2")
+    recovered = PlanStream("p1", live=True)
+    lifecycle(recovered, *early, *late)
+    recovered.recover(RECOVERED_REASON)  # nobody read the state before: the running events must not win
+    assert (recovered.state, recovered.attempt, recovered.worker_id) == ("queued", 2, "w2")
+    lifecycle(recovered, Event(plan_id="p1", kind="succeeded", data={"result": 3, **placed[0]}, seq=1))
+    assert (recovered.state, recovered.attempt, recovered.outcome()) == ("succeeded", 1, 3)
