@@ -9,15 +9,20 @@ import sys
 import pytest
 
 from tests.e2e.conftest import ROOT, WORKER_TOKEN, Cluster
+from tests.e2e.module_fleet import ON_THE_FLEETS_LOOP, module_fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
+# One coordinator and worker w1 for the stream example and the refused example (tests/e2e/module_fleet.py);
+# the custom handler example registers a worker of its own, so it has a fleet of its own (the stream example
+# counts the workers).
+fleet = module_fleet()
 
-async def test_submit_and_stream_example(cluster: Cluster) -> None:
+
+@ON_THE_FLEETS_LOOP
+async def test_submit_and_stream_example(fleet: Cluster) -> None:
     """examples/submit_and_stream.py streams events, collects results, shows a failure and a waiting plan."""
-    await cluster.coordinator()
-    await cluster.worker("w1")
-    proc = await cluster.script(ROOT / "examples" / "submit_and_stream.py")
+    proc = await fleet.script(ROOT / "examples" / "submit_and_stream.py")
     assert await proc.wait(60) == 0, proc.lines
     out = "\n".join(proc.lines)
     assert "result: {'x': 1}" in out
@@ -38,12 +43,12 @@ async def test_custom_handler_example(cluster: Cluster) -> None:
     assert json.loads(submit.lines[-1])["result"] == {"to": 2, "be": 2, "or": 1, "not": 1}
 
 
-async def test_custom_handler_example_refuses_a_client_token(cluster: Cluster) -> None:
+@ON_THE_FLEETS_LOOP
+async def test_custom_handler_example_refuses_a_client_token(fleet: Cluster) -> None:
     """examples/custom_handler.py given a client's token says why in one line and exits 1 instead of hanging."""
-    await cluster.coordinator()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(ROOT / "examples" / "custom_handler.py"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=cluster.env(), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=fleet.env(), cwd=ROOT,
     )
     try:
         _, err = await asyncio.wait_for(proc.communicate(), 30)
