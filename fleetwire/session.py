@@ -327,17 +327,22 @@ class ClientSession:
 
     def receive_frame(self, frame: bytes | str) -> None:
         """Dispatch every message of a frame from the coordinator, in order."""
-        streams, more = self._streams, self._more_streams
+        streams, more, specs = self._streams, self._more_streams, self._specs
         for msg in self._codec.decode(frame):
             if type(msg) is Event:  # as receive(), inline: most messages are events (five of six per plan)
-                stream = streams.get(msg.plan_id)
+                plan_id = msg.plan_id
+                stream = streams.get(plan_id)
                 if stream is not None:
                     stream.feed(msg)
                     if more:
-                        for other in more.get(msg.plan_id, ()):
+                        for other in more.get(plan_id, ()):
                             other.feed(msg)
                 if msg.kind in TERMINAL_STATES:
-                    self._ended(msg.plan_id)
+                    if stream is not None and stream.final is not None and not more and streams.get(plan_id) is stream:
+                        del streams[plan_id]  # as _ended(), inline: its one stream ended
+                        specs.pop(plan_id, None)
+                    else:
+                        self._ended(plan_id)
             elif type(msg) is Accepted:  # and the sixth
                 self._resolve(msg.req_id, msg)
             else:

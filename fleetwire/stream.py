@@ -98,10 +98,9 @@ class PlanStream:
     """
 
     __slots__ = (
+        "__dict__",  # for the rare attributes below, set only on the plans that need them
         "_applied",
         "_attempt",
-        "_cancel_reason",
-        "_failure",
         "_receipt",
         "_result",
         "_state",
@@ -111,13 +110,18 @@ class PlanStream:
         "id",
         "last_seq",
         "live",
-        "lost",
         "on_change",
-        "recovered",
-        "resyncs",
-        "rewound",
         "waker",
     )
+
+    # Rare: what a store loss, a failure, a cancel or a lost session leaves. The class holds the defaults, so a
+    # new stream sets none of them (a plan of a large batch usually never does).
+    resyncs: int = 0
+    recovered: int = 0
+    rewound: int = 0
+    lost: FleetwireConnectionError | None = None
+    _failure: ErrorInfo | None = None
+    _cancel_reason: str = ""
 
     def __init__(
         self, plan_id: str, *, state: PlanStateName | None = None, from_seq: int = 0, live: bool = False
@@ -129,18 +133,12 @@ class PlanStream:
         self._applied = 0  # events[:_applied] are in _state, _attempt, _worker_id (see _catch_up)
         self.last_seq = from_seq
         self.live = live
-        self.resyncs = 0
-        self.recovered = 0
-        self.rewound = 0
         self.events: list[Event] = []
         self.final: PlanStateName | None = None
         self._receipt: Any = None  # as the terminal event carried it; converted when read (:attr:`receipt`)
-        self.lost: FleetwireConnectionError | None = None
         self.waker: Waker | None = None
         self.on_change: Callable[[], None] | None = None
         self._result: Any = None
-        self._failure: ErrorInfo | None = None
-        self._cancel_reason = ""
 
     def __repr__(self) -> str:
         return f"<PlanStream {self.id} {self.state or 'unknown'} seq={self.last_seq}>"
@@ -262,8 +260,15 @@ class PlanStream:
         elif seq:
             return  # a replay of an event this stream already holds (seq 0: an unnumbered one, taken)
         self.events.append(event)  # its state, attempt and worker id are worked out when read (_catch_up)
-        if event.kind in TERMINAL_STATES:
-            self._end(event)
+        kind = event.kind
+        if kind in TERMINAL_STATES:
+            data = event.data
+            if kind == "succeeded" and type(data) is dict:  # the usual end, as _end() has it, inline
+                self._result = data.get("result")
+                self._receipt = data.get("receipt")
+                self.final = "succeeded"
+            else:
+                self._end(event)
         waker = self.waker  # as _changed(), inline: this runs for every event
         if waker is not None:
             self.waker = None
