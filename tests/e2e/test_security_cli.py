@@ -28,9 +28,10 @@ async def _new_token(cluster: Cluster, *args: str) -> tuple[str, str]:
 
 async def test_token_file_roles_and_sighup_revocation(cluster: Cluster, tmp_path: Path) -> None:
     """Tokens made by the CLI open their role's path; after SIGHUP a removed token's session closes 4401."""
-    alice, alice_entry = await _new_token(cluster, "--name", "alice", "--role", "client")
-    bob, bob_entry = await _new_token(cluster, "--name", "bob", "--role", "client")
-    fleet, fleet_entry = await _new_token(cluster, "--name", "fleet", "--role", "worker", "--worker-ids", "edge-*")
+    (alice, alice_entry), (bob, bob_entry), (fleet, fleet_entry) = await asyncio.gather(  # three CLIs side by side
+        _new_token(cluster, "--name", "alice", "--role", "client"),
+        _new_token(cluster, "--name", "bob", "--role", "client"),
+        _new_token(cluster, "--name", "fleet", "--role", "worker", "--worker-ids", "edge-*"))
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(alice_entry + bob_entry + fleet_entry)
     coordinator = await cluster.run("coordinator", "--port", "0", "--store", "memory", "--token-file", str(tokens),
@@ -51,7 +52,7 @@ async def test_token_file_roles_and_sighup_revocation(cluster: Cluster, tmp_path
     assert session.close_code == errors.CLOSE_REVOKED
 
     refused = await cluster.run("workers", env=cluster.env(FLEETWIRE_TOKEN=alice))
+    workers = await cluster.run("workers", env=cluster.env(FLEETWIRE_TOKEN=bob))  # beside it
     assert await refused.wait() == 1
-    workers = await cluster.run("workers", env=cluster.env(FLEETWIRE_TOKEN=bob))
     assert await workers.wait() == 0
     assert any(line.startswith("edge-1 ") and "alive" in line for line in workers.lines)  # the worker stayed

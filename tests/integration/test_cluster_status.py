@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 from coordinator.io.cluster.host import ClusterHost
 from coordinator.io.cluster.leases import ACQUIRE
@@ -24,6 +25,12 @@ def status(*args: str) -> subprocess.CompletedProcess[str]:
     """``fleetwire cluster status ARGS`` as a user runs it."""
     return subprocess.run([sys.executable, "-m", "fleetwire", "cluster", "status", *args], capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
+
+
+def side_by_side(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """Several `fleetwire cluster status` commands run at once (each is mostly its interpreter's start)."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda args: status(*args), commands))
 
 
 def pool_on(shard: int) -> str:
@@ -66,22 +73,20 @@ async def test_the_report_reads_owners_epochs_leases_and_open_plans_by_the_datab
 def test_the_command_prints_json_and_text(pg_dsn: str) -> None:
     """`fleetwire cluster status --store DSN [--json]` exits 0 with the report."""
     seeded(pg_dsn)
-    done = status("--store", pg_dsn, "--json")
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    as_json, as_text = side_by_side(("--store", pg_dsn, "--json"), ("--store", pg_dsn))
+    assert as_json.returncode == 0, as_json.stderr
+    report = json.loads(as_json.stdout)
     assert [s["owner"] for s in report["shards"]] == ["coord-a", "coord-a", "", ""]
-    done = status("--store", pg_dsn)
-    assert done.returncode == 0 and "ws://a:8765" in done.stdout and "NO OWNER: 2, 3" in done.stdout
+    assert as_text.returncode == 0 and "ws://a:8765" in as_text.stdout and "NO OWNER: 2, 3" in as_text.stdout
 
 
 def test_a_database_without_a_cluster_and_an_unreachable_one_exit_2(pg_dsn: str) -> None:
     """No fleetwire tables, or nothing listening: one line naming the database or host, exit 2."""
-    done = status("--store", pg_dsn)
-    assert done.returncode == 2 and "holds no fleetwire cluster" in done.stderr
-    done = status("--store", "postgresql://nobody@127.0.0.1:1/x")
-    assert done.returncode == 2 and "cannot connect to PostgreSQL at 127.0.0.1:1" in done.stderr
-    done = status("--store", "sqlite")
-    assert done.returncode == 2 and "needs --store postgresql://" in done.stderr
+    empty, unreachable, sqlite = side_by_side(("--store", pg_dsn), ("--store", "postgresql://nobody@127.0.0.1:1/x"),
+                                              ("--store", "sqlite"))  # fmt: skip
+    assert empty.returncode == 2 and "holds no fleetwire cluster" in empty.stderr
+    assert unreachable.returncode == 2 and "cannot connect to PostgreSQL at 127.0.0.1:1" in unreachable.stderr
+    assert sqlite.returncode == 2 and "needs --store postgresql://" in sqlite.stderr
 
 
 def _scrape(url: str) -> dict[str, float]:
