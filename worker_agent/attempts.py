@@ -109,7 +109,8 @@ class Attempts:
         if current is not None:
             self.ended(plan_id, current, f"was superseded by attempt {attempt}")
         self._ended.pop((plan_id, attempt), None)
-        self._early.pop((plan_id, attempt), None)
+        if self._early:  # (none held: the usual case)
+            self._early.pop((plan_id, attempt), None)
         self._live[plan_id] = attempt
 
     def ended(self, plan_id: str, attempt: int, why: str) -> None:
@@ -124,8 +125,9 @@ class Attempts:
             attempt = current
         if self._live.get(plan_id) == attempt:
             del self._live[plan_id]
-        self._early.pop((plan_id, attempt), None)
         key = (plan_id, attempt)
+        if self._early:
+            self._early.pop(key, None)
         if key in self._ended:
             return  # the first reason stands
         self._ended[key] = why

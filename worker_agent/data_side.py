@@ -128,6 +128,7 @@ class WatchedOutbound:
     def __init__(self, queue: SendQueue, attempts: Attempts) -> None:
         self._queue = queue
         self._attempts = attempts
+        self.send_event = queue.send  # an event ends no attempt: the runner's events go straight to the queue
 
     def send(self, msg: Any) -> None:
         if type(msg) is protocol.Done:

@@ -126,6 +126,27 @@ class Context:
         max_payload_bytes: largest encoded event data a handler may emit.
     """
 
+    # What most plans never change is the class's (one object per plan is on the hot path: each attribute stored
+    # in ``__init__`` is work per plan); setting one gives that context its own.
+    # A plain flag, not a threading.Event: reading or setting one attribute is atomic, which is all a polling sync
+    # handler needs.
+    _cancelled = False
+    _preempted = False
+    _closed = False
+    _groups: set[int] | None = None  # process groups of the plan's processes (SIGTERM on preempt); None: none yet
+    tokens = 0  # generated tokens the handler reported (report_tokens): energy per token
+    # Keeps a result over max_payload_bytes (its msgpack) as the output ``__result__`` (the runner
+    # sets it when the worker has a spool; docs/PROTOCOL.md §11 Relay); None: such a result fails.
+    spill_result: Callable[[bytes], protocol.OutputSpec] | None = None
+    # What ``shell`` sets CUDA_VISIBLE_DEVICES to (None: the worker has no devices, the environment is left
+    # alone; "": the plan asked for none); ``devices`` and ``gpus`` below are the devices it holds.
+    cuda_visible_devices: str | None = None
+    # How this plan's processes start (environment, user): the worker's (the runner sets it).
+    isolation = DEFAULT_ISOLATION
+    # The plan's W3C trace context as a handler passes it on ("": not traced; docs/OPERATIONS.md §Tracing):
+    # the handler span's when this worker traces, else the caller's. The inference handler sends it to the engine.
+    traceparent = ""
+
     def __init__(
         self,
         *,
@@ -149,27 +170,9 @@ class Context:
         self._sink = sink
         self._loop = loop or asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        # A plain flag, not a threading.Event: one per plan is on the hot path, and reading
-        # or setting one attribute is atomic, which is all a polling sync handler needs.
-        self._cancelled = False
-        self._preempted = False
-        self._groups: set[int] = set()  # process groups of the plan's processes (SIGTERM on preempt)
-        self._closed = False
-        self.tokens = 0  # generated tokens the handler reported (report_tokens): energy per token
-        # Keeps a result over max_payload_bytes (its msgpack) as the output ``__result__`` (the runner
-        # sets it when the worker has a spool; docs/PROTOCOL.md §11 Relay); None: such a result fails.
-        self.spill_result: Callable[[bytes], protocol.OutputSpec] | None = None
-        # The devices this plan holds (worker_agent/devices.py): their CUDA ids ("0", "MIG-...") and
-        # records; ``cuda_visible_devices`` is what ``shell`` sets CUDA_VISIBLE_DEVICES to (None: the
-        # worker has no devices, the environment is left alone; "": the plan asked for none).
+        # The devices this plan holds (worker_agent/devices.py): their CUDA ids ("0", "MIG-...") and records.
         self.devices: list[str] = []
         self.gpus: list[protocol.GpuInfo] = []
-        self.cuda_visible_devices: str | None = None
-        # How this plan's processes start (environment, user): the worker's (the runner sets it).
-        self.isolation = DEFAULT_ISOLATION
-        # The plan's W3C trace context as a handler passes it on ("": not traced; docs/OPERATIONS.md §Tracing):
-        # the handler span's when this worker traces, else the caller's. The inference handler sends it to the engine.
-        self.traceparent = ""
 
     @functools.cached_property
     def log(self) -> Any:
@@ -213,13 +216,15 @@ class Context:
         """The plan is preempted: ``preempted`` turns true and its processes get SIGTERM. Called by the
         plan runner, not by handlers."""
         self._preempted = True
-        for group in list(self._groups):
+        for group in list(self._groups or ()):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGTERM)
 
     def add_process(self, pid: int) -> None:
         """A process of the plan started in its own session (``pid`` leads its group): a preempt SIGTERMs it.
         One started after the preempt gets it at once."""
+        if self._groups is None:
+            self._groups = set()
         self._groups.add(pid)
         if self._preempted:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -227,7 +232,8 @@ class Context:
 
     def remove_process(self, pid: int) -> None:
         """The process (group) ``pid`` ended."""
-        self._groups.discard(pid)
+        if self._groups is not None:
+            self._groups.discard(pid)
 
     def emit(self, kind: str, data: Any = None, *, ephemeral: bool = False) -> None:
         """Send an event of this plan. Thread-safe.

@@ -111,22 +111,24 @@ class Outbox:
 
     def sent(self, msgs: Iterable[Any]) -> None:
         """``msgs`` went out: keep the numbered ones until they are acknowledged."""
-        self._unacked.extend(m for m in msgs if getattr(m, "seq", 0) > 0 and not isinstance(m, protocol.Heartbeat))
+        self._unacked.extend([m for m in msgs if type(m) in _NUMBERED_TYPES and m.seq > 0])
         if len(self._unacked) > self.limit:
             before = len(self._unacked)
             self._unacked = _shed_events(self._unacked, self.limit)
             self.dropped += before - len(self._unacked)
 
     def ack(self, seq: int) -> int:
-        """The coordinator recorded everything up to ``seq``: forget it. Returns how many were dropped."""
-        kept: deque[Any] = deque()
-        for m in self._unacked:
-            if m.seq > seq:
-                kept.append(m)
-            elif isinstance(m, protocol.Done):
+        """The coordinator recorded everything up to ``seq``: forget it. Returns how many were dropped.
+
+        The unacked list is in sending order, and a session sends in ``seq`` order (a new one re-sends what is
+        unacked first), so what is acked is a prefix of it: taken from the front, the rest left in place."""
+        unacked = self._unacked
+        dropped = 0
+        while unacked and unacked[0].seq <= seq:
+            m = unacked.popleft()
+            if type(m) is protocol.Done:
                 self._acked_done.append(m)
-        dropped = len(self._unacked) - len(kept)
-        self._unacked = kept
+            dropped += 1
         return dropped
 
     def rewind(self) -> None:
@@ -227,8 +229,8 @@ def _shed_events(items: deque[Any], limit: int) -> deque[Any]:
 class SendQueue:
     """What the worker has to send: numbers plan messages, queues them, wakes the writer.
 
-    The plan runner and the session share one; the session's writer drains ``outbox`` and
-    waits on ``wakeup`` when it is empty.
+    The plan runner and the session share one; the session's writer (:func:`write_frames`) drains ``outbox``
+    and waits on ``wakeup`` when it is empty.
 
     Args:
         outbox_limit: the outbox's bound (see :class:`Outbox`).
@@ -240,6 +242,7 @@ class SendQueue:
         self.wakeup = asyncio.Event()  # the outbox has something for the writer
         self._log = logger
         self._seq = 0
+        self._woken = False  # wakeup was set since the writer last cleared it: the next sends need not set it
 
     def send(self, msg: Any) -> None:
         """Queue ``msg`` for the coordinator; ``accept``, ``reject``, ``event`` and ``done`` get the next ``seq``."""
@@ -247,9 +250,19 @@ class SendQueue:
             # coordinator acks up to it (the exact type first: a set lookup, not four isinstance tests for a done)
             self._seq += 1
             msg.seq = self._seq
-        if self.outbox.append(msg):
-            self._log.warning("outbox full: dropped old events", dropped_total=self.outbox.dropped)
-        self.wakeup.set()
+        outbox = self.outbox
+        items = outbox._items
+        items.append(msg)  # Outbox.append, without its call
+        if len(items) > outbox.limit and outbox._shed():
+            self._log.warning("outbox full: dropped old events", dropped_total=outbox.dropped)
+        if not self._woken:  # the writer is woken once however many messages come before it runs
+            self._woken = True
+            self.wakeup.set()
+
+    def park(self) -> None:
+        """The writer found the outbox empty and waits on ``wakeup``: the next ``send`` wakes it."""
+        self._woken = False
+        self.wakeup.clear()
 
     def forget(self, plan_id: str, attempt: int | None = None) -> None:
         """Send nothing more that is queued or unacknowledged for a plan (of one attempt when given)."""
@@ -288,7 +301,7 @@ async def write_frames(
         if not outbox:
             if finishing():
                 return
-            wakeup.clear()
+            queue.park()
             await wakeup.wait()
             continue
         eager = spaced and type(outbox.newest) is protocol.Event

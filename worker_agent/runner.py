@@ -12,8 +12,11 @@ agent module's docstring and docs/SEMANTICS.md §Worker session.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
+import time
 import traceback
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -36,6 +39,12 @@ from worker_agent.telemetry import Telemetry
 
 __all__ = ["REJECTED", "Outbound", "PlanRunner"]
 
+#: The context variables ``structlog.contextvars.bind_contextvars(worker_id=, plan_id=, attempt=)`` sets (its
+#: tokens name them): a plan's task sets them directly, without the call's dict and key names per plan. Found in a
+#: context of their own, so that nothing is bound where this module is imported.
+_WORKER_ID, _PLAN_ID, _ATTEMPT = (token.var for token in contextvars.copy_context().run(
+    structlog.contextvars.bind_contextvars, worker_id=None, plan_id=None, attempt=None).values())  # fmt: skip
+
 #: Reject code for a worker that is full or draining (docs/PROTOCOL.md §Messages, ``reject``);
 #: ``reason`` says which. An op without a handler gets ``unknown_op``.
 REJECTED = "rejected"
@@ -49,6 +58,8 @@ class Outbound(Protocol):
 
     def forget(self, plan_id: str, attempt: int | None = None) -> None:
         """Drop what is queued or unacknowledged for a plan (of one attempt when given)."""
+
+    # Optional: ``send_event(event)``, where events go when it differs from ``send`` (one call fewer per event).
 
 
 class _PlanRun:
@@ -146,7 +157,9 @@ class PlanRunner:
         self.idle = asyncio.Event()  # no plan is running
         self.idle.set()
         self._handlers = handlers
+        self._on_loop = {op for op, fn in handlers.items() if runs_on_loop(fn)}  # ops whose handler runs on the loop
         self._outbound = outbound
+        self._send_event: Callable[[Any], None] = getattr(outbound, "send_event", outbound.send)
         self._log = logger
         self._plans: dict[str, _PlanRun] = {}
         self._waiting: dict[str, protocol.Assign] = {}  # prefetched assigns, unstarted, in arrival order
@@ -183,6 +196,10 @@ class PlanRunner:
         if not callable(fn):
             raise TypeError(f"handler {name!r} must be callable, got {type(fn).__name__}")
         self._handlers[name] = fn
+        if runs_on_loop(fn):
+            self._on_loop.add(name)
+        else:
+            self._on_loop.discard(name)
 
     def running_plans(self) -> list[protocol.RunningPlan]:
         """The plans this worker holds, running or waiting, for ``hello``."""
@@ -439,7 +456,7 @@ class PlanRunner:
 
     def _start(self, assign: protocol.Assign, handler: Handler) -> None:
         loop = asyncio.get_running_loop()
-        run = _PlanRun(self, assign.plan_id, assign.attempt, loop.time())
+        run = _PlanRun(self, assign.plan_id, assign.attempt, time.monotonic())  # (the loop's clock, without its call)
         data = None
         if self.spool is not None and (assign.inputs or assign.outputs):
             data = self.spool.plan_data(assign.plan_id, assign.attempt, assign.inputs)
@@ -473,7 +490,7 @@ class PlanRunner:
             run.ctx.gpus = [self.devices.gpus[i] for i in run.devices]
             run.ctx.devices = [gpu.visible_id or str(gpu.index) for gpu in run.ctx.gpus]
             run.ctx.cuda_visible_devices = ",".join(run.ctx.devices)
-        on_loop = run.span is None and not assign.inputs and runs_on_loop(handler)
+        on_loop = run.span is None and not assign.inputs and assign.op in self._on_loop
         if not on_loop:  # (one that runs on the loop has ended before anyone could see it running)
             if not self._plans:  # the first running plan: no longer idle (set again when the last one ends)
                 self.idle.clear()
@@ -483,7 +500,7 @@ class PlanRunner:
         if run.devices or self.telemetry.timed:  # else nothing is noted per plan: not even its key is made
             self.telemetry.plan_started(run.key, self._physical(run) if run.devices else ())
         self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
-        if on_loop:  # no task, no thread: it runs and ends here (handlers.on_loop)
+        if on_loop:  # no task, no thread: it runs and ends here (handlers.on_loop), its context closed
             self._report(run, run_on_loop(handler, run.ctx, run.ctx.args), self._release(run))
             return
         # The task keeps what it needs of the assign, not the assign (its lists go at once: less for the collector).
@@ -493,8 +510,10 @@ class PlanRunner:
     async def _run_plan(
         self, run: _PlanRun, handler: Handler, has_inputs: bool, timeout_s: float | None
     ) -> protocol.Done:
-        # The task's own context copy: handlers' structlog calls carry the plan's ids.
-        structlog.contextvars.bind_contextvars(worker_id=self.worker_id, plan_id=run.plan_id, attempt=run.attempt)
+        # The task's own context copy: handlers' structlog calls carry the plan's ids (bind_contextvars's variables).
+        _WORKER_ID.set(self.worker_id)
+        _PLAN_ID.set(run.plan_id)
+        _ATTEMPT.set(run.attempt)
         if has_inputs:  # the plan stays running, its handler unstarted, until its inputs are verified
             data = run.ctx.data
             error: protocol.ErrorInfo | None
@@ -555,15 +574,15 @@ class PlanRunner:
     def _on_event(self, run: _PlanRun, kind: str, data: Any, ephemeral: bool) -> None:
         if run.silent:
             return
-        self._outbound.send(  # send numbers it
+        self._send_event(  # send numbers it
             protocol.Event(plan_id=run.plan_id, kind=kind, data=data, attempt=run.attempt, ephemeral=ephemeral)
         )
 
     def _release(self, run: _PlanRun) -> protocol.Receipt | None:
-        """The plan's handler ended, however: its devices are free, its context closed; its receipt, if any."""
+        """The plan's handler ended, however: its devices are free; its receipt, if any."""
         if run.devices:  # however it ended: its processes are gone, its devices are free
             self.devices.release(run.key)
-        run_s = asyncio.get_running_loop().time() - run.started_at
+        run_s = time.monotonic() - run.started_at
         self.load.finished(run_s)
         if run.devices:
             receipt = self.telemetry.plan_finished(
@@ -573,10 +592,10 @@ class PlanRunner:
             receipt = self.telemetry.plan_finished(run.key, run.ctx.tokens, run_s=run_s)
         else:  # nothing measured and no tokens: no receipt (Telemetry.plan_finished would say None)
             receipt = None
-        run.ctx.close()
         return receipt
 
     def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
+        run.ctx.close()  # (run_handler closed it, unless the task was cancelled before it ran)
         receipt = self._release(run)
         self._orphans.discard(run)
         if self._plans.get(run.plan_id) is run:

@@ -150,6 +150,8 @@ class Spool:
 
     def drop_unclaimed(self, plan_id: str, attempt: int) -> None:
         """The attempt ended before it ran here (or never came): its inputs go, unless a running plan holds them."""
+        if not self._inputs and not self._declared_at:  # nothing to drop (every plan's end without inputs)
+            return
         if (plan_id, attempt) not in self._claimed:
             self.drop_inputs(plan_id, attempt)
 
