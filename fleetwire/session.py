@@ -332,11 +332,20 @@ class ClientSession:
             if type(msg) is Event:  # as receive(), inline: most messages are events (five of six per plan)
                 plan_id = msg.plan_id
                 stream = streams.get(plan_id)
-                if stream is not None:
-                    stream.feed(msg)
-                    if more:
-                        for other in more.get(plan_id, ()):
-                            other.feed(msg)
+                if stream is None:
+                    pass
+                elif more or stream.final is not None or not stream.live:
+                    stream.feed(msg)  # drops what it must
+                    for other in more.get(plan_id, ()):
+                        other.feed(msg)
+                elif (seq := msg.seq) > stream.last_seq or not seq:  # PlanStream.feed, inline: keep the two alike
+                    if seq > stream.last_seq:
+                        stream.last_seq = seq
+                    stream.events.append(msg)
+                    if msg.kind in TERMINAL_STATES:
+                        stream._end(msg)
+                    if stream.waker is not None or stream.on_change is not None:
+                        stream._changed()
                 if msg.kind in TERMINAL_STATES:
                     if stream is not None and stream.final is not None and not more and streams.get(plan_id) is stream:
                         del streams[plan_id]  # as _ended(), inline: its one stream ended

@@ -251,7 +251,10 @@ class PlanStream:
         return self
 
     def feed(self, event: Event) -> None:
-        """Take one event of this plan (dropped when not live, ended, or already held)."""
+        """Take one event of this plan (dropped when not live, ended, or already held).
+
+        ``ClientSession.receive_frame`` has a copy of this for a plan's one stream (the hot path): keep the two alike.
+        """
         if self.final is not None or not self.live:
             return
         seq = event.seq

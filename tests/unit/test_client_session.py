@@ -434,3 +434,21 @@ def test_a_streams_state_follows_its_lifecycle_events_however_late_it_is_read() 
     assert (recovered.state, recovered.attempt, recovered.worker_id) == ("queued", 2, "w2")
     lifecycle(recovered, Event(plan_id="p1", kind="succeeded", data={"result": 3, **placed[0]}, seq=1))
     assert (recovered.state, recovered.attempt, recovered.outcome()) == ("succeeded", 1, 3)
+
+
+def test_a_frames_events_are_taken_in_seq_order_replays_dropped_and_unnumbered_ones_kept() -> None:
+    """Through receive_frame: a replayed seq is dropped, a seq-0 (ephemeral) event is kept without moving
+    last_seq, an ended plan takes nothing more, and a waiting reader is woken once per change."""
+    session = ClientSession("msgpack")
+    stream = PlanStream("p1", live=True)
+    session.add_stream(stream)
+    woken: list[int] = []
+    stream.on_change = lambda: woken.append(stream.last_seq)
+    session.receive_frame(frame(Event(plan_id="p1", kind="queued", data={}, seq=1),
+                                Event(plan_id="p1", kind="token", data="a", seq=0, ephemeral=True),
+                                Event(plan_id="p1", kind="queued", data={}, seq=1),
+                                Event(plan_id="p1", kind="log", seq=2),
+                                Event(plan_id="p1", kind="succeeded", data={"result": 1}, seq=3),
+                                Event(plan_id="p1", kind="log", seq=4)))  # fmt: skip
+    assert [(e.kind, e.seq) for e in stream.events] == [("queued", 1), ("token", 0), ("log", 2), ("succeeded", 3)]
+    assert woken == [1, 1, 2, 3] and stream.outcome() == 1 and session.streams_of("p1") == []
