@@ -212,10 +212,11 @@ class Pool(list[WorkerRecord]):
         """A member's room changed: index its new keys (rebuilding a heap that is mostly stale)."""
         key = slot_key(worker)
         if key is not None:
-            heapq.heappush(self.heap, key)
-            if len(self.heap) > 2 * len(self) + 64:
-                self.heap = [k for w in self if (k := slot_key(w)) is not None]
-                heapq.heapify(self.heap)
+            heap = self.heap  # read once: compiled, Pool is not native and each read is a lookup (twice a plan)
+            heapq.heappush(heap, key)
+            if len(heap) > 2 * len(self) + 64:
+                self.heap = heap = [k for w in self if (k := slot_key(w)) is not None]
+                heapq.heapify(heap)
         if self.energy is not None or self.carbon is not None or self.latency is not None:  # no call per lease
             self.figures_changed(worker)  # without a figure heap built (plain pools never build one) it does nothing
 
