@@ -640,6 +640,9 @@ _STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
      lambda _ctx, kind, *_a, **_k: kind == "token"),
     ("worker_agent.agent", None, "send_frame", "agent: frame with the token sent", False,
      lambda *_: "agent: first token emitted" in _MARKS),
+    # (or written at once by the emit's own step, when the agent's writer has that path and it can)
+    ("worker_agent.agent", None, "write_frame_now", "agent: frame with the token sent", False,
+     lambda *_: "agent: first token emitted" in _MARKS),
     # The coordinator's side of the token's frame: its bytes read (the websocket's data_received), the session's
     # reader task woken with the frame decoded, the core's step.
     ("websockets.asyncio.connection", "Connection", "data_received", "coordinator: the token's frame read", False,
@@ -654,7 +657,8 @@ _STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
      lambda *_: "door: token delivered" in _MARKS),
 ]
 _MARKS: dict[str, float] = {}
-_ORDER: Final = [step for _module, _owner, _name, step, _after, _when in _STEPS] + ["client: first text read"]
+_ORDER: Final = [*dict.fromkeys(step for _module, _owner, _name, step, _after, _when in _STEPS),
+                 "client: first text read"]
 
 
 def _marked(fn: Any, step: str, after: bool, when: Any) -> Any:
@@ -709,6 +713,8 @@ async def timeline(requests: int, token_delay_s: float = 0.0) -> dict[str, Any]:
     for module_name, owner_name, name, step, after, when in _STEPS:
         module = importlib.import_module(module_name)
         owner = module if owner_name is None else getattr(module, owner_name)
+        if name not in owner.__dict__:  # a step of a newer tree (the baseline may not have it)
+            continue
         saved.append((owner, name, owner.__dict__[name]))
         setattr(owner, name, _marked(getattr(owner, name), step, after, when))
     worker_token, client_token = "bench-worker-token-0123", "bench-client-token-0123"

@@ -16,8 +16,9 @@ Theory of operation:
   ones, worker_agent/outbox.py) → three tasks:
   the reader decodes each frame and dispatches every message synchronously (no awaits between
   decode and state change); the single writer drains the outbox, coalescing everything queued
-  into one frame per send (a stream's event goes at once when waiting cannot help:
-  worker_agent/outbox.py, ``write_frames``); the heartbeat task queues ``heartbeat(load)``
+  into one frame per send (a stream's event goes at once when waiting cannot help, written by
+  the handler's own step when the writer is idle: worker_agent/outbox.py, ``write_frames``, and
+  :func:`write_frame_now`); the heartbeat task queues ``heartbeat(load)``
   every interval ±10 %.
 * Plans outlive sessions. Their events and ``done`` go to the outbox whether or not a session
   is up; a new session's writer sends them after the next ``welcome``. Messages whose send
@@ -55,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import random
 import traceback
 from collections.abc import Callable
@@ -64,6 +66,7 @@ import msgspec
 import structlog
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.protocol import State
 from websockets.typing import Subprotocol
 
 import protocol
@@ -104,6 +107,31 @@ log = structlog.get_logger(__name__)
 F = TypeVar("F", bound=Handler)
 
 MAX_BATCH = 4096  # messages per frame before size-splitting
+
+
+def write_frame_now(ws: ClientConnection, text: bool, frame: bytes) -> bool:
+    """Write ``frame`` to ``ws`` now, in the caller's step, if the connection takes it without waiting.
+
+    False, writing nothing, when it would make a sender wait or is not open: its transport's buffer is over the
+    high-water mark (``send`` would wait in ``drain``; the writer's ``send`` keeps the backpressure), it is
+    closing, or another send is under way. A write that fails on the way aborts the connection, as ``send``
+    would: the frame's messages stay unacknowledged and the next session sends them again.
+    """
+    transport = ws.transport
+    if (ws.protocol.state is not State.OPEN or ws.paused or getattr(ws, "send_in_progress", None) is not None
+            or transport is None or transport.is_closing()):
+        return False
+    try:
+        if text:
+            ws.protocol.send_text(frame)
+        else:
+            ws.protocol.send_binary(frame)
+        ws.send_data()
+    except Exception as exc:  # the transport broke under the write
+        with contextlib.suppress(AttributeError):
+            ws.set_connection_exc(exc)
+        transport.abort()
+    return True
 
 
 class Agent:
@@ -586,7 +614,8 @@ class Agent:
                 self._dispatch(msg)
 
     async def _write_loop(self, ws: ClientConnection, codec: Codec) -> None:
-        """The session's only sender: everything queued goes out coalesced (worker_agent/outbox.py, write_frames)."""
+        """The session's only sender: everything queued goes out coalesced (worker_agent/outbox.py, write_frames);
+        a stream's event that comes spaced while it waits is written at once by the one who sends it."""
         text = codec.text
 
         async def send(frame: bytes) -> None:
@@ -595,6 +624,7 @@ class Agent:
         await write_frames(
             self._send_queue, codec, send, max_frame_bytes=self.settings.max_frame_bytes, max_batch=MAX_BATCH,
             finishing=lambda: self._finish_writing, after_round=self._frames_sent,
+            write_now=functools.partial(write_frame_now, ws, text),
         )
 
     def _frames_sent(self) -> None:

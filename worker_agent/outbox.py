@@ -26,7 +26,9 @@ newest results are the ones worth keeping.
 :class:`SendQueue` is the one way in: the plan runner and the session both queue through its
 ``send``, which numbers plan messages and wakes the session's writer, :func:`write_frames`: it
 coalesces what is queued into frames, waiting a few loop turns for more unless waiting cannot help
-(a stream's event after a wait that gathered nothing goes at once: a token's time to first byte).
+(a stream's event after a wait that gathered nothing goes at once: a token's time to first byte;
+one that comes while the writer waits with nothing queued is written by ``send`` itself, in its
+caller's step, when the connection takes it without waiting).
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ class SendQueue:
     """What the worker has to send: numbers plan messages, queues them, wakes the writer.
 
     The plan runner and the session share one; the session's writer (:func:`write_frames`) drains ``outbox``
-    and waits on ``wakeup`` when it is empty.
+    and waits on ``wakeup`` when it is empty. While it waits, a stream's event that comes spaced from the
+    last message is not queued but written at once through ``direct`` (set by the writer).
 
     Args:
         outbox_limit: the outbox's bound (see :class:`Outbox`).
@@ -240,6 +243,9 @@ class SendQueue:
     def __init__(self, outbox_limit: int, logger: Any) -> None:
         self.outbox = Outbox(outbox_limit)
         self.wakeup = asyncio.Event()  # the outbox has something for the writer
+        #: Set by the writer while it waits with nothing queued and the last message went out spaced: writes one
+        #: message now (True), or cannot (False: the connection would make it wait; it is queued instead).
+        self.direct: Callable[[Any], bool] | None = None
         self._log = logger
         self._seq = 0
         self._woken = False  # wakeup was set since the writer last cleared it: the next sends need not set it
@@ -250,6 +256,9 @@ class SendQueue:
             # coordinator acks up to it (the exact type first: a set lookup, not four isinstance tests for a done)
             self._seq += 1
             msg.seq = self._seq
+        direct = self.direct
+        if direct is not None and type(msg) is protocol.Event and direct(msg):
+            return
         outbox = self.outbox
         items = outbox._items
         items.append(msg)  # Outbox.append, without its call
@@ -257,6 +266,7 @@ class SendQueue:
             self._log.warning("outbox full: dropped old events", dropped_total=outbox.dropped)
         if not self._woken:  # the writer is woken once however many messages come before it runs
             self._woken = True
+            self.direct = None  # something is queued: what comes next queues behind it
             self.wakeup.set()
 
     def park(self) -> None:
@@ -278,6 +288,7 @@ async def write_frames(
     max_batch: int,
     finishing: Callable[[], bool],
     after_round: Callable[[], None] | None = None,
+    write_now: Callable[[bytes], bool] | None = None,
 ) -> None:
     """A session's writer: sends what ``queue`` holds with ``send``, coalesced into as few frames as fit.
 
@@ -293,16 +304,56 @@ async def write_frames(
     someone waits for: a token's time to first byte) and the writer's last wait gathered nothing
     (the messages come spaced, not in bursts). One loop turn after such a send says whether the
     stream came in a burst after all: if something was queued in it, the next rounds wait again.
+
+    Written at once: with ``write_now`` (a synchronous write of one frame; False when the connection
+    cannot take it without waiting: its buffer is over the high-water mark, it is closing, or another
+    send is under way), such an event that comes while the writer waits with nothing queued is not
+    queued at all: ``queue.send`` encodes it and writes it in the caller's own step, so the handler's
+    emit reaches the socket without a wake-up of this task. The loop turn after it decides, as above,
+    whether the next one may go so too; one that cannot be written so is queued and sent here.
     """
     outbox = queue.outbox
     wakeup = queue.wakeup
+    loop = asyncio.get_running_loop()
     spaced = True  # the last wait for more messages gathered nothing: an event may go at once
+    parked = False  # waiting on wakeup with nothing queued
+
+    def direct(msg: Any) -> bool:
+        nonlocal spaced
+        assert write_now is not None
+        chunks = encode_frames(codec, [msg], max_frame_bytes)  # [] when it cannot be sent at all (logged)
+        if chunks:
+            frame, msgs = chunks[0]
+            if not write_now(frame):
+                return False
+            outbox.sent(msgs)  # kept until acked, as the writer's
+        queue.direct = None  # what comes in this loop turn queues up: a burst goes coalesced
+        spaced = False
+        loop.call_soon(turn_after)
+        if after_round is not None:
+            after_round()
+        return True
+
+    def turn_after() -> None:
+        nonlocal spaced
+        if not outbox:  # nothing followed in the turn after: the stream is spaced, the next event may go at once
+            spaced = True
+            if parked and write_now is not None:
+                queue.direct = direct
+
     while True:
         if not outbox:
             if finishing():
                 return
             queue.park()
-            await wakeup.wait()
+            parked = True
+            if spaced and write_now is not None:
+                queue.direct = direct
+            try:
+                await wakeup.wait()
+            finally:
+                parked = False
+                queue.direct = None
             continue
         eager = spaced and type(outbox.newest) is protocol.Event
         if not eager:

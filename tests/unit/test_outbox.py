@@ -196,24 +196,33 @@ class Wire:
     def __init__(self) -> None:
         self.codec = Codec("msgpack", protocol.messages.FromWorker, "worker")
         self.frames: list[list[Any]] = []
+        self.written_now: list[list[Any]] = []  # the frames of those that came through write_now
         self.broken = False
+        self.full = False  # write_now: the buffer is over its high-water mark (the writer's send would wait)
 
     async def send(self, frame: bytes) -> None:
         if self.broken:
             raise ConnectionResetError("the wire broke")
         self.frames.append(self.codec.decode(frame))
 
+    def write_now(self, frame: bytes) -> bool:
+        if self.full:
+            return False
+        self.frames.append(self.codec.decode(frame))
+        self.written_now.append(self.frames[-1])
+        return True
+
 
 class Writer:
-    """``write_frames`` running on a :class:`Wire`, as a session runs it."""
+    """``write_frames`` running on a :class:`Wire`, as a session runs it (``write_now``: with the wire's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, write_now: bool = False) -> None:
         self.queue = SendQueue(1000, structlog.get_logger())
         self.wire = Wire()
         self.finishing = False
         self.task = asyncio.ensure_future(write_frames(
             self.queue, self.wire.codec, self.wire.send, max_frame_bytes=1 << 20, max_batch=4096,
-            finishing=lambda: self.finishing,
+            finishing=lambda: self.finishing, write_now=self.wire.write_now if write_now else None,
         ))  # fmt: skip
 
     async def sent(self, count: int) -> None:
@@ -288,3 +297,67 @@ async def test_a_failed_send_puts_its_messages_back_in_front() -> None:
     with pytest.raises(ConnectionResetError):
         await asyncio.wait_for(writer.task, 5)
     assert writer.queue.outbox.take(10) == msgs
+
+
+# ---------------------------------------------------------------- written at once (write_frames' write_now)
+
+
+async def test_a_spaced_token_is_written_by_its_sender_in_its_own_step() -> None:
+    """With write_now, a token sent while the writer idles is on the wire when send returns: no writer wake-up."""
+    writer = Writer(write_now=True)
+    await asyncio.sleep(0)  # the writer starts and waits
+    for n in range(3):  # spaced: a loop turn with nothing between them
+        msg = token(n)
+        writer.queue.send(msg)
+        assert writer.wire.written_now[-1] == [msg] and not writer.queue.outbox
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    assert writer.queue.outbox.unacked == 3  # kept until the coordinator acks them, as the writer's
+    await writer.close()
+    assert len(writer.wire.frames) == 3
+
+
+async def test_after_a_token_written_at_once_a_burst_is_queued_and_coalesced() -> None:
+    """Tokens that follow one written at once in the same turn wait for the writer, which sends them as one frame;
+    once a turn passes with nothing, the next one is written at once again."""
+    writer = Writer(write_now=True)
+    await asyncio.sleep(0)
+    burst = [token(n) for n in range(5)]
+    for msg in burst:
+        writer.queue.send(msg)
+    assert writer.wire.written_now == [[burst[0]]]
+    await writer.sent(2)
+    assert writer.wire.frames == [[burst[0]], burst[1:]]
+    for _ in range(COALESCE_TURNS + 2):
+        await asyncio.sleep(0)
+    late = token(9)
+    writer.queue.send(late)
+    assert writer.wire.written_now[-1] == [late]
+    await writer.close()
+
+
+async def test_accept_and_done_are_never_written_at_once() -> None:
+    """Plan messages other than events queue for the writer (accept, event, done of a plan that ends at once: one
+    frame)."""
+    writer = Writer(write_now=True)
+    await asyncio.sleep(0)
+    writer.queue.send(protocol.Accept(plan_id="a", attempt=1))
+    writer.queue.send(protocol.Event(plan_id="a", kind="echo", data=1, attempt=1))
+    writer.queue.send(protocol.Done(plan_id="a", attempt=1, outcome="succeeded"))
+    await writer.sent(1)
+    assert writer.wire.written_now == []
+    assert [type(m).__name__ for m in writer.wire.frames[0]] == ["Accept", "Event", "Done"]
+    await writer.close()
+
+
+async def test_a_token_the_connection_cannot_take_now_is_queued_for_the_writer() -> None:
+    """write_now refusing (the buffer over its high-water mark) leaves the token to the writer's send, which waits."""
+    writer = Writer(write_now=True)
+    await asyncio.sleep(0)
+    writer.wire.full = True
+    msg = token(0)
+    writer.queue.send(msg)
+    assert writer.wire.written_now == [] and len(writer.queue.outbox) == 1
+    await writer.sent(1)
+    assert writer.wire.frames == [[msg]] and writer.wire.written_now == []
+    await writer.close()
