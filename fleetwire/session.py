@@ -331,6 +331,7 @@ class ClientSession:
         for msg in self._codec.decode(frame):
             if type(msg) is Event:  # as receive(), inline: most messages are events (five of six per plan)
                 plan_id = msg.plan_id
+                ended = msg.kind in TERMINAL_STATES
                 stream = streams.get(plan_id)
                 if stream is None:
                     pass
@@ -342,11 +343,11 @@ class ClientSession:
                     if seq > stream.last_seq:
                         stream.last_seq = seq
                     stream.events.append(msg)
-                    if msg.kind in TERMINAL_STATES:
+                    if ended:
                         stream._end(msg)
                     if stream.waker is not None or stream.on_change is not None:
                         stream._changed()
-                if msg.kind in TERMINAL_STATES:
+                if ended:
                     if stream is not None and stream.final is not None and not more and streams.get(plan_id) is stream:
                         del streams[plan_id]  # as _ended(), inline: its one stream ended
                         specs.pop(plan_id, None)
