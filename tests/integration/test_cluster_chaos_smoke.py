@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from protocol.messages import Event
+from tests.integration.bench_run import run_bench
 from tests.pg import missing_reason
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,16 +37,7 @@ def test_cluster_chaos_bench_tiny_run_passes_its_checker(tmp_path: Path) -> None
     if (reason := missing_reason()) is not None:
         pytest.skip(reason)
 
-    async def run() -> tuple[int, str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_")}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(BENCH / "cluster_chaos.py"), *TINY, "--logs", str(tmp_path), "--json",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT, env=env,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(proc.communicate(), 110)
-        return proc.returncode or 0, out.decode(), err.decode()
-
-    rc, out, err = asyncio.run(run())
+    rc, out, err = asyncio.run(run_bench(BENCH / "cluster_chaos.py", [*TINY, "--logs", str(tmp_path), "--json"], 110))
     lines = [line for line in out.splitlines() if line.startswith("{")]
     assert lines, f"no result (exit {rc}):\n{out[-2000:]}\n{err[-3000:]}"
     r = json.loads(lines[-1])
