@@ -407,7 +407,6 @@ class Plan:
         self,
         kind: str,
         data: Any,
-        *,
         attempt: int,
         ephemeral: bool,
         max_events: int,

@@ -135,9 +135,9 @@ class Streams:
         ``recorded``: False for an event the store need not keep (a re-explained ``waiting``):
         only the plan's seq reservation is recorded, when the event passes it (module docstring).
         """
-        event = plan.append_event(
-            kind, data, attempt=plan.attempt, ephemeral=ephemeral, max_events=self._max_events,
-            max_bytes=self._max_event_bytes, size=SMALL_EVENT_BYTES if small else size,
+        event = plan.append_event(  # positional: five keywords cost the pure core more than the call itself
+            kind, data, plan.attempt, ephemeral, self._max_events, self._max_event_bytes,
+            SMALL_EVENT_BYTES if small else size,
         )
         if self.tracing and plan.traceparent and kind in TRACED_KINDS:
             self.note(plan, kind, data)
