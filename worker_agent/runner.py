@@ -72,7 +72,7 @@ class _PlanRun:
 
     __slots__ = (
         "attempt", "awaiting_inputs", "cancel_requested", "ctx", "devices", "plan_id", "preempted", "pulls", "runner",
-        "silent", "span", "started_at", "stop_timer", "task",
+        "silent", "span", "started", "started_at", "stop_timer", "task",
     )
 
     def __init__(self, runner: PlanRunner, plan_id: str, attempt: int, started_at: float) -> None:
@@ -81,7 +81,8 @@ class _PlanRun:
         self.attempt = attempt
         self.started_at = started_at
         self.ctx: Context
-        self.task: asyncio.Task[protocol.Done] | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.started = False  # its task's coroutine began (one cancelled before that never runs: ended by the runner)
         self.silent = False  # no longer our lease: send nothing more for it
         self.cancel_requested = False
         self.awaiting_inputs = False  # running, its handler not started: its inputs are not all in yet
@@ -100,10 +101,6 @@ class _PlanRun:
     def emit(self, kind: str, data: Any, ephemeral: bool) -> None:
         """The handler's event sink (``Context``)."""
         self.runner._on_event(self, kind, data, ephemeral)
-
-    def finished(self, task: asyncio.Task[protocol.Done]) -> None:
-        """The plan task's done callback."""
-        self.runner._plan_finished(self, task)
 
     def spill(self, encoded: bytes) -> protocol.OutputSpec:
         """Keeps a result over the frame limit (``Context.spill_result``)."""
@@ -298,8 +295,7 @@ class PlanRunner:
             return  # not ours, or already stopping (a second task.cancel would cut the kill grace short)
         run.cancel_requested = True
         run.ctx.mark_cancelled()
-        if run.task is not None:
-            run.task.cancel()
+        self._cancel_task(run)
 
     def on_preempt(self, preempt: protocol.Preempt) -> None:
         """Preempt one attempt (docs/SEMANTICS.md §Preemption): a waiting one ends at once, a running one is told
@@ -352,8 +348,7 @@ class PlanRunner:
             return
         run.cancel_requested = True
         run.ctx.mark_cancelled()
-        if run.task is not None:
-            run.task.cancel()
+        self._cancel_task(run)
 
     def on_error(self, error: protocol.Error) -> None:
         """A ``stale_lease`` silences the plan it names; any other error is logged."""
@@ -504,16 +499,41 @@ class PlanRunner:
             self._report(run, run_on_loop(handler, run.ctx, run.ctx.args), self._release(run))
             return
         # The task keeps what it needs of the assign, not the assign (its lists go at once: less for the collector).
+        # It ends its plan itself (_plan_finished, at the end of its coroutine): no done callback, no loop turn more.
         run.task = loop.create_task(self._run_plan(run, handler, bool(assign.inputs), assign.timeout_s))
-        run.task.add_done_callback(run.finished)
 
-    async def _run_plan(
-        self, run: _PlanRun, handler: Handler, has_inputs: bool, timeout_s: float | None
-    ) -> protocol.Done:
+    async def _run_plan(self, run: _PlanRun, handler: Handler, has_inputs: bool, timeout_s: float | None) -> None:
+        """A plan's task: runs it and ends it (_plan_finished), however it ends; cancelled, it ends and re-raises."""
+        run.started = True
         # The task's own context copy: handlers' structlog calls carry the plan's ids (bind_contextvars's variables).
         _WORKER_ID.set(self.worker_id)
         _PLAN_ID.set(run.plan_id)
         _ATTEMPT.set(run.attempt)
+        try:
+            if has_inputs or run.span is not None:
+                done = await self._attempt(run, handler, has_inputs, timeout_s)
+            else:  # the usual plan: its handler alone (one coroutine fewer)
+                done = await run_handler(handler, run.ctx, run.ctx.args, timeout_s=timeout_s)
+        except asyncio.CancelledError:  # cancelled outside run_handler (waiting for its inputs)
+            self._ended_in_task(run, None)
+            raise
+        except Exception as exc:  # a fault of the runner's: the plan fails ``internal``
+            self._ended_in_task(run, exc)
+            return
+        self._ended_in_task(run, done)
+
+    def _ended_in_task(self, run: _PlanRun, outcome: protocol.Done | Exception | None) -> None:
+        """End a plan from its own task; plans it lets start are not run in its structlog context."""
+        if self._waiting:  # (a plan that runs on the loop would run here, in this task's context)
+            _WORKER_ID.set(Ellipsis)  # structlog's "not bound"
+            _PLAN_ID.set(Ellipsis)
+            _ATTEMPT.set(Ellipsis)
+        self._plan_finished(run, outcome)
+
+    async def _attempt(
+        self, run: _PlanRun, handler: Handler, has_inputs: bool, timeout_s: float | None
+    ) -> protocol.Done:
+        """A plan with inputs (waited for and verified first) or a sampled trace (spans around the handler)."""
         if has_inputs:  # the plan stays running, its handler unstarted, until its inputs are verified
             data = run.ctx.data
             error: protocol.ErrorInfo | None
@@ -594,7 +614,17 @@ class PlanRunner:
             receipt = None
         return receipt
 
-    def _plan_finished(self, run: _PlanRun, task: asyncio.Task[protocol.Done]) -> None:
+    def _cancel_task(self, run: _PlanRun) -> None:
+        """Cancel a plan's task; one cancelled before its coroutine began never runs it, so its plan ends here."""
+        if run.task is None:
+            return
+        run.task.cancel()
+        if not run.started:
+            run.started = True  # (ended once)
+            self._plan_finished(run, None)
+
+    def _plan_finished(self, run: _PlanRun, outcome: protocol.Done | Exception | None) -> None:
+        """A plan's task ended: with its ``done``, a fault of the runner's, or None: cancelled outside its handler."""
         run.ctx.close()  # (run_handler closed it, unless the task was cancelled before it ran)
         receipt = self._release(run)
         self._orphans.discard(run)
@@ -609,16 +639,16 @@ class PlanRunner:
             if run.devices:
                 self._start_waiting()  # a plan waiting for the devices it held may start now
             return
-        if task.cancelled():  # cancelled before its first step: run_handler never ran
+        if outcome is None:  # cancelled before run_handler ran (or outside it)
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="cancelled")
-        elif (exc := task.exception()) is not None:
+        elif isinstance(outcome, Exception):
             self._log.error(
-                "plan task failed", plan_id=run.plan_id, exception="".join(traceback.format_exception(exc))
+                "plan task failed", plan_id=run.plan_id, exception="".join(traceback.format_exception(outcome))
             )
-            info = protocol.ErrorInfo(code=errors.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+            info = protocol.ErrorInfo(code=errors.INTERNAL, message=f"{type(outcome).__name__}: {outcome}")
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="failed", error=info)
         else:
-            done = task.result()
+            done = outcome
         self._report(run, done, receipt)
 
     def _report(self, run: _PlanRun, done: protocol.Done, receipt: protocol.Receipt | None) -> None:
@@ -673,5 +703,5 @@ class PlanRunner:
         if run.task is not None and not run.task.done():
             self._orphans.add(run)
             run.ctx.mark_cancelled()
-            run.task.cancel()
+            self._cancel_task(run)
         self._start_waiting()

@@ -1,5 +1,7 @@
-"""Plans whose handler runs on the loop (worker_agent/handlers.py ``on_loop``, the built-in ``echo``): no task, no
-thread; the plan ends in the step that reads its assign, with the outcomes of any other handler (issue #29)."""
+"""How few steps a plan takes on a worker (issue #29). Plans whose handler runs on the loop (worker_agent/handlers.py
+``on_loop``, the built-in ``echo``): no task, no thread; the plan ends in the step that reads its assign, with the
+outcomes of any other handler. Plans with a task: it ends its plan in its last step (no done callback), and one
+cancelled before it began is ended by the runner."""
 
 from __future__ import annotations
 
@@ -120,3 +122,48 @@ def test_on_loop_refuses_an_async_function() -> None:
     """Marking an async def handler on_loop is a TypeError naming it."""
     with pytest.raises(TypeError, match="on_loop is for plain functions"):
         on_loop(waits)
+
+
+# ---------------------------------------------------------------- plans with a task
+
+
+async def test_a_task_sends_its_done_in_the_step_its_handler_returns() -> None:
+    """The done is queued by the plan's task as its handler returns, not a loop turn later by a done callback."""
+    release: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def awaits(ctx: Context, args: Any) -> int:
+        await release
+        return 5
+
+    plans, queue = runner()
+    plans.add_handler("awaits", awaits)
+    plans.on_assign(assign("p1", "awaits"))
+    await asyncio.sleep(0)  # the task starts and waits
+    release.set_result(None)
+    await asyncio.sleep(0)  # one loop turn: the task's last step
+    done = [m for m in queued(queue) if isinstance(m, protocol.Done)]
+    assert [(m.outcome, m.result) for m in done] == [("succeeded", 5)]
+    assert plans.running_count == 0 and plans.idle.is_set()
+
+
+async def test_a_plan_cancelled_before_its_task_began_ends_cancelled_once() -> None:
+    """A cancel read with the assign (its task not yet run) ends it cancelled at once, once; a silenced one sends
+    nothing; neither task runs its handler."""
+    ran: list[str] = []
+
+    async def noted(ctx: Context, args: Any) -> None:
+        ran.append(ctx.plan_id)
+
+    plans, queue = runner()
+    plans.add_handler("noted", noted)
+    plans.on_assign(assign("p1", "noted"))
+    plans.on_cancel(protocol.Cancel(plan_id="p1", attempt=1))
+    plans.on_assign(assign("p2", "noted"))
+    plans.on_error(protocol.Error(code=errors.STALE_LEASE, message="not yours", plan_id="p2", attempt=1))
+    assert plans.running_count == 0 and plans.idle.is_set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    done = [(m.plan_id, m.outcome) for m in queued(queue) if isinstance(m, protocol.Done)]
+    assert done == [("p1", "cancelled")] and ran == []
+    assert plans.load.in_flight == 0
+    await plans.silence_all("test over")
