@@ -344,9 +344,9 @@ class ClientSession:
                         stream.last_seq = seq
                     stream.events.append(msg)
                     if ended:
-                        stream._end(msg)
+                        stream.finish(msg)
                     if stream.waker is not None or stream.on_change is not None:
-                        stream._changed()
+                        stream.changed()
                 if ended:
                     if stream is not None and stream.final is not None and not more and streams.get(plan_id) is stream:
                         del streams[plan_id]  # as _ended(), inline: its one stream ended

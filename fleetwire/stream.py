@@ -235,7 +235,8 @@ class PlanStream:
             attempt=self.attempt,
         )
 
-    def _changed(self) -> None:
+    def changed(self) -> None:
+        """Tell whoever waits that the stream changed: its ``waker`` (set once, then dropped), ``on_change``."""
         waker = self.waker
         if waker is not None:
             self.waker = None
@@ -263,25 +264,25 @@ class PlanStream:
         elif seq:
             return  # a replay of an event this stream already holds (seq 0: an unnumbered one, taken)
         self.events.append(event)  # its state, attempt and worker id are worked out when read (_catch_up)
-        kind = event.kind
-        if kind in TERMINAL_STATES:
-            data = event.data
-            if kind == "succeeded" and type(data) is dict:  # the usual end, as _end() has it, inline
-                self._result = data.get("result")
-                self._receipt = data.get("receipt")
-                self.final = "succeeded"
-            else:
-                self._end(event)
-        waker = self.waker  # as _changed(), inline: this runs for every event
+        if event.kind in TERMINAL_STATES:
+            self.finish(event)
+        waker = self.waker  # as changed(), inline: this runs for every event
         if waker is not None:
             self.waker = None
             waker.set()
         if self.on_change is not None:
             self.on_change()
 
-    def _end(self, event: Event) -> None:
-        """The terminal event's outcome (``feed``)."""
-        data = event.data if isinstance(event.data, dict) else {}
+    def finish(self, event: Event) -> None:
+        """Take the outcome of the plan's terminal event (``feed``, and its copy in ``ClientSession.receive_frame``)."""
+        data = event.data
+        if event.kind == "succeeded" and type(data) is dict:  # the usual end
+            self._result = data.get("result")
+            self._receipt = data.get("receipt")
+            self.final = "succeeded"
+            return
+        if not isinstance(data, dict):
+            data = {}
         state: PlanStateName = _STATE_OF_KIND[event.kind]
         if state == "succeeded":
             self._result = data.get("result")
@@ -316,7 +317,7 @@ class PlanStream:
             if info.state not in TERMINAL_STATES:
                 self.state = info.state
             self.finish_from_info(info)  # ends it when its terminal event was among the missing ones
-        self._changed()
+        self.changed()
 
     def recover(self, reason: str) -> None:
         """The coordinator lost the plan and the session resubmitted it (same id and spec): start again.
@@ -331,7 +332,7 @@ class PlanStream:
         self.last_seq = 0
         self.state = "queued"
         self.recovered += 1
-        self._changed()
+        self.changed()
 
     def rewind(self, last_seq: int) -> bool:
         """The coordinator's stream of this plan ends at ``last_seq``, before this one's: a store loss took
@@ -347,7 +348,7 @@ class PlanStream:
         self.events.append(Event(plan_id=self.id, kind="rewound", data=data, seq=last_seq))
         self.last_seq = last_seq
         self.rewound += 1
-        self._changed()
+        self.changed()
         return True
 
     def finish_from_info(self, info: PlanInfo) -> None:
@@ -365,13 +366,13 @@ class PlanStream:
         self._receipt = info.receipt
         if info.error is not None:
             self._failure = info.error
-        self._changed()
+        self.changed()
 
     def fail(self, error: FleetwireConnectionError) -> None:
         """The session ended (or lost the plan) before the plan did."""
         if self.final is None and self.lost is None:
             self.lost = error
-            self._changed()
+            self.changed()
 
 
 def _receipt(value: Any) -> Receipt | None:

@@ -251,6 +251,8 @@ async def await_accepted(
         if waiter.left:  # gave up (or failed) before every reply: let go the requests still pending
             for request in requests:
                 session.forget_request(request.req_id)
+            if waiter.future.done() and not waiter.future.cancelled():
+                waiter.future.exception()  # after an early exit: no "exception was never retrieved"
             waiter.future.cancel()
     plans = waiter.plans if waiter.refused is None else [plan for plan in waiter.plans if plan is not None]
     return plans, waiter.refused  # type: ignore[return-value]  # every place holds a plan when none was refused
