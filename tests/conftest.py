@@ -1,4 +1,8 @@
-"""Fixtures shared by every test layer: a real PostgreSQL server (tests/pg.py) for the cluster-mode tests."""
+"""Fixtures shared by every test layer: a real PostgreSQL server (tests/pg.py) for the cluster-mode tests.
+
+Also the hooks for pytest-xdist workers: the default worker count, ``solo`` tests kept alone
+(tests/parallel.py says how).
+"""
 
 from __future__ import annotations
 
@@ -9,22 +13,57 @@ from collections.abc import Iterator
 import pytest
 
 from tests.no_nvml import pynvml as no_nvml
+from tests.parallel import SOLO_MARK, MachineShare, default_to_workers, run_temp, worker_share
 from tests.pg import PostgresServer, missing_reason, postgres_server, scratch_dir
+
+_share: MachineShare | None = None  # this xdist worker's handle on the run's solo lock
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The default ``-n`` and ``--dist`` (tests/parallel.py), before xdist's own hook turns ``-n`` into nodes."""
+    default_to_workers(config)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _share
+    _share = worker_share(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _share is not None:
+        _share.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """Under xdist each test holds the run's lock, shared, or alone when marked ``solo`` (setup to teardown)."""
+    if _share is None:
+        return (yield)
+    with _share.held(alone=item.get_closest_marker(SOLO_MARK) is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _child_bytecode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def _child_bytecode(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Child Python processes cache their bytecode in a temp tree kept for the session.
 
     The tests start hundreds of Python processes (coordinators, workers, CLI commands, bench
     scripts, handler children). Under ``PYTHONDONTWRITEBYTECODE=1`` (set where CI runs) each one
     compiled every module it imported afresh: 0.68-0.78 s of CPU to import the coordinator and the
     worker agent, against 0.33-0.36 s with bytecode. ``PYTHONPYCACHEPREFIX`` keeps that bytecode
-    out of the checkout, and the tree goes with the session's temp dirs.
+    out of the checkout, and the tree goes with the session's temp dirs. Under xdist the workers
+    share one tree (the run's temp dir): Python writes each ``.pyc`` to a temp file and renames it.
     """
     saved = {name: os.environ.get(name) for name in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.mktemp("pycache"))
+    shared = run_temp(request.config)
+    if shared is None:
+        prefix = tmp_path_factory.mktemp("pycache")
+    else:
+        prefix = shared / "pycache"
+        prefix.mkdir(exist_ok=True)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
     yield
     for name, value in saved.items():
         if value is None:

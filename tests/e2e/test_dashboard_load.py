@@ -21,7 +21,7 @@ from fleetwire.client import Client
 from tests.e2e.browser import browser_page
 from tests.e2e.conftest import ADMIN_TOKEN, CLIENT_TOKEN, Cluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180), pytest.mark.solo]  # its figures measure the machine
 
 RATE = 500  # plans per second, asked for
 SECONDS = 4
