@@ -13,7 +13,7 @@ records the SDK returns (``Event``, ``PlanInfo``, ``Workers``, ...) are the prot
 own Structs, re-exported here.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from fleetwire.client import Client
 from fleetwire.errors import (
@@ -32,10 +32,23 @@ from fleetwire.plan import Plan
 from fleetwire.sync import SyncClient, SyncPlan
 from protocol.messages import ErrorInfo, Event, OutputRef, PlanInfo, Requirements, WorkerInfo, Workers
 
-try:
-    __version__ = version("fleetwire")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0"
+if TYPE_CHECKING:
+    __version__: str
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``, looked up on first use (a search of the installed distributions: not every import's cost)."""
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("fleetwire")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        value = "0.0.0"
+    globals()["__version__"] = value
+    return value
+
 
 __all__ = [
     "AuthError",

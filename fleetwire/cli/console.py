@@ -22,16 +22,17 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
-from typing import Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import msgspec
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from fleetwire.client import Client, Plan
 from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
 from protocol.messages import Event, PlanInfo, Plans, Receipt, WorkerInfo, Workers
+
+if TYPE_CHECKING:  # rich costs a command ~60 ms of start-up: imported where a console or table is made
+    from rich.console import Console
+    from rich.table import Table
 
 __all__ = [
     "EXIT_CANCELLED",
@@ -67,8 +68,23 @@ def _json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
+def escape(text: str) -> str:
+    """``text`` with rich markup escaped (rich imported on first use)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _table() -> Table:
+    from rich.table import Table
+
+    return Table(box=None, header_style="bold", pad_edge=False)
+
+
 def make_console(file: TextIO | None = None) -> Console:
     """A console on stdout; piped, it is plain and 200 columns wide so tables never wrap."""
+    from rich.console import Console
+
     stream = file or sys.stdout
     interactive = stream.isatty()
     return Console(
@@ -323,7 +339,7 @@ def workers_table(rows: list[WorkerInfo]) -> Table:
     cells = [_worker_cells(w) for w in rows]
     shown = [i for i, column in enumerate(columns)
              if column in _KEPT_COLUMNS or any(row[i] not in _EMPTY_CELLS for row in cells)]  # fmt: skip
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = _table()
     for i in shown:
         table.add_column(columns[i], no_wrap=True)
     for w, row in zip(rows, cells, strict=True):
@@ -419,7 +435,7 @@ def print_workers(reply: Workers, *, as_json: bool) -> None:
 
 def plans_table(plans: list[PlanInfo]) -> Table:
     """The ``fleetwire plans`` table."""
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = _table()
     for column in ("ID", "OP", "STATE", "WORKER", "ATTEMPT", "EVENTS", "WAITING"):
         table.add_column(column, no_wrap=column != "WAITING")
     for p in plans:
@@ -486,7 +502,7 @@ def _print_footprint(plans: list[PlanInfo], by: str, *, as_json: bool) -> int:
     if as_json:
         print(_json({"by": by, "rows": rows}))
         return EXIT_OK
-    table = Table(box=None, header_style="bold", pad_edge=False)
+    table = _table()
     for column in (by.upper(), "PLANS", "ENERGY", "GCO2E", "ESTIMATED", "PROJECTED", "NO RECEIPT"):
         table.add_column(column, no_wrap=True)
     for row in rows:

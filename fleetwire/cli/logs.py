@@ -20,7 +20,14 @@ import sys
 import traceback
 from typing import Literal
 
-import structlog
+from fleetwire.cli.lean import without
+
+# structlog imports rich (its pretty tracebacks and locals) and greenlet (its deprecated
+# threadlocal) whenever they are installed: ~70 ms of every process's start, for features the
+# renderers below never use (plain tracebacks, no locals). Imported without them, structlog
+# renders exactly the same lines (fleetwire/cli/lean.py).
+with without("rich", "greenlet"):
+    import structlog
 
 LogFormat = Literal["auto", "console", "json"]
 LEVELS = ("debug", "info", "warning", "error")

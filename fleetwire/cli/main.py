@@ -26,6 +26,7 @@ import msgspec
 from fleetwire.cli import console
 from fleetwire.cli.cluster import add_cluster_command
 from fleetwire.cli.console import finish as _finish
+from fleetwire.cli.lean import import_httpx
 from fleetwire.cli.logs import LEVELS, configure_logging
 from fleetwire.cli.ops import add_ops_commands, follow_submitted, tag_list
 from fleetwire.cli.progress import transfer_progress
@@ -279,7 +280,7 @@ def build_parser(*, worker_flags: bool = True) -> argparse.ArgumentParser:
         description="fleetwire: a control plane for fleets of GPU and CPU hosts.",
         epilog="Start with `fleetwire up`, then follow what it prints.",
     )
-    parser.add_argument("--version", action="version", version=f"fleetwire {version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("up", parents=[common], help="run a local coordinator and workers (zero config)",
@@ -310,6 +311,7 @@ def build_parser(*, worker_flags: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser("worker", parents=[common], help="run a worker agent on this host",
                        description="Run a worker agent that dials the coordinator and runs plans.")
     if worker_flags:
+        import_httpx()  # before the agent imports it: without httpx's own CLI (fleetwire/cli/lean.py)
         from worker_agent.main import add_worker_arguments
 
         add_worker_arguments(p)
@@ -411,6 +413,14 @@ def build_parser(*, worker_flags: bool = True) -> argparse.ArgumentParser:
     add_usage_command(sub, common=common, admin_client=admin_client, target=_client_target)  # fleetwire/cli/usage.py
     console.add_operator_commands(sub, common=common, client=admin_client, target=_client_target, root=build_parser)
     return parser
+
+
+class _VersionAction(argparse._VersionAction):
+    """argparse's ``--version``, the version looked up only when asked (a search of installed distributions)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        self.version = f"fleetwire {version()}"
+        super().__call__(parser, *args, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:

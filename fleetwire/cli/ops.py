@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import difflib
 import os
 import shlex
 import signal
@@ -76,6 +75,8 @@ def op_hint(op: str, workers: Iterable[WorkerInfo]) -> str:
         lines.append("op 'shell' runs any command, so workers offer it only when started with --allow-shell "
                      "(`fleetwire worker --allow-shell`, or `fleetwire up --allow-shell`)")
     else:
+        import difflib  # only for a typo's suggestion: not every command's start-up
+
         close = difflib.get_close_matches(op, offered, n=1, cutoff=0.6)
         if close:
             lines.append(f"did you mean {close[0]!r}?")

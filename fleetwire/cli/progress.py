@@ -13,20 +13,12 @@ import contextlib
 import sys
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from typing import TYPE_CHECKING, Any
 
 from fleetwire.direct import DirectTransport
+
+if TYPE_CHECKING:  # rich is imported only when bars are drawn (a command's start-up does not pay for it)
+    from rich.progress import Progress, TaskID
 
 __all__ = ["MIN_BYTES", "Bars", "transfer_progress"]
 
@@ -67,6 +59,9 @@ async def transfer_progress(client: Any, verb: str, *, as_json: bool) -> AsyncIt
     if as_json or direct is None or not sys.stderr.isatty():
         yield
         return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
