@@ -242,6 +242,21 @@ def test_a_run_out_of_seq_order_is_stored_in_order_last_of_each_seq(db: SQLiteSt
     assert [(e.seq, e.data) for e in plan.events] == [(1, "a2"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (6, "f")]
 
 
+def test_blobs_and_nulls_are_bound_through_identity_adapters_found_in_the_registry() -> None:
+    """The store registers sqlite3 adapters for bytes and None that return their argument: no failed lookup."""
+    blob = b"\x92\x01\xc0"
+    to_blob = sqlite3.adapters.get((bytes, sqlite3.PrepareProtocol))
+    to_null = sqlite3.adapters.get((type(None), sqlite3.PrepareProtocol))
+    assert to_blob is not None and to_null is not None
+    assert to_blob(blob) is blob and to_null(None) is None
+    conn = sqlite3.connect(":memory:")
+    try:
+        row = conn.execute("SELECT ?, typeof(?), ?, typeof(?)", (blob, blob, None, None)).fetchone()
+        assert row == (blob, "blob", None, "null")
+    finally:
+        conn.close()
+
+
 def test_open_store_specs(tmp_path: Path) -> None:
     """--store memory | sqlite (in the data dir) | sqlite:PATH; anything else is refused with the choices."""
     assert isinstance(open_store("memory"), MemoryStore)

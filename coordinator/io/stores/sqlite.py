@@ -145,6 +145,16 @@ _CHUNK = 128
 # Each multi-row statement's text by (statement, rows): formatted once, not once per group and chunk.
 _STATEMENTS: dict[tuple[str, int], str] = {}
 
+# sqlite3 binds an int, float, str or bytearray parameter as it is, but asks any other (a bytes
+# blob, None) for an adapter: with none registered it looks up ``PrepareProtocol.__adapt__``,
+# which raises an AttributeError (its message formatted) and clears it, for every blob and NULL
+# bound: ~14,000 of the writer's ~144,000 instructions per plan (callgrind, bench/store_writer.py's
+# groups). An adapter in the registry is found first; these two return their argument (``bytes``
+# of a bytes object is the object itself, ``{}.get`` of None is None), in C. Process-wide, as
+# sqlite3's registry is, and only where nobody registered one for these types first.
+sqlite3.adapters.setdefault((bytes, sqlite3.PrepareProtocol), bytes)
+sqlite3.adapters.setdefault((type(None), sqlite3.PrepareProtocol), {}.get)
+
 
 # One group's rows (_encode_rows): inserts, updates, events-table runs, inline checksums after it, plans ended.
 # A plain tuple: a NamedTuple's construction cost 0.3 us of a lone commit's ~8 us of Python (store_writer.py --lone).
