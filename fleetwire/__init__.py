@@ -13,9 +13,9 @@ records the SDK returns (``Event``, ``PlanInfo``, ``Workers``, ...) are the prot
 own Structs, re-exported here.
 """
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from fleetwire.client import Client
 from fleetwire.errors import (
     AuthError,
     FleetwireConnectionError,
@@ -28,16 +28,27 @@ from fleetwire.errors import (
     ProtocolError,
     RequestError,
 )
-from fleetwire.plan import Plan
-from fleetwire.sync import SyncClient, SyncPlan
 from protocol.messages import ErrorInfo, Event, OutputRef, PlanInfo, Requirements, WorkerInfo, Workers
 
 if TYPE_CHECKING:
+    from fleetwire.client import Client
+    from fleetwire.plan import Plan
+    from fleetwire.sync import SyncClient, SyncPlan
+
     __version__: str
 
+# The client and its plans are imported on first use: the coordinator and the worker daemon are
+# started through ``fleetwire.cli`` (this package) and never dial as a client (~15 ms of their start).
+_LAZY = {"Client": "fleetwire.client", "Plan": "fleetwire.plan", "SyncClient": "fleetwire.sync",
+         "SyncPlan": "fleetwire.sync"}  # fmt: skip
 
-def __getattr__(name: str) -> str:
-    """``__version__``, looked up on first use (a search of the installed distributions: not every import's cost)."""
+
+def __getattr__(name: str) -> Any:
+    """The SDK's classes and ``__version__`` (a search of the installed distributions), on first use."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     if name != "__version__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib.metadata import PackageNotFoundError, version
@@ -48,6 +59,10 @@ def __getattr__(name: str) -> str:
         value = "0.0.0"
     globals()["__version__"] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "__version__"})
 
 
 __all__ = [

@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import msgspec
 
-from fleetwire.client import Client, Plan
 from fleetwire.errors import FleetwireConnectionError, PlanCancelled, PlanFailed
 from protocol.messages import Event, PlanInfo, Plans, Receipt, WorkerInfo, Workers
 
-if TYPE_CHECKING:  # rich costs a command ~60 ms of start-up: imported where a console or table is made
+if TYPE_CHECKING:  # rich (~60 ms) and the SDK's client: imported where a command uses them
     from rich.console import Console
     from rich.table import Table
+
+    from fleetwire.client import Client, Plan
 
 __all__ = [
     "EXIT_CANCELLED",
@@ -66,6 +67,13 @@ _HEALTH_STYLES: Final = {"quarantined": "red", "degraded": "yellow"}  # the GPU 
 
 def _json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
+
+
+def connect(url: str, token: str | None, **options: Any) -> Client:
+    """A client of ``url``: the SDK's client is imported by the commands that dial, not by the daemons."""
+    from fleetwire.client import Client
+
+    return Client(url, token=token, **options)
 
 
 def escape(text: str) -> str:
@@ -457,7 +465,7 @@ async def _plans(ns: argparse.Namespace, target: Target) -> int:
         states = ("succeeded", "failed", "cancelled")  # a footprint is made of finished plans
     limit = ns.limit if ns.limit is not None else (MAX_LIST if ns.by is not None else 50)
     # Cluster mode (several URLs): a coordinator's main port reads every shard's plans from PostgreSQL.
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         reply: Plans = await client.plans(states=states, limit=limit)
     if ns.since is not None:
         since = time.time() - ns.since
@@ -544,7 +552,7 @@ def deadline(text: str) -> tuple[float | None, float | None]:
 
 async def _drain(ns: argparse.Namespace, target: Target) -> int:
     url, token = target(ns)
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         await client.drain(ns.worker, deadline_s=ns.deadline)
     if ns.json:
         print(_json({"worker_id": ns.worker, "draining": True, "deadline_s": ns.deadline}))
@@ -558,7 +566,7 @@ async def _drain(ns: argparse.Namespace, target: Target) -> int:
 
 async def _undrain(ns: argparse.Namespace, target: Target) -> int:
     url, token = target(ns)
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         await client.undrain(ns.worker)
     print(_json({"worker_id": ns.worker, "draining": False}) if ns.json else f"worker {ns.worker} takes plans again")
     return EXIT_OK
@@ -566,7 +574,7 @@ async def _undrain(ns: argparse.Namespace, target: Target) -> int:
 
 async def _release_device(ns: argparse.Namespace, target: Target) -> int:
     url, token = target(ns)
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         await client.release_device(ns.worker, ns.device)
     if ns.json:
         print(_json({"worker_id": ns.worker, "device": ns.device, "released": True}))
@@ -578,7 +586,7 @@ async def _release_device(ns: argparse.Namespace, target: Target) -> int:
 
 async def _remove(ns: argparse.Namespace, target: Target) -> int:
     url, token = target(ns)
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         await client.remove_worker(ns.worker)
     if ns.json:
         print(_json({"worker_id": ns.worker, "removed": True}))

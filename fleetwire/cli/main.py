@@ -35,9 +35,6 @@ from fleetwire.cli.serve import add_server_arguments, fail, run_coordinator, run
 from fleetwire.cli.store import add_store_command
 from fleetwire.cli.up import run_up
 from fleetwire.cli.usage import add_usage_command
-from fleetwire.client import Client
-from fleetwire.connection import resolve_urls
-from fleetwire.data import DataTransferError
 from fleetwire.errors import FleetwireConnectionError
 from fleetwire.memtune import tune_allocator
 from protocol import json_schema
@@ -70,6 +67,8 @@ def _client_target(ns: argparse.Namespace) -> tuple[str, str | None]:
     url = ns.url or os.environ.get("FLEETWIRE_URL")
     if not url:
         raise SystemExit(fail("no coordinator URL: pass --url or set FLEETWIRE_URL (`fleetwire up` prints it)"))
+    from fleetwire.connection import resolve_urls
+
     try:  # one line and exit 2 for a URL that cannot be dialled (http(s):// is taken as ws(s)://)
         resolve_urls(url)
     except ValueError as exc:
@@ -157,7 +156,7 @@ async def _submit(ns: argparse.Namespace) -> int:
     url, token = _client_target(ns)
     pool = ns.pool.strip()
     tags = tag_list([f"pool:{pool}", *(ns.tags or ())] if pool else ns.tags)  # as `fleetwire worker --pool` tags it
-    async with Client(url, token=token, pool=pool) as client, transfer_progress(client, "upload", as_json=ns.json):
+    async with console.connect(url, token, pool=pool) as client, transfer_progress(client, "upload", as_json=ns.json):
         plan = await client.submit(
             ns.op,
             args=args,
@@ -214,7 +213,7 @@ async def _inputs_delivered(plan: Any, names: set[str]) -> None:
 
 async def _output(ns: argparse.Namespace) -> int:
     url, token = _client_target(ns)
-    async with Client(url, token=token) as client, transfer_progress(client, "download", as_json=ns.json):
+    async with console.connect(url, token) as client, transfer_progress(client, "download", as_json=ns.json):
         plan = await client.watch(ns.plan)
         plan.relay = ns.relay
         if ns.out:
@@ -229,14 +228,14 @@ async def _output(ns: argparse.Namespace) -> int:
 
 async def _watch(ns: argparse.Namespace) -> int:
     url, token = _client_target(ns)
-    async with Client(url, token=token) as client:
+    async with console.connect(url, token) as client:
         plan = await client.watch(ns.plan, from_seq=ns.from_seq)
         return await _finish(plan, follow=True, as_json=ns.json)
 
 
 async def _workers(ns: argparse.Namespace) -> int:
     url, token = _client_target(ns)
-    async with Client(url, token=token) as client:
+    async with console.connect(url, token) as client:
         reply = await client.workers()
     console.print_workers(reply, as_json=ns.json)
     return EXIT_OK
@@ -415,6 +414,13 @@ def build_parser(*, worker_flags: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+def _data_transfer_error() -> tuple[type[Exception], ...]:
+    """``DataTransferError``, for an ``except`` (evaluated only when an exception reaches it): its module
+    is imported by the commands that move data, so when it is not loaded nothing raised one."""
+    data = sys.modules.get("fleetwire.data")
+    return (data.DataTransferError,) if data is not None else ()
+
+
 class _VersionAction(argparse._VersionAction):
     """argparse's ``--version``, the version looked up only when asked (a search of installed distributions)."""
 
@@ -441,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                      EXIT_FAILED)
     except FleetwireError as exc:
         return fail(f"{exc} [{exc.code}]", EXIT_FAILED)
-    except DataTransferError as exc:  # an input or output could not be moved (fleetwire/data.py)
+    except _data_transfer_error() as exc:  # an input or output could not be moved (fleetwire/data.py)
         return fail(str(exc), EXIT_FAILED)
     except BrokenPipeError:  # stdout closed early (`| head`): nothing is wrong with the coordinator
         return EXIT_OK

@@ -20,14 +20,16 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from fleetwire.cli.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, WaitingHook, finish, make_console
-from fleetwire.client import Client, Plan
+from fleetwire.cli.console import EXIT_FAILED, EXIT_OK, EXIT_USAGE, WaitingHook, connect, finish, make_console
 from protocol.errors import RequestError
 from protocol.messages import WorkerInfo
+
+if TYPE_CHECKING:
+    from fleetwire.client import Client, Plan
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -162,7 +164,7 @@ async def follow_submitted(client: Client, plan: Plan, ns: argparse.Namespace) -
 
 async def _status(ns: argparse.Namespace, target: Target) -> int:
     url, token = target(ns)
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         workers = await client.workers()
         plans = await client.plans(limit=1)  # the counts cover every visible plan; the rows are not needed
     rows = workers.workers
@@ -209,7 +211,7 @@ async def _cancel(ns: argparse.Namespace, target: Target) -> int:
         return EXIT_USAGE
     url, token = target(ns)
     status = EXIT_OK
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         ids = list(ns.plan) if not ns.all else await _matching(client, ns.state or UNFINISHED)
         if ns.all and not ids and not ns.json:
             print(f"no {'/'.join(ns.state or UNFINISHED)} plans to cancel", file=sys.stderr)
@@ -238,7 +240,7 @@ async def _release(ns: argparse.Namespace, target: Target) -> int:
     """``fleetwire release``: plans held for a greener hour are placed now (docs/SEMANTICS.md §Deadlines)."""
     url, token = target(ns)
     status = EXIT_OK
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         for plan_id in ns.plan:
             try:
                 info = await client.release(plan_id)

@@ -15,10 +15,10 @@ import threading
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from fleetwire.direct import DirectTransport
-
 if TYPE_CHECKING:  # rich is imported only when bars are drawn (a command's start-up does not pay for it)
     from rich.progress import Progress, TaskID
+
+    from fleetwire.direct import DirectTransport
 
 __all__ = ["MIN_BYTES", "Bars", "transfer_progress"]
 
@@ -46,6 +46,8 @@ class Bars:
 
 def _direct(transport: Any) -> DirectTransport | None:
     """The direct transport inside the client's transport (itself, or an ``AutoTransport``'s ``direct``)."""
+    from fleetwire.direct import DirectTransport
+
     if isinstance(transport, DirectTransport):
         return transport
     inner = getattr(transport, "direct", None)

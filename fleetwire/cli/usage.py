@@ -23,8 +23,7 @@ from typing import Any, Final
 
 import msgspec
 
-from fleetwire.cli.console import EXIT_OK, EXIT_USAGE, make_console, print_table
-from fleetwire.client import Client
+from fleetwire.cli.console import EXIT_OK, EXIT_USAGE, connect, make_console, print_table
 from protocol.messages import Usage, UsageTotals
 
 __all__ = ["COLUMNS", "add_usage_command", "parse_since"]
@@ -108,7 +107,7 @@ async def _usage(ns: argparse.Namespace, target: Target) -> int:
         print(f"fleetwire: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     url, token = target(ns)
-    async with Client(url, token=token) as client:
+    async with connect(url, token) as client:
         reply = await client.usage(by=ns.by, since=since)
     print_usage(reply, as_json=ns.json, as_csv=ns.csv)
     return EXIT_OK

@@ -26,7 +26,8 @@ from fleetwire.cli import main
 out = io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
     main(sys.argv[1:])
-loaded = sorted(name for name in sys.modules if name.split(".")[0] in {deferred!r} or name == "worker_agent")
+loaded = sorted(name for name in sys.modules
+                if name.split(".")[0] in {deferred!r} or name in ("worker_agent", "fleetwire.client"))
 print(json.dumps({{"loaded": loaded, "out": out.getvalue()}}))
 """
 
@@ -35,7 +36,7 @@ def _probe(*argv: str) -> tuple[set[str], str]:
     done = subprocess.run([sys.executable, "-c", PROBE.format(deferred=set(DEFERRED)), *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     result = json.loads(done.stdout.split("\n")[-2])
-    return {name.split(".")[0] for name in result["loaded"]}, result["out"]
+    return {name if name.startswith("fleetwire") else name.split(".")[0] for name in result["loaded"]}, result["out"]
 
 
 def test_a_client_command_does_not_import_the_worker_agent() -> None:
@@ -63,6 +64,21 @@ def test_the_worker_imports_httpx_without_its_command_line_client() -> None:
     """`fleetwire worker --help` imports the agent (httpx included) but not click, pygments or rich."""
     loaded, _ = _probe("worker", "--help")
     assert loaded == {"worker_agent"}
+
+
+def test_the_daemons_do_not_import_the_client() -> None:
+    """`fleetwire coordinator --help` and `fleetwire worker --help` parse without the SDK's client."""
+    assert _probe("coordinator", "--help")[0] == set()
+    assert "fleetwire.client" not in _probe("worker", "--help")[0]
+
+
+def test_the_package_still_exports_the_client() -> None:
+    """`from fleetwire import Client, SyncClient` works (the package imports them on first use)."""
+    done = subprocess.run([sys.executable, "-c", "import sys, fleetwire; a = 'fleetwire.client' in sys.modules;"
+                           "from fleetwire import Client, Plan, SyncClient, SyncPlan; print(a, Client.__name__,"
+                           "fleetwire.Plan is Plan, 'SyncPlan' in dir(fleetwire))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    assert done.stdout.split() == ["False", "Client", "True", "True"]
 
 
 def test_version_is_looked_up_when_asked() -> None:
