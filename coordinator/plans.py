@@ -259,53 +259,12 @@ class Plan:
         max_attempts: int,
         owner: str,
         order: int,
-        state: PlanStateName = "queued",
-        attempt: int = 0,
-        worker_id: str | None = None,
-        result: Any = None,
-        error: ErrorInfo | None = None,
-        events: list[Event] | None = None,
-        next_seq: int = 1,
-        waiting_reason: str | None = None,
-        avoid: frozenset[str] = frozenset(),
-        queued_at_s: float = 0.0,
-        started_at_s: float | None = None,
         hints: RoutingHints | None = None,
-        retries: int = 0,
-        retried: int = 0,
-        free_attempts: int = 0,
-        history: list[dict[str, Any]] | None = None,
-        worker_seq: tuple[int, int] = (0, 0),
-        held_bytes: int = 0,
-        ended_at: float | None = None,
-        inputs: list[InputSpec] | None = None,
-        outputs: list[str] | None = None,
-        produced: list[OutputSpec] | None = None,
-        result_size: int = -1,
-        resources: Resources | None = None,
-        gpus: GpuNeed | None = None,
-        projected: tuple[float, float] | None = None,
-        receipt: Receipt | None = None,
-        seq_recorded: int = 0,
-        tally: OwnerTally | None = None,
-        name: str | None = None,
-        traceparent: str = "",
-        preemptible: bool = False,
-        after: list[str] | None = None,
-        deterministic: bool = True,
-        graphed: bool = False,
-        rebuild_of: str | None = None,
-        replicas: dict[str, int] | None = None,
-        replicating: bool = False,
-        deadline_at: float | None = None,
-        expected_run_s: float = 0.0,
-        submitted_at: float | None = None,
-        deferred: bool = False,
-        deferred_until: float | None = None,
     ) -> None:
-        """A plan with these fields; a field not given gets its default (a list, a dict or hints given as None: a
-        new empty one). Written out rather than made by ``dataclass``: compiled (setup.py), this ``__init__`` is
-        native, where the generated one runs interpreted, one call per plan with every field (issue #29)."""
+        """A queued plan with these fields; every other field gets its default (each plan its own lists, dict and
+        hints: ``hints`` None is a new empty one). What a submit sets beyond these, :meth:`from_submit` assigns.
+        Written out rather than made by ``dataclass``: compiled (setup.py), this ``__init__`` is native, where the
+        generated one runs interpreted, one call per plan with every field (issue #29)."""
         self.id = id
         self.op = op
         self.args = args
@@ -315,78 +274,72 @@ class Plan:
         self.max_attempts = max_attempts
         self.owner = owner
         self.order = order
-        self.state = state
-        self.attempt = attempt
-        self.worker_id = worker_id
-        self.result = result
-        self.error = error
-        self.events = [] if events is None else events
-        self.next_seq = next_seq
-        self.waiting_reason = waiting_reason
-        self.avoid = avoid
-        self.queued_at_s = queued_at_s
-        self.started_at_s = started_at_s
+        self.state = "queued"
+        self.attempt = 0
+        self.worker_id = None
+        self.result = None
+        self.error = None
+        self.events = []
+        self.next_seq = 1
+        self.waiting_reason = None
+        self.avoid = frozenset()
+        self.queued_at_s = 0.0
+        self.started_at_s = None
         self.hints = RoutingHints() if hints is None else hints
-        self.retries = retries
-        self.retried = retried
-        self.free_attempts = free_attempts
-        self.history = [] if history is None else history
-        self.worker_seq = worker_seq
-        self.held_bytes = held_bytes
-        self.ended_at = ended_at
-        self.inputs = [] if inputs is None else inputs
-        self.outputs = [] if outputs is None else outputs
-        self.produced = [] if produced is None else produced
-        self.result_size = result_size
-        self.resources = resources
-        self.gpus = gpus
-        self.projected = projected
-        self.receipt = receipt
-        self.seq_recorded = seq_recorded
-        self.tally = tally
-        self.name = name
-        self.traceparent = traceparent
-        self.preemptible = preemptible
-        self.after = [] if after is None else after
-        self.deterministic = deterministic
-        self.graphed = graphed
-        self.rebuild_of = rebuild_of
-        self.replicas = {} if replicas is None else replicas
-        self.replicating = replicating
-        self.deadline_at = deadline_at
-        self.expected_run_s = expected_run_s
-        self.submitted_at = submitted_at
-        self.deferred = deferred
-        self.deferred_until = deferred_until
+        self.retries = 0
+        self.retried = 0
+        self.free_attempts = 0
+        self.history = []
+        self.worker_seq = (0, 0)
+        self.held_bytes = 0
+        self.ended_at = None
+        self.inputs = []
+        self.outputs = []
+        self.produced = []
+        self.result_size = -1
+        self.resources = None
+        self.gpus = None
+        self.projected = None
+        self.receipt = None
+        self.seq_recorded = 0
+        self.tally = None
+        self.name = None
+        self.traceparent = ""
+        self.preemptible = False
+        self.after = []
+        self.deterministic = True
+        self.graphed = False
+        self.rebuild_of = None
+        self.replicas = {}
+        self.replicating = False
+        self.deadline_at = None
+        self.expected_run_s = 0.0
+        self.submitted_at = None
+        self.deferred = False
+        self.deferred_until = None
 
     @classmethod
     def from_submit(cls, msg: Submit, plan_id: str, owner: str, order: int) -> Plan:
         """A new queued plan from a validated ``submit``."""
-        return Plan(  # not ``cls``: compiled, a call of the class itself is a native call
-            id=plan_id,
-            op=msg.op,
-            args=msg.args,
-            requirements=msg.requirements,
-            priority=msg.priority,
-            timeout_s=msg.timeout_s,
-            max_attempts=msg.max_attempts,
-            owner=owner,
-            order=order,
-            hints=msg.hints,
-            retries=msg.retries,
-            traceparent=msg.traceparent,
-            inputs=msg.inputs,
-            outputs=msg.outputs,
-            resources=msg.resources,
-            gpus=GpuNeed.of(msg.resources) if msg.resources is not None else None,
-            preemptible=msg.preemptible,
-            after=msg.after,
-            deterministic=msg.deterministic,
-            graphed=bool(msg.after) or (bool(msg.inputs) and any(spec.ref is not None for spec in msg.inputs)),
-            deadline_at=msg.deadline_at,  # deadline_s is made absolute at submit (coordinator/carbon_holds.py)
-            expected_run_s=msg.expected_run_s or 0.0,
-            replicas=msg.replicas,
-        )
+        # not ``cls``: compiled, a call of the class itself is a native call
+        plan = Plan(plan_id, msg.op, msg.args, msg.requirements, msg.priority, msg.timeout_s, msg.max_attempts, owner,
+                    order, msg.hints)  # fmt: skip
+        plan.retries = msg.retries
+        plan.traceparent = msg.traceparent
+        plan.inputs = msg.inputs
+        plan.outputs = msg.outputs
+        resources = msg.resources
+        if resources is not None:
+            plan.resources = resources
+            plan.gpus = GpuNeed.of(resources)
+        plan.preemptible = msg.preemptible
+        plan.after = msg.after
+        plan.deterministic = msg.deterministic
+        plan.graphed = bool(msg.after) or (bool(msg.inputs) and any(spec.ref is not None for spec in msg.inputs))
+        plan.deadline_at = msg.deadline_at  # deadline_s is made absolute at submit (coordinator/carbon_holds.py)
+        plan.expected_run_s = msg.expected_run_s or 0.0
+        plan.replicas = msg.replicas
+        return plan
 
     @property
     def terminal(self) -> bool:

@@ -26,7 +26,7 @@ from coordinator.plans import (
 from coordinator.registry import WorkerRecord
 from protocol import errors
 from protocol.errors import FleetwireError
-from protocol.messages import Capabilities, GpuInfo, PlanStateName, Requirements, Submit
+from protocol.messages import Capabilities, GpuInfo, InputSpec, PlanStateName, Requirements, Resources, Submit
 
 STATES: tuple[PlanStateName, ...] = get_args(PlanStateName)
 EVENTS: tuple[PlanEventName, ...] = get_args(PlanEventName)
@@ -44,22 +44,43 @@ def make_plan(state: PlanStateName = "queued", **kw: Any) -> Plan:
         "owner": "alice",
         "order": 1,
     }
+    late = {name: kw.pop(name) for name in list(kw) if name not in fields and name != "hints"}
     fields.update(kw)
     plan = Plan(**fields)
     plan.state = state
+    for name, value in late.items():
+        setattr(plan, name, value)
     return plan
 
 
 def test_plan_init_sets_every_field_with_its_own_containers() -> None:
     """Plan's written-out ``__init__`` sets every declared field, and each plan gets its own lists, dict and hints."""
     first, second = make_plan(), make_plan()
-    given = {f.name: getattr(first, f.name) for f in dataclasses.fields(Plan)}  # AttributeError: a field left unset
-    again = Plan(**given)  # TypeError: a field the __init__ does not take
-    assert {name: getattr(again, name) for name in given} == given
+    for f in dataclasses.fields(Plan):
+        getattr(first, f.name)  # AttributeError: a field the __init__ left unset
     for name in ("events", "history", "inputs", "outputs", "produced", "after", "replicas", "hints"):
         assert getattr(first, name) is not getattr(second, name), name
     defaults = (first.state, first.attempt, first.next_seq, first.result_size, first.deterministic)
     assert defaults == ("queued", 0, 1, -1, True)
+
+
+def test_from_submit_carries_every_option_of_the_submit() -> None:
+    """``Plan.from_submit`` sets each field a submit gives (beyond the constructor's) from that submit."""
+    resources = Resources(gpus=1)
+    msg = Submit(
+        req_id=1, op="echo", args=[1], priority=3, timeout_s=9.0, max_attempts=2, retries=4, traceparent="00-ab-cd-01",
+        inputs=[InputSpec(name="a", size=1, digest="blake3:" + "d" * 64)], outputs=["o"], resources=resources,
+        preemptible=True, after=["k"], deterministic=False, deadline_at=123.0, expected_run_s=5.0, replicas={"o": 2},
+    )  # fmt: skip
+    plan = Plan.from_submit(msg, "p9", "bob", 7)
+    got = (plan.id, plan.op, plan.args, plan.priority, plan.timeout_s, plan.max_attempts, plan.owner, plan.order,
+           plan.retries, plan.traceparent, plan.inputs, plan.outputs, plan.resources, plan.preemptible, plan.after,
+           plan.deterministic, plan.graphed, plan.deadline_at, plan.expected_run_s, plan.replicas)  # fmt: skip
+    assert got == ("p9", "echo", [1], 3, 9.0, 2, "bob", 7, 4, "00-ab-cd-01", msg.inputs, ["o"], resources, True, ["k"],
+                   False, True, 123.0, 5.0, {"o": 2})  # fmt: skip
+    assert plan.gpus is not None and plan.hints is msg.hints
+    bare = Plan.from_submit(Submit(req_id=2, op="echo"), "p10", "bob", 8)
+    assert (bare.resources, bare.gpus, bare.graphed, bare.expected_run_s) == (None, None, False, 0.0)
 
 
 # ---------------------------------------------------------------- transition table
