@@ -331,8 +331,11 @@ class ClusterHost:
             self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        if tasks:  # a shard's start or the id index may hold a database connection: let it go back first
+            await asyncio.wait(tasks, timeout=5.0)
         if self._server is not None:
             self._server.close()
             self._gate.close()  # sockets still before their upgrade; the refusal log's summaries
