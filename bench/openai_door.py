@@ -643,11 +643,14 @@ _STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
     # (or written at once by the emit's own step, when the agent's writer has that path and it can)
     ("worker_agent.agent", None, "write_frame_now", "agent: frame with the token sent", False,
      lambda *_: "agent: first token emitted" in _MARKS),
-    # The coordinator's side of the token's frame: its bytes read (the websocket's data_received), the session's
-    # reader task woken with the frame decoded, the core's step.
+    # The coordinator's side of the token's frame: its bytes read (the websocket's data_received), the frame decoded
+    # and handed to the session (right from data_received while its reader idles: ``take``; else by the reader
+    # task: ``received``), the core's step.
     ("websockets.asyncio.connection", "Connection", "data_received", "coordinator: the token's frame read", False,
      lambda *_: "agent: frame with the token sent" in _MARKS),
-    ("coordinator.io.frontdoor.core_driver", "CoreSession", "received", "coordinator: reader task woken, decoded",
+    ("coordinator.io.frontdoor.core_driver", "CoreSession", "take", "coordinator: frame decoded, session has it",
+     False, lambda _session, msgs, *_a, **_k: any(getattr(m, "kind", "") == "token" for m in msgs)),
+    ("coordinator.io.frontdoor.core_driver", "CoreSession", "received", "coordinator: frame decoded, session has it",
      False, lambda _session, msgs, *_: any(getattr(m, "kind", "") == "token" for m in msgs)),
     ("coordinator.io.frontdoor.core_driver", "CoreDriver", "receive", "core: token taken", True,
      lambda _driver, _conn, msg, _now: getattr(msg, "kind", "") == "token"),
