@@ -292,29 +292,23 @@ async def write_frames(
 ) -> None:
     """A session's writer: sends what ``queue`` holds with ``send``, coalesced into as few frames as fit.
 
-    Returns when the queue is empty and ``finishing()`` says so; a failed ``send`` puts the
-    messages of that frame and the ones after it back in front of the queue and raises.
-    ``after_round()`` runs after each round of frames (the relay reads its next chunks then).
+    Returns when the queue is empty and ``finishing()`` says so; a failed ``send`` puts the messages of that frame
+    and the ones after it back in front of the queue and raises. ``after_round()`` runs after each round of
+    frames (the relay reads its next chunks then).
 
-    Coalescing: with something queued, the writer first waits up to :data:`COALESCE_TURNS` loop
-    turns while the queue still grows, so a plan that ends at once sends its ``accept``, events
-    and ``done`` as one frame rather than three (one send, one coordinator wake-up, one frame to
-    the client instead of three of each). But where waiting cannot help it sends at once (like
-    TCP_NODELAY with autocorking): when the newest message is an ``event`` (a stream's item that
-    someone waits for: a token's time to first byte) and the writer's last wait gathered nothing
-    (the messages come spaced, not in bursts). One loop turn after such a send says whether the
-    stream came in a burst after all: if something was queued in it, the next rounds wait again.
+    Coalescing: with something queued, the writer first waits up to :data:`COALESCE_TURNS` loop turns while the
+    queue still grows, so a plan that ends at once sends its ``accept``, events and ``done`` as one frame (one
+    send, one coordinator wake-up, one frame to the client instead of three of each). But where waiting cannot
+    help it sends at once (TCP_NODELAY with autocorking): when the newest message is an ``event`` (a token's
+    time to first byte) and the writer's last wait gathered nothing (messages come spaced, not in bursts). One
+    loop turn after such a send says whether the stream came in a burst after all: then the next rounds wait.
 
-    Written at once: with ``write_now`` (a synchronous write of one frame; False when the connection
-    cannot take it without waiting: its buffer is over the high-water mark, it is closing, or another
-    send is under way), such an event that comes while the writer waits with nothing queued is not
-    queued at all: ``queue.send`` encodes it and writes it in the caller's own step, so the handler's
-    emit reaches the socket without a wake-up of this task. The loop turn after it decides, as above,
-    whether the next one may go so too; one that cannot be written so is queued and sent here.
+    Written at once: with ``write_now`` (a synchronous write of one frame; False when the connection cannot take
+    it without waiting: over its high-water mark, closing, or another send under way), such an event that comes
+    while the writer waits with nothing queued is not queued at all: ``queue.send`` encodes and writes it in the
+    caller's own step, with no wake-up of this task (the turn after decides, as above, if the next may too).
     """
-    outbox = queue.outbox
-    wakeup = queue.wakeup
-    loop = asyncio.get_running_loop()
+    outbox, wakeup, loop = queue.outbox, queue.wakeup, asyncio.get_running_loop()
     spaced = True  # the last wait for more messages gathered nothing: an event may go at once
     parked = False  # waiting on wakeup with nothing queued
 
@@ -357,28 +351,42 @@ async def write_frames(
             continue
         eager = spaced and type(outbox.newest) is protocol.Event
         if not eager:
-            queued = len(outbox)
-            await asyncio.sleep(0)
-            spaced = len(outbox) == queued
-            if not spaced:
-                for _ in range(COALESCE_TURNS - 1):
-                    queued = len(outbox)
-                    await asyncio.sleep(0)
-                    if len(outbox) == queued:
-                        break
-        chunks = encode_frames(codec, outbox.take(max_batch), max_frame_bytes)
-        for index, (frame, msgs) in enumerate(chunks):
-            try:
-                await send(frame)
-            except BaseException:
-                outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
-                raise
-            outbox.sent(msgs)  # kept until acked; rewound and re-sent by the next session
+            spaced = await _coalesce(outbox)
+        await _send_round(outbox, codec, send, max_batch, max_frame_bytes)
         if after_round is not None:
             after_round()
         if eager:
             await asyncio.sleep(0)  # did more follow in the next turn? then the next rounds wait for it
             spaced = not outbox
+
+
+async def _coalesce(outbox: Outbox) -> bool:
+    """Wait while ``outbox`` still grows, at most :data:`COALESCE_TURNS` loop turns; whether the first turn
+    gathered nothing (the messages come spaced, not in a burst)."""
+    queued = len(outbox)
+    await asyncio.sleep(0)
+    if len(outbox) == queued:
+        return True
+    for _ in range(COALESCE_TURNS - 1):
+        queued = len(outbox)
+        await asyncio.sleep(0)
+        if len(outbox) == queued:
+            break
+    return False
+
+
+async def _send_round(outbox: Outbox, codec: Codec, send: Callable[[bytes], Awaitable[None]], max_batch: int,
+                      max_frame_bytes: int) -> None:  # fmt: skip
+    """Send up to ``max_batch`` of what ``outbox`` holds as frames; a failed send puts the messages of that frame
+    and the ones after it back in front and raises."""
+    chunks = encode_frames(codec, outbox.take(max_batch), max_frame_bytes)
+    for index, (frame, msgs) in enumerate(chunks):
+        try:
+            await send(frame)
+        except BaseException:
+            outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
+            raise
+        outbox.sent(msgs)  # kept until acked; rewound and re-sent by the next session
 
 
 def encode_frames(codec: Codec, msgs: list[Any], max_frame_bytes: int) -> list[tuple[bytes, list[Any]]]:
