@@ -19,6 +19,11 @@ from protocol.messages import Accepted, Error, FromClient, Requirements
 COORDINATOR = Codec("msgpack", FromClient, "client")  # decodes what the session sends
 
 
+def plan_of(own: bool, reply: Accepted, /) -> Plan:
+    """The SDK's plan for an accepted submit, as ``Client`` makes it (no cancel hook: never cancelled here)."""
+    return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]
+
+
 def batch(session: ClientSession, items: list[Any], ids: list[str | None], limit: int = 1 << 20) -> list[Any]:
     return submits.batch(session, "echo", items, ids, requirements=Requirements(tags=["cpu"]), priority=2,
                          timeout_s=None, max_attempts=3, max_inline_bytes=limit)  # fmt: skip
@@ -57,7 +62,7 @@ async def test_every_reply_is_waited_for_and_the_first_refusal_comes_back_with_t
 
     def accepted(own: bool, reply: Accepted, /) -> Plan:
         made.append((reply.plan_id, own))
-        return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
+        return plan_of(own, reply)
 
     woken = asyncio.Event()
     waiting = asyncio.ensure_future(submits.await_accepted(session, requests, accepted, woken.set))
@@ -78,11 +83,8 @@ async def test_a_caller_that_gives_up_leaves_no_request_pending() -> None:
     session = ClientSession("msgpack")
     requests = batch(session, [1, 2, 3], ["a", "b", "c"])
 
-    def accepted(own: bool, reply: Accepted, /) -> Plan:
-        return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
-
     woken = asyncio.Event()
-    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, accepted, woken.set))
+    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, plan_of, woken.set))
     await woken.wait()
     session.receive(Accepted(req_id=1, plan_id="a", state="queued"))
     assert session.pending_requests == 2
@@ -97,11 +99,8 @@ async def test_a_session_that_ends_mid_batch_fails_the_caller_and_leaves_no_requ
     session = ClientSession("msgpack")
     requests = batch(session, [1, 2, 3], ["a", "b", "c"])
 
-    def accepted(own: bool, reply: Accepted, /) -> Plan:
-        return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
-
     woken = asyncio.Event()
-    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, accepted, woken.set))
+    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, plan_of, woken.set))
     await woken.wait()
     session.receive(Accepted(req_id=2, plan_id="b", state="queued"))
     session.end(FleetwireConnectionError("gone"))
@@ -117,11 +116,8 @@ async def test_a_batch_with_ids_out_of_order_puts_each_plan_in_its_place() -> No
     second = batch(session, [3], ["c"])
     requests = [second[0], first[1], first[0]]
 
-    def accepted(own: bool, reply: Accepted, /) -> Plan:
-        return Plan(PlanStream(reply.plan_id, state=reply.state), None)  # type: ignore[arg-type]  # not cancelled
-
     woken = asyncio.Event()
-    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, accepted, woken.set))
+    waiting = asyncio.ensure_future(submits.await_accepted(session, requests, plan_of, woken.set))
     await woken.wait()
     for reply in (Accepted(req_id=1, plan_id="a", state="queued"), Accepted(req_id=3, plan_id="c", state="queued"),
                   Error(code=codes.INVALID_ARGUMENT, message="no", req_id=2)):  # fmt: skip
