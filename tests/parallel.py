@@ -3,10 +3,10 @@
 The suite mostly waits (real processes, real timers, a real PostgreSQL and Chromium): a serial
 run on 2 quiet cores held a load average of about 0.4. ``pytest -n 2`` runs it on two xdist
 workers, each taking whole test files (:func:`default_to_workers`). ``pytest`` with no paths
-named (the README's command, CI's) runs on :data:`DEFAULT_WORKERS` workers: 0 (serial) until a
-quiet machine has measured the gain without new failures (issue #25: on a machine other sessions
-held at load 8-10, serial 978 s, -n 2 882 s, -n 3 692 s, one run each; under -n 2 and -n 3, not
-serially, test_cli's kill -9 of a 1 s plan came too late and test_security's flood got fewer than
+named (the README's command, CI's) runs on :data:`DEFAULT_WORKERS` workers: 2. On 2 quiet cores the whole
+suite took 237.8 s this way against 414-428 s serially (2026-12-06, issue #25: 2,365 passed; the serial runs
+were clean-clone `.ci/run`s). Under heavy load from other sessions (load average 8-10) both ran 2-4x slower and
+a few timing-sensitive tests failed with two workers that passed serially (test_security's flood got fewer than
 its burst of answers). Naming files or directories keeps a run serial, as do ``-n 0`` and
 ``-p no:xdist``. Without pytest-xdist installed (it comes with the ``test`` extra) everything
 runs serially.
@@ -36,7 +36,7 @@ from typing import IO
 
 import pytest
 
-DEFAULT_WORKERS = 0  # see the module's docstring
+DEFAULT_WORKERS = 2  # see the module's docstring
 SOLO_MARK = "solo"
 
 
