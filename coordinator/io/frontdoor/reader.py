@@ -175,27 +175,17 @@ class FrameReader:
                 self._paused = True
                 self.session.ws.transport.pause_reading()
             return True
-        session = self.session
-        io = session.io
-        io[0] += 1  # FrameCounters.FRAMES_IN, BYTES_IN
-        io[1] += len(frame)
-        if session.killed:
-            return True  # closing: what it still sends is dropped
         try:
-            now = self.clock()
-            msgs = session.codec.decode(frame)
-            pause = self.policy.admit(len(msgs), now)
-            if pause is None:
-                self.kill(session, *FLOOD)
+            admitted = self._admit(frame)
+            if admitted is None:
                 return True
+            msgs, now, pause = admitted
             index, spent = self.inline.take(msgs, len(frame), now)  # type: ignore[union-attr]  # attached
             if index < len(msgs):  # the rest of the frame waits: the task finishes it
                 self._job = (msgs, index, spent, len(frame), pause)
                 self._start()
                 return True
-            store = self.store
-            verdict = self.policy.after(len(msgs), len(frame), spent, self.clock(), pause,
-                                        store is not None and store.over)  # fmt: skip
+            verdict = self._verdict_of(len(msgs), len(frame), spent, pause)
         except Exception as exc:  # the task raises it: the connection ends as on the task's path
             self._error = exc
             self._start()
@@ -272,25 +262,37 @@ class FrameReader:
 
     async def step(self, frame: bytes | str) -> None:
         """One frame on the task's path: decode, admit, hand on, apply the verdict."""
+        admitted = self._admit(frame)
+        if admitted is None:
+            return
+        msgs, now, pause = admitted
+        spent = await self.handler.received(msgs, len(frame), now)
+        await self._after(len(msgs), len(frame), spent, pause)
+
+    def _admit(self, frame: bytes | str) -> tuple[list[Any], float, float] | None:
+        """Count ``frame``, decode it and admit its messages: (messages, now, pause), or None when they are
+        dropped (the session is closing) or the session was killed for a flood."""
         session = self.session
         io = session.io
         io[0] += 1  # FrameCounters.FRAMES_IN, BYTES_IN
         io[1] += len(frame)
         if session.killed:
-            return  # closing: what it still sends is dropped
+            return None  # closing: what it still sends is dropped
         now = self.clock()
         msgs = session.codec.decode(frame)
         pause = self.policy.admit(len(msgs), now)
         if pause is None:
             self.kill(session, *FLOOD)
-            return
-        spent = await self.handler.received(msgs, len(frame), now)
-        await self._after(len(msgs), len(frame), spent, pause)
+            return None
+        return msgs, now, pause
 
-    async def _after(self, messages: int, frame_bytes: int, spent: int, pause: float) -> None:
+    def _verdict_of(self, messages: int, frame_bytes: int, spent: int, pause: float) -> Verdict:
         # Charged when handed on (a handler may have yielded, or waited on a database read).
         store = self.store
-        verdict = self.policy.after(messages, frame_bytes, spent, self.clock(), pause, store is not None and store.over)
+        return self.policy.after(messages, frame_bytes, spent, self.clock(), pause, store is not None and store.over)
+
+    async def _after(self, messages: int, frame_bytes: int, spent: int, pause: float) -> None:
+        verdict = self._verdict_of(messages, frame_bytes, spent, pause)
         if verdict is not READ_ON:
             await self._wait(verdict)
 
