@@ -20,7 +20,9 @@ Theory of operation (docs/OPERATIONS.md §Inference workers):
   engine's answer; a malformed request is ``invalid_argument``. Cancelling the plan closes the
   HTTP stream, which makes vLLM, SGLang, TGI and llama.cpp abort the request. The streams go over
   kept-alive connections of worker_agent/engine_http.py (a lean client: httpx cost 1.5 ms to the
-  first token per request on loopback); discovery and metrics scrapes use httpx.
+  first token per request on loopback); discovery and metrics scrapes use httpx. httpx and
+  prometheus_client's parser are imported on first use, not with this module: every worker
+  imports it, and they were 30-40 ms of a worker's start that only an engine worker needs.
 * :meth:`InferenceEngine.poll_metrics_forever` scrapes the engine's ``/metrics`` every few
   seconds; running and waiting requests and KV-cache usage go into the worker's ``load`` frames
   (vLLM ``vllm:num_requests_running|waiting``, ``vllm:kv_cache_usage_perc`` or
@@ -48,17 +50,18 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-import httpx
 import msgspec
 import structlog
-from prometheus_client.parser import text_string_to_metric_families
 
 from protocol import errors
 from worker_agent.engine_http import EngineClient, EngineHttpError, EngineResponse
 from worker_agent.handlers import Context, HandlerError
+
+if TYPE_CHECKING:
+    import httpx  # imported on first use: 30-40 ms of every worker's start, for engine workers only
 
 log = structlog.get_logger(__name__)
 
@@ -165,6 +168,8 @@ def parse_engine_metrics(text: str) -> EngineLoad:
     blocks = block_tokens = 0
     latency: dict[float, float] = {}
     prompt = {"sum": 0.0, "count": 0.0}
+    from prometheus_client.parser import text_string_to_metric_families  # on first use (module docstring)
+
     for family in text_string_to_metric_families(text):
         if family.name == "vllm:cache_config_info":
             for sample in family.samples:
@@ -247,7 +252,6 @@ class InferenceEngine:
         self.load = EngineLoad()
         self.models: list[str] = [model] if model else []
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
         self._client: httpx.AsyncClient | None = None  # discovery and metrics
         self._engine: EngineClient | None = None  # generate's streams (worker_agent/engine_http.py)
         self._connect_timeout_s, self._read_timeout_s = connect_timeout_s, read_timeout_s
@@ -289,7 +293,10 @@ class InferenceEngine:
     def _http(self) -> httpx.AsyncClient:
         # Made on first use, on the loop that uses it; trust_env=False: no proxy for a local engine.
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers, trust_env=False)
+            import httpx  # on first use (module docstring)
+
+            timeout = httpx.Timeout(self._read_timeout_s, connect=self._connect_timeout_s)
+            self._client = httpx.AsyncClient(timeout=timeout, headers=self._headers, trust_env=False)
         return self._client
 
     def _engine_client(self) -> EngineClient:
@@ -310,6 +317,8 @@ class InferenceEngine:
 
     async def discover_models(self) -> list[str]:
         """The models the server lists (``GET /v1/models``); [] when it cannot say. Never raises."""
+        import httpx  # on first use (module docstring)
+
         try:
             response = await self._http().get(f"{self.url}/v1/models", timeout=5.0)
             response.raise_for_status()
@@ -326,6 +335,8 @@ class InferenceEngine:
         """Read the engine's metrics once into :attr:`load`; None (and the old load kept) on failure."""
         if self.metrics_url is None:
             return None
+        import httpx  # on first use (module docstring)
+
         try:
             response = await self._http().get(self.metrics_url, timeout=5.0)
             response.raise_for_status()

@@ -60,10 +60,24 @@ def test_a_command_starts_without_rich_greenlet_or_difflib() -> None:
     assert loaded == set()
 
 
-def test_the_worker_imports_httpx_without_its_command_line_client() -> None:
-    """`fleetwire worker --help` imports the agent (httpx included) but not click, pygments or rich."""
+def test_the_worker_imports_the_agent_without_httpx_clients() -> None:
+    """`fleetwire worker --help` imports the agent but not click, pygments or rich."""
     loaded, _ = _probe("worker", "--help")
     assert loaded == {"worker_agent"}
+
+
+def test_a_worker_without_an_engine_imports_neither_httpx_nor_the_metrics_parser() -> None:
+    """The agent imports httpx and prometheus_client's parser only when an inference engine is used."""
+    code = (
+        "import sys, worker_agent.main, worker_agent.inference as i; "
+        "print(sorted(m for m in ('httpx', 'prometheus_client.parser') if m in sys.modules)); "
+        "i.parse_engine_metrics('vllm:num_requests_running 2\\n'); "
+        "e = i.InferenceEngine('http://127.0.0.1:9'); e._http(); "
+        "print(sorted(m for m in ('httpx', 'prometheus_client.parser') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=True)  # fmt: skip
+    assert done.stdout.split("\n")[:2] == ["[]", "['httpx', 'prometheus_client.parser']"]
 
 
 def test_the_daemons_do_not_import_the_client() -> None:
