@@ -1035,6 +1035,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fast-model", default=MODEL, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
+    from fleetwire.cli.logs import configure_logging
+
+    # The timeline's in-process coordinator and agents log; on stderr, so --json prints one JSON object alone.
+    configure_logging("console", "warning")
     for name, full, quick in (("requests", 300, 40), ("seconds", 10.0, 3.0), ("streams", 2000, 200),
                               ("conversations", 201, 41), ("step_requests", 3000, 500)):  # fmt: skip
         if getattr(ns, name) is None:
