@@ -10,7 +10,7 @@
 # ---- build: the wheel, from the sources only (no tests, benches or docs in the image)
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY protocol ./protocol
 COPY wireio ./wireio
 COPY coordinator ./coordinator

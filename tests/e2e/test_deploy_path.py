@@ -47,6 +47,14 @@ def test_dockerfile_is_slim_non_root_and_runs_fleetwire() -> None:
     assert [line for line in final if line.startswith("ENTRYPOINT")] == ['ENTRYPOINT ["fleetwire"]']
 
 
+def test_dockerfile_copies_every_build_file() -> None:
+    """The image builds from the same build files as `pip install .`: pyproject.toml and setup.py (the
+    optional compiled core's build, docs/OPERATIONS.md §The compiled core)."""
+    copied = {name for line in _dockerfile_lines() if line.startswith("COPY ") and "--from=" not in line
+              for name in line.split()[1:-1]}  # fmt: skip
+    assert {"pyproject.toml", "setup.py"} <= copied
+
+
 def test_dockerfile_context_builds_a_complete_wheel(tmp_path: Path) -> None:
     """What the Dockerfile COPYs is enough: its `pip wheel` line, run on just those files, builds a wheel
     holding every module and the dashboard, and the installed wheel runs `fleetwire --version`."""
