@@ -45,6 +45,8 @@ from typing import Any, Final
 
 import msgspec
 
+from wireio.otlp import SpanEncoder
+
 __all__ = ["EXIT_WAIT_S", "RESPAWN_S", "STUCK_S", "ExportProcess", "RawSpan", "SpanBuilder", "main"]
 
 RawSpan = tuple[Any, ...]
@@ -93,6 +95,13 @@ class SpanBuilder:
         self._kinds = tuple(trace.SpanKind(i) for i in range(len(KINDS)))
         self._flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
         self._ok = trace.Status(trace.StatusCode.UNSET)
+        self._encoder = SpanEncoder(self._resource.attributes, "fleetwire", self._resource.schema_url or "")
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            self._otlp: type | None = OTLPSpanExporter
+        except ImportError:
+            self._otlp = None
 
     def build(self, name: str, trace_hex: str, span_id: int, parent_id: int | str, remote: bool, start_ns: int,
               end_ns: int, attributes: Mapping[str, Any] | None, events: Sequence[Sequence[Any]] | None,
@@ -113,11 +122,25 @@ class SpanBuilder:
         )  # fmt: skip
 
     def export(self, exporter: Any, batch: Sequence[Sequence[Any]]) -> bool:
-        """Build and export one batch; whether the exporter took it (a raising exporter: no)."""
+        """Export one batch; whether the exporter took it (a raising exporter: no).
+
+        The standard OTLP/HTTP exporter gets the request's bytes from :class:`wireio.otlp.SpanEncoder` and
+        posts them with its own HTTP client (its endpoint, headers, TLS, compression, timeout and retries);
+        any other exporter (an in-memory one in tests, one given in code) gets ``ReadableSpan`` objects."""
         try:
+            post = self._post(exporter)
+            if post is not None:
+                return bool(post(self._encoder.encode(batch)).success)
             return exporter.export([self.build(*raw) for raw in batch]) is not self.failure
         except Exception:  # a failing exporter (or a malformed span) loses its batch, never the caller
             return False
+
+    def _post(self, exporter: Any) -> Any:
+        """The standard OTLP/HTTP exporter's ``export(bytes)`` (its HTTP client), or None: build ``ReadableSpan``s.
+        Only for that exact class (a subclass may export otherwise), open, in a version that has the client."""
+        if self._otlp is None or exporter.__class__ is not self._otlp or getattr(exporter, "_shutdown", True):
+            return None
+        return getattr(getattr(exporter, "_client", None), "export", None)
 
 
 def _cached_hash(resource: Any) -> Any:

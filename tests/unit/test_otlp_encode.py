@@ -1,0 +1,51 @@
+"""wireio/otlp.py: the hand-written OTLP request is the message the SDK's own encoder makes of the same spans."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from wireio.otlp import SpanEncoder
+from wireio.span_export import SpanBuilder
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+SPANS: list[tuple[Any, ...]] = [
+    # name, trace, span id, parent (int / hex / 0), remote, start, end, attributes, events, kind, error
+    ("fleetwire.queue", TRACE, 0x00F067AA0BA902B7, "00f067aa0ba902b8", True, 1_700_000_000_000_000_000,
+     1_700_000_000_000_500_000,
+     {"fleetwire.plan_id": "p-1", "fleetwire.attempt": 1, "fleetwire.wait_reason": "x" * 300},
+     [("waiting", 1_700_000_000_000_100_000, {"reason": "no worker has tag gpu"}), ("waiting", 5, {})],
+     "internal", ""),
+    ("fleetwire.attempt", TRACE, (1 << 64) - 1, 0x1234, False, 10, 5, {"ok": True, "no": False, "neg": -3,
+     "big": 1 << 40, "ratio": 0.25, "tags": ["a", "b"], "ints": (1, 2), "é": "ünï"}, None, "consumer",
+     "handler_error"),
+    ("root", TRACE, 7, 0, True, 0, 0, None, None, "server", ""),
+    ("fleetwire.handler", "0" * 31 + "1", 8, 7, False, 1, 2, {}, [], "client", "x" * 200),
+    ("p", TRACE, 9, 7, True, 1, 2, {"k": "v"}, None, "producer", ""),
+]  # fmt: skip
+
+
+def _sdk_request(builder: SpanBuilder, spans: list[tuple[Any, ...]]) -> ExportTraceServiceRequest:
+    return encode_spans([builder.build(*raw) for raw in spans])
+
+
+def test_the_encoded_request_decodes_to_the_sdk_encoders_message() -> None:
+    """Every field the SDK encoder writes (ids, parents, remote flags, kinds, times, attribute types, events,
+    status, resource, scope) decodes the same from SpanEncoder's bytes."""
+    builder = SpanBuilder("fleetwire-coordinator")
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(builder._encoder.encode(SPANS))
+    assert ours == _sdk_request(builder, SPANS)
+    assert len(ours.resource_spans[0].scope_spans[0].spans) == len(SPANS)
+
+
+def test_an_encoder_built_from_the_resource_alone_matches_too() -> None:
+    """A SpanEncoder of the resource's attributes writes the same resource and scope as the SDK."""
+    builder = SpanBuilder("fleetwire-worker")
+    encoder = SpanEncoder(builder._resource.attributes)
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(encoder.encode(SPANS[2:3]))
+    assert ours == _sdk_request(builder, SPANS[2:3])
