@@ -92,6 +92,9 @@ def encode_attributes(tag: int, attributes: Mapping[str, Any] | None, keys: dict
     return b"".join(parts)
 
 
+_KV_CACHE: Final = 8192  # (key, value) pairs whose KeyValue is kept (then the cache starts again)
+
+
 class SpanEncoder:
     """One service's spans as ``ExportTraceServiceRequest`` bytes (module docstring).
 
@@ -103,6 +106,7 @@ class SpanEncoder:
 
     def __init__(self, resource: Mapping[str, Any], scope: str = "fleetwire", resource_schema_url: str = "") -> None:
         self._keys: dict[str, bytes] = {}
+        self._pairs: dict[tuple[str, str | int], bytes] = {}  # (key, str or int value) -> its Span.attributes field
         self._names: dict[str, bytes] = {}
         self._kinds = {kind: bytes((0x30, i + 1)) for i, kind in enumerate(_KINDS)}  # Span.kind (6)
         resource_body = encode_attributes(0x0A, resource)  # Resource.attributes (1)
@@ -131,8 +135,20 @@ class SpanEncoder:
         parts.append(head)
         parts.append(self._kinds[kind])
         parts.append(_TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns))
-        if attributes:
-            parts.append(encode_attributes(0x4A, attributes, self._keys))  # Span.attributes (9)
+        if attributes:  # Span.attributes (9): a pair seen before (a policy, a worker, an attempt) is copied
+            pairs = self._pairs
+            for pair in attributes.items():
+                cls = pair[1].__class__
+                if cls is str or cls is int:  # never bool or float: (k, True) == (k, 1) == (k, 1.0)
+                    field = pairs.get(pair)
+                    if field is None:
+                        field = encode_attributes(0x4A, dict((pair,)), self._keys)
+                        if len(pairs) >= _KV_CACHE:
+                            pairs.clear()
+                        pairs[pair] = field
+                    parts.append(field)
+                else:
+                    parts.append(encode_attributes(0x4A, dict((pair,)), self._keys))
         if events:
             for event_name, at, event_attributes in events:  # Span.events (11)
                 parts.append(_field(0x5A, _EVENT_TIME(0x09, at) + _field(0x12, event_name.encode())

@@ -5,16 +5,20 @@ child of the plan's context (the caller's submit span, stored with the plan by t
 the assign to the ``done``; its children are ``fleetwire.inputs`` (the wait for the plan's inputs to
 arrive and be verified) and ``fleetwire.handler`` (the handler's run), whose ``traceparent`` is
 ``ctx.traceparent``: the inference handler sends it to the engine (worker_agent/inference.py). A
-retry or a requeue is another attempt span of the same trace. Without a tracer, or with an unsampled
-context, none of this runs (worker_agent/runner.py tests ``assign.traceparent`` first).
+retry or a requeue is another attempt span of the same trace. A handler that runs on the loop
+(worker_agent/handlers.py ``on_loop``, the built-in ``echo``) keeps doing so when traced
+(:func:`traced_on_loop`): its spans need no task. Without a tracer, or with an unsampled context,
+none of this runs (worker_agent/runner.py tests ``assign.traceparent`` first).
 """
 
 from __future__ import annotations
 
+import protocol
 from protocol.messages import Assign
 from wireio.tracing import LiveSpan, Tracing
+from worker_agent.handlers import Context, Handler, run_on_loop
 
-__all__ = ["LiveSpan", "Tracing", "attempt_span", "child_span"]
+__all__ = ["LiveSpan", "Tracing", "attempt_span", "child_span", "traced_on_loop"]
 
 
 def attempt_span(tracing: Tracing, assign: Assign, worker_id: str) -> LiveSpan | None:
@@ -34,3 +38,14 @@ def child_span(tracing: Tracing | None, parent: LiveSpan | None, name: str,
     if tracing is None or parent is None:
         return None
     return tracing.child(parent, name, attributes)
+
+
+def traced_on_loop(tracing: Tracing | None, attempt: LiveSpan, handler: Handler, ctx: Context) -> protocol.Done:
+    """``run_on_loop`` inside a ``fleetwire.handler`` span, child of ``attempt``: the handler sees its context."""
+    span = child_span(tracing, attempt, "fleetwire.handler", {"fleetwire.plan_id": ctx.plan_id})
+    if span is None:
+        return run_on_loop(handler, ctx, ctx.args)
+    ctx.traceparent = span.traceparent
+    done = run_on_loop(handler, ctx, ctx.args)
+    span.end(done.error.code if done.error is not None else "")
+    return done

@@ -29,7 +29,7 @@ from protocol.relay import ARGS_INPUT, RESULT_OUTPUT
 from worker_agent.devices import DeviceAllocator, DeviceRequest
 from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handler, run_on_loop, runs_on_loop
 from worker_agent.isolation import PlanIsolation
-from worker_agent.plan_tracing import LiveSpan, Tracing, attempt_span, child_span
+from worker_agent.plan_tracing import LiveSpan, Tracing, attempt_span, child_span, traced_on_loop
 from worker_agent.probe import LoadTracker
 from worker_agent.pull import Puller
 from worker_agent.pull_relay import PullRelay
@@ -485,7 +485,7 @@ class PlanRunner:
             run.ctx.gpus = [self.devices.gpus[i] for i in run.devices]
             run.ctx.devices = [gpu.visible_id or str(gpu.index) for gpu in run.ctx.gpus]
             run.ctx.cuda_visible_devices = ",".join(run.ctx.devices)
-        on_loop = run.span is None and not assign.inputs and assign.op in self._on_loop
+        on_loop = not assign.inputs and assign.op in self._on_loop  # traced too: its spans need no task
         if not on_loop:  # (one that runs on the loop has ended before anyone could see it running)
             if not self._plans:  # the first running plan: no longer idle (set again when the last one ends)
                 self.idle.clear()
@@ -496,7 +496,10 @@ class PlanRunner:
             self.telemetry.plan_started(run.key, self._physical(run) if run.devices else ())
         self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
         if on_loop:  # no task, no thread: it runs and ends here (handlers.on_loop), its context closed
-            self._report(run, run_on_loop(handler, run.ctx, run.ctx.args), self._release(run))
+            if run.span is None:
+                self._report(run, run_on_loop(handler, run.ctx, run.ctx.args), self._release(run))
+            else:
+                self._report(run, traced_on_loop(self.tracing, run.span, handler, run.ctx), self._release(run))
             return
         # The task keeps what it needs of the assign, not the assign (its lists go at once: less for the collector).
         # It ends its plan itself (_plan_finished, at the end of its coroutine): no done callback, no loop turn more.

@@ -1,0 +1,70 @@
+"""The worker's spans of a traced plan (worker_agent/plan_tracing.py) as its runner makes them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+import protocol
+from wireio.tracing import SERVICE_WORKER, Tracing
+from worker_agent.handlers import Context, builtin_handlers, on_loop
+from worker_agent.outbox import SendQueue
+from worker_agent.runner import PlanRunner
+from worker_agent.telemetry import Telemetry
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SAMPLED = f"00-{TRACE}-00f067aa0ba902b7-01"
+seen: list[str] = []
+
+
+@on_loop
+def remembers(ctx: Context, args: Any) -> None:
+    seen.append(ctx.traceparent)
+
+
+class _Kept:
+    """A span exporter that keeps the ReadableSpans it is handed (the SDK's interface)."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+
+    def export(self, spans: list[Any]) -> None:
+        self.spans += spans
+
+    def force_flush(self, timeout_millis: int = 0) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
+async def test_a_traced_plan_whose_handler_runs_on_the_loop_still_needs_no_task() -> None:
+    """A sampled echo (an on_loop handler) ends in the step that reads its assign, with its attempt span and a
+    handler span under it whose context the handler saw; an unsampled one makes no span."""
+    exporter = _Kept()
+    tracing = Tracing(SERVICE_WORKER, exporter=exporter, environ={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    queue = SendQueue(10_000, structlog.get_logger())
+    plans = PlanRunner(
+        worker_id="w1", max_concurrency=4, kill_grace_s=1.0, max_payload_bytes=1024,
+        handlers={**builtin_handlers(), "remembers": remembers}, telemetry=Telemetry(), outbound=queue,
+        logger=structlog.get_logger(),
+    )  # fmt: skip
+    plans.tracing = tracing
+    tasks_before = len(asyncio.all_tasks())
+    try:
+        plans.on_assign(protocol.Assign(plan_id="p1", attempt=1, op="remembers", traceparent=SAMPLED))
+        plans.on_assign(protocol.Assign(plan_id="p2", attempt=1, op="echo", traceparent=SAMPLED[:-1] + "0"))
+        done = [m for m in queue.outbox.take(10_000) if isinstance(m, protocol.Done)]
+        assert [(d.plan_id, d.outcome) for d in done] == [("p1", "succeeded"), ("p2", "succeeded")]
+        assert len(asyncio.all_tasks()) == tasks_before and plans.running_count == 0
+        tracing.flush()
+    finally:
+        tracing.shutdown()
+    spans = {s.name: s for s in exporter.spans}
+    assert sorted(spans) == ["fleetwire.attempt", "fleetwire.handler"]
+    attempt, handler = spans["fleetwire.attempt"], spans["fleetwire.handler"]
+    assert handler.parent.span_id == attempt.context.span_id and attempt.parent.span_id == 0x00F067AA0BA902B7
+    assert attempt.attributes["fleetwire.outcome"] == "succeeded"
+    assert seen == [f"00-{TRACE}-{handler.context.span_id:016x}-01"]
