@@ -8,8 +8,11 @@ commit (``SQLiteStore._write``: CPU of the committing thread, kernel time includ
 * ``sqlite-nosync``: the SQLite store with ``PRAGMA synchronous=OFF`` (a measurement only: the
   same statements, no wait for the disk);
 * ``sqlite``: the SQLite store as shipped (WAL, ``synchronous=FULL``);
-* with ``--modes``, also ``sqlite-inline`` (every lone commit on the event loop) and
-  ``sqlite-thread`` (every commit through the writer thread).
+* with ``--modes``, also ``sqlite-inline`` (every lone commit on the event loop),
+  ``sqlite-thread`` (every commit through the writer thread), ``sqlite-process``
+  (``--store-writer process``: the commits in the writer process; the probe times the
+  coordinator's round trip to it, and the coordinator's CPU leaves out the child's) and
+  ``sqlite-process-thread`` (the same, every round trip from the writer thread).
 
 For each: p50/p99, the coordinator's CPU per round trip (``/proc``), the store's share of it
 (its commits), the rest, commits per round trip and their wall. Then the durable - memory
@@ -47,6 +50,9 @@ MODES: dict[str, tuple[str, dict[str, str]]] = {
     "sqlite": ("sqlite", {}),
     "sqlite-inline": ("sqlite", {"FW_STORE_SPLIT_COMMIT": "inline"}),
     "sqlite-thread": ("sqlite", {"FW_STORE_SPLIT_COMMIT": "thread"}),
+    # --store-writer process: the commits in the writer process; the probe times each round trip to it.
+    "sqlite-process": ("sqlite", {"FW_STORE_SPLIT_WRITER": "process"}),
+    "sqlite-process-thread": ("sqlite", {"FW_STORE_SPLIT_WRITER": "process", "FW_STORE_SPLIT_COMMIT": "thread"}),
 }
 SITE = Path(__file__).resolve().parent / "store_split_site"
 
@@ -59,13 +65,14 @@ def one(mode: str, samples: int, warmup: int, commit: str = "adaptive") -> dict[
     store, extra = MODES[mode]
     if store == "sqlite" and commit != "adaptive" and "FW_STORE_SPLIT_COMMIT" not in extra:
         extra = {**extra, "FW_STORE_SPLIT_COMMIT": commit}
+    writer = ["--coordinator-args", "--store-writer process"] if extra.get("FW_STORE_SPLIT_WRITER") == "process" else []
     with tempfile.TemporaryDirectory(prefix="fw-split-") as tmp:
         out = Path(tmp) / "probe.json"
         env = {**os.environ, **extra, "FW_STORE_SPLIT_OUT": str(out),
                "PYTHONPATH": os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p)}
         proc = subprocess.run([sys.executable, str(h.BENCH / "latency.py"), "--samples", str(samples), "--warmup",
-                               str(warmup), "--store", store, "--json"], capture_output=True, text=True, env=env,
-                              cwd=h.ROOT, check=False)  # fmt: skip
+                               str(warmup), "--store", store, "--json",
+                               *writer], capture_output=True, text=True, env=env, cwd=h.ROOT, check=False)  # fmt: skip
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"{mode}: bench/latency.py failed: {proc.stderr.strip()[-400:]}")

@@ -10,6 +10,8 @@ Only in a ``python -m fleetwire coordinator`` process, and only with ``FW_STORE_
   commit costs without waiting for the disk; never durable: a measurement only);
 * ``FW_STORE_SPLIT_COMMIT=inline|thread``: every lone commit on the loop (no slow-disk cool-down),
   or every commit through the writer thread (``inline_max_records=0``);
+* with ``--store-writer process``, each round trip to the writer process (``_write_in_child``) is
+  timed instead: the coordinator's side of a commit;
 * at exit, the sums go to ``FW_STORE_SPLIT_OUT`` as JSON.
 """
 
@@ -31,12 +33,13 @@ if _OUT and "fleetwire" in sys.orig_argv and "coordinator" in sys.orig_argv:
 
     _sums: dict[str, dict[str, float]] = {}
     _write = _sqlite.SQLiteStore._write
+    _write_in_child = _sqlite.SQLiteStore._write_in_child
     _open = _sqlite.SQLiteStore._open
     _init = _commit.GroupCommitter.__init__
 
-    def _timed_write(self: Any, records: Any, *, wait: bool) -> bool:
+    def _timed_write(self: Any, records: Any, *, wait: bool, write: Any = _write) -> bool:
         cpu0, wall0 = time.thread_time(), time.perf_counter()
-        done = _write(self, records, wait=wait)
+        done = write(self, records, wait=wait)
         cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
         where = "loop" if threading.current_thread() is threading.main_thread() else "thread"
         s = _sums.setdefault(where, {"commits": 0, "records": 0, "cpu_s": 0.0, "wall_s": 0.0})
@@ -45,6 +48,9 @@ if _OUT and "fleetwire" in sys.orig_argv and "coordinator" in sys.orig_argv:
         s["cpu_s"] += cpu
         s["wall_s"] += wall
         return done
+
+    def _timed_write_in_child(self: Any, child: Any, records: Any, *, wait: bool) -> bool:
+        return _timed_write(self, records, wait=wait, write=lambda s, r, wait: _write_in_child(s, child, r, wait=wait))
 
     def _open_unsynced(self: Any) -> None:
         _open(self)
@@ -63,6 +69,7 @@ if _OUT and "fleetwire" in sys.orig_argv and "coordinator" in sys.orig_argv:
             json.dump(_sums, fh)
 
     _sqlite.SQLiteStore._write = _timed_write  # type: ignore[method-assign]
+    _sqlite.SQLiteStore._write_in_child = _timed_write_in_child  # type: ignore[method-assign]
     if os.environ.get("FW_STORE_SPLIT_SYNC") == "OFF":
         _sqlite.SQLiteStore._open = _open_unsynced  # type: ignore[method-assign]
     _commit.GroupCommitter.__init__ = _init_mode  # type: ignore[method-assign]

@@ -20,6 +20,9 @@ ability            what it is for (who uses it)                      SQLite    P
 ``leases``         shard leases the server keeps (LeaseKeeper)       -         yes [1]_
 ``usage``          the usage ledger's rows, at start (server;        yes       - [2]_
                    coordinator/ledger.py)
+``writer_process`` its writes committed by a child process from       yes       -
+                   now on (server, ``--store-writer process``;
+                   coordinator/io/stores/writer_process.py)
 =================  ================================================  ========  ==========
 
 .. [1] Not a shard's own store in a cluster host (``ShardPgStore``): the host keeps those.
@@ -74,6 +77,8 @@ class StoreAbilities:
         leases: the store's shard-lease connection and fence, which the server keeps with a
             ``LeaseKeeper``: it serves only while it holds them (cluster mode).
         usage: the usage ledger's rows the store keeps (from ``UsageRows`` records), read at start.
+        writer_process: hands the store's writes to a child process (after the load, before the
+            committer starts); raises ``StoreError`` when it cannot be started.
     """
 
     stream: Callable[[], Iterator[StoredPlan]] | None = None
@@ -84,3 +89,4 @@ class StoreAbilities:
     make_committer: MakeCommitter | None = None
     leases: LeaseStore | None = None
     usage: Callable[[], list[UsageRow]] | None = None
+    writer_process: Callable[[], None] | None = None

@@ -84,6 +84,7 @@ from coordinator.io.stores.rows import (
     run_by_seq,
 )
 from coordinator.io.stores.schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
+from coordinator.io.stores.writer_process import WriterProcess
 from coordinator.ledger import UsageRow
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan, UsageRows
 from protocol.messages import TERMINAL_STATES
@@ -203,20 +204,7 @@ class SQLiteStore:
     blocking = True
 
     def __init__(self, path: Path, *, accept_loss: bool = False, marker_sync_s: float = 1.0) -> None:
-        self.path = path
-        self.description = f"sqlite:{path}"
-        self.closed = False
-        self.writes = 0  # transactions committed
-        self.records = 0  # records written
-        self.accept_loss = accept_loss
-        self.losses: list[str] = []
-        self._encoder = msgspec.msgpack.Encoder()
-        self._lock_fd: int | None = None
-        self._marker: GenerationMarker | None = None
-        self._watch = FileWatch(path)
-        self._marker_sync_s = marker_sync_s
-        # The inline events' running checksum of each open plan (written by the writer thread only).
-        self._events_crc: dict[str, int] = {}
+        self._fields(path, accept_loss, marker_sync_s)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._lock(path.with_name(path.name + ".lock"))
@@ -233,11 +221,76 @@ class SQLiteStore:
             self.close()
             raise
 
+    def _fields(self, path: Path, accept_loss: bool, marker_sync_s: float) -> None:
+        self.path = path
+        self.description = f"sqlite:{path}"
+        self.closed = False
+        self.writes = 0  # transactions committed
+        self.records = 0  # records written
+        self.accept_loss = accept_loss
+        self.losses: list[str] = []
+        self._encoder = msgspec.msgpack.Encoder()
+        self._lock_fd: int | None = None
+        self._marker: GenerationMarker | None = None
+        self._watch = FileWatch(path)
+        self._marker_sync_s = marker_sync_s
+        # The inline events' running checksum of each open plan (written by the writer thread only).
+        self._events_crc: dict[str, int] = {}
+        self._child: WriterProcess | None = None  # the writer process, once the writes are handed to it
+        self._handed_off = False  # ... and for good: this store never writes again
+
+    @classmethod
+    def writer(cls, path: Path, *, marker_sync_s: float = 1.0) -> SQLiteStore:
+        """The writer process's store (coordinator/io/stores/writer_process.py): the file's writes only.
+
+        The parent opened, checked, migrated and loaded the file and holds its lock file; this
+        connection reads the write-side keys (every plan's rowid, the generation) and writes.
+        """
+        self = cls.__new__(cls)
+        self._fields(path, False, marker_sync_s)
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                       timeout=_BUSY_TIMEOUT_MS / 1000)  # fmt: skip
+            self._waits = True
+            self._db.execute("PRAGMA synchronous=FULL")
+            self.generation = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
+            self._rowids = dict(self._db.execute("SELECT id, rowid FROM plans"))
+            self._next_rowid = max(self._rowids.values(), default=0) + 1
+            self._multi_row = sqlite3.sqlite_version_info >= (3, 33, 0)
+            self._update_status = _UPDATE_FROM if self._multi_row else _UPDATE_ONE
+            self._marker = GenerationMarker(path, sync_interval_s=marker_sync_s)
+        except (OSError, sqlite3.Error) as exc:
+            self.close()
+            raise StoreError(f"cannot open the store {path} for writing: {exc}") from exc
+        return self
+
+    def hand_writes_to_process(self) -> None:
+        """From now on every write is committed by a writer process (its ``writer_process`` ability).
+
+        After the open and the load (the server calls it before its committer starts): the
+        process reads the write-side keys from the file, so this store drops its own and never
+        writes again (reads, the file check and the lock file stay here).
+
+        Raises:
+            StoreError: the process cannot be started.
+        """
+        if self._handed_off:
+            return
+        self._child = WriterProcess(self.path, self.generation, marker_sync_s=self._marker_sync_s)
+        self._handed_off = True
+        self._rowids, self._events_crc = {}, {}  # the child's now; a load() here would read them again
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid while it runs, else None."""
+        return self._child.pid if self._child is not None else None
+
     @property
     def abilities(self) -> StoreAbilities:
         """A restart's load one plan at a time, commits on the loop, the file check and the losses accepted."""
         return StoreAbilities(stream=self.stream, check_files=self.check_files, try_write=self.try_write,
-                              losses=self.losses, usage=self.load_usage)  # fmt: skip
+                              losses=self.losses, usage=self.load_usage,
+                              writer_process=self.hand_writes_to_process)  # fmt: skip
 
     def load_usage(self) -> list[UsageRow]:
         """The usage ledger's rows (its ``usage`` ability); a row whose checksum fails is left out, and logged."""
@@ -435,10 +488,32 @@ class SQLiteStore:
         wait up to sqlite3's busy timeout (5 s) for, e.g., a checkpoint by ``fleetwire store
         backup``; the writer thread, which may wait, gets the group instead.
         """
-        return self._write(records, wait=False)
+        child = self._child
+        if child is not None:
+            # A writer process still starting: the committer's thread waits for it, not the loop.
+            return child.poll_ready() and self._write_in_child(child, records, wait=False)
+        return self.write_here(records, wait=False)
 
     def write(self, records: Sequence[Record]) -> None:
-        self._write(records, wait=True)
+        child = self._child
+        if child is not None:
+            self._write_in_child(child, records, wait=True)
+        else:
+            self.write_here(records, wait=True)
+
+    def _write_in_child(self, child: WriterProcess, records: Sequence[Record], *, wait: bool) -> bool:
+        if not child.write(records, wait=wait):
+            return False
+        self.generation = child.generation
+        self.writes += 1
+        self.records += len(records)
+        return True
+
+    def write_here(self, records: Sequence[Record], *, wait: bool) -> bool:
+        """One group committed by this process's connection (not once the writes were handed to a process)."""
+        if self._handed_off:
+            raise StoreError(f"the store {self.path} was written by its writer process, which has stopped")
+        return self._write(records, wait=wait)
 
     def _begin(self, wait: bool) -> bool:
         """``BEGIN IMMEDIATE``; without ``wait``, False at once when another connection holds the write lock.
@@ -660,6 +735,9 @@ class SQLiteStore:
 
     def close(self) -> None:
         self.closed = True
+        child, self._child = getattr(self, "_child", None), None
+        if child is not None:
+            child.close()  # it closes its connection and the side file, then exits
         db = getattr(self, "_db", None)
         if db is not None:
             with contextlib.suppress(sqlite3.Error):

@@ -1,0 +1,330 @@
+"""The SQLite store's writes in a child process (``--store-writer process``): :class:`WriterProcess`.
+
+Why. A group commit's Python (grouping the records, encoding rows, checksums, binding
+parameters; coordinator/io/stores/sqlite.py ``SQLiteStore._write``) costs ~20-30 µs of CPU per
+plan holding the GIL (bench/store_writer.py). In the coordinator's writer thread it can never run
+beside the event loop, which needs the GIL for every message. A child process has its own
+interpreter: on a machine with a free core the commit's Python runs in parallel with the loop.
+
+Theory of operation. The parent's :class:`~coordinator.io.stores.sqlite.SQLiteStore` opens,
+checks (lock file, ``quick_check``, migrations, generation side file) and loads the file as
+always, then hands its writes over (:meth:`SQLiteStore.hand_writes_to_process`): from then on
+every ``write``/``try_write`` is one request to the child, and the parent's connection only
+reads. The committer (coordinator/io/stores/commit.py) is unchanged: its writer thread, or the
+loop for an idle writer's small group, calls ``write``/``try_write`` and blocks on the pipe
+(``os.read``, the GIL released) until the child's reply. One request is in flight at a time
+(the committer's thread and its loop commits never overlap).
+
+The child (``python -m coordinator.io.stores.writer_process``, a fresh interpreter: nothing of
+the running loop is forked) opens the same file with a connection of its own, reads the
+write-side keys from it (every plan's rowid, the next rowid, the generation; an open plan's
+running events checksum is read from its row the first time it is needed) and owns them: it is
+the file's only writer while it runs, under the parent's lock file.
+
+Wire (both ways over the child's stdin/stdout pipes, little-endian):
+
+=============  ==============================================================================
+request        ``u32 length``, ``u8 wait`` (1: ``write``, 0: ``try_write``), then msgpack
+               ``[codes, [record, ...]]``: ``codes`` a bytes string, one record type code a
+               record (:data:`RECORD_TYPES`), each record as the store encodes it
+reply          ``i64``: the generation committed (> 0); :data:`BUSY` (try_write: another
+               connection holds the database, nothing written); :data:`FAILED` followed by
+               ``u32 length`` and the error's text (the child then exits)
+ready          the first reply, before any request: the child's generation after its open
+=============  ==============================================================================
+
+Failure (as the writer thread's, docs in commit.py): a failed commit, a child that exits or is
+killed, a reply that is not the next generation, or no reply within ``reply_timeout_s``, raises
+:class:`~coordinator.io.stores.integrity.StoreError` in the caller: the committer fails the
+coordinator, and nothing after it is released. The child never outlives the parent: it exits
+at the end of its stdin (the parent closed it, or died), and Linux sends it SIGKILL when the
+parent dies (``PR_SET_PDEATHSIG``). Its environment is the parent's without secrets: only the
+variables Python and the locale need (:data:`_ENV_KEPT`), no token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from coordinator.io.stores.integrity import StoreError
+from coordinator.io.stores.rows import as_text
+from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, UsageRows
+from protocol.messages import Event
+
+__all__ = ["BUSY", "FAILED", "RECORD_TYPES", "REPLY_TIMEOUT_S", "WriterProcess", "child_main"]
+
+log = structlog.get_logger(__name__)
+
+RECORD_TYPES: Final[tuple[type[Any], ...]] = (PlanCreated, PlanStatus, Event, PlanForgotten, UsageRows)
+"""A record's type code on the wire is its index here."""
+BUSY: Final = -1
+FAILED: Final = -2
+REPLY_TIMEOUT_S: Final = 120.0  # a commit that takes longer: the child is stuck (SQLite waits 5 s for a lock)
+START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
+_REQUEST = struct.Struct("<IB")
+_REPLY = struct.Struct("<q")
+_LENGTH = struct.Struct("<I")
+_CODES: Final = {kind: code for code, kind in enumerate(RECORD_TYPES)}
+# What the child's environment keeps of the parent's: the interpreter's and the locale's, nothing else.
+_ENV_KEPT: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONPATH", "PYTHONHOME",
+                    "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "VIRTUAL_ENV", "COVERAGE_PROCESS_START")  # fmt: skip
+_PR_SET_PDEATHSIG = 1
+_GC_THRESHOLDS: Final = (50_000, 20, 100)  # fleetwire/cli/serve.py DAEMON_GC_THRESHOLDS (not imported: the SDK's)
+
+
+def _encode_group(encoder: msgspec.msgpack.Encoder, records: Sequence[Record]) -> bytes:
+    """A group as one msgpack ``[codes, records]``; a record msgpack cannot hold goes as the store stores it."""
+    codes = _CODES
+    tags = bytes([codes[type(r)] for r in records])
+    try:
+        return encoder.encode((tags, records))
+    except (TypeError, ValueError, OverflowError):
+        pass
+    kept: list[Any] = []
+    for record in records:
+        try:
+            encoder.encode(record)
+        except (TypeError, ValueError, OverflowError) as exc:
+            # What SQLiteStore._encode does in its own process: keep the record, its payload as text.
+            log.error("record payload cannot be stored; storing it as text", plan_id=getattr(record, "plan_id", None),
+                      error=str(exc))  # fmt: skip
+            record = as_text(record)
+        kept.append(record)
+    return encoder.encode((tags, kept))
+
+
+class WriterProcess:
+    """The parent's end of one writer child: :meth:`write` sends a group and waits for its commit.
+
+    Args:
+        path: the SQLite file (opened, checked and migrated by the parent already).
+        generation: the file's generation now; every commit's reply must be the next one.
+        marker_sync_s: the generation side file's fdatasync interval (the child writes it).
+        reply_timeout_s: the longest wait for a reply before the child counts as stuck.
+
+    Raises:
+        StoreError: the child cannot be started.
+    """
+
+    def __init__(
+        self, path: Path, generation: int, *, marker_sync_s: float = 1.0, reply_timeout_s: float = REPLY_TIMEOUT_S
+    ) -> None:
+        self.path = path
+        self.generation = generation
+        self.reply_timeout_s = reply_timeout_s
+        self.ready = False
+        self._failed: str | None = None
+        self._encoder = msgspec.msgpack.Encoder()
+        env = {k: v for k, v in os.environ.items() if k in _ENV_KEPT}
+        root = str(Path(__file__).resolve().parents[3])  # the tree this coordinator runs from
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        args = [sys.executable, "-m", "coordinator.io.stores.writer_process", str(path), repr(marker_sync_s),
+                str(os.getpid())]  # fmt: skip
+        try:
+            self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                            close_fds=True, start_new_session=False)  # fmt: skip
+        except OSError as exc:
+            raise StoreError(f"cannot start the store's writer process: {exc}") from exc
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self._out = self.process.stdin.fileno()
+        self._in = self.process.stdout.fileno()
+        self._poll = select.poll()
+        self._poll.register(self._in, select.POLLIN)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait for the child's open (its first reply); raises StoreError when it failed or disagrees."""
+        if self.ready:
+            return
+        generation = self._reply(timeout_s)
+        if generation != self.generation:
+            self._fail(f"its file is at generation {generation}, the coordinator's at {self.generation}")
+        self.ready = True
+
+    def poll_ready(self) -> bool:
+        """True once the child has opened the file (never waits: a commit on the loop must not)."""
+        if not self.ready and self._poll.poll(0):
+            self.wait_ready()
+        return self.ready
+
+    def write(self, records: Sequence[Record], *, wait: bool) -> bool:
+        """Commit ``records`` in the child (one transaction); False: ``wait`` off and the database was held.
+
+        Raises:
+            StoreError: the commit failed, or the child is gone, stuck or garbled (all fatal).
+        """
+        if self._failed is not None:
+            raise StoreError(self._failed)
+        if not self.ready:
+            self.wait_ready()
+        body = _encode_group(self._encoder, records)
+        try:
+            _send_request(self._out, body, wait)
+        except OSError as exc:
+            self._fail(f"cannot reach it: {exc}")
+        generation = self._reply(self.reply_timeout_s)
+        if generation == BUSY and not wait:
+            return False
+        if generation != self.generation + 1:
+            self._fail(f"it answered generation {generation} to commit {self.generation + 1}")
+        self.generation = generation
+        return True
+
+    def _reply(self, timeout_s: float) -> int:
+        if not self._poll.poll(max(0, int(timeout_s * 1000))):
+            self._fail(f"no answer in {timeout_s:g} s (stuck)")
+        raw = _read_exact(self._in, _REPLY.size)
+        if raw is None:
+            self._fail(self._exit_status())
+        (value,) = _REPLY.unpack(raw)
+        if value == FAILED:
+            size = _read_exact(self._in, _LENGTH.size)
+            text = _read_exact(self._in, _LENGTH.unpack(size)[0]) if size is not None else None
+            self._fail(text.decode(errors="replace") if text is not None else self._exit_status(), stop=False)
+        return int(value)
+
+    def _exit_status(self) -> str:
+        try:
+            code = self.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return "it closed its pipe"
+        if code < 0:
+            return f"it was killed by signal {-code} ({signal.Signals(-code).name})"
+        return f"it exited with status {code}"
+
+    def _fail(self, why: str, *, stop: bool = True) -> None:
+        self._failed = f"the store's writer process (pid {self.process.pid}) failed for {self.path}: {why}"
+        if stop:
+            self._kill()
+        raise StoreError(self._failed)
+
+    def _kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5.0)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the child: its stdin closed, it closes the file and exits (killed if it does not in time)."""
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.error("the store's writer process did not stop; killed", pid=self.process.pid)
+            self._kill()
+        with contextlib.suppress(OSError):
+            self.process.stdout.close()  # type: ignore[union-attr]
+
+
+def _send_request(fd: int, body: bytes, wait: bool) -> None:
+    """One request on ``fd``: a small one in one write, a large one as its header and its body (no copy)."""
+    header = _REQUEST.pack(len(body), wait)
+    if len(body) < 1 << 16:
+        _send(fd, header + body)
+    else:
+        _send(fd, header)
+        _send(fd, body)
+
+
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_exact(fd: int, size: int) -> bytes | None:
+    """``size`` bytes from ``fd``; None at its end."""
+    data = os.read(fd, size)
+    if len(data) == size:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        if not data:
+            return None
+        data = os.read(fd, size - got)
+        parts.append(data)
+        got += len(data)
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------- the child
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL when the parent dies (Linux), and exit now if it already did."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def child_main(argv: Sequence[str]) -> int:
+    """The child: open the file, answer ready, then commit each request until the end of stdin."""
+    from coordinator.io.stores.sqlite import SQLiteStore
+
+    path, marker_sync_s, parent = Path(argv[0]), float(argv[1]), int(argv[2])
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C to the coordinator's group: the parent closes us
+    into, out = 0, os.dup(1)
+    os.dup2(2, 1)  # a stray print goes to stderr, never into the replies
+    try:
+        store = SQLiteStore.writer(path, marker_sync_s=marker_sync_s)
+    except Exception as exc:  # any failure to open is the parent's StoreError
+        _send(out, _failure(exc))
+        return 1
+    # The collector as the coordinator daemon tunes it (fleetwire/cli/serve.py): with CPython's default
+    # thresholds the records of each group triggered collections of every young object: 13 of the
+    # child's ~40 µs per plan (bench/store_writer.py --process).
+    gc.freeze()
+    gc.set_threshold(*_GC_THRESHOLDS)
+    _send(out, _REPLY.pack(store.generation))
+    decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
+    decoders = [msgspec.msgpack.Decoder(kind).decode for kind in RECORD_TYPES]
+    try:
+        while True:
+            header = _read_exact(into, _REQUEST.size)
+            if header is None:
+                return 0
+            size, wait = _REQUEST.unpack(header)
+            body = _read_exact(into, size)
+            if body is None:
+                return 0
+            try:
+                codes, raws = decode(body)
+                records = [decoders[code](raw) for code, raw in zip(codes, raws, strict=True)]
+                written = store.write_here(records, wait=bool(wait))
+            except Exception as exc:  # a failed commit is the parent's StoreError (fatal)
+                _send(out, _failure(exc))
+                return 1
+            _send(out, _REPLY.pack(store.generation if written else BUSY))
+    finally:
+        store.close()
+
+
+def _failure(exc: BaseException) -> bytes:
+    text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:65536]
+    return _REPLY.pack(FAILED) + _LENGTH.pack(len(text)) + text
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))

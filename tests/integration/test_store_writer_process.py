@@ -1,0 +1,215 @@
+"""The SQLite store's writes in a child process (``--store-writer process``, coordinator/io/stores/writer_process.py).
+
+Real SQLite files and real child processes: what the child commits is loaded back by a restart;
+a child killed or stuck fails the store (nothing after it released) instead of hanging; close
+drains; the parent never writes once the child owns the file; the child never outlives the parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.integrity import StoreError
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE
+from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, UsageRows
+from protocol.messages import Event, Submit
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def plan(plan_id: str, order: int, *, ended: bool = False) -> list[Record]:
+    """A plan's records: its creation, two events and its status (succeeded when ``ended``)."""
+    submit = Submit(req_id=order, op="echo", args={"n": order}, plan_id=plan_id)
+    records: list[Record] = [
+        PlanCreated(plan_id, "alice", order, submit), Event(plan_id=plan_id, kind="queued", data={}, seq=1),
+        Event(plan_id=plan_id, kind="running", data={"worker_id": "w1"}, seq=2, attempt=1),
+    ]  # fmt: skip
+    state = "succeeded" if ended else "running"
+    records.append(PlanStatus(plan_id, state, 1, "w1", next_seq=3, result={"n": order} if ended else None))
+    return records
+
+
+class Released(list[Any]):
+    """A committer's release callback: the payloads released, in order; ``failed`` once on_failure ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = asyncio.Event()
+        self.failed = asyncio.Event()
+        self.errors: list[BaseException] = []
+
+    def __call__(self, payload: Any) -> None:
+        self.append(payload)
+        self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        self.failed.set()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    opened = SQLiteStore(tmp_path / DB_FILE)
+    opened.hand_writes_to_process()
+    yield opened
+    opened.close()
+
+
+async def released(seen: Released, count: int) -> None:
+    async with asyncio.timeout(30):
+        while len(seen) < count and not seen.failed.is_set():
+            seen.done.clear()
+            await seen.done.wait()
+
+
+async def test_groups_committed_by_the_writer_process_are_loaded_back_by_a_restart(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    """Plans, events, statuses, a forgotten plan and usage rows written through the child come back at a restart."""
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_slow_s=60)
+    committer.start()
+    committer.submit(plan("p1", 1) + plan("p2", 2, ended=True) + plan("gone", 3, ended=True), 1)
+    await released(seen, 1)
+    late = Event(plan_id="p1", kind="log", data={"line": "x" * 600}, seq=3)  # a run too long for the row: spilled
+    committer.submit([late, PlanForgotten("gone"), UsageRows([(3600, "alice", "ml", [1.0, 2.0])])], 2)
+    await released(seen, 2)
+    await committer.close()
+    assert seen == [1, 2] and not seen.errors
+    assert store.writer_pid is not None and store.generation == 2
+    store.close()
+    again = SQLiteStore(tmp_path / DB_FILE)  # the generation side file agrees, or this refuses
+    try:
+        plans = {p.created.plan_id: p for p in again.load()}
+        assert sorted(plans) == ["p1", "p2"] and again.generation == 2
+        assert [e.seq for e in plans["p1"].events] == [1, 2, 3] and plans["p1"].events[2].data == late.data
+        assert plans["p2"].status is not None and plans["p2"].status.result == {"n": 2}
+        assert [(r.hour_s, r.principal, r.values()[:2]) for r in again.load_usage()] == [(3600, "alice", [1.0, 2.0])]
+    finally:
+        again.close()
+
+
+async def test_a_killed_writer_process_fails_the_store_and_nothing_after_it_is_released(store: SQLiteStore) -> None:
+    """kill -9 of the child: the next commit fails the store (naming the signal); it and later batches stay held."""
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
+    committer.start()
+    committer.submit(plan("p1", 1), 1)
+    await released(seen, 1)
+    pid = store.writer_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    committer.submit(plan("p2", 2), 2)
+    committer.submit(plan("p3", 3), 3)
+    await asyncio.wait_for(seen.failed.wait(), 30)
+    assert seen == [1]
+    assert isinstance(seen.errors[0], StoreError) and "signal 9" in str(seen.errors[0])
+    await committer.close()
+    assert seen == [1] and len(seen.errors) == 1
+
+
+async def test_a_stuck_writer_process_fails_the_store_instead_of_hanging(store: SQLiteStore) -> None:
+    """A child that stops answering (SIGSTOP) fails the store once its reply is overdue; nothing is released."""
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
+    committer.start()
+    committer.submit(plan("p1", 1), 1)
+    await released(seen, 1)
+    child = store._child
+    assert child is not None
+    child.reply_timeout_s = 0.5
+    os.kill(child.pid, signal.SIGSTOP)
+    committer.submit(plan("p2", 2), 2)
+    await asyncio.wait_for(seen.failed.wait(), 30)
+    assert seen == [1] and "stuck" in str(seen.errors[0])
+    await committer.close()
+    assert child.process.poll() is not None  # killed, not left stopped
+
+
+async def test_close_drains_every_queued_group_then_stops_the_writer_process(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    """Batches still queued at close are committed and released, then the child exits on its own (status 0)."""
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail)
+    committer.start()
+    for n in range(1, 51):
+        committer.submit(plan(f"p{n}", n), n)
+    await committer.close()
+    assert seen == list(range(1, 51)) and not seen.errors
+    child = store._child
+    assert child is not None
+    store.close()
+    assert child.process.returncode == 0
+    again = SQLiteStore(tmp_path / DB_FILE)
+    try:
+        assert len(again.load()) == 50
+    finally:
+        again.close()
+
+
+async def test_the_parent_never_writes_once_the_writer_process_owns_the_file(store: SQLiteStore) -> None:
+    """After the hand-over the parent's connection changes no row (commits go to the child) and refuses to write."""
+    before = store._db.total_changes
+    store.write(plan("p1", 1))
+    assert store.try_write(plan("p2", 2)) in (True, False)  # False only while the child still starts
+    assert store._db.total_changes == before and store.writes >= 1
+    with pytest.raises(StoreError, match="writer process"):
+        store.write_here(plan("p3", 3), wait=True)
+
+
+def test_the_writer_process_carries_no_token_and_dies_with_its_parent(tmp_path: Path) -> None:
+    """A coordinator killed with -9: its writer child is gone too; the child's environment holds none of its tokens."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from coordinator.io.stores.sqlite import SQLiteStore
+        store = SQLiteStore(Path({str(tmp_path / DB_FILE)!r}))
+        store.hand_writes_to_process()
+        print(store.writer_pid, flush=True)
+        time.sleep(60)
+    """)
+    env = {**os.environ, "FLEETWIRE_CLIENT_TOKEN": "s3cret-client", "FLEETWIRE_WORKER_TOKEN": "s3cret-worker"}
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        assert not any("s3cret" in value for value in child.environ().values())
+        parent.kill()
+        parent.wait(10)
+        gone, _ = psutil.wait_procs([child], timeout=20)
+        assert gone
+    finally:
+        parent.kill()
+        parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+async def test_a_coordinator_with_store_writer_process_commits_through_its_child(tmp_path: Path) -> None:
+    """``store_writer="process"``: the server hands the SQLite store's writes to a child at start, stops it at stop."""
+    settings = ServerSettings(port=0, insecure=True, store=f"sqlite:{tmp_path / DB_FILE}", store_writer="process")
+    server = CoordinatorServer(settings)
+    await server.start()
+    try:
+        assert isinstance(server.store, SQLiteStore)
+        pid = server.store.writer_pid
+        assert pid is not None and psutil.Process(pid).ppid() == os.getpid()
+        child = server.store._child
+    finally:
+        await server.stop()
+    assert child is not None and child.process.returncode == 0
