@@ -92,7 +92,20 @@ def encode_attributes(tag: int, attributes: Mapping[str, Any] | None, keys: dict
     return b"".join(parts)
 
 
-_KV_CACHE: Final = 8192  # (key, value) pairs whose KeyValue is kept (then the cache starts again)
+_KV_CACHE: Final = 8192  # events whose encoding is kept (then the cache starts again)
+_VALUES_PER_KEY: Final = 64  # values of one attribute key whose encoding is kept
+_KEYS: Final = 1024  # attribute keys whose values are kept (past it, a key's values are encoded every time)
+_HEAD: Final = None  # in a key's table: the encoded KeyValue.key
+
+
+def _attribute(head: bytes, value: Any) -> bytes:
+    """A ``Span.attributes`` (9) field: ``head`` (the encoded ``KeyValue.key``) and the value."""
+    if value.__class__ is str:
+        v = value.encode()
+        n = len(v)
+        if n < 100 and len(head) < 24:  # every length one byte
+            return b"".join((bytes((0x4A, len(head) + n + 4)), head, bytes((0x12, n + 2, 0x0A, n)), v))
+    return _field(0x4A, head + _field(0x12, _any_value(value)))
 
 
 class SpanEncoder:
@@ -106,13 +119,21 @@ class SpanEncoder:
 
     def __init__(self, resource: Mapping[str, Any], scope: str = "fleetwire", resource_schema_url: str = "") -> None:
         self._keys: dict[str, bytes] = {}
-        self._pairs: dict[tuple[str, str | int], bytes] = {}  # (key, str or int value) -> its Span.attributes field
+        self._by_key: dict[str, dict[Any, bytes]] = {}  # key -> {str or int value: its Span.attributes field}
         self._names: dict[str, bytes] = {}
+        self._events: dict[tuple[Any, ...], bytes] = {}  # (name, *attribute items) -> Event.name and .attributes
         self._kinds = {kind: bytes((0x30, i + 1)) for i, kind in enumerate(_KINDS)}  # Span.kind (6)
         resource_body = encode_attributes(0x0A, resource)  # Resource.attributes (1)
         self._resource = _field(0x0A, resource_body)  # ResourceSpans.resource (1)
         self._resource_schema = _field(0x1A, resource_schema_url.encode()) if resource_schema_url else b""
         self._scope = _field(0x0A, _field(0x0A, scope.encode()))  # ScopeSpans.scope (1): InstrumentationScope.name
+
+    def _values_of(self, key: str) -> dict[Any, bytes]:
+        """A new key's table: its encoded ``KeyValue.key`` (at :data:`_HEAD`), then its values' fields."""
+        values: dict[Any, bytes] = {_HEAD: _field(0x0A, key.encode())}  # KeyValue.key (1)
+        if len(self._by_key) < _KEYS:
+            self._by_key[key] = values
+        return values
 
     def encode(self, batch: Iterable[Sequence[Any]]) -> bytes:
         """The request of a batch of noted spans (:data:`wireio.span_export.RawSpan`)."""
@@ -135,24 +156,38 @@ class SpanEncoder:
         parts.append(head)
         parts.append(self._kinds[kind])
         parts.append(_TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns))
-        if attributes:  # Span.attributes (9): a pair seen before (a policy, a worker, an attempt) is copied
-            pairs = self._pairs
-            for pair in attributes.items():
-                cls = pair[1].__class__
-                if cls is str or cls is int:  # never bool or float: (k, True) == (k, 1) == (k, 1.0)
-                    field = pairs.get(pair)
+        if attributes:  # Span.attributes (9): a value seen before under its key (a policy, a worker) is copied
+            by_key = self._by_key
+            for key, value in attributes.items():
+                values = by_key.get(key)
+                if values is None:
+                    values = self._values_of(key)
+                cls = value.__class__
+                if cls is str or cls is int:  # never bool or float: True == 1 == 1.0
+                    field = values.get(value)
                     if field is None:
-                        field = encode_attributes(0x4A, dict((pair,)), self._keys)
-                        if len(pairs) >= _KV_CACHE:
-                            pairs.clear()
-                        pairs[pair] = field
-                    parts.append(field)
+                        field = _attribute(values[_HEAD], value)
+                        if len(values) < _VALUES_PER_KEY:  # a plan id's key fills its table, then stops
+                            values[value] = field
                 else:
-                    parts.append(encode_attributes(0x4A, dict((pair,)), self._keys))
-        if events:
-            for event_name, at, event_attributes in events:  # Span.events (11)
-                parts.append(_field(0x5A, _EVENT_TIME(0x09, at) + _field(0x12, event_name.encode())
-                                    + encode_attributes(0x1A, event_attributes, self._keys)))  # fmt: skip
+                    field = _attribute(values[_HEAD], value)
+                parts.append(field)
+        if events:  # Span.events (11): an event's name and attributes are encoded once (its time each time)
+            known = self._events
+            for event_name, at, event_attributes in events:
+                item = (event_name, *event_attributes.items()) if event_attributes else (event_name,)
+                try:
+                    rest = known.get(item)
+                except TypeError:  # an unhashable value (a list)
+                    rest = None
+                    item = ()
+                if rest is None:
+                    rest = _field(0x12, event_name.encode()) + encode_attributes(0x1A, event_attributes, self._keys)
+                    if item:
+                        if len(known) >= _KV_CACHE:
+                            known.clear()
+                        known[item] = rest
+                parts.append(_field(0x5A, _EVENT_TIME(0x09, at) + rest))
         if error:  # Status.message (2), Status.code (3) = STATUS_CODE_ERROR
             parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))
         else:

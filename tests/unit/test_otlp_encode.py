@@ -49,3 +49,16 @@ def test_an_encoder_built_from_the_resource_alone_matches_too() -> None:
     ours = ExportTraceServiceRequest()
     ours.ParseFromString(encoder.encode(SPANS[2:3]))
     assert ours == _sdk_request(builder, SPANS[2:3])
+
+
+def test_values_kept_from_earlier_spans_never_stand_for_an_equal_value_of_another_type() -> None:
+    """Across spans, a key's kept values (1, then True, 1.0; 100 plan ids past the table's size) and a repeated
+    event encode each span as the SDK does."""
+    builder = SpanBuilder("fleetwire-coordinator")
+    spans = [("s", TRACE, i + 1, 7, True, 1, 2, {"k": value, "fleetwire.plan_id": f"p-{i}"},
+              [("waiting", i, {"reason": "busy"})], "internal", "")
+             for i, value in enumerate([1, True, 1.0, "1", 0, False, *range(100)])]  # fmt: skip
+    for batch in (spans, spans[::-1]):
+        ours = ExportTraceServiceRequest()
+        ours.ParseFromString(builder._encoder.encode(batch))
+        assert ours == _sdk_request(builder, batch)
