@@ -33,6 +33,14 @@ def test_a_w3c_traceparent_parses_and_formats_back() -> None:
     assert (trace_id_of(SAMPLED), is_sampled(SAMPLED), is_sampled(UNSAMPLED)) == (TRACE, True, False)
 
 
+def test_is_sampled_reads_bit_0_of_every_flags_byte() -> None:
+    """Every flags byte, in lower or upper case hex: sampled exactly when its bit 0 is set."""
+    for flags in range(256):
+        for text in (f"{flags:02x}", f"{flags:02X}"):
+            assert is_sampled(f"00-{TRACE}-{SPAN}-{text}") is bool(flags & 1), text
+    assert not is_sampled(f"00-{TRACE}-{SPAN}") and not is_sampled("")
+
+
 @pytest.mark.parametrize(
     ("text", "said"),
     [
