@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -213,3 +214,25 @@ async def test_a_coordinator_with_store_writer_process_commits_through_its_child
     finally:
         await server.stop()
     assert child is not None and child.process.returncode == 0
+
+
+def test_the_writer_process_stores_the_bytes_the_thread_stores(tmp_path: Path) -> None:
+    """The same groups written by the child and by this process leave identical rows (blobs and checksums)."""
+    ended = PlanStatus("p1", "succeeded", 1, "w1", next_seq=4, result={"ok": True})
+    groups = [plan("p1", 1) + plan("gone", 2, ended=True),
+              [Event(plan_id="p1", kind="log", data=[1, "x"], seq=3), ended, PlanForgotten("gone")]]  # fmt: skip
+    rows = []
+    for writer in ("thread", "process"):
+        path = tmp_path / writer / DB_FILE
+        store = SQLiteStore(path)
+        if writer == "process":
+            store.hand_writes_to_process()
+        for group in groups:
+            store.write(group)
+        store.close()
+        db = sqlite3.connect(path)
+        try:
+            rows.append(db.execute("SELECT rowid, * FROM plans ORDER BY rowid").fetchall())
+        finally:
+            db.close()
+    assert rows[0] == rows[1] and len(rows[0]) == 1

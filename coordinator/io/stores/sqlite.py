@@ -542,6 +542,24 @@ class SQLiteStore:
         """One group: the rows it touches, :meth:`_encode_rows`, :meth:`_commit` (a transaction), :meth:`_committed`."""
         usage: list[UsageRows] = []  # at most one a tick: found by the same pass as the plans' records
         created, latest, runs, forgotten = group_records(records, usage)
+        return self.write_grouped(created, latest, runs, forgotten, usage, len(records), wait=wait)
+
+    def write_grouped(
+        self,
+        created: dict[str, PlanCreated],
+        latest: dict[str, PlanStatus],
+        runs: dict[str, list[StoredEvent]],
+        forgotten: set[str],
+        usage: list[UsageRows],
+        count: int,
+        *,
+        wait: bool,
+    ) -> bool:
+        """:meth:`_write` of a group already grouped (:func:`group_records`; ``count``: its records).
+
+        The writer process groups what it reads off its pipe itself: a creation or a status comes
+        with its encoding, which it stores as it is (coordinator/io/stores/writer_process.py).
+        """
         rowids = self._rowids
         fresh: dict[str, int] = {}  # rowids of plans new in this group
         next_rowid = self._next_rowid
@@ -560,7 +578,7 @@ class SQLiteStore:
             return False  # nothing changed yet: the caller writes the same records later
         self._committed(rows, fresh, forgotten)
         self.writes += 1
-        self.records += len(records)
+        self.records += count
         return True
 
     def _encode_rows(
