@@ -236,3 +236,28 @@ def test_the_writer_process_stores_the_bytes_the_thread_stores(tmp_path: Path) -
         finally:
             db.close()
     assert rows[0] == rows[1] and len(rows[0]) == 1
+
+
+def test_groups_waiting_in_the_pipe_are_committed_as_one_transaction_and_answered_in_order(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    """Five groups sent while the child is stopped: one commit (one generation) answers all five, in send order."""
+    child = store._child
+    assert child is not None
+    child.wait_ready()
+    answered: list[tuple[int, BaseException | None]] = []
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        for n in range(1, 6):
+            store.send(plan(f"p{n}", n), lambda error, n=n: answered.append((n, error)))  # type: ignore[misc]
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    store.drain()
+    assert answered == [(n, None) for n in range(1, 6)]
+    assert store.generation == 1 and child.generation == 1
+    store.close()
+    again = SQLiteStore(tmp_path / DB_FILE)
+    try:
+        assert [p.created.plan_id for p in again.load()] == [f"p{n}" for n in range(1, 6)]
+    finally:
+        again.close()

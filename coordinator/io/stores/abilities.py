@@ -23,11 +23,14 @@ ability            what it is for (who uses it)                      SQLite    P
 ``writer_process`` its writes committed by a child process from       yes       -
                    now on (server, ``--store-writer process``;
                    coordinator/io/stores/writer_process.py)
+``sender``         groups sent without waiting, each one's commit    yes [3]_  -
+                   reported back (GroupCommitter's writer thread)
 =================  ================================================  ========  ==========
 
 .. [1] Not a shard's own store in a cluster host (``ShardPgStore``): the host keeps those.
 .. [2] Not yet: a PostgreSQL store ignores ``UsageRows`` records, so a cluster's ledger restarts empty.
    ``MemoryStore`` keeps them too (in its process).
+.. [3] Once its writes were handed to the writer process (``writer_process``).
 
 ``MemoryStore`` has none of them. A store built for a test declares what it has (often
 ``StoreAbilities()``: nothing optional).
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
     from coordinator.io.cluster.leases import LeaseStore
     from coordinator.io.stores.pg_commit import PipelinedCommitter
 
-__all__ = ["MakeCommitter", "StoreAbilities"]
+__all__ = ["GroupSender", "MakeCommitter", "StoreAbilities"]
 
 T = TypeVar("T")
 
@@ -57,6 +60,16 @@ class MakeCommitter(Protocol):
     def __call__(
         self, release: Callable[[T], None], on_failure: Callable[[BaseException], None], *, max_backlog_bytes: int = 0
     ) -> PipelinedCommitter[T]: ...
+
+
+class GroupSender(Protocol):
+    """A store that commits groups in order without the sender waiting (``SQLiteStore`` with a writer process)."""
+
+    def send(self, records: Sequence[Record], done: Callable[[BaseException | None], None]) -> None:
+        """Send a group; ``done(None)`` (from another thread) once committed, ``done(error)`` if it failed."""
+
+    def drain(self) -> None:
+        """Wait until every group sent has had its ``done``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +92,7 @@ class StoreAbilities:
         usage: the usage ledger's rows the store keeps (from ``UsageRows`` records), read at start.
         writer_process: hands the store's writes to a child process (after the load, before the
             committer starts); raises ``StoreError`` when it cannot be started.
+        sender: the store's groups sent without waiting for their commit (read at the committer's start).
     """
 
     stream: Callable[[], Iterator[StoredPlan]] | None = None
@@ -90,3 +104,4 @@ class StoreAbilities:
     leases: LeaseStore | None = None
     usage: Callable[[], list[UsageRow]] | None = None
     writer_process: Callable[[], None] | None = None
+    sender: GroupSender | None = None

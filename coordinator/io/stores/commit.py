@@ -11,6 +11,11 @@ With a blocking store (SQLite) one writer thread takes *every* batch queued sinc
 transaction and writes them as one transaction: while a commit is being fsynced, the next
 group builds up, so the fsync rate stays at what the disk does whatever the message rate.
 With a non-blocking store (memory) ``submit`` writes at once and releases at once.
+A store with a ``sender`` (SQLite whose writes were handed to its writer process,
+``--store-writer process``, coordinator/io/stores/writer_process.py) is not waited on: the
+thread sends each group and takes the next from its queue; the store's receiving thread reports
+each commit (:meth:`GroupCommitter._sent_done`), in order, and the child merges the groups that
+wait in its pipe into one transaction.
 
 Idle writer: commit at once, on the loop. A batch submitted while the writer thread has
 nothing in flight, to a store that allows it (one whose abilities have ``try_write``: SQLite, a local file),
@@ -65,10 +70,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TypeVar
 
 import structlog
 
+from coordinator.io.stores.abilities import GroupSender
 from coordinator.io.stores.backlog import Backlog
 from coordinator.io.stores.store import Store
 from coordinator.records import Record
@@ -144,11 +151,13 @@ class GroupCommitter(Backlog[T]):
         self._inline_avg_s = 0.0  # the inline commits' moving average
         self._inline_slow_s = inline_slow_s
         self.inline_commits = 0  # groups committed on the loop
+        self._sender: GroupSender | None = None
 
     def start(self) -> None:
         """Start the writer thread (a blocking store only); call on the event loop."""
         if self.store.blocking and self._thread is None:
             self._loop = asyncio.get_running_loop()
+            self._sender = self.store.abilities.sender  # a writer process: groups sent without waiting
             self._switch_was = sys.getswitchinterval()
             sys.setswitchinterval(min(self._switch_was, WRITER_SWITCH_INTERVAL_S))  # module docstring: GIL hand-backs
             self._thread = threading.Thread(target=self._write_forever, name="fleetwire-store-writer", daemon=True)
@@ -208,7 +217,7 @@ class GroupCommitter(Backlog[T]):
 
     def _write_forever(self) -> None:
         assert self._loop is not None
-        loop, store, q = self._loop, self.store, self._queue
+        loop, store, q, sender = self._loop, self.store, self._queue, self._sender
         while True:
             item = q.get()
             stop = item is _STOP
@@ -226,13 +235,27 @@ class GroupCommitter(Backlog[T]):
                 stop = item is _STOP
             if ticket:
                 try:
-                    store.write(group)
+                    if sender is not None:
+                        sender.send(group, partial(self._sent_done, ticket))
+                    else:
+                        store.write(group)
                 except Exception as exc:
                     loop.call_soon_threadsafe(self._fail, exc)
                     return
-                loop.call_soon_threadsafe(self._done, ticket)
+                if sender is None:
+                    loop.call_soon_threadsafe(self._done, ticket)
             if stop:
+                if sender is not None:
+                    sender.drain()  # close() returns once every group sent is answered
                 return
+
+    def _sent_done(self, ticket: int, error: BaseException | None) -> None:
+        """A group sent to the store's ``sender`` was answered (in the sender's receiving thread)."""
+        assert self._loop is not None
+        if error is None:
+            self._loop.call_soon_threadsafe(self._done, ticket)
+        else:
+            self._loop.call_soon_threadsafe(self._fail, error)
 
     # ------------------------------------------------------------------ on the loop
 

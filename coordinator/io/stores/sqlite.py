@@ -52,7 +52,7 @@ import operator
 import os
 import sqlite3
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -290,7 +290,8 @@ class SQLiteStore:
         """A restart's load one plan at a time, commits on the loop, the file check and the losses accepted."""
         return StoreAbilities(stream=self.stream, check_files=self.check_files, try_write=self.try_write,
                               losses=self.losses, usage=self.load_usage,
-                              writer_process=self.hand_writes_to_process)  # fmt: skip
+                              writer_process=self.hand_writes_to_process,
+                              sender=self if self._child is not None else None)  # fmt: skip
 
     def load_usage(self) -> list[UsageRow]:
         """The usage ledger's rows (its ``usage`` ability); a row whose checksum fails is left out, and logged."""
@@ -500,6 +501,31 @@ class SQLiteStore:
             self._write_in_child(child, records, wait=True)
         else:
             self.write_here(records, wait=True)
+
+    def send(self, records: Sequence[Record], done: Callable[[BaseException | None], None]) -> None:
+        """A group to the writer process, ``done`` called once it is committed (its ``sender`` ability).
+
+        Raises:
+            StoreError: the process is gone, or the writes were never handed to one.
+        """
+        child = self._child
+        if child is None:
+            raise StoreError(f"the store {self.path} has no writer process")
+        count = len(records)
+
+        def committed(error: BaseException | None) -> None:
+            if error is None:
+                self.generation = child.generation
+                self.writes += 1
+                self.records += count
+            done(error)
+
+        child.send(records, committed)
+
+    def drain(self) -> None:
+        """Wait until every group :meth:`send` sent has been answered."""
+        if self._child is not None:
+            self._child.drain()
 
     def _write_in_child(self, child: WriterProcess, records: Sequence[Record], *, wait: bool) -> bool:
         if not child.write(records, wait=wait):

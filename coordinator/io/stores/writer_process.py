@@ -9,11 +9,16 @@ interpreter: on a machine with a free core the commit's Python runs in parallel 
 Theory of operation. The parent's :class:`~coordinator.io.stores.sqlite.SQLiteStore` opens,
 checks (lock file, ``quick_check``, migrations, generation side file) and loads the file as
 always, then hands its writes over (:meth:`SQLiteStore.hand_writes_to_process`): from then on
-every ``write``/``try_write`` is one request to the child, and the parent's connection only
-reads. The committer (coordinator/io/stores/commit.py) is unchanged: its writer thread, or the
-loop for an idle writer's small group, calls ``write``/``try_write`` and blocks on the pipe
-(``os.read``, the GIL released) until the child's reply. One request is in flight at a time
-(the committer's thread and its loop commits never overlap).
+every group is a request to the child, and the parent's connection only reads. The committer
+(coordinator/io/stores/commit.py) keeps its ticketing, ordering and inline commits. Its writer
+thread *sends* each group (:meth:`WriterProcess.send`, the store's ``sender`` ability) and goes
+back to its queue at once; a receiver thread reads the replies (``os.read``, the GIL released)
+and reports each group's commit, in order. The child commits the requests that waited in its
+pipe while it committed the last one as one transaction (group commit where the fsync is), so
+the next group is already there when a commit ends: no round trip through the parent's GIL
+between two commits. An idle writer's small group is still committed from the loop
+(``try_write``: :meth:`WriterProcess.write`, a synchronous round trip, only while nothing is in
+flight).
 
 The child (``python -m coordinator.io.stores.writer_process``, a fresh interpreter: nothing of
 the running loop is forked) opens the same file with a connection of its own, reads the
@@ -27,10 +32,11 @@ Wire (both ways over the child's stdin/stdout pipes, little-endian):
 request        ``u32 length``, ``u8 wait`` (1: ``write``, 0: ``try_write``), then msgpack
                ``[codes, [record, ...]]``: ``codes`` a bytes string, one record type code a
                record (:data:`RECORD_TYPES`), each record as the store encodes it
-reply          ``i64``: the generation committed (> 0); :data:`BUSY` (try_write: another
-               connection holds the database, nothing written); :data:`FAILED` followed by
-               ``u32 length`` and the error's text (the child then exits)
-ready          the first reply, before any request: the child's generation after its open
+reply          ``i64``, ``u32``: the generation committed (the next one) and how many requests
+               (the oldest unanswered) it commits; :data:`BUSY`, 1 (try_write: another
+               connection holds the database, nothing written); :data:`FAILED` and the length
+               of the error's text, then the text (the child then exits)
+ready          the first reply, before any request: the child's generation after its open, 0
 =============  ==============================================================================
 
 Failure (as the writer thread's, docs in commit.py): a failed commit, a child that exits or is
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import gc
 import os
 import select
@@ -53,9 +60,11 @@ import signal
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import msgspec
 import structlog
@@ -76,8 +85,10 @@ FAILED: Final = -2
 REPLY_TIMEOUT_S: Final = 120.0  # a commit that takes longer: the child is stuck (SQLite waits 5 s for a lock)
 START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
 _REQUEST = struct.Struct("<IB")
-_REPLY = struct.Struct("<q")
-_LENGTH = struct.Struct("<I")
+_REPLY = struct.Struct("<qI")  # a generation (or BUSY, FAILED) and the groups it commits (FAILED: the text's length)
+_F_SETPIPE_SZ = 1031
+_MERGE_MOST = 256  # groups the child commits in one transaction at most
+_PIPE_BYTES = 1 << 20
 _CODES: Final = {kind: code for code, kind in enumerate(RECORD_TYPES)}
 # What the child's environment keeps of the parent's: the interpreter's and the locale's, nothing else.
 _ENV_KEPT: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONPATH", "PYTHONHOME",
@@ -142,8 +153,14 @@ class WriterProcess:
         assert self.process.stdin is not None and self.process.stdout is not None
         self._out = self.process.stdin.fileno()
         self._in = self.process.stdout.fileno()
+        with contextlib.suppress(OSError):  # room for a busy group: the sender blocks less often (Linux)
+            fcntl.fcntl(self._out, _F_SETPIPE_SZ, _PIPE_BYTES)
         self._poll = select.poll()
         self._poll.register(self._in, select.POLLIN)
+        self._cond = threading.Condition()
+        self._waiting: deque[Callable[[BaseException | None], None]] = deque()  # sent, not yet answered
+        self._receiver: threading.Thread | None = None
+        self._closing = False
 
     @property
     def pid(self) -> int:
@@ -153,7 +170,7 @@ class WriterProcess:
         """Wait for the child's open (its first reply); raises StoreError when it failed or disagrees."""
         if self.ready:
             return
-        generation = self._reply(timeout_s)
+        generation, _ = self._reply(timeout_s)
         if generation != self.generation:
             self._fail(f"its file is at generation {generation}, the coordinator's at {self.generation}")
         self.ready = True
@@ -165,7 +182,8 @@ class WriterProcess:
         return self.ready
 
     def write(self, records: Sequence[Record], *, wait: bool) -> bool:
-        """Commit ``records`` in the child (one transaction); False: ``wait`` off and the database was held.
+        """Commit ``records`` in the child (one transaction) and wait for it; False: ``wait`` off and the database
+        was held, or (``wait`` off) a group sent with :meth:`send` is still in flight.
 
         Raises:
             StoreError: the commit failed, or the child is gone, stuck or garbled (all fatal).
@@ -174,31 +192,97 @@ class WriterProcess:
             raise StoreError(self._failed)
         if not self.ready:
             self.wait_ready()
+        with self._cond:
+            if self._waiting:  # the receiver thread reads the replies now
+                if not wait:
+                    return False
+                raise StoreError(f"the store's writer process for {self.path}: a commit is in flight")
+            body = _encode_group(self._encoder, records)
+            try:
+                _send_request(self._out, body, wait)
+            except OSError as exc:
+                self._fail(f"{self._exit_status()} ({exc})")
+            generation, count = self._reply(self.reply_timeout_s)
+            if generation == BUSY and not wait:
+                return False
+            self._check(generation, count, 1)
+            return True
+
+    def send(self, records: Sequence[Record], done: Callable[[BaseException | None], None]) -> None:
+        """Send a group and return: ``done(None)`` is called (from the receiver thread) once it is committed, or
+        ``done(error)`` when it, or one before it, failed. Groups are committed and ``done`` called in send order;
+        the child merges the groups waiting in its pipe into one transaction.
+
+        Raises:
+            StoreError: the child is gone or failed before.
+        """
+        if self._failed is not None:
+            raise StoreError(self._failed)
+        if not self.ready:
+            self.wait_ready()
         body = _encode_group(self._encoder, records)
+        with self._cond:
+            self._waiting.append(done)
+            if self._receiver is None:
+                self._receiver = threading.Thread(target=self._receive_forever, name="fleetwire-store-replies",
+                                                  daemon=True)  # fmt: skip
+                self._receiver.start()
+            self._cond.notify_all()
         try:
-            _send_request(self._out, body, wait)
+            _send_request(self._out, body, True)
         except OSError as exc:
             self._fail(f"{self._exit_status()} ({exc})")
-        generation = self._reply(self.reply_timeout_s)
-        if generation == BUSY and not wait:
-            return False
-        if generation != self.generation + 1:
-            self._fail(f"it answered generation {generation} to commit {self.generation + 1}")
-        self.generation = generation
-        return True
 
-    def _reply(self, timeout_s: float) -> int:
+    def drain(self) -> None:
+        """Wait until every group sent has its reply (its ``done`` called), or the child failed."""
+        with self._cond:
+            while self._waiting and self._failed is None:
+                self._cond.wait()
+
+    def _receive_forever(self) -> None:
+        """The receiver thread: the replies to :meth:`send`'s groups, each group's ``done`` called in order."""
+        cond, waiting = self._cond, self._waiting
+        while True:
+            with cond:
+                while not waiting and not self._closing:
+                    cond.wait()
+                if not waiting:
+                    return
+            try:
+                generation, count = self._reply(self.reply_timeout_s)
+                with cond:
+                    self._check(generation, count, len(waiting))
+                    finished = [waiting.popleft() for _ in range(count)]
+                    cond.notify_all()
+            except StoreError as exc:
+                with cond:
+                    finished = list(waiting)
+                    waiting.clear()
+                    cond.notify_all()
+                for done in finished:
+                    done(exc)
+                return
+            for done in finished:
+                done(None)
+
+    def _check(self, generation: int, count: int, most: int) -> None:
+        """A commit's reply: the next generation, for at least one and at most ``most`` groups."""
+        if generation != self.generation + 1 or not 0 < count <= most:
+            self._fail(f"it answered generation {generation} for {count} groups to commit {self.generation + 1} "
+                       f"of at most {most}")  # fmt: skip
+        self.generation = generation
+
+    def _reply(self, timeout_s: float) -> tuple[int, int]:
         if not self._poll.poll(max(0, int(timeout_s * 1000))):
             self._fail(f"no answer in {timeout_s:g} s (stuck)")
         raw = _read_exact(self._in, _REPLY.size)
         if raw is None:
             self._fail(self._exit_status())
-        (value,) = _REPLY.unpack(raw)
+        value, count = _REPLY.unpack(raw)
         if value == FAILED:
-            size = _read_exact(self._in, _LENGTH.size)
-            text = _read_exact(self._in, _LENGTH.unpack(size)[0]) if size is not None else None
+            text = _read_exact(self._in, count)
             self._fail(text.decode(errors="replace") if text is not None else self._exit_status(), stop=False)
-        return int(value)
+        return int(value), int(count)
 
     def _exit_status(self) -> str:
         try:
@@ -209,7 +293,7 @@ class WriterProcess:
             return f"it was killed by signal {-code} ({signal.Signals(-code).name})"
         return f"it exited with status {code}"
 
-    def _fail(self, why: str, *, stop: bool = True) -> None:
+    def _fail(self, why: str, *, stop: bool = True) -> NoReturn:
         self._failed = f"the store's writer process (pid {self.process.pid}) failed for {self.path}: {why}"
         if stop:
             self._kill()
@@ -223,6 +307,9 @@ class WriterProcess:
 
     def close(self, timeout_s: float = 10.0) -> None:
         """End the child: its stdin closed, it closes the file and exits (killed if it does not in time)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
         with contextlib.suppress(OSError):
             self.process.stdin.close()  # type: ignore[union-attr]
         try:
@@ -230,6 +317,8 @@ class WriterProcess:
         except subprocess.TimeoutExpired:
             log.error("the store's writer process did not stop; killed", pid=self.process.pid)
             self._kill()
+        if self._receiver is not None:
+            self._receiver.join()
         with contextlib.suppress(OSError):
             self.process.stdout.close()  # type: ignore[union-attr]
 
@@ -297,27 +386,47 @@ def child_main(argv: Sequence[str]) -> int:
     # child's ~40 µs per plan (bench/store_writer.py --process).
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
-    _send(out, _REPLY.pack(store.generation))
+    _send(out, _REPLY.pack(store.generation, 0))
     store._encoder = msgspec.msgpack.Encoder(enc_hook=_raw_of)  # an _Encoded record: its bytes as they came
     decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
+    waiting = select.poll()
+    waiting.register(into, select.POLLIN)
     try:
         while True:
-            header = _read_exact(into, _REQUEST.size)
-            if header is None:
+            request = _read_request(into)
+            if request is None:
                 return 0
-            size, wait = _REQUEST.unpack(header)
-            body = _read_exact(into, size)
-            if body is None:
-                return 0
+            bodies, wait = [request[0]], request[1]
+            # Group commit here: the groups that came while the last one was committed go in one transaction.
+            while len(bodies) < _MERGE_MOST and waiting.poll(0):
+                more = _read_request(into)
+                if more is None:
+                    break
+                bodies.append(more[0])
+                wait = True
             try:
-                codes, raws = decode(body)
-                written = store.write_grouped(*_grouped(codes, raws), len(raws), wait=bool(wait))
+                codes, raws = decode(bodies[0])
+                for body in bodies[1:]:
+                    more_codes, more_raws = decode(body)
+                    codes += more_codes
+                    raws += more_raws
+                written = store.write_grouped(*_grouped(codes, raws), len(raws), wait=wait)
             except Exception as exc:  # a failed commit is the parent's StoreError (fatal)
                 _send(out, _failure(exc))
                 return 1
-            _send(out, _REPLY.pack(store.generation if written else BUSY))
+            _send(out, _REPLY.pack(store.generation, len(bodies)) if written else _REPLY.pack(BUSY, 1))
     finally:
         store.close()
+
+
+def _read_request(into: int) -> tuple[bytes, bool] | None:
+    """The next request's body and its ``wait``; None at the end of the pipe (or of a cut request)."""
+    header = _read_exact(into, _REQUEST.size)
+    if header is None:
+        return None
+    size, wait = _REQUEST.unpack(header)
+    body = _read_exact(into, size)
+    return None if body is None else (body, bool(wait))
 
 
 class _Encoded:
@@ -396,7 +505,7 @@ def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[
 
 def _failure(exc: BaseException) -> bytes:
     text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:65536]
-    return _REPLY.pack(FAILED) + _LENGTH.pack(len(text)) + text
+    return _REPLY.pack(FAILED, len(text)) + text
 
 
 if __name__ == "__main__":
