@@ -29,18 +29,18 @@ Theory of operation:
   ``OTEL_BSP_SCHEDULE_DELAY`` ms (default 5,000) or when a batch (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
   default 2,048) is waiting and hands the batch on (wireio/span_export.py): with
   ``export_process`` (the coordinator and worker daemons) as one msgpack frame to a child process
-  that builds the SDK's ``ReadableSpan`` objects and runs the standard OTLP/HTTP exporter
-  (protobuf), so this process never imports OpenTelemetry; without it (the client in an
+  that encodes the OTLP request (protobuf, wireio/otlp.py) and posts it with the standard OTLP/HTTP
+  exporter's client, so this process never imports OpenTelemetry; without it (the client in an
   application's process, or an exporter given in code) the thread does that itself.
   :meth:`Tracing.flush` exports what is queued now; :meth:`Tracing.shutdown` flushes and stops the
   thread (and the child).
 
 What a sampled span still costs, measured on the 2-core VM (docs/OPERATIONS.md §Tracing, *What it
-costs*): about 2 µs to note it here (the hot path), then about 2.5 µs to build its ``ReadableSpan``
-and about 12 µs plus 3 µs per attribute in the SDK's OTLP encoder (``encode_spans``: a protobuf
-message per span, attribute and value; serialising them is 0.5 µs), in the exporter thread or
-(``export_process``) the child, where the exporter thread only packs it (~0.2 µs).
-An unsampled plan costs the client one ratio test (~0.2 µs) and the other hops one flags test.
+costs*): about 1-2 µs to note it here (the hot path), then about 3.6 µs to encode it
+(wireio/otlp.py; the SDK's ``ReadableSpan`` and ``encode_spans`` took ~23 µs) and its share of a
+post, in the exporter thread or (``export_process``) the child, where the exporter thread only
+packs it (~0.2 µs) and the child unpacks it (~1 µs). An unsampled plan costs the client one ratio
+test (~0.2 µs) and the other hops one flags test.
 """
 
 from __future__ import annotations
@@ -174,13 +174,13 @@ class LiveSpan:
     __slots__ = ("_attributes", "_events", "_kind", "_name", "_parent_id", "_remote", "_start_ns", "_tracing",
                  "span_id", "trace_id")  # fmt: skip
 
-    def __init__(self, tracing: Tracing, name: str, trace_id: str, parent_id: int, remote: bool, start_ns: int,
-                 attributes: dict[str, str | int | float | bool], kind: str) -> None:  # fmt: skip
+    def __init__(self, tracing: Tracing, name: str, trace_id: str, parent_id: int | str, remote: bool,
+                 start_ns: int, attributes: dict[str, str | int | float | bool], kind: str) -> None:  # fmt: skip
         self._tracing = tracing
         self._name = name
         self.trace_id = trace_id
-        self.span_id = _span_id()
-        self._parent_id = parent_id
+        self.span_id = _getrandbits(64) or 1
+        self._parent_id = parent_id  # an int, its hex (a remote parent's, parsed by the exporter) or 0: a root
         self._remote = remote
         self._start_ns = start_ns
         self._attributes = attributes
@@ -204,8 +204,15 @@ class LiveSpan:
 
     def end(self, error: str = "") -> None:
         """End it; ``error`` (a code or message) marks it failed."""
-        self._tracing._note((self._name, self.trace_id, self.span_id, self._parent_id, self._remote, self._start_ns,
-                             time.time_ns(), self._attributes, self._events, self._kind, error))  # fmt: skip
+        tracing = self._tracing
+        queue = tracing._queue
+        if len(queue) >= tracing._max_queue:
+            tracing.dropped += 1
+            return
+        queue.append((self._name, self.trace_id, self.span_id, self._parent_id, self._remote, self._start_ns,
+                      time.time_ns(), self._attributes, self._events, self._kind, error))  # fmt: skip
+        if len(queue) >= tracing._batch and not tracing._wake.is_set():
+            tracing._wake.set()
 
 
 class Tracing:
@@ -288,15 +295,16 @@ class Tracing:
 
     # -- the hot path: plain values into the queue ------------------------------------------------
 
-    def start(self, name: str, parent: str = "", attributes: Attributes | None = None, *, kind: str = "internal",
-              start_ns: int | None = None, root: bool = False) -> LiveSpan | None:  # fmt: skip
+    def start(self, name: str, parent: str = "", attributes: dict[str, str | int | float | bool] | None = None, *,
+              kind: str = "internal", start_ns: int | None = None, root: bool = False) -> LiveSpan | None:  # fmt: skip
         """Start a span, child of ``parent``; None when ``parent`` is unsampled or absent (unless
         ``root``: then an absent parent starts a new trace, if :attr:`sampler` samples it, and a
-        present one is a child if the sampler follows it: the root's decision)."""
+        present one is a child if the sampler follows it: the root's decision). ``attributes``
+        becomes the span's own (not copied: :meth:`LiveSpan.set` adds to it)."""
         if parent:
             if not (self.sampler.child(parent) if root else is_sampled(parent)):
                 return None
-            trace_id, parent_id = parent[3:35], int(parent[36:52], 16)
+            trace_id, parent_id = parent[3:35], parent[36:52]  # hex: the exporter parses it
         elif root:
             trace = self.sampler.root()
             if not trace:
@@ -305,13 +313,13 @@ class Tracing:
         else:
             return None
         return LiveSpan(self, name, trace_id, parent_id, True, time.time_ns() if start_ns is None else start_ns,
-                        dict(attributes) if attributes else {}, kind)  # fmt: skip
+                        {} if attributes is None else attributes, kind)  # fmt: skip
 
-    def child(self, parent: LiveSpan, name: str, attributes: Attributes | None = None, *,
+    def child(self, parent: LiveSpan, name: str, attributes: dict[str, str | int | float | bool] | None = None, *,
               kind: str = "internal") -> LiveSpan:  # fmt: skip
-        """Start a span under a live one of this process."""
+        """Start a span under a live one of this process (``attributes``: as :meth:`start`'s)."""
         return LiveSpan(self, name, parent.trace_id, parent.span_id, False, time.time_ns(),
-                        dict(attributes) if attributes else {}, kind)  # fmt: skip
+                        {} if attributes is None else attributes, kind)  # fmt: skip
 
     def record(self, name: str, parent: str, start_ns: int, end_ns: int, attributes: Attributes | None = None, *,
                events: Iterable[Event] = (), kind: str = "internal", error: str = "") -> str:  # fmt: skip
