@@ -301,6 +301,7 @@ class Tracing:
         ``root``: then an absent parent starts a new trace, if :attr:`sampler` samples it, and a
         present one is a child if the sampler follows it: the root's decision). ``attributes``
         becomes the span's own (not copied: :meth:`LiveSpan.set` adds to it)."""
+        parent_id: int | str
         if parent:
             if not (self.sampler.child(parent) if root else is_sampled(parent)):
                 return None
