@@ -135,8 +135,12 @@ def collect(ns: argparse.Namespace) -> dict[str, Any]:
     t = ns.timeout
     fsync_dir = ns.fsync_dir or tempfile.gettempdir()
     batches = [fsync_samples(fsync_dir, ns.fsync_samples)] if ns.store != "memory" else []
-    results["fleetwire_throughput"] = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, timeout_s=t)
-    results["fleetwire_latency"] = run("latency.py", "--samples", str(ns.samples), "--store", ns.store, timeout_s=t)
+    writer = ["--coordinator-args", f"--store-writer {ns.store_writer}"] if ns.store_writer else []
+    results["store_writer"] = ns.store_writer or "the coordinator's default"
+    results["fleetwire_throughput"] = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, *writer,
+                                          timeout_s=t)
+    results["fleetwire_latency"] = run("latency.py", "--samples", str(ns.samples), "--store", ns.store, *writer,
+                                       timeout_s=t)
     if ns.also_memory and ns.store != "memory":
         results["fleetwire_memory_throughput"] = run("throughput.py", "--plans", str(ns.plans), "--store", "memory",
                                                      timeout_s=t)
@@ -298,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-samples", type=int, default=500, help="round trips for Dask and Ray (default 500)")
     parser.add_argument("--peers", default="dask,ray", help="dask,ray (default), one of them, or none")
     parser.add_argument("--store", choices=("memory", "sqlite"), default="sqlite", help="fleetwire's store")
+    parser.add_argument("--store-writer", choices=("thread", "process"), default=None,
+                        help="the sqlite store's --store-writer (default: the coordinator's default)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds each run may take (default 300)")
     parser.add_argument("--also-memory", action="store_true",
                         help="run fleetwire with the memory store too (what durability costs)")

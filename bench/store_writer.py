@@ -12,6 +12,7 @@ The garbage collector runs with the coordinator daemon's thresholds.
     python bench/store_writer.py                  # 20,000 plans, groups of 900 new plans
     python bench/store_writer.py --plans 2000 --json
     python bench/store_writer.py --lone           # a sequential round trip's two commits, split up
+    python bench/store_writer.py --process        # through the writer process: the parent's CPU and the child's
 
 ``--lone``: what one lone plan's commits cost, as a sequential round trip (bench/latency.py)
 makes them: a group of the plan's creation and lease (4 records), then one of its run and end
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sqlite3
 import sys
 import tempfile
@@ -76,7 +78,14 @@ def groups_of(plans: int, per_group: int) -> list[list[Record]]:
     return [g for g in groups if g]
 
 
-def measure(plans: int, per_group: int, repeat: int) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(plans: int, per_group: int, repeat: int, process: bool = False) -> dict[str, Any]:
     groups = groups_of(plans, per_group)
     gc.freeze()
     gc.set_threshold(*DAEMON_GC_THRESHOLDS)
@@ -85,10 +94,22 @@ def measure(plans: int, per_group: int, repeat: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "bench.sqlite3"
             store = SQLiteStore(path)
-            cpu0, wall0 = time.thread_time(), time.perf_counter()
-            for group in groups:
-                store.write(group)
-            cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
+            child_cpu = 0.0
+            if process:  # --process: the parent's CPU (every thread: the receiver's too) and the child's
+                store.hand_writes_to_process()
+                assert store._child is not None
+                store._child.wait_ready()
+                pid = store._child.pid
+                cpu0, wall0, child0 = time.process_time(), time.perf_counter(), _cpu_s(pid)
+                for group in groups:
+                    store.send(group, _ignore)
+                store.drain()
+                cpu, wall, child_cpu = time.process_time() - cpu0, time.perf_counter() - wall0, _cpu_s(pid) - child0
+            else:
+                cpu0, wall0 = time.thread_time(), time.perf_counter()
+                for group in groups:
+                    store.write(group)
+                cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
             store.close()
             conn = sqlite3.connect(path)
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -102,9 +123,10 @@ def measure(plans: int, per_group: int, repeat: int) -> dict[str, Any]:
         if len(loaded) != plans or any(len(p.events) != 5 for p in loaded):
             raise SystemExit("the store did not give every plan back with its 5 events")
         run = {"writer_cpu_us_per_plan": cpu / plans * 1e6, "writer_wall_us_per_plan": wall / plans * 1e6,
+               **({"child_cpu_us_per_plan": child_cpu / plans * 1e6} if process else {}),
                "load_us_per_plan": load / plans * 1e6, "file_bytes_per_plan": size / plans}  # fmt: skip
         best = {k: min(v, best.get(k, v)) for k, v in run.items()}
-    return {"bench": "store_writer", "plans": plans, "groups": len(groups),
+    return {"bench": "store_writer", "plans": plans, "groups": len(groups), "process": process,
             "records_per_plan": sum(map(len, groups)) / plans, **{k: round(v, 2) for k, v in best.items()}}  # fmt: skip
 
 
@@ -136,6 +158,11 @@ class _NoStatements:
 
     def fetchone(self) -> tuple[int]:
         return (0,)
+
+
+def _ignore(error: BaseException | None) -> None:
+    if error is not None:
+        raise SystemExit(f"the writer process failed: {error}")
 
 
 def _median(values: list[float]) -> float:
@@ -208,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=900, help="new plans per group (default 900)")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the best is reported (default 3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--process", action="store_true",
+                        help="the writes through the writer process (--store-writer process), pipelined: the "
+                             "parent's CPU (every thread) and the child's per plan")
     parser.add_argument("--lone", action="store_true",
                         help="a lone plan's two commits (a sequential round trip's), split into Python, SQLite, sync")
     args = parser.parse_args(argv)
@@ -224,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  pwrite 8 KiB + fdatasync alone:  CPU {lone['fdatasync_cpu_us']} µs, "
               f"wall {lone['fdatasync_wall_us']} µs")
         return 0
-    result = measure(args.plans, args.group, args.repeat)
+    result = measure(args.plans, args.group, args.repeat, args.process)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
@@ -233,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  writer CPU {result['writer_cpu_us_per_plan']:.1f} µs per plan "
               f"(wall {result['writer_wall_us_per_plan']:.1f}); load {result['load_us_per_plan']:.1f} µs per plan; "
               f"file {result['file_bytes_per_plan']:.0f} bytes per plan")  # fmt: skip
+        if args.process:
+            print(f"  (--process: the writer above is the coordinator's side; its child "
+                  f"{result['child_cpu_us_per_plan']:.1f} µs CPU per plan)")  # fmt: skip
     return 0
 
 

@@ -249,7 +249,7 @@ def test_groups_waiting_in_the_pipe_are_committed_as_one_transaction_and_answere
     os.kill(child.pid, signal.SIGSTOP)
     try:
         for n in range(1, 6):
-            store.send(plan(f"p{n}", n), lambda error, n=n: answered.append((n, error)))  # type: ignore[misc]
+            store.send(plan(f"p{n}", n), lambda error, n=n: answered.append((n, error)))
     finally:
         os.kill(child.pid, signal.SIGCONT)
     store.drain()

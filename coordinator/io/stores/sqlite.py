@@ -236,6 +236,7 @@ class SQLiteStore:
         self._marker_sync_s = marker_sync_s
         # The inline events' running checksum of each open plan (written by the writer thread only).
         self._events_crc: dict[str, int] = {}
+        self._rowids: dict[str, int] = {}  # every plan's rowid (read at the open: _open)
         self._child: WriterProcess | None = None  # the writer process, once the writes are handed to it
         self._handed_off = False  # ... and for good: this store never writes again
 
@@ -332,7 +333,7 @@ class SQLiteStore:
                 migrate(self._db, version)
             self.generation: int = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
             # The events key: every plan's rowid (a forgotten plan's is dropped with its row).
-            self._rowids: dict[str, int] = dict(self._db.execute("SELECT id, rowid FROM plans"))
+            self._rowids = dict(self._db.execute("SELECT id, rowid FROM plans"))
         except sqlite3.OperationalError as exc:
             if "malformed" not in str(exc) and "no such" not in str(exc):
                 raise  # locked, unreadable, disk I/O: a problem of the machine, not of the file's content
