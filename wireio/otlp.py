@@ -195,4 +195,8 @@ class SpanEncoder:
         parts.append(_FLAGS_REMOTE if remote and parent_id else _FLAGS_LOCAL)
         body = b"".join(parts)
         n = len(body)
-        return b"\x12" + (_SMALL[n] if n < 128 else _varint(n)) + body
+        if n < 128:
+            return b"\x12" + _SMALL[n] + body
+        if n < 16384:  # most spans: a two-byte length
+            return bytes((0x12, n & 0x7F | 0x80, n >> 7)) + body
+        return b"\x12" + _varint(n) + body

@@ -25,6 +25,7 @@ SPANS: list[tuple[Any, ...]] = [
     ("root", TRACE, 7, 0, True, 0, 0, None, None, "server", ""),
     ("fleetwire.handler", "0" * 31 + "1", 8, 7, False, 1, 2, {}, [], "client", "x" * 200),
     ("p", TRACE, 9, 7, True, 1, 2, {"k": "v"}, None, "producer", ""),
+    ("big", TRACE, 10, 7, True, 1, 2, {"k": "v" * 20_000}, None, "internal", ""),  # a span over 16 KiB
 ]  # fmt: skip
 
 
