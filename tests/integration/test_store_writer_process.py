@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ import psutil
 import pytest
 
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+from coordinator.io.stores import writer_process
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.sqlite import SQLiteStore
@@ -261,3 +263,38 @@ def test_groups_waiting_in_the_pipe_are_committed_as_one_transaction_and_answere
         assert [p.created.plan_id for p in again.load()] == [f"p{n}" for n in range(1, 6)]
     finally:
         again.close()
+
+
+async def test_a_commit_that_fails_in_the_child_fails_the_store_naming_its_error(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child cannot commit a request (not msgpack): the store fails naming the child's error; none released."""
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
+    committer.start()
+    monkeypatch.setattr(writer_process, "_encode_group", lambda encoder, records: b"\xc1 not msgpack")
+    committer.submit(plan("p1", 1), 1)
+    await asyncio.wait_for(seen.failed.wait(), 30)
+    assert seen == [] and isinstance(seen.errors[0], StoreError) and "DecodeError" in str(seen.errors[0])
+    await committer.close()
+
+
+async def test_a_garbled_reply_fails_the_store(store: SQLiteStore) -> None:
+    """A reply that is not the next generation (written into the child's reply pipe here) fails the store."""
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
+    committer.start()
+    child = store._child
+    assert child is not None
+    child.wait_ready()
+    pipe = os.readlink(f"/proc/self/fd/{child._in}")  # the child's end of it: the same "pipe:[inode]"
+    (end,) = [fd for fd in os.listdir(f"/proc/{child.pid}/fd") if os.readlink(f"/proc/{child.pid}/fd/{fd}") == pipe
+              and os.stat(f"/proc/{child.pid}/fd/{fd}", follow_symlinks=False).st_mode & 0o200]  # fmt: skip
+    os.kill(child.pid, signal.SIGSTOP)  # nothing of its own comes first
+    reply = os.open(f"/proc/{child.pid}/fd/{end}", os.O_WRONLY)
+    os.write(reply, struct.pack("<qI", 7, 1))
+    os.close(reply)
+    committer.submit(plan("p1", 1), 1)
+    await asyncio.wait_for(seen.failed.wait(), 30)
+    assert seen == [] and "answered generation 7" in str(seen.errors[0])
+    await committer.close()
