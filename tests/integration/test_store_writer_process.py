@@ -222,7 +222,8 @@ def test_the_writer_process_stores_the_bytes_the_thread_stores(tmp_path: Path) -
     """The same groups written by the child and by this process leave identical rows (blobs and checksums)."""
     ended = PlanStatus("p1", "succeeded", 1, "w1", next_seq=4, result={"ok": True})
     groups = [plan("p1", 1) + plan("gone", 2, ended=True),
-              [Event(plan_id="p1", kind="log", data=[1, "x"], seq=3), ended, PlanForgotten("gone")]]  # fmt: skip
+              [Event(plan_id="p1", kind="log", data=[1, "x"], seq=3), Event(plan_id="p1", kind="tick", seq=4), ended,
+               PlanForgotten("gone")]]  # fmt: skip
     rows = []
     for writer in ("thread", "process"):
         path = tmp_path / writer / DB_FILE

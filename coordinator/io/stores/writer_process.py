@@ -454,6 +454,17 @@ class _StatusKey(msgspec.Struct, gc=False):
     state: str
 
 
+class _EventRow(msgspec.Struct, gc=False):
+    """An ``Event`` as the store keeps it: its ``data`` as the parent encoded it (stored as it is, in the run)."""
+
+    plan_id: str
+    kind: str
+    data: msgspec.Raw = msgspec.Raw(b"\xc0")  # an Event's default: None (msgpack nil), left out by omit_defaults
+    seq: int = 0
+    attempt: int = 0
+    ephemeral: bool = False
+
+
 def _raw_of(record: Any) -> msgspec.Raw:
     if type(record) is _Encoded:
         return record.raw
@@ -463,7 +474,7 @@ def _raw_of(record: Any) -> msgspec.Raw:
 _CREATED, _STATUS, _EVENT, _FORGOTTEN, _USAGE = range(len(RECORD_TYPES))
 _created_key = msgspec.msgpack.Decoder(_CreatedKey).decode
 _status_key = msgspec.msgpack.Decoder(_StatusKey).decode
-_event = msgspec.msgpack.Decoder(Event).decode
+_event = msgspec.msgpack.Decoder(_EventRow).decode
 _forgotten = msgspec.msgpack.Decoder(PlanForgotten).decode
 _usage = msgspec.msgpack.Decoder(UsageRows).decode
 
