@@ -49,6 +49,7 @@ class OtlpReceiver:
 
     def __init__(self) -> None:
         self.spans: list[ReceivedSpan] = []
+        self.headers: list[dict[str, str]] = []  # each request's HTTP headers (names lower case)
         self.requests = 0
         self._changed = threading.Condition()
         receiver = self
@@ -56,6 +57,7 @@ class OtlpReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 if self.path != "/v1/traces":

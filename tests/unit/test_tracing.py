@@ -368,3 +368,20 @@ def test_the_exporter_process_gets_the_otel_variables_and_no_fleetwire_token(mon
         assert not [k for k in env if k.startswith("FLEETWIRE_")] and "PATH" in env
     finally:
         tracing.shutdown()
+
+
+def test_the_exporter_process_posts_through_the_standard_exporters_client_with_its_settings() -> None:
+    """The hand-encoded request goes out as the standard OTLP/HTTP exporter configures it: gzip and the headers
+    its OTEL_* variables name; the receiver decodes every span."""
+    with OtlpReceiver() as receiver:
+        environ = {"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-tenant=t1"}
+        tracing = Tracing(SERVICE_COORDINATOR, endpoint=receiver.endpoint, environ=environ, export_process=True)
+        try:
+            for i in range(3):
+                tracing.add("fleetwire.store.commit", SAMPLED, 1_000, 2_000, {"fleetwire.plan_id": f"p{i}"})
+            assert tracing.flush(20)
+        finally:
+            tracing.shutdown()
+        spans = receiver.wait_for(lambda got: len(got) >= 3)
+    assert sorted(s.attributes["fleetwire.plan_id"] for s in spans) == ["p0", "p1", "p2"]
+    assert {(h.get("content-encoding"), h.get("x-tenant")) for h in receiver.headers} == {("gzip", "t1")}
