@@ -299,3 +299,17 @@ async def test_a_garbled_reply_fails_the_store(store: SQLiteStore) -> None:
     await asyncio.wait_for(seen.failed.wait(), 30)
     assert seen == [] and "answered generation 7" in str(seen.errors[0])
     await committer.close()
+
+
+def test_a_writer_process_that_outlives_its_coordinator_keeps_the_store_locked(store: SQLiteStore) -> None:
+    """The lock file is the child's too: with the parent's hold gone, a new store is refused until the child ends."""
+    child = store._child
+    assert child is not None and store._lock_fd is not None
+    child.wait_ready()
+    os.close(store._lock_fd)  # what the parent's death does to its hold
+    store._lock_fd = None
+    with pytest.raises(StoreError, match="another coordinator"):
+        SQLiteStore(store.path)
+    os.kill(child.pid, signal.SIGKILL)
+    child.process.wait(10)
+    SQLiteStore(store.path).close()

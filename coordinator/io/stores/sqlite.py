@@ -277,7 +277,8 @@ class SQLiteStore:
         """
         if self._handed_off:
             return
-        self._child = WriterProcess(self.path, self.generation, marker_sync_s=self._marker_sync_s)
+        self._child = WriterProcess(self.path, self.generation, marker_sync_s=self._marker_sync_s,
+                                    lock_fd=self._lock_fd)  # fmt: skip
         self._handed_off = True
         self._rowids, self._events_crc = {}, {}  # the child's now; a load() here would read them again
 

@@ -44,7 +44,9 @@ killed, a reply that is not the next generation, or no reply within ``reply_time
 :class:`~coordinator.io.stores.integrity.StoreError` in the caller: the committer fails the
 coordinator, and nothing after it is released. The child never outlives the parent: it exits
 at the end of its stdin (the parent closed it, or died), and Linux sends it SIGKILL when the
-parent dies (``PR_SET_PDEATHSIG``). Its environment is the parent's without secrets: only the
+parent dies (``PR_SET_PDEATHSIG``). It holds the store's lock file with the parent (the same
+``flock``, inherited), so a coordinator restarted at once cannot open the file before the old
+writer is gone. Its environment is the parent's without secrets: only the
 variables Python and the locale need (:data:`_ENV_KEPT`), no token.
 """
 
@@ -126,13 +128,25 @@ class WriterProcess:
         generation: the file's generation now; every commit's reply must be the next one.
         marker_sync_s: the generation side file's fdatasync interval (the child writes it).
         reply_timeout_s: the longest wait for a reply before the child counts as stuck.
+        lock_fd: the store's lock file, held by the child too: the lock (``flock``) is released only once
+            both processes are gone, so a coordinator started after this one's death never opens the file
+            while its writer still lives.
+
+    Call it on a thread that lives as long as the process (the event loop's): Linux sends the
+    parent-death signal when the thread that started the child ends.
 
     Raises:
         StoreError: the child cannot be started.
     """
 
     def __init__(
-        self, path: Path, generation: int, *, marker_sync_s: float = 1.0, reply_timeout_s: float = REPLY_TIMEOUT_S
+        self,
+        path: Path,
+        generation: int,
+        *,
+        marker_sync_s: float = 1.0,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+        lock_fd: int | None = None,
     ) -> None:
         self.path = path
         self.generation = generation
@@ -147,7 +161,7 @@ class WriterProcess:
                 str(os.getpid())]  # fmt: skip
         try:
             self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                            close_fds=True, start_new_session=False)  # fmt: skip
+                                            close_fds=True, pass_fds=() if lock_fd is None else (lock_fd,))  # fmt: skip
         except OSError as exc:
             raise StoreError(f"cannot start the store's writer process: {exc}") from exc
         assert self.process.stdin is not None and self.process.stdout is not None
