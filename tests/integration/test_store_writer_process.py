@@ -313,3 +313,22 @@ def test_a_writer_process_that_outlives_its_coordinator_keeps_the_store_locked(s
     os.kill(child.pid, signal.SIGKILL)
     child.process.wait(10)
     SQLiteStore(store.path).close()
+
+
+async def test_a_writer_process_that_cannot_start_stops_the_coordinator_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No child can be started: the server's start raises StoreError naming why, and its port is closed again."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(writer_process.subprocess, "Popen", refuse)
+    settings = ServerSettings(port=0, insecure=True, store=f"sqlite:{tmp_path / DB_FILE}", store_writer="process")
+    server = CoordinatorServer(settings)
+    try:
+        with pytest.raises(StoreError, match="cannot start the store's writer process"):
+            await server.start()
+        assert server._server is not None and not server._server.is_serving()
+    finally:
+        await server.stop()

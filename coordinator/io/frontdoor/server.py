@@ -276,15 +276,15 @@ class CoordinatorServer:
         try:
             self._loading = asyncio.ensure_future(asyncio.to_thread(self._load))
             await asyncio.shield(self._loading)
+            hand_over = self.store.abilities.writer_process
+            if self.settings.store_writer == "process" and hand_over is not None:
+                hand_over()  # SQLite: commits in a child process from now on (coordinator/io/stores/writer_process.py)
         except BaseException:
             assert self._server is not None
             self._server.close()
             await self._server.wait_closed()
             raise
         self.core.counters["store_loss_accepted"] = report_accepted_losses(self.store)
-        hand_over = self.store.abilities.writer_process
-        if self.settings.store_writer == "process" and hand_over is not None:
-            hand_over()  # SQLite: its commits in a child process from now on (coordinator/io/stores/writer_process.py)
         self._committer.start()
         self.loaded.set()
         self._rotate_data_key()
