@@ -241,14 +241,19 @@ class SQLiteStore:
         self._handed_off = False  # ... and for good: this store never writes again
 
     @classmethod
-    def writer(cls, path: Path, *, marker_sync_s: float = 1.0) -> SQLiteStore:
-        """The writer process's store (coordinator/io/stores/writer_process.py): the file's writes only.
+    def writer(
+        cls, path: Path, *, marker_sync_s: float = 1.0, encoder: msgspec.msgpack.Encoder | None = None,
+    ) -> SQLiteStore:
+        """The writer process's store (coordinator/io/stores/writer_child.py): the file's writes only.
 
         The parent opened, checked, migrated and loaded the file and holds its lock file; this
         connection reads the write-side keys (every plan's rowid, the generation) and writes.
+        ``encoder``: the rows' encoder instead of the default one (the child's keeps the parent's bytes).
         """
         self = cls.__new__(cls)
         self._fields(path, False, marker_sync_s)
+        if encoder is not None:
+            self._encoder = encoder
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                        timeout=_BUSY_TIMEOUT_MS / 1000)  # fmt: skip

@@ -20,8 +20,8 @@ between two commits. An idle writer's small group is still committed from the lo
 (``try_write``: :meth:`WriterProcess.write`, a synchronous round trip, only while nothing is in
 flight).
 
-The child (``python -m coordinator.io.stores.writer_process``, a fresh interpreter: nothing of
-the running loop is forked) opens the same file with a connection of its own, reads the
+The child (``python -m coordinator.io.stores.writer_child``, coordinator/io/stores/writer_child.py,
+a fresh interpreter: nothing of the running loop is forked) opens the same file with a connection of its own, reads the
 write-side keys from it (every plan's rowid, the next rowid, the generation; an open plan's
 running events checksum is read from its row the first time it is needed) and owns them: it is
 the file's only writer while it runs, under the parent's lock file.
@@ -53,9 +53,7 @@ variables Python and the locale need (:data:`_ENV_KEPT`), no token.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
-import gc
 import os
 import select
 import signal
@@ -76,7 +74,10 @@ from coordinator.io.stores.rows import as_text
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, UsageRows
 from protocol.messages import Event
 
-__all__ = ["BUSY", "FAILED", "RECORD_TYPES", "REPLY_TIMEOUT_S", "WriterProcess", "child_main"]
+__all__ = [
+    "BUSY", "FAILED", "RECORD_TYPES", "REPLY_HEADER", "REPLY_TIMEOUT_S", "REQUEST_HEADER", "WriterProcess",
+    "read_exact", "send_all",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -86,17 +87,15 @@ BUSY: Final = -1
 FAILED: Final = -2
 REPLY_TIMEOUT_S: Final = 120.0  # a commit that takes longer: the child is stuck (SQLite waits 5 s for a lock)
 START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
-_REQUEST = struct.Struct("<IB")
-_REPLY = struct.Struct("<qI")  # a generation (or BUSY, FAILED) and the groups it commits (FAILED: the text's length)
+REQUEST_HEADER = struct.Struct("<IB")
+# A reply: a generation (or BUSY, FAILED) and the groups it commits (FAILED: the text's length).
+REPLY_HEADER = struct.Struct("<qI")
 _F_SETPIPE_SZ = 1031
-_MERGE_MOST = 256  # groups the child commits in one transaction at most
 _PIPE_BYTES = 1 << 20
 _CODES: Final = {kind: code for code, kind in enumerate(RECORD_TYPES)}
 # What the child's environment keeps of the parent's: the interpreter's and the locale's, nothing else.
 _ENV_KEPT: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONPATH", "PYTHONHOME",
                     "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "VIRTUAL_ENV", "COVERAGE_PROCESS_START")  # fmt: skip
-_PR_SET_PDEATHSIG = 1
-_GC_THRESHOLDS: Final = (50_000, 20, 100)  # fleetwire/cli/serve.py DAEMON_GC_THRESHOLDS (not imported: the SDK's)
 
 
 def _encode_group(encoder: msgspec.msgpack.Encoder, records: Sequence[Record]) -> bytes:
@@ -157,7 +156,7 @@ class WriterProcess:
         env = {k: v for k, v in os.environ.items() if k in _ENV_KEPT}
         root = str(Path(__file__).resolve().parents[3])  # the tree this coordinator runs from
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        args = [sys.executable, "-m", "coordinator.io.stores.writer_process", str(path), repr(marker_sync_s),
+        args = [sys.executable, "-m", "coordinator.io.stores.writer_child", str(path), repr(marker_sync_s),
                 str(os.getpid())]  # fmt: skip
         try:
             self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
@@ -289,12 +288,12 @@ class WriterProcess:
     def _reply(self, timeout_s: float) -> tuple[int, int]:
         if not self._poll.poll(max(0, int(timeout_s * 1000))):
             self._fail(f"no answer in {timeout_s:g} s (stuck)")
-        raw = _read_exact(self._in, _REPLY.size)
+        raw = read_exact(self._in, REPLY_HEADER.size)
         if raw is None:
             self._fail(self._exit_status())
-        value, count = _REPLY.unpack(raw)
+        value, count = REPLY_HEADER.unpack(raw)
         if value == FAILED:
-            text = _read_exact(self._in, count)
+            text = read_exact(self._in, count)
             self._fail(text.decode(errors="replace") if text is not None else self._exit_status(), stop=False)
         return int(value), int(count)
 
@@ -339,21 +338,21 @@ class WriterProcess:
 
 def _send_request(fd: int, body: bytes, wait: bool) -> None:
     """One request on ``fd``: a small one in one write, a large one as its header and its body (no copy)."""
-    header = _REQUEST.pack(len(body), wait)
+    header = REQUEST_HEADER.pack(len(body), wait)
     if len(body) < 1 << 16:
-        _send(fd, header + body)
+        send_all(fd, header + body)
     else:
-        _send(fd, header)
-        _send(fd, body)
+        send_all(fd, header)
+        send_all(fd, body)
 
 
-def _send(fd: int, data: bytes) -> None:
+def send_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def _read_exact(fd: int, size: int) -> bytes | None:
+def read_exact(fd: int, size: int) -> bytes | None:
     """``size`` bytes from ``fd``; None at its end."""
     data = os.read(fd, size)
     if len(data) == size:
@@ -367,171 +366,3 @@ def _read_exact(fd: int, size: int) -> bytes | None:
         parts.append(data)
         got += len(data)
     return b"".join(parts)
-
-
-# ---------------------------------------------------------------------------- the child
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL when the parent dies (Linux), and exit now if it already did."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def child_main(argv: Sequence[str]) -> int:
-    """The child: open the file, answer ready, then commit each request until the end of stdin."""
-    from coordinator.io.stores.sqlite import SQLiteStore
-
-    path, marker_sync_s, parent = Path(argv[0]), float(argv[1]), int(argv[2])
-    _die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C to the coordinator's group: the parent closes us
-    into, out = 0, os.dup(1)
-    os.dup2(2, 1)  # a stray print goes to stderr, never into the replies
-    try:
-        store = SQLiteStore.writer(path, marker_sync_s=marker_sync_s)
-    except Exception as exc:  # any failure to open is the parent's StoreError
-        _send(out, _failure(exc))
-        return 1
-    # The collector as the coordinator daemon tunes it (fleetwire/cli/serve.py): with CPython's default
-    # thresholds the records of each group triggered collections of every young object: 13 of the
-    # child's ~40 µs per plan (bench/store_writer.py --process).
-    gc.freeze()
-    gc.set_threshold(*_GC_THRESHOLDS)
-    _send(out, _REPLY.pack(store.generation, 0))
-    store._encoder = msgspec.msgpack.Encoder(enc_hook=_raw_of)  # an _Encoded record: its bytes as they came
-    decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
-    waiting = select.poll()
-    waiting.register(into, select.POLLIN)
-    try:
-        while True:
-            request = _read_request(into)
-            if request is None:
-                return 0
-            bodies, wait = [request[0]], request[1]
-            # Group commit here: the groups that came while the last one was committed go in one transaction.
-            while len(bodies) < _MERGE_MOST and waiting.poll(0):
-                more = _read_request(into)
-                if more is None:
-                    break
-                bodies.append(more[0])
-                wait = True
-            try:
-                codes, raws = decode(bodies[0])
-                for body in bodies[1:]:
-                    more_codes, more_raws = decode(body)
-                    codes += more_codes
-                    raws += more_raws
-                written = store.write_grouped(*_grouped(codes, raws), len(raws), wait=wait)
-            except Exception as exc:  # a failed commit is the parent's StoreError (fatal)
-                _send(out, _failure(exc))
-                return 1
-            _send(out, _REPLY.pack(store.generation, len(bodies)) if written else _REPLY.pack(BUSY, 1))
-    finally:
-        store.close()
-
-
-def _read_request(into: int) -> tuple[bytes, bool] | None:
-    """The next request's body and its ``wait``; None at the end of the pipe (or of a cut request)."""
-    header = _read_exact(into, _REQUEST.size)
-    if header is None:
-        return None
-    size, wait = _REQUEST.unpack(header)
-    body = _read_exact(into, size)
-    return None if body is None else (body, bool(wait))
-
-
-class _Encoded:
-    """A creation or a status as the parent encoded it: what the store reads of it, and its bytes, stored as they are.
-
-    The bytes are the record's msgpack encoding, the store's own (``SQLiteStore._encode_rows``
-    encodes a record with a default ``msgspec.msgpack.Encoder``, as the parent does): decoding
-    the whole record here only to encode it again cost ~3 µs a plan.
-    """
-
-    __slots__ = ("order", "owner", "plan_id", "raw", "state")
-
-    def __init__(self, plan_id: str, state: str, owner: str, order: int, raw: msgspec.Raw) -> None:
-        self.plan_id, self.state, self.owner, self.order, self.raw = plan_id, state, owner, order, raw
-
-
-class _CreatedKey(msgspec.Struct, gc=False):
-    plan_id: str
-    owner: str
-    order: int
-
-
-class _StatusKey(msgspec.Struct, gc=False):
-    plan_id: str
-    state: str
-
-
-class _EventRow(msgspec.Struct, gc=False):
-    """An ``Event`` as the store keeps it: its ``data`` as the parent encoded it (stored as it is, in the run)."""
-
-    plan_id: str
-    kind: str
-    data: msgspec.Raw = msgspec.Raw(b"\xc0")  # an Event's default: None (msgpack nil), left out by omit_defaults
-    seq: int = 0
-    attempt: int = 0
-    ephemeral: bool = False
-
-
-def _raw_of(record: Any) -> msgspec.Raw:
-    if type(record) is _Encoded:
-        return record.raw
-    raise TypeError(f"cannot store a {type(record).__name__}")
-
-
-_CREATED, _STATUS, _EVENT, _FORGOTTEN, _USAGE = range(len(RECORD_TYPES))
-_created_key = msgspec.msgpack.Decoder(_CreatedKey).decode
-_status_key = msgspec.msgpack.Decoder(_StatusKey).decode
-_event = msgspec.msgpack.Decoder(_EventRow).decode
-_forgotten = msgspec.msgpack.Decoder(PlanForgotten).decode
-_usage = msgspec.msgpack.Decoder(UsageRows).decode
-
-
-def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[str], list[UsageRows]]:
-    """``group_records`` (coordinator/io/stores/rows.py) of a request, the same rules: creations and statuses
-    as :class:`_Encoded`, each plan's events as stored tuples, a ``PlanForgotten`` dropping what came before."""
-    created: dict[str, _Encoded] = {}
-    latest: dict[str, _Encoded] = {}
-    runs: dict[str, list[tuple[str, Any, int, int, bool]]] = {}
-    forgotten: set[str] = set()
-    usage: list[UsageRows] = []
-    for code, raw in zip(codes, raws, strict=True):
-        if code == _EVENT:
-            e = _event(raw)
-            item = (e.kind, e.data, e.seq, e.attempt, e.ephemeral)
-            run = runs.get(e.plan_id)
-            if run is None:
-                runs[e.plan_id] = [item]
-            else:
-                run.append(item)
-        elif code == _STATUS:
-            status = _status_key(raw)
-            latest[status.plan_id] = _Encoded(status.plan_id, status.state, "", 0, raw)
-        elif code == _CREATED:
-            key = _created_key(raw)
-            if key.plan_id not in created:
-                created[key.plan_id] = _Encoded(key.plan_id, "", key.owner, key.order, raw)
-        elif code == _FORGOTTEN:
-            gone = _forgotten(raw).plan_id
-            created.pop(gone, None)
-            latest.pop(gone, None)
-            runs.pop(gone, None)
-            forgotten.add(gone)
-        else:
-            usage.append(_usage(raw))
-    return created, latest, runs, forgotten, usage
-
-
-def _failure(exc: BaseException) -> bytes:
-    text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:65536]
-    return _REPLY.pack(FAILED, len(text)) + text
-
-
-if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1:]))

@@ -1,0 +1,203 @@
+"""The SQLite store's writer process itself: ``python -m coordinator.io.stores.writer_child PATH MARKER_SYNC_S PARENT``.
+
+The parent side, the wire and the failure rules are in coordinator/io/stores/writer_process.py
+(:class:`~coordinator.io.stores.writer_process.WriterProcess` starts this module). It is a module of
+its own so that the parent's side never imports the store it writes for (``SQLiteStore`` imports
+``WriterProcess``; this module imports both).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import select
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.writer_process import (
+    BUSY,
+    FAILED,
+    RECORD_TYPES,
+    REPLY_HEADER,
+    REQUEST_HEADER,
+    read_exact,
+    send_all,
+)
+from coordinator.records import PlanForgotten, UsageRows
+
+__all__ = ["child_main"]
+
+_MERGE_MOST = 256  # groups the child commits in one transaction at most
+_PR_SET_PDEATHSIG = 1
+_GC_THRESHOLDS: Final = (50_000, 20, 100)  # fleetwire/cli/serve.py DAEMON_GC_THRESHOLDS (not imported: the SDK's)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL when the parent dies (Linux), and exit now if it already did."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def child_main(argv: Sequence[str]) -> int:
+    """The child: open the file, answer ready, then commit each request until the end of stdin."""
+    path, marker_sync_s, parent = Path(argv[0]), float(argv[1]), int(argv[2])
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C to the coordinator's group: the parent closes us
+    into, out = 0, os.dup(1)
+    os.dup2(2, 1)  # a stray print goes to stderr, never into the replies
+    try:
+        # Its encoder stores an _Encoded record's bytes as they came (the parent's encoding).
+        store = SQLiteStore.writer(path, marker_sync_s=marker_sync_s, encoder=msgspec.msgpack.Encoder(enc_hook=_raw_of))
+    except Exception as exc:  # any failure to open is the parent's StoreError
+        send_all(out, _failure(exc))
+        return 1
+    # The collector as the coordinator daemon tunes it (fleetwire/cli/serve.py): with CPython's default
+    # thresholds the records of each group triggered collections of every young object: 13 of the
+    # child's ~40 µs per plan (bench/store_writer.py --process).
+    gc.freeze()
+    gc.set_threshold(*_GC_THRESHOLDS)
+    send_all(out, REPLY_HEADER.pack(store.generation, 0))
+    decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
+    waiting = select.poll()
+    waiting.register(into, select.POLLIN)
+    try:
+        while True:
+            request = _read_request(into)
+            if request is None:
+                return 0
+            bodies, wait = [request[0]], request[1]
+            # Group commit here: the groups that came while the last one was committed go in one transaction.
+            while len(bodies) < _MERGE_MOST and waiting.poll(0):
+                more = _read_request(into)
+                if more is None:
+                    break
+                bodies.append(more[0])
+                wait = True
+            try:
+                codes, raws = decode(bodies[0])
+                for body in bodies[1:]:
+                    more_codes, more_raws = decode(body)
+                    codes += more_codes
+                    raws += more_raws
+                written = store.write_grouped(*_grouped(codes, raws), len(raws), wait=wait)
+            except Exception as exc:  # a failed commit is the parent's StoreError (fatal)
+                send_all(out, _failure(exc))
+                return 1
+            send_all(out, REPLY_HEADER.pack(store.generation, len(bodies)) if written else REPLY_HEADER.pack(BUSY, 1))
+    finally:
+        store.close()
+
+
+def _read_request(into: int) -> tuple[bytes, bool] | None:
+    """The next request's body and its ``wait``; None at the end of the pipe (or of a cut request)."""
+    header = read_exact(into, REQUEST_HEADER.size)
+    if header is None:
+        return None
+    size, wait = REQUEST_HEADER.unpack(header)
+    body = read_exact(into, size)
+    return None if body is None else (body, bool(wait))
+
+
+class _Encoded:
+    """A creation or a status as the parent encoded it: what the store reads of it, and its bytes, stored as they are.
+
+    The bytes are the record's msgpack encoding, the store's own (``SQLiteStore._encode_rows``
+    encodes a record with a default ``msgspec.msgpack.Encoder``, as the parent does): decoding
+    the whole record here only to encode it again cost ~3 µs a plan.
+    """
+
+    __slots__ = ("order", "owner", "plan_id", "raw", "state")
+
+    def __init__(self, plan_id: str, state: str, owner: str, order: int, raw: msgspec.Raw) -> None:
+        self.plan_id, self.state, self.owner, self.order, self.raw = plan_id, state, owner, order, raw
+
+
+class _CreatedKey(msgspec.Struct, gc=False):
+    plan_id: str
+    owner: str
+    order: int
+
+
+class _StatusKey(msgspec.Struct, gc=False):
+    plan_id: str
+    state: str
+
+
+class _EventRow(msgspec.Struct, gc=False):
+    """An ``Event`` as the store keeps it: its ``data`` as the parent encoded it (stored as it is, in the run)."""
+
+    plan_id: str
+    kind: str
+    data: msgspec.Raw = msgspec.Raw(b"\xc0")  # an Event's default: None (msgpack nil), left out by omit_defaults
+    seq: int = 0
+    attempt: int = 0
+    ephemeral: bool = False
+
+
+def _raw_of(record: Any) -> msgspec.Raw:
+    if type(record) is _Encoded:
+        return record.raw
+    raise TypeError(f"cannot store a {type(record).__name__}")
+
+
+_CREATED, _STATUS, _EVENT, _FORGOTTEN, _USAGE = range(len(RECORD_TYPES))
+_created_key = msgspec.msgpack.Decoder(_CreatedKey).decode
+_status_key = msgspec.msgpack.Decoder(_StatusKey).decode
+_event = msgspec.msgpack.Decoder(_EventRow).decode
+_forgotten = msgspec.msgpack.Decoder(PlanForgotten).decode
+_usage = msgspec.msgpack.Decoder(UsageRows).decode
+
+
+def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[str], list[UsageRows]]:
+    """``group_records`` (coordinator/io/stores/rows.py) of a request, the same rules: creations and statuses
+    as :class:`_Encoded`, each plan's events as stored tuples, a ``PlanForgotten`` dropping what came before."""
+    created: dict[str, _Encoded] = {}
+    latest: dict[str, _Encoded] = {}
+    runs: dict[str, list[tuple[str, Any, int, int, bool]]] = {}
+    forgotten: set[str] = set()
+    usage: list[UsageRows] = []
+    for code, raw in zip(codes, raws, strict=True):
+        if code == _EVENT:
+            e = _event(raw)
+            item = (e.kind, e.data, e.seq, e.attempt, e.ephemeral)
+            run = runs.get(e.plan_id)
+            if run is None:
+                runs[e.plan_id] = [item]
+            else:
+                run.append(item)
+        elif code == _STATUS:
+            status = _status_key(raw)
+            latest[status.plan_id] = _Encoded(status.plan_id, status.state, "", 0, raw)
+        elif code == _CREATED:
+            key = _created_key(raw)
+            if key.plan_id not in created:
+                created[key.plan_id] = _Encoded(key.plan_id, "", key.owner, key.order, raw)
+        elif code == _FORGOTTEN:
+            gone = _forgotten(raw).plan_id
+            created.pop(gone, None)
+            latest.pop(gone, None)
+            runs.pop(gone, None)
+            forgotten.add(gone)
+        else:
+            usage.append(_usage(raw))
+    return created, latest, runs, forgotten, usage
+
+
+def _failure(exc: BaseException) -> bytes:
+    text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:65536]
+    return REPLY_HEADER.pack(FAILED, len(text)) + text
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))
