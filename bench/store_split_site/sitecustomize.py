@@ -10,8 +10,9 @@ Only in a ``python -m fleetwire coordinator`` process, and only with ``FW_STORE_
   commit costs without waiting for the disk; never durable: a measurement only);
 * ``FW_STORE_SPLIT_COMMIT=inline|thread``: every lone commit on the loop (no slow-disk cool-down),
   or every commit through the writer thread (``inline_max_records=0``);
-* with ``--store-writer process``, each round trip to the writer process (``_write_in_child``) is
-  timed instead: the coordinator's side of a commit;
+* with ``--store-writer process``, the commits on the loop are still ``_write`` (the coordinator's
+  own connection); a waiting round trip to the writer process (``_write_in_child``) is timed too,
+  a group sent to it is not;
 * at exit, the sums go to ``FW_STORE_SPLIT_OUT`` as JSON.
 """
 

@@ -11,7 +11,6 @@ import asyncio
 import os
 import signal
 import sqlite3
-import struct
 import subprocess
 import sys
 import textwrap
@@ -165,14 +164,17 @@ async def test_close_drains_every_queued_group_then_stops_the_writer_process(
         again.close()
 
 
-async def test_the_parent_never_writes_once_the_writer_process_owns_the_file(store: SQLiteStore) -> None:
-    """After the hand-over the parent's connection changes no row (commits go to the child) and refuses to write."""
+async def test_the_parent_writes_only_its_inline_commits_once_the_writer_process_owns_the_file(
+    store: SQLiteStore,
+) -> None:
+    """After the hand-over a waiting write goes to the child (no row changed here); only try_write commits here."""
     before = store._db.total_changes
     store.write(plan("p1", 1))
-    assert store.try_write(plan("p2", 2)) in (True, False)  # False only while the child still starts
-    assert store._db.total_changes == before and store.writes >= 1
+    assert store._db.total_changes == before and store.writes == 1
     with pytest.raises(StoreError, match="writer process"):
         store.write_here(plan("p3", 3), wait=True)
+    assert store.try_write(plan("p2", 2))  # the child is ready: its first commit answered
+    assert store._db.total_changes > before and store.writes == 2 and store.generation == 2
 
 
 def test_the_writer_process_carries_no_token_and_dies_with_its_parent(tmp_path: Path) -> None:
@@ -241,6 +243,93 @@ def test_the_writer_process_stores_the_bytes_the_thread_stores(tmp_path: Path) -
     assert rows[0] == rows[1] and len(rows[0]) == 1
 
 
+def crossing_groups() -> list[list[Record]]:
+    """Groups whose keys cross sides when they alternate parent (even) and child (odd): rowids, CRC chains, forgets."""
+    ended_a = PlanStatus("a", "succeeded", 1, "w1", next_seq=5, result={"ok": 1})
+    return [
+        plan("a", 1) + plan("gone1", 2, ended=True),  # parent: a's rowid and events checksum
+        [Event(plan_id="a", kind="log", data=[3], seq=3), *plan("b", 3), PlanForgotten("gone1")],  # child
+        [Event(plan_id="b", kind="log", data=[3], seq=3), Event(plan_id="a", kind="log", data=[4], seq=4),
+         *plan("gone2", 4, ended=True)],  # parent: both chains run on from the child's values
+        [Event(plan_id="b", kind="log", data=[4], seq=4), ended_a, PlanForgotten("gone2")],  # child
+        [*plan("c", 5), PlanForgotten("b")],  # parent: forgets a plan the child created
+        [Event(plan_id="c", kind="log", data=[3], seq=3), Event(plan_id="a", kind="late", seq=5),
+         Event(plan_id="c", kind="log", data="x" * 600, seq=4)],  # child: an ended plan's events once more, a spill
+        [Event(plan_id="c", kind="log", data=[5], seq=5), *plan("d", 6)],  # parent
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("held", [writer_process.KEYS_HELD_BYTES, 1], ids=["keys-held", "keys-sent-at-once"])
+def test_inline_and_child_commits_alternating_store_the_bytes_the_thread_stores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: int
+) -> None:
+    """Groups committed alternately by the parent (try_write) and the child leave the thread's rows, and load back."""
+    monkeypatch.setattr(writer_process, "KEYS_HELD_BYTES", held)
+    tables = []
+    for writer in ("thread", "process"):
+        path = tmp_path / writer / DB_FILE
+        store = SQLiteStore(path)
+        store.load()
+        if writer == "process":
+            store.hand_writes_to_process()
+            assert store._child is not None
+            store._child.wait_ready()
+        for n, group in enumerate(crossing_groups()):
+            if writer == "process" and n % 2 == 0:
+                before = store._db.total_changes
+                assert store.try_write(group) and store._db.total_changes > before  # committed by the parent
+            else:
+                store.write(group)
+        store.close()
+        db = sqlite3.connect(path)
+        try:
+            tables.append([db.execute(query).fetchall() for query in (
+                "SELECT rowid, * FROM plans ORDER BY rowid", "SELECT * FROM events ORDER BY plan, seq",
+                "SELECT * FROM store_meta")])  # fmt: skip
+        finally:
+            db.close()
+    assert tables[0] == tables[1]
+    assert [row[1] for row in tables[1][0]] == ["a", "c", "d"] and tables[1][2] == [(7,)]
+    again = SQLiteStore(tmp_path / "process" / DB_FILE)  # every checksum is checked by the load
+    try:
+        plans = {p.created.plan_id: p for p in again.load()}
+        assert [e.seq for e in plans["a"].events] == [1, 2, 3, 4, 5]
+        assert [e.seq for e in plans["c"].events] == [1, 2, 3, 4, 5] and again.generation == 7
+    finally:
+        again.close()
+
+
+async def test_a_lone_round_trip_commits_on_the_loop_and_a_busy_one_in_the_child(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    """Process mode: an idle writer's small group is committed by the parent's connection, a large one by the child."""
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_slow_s=60)
+    committer.start()
+    assert store._child is not None
+    store._child.wait_ready()
+    committer.submit(plan("p1", 1), 1)  # lone: on the loop
+    await released(seen, 1)
+    assert committer.inline_commits == 1 and store.generation == 1 and store._child.generation == 1
+    assert len(store._child._keys_held) == 1  # its keys go in front of the next group: the child not woken now
+    for n in range(2, 32):  # 120 records gathered in one loop iteration: the child commits them
+        committer.submit(plan(f"p{n}", n), n)
+    await released(seen, 31)
+    assert committer.inline_commits == 1
+    committer.submit([Event(plan_id="p2", kind="log", data=[3], seq=3)], 32)  # lone again: a child's plan, here
+    await released(seen, 32)
+    assert committer.inline_commits == 2 and store._child.generation == store.generation
+    await committer.close()
+    assert seen == list(range(1, 33)) and not seen.errors
+    store.close()
+    again = SQLiteStore(tmp_path / DB_FILE)
+    try:
+        plans = {p.created.plan_id: p for p in again.load()}
+        assert len(plans) == 31 and [e.seq for e in plans["p2"].events] == [1, 2, 3]
+    finally:
+        again.close()
+
+
 def test_groups_waiting_in_the_pipe_are_committed_as_one_transaction_and_answered_in_order(
     store: SQLiteStore, tmp_path: Path
 ) -> None:
@@ -293,7 +382,7 @@ async def test_a_garbled_reply_fails_the_store(store: SQLiteStore) -> None:
               and os.stat(f"/proc/{child.pid}/fd/{fd}", follow_symlinks=False).st_mode & 0o200]  # fmt: skip
     os.kill(child.pid, signal.SIGSTOP)  # nothing of its own comes first
     reply = os.open(f"/proc/{child.pid}/fd/{end}", os.O_WRONLY)
-    os.write(reply, struct.pack("<qI", 7, 1))
+    os.write(reply, writer_process.REPLY_HEADER.pack(7, 1, 0))
     os.close(reply)
     committer.submit(plan("p1", 1), 1)
     await asyncio.wait_for(seen.failed.wait(), 30)

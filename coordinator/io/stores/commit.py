@@ -15,7 +15,9 @@ A store with a ``sender`` (SQLite whose writes were handed to its writer process
 ``--store-writer process``, coordinator/io/stores/writer_process.py) is not waited on: the
 thread sends each group and takes the next from its queue; the store's receiving thread reports
 each commit (:meth:`GroupCommitter._sent_done`), in order, and the child merges the groups that
-wait in its pipe into one transaction.
+wait in its pipe into one transaction. Its inline commits (below) are still the loop's, by the
+coordinator's own connection: the store has applied the keys of every group reported before
+(writer_process.py), and an inline commit is made only once every earlier group is reported.
 
 Idle writer: commit at once, on the loop. A batch submitted while the writer thread has
 nothing in flight, to a store that allows it (one whose abilities have ``try_write``: SQLite, a local file),

@@ -52,8 +52,9 @@ import operator
 import os
 import sqlite3
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,9 @@ _OUT_OF_ORDER = (
 )
 _UNENCODABLE = (TypeError, ValueError, OverflowError)  # what msgspec raises for a payload it cannot hold
 _first = operator.itemgetter(0)
+# The write-side keys a commit changed (SQLiteStore.keys_message): between the writer process and its parent.
+_encode_keys = msgspec.msgpack.Encoder().encode
+_decode_keys = msgspec.msgpack.Decoder(tuple[int, int, dict[str, int], dict[str, int], list[str], list[str]]).decode
 _first_two = operator.itemgetter(0, 1)
 # Rows per statement. Multi-row statements need SQLite 3.33 (UPDATE ... FROM), whose limit is
 # 32,766 parameters: 12 x 128 is far below it.
@@ -202,6 +206,7 @@ class SQLiteStore:
     """
 
     blocking = True
+    generation: int  # groups committed to the file (store_meta), read at the open
 
     def __init__(self, path: Path, *, accept_loss: bool = False, marker_sync_s: float = 1.0) -> None:
         self._fields(path, accept_loss, marker_sync_s)
@@ -238,7 +243,10 @@ class SQLiteStore:
         self._events_crc: dict[str, int] = {}
         self._rowids: dict[str, int] = {}  # every plan's rowid (read at the open: _open)
         self._child: WriterProcess | None = None  # the writer process, once the writes are handed to it
-        self._handed_off = False  # ... and for good: this store never writes again
+        self._handed_off = False  # ... and for good: this store writes only its inline commits (try_write)
+        # The writer process and its parent both commit: each commit's key changes, for the other side (keys_message).
+        self._share_keys = False
+        self._keys: tuple[dict[str, int], dict[str, int], list[str], set[str]] = ({}, {}, [], set())
 
     @classmethod
     def writer(
@@ -268,14 +276,17 @@ class SQLiteStore:
         except (OSError, sqlite3.Error) as exc:
             self.close()
             raise StoreError(f"cannot open the store {path} for writing: {exc}") from exc
+        self._share_keys = True
         return self
 
     def hand_writes_to_process(self) -> None:
         """From now on every write is committed by a writer process (its ``writer_process`` ability).
 
         After the open and the load (the server calls it before its committer starts): the
-        process reads the write-side keys from the file, so this store drops its own and never
-        writes again (reads, the file check and the lock file stay here).
+        process reads the write-side keys from the file. Both keep them from then on: each reply
+        of the child carries its commit's keys (:meth:`apply_keys`, in the receiver thread, before
+        the commit is reported), and an inline commit here (:meth:`try_write`, only while nothing
+        is in flight) sends the child its own (:meth:`keys_message`) before any later group.
 
         Raises:
             StoreError: the process cannot be started.
@@ -283,9 +294,36 @@ class SQLiteStore:
         if self._handed_off:
             return
         self._child = WriterProcess(self.path, self.generation, marker_sync_s=self._marker_sync_s,
-                                    lock_fd=self._lock_fd)  # fmt: skip
+                                    lock_fd=self._lock_fd, on_keys=self.apply_keys)  # fmt: skip
         self._handed_off = True
-        self._rowids, self._events_crc = {}, {}  # the child's now; a load() here would read them again
+        self._share_keys = True
+
+    def keys_message(self) -> bytes:
+        """The write-side keys the last commit changed, for the other side of the writer process (msgpack).
+
+        ``[generation, next rowid, {fresh plan: rowid}, {plan: inline events checksum}, [ended plan],
+        [forgotten plan]]``; :meth:`apply_keys` applies it as :meth:`_committed` applied it here.
+        """
+        fresh, chained_now, ended, forgotten = self._keys
+        return _encode_keys((self.generation, self._next_rowid, fresh, chained_now, ended, forgotten))
+
+    def apply_keys(self, message: bytes) -> None:
+        """The keys of a commit the other side made (:meth:`keys_message`): this side's next commit builds on it.
+
+        Raises:
+            msgspec.DecodeError, msgspec.ValidationError: not such a message.
+        """
+        generation, next_rowid, fresh, chained_now, ended, forgotten = _decode_keys(message)
+        rowids, chained = self._rowids, self._events_crc
+        if forgotten:
+            deque(map(rowids.pop, forgotten, repeat(None)), maxlen=0)  # each pop in C: no Python step a plan
+            deque(map(chained.pop, forgotten, repeat(None)), maxlen=0)
+        chained.update(chained_now)
+        if ended:
+            deque(map(chained.pop, ended, repeat(None)), maxlen=0)
+        rowids.update(fresh)
+        self._next_rowid = next_rowid
+        self.generation = generation
 
     @property
     def writer_pid(self) -> int | None:
@@ -337,7 +375,7 @@ class SQLiteStore:
                 create_schema(self._db)
             elif version in MIGRATIONS:
                 migrate(self._db, version)
-            self.generation: int = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
+            self.generation = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
             # The events key: every plan's rowid (a forgotten plan's is dropped with its row).
             self._rowids = dict(self._db.execute("SELECT id, rowid FROM plans"))
         except sqlite3.OperationalError as exc:
@@ -498,8 +536,13 @@ class SQLiteStore:
         """
         child = self._child
         if child is not None:
-            # A writer process still starting: the committer's thread waits for it, not the loop.
-            return child.poll_ready() and self._write_in_child(child, records, wait=False)
+            # Committed here, by this connection (no round trip to the child: two process wake-ups), while the
+            # child has nothing in flight; then the child is sent the keys before any later group. A writer
+            # process still starting: the committer's thread waits for it, not the loop.
+            if not child.poll_ready() or child.in_flight or not self._write(records, wait=False):
+                return False
+            child.send_keys(self.keys_message(), self.generation)
+            return True
         return self.write_here(records, wait=False)
 
     def write(self, records: Sequence[Record]) -> None:
@@ -746,6 +789,8 @@ class SQLiteStore:
         if fresh:
             rowids.update(fresh)
             self._next_rowid += len(fresh)
+        if self._share_keys:
+            self._keys = (fresh, chained_now, ended, forgotten)
 
     def check_files(self) -> None:
         """Raise :class:`StoreDamaged` when the ``-wal`` or ``-shm`` was deleted or replaced since the open.

@@ -25,6 +25,7 @@ from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.writer_process import (
     BUSY,
     FAILED,
+    KEYS,
     RECORD_TYPES,
     REPLY_HEADER,
     REQUEST_HEADER,
@@ -67,46 +68,57 @@ def child_main(argv: Sequence[str]) -> int:
     # child's ~40 µs per plan (bench/store_writer.py --process).
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
-    send_all(out, REPLY_HEADER.pack(store.generation, 0))
+    send_all(out, REPLY_HEADER.pack(store.generation, 0, 0))
     decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
     waiting = select.poll()
     waiting.register(into, select.POLLIN)
+    read: tuple[bytes, int] | None = None  # a request read while merging, not merged (the parent's keys)
     try:
         while True:
-            request = _read_request(into)
+            request, read = read or _read_request(into), None
             if request is None:
                 return 0
-            bodies, wait = [request[0]], request[1]
-            # Group commit here: the groups that came while the last one was committed go in one transaction.
-            while len(bodies) < _MERGE_MOST and waiting.poll(0):
-                more = _read_request(into)
-                if more is None:
-                    break
-                bodies.append(more[0])
-                wait = True
             try:
+                if request[1] == KEYS:  # the parent committed a group itself: its keys, before any later group
+                    store.apply_keys(request[0])
+                    continue
+                bodies, wait = [request[0]], request[1] == 1
+                # Group commit here: the groups that came while the last one was committed go in one transaction.
+                while len(bodies) < _MERGE_MOST and waiting.poll(0):
+                    more = _read_request(into)
+                    if more is None:
+                        break
+                    if more[1] == KEYS:
+                        read = more  # after this transaction (never sent while a group is in flight)
+                        break
+                    bodies.append(more[0])
+                    wait = True
                 codes, raws = decode(bodies[0])
                 for body in bodies[1:]:
                     more_codes, more_raws = decode(body)
                     codes += more_codes
                     raws += more_raws
                 written = store.write_grouped(*_grouped(codes, raws), len(raws), wait=wait)
-            except Exception as exc:  # a failed commit is the parent's StoreError (fatal)
+            except Exception as exc:  # a failed commit (or keys that do not apply) is the parent's StoreError
                 send_all(out, _failure(exc))
                 return 1
-            send_all(out, REPLY_HEADER.pack(store.generation, len(bodies)) if written else REPLY_HEADER.pack(BUSY, 1))
+            if written:  # its keys, which the parent applies before it reports the commit
+                keys = store.keys_message()
+                send_all(out, REPLY_HEADER.pack(store.generation, len(bodies), len(keys)) + keys)
+            else:
+                send_all(out, REPLY_HEADER.pack(BUSY, 1, 0))
     finally:
         store.close()
 
 
-def _read_request(into: int) -> tuple[bytes, bool] | None:
-    """The next request's body and its ``wait``; None at the end of the pipe (or of a cut request)."""
+def _read_request(into: int) -> tuple[bytes, int] | None:
+    """The next request's body and its kind (1: ``write``, 0: ``try_write``, KEYS); None at the end of the pipe."""
     header = read_exact(into, REQUEST_HEADER.size)
     if header is None:
         return None
-    size, wait = REQUEST_HEADER.unpack(header)
+    size, kind = REQUEST_HEADER.unpack(header)
     body = read_exact(into, size)
-    return None if body is None else (body, bool(wait))
+    return None if body is None else (body, kind)
 
 
 class _Encoded:
@@ -196,7 +208,7 @@ def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[
 
 def _failure(exc: BaseException) -> bytes:
     text = f"{type(exc).__name__}: {exc}".encode(errors="replace")[:65536]
-    return REPLY_HEADER.pack(FAILED, len(text)) + text
+    return REPLY_HEADER.pack(FAILED, len(text), 0) + text
 
 
 if __name__ == "__main__":

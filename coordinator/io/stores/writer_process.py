@@ -9,39 +9,49 @@ interpreter: on a machine with a free core the commit's Python runs in parallel 
 Theory of operation. The parent's :class:`~coordinator.io.stores.sqlite.SQLiteStore` opens,
 checks (lock file, ``quick_check``, migrations, generation side file) and loads the file as
 always, then hands its writes over (:meth:`SQLiteStore.hand_writes_to_process`): from then on
-every group is a request to the child, and the parent's connection only reads. The committer
+every group the writer thread takes is a request to the child. The committer
 (coordinator/io/stores/commit.py) keeps its ticketing, ordering and inline commits. Its writer
 thread *sends* each group (:meth:`WriterProcess.send`, the store's ``sender`` ability) and goes
 back to its queue at once; a receiver thread reads the replies (``os.read``, the GIL released)
 and reports each group's commit, in order. The child commits the requests that waited in its
 pipe while it committed the last one as one transaction (group commit where the fsync is), so
 the next group is already there when a commit ends: no round trip through the parent's GIL
-between two commits. An idle writer's small group is still committed from the loop
-(``try_write``: :meth:`WriterProcess.write`, a synchronous round trip, only while nothing is in
-flight).
+between two commits. An idle writer's small group is still committed on the loop, by the
+parent's own connection (``try_write``, only while nothing is in flight): a round trip to the
+child cost two process wake-ups, ~0.1 ms a commit (bench/store_split.py, docs/PERFORMANCE.md).
 
 The child (``python -m coordinator.io.stores.writer_child``, coordinator/io/stores/writer_child.py,
-a fresh interpreter: nothing of the running loop is forked) opens the same file with a connection of its own, reads the
-write-side keys from it (every plan's rowid, the next rowid, the generation; an open plan's
-running events checksum is read from its row the first time it is needed) and owns them: it is
-the file's only writer while it runs, under the parent's lock file.
+a fresh interpreter: nothing of the running loop is forked) opens the same file with a connection of its own and
+reads the write-side keys from it (every plan's rowid, the next rowid, the generation; an open
+plan's running events checksum is read from its row the first time it is needed), under the
+parent's lock file. Two connections commit, one at a time: the child while groups are in flight,
+the parent while none is. Each keeps the keys, and each tells the other what its commit changed
+(``SQLiteStore.keys_message``, msgpack ``[generation, next rowid, {fresh plan: rowid}, {plan:
+events checksum}, [ended], [forgotten]]``): the child in its reply, which the receiver thread
+applies (``on_keys``) before it reports the commit, so the loop's next inline commit, made only
+once every reply is in, builds on it; the parent in a keys request, written in front of the next
+group (:meth:`WriterProcess.send_keys`), which the child applies before it reads that group.
+The generation side file is written by whichever side committed.
 
 Wire (both ways over the child's stdin/stdout pipes, little-endian):
 
 =============  ==============================================================================
-request        ``u32 length``, ``u8 wait`` (1: ``write``, 0: ``try_write``), then msgpack
-               ``[codes, [record, ...]]``: ``codes`` a bytes string, one record type code a
-               record (:data:`RECORD_TYPES`), each record as the store encodes it
-reply          ``i64``, ``u32``: the generation committed (the next one) and how many requests
-               (the oldest unanswered) it commits; :data:`BUSY`, 1 (try_write: another
-               connection holds the database, nothing written); :data:`FAILED` and the length
-               of the error's text, then the text (the child then exits)
-ready          the first reply, before any request: the child's generation after its open, 0
+request        ``u32 length``, ``u8 kind`` (1: ``write``, 0: ``write`` without waiting for the
+               database), then msgpack ``[codes, [record, ...]]``: ``codes`` a bytes string, one
+               record type code a record (:data:`RECORD_TYPES`), each record as the store
+               encodes it; kind :data:`KEYS`: the keys of a commit the parent made, no reply
+reply          ``i64``, ``u32``, ``u32``: the generation committed (the next one), how many
+               requests (the oldest unanswered) it commits and the length of its keys, then the
+               keys; :data:`BUSY`, 1, 0 (another connection holds the database, nothing
+               written); :data:`FAILED` and the length of the error's text, 0, then the text
+               (the child then exits)
+ready          the first reply, before any request: the child's generation after its open, 0, 0
 =============  ==============================================================================
 
 Failure (as the writer thread's, docs in commit.py): a failed commit, a child that exits or is
-killed, a reply that is not the next generation, or no reply within ``reply_timeout_s``, raises
-:class:`~coordinator.io.stores.integrity.StoreError` in the caller: the committer fails the
+killed, a reply that is not the next generation or whose keys do not apply, or no reply within
+``reply_timeout_s``, raises :class:`~coordinator.io.stores.integrity.StoreError` in the caller
+(keys from the parent that do not apply fail the child's next reply): the committer fails the
 coordinator, and nothing after it is released. The child never outlives the parent: it exits
 at the end of its stdin (the parent closed it, or died), and Linux sends it SIGKILL when the
 parent dies (``PR_SET_PDEATHSIG``). It holds the store's lock file with the parent (the same
@@ -75,7 +85,7 @@ from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, 
 from protocol.messages import Event
 
 __all__ = [
-    "BUSY", "FAILED", "RECORD_TYPES", "REPLY_HEADER", "REPLY_TIMEOUT_S", "REQUEST_HEADER", "WriterProcess",
+    "BUSY", "FAILED", "KEYS", "RECORD_TYPES", "REPLY_HEADER", "REPLY_TIMEOUT_S", "REQUEST_HEADER", "WriterProcess",
     "read_exact", "send_all",
 ]
 
@@ -87,9 +97,11 @@ BUSY: Final = -1
 FAILED: Final = -2
 REPLY_TIMEOUT_S: Final = 120.0  # a commit that takes longer: the child is stuck (SQLite waits 5 s for a lock)
 START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
+KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next group at most (~1,000 lone commits)
 REQUEST_HEADER = struct.Struct("<IB")
-# A reply: a generation (or BUSY, FAILED) and the groups it commits (FAILED: the text's length).
-REPLY_HEADER = struct.Struct("<qI")
+KEYS: Final = 2  # a request's kind (its u8) that carries the keys of a commit made by the parent, not a group
+# A reply: a generation (or BUSY, FAILED), the groups it commits (FAILED: the text's length), its keys' length.
+REPLY_HEADER = struct.Struct("<qII")
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
 _CODES: Final = {kind: code for code, kind in enumerate(RECORD_TYPES)}
@@ -130,6 +142,8 @@ class WriterProcess:
         lock_fd: the store's lock file, held by the child too: the lock (``flock``) is released only once
             both processes are gone, so a coordinator started after this one's death never opens the file
             while its writer still lives.
+        on_keys: called with each commit's keys (a reply's msgpack, ``SQLiteStore.apply_keys``) before the
+            commit is reported: in the receiver thread for :meth:`send`'s groups, in the caller's for :meth:`write`.
 
     Call it on a thread that lives as long as the process (the event loop's): Linux sends the
     parent-death signal when the thread that started the child ends.
@@ -146,12 +160,17 @@ class WriterProcess:
         marker_sync_s: float = 1.0,
         reply_timeout_s: float = REPLY_TIMEOUT_S,
         lock_fd: int | None = None,
+        on_keys: Callable[[bytes], None] | None = None,
     ) -> None:
         self.path = path
         self.generation = generation
         self.reply_timeout_s = reply_timeout_s
         self.ready = False
         self._failed: str | None = None
+        self._on_keys = on_keys
+        self._send_lock = threading.Lock()  # one request at a time in the pipe (the loop's keys, the thread's groups)
+        self._keys_held: list[bytes] = []  # keys requests not yet sent: they go out with the next group
+        self._keys_held_bytes = 0
         self._encoder = msgspec.msgpack.Encoder()
         env = {k: v for k, v in os.environ.items() if k in _ENV_KEPT}
         root = str(Path(__file__).resolve().parents[3])  # the tree this coordinator runs from
@@ -183,7 +202,7 @@ class WriterProcess:
         """Wait for the child's open (its first reply); raises StoreError when it failed or disagrees."""
         if self.ready:
             return
-        generation, _ = self._reply(timeout_s)
+        generation, _, _ = self._reply(timeout_s)
         if generation != self.generation:
             self._fail(f"its file is at generation {generation}, the coordinator's at {self.generation}")
         self.ready = True
@@ -211,15 +230,41 @@ class WriterProcess:
                     return False
                 raise StoreError(f"the store's writer process for {self.path}: a commit is in flight")
             body = _encode_group(self._encoder, records)
-            try:
-                _send_request(self._out, body, wait)
-            except OSError as exc:
-                self._fail(f"{self._exit_status()} ({exc})")
-            generation, count = self._reply(self.reply_timeout_s)
+            self._send(body, int(wait))
+            generation, count, keys = self._reply(self.reply_timeout_s)
             if generation == BUSY and not wait:
                 return False
-            self._check(generation, count, 1)
+            self._check(generation, count, 1, keys)
             return True
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a group sent with :meth:`send` is not yet answered."""
+        return bool(self._waiting)
+
+    def send_keys(self, keys: bytes, generation: int) -> None:
+        """Tell the child the keys of a commit the parent made itself (``generation`` now the file's).
+
+        Only while nothing is in flight (the committer's inline commit): the child applies them
+        before it reads the next group from its pipe, so its next commit builds on the parent's.
+        They are held here and written in front of that group, in the same write (or once
+        :data:`KEYS_HELD_BYTES` are held): a write of their own after every inline commit woke the
+        child for nothing while the loop waited for the disk again, and took the core the lone
+        round trip's other processes wanted.
+
+        Raises:
+            StoreError: the child is gone or failed before.
+        """
+        if self._failed is not None:
+            raise StoreError(self._failed)
+        self.generation = generation
+        request = REQUEST_HEADER.pack(len(keys), KEYS) + keys
+        with self._send_lock:
+            self._keys_held.append(request)
+            self._keys_held_bytes += len(request)
+            if self._keys_held_bytes < KEYS_HELD_BYTES:
+                return
+        self._send(b"", -1)  # only what is held
 
     def send(self, records: Sequence[Record], done: Callable[[BaseException | None], None]) -> None:
         """Send a group and return: ``done(None)`` is called (from the receiver thread) once it is committed, or
@@ -241,8 +286,21 @@ class WriterProcess:
                                                   daemon=True)  # fmt: skip
                 self._receiver.start()
             self._cond.notify_all()
+        self._send(body, 1)
+
+    def _send(self, body: bytes, kind: int) -> None:
+        """One request (kind -1: none), after the keys held: one write when it is small."""
         try:
-            _send_request(self._out, body, True)
+            with self._send_lock:
+                held = b""
+                if self._keys_held:
+                    held = b"".join(self._keys_held)
+                    self._keys_held.clear()
+                    self._keys_held_bytes = 0
+                if kind < 0:
+                    send_all(self._out, held)
+                else:
+                    _send_request(self._out, body, kind, held)
         except OSError as exc:
             self._fail(f"{self._exit_status()} ({exc})")
 
@@ -262,9 +320,9 @@ class WriterProcess:
                 if not waiting:
                     return
             try:
-                generation, count = self._reply(self.reply_timeout_s)
+                generation, count, keys = self._reply(self.reply_timeout_s)
                 with cond:
-                    self._check(generation, count, len(waiting))
+                    self._check(generation, count, len(waiting), keys)
                     finished = [waiting.popleft() for _ in range(count)]
                     cond.notify_all()
             except StoreError as exc:
@@ -278,24 +336,36 @@ class WriterProcess:
             for done in finished:
                 done(None)
 
-    def _check(self, generation: int, count: int, most: int) -> None:
-        """A commit's reply: the next generation, for at least one and at most ``most`` groups."""
+    def _check(self, generation: int, count: int, most: int, keys: bytes) -> None:
+        """A commit's reply: the next generation, for at least one and at most ``most`` groups; its keys applied."""
         if generation != self.generation + 1 or not 0 < count <= most:
             self._fail(f"it answered generation {generation} for {count} groups to commit {self.generation + 1} "
                        f"of at most {most}")  # fmt: skip
+        if self._on_keys is not None:
+            try:
+                self._on_keys(keys)
+            except Exception as exc:  # not the keys this store wrote: its keys can no longer be trusted
+                self._fail(f"its keys of generation {generation} cannot be applied: {type(exc).__name__}: {exc}")
         self.generation = generation
 
-    def _reply(self, timeout_s: float) -> tuple[int, int]:
+    def _reply(self, timeout_s: float) -> tuple[int, int, bytes]:
+        """The next reply: its generation (or BUSY), its count and its keys (empty when it has none)."""
         if not self._poll.poll(max(0, int(timeout_s * 1000))):
             self._fail(f"no answer in {timeout_s:g} s (stuck)")
         raw = read_exact(self._in, REPLY_HEADER.size)
         if raw is None:
             self._fail(self._exit_status())
-        value, count = REPLY_HEADER.unpack(raw)
+        value, count, size = REPLY_HEADER.unpack(raw)
         if value == FAILED:
             text = read_exact(self._in, count)
             self._fail(text.decode(errors="replace") if text is not None else self._exit_status(), stop=False)
-        return int(value), int(count)
+        keys = b""
+        if size:
+            read = read_exact(self._in, size)
+            if read is None:
+                self._fail(self._exit_status())
+            keys = read
+        return int(value), int(count), keys
 
     def _exit_status(self) -> str:
         try:
@@ -336,13 +406,13 @@ class WriterProcess:
             self.process.stdout.close()  # type: ignore[union-attr]
 
 
-def _send_request(fd: int, body: bytes, wait: bool) -> None:
-    """One request on ``fd``: a small one in one write, a large one as its header and its body (no copy)."""
-    header = REQUEST_HEADER.pack(len(body), wait)
+def _send_request(fd: int, body: bytes, kind: int, before: bytes = b"") -> None:
+    """``before`` and one request on ``fd``: a small one in one write, a large one's body on its own (no copy)."""
+    header = REQUEST_HEADER.pack(len(body), kind)
     if len(body) < 1 << 16:
-        send_all(fd, header + body)
+        send_all(fd, before + header + body)
     else:
-        send_all(fd, header)
+        send_all(fd, before + header)
         send_all(fd, body)
 
 
