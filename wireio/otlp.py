@@ -11,8 +11,9 @@ message the SDK's encoder makes of the same span (tests/unit/test_otlp_encode.py
 opentelemetry-proto); any OTLP/HTTP collector takes them. Pure Python, no OpenTelemetry import.
 
 Field numbers are opentelemetry-proto's ``trace/v1/trace.proto``, ``common/v1/common.proto`` and
-``resource/v1/resource.proto``. Values: ``str``, ``bool``, ``int`` (int64), ``float`` (double) and
-sequences of them (an ``ArrayValue``); anything else is written as its ``str()``.
+``resource/v1/resource.proto``. Values: ``str``, ``bool``, ``int`` (int64; past it, its decimal
+string, where the SDK's encoder would fail the whole batch), ``float`` (double) and sequences of
+them (an ``ArrayValue``); anything else is written as its ``str()``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ _TIMES: Final = struct.Struct("<BQBQ").pack  # start_time_unix_nano (7) and end_
 _EVENT_TIME: Final = struct.Struct("<BQ").pack  # Event.time_unix_nano (1), fixed64
 _DOUBLE: Final = struct.Struct("<d").pack
 _SMALL: Final = tuple(bytes((n,)) for n in range(128))
+_INT64_MIN: Final = -(1 << 63)
+_INT64_MAX: Final = (1 << 63) - 1
 
 
 def _varint(n: int) -> bytes:
@@ -61,14 +64,14 @@ def _any_value(value: Any) -> bytes:
         return _field(0x0A, value.encode())  # string_value (1)
     if cls is bool:
         return b"\x10\x01" if value else b"\x10\x00"  # bool_value (2)
-    if cls is int:
-        return b"\x18" + _varint(value)  # int_value (3)
+    if cls is int:  # int_value (3): an int64; one past it is written as its decimal string (never a bad varint)
+        return b"\x18" + _varint(value) if _INT64_MIN <= value <= _INT64_MAX else _field(0x0A, str(value).encode())
     if cls is float:
         return b"\x21" + _DOUBLE(value)  # double_value (4)
     if isinstance(value, bool):
         return b"\x10\x01" if value else b"\x10\x00"
     if isinstance(value, int):
-        return b"\x18" + _varint(int(value))
+        return _any_value(int(value))
     if isinstance(value, float):
         return b"\x21" + _DOUBLE(float(value))
     if isinstance(value, (list, tuple)):  # array_value (5): ArrayValue.values (1)

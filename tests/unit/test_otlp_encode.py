@@ -63,3 +63,14 @@ def test_values_kept_from_earlier_spans_never_stand_for_an_equal_value_of_anothe
         ours = ExportTraceServiceRequest()
         ours.ParseFromString(builder._encoder.encode(batch))
         assert ours == _sdk_request(builder, batch)
+
+
+def test_an_int_past_int64_is_sent_as_its_decimal_string_not_a_broken_varint() -> None:
+    """An attribute of 2**70 (or below -2**63) decodes as a string; int64's own bounds stay ints."""
+    encoder = SpanEncoder({"service.name": "s"})
+    values = {"big": 1 << 70, "low": -(1 << 63) - 1, "max": (1 << 63) - 1, "min": -(1 << 63)}
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(encoder.encode([("s", TRACE, 1, 0, False, 1, 2, values, None, "internal", "")]))
+    got = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in ours.resource_spans[0].scope_spans[0].spans[0]
+           .attributes}  # fmt: skip
+    assert got == {"big": str(1 << 70), "low": str(-(1 << 63) - 1), "max": (1 << 63) - 1, "min": -(1 << 63)}
