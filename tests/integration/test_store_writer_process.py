@@ -390,6 +390,34 @@ async def test_a_garbled_reply_fails_the_store(store: SQLiteStore) -> None:
     await committer.close()
 
 
+def test_keys_from_the_parent_that_do_not_apply_fail_the_childs_next_reply(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Garbled keys sent after an inline commit: the child fails its next group naming the error, and exits."""
+    child = store._child
+    assert child is not None
+    child.wait_ready()
+    monkeypatch.setattr(store, "keys_message", lambda: b"\xc1")
+    assert store.try_write(plan("p1", 1))  # committed here; its keys go with the next group
+    with pytest.raises(StoreError, match="DecodeError"):
+        store.write(plan("p2", 2))
+    assert child.process.wait(10) == 1
+
+
+def test_garbled_keys_in_a_reply_fail_the_store(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply whose keys this store cannot apply fails it (the keys can no longer be trusted) and stops the child."""
+    child = store._child
+    assert child is not None
+
+    def garbled(message: bytes) -> None:
+        raise ValueError("not keys")
+
+    monkeypatch.setattr(child, "_on_keys", garbled)
+    with pytest.raises(StoreError, match="keys of generation 1 cannot be applied: ValueError: not keys"):
+        store.write(plan("p1", 1))
+    assert child.process.poll() is not None
+
+
 def test_a_writer_process_that_outlives_its_coordinator_keeps_the_store_locked(store: SQLiteStore) -> None:
     """The lock file is the child's too: with the parent's hold gone, a new store is refused until the child ends."""
     child = store._child
