@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import sqlite3
 import subprocess
@@ -295,6 +296,42 @@ def test_inline_and_child_commits_alternating_store_the_bytes_the_thread_stores(
         plans = {p.created.plan_id: p for p in again.load()}
         assert [e.seq for e in plans["a"].events] == [1, 2, 3, 4, 5]
         assert [e.seq for e in plans["c"].events] == [1, 2, 3, 4, 5] and again.generation == 7
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("opened", [False, True], ids=["before-its-open", "after-its-open"])
+async def test_lone_commits_never_wait_for_a_writer_process_still_starting(
+    store: SQLiteStore, tmp_path: Path, opened: bool
+) -> None:
+    """While the child starts (here: stopped), lone commits go on on the loop; the child then applies their keys."""
+    seen = Released()
+    child = store._child
+    assert child is not None
+    if opened:  # its ready reply (generation 0) waits in the pipe, unread: the commits below come after its open
+        assert select.select([child.process.stdout], [], [], 30)[0]
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_slow_s=60)
+        committer.start()
+        committer.submit(plan("p1", 1), 1)
+        await released(seen, 1)
+        committer.submit(plan("p1", 1, ended=True)[3:], 2)  # p1 ends: its keys (an ended plan) are held too
+        await released(seen, 2)
+        assert committer.inline_commits == 2 and store.generation == 2
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    for n in range(2, 32):  # a busy group: the child, which read the file at generation 0, 1 or 2, commits it
+        committer.submit(plan(f"p{n}", n), n + 1)
+    await released(seen, 32)
+    assert committer.inline_commits == 2 and child.generation == store.generation and not seen.errors
+    await committer.close()
+    store.close()
+    again = SQLiteStore(tmp_path / DB_FILE)
+    try:
+        plans = {p.created.plan_id: p for p in again.load()}
+        assert len(plans) == 31 and plans["p1"].status is not None and plans["p1"].status.state == "succeeded"
+        assert [e.seq for e in plans["p31"].events] == [1, 2]
     finally:
         again.close()
 

@@ -538,8 +538,9 @@ class SQLiteStore:
         if child is not None:
             # Committed here, by this connection (no round trip to the child: two process wake-ups), while the
             # child has nothing in flight; then the child is sent the keys before any later group. A writer
-            # process still starting: the committer's thread waits for it, not the loop.
-            if not child.poll_ready() or child.in_flight or not self._write(records, wait=False):
+            # process still starting reads the file as it finds it and then applies the keys held for it
+            # (applying a commit's keys twice changes nothing), so a lone commit never waits for its start.
+            if child.in_flight or not self._write(records, wait=False):
                 return False
             child.send_keys(self.keys_message(), self.generation)
             return True

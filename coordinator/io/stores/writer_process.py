@@ -164,6 +164,7 @@ class WriterProcess:
     ) -> None:
         self.path = path
         self.generation = generation
+        self._started_at = generation  # the file's generation when the child was started
         self.reply_timeout_s = reply_timeout_s
         self.ready = False
         self._failed: str | None = None
@@ -199,11 +200,16 @@ class WriterProcess:
         return self.process.pid
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Wait for the child's open (its first reply); raises StoreError when it failed or disagrees."""
+        """Wait for the child's open (its first reply); raises StoreError when it failed or disagrees.
+
+        The coordinator may have committed on its own while the child started (:meth:`send_keys`): the
+        child read the file at a generation from the one it was started at to the coordinator's, and
+        the keys held for it bring it up to the coordinator's before its first group.
+        """
         if self.ready:
             return
         generation, _, _ = self._reply(timeout_s)
-        if generation != self.generation:
+        if not self._started_at <= generation <= self.generation:
             self._fail(f"its file is at generation {generation}, the coordinator's at {self.generation}")
         self.ready = True
 
