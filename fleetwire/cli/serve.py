@@ -101,7 +101,7 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         cluster=cluster_settings(ns),
         data_dir=ns.data_dir,
         accept_store_loss=ns.accept_store_loss,
-        store_writer=getattr(ns, "store_writer", "thread"),
+        store_writer=getattr(ns, "store_writer", "process"),
         autoscale_hook=ns.autoscale_hook,
         autoscale_provider=_autoscale_provider(ns),
         openai=not ns.no_openai,
@@ -382,10 +382,10 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="directory of the sqlite store (default: $FLEETWIRE_DATA_DIR, else "
                         "$XDG_STATE_HOME/fleetwire or ~/.local/state/fleetwire; `up`: a temporary directory)")
-    p.add_argument("--store-writer", choices=("thread", "process"), default="thread",
-                   help="who commits to the sqlite store: a thread of the coordinator (default), or a child "
-                        "process, whose Python then runs beside the event loop on another core (docs/OPERATIONS.md "
-                        "§Store writer)")
+    p.add_argument("--store-writer", choices=("thread", "process"), default="process",
+                   help="who commits to the sqlite store under load: a child process (default), whose Python runs "
+                        "beside the event loop on another core, or a thread of the coordinator (better only when "
+                        "every core is busy; docs/OPERATIONS.md §Store writer)")
     p.add_argument("--breaker-fraction", type=float, default=0.5, metavar="F",
                    help="reaper circuit breaker: when more than this share of >= 3 connected workers go "
                         "silent at once, suspect the coordinator and hold the reaping (default 0.5; 1 disables)")

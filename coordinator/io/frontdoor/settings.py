@@ -67,7 +67,7 @@ class ServerSettings:
     data_dir: str | None = None  # where "sqlite" keeps its file; default coordinator.io.stores.store.default_data_dir()
     cluster: ClusterConfig = ClusterConfig()  # noqa: RUF009 - frozen; cluster mode (a postgresql:// store) only
     accept_store_loss: bool = False  # a damaged store starts from what is readable (coordinator/io/stores/integrity.py)
-    store_writer: str = "thread"  # "process": SQLite commits in a child process (coordinator/io/stores/writer_process)
+    store_writer: str = "process"  # SQLite commits under load: a child process, or "thread" (stores/writer_process.py)
     ping_workers: bool = False
     admin_tokens: tuple[str, ...] = ()
     token_file: str | None = None
