@@ -20,8 +20,9 @@ ability            what it is for (who uses it)                      SQLite    P
 ``leases``         shard leases the server keeps (LeaseKeeper)       -         yes [1]_
 ``usage``          the usage ledger's rows, at start (server;        yes       - [2]_
                    coordinator/ledger.py)
-``writer_process`` its writes committed by a child process from       yes       -
-                   now on (server, ``--store-writer process``;
+``writer_process`` the writer thread's groups committed by a child    yes       -
+                   process from now on, a lone commit still here
+                   (server, ``--store-writer process``, the default;
                    coordinator/io/stores/writer_process.py)
 ``sender``         groups sent without waiting, each one's commit    yes [3]_  -
                    reported back (GroupCommitter's writer thread)
@@ -90,8 +91,9 @@ class StoreAbilities:
         leases: the store's shard-lease connection and fence, which the server keeps with a
             ``LeaseKeeper``: it serves only while it holds them (cluster mode).
         usage: the usage ledger's rows the store keeps (from ``UsageRows`` records), read at start.
-        writer_process: hands the store's writes to a child process (after the load, before the
-            committer starts); raises ``StoreError`` when it cannot be started.
+        writer_process: hands the writer thread's groups to a child process (after the load, before the
+            committer starts; a lone commit on the loop stays here); raises ``StoreError`` when it cannot
+            be started.
         sender: the store's groups sent without waiting for their commit (read at the committer's start).
     """
 
