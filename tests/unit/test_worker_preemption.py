@@ -99,14 +99,17 @@ async def test_a_handler_that_ignores_preemption_is_cancelled_after_the_grace() 
 async def test_a_shell_plan_gets_sigterm_at_the_preempt_not_after_the_grace() -> None:
     """The shell command's process group gets SIGTERM as soon as the preempt comes (its checkpoint signal)."""
     plans, queue = runner()
-    plans.on_assign(assign("p1", "shell", {"cmd": "trap 'echo saved; exit 3' TERM; echo ready; sleep 30 & wait"}))
+    # "ready" once its trap is set and its sleep started: a sleep forked after the SIGTERM never got it and held the
+    # plan's pipes open for its 30 s (this test timed out on a loaded machine).
+    plans.on_assign(assign("p1", "shell", {"cmd": "trap 'echo saved; exit 3' TERM; sleep 30 & echo ready; wait"}))
     msgs: list[Any] = []
 
     def said(line: str) -> bool:
         msgs.extend(queue.outbox.take(10_000))
         return any(isinstance(m, protocol.Event) and m.kind == "stdout" and m.data == line for m in msgs)
 
-    # Its trap is set (waiting only for the process let a loaded machine deliver SIGTERM before the trap).
+    # Its trap is set and its sleep runs (waiting only for the process let a loaded machine deliver SIGTERM
+    # before the trap).
     await until(lambda: said("ready"), timeout_s=10)
     start = time.monotonic()
     plans.on_preempt(protocol.Preempt(plan_id="p1", attempt=1, grace_s=20.0))
