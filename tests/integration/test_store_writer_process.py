@@ -469,6 +469,36 @@ def test_a_writer_process_that_outlives_its_coordinator_keeps_the_store_locked(s
     SQLiteStore(store.path).close()
 
 
+# A dying writer process's hold on the lock file: the file names its (dead) coordinator; it lets go in half a second.
+_DYING_WRITER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.write(fd, sys.argv[2].encode())
+print("held", flush=True)
+time.sleep(0.5)
+"""
+
+
+def test_a_coordinator_restarted_at_once_after_a_kill_waits_for_its_dying_writer(tmp_path: Path) -> None:
+    """The lock file names a dead coordinator whose writer process still holds it: the open waits for it, then opens."""
+    path = tmp_path / DB_FILE
+    SQLiteStore(path).close()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", _DYING_WRITER, f"{path}.lock", dead], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        SQLiteStore(path).close()  # waited for the holder to end instead of refusing
+    finally:
+        holder.kill()
+        holder.wait(10)
+        if holder.stdout is not None:
+            holder.stdout.close()
+
+
 async def test_a_writer_process_that_cannot_start_stops_the_coordinator_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -51,6 +51,7 @@ import fcntl
 import operator
 import os
 import sqlite3
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -95,6 +96,8 @@ __all__ = ["SQLiteStore"]
 log = structlog.get_logger(__name__)
 
 crc = zlib.crc32
+
+LOCK_WAIT_S = 10.0  # the longest wait for a dead coordinator's writer process to let go of the lock file
 
 # Where a plan's events go. A run (the events of one plan in one group) whose last seq is at
 # most _INLINE_MAX_SEQ and whose encoding is at most _INLINE_MAX_BYTES is appended to the plan's
@@ -425,16 +428,28 @@ class SQLiteStore:
         self.losses.extend(f"{self.path}: {what}" for what in damaged.values())
 
     def _lock(self, lock_path: Path) -> None:
+        """Hold ``lock_path`` (``flock``) for this store's life; refuse when another coordinator holds it.
+
+        The lock file names the coordinator that holds it. When that coordinator is dead, the hold is its
+        writer process's (coordinator/io/stores/writer_process.py), which dies with it (``PR_SET_PDEATHSIG``)
+        but not in the same instant: a coordinator restarted at once after a ``kill -9`` waits up to
+        :data:`LOCK_WAIT_S` for that hold to go, instead of refusing.
+        """
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise StoreError(
-                f"another coordinator (pid {holder}) is using {self.path}; stop it or give this one "
-                "another --data-dir"
-            ) from None
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                if _alive(holder) or time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise StoreError(
+                        f"another coordinator (pid {holder}) is using {self.path}; stop it or give this one "
+                        "another --data-dir"
+                    ) from None
+                time.sleep(0.02)  # a dead coordinator's writer process, dying: its hold goes with it
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd  # held until close(); the kernel releases it if the process dies
@@ -846,3 +861,16 @@ class SQLiteStore:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _alive(pid_text: str) -> bool:
+    """Whether the process the lock file names still runs (not a number: assumed so)."""
+    if not pid_text.isdigit():
+        return True
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
