@@ -516,3 +516,22 @@ async def test_a_writer_process_that_cannot_start_stops_the_coordinator_start(
         assert server._server is not None and not server._server.is_serving()
     finally:
         await server.stop()
+
+
+def test_an_answer_after_the_loop_closed_is_dropped_not_raised_in_the_receiver(tmp_path: Path) -> None:
+    """A group answered once the committer's loop is closed (a store closed with groups in flight) raises nothing."""
+    store = SQLiteStore(tmp_path / DB_FILE)
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail)
+
+    async def started_and_closed() -> None:
+        committer.start()
+        await committer.close()
+
+    asyncio.run(started_and_closed())  # the committer's loop, now closed
+    try:
+        committer._sent_done(1, None)
+        committer._sent_done(2, StoreError("the child is gone"))
+        assert seen == [] and seen.errors == []
+    finally:
+        store.close()

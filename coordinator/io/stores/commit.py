@@ -252,12 +252,20 @@ class GroupCommitter(Backlog[T]):
                 return
 
     def _sent_done(self, ticket: int, error: BaseException | None) -> None:
-        """A group sent to the store's ``sender`` was answered (in the sender's receiving thread)."""
+        """A group sent to the store's ``sender`` was answered (in the sender's receiving thread).
+
+        The loop may be closed by then: a store closed with groups in flight (a failure path; the server
+        drains the committer first) answers them as its child ends, and there is nobody left to release to.
+        """
         assert self._loop is not None
-        if error is None:
-            self._loop.call_soon_threadsafe(self._done, ticket)
-        else:
-            self._loop.call_soon_threadsafe(self._fail, error)
+        try:
+            if error is None:
+                self._loop.call_soon_threadsafe(self._done, ticket)
+            else:
+                self._loop.call_soon_threadsafe(self._fail, error)
+        except RuntimeError:  # the loop is closed
+            if not self._loop.is_closed():
+                raise
 
     # ------------------------------------------------------------------ on the loop
 
