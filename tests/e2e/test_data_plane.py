@@ -105,7 +105,9 @@ async def test_output_damaged_in_the_workers_spool_is_refused_by_the_sdk_and_the
         plan = await client.submit("shell", args=json.loads(args), outputs=["blob"])
         await asyncio.wait_for(plan.result(), 60)
         spool.chmod(0o700)  # the spool's root is never listed (0311): an operator's chmod
-        [kept] = [p for p in spool.rglob("out-blob")]  # the worker's copy of the output
+        # The worker's copy of the output, in its plan's directory (not rglob: the worker removes the plan's
+        # work directory meanwhile, and a scan that met it going raised FileNotFoundError).
+        [kept] = list(spool.glob("*/out-blob"))
         with open(kept, "r+b") as file:  # noqa: ASYNC230  (one byte of a local file)
             file.seek(1234)
             file.write(b"\x01")
