@@ -266,15 +266,8 @@ class SQLiteStore:
         if encoder is not None:
             self._encoder = encoder
         try:
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
-                                       timeout=_BUSY_TIMEOUT_MS / 1000)  # fmt: skip
-            self._waits = True
-            self._db.execute("PRAGMA synchronous=FULL")
-            self.generation = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
-            self._rowids = dict(self._db.execute("SELECT id, rowid FROM plans"))
-            self._next_rowid = max(self._rowids.values(), default=0) + 1
-            self._multi_row = sqlite3.sqlite_version_info >= (3, 33, 0)
-            self._update_status = _UPDATE_FROM if self._multi_row else _UPDATE_ONE
+            self._connect()
+            self._read_keys()
             self._marker = GenerationMarker(path, sync_interval_s=marker_sync_s)
         except (OSError, sqlite3.Error) as exc:
             self.close()
@@ -355,17 +348,30 @@ class SQLiteStore:
             rows.append(UsageRow.of(hour, principal, team, msgspec.msgpack.decode(totals)))
         return rows
 
+    def _connect(self) -> None:
+        """The connection, ``synchronous=FULL``. check_same_thread=False: opened here, written by the committer's
+        one thread (or the loop), never by two threads at once. isolation_level=None: transactions are explicit."""
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                   timeout=_BUSY_TIMEOUT_MS / 1000)  # fmt: skip
+        self._waits = True  # the connection's busy timeout is _BUSY_TIMEOUT_MS (0 while False: try_write)
+        self._db.execute("PRAGMA synchronous=FULL")
+
+    def _read_keys(self) -> None:
+        """The write-side keys from the file: its generation, every plan's rowid (the events key; a forgotten
+        plan's is dropped with its row) and the next one; and the statements this SQLite can run."""
+        self.generation = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
+        self._rowids = dict(self._db.execute("SELECT id, rowid FROM plans"))
+        self._next_rowid = max(self._rowids.values(), default=0) + 1
+        # UPDATE ... FROM needs SQLite 3.33; an older library writes one row per step.
+        self._multi_row = sqlite3.sqlite_version_info >= (3, 33, 0)
+        self._update_status = _UPDATE_FROM if self._multi_row else _UPDATE_ONE
+
     def _open(self) -> None:
         """Connect, migrate or create the schema, check the file and its generation; read the rowids."""
         path = self.path
         try:
-            # check_same_thread=False: opened here, written by the committer's one thread, never
-            # by two threads at once. isolation_level=None: transactions are explicit.
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
-                                       timeout=_BUSY_TIMEOUT_MS / 1000)
-            self._waits = True  # the connection's busy timeout is _BUSY_TIMEOUT_MS (0 while False: try_write)
+            self._connect()
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
             if version not in (0, *MIGRATIONS, SCHEMA_VERSION):
                 raise StoreError(
@@ -378,19 +384,13 @@ class SQLiteStore:
                 create_schema(self._db)
             elif version in MIGRATIONS:
                 migrate(self._db, version)
-            self.generation = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
-            # The events key: every plan's rowid (a forgotten plan's is dropped with its row).
-            self._rowids = dict(self._db.execute("SELECT id, rowid FROM plans"))
+            self._read_keys()
         except sqlite3.OperationalError as exc:
             if "malformed" not in str(exc) and "no such" not in str(exc):
                 raise  # locked, unreadable, disk I/O: a problem of the machine, not of the file's content
             raise StoreDamaged(path, str(exc)) from exc
         except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
             raise StoreDamaged(path, str(exc)) from exc
-        self._next_rowid = max(self._rowids.values(), default=0) + 1
-        # UPDATE ... FROM needs SQLite 3.33; an older library writes one row per step.
-        self._multi_row = sqlite3.sqlite_version_info >= (3, 33, 0)
-        self._update_status = _UPDATE_FROM if self._multi_row else _UPDATE_ONE
         if self._marker is None:
             self._marker = GenerationMarker(path, sync_interval_s=self._marker_sync_s)
         acknowledged = self._marker.read()
@@ -581,9 +581,7 @@ class SQLiteStore:
 
         def committed(error: BaseException | None) -> None:
             if error is None:
-                self.generation = child.generation
-                self.writes += 1
-                self.records += count
+                self._counted(count)
             done(error)
 
         child.send(records, committed)
@@ -596,10 +594,13 @@ class SQLiteStore:
     def _write_in_child(self, child: WriterProcess, records: Sequence[Record], *, wait: bool) -> bool:
         if not child.write(records, wait=wait):
             return False
-        self.generation = child.generation
-        self.writes += 1
-        self.records += len(records)
+        self._counted(len(records))
         return True
+
+    def _counted(self, count: int) -> None:
+        """A group of ``count`` records the writer process committed (its generation came with its keys: apply_keys)."""
+        self.writes += 1
+        self.records += count
 
     def write_here(self, records: Sequence[Record], *, wait: bool) -> bool:
         """One group committed by this process's connection (not once the writes were handed to a process)."""
