@@ -72,6 +72,14 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
     opened.close()
 
 
+def through_the_thread(store: SQLiteStore) -> tuple[Released, GroupCommitter[int]]:
+    """A started committer whose every group goes through its writer thread to the child (none on the loop)."""
+    seen = Released()
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
+    committer.start()
+    return seen, committer
+
+
 async def released(seen: Released, count: int) -> None:
     async with asyncio.timeout(30):
         while len(seen) < count and not seen.failed.is_set():
@@ -108,9 +116,7 @@ async def test_groups_committed_by_the_writer_process_are_loaded_back_by_a_resta
 
 async def test_a_killed_writer_process_fails_the_store_and_nothing_after_it_is_released(store: SQLiteStore) -> None:
     """kill -9 of the child: the next commit fails the store (naming the signal); it and later batches stay held."""
-    seen = Released()
-    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
-    committer.start()
+    seen, committer = through_the_thread(store)
     committer.submit(plan("p1", 1), 1)
     await released(seen, 1)
     pid = store.writer_pid
@@ -127,9 +133,7 @@ async def test_a_killed_writer_process_fails_the_store_and_nothing_after_it_is_r
 
 async def test_a_stuck_writer_process_fails_the_store_instead_of_hanging(store: SQLiteStore) -> None:
     """A child that stops answering (SIGSTOP) fails the store once its reply is overdue; nothing is released."""
-    seen = Released()
-    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
-    committer.start()
+    seen, committer = through_the_thread(store)
     committer.submit(plan("p1", 1), 1)
     await released(seen, 1)
     child = store._child
@@ -396,9 +400,7 @@ async def test_a_commit_that_fails_in_the_child_fails_the_store_naming_its_error
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The child cannot commit a request (not msgpack): the store fails naming the child's error; none released."""
-    seen = Released()
-    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
-    committer.start()
+    seen, committer = through_the_thread(store)
     monkeypatch.setattr(writer_process, "_encode_group", lambda encoder, records: b"\xc1 not msgpack")
     committer.submit(plan("p1", 1), 1)
     await asyncio.wait_for(seen.failed.wait(), 30)
@@ -408,9 +410,7 @@ async def test_a_commit_that_fails_in_the_child_fails_the_store_naming_its_error
 
 async def test_a_garbled_reply_fails_the_store(store: SQLiteStore) -> None:
     """A reply that is not the next generation (written into the child's reply pipe here) fails the store."""
-    seen = Released()
-    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
-    committer.start()
+    seen, committer = through_the_thread(store)
     child = store._child
     assert child is not None
     child.wait_ready()
