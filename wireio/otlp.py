@@ -68,9 +68,7 @@ def _any_value(value: Any) -> bytes:
         return b"\x18" + _varint(value) if _INT64_MIN <= value <= _INT64_MAX else _field(0x0A, str(value).encode())
     if cls is float:
         return b"\x21" + _DOUBLE(value)  # double_value (4)
-    if isinstance(value, bool):
-        return b"\x10\x01" if value else b"\x10\x00"
-    if isinstance(value, int):
+    if isinstance(value, int):  # an int subclass (an IntEnum; bool has none, above)
         return _any_value(int(value))
     if isinstance(value, float):
         return b"\x21" + _DOUBLE(float(value))
