@@ -38,7 +38,8 @@ or older kept no partitions: the first coordinator of version 3 to open it recor
 
 A group commit is ONE statement (:func:`commit_statement`): the fence
 (:data:`~coordinator.io.cluster.leases.FENCE`) and the group's deletes, inserts, updates and event
-upserts as parts of one ``WITH`` query, each row kind sent as ``unnest()`` arrays.
+upserts as parts of one ``WITH`` query, each row kind's columns of one type sent as one
+two-dimensional array (a row per column) that ``unnest()`` reads back row by row.
 """
 
 from __future__ import annotations
@@ -146,29 +147,40 @@ SELECT_EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE shard =
 # commit sees the new epoch and writes nothing), and every data-modifying part runs only when every
 # shard written is still held (``ok``, an InitPlan evaluated before them). The answer is the shards
 # the fence found held; fewer than asked means nothing was written.
+#
+# A part's columns of one type travel as ONE two-dimensional array, a row per column (``{0}[2:2]`` is
+# the second column), not as an array per column: asyncpg checks every element of a parameter
+# against collections.abc's Iterable and Sized (~0.12 us each, in Python) to find the array's shape,
+# but only the first row's elements of a two-dimensional one, so a plan's ~26 elements a group
+# cost ~52 such checks before and ~20 now (docs/PERFORMANCE.md §Cluster mode).
+def _cols(param: int, rows: int) -> str:
+    """``{param}[1:1], ..., {param}[rows:rows]``: each row of a two-dimensional array parameter, for unnest()."""
+    return ", ".join(f"({{{param}}})[{i}:{i}]" for i in range(1, rows + 1))
+
+
 _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types)
     ("gone_plans", "DELETE FROM fleetwire_plans WHERE key = ANY({0}) AND (SELECT held FROM ok)", ("bigint[]",)),
     ("gone_events", "DELETE FROM fleetwire_events WHERE plan = ANY({0}) AND (SELECT held FROM ok)", ()),
-    ("created", """INSERT INTO fleetwire_plans (key, shard, id, owner, ord, state, spec, status, events, nevents,
-                                 spec_crc, status_crc, events_crc, name)
-    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13})
+    ("created", f"""INSERT INTO fleetwire_plans (key, shard, ord, nevents, spec_crc, status_crc, events_crc,
+                                 id, owner, state, name, spec, status, events)
+    SELECT * FROM unnest({_cols(0, 7)}, {_cols(1, 4)}, {_cols(2, 3)})
     WHERE (SELECT held FROM ok)""",
-     ("bigint[]", "int[]", "text[]", "text[]", "bigint[]", "text[]", "bytea[]", "bytea[]", "bytea[]", "int[]",
-      "bigint[]", "bigint[]", "bigint[]", "text[]")),
-    ("changed", """UPDATE fleetwire_plans AS p SET
+     ("bigint[]", "text[]", "bytea[]")),
+    ("changed", f"""UPDATE fleetwire_plans AS p SET
         state = coalesce(v.state, p.state),
         status = coalesce(v.status, p.status),
         events = CASE WHEN v.events IS NULL THEN p.events ELSE coalesce(p.events, ''::bytea) || v.events END,
         nevents = p.nevents + v.nevents,
         status_crc = coalesce(v.status_crc, p.status_crc),
         events_crc = coalesce(v.events_crc, p.events_crc)
-    FROM unnest({0}, {1}, {2}, {3}, {4}, {5}, {6}) AS v(key, state, status, events, nevents, status_crc, events_crc)
+    FROM unnest({_cols(0, 4)}, {{1}}, {_cols(2, 2)})
+        AS v(key, nevents, status_crc, events_crc, state, status, events)
     WHERE p.key = v.key AND (SELECT held FROM ok)""",
-     ("bigint[]", "text[]", "bytea[]", "bytea[]", "int[]", "bigint[]", "bigint[]")),
-    ("runs", """INSERT INTO fleetwire_events (plan, seq, shard, body, crc)
-    SELECT * FROM unnest({0}, {1}, {2}, {3}, {4}) WHERE (SELECT held FROM ok)
+     ("bigint[]", "text[]", "bytea[]")),
+    ("runs", f"""INSERT INTO fleetwire_events (plan, seq, shard, crc, body)
+    SELECT * FROM unnest({_cols(0, 4)}, {{1}}) WHERE (SELECT held FROM ok)
     ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
-     ("bigint[]", "int[]", "int[]", "bytea[]", "bigint[]")),
+     ("bigint[]", "bytea[]")),
 )
 _COMMITS: dict[tuple[bool, bool, bool, bool], str] = {}
 

@@ -11,7 +11,8 @@ event loop, pipelined, one group in flight at a time.
 Driver: asyncpg (binary protocol, prepared statements, array parameters). A group commit is ONE
 statement, so one round trip (coordinator/io/stores/pg_schema.py ``commit_statement``): the fence
 and the group's deletes, inserts, updates and event upserts as parts of one ``WITH`` query, each
-row kind sent as ``unnest()`` arrays, one array per column. Phase 1's BEGIN, fence, one statement per kind and
+row kind's columns of one type sent as one two-dimensional array (a row per column) and unnested
+server-side. Phase 1's BEGIN, fence, one statement per kind and
 COMMIT took 4-5 round trips. Until :meth:`PgStore.open_async` (the committer's start) the
 writer connection has its own event loop, run by the thread that calls (the loader, tests,
 :meth:`PgStore.write` from a thread: :meth:`PgStore._run`); from then on the writer connection
@@ -482,7 +483,7 @@ class PgStore:
                         previous = await self._stored_events_crc(conn, key)
                     inline_crc = chained_now[plan_id] = crc(inline, previous)
                 else:
-                    ev_rows.append((key, run[0][2], shard, body, crc(body, key & 0xFFFFFFFF)))
+                    ev_rows.append((key, run[0][2], shard, crc(body, key & 0xFFFFFFFF), body))
             status = latest.get(plan_id)
             if status is None:
                 state = status_blob = status_crc = None
@@ -495,11 +496,11 @@ class PgStore:
                 record = created[plan_id]
                 spec = encode_record(encoder, record)
                 name = record.submit.plan_id  # the owner's id for it: kept only where it is not the key
-                new_rows.append((key, shard, plan_id, record.owner, record.order, state or "queued", spec, status_blob,
-                                 inline, count, crc(spec), status_crc, inline_crc,
-                                 None if name == plan_id else name))  # fmt: skip
+                new_rows.append((key, shard, record.order, count, crc(spec), status_crc, inline_crc,
+                                 plan_id, record.owner, state or "queued", None if name == plan_id else name,
+                                 spec, status_blob, inline))  # fmt: skip
             else:
-                upd_rows.append((key, state, status_blob, inline, count, status_crc, inline_crc))
+                upd_rows.append((key, count, status_crc, inline_crc, state, status_blob, inline))
         return _columns(new_rows, 14), _columns(upd_rows, 7), _columns(ev_rows, 5), chained_now, shards, ended
 
     def _committed(self, rows: _Columns, fresh: dict[str, int], fresh_shards: dict[str, int],
@@ -531,10 +532,15 @@ class PgStore:
     ) -> None:
         owner = self.owner
         args: list[Any] = [shards, epochs, owner]
-        for present, values in ((bool(doomed), [doomed]), (bool(new_rows[0]), new_rows),
-                                (bool(upd_rows[0]), upd_rows), (bool(ev_rows[0]), ev_rows)):  # fmt: skip
-            if present:
-                args += values
+        # Each part's columns of one type as one two-dimensional array (a list per column: pg_schema.py _PARTS).
+        if doomed:
+            args.append(doomed)
+        if new_rows[0]:
+            args += (new_rows[:7], new_rows[7:11], new_rows[11:])
+        if upd_rows[0]:
+            args += (upd_rows[:4], upd_rows[4], upd_rows[5:])
+        if ev_rows[0]:
+            args += (ev_rows[:4], ev_rows[4])
         sql = commit_statement(bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0]))
         held = await conn.fetchval(sql, *args)
         if len(held) != len(shards):
