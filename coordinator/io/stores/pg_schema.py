@@ -38,8 +38,8 @@ or older kept no partitions: the first coordinator of version 3 to open it recor
 
 A group commit is ONE statement (:func:`commit_statement`): the fence
 (:data:`~coordinator.io.cluster.leases.FENCE`) and the group's deletes, inserts, updates and event
-upserts as parts of one ``WITH`` query, each row kind's columns of one type sent as one
-two-dimensional array (a row per column) that ``unnest()`` reads back row by row.
+upserts as parts of one ``WITH`` query, each row kind's columns of one type sent as one array
+parameter (a slice per column: :func:`commit_statement`'s notes) that ``unnest()`` reads back.
 """
 
 from __future__ import annotations
@@ -148,14 +148,15 @@ SELECT_EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE shard =
 # shard written is still held (``ok``, an InitPlan evaluated before them). The answer is the shards
 # the fence found held; fewer than asked means nothing was written.
 #
-# A part's columns of one type travel as ONE two-dimensional array, a row per column (``{0}[2:2]`` is
-# the second column), not as an array per column: asyncpg checks every element of a parameter
-# against collections.abc's Iterable and Sized (~0.12 us each, in Python) to find the array's shape,
-# but only the first row's elements of a two-dimensional one, so a plan's ~26 elements a group
-# cost ~52 such checks before and ~20 now (docs/PERFORMANCE.md §Cluster mode).
-def _cols(param: int, rows: int) -> str:
-    """``{param}[1:1], ..., {param}[rows:rows]``: each row of a two-dimensional array parameter, for unnest()."""
-    return ", ".join(f"({{{param}}})[{i}:{i}]" for i in range(1, rows + 1))
+# A part's columns of one type travel as ONE array parameter, a slice per column (``({0})[2:2]`` is the
+# second), each column folded into rows of about sqrt(n) values, NULL-padded (postgres.py ``_grid``;
+# ``unnest`` reads a slice back in order and the padding rows, key NULL, are skipped): asyncpg finds an
+# array parameter's shape by checking its elements against collections.abc's Iterable and Sized in
+# Python (~0.12 us each), but only along the first element of each dimension, so a group of n rows
+# costs ~sqrt(n) checks a column, not n (bench/store_bench.py's plan: ~51 checks before, ~2 now).
+def _cols(param: int, columns: int) -> str:
+    """``({param})[1:1], ..., ({param})[columns:columns]``: each column of an array parameter, for unnest()."""
+    return ", ".join(f"({{{param}}})[{i}:{i}]" for i in range(1, columns + 1))
 
 
 _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types)
@@ -164,7 +165,8 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
     ("created", f"""INSERT INTO fleetwire_plans (key, shard, ord, nevents, spec_crc, status_crc, events_crc,
                                  id, owner, state, name, spec, status, events)
     SELECT * FROM unnest({_cols(0, 7)}, {_cols(1, 4)}, {_cols(2, 3)})
-    WHERE (SELECT held FROM ok)""",
+        AS v(key, shard, ord, nevents, spec_crc, status_crc, events_crc, id, owner, state, name, spec, status, events)
+    WHERE v.key IS NOT NULL AND (SELECT held FROM ok)""",
      ("bigint[]", "text[]", "bytea[]")),
     ("changed", f"""UPDATE fleetwire_plans AS p SET
         state = coalesce(v.state, p.state),
@@ -173,12 +175,13 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
         nevents = p.nevents + v.nevents,
         status_crc = coalesce(v.status_crc, p.status_crc),
         events_crc = coalesce(v.events_crc, p.events_crc)
-    FROM unnest({_cols(0, 4)}, {{1}}, {_cols(2, 2)})
+    FROM unnest({_cols(0, 4)}, {_cols(1, 1)}, {_cols(2, 2)})
         AS v(key, nevents, status_crc, events_crc, state, status, events)
     WHERE p.key = v.key AND (SELECT held FROM ok)""",
      ("bigint[]", "text[]", "bytea[]")),
     ("runs", f"""INSERT INTO fleetwire_events (plan, seq, shard, crc, body)
-    SELECT * FROM unnest({_cols(0, 4)}, {{1}}) WHERE (SELECT held FROM ok)
+    SELECT * FROM unnest({_cols(0, 4)}, {_cols(1, 1)}) AS v(plan, seq, shard, crc, body)
+    WHERE v.plan IS NOT NULL AND (SELECT held FROM ok)
     ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
      ("bigint[]", "bytea[]")),
 )

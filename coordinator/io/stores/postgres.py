@@ -11,8 +11,8 @@ event loop, pipelined, one group in flight at a time.
 Driver: asyncpg (binary protocol, prepared statements, array parameters). A group commit is ONE
 statement, so one round trip (coordinator/io/stores/pg_schema.py ``commit_statement``): the fence
 and the group's deletes, inserts, updates and event upserts as parts of one ``WITH`` query, each
-row kind's columns of one type sent as one two-dimensional array (a row per column) and unnested
-server-side. Phase 1's BEGIN, fence, one statement per kind and
+row kind's columns of one type sent as one array parameter (a slice per column, folded into rows of
+~sqrt(n) values: ``_grid``) and unnested server-side. Phase 1's BEGIN, fence, one statement per kind and
 COMMIT took 4-5 round trips. Until :meth:`PgStore.open_async` (the committer's start) the
 writer connection has its own event loop, run by the thread that calls (the loader, tests,
 :meth:`PgStore.write` from a thread: :meth:`PgStore._run`); from then on the writer connection
@@ -38,6 +38,7 @@ import concurrent.futures
 import threading
 import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from math import isqrt
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -182,6 +183,26 @@ def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
     if not rows:
         return [[] for _ in range(width)]
     return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _grid(columns: list[list[Any]]) -> list[Any]:
+    """Columns of equal length n as one array parameter: each column folded into rows of ~sqrt(n) values.
+
+    The last row is padded with None (its rows have a NULL key: the statement skips them). asyncpg
+    checks the elements of an array parameter in Python to find its shape, but only along the first
+    element of each dimension: ~3 sqrt(n) checks a column instead of n (pg_schema.py ``_PARTS``).
+    """
+    n = len(columns[0])
+    if n <= 4:
+        return columns
+    width = isqrt(n - 1) + 1
+    pad = -n % width
+    if pad:
+        filler = [None] * pad
+        for column in columns:
+            column += filler
+        n += pad
+    return [[column[i : i + width] for i in range(0, n, width)] for column in columns]
 
 
 class PgStore:
@@ -532,15 +553,15 @@ class PgStore:
     ) -> None:
         owner = self.owner
         args: list[Any] = [shards, epochs, owner]
-        # Each part's columns of one type as one two-dimensional array (a list per column: pg_schema.py _PARTS).
+        # Each part's columns of one type as one array parameter, a slice per column (pg_schema.py _PARTS).
         if doomed:
             args.append(doomed)
         if new_rows[0]:
-            args += (new_rows[:7], new_rows[7:11], new_rows[11:])
+            args += (_grid(new_rows[:7]), _grid(new_rows[7:11]), _grid(new_rows[11:]))
         if upd_rows[0]:
-            args += (upd_rows[:4], upd_rows[4], upd_rows[5:])
+            args += (_grid(upd_rows[:4]), _grid(upd_rows[4:5]), _grid(upd_rows[5:]))
         if ev_rows[0]:
-            args += (ev_rows[:4], ev_rows[4])
+            args += (_grid(ev_rows[:4]), _grid(ev_rows[4:]))
         sql = commit_statement(bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0]))
         held = await conn.fetchval(sql, *args)
         if len(held) != len(shards):
