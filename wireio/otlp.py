@@ -94,8 +94,8 @@ def encode_attributes(tag: int, attributes: Mapping[str, Any] | None, keys: dict
 
 
 _KV_CACHE: Final = 8192  # events whose encoding is kept (then the cache starts again)
-_VALUES_PER_KEY: Final = 64  # values of one attribute key whose encoding is kept
-_KEYS: Final = 1024  # attribute keys whose values are kept (past it, a key's values are encoded every time)
+_VALUES_PER_KEY: Final = 2048  # values of one attribute key whose encoding is kept (then its table starts again)
+_KEYS: Final = 64  # attribute keys whose values are kept (past it, a key's values are encoded every time)
 _HEAD: Final = None  # in a key's table: the encoded KeyValue.key
 
 
@@ -167,9 +167,12 @@ class SpanEncoder:
                 if cls is str or cls is int:  # never bool or float: True == 1 == 1.0
                     field = values.get(value)
                     if field is None:
-                        field = _attribute(values[_HEAD], value)
-                        if len(values) < _VALUES_PER_KEY:  # a plan id's key fills its table, then stops
-                            values[value] = field
+                        head = values[_HEAD]
+                        field = _attribute(head, value)
+                        if len(values) > _VALUES_PER_KEY:  # a plan id's key: its table holds the latest plans'
+                            values.clear()
+                            values[_HEAD] = head
+                        values[value] = field
                 else:
                     field = _attribute(values[_HEAD], value)
                 parts.append(field)

@@ -74,3 +74,17 @@ def test_an_int_past_int64_is_sent_as_its_decimal_string_not_a_broken_varint() -
     got = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in ours.resource_spans[0].scope_spans[0].spans[0]
            .attributes}  # fmt: skip
     assert got == {"big": str(1 << 70), "low": str(-(1 << 63) - 1), "max": (1 << 63) - 1, "min": -(1 << 63)}
+
+
+def test_a_plan_ids_key_keeps_the_latest_plans_and_starts_again_when_full_still_encoding_as_the_sdk() -> None:
+    """Past its table's size a key's table starts again, so a plan's later spans copy its id's encoding (the
+    coordinator's three spans of a plan, ~1,000 plans apart); every span still decodes as the SDK's."""
+    builder = SpanBuilder("fleetwire-coordinator")
+    encoder = builder._encoder
+    spans = [("s", TRACE, i + 1, 7, True, 1, 2, {"fleetwire.plan_id": f"p-{i % 3000}"}, None, "internal", "")
+             for i in range(6000)]  # fmt: skip
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(encoder.encode(spans))
+    assert ours == _sdk_request(builder, spans)
+    table = encoder._by_key["fleetwire.plan_id"]
+    assert "p-2999" in table and 1000 < len(table) <= 2049
