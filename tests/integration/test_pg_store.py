@@ -177,6 +177,16 @@ def test_payload_msgpack_cannot_hold_is_stored_as_text(pg: PgStore) -> None:
     assert pg.load()[0].events[0].data == f"<not storable: {{'n': {2**70}}}>"
 
 
+def test_a_submit_and_a_status_msgpack_cannot_hold_are_stored_as_text(pg: PgStore) -> None:
+    """A submit's args or a status's result msgpack cannot encode (2**70) is kept, as text, in a new and an old row."""
+    pg.write([created("p", args={"n": 2**70}), PlanStatus("p", "queued", next_seq=1)])
+    pg.write([PlanStatus("p", "succeeded", attempt=1, next_seq=1, result=[2**70])])
+    (plan,) = pg.load()
+    assert plan.created.submit.args == f"<not storable: {{'n': {2**70}}}>"
+    assert plan.status is not None and plan.status.state == "succeeded"
+    assert plan.status.result == f"<not storable: [{2**70}]>"
+
+
 def test_a_damaged_blob_is_named_and_refused(pg: PgStore) -> None:
     """A status that fails its CRC-32 stops the load with the plan's name (as the SQLite store does)."""
     pg.write([created("p"), PlanStatus("p", "queued", next_seq=2)])

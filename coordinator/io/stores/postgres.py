@@ -471,57 +471,74 @@ class PgStore:
         """Each touched plan's row insert or update and its spilled run, as one array per column."""
         keys, shards_of = self._keys, self._shards
         encoder = self._encoder
+        encode = encoder.encode
         chained = self._events_crc
         chained_now: dict[str, int] = {}  # applied once committed, like the keys
         ended: list[str] = []
         shards: set[int] = set()
         # Rows as tuples, turned into one list per column at the end by zip(*rows) (in C): a zip
-        # and an append per column and plan cost ~2 us a new plan.
+        # and an append per column and plan cost ~2 us a new plan. The loop runs once per plan of
+        # the group on the server's loop: names are local, the encoder is called directly (its
+        # fallbacks, encode_run and encode_record, only when it refuses a payload).
         new_rows: list[tuple[Any, ...]] = []
         upd_rows: list[tuple[Any, ...]] = []
         ev_rows: list[tuple[Any, ...]] = []
+        add_new, add_upd, add_shard = new_rows.append, upd_rows.append, shards.add
+        fresh_key, key_of, run_of, status_of = fresh.get, keys.get, runs.get, latest.get
+        terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
         for plan_id in touched:
-            key = fresh.get(plan_id)
+            key = fresh_key(plan_id) if fresh else None
             new = key is not None
-            if key is None:
-                key = None if forgotten and plan_id in forgotten else keys.get(plan_id)
+            if new:
+                shard = fresh_shards[plan_id]
+            else:
+                key = None if forgotten and plan_id in forgotten else key_of(plan_id)
                 if key is None:
                     continue  # a record of a plan never created (or deleted)
-            shard = fresh_shards[plan_id] if new else shards_of[plan_id]
-            shards.add(shard)
-            inline: bytes | None = None
+                shard = shards_of[plan_id]
+            add_shard(shard)
+            inline = inline_crc = None
             count = 0
-            inline_crc = None
-            run = runs.get(plan_id)
+            run = run_of(plan_id)
             if run is not None:
                 if len(run) > 1:
                     run = run_by_seq(run)
-                body = encode_run(encoder, run)
-                if run[-1][2] <= _INLINE_MAX_SEQ and len(run) < 16 and len(body) <= _INLINE_MAX_BYTES:
+                try:
+                    body = encode(run)
+                except (TypeError, ValueError, OverflowError):
+                    body = encode_run(encoder, run)
+                if run[-1][2] <= max_seq and len(run) < 16 and len(body) <= max_bytes:
                     inline, count = body[1:], len(run)  # without its one-byte array header
                     previous = 0 if new else chained.get(plan_id)
                     if previous is None:
                         previous = await self._stored_events_crc(conn, key)
-                    inline_crc = chained_now[plan_id] = crc(inline, previous)
+                    inline_crc = chained_now[plan_id] = checksum(inline, previous)
                 else:
-                    ev_rows.append((key, run[0][2], shard, crc(body, key & 0xFFFFFFFF), body))
-            status = latest.get(plan_id)
+                    ev_rows.append((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
+            status = status_of(plan_id)
             if status is None:
                 state = status_blob = status_crc = None
             else:
-                state, status_blob = status.state, encode_record(encoder, status)
-                status_crc = crc(status_blob)
-                if state in TERMINAL_STATES:
+                state = status.state
+                try:
+                    status_blob = encode(status)
+                except (TypeError, ValueError, OverflowError):
+                    status_blob = encode_record(encoder, status)
+                status_crc = checksum(status_blob)
+                if state in terminal:
                     ended.append(plan_id)
             if new:
                 record = created[plan_id]
-                spec = encode_record(encoder, record)
+                try:
+                    spec = encode(record)
+                except (TypeError, ValueError, OverflowError):
+                    spec = encode_record(encoder, record)
                 name = record.submit.plan_id  # the owner's id for it: kept only where it is not the key
-                new_rows.append((key, shard, record.order, count, crc(spec), status_crc, inline_crc,
-                                 plan_id, record.owner, state or "queued", None if name == plan_id else name,
-                                 spec, status_blob, inline))  # fmt: skip
+                add_new((key, shard, record.order, count, checksum(spec), status_crc, inline_crc,
+                         plan_id, record.owner, state or "queued", None if name == plan_id else name,
+                         spec, status_blob, inline))  # fmt: skip
             else:
-                upd_rows.append((key, count, status_crc, inline_crc, state, status_blob, inline))
+                add_upd((key, count, status_crc, inline_crc, state, status_blob, inline))
         return _columns(new_rows, 14), _columns(upd_rows, 7), _columns(ev_rows, 5), chained_now, shards, ended
 
     def _committed(self, rows: _Columns, fresh: dict[str, int], fresh_shards: dict[str, int],
