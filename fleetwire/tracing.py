@@ -60,20 +60,18 @@ def start_submit_spans(msgs: Sequence[Submit]) -> list[LiveSpan | None] | None:
             for msg in msgs:
                 msg.traceparent = parent
         return None
-    spans: list[LiveSpan | None] | None = None
-    start = tracing.start
-    for i, msg in enumerate(msgs):
-        span = start("fleetwire.submit", parent, kind="producer", root=True)
-        if span is None:  # not sampled: the caller's context (if any) is passed on, flag and all
+    spans = tracing.start_each("fleetwire.submit", parent, msgs, _submit_attributes, kind="producer")
+    if spans is None:
+        for msg in msgs:  # not sampled: the caller's context (if any) is passed on, flag and all
             msg.traceparent = parent
-            continue
-        span.set("fleetwire.op", msg.op)
-        span.set("fleetwire.plan_id", msg.plan_id or "")
-        msg.traceparent = span.traceparent
-        if spans is None:
-            spans = [None] * len(msgs)
-        spans[i] = span
+        return None
+    for msg, span in zip(msgs, spans, strict=True):
+        msg.traceparent = parent if span is None else span.traceparent
     return spans
+
+
+def _submit_attributes(msg: Submit) -> dict[str, str | int | float | bool]:
+    return {"fleetwire.op": msg.op, "fleetwire.plan_id": msg.plan_id or ""}
 
 
 def end_submit_spans(spans: Sequence[LiveSpan | None] | None, error: str = "") -> None:

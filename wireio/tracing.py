@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from protocol.tracecontext import format_traceparent, is_sampled
 from wireio.span_export import ExportProcess, SpanBuilder
@@ -77,6 +77,7 @@ SERVICE_WORKER: Final = "fleetwire-worker"
 Attributes = Mapping[str, str | int | float | bool]
 Event = tuple[str, int, Attributes]
 """A span event: its name, when (Unix ns) and its attributes."""
+T = TypeVar("T")
 
 _MISSING: Final = (
     "tracing needs the OpenTelemetry SDK and its OTLP/HTTP exporter: pip install 'fleetwire[otel]' "
@@ -150,12 +151,11 @@ class Sampler:
     def root(self, _random: Any = random) -> int:
         """A new sampled trace's id, or 0: this root is not sampled. One ratio test when it is not."""
         ratio = self.ratio
-        if ratio < 1.0:
-            if ratio <= 0.0 or _random.random() >= ratio:
-                return 0
-            low = _random.randrange(self.bound) if self.bound else 0
-        else:
-            low = _random.getrandbits(64)
+        if ratio >= 1.0:  # every trace: 128 random bits in one draw
+            return _random.getrandbits(128) or 1
+        if ratio <= 0.0 or _random.random() >= ratio:
+            return 0
+        low = _random.randrange(self.bound) if self.bound else 0
         return (_random.getrandbits(64) << 64 | low) or 1
 
     def child(self, parent: str) -> bool:
@@ -315,6 +315,31 @@ class Tracing:
             return None
         return LiveSpan(self, name, trace_id, parent_id, True, time.time_ns() if start_ns is None else start_ns,
                         {} if attributes is None else attributes, kind)  # fmt: skip
+
+    def start_each(self, name: str, parent: str, items: Sequence[T],
+                   attributes_of: Callable[[T], dict[str, str | int | float | bool]], *,
+                   kind: str = "internal") -> list[LiveSpan | None] | None:  # fmt: skip
+        """:meth:`start` with ``root=True`` for each of ``items`` (one span each, started now, its attributes
+        ``attributes_of(item)``, called only for a sampled one), in one call: the client's submit spans of one batch.
+        Under a ``parent`` the sampler decides once for all of them (they share it); without one each is a new
+        trace the sampler decides alone. None: none is sampled."""
+        now = time.time_ns()
+        if parent:
+            if not self.sampler.child(parent):
+                return None
+            trace_id, parent_id = parent[3:35], parent[36:52]  # hex: the exporter parses it
+            return [LiveSpan(self, name, trace_id, parent_id, True, now, attributes_of(item), kind) for item in items]
+        root = self.sampler.root
+        if self.sampler.ratio >= 1.0:
+            return [LiveSpan(self, name, f"{root():032x}", 0, True, now, attributes_of(item), kind) for item in items]
+        spans: list[LiveSpan | None] | None = None
+        for i, item in enumerate(items):
+            trace = root()
+            if trace:
+                if spans is None:
+                    spans = [None] * len(items)
+                spans[i] = LiveSpan(self, name, f"{trace:032x}", 0, True, now, attributes_of(item), kind)
+        return spans
 
     def child(self, parent: LiveSpan, name: str, attributes: dict[str, str | int | float | bool] | None = None, *,
               kind: str = "internal") -> LiveSpan:  # fmt: skip
