@@ -39,9 +39,9 @@ Outbound = ToWorker | ToClient
 class TraceNote(NamedTuple):
     """A lifecycle step of a traced plan (its caller sampled it), for the driver's spans (io/ops/tracing.py).
 
-    ``kind`` is the stream event's (``queued``, ``waiting``, ``leased``, ...) or ``placed`` (the
-    scheduler's choice: ``data`` holds the policy and the worker). Noted only while the core traces
-    (``Streams.tracing``): off, nothing is built.
+    ``kind`` is the stream event's (``queued``, ``waiting``, ``succeeded``, ...); ``leased`` is the
+    scheduler's (``data`` holds the placement's policy and worker; None: recovery adopted the lease).
+    Noted only while the core traces (``Streams.tracing``): off, nothing is built.
     """
 
     traceparent: str

@@ -281,8 +281,8 @@ class Scheduler:
             if plan.graphed and self.graphs is not None:  # references: their sizes, digests, where to fetch them
                 assign.inputs, assign.pulls = self.graphs.assign_inputs(plan, record)
             self._outbox.send(record.conn_id, assign)
-        if self._streams.tracing and plan.traceparent:  # the placement span's policy and worker (§Tracing)
-            self._streams.note(plan, "placed", {"policy": placement.policy_name(plan), "worker_id": record.id})
+        if self._streams.tracing and plan.traceparent:  # the queue span ends here, with its placement (§Tracing)
+            self._streams.note(plan, "leased", {"policy": placement.policy_name(plan), "worker_id": record.id})
         self._streams.emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
         if (plan.inputs or plan.outputs) and self._data is not None:  # where the client sends and fetches bytes
             plan.produced = []
@@ -305,6 +305,8 @@ class Scheduler:
         if placed_tokens:
             self._registry.count_placed_tokens(record.id, placed_tokens)
         data = {"worker_id": record.id, "attempt": attempt, "recovered": True}
+        if self._streams.tracing and plan.traceparent:  # the queue span ends here (§Tracing)
+            self._streams.note(plan, "leased", None)
         self._streams.emit(plan, "leased", data, small=True)
 
     def dequeue(self, plan: Plan) -> None:

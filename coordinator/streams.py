@@ -60,9 +60,9 @@ __all__ = ["REPLAY_NOW_EVENTS", "REPLAY_SLICE_EVENTS", "UNRECORDED_SEQ_RESERVE",
 REPLAY_NOW_EVENTS = 512  # a subscribe replaying at most this many events is answered in its own step
 REPLAY_SLICE_EVENTS = 256  # ... a larger one goes out in slices of about this many, across loop turns
 UNRECORDED_SEQ_RESERVE = 64  # seqs a plan's recorded status reserves ahead for unrecorded events (emit)
-#: The lifecycle events a traced plan's spans are made of (coordinator/io/ops/tracing.py; not running: no span).
-TRACED_KINDS = frozenset({"queued", "waiting", "leased", "requeued", "succeeded", "failed", "cancelled",
-                          "preempted"})  # fmt: skip
+#: The lifecycle events a traced plan's spans are made of (coordinator/io/ops/tracing.py; not running: no span;
+#: not leased: the scheduler notes it with its placement, coordinator/scheduling.py).
+TRACED_KINDS = frozenset({"queued", "waiting", "requeued", "succeeded", "failed", "cancelled", "preempted"})
 
 
 @dataclass(eq=False)

@@ -48,8 +48,9 @@ class Traced(Harness):
 
 
 def test_a_sampled_plans_steps_are_noted_and_its_context_reaches_the_worker() -> None:
-    """queued, waiting, placed, leased, succeeded are noted with the caller's context (running is not: no span
-    needs it); assign carries it; get_plan and the receipt name the trace."""
+    """queued, waiting, leased (one note, with its placement's policy and worker), succeeded are noted with the
+    caller's context (running is not: no span needs it); assign carries it; get_plan and the receipt name the
+    trace."""
     h = Traced()
     c = h.client()
     plan = h.submit(c, traceparent=SAMPLED)
@@ -58,9 +59,9 @@ def test_a_sampled_plans_steps_are_noted_and_its_context_reaches_the_worker() ->
     assert assign.traceparent == SAMPLED
     h.send(w, Accept(plan_id=plan, attempt=1))
     h.send(w, Done(plan_id=plan, attempt=1, outcome="succeeded", receipt=Receipt(joules=1.0)))
-    assert h.kinds() == ["queued", "waiting", "placed", "leased", "succeeded"]
-    placed = next(n for s in h.steps for n in s if n.kind == "placed")
-    assert placed.data == {"policy": "joule_weighted", "worker_id": "w1"} and placed.traceparent == SAMPLED
+    assert h.kinds() == ["queued", "waiting", "leased", "succeeded"]
+    leased = next(n for s in h.steps for n in s if n.kind == "leased")
+    assert leased.data == {"policy": "joule_weighted", "worker_id": "w1"} and leased.traceparent == SAMPLED
     h.send(c, GetPlan(req_id=9, plan_id=plan))
     info = only(h.take(c), PlanReply).plan
     assert info.trace_id == TRACE
@@ -148,4 +149,22 @@ def test_a_plan_placed_at_once_has_a_queue_span_without_a_wait_reason() -> None:
     (queue,) = [s for s in exporter.get_finished_spans() if s.name == "fleetwire.queue"]
     assert dict(queue.attributes or {}) == {"fleetwire.plan_id": plan, "fleetwire.attempt": 1,
                                             "fleetwire.policy": "joule_weighted", "fleetwire.worker_id": "w1"}
+    tracing.shutdown()
+
+
+def test_a_lease_without_a_queued_note_still_ends_a_queue_span_and_an_adopted_lease_names_no_placement() -> None:
+    """A plan queued before a restart and leased after it gets a queue span from the lease, with its placement; a
+    lease recovery adopted (no placement) ends the plan's queue span without policy or worker."""
+    exporter = InMemorySpanExporter()
+    tracing = Tracing(SERVICE_COORDINATOR, exporter=exporter, environ={})
+    spans = PlanSpans(tracing, clock=lambda: 5_000)
+    spans.flushed([TraceNote(SAMPLED, "p1", 1, "leased", {"policy": "fifo", "worker_id": "w1"})])
+    spans.flushed([TraceNote(SAMPLED, "p2", 0, "queued", None)])
+    spans.flushed([TraceNote(SAMPLED, "p2", 3, "leased", None)])
+    tracing.flush()
+    got = {(s.attributes or {})["fleetwire.plan_id"]: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
+    assert got == {"p1": {"fleetwire.plan_id": "p1", "fleetwire.attempt": 1, "fleetwire.policy": "fifo",
+                          "fleetwire.worker_id": "w1"},
+                   "p2": {"fleetwire.plan_id": "p2", "fleetwire.attempt": 1}}  # fmt: skip
+    assert spans.queued == 0
     tracing.shutdown()

@@ -11,7 +11,9 @@ finished spans, each a child of the plan's stored context (the caller's submit s
   leased it (or the plan's end while queued); every ``waiting`` reason is an event of it, the last
   one its ``fleetwire.wait_reason`` attribute; the placement that ended it is its
   ``fleetwire.policy`` and ``fleetwire.worker_id`` (one span, not a zero-length placement span
-  beside it: each span costs ~6 µs of CPU from its note to its post, docs/OPERATIONS.md §Tracing).
+  beside it: each span costs ~6 µs of CPU from its note to its post, docs/OPERATIONS.md §Tracing). The
+  scheduler notes the lease once, with its placement (``leased``, coordinator/scheduling.py), not a
+  placement and a lease apart.
 * ``fleetwire.store.commit``: the step that recorded the plan (``queued``: ``accepted`` waits for it)
   or its end (``succeeded``/``failed``/``cancelled``), from the flush to the commit.
 
@@ -39,7 +41,7 @@ _COMMITTED: Final = _ENDS | {"queued"}
 
 
 class _Queued:
-    __slots__ = ("attempt", "events", "placed", "reason", "since_ns", "traceparent")
+    __slots__ = ("attempt", "events", "reason", "since_ns", "traceparent")
 
     def __init__(self, traceparent: str, since_ns: int, attempt: int) -> None:
         self.traceparent = traceparent
@@ -47,7 +49,6 @@ class _Queued:
         self.attempt = attempt
         self.reason = ""
         self.events: list[tuple[str, int, dict[str, str | int | float | bool]]] | None = None  # once it waits
-        self.placed: dict[str, object] | None = None  # the placement's policy and worker, once placed
 
 
 class PlanSpans:
@@ -69,32 +70,31 @@ class PlanSpans:
         now = self._clock()
         self._flushed[id(notes)] = now
         queued, add = self._queued, self.tracing.add
-        for note in notes:
-            kind, plan_id = note.kind, note.plan_id
-            if kind == "queued" or kind in _QUEUED_BY:
-                queued[plan_id] = _Queued(note.traceparent, now, note.attempt + 1)
-            elif kind == "placed":
-                entry = queued.get(plan_id)
-                if entry is None:  # queued before a restart and placed at once: a queue span from here
-                    entry = queued[plan_id] = _Queued(note.traceparent, now, note.attempt + 1)
-                entry.placed = note.data or {}
-            elif kind == "leased" or kind in _ENDS:
+        for traceparent, plan_id, attempt, kind, data in notes:
+            if kind == "leased" or kind in _ENDS:
                 entry = queued.pop(plan_id, None)
-                if entry is not None:
-                    attributes: Attributes = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": entry.attempt}
-                    if entry.reason:  # no attribute for a plan that never waited: each one costs the exporter
-                        attributes["fleetwire.wait_reason"] = entry.reason
-                    placed = entry.placed
-                    if placed is not None:
-                        attributes["fleetwire.policy"] = str(placed.get("policy", ""))
-                        attributes["fleetwire.worker_id"] = str(placed.get("worker_id", ""))
-                    error = "" if kind == "leased" else f"ended {kind} while queued"
-                    add("fleetwire.queue", entry.traceparent, entry.since_ns, now, attributes, entry.events, error)
+                if entry is None:
+                    if kind != "leased":
+                        continue
+                    entry = _Queued(traceparent, now, attempt)  # queued before a restart: a queue span from here
+                attributes: Attributes = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": entry.attempt}
+                if entry.reason:  # no attribute for a plan that never waited: each one costs the exporter
+                    attributes["fleetwire.wait_reason"] = entry.reason
+                if kind != "leased":
+                    add("fleetwire.queue", entry.traceparent, entry.since_ns, now, attributes, entry.events,
+                        f"ended {kind} while queued")  # fmt: skip
+                    continue
+                if data:  # the placement that leased it (none when recovery adopted the lease)
+                    attributes["fleetwire.policy"] = str(data.get("policy", ""))
+                    attributes["fleetwire.worker_id"] = str(data.get("worker_id", ""))
+                add("fleetwire.queue", entry.traceparent, entry.since_ns, now, attributes, entry.events)
+            elif kind in _QUEUED_BY:
+                queued[plan_id] = _Queued(traceparent, now, attempt + 1)
             elif kind == "waiting":
                 entry = queued.get(plan_id)
                 if entry is None:  # queued before a restart: its wait is known from here on
-                    entry = queued[plan_id] = _Queued(note.traceparent, now, note.attempt + 1)
-                entry.reason = reason = str((note.data or {}).get("reason", ""))
+                    entry = queued[plan_id] = _Queued(traceparent, now, attempt + 1)
+                entry.reason = reason = str((data or {}).get("reason", ""))
                 if entry.events is None:
                     entry.events = []
                 entry.events.append(("waiting", now, {"reason": reason}))
