@@ -385,3 +385,29 @@ def test_the_exporter_process_posts_through_the_standard_exporters_client_with_i
         spans = receiver.wait_for(lambda got: len(got) >= 3)
     assert sorted(s.attributes["fleetwire.plan_id"] for s in spans) == ["p0", "p1", "p2"]
     assert {(h.get("content-encoding"), h.get("x-tenant")) for h in receiver.headers} == {("gzip", "t1")}
+
+
+def test_start_each_decides_a_batch_once_under_a_parent_and_builds_attributes_only_for_sampled_spans() -> None:
+    """Under a sampled parent every item gets a span, child of it; under an unsampled one none, and no attributes
+    are built; without a parent (ratio 0.5) each item is its own trace, decided alone."""
+    environ = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
+    tracing = Tracing("fleetwire-client", exporter=_Counting(), environ=environ)
+    built: list[int] = []
+
+    def attributes_of(item: int) -> dict[str, str | int | float | bool]:
+        built.append(item)
+        return {"item": item}
+
+    try:
+        spans = tracing.start_each("s", SAMPLED, [1, 2, 3], attributes_of)
+        assert spans is not None and all(s is not None and s.traceparent[3:35] == TRACE for s in spans)
+        assert built == [1, 2, 3]
+        built.clear()
+        assert tracing.start_each("s", UNSAMPLED, [1, 2], attributes_of) is None
+        assert built == []
+        roots = tracing.start_each("s", "", list(range(400)), attributes_of)
+        assert roots is not None and 120 < len(built) < 280
+        assert built == [i for i, s in enumerate(roots) if s is not None]
+        assert len({s.trace_id for s in roots if s is not None}) == len(built)
+    finally:
+        tracing.shutdown()
