@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
-from coordinator.io.stores import writer_process
+from coordinator.io.stores import writer_child, writer_process
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.sqlite import SQLiteStore
@@ -535,3 +536,34 @@ def test_an_answer_after_the_loop_closed_is_dropped_not_raised_in_the_receiver(t
         assert seen == [] and seen.errors == []
     finally:
         store.close()
+
+
+def test_the_childs_store_keeps_the_parents_bytes_and_updates_one_row_a_step(tmp_path: Path) -> None:
+    """The child's path (its decode, _grouped, a writer store) stores the thread's rows, with no multi-row UPDATE."""
+    groups = crossing_groups()
+    thread_path, child_path = tmp_path / "thread" / DB_FILE, tmp_path / "child" / DB_FILE
+    store = SQLiteStore(thread_path)
+    for group in groups:
+        store.write(group)
+    store.close()
+    SQLiteStore(child_path).close()
+    child = SQLiteStore.writer(child_path, encode_record=writer_child._raw_of)
+    statements: list[str] = []
+    child._db.set_trace_callback(statements.append)
+    decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
+    encoder = msgspec.msgpack.Encoder()
+    for group in groups:
+        codes, raws = decode(writer_process._encode_group(encoder, group))
+        assert child.write_grouped(*writer_child._grouped(codes, raws), len(raws), wait=True)
+    child.close()
+    tables = []
+    for path in (thread_path, child_path):
+        db = sqlite3.connect(path)
+        try:
+            tables.append([db.execute(query).fetchall() for query in (
+                "SELECT rowid, * FROM plans ORDER BY rowid", "SELECT * FROM events ORDER BY plan, seq")])  # fmt: skip
+        finally:
+            db.close()
+    assert tables[0] == tables[1] and len(tables[0][0]) == 3
+    updates = [s for s in statements if s.startswith("UPDATE plans")]
+    assert updates and not any("FROM (VALUES" in s for s in updates)

@@ -238,6 +238,8 @@ class SQLiteStore:
         self.accept_loss = accept_loss
         self.losses: list[str] = []
         self._encoder = msgspec.msgpack.Encoder()
+        # A creation's or a status's stored bytes (the writer process's: the parent's encoding, as it came).
+        self._encode_record: Callable[[Any], Any] = self._encoder.encode
         self._lock_fd: int | None = None
         self._marker: GenerationMarker | None = None
         self._watch = FileWatch(path)
@@ -253,21 +255,27 @@ class SQLiteStore:
 
     @classmethod
     def writer(
-        cls, path: Path, *, marker_sync_s: float = 1.0, encoder: msgspec.msgpack.Encoder | None = None,
+        cls, path: Path, *, marker_sync_s: float = 1.0, encode_record: Callable[[Any], Any] | None = None,
     ) -> SQLiteStore:
         """The writer process's store (coordinator/io/stores/writer_child.py): the file's writes only.
 
         The parent opened, checked, migrated and loaded the file and holds its lock file; this
         connection reads the write-side keys (every plan's rowid, the generation) and writes.
-        ``encoder``: the rows' encoder instead of the default one (the child's keeps the parent's bytes).
+        ``encode_record``: a creation's or a status's stored bytes (a bytes-like object) instead of its
+        msgpack encoding: the child's records come with the parent's encoding, stored as it is.
         """
         self = cls.__new__(cls)
         self._fields(path, False, marker_sync_s)
-        if encoder is not None:
-            self._encoder = encoder
+        if encode_record is not None:
+            self._encode_record = encode_record
         try:
             self._connect()
             self._read_keys()
+            # One row a step: multi-row UPDATE ... FROM (VALUES ...) statements (_UPDATE_FROM) spare a writer
+            # *thread* its GIL hand-backs (_commit), but cost more SQLite work a row: a process with no other
+            # thread spent 166.6k instructions a plan with them, 149.4k without (callgrind, the child's path
+            # for bench/store_writer.py's groups). Inserts stay multi-row: cheaper either way.
+            self._update_status = _UPDATE_ONE
             self._marker = GenerationMarker(path, sync_interval_s=marker_sync_s)
         except (OSError, sqlite3.Error) as exc:
             self.close()
@@ -689,6 +697,7 @@ class SQLiteStore:
         # msgspec's encoder called here, ~3 statuses and runs a plan; _encode/_encode_run (their
         # fallback for a payload msgpack cannot hold) only when it raises: a method call each saved.
         raw_encode = self._encoder.encode
+        record_encode = self._encode_record  # the writer process's: the parent's bytes (no encoding, no call back)
         unencodable = _UNENCODABLE
         chained = self._events_crc
         new_rows: list[tuple[Any, ...]] = []
@@ -730,7 +739,7 @@ class SQLiteStore:
             else:
                 state = status.state
                 try:
-                    status_blob = raw_encode(status)
+                    status_blob = record_encode(status)
                 except unencodable:
                     status_blob = encode(status)
                 status_crc = crc(status_blob)
@@ -739,7 +748,7 @@ class SQLiteStore:
             if new:
                 record = created[plan_id]
                 try:
-                    spec = raw_encode(record)
+                    spec = record_encode(record)
                 except unencodable:
                     spec = encode(record)
                 new_rows.append((rowid, plan_id, record.owner, record.order, state or "queued",
@@ -771,7 +780,11 @@ class SQLiteStore:
                 self._run_chunked(_DELETE_PLANS, "?", doomed)  # first: nothing below touches those rows
                 self._run_chunked(_DELETE_EVENTS, "?", doomed)
                 self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
-                self._run_chunked(self._update_status, "(?, ?, ?, ?, ?, ?, ?)", updates)
+                if self._update_status is _UPDATE_ONE:  # the writer process (no other thread), or an old SQLite
+                    if updates:
+                        db.executemany(_UPDATE_ONE, updates)
+                else:
+                    self._run_chunked(_UPDATE_FROM, "(?, ?, ?, ?, ?, ?, ?)", updates)
                 self._run_chunked(_INSERT_EVENTS, "(?, ?, ?, ?)", spilled)
                 if usage is not None:
                     db.executemany(_DELETE_USAGE, usage[0])

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import operator
 import os
 import select
 import signal
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,8 +60,8 @@ def child_main(argv: Sequence[str]) -> int:
     into, out = 0, os.dup(1)
     os.dup2(2, 1)  # a stray print goes to stderr, never into the replies
     try:
-        # Its encoder stores an _Encoded record's bytes as they came (the parent's encoding).
-        store = SQLiteStore.writer(path, marker_sync_s=marker_sync_s, encoder=msgspec.msgpack.Encoder(enc_hook=_raw_of))
+        # A creation or a status is stored as the parent encoded it: its bytes, read off the key struct (_raw_of).
+        store = SQLiteStore.writer(path, marker_sync_s=marker_sync_s, encode_record=_raw_of)
     except Exception as exc:  # any failure to open is the parent's StoreError
         send_all(out, _failure(exc))
         return 1
@@ -121,29 +123,26 @@ def _read_request(into: int) -> tuple[bytes, int] | None:
     return None if body is None else (body, kind)
 
 
-class _Encoded:
-    """A creation or a status as the parent encoded it: what the store reads of it, and its bytes, stored as they are.
-
-    The bytes are the record's msgpack encoding, the store's own (``SQLiteStore._encode_rows``
-    encodes a record with a default ``msgspec.msgpack.Encoder``, as the parent does): decoding
-    the whole record here only to encode it again cost ~3 µs a plan.
-    """
-
-    __slots__ = ("order", "owner", "plan_id", "raw", "state")
-
-    def __init__(self, plan_id: str, state: str, owner: str, order: int, raw: msgspec.Raw) -> None:
-        self.plan_id, self.state, self.owner, self.order, self.raw = plan_id, state, owner, order, raw
+# A creation or a status as the parent encoded it: what the store reads of it (decoded), and its bytes (``raw``,
+# set after the decode: a name no record's field has), stored as they are. The bytes are the record's msgpack
+# encoding, the store's own (``SQLiteStore._encode_rows`` encodes a record with a default
+# ``msgspec.msgpack.Encoder``, as the parent does): decoding the whole record here only to encode it again cost
+# ~3 µs a plan. The store reads the bytes with ``_raw_of`` (an attribute read in C): a Python object made a
+# record and an encoder's call back to Python for each to copy its bytes cost ~1.5 µs a plan.
+_RAW = msgspec.field(default=None, name=" the bytes")
 
 
 class _CreatedKey(msgspec.Struct, gc=False):
     plan_id: str
     owner: str
     order: int
+    raw: Any = _RAW
 
 
 class _StatusKey(msgspec.Struct, gc=False):
     plan_id: str
     state: str
+    raw: Any = _RAW
 
 
 class _EventRow(msgspec.Struct, gc=False):
@@ -157,10 +156,10 @@ class _EventRow(msgspec.Struct, gc=False):
     ephemeral: bool = False
 
 
-def _raw_of(record: Any) -> msgspec.Raw:
-    if type(record) is _Encoded:
-        return record.raw
-    raise TypeError(f"cannot store a {type(record).__name__}")
+_raw_of = operator.attrgetter("raw")
+# sqlite3 binds a buffer (a Raw) as a blob, but only after its adapter lookup missed (an AttributeError made and
+# cleared for each): an adapter found in the registry (bytes: a copy, in C) skips that. This process only.
+sqlite3.adapters.setdefault((msgspec.Raw, sqlite3.PrepareProtocol), bytes)
 
 
 _CREATED, _STATUS, _EVENT, _FORGOTTEN, _USAGE = range(len(RECORD_TYPES))
@@ -173,9 +172,10 @@ _usage = msgspec.msgpack.Decoder(UsageRows).decode
 
 def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[str], list[UsageRows]]:
     """``group_records`` (coordinator/io/stores/rows.py) of a request, the same rules: creations and statuses
-    as :class:`_Encoded`, each plan's events as stored tuples, a ``PlanForgotten`` dropping what came before."""
-    created: dict[str, _Encoded] = {}
-    latest: dict[str, _Encoded] = {}
+    as their key structs with their bytes, each plan's events as stored tuples, a ``PlanForgotten`` dropping what
+    came before."""
+    created: dict[str, _CreatedKey] = {}
+    latest: dict[str, _StatusKey] = {}
     runs: dict[str, list[tuple[str, Any, int, int, bool]]] = {}
     forgotten: set[str] = set()
     usage: list[UsageRows] = []
@@ -190,11 +190,13 @@ def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[
                 run.append(item)
         elif code == _STATUS:
             status = _status_key(raw)
-            latest[status.plan_id] = _Encoded(status.plan_id, status.state, "", 0, raw)
+            status.raw = raw
+            latest[status.plan_id] = status
         elif code == _CREATED:
             key = _created_key(raw)
             if key.plan_id not in created:
-                created[key.plan_id] = _Encoded(key.plan_id, "", key.owner, key.order, raw)
+                key.raw = raw
+                created[key.plan_id] = key
         elif code == _FORGOTTEN:
             gone = _forgotten(raw).plan_id
             created.pop(gone, None)
