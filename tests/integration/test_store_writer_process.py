@@ -567,3 +567,33 @@ def test_the_childs_store_keeps_the_parents_bytes_and_updates_one_row_a_step(tmp
     assert tables[0] == tables[1] and len(tables[0][0]) == 3
     updates = [s for s in statements if s.startswith("UPDATE plans")]
     assert updates and not any("FROM (VALUES" in s for s in updates)
+
+
+def test_a_busy_groups_request_and_its_reply_each_cross_the_pipe_in_one_system_call(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 5,000-plan group goes out in one write and its reply (header and ~150 KB of keys) comes in one read."""
+    child = store._child
+    assert child is not None
+    child.wait_ready()
+    calls: list[tuple[str, int]] = []
+    read, write, writev = os.read, os.write, os.writev
+
+    def counted(name: str, call: Any) -> Any:
+        def wrapped(fd: int, *args: Any) -> Any:
+            if fd in (child._in, child._out):
+                calls.append((name, fd))
+            return call(fd, *args)
+
+        return wrapped
+
+    monkeypatch.setattr(writer_process.os, "read", counted("read", read))
+    monkeypatch.setattr(writer_process.os, "write", counted("write", write))
+    monkeypatch.setattr(writer_process.os, "writev", counted("write", writev))
+    errors: list[BaseException | None] = []
+    store.send([r for n in range(5000) for r in plan(f"plan-{n:05}", n)], errors.append)
+    store.drain()
+    monkeypatch.undo()
+    assert errors == [None] and store.generation == 1
+    assert calls.count(("write", child._out)) == 1
+    assert calls.count(("read", child._in)) == 1

@@ -104,6 +104,7 @@ KEYS: Final = 2  # a request's kind (its u8) that carries the keys of a commit m
 REPLY_HEADER = struct.Struct("<qII")
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
+_READ_BYTES = 1 << 20  # a reply read asks for this much at least: the keys of a busy group come with their header
 _CODES: Final = {kind: code for code, kind in enumerate(RECORD_TYPES)}
 # What the child's environment keeps of the parent's: the interpreter's and the locale's, nothing else.
 _ENV_KEPT: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONPATH", "PYTHONHOME",
@@ -186,8 +187,11 @@ class WriterProcess:
         assert self.process.stdin is not None and self.process.stdout is not None
         self._out = self.process.stdin.fileno()
         self._in = self.process.stdout.fileno()
-        with contextlib.suppress(OSError):  # room for a busy group: the sender blocks less often (Linux)
-            fcntl.fcntl(self._out, _F_SETPIPE_SZ, _PIPE_BYTES)
+        for fd in (self._out, self._in):  # room for a busy group and its reply's keys: fewer blocked writes (Linux)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        # The replies' bytes read and not yet taken (_take): a reply and its keys in one read when they fit.
+        self._buffer = b""
         self._poll = select.poll()
         self._poll.register(self._in, select.POLLIN)
         self._cond = threading.Condition()
@@ -215,7 +219,7 @@ class WriterProcess:
 
     def poll_ready(self) -> bool:
         """True once the child has opened the file (never waits: a commit on the loop must not)."""
-        if not self.ready and self._poll.poll(0):
+        if not self.ready and (self._buffer or self._poll.poll(0)):
             self.wait_ready()
         return self.ready
 
@@ -355,23 +359,40 @@ class WriterProcess:
         self.generation = generation
 
     def _reply(self, timeout_s: float) -> tuple[int, int, bytes]:
-        """The next reply: its generation (or BUSY), its count and its keys (empty when it has none)."""
-        if not self._poll.poll(max(0, int(timeout_s * 1000))):
+        """The next reply: its generation (or BUSY), its count and its keys (empty when it has none).
+
+        Read in as few ``os.read`` calls as the pipe allows (:meth:`_take`): each gives the GIL up and the
+        receiver thread then waits for the busy loop to drop it again (up to a switch interval), so a header
+        and its keys read apart (and the keys in 64 KiB pieces) made a busy group's reply wait ~1 ms a read.
+        """
+        if len(self._buffer) < REPLY_HEADER.size and not self._poll.poll(max(0, int(timeout_s * 1000))):
             self._fail(f"no answer in {timeout_s:g} s (stuck)")
-        raw = read_exact(self._in, REPLY_HEADER.size)
+        raw = self._take(REPLY_HEADER.size)
         if raw is None:
             self._fail(self._exit_status())
         value, count, size = REPLY_HEADER.unpack(raw)
         if value == FAILED:
-            text = read_exact(self._in, count)
+            text = self._take(count)
             self._fail(text.decode(errors="replace") if text is not None else self._exit_status(), stop=False)
         keys = b""
         if size:
-            read = read_exact(self._in, size)
+            read = self._take(size)
             if read is None:
                 self._fail(self._exit_status())
             keys = read
         return int(value), int(count), keys
+
+    def _take(self, size: int) -> bytes | None:
+        """The next ``size`` bytes of the replies, read in pieces of what the pipe holds (blocking); None at its end."""
+        buffer = self._buffer
+        while len(buffer) < size:
+            data = os.read(self._in, max(size - len(buffer), _READ_BYTES))
+            if not data:
+                self._buffer = buffer
+                return None
+            buffer = buffer + data if buffer else data
+        self._buffer = buffer[size:]
+        return buffer[:size] if len(buffer) > size else buffer
 
     def _exit_status(self) -> str:
         try:
@@ -413,16 +434,22 @@ class WriterProcess:
 
 
 def _send_request(fd: int, body: bytes, kind: int, before: bytes = b"") -> None:
-    """``before`` and one request on ``fd``: a small one in one write, a large one's body on its own (no copy)."""
+    """``before`` and one request on ``fd``: a small one in one write, a large one's header and body in one ``writev``
+    (no copy; one system call, so the writer thread gives the GIL up once, not twice, when the pipe has room)."""
     header = REQUEST_HEADER.pack(len(body), kind)
     if len(body) < 1 << 16:
         send_all(fd, before + header + body)
-    else:
-        send_all(fd, before + header)
-        send_all(fd, body)
+        return
+    first = before + header
+    sent = os.writev(fd, (first, body))
+    if sent < len(first):
+        send_all(fd, first[sent:])
+        sent = len(first)
+    if sent - len(first) < len(body):
+        send_all(fd, memoryview(body)[sent - len(first) :])
 
 
-def send_all(fd: int, data: bytes) -> None:
+def send_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
