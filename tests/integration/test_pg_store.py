@@ -15,7 +15,7 @@ from coordinator.io.cluster.leases import ACQUIRE, ShardFenced
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.pg_commit import PipelinedCommitter
-from coordinator.io.stores.pg_schema import INDEXES, SCHEMA_VERSION, commit_statement
+from coordinator.io.stores.pg_schema import INDEXES, PLANS_FILLFACTOR, SCHEMA_VERSION, commit_statement
 from coordinator.io.stores.postgres import SERVER_SETTINGS, WRITER_SETTINGS, PgStore, ensure_indexes
 from coordinator.io.stores.store import StoreError, open_store
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus
@@ -295,6 +295,25 @@ def test_a_version_1_schema_is_migrated_on_open_with_the_coordinators_table(pg_d
         assert store.execute(lambda c: c.fetchval("SELECT count(*) FROM fleetwire_coordinators")) == 0
     finally:
         store.close()
+
+
+def test_the_plans_table_leaves_room_for_hot_updates_and_keeps_an_operators_fillfactor(pg_dsn: str) -> None:
+    """fleetwire_plans has fillfactor 50 when created, gets it at open when it has none, keeps an operator's own."""
+
+    def options(store: PgStore) -> Any:
+        return store.execute(lambda c: c.fetchval("SELECT reloptions FROM pg_class WHERE relname = 'fleetwire_plans'"))
+
+    store = PgStore(pg_dsn, CLUSTER)
+    assert options(store) == [f"fillfactor={PLANS_FILLFACTOR}"] == ["fillfactor=50"]
+    store.execute(lambda c: c.execute("ALTER TABLE fleetwire_plans RESET (fillfactor)"))  # as before this version
+    store.close()
+    store = PgStore(pg_dsn, CLUSTER)
+    assert options(store) == ["fillfactor=50"]
+    store.execute(lambda c: c.execute("ALTER TABLE fleetwire_plans SET (fillfactor = 80)"))
+    store.close()
+    store = PgStore(pg_dsn, CLUSTER)
+    assert options(store) == ["fillfactor=80"]
+    store.close()
 
 
 def test_a_version_3_schema_gets_the_name_column_and_its_plans_keep_their_ids(pg_dsn: str) -> None:

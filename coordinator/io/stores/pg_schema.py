@@ -28,6 +28,13 @@ a migrated one gets them from ``ensure_indexes`` (postgres.py) right after open,
 connection of its own (the cluster host's start; one left invalid by an interrupted build is
 dropped and built again). Until they are there, the views' reads are sequential scans, nothing worse.
 
+``fleetwire_plans`` keeps half of each page free for updates (``fillfactor`` :data:`PLANS_FILLFACTOR`, set
+at open where the table has none, an operator's own kept): a plan's row is updated about three times right
+after its insert (leased, running, done), and with full pages none of those updates was HOT (~1 %), so each
+one added an entry to every index. With room on the page they are HOT: PostgreSQL's CPU per plan went
+from 36-42 to 23-25 us (groups of bench/store_bench.py's plans; docs/PERFORMANCE.md §Cluster mode), and
+the indexes stop filling with dead entries, at the price of a plans table about twice its packed size.
+
 ``key`` plays SQLite's rowid: an integer per plan, taken in blocks of 1024 from the sequence
 ``fleetwire_plan_keys`` (unique across every coordinator of the cluster), the key of the events
 rows and the seed of their checksum. The blobs and checksums are the SQLite store's
@@ -53,8 +60,8 @@ from coordinator.io.cluster.leases import FENCE
 from coordinator.io.stores.integrity import StoreError
 from coordinator.shards import ClusterConfig
 
-__all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "SCHEMA_VERSION", "SELECT_EVENTS", "SELECT_PLANS",
-           "commit_statement", "partitions_text", "setup_schema"]
+__all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "PLANS_FILLFACTOR", "SCHEMA_VERSION", "SELECT_EVENTS",
+           "SELECT_PLANS", "commit_statement", "partitions_text", "setup_schema"]
 
 log = structlog.get_logger("coordinator.io.stores.postgres")  # the store's own lines, as before this module
 
@@ -135,6 +142,11 @@ INDEXES: Final = {
 _CREATE_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {on};\n" for name, on in INDEXES.items())
 INDEX_VALID = """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 WHERE c.relname = $1 AND c.relnamespace = to_regnamespace(current_schema())::oid"""
+
+PLANS_FILLFACTOR: Final = 50  # % of each fleetwire_plans page filled by inserts: the rest for HOT updates
+_PLANS_FILLFACTOR_SET = """SELECT coalesce(bool_or(o LIKE 'fillfactor=%'), false)
+FROM pg_class c, unnest(c.reloptions) AS o WHERE c.oid = 'fleetwire_plans'::regclass"""
+_SET_PLANS_FILLFACTOR = f"ALTER TABLE fleetwire_plans SET (fillfactor = {PLANS_FILLFACTOR})"
 
 SELECT_PLANS = (  # decode_plans' columns (coordinator/io/stores/rows.py), then the shard
     "SELECT key, id, ord, state, spec, status, events, nevents, spec_crc, status_crc, events_crc, shard "
@@ -238,7 +250,7 @@ async def setup_schema(conn: Any, config: ClusterConfig, description: str) -> No
             )
         if version == 0:
             steps = "".join(MIGRATIONS[v] for v in range(1, SCHEMA_VERSION))
-            await conn.execute(_CREATE_V1 + steps + _CREATE_INDEXES)
+            await conn.execute(_CREATE_V1 + steps + _CREATE_INDEXES + _SET_PLANS_FILLFACTOR)
             await conn.executemany(
                 "INSERT INTO fleetwire_meta (key, value) VALUES ($1, $2)",
                 [("schema_version", str(SCHEMA_VERSION)), ("cluster_name", config.name),
@@ -280,3 +292,26 @@ async def setup_schema(conn: Any, config: ClusterConfig, description: str) -> No
         if version != SCHEMA_VERSION:
             log.info("fleetwire schema migrated", store=description, from_version=version,
                      to_version=SCHEMA_VERSION)  # fmt: skip
+        await _leave_room_for_updates(conn, description)
+
+
+async def _leave_room_for_updates(conn: Any, description: str) -> None:
+    """Set fleetwire_plans' fillfactor (:data:`PLANS_FILLFACTOR`) where it has none: the module docstring.
+
+    Only a ShareUpdateExclusive lock (commits and reads go on); one not had within 2 s (an
+    anti-wraparound vacuum of the table holds it) leaves the table as it is until the next open.
+    """
+    import asyncpg  # type: ignore[import-untyped]
+
+    if await conn.fetchval(_PLANS_FILLFACTOR_SET):
+        return  # ours, or an operator's own
+    try:
+        async with conn.transaction():  # a savepoint: its failure leaves the setup's transaction as it was
+            await conn.execute("SET LOCAL lock_timeout = '2s'")
+            await conn.execute(_SET_PLANS_FILLFACTOR)
+    except asyncpg.LockNotAvailableError:
+        log.warning("fleetwire_plans is locked (a vacuum?): its fillfactor is left unset until the next start",
+                    store=description)  # fmt: skip
+        return
+    log.info("fleetwire_plans now leaves room on each page for updates", store=description,
+             fillfactor=PLANS_FILLFACTOR)  # fmt: skip
