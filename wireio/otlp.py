@@ -94,9 +94,21 @@ def encode_attributes(tag: int, attributes: Mapping[str, Any] | None, keys: dict
 
 
 _KV_CACHE: Final = 8192  # events whose encoding is kept (then the cache starts again)
-_VALUES_PER_KEY: Final = 2048  # values of one attribute key whose encoding is kept (then its table starts again)
+_VALUES_PER_KEY: Final = 4096  # values of one attribute key whose encoding is kept (then it starts a new table)
 _KEYS: Final = 64  # attribute keys whose values are kept (past it, a key's values are encoded every time)
 _HEAD: Final = None  # in a key's table: the encoded KeyValue.key
+_PREVIOUS: Final = ()  # ... and the table it replaced when it filled (a plan's spans come ~1,000-5,000 plans apart)
+
+
+def _turn(values: dict[Any, Any]) -> None:
+    """A full key's table starts again, keeping its values as the previous table (the one before is dropped)."""
+    previous = dict(values)
+    del previous[_HEAD]
+    previous.pop(_PREVIOUS, None)
+    head = values[_HEAD]
+    values.clear()
+    values[_HEAD] = head
+    values[_PREVIOUS] = previous
 
 
 def _attribute(head: bytes, value: Any) -> bytes:
@@ -137,16 +149,33 @@ class SpanEncoder:
         return values
 
     def encode(self, batch: Iterable[Sequence[Any]]) -> bytes:
-        """The request of a batch of noted spans (:data:`wireio.span_export.RawSpan`)."""
+        """The request of a batch of noted spans (:data:`wireio.span_export.RawSpan`).
+
+        One join at the end: each span's field head and body, and the enclosing messages' heads written from the
+        lengths summed on the way (each concatenation of a body with its head would copy the batch once more)."""
         span = self.span
-        spans = b"".join([span(*raw) for raw in batch])
-        scope_spans = _field(0x12, self._scope + spans)  # ResourceSpans.scope_spans (2)
-        return _field(0x0A, self._resource + scope_spans + self._resource_schema)  # resource_spans (1)
+        parts: list[bytes] = [b"", self._resource, b"", self._scope]  # [0], [2]: the heads, once the size is known
+        append = parts.append
+        size = 0
+        for raw in batch:
+            body = span(*raw)
+            n = len(body)
+            head = b"\x12" + _SMALL[n] if n < 128 else bytes((0x12, n & 0x7F | 0x80, n >> 7)) if n < 16384 else (
+                b"\x12" + _varint(n))  # ScopeSpans.spans (2); most spans: a two-byte length  # fmt: skip
+            append(head)
+            append(body)
+            size += len(head) + n
+        size += len(self._scope)
+        parts[2] = b"\x12" + _varint(size)  # ResourceSpans.scope_spans (2)
+        append(self._resource_schema)
+        size += len(parts[2]) + len(self._resource) + len(self._resource_schema)
+        parts[0] = b"\x0a" + _varint(size)  # ExportTraceServiceRequest.resource_spans (1)
+        return b"".join(parts)
 
     def span(self, name: str, trace_hex: str, span_id: int, parent_id: int | str, remote: bool, start_ns: int,
              end_ns: int, attributes: Mapping[str, Any] | None, events: Sequence[Sequence[Any]] | None,
              kind: str, error: str) -> bytes:  # fmt: skip
-        """One span as a ``ScopeSpans.spans`` (2) field."""
+        """One span's ``Span`` message: the body of a ``ScopeSpans.spans`` (2) field (:meth:`encode` writes the head)."""
         head = self._names.get(name)
         if head is None:
             head = self._names[name] = _field(0x2A, name.encode())  # Span.name (5)
@@ -167,11 +196,12 @@ class SpanEncoder:
                 if cls is str or cls is int:  # never bool or float: True == 1 == 1.0
                     field = values.get(value)
                     if field is None:
-                        head = values[_HEAD]
-                        field = _attribute(head, value)
-                        if len(values) > _VALUES_PER_KEY:  # a plan id's key: its table holds the latest plans'
-                            values.clear()
-                            values[_HEAD] = head
+                        previous = values.get(_PREVIOUS)
+                        field = previous.get(value) if previous is not None else None
+                        if field is None:
+                            field = _attribute(values[_HEAD], value)
+                        if len(values) > _VALUES_PER_KEY:  # a plan id's key: the latest plans' ids, in two tables
+                            _turn(values)
                         values[value] = field
                 else:
                     field = _attribute(values[_HEAD], value)
@@ -197,10 +227,4 @@ class SpanEncoder:
         else:
             parts.append(_STATUS_UNSET)
         parts.append(_FLAGS_REMOTE if remote and parent_id else _FLAGS_LOCAL)
-        body = b"".join(parts)
-        n = len(body)
-        if n < 128:
-            return b"\x12" + _SMALL[n] + body
-        if n < 16384:  # most spans: a two-byte length
-            return bytes((0x12, n & 0x7F | 0x80, n >> 7)) + body
-        return b"\x12" + _varint(n) + body
+        return b"".join(parts)

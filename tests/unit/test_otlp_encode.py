@@ -76,15 +76,18 @@ def test_an_int_past_int64_is_sent_as_its_decimal_string_not_a_broken_varint() -
     assert got == {"big": str(1 << 70), "low": str(-(1 << 63) - 1), "max": (1 << 63) - 1, "min": -(1 << 63)}
 
 
-def test_a_plan_ids_key_keeps_the_latest_plans_and_starts_again_when_full_still_encoding_as_the_sdk() -> None:
-    """Past its table's size a key's table starts again, so a plan's later spans copy its id's encoding (the
-    coordinator's three spans of a plan, ~1,000 plans apart); every span still decodes as the SDK's."""
+def test_a_plan_ids_key_keeps_the_latest_plans_in_two_tables_still_encoding_as_the_sdk() -> None:
+    """Past its table's size a key starts a new table and keeps the full one as the previous, so a plan's later
+    spans (the coordinator's three, ~1,000-5,000 plans apart) copy its id's encoding; every span still decodes as
+    the SDK's."""
     builder = SpanBuilder("fleetwire-coordinator")
     encoder = builder._encoder
-    spans = [("s", TRACE, i + 1, 7, True, 1, 2, {"fleetwire.plan_id": f"p-{i % 3000}"}, None, "internal", "")
-             for i in range(6000)]  # fmt: skip
+    spans = [("s", TRACE, i + 1, 7, True, 1, 2, {"fleetwire.plan_id": f"p-{i % 6000}"}, None, "internal", "")
+             for i in range(12_000)]  # fmt: skip
     ours = ExportTraceServiceRequest()
     ours.ParseFromString(encoder.encode(spans))
     assert ours == _sdk_request(builder, spans)
     table = encoder._by_key["fleetwire.plan_id"]
-    assert "p-2999" in table and 1000 < len(table) <= 2049
+    previous = table[()]
+    kept = (set(table) | set(previous)) - {None, ()}
+    assert {f"p-{i}" for i in range(6000 - 4096, 6000)} <= kept and len(previous) > 4000 and () not in previous
