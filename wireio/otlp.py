@@ -175,7 +175,7 @@ class SpanEncoder:
     def span(self, name: str, trace_hex: str, span_id: int, parent_id: int | str, remote: bool, start_ns: int,
              end_ns: int, attributes: Mapping[str, Any] | None, events: Sequence[Sequence[Any]] | None,
              kind: str, error: str) -> bytes:  # fmt: skip
-        """One span's ``Span`` message: the body of a ``ScopeSpans.spans`` (2) field (:meth:`encode` writes the head)."""
+        """One span's ``Span`` message: a ``ScopeSpans.spans`` (2) field's body (:meth:`encode` writes the head)."""
         head = self._names.get(name)
         if head is None:
             head = self._names[name] = _field(0x2A, name.encode())  # Span.name (5)
