@@ -242,6 +242,14 @@ def test_a_run_out_of_seq_order_is_stored_in_order_last_of_each_seq(db: SQLiteSt
     assert [(e.seq, e.data) for e in plan.events] == [(1, "a2"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (6, "f")]
 
 
+def test_a_run_of_two_events_reversed_or_of_one_seq_is_stored_in_order_the_later_kept(db: SQLiteStore) -> None:
+    """A group's two events of a plan, seq 2 before seq 1 (then one seq twice): stored in seq order, the later kept."""
+    db.write([created("p"), event("p", 2, "b"), event("p", 1, "a"), PlanStatus("p", "running", next_seq=3)])
+    db.write([event("p", 3, "c"), event("p", 3, "c2"), PlanStatus("p", "running", next_seq=4)])
+    (plan,) = db.load()
+    assert [(e.seq, e.data) for e in plan.events] == [(1, "a"), (2, "b"), (3, "c2")]
+
+
 def test_blobs_and_nulls_are_bound_through_identity_adapters_found_in_the_registry() -> None:
     """The store registers sqlite3 adapters for bytes and None that return their argument: no failed lookup."""
     blob = b"\x92\x01\xc0"

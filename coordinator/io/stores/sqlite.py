@@ -706,7 +706,7 @@ class SQLiteStore:
         chained_now: dict[str, int] = {}  # applied once committed, like the rowids
         ended: list[str] = []
         for plan_id in touched:
-            rowid = fresh.get(plan_id)
+            rowid = fresh.get(plan_id) if fresh else None  # most groups create no plan: no look-up
             new = rowid is not None
             if rowid is None:
                 rowid = None if forgotten and plan_id in forgotten else rowids.get(plan_id)
@@ -717,15 +717,17 @@ class SQLiteStore:
             inline_crc = None
             run = runs.get(plan_id)
             if run is not None:
-                if len(run) > 1:
+                size = len(run)
+                if size > 1 and (size > 2 or run[0][2] >= run[1][2]):  # two in order (the usual run): as it is
                     run = run_by_seq(run)
+                    size = len(run)
                 try:
                     body = raw_encode(run)
                 except unencodable:
                     body = encode_run(plan_id, run)
                 last = run[-1][2]
-                if last <= _INLINE_MAX_SEQ and len(run) < 16 and len(body) <= _INLINE_MAX_BYTES:
-                    inline, count = body[1:], len(run)  # without its one-byte array header
+                if last <= _INLINE_MAX_SEQ and size < 16 and len(body) <= _INLINE_MAX_BYTES:
+                    inline, count = body[1:], size  # without its one-byte array header
                     # The checksum of the row's whole events blob runs on from its previous value.
                     previous = 0 if new else chained.get(plan_id)
                     if previous is None:

@@ -179,21 +179,21 @@ def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[
     runs: dict[str, list[tuple[str, Any, int, int, bool]]] = {}
     forgotten: set[str] = set()
     usage: list[UsageRows] = []
+    event, status_key, created_key, runs_get = _event, _status_key, _created_key, runs.get  # locals: ~12 a plan
     for code, raw in zip(codes, raws, strict=True):
         if code == _EVENT:
-            e = _event(raw)
-            item = (e.kind, e.data, e.seq, e.attempt, e.ephemeral)
-            run = runs.get(e.plan_id)
+            e = event(raw)
+            run = runs_get(e.plan_id)
             if run is None:
-                runs[e.plan_id] = [item]
+                runs[e.plan_id] = [(e.kind, e.data, e.seq, e.attempt, e.ephemeral)]
             else:
-                run.append(item)
+                run.append((e.kind, e.data, e.seq, e.attempt, e.ephemeral))
         elif code == _STATUS:
-            status = _status_key(raw)
+            status = status_key(raw)
             status.raw = raw
             latest[status.plan_id] = status
         elif code == _CREATED:
-            key = _created_key(raw)
+            key = created_key(raw)
             if key.plan_id not in created:
                 key.raw = raw
                 created[key.plan_id] = key
