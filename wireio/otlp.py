@@ -132,7 +132,7 @@ class SpanEncoder:
 
     def __init__(self, resource: Mapping[str, Any], scope: str = "fleetwire", resource_schema_url: str = "") -> None:
         self._keys: dict[str, bytes] = {}
-        self._by_key: dict[str, dict[Any, bytes]] = {}  # key -> {str or int value: its Span.attributes field}
+        self._by_key: dict[str, dict[Any, Any]] = {}  # key -> {str or int value: its Span.attributes field}
         self._names: dict[str, bytes] = {}
         self._events: dict[tuple[Any, ...], bytes] = {}  # (name, *attribute items) -> Event.name and .attributes
         self._kinds = {kind: bytes((0x30, i + 1)) for i, kind in enumerate(_KINDS)}  # Span.kind (6)
@@ -141,9 +141,9 @@ class SpanEncoder:
         self._resource_schema = _field(0x1A, resource_schema_url.encode()) if resource_schema_url else b""
         self._scope = _field(0x0A, _field(0x0A, scope.encode()))  # ScopeSpans.scope (1): InstrumentationScope.name
 
-    def _values_of(self, key: str) -> dict[Any, bytes]:
+    def _values_of(self, key: str) -> dict[Any, Any]:
         """A new key's table: its encoded ``KeyValue.key`` (at :data:`_HEAD`), then its values' fields."""
-        values: dict[Any, bytes] = {_HEAD: _field(0x0A, key.encode())}  # KeyValue.key (1)
+        values: dict[Any, Any] = {_HEAD: _field(0x0A, key.encode())}  # KeyValue.key (1); _PREVIOUS: a dict
         if len(self._by_key) < _KEYS:
             self._by_key[key] = values
         return values
