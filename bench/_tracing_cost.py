@@ -47,6 +47,8 @@ class Sink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a collector: not a new connection for every post
+
             def do_POST(self) -> None:
                 sink.bodies.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
                 self.send_response(200)
