@@ -114,8 +114,31 @@ def _open(store: str, directory: Path) -> Any:
     return pg
 
 
-async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> dict[str, Any]:
-    """The store on its own, in this process: sequential commits of one plan step each, as its committer makes them.
+GROUP_BLOCK = 300  # plans per step in store_alone's grouped part: a group holds 4 blocks' steps (~2,700 records)
+
+
+def _grouped(plans: int) -> list[list[Any]]:
+    """``plans`` plans' steps (bench/store_bench.py) as the groups of a busy committer: group k holds step 1 of
+    block k, step 2 of block k-1, step 3 of block k-2 and step 4 of block k-3 (blocks of :data:`GROUP_BLOCK`)."""
+    blocks = max(1, plans // GROUP_BLOCK)
+    first = 10_000_000  # ids of their own: the sequential part's plans are there already
+    steps = [[store_bench.plan_steps(first + b * GROUP_BLOCK + i) for i in range(GROUP_BLOCK)] for b in range(blocks)]
+    groups = []
+    for k in range(blocks + 3):
+        group: list[Any] = []
+        for step in range(4):
+            if 0 <= k - step < blocks:
+                for plan in steps[k - step]:
+                    group += plan[step]
+        groups.append(group)
+    return groups
+
+
+async def store_alone(store: str, ns: argparse.Namespace, directory: Path,
+                      server: PostgresServer | None = None) -> dict[str, Any]:  # fmt: skip
+    """The store on its own, in this process: sequential commits of one plan step each, as its committer makes them;
+    then the groups of a busy committer (:func:`_grouped`), whose CPU per plan (this process's, and the PostgreSQL
+    server's) does not depend on the machine's load the way a wall-clock figure does.
 
     SQLite: ``write`` from a thread (the committer's writer thread). PostgreSQL: ``write_async`` on
     this loop (its committer, coordinator/io/stores/pg_commit.py, commits on the server's loop).
@@ -123,6 +146,8 @@ async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> di
     try:
         db = await asyncio.to_thread(_open, store, directory)
         steps = [store_bench.plan_steps(n) for n in range(ns.store_plans)]
+        grouped = _grouped(ns.store_plans * 5)
+        grouped_plans = max(1, (ns.store_plans * 5) // GROUP_BLOCK) * GROUP_BLOCK
         times: list[float] = []
         if isinstance(db, PgStore):
             await db.open_async()
@@ -134,11 +159,17 @@ async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> di
                     await db.write_async(batch)
                     times.append(clock() - t0)
             cpu = time.process_time() - cpu0
+            cpu0, pg0 = time.process_time(), _pg_cpu(server)
+            for group in grouped:
+                await db.write_async(group)
+            grouped_cpu, grouped_pg = time.process_time() - cpu0, _pg_cpu(server) - pg0
             await db.close_async()
             await asyncio.to_thread(db.close)
-            return {"commit": h.summary_ms(times), "sequential_cpu_us_per_plan": round(cpu / len(steps) * 1e6, 1)}
+            return {"commit": h.summary_ms(times), "sequential_cpu_us_per_plan": round(cpu / len(steps) * 1e6, 1),
+                    "grouped_cpu_us_per_plan": round(grouped_cpu / grouped_plans * 1e6, 1),
+                    "grouped_server_cpu_us_per_plan": round(grouped_pg / grouped_plans * 1e6, 1) if server else None}
 
-        def sequential() -> float:  # in a thread, as the committer's writer thread calls write()
+        def sequential() -> tuple[float, float]:  # in a thread, as the committer's writer thread calls write()
             clock = time.perf_counter
             cpu0 = time.process_time()
             for plan in steps:
@@ -146,11 +177,16 @@ async def store_alone(store: str, ns: argparse.Namespace, directory: Path) -> di
                     t0 = clock()
                     db.write(batch)
                     times.append(clock() - t0)
-            return time.process_time() - cpu0
+            cpu1 = time.process_time()
+            for group in grouped:
+                db.write(group)
+            return cpu1 - cpu0, time.process_time() - cpu1
 
-        cpu = await asyncio.to_thread(sequential)
+        cpu, grouped_cpu = await asyncio.to_thread(sequential)
         await asyncio.to_thread(db.close)
-        return {"commit": h.summary_ms(times), "sequential_cpu_us_per_plan": round(cpu / len(steps) * 1e6, 1)}
+        return {"commit": h.summary_ms(times), "sequential_cpu_us_per_plan": round(cpu / len(steps) * 1e6, 1),
+                "grouped_cpu_us_per_plan": round(grouped_cpu / grouped_plans * 1e6, 1),
+                "grouped_server_cpu_us_per_plan": None}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -337,7 +373,7 @@ async def collect(ns: argparse.Namespace) -> dict[str, Any]:
         results["alone_sqlite"] = await store_alone("sqlite", ns, Path(tmp))
         if why is None:
             with postgres_server() as server:
-                results["alone_pg"] = await store_alone(server.new_database(), ns, Path(tmp))
+                results["alone_pg"] = await store_alone(server.new_database(), ns, Path(tmp), server)
         else:
             results["alone_pg"] = {"error": why}
     # SQLite and one PostgreSQL coordinator alternate, round after round, each with the disk's
@@ -436,8 +472,13 @@ def report(results: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     else:
         for label, get in (("one commit (sequential), p50 ms", lambda r: r["commit"]["p50_ms"]),
                            ("one commit (sequential), p99 ms", lambda r: r["commit"]["p99_ms"]),
-                           ("sequential, CPU µs per plan (4 commits)", lambda r: r["sequential_cpu_us_per_plan"])):
+                           ("sequential, CPU µs per plan (4 commits)", lambda r: r["sequential_cpu_us_per_plan"]),
+                           (f"grouped ({GROUP_BLOCK}-plan blocks, ~{GROUP_BLOCK * 9} records a group), CPU µs per plan",
+                            lambda r: r.get("grouped_cpu_us_per_plan"))):  # fmt: skip
             lines.append(f"| {label} | {get(a):,} | {get(b):,} | {_ratio(get(b), get(a))} |")
+        server_cpu = b.get("grouped_server_cpu_us_per_plan")
+        if server_cpu is not None:
+            lines.append(f"| grouped, PostgreSQL server's CPU µs per plan | - | {server_cpu:,} | - |")
     rate, p50, cpu = values["rate"], values["p50"], values["cpu"]
     verdict = {
         f"PostgreSQL 1 coordinator throughput >= {TARGETS['rate_x_sqlite']}x SQLite":
