@@ -13,6 +13,7 @@ The garbage collector runs with the coordinator daemon's thresholds.
     python bench/store_writer.py --plans 2000 --json
     python bench/store_writer.py --lone           # a sequential round trip's two commits, split up
     python bench/store_writer.py --process        # through the writer process: the parent's CPU and the child's
+    python bench/store_writer.py --child-callgrind  # the child's path, callgrind instructions per plan
 
 ``--lone``: what one lone plan's commits cost, as a sequential round trip (bench/latency.py)
 makes them: a group of the plan's creation and lease (4 records), then one of its run and end
@@ -22,6 +23,14 @@ user and kernel time) and wall: the whole commit; the same with ``synchronous=OF
 but the WAL's sync); the store's Python alone (a connection that runs nothing); and the
 ``pwrite`` + ``fdatasync`` of two WAL frames in a file of the same directory. The differences
 are the table of issue #16: Python, SQLite's statements, the sync.
+
+``--child-callgrind``: what the writer process does with a request (decode it, group its records
+as ``writer_child`` does, ``write_grouped``, its keys), in this process, on the same groups encoded
+as the parent sends them, with ``synchronous=OFF`` (the disk's sync is not instructions): callgrind
+runs it for 900 and 6,300 plans and once more for each without the writes (making the records and
+encoding them), and reports the difference of the differences per plan, so start-up and the
+records' making cancel out. Plan ids come from a seeded generator: the runs are the same each time.
+Machine load hardly moves the figure (it needs valgrind).
 
 To compare two versions of the store, run it from each tree (``cd TREE && python
 bench/store_writer.py``): it imports the store of the tree it is in.
@@ -128,6 +137,57 @@ def measure(plans: int, per_group: int, repeat: int, process: bool = False) -> d
         best = {k: min(v, best.get(k, v)) for k, v in run.items()}
     return {"bench": "store_writer", "plans": plans, "groups": len(groups), "process": process,
             "records_per_plan": sum(map(len, groups)) / plans, **{k: round(v, 2) for k, v in best.items()}}  # fmt: skip
+
+
+def child_path(plans: int, writes: bool) -> None:
+    """The writer process's work on ``plans`` plans' requests (a --child-callgrind run); ``writes`` off: setup only."""
+    import random
+
+    import msgspec
+
+    from coordinator.io.stores import writer_child
+    from coordinator.io.stores.writer_process import _encode_group
+
+    rng = random.Random(29)
+    uuid.uuid4 = lambda: uuid.UUID(int=rng.getrandbits(128))  # the same plan ids in every run
+    encoder = msgspec.msgpack.Encoder()
+    bodies = [_encode_group(encoder, group) for group in groups_of(plans, 900)]
+    gc.freeze()
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+    if not writes:
+        os._exit(0)  # no teardown: freeing what was made is not the child's work either
+    decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.sqlite3"
+        SQLiteStore(path).close()
+        store = SQLiteStore.writer(path, encode_record=writer_child._raw_of)
+        store._db.execute("PRAGMA synchronous=OFF")
+        for body in bodies:
+            codes, raws = decode(body)
+            store.write_grouped(*writer_child._grouped(codes, raws), len(raws), wait=True)
+            store.keys_message()
+        store.close()
+    os._exit(0)
+
+
+def child_callgrind() -> float:
+    """Callgrind instructions per plan of the child's path: 6,300 plans against 900, less the setup's difference."""
+    import re
+    import subprocess
+
+    counts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for plans in (900, 6300):
+            for writes in (True, False):
+                cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
+                       __file__, "--child-path", str(plans), *([] if writes else ["--setup-only"])]  # fmt: skip
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+                found = re.search(r"Collected : (\d+)", out)
+                if found is None:
+                    raise SystemExit(f"callgrind gave no count: {out[-500:]}")
+                counts[plans, writes] = int(found.group(1))
+    path_ir = (counts[6300, True] - counts[900, True]) - (counts[6300, False] - counts[900, False])
+    return path_ir / 5400
 
 
 def lone_groups(n: int, plan_id: str) -> list[list[Record]]:
@@ -238,9 +298,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--process", action="store_true",
                         help="the writes through the writer process (--store-writer process), pipelined: the "
                              "parent's CPU (every thread) and the child's per plan")
+    parser.add_argument("--child-callgrind", action="store_true",
+                        help="the writer process's path (decode, group, write) in callgrind instructions per plan")
+    parser.add_argument("--child-path", type=int, metavar="N", help=argparse.SUPPRESS)  # --child-callgrind's runs
+    parser.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lone", action="store_true",
                         help="a lone plan's two commits (a sequential round trip's), split into Python, SQLite, sync")
     args = parser.parse_args(argv)
+    if args.child_path is not None:
+        child_path(args.child_path, not args.setup_only)
+        return 0
+    if args.child_callgrind:
+        per_plan = round(child_callgrind())
+        if args.json:
+            print(json.dumps({"bench": "store_writer_child_callgrind", "instructions_per_plan": per_plan}))
+        else:
+            print(f"fleetwire store writer process, the child's path: {per_plan:,} instructions per plan (callgrind)")
+        return 0
     if args.lone:
         lone = measure_lone(min(args.plans, 2000))
         if args.json:
