@@ -488,10 +488,11 @@ class PgStore:
         terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
         for plan_id in touched:
             key = fresh_key(plan_id) if fresh else None
-            new = key is not None
-            if new:
+            if key is not None:
+                new = True
                 shard = fresh_shards[plan_id]
             else:
+                new = False
                 key = None if forgotten and plan_id in forgotten else key_of(plan_id)
                 if key is None:
                     continue  # a record of a plan never created (or deleted)
