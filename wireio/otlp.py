@@ -18,11 +18,12 @@ them (an ``ArrayValue``); anything else is written as its ``str()``.
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["SpanEncoder", "encode_attributes"]
+__all__ = ["COMMIT_SPAN", "COMPACT_SPANS", "SpanEncoder", "encode_attributes", "expand"]
 
 _KINDS: Final = ("internal", "server", "client", "producer", "consumer")  # SpanKind 1..5 in the proto
 _FLAGS_HAS_IS_REMOTE: Final = 0x100  # SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
@@ -36,6 +37,7 @@ _DOUBLE: Final = struct.Struct("<d").pack
 _SMALL: Final = tuple(bytes((n,)) for n in range(128))
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
+_getrandbits: Final = random.getrandbits
 
 
 def _varint(n: int) -> bytes:
@@ -91,6 +93,24 @@ def encode_attributes(tag: int, attributes: Mapping[str, Any] | None, keys: dict
                 keys[key] = head
         parts.append(_field(tag, head + _field(0x12, _any_value(value))))  # KeyValue.value (2)
     return b"".join(parts)
+
+
+COMMIT_SPAN: Final = 0
+COMPACT_SPANS: Final = (("fleetwire.store.commit", ("fleetwire.plan_id", "fleetwire.attempt", "fleetwire.event")),)
+"""Spans noted compactly (``Tracing.add_compact``) as ``(template, traceparent, start ns, end ns, *values)``: the
+template's index here names the span and its attribute keys; an internal span, child of the (remote) parent the
+``traceparent`` names, its id drawn where it is exported. Less to build on the noting process's hot path and to
+ship and unpack than a :data:`wireio.span_export.RawSpan` (the coordinator's commit spans, two a plan)."""
+
+
+def expand(raw: Sequence[Any]) -> tuple[Any, ...]:
+    """A noted span as a :data:`wireio.span_export.RawSpan`: a compact one expanded, any other as it is."""
+    if raw[0].__class__ is str:
+        return tuple(raw)
+    name, keys = COMPACT_SPANS[raw[0]]
+    traceparent = raw[1]
+    return (name, traceparent[3:35], _getrandbits(64) or 1, traceparent[36:52], True, raw[2], raw[3],
+            dict(zip(keys, raw[4:], strict=False)), None, "internal", "")  # fmt: skip
 
 
 _KV_CACHE: Final = 8192  # events whose encoding is kept (then the cache starts again)
@@ -153,12 +173,12 @@ class SpanEncoder:
 
         One join at the end: each span's field head and body, and the enclosing messages' heads written from the
         lengths summed on the way (each concatenation of a body with its head would copy the batch once more)."""
-        span = self.span
+        span, compact = self.span, self.compact
         parts: list[bytes] = [b"", self._resource, b"", self._scope]  # [0], [2]: the heads, once the size is known
         append = parts.append
         size = 0
         for raw in batch:
-            body = span(*raw)
+            body = span(*raw) if raw[0].__class__ is str else compact(raw)
             n = len(body)
             head = b"\x12" + _SMALL[n] if n < 128 else bytes((0x12, n & 0x7F | 0x80, n >> 7)) if n < 16384 else (
                 b"\x12" + _varint(n))  # ScopeSpans.spans (2); most spans: a two-byte length  # fmt: skip
@@ -170,6 +190,45 @@ class SpanEncoder:
         append(self._resource_schema)
         size += len(parts[2]) + len(self._resource) + len(self._resource_schema)
         parts[0] = b"\x0a" + _varint(size)  # ExportTraceServiceRequest.resource_spans (1)
+        return b"".join(parts)
+
+    def _attributes(self, parts: list[bytes], items: Iterable[tuple[str, Any]]) -> None:
+        """``Span.attributes`` (9) fields onto ``parts``: a value seen before under its key (a policy, a worker, a
+        plan id of the latest plans) is copied."""
+        by_key = self._by_key
+        for key, value in items:
+            values = by_key.get(key)
+            if values is None:
+                values = self._values_of(key)
+            cls = value.__class__
+            if cls is str or cls is int:  # never bool or float: True == 1 == 1.0
+                field = values.get(value)
+                if field is None:
+                    previous = values.get(_PREVIOUS)
+                    field = previous.get(value) if previous is not None else None
+                    if field is None:
+                        field = _attribute(values[_HEAD], value)
+                    if len(values) > _VALUES_PER_KEY:  # a plan id's key: the latest plans' ids, in two tables
+                        _turn(values)
+                    values[value] = field
+            else:
+                field = _attribute(values[_HEAD], value)
+            parts.append(field)
+
+    def compact(self, raw: Sequence[Any]) -> bytes:
+        """One compact span's ``Span`` message (:data:`COMPACT_SPANS`: ``(template, traceparent, start ns, end ns,
+        *values)``): an internal span, child of the (remote) parent its ``traceparent`` names, its id drawn here."""
+        name, keys = COMPACT_SPANS[raw[0]]
+        head = self._names.get(name)
+        if head is None:
+            head = self._names[name] = _field(0x2A, name.encode())  # Span.name (5)
+        traceparent, start_ns, end_ns = raw[1], raw[2], raw[3]
+        parts = [b"\x0a\x10", bytes.fromhex(traceparent[3:35]), b"\x12\x08", (_getrandbits(64) or 1).to_bytes(8, "big"),
+                 b"\x22\x08", bytes.fromhex(traceparent[36:52]), head, b"\x30\x01",
+                 _TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns)]  # fmt: skip
+        self._attributes(parts, zip(keys, raw[4:]))  # noqa: B905  (a keyword makes zip ~300 ns slower, and a short one is a malformed span: fewer attributes)
+        parts.append(_STATUS_UNSET)
+        parts.append(_FLAGS_REMOTE)
         return b"".join(parts)
 
     def span(self, name: str, trace_hex: str, span_id: int, parent_id: int | str, remote: bool, start_ns: int,
@@ -186,26 +245,8 @@ class SpanEncoder:
         parts.append(head)
         parts.append(self._kinds[kind])
         parts.append(_TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns))
-        if attributes:  # Span.attributes (9): a value seen before under its key (a policy, a worker) is copied
-            by_key = self._by_key
-            for key, value in attributes.items():
-                values = by_key.get(key)
-                if values is None:
-                    values = self._values_of(key)
-                cls = value.__class__
-                if cls is str or cls is int:  # never bool or float: True == 1 == 1.0
-                    field = values.get(value)
-                    if field is None:
-                        previous = values.get(_PREVIOUS)
-                        field = previous.get(value) if previous is not None else None
-                        if field is None:
-                            field = _attribute(values[_HEAD], value)
-                        if len(values) > _VALUES_PER_KEY:  # a plan id's key: the latest plans' ids, in two tables
-                            _turn(values)
-                        values[value] = field
-                else:
-                    field = _attribute(values[_HEAD], value)
-                parts.append(field)
+        if attributes:
+            self._attributes(parts, attributes.items())
         if events:  # Span.events (11): an event's name and attributes are encoded once (its time each time)
             known = self._events
             for event_name, at, event_attributes in events:

@@ -49,14 +49,15 @@ from typing import Any, Final
 
 import msgspec
 
-from wireio.otlp import SpanEncoder
+from wireio.otlp import SpanEncoder, expand
 
 __all__ = ["EXIT_WAIT_S", "RESPAWN_S", "STUCK_S", "ExportProcess", "RawSpan", "SpanBuilder", "main"]
 
 RawSpan = tuple[Any, ...]
 """A noted span: (name, trace id hex, span id, parent span id (an int, its hex, or 0: a root), parent
 remote, start ns, end ns (the later of the two, if before start), attributes or None, events [(name,
-ns, attributes)] or None, kind, error)."""
+ns, attributes)] or None, kind, error); or a compact one, (template, traceparent, start ns, end ns,
+*values): wireio/otlp.py ``COMPACT_SPANS``."""
 
 KINDS: Final = ("internal", "server", "client", "producer", "consumer")  # OpenTelemetry's SpanKind values, in order
 STUCK_S: Final = 30.0
@@ -138,7 +139,7 @@ class SpanBuilder:
             post = self._post(exporter)
             if post is not None:
                 return bool(post(self._encoder.encode(batch)).success)
-            return exporter.export([self.build(*raw) for raw in batch]) is not self.failure
+            return exporter.export([self.build(*expand(raw)) for raw in batch]) is not self.failure
         except Exception:  # a failing exporter (or a malformed span) loses its batch, never the caller
             return False
 

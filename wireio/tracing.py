@@ -372,6 +372,18 @@ class Tracing:
         if len(queue) >= self._batch and not self._wake.is_set():
             self._wake.set()
 
+    def add_compact(self, template: int, parent: str, start_ns: int, end_ns: int, *values: Any) -> None:
+        """:meth:`add` of a span of a fixed shape (wireio/otlp.py ``COMPACT_SPANS[template]``: its name and attribute
+        keys; ``values``: its attributes' values, in order), noted as one short tuple: no dict, no id drawn here (the
+        exporter draws it), less to pack and unpack. ``parent`` is sampled (the caller knows)."""
+        queue = self._queue
+        if len(queue) >= self._max_queue:
+            self.dropped += 1
+            return
+        queue.append((template, parent, start_ns, end_ns, *values))
+        if len(queue) >= self._batch and not self._wake.is_set():
+            self._wake.set()
+
     def _note(self, span: tuple[Any, ...]) -> None:
         queue = self._queue
         if len(queue) >= self._max_queue:

@@ -7,7 +7,7 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from wireio.otlp import SpanEncoder
+from wireio.otlp import COMMIT_SPAN, SpanEncoder, expand
 from wireio.span_export import SpanBuilder
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -91,3 +91,21 @@ def test_a_plan_ids_key_keeps_the_latest_plans_in_two_tables_still_encoding_as_t
     previous = table[()]
     kept = (set(table) | set(previous)) - {None, ()}
     assert {f"p-{i}" for i in range(6000 - 4096, 6000)} <= kept and len(previous) > 4000 and () not in previous
+
+
+def test_a_compact_commit_span_encodes_as_the_sdk_encodes_its_expansion_and_builds_the_same_span() -> None:
+    """A compact span (template, traceparent, times, values) is the internal span its template names, child of the
+    remote parent, its attributes under the template's keys: the SDK's encoding of it (with the id drawn) and the
+    ReadableSpan the builder makes of it say the same."""
+    builder = SpanBuilder("fleetwire-coordinator")
+    compact = (COMMIT_SPAN, f"00-{TRACE}-00f067aa0ba902b8-01", 1_000, 2_000, "p-1", 2, "succeeded")
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(builder._encoder.encode([compact, SPANS[0]]))
+    span_id = int.from_bytes(ours.resource_spans[0].scope_spans[0].spans[0].span_id, "big")
+    expanded = ("fleetwire.store.commit", TRACE, span_id, "00f067aa0ba902b8", True, 1_000, 2_000,
+                {"fleetwire.plan_id": "p-1", "fleetwire.attempt": 2, "fleetwire.event": "succeeded"}, None,
+                "internal", "")  # fmt: skip
+    assert span_id and ours == _sdk_request(builder, [expanded, SPANS[0]])
+    built = builder.build(*expand(compact))
+    assert (built.name, dict(built.attributes), built.parent.span_id, built.parent.is_remote) == (
+        "fleetwire.store.commit", expanded[7], 0x00F067AA0BA902B8, True)  # fmt: skip

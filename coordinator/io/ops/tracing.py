@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from coordinator.effects import TraceNote
+from wireio.otlp import COMMIT_SPAN
 from wireio.tracing import Tracing
 
 Attributes = dict[str, str | int | float | bool]
@@ -106,12 +107,11 @@ class PlanSpans:
             return
         now = self._clock()
         done: set[str] = set()
-        add = self.tracing.add
+        add = self.tracing.add_compact  # fleetwire.store.commit: plan_id, attempt, event (wireio/otlp.py)
         for traceparent, plan_id, attempt, kind, _ in notes:
             if kind in _COMMITTED and plan_id not in done:
                 done.add(plan_id)
-                add("fleetwire.store.commit", traceparent, started, now,
-                    {"fleetwire.plan_id": plan_id, "fleetwire.attempt": attempt, "fleetwire.event": kind})  # fmt: skip
+                add(COMMIT_SPAN, traceparent, started, now, plan_id, attempt, kind)
 
     @property
     def queued(self) -> int:
