@@ -34,7 +34,7 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
-from websockets.protocol import Event
+from websockets.protocol import Event, State
 
 from coordinator.auth import Principal
 from protocol import Codec
@@ -113,6 +113,7 @@ class Session:
     writer: asyncio.Task[None] | None = None
     unsent: int = 0  # encoded bytes the writer has taken (its batch's frames) and not yet handed to the socket
     msg_bytes: float = 0.0  # the encoded size of this session's recent messages (0: nothing sent yet)
+    parked: bool = False  # the writer waits on ``wake`` with nothing in hand (send_now may write in its place)
 
     def pending_bytes(self) -> int:
         """About how many bytes wait in ``pending``, from at most 64 evenly spaced messages."""
@@ -132,7 +133,11 @@ class Session:
         ws, codec = self.ws, self.codec
         try:
             while True:
-                await self.wake.wait()
+                self.parked = True
+                try:
+                    await self.wake.wait()
+                finally:
+                    self.parked = False
                 self.wake.clear()
                 while self.pending:
                     batch = self._take()
@@ -158,6 +163,46 @@ class Session:
                 "cannot send to a session; closing it", conn_id=self.conn_id, exception=traceback.format_exc()
             )
             await ws.close(codes.CLOSE_INTERNAL, "internal error; see coordinator log")
+
+    def send_now(self, msgs: list[Any]) -> bool:
+        """Write ``msgs`` as one frame now, in the caller's step, in the writer's place; False: nothing written.
+
+        Only while the writer is parked with nothing pending (so nothing it holds can be overtaken), the
+        session is not closing, and the connection takes the frame without waiting (open, not paused over its
+        high-water mark, no other send under way); a batch the writer would cut into frames, or one that cannot
+        be encoded, is left to the writer too (it cuts, or logs and closes). A lone step's reply then leaves in
+        the step that released it (``CoreDriver.deliver``), not a loop turn later from the writer's task, woken
+        for it. A write that fails on the way aborts the connection, as ``send`` would.
+        """
+        if not self.parked or self.pending or self.close_with is not None or self.killed or len(msgs) > 32:
+            return False
+        ws = self.ws
+        transport = ws.transport
+        if (ws.protocol.state is not State.OPEN or ws.paused or ws.send_in_progress is not None
+                or transport is None or transport.is_closing()):
+            return False
+        try:
+            frame = self._encode(msgs)
+        except Exception:
+            return False  # the writer encodes it again, and logs and closes the session
+        size = len(frame)
+        if size > MAX_OUT_FRAME_BYTES and len(msgs) > 1:
+            return False  # the writer cuts it into frames
+        try:
+            if self.codec.text:
+                ws.protocol.send_text(frame)
+            else:
+                ws.protocol.send_binary(frame)
+            ws.send_data()
+        except Exception as exc:  # the transport broke under the write
+            ws.set_connection_exc(exc)
+            transport.abort()
+        io = self.io
+        io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
+        io[3] += size
+        size /= len(msgs)
+        self.msg_bytes = size if not self.msg_bytes else 0.5 * (self.msg_bytes + size)
+        return True
 
     def _take(self) -> list[Any]:
         """The next batch: everything pending, or a long backlog's first few MiB (by estimate), so the

@@ -187,7 +187,7 @@ class CoreDriver:
         sends = effects.sends
         if len(sends) > 2:  # fan-out: one event to many subscribers is encoded once, not per session
             sends = _encode_shared(sends, sessions)
-        woken: list[Session] = []
+        later: list[tuple[Session, list[Any]]] = []
         for conn_id, msgs in sends.items():
             session = sessions.get(conn_id)
             if session is None and (sink := self.sinks.get(conn_id)) is not None:
@@ -201,15 +201,22 @@ class CoreDriver:
                     (backlog >= 64 or session.unsent > cap_bytes >> 2) and session.out_bytes() >= cap_bytes
                 ):
                     slow.append(session)
-                session.pending.extend(msgs)
-                # Writers run in the order they are woken. A worker's ``assign`` goes first: it is
-                # on the plan's critical path; the client's ``accepted``/``leased`` are not.
-                if session.role == "worker" and any(type(m) is Assign for m in msgs):
+                    session.pending.extend(msgs)
                     session.wake.set()
+                # A worker's ``assign`` goes first: it is on the plan's critical path; the client's
+                # ``accepted``/``leased`` are not. A session whose writer is parked with nothing pending is
+                # written to here (send_now: no wake-up of its task, no loop turn before the frame leaves);
+                # else its writer is woken, writers running in the order they are woken.
+                elif session.role == "worker" and any(type(m) is Assign for m in msgs):
+                    if not session.send_now(msgs):
+                        session.pending.extend(msgs)
+                        session.wake.set()
                 else:
-                    woken.append(session)
-        for session in woken:
-            session.wake.set()
+                    later.append((session, msgs))
+        for session, msgs in later:
+            if not session.send_now(msgs):
+                session.pending.extend(msgs)
+                session.wake.set()
         for conn_id, code, reason in effects.closes:
             session = sessions.get(conn_id)
             if session is not None:
