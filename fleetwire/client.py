@@ -55,6 +55,7 @@ from typing import Any, Literal, get_args
 import msgspec
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
 
 from fleetwire import options, submits
 from fleetwire.connection import (
@@ -185,6 +186,9 @@ class Client:
         self._reader: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._outbox_ready = asyncio.Event()
+        self._parked = False  # the writer waits on _outbox_ready with nothing queued (_send_now may write instead)
+        self._flushing = False  # _flush is scheduled: submits of this loop turn go in its frame
+        self.writer_rounds = 0  # times the session's writer task was woken (a lone submit's frame needs none)
         self._closing = False
         self._transport: Transport | None = None  # made on first use (fleetwire/data.py)
         self._uploads: set[Uploads] = set()
@@ -687,7 +691,53 @@ class Client:
         """Send encoded submits and wait for every reply (fleetwire/submits.py): the accepted plans, the first
         refusal."""
         self._check_open()
-        return await submits.await_accepted(self._session, requests, self._on_accepted, self._outbox_ready.set)
+        return await submits.await_accepted(self._session, requests, self._on_accepted, self._send_now)
+
+    def _send_now(self) -> None:
+        """Submits queued: sent at the end of this loop turn by :meth:`_flush`, or by the writer woken for them.
+
+        While the writer is parked with nothing queued before (so nothing is overtaken) the frame is written by a
+        callback of this turn instead of the writer's task: every submit made in the same turn goes in it, as the
+        writer would have coalesced them, without the writer's wake-up (an event, a task step) and the library's
+        send context on a sequential caller's path (issue #29).
+        """
+        if self._flushing:
+            return  # the flush this turn takes them too
+        if not self._parked or self._outbox_ready.is_set():
+            self._outbox_ready.set()
+            return
+        self._flushing = True
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """What was queued since :meth:`_send_now`, as the writer would send it: written now when the connection
+        takes it without waiting (open, not paused over its high-water mark, no send under way), else by the
+        writer."""
+        self._flushing = False
+        ws = self._ws
+        if not self._parked or ws is None or self._outbox_ready.is_set():
+            self._outbox_ready.set()
+            return
+        transport = ws.transport
+        if (ws.protocol.state is not State.OPEN or ws.paused or ws.send_in_progress is not None
+                or transport is None or transport.is_closing()):
+            self._outbox_ready.set()
+            return
+        session = self._session
+        frame = session.next_frame()
+        if frame is None:
+            return
+        try:
+            if session.text:
+                ws.protocol.send_text(frame)
+            else:
+                ws.protocol.send_binary(frame)
+            ws.send_data()
+        except Exception as exc:  # the transport broke under the write: the reader sees it end, requests resent
+            ws.set_connection_exc(exc)
+            transport.abort()
+        if session.has_outgoing:  # more than one frame's worth: the writer sends the rest
+            self._outbox_ready.set()
 
     def _upload(self, plan: Plan, sources: dict[str, InputSource]) -> None:
         """Start the uploads of a plan's inputs (fleetwire/data.py ``Uploads``): to each attempt's worker."""
@@ -764,8 +814,13 @@ class Client:
         session = self._session
         try:
             while True:
-                await self._outbox_ready.wait()
+                self._parked = True
+                try:
+                    await self._outbox_ready.wait()
+                finally:
+                    self._parked = False
                 self._outbox_ready.clear()
+                self.writer_rounds += 1
                 # Everything queued while the previous send was in flight goes out coalesced.
                 while (frame := session.next_frame()) is not None:
                     await send_frame(ws, frame, session.text)  # big ones without the library's copies
