@@ -246,6 +246,9 @@ class SendQueue:
         #: Set by the writer while it waits with nothing queued and the last message went out spaced: writes one
         #: message now (True), or cannot (False: the connection would make it wait; it is queued instead).
         self.direct: Callable[[Any], bool] | None = None
+        #: Set by the writer while it waits with nothing queued: the first message queued schedules it (the end of
+        #: the loop turn) instead of waking the writer; it writes a finished plan's messages at once (write_frames).
+        self.flush_soon: Callable[[], None] | None = None
         self._log = logger
         self._seq = 0
         self._woken = False  # wakeup was set since the writer last cleared it: the next sends need not set it
@@ -267,7 +270,12 @@ class SendQueue:
         if not self._woken:  # the writer is woken once however many messages come before it runs
             self._woken = True
             self.direct = None  # something is queued: what comes next queues behind it
-            self.wakeup.set()
+            flush_soon = self.flush_soon
+            if flush_soon is not None:
+                self.flush_soon = None
+                flush_soon()
+            else:
+                self.wakeup.set()
 
     def park(self) -> None:
         """The writer found the outbox empty and waits on ``wakeup``: the next ``send`` wakes it."""
@@ -335,19 +343,49 @@ async def write_frames(
             if parked and write_now is not None:
                 queue.direct = direct
 
+    def flush_soon() -> None:
+        loop.call_soon(flush)
+
+    def flush() -> None:
+        """The end of the turn in which messages came to a parked writer: when the newest is a plan's ``done``
+        (it ended: an on-loop plan's ``accept``, events and ``done`` all came in this turn), what is queued is
+        written now, as one round, in this callback; anything else wakes the writer, which coalesces as before.
+        A lone plan's result then leaves a turn sooner, without the writer's wake-up or the library's send."""
+        if not parked or write_now is None or not outbox or type(outbox.newest) is not protocol.Done:
+            queue.wakeup.set()
+            return
+        chunks = encode_frames(codec, outbox.take(max_batch), max_frame_bytes)
+        for index, (frame, msgs) in enumerate(chunks):
+            if not write_now(frame):  # the connection would make a sender wait: the writer sends the rest
+                outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
+                break
+            outbox.sent(msgs)  # kept until acked, as the writer's
+        if after_round is not None:
+            after_round()
+        if outbox:
+            queue.wakeup.set()
+            return
+        queue.park()  # still waiting with nothing queued: the next message schedules a flush again
+        queue.flush_soon = flush_soon
+        if spaced:
+            queue.direct = direct
+
     while True:
         if not outbox:
             if finishing():
                 return
             queue.park()
             parked = True
-            if spaced and write_now is not None:
-                queue.direct = direct
+            if write_now is not None:
+                queue.flush_soon = flush_soon
+                if spaced:
+                    queue.direct = direct
             try:
                 await wakeup.wait()
             finally:
                 parked = False
                 queue.direct = None
+                queue.flush_soon = None
             continue
         eager = spaced and type(outbox.newest) is protocol.Event
         if not eager:

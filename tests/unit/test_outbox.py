@@ -336,17 +336,48 @@ async def test_after_a_token_written_at_once_a_burst_is_queued_and_coalesced() -
     await writer.close()
 
 
-async def test_accept_and_done_are_never_written_at_once() -> None:
-    """Plan messages other than events queue for the writer (accept, event, done of a plan that ends at once: one
-    frame)."""
+async def test_a_plan_that_ended_in_one_turn_leaves_as_one_frame_at_the_turns_end() -> None:
+    """accept, event and done queued in one turn to an idle writer: one frame, written by the turn's flush (no writer
+    wake-up, no coalescing turns)."""
     writer = Writer(write_now=True)
     await asyncio.sleep(0)
     writer.queue.send(protocol.Accept(plan_id="a", attempt=1))
     writer.queue.send(protocol.Event(plan_id="a", kind="echo", data=1, attempt=1))
     writer.queue.send(protocol.Done(plan_id="a", attempt=1, outcome="succeeded"))
+    await asyncio.sleep(0)  # one loop turn: the flush's
+    assert [[type(m).__name__ for m in frame] for frame in writer.wire.written_now] == [["Accept", "Event", "Done"]]
+    writer.queue.send(protocol.Accept(plan_id="b", attempt=1))  # parked again: the next plan is flushed the same way
+    writer.queue.send(protocol.Done(plan_id="b", attempt=1, outcome="succeeded"))
+    await asyncio.sleep(0)
+    assert [m.seq for m in writer.wire.written_now[1]] == [4, 5] and len(writer.wire.frames) == 2
+    await writer.close()
+
+
+async def test_a_plan_still_running_is_coalesced_by_the_writer() -> None:
+    """An accept alone at the turn's end (the plan runs on): the writer is woken and waits for its events and done."""
+    writer = Writer(write_now=True)
+    await asyncio.sleep(0)
+    writer.queue.send(protocol.Accept(plan_id="a", attempt=1))
+    await asyncio.sleep(0)  # the flush: not a done, the writer is woken
+    writer.queue.send(protocol.Event(plan_id="a", kind="echo", data=1, attempt=1))
+    writer.queue.send(protocol.Done(plan_id="a", attempt=1, outcome="succeeded"))
     await writer.sent(1)
     assert writer.wire.written_now == []
     assert [type(m).__name__ for m in writer.wire.frames[0]] == ["Accept", "Event", "Done"]
+    await writer.close()
+
+
+async def test_a_flush_the_connection_cannot_take_goes_through_the_writer() -> None:
+    """A finished plan's messages when the connection would make a sender wait: nothing written at once, the writer
+    sends them."""
+    writer = Writer(write_now=True)
+    await asyncio.sleep(0)
+    writer.wire.full = True
+    writer.queue.send(protocol.Accept(plan_id="a", attempt=1))
+    writer.queue.send(protocol.Done(plan_id="a", attempt=1, outcome="succeeded"))
+    await writer.sent(1)
+    assert writer.wire.written_now == []
+    assert [type(m).__name__ for m in writer.wire.frames[0]] == ["Accept", "Done"]
     await writer.close()
 
 
