@@ -24,6 +24,15 @@ mistaken for the store's cost.
     python bench/cluster_throughput.py                       # 20,000 plans, 1,000 round trips
     python bench/cluster_throughput.py --plans 2000 --samples 200 --json
     python bench/cluster_throughput.py --plans 10000 --samples 500 --rounds 3
+    python bench/cluster_throughput.py --commit-callgrind   # the commit path, callgrind instructions per plan
+
+``--commit-callgrind``: the PostgreSQL store's commit path on the coordinator's side (``write_async``
+of the store alone's groups: grouping, encoding, asyncpg's parameters and the round trip's client
+half), in this process, against a PostgreSQL server started here: callgrind runs it for 600 and
+2,400 plans and once more for each without the writes (making the records), and reports the
+difference of the differences per plan (a plan is 4 steps), so start-up and the records' making
+cancel out. Machine load hardly moves the figure (it needs valgrind). Run it from each tree to
+compare two versions: it imports the store of the tree it is in.
 """
 
 from __future__ import annotations
@@ -31,9 +40,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
+import os
+import re
 import signal
 import statistics
 import subprocess
@@ -112,6 +124,43 @@ def _open(store: str, directory: Path) -> Any:
     rows = pg.execute(lambda c: c.fetch(ACQUIRE, "bench", "", 600.0, list(range(pg.cluster.shards))))
     pg.owner, pg.fence = "bench", {r[0]: r[1] for r in rows}
     return pg
+
+
+def commit_path(blocks: int, writes: bool) -> None:
+    """A --commit-callgrind run: ``blocks`` blocks' groups through ``PgStore.write_async`` ($FW_BENCH_DSN)."""
+    from fleetwire.cli.serve import DAEMON_GC_THRESHOLDS
+
+    async def run() -> None:
+        db = await asyncio.to_thread(_open, os.environ["FW_BENCH_DSN"], Path("."))
+        await db.open_async()
+        groups = _grouped(blocks * GROUP_BLOCK)
+        gc.freeze()
+        gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+        if writes:
+            for group in groups:
+                await db.write_async(group)
+        await db.close_async()
+        await asyncio.to_thread(db.close)
+
+    asyncio.run(run())
+
+
+def commit_callgrind() -> float:
+    """Callgrind instructions per plan of the commit path: 2,400 plans against 600, less the records' making."""
+    counts = {}
+    with postgres_server() as server, tempfile.TemporaryDirectory() as tmp:
+        for blocks in (2, 8):
+            for writes in (True, False):
+                env = {**h.bench_env(), "FW_BENCH_DSN": server.new_database(), "PYTHONHASHSEED": "0"}
+                cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
+                       __file__, "--commit-path", str(blocks), *([] if writes else ["--no-writes"])]  # fmt: skip
+                out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, cwd=h.ROOT).stderr
+                found = re.search(r"Collected : (\d+)", out)
+                if found is None:
+                    raise SystemExit(f"callgrind gave no count: {out[-500:]}")
+                counts[blocks, writes] = int(found.group(1))
+    path_ir = (counts[8, True] - counts[2, True]) - (counts[8, False] - counts[2, False])
+    return path_ir / (6 * GROUP_BLOCK)
 
 
 GROUP_BLOCK = 300  # plans per step in store_alone's grouped part: a group holds 4 blocks' steps (~2,700 records)
@@ -541,7 +590,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="DIR", help="py-spy the coordinators over each throughput window "
                         "(raw files in DIR; read them with bench/profile_top.py)")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
+    parser.add_argument("--commit-callgrind", action="store_true",
+                        help="the PostgreSQL commit path in callgrind instructions a plan (needs valgrind), then exit")
+    parser.add_argument("--commit-path", type=int, metavar="BLOCKS", help=argparse.SUPPRESS)  # --commit-callgrind
+    parser.add_argument("--no-writes", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
+    if ns.commit_path is not None:
+        commit_path(ns.commit_path, not ns.no_writes)
+        return 0
+    if ns.commit_callgrind:
+        print(f"PostgreSQL commit path: {commit_callgrind():,.0f} instructions a plan (4 steps, groups of "
+              f"~{GROUP_BLOCK * 9:,} records; callgrind)")
+        return 0
     h.configure(ns)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the processes and PostgreSQL are stopped
     # Quiet: the SDK's expected `moved` reconnects and the in-process store's info lines are not results.
