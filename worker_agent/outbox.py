@@ -46,13 +46,17 @@ from protocol.relay import MAX_CHUNK_BYTES
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["COALESCE_TURNS", "KEEP_ACKED_DONE", "Outbox", "SendQueue", "encode_frames", "write_frames"]
+__all__ = ["COALESCE_TURNS", "FLUSH_MAX_MESSAGES", "KEEP_ACKED_DONE", "Outbox", "SendQueue", "encode_frames", "write_frames"]
 
 #: Acknowledged ``done`` s kept for a coordinator whose store lost them (see the module docstring).
 KEEP_ACKED_DONE: Final = 128
 
 #: Loop turns the writer waits, at most, for more messages to join a frame (:func:`write_frames`).
 COALESCE_TURNS: Final = 4
+
+#: The most messages a turn's flush writes itself (a lone plan's few: accept, events, done); a burst of plans that
+#: ended in one turn (a frame of assigns) is left to the writer, whose coalescing turns gather the next frames' too.
+FLUSH_MAX_MESSAGES: Final = 8
 
 _NUMBERED = (protocol.Accept, protocol.Reject, protocol.Event, protocol.Done)  # carry ``seq``; acked
 _NUMBERED_TYPES = frozenset(_NUMBERED)
@@ -315,6 +319,11 @@ async def write_frames(
     it without waiting: over its high-water mark, closing, or another send under way), such an event that comes
     while the writer waits with nothing queued is not queued at all: ``queue.send`` encodes and writes it in the
     caller's own step, with no wake-up of this task (the turn after decides, as above, if the next may too).
+
+    Flushed at the turn's end: with ``write_now``, the first message queued while the writer waits schedules a
+    flush (``queue.flush_soon``) instead of waking it; when the newest message then is a plan's ``done`` and at most
+    :data:`FLUSH_MAX_MESSAGES` are queued (a lone plan that ended in that turn), they are written there, as one
+    round; else the writer is woken and coalesces as above (a burst gathers the next turns' messages too).
     """
     outbox, wakeup, loop = queue.outbox, queue.wakeup, asyncio.get_running_loop()
     spaced = True  # the last wait for more messages gathered nothing: an event may go at once
@@ -351,7 +360,8 @@ async def write_frames(
         (it ended: an on-loop plan's ``accept``, events and ``done`` all came in this turn), what is queued is
         written now, as one round, in this callback; anything else wakes the writer, which coalesces as before.
         A lone plan's result then leaves a turn sooner, without the writer's wake-up or the library's send."""
-        if not parked or write_now is None or not outbox or type(outbox.newest) is not protocol.Done:
+        if (not parked or write_now is None or not outbox or len(outbox) > FLUSH_MAX_MESSAGES
+                or type(outbox.newest) is not protocol.Done):
             queue.wakeup.set()
             return
         chunks = encode_frames(codec, outbox.take(max_batch), max_frame_bytes)

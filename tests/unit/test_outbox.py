@@ -367,6 +367,22 @@ async def test_a_plan_still_running_is_coalesced_by_the_writer() -> None:
     await writer.close()
 
 
+async def test_a_burst_of_ended_plans_is_coalesced_by_the_writer() -> None:
+    """More messages than a lone plan's at the turn's end (a frame of assigns, all ended): the writer sends them,
+    with what the next turns add, not the flush."""
+    writer = Writer(write_now=True)
+    await asyncio.sleep(0)
+    for plan_id in "abcde":
+        writer.queue.send(protocol.Accept(plan_id=plan_id, attempt=1))
+        writer.queue.send(protocol.Done(plan_id=plan_id, attempt=1, outcome="succeeded"))
+    await asyncio.sleep(0)  # the flush: too many, the writer is woken
+    writer.queue.send(protocol.Accept(plan_id="f", attempt=1))
+    writer.queue.send(protocol.Done(plan_id="f", attempt=1, outcome="succeeded"))
+    await writer.sent(1)
+    assert writer.wire.written_now == [] and len(writer.wire.frames[0]) == 12
+    await writer.close()
+
+
 async def test_a_flush_the_connection_cannot_take_goes_through_the_writer() -> None:
     """A finished plan's messages when the connection would make a sender wait: nothing written at once, the writer
     sends them."""
