@@ -46,7 +46,9 @@ from protocol.relay import MAX_CHUNK_BYTES
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["COALESCE_TURNS", "FLUSH_MAX_MESSAGES", "KEEP_ACKED_DONE", "Outbox", "SendQueue", "encode_frames", "write_frames"]
+__all__ = [
+    "COALESCE_TURNS", "FLUSH_MAX_MESSAGES", "KEEP_ACKED_DONE", "Outbox", "SendQueue", "encode_frames", "write_frames",
+]
 
 #: Acknowledged ``done`` s kept for a coordinator whose store lost them (see the module docstring).
 KEEP_ACKED_DONE: Final = 128
