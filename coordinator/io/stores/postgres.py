@@ -476,10 +476,8 @@ class PgStore:
         chained_now: dict[str, int] = {}  # applied once committed, like the keys
         ended: list[str] = []
         shards: set[int] = set()
-        # Rows as tuples, turned into one list per column at the end by zip(*rows) (in C): a zip
-        # and an append per column and plan cost ~2 us a new plan. The loop runs once per plan of
-        # the group on the server's loop: names are local, the encoder is called directly (its
-        # fallbacks, encode_run and encode_record, only when it refuses a payload).
+        # Rows as tuples, into a list per column at the end by zip(*rows) (an append per column cost ~2 us a
+        # plan); names local, the encoder called directly (encode_run/encode_record when it refuses a payload).
         new_rows: list[tuple[Any, ...]] = []
         upd_rows: list[tuple[Any, ...]] = []
         ev_rows: list[tuple[Any, ...]] = []
@@ -488,18 +486,16 @@ class PgStore:
         terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
         for plan_id in touched:
             key = fresh_key(plan_id) if fresh else None
+            new = key is not None
             if key is not None:
-                new = True
                 shard = fresh_shards[plan_id]
             else:
-                new = False
                 key = None if forgotten and plan_id in forgotten else key_of(plan_id)
                 if key is None:
                     continue  # a record of a plan never created (or deleted)
                 shard = shards_of[plan_id]
             add_shard(shard)
-            inline = inline_crc = None
-            count = 0
+            inline, inline_crc, count = None, None, 0
             run = run_of(plan_id)
             if run is not None:
                 if len(run) > 1:
