@@ -200,8 +200,8 @@ class Session:
         io = self.io
         io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
         io[3] += size
-        size /= len(msgs)
-        self.msg_bytes = size if not self.msg_bytes else 0.5 * (self.msg_bytes + size)
+        each = size / len(msgs)
+        self.msg_bytes = each if not self.msg_bytes else 0.5 * (self.msg_bytes + each)
         return True
 
     def _take(self) -> list[Any]:
