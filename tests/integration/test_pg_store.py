@@ -316,6 +316,25 @@ def test_the_plans_table_leaves_room_for_hot_updates_and_keeps_an_operators_fill
     store.close()
 
 
+def test_a_user_who_does_not_own_the_plans_table_still_opens_the_store(pg_dsn: str) -> None:
+    """Setting the fillfactor needs the table's owner: another user's open leaves it unset and goes on."""
+    store = PgStore(pg_dsn, CLUSTER)
+    store.execute(lambda c: c.execute(
+        "ALTER TABLE fleetwire_plans RESET (fillfactor);"
+        "DO $$ BEGIN CREATE ROLE fw_writer LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;"
+        "GRANT CREATE, USAGE ON SCHEMA public TO fw_writer; GRANT ALL ON ALL TABLES IN SCHEMA public TO fw_writer;"
+        "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO fw_writer"))  # fmt: skip
+    store.close()
+    writer = hold(PgStore(pg_dsn.replace("postgres@", "fw_writer@", 1), CLUSTER))
+    try:
+        writer.write([created("p1")])
+        assert [p.created.plan_id for p in writer.load()] == ["p1"]
+        assert writer.execute(lambda c: c.fetchval(
+            "SELECT reloptions FROM pg_class WHERE relname = 'fleetwire_plans'")) is None  # fmt: skip
+    finally:
+        writer.close()
+
+
 def test_a_version_3_schema_gets_the_name_column_and_its_plans_keep_their_ids(pg_dsn: str) -> None:
     """A v3 database (no ``name`` column: every plan's key was its owner's id) becomes v4 at open without a row
     rewritten (its rows' name stays NULL: "the id"); a plan written after it whose key is not its owner's id

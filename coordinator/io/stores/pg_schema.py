@@ -299,7 +299,8 @@ async def _leave_room_for_updates(conn: Any, description: str) -> None:
     """Set fleetwire_plans' fillfactor (:data:`PLANS_FILLFACTOR`) where it has none: the module docstring.
 
     Only a ShareUpdateExclusive lock (commits and reads go on); one not had within 2 s (an
-    anti-wraparound vacuum of the table holds it) leaves the table as it is until the next open.
+    anti-wraparound vacuum of the table holds it), or a database user that does not own the table,
+    leaves the table as it is (a warning) and the open goes on.
     """
     import asyncpg  # type: ignore[import-untyped]
 
@@ -309,9 +310,9 @@ async def _leave_room_for_updates(conn: Any, description: str) -> None:
         async with conn.transaction():  # a savepoint: its failure leaves the setup's transaction as it was
             await conn.execute("SET LOCAL lock_timeout = '2s'")
             await conn.execute(_SET_PLANS_FILLFACTOR)
-    except asyncpg.LockNotAvailableError:
-        log.warning("fleetwire_plans is locked (a vacuum?): its fillfactor is left unset until the next start",
-                    store=description)  # fmt: skip
+    except asyncpg.PostgresError as exc:  # locked (an anti-wraparound vacuum), or a user who does not own the table
+        log.warning("fleetwire_plans' fillfactor is left unset (docs/CLUSTER.md)", store=description,
+                    error=" ".join(str(exc).split())[:200])  # fmt: skip
         return
     log.info("fleetwire_plans now leaves room on each page for updates", store=description,
              fillfactor=PLANS_FILLFACTOR)  # fmt: skip
