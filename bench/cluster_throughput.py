@@ -147,6 +147,10 @@ def commit_path(blocks: int, writes: bool) -> None:
 
 def commit_callgrind() -> float:
     """Callgrind instructions per plan of the commit path: 2,400 plans against 600, less the records' making."""
+    import shutil
+
+    if shutil.which("valgrind") is None or (why := missing_reason()) is not None:
+        raise SystemExit(f"--commit-callgrind needs valgrind and PostgreSQL: {why or 'valgrind is not installed'}")
     counts = {}
     with postgres_server() as server, tempfile.TemporaryDirectory() as tmp:
         for blocks in (2, 8):
