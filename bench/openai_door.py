@@ -631,6 +631,9 @@ _STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
      lambda *_: "core: submit taken, plan placed" in _MARKS),
     ("coordinator.io.frontdoor.connection", None, "send_frame", "coordinator: assign frame sent", False,
      lambda *_: "driver: committed, delivered" in _MARKS),
+    # (or written by the delivering step itself while the worker's session writer is parked: Session.send_now)
+    ("coordinator.io.frontdoor.connection", "Session", "send_now", "coordinator: assign frame sent", False,
+     lambda *_: "driver: committed, delivered" in _MARKS),
     ("worker_agent.agent", "Agent", "_dispatch", "agent: assign decoded", False,
      lambda _agent, msg: type(msg).__name__ == "Assign"),
     ("worker_agent.inference", "InferenceEngine", "generate", "agent: handler started", False, None),
