@@ -21,6 +21,7 @@ from coordinator.io.frontdoor.connection import MAX_OUT_FRAME_BYTES, FailFastCon
 from protocol import Codec
 from protocol.messages import Event, ToClient
 from tests.waiting import until
+from wireio.wsbulk import BULK_MIN_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,6 +89,7 @@ async def test_a_batch_over_one_frame_is_left_to_the_writer_which_cuts_it() -> N
     async with session_pair() as (session, client):
         batch = events(1, 8, data="y" * (MAX_OUT_FRAME_BYTES // 4))
         assert not session.send_now(batch) and session.io[2] == 0
+        assert not session.send_now(events(9, 1, data="z" * BULK_MIN_BYTES))  # big: the writer's bulk send
         session.pending.extend(batch)
         session.wake.set()
         assert await received(client, 8) == batch

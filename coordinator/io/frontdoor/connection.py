@@ -40,7 +40,7 @@ from coordinator.auth import Principal
 from protocol import Codec
 from protocol import errors as codes
 from protocol.chunkview import DataChunkView, own_frame
-from wireio.wsbulk import BulkReceive, send_frame
+from wireio.wsbulk import BULK_MIN_BYTES, BulkReceive, send_frame
 
 log = structlog.get_logger("coordinator.io.frontdoor.server")
 
@@ -169,12 +169,15 @@ class Session:
 
         Only while the writer is parked with nothing pending (so nothing it holds can be overtaken), the
         session is not closing, and the connection takes the frame without waiting (open, not paused over its
-        high-water mark, no other send under way); a batch the writer would cut into frames, or one that cannot
-        be encoded, is left to the writer too (it cuts, or logs and closes). A lone step's reply then leaves in
-        the step that released it (``CoreDriver.deliver``), not a loop turn later from the writer's task, woken
-        for it. A write that fails on the way aborts the connection, as ``send`` would.
+        high-water mark, no other send under way); a frame of ``BULK_MIN_BYTES`` or more (a relayed chunk: the
+        writer's send copies it less; a batch it would cut), or one that cannot be encoded, is left to the writer
+        too (it sends, cuts, or logs and closes; recent messages' sizes say so before encoding, as a chunk's type
+        does). A lone step's reply then leaves in the step that released it (``CoreDriver.deliver``), not a loop
+        turn later from the writer's task, woken for it. A write that fails on the way aborts the connection, as
+        ``send`` would.
         """
-        if not self.parked or self.pending or self.close_with is not None or self.killed or len(msgs) > 32:
+        if (not self.parked or self.pending or self.close_with is not None or self.killed or len(msgs) > 32
+                or type(msgs[0]) is DataChunkView or self.msg_bytes * len(msgs) >= BULK_MIN_BYTES):
             return False
         ws = self.ws
         transport = ws.transport
@@ -186,8 +189,8 @@ class Session:
         except Exception:
             return False  # the writer encodes it again, and logs and closes the session
         size = len(frame)
-        if size > MAX_OUT_FRAME_BYTES and len(msgs) > 1:
-            return False  # the writer cuts it into frames
+        if size >= BULK_MIN_BYTES:
+            return False  # the writer's send: a big frame (a relayed chunk) without the library's copies, or cut
         try:
             if self.codec.text:
                 ws.protocol.send_text(frame)
