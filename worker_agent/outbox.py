@@ -327,87 +327,110 @@ async def write_frames(
     :data:`FLUSH_MAX_MESSAGES` are queued (a lone plan that ended in that turn), they are written there, as one
     round; else the writer is woken and coalesces as above (a burst gathers the next turns' messages too).
     """
-    outbox, wakeup, loop = queue.outbox, queue.wakeup, asyncio.get_running_loop()
-    spaced = True  # the last wait for more messages gathered nothing: an event may go at once
-    parked = False  # waiting on wakeup with nothing queued
+    await _FrameWriter(queue, codec, send, max_frame_bytes, max_batch, after_round, write_now).run(finishing)
 
-    def direct(msg: Any) -> bool:
-        nonlocal spaced
+
+class _FrameWriter:
+    """:func:`write_frames`' state: whether the writer is parked, whether messages come spaced, and the
+    callbacks it hands ``queue`` while parked (``direct``: an event written at once; ``flush_soon``)."""
+
+    def __init__(
+        self,
+        queue: SendQueue,
+        codec: Codec,
+        send: Callable[[bytes], Awaitable[None]],
+        max_frame_bytes: int,
+        max_batch: int,
+        after_round: Callable[[], None] | None,
+        write_now: Callable[[bytes], bool] | None,
+    ) -> None:
+        self.queue, self.outbox, self.codec, self.send = queue, queue.outbox, codec, send
+        self.max_frame_bytes, self.max_batch = max_frame_bytes, max_batch
+        self.after_round, self.write_now = after_round, write_now
+        self.loop = asyncio.get_running_loop()
+        self.spaced = True  # the last wait for more messages gathered nothing: an event may go at once
+        self.parked = False  # waiting on wakeup with nothing queued
+
+    def direct(self, msg: Any) -> bool:
+        """Write one event now, in the caller's step (False: the connection cannot take it without waiting)."""
+        write_now, outbox = self.write_now, self.outbox
         assert write_now is not None
-        chunks = encode_frames(codec, [msg], max_frame_bytes)  # [] when it cannot be sent at all (logged)
+        chunks = encode_frames(self.codec, [msg], self.max_frame_bytes)  # [] when it cannot be sent at all (logged)
         if chunks:
             frame, msgs = chunks[0]
             if not write_now(frame):
                 return False
             outbox.sent(msgs)  # kept until acked, as the writer's
-        queue.direct = None  # what comes in this loop turn queues up: a burst goes coalesced
-        spaced = False
-        loop.call_soon(turn_after)
-        if after_round is not None:
-            after_round()
+        self.queue.direct = None  # what comes in this loop turn queues up: a burst goes coalesced
+        self.spaced = False
+        self.loop.call_soon(self.turn_after)
+        if self.after_round is not None:
+            self.after_round()
         return True
 
-    def turn_after() -> None:
-        nonlocal spaced
-        if not outbox:  # nothing followed in the turn after: the stream is spaced, the next event may go at once
-            spaced = True
-            if parked and write_now is not None:
-                queue.direct = direct
+    def turn_after(self) -> None:
+        if not self.outbox:  # nothing followed in the turn after: the stream is spaced, the next event may go at once
+            self.spaced = True
+            if self.parked and self.write_now is not None:
+                self.queue.direct = self.direct
 
-    def flush_soon() -> None:
-        loop.call_soon(flush)
+    def flush_soon(self) -> None:
+        self.loop.call_soon(self.flush)
 
-    def flush() -> None:
+    def flush(self) -> None:
         """The end of the turn in which messages came to a parked writer: when the newest is a plan's ``done``
         (it ended: an on-loop plan's ``accept``, events and ``done`` all came in this turn), what is queued is
         written now, as one round, in this callback; anything else wakes the writer, which coalesces as before.
         A lone plan's result then leaves a turn sooner, without the writer's wake-up or the library's send."""
-        if (not parked or write_now is None or not outbox or len(outbox) > FLUSH_MAX_MESSAGES
+        queue, outbox, write_now = self.queue, self.outbox, self.write_now
+        if (not self.parked or write_now is None or not outbox or len(outbox) > FLUSH_MAX_MESSAGES
                 or type(outbox.newest) is not protocol.Done):
             queue.wakeup.set()
             return
-        chunks = encode_frames(codec, outbox.take(max_batch), max_frame_bytes)
+        chunks = encode_frames(self.codec, outbox.take(self.max_batch), self.max_frame_bytes)
         for index, (frame, msgs) in enumerate(chunks):
             if not write_now(frame):  # the connection would make a sender wait: the writer sends the rest
                 outbox.requeue([m for _, chunk in chunks[index:] for m in chunk])
                 break
             outbox.sent(msgs)  # kept until acked, as the writer's
-        if after_round is not None:
-            after_round()
+        if self.after_round is not None:
+            self.after_round()
         if outbox:
             queue.wakeup.set()
             return
         queue.park()  # still waiting with nothing queued: the next message schedules a flush again
-        queue.flush_soon = flush_soon
-        if spaced:
-            queue.direct = direct
+        queue.flush_soon = self.flush_soon
+        if self.spaced:
+            queue.direct = self.direct
 
-    while True:
-        if not outbox:
-            if finishing():
-                return
-            queue.park()
-            parked = True
-            if write_now is not None:
-                queue.flush_soon = flush_soon
-                if spaced:
-                    queue.direct = direct
-            try:
-                await wakeup.wait()
-            finally:
-                parked = False
-                queue.direct = None
-                queue.flush_soon = None
-            continue
-        eager = spaced and type(outbox.newest) is protocol.Event
-        if not eager:
-            spaced = await _coalesce(outbox)
-        await _send_round(outbox, codec, send, max_batch, max_frame_bytes)
-        if after_round is not None:
-            after_round()
-        if eager:
-            await asyncio.sleep(0)  # did more follow in the next turn? then the next rounds wait for it
-            spaced = not outbox
+    async def run(self, finishing: Callable[[], bool]) -> None:
+        queue, outbox = self.queue, self.outbox
+        while True:
+            if not outbox:
+                if finishing():
+                    return
+                queue.park()
+                self.parked = True
+                if self.write_now is not None:
+                    queue.flush_soon = self.flush_soon
+                    if self.spaced:
+                        queue.direct = self.direct
+                try:
+                    await queue.wakeup.wait()
+                finally:
+                    self.parked = False
+                    queue.direct = None
+                    queue.flush_soon = None
+                continue
+            eager = self.spaced and type(outbox.newest) is protocol.Event
+            if not eager:
+                self.spaced = await _coalesce(outbox)
+            await _send_round(outbox, self.codec, self.send, self.max_batch, self.max_frame_bytes)
+            if self.after_round is not None:
+                self.after_round()
+            if eager:
+                await asyncio.sleep(0)  # did more follow in the next turn? then the next rounds wait for it
+                self.spaced = not outbox
 
 
 async def _coalesce(outbox: Outbox) -> bool:
