@@ -105,3 +105,18 @@ async def test_a_closing_or_paused_session_is_left_to_the_writer() -> None:
         session.close_with = (1000, "bye")
         assert not session.send_now(events(1, 1))
         assert session.io[2] == 0
+
+
+async def test_one_frame_a_turn_the_rest_of_the_turn_coalesced_by_the_writer() -> None:
+    """send_now writes at most one frame a loop turn: later batches of that turn go to the writer, as one frame."""
+    async with session_pair() as (session, client):
+        first, second, third = events(1, 2), events(3, 2), events(5, 2)
+        assert session.send_now(first)
+        assert not session.send_now(second)  # the same turn: a commit releasing several steps, many peers' steps
+        session.pending.extend(second)
+        session.wake.set()
+        session.pending.extend(third)  # a third step of that turn joins the writer's frame
+        assert await received(client, 6) == first + second + third
+        assert session.io[2] == 2  # two frames, not three
+        await until(lambda: session.parked, 10)
+        assert session.send_now(events(7, 1))  # a later turn: written at once again

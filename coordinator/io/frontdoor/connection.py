@@ -114,6 +114,7 @@ class Session:
     unsent: int = 0  # encoded bytes the writer has taken (its batch's frames) and not yet handed to the socket
     msg_bytes: float = 0.0  # the encoded size of this session's recent messages (0: nothing sent yet)
     parked: bool = False  # the writer waits on ``wake`` with nothing in hand (send_now may write in its place)
+    sent_now: bool = False  # send_now wrote a frame this loop turn: the turn's later batches go to the writer
 
     def pending_bytes(self) -> int:
         """About how many bytes wait in ``pending``, from at most 64 evenly spaced messages."""
@@ -173,11 +174,13 @@ class Session:
         writer's send copies it less; a batch it would cut), or one that cannot be encoded, is left to the writer
         too (it sends, cuts, or logs and closes; recent messages' sizes say so before encoding, as a chunk's type
         does). A lone step's reply then leaves in the step that released it (``CoreDriver.deliver``), not a loop
-        turn later from the writer's task, woken for it. A write that fails on the way aborts the connection, as
-        ``send`` would.
+        turn later from the writer's task, woken for it. At most one frame a loop turn: a batch that comes later in
+        the same turn (the next step released by the same commit, another peer's step) goes to the writer, which
+        coalesces the rest of the turn into one frame, as before send_now. A write that fails on the way aborts the
+        connection, as ``send`` would.
         """
-        if (not self.parked or self.pending or self.close_with is not None or self.killed or len(msgs) > 32
-                or type(msgs[0]) is DataChunkView or self.msg_bytes * len(msgs) >= BULK_MIN_BYTES):
+        if (self.sent_now or not self.parked or self.pending or self.close_with is not None or self.killed
+                or len(msgs) > 32 or type(msgs[0]) is DataChunkView or self.msg_bytes * len(msgs) >= BULK_MIN_BYTES):
             return False
         ws = self.ws
         transport = ws.transport
@@ -200,12 +203,17 @@ class Session:
         except Exception as exc:  # the transport broke under the write
             ws.set_connection_exc(exc)
             transport.abort()
+        self.sent_now = True  # until this turn ends: the steps after it in this turn coalesce in the writer
+        asyncio.get_running_loop().call_soon(self._turn_over)
         io = self.io
         io[2] += 1  # FrameCounters.FRAMES_OUT, BYTES_OUT
         io[3] += size
         each = size / len(msgs)
         self.msg_bytes = each if not self.msg_bytes else 0.5 * (self.msg_bytes + each)
         return True
+
+    def _turn_over(self) -> None:
+        self.sent_now = False
 
     def _take(self) -> list[Any]:
         """The next batch: everything pending, or a long backlog's first few MiB (by estimate), so the
