@@ -37,8 +37,8 @@ from protocol.messages import Submit
 
 __all__ = [
     "DEFAULT_SHARD", "ClusterConfig", "LeaseRow", "LeaseState", "Outcome", "PartialLeases", "Partitions", "Round",
-    "ShardLeases", "fair_share", "parse_partitions", "partition_of", "partition_shard", "plan_round", "pool_of",
-    "pool_shard", "shard_of", "submit_shard", "worker_shard",
+    "ShardLeases", "SubmitShards", "fair_share", "parse_partitions", "partition_of", "partition_shard", "plan_round",
+    "pool_of", "pool_shard", "shard_of", "submit_shard", "worker_shard",
 ]
 
 DEFAULT_SHARD = 0
@@ -137,6 +137,41 @@ def submit_shard(submit: Submit, shards: int, partitions: Partitions = ()) -> in
         return pool_shard(pool, shards)
     key = submit.hints.session_key or submit.plan_id or ""
     return partition_shard(pool, partition_of(key, k) if key else 0, shards)
+
+
+SUBMIT_SHARDS_MAX = 4096  # tags a SubmitShards remembers (then it starts again: clients choose tags)
+
+
+class SubmitShards:
+    """:func:`submit_shard` for a cluster's shard count and partitions, by a submit's one required tag where no pool
+    is partitioned (the shard then depends on that tag alone): per submit a dict look-up, not a scan of the tags
+    and a CRC-32 (a shard core's redirect and the PostgreSQL store's rows, each once a plan).
+    """
+
+    __slots__ = ("_by_tag", "partitions", "shards")
+
+    def __init__(self, shards: int, partitions: Partitions = ()) -> None:
+        self.shards = shards
+        self.partitions = partitions
+        self._by_tag: dict[str, int] = {}
+
+    def __call__(self, submit: Submit) -> int:
+        tags = submit.requirements.tags
+        if self.partitions or len(tags) > 1:
+            return submit_shard(submit, self.shards, self.partitions)
+        if not tags:
+            return DEFAULT_SHARD  # the default pool's
+        known = self._by_tag
+        shard = known.get(tags[0])
+        if shard is None:
+            if len(known) >= SUBMIT_SHARDS_MAX:
+                known.clear()
+            shard = known[tags[0]] = submit_shard(submit, self.shards, self.partitions)
+        return shard
+
+    def __len__(self) -> int:
+        """The tags remembered."""
+        return len(self._by_tag)
 
 
 @dataclass(frozen=True)

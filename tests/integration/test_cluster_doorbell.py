@@ -87,3 +87,45 @@ async def test_a_watcher_is_woken_by_the_doorbell_of_its_shard_only(pg_dsn: str)
         bell.forget(witness)
     finally:
         await bell.close()
+
+
+class Scanned(list[Any]):
+    """A group of records that counts the passes over it."""
+
+    passes = 0
+
+    def __iter__(self) -> Any:
+        self.passes += 1
+        return super().__iter__()
+
+
+async def test_an_unheard_doorbell_costs_no_scan_and_rings_once_a_watcher_joins(pg_dsn: str) -> None:
+    """Gated, nobody watching: a group commit sends no NOTIFY and the store makes no pass of its own over the group
+    for the seq; a watcher that joins later (wait_on) is woken by the next group commit of its shard."""
+    listener, heard, arrived = await listen_to_commits(pg_dsn)
+    bell = Doorbell(pg_dsn, open_connection, gated=True)
+    bell.bind(asyncio.get_running_loop())
+    store = await asyncio.to_thread(lambda: hold(ShardPgStore(pg_dsn, CLUSTER)))
+    store.fence = {0: store.fence[0]}
+    store.doorbell = bell
+    wake = asyncio.Event()
+    try:
+        assert bell.unheard()
+        quiet = Scanned([created("q"), event("q", 1), PlanStatus("q", "running", next_seq=2)])
+        await asyncio.to_thread(store.write, quiet)
+        alone = Scanned([created("r"), event("r", 1), PlanStatus("r", "running", next_seq=2)])
+        store.doorbell = None  # the same group's passes without a doorbell: the store's own
+        await asyncio.to_thread(store.write, alone)
+        assert quiet.passes == alone.passes
+        store.doorbell = bell
+        await bell.wait_on(wake, {0})  # a watcher joins: the bell is heard now
+        assert not bell.unheard()
+        await asyncio.to_thread(store.write, [event("q", 2), event("q", 3), PlanStatus("q", "running", next_seq=4)])
+        await asyncio.wait_for(wake.wait(), 10)
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert heard == ["0:3"]
+        bell.forget(wake)
+    finally:
+        await asyncio.to_thread(store.close)
+        await bell.close()
+        await listener.close()

@@ -91,6 +91,10 @@ class Doorbell:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
+    def unheard(self) -> bool:
+        """Gated and nobody watches anywhere in the cluster: a ring now is dropped (a store need not work one out)."""
+        return self.gated and not self.wanted and not self._waiters
+
     def ring(self, shard: int, max_seq: int) -> None:
         """A group commit of ``shard`` returned (any thread): ring once it is this loop's turn."""
         if self.gated and not self.wanted and not self._waiters:

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import secrets
@@ -92,7 +93,7 @@ from coordinator.io.ops.openai_metrics import OpenAICollector
 from coordinator.io.stores.integrity import StoreError, StoreUnreachable
 from coordinator.io.stores.postgres import PgStore, describe_dsn, ensure_indexes
 from coordinator.read_policy import ReadPolicy
-from coordinator.shards import LeaseRow, PartialLeases, plan_round, submit_shard, worker_shard
+from coordinator.shards import LeaseRow, PartialLeases, SubmitShards, plan_round, submit_shard, worker_shard
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK
 from protocol.messages import Event, Hello, Moved, Submit
 
@@ -145,7 +146,7 @@ class ShardPgStore(PgStore):
     def _ring(self, records: Any) -> None:
         """At most one doorbell per group commit: the shard and the highest event seq it wrote."""
         bell = self.doorbell
-        if bell is not None and records:
+        if bell is not None and records and not bell.unheard():  # no scan of the group while nobody listens
             seq = max((r.seq for r in records if type(r) is Event), default=0)
             for shard in self.fence:
                 bell.ring(shard, seq)
@@ -226,6 +227,7 @@ class ClusterHost:
                                   renew_s=config.lease_renew_s, read_policy=policy, shards=config.shards,
                                   submit_shard=lambda msg: submit_shard(msg, config.shards, config.partitions))
         self._workers_at = 0.0  # when the shards' registries were last written (fleetwire_shard_workers)
+        self._submit_shard = SubmitShards(config.shards, config.partitions)  # _redirect's, once a submit
         self._moving: set[int] = set()  # held slots being stopped (given back or lost)
         self._starting: set[int] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -481,7 +483,7 @@ class ClusterHost:
             core = replace(self.settings.core, placement=replace(self.settings.core.placement, cluster=True))
             settings = replace(self.settings, port=self._shard_port(shard), metrics_listen=None, core=core)
             server = CoordinatorServer(settings, version=self.version, store=store,
-                                       redirect=lambda role, msg: self._redirect(shard, role, msg))  # fmt: skip
+                                       redirect=functools.partial(self._redirect, shard))  # fmt: skip
             if self._shared_key is None:
                 self._shared_key = await self.db(shared_key)
             server.core.data.shared = self._shared_key  # before any worker: its keys include it
@@ -586,12 +588,13 @@ class ClusterHost:
         kind = type(msg)
         config = self.config
         if kind is Submit:
-            target = submit_shard(msg, config.shards, config.partitions)
+            target = self._submit_shard(msg)
         elif kind is Hello:
             target = worker_shard(msg.capabilities.tags, msg.worker_id, config.shards, config.partitions)
         else:
             return None
         return None if target == shard else self.where(target)
+
 
 def _with_application_name(dsn: str, name: str) -> str:
     """``dsn`` with ``application_name=name`` (PostgreSQL keeps 63 bytes of it): ``fw/<shard>/<epoch>/<owner>``."""

@@ -67,7 +67,7 @@ from coordinator.io.stores.rows import (
     run_by_seq,
 )
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
-from coordinator.shards import ClusterConfig, shard_of
+from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
 
 __all__ = ["CONNECT_TIMEOUT_S", "SERVER_SETTINGS", "WRITER_SETTINGS", "PgStore", "PgStoreDamaged", "describe_dsn",
@@ -232,6 +232,7 @@ class PgStore:
 
     def __init__(self, dsn: str, cluster: ClusterConfig | None = None, *, accept_loss: bool = False) -> None:
         self.cluster = cluster or ClusterConfig()
+        self._submit_shard = SubmitShards(self.cluster.shards, self.cluster.partitions)  # each new row's shard
         self.description, self.where = describe_dsn(dsn)
         self.closed = False
         self.accept_loss = accept_loss
@@ -439,7 +440,8 @@ class PgStore:
         fresh_ids = [p for p in created if p not in keys or p in forgotten]
         fresh_keys = await self._take_keys(conn, len(fresh_ids))
         fresh = dict(zip(fresh_ids, fresh_keys, strict=True))
-        fresh_shards = {p: shard_of(created[p], self.cluster.shards, self.cluster.partitions) for p in fresh_ids}
+        shard_of = self._submit_shard
+        fresh_shards = {p: shard_of(created[p].submit) for p in fresh_ids}
         touched: Iterable[str] = latest
         if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
             touched = {**fresh, **latest, **runs}
