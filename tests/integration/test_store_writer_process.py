@@ -73,12 +73,22 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
     opened.close()
 
 
-def through_the_thread(store: SQLiteStore) -> tuple[Released, GroupCommitter[int]]:
-    """A started committer whose every group goes through its writer thread to the child (none on the loop)."""
+def started(store: SQLiteStore, **options: Any) -> tuple[Released, GroupCommitter[int]]:
+    """A started committer on ``store`` with ``options``: ``inline_max_records=0`` sends every group through the
+    writer thread to the child (none on the loop); ``inline_slow_s=60`` commits a lone group on the loop (never
+    judged slow) and a busy one in the child."""
     seen = Released()
-    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, **options)
     committer.start()
     return seen, committer
+
+
+def ready_child(store: SQLiteStore) -> writer_process.WriterProcess:
+    """The store's writer process, once it has opened the file."""
+    child = store._child
+    assert child is not None
+    child.wait_ready()
+    return child
 
 
 async def released(seen: Released, count: int) -> None:
@@ -92,9 +102,7 @@ async def test_groups_committed_by_the_writer_process_are_loaded_back_by_a_resta
     store: SQLiteStore, tmp_path: Path
 ) -> None:
     """Plans, events, statuses, a forgotten plan and usage rows written through the child come back at a restart."""
-    seen = Released()
-    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_slow_s=60)
-    committer.start()
+    seen, committer = started(store, inline_slow_s=60)
     committer.submit(plan("p1", 1) + plan("p2", 2, ended=True) + plan("gone", 3, ended=True), 1)
     await released(seen, 1)
     late = Event(plan_id="p1", kind="log", data={"line": "x" * 600}, seq=3)  # a run too long for the row: spilled
@@ -117,7 +125,7 @@ async def test_groups_committed_by_the_writer_process_are_loaded_back_by_a_resta
 
 async def test_a_killed_writer_process_fails_the_store_and_nothing_after_it_is_released(store: SQLiteStore) -> None:
     """kill -9 of the child: the next commit fails the store (naming the signal); it and later batches stay held."""
-    seen, committer = through_the_thread(store)
+    seen, committer = started(store, inline_max_records=0)
     committer.submit(plan("p1", 1), 1)
     await released(seen, 1)
     pid = store.writer_pid
@@ -134,7 +142,7 @@ async def test_a_killed_writer_process_fails_the_store_and_nothing_after_it_is_r
 
 async def test_a_stuck_writer_process_fails_the_store_instead_of_hanging(store: SQLiteStore) -> None:
     """A child that stops answering (SIGSTOP) fails the store once its reply is overdue; nothing is released."""
-    seen, committer = through_the_thread(store)
+    seen, committer = started(store, inline_max_records=0)
     committer.submit(plan("p1", 1), 1)
     await released(seen, 1)
     child = store._child
@@ -310,15 +318,13 @@ async def test_lone_commits_never_wait_for_a_writer_process_still_starting(
     store: SQLiteStore, tmp_path: Path, opened: bool
 ) -> None:
     """While the child starts (here: stopped), lone commits go on on the loop; the child then applies their keys."""
-    seen = Released()
     child = store._child
     assert child is not None
     if opened:  # its ready reply (generation 0) waits in the pipe, unread: the commits below come after its open
         assert select.select([child.process.stdout], [], [], 30)[0]
     os.kill(child.pid, signal.SIGSTOP)
     try:
-        committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_slow_s=60)
-        committer.start()
+        seen, committer = started(store, inline_slow_s=60)
         committer.submit(plan("p1", 1), 1)
         await released(seen, 1)
         committer.submit(plan("p1", 1, ended=True)[3:], 2)  # p1 ends: its keys (an ended plan) are held too
@@ -345,9 +351,7 @@ async def test_a_lone_round_trip_commits_on_the_loop_and_a_busy_one_in_the_child
     store: SQLiteStore, tmp_path: Path
 ) -> None:
     """Process mode: an idle writer's small group is committed by the parent's connection, a large one by the child."""
-    seen = Released()
-    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_slow_s=60)
-    committer.start()
+    seen, committer = started(store, inline_slow_s=60)
     assert store._child is not None
     store._child.wait_ready()
     committer.submit(plan("p1", 1), 1)  # lone: on the loop
@@ -376,9 +380,7 @@ def test_groups_waiting_in_the_pipe_are_committed_as_one_transaction_and_answere
     store: SQLiteStore, tmp_path: Path
 ) -> None:
     """Five groups sent while the child is stopped: one commit (one generation) answers all five, in send order."""
-    child = store._child
-    assert child is not None
-    child.wait_ready()
+    child = ready_child(store)
     answered: list[tuple[int, BaseException | None]] = []
     os.kill(child.pid, signal.SIGSTOP)
     try:
@@ -401,7 +403,7 @@ async def test_a_commit_that_fails_in_the_child_fails_the_store_naming_its_error
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The child cannot commit a request (not msgpack): the store fails naming the child's error; none released."""
-    seen, committer = through_the_thread(store)
+    seen, committer = started(store, inline_max_records=0)
     monkeypatch.setattr(writer_process, "_encode_group", lambda encoder, records: b"\xc1 not msgpack")
     committer.submit(plan("p1", 1), 1)
     await asyncio.wait_for(seen.failed.wait(), 30)
@@ -411,10 +413,8 @@ async def test_a_commit_that_fails_in_the_child_fails_the_store_naming_its_error
 
 async def test_a_garbled_reply_fails_the_store(store: SQLiteStore) -> None:
     """A reply that is not the next generation (written into the child's reply pipe here) fails the store."""
-    seen, committer = through_the_thread(store)
-    child = store._child
-    assert child is not None
-    child.wait_ready()
+    seen, committer = started(store, inline_max_records=0)
+    child = ready_child(store)
     pipe = os.readlink(f"/proc/self/fd/{child._in}")  # the child's end of it: the same "pipe:[inode]"
     (end,) = [fd for fd in os.listdir(f"/proc/{child.pid}/fd") if os.readlink(f"/proc/{child.pid}/fd/{fd}") == pipe
               and os.stat(f"/proc/{child.pid}/fd/{fd}", follow_symlinks=False).st_mode & 0o200]  # fmt: skip
@@ -432,9 +432,7 @@ def test_keys_from_the_parent_that_do_not_apply_fail_the_childs_next_reply(
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Garbled keys sent after an inline commit: the child fails its next group naming the error, and exits."""
-    child = store._child
-    assert child is not None
-    child.wait_ready()
+    child = ready_child(store)
     monkeypatch.setattr(store, "keys_message", lambda: b"\xc1")
     assert store.try_write(plan("p1", 1))  # committed here; its keys go with the next group
     with pytest.raises(StoreError, match="DecodeError"):
@@ -573,9 +571,7 @@ def test_a_busy_groups_request_and_its_reply_each_cross_the_pipe_in_one_system_c
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 5,000-plan group goes out in one write and its reply (header and ~150 KB of keys) comes in one read."""
-    child = store._child
-    assert child is not None
-    child.wait_ready()
+    child = ready_child(store)
     calls: list[tuple[str, int]] = []
     read, write, writev = os.read, os.write, os.writev
 
