@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import bench_scripts
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("core_per_plan_bench", ROOT / "bench" / "core_per_plan.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("core_per_plan.py", "core_per_plan_bench")
 
 
 def test_default_run_drives_more_plans_than_the_per_client_limit_to_their_end() -> None:

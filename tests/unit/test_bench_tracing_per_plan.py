@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import msgspec
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import bench_scripts
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tracing_per_plan_bench", ROOT / "bench" / "tracing_per_plan.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("tracing_per_plan.py", "tracing_per_plan_bench")
 
 
 def test_every_traced_plan_leaves_its_three_coordinator_spans_and_the_exporter_encodes_them(tmp_path: Path) -> None:

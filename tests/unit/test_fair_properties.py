@@ -3,9 +3,6 @@ shares converge. The simulator is bench/fairness.py's (the core's queue, preempt
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -15,17 +12,11 @@ from hypothesis import strategies as st
 from coordinator.placement.fair_queue import FairQueue
 from coordinator.placement.preemption import Preemption, share_key
 from coordinator.teams import Member, Team, TeamBook
-
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "fairness.py"
+from tests import bench_scripts
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fairness", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_fairness"] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("fairness.py", "bench_fairness")
 
 
 fairness = _load()

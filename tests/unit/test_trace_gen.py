@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "trace_gen.py"
+from tests import bench_scripts
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("trace_gen", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["trace_gen"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("trace_gen.py", "trace_gen")
 
 
 tg = _load()

@@ -1,0 +1,22 @@
+"""A script of bench/ loaded as a module, for the tests that drive its functions in-process."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def load(script: str, name: str) -> ModuleType:
+    """bench/``script`` as the module ``name``, executed once (registered first: dataclasses look their module up)."""
+    if (loaded := sys.modules.get(name)) is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(name, BENCH / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
