@@ -50,32 +50,21 @@ import tempfile
 import time
 from typing import Any
 
+from _echo_core import CLIENT, WORKERS, echo_core
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
 def run_plans(plans: int, batch: int) -> float:
     """Run ``plans`` echo plans through a fresh core; CPU seconds spent (setup excluded)."""
-    import dataclasses
     import itertools
 
-    from coordinator import Coordinator, CoreConfig
-    from protocol.messages import Accept, Assign, Capabilities, Done, Error, Event, Hello, Submit
+    from protocol.messages import Accept, Assign, Done, Error, Event, Submit
 
     ids = (f"p{i}" for i in itertools.count(1))
-    # One client holds every plan unfinished at once: past the per-client limit (10,000 by default) its
-    # submits would be refused, so the limit is lifted, as the live benchmarks lift it (bench/_harness.py).
-    fields = {f.name for f in dataclasses.fields(CoreConfig)}
-    core = Coordinator(CoreConfig(**{k: 0 for k in ("max_plans_per_client", "max_bytes_per_client") if k in fields}),
-                       new_id=lambda: next(ids))
-    workers = (1, 2)
-    for conn in workers:
-        core.open_session(conn, "worker", 0.0, address=f"127.0.0.1:{4000 + conn}")
-        caps = Capabilities(cpu_cores=4, ram_bytes=8_000_000_000, ops=["echo"], max_concurrency=1000)
-        core.receive(conn, Hello(worker_id=f"bench-{conn}", capabilities=caps), 0.0)
-    client = 3
-    core.open_session(client, "client", 0.0, principal="bench")
-    core.take_effects()
+    core = echo_core(lambda: next(ids))
+    workers, client = WORKERS, CLIENT
     gc.collect()
     gc.freeze()  # as the daemon does after start-up (fleetwire/cli/serve.py tune_gc_for_daemon)
     gc.set_threshold(50_000, 20, 100)  # DAEMON_GC_THRESHOLDS, spelled out so older trees measure alike

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import gc
 import itertools
 import json
@@ -34,6 +33,8 @@ import threading
 import time
 from typing import Any
 
+from _echo_core import CLIENT, WORKERS, echo_core
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 500
 
@@ -42,9 +43,8 @@ def coordinator(plans: int, every: int, dump: str | None = None) -> float:
     """``plans`` echo plans through the core, one in ``every`` traced (0: tracing off); CPU seconds spent."""
     import msgspec
 
-    from coordinator import Coordinator, CoreConfig
     from coordinator.io.ops.tracing import PlanSpans
-    from protocol.messages import Accept, Assign, Capabilities, Done, Event, Hello, Submit
+    from protocol.messages import Accept, Assign, Done, Event, Submit
     from wireio.tracing import Sampler, Tracing
 
     tracing = Tracing.__new__(Tracing)  # the hot path's fields only: no exporter thread, no child
@@ -54,18 +54,9 @@ def coordinator(plans: int, every: int, dump: str | None = None) -> float:
     pack = msgspec.msgpack.Encoder().encode
     kept: list[Any] = []
     ids = (f"p{i}" for i in itertools.count(1))
-    fields = {f.name for f in dataclasses.fields(CoreConfig)}
-    unlimited: dict[str, Any] = {k: 0 for k in ("max_plans_per_client", "max_bytes_per_client") if k in fields}
-    core = Coordinator(CoreConfig(**unlimited), new_id=lambda: next(ids))  # one client holds them all (core_per_plan)
+    core = echo_core(lambda: next(ids))  # one client holds them all (bench/_echo_core.py)
     core.streams.tracing = every > 0
-    workers = (1, 2)
-    for conn in workers:
-        core.open_session(conn, "worker", 0.0, address=f"127.0.0.1:{4000 + conn}")
-        caps = Capabilities(cpu_cores=4, ram_bytes=8_000_000_000, ops=["echo"], max_concurrency=1000)
-        core.receive(conn, Hello(worker_id=f"bench-{conn}", capabilities=caps), 0.0)
-    client = 3
-    core.open_session(client, "client", 0.0, principal="bench")
-    core.take_effects()
+    workers, client = WORKERS, CLIENT
     rnd = random.Random(1)
     parents = [f"00-{rnd.getrandbits(128):032x}-{rnd.getrandbits(64):016x}-01" if every and i % every == 0 else ""
                for i in range(plans)]  # fmt: skip
