@@ -55,7 +55,6 @@ from typing import Any, Literal, get_args
 import msgspec
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
 
 from fleetwire import options, submits
 from fleetwire.connection import (
@@ -109,7 +108,7 @@ from protocol.messages import (
     Workers,
 )
 from protocol.urls import keepalive
-from wireio.wsbulk import send_frame
+from wireio.wsbulk import send_frame, takes_frame_now, write_frame
 
 __all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
 
@@ -718,24 +717,14 @@ class Client:
         if not self._parked or ws is None or self._outbox_ready.is_set():
             self._outbox_ready.set()
             return
-        transport = ws.transport
-        if (ws.protocol.state is not State.OPEN or ws.paused or ws.send_in_progress is not None
-                or transport is None or transport.is_closing()):
+        if not takes_frame_now(ws):
             self._outbox_ready.set()
             return
         session = self._session
         frame = session.next_frame()
         if frame is None:
             return
-        try:
-            if session.text:
-                ws.protocol.send_text(frame)
-            else:
-                ws.protocol.send_binary(frame)
-            ws.send_data()
-        except Exception as exc:  # the transport broke under the write: the reader sees it end, requests resent
-            ws.set_connection_exc(exc)
-            transport.abort()
+        write_frame(ws, session.text, frame)  # a broken transport: the reader sees it end, requests resent
         if session.has_outgoing:  # more than one frame's worth: the writer sends the rest
             self._outbox_ready.set()
 

@@ -45,7 +45,7 @@ from typing import Final
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.connection import Connection
 from websockets.frames import Frame, Opcode
-from websockets.protocol import CLIENT, OPEN, SERVER, Protocol
+from websockets.protocol import CLIENT, OPEN, SERVER, Protocol, State
 
 from protocol.transfer.http1 import head_end
 
@@ -54,7 +54,8 @@ try:
 except ImportError:  # pragma: no cover - the C extension ships in every wheel we install
     from websockets.utils import apply_mask
 
-__all__ = ["BULK_MIN_BYTES", "BulkClientConnection", "BulkReceive", "frame_header", "send_frame"]
+__all__ = ["BULK_MIN_BYTES", "BulkClientConnection", "BulkReceive", "frame_header", "send_frame", "takes_frame_now",
+           "write_frame", "write_frame_now"]
 
 #: The smallest binary frame sent by :func:`send_frame` itself (smaller: the library's copies cost nothing).
 BULK_MIN_BYTES: Final = 64 << 10
@@ -230,6 +231,38 @@ class _BulkReader:
             self._state = _PASS if length else _HEADER
         self._head = bytearray()
         return pos
+
+
+def takes_frame_now(ws: Connection) -> bool:
+    """Whether ``ws`` takes a frame now, in the caller's step, without making a sender wait: open, its transport's
+    buffer under the high-water mark (else ``send`` would wait in ``drain``; the writer's ``send`` keeps the
+    backpressure), not closing, and no other send under way (its fragments must not interleave)."""
+    transport = ws.transport
+    return not (ws.protocol.state is not State.OPEN or ws.paused or getattr(ws, "send_in_progress", None) is not None
+                or transport is None or transport.is_closing())
+
+
+def write_frame(ws: Connection, text: bool, frame: bytes | memoryview) -> None:
+    """Write ``frame`` to ``ws`` now, in the caller's step (:func:`takes_frame_now` said it may). A write that fails
+    on the way aborts the connection, as ``send`` would: its reader then sees it end."""
+    try:
+        if text:
+            ws.protocol.send_text(frame)
+        else:
+            ws.protocol.send_binary(frame)
+        ws.send_data()
+    except Exception as exc:  # the transport broke under the write
+        with contextlib.suppress(AttributeError):
+            ws.set_connection_exc(exc)
+        ws.transport.abort()
+
+
+def write_frame_now(ws: Connection, text: bool, frame: bytes) -> bool:
+    """:func:`write_frame` when :func:`takes_frame_now`; False, writing nothing, when not."""
+    if not takes_frame_now(ws):
+        return False
+    write_frame(ws, text, frame)
+    return True
 
 
 def _at_frame_boundary(protocol: Protocol) -> bool:

@@ -18,7 +18,7 @@ Theory of operation:
   decode and state change); the single writer drains the outbox, coalescing everything queued
   into one frame per send (a stream's event goes at once when waiting cannot help, written by
   the handler's own step when the writer is idle: worker_agent/outbox.py, ``write_frames``, and
-  :func:`write_frame_now`); the heartbeat task queues ``heartbeat(load)``
+  wireio/wsbulk.py ``write_frame_now``); the heartbeat task queues ``heartbeat(load)``
   every interval ±10 %.
 * Plans outlive sessions. Their events and ``done`` go to the outbox whether or not a session
   is up; a new session's writer sends them after the next ``welcome``. Messages whose send
@@ -66,7 +66,6 @@ import msgspec
 import structlog
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
-from websockets.protocol import State
 from websockets.typing import Subprotocol
 
 import protocol
@@ -75,7 +74,7 @@ from protocol.backoff import ReconnectBackoff
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
 from wireio.tracing import Tracing
-from wireio.wsbulk import BulkClientConnection, send_frame
+from wireio.wsbulk import BulkClientConnection, send_frame, write_frame_now
 from worker_agent import handshake
 from worker_agent.attempts import Attempts
 from worker_agent.data_side import DataSide, WatchedOutbound
@@ -107,31 +106,6 @@ log = structlog.get_logger(__name__)
 F = TypeVar("F", bound=Handler)
 
 MAX_BATCH = 4096  # messages per frame before size-splitting
-
-
-def write_frame_now(ws: ClientConnection, text: bool, frame: bytes) -> bool:
-    """Write ``frame`` to ``ws`` now, in the caller's step, if the connection takes it without waiting.
-
-    False, writing nothing, when it would make a sender wait or is not open: its transport's buffer is over the
-    high-water mark (``send`` would wait in ``drain``; the writer's ``send`` keeps the backpressure), it is
-    closing, or another send is under way. A write that fails on the way aborts the connection, as ``send``
-    would: the frame's messages stay unacknowledged and the next session sends them again.
-    """
-    transport = ws.transport
-    if (ws.protocol.state is not State.OPEN or ws.paused or getattr(ws, "send_in_progress", None) is not None
-            or transport is None or transport.is_closing()):
-        return False
-    try:
-        if text:
-            ws.protocol.send_text(frame)
-        else:
-            ws.protocol.send_binary(frame)
-        ws.send_data()
-    except Exception as exc:  # the transport broke under the write
-        with contextlib.suppress(AttributeError):
-            ws.set_connection_exc(exc)
-        transport.abort()
-    return True
 
 
 class Agent:

@@ -1,5 +1,5 @@
-"""The worker's write at once (worker_agent/agent.py ``write_frame_now``) on a real websocket over loopback: it
-writes when the connection takes a frame without waiting, and refuses (writing nothing) when it would wait or is
+"""Writing a frame at once (wireio/wsbulk.py ``write_frame_now``, the worker's) on a real websocket over loopback:
+it writes when the connection takes a frame without waiting, and refuses (writing nothing) when it would wait or is
 closed, so the writer's awaited send keeps the backpressure."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
-from worker_agent.agent import write_frame_now
+from wireio.wsbulk import write_frame_now
 
 
 async def test_write_frame_now_writes_an_open_connection_and_refuses_a_paused_or_closed_one() -> None:

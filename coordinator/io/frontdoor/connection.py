@@ -34,13 +34,13 @@ import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
-from websockets.protocol import Event, State
+from websockets.protocol import Event
 
 from coordinator.auth import Principal
 from protocol import Codec
 from protocol import errors as codes
 from protocol.chunkview import DataChunkView, own_frame
-from wireio.wsbulk import BULK_MIN_BYTES, BulkReceive, send_frame
+from wireio.wsbulk import BULK_MIN_BYTES, BulkReceive, send_frame, takes_frame_now, write_frame
 
 log = structlog.get_logger("coordinator.io.frontdoor.server")
 
@@ -183,9 +183,7 @@ class Session:
                 or len(msgs) > 32 or type(msgs[0]) is DataChunkView or self.msg_bytes * len(msgs) >= BULK_MIN_BYTES):
             return False
         ws = self.ws
-        transport = ws.transport
-        if (ws.protocol.state is not State.OPEN or ws.paused or ws.send_in_progress is not None
-                or transport is None or transport.is_closing()):
+        if not takes_frame_now(ws):
             return False
         try:
             frame = self._encode(msgs)
@@ -194,15 +192,7 @@ class Session:
         size = len(frame)
         if size >= BULK_MIN_BYTES:
             return False  # the writer's send: a big frame (a relayed chunk) without the library's copies, or cut
-        try:
-            if self.codec.text:
-                ws.protocol.send_text(frame)
-            else:
-                ws.protocol.send_binary(frame)
-            ws.send_data()
-        except Exception as exc:  # the transport broke under the write
-            ws.set_connection_exc(exc)
-            transport.abort()
+        write_frame(ws, self.codec.text, frame)
         self.sent_now = True  # until this turn ends: the steps after it in this turn coalesce in the writer
         asyncio.get_running_loop().call_soon(self._turn_over)
         io = self.io
