@@ -156,15 +156,13 @@ def child_path(plans: int, writes: bool) -> None:
     gc.set_threshold(*DAEMON_GC_THRESHOLDS)
     if not writes:
         os._exit(0)  # no teardown: freeing what was made is not the child's work either
-    decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.sqlite3"
         SQLiteStore(path).close()
         store = SQLiteStore.writer(path, encode_record=writer_child._raw_of)
         store._db.execute("PRAGMA synchronous=OFF")
         for body in bodies:
-            codes, raws = decode(body)
-            store.write_grouped(*writer_child._grouped(codes, raws), len(raws), wait=True)
+            writer_child.commit(store, [body], True)
             store.keys_message()
         store.close()
     os._exit(0)

@@ -36,7 +36,7 @@ from coordinator.io.stores.writer_process import (
 )
 from coordinator.records import PlanForgotten, UsageRows
 
-__all__ = ["child_main"]
+__all__ = ["child_main", "commit"]
 
 _MERGE_MOST = 256  # groups the child commits in one transaction at most
 _PR_SET_PDEATHSIG = 1
@@ -71,7 +71,6 @@ def child_main(argv: Sequence[str]) -> int:
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
     send_all(out, REPLY_HEADER.pack(store.generation, 0, 0))
-    decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
     waiting = select.poll()
     waiting.register(into, select.POLLIN)
     read: tuple[bytes, int] | None = None  # a request read while merging, not merged (the parent's keys)
@@ -95,12 +94,7 @@ def child_main(argv: Sequence[str]) -> int:
                         break
                     bodies.append(more[0])
                     wait = True
-                codes, raws = decode(bodies[0])
-                for body in bodies[1:]:
-                    more_codes, more_raws = decode(body)
-                    codes += more_codes
-                    raws += more_raws
-                written = store.write_grouped(*_grouped(codes, raws), len(raws), wait=wait)
+                written = commit(store, bodies, wait)
             except Exception as exc:  # a failed commit (or keys that do not apply) is the parent's StoreError
                 send_all(out, _failure(exc))
                 return 1
@@ -111,6 +105,17 @@ def child_main(argv: Sequence[str]) -> int:
                 send_all(out, REPLY_HEADER.pack(BUSY, 1, 0))
     finally:
         store.close()
+
+
+def commit(store: SQLiteStore, bodies: list[bytes], wait: bool) -> bool:
+    """The requests' groups (the parent's encoding: ``writer_process._encode_group``) committed as one transaction;
+    False: ``wait`` off and the file busy (nothing written)."""
+    codes, raws = _decode(bodies[0])
+    for body in bodies[1:]:
+        more_codes, more_raws = _decode(body)
+        codes += more_codes
+        raws += more_raws
+    return store.write_grouped(*_grouped(codes, raws), len(raws), wait=wait)
 
 
 def _read_request(into: int) -> tuple[bytes, int] | None:
@@ -158,7 +163,8 @@ class _EventRow(msgspec.Struct, gc=False):
 
 _raw_of = operator.attrgetter("raw")
 # sqlite3 binds a buffer (a Raw) as a blob, but only after its adapter lookup missed (an AttributeError made and
-# cleared for each): an adapter found in the registry (bytes: a copy, in C) skips that. This process only.
+# cleared for each): an adapter found in the registry (bytes: a copy, in C) skips that. Set wherever this module is
+# imported (the child; a test or bench driving its functions): a Raw is stored as the same blob either way.
 sqlite3.adapters.setdefault((msgspec.Raw, sqlite3.PrepareProtocol), bytes)
 
 
@@ -168,6 +174,7 @@ _status_key = msgspec.msgpack.Decoder(_StatusKey).decode
 _event = msgspec.msgpack.Decoder(_EventRow).decode
 _forgotten = msgspec.msgpack.Decoder(PlanForgotten).decode
 _usage = msgspec.msgpack.Decoder(UsageRows).decode
+_decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode  # a request: type codes, records
 
 
 def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[str], list[UsageRows]]:
