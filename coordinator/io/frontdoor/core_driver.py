@@ -46,7 +46,7 @@ from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.pg_commit import PipelinedCommitter
 from coordinator.limits import Limits
 from protocol import errors as codes
-from protocol.messages import Assign, Error, Moved, Submit
+from protocol.messages import Assign, Error, Hello, Moved, Submit
 from protocol.urls import named_worker_id
 
 __all__ = ["REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S", "CoreDriver", "CoreSession", "Redirect", "Sink"]
@@ -57,7 +57,8 @@ REPLAY_BACKLOG_BYTES: Final = 1 << 20  # a replay's next slice waits while its s
 UNAVAILABLE_RETRY_S: Final = 1.0  # the retry_after_s of an ``unavailable`` answer (the store is away)
 
 #: Cluster mode, one core per shard (coordinator/io/cluster/host.py): called with a session's role and
-#: message; a ``Moved`` answer ends the session with it and 4307.
+#: message, for a ``submit`` or a ``hello`` only (no other message moves a session: ``CoreSession.take``
+#: skips the call for the rest); a ``Moved`` answer ends the session with it and 4307.
 Redirect = Callable[[str, Any], Moved | None]
 Committer = GroupCommitter[Effects] | PipelinedCommitter[Effects]
 
@@ -297,7 +298,8 @@ class CoreSession:
         while index < count:
             msg = msgs[index]
             index += 1
-            if redirect is not None and (moved := redirect(session.role, msg)) is not None:
+            if redirect is not None and ((kind := type(msg)) is Submit or kind is Hello) and (
+                    moved := redirect(session.role, msg)) is not None:
                 driver.move(session, moved)
                 index = count  # the rest of the frame is dropped with the session
                 break
