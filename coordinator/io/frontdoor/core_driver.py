@@ -18,6 +18,14 @@ they asked so far goes out and the rest waits for the next loop turn. In cluster
 core moves a session whose message belongs to another shard (``redirect``: a ``moved``, then
 4307); while the store's database is away a ``submit`` is answered ``unavailable``.
 
+Parts (issue 29). With a store whose writes leave the loop (SQLite: its writer thread and process), a
+frame is also cut after :data:`DURABLE_PART_MESSAGES` messages (:attr:`CoreDriver.part_messages`): a
+worker's frame of a thousand plans' results is then committed in parts, each part's records handed to
+the writer while the loop runs the next, and each part's frames (the new leases) released as soon as
+that part and every earlier one is committed, instead of all of them after one commit of the whole
+frame. Parts that queue while the writer is busy are merged into one transaction (commit.py), so a
+busy writer does not fsync per part. The memory store commits at once and takes whole frames.
+
 Plans in :attr:`CoreDriver.volatile` (the OpenAI door's under ``--openai-durable off``) are never
 written: their records are dropped before the committer, so a step that touched only them has no
 records and goes out at once, or behind the batches already waiting (order is kept), never behind
@@ -49,11 +57,17 @@ from protocol import errors as codes
 from protocol.messages import Assign, Error, Hello, Moved, Submit
 from protocol.urls import named_worker_id
 
-__all__ = ["REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S", "CoreDriver", "CoreSession", "Redirect", "Sink"]
+__all__ = [
+    "DURABLE_PART_MESSAGES", "REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S", "CoreDriver", "CoreSession", "Redirect",
+    "Sink",
+]
 
 log = structlog.get_logger("coordinator.io.frontdoor.server")
 
 REPLAY_BACKLOG_BYTES: Final = 1 << 20  # a replay's next slice waits while its subscriber has more than this unsent
+#: A durable store's part of a frame (module docstring, §Parts): after this many messages what they asked goes to the
+#: writer and the rest of the frame waits for the next loop turn.
+DURABLE_PART_MESSAGES: Final = 500
 UNAVAILABLE_RETRY_S: Final = 1.0  # the retry_after_s of an ``unavailable`` answer (the store is away)
 
 #: Cluster mode, one core per shard (coordinator/io/cluster/host.py): called with a session's role and
@@ -103,6 +117,12 @@ class CoreDriver:
         self.away = away
         self.redirect = redirect
         self.unavailable_answers = 0
+        # Messages of a frame per part (module docstring §Parts); 0: whole frames (a store that commits on the loop;
+        # PostgreSQL's pipelined committer, not measured with parts).
+        committer_ = self.committer
+        self.part_messages = (
+            DURABLE_PART_MESSAGES if isinstance(committer_, GroupCommitter) and committer_.store.blocking else 0
+        )
         # Sessions of the core that are no websocket (the OpenAI door's requests, frontdoor/openai_http.py): their
         # messages are handed to ``deliver(msgs)`` as Structs, once committed like everyone's.
         self.sinks: dict[int, Sink] = {}
@@ -295,6 +315,7 @@ class CoreSession:
         budget = driver.door.policy.over_frame_budget
         work = outbox.work
         index, count = start, len(msgs)
+        end = start + driver.part_messages if driver.part_messages else count  # a durable store's part
         while index < count:
             msg = msgs[index]
             index += 1
@@ -311,10 +332,10 @@ class CoreSession:
                 index -= 1  # what it asked so far goes out; this one and the later ones wait for the look-up
                 break
             driver.receive(session.conn_id, msg, now)
-            if budget(outbox.work - work):
+            if budget(outbox.work - work) or index >= end:
                 # What it asked so far goes out; the rest waits for the next loop turn (others' frames run meanwhile).
                 break
-        driver.flush(frame_bytes)
+        driver.flush(frame_bytes if start == 0 and index == count else frame_bytes * (index - start) // count)
         return index, outbox.work - work
 
     async def finish(self, msgs: list[Any], index: int, frame_bytes: int) -> int:

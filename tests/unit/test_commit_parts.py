@@ -1,0 +1,144 @@
+"""A durable store's frame in parts: each part committed and released while the loop runs the next, in order.
+
+coordinator/io/frontdoor/core_driver.py §Parts: with SQLite (a writer thread) a frame is cut after
+``CoreDriver.part_messages`` messages; each part's records go to the committer and its frames are
+released once that part (and every earlier one) is committed, while the rest of the frame is still
+being fed. A real core, a real SQLite committer on a temporary file, a real front door; the client's
+frames go to a ``Sink`` (a session that is no websocket), which reads the file back at each release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.core import Coordinator, CoreConfig
+from coordinator.io.frontdoor.connection import Session
+from coordinator.io.frontdoor.core_driver import DURABLE_PART_MESSAGES, CoreDriver, CoreSession
+from coordinator.io.frontdoor.door import FrontDoor
+from coordinator.io.frontdoor.gate import Gatekeeper
+from coordinator.io.frontdoor.server import CORE_CODECS
+from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.store import DB_FILE, MemoryStore, Store
+from coordinator.limits import Limits
+from coordinator.read_policy import ReadPolicy
+from protocol.messages import Accepted, Submit
+
+pytestmark = pytest.mark.timeout(60)
+
+CLIENT = 7  # the client's conn_id
+
+
+def in_file(path: Path) -> set[str]:
+    """The plans committed in the file, as another process would see them."""
+    check = sqlite3.connect(path)
+    try:
+        return {row[0] for row in check.execute("SELECT id FROM plans")}
+    finally:
+        check.close()
+
+
+class Releases:
+    """The client's sink: at each release, its ``accepted`` plans, the plans the file holds and the plans fed."""
+
+    def __init__(self, core: Coordinator, path: Path | None) -> None:
+        self.core = core
+        self.path = path
+        self.seen: list[tuple[list[str], set[str], int]] = []
+        self.accepted = 0
+        self.all = asyncio.Event()
+        self.want = 0
+
+    def deliver(self, msgs: list[Any]) -> None:
+        plans = [m.plan_id for m in msgs if type(m) is Accepted]
+        self.seen.append((plans, in_file(self.path) if self.path else set(), len(self.core.plans)))
+        self.accepted += len(plans)
+        if self.accepted >= self.want:
+            self.all.set()
+
+
+@asynccontextmanager
+async def driven(store: Store) -> AsyncIterator[tuple[CoreDriver, CoreSession, Releases]]:
+    """A core driven by a CoreDriver over ``store``'s committer, one client session open, its frames to a sink."""
+    limits = Limits()
+    core = Coordinator(CoreConfig(), new_id=lambda: "unused")
+    door = FrontDoor(None, Gatekeeper(None, limits, max_frame_bytes=1 << 20), ReadPolicy(limits), CORE_CODECS)  # type: ignore[arg-type]  # no port: nothing is upgraded here
+    failures: list[BaseException] = []
+    made: list[GroupCommitter[Any]] = []
+
+    def committer(release: Any) -> GroupCommitter[Any]:
+        made.append(GroupCommitter(store, release, failures.append, inline_max_records=0))
+        return made[0]
+
+    driver = CoreDriver(core, door, limits, committer)
+    driver.committer.start()
+    releases = Releases(core, store.path if isinstance(store, SQLiteStore) else None)
+    driver.sinks[CLIENT] = releases
+    core.open_session(CLIENT, "client", 0.0, principal="alice")
+    driver.flush()
+    session = Session(CLIENT, None, CORE_CODECS[("client", "msgpack")], role="client")  # type: ignore[arg-type]  # fed directly
+    try:
+        yield driver, CoreSession(driver, session, clock=lambda: 0.0), releases
+    finally:
+        await made[0].close()
+        assert not failures
+
+
+def submits(count: int) -> list[Submit]:
+    return [Submit(req_id=n, op="echo", args=None, plan_id=f"p{n:05d}") for n in range(1, count + 1)]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> SQLiteStore:
+    return SQLiteStore(tmp_path / DB_FILE)
+
+
+async def test_a_big_frame_is_released_in_parts_before_its_last_part_is_fed(db: SQLiteStore) -> None:
+    """SQLite: the first part's frames go out while later parts of the same frame are still waiting to be fed."""
+    count = 4000
+    async with driven(db) as (driver, session, releases):
+        driver.part_messages = 20  # 200 parts: the loop turns between them outlast a commit's wait
+        releases.want = count
+        spent = await session.received(submits(count), 100_000, 0.0)
+        await asyncio.wait_for(releases.all.wait(), 30)
+    db.close()
+    assert spent == 0
+    assert driver.committer.batches >= count // 20  # one batch per part, at least
+    first_plans, _, fed_then = releases.seen[1]  # [0]: the session's open
+    assert first_plans and fed_then < count  # released before the frame's last part was fed
+
+
+async def test_frames_never_overtake_their_records_or_an_earlier_part(db: SQLiteStore) -> None:
+    """Each release finds its plans, and every earlier part's, committed in the file; releases keep submit order."""
+    count = 3 * DURABLE_PART_MESSAGES + 7
+    async with driven(db) as (driver, session, releases):
+        assert driver.part_messages == DURABLE_PART_MESSAGES
+        releases.want = count
+        await session.received(submits(count), 100_000, 0.0)
+        await asyncio.wait_for(releases.all.wait(), 30)
+    db.close()
+    accepted: list[str] = []
+    for plans, committed, _ in releases.seen:
+        accepted += plans
+        assert set(accepted) <= committed  # this part's records and every earlier part's are durable
+    assert accepted == [s.plan_id for s in submits(count)]  # in order, none lost, none twice
+    assert len([plans for plans, _, _ in releases.seen if plans]) >= 4  # the frame went out in its parts
+
+
+async def test_the_memory_store_takes_a_frame_whole() -> None:
+    """A store that commits at once has no parts: one step, one release for the whole frame."""
+    count = 3 * DURABLE_PART_MESSAGES
+    async with driven(MemoryStore()) as (driver, session, releases):
+        assert driver.part_messages == 0
+        releases.want = count
+        index, _ = session.take(submits(count), 100_000, 0.0)
+        assert index == count
+        await asyncio.wait_for(releases.all.wait(), 30)
+    assert [len(plans) for plans, _, _ in releases.seen if plans] == [count]
