@@ -6,12 +6,13 @@
 
 ``coordinator``: the pure core with tracing on (``Streams.tracing``) driven as bench/core_per_plan.py drives
 it (echo plans in batches of 500, two workers of 1000 slots that accept, emit and finish every plan), each
-step's trace notes handed to ``PlanSpans`` (coordinator/io/ops/tracing.py) as the driver hands them, and the
-noted spans packed with msgpack as the tracer's exporter thread packs them for its child: the coordinator
-process's own work for its spans, less the pipe. ``--every N`` traces one plan in N (the others carry no
-``traceparent``, as the SDK sends them at 1 %); ``--every 0``: none, tracing off in the core.
-``exporter``: what the span exporter child does with those spans (wireio/span_export.py ``main``, less the
-HTTP post): unpack 2,048-span frames and encode them as OTLP (wireio/otlp.py), its collector as the child
+step's trace notes handed to ``PlanSpans`` (coordinator/io/ops/tracing.py) as the driver hands them, and what
+it noted packed with msgpack as the tracer's exporter thread packs it for its child: the coordinator process's
+own work for its spans, less the pipe. ``--every N`` traces one plan in N (the others carry ``"00"``, the
+unsampled decision, as the SDK sends them at 1 %; no ``traceparent`` in trees without it); ``--every 0``: none,
+tracing off in the core. ``exporter``: what the span exporter child does with those spans (wireio/span_export.py
+``main``, less the HTTP post): unpack 2,048-record frames, make the coordinator's step records into spans
+(``StepSpans``, in trees that send them) and encode them as OTLP (wireio/otlp.py), its collector as the child
 sets it. Each figure is the callgrind difference of two runs of different sizes (start-up and imports cancel
 out), so the machine's load does not move it; ``--no-callgrind`` prints CPU µs instead (noisy).
 """
@@ -50,6 +51,7 @@ def coordinator(plans: int, every: int, dump: str | None = None) -> float:
     tracing = Tracing.__new__(Tracing)  # the hot path's fields only: no exporter thread, no child
     tracing._queue, tracing._max_queue, tracing._batch = collections.deque(), 1 << 40, 1 << 40
     tracing._wake, tracing.dropped, tracing.sampler = threading.Event(), 0, Sampler()
+    tracing._noted = tracing._taken = 0  # the step records' weight (wireio/tracing.py add_step; unused by older trees)
     spans = PlanSpans(tracing)
     pack = msgspec.msgpack.Encoder().encode
     kept: list[Any] = []
@@ -58,8 +60,12 @@ def coordinator(plans: int, every: int, dump: str | None = None) -> float:
     core.streams.tracing = every > 0
     workers, client = WORKERS, CLIENT
     rnd = random.Random(1)
-    parents = [f"00-{rnd.getrandbits(128):032x}-{rnd.getrandbits(64):016x}-01" if every and i % every == 0 else ""
-               for i in range(plans)]  # fmt: skip
+    try:  # an unsampled plan carries the SDK's "no" without ids where the tree has it (protocol/tracecontext.py)
+        from protocol.tracecontext import UNSAMPLED as unsampled
+    except ImportError:
+        unsampled = ""
+    parents = [f"00-{rnd.getrandbits(128):032x}-{rnd.getrandbits(64):016x}-01" if every and i % every == 0 else
+               unsampled if every else "" for i in range(plans)]  # fmt: skip
     pending: dict[int, list[Any]] = {conn: [] for conn in workers}
     seqs = dict.fromkeys(workers, 0)
     gc.collect()
@@ -130,9 +136,27 @@ def exporter(path: str, rounds: int) -> float:
     gc.set_threshold(50_000, 20, 100)  # the child's (wireio/span_export.py)
     t0 = time.process_time()
     for _ in range(rounds):
+        expand = _expander()  # the coordinator's step records made into spans there (trees that send them)
         for frame in frames:
-            encoder.encode(decode(frame)[1])
+            encoder.encode(expand(decode(frame)[1]))
     return time.process_time() - t0
+
+
+def _expander() -> Any:
+    """What the exporter does to a batch before encoding it: ``StepSpans().expand`` where the tree has it."""
+    try:
+        from wireio.span_export import StepSpans
+    except ImportError:
+        return lambda batch: batch
+    return StepSpans().expand
+
+
+def count(path: str) -> int:
+    """The spans the noted records in ``path`` make."""
+    import msgspec
+
+    with open(path, "rb") as fh:
+        return len(_expander()(msgspec.msgpack.decode(fh.read())))
 
 
 def _python(tree: str, args: list[str], callgrind: bool) -> subprocess.CompletedProcess[str]:
@@ -167,10 +191,7 @@ def measure(tree: str, ns: argparse.Namespace, scratch: str) -> dict[str, Any]:
         out = _python(tree, ["coordinator", str(large), str(ns.every)], False).stdout
         result["coordinator_us_per_plan"] = round(_seconds(out) / large * 1e6, 2)
     if ns.every:
-        with open(dump, "rb") as fh:
-            import msgspec
-
-            count = len(msgspec.msgpack.decode(fh.read()))
+        count = int(_seconds(_python(tree, ["count", dump], False).stdout))
         if ns.callgrind:
             a = _collected(_python(tree, ["exporter", dump, "1"], True))
             b = _collected(_python(tree, ["exporter", dump, "3"], True))
@@ -188,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         what, *rest = argv[1:]
         if what == "coordinator":
             spent = coordinator(int(rest[0]), int(rest[1]), rest[2] if len(rest) > 2 else None)
+        elif what == "count":
+            spent = float(count(rest[0]))
         else:
             spent = exporter(rest[0], int(rest[1]))
         print(json.dumps({"s": spent}))

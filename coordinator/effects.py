@@ -18,7 +18,7 @@ Depends only on the session table (coordinator/sessions.py) and the protocol mes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import structlog
 
@@ -36,19 +36,14 @@ Outbound = ToWorker | ToClient
 """A frame the core sends: to a worker session or to a client session."""
 
 
-class TraceNote(NamedTuple):
-    """A lifecycle step of a traced plan (its caller sampled it), for the driver's spans (io/ops/tracing.py).
+TraceNote = tuple[str, str, int, str, Any]
+"""A lifecycle step of a traced plan (its caller sampled it), for the driver's spans (io/ops/tracing.py):
+``(traceparent, plan_id, attempt, kind, data)``, a plain tuple (the least the core builds per step).
 
-    ``kind`` is the stream event's (``queued``, ``waiting``, ``succeeded``, ...); ``leased`` is the
-    scheduler's (``data`` holds the placement's policy and worker; None: recovery adopted the lease).
-    Noted only while the core traces (``Streams.tracing``): off, nothing is built.
-    """
-
-    traceparent: str
-    plan_id: str
-    attempt: int
-    kind: str
-    data: Any
+``kind`` is the stream event's (``queued``, ``waiting``, ``succeeded``, ...; ``data`` its data); ``leased``
+is the scheduler's (``data``: ``(policy, worker_id)`` of the placement; None: recovery adopted the lease).
+Noted only while the core traces (``Streams.tracing``): off, nothing is built.
+"""
 
 
 @dataclass

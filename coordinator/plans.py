@@ -67,7 +67,7 @@ from protocol.messages import (
     RoutingHints,
     Submit,
 )
-from protocol.tracecontext import trace_id_of, traceparent_problem
+from protocol.tracecontext import is_sampled, trace_id_of, traceparent_problem
 
 __all__ = [
     "EVERY_PRINCIPAL",
@@ -233,6 +233,7 @@ class Plan:
     tally: OwnerTally | None  # its owner's counts by state, once a listing indexed it (operator_requests.py)
     name: str | None  # its owner's id for it when that is not its key (PlanNames); None: the key
     traceparent: str  # its caller's W3C trace context, from its submit ("": none; protocol/tracecontext.py)
+    sampled: bool  # its caller sampled its trace: the one test a traced step makes (streams.py note)
     preemptible: bool  # it may be stopped and requeued for another team's plan (coordinator/sharing.py)
     after: list[str]  # keys of plans that must succeed first (coordinator/plan_graphs.py)
     deterministic: bool  # running it again gives the same outputs: a lost one may be made again
@@ -305,6 +306,7 @@ class Plan:
         self.tally = None
         self.name = None
         self.traceparent = ""
+        self.sampled = False
         self.preemptible = False
         self.after = []
         self.deterministic = True
@@ -325,7 +327,10 @@ class Plan:
         plan = Plan(plan_id, msg.op, msg.args, msg.requirements, msg.priority, msg.timeout_s, msg.max_attempts, owner,
                     order, msg.hints)  # fmt: skip
         plan.retries = msg.retries
-        plan.traceparent = msg.traceparent
+        traceparent = msg.traceparent
+        if traceparent:
+            plan.traceparent = traceparent
+            plan.sampled = is_sampled(traceparent)
         plan.inputs = msg.inputs
         plan.outputs = msg.outputs
         resources = msg.resources

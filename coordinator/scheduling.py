@@ -281,8 +281,8 @@ class Scheduler:
             if plan.graphed and self.graphs is not None:  # references: their sizes, digests, where to fetch them
                 assign.inputs, assign.pulls = self.graphs.assign_inputs(plan, record)
             self._outbox.send(record.conn_id, assign)
-        if self._streams.tracing and plan.traceparent:  # the queue span ends here, with its placement (§Tracing)
-            self._streams.note(plan, "leased", {"policy": placement.policy_name(plan), "worker_id": record.id})
+        if plan.sampled and self._streams.tracing:  # the queue span ends here, with its placement (§Tracing)
+            self._streams.note(plan, "leased", (placement.policy_name(plan), record.id))
         self._streams.emit(plan, "leased", {"worker_id": record.id, "attempt": plan.attempt}, small=True)
         if (plan.inputs or plan.outputs) and self._data is not None:  # where the client sends and fetches bytes
             plan.produced = []
@@ -305,7 +305,7 @@ class Scheduler:
         if placed_tokens:
             self._registry.count_placed_tokens(record.id, placed_tokens)
         data = {"worker_id": record.id, "attempt": attempt, "recovered": True}
-        if self._streams.tracing and plan.traceparent:  # the queue span ends here (§Tracing)
+        if plan.sampled and self._streams.tracing:  # the queue span ends here (§Tracing)
             self._streams.note(plan, "leased", None)
         self._streams.emit(plan, "leased", data, small=True)
 

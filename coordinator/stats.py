@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from protocol.messages import Outcome
-from protocol.tracecontext import is_sampled, trace_id_of
 
 if TYPE_CHECKING:
     from coordinator.plans import Plan
@@ -88,19 +87,13 @@ class PlanTimings:
 
     def started(self, plan: Plan, now: float) -> None:
         """The worker accepted the plan's attempt: its queue wait ends, its run starts."""
-        self.queue_wait.observe(now - plan.queued_at_s, _exemplar(plan) if plan.traceparent else "")
+        self.queue_wait.observe(now - plan.queued_at_s, plan.traceparent[3:35] if plan.sampled else "")  # exemplar
         plan.started_at_s = now
 
     def finished(self, plan: Plan, outcome: Outcome, now: float) -> None:
         """The worker's ``done`` ended an attempt; one that never started (no accept) has no run time."""
         if plan.started_at_s is not None:
-            self.run_time[outcome].observe(now - plan.started_at_s, _exemplar(plan) if plan.traceparent else "")
-
-
-def _exemplar(plan: Plan) -> str:
-    """The plan's trace id when its caller sampled it (an exemplar links to a trace that exists), else ``""``."""
-    traceparent = plan.traceparent
-    return trace_id_of(traceparent) if traceparent and is_sampled(traceparent) else ""
+            self.run_time[outcome].observe(now - plan.started_at_s, plan.traceparent[3:35] if plan.sampled else "")
 
 
 class FrameCounters:

@@ -42,10 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from coordinator.effects import TraceNote
 from coordinator.plans import SMALL_EVENT_BYTES
 from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, Resync
-from protocol.tracecontext import is_sampled
 
 if TYPE_CHECKING:
     from coordinator.effects import Outbox
@@ -139,8 +137,8 @@ class Streams:
             kind, data, plan.attempt, ephemeral, self._max_events, self._max_event_bytes,
             SMALL_EVENT_BYTES if small else size,
         )
-        if self.tracing and plan.traceparent and kind in TRACED_KINDS:
-            self.note(plan, kind, data)
+        if plan.sampled and self.tracing and kind in TRACED_KINDS:  # data: a wait's reason (never a result to pack)
+            self._outbox.traced((plan.traceparent, plan.id, plan.attempt, kind, data if kind == "waiting" else None))
         if recorded:  # self._journal.emitted(plan, event), inlined: this runs for every event
             journal = self._journal
             if not ephemeral:
@@ -167,8 +165,8 @@ class Streams:
 
     def note(self, plan: Plan, kind: str, data: Any) -> None:
         """A step of a traced plan for the driver's spans (docs/OPERATIONS.md §Tracing), when its caller sampled it."""
-        if self.tracing and plan.traceparent and is_sampled(plan.traceparent):
-            self._outbox.traced(TraceNote(plan.traceparent, plan.id, plan.attempt, kind, data))
+        if plan.sampled and self.tracing:
+            self._outbox.traced((plan.traceparent, plan.id, plan.attempt, kind, data))
 
     def fail(self, plan: Plan, worker_id: str | None, error: ErrorInfo) -> None:
         """Record why the plan failed (the table move is done) and end its stream with ``failed``."""

@@ -8,7 +8,10 @@
   ``fleetwire.submit`` span (kind producer, service ``fleetwire-client``), child of the caller's span
   or the root of a new trace, and its ``submit.traceparent`` is that span's context; the span ends
   when the coordinator accepts (or refuses) the plan. An unsampled plan carries the caller's
-  context when there is one (its flag says "not sampled": no hop makes a span), else nothing.
+  context when there is one (its flag says "not sampled": no hop makes a span), else ``"00"``
+  (protocol/tracecontext.py ``UNSAMPLED``: the decision without ids, three bytes; the worker
+  hands its handler, and so the inference engine, a fresh unsampled context). At a ratio under 1
+  the sampler draws only the gaps between sampled plans: an unsampled plan costs no draw.
 * With tracing off, a caller that uses OpenTelemetry itself (it imported it and has a current span)
   still gets its context carried: ``submit.traceparent`` is that span's, so the coordinator's and
   the workers' spans join the caller's trace when they trace. Nothing is imported for it.
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from protocol.messages import Submit
+from protocol.tracecontext import UNSAMPLED
 from wireio.tracing import SERVICE_CLIENT, LiveSpan, Tracing, current_traceparent
 
 __all__ = ["LiveSpan", "client_tracing", "end_submit_spans", "start_submit_spans"]
@@ -61,12 +65,13 @@ def start_submit_spans(msgs: Sequence[Submit]) -> list[LiveSpan | None] | None:
                 msg.traceparent = parent
         return None
     spans = tracing.start_each("fleetwire.submit", parent, msgs, _submit_attributes, kind="producer")
+    unsampled = parent or UNSAMPLED  # the caller's context, flag and all; else the decision alone ("00")
     if spans is None:
-        for msg in msgs:  # not sampled: the caller's context (if any) is passed on, flag and all
-            msg.traceparent = parent
+        for msg in msgs:
+            msg.traceparent = unsampled
         return None
     for msg, span in zip(msgs, spans, strict=True):
-        msg.traceparent = parent if span is None else span.traceparent
+        msg.traceparent = unsampled if span is None else span.traceparent
     return spans
 
 

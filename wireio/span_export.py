@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import random
 import select
 import signal
 import subprocess
@@ -49,15 +50,23 @@ from typing import Any, Final
 
 import msgspec
 
-from wireio.otlp import SpanEncoder, expand
+from wireio.otlp import COMMIT_SPAN, SpanEncoder, expand
 
-__all__ = ["EXIT_WAIT_S", "RESPAWN_S", "STUCK_S", "ExportProcess", "RawSpan", "SpanBuilder", "main"]
+__all__ = ["COMMIT_RECORD", "EXIT_WAIT_S", "RESPAWN_S", "STEP_RECORD", "STUCK_S", "ExportProcess", "RawSpan",
+           "SpanBuilder", "StepSpans", "main"]  # fmt: skip
 
 RawSpan = tuple[Any, ...]
 """A noted span: (name, trace id hex, span id, parent span id (an int, its hex, or 0: a root), parent
 remote, start ns, end ns (the later of the two, if before start), attributes or None, events [(name,
 ns, attributes)] or None, kind, error); or a compact one, (template, traceparent, start ns, end ns,
 *values): wireio/otlp.py ``COMPACT_SPANS``."""
+
+STEP_RECORD: Final = -1
+"""``(STEP_RECORD, step, flushed ns, [(traceparent, plan id, attempt, kind, data), ...])``: one step of the
+coordinator's traced plans, as its core noted them (coordinator/effects.py ``TraceNote``), made into spans
+by :class:`StepSpans` where they are exported."""
+COMMIT_RECORD: Final = -2
+"""``(COMMIT_RECORD, step, committed ns)``: that step's records are committed (its plans' commit spans)."""
 
 KINDS: Final = ("internal", "server", "client", "producer", "consumer")  # OpenTelemetry's SpanKind values, in order
 STUCK_S: Final = 30.0
@@ -74,8 +83,93 @@ _F_SETPIPE_SZ: Final = 1031  # Linux fcntl
 _PR_SET_DUMPABLE: Final = 4  # Linux prctl
 _HEAD: Final = 4
 _RESPAWN_MAX_S: Final = 60.0
+_getrandbits: Final = random.getrandbits
 _GC_THRESHOLDS: Final = (50_000, 20, 100)  # the child's collector, as the daemons tune theirs: each batch it
 # decodes is ~10,000 new containers (a tuple and a dict a span), none in a cycle, all freed after the post
+
+
+_QUEUED_BY: Final = frozenset({"queued", "requeued", "preempted"})
+_ENDS: Final = frozenset({"succeeded", "failed", "cancelled"})
+_COMMITTED: Final = _ENDS | {"queued"}
+_PENDING_STEPS: Final = 65_536  # steps flushed and not yet committed that are kept (the oldest go first)
+
+
+class StepSpans:
+    """The coordinator's spans made from its step records (:data:`STEP_RECORD`, :data:`COMMIT_RECORD`), where they
+    are exported, so that its event loop does no work per plan for them (coordinator/io/ops/tracing.py says which
+    spans). It keeps what spans across steps: each traced plan's open queue span (bounded by the traced plans queued
+    now) and each flushed step's notes until its commit. A step's time stands for each of its notes."""
+
+    def __init__(self) -> None:
+        self._queued: dict[str, list[Any]] = {}  # plan id -> [traceparent, since ns, attempt, reason, events]
+        self._steps: dict[int, tuple[int, Sequence[Sequence[Any]]]] = {}  # step -> (flushed ns, its notes)
+
+    @property
+    def queued(self) -> int:
+        """Traced plans whose queue span is open."""
+        return len(self._queued)
+
+    def expand(self, batch: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+        """``batch`` with each step record replaced by the spans it ends (queue spans, :data:`RawSpan`) and each
+        commit record by its step's commit spans (compact, wireio/otlp.py ``COMMIT_SPAN``); other spans as they are."""
+        out: list[Sequence[Any]] = []
+        for raw in batch:
+            what = raw[0]
+            if what.__class__ is str or what >= 0:
+                out.append(raw)
+            elif what == STEP_RECORD:
+                self._step(raw[2], raw[3], out)
+                if len(self._steps) >= _PENDING_STEPS:
+                    del self._steps[next(iter(self._steps))]
+                self._steps[raw[1]] = (raw[2], raw[3])
+            elif what == COMMIT_RECORD:
+                self._commit(raw[1], raw[2], out)
+        return out
+
+    def _step(self, now: int, notes: Sequence[Sequence[Any]], out: list[Sequence[Any]]) -> None:
+        """A step's notes: the queue spans its placements (or ends while queued) close."""
+        queued = self._queued
+        for traceparent, plan_id, attempt, kind, data in notes:
+            if kind == "leased" or kind in _ENDS:
+                entry = queued.pop(plan_id, None)
+                if entry is None:
+                    if kind != "leased":
+                        continue
+                    entry = [traceparent, now, attempt, "", None]  # queued before a restart: a queue span from here
+                attributes: dict[str, Any] = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": entry[2]}
+                if entry[3]:  # no attribute for a plan that never waited: each one costs the encoding
+                    attributes["fleetwire.wait_reason"] = entry[3]
+                error = ""
+                if kind != "leased":
+                    error = f"ended {kind} while queued"
+                elif data:  # the placement that leased it: (policy, worker id); none when recovery adopted the lease
+                    attributes["fleetwire.policy"] = str(data[0])
+                    attributes["fleetwire.worker_id"] = str(data[1])
+                parent = entry[0]
+                out.append(("fleetwire.queue", parent[3:35], _getrandbits(64) or 1, parent[36:52], True, entry[1], now,
+                            attributes, entry[4], "internal", error))  # fmt: skip
+            elif kind in _QUEUED_BY:
+                queued[plan_id] = [traceparent, now, attempt + 1, "", None]
+            elif kind == "waiting":
+                entry = queued.get(plan_id)
+                if entry is None:  # queued before a restart: its wait is known from here on
+                    entry = queued[plan_id] = [traceparent, now, attempt + 1, "", None]
+                entry[3] = reason = str((data or {}).get("reason", ""))
+                if entry[4] is None:
+                    entry[4] = []
+                entry[4].append(("waiting", now, {"reason": reason}))
+
+    def _commit(self, step: int, now: int, out: list[Sequence[Any]]) -> None:
+        """A step committed: the commit spans of the plans it recorded or ended (one a plan)."""
+        flushed = self._steps.pop(step, None)
+        if flushed is None:
+            return
+        started, notes = flushed
+        done: set[str] = set()
+        for traceparent, plan_id, attempt, kind, _ in notes:
+            if kind in _COMMITTED and plan_id not in done:
+                done.add(plan_id)
+                out.append((COMMIT_SPAN, traceparent, started, now, plan_id, attempt, kind))
 
 
 class SpanBuilder:
@@ -104,6 +198,8 @@ class SpanBuilder:
         self._flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
         self._ok = trace.Status(trace.StatusCode.UNSET)
         self._encoder = SpanEncoder(self._resource.attributes, "fleetwire", self._resource.schema_url or "")
+        self.steps = StepSpans()
+        """The coordinator's step records made into spans (they come only from it)."""
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -136,6 +232,7 @@ class SpanBuilder:
         posts them with its own HTTP client (its endpoint, headers, TLS, compression, timeout and retries);
         any other exporter (an in-memory one in tests, one given in code) gets ``ReadableSpan`` objects."""
         try:
+            batch = self.steps.expand(batch)
             post = self._post(exporter)
             if post is not None:
                 return bool(post(self._encoder.encode(batch)).success)

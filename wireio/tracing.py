@@ -32,31 +32,37 @@ Theory of operation:
   that encodes the OTLP request (protobuf, wireio/otlp.py) and posts it with the standard OTLP/HTTP
   exporter's client, so this process never imports OpenTelemetry; without it (the client in an
   application's process, or an exporter given in code) the thread does that itself.
+  The coordinator notes less still: one record per step of its core (:meth:`Tracing.add_step`, the
+  step's trace notes as its core made them, and :meth:`Tracing.add_commit`), made into its spans
+  where they are exported (wireio/span_export.py ``StepSpans``); a step record weighs its notes
+  against the queue's bound and a batch.
   :meth:`Tracing.flush` exports what is queued now; :meth:`Tracing.shutdown` flushes and stops the
   thread (and the child).
 
 What a sampled span still costs, measured on the 2-core VM (docs/OPERATIONS.md §Tracing, *What it
-costs*): about 1-2 µs to note it here (the hot path), then about 3.6 µs to encode it
-(wireio/otlp.py; the SDK's ``ReadableSpan`` and ``encode_spans`` took ~23 µs) and its share of a
-post, in the exporter thread or (``export_process``) the child, where the exporter thread only
-packs it (~0.2 µs) and the child unpacks it (~1 µs). An unsampled plan costs the client one ratio
-test (~0.2 µs) and the other hops one flags test.
+costs*): about 1-2 µs to note it here (the hot path; the coordinator notes nothing per plan), then
+about 3.6 µs to encode it (wireio/otlp.py; the SDK's ``ReadableSpan`` and ``encode_spans`` took
+~23 µs) and its share of a post, in the exporter thread or (``export_process``) the child, where
+the exporter thread only packs it (~0.2 µs) and the child unpacks it (~1 µs). An unsampled plan
+costs the client no draw at a ratio (:meth:`Sampler.sampled_roots`) and the other hops one flags
+test.
 """
 
 from __future__ import annotations
 
 import collections
 import importlib.util
+import math
 import os
 import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from protocol.tracecontext import format_traceparent, is_sampled
-from wireio.span_export import ExportProcess, SpanBuilder
+from wireio.span_export import COMMIT_RECORD, STEP_RECORD, ExportProcess, SpanBuilder
 
 __all__ = [
     "EXPORT_VARIABLE",
@@ -155,8 +161,32 @@ class Sampler:
             return _random.getrandbits(128) or 1
         if ratio <= 0.0 or _random.random() >= ratio:
             return 0
+        return self.sampled_id(_random)
+
+    def sampled_id(self, _random: Any = random) -> int:
+        """The id of a root this sampler sampled (a ratio under 1): its low 64 bits under the bound."""
         low = _random.randrange(self.bound) if self.bound else 0
         return (_random.getrandbits(64) << 64 | low) or 1
+
+    def sampled_roots(self, count: int, _random: Any = random) -> Iterator[int]:
+        """Which of ``count`` new roots are sampled, in order (a ratio under 1): each one independently with
+        probability :attr:`ratio`, as ``count`` calls of :meth:`root` decide, but drawn as the gaps between the
+        sampled ones (geometric), so an unsampled root costs nothing: at 1 %, about one draw per 100 roots."""
+        ratio = self.ratio
+        if ratio <= 0.0:
+            return
+        if ratio >= 1.0:
+            yield from range(count)
+            return
+        scale = 1.0 / math.log1p(-ratio)
+        i = 0
+        while True:
+            gap = math.log(1.0 - _random.random()) * scale  # unsampled before the next sampled: floor(log U / log q)
+            if gap >= count - i:  # (a float: a tiny ratio's gap may be past any int)
+                return
+            i += int(gap)
+            yield i
+            i += 1
 
     def child(self, parent: str) -> bool:
         """Whether a span under ``parent`` (a valid ``traceparent``) is sampled here."""
@@ -267,6 +297,8 @@ class Tracing:
         self._batch = min(_env_int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH_SPANS), self._max_queue)
         self._delay_s = _env_int(env, "OTEL_BSP_SCHEDULE_DELAY", DEFAULT_DELAY_MS) / 1000
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._noted = 0  # trace notes in step records queued so far (add_step: the noting thread's count)
+        self._taken = 0  # ... and taken off the queue (the exporter's count)
         self._wake = threading.Event()
         self._export_lock = threading.Lock()  # one export at a time: the thread's, or a flush's
         self._closed = False
@@ -333,12 +365,12 @@ class Tracing:
         if self.sampler.ratio >= 1.0:
             return [LiveSpan(self, name, f"{root():032x}", 0, True, now, attributes_of(item), kind) for item in items]
         spans: list[LiveSpan | None] | None = None
-        for i, item in enumerate(items):
-            trace = root()
-            if trace:
-                if spans is None:
-                    spans = [None] * len(items)
-                spans[i] = LiveSpan(self, name, f"{trace:032x}", 0, True, now, attributes_of(item), kind)
+        sampler = self.sampler
+        for i in sampler.sampled_roots(len(items)):  # the unsampled ones cost nothing each
+            if spans is None:
+                spans = [None] * len(items)
+            spans[i] = LiveSpan(self, name, f"{sampler.sampled_id():032x}", 0, True, now, attributes_of(items[i]),
+                                kind)  # fmt: skip
         return spans
 
     def child(self, parent: LiveSpan, name: str, attributes: dict[str, str | int | float | bool] | None = None, *,
@@ -384,6 +416,28 @@ class Tracing:
         if len(queue) >= self._batch and not self._wake.is_set():
             self._wake.set()
 
+    def add_step(self, step: int, at_ns: int, notes: Sequence[Any]) -> None:
+        """A step's trace notes as one record (the coordinator's: coordinator/io/ops/tracing.py), numbered ``step``,
+        flushed at ``at_ns``: its spans are made where they are exported (wireio/span_export.py ``StepSpans``), so
+        the noting thread does nothing per plan. ``notes`` is the exporter's from now on (never changed). It weighs
+        its notes against the queue's bound and batch size."""
+        queue = self._queue
+        if len(queue) + self._noted - self._taken >= self._max_queue:
+            self.dropped += 1
+            return
+        queue.append((STEP_RECORD, step, at_ns, notes))
+        self._noted += len(notes)  # written by the noting thread only; _taken by the exporter only: no lost update
+        if self._noted - self._taken >= self._batch and not self._wake.is_set():
+            self._wake.set()
+
+    def add_commit(self, step: int, at_ns: int) -> None:
+        """Step ``step``'s records were committed at ``at_ns``: its plans' commit spans (:meth:`add_step`)."""
+        queue = self._queue
+        if len(queue) + self._noted - self._taken >= self._max_queue:
+            self.dropped += 1
+            return
+        queue.append((COMMIT_RECORD, step, at_ns))
+
     def _note(self, span: tuple[Any, ...]) -> None:
         queue = self._queue
         if len(queue) >= self._max_queue:
@@ -409,7 +463,10 @@ class Tracing:
             queue, batch_size, process, builder = self._queue, self._batch, self.process, self._builder
             failed = process.failed if process is not None else 0
             while queue:
-                batch = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
+                if self._noted == self._taken:  # spans only: one a batch's place each
+                    batch = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
+                else:
+                    batch = self._take_weighed(batch_size)
                 if process is not None:
                     sent = process.send(batch)  # False: the child is gone (it is started again later)
                 else:
@@ -423,6 +480,20 @@ class Tracing:
             if process is not None:
                 self._count_lost(process.failed - failed)
         return went
+
+    def _take_weighed(self, batch_size: int) -> list[tuple[Any, ...]]:
+        """The next batch off the queue, a step record weighing its notes (:meth:`add_step`)."""
+        queue, batch, weight = self._queue, [], 0
+        while queue and weight < batch_size:
+            raw = queue.popleft()
+            batch.append(raw)
+            if raw[0] == STEP_RECORD:
+                notes = len(raw[3])
+                self._taken += notes
+                weight += notes
+            else:
+                weight += 1
+        return batch
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Export what is queued now; whether it all went within ``timeout_s`` (none was lost)."""

@@ -19,8 +19,8 @@ def test_every_traced_plan_leaves_its_three_coordinator_spans_and_the_exporter_e
     bench = _bench()
     dump = tmp_path / "spans.msgpack"
     assert bench.coordinator(1_200, 1, str(dump)) > 0  # raises on a stuck run (a plan never assigned)
-    spans = msgspec.msgpack.decode(dump.read_bytes())
-    assert len(spans) == 3 * 1_200
+    assert bench.count(str(dump)) == 3 * 1_200  # the step records the loop noted, made into spans by the exporter
+    assert len(msgspec.msgpack.decode(dump.read_bytes())) < 1_200 // 10  # one record a step, not one a span
     assert bench.exporter(str(dump), 1) > 0
 
 

@@ -109,3 +109,37 @@ def test_a_compact_commit_span_encodes_as_the_sdk_encodes_its_expansion_and_buil
     built = builder.build(*expand(compact))
     assert (built.name, dict(built.attributes), built.parent.span_id, built.parent.is_remote) == (
         "fleetwire.store.commit", expanded[7], 0x00F067AA0BA902B8, True)  # fmt: skip
+
+
+def test_the_coordinators_step_records_expand_after_the_pipe_into_its_spans_encoded_as_the_sdk_does() -> None:
+    """A traced plan's four steps, noted as one record a step and one a commit and sent through msgpack as the pipe
+    sends them, become exactly its queue span (queued -> leased: the wait as an event and attribute, the placement's
+    policy and worker) and its two commit spans (creation, end), encoded as the SDK encodes the same spans."""
+    import msgspec
+
+    from wireio.span_export import COMMIT_RECORD, STEP_RECORD, StepSpans
+
+    parent = f"00-{TRACE}-00f067aa0ba902b8-01"
+    steps = [[(parent, "p-1", 0, "queued", {})], [(parent, "p-1", 0, "waiting", {"reason": "busy"})],
+             [(parent, "p-1", 1, "leased", ("fifo", "w1"))], [(parent, "p-1", 1, "succeeded", {"result": 1})]]
+    records: list[tuple[Any, ...]] = []
+    for n, notes in enumerate(steps, 1):
+        records += [(STEP_RECORD, n, n * 1_000, notes), (COMMIT_RECORD, n, n * 1_000 + 500)]
+    piped = msgspec.msgpack.decode(msgspec.msgpack.encode((0, records)))[1]
+    expander = StepSpans()
+    got = expander.expand(piped[:3]) + expander.expand(piped[3:])  # state kept across batches
+    assert expander.queued == 0 and [raw[0] for raw in got] == [COMMIT_SPAN, "fleetwire.queue", COMMIT_SPAN]
+    queue_id = got[1][2]
+    assert got[1] == ("fleetwire.queue", TRACE, queue_id, "00f067aa0ba902b8", True, 1_000, 3_000,
+                      {"fleetwire.plan_id": "p-1", "fleetwire.attempt": 1, "fleetwire.wait_reason": "busy",
+                       "fleetwire.policy": "fifo", "fleetwire.worker_id": "w1"},
+                      [("waiting", 2_000, {"reason": "busy"})], "internal", "")  # fmt: skip
+    assert [tuple(raw[2:]) for raw in (got[0], got[2])] == [(1_000, 1_500, "p-1", 0, "queued"),
+                                                           (4_000, 4_500, "p-1", 1, "succeeded")]  # fmt: skip
+    builder = SpanBuilder("fleetwire-coordinator")
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(builder._encoder.encode(got))
+    ids = [int.from_bytes(s.span_id, "big") for s in ours.resource_spans[0].scope_spans[0].spans]
+    sdk = [raw if raw[0].__class__ is str else (*expand(raw)[:2], span_id, *expand(raw)[3:])
+           for raw, span_id in zip(got, ids, strict=True)]  # the commit spans' ids, drawn by the encoder
+    assert ours == _sdk_request(builder, sdk)

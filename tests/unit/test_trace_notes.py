@@ -44,7 +44,7 @@ class Traced(Harness):
             self.inbox.setdefault(conn_id, []).extend(msgs)
 
     def kinds(self) -> list[str]:
-        return [note.kind for step in self.steps for note in step]
+        return [note[3] for step in self.steps for note in step]
 
 
 def test_a_sampled_plans_steps_are_noted_and_its_context_reaches_the_worker() -> None:
@@ -60,8 +60,8 @@ def test_a_sampled_plans_steps_are_noted_and_its_context_reaches_the_worker() ->
     h.send(w, Accept(plan_id=plan, attempt=1))
     h.send(w, Done(plan_id=plan, attempt=1, outcome="succeeded", receipt=Receipt(joules=1.0)))
     assert h.kinds() == ["queued", "waiting", "leased", "succeeded"]
-    leased = next(n for s in h.steps for n in s if n.kind == "leased")
-    assert leased.data == {"policy": "joule_weighted", "worker_id": "w1"} and leased.traceparent == SAMPLED
+    leased = next(n for s in h.steps for n in s if n[3] == "leased")
+    assert leased[4] == ("joule_weighted", "w1") and leased[0] == SAMPLED
     h.send(c, GetPlan(req_id=9, plan_id=plan))
     info = only(h.take(c), PlanReply).plan
     assert info.trace_id == TRACE
@@ -69,14 +69,18 @@ def test_a_sampled_plans_steps_are_noted_and_its_context_reaches_the_worker() ->
 
 
 def test_unsampled_untraced_and_tracing_off_note_nothing() -> None:
-    """An unsampled context, no context, or a core that does not trace: no note (the worker still gets the context)."""
+    """An unsampled context, the caller's "no" without ids ("00"), no context, or a core that does not trace: no
+    note, no trace id (the worker still gets the context)."""
     h = Traced()
     c = h.client()
     h.submit(c, traceparent=UNSAMPLED)
+    bare = h.submit(c, traceparent="00")
     h.submit(c)
-    w = h.worker("w1", max_concurrency=2)
-    assert [a.traceparent for a in h.take(w) if isinstance(a, Assign)] == [UNSAMPLED, ""]
-    assert h.steps == []
+    w = h.worker("w1", max_concurrency=3)
+    assert [a.traceparent for a in h.take(w) if isinstance(a, Assign)] == [UNSAMPLED, "00", ""]
+    assert h.steps == [] and not any(plan.sampled for plan in h.core.plans.values())
+    h.send(c, GetPlan(req_id=9, plan_id=bare))
+    assert only(h.take(c), PlanReply).plan.trace_id == ""
     off = Traced()
     off.core.streams.tracing = False
     off.submit(off.client(), traceparent=SAMPLED)
@@ -126,7 +130,7 @@ def test_spans_from_notes_queue_with_wait_reasons_placement_and_commits() -> Non
         ("w1", 1, "joule_weighted"), ("w2", 2, "joule_weighted")]
     assert all(s.parent is not None and f"{s.parent.span_id:016x}" == "00f067aa0ba902b7" for s in got)
     assert {f"{s.context.trace_id:032x}" for s in got} == {TRACE}
-    assert spans.queued == 0
+    assert tracing._builder is not None and tracing._builder.steps.queued == 0
     tracing.shutdown()
 
 
@@ -158,13 +162,36 @@ def test_a_lease_without_a_queued_note_still_ends_a_queue_span_and_an_adopted_le
     exporter = InMemorySpanExporter()
     tracing = Tracing(SERVICE_COORDINATOR, exporter=exporter, environ={})
     spans = PlanSpans(tracing, clock=lambda: 5_000)
-    spans.flushed([TraceNote(SAMPLED, "p1", 1, "leased", {"policy": "fifo", "worker_id": "w1"})])
-    spans.flushed([TraceNote(SAMPLED, "p2", 0, "queued", None)])
-    spans.flushed([TraceNote(SAMPLED, "p2", 3, "leased", None)])
+    spans.flushed([(SAMPLED, "p1", 1, "leased", ("fifo", "w1"))])
+    spans.flushed([(SAMPLED, "p2", 0, "queued", None)])
+    spans.flushed([(SAMPLED, "p2", 3, "leased", None)])
     tracing.flush()
     got = {(s.attributes or {})["fleetwire.plan_id"]: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
     assert got == {"p1": {"fleetwire.plan_id": "p1", "fleetwire.attempt": 1, "fleetwire.policy": "fifo",
                           "fleetwire.worker_id": "w1"},
                    "p2": {"fleetwire.plan_id": "p2", "fleetwire.attempt": 1}}  # fmt: skip
-    assert spans.queued == 0
+    assert tracing._builder is not None and tracing._builder.steps.queued == 0
     tracing.shutdown()
+
+
+def test_the_loop_hands_the_tracer_one_record_a_step_and_an_end_note_carries_no_result() -> None:
+    """PlanSpans does no work per plan on the event loop: a step of 50 traced plans is one record when flushed and
+    one when committed; a plan's end is noted without its event's data (its result is never packed for spans)."""
+    h = Traced()
+    w = h.worker("w1", max_concurrency=50)
+    c = h.client()
+    plans = [h.submit(c, traceparent=SAMPLED) for _ in range(50)]
+    for plan in plans:
+        h.send(w, Accept(plan_id=plan, attempt=1))
+        h.send(w, Done(plan_id=plan, attempt=1, outcome="succeeded", result="x" * 1_000))
+    ends = [n for step in h.steps for n in step if n[3] == "succeeded"]
+    assert len(ends) == 50 and {n[4] for n in ends} == {None}
+    tracing = Tracing(SERVICE_COORDINATOR, exporter=InMemorySpanExporter(), environ={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    try:
+        spans = PlanSpans(tracing, clock=lambda: 5_000)
+        step = [n for s in h.steps for n in s]
+        spans.flushed(step)
+        spans.delivered(step)
+        assert len(step) >= 150 and len(tracing._queue) == 2
+    finally:
+        tracing.shutdown()

@@ -9,6 +9,7 @@ import pytest
 
 from protocol.tracecontext import (
     format_traceparent,
+    handler_traceparent,
     is_sampled,
     parse_traceparent,
     trace_id_of,
@@ -170,8 +171,9 @@ def test_an_unsampled_context_notes_nothing_and_a_full_queue_drops_without_block
 def test_the_client_decides_once_and_an_unsampled_plan_carries_only_its_callers_context(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With the client's sampler off, a submit outside any span carries no traceparent and makes no span; inside an
-    application's unsampled span it carries that span's context, flag clear, so no hop makes a span."""
+    """With the client's sampler off, a submit outside any span carries the decision alone ("00": unsampled, no ids)
+    and makes no span; inside an application's unsampled span it carries that span's context, flag clear, so no hop
+    makes a span."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
@@ -183,7 +185,7 @@ def test_the_client_decides_once_and_an_unsampled_plan_carries_only_its_callers_
     try:
         msgs = [Submit(req_id=1, op="echo"), Submit(req_id=2, op="echo")]
         assert fleetwire.tracing.start_submit_spans(msgs) is None
-        assert [m.traceparent for m in msgs] == ["", ""]
+        assert [m.traceparent for m in msgs] == ["00", "00"]
         app = TracerProvider(sampler=ALWAYS_OFF).get_tracer("app")
         with app.start_as_current_span("request") as request:
             assert fleetwire.tracing.start_submit_spans(msgs) is None
@@ -409,5 +411,72 @@ def test_start_each_decides_a_batch_once_under_a_parent_and_builds_attributes_on
         assert roots is not None and 120 < len(built) < 280
         assert built == [i for i, s in enumerate(roots) if s is not None]
         assert len({s.trace_id for s in roots if s is not None}) == len(built)
+    finally:
+        tracing.shutdown()
+
+
+def test_the_unsampled_decision_without_ids_is_valid_and_a_handler_gets_a_fresh_w3c_context_for_it() -> None:
+    """"00" (unsampled, no ids) is a valid traceparent that is not sampled and names no trace; for it a handler gets
+    fresh unsampled W3C contexts (valid, flags 00, all distinct, across the pool's refills); any other is kept."""
+    from protocol.tracecontext import _TRACEPARENT, UNSAMPLED
+
+    assert UNSAMPLED == "00" and traceparent_problem(UNSAMPLED) is None and parse_traceparent(UNSAMPLED) is None
+    assert (is_sampled(UNSAMPLED), trace_id_of(UNSAMPLED)) == (False, "")
+    fresh = [handler_traceparent(UNSAMPLED) for _ in range(600)]
+    assert len(set(fresh)) == 600 and len({t[3:35] for t in fresh}) == 600
+    for text in fresh:
+        parsed = parse_traceparent(text)
+        assert _TRACEPARENT.fullmatch(text) and parsed is not None and parsed.flags == 0 and not is_sampled(text)
+    assert [handler_traceparent(t) for t in (SAMPLED, UNSAMPLED[:0], UNSAMPLED * 0)] == [SAMPLED, "", ""]
+    assert handler_traceparent(f"00-{TRACE}-{SPAN}-00") == f"00-{TRACE}-{SPAN}-00"
+
+
+def test_a_ratio_sampler_decides_a_batchs_roots_alone_each_but_draws_only_the_gaps() -> None:
+    """sampled_roots picks each of a batch's roots with the ratio's probability, independently (every position
+    alike; 1 % of 200,000), with about one random draw per sampled root, not one per root."""
+    import random
+
+    from wireio.tracing import Sampler
+
+    class Counted(random.Random):
+        draws = 0
+
+        def random(self) -> float:
+            Counted.draws += 1
+            return super().random()
+
+    rng = Counted(11)
+    sampler = Sampler("parentbased_traceidratio", 0.01)
+    picked = [i for _ in range(400) for i in sampler.sampled_roots(500, rng)]
+    assert 1_800 <= len(picked) <= 2_200 and Counted.draws <= len(picked) + 400
+    assert abs(sum(1 for i in picked if i < 250) - sum(1 for i in picked if i >= 250)) < 250  # each half alike
+    half = Sampler("traceidratio", 0.5)
+    counts = [0] * 4
+    for _ in range(20_000):
+        for i in half.sampled_roots(4, rng):
+            counts[i] += 1
+    assert all(9_500 <= n <= 10_500 for n in counts)
+    assert list(Sampler("always_off").sampled_roots(9, rng)) == [] and list(Sampler("x").sampled_roots(3)) == [0, 1, 2]
+    assert list(Sampler("traceidratio", 1e-300).sampled_roots(9)) == []  # a gap past any int: none
+
+
+def test_step_records_weigh_their_notes_against_the_queue_and_a_batch() -> None:
+    """A step record (the coordinator's notes of one step) counts its notes against OTEL_BSP_MAX_QUEUE_SIZE (past
+    it, the record is dropped and counted) and against a batch: a batch holds records up to the batch size in
+    notes, so a pipe frame stays about a batch of spans."""
+    from wireio.span_export import COMMIT_RECORD, STEP_RECORD
+
+    environ = {"OTEL_BSP_MAX_QUEUE_SIZE": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
+    tracing = Tracing(SERVICE_COORDINATOR, exporter=_Counting(), environ=environ)
+    try:
+        notes = [(SAMPLED, f"p{i}", 0, "queued", None) for i in range(3)]
+        for step in (1, 2):
+            tracing.add_step(step, 1_000, notes)
+            tracing.add_commit(step, 2_000)
+        tracing.add_step(3, 1_000, notes)  # 4 records and 6 notes queued: 10
+        assert (len(tracing._queue), tracing.dropped) == (4, 1)
+        assert [r[0] for r in tracing._take_weighed(4)] == [STEP_RECORD, COMMIT_RECORD]  # 3 notes + 1: a batch
+        assert (tracing._noted - tracing._taken, len(tracing._queue)) == (3, 2)
+        assert [r[1] for r in tracing._take_weighed(4)] == [2, 2] and tracing._noted == tracing._taken == 6
     finally:
         tracing.shutdown()

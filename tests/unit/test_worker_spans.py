@@ -68,3 +68,29 @@ async def test_a_traced_plan_whose_handler_runs_on_the_loop_still_needs_no_task(
     assert handler.parent.span_id == attempt.context.span_id and attempt.parent.span_id == 0x00F067AA0BA902B7
     assert attempt.attributes["fleetwire.outcome"] == "succeeded"
     assert seen == [f"00-{TRACE}-{handler.context.span_id:016x}-01"]
+
+
+async def test_a_plan_its_caller_chose_not_to_sample_hands_its_handler_a_fresh_unsampled_context() -> None:
+    """An assign whose traceparent is "00" (unsampled, no ids) makes no span, and its handler sees a valid W3C context
+    flagged unsampled (what it passes to an engine follows the caller's "no"), another one for each plan."""
+    from protocol.tracecontext import parse_traceparent
+
+    exporter = _Kept()
+    tracing = Tracing(SERVICE_WORKER, exporter=exporter, environ={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    queue = SendQueue(10_000, structlog.get_logger())
+    plans = PlanRunner(
+        worker_id="w1", max_concurrency=4, kill_grace_s=1.0, max_payload_bytes=1024,
+        handlers={**builtin_handlers(), "remembers": remembers}, telemetry=Telemetry(), outbound=queue,
+        logger=structlog.get_logger(),
+    )  # fmt: skip
+    plans.tracing = tracing
+    seen.clear()
+    try:
+        for plan_id in ("p1", "p2"):
+            plans.on_assign(protocol.Assign(plan_id=plan_id, attempt=1, op="remembers", traceparent="00"))
+        tracing.flush()
+    finally:
+        tracing.shutdown()
+    contexts = [parse_traceparent(text) for text in seen]
+    assert exporter.spans == [] and len(set(seen)) == 2
+    assert all(c is not None and c.flags == 0 for c in contexts)
