@@ -477,43 +477,38 @@ class PgStore:
         chained = self._events_crc
         chained_now: dict[str, int] = {}  # applied once committed, like the keys
         ended: list[str] = []
-        shards: set[int] = set()
         # Rows as tuples, into a list per column at the end by zip(*rows) (an append per column cost ~2 us a
         # plan); names local, the encoder called directly (encode_run/encode_record when it refuses a payload).
+        # The new plans first, then the others (no test of which a row is, per row); the shards of the new
+        # rows at once.
         new_rows: list[tuple[Any, ...]] = []
         upd_rows: list[tuple[Any, ...]] = []
         ev_rows: list[tuple[Any, ...]] = []
-        add_new, add_upd, add_shard = new_rows.append, upd_rows.append, shards.add
-        fresh_key, key_of, run_of, status_of = fresh.get, keys.get, runs.get, latest.get
+        shards: set[int] = set(fresh_shards.values())
+        add_new, add_upd, add_ev, add_shard = new_rows.append, upd_rows.append, ev_rows.append, shards.add
+        key_of, run_of, status_of = keys.get, runs.get, latest.get
         terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
-        for plan_id in touched:
-            key = fresh_key(plan_id) if fresh else None
-            new = key is not None
-            if key is not None:
-                shard = fresh_shards[plan_id]
-            else:
-                key = None if forgotten and plan_id in forgotten else key_of(plan_id)
-                if key is None:
-                    continue  # a record of a plan never created (or deleted)
-                shard = shards_of[plan_id]
-            add_shard(shard)
-            inline, inline_crc, count = None, None, 0
+        unencodable = (TypeError, ValueError, OverflowError)
+        for plan_id, key in fresh.items():
+            shard = fresh_shards[plan_id]
+            inline = inline_crc = None
+            count = 0
             run = run_of(plan_id)
             if run is not None:
-                if len(run) > 1:
+                count = len(run)
+                if count > 1:
                     run = run_by_seq(run)
+                    count = len(run)
                 try:
                     body = encode(run)
-                except (TypeError, ValueError, OverflowError):
+                except unencodable:
                     body = encode_run(encoder, run)
-                if run[-1][2] <= max_seq and len(run) < 16 and len(body) <= max_bytes:
-                    inline, count = body[1:], len(run)  # without its one-byte array header
-                    previous = 0 if new else chained.get(plan_id)
-                    if previous is None:
-                        previous = await self._stored_events_crc(conn, key)
-                    inline_crc = chained_now[plan_id] = checksum(inline, previous)
+                if count < 16 and run[-1][2] <= max_seq and len(body) <= max_bytes:
+                    inline = body[1:]  # without its one-byte array header
+                    inline_crc = chained_now[plan_id] = checksum(inline)
                 else:
-                    ev_rows.append((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
+                    count = 0
+                    add_ev((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
             status = status_of(plan_id)
             if status is None:
                 state = status_blob = status_crc = None
@@ -521,23 +516,62 @@ class PgStore:
                 state = status.state
                 try:
                     status_blob = encode(status)
-                except (TypeError, ValueError, OverflowError):
+                except unencodable:
                     status_blob = encode_record(encoder, status)
                 status_crc = checksum(status_blob)
                 if state in terminal:
                     ended.append(plan_id)
-            if new:
-                record = created[plan_id]
+            record = created[plan_id]
+            try:
+                spec = encode(record)
+            except unencodable:
+                spec = encode_record(encoder, record)
+            name = record.submit.plan_id  # the owner's id for it: kept only where it is not the key
+            add_new((key, shard, record.order, count, checksum(spec), status_crc, inline_crc,
+                     plan_id, record.owner, state or "queued", None if name == plan_id else name,
+                     spec, status_blob, inline))  # fmt: skip
+        for plan_id in touched:
+            if fresh and plan_id in fresh:
+                continue  # a new row, above
+            key = None if forgotten and plan_id in forgotten else key_of(plan_id)
+            if key is None:
+                continue  # a record of a plan never created (or deleted)
+            shard = shards_of[plan_id]
+            add_shard(shard)
+            inline = inline_crc = None
+            count = 0
+            run = run_of(plan_id)
+            if run is not None:
+                count = len(run)
+                if count > 1:
+                    run = run_by_seq(run)
+                    count = len(run)
                 try:
-                    spec = encode(record)
-                except (TypeError, ValueError, OverflowError):
-                    spec = encode_record(encoder, record)
-                name = record.submit.plan_id  # the owner's id for it: kept only where it is not the key
-                add_new((key, shard, record.order, count, checksum(spec), status_crc, inline_crc,
-                         plan_id, record.owner, state or "queued", None if name == plan_id else name,
-                         spec, status_blob, inline))  # fmt: skip
+                    body = encode(run)
+                except unencodable:
+                    body = encode_run(encoder, run)
+                if count < 16 and run[-1][2] <= max_seq and len(body) <= max_bytes:
+                    inline = body[1:]  # without its one-byte array header
+                    previous = chained.get(plan_id)
+                    if previous is None:
+                        previous = await self._stored_events_crc(conn, key)
+                    inline_crc = chained_now[plan_id] = checksum(inline, previous)
+                else:
+                    count = 0
+                    add_ev((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
+            status = status_of(plan_id)
+            if status is None:
+                state = status_blob = status_crc = None
             else:
-                add_upd((key, count, status_crc, inline_crc, state, status_blob, inline))
+                state = status.state
+                try:
+                    status_blob = encode(status)
+                except unencodable:
+                    status_blob = encode_record(encoder, status)
+                status_crc = checksum(status_blob)
+                if state in terminal:
+                    ended.append(plan_id)
+            add_upd((key, count, status_crc, inline_crc, state, status_blob, inline))
         return _columns(new_rows, 14), _columns(upd_rows, 7), _columns(ev_rows, 5), chained_now, shards, ended
 
     def _committed(self, rows: _Columns, fresh: dict[str, int], fresh_shards: dict[str, int],
