@@ -38,6 +38,7 @@ from _echo_core import CLIENT, WORKERS, echo_core
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 500
+CONTEXTS = 3000  # the callers' contexts, drawn before a run (a plan's is the one at its index modulo this)
 
 
 def coordinator(plans: int, every: int, dump: str | None = None) -> float:
@@ -64,8 +65,9 @@ def coordinator(plans: int, every: int, dump: str | None = None) -> float:
         from protocol.tracecontext import UNSAMPLED as unsampled
     except ImportError:
         unsampled = ""
-    parents = [f"00-{rnd.getrandbits(128):032x}-{rnd.getrandbits(64):016x}-01" if every and i % every == 0 else
-               unsampled if every else "" for i in range(plans)]  # fmt: skip
+    contexts = [f"00-{rnd.getrandbits(128):032x}-{rnd.getrandbits(64):016x}-01" for _ in range(CONTEXTS)]
+    # as many drawn in either run of a count: their ~6.5k instructions a plan cancel out
+    parents = [contexts[i % CONTEXTS] if every and i % every == 0 else unsampled if every else "" for i in range(plans)]
     pending: dict[int, list[Any]] = {conn: [] for conn in workers}
     seqs = dict.fromkeys(workers, 0)
     gc.collect()

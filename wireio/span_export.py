@@ -225,14 +225,16 @@ class SpanBuilder:
             start_time=start_ns, end_time=max(start_ns, end_ns), instrumentation_scope=self._scope,
         )  # fmt: skip
 
-    def export(self, exporter: Any, batch: Sequence[Sequence[Any]]) -> bool:
-        """Export one batch; whether the exporter took it (a raising exporter: no).
+    def export(self, exporter: Any, batch: Sequence[Sequence[Any]], steps: bool = True) -> bool:
+        """Export one batch; whether the exporter took it (a raising exporter: no). ``steps``: it may hold step
+        records (:class:`StepSpans`; False: a tracer that never noted one, spared the look).
 
         The standard OTLP/HTTP exporter gets the request's bytes from :class:`wireio.otlp.SpanEncoder` and
         posts them with its own HTTP client (its endpoint, headers, TLS, compression, timeout and retries);
         any other exporter (an in-memory one in tests, one given in code) gets ``ReadableSpan`` objects."""
         try:
-            batch = self.steps.expand(batch)
+            if steps:
+                batch = self.steps.expand(batch)
             post = self._post(exporter)
             if post is not None:
                 return bool(post(self._encoder.encode(batch)).success)

@@ -425,8 +425,8 @@ class Tracing:
         if len(queue) + self._noted - self._taken >= self._max_queue:
             self.dropped += 1
             return
-        queue.append((STEP_RECORD, step, at_ns, notes))
-        self._noted += len(notes)  # written by the noting thread only; _taken by the exporter only: no lost update
+        self._noted += len(notes)  # written by the noting thread only, _taken by the exporter only: no lost update;
+        queue.append((STEP_RECORD, step, at_ns, notes))  # counted before it is queued (_export_queued's fast path)
         if self._noted - self._taken >= self._batch and not self._wake.is_set():
             self._wake.set()
 
@@ -463,15 +463,16 @@ class Tracing:
             queue, batch_size, process, builder = self._queue, self._batch, self.process, self._builder
             failed = process.failed if process is not None else 0
             while queue:
-                if self._noted == self._taken:  # spans only: one a batch's place each
-                    batch = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
+                count = min(batch_size, len(queue))
+                if self._noted == self._taken:  # spans only (a step record among the count was counted before it)
+                    batch = [queue.popleft() for _ in range(count)]
                 else:
                     batch = self._take_weighed(batch_size)
                 if process is not None:
                     sent = process.send(batch)  # False: the child is gone (it is started again later)
                 else:
                     assert builder is not None
-                    sent = builder.export(self.exporter, batch)  # False: the collector refused it, or is away
+                    sent = builder.export(self.exporter, batch, self._noted != 0)  # False: refused, or away
                 if sent:
                     self.exported += len(batch)
                 else:
@@ -487,7 +488,7 @@ class Tracing:
         while queue and weight < batch_size:
             raw = queue.popleft()
             batch.append(raw)
-            if raw[0] == STEP_RECORD:
+            if raw[0] is STEP_RECORD:  # (this process's own tuples: that object)
                 notes = len(raw[3])
                 self._taken += notes
                 weight += notes
