@@ -330,7 +330,8 @@ class Plan:
         traceparent = msg.traceparent
         if traceparent:
             plan.traceparent = traceparent
-            plan.sampled = is_sampled(traceparent)
+            if traceparent != "00":  # (UNSAMPLED: the caller's "no" without ids, protocol/tracecontext.py)
+                plan.sampled = is_sampled(traceparent)
         plan.inputs = msg.inputs
         plan.outputs = msg.outputs
         resources = msg.resources
@@ -641,7 +642,7 @@ def submit_problem(msg: Submit) -> str | None:
         return f"requirements.min_gpu_memory_bytes must be >= 0 (got {msg.requirements.min_gpu_memory_bytes})"
     if msg.resources is not None and (problem := resources_problem(msg.resources)) is not None:
         return problem
-    if msg.traceparent and (problem := traceparent_problem(msg.traceparent)) is not None:
+    if msg.traceparent and msg.traceparent != "00" and (problem := traceparent_problem(msg.traceparent)) is not None:
         return f"submit.{problem}"
     # Name caps (protocol/caps.py): names go into logs, indexes and every reply about the plan.
     # The usual short names and no tags cannot exceed them: one cheap test on the hot path.
