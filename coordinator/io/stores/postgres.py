@@ -496,7 +496,7 @@ class PgStore:
             run = run_of(plan_id)
             if run is not None:
                 count = len(run)
-                if count > 1:
+                if count > 1 and (count > 2 or run[0][2] >= run[1][2]):  # two in order (the usual run): as it is
                     run = run_by_seq(run)
                     count = len(run)
                 try:
@@ -543,7 +543,7 @@ class PgStore:
             run = run_of(plan_id)
             if run is not None:
                 count = len(run)
-                if count > 1:
+                if count > 1 and (count > 2 or run[0][2] >= run[1][2]):  # two in order (the usual run): as it is
                     run = run_by_seq(run)
                     count = len(run)
                 try:
