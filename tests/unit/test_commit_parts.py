@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE, MemoryStore, Store
 from coordinator.limits import Limits
 from coordinator.read_policy import ReadPolicy
+from coordinator.records import PlanCreated
 from protocol.messages import Accepted, Submit
 
 pytestmark = pytest.mark.timeout(60)
@@ -101,18 +104,28 @@ def db(tmp_path: Path) -> SQLiteStore:
 
 
 async def test_a_big_frame_is_released_in_parts_before_its_last_part_is_fed(db: SQLiteStore) -> None:
-    """SQLite: the first part's frames go out while later parts of the same frame are still waiting to be fed."""
-    count = 4000
+    """SQLite: the first part's frames go out at the next part's hand-over, before the frame's last part is fed."""
+    count, part = 4000, 20
+    msgs = submits(count)
     async with driven(db) as (driver, session, releases):
-        driver.part_messages = 20  # 200 parts: the loop turns between them outlast a commit's wait
+        driver.part_messages = part
         releases.want = count
-        spent = await session.received(submits(count), 100_000, 0.0)
+        index, spent = session.take(msgs, 100_000, 0.0)
+        assert (index, spent, releases.accepted) == (part, 0, 0)  # one part fed, handed to the writer
+        committer = driver.committer
+        assert isinstance(committer, GroupCommitter)
+        _held_until(lambda: committer._reported == committer.submitted)  # the part is committed; the loop is busy
+        index, _ = session.take(msgs, 100_000, 0.0, index)
+        assert index == 2 * part
+        first = next((seen for seen in releases.seen if seen[0]), None)
+        assert first is not None, "the first part was not released at the second part's hand-over"
+        first_plans, committed, fed_then = first
+        assert first_plans == [m.plan_id for m in msgs[:part]] and set(first_plans) <= committed
+        assert fed_then == 2 * part < count  # released before the frame's last part was fed
+        await session.finish(msgs, index, 100_000)
         await asyncio.wait_for(releases.all.wait(), 30)
     db.close()
-    assert spent == 0
-    assert driver.committer.batches >= count // 20  # one batch per part, at least
-    first_plans, _, fed_then = releases.seen[1]  # [0]: the session's open
-    assert first_plans and fed_then < count  # released before the frame's last part was fed
+    assert committer.batches >= count // part  # one batch per part
 
 
 async def test_frames_never_overtake_their_records_or_an_earlier_part(db: SQLiteStore) -> None:
@@ -142,3 +155,29 @@ async def test_the_memory_store_takes_a_frame_whole() -> None:
         assert index == count
         await asyncio.wait_for(releases.all.wait(), 30)
     assert [len(plans) for plans, _, _ in releases.seen if plans] == [count]
+
+
+def _held_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Hold the loop (as other sessions' parts do) until another thread makes ``condition`` true."""
+    deadline = time.monotonic() + timeout_s
+    held = threading.Event()
+    while not condition():
+        assert time.monotonic() < deadline, "the writer never reported"
+        held.wait(0.001)  # the loop must stay blocked here: no asyncio wait can stand in
+
+
+async def test_a_reported_commit_is_released_at_the_next_hand_over_not_behind_the_loops_queue(db: SQLiteStore) -> None:
+    """GroupCommitter.reap releases what the writer reported before the loop runs the report's callback, once."""
+    released: list[str] = []
+    failures: list[BaseException] = []
+    committer: GroupCommitter[str] = GroupCommitter(db, released.append, failures.append, inline_max_records=0)
+    committer.start()
+    committer.submit([PlanCreated("p1", "alice", 1, submits(1)[0])], "first")
+    _held_until(lambda: "p1" in in_file(db.path))  # committed; its callback waits for the loop
+    _held_until(lambda: committer.transactions == 0 and committer._reported == 1)
+    committer.reap()
+    assert released == ["first"]  # here, in the loop's own step
+    committer.submit([PlanCreated("p2", "alice", 2, submits(2)[1])], "second")
+    await committer.close()
+    assert released == ["first", "second"] and not failures  # the late callback released nothing twice
+    db.close()

@@ -123,6 +123,8 @@ class CoreDriver:
         self.part_messages = (
             DURABLE_PART_MESSAGES if isinstance(committer_, GroupCommitter) and committer_.store.blocking else 0
         )
+        # Parts' commits released at each hand-over, not behind the loop's queue (coordinator/io/stores/commit.py).
+        self._reap = committer_.reap if self.part_messages and isinstance(committer_, GroupCommitter) else None
         # Sessions of the core that are no websocket (the OpenAI door's requests, frontdoor/openai_http.py): their
         # messages are handed to ``deliver(msgs)`` as Structs, once committed like everyone's.
         self.sinks: dict[int, Sink] = {}
@@ -168,6 +170,8 @@ class CoreDriver:
             self.provisioner.decided(effects.decisions)
         # Frames go out only once the records of their step (and of every step before) are committed.
         committer = self.committer
+        if self._reap is not None:
+            self._reap()
         if effects.records:
             committer.submit(effects.records, effects, size)
         elif committer.pending:

@@ -19,6 +19,13 @@ wait in its pipe into one transaction. Its inline commits (below) are still the 
 coordinator's own connection: the store has applied the keys of every group reported before
 (writer_process.py), and an inline commit is made only once every earlier group is reported.
 
+Releases between parts (issue 29). A commit is reported to the loop with ``call_soon_threadsafe``,
+whose callback runs behind everything the loop has queued in its turn: the other sessions' frames,
+each a part of up to ``DURABLE_PART_MESSAGES`` (coordinator/io/frontdoor/core_driver.py), 10-20 ms
+on a busy coordinator. The reporting thread also notes the newest ticket committed, and
+:meth:`GroupCommitter.reap`, which the driver calls at each step's hand-over, releases up to it there
+and then; the callback then finds it released and does nothing.
+
 Idle writer: commit at once, on the loop. A batch submitted while the writer thread has
 nothing in flight, to a store that allows it (one whose abilities have ``try_write``: SQLite, a local file),
 is not handed to the thread: the batches of the same loop iteration are gathered
@@ -139,6 +146,7 @@ class GroupCommitter(Backlog[T]):
         self._file_check_interval_s = file_check_interval_s
         self._next_file_check = 0.0
         self._committed = 0  # every ticket up to this one is durable
+        self._reported = 0  # the newest ticket the writer's threads reported durable (set there; reap() reads it)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -245,6 +253,7 @@ class GroupCommitter(Backlog[T]):
                     loop.call_soon_threadsafe(self._fail, exc)
                     return
                 if sender is None:
+                    self._reported = ticket
                     loop.call_soon_threadsafe(self._done, ticket)
             if stop:
                 if sender is not None:
@@ -260,6 +269,7 @@ class GroupCommitter(Backlog[T]):
         assert self._loop is not None
         try:
             if error is None:
+                self._reported = ticket
                 self._loop.call_soon_threadsafe(self._done, ticket)
             else:
                 self._loop.call_soon_threadsafe(self._fail, error)
@@ -302,7 +312,15 @@ class GroupCommitter(Backlog[T]):
 
     # ------------------------------------------------------------------ back on the loop
 
+    def reap(self) -> None:
+        """Release now what the writer reported committed whose callback has not run yet (module docstring)."""
+        reported = self._reported
+        if reported > self._committed and self.failed is None:
+            self._done(reported)
+
     def _done(self, ticket: int) -> None:
+        if ticket <= self._committed:  # released already (reap)
+            return
         if self._check_files is not None and (now := time.monotonic()) >= self._next_file_check:
             self._next_file_check = now + self._file_check_interval_s
             try:
