@@ -15,10 +15,13 @@ server's loop (``fleetwire-pg-commit``) drives the store's writer connection (as
   one round trip) and awaits it on this loop. No hand-over to a writer thread and back (a
   thread wake-up, the GIL passed twice, the loop woken from outside).
 * **Pipelined.** While one group's transaction is in flight, the batches submitted meanwhile
-  gather into the next group, which is sent the moment the first commit returns. At most one
-  transaction is in flight per store (per shard's core), so groups commit in submit order and
-  each sees the rows of the one before. Under load the group grows to what one round trip
-  carries; an idle core's lone request pays one round trip and nothing else.
+  gather into the next group, which is sent the moment the first commit returns: before the
+  first group's payloads are released (they go a callback later, once the next statement is on
+  its way), so the database does not wait while the loop hands a group's frames to their
+  sessions; with nothing gathered they are released at once. At most one transaction is in
+  flight per store (per shard's core), so groups commit in submit order and each sees the rows
+  of the one before. Under load the group grows to what one round trip carries; an idle core's
+  lone request pays one round trip and nothing else.
 * **Bounded groups.** A group takes whole batches up to :data:`MAX_GROUP_RECORDS` records (a
   batch is never split: one core step's records commit together); the rest wait for the next
   group. Each group's fence holds its shards' lease rows ``FOR SHARE`` until it commits, and the
@@ -168,7 +171,13 @@ class PipelinedCommitter(Backlog[T]):
             except Exception as exc:
                 self._fail(exc)
                 return
-            self._done(ticket)
+            if self._batches and not self.store.lost():
+                # The next group is gathered: it is encoded and sent first, and this one's payloads are released
+                # once it is in flight (a callback runs before the task resumes), so the database is not idle
+                # while the loop hands this group's frames to their sessions (module docstring, "Pipelined").
+                loop.call_soon(self._done, ticket)
+            else:
+                self._done(ticket)
 
     def _take(self) -> tuple[Sequence[Record], int]:
         """The next group: whole batches, in order, up to ``max_group_records`` records (at least one batch)."""
