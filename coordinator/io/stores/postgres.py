@@ -489,7 +489,7 @@ class PgStore:
         key_of, run_of, status_of = keys.get, runs.get, latest.get
         terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
         unencodable = (TypeError, ValueError, OverflowError)
-        for plan_id, key in fresh.items():
+        for plan_id, new_key in fresh.items():
             shard = fresh_shards[plan_id]
             inline = inline_crc = None
             count = 0
@@ -508,7 +508,7 @@ class PgStore:
                     inline_crc = chained_now[plan_id] = checksum(inline)
                 else:
                     count = 0
-                    add_ev((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
+                    add_ev((new_key, run[0][2], shard, checksum(body, new_key & 0xFFFFFFFF), body))
             status = status_of(plan_id)
             if status is None:
                 state = status_blob = status_crc = None
@@ -527,7 +527,7 @@ class PgStore:
             except unencodable:
                 spec = encode_record(encoder, record)
             name = record.submit.plan_id  # the owner's id for it: kept only where it is not the key
-            add_new((key, shard, record.order, count, checksum(spec), status_crc, inline_crc,
+            add_new((new_key, shard, record.order, count, checksum(spec), status_crc, inline_crc,
                      plan_id, record.owner, state or "queued", None if name == plan_id else name,
                      spec, status_blob, inline))  # fmt: skip
         for plan_id in touched:
