@@ -186,7 +186,8 @@ def test_the_loop_hands_the_tracer_one_record_a_step_and_an_end_note_carries_no_
         h.send(w, Done(plan_id=plan, attempt=1, outcome="succeeded", result="x" * 1_000))
     ends = [n for step in h.steps for n in step if n[3] == "succeeded"]
     assert len(ends) == 50 and {n[4] for n in ends} == {None}
-    tracing = Tracing(SERVICE_COORDINATOR, exporter=InMemorySpanExporter(), environ={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    environ = {"OTEL_BSP_SCHEDULE_DELAY": "600000"}
+    tracing = Tracing(SERVICE_COORDINATOR, exporter=InMemorySpanExporter(), environ=environ)
     try:
         spans = PlanSpans(tracing, clock=lambda: 5_000)
         step = [n for s in h.steps for n in s]

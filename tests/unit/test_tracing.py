@@ -466,7 +466,8 @@ def test_step_records_weigh_their_notes_against_the_queue_and_a_batch() -> None:
     notes, so a pipe frame stays about a batch of spans."""
     from wireio.span_export import COMMIT_RECORD, STEP_RECORD
 
-    environ = {"OTEL_BSP_MAX_QUEUE_SIZE": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4", "OTEL_BSP_SCHEDULE_DELAY": "600000"}
+    environ = {"OTEL_BSP_MAX_QUEUE_SIZE": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4",
+               "OTEL_BSP_SCHEDULE_DELAY": "600000"}  # fmt: skip
     tracing = Tracing(SERVICE_COORDINATOR, exporter=_Counting(), environ=environ)
     try:
         notes = [(SAMPLED, f"p{i}", 0, "queued", None) for i in range(3)]
