@@ -18,8 +18,10 @@ Theory of operation:
   from what its core noted), :meth:`Tracing.start` a live one (the worker's attempt and handler).
 * **Sampling is decided once, at the root** (:class:`Sampler`, read from ``OTEL_TRACES_SAMPLER``
   and ``..._ARG`` as the SDK reads them; default ``parentbased_always_on``): the client decides
-  for a plan submitted outside any span, with one ratio test (a few hundred ns, no OpenTelemetry
-  call); inside the caller's span the parent-based samplers follow its flag. Downstream hops are
+  for a plan submitted outside any span, at a ratio by drawing the gaps between sampled plans
+  (:meth:`Sampler.sampled_roots`: an unsampled plan costs no draw; no OpenTelemetry call) and
+  sending an unsampled one ``"00"`` (protocol/tracecontext.py ``UNSAMPLED``); inside the caller's
+  span the parent-based samplers follow its flag. Downstream hops are
   always parent-based: a ``traceparent`` whose ``sampled`` flag is clear makes no span there
   (:meth:`record` and :meth:`start` test the flags byte and return), whatever their sampler says.
 * **The hot path does no OpenTelemetry work.** A span is noted as one tuple of plain values (its
