@@ -126,7 +126,8 @@ _pool: list[str] = []
 def handler_traceparent(text: str) -> str:
     """The context a handler passes on for a plan's ``traceparent``: itself, or for :data:`UNSAMPLED` a fresh
     unsampled W3C context (random ids, flags ``00``), so what the handler calls follows the caller's decision.
-    The ids are drawn 256 contexts at a time (one ``os.urandom`` and one hex): ~0.2 µs a plan."""
+    The ids are drawn 256 contexts at a time (one ``os.urandom`` and one hex); the worker calls this only when a
+    handler reads ``ctx.traceparent`` (worker_agent/handlers.py), as each call costs ~0.4 µs."""
     if text != UNSAMPLED:
         return text
     if not _pool:

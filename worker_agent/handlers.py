@@ -46,6 +46,7 @@ import structlog
 
 import protocol
 from protocol import errors
+from protocol.tracecontext import UNSAMPLED, handler_traceparent
 from worker_agent.isolation import PlanIsolation
 from worker_agent.pychild import allowed_target, resolve_allowed
 from worker_agent.pyproc import FunctionFailed, run_in_process, stop_process_group
@@ -145,7 +146,20 @@ class Context:
     isolation = DEFAULT_ISOLATION
     # The plan's W3C trace context as a handler passes it on ("": not traced; docs/OPERATIONS.md §Tracing):
     # the handler span's when this worker traces, else the caller's. The inference handler sends it to the engine.
-    traceparent = ""
+    _traceparent = ""
+
+    @property
+    def traceparent(self) -> str:
+        """The caller's "no" without ids ("00", protocol/tracecontext.py) reads as a fresh unsampled W3C context,
+        drawn at the first read: a plan whose handler never reads it costs no ids."""
+        text = self._traceparent
+        if text == UNSAMPLED:
+            text = self._traceparent = handler_traceparent(text)
+        return text
+
+    @traceparent.setter
+    def traceparent(self, value: str) -> None:
+        self._traceparent = value
 
     def __init__(
         self,

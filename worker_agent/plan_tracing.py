@@ -9,19 +9,19 @@ retry or a requeue is another attempt span of the same trace. A handler that run
 (worker_agent/handlers.py ``on_loop``, the built-in ``echo``) keeps doing so when traced
 (:func:`traced_on_loop`): its spans need no task. Without a tracer, or with an unsampled context,
 none of this runs (worker_agent/runner.py tests ``assign.traceparent`` first). A plan its caller chose not
-to sample, with no context of its own (``"00"``, protocol/tracecontext.py ``UNSAMPLED``), gets a fresh
-unsampled context for its handler (:func:`handler_traceparent`): the engine it calls follows the "no".
+to sample, with no context of its own (``"00"``, protocol/tracecontext.py ``UNSAMPLED``), gives its
+handler a fresh unsampled context (``handler_traceparent``, drawn when ``ctx.traceparent`` is first read:
+worker_agent/handlers.py): the engine it calls follows the "no".
 """
 
 from __future__ import annotations
 
 import protocol
 from protocol.messages import Assign
-from protocol.tracecontext import handler_traceparent
 from wireio.tracing import LiveSpan, Tracing
 from worker_agent.handlers import Context, Handler, run_on_loop
 
-__all__ = ["LiveSpan", "Tracing", "attempt_span", "child_span", "handler_traceparent", "traced_on_loop"]
+__all__ = ["LiveSpan", "Tracing", "attempt_span", "child_span", "traced_on_loop"]
 
 
 def attempt_span(tracing: Tracing, assign: Assign, worker_id: str) -> LiveSpan | None:

@@ -29,7 +29,7 @@ from protocol.relay import ARGS_INPUT, RESULT_OUTPUT
 from worker_agent.devices import DeviceAllocator, DeviceRequest
 from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handler, run_on_loop, runs_on_loop
 from worker_agent.isolation import PlanIsolation
-from worker_agent.plan_tracing import LiveSpan, Tracing, attempt_span, child_span, handler_traceparent, traced_on_loop
+from worker_agent.plan_tracing import LiveSpan, Tracing, attempt_span, child_span, traced_on_loop
 from worker_agent.probe import LoadTracker
 from worker_agent.pull import Puller
 from worker_agent.pull_relay import PullRelay
@@ -473,7 +473,7 @@ class PlanRunner:
             run.ctx.spill_result = run.spill
         run.ctx.isolation = self.isolation
         if assign.traceparent:  # the plan's trace (docs/OPERATIONS.md §Tracing): an attempt span when sampled
-            run.ctx.traceparent = handler_traceparent(assign.traceparent)  # "00" (unsampled, no ids): fresh ids
+            run.ctx.traceparent = assign.traceparent  # "00" (unsampled, no ids): fresh ids if read (handlers.py)
             if self.tracing is not None:
                 run.span = attempt_span(self.tracing, assign, self.worker_id)
                 if run.span is not None:

@@ -94,3 +94,7 @@ async def test_a_plan_its_caller_chose_not_to_sample_hands_its_handler_a_fresh_u
     contexts = [parse_traceparent(text) for text in seen]
     assert exporter.spans == [] and len(set(seen)) == 2
     assert all(c is not None and c.flags == 0 for c in contexts)
+    ctx = Context(plan_id="p3", attempt=1, worker_id="w1", args=None, sink=lambda _: None, kill_grace_s=1.0,
+                  max_payload_bytes=1024)  # fmt: skip
+    ctx.traceparent = "00"
+    assert ctx.traceparent == ctx.traceparent != "00"  # drawn once, at the first read
