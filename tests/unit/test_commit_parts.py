@@ -181,3 +181,25 @@ async def test_a_reported_commit_is_released_at_the_next_hand_over_not_behind_th
     await committer.close()
     assert released == ["first", "second"] and not failures  # the late callback released nothing twice
     db.close()
+
+
+async def test_a_session_whose_step_fanned_out_has_its_frames_taken_whole(db: SQLiteStore) -> None:
+    """A step that sent to more than part_max_sessions sessions: the rest of its frame and the next are whole."""
+    count, part = 300, 20
+    msgs = submits(count)
+    async with driven(db) as (driver, session, releases):
+        driver.part_messages, driver.part_max_sessions = part, 0  # the client alone counts as a fan-out here
+        releases.want = count + 50 + 80
+        index, _ = session.take(msgs, 100_000, 0.0)
+        assert index == part and driver.step_sessions == 1 and session.whole
+        index, _ = session.take(msgs, 100_000, 0.0, index)
+        assert index == count  # not cut again
+        more = [Submit(req_id=n, op="echo", args=None, plan_id=f"q{n:05d}") for n in range(1, 51)]
+        assert session.take(more, 10_000, 0.0)[0] == len(more)  # the next frame: whole too
+        driver.part_max_sessions = 8
+        later = submits(count + 80)[count:]
+        assert session.take(later[:40], 10_000, 0.0)[0] == 40  # whole: the last step was wide when it was taken
+        assert session.take(later[40:], 10_000, 0.0)[0] == part and not session.whole  # narrow again: cut
+        await session.finish(later[40:], part, 10_000)
+        await asyncio.wait_for(releases.all.wait(), 30)
+    db.close()

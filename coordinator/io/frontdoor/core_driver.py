@@ -24,7 +24,10 @@ worker's frame of a thousand plans' results is then committed in parts, each par
 the writer while the loop runs the next, and each part's frames (the new leases) released as soon as
 that part and every earlier one is committed, instead of all of them after one commit of the whole
 frame. Parts that queue while the writer is busy are merged into one transaction (commit.py), so a
-busy writer does not fsync per part. The memory store commits at once and takes whole frames.
+busy writer does not fsync per part. The memory store commits at once and takes whole frames. A part
+costs a frame to every session its step sends to: a session whose last step sent to more than
+:data:`PART_MAX_SESSIONS` (a fan-out, one plan's events to its subscribers: bench/fanout.py's deliveries
+fell by a third in parts of 500) has its frames taken whole until a step of it is narrow again.
 
 Plans in :attr:`CoreDriver.volatile` (the OpenAI door's under ``--openai-durable off``) are never
 written: their records are dropped before the committer, so a step that touched only them has no
@@ -58,8 +61,8 @@ from protocol.messages import Assign, Error, Hello, Moved, Submit
 from protocol.urls import named_worker_id
 
 __all__ = [
-    "DURABLE_PART_MESSAGES", "REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S", "CoreDriver", "CoreSession", "Redirect",
-    "Sink",
+    "DURABLE_PART_MESSAGES", "PART_MAX_SESSIONS", "REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S", "CoreDriver",
+    "CoreSession", "Redirect", "Sink",
 ]
 
 log = structlog.get_logger("coordinator.io.frontdoor.server")
@@ -68,6 +71,8 @@ REPLAY_BACKLOG_BYTES: Final = 1 << 20  # a replay's next slice waits while its s
 #: A durable store's part of a frame (module docstring, §Parts): after this many messages what they asked goes to the
 #: writer and the rest of the frame waits for the next loop turn.
 DURABLE_PART_MESSAGES: Final = 500
+#: ... unless the session's last step sent to more sessions than this (module docstring, §Parts).
+PART_MAX_SESSIONS: Final = 8
 UNAVAILABLE_RETRY_S: Final = 1.0  # the retry_after_s of an ``unavailable`` answer (the store is away)
 
 #: Cluster mode, one core per shard (coordinator/io/cluster/host.py): called with a session's role and
@@ -123,6 +128,8 @@ class CoreDriver:
         self.part_messages = (
             DURABLE_PART_MESSAGES if isinstance(committer_, GroupCommitter) and committer_.store.blocking else 0
         )
+        self.part_max_sessions = PART_MAX_SESSIONS
+        self.step_sessions = 0  # the sessions the last flushed step sent to
         # Parts' commits released at each hand-over, not behind the loop's queue (coordinator/io/stores/commit.py).
         self._reap = committer_.reap if self.part_messages and isinstance(committer_, GroupCommitter) else None
         # Sessions of the core that are no websocket (the OpenAI door's requests, frontdoor/openai_http.py): their
@@ -170,6 +177,7 @@ class CoreDriver:
             self.provisioner.decided(effects.decisions)
         # Frames go out only once the records of their step (and of every step before) are committed.
         committer = self.committer
+        self.step_sessions = len(effects.sends)
         if self._reap is not None:
             self._reap()
         if effects.records:
@@ -277,12 +285,13 @@ class CoreSession:
     in the core when the connection ends or the server closes it.
     """
 
-    __slots__ = ("clock", "driver", "session")
+    __slots__ = ("clock", "driver", "session", "whole")
 
     def __init__(self, driver: CoreDriver, session: Session, clock: Callable[[], float] = time.monotonic) -> None:
         self.driver = driver
         self.session = session
         self.clock = clock
+        self.whole = False  # its last step fanned out (module docstring §Parts): its frames are not cut
 
     def opened(self, now: float) -> None:
         session = self.session
@@ -319,7 +328,8 @@ class CoreSession:
         budget = driver.door.policy.over_frame_budget
         work = outbox.work
         index, count = start, len(msgs)
-        end = start + driver.part_messages if driver.part_messages else count  # a durable store's part
+        part = driver.part_messages
+        end = start + part if part and not self.whole else count  # a durable store's part
         while index < count:
             msg = msgs[index]
             index += 1
@@ -340,6 +350,8 @@ class CoreSession:
                 # What it asked so far goes out; the rest waits for the next loop turn (others' frames run meanwhile).
                 break
         driver.flush(frame_bytes if start == 0 and index == count else frame_bytes * (index - start) // count)
+        if part:
+            self.whole = driver.step_sessions > driver.part_max_sessions
         return index, outbox.work - work
 
     async def finish(self, msgs: list[Any], index: int, frame_bytes: int) -> int:
