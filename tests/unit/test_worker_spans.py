@@ -40,9 +40,8 @@ class _Kept:
         pass
 
 
-async def test_a_traced_plan_whose_handler_runs_on_the_loop_still_needs_no_task() -> None:
-    """A sampled echo (an on_loop handler) ends in the step that reads its assign, with its attempt span and a
-    handler span under it whose context the handler saw; an unsampled one makes no span."""
+def _traced_runner() -> tuple[_Kept, Tracing, SendQueue, PlanRunner]:
+    """A plan runner whose tracer keeps its spans (exported only at a flush), and the queue its messages go to."""
     exporter = _Kept()
     tracing = Tracing(SERVICE_WORKER, exporter=exporter, environ={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
     queue = SendQueue(10_000, structlog.get_logger())
@@ -52,6 +51,13 @@ async def test_a_traced_plan_whose_handler_runs_on_the_loop_still_needs_no_task(
         logger=structlog.get_logger(),
     )  # fmt: skip
     plans.tracing = tracing
+    return exporter, tracing, queue, plans
+
+
+async def test_a_traced_plan_whose_handler_runs_on_the_loop_still_needs_no_task() -> None:
+    """A sampled echo (an on_loop handler) ends in the step that reads its assign, with its attempt span and a
+    handler span under it whose context the handler saw; an unsampled one makes no span."""
+    exporter, tracing, queue, plans = _traced_runner()
     tasks_before = len(asyncio.all_tasks())
     try:
         plans.on_assign(protocol.Assign(plan_id="p1", attempt=1, op="remembers", traceparent=SAMPLED))
@@ -75,15 +81,7 @@ async def test_a_plan_its_caller_chose_not_to_sample_hands_its_handler_a_fresh_u
     flagged unsampled (what it passes to an engine follows the caller's "no"), another one for each plan."""
     from protocol.tracecontext import parse_traceparent
 
-    exporter = _Kept()
-    tracing = Tracing(SERVICE_WORKER, exporter=exporter, environ={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
-    queue = SendQueue(10_000, structlog.get_logger())
-    plans = PlanRunner(
-        worker_id="w1", max_concurrency=4, kill_grace_s=1.0, max_payload_bytes=1024,
-        handlers={**builtin_handlers(), "remembers": remembers}, telemetry=Telemetry(), outbound=queue,
-        logger=structlog.get_logger(),
-    )  # fmt: skip
-    plans.tracing = tracing
+    exporter, tracing, _, plans = _traced_runner()
     seen.clear()
     try:
         for plan_id in ("p1", "p2"):
