@@ -22,6 +22,16 @@ server's loop (``fleetwire-pg-commit``) drives the store's writer connection (as
   flight per store (per shard's core), so groups commit in submit order and each sees the rows
   of the one before. Under load the group grows to what one round trip carries; an idle core's
   lone request pays one round trip and nothing else.
+* **Encoded ahead.** A group's encoding (its rows as array parameters: PgStore._encode_rows) is
+  loop work while the database waits, as long as the round trip for a big group. So while one
+  group's statement is in flight, a big gathered group (at least :data:`AHEAD_MIN_RECORDS`
+  records) is taken and encoded at once (``PgStore.encode_ahead``, a callback once the statement
+  is on its way, or once such a batch is submitted), and goes the moment the first commit
+  returns; batches submitted after it go to the group after. Its new keys and chained checksums
+  are applied when it is encoded, before the commits ahead of it return: safe, because a failed
+  commit stops the committer and nothing after it is sent or released. A group that needs a
+  round trip to encode (a block of new keys, a plan's stored checksum) is encoded in turn, after
+  the commit before it, as are small groups (small batches still merge while one is in flight).
 * **Bounded groups.** A group takes whole batches up to :data:`MAX_GROUP_RECORDS` records (a
   batch is never split: one core step's records commit together); the rest wait for the next
   group. Each group's fence holds its shards' lease rows ``FOR SHARE`` until it commits, and the
@@ -56,7 +66,8 @@ import structlog
 from coordinator.io.stores.backlog import Backlog
 from coordinator.records import Record
 
-__all__ = ["MAX_GROUP_RECORDS", "RECONNECT_CAP_S", "RECONNECT_FIRST_S", "AsyncStore", "PipelinedCommitter"]
+__all__ = ["AHEAD_MIN_RECORDS", "MAX_GROUP_RECORDS", "RECONNECT_CAP_S", "RECONNECT_FIRST_S", "AsyncStore",
+           "PipelinedCommitter"]
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +76,7 @@ T = TypeVar("T")
 RECONNECT_FIRST_S = 0.05  # the first retry after a lost connection; doubling ...
 RECONNECT_CAP_S = 1.0  # ... up to this
 MAX_GROUP_RECORDS = 4096  # the most records one group takes (more only in one batch): module docstring
+AHEAD_MIN_RECORDS = 2048  # a gathered group this big is encoded while the one before is in flight: module docstring
 
 
 class AsyncStore(Protocol):
@@ -77,6 +89,8 @@ class AsyncStore(Protocol):
     def lost(self) -> bool: ...
 
     async def write_async(self, records: Sequence[Record]) -> None: ...
+
+    def encode_ahead(self, records: Sequence[Record]) -> bool: ...
 
     async def close_async(self) -> None: ...
 
@@ -108,6 +122,10 @@ class PipelinedCommitter(Backlog[T]):
         self.batches = 0  # batches submitted
         self.reconnects = 0  # connections reopened after a loss (database failovers ridden through)
         self._batches: deque[tuple[int, Sequence[Record]]] = deque()  # (ticket, records) not yet sent
+        self._next: tuple[Sequence[Record], int, bool] | None = None  # a group taken (encoded ahead?) not sent yet
+        self._ahead_ok = False  # the group in flight was encoded ahead: the next one may be (module docstring)
+        self._ahead_due = False  # an _encode_next callback is scheduled
+        self.ahead = 0  # groups encoded ahead
         self._max_group = max_group_records
         self._wake: asyncio.Future[None] | None = None  # the task waits on it while nothing is gathered
         self._task: asyncio.Task[None] | None = None
@@ -124,6 +142,9 @@ class PipelinedCommitter(Backlog[T]):
             return
         self.batches += 1
         self._batches.append((self.queued(payload, size), records))
+        if self._ahead_ok and not self._ahead_due and self._next is None and len(records) >= AHEAD_MIN_RECORDS:
+            self._ahead_due = True
+            asyncio.get_running_loop().call_soon(self._encode_next)
         wake = self._wake
         if wake is not None:
             self._wake = None
@@ -159,19 +180,31 @@ class PipelinedCommitter(Backlog[T]):
         while True:
             if self.store.lost() and not await self._reopen():
                 return
-            if not self._batches:
+            taken = self._next
+            if taken is not None:
+                self._next = None
+                group, ticket, ahead = taken
+            elif not self._batches:
                 if self._closing:
                     return
                 self._wake = loop.create_future()
                 await self._wake
                 continue
-            group, ticket = self._take()
+            else:
+                group, ticket = self._take()
+                ahead = self._encode_ahead(group)
+            self._ahead_ok = ahead
+            if ahead and self._batches and not self._ahead_due:
+                self._ahead_due = True
+                loop.call_soon(self._encode_next)  # runs once the statement below is on its way
             try:
                 await self.store.write_async(group)
             except Exception as exc:
                 self._fail(exc)
                 return
-            if self._batches and not self.store.lost():
+            finally:
+                self._ahead_ok = False
+            if (self._batches or self._next is not None) and not self.store.lost():
                 # The next group is gathered: it is encoded and sent first, and this one's payloads are released
                 # once it is in flight (a callback runs before the task resumes), so the database is not idle
                 # while the loop hands this group's frames to their sessions (module docstring, "Pipelined").
@@ -190,6 +223,30 @@ class PipelinedCommitter(Backlog[T]):
             ticket, records = batches.popleft()
             group += records
         return group, ticket
+
+    def _encode_ahead(self, group: Sequence[Record]) -> bool:
+        """The store encodes ``group`` now (True), or it will when it is sent (False: it needs a round trip)."""
+        try:
+            ahead = self.store.encode_ahead(group)
+        except Exception:
+            return False  # encoded again when sent, where the error fails the committer in order
+        self.ahead += ahead
+        return ahead
+
+    def _encode_next(self) -> None:
+        """While an encoded-ahead group is in flight: take the next group and encode it, if it is big enough."""
+        self._ahead_due = False
+        if not self._ahead_ok or self._next is not None or self.failed is not None:
+            return
+        gathered, room = 0, self._max_group
+        for _, records in self._batches:
+            gathered += len(records)
+            if gathered >= AHEAD_MIN_RECORDS or gathered > room:
+                break
+        if gathered < AHEAD_MIN_RECORDS:
+            return
+        group, ticket = self._take()
+        self._next = group, ticket, self._encode_ahead(group)
 
     def _kick(self) -> None:
         """The connection closed under the store: wake the task, which reopens it."""
@@ -222,7 +279,7 @@ class PipelinedCommitter(Backlog[T]):
             self.reconnects += 1
             log.warning("store connection reopened", store=self.store.description)
             return True
-        if self._batches:  # closing with batches that could not be written
+        if self._batches or self._next is not None:  # closing with batches that could not be written
             self._fail(ConnectionError(f"the store {self.store.description} stayed away; {self.pending} "
                                        "replies were never sent"))  # fmt: skip
         return False
@@ -234,4 +291,5 @@ class PipelinedCommitter(Backlog[T]):
     def _fail(self, exc: BaseException) -> None:
         if self.failed is None:
             self._batches.clear()
+            self._next = None
         self.fail(exc)

@@ -80,6 +80,7 @@ T = TypeVar("T")
 crc = zlib.crc32
 
 _KEY_BLOCK = 1024
+_KEY_RESERVE = 16 * _KEY_BLOCK  # new keys taken beyond a group's needs (a few big groups' worth): _take_keys
 _INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its own row
 _INLINE_MAX_BYTES = 512
 CONNECT_TIMEOUT_S = 10.0
@@ -178,6 +179,23 @@ def _cause(exc: BaseException) -> str:
 _Columns = tuple[list[list[Any]], list[list[Any]], list[list[Any]], dict[str, int], set[int], list[str]]
 
 
+class _Group:
+    """One group commit's records by plan (``group_records``), then its rows (``PgStore._encode_rows``)."""
+
+    __slots__ = ("created", "doomed", "forgotten", "fresh", "fresh_ids", "fresh_shards", "latest", "records", "rows",
+                 "runs", "shards")  # fmt: skip
+
+    def __init__(self, records: Sequence[Record], created: dict[str, PlanCreated], latest: dict[str, PlanStatus],
+                 runs: dict[str, list[StoredEvent]], forgotten: set[str]) -> None:  # fmt: skip
+        self.records, self.created, self.latest, self.runs, self.forgotten = records, created, latest, runs, forgotten
+        self.doomed: list[int] = []  # keys of the forgotten plans held
+        self.shards: set[int] = set()  # the forgotten plans' shards (the rows' are in rows[4])
+        self.fresh_ids: list[str] = []  # plans that get a new row (and key)
+        self.fresh: dict[str, int] = {}
+        self.fresh_shards: dict[str, int] = {}
+        self.rows: _Columns = ([], [], [], {}, set(), [])
+
+
 def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
     """``rows`` as one list per column (``width`` empty lists when there is none)."""
     if not rows:
@@ -246,6 +264,7 @@ class PgStore:
         self._shards: dict[str, int] = {}  # plan id -> its shard
         self._events_crc: dict[str, int] = {}  # running checksum of each open plan's inline events
         self._free_keys: list[int] = []  # taken from the sequence, not used yet (ascending)
+        self._ahead: _Group | None = None  # the group encode_ahead made, until its write_async
         try:
             import asyncpg  # type: ignore[import-untyped]
         except ImportError:
@@ -348,6 +367,7 @@ class PgStore:
                 raise PgStoreDamaged(self.description, next(iter(damaged.values())) + more)
             self.losses.extend(f"{self.description}: {what}; the plan was left out" for what in damaged.values())
         self._events_crc = keep
+        self._ahead = None
         bad = set(damaged)
         self._keys = {r[1]: r[0] for r in rows if r[0] not in bad}
         self._shards = {r[1]: r[11] for r in rows if r[0] not in bad}
@@ -432,21 +452,61 @@ class PgStore:
             raise StoreError(f"cannot write the store {self.description}: {_cause(exc)}") from exc
 
     async def _write_group(self, conn: Any, records: Sequence[Record]) -> None:
-        """One group: the rows it touches, :meth:`_encode_rows`, the fence, :meth:`_commit`, :meth:`_committed`."""
+        """One group: the rows it touches, :meth:`_encode_rows`, the fence, :meth:`_commit`, :meth:`_committed`.
+
+        A group :meth:`encode_ahead` made is sent as it is (its keys and checksums already applied);
+        any other is encoded now and applied once its commit returned.
+        """
+        group = self._ahead
+        if group is not None and group.records is records:
+            self._ahead = None
+            await self._send(conn, group)
+            return
+        group = self._gather(records)
+        fresh_keys = await self._take_keys(conn, len(group.fresh_ids))
+        stored: dict[int, int] = {}
+        missing = self._encode_rows(group, fresh_keys, stored)
+        if missing:  # inline runs of plans whose chained checksum is only in the database
+            for key in missing:
+                stored[key] = await self._stored_events_crc(conn, key)
+            self._encode_rows(group, fresh_keys, stored)
+        await self._send(conn, group)
+        self._committed(group)
+
+    def encode_ahead(self, records: Sequence[Record]) -> bool:
+        """Encode ``records``' group now, before the group in flight commits; False if it needs a round trip first.
+
+        The pipelined committer's overlap (pg_commit.py, "Encoded ahead"): the group's new keys and
+        chained checksums are applied at once, as if the groups before it had committed (any failure
+        of theirs stops the committer, which then writes nothing more), so the next group encodes
+        as it would after them. The next :meth:`write_async` of these same ``records`` sends it.
+        Nothing is changed, and False returned, when the group needs the database first: more new
+        keys than are free, or a plan's chained checksum that only the database holds.
+        """
+        group = self._gather(records)
+        n, free = len(group.fresh_ids), self._free_keys
+        if len(free) < n:
+            return False
+        if self._encode_rows(group, free[:n] if n else [], {}):
+            return False
+        self._free_keys = free[n:] if n else free
+        self._committed(group)
+        self._ahead = group
+        return True
+
+    def _gather(self, records: Sequence[Record]) -> _Group:
+        """The group's rows by plan, its forgotten plans' keys and shards, and the ids of its new rows."""
         created, latest, runs, forgotten = group_records(records)
         keys, shards_of = self._keys, self._shards
-        doomed = [keys[p] for p in forgotten if p in keys]
-        touched_shards = {shards_of[p] for p in forgotten if p in shards_of}
-        fresh_ids = [p for p in created if p not in keys or p in forgotten]
-        fresh_keys = await self._take_keys(conn, len(fresh_ids))
-        fresh = dict(zip(fresh_ids, fresh_keys, strict=True))
-        shard_of = self._submit_shard
-        fresh_shards = {p: shard_of(created[p].submit) for p in fresh_ids}
-        touched: Iterable[str] = latest
-        if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
-            touched = {**fresh, **latest, **runs}
-        rows = await self._encode_rows(conn, touched, created, latest, runs, forgotten, fresh, fresh_shards)
-        touched_shards |= rows[4]
+        group = _Group(records, created, latest, runs, forgotten)
+        group.doomed = [keys[p] for p in forgotten if p in keys]
+        group.shards = {shards_of[p] for p in forgotten if p in shards_of}
+        group.fresh_ids = [p for p in created if p not in keys or p in forgotten]
+        return group
+
+    async def _send(self, conn: Any, group: _Group) -> None:
+        """The group's fence (the shards it writes, against :attr:`fence` now) and its one statement."""
+        touched_shards = group.shards | group.rows[4]
         if not touched_shards:
             touched_shards = set(self.fence)  # nothing to write: still proves the lease (no stale replies)
         fence = self.fence
@@ -454,39 +514,44 @@ class PgStore:
         if missing or not fence:
             raise ShardFenced(f"this coordinator does not hold shard(s) {missing or 'any'}; the write was refused")
         shards = sorted(touched_shards)
-        await self._commit(conn, shards, [fence[s] for s in shards], doomed, *rows[:3])
-        self._committed(rows, fresh, fresh_shards, forgotten)
+        rows = group.rows
+        await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
         self.writes += 1
-        self.records += len(records)
+        self.records += len(group.records)
 
-    async def _encode_rows(
-        self,
-        conn: Any,
-        touched: Iterable[str],
-        created: dict[str, PlanCreated],
-        latest: dict[str, PlanStatus],
-        runs: dict[str, list[StoredEvent]],
-        forgotten: set[str],
-        fresh: dict[str, int],
-        fresh_shards: dict[str, int],
-    ) -> _Columns:
-        """Each touched plan's row insert or update and its spilled run, as one array per column."""
-        keys, shards_of = self._keys, self._shards
-        encoder = self._encoder
-        encode = encoder.encode
-        chained = self._events_crc
+    def _encode_rows(self, group: _Group, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
+        """Each touched plan's row insert or update and its spilled run, one array per column (``group.rows``); no I/O.
+
+        ``stored``: key -> the database's chained checksum where memory has none; the keys it lacks are returned.
+        Rows as tuples, into a list per column at the end by zip(*rows) (an append per column cost ~2 us a plan);
+        names local, the encoder called directly (encode_run/encode_record when it refuses a payload). The new
+        plans first (:meth:`_new_rows`), then the others (:meth:`_updated_rows`): no test of which a row is, per row.
+        """
+        created, latest, runs = group.created, group.latest, group.runs
+        fresh = group.fresh = dict(zip(group.fresh_ids, fresh_keys, strict=True))
+        fresh_shards = group.fresh_shards = {p: self._submit_shard(created[p].submit) for p in fresh}
+        touched: Iterable[str] = latest
+        if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
+            touched = {**fresh, **latest, **runs}
         chained_now: dict[str, int] = {}  # applied once committed, like the keys
         ended: list[str] = []
-        # Rows as tuples, into a list per column at the end by zip(*rows) (an append per column cost ~2 us a
-        # plan); names local, the encoder called directly (encode_run/encode_record when it refuses a payload).
-        # The new plans first, then the others (no test of which a row is, per row); the shards of the new
-        # rows at once.
-        new_rows: list[tuple[Any, ...]] = []
-        upd_rows: list[tuple[Any, ...]] = []
         ev_rows: list[tuple[Any, ...]] = []
-        shards: set[int] = set(fresh_shards.values())
-        add_new, add_upd, add_ev, add_shard = new_rows.append, upd_rows.append, ev_rows.append, shards.add
-        key_of, run_of, status_of = keys.get, runs.get, latest.get
+        new_rows = self._new_rows(group, ev_rows, chained_now, ended) if fresh else []
+        shards: set[int] = set(fresh_shards.values())  # the new rows' at once
+        missing: list[int] = []
+        upd_rows = self._updated_rows(group, touched, stored, ev_rows, chained_now, ended, shards, missing)
+        group.rows = _columns(new_rows, 14), _columns(upd_rows, 7), _columns(ev_rows, 5), chained_now, shards, ended
+        return missing
+
+    def _new_rows(self, group: _Group, ev_rows: list[tuple[Any, ...]], chained_now: dict[str, int],
+                  ended: list[str]) -> list[tuple[Any, ...]]:  # fmt: skip
+        """The new plans' rows (:meth:`_encode_rows`): no forgotten/key look-up, no chained checksum to find."""
+        created, fresh, fresh_shards = group.created, group.fresh, group.fresh_shards
+        new_rows: list[tuple[Any, ...]] = []
+        add_new, add_ev = new_rows.append, ev_rows.append
+        encoder = self._encoder
+        encode = encoder.encode
+        run_of, status_of = group.runs.get, group.latest.get
         terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
         unencodable = (TypeError, ValueError, OverflowError)
         for plan_id, new_key in fresh.items():
@@ -530,6 +595,21 @@ class PgStore:
             add_new((new_key, shard, record.order, count, checksum(spec), status_crc, inline_crc,
                      plan_id, record.owner, state or "queued", None if name == plan_id else name,
                      spec, status_blob, inline))  # fmt: skip
+        return new_rows
+
+    def _updated_rows(self, group: _Group, touched: Iterable[str], stored: dict[int, int],
+                      ev_rows: list[tuple[Any, ...]], chained_now: dict[str, int], ended: list[str], shards: set[int],
+                      missing: list[int]) -> list[tuple[Any, ...]]:  # fmt: skip
+        """The other touched plans' row updates (:meth:`_encode_rows`), their shards added to ``shards``."""
+        fresh, forgotten, chained = group.fresh, group.forgotten, self._events_crc
+        key_of, shards_of = self._keys.get, self._shards
+        upd_rows: list[tuple[Any, ...]] = []
+        add_upd, add_ev, add_shard = upd_rows.append, ev_rows.append, shards.add
+        encoder = self._encoder
+        encode = encoder.encode
+        run_of, status_of = group.runs.get, group.latest.get
+        terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
+        unencodable = (TypeError, ValueError, OverflowError)
         for plan_id in touched:
             if fresh and plan_id in fresh:
                 continue  # a new row, above
@@ -554,7 +634,10 @@ class PgStore:
                     inline = body[1:]  # without its one-byte array header
                     previous = chained.get(plan_id)
                     if previous is None:
-                        previous = await self._stored_events_crc(conn, key)
+                        previous = stored.get(key)
+                        if previous is None:
+                            missing.append(key)
+                            previous = 0
                     inline_crc = chained_now[plan_id] = checksum(inline, previous)
                 else:
                     count = 0
@@ -572,12 +655,12 @@ class PgStore:
                 if state in terminal:
                     ended.append(plan_id)
             add_upd((key, count, status_crc, inline_crc, state, status_blob, inline))
-        return _columns(new_rows, 14), _columns(upd_rows, 7), _columns(ev_rows, 5), chained_now, shards, ended
+        return upd_rows
 
-    def _committed(self, rows: _Columns, fresh: dict[str, int], fresh_shards: dict[str, int],
-                   forgotten: set[str]) -> None:  # fmt: skip
-        """The in-memory keys follow a committed group only: a refused one leaves nothing behind."""
-        chained_now, ended = rows[3], rows[5]
+    def _committed(self, group: _Group) -> None:
+        """The in-memory keys follow a committed group only (or one :meth:`encode_ahead` made: the committer's)."""
+        fresh, fresh_shards, forgotten = group.fresh, group.fresh_shards, group.forgotten
+        chained_now, ended = group.rows[3], group.rows[5]
         keys, shards_of, chained = self._keys, self._shards, self._events_crc
         for plan_id in forgotten:
             keys.pop(plan_id, None)
@@ -626,8 +709,8 @@ class PgStore:
         if n == 0:
             return []
         free = self._free_keys
-        if len(free) < n:
-            blocks = -(-(n - len(free)) // _KEY_BLOCK)
+        if len(free) < n:  # blocks for these and a reserve, so the next groups can be encoded ahead (encode_ahead)
+            blocks = -(-(n - len(free) + _KEY_RESERVE) // _KEY_BLOCK)
             starts = await conn.fetch(_KEYS, blocks)
             for row in sorted(r[0] for r in starts):
                 free.extend(range(row, row + _KEY_BLOCK))
