@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import protocol
 from protocol.messages import Assign
+from protocol.tracecontext import is_sampled
 from wireio.tracing import LiveSpan, Tracing
 from worker_agent.handlers import Context, Handler, run_on_loop
 
@@ -25,7 +26,10 @@ __all__ = ["LiveSpan", "Tracing", "attempt_span", "child_span", "traced_on_loop"
 
 
 def attempt_span(tracing: Tracing, assign: Assign, worker_id: str) -> LiveSpan | None:
-    """The ``fleetwire.attempt`` span of an assigned plan (None: its trace is not sampled)."""
+    """The ``fleetwire.attempt`` span of an assigned plan (None: its trace is not sampled, and nothing is built:
+    at 1 % sampling 99 plans in 100 come here with ``"00"``, and its attributes cost ~0.2 µs a plan)."""
+    if not is_sampled(assign.traceparent):
+        return None
     attributes: dict[str, str | int | float | bool] = {
         "fleetwire.plan_id": assign.plan_id, "fleetwire.attempt": assign.attempt, "fleetwire.op": assign.op,
         "fleetwire.worker_id": worker_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from typing import Any
 
 import structlog
@@ -11,6 +12,7 @@ import protocol
 from wireio.tracing import SERVICE_WORKER, Tracing
 from worker_agent.handlers import Context, builtin_handlers, on_loop
 from worker_agent.outbox import SendQueue
+from worker_agent.plan_tracing import attempt_span
 from worker_agent.runner import PlanRunner
 from worker_agent.telemetry import Telemetry
 
@@ -96,3 +98,22 @@ async def test_a_plan_its_caller_chose_not_to_sample_hands_its_handler_a_fresh_u
                   max_payload_bytes=1024)  # fmt: skip
     ctx.traceparent = "00"
     assert ctx.traceparent == ctx.traceparent != "00"  # drawn once, at the first read
+
+
+def test_an_unsampled_assign_builds_nothing_for_an_attempt_span() -> None:
+    """attempt_span of a plan not sampled ("00", or an unsampled context) allocates nothing: no attributes dict."""
+    tracing = Tracing(SERVICE_WORKER, exporter=_Kept(), environ={"OTEL_BSP_SCHEDULE_DELAY": "600000"})
+    bare = protocol.Assign(plan_id="p1", attempt=1, op="echo", args=0, traceparent="00", devices=[0])
+    unsampled = protocol.Assign(plan_id="p2", attempt=1, op="echo", args=0, traceparent=SAMPLED[:-1] + "0")
+    tracemalloc.start()
+    try:
+        attempt_span(tracing, bare, "w1"), attempt_span(tracing, unsampled, "w1")  # warm: nothing first-time below
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        spans = attempt_span(tracing, bare, "w1"), attempt_span(tracing, unsampled, "w1")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        tracing.shutdown()
+    assert spans == (None, None)
+    assert peak - before <= 64  # the result tuple alone; the attributes dict alone would be ~360 bytes
