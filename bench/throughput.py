@@ -43,9 +43,79 @@ async def _add_helpers(pids: dict[str, int]) -> None:
         await asyncio.sleep(0.2)
 
 
+def _thread_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds each thread of a process has used so far: its main thread (the event loop) as ``loop``, the
+    others by their id (CPython 3.11 gives a thread no OS name)."""
+    out: dict[str, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        name = "loop" if int(tid) == pid else f"thread {tid}"
+        fields = text.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """All CPU ticks of the machine so far and the idle ones (idle + iowait), from /proc/stat."""
+    with open("/proc/stat") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    return sum(fields[:8]), fields[3] + fields[4]
+
+
+class _Timeline:
+    """``--timeline``: each process's CPU (``/proc/PID/schedstat``: nanoseconds, not 10 ms ticks) sampled every
+    ``step_s`` in a thread of this process, written as one line a step: which process ran when, and who waited."""
+
+    def __init__(self, pids: dict[str, int], step_s: float = 0.02) -> None:
+        import threading
+
+        self.pids, self.step_s = pids, step_s
+        self.rows: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _ns(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/schedstat") as fh:
+                return int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def _run(self) -> None:
+        last = {name: self._ns(pid) for name, pid in self.pids.items()}
+        t0 = time.perf_counter()
+        while not self._stop.wait(self.step_s):
+            now = {name: self._ns(pid) for name, pid in self.pids.items()}
+            self.rows.append((time.perf_counter() - t0, {n: (now[n] - last[n]) / 1e9 for n in now}))
+            last = now
+
+    def write(self, path: str) -> None:
+        self._stop.set()
+        self._thread.join()
+        names = list(self.pids)
+        with open(path, "w") as fh:
+            fh.write("t_s " + " ".join(n.replace(" ", "_") for n in names) + "  (share of a core in the step)\n")
+            prev = 0.0
+            for t, cpu in self.rows:
+                step = max(t - prev, 1e-9)
+                prev = t
+                fh.write(f"{t:.3f} " + " ".join(f"{cpu[n] / step:.2f}" for n in names) + "\n")
+
+
 async def measure(
     plans: int, workers: int, max_concurrency: int, store: str, chunk: int, profile: str | None,
-    deadline_s: float = 300.0,
+    deadline_s: float = 300.0, timeline: str | None = None,
 ) -> dict[str, Any]:
     profiler = h.Profiler(profile)
     async with h.fleet(store) as f:
@@ -62,6 +132,9 @@ async def measure(
             for name, pid in {**pids, "client": os.getpid()}.items():
                 profiler.attach(name, pid)
             cpu0 = {name: h.cpu_seconds(pid) for name, pid in pids.items()}
+            threads0 = _thread_seconds(f.coordinator.pid)
+            ticks0 = _machine_ticks()
+            sampler = _Timeline({**pids, "client": os.getpid()}) if timeline else None
             self0 = time.process_time()
             t0 = time.perf_counter()
             submitted = []
@@ -82,6 +155,11 @@ async def measure(
             elapsed = time.perf_counter() - t0
             cpu = {name: round(h.cpu_seconds(pid) - cpu0[name], 3) for name, pid in pids.items()}
             cpu["client"] = round(time.process_time() - self0, 3)
+            ticks1 = _machine_ticks()
+            if sampler is not None and timeline is not None:
+                sampler.write(timeline)
+            threads = {name: round(s - threads0.get(name, 0.0), 3)
+                       for name, s in _thread_seconds(f.coordinator.pid).items()}
         profiler.finish()
         store_used = f.store_used
         limits = f.limits_lifted
@@ -101,6 +179,9 @@ async def measure(
         "plans_per_s": round(plans / elapsed, 1),
         "cpu_s": cpu,
         "cpu_us_per_plan": {name: round(s / plans * 1e6, 1) for name, s in cpu.items()},
+        "coordinator_threads_us_per_plan": {name: round(s / plans * 1e6, 1) for name, s in threads.items() if s},
+        # The whole machine's idle share in the window (every process, this bench's or not): near 0 is CPU-bound.
+        "machine_idle": round((ticks1[1] - ticks0[1]) / max(1, ticks1[0] - ticks0[0]), 3),
         "machine": h.machine(),
     }
 
@@ -111,16 +192,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--max-concurrency", type=int, default=1000, help="plans each worker runs at once")
     parser.add_argument("--chunk", type=int, default=5000, help="plans per submit_many call (default 5000)")
+    parser.add_argument("--timeline", metavar="FILE",
+                        help="write each process's CPU share every 20 ms of the window to FILE (where who waited)")
     h.common_args(parser)
     ns = parser.parse_args(argv)
     h.configure(ns)
-    result = h.run_loop(measure(ns.plans, ns.workers, ns.max_concurrency, ns.store, ns.chunk, ns.profile))
+    result = h.run_loop(measure(ns.plans, ns.workers, ns.max_concurrency, ns.store, ns.chunk, ns.profile,
+                                   timeline=ns.timeline))
     h.emit(result, ns.json, [
         f"fleetwire throughput: {result['plans']} echo plans, {result['workers']} workers, "
         f"store {result['store_used']}",
         f"  {result['plans_per_s']:,.0f} plans/s ({result['elapsed_s']} s; all accepted after "
         f"{result['all_accepted_s']} s; {result['failed']} failed)",
         "  CPU µs per plan: " + ", ".join(f"{k} {v}" for k, v in result["cpu_us_per_plan"].items()),
+        "  coordinator threads, CPU µs per plan: "
+        + ", ".join(f"{k} {v}" for k, v in result["coordinator_threads_us_per_plan"].items()),
+        f"  machine idle in the window: {result['machine_idle']:.1%} (all processes, {os.cpu_count()} CPUs)",
     ])
     return 0 if result["failed"] == 0 else 1
 
