@@ -247,10 +247,10 @@ async def fleet(store: str) -> AsyncIterator[Fleet]:
 # ---------------------------------------------------------------------------- measuring
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (0.0 once it is gone)."""
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds a process (or its thread ``tid``) has used so far (0.0 once it is gone)."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
+        with open(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
         ticks = os.sysconf("SC_CLK_TCK")
         return (int(fields[11]) + int(fields[12])) / ticks

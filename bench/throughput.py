@@ -46,22 +46,11 @@ async def _add_helpers(pids: dict[str, int]) -> None:
 def _thread_seconds(pid: int) -> dict[str, float]:
     """CPU seconds each thread of a process has used so far: its main thread (the event loop) as ``loop``, the
     others by their id (CPython 3.11 gives a thread no OS name)."""
-    out: dict[str, float] = {}
-    ticks = os.sysconf("SC_CLK_TCK")
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        tids = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
     except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                text = fh.read()
-        except OSError:
-            continue
-        name = "loop" if int(tid) == pid else f"thread {tid}"
-        fields = text.rsplit(")", 1)[1].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
-    return out
+        return {}
+    return {"loop" if tid == pid else f"thread {tid}": h.cpu_seconds(pid, tid) for tid in tids}
 
 
 def _machine_ticks() -> tuple[int, int]:
