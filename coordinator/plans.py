@@ -67,7 +67,7 @@ from protocol.messages import (
     RoutingHints,
     Submit,
 )
-from protocol.tracecontext import is_sampled, trace_id_of, traceparent_problem
+from protocol.tracecontext import UNSAMPLED, is_sampled, trace_id_of, traceparent_problem
 
 __all__ = [
     "EVERY_PRINCIPAL",
@@ -330,8 +330,7 @@ class Plan:
         traceparent = msg.traceparent
         if traceparent:
             plan.traceparent = traceparent
-            if traceparent != "00":  # (UNSAMPLED: the caller's "no" without ids, protocol/tracecontext.py)
-                plan.sampled = is_sampled(traceparent)
+            plan.sampled = is_sampled(traceparent)  # False for UNSAMPLED ("00": no flags byte to read)
         plan.inputs = msg.inputs
         plan.outputs = msg.outputs
         resources = msg.resources
@@ -642,7 +641,8 @@ def submit_problem(msg: Submit) -> str | None:
         return f"requirements.min_gpu_memory_bytes must be >= 0 (got {msg.requirements.min_gpu_memory_bytes})"
     if msg.resources is not None and (problem := resources_problem(msg.resources)) is not None:
         return problem
-    if msg.traceparent and msg.traceparent != "00" and (problem := traceparent_problem(msg.traceparent)) is not None:
+    traceparent = msg.traceparent
+    if traceparent and traceparent != UNSAMPLED and (problem := traceparent_problem(traceparent)) is not None:
         return f"submit.{problem}"
     # Name caps (protocol/caps.py): names go into logs, indexes and every reply about the plan.
     # The usual short names and no tags cannot exceed them: one cheap test on the hot path.

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from protocol.messages import Outcome
+from protocol.tracecontext import trace_id_of
 
 if TYPE_CHECKING:
     from coordinator.plans import Plan
@@ -87,13 +88,15 @@ class PlanTimings:
 
     def started(self, plan: Plan, now: float) -> None:
         """The worker accepted the plan's attempt: its queue wait ends, its run starts."""
-        self.queue_wait.observe(now - plan.queued_at_s, plan.traceparent[3:35] if plan.sampled else "")  # exemplar
+        exemplar = trace_id_of(plan.traceparent) if plan.sampled else ""  # a link to a trace that exists
+        self.queue_wait.observe(now - plan.queued_at_s, exemplar)
         plan.started_at_s = now
 
     def finished(self, plan: Plan, outcome: Outcome, now: float) -> None:
         """The worker's ``done`` ended an attempt; one that never started (no accept) has no run time."""
         if plan.started_at_s is not None:
-            self.run_time[outcome].observe(now - plan.started_at_s, plan.traceparent[3:35] if plan.sampled else "")
+            exemplar = trace_id_of(plan.traceparent) if plan.sampled else ""
+            self.run_time[outcome].observe(now - plan.started_at_s, exemplar)
 
 
 class FrameCounters:
