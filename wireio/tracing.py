@@ -423,22 +423,24 @@ class Tracing:
         flushed at ``at_ns``: its spans are made where they are exported (wireio/span_export.py ``StepSpans``), so
         the noting thread does nothing per plan. ``notes`` is the exporter's from now on (never changed). It weighs
         its notes against the queue's bound and batch size."""
-        queue = self._queue
-        if len(queue) + self._noted - self._taken >= self._max_queue:
+        if self._full():
             self.dropped += 1
             return
         self._noted += len(notes)  # written by the noting thread only, _taken by the exporter only: no lost update;
-        queue.append((STEP_RECORD, step, at_ns, notes))  # counted before it is queued (_export_queued's fast path)
+        self._queue.append((STEP_RECORD, step, at_ns, notes))  # counted before queued (_export_queued's fast path)
         if self._noted - self._taken >= self._batch and not self._wake.is_set():
             self._wake.set()
 
     def add_commit(self, step: int, at_ns: int) -> None:
         """Step ``step``'s records were committed at ``at_ns``: its plans' commit spans (:meth:`add_step`)."""
-        queue = self._queue
-        if len(queue) + self._noted - self._taken >= self._max_queue:
+        if self._full():
             self.dropped += 1
             return
-        queue.append((COMMIT_RECORD, step, at_ns))
+        self._queue.append((COMMIT_RECORD, step, at_ns))
+
+    def _full(self) -> bool:
+        """Whether the queue is at its bound, each step record weighing its notes (:meth:`add_step`)."""
+        return len(self._queue) + self._noted - self._taken >= self._max_queue
 
     def _note(self, span: tuple[Any, ...]) -> None:
         queue = self._queue
@@ -490,7 +492,7 @@ class Tracing:
         while queue and weight < batch_size:
             raw = queue.popleft()
             batch.append(raw)
-            if raw[0] is STEP_RECORD:  # (this process's own tuples: that object)
+            if raw[0] == STEP_RECORD:
                 notes = len(raw[3])
                 self._taken += notes
                 weight += notes
