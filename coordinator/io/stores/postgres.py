@@ -366,9 +366,12 @@ class PgStore:
                 more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
                 raise PgStoreDamaged(self.description, next(iter(damaged.values())) + more)
             self.losses.extend(f"{self.description}: {what}; the plan was left out" for what in damaged.values())
+        bad = set(damaged)
+        for r in rows:  # no inline events yet (events_crc NULL): their chain starts at 0, as _new_rows keeps it
+            if r[10] is None and r[3] not in TERMINAL_STATES and r[0] not in bad:
+                keep[r[1]] = 0
         self._events_crc = keep
         self._ahead = None
-        bad = set(damaged)
         self._keys = {r[1]: r[0] for r in rows if r[0] not in bad}
         self._shards = {r[1]: r[11] for r in rows if r[0] not in bad}
         return plans
@@ -574,6 +577,8 @@ class PgStore:
                 else:
                     count = 0
                     add_ev((new_key, run[0][2], shard, checksum(body, new_key & 0xFFFFFFFF), body))
+            if inline_crc is None:  # no inline events yet (events_crc NULL): their chain starts at 0, kept in memory
+                chained_now[plan_id] = 0  # so the first inline run needs no look-up in the database (_updated_rows)
             status = status_of(plan_id)
             if status is None:
                 state = status_blob = status_crc = None
