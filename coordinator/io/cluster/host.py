@@ -102,6 +102,7 @@ __all__ = ["ClusterHost", "ShardPgStore"]
 log = structlog.get_logger(__name__)
 
 DB_RETRY_CAP_S = 5.0  # the longest wait between two tries to reach the database at start
+STOP_TASK_S = 5.0  # the longest stop() waits for a task of its own to end once it is cancelled
 
 _BEAT = """
 INSERT INTO fleetwire_coordinators (owner, url, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))
@@ -286,7 +287,7 @@ class ClusterHost:
         """Dial the database with a jittered backoff (1 s doubling to 5 s) until it answers, then join the cluster."""
         rng = random.Random()
         ceiling = 1.0
-        while self.control is None:
+        while self.control is None and not self._stopping:
             await asyncio.sleep(rng.uniform(ceiling / 2, ceiling))
             ceiling = min(DB_RETRY_CAP_S, 2 * ceiling)
             try:
@@ -306,6 +307,8 @@ class ClusterHost:
                 self.control = control
             self.waiting_db = None
             log.warning("reached the cluster's database; joining the cluster", store=self.description)
+        if self._stopping:
+            return
         self._spawn(self._index_ids())
         await self._keep()
 
@@ -329,15 +332,15 @@ class ClusterHost:
     async def stop(self) -> None:
         """SIGTERM: flush and stop every shard's core, give the slots back, leave the cluster."""
         self._stopping = True
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:  # bounded: a cancel it lost must not hold the stop (_keep)
+            keeper.cancel()
+            await _cancelled([keeper], "the lease rounds")
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
-        if tasks:  # a shard's start or the id index may hold a database connection: let it go back first
-            await asyncio.wait(tasks, timeout=5.0)
+        # A shard's start or the id index may hold a database connection: let it go back first.
+        await _cancelled(tasks, "a shard's start or stop, or the id index")
         if self._server is not None:
             self._server.close()
             self._gate.close()  # sockets still before their upgrade; the refusal log's summaries
@@ -362,8 +365,16 @@ class ClusterHost:
     # ------------------------------------------------------------------ rounds
 
     async def _keep(self) -> None:
+        """A round every ``scan_s`` (sooner when the leases would expire first), until :meth:`stop`.
+
+        The round runs in this task under :func:`asyncio.timeout`, not in a task of its own under
+        ``asyncio.wait_for``: on Python 3.11 ``wait_for`` returns the round's result when a cancel
+        arrives in the loop iteration in which the round ends, and the cancel is lost; :meth:`stop`
+        then waited for this loop for ever (the teardown of test_cluster_front_door.py that hung 120 s).
+        The loop also ends on ``_stopping``, whatever happened to the cancel.
+        """
         period = self.config.scan_s
-        while True:
+        while not self._stopping:
             now = time.monotonic()
             wait = period
             if self.leases.held:
@@ -372,7 +383,8 @@ class ClusterHost:
             self._lose(self.leases.check(time.monotonic()), "no lease renewal succeeded before the lease could expire")
             try:
                 timeout = max(0.05, self.leases.valid_until - time.monotonic()) if self.leases.held else 30.0
-                await asyncio.wait_for(self._round(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._round()
             except TimeoutError:
                 self.db_away = True  # new sessions: 503 + Retry-After until a round succeeds
                 self._lose(self.leases.check(time.monotonic()), "a lease renewal hung past the lease")
@@ -594,6 +606,21 @@ class ClusterHost:
         else:
             return None
         return None if target == shard else self.where(target)
+
+
+async def _cancelled(tasks: list[asyncio.Task[Any]], what: str) -> None:
+    """Wait up to :data:`STOP_TASK_S` for ``tasks``, which :meth:`ClusterHost.stop` cancelled; a failure is logged,
+    and one still running is logged and left (the stop goes on: it is bounded)."""
+    if not tasks:
+        return
+    done, running = await asyncio.wait(tasks, timeout=STOP_TASK_S)
+    for task in done:
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            log.warning("a task failed before the stop", task=what, error=f"{type(failure).__name__}: {failure}")
+    if running:
+        log.error("still running after it was cancelled; the stop goes on without it", task=what,
+                  running=len(running), waited_s=STOP_TASK_S)  # fmt: skip
 
 
 def _with_application_name(dsn: str, name: str) -> str:
