@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
@@ -42,7 +43,10 @@ from fleetwire.tracing import LiveSpan, start_submit_spans
 from protocol.messages import Accepted, InputSpec, OutputRef, Requirements, Resources, RoutingHints, Submit
 from protocol.relay import ARGS_INPUT, RESERVED_NAMES
 
-__all__ = ["AcceptedHook", "Request", "args_by_data_plane", "await_accepted", "batch", "check_names", "submit_message"]
+__all__ = [
+    "AcceptedHook", "Request", "args_by_data_plane", "await_accepted", "batch", "check_names", "new_plan_ids",
+    "submit_message",
+]
 
 
 class Request(NamedTuple):
@@ -165,6 +169,13 @@ def submit_message(
     )
 
 
+def new_plan_ids(count: int) -> list[str]:
+    """``count`` plan ids as ``options.new_plan_id`` makes them (16 hex digits of ``os.urandom``), from one read:
+    a batch's ids were a ``secrets.token_hex`` each, a system call a plan (~60 % of ``batch``'s time, issue #29)."""
+    digits = os.urandom(8 * count).hex()
+    return [digits[i : i + 16] for i in range(0, 16 * count, 16)]
+
+
 def unix_time(when: float | datetime | None) -> float | None:
     """A deadline as Unix seconds: a number as is, a timezone-aware ``datetime`` converted.
 
@@ -212,9 +223,10 @@ def batch(
     # keyword matching and defaults (new empty lists, a RoutingHints) once per batch, not per plan.
     template = Submit(req_id=0, op=op, requirements=requirements, priority=priority, timeout_s=timeout_s,
                       max_attempts=max_attempts, subscribe=True)  # fmt: skip
-    new_id, replace = options.new_plan_id, msgspec.structs.replace
+    replace = msgspec.structs.replace
     req_ids = session.take_req_ids(len(items))
-    msgs = [replace(template, req_id=req_id, args=item, plan_id=plan_id or new_id())
+    fresh = iter(new_plan_ids(len(ids) - sum(map(bool, ids))))  # the ids the SDK makes: one read of the randomness
+    msgs = [replace(template, req_id=req_id, args=item, plan_id=plan_id or next(fresh))
             for req_id, item, plan_id in zip(req_ids, items, ids, strict=True)]
     started = start_submit_spans(msgs)
     if started is not None and spans is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import pytest
@@ -37,6 +38,24 @@ def test_a_batch_gives_every_submit_a_plan_id_and_says_which_the_sdk_made() -> N
     assert [(r.req_id, r.own) for r in requests] == [(1, False), (2, True)]
     assert msgs[0].plan_id == "mine" and msgs[1].plan_id and msgs[1].plan_id != "mine"
     assert all(m.subscribe and m.op == "echo" and m.requirements.tags == ["cpu"] for m in msgs)
+
+
+def test_a_batch_reads_the_randomness_of_its_new_plan_ids_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's ids of a batch come from one os.urandom read: 16 hex digits each, all distinct ("" is no id)."""
+    reads: list[int] = []
+    urandom = os.urandom
+
+    def counted(size: int) -> bytes:
+        reads.append(size)
+        return urandom(size)
+
+    monkeypatch.setattr(os, "urandom", counted)
+    session = ClientSession("msgpack")
+    requests = batch(session, list(range(1000)), [None] * 998 + ["mine", ""])
+    ids = [COORDINATOR.decode(bytes(r.raw))[0].plan_id for r in requests]
+    assert reads == [8 * 999]
+    assert ids[998] == "mine" and len(set(ids)) == 1000
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in ids[:998] + ids[999:])
 
 
 def test_an_oversize_item_refuses_the_whole_batch_before_anything_is_sent() -> None:
