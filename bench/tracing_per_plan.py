@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import inspect
 import itertools
 import json
 import os
@@ -138,19 +139,23 @@ def exporter(path: str, rounds: int) -> float:
     gc.set_threshold(50_000, 20, 100)  # the child's (wireio/span_export.py)
     t0 = time.process_time()
     for _ in range(rounds):
-        expand = _expander()  # the coordinator's step records made into spans there (trees that send them)
+        expand = _expander(encoder)  # the coordinator's step records made into spans there (trees that send them)
         for frame in frames:
             encoder.encode(expand(decode(frame)[1]))
     return time.process_time() - t0
 
 
-def _expander() -> Any:
-    """What the exporter does to a batch before encoding it: ``StepSpans().expand`` where the tree has it."""
+def _expander(encoder: Any = None) -> Any:
+    """What the exporter does to a batch before encoding it: ``StepSpans().expand`` where the tree has it, given the
+    encoder where it takes one (it then encodes the spans it makes at once, as the exporter child does)."""
     try:
         from wireio.span_export import StepSpans
     except ImportError:
         return lambda batch: batch
-    return StepSpans().expand
+    expand = StepSpans().expand
+    if encoder is not None and "encoder" in inspect.signature(expand).parameters:
+        return lambda batch: expand(batch, encoder)
+    return expand
 
 
 def count(path: str) -> int:

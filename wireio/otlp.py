@@ -23,7 +23,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["COMMIT_SPAN", "COMPACT_SPANS", "SpanEncoder", "encode_attributes", "expand"]
+__all__ = ["COMMIT_SPAN", "COMPACT_SPANS", "QUEUE_KEYS", "SpanEncoder", "encode_attributes", "expand"]
 
 _KINDS: Final = ("internal", "server", "client", "producer", "consumer")  # SpanKind 1..5 in the proto
 _FLAGS_HAS_IS_REMOTE: Final = 0x100  # SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
@@ -32,6 +32,15 @@ _STATUS_UNSET: Final = b"\x7a\x00"  # Span.status (15): an empty Status, as the 
 _FLAGS_LOCAL: Final = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE)  # Span.flags (16, fixed32)
 _FLAGS_REMOTE: Final = b"\x85\x01" + struct.pack("<I", _FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
 _TIMES: Final = struct.Struct("<BQBQ").pack  # start_time_unix_nano (7) and end_time_unix_nano (8), fixed64
+_LOCAL_END: Final = _STATUS_UNSET + _FLAGS_LOCAL  # a span's last two fields, as they mostly are
+_REMOTE_END: Final = _STATUS_UNSET + _FLAGS_REMOTE
+_DRAWN_HEAD: Final = struct.Struct("<28sBBQBQBQ").pack
+"""A span with a remote parent and an id drawn here: its trace and parent ids' fields (:meth:`SpanEncoder._context`),
+span_id (2: random bits, so their byte order is no matter) and both times, in one call. Fields may come in any
+order (protobuf), so the ids go first and the span id after them."""
+_ROOTED_HEAD: Final = struct.Struct("<2s16s2s8s2s8sBQBQ").pack  # trace_id, span_id, parent_span_id (1, 2, 4), times
+_ROOT_HEAD: Final = struct.Struct("<2s16s2s8sBQBQ").pack  # trace_id, span_id (1, 2), times: a root span
+_CONTEXTS: Final = 16_384  # remote parents whose ids' fields are kept (a plan's spans share one; then it starts again)
 _EVENT_TIME: Final = struct.Struct("<BQ").pack  # Event.time_unix_nano (1), fixed64
 _DOUBLE: Final = struct.Struct("<d").pack
 _SMALL: Final = tuple(bytes((n,)) for n in range(128))
@@ -102,6 +111,10 @@ template's index here names the span and its attribute keys; an internal span, c
 ``traceparent`` names, its id drawn where it is exported. Less to build on the noting process's hot path and to
 ship and unpack than a :data:`wireio.span_export.RawSpan` (the coordinator's commit spans, two a plan)."""
 
+QUEUE_KEYS: Final = ("fleetwire.plan_id", "fleetwire.attempt", "fleetwire.wait_reason", "fleetwire.policy",
+                     "fleetwire.worker_id")  # fmt: skip
+"""The attributes of the coordinator's ``fleetwire.queue`` span, in order (:meth:`SpanEncoder.queue`)."""
+
 
 def expand(raw: Sequence[Any]) -> tuple[Any, ...]:
     """A noted span as a :data:`wireio.span_export.RawSpan`: a compact one expanded, any other as it is."""
@@ -141,6 +154,22 @@ def _attribute(head: bytes, value: Any) -> bytes:
     return _field(0x4A, head + _field(0x12, _any_value(value)))
 
 
+def _kept(values: dict[Any, Any], value: Any) -> bytes:
+    """A value missing from its key's table: from the previous table, else encoded; kept in the table (a ``str`` or an
+    ``int``: never a bool or a float, since True == 1 == 1.0 would find another type's field)."""
+    cls = value.__class__
+    if cls is not str and cls is not int:
+        return _attribute(values[_HEAD], value)
+    previous = values.get(_PREVIOUS)
+    field = previous.get(value) if previous is not None else None
+    if field is None:
+        field = _attribute(values[_HEAD], value)
+    if len(values) > _VALUES_PER_KEY:  # a plan id's key: the latest plans' ids, in two tables
+        _turn(values)
+    values[value] = field
+    return field
+
+
 class SpanEncoder:
     """One service's spans as ``ExportTraceServiceRequest`` bytes (module docstring).
 
@@ -155,11 +184,19 @@ class SpanEncoder:
         self._by_key: dict[str, dict[Any, Any]] = {}  # key -> {str or int value: its Span.attributes field}
         self._names: dict[str, bytes] = {}
         self._events: dict[tuple[Any, ...], bytes] = {}  # (name, *attribute items) -> Event.name and .attributes
+        self._contexts: dict[str, bytes] = {}  # traceparent -> its children's trace and parent ids' fields
         self._kinds = {kind: bytes((0x30, i + 1)) for i, kind in enumerate(_KINDS)}  # Span.kind (6)
         resource_body = encode_attributes(0x0A, resource)  # Resource.attributes (1)
         self._resource = _field(0x0A, resource_body)  # ResourceSpans.resource (1)
         self._resource_schema = _field(0x1A, resource_schema_url.encode()) if resource_schema_url else b""
         self._scope = _field(0x0A, _field(0x0A, scope.encode()))  # ScopeSpans.scope (1): InstrumentationScope.name
+        # each compact template's Span.name (5) and kind (6), and its keys' tables (kept whatever _KEYS says)
+        self._templates = [(_field(0x2A, name.encode()) + b"\x30\x01",
+                            tuple(self._by_key.setdefault(key, {_HEAD: _field(0x0A, key.encode())}) for key in keys))
+                           for name, keys in COMPACT_SPANS]  # fmt: skip
+        self._queue_head = _field(0x2A, b"fleetwire.queue") + b"\x30\x01"
+        self._queue_tables = tuple(self._by_key.setdefault(key, {_HEAD: _field(0x0A, key.encode())}) for key in
+                                   QUEUE_KEYS)  # fmt: skip
 
     def _values_of(self, key: str) -> dict[Any, Any]:
         """A new key's table: its encoded ``KeyValue.key`` (at :data:`_HEAD`), then its values' fields."""
@@ -168,8 +205,19 @@ class SpanEncoder:
             self._by_key[key] = values
         return values
 
-    def encode(self, batch: Iterable[Sequence[Any]]) -> bytes:
-        """The request of a batch of noted spans (:data:`wireio.span_export.RawSpan`).
+    def _context(self, traceparent: str) -> bytes:
+        """``Span.trace_id`` (1) and ``Span.parent_span_id`` (4) of a child of ``traceparent``, kept: a plan's spans
+        share their parent (the coordinator's three, ~1,000-5,000 plans apart)."""
+        context = b"\x0a\x10" + bytes.fromhex(traceparent[3:35]) + b"\x22\x08" + bytes.fromhex(traceparent[36:52])
+        contexts = self._contexts
+        if len(contexts) >= _CONTEXTS:
+            contexts.clear()
+        contexts[traceparent] = context
+        return context
+
+    def encode(self, batch: Iterable[Any]) -> bytes:
+        """The request of a batch of noted spans (:data:`wireio.span_export.RawSpan`), compact ones
+        (:data:`COMPACT_SPANS`) or ``Span`` messages already encoded (``bytes``: :meth:`commit`, :meth:`queue`).
 
         One join at the end: each span's field head and body, and the enclosing messages' heads written from the
         lengths summed on the way (each concatenation of a body with its head would copy the batch once more)."""
@@ -178,13 +226,24 @@ class SpanEncoder:
         append = parts.append
         size = 0
         for raw in batch:
-            body = span(*raw) if raw[0].__class__ is str else compact(raw)
+            if raw.__class__ is bytes:
+                body = raw
+            elif raw[0].__class__ is str:
+                body = span(*raw)
+            else:
+                body = compact(raw)
             n = len(body)
-            head = b"\x12" + _SMALL[n] if n < 128 else bytes((0x12, n & 0x7F | 0x80, n >> 7)) if n < 16384 else (
-                b"\x12" + _varint(n))  # ScopeSpans.spans (2); most spans: a two-byte length  # fmt: skip
-            append(head)
+            if n < 128:  # ScopeSpans.spans (2); most spans: a two-byte length
+                append(b"\x12" + _SMALL[n])
+                size += n + 2
+            elif n < 16384:
+                append(bytes((0x12, n & 0x7F | 0x80, n >> 7)))
+                size += n + 3
+            else:
+                head = b"\x12" + _varint(n)
+                append(head)
+                size += n + len(head)
             append(body)
-            size += len(head) + n
         size += len(self._scope)
         parts[2] = b"\x12" + _varint(size)  # ResourceSpans.scope_spans (2)
         append(self._resource_schema)
@@ -201,34 +260,79 @@ class SpanEncoder:
             if values is None:
                 values = self._values_of(key)
             cls = value.__class__
-            if cls is str or cls is int:  # never bool or float: True == 1 == 1.0
-                field = values.get(value)
-                if field is None:
-                    previous = values.get(_PREVIOUS)
-                    field = previous.get(value) if previous is not None else None
-                    if field is None:
-                        field = _attribute(values[_HEAD], value)
-                    if len(values) > _VALUES_PER_KEY:  # a plan id's key: the latest plans' ids, in two tables
-                        _turn(values)
-                    values[value] = field
-            else:
-                field = _attribute(values[_HEAD], value)
-            parts.append(field)
+            field = values.get(value) if cls is str or cls is int else None  # never bool or float: True == 1 == 1.0
+            parts.append(field if field is not None else _kept(values, value))
 
     def compact(self, raw: Sequence[Any]) -> bytes:
         """One compact span's ``Span`` message (:data:`COMPACT_SPANS`: ``(template, traceparent, start ns, end ns,
         *values)``): an internal span, child of the (remote) parent its ``traceparent`` names, its id drawn here."""
-        name, keys = COMPACT_SPANS[raw[0]]
-        head = self._names.get(name)
-        if head is None:
-            head = self._names[name] = _field(0x2A, name.encode())  # Span.name (5)
+        head, tables = self._templates[raw[0]]
         traceparent, start_ns, end_ns = raw[1], raw[2], raw[3]
-        parts = [b"\x0a\x10", bytes.fromhex(traceparent[3:35]), b"\x12\x08", (_getrandbits(64) or 1).to_bytes(8, "big"),
-                 b"\x22\x08", bytes.fromhex(traceparent[36:52]), head, b"\x30\x01",
-                 _TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns)]  # fmt: skip
-        self._attributes(parts, zip(keys, raw[4:]))  # noqa: B905  (a keyword makes zip ~300 ns slower, and a short one is a malformed span: fewer attributes)
-        parts.append(_STATUS_UNSET)
-        parts.append(_FLAGS_REMOTE)
+        context = self._contexts.get(traceparent)
+        if context is None:
+            context = self._context(traceparent)
+        parts = [_DRAWN_HEAD(context, 0x12, 8, _getrandbits(64) or 1, 0x39, start_ns, 0x41,
+                             end_ns if end_ns > start_ns else start_ns), head]  # fmt: skip
+        for values, value in zip(tables, raw[4:]):  # noqa: B905  (a keyword makes zip ~300 ns slower, and a short one is a malformed span: fewer attributes)
+            cls = value.__class__
+            field = values.get(value) if cls is str or cls is int else None
+            parts.append(field if field is not None else _kept(values, value))
+        parts.append(_REMOTE_END)
+        return b"".join(parts)
+
+    def commit(self, traceparent: str, start_ns: int, end_ns: int, plan_id: str, attempt: int, event: str) -> bytes:
+        """:meth:`compact` of a commit span (:data:`COMMIT_SPAN`) from its fields: no tuple, no zip (the coordinator's
+        two a plan, made where they are exported: wireio/span_export.py ``StepSpans``)."""
+        head, (plan_ids, attempts, events) = self._templates[COMMIT_SPAN]
+        context = self._contexts.get(traceparent)
+        if context is None:
+            context = self._context(traceparent)
+        plan_field = plan_ids.get(plan_id) if plan_id.__class__ is str else None
+        attempt_field = attempts.get(attempt) if attempt.__class__ is int else None
+        event_field = events.get(event) if event.__class__ is str else None
+        return b"".join((
+            _DRAWN_HEAD(context, 0x12, 8, _getrandbits(64) or 1, 0x39, start_ns, 0x41,
+                        end_ns if end_ns > start_ns else start_ns),
+            head,
+            plan_field if plan_field is not None else _kept(plan_ids, plan_id),
+            attempt_field if attempt_field is not None else _kept(attempts, attempt),
+            event_field if event_field is not None else _kept(events, event),
+            _REMOTE_END,
+        ))  # fmt: skip
+
+    def queue(self, traceparent: str, start_ns: int, end_ns: int, plan_id: str, attempt: int, reason: str,
+              placement: Sequence[Any] | None, events: Sequence[Sequence[Any]] | None,
+              error: str) -> bytes:  # fmt: skip
+        """The coordinator's ``fleetwire.queue`` span from its fields (wireio/span_export.py ``StepSpans``; no
+        attributes dict): an internal span, child of the (remote) parent ``traceparent`` names, its id drawn here,
+        with ``fleetwire.plan_id`` and ``fleetwire.attempt``, ``fleetwire.wait_reason`` when ``reason``, and the
+        ``placement`` (policy, worker id) as ``fleetwire.policy`` and ``fleetwire.worker_id`` when there is one."""
+        context = self._contexts.get(traceparent)
+        if context is None:
+            context = self._context(traceparent)
+        plan_ids, attempts, reasons, policies, workers = self._queue_tables
+        field = plan_ids.get(plan_id) if plan_id.__class__ is str else None
+        parts = [_DRAWN_HEAD(context, 0x12, 8, _getrandbits(64) or 1, 0x39, start_ns, 0x41,
+                             end_ns if end_ns > start_ns else start_ns), self._queue_head,
+                 field if field is not None else _kept(plan_ids, plan_id)]  # fmt: skip
+        field = attempts.get(attempt) if attempt.__class__ is int else None
+        parts.append(field if field is not None else _kept(attempts, attempt))
+        if reason:
+            field = reasons.get(reason) if reason.__class__ is str else None
+            parts.append(field if field is not None else _kept(reasons, reason))
+        if placement:
+            policy, worker = str(placement[0]), str(placement[1])
+            field = policies.get(policy)
+            parts.append(field if field is not None else _kept(policies, policy))
+            field = workers.get(worker)
+            parts.append(field if field is not None else _kept(workers, worker))
+        if events:
+            self._add_events(parts, events)
+        if error:
+            parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))
+            parts.append(_FLAGS_REMOTE)
+        else:
+            parts.append(_REMOTE_END)
         return b"".join(parts)
 
     def span(self, name: str, trace_hex: str, span_id: int, parent_id: int | str, remote: bool, start_ns: int,
@@ -238,34 +342,41 @@ class SpanEncoder:
         head = self._names.get(name)
         if head is None:
             head = self._names[name] = _field(0x2A, name.encode())  # Span.name (5)
-        parts = [b"\x0a\x10", bytes.fromhex(trace_hex), b"\x12\x08", span_id.to_bytes(8, "big")]  # ids (1, 2)
+        end_ns = end_ns if end_ns > start_ns else start_ns
         if parent_id:  # Span.parent_span_id (4)
-            parts.append(b"\x22\x08")
-            parts.append(bytes.fromhex(parent_id) if parent_id.__class__ is str else parent_id.to_bytes(8, "big"))  # type: ignore[union-attr]
-        parts.append(head)
-        parts.append(self._kinds[kind])
-        parts.append(_TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns))
+            parent = bytes.fromhex(parent_id) if parent_id.__class__ is str else parent_id.to_bytes(8, "big")  # type: ignore[union-attr]
+            parts = [_ROOTED_HEAD(b"\x0a\x10", bytes.fromhex(trace_hex), b"\x12\x08", span_id.to_bytes(8, "big"),
+                                  b"\x22\x08", parent, 0x39, start_ns, 0x41, end_ns),
+                     head, self._kinds[kind]]  # fmt: skip
+        else:
+            remote = False
+            parts = [_ROOT_HEAD(b"\x0a\x10", bytes.fromhex(trace_hex), b"\x12\x08", span_id.to_bytes(8, "big"),
+                                0x39, start_ns, 0x41, end_ns), head, self._kinds[kind]]  # fmt: skip
         if attributes:
             self._attributes(parts, attributes.items())
-        if events:  # Span.events (11): an event's name and attributes are encoded once (its time each time)
-            known = self._events
-            for event_name, at, event_attributes in events:
-                item = (event_name, *event_attributes.items()) if event_attributes else (event_name,)
-                try:
-                    rest = known.get(item)
-                except TypeError:  # an unhashable value (a list)
-                    rest = None
-                    item = ()
-                if rest is None:
-                    rest = _field(0x12, event_name.encode()) + encode_attributes(0x1A, event_attributes, self._keys)
-                    if item:
-                        if len(known) >= _KV_CACHE:
-                            known.clear()
-                        known[item] = rest
-                parts.append(_field(0x5A, _EVENT_TIME(0x09, at) + rest))
+        if events:
+            self._add_events(parts, events)
         if error:  # Status.message (2), Status.code (3) = STATUS_CODE_ERROR
             parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))
+            parts.append(_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
         else:
-            parts.append(_STATUS_UNSET)
-        parts.append(_FLAGS_REMOTE if remote and parent_id else _FLAGS_LOCAL)
+            parts.append(_REMOTE_END if remote else _LOCAL_END)
         return b"".join(parts)
+
+    def _add_events(self, parts: list[bytes], events: Sequence[Sequence[Any]]) -> None:
+        """``Span.events`` (11) onto ``parts``: an event's name and attributes are encoded once (its time each time)."""
+        known = self._events
+        for event_name, at, event_attributes in events:
+            item = (event_name, *event_attributes.items()) if event_attributes else (event_name,)
+            try:
+                rest = known.get(item)
+            except TypeError:  # an unhashable value (a list)
+                rest = None
+                item = ()
+            if rest is None:
+                rest = _field(0x12, event_name.encode()) + encode_attributes(0x1A, event_attributes, self._keys)
+                if item:
+                    if len(known) >= _KV_CACHE:
+                        known.clear()
+                    known[item] = rest
+            parts.append(_field(0x5A, _EVENT_TIME(0x09, at) + rest))

@@ -109,24 +109,26 @@ class StepSpans:
         """Traced plans whose queue span is open."""
         return len(self._queued)
 
-    def expand(self, batch: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+    def expand(self, batch: Sequence[Sequence[Any]], encoder: SpanEncoder | None = None) -> list[Any]:
         """``batch`` with each step record replaced by the spans it ends (queue spans, :data:`RawSpan`) and each
-        commit record by its step's commit spans (compact, wireio/otlp.py ``COMMIT_SPAN``); other spans as they are."""
-        out: list[Sequence[Any]] = []
+        commit record by its step's commit spans (compact, wireio/otlp.py ``COMMIT_SPAN``); other spans as they are.
+        With ``encoder``, the spans a record makes come as their ``Span`` messages, encoded at once (no tuple built
+        to be taken apart again): :meth:`SpanEncoder.encode` takes them as they are."""
+        out: list[Any] = []
         for raw in batch:
             what = raw[0]
             if what.__class__ is str or what >= 0:
                 out.append(raw)
             elif what == STEP_RECORD:
-                self._step(raw[2], raw[3], out)
+                self._step(raw[2], raw[3], out, encoder)
                 if len(self._steps) >= _PENDING_STEPS:
                     del self._steps[next(iter(self._steps))]
                 self._steps[raw[1]] = (raw[2], raw[3])
             elif what == COMMIT_RECORD:
-                self._commit(raw[1], raw[2], out)
+                self._commit(raw[1], raw[2], out, encoder)
         return out
 
-    def _step(self, now: int, notes: Sequence[Sequence[Any]], out: list[Sequence[Any]]) -> None:
+    def _step(self, now: int, notes: Sequence[Sequence[Any]], out: list[Any], encoder: SpanEncoder | None) -> None:
         """A step's notes: the queue spans its placements (or ends while queued) close."""
         queued = self._queued
         for traceparent, plan_id, attempt, kind, data in notes:
@@ -136,6 +138,11 @@ class StepSpans:
                     if kind != "leased":
                         continue
                     entry = [traceparent, now, attempt, "", None]  # queued before a restart: a queue span from here
+                if encoder is not None:  # the same span, encoded from its fields
+                    out.append(encoder.queue(entry[0], entry[1], now, plan_id, entry[2], entry[3],
+                                             data if kind == "leased" else None, entry[4],
+                                             "" if kind == "leased" else f"ended {kind} while queued"))  # fmt: skip
+                    continue
                 attributes: dict[str, Any] = {"fleetwire.plan_id": plan_id, "fleetwire.attempt": entry[2]}
                 if entry[3]:  # no attribute for a plan that never waited: each one costs the encoding
                     attributes["fleetwire.wait_reason"] = entry[3]
@@ -159,17 +166,21 @@ class StepSpans:
                     entry[4] = []
                 entry[4].append(("waiting", now, {"reason": reason}))
 
-    def _commit(self, step: int, now: int, out: list[Sequence[Any]]) -> None:
+    def _commit(self, step: int, now: int, out: list[Any], encoder: SpanEncoder | None) -> None:
         """A step committed: the commit spans of the plans it recorded or ended (one a plan)."""
         flushed = self._steps.pop(step, None)
         if flushed is None:
             return
         started, notes = flushed
         done: set[str] = set()
+        commit = encoder.commit if encoder is not None else None
         for traceparent, plan_id, attempt, kind, _ in notes:
             if kind in _COMMITTED and plan_id not in done:
                 done.add(plan_id)
-                out.append((COMMIT_SPAN, traceparent, started, now, plan_id, attempt, kind))
+                if commit is not None:
+                    out.append(commit(traceparent, started, now, plan_id, attempt, kind))
+                else:
+                    out.append((COMMIT_SPAN, traceparent, started, now, plan_id, attempt, kind))
 
 
 class SpanBuilder:
@@ -233,11 +244,12 @@ class SpanBuilder:
         posts them with its own HTTP client (its endpoint, headers, TLS, compression, timeout and retries);
         any other exporter (an in-memory one in tests, one given in code) gets ``ReadableSpan`` objects."""
         try:
-            if steps:
-                batch = self.steps.expand(batch)
             post = self._post(exporter)
             if post is not None:
-                return bool(post(self._encoder.encode(batch)).success)
+                encoder = self._encoder
+                return bool(post(encoder.encode(self.steps.expand(batch, encoder) if steps else batch)).success)
+            if steps:
+                batch = self.steps.expand(batch)
             return exporter.export([self.build(*expand(raw)) for raw in batch]) is not self.failure
         except Exception:  # a failing exporter (or a malformed span) loses its batch, never the caller
             return False

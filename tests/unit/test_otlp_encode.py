@@ -143,3 +143,45 @@ def test_the_coordinators_step_records_expand_after_the_pipe_into_its_spans_enco
     sdk = [raw if raw[0].__class__ is str else (*expand(raw)[:2], span_id, *expand(raw)[3:])
            for raw, span_id in zip(got, ids, strict=True)]  # the commit spans' ids, drawn by the encoder
     assert ours == _sdk_request(builder, sdk)
+
+
+def _step_records() -> list[tuple[Any, ...]]:
+    """Step and commit records of every queue span's shape: a wait then a placement; a lease adopted without one; an
+    end while queued; a requeue; a lease of a plan queued before a restart; one step recording two plans."""
+    from wireio.span_export import COMMIT_RECORD, STEP_RECORD
+
+    a, b, c, d = (f"00-{TRACE[:-1]}{n}-00f067aa0ba902b{n}-01" for n in "1234")
+    steps = [
+        [(a, "p-1", 0, "queued", {}), (b, "p-2", 0, "queued", {}), (c, "p-3", 0, "queued", {})],
+        [(a, "p-1", 0, "waiting", {"reason": "no worker has tag gpu"}), (a, "p-1", 0, "waiting", {"reason": "busy"})],
+        [(a, "p-1", 1, "leased", ("joule_weighted", "w1")), (b, "p-2", 1, "leased", None)],
+        [(c, "p-3", 0, "cancelled", {}), (d, "p-4", 2, "leased", ["fifo", "w2"])],
+        [(a, "p-1", 1, "requeued", {}), (b, "p-2", 1, "succeeded", {"result": 1})],
+        [(a, "p-1", 2, "leased", ("least_busy", "w2")), (d, "p-4", 2, "failed", {})],
+    ]  # fmt: skip
+    records: list[tuple[Any, ...]] = []
+    for n, notes in enumerate(steps, 1):
+        records += [(STEP_RECORD, n, n * 1_000, notes), (COMMIT_RECORD, n, n * 1_000 + 500)]
+    return records
+
+
+def test_step_records_encoded_at_once_decode_as_the_sdk_encodes_the_spans_they_expand_to() -> None:
+    """StepSpans given the encoder makes each queue and commit span's bytes straight from the records (no tuple): the
+    request decodes to the SDK's encoding of the spans the same records expand to, span for span, every shape."""
+    import msgspec
+
+    from wireio.span_export import StepSpans
+
+    records = msgspec.msgpack.decode(msgspec.msgpack.encode((0, _step_records())))[1]  # as the pipe delivers them
+    builder = SpanBuilder("fleetwire-coordinator")
+    encoder, encoding, plain_spans = builder._encoder, StepSpans(), StepSpans()  # state kept across batches
+    encoded = encoding.expand(records[:5], encoder) + encoding.expand(records[5:], encoder)
+    plain = plain_spans.expand(records[:5]) + plain_spans.expand(records[5:])
+    assert all(raw.__class__ is bytes for raw in encoded) and len(encoded) == len(plain) == 11
+    ours = ExportTraceServiceRequest()
+    ours.ParseFromString(encoder.encode(encoded))
+    ids = [int.from_bytes(s.span_id, "big") for s in ours.resource_spans[0].scope_spans[0].spans]
+    sdk = [(*expand(raw)[:2], span_id, *expand(raw)[3:]) for raw, span_id in zip(plain, ids, strict=True)]
+    assert len(set(ids)) == len(ids) and ours == _sdk_request(builder, sdk)
+    names = [s.name for s in ours.resource_spans[0].scope_spans[0].spans]
+    assert names.count("fleetwire.queue") == 5 and names.count("fleetwire.store.commit") == 6
