@@ -1,4 +1,5 @@
-"""A cluster host's stop is bounded, whenever it is called (coordinator/io/cluster/host.py ``ClusterHost.stop``).
+"""A cluster host's stop is bounded, whenever it is called (coordinator/io/cluster/host.py ``ClusterHost.stop``);
+so is a single coordinator's lease keeper's (coordinator/io/cluster/leases.py ``LeaseKeeper.stop``).
 
 The teardown of test_cluster_front_door.py once hung 120 s in ``host.stop()``: the stop cancelled
 the lease rounds' task in the loop iteration in which a round ended, and on Python 3.11
@@ -15,8 +16,10 @@ import asyncio
 import pytest
 
 from coordinator.io.cluster.host import STOP_TASK_S, ClusterHost
+from coordinator.io.cluster.leases import LeaseKeeper
 from coordinator.io.frontdoor.server import ServerSettings
-from coordinator.shards import ClusterConfig
+from coordinator.io.stores.postgres import PgStore
+from coordinator.shards import ClusterConfig, LeaseState, Outcome
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,7 +35,7 @@ class StoppedAsARoundEnds(ClusterHost):
 
     async def _round(self) -> None:
         await super()._round()
-        if self.stopping is None and self.loaded.is_set() and asyncio.current_task() is self._keeper:
+        if self.stopping is None and self.loaded.is_set() and self._keeper is not None:  # not start()'s round
             self.keeper = self._keeper
             self.stopping = asyncio.ensure_future(self.stop())  # its first step runs before the round's end is heard
 
@@ -48,9 +51,50 @@ async def test_a_stop_called_as_a_lease_round_ends_returns_and_ends_the_rounds(p
     stopping, keeper = host.stopping, host.keeper
     assert keeper is not None
     done, _ = await asyncio.wait([stopping], timeout=4 * STOP_TASK_S)
-    if not done:  # the bug: end the rounds with a second cancel (it reaches their sleep), so nothing is left running
+    rounds_ended = keeper.done()
+    if not (done and rounds_ended):  # the bug: end the rounds with a second cancel (it reaches their sleep)
         keeper.cancel()
-        await asyncio.wait([stopping], timeout=30)
+        await asyncio.wait([stopping, keeper], timeout=30)
     assert done, "stop() still waited for the lease rounds"
+    assert rounds_ended, "the lease rounds went on after stop()"
     stopping.result()
-    assert keeper.done() and not host.servers
+    assert not host.servers
+
+
+class KeeperStoppedAsARenewalEnds(LeaseKeeper):
+    """A lease keeper whose :meth:`stop` is started by a renewal of its own loop, as that renewal returns."""
+
+    stopping: asyncio.Task[None] | None = None
+    loop_task: asyncio.Task[None] | None = None
+
+    async def attempt(self) -> Outcome:
+        renewal = self.leases.state is LeaseState.OWNER
+        outcome = await super().attempt()
+        if self.stopping is None and renewal and self._task is not None:
+            self.loop_task = self._task
+            self.stopping = asyncio.ensure_future(self.stop(release=True))
+        return outcome
+
+
+async def test_a_lease_keeper_stopped_as_a_renewal_ends_returns_and_ends_its_loop(pg_dsn: str) -> None:
+    """LeaseKeeper.stop() called in the loop iteration in which a renewal ends returns; the renewals end."""
+    store = await asyncio.to_thread(PgStore, pg_dsn, CLUSTER)
+    acquired = asyncio.Event()
+    keeper = KeeperStoppedAsARenewalEnds(store, CLUSTER, "stop-test", on_acquired=acquired.set,
+                                         on_fenced=lambda exc: None)  # fmt: skip
+    try:
+        keeper.start()
+        await asyncio.wait_for(acquired.wait(), 30)
+        await until(lambda: keeper.stopping is not None)  # the next renewal (every lease_renew_s) starts the stop
+        stopping, loop_task = keeper.stopping, keeper.loop_task
+        assert stopping is not None and loop_task is not None
+        done, _ = await asyncio.wait([stopping], timeout=4 * STOP_TASK_S)
+        renewals_ended = loop_task.done()
+        if not (done and renewals_ended):  # the bug: end the loop with a second cancel (it reaches its sleep)
+            loop_task.cancel()
+            await asyncio.wait([stopping, loop_task], timeout=30)
+        assert done, "LeaseKeeper.stop() still waited for the renewals"
+        assert renewals_ended, "the renewals went on after stop()"
+        stopping.result()
+    finally:
+        await asyncio.to_thread(store.close)

@@ -167,10 +167,13 @@ class LeaseKeeper:
                 return
             now = time.monotonic()
             if leases.due(now) == 0:
-                # A renewal that hangs (a network partition) must not hold self-demotion back.
+                # A renewal that hangs (a network partition) must not hold self-demotion back. In this task under
+                # asyncio.timeout, not under asyncio.wait_for: on Python 3.11 wait_for loses a cancel that arrives
+                # as the attempt ends, and stop() then waited for this loop for ever (test_cluster_stop.py).
                 timeout = max(0.0, leases.valid_until - now) if leases.state is LeaseState.OWNER else None
                 try:
-                    await asyncio.wait_for(self.attempt(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self.attempt()
                 except TimeoutError:
                     self._act(leases.check(time.monotonic()))
 
