@@ -62,14 +62,14 @@ class Sink:
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def spans(self) -> int | None:
-        """Spans received so far (None: opentelemetry-proto is not installed to count them)."""
+    def spans(self, bodies: list[bytes] | None = None) -> int | None:
+        """Spans received so far, or in ``bodies`` (None: opentelemetry-proto is not installed to count them)."""
         try:
             from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
         except ImportError:
             return None
         total = 0
-        for body in self.bodies:
+        for body in self.bodies if bodies is None else bodies:
             request = ExportTraceServiceRequest()
             request.ParseFromString(body)
             total += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
@@ -87,6 +87,7 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
     cpus: dict[str, list[float]] = {name: [] for name, _ in LEVELS}  # CPU µs per plan, every process together
     by_process: dict[str, dict[str, list[float]]] = {name: {} for name, _ in LEVELS}  # the same, per process
     spans: dict[str, int] = {name: 0 for name, _ in LEVELS}
+    bodies: dict[str, list[bytes]] = {name: [] for name, _ in LEVELS}  # each level's posts: its spans, counted after
     errors: dict[str, str] = {}
     try:
         for _ in range(ns.rounds):
@@ -118,6 +119,7 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
                 if "p50_ms" in lat:
                     p50s[name].append(lat["p50_ms"])
                 spans[name] += len(sink.bodies) - before  # requests now; counted as spans below
+                bodies[name] += sink.bodies[before:]  # every daemon flushed at its shutdown: the run's spans are in
     finally:
         for key, value in saved.items():
             if value is None:
@@ -163,5 +165,13 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
                                 if by_process[name].get(p))
         for name, _ in LEVELS))  # fmt: skip
     shown = counted if counted is not None else "? (no opentelemetry-proto to count them)"
+    # At 100 % every plan is six spans (submit; queue, two commits; attempt, handler): the throughput run's plans and
+    # its warm-up plan, the latency run's samples and its 200 warm-up plans. Fewer received: spans dropped.
+    expected = 6 * (ns.plans + 1 + ns.samples + 200) * ns.rounds
+    received = {name: sink.spans(bodies[name]) for name, ratio in LEVELS if ratio == "1.0"}
+    lines.append("spans at 100 % (six a plan), received / expected (dropped): " + "; ".join(
+        f"{name}: {got} / {expected} ({expected - got})" if got is not None else f"{name}: ?"
+        for name, got in received.items()))  # fmt: skip
+    results["dropped_at_100"] = {name: None if got is None else expected - got for name, got in received.items()}
     lines.append(f"spans received by the sink, all levels: {shown}")
     return lines, results
