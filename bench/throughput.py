@@ -53,6 +53,17 @@ def _thread_seconds(pid: int) -> dict[str, float]:
     return {"loop" if tid == pid else f"thread {tid}": h.cpu_seconds(pid, tid) for tid in tids}
 
 
+def _sched_ns(pid: int, tid: int | None = None) -> tuple[int, int]:
+    """A thread's (the process's main thread by default) nanoseconds on a CPU and waiting for one so far
+    (``/proc/PID/task/TID/schedstat``); (0, 0) once it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{tid or pid}/schedstat") as fh:
+            fields = fh.read().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+
+
 def _machine_ticks() -> tuple[int, int]:
     """All CPU ticks of the machine so far and the idle ones (idle + iowait), from /proc/stat."""
     with open("/proc/stat") as fh:
@@ -122,6 +133,7 @@ async def measure(
                 profiler.attach(name, pid)
             cpu0 = {name: h.cpu_seconds(pid) for name, pid in pids.items()}
             threads0 = _thread_seconds(f.coordinator.pid)
+            sched0 = _sched_ns(f.coordinator.pid)
             ticks0 = _machine_ticks()
             sampler = _Timeline({**pids, "client": os.getpid()}) if timeline else None
             self0 = time.process_time()
@@ -142,6 +154,7 @@ async def measure(
                 raise SystemExit(f"throughput: not every plan ended within {deadline_s} s; coordinator log tail:\n"
                                  + "\n".join(f.coordinator.lines[-20:])) from None
             elapsed = time.perf_counter() - t0
+            sched1 = _sched_ns(f.coordinator.pid)
             cpu = {name: round(h.cpu_seconds(pid) - cpu0[name], 3) for name, pid in pids.items()}
             cpu["client"] = round(time.process_time() - self0, 3)
             ticks1 = _machine_ticks()
@@ -171,6 +184,11 @@ async def measure(
         "coordinator_threads_us_per_plan": {name: round(s / plans * 1e6, 1) for name, s in threads.items() if s},
         # The whole machine's idle share in the window (every process, this bench's or not): near 0 is CPU-bound.
         "machine_idle": round((ticks1[1] - ticks0[1]) / max(1, ticks1[0] - ticks0[0]), 3),
+        # The event loop's thread over the window: on a CPU, runnable but waiting for one (the machine is busy), and
+        # the rest asleep, with nothing to do (waiting for commits, for peers): the last is what the loop idles.
+        "loop_share": {"on_cpu": round((sched1[0] - sched0[0]) / 1e9 / elapsed, 3),
+                       "waiting_for_cpu": round((sched1[1] - sched0[1]) / 1e9 / elapsed, 3),
+                       "asleep": round(1 - (sched1[0] - sched0[0] + sched1[1] - sched0[1]) / 1e9 / elapsed, 3)},
         "machine": h.machine(),
     }
 
@@ -197,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "  coordinator threads, CPU µs per plan: "
         + ", ".join(f"{k} {v}" for k, v in result["coordinator_threads_us_per_plan"].items()),
         f"  machine idle in the window: {result['machine_idle']:.1%} (all processes, {os.cpu_count()} CPUs)",
+        "  the event loop's thread in the window: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.1%}" for k, v in result["loop_share"].items()),
     ])
     return 0 if result["failed"] == 0 else 1
 
