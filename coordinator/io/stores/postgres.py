@@ -81,6 +81,7 @@ crc = zlib.crc32
 
 _KEY_BLOCK = 1024
 _KEY_RESERVE = 16 * _KEY_BLOCK  # new keys taken beyond a group's needs (a few big groups' worth): _take_keys
+_CHUNK_PLANS = 512  # a big group encoded in turn goes as statements of this many plans, one transaction: _chunks
 _INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its own row
 _INLINE_MAX_BYTES = 512
 CONNECT_TIMEOUT_S = 10.0
@@ -223,6 +224,30 @@ def _grid(columns: list[list[Any]]) -> list[Any]:
     return [[column[i : i + width] for i in range(0, n, width)] for column in columns]
 
 
+def _chunks(group: _Group, fresh_keys: list[int], size: int) -> list[tuple[_Group, list[int]]]:
+    """``group`` as groups of at most ``size`` plans, each with its new keys: every record of a plan in one of them.
+
+    The first holds the forgotten plans' deletes (``doomed``); each holds the forgotten ids among its own plans
+    (one forgotten and created again gets its new row there, after the delete), so that applying them in order
+    (:meth:`PgStore._committed`) leaves what applying ``group`` would.
+    """
+    created, latest, runs, forgotten = group.created, group.latest, group.runs, group.forgotten
+    ids = list({**created, **latest, **runs})
+    key_of = dict(zip(group.fresh_ids, fresh_keys, strict=True))
+    out: list[tuple[_Group, list[int]]] = []
+    for start in range(0, len(ids), size):
+        part = ids[start : start + size]
+        gone = forgotten if not out else forgotten.intersection(part) if forgotten else forgotten
+        chunk = _Group(group.records, {p: created[p] for p in part if p in created},
+                       {p: latest[p] for p in part if p in latest},
+                       {p: runs[p] for p in part if p in runs}, gone)  # fmt: skip
+        if not out:
+            chunk.doomed, chunk.shards = group.doomed, group.shards
+        chunk.fresh_ids = [p for p in chunk.created if p in key_of]
+        out.append((chunk, [key_of[p] for p in chunk.fresh_ids]))
+    return out
+
+
 class PgStore:
     """Plans in PostgreSQL, shared by the coordinators of one cluster; one transaction per :meth:`write`.
 
@@ -265,6 +290,7 @@ class PgStore:
         self._events_crc: dict[str, int] = {}  # running checksum of each open plan's inline events
         self._free_keys: list[int] = []  # taken from the sequence, not used yet (ascending)
         self._ahead: _Group | None = None  # the group encode_ahead made, until its write_async
+        self.chunk_plans = _CHUNK_PLANS  # plans per statement of a big group encoded in turn (0: one statement)
         try:
             import asyncpg  # type: ignore[import-untyped]
         except ImportError:
@@ -464,17 +490,57 @@ class PgStore:
         if group is not None and group.records is records:
             self._ahead = None
             await self._send(conn, group)
-            return
-        group = self._gather(records)
-        fresh_keys = await self._take_keys(conn, len(group.fresh_ids))
+        else:
+            group = self._gather(records)
+            fresh_keys = await self._take_keys(conn, len(group.fresh_ids))
+            size = self.chunk_plans
+            if size and len(records) > 2 * size and len(group.latest) + len(group.created) > size:
+                await self._send_chunks(conn, _chunks(group, fresh_keys, size))
+            else:
+                await self._send(conn, await self._encoded(conn, group, fresh_keys))
+                self._committed(group)
+        self.writes += 1
+        self.records += len(records)
+
+    async def _encoded(self, conn: Any, group: _Group, fresh_keys: list[int]) -> _Group:
+        """``group`` with its rows (:meth:`_encode_rows`), any chained checksum only the database holds read first."""
         stored: dict[int, int] = {}
         missing = self._encode_rows(group, fresh_keys, stored)
         if missing:  # inline runs of plans whose chained checksum is only in the database
             for key in missing:
                 stored[key] = await self._stored_events_crc(conn, key)
             self._encode_rows(group, fresh_keys, stored)
-        await self._send(conn, group)
-        self._committed(group)
+        return group
+
+    async def _send_chunks(self, conn: Any, chunks: list[tuple[_Group, list[int]]]) -> None:
+        """A big group as one transaction, a statement per chunk, each encoded while the one before is in flight.
+
+        The group's encoding (its rows: :meth:`_encode_rows`, loop work as long as a statement's round trip)
+        no longer waits in front of its whole statement while the database is idle: only the first chunk's
+        does. The chunks commit together or not at all, as the group would (a failed statement rolls the
+        transaction back; each one's fence keeps its shards' lease rows locked until the commit).
+        """
+        loop = asyncio.get_running_loop()
+        sending: asyncio.Task[None] | None = None
+        async with conn.transaction():
+            try:
+                for chunk, keys in chunks:
+                    missing = self._encode_rows(chunk, keys, {})  # while the chunk before is in flight
+                    if sending is not None:
+                        sending, sent = None, sending
+                        await sent
+                    if missing:
+                        await self._encoded(conn, chunk, keys)
+                    sending = loop.create_task(self._send(conn, chunk))
+                    await asyncio.sleep(0)  # the task writes the statement; the next chunk is encoded meanwhile
+                if sending is not None:
+                    sending, sent = None, sending
+                    await sent
+            finally:
+                if sending is not None:  # encoding failed with a statement in flight: it ends before the rollback
+                    await asyncio.gather(sending, return_exceptions=True)
+        for chunk, _ in chunks:
+            self._committed(chunk)
 
     def encode_ahead(self, records: Sequence[Record]) -> bool:
         """Encode ``records``' group now, before the group in flight commits; False if it needs a round trip first.
@@ -519,8 +585,6 @@ class PgStore:
         shards = sorted(touched_shards)
         rows = group.rows
         await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
-        self.writes += 1
-        self.records += len(group.records)
 
     def _encode_rows(self, group: _Group, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
         """Each touched plan's row insert or update and its spilled run, one array per column (``group.rows``); no I/O.

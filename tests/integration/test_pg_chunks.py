@@ -1,0 +1,118 @@
+"""A big group encoded in turn goes as one transaction of a statement per chunk of plans, each chunk encoded while
+the statement before is in flight (coordinator/io/stores/postgres.py ``PgStore._send_chunks``): the same stored
+plans as one statement, all or nothing. A real PostgreSQL server (tests/pg.py; skipped without one)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from coordinator.io.stores.integrity import StoreError
+from coordinator.io.stores.postgres import PgStore, _Group
+from coordinator.records import PlanForgotten, PlanStatus, Record
+from tests.integration.test_pg_store import CLUSTER, hold
+from tests.pg import PostgresServer
+from tests.unit.test_store import created, event
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class ChunkedPgStore(PgStore):
+    """A PgStore with chunks of 40 plans that notes, at each chunk's encoding, whether a statement is in flight;
+    ``fail_at``: the statement numbered so (from 1) fails once it has run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.chunk_plans = 40
+        self.statements = 0
+        self.in_flight = False
+        self.encoded_in_flight: list[bool] = []
+        self.fail_at = 0
+
+    def _encode_rows(self, group: _Group, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
+        self.encoded_in_flight.append(self.in_flight)
+        return super()._encode_rows(group, fresh_keys, stored)
+
+    async def _commit(self, conn: Any, *args: Any) -> None:
+        self.statements += 1
+        self.in_flight = True
+        try:
+            await super()._commit(conn, *args)
+        finally:
+            self.in_flight = False
+        if self.statements == self.fail_at:
+            raise OSError("the connection broke after the statement ran")
+
+
+def groups() -> list[list[Record]]:
+    """Groups of 150 plans (four chunks of 40): inline and spilled runs, chains continued, plans ended, forgotten and
+    one forgotten plan created again."""
+    plans = [f"p{n}" for n in range(150)]
+    return [
+        [r for n, p in enumerate(plans) for r in (created(p, n), event(p, 1, p if n % 7 else "y" * 600))],
+        [*(r for p in plans for r in (PlanStatus(p, "running", attempt=1, next_seq=3), event(p, 2, "r"),
+                                      event(p, 3, "s"))),
+         *(PlanForgotten(p) for p in plans[140:]), created("p145", 500, args="again"), event("p145", 1, "again")],
+        [*(r for p in plans[:130] for r in (event(p, 4, "t"), PlanStatus(p, "succeeded", next_seq=5))),
+         *(created(f"q{n}", 600 + n) for n in range(60))],
+    ]  # fmt: skip
+
+
+def stored(dsn: str) -> dict[str, Any]:
+    check = PgStore(dsn, CLUSTER)
+    try:
+        return {p.created.plan_id: p for p in check.load()}
+    finally:
+        check.close()
+
+
+async def write(store: PgStore, batches: Sequence[list[Record]]) -> None:
+    await store.open_async()
+    try:
+        for batch in batches:
+            await store.write_async(batch)
+    finally:
+        await store.close_async()
+
+
+async def test_a_big_group_in_chunks_stores_what_one_statement_stores(postgres: PostgresServer, pg_dsn: str) -> None:
+    """The same groups through one statement each and through chunks of 40 plans: the same plans read back (every
+    checksum verified); each chunk after the first is encoded while the statement before it is in flight."""
+    dsns = [pg_dsn, postgres.new_database()]
+    whole, chunked = hold(ChunkedPgStore(dsns[0], CLUSTER)), hold(ChunkedPgStore(dsns[1], CLUSTER))
+    whole.chunk_plans = 0
+    try:
+        await write(whole, groups())
+        await write(chunked, groups())
+    finally:
+        whole.close()
+        chunked.close()
+    assert whole.statements == 3 and chunked.statements == 4 + 4 + 5
+    assert chunked.encoded_in_flight == [False, True, True, True] * 2 + [False, True, True, True, True]
+    assert chunked.writes == whole.writes == 3 and chunked.records == whole.records
+    one, many = stored(dsns[0]), stored(dsns[1])
+    assert one == many and len(one) == 150 - 10 + 1 + 60
+    assert [e.data for e in many["p145"].events] == ["again"] and many["p7"].events[0].data == "y" * 600
+    assert many["p3"].status is not None and many["p3"].status.state == "succeeded"
+
+
+async def test_a_failed_chunk_leaves_nothing_of_its_group(pg_dsn: str) -> None:
+    """The third statement of a chunked group fails after running: the write fails and none of the group's chunks,
+    the first two included, is in the database; the store's keys and chains stay as before the group."""
+    store = hold(ChunkedPgStore(pg_dsn, CLUSTER))
+    made = groups()
+    try:
+        await store.open_async()
+        await store.write_async(made[0])
+        keys, chained = dict(store._keys), dict(store._events_crc)
+        store.fail_at = store.statements + 3
+        with pytest.raises(StoreError, match="connection broke"):
+            await store.write_async(made[1])
+        assert (store._keys, store._events_crc) == (keys, chained) and store.writes == 1
+        await store.close_async()
+    finally:
+        store.close()
+    plans = stored(pg_dsn)
+    assert len(plans) == 150 and all(p.status is None and len(p.events) == 1 for p in plans.values())
