@@ -12,19 +12,25 @@ ended. On a real PostgreSQL (tests/pg.py; skipped without one).
 from __future__ import annotations
 
 import asyncio
+import json
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
+from websockets.asyncio.client import connect
+from websockets.typing import Subprotocol
 
 from coordinator.io.cluster.host import STOP_TASK_S, ClusterHost
 from coordinator.io.cluster.leases import LeaseKeeper
 from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.io.stores.postgres import PgStore
+from coordinator.limits import Limits
 from coordinator.shards import ClusterConfig, LeaseState, Outcome
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
 CLUSTER = ClusterConfig(shards=1, lease_ttl_s=30.0, lease_renew_s=0.2)
+WAITING_ON_A_LOCK = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"  # noqa: E501
 
 
 class StoppedAsARoundEnds(ClusterHost):
@@ -98,3 +104,36 @@ async def test_a_lease_keeper_stopped_as_a_renewal_ends_returns_and_ends_its_loo
         stopping.result()
     finally:
         await asyncio.to_thread(store.close)
+
+
+async def test_a_stop_while_a_view_session_waits_on_a_locked_table_cancels_it_and_returns(pg_dsn: str) -> None:
+    """A main-port view session whose read waits on a lock: the stop cancels it past the handshake and close
+    timeouts instead of waiting for the read (up to its 30 s command timeout, or a pool's queue of them)."""
+    started = asyncio.Event()
+    limits = Limits(handshake_timeout_s=0.5, close_timeout_s=0.5)
+    host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True, limits=limits),
+                       announce=lambda line: started.set())  # fmt: skip
+    await host.start()
+    locker = await asyncpg.connect(pg_dsn)
+    watcher = await asyncpg.connect(pg_dsn)  # pg_stat_activity, outside the locker's transaction (it sees one snapshot)
+    stopping: asyncio.Future[None] | None = None
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+        async with connect(host.url + "/v1/client", subprotocols=[Subprotocol("fleetwire.v1.json")]) as ws:
+            async with locker.transaction():
+                await locker.execute("LOCK TABLE fleetwire_plans IN ACCESS EXCLUSIVE MODE")
+                await ws.send(json.dumps({"type": "get_plan", "req_id": 1, "plan_id": "p1"}))
+                async with asyncio.timeout(30):  # the view session's read waits on the lock (no event to wait on)
+                    while not await watcher.fetchval(WAITING_ON_A_LOCK):  # noqa: ASYNC110
+                        await asyncio.sleep(0.005)
+                stopping = asyncio.ensure_future(host.stop())
+                done, _ = await asyncio.wait([stopping], timeout=4 * STOP_TASK_S)
+            if not done:  # the bug: the lock is gone with the transaction, the read ends, the stop with it
+                await asyncio.wait([stopping], timeout=30)
+            assert done, "the stop waited for the view session's read"
+            stopping.result()
+    finally:
+        if stopping is None:
+            await host.stop()
+        await locker.close()
+        await watcher.close()

@@ -344,7 +344,7 @@ class ClusterHost:
         if self._server is not None:
             self._server.close()
             self._gate.close()  # sockets still before their upgrade; the refusal log's summaries
-            await self._server.wait_closed()
+            await self._gate.wait_closed(self._server)  # bounded: a session stuck on the database is cancelled
         for shard in sorted(self.servers):
             await self._stop_shard(shard, release=True, why="shutting down")
         with contextlib.suppress(Exception):

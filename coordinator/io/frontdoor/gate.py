@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import math
 import ssl
@@ -450,6 +451,29 @@ class Gatekeeper:
         """The listener stopped: abort the connections still before their upgrade, write the refusal summaries."""
         self.pending.close()
         self.refusal_log.close()
+
+    async def wait_closed(self, server: Server) -> int:
+        """Wait for the handlers of ``server`` (of :meth:`serve`, closed), within a bound; how many were cancelled.
+
+        A handshake ends within ``--handshake-timeout`` (a held answer's hold included), and a session
+        whose connection is closed within the close timeout: past both, a handler still running waits
+        on something else (a database that does not answer) and is cancelled, so that a stop never
+        waits for ever (``websockets``' own ``wait_closed`` has no bound).
+        """
+        grace_s = self.limits.handshake_timeout_s + self.limits.close_timeout_s
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s):
+                await server.wait_closed()
+                return 0
+        running = [task for task in server.handler_tasks if not task.done()]
+        log.error("sessions still running after the listener closed; cancelling them", running=len(running),
+                  waited_s=grace_s)  # fmt: skip
+        for task in running:
+            task.cancel()
+        with contextlib.suppress(TimeoutError):  # a cancelled handler ends its connection within the close timeout
+            async with asyncio.timeout(self.limits.close_timeout_s + 1.0):
+                await server.wait_closed()
+        return len(running)
 
     def _penalty_key(self, principal: Principal, conn: ServerConnection, worker_id: str | None = None) -> str:
         remote = conn.remote_address

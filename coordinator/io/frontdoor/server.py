@@ -362,7 +362,7 @@ class CoordinatorServer:
         if self._server is not None:
             self._server.close()
             self._gate.pending.close()  # sockets still waiting for their first byte (admission.py)
-            await self._server.wait_closed()
+            await self._gate.wait_closed(self._server)  # bounded: a session stuck past the close is cancelled
         if self._metrics_listener is not None:
             await self._metrics_listener.stop()
         self._gate.refusal_log.close()
