@@ -10,8 +10,6 @@ frames go to a ``Sink`` (a session that is no websocket), which reads the file b
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sqlite3
 import threading
 import time
@@ -35,7 +33,6 @@ from coordinator.limits import Limits
 from coordinator.read_policy import ReadPolicy
 from coordinator.records import PlanCreated
 from protocol.messages import Accepted, Submit
-from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,18 +68,12 @@ class Releases:
 
 
 @asynccontextmanager
-async def driven(
-    store: Store, failures: list[BaseException] | None = None
-) -> AsyncIterator[tuple[CoreDriver, CoreSession, Releases]]:
-    """A core driven by a CoreDriver over ``store``'s committer, one client session open, its frames to a sink.
-
-    ``failures``: where the committer's failure goes (None: none may happen).
-    """
+async def driven(store: Store) -> AsyncIterator[tuple[CoreDriver, CoreSession, Releases]]:
+    """A core driven by a CoreDriver over ``store``'s committer, one client session open, its frames to a sink."""
     limits = Limits()
     core = Coordinator(CoreConfig(), new_id=lambda: "unused")
     door = FrontDoor(None, Gatekeeper(None, limits, max_frame_bytes=1 << 20), ReadPolicy(limits), CORE_CODECS)  # type: ignore[arg-type]  # no port: nothing is upgraded here
-    expected = failures is not None
-    failures = failures if failures is not None else []
+    failures: list[BaseException] = []
     made: list[GroupCommitter[Any]] = []
 
     def committer(release: Any) -> GroupCommitter[Any]:
@@ -100,7 +91,7 @@ async def driven(
         yield driver, CoreSession(driver, session, clock=lambda: 0.0), releases
     finally:
         await made[0].close()
-        assert expected or not failures
+        assert not failures
 
 
 def submits(count: int) -> list[Submit]:
@@ -118,7 +109,6 @@ async def test_a_big_frame_is_released_in_parts_before_its_last_part_is_fed(db: 
     msgs = submits(count)
     async with driven(db) as (driver, session, releases):
         driver.part_messages = part
-        session.back_to_back = False  # parts that yield the loop, as a worker's do
         releases.want = count
         index, spent = session.take(msgs, 100_000, 0.0)
         assert (index, spent, releases.accepted) == (part, 0, 0)  # one part fed, handed to the writer
@@ -167,83 +157,6 @@ async def test_the_memory_store_takes_a_frame_whole() -> None:
     assert [len(plans) for plans, _, _ in releases.seen if plans] == [count]
 
 
-async def test_a_clients_frame_is_fed_in_one_turn_each_part_committed_and_released_in_order(db: SQLiteStore) -> None:
-    """A client's frame: all its parts fed in one take, one batch each; each release finds its plans committed."""
-    count, part = 4 * 20 + 7, 20
-    async with driven(db) as (driver, session, releases):
-        driver.part_messages = part
-        assert session.back_to_back  # a client's session
-        releases.want = count
-        index, spent = session.take(submits(count), 100_000, 0.0)
-        assert (index, spent) == (count, 0)  # no loop turn between its parts
-        committer = driver.committer
-        assert isinstance(committer, GroupCommitter) and committer.batches == 5  # still committed part by part
-        await asyncio.wait_for(releases.all.wait(), 30)
-    db.close()
-    accepted: list[str] = []
-    for plans, committed, _ in releases.seen:
-        accepted += plans
-        assert set(accepted) <= committed  # nothing released before its records and every earlier part's are durable
-    assert accepted == [s.plan_id for s in submits(count)]
-
-
-def _hold_at(driver: CoreDriver, plan_id: str, condition: Callable[[], bool], then: Callable[[], None]) -> None:
-    """Hold the loop inside the driver, before it feeds ``plan_id``'s submit, until ``condition``; then ``then()``."""
-    receive = driver.receive
-
-    def held(conn_id: int, msg: Any, now: float) -> None:
-        if msg.plan_id == plan_id:
-            _held_until(condition)
-            then()
-        receive(conn_id, msg, now)
-
-    driver.receive = held  # type: ignore[method-assign]  # the driver's own receive, called after the hold
-
-
-async def test_a_clients_part_committed_while_the_next_is_fed_is_released_at_that_parts_hand_over(
-    db: SQLiteStore,
-) -> None:
-    """Within one take: the first part, committed while the second is fed, is released before the third is fed."""
-    count, part = 3 * 20, 20
-    msgs = submits(count)
-    async with driven(db) as (driver, session, releases):
-        driver.part_messages = part
-        committer = driver.committer
-        assert isinstance(committer, GroupCommitter)
-        releases.want = count
-        _hold_at(driver, msgs[part].plan_id, lambda: committer._reported >= 1, lambda: None)
-        assert session.take(msgs, 100_000, 0.0)[0] == count
-        first = next((seen for seen in releases.seen if seen[0]), None)
-        assert first is not None and first[0] == [m.plan_id for m in msgs[:part]] and set(first[0]) <= first[1]
-        assert first[2] == 2 * part  # released at the second part's hand-over, before the third part was fed
-        await asyncio.wait_for(releases.all.wait(), 30)
-    db.close()
-
-
-async def test_a_clients_parts_after_a_failed_commit_are_never_released(tmp_path: Path) -> None:
-    """The writer process killed after the first part's commit: the later parts of the frame are fed, none released."""
-    store = SQLiteStore(tmp_path / DB_FILE)
-    store.hand_writes_to_process()
-    count, part = 3 * 20, 20
-    msgs = submits(count)
-    failures: list[BaseException] = []
-    try:
-        async with driven(store, failures) as (driver, session, releases):
-            driver.part_messages = part
-            committer = driver.committer
-            assert isinstance(committer, GroupCommitter)
-            pid = store.writer_pid
-            assert pid is not None
-            _hold_at(driver, msgs[part].plan_id, lambda: committer._reported >= 1, lambda: os.kill(pid, signal.SIGKILL))
-            assert session.take(msgs, 100_000, 0.0)[0] == count
-            await until(lambda: failures)  # the committer's failure callback: no event of its own
-            released = [plan for plans, _, _ in releases.seen for plan in plans]
-            assert released == [m.plan_id for m in msgs[:part]]  # the first part only: committed before the kill
-            assert "signal 9" in str(failures[0])
-    finally:
-        store.close()
-
-
 def _held_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     """Hold the loop (as other sessions' parts do) until another thread makes ``condition`` true."""
     deadline = time.monotonic() + timeout_s
@@ -276,7 +189,6 @@ async def test_a_session_whose_step_fanned_out_has_its_frames_taken_whole(db: SQ
     msgs = submits(count)
     async with driven(db) as (driver, session, releases):
         driver.part_messages, driver.part_max_sessions = part, 0  # the client alone counts as a fan-out here
-        session.back_to_back = False  # parts that yield the loop, as a worker's do
         releases.want = count + 50 + 80
         index, _ = session.take(msgs, 100_000, 0.0)
         assert index == part and driver.step_sessions == 1 and session.whole

@@ -28,14 +28,11 @@ busy writer does not fsync per part. The memory store commits at once and takes 
 costs a frame to every session its step sends to: a session whose last step sent to more than
 :data:`PART_MAX_SESSIONS` (a fan-out, one plan's events to its subscribers: bench/fanout.py's deliveries
 fell by a third in parts of 500) has its frames taken whole until a step of it is narrow again.
-
-A worker's part yields the loop before its next (the leases it released go out, the other sessions' parts
-run); a client's parts are fed one after the other in the same turn (:attr:`CoreSession.back_to_back`), each
-handed to the writer as it ends and each released as soon as it is committed, at the next part's hand-over
-or later. A client's ``accepted`` are of no use to it before its frame's last (``submit_many`` waits for
-every one), and a part waiting a loop turn behind the workers' parts made a 5,000-plan chunk's acceptance
-take 2-3 times as long while the workers drained the queue and then waited (issue 29: the durable run's
-client accepted its last chunk at 1.0 of a 1.1 s window, against 0.6 of 0.9 s with the memory store).
+A client's parts yield the loop too, although its ``accepted`` are of no use to it before the last of its
+frame's (``submit_many`` waits for all): fed one after another (tried, 0fb8458), a 5,000-plan chunk was
+accepted ~1.5x sooner, but its groups reached the writer as one burst and the workers' groups, whose
+leases keep them busy, waited behind all of them (the loop asleep with frames held for a commit 9-13 %
+of the window against 4-6 %, and fewer plans/s: docs/PERFORMANCE.md §D29).
 
 Plans in :attr:`CoreDriver.volatile` (the OpenAI door's under ``--openai-durable off``) are never
 written: their records are dropped before the committer, so a step that touched only them has no
@@ -293,15 +290,13 @@ class CoreSession:
     in the core when the connection ends or the server closes it.
     """
 
-    __slots__ = ("back_to_back", "clock", "driver", "session", "whole")
+    __slots__ = ("clock", "driver", "session", "whole")
 
     def __init__(self, driver: CoreDriver, session: Session, clock: Callable[[], float] = time.monotonic) -> None:
         self.driver = driver
         self.session = session
         self.clock = clock
         self.whole = False  # its last step fanned out (module docstring §Parts): its frames are not cut
-        # A client's parts are fed one after another, a worker's yield the loop between them (module docstring §Parts).
-        self.back_to_back = session.role == "client"
 
     def opened(self, now: float) -> None:
         session = self.session
@@ -340,7 +335,6 @@ class CoreSession:
         index, count = start, len(msgs)
         part = driver.part_messages
         end = start + part if part and not self.whole else count  # a durable store's part
-        cut = start  # where the part being fed began
         while index < count:
             msg = msgs[index]
             index += 1
@@ -357,17 +351,10 @@ class CoreSession:
                 index -= 1  # what it asked so far goes out; this one and the later ones wait for the look-up
                 break
             driver.receive(session.conn_id, msg, now)
-            if budget(outbox.work - work) or (index >= end and (not self.back_to_back or index == count)):
+            if budget(outbox.work - work) or index >= end:
                 # What it asked so far goes out; the rest waits for the next loop turn (others' frames run meanwhile).
                 break
-            if index >= end:  # a client's part (module docstring §Parts): committed now, the next one fed at once
-                driver.flush(frame_bytes * (index - cut) // count)
-                if session.killed:  # a release closed it (a slow consumer): the rest of its frame is dropped
-                    break
-                cut = index
-                self.whole = driver.step_sessions > driver.part_max_sessions
-                end = index + part if not self.whole else count
-        driver.flush(frame_bytes if cut == 0 and index == count else frame_bytes * (index - cut) // count)
+        driver.flush(frame_bytes if start == 0 and index == count else frame_bytes * (index - start) // count)
         if part:
             self.whole = driver.step_sessions > driver.part_max_sessions
         return index, outbox.work - work
