@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
-from coordinator.io.cluster.host import STOP_TASK_S, ClusterHost
+from coordinator.io.cluster import host as host_module
+from coordinator.io.cluster.host import STOP_TASK_S, ClusterHost, ShardPgStore
 from coordinator.io.cluster.leases import LeaseKeeper
 from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.io.stores.postgres import PgStore
@@ -137,3 +140,38 @@ async def test_a_stop_while_a_view_session_waits_on_a_locked_table_cancels_it_an
             await host.stop()
         await locker.close()
         await watcher.close()
+
+
+async def test_a_shard_store_still_opening_when_the_stop_comes_is_closed_once_open(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() while a won shard's store is being opened (in a thread): the stop returns, and the store is closed
+    once it has opened, not left with its connections and thread."""
+    entered, go = threading.Event(), threading.Event()
+    made: list[ShardPgStore] = []
+
+    class SlowToOpen(ShardPgStore):
+        """The real shard store, whose constructor waits until the test lets it connect."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            entered.set()
+            go.wait(30)
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(host_module, "ShardPgStore", SlowToOpen)
+    host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
+    await host.start()
+    try:
+        assert await asyncio.to_thread(entered.wait, 30)
+        await asyncio.wait_for(host.stop(), 4 * STOP_TASK_S)
+    finally:
+        go.set()
+    try:
+        await until(lambda: bool(made) and made[0].closed, timeout_s=15)
+    except TimeoutError:
+        pass
+    left_open = [store for store in made if not store.closed]
+    for store in left_open:  # the bug: close it here, so that nothing is left behind
+        await asyncio.to_thread(store.close)
+    assert made and not left_open, "the shard's store was left open after the stop"

@@ -65,7 +65,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import structlog
@@ -103,6 +103,8 @@ log = structlog.get_logger(__name__)
 
 DB_RETRY_CAP_S = 5.0  # the longest wait between two tries to reach the database at start
 STOP_TASK_S = 5.0  # the longest stop() waits for a task of its own to end once it is cancelled
+
+_Store = TypeVar("_Store", bound=PgStore)
 
 _BEAT = """
 INSERT INTO fleetwire_coordinators (owner, url, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))
@@ -291,7 +293,7 @@ class ClusterHost:
             await asyncio.sleep(rng.uniform(ceiling / 2, ceiling))
             ceiling = min(DB_RETRY_CAP_S, 2 * ceiling)
             try:
-                control = await asyncio.to_thread(PgStore, self.settings.store, self.config)
+                control = await _opened(lambda: PgStore(self.settings.store, self.config))
             except StoreUnreachable as exc:
                 self.waiting_db = str(exc)
                 log.warning("still waiting for the cluster's database", store=self.description, error=str(exc))
@@ -405,7 +407,7 @@ class ClusterHost:
         next round tries again. The shards' cores reconnect on their own when they are won again.
         """
         try:
-            fresh = await asyncio.to_thread(PgStore, self.settings.store, self.config)
+            fresh = await _opened(lambda: PgStore(self.settings.store, self.config))
         except Exception as exc:
             log.warning("cannot reconnect to PostgreSQL yet", store=self.description, error=str(exc))
             return
@@ -488,7 +490,7 @@ class ClusterHost:
         try:
             # Its connections say which core they are (pg_stat_activity; bench/cluster_chaos.py's checker).
             dsn = _with_application_name(self.settings.store, f"fw/{shard}/{epoch}/{self.owner}")
-            store = await asyncio.to_thread(ShardPgStore, dsn, self.config)
+            store = await _opened(lambda: ShardPgStore(dsn, self.config))
             store.owner, store.fence = self.owner, {shard: epoch}
             store.doorbell = self.doorbell
             # Its core sees only its shard's pools: waiting reasons say so (coordinator/placement/plan_queue.py).
@@ -606,6 +608,23 @@ class ClusterHost:
         else:
             return None
         return None if target == shard else self.where(target)
+
+
+async def _opened(make: Callable[[], _Store]) -> _Store:
+    """``make()`` (a store's constructor: it connects) in a thread. Cancelled meanwhile (a stop), the store it
+    makes is closed once made, in the loop's executor, instead of being left open with its connections and thread
+    (an interrupted stop's unclosed connections, finalized later, are what broke ast.parse in the next test)."""
+    opening = asyncio.ensure_future(asyncio.to_thread(make))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_unused)
+        raise
+
+
+def _close_unused(opening: asyncio.Future[Any]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.get_loop().run_in_executor(None, opening.result().close)
 
 
 async def _cancelled(tasks: list[asyncio.Task[Any]], what: str) -> None:
