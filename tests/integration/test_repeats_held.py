@@ -13,9 +13,11 @@ import os
 import pytest
 
 from coordinator.io.frontdoor.gate import REPEAT_BURST
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.limits import Limits
 from tests.integration.test_fairness import scraped
 from tests.integration.test_security import Start, start  # noqa: F401
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,13 +32,15 @@ async def request(port: int, path: str, token: str | None = None) -> tuple[int, 
         fields.update({"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
                        "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode()})
     head = f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n"
-    writer.write(head.encode())
-    raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-    lines = raw.decode().split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
-    body = b"" if status == 101 else await asyncio.wait_for(reader.read(), 10)
-    writer.close()
+    try:
+        writer.write(head.encode())
+        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        lines = raw.decode().split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        body = b"" if status == 101 else await asyncio.wait_for(reader.read(), 10)
+    finally:  # also when the connection is dropped before an answer
+        writer.close()
     return status, headers, body.decode()
 
 
@@ -60,3 +64,21 @@ async def test_past_the_burst_metrics_scrapes_are_held_and_counted(start: Start)
     assert {status for status, _, _ in answers} == {200}
     held = [line for line in answers[-1][2].splitlines() if line.startswith("fleetwire_repeats_held_total")]
     assert 'fleetwire_repeats_held_total{kind="metrics"} 2.0' in held  # the last scrape is counted after it is built
+
+
+async def test_a_stop_during_a_held_401_drops_its_connection_and_returns() -> None:
+    """A stop while a held 401 waits out its hold: the held connection, still before its upgrade, is dropped
+    with the others the stop aborts, and the stop returns (it waits at most the hold for that handshake)."""
+    srv = CoordinatorServer(ServerSettings(port=0, worker_tokens=("worker-token-0123456789",),
+                                           client_tokens=("client-token-0123456789",),
+                                           limits=Limits(penalty_hold_s=2.0)))  # fmt: skip
+    await srv.start()
+    try:
+        for _ in range(REPEAT_BURST):
+            await request(srv.port, "/v1/client", "not-a-token")
+        held = asyncio.ensure_future(request(srv.port, "/v1/client", "not-a-token"))
+        await until(lambda: srv._gate.auth_failures.over_count == 1)  # counted: its answer is in its hold now
+    finally:
+        await asyncio.wait_for(srv.stop(), 30)
+    with pytest.raises(asyncio.IncompleteReadError):
+        await held
