@@ -1,6 +1,6 @@
-"""A big group encoded in turn goes as one transaction of a statement per chunk of plans, each chunk encoded while
-the statement before is in flight (coordinator/io/stores/postgres.py ``PgStore._send_chunks``): the same stored
-plans as one statement, all or nothing. A real PostgreSQL server (tests/pg.py; skipped without one)."""
+"""A big group encoded in turn goes as one transaction of two statements, its first third of plans and the rest, the
+rest encoded while the first is in flight (coordinator/io/stores/postgres.py ``PgStore._send_chunks``): the same
+stored plans as one statement, all or nothing. A real PostgreSQL server (tests/pg.py; skipped without one)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class ChunkedPgStore(PgStore):
-    """A PgStore with chunks of 40 plans that notes, at each chunk's encoding, whether a statement is in flight;
+    """A PgStore that splits groups of over 40 plans and notes, at each encoding, whether a statement is in flight;
     ``fail_at``: the statement numbered so (from 1) fails once it has run."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.chunk_plans = 40
+        self.split_min_plans = 40
         self.statements = 0
         self.in_flight = False
         self.encoded_in_flight: list[bool] = []
@@ -47,7 +47,7 @@ class ChunkedPgStore(PgStore):
 
 
 def groups() -> list[list[Record]]:
-    """Groups of 150 plans (four chunks of 40): inline and spilled runs, chains continued, plans ended, forgotten and
+    """Groups of 150 and 190 plans: inline and spilled runs, chains continued, plans ended, forgotten and
     one forgotten plan created again."""
     plans = [f"p{n}" for n in range(150)]
     return [
@@ -78,19 +78,19 @@ async def write(store: PgStore, batches: Sequence[list[Record]]) -> None:
 
 
 async def test_a_big_group_in_chunks_stores_what_one_statement_stores(postgres: PostgresServer, pg_dsn: str) -> None:
-    """The same groups through one statement each and through chunks of 40 plans: the same plans read back (every
-    checksum verified); each chunk after the first is encoded while the statement before it is in flight."""
+    """The same groups through one statement each and split in two: the same plans read back (every checksum
+    verified); the second part of each is encoded while the first part's statement is in flight."""
     dsns = [pg_dsn, postgres.new_database()]
     whole, chunked = hold(ChunkedPgStore(dsns[0], CLUSTER)), hold(ChunkedPgStore(dsns[1], CLUSTER))
-    whole.chunk_plans = 0
+    whole.split_min_plans = 0
     try:
         await write(whole, groups())
         await write(chunked, groups())
     finally:
         whole.close()
         chunked.close()
-    assert whole.statements == 3 and chunked.statements == 4 + 4 + 5
-    assert chunked.encoded_in_flight == [False, True, True, True] * 2 + [False, True, True, True, True]
+    assert whole.statements == 3 and chunked.statements == 6
+    assert chunked.encoded_in_flight == [False, True] * 3
     assert chunked.writes == whole.writes == 3 and chunked.records == whole.records
     one, many = stored(dsns[0]), stored(dsns[1])
     assert one == many and len(one) == 150 - 10 + 1 + 60
@@ -99,15 +99,15 @@ async def test_a_big_group_in_chunks_stores_what_one_statement_stores(postgres: 
 
 
 async def test_a_failed_chunk_leaves_nothing_of_its_group(pg_dsn: str) -> None:
-    """The third statement of a chunked group fails after running: the write fails and none of the group's chunks,
-    the first two included, is in the database; the store's keys and chains stay as before the group."""
+    """The second statement of a split group fails after running: the write fails and nothing of the group, its
+    first part included, is in the database; the store's keys and chains stay as before the group."""
     store = hold(ChunkedPgStore(pg_dsn, CLUSTER))
     made = groups()
     try:
         await store.open_async()
         await store.write_async(made[0])
         keys, chained = dict(store._keys), dict(store._events_crc)
-        store.fail_at = store.statements + 3
+        store.fail_at = store.statements + 2
         with pytest.raises(StoreError, match="connection broke"):
             await store.write_async(made[1])
         assert (store._keys, store._events_crc) == (keys, chained) and store.writes == 1

@@ -13,7 +13,9 @@ statement, so one round trip (coordinator/io/stores/pg_schema.py ``commit_statem
 and the group's deletes, inserts, updates and event upserts as parts of one ``WITH`` query, each
 row kind's columns of one type sent as one array parameter (a slice per column, folded into rows of
 ~sqrt(n) values: ``_grid``) and unnested server-side. Phase 1's BEGIN, fence, one statement per kind and
-COMMIT took 4-5 round trips. Until :meth:`PgStore.open_async` (the committer's start) the
+COMMIT took 4-5 round trips. A big group encoded in turn (over :data:`_SPLIT_MIN_PLANS` plans) goes as
+one transaction of two statements instead, its first third of plans and the rest, the rest encoded while
+the first is in flight (:meth:`PgStore._send_chunks`). Until :meth:`PgStore.open_async` (the committer's start) the
 writer connection has its own event loop, run by the thread that calls (the loader, tests,
 :meth:`PgStore.write` from a thread: :meth:`PgStore._run`); from then on the writer connection
 lives on the server's loop and the threaded one is closed (two connections per store either
@@ -81,7 +83,7 @@ crc = zlib.crc32
 
 _KEY_BLOCK = 1024
 _KEY_RESERVE = 16 * _KEY_BLOCK  # new keys taken beyond a group's needs (a few big groups' worth): _take_keys
-_CHUNK_PLANS = 512  # a big group encoded in turn goes as statements of this many plans, one transaction: _chunks
+_SPLIT_MIN_PLANS = 512  # a group encoded in turn with more plans goes as two statements, one transaction: _chunks
 _INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its own row
 _INLINE_MAX_BYTES = 512
 CONNECT_TIMEOUT_S = 10.0
@@ -224,8 +226,13 @@ def _grid(columns: list[list[Any]]) -> list[Any]:
     return [[column[i : i + width] for i in range(0, n, width)] for column in columns]
 
 
-def _chunks(group: _Group, fresh_keys: list[int], size: int) -> list[tuple[_Group, list[int]]]:
-    """``group`` as groups of at most ``size`` plans, each with its new keys: every record of a plan in one of them.
+def _chunks(group: _Group, fresh_keys: list[int]) -> list[tuple[_Group, list[int]]]:
+    """``group`` as two groups, its first third of plans and the rest, each with its new keys: a plan's records in one.
+
+    A third: PostgreSQL takes about twice as long to apply a plan's rows as the loop to encode them
+    (bench/cluster_throughput.py: ~20 against ~10 us), so the rest is encoded while the first third runs;
+    more statements would hide a little more of the first encoding, but each is a wake-up of the database's
+    backend, and on a loaded machine one of those waits for the scheduler's next tick (4 ms).
 
     The first holds the forgotten plans' deletes (``doomed``); each holds the forgotten ids among its own plans
     (one forgotten and created again gets its new row there, after the delete), so that applying them in order
@@ -235,8 +242,8 @@ def _chunks(group: _Group, fresh_keys: list[int], size: int) -> list[tuple[_Grou
     ids = list({**created, **latest, **runs})
     key_of = dict(zip(group.fresh_ids, fresh_keys, strict=True))
     out: list[tuple[_Group, list[int]]] = []
-    for start in range(0, len(ids), size):
-        part = ids[start : start + size]
+    third = max(1, len(ids) // 3)
+    for part in (ids[:third], ids[third:]):
         gone = forgotten if not out else forgotten.intersection(part) if forgotten else forgotten
         chunk = _Group(group.records, {p: created[p] for p in part if p in created},
                        {p: latest[p] for p in part if p in latest},
@@ -290,7 +297,7 @@ class PgStore:
         self._events_crc: dict[str, int] = {}  # running checksum of each open plan's inline events
         self._free_keys: list[int] = []  # taken from the sequence, not used yet (ascending)
         self._ahead: _Group | None = None  # the group encode_ahead made, until its write_async
-        self.chunk_plans = _CHUNK_PLANS  # plans per statement of a big group encoded in turn (0: one statement)
+        self.split_min_plans = _SPLIT_MIN_PLANS  # a group encoded in turn with more plans goes in two (0: never)
         try:
             import asyncpg  # type: ignore[import-untyped]
         except ImportError:
@@ -493,9 +500,9 @@ class PgStore:
         else:
             group = self._gather(records)
             fresh_keys = await self._take_keys(conn, len(group.fresh_ids))
-            size = self.chunk_plans
-            if size and len(records) > 2 * size and len(group.latest) + len(group.created) > size:
-                await self._send_chunks(conn, _chunks(group, fresh_keys, size))
+            split = self.split_min_plans
+            if split and len(records) > 2 * split and len(group.latest) + len(group.created) > split:
+                await self._send_chunks(conn, _chunks(group, fresh_keys))
             else:
                 await self._send(conn, await self._encoded(conn, group, fresh_keys))
                 self._committed(group)
