@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(120)
 
 class ChunkedPgStore(PgStore):
     """A PgStore that splits groups of over 40 plans and notes, at each encoding, whether a statement is in flight;
-    ``fail_at``: the statement numbered so (from 1) fails once it has run."""
+    ``fail_at``: the statement numbered so (from 1) fails once it has run; ``encode_fails``: an encoding of a group
+    with a statement in flight raises."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -30,9 +31,12 @@ class ChunkedPgStore(PgStore):
         self.in_flight = False
         self.encoded_in_flight: list[bool] = []
         self.fail_at = 0
+        self.encode_fails = False
 
     def _encode_rows(self, group: _Group, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
         self.encoded_in_flight.append(self.in_flight)
+        if self.encode_fails and self.in_flight:
+            raise ValueError("a bug in the encoding")
         return super()._encode_rows(group, fresh_keys, stored)
 
     async def _commit(self, conn: Any, *args: Any) -> None:
@@ -116,3 +120,22 @@ async def test_a_failed_chunk_leaves_nothing_of_its_group(pg_dsn: str) -> None:
         store.close()
     plans = stored(pg_dsn)
     assert len(plans) == 150 and all(p.status is None and len(p.events) == 1 for p in plans.values())
+
+
+async def test_an_encoding_that_fails_with_a_statement_in_flight_waits_for_it_and_rolls_back(pg_dsn: str) -> None:
+    """The second part's encoding raises while the first part's statement is in flight: that statement ends first,
+    the transaction rolls back (nothing of the group stored), the error is the write's, and the connection still
+    commits the next group."""
+    store = hold(ChunkedPgStore(pg_dsn, CLUSTER))
+    made = groups()
+    try:
+        await store.open_async()
+        store.encode_fails = True
+        with pytest.raises(ValueError, match="a bug"):
+            await store.write_async(made[0])
+        store.encode_fails = False
+        await store.write_async([created("after", 1_000), event("after", 1, "x")])
+        await store.close_async()
+    finally:
+        store.close()
+    assert set(stored(pg_dsn)) == {"after"}

@@ -534,18 +534,17 @@ class PgStore:
                 for chunk, keys in chunks:
                     missing = self._encode_rows(chunk, keys, {})  # while the chunk before is in flight
                     if sending is not None:
-                        sending, sent = None, sending
-                        await sent
+                        await sending
                     if missing:
                         await self._encoded(conn, chunk, keys)
                     sending = loop.create_task(self._send(conn, chunk))
                     await asyncio.sleep(0)  # the task writes the statement; the next chunk is encoded meanwhile
                 if sending is not None:
-                    sending, sent = None, sending
-                    await sent
-            finally:
-                if sending is not None:  # encoding failed with a statement in flight: it ends before the rollback
+                    await sending
+            except BaseException:
+                if sending is not None and not sending.done():  # a statement in flight ends before the rollback
                     await asyncio.gather(sending, return_exceptions=True)
+                raise
         for chunk, _ in chunks:
             self._committed(chunk)
 
