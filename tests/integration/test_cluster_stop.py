@@ -175,3 +175,32 @@ async def test_a_shard_store_still_opening_when_the_stop_comes_is_closed_once_op
     for store in left_open:  # the bug: close it here, so that nothing is left behind
         await asyncio.to_thread(store.close)
     assert made and not left_open, "the shard's store was left open after the stop"
+
+
+async def test_a_view_sessions_follower_cancelled_as_its_doorbell_wakes_it_ends(pg_dsn: str) -> None:
+    """A view session's follower cancelled in the loop iteration in which its wake-up is set (a doorbell, then the
+    session's close) ends, instead of reading the watched plans on for ever (and reopening the views' pool)."""
+    started = asyncio.Event()
+    host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True),
+                       announce=lambda line: started.set())  # fmt: skip
+    await host.start()
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+        async with connect(host.url + "/v1/client", subprotocols=[Subprotocol("fleetwire.v1.json")]) as ws:
+            await ws.send(json.dumps({"type": "subscribe", "req_id": 1, "all": True}))
+            assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "subscribed"
+            (driver,) = host.views._open
+            # Parked: waiting for its wake-up (a doorbell or the poll), after the first read of the watched plans.
+            await until(lambda: driver.follower is not None and bool(driver.wake._waiters))
+            follower = driver.follower
+            assert follower is not None
+            driver.wake.set()  # a doorbell rings ...
+            follower.cancel()  # ... and the session's stop cancels the follower, in the same iteration
+            done, _ = await asyncio.wait([follower], timeout=4 * STOP_TASK_S)
+            if not done:  # the bug: a second cancel reaches it (in a read or its wait), so nothing is left running
+                while not follower.done():
+                    follower.cancel()
+                    await asyncio.wait([follower], timeout=1)
+            assert done, "the follower went on after it was cancelled"
+    finally:
+        await host.stop()

@@ -489,8 +489,9 @@ class ViewDriver:
         """Send the watched plans' new events, after every doorbell of their shards (or every POLL_S)."""
         views, view = self.views, self.view
         while view.following:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), views.doorbell.poll_s())
+            with contextlib.suppress(TimeoutError):  # not asyncio.wait_for: on 3.11 it loses a cancel that comes
+                async with asyncio.timeout(views.doorbell.poll_s()):  # as the wake-up is set (test_cluster_stop.py)
+                    await self.wake.wait()
             self.wake.clear()
             await views.doorbell.keep_wanted()
             try:
