@@ -12,9 +12,8 @@ server's loop (``fleetwire-pg-commit``) drives the store's writer connection (as
 
 * **No thread hop.** ``submit`` appends to the group being gathered and wakes the task; the
   task builds the group's one statement (coordinator/io/stores/postgres.py: the fence and every row,
-  one round trip; a big group, a transaction of a statement per chunk of plans) and awaits it on
-  this loop. No hand-over to a writer thread and back (a thread wake-up, the GIL passed twice, the
-  loop woken from outside).
+  one round trip) and awaits it on this loop. No hand-over to a writer thread and back (a
+  thread wake-up, the GIL passed twice, the loop woken from outside).
 * **Pipelined.** While one group's transaction is in flight, the batches submitted meanwhile
   gather into the next group, which is sent the moment the first commit returns: before the
   first group's payloads are released (they go a callback later, once the next statement is on

@@ -13,9 +13,7 @@ statement, so one round trip (coordinator/io/stores/pg_schema.py ``commit_statem
 and the group's deletes, inserts, updates and event upserts as parts of one ``WITH`` query, each
 row kind's columns of one type sent as one array parameter (a slice per column, folded into rows of
 ~sqrt(n) values: ``_grid``) and unnested server-side. Phase 1's BEGIN, fence, one statement per kind and
-COMMIT took 4-5 round trips. A big group encoded in turn (over :data:`_SPLIT_MIN_PLANS` plans) goes as
-one transaction of two statements instead, its first third of plans and the rest, the rest encoded while
-the first is in flight (:meth:`PgStore._send_chunks`). Until :meth:`PgStore.open_async` (the committer's start) the
+COMMIT took 4-5 round trips. Until :meth:`PgStore.open_async` (the committer's start) the
 writer connection has its own event loop, run by the thread that calls (the loader, tests,
 :meth:`PgStore.write` from a thread: :meth:`PgStore._run`); from then on the writer connection
 lives on the server's loop and the threaded one is closed (two connections per store either
@@ -83,7 +81,6 @@ crc = zlib.crc32
 
 _KEY_BLOCK = 1024
 _KEY_RESERVE = 16 * _KEY_BLOCK  # new keys taken beyond a group's needs (a few big groups' worth): _take_keys
-_SPLIT_MIN_PLANS = 512  # a group encoded in turn with more plans goes as two statements, one transaction: _chunks
 _INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its own row
 _INLINE_MAX_BYTES = 512
 CONNECT_TIMEOUT_S = 10.0
@@ -226,35 +223,6 @@ def _grid(columns: list[list[Any]]) -> list[Any]:
     return [[column[i : i + width] for i in range(0, n, width)] for column in columns]
 
 
-def _chunks(group: _Group, fresh_keys: list[int]) -> list[tuple[_Group, list[int]]]:
-    """``group`` as two groups, its first third of plans and the rest, each with its new keys: a plan's records in one.
-
-    A third: PostgreSQL takes about twice as long to apply a plan's rows as the loop to encode them
-    (bench/cluster_throughput.py: ~20 against ~10 us), so the rest is encoded while the first third runs;
-    more statements would hide a little more of the first encoding, but each is a wake-up of the database's
-    backend, and on a loaded machine one of those waits for the scheduler's next tick (4 ms).
-
-    The first holds the forgotten plans' deletes (``doomed``); each holds the forgotten ids among its own plans
-    (one forgotten and created again gets its new row there, after the delete), so that applying them in order
-    (:meth:`PgStore._committed`) leaves what applying ``group`` would.
-    """
-    created, latest, runs, forgotten = group.created, group.latest, group.runs, group.forgotten
-    ids = list({**created, **latest, **runs})
-    key_of = dict(zip(group.fresh_ids, fresh_keys, strict=True))
-    out: list[tuple[_Group, list[int]]] = []
-    third = max(1, len(ids) // 3)
-    for part in (ids[:third], ids[third:]):
-        gone = forgotten if not out else forgotten.intersection(part) if forgotten else forgotten
-        chunk = _Group(group.records, {p: created[p] for p in part if p in created},
-                       {p: latest[p] for p in part if p in latest},
-                       {p: runs[p] for p in part if p in runs}, gone)  # fmt: skip
-        if not out:
-            chunk.doomed, chunk.shards = group.doomed, group.shards
-        chunk.fresh_ids = [p for p in chunk.created if p in key_of]
-        out.append((chunk, [key_of[p] for p in chunk.fresh_ids]))
-    return out
-
-
 class PgStore:
     """Plans in PostgreSQL, shared by the coordinators of one cluster; one transaction per :meth:`write`.
 
@@ -297,7 +265,6 @@ class PgStore:
         self._events_crc: dict[str, int] = {}  # running checksum of each open plan's inline events
         self._free_keys: list[int] = []  # taken from the sequence, not used yet (ascending)
         self._ahead: _Group | None = None  # the group encode_ahead made, until its write_async
-        self.split_min_plans = _SPLIT_MIN_PLANS  # a group encoded in turn with more plans goes in two (0: never)
         try:
             import asyncpg  # type: ignore[import-untyped]
         except ImportError:
@@ -497,56 +464,17 @@ class PgStore:
         if group is not None and group.records is records:
             self._ahead = None
             await self._send(conn, group)
-        else:
-            group = self._gather(records)
-            fresh_keys = await self._take_keys(conn, len(group.fresh_ids))
-            split = self.split_min_plans
-            if split and len(records) > 2 * split and len(group.latest) + len(group.created) > split:
-                await self._send_chunks(conn, _chunks(group, fresh_keys))
-            else:
-                await self._send(conn, await self._encoded(conn, group, fresh_keys))
-                self._committed(group)
-        self.writes += 1
-        self.records += len(records)
-
-    async def _encoded(self, conn: Any, group: _Group, fresh_keys: list[int]) -> _Group:
-        """``group`` with its rows (:meth:`_encode_rows`), any chained checksum only the database holds read first."""
+            return
+        group = self._gather(records)
+        fresh_keys = await self._take_keys(conn, len(group.fresh_ids))
         stored: dict[int, int] = {}
         missing = self._encode_rows(group, fresh_keys, stored)
         if missing:  # inline runs of plans whose chained checksum is only in the database
             for key in missing:
                 stored[key] = await self._stored_events_crc(conn, key)
             self._encode_rows(group, fresh_keys, stored)
-        return group
-
-    async def _send_chunks(self, conn: Any, chunks: list[tuple[_Group, list[int]]]) -> None:
-        """A big group as one transaction, a statement per chunk, each encoded while the one before is in flight.
-
-        The group's encoding (its rows: :meth:`_encode_rows`, loop work as long as a statement's round trip)
-        no longer waits in front of its whole statement while the database is idle: only the first chunk's
-        does. The chunks commit together or not at all, as the group would (a failed statement rolls the
-        transaction back; each one's fence keeps its shards' lease rows locked until the commit).
-        """
-        loop = asyncio.get_running_loop()
-        sending: asyncio.Task[None] | None = None
-        async with conn.transaction():
-            try:
-                for chunk, keys in chunks:
-                    missing = self._encode_rows(chunk, keys, {})  # while the chunk before is in flight
-                    if sending is not None:
-                        await sending
-                    if missing:
-                        await self._encoded(conn, chunk, keys)
-                    sending = loop.create_task(self._send(conn, chunk))
-                    await asyncio.sleep(0)  # the task writes the statement; the next chunk is encoded meanwhile
-                if sending is not None:
-                    await sending
-            except BaseException:
-                if sending is not None and not sending.done():  # a statement in flight ends before the rollback
-                    await asyncio.gather(sending, return_exceptions=True)
-                raise
-        for chunk, _ in chunks:
-            self._committed(chunk)
+        await self._send(conn, group)
+        self._committed(group)
 
     def encode_ahead(self, records: Sequence[Record]) -> bool:
         """Encode ``records``' group now, before the group in flight commits; False if it needs a round trip first.
@@ -591,6 +519,8 @@ class PgStore:
         shards = sorted(touched_shards)
         rows = group.rows
         await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
+        self.writes += 1
+        self.records += len(group.records)
 
     def _encode_rows(self, group: _Group, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
         """Each touched plan's row insert or update and its spilled run, one array per column (``group.rows``); no I/O.
