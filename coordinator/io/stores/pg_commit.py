@@ -32,6 +32,12 @@ server's loop (``fleetwire-pg-commit``) drives the store's writer connection (as
   commit stops the committer and nothing after it is sent or released. A group that needs a
   round trip to encode (a block of new keys, a plan's stored checksum) is encoded in turn, after
   the commit before it, as are small groups (small batches still merge while one is in flight).
+* **Split when nothing is in flight.** A big group taken with nothing in flight (the first of a
+  burst) would be encoded whole while the database idles. The store may encode only its first
+  part then (``encode_ahead(..., split=True)``, :attr:`AsyncStore.splitting`): the rest is encoded
+  while that part's statement is in flight, both in one transaction (PgStore._send_split), and the
+  store calls :meth:`PipelinedCommitter.rest_encoded` once the rest's statement is on its way; only
+  then may the next group be encoded ahead.
 * **Bounded groups.** A group takes whole batches up to :data:`MAX_GROUP_RECORDS` records (a
   batch is never split: one core step's records commit together); the rest wait for the next
   group. Each group's fence holds its shards' lease rows ``FOR SHARE`` until it commits, and the
@@ -83,6 +89,8 @@ class AsyncStore(Protocol):
     """What the committer needs: a writer connection opened on the loop, and one commit per group."""
 
     description: str
+    splitting: bool  # the group encode_ahead took last is split: its rest is encoded in write_async
+    on_encoded: Callable[[], None] | None  # called once a split group's rest is encoded and on its way
 
     async def open_async(self, on_lost: Callable[[], None] | None = None) -> None: ...
 
@@ -90,7 +98,7 @@ class AsyncStore(Protocol):
 
     async def write_async(self, records: Sequence[Record]) -> None: ...
 
-    def encode_ahead(self, records: Sequence[Record]) -> bool: ...
+    def encode_ahead(self, records: Sequence[Record], split: bool = False) -> bool: ...
 
     async def close_async(self) -> None: ...
 
@@ -130,6 +138,7 @@ class PipelinedCommitter(Backlog[T]):
         self._wake: asyncio.Future[None] | None = None  # the task waits on it while nothing is gathered
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        store.on_encoded = self.rest_encoded
 
     def start(self) -> None:
         """Start the commit task on the running loop (it first opens the store's writer connection there)."""
@@ -192,8 +201,8 @@ class PipelinedCommitter(Backlog[T]):
                 continue
             else:
                 group, ticket = self._take()
-                ahead = self._encode_ahead(group)
-            self._ahead_ok = ahead
+                ahead = self._encode_ahead(group, split=True)  # nothing in flight: the store may split it
+            self._ahead_ok = ahead and not self.store.splitting
             if ahead and self._batches and not self._ahead_due:
                 self._ahead_due = True
                 loop.call_soon(self._encode_next)  # runs once the statement below is on its way
@@ -224,10 +233,17 @@ class PipelinedCommitter(Backlog[T]):
             group += records
         return group, ticket
 
-    def _encode_ahead(self, group: Sequence[Record]) -> bool:
+    def rest_encoded(self) -> None:
+        """The store: the group in flight, split, is encoded whole now; the next one may be encoded ahead."""
+        self._ahead_ok = True
+        if self._batches and not self._ahead_due and self._next is None:
+            self._ahead_due = True
+            asyncio.get_running_loop().call_soon(self._encode_next)
+
+    def _encode_ahead(self, group: Sequence[Record], split: bool = False) -> bool:
         """The store encodes ``group`` now (True), or it will when it is sent (False: it needs a round trip)."""
         try:
-            ahead = self.store.encode_ahead(group)
+            ahead = self.store.encode_ahead(group, split)
         except Exception:
             return False  # encoded again when sent, where the error fails the committer in order
         self.ahead += ahead

@@ -13,7 +13,11 @@ statement, so one round trip (coordinator/io/stores/pg_schema.py ``commit_statem
 and the group's deletes, inserts, updates and event upserts as parts of one ``WITH`` query, each
 row kind's columns of one type sent as one array parameter (a slice per column, folded into rows of
 ~sqrt(n) values: ``_grid``) and unnested server-side. Phase 1's BEGIN, fence, one statement per kind and
-COMMIT took 4-5 round trips. Until :meth:`PgStore.open_async` (the committer's start) the
+COMMIT took 4-5 round trips. A big group the committer takes with nothing in flight goes as one
+transaction of two statements instead (:meth:`PgStore._send_split`): its first third of plans, encoded
+when it is taken, and the rest, encoded while the first is in flight.
+
+Until :meth:`PgStore.open_async` (the committer's start) the
 writer connection has its own event loop, run by the thread that calls (the loader, tests,
 :meth:`PgStore.write` from a thread: :meth:`PgStore._run`); from then on the writer connection
 lives on the server's loop and the threaded one is closed (two connections per store either
@@ -81,6 +85,7 @@ crc = zlib.crc32
 
 _KEY_BLOCK = 1024
 _KEY_RESERVE = 16 * _KEY_BLOCK  # new keys taken beyond a group's needs (a few big groups' worth): _take_keys
+_SPLIT_MIN_PLANS = 512  # a group the committer takes with nothing in flight, with more plans, goes in two: _split
 _INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its own row
 _INLINE_MAX_BYTES = 512
 CONNECT_TIMEOUT_S = 10.0
@@ -182,8 +187,8 @@ _Columns = tuple[list[list[Any]], list[list[Any]], list[list[Any]], dict[str, in
 class _Group:
     """One group commit's records by plan (``group_records``), then its rows (``PgStore._encode_rows``)."""
 
-    __slots__ = ("created", "doomed", "forgotten", "fresh", "fresh_ids", "fresh_shards", "latest", "records", "rows",
-                 "runs", "shards")  # fmt: skip
+    __slots__ = ("created", "doomed", "forgotten", "fresh", "fresh_ids", "fresh_shards", "latest", "records", "rest",
+                 "rows", "runs", "shards")  # fmt: skip
 
     def __init__(self, records: Sequence[Record], created: dict[str, PlanCreated], latest: dict[str, PlanStatus],
                  runs: dict[str, list[StoredEvent]], forgotten: set[str]) -> None:  # fmt: skip
@@ -194,6 +199,35 @@ class _Group:
         self.fresh: dict[str, int] = {}
         self.fresh_shards: dict[str, int] = {}
         self.rows: _Columns = ([], [], [], {}, set(), [])
+        self.rest: tuple[_Group, list[int]] | None = None  # a split group's second part and its new keys: _split
+
+
+def _split(group: _Group, fresh_keys: list[int]) -> tuple[tuple[_Group, list[int]], tuple[_Group, list[int]]]:
+    """``group`` as two, its first third of plans and the rest, each with its new keys: a plan's records in one.
+
+    A third: PostgreSQL takes about twice as long to apply a plan's rows as the loop to encode them
+    (bench/cluster_throughput.py: ~20 against ~10 us), so the rest is encoded while the first third runs.
+    More parts would hide a little more of the first encoding, but each statement is a wake-up of the
+    database's backend, and on a loaded machine one waits for the scheduler's next tick (4 ms).
+
+    The first holds the forgotten plans' deletes (``doomed``); each holds the forgotten ids among its own plans
+    (one forgotten and created again gets its new row there, after the delete), so that applying both in order
+    (:meth:`PgStore._committed`) leaves what applying ``group`` would.
+    """
+    created, latest, runs, forgotten = group.created, group.latest, group.runs, group.forgotten
+    ids = list({**created, **latest, **runs})
+    key_of = dict(zip(group.fresh_ids, fresh_keys, strict=True))
+    third = max(1, len(ids) // 3)
+    parts: list[tuple[_Group, list[int]]] = []
+    for part in (ids[:third], ids[third:]):
+        gone = forgotten if not parts else forgotten.intersection(part) if forgotten else forgotten
+        one = _Group(group.records, {p: created[p] for p in part if p in created},
+                     {p: latest[p] for p in part if p in latest}, {p: runs[p] for p in part if p in runs}, gone)
+        if not parts:
+            one.doomed, one.shards = group.doomed, group.shards
+        one.fresh_ids = [p for p in one.created if p in key_of]
+        parts.append((one, [key_of[p] for p in one.fresh_ids]))
+    return parts[0], parts[1]
 
 
 def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
@@ -265,6 +299,9 @@ class PgStore:
         self._events_crc: dict[str, int] = {}  # running checksum of each open plan's inline events
         self._free_keys: list[int] = []  # taken from the sequence, not used yet (ascending)
         self._ahead: _Group | None = None  # the group encode_ahead made, until its write_async
+        self.split_min_plans = _SPLIT_MIN_PLANS  # encode_ahead(split=True) splits a group of more plans (0: never)
+        self.splitting = False  # the group encode_ahead made is split: its rest is encoded in write_async
+        self.on_encoded: Callable[[], None] | None = None  # called once a split group's rest is on its way (committer)
         try:
             import asyncpg  # type: ignore[import-untyped]
         except ImportError:
@@ -371,7 +408,7 @@ class PgStore:
             if r[10] is None and r[3] not in TERMINAL_STATES and r[0] not in bad:
                 keep[r[1]] = 0
         self._events_crc = keep
-        self._ahead = None
+        self._ahead, self.splitting = None, False
         self._keys = {r[1]: r[0] for r in rows if r[0] not in bad}
         self._shards = {r[1]: r[11] for r in rows if r[0] not in bad}
         return plans
@@ -463,7 +500,10 @@ class PgStore:
         group = self._ahead
         if group is not None and group.records is records:
             self._ahead = None
-            await self._send(conn, group)
+            if group.rest is None:
+                await self._send(conn, group)
+            else:
+                await self._send_split(conn, group, *group.rest)
             return
         group = self._gather(records)
         fresh_keys = await self._take_keys(conn, len(group.fresh_ids))
@@ -476,7 +516,44 @@ class PgStore:
         await self._send(conn, group)
         self._committed(group)
 
-    def encode_ahead(self, records: Sequence[Record]) -> bool:
+    async def _send_split(self, conn: Any, first: _Group, rest: _Group, keys: list[int]) -> None:
+        """A split group (:meth:`encode_ahead`): ``first`` sent, ``rest`` encoded meanwhile and sent, one transaction.
+
+        Both commit or neither (a failed statement rolls the transaction back; the first one's fence keeps
+        its shards' lease rows locked until the commit). ``on_encoded`` is called once ``rest`` is encoded
+        and its statement on its way: the committer may then encode the next group ahead.
+        """
+        loop = asyncio.get_running_loop()
+        async with conn.transaction():
+            sending = loop.create_task(self._send(conn, first))
+            try:
+                await asyncio.sleep(0)  # the task writes the first statement; the rest is encoded meanwhile
+                missing = self._encode_rows(rest, keys, {})
+                await sending
+                if missing:  # a chained checksum only the database holds: read now, in this transaction
+                    await self._encoded(conn, rest, keys)
+                self._committed(rest)
+                self.splitting = False
+                sending = loop.create_task(self._send(conn, rest))
+                await asyncio.sleep(0)
+                if self.on_encoded is not None:
+                    self.on_encoded()
+                await sending
+            except BaseException:
+                if not sending.done():  # the statement in flight ends before the rollback
+                    await asyncio.gather(sending, return_exceptions=True)
+                raise
+
+    async def _encoded(self, conn: Any, group: _Group, fresh_keys: list[int]) -> None:
+        """``group``'s rows (:meth:`_encode_rows`), the chained checksums only the database holds read first."""
+        stored: dict[int, int] = {}
+        missing = self._encode_rows(group, fresh_keys, stored)
+        if missing:
+            for key in missing:
+                stored[key] = await self._stored_events_crc(conn, key)
+            self._encode_rows(group, fresh_keys, stored)
+
+    def encode_ahead(self, records: Sequence[Record], split: bool = False) -> bool:
         """Encode ``records``' group now, before the group in flight commits; False if it needs a round trip first.
 
         The pipelined committer's overlap (pg_commit.py, "Encoded ahead"): the group's new keys and
@@ -485,16 +562,26 @@ class PgStore:
         as it would after them. The next :meth:`write_async` of these same ``records`` sends it.
         Nothing is changed, and False returned, when the group needs the database first: more new
         keys than are free, or a plan's chained checksum that only the database holds.
+
+        ``split`` (nothing is in flight: the committer's group taken in turn): a group of more than
+        :attr:`split_min_plans` plans is split (:func:`_split`); only its first part is encoded now, the
+        rest by :meth:`write_async` while the first part's statement is in flight (:meth:`_send_split`),
+        and :attr:`splitting` says so until then.
         """
         group = self._gather(records)
         n, free = len(group.fresh_ids), self._free_keys
         if len(free) < n:
             return False
-        if self._encode_rows(group, free[:n] if n else [], {}):
+        keys = free[:n] if n else []
+        minimum = self.split_min_plans
+        if split and minimum and len(records) > 2 * minimum and len(group.created) + len(group.latest) > minimum:
+            (first, first_keys), rest = _split(group, keys)
+            group, keys, first.rest = first, first_keys, rest
+        if self._encode_rows(group, keys, {}):
             return False
         self._free_keys = free[n:] if n else free
         self._committed(group)
-        self._ahead = group
+        self._ahead, self.splitting = group, group.rest is not None
         return True
 
     def _gather(self, records: Sequence[Record]) -> _Group:
