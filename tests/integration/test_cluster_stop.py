@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
 from coordinator.io.cluster import host as host_module
-from coordinator.io.cluster.host import STOP_TASK_S, ClusterHost, ShardPgStore
+from coordinator.io.cluster.host import STOP_DB_S, STOP_TASK_S, ClusterHost, ShardPgStore
 from coordinator.io.cluster.leases import LeaseKeeper
 from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.io.stores.postgres import PgStore
@@ -204,3 +204,28 @@ async def test_a_view_sessions_follower_cancelled_as_its_doorbell_wakes_it_ends(
             assert done, "the follower went on after it was cancelled"
     finally:
         await host.stop()
+
+
+async def test_a_stop_against_a_database_that_does_not_answer_the_release_returns_within_its_bound(pg_dsn: str) -> None:
+    """The lease release and the coordinator row's delete on stop wait on locked tables: the stop gives each up
+    after STOP_DB_S (the leases expire after their TTL) instead of the 30 s command timeout each."""
+    started = asyncio.Event()
+    host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True),
+                       announce=lambda line: started.set())  # fmt: skip
+    await host.start()
+    locker = await asyncpg.connect(pg_dsn)
+    stopping: asyncio.Future[None] | None = None
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+        async with locker.transaction():
+            await locker.execute("LOCK TABLE shard_leases, fleetwire_coordinators IN ACCESS EXCLUSIVE MODE")
+            stopping = asyncio.ensure_future(host.stop())
+            done, _ = await asyncio.wait([stopping], timeout=3 * STOP_DB_S + 2 * STOP_TASK_S)
+        if not done:  # the bug: the locks are gone with the transaction, the statements end, the stop with them
+            await asyncio.wait([stopping], timeout=60)
+        assert done, "the stop waited for the database past its bound"
+        stopping.result()
+    finally:
+        if stopping is None:
+            await host.stop()
+        await locker.close()

@@ -103,6 +103,9 @@ log = structlog.get_logger(__name__)
 
 DB_RETRY_CAP_S = 5.0  # the longest wait between two tries to reach the database at start
 STOP_TASK_S = 5.0  # the longest stop() waits for a task of its own to end once it is cancelled
+# The longest stop() waits for one statement (a shard's release, the coordinator's row): past it the
+# lease expires after its TTL instead (not the statement's 30 s timeout, once per shard).
+STOP_DB_S = 5.0
 
 _Store = TypeVar("_Store", bound=PgStore)
 
@@ -349,8 +352,9 @@ class ClusterHost:
             await self._gate.wait_closed(self._server)  # bounded: a session stuck on the database is cancelled
         for shard in sorted(self.servers):
             await self._stop_shard(shard, release=True, why="shutting down")
-        with contextlib.suppress(Exception):
-            await self.db(lambda conn: conn.execute(_GONE, self.owner))
+        with contextlib.suppress(Exception):  # bounded: the row expires after the TTL anyway
+            async with asyncio.timeout(STOP_DB_S):
+                await self.db(lambda conn: conn.execute(_GONE, self.owner))
         await self.views.close()
         await self.doorbell.close()
         if self.control is not None:
@@ -553,7 +557,8 @@ class ClusterHost:
             if server is not None:
                 await server.stop()
             if release:
-                await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
+                async with asyncio.timeout(STOP_DB_S if self._stopping else None):
+                    await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
         except Exception as exc:
             log.warning("shard not released cleanly; it expires after the TTL", shard=shard, error=str(exc))
         finally:
