@@ -22,7 +22,7 @@ import pytest
 
 from coordinator.core import Coordinator, CoreConfig
 from coordinator.io.frontdoor.connection import Session
-from coordinator.io.frontdoor.core_driver import DURABLE_PART_MESSAGES, CoreDriver, CoreSession
+from coordinator.io.frontdoor.core_driver import DURABLE_PART_MESSAGES, REAP_EVERY_MASK, CoreDriver, CoreSession
 from coordinator.io.frontdoor.door import FrontDoor
 from coordinator.io.frontdoor.gate import Gatekeeper
 from coordinator.io.frontdoor.server import CORE_CODECS
@@ -155,6 +155,39 @@ async def test_the_memory_store_takes_a_frame_whole() -> None:
         assert index == count
         await asyncio.wait_for(releases.all.wait(), 30)
     assert [len(plans) for plans, _, _ in releases.seen if plans] == [count]
+
+
+def _hold_at(driver: CoreDriver, plan_id: str, condition: Callable[[], bool]) -> None:
+    """Hold the loop inside the driver, before it feeds ``plan_id``'s submit, until ``condition`` (another thread's)."""
+    receive = driver.receive
+
+    def held(conn_id: int, msg: Any, now: float) -> None:
+        if msg.plan_id == plan_id:
+            _held_until(condition)
+        receive(conn_id, msg, now)
+
+    driver.receive = held  # type: ignore[method-assign]  # the driver's own receive, called after the hold
+
+
+async def test_a_part_reported_committed_is_released_within_the_next_part(db: SQLiteStore) -> None:
+    """A commit reported while the next part is fed goes out REAP_EVERY_MASK + 1 messages into it, not at its end."""
+    count, part = 2 * 200, 200
+    msgs = submits(count)
+    async with driven(db) as (driver, session, releases):
+        driver.part_messages = part
+        committer = driver.committer
+        assert isinstance(committer, GroupCommitter)
+        releases.want = count
+        index, _ = session.take(msgs, 100_000, 0.0)
+        assert index == part and releases.accepted == 0
+        _hold_at(driver, msgs[part].plan_id, lambda: committer._reported >= 1)  # the first part committed meanwhile
+        assert session.take(msgs, 100_000, 0.0, index)[0] == count
+        first = next((seen for seen in releases.seen if seen[0]), None)
+        assert first is not None and first[0] == [m.plan_id for m in msgs[:part]]
+        assert set(first[0]) <= first[1]  # its plans were in the file when it went out
+        assert first[2] == part + REAP_EVERY_MASK + 1 < count  # released within the second part, not after it
+        await asyncio.wait_for(releases.all.wait(), 30)
+    db.close()
 
 
 def _held_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:

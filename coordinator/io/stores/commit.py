@@ -23,8 +23,9 @@ Releases between parts (issue 29). A commit is reported to the loop with ``call_
 whose callback runs behind everything the loop has queued in its turn: the other sessions' frames,
 each a part of up to ``DURABLE_PART_MESSAGES`` (coordinator/io/frontdoor/core_driver.py), 10-20 ms
 on a busy coordinator. The reporting thread also notes the newest ticket committed, and
-:meth:`GroupCommitter.reap`, which the driver calls at each step's hand-over, releases up to it there
-and then; the callback then finds it released and does nothing.
+:meth:`GroupCommitter.reap`, which the driver calls at each step's hand-over (and within a part, when
+:meth:`GroupCommitter.reported` says a report is in), releases up to it there and then; the callback then
+finds it released and does nothing.
 
 Idle writer: commit at once, on the loop. A batch submitted while the writer thread has
 nothing in flight, to a store that allows it (one whose abilities have ``try_write``: SQLite, a local file),
@@ -311,6 +312,10 @@ class GroupCommitter(Backlog[T]):
         self._done(ticket)
 
     # ------------------------------------------------------------------ back on the loop
+
+    def reported(self) -> bool:
+        """Whether the writer reported a commit not yet released (:meth:`reap` would release something)."""
+        return self._reported > self._committed
 
     def reap(self) -> None:
         """Release now what the writer reported committed whose callback has not run yet (module docstring)."""
