@@ -25,6 +25,7 @@ from coordinator.io.cluster import host as host_module
 from coordinator.io.cluster.host import STOP_DB_S, STOP_TASK_S, ClusterHost, ShardPgStore
 from coordinator.io.cluster.leases import LeaseKeeper
 from coordinator.io.frontdoor.server import ServerSettings
+from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.postgres import PgStore
 from coordinator.limits import Limits
 from coordinator.shards import ClusterConfig, LeaseState, Outcome
@@ -229,3 +230,33 @@ async def test_a_stop_against_a_database_that_does_not_answer_the_release_return
         if stopping is None:
             await host.stop()
         await locker.close()
+
+
+async def test_a_shard_whose_core_cannot_start_has_its_store_closed(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A won shard whose core fails to start (its store refuses the load): the slot is given back and the store
+    it opened is closed, not left with its connections and thread (the shard is won again every round)."""
+    made: list[ShardPgStore] = []
+
+    class RefusesTheLoad(ShardPgStore):
+        """The real shard store, whose plans cannot be loaded (as a damaged row makes it refuse them)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def load(self) -> Any:
+            raise StoreError("a damaged row (the test's)")
+
+    monkeypatch.setattr(host_module, "ShardPgStore", RefusesTheLoad)
+    host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
+    await host.start()
+    try:
+        await until(lambda: len(made) >= 2)  # the first one failed, and the next round won the shard again
+        await until(lambda: made[0].closed, timeout_s=10)
+    finally:
+        await host.stop()
+        for store in made:  # (a store left open by the bug is closed here, so that nothing is left behind)
+            if not store.closed:
+                await asyncio.to_thread(store.close)

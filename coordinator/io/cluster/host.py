@@ -335,7 +335,13 @@ class ClusterHost:
             await conn.close()
 
     async def stop(self) -> None:
-        """SIGTERM: flush and stop every shard's core, give the slots back, leave the cluster."""
+        """SIGTERM: flush and stop every shard's core, give the slots back, leave the cluster.
+
+        Bounded: each task it cancels gets :data:`STOP_TASK_S` to end, the main port's sessions the
+        handshake plus close timeouts (:meth:`Gatekeeper.wait_closed`), each release and the row's
+        delete :data:`STOP_DB_S`; a shard's core stops as :meth:`CoordinatorServer.stop` does (its
+        statements have the store's 30 s timeout). What it leaves running is logged.
+        """
         self._stopping = True
         keeper, self._keeper = self._keeper, None
         if keeper is not None:  # bounded: a cancel it lost must not hold the stop (_keep)
@@ -495,6 +501,10 @@ class ClusterHost:
             # Its connections say which core they are (pg_stat_activity; bench/cluster_chaos.py's checker).
             dsn = _with_application_name(self.settings.store, f"fw/{shard}/{epoch}/{self.owner}")
             store = await _opened(lambda: ShardPgStore(dsn, self.config))
+        except Exception as exc:
+            await self._give_back(shard, exc)
+            return
+        try:
             store.owner, store.fence = self.owner, {shard: epoch}
             store.doorbell = self.doorbell
             # Its core sees only its shard's pools: waiting reasons say so (coordinator/placement/plan_queue.py).
@@ -508,12 +518,9 @@ class ClusterHost:
             refs = RemoteRefs(server, shard, self.views.conn)  # looks up remote upstreams from its first submit
             await server.start()
         except Exception as exc:
-            log.error("cannot serve a won shard; giving it back", shard=shard, error=f"{type(exc).__name__}: {exc}")
-            self._starting.discard(shard)
-            self._ports.pop(shard, None)
-            self.leases.released([shard])
-            with contextlib.suppress(Exception):
-                await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
+            # Its store is closed, not left open with its connections and thread: the slot is won again next round.
+            await asyncio.to_thread(store.close)
+            await self._give_back(shard, exc)
             return
         self._starting.discard(shard)
         self._stores[shard] = store
@@ -534,6 +541,15 @@ class ClusterHost:
                  load_s=round(load_s, 3))  # fmt: skip
         self._announce(f"serving shard {shard} (epoch {epoch}) at {server.url}, {len(server.core.plans)} plans "
                        f"loaded in {load_s:.3f} s")  # fmt: skip
+
+    async def _give_back(self, shard: int, exc: Exception) -> None:
+        """A won shard's core could not start: its slot is given back."""
+        log.error("cannot serve a won shard; giving it back", shard=shard, error=f"{type(exc).__name__}: {exc}")
+        self._starting.discard(shard)
+        self._ports.pop(shard, None)
+        self.leases.released([shard])
+        with contextlib.suppress(Exception):
+            await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
 
     def _shard_failed(self, shard: int, exc: BaseException) -> None:
         """A shard's core stopped on a store failure or a fenced commit: fail-stop for that shard only."""
