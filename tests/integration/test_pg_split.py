@@ -122,6 +122,7 @@ async def test_a_failed_second_statement_leaves_nothing_of_the_group(pg_dsn: str
         assert store.encode_ahead(group, True)
         with pytest.raises(StoreError, match="connection broke"):
             await store.write_async(group)
+        assert not store.splitting
         await store.close_async()
     finally:
         store.close()
@@ -131,7 +132,7 @@ async def test_a_failed_second_statement_leaves_nothing_of_the_group(pg_dsn: str
 async def test_an_encoding_that_fails_with_a_statement_in_flight_waits_for_it_and_rolls_back(pg_dsn: str) -> None:
     """The rest's encoding raises while the first part's statement is in flight: that statement ends first, the
     transaction rolls back (nothing of the group stored), the error is the write's, and the connection still
-    commits the next group."""
+    commits the next group; the store no longer says it is splitting."""
     store = await seeded(hold(SplitPgStore(pg_dsn, CLUSTER)))
     try:
         store.encode_fails = True
@@ -139,6 +140,7 @@ async def test_an_encoding_that_fails_with_a_statement_in_flight_waits_for_it_an
         assert store.encode_ahead(group, True)
         with pytest.raises(ValueError, match="a bug"):
             await store.write_async(group)
+        assert not store.splitting
         store.encode_fails = False
         await store.write_async([created("after", 1_000), event("after", 1, "x")])
         await store.close_async()

@@ -540,6 +540,7 @@ class PgStore:
                     self.on_encoded()
                 await sending
             except BaseException:
+                self.splitting = False
                 if not sending.done():  # the statement in flight ends before the rollback
                     await asyncio.gather(sending, return_exceptions=True)
                 raise
