@@ -117,3 +117,33 @@ def test_an_unsampled_assign_builds_nothing_for_an_attempt_span() -> None:
         tracing.shutdown()
     assert spans == (None, None)
     assert peak - before <= 64  # the result tuple alone; the attributes dict alone would be ~360 bytes
+
+
+async def test_a_plan_its_caller_chose_not_to_sample_runs_the_same_python_calls_as_an_untraced_one() -> None:
+    """On a traced worker, an echo whose assign carries "00" runs exactly the Python functions of one without a
+    traceparent: no property setter to keep the "no", no attempt_span call (at 1 % sampling 99 plans in 100)."""
+    import sys
+
+    _, tracing, _, plans = _traced_runner()
+
+    def calls(plan_id: str, traceparent: str) -> list[str]:
+        names: list[str] = []
+
+        def profile(frame: Any, event: str, _arg: Any) -> None:
+            if event == "call":
+                names.append(frame.f_code.co_qualname)
+
+        sys.setprofile(profile)
+        try:
+            plans.on_assign(protocol.Assign(plan_id=plan_id, attempt=1, op="echo", args=0, traceparent=traceparent))
+        finally:
+            sys.setprofile(None)
+        return names
+
+    try:
+        calls("p0", "00"), calls("p1", "")  # warm: nothing first-time below
+        unsampled, untraced = calls("p2", "00"), calls("p3", "")
+    finally:
+        tracing.shutdown()
+    assert unsampled == untraced
+    assert "attempt_span" not in unsampled and "Context.traceparent" not in unsampled
