@@ -260,3 +260,41 @@ async def test_a_shard_whose_core_cannot_start_has_its_store_closed(
         for store in made:  # (a store left open by the bug is closed here, so that nothing is left behind)
             if not store.closed:
                 await asyncio.to_thread(store.close)
+
+
+async def test_a_shard_core_still_loading_when_the_stop_comes_has_its_store_closed_once_loaded(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() while a won shard's core loads its plans (a thread): the stop returns, and the store is closed once
+    the load lets go of it, not left with its connections and thread."""
+    loading, go = threading.Event(), threading.Event()
+    made: list[ShardPgStore] = []
+
+    class SlowToLoad(ShardPgStore):
+        """The real shard store, whose load waits until the test lets it read."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def load(self) -> Any:
+            loading.set()
+            go.wait(30)
+            return super().load()
+
+    monkeypatch.setattr(host_module, "ShardPgStore", SlowToLoad)
+    host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
+    await host.start()
+    try:
+        assert await asyncio.to_thread(loading.wait, 30)
+        await asyncio.wait_for(host.stop(), 4 * STOP_TASK_S)
+    finally:
+        go.set()
+    try:
+        await until(lambda: made[0].closed, timeout_s=15)
+    except TimeoutError:
+        pass
+    left_open = [store for store in made if not store.closed]
+    for store in left_open:  # the bug: close it here, so that nothing is left behind
+        await asyncio.to_thread(store.close)
+    assert not left_open, "the shard's store was left open after the stop"

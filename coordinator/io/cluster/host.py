@@ -504,6 +504,7 @@ class ClusterHost:
         except Exception as exc:
             await self._give_back(shard, exc)
             return
+        server: CoordinatorServer | None = None
         try:
             store.owner, store.fence = self.owner, {shard: epoch}
             store.doorbell = self.doorbell
@@ -517,6 +518,9 @@ class ClusterHost:
             server.core.data.shared = self._shared_key  # before any worker: its keys include it
             refs = RemoteRefs(server, shard, self.views.conn)  # looks up remote upstreams from its first submit
             await server.start()
+        except asyncio.CancelledError:  # stop() while the core starts: its store is closed once the load lets go
+            _close_after(store, server._loading if server is not None else None)
+            raise
         except Exception as exc:
             # Its store is closed, not left open with its connections and thread: the slot is won again next round.
             await asyncio.to_thread(store.close)
@@ -646,6 +650,21 @@ async def _opened(make: Callable[[], _Store]) -> _Store:
 def _close_unused(opening: asyncio.Future[Any]) -> None:
     if not opening.cancelled() and opening.exception() is None:
         opening.get_loop().run_in_executor(None, opening.result().close)
+
+
+def _close_after(store: PgStore, loading: asyncio.Future[Any] | None) -> None:
+    """Close ``store`` in the loop's executor once ``loading`` (a core's loader thread reading it) is done."""
+    loop = asyncio.get_running_loop()
+
+    def close(done: asyncio.Future[Any] | None = None) -> None:
+        if done is not None and not done.cancelled():
+            done.exception()  # retrieved: the load's failure does not matter any more
+        loop.run_in_executor(None, store.close)
+
+    if loading is None or loading.done():
+        close(loading)
+    else:
+        loading.add_done_callback(close)
 
 
 async def _cancelled(tasks: list[asyncio.Task[Any]], what: str) -> None:
