@@ -6,8 +6,13 @@ from ``ReadableSpan`` objects that wireio/span_export.py would first build from 
 tracing at 100 % cost. :class:`SpanEncoder` writes the same request's protobuf bytes straight from
 the tuples, in one pass per batch: the resource and scope (encoded once, when the encoder is
 built), then per span its ids, name, kind, times, attributes, events, status and flags, with the
-pieces that repeat (names, attribute keys, kinds) encoded once and kept. The bytes decode to the
-message the SDK's encoder makes of the same span (tests/unit/test_otlp_encode.py parses both with
+pieces that repeat (names, attribute keys, kinds, a key's recent values) encoded once and kept. A
+span's ids and times are one ``struct`` call; the coordinator's spans (:meth:`SpanEncoder.commit`,
+:meth:`SpanEncoder.queue`) are written from their fields as wireio/span_export.py ``StepSpans``
+makes them, with their remote parent's ids' fields kept per ``traceparent`` (a plan's spans share
+them), and :meth:`SpanEncoder.encode` takes such bytes as they are. Fields are written in the
+order that is cheapest (protobuf decoders take any order). The bytes decode to the message the
+SDK's encoder makes of the same span (tests/unit/test_otlp_encode.py parses both with
 opentelemetry-proto); any OTLP/HTTP collector takes them. Pure Python, no OpenTelemetry import.
 
 Field numbers are opentelemetry-proto's ``trace/v1/trace.proto``, ``common/v1/common.proto`` and
@@ -18,6 +23,7 @@ them (an ``ArrayValue``); anything else is written as its ``str()``.
 
 from __future__ import annotations
 
+import binascii
 import random
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,6 +53,7 @@ _SMALL: Final = tuple(bytes((n,)) for n in range(128))
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
 _getrandbits: Final = random.getrandbits
+_unhex: Final = binascii.unhexlify  # hex ids to bytes: half the instructions of bytes.fromhex (no whitespace)
 
 
 def _varint(n: int) -> bytes:
@@ -208,7 +215,7 @@ class SpanEncoder:
     def _context(self, traceparent: str) -> bytes:
         """``Span.trace_id`` (1) and ``Span.parent_span_id`` (4) of a child of ``traceparent``, kept: a plan's spans
         share their parent (the coordinator's three, ~1,000-5,000 plans apart)."""
-        context = b"\x0a\x10" + bytes.fromhex(traceparent[3:35]) + b"\x22\x08" + bytes.fromhex(traceparent[36:52])
+        context = b"".join((b"\x0a\x10", _unhex(traceparent[3:35]), b"\x22\x08", _unhex(traceparent[36:52])))
         contexts = self._contexts
         if len(contexts) >= _CONTEXTS:
             contexts.clear()
@@ -344,13 +351,13 @@ class SpanEncoder:
             head = self._names[name] = _field(0x2A, name.encode())  # Span.name (5)
         end_ns = end_ns if end_ns > start_ns else start_ns
         if parent_id:  # Span.parent_span_id (4)
-            parent = bytes.fromhex(parent_id) if parent_id.__class__ is str else parent_id.to_bytes(8, "big")  # type: ignore[union-attr]
-            parts = [_ROOTED_HEAD(b"\x0a\x10", bytes.fromhex(trace_hex), b"\x12\x08", span_id.to_bytes(8, "big"),
+            parent = _unhex(parent_id) if parent_id.__class__ is str else parent_id.to_bytes(8, "big")  # type: ignore[union-attr]
+            parts = [_ROOTED_HEAD(b"\x0a\x10", _unhex(trace_hex), b"\x12\x08", span_id.to_bytes(8, "big"),
                                   b"\x22\x08", parent, 0x39, start_ns, 0x41, end_ns),
                      head, self._kinds[kind]]  # fmt: skip
         else:
             remote = False
-            parts = [_ROOT_HEAD(b"\x0a\x10", bytes.fromhex(trace_hex), b"\x12\x08", span_id.to_bytes(8, "big"),
+            parts = [_ROOT_HEAD(b"\x0a\x10", _unhex(trace_hex), b"\x12\x08", span_id.to_bytes(8, "big"),
                                 0x39, start_ns, 0x41, end_ns), head, self._kinds[kind]]  # fmt: skip
         if attributes:
             self._attributes(parts, attributes.items())
