@@ -104,6 +104,7 @@ async def test_a_split_group_stores_what_one_statement_stores(postgres: Postgres
         whole.close()
         split.close()
     assert whole.statements == 3 and split.statements == 6
+    assert split.writes == whole.writes == 4 and split.records == whole.records
     assert split.log == [entry for n in (0, 2, 4) for entry in (("encode", n, False), ("statement", n + 1),
                                                                 ("encode", n + 1, True), ("statement", n + 2))]
     one, two = stored(dsns[0]), stored(dsns[1])

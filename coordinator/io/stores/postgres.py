@@ -525,7 +525,7 @@ class PgStore:
         """
         loop = asyncio.get_running_loop()
         async with conn.transaction():
-            sending = loop.create_task(self._send(conn, first))
+            sending = loop.create_task(self._send(conn, first, whole=False))
             try:
                 await asyncio.sleep(0)  # the task writes the first statement; the rest is encoded meanwhile
                 missing = self._encode_rows(rest, keys, {})
@@ -595,8 +595,11 @@ class PgStore:
         group.fresh_ids = [p for p in created if p not in keys or p in forgotten]
         return group
 
-    async def _send(self, conn: Any, group: _Group) -> None:
-        """The group's fence (the shards it writes, against :attr:`fence` now) and its one statement."""
+    async def _send(self, conn: Any, group: _Group, *, whole: bool = True) -> None:
+        """The group's fence (the shards it writes, against :attr:`fence` now) and its one statement.
+
+        ``whole``: the group is counted in :attr:`writes` (False for a split group's first part).
+        """
         touched_shards = group.shards | group.rows[4]
         if not touched_shards:
             touched_shards = set(self.fence)  # nothing to write: still proves the lease (no stale replies)
@@ -607,8 +610,9 @@ class PgStore:
         shards = sorted(touched_shards)
         rows = group.rows
         await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
-        self.writes += 1
-        self.records += len(group.records)
+        if whole:
+            self.writes += 1
+            self.records += len(group.records)
 
     def _encode_rows(self, group: _Group, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
         """Each touched plan's row insert or update and its spilled run, one array per column (``group.rows``); no I/O.
