@@ -132,8 +132,9 @@ class PullRelay:
             expected = entry.received
             batch = bytearray()
             while True:
-                try:
-                    msg = await asyncio.wait_for(stream.inbox.get(), None if stream.waiting else stall_timeout_s)
+                try:  # not asyncio.wait_for: on 3.11 it loses a cancel that comes as a message arrives
+                    async with asyncio.timeout(None if stream.waiting else stall_timeout_s):
+                        msg = await stream.inbox.get()
                 except TimeoutError:
                     return f"nothing came through the relay for {stall_timeout_s:g} s"
                 match msg:

@@ -110,3 +110,23 @@ async def test_a_fetch_gives_up_after_reopens_that_bring_nothing(entry: InputFil
                                  stream=opened.stream))
     with pytest.raises(RelayRefused, match="3 opens in a row brought no byte"):
         await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.timeout(10)
+async def test_a_fetch_cancelled_as_a_message_arrives_ends(entry: InputFile) -> None:
+    """A fetch cancelled in the loop iteration in which a message reaches its stream ends cancelled (on Python 3.11
+    asyncio.wait_for lost that cancel: the fetch went on waiting for the stream, and whoever awaited it hung)."""
+    wire = Wire()
+    relay = PullRelay(wire.send)
+    task = asyncio.create_task(relay.fetch(PULL, entry, store, stall_timeout_s=30))
+    opened = await wire.next(DataOpen, 0)
+    relay.on_message(DataCredit(plan_id="p1", attempt=1, name="y", direction="get", offset=0, credit=4096,
+                                stream=opened.stream))  # a message arrives ...
+    task.cancel()  # ... and the attempt ends, in the same iteration
+    done, _ = await asyncio.wait([task], timeout=2)
+    if not done:  # the bug: end it with a second cancel, so nothing is left running
+        task.cancel()
+        await asyncio.wait([task], timeout=2)
+    assert done and task.cancelled(), "the fetch went on after it was cancelled"
+    end = await wire.next(DataEnd, 1)
+    assert (end.code, end.stream) == (CANCELLED, opened.stream)
