@@ -347,8 +347,10 @@ class RelayTransport:
     async def _wait(self, stream: _Stream, name: str) -> None:
         if stream.end is None and not stream.chunks:
             stream.changed.clear()
-            try:  # waiting in line is the coordinator's to end (a credit or a data_end), not a stall
-                await asyncio.wait_for(stream.changed.wait(), None if stream.wait else self.stall_timeout_s)
+            try:  # waiting in line is the coordinator's to end (a credit or a data_end), not a stall; not
+                # asyncio.wait_for: on 3.11 it loses a cancel that comes as the stream changes (a transfer goes on)
+                async with asyncio.timeout(None if stream.wait else self.stall_timeout_s):
+                    await stream.changed.wait()
             except TimeoutError:
                 raise _Retry(f"nothing heard of {name!r} for {self.stall_timeout_s:g} s") from None
         if stream.end is not None and stream.end.code:

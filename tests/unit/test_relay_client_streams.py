@@ -127,3 +127,24 @@ async def test_breaks_after_progress_start_the_resume_count_again() -> None:
     relay.receive(DataEnd(plan_id="p", attempt=1, name="x", offset=len(DATA), stream=opened.stream))
     await asyncio.wait_for(task, 5)
     assert len(link.opens()) == 4
+
+
+@pytest.mark.timeout(10)
+async def test_an_upload_cancelled_as_its_stream_changes_ends() -> None:
+    """An upload cancelled in the loop iteration in which its stream changes (a credit comes) ends cancelled and
+    frees the coordinator's stream (on Python 3.11 asyncio.wait_for lost that cancel: the upload went on)."""
+    link = Link()
+    relay = RelayTransport(link, stall_timeout_s=30)
+    task = asyncio.create_task(relay.upload(GRANT, source()))
+    opened = await link.next_of(DataOpen)
+    relay.receive(DataCredit(plan_id="p", attempt=1, name="x", offset=0, credit=MAX_CHUNK_BYTES, size=len(DATA),
+                             stream=opened.stream))  # the stream changes ...
+    task.cancel()  # ... and the caller gives up, in the same iteration
+    done, _ = await asyncio.wait([task], timeout=2)
+    if not done:  # the bug: end it with a second cancel, so nothing is left running
+        task.cancel()
+        await asyncio.wait([task], timeout=2)
+    assert done and task.cancelled(), "the upload went on after it was cancelled"
+    assert not any(isinstance(m, DataChunk) for m in link.posted)
+    end = await link.next_of(DataEnd)
+    assert (end.code, end.stream) == ("cancelled", opened.stream)
