@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -234,3 +235,33 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (ProcessLookupError, FileNotFoundError):
         return False
+
+
+@pytest.mark.timeout(15)
+async def test_a_feed_closed_as_its_command_ends_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() started in the loop iteration in which the command's output is read returns and ends the feed's loop
+    (on Python 3.11 asyncio.wait_for lost that cancel: the loop went on fetching and close() waited for ever)."""
+    f = Fleet()
+    path = tmp_path / "rows.csv"
+    put(path, f.csv(GREENER_LATER))
+    feed = f.feed(parse_source(f"cmd:cat {path}"), real_wall=True)
+    closing: list[asyncio.Future[None]] = []
+    communicate = asyncio.subprocess.Process.communicate
+
+    async def communicate_then_close(proc: asyncio.subprocess.Process, input: bytes | None = None) -> Any:
+        """The real communicate; as it returns, the feed's close starts (its first step before the fetch goes on)."""
+        result = await communicate(proc, input)
+        if not closing:
+            closing.append(asyncio.ensure_future(feed.close()))
+        return result
+
+    monkeypatch.setattr(asyncio.subprocess.Process, "communicate", communicate_then_close)
+    feed.start()
+    loop_task = feed._task
+    assert loop_task is not None
+    await until(lambda: bool(closing), timeout_s=10)
+    done, _ = await asyncio.wait(closing, timeout=3)
+    if not done:  # the bug: end the loop with a second cancel (it reaches its sleep), so nothing is left running
+        loop_task.cancel()
+        await asyncio.wait([*closing, loop_task], timeout=3)
+    assert done and loop_task.done(), "close() still waited for the feed's loop"

@@ -149,8 +149,9 @@ async def _run_command(command: str, timeout_s: float) -> tuple[str, str]:
         command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # a timeout kills what the shell started too (curl, a script's children)
     )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    try:  # not asyncio.wait_for: on 3.11 it loses the close's cancel that comes as the command ends (the feed's
+        async with asyncio.timeout(timeout_s):  # loop then went on and close() waited for it for ever)
+            out, err = await proc.communicate()
     except TimeoutError:
         _kill_group(proc.pid)
         await proc.communicate()  # the pipes are drained and closed: their writers are dead
