@@ -180,8 +180,9 @@ class CarbonIntensity:
             env=env,
             start_new_session=True,
         )
-        try:
-            stdout, stderr = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+        try:  # not asyncio.wait_for: on 3.11 it loses a cancel that comes as the command ends (Telemetry.stop's:
+            async with asyncio.timeout(self.timeout_s):  # refresh_forever went on and the worker's stop waited)
+                stdout, stderr = await proc.communicate()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -4,14 +4,17 @@ arithmetic on a fake clock, the carbon table, file and command, and what the hea
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 import protocol
+from tests.waiting import until
 from worker_agent.carbon import BUILTIN_G_PER_KWH, CarbonIntensity, lookup, parse_table
 from worker_agent.energy import EnergyMeter, Nvml, PowerSampler, probe_gpus
 from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry_from_args
@@ -238,3 +241,30 @@ async def test_carbon_command_output_overrides_and_failures_keep_the_last_value(
     with capture_logs() as logs:
         await carbon.refresh()
     assert carbon.g_per_kwh == 12 and "timed out" in logs[0]["event"]
+
+
+@pytest.mark.timeout(15)
+async def test_telemetry_stopped_as_the_carbon_command_ends_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Telemetry.stop() started in the loop iteration in which the carbon command's output is read returns and ends
+    the refresh loop (on Python 3.11 asyncio.wait_for lost that cancel: the worker's stop waited for ever)."""
+    carbon = CarbonIntensity("FR", command="echo 73.5", timeout_s=5, interval_s=3600)
+    telemetry = Telemetry(meter=EnergyMeter(), carbon=carbon)
+    stopping: list[asyncio.Future[None]] = []
+    communicate = asyncio.subprocess.Process.communicate
+
+    async def communicate_then_stop(proc: asyncio.subprocess.Process, input: bytes | None = None) -> Any:
+        """The real communicate; as it returns, the telemetry's stop starts (before the refresh goes on)."""
+        result = await communicate(proc, input)
+        if not stopping:
+            stopping.append(asyncio.ensure_future(telemetry.stop()))
+        return result
+
+    monkeypatch.setattr(asyncio.subprocess.Process, "communicate", communicate_then_stop)
+    await telemetry.start()
+    (refresh,) = telemetry._tasks
+    await until(lambda: bool(stopping), timeout_s=10)
+    done, _ = await asyncio.wait(stopping, timeout=3)
+    if not done:  # the bug: end the loop with a second cancel (it reaches its sleep), so nothing is left running
+        refresh.cancel()
+        await asyncio.wait([*stopping, refresh], timeout=3)
+    assert done and refresh.done(), "Telemetry.stop() still waited for the carbon command's loop"
