@@ -359,8 +359,9 @@ class Agent:
                     command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.DEVNULL,
                 )
-                try:
-                    out, _ = await asyncio.wait_for(proc.communicate(), max(period, 1.0))
+                try:  # not asyncio.wait_for: on 3.11 it loses run()'s cancel that comes as the command ends (this
+                    async with asyncio.timeout(max(period, 1.0)):  # loop then ran on after the agent stopped)
+                        out, _ = await proc.communicate()
                 except TimeoutError:
                     proc.kill()
                     await proc.wait()
