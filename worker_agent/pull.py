@@ -178,7 +178,8 @@ class Puller:
             writer.write(request)
             head = bytearray()
             while (end := http1.head_end(head, HEAD_LIMIT)) < 0:
-                chunk = await asyncio.wait_for(reader.read(64 << 10), self._stall_timeout_s)
+                async with asyncio.timeout(self._stall_timeout_s):  # not asyncio.wait_for: see below
+                    chunk = await reader.read(64 << 10)
                 if not chunk:
                     raise asyncio.IncompleteReadError(bytes(head), None)
                 head += chunk
@@ -192,7 +193,10 @@ class Puller:
             left -= len(batch)
             while left > 0 or batch:
                 if left > 0 and len(batch) < CHUNK_BYTES:
-                    chunk = await asyncio.wait_for(reader.read(min(left, CHUNK_BYTES)), self._stall_timeout_s)
+                    # Not asyncio.wait_for: on 3.11 it loses the attempt's cancel that comes as a read returns (the
+                    # fetch then went on to the output's last byte after the attempt had ended).
+                    async with asyncio.timeout(self._stall_timeout_s):
+                        chunk = await reader.read(min(left, CHUNK_BYTES))
                     if not chunk:
                         raise asyncio.IncompleteReadError(bytes(batch), left)
                     batch += chunk

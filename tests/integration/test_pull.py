@@ -3,6 +3,7 @@ loopback data endpoint: the bytes verified as an upload's, a local copy when hel
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -79,3 +80,36 @@ async def test_an_output_that_is_gone_fails_the_input_output_lost_naming_it(tmp_
     assert error is not None and error.code == errors.OUTPUT_LOST
     assert error.detail == {"input": "x", "plan_id": "p1", "attempt": 1, "output": "y", "worker_id": worker}
     assert "output 'y' of plan p1" in error.message
+
+
+@pytest.mark.timeout(20)
+async def test_a_pull_cancelled_as_a_read_returns_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attempt's task cancelled in the loop iteration in which a read of the body returns ends there (on Python
+    3.11 asyncio.wait_for lost that cancel: the fetch went on to the output's last byte after the attempt ended)."""
+    data = os.urandom(SIZE)
+    task: asyncio.Task[None] | None = None
+    reads = 0
+    read = asyncio.StreamReader.read
+
+    async def read_then_cancel(reader: asyncio.StreamReader, n: int = -1) -> bytes:
+        """The real read; as the consumer's second one (the body's, after the head's) returns, the attempt's task
+        is cancelled. The holder's reads (the request, in this process too) are not counted."""
+        nonlocal reads
+        chunk = await read(reader, n)
+        if chunk and not chunk.startswith(b"GET "):
+            reads += 1
+            if reads == 2 and task is not None:
+                task.cancel()
+        return chunk
+
+    async with data_endpoint(tmp_path) as holder:
+        holder.spool.add_output("p1", 1, "y", data)
+        spool, plan = _consumer(tmp_path, data)
+        puller = Puller(spool, "w2", stall_timeout_s=10)
+        monkeypatch.setattr(asyncio.StreamReader, "read", read_then_cancel)
+        task = puller.start([Pull("x", "p1", 1, "y", WORKER, url=holder.url, ticket=_ticket("y"))], plan)
+        assert task is not None
+        await asyncio.wait([task], timeout=10)
+        monkeypatch.undo()
+    assert task.cancelled()
+    assert reads == 2, f"the fetch went on reading after it was cancelled ({reads} reads, {puller.pulled_bytes} bytes)"
