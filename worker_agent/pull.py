@@ -170,8 +170,8 @@ class Puller:
                    pull: protocol.Pull) -> None:
         """One GET: its body's bytes stored in ``entry`` from where it stands."""
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=tls),
-                                                    self._connect_timeout_s)
+            async with asyncio.timeout(self._connect_timeout_s):  # not asyncio.wait_for: see the reads below
+                reader, writer = await asyncio.open_connection(host, port, ssl=tls)
         except (OSError, TimeoutError) as exc:
             raise _DialFailed(f"{type(exc).__name__}: {exc}") from None
         try:

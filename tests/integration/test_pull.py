@@ -7,6 +7,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +114,31 @@ async def test_a_pull_cancelled_as_a_read_returns_ends(tmp_path: Path, monkeypat
         monkeypatch.undo()
     assert task.cancelled()
     assert reads == 2, f"the fetch went on reading after it was cancelled ({reads} reads, {puller.pulled_bytes} bytes)"
+
+
+@pytest.mark.timeout(20)
+async def test_a_pull_cancelled_as_its_connection_opens_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attempt's task cancelled in the loop iteration in which the connection to the holder opens ends there,
+    fetching nothing (on Python 3.11 asyncio.wait_for lost that cancel: the whole output was fetched)."""
+    data = os.urandom(SIZE)
+    task: asyncio.Task[None] | None = None
+    open_connection = asyncio.open_connection
+
+    async def open_then_cancel(*args: Any, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The real open_connection; as it returns, the attempt's task is cancelled."""
+        opened = await open_connection(*args, **kwargs)
+        assert task is not None
+        task.cancel()
+        return opened
+
+    async with data_endpoint(tmp_path) as holder:
+        holder.spool.add_output("p1", 1, "y", data)
+        spool, plan = _consumer(tmp_path, data)
+        puller = Puller(spool, "w2", stall_timeout_s=10)
+        monkeypatch.setattr(asyncio, "open_connection", open_then_cancel)
+        task = puller.start([Pull("x", "p1", 1, "y", WORKER, url=holder.url, ticket=_ticket("y"))], plan)
+        assert task is not None
+        await asyncio.wait([task], timeout=10)
+        monkeypatch.undo()
+    assert task.cancelled()
+    assert puller.pulled_bytes == 0, f"the fetch went on after it was cancelled ({puller.pulled_bytes} bytes)"
