@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from fleetwire.data import Grant
+from fleetwire.direct import DirectTransport
 from fleetwire.inputs import InputSource
-from fleetwire.relay import OutputGone, RelayTransport
+from fleetwire.relay import AutoTransport, OutputGone, RelayTransport
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
 from protocol.relay import CLOSED, GONE, MAX_CHUNK_BYTES
 
@@ -148,3 +149,38 @@ async def test_an_upload_cancelled_as_its_stream_changes_ends() -> None:
     assert not any(isinstance(m, DataChunk) for m in link.posted)
     end = await link.next_of(DataEnd)
     assert (end.code, end.stream) == ("cancelled", opened.stream)
+
+
+@pytest.mark.timeout(10)
+async def test_an_auto_upload_cancelled_as_its_endpoint_answers_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AutoTransport's upload cancelled in the loop iteration in which its reachability dial to the data endpoint
+    opens ends there: no direct upload starts (on Python 3.11 asyncio.wait_for lost that cancel)."""
+    accepted: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    auto = AutoTransport(DirectTransport(), RelayTransport(Link(), stall_timeout_s=5))
+    task: asyncio.Task[None] | None = None
+    open_connection = asyncio.open_connection
+
+    async def open_then_cancel(*args: Any, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The real open_connection; as the first (the reachability dial) returns, the upload is cancelled."""
+        opened = await open_connection(*args, **kwargs)
+        if task is not None and not task.cancelling():
+            task.cancel()
+        return opened
+
+    monkeypatch.setattr(asyncio, "open_connection", open_then_cancel)
+    try:
+        task = asyncio.create_task(auto.upload(Grant("p", 1, f"http://127.0.0.1:{port}", "t"), source()))
+        done, _ = await asyncio.wait([task], timeout=3)
+        if not done:  # the bug: end it with a second cancel, so nothing is left running
+            task.cancel()
+            await asyncio.wait([task], timeout=2)
+        assert done and task.cancelled(), "the upload went on after it was cancelled"
+    finally:
+        monkeypatch.undo()
+        await auto.aclose()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
