@@ -18,7 +18,6 @@ import os
 import secrets
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -164,13 +163,15 @@ def _local_worker_argv(url: str, worker_id: str, ns: argparse.Namespace, tags: S
 
 async def _await_registered(proc: asyncio.subprocess.Process, worker_id: str, timeout_s: float) -> None:
     assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while True:
-        line = await asyncio.wait_for(proc.stdout.readline(), max(0.1, deadline - time.monotonic()))
-        if not line:
-            raise RuntimeError(f"worker {worker_id} exited with status {await proc.wait()} before registering")
-        if b"registered" in line:
-            return
+    # One deadline, not asyncio.wait_for per line: on 3.11 wait_for loses a cancel (Ctrl-C) that comes as a line
+    # is read, and the loop then read on until the worker registered or the timeout passed.
+    async with asyncio.timeout(timeout_s):
+        while True:
+            line = await proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"worker {worker_id} exited with status {await proc.wait()} before registering")
+            if b"registered" in line:
+                return
 
 
 async def _stop_processes(procs: list[asyncio.subprocess.Process], grace_s: float = 10.0) -> None:
