@@ -25,8 +25,10 @@ then the coordinator's frames fed to the session as its reader would (per plan: 
 awaited. ``--side worker``: a real ``worker_agent.Agent`` without a socket (the collector tuned as the
 worker daemon tunes it): frames of ``assign`` decoded and dispatched as its reader does, the plans run by
 the built-in ``echo`` on its loop, the outbox encoded into frames and acked as its writer and the
-coordinator do. For these two the frames made beforehand (and the client or agent built) are measured
-apart (``--setup-only``) and taken off, so the figure is the SDK's or the agent's own instructions per plan.
+coordinator do; with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, the daemon's tracer and the assigns' ``traceparent``
+as the coordinator forwards them at ``OTEL_TRACES_SAMPLER_ARG`` (``_worker_tracing``). For these two the frames
+made beforehand (and the client or agent built) are measured apart (``--setup-only``) and taken off, so the figure
+is the SDK's or the agent's own instructions per plan.
 
 One client holds every plan of a run unfinished at once, so the core's per-client limits
 (``max_plans_per_client``, 10,000 by default; ``max_bytes_per_client``) are lifted where the tree
@@ -176,7 +178,8 @@ def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
 
     from protocol.messages import Ack, Assign
 
-    frames = [msgspec.msgpack.encode([Assign(plan_id=f"p{i}", attempt=1, op="echo", args=i)
+    tracing, parents = _worker_tracing(plans)
+    frames = [msgspec.msgpack.encode([Assign(plan_id=f"p{i}", attempt=1, op="echo", args=i, traceparent=parents[i - 1])
                                       for i in range(start + 1, min(plans, start + batch) + 1)])
               for start in range(0, plans, batch)]
 
@@ -184,7 +187,7 @@ def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
         from worker_agent import agent as agent_module
         from worker_agent.outbox import encode_frames
 
-        agent = agent_module.Agent("ws://127.0.0.1:9", worker_id="bench-1", max_concurrency=batch)
+        agent = agent_module.Agent("ws://127.0.0.1:9", worker_id="bench-1", max_concurrency=batch, tracing=tracing)
         codec = agent._codec("fleetwire.v1.msgpack")
         outbox, send_queue, runner = agent._outbox, agent._send_queue, agent.runner
         max_frame_bytes = agent.settings.max_frame_bytes
@@ -210,6 +213,25 @@ def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
         return spent
 
     return asyncio.run(main())
+
+
+def _worker_tracing(plans: int) -> tuple[Any, list[str]]:
+    """With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set: the worker daemon's tracer (its exporter child, as ``fleetwire
+    worker`` starts it) and each assign's ``traceparent`` as the coordinator forwards the SDK's at
+    ``OTEL_TRACES_SAMPLER_ARG``: one plan in 1/ratio a sampled context, the others ``"00"`` (the caller's "no").
+    Off: no tracer, no ``traceparent``."""
+    import random
+
+    from wireio.tracing import SERVICE_WORKER, Sampler, Tracing
+
+    tracing = Tracing.from_env(SERVICE_WORKER, export_process=True)
+    if tracing is None:
+        return None, [""] * plans
+    ratio = Sampler.from_env(os.environ).ratio
+    every = round(1 / ratio) if ratio > 0 else 0
+    rnd = random.Random(1)
+    contexts = [f"00-{rnd.getrandbits(128):032x}-{rnd.getrandbits(64):016x}-01" for _ in range(100)]
+    return tracing, [contexts[i % 100] if every and i % every == 0 else "00" for i in range(plans)]
 
 
 RUNS = {"core": run_plans, "client": run_client, "worker": run_worker}
@@ -261,31 +283,44 @@ def _python(tree: str, args: list[str], valgrind_out: str | None = None) -> str:
     return proc.stdout
 
 
-def _callgrind_total(tree: str, args: list[str], out: str) -> int:
+def _callgrind_total(tree: str, args: list[str], out: str) -> tuple[int, int]:
+    """A run's instructions, and those of them in the garbage collector (``gc_collect_main``, inclusive)."""
     _python(tree, args, valgrind_out=out)
     with open(out) as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
+        total = next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
+    if shutil.which("callgrind_annotate") is None:
+        return total, 0
+    listing = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out], capture_output=True,
+                             text=True, check=False).stdout  # fmt: skip
+    collector = (line.split()[0] for line in listing.splitlines() if ":gc_collect_main " in line)
+    return total, int(next(collector, "0").replace(",", ""))
 
 
-def _instructions(tree: str, small: int, large: int, ns: argparse.Namespace) -> float:
+def _instructions(tree: str, small: int, large: int, ns: argparse.Namespace) -> tuple[float, float]:
     """Callgrind instructions per plan: (Ir(large) - Ir(small)) / (large - small), less the same difference of
-    a ``--setup-only`` run (the client's and the worker's frames made beforehand) for those sides."""
+    a ``--setup-only`` run (the client's and the worker's frames made beforehand) for those sides; and the same
+    less the collector's share. Which runs a collection falls in moves the first by up to ~1.5k a plan between
+    runs of one tree (a young generation of 50,000 objects is scanned at once), so the second is the steadier."""
     side = ["--side", ns.side, "--batch", str(ns.batch)]
     _python(tree, ["--once", "--plans", "1", *side])  # byte-compiles what changed, so no counted run pays for it
-    per_plan = 0.0
+    per_plan = less_gc = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for extra, sign in [([], 1)] + ([(["--setup-only"], -1)] if ns.side != "core" else []):
-            small_ir, large_ir = (_callgrind_total(tree, ["--once", "--plans", str(n), *side, *extra],
-                                                   os.path.join(tmp, f"cg.{n}")) for n in (small, large))
+            (small_ir, small_gc), (large_ir, large_gc) = (
+                _callgrind_total(tree, ["--once", "--plans", str(n), *side, *extra], os.path.join(tmp, f"cg.{n}"))
+                for n in (small, large))  # fmt: skip
             per_plan += sign * (large_ir - small_ir) / (large - small)
-    return per_plan
+            less_gc += sign * (large_ir - large_gc - small_ir + small_gc) / (large - small)
+    return per_plan, less_gc
 
 
 def measure(tree: str, ns: argparse.Namespace) -> dict[str, Any]:
     args = ["--plans", str(ns.plans), "--batch", str(ns.batch), "--repeat", str(ns.repeat), "--side", ns.side]
     result: dict[str, Any] = {"tree": tree, **json.loads(_python(tree, args).strip().splitlines()[-1])}
     if ns.callgrind:
-        result["instructions_per_plan"] = round(_instructions(tree, ns.cg_plans // 4, ns.cg_plans, ns))
+        per_plan, less_gc = _instructions(tree, ns.cg_plans // 4, ns.cg_plans, ns)
+        result["instructions_per_plan"] = round(per_plan)
+        result["less_gc"] = round(less_gc)
     return result
 
 
