@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
@@ -298,3 +299,72 @@ async def test_a_shard_core_still_loading_when_the_stop_comes_has_its_store_clos
     for store in left_open:  # the bug: close it here, so that nothing is left behind
         await asyncio.to_thread(store.close)
     assert not left_open, "the shard's store was left open after the stop"
+
+
+class LoopLag:
+    """How late the loop runs a callback due every 50 ms (the worst lateness seen, in seconds), as a session or
+    another shard's core on the same loop would feel a call that blocks it."""
+
+    PERIOD_S = 0.05
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.worst = 0.0
+        self.due = self.loop.time() + self.PERIOD_S
+        self.handle = self.loop.call_at(self.due, self._tick)
+
+    def _tick(self) -> None:
+        self.worst = max(self.worst, self.loop.time() - self.due)
+        self.due = self.loop.time() + self.PERIOD_S
+        self.handle = self.loop.call_at(self.due, self._tick)
+
+    def stop(self) -> float:
+        """The worst lateness, the pending callback's included (a loop blocked to the end of the probe)."""
+        self.handle.cancel()
+        return max(self.worst, self.loop.time() - self.due)
+
+
+async def test_a_stop_whose_stores_close_slowly_keeps_the_loop_responsive_and_returns_within_its_bound(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control store's and a shard's store's closes (PgStore.close waits on its database: up to ~25 s against
+    one that does not answer) run off the event loop: a 50 ms callback is never late by 1 s meanwhile, and the stop
+    returns after STOP_DB_S while the control store still closes."""
+    shard_hold_s, control_hold_s = 2.0, STOP_DB_S + 3.0
+    control_closed = threading.Event()
+
+    class SlowToClose(PgStore):
+        """The real control store, whose close takes as long as against a database that does not answer."""
+
+        def close(self) -> None:
+            if not self.closed:
+                time.sleep(control_hold_s)  # the database's silence (a thread of its own: never the loop's)
+            super().close()
+            control_closed.set()
+
+    class ShardSlowToClose(ShardPgStore):
+        """The real shard store, whose close takes as long as against a database that does not answer."""
+
+        def close(self) -> None:
+            if not self.closed:
+                time.sleep(shard_hold_s)
+            super().close()
+
+    monkeypatch.setattr(host_module, "PgStore", SlowToClose)
+    monkeypatch.setattr(host_module, "ShardPgStore", ShardSlowToClose)
+    started = asyncio.Event()
+    host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True),
+                       announce=lambda line: started.set())  # fmt: skip
+    await host.start()
+    try:
+        await asyncio.wait_for(started.wait(), 30)  # a shard's core serves: its store is closed by the stop
+        assert isinstance(host.control, SlowToClose)
+        lag = LoopLag()
+        began = time.monotonic()
+        await asyncio.wait_for(host.stop(), 60)
+        took_s, worst_s = time.monotonic() - began, lag.stop()
+        still_closing = not control_closed.is_set()
+    finally:
+        await asyncio.to_thread(control_closed.wait, 30)  # (nothing left behind, whatever the result)
+    assert worst_s < 1.0, f"the loop was blocked {worst_s:.1f} s during the stop"
+    assert still_closing, f"the stop waited {took_s:.1f} s for the control store's close past STOP_DB_S"

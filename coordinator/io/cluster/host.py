@@ -339,8 +339,11 @@ class ClusterHost:
 
         Bounded: each task it cancels gets :data:`STOP_TASK_S` to end, the main port's sessions the
         handshake plus close timeouts (:meth:`Gatekeeper.wait_closed`), each release and the row's
-        delete :data:`STOP_DB_S`; a shard's core stops as :meth:`CoordinatorServer.stop` does (its
-        statements have the store's 30 s timeout). What it leaves running is logged.
+        delete :data:`STOP_DB_S`, the control store's close :data:`STOP_DB_S`; a shard's core stops as
+        :meth:`CoordinatorServer.stop` does (its statements have the store's 30 s timeout). What it
+        leaves running is logged. No store is closed on the loop: ``PgStore.close`` waits on its
+        database (up to ~25 s against one that does not answer), which would stall every other
+        session and shard on this loop meanwhile.
         """
         self._stopping = True
         keeper, self._keeper = self._keeper, None
@@ -361,10 +364,10 @@ class ClusterHost:
         with contextlib.suppress(Exception):  # bounded: the row expires after the TTL anyway
             async with asyncio.timeout(STOP_DB_S):
                 await self.db(lambda conn: conn.execute(_GONE, self.owner))
-        await self.views.close()
+        await self.views.close()  # (bounded: its pool's close, 5 s; the doorbell's connection's, 5 s)
         await self.doorbell.close()
-        if self.control is not None:
-            self.control.close()
+        if self.control is not None:  # in a thread: PgStore.close waits on its database
+            await _closed(self.control, "the control connection")
 
     def reload_tokens(self) -> list[str]:
         """SIGHUP: every shard's server re-reads the token file."""
@@ -665,6 +668,25 @@ def _close_after(store: PgStore, loading: asyncio.Future[Any] | None) -> None:
         close(loading)
     else:
         loading.add_done_callback(close)
+
+
+async def _closed(store: PgStore, what: str) -> None:
+    """Close ``store`` in a thread, waiting at most :data:`STOP_DB_S`: past it the close goes on in its thread (its
+    own waits are bounded) and the stop goes on; a failure is logged (the stop is ending anyway)."""
+    closing = asyncio.ensure_future(asyncio.to_thread(store.close))
+    try:
+        async with asyncio.timeout(STOP_DB_S):
+            await asyncio.shield(closing)
+    except TimeoutError:
+        closing.add_done_callback(_retrieved)
+        log.error("a store still closing; the stop goes on without it", store=what, waited_s=STOP_DB_S)
+    except Exception as exc:
+        log.warning("a store failed to close", store=what, error=f"{type(exc).__name__}: {exc}")
+
+
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled():
+        done.exception()  # retrieved: a close that failed after the stop went on is not "never retrieved"
 
 
 async def _cancelled(tasks: list[asyncio.Task[Any]], what: str) -> None:

@@ -382,7 +382,9 @@ class CoordinatorServer:
             await self.carbon_feed.close()
         if self.tracing is not None:  # the spans still queued go to the collector
             await asyncio.to_thread(self.tracing.shutdown)
-        self.store.close()
+        # In a thread, not on the loop: a store's close waits on its database or writer (PgStore: up to ~25 s
+        # against a database that does not answer), and the loop serves other shards' cores in a cluster host.
+        await asyncio.to_thread(self.store.close)
 
     # ------------------------------------------------------------------ HTTP (coordinator/io/frontdoor/routes.py)
 
