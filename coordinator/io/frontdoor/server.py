@@ -474,12 +474,16 @@ class CoordinatorServer:
 
         It waits 80 % of the handshake timeout at most (websockets drops a handshake at the whole
         timeout, and the SDK and agent give up at their own, 10 s by default like the server's);
-        then 503 with ``Retry-After: 1``, which workers and clients retry after.
+        then 503 with ``Retry-After: 1``, which workers and clients retry after. The wait runs under
+        :func:`asyncio.timeout`, not ``asyncio.wait_for``: on Python 3.11 ``wait_for`` returns when a
+        cancel (a stop's, of a handler past its bound) arrives in the loop iteration in which the load
+        ends, and the cancelled handshake was admitted.
         """
         self.handshakes_waiting += 1
         self.handshake_waits.set()
         try:
-            await asyncio.wait_for(self.loaded.wait(), self.settings.limits.handshake_timeout_s * 0.8)
+            async with asyncio.timeout(self.settings.limits.handshake_timeout_s * 0.8):
+                await self.loaded.wait()
         except TimeoutError:
             self.door.count(503)
             return http_routes.loading(self.readiness_problem() or LOADING)
