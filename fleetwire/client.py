@@ -464,7 +464,7 @@ class Client:
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
         if len(raw) > self.max_inline_bytes and args is not None:  # over the frame limit: args go by the data plane
             msg, raw = await submits.args_by_data_plane(msg, sources, self._session.encode)
-        plans, refused = await self._submit([submits.Request(msg.req_id, raw, plan_id is None)])
+        plans, refused = await self._submit([submits.Request(msg.req_id, raw, not plan_id)])  # "": no id
         end_submit_spans(spans, refused.code if refused is not None else "")
         if refused is not None:
             raise refused

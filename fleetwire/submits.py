@@ -8,9 +8,10 @@ waited for, each accepted plan's stream registered by the client's hook the mome
 Rules (docs/PROTOCOL.md §Client session):
 
 * Every submit carries a plan id: the caller's idempotency key, else one the SDK makes, so a
-  submit re-sent after a reconnect (fleetwire/resume.py) is idempotent. The hook is told which
-  (``own``: the SDK made the id): a duplicate of an id the SDK made is this client's own submit
-  re-sent, not a duplicate to the caller.
+  submit re-sent after a reconnect (fleetwire/resume.py) is idempotent. ``""`` is no id (as None:
+  the protocol's ``plan_id`` is non-empty or null). The hook is told which (``own``: the SDK made
+  the id): a duplicate of an id the SDK made is this client's own submit re-sent, not a duplicate
+  to the caller.
 * Input and output names ``__args__`` and ``__result__`` are reserved (oversize args and results).
 * A submit encoded larger than the client's ``max_inline_bytes`` is never sent inline: ``submit``
   moves its args to the data plane (the input ``__args__``, their msgpack, which the worker
@@ -236,9 +237,9 @@ def batch(
         index, size = next((i, len(raw)) for i, raw in enumerate(raws) if len(raw) > max_inline_bytes)
         raise ValueError(f"args[{index}] is {size} bytes encoded, over max_inline_bytes ({max_inline_bytes}); "
                          "submit it with submit(), which moves large args to the data plane")
-    # Requests made in C (NamedTuple's own __new__ is a Python call): (req_id, raw, own: plan_id is None)
-    return list(map(tuple.__new__, itertools.repeat(Request),
-                    zip(req_ids, raws, map(operator.is_, ids, itertools.repeat(None)), strict=True)))
+    # Requests made in C (NamedTuple's own __new__ is a Python call): (req_id, raw, own: no plan id given, None or
+    # "", which the SDK replaced with its own just above: a duplicate of it is this client's own submit re-sent)
+    return list(map(tuple.__new__, itertools.repeat(Request), zip(req_ids, raws, map(operator.not_, ids), strict=True)))
 
 
 async def await_accepted(

@@ -40,6 +40,15 @@ def test_a_batch_gives_every_submit_a_plan_id_and_says_which_the_sdk_made() -> N
     assert all(m.subscribe and m.op == "echo" and m.requirements.tags == ["cpu"] for m in msgs)
 
 
+def test_an_empty_plan_id_is_no_id_and_the_one_the_sdk_makes_for_it_is_its_own() -> None:
+    """A caller's "" gets an SDK-made id, marked ``own`` as for None: its duplicate is this client's re-sent submit."""
+    session = ClientSession("msgpack")
+    requests = batch(session, [1, 2, 3], ["", None, "mine"])
+    ids = [COORDINATOR.decode(bytes(r.raw))[0].plan_id for r in requests]
+    assert [r.own for r in requests] == [True, True, False]
+    assert len(ids[0]) == 16 and ids[0] != ids[1] and ids[2] == "mine"
+
+
 def test_a_batch_reads_the_randomness_of_its_new_plan_ids_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The SDK's ids of a batch come from one os.urandom read: 16 hex digits each, all distinct ("" is no id)."""
     reads: list[int] = []
