@@ -82,3 +82,25 @@ async def test_a_stop_during_a_held_401_drops_its_connection_and_returns() -> No
         await asyncio.wait_for(srv.stop(), 30)
     with pytest.raises(asyncio.IncompleteReadError):
         await held
+
+
+async def test_a_held_401_whose_connection_is_dropped_ends_its_handler_before_the_hold(start: Start) -> None:  # noqa: F811
+    """A held 401 whose client drops the connection during the hold: its handler ends then, not after the hold."""
+    srv = await start(Limits(penalty_hold_s=4.0))
+    assert srv._gate.hold_s == 4.0 and srv._server is not None
+    for _ in range(REPEAT_BURST):
+        await request(srv.port, "/v1/client", "not-a-token")
+    await until(lambda: all(task.done() for task in srv._server.handler_tasks))  # (the burst's answered handlers)
+    _, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(f"GET /v1/client HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nAuthorization: Bearer not-a-token\r\n"
+                 f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                 f"Sec-WebSocket-Key: {key}\r\n\r\n".encode())  # fmt: skip
+    await until(lambda: srv._gate.auth_failures.over_count == 1)  # counted: its answer is in its hold now
+    (handler,) = [task for task in srv._server.handler_tasks if not task.done()]
+    writer.close()  # the client gives up on it
+    await writer.wait_closed()
+    done, _ = await asyncio.wait([handler], timeout=srv._gate.hold_s / 2)
+    if not done:  # the bug: it ends with the hold
+        await asyncio.wait([handler], timeout=10)
+    assert done, "the held handler waited out its hold after its connection was dropped"

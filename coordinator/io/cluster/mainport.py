@@ -115,9 +115,9 @@ class MainPort:
         if path == "/metrics":  # this coordinator's cluster families (each shard's core has its own)
             refused = metrics_token_refused(request.headers.get("Authorization"), shards.settings.metrics_token)
             if refused is not None:
-                return gate.answer(gate.unauthorized(conn, refused))
+                return gate.answer(gate.unauthorized(conn, refused), conn)
             metrics = _text(200, render(shards.metrics_registry).decode(), CONTENT_TYPE)
-            return gate.hold(metrics) if gate.scrape_held(conn) else metrics  # a scrape loop (issue 17 finding 9)
+            return gate.hold(metrics, conn) if gate.scrape_held(conn) else metrics  # a scrape loop (issue 17 finding 9)
         if path == "/readyz":
             if shards.serving:
                 return _text(200, "ready\n")
@@ -188,7 +188,7 @@ class MainPort:
             principal = tokens.authenticate(token) if token else None
             if principal is None:
                 why = "/v1/plans needs an admin token (Authorization: Bearer TOKEN)"
-                return self.gate.answer(self.gate.unauthorized(conn, why))
+                return self.gate.answer(self.gate.unauthorized(conn, why), conn)
             if principal.role != "admin":
                 return _text(403, f"/v1/plans needs an admin token; this one is a {principal.role} token\n")
         return self._read_plans(request)

@@ -385,14 +385,20 @@ class Gatekeeper:
         """Count a ``/metrics`` answer to ``conn``'s address; whether it is past the burst (hold it)."""
         return self.hold_s > 0 and self.scrapes.over(_address(conn))
 
-    async def hold(self, response: Response) -> Response:
-        """``response`` (a penalty-box 429, a repeated 401 or scrape) after ``penalty_hold_s`` (limits.py)."""
-        await asyncio.sleep(self.hold_s)
+    async def hold(self, response: Response, conn: ServerConnection | None = None) -> Response:
+        """``response`` (a penalty-box 429, a repeated 401 or scrape) after ``penalty_hold_s`` (limits.py), or as
+        soon as ``conn`` is gone: a peer that dropped its connection does not keep its handler for the rest."""
+        if conn is None:
+            await asyncio.sleep(self.hold_s)
+        else:
+            await asyncio.wait([conn.connection_lost_waiter], timeout=self.hold_s)
         return response
 
-    def answer(self, response: Response) -> Response | Coroutine[Any, Any, Response]:
+    def answer(
+        self, response: Response, conn: ServerConnection | None = None
+    ) -> Response | Coroutine[Any, Any, Response]:
         """``response`` as a ``process_request`` hook returns it: after :meth:`hold` when :meth:`should_hold`."""
-        return self.hold(response) if self.should_hold(response) else response
+        return self.hold(response, conn) if self.should_hold(response) else response
 
     def upgrade(
         self,
@@ -414,7 +420,7 @@ class Gatekeeper:
             return None
         if count is not None:
             count(refused.status_code)
-        return self.answer(refused)
+        return self.answer(refused, conn)
 
     async def serve(
         self, handler: Callable[[ServerConnection], Coroutine[Any, Any, None]], host: str | None, port: int,

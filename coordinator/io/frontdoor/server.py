@@ -449,7 +449,7 @@ class CoordinatorServer:
             if response.status_code == 404:  # unknown paths are probes too: counted with the refusals
                 self.door.count(404)
             elif path == "/metrics" and self._gate.scrape_held(conn):  # a scrape loop (issue 17 finding 9)
-                return self._gate.hold(response)
+                return self._gate.hold(response, conn)
             return response
         self.door.count(404)
         return conn.respond(404, f"unknown websocket path {path}; fleetwire serves websockets on /v1/worker and "
