@@ -146,20 +146,22 @@ class Context:
     isolation = DEFAULT_ISOLATION
     # The plan's W3C trace context as a handler passes it on ("": not traced; docs/OPERATIONS.md §Tracing):
     # the handler span's when this worker traces, else the caller's. The inference handler sends it to the engine.
-    _traceparent = ""
+    # ``assigned_traceparent`` is the field behind the ``traceparent`` property: the runner stores an assign's value
+    # there without the setter (at 1 % sampling 99 plans in 100 carry "00"); handlers read ``traceparent``.
+    assigned_traceparent = ""
 
     @property
     def traceparent(self) -> str:
         """The caller's "no" without ids ("00", protocol/tracecontext.py) reads as a fresh unsampled W3C context,
         drawn at the first read: a plan whose handler never reads it costs no ids."""
-        text = self._traceparent
+        text = self.assigned_traceparent
         if text == UNSAMPLED:
-            text = self._traceparent = handler_traceparent(text)
+            text = self.assigned_traceparent = handler_traceparent(text)
         return text
 
     @traceparent.setter
     def traceparent(self, value: str) -> None:
-        self._traceparent = value
+        self.assigned_traceparent = value
 
     def __init__(
         self,

@@ -477,7 +477,7 @@ class PlanRunner:
         if traceparent:  # the plan's trace (docs/OPERATIONS.md §Tracing): an attempt span when sampled
             # "00" (the caller's "no", without ids): fresh ids if the handler reads it (handlers.py). Stored in the
             # property's field, not through its setter: at 1 % sampling 99 plans in 100 come here with "00".
-            run.ctx._traceparent = traceparent
+            run.ctx.assigned_traceparent = traceparent
             if self.tracing is not None and traceparent != UNSAMPLED:
                 run.span = attempt_span(self.tracing, assign, self.worker_id)
                 if run.span is not None:

@@ -522,7 +522,7 @@ class ClusterHost:
             refs = RemoteRefs(server, shard, self.views.conn)  # looks up remote upstreams from its first submit
             await server.start()
         except asyncio.CancelledError:  # stop() while the core starts: its store is closed once the load lets go
-            _close_after(store, server._loading if server is not None else None)
+            _close_after(store, server.loading if server is not None else None)
             raise
         except Exception as exc:
             # Its store is closed, not left open with its connections and thread: the slot is won again next round.

@@ -228,6 +228,11 @@ class CoordinatorServer:
         self._metrics_listener: MetricsListener | None = None
 
     @property
+    def loading(self) -> asyncio.Future[None] | None:
+        """The loader thread reading the store's plans (start()); None before it starts. Done once it lets go."""
+        return self._loading
+
+    @property
     def url(self) -> str:
         host = self.settings.host
         if ":" in host:
