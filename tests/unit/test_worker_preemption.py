@@ -99,9 +99,11 @@ async def test_a_handler_that_ignores_preemption_is_cancelled_after_the_grace() 
 async def test_a_shell_plan_gets_sigterm_at_the_preempt_not_after_the_grace() -> None:
     """The shell command's process group gets SIGTERM as soon as the preempt comes (its checkpoint signal)."""
     plans, queue = runner()
-    # "ready" once its trap is set and its sleep started: a sleep forked after the SIGTERM never got it and held the
-    # plan's pipes open for its 30 s (this test timed out on a loaded machine).
-    plans.on_assign(assign("p1", "shell", {"cmd": "trap 'echo saved; exit 3' TERM; sleep 30 & echo ready; wait"}))
+    # "ready" once its sleep is forked and then its trap set: a sleep forked after the SIGTERM never got it and held
+    # the plan's pipes open for its 30 s (this test timed out on a loaded machine). The sleep is forked before the
+    # trap, so it never inherits the shell's handler: forked after it, a SIGTERM that came before its exec ran the
+    # inherited handler, which the exec then dropped, and the sleep lived on (1 run in 6 at load 4).
+    plans.on_assign(assign("p1", "shell", {"cmd": "sleep 30 & trap 'echo saved; exit 3' TERM; echo ready; wait"}))
     msgs: list[Any] = []
 
     def said(line: str) -> bool:
