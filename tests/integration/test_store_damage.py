@@ -4,11 +4,14 @@ Plans are acknowledged by a running coordinator, the coordinator is killed -9, t
 are damaged (the ``-wal`` cut or deleted, with or without its generation file, a payload byte flipped), and the
 next start must refuse with one line and exit 3, or with ``--accept-store-loss`` start, log and count the loss on
 /metrics.
-The -wal deleted under a running coordinator stops it (exit 1) at the first commit 10 ms or more after the last check.
+The -wal deleted under a running coordinator stops it (exit 1) at the first commit 10 ms or more after the last check,
+or at the store's writer process's open when it starts after the deletion (SQLite's "disk I/O error" there): either
+way naming the deletion.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -22,8 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.io.stores.commit import GroupCommitter
+from coordinator.io.stores.integrity import StoreDamaged
+from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
+from coordinator.records import PlanCreated
 from fleetwire.sync import SyncClient
+from protocol.messages import Submit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -178,3 +186,34 @@ def test_wal_deleted_under_a_running_coordinator_stops_it(tmp_path: Path) -> Non
     submitter.join(timeout=30)
     assert not submitter.is_alive()
     assert rc == 1 and "was deleted while the coordinator was running" in err
+
+
+@pytest.mark.timeout(60)
+async def test_a_writer_process_that_opens_after_the_wal_was_deleted_stops_the_store_naming_the_deletion(
+    tmp_path: Path,
+) -> None:
+    """The writer process's open fails on the missing -wal with "disk I/O error": the store reports "was deleted"."""
+    store = SQLiteStore(tmp_path / DB_FILE)
+    try:
+        store.write([PlanCreated("p1", "alice", 1, Submit(req_id=1, op="echo", args={}, plan_id="p1"))])
+        (tmp_path / (DB_FILE + "-wal")).unlink()  # before the child opens the file (it recreates an empty -wal)
+        store.hand_writes_to_process()
+        released: list[int] = []
+        errors: list[BaseException] = []
+        failed = asyncio.Event()
+
+        def on_failure(exc: BaseException) -> None:
+            errors.append(exc)
+            failed.set()
+
+        # Every group through the writer thread to the child (none on the loop): the child's open is what fails.
+        committer: GroupCommitter[int] = GroupCommitter(store, released.append, on_failure, inline_max_records=0)
+        committer.start()
+        committer.submit([PlanCreated("p2", "alice", 2, Submit(req_id=2, op="echo", args={}, plan_id="p2"))], 2)
+        await asyncio.wait_for(failed.wait(), 30)
+        await committer.close()
+    finally:
+        store.close()
+    assert released == [] and len(errors) == 1
+    assert isinstance(errors[0], StoreDamaged), errors[0]
+    assert "-wal was deleted while the coordinator was running" in str(errors[0])

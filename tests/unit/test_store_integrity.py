@@ -145,16 +145,23 @@ def test_a_deleted_wal_after_a_crash_is_found_and_accepting_it_starts_from_the_f
     SQLiteStore(copy).close()  # accepted once: the generation file now follows the database
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
-def test_wal_deleted_or_replaced_under_a_running_store_stops_the_writer(tmp_path: Path, how: str) -> None:
-    """The -wal removed or swapped while running: the check after the next commit raises (no reply released)."""
+@pytest.mark.parametrize(("how", "said"), [("deleted", "deleted"), ("recreated", "deleted"), ("replaced", "replaced")])
+def test_wal_deleted_or_replaced_under_a_running_store_stops_the_writer(tmp_path: Path, how: str, said: str) -> None:
+    """The -wal removed or swapped while running: the check after the next commit raises (no reply released).
+
+    Deleted and then created anew at its name (as a writer process that opens the file after the deletion
+    does) is "deleted": the file the store writes into has no name left; renamed away, "replaced".
+    """
     store = fill(tmp_path / DB_FILE, n=1, close=False)
     wal = store.path.with_name(store.path.name + "-wal")
-    wal.unlink()
     if how == "replaced":
+        wal.rename(wal.with_name(wal.name + ".aside"))
+    else:
+        wal.unlink()
+    if how != "deleted":
         wal.write_bytes(b"")
     store.write([created("after", 99)])  # committed into the deleted file: its reply must not go out
-    with pytest.raises(StoreDamaged, match=f"-wal was {how} while the coordinator was running"):
+    with pytest.raises(StoreDamaged, match=f"-wal was {said} while the coordinator was running"):
         store.check_files()
     store.close()
 

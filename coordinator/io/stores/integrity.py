@@ -292,23 +292,36 @@ def write_generation(path: Path, generation: int) -> None:
 class FileWatch:
     """The identity (device, inode) of the ``-wal`` and ``-shm`` files of a database open for writing.
 
-    :meth:`problem` is one ``os.stat`` per file, called on the event loop after a commit.
+    :meth:`problem` is one ``os.stat`` per file, called on the event loop after a commit, and one
+    ``os.fstat`` of the ``-wal`` it saw, which it holds open (read-only): a ``-wal`` deleted and
+    then created anew at its name (by another connection's open, e.g. the store's writer process
+    starting after the deletion) is still reported as deleted, its old inode's link count 0. Only
+    the ``-wal``: closing a descriptor drops every POSIX lock of this process on that file, and
+    SQLite locks the ``-shm`` (never the ``-wal``). :meth:`close` closes it.
     """
 
     def __init__(self, path: Path) -> None:
         self.paths = sidecar_paths(path)
         self._ids: list[tuple[int, int] | None] = [None, None]
+        self._wal_fd: int | None = None
 
     def arm(self) -> None:
         """Remember the files as they are now (after a commit, when SQLite has created both)."""
         for i, p in enumerate(self.paths):
             if self._ids[i] is None:
                 with contextlib.suppress(FileNotFoundError):
-                    st = os.stat(p)
+                    if i == 0:  # the -wal: held open, its link count read by problem()
+                        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+                        st = os.fstat(fd)
+                        self._wal_fd = fd
+                    else:
+                        st = os.stat(p)
                     self._ids[i] = (st.st_dev, st.st_ino)
 
     def problem(self) -> str | None:
         """None while both files are the ones :meth:`arm` saw, else what happened to which."""
+        if self._wal_fd is not None and os.fstat(self._wal_fd).st_nlink == 0:
+            return f"{self.paths[0]} was deleted while the coordinator was running"
         for p, ident in zip(self.paths, self._ids, strict=True):
             if ident is None:
                 self.arm()  # SQLite creates them at the first commit at the latest
@@ -320,6 +333,12 @@ class FileWatch:
             if (st.st_dev, st.st_ino) != ident:
                 return f"{p} was replaced while the coordinator was running"
         return None
+
+    def close(self) -> None:
+        """Close the ``-wal`` held open (after the store's connection: see the class docstring)."""
+        fd, self._wal_fd = self._wal_fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def set_aside(path: Path, label: str) -> Path:

@@ -421,6 +421,7 @@ class SQLiteStore:
         self._db = None  # type: ignore[assignment]
         plans_rows, event_rows, unreadable = readable_rows(self.path)
         aside = set_aside(self.path, "damaged")
+        self._watch.close()
         self._watch = FileWatch(self.path)
         plans, damaged = decode_plans(plans_rows, event_rows)
         if self._marker is None:
@@ -558,23 +559,45 @@ class SQLiteStore:
         backup``; the writer thread, which may wait, gets the group instead.
         """
         child = self._child
-        if child is not None:
-            # Committed here, by this connection (no round trip to the child: two process wake-ups), while the
-            # child has nothing in flight; then the child is sent the keys before any later group. A writer
-            # process still starting reads the file as it finds it and then applies the keys held for it
-            # (applying a commit's keys twice changes nothing), so a lone commit never waits for its start.
-            if child.in_flight or not self._write(records, wait=False):
-                return False
-            child.send_keys(self.keys_message(), self.generation)
-            return True
-        return self.write_here(records, wait=False)
+        try:
+            if child is not None:
+                # Committed here, by this connection (no round trip to the child: two process wake-ups), while the
+                # child has nothing in flight; then the child is sent the keys before any later group. A writer
+                # process still starting reads the file as it finds it and then applies the keys held for it
+                # (applying a commit's keys twice changes nothing), so a lone commit never waits for its start.
+                if child.in_flight or not self._write(records, wait=False):
+                    return False
+                child.send_keys(self.keys_message(), self.generation)
+                return True
+            return self.write_here(records, wait=False)
+        except Exception as exc:
+            self._blame_moved_files(exc)
+            raise
 
     def write(self, records: Sequence[Record]) -> None:
         child = self._child
-        if child is not None:
-            self._write_in_child(child, records, wait=True)
-        else:
-            self.write_here(records, wait=True)
+        try:
+            if child is not None:
+                self._write_in_child(child, records, wait=True)
+            else:
+                self.write_here(records, wait=True)
+        except Exception as exc:
+            self._blame_moved_files(exc)
+            raise
+
+    def _blame_moved_files(self, exc: BaseException) -> None:
+        """Raise :class:`StoreDamaged` (from ``exc``, a failed write) when the ``-wal`` or ``-shm`` is gone or replaced.
+
+        Whichever connection meets the deleted ``-wal`` first fails with its own words: SQLite's "disk I/O error"
+        in a writer process that opens the file after the deletion (its ``-shm`` counts frames no ``-wal``
+        holds), while this connection commits on into the unlinked file until :meth:`check_files` runs. The
+        cause an operator can act on is the deletion: it is named, whichever path found it first.
+        """
+        if isinstance(exc, StoreDamaged):
+            return
+        moved = self._watch.problem()
+        if moved is not None:
+            raise StoreDamaged(self.path, moved) from exc
 
     def send(self, records: Sequence[Record], done: Callable[[BaseException | None], None]) -> None:
         """A group to the writer process, ``done`` called once it is committed (its ``sender`` ability).
@@ -590,9 +613,19 @@ class SQLiteStore:
         def committed(error: BaseException | None) -> None:
             if error is None:
                 self._counted(count)
+                done(None)
+                return
+            try:
+                self._blame_moved_files(error)
+            except StoreDamaged as damaged:
+                error = damaged
             done(error)
 
-        child.send(records, committed)
+        try:
+            child.send(records, committed)
+        except Exception as exc:
+            self._blame_moved_files(exc)
+            raise
 
     def drain(self) -> None:
         """Wait until every group :meth:`send` sent has been answered."""
@@ -871,6 +904,9 @@ class SQLiteStore:
             with contextlib.suppress(sqlite3.Error):
                 db.close()
             self._db = None  # type: ignore[assignment]
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.close()  # after the connection (FileWatch)
         if self._marker is not None:
             self._marker.close()
             self._marker = None
