@@ -34,6 +34,7 @@ from fleetwire import (
     PlanNotFound,
     RequestError,
     SyncClient,
+    options,
 )
 from fleetwire.client import resolve_url
 from protocol import errors as codes
@@ -424,6 +425,18 @@ async def test_duplicate_submit_returns_the_existing_plan(coordinator: FakeCoord
         assert await again.result() == 1
         assert [e.seq for e in await collect(again)] == [1, 2, 3, 4, 5]
     assert len(coordinator.plans) == 1
+
+
+@pytest.mark.parametrize("given", [None, ""])
+async def test_a_duplicate_of_the_id_the_sdk_made_is_not_a_duplicate_to_the_caller(
+    coordinator: FakeCoordinator, monkeypatch: pytest.MonkeyPatch, given: str | None
+) -> None:
+    """No plan id given (None or ""): the SDK's id coming back duplicate (its submit re-sent) is the caller's plan."""
+    monkeypatch.setattr(options, "new_plan_id", lambda: "sdk-made")
+    coordinator.plans["sdk-made"] = FakePlan(id="sdk-made", op="echo")  # as after a re-send the coordinator had
+    async with Client(coordinator.url, token=CLIENT_TOKEN) as client:
+        plan = await client.submit("echo", args=1, plan_id=given)
+    assert (plan.id, plan.duplicate) == ("sdk-made", False)
 
 
 async def test_json_encoding_round_trip(coordinator: FakeCoordinator) -> None:
