@@ -352,28 +352,26 @@ class Tracing:
 
     def start_each(self, name: str, parent: str, items: Sequence[T],
                    attributes_of: Callable[[T], dict[str, str | int | float | bool]], *,
-                   kind: str = "internal") -> list[LiveSpan | None] | None:  # fmt: skip
+                   kind: str = "internal") -> list[tuple[int, LiveSpan]]:  # fmt: skip
         """:meth:`start` with ``root=True`` for each of ``items`` (one span each, started now, its attributes
         ``attributes_of(item)``, called only for a sampled one), in one call: the client's submit spans of one batch.
         Under a ``parent`` the sampler decides once for all of them (they share it); without one each is a new
-        trace the sampler decides alone. None: none is sampled."""
+        trace the sampler decides alone. Returns the sampled ones, each with its place in ``items``, in order (empty:
+        none): at a ratio the work is in proportion to the sampled items, none for the others."""
         now = time.time_ns()
-        if parent:
-            if not self.sampler.child(parent):
-                return None
-            trace_id, parent_id = parent[3:35], parent[36:52]  # hex: the exporter parses it
-            return [LiveSpan(self, name, trace_id, parent_id, True, now, attributes_of(item), kind) for item in items]
-        root = self.sampler.root
-        if self.sampler.ratio >= 1.0:
-            return [LiveSpan(self, name, f"{root():032x}", 0, True, now, attributes_of(item), kind) for item in items]
-        spans: list[LiveSpan | None] | None = None
         sampler = self.sampler
-        for i in sampler.sampled_roots(len(items)):  # the unsampled ones cost nothing each
-            if spans is None:
-                spans = [None] * len(items)
-            spans[i] = LiveSpan(self, name, f"{sampler.sampled_id():032x}", 0, True, now, attributes_of(items[i]),
-                                kind)  # fmt: skip
-        return spans
+        if parent:
+            if not sampler.child(parent):
+                return []
+            trace_id, parent_id = parent[3:35], parent[36:52]  # hex: the exporter parses it
+            return [(i, LiveSpan(self, name, trace_id, parent_id, True, now, attributes_of(item), kind))
+                    for i, item in enumerate(items)]  # fmt: skip
+        if sampler.ratio >= 1.0:
+            root = sampler.root
+            return [(i, LiveSpan(self, name, f"{root():032x}", 0, True, now, attributes_of(item), kind))
+                    for i, item in enumerate(items)]  # fmt: skip
+        return [(i, LiveSpan(self, name, f"{sampler.sampled_id():032x}", 0, True, now, attributes_of(items[i]), kind))
+                for i in sampler.sampled_roots(len(items))]  # the unsampled ones cost nothing each  # fmt: skip
 
     def child(self, parent: LiveSpan, name: str, attributes: dict[str, str | int | float | bool] | None = None, *,
               kind: str = "internal") -> LiveSpan:  # fmt: skip

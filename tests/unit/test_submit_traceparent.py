@@ -36,13 +36,17 @@ def _client_tracing(monkeypatch: pytest.MonkeyPatch, sampler: str, ratio: str = 
         tracing.shutdown()
 
 
-def _batch(count: int = PLANS) -> tuple[list[str], list[LiveSpan | None]]:
-    """A batch's plans' traceparents as encoded (what the coordinator reads), and its submit spans."""
+def _batch(count: int = PLANS) -> tuple[list[str], list[str]]:
+    """A batch's plans' traceparents as encoded (what the coordinator reads), and what each plan's submit span says
+    it should carry ("": no span)."""
     spans: list[LiveSpan | None] = []
-    requests = submits.batch(ClientSession("msgpack"), "echo", list(range(count)), [None] * count,
-                             requirements=Requirements(), priority=0, timeout_s=None, max_attempts=3,
-                             max_inline_bytes=1 << 20, spans=spans)  # fmt: skip
-    return [COORDINATOR.decode(bytes(r.raw))[0].traceparent for r in requests], spans
+    ids = [f"p{i}" for i in range(count)]
+    requests = submits.batch(ClientSession("msgpack"), "echo", list(range(count)), ids, requirements=Requirements(),
+                             priority=0, timeout_s=None, max_attempts=3, max_inline_bytes=1 << 20,
+                             spans=spans)  # fmt: skip
+    by_plan = {span._attributes["fleetwire.plan_id"]: span.traceparent for span in spans if span is not None}
+    assert len(by_plan) == len(spans)
+    return [COORDINATOR.decode(bytes(r.raw))[0].traceparent for r in requests], [by_plan.get(i, "") for i in ids]
 
 
 def _context(span: Any, sampled: bool) -> str:
@@ -55,9 +59,9 @@ def test_at_a_ratio_a_sampled_plan_carries_its_spans_context_and_the_others_00(m
     every other plan "00"."""
     with _client_tracing(monkeypatch, "parentbased_traceidratio", "0.05"):
         carried, spans = _batch()
-        sampled = [span.traceparent for span in spans if span is not None]
+        sampled = [span for span in spans if span]
         assert 0 < len(sampled) < PLANS // 4 and len(set(sampled)) == len(sampled)
-        assert carried == [UNSAMPLED if span is None else span.traceparent for span in spans]
+        assert carried == [span or UNSAMPLED for span in spans]
         assert all(text.endswith("-01") for text in sampled)
 
 
@@ -68,8 +72,8 @@ def test_inside_a_sampled_span_every_plan_carries_its_own_child_span(monkeypatch
         with TracerProvider(sampler=ALWAYS_ON).get_tracer("app").start_as_current_span("request") as request:
             carried, spans = _batch()
         caller = _context(request, sampled=True)
-        assert all(span is not None for span in spans) and caller not in carried
-        assert carried == [span.traceparent for span in spans if span is not None]
+        assert all(spans) and caller not in carried
+        assert carried == spans
         assert {text[3:35] for text in carried} == {caller[3:35]}
 
 
@@ -78,13 +82,13 @@ def test_inside_an_unsampled_span_every_plan_carries_the_callers_context(monkeyp
     with _client_tracing(monkeypatch, "parentbased_always_on"):
         with TracerProvider(sampler=ALWAYS_OFF).get_tracer("app").start_as_current_span("request") as request:
             carried, spans = _batch()
-        assert spans == [] and carried == [_context(request, sampled=False)] * PLANS
+        assert spans == [""] * PLANS and carried == [_context(request, sampled=False)] * PLANS
 
 
 def test_with_tracing_off_a_plan_carries_the_callers_context_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the client's tracing off a plan carries the caller's context inside a span, else no traceparent."""
     monkeypatch.setattr(fleetwire.tracing, "_tracing", None)
-    assert _batch(3) == ([""] * 3, [])
+    assert _batch(3) == ([""] * 3, [""] * 3)
     with TracerProvider(sampler=ALWAYS_ON).get_tracer("app").start_as_current_span("request") as request:
         carried, spans = _batch(3)
-    assert spans == [] and carried == [_context(request, sampled=True)] * 3
+    assert spans == [""] * 3 and carried == [_context(request, sampled=True)] * 3

@@ -391,7 +391,8 @@ def test_the_exporter_process_posts_through_the_standard_exporters_client_with_i
 
 def test_start_each_decides_a_batch_once_under_a_parent_and_builds_attributes_only_for_sampled_spans() -> None:
     """Under a sampled parent every item gets a span, child of it; under an unsampled one none, and no attributes
-    are built; without a parent (ratio 0.5) each item is its own trace, decided alone."""
+    are built; without a parent (ratio 0.5) each item is its own trace, decided alone. Each sampled span comes with
+    its item's place."""
     environ = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}
     tracing = Tracing("fleetwire-client", exporter=_Counting(), environ=environ)
     built: list[int] = []
@@ -402,15 +403,15 @@ def test_start_each_decides_a_batch_once_under_a_parent_and_builds_attributes_on
 
     try:
         spans = tracing.start_each("s", SAMPLED, [1, 2, 3], attributes_of)
-        assert spans is not None and all(s is not None and s.traceparent[3:35] == TRACE for s in spans)
+        assert [i for i, _ in spans] == [0, 1, 2] and all(s.traceparent[3:35] == TRACE for _, s in spans)
         assert built == [1, 2, 3]
         built.clear()
-        assert tracing.start_each("s", UNSAMPLED, [1, 2], attributes_of) is None
+        assert tracing.start_each("s", UNSAMPLED, [1, 2], attributes_of) == []
         assert built == []
         roots = tracing.start_each("s", "", list(range(400)), attributes_of)
-        assert roots is not None and 120 < len(built) < 280
-        assert built == [i for i, s in enumerate(roots) if s is not None]
-        assert len({s.trace_id for s in roots if s is not None}) == len(built)
+        assert 120 < len(built) < 280
+        assert built == [i for i, _ in roots] and [s._attributes["item"] for _, s in roots] == built
+        assert len({s.trace_id for _, s in roots}) == len(built)
     finally:
         tracing.shutdown()
 
