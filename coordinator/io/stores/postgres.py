@@ -506,13 +506,7 @@ class PgStore:
                 await self._send_split(conn, group, *group.rest)
             return
         group = self._gather(records)
-        fresh_keys = await self._take_keys(conn, len(group.fresh_ids))
-        stored: dict[int, int] = {}
-        missing = self._encode_rows(group, fresh_keys, stored)
-        if missing:  # inline runs of plans whose chained checksum is only in the database
-            for key in missing:
-                stored[key] = await self._stored_events_crc(conn, key)
-            self._encode_rows(group, fresh_keys, stored)
+        await self._encoded(conn, group, await self._take_keys(conn, len(group.fresh_ids)))
         await self._send(conn, group)
         self._committed(group)
 
@@ -546,7 +540,8 @@ class PgStore:
                 raise
 
     async def _encoded(self, conn: Any, group: _Group, fresh_keys: list[int]) -> None:
-        """``group``'s rows (:meth:`_encode_rows`), the chained checksums only the database holds read first."""
+        """``group``'s rows (:meth:`_encode_rows`); encoded again once the chained checksums that only the database
+        holds are read (inline runs of plans whose checksum memory does not have)."""
         stored: dict[int, int] = {}
         missing = self._encode_rows(group, fresh_keys, stored)
         if missing:
