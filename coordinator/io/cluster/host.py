@@ -660,8 +660,8 @@ def _close_after(store: PgStore, loading: asyncio.Future[Any] | None) -> None:
     loop = asyncio.get_running_loop()
 
     def close(done: asyncio.Future[Any] | None = None) -> None:
-        if done is not None and not done.cancelled():
-            done.exception()  # retrieved: the load's failure does not matter any more
+        if done is not None:
+            _retrieved(done)  # the load's failure does not matter any more
         loop.run_in_executor(None, store.close)
 
     if loading is None or loading.done():
