@@ -5,10 +5,12 @@ unchanged one is not, a failing or hanging provider keeps the previous forecast 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -265,3 +267,40 @@ async def test_a_feed_closed_as_its_command_ends_stops(tmp_path: Path, monkeypat
         loop_task.cancel()
         await asyncio.wait([*closing, loop_task], timeout=3)
     assert done and loop_task.done(), "close() still waited for the feed's loop"
+
+
+async def test_a_command_whose_start_the_close_cancels_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close whose cancel lands as asyncio finishes starting the command (its pipes connected, the feed's task not
+    yet resumed inside create_subprocess_shell) kills what the command started: on 3.11 asyncio kills the shell only
+    (SIGKILL to its pid, not its group) and close() returned with the shell's child still running (CI on d0d9d30)."""
+    f = Fleet()
+    pid_file = tmp_path / "pid"
+    feed = f.feed(parse_source(f"cmd:sh -c 'echo $$ > {pid_file}; exec sleep 30'"), real_wall=True)
+    loop = asyncio.get_running_loop()
+    connect = loop.connect_read_pipe
+    closing: list[asyncio.Future[None]] = []
+    pipes = 0
+
+    async def connect_then_close(factory: Any, pipe: Any) -> Any:
+        """The real connect; after the command's second pipe (stderr, its last) and once the shell's child wrote its
+        pid, the close starts: its cancel reaches the feed before create_subprocess_shell returns."""
+        nonlocal pipes
+        connected = await connect(factory, pipe)
+        pipes += 1
+        if pipes == 2:
+            await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
+            closing.append(asyncio.ensure_future(feed.close()))
+        return connected
+
+    monkeypatch.setattr(loop, "connect_read_pipe", connect_then_close)
+    feed.start()
+    await until(lambda: bool(closing), timeout_s=10)
+    pid = int(await asyncio.to_thread(pid_file.read_text))
+    try:
+        await asyncio.wait_for(closing[0], 10)
+        await until(lambda: not alive(pid), timeout_s=5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # without the fix the sleep runs on: not past the test
+            os.kill(pid, signal.SIGKILL)

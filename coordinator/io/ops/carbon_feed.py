@@ -61,8 +61,13 @@ class CarbonFeed:
     """
 
     def __init__(
-        self, source: ForecastSource, core: Coordinator, flush: Callable[[], None], *,
-        wall: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic,
+        self,
+        source: ForecastSource,
+        core: Coordinator,
+        flush: Callable[[], None],
+        *,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
         timeout_s: float = FETCH_TIMEOUT_S,
     ) -> None:
         self.source = source
@@ -145,10 +150,7 @@ def _read_if_changed(path: str, feed: ForecastFeed) -> tuple[object, str | None]
 
 async def _run_command(command: str, timeout_s: float) -> tuple[str, str]:
     """(stdout, "") of a command that exited 0, else ("", why)."""
-    proc = await asyncio.create_subprocess_shell(
-        command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,  # a timeout kills what the shell started too (curl, a script's children)
-    )
+    proc = await _start_shell(command)
     try:  # not asyncio.wait_for: on 3.11 it loses the close's cancel that comes as the command ends (the feed's
         async with asyncio.timeout(timeout_s):  # loop then went on and close() waited for it for ever)
             out, err = await proc.communicate()
@@ -169,8 +171,44 @@ async def _run_command(command: str, timeout_s: float) -> tuple[str, str]:
     return out.decode(errors="replace"), ""
 
 
-async def _in_daemon_thread(fetch: Callable[[str, float], tuple[str, str]], url: str,
-                            timeout_s: float) -> tuple[str, str]:
+async def _start_shell(command: str) -> asyncio.subprocess.Process:
+    """The command's shell started in a session of its own; a cancel while it starts kills the session.
+
+    Cancelled inside ``create_subprocess_shell`` (the process forked, its pipes not yet handed back), asyncio (3.11)
+    SIGKILLs the shell's pid alone: what the shell had started (``sh -c``'s child, a pipeline) ran on past the feed's
+    close, which returned as soon as the shell was reaped when the pipes were connected already (CI on d0d9d30), or
+    waited for those processes to end when they were not. The start goes on shielded; on a cancel its whole session
+    is killed once it has started, even if the wait for that is cancelled in its turn.
+    """
+    start = asyncio.ensure_future(
+        asyncio.create_subprocess_shell(
+            command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # a timeout kills what the shell started too (curl, a script's children)
+        )
+    )
+    try:
+        return await asyncio.shield(start)
+    except asyncio.CancelledError:
+        start.add_done_callback(_kill_started)
+        await asyncio.wait([start])
+        if not start.cancelled() and start.exception() is None:
+            with contextlib.suppress(Exception):
+                await start.result().wait()
+        raise
+
+
+def _kill_started(start: asyncio.Future[asyncio.subprocess.Process]) -> None:
+    """Kill the session of a shell whose start its caller stopped waiting for (a start that failed started none)."""
+    if not start.cancelled() and start.exception() is None:
+        _kill_group(start.result().pid)
+
+
+async def _in_daemon_thread(
+    fetch: Callable[[str, float], tuple[str, str]], url: str, timeout_s: float
+) -> tuple[str, str]:
     """``fetch(url, timeout_s)`` in a daemon thread; cancelling the caller abandons the thread to its timeout."""
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[tuple[str, str]] = loop.create_future()
