@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -517,23 +518,29 @@ async def test_a_writer_process_that_cannot_start_stops_the_coordinator_start(
         await server.stop()
 
 
-def test_an_answer_after_the_loop_closed_is_dropped_not_raised_in_the_receiver(tmp_path: Path) -> None:
-    """A group answered once the committer's loop is closed (a store closed with groups in flight) raises nothing."""
+def test_a_store_closed_after_its_committers_loop_ended_takes_its_pipes_off_that_loop(tmp_path: Path) -> None:
+    """The loop that served the child's pipes ended without the committer's close: the store's close still ends
+    the child (status 0) and leaves nothing registered on that loop; the group sent before was committed."""
     store = SQLiteStore(tmp_path / DB_FILE)
+    store.hand_writes_to_process()
     seen = Released()
-    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail)
+    committer: GroupCommitter[int] = GroupCommitter(store, seen, seen.fail, inline_max_records=0)
+    loop = asyncio.new_event_loop()
 
-    async def started_and_closed() -> None:
+    async def sent() -> None:
         committer.start()
-        await committer.close()
+        committer.submit(plan("p1", 1), 1)
+        await released(seen, 1)
 
-    asyncio.run(started_and_closed())  # the committer's loop, now closed
     try:
-        committer._sent_done(1, None)
-        committer._sent_done(2, StoreError("the child is gone"))
-        assert seen == [] and seen.errors == []
-    finally:
+        loop.run_until_complete(sent())
+        child = store._child
+        assert child is not None and child._loop is loop
         store.close()
+        assert child._loop is None and child.process.returncode == 0 and seen == [1] and not seen.errors
+        assert {child._in, child._out}.isdisjoint(loop._selector.get_map())  # type: ignore[attr-defined]
+    finally:
+        loop.close()
 
 
 def test_the_childs_store_keeps_the_parents_bytes_and_updates_one_row_a_step(tmp_path: Path) -> None:
@@ -593,3 +600,38 @@ def test_a_busy_groups_request_and_its_reply_each_cross_the_pipe_in_one_system_c
     assert errors == [None] and store.generation == 1
     assert calls.count(("write", child._out)) == 1
     assert calls.count(("read", child._in)) == 1
+
+
+async def test_busy_groups_go_to_the_child_from_the_loop_with_no_writer_or_receiver_thread(store: SQLiteStore) -> None:
+    """Process mode: a busy group is written by the loop and its reply read there; no thread of the store's runs."""
+    seen, committer = started(store, inline_max_records=0)
+    for n in range(1, 4):
+        committer.submit(plan(f"p{n}", n), n)
+    await released(seen, 3)
+    assert seen == [1, 2, 3] and not seen.errors and store.generation >= 1
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("fleetwire-store")]
+    await committer.close()
+
+
+async def test_groups_the_pipe_has_no_room_for_wait_off_the_loop_and_are_committed_in_order(
+    store: SQLiteStore,
+) -> None:
+    """The child stopped with ~3 MiB of groups sent: the loop never blocks on the full pipe (a timer still runs),
+    and once the child goes on every group is committed and released in order."""
+    seen, committer = started(store, inline_max_records=0)
+    child = ready_child(store)
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        big = {"blob": "x" * 300_000}
+        for n in range(1, 11):
+            committer.submit([Event(plan_id="none", kind="log", data=big, seq=n)], n)
+        assert len(child._unsent) > 0  # the pipe (1 MiB) is full: the rest waits for add_writer
+        ticked = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.05, ticked.set)
+        await asyncio.wait_for(ticked.wait(), 5)  # the loop turns meanwhile
+        assert seen == []
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    await released(seen, 10)
+    assert seen == list(range(1, 11)) and not seen.errors and not child._unsent
+    await committer.close()

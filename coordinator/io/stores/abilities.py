@@ -25,7 +25,7 @@ ability            what it is for (who uses it)                      SQLite    P
                    (server, ``--store-writer process``, the default;
                    coordinator/io/stores/writer_process.py)
 ``sender``         groups sent without waiting, each one's commit    yes [3]_  -
-                   reported back (GroupCommitter's writer thread)
+                   reported back (GroupCommitter, on the loop)
 =================  ================================================  ========  ==========
 
 .. [1] Not a shard's own store in a cluster host (``ShardPgStore``): the host keeps those.
@@ -47,6 +47,8 @@ from coordinator.ledger import UsageRow
 from coordinator.records import Record, StoredPlan
 
 if TYPE_CHECKING:
+    import asyncio
+
     from coordinator.io.cluster.leases import LeaseStore
     from coordinator.io.stores.pg_commit import PipelinedCommitter
 
@@ -71,6 +73,15 @@ class GroupSender(Protocol):
 
     def drain(self) -> None:
         """Wait until every group sent has had its ``done``."""
+
+    def serve_on(self, loop: asyncio.AbstractEventLoop, notify: Callable[[], None]) -> None:
+        """Send on ``loop``'s thread from now on: each ``done`` runs there (then ``notify()``), never waits."""
+
+    def poll_commits(self) -> None:
+        """On the loop after :meth:`serve_on`: the commits answered so far reported now, without waiting."""
+
+    def leave_loop(self) -> None:
+        """Undo :meth:`serve_on` (on the loop's thread)."""
 
 
 @dataclass(frozen=True, slots=True)

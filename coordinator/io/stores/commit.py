@@ -12,14 +12,19 @@ transaction and writes them as one transaction: while a commit is being fsynced,
 group builds up, so the fsync rate stays at what the disk does whatever the message rate.
 With a non-blocking store (memory) ``submit`` writes at once and releases at once.
 A store with a ``sender`` (SQLite whose writes were handed to its writer process,
-``--store-writer process``, coordinator/io/stores/writer_process.py) is not waited on: the
-thread sends each group and takes the next from its queue; the store's receiving thread reports
-each commit (:meth:`GroupCommitter._sent_done`), in order, and the child merges the groups that
-wait in its pipe into one transaction. Its inline commits (below) are still the loop's, by the
+``--store-writer process``, coordinator/io/stores/writer_process.py) has no writer thread: the
+loop itself sends each group as it is submitted (encoded and written to the child's pipe,
+never waiting: what the pipe has no room for goes when it has), and reads the replies itself
+(the pipe's ``add_reader`` while it waits, and a look at the pipe in :meth:`GroupCommitter.reported`
+and :meth:`GroupCommitter.reap` while it runs a frame), each commit reported in order
+(:meth:`GroupCommitter._sent_done`); the child merges the groups that wait in its pipe into one
+transaction. The writer thread's wake-up and the receiver thread's, each waiting up to a switch
+interval for the busy loop's GIL, were ~2-3 ms of a part's commit and left the loop asleep with
+frames held for a commit (docs/PERFORMANCE.md §D29b). Its inline commits (below) are still the loop's, by the
 coordinator's own connection: the store has applied the keys of every group reported before
 (writer_process.py), and an inline commit is made only once every earlier group is reported.
 
-Releases between parts (issue 29). A commit is reported to the loop with ``call_soon_threadsafe``,
+Releases between parts (issue 29). A writer thread's commit is reported to the loop with ``call_soon_threadsafe``,
 whose callback runs behind everything the loop has queued in its turn: the other sessions' frames,
 each a part of up to ``DURABLE_PART_MESSAGES`` (coordinator/io/frontdoor/core_driver.py), 10-20 ms
 on a busy coordinator. The reporting thread also notes the newest ticket committed, and
@@ -163,12 +168,21 @@ class GroupCommitter(Backlog[T]):
         self._inline_slow_s = inline_slow_s
         self.inline_commits = 0  # groups committed on the loop
         self._sender: GroupSender | None = None
+        # A writer process's groups sent and answered on the loop (GroupSender.serve_on): no writer thread.
+        self._direct = False
+        self._sent = 0  # the newest ticket sent to it
+        self._polling = False  # in reported()/reap()'s look at its pipe: they release what it found themselves
+        self._answered: asyncio.Event | None = None  # close(): set at each answer or failure
 
     def start(self) -> None:
         """Start the writer thread (a blocking store only); call on the event loop."""
-        if self.store.blocking and self._thread is None:
+        if self.store.blocking and self._thread is None and not self._direct:
             self._loop = asyncio.get_running_loop()
             self._sender = self.store.abilities.sender  # a writer process: groups sent without waiting
+            if self._sender is not None:  # ... by the loop itself, its replies read there (module docstring)
+                self._sender.serve_on(self._loop, self._answered_now)
+                self._direct = True
+                return
             self._switch_was = sys.getswitchinterval()
             sys.setswitchinterval(min(self._switch_was, WRITER_SWITCH_INTERVAL_S))  # module docstring: GIL hand-backs
             self._thread = threading.Thread(target=self._write_forever, name="fleetwire-store-writer", daemon=True)
@@ -182,7 +196,7 @@ class GroupCommitter(Backlog[T]):
         if self.failed is not None:
             return
         self.batches += 1
-        if self._thread is None:
+        if self._thread is None and not self._direct:
             try:
                 self.store.write(records)
             except Exception as exc:
@@ -209,10 +223,13 @@ class GroupCommitter(Backlog[T]):
             self._inline_bytes = size
             self._loop.call_soon(self._commit_inline)
             return
-        self._queue.put((ticket, records))
+        self._hand(ticket, records)
 
     async def close(self) -> None:
         """Write what is queued, release it, and stop the writer thread."""
+        if self._direct:
+            await self._close_direct()
+            return
         thread = self._thread
         if thread is None:
             return
@@ -224,11 +241,35 @@ class GroupCommitter(Backlog[T]):
             sys.setswitchinterval(self._switch_was)
         await asyncio.sleep(0)  # let the last call_soon_threadsafe(_done) run
 
+    async def _close_direct(self) -> None:
+        """close() with a writer process served on the loop: what is gathered is sent, every answer awaited."""
+        assert self._sender is not None
+        self._commit_inline(on_loop=False)
+        self._answered = asyncio.Event()
+        while self._reported < self._sent and self.failed is None:
+            self._answered.clear()
+            await self._answered.wait()
+        self.reap()
+        self._sender.leave_loop()
+        self._direct = False
+
+    def _hand(self, ticket: int, records: Sequence[Record]) -> None:
+        """A group (every batch up to ``ticket``) to the writer: its thread's queue, or sent to the writer process."""
+        if not self._direct:
+            self._queue.put((ticket, records))
+            return
+        assert self._sender is not None
+        self._sent = ticket
+        try:
+            self._sender.send(records, partial(self._sent_done, ticket))
+        except Exception as exc:
+            self._fail(exc)
+
     # ------------------------------------------------------------------ writer thread
 
     def _write_forever(self) -> None:
         assert self._loop is not None
-        loop, store, q, sender = self._loop, self.store, self._queue, self._sender
+        loop, store, q = self._loop, self.store, self._queue
         while True:
             item = q.get()
             stop = item is _STOP
@@ -246,37 +287,41 @@ class GroupCommitter(Backlog[T]):
                 stop = item is _STOP
             if ticket:
                 try:
-                    if sender is not None:
-                        sender.send(group, partial(self._sent_done, ticket))
-                    else:
-                        store.write(group)
+                    store.write(group)
                 except Exception as exc:
                     loop.call_soon_threadsafe(self._fail, exc)
                     return
-                if sender is None:
-                    self._reported = ticket
-                    loop.call_soon_threadsafe(self._done, ticket)
+                self._reported = ticket
+                loop.call_soon_threadsafe(self._done, ticket)
             if stop:
-                if sender is not None:
-                    sender.drain()  # close() returns once every group sent is answered
                 return
 
-    def _sent_done(self, ticket: int, error: BaseException | None) -> None:
-        """A group sent to the store's ``sender`` was answered (in the sender's receiving thread).
+    # ------------------------------------------------------------------ a writer process, on the loop
 
-        The loop may be closed by then: a store closed with groups in flight (a failure path; the server
-        drains the committer first) answers them as its child ends, and there is nobody left to release to.
-        """
-        assert self._loop is not None
-        try:
-            if error is None:
-                self._reported = ticket
-                self._loop.call_soon_threadsafe(self._done, ticket)
-            else:
-                self._loop.call_soon_threadsafe(self._fail, error)
-        except RuntimeError:  # the loop is closed
-            if not self._loop.is_closed():
-                raise
+    def _sent_done(self, ticket: int, error: BaseException | None) -> None:
+        """A group sent to the store's ``sender`` was answered (on the loop: ``GroupSender.serve_on``)."""
+        if error is not None:
+            self._fail(error)
+        elif ticket > self._reported:
+            self._reported = ticket
+
+    def _answered_now(self) -> None:
+        """The writer process answered groups (its pipe was readable): released now, unless a look of
+        :meth:`reported` or :meth:`reap` found them (they release them, or their caller does)."""
+        if self._answered is not None:
+            self._answered.set()
+        if not self._polling:
+            self.reap()
+
+    def _look(self) -> None:
+        """The writer process's answers read now, without waiting (a system call only while groups are out)."""
+        if self._direct and self._sent > self._reported and self.failed is None:
+            assert self._sender is not None
+            self._polling = True
+            try:
+                self._sender.poll_commits()
+            finally:
+                self._polling = False
 
     # ------------------------------------------------------------------ on the loop
 
@@ -291,7 +336,7 @@ class GroupCommitter(Backlog[T]):
             not on_loop or self._inline_size > self._inline_max or self._inline_bytes > self._inline_max_bytes
             or self._try_write is None
         ):
-            self._queue.put((ticket, records))
+            self._hand(ticket, records)
             return
         started = time.monotonic()
         try:
@@ -301,7 +346,7 @@ class GroupCommitter(Backlog[T]):
             return
         if not written:  # another connection holds the database: the thread waits for it, not the loop
             self._inline_off_until = started + INLINE_COOLDOWN_S
-            self._queue.put((ticket, records))
+            self._hand(ticket, records)
             return
         took = time.monotonic() - started
         self._inline_avg_s += (took - self._inline_avg_s) * 0.2
@@ -315,10 +360,12 @@ class GroupCommitter(Backlog[T]):
 
     def reported(self) -> bool:
         """Whether the writer reported a commit not yet released (:meth:`reap` would release something)."""
+        self._look()
         return self._reported > self._committed
 
     def reap(self) -> None:
         """Release now what the writer reported committed whose callback has not run yet (module docstring)."""
+        self._look()
         reported = self._reported
         if reported > self._committed and self.failed is None:
             self._done(reported)
@@ -338,4 +385,6 @@ class GroupCommitter(Backlog[T]):
         self.committed(ticket)
 
     def _fail(self, exc: BaseException) -> None:
+        if self._answered is not None:
+            self._answered.set()
         self.fail(exc)

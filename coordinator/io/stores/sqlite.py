@@ -46,6 +46,7 @@ dropped in :attr:`SQLiteStore.losses`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import operator
@@ -288,7 +289,7 @@ class SQLiteStore:
 
         After the open and the load (the server calls it before its committer starts): the
         process reads the write-side keys from the file. Both keep them from then on: each reply
-        of the child carries its commit's keys (:meth:`apply_keys`, in the receiver thread, before
+        of the child carries its commit's keys (:meth:`apply_keys`, where the replies are read, before
         the commit is reported), and an inline commit here (:meth:`try_write`, only while nothing
         is in flight) sends the child its own (:meth:`keys_message`) before any later group.
 
@@ -631,6 +632,26 @@ class SQLiteStore:
         """Wait until every group :meth:`send` sent has been answered."""
         if self._child is not None:
             self._child.drain()
+
+    def serve_on(self, loop: asyncio.AbstractEventLoop, notify: Callable[[], None]) -> None:
+        """:meth:`send` on ``loop``'s thread from now on, each commit reported there (``WriterProcess.serve_on``).
+
+        Raises:
+            StoreError: the writes were never handed to a process.
+        """
+        if self._child is None:
+            raise StoreError(f"the store {self.path} has no writer process")
+        self._child.serve_on(loop, notify)
+
+    def poll_commits(self) -> None:
+        """On the loop (after :meth:`serve_on`): the commits the writer process answered so far, reported now."""
+        if self._child is not None:
+            self._child.poll()
+
+    def leave_loop(self) -> None:
+        """Undo :meth:`serve_on` (on the loop's thread)."""
+        if self._child is not None:
+            self._child.leave()
 
     def _write_in_child(self, child: WriterProcess, records: Sequence[Record], *, wait: bool) -> bool:
         if not child.write(records, wait=wait):

@@ -11,11 +11,13 @@ checks (lock file, ``quick_check``, migrations, generation side file) and loads 
 always, then hands its writes over (:meth:`SQLiteStore.hand_writes_to_process`): from then on
 every group the writer thread takes is a request to the child. The committer
 (coordinator/io/stores/commit.py) keeps its ticketing, ordering and inline commits. Its writer
-thread *sends* each group (:meth:`WriterProcess.send`, the store's ``sender`` ability) and goes
-back to its queue at once; a receiver thread reads the replies (``os.read``, the GIL released)
-and reports each group's commit, in order. The child commits the requests that waited in its
-pipe while it committed the last one as one transaction (group commit where the fsync is), so
-the next group is already there when a commit ends: no round trip through the parent's GIL
+loop *sends* each group (:meth:`WriterProcess.send`, the store's ``sender`` ability, served on
+the loop: :meth:`WriterProcess.serve_on`) and goes on at once; the loop reads the replies too
+(the pipe's ``add_reader``, or :meth:`WriterProcess.poll` while it runs a frame) and reports
+each group's commit, in order. Without ``serve_on`` (a caller off any loop: tests, benches) the
+caller's thread sends and a receiver thread reads the replies (``os.read``, the GIL released).
+The child commits the requests that waited in its pipe while it committed the last one as one
+transaction (group commit where the fsync is), so the next group is already there when a commit ends: no round trip through the parent's GIL
 between two commits. An idle writer's small group is still committed on the loop, by the
 parent's own connection (``try_write``, only while nothing is in flight): a round trip to the
 child cost two process wake-ups, ~0.1 ms a commit (bench/store_split.py, docs/PERFORMANCE.md).
@@ -27,8 +29,8 @@ plan's running events checksum is read from its row the first time it is needed)
 parent's lock file. Two connections commit, one at a time: the child while groups are in flight,
 the parent while none is. Each keeps the keys, and each tells the other what its commit changed
 (``SQLiteStore.keys_message``, msgpack ``[generation, next rowid, {fresh plan: rowid}, {plan:
-events checksum}, [ended], [forgotten]]``): the child in its reply, which the receiver thread
-applies (``on_keys``) before it reports the commit, so the loop's next inline commit, made only
+events checksum}, [ended], [forgotten]]``): the child in its reply, which the loop (or the receiver
+thread) applies (``on_keys``) before it reports the commit, so the loop's next inline commit, made only
 once every reply is in, builds on it; the parent in a keys request, written in front of the next
 group (:meth:`WriterProcess.send_keys`), which the child applies before it reads that group.
 The generation side file is written by whichever side committed.
@@ -62,6 +64,7 @@ variables Python and the locale need (:data:`_ENV_KEPT`), no token.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -71,6 +74,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -143,7 +147,7 @@ class WriterProcess:
             both processes are gone, so a coordinator started after this one's death never opens the file
             while its writer still lives.
         on_keys: called with each commit's keys (a reply's msgpack, ``SQLiteStore.apply_keys``) before the
-            commit is reported: in the receiver thread for :meth:`send`'s groups, in the caller's for :meth:`write`.
+            commit is reported: where the replies are read for :meth:`send`'s groups, in the caller's for :meth:`write`.
 
     Call it on a thread that lives as long as the process (the event loop's): Linux sends the
     parent-death signal when the thread that started the child ends.
@@ -197,6 +201,12 @@ class WriterProcess:
         self._waiting: deque[Callable[[BaseException | None], None]] = deque()  # sent, not yet answered
         self._receiver: threading.Thread | None = None
         self._closing = False
+        # On the loop (serve_on): requests written and replies read by the event loop's thread, no thread of ours.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._notify: Callable[[], None] | None = None  # after replies were handled there (the committer's reap)
+        self._unsent = bytearray()  # requests the pipe had no room for yet (loop.add_writer sends them)
+        self._overdue: asyncio.TimerHandle | None = None  # the stuck check while groups wait for their reply
+        self._answered_at = 0.0  # the last reply's time, or the first send's since nothing waited (monotonic)
 
     @property
     def pid(self) -> int:
@@ -234,12 +244,13 @@ class WriterProcess:
         if not self.ready:
             self.wait_ready()
         with self._cond:
-            if self._waiting:  # the receiver thread reads the replies now
+            if self._waiting:  # the receiver thread (or the loop's reader) reads the replies now
                 if not wait:
                     return False
                 raise StoreError(f"the store's writer process for {self.path}: a commit is in flight")
             body = _encode_group(self._encoder, records)
             self._send(body, int(wait))
+            self._flush_unsent()
             generation, count, keys = self._reply(self.reply_timeout_s)
             if generation == BUSY and not wait:
                 return False
@@ -276,7 +287,7 @@ class WriterProcess:
         self._send(b"", -1)  # only what is held
 
     def send(self, records: Sequence[Record], done: Callable[[BaseException | None], None]) -> None:
-        """Send a group and return: ``done(None)`` is called (from the receiver thread) once it is committed, or
+        """Send a group and return: ``done(None)`` is called (where the replies are read) once it is committed, or
         ``done(error)`` when it, or one before it, failed. Groups are committed and ``done`` called in send order;
         the child merges the groups waiting in its pipe into one transaction.
 
@@ -285,6 +296,18 @@ class WriterProcess:
         """
         if self._failed is not None:
             raise StoreError(self._failed)
+        if self._loop is not None:  # on the loop: never waits (its ready reply is read as the replies are)
+            body = _encode_group(self._encoder, records)
+            if not self._waiting:  # the stuck check, from now
+                self._answered_at = time.monotonic()
+                if self._overdue is not None:
+                    self._overdue.cancel()
+                self._overdue = self._loop.call_later(self.reply_timeout_s, self._check_overdue)
+            self._waiting.append(done)
+            self._send(body, 1)
+            if self._buffer:  # replies read before this group was sent (a stray one fails it): looked at now
+                self._loop.call_soon(self.poll)
+            return
         if not self.ready:
             self.wait_ready()
         body = _encode_group(self._encoder, records)
@@ -306,12 +329,185 @@ class WriterProcess:
                     held = b"".join(self._keys_held)
                     self._keys_held.clear()
                     self._keys_held_bytes = 0
-                if kind < 0:
+                if self._loop is not None:
+                    self._write_soon(held, body, kind)
+                elif kind < 0:
                     send_all(self._out, held)
                 else:
                     _send_request(self._out, body, kind, held)
         except OSError as exc:
             self._fail(f"{self._exit_status()} ({exc})")
+
+    # ------------------------------------------------------------------ on the event loop (serve_on)
+
+    def serve_on(self, loop: asyncio.AbstractEventLoop, notify: Callable[[], None]) -> None:
+        """From now on :meth:`send` writes on ``loop``'s thread and the replies are read there: no thread of ours.
+
+        A group's request is written by the caller (the pipe's end non-blocking; what it has no room for goes
+        when it has, ``loop.add_writer``) and its reply read when the pipe is readable (``loop.add_reader``) or
+        when :meth:`poll` is called; each ``done`` runs on the loop, then ``notify()``. The writer thread's
+        hand-over (its wake-up, ~1 ms waiting for the busy loop's GIL) and the receiver thread's (the same, and
+        the loop woken again by ``call_soon_threadsafe``) are gone from a group's commit (docs/PERFORMANCE.md
+        §D29b). Call on ``loop``'s thread, before any :meth:`send`; :meth:`leave` undoes it.
+        """
+        self._loop, self._notify = loop, notify
+        os.set_blocking(self._out, False)
+        os.set_blocking(self._in, False)
+        loop.add_reader(self._in, self.poll)
+
+    def leave(self) -> None:
+        """Stop serving on the loop (on its thread): what is unsent is written and the pipes block again."""
+        loop = self._loop
+        if loop is None:
+            return
+        if self._overdue is not None:
+            self._overdue.cancel()
+            self._overdue = None
+        with contextlib.suppress(ValueError, OSError):  # the pipe closed already (a failed child)
+            loop.remove_reader(self._in)
+            loop.remove_writer(self._out)
+        self._loop = self._notify = None
+        with contextlib.suppress(OSError):
+            os.set_blocking(self._out, True)
+            os.set_blocking(self._in, True)
+            if self._unsent and self._failed is None:
+                send_all(self._out, bytes(self._unsent))
+        self._unsent.clear()
+
+    def _write_soon(self, held: bytes, body: bytes, kind: int) -> None:
+        """On the loop: ``held`` and one request (kind -1: none) written now as far as the pipe has room, the rest
+        kept in order for ``add_writer`` (one ``writev`` either way: no copy of a large body when it fits)."""
+        parts = (held,) if kind < 0 else (held + REQUEST_HEADER.pack(len(body), kind), body)
+        if self._unsent:
+            self._unsent += b"".join(parts)
+            return
+        try:
+            sent = os.writev(self._out, parts)
+        except BlockingIOError:
+            sent = 0
+        left = sum(map(len, parts)) - sent
+        if left:
+            self._unsent += b"".join(parts)[-left:]
+            assert self._loop is not None
+            self._loop.add_writer(self._out, self._writable)
+
+    def _flush_unsent(self) -> None:
+        """What the pipe had no room for, written now, waiting for room (:meth:`write` waits for its reply next)."""
+        while self._unsent:
+            select.select([], [self._out], [], self.reply_timeout_s)
+            with contextlib.suppress(BlockingIOError):
+                del self._unsent[: os.write(self._out, self._unsent)]
+        if self._loop is not None:
+            self._loop.remove_writer(self._out)
+
+    def _leave_from_any_thread(self) -> None:
+        """:meth:`leave`, on the loop's thread when that loop runs in another one (a store closed in a thread)."""
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop or loop.is_closed() or not loop.is_running():
+            self.leave()
+            return
+        left = threading.Event()
+
+        def leave() -> None:
+            self.leave()
+            left.set()
+
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(leave)
+        if not left.wait(5.0):
+            log.error("the store's writer process: its pipes were not taken off the event loop", pid=self.process.pid)
+
+    def _writable(self) -> None:
+        try:
+            sent = os.write(self._out, self._unsent)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._fail_waiting(f"{self._exit_status()} ({exc})")
+            return
+        del self._unsent[:sent]
+        if not self._unsent and self._loop is not None:
+            self._loop.remove_writer(self._out)
+
+    def poll(self) -> None:
+        """On the loop: read what replies the pipe holds, without waiting, and answer their groups, in order."""
+        if self._loop is None:
+            return
+        try:
+            while True:
+                data = os.read(self._in, _READ_BYTES)
+                if not data:  # the child closed its end: exited or killed
+                    self._fail(self._exit_status())
+                self._buffer = self._buffer + data if self._buffer else data
+                if len(data) < _READ_BYTES:
+                    break
+        except BlockingIOError:
+            pass
+        except StoreError as exc:
+            self._fail_waiting(exc)
+            return
+        except OSError as exc:
+            self._fail_waiting(f"{self._exit_status()} ({exc})")
+            return
+        answered = False
+        try:
+            if not self.ready and self._whole_reply():
+                self.wait_ready()
+            while self._waiting and self._whole_reply():
+                generation, count, keys = self._reply(0)
+                self._check(generation, count, len(self._waiting), keys)
+                for _ in range(count):
+                    self._waiting.popleft()(None)
+                answered = True
+        except StoreError as exc:
+            self._fail_waiting(exc)
+            return
+        if answered:
+            self._answered_at = time.monotonic()
+            assert self._notify is not None
+            self._notify()
+
+    def _whole_reply(self) -> bool:
+        """Whether the bytes read hold a whole reply (its header, then its keys or its error's text)."""
+        buffer = self._buffer
+        if len(buffer) < REPLY_HEADER.size:
+            return False
+        value, count, size = REPLY_HEADER.unpack_from(buffer)
+        return len(buffer) >= REPLY_HEADER.size + int(count if value == FAILED else size)
+
+    def _check_overdue(self) -> None:
+        """The stuck check on the loop (the receiver thread's reply timeout): no reply for ``reply_timeout_s``."""
+        self._overdue = None
+        if not self._waiting or self._loop is None or self._failed is not None:
+            return
+        late_s = time.monotonic() - self._answered_at
+        if late_s < self.reply_timeout_s:
+            self._overdue = self._loop.call_later(self.reply_timeout_s - late_s, self._check_overdue)
+            return
+        try:
+            self._fail(f"no answer in {self.reply_timeout_s:g} s (stuck)")
+        except StoreError as exc:
+            self._fail_waiting(exc)
+
+    def _fail_waiting(self, error: StoreError | str) -> None:
+        """On the loop: the child failed; every group waiting is answered with the error, the pipe no longer read."""
+        if isinstance(error, str):
+            try:
+                self._fail(error)
+            except StoreError as exc:
+                error = exc
+        assert isinstance(error, StoreError)
+        finished = list(self._waiting)
+        self._waiting.clear()
+        self.leave()
+        for done in finished:
+            done(error)
 
     def drain(self) -> None:
         """Wait until every group sent has its reply (its ``done`` called), or the child failed."""
@@ -385,7 +581,11 @@ class WriterProcess:
         """The next ``size`` bytes of the replies, read in pieces of what the pipe holds (blocking); None at its end."""
         buffer = self._buffer
         while len(buffer) < size:
-            data = os.read(self._in, max(size - len(buffer), _READ_BYTES))
+            try:
+                data = os.read(self._in, max(size - len(buffer), _READ_BYTES))
+            except BlockingIOError:  # on the loop (serve_on): a reply waited for in full (write, wait_ready)
+                self._poll.poll()
+                continue
             if not data:
                 self._buffer = buffer
                 return None
@@ -416,6 +616,7 @@ class WriterProcess:
 
     def close(self, timeout_s: float = 10.0) -> None:
         """End the child: its stdin closed, it closes the file and exits (killed if it does not in time)."""
+        self._leave_from_any_thread()
         with self._cond:
             self._closing = True
             self._cond.notify_all()
