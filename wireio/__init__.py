@@ -5,6 +5,8 @@
 * chunkwrite: a relayed download's chunks written and hashed in two threads of their own;
 * listening: a listener's discipline (fd limit, ``TCP_DEFER_ACCEPT``, repeats per host), shared by
   the coordinator's ports and the worker's data endpoint;
+* spawn: a child process started so that a cancel during its start never leaves what it started
+  running (the coordinator's carbon feed, the worker's commands);
 * wsbulk: big binary websocket frames sent and received past the websockets library's copies
   (the relayed chunks of the worker, the SDK and the coordinator's I/O layer).
 

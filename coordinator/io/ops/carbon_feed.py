@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from coordinator.carbon_time import FeedOutcome, ForecastFeed, ForecastSource
+from wireio.spawn import started
 
 if TYPE_CHECKING:
     from coordinator.core import Coordinator
@@ -159,9 +160,7 @@ async def _run_command(command: str, timeout_s: float) -> tuple[str, str]:
         await proc.communicate()  # the pipes are drained and closed: their writers are dead
         return "", f"carbon forecast command {command!r} took more than {timeout_s:g} s; killed"
     except asyncio.CancelledError:  # the coordinator stops: the command does not outlive it
-        _kill_group(proc.pid)
-        with contextlib.suppress(Exception):
-            await proc.wait()
+        await _killed(proc)
         raise
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip()[-300:]
@@ -172,38 +171,26 @@ async def _run_command(command: str, timeout_s: float) -> tuple[str, str]:
 
 
 async def _start_shell(command: str) -> asyncio.subprocess.Process:
-    """The command's shell started in a session of its own; a cancel while it starts kills the session.
+    """The command's shell started in a session of its own; a cancel while it starts kills that session.
 
-    Cancelled inside ``create_subprocess_shell`` (the process forked, its pipes not yet handed back), asyncio (3.11)
-    SIGKILLs the shell's pid alone: what the shell had started (``sh -c``'s child, a pipeline) ran on past the feed's
-    close, which returned as soon as the shell was reaped when the pipes were connected already (CI on d0d9d30), or
-    waited for those processes to end when they were not. The start goes on shielded; on a cancel its whole session
-    is killed once it has started, even if the wait for that is cancelled in its turn.
+    Cancelled inside ``create_subprocess_shell``, asyncio (3.11) SIGKILLs the shell's pid alone: what the shell had
+    started (``sh -c``'s child, a pipeline) ran on past the feed's close (CI on d0d9d30; wireio/spawn.py).
     """
-    start = asyncio.ensure_future(
-        asyncio.create_subprocess_shell(
-            command,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # a timeout kills what the shell started too (curl, a script's children)
-        )
+    start = asyncio.create_subprocess_shell(
+        command,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,  # a timeout kills what the shell started too (curl, a script's children)
     )
-    try:
-        return await asyncio.shield(start)
-    except asyncio.CancelledError:
-        start.add_done_callback(_kill_started)
-        await asyncio.wait([start])
-        if not start.cancelled() and start.exception() is None:
-            with contextlib.suppress(Exception):
-                await start.result().wait()
-        raise
+    return await started(start, _killed)
 
 
-def _kill_started(start: asyncio.Future[asyncio.subprocess.Process]) -> None:
-    """Kill the session of a shell whose start its caller stopped waiting for (a start that failed started none)."""
-    if not start.cancelled() and start.exception() is None:
-        _kill_group(start.result().pid)
+async def _killed(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the command's session and reap its shell."""
+    _kill_group(proc.pid)
+    with contextlib.suppress(Exception):
+        await proc.wait()
 
 
 async def _in_daemon_thread(
