@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-__all__ = ["started"]
+__all__ = ["kill_session", "started"]
 
 Process = asyncio.subprocess.Process
 Stop = Callable[[Process], Awaitable[object]]
@@ -50,3 +52,11 @@ async def _stop_when_started(starting: asyncio.Future[Process], stop: Stop) -> N
         return
     with contextlib.suppress(Exception):
         await stop(proc)
+
+
+async def kill_session(proc: Process) -> None:
+    """SIGKILL the process's group (a child started with ``start_new_session``: it and all it started) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        await proc.wait()

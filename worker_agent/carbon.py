@@ -22,16 +22,16 @@ Zones are matched exactly, then by the part before the first ``-`` (``US-CAL-CIS
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 import structlog
+
+from wireio.spawn import kill_session, started
 
 log = structlog.get_logger(__name__)
 
@@ -172,23 +172,26 @@ class CarbonIntensity:
         if self.command is None:
             return
         env = {**os.environ, "FLEETWIRE_CARBON_ZONE": self.zone}
-        # Its own process group, so a timeout kills the shell and whatever it started.
-        proc = await asyncio.create_subprocess_shell(
+        # Its own session, so a timeout or the worker's stop kills the shell and whatever it started; a stop that
+        # comes while asyncio starts it too (wireio/spawn.py: asyncio would kill the shell alone).
+        start = asyncio.create_subprocess_shell(
             self.command,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
             start_new_session=True,
         )
+        proc = await started(start, kill_session)
         try:  # not asyncio.wait_for: on 3.11 it loses a cancel that comes as the command ends (Telemetry.stop's:
             async with asyncio.timeout(self.timeout_s):  # refresh_forever went on and the worker's stop waited)
                 stdout, stderr = await proc.communicate()
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
+            await kill_session(proc)
             log.warning("carbon command timed out; keeping the previous value", timeout_s=self.timeout_s)
             return
+        except asyncio.CancelledError:  # Telemetry.stop: the command does not outlive the worker
+            await kill_session(proc)
+            raise
         if proc.returncode != 0:
             log.warning(
                 "carbon command failed; keeping the previous value",

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -241,6 +244,33 @@ async def test_carbon_command_output_overrides_and_failures_keep_the_last_value(
     with capture_logs() as logs:
         await carbon.refresh()
     assert carbon.g_per_kwh == 12 and "timed out" in logs[0]["event"]
+
+
+@pytest.mark.timeout(20)
+async def test_the_carbon_command_running_when_telemetry_stops_is_killed_with_what_it_started(tmp_path: Path) -> None:
+    """Telemetry.stop() (the worker stops) while the carbon command runs kills its session: the shell's child (here
+    a sleep 30) ran on to its end before."""
+    pid_file = tmp_path / "pid"
+    command = f"sh -c 'echo $$ > {pid_file}; exec sleep 30'"
+    telemetry = Telemetry(meter=EnergyMeter(), carbon=CarbonIntensity("FR", command=command, timeout_s=60))
+    await telemetry.start()
+    await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
+    pid = int(await asyncio.to_thread(pid_file.read_text))
+    try:
+        await telemetry.stop()
+        await until(lambda: not _alive(pid), timeout_s=5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # without the fix the sleep runs on: not past the test
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.timeout(15)

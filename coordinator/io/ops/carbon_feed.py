@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from coordinator.carbon_time import FeedOutcome, ForecastFeed, ForecastSource
-from wireio.spawn import started
+from wireio.spawn import kill_session, started
 
 if TYPE_CHECKING:
     from coordinator.core import Coordinator
@@ -160,7 +160,7 @@ async def _run_command(command: str, timeout_s: float) -> tuple[str, str]:
         await proc.communicate()  # the pipes are drained and closed: their writers are dead
         return "", f"carbon forecast command {command!r} took more than {timeout_s:g} s; killed"
     except asyncio.CancelledError:  # the coordinator stops: the command does not outlive it
-        await _killed(proc)
+        await kill_session(proc)
         raise
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip()[-300:]
@@ -183,14 +183,7 @@ async def _start_shell(command: str) -> asyncio.subprocess.Process:
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # a timeout kills what the shell started too (curl, a script's children)
     )
-    return await started(start, _killed)
-
-
-async def _killed(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the command's session and reap its shell."""
-    _kill_group(proc.pid)
-    with contextlib.suppress(Exception):
-        await proc.wait()
+    return await started(start, kill_session)
 
 
 async def _in_daemon_thread(
