@@ -73,6 +73,7 @@ from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, e
 from protocol.backoff import ReconnectBackoff
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
+from wireio.spawn import kill_session, started
 from wireio.tracing import Tracing
 from wireio.wsbulk import BulkClientConnection, send_frame, write_frame_now
 from worker_agent import handshake
@@ -355,17 +356,22 @@ class Agent:
         assert command is not None
         while self.interrupted is None and not self._stopping:
             try:
-                proc = await asyncio.create_subprocess_shell(
+                # In a session of its own: a timeout or the agent's end kills it with what it started (a cancel
+                # while asyncio starts it too: wireio/spawn.py).
+                start = asyncio.create_subprocess_shell(
                     command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.DEVNULL,
-                )
+                    stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+                proc = await started(start, kill_session)
                 try:  # not asyncio.wait_for: on 3.11 it loses run()'s cancel that comes as the command ends (this
                     async with asyncio.timeout(max(period, 1.0)):  # loop then ran on after the agent stopped)
                         out, _ = await proc.communicate()
                 except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+                    await kill_session(proc)
                     out = b""
+                except asyncio.CancelledError:
+                    await kill_session(proc)
+                    raise
                 if proc.returncode == 0:
                     first = out.decode("utf-8", "replace").strip().splitlines()[:1]
                     self.interrupt(f"--interruption-command: {first[0][:200] if first else 'exit status 0'}")
