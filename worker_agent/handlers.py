@@ -47,6 +47,7 @@ import structlog
 import protocol
 from protocol import errors
 from protocol.tracecontext import UNSAMPLED, handler_traceparent
+from wireio.spawn import started
 from worker_agent.isolation import PlanIsolation
 from worker_agent.pychild import allowed_target, resolve_allowed
 from worker_agent.pyproc import FunctionFailed, run_in_process, stop_process_group
@@ -670,7 +671,7 @@ async def _run_command(ctx: Context, argv: list[str], cwd: str, env: dict[str, s
                        declared: dict[str, str] | None) -> dict[str, int]:  # fmt: skip
     try:
         with ctx.isolation.spawn(argv, env) as (command, spawn_env, fds):  # as the plan user, if any
-            proc = await asyncio.create_subprocess_exec(
+            start = asyncio.create_subprocess_exec(
                 *command,
                 cwd=cwd,
                 env=spawn_env,
@@ -681,6 +682,9 @@ async def _run_command(ctx: Context, argv: list[str], cwd: str, env: dict[str, s
                 start_new_session=True,
                 limit=1 << 20,
             )
+            # A cancel or timeout while asyncio starts it stops its group too (asyncio alone would SIGKILL its pid
+            # only, and what a script had started by then ran on: wireio/spawn.py).
+            proc = await started(start, functools.partial(stop_process_group, grace_s=ctx.kill_grace_s))
     except OSError as exc:
         raise HandlerError(errors.HANDLER_ERROR, f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     assert proc.stdout is not None and proc.stderr is not None

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -15,6 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import protocol
+from tests.waiting import until
 from worker_agent.handlers import (
     Context,
     Handler,
@@ -174,6 +178,39 @@ async def test_shell_cancel_escalates_to_sigkill_after_grace() -> None:
     assert done.outcome == "cancelled"
     assert time.monotonic() - started >= 0.25  # the grace (0.3 s), less timer slack
     await wait_gone(grandchild)
+
+
+async def test_shell_cancelled_while_its_process_starts_stops_what_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel that lands while asyncio starts the command (its last pipe connected, its background sleep started,
+    create_subprocess_exec not yet returned) stops the command's group: asyncio alone SIGKILLed the shell's pid and
+    the sleep ran on."""
+    pid_file = tmp_path / "pid"
+    ctx, _ = make_ctx(kill_grace_s=1.0)
+    loop = asyncio.get_running_loop()
+    connect = loop.connect_read_pipe
+    plan: list[asyncio.Task[protocol.Done]] = []
+    pipes = 0
+
+    async def connect_then_cancel(factory: Any, pipe: Any) -> Any:
+        nonlocal pipes
+        connected = await connect(factory, pipe)
+        pipes += 1
+        if pipes == 2:  # stderr, the last: create_subprocess_exec returns in the plan's next step
+            await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
+            plan[0].cancel()
+        return connected
+
+    monkeypatch.setattr(loop, "connect_read_pipe", connect_then_cancel)
+    plan.append(asyncio.create_task(run_handler(shell, ctx, {"cmd": f"sleep 60 & echo $! > {pid_file}; wait"})))
+    assert (await plan[0]).outcome == "cancelled"
+    sleep_pid = int(pid_file.read_text())
+    try:
+        await wait_gone(sleep_pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # without the fix the sleep runs on: not past the test
+            os.kill(sleep_pid, signal.SIGKILL)
 
 
 async def wait_gone(pid: int, timeout_s: float = 5.0) -> None:
