@@ -81,8 +81,9 @@ log = structlog.get_logger("coordinator.io.frontdoor.server")
 
 REPLAY_BACKLOG_BYTES: Final = 1 << 20  # a replay's next slice waits while its subscriber has more than this unsent
 #: A durable store's part of a frame (module docstring, §Parts): after this many messages what they asked goes to the
-#: writer and the rest of the frame waits for the next loop turn.
-DURABLE_PART_MESSAGES: Final = 500
+#: writer and the rest of the frame waits for the next loop turn. 500 while a writer thread took each part (a
+#: hand-over each way); 250 since the loop sends it to the writer process itself (docs/PERFORMANCE.md §D29b).
+DURABLE_PART_MESSAGES: Final = 250
 #: ... unless the session's last step sent to more sessions than this (module docstring, §Parts).
 PART_MAX_SESSIONS: Final = 8
 #: Within a part, every this + 1 messages, what the writer reported committed is released (module docstring §Parts).
