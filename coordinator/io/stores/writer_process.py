@@ -17,10 +17,11 @@ the loop: :meth:`WriterProcess.serve_on`) and goes on at once; the loop reads th
 each group's commit, in order. Without ``serve_on`` (a caller off any loop: tests, benches) the
 caller's thread sends and a receiver thread reads the replies (``os.read``, the GIL released).
 The child commits the requests that waited in its pipe while it committed the last one as one
-transaction (group commit where the fsync is), so the next group is already there when a commit ends: no round trip through the parent's GIL
-between two commits. An idle writer's small group is still committed on the loop, by the
-parent's own connection (``try_write``, only while nothing is in flight): a round trip to the
-child cost two process wake-ups, ~0.1 ms a commit (bench/store_split.py, docs/PERFORMANCE.md).
+transaction (group commit where the fsync is), so the next group is already there when a
+commit ends: no round trip through the parent between two commits. An idle writer's small group
+is still committed on the loop, by the parent's own connection (``try_write``, only while
+nothing is in flight): a round trip to the child cost two process wake-ups, ~0.1 ms a commit
+(bench/store_split.py, docs/PERFORMANCE.md).
 
 The child (``python -m coordinator.io.stores.writer_child``, coordinator/io/stores/writer_child.py,
 a fresh interpreter: nothing of the running loop is forked) opens the same file with a connection of its own and
