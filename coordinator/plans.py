@@ -52,7 +52,7 @@ import msgspec
 
 from coordinator.devices import GpuNeed, resources_problem
 from coordinator.errors import InvalidTransition
-from protocol.caps import MAX_OP_BYTES, MAX_PLAN_ID_BYTES, tags_problem, too_long
+from protocol.caps import MAX_OP_BYTES, MAX_PLAN_ID_BYTES, MAX_TAG_BYTES, MAX_TAGS, tags_problem, too_long
 from protocol.messages import (
     ErrorInfo,
     Event,
@@ -645,9 +645,11 @@ def submit_problem(msg: Submit) -> str | None:
     if traceparent and traceparent != UNSAMPLED and (problem := traceparent_problem(traceparent)) is not None:
         return f"submit.{problem}"
     # Name caps (protocol/caps.py): names go into logs, indexes and every reply about the plan.
-    # The usual short names and no tags cannot exceed them: one cheap test on the hot path.
+    # The usual short names and a few short tags (a pool's, cluster mode routes by it) cannot exceed them:
+    # a few tests in C on the hot path, no call per tag.
     short = len(msg.op) <= MAX_OP_BYTES // 4 and len(msg.plan_id or "") <= MAX_PLAN_ID_BYTES // 4
-    if short and not msg.requirements.tags:
+    tags = msg.requirements.tags
+    if short and (not tags or (len(tags) <= MAX_TAGS and max(map(len, tags)) <= MAX_TAG_BYTES // 4)):
         return None
     return (
         too_long("op", msg.op, MAX_OP_BYTES)

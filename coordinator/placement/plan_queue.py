@@ -125,7 +125,8 @@ class Signature(NamedTuple):
         # __new__ is a Python function (interpreted even in the compiled core: ~2,800 instructions a call).
         return _new_tuple(cls, (
             op,
-            tuple(sorted(set(tags))) if tags else (),  # the usual plan asks for no tag
+            # The usual plan asks for no tag, or (cluster mode) its pool's one: nothing to sort.
+            ((tags[0],) if len(tags) == 1 else tuple(sorted(set(tags)))) if tags else (),
             requirements.accelerator,
             requirements.model,
             requirements.min_gpu_memory_bytes,
@@ -164,7 +165,11 @@ class Signature(NamedTuple):
         yield f"op {op!r}", lambda w: op in w.capabilities.ops
         if self.tags:
             tags = self.tags
-            yield f"tags [{_tag_list(tags)}]", lambda w: w.has_tags(tags)
+            if len(tags) == 1:  # a pool's tag (cluster mode): one look in the worker's list, no set made
+                tag = tags[0]
+                yield f"tags [{tag}]", lambda w: tag in w.capabilities.tags
+            else:
+                yield f"tags [{_tag_list(tags)}]", lambda w: w.has_tags(tags)
         if self.accelerator is not None:
             acc = self.accelerator
             # A mixed host has several accelerator kinds, so it can serve any single one.
