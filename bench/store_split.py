@@ -11,10 +11,10 @@ commit (``SQLiteStore._write``: CPU of the committing thread, kernel time includ
   (``--store-writer thread``, where the probe times it; the shipped default is ``sqlite-process``);
 * with ``--modes``, also ``sqlite-inline`` (every lone commit on the event loop),
   ``sqlite-thread`` (every commit through the writer thread), ``sqlite-process``
-  (``--store-writer process``: the groups the writer thread takes committed in the writer
-  process, which the probe does not time, and the coordinator's CPU leaves out the child's;
+  (``--store-writer process``: the busy groups sent by the loop to the writer process and
+  committed there, which the probe does not time, and the coordinator's CPU leaves out the child's;
   a lone commit on the loop is still the coordinator's and timed: commits/trip is their share)
-  and ``sqlite-process-thread`` (the same, every commit through the writer thread: none timed).
+  and ``sqlite-process-thread`` (the same, every commit sent to the writer process: none timed).
 
 For each: p50/p99, the coordinator's CPU per round trip (``/proc``), the store's share of it
 (its commits), the rest, commits per round trip and their wall. Then the durable - memory
