@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -622,9 +623,9 @@ async def test_groups_the_pipe_has_no_room_for_wait_off_the_loop_and_are_committ
     child = ready_child(store)
     os.kill(child.pid, signal.SIGSTOP)
     try:
-        big = {"blob": "x" * 300_000}
-        for n in range(1, 11):
-            committer.submit([Event(plan_id="none", kind="log", data=big, seq=n)], n)
+        for n in range(1, 11):  # plans of ~300 KB of args each
+            submit = Submit(req_id=n, op="echo", args={"blob": "x" * 300_000}, plan_id=f"big{n}")
+            committer.submit([PlanCreated(f"big{n}", "alice", n, submit)], n)
         assert len(child._unsent) > 0  # the pipe (1 MiB) is full: the rest waits for add_writer
         ticked = asyncio.Event()
         asyncio.get_running_loop().call_later(0.05, ticked.set)
@@ -634,4 +635,19 @@ async def test_groups_the_pipe_has_no_room_for_wait_off_the_loop_and_are_committ
         os.kill(child.pid, signal.SIGCONT)
     await released(seen, 10)
     assert seen == list(range(1, 11)) and not seen.errors and not child._unsent
+    await committer.close()
+
+
+async def test_a_commit_is_found_and_released_while_the_loop_is_held_in_a_frame(store: SQLiteStore) -> None:
+    """No loop turn after the send (the loop busy in a frame): reported() reads the child's answer from the pipe, and
+    reap() releases it there and then."""
+    seen, committer = started(store, inline_max_records=0)
+    ready_child(store)
+    committer.submit(plan("p1", 1), 1)
+    deadline = time.monotonic() + 10
+    while not committer.reported():  # the loop held here, as in CoreSession.take's checks between messages
+        assert time.monotonic() < deadline, "the child's answer was never read"
+        threading.Event().wait(0.001)
+    committer.reap()
+    assert seen == [1] and not seen.errors
     await committer.close()
