@@ -756,6 +756,9 @@ class Run:
         assert c.proc is not None
         record: dict[str, Any] = {"kind": kind, "coordinator": c.index, "owner": c.owner, "shards": shards}
         at = time.monotonic()
+        pools = [self.pools[s] for s in shards]
+        logging.getLogger("fleetwire.chaos").info("fault: %s of coordinator %d (shards %s, pools %s)", kind, c.index,
+                                                  shards, pools)  # fmt: skip
         if kind == "kill -9":
             c.proc.signal(signal.SIGKILL)
             await c.proc.proc.wait()
@@ -1291,12 +1294,21 @@ def passed(r: dict[str, Any]) -> bool:
             == r["epoch_regressions"] == r["damaged_rows"] == 0 and r["stall_all_fenced"] is not False)  # fmt: skip
 
 
+def _monotonic(record: logging.LogRecord) -> bool:
+    record.monotonic = time.monotonic()
+    return True
+
+
 async def bench(ns: argparse.Namespace) -> dict[str, Any]:
     logs = Path(ns.logs) if ns.logs else Path(tempfile.mkdtemp(prefix="fleetwire-cluster-chaos-"))
     logs.mkdir(parents=True, exist_ok=True)
-    sdk_log = logging.getLogger("fleetwire")  # the clients' reconnect lines go to the log dir, not the report
-    sdk_log.addHandler(logging.FileHandler(logs / "clients.log"))
-    sdk_log.setLevel(logging.INFO)
+    # The clients' reconnect lines and each fault's start (fleetwire.chaos) go to the log dir, not the report.
+    sdk_log = logging.getLogger("fleetwire")
+    sdk_file = logging.FileHandler(logs / "clients.log")
+    sdk_file.addFilter(_monotonic)  # stamped on the clock of the other processes' lines (Proc.lines)
+    sdk_file.setFormatter(logging.Formatter("%(monotonic).3f %(message)s"))
+    sdk_log.addHandler(sdk_file)
+    sdk_log.setLevel(logging.DEBUG)  # DEBUG: the moves it followed and the sessions resumed after them
     sdk_log.propagate = False
     server: PostgresServer
     with postgres_server() as server:
