@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 from protocol.messages import Outcome
-from protocol.tracecontext import trace_id_of
 
 if TYPE_CHECKING:
     from coordinator.plans import Plan
@@ -50,22 +49,23 @@ class Histogram:
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
         self.count = 0
-        # Per bucket, the last traced value: (trace id, value), an OpenMetrics exemplar (None: none yet).
+        # Per bucket, the last traced value: (its traceparent, value), an OpenMetrics exemplar (None: none yet); the
+        # trace id is sliced from it when a scrape renders it (coordinator/io/ops/metrics.py), not per plan here.
         self.exemplars: list[tuple[str, float] | None] | None = None
 
-    def observe(self, value: float, trace_id: str = "") -> None:
-        """Count one value (negative values, from a clock that stepped back, count as 0); ``trace_id``: the
-        value's trace, kept as its bucket's exemplar (docs/OPERATIONS.md §Tracing)."""
+    def observe(self, value: float, traceparent: str = "") -> None:
+        """Count one value (negative values, from a clock that stepped back, count as 0); ``traceparent``: the
+        value's (sampled) trace context, kept as its bucket's exemplar (docs/OPERATIONS.md §Tracing)."""
         if not value >= 0.0:  # max(0.0, value) without the call: NaN counts as 0 too
             value = 0.0
         bucket = bisect.bisect_left(self.bounds, value)
         self.counts[bucket] += 1
         self.sum += value
         self.count += 1
-        if trace_id:
+        if traceparent:
             if self.exemplars is None:
                 self.exemplars = [None] * len(self.counts)
-            self.exemplars[bucket] = (trace_id, value)
+            self.exemplars[bucket] = (traceparent, value)
 
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, values <= bound)`` pairs ending with ``(inf, count)``, as Prometheus wants."""
@@ -88,15 +88,13 @@ class PlanTimings:
 
     def started(self, plan: Plan, now: float) -> None:
         """The worker accepted the plan's attempt: its queue wait ends, its run starts."""
-        exemplar = trace_id_of(plan.traceparent) if plan.sampled else ""  # a link to a trace that exists
-        self.queue_wait.observe(now - plan.queued_at_s, exemplar)
+        self.queue_wait.observe(now - plan.queued_at_s, plan.traceparent if plan.sampled else "")  # a trace that exists
         plan.started_at_s = now
 
     def finished(self, plan: Plan, outcome: Outcome, now: float) -> None:
         """The worker's ``done`` ended an attempt; one that never started (no accept) has no run time."""
         if plan.started_at_s is not None:
-            exemplar = trace_id_of(plan.traceparent) if plan.sampled else ""
-            self.run_time[outcome].observe(now - plan.started_at_s, exemplar)
+            self.run_time[outcome].observe(now - plan.started_at_s, plan.traceparent if plan.sampled else "")
 
 
 class FrameCounters:

@@ -35,6 +35,7 @@ from coordinator.io.ops.sharing_metrics import SHARING_METRIC_NAMES, sharing_fam
 from coordinator.scopes import SCOPE_REASONS
 from coordinator.stats import FrameCounters, Histogram
 from protocol.messages import PlanStateName
+from protocol.tracecontext import trace_id_of
 
 if TYPE_CHECKING:
     from coordinator.core import Coordinator
@@ -143,7 +144,7 @@ def _buckets(hist: Histogram) -> list[Any]:
     if hist.exemplars is not None:  # traced plans' values: each bucket links to its last trace (OpenMetrics only)
         for i, exemplar in enumerate(hist.exemplars):
             if exemplar is not None:
-                buckets[i] = (*buckets[i], Exemplar({"trace_id": exemplar[0]}, exemplar[1]))
+                buckets[i] = (*buckets[i], Exemplar({"trace_id": trace_id_of(exemplar[0])}, exemplar[1]))
     return buckets
 
 
