@@ -173,15 +173,14 @@ class StepSpans:
         if flushed is None:
             return
         started, notes = flushed
+        if encoder is not None:
+            encoder.commits(notes, _COMMITTED, started, now, out)
+            return
         done: set[str] = set()
-        commit = encoder.commit if encoder is not None else None
         for traceparent, plan_id, attempt, kind, _ in notes:
             if kind in _COMMITTED and plan_id not in done:
                 done.add(plan_id)
-                if commit is not None:
-                    out.append(commit(traceparent, started, now, plan_id, attempt, kind))
-                else:
-                    out.append((COMMIT_SPAN, traceparent, started, now, plan_id, attempt, kind))
+                out.append((COMMIT_SPAN, traceparent, started, now, plan_id, attempt, kind))
 
 
 class SpanBuilder:
