@@ -22,7 +22,9 @@ instruction count hardly moves with machine load, so it is the signal to compare
 it): ``submit_many`` of N echo plans in batches (the caller's ids), the session's writer encoding its frames,
 then the coordinator's frames fed to the session as its reader would (per plan: ``accepted``, ``queued``,
 ``leased``; then ``running``, ``echo``, ``succeeded``, encoded beforehand) and every plan's ``result()``
-awaited. ``--side worker``: a real ``worker_agent.Agent`` without a socket (the collector tuned as the
+awaited. ``--side submits``: the client's submit path alone (``run_submits``: ``submits.batch`` and
+``end_submit_spans``), the collector off (set ``OTEL_BSP_SCHEDULE_DELAY`` long so its exporter posts only at the
+end, counted). ``--side worker``: a real ``worker_agent.Agent`` without a socket (the collector tuned as the
 worker daemon tunes it): frames of ``assign`` decoded and dispatched as its reader does, the plans run by
 the built-in ``echo`` on its loop, the outbox encoded into frames and acked as its writer and the
 coordinator do; with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, the daemon's tracer and the assigns' ``traceparent``
@@ -170,6 +172,40 @@ def run_client(plans: int, batch: int, setup_only: bool = False) -> float:
     return asyncio.run(main())
 
 
+def run_submits(plans: int, batch: int, setup_only: bool = False) -> float:
+    """The client's submit path alone: ``submits.batch`` (each batch's submits made, their spans started when
+    tracing, encoded) and ``end_submit_spans``, ``plans`` echo plans in batches, on a socketless session; the
+    collector off and ``random`` seeded, so two trees draw the same sampled plans. CPU seconds spent."""
+    import random
+
+    from fleetwire import Client, submits
+    from fleetwire.tracing import client_tracing, end_submit_spans
+    from protocol.messages import Requirements
+
+    client = Client("ws://127.0.0.1:9", reconnect=False)
+    session = client._session
+    tracing = client_tracing()  # built before the count, as a client's first submit builds it
+    ids = [f"p{i}" for i in range(1, plans + 1)]
+    requirements = Requirements()
+    random.seed(1)
+    if setup_only:
+        return 0.0
+    gc.collect()
+    gc.disable()
+    t0 = time.process_time()
+    for start in range(0, plans, batch):
+        spans: list[Any] = []
+        submits.batch(session, "echo", range(start, min(plans, start + batch)), ids[start : start + batch],
+                      requirements=requirements, priority=0, timeout_s=None, max_attempts=3,
+                      max_inline_bytes=1 << 20, spans=spans)  # fmt: skip
+        end_submit_spans(spans)
+    spent = time.process_time() - t0
+    gc.enable()
+    if tracing is not None:
+        tracing.shutdown()  # the sampled spans' export, counted (no post while the run goes on: a long delay)
+    return spent
+
+
 def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
     """``plans`` echo plans through a socketless worker ``Agent`` (see the module docstring); CPU seconds spent."""
     import asyncio
@@ -234,7 +270,7 @@ def _worker_tracing(plans: int) -> tuple[Any, list[str]]:
     return tracing, [contexts[i % 100] if every and i % every == 0 else "00" for i in range(plans)]
 
 
-RUNS = {"core": run_plans, "client": run_client, "worker": run_worker}
+RUNS = {"core": run_plans, "client": run_client, "submits": run_submits, "worker": run_worker}
 
 
 def _run(ns: argparse.Namespace, setup_only: bool = False) -> float:
