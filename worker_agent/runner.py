@@ -476,12 +476,12 @@ class PlanRunner:
         traceparent = assign.traceparent
         if traceparent:  # the plan's trace (docs/OPERATIONS.md §Tracing): an attempt span when sampled
             # "00" (the caller's "no", without ids): fresh ids if the handler reads it (handlers.py). Stored in the
-            # property's field, not through its setter: at 1 % sampling 99 plans in 100 come here with "00".
+            # property's field, not through its setter: at 1 % sampling 99 plans in 100 come here with "00", so it
+            # is told apart first. A sampled plan's handler gets its handler span's context (traced_on_loop,
+            # _attempt), set before the handler starts: nothing reads the attempt span's, so it is not formatted.
             run.ctx.assigned_traceparent = traceparent
-            if self.tracing is not None and traceparent != UNSAMPLED:
+            if traceparent != UNSAMPLED and self.tracing is not None:
                 run.span = attempt_span(self.tracing, assign, self.worker_id)
-                if run.span is not None:
-                    run.ctx.traceparent = run.span.traceparent
         request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None:
             run.devices = self.devices.allocate(run.key, request, assign.devices) or ()

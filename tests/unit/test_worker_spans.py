@@ -147,3 +147,39 @@ async def test_a_plan_its_caller_chose_not_to_sample_runs_the_same_python_calls_
         tracing.shutdown()
     assert unsampled == untraced
     assert "attempt_span" not in unsampled and "Context.traceparent" not in unsampled
+
+
+async def test_a_sampled_plan_formats_only_its_handler_spans_context() -> None:
+    """A sampled plan's handler sees its handler span's context, whether it runs on the loop or in a task, and that
+    is the one context formatted for it (``LiveSpan.traceparent`` read once a plan): the attempt span's is not, as
+    it would be replaced before any handler could read it."""
+    import sys
+
+    from tests.waiting import until
+
+    async def remembers_in_a_task(ctx: Context, args: Any) -> None:
+        seen.append(ctx.traceparent)
+
+    exporter, tracing, _, plans = _traced_runner()
+    plans.add_handler("remembers_in_a_task", remembers_in_a_task)
+    seen.clear()
+    formatted: list[str] = []
+
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code.co_qualname == "LiveSpan.traceparent":
+            formatted.append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        plans.on_assign(protocol.Assign(plan_id="p1", attempt=1, op="remembers", traceparent=SAMPLED))
+        plans.on_assign(protocol.Assign(plan_id="p2", attempt=1, op="remembers_in_a_task", traceparent=SAMPLED))
+        await until(lambda: plans.running_count == 0 and len(seen) == 2)
+    finally:
+        sys.setprofile(None)
+    try:
+        tracing.flush()
+    finally:
+        tracing.shutdown()
+    handlers = {s.attributes["fleetwire.plan_id"]: s for s in exporter.spans if s.name == "fleetwire.handler"}
+    assert seen == [f"00-{TRACE}-{handlers[p].context.span_id:016x}-01" for p in ("p1", "p2")]
+    assert len(formatted) == 2  # one a plan
