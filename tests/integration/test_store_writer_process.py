@@ -470,6 +470,30 @@ def test_a_writer_process_that_outlives_its_coordinator_keeps_the_store_locked(s
     SQLiteStore(store.path).close()
 
 
+def test_a_writer_process_whose_parent_died_leaves_the_wal_as_the_death_left_it(store: SQLiteStore) -> None:
+    """The end of the child's stdin with no close request (its parent killed -9) is no close: no checkpoint.
+
+    Linux closes a killed parent's pipes before it sends the child its parent-death SIGKILL; a child that closed
+    its connection (the file's last) at that end checkpointed the -wal into the file and deleted it now and then
+    (test_store_damage's fixture found no -wal after its kill -9). Here the parent's connection is closed first,
+    as its death closes it, then the child's stdin, as its death closes it.
+    """
+    child = ready_child(store)
+    child.write(plan("p1", 1, ended=True), wait=True)
+    wal = Path(f"{store.path}-wal")
+    size = wal.stat().st_size
+    store._db.close()  # what the parent's death does to its connection
+    assert child.process.stdin is not None
+    child.process.stdin.close()  # ... and to the child's stdin, before the parent-death signal
+    assert child.process.wait(10) == 0
+    assert wal.stat().st_size == size  # not checkpointed away: the file as the parent's death left it
+    check = sqlite3.connect(store.path)  # its -wal recovered, as after any crash
+    try:
+        assert check.execute("SELECT id FROM plans").fetchall() == [("p1",)]
+    finally:
+        check.close()
+
+
 # A dying writer process's hold on the lock file: the file names its (dead) coordinator; it lets go in half a second.
 _DYING_WRITER = """
 import fcntl, os, sys, time

@@ -42,7 +42,8 @@ Wire (both ways over the child's stdin/stdout pipes, little-endian):
 request        ``u32 length``, ``u8 kind`` (1: ``write``, 0: ``write`` without waiting for the
                database), then msgpack ``[codes, [record, ...]]``: ``codes`` a bytes string, one
                record type code a record (:data:`RECORD_TYPES`), each record as the store
-               encodes it; kind :data:`KEYS`: the keys of a commit the parent made, no reply
+               encodes it; kind :data:`KEYS`: the keys of a commit the parent made, no reply;
+               kind :data:`CLOSE`, no body: the child closes the file and exits, no reply
 reply          ``i64``, ``u32``, ``u32``: the generation committed (the next one), how many
                requests (the oldest unanswered) it commits and the length of its keys, then the
                keys; :data:`BUSY`, 1, 0 (another connection holds the database, nothing
@@ -55,12 +56,13 @@ Failure (as the writer thread's, docs in commit.py): a failed commit, a child th
 killed, a reply that is not the next generation or whose keys do not apply, or no reply within
 ``reply_timeout_s``, raises :class:`~coordinator.io.stores.integrity.StoreError` in the caller
 (keys from the parent that do not apply fail the child's next reply): the committer fails the
-coordinator, and nothing after it is released. The child never outlives the parent: it exits
-at the end of its stdin (the parent closed it, or died), and Linux sends it SIGKILL when the
-parent dies (``PR_SET_PDEATHSIG``). It holds the store's lock file with the parent (the same
-``flock``, inherited), so a coordinator restarted at once cannot open the file before the old
-writer is gone. Its environment is the parent's without secrets: only the
-variables Python and the locale need (:data:`_ENV_KEPT`), no token.
+coordinator, and nothing after it is released. The child never outlives the parent: it closes
+the file and exits at the close request (:meth:`WriterProcess.close`); at the end of its stdin
+without one (the parent died) it exits at once, the file left as the parent's death left it (no
+checkpoint), and Linux sends it SIGKILL when the parent dies (``PR_SET_PDEATHSIG``). It holds
+the store's lock file with the parent (the same ``flock``, inherited), so a coordinator
+restarted at once cannot open the file before the old writer is gone. Its environment is the
+parent's without secrets: only the variables Python and the locale need (:data:`_ENV_KEPT`), no token.
 """
 
 from __future__ import annotations
@@ -90,9 +92,9 @@ from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, 
 from protocol.messages import Event
 
 __all__ = [
-    "BUSY", "FAILED", "KEYS", "RECORD_TYPES", "REPLY_HEADER", "REPLY_TIMEOUT_S", "REQUEST_HEADER", "WriterProcess",
-    "read_exact", "send_all",
-]
+    "BUSY", "CLOSE", "FAILED", "KEYS", "RECORD_TYPES", "REPLY_HEADER", "REPLY_TIMEOUT_S", "REQUEST_HEADER",
+    "WriterProcess", "read_exact", "send_all",
+]  # fmt: skip
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +107,7 @@ START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
 KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next group at most (~1,000 lone commits)
 REQUEST_HEADER = struct.Struct("<IB")
 KEYS: Final = 2  # a request's kind (its u8) that carries the keys of a commit made by the parent, not a group
+CLOSE: Final = 3  # a request's kind (no body): the parent closes the child, which closes the file (not on EOF alone)
 # A reply: a generation (or BUSY, FAILED), the groups it commits (FAILED: the text's length), its keys' length.
 REPLY_HEADER = struct.Struct("<qII")
 _F_SETPIPE_SZ = 1031
@@ -616,11 +619,15 @@ class WriterProcess:
             self.process.wait(timeout=5.0)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """End the child: its stdin closed, it closes the file and exits (killed if it does not in time)."""
+        """End the child: the close request, then its stdin closed; it closes the file and exits (killed if it
+        does not in time). Without the request it would exit without closing the file (the parent's death)."""
         self._leave_from_any_thread()
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        with contextlib.suppress(OSError):
+            if self._failed is None and select.select([], [self._out], [], timeout_s)[1]:
+                os.write(self._out, REQUEST_HEADER.pack(0, CLOSE))  # 5 bytes: one atomic write once there is room
         with contextlib.suppress(OSError):
             self.process.stdin.close()  # type: ignore[union-attr]
         try:
