@@ -15,12 +15,18 @@ Rules (docs/OPERATIONS.md §Reconnects), for one peer dialling a list of coordin
 * **Retry-After is the wait.** A refusal that names a wait (HTTP ``Retry-After``, an
   ``error.retry_after_s``) is waited, not a floor under a growing random delay: that wait plus
   up to 10 % (at most 1 s) of jitter, so peers refused together do not return together.
-* **Capped low while the list answers.** While one of the last ``len(urls)`` tries got an
-  answer, the delay's ceiling is at most :data:`ANSWERED_CAP_S` (5 s), whatever the configured
-  cap: the cluster is reachable and a shard comes back within seconds. Only when nothing
-  answered for a whole pass over the list does the ceiling grow to the configured cap (a
-  coordinator host down, a network cut), so a dead cluster is not hammered.
-* **Jittered.** Full jitter, ``U(0, ceiling)`` with ``ceiling = min(cap, base * 2**n)``.
+* **The first step while the list answers.** While one of the last ``len(urls)`` tries got an
+  answer, the delay's ceiling is ``base`` (at most :data:`ANSWERED_CAP_S`, 5 s), however many
+  tries since that answer were not answered: the cluster is reachable and a shard comes back
+  within seconds, and the tries it does not answer are the dead owner's URL that a ``moved``
+  named (its lease outlives it by up to the TTL) and the dead coordinator's own URL in the
+  list: a refused connection, nothing the cluster pays for. (Before, ``n`` grew through those:
+  a ``moved`` to the dead owner then the dead main port made the next delay ``U(0, 2 s)``, and
+  clients came back 2.2 s after their shard was served again, bench/cluster_chaos.py.) Only
+  when nothing answered for a whole pass over the list does the ceiling grow, from
+  ``base * 2**n`` up to the configured cap (a coordinator host down, a network cut), so a dead
+  cluster is not hammered.
+* **Jittered.** Full jitter, ``U(0, ceiling)``.
 
 Pure: the caller says what happened and gets the next delay; randomness comes in as a
 ``random.Random``. No asyncio, no clock.
@@ -34,7 +40,8 @@ from typing import Final
 
 __all__ = ["ANSWERED_CAP_S", "ReconnectBackoff"]
 
-#: The highest delay ceiling while some coordinator of the list answers (issue #25 part 3: <= 5 s).
+#: The highest delay ceiling while some coordinator of the list answers (issue #25 part 3: <= 5 s): a ``base``
+#: configured above it is cut to it.
 ANSWERED_CAP_S: Final = 5.0
 _MAX_EXPONENT: Final = 32
 
@@ -67,9 +74,10 @@ class ReconnectBackoff:
         return any(self._recent)
 
     def ceiling_s(self) -> float:
-        """The jitter's ceiling for the next delay (no Retry-After)."""
-        cap = min(self.cap_s, ANSWERED_CAP_S) if self.answering else self.cap_s
-        return min(cap, self.base_s * 2.0 ** min(self.failures, _MAX_EXPONENT))
+        """The jitter's ceiling for the next delay (no Retry-After): ``base`` while the list answers."""
+        if self.answering:
+            return min(self.base_s, ANSWERED_CAP_S)
+        return min(self.cap_s, self.base_s * 2.0 ** min(self.failures, _MAX_EXPONENT))
 
     def answered(self, retry_after_s: float | None = None) -> float:
         """A coordinator answered (a session opened, or an HTTP refusal); the delay before the next dial.

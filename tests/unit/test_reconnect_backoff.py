@@ -2,7 +2,7 @@
 
 The worker agent and the client SDK share one backoff: an answer from any coordinator resets
 it, a refusal's Retry-After is the wait (not a floor under a growing random delay), and while
-some coordinator of the list answers the ceiling stays at most 5 s whatever the configured cap.
+some coordinator of the list answers the ceiling stays at the first step (base, at most 5 s).
 """
 
 from __future__ import annotations
@@ -54,6 +54,30 @@ def test_an_answer_resets_and_the_ceiling_stays_low_while_the_list_answers() -> 
     assert b.ceiling_s() == 30.0
 
 
+def test_tries_refused_after_an_answer_stay_at_the_first_step_while_the_list_answers() -> None:
+    """A failover as the clients saw it (bench/cluster_chaos.py's clients.log, three main ports, one killed).
+
+    A live main port answers ``moved`` to the dead owner (its lease outlives it), that URL is refused,
+    then the list's next URL, the dead coordinator's main port, is refused too: the cluster answered
+    one try ago, so the next delay is still U(0, base), not U(0, 2 s) (the client that came back
+    2.2 s after its shard was served again). A whole pass with no answer still grows it."""
+    b = backoff(urls=3)
+    for _ in range(5):  # until the lease expires: moved to the dead owner, refused, the dead main port
+        assert 0.0 <= b.answered() <= 0.5
+        b.unanswered()
+        assert b.ceiling_s() == 0.5
+        b.unanswered()
+        assert b.ceiling_s() == 0.5
+    b.unanswered()  # the third in a row: nothing of the list answered for a whole pass
+    assert b.answering is False and b.ceiling_s() == 4.0
+    b.unanswered()
+    assert b.ceiling_s() == 8.0
+    high = ReconnectBackoff(8.0, 30.0, urls=3, rng=random.Random(1))  # a base above 5 s is cut while answering
+    high.answered()
+    high.unanswered()
+    assert high.ceiling_s() == ANSWERED_CAP_S
+
+
 def test_retry_after_is_the_wait_with_a_little_jitter() -> None:
     """Retry-After 1 s is waited as such (1.0 to 1.1 s), however many tries came before; 30 s: 30 to 31 s."""
     b = backoff()
@@ -100,4 +124,3 @@ async def test_the_client_comes_back_at_the_retry_after_not_a_grown_backoff() ->
     assert len(dials) == refusals + 1
     assert all(0.04 <= gap <= 0.3 for gap in gaps), gaps
     assert loop.time() - started < 3.0
-
