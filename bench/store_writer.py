@@ -146,7 +146,7 @@ def child_path(plans: int, writes: bool) -> None:
     import msgspec
 
     from coordinator.io.stores import writer_child
-    from coordinator.io.stores.writer_process import _encode_group
+    from coordinator.io.stores.writer_wire import encode_group as _encode_group
 
     rng = random.Random(29)
     uuid.uuid4 = lambda: uuid.UUID(int=rng.getrandbits(128))  # the same plan ids in every run

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
-from coordinator.io.stores import writer_child, writer_process
+from coordinator.io.stores import writer_child, writer_process, writer_wire
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.sqlite import SQLiteStore
@@ -406,7 +406,7 @@ async def test_a_commit_that_fails_in_the_child_fails_the_store_naming_its_error
 ) -> None:
     """The child cannot commit a request (not msgpack): the store fails naming the child's error; none released."""
     seen, committer = started(store, inline_max_records=0)
-    monkeypatch.setattr(writer_process, "_encode_group", lambda encoder, records: b"\xc1 not msgpack")
+    monkeypatch.setattr(writer_process, "encode_group", lambda encoder, records: b"\xc1 not msgpack")
     committer.submit(plan("p1", 1), 1)
     await asyncio.wait_for(seen.failed.wait(), 30)
     assert seen == [] and isinstance(seen.errors[0], StoreError) and "DecodeError" in str(seen.errors[0])
@@ -422,7 +422,7 @@ async def test_a_garbled_reply_fails_the_store(store: SQLiteStore) -> None:
               and os.stat(f"/proc/{child.pid}/fd/{fd}", follow_symlinks=False).st_mode & 0o200]  # fmt: skip
     os.kill(child.pid, signal.SIGSTOP)  # nothing of its own comes first
     reply = os.open(f"/proc/{child.pid}/fd/{end}", os.O_WRONLY)
-    os.write(reply, writer_process.REPLY_HEADER.pack(7, 1, 0))
+    os.write(reply, writer_wire.REPLY_HEADER.pack(7, 1, 0))
     os.close(reply)
     committer.submit(plan("p1", 1), 1)
     await asyncio.wait_for(seen.failed.wait(), 30)
@@ -583,7 +583,7 @@ def test_the_childs_store_keeps_the_parents_bytes_and_updates_one_row_a_step(tmp
     decode = msgspec.msgpack.Decoder(tuple[bytes, list[msgspec.Raw]]).decode
     encoder = msgspec.msgpack.Encoder()
     for group in groups:
-        codes, raws = decode(writer_process._encode_group(encoder, group))
+        codes, raws = decode(writer_wire.encode_group(encoder, group))
         assert child.write_grouped(*writer_child._grouped(codes, raws), len(raws), wait=True)
     child.close()
     tables = []

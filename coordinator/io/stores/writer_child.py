@@ -24,7 +24,7 @@ from typing import Any, Final, NoReturn
 import msgspec
 
 from coordinator.io.stores.sqlite import SQLiteStore
-from coordinator.io.stores.writer_process import (
+from coordinator.io.stores.writer_wire import (
     BUSY,
     CLOSE,
     FAILED,
@@ -123,7 +123,7 @@ def _exit_at_once() -> NoReturn:
 
 
 def commit(store: SQLiteStore, bodies: list[bytes], wait: bool) -> bool:
-    """The requests' groups (the parent's encoding: ``writer_process._encode_group``) committed as one transaction;
+    """The requests' groups (the parent's encoding: ``writer_wire.encode_group``) committed as one transaction;
     False: ``wait`` off and the file busy (nothing written)."""
     codes, raws = _decode(bodies[0])
     for body in bodies[1:]:

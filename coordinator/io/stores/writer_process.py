@@ -36,21 +36,7 @@ once every reply is in, builds on it; the parent in a keys request, written in f
 group (:meth:`WriterProcess.send_keys`), which the child applies before it reads that group.
 The generation side file is written by whichever side committed.
 
-Wire (both ways over the child's stdin/stdout pipes, little-endian):
-
-=============  ==============================================================================
-request        ``u32 length``, ``u8 kind`` (1: ``write``, 0: ``write`` without waiting for the
-               database), then msgpack ``[codes, [record, ...]]``: ``codes`` a bytes string, one
-               record type code a record (:data:`RECORD_TYPES`), each record as the store
-               encodes it; kind :data:`KEYS`: the keys of a commit the parent made, no reply;
-               kind :data:`CLOSE`, no body: the child closes the file and exits, no reply
-reply          ``i64``, ``u32``, ``u32``: the generation committed (the next one), how many
-               requests (the oldest unanswered) it commits and the length of its keys, then the
-               keys; :data:`BUSY`, 1, 0 (another connection holds the database, nothing
-               written); :data:`FAILED` and the length of the error's text, 0, then the text
-               (the child then exits)
-ready          the first reply, before any request: the child's generation after its open, 0, 0
-=============  ==============================================================================
+The wire (requests, replies, the record codes, a group's encoding) is coordinator/io/stores/writer_wire.py.
 
 Failure (as the writer thread's, docs in commit.py): a failed commit, a child that exits or is
 killed, a reply that is not the next generation or whose keys do not apply, or no reply within
@@ -73,7 +59,6 @@ import fcntl
 import os
 import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -81,62 +66,38 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Final, NoReturn
 
 import msgspec
 import structlog
 
 from coordinator.io.stores.integrity import StoreError
-from coordinator.io.stores.rows import as_text
-from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, UsageRows
-from protocol.messages import Event
+from coordinator.io.stores.writer_wire import (
+    BUSY,
+    CLOSE,
+    FAILED,
+    KEYS,
+    REPLY_HEADER,
+    REQUEST_HEADER,
+    encode_group,
+    send_all,
+    send_request,
+)
+from coordinator.records import Record
 
-__all__ = [
-    "BUSY", "CLOSE", "FAILED", "KEYS", "RECORD_TYPES", "REPLY_HEADER", "REPLY_TIMEOUT_S", "REQUEST_HEADER",
-    "WriterProcess", "read_exact", "send_all",
-]  # fmt: skip
+__all__ = ["KEYS_HELD_BYTES", "REPLY_TIMEOUT_S", "START_TIMEOUT_S", "WriterProcess"]
 
 log = structlog.get_logger(__name__)
 
-RECORD_TYPES: Final[tuple[type[Any], ...]] = (PlanCreated, PlanStatus, Event, PlanForgotten, UsageRows)
-"""A record's type code on the wire is its index here."""
-BUSY: Final = -1
-FAILED: Final = -2
 REPLY_TIMEOUT_S: Final = 120.0  # a commit that takes longer: the child is stuck (SQLite waits 5 s for a lock)
 START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
 KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next group at most (~1,000 lone commits)
-REQUEST_HEADER = struct.Struct("<IB")
-KEYS: Final = 2  # a request's kind (its u8) that carries the keys of a commit made by the parent, not a group
-CLOSE: Final = 3  # a request's kind (no body): the parent closes the child, which closes the file (not on EOF alone)
-# A reply: a generation (or BUSY, FAILED), the groups it commits (FAILED: the text's length), its keys' length.
-REPLY_HEADER = struct.Struct("<qII")
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
 _READ_BYTES = 1 << 20  # a reply read asks for this much at least: the keys of a busy group come with their header
-_CODES: Final = {kind: code for code, kind in enumerate(RECORD_TYPES)}
 # What the child's environment keeps of the parent's: the interpreter's and the locale's, nothing else.
 _ENV_KEPT: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONPATH", "PYTHONHOME",
                     "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "VIRTUAL_ENV", "COVERAGE_PROCESS_START")  # fmt: skip
-
-
-def _encode_group(encoder: msgspec.msgpack.Encoder, records: Sequence[Record]) -> bytes:
-    """A group as one msgpack ``[codes, records]``; a record msgpack cannot hold goes as the store stores it."""
-    tags = bytes(map(_CODES.__getitem__, map(type, records)))  # in C: no Python step a record (the GIL held)
-    try:
-        return encoder.encode((tags, records))
-    except (TypeError, ValueError, OverflowError):
-        pass
-    kept: list[Any] = []
-    for record in records:
-        try:
-            encoder.encode(record)
-        except (TypeError, ValueError, OverflowError) as exc:
-            # What SQLiteStore._encode does in its own process: keep the record, its payload as text.
-            log.error("record payload cannot be stored; storing it as text", plan_id=getattr(record, "plan_id", None),
-                      error=str(exc))  # fmt: skip
-            record = as_text(record)
-        kept.append(record)
-    return encoder.encode((tags, kept))
 
 
 class WriterProcess:
@@ -252,7 +213,7 @@ class WriterProcess:
                 if not wait:
                     return False
                 raise StoreError(f"the store's writer process for {self.path}: a commit is in flight")
-            body = _encode_group(self._encoder, records)
+            body = encode_group(self._encoder, records)
             self._send(body, int(wait))
             self._flush_unsent()
             generation, count, keys = self._reply(self.reply_timeout_s)
@@ -301,7 +262,7 @@ class WriterProcess:
         if self._failed is not None:
             raise StoreError(self._failed)
         if self._loop is not None:  # on the loop: never waits (its ready reply is read as the replies are)
-            body = _encode_group(self._encoder, records)
+            body = encode_group(self._encoder, records)
             if not self._waiting:  # the stuck check, from now
                 self._answered_at = time.monotonic()
                 if self._overdue is not None:
@@ -314,7 +275,7 @@ class WriterProcess:
             return
         if not self.ready:
             self.wait_ready()
-        body = _encode_group(self._encoder, records)
+        body = encode_group(self._encoder, records)
         with self._cond:
             self._waiting.append(done)
             if self._receiver is None:
@@ -338,7 +299,7 @@ class WriterProcess:
                 elif kind < 0:
                     send_all(self._out, held)
                 else:
-                    _send_request(self._out, body, kind, held)
+                    send_request(self._out, body, kind, held)
         except OSError as exc:
             self._fail(f"{self._exit_status()} ({exc})")
 
@@ -639,41 +600,3 @@ class WriterProcess:
             self._receiver.join()
         with contextlib.suppress(OSError):
             self.process.stdout.close()  # type: ignore[union-attr]
-
-
-def _send_request(fd: int, body: bytes, kind: int, before: bytes = b"") -> None:
-    """``before`` and one request on ``fd``: a small one in one write, a large one's header and body in one ``writev``
-    (no copy; one system call, so the writer thread gives the GIL up once, not twice, when the pipe has room)."""
-    header = REQUEST_HEADER.pack(len(body), kind)
-    if len(body) < 1 << 16:
-        send_all(fd, before + header + body)
-        return
-    first = before + header
-    sent = os.writev(fd, (first, body))
-    if sent < len(first):
-        send_all(fd, first[sent:])
-        sent = len(first)
-    if sent - len(first) < len(body):
-        send_all(fd, memoryview(body)[sent - len(first) :])
-
-
-def send_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def read_exact(fd: int, size: int) -> bytes | None:
-    """``size`` bytes from ``fd``; None at its end."""
-    data = os.read(fd, size)
-    if len(data) == size:
-        return data
-    parts = [data]
-    got = len(data)
-    while got < size:
-        if not data:
-            return None
-        data = os.read(fd, size - got)
-        parts.append(data)
-        got += len(data)
-    return b"".join(parts)
