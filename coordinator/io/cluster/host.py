@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import os
 import random
 import secrets
@@ -106,6 +107,12 @@ STOP_TASK_S = 5.0  # the longest stop() waits for a task of its own to end once 
 # The longest stop() waits for one statement (a shard's release, the coordinator's row): past it the
 # lease expires after its TTL instead (not the statement's 30 s timeout, once per shard).
 STOP_DB_S = 5.0
+# A round runs this long after another's lease could expire (database clock): its orphaned slot is taken then,
+# not up to a scan period later (next_round_s).
+EXPIRY_SLACK_S = 0.02
+# How soon a round runs again while another coordinator's newly won shard has no URL yet: the main port
+# learns where it is served (its moved) soon after it listens, not up to a scan period later.
+URL_POLL_S = 0.1
 
 _Store = TypeVar("_Store", bound=PgStore)
 
@@ -114,7 +121,11 @@ INSERT INTO fleetwire_coordinators (owner, url, expires_at) VALUES ($1, $2, now(
 ON CONFLICT (owner) DO UPDATE SET url = excluded.url, expires_at = excluded.expires_at
 """
 _GONE = "DELETE FROM fleetwire_coordinators WHERE owner = $1 OR expires_at < now() - interval '1 hour'"
-_SCAN = "SELECT shard, owner, epoch, expires_at > now(), owner_url FROM shard_leases ORDER BY shard"
+_SCAN = """
+SELECT shard, owner, epoch, expires_at > now(), owner_url,
+       CASE WHEN isfinite(expires_at) THEN extract(epoch FROM expires_at - now())::float8 END
+FROM shard_leases ORDER BY shard
+"""
 _PEERS = "SELECT owner FROM fleetwire_coordinators WHERE expires_at > now()"
 # As pg_leases.ACQUIRE, but a renewal keeps the row's owner_url (the shard server's), and an
 # acquisition clears it until that shard's server listens.
@@ -202,6 +213,7 @@ class ClusterHost:
         self._refs: dict[int, RemoteRefs] = {}  # each served shard's reader of remote upstreams (remote_refs.py)
         self._shared_key: tuple[str, bytes] | None = None  # the data-plane key every core shares (remote_refs.py)
         self.rows: list[LeaseRow] = []  # the last scan
+        self._round_due = math.inf  # when the last round's rows ask for the next one (next_round_s); inf: none
         self.peers: set[str] = set()
         self.fatal: asyncio.Future[BaseException] | None = None
         self.loaded = asyncio.Event()
@@ -394,8 +406,10 @@ class ClusterHost:
             wait = period
             if self.leases.held:
                 wait = min(wait, max(0.0, self.leases.valid_until - now))
+            wait = min(wait, max(0.0, self._round_due - now))
             await asyncio.sleep(wait)
             self._lose(self.leases.check(time.monotonic()), "no lease renewal succeeded before the lease could expire")
+            self._round_due = math.inf  # a round that fails asks for nothing: the period again
             try:
                 timeout = max(0.05, self.leases.valid_until - time.monotonic()) if self.leases.held else 30.0
                 async with asyncio.timeout(timeout):
@@ -440,7 +454,9 @@ class ClusterHost:
             return await conn.fetch(_SCAN), await conn.fetch(_PEERS), await conn.fetchval(WANTED, "doorbell")
 
         rows, peers, self.doorbell.wanted = await self.db(scan)
+        scanned = time.monotonic()
         self.rows = [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        left = {r[0]: r[5] for r in rows if r[5] is not None}  # a never-held slot's -infinity: none
         self.peers = {r[0] for r in peers}
         decided = plan_round(owner, self.leases.held, self.rows, self.peers, max_moves=2)
         wanted = sorted(set(self.leases.held) | set(decided.acquire))
@@ -451,6 +467,8 @@ class ClusterHost:
         self._lose(lost, "lost the lease to another coordinator (or it expired)")
         for shard in won:
             self._spawn(self._start_shard(shard, self.leases.held[shard]))
+        missed = bool(set(decided.acquire) - set(won))
+        self._round_due = scanned + next_round_s(self.config.scan_s, self.rows, left, self.leases.held, missed)
         try:
             await self._write_workers()
         except Exception as exc:  # only the views' registries are late; the round itself succeeded
@@ -636,6 +654,32 @@ class ClusterHost:
         else:
             return None
         return None if target == shard else self.where(target)
+
+
+def next_round_s(period: float, rows: list[LeaseRow], left: dict[int, float], held: Any, missed: bool = False) -> float:
+    """Seconds from a scan until the next round, as the other coordinators' lease rows ask (pure).
+
+    ``period``: the scan period (``--lease-renew`` / 2), the longest; ``left``: shard -> seconds until its
+    lease expires, at the scan (database clock); ``held``: this coordinator's slots. A live owner renews
+    every period, so its lease has about the TTL left: one with less than a period left stopped renewing
+    (killed, stalled, cut off), and the round runs just after it could expire (:data:`EXPIRY_SLACK_S`)
+    rather than up to a period later; whether it expired is still the database's to say (the acquire's
+    ``expires_at < now()``: fencing unchanged). A shard another coordinator just won has no URL until its
+    core listens: the round runs every :data:`URL_POLL_S` until it has one, so the main port's ``moved``
+    names it soon after. ``missed``: this round asked for an orphaned slot that another coordinator won
+    first (both rounds ran at its expiry and chose the same one, coordinator/shards.py plan_round): the
+    next round, :data:`URL_POLL_S` later, sees which are left, instead of a period later.
+    """
+    due = URL_POLL_S if missed else period
+    for row in rows:
+        if row.shard in held or not row.live:
+            continue
+        if not row.url:
+            due = min(due, URL_POLL_S)
+        ttl_left = left.get(row.shard, period)
+        if ttl_left < period:
+            due = min(due, max(0.0, ttl_left) + EXPIRY_SLACK_S)
+    return due
 
 
 async def _opened(make: Callable[[], _Store]) -> _Store:
