@@ -298,29 +298,46 @@ class FileWatch:
     starting after the deletion) is still reported as deleted, its old inode's link count 0. Only
     the ``-wal``: closing a descriptor drops every POSIX lock of this process on that file, and
     SQLite locks the ``-shm`` (never the ``-wal``). :meth:`close` closes it.
+
+    :meth:`problem` arms what the open did not find yet, on whichever thread checks (the loop's
+    committer, a writer that failed), while :meth:`close` may run on another: the ``-wal``'s
+    descriptor is opened outside :attr:`_lock` and kept under it only while the watch is open
+    and holds none, else closed at once. Before, a close between the open and the assignment
+    found no descriptor and the arm then kept one for ever (as did an arm after the close, or
+    two arms at once).
     """
 
     def __init__(self, path: Path) -> None:
         self.paths = sidecar_paths(path)
         self._ids: list[tuple[int, int] | None] = [None, None]
         self._wal_fd: int | None = None
+        self._lock = threading.Lock()
+        self._closed = False
 
     def arm(self) -> None:
-        """Remember the files as they are now (after a commit, when SQLite has created both)."""
+        """Remember the files as they are now (after a commit, when SQLite has created both); closed: nothing."""
         for i, p in enumerate(self.paths):
-            if self._ids[i] is None:
+            if self._ids[i] is None and not self._closed:
                 with contextlib.suppress(FileNotFoundError):
                     if i == 0:  # the -wal: held open, its link count read by problem()
                         fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
                         st = os.fstat(fd)
-                        self._wal_fd = fd
+                        with self._lock:
+                            kept = not self._closed and self._wal_fd is None
+                            if kept:
+                                self._wal_fd = fd
+                                self._ids[0] = (st.st_dev, st.st_ino)
+                        if not kept:
+                            os.close(fd)  # closed meanwhile, or another arm kept its own
                     else:
                         st = os.stat(p)
-                    self._ids[i] = (st.st_dev, st.st_ino)
+                        self._ids[i] = (st.st_dev, st.st_ino)
 
     def problem(self) -> str | None:
         """None while both files are the ones :meth:`arm` saw, else what happened to which."""
-        if self._wal_fd is not None and os.fstat(self._wal_fd).st_nlink == 0:
+        with self._lock:  # not a descriptor that close() closed meanwhile (or its number reused)
+            gone = self._wal_fd is not None and os.fstat(self._wal_fd).st_nlink == 0
+        if gone:
             return f"{self.paths[0]} was deleted while the coordinator was running"
         for p, ident in zip(self.paths, self._ids, strict=True):
             if ident is None:
@@ -331,12 +348,20 @@ class FileWatch:
             except FileNotFoundError:
                 return f"{p} was deleted while the coordinator was running"
             if (st.st_dev, st.st_ino) != ident:
-                return f"{p} was replaced while the coordinator was running"
+                # Not a file copied over it (that keeps the inode): this one was unlinked, and the file at its
+                # name is new. For the -shm that is SQLite's own doing: a connection of another process (the
+                # store's writer process, an sqlite3 shell) that opens the database without one makes it anew.
+                return (
+                    f"{p} was deleted while the coordinator was running, and a new file was made at its name "
+                    "(a connection of another process that opens the database makes a missing -shm or -wal anew)"
+                )
         return None
 
     def close(self) -> None:
-        """Close the ``-wal`` held open (after the store's connection: see the class docstring)."""
-        fd, self._wal_fd = self._wal_fd, None
+        """Close the ``-wal`` held open (after the store's connection: see the class docstring); no arm after it."""
+        with self._lock:
+            self._closed = True
+            fd, self._wal_fd = self._wal_fd, None
         if fd is not None:
             os.close(fd)
 
