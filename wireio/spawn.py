@@ -50,8 +50,22 @@ async def _stop_when_started(starting: asyncio.Future[Process], stop: Stop) -> N
         proc = await starting
     except Exception:  # it started nothing (the caller's cancel stands)
         return
+    # Its pipes are read to their end meanwhile (nobody else reads them now): a child that writes on would block,
+    # and on 3.11 a pipe with more than twice its reader's limit unread is paused, never sees its EOF, and
+    # proc.wait() (which waits for every pipe's EOF) never returns once the child was killed.
+    drains = [asyncio.ensure_future(_drain(out)) for out in (proc.stdout, proc.stderr) if out is not None]
+    try:
+        with contextlib.suppress(Exception):
+            await stop(proc)
+    finally:
+        for drain in drains:
+            drain.cancel()
+
+
+async def _drain(out: asyncio.StreamReader) -> None:
     with contextlib.suppress(Exception):
-        await stop(proc)
+        while await out.read(1 << 16):
+            pass
 
 
 async def kill_session(proc: Process) -> None:
