@@ -159,6 +159,8 @@ def child_path(plans: int, writes: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.sqlite3"
         SQLiteStore(path).close()
+        if hasattr(writer_child, "sqlite_for_one_thread"):  # as the child sets its SQLite (a tree without: as it is)
+            writer_child.sqlite_for_one_thread()
         store = SQLiteStore.writer(path, encode_record=writer_child._raw_of)
         store._db.execute("PRAGMA synchronous=OFF")
         for body in bodies:

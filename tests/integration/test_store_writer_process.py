@@ -494,6 +494,34 @@ def test_a_writer_process_whose_parent_died_leaves_the_wal_as_the_death_left_it(
         check.close()
 
 
+_SQLITE_MEMORY = """
+import ctypes, sqlite3, sys
+from coordinator.io.stores.writer_child import sqlite_for_one_thread
+set_up = sqlite_for_one_thread() if sys.argv[2] == "set" else None
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL")
+db.execute("CREATE TABLE t (x BLOB)")
+db.executemany("INSERT INTO t VALUES (?)", [(bytes(100),)] * 100)
+lib = ctypes.CDLL(next(line.split()[-1] for line in open("/proc/self/maps") if "/libsqlite3." in line))
+lib.sqlite3_memory_used.restype = ctypes.c_int64
+print(set_up, lib.sqlite3_memory_used(), db.execute("SELECT count(*) FROM t").fetchone()[0])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the library is found in /proc/self/maps")
+def test_the_writer_childs_sqlite_keeps_no_memory_statistics(tmp_path: Path) -> None:
+    """writer_child.sqlite_for_one_thread: SQLite's allocations take no global mutex for statistics (none counted)."""
+
+    def run(mode: str) -> list[str]:
+        args = [sys.executable, "-c", _SQLITE_MEMORY, str(tmp_path / f"{mode}.db"), mode]
+        root = Path(__file__).resolve().parents[2]
+        return subprocess.run(args, capture_output=True, text=True, check=True, cwd=root).stdout.split()
+
+    assert run("set") == ["True", "0", "100"]  # set, and the connection works
+    as_is = run("as-is")
+    assert as_is[0] == "None" and int(as_is[1]) > 0 and as_is[2] == "100"  # statistics kept by default
+
+
 # A dying writer process's hold on the lock file: the file names its (dead) coordinator; it lets go in half a second.
 _DYING_WRITER = """
 import fcntl, os, sys, time
