@@ -1,0 +1,37 @@
+"""Review of 5ce510b (the SQLite store's writer process served on the event loop): its close with groups out.
+
+coordinator/io/stores/writer_process.py belongs to another helper: a bug found here is a strict xfail, its fix
+described in the review's report, not made here."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coordinator.io.stores.sqlite import SQLiteStore
+from tests.integration.test_store_writer_process import plan, ready_child, started, store  # noqa: F401
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="5ce510b: WriterProcess.leave() (the store closed from a thread while the loop served its child) drops "
+    "the groups still waiting for their reply, neither answered nor failed; the receiver thread answered them "
+    "before, so a committer closed after the store now waits for ever",
+)
+async def test_a_store_closed_with_groups_out_answers_them_and_the_committers_close_returns(
+    store: SQLiteStore,
+) -> None:
+    """The store closed (in a thread, as CoordinatorServer.stop does) while the loop's groups wait for replies:
+    each group is answered, released or failed (commit-before-send: failed is safe), and the committer's close
+    after it returns instead of waiting for answers nobody reads any more."""
+    seen, committer = started(store, inline_max_records=0)
+    ready_child(store)
+    for n in range(1, 50):
+        committer.submit(plan(f"p{n}", n), n)
+    await asyncio.to_thread(store.close)
+    async with asyncio.timeout(5):
+        await committer.close()
+    assert len(seen) == 49 or seen.errors
