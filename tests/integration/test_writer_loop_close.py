@@ -6,13 +6,24 @@ described in the review's report, not made here."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from coordinator.io.stores.sqlite import SQLiteStore
-from tests.integration.test_store_writer_process import plan, ready_child, started, store  # noqa: F401
+from coordinator.io.stores.store import DB_FILE
+from tests.integration.test_store_writer_process import plan, ready_child, started
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    opened = SQLiteStore(tmp_path / DB_FILE)
+    opened.hand_writes_to_process()
+    yield opened
+    opened.close()
 
 
 @pytest.mark.xfail(
