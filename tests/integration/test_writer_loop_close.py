@@ -1,7 +1,7 @@
 """Review of 5ce510b (the SQLite store's writer process served on the event loop): its close with groups out.
 
-coordinator/io/stores/writer_process.py belongs to another helper: a bug found here is a strict xfail, its fix
-described in the review's report, not made here."""
+The bug it found (a strict xfail here first) is fixed in coordinator/io/stores/writer_process.py: WriterProcess.leave()
+reads the replies of the groups still out and answers each."""
 
 from __future__ import annotations
 
@@ -26,12 +26,6 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
     opened.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="5ce510b: WriterProcess.leave() (the store closed from a thread while the loop served its child) drops "
-    "the groups still waiting for their reply, neither answered nor failed; the receiver thread answered them "
-    "before, so a committer closed after the store now waits for ever",
-)
 async def test_a_store_closed_with_groups_out_answers_them_and_the_committers_close_returns(
     store: SQLiteStore,
 ) -> None:

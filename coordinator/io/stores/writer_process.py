@@ -321,7 +321,8 @@ class WriterProcess:
         loop.add_reader(self._in, self.poll)
 
     def leave(self) -> None:
-        """Stop serving on the loop (on its thread): what is unsent is written and the pipes block again."""
+        """Stop serving on the loop (on its thread): what is unsent is written and the pipes block again; the groups
+        still out (the store closed under a running committer) are answered here, waiting for their replies."""
         loop = self._loop
         if loop is None:
             return
@@ -331,13 +332,23 @@ class WriterProcess:
         with contextlib.suppress(ValueError, OSError):  # the pipe closed already (a failed child)
             loop.remove_reader(self._in)
             loop.remove_writer(self._out)
-        self._loop = self._notify = None
+        notify, self._loop, self._notify = self._notify, None, None
         with contextlib.suppress(OSError):
             os.set_blocking(self._out, True)
             os.set_blocking(self._in, True)
             if self._unsent and self._failed is None:
                 send_all(self._out, bytes(self._unsent))
         self._unsent.clear()
+        if self._waiting and notify is not None:  # nobody reads their replies after this: read now, each answered
+            try:
+                while self._waiting:
+                    generation, count, keys = self._reply(self.reply_timeout_s)
+                    self._check(generation, count, len(self._waiting), keys)
+                    for _ in range(count):
+                        self._waiting.popleft()(None)
+            except StoreError as exc:
+                self._fail_waiting(exc)  # each waiting group failed (the loop is left already)
+            notify()
 
     def _write_soon(self, held: bytes, body: bytes, kind: int) -> None:
         """On the loop: ``held`` and one request (kind -1: none) written now as far as the pipe has room, the rest
