@@ -347,6 +347,9 @@ class FileWatch:
                 st = os.stat(p)
             except FileNotFoundError:
                 return f"{p} was deleted while the coordinator was running"
+            if (st.st_dev, st.st_ino) != ident and p == self.paths[0]:
+                # The -wal held open still has a name (not deleted: checked above): moved away, another file at its.
+                return f"{p} was replaced while the coordinator was running"
             if (st.st_dev, st.st_ino) != ident:
                 # Not a file copied over it (that keeps the inode): this one was unlinked, and the file at its
                 # name is new. For the -shm that is SQLite's own doing: a connection of another process (the
