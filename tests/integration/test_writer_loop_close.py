@@ -1,22 +1,27 @@
 """Review of 5ce510b (the SQLite store's writer process served on the event loop): its close with groups out.
 
-The bug it found (a strict xfail here first) is fixed in coordinator/io/stores/writer_process.py: WriterProcess.leave()
-reads the replies of the groups still out and answers each."""
+The bugs it found (strict xfails here first) are fixed in coordinator/io/stores/writer_process.py: WriterProcess.leave()
+answers the groups still out from the replies the pipe holds and fails the rest at once (it never waits on the loop),
+and a close that gave up waiting for leave() keeps the pipes open for it to close."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from coordinator.io.stores import writer_process
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from tests.integration.test_store_writer_process import plan, ready_child, started
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,12 +50,6 @@ async def test_a_store_closed_with_groups_out_answers_them_and_the_committers_cl
     assert len(seen) == 49 or seen.errors
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="c184d8f: WriterProcess.leave() reads the replies of the groups still out blocking, on the loop's thread "
-    "(up to reply_timeout_s a reply): a store closed in a thread (CoordinatorServer.stop, 990be30) under a running "
-    "committer with a stuck child stalls every session until the closer kills the child (5 s + 10 s)",
-)
 async def test_a_store_closed_with_groups_out_to_a_stuck_child_keeps_the_loop_responsive(store: SQLiteStore) -> None:
     """The child stopped (SIGSTOP: a disk that does not answer) with groups out, the store closed in a thread: the
     loop keeps turning (a 10 ms probe is never late by 1 s) while the close ends the child, and the groups fail."""
@@ -76,3 +75,29 @@ async def test_a_store_closed_with_groups_out_to_a_stuck_child_keeps_the_loop_re
         await probing
     assert seen == [] and seen.errors
     assert late[0] < 1.0, f"the loop stalled {late[0]:.1f} s"
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
+
+
+async def test_a_close_the_loop_does_not_leave_in_time_keeps_the_pipes_until_it_does(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store closed in a thread while the loop is blocked past the close's wait for leave(): the close ends
+    the child but keeps the pipes' fd numbers (a late leave() acting on numbers released, maybe reused by then,
+    would take another file off the loop); the late leave() closes them once it has taken them off the loop."""
+    monkeypatch.setattr(writer_process, "LEAVE_WAIT_S", 0.05)
+    started(store, inline_max_records=0)
+    child = ready_child(store)
+    fds = (child.process.stdin.fileno(), child.process.stdout.fileno())  # type: ignore[union-attr]
+    closing = threading.Thread(target=store.close)
+    closing.start()
+    closing.join(30)  # the loop blocked meanwhile: leave() cannot run
+    assert not closing.is_alive()
+    assert child.process.poll() is not None, "the child outlived the close"
+    assert all(map(_is_pipe, fds)), "the close released fd numbers the loop still serves"
+    await until(lambda: not any(map(_is_pipe, fds)))

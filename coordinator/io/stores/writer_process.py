@@ -92,6 +92,7 @@ log = structlog.get_logger(__name__)
 REPLY_TIMEOUT_S: Final = 120.0  # a commit that takes longer: the child is stuck (SQLite waits 5 s for a lock)
 START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
 KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next group at most (~1,000 lone commits)
+LEAVE_WAIT_S = 5.0  # a close in another thread waits this long for the loop to take the pipes off it
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
 _READ_BYTES = 1 << 20  # a reply read asks for this much at least: the keys of a busy group come with their header
@@ -172,6 +173,9 @@ class WriterProcess:
         self._unsent = bytearray()  # requests the pipe had no room for yet (loop.add_writer sends them)
         self._overdue: asyncio.TimerHandle | None = None  # the stuck check while groups wait for their reply
         self._answered_at = 0.0  # the last reply's time, or the first send's since nothing waited (monotonic)
+        self._abandoned = False  # left with groups out (failed unanswered): the child may still commit them
+        self._fds_lock = threading.Lock()  # the pipes closed only once off the loop (leave, close)
+        self._fds_orphaned = False  # close() gave up waiting for the loop to leave: leave() closes them
 
     @property
     def pid(self) -> int:
@@ -296,7 +300,11 @@ class WriterProcess:
                     self._keys_held_bytes = 0
                 if self._loop is not None:
                     self._write_soon(held, body, kind)
-                elif kind < 0:
+                    return
+                if self._unsent:  # what the loop had no room for (leave() does not wait for room)
+                    held = bytes(self._unsent) + held
+                    self._unsent.clear()
+                if kind < 0:
                     send_all(self._out, held)
                 else:
                     send_request(self._out, body, kind, held)
@@ -321,34 +329,40 @@ class WriterProcess:
         loop.add_reader(self._in, self.poll)
 
     def leave(self) -> None:
-        """Stop serving on the loop (on its thread): what is unsent is written and the pipes block again; the groups
-        still out (the store closed under a running committer) are answered here, waiting for their replies."""
-        loop = self._loop
-        if loop is None:
-            return
-        if self._overdue is not None:
-            self._overdue.cancel()
-            self._overdue = None
-        with contextlib.suppress(ValueError, OSError):  # the pipe closed already (a failed child)
-            loop.remove_reader(self._in)
-            loop.remove_writer(self._out)
-        notify, self._loop, self._notify = self._notify, None, None
-        with contextlib.suppress(OSError):
-            os.set_blocking(self._out, True)
-            os.set_blocking(self._in, True)
-            if self._unsent and self._failed is None:
-                send_all(self._out, bytes(self._unsent))
-        self._unsent.clear()
-        if self._waiting and notify is not None:  # nobody reads their replies after this: read now, each answered
-            try:
-                while self._waiting:
-                    generation, count, keys = self._reply(self.reply_timeout_s)
-                    self._check(generation, count, len(self._waiting), keys)
-                    for _ in range(count):
-                        self._waiting.popleft()(None)
-            except StoreError as exc:
-                self._fail_waiting(exc)  # each waiting group failed (the loop is left already)
-            notify()
+        """Stop serving on the loop (on its thread), never waiting: the pipes block again, what is unsent goes before
+        the next request. The groups still out (the store closed under a running committer) are answered from the
+        replies the pipe holds; the rest fail (StoreError; commit-before-send: nothing released). After a close()
+        that gave up waiting for this, the pipes are closed here, once off the loop."""
+        if self._loop is not None and self._waiting and self._failed is None:
+            self.poll()  # the replies in the pipe already, without waiting (a failure leaves: _fail_waiting)
+        with self._fds_lock:  # close() closes the pipes only once they are off the loop
+            loop, notify = self._loop, self._notify
+            if loop is None:
+                return
+            if self._overdue is not None:
+                self._overdue.cancel()
+                self._overdue = None
+            with contextlib.suppress(ValueError, OSError):  # the pipe closed already (a failed child)
+                loop.remove_reader(self._in)
+                loop.remove_writer(self._out)
+            self._loop, self._notify = None, None
+            with contextlib.suppress(OSError):
+                os.set_blocking(self._out, True)
+                os.set_blocking(self._in, True)
+            if self._fds_orphaned:
+                self._close_pipes()
+        if self._waiting:
+            finished = list(self._waiting)
+            self._waiting.clear()
+            if self._failed is None:  # the child may still commit them: no later write builds on its keys
+                self._abandoned = True
+                self._failed = (f"the store's writer process (pid {self.process.pid}) for {self.path}: left with "
+                                f"{len(finished)} groups not answered yet")  # fmt: skip
+            error = StoreError(self._failed)
+            for done in finished:
+                done(error)
+            if notify is not None:
+                notify()
 
     def _write_soon(self, held: bytes, body: bytes, kind: int) -> None:
         """On the loop: ``held`` and one request (kind -1: none) written now as far as the pipe has room, the rest
@@ -376,28 +390,38 @@ class WriterProcess:
         if self._loop is not None:
             self._loop.remove_writer(self._out)
 
-    def _leave_from_any_thread(self) -> None:
-        """:meth:`leave`, on the loop's thread when that loop runs in another one (a store closed in a thread)."""
+    def _leave_from_any_thread(self) -> bool:
+        """:meth:`leave`, on the loop's thread when that loop runs in another one (a store closed in a thread);
+        False: that loop did not run it in time (it will later: the pipes are left for it to close)."""
         loop = self._loop
         if loop is None:
-            return
+            return True
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is loop or loop.is_closed() or not loop.is_running():
             self.leave()
-            return
+            return True
         left = threading.Event()
 
         def leave() -> None:
             self.leave()
             left.set()
 
-        with contextlib.suppress(RuntimeError):  # closed meanwhile
+        try:
             loop.call_soon_threadsafe(leave)
-        if not left.wait(5.0):
-            log.error("the store's writer process: its pipes were not taken off the event loop", pid=self.process.pid)
+        except RuntimeError:  # closed meanwhile: its selector with it
+            self.leave()
+            return True
+        if left.wait(LEAVE_WAIT_S):
+            return True
+        with self._fds_lock:
+            if self._loop is None:  # left meanwhile
+                return True
+            self._fds_orphaned = True  # leave() closes them once they are off the loop
+        log.error("the store's writer process: its pipes were not taken off the event loop", pid=self.process.pid)
+        return False
 
     def _writable(self) -> None:
         try:
@@ -592,14 +616,22 @@ class WriterProcess:
 
     def close(self, timeout_s: float = 10.0) -> None:
         """End the child: the close request, then its stdin closed; it closes the file and exits (killed if it
-        does not in time). Without the request it would exit without closing the file (the parent's death)."""
-        self._leave_from_any_thread()
+        does not in time). Without the request it would exit without closing the file (the parent's death). A loop
+        that does not leave the pipes in time: the child killed, the pipes left open for :meth:`leave` to close."""
+        if not self._leave_from_any_thread():
+            self._kill()
+            return
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        with contextlib.suppress(OSError):
-            if self._failed is None and select.select([], [self._out], [], timeout_s)[1]:
-                os.write(self._out, REQUEST_HEADER.pack(0, CLOSE))  # 5 bytes: one atomic write once there is room
+        if self._failed is None or self._abandoned:
+            with self._send_lock, contextlib.suppress(OSError):
+                self._unsent += REQUEST_HEADER.pack(0, CLOSE)  # after what the loop had no room for yet
+                os.set_blocking(self._out, False)  # a blocking write waits for room for all of it
+                deadline = time.monotonic() + timeout_s
+                while self._unsent and select.select([], [self._out], [], max(0.0, deadline - time.monotonic()))[1]:
+                    with contextlib.suppress(BlockingIOError):
+                        del self._unsent[: os.write(self._out, self._unsent)]
         with contextlib.suppress(OSError):
             self.process.stdin.close()  # type: ignore[union-attr]
         try:
@@ -609,5 +641,9 @@ class WriterProcess:
             self._kill()
         if self._receiver is not None:
             self._receiver.join()
-        with contextlib.suppress(OSError):
-            self.process.stdout.close()  # type: ignore[union-attr]
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()  # type: ignore[union-attr]
