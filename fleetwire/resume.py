@@ -5,10 +5,10 @@ away, ``1011``/``1012``/``1013``/``1014``), :class:`Resumer` keeps the session a
 failing every call:
 
 * it dials again after the delay of :class:`~protocol.backoff.ReconnectBackoff`, the worker
-  agent's too (reconnect that follows the cluster: full jitter ``U(0, min(cap, base * 2**n))``,
-  ``n`` reset by any answer from a coordinator, a refusal's ``Retry-After`` waited as such, the
-  ceiling at most 5 s while some coordinator of the list answers), for up to ``give_up_s``
-  without a session;
+  agent's too (reconnect that follows the cluster: full jitter; ``base`` for a pass over the list
+  after a served session or a ``moved``, doubled by each refusal without a wait but the first (an
+  HTTP refusal, a session closed ``1013`` before it served) and by the silent tries once a whole
+  pass got no answer; a refusal's ``Retry-After`` waited as such), for up to ``give_up_s`` without a session;
 * on the new connection the ``ClientSession`` (fleetwire/session.py, ``resume``) first
   re-sends every request still waiting for its reply, in ``req_id`` order (submits are
   idempotent: the SDK always sends a plan id), then subscribes every unfinished plan again
@@ -47,6 +47,7 @@ log = logging.getLogger("fleetwire.client")
 # None: the connection dropped without a close frame (1006). 1001: the coordinator is shutting
 # down (a restart). 1011-1014: server error, restart, try again later, bad gateway.
 # 4307: cluster mode's ``moved`` (the driver dials the URL it named, else the next of its list).
+CLOSE_TRY_AGAIN: Final = 1013  # also a main port's "no owner yet": a session closed before it served
 RESUMABLE_CLOSE_CODES: Final = frozenset({None, 1001, 1006, 1011, 1012, 1013, 1014, 4307})
 
 C = TypeVar("C")  # the driver's connection
@@ -92,6 +93,8 @@ class Resumer(Generic[C]):
         self._end = end
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+        # One backoff for the client's life: refusals without a wait add up across sessions closed before serving.
+        self._backoff = ReconnectBackoff(base_s, cap_s, urls=urls, rng=self._rng)
 
     @property
     def resumed(self) -> int:
@@ -126,9 +129,14 @@ class Resumer(Generic[C]):
     async def _resume(self, error: FleetwireConnectionError) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        backoff = ReconnectBackoff(self.base_s, self.cap_s, urls=self.urls, rng=self._rng)
-        delay = backoff.answered()  # the session that ended was a coordinator's answer
+        backoff = self._backoff
         moved = error.close_code == CLOSE_MOVED  # told where to go: the first dial goes there at once
+        if moved:
+            delay = backoff.moved()
+        elif error.close_code == CLOSE_TRY_AGAIN:  # closed before it served (a main port's "no owner yet")
+            delay = backoff.refused()
+        else:  # the session that ended was served
+            delay = backoff.served()
         while True:
             if not moved:
                 await asyncio.sleep(delay)
@@ -140,7 +148,7 @@ class Resumer(Generic[C]):
                 return
             except FleetwireConnectionError as exc:
                 # An HTTP refusal (503 while the database is away, 429) is an answer: its Retry-After is the wait.
-                delay = backoff.answered(exc.retry_after_s) if exc.answered else backoff.unanswered()
+                delay = backoff.refused(exc.retry_after_s) if exc.answered else backoff.unanswered()
                 if self.give_up_s is not None and loop.time() - started >= self.give_up_s:
                     why = f"{error}; gave up reconnecting after {self.give_up_s:g} s: {exc}"
                     self._end(FleetwireConnectionError(why))

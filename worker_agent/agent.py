@@ -4,9 +4,10 @@ Theory of operation:
 
 * ``run()`` dials ``/v1/worker``, runs a session, and when the session ends dials again after
   the delay of :class:`~protocol.backoff.ReconnectBackoff` (reconnect that follows the cluster:
-  full jitter ``U(0, min(cap, base * 2**n))``, ``n`` reset by any answer from a coordinator, a
-  refusal's Retry-After waited as such, the ceiling at most 5 s while some coordinator of the list
-  answers). HTTP 401/403 at the handshake is fatal (``AuthError``): retrying cannot fix a token.
+  full jitter; ``base`` for a pass over the list after a served session or a ``moved``, doubled by
+  each refusal that names no wait but the first (a session closed before ``welcome`` included) and
+  by the silent tries once a whole pass got no answer; a refusal's Retry-After waited as such).
+  HTTP 401/403 at the handshake is fatal (``AuthError``): retrying cannot fix a token.
   So is close ``4410`` (``WorkerRemoved``): an operator removed this id, whether it closed a live
   session or refused the ``hello`` of a restarted agent; the coordinator refuses the id until it
   restarts.
@@ -282,12 +283,16 @@ class Agent:
                 if self._stopping:
                     break
                 wait_s = max(wait_s, self._hello_retry_s)  # a refused hello's error.retry_after_s
-                if registered or refused or self._opened:  # a coordinator answered: n back to 0
-                    delay = backoff.answered(wait_s)
+                if registered:
+                    delay = backoff.served()
+                elif self._dialer.moved:  # told where to go: go at once (the pass from here held at base)
+                    delay = backoff.moved()
+                elif refused or self._opened:  # answered, served nothing: its wait, else a doubling (1013 included)
+                    delay = backoff.refused(wait_s)
                 else:
                     delay = backoff.unanswered()
                 if self._dialer.moved:
-                    delay = 0.0  # told where to go: go at once
+                    delay = 0.0  # a served session's moved: go at once too
                 self._log.debug("reconnecting", delay_s=round(delay, 3), failures=backoff.failures)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop_requested.wait(), delay)
