@@ -93,7 +93,7 @@ class FleetwireConnectionError(FleetwireError, ConnectionError):
     (docs/PROTOCOL.md §Close codes), else ``None`` and ``""``. ``retry_after_s`` is the wait a
     refused handshake asked for (HTTP 429 or 503 with ``Retry-After``), else ``None``.
     ``answered``: a coordinator answered the dial (an HTTP refusal) rather than nothing at all; the
-    reconnect backoff starts afresh after an answer (protocol/backoff.py).
+    reconnect backoff counts it as a refusal, not a dial nobody answered (protocol/backoff.py).
     """
 
     code = CONNECTION_LOST
