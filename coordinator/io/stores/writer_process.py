@@ -36,9 +36,7 @@ once every reply is in, builds on it; the parent in a keys request, written in f
 group (:meth:`WriterProcess.send_keys`), which the child applies before it reads that group.
 The generation side file is written by whichever side committed.
 
-The wire (requests, replies, the record codes, a group's encoding) is coordinator/io/stores/writer_wire.py; the part
-served on the loop (the non-blocking send queue, the reply reader, the stuck check, :meth:`~WriterProcess.leave`) is
-coordinator/io/stores/writer_loop.py, a base class of :class:`WriterProcess`.
+The wire (requests, replies, the record codes, a group's encoding) is coordinator/io/stores/writer_wire.py.
 
 Failure (as the writer thread's, docs in commit.py): a failed commit, a child that exits or is
 killed, a reply that is not the next generation or whose keys do not apply, or no reply within
@@ -74,7 +72,6 @@ import msgspec
 import structlog
 
 from coordinator.io.stores.integrity import StoreError
-from coordinator.io.stores.writer_loop import READ_BYTES, ServedOnLoop
 from coordinator.io.stores.writer_wire import (
     BUSY,
     CLOSE,
@@ -98,12 +95,13 @@ KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next
 LEAVE_WAIT_S = 5.0  # a close in another thread waits this long for the loop to take the pipes off it
 _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1 << 20
+_READ_BYTES = 1 << 20  # a reply read asks for this much at least: the keys of a busy group come with their header
 # What the child's environment keeps of the parent's: the interpreter's and the locale's, nothing else.
 _ENV_KEPT: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONPATH", "PYTHONHOME",
                     "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "VIRTUAL_ENV", "COVERAGE_PROCESS_START")  # fmt: skip
 
 
-class WriterProcess(ServedOnLoop):
+class WriterProcess:
     """The parent's end of one writer child: :meth:`write` sends a group and waits for its commit.
 
     Args:
@@ -221,7 +219,7 @@ class WriterProcess(ServedOnLoop):
                 raise StoreError(f"the store's writer process for {self.path}: a commit is in flight")
             body = encode_group(self._encoder, records)
             self._send(body, int(wait))
-            self.flush_unsent()
+            self._flush_unsent()
             generation, count, keys = self._reply(self.reply_timeout_s)
             if generation == BUSY and not wait:
                 return False
@@ -273,7 +271,7 @@ class WriterProcess(ServedOnLoop):
                 self._answered_at = time.monotonic()
                 if self._overdue is not None:
                     self._overdue.cancel()
-                self._overdue = self._loop.call_later(self.reply_timeout_s, self.check_overdue)
+                self._overdue = self._loop.call_later(self.reply_timeout_s, self._check_overdue)
             self._waiting.append(done)
             self._send(body, 1)
             if self._buffer:  # replies read before this group was sent (a stray one fails it): looked at now
@@ -301,7 +299,7 @@ class WriterProcess(ServedOnLoop):
                     self._keys_held.clear()
                     self._keys_held_bytes = 0
                 if self._loop is not None:
-                    self.write_soon(held, body, kind)
+                    self._write_soon(held, body, kind)
                     return
                 if self._unsent:  # what the loop had no room for (leave() does not wait for room)
                     held = bytes(self._unsent) + held
@@ -312,6 +310,85 @@ class WriterProcess(ServedOnLoop):
                     send_request(self._out, body, kind, held)
         except OSError as exc:
             self._fail(f"{self._exit_status()} ({exc})")
+
+    # ------------------------------------------------------------------ on the event loop (serve_on)
+
+    def serve_on(self, loop: asyncio.AbstractEventLoop, notify: Callable[[], None]) -> None:
+        """From now on :meth:`send` writes on ``loop``'s thread and the replies are read there: no thread of ours.
+
+        A group's request is written by the caller (the pipe's end non-blocking; what it has no room for goes
+        when it has, ``loop.add_writer``) and its reply read when the pipe is readable (``loop.add_reader``) or
+        when :meth:`poll` is called; each ``done`` runs on the loop, then ``notify()``. The writer thread's
+        hand-over (its wake-up, ~1 ms waiting for the busy loop's GIL) and the receiver thread's (the same, and
+        the loop woken again by ``call_soon_threadsafe``) are gone from a group's commit (docs/PERFORMANCE.md
+        §D29b). Call on ``loop``'s thread, before any :meth:`send`; :meth:`leave` undoes it.
+        """
+        self._loop, self._notify = loop, notify
+        os.set_blocking(self._out, False)
+        os.set_blocking(self._in, False)
+        loop.add_reader(self._in, self.poll)
+
+    def leave(self) -> None:
+        """Stop serving on the loop (on its thread), never waiting: the pipes block again, what is unsent goes before
+        the next request. The groups still out (the store closed under a running committer) are answered from the
+        replies the pipe holds; the rest fail (StoreError; commit-before-send: nothing released). After a close()
+        that gave up waiting for this, the pipes are closed here, once off the loop."""
+        if self._loop is not None and self._waiting and self._failed is None:
+            self.poll()  # the replies in the pipe already, without waiting (a failure leaves: _fail_waiting)
+        with self._fds_lock:  # close() closes the pipes only once they are off the loop
+            loop, notify = self._loop, self._notify
+            if loop is None:
+                return
+            if self._overdue is not None:
+                self._overdue.cancel()
+                self._overdue = None
+            with contextlib.suppress(ValueError, OSError):  # the pipe closed already (a failed child)
+                loop.remove_reader(self._in)
+                loop.remove_writer(self._out)
+            self._loop, self._notify = None, None
+            with contextlib.suppress(OSError):
+                os.set_blocking(self._out, True)
+                os.set_blocking(self._in, True)
+            if self._fds_orphaned:
+                self._close_pipes()
+        if self._waiting:
+            finished = list(self._waiting)
+            self._waiting.clear()
+            if self._failed is None:  # the child may still commit them: no later write builds on its keys
+                self._abandoned = True
+                self._failed = (f"the store's writer process (pid {self.process.pid}) for {self.path}: left with "
+                                f"{len(finished)} groups not answered yet")  # fmt: skip
+            error = StoreError(self._failed)
+            for done in finished:
+                done(error)
+            if notify is not None:
+                notify()
+
+    def _write_soon(self, held: bytes, body: bytes, kind: int) -> None:
+        """On the loop: ``held`` and one request (kind -1: none) written now as far as the pipe has room, the rest
+        kept in order for ``add_writer`` (one ``writev`` either way: no copy of a large body when it fits)."""
+        parts = (held,) if kind < 0 else (held + REQUEST_HEADER.pack(len(body), kind), body)
+        if self._unsent:
+            self._unsent += b"".join(parts)
+            return
+        try:
+            sent = os.writev(self._out, parts)
+        except BlockingIOError:
+            sent = 0
+        left = sum(map(len, parts)) - sent
+        if left:
+            self._unsent += b"".join(parts)[-left:]
+            assert self._loop is not None
+            self._loop.add_writer(self._out, self._writable)
+
+    def _flush_unsent(self) -> None:
+        """What the pipe had no room for, written now, waiting for room (:meth:`write` waits for its reply next)."""
+        while self._unsent:
+            select.select([], [self._out], [], self.reply_timeout_s)
+            with contextlib.suppress(BlockingIOError):
+                del self._unsent[: os.write(self._out, self._unsent)]
+        if self._loop is not None:
+            self._loop.remove_writer(self._out)
 
     def _leave_from_any_thread(self) -> bool:
         """:meth:`leave`, on the loop's thread when that loop runs in another one (a store closed in a thread);
@@ -345,6 +422,92 @@ class WriterProcess(ServedOnLoop):
             self._fds_orphaned = True  # leave() closes them once they are off the loop
         log.error("the store's writer process: its pipes were not taken off the event loop", pid=self.process.pid)
         return False
+
+    def _writable(self) -> None:
+        try:
+            sent = os.write(self._out, self._unsent)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._fail_waiting(f"{self._exit_status()} ({exc})")
+            return
+        del self._unsent[:sent]
+        if not self._unsent and self._loop is not None:
+            self._loop.remove_writer(self._out)
+
+    def poll(self) -> None:
+        """On the loop: read what replies the pipe holds, without waiting, and answer their groups, in order."""
+        if self._loop is None:
+            return
+        try:
+            while True:
+                data = os.read(self._in, _READ_BYTES)
+                if not data:  # the child closed its end: exited or killed
+                    self._fail(self._exit_status())
+                self._buffer = self._buffer + data if self._buffer else data
+                if len(data) < _READ_BYTES:
+                    break
+        except BlockingIOError:
+            pass
+        except StoreError as exc:
+            self._fail_waiting(exc)
+            return
+        except OSError as exc:
+            self._fail_waiting(f"{self._exit_status()} ({exc})")
+            return
+        answered = False
+        try:
+            if not self.ready and self._whole_reply():
+                self.wait_ready()
+            while self._waiting and self._whole_reply():
+                generation, count, keys = self._reply(0)
+                self._check(generation, count, len(self._waiting), keys)
+                for _ in range(count):
+                    self._waiting.popleft()(None)
+                answered = True
+        except StoreError as exc:
+            self._fail_waiting(exc)
+            return
+        if answered:
+            self._answered_at = time.monotonic()
+            assert self._notify is not None
+            self._notify()
+
+    def _whole_reply(self) -> bool:
+        """Whether the bytes read hold a whole reply (its header, then its keys or its error's text)."""
+        buffer = self._buffer
+        if len(buffer) < REPLY_HEADER.size:
+            return False
+        value, count, size = REPLY_HEADER.unpack_from(buffer)
+        return len(buffer) >= REPLY_HEADER.size + int(count if value == FAILED else size)
+
+    def _check_overdue(self) -> None:
+        """The stuck check on the loop (the receiver thread's reply timeout): no reply for ``reply_timeout_s``."""
+        self._overdue = None
+        if not self._waiting or self._loop is None or self._failed is not None:
+            return
+        late_s = time.monotonic() - self._answered_at
+        if late_s < self.reply_timeout_s:
+            self._overdue = self._loop.call_later(self.reply_timeout_s - late_s, self._check_overdue)
+            return
+        try:
+            self._fail(f"no answer in {self.reply_timeout_s:g} s (stuck)")
+        except StoreError as exc:
+            self._fail_waiting(exc)
+
+    def _fail_waiting(self, error: StoreError | str) -> None:
+        """On the loop: the child failed; every group waiting is answered with the error, the pipe no longer read."""
+        if isinstance(error, str):
+            try:
+                self._fail(error)
+            except StoreError as exc:
+                error = exc
+        assert isinstance(error, StoreError)
+        finished = list(self._waiting)
+        self._waiting.clear()
+        self.leave()
+        for done in finished:
+            done(error)
 
     def drain(self) -> None:
         """Wait until every group sent has its reply (its ``done`` called), or the child failed."""
@@ -419,7 +582,7 @@ class WriterProcess(ServedOnLoop):
         buffer = self._buffer
         while len(buffer) < size:
             try:
-                data = os.read(self._in, max(size - len(buffer), READ_BYTES))
+                data = os.read(self._in, max(size - len(buffer), _READ_BYTES))
             except BlockingIOError:  # on the loop (serve_on): a reply waited for in full (write, wait_ready)
                 self._poll.poll()
                 continue
