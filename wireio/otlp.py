@@ -29,7 +29,16 @@ import struct
 from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["COMMIT_SPAN", "COMPACT_SPANS", "QUEUE_KEYS", "SpanEncoder", "encode_attributes", "expand"]
+__all__ = [
+    "COMMIT_SPAN",
+    "COMPACT_SPANS",
+    "LIVE_BASE",
+    "LIVE_SPANS",
+    "QUEUE_KEYS",
+    "SpanEncoder",
+    "encode_attributes",
+    "expand",
+]
 
 _KINDS: Final = ("internal", "server", "client", "producer", "consumer")  # SpanKind 1..5 in the proto
 _FLAGS_HAS_IS_REMOTE: Final = 0x100  # SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
@@ -118,6 +127,25 @@ template's index here names the span and its attribute keys; an internal span, c
 ``traceparent`` names, its id drawn where it is exported. Less to build on the noting process's hot path and to
 ship and unpack than a :data:`wireio.span_export.RawSpan` (the coordinator's commit spans, two a plan)."""
 
+LIVE_BASE: Final = 16
+"""The first template number of :data:`LIVE_SPANS` (those of :data:`COMPACT_SPANS` are under it)."""
+LIVE_SPANS: Final = (
+    ("fleetwire.attempt", "consumer", ("fleetwire.plan_id", "fleetwire.attempt", "fleetwire.op", "fleetwire.worker_id",
+                                       "fleetwire.outcome")),
+    ("fleetwire.attempt", "consumer", ("fleetwire.plan_id", "fleetwire.attempt", "fleetwire.op", "fleetwire.worker_id",
+                                       "fleetwire.devices", "fleetwire.outcome")),
+    ("fleetwire.handler", "internal", ("fleetwire.plan_id",)),
+    ("fleetwire.inputs", "internal", ("fleetwire.inputs",)),
+)  # fmt: skip
+"""Live spans of a fixed shape (the worker's: worker_agent/plan_tracing.py), noted by ``LiveSpan.end`` as ``(LIVE_BASE +
+i, trace id hex, span id, parent id (its hex: a remote parent; an int: a local one), start ns, end ns, error,
+*values)``: ``LIVE_SPANS[i]`` names the span, its kind and its attribute keys, the values come in that order (the
+first ones: fewer values, fewer attributes). No attributes dict to pack, unpack and walk by key."""
+LIVE_ATTEMPT: Final = LIVE_BASE
+LIVE_ATTEMPT_DEVICES: Final = LIVE_BASE + 1
+LIVE_HANDLER: Final = LIVE_BASE + 2
+LIVE_INPUTS: Final = LIVE_BASE + 3
+
 QUEUE_KEYS: Final = ("fleetwire.plan_id", "fleetwire.attempt", "fleetwire.wait_reason", "fleetwire.policy",
                      "fleetwire.worker_id")  # fmt: skip
 """The attributes of the coordinator's ``fleetwire.queue`` span, in order (:meth:`SpanEncoder.queue`)."""
@@ -127,6 +155,11 @@ def expand(raw: Sequence[Any]) -> tuple[Any, ...]:
     """A noted span as a :data:`wireio.span_export.RawSpan`: a compact one expanded, any other as it is."""
     if raw[0].__class__ is str:
         return tuple(raw)
+    if raw[0] >= LIVE_BASE:
+        live_name, kind, live_keys = LIVE_SPANS[raw[0] - LIVE_BASE]
+        parent = raw[3]
+        return (live_name, raw[1], raw[2], parent, parent.__class__ is str, raw[4], raw[5],
+                dict(zip(live_keys, raw[7:], strict=False)), None, kind, raw[6])  # fmt: skip
     name, keys = COMPACT_SPANS[raw[0]]
     traceparent = raw[1]
     return (name, traceparent[3:35], _getrandbits(64) or 1, traceparent[36:52], True, raw[2], raw[3],
@@ -201,6 +234,9 @@ class SpanEncoder:
         self._templates = [(_field(0x2A, name.encode()) + b"\x30\x01",
                             tuple(self._by_key.setdefault(key, {_HEAD: _field(0x0A, key.encode())}) for key in keys))
                            for name, keys in COMPACT_SPANS]  # fmt: skip
+        self._live = [(_field(0x2A, name.encode()) + self._kinds[kind],
+                       tuple(self._by_key.setdefault(key, {_HEAD: _field(0x0A, key.encode())}) for key in keys))
+                      for name, kind, keys in LIVE_SPANS]  # fmt: skip
         self._queue_head = _field(0x2A, b"fleetwire.queue") + b"\x30\x01"
         self._queue_tables = tuple(self._by_key.setdefault(key, {_HEAD: _field(0x0A, key.encode())}) for key in
                                    QUEUE_KEYS)  # fmt: skip
@@ -228,7 +264,7 @@ class SpanEncoder:
 
         One join at the end: each span's field head and body, and the enclosing messages' heads written from the
         lengths summed on the way (each concatenation of a body with its head would copy the batch once more)."""
-        span, compact = self.span, self.compact
+        span, compact, live = self.span, self.compact, self.live
         parts: list[bytes] = [b"", self._resource, b"", self._scope]  # [0], [2]: the heads, once the size is known
         append = parts.append
         size = 0
@@ -237,6 +273,8 @@ class SpanEncoder:
                 body = raw
             elif raw[0].__class__ is str:
                 body = span(*raw)
+            elif raw[0] >= LIVE_BASE:
+                body = live(raw)
             else:
                 body = compact(raw)
             n = len(body)
@@ -285,6 +323,29 @@ class SpanEncoder:
             field = values.get(value) if cls is str or cls is int else None
             parts.append(field if field is not None else _kept(values, value))
         parts.append(_REMOTE_END)
+        return b"".join(parts)
+
+    def live(self, raw: Sequence[Any]) -> bytes:
+        """One live span of a fixed shape's ``Span`` message (:data:`LIVE_SPANS`), as :meth:`span` writes the same span
+        noted with its attributes dict."""
+        head, tables = self._live[raw[0] - LIVE_BASE]
+        start_ns, end_ns, parent_id = raw[4], raw[5], raw[3]
+        if parent_id.__class__ is str:  # a remote parent's hex
+            remote, parent = True, _unhex(parent_id)
+        else:
+            remote, parent = False, parent_id.to_bytes(8, "big")
+        parts = [_ROOTED_HEAD(b"\x0a\x10", _unhex(raw[1]), b"\x12\x08", raw[2].to_bytes(8, "big"), b"\x22\x08", parent,
+                              0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns), head]  # fmt: skip
+        for values, value in zip(tables, raw[7:]):  # noqa: B905  (as compact's)
+            cls = value.__class__
+            field = values.get(value) if cls is str or cls is int else None
+            parts.append(field if field is not None else _kept(values, value))
+        error = raw[6]
+        if error:  # Status.message (2), Status.code (3) = STATUS_CODE_ERROR
+            parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))
+            parts.append(_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
+        else:
+            parts.append(_REMOTE_END if remote else _LOCAL_END)
         return b"".join(parts)
 
     def commits(self, notes: Iterable[Sequence[Any]], kinds: Container[str], start_ns: int, end_ns: int,

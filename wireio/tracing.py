@@ -64,6 +64,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from protocol.tracecontext import format_traceparent, is_sampled
+from wireio.otlp import LIVE_BASE, LIVE_SPANS
 from wireio.span_export import COMMIT_RECORD, STEP_RECORD, ExportProcess, SpanBuilder
 
 __all__ = [
@@ -200,14 +201,17 @@ class Sampler:
 class LiveSpan:
     """A span under way (:meth:`Tracing.start`): its ``traceparent`` for children, then :meth:`end`.
 
-    Nothing of OpenTelemetry: its fields, noted as one tuple when it ends.
+    Nothing of OpenTelemetry: its fields, noted as one tuple when it ends. A span of a fixed shape (``template``:
+    wireio/otlp.py ``LIVE_SPANS``, its attributes' keys a prefix of the template's, in order) is noted with its
+    attributes' values only, no dict; one that leaves the shape (another key set, an event) is noted in full.
     """
 
-    __slots__ = ("_attributes", "_events", "_kind", "_name", "_parent_id", "_remote", "_start_ns", "_tracing",
-                 "span_id", "trace_id")  # fmt: skip
+    __slots__ = ("_attributes", "_events", "_kind", "_name", "_parent_id", "_remote", "_start_ns", "_template",
+                 "_tracing", "span_id", "trace_id")  # fmt: skip
 
     def __init__(self, tracing: Tracing, name: str, trace_id: str, parent_id: int | str, remote: bool,
-                 start_ns: int, attributes: dict[str, str | int | float | bool], kind: str) -> None:  # fmt: skip
+                 start_ns: int, attributes: dict[str, str | int | float | bool], kind: str,
+                 template: int | None = None) -> None:  # fmt: skip
         self._tracing = tracing
         self._name = name
         self.trace_id = trace_id
@@ -218,6 +222,7 @@ class LiveSpan:
         self._attributes = attributes
         self._events: list[Event] | None = None
         self._kind = kind
+        self._template = template
 
     @property
     def traceparent(self) -> str:
@@ -226,7 +231,12 @@ class LiveSpan:
 
     def set(self, key: str, value: str | int | float | bool) -> None:
         """Set an attribute."""
-        self._attributes[key] = value
+        attributes = self._attributes
+        if self._template is not None and key not in attributes:
+            keys = LIVE_SPANS[self._template - LIVE_BASE][2]
+            if len(attributes) >= len(keys) or keys[len(attributes)] != key:
+                self._template = None  # not the template's next key: noted in full
+        attributes[key] = value
 
     def event(self, name: str, attributes: Attributes | None = None) -> None:
         """Add an event, now."""
@@ -241,8 +251,12 @@ class LiveSpan:
         if len(queue) >= tracing._max_queue:
             tracing.dropped += 1
             return
-        queue.append((self._name, self.trace_id, self.span_id, self._parent_id, self._remote, self._start_ns,
-                      time.time_ns(), self._attributes, self._events, self._kind, error))  # fmt: skip
+        if self._template is not None and self._events is None:
+            queue.append((self._template, self.trace_id, self.span_id, self._parent_id, self._start_ns, time.time_ns(),
+                          error, *self._attributes.values()))  # fmt: skip
+        else:
+            queue.append((self._name, self.trace_id, self.span_id, self._parent_id, self._remote, self._start_ns,
+                          time.time_ns(), self._attributes, self._events, self._kind, error))  # fmt: skip
         if len(queue) >= tracing._batch and not tracing._wake.is_set():
             tracing._wake.set()
 
@@ -330,11 +344,14 @@ class Tracing:
     # -- the hot path: plain values into the queue ------------------------------------------------
 
     def start(self, name: str, parent: str = "", attributes: dict[str, str | int | float | bool] | None = None, *,
-              kind: str = "internal", start_ns: int | None = None, root: bool = False) -> LiveSpan | None:  # fmt: skip
+              kind: str = "internal", start_ns: int | None = None, root: bool = False,
+              template: int | None = None) -> LiveSpan | None:  # fmt: skip
         """Start a span, child of ``parent``; None when ``parent`` is unsampled or absent (unless
         ``root``: then an absent parent starts a new trace, if :attr:`sampler` samples it, and a
         present one is a child if the sampler follows it: the root's decision). ``attributes``
-        becomes the span's own (not copied: :meth:`LiveSpan.set` adds to it)."""
+        becomes the span's own (not copied: :meth:`LiveSpan.set` adds to it). ``template``: its fixed shape
+        (wireio/otlp.py ``LIVE_SPANS``: ``name``, ``kind`` and ``attributes``' keys are that template's), for a
+        span with a parent."""
         parent_id: int | str
         if parent:
             if not (self.sampler.child(parent) if root else is_sampled(parent)):
@@ -348,7 +365,7 @@ class Tracing:
         else:
             return None
         return LiveSpan(self, name, trace_id, parent_id, True, time.time_ns() if start_ns is None else start_ns,
-                        {} if attributes is None else attributes, kind)  # fmt: skip
+                        {} if attributes is None else attributes, kind, template if parent_id else None)  # fmt: skip
 
     def start_each(self, name: str, parent: str, items: Sequence[T],
                    attributes_of: Callable[[T], dict[str, str | int | float | bool]], *,
@@ -374,10 +391,10 @@ class Tracing:
                 for i in sampler.sampled_roots(len(items))]  # the unsampled ones cost nothing each  # fmt: skip
 
     def child(self, parent: LiveSpan, name: str, attributes: dict[str, str | int | float | bool] | None = None, *,
-              kind: str = "internal") -> LiveSpan:  # fmt: skip
-        """Start a span under a live one of this process (``attributes``: as :meth:`start`'s)."""
+              kind: str = "internal", template: int | None = None) -> LiveSpan:  # fmt: skip
+        """Start a span under a live one of this process (``attributes``, ``template``: as :meth:`start`'s)."""
         return LiveSpan(self, name, parent.trace_id, parent.span_id, False, time.time_ns(),
-                        {} if attributes is None else attributes, kind)  # fmt: skip
+                        {} if attributes is None else attributes, kind, template)  # fmt: skip
 
     def record(self, name: str, parent: str, start_ns: int, end_ns: int, attributes: Attributes | None = None, *,
                events: Iterable[Event] = (), kind: str = "internal", error: str = "") -> str:  # fmt: skip
