@@ -25,7 +25,8 @@ Theory of operation:
   always parent-based: a ``traceparent`` whose ``sampled`` flag is clear makes no span there
   (:meth:`record` and :meth:`start` test the flags byte and return), whatever their sampler says.
 * **The hot path does no OpenTelemetry work.** A span is noted as one tuple of plain values (its
-  name, the trace and span ids, the times in Unix ns, a small attributes dict) appended to a
+  name, the trace and span ids, the times in Unix ns, a small attributes dict; a span of a fixed
+  shape, the worker's, its template's number and its attributes' values: :class:`LiveSpan`) appended to a
   bounded queue (``OTEL_BSP_MAX_QUEUE_SIZE``, default 65,536; past it spans are dropped and
   counted in :attr:`Tracing.dropped`, never a stall). An exporter thread wakes every
   ``OTEL_BSP_SCHEDULE_DELAY`` ms (default 5,000) or when a batch (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
