@@ -37,6 +37,19 @@ LEVELS = (("off", None), ("1 %", "0.01"), ("100 %", "1.0"), ("100 %, all threads
 EXPORT_MODES = {"100 %, all threads": "thread", "100 %, all processes": "process"}  # FLEETWIRE_TRACE_EXPORT by level
 EXPORT_DELAY_MS = {name: "200" for name, ratio in LEVELS if ratio == "1.0"}  # OTEL_BSP_SCHEDULE_DELAY (docstring)
 TARGETS = {"1 %": 1.0, "100 %": 5.0}  # the most throughput may drop, in per cent (issue #32)
+# compare.py --tracing-levels: the levels' short names; "off" always runs (the baseline the others are read against).
+LEVEL_KEYS = {"off": "off", "1": "1 %", "100": "100 %", "100-threads": "100 %, all threads",
+              "100-processes": "100 %, all processes"}  # fmt: skip
+
+
+def chosen_levels(keys: str) -> tuple[tuple[str, str | None], ...]:
+    """The levels a ``--tracing-levels`` list names (comma-separated :data:`LEVEL_KEYS`), "off" first, table order."""
+    names = {"off"}
+    for key in filter(None, (k.strip() for k in keys.split(","))):
+        if key not in LEVEL_KEYS:
+            raise SystemExit(f"--tracing-levels: unknown level {key!r}; one of {', '.join(LEVEL_KEYS)}")
+        names.add(LEVEL_KEYS[key])
+    return tuple(level for level in LEVELS if level[0] in names)
 
 
 class Sink:
@@ -89,9 +102,10 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
     spans: dict[str, int] = {name: 0 for name, _ in LEVELS}
     bodies: dict[str, list[bytes]] = {name: [] for name, _ in LEVELS}  # each level's posts: its spans, counted after
     errors: dict[str, str] = {}
+    levels = chosen_levels(getattr(ns, "tracing_levels", ",".join(LEVEL_KEYS)))
     try:
         for _ in range(ns.rounds):
-            for name, ratio in LEVELS:
+            for name, ratio in levels:
                 for key in saved:
                     os.environ.pop(key, None)
                 if ratio is not None:
@@ -138,7 +152,7 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
         "|---|---|---|---|---|---|---|---|---|",
     ]
     results: dict[str, Any] = {"levels": {}, "spans_received": counted, "errors": errors}
-    for name, _ in LEVELS:
+    for name, _ in levels:
         rate = statistics.median(rates[name]) if rates[name] else None
         p50 = statistics.median(p50s[name]) if p50s[name] else None
         d_rate = (rate / base_rate - 1) * 100 if rate and base_rate else None
@@ -163,12 +177,12 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
     lines.append("CPU µs per plan by process (median of rounds): " + "; ".join(
         f"{name}: " + ", ".join(f"{p} {statistics.median(by_process[name][p]):.0f}" for p in processes
                                 if by_process[name].get(p))
-        for name, _ in LEVELS))  # fmt: skip
+        for name, _ in levels))  # fmt: skip
     shown = counted if counted is not None else "? (no opentelemetry-proto to count them)"
     # At 100 % every plan is six spans (submit; queue, two commits; attempt, handler): the throughput run's plans and
     # its warm-up plan, the latency run's samples and its 200 warm-up plans. Fewer received: spans dropped.
     expected = 6 * (ns.plans + 1 + ns.samples + 200) * ns.rounds
-    received = {name: sink.spans(bodies[name]) for name, ratio in LEVELS if ratio == "1.0"}
+    received = {name: sink.spans(bodies[name]) for name, ratio in levels if ratio == "1.0"}
     lines.append("spans at 100 % (six a plan), received / expected (dropped): " + "; ".join(
         f"{name}: {got} / {expected} ({expected - got})" if got is not None else f"{name}: ?"
         for name, got in received.items()))  # fmt: skip

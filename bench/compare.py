@@ -318,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
                              "100 %% with every process exporting in a thread or through a child process "
                              "(bench/_tracing_cost.py; needs fleetwire[otel])")
     parser.add_argument("--rounds", type=int, default=2, help="with --tracing: interleaved rounds (default 2)")
+    parser.add_argument("--tracing-levels", default="off,1,100,100-threads,100-processes", metavar="LIST",
+                        help="with --tracing: the levels to run, comma-separated among off, 1, 100, 100-threads, "
+                             "100-processes (off always runs); e.g. 'off,1' with many --rounds to resolve 1 %%'s cost")
     ns = parser.parse_args(argv)
     if ns.tracing:
         import _tracing_cost
