@@ -20,7 +20,7 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-__all__ = ["kill_session", "started"]
+__all__ = ["kill_group", "kill_session", "started"]
 
 Process = asyncio.subprocess.Process
 Stop = Callable[[Process], Awaitable[object]]
@@ -68,9 +68,14 @@ async def _drain(out: asyncio.StreamReader) -> None:
             pass
 
 
-async def kill_session(proc: Process) -> None:
-    """SIGKILL the process's group (a child started with ``start_new_session``: it and all it started) and reap it."""
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads (a child started with ``start_new_session``: it and all it started)."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def kill_session(proc: Process) -> None:
+    """:func:`kill_group` of the process, then reap it."""
+    kill_group(proc.pid)
     with contextlib.suppress(Exception):
         await proc.wait()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import threading
 import time
 import urllib.error
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from coordinator.carbon_time import FeedOutcome, ForecastFeed, ForecastSource
-from wireio.spawn import kill_session, started
+from wireio.spawn import kill_group, kill_session, started
 
 if TYPE_CHECKING:
     from coordinator.core import Coordinator
@@ -156,7 +155,7 @@ async def _run_command(command: str, timeout_s: float) -> tuple[str, str]:
         async with asyncio.timeout(timeout_s):  # loop then went on and close() waited for it for ever)
             out, err = await proc.communicate()
     except TimeoutError:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
         await proc.communicate()  # the pipes are drained and closed: their writers are dead
         return "", f"carbon forecast command {command!r} took more than {timeout_s:g} s; killed"
     except asyncio.CancelledError:  # the coordinator stops: the command does not outlive it
@@ -207,12 +206,6 @@ async def _in_daemon_thread(
 
     threading.Thread(target=run, name="carbon-forecast-http", daemon=True).start()
     return await answer
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL the command's session: the shell and what it started."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def _get(url: str, timeout_s: float) -> tuple[str, str]:
