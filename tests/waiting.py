@@ -15,3 +15,12 @@ async def until(condition: Callable[[], object], timeout_s: float = 30.0, interv
     async with asyncio.timeout(timeout_s):
         while not condition():  # noqa: ASYNC110 - the callers' state has no event to wait on
             await asyncio.sleep(interval_s)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process has this pid and runs: a zombie (ended, waiting for a reaper that may not be ours) does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

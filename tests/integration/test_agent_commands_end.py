@@ -10,19 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import until
+from tests.waiting import alive, until
 from worker_agent.agent import Agent
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def alive(pid: int) -> bool:
-    """Whether the process runs (a zombie counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_the_interruption_command_running_when_the_agent_stops_is_killed_with_what_it_started(

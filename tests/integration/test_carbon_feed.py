@@ -27,7 +27,7 @@ from coordinator.io.ops.carbon_feed import CarbonFeed
 from protocol.messages import Assign
 from tests.unit.test_carbon_holds import worker
 from tests.unit.test_core import Harness, only
-from tests.waiting import until
+from tests.waiting import alive, until
 
 pytestmark = pytest.mark.timeout(30)
 H = 3600.0
@@ -227,16 +227,6 @@ async def test_a_command_under_way_when_the_feed_closes_is_killed(tmp_path: Path
     pid = int(await asyncio.to_thread(pid_file.read_text))
     await feed.close()
     await until(lambda: not alive(pid), timeout_s=5)
-
-
-def alive(pid: int) -> bool:
-    """Whether the process runs (a zombie waiting for a reaper that is not ours counts as ended)."""
-    try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (ProcessLookupError, FileNotFoundError):
-        return False
 
 
 @pytest.mark.timeout(15)

@@ -17,7 +17,7 @@ import uvloop
 
 from coordinator.autoscaler import Backoff, PoolNeeds
 from coordinator.io.ops.provision import CommandProvider, LocalProvider, ProviderError, Provisioner
-from tests.waiting import until
+from tests.waiting import alive, until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -107,14 +107,6 @@ async def test_a_local_worker_that_exits_on_its_own_is_replaced_after_the_backof
 
 
 GPU_POOL = PoolNeeds(op="train", tags=("cpu", "pool:cpu"), accelerator="gpu", model="llama", gpus=2)
-
-
-def alive(pid: int) -> bool:
-    """Whether a process (not a zombie) has this pid."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 async def test_a_start_command_that_leaves_its_worker_running_succeeds_as_soon_as_it_exits(tmp_path: Path) -> None:

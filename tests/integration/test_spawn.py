@@ -13,19 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.waiting import until
+from tests.waiting import alive, until
 from wireio.spawn import started
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def alive(pid: int) -> bool:
-    """Whether the process runs (a zombie counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.parametrize("cancels", [1, 2])

@@ -17,7 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import protocol
-from tests.waiting import until
+from tests.waiting import alive, until
 from worker_agent.carbon import BUILTIN_G_PER_KWH, CarbonIntensity, lookup, parse_table
 from worker_agent.energy import EnergyMeter, Nvml, PowerSampler, probe_gpus
 from worker_agent.telemetry import Telemetry, add_telemetry_arguments, telemetry_from_args
@@ -258,19 +258,10 @@ async def test_the_carbon_command_running_when_telemetry_stops_is_killed_with_wh
     pid = int(await asyncio.to_thread(pid_file.read_text))
     try:
         await telemetry.stop()
-        await until(lambda: not _alive(pid), timeout_s=5)
+        await until(lambda: not alive(pid), timeout_s=5)
     finally:
         with contextlib.suppress(ProcessLookupError):  # without the fix the sleep runs on: not past the test
             os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    """Whether the process runs (a zombie counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.mark.timeout(15)
