@@ -25,6 +25,7 @@ from coordinator.carbon_time import ForecastSource, parse_source
 from coordinator.carbon_time.forecast import format_utc
 from coordinator.io.ops.carbon_feed import CarbonFeed
 from protocol.messages import Assign
+from tests.lost_cancel import stop_as_communicate_returns, stopped
 from tests.unit.test_carbon_holds import worker
 from tests.unit.test_core import Harness, only
 from tests.waiting import alive, until
@@ -237,26 +238,11 @@ async def test_a_feed_closed_as_its_command_ends_stops(tmp_path: Path, monkeypat
     path = tmp_path / "rows.csv"
     put(path, f.csv(GREENER_LATER))
     feed = f.feed(parse_source(f"cmd:cat {path}"), real_wall=True)
-    closing: list[asyncio.Future[None]] = []
-    communicate = asyncio.subprocess.Process.communicate
-
-    async def communicate_then_close(proc: asyncio.subprocess.Process, input: bytes | None = None) -> Any:
-        """The real communicate; as it returns, the feed's close starts (its first step before the fetch goes on)."""
-        result = await communicate(proc, input)
-        if not closing:
-            closing.append(asyncio.ensure_future(feed.close()))
-        return result
-
-    monkeypatch.setattr(asyncio.subprocess.Process, "communicate", communicate_then_close)
+    closing = stop_as_communicate_returns(monkeypatch, feed.close)  # its first step before the fetch goes on
     feed.start()
     loop_task = feed._task
     assert loop_task is not None
-    await until(lambda: bool(closing), timeout_s=10)
-    done, _ = await asyncio.wait(closing, timeout=3)
-    if not done:  # the bug: end the loop with a second cancel (it reaches its sleep), so nothing is left running
-        loop_task.cancel()
-        await asyncio.wait([*closing, loop_task], timeout=3)
-    assert done and loop_task.done(), "close() still waited for the feed's loop"
+    assert await stopped(closing, loop_task), "close() still waited for the feed's loop"
 
 
 async def test_a_command_whose_start_the_close_cancels_is_killed(

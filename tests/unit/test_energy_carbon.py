@@ -11,12 +11,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
 import protocol
+from tests.lost_cancel import stop_as_communicate_returns, stopped
 from tests.waiting import alive, until
 from worker_agent.carbon import BUILTIN_G_PER_KWH, CarbonIntensity, lookup, parse_table
 from worker_agent.energy import EnergyMeter, Nvml, PowerSampler, probe_gpus
@@ -270,22 +270,7 @@ async def test_telemetry_stopped_as_the_carbon_command_ends_stops(monkeypatch: p
     the refresh loop (on Python 3.11 asyncio.wait_for lost that cancel: the worker's stop waited for ever)."""
     carbon = CarbonIntensity("FR", command="echo 73.5", timeout_s=5, interval_s=3600)
     telemetry = Telemetry(meter=EnergyMeter(), carbon=carbon)
-    stopping: list[asyncio.Future[None]] = []
-    communicate = asyncio.subprocess.Process.communicate
-
-    async def communicate_then_stop(proc: asyncio.subprocess.Process, input: bytes | None = None) -> Any:
-        """The real communicate; as it returns, the telemetry's stop starts (before the refresh goes on)."""
-        result = await communicate(proc, input)
-        if not stopping:
-            stopping.append(asyncio.ensure_future(telemetry.stop()))
-        return result
-
-    monkeypatch.setattr(asyncio.subprocess.Process, "communicate", communicate_then_stop)
+    stopping = stop_as_communicate_returns(monkeypatch, telemetry.stop)  # before the refresh goes on
     await telemetry.start()
     (refresh,) = telemetry._tasks
-    await until(lambda: bool(stopping), timeout_s=10)
-    done, _ = await asyncio.wait(stopping, timeout=3)
-    if not done:  # the bug: end the loop with a second cancel (it reaches its sleep), so nothing is left running
-        refresh.cancel()
-        await asyncio.wait([*stopping, refresh], timeout=3)
-    assert done and refresh.done(), "Telemetry.stop() still waited for the carbon command's loop"
+    assert await stopped(stopping, refresh), "Telemetry.stop() still waited for the carbon command's loop"
