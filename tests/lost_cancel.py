@@ -1,10 +1,13 @@
-"""A stop whose cancel lands as an awaited subprocess call returns: asyncio.wait_for on Python 3.11 lost such a
-cancel, and the loop being stopped went on (the carbon feed's, the worker's carbon refresh)."""
+"""Cancels that land at the two edges of a subprocess call, where Python 3.11's asyncio went wrong: as an awaited
+call returns (asyncio.wait_for lost such a cancel, and the loop being stopped went on: the carbon feed's, the worker's
+carbon refresh), and while ``create_subprocess_*`` is still starting a command (asyncio then SIGKILLs its pid alone:
+wireio/spawn.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,3 +41,23 @@ async def stopped(stopping: list[asyncio.Future[Any]], loop_task: asyncio.Task[A
         loop_task.cancel()
         await asyncio.wait([*stopping, loop_task], timeout=3)
     return bool(done) and loop_task.done()
+
+
+def act_as_the_start_ends(monkeypatch: pytest.MonkeyPatch, pid_file: Path, act: Callable[[], object]) -> None:
+    """Patch the running loop's ``connect_read_pipe``: once a started command's second pipe (stderr, its last) is
+    connected and the command wrote its pid to ``pid_file``, ``act()`` runs (a cancel, a close): it reaches the
+    caller before ``create_subprocess_*`` returns in the caller's next step."""
+    loop = asyncio.get_running_loop()
+    connect = loop.connect_read_pipe
+    pipes = 0
+
+    async def connect_then_act(factory: Any, pipe: Any) -> Any:
+        nonlocal pipes
+        connected = await connect(factory, pipe)
+        pipes += 1
+        if pipes == 2:
+            await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
+            act()
+        return connected
+
+    monkeypatch.setattr(loop, "connect_read_pipe", connect_then_act)

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -25,7 +24,7 @@ from coordinator.carbon_time import ForecastSource, parse_source
 from coordinator.carbon_time.forecast import format_utc
 from coordinator.io.ops.carbon_feed import CarbonFeed
 from protocol.messages import Assign
-from tests.lost_cancel import stop_as_communicate_returns, stopped
+from tests.lost_cancel import act_as_the_start_ends, stop_as_communicate_returns, stopped
 from tests.unit.test_carbon_holds import worker
 from tests.unit.test_core import Harness, only
 from tests.waiting import alive, until
@@ -254,23 +253,8 @@ async def test_a_command_whose_start_the_close_cancels_is_killed(
     f = Fleet()
     pid_file = tmp_path / "pid"
     feed = f.feed(parse_source(f"cmd:sh -c 'echo $$ > {pid_file}; exec sleep 30'"), real_wall=True)
-    loop = asyncio.get_running_loop()
-    connect = loop.connect_read_pipe
     closing: list[asyncio.Future[None]] = []
-    pipes = 0
-
-    async def connect_then_close(factory: Any, pipe: Any) -> Any:
-        """The real connect; after the command's second pipe (stderr, its last) and once the shell's child wrote its
-        pid, the close starts: its cancel reaches the feed before create_subprocess_shell returns."""
-        nonlocal pipes
-        connected = await connect(factory, pipe)
-        pipes += 1
-        if pipes == 2:
-            await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
-            closing.append(asyncio.ensure_future(feed.close()))
-        return connected
-
-    monkeypatch.setattr(loop, "connect_read_pipe", connect_then_close)
+    act_as_the_start_ends(monkeypatch, pid_file, lambda: closing.append(asyncio.ensure_future(feed.close())))
     feed.start()
     await until(lambda: bool(closing), timeout_s=10)
     pid = int(await asyncio.to_thread(pid_file.read_text))

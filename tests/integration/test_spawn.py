@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.lost_cancel import act_as_the_start_ends
 from tests.waiting import alive, until
 from wireio.spawn import started
 
@@ -27,21 +28,8 @@ async def test_a_start_cancelled_as_its_last_pipe_connects_is_stopped(
     create_subprocess_shell returned (asyncio alone would SIGKILL the shell's pid, not its child): ``stop`` gets the
     process and kills its session; a second cancel ends the wait at once, the stop still done."""
     pid_file = tmp_path / "pid"
-    loop = asyncio.get_running_loop()
-    connect = loop.connect_read_pipe
     caller: list[asyncio.Task[Any]] = []
     stopped: list[int] = []
-    pipes = 0
-
-    async def connect_then_cancel(factory: Any, pipe: Any) -> Any:
-        nonlocal pipes
-        connected = await connect(factory, pipe)
-        pipes += 1
-        if pipes == 2:  # stderr, the last: create_subprocess_shell returns in the caller's next step
-            await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
-            for _ in range(cancels):
-                caller[0].cancel()
-        return connected
 
     async def kill_session(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -55,7 +43,7 @@ async def test_a_start_cancelled_as_its_last_pipe_connects_is_stopped(
         )  # fmt: skip
         return await started(shell, kill_session)
 
-    monkeypatch.setattr(loop, "connect_read_pipe", connect_then_cancel)
+    act_as_the_start_ends(monkeypatch, pid_file, lambda: [caller[0].cancel() for _ in range(cancels)])
     caller.append(asyncio.ensure_future(start()))
     with pytest.raises(asyncio.CancelledError):
         await caller[0]

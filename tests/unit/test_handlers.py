@@ -18,7 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 import protocol
-from tests.waiting import until
+from tests.lost_cancel import act_as_the_start_ends
 from worker_agent.handlers import (
     Context,
     Handler,
@@ -188,21 +188,8 @@ async def test_shell_cancelled_while_its_process_starts_stops_what_it_started(
     the sleep ran on."""
     pid_file = tmp_path / "pid"
     ctx, _ = make_ctx(kill_grace_s=1.0)
-    loop = asyncio.get_running_loop()
-    connect = loop.connect_read_pipe
     plan: list[asyncio.Task[protocol.Done]] = []
-    pipes = 0
-
-    async def connect_then_cancel(factory: Any, pipe: Any) -> Any:
-        nonlocal pipes
-        connected = await connect(factory, pipe)
-        pipes += 1
-        if pipes == 2:  # stderr, the last: create_subprocess_exec returns in the plan's next step
-            await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
-            plan[0].cancel()
-        return connected
-
-    monkeypatch.setattr(loop, "connect_read_pipe", connect_then_cancel)
+    act_as_the_start_ends(monkeypatch, pid_file, lambda: plan[0].cancel())
     plan.append(asyncio.create_task(run_handler(shell, ctx, {"cmd": f"sleep 60 & echo $! > {pid_file}; wait"})))
     assert (await plan[0]).outcome == "cancelled"
     sleep_pid = int(pid_file.read_text())
