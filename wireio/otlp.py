@@ -210,14 +210,6 @@ def _kept(values: dict[Any, Any], value: Any) -> bytes:
     return field
 
 
-def _span_end(error: str, remote: bool) -> bytes:
-    """A span's last two fields: ``Span.status`` (15; with an error its message (2) and ``STATUS_CODE_ERROR`` (3),
-    else empty) and ``Span.flags`` (16: whether its parent is remote)."""
-    if error:
-        return _field(0x7A, _field(0x12, error.encode()) + b"\x18\x02") + (_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
-    return _REMOTE_END if remote else _LOCAL_END
-
-
 class SpanEncoder:
     """One service's spans as ``ExportTraceServiceRequest`` bytes (module docstring).
 
@@ -348,7 +340,12 @@ class SpanEncoder:
             cls = value.__class__
             field = values.get(value) if cls is str or cls is int else None
             parts.append(field if field is not None else _kept(values, value))
-        parts.append(_span_end(raw[6], remote))
+        error = raw[6]
+        if error:  # Status.message (2), Status.code (3) = STATUS_CODE_ERROR
+            parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))
+            parts.append(_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
+        else:
+            parts.append(_REMOTE_END if remote else _LOCAL_END)
         return b"".join(parts)
 
     def commits(self, notes: Iterable[Sequence[Any]], kinds: Container[str], start_ns: int, end_ns: int,
@@ -410,7 +407,11 @@ class SpanEncoder:
             parts.append(field if field is not None else _kept(workers, worker))
         if events:
             self._add_events(parts, events)
-        parts.append(_span_end(error, True))
+        if error:
+            parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))
+            parts.append(_FLAGS_REMOTE)
+        else:
+            parts.append(_REMOTE_END)
         return b"".join(parts)
 
     def span(self, name: str, trace_hex: str, span_id: int, parent_id: int | str, remote: bool, start_ns: int,
@@ -434,7 +435,11 @@ class SpanEncoder:
             self._attributes(parts, attributes.items())
         if events:
             self._add_events(parts, events)
-        parts.append(_span_end(error, remote))
+        if error:  # Status.message (2), Status.code (3) = STATUS_CODE_ERROR
+            parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))
+            parts.append(_FLAGS_REMOTE if remote else _FLAGS_LOCAL)
+        else:
+            parts.append(_REMOTE_END if remote else _LOCAL_END)
         return b"".join(parts)
 
     def _add_events(self, parts: list[bytes], events: Sequence[Sequence[Any]]) -> None:

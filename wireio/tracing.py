@@ -223,8 +223,6 @@ class LiveSpan:
         self._attributes = attributes
         self._events: list[Event] | None = None
         self._kind = kind
-        if template is not None and tuple(attributes) != LIVE_SPANS[template - LIVE_BASE][2][: len(attributes)]:
-            template = None  # not the template's keys in order: noted in full
         self._template = template
 
     @property

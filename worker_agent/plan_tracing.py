@@ -21,15 +21,15 @@ from typing import Final
 import protocol
 from protocol.messages import Assign
 from protocol.tracecontext import is_sampled
-from wireio.otlp import LIVE_ATTEMPT, LIVE_ATTEMPT_DEVICES, LIVE_HANDLER, LIVE_INPUTS
+from wireio.otlp import LIVE_ATTEMPT, LIVE_ATTEMPT_DEVICES, LIVE_BASE, LIVE_HANDLER, LIVE_INPUTS, LIVE_SPANS
 from wireio.tracing import LiveSpan, Tracing
 from worker_agent.handlers import Context, Handler, run_on_loop
 
 __all__ = ["LiveSpan", "Tracing", "attempt_span", "child_span", "traced_on_loop"]
 
 _TEMPLATES: Final = {"fleetwire.handler": LIVE_HANDLER, "fleetwire.inputs": LIVE_INPUTS}
-"""The child spans noted compactly (wireio/otlp.py ``LIVE_SPANS``: no attributes dict to pack and unpack; one whose
-attributes leave the template's keys is noted in full: ``LiveSpan``)."""
+"""The child spans noted compactly (wireio/otlp.py ``LIVE_SPANS``: no attributes dict to pack and unpack)."""
+_KEYS: Final = {template: LIVE_SPANS[template - LIVE_BASE][2] for template in _TEMPLATES.values()}
 
 
 def attempt_span(tracing: Tracing, assign: Assign, worker_id: str) -> LiveSpan | None:
@@ -53,7 +53,10 @@ def child_span(tracing: Tracing | None, parent: LiveSpan | None, name: str,
     """A child of the attempt span (None without one)."""
     if tracing is None or parent is None:
         return None
-    return tracing.child(parent, name, attributes, template=_TEMPLATES.get(name))
+    template = _TEMPLATES.get(name)
+    if template is not None and list(attributes) != list(_KEYS[template]):
+        template = None  # not its template's shape: noted in full
+    return tracing.child(parent, name, attributes, template=template)
 
 
 def traced_on_loop(tracing: Tracing | None, attempt: LiveSpan, handler: Handler, ctx: Context) -> protocol.Done:
