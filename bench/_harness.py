@@ -135,6 +135,16 @@ class Proc:
                 self.proc.kill()
 
 
+def callgrind_total(tree: str, argv: Sequence[str], out_file: str) -> int:
+    """The instructions callgrind counts for ``python ARGV`` run in ``tree`` (its ``PYTHONPATH``, hash seed 0): the
+    per-plan benches take the difference of two such runs. ``out_file``: callgrind's output (a temp dir's)."""
+    env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", sys.executable, *argv]
+    subprocess.run(cmd, env=env, cwd=tree, capture_output=True, check=True)
+    with open(out_file) as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
+
+
 def bench_env(**extra: str) -> dict[str, str]:
     """The environment of child processes: no inherited FLEETWIRE_* (but the tracing bench's
     FLEETWIRE_TRACE_EXPORT) and bench/ importable."""

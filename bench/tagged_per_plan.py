@@ -91,14 +91,10 @@ def instructions(tree: str, tagged: bool, small: int = 500, large: int = 2000) -
     env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
     me = [sys.executable, os.path.abspath(__file__), "--child", "--tagged" if tagged else "--untagged"]
     subprocess.run([*me, "1"], env=env, cwd=tree, check=True, capture_output=True)  # byte-compile first
-    totals = []
+    from _harness import callgrind_total  # the parent's only: a child's count has no more imports than before
+
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (small, large):
-            out = os.path.join(tmp, f"cg.{n}")
-            subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *me, str(n)], env=env,
-                           cwd=tree, check=True, capture_output=True)  # fmt: skip
-            with open(out) as fh:
-                totals.append(next(int(line.split()[1]) for line in fh if line.startswith("summary:")))
+        totals = [callgrind_total(tree, [*me[1:], str(n)], os.path.join(tmp, f"cg.{n}")) for n in (small, large)]
     return (totals[1] - totals[0]) / (large - small)
 
 

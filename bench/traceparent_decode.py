@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -43,16 +42,11 @@ def run(form: str, frames: int) -> None:
 
 def per_assign(tree: str, form: str) -> float:
     """Callgrind instructions per assign: (Ir(10 frames) - Ir(2 frames)) / 4,000."""
-    totals = []
+    from _harness import callgrind_total  # the parent's only: a child's count has no more imports than before
+
     with tempfile.TemporaryDirectory() as tmp:
-        for frames in (2, 10):
-            out = os.path.join(tmp, f"cg.{frames}")
-            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__, "--child",
-                   form, str(frames)]  # fmt: skip
-            env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
-            subprocess.run(cmd, env=env, cwd=tree, capture_output=True, check=True)
-            with open(out) as fh:
-                totals.append(next(int(line.split()[1]) for line in fh if line.startswith("summary:")))
+        totals = [callgrind_total(tree, [__file__, "--child", form, str(frames)], os.path.join(tmp, f"cg.{frames}"))
+                  for frames in (2, 10)]  # fmt: skip
     return (totals[1] - totals[0]) / (8 * 500)
 
 
