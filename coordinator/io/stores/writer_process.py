@@ -48,17 +48,23 @@ without one (the parent died) it exits at once, the file left as the parent's de
 checkpoint), and Linux sends it SIGKILL when the parent dies (``PR_SET_PDEATHSIG``). It holds
 the store's lock file with the parent (the same ``flock``, inherited), so a coordinator
 restarted at once cannot open the file before the old writer is gone. Its environment is the
-parent's without secrets: only the variables Python and the locale need (:data:`_ENV_KEPT`), no token.
+parent's without secrets: only the variables Python and the locale need (``child_process.ENV_KEPT``), no token.
+
+Never waiting on the loop for the child's end (docs/PERFORMANCE.md §R29). A pipe that closed or broke
+(the child exited or was killed) fails the groups out once the child's exit status is in, which a
+thread waits for (``ChildProcess.when_ended``: the loop's timer gives up on it after :data:`EXIT_WAIT_S`:
+"it closed its pipe"); a failure the parent finds (stuck, a garbled reply) fails them at once. The
+child is then killed and reaped by that thread; one that SIGKILL does not end (uninterruptible sleep:
+a disk that does not answer) is logged after :data:`KILL_WAIT_S`, and the store's close waits for it
+in its own thread. The start, the child's process and its end: coordinator/io/stores/child_process.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -71,6 +77,7 @@ from typing import Final, NoReturn
 import msgspec
 import structlog
 
+from coordinator.io.stores.child_process import ChildProcess
 from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.writer_wire import (
     BUSY,
@@ -85,7 +92,7 @@ from coordinator.io.stores.writer_wire import (
 )
 from coordinator.records import Record
 
-__all__ = ["KEYS_HELD_BYTES", "REPLY_TIMEOUT_S", "START_TIMEOUT_S", "WriterProcess"]
+__all__ = ["EXIT_WAIT_S", "KEYS_HELD_BYTES", "KILL_WAIT_S", "REPLY_TIMEOUT_S", "START_TIMEOUT_S", "WriterProcess"]
 
 log = structlog.get_logger(__name__)
 
@@ -93,12 +100,9 @@ REPLY_TIMEOUT_S: Final = 120.0  # a commit that takes longer: the child is stuck
 START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
 KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next group at most (~1,000 lone commits)
 LEAVE_WAIT_S = 5.0  # a close in another thread waits this long for the loop to take the pipes off it
-_F_SETPIPE_SZ = 1031
-_PIPE_BYTES = 1 << 20
+EXIT_WAIT_S: Final = 1.0  # a closed pipe's exit status awaited this long (a loop timer) before the groups fail
+KILL_WAIT_S: Final = 5.0  # a child not ended this long after its SIGKILL is logged (it holds the store's lock)
 _READ_BYTES = 1 << 20  # a reply read asks for this much at least: the keys of a busy group come with their header
-# What the child's environment keeps of the parent's: the interpreter's and the locale's, nothing else.
-_ENV_KEPT: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "HOME", "PYTHONPATH", "PYTHONHOME",
-                    "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "VIRTUAL_ENV", "COVERAGE_PROCESS_START")  # fmt: skip
 
 
 class WriterProcess:
@@ -143,22 +147,15 @@ class WriterProcess:
         self._keys_held: list[bytes] = []  # keys requests not yet sent: they go out with the next group
         self._keys_held_bytes = 0
         self._encoder = msgspec.msgpack.Encoder()
-        env = {k: v for k, v in os.environ.items() if k in _ENV_KEPT}
-        root = str(Path(__file__).resolve().parents[3])  # the tree this coordinator runs from
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         args = [sys.executable, "-m", "coordinator.io.stores.writer_child", str(path), repr(marker_sync_s),
                 str(os.getpid())]  # fmt: skip
+        root = str(Path(__file__).resolve().parents[3])  # the tree this coordinator runs from
         try:
-            self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                            close_fds=True, pass_fds=() if lock_fd is None else (lock_fd,))  # fmt: skip
+            self.child = ChildProcess(args, python_path=root, pass_fds=() if lock_fd is None else (lock_fd,))
         except OSError as exc:
             raise StoreError(f"cannot start the store's writer process: {exc}") from exc
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self._out = self.process.stdin.fileno()
-        self._in = self.process.stdout.fileno()
-        for fd in (self._out, self._in):  # room for a busy group and its reply's keys: fewer blocked writes (Linux)
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        self._out = self.child.stdin_fd
+        self._in = self.child.stdout_fd
         # The replies' bytes read and not yet taken (_take): a reply and its keys in one read when they fit.
         self._buffer = b""
         self._poll = select.poll()
@@ -176,10 +173,18 @@ class WriterProcess:
         self._abandoned = False  # left with groups out (failed unanswered): the child may still commit them
         self._fds_lock = threading.Lock()  # the pipes closed only once off the loop (leave, close)
         self._fds_orphaned = False  # close() gave up waiting for the loop to leave: leave() closes them
+        # On the loop, the pipe closed or broke (_died): why, while the child's exit status is awaited.
+        self._dying: str | None = None
+        self._exit_timer: asyncio.TimerHandle | None = None  # _died's bound on that wait (EXIT_WAIT_S)
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self.child.pid
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """The child's ``Popen``."""
+        return self.child.process
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait for the child's open (its first reply); raises StoreError when it failed or disagrees.
@@ -299,7 +304,8 @@ class WriterProcess:
                     self._keys_held.clear()
                     self._keys_held_bytes = 0
                 if self._loop is not None:
-                    self._write_soon(held, body, kind)
+                    if self._dying is None:  # a child whose pipe closed gets nothing more (_died)
+                        self._write_soon(held, body, kind)
                     return
                 if self._unsent:  # what the loop had no room for (leave() does not wait for room)
                     held = bytes(self._unsent) + held
@@ -309,7 +315,9 @@ class WriterProcess:
                 else:
                     send_request(self._out, body, kind, held)
         except OSError as exc:
-            self._fail(f"{self._exit_status()} ({exc})")
+            if self._loop is None:
+                self._fail(f"{self._exit_status()} ({exc})")
+            self._died(f" ({exc})")  # on the loop: the group sent waits for the exit status with the others
 
     # ------------------------------------------------------------------ on the event loop (serve_on)
 
@@ -335,6 +343,8 @@ class WriterProcess:
         that gave up waiting for this, the pipes are closed here, once off the loop."""
         if self._loop is not None and self._waiting and self._failed is None:
             self.poll()  # the replies in the pipe already, without waiting (a failure leaves: _fail_waiting)
+        if self._dying is not None and self._failed is None:  # the pipe closed: they fail, the exit status or not
+            self._dead(self.child.ended() or "it closed its pipe")
         with self._fds_lock:  # close() closes the pipes only once they are off the loop
             loop, notify = self._loop, self._notify
             if loop is None:
@@ -350,13 +360,13 @@ class WriterProcess:
                 os.set_blocking(self._out, True)
                 os.set_blocking(self._in, True)
             if self._fds_orphaned:
-                self._close_pipes()
+                self.child.close_pipes()
         if self._waiting:
             finished = list(self._waiting)
             self._waiting.clear()
             if self._failed is None:  # the child may still commit them: no later write builds on its keys
                 self._abandoned = True
-                self._failed = (f"the store's writer process (pid {self.process.pid}) for {self.path}: left with "
+                self._failed = (f"the store's writer process (pid {self.pid}) for {self.path}: left with "
                                 f"{len(finished)} groups not answered yet")  # fmt: skip
             error = StoreError(self._failed)
             for done in finished:
@@ -420,7 +430,7 @@ class WriterProcess:
             if self._loop is None:  # left meanwhile
                 return True
             self._fds_orphaned = True  # leave() closes them once they are off the loop
-        log.error("the store's writer process: its pipes were not taken off the event loop", pid=self.process.pid)
+        log.error("the store's writer process: its pipes were not taken off the event loop", pid=self.pid)
         return False
 
     def _writable(self) -> None:
@@ -429,7 +439,7 @@ class WriterProcess:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._fail_waiting(f"{self._exit_status()} ({exc})")
+            self._died(f" ({exc})")
             return
         del self._unsent[:sent]
         if not self._unsent and self._loop is not None:
@@ -437,24 +447,22 @@ class WriterProcess:
 
     def poll(self) -> None:
         """On the loop: read what replies the pipe holds, without waiting, and answer their groups, in order."""
-        if self._loop is None:
+        if self._loop is None or self._dying is not None:
             return
+        ended: str | None = None  # the pipe closed (the child ended) or broke: after the replies it holds
         try:
             while True:
                 data = os.read(self._in, _READ_BYTES)
-                if not data:  # the child closed its end: exited or killed
-                    self._fail(self._exit_status())
+                if not data:
+                    ended = ""
+                    break
                 self._buffer = self._buffer + data if self._buffer else data
                 if len(data) < _READ_BYTES:
                     break
         except BlockingIOError:
             pass
-        except StoreError as exc:
-            self._fail_waiting(exc)
-            return
         except OSError as exc:
-            self._fail_waiting(f"{self._exit_status()} ({exc})")
-            return
+            ended = f" ({exc})"
         answered = False
         try:
             if not self.ready and self._whole_reply():
@@ -472,6 +480,8 @@ class WriterProcess:
             self._answered_at = time.monotonic()
             assert self._notify is not None
             self._notify()
+        if ended is not None:
+            self._died(ended)
 
     def _whole_reply(self) -> bool:
         """Whether the bytes read hold a whole reply (its header, then its keys or its error's text)."""
@@ -484,7 +494,7 @@ class WriterProcess:
     def _check_overdue(self) -> None:
         """The stuck check on the loop (the receiver thread's reply timeout): no reply for ``reply_timeout_s``."""
         self._overdue = None
-        if not self._waiting or self._loop is None or self._failed is not None:
+        if not self._waiting or self._loop is None or self._failed is not None or self._dying is not None:
             return
         late_s = time.monotonic() - self._answered_at
         if late_s < self.reply_timeout_s:
@@ -593,33 +603,69 @@ class WriterProcess:
         self._buffer = buffer[size:]
         return buffer[:size] if len(buffer) > size else buffer
 
+    def _died(self, detail: str) -> None:
+        """On the loop: the pipe closed or broke (``detail``: the error), so the child exited or was killed. The
+        groups out (and those sent meanwhile) fail once its exit status is in, never waiting for it here: a thread
+        reaps the child (``ChildProcess.when_ended``), a loop timer gives up after :data:`EXIT_WAIT_S`."""
+        loop = self._loop
+        if loop is None or self._failed is not None or self._dying is not None:
+            return
+        self._dying = detail
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(self._in)
+            loop.remove_writer(self._out)
+        self._unsent.clear()
+        status = self.child.ended()
+        if status is not None:
+            self._dead(status)
+            return
+        self._exit_timer = loop.call_later(EXIT_WAIT_S, self._dead, "it closed its pipe")
+        self.child.when_ended(loop, self._dead)
+
+    def _dead(self, status: str) -> None:
+        """On the loop: the exit status of a child whose pipe closed is in (or :data:`EXIT_WAIT_S` passed)."""
+        if self._dying is None or self._failed is not None:
+            return
+        if self._exit_timer is not None:
+            self._exit_timer.cancel()
+            self._exit_timer = None
+        self._fail_waiting(f"{status}{self._dying}")
+
     def _exit_status(self) -> str:
-        try:
-            code = self.process.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            return "it closed its pipe"
-        if code < 0:
-            return f"it was killed by signal {-code} ({signal.Signals(-code).name})"
-        return f"it exited with status {code}"
+        """The child's exit status in words: waited for up to 1 s in a thread, never on the loop."""
+        if self._loop is not None:
+            return self.child.ended() or "it closed its pipe"
+        return self.child.end_status(1.0)
 
     def _fail(self, why: str, *, stop: bool = True) -> NoReturn:
-        self._failed = f"the store's writer process (pid {self.process.pid}) failed for {self.path}: {why}"
+        self._failed = f"the store's writer process (pid {self.pid}) failed for {self.path}: {why}"
         if stop:
             self._kill()
         raise StoreError(self._failed)
 
     def _kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self.process.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=5.0)
+        """SIGKILL. On the loop never waiting: a thread reaps the child, and one not ended in :data:`KILL_WAIT_S`
+        is logged; off it (the receiver thread, a caller's :meth:`write`) it waits that long for the end."""
+        self.child.kill()
+        loop = self._loop
+        if loop is None:
+            self.child.wait(KILL_WAIT_S)
+        elif self.child.ended() is None:
+            self.child.when_ended()
+            loop.call_later(KILL_WAIT_S, self._kill_overdue)
+
+    def _kill_overdue(self) -> None:
+        if self.child.ended() is None:
+            log.error("the store's writer process did not end after SIGKILL (uninterruptible sleep: a disk that "
+                      "does not answer?); it holds the store's lock until it ends", pid=self.pid)  # fmt: skip
 
     def close(self, timeout_s: float = 10.0) -> None:
         """End the child: the close request, then its stdin closed; it closes the file and exits (killed if it
         does not in time). Without the request it would exit without closing the file (the parent's death). A loop
         that does not leave the pipes in time: the child killed, the pipes left open for :meth:`leave` to close."""
         if not self._leave_from_any_thread():
-            self._kill()
+            self.child.kill()
+            self.child.wait(KILL_WAIT_S)
             return
         with self._cond:
             self._closing = True
@@ -632,18 +678,11 @@ class WriterProcess:
                 while self._unsent and select.select([], [self._out], [], max(0.0, deadline - time.monotonic()))[1]:
                     with contextlib.suppress(BlockingIOError):
                         del self._unsent[: os.write(self._out, self._unsent)]
-        with contextlib.suppress(OSError):
-            self.process.stdin.close()  # type: ignore[union-attr]
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.error("the store's writer process did not stop; killed", pid=self.process.pid)
-            self._kill()
+        self.child.close_stdin()
+        if not self.child.wait(timeout_s):
+            log.error("the store's writer process did not stop; killed", pid=self.pid)
+            self.child.kill()
+            self.child.wait(KILL_WAIT_S)
         if self._receiver is not None:
             self._receiver.join()
-        self._close_pipes()
-
-    def _close_pipes(self) -> None:
-        for pipe in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()  # type: ignore[union-attr]
+        self.child.close_pipes()
