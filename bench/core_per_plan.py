@@ -254,10 +254,11 @@ def run_worker(plans: int, batch: int, setup_only: bool = False) -> float:
 def _worker_tracing(plans: int) -> tuple[Any, list[str]]:
     """With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set: the worker daemon's tracer (its exporter child, as ``fleetwire
     worker`` starts it) and each assign's ``traceparent`` as the coordinator forwards the SDK's at
-    ``OTEL_TRACES_SAMPLER_ARG``: one plan in 1/ratio a sampled context, the others ``"00"`` (the caller's "no").
-    Off: no tracer, no ``traceparent``."""
+    ``OTEL_TRACES_SAMPLER_ARG``: one plan in 1/ratio a sampled context, the others ``"00"`` (the caller's "no"), or
+    ``"0"`` to a worker that says it reads it (``capabilities.short_unsampled``). Off: no tracer, no ``traceparent``."""
     import random
 
+    from protocol.messages import Capabilities
     from wireio.tracing import SERVICE_WORKER, Sampler, Tracing
 
     tracing = Tracing.from_env(SERVICE_WORKER, export_process=True)
@@ -267,7 +268,8 @@ def _worker_tracing(plans: int) -> tuple[Any, list[str]]:
     every = round(1 / ratio) if ratio > 0 else 0
     rnd = random.Random(1)
     contexts = [f"00-{rnd.getrandbits(128):032x}-{rnd.getrandbits(64):016x}-01" for _ in range(100)]
-    return tracing, [contexts[i % 100] if every and i % every == 0 else "00" for i in range(plans)]
+    unsampled = "0" if "short_unsampled" in Capabilities.__struct_fields__ else "00"  # as the coordinator forwards it
+    return tracing, [contexts[i % 100] if every and i % every == 0 else unsampled for i in range(plans)]
 
 
 RUNS = {"core": run_plans, "client": run_client, "submits": run_submits, "worker": run_worker}

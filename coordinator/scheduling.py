@@ -36,6 +36,7 @@ from coordinator.plans import SMALL_EVENT_BYTES, advance
 from coordinator.receipts import projection
 from protocol import errors
 from protocol.messages import Assign, Cancel, ErrorInfo, Revoke
+from protocol.tracecontext import UNSAMPLED, UNSAMPLED_SHORT
 
 if TYPE_CHECKING:
     from coordinator.data_plane import DataPlane
@@ -271,9 +272,12 @@ class Scheduler:
         plan.projected = projection(plan.hints, record) if plan.hints.max_output_tokens > 0 else None
         self._counters[_PLACEMENT_KEYS[plan.hints.policy or placement.config.policy]] += 1  # policy_name, inlined
         if record.conn_id is not None:
+            traceparent = plan.traceparent  # "00" (the caller's "no") in one character to a worker that reads it
+            if traceparent == UNSAMPLED and record.capabilities.short_unsampled:
+                traceparent = UNSAMPLED_SHORT
             assign = Assign(
                 plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s,
-                inputs=plan.inputs, outputs=plan.outputs, traceparent=plan.traceparent,
+                inputs=plan.inputs, outputs=plan.outputs, traceparent=traceparent,
             )
             if plan.gpus is not None:
                 assign.resources = plan.resources

@@ -76,6 +76,9 @@ class Capabilities(msgspec.Struct, omit_defaults=True):
     # continuous_batching and paged_kv were removed (nothing read them; docs/PROTOCOL.md §2, v1 notes):
     # an older worker that still sends them is understood, the fields being ignored as unknown.
     gpu_share: int = 1  # plans that may hold one of ``gpus`` at once (``--gpu-share K``)
+    # It reads ``assign.traceparent`` "0" as "00" (protocol/tracecontext.py UNSAMPLED_SHORT): the coordinator sends it
+    # the one-character form, which its decoder does not allocate (an older worker keeps getting "00").
+    short_unsampled: bool = False
 
 
 DeviceState = Literal["ok", "degraded", "quarantined"]

@@ -29,6 +29,7 @@ from typing import Final
 __all__ = [
     "MAX_TRACEPARENT",
     "UNSAMPLED",
+    "UNSAMPLED_SHORT",
     "SpanContext",
     "format_traceparent",
     "handler_traceparent",
@@ -43,6 +44,11 @@ MAX_TRACEPARENT: Final = 256
 
 UNSAMPLED: Final = "00"
 """The caller decided not to sample the plan and has no context to share (module docstring)."""
+
+UNSAMPLED_SHORT: Final = "0"
+""":data:`UNSAMPLED` as the coordinator forwards it in ``assign.traceparent`` to a worker whose ``hello`` says it
+reads it (``capabilities.short_unsampled``, docs/PROTOCOL.md): one character, which the worker's decoder hands out
+as CPython's cached one-character string (no allocation). It means :data:`UNSAMPLED` and is nowhere else sent."""
 
 _V00: Final = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")  # the usual header, one match
 _TRACEPARENT: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[-0-9a-zA-Z_.]*)?")
@@ -124,11 +130,12 @@ _pool: list[str] = []
 
 
 def handler_traceparent(text: str) -> str:
-    """The context a handler passes on for a plan's ``traceparent``: itself, or for :data:`UNSAMPLED` a fresh
-    unsampled W3C context (random ids, flags ``00``), so what the handler calls follows the caller's decision.
+    """The context a handler passes on for a plan's ``traceparent``: itself, or for :data:`UNSAMPLED` (or its
+    forwarded form :data:`UNSAMPLED_SHORT`) a fresh unsampled W3C context (random ids, flags ``00``), so what the
+    handler calls follows the caller's decision.
     The ids are drawn 256 contexts at a time (one ``os.urandom`` and one hex); the worker calls this only when a
     handler reads ``ctx.traceparent`` (worker_agent/handlers.py), as each call costs ~0.4 µs."""
-    if text != UNSAMPLED:
+    if text != UNSAMPLED and text != UNSAMPLED_SHORT:
         return text
     if not _pool:
         digits = os.urandom(24 * _POOL_SIZE).hex()

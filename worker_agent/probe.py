@@ -73,6 +73,7 @@ def probe_capabilities(
         tags=_unique(tags),
         max_concurrency=max_concurrency,
         hostname=socket.gethostname(),
+        short_unsampled=True,  # the runner and Context read assign.traceparent "0" as "00" (protocol/tracecontext.py)
     )
 
 

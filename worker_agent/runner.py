@@ -26,7 +26,7 @@ import structlog.contextvars
 import protocol
 from protocol import errors
 from protocol.relay import ARGS_INPUT, RESULT_OUTPUT
-from protocol.tracecontext import UNSAMPLED
+from protocol.tracecontext import UNSAMPLED, UNSAMPLED_SHORT
 from worker_agent.devices import DeviceAllocator, DeviceRequest
 from worker_agent.handlers import DEFAULT_ISOLATION, Context, Handler, run_handler, run_on_loop, runs_on_loop
 from worker_agent.isolation import PlanIsolation
@@ -479,8 +479,9 @@ class PlanRunner:
             # property's field, not through its setter: at 1 % sampling 99 plans in 100 come here with "00", so it
             # is told apart first. A sampled plan's handler gets its handler span's context (traced_on_loop,
             # _attempt), set before the handler starts: nothing reads the attempt span's, so it is not formatted.
+            # "0" is "00" as the coordinator forwards it to this worker (capabilities.short_unsampled): tested first.
             run.ctx.assigned_traceparent = traceparent
-            if traceparent != UNSAMPLED and self.tracing is not None:
+            if traceparent != UNSAMPLED_SHORT and traceparent != UNSAMPLED and self.tracing is not None:
                 run.span = attempt_span(self.tracing, assign, self.worker_id)
         request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None:

@@ -12,9 +12,11 @@ from protocol import errors
 from protocol.messages import (
     Accept,
     Assign,
+    Capabilities,
     Done,
     Error,
     GetPlan,
+    Hello,
     PlanReply,
     Receipt,
     Reject,
@@ -85,6 +87,25 @@ def test_unsampled_untraced_and_tracing_off_note_nothing() -> None:
     off.core.streams.tracing = False
     off.submit(off.client(), traceparent=SAMPLED)
     assert off.steps == []
+
+
+def test_a_worker_that_reads_it_gets_the_unsampled_decision_in_one_character_and_an_older_one_gets_00() -> None:
+    """A plan carrying "00" is assigned with "0" (protocol/tracecontext.py UNSAMPLED_SHORT) to a worker whose hello
+    says ``capabilities.short_unsampled``, and with "00" to one that does not (an older worker); any other context
+    goes to either as it came. The plan itself keeps "00" (stored, and forwarded again on a retry elsewhere)."""
+    h = Traced()
+    c = h.client()
+    plans = [h.submit(c, traceparent=t) for t in ("00", SAMPLED, UNSAMPLED)] + [h.submit(c)]
+    conn = 100
+    h.core.open_session(conn, "worker", h.now, address="10.0.0.100:4000")
+    caps = Capabilities(cpu_cores=4, ram_bytes=8_000_000_000, ops=["echo"], max_concurrency=4, short_unsampled=True)
+    h.send(conn, Hello(worker_id="new", capabilities=caps))
+    assert [a.traceparent for a in h.take(conn) if isinstance(a, Assign)] == ["0", SAMPLED, UNSAMPLED, ""]
+    assert h.core.plans[plans[0]].traceparent == "00"
+    old = Traced()
+    old.submit(old.client(), traceparent="00")
+    w = old.worker("old")
+    assert [a.traceparent for a in old.take(w) if isinstance(a, Assign)] == ["00"]
 
 
 def test_a_malformed_traceparent_is_refused_naming_the_field() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import tracemalloc
 from typing import Any
 
+import pytest
 import structlog
 
 import protocol
@@ -78,16 +79,20 @@ async def test_a_traced_plan_whose_handler_runs_on_the_loop_still_needs_no_task(
     assert seen == [f"00-{TRACE}-{handler.context.span_id:016x}-01"]
 
 
-async def test_a_plan_its_caller_chose_not_to_sample_hands_its_handler_a_fresh_unsampled_context() -> None:
-    """An assign whose traceparent is "00" (unsampled, no ids) makes no span, and its handler sees a valid W3C context
-    flagged unsampled (what it passes to an engine follows the caller's "no"), another one for each plan."""
+@pytest.mark.parametrize("unsampled", ["00", "0"])
+async def test_a_plan_its_caller_chose_not_to_sample_hands_its_handler_a_fresh_unsampled_context(
+    unsampled: str,
+) -> None:
+    """An assign whose traceparent is "00" (unsampled, no ids), or "0" as the coordinator forwards it to this worker
+    (``capabilities.short_unsampled``), makes no span, and its handler sees a valid W3C context flagged unsampled (what
+    it passes to an engine follows the caller's "no"), another one for each plan."""
     from protocol.tracecontext import parse_traceparent
 
     exporter, tracing, _, plans = _traced_runner()
     seen.clear()
     try:
         for plan_id in ("p1", "p2"):
-            plans.on_assign(protocol.Assign(plan_id=plan_id, attempt=1, op="remembers", traceparent="00"))
+            plans.on_assign(protocol.Assign(plan_id=plan_id, attempt=1, op="remembers", traceparent=unsampled))
         tracing.flush()
     finally:
         tracing.shutdown()
@@ -96,8 +101,9 @@ async def test_a_plan_its_caller_chose_not_to_sample_hands_its_handler_a_fresh_u
     assert all(c is not None and c.flags == 0 for c in contexts)
     ctx = Context(plan_id="p3", attempt=1, worker_id="w1", args=None, sink=lambda _: None, kill_grace_s=1.0,
                   max_payload_bytes=1024)  # fmt: skip
-    ctx.traceparent = "00"
-    assert ctx.traceparent == ctx.traceparent != "00"  # drawn once, at the first read
+    ctx.traceparent = unsampled
+    assert ctx.traceparent == ctx.traceparent != unsampled  # drawn once, at the first read
+    assert parse_traceparent(ctx.traceparent) is not None
 
 
 def test_an_unsampled_assign_builds_nothing_for_an_attempt_span() -> None:
@@ -119,9 +125,13 @@ def test_an_unsampled_assign_builds_nothing_for_an_attempt_span() -> None:
     assert peak - before <= 64  # the result tuple alone; the attributes dict alone would be ~360 bytes
 
 
-async def test_a_plan_its_caller_chose_not_to_sample_runs_the_same_python_calls_as_an_untraced_one() -> None:
-    """On a traced worker, an echo whose assign carries "00" runs exactly the Python functions of one without a
-    traceparent: no property setter to keep the "no", no attempt_span call (at 1 % sampling 99 plans in 100)."""
+@pytest.mark.parametrize("unsampled", ["00", "0"])
+async def test_a_plan_its_caller_chose_not_to_sample_runs_the_same_python_calls_as_an_untraced_one(
+    unsampled: str,
+) -> None:
+    """On a traced worker, an echo whose assign carries "00" (or "0", its forwarded form) runs exactly the Python
+    functions of one without a traceparent: no property setter to keep the "no", no attempt_span call (at 1 %
+    sampling 99 plans in 100)."""
     import sys
 
     _, tracing, _, plans = _traced_runner()
@@ -141,12 +151,23 @@ async def test_a_plan_its_caller_chose_not_to_sample_runs_the_same_python_calls_
         return names
 
     try:
-        calls("p0", "00"), calls("p1", "")  # warm: nothing first-time below
-        unsampled, untraced = calls("p2", "00"), calls("p3", "")
+        calls("p0", unsampled), calls("p1", "")  # warm: nothing first-time below
+        no, untraced = calls("p2", unsampled), calls("p3", "")
     finally:
         tracing.shutdown()
-    assert unsampled == untraced
-    assert "attempt_span" not in unsampled and "Context.traceparent" not in unsampled
+    assert no == untraced
+    assert "attempt_span" not in no and "Context.traceparent" not in no
+
+
+def test_this_worker_says_in_its_hello_that_it_reads_the_one_character_unsampled_decision() -> None:
+    """``capabilities.short_unsampled`` (the coordinator then forwards "00" as "0"), and "0" reads as "00" does."""
+    from protocol.tracecontext import handler_traceparent, parse_traceparent
+    from worker_agent.probe import probe_capabilities
+
+    assert probe_capabilities(tags=(), max_concurrency=1, ops=["echo"]).short_unsampled
+    fresh = handler_traceparent("0")
+    context = parse_traceparent(fresh)
+    assert context is not None and context.flags == 0 and fresh != handler_traceparent("0")
 
 
 async def test_a_sampled_plan_formats_only_its_handler_spans_context() -> None:
