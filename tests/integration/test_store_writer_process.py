@@ -678,7 +678,7 @@ async def test_groups_the_pipe_has_no_room_for_wait_off_the_loop_and_are_committ
         for n in range(1, 11):  # plans of ~300 KB of args each
             submit = Submit(req_id=n, op="echo", args={"blob": "x" * 300_000}, plan_id=f"big{n}")
             committer.submit([PlanCreated(f"big{n}", "alice", n, submit)], n)
-        assert len(child._unsent) > 0  # the pipe (1 MiB) is full: the rest waits for add_writer
+        assert child.unsent_bytes > 0  # the pipe (1 MiB) is full: the rest waits for add_writer
         ticked = asyncio.Event()
         asyncio.get_running_loop().call_later(0.05, ticked.set)
         await asyncio.wait_for(ticked.wait(), 5)  # the loop turns meanwhile
@@ -686,7 +686,7 @@ async def test_groups_the_pipe_has_no_room_for_wait_off_the_loop_and_are_committ
     finally:
         os.kill(child.pid, signal.SIGCONT)
     await released(seen, 10)
-    assert seen == list(range(1, 11)) and not seen.errors and not child._unsent
+    assert seen == list(range(1, 11)) and not seen.errors and not child.unsent_bytes
     await committer.close()
 
 

@@ -64,7 +64,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -79,12 +78,12 @@ import structlog
 
 from coordinator.io.stores.child_process import ChildProcess
 from coordinator.io.stores.integrity import StoreError
+from coordinator.io.stores.writer_pipes import ReplyReader, RequestWriter
 from coordinator.io.stores.writer_wire import (
     BUSY,
     CLOSE,
     FAILED,
     KEYS,
-    REPLY_HEADER,
     REQUEST_HEADER,
     encode_group,
     send_all,
@@ -102,7 +101,6 @@ KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next
 LEAVE_WAIT_S = 5.0  # a close in another thread waits this long for the loop to take the pipes off it
 EXIT_WAIT_S: Final = 1.0  # a closed pipe's exit status awaited this long (a loop timer) before the groups fail
 KILL_WAIT_S: Final = 5.0  # a child not ended this long after its SIGKILL is logged (it holds the store's lock)
-_READ_BYTES = 1 << 20  # a reply read asks for this much at least: the keys of a busy group come with their header
 
 
 class WriterProcess:
@@ -156,10 +154,8 @@ class WriterProcess:
             raise StoreError(f"cannot start the store's writer process: {exc}") from exc
         self._out = self.child.stdin_fd
         self._in = self.child.stdout_fd
-        # The replies' bytes read and not yet taken (_take): a reply and its keys in one read when they fit.
-        self._buffer = b""
-        self._poll = select.poll()
-        self._poll.register(self._in, select.POLLIN)
+        self._requests = RequestWriter(self._out)
+        self._replies = ReplyReader(self._in)
         self._cond = threading.Condition()
         self._waiting: deque[Callable[[BaseException | None], None]] = deque()  # sent, not yet answered
         self._receiver: threading.Thread | None = None
@@ -167,7 +163,6 @@ class WriterProcess:
         # On the loop (serve_on): requests written and replies read by the event loop's thread, no thread of ours.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._notify: Callable[[], None] | None = None  # after replies were handled there (the committer's reap)
-        self._unsent = bytearray()  # requests the pipe had no room for yet (loop.add_writer sends them)
         self._overdue: asyncio.TimerHandle | None = None  # the stuck check while groups wait for their reply
         self._answered_at = 0.0  # the last reply's time, or the first send's since nothing waited (monotonic)
         self._abandoned = False  # left with groups out (failed unanswered): the child may still commit them
@@ -202,7 +197,7 @@ class WriterProcess:
 
     def poll_ready(self) -> bool:
         """True once the child has opened the file (never waits: a commit on the loop must not)."""
-        if not self.ready and (self._buffer or self._poll.poll(0)):
+        if not self.ready and self._replies.readable():
             self.wait_ready()
         return self.ready
 
@@ -224,12 +219,17 @@ class WriterProcess:
                 raise StoreError(f"the store's writer process for {self.path}: a commit is in flight")
             body = encode_group(self._encoder, records)
             self._send(body, int(wait))
-            self._flush_unsent()
+            self._requests.flush(self.reply_timeout_s)
             generation, count, keys = self._reply(self.reply_timeout_s)
             if generation == BUSY and not wait:
                 return False
             self._check(generation, count, 1, keys)
             return True
+
+    @property
+    def unsent_bytes(self) -> int:
+        """The requests' bytes the pipe had no room for yet (on the loop: written once it has)."""
+        return len(self._requests.unsent)
 
     @property
     def in_flight(self) -> bool:
@@ -279,7 +279,7 @@ class WriterProcess:
                 self._overdue = self._loop.call_later(self.reply_timeout_s, self._check_overdue)
             self._waiting.append(done)
             self._send(body, 1)
-            if self._buffer:  # replies read before this group was sent (a stray one fails it): looked at now
+            if self._replies.buffer:  # replies read before this group was sent (a stray one fails it): looked at now
                 self._loop.call_soon(self.poll)
             return
         if not self.ready:
@@ -305,11 +305,11 @@ class WriterProcess:
                     self._keys_held_bytes = 0
                 if self._loop is not None:
                     if self._dying is None:  # a child whose pipe closed gets nothing more (_died)
-                        self._write_soon(held, body, kind)
+                        parts = (held,) if kind < 0 else (held + REQUEST_HEADER.pack(len(body), kind), body)
+                        self._requests.write_soon(parts)
                     return
-                if self._unsent:  # what the loop had no room for (leave() does not wait for room)
-                    held = bytes(self._unsent) + held
-                    self._unsent.clear()
+                if self._requests.unsent:  # what the loop had no room for (leave() does not wait for room)
+                    held = self._requests.take_unsent() + held
                 if kind < 0:
                     send_all(self._out, held)
                 else:
@@ -334,6 +334,7 @@ class WriterProcess:
         self._loop, self._notify = loop, notify
         os.set_blocking(self._out, False)
         os.set_blocking(self._in, False)
+        self._requests.serve_on(loop, self._broken)
         loop.add_reader(self._in, self.poll)
 
     def leave(self) -> None:
@@ -354,7 +355,7 @@ class WriterProcess:
                 self._overdue = None
             with contextlib.suppress(ValueError, OSError):  # the pipe closed already (a failed child)
                 loop.remove_reader(self._in)
-                loop.remove_writer(self._out)
+                self._requests.leave()
             self._loop, self._notify = None, None
             with contextlib.suppress(OSError):
                 os.set_blocking(self._out, True)
@@ -373,32 +374,6 @@ class WriterProcess:
                 done(error)
             if notify is not None:
                 notify()
-
-    def _write_soon(self, held: bytes, body: bytes, kind: int) -> None:
-        """On the loop: ``held`` and one request (kind -1: none) written now as far as the pipe has room, the rest
-        kept in order for ``add_writer`` (one ``writev`` either way: no copy of a large body when it fits)."""
-        parts = (held,) if kind < 0 else (held + REQUEST_HEADER.pack(len(body), kind), body)
-        if self._unsent:
-            self._unsent += b"".join(parts)
-            return
-        try:
-            sent = os.writev(self._out, parts)
-        except BlockingIOError:
-            sent = 0
-        left = sum(map(len, parts)) - sent
-        if left:
-            self._unsent += b"".join(parts)[-left:]
-            assert self._loop is not None
-            self._loop.add_writer(self._out, self._writable)
-
-    def _flush_unsent(self) -> None:
-        """What the pipe had no room for, written now, waiting for room (:meth:`write` waits for its reply next)."""
-        while self._unsent:
-            select.select([], [self._out], [], self.reply_timeout_s)
-            with contextlib.suppress(BlockingIOError):
-                del self._unsent[: os.write(self._out, self._unsent)]
-        if self._loop is not None:
-            self._loop.remove_writer(self._out)
 
     def _leave_from_any_thread(self) -> bool:
         """:meth:`leave`, on the loop's thread when that loop runs in another one (a store closed in a thread);
@@ -433,41 +408,16 @@ class WriterProcess:
         log.error("the store's writer process: its pipes were not taken off the event loop", pid=self.pid)
         return False
 
-    def _writable(self) -> None:
-        try:
-            sent = os.write(self._out, self._unsent)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            self._died(f" ({exc})")
-            return
-        del self._unsent[:sent]
-        if not self._unsent and self._loop is not None:
-            self._loop.remove_writer(self._out)
-
     def poll(self) -> None:
         """On the loop: read what replies the pipe holds, without waiting, and answer their groups, in order."""
         if self._loop is None or self._dying is not None:
             return
-        ended: str | None = None  # the pipe closed (the child ended) or broke: after the replies it holds
-        try:
-            while True:
-                data = os.read(self._in, _READ_BYTES)
-                if not data:
-                    ended = ""
-                    break
-                self._buffer = self._buffer + data if self._buffer else data
-                if len(data) < _READ_BYTES:
-                    break
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            ended = f" ({exc})"
+        ended = self._replies.read_available()  # the pipe closed or broke: failed after the replies it holds
         answered = False
         try:
-            if not self.ready and self._whole_reply():
+            if not self.ready and self._replies.whole_reply():
                 self.wait_ready()
-            while self._waiting and self._whole_reply():
+            while self._waiting and self._replies.whole_reply():
                 generation, count, keys = self._reply(0)
                 self._check(generation, count, len(self._waiting), keys)
                 for _ in range(count):
@@ -482,14 +432,6 @@ class WriterProcess:
             self._notify()
         if ended is not None:
             self._died(ended)
-
-    def _whole_reply(self) -> bool:
-        """Whether the bytes read hold a whole reply (its header, then its keys or its error's text)."""
-        buffer = self._buffer
-        if len(buffer) < REPLY_HEADER.size:
-            return False
-        value, count, size = REPLY_HEADER.unpack_from(buffer)
-        return len(buffer) >= REPLY_HEADER.size + int(count if value == FAILED else size)
 
     def _check_overdue(self) -> None:
         """The stuck check on the loop (the receiver thread's reply timeout): no reply for ``reply_timeout_s``."""
@@ -564,44 +506,20 @@ class WriterProcess:
         self.generation = generation
 
     def _reply(self, timeout_s: float) -> tuple[int, int, bytes]:
-        """The next reply: its generation (or BUSY), its count and its keys (empty when it has none).
-
-        Read in as few ``os.read`` calls as the pipe allows (:meth:`_take`): each gives the GIL up and the
-        receiver thread then waits for the busy loop to drop it again (up to a switch interval), so a header
-        and its keys read apart (and the keys in 64 KiB pieces) made a busy group's reply wait ~1 ms a read.
-        """
-        if len(self._buffer) < REPLY_HEADER.size and not self._poll.poll(max(0, int(timeout_s * 1000))):
+        """The next reply (:meth:`ReplyReader.next_reply`): its generation (or BUSY), its count and its keys."""
+        try:
+            value, count, body = self._replies.next_reply(timeout_s)
+        except TimeoutError:
             self._fail(f"no answer in {timeout_s:g} s (stuck)")
-        raw = self._take(REPLY_HEADER.size)
-        if raw is None:
+        except EOFError:
             self._fail(self._exit_status())
-        value, count, size = REPLY_HEADER.unpack(raw)
         if value == FAILED:
-            text = self._take(count)
-            self._fail(text.decode(errors="replace") if text is not None else self._exit_status(), stop=False)
-        keys = b""
-        if size:
-            read = self._take(size)
-            if read is None:
-                self._fail(self._exit_status())
-            keys = read
-        return int(value), int(count), keys
+            self._fail(body.decode(errors="replace"), stop=False)
+        return value, count, body
 
-    def _take(self, size: int) -> bytes | None:
-        """The next ``size`` bytes of the replies, read in pieces of what the pipe holds (blocking); None at its end."""
-        buffer = self._buffer
-        while len(buffer) < size:
-            try:
-                data = os.read(self._in, max(size - len(buffer), _READ_BYTES))
-            except BlockingIOError:  # on the loop (serve_on): a reply waited for in full (write, wait_ready)
-                self._poll.poll()
-                continue
-            if not data:
-                self._buffer = buffer
-                return None
-            buffer = buffer + data if buffer else data
-        self._buffer = buffer[size:]
-        return buffer[:size] if len(buffer) > size else buffer
+    def _broken(self, exc: OSError) -> None:
+        """On the loop: a request the pipe had no room for could not be written (the pipe broke)."""
+        self._died(f" ({exc})")
 
     def _died(self, detail: str) -> None:
         """On the loop: the pipe closed or broke (``detail``: the error), so the child exited or was killed. The
@@ -613,8 +531,7 @@ class WriterProcess:
         self._dying = detail
         with contextlib.suppress(ValueError, OSError):
             loop.remove_reader(self._in)
-            loop.remove_writer(self._out)
-        self._unsent.clear()
+            self._requests.discard()
         status = self.child.ended()
         if status is not None:
             self._dead(status)
@@ -672,12 +589,9 @@ class WriterProcess:
             self._cond.notify_all()
         if self._failed is None or self._abandoned:
             with self._send_lock, contextlib.suppress(OSError):
-                self._unsent += REQUEST_HEADER.pack(0, CLOSE)  # after what the loop had no room for yet
+                self._requests.unsent += REQUEST_HEADER.pack(0, CLOSE)  # after what the loop had no room for yet
                 os.set_blocking(self._out, False)  # a blocking write waits for room for all of it
-                deadline = time.monotonic() + timeout_s
-                while self._unsent and select.select([], [self._out], [], max(0.0, deadline - time.monotonic()))[1]:
-                    with contextlib.suppress(BlockingIOError):
-                        del self._unsent[: os.write(self._out, self._unsent)]
+                self._requests.flush(timeout_s)
         self.child.close_stdin()
         if not self.child.wait(timeout_s):
             log.error("the store's writer process did not stop; killed", pid=self.pid)
