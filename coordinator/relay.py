@@ -26,16 +26,10 @@ Theory of operation:
   that breaks one of these ends the stream (``data_end(relay_violation)`` to both sides); it is
   never queued. So the bytes of a stream inside the coordinator never exceed its window, and a
   slow receiver slows only its own sender: nothing else waits on it.
-* Memory, and who gets it (issue #24, the relay hog): a stream's window is *held* (counted
-  against the limits below) only from the moment bytes may flow: a ``put``'s once the worker
+* Memory, and who gets it (issue #24; its limits, shares and line: coordinator/relay_room.py): a
+  stream's window is *held* only from the moment bytes may flow: a ``put``'s once the worker
   accepted the ticket (its first ``data_credit``), a ``get``'s when the open is passed to the
-  worker (the worker answers a ``get`` with its bytes). The windows held stay within three
-  limits at once: ``max_bytes`` in all (``--relay-max-bytes``), ``principal_bytes`` for one
-  principal's sessions and ``session_bytes`` for one session (protocol/relay.py
-  ``default_shares``: half and a quarter). Every stream's window is the same,
-  ``min(window_bytes, session_bytes, principal_bytes, max_bytes)``, so a stream that waits always
-  fits once others give theirs back. A stream with no room waits *in line* (oldest first; one
-  whose own session or principal is full does not hold up the others): its client gets
+  worker (the worker answers a ``get`` with its bytes). A stream with no room waits *in line*: its client gets
   ``data_credit(credit=0, wait=<why>)`` and nothing may flow; when room comes, the ``put``'s
   worker credit (or the ``get``'s open) goes on as usual. A window goes back at once when its
   stream ends, when its plan ends (a ``put``), is requeued or moves to another attempt, when a
@@ -68,10 +62,11 @@ and the outbox (where chunks, credits and ends go). Reads no clock: ``now`` come
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
+from coordinator.relay_room import RelayRoom
 from protocol import errors
 from protocol.chunkview import compact
 from protocol.messages import DataChunk, DataCredit, DataEnd, DataOpen
@@ -84,7 +79,6 @@ from protocol.relay import (
     GONE,
     MAX_CHUNK_BYTES,
     VIOLATION,
-    default_shares,
 )
 
 if TYPE_CHECKING:
@@ -98,7 +92,6 @@ __all__ = ["MAX_STREAMS_PER_SESSION", "Relay", "RelayStream", "StreamKey"]
 StreamKey = tuple[str, int, str, str]  # (plan id, attempt, name, direction)
 DataMessage = DataChunk | DataCredit | DataEnd
 StreamState = Literal["opening", "waiting", "open"]
-_Who = TypeVar("_Who", str, int)
 MAX_STREAMS_PER_SESSION = 64  # relayed streams one client session may have open or waiting; past it relay_busy
 
 
@@ -181,31 +174,23 @@ class Relay:
         idle_s: float = DEFAULT_IDLE_S,
         sessions: SessionTable | None = None,
     ) -> None:
-        default_principal, default_session = default_shares(max_bytes)
-        principal_bytes = principal_bytes or default_principal
-        session_bytes = session_bytes or default_session
-        if min(window_bytes, max_bytes, principal_bytes, session_bytes) < MAX_CHUNK_BYTES:
-            raise ValueError(f"the relay's window, max bytes and shares must be at least one chunk ({MAX_CHUNK_BYTES} "
-                             "bytes)")
+        self.room: RelayRoom[RelayStream] = RelayRoom(window_bytes=window_bytes, max_bytes=max_bytes,
+                                                      principal_bytes=principal_bytes, session_bytes=session_bytes)
         if not idle_s > 0:
             raise ValueError(f"the relay's idle timeout must be > 0 seconds, got {idle_s}")
         self._plans = plans
         self._registry = registry
         self._outbox = outbox
         self._sessions = sessions
-        self.max_bytes = max_bytes
-        self.principal_bytes = principal_bytes
-        self.session_bytes = session_bytes
+        self.max_bytes = self.room.max_bytes
+        self.principal_bytes = self.room.principal_bytes
+        self.session_bytes = self.room.session_bytes
         self.idle_s = idle_s
-        self.window_bytes = min(window_bytes, session_bytes, principal_bytes, max_bytes)  # every stream's window
+        self.window_bytes = self.room.window_bytes  # every stream's window
         self.streams: dict[StreamKey, RelayStream] = {}
         self._by_conn: dict[int, set[StreamKey]] = {}
         self._by_plan: dict[str, set[StreamKey]] = {}
-        self._line: dict[StreamKey, RelayStream] = {}  # streams waiting for room, oldest first
         self._behind: dict[StreamKey, dict[int, DataOpen]] = {}  # pulls waiting for a stream of theirs to end
-        self._held_by_principal: dict[str, int] = {}
-        self._held_by_session: dict[int, int] = {}
-        self.reserved = 0  # the windows held, together
         self.bytes_relayed = 0
         self.bytes_in = 0  # of inputs (put: client -> worker); bytes_relayed = bytes_in + bytes_out
         self.bytes_out = 0  # of outputs (get: worker -> client)
@@ -221,9 +206,14 @@ class Relay:
         return sum(stream.in_flight for stream in self.streams.values())
 
     @property
+    def reserved(self) -> int:
+        """The windows held, together."""
+        return self.room.reserved
+
+    @property
     def waiting(self) -> int:
         """Streams waiting in line for room."""
-        return len(self._line)
+        return self.room.waiting
 
     # ------------------------------------------------------------------ from a client
 
@@ -315,7 +305,7 @@ class Relay:
             return
         stream.sent = stream.acked = opened.offset
         stream.opened = opened
-        why = self._no_room(stream)
+        why = self.room.no_room(stream)
         if why is None:
             self._hold(stream)
         else:
@@ -412,7 +402,7 @@ class Relay:
             stream.sent = stream.acked = msg.offset
             if msg.size >= 0:
                 stream.size = msg.size
-            why = self._no_room(stream)
+            why = self.room.no_room(stream)
             if why is None:
                 self._hold(stream)
             else:
@@ -479,30 +469,16 @@ class Relay:
 
     # ------------------------------------------------------------------ room
 
-    def _no_room(self, stream: RelayStream) -> str | None:
-        """Why ``stream``'s window cannot be held now (naming the limit), or None."""
-        window = stream.window
-        held = self._held_by_session.get(stream.client, 0)
-        if held + window > self.session_bytes:
-            return (f"this session's relayed streams hold {held} bytes, and a stream's window of {window} would pass "
-                    f"its share of {self.session_bytes} (--relay-session-bytes)")
-        held = self._held_by_principal.get(stream.principal, 0)
-        if held + window > self.principal_bytes:
-            return (f"principal {stream.principal!r}'s relayed streams hold {held} bytes, and a stream's window of "
-                    f"{window} would pass its share of {self.principal_bytes} (--relay-principal-bytes)")
-        if self.reserved + window > self.max_bytes:
-            return (f"the relay holds {self.reserved} bytes of windows, and one more of {window} would pass its "
-                    f"{self.max_bytes} (--relay-max-bytes)")
-        return None
-
     def _hold(self, stream: RelayStream) -> None:
         """Hold ``stream``'s window (there is room) and let bytes flow."""
+        self.room.hold(stream)
+        self._opened(stream)
+
+    def _opened(self, stream: RelayStream) -> None:
+        """``stream``'s window is held: bytes may flow, and its parties are told."""
         stream.state = "open"
         stream.moved = True
         window = stream.window
-        self.reserved += window
-        self._held_by_principal[stream.principal] = self._held_by_principal.get(stream.principal, 0) + window
-        self._held_by_session[stream.client] = self._held_by_session.get(stream.client, 0) + window
         _, attempt, name, _ = stream.key
         plan_id = stream.shown or stream.key[0]  # as its client knows the plan
         if stream.direction == "put":  # the worker's first credit goes on: the client starts at its offset
@@ -520,23 +496,19 @@ class Relay:
     def _wait(self, stream: RelayStream, why: str) -> None:
         """No room for ``stream``: it waits in line, and its client is told why."""
         stream.state = "waiting"
-        self._line[stream.key] = stream
+        ahead = self.room.wait(stream)
         self.waits += 1
         _, attempt, name, direction = stream.key
         plan_id = stream.shown or stream.key[0]  # as its client knows the plan
         self._outbox.send(stream.client, DataCredit(
             plan_id=plan_id, attempt=attempt, name=name, direction="put" if direction == "put" else "get",
             offset=stream.acked, credit=0, size=stream.size, stream=stream.id,
-            wait=f"waiting for relay room: {why}; {len(self._line) - 1} streams ahead"))
+            wait=f"waiting for relay room: {why}; {ahead} streams ahead"))
 
     def _serve_line(self) -> None:
         """Room came back: the waiting streams that fit now hold their windows, oldest first."""
-        for stream in list(self._line.values()):
-            if self.reserved + self.window_bytes > self.max_bytes:
-                return
-            if self._no_room(stream) is None:
-                del self._line[stream.key]
-                self._hold(stream)
+        for stream in self.room.served():
+            self._opened(stream)
 
     # ------------------------------------------------------------------ helpers
 
@@ -609,23 +581,11 @@ class Relay:
             if not keys:
                 del self._by_plan[key[0]]
         if stream.state == "waiting":
-            del self._line[key]
+            self.room.leave_line(stream)
         elif stream.state == "open":
-            window = stream.window
-            self.reserved -= window
-            _take(self._held_by_principal, stream.principal, window)
-            _take(self._held_by_session, stream.client, window)
-            if self._line:
+            self.room.give_back(stream)
+            if self.room.waiting:
                 self._serve_line()
-
-
-def _take(held: dict[_Who, int], who: _Who, window: int) -> None:
-    """Give back ``who``'s ``window`` (its entry goes once it holds nothing)."""
-    left = held[who] - window
-    if left:
-        held[who] = left
-    else:
-        del held[who]
 
 
 def _stamped(msg: DataMessage, stream_id: int) -> DataMessage:
