@@ -196,3 +196,35 @@ async def test_a_stopped_child_that_sigkill_does_not_end_fails_the_groups_and_th
     finally:
         os.kill(child.pid, signal.SIGKILL)
     store.leave_loop()
+
+
+async def test_a_store_closed_while_its_childs_exit_status_is_awaited_fails_the_groups_naming_the_closed_pipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's pipe closed and its exit status not in yet (the wait made 60 s long) when the store is closed (in
+    a thread, as CoordinatorServer.stop does): the groups out fail at once naming the closed pipe, the child is
+    killed, and the close returns without waiting for the status."""
+    monkeypatch.setattr(writer_process, "EXIT_WAIT_S", 60.0, raising=False)
+    popen = subprocess.Popen
+
+    def lingering(args: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        return popen([args[0], "-c", LINGERING_CHILD, *args[3:]], **options)
+
+    store = SQLiteStore(tmp_path / DB_FILE)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(subprocess, "Popen", lingering)
+            store.hand_writes_to_process()
+        child = ready_child(store)
+        groups = Groups(store)
+        os.kill(child.pid, signal.SIGSTOP)  # the group stays unanswered
+        groups.send(plan("p1", 1))
+        os.kill(child.pid, signal.SIGUSR1)
+        os.kill(child.pid, signal.SIGCONT)
+        await until(lambda: not os.path.exists(f"/proc/{child.pid}/fd/1"), timeout_s=10)  # its pipe closed
+        async with asyncio.timeout(10):
+            await asyncio.to_thread(store.close)
+        assert groups.committed() == 0 and "closed its pipe" in str(groups.answers[0][0])
+        assert child.process.poll() is not None  # killed, not left for its 3 s
+    finally:
+        await asyncio.to_thread(store.close)

@@ -3,8 +3,9 @@
 * store: the ``Store`` interface, ``MemoryStore`` and ``open_store``; abilities: what a backend
   declares beyond load, write and close (``StoreAbilities``: nobody probes a store);
 * sqlite: the SQLite store (the default);
-* writer_process, writer_child, writer_wire, child_process: the SQLite store's writes in a child process
-  (``--store-writer process``): the parent's end, the child, the wire between them, and the child's start and end;
+* writer_process, writer_child, writer_wire, writer_pipes, child_process: the SQLite store's writes in a child
+  process (``--store-writer process``): the parent's end, the child, the wire between them, the pipes' parent
+  ends, and the child's start and end;
 * postgres: cluster mode's PostgreSQL store (docs/CLUSTER.md); pg_schema: its tables and statements;
 * schema, rows: the SQLite tables and migrations; rows read back with their checksums;
 * integrity: how damage is noticed and salvaged (``--accept-store-loss``);

@@ -36,7 +36,8 @@ once every reply is in, builds on it; the parent in a keys request, written in f
 group (:meth:`WriterProcess.send_keys`), which the child applies before it reads that group.
 The generation side file is written by whichever side committed.
 
-The wire (requests, replies, the record codes, a group's encoding) is coordinator/io/stores/writer_wire.py.
+The wire (requests, replies, the record codes, a group's encoding) is coordinator/io/stores/writer_wire.py; the
+two pipes' parent ends (the requests the pipe had no room for, the replies read and not yet taken) writer_pipes.py.
 
 Failure (as the writer thread's, docs in commit.py): a failed commit, a child that exits or is
 killed, a reply that is not the next generation or whose keys do not apply, or no reply within
@@ -50,13 +51,10 @@ the store's lock file with the parent (the same ``flock``, inherited), so a coor
 restarted at once cannot open the file before the old writer is gone. Its environment is the
 parent's without secrets: only the variables Python and the locale need (``child_process.ENV_KEPT``), no token.
 
-Never waiting on the loop for the child's end (docs/PERFORMANCE.md §R29). A pipe that closed or broke
-(the child exited or was killed) fails the groups out once the child's exit status is in, which a
-thread waits for (``ChildProcess.when_ended``: the loop's timer gives up on it after :data:`EXIT_WAIT_S`:
-"it closed its pipe"); a failure the parent finds (stuck, a garbled reply) fails them at once. The
-child is then killed and reaped by that thread; one that SIGKILL does not end (uninterruptible sleep:
-a disk that does not answer) is logged after :data:`KILL_WAIT_S`, and the store's close waits for it
-in its own thread. The start, the child's process and its end: coordinator/io/stores/child_process.py.
+Never waiting on the loop for the child's end (docs/PERFORMANCE.md §R29): a closed or broken pipe fails the groups
+out once the exit status is in (a thread reaps the child; a loop timer gives up after :data:`EXIT_WAIT_S`), a
+failure the parent finds (stuck, garbled) at once; SIGKILL never waits there (a child it does not end, in
+uninterruptible sleep, is logged after :data:`KILL_WAIT_S`). The child's start and end: child_process.py.
 """
 
 from __future__ import annotations
