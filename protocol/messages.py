@@ -453,13 +453,16 @@ class Assign(_Msg, tag="assign"):
     attempt: int
     op: str
     args: Any = None
+    # The plan's trace context, from its submit (W3C; "": not traced; protocol/tracecontext.py). Right after ``args``:
+    # a map's keys come in field order, and msgspec looks a key up from the field after the last one found, so here
+    # it is found at the first try (last, after ``args`` it was the 7th name tried). Wire-compatible: a map by name.
+    traceparent: str = ""
     timeout_s: float | None = None
     inputs: list[InputSpec] = []  # the handler starts once these arrived and were verified
     outputs: list[str] = []  # names the client declared it will fetch
     resources: Resources | None = None  # the plan's device request (None: none)
     devices: list[int] = []  # the devices the coordinator counts it on: positions in ``capabilities.gpus``
     pulls: list[Pull] = []  # where its inputs in the reference form are: fetch them before the handler starts
-    traceparent: str = ""  # the plan's trace context, from its submit (W3C; "": not traced; protocol/tracecontext.py)
 
 
 class DataKeys(_Msg, tag="data_keys"):

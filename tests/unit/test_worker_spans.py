@@ -204,3 +204,21 @@ async def test_a_sampled_plan_formats_only_its_handler_spans_context() -> None:
     handlers = {s.attributes["fleetwire.plan_id"]: s for s in exporter.spans if s.name == "fleetwire.handler"}
     assert seen == [f"00-{TRACE}-{handlers[p].context.span_id:016x}-01" for p in ("p1", "p2")]
     assert len(formatted) == 2  # one a plan
+
+
+def test_an_assigns_traceparent_follows_its_args_and_either_order_decodes() -> None:
+    """msgspec looks a map's key up from the field after the last one found, and an echo's assign is encoded in field
+    order (type, plan_id, attempt, op, args, traceparent): right after ``args`` its traceparent is found at the first
+    name tried (as the last field it was the 7th). A coordinator that sends it last is still understood (a map)."""
+    import msgspec
+
+    from protocol.codec import Codec
+
+    fields = protocol.Assign.__struct_fields__
+    assert fields.index("traceparent") == fields.index("args") + 1
+    encoded = msgspec.msgpack.encode(protocol.Assign(plan_id="p1", attempt=1, op="echo", args=0, traceparent="0"))
+    assert list(msgspec.msgpack.decode(encoded)) == ["type", "plan_id", "attempt", "op", "args", "traceparent"]
+    older = {"type": "assign", "plan_id": "p1", "attempt": 1, "op": "echo", "args": 0, "timeout_s": 5.0,
+             "devices": [0], "traceparent": "00"}  # fmt: skip
+    (msg,) = Codec("msgpack", protocol.ToWorker, "coordinator").decode(msgspec.msgpack.encode([older]))
+    assert isinstance(msg, protocol.Assign) and (msg.traceparent, msg.timeout_s, msg.devices) == ("00", 5.0, [0])
