@@ -145,10 +145,12 @@ def callgrind_total(tree: str, argv: Sequence[str], out_file: str) -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
 
 
+_ENV_PASSED = ("FLEETWIRE_TRACE_EXPORT", "FLEETWIRE_PG_WRITER")  # the tracing bench's; the PostgreSQL writer process
+
+
 def bench_env(**extra: str) -> dict[str, str]:
-    """The environment of child processes: no inherited FLEETWIRE_* (but the tracing bench's
-    FLEETWIRE_TRACE_EXPORT) and bench/ importable."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_") or k == "FLEETWIRE_TRACE_EXPORT"}
+    """The environment of child processes: no inherited FLEETWIRE_* (but :data:`_ENV_PASSED`) and bench/ importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETWIRE_") or k in _ENV_PASSED}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra)

@@ -87,6 +87,18 @@ def _cpu(pids: list[int]) -> float:
     return total
 
 
+def _children_cpu(pids: list[int]) -> float:
+    """CPU seconds so far of the live children of ``pids`` (a SQLite or PostgreSQL coordinator's writer process)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    t = child.cpu_times()
+                    total += t.user + t.system
+    return total
+
+
 def _pg_pids(server: PostgresServer | None) -> list[int]:
     """The postmaster (first) and every process it started (backends, WAL writer, checkpointer...)."""
     if server is None:
@@ -132,8 +144,12 @@ def commit_path(blocks: int, writes: bool) -> None:
 
     async def run() -> None:
         db = await asyncio.to_thread(_open, os.environ["FW_BENCH_DSN"], Path("."))
-        await db.open_async()
         groups = _grouped(blocks * GROUP_BLOCK)
+        if os.environ.get("FLEETWIRE_PG_WRITER") == "process":  # the loop's side only: the child is another process
+            await _through_child(db, groups if writes else [])
+            await asyncio.to_thread(db.close)
+            return
+        await db.open_async()
         gc.freeze()
         gc.set_threshold(*DAEMON_GC_THRESHOLDS)
         if writes:
@@ -143,6 +159,35 @@ def commit_path(blocks: int, writes: bool) -> None:
         await asyncio.to_thread(db.close)
 
     asyncio.run(run())
+
+
+async def _through_child(db: PgStore, groups: list[list[Any]]) -> None:
+    """``groups`` committed through the store's writer child (coordinator/io/stores/pg_writer.py), all sent at once."""
+    from coordinator.io.stores.pg_writer import ProcessCommitter
+    from fleetwire.cli.serve import DAEMON_GC_THRESHOLDS
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    left = [len(groups)]
+
+    def release(_: None) -> None:
+        left[0] -= 1
+        if not left[0] and not done.done():
+            done.set_result(None)
+
+    def failed(exc: BaseException) -> None:
+        if not done.done():
+            done.set_exception(exc)
+
+    committer: ProcessCommitter[None] = ProcessCommitter(db, release, failed)
+    committer.start()
+    gc.freeze()
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+    for group in groups:
+        committer.submit(group, None)
+    if groups:
+        await done
+    await committer.close()
 
 
 def commit_callgrind() -> float:
@@ -348,7 +393,7 @@ async def measure(
                     await (await client.submit("echo", args=i, tags=[f"pool:{pool}"] if pool else None)).result()
             per_client = ns.plans // len(clients)
             plans = per_client * len(clients)
-            cpu0, pg0 = _cpu(coordinator_pids), _pg_cpu(server)
+            cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
             spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg")
             t0 = time.perf_counter()
 
@@ -370,6 +415,7 @@ async def measure(
                 failed = sum(await asyncio.gather(*(run(c, p) for c, p in zip(clients, pools, strict=True))))
             elapsed = time.perf_counter() - t0
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _pg_cpu(server) - pg0
+            kids = _children_cpu(coordinator_pids) - kids0
             for spy in spies:
                 spy.send_signal(signal.SIGINT)
                 await asyncio.to_thread(spy.wait, 30)
@@ -391,6 +437,7 @@ async def measure(
             "plans_per_s": round(plans / elapsed, 1),
             "latency": h.summary_ms(times),
             "coordinator_cpu_us_per_plan": round(cpu / plans * 1e6, 1),
+            "writer_child_cpu_us_per_plan": round(kids / plans * 1e6, 1),  # not in the figure above
             "postgres_cpu_us_per_plan": round(pg_cpu / plans * 1e6, 1) if pg_pids else None,
         }
     except Exception as exc:  # the column says what failed; the others still run
@@ -596,12 +643,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     parser.add_argument("--commit-callgrind", action="store_true",
                         help="the PostgreSQL commit path in callgrind instructions a plan (needs valgrind), then exit")
+    parser.add_argument("--pg-writer", choices=("loop", "process"), default=None,
+                        help="the PostgreSQL coordinators' group commits on the loop or in a writer process "
+                        "(FLEETWIRE_PG_WRITER; default: as the environment says)")  # fmt: skip
     parser.add_argument("--commit-path", type=int, metavar="BLOCKS", help=argparse.SUPPRESS)  # --commit-callgrind
     parser.add_argument("--no-writes", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.commit_path is not None:
         commit_path(ns.commit_path, not ns.no_writes)
         return 0
+    if ns.pg_writer is not None:  # the coordinators' and --commit-callgrind's children inherit it (h.bench_env)
+        os.environ["FLEETWIRE_PG_WRITER"] = ns.pg_writer
     if ns.commit_callgrind:
         print(f"PostgreSQL commit path: {commit_callgrind():,.0f} instructions a plan (4 steps, groups of "
               f"~{GROUP_BLOCK * 9:,} records; callgrind)")

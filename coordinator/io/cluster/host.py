@@ -154,13 +154,13 @@ class ShardPgStore(PgStore):
 
     def write(self, records: Any) -> None:
         super().write(records)
-        self._ring(records)
+        self.ring(records)
 
     async def write_async(self, records: Any) -> None:
         await super().write_async(records)
-        self._ring(records)
+        self.ring(records)
 
-    def _ring(self, records: Any) -> None:
+    def ring(self, records: Any) -> None:
         """At most one doorbell per group commit: the shard and the highest event seq it wrote."""
         bell = self.doorbell
         if bell is not None and records and not bell.unheard():  # no scan of the group while nobody listens

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -74,8 +75,8 @@ from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
 from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
 
-__all__ = ["CONNECT_TIMEOUT_S", "SERVER_SETTINGS", "WRITER_SETTINGS", "PgStore", "PgStoreDamaged", "describe_dsn",
-           "ensure_indexes"]
+__all__ = ["CONNECT_TIMEOUT_S", "SERVER_SETTINGS", "WRITER_ENV", "WRITER_SETTINGS", "PgStore", "PgStoreDamaged",
+           "describe_dsn", "ensure_indexes", "new_loop"]
 
 log = structlog.get_logger(__name__)
 
@@ -104,10 +105,14 @@ SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}  # PostgreSQL >= 12
 # connection turns sequential scans back on for its own transaction (it reads whole shards).
 WRITER_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
 
+# FLEETWIRE_PG_WRITER=process: group commits in a writer process with its own connection (pg_writer.py), not on
+# the loop; off by default until a quiet run shows it pays (docs/PERFORMANCE.md §C29e).
+WRITER_ENV = "FLEETWIRE_PG_WRITER"
+
 _KEYS = "SELECT nextval('fleetwire_plan_keys') FROM generate_series(1, $1::int)"
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
+def new_loop() -> asyncio.AbstractEventLoop:
     """The store's private loop: uvloop when installed (asyncpg's own choice; ~2x less CPU per round trip)."""
     try:
         import uvloop
@@ -309,12 +314,12 @@ class PgStore:
                 "a postgresql:// store needs the asyncpg driver: pip install 'fleetwire[postgres]'"
             ) from None
         self._asyncpg = asyncpg
-        self._loop = _new_loop()
+        self._loop = new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fleetwire-pg", daemon=True)
         self._thread.start()
         # The writer connection's own loop, run by whichever thread writes (the committer's writer
         # thread): a group commit is one round trip with no hop to another thread and back.
-        self._wloop = _new_loop()
+        self._wloop = new_loop()
         self._wlock = threading.Lock()
         self._writer: Any = None
         self._awriter: Any = None  # the writer connection on the server's loop (open_async)
@@ -328,6 +333,11 @@ class PgStore:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def dsn(self) -> str:
+        """The DSN this store connects with (its writer process connects with it too: pg_writer.py)."""
+        return self._dsn
 
     @property
     def abilities(self) -> StoreAbilities:
@@ -817,6 +827,10 @@ class PgStore:
         self, release: Callable[[T], None], on_failure: Callable[[BaseException], None], *, max_backlog_bytes: int = 0
     ) -> PipelinedCommitter[T]:
         """The server's committer for this store: group commits on the server's own loop (pg_commit.py)."""
+        if os.environ.get(WRITER_ENV) == "process":  # its writer process, own connection (pg_writer.py): opt-in
+            from coordinator.io.stores.pg_writer import ProcessCommitter  # it imports this module's types
+
+            return ProcessCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)  # type: ignore[return-value]
         return PipelinedCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)
 
     def _close_writer(self, writer: Any) -> None:
