@@ -1,4 +1,5 @@
-"""The build: pure Python by default; ``FLEETWIRE_MYPYC=1`` compiles the core's per-plan modules with mypyc.
+"""The build: pure Python by default; ``FLEETWIRE_MYPYC=1`` compiles the core's per-plan modules (and the span
+exporter's OTLP packing) with mypyc.
 
 Everything about the package is in pyproject.toml; this file only adds the optional compiled modules
 (docs/OPERATIONS.md §The compiled core). Without ``FLEETWIRE_MYPYC=1`` (unset, empty or ``0``) it adds
@@ -34,13 +35,15 @@ INPLACE_OK = "FLEETWIRE_MYPYC_INPLACE"
 #: lookup). The rest of the core is seldom on that path and stays pure, and so does ``coordinator/records.py``,
 #: a per-plan module (compiled, its msgspec Structs' annotations read as ``type``, and the store's decoder then
 #: refuses every optional field; its journal, which is per-plan, is journal.py). ``coordinator/mypyc_compat.py``
-#: is never compiled.
-COMPILED = tuple(f"coordinator/{name}.py" for name in (
+#: is never compiled. The span exporter children's OTLP packing (``wireio/otlp.py``; the child is wireio/span_export.py,
+#: run as ``-m``: pure) compiles too, for ~12-20 % fewer instructions a span there (docs/PERFORMANCE.md §T32i); the
+#: rest of wireio/ stays pure.
+COMPILED = tuple(f"coordinator/{name}.py" for name in (  # noqa: RUF005  (a sum: tools/build_compiled.py reads it)
     "capacity", "carbon_holds", "client_session", "core", "effects", "journal", "ledger", "limits", "plan_graphs",
     "plans", "recovery", "registry", "retention", "scheduling", "sessions", "sharing", "state", "stats", "streams",
     "teams", "workers", "graphs/graph", "placement/fair_queue", "placement/fairshare", "placement/placer",
     "placement/plan_queue", "placement/shares", "worker_sessions/dispatch", "worker_sessions/leases",
-))
+)) + ("wireio/otlp.py",)
 
 
 def switched_on() -> bool:

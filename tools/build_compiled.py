@@ -9,7 +9,8 @@ module's extension before its source, so the copy is a compiled tree, and this t
     python bench/core_per_plan.py --compare /tmp/fw-compiled  # this tree (pure) against the compiled copy
 
 ``--test`` runs the unit tests of the pure core against the compiled copy (:func:`core_tests`: the
-files of tests/unit that import the core and nothing that does I/O), after checking that each module
+files of tests/unit that import the core and nothing that does I/O) and those of wireio/otlp.py
+(:data:`OTLP_TESTS`), after checking that each module
 of setup.py's ``COMPILED`` is imported from its extension. ``--if-compiler``: without a C compiler or
 Python's headers, say so and exit 0 (CI on a machine that cannot build). Exit status: 0 when built
 (and passed), 1 when the build, the check or a test failed.
@@ -36,8 +37,26 @@ COPIED = ("pyproject.toml", "setup.py", "README.md", "protocol", "wireio", "coor
 IGNORED = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", ".mypy_cache", ".pytest_cache", "build")
 #: Imports that make a test file more than the core's: I/O being done (an event loop, sockets, processes),
 #: the SDK, the worker. (The core's tests that read a MemoryStore or render metrics count: they stay sans-I/O.)
+#: Run against the compiled copy too: the tests of wireio/otlp.py (compiled, though wireio/ is not the core), among
+#: them the one that compares its bytes with the pure module's.
+OTLP_TESTS = ("tests/unit/test_otlp_encode.py", "tests/unit/test_worker_live_spans.py",
+              "tests/unit/test_otlp_compiled.py")  # fmt: skip
 NOT_CORE = ("asyncio", "socket", "subprocess", "websockets", "httpx", "wireio", "worker_agent", "fleetwire",
             "coordinator.io.frontdoor", "coordinator.io.cluster", "tests.waiting")
+
+
+def _paths(node: ast.expr) -> list[str]:
+    """The paths of ``COMPILED``'s expression: ``tuple(f"coordinator/{name}.py" for name in (...))``, a tuple of
+    paths, or their sum."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _paths(node.left) + _paths(node.right)
+    if isinstance(node, ast.Tuple):
+        return list(ast.literal_eval(node))
+    assert isinstance(node, ast.Call) and isinstance(node.args[0], ast.GeneratorExp)
+    generator = node.args[0]
+    assert isinstance(generator.elt, ast.JoinedStr) and isinstance(generator.elt.values[0], ast.Constant)
+    prefix = generator.elt.values[0].value  # "coordinator/"
+    return [f"{prefix}{name}.py" for name in ast.literal_eval(generator.generators[0].iter)]
 
 
 def compiled_modules(root: Path = ROOT) -> list[str]:
@@ -45,10 +64,7 @@ def compiled_modules(root: Path = ROOT) -> list[str]:
     tree = ast.parse((root / "setup.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMPILED" for t in node.targets):
-            call = node.value
-            assert isinstance(call, ast.Call) and isinstance(call.args[0], ast.GeneratorExp)
-            names = ast.literal_eval(call.args[0].generators[0].iter)
-            return [f"coordinator.{name}".replace("/", ".") for name in names]
+            return [path.removesuffix(".py").replace("/", ".") for path in _paths(node.value)]
     raise SystemExit(f"{root / 'setup.py'}: no COMPILED")
 
 
@@ -170,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if not ns.test:
             return 0
-        tests = core_tests(dest)
+        tests = core_tests(dest) + list(OTLP_TESTS)
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, *ns.pytest_args],
                               cwd=dest, env=_env(dest), check=False)

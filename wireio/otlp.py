@@ -13,7 +13,9 @@ makes them, with their remote parent's ids' fields kept per ``traceparent`` (a p
 them), and :meth:`SpanEncoder.encode` takes such bytes as they are. Fields are written in the
 order that is cheapest (protobuf decoders take any order). The bytes decode to the message the
 SDK's encoder makes of the same span (tests/unit/test_otlp_encode.py parses both with
-opentelemetry-proto); any OTLP/HTTP collector takes them. Pure Python, no OpenTelemetry import.
+opentelemetry-proto); any OTLP/HTTP collector takes them. Pure Python, no OpenTelemetry import; the
+compiled build (setup.py ``COMPILED``) compiles it with mypyc, to the same bytes
+(tests/unit/test_otlp_compiled.py), so its annotations hold at run time there.
 
 Field numbers are opentelemetry-proto's ``trace/v1/trace.proto``, ``common/v1/common.proto`` and
 ``resource/v1/resource.proto``. Values: ``str``, ``bool``, ``int`` (int64; past it, its decimal

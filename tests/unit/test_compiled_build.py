@@ -75,11 +75,16 @@ def test_without_mypyc_the_metadata_step_asks_for_mypy_and_a_build_says_how_to_g
 
 
 def test_the_compiled_modules_are_modules_of_the_pure_core(setup_py: ModuleType, tool: ModuleType) -> None:
-    """Each compiled path is a module of coordinator/ outside coordinator/io/, and the build script reads the list."""
+    """Each compiled path is a module of coordinator/ outside coordinator/io/, or the span exporters' OTLP packing
+    (wireio/otlp.py, whose tests run against the build too), and the build script reads the list."""
+    exporters = {"wireio/otlp.py"}
     assert setup_py.COMPILED, "nothing compiled"
     for path in setup_py.COMPILED:
         assert (ROOT / path).is_file(), path
-        assert path.startswith("coordinator/") and not path.startswith("coordinator/io/"), path
+        if path not in exporters:
+            assert path.startswith("coordinator/") and not path.startswith("coordinator/io/"), path
+    assert exporters <= set(setup_py.COMPILED) and "wireio/span_export.py" not in setup_py.COMPILED  # run as -m
+    assert {(ROOT / test).is_file() for test in tool.OTLP_TESTS} == {True}
     # pure on purpose (setup.py says why): compiled, records.py's Structs break; the compat shim is build-time only
     assert not {"coordinator/records.py", "coordinator/mypyc_compat.py"} & set(setup_py.COMPILED)
     assert tool.compiled_modules(ROOT) == [p.removesuffix(".py").replace("/", ".") for p in setup_py.COMPILED]
