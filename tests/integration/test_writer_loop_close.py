@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.io.stores import writer_process
+from coordinator.io.stores import commit, writer_process
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from tests.integration.test_store_writer_process import plan, ready_child, started
@@ -101,3 +101,30 @@ async def test_a_close_the_loop_does_not_leave_in_time_keeps_the_pipes_until_it_
     assert child.process.poll() is not None, "the child outlived the close"
     assert all(map(_is_pipe, fds)), "the close released fd numbers the loop still serves"
     await until(lambda: not any(map(_is_pipe, fds)))
+
+
+async def test_a_stop_with_groups_out_to_a_stuck_child_gives_up_after_the_grace_and_kills_it(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CoordinatorServer.stop's order (the committer's close, then the store's in a thread) with the child stopped
+    (SIGSTOP: a disk that does not answer) and groups out: the committer's close gives up after its grace
+    (commit.CLOSE_GRACE_S, made 0.3 s) instead of the 120 s stuck check, the groups fail (never released: not
+    acknowledged, committed or not) naming the stop, the child is killed, and the store's close does not wait 10 s
+    for it either. The 5 s bounds are generous correctness bounds, not timing goals."""
+    monkeypatch.setattr(commit, "CLOSE_GRACE_S", 0.3, raising=False)
+    seen, committer = started(store, inline_max_records=0)
+    child = ready_child(store)
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        for n in range(1, 20):
+            committer.submit(plan(f"p{n}", n), n)
+        async with asyncio.timeout(5):
+            await committer.close()
+        assert seen == [] and seen.errors
+        assert "at the stop" in str(seen.errors[0]) and "not acknowledged" in str(seen.errors[0])
+        async with asyncio.timeout(5):
+            await asyncio.to_thread(store.close)
+        assert child.process.poll() == -signal.SIGKILL
+    finally:
+        if child.process.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)

@@ -83,6 +83,10 @@ class GroupSender(Protocol):
     def leave_loop(self) -> None:
         """Undo :meth:`serve_on` (on the loop's thread)."""
 
+    def abandon(self, why: str) -> None:
+        """On the loop after :meth:`serve_on`: every group still out fails now (``StoreError`` naming ``why``,
+        committed or not), the writer is ended without waiting (SIGKILL) and nothing more is sent."""
+
 
 @dataclass(frozen=True, slots=True)
 class StoreAbilities:

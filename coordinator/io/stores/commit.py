@@ -80,6 +80,7 @@ file is then ahead of what a restart finds, and the restart refuses (coordinator
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sys
 import threading
@@ -96,8 +97,8 @@ from coordinator.io.stores.store import Store
 from coordinator.records import Record
 
 __all__ = [
-    "FILE_CHECK_INTERVAL_S", "INLINE_COOLDOWN_S", "INLINE_MAX_BYTES", "INLINE_MAX_RECORDS", "INLINE_SLOW_S",
-    "WRITER_SWITCH_INTERVAL_S", "GroupCommitter",
+    "CLOSE_GRACE_S", "FILE_CHECK_INTERVAL_S", "INLINE_COOLDOWN_S", "INLINE_MAX_BYTES", "INLINE_MAX_RECORDS",
+    "INLINE_SLOW_S", "WRITER_SWITCH_INTERVAL_S", "GroupCommitter",
 ]
 
 log = structlog.get_logger(__name__)
@@ -112,6 +113,7 @@ INLINE_MAX_BYTES = 64 << 10  # ... from at most this much of frames (``submit``'
 INLINE_SLOW_S = 0.002  # inline commits slower than this on average ...
 INLINE_COOLDOWN_S = 1.0  # ... sends every commit to the writer thread for this long
 WRITER_SWITCH_INTERVAL_S = 0.001  # the interpreter's switch interval while a writer thread runs (at most)
+CLOSE_GRACE_S = 10.0  # close(): the longest wait for a writer process's answers before it is given up (killed)
 
 
 class GroupCommitter(Backlog[T]):
@@ -242,13 +244,19 @@ class GroupCommitter(Backlog[T]):
         await asyncio.sleep(0)  # let the last call_soon_threadsafe(_done) run
 
     async def _close_direct(self) -> None:
-        """close() with a writer process served on the loop: what is gathered is sent, every answer awaited."""
+        """close() with a writer process served on the loop: what is gathered is sent, every answer awaited for up
+        to :data:`CLOSE_GRACE_S`; the groups still out then fail (``GroupSender.abandon``: the child killed)."""
         assert self._sender is not None
         self._commit_inline(on_loop=False)
         self._answered = asyncio.Event()
-        while self._reported < self._sent and self.failed is None:
-            self._answered.clear()
-            await self._answered.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_GRACE_S):
+                while self._reported < self._sent and self.failed is None:
+                    self._answered.clear()
+                    await self._answered.wait()
+        if self._reported < self._sent and self.failed is None:  # stuck: the stop does not wait for it (docstring)
+            self._sender.abandon(f"no answer in {CLOSE_GRACE_S:g} s at the stop (groups sent up to ticket "
+                                 f"{self._sent}, answered up to {self._reported}; not acknowledged)")  # fmt: skip
         self.reap()
         self._sender.leave_loop()
         self._direct = False

@@ -653,6 +653,11 @@ class SQLiteStore:
         if self._child is not None:
             self._child.leave()
 
+    def abandon(self, why: str) -> None:
+        """On the loop: the groups out fail now and the writer process is killed (``WriterProcess.abandon``)."""
+        if self._child is not None:
+            self._child.abandon(why)
+
     def _write_in_child(self, child: WriterProcess, records: Sequence[Record], *, wait: bool) -> bool:
         if not child.write(records, wait=wait):
             return False

@@ -373,6 +373,13 @@ class WriterProcess:
             if notify is not None:
                 notify()
 
+    def abandon(self, why: str) -> None:
+        """On the loop: the groups out fail now with ``why`` (committed or not, as after a crash), the child killed
+        without waiting (a stop that gave up on it: commit.py ``CLOSE_GRACE_S``); :meth:`close` then only reaps it."""
+        if self._loop is not None and self._failed is None:
+            self._fail_waiting(why)  # it leaves the loop; a second leave() does nothing
+        self.leave()
+
     def _leave_from_any_thread(self) -> bool:
         """:meth:`leave`, on the loop's thread when that loop runs in another one (a store closed in a thread);
         False: that loop did not run it in time (it will later: the pipes are left for it to close)."""
