@@ -14,6 +14,7 @@ The garbage collector runs with the coordinator daemon's thresholds.
     python bench/store_writer.py --lone           # a sequential round trip's two commits, split up
     python bench/store_writer.py --process        # through the writer process: the parent's CPU and the child's
     python bench/store_writer.py --child-callgrind  # the child's path, callgrind instructions per plan
+    python bench/store_writer.py --lone-callgrind   # a lone plan's two commits, callgrind instructions per plan
 
 ``--lone``: what one lone plan's commits cost, as a sequential round trip (bench/latency.py)
 makes them: a group of the plan's creation and lease (4 records), then one of its run and end
@@ -170,24 +171,46 @@ def child_path(plans: int, writes: bool) -> None:
     os._exit(0)
 
 
-def child_callgrind() -> float:
-    """Callgrind instructions per plan of the child's path: 6,300 plans against 900, less the setup's difference."""
+def child_callgrind(path_flag: str = "--child-path", small: int = 900, large: int = 6300) -> float:
+    """Callgrind instructions per plan of ``path_flag``'s path (the child's; --lone-path: a lone plan's two commits):
+    ``large`` plans against ``small``, less the setup's difference."""
     import re
     import subprocess
 
     counts = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for plans in (900, 6300):
+        for plans in (small, large):
             for writes in (True, False):
                 cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
-                       __file__, "--child-path", str(plans), *([] if writes else ["--setup-only"])]  # fmt: skip
+                       __file__, path_flag, str(plans), *([] if writes else ["--setup-only"])]  # fmt: skip
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
                 found = re.search(r"Collected : (\d+)", out)
                 if found is None:
                     raise SystemExit(f"callgrind gave no count: {out[-500:]}")
                 counts[plans, writes] = int(found.group(1))
-    path_ir = (counts[6300, True] - counts[900, True]) - (counts[6300, False] - counts[900, False])
-    return path_ir / 5400
+    path_ir = (counts[large, True] - counts[small, True]) - (counts[large, False] - counts[small, False])
+    return path_ir / (large - small)
+
+
+def lone_path(plans: int, writes: bool) -> None:
+    """``plans`` lone plans' two commits each, ``try_write`` on the coordinator's connection (a --lone-callgrind run,
+    ``synchronous=OFF``: the sync is the kernel's, not instructions); ``writes`` off: setup only."""
+    import random
+
+    rng = random.Random(29)
+    steps = [lone_groups(n, f"{rng.getrandbits(128):032x}") for n in range(plans + 1)]
+    gc.freeze()
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SQLiteStore(Path(tmp) / "bench.sqlite3")
+        store._db.execute("PRAGMA synchronous=OFF")
+        for group in steps[0]:  # the statements prepared, the pages read: as in a running coordinator
+            store.try_write(group)
+        if writes:
+            for groups in steps[1:]:
+                for group in groups:
+                    store.try_write(group)
+        os._exit(0)
 
 
 def lone_groups(n: int, plan_id: str) -> list[list[Record]]:
@@ -304,9 +327,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lone", action="store_true",
                         help="a lone plan's two commits (a sequential round trip's), split into Python, SQLite, sync")
+    parser.add_argument("--lone-callgrind", action="store_true",
+                        help="a lone plan's two commits on the coordinator's connection, unsynced, in callgrind "
+                             "instructions per plan")  # fmt: skip
+    parser.add_argument("--lone-path", type=int, metavar="N", help=argparse.SUPPRESS)  # --lone-callgrind's runs
     args = parser.parse_args(argv)
     if args.child_path is not None:
         child_path(args.child_path, not args.setup_only)
+        return 0
+    if args.lone_path is not None:
+        lone_path(args.lone_path, not args.setup_only)
+        return 0
+    if args.lone_callgrind:
+        per_plan = round(child_callgrind("--lone-path", 200, 1200))
+        if args.json:
+            print(json.dumps({"bench": "store_writer_lone_callgrind", "instructions_per_plan": per_plan}))
+        else:
+            print(f"fleetwire store writer, a lone plan's two commits: {per_plan:,} instructions per plan (callgrind)")
         return 0
     if args.child_callgrind:
         per_plan = round(child_callgrind())

@@ -218,6 +218,25 @@ def test_one_row_per_step_when_sqlite_is_older_than_3_33(db: SQLiteStore) -> Non
     assert [(e.seq, e.data) for e in plan.events] == [(1, None), (2, "y")]
 
 
+def test_a_group_updating_one_plan_runs_the_one_row_update_not_a_join(db: SQLiteStore) -> None:
+    """One plan's update is the plain ``WHERE rowid`` statement (a lone commit's); two plans' the multi-row one."""
+    db.write([created("p"), created("q"), PlanStatus("p", "queued", next_seq=1), PlanStatus("q", "queued", next_seq=1)])
+    statements: list[str] = []
+    db._db.set_trace_callback(statements.append)
+    db.write([event("p", 1, "a"), PlanStatus("p", "running", attempt=1, next_seq=2)])
+    updates = [s for s in statements if s.startswith("UPDATE plans")]
+    assert len(updates) == 1 and "FROM (VALUES" not in updates[0] and "WHERE rowid" in updates[0]
+    statements.clear()
+    db.write([event("p", 2, "b"), PlanStatus("p", "succeeded", attempt=1, next_seq=3),
+              PlanStatus("q", "running", attempt=1, next_seq=1)])  # fmt: skip
+    assert [s for s in statements if s.startswith("UPDATE plans") and "FROM (VALUES" in s]
+    db._db.set_trace_callback(None)
+    plans = {plan.created.plan_id: plan for plan in db.load()}
+    assert plans["p"].status == PlanStatus("p", "succeeded", attempt=1, next_seq=3)
+    assert [(e.seq, e.data) for e in plans["p"].events] == [(1, "a"), (2, "b")]
+    assert plans["q"].status == PlanStatus("q", "running", attempt=1, next_seq=1)
+
+
 def test_payload_msgpack_cannot_hold_is_stored_as_text(db: SQLiteStore) -> None:
     """An event whose data msgpack cannot encode (a JSON peer's 2**70) is kept, with its data as text."""
     db.write([created("p"), event("p", 1, {"n": 2**70})])

@@ -841,7 +841,11 @@ class SQLiteStore:
                 self._run_chunked(_DELETE_PLANS, "?", doomed)  # first: nothing below touches those rows
                 self._run_chunked(_DELETE_EVENTS, "?", doomed)
                 self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
-                if self._update_status is _UPDATE_ONE:  # the writer process (no other thread), or an old SQLite
+                if len(updates) == 1:
+                    # One step either way: the plain statement costs SQLite less than a join with a VALUES table
+                    # (a lone plan's commit on the loop: docs/PERFORMANCE.md §D29c).
+                    db.execute(_UPDATE_ONE, updates[0])
+                elif self._update_status is _UPDATE_ONE:  # the writer process (no other thread), or an old SQLite
                     if updates:
                         db.executemany(_UPDATE_ONE, updates)
                 else:
