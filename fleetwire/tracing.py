@@ -72,8 +72,12 @@ def start_submit_spans(msgs: Sequence[Submit], preset: str | None = None) -> lis
 
     ``preset``: what :func:`submit_context` returned, already carried by each of ``msgs`` (copied from a template
     that held it): only the sampled ones are set, so at a ratio an unsampled plan costs no work here.
+
+    Each call runs as few Python functions as it can (the tracer read here, not through :func:`client_tracing`, once
+    built): a lone submit's are mostly out of the CPU's caches, so each one costs far more than its instructions
+    (docs/PERFORMANCE.md §T32h).
     """
-    tracing = client_tracing()
+    tracing = _tracing if isinstance(_tracing, Tracing) else client_tracing()
     if preset is None:
         parent = current_traceparent()
         unsampled = parent or (UNSAMPLED if tracing is not None else "")

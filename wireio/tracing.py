@@ -116,16 +116,33 @@ def tracing_requested(environ: Mapping[str, str] | None = None, endpoint: str | 
     return bool(endpoint or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
+_current_context: Callable[[], Mapping[str, object]] | None = None
+"""``opentelemetry.context.get_current`` once OpenTelemetry is imported (:func:`current_traceparent`)."""
+
+
 def current_traceparent() -> str:
     """The ``traceparent`` of the caller's current OpenTelemetry span, if the application uses
-    OpenTelemetry (already imported it) and has a valid one; ``""`` otherwise. Imports nothing."""
-    trace = sys.modules.get("opentelemetry.trace")
-    if trace is None:
+    OpenTelemetry (already imported it) and has a valid one; ``""`` otherwise. Imports nothing.
+
+    An empty current context (no span, nothing attached: the usual case of a client whose own tracer imported
+    OpenTelemetry) is told by one call and one test, not the API's seven calls across four modules: on every
+    submit that path's code and data are mostly out of the CPU's caches (the client wakes once a round trip
+    among other processes), so its instructions cost ~10x their count (docs/PERFORMANCE.md §T32h)."""
+    global _current_context
+    get_current = _current_context
+    if get_current is None:
+        if "opentelemetry.trace" not in sys.modules:
+            return ""
+        from opentelemetry import context  # imported with opentelemetry.trace: no new import
+
+        get_current = _current_context = context.get_current
+    if not get_current():
         return ""
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
+    trace = sys.modules["opentelemetry.trace"]
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
         return ""
-    return format_traceparent(context.trace_id, context.span_id, sampled=bool(context.trace_flags & 1))
+    return format_traceparent(span.trace_id, span.span_id, sampled=bool(span.trace_flags & 1))
 
 
 class Sampler:
@@ -139,7 +156,7 @@ class Sampler:
     sampler at least as wide downstream.
     """
 
-    __slots__ = ("bound", "name", "parent_based", "ratio")
+    __slots__ = ("bound", "gap", "name", "parent_based", "ratio")
 
     def __init__(self, name: str = "parentbased_always_on", ratio: float = 1.0) -> None:
         self.name = name if name in _SAMPLERS else "parentbased_always_on"
@@ -147,6 +164,8 @@ class Sampler:
         rule = self.name.removeprefix("parentbased_")
         self.ratio = 1.0 if rule == "always_on" else 0.0 if rule == "always_off" else min(max(ratio, 0.0), 1.0)
         self.bound = round(self.ratio * (1 << 64))
+        self.gap = self._gap(random)
+        """New roots left before the next sampled one (a ratio under 1; :meth:`next_roots`)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Sampler:
@@ -191,6 +210,31 @@ class Sampler:
             i += int(gap)
             yield i
             i += 1
+
+    def next_roots(self, count: int, _random: Any = random) -> list[int]:
+        """:meth:`sampled_roots` for the next ``count`` new roots of a stream of calls (a ratio under 1): the gap to
+        the next sampled root carries over from one call to the next (the gaps are geometric, so a gap's rest is
+        another such gap: the same law), so a call whose roots all fall in the gap draws nothing and makes no
+        generator: the client's lone submits at 1 %, one test and one subtraction each. Calls from two threads at
+        once may pick differently than one after the other; each root is still sampled at the ratio."""
+        gap = self.gap
+        if gap >= count:
+            self.gap = gap - count
+            return []
+        picked = []
+        while gap < count:
+            picked.append(gap)
+            gap += 1 + self._gap(_random)
+        self.gap = gap - count
+        return picked
+
+    def _gap(self, _random: Any) -> int:
+        """Unsampled roots before the next sampled one, drawn (floor(log U / log(1 - ratio))); none sampled at
+        ratio 0: a gap past any count."""
+        ratio = self.ratio
+        if ratio <= 0.0 or ratio >= 1.0:
+            return 0 if ratio >= 1.0 else 1 << 62
+        return int(math.log(1.0 - _random.random()) / math.log1p(-ratio))
 
     def child(self, parent: str) -> bool:
         """Whether a span under ``parent`` (a valid ``traceparent``) is sampled here."""
@@ -375,21 +419,28 @@ class Tracing:
         ``attributes_of(item)``, called only for a sampled one), in one call: the client's submit spans of one batch.
         Under a ``parent`` the sampler decides once for all of them (they share it); without one each is a new
         trace the sampler decides alone. Returns the sampled ones, each with its place in ``items``, in order (empty:
-        none): at a ratio the work is in proportion to the sampled items, none for the others."""
-        now = time.time_ns()
+        none): at a ratio the work is in proportion to the sampled items, none for the others
+        (:meth:`Sampler.next_roots`: a call none of whose items is sampled reads no clock and draws nothing)."""
         sampler = self.sampler
+        if not parent and sampler.ratio < 1.0:
+            gap, count = sampler.gap, len(items)
+            if gap >= count:  # none of them (next_roots' first test, inline: one call less a lone submit)
+                sampler.gap = gap - count
+                return []
+            places = sampler.next_roots(count)
+            now = time.time_ns()
+            return [(i, LiveSpan(self, name, f"{sampler.sampled_id():032x}", 0, True, now, attributes_of(items[i]),
+                                 kind)) for i in places]  # fmt: skip
+        now = time.time_ns()
         if parent:
             if not sampler.child(parent):
                 return []
             trace_id, parent_id = parent[3:35], parent[36:52]  # hex: the exporter parses it
             return [(i, LiveSpan(self, name, trace_id, parent_id, True, now, attributes_of(item), kind))
                     for i, item in enumerate(items)]  # fmt: skip
-        if sampler.ratio >= 1.0:
-            root = sampler.root
-            return [(i, LiveSpan(self, name, f"{root():032x}", 0, True, now, attributes_of(item), kind))
-                    for i, item in enumerate(items)]  # fmt: skip
-        return [(i, LiveSpan(self, name, f"{sampler.sampled_id():032x}", 0, True, now, attributes_of(items[i]), kind))
-                for i in sampler.sampled_roots(len(items))]  # the unsampled ones cost nothing each  # fmt: skip
+        root = sampler.root  # every root (a ratio under 1 went first)
+        return [(i, LiveSpan(self, name, f"{root():032x}", 0, True, now, attributes_of(item), kind))
+                for i, item in enumerate(items)]  # fmt: skip
 
     def child(self, parent: LiveSpan, name: str, attributes: dict[str, str | int | float | bool] | None = None, *,
               kind: str = "internal", template: int | None = None) -> LiveSpan:  # fmt: skip

@@ -92,3 +92,38 @@ def test_with_tracing_off_a_plan_carries_the_callers_context_or_nothing(monkeypa
     with TracerProvider(sampler=ALWAYS_ON).get_tracer("app").start_as_current_span("request") as request:
         carried, spans = _batch(3)
     assert spans == [""] * 3 and carried == [_context(request, sampled=True)] * 3
+
+
+def test_a_lone_unsampled_submit_runs_five_python_functions_and_lone_submits_sample_at_the_ratio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Client.submit``'s tracing (start_submit_spans of one submit) outside any span, at a ratio, for a plan not
+    sampled: it reads the current context once (empty: no span) and counts the plan off the sampler's gap, with no
+    other Python function (docs/PERFORMANCE.md §T32h: on a lone round trip each cold function costs microseconds).
+    Lone submits are still sampled at the ratio, each sampled one with its span's context, the others "00"."""
+    import sys
+
+    from protocol.messages import Submit
+
+    with _client_tracing(monkeypatch, "parentbased_traceidratio", "0.05") as tracing:
+        names: list[str] = []
+
+        def profile(frame: Any, event: str, _arg: Any) -> None:
+            if event == "call":
+                names.append(frame.f_code.co_qualname)
+
+        msgs = [Submit(req_id=i, op="echo") for i in range(20_000)]
+        fleetwire.tracing.start_submit_spans(msgs[:1])  # warm: nothing first-time below
+        tracing.sampler.gap = 10  # the next plan is not sampled
+        sys.setprofile(profile)
+        try:
+            spans = fleetwire.tracing.start_submit_spans(msgs[1:2])
+        finally:
+            sys.setprofile(None)
+        assert spans is None and msgs[1].traceparent == UNSAMPLED
+        assert names == ["start_submit_spans", "current_traceparent", "get_current",
+                         "ContextVarsRuntimeContext.get_current", "Tracing.start_each"]  # fmt: skip
+        sampled = [span for msg in msgs[2:] for span in fleetwire.tracing.start_submit_spans([msg]) or ()]
+    assert 900 <= len(sampled) <= 1_100  # 5 % of 19,998
+    carried = [msg.traceparent for msg in msgs[2:]]
+    assert sorted(set(carried) - {UNSAMPLED}) == sorted(span.traceparent for span in sampled)

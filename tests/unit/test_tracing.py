@@ -461,6 +461,37 @@ def test_a_ratio_sampler_decides_a_batchs_roots_alone_each_but_draws_only_the_ga
     assert list(Sampler("traceidratio", 1e-300).sampled_roots(9)) == []  # a gap past any int: none
 
 
+def test_next_roots_carries_the_gap_across_calls_and_samples_each_root_at_the_ratio() -> None:
+    """next_roots over a stream of calls (lone submits, batches of any size): every root sampled with the ratio's
+    probability wherever it falls, one draw per sampled root, none for a call whose roots all fall in the gap."""
+    import random
+
+    from wireio.tracing import Sampler
+
+    class Counted(random.Random):
+        draws = 0
+
+        def random(self) -> float:
+            Counted.draws += 1
+            return super().random()
+
+    rng = Counted(5)
+    sampler = Sampler("parentbased_traceidratio", 0.01)
+    sizes = [1, 1, 7, 500, 1, 64] * 2_000  # 1,148,000 roots
+    picked = [i for n in sizes for i in sampler.next_roots(n, rng)]
+    assert 10_900 <= len(picked) <= 12_100 and Counted.draws == len(picked)
+    lone = sum(1 for n, places in ((n, sampler.next_roots(n, rng)) for n in [1] * 200_000) if places)
+    assert 1_800 <= lone <= 2_200
+    half = Sampler("traceidratio", 0.5)
+    counts = [0] * 4
+    for _ in range(20_000):
+        for i in half.next_roots(4, rng):
+            counts[i] += 1
+    assert all(9_500 <= n <= 10_500 for n in counts)
+    off = Sampler("always_off")
+    assert [off.next_roots(9, rng) for _ in range(3)] == [[], [], []]
+
+
 def test_step_records_weigh_their_notes_against_the_queue_and_a_batch() -> None:
     """A step record (the coordinator's notes of one step) counts its notes against OTEL_BSP_MAX_QUEUE_SIZE (past
     it, the record is dropped and counted) and against a batch: a batch holds records up to the batch size in
