@@ -2,7 +2,9 @@
 
 One plan at a time: ``submit("echo")`` then ``await plan.result()``, N times, timed each
 from the call to ``submit`` until the result is in the client's hands. Reports p50, p90,
-p99 and the mean in milliseconds.
+p99 and the mean in milliseconds, and each process's CPU µs a plan over the timed plans: the
+coordinator's and the workers' (from /proc, 10 ms ticks), the client's (this process, all its
+threads: ``client``; its event loop's thread alone: ``client_loop``).
 
     python bench/latency.py                       # 2,000 samples after 200 warm-up plans
     python bench/latency.py --samples 200 --json  # the smoke size
@@ -36,6 +38,7 @@ async def measure(samples: int, warmup: int, workers: int, store: str, profile: 
             for name, pid in {**pids, "client": os.getpid()}.items():
                 profiler.attach(name, pid)
             cpu0 = {name: h.cpu_seconds(pid) for name, pid in pids.items()}
+            client0, loop0 = time.process_time(), time.thread_time()  # the client: all its threads, its loop's
             times: list[float] = []
             clock = time.perf_counter
             for i in range(samples):
@@ -43,7 +46,10 @@ async def measure(samples: int, warmup: int, workers: int, store: str, profile: 
                 plan = await client.submit("echo", args=i)
                 await plan.result()
                 times.append(clock() - t0)
+            client_cpu, loop_cpu = time.process_time() - client0, time.thread_time() - loop0
             cpu = {name: round((h.cpu_seconds(pid) - cpu0[name]) / samples * 1e6, 1) for name, pid in pids.items()}
+            cpu["client"] = round(client_cpu / samples * 1e6, 1)
+            cpu["client_loop"] = round(loop_cpu / samples * 1e6, 1)
         profiler.finish()
         store_used = f.store_used
         limits = f.limits_lifted
