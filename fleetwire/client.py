@@ -768,8 +768,10 @@ class Client:
     # ---- internals: the reader and the writer
 
     async def _read_loop(self, ws: ClientConnection) -> None:
+        answered = False  # a frame came on this connection (protocol/backoff.py: a session served)
         try:
             async for frame in ws:
+                answered = True
                 self._session.receive_frame(frame)
                 if self._session.has_outgoing:  # the session queued requests of its own (a resubmission)
                     self._outbox_ready.set()
@@ -779,8 +781,9 @@ class Client:
             log.exception("fleetwire client: dispatch failed; closing the session")
             await ws.close(codes.CLOSE_INTERNAL, "client error")
         finally:
-            if ws is self._ws:  # resume, or end the session
-                self._connection_lost(ending_error(ws, self.url, closing=self._closing))
+            if ws is self._ws:  # resume, or end the session; a keepalive's pong counts as an answer too
+                served = answered or ws.latency > 0
+                self._connection_lost(ending_error(ws, self.url, closing=self._closing), served=served)
 
     def _retry_later(self, req_id: int, delay_s: float) -> None:
         """A request answered ``unavailable`` goes out again after ``delay_s`` (same req_id and plan id)."""
@@ -790,14 +793,15 @@ class Client:
         if self._session.resend(req_id):
             self._outbox_ready.set()
 
-    def _connection_lost(self, error: FleetwireConnectionError) -> None:
+    def _connection_lost(self, error: FleetwireConnectionError, *, served: bool = True) -> None:
+        """``served``: the coordinator answered on the connection (a frame, a pong); else it closed it unserved."""
         if self._closing or not self._resumer.can_resume(error):
             self._end(error)
             return
         if self._writer is not None:  # it may hold a batch for the dead socket: pending requests are re-sent
             self._writer.cancel()
         self.relay.reset()  # relayed streams are opened again on the next connection
-        self._resumer.start(error)
+        self._resumer.start(error, served=served)
 
     async def _write_loop(self, ws: ClientConnection) -> None:
         session = self._session

@@ -7,7 +7,7 @@ failing every call:
 * it dials again after the delay of :class:`~protocol.backoff.ReconnectBackoff`, the worker
   agent's too (reconnect that follows the cluster: full jitter; ``base`` for a pass over the list
   after a served session or a ``moved``, doubled by each refusal without a wait but the first (an
-  HTTP refusal, a session closed ``1013`` before it served) and by the silent tries once a whole
+  HTTP refusal, a session closed ``1013``, or closed with nothing back on it, before it served) and by the silent tries once a whole
   pass got no answer; a refusal's ``Retry-After`` waited as such), for up to ``give_up_s`` without a session;
 * on the new connection the ``ClientSession`` (fleetwire/session.py, ``resume``) first
   re-sends every request still waiting for its reply, in ``req_id`` order (submits are
@@ -110,30 +110,32 @@ class Resumer(Generic[C]):
         """Whether a connection that ended with ``error`` is worth dialling again."""
         return self.enabled and error.close_code in RESUMABLE_CLOSE_CODES
 
-    def start(self, error: FleetwireConnectionError) -> None:
+    def start(self, error: FleetwireConnectionError, *, served: bool = True) -> None:
         """Reconnect in the background after the connection ended with ``error`` (see ``can_resume``).
 
+        ``served``: the coordinator answered on that connection (a frame, a keepalive's pong); a session it
+        closed unanswered (``1011`` at once, ``1014``) is a refusal, not a served session (protocol/backoff.py).
         A ``moved`` (4307) is cluster mode's routine hand-off to the shard's owner, logged at debug.
         """
         if error.close_code == CLOSE_MOVED:
             log.debug("fleetwire client: %s; following it", error)
         else:
             log.warning("fleetwire client: %s; reconnecting", error)
-        self._task = asyncio.create_task(self._resume(error), name="fleetwire-client-resume")
+        self._task = asyncio.create_task(self._resume(error, served), name="fleetwire-client-resume")
 
     def cancel(self) -> None:
         """Stop a reconnect in progress (the client is closing)."""
         if self._task is not None:
             self._task.cancel()
 
-    async def _resume(self, error: FleetwireConnectionError) -> None:
+    async def _resume(self, error: FleetwireConnectionError, served: bool) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         backoff = self._backoff
         moved = error.close_code == CLOSE_MOVED  # told where to go: the first dial goes there at once
         if moved:
             delay = backoff.moved()
-        elif error.close_code == CLOSE_TRY_AGAIN:  # closed before it served (a main port's "no owner yet")
+        elif error.close_code == CLOSE_TRY_AGAIN or not served:  # closed before it served ("no owner yet", 1011)
             delay = backoff.refused()
         else:  # the session that ended was served
             delay = backoff.served()

@@ -13,13 +13,15 @@ The caller says what each try came to (docs/OPERATIONS.md §Reconnects):
 outcome             what it is                                             the next delay
 ==================  =====================================================  ==================
 :meth:`served`      a session was served (the worker registered; the       ``U(0, base)``
-                    client's session ended other than by 1013) and ended
+                    client's got a frame or a pong back and ended other
+                    than by 1013) and ended
 :meth:`moved`       a ``moved`` named the shard's owner                    0: go there at once
 :meth:`refused`     an answer that served nothing, naming a wait           that wait + jitter
 (with a wait)       (``Retry-After``, ``error.retry_after_s``)
 :meth:`refused`     an answer that served nothing and named no wait (an    the ceiling
 (without)           HTTP refusal without ``Retry-After``; a websocket
-                    that closed before registering: 1013 "no owner yet")
+                    that closed before registering: 1013 "no owner yet",
+                    a client's that ended with nothing back: 1011)
 :meth:`unanswered`  nothing answered (refused, reset, timed out at TCP     the ceiling
                     or TLS)
 ==================  =====================================================  ==================
