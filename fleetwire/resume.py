@@ -7,8 +7,9 @@ failing every call:
 * it dials again after the delay of :class:`~protocol.backoff.ReconnectBackoff`, the worker
   agent's too (reconnect that follows the cluster: full jitter; ``base`` for a pass over the list
   after a served session or a ``moved``, doubled by each refusal without a wait but the first (an
-  HTTP refusal, a session closed ``1013``, or closed with nothing back on it, before it served) and by the silent tries once a whole
-  pass got no answer; a refusal's ``Retry-After`` waited as such), for up to ``give_up_s`` without a session;
+  HTTP refusal, a session closed ``1013``, or closed with nothing back on it, before it served) and
+  by the silent tries once a whole pass got no answer; a refusal's ``Retry-After`` waited as such),
+  for up to ``give_up_s`` without a session;
 * on the new connection the ``ClientSession`` (fleetwire/session.py, ``resume``) first
   re-sends every request still waiting for its reply, in ``req_id`` order (submits are
   idempotent: the SDK always sends a plan id), then subscribes every unfinished plan again
