@@ -217,11 +217,18 @@ def test_a_provider_that_never_answers_does_not_hold_up_the_coordinators_stop() 
     assert time.monotonic() - started < 5
 
 
+def forking_command(pid_file: Path) -> str:
+    """A shell command whose ``sleep`` is the shell's child, never the shell itself, whatever /bin/sh is: its pid
+    written to ``pid_file``. The inner ``sh -c`` is not the last command of the list (``; exit $?``): bash execs
+    the last one of a ``-c`` string, dash forks it, and a killed shell pid must not be what ends the sleep."""
+    return f"sh -c 'echo $$ > {pid_file}; exec sleep 30'; exit $?"
+
+
 async def test_a_command_under_way_when_the_feed_closes_is_killed(tmp_path: Path) -> None:
     """Closing the feed (the coordinator stops) kills a running command with what it started."""
     f = Fleet()
     pid_file = tmp_path / "pid"
-    feed = f.feed(parse_source(f"cmd:sh -c 'echo $$ > {pid_file}; exec sleep 30'"), real_wall=True)
+    feed = f.feed(parse_source(f"cmd:{forking_command(pid_file)}"), real_wall=True)
     feed.start()
     await until(lambda: pid_file.exists() and pid_file.stat().st_size > 0, timeout_s=10)
     pid = int(await asyncio.to_thread(pid_file.read_text))
@@ -252,7 +259,7 @@ async def test_a_command_whose_start_the_close_cancels_is_killed(
     (SIGKILL to its pid, not its group) and close() returned with the shell's child still running (CI on d0d9d30)."""
     f = Fleet()
     pid_file = tmp_path / "pid"
-    feed = f.feed(parse_source(f"cmd:sh -c 'echo $$ > {pid_file}; exec sleep 30'"), real_wall=True)
+    feed = f.feed(parse_source(f"cmd:{forking_command(pid_file)}"), real_wall=True)
     closing: list[asyncio.Future[None]] = []
     act_as_the_start_ends(monkeypatch, pid_file, lambda: closing.append(asyncio.ensure_future(feed.close())))
     feed.start()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_carbon_feed import forking_command
 from tests.lost_cancel import act_as_the_start_ends
 from tests.waiting import alive, until
 from wireio.spawn import started
@@ -38,7 +39,7 @@ async def test_a_start_cancelled_as_its_last_pipe_connects_is_stopped(
 
     async def start() -> asyncio.subprocess.Process:
         shell = asyncio.create_subprocess_shell(
-            f"sh -c 'echo $$ > {pid_file}; exec sleep 30'", stdin=asyncio.subprocess.DEVNULL,
+            forking_command(pid_file), stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
         return await started(shell, kill_session)
