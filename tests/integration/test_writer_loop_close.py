@@ -14,9 +14,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.io.stores import commit, writer_process
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
@@ -124,6 +126,32 @@ async def test_a_stop_with_groups_out_to_a_stuck_child_gives_up_after_the_grace_
         assert "at the stop" in str(seen.errors[0]) and "not acknowledged" in str(seen.errors[0])
         async with asyncio.timeout(5):
             await asyncio.to_thread(store.close)
+        assert child.process.poll() == -signal.SIGKILL
+    finally:
+        if child.process.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
+
+
+async def test_a_coordinators_stop_with_a_stuck_writer_child_is_bounded_by_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CoordinatorServer.stop (SIGTERM, ``fleetwire up``'s Ctrl-C) with the writer child stopped and a group out:
+    it returns after the grace (made 0.3 s; it waited for the 120 s stuck check), the store's failure names the stop,
+    and the child is killed. The group (80 records: too many for a commit on the loop) goes to the child."""
+    monkeypatch.setattr(commit, "CLOSE_GRACE_S", 0.3, raising=False)
+    settings = ServerSettings(port=0, insecure=True, store=f"sqlite:{tmp_path / DB_FILE}", store_writer="process")
+    server = CoordinatorServer(settings)
+    await server.start()
+    assert isinstance(server.store, SQLiteStore)
+    child = ready_child(server.store)
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        committer: Any = server.driver.committer  # a payload never released: the group is never answered
+        committer.submit([r for n in range(20) for r in plan(f"p{n}", n)], None)
+        async with asyncio.timeout(5):
+            await server.stop()
+        assert server.fatal is not None and server.fatal.done()
+        assert "at the stop" in str(server.fatal.result())
         assert child.process.poll() == -signal.SIGKILL
     finally:
         if child.process.poll() is None:
