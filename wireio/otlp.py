@@ -320,6 +320,7 @@ class SpanEncoder:
             context = self._context(traceparent)
         parts = [_DRAWN_HEAD(context, 0x12, 8, _getrandbits(64) or 1, 0x39, start_ns, 0x41,
                              end_ns if end_ns > start_ns else start_ns), head]  # fmt: skip
+        values: dict[Any, Any]  # for mypyc: a dict's get, not a method looked up by name (no bytecode in pure Python)
         for values, value in zip(tables, raw[4:]):  # noqa: B905  (a keyword makes zip ~300 ns slower, and a short one is a malformed span: fewer attributes)
             cls = value.__class__
             field = values.get(value) if cls is str or cls is int else None
@@ -338,6 +339,7 @@ class SpanEncoder:
             remote, parent = False, parent_id.to_bytes(8, "big")
         parts = [_ROOTED_HEAD(b"\x0a\x10", _unhex(raw[1]), b"\x12\x08", raw[2].to_bytes(8, "big"), b"\x22\x08", parent,
                               0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns), head]  # fmt: skip
+        values: dict[Any, Any]  # (as compact's)
         for values, value in zip(tables, raw[7:]):  # noqa: B905  (as compact's)
             cls = value.__class__
             field = values.get(value) if cls is str or cls is int else None
