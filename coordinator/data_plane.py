@@ -124,6 +124,7 @@ class DataPlane:
         self.shared: tuple[str, bytes] | None = None
         """Cluster mode: the key every shard's core shares (kid, secret; the driver sets it before any worker comes):
         it signs a worker's pull of another shard's output (coordinator/graphs/remote.py); workers verify with it."""
+        self._shared_kept: list[tuple[str, bytes]] = []  # the shared keys still accepted, the signing one first
         self.tickets_issued = 0
         """Tickets signed so far (``data_ready`` and ``data_ticket``; the metric ``fleetwire_data_tickets_issued``)."""
         self._rotated_at: float | None = None
@@ -147,11 +148,23 @@ class DataPlane:
             if record.conn_id is not None:
                 send(record.conn_id, DataKeys(keys=self.worker_keys(record.id)))
 
+    def set_shared(self, keys: list[tuple[str, bytes]]) -> None:
+        """Cluster mode: the shared keys still accepted, the one that signs first (coordinator/io/cluster/
+        shared_keys.py); the workers are told when they changed (a rotation, or an old one dropped)."""
+        if keys == self._shared_kept:
+            return
+        self._shared_kept = list(keys)
+        self.shared = keys[0] if keys else None
+        send = self._outbox.send
+        for record in self._registry:
+            if record.conn_id is not None:
+                send(record.conn_id, DataKeys(keys=self.worker_keys(record.id)))
+
     def worker_keys(self, worker_id: str) -> list[DataKey]:
-        """The keys worker ``worker_id`` verifies tickets with, current first."""
+        """The keys worker ``worker_id`` verifies tickets with, current first (then the cluster's shared ones)."""
         keys = [DataKey(kid=kid, key=worker_key(secret, worker_id)) for kid, secret in self._masters]
-        if self.shared is not None:
-            keys.append(DataKey(kid=self.shared[0], key=worker_key(self.shared[1], worker_id)))
+        shared = self._shared_kept or ([self.shared] if self.shared is not None else [])
+        keys.extend(DataKey(kid=kid, key=worker_key(secret, worker_id)) for kid, secret in shared)
         return keys
 
     # ------------------------------------------------------------------ grants

@@ -303,7 +303,8 @@ async def run_coordinator(ns: argparse.Namespace) -> int:
     if settings.store.startswith("postgresql://"):  # cluster mode: one core per owned shard (docs/CLUSTER.md)
         from fleetwire.cli.shards import run_cluster_coordinator
 
-        return await run_cluster_coordinator(settings, version(), ns.shard_ports)
+        secret_file = getattr(ns, "cluster_secret_file", None) or os.environ.get("FLEETWIRE_CLUSTER_SECRET_FILE")
+        return await run_cluster_coordinator(settings, version(), ns.shard_ports, secret_file)
     if ns.shard_ports is not None:
         return fail("--shard-ports is for cluster mode (--store postgresql://...): a single coordinator listens "
                      "on --port only")
@@ -450,6 +451,11 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
                         "by hash of their id, plans by hash of their session key (else plan id); comma-separated or "
                         "repeated; kept in the database: a coordinator given other partitions is refused "
                         "(default: none)")
+    g.add_argument("--cluster-secret-file", default=None, metavar="FILE",
+                   help="a secret file (at least 16 bytes, the same on every coordinator of the cluster, never in the "
+                        "database) the shared data-plane ticket keys are derived from: without it whoever can read "
+                        "the database can sign tickets (default: $FLEETWIRE_CLUSTER_SECRET_FILE, else none, with a "
+                        "warning)")
     add_security_arguments(p)  # TLS and limits (fleetwire/cli/security.py)
     g = p.add_argument_group("carbon time shifting (docs/ROUTING.md §Carbon in time)")
     g.add_argument("--carbon-forecast", default=None, metavar="SOURCE",

@@ -32,12 +32,15 @@ def parse_shard_ports(text: str, shards: int) -> tuple[int, int]:
     return low, high
 
 
-async def run_cluster_coordinator(settings: Any, version: str, shard_ports: str | None = None) -> int:
+async def run_cluster_coordinator(settings: Any, version: str, shard_ports: str | None = None,
+                                  secret_file: str | None = None) -> int:
     """Serve as one coordinator of the cluster until SIGINT/SIGTERM (exit 0; the shards are handed over).
 
-    ``shard_ports``: the ``--shard-ports`` text (None: each shard's core on any free port).
+    ``shard_ports``: the ``--shard-ports`` text (None: each shard's core on any free port). ``secret_file``: the
+    ``--cluster-secret-file`` (coordinator/io/cluster/shared_keys.py).
     """
     from coordinator.io.cluster.host import ClusterHost
+    from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, read_secret
     from coordinator.io.stores.integrity import StoreError
 
     def announce(line: str) -> None:
@@ -45,12 +48,18 @@ async def run_cluster_coordinator(settings: Any, version: str, shard_ports: str 
 
     try:
         ports = None if shard_ports is None else parse_shard_ports(shard_ports, settings.cluster.shards)
-        host = ClusterHost(settings, version=version, announce=announce, shard_ports=ports)
+        secret = None if secret_file is None else read_secret(secret_file)
+        host = ClusterHost(settings, version=version, announce=announce, shard_ports=ports, cluster_secret=secret)
     except (ValueError, StoreError) as exc:
         print(f"fleetwire: error: {exc}", file=sys.stderr, flush=True)
         return 2
     try:
         await host.start()
+    except ClusterSecretMismatch as exc:  # another --cluster-secret-file than the cluster's keys were made with
+        if host.control is not None:
+            host.control.close()
+        print(f"fleetwire: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     except OSError as exc:
         if host.control is not None:
             host.control.close()

@@ -79,8 +79,9 @@ from coordinator.io.cluster.leases import RELEASE, ShardFenced
 from coordinator.io.cluster.mainport import MAIN_CODECS, MainPort
 from coordinator.io.cluster.metrics import ClusterStats, build_registry
 from coordinator.io.cluster.openai_route import cluster_door
-from coordinator.io.cluster.remote_refs import RemoteRefs, shared_key
+from coordinator.io.cluster.remote_refs import RemoteRefs
 from coordinator.io.cluster.sessions import ViewSessions
+from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, accepted, sync
 from coordinator.io.cluster.views import (
     PUT_WORKERS,
     WANTED,
@@ -185,7 +186,8 @@ class ClusterHost:
 
     def __init__(self, settings: ServerSettings, *, version: str = "",
                  announce: Callable[[str], None] | None = None,
-                 shard_ports: tuple[int, int] | None = None) -> None:  # fmt: skip
+                 shard_ports: tuple[int, int] | None = None,
+                 cluster_secret: bytes | None = None) -> None:  # fmt: skip
         settings.check()
         self.settings = settings
         self.config = settings.cluster
@@ -211,7 +213,10 @@ class ClusterHost:
         self.servers: dict[int, CoordinatorServer] = {}
         self._stores: dict[int, ShardPgStore] = {}  # each served shard's store (its fence is cleared when it is lost)
         self._refs: dict[int, RemoteRefs] = {}  # each served shard's reader of remote upstreams (remote_refs.py)
-        self._shared_key: tuple[str, bytes] | None = None  # the data-plane key every core shares (remote_refs.py)
+        # The data-plane keys every core shares (shared_keys.py), derived from --cluster-secret-file when given.
+        self.cluster_secret = cluster_secret
+        self.wall: Callable[[], float] = time.time  # the shared keys' clock (tests: a fake one)
+        self._shared: list[tuple[str, bytes]] = []  # the shared keys still accepted, the signing one first
         self.rows: list[LeaseRow] = []  # the last scan
         self._round_due = math.inf  # when the last round's rows ask for the next one (next_round_s); inf: none
         self.peers: set[str] = set()
@@ -265,6 +270,22 @@ class ClusterHost:
                 raise StoreUnreachable(f"waiting for the database: {self.waiting_db}")
             return await self.control.call(make)
 
+    async def sync_shared_keys(self) -> None:
+        """Read the cluster's shared data-plane keys (making a new one when due, shared_keys.py) and hand the ones
+        still accepted to every core, which tells its workers when they changed. Every round, and at the start."""
+        core = self.settings.core
+        # A key stays accepted for the life of the tickets it signed, plus the rounds a core may take to learn that
+        # a newer one signs now (it signs with the older one until then).
+        keep_s = core.data_ticket_ttl_s + 2 * self.config.scan_s + self.config.lease_ttl_s
+        wall = self.wall()
+        secret = self.cluster_secret
+        keys = await self.db(lambda conn: sync(conn, secret, wall=wall, rotation_s=core.data_key_rotation_s,
+                                               keep_s=keep_s))  # fmt: skip
+        self._shared = accepted(keys, secret, wall, keep_s)
+        for server in self.servers.values():
+            server.core.data.set_shared(self._shared)
+            server.driver.flush()
+
     @property
     def url(self) -> str:
         host = self.settings.host
@@ -283,6 +304,12 @@ class ClusterHost:
         self.doorbell.bind(asyncio.get_running_loop())
         if self.control is not None:  # else once the database answers
             self._spawn(self._index_ids())
+        if self.cluster_secret is None:
+            log.warning("no --cluster-secret-file: the cluster's shared data-plane key is kept in plain text in the "
+                        "database, and whoever can read the database can sign data-plane tickets (docs/OPERATIONS.md "
+                        "§Data plane)", store=self.description)  # fmt: skip
+        if self.control is not None:  # a coordinator with another cluster secret is refused here
+            await self.sync_shared_keys()
         self._gate.fit_fd_limit(self.settings.limits.max_connections)  # soft RLIMIT_NOFILE up to the hard one
         self._server = await self._gate.serve(
             self.door.serve, self.settings.host, self.settings.port, process_request=self.door.process_request,
@@ -454,6 +481,14 @@ class ClusterHost:
             return await conn.fetch(_SCAN), await conn.fetch(_PEERS), await conn.fetchval(WANTED, "doorbell")
 
         rows, peers, self.doorbell.wanted = await self.db(scan)
+        try:
+            await self.sync_shared_keys()
+        except ClusterSecretMismatch as exc:  # configuration, not a wait: fail-stop
+            log.critical("the cluster's shared data-plane key refuses this coordinator", error=str(exc))
+            assert self.fatal is not None
+            if not self.fatal.done():
+                self.fatal.set_result(exc)
+            return
         scanned = time.monotonic()
         self.rows = [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
         left = {r[0]: r[5] for r in rows if r[5] is not None}  # a never-held slot's -infinity: none
@@ -534,9 +569,9 @@ class ClusterHost:
             settings = replace(self.settings, port=self._shard_port(shard), metrics_listen=None, core=core)
             server = CoordinatorServer(settings, version=self.version, store=store,
                                        redirect=functools.partial(self._redirect, shard))  # fmt: skip
-            if self._shared_key is None:
-                self._shared_key = await self.db(shared_key)
-            server.core.data.shared = self._shared_key  # before any worker: its keys include it
+            if not self._shared:
+                await self.sync_shared_keys()
+            server.core.data.set_shared(self._shared)  # before any worker: its keys include them
             refs = RemoteRefs(server, shard, self.views.conn)  # looks up remote upstreams from its first submit
             await server.start()
         except asyncio.CancelledError:  # stop() while the core starts: its store is closed once the load lets go

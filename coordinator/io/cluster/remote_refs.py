@@ -18,16 +18,13 @@ own shard's plans, and it does no I/O; the rows of every shard are in PostgreSQL
 * **Restart and failover.** A consumer's reference is stored with the upstream's store key
   (coordinator/graphs/remote.py): a new owner's core restores a placeholder for it, and the loop reads it.
 * **The ticket key.** A pull from a worker served by another shard's core is signed with a key every core of the
-  cluster shares (``DataPlane.shared``), kept in ``fleetwire_meta`` (``data_secret``, made by the first
-  coordinator that needs it): :func:`shared_key`.
+  cluster shares (``DataPlane.shared``), rotated and derived from the cluster secret: shared_keys.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -44,7 +41,7 @@ if TYPE_CHECKING:
     from coordinator.io.frontdoor.server import CoordinatorServer
     from coordinator.plans import Plan
 
-__all__ = ["INTERVAL_S", "RemoteRefs", "remote_plan", "shared_key"]
+__all__ = ["INTERVAL_S", "RemoteRefs", "remote_plan"]
 
 log = structlog.get_logger(__name__)
 
@@ -52,17 +49,8 @@ INTERVAL_S: Final = 0.5
 """How often the rows of unfinished remote upstreams are read."""
 
 _NO_EVENTS: Final = 2**31 - 1  # a ``since`` past every events row: the plan's row alone
-_SECRET: Final = "INSERT INTO fleetwire_meta (key, value) VALUES ('data_secret', $1) ON CONFLICT (key) DO NOTHING"
-_READ_SECRET: Final = "SELECT value FROM fleetwire_meta WHERE key = 'data_secret'"
 
 Connect = Callable[[], AbstractAsyncContextManager[Any]]
-
-
-async def shared_key(conn: Any) -> tuple[str, bytes]:
-    """The cluster's shared data-plane key ``(kid, secret)``: made once (the first asker's wins), then read."""
-    await conn.execute(_SECRET, secrets.token_hex(32))
-    secret = bytes.fromhex(await conn.fetchval(_READ_SECRET))
-    return "c" + hashlib.sha256(secret).hexdigest()[:8], secret
 
 
 def remote_plan(row: int, shard: int, plan: Plan) -> RemotePlan:

@@ -1,0 +1,157 @@
+"""The data-plane key every core of a cluster shares: rotated, and derived from a secret the database does not hold.
+
+A pull from a worker served by another shard's core is signed with a key every core shares (``DataPlane.shared``,
+coordinator/graphs/remote.py); workers verify it through ``data_keys`` as the cores' own keys. Theory of operation:
+
+* **What the database keeps.** ``fleetwire_meta.data_keys``: the keys in use, newest first, each
+  ``kid:seed:made_at:check`` joined by ``;`` (``seed``: 32 random bytes in hex, ``made_at``: Unix seconds,
+  ``check``: see below). With a cluster secret (``--cluster-secret-file``, the same file on every coordinator)
+  a key is HMAC-SHA256(secret, label + seed): the database alone (a backup, a read-only role) does not give it.
+  Without one the key is the seed itself (the behaviour before the secret existed: anyone who reads the
+  database can sign tickets), and the coordinator warns at start; its ``check`` is empty.
+* **The check.** ``check`` is the first 16 hex digits of HMAC-SHA256(secret, check label + seed): a coordinator
+  whose secret gives another value (or that has none, for a key made with one) refuses to start with
+  :class:`ClusterSecretMismatch`, instead of signing tickets the other cores' workers answer 401.
+* **Rotation.** Every ``rotation_s`` (``--data-key-rotation``) the first core to find the newest key old makes a
+  new one, in one transaction holding the row's lock (``SELECT ... FOR UPDATE``): two cores never mint a key for
+  one slot, and the others read it at their next round. A key stops signing when the next one is made and stays
+  accepted ``keep_s`` more (the tickets' life, ``--data-ticket-ttl``, plus the rounds a core may take to learn
+  the rotation), then is dropped: from the cores' keys at once, from the row at the next rotation. A failover
+  mid-rotation commits the new key whole or not at all, and the previous one stays accepted either way.
+* **Upgrade.** A database with the former never-rotated ``data_secret`` (plain text) gets its first rotated key
+  with that one as the previous (tickets it signed stay valid for their life), and the ``data_secret`` row is
+  deleted in the same transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = ["ClusterSecretMismatch", "SharedKey", "accepted", "read_secret", "sync"]
+
+_KEY_LABEL: Final = b"fleetwire cluster data-plane key\x00"
+_CHECK_LABEL: Final = b"fleetwire cluster secret check\x00"
+MIN_SECRET_BYTES: Final = 16
+
+_ENSURE: Final = "INSERT INTO fleetwire_meta (key, value) VALUES ('data_keys', '') ON CONFLICT (key) DO NOTHING"
+_READ: Final = "SELECT value FROM fleetwire_meta WHERE key = 'data_keys'"
+_LOCK: Final = "SELECT value FROM fleetwire_meta WHERE key = 'data_keys' FOR UPDATE"
+_WRITE: Final = "UPDATE fleetwire_meta SET value = $1 WHERE key = 'data_keys'"
+_LEGACY: Final = "SELECT value FROM fleetwire_meta WHERE key = 'data_secret'"
+_DROP_LEGACY: Final = "DELETE FROM fleetwire_meta WHERE key = 'data_secret'"
+
+
+class ClusterSecretMismatch(ValueError):
+    """This coordinator's cluster secret does not make the keys the database names (module docstring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedKey:
+    """One shared key as the database keeps it (``seed`` is not the key when the cluster has a secret)."""
+
+    kid: str
+    seed: str  # hex
+    made_at: float  # Unix seconds
+    check: str  # "" for a key made without a secret
+
+    def text(self) -> str:
+        return f"{self.kid}:{self.seed}:{self.made_at!r}:{self.check}"
+
+
+def read_secret(path: str) -> bytes:
+    """The cluster secret in file ``path`` (surrounding whitespace ignored); ValueError when unusable."""
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the cluster secret file {path}: {exc.strerror or exc}") from None
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"the cluster secret in {path} is {len(secret)} bytes; give at least {MIN_SECRET_BYTES} "
+                         "(e.g. `openssl rand -hex 32 > FILE`)")  # fmt: skip
+    return secret
+
+
+def _check(secret: bytes, seed: str) -> str:
+    return hmac.new(secret, _CHECK_LABEL + seed.encode("ascii"), hashlib.sha256).hexdigest()[:16]
+
+
+def derive(key: SharedKey, secret: bytes | None) -> bytes:
+    """The signing key of ``key``: HMAC of the secret over its seed (the seed itself for a key made without one)."""
+    if not key.check:
+        return bytes.fromhex(key.seed)
+    assert secret is not None
+    return hmac.new(secret, _KEY_LABEL + bytes.fromhex(key.seed), hashlib.sha256).digest()
+
+
+def parse(text: str | None) -> list[SharedKey]:
+    keys = []
+    for item in (text or "").split(";"):
+        if item:
+            kid, seed, made_at, check = item.split(":")
+            keys.append(SharedKey(kid, seed, float(made_at), check))
+    return keys
+
+
+def _verify(keys: list[SharedKey], secret: bytes | None) -> None:
+    for key in keys:
+        if not key.check:
+            continue
+        if secret is None:
+            raise ClusterSecretMismatch(
+                f"the cluster's shared data-plane key {key.kid} was made from a cluster secret, and this coordinator "
+                "has none: start it with the same --cluster-secret-file (or $FLEETWIRE_CLUSTER_SECRET_FILE) as the "
+                "cluster's other coordinators"
+            )
+        if not hmac.compare_digest(_check(secret, key.seed), key.check):
+            raise ClusterSecretMismatch(
+                f"this coordinator's cluster secret does not match the one the cluster's shared data-plane key "
+                f"{key.kid} was made with: every coordinator of the cluster needs the same --cluster-secret-file "
+                "(or $FLEETWIRE_CLUSTER_SECRET_FILE)"
+            )
+
+
+def _mint(secret: bytes | None, wall: float) -> SharedKey:
+    seed = secrets.token_hex(32)
+    return SharedKey("c" + secrets.token_hex(4), seed, wall, "" if secret is None else _check(secret, seed))
+
+
+def _kept(keys: list[SharedKey], wall: float, keep_s: float) -> list[SharedKey]:
+    """The newest key, and the older ones not yet ``keep_s`` past the making of the key that followed them."""
+    return keys[:1] + [key for newer, key in itertools.pairwise(keys) if wall < newer.made_at + keep_s]
+
+
+def accepted(keys: list[SharedKey], secret: bytes | None, wall: float, keep_s: float) -> list[tuple[str, bytes]]:
+    """The ``(kid, key)`` pairs a core signs (the first) and has its workers verify with, at ``wall``."""
+    return [(key.kid, derive(key, secret)) for key in _kept(keys, wall, keep_s)]
+
+
+def _due(keys: list[SharedKey], wall: float, rotation_s: float) -> bool:
+    return not keys or (rotation_s > 0 and wall - keys[0].made_at >= rotation_s)
+
+
+async def sync(conn: Any, secret: bytes | None, *, wall: float, rotation_s: float, keep_s: float) -> list[SharedKey]:
+    """The cluster's shared keys, newest first, after making a new one when due (one core does, under the row's
+    lock); :class:`ClusterSecretMismatch` when ``secret`` does not make them."""
+    keys = parse(await conn.fetchval(_READ))
+    _verify(keys, secret)
+    if not _due(keys, wall, rotation_s):
+        return keys
+    async with conn.transaction():
+        await conn.execute(_ENSURE)
+        keys = parse(await conn.fetchval(_LOCK))  # another core may have rotated since the read
+        _verify(keys, secret)
+        if not _due(keys, wall, rotation_s):
+            return keys
+        if not keys:
+            legacy = await conn.fetchval(_LEGACY)
+            if legacy:  # the former never-rotated key: accepted for one overlap more, then gone
+                keys = [SharedKey("c" + hashlib.sha256(bytes.fromhex(legacy)).hexdigest()[:8], legacy, wall, "")]
+        keys = _kept([_mint(secret, wall), *keys], wall, keep_s)
+        await conn.execute(_WRITE, ";".join(key.text() for key in keys))
+        await conn.execute(_DROP_LEGACY)
+    return keys

@@ -1,0 +1,184 @@
+"""The cluster's shared data-plane key (coordinator/io/cluster/shared_keys.py): rotated on ``--data-key-rotation``,
+the previous one accepted for the tickets' life, derived from ``--cluster-secret-file`` (not from the database alone),
+and a coordinator with another secret refused at start.
+
+Two in-process cluster hosts on one real PostgreSQL database (tests/pg.py; skipped without one), each serving one
+shard, with a fake wall clock (``ClusterHost.wall``) and explicit syncs (``sync_shared_keys``) instead of waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.core import CoreConfig
+from coordinator.graphs.lineage import Source
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, SharedKey, parse, sync
+from coordinator.io.frontdoor.server import ServerSettings
+from fleetwire.cli.shards import run_cluster_coordinator
+from protocol.tickets import FileClaim, TicketClaims, TicketError, sign, verify, worker_key
+from tests.integration.test_cluster_view_all import CLUSTER
+from tests.waiting import until
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = b"the cluster's secret, 32 bytes.."
+OTHER = b"another secret of 32 bytes......"
+TTL_S = 100.0
+ROTATION_S = 1000.0
+T0 = 2_000_000_000.0  # the fake wall clock's start (Unix seconds)
+SOURCE = Source("p1", 1, "w1", "y", 10, "")
+
+
+def settings(dsn: str) -> ServerSettings:
+    core = CoreConfig(data_ticket_ttl_s=TTL_S, data_key_rotation_s=ROTATION_S)
+    return ServerSettings(port=0, insecure=True, store=dsn, cluster=CLUSTER, core=core)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@contextlib.asynccontextmanager
+async def two_hosts(dsn: str, clock: Clock) -> AsyncIterator[tuple[ClusterHost, ClusterHost]]:
+    """Two hosts with the same secret, each serving one of the two shards."""
+    hosts: list[ClusterHost] = []
+    try:
+        for _ in range(2):
+            host = ClusterHost(settings(dsn), cluster_secret=SECRET)
+            host.wall = clock
+            hosts.append(host)
+            await host.start()
+        await until(lambda: all(len(h.servers) == 1 and not h._moving for h in hosts), timeout_s=60)
+        yield hosts[0], hosts[1]
+    finally:
+        for host in reversed(hosts):
+            await host.stop()
+
+
+def sign_pull(host: ClusterHost) -> str:
+    """A pull ticket for worker ``w1`` signed with the shared key by ``host``'s core."""
+    [server] = host.servers.values()
+    return server.core.data.pull_ticket(SOURCE, time.monotonic(), shared=True)
+
+
+def accepts(host: ClusterHost, ticket: str) -> bool:
+    """Whether worker ``w1`` of ``host``'s core (its ``data_keys``) accepts ``ticket``; TicketError when refused."""
+    [server] = host.servers.values()
+    keys = {key.kid: key.key for key in server.core.data.worker_keys("w1")}
+    verify(ticket, keys, wall=time.time(), worker="w1", plan="p1", attempt=1, direction="get", name="y")
+    return True
+
+
+def kid(ticket: str) -> str:
+    return ticket.split(".")[1]
+
+
+async def test_a_ticket_of_one_coordinator_is_accepted_by_the_other_across_a_rotation_then_refused(
+    pg_dsn: str,
+) -> None:
+    clock = Clock()
+    async with two_hosts(pg_dsn, clock) as (a, b):
+        first = sign_pull(a)
+        assert accepts(b, first) and accepts(a, sign_pull(b))
+        assert kid(sign_pull(b)) == kid(first)
+
+        clock.now += ROTATION_S  # due: the first core to sync makes the new key, the other learns it
+        await a.sync_shared_keys()
+        second = sign_pull(a)
+        assert kid(second) != kid(first)
+        with pytest.raises(TicketError, match="unknown ticket key"):
+            accepts(b, second)  # b has not synced yet
+        await b.sync_shared_keys()  # no restart
+        assert kid(sign_pull(b)) == kid(second)  # b did not mint one of its own
+        assert accepts(b, second) and accepts(a, sign_pull(b))
+        assert accepts(b, first) and accepts(a, first)  # the previous key: the tickets it signed still live
+
+        clock.now += TTL_S + 2 * CLUSTER.scan_s + CLUSTER.lease_ttl_s  # past the overlap
+        await a.sync_shared_keys()
+        await b.sync_shared_keys()
+        for host in (a, b):
+            with pytest.raises(TicketError, match="unknown ticket key"):
+                accepts(host, first)
+            assert accepts(host, second)
+
+
+async def test_the_database_alone_does_not_give_the_key(pg_dsn: str) -> None:
+    clock = Clock()
+    async with two_hosts(pg_dsn, clock) as (a, b):
+        genuine = sign_pull(a)
+        assert accepts(b, genuine)
+        rows = dict(await a.db(lambda conn: conn.fetch("SELECT key, value FROM fleetwire_meta")))
+        assert "data_secret" not in rows
+        [stored] = parse(rows["data_keys"])
+        assert stored.kid == kid(genuine)
+        claims = TicketClaims("p1", 1, "w1", "get", {"y": FileClaim(10)}, time.time() + 60)
+        for master in (bytes.fromhex(stored.seed), stored.seed.encode(), bytes.fromhex(stored.check)):
+            forged = sign(claims, stored.kid, worker_key(master, "w1"))
+            with pytest.raises(TicketError, match="bad ticket signature"):
+                accepts(b, forged)
+
+
+async def test_a_coordinator_with_another_secret_or_none_is_refused_at_start(
+    pg_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = ClusterHost(settings(pg_dsn), cluster_secret=SECRET)
+    await first.start()
+    try:
+        for secret, why in ((OTHER, "does not match"), (None, "has none")):
+            other = ClusterHost(settings(pg_dsn), cluster_secret=secret)
+            try:
+                with pytest.raises(ClusterSecretMismatch, match=why):
+                    await other.start()
+                assert not other.servers
+            finally:
+                assert other.control is not None
+                other.control.close()
+        secret_file = tmp_path / "secret"
+        secret_file.write_bytes(OTHER + b"\n")
+        assert await run_cluster_coordinator(settings(pg_dsn), "test", None, str(secret_file)) == 2
+        assert "does not match" in capsys.readouterr().err
+    finally:
+        await first.stop()
+
+
+async def test_one_key_is_minted_for_one_slot_when_cores_rotate_at_once(pg_dsn: str) -> None:
+    host = ClusterHost(settings(pg_dsn), cluster_secret=SECRET)  # makes the schema; its control connection's
+    try:
+        conns = [await asyncpg_connect(pg_dsn) for _ in range(4)]
+        try:
+            rounds = []
+            for n in range(2):  # the first key, then one rotation: each core at once
+                wall = T0 + n * ROTATION_S
+                rounds.append(
+                    await asyncio.gather(
+                        *(sync(conn, SECRET, wall=wall, rotation_s=ROTATION_S, keep_s=TTL_S) for conn in conns)
+                    )
+                )
+        finally:
+            for conn in conns:
+                await conn.close()
+        for seen in rounds:
+            assert len({keys[0].kid for keys in seen}) == 1
+        made: list[SharedKey] = rounds[1][0]
+        assert [key.kid for key in made] == [rounds[1][0][0].kid, rounds[0][0][0].kid]
+    finally:
+        assert host.control is not None
+        host.control.close()
+
+
+async def asyncpg_connect(dsn: str) -> Any:
+    import asyncpg
+
+    return await asyncpg.connect(dsn)

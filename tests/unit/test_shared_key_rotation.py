@@ -1,0 +1,37 @@
+"""A shard's core told a rotation of the cluster's shared key (``DataPlane.set_shared``, the cluster host every round,
+coordinator/io/cluster/shared_keys.py): its connected workers get ``data_keys`` with the new key and the previous one,
+pulls are signed with the new one, and a key dropped after the overlap leaves the workers' keys."""
+
+from __future__ import annotations
+
+from coordinator.graphs.lineage import Source
+from coordinator.placement.placer import PlacementConfig
+from protocol.messages import DataKeys
+from tests.unit.test_core import Harness
+from tests.unit.test_graph_core import fleet
+
+OLD = ("c-old", b"o" * 32)
+NEW = ("c-new", b"n" * 32)
+
+
+def test_workers_learn_each_change_of_the_shared_keys_once_and_pulls_sign_with_the_newest() -> None:
+    h = Harness(placement=PlacementConfig(cluster=True))
+    h.core.data.set_shared([OLD])
+    h.core.data.rotate("k1", b"s" * 32, h.now)
+    conns = fleet(h, "w1")
+    h.take(conns["w1"])
+    source = Source("p", 1, "w1", "y", 1, "")
+    assert h.core.data.pull_ticket(source, h.now, shared=True).startswith("fw1.c-old.")
+
+    def sent() -> list[list[str]]:
+        h._pump()  # the core's effects, as the driver's flush takes them
+        return [[key.kid for key in m.keys] for m in h.take(conns["w1"]) if isinstance(m, DataKeys)]
+
+    h.core.data.set_shared([NEW, OLD])  # a rotation: the previous one stays for the tickets it signed
+    assert sent() == [["k1", "c-new", "c-old"]]
+    assert h.core.data.pull_ticket(source, h.now, shared=True).startswith("fw1.c-new.")
+    h.core.data.set_shared([NEW, OLD])  # the same keys read again: nothing sent
+    assert sent() == []
+    h.core.data.set_shared([NEW])  # past the overlap
+    assert sent() == [["k1", "c-new"]]
+    assert [key.kid for key in h.core.data.worker_keys("w1")] == ["k1", "c-new"]
