@@ -1,6 +1,6 @@
 """A plan's first inline events after a group that gave it none (created without events, or its first run
 spilled) chain from 0 in memory, as the database's NULL ``events_crc`` says: no look-up of that checksum in
-the database, one round trip per plan in turn (coordinator/io/stores/postgres.py ``_new_rows``, ``load``).
+the database, one round trip per plan in turn (coordinator/io/stores/pg_rows.py ``_new_rows``, postgres.py ``load``).
 A real PostgreSQL server (tests/pg.py; skipped without one)."""
 
 from __future__ import annotations

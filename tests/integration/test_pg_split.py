@@ -13,7 +13,8 @@ import pytest
 
 from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.pg_commit import AHEAD_MIN_RECORDS, PipelinedCommitter
-from coordinator.io.stores.postgres import PgStore, _Group
+from coordinator.io.stores.pg_rows import RowGroup
+from coordinator.io.stores.postgres import PgStore
 from coordinator.records import PlanForgotten, PlanStatus, Record
 from tests.integration.test_pg_store import CLUSTER, hold
 from tests.pg import PostgresServer
@@ -37,11 +38,11 @@ class SplitPgStore(PgStore):
         self.encode_fails = False
         self.sending = asyncio.Event()  # set at the first statement
 
-    def _encode_rows(self, group: _Group, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
+    def encode_rows(self, group: RowGroup, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
         self.log.append(("encode", self.statements, self.in_flight))
         if self.encode_fails and self.in_flight:
             raise ValueError("a bug in the encoding")
-        return super()._encode_rows(group, fresh_keys, stored)
+        return super().encode_rows(group, fresh_keys, stored)
 
     async def _commit(self, conn: Any, *args: Any) -> None:
         self.statements += 1

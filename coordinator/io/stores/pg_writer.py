@@ -95,6 +95,7 @@ class ProcessCommitter(Backlog[T]):
         self._buffer = bytearray()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._out = self._in = -1
+        self._ready = False  # the child's first reply (its store opened and loaded) was read
         self._idle: asyncio.Future[None] | None = None  # close() waits for every batch's reply
         # A shard's store rings the cluster's doorbell after each commit (coordinator/io/cluster/host.py ShardPgStore).
         self._ring: Callable[[Sequence[Record]], None] | None = getattr(store, "ring", None)
@@ -126,7 +127,6 @@ class ProcessCommitter(Backlog[T]):
         os.set_blocking(self._out, False)
         os.set_blocking(self._in, False)
         self._write(REQUEST_HEADER.pack(len(setup), GROUP) + setup)
-        self._ready = False
         loop.add_reader(self._in, self._readable)
 
     def submit(self, records: Sequence[Record], payload: T, size: int = 0) -> None:

@@ -12,7 +12,7 @@ Driver: asyncpg (binary protocol, prepared statements, array parameters). A grou
 statement, so one round trip (coordinator/io/stores/pg_schema.py ``commit_statement``): the fence
 and the group's deletes, inserts, updates and event upserts as parts of one ``WITH`` query, each
 row kind's columns of one type sent as one array parameter (a slice per column, folded into rows of
-~sqrt(n) values: ``_grid``) and unnested server-side. Phase 1's BEGIN, fence, one statement per kind and
+~sqrt(n) values: pg_rows.py ``grid``) and unnested server-side. Phase 1's BEGIN, fence, one statement per kind and
 COMMIT took 4-5 round trips. A big group the committer takes with nothing in flight goes as one
 transaction of two statements instead (:meth:`PgStore._send_split`): its first third of plans, encoded
 when it is taken, and the rest, encoded while the first is in flight.
@@ -41,9 +41,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-import zlib
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from math import isqrt
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -55,6 +53,7 @@ from coordinator.io.cluster.leases import ShardFenced
 from coordinator.io.stores.abilities import StoreAbilities
 from coordinator.io.stores.integrity import StoreDamaged, StoreError, StoreUnreachable
 from coordinator.io.stores.pg_commit import PipelinedCommitter
+from coordinator.io.stores.pg_rows import PgRows, RowGroup, grid, split_group
 from coordinator.io.stores.pg_schema import (
     INDEX_VALID,
     INDEXES,
@@ -63,15 +62,10 @@ from coordinator.io.stores.pg_schema import (
     commit_statement,
     setup_schema,
 )
-from coordinator.io.stores.rows import (
-    StoredEvent,
-    decode_plans,
-    encode_record,
-    encode_run,
-    group_records,
-    run_by_seq,
-)
-from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan
+from coordinator.io.stores.pg_usage import load_usage, write_usage
+from coordinator.io.stores.rows import decode_plans, group_records
+from coordinator.ledger import UsageRow
+from coordinator.records import Record, StoredPlan, UsageRows
 from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
 
@@ -82,13 +76,9 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-crc = zlib.crc32
-
 _KEY_BLOCK = 1024
 _KEY_RESERVE = 16 * _KEY_BLOCK  # new keys taken beyond a group's needs (a few big groups' worth): _take_keys
-_SPLIT_MIN_PLANS = 512  # a group the committer takes with nothing in flight, with more plans, goes in two: _split
-_INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its own row
-_INLINE_MAX_BYTES = 512
+_SPLIT_MIN_PLANS = 512  # a group the committer takes with nothing in flight, with more plans, goes in two: split_group
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 30.0  # a statement that hangs longer fails the write (fail-stop), never blocks forever
 # The lease and view connections plan every statement for its own parameters. Left to itself,
@@ -183,86 +173,7 @@ def _cause(exc: BaseException) -> str:
     return text[:300]
 
 
-# One group's rows (PgStore._encode_rows), one list per column: new plans rows, updates, spilled runs;
-# then each plan's inline events' checksum after the group, the shards the rows are in, and the plans
-# that reached a terminal state (their running checksum is dropped).
-_Columns = tuple[list[list[Any]], list[list[Any]], list[list[Any]], dict[str, int], set[int], list[str]]
-
-
-class _Group:
-    """One group commit's records by plan (``group_records``), then its rows (``PgStore._encode_rows``)."""
-
-    __slots__ = ("created", "doomed", "forgotten", "fresh", "fresh_ids", "fresh_shards", "latest", "records", "rest",
-                 "rows", "runs", "shards")  # fmt: skip
-
-    def __init__(self, records: Sequence[Record], created: dict[str, PlanCreated], latest: dict[str, PlanStatus],
-                 runs: dict[str, list[StoredEvent]], forgotten: set[str]) -> None:  # fmt: skip
-        self.records, self.created, self.latest, self.runs, self.forgotten = records, created, latest, runs, forgotten
-        self.doomed: list[int] = []  # keys of the forgotten plans held
-        self.shards: set[int] = set()  # the forgotten plans' shards (the rows' are in rows[4])
-        self.fresh_ids: list[str] = []  # plans that get a new row (and key)
-        self.fresh: dict[str, int] = {}
-        self.fresh_shards: dict[str, int] = {}
-        self.rows: _Columns = ([], [], [], {}, set(), [])
-        self.rest: tuple[_Group, list[int]] | None = None  # a split group's second part and its new keys: _split
-
-
-def _split(group: _Group, fresh_keys: list[int]) -> tuple[tuple[_Group, list[int]], tuple[_Group, list[int]]]:
-    """``group`` as two, its first third of plans and the rest, each with its new keys: a plan's records in one.
-
-    A third: PostgreSQL takes about twice as long to apply a plan's rows as the loop to encode them
-    (bench/cluster_throughput.py: ~20 against ~10 us), so the rest is encoded while the first third runs.
-    More parts would hide a little more of the first encoding, but each statement is a wake-up of the
-    database's backend, and on a loaded machine one waits for the scheduler's next tick (4 ms).
-
-    The first holds the forgotten plans' deletes (``doomed``); each holds the forgotten ids among its own plans
-    (one forgotten and created again gets its new row there, after the delete), so that applying both in order
-    (:meth:`PgStore._committed`) leaves what applying ``group`` would.
-    """
-    created, latest, runs, forgotten = group.created, group.latest, group.runs, group.forgotten
-    ids = list({**created, **latest, **runs})
-    key_of = dict(zip(group.fresh_ids, fresh_keys, strict=True))
-    third = max(1, len(ids) // 3)
-    parts: list[tuple[_Group, list[int]]] = []
-    for part in (ids[:third], ids[third:]):
-        gone = forgotten if not parts else forgotten.intersection(part) if forgotten else forgotten
-        one = _Group(group.records, {p: created[p] for p in part if p in created},
-                     {p: latest[p] for p in part if p in latest}, {p: runs[p] for p in part if p in runs}, gone)
-        if not parts:
-            one.doomed, one.shards = group.doomed, group.shards
-        one.fresh_ids = [p for p in one.created if p in key_of]
-        parts.append((one, [key_of[p] for p in one.fresh_ids]))
-    return parts[0], parts[1]
-
-
-def _columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """``rows`` as one list per column (``width`` empty lists when there is none)."""
-    if not rows:
-        return [[] for _ in range(width)]
-    return [list(column) for column in zip(*rows, strict=True)]
-
-
-def _grid(columns: list[list[Any]]) -> list[Any]:
-    """Columns of equal length n as one array parameter: each column folded into rows of ~sqrt(n) values.
-
-    The last row is padded with None (its rows have a NULL key: the statement skips them). asyncpg
-    checks the elements of an array parameter in Python to find its shape, but only along the first
-    element of each dimension: ~3 sqrt(n) checks a column instead of n (pg_schema.py ``_PARTS``).
-    """
-    n = len(columns[0])
-    if n <= 4:
-        return columns
-    width = isqrt(n - 1) + 1
-    pad = -n % width
-    if pad:
-        filler = [None] * pad
-        for column in columns:
-            column += filler
-        n += pad
-    return [[column[i : i + width] for i in range(0, n, width)] for column in columns]
-
-
-class PgStore:
+class PgStore(PgRows):
     """Plans in PostgreSQL, shared by the coordinators of one cluster; one transaction per :meth:`write`.
 
     Args:
@@ -295,6 +206,7 @@ class PgStore:
         self.accept_loss = accept_loss
         self.losses: list[str] = []
         self.fence: dict[int, int] = {}
+        self._usage: list[UsageRows] = []  # the ledger's rows gathered, for the next whole group's send (pg_usage.py)
         self.owner = ""  # this process run's lease owner id (the lease keeper sets it)
         self.writes = 0
         self.records = 0
@@ -303,7 +215,7 @@ class PgStore:
         self._shards: dict[str, int] = {}  # plan id -> its shard
         self._events_crc: dict[str, int] = {}  # running checksum of each open plan's inline events
         self._free_keys: list[int] = []  # taken from the sequence, not used yet (ascending)
-        self._ahead: _Group | None = None  # the group encode_ahead made, until its write_async
+        self._ahead: RowGroup | None = None  # the group encode_ahead made, until its write_async
         self.split_min_plans = _SPLIT_MIN_PLANS  # encode_ahead(split=True) splits a group of more plans (0: never)
         self.splitting = False  # the group encode_ahead made is split: its rest is encoded in write_async
         self.on_encoded: Callable[[], None] | None = None  # called once a split group's rest is on its way (committer)
@@ -343,7 +255,7 @@ class PgStore:
     def abilities(self) -> StoreAbilities:
         """The losses accepted, a database that can be away, its own committer, and (``sharded``) shard leases."""
         return StoreAbilities(losses=self.losses, away=self.away, make_committer=self.make_committer,
-                              leases=self if self.sharded else None)  # fmt: skip
+                              leases=self if self.sharded else None, usage=self.load_usage)  # fmt: skip
 
     # ------------------------------------------------------------------ the private loop
 
@@ -422,6 +334,14 @@ class PgStore:
         self._keys = {r[1]: r[0] for r in rows if r[0] not in bad}
         self._shards = {r[1]: r[11] for r in rows if r[0] not in bad}
         return plans
+
+    def load_usage(self) -> list[UsageRow]:
+        """The usage ledger's rows of the shards in :attr:`fence` (its ``usage`` ability; pg_usage.py)."""
+        shards = sorted(self.fence) or list(range(self.cluster.shards))
+        try:
+            return self._run(load_usage(self._writer, shards))
+        except self._asyncpg.PostgresError as exc:
+            raise StoreError(f"cannot read the usage ledger of {self.description}: {_cause(exc)}") from exc
 
     async def _fetch(self, shards: list[int]) -> tuple[list[Any], list[Any]]:
         conn = self._writer
@@ -502,7 +422,7 @@ class PgStore:
             raise StoreError(f"cannot write the store {self.description}: {_cause(exc)}") from exc
 
     async def _write_group(self, conn: Any, records: Sequence[Record]) -> None:
-        """One group: the rows it touches, :meth:`_encode_rows`, the fence, :meth:`_commit`, :meth:`_committed`.
+        """One group: the rows it touches, :meth:`encode_rows`, the fence, :meth:`_commit`, :meth:`apply_committed`.
 
         A group :meth:`encode_ahead` made is sent as it is (its keys and checksums already applied);
         any other is encoded now and applied once its commit returned.
@@ -518,9 +438,9 @@ class PgStore:
         group = self._gather(records)
         await self._encoded(conn, group, await self._take_keys(conn, len(group.fresh_ids)))
         await self._send(conn, group)
-        self._committed(group)
+        self.apply_committed(group)
 
-    async def _send_split(self, conn: Any, first: _Group, rest: _Group, keys: list[int]) -> None:
+    async def _send_split(self, conn: Any, first: RowGroup, rest: RowGroup, keys: list[int]) -> None:
         """A split group (:meth:`encode_ahead`): ``first`` sent, ``rest`` encoded meanwhile and sent, one transaction.
 
         Both commit or neither (a failed statement rolls the transaction back; the first one's fence keeps
@@ -532,11 +452,11 @@ class PgStore:
             sending = loop.create_task(self._send(conn, first, whole=False))
             try:
                 await asyncio.sleep(0)  # the task writes the first statement; the rest is encoded meanwhile
-                missing = self._encode_rows(rest, keys, {})
+                missing = self.encode_rows(rest, keys, {})
                 await sending
                 if missing:  # a chained checksum only the database holds: read now, in this transaction
                     await self._encoded(conn, rest, keys)
-                self._committed(rest)
+                self.apply_committed(rest)
                 self.splitting = False
                 sending = loop.create_task(self._send(conn, rest))
                 await asyncio.sleep(0)
@@ -549,15 +469,15 @@ class PgStore:
                     await asyncio.gather(sending, return_exceptions=True)
                 raise
 
-    async def _encoded(self, conn: Any, group: _Group, fresh_keys: list[int]) -> None:
-        """``group``'s rows (:meth:`_encode_rows`); encoded again once the chained checksums that only the database
+    async def _encoded(self, conn: Any, group: RowGroup, fresh_keys: list[int]) -> None:
+        """``group``'s rows (:meth:`encode_rows`); encoded again once the chained checksums that only the database
         holds are read (inline runs of plans whose checksum memory does not have)."""
         stored: dict[int, int] = {}
-        missing = self._encode_rows(group, fresh_keys, stored)
+        missing = self.encode_rows(group, fresh_keys, stored)
         if missing:
             for key in missing:
                 stored[key] = await self._stored_events_crc(conn, key)
-            self._encode_rows(group, fresh_keys, stored)
+            self.encode_rows(group, fresh_keys, stored)
 
     def encode_ahead(self, records: Sequence[Record], split: bool = False) -> bool:
         """Encode ``records``' group now, before the group in flight commits; False if it needs a round trip first.
@@ -570,7 +490,7 @@ class PgStore:
         keys than are free, or a plan's chained checksum that only the database holds.
 
         ``split`` (nothing is in flight: the committer's group taken in turn): a group of more than
-        :attr:`split_min_plans` plans is split (:func:`_split`); only its first part is encoded now, the
+        :attr:`split_min_plans` plans is split (pg_rows.py ``split_group``); only its first part is encoded now, the
         rest by :meth:`write_async` while the first part's statement is in flight (:meth:`_send_split`),
         and :attr:`splitting` says so until then.
         """
@@ -581,31 +501,34 @@ class PgStore:
         keys = free[:n] if n else []
         minimum = self.split_min_plans
         if split and minimum and len(records) > 2 * minimum and len(group.created) + len(group.latest) > minimum:
-            (first, first_keys), rest = _split(group, keys)
+            (first, first_keys), rest = split_group(group, keys)
             group, keys, first.rest = first, first_keys, rest
-        if self._encode_rows(group, keys, {}):
+        if self.encode_rows(group, keys, {}):
             return False
         self._free_keys = free[n:] if n else free
-        self._committed(group)
+        self.apply_committed(group)
         self._ahead, self.splitting = group, group.rest is not None
         return True
 
-    def _gather(self, records: Sequence[Record]) -> _Group:
+    def _gather(self, records: Sequence[Record]) -> RowGroup:
         """The group's rows by plan, its forgotten plans' keys and shards, and the ids of its new rows."""
-        created, latest, runs, forgotten = group_records(records)
+        created, latest, runs, forgotten = group_records(records, self._usage)
         keys, shards_of = self._keys, self._shards
-        group = _Group(records, created, latest, runs, forgotten)
+        group = RowGroup(records, created, latest, runs, forgotten)
         group.doomed = [keys[p] for p in forgotten if p in keys]
         group.shards = {shards_of[p] for p in forgotten if p in shards_of}
         group.fresh_ids = [p for p in created if p not in keys or p in forgotten]
         return group
 
-    async def _send(self, conn: Any, group: _Group, *, whole: bool = True) -> None:
+    async def _send(self, conn: Any, group: RowGroup, *, whole: bool = True) -> None:
         """The group's fence (the shards it writes, against :attr:`fence` now) and its one statement.
 
         ``whole``: the group is counted in :attr:`writes` (False for a split group's first part).
         """
         touched_shards = group.shards | group.rows[4]
+        usage = self._usage if whole and self._usage and self.fence else None
+        if usage is not None:  # the ledger's rows are the core's lowest shard's (pg_usage.py): fenced with it
+            touched_shards = touched_shards | {min(self.fence)}
         if not touched_shards:
             touched_shards = set(self.fence)  # nothing to write: still proves the lease (no stale replies)
         fence = self.fence
@@ -614,167 +537,20 @@ class PgStore:
             raise ShardFenced(f"this coordinator does not hold shard(s) {missing or 'any'}; the write was refused")
         shards = sorted(touched_shards)
         rows = group.rows
-        await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
+        if usage is None:
+            await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
+        else:  # at most once a tick: the group's statement (its fence first) and the ledger's rows, one transaction
+            self._usage = []
+            try:
+                async with conn.transaction():
+                    await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, *rows[:3])
+                    await write_usage(conn, min(fence), usage)
+            except BaseException:
+                self._usage = usage + self._usage  # written by the next group, if the store goes on
+                raise
         if whole:
             self.writes += 1
             self.records += len(group.records)
-
-    def _encode_rows(self, group: _Group, fresh_keys: list[int], stored: dict[int, int]) -> list[int]:
-        """Each touched plan's row insert or update and its spilled run, one array per column (``group.rows``); no I/O.
-
-        ``stored``: key -> the database's chained checksum where memory has none; the keys it lacks are returned.
-        Rows as tuples, into a list per column at the end by zip(*rows) (an append per column cost ~2 us a plan);
-        names local, the encoder called directly (encode_run/encode_record when it refuses a payload). The new
-        plans first (:meth:`_new_rows`), then the others (:meth:`_updated_rows`): no test of which a row is, per row.
-        """
-        created, latest, runs = group.created, group.latest, group.runs
-        fresh = group.fresh = dict(zip(group.fresh_ids, fresh_keys, strict=True))
-        fresh_shards = group.fresh_shards = {p: self._submit_shard(created[p].submit) for p in fresh}
-        touched: Iterable[str] = latest
-        if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
-            touched = {**fresh, **latest, **runs}
-        chained_now: dict[str, int] = {}  # applied once committed, like the keys
-        ended: list[str] = []
-        ev_rows: list[tuple[Any, ...]] = []
-        new_rows = self._new_rows(group, ev_rows, chained_now, ended) if fresh else []
-        shards: set[int] = set(fresh_shards.values())  # the new rows' at once
-        missing: list[int] = []
-        upd_rows = self._updated_rows(group, touched, stored, ev_rows, chained_now, ended, shards, missing)
-        group.rows = _columns(new_rows, 14), _columns(upd_rows, 7), _columns(ev_rows, 5), chained_now, shards, ended
-        return missing
-
-    def _new_rows(self, group: _Group, ev_rows: list[tuple[Any, ...]], chained_now: dict[str, int],
-                  ended: list[str]) -> list[tuple[Any, ...]]:  # fmt: skip
-        """The new plans' rows (:meth:`_encode_rows`): no forgotten/key look-up, no chained checksum to find."""
-        created, fresh, fresh_shards = group.created, group.fresh, group.fresh_shards
-        new_rows: list[tuple[Any, ...]] = []
-        add_new, add_ev = new_rows.append, ev_rows.append
-        encoder = self._encoder
-        encode = encoder.encode
-        run_of, status_of = group.runs.get, group.latest.get
-        terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
-        unencodable = (TypeError, ValueError, OverflowError)
-        for plan_id, new_key in fresh.items():
-            shard = fresh_shards[plan_id]
-            inline = inline_crc = None
-            count = 0
-            run = run_of(plan_id)
-            if run is not None:
-                count = len(run)
-                if count > 1 and (count > 2 or run[0][2] >= run[1][2]):  # two in order (the usual run): as it is
-                    run = run_by_seq(run)
-                    count = len(run)
-                try:
-                    body = encode(run)
-                except unencodable:
-                    body = encode_run(encoder, run)
-                if count < 16 and run[-1][2] <= max_seq and len(body) <= max_bytes:
-                    inline = body[1:]  # without its one-byte array header
-                    inline_crc = chained_now[plan_id] = checksum(inline)
-                else:
-                    count = 0
-                    add_ev((new_key, run[0][2], shard, checksum(body, new_key & 0xFFFFFFFF), body))
-            if inline_crc is None:  # no inline events yet (events_crc NULL): their chain starts at 0, kept in memory
-                chained_now[plan_id] = 0  # so the first inline run needs no look-up in the database (_updated_rows)
-            status = status_of(plan_id)
-            if status is None:
-                state = status_blob = status_crc = None
-            else:
-                state = status.state
-                try:
-                    status_blob = encode(status)
-                except unencodable:
-                    status_blob = encode_record(encoder, status)
-                status_crc = checksum(status_blob)
-                if state in terminal:
-                    ended.append(plan_id)
-            record = created[plan_id]
-            try:
-                spec = encode(record)
-            except unencodable:
-                spec = encode_record(encoder, record)
-            name = record.submit.plan_id  # the owner's id for it: kept only where it is not the key
-            add_new((new_key, shard, record.order, count, checksum(spec), status_crc, inline_crc,
-                     plan_id, record.owner, state or "queued", None if name == plan_id else name,
-                     spec, status_blob, inline))  # fmt: skip
-        return new_rows
-
-    def _updated_rows(self, group: _Group, touched: Iterable[str], stored: dict[int, int],
-                      ev_rows: list[tuple[Any, ...]], chained_now: dict[str, int], ended: list[str], shards: set[int],
-                      missing: list[int]) -> list[tuple[Any, ...]]:  # fmt: skip
-        """The other touched plans' row updates (:meth:`_encode_rows`), their shards added to ``shards``."""
-        fresh, forgotten, chained = group.fresh, group.forgotten, self._events_crc
-        key_of, shards_of = self._keys.get, self._shards
-        upd_rows: list[tuple[Any, ...]] = []
-        add_upd, add_ev, add_shard = upd_rows.append, ev_rows.append, shards.add
-        encoder = self._encoder
-        encode = encoder.encode
-        run_of, status_of = group.runs.get, group.latest.get
-        terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, _INLINE_MAX_SEQ, _INLINE_MAX_BYTES
-        unencodable = (TypeError, ValueError, OverflowError)
-        for plan_id in touched:
-            if fresh and plan_id in fresh:
-                continue  # a new row, above
-            key = None if forgotten and plan_id in forgotten else key_of(plan_id)
-            if key is None:
-                continue  # a record of a plan never created (or deleted)
-            shard = shards_of[plan_id]
-            add_shard(shard)
-            inline = inline_crc = None
-            count = 0
-            run = run_of(plan_id)
-            if run is not None:
-                count = len(run)
-                if count > 1 and (count > 2 or run[0][2] >= run[1][2]):  # two in order (the usual run): as it is
-                    run = run_by_seq(run)
-                    count = len(run)
-                try:
-                    body = encode(run)
-                except unencodable:
-                    body = encode_run(encoder, run)
-                if count < 16 and run[-1][2] <= max_seq and len(body) <= max_bytes:
-                    inline = body[1:]  # without its one-byte array header
-                    previous = chained.get(plan_id)
-                    if previous is None:
-                        previous = stored.get(key)
-                        if previous is None:
-                            missing.append(key)
-                            previous = 0
-                    inline_crc = chained_now[plan_id] = checksum(inline, previous)
-                else:
-                    count = 0
-                    add_ev((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
-            status = status_of(plan_id)
-            if status is None:
-                state = status_blob = status_crc = None
-            else:
-                state = status.state
-                try:
-                    status_blob = encode(status)
-                except unencodable:
-                    status_blob = encode_record(encoder, status)
-                status_crc = checksum(status_blob)
-                if state in terminal:
-                    ended.append(plan_id)
-            add_upd((key, count, status_crc, inline_crc, state, status_blob, inline))
-        return upd_rows
-
-    def _committed(self, group: _Group) -> None:
-        """The in-memory keys follow a committed group only (or one :meth:`encode_ahead` made: the committer's)."""
-        fresh, fresh_shards, forgotten = group.fresh, group.fresh_shards, group.forgotten
-        chained_now, ended = group.rows[3], group.rows[5]
-        keys, shards_of, chained = self._keys, self._shards, self._events_crc
-        for plan_id in forgotten:
-            keys.pop(plan_id, None)
-            shards_of.pop(plan_id, None)
-            chained.pop(plan_id, None)
-        if chained_now:
-            chained.update(chained_now)
-        for plan_id in ended:
-            chained.pop(plan_id, None)
-        if fresh:
-            keys.update(fresh)
-            shards_of.update(fresh_shards)
 
     async def _commit(
         self,
@@ -792,11 +568,11 @@ class PgStore:
         if doomed:
             args.append(doomed)
         if new_rows[0]:
-            args += (_grid(new_rows[:7]), _grid(new_rows[7:11]), _grid(new_rows[11:]))
+            args += (grid(new_rows[:7]), grid(new_rows[7:11]), grid(new_rows[11:]))
         if upd_rows[0]:
-            args += (_grid(upd_rows[:4]), _grid(upd_rows[4:5]), _grid(upd_rows[5:]))
+            args += (grid(upd_rows[:4]), grid(upd_rows[4:5]), grid(upd_rows[5:]))
         if ev_rows[0]:
-            args += (_grid(ev_rows[:4]), _grid(ev_rows[4:]))
+            args += (grid(ev_rows[:4]), grid(ev_rows[4:]))
         sql = commit_statement(bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0]))
         held = await conn.fetchval(sql, *args)
         if len(held) != len(shards):
