@@ -19,7 +19,7 @@ Theory of operation:
 * **Sampling is decided once, at the root** (:class:`Sampler`, read from ``OTEL_TRACES_SAMPLER``
   and ``..._ARG`` as the SDK reads them; default ``parentbased_always_on``): the client decides
   for a plan submitted outside any span, at a ratio by drawing the gaps between sampled plans
-  (:meth:`Sampler.sampled_roots`: an unsampled plan costs no draw; no OpenTelemetry call) and
+  (:meth:`Sampler.next_roots`: an unsampled plan costs no draw; no OpenTelemetry call) and
   sending an unsampled one ``"00"`` (protocol/tracecontext.py ``UNSAMPLED``); inside the caller's
   span the parent-based samplers follow its flag. Downstream hops are
   always parent-based: a ``traceparent`` whose ``sampled`` flag is clear makes no span there
@@ -47,7 +47,7 @@ costs*): about 1-2 µs to note it here (the hot path; the coordinator notes noth
 about 3.6 µs to encode it (wireio/otlp.py; the SDK's ``ReadableSpan`` and ``encode_spans`` took
 ~23 µs) and its share of a post, in the exporter thread or (``export_process``) the child, where
 the exporter thread only packs it (~0.2 µs) and the child unpacks it (~1 µs). An unsampled plan
-costs the client no draw at a ratio (:meth:`Sampler.sampled_roots`) and the other hops one flags
+costs the client no draw at a ratio (:meth:`Sampler.next_roots`) and the other hops one flags
 test.
 """
 
