@@ -103,6 +103,7 @@ from coordinator.io.cluster.views import (
     shard_tips,
     want_workers,
 )
+from coordinator.io.stores.pg_usage import cluster_totals
 from coordinator.io.stores.postgres import SERVER_SETTINGS
 from coordinator.limits import Limits, TokenBucket
 from coordinator.read_policy import ReadPolicy
@@ -121,6 +122,7 @@ from protocol.messages import (
     DrainWorker,
     Error,
     GetPlan,
+    GetUsage,
     ListPlans,
     ListWorkers,
     Moved,
@@ -132,6 +134,8 @@ from protocol.messages import (
     ToClient,
     UndrainWorker,
     Unsubscribe,
+    Usage,
+    UsageTotals,
     WorkerInfo,
 )
 
@@ -348,6 +352,8 @@ class ViewDriver:
                 await self.list_plans(msg)
             case ListWorkers():
                 await self.send([view.workers_reply(msg, await self.registries(), views.version)])
+            case GetUsage():  # every shard's ledger rows, summed in the database (pg_usage.py)
+                await self.send([await self.usage(msg)])
             case Subscribe():
                 await self.subscribe(msg)
             case Unsubscribe():
@@ -391,6 +397,31 @@ class ViewDriver:
                 matching = await count_matching(conn, listing.states, owner=listing.owner, admin=listing.admin,
                                                 **narrowed)  # fmt: skip
         await self.send([self.view.plans_page(msg, listing, plans, counts, scanned, matching)])
+
+    async def usage(self, msg: GetUsage) -> Usage:
+        """``get_usage`` across the cluster: an admin's, every principal's; a client's, its own (as a core answers)."""
+        owner = self.view.owner
+        async with self.views.conn() as conn:
+            totals, teams = await cluster_totals(conn, msg.by, since_s=msg.since if msg.since > 0 else None,
+                                                 only=None if owner is None else (owner,))  # fmt: skip
+        rows = [
+            UsageTotals(
+                name=name,
+                team=teams.get(name, "") if msg.by == "principal" else "",
+                succeeded=t.succeeded,
+                failed=t.failed,
+                cancelled=t.cancelled,
+                slot_seconds=t.slot_s,
+                gpu_seconds=t.gpu_s,
+                tokens=t.tokens,
+                joules=t.joules,
+                co2e_g=t.co2e_g,
+                preemptions=t.preemptions,
+                avoided_co2e_g=t.avoided_co2e_g,
+            )
+            for name, t in sorted(totals.items())
+        ]
+        return Usage(req_id=msg.req_id, by=msg.by, since=msg.since, rows=rows)
 
     async def forward_submit(self, msg: Submit) -> None:
         """A browser's ``submit``: forwarded to its shard's owner; its events followed here when it subscribes."""

@@ -1,0 +1,131 @@
+"""The usage ledger in the PostgreSQL store of cluster mode (coordinator/ledger.py, docs/SEMANTICS.md §Usage ledger).
+
+Table (schema version 5, pg_schema.py ``MIGRATIONS``)::
+
+    fleetwire_usage(shard, hour, principal, team, totals float8[], PRIMARY KEY (shard, hour, principal, team))
+
+Each shard's core keeps its own ledger (one core per owned shard: coordinator/io/cluster/host.py), so its
+rows are keyed by its shard too, and a shard's new owner reads that shard's rows back on load, as a
+restarted SQLite coordinator reads its ``usage`` table: the same ledger state, folded the same way at the
+core's next tick (the hours older than 35 days go to hour 0, the folded keys are deleted here).
+
+* **Written** with the group that carries the core's :class:`~coordinator.records.UsageRows` (at most one a
+  tick), in that group's transaction, after its commit statement's fence (pg_schema.py ``commit_statement``):
+  the fence holds the shard's lease row ``FOR SHARE`` until the commit, and a group whose fence fails rolls
+  back whole, so a stale-epoch core writes no usage. Rows only for the hours that changed: no cost per plan.
+* **Totals** are a ``float8[]`` in :data:`coordinator.ledger.FIELDS` order (``UsageRow.values``), so the
+  cluster-wide read sums them in the database; a shorter array (an older coordinator's) reads as zeros
+  past its end. The plans' blobs carry our checksums; these numbers rely on PostgreSQL's own.
+* **Read across the cluster** (:func:`cluster_totals`): the main port's view sessions answer ``get_usage``
+  from here, every shard's rows summed (coordinator/io/cluster/sessions.py): whichever coordinator a client
+  asked, the same figures, at most one tick behind each core's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from coordinator.ledger import BUCKET_S, FIELDS, Totals, UsageRow
+from coordinator.records import UsageRows
+
+__all__ = ["CREATE_USAGE", "cluster_totals", "load_usage", "usage_parts", "write_usage"]
+
+# Version 5 (pg_schema.py MIGRATIONS[4]); ``IF NOT EXISTS``: a fresh database runs every step too.
+CREATE_USAGE: Final = """
+CREATE TABLE IF NOT EXISTS fleetwire_usage (
+    shard int NOT NULL,
+    hour bigint NOT NULL,
+    principal text NOT NULL,
+    team text NOT NULL,
+    totals float8[] NOT NULL,
+    PRIMARY KEY (shard, hour, principal, team)
+);
+"""
+_DELETE = """
+DELETE FROM fleetwire_usage u USING unnest($2::bigint[], $3::text[], $4::text[]) AS d(hour, principal, team)
+WHERE u.shard = $1 AND u.hour = d.hour AND u.principal = d.principal AND u.team = d.team
+"""
+_UPSERT_ONE = """
+INSERT INTO fleetwire_usage (shard, hour, principal, team, totals) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (shard, hour, principal, team) DO UPDATE SET totals = EXCLUDED.totals
+"""
+_SELECT = "SELECT hour, principal, team, totals FROM fleetwire_usage WHERE shard = ANY($1::int[])"
+# Every shard's rows summed per principal (or team) and field, from an hour on, for some principals or all.
+_TOTALS = """
+SELECT {by} AS name, t.i, sum(t.v)
+    FROM fleetwire_usage u, unnest(u.totals) WITH ORDINALITY AS t(v, i)
+    WHERE u.hour >= $1 AND ($2::text[] IS NULL OR u.principal = ANY($2::text[]))
+    GROUP BY 1, 2
+"""
+# A principal's team: that of its newest row (rows keep the team of their hour, coordinator/ledger.py).
+_TEAMS = """
+SELECT DISTINCT ON (principal) principal, team FROM fleetwire_usage
+    WHERE hour >= $1 AND ($2::text[] IS NULL OR principal = ANY($2::text[]))
+    ORDER BY principal, hour DESC
+"""
+
+Key = tuple[int, str, str]
+
+
+def usage_parts(records: Sequence[UsageRows]) -> tuple[list[Key], dict[Key, list[float]]]:
+    """The keys to delete and the rows to keep of a group's :class:`UsageRows`, in order (a later row wins)."""
+    deleted: list[Key] = []
+    kept: dict[Key, list[float]] = {}
+    for record in records:
+        for key in record.deleted:
+            key = (int(key[0]), str(key[1]), str(key[2]))
+            deleted.append(key)
+            kept.pop(key, None)
+        for hour, principal, team, values in record.rows:
+            kept[hour, principal, team] = [float(v) for v in values]
+    return deleted, kept
+
+
+async def write_usage(conn: Any, shard: int, records: Sequence[UsageRows]) -> None:
+    """Write a group's usage rows for ``shard`` on ``conn``, inside the group's transaction (after its fence)."""
+    deleted, kept = usage_parts(records)
+    if deleted:
+        await conn.execute(_DELETE, shard, [k[0] for k in deleted], [k[1] for k in deleted], [k[2] for k in deleted])
+    if kept:
+        await conn.executemany(_UPSERT_ONE, [(shard, k[0], k[1], k[2], v) for k, v in kept.items()])
+
+
+async def load_usage(conn: Any, shards: list[int]) -> list[UsageRow]:
+    """The ledger rows of ``shards`` (a shard's load); rows of one key in several shards are added up."""
+    merged: dict[Key, UsageRow] = {}
+    for hour, principal, team, totals in await conn.fetch(_SELECT, shards):
+        row = UsageRow.of(int(hour), principal, team, totals)
+        key = (row.hour_s, principal, team)
+        into = merged.get(key)
+        if into is None:
+            merged[key] = row
+        else:
+            into.totals.add(row.totals)
+    return list(merged.values())
+
+
+async def cluster_totals(
+    conn: Any, by: str = "principal", *, since_s: float | None = None, only: Sequence[str] | None = None
+) -> tuple[dict[str, Totals], dict[str, str]]:
+    """Every shard's totals by principal or team (as ``UsageLedger.totals``), and each principal's team.
+
+    ``since_s``: whole hours from the one that holds it (None: all, hour 0's folded rows included);
+    ``only``: these principals (a client sees its own).
+    """
+    start = -1 if since_s is None else int(since_s // BUCKET_S) * BUCKET_S
+    names = None if only is None else list(only)
+    column = "u.principal" if by == "principal" else "u.team"
+    result: dict[str, Totals] = {}
+    for name, index, value in await conn.fetch(_TOTALS.format(by=column), start, names):
+        if not 1 <= index <= len(FIELDS):
+            continue
+        totals = result.get(name)
+        if totals is None:
+            totals = result[name] = Totals()
+        field = FIELDS[index - 1]
+        setattr(totals, field, type(getattr(totals, field))(value or 0))
+    teams: dict[str, str] = {}
+    if by == "principal":
+        teams = {principal: team for principal, team in await conn.fetch(_TEAMS, start, names)}
+    return result, teams
