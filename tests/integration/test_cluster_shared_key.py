@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from coordinator.core import CoreConfig
 from coordinator.graphs.lineage import Source
 from coordinator.io.cluster.host import ClusterHost
-from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, SharedKey, parse, sync
+from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, SharedKey, accepted, parse, sync
 from coordinator.io.frontdoor.server import ServerSettings
 from fleetwire.cli.shards import run_cluster_coordinator
 from protocol.tickets import FileClaim, TicketClaims, TicketError, sign, verify, worker_key
@@ -35,6 +36,7 @@ TTL_S = 100.0
 ROTATION_S = 1000.0
 T0 = 2_000_000_000.0  # the fake wall clock's start (Unix seconds)
 SOURCE = Source("p1", 1, "w1", "y", 10, "")
+_WAIT_EVENT = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
 
 
 def settings(dsn: str) -> ServerSettings:
@@ -136,6 +138,7 @@ async def test_a_coordinator_with_another_secret_or_none_is_refused_at_start(
     first = ClusterHost(settings(pg_dsn), cluster_secret=SECRET)
     await first.start()
     try:
+        await until(lambda: len(first.servers) == CLUSTER.shards and not first._starting, timeout_s=60)
         for secret, why in ((OTHER, "does not match"), (None, "has none")):
             other = ClusterHost(settings(pg_dsn), cluster_secret=secret)
             try:
@@ -182,3 +185,49 @@ async def asyncpg_connect(dsn: str) -> Any:
     import asyncpg
 
     return await asyncpg.connect(dsn)
+
+
+async def test_a_rotation_cut_off_mid_way_leaves_the_previous_key_and_one_new_key(pg_dsn: str) -> None:
+    """A core that dies holding the row's lock (its transaction never commits): the next core's rotation waits for
+    the lock, then makes one key, and the previous one stays accepted (its live tickets stay valid)."""
+    host = ClusterHost(settings(pg_dsn), cluster_secret=SECRET)  # makes the schema
+    dying, other, watch = [await asyncpg_connect(pg_dsn) for _ in range(3)]
+    try:
+        [first] = await sync(other, SECRET, wall=T0, rotation_s=ROTATION_S, keep_s=TTL_S)
+        tx = dying.transaction()
+        await tx.start()
+        await dying.fetchval("SELECT value FROM fleetwire_meta WHERE key = 'data_keys' FOR UPDATE")
+        await dying.execute("UPDATE fleetwire_meta SET value = 'half:written' WHERE key = 'data_keys'")
+        rotating = asyncio.ensure_future(sync(other, SECRET, wall=T0 + ROTATION_S, rotation_s=ROTATION_S, keep_s=TTL_S))
+        for _ in range(2000):  # up to 10 s: the rotation waits for the dead core's lock
+            if await watch.fetchval(_WAIT_EVENT, other.get_server_pid()) == "Lock":
+                break
+            await asyncio.sleep(0.005)
+        else:
+            pytest.fail("the rotation did not wait for the row's lock")
+        assert not rotating.done()
+        dying.terminate()  # the core is gone: its transaction is rolled back
+        keys = await asyncio.wait_for(rotating, 30)
+        assert [key.kid for key in keys][1:] == [first.kid] and keys[0].kid != first.kid
+    finally:
+        await other.close()
+        await watch.close()
+        assert host.control is not None
+        host.control.close()
+
+
+async def test_the_former_never_rotated_secret_becomes_the_previous_key_and_leaves_the_database(pg_dsn: str) -> None:
+    host = ClusterHost(settings(pg_dsn), cluster_secret=SECRET)  # makes the schema
+    conn = await asyncpg_connect(pg_dsn)
+    try:
+        legacy = "ab" * 32
+        await conn.execute("INSERT INTO fleetwire_meta (key, value) VALUES ('data_secret', $1)", legacy)
+        keys = await sync(conn, SECRET, wall=T0, rotation_s=ROTATION_S, keep_s=TTL_S)
+        assert [key.seed for key in keys][1:] == [legacy] and keys[1].check == ""  # tickets it signed stay valid
+        assert keys[1].kid == "c" + hashlib.sha256(bytes.fromhex(legacy)).hexdigest()[:8]  # the kid it had
+        assert await conn.fetchval("SELECT count(*) FROM fleetwire_meta WHERE key = 'data_secret'") == 0
+        assert [kid for kid, _ in accepted(keys, SECRET, T0 + TTL_S + 1, TTL_S)] == [keys[0].kid]  # then dropped
+    finally:
+        await conn.close()
+        assert host.control is not None
+        host.control.close()
