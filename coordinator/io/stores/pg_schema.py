@@ -10,6 +10,8 @@ Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or m
     fleetwire_coordinators(owner PRIMARY KEY, url, expires_at)   -- live coordinators (version 2)
     fleetwire_shard_workers(shard PRIMARY KEY, owner, epoch, workers, written_at)  -- (version 3)
     fleetwire_views(key PRIMARY KEY, wanted_until)     -- registries wanted by a view (version 3)
+    fleetwire_usage(shard, hour, principal, team, totals, PRIMARY KEY (shard, hour, principal, team))
+                                                       -- the usage ledger, per shard (version 5: pg_usage.py)
     index fleetwire_plans_by_id ON fleetwire_plans (id)  -- the views' look-up by id (version 3)
     index fleetwire_plans_by_shard ON fleetwire_plans (shard, key)  -- a shard's plans, newest (version 3)
     index fleetwire_plans_by_name ON fleetwire_plans (owner, name) WHERE name IS NOT NULL  -- (version 4)
@@ -58,6 +60,7 @@ import structlog
 
 from coordinator.io.cluster.leases import FENCE
 from coordinator.io.stores.integrity import StoreError
+from coordinator.io.stores.pg_usage import CREATE_USAGE
 from coordinator.shards import ClusterConfig
 
 __all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "PLANS_FILLFACTOR", "SCHEMA_VERSION", "SELECT_EVENTS",
@@ -65,7 +68,7 @@ __all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "PLANS_FILLFACTOR", "SCHEMA_V
 
 log = structlog.get_logger("coordinator.io.stores.postgres")  # the store's own lines, as before this module
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 _CREATE_META = "CREATE TABLE IF NOT EXISTS fleetwire_meta (key text PRIMARY KEY, value text NOT NULL)"
 _CREATE_V1 = """
 CREATE TABLE shard_leases (
@@ -129,7 +132,8 @@ CREATE TABLE IF NOT EXISTS fleetwire_views (key text PRIMARY KEY, wanted_until t
 _MIGRATE_V3 = """
 ALTER TABLE fleetwire_plans ADD COLUMN IF NOT EXISTS name text;
 """
-MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3}  # from version N to N + 1
+# Version 5: the usage ledger's rows, per shard (coordinator/io/stores/pg_usage.py); a new table, nothing rewritten.
+MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3, 4: CREATE_USAGE}  # N -> N + 1
 # Versions 3 and 4's indexes, name -> columns: the views' look-up of a plan by id (get_plan, cancel, subscribe
 # on a main port: an admin's by key, a client's by the id it submitted, whose rare name rows the partial index
 # holds) and a shard's plans by key (a subscribe to all plans on a main port: each shard's new plans; the load

@@ -62,8 +62,10 @@ from coordinator.io.stores.pg_schema import (
     commit_statement,
     setup_schema,
 )
+from coordinator.io.stores.pg_usage import load_usage, write_usage
 from coordinator.io.stores.rows import decode_plans, group_records
-from coordinator.records import Record, StoredPlan
+from coordinator.ledger import UsageRow
+from coordinator.records import Record, StoredPlan, UsageRows
 from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
 
@@ -204,6 +206,7 @@ class PgStore(PgRows):
         self.accept_loss = accept_loss
         self.losses: list[str] = []
         self.fence: dict[int, int] = {}
+        self._usage: list[UsageRows] = []  # the ledger's rows gathered, for the next whole group's send (pg_usage.py)
         self.owner = ""  # this process run's lease owner id (the lease keeper sets it)
         self.writes = 0
         self.records = 0
@@ -252,7 +255,7 @@ class PgStore(PgRows):
     def abilities(self) -> StoreAbilities:
         """The losses accepted, a database that can be away, its own committer, and (``sharded``) shard leases."""
         return StoreAbilities(losses=self.losses, away=self.away, make_committer=self.make_committer,
-                              leases=self if self.sharded else None)  # fmt: skip
+                              leases=self if self.sharded else None, usage=self.load_usage)  # fmt: skip
 
     # ------------------------------------------------------------------ the private loop
 
@@ -331,6 +334,14 @@ class PgStore(PgRows):
         self._keys = {r[1]: r[0] for r in rows if r[0] not in bad}
         self._shards = {r[1]: r[11] for r in rows if r[0] not in bad}
         return plans
+
+    def load_usage(self) -> list[UsageRow]:
+        """The usage ledger's rows of the shards in :attr:`fence` (its ``usage`` ability; pg_usage.py)."""
+        shards = sorted(self.fence) or list(range(self.cluster.shards))
+        try:
+            return self._run(load_usage(self._writer, shards))
+        except self._asyncpg.PostgresError as exc:
+            raise StoreError(f"cannot read the usage ledger of {self.description}: {_cause(exc)}") from exc
 
     async def _fetch(self, shards: list[int]) -> tuple[list[Any], list[Any]]:
         conn = self._writer
@@ -501,7 +512,7 @@ class PgStore(PgRows):
 
     def _gather(self, records: Sequence[Record]) -> RowGroup:
         """The group's rows by plan, its forgotten plans' keys and shards, and the ids of its new rows."""
-        created, latest, runs, forgotten = group_records(records)
+        created, latest, runs, forgotten = group_records(records, self._usage)
         keys, shards_of = self._keys, self._shards
         group = RowGroup(records, created, latest, runs, forgotten)
         group.doomed = [keys[p] for p in forgotten if p in keys]
@@ -515,6 +526,9 @@ class PgStore(PgRows):
         ``whole``: the group is counted in :attr:`writes` (False for a split group's first part).
         """
         touched_shards = group.shards | group.rows[4]
+        usage = self._usage if whole and self._usage and self.fence else None
+        if usage is not None:  # the ledger's rows are the core's lowest shard's (pg_usage.py): fenced with it
+            touched_shards = touched_shards | {min(self.fence)}
         if not touched_shards:
             touched_shards = set(self.fence)  # nothing to write: still proves the lease (no stale replies)
         fence = self.fence
@@ -523,7 +537,17 @@ class PgStore(PgRows):
             raise ShardFenced(f"this coordinator does not hold shard(s) {missing or 'any'}; the write was refused")
         shards = sorted(touched_shards)
         rows = group.rows
-        await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
+        if usage is None:
+            await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
+        else:  # at most once a tick: the group's statement (its fence first) and the ledger's rows, one transaction
+            self._usage = []
+            try:
+                async with conn.transaction():
+                    await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, *rows[:3])
+                    await write_usage(conn, min(fence), usage)
+            except BaseException:
+                self._usage = usage + self._usage  # written by the next group, if the store goes on
+                raise
         if whole:
             self.writes += 1
             self.records += len(group.records)
