@@ -198,6 +198,7 @@ class _BulkReader:
     def _read_head(self, view: memoryview, pos: int, end: int) -> int:
         """Take header bytes from ``view[pos:end]``; once whole, decide the frame's path. Where it got to."""
         head = self._head
+        begin = -1 if head else pos  # where the frame starts in ``view`` when its whole header is in it
         while True:
             need = 2
             if len(head) >= 2:
@@ -214,6 +215,12 @@ class _BulkReader:
         at = 2 if ext < 126 else 4 if ext == 126 else 10
         length = ext if ext < 126 else int.from_bytes(head[2:at], "big")
         masked = bool(head[1] & 0x80)
+        if length < BULK_MIN_BYTES and begin >= 0 and pos + length <= end:
+            # A small frame whole in this read (the session's frames): the library parses it in one pass, not its
+            # header and then its payload (two resumptions of its parser, two of its reads a frame).
+            self._conn._bulk_pass(view[begin : pos + length])
+            head.clear()
+            return pos + length
         protocol = self._conn.protocol
         limit = getattr(protocol, "max_message_size", 0)  # None: no limit; 0: a library that names it otherwise
         fragment = getattr(protocol, "max_fragment_size", None)

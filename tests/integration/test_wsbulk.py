@@ -190,3 +190,39 @@ async def test_a_client_reads_the_servers_unmasked_bulk_frames() -> None:
                            create_connection=BulkClient) as ws:
             assert [await ws.recv() for _ in messages] == messages
             assert isinstance(ws, BulkClient) and ws.bulk_frames == 2
+
+
+class CountingServer(BulkServer):
+    """Counts the pieces BulkReceive hands the library."""
+
+    passes = 0
+
+    def _bulk_pass(self, data: bytes | memoryview) -> None:
+        self.passes += 1
+        super()._bulk_pass(data)
+
+
+async def test_a_small_frame_whole_in_a_read_reaches_the_library_in_one_piece() -> None:
+    """The session's frames (small, each whole in its read, or several in one): one pass to the library each, its
+    header and payload together, not the header and then the payload; a header cut across reads still works."""
+    frames = [Frame(Opcode.BINARY, b"submit"), Frame(Opcode.TEXT, "hé".encode()), Frame(Opcode.BINARY, b"x" * 300)]
+    wire = [frame.serialize(mask=True) for frame in frames]
+    expected: list[bytes | str] = [b"submit", "hé", b"x" * 300]
+    connections: asyncio.Queue[ServerConnection] = asyncio.Queue()
+    done = asyncio.Event()
+
+    async def hold(ws: ServerConnection) -> None:
+        await connections.put(ws)
+        await done.wait()
+
+    async with serve(hold, "127.0.0.1", 0, compression=None, create_connection=CountingServer) as srv:
+        port = next(iter(srv.sockets)).getsockname()[1]
+        for reads, passes in [(wire, 3), ([b"".join(wire)], 3), ([wire[0][:1], wire[0][1:], *wire[1:]], 4)]:
+            async with connect(f"ws://127.0.0.1:{port}", compression=None):
+                ws = await connections.get()
+                assert isinstance(ws, CountingServer)
+                for piece in reads:
+                    ws.data_received(piece)
+                assert [await ws.recv() for _ in expected] == expected
+                assert ws.passes == passes
+        done.set()
