@@ -161,19 +161,18 @@ async def test_one_key_is_minted_for_one_slot_when_cores_rotate_at_once(pg_dsn: 
     try:
         conns = [await asyncpg_connect(pg_dsn) for _ in range(4)]
         try:
-            rounds = []
+            rounds: list[list[list[SharedKey]]] = []
             for n in range(2):  # the first key, then one rotation: each core at once
                 wall = T0 + n * ROTATION_S
-                rounds.append(
-                    await asyncio.gather(
-                        *(sync(conn, SECRET, wall=wall, rotation_s=ROTATION_S, keep_s=TTL_S) for conn in conns)
-                    )
+                seen = await asyncio.gather(
+                    *(sync(conn, SECRET, wall=wall, rotation_s=ROTATION_S, keep_s=TTL_S) for conn in conns)
                 )
+                rounds.append([keys for keys, _ in seen])
         finally:
             for conn in conns:
                 await conn.close()
-        for seen in rounds:
-            assert len({keys[0].kid for keys in seen}) == 1
+        for each in rounds:
+            assert len({keys[0].kid for keys in each}) == 1
         made: list[SharedKey] = rounds[1][0]
         assert [key.kid for key in made] == [rounds[1][0][0].kid, rounds[0][0][0].kid]
     finally:
@@ -193,7 +192,7 @@ async def test_a_rotation_cut_off_mid_way_leaves_the_previous_key_and_one_new_ke
     host = ClusterHost(settings(pg_dsn), cluster_secret=SECRET)  # makes the schema
     dying, other, watch = [await asyncpg_connect(pg_dsn) for _ in range(3)]
     try:
-        [first] = await sync(other, SECRET, wall=T0, rotation_s=ROTATION_S, keep_s=TTL_S)
+        [first], _ = await sync(other, SECRET, wall=T0, rotation_s=ROTATION_S, keep_s=TTL_S)
         tx = dying.transaction()
         await tx.start()
         await dying.fetchval("SELECT value FROM fleetwire_meta WHERE key = 'data_keys' FOR UPDATE")
@@ -207,7 +206,7 @@ async def test_a_rotation_cut_off_mid_way_leaves_the_previous_key_and_one_new_ke
             pytest.fail("the rotation did not wait for the row's lock")
         assert not rotating.done()
         dying.terminate()  # the core is gone: its transaction is rolled back
-        keys = await asyncio.wait_for(rotating, 30)
+        keys, _ = await asyncio.wait_for(rotating, 30)
         assert [key.kid for key in keys][1:] == [first.kid] and keys[0].kid != first.kid
     finally:
         await other.close()
@@ -222,11 +221,28 @@ async def test_the_former_never_rotated_secret_becomes_the_previous_key_and_leav
     try:
         legacy = "ab" * 32
         await conn.execute("INSERT INTO fleetwire_meta (key, value) VALUES ('data_secret', $1)", legacy)
-        keys = await sync(conn, SECRET, wall=T0, rotation_s=ROTATION_S, keep_s=TTL_S)
+        keys, _ = await sync(conn, SECRET, wall=T0, rotation_s=ROTATION_S, keep_s=TTL_S)
         assert [key.seed for key in keys][1:] == [legacy] and keys[1].check == ""  # tickets it signed stay valid
         assert keys[1].kid == "c" + hashlib.sha256(bytes.fromhex(legacy)).hexdigest()[:8]  # the kid it had
         assert await conn.fetchval("SELECT count(*) FROM fleetwire_meta WHERE key = 'data_secret'") == 0
         assert [kid for kid, _ in accepted(keys, SECRET, T0 + TTL_S + 1, TTL_S)] == [keys[0].kid]  # then dropped
+    finally:
+        await conn.close()
+        assert host.control is not None
+        host.control.close()
+
+
+async def test_without_a_secret_the_key_is_the_stored_seed_judged_by_the_databases_clock(pg_dsn: str) -> None:
+    """No --cluster-secret-file: the behaviour before it (the stored value is the key; the host warns at start), the
+    keys' age read on the database's clock when no clock is given (every core judges by the same one)."""
+    host = ClusterHost(settings(pg_dsn))  # makes the schema
+    conn = await asyncpg_connect(pg_dsn)
+    try:
+        [key], wall = await sync(conn, None, wall=None, rotation_s=ROTATION_S, keep_s=TTL_S)
+        assert key.check == "" and key.made_at == wall and abs(wall - time.time()) < 60
+        assert accepted([key], None, wall, TTL_S) == [(key.kid, bytes.fromhex(key.seed))]
+        again, _ = await sync(conn, None, wall=None, rotation_s=ROTATION_S, keep_s=TTL_S)
+        assert again == [key]  # not due
     finally:
         await conn.close()
         assert host.control is not None

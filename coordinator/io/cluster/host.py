@@ -215,7 +215,7 @@ class ClusterHost:
         self._refs: dict[int, RemoteRefs] = {}  # each served shard's reader of remote upstreams (remote_refs.py)
         # The data-plane keys every core shares (shared_keys.py), derived from --cluster-secret-file when given.
         self.cluster_secret = cluster_secret
-        self.wall: Callable[[], float] = time.time  # the shared keys' clock (tests: a fake one)
+        self.wall: Callable[[], float] | None = None  # the shared keys' clock; None: the database's (tests: a fake)
         self._shared: list[tuple[str, bytes]] = []  # the shared keys still accepted, the signing one first
         self.rows: list[LeaseRow] = []  # the last scan
         self._round_due = math.inf  # when the last round's rows ask for the next one (next_round_s); inf: none
@@ -277,10 +277,10 @@ class ClusterHost:
         # A key stays accepted for the life of the tickets it signed, plus the rounds a core may take to learn that
         # a newer one signs now (it signs with the older one until then).
         keep_s = core.data_ticket_ttl_s + 2 * self.config.scan_s + self.config.lease_ttl_s
-        wall = self.wall()
+        wall = None if self.wall is None else self.wall()
         secret = self.cluster_secret
-        keys = await self.db(lambda conn: sync(conn, secret, wall=wall, rotation_s=core.data_key_rotation_s,
-                                               keep_s=keep_s))  # fmt: skip
+        keys, wall = await self.db(lambda conn: sync(conn, secret, wall=wall, rotation_s=core.data_key_rotation_s,
+                                                     keep_s=keep_s))  # fmt: skip
         self._shared = accepted(keys, secret, wall, keep_s)
         for server in self.servers.values():
             server.core.data.set_shared(self._shared)

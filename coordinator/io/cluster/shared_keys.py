@@ -4,7 +4,8 @@ A pull from a worker served by another shard's core is signed with a key every c
 coordinator/graphs/remote.py); workers verify it through ``data_keys`` as the cores' own keys. Theory of operation:
 
 * **What the database keeps.** ``fleetwire_meta.data_keys``: the keys in use, newest first, each
-  ``kid:seed:made_at:check`` joined by ``;`` (``seed``: 32 random bytes in hex, ``made_at``: Unix seconds,
+  ``kid:seed:made_at:check`` joined by ``;`` (``seed``: 32 random bytes in hex, ``made_at``: Unix seconds of the
+  database's clock, which every core judges the keys' age by,
   ``check``: see below). With a cluster secret (``--cluster-secret-file``, the same file on every coordinator)
   a key is HMAC-SHA256(secret, label + seed): the database alone (a backup, a read-only role) does not give it.
   Without one the key is the seed itself (the behaviour before the secret existed: anyone who reads the
@@ -45,6 +46,7 @@ _LOCK: Final = "SELECT value FROM fleetwire_meta WHERE key = 'data_keys' FOR UPD
 _WRITE: Final = "UPDATE fleetwire_meta SET value = $1 WHERE key = 'data_keys'"
 _LEGACY: Final = "SELECT value FROM fleetwire_meta WHERE key = 'data_secret'"
 _DROP_LEGACY: Final = "DELETE FROM fleetwire_meta WHERE key = 'data_secret'"
+_NOW: Final = "SELECT extract(epoch FROM clock_timestamp())::float8"
 
 
 class ClusterSecretMismatch(ValueError):
@@ -134,19 +136,26 @@ def _due(keys: list[SharedKey], wall: float, rotation_s: float) -> bool:
     return not keys or (rotation_s > 0 and wall - keys[0].made_at >= rotation_s)
 
 
-async def sync(conn: Any, secret: bytes | None, *, wall: float, rotation_s: float, keep_s: float) -> list[SharedKey]:
+async def sync(
+    conn: Any, secret: bytes | None, *, wall: float | None, rotation_s: float, keep_s: float
+) -> tuple[list[SharedKey], float]:
     """The cluster's shared keys, newest first, after making a new one when due (one core does, under the row's
-    lock); :class:`ClusterSecretMismatch` when ``secret`` does not make them."""
+    lock), and the time they were judged at; :class:`ClusterSecretMismatch` when ``secret`` does not make them.
+
+    ``wall``: now, in Unix seconds; None: the database's clock (every core then judges by the same clock).
+    """
+    if wall is None:
+        wall = float(await conn.fetchval(_NOW))
     keys = parse(await conn.fetchval(_READ))
     _verify(keys, secret)
     if not _due(keys, wall, rotation_s):
-        return keys
+        return keys, wall
     async with conn.transaction():
         await conn.execute(_ENSURE)
         keys = parse(await conn.fetchval(_LOCK))  # another core may have rotated since the read
         _verify(keys, secret)
         if not _due(keys, wall, rotation_s):
-            return keys
+            return keys, wall
         if not keys:
             legacy = await conn.fetchval(_LEGACY)
             if legacy:  # the former never-rotated key: accepted for one overlap more, then gone
@@ -154,4 +163,4 @@ async def sync(conn: Any, secret: bytes | None, *, wall: float, rotation_s: floa
         keys = _kept([_mint(secret, wall), *keys], wall, keep_s)
         await conn.execute(_WRITE, ";".join(key.text() for key in keys))
         await conn.execute(_DROP_LEGACY)
-    return keys
+    return keys, wall
