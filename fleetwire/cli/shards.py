@@ -53,6 +53,11 @@ async def run_cluster_coordinator(settings: Any, version: str, shard_ports: str 
     except (ValueError, StoreError) as exc:
         print(f"fleetwire: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    if secret is None:
+        print("fleetwire: warning: no --cluster-secret-file: the key that signs data-plane tickets across shards is "
+              "kept in plain text in the database, so whoever can read the database (a backup, a read-only role) "
+              "can read or overwrite any plan's data on any worker (docs/OPERATIONS.md §Data plane)",
+              file=sys.stderr, flush=True)  # fmt: skip
     try:
         await host.start()
     except ClusterSecretMismatch as exc:  # another --cluster-secret-file than the cluster's keys were made with

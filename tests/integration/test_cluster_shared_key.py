@@ -151,7 +151,11 @@ async def test_a_coordinator_with_another_secret_or_none_is_refused_at_start(
         secret_file = tmp_path / "secret"
         secret_file.write_bytes(OTHER + b"\n")
         assert await run_cluster_coordinator(settings(pg_dsn), "test", None, str(secret_file)) == 2
-        assert "does not match" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "does not match" in err and "warning" not in err
+        assert await run_cluster_coordinator(settings(pg_dsn), "test", None, None) == 2
+        err = capsys.readouterr().err
+        assert "fleetwire: warning: no --cluster-secret-file" in err and "has none" in err
     finally:
         await first.stop()
 
