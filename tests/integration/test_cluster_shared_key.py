@@ -23,8 +23,11 @@ from coordinator.graphs.lineage import Source
 from coordinator.io.cluster.host import ClusterHost
 from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, SharedKey, accepted, parse, sync
 from coordinator.io.frontdoor.server import ServerSettings
+from fleetwire import Client, OutputRef
 from fleetwire.cli.shards import run_cluster_coordinator
 from protocol.tickets import FileClaim, TicketClaims, TicketError, sign, verify, worker_key
+from tests.integration.data_helpers import digest
+from tests.integration.test_cluster_graphs import two_shards
 from tests.integration.test_cluster_view_all import CLUSTER
 from tests.waiting import until
 
@@ -251,3 +254,40 @@ async def test_without_a_secret_the_key_is_the_stored_seed_judged_by_the_databas
         await conn.close()
         assert host.control is not None
         host.control.close()
+
+
+async def test_workers_learn_a_rotation_without_a_restart_and_a_cross_shard_pull_verifies_with_the_new_key(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Two hosts each serving one shard, a worker per shard (tests/integration/test_cluster_graphs.py): the shared key
+    rotates (made by one host, learned by the other) and the old one is dropped after its overlap; then a consumer
+    on shard 1 pulls a producer's output from shard 0's worker with a ticket signed by the new key, which that worker
+    got in data_keys (no restart of anything)."""
+    gate = asyncio.Event()
+    async with two_shards(pg_dsn, tmp_path, gate, hosts=2) as (hosts, pools):
+        clock = Clock()
+        for host in hosts:
+            clock.now = time.time()
+            host.wall = clock
+        old = {host.servers[shard].core.data.shared for host in hosts for shard in host.servers}
+        core = CoreConfig()
+        clock.now += core.data_key_rotation_s
+        for host in hosts:
+            await host.sync_shared_keys()
+        clock.now += core.data_ticket_ttl_s + 2 * CLUSTER.scan_s + CLUSTER.lease_ttl_s
+        for host in hosts:
+            await host.sync_shared_keys()
+        new = {host.servers[shard].core.data.shared for host in hosts for shard in host.servers}
+        assert len(old) == len(new) == 1 and old != new
+        [(kid_now, _)] = new
+        for host in hosts:
+            for server in host.servers.values():
+                assert [key.kid for key in server.core.data.worker_keys("w0")][-1:] == [kid_now]  # the old one gone
+        urls = [h.url for h in hosts]
+        async with Client(urls, pool=pools[0]) as first, Client(urls, pool=pools[1]) as second:
+            a = await first.submit("make", {}, outputs=["y"], tags=[f"pool:{pools[0]}"], plan_id="a")
+            b = await second.submit("take", inputs={"x": OutputRef("a", "y")}, tags=[f"pool:{pools[1]}"], plan_id="b")
+            gate.set()
+            assert await asyncio.wait_for(b.result(), 60) == digest(await a.output("y"))
+            via = {e.data["name"]: e.data["via"] for e in b._stream.events if e.kind == "input_received"}
+            assert via == {"x": "pull"}
