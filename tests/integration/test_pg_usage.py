@@ -5,6 +5,9 @@ a restarted SQLite coordinator reads it, schema version 5's migration, and ``get
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +23,11 @@ from fleetwire import Client
 from protocol.messages import Requirements, Submit
 from tests.integration.test_cluster_plan_ids import ADMIN, TOKENS, serving_host, write_tokens
 from tests.integration.test_cluster_view_all import pool_on
+from tests.integration.test_cluster_view_all import serving_host as insecure_host
 
 pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CLUSTER = ClusterConfig(shards=2, lease_ttl_s=30.0, lease_renew_s=1.0)
 NOW = 1_900_000_000.0  # a wall-clock second (the ledger's hours are wall-clock hours)
@@ -177,5 +183,42 @@ async def test_get_usage_through_the_main_port_sums_every_shards_ledger(pg_dsn: 
             assert [(r.name, r.cancelled) for r in (await alice.usage()).rows] == [("alice", 2)]
         async with Client(host.url, token=TOKENS["alice"], pool=pool_on(0)) as alice:  # moved to shard 0's core
             assert [(r.name, r.cancelled) for r in (await alice.usage()).rows] == [("alice", 1)]
+    finally:
+        await host.stop()
+
+
+async def test_usage_survives_the_owners_kill_and_the_new_owners_cores_answer_it(pg_dsn: str) -> None:
+    """A coordinator process serves both shards and is SIGKILLed once its cores wrote their ledger rows; another
+    coordinator takes the shards over (after the lease TTL): its shard cores' get_usage gives what the dead one's
+    had (one cancelled plan each), and its main port the cluster's sum."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fleetwire", "coordinator", "--insecure", "--port", "0", "--store", pg_dsn,
+        "--shards", "2", "--lease-ttl", "2", "--lease-renew", "0.5", "--log-format", "json",
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
+        found = re.search(r"listening on (ws://\S+)", line)
+        assert found, line
+        url = found.group(1)
+        for shard in (0, 1):
+            pool = pool_on(shard)
+            async with Client(url, pool=pool) as client:
+                await client.submit("echo", {}, tags=[f"pool:{pool}"], plan_id=f"p{shard}")  # no worker: queued
+                await client.cancel(f"p{shard}")
+        async with Client(url) as viewer, asyncio.timeout(30):  # the cores' next ticks write the rows
+            while sum(r.cancelled for r in (await viewer.usage()).rows) < 2:  # noqa: ASYNC110 - no event to wait on
+                await asyncio.sleep(0.1)
+    finally:
+        proc.kill()
+        await proc.wait()
+    host = await insecure_host(pg_dsn)  # takes the shards once the dead one's leases ran out
+    try:
+        for shard in (0, 1):
+            async with Client(host.url, pool=pool_on(shard)) as client:  # moved to the new owner's core of the shard
+                assert [r.cancelled for r in (await client.usage()).rows] == [1]
+        async with Client(host.url) as viewer:
+            assert [r.cancelled for r in (await viewer.usage()).rows] == [2]
     finally:
         await host.stop()
