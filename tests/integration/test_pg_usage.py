@@ -152,6 +152,12 @@ def test_a_version_4_database_is_migrated_to_5_with_the_usage_table_and_keeps_it
             store.execute(lambda c: c.fetchval("SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == "5"
         )
         assert [p.created.plan_id for p in store.load()] == ["p1"] and store.load_usage() == []
+        assert (
+            store.execute(
+                lambda c: c.fetchval("SELECT count(*) FROM pg_indexes WHERE indexname = 'fleetwire_usage_by_principal'")
+            )
+            == 1
+        )
         store.write([UsageRows([(3600, "alice", "ml", [1.0, 2.0])])])
         assert [(r.principal, r.totals.succeeded, r.totals.failed) for r in store.load_usage()] == [("alice", 1, 2)]
     finally:

@@ -3,6 +3,7 @@
 Table (schema version 5, pg_schema.py ``MIGRATIONS``)::
 
     fleetwire_usage(shard, hour, principal, team, totals float8[], PRIMARY KEY (shard, hour, principal, team))
+    index fleetwire_usage_by_principal ON fleetwire_usage (principal, hour)   -- a client's own rows
 
 Each shard's core keeps its own ledger (one core per owned shard: coordinator/io/cluster/host.py), so its
 rows are keyed by its shard too, and a shard's new owner reads that shard's rows back on load, as a
@@ -31,7 +32,8 @@ from coordinator.records import UsageRows
 
 __all__ = ["CREATE_USAGE", "cluster_totals", "load_usage", "usage_parts", "write_usage"]
 
-# Version 5 (pg_schema.py MIGRATIONS[4]); ``IF NOT EXISTS``: a fresh database runs every step too.
+# Version 5 (pg_schema.py MIGRATIONS[4]); ``IF NOT EXISTS``: a fresh database runs every step too. The index is a
+# client's get_usage (its own rows across shards, not a scan of everyone's); built with the table, so empty: instant.
 CREATE_USAGE: Final = """
 CREATE TABLE IF NOT EXISTS fleetwire_usage (
     shard int NOT NULL,
@@ -41,6 +43,7 @@ CREATE TABLE IF NOT EXISTS fleetwire_usage (
     totals float8[] NOT NULL,
     PRIMARY KEY (shard, hour, principal, team)
 );
+CREATE INDEX IF NOT EXISTS fleetwire_usage_by_principal ON fleetwire_usage (principal, hour);
 """
 _DELETE = """
 DELETE FROM fleetwire_usage u USING unnest($2::bigint[], $3::text[], $4::text[]) AS d(hour, principal, team)
