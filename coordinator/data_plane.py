@@ -11,8 +11,13 @@ Rules:
   (:meth:`DataPlane.rotate`, when :meth:`DataPlane.rotation_due`) and the offset from ``now``
   (monotonic) to Unix time (:attr:`DataPlane.wall_offset`), which ticket expiries are written in.
 * A worker gets its keys (:func:`protocol.tickets.worker_key` of each master, never a master) in
-  ``welcome`` and, after a rotation, in ``data_keys``. The previous master keeps verifying until
-  the next rotation, so tickets signed just before a rotation stay valid for their lifetime.
+  ``welcome`` and, after a rotation, in ``data_keys``. A master that stopped signing keeps verifying
+  as long as tickets it signed can live (``ticket_ttl_s`` from its retirement), so a rotation shorter
+  than the tickets' life never cuts one short; it is dropped at the first rotation after that.
+* At most :data:`MAX_KEPT_KEYS` masters are kept (the signing one included), and as many shared keys:
+  ``data_keys`` stays small whatever the flags. A rotation so short that more would be needed
+  (``ticket_ttl_s`` above ``rotation_s`` x (:data:`MAX_KEPT_KEYS` - 1)) is refused at start
+  (:func:`key_rotation_problem`, docs/OPERATIONS.md §Data plane).
 * When a plan with inputs or outputs is leased, its stream gets a ``data_ready`` event (per
   attempt): the worker's ``url``, a ``put`` ticket for the inputs (sizes, digests) and
   a ``get`` ticket for the declared outputs, with their expiry. A client asks ``data_ticket``
@@ -40,11 +45,23 @@ if TYPE_CHECKING:
     from coordinator.registry import WorkerRegistry
     from coordinator.streams import Streams
 
-__all__ = ["MAX_REPLICAS", "DataPlane", "data_problem", "ref_problem"]
+__all__ = ["MAX_KEPT_KEYS", "MAX_REPLICAS", "DataPlane", "data_problem", "key_rotation_problem", "ref_problem"]
 
 MAX_REPLICAS = 3  # copies of an output a submit may ask for (``submit.replicas``), the producer's own included
 
 MAX_DATA_NAMES = 1024  # inputs and outputs of one plan, each
+
+MAX_KEPT_KEYS = 8  # ticket keys kept at once, the signing one included (each kind: a core's own, the cluster's shared)
+
+
+def key_rotation_problem(ticket_ttl_s: float, rotation_s: float) -> str | None:
+    """Why ``--data-key-rotation`` cannot go with ``--data-ticket-ttl`` (too many keys to keep), or None."""
+    if rotation_s <= 0 or ticket_ttl_s <= rotation_s * (MAX_KEPT_KEYS - 1):
+        return None
+    return (f"--data-key-rotation {rotation_s:g} is too short for --data-ticket-ttl {ticket_ttl_s:g}: a key stays "
+            f"accepted as long as the tickets it signed (the TTL), and at most {MAX_KEPT_KEYS} keys are kept; give "
+            f"a rotation of at least {ticket_ttl_s / (MAX_KEPT_KEYS - 1):g} s (TTL / {MAX_KEPT_KEYS - 1}) or a "
+            "shorter TTL")
 
 
 def data_problem(msg: Submit) -> str | None:
@@ -120,7 +137,8 @@ class DataPlane:
         self.rotation_s = rotation_s
         self.wall_offset = 0.0
         """Unix time minus the core's ``now`` (the driver sets it; tickets' expiries are Unix time)."""
-        self._masters: list[tuple[str, bytes]] = []  # current first, then the previous one
+        self._masters: list[tuple[str, bytes]] = []  # the signing one first, then those still accepted
+        self._retired_at: list[float] = []  # when each of ``_masters[1:]`` stopped signing (core time)
         self.shared: tuple[str, bytes] | None = None
         """Cluster mode: the key every shard's core shares (kid, secret; the driver sets it before any worker comes):
         it signs a worker's pull of another shard's output (coordinator/graphs/remote.py); workers verify with it."""
@@ -138,10 +156,15 @@ class DataPlane:
         return self.rotation_s > 0 and now - self._rotated_at >= self.rotation_s
 
     def rotate(self, kid: str, secret: bytes, now: float) -> None:
-        """Make ``secret`` (named ``kid``) the signing key; the current one stays to verify; tell the workers."""
+        """Make ``secret`` (named ``kid``) the signing key; the current one stays to verify, and each older one
+        while tickets it signed may live (at most :data:`MAX_KEPT_KEYS` in all); tell the workers."""
         if not kid or "." in kid or len(secret) < 16:
             raise ValueError("a data-plane key needs a non-empty kid without '.' and at least 16 bytes")
-        self._masters = [(kid, secret), *self._masters[:1]]
+        retired = [now, *self._retired_at] if self._masters else []  # the signing one stops signing now
+        kept = [(key, at) for key, at in zip(self._masters, retired, strict=True) if now < at + self.ticket_ttl_s]
+        kept = kept[: MAX_KEPT_KEYS - 1]
+        self._masters = [(kid, secret), *(key for key, _ in kept)]
+        self._retired_at = [at for _, at in kept]
         self._rotated_at = now
         send = self._outbox.send
         for record in self._registry:

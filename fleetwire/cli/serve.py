@@ -67,8 +67,11 @@ def version() -> str:
 
 def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], client_tokens: tuple[str, ...]) -> Any:
     from coordinator.core import CoreConfig
+    from coordinator.data_plane import key_rotation_problem
     from coordinator.io.frontdoor.server import ServerSettings
 
+    if (problem := key_rotation_problem(ns.data_ticket_ttl, ns.data_key_rotation)) is not None:
+        raise ValueError(problem)
     core = CoreConfig(
         heartbeat_interval_s=ns.heartbeat_interval,
         heartbeat_timeout_s=ns.heartbeat_timeout,
@@ -400,8 +403,9 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
                    help="data-plane tickets (a client's pass to a worker's inputs and outputs) are valid this long "
                         "(default 3600)")
     p.add_argument("--data-key-rotation", type=float, default=86400.0, metavar="S",
-                   help="rotate the key that signs data-plane tickets this often; the previous key stays valid "
-                        "until the next rotation (default 86400; 0: never)")
+                   help="rotate the key that signs data-plane tickets this often; a key stays valid as long as the "
+                        "tickets it signed (--data-ticket-ttl), at most 8 keys at once, so S must be at least the "
+                        "TTL / 7 (default 86400; 0: never)")
     p.add_argument("--relay-max-bytes", type=int, default=DEFAULT_RELAY_MAX_BYTES, metavar="B",
                    help="the most bytes of plans' relayed inputs and outputs (workers a client cannot dial) in flight "
                         "through the coordinator at once; each stream gets up to 16 MiB of it (default 67108864 = "

@@ -4,7 +4,9 @@ pulls are signed with the new one, and a key dropped after the overlap leaves th
 
 from __future__ import annotations
 
+from coordinator.data_plane import MAX_KEPT_KEYS
 from coordinator.graphs.lineage import Source
+from coordinator.io.cluster.shared_keys import SharedKey, accepted
 from coordinator.placement.placer import PlacementConfig
 from protocol.messages import DataKeys
 from tests.unit.test_core import Harness
@@ -35,3 +37,11 @@ def test_workers_learn_each_change_of_the_shared_keys_once_and_pulls_sign_with_t
     h.core.data.set_shared([NEW])  # past the overlap
     assert sent() == [["k1", "c-new"]]
     assert [key.kid for key in h.core.data.worker_keys("w1")] == ["k1", "c-new"]
+
+
+def test_the_shared_keys_kept_are_capped_newest_first() -> None:
+    """However many keys the row names within their overlap, a core accepts (and sends its workers) at most
+    MAX_KEPT_KEYS, the newest."""
+    keys = [SharedKey(f"c{i}", "ab" * 32, 1000.0 - i, "") for i in range(3 * MAX_KEPT_KEYS)]  # newest first
+    kept = accepted(keys, None, 1000.0, keep_s=10_000.0)
+    assert [kid for kid, _ in kept] == [f"c{i}" for i in range(MAX_KEPT_KEYS)]

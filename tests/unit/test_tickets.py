@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 
 from coordinator.core import Coordinator, CoreConfig
+from coordinator.data_plane import MAX_KEPT_KEYS, key_rotation_problem
+from fleetwire.cli.main import build_parser
+from fleetwire.cli.serve import server_settings
 from protocol.messages import (
     Accept,
     Capabilities,
@@ -204,3 +207,53 @@ def test_data_ticket_for_outputs_after_success() -> None:
     core.receive(2, DataTicket(req_id=2, plan_id=plan_id), 4.0)
     grant = next(m for m in core.take_effects().sends[2] if isinstance(m, DataGrant))
     assert grant.files == {"y": [3, DIGEST]} and grant.direction == "get"
+
+
+def test_a_key_rotated_out_keeps_verifying_for_the_tickets_life_then_is_dropped() -> None:
+    """With rotations shorter than the TTL, a ticket signed just before a rotation verifies until it expires
+    (its key outlives the next rotations), and its key is gone at the first rotation after that."""
+    core = Coordinator(CoreConfig(data_ticket_ttl_s=100.0, data_key_rotation_s=30.0), new_id=iter(["p"]).__next__)
+    core.set_wall_offset(WALL)
+    core.data.rotate("k1", MASTER, 0.0)
+    core.open_session(1, "worker", 0.0)
+    core.receive(1, Hello(worker_id="w", capabilities=Capabilities(ops=["op"]), data_url="http://w"), 0.0)
+    core.open_session(2, "client", 0.0)
+    core.receive(2, Submit(req_id=1, op="op", inputs=[InputSpec("x", 10, DIGEST)]), 29.0)
+    ready = next(m for m in core.take_effects().sends[2] if isinstance(m, Event) and m.kind == "data_ready")
+    for at, kid in ((30.0, "k2"), (60.0, "k3"), (90.0, "k4")):  # three rotations within the ticket's life
+        core.data.rotate(kid, kid.encode() * 16, at)
+    keys = {k.kid: k.key for k in core.data.worker_keys("w")}
+    assert list(keys) == ["k4", "k3", "k2", "k1"]
+    verify(ready.data["ticket"], keys, wall=WALL + 128.0, worker="w", plan=ready.plan_id, attempt=1,
+           direction="put", name="x")
+    core.data.rotate("k5", b"5" * 32, 130.0)  # k1 stopped signing at 30: its tickets all expired at 130
+    assert [k.kid for k in core.data.worker_keys("w")] == ["k5", "k4", "k3", "k2"]
+
+
+def test_kept_keys_are_capped_and_a_rotation_too_short_for_the_ttl_is_refused() -> None:
+    """At most MAX_KEPT_KEYS keys are kept (data_keys stays small), and a rotation that would need more is named
+    for what it is, with the shortest rotation that works."""
+    core = Coordinator(CoreConfig(data_ticket_ttl_s=1000.0, data_key_rotation_s=1.0), new_id=iter(["p"]).__next__)
+    for at in range(3 * MAX_KEPT_KEYS):
+        core.data.rotate(f"k{at}", MASTER, float(at))
+    kids = [k.kid for k in core.data.worker_keys("w")]
+    assert kids == [f"k{at}" for at in range(3 * MAX_KEPT_KEYS - 1, 2 * MAX_KEPT_KEYS - 1, -1)]
+    assert len(kids) == MAX_KEPT_KEYS
+    problem = key_rotation_problem(3600.0, 60.0)
+    assert problem is not None
+    assert "--data-key-rotation 60 is too short for --data-ticket-ttl 3600" in problem
+    assert "at least 514.286 s" in problem
+    assert key_rotation_problem(3600.0, 3600.0 / (MAX_KEPT_KEYS - 1)) is None
+    assert key_rotation_problem(3600.0, 0.0) is None  # never rotated: one key
+    assert key_rotation_problem(3600.0, 86400.0) is None
+
+
+def test_the_coordinator_refuses_a_key_rotation_too_short_for_the_ticket_ttl_at_start() -> None:
+    """``fleetwire coordinator --data-ticket-ttl 3600 --data-key-rotation 60``: refused naming both flags (the
+    CLI's exit 2 for flags that cannot work together); TTL / 7 is accepted."""
+    parser = build_parser()
+    ns = parser.parse_args(["coordinator", "--insecure", "--data-ticket-ttl", "3600", "--data-key-rotation", "60"])
+    with pytest.raises(ValueError, match="--data-key-rotation 60 is too short for --data-ticket-ttl 3600"):
+        server_settings(ns, (), ())
+    ns = parser.parse_args(["coordinator", "--insecure", "--data-ticket-ttl", "700", "--data-key-rotation", "100"])
+    assert server_settings(ns, (), ()).core.data_key_rotation_s == 100.0

@@ -19,6 +19,8 @@ coordinator/graphs/remote.py); workers verify it through ``data_keys`` as the co
   accepted ``keep_s`` more (the tickets' life, ``--data-ticket-ttl``, plus the rounds a core may take to learn
   the rotation), then is dropped: from the cores' keys at once, from the row at the next rotation. A failover
   mid-rotation commits the new key whole or not at all, and the previous one stays accepted either way.
+  At most ``MAX_KEPT_KEYS`` keys are kept (coordinator/data_plane.py; the newest ones): a rotation short enough
+  to need more is refused at start (``key_rotation_problem``), so the cap only ever drops keys past their overlap.
 * **Upgrade.** A database with the former never-rotated ``data_secret`` (plain text) gets its first rotated key
   with that one as the previous (tickets it signed stay valid for their life), and the ``data_secret`` row is
   deleted in the same transaction.
@@ -33,6 +35,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from coordinator.data_plane import MAX_KEPT_KEYS
 
 __all__ = ["ClusterSecretMismatch", "SharedKey", "accepted", "read_secret", "sync"]
 
@@ -123,8 +127,10 @@ def _mint(secret: bytes | None, wall: float) -> SharedKey:
 
 
 def _kept(keys: list[SharedKey], wall: float, keep_s: float) -> list[SharedKey]:
-    """The newest key, and the older ones not yet ``keep_s`` past the making of the key that followed them."""
-    return keys[:1] + [key for newer, key in itertools.pairwise(keys) if wall < newer.made_at + keep_s]
+    """The newest key, and the older ones not yet ``keep_s`` past the making of the key that followed them (at most
+    ``MAX_KEPT_KEYS`` in all, the newest)."""
+    kept = keys[:1] + [key for newer, key in itertools.pairwise(keys) if wall < newer.made_at + keep_s]
+    return kept[:MAX_KEPT_KEYS]
 
 
 def accepted(keys: list[SharedKey], secret: bytes | None, wall: float, keep_s: float) -> list[tuple[str, bytes]]:
