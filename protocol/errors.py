@@ -41,12 +41,14 @@ UNAVAILABLE: Final = "unavailable"  # submit: the store cannot take writes now (
 TOO_MANY_RECONNECTS: Final = "too_many_reconnects"  # hello: the worker id registers too often; retry_after_s
 UPSTREAM_FAILED: Final = "upstream_failed"  # plan failure: a plan whose output it uses (or runs after) did not succeed
 OUTPUT_LOST: Final = "output_lost"  # plan failure: an output it uses is gone and cannot be rebuilt
+TICKET_REFUSED: Final = "ticket_refused"  # plan failure: the worker holding an input refused the ticket to fetch it
 
 ERROR_CODES: Final = (
     BAD_FRAME, INVALID_MESSAGE, UNKNOWN_TYPE, NOT_REGISTERED, ALREADY_REGISTERED,
     PLAN_NOT_FOUND, UNKNOWN_WORKER, STALE_LEASE, INVALID_TRANSITION, INVALID_ARGUMENT,
     UNKNOWN_OP, REJECTED, REVOKED, HANDLER_ERROR, ENGINE_ERROR, TIMEOUT, WORKER_LOST, CANCELLED, INTERNAL,
     TOO_MANY_PLANS, FORBIDDEN, WORKER_ID_IN_USE, UNAVAILABLE, TOO_MANY_RECONNECTS, UPSTREAM_FAILED, OUTPUT_LOST,
+    TICKET_REFUSED,
 )
 
 # ---- websocket close codes (RFC 6455 §7.4; 4000-4999 are ours)

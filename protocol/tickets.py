@@ -6,7 +6,8 @@ worker verifies (worker_agent/dataplane.py), each passing the wall time (Unix se
 Theory of operation:
 
 * The coordinator holds a few *master keys*, each named by a key id (``kid``): the current one
-  signs, the previous one still verifies, so a rotation never breaks a ticket in flight. A
+  signs, older ones still verify while tickets they signed can live, so a rotation never breaks a
+  ticket in flight (coordinator/data_plane.py: at most ``MAX_KEPT_KEYS``). A
   worker never sees a master key: it gets :func:`worker_key` of each (HMAC of the master over
   its worker id) in ``welcome`` and ``data_keys``, so one worker cannot forge tickets for another.
 * A ticket is ``fw1.<kid>.<claims>.<mac>``: ``claims`` is base64url (no padding) of the JSON
@@ -130,7 +131,7 @@ def verify(
 
     Args:
         ticket: the bearer string from the request.
-        keys: this worker's keys by key id (current and previous).
+        keys: this worker's keys by key id (the signing one and those still accepted).
         wall: now, in Unix seconds.
         worker, plan, attempt, direction, name: what the request asks for.
 

@@ -204,6 +204,11 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
                          "and cannot be made again (its producer is not `deterministic`, took uploaded inputs, or "
                          "its rebuild failed), or its producer succeeded without making it. The message names the "
                          "output and why (§4 *Plan graphs*)."),
+    errors.TICKET_REFUSED: ("ErrorInfo", "The worker holding an output the plan uses refused the ticket to fetch it "
+                            "(401 or 403, through the relay `unauthorized` or `forbidden`): it does not accept the key "
+                            "that signed it (cluster mode: coordinators with different `--cluster-secret-file`, or a "
+                            "key dropped). The output is not taken as lost; the attempt counts as a failure (retried "
+                            "up to `retries`). The message has the holder's reason (§4 *Plan graphs*)."),
 }
 
 

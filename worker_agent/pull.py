@@ -22,6 +22,10 @@ Rules:
   fails ``output_lost``, with ``detail`` naming the plan, attempt and output. The attempt's
   ``done(failed)`` carries it; the coordinator then has the output made again when its producer allows
   (coordinator/graphs/lineage.py) and places the plan again, or fails it ``output_lost``.
+* A holder that refuses the ticket (401 or 403, through the relay ``unauthorized`` or ``forbidden``): the
+  input fails ``ticket_refused`` with the holder's reason, at once (the relay would refuse the same ticket). The
+  output is not known to be lost: the key that signed the ticket is not one the holder accepts (in cluster mode
+  coordinators with different ``--cluster-secret-file``, or a key dropped), and nothing is made again for it.
 * Nothing here reads a ticket or decides placement: the coordinator did both.
 
 One task per attempt with pulls (not per message); it ends with the attempt (the runner cancels it).
@@ -36,10 +40,11 @@ from collections.abc import Sequence
 from typing import Final
 from urllib.parse import quote, urlsplit
 
+import msgspec
 import structlog
 
 import protocol
-from protocol import errors
+from protocol import errors, relay
 from protocol.transfer import http1
 from protocol.transfer.ranges import range_from
 from worker_agent.pull_relay import PullRelay, RelayRefused
@@ -57,6 +62,10 @@ log = structlog.get_logger(__name__)
 
 class _Gone(Exception):
     """The holder does not have the output (or cannot be asked): the input fails ``output_lost``."""
+
+
+class _TicketRefused(Exception):
+    """The holder refused the pull's ticket: the input fails ``ticket_refused`` (the output is not known lost)."""
 
 
 class _DialFailed(Exception):
@@ -111,6 +120,8 @@ class Puller:
                     entry.finish()  # verified, or (a digest mismatch) started again from 0
         except _Gone as exc:
             _lost(entry, pull, str(exc))
+        except _TicketRefused as exc:
+            _lost(entry, pull, str(exc), errors.TICKET_REFUSED)
         except SpoolError:  # the disk is full: the input failed already, naming it
             pass
         finally:
@@ -136,6 +147,8 @@ class Puller:
         try:
             await self._relay.fetch(pull, entry, self._store, stall_timeout_s=self._stall_timeout_s)
         except RelayRefused as exc:
+            if exc.code in (relay.UNAUTHORIZED, relay.REFUSED):
+                raise _TicketRefused(_refusal(pull, f"through the relay {exc}")) from None
             raise _Gone(f"{why}; through the relay: {exc}") from None
 
     async def _store(self, entry: InputFile, data: bytearray) -> None:
@@ -186,6 +199,9 @@ class Puller:
             response = http1.parse_response(head[:end])
             if response.status in (404, 410):
                 raise _Gone(f"worker {pull.worker_id} answered {response.status}: it no longer has it")
+            if response.status in (401, 403):
+                reason = await _reason(reader, head[end:], response.content_length)
+                raise _TicketRefused(_refusal(pull, f"{response.status}: {reason}"))
             if response.status not in (200, 206):
                 raise OSError(f"worker {pull.worker_id} answered {response.status} {response.reason}")
             left = response.content_length
@@ -230,12 +246,37 @@ def _copy_file(path: object, entry: InputFile) -> int:
     return copied
 
 
-def _lost(entry: InputFile, pull: protocol.Pull, why: str) -> None:
-    """Fail the input ``output_lost``, naming the output it is."""
+async def _reason(reader: asyncio.StreamReader, start: bytearray, length: int) -> str:
+    """The holder's reason for a refusal: its JSON body's ``error`` (the body read to ``length``, at most 4 KiB)."""
+    body = bytes(start)
+    want = min(length, 4096)
+    with contextlib.suppress(OSError, TimeoutError, asyncio.IncompleteReadError):
+        async with asyncio.timeout(5.0):  # not asyncio.wait_for (see _get); a reason is not worth a stall
+            while len(body) < want:
+                chunk = await reader.read(want - len(body))
+                if not chunk:
+                    break
+                body += chunk
+    try:
+        reason = msgspec.json.decode(body).get("error")
+    except (msgspec.DecodeError, AttributeError):
+        reason = None
+    return reason if isinstance(reason, str) and reason else "no reason given"
+
+
+def _refusal(pull: protocol.Pull, answer: str) -> str:
+    """Why a pull's ticket was refused, for the person who reads the plan's error: the key, not the output."""
+    return (f"worker {pull.worker_id} refused the ticket to fetch it ({answer}): it does not accept the key that "
+            "signed it (cluster mode: the coordinators' --cluster-secret-file differ, or the key was dropped; "
+            "docs/OPERATIONS.md §Data plane); the output is not known to be lost")
+
+
+def _lost(entry: InputFile, pull: protocol.Pull, why: str, code: str = errors.OUTPUT_LOST) -> None:
+    """Fail the input ``code`` (``output_lost``, or ``ticket_refused``), naming the output it is."""
     message = f"input {pull.name!r} is output {pull.output!r} of plan {pull.plan_id} (attempt {pull.attempt}): {why}"
-    entry.fail(errors.OUTPUT_LOST, message)
+    entry.fail(code, message)
     entry.error = protocol.ErrorInfo(
-        code=errors.OUTPUT_LOST, message=message,
+        code=code, message=message,
         detail={"input": pull.name, "plan_id": pull.plan_id, "attempt": pull.attempt, "output": pull.output,
                 "worker_id": pull.worker_id},
     )

@@ -49,7 +49,12 @@ CANCELLED: Final = "cancelled"  # the data_end code of a fetch this worker gave 
 
 
 class RelayRefused(Exception):
-    """The relayed fetch cannot go on: the holder or the coordinator refused it, or it kept breaking."""
+    """The relayed fetch cannot go on: the holder or the coordinator refused it, or it kept breaking (``code``: the
+    ``data_end`` code that ended it, "" for none)."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(slots=True, eq=False)
@@ -168,7 +173,7 @@ class PullRelay:
                         ended = True
                         if msg.code in RETRYABLE:
                             return f"{msg.code}: {msg.message}"
-                        raise RelayRefused(f"{msg.code or 'ended'}: {msg.message}")
+                        raise RelayRefused(f"{msg.code or 'ended'}: {msg.message}", msg.code)
         finally:
             if self._streams.get(key) is stream:
                 del self._streams[key]

@@ -7,15 +7,16 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from protocol import errors
+from protocol import errors, relay
 from protocol.messages import InputSpec, OutputRef, Pull
 from protocol.tickets import FileClaim, TicketClaims, sign, worker_key
 from tests.integration.data_helpers import MASTER, WORKER, data_endpoint, digest
 from worker_agent.pull import Puller
+from worker_agent.pull_relay import PullRelay, RelayRefused
 from worker_agent.spool import PlanData, Spool
 
 SIZE = (9 << 20) + 4321  # more than two of the puller's batches
@@ -81,6 +82,48 @@ async def test_an_output_that_is_gone_fails_the_input_output_lost_naming_it(tmp_
     assert error is not None and error.code == errors.OUTPUT_LOST
     assert error.detail == {"input": "x", "plan_id": "p1", "attempt": 1, "output": "y", "worker_id": worker}
     assert "output 'y' of plan p1" in error.message
+
+
+@pytest.mark.parametrize("kid", ["k1", "c-other"])
+async def test_a_ticket_the_holder_refuses_fails_the_input_ticket_refused_not_output_lost(
+    tmp_path: Path, kid: str
+) -> None:
+    """A ticket the holder does not accept (signed with a key it does not know, or its known key id with another
+    secret: coordinators whose cluster secrets differ) fails the input ticket_refused at once, with the holder's
+    reason: the output it holds is not reported lost (nothing is made again for it)."""
+    data = b"made, and kept"
+    async with data_endpoint(tmp_path) as holder:
+        holder.spool.add_output("p1", 1, "y", data)
+        spool, plan = _consumer(tmp_path, data)
+        claims = TicketClaims("p1", 1, WORKER, "get", {"y": FileClaim()}, time.time() + 60)
+        ticket = sign(claims, kid, worker_key(b"another cluster secret's key", WORKER))
+        task = Puller(spool, "w2").start([Pull("x", "p1", 1, "y", WORKER, url=holder.url, ticket=ticket)], plan)
+        error = await plan.wait(5.0, lambda entry: None)
+        assert task is not None
+        await task
+    assert error is not None and error.code == errors.TICKET_REFUSED
+    assert error.detail == {"input": "x", "plan_id": "p1", "attempt": 1, "output": "y", "worker_id": WORKER}
+    why = "unknown ticket key 'c-other'" if kid == "c-other" else "bad ticket signature"
+    assert f"refused the ticket to fetch it (401: {why}" in error.message
+    assert "--cluster-secret-file" in error.message and "not known to be lost" in error.message
+
+
+async def test_a_ticket_the_holder_refuses_through_the_relay_fails_the_input_ticket_refused(tmp_path: Path) -> None:
+    """A holder without a data endpoint, reached through the relay, that refuses the ticket (data_end unauthorized):
+    the input fails ticket_refused naming the relay's answer, not output_lost."""
+
+    class RefusingRelay:
+        async def fetch(self, *args: Any, **kwargs: Any) -> None:
+            raise RelayRefused("unauthorized: unknown ticket key 'c-other'", relay.UNAUTHORIZED)
+
+    spool, plan = _consumer(tmp_path, b"held")
+    puller = Puller(spool, "w2", relay=cast(PullRelay, RefusingRelay()))
+    task = puller.start([Pull("x", "p1", 1, "y", WORKER, url="", ticket=_ticket("y"))], plan)
+    error = await plan.wait(5.0, lambda entry: None)
+    assert task is not None
+    await task
+    assert error is not None and error.code == errors.TICKET_REFUSED
+    assert "through the relay unauthorized: unknown ticket key 'c-other'" in error.message
 
 
 @pytest.mark.timeout(20)

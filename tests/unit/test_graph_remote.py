@@ -91,6 +91,24 @@ def test_a_failed_remote_upstream_fails_its_consumers_here_at_once_naming_it() -
     assert "of principal 'carol'" in error_of(h, bob).message
 
 
+def test_a_cross_shard_pull_refused_for_its_key_fails_the_consumer_ticket_refused_not_output_lost() -> None:
+    """B's worker reports the holder refused the shared-key ticket (ticket_refused): B fails with that code and the
+    holder's reason, not output_lost ("cannot be made again"); a's output is not counted lost."""
+    h = shard_core(Harness(placement=PlacementConfig(cluster=True)))
+    conns = fleet(h, "w1")
+    client = h.client("alice")
+    h.core.graphs.remote_seen(succeeded(), h.now)
+    b = h.submit(client, plan_id="b", inputs=[ref("a")])
+    assign = assign_of(h, conns["w1"])
+    refused = ErrorInfo(errors.TICKET_REFUSED, "worker w0 refused the ticket to fetch it (401: unknown ticket key "
+                        "'c1')", {"plan_id": "a", "output": "y"})  # fmt: skip
+    finish(h, conns["w1"], b, assign.attempt, outcome="failed", error=refused)
+    plan = h.core.plans[b]
+    assert plan.state == "failed" and plan.error is not None and plan.error.code == errors.TICKET_REFUSED
+    assert "unknown ticket key 'c1'" in plan.error.message
+    assert h.core.state.counters["outputs_lost"] == 0
+
+
 def test_a_remote_output_the_consumers_worker_could_not_fetch_fails_it_output_lost_without_a_rebuild() -> None:
     """B's worker reports a's output gone (output_lost naming a's key there): B fails output_lost, saying outputs are
     not made again across shards; no rebuild plan is made."""

@@ -87,8 +87,9 @@ async def test_output_gone_ends_the_fetch_and_a_cancelled_fetch_ends_its_stream(
     opened = await wire.next(DataOpen, 0)
     relay.on_message(DataEnd(plan_id="p1", attempt=1, name="y", direction="get", code=GONE, message="expired",
                              stream=opened.stream))
-    with pytest.raises(RelayRefused, match="output_gone: expired"):
+    with pytest.raises(RelayRefused, match="output_gone: expired") as refused:
         await asyncio.wait_for(task, 5)
+    assert refused.value.code == GONE  # the puller tells a refused ticket from a lost output by it
     task = asyncio.create_task(relay.fetch(PULL, entry, store, stall_timeout_s=5))
     opened = await wire.next(DataOpen, 1)
     task.cancel()
