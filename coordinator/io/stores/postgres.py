@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
@@ -69,7 +68,7 @@ from coordinator.records import Record, StoredPlan, UsageRows
 from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
 
-__all__ = ["CONNECT_TIMEOUT_S", "SERVER_SETTINGS", "WRITER_ENV", "WRITER_SETTINGS", "PgStore", "PgStoreDamaged",
+__all__ = ["CONNECT_TIMEOUT_S", "SERVER_SETTINGS", "WRITER_SETTINGS", "PgStore", "PgStoreDamaged",
            "describe_dsn", "ensure_indexes", "new_loop"]
 
 log = structlog.get_logger(__name__)
@@ -94,10 +93,6 @@ SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}  # PostgreSQL >= 12
 # key; the fence reads the lease rows through their primary key). A shard's load on the same
 # connection turns sequential scans back on for its own transaction (it reads whole shards).
 WRITER_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
-
-# FLEETWIRE_PG_WRITER=process: group commits in a writer process with its own connection (pg_writer.py), not on
-# the loop; off by default until a quiet run shows it pays (docs/PERFORMANCE.md §C29e).
-WRITER_ENV = "FLEETWIRE_PG_WRITER"
 
 _KEYS = "SELECT nextval('fleetwire_plan_keys') FROM generate_series(1, $1::int)"
 
@@ -245,11 +240,6 @@ class PgStore(PgRows):
         except BaseException:
             self.close()
             raise
-
-    @property
-    def dsn(self) -> str:
-        """The DSN this store connects with (its writer process connects with it too: pg_writer.py)."""
-        return self._dsn
 
     @property
     def abilities(self) -> StoreAbilities:
@@ -603,10 +593,6 @@ class PgStore(PgRows):
         self, release: Callable[[T], None], on_failure: Callable[[BaseException], None], *, max_backlog_bytes: int = 0
     ) -> PipelinedCommitter[T]:
         """The server's committer for this store: group commits on the server's own loop (pg_commit.py)."""
-        if os.environ.get(WRITER_ENV) == "process":  # its writer process, own connection (pg_writer.py): opt-in
-            from coordinator.io.stores.pg_writer import ProcessCommitter  # it imports this module's types
-
-            return ProcessCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)  # type: ignore[return-value]
         return PipelinedCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)
 
     def _close_writer(self, writer: Any) -> None:
