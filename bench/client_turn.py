@@ -8,7 +8,7 @@ trip, its frame's read and decode, the result's delivery and the caller's wake-u
 encoding and write, and the loop's turns between them (issue #29, docs/PERFORMANCE.md §D29d).
 
     python bench/client_turn.py                          # this tree
-    python bench/client_turn.py --compare /tmp/wt_old    # and another tree (its fleetwire), same sitting
+    python bench/client_turn.py --compare /tmp/wt_old    # and other trees (their fleetwire), same sitting
     python bench/client_turn.py --profile                # cProfile of the client over the round trips
 
 The coordinator and the worker are this checkout's in both trees' runs: only the client's package moves with
@@ -79,7 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trips", type=int, default=1000, help="round trips of the larger run (default 1000)")
     parser.add_argument("--warmup", type=int, default=100, help="untimed round trips first (default 100)")
     parser.add_argument("--store", choices=("memory", "sqlite"), default="memory", help="default memory")
-    parser.add_argument("--compare", metavar="PATH", help="also measure the client package of the tree at PATH")
+    parser.add_argument(
+        "--compare",
+        metavar="PATH",
+        nargs="+",
+        default=[],
+        help="also measure the client package of the tree(s) at PATH",
+    )
+    parser.add_argument("--only-compare", action="store_true", help="measure the --compare trees, not this one")
     parser.add_argument("--rounds", type=int, default=1, help="measurements of each tree, alternated (default 1)")
     parser.add_argument("--profile", action="store_true", help="cProfile of the client over --trips round trips")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         if not ns.child:
             print(f"client CPU {spent / ns.trips * 1e6:.1f} us a round trip (profiled)")
         return 0
-    trees = [ROOT] + ([os.path.abspath(ns.compare)] if ns.compare else [])
+    trees = [] if ns.only_compare else [ROOT]
+    trees += [os.path.abspath(path) for path in ns.compare]
     results: dict[str, list[int]] = {tree: [] for tree in trees}
     for _ in range(ns.rounds):
         for tree in trees:

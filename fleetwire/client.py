@@ -101,6 +101,7 @@ from protocol.messages import (
     Requirements,
     Resources,
     RoutingHints,
+    Submit,
     Subscribe,
     Subscribed,
     UndrainWorker,
@@ -464,7 +465,7 @@ class Client:
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
         if len(raw) > self.max_inline_bytes and args is not None:  # over the frame limit: args go by the data plane
             msg, raw = await submits.args_by_data_plane(msg, sources, self._session.encode)
-        plans, refused = await self._submit([submits.Request(msg.req_id, raw, not plan_id)])  # "": no id
+        plans, refused = await self._submit_one(msg.req_id, raw, not plan_id)  # "": no id
         end_submit_spans(spans, refused.code if refused is not None else "")
         if refused is not None:
             raise refused
@@ -472,7 +473,8 @@ class Client:
         plan.relay = relay
         if sources:  # uploaded to each attempt's worker on its data_ready, until the plan ends
             self._upload(plan, sources)
-        await self._replay_duplicates(plans)
+        if plan.duplicate:  # most plans are not: no coroutine for them
+            await self._replay_duplicates(plans)
         return plan
 
     async def submit_many(
@@ -691,6 +693,22 @@ class Client:
         refusal."""
         self._check_open()
         return await submits.await_accepted(self._session, requests, self._on_accepted, self._send_now)
+
+    async def _submit_one(self, req_id: int, raw: msgspec.Raw, own: bool) -> tuple[list[Plan], RequestError | None]:
+        """:meth:`_submit` of one request (``submit``'s), with no batch's waiter: the session's request with a
+        future of its own, the plan made by ``on_reply`` in the reader (before the events of its frame).
+        ``own``: the SDK made the plan id (see ``_on_accepted``)."""
+        self._check_open()
+        session = self._session
+        future: asyncio.Future[Plan] = asyncio.get_running_loop().create_future()
+        session.send_request(req_id, Submit, raw, Accepted, future, functools.partial(self._on_accepted, own))
+        self._send_now()
+        try:
+            return [await future], None
+        except RequestError as refused:
+            return [], refused
+        finally:
+            session.forget_request(req_id)
 
     def _send_now(self) -> None:
         """Submits queued: sent at the end of this loop turn by :meth:`_flush`, or by the writer woken for them.

@@ -2,8 +2,8 @@
 
 A ``Plan`` does no I/O and holds no protocol state of its own: its ``PlanStream``
 (fleetwire/stream.py), fed by the client's session, buffers the events in ``seq`` order and
-fixes the outcome. The handle adds the waiting: ``events()`` and ``result()`` sleep on an
-``asyncio.Event`` that they leave as the stream's ``waker``, which the stream's next change sets.
+fixes the outcome. The handle adds the waiting: ``events()`` and ``result()`` sleep on a future of
+the ``_Changed`` that they leave as the stream's ``waker``, which the stream's next change sets.
 """
 
 from __future__ import annotations
@@ -164,7 +164,11 @@ class Plan:
             FleetwireConnectionError: the session ended before the plan did.
         """
         stream = self._stream
-        result = stream.outcome() if stream.final is not None else await self._outcome()  # ended: no coroutine
+        while stream.final is None:  # as _outcome(), inline: no coroutine of its own on a lone caller's path
+            if stream.lost is not None:
+                raise stream.lost
+            await self._changed_event().wait()
+        result = stream.outcome()
         if result is None and self._stream.final == "succeeded" and self._result_output():
             # The handler's result was over the frame limit: the worker kept it as an output.
             if self._big_result is None:
@@ -349,19 +353,44 @@ class Plan:
                 return grant
         return None
 
-    def _changed_event(self) -> asyncio.Event:
-        """The Event the stream's next change sets (its ``waker``, made by the first waiter).
+    def _changed_event(self) -> _Changed:
+        """The ``_Changed`` the stream's next change sets (its ``waker``, made by the first waiter).
 
-        One Event per generation: the stream sets it and drops it, so every waiter of this
+        One per generation: the stream sets it and drops it, so every waiter of this
         generation wakes and later waiters wait on the next one (any number of iterators). Most
         plans of a large batch are never waited on while they run: they never get one. The stream
-        holds the Event, not this handle, so a plan makes no reference cycle.
+        holds it, not this handle, so a plan makes no reference cycle.
         """
         stream = self._stream
         changed = stream.waker
-        if not isinstance(changed, asyncio.Event):
-            changed = stream.waker = asyncio.Event()
+        if type(changed) is not _Changed:
+            changed = stream.waker = _Changed()
         return changed
+
+
+class _Changed:
+    """A stream's waker (``PlanStream.waker``): each waiter's future, all set at the stream's next change.
+
+    What ``asyncio.Event`` did here, less what this use never needs (a set state to read, a waiter taken out of a
+    deque, the loop looked up under a lock): ``wait`` is a future of the caller's own, awaited without a coroutine,
+    so a cancelled waiter cancels only its own and the others still wake.
+    """
+
+    __slots__ = ("_futures",)
+
+    def __init__(self) -> None:
+        self._futures: list[asyncio.Future[None]] = []
+
+    def wait(self) -> asyncio.Future[None]:
+        """A future set at the stream's next change (await it)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._futures.append(future)
+        return future
+
+    def set(self) -> None:
+        for future in self._futures:
+            if not future.done():
+                future.set_result(None)
 
 
 class _Gone(OutputGone):
@@ -417,7 +446,7 @@ class _Tries:
 class _PlanEvents(AsyncIterator[Event]):
     """An iterator over one plan's buffered and future events."""
 
-    def __init__(self, stream: PlanStream, changed: Callable[[], asyncio.Event]) -> None:
+    def __init__(self, stream: PlanStream, changed: Callable[[], _Changed]) -> None:
         self._stream = stream
         self._changed = changed
         self._index = 0

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fleetwire import Client
+import pytest
+
+from fleetwire import Client, submits
 from tests.integration.test_client_sdk import CLIENT_TOKEN, FakeCoordinator, coordinator  # noqa: F401 (fixture)
 from tests.waiting import until
 
@@ -40,3 +42,20 @@ async def test_submits_of_one_turn_share_one_frame_and_a_busy_writer_takes_later
         plan = await client.submit("echo", args=10)
         assert await plan.result() == 10 and client.writer_rounds == rounds + 1
     assert [frame for frame in coordinator.frames if "submit" in frame] == [["submit"] * 10, ["submit"]]
+
+
+async def test_a_lone_submit_waits_on_a_future_of_its_own_not_a_batch(
+    coordinator: FakeCoordinator,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``submit`` of one plan: the session's request with a plain future (``Client._submit_one``), not
+    ``submit_many``'s batch waiter; answered, nothing is left pending, and a duplicate's flag still comes back."""
+
+    def no_batch(*_args: object) -> None:
+        raise AssertionError("a lone submit went through submits.await_accepted")
+
+    monkeypatch.setattr(submits, "await_accepted", no_batch)
+    async with Client(coordinator.url, token=CLIENT_TOKEN) as client:
+        plan = await client.submit("echo", args=1, plan_id="lone-1")
+        assert await plan.result() == 1 and not plan.duplicate
+        assert client.session.pending_requests == 0

@@ -313,6 +313,33 @@ def test_every_waiter_of_a_plan_wakes_at_each_change() -> None:
     assert asyncio.run(scenario()) == (7, ["running", "succeeded"], ["running", "succeeded"])
 
 
+def test_a_cancelled_waiter_of_a_plan_leaves_the_others_waiting_and_a_lone_result_makes_one_future() -> None:
+    """Waiters share the stream's waker but not its future: one result() cancelled, another result() and an events
+    iterator still wake at the next change; a lone result() waits on one future of its own (plan.py ``_Changed``)."""
+    session = ClientSession("msgpack")
+    _, waiter = submit(session, "p1")
+    session.receive_frame(frame(Accepted(req_id=1, plan_id="p1")))
+    stream: PlanStream = waiter.result(0)
+    plan = Plan(stream, cast(Any, None))
+
+    async def scenario() -> tuple[Any, list[str], bool]:
+        async def kinds() -> list[str]:
+            return [event.kind async for event in plan.events()]
+
+        gone = asyncio.ensure_future(plan.result())
+        await asyncio.sleep(0)
+        assert [len(stream.waker._futures)] == [1]  # type: ignore[union-attr]
+        waiting = asyncio.gather(plan.result(), kinds())
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.sleep(0)
+        session.receive_frame(frame(Event(plan_id="p1", kind="succeeded", data={"result": 3}, seq=1)))
+        result, seen = await asyncio.wait_for(waiting, 5)
+        return result, seen, gone.cancelled()
+
+    assert asyncio.run(scenario()) == (3, ["succeeded"], True)
+
+
 def test_resync_puts_a_marker_in_the_stream_and_may_end_it() -> None:
     """A resync stands a ``resync`` event in for the lost seqs and ends the plan when its record is terminal."""
     session = ClientSession("msgpack")
