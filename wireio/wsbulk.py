@@ -111,6 +111,8 @@ class BulkReceive(Connection):
     _bulk_scan: bytes | None = b""  # the HTTP head's last 3 bytes so far; None: decided (reading frames, or off)
     bulk_frames = 0
     """Frames read here rather than by the library (tests, and to see that it is on)."""
+    small_frames = 0
+    """Small binary frames read here, whole in one read (tests)."""
 
     def data_received(self, data: bytes) -> None:
         reader = self._bulk_reader
@@ -143,6 +145,11 @@ class BulkReceive(Connection):
     def _bulk_pass(self, data: bytes | memoryview) -> None:
         """Bytes the library reads itself (whole frames' worth, or the rest of one it has begun)."""
         super().data_received(data)  # type: ignore[arg-type]  # its reader appends any buffer
+
+    def _small_frame(self, payload: bytes) -> None:
+        """A whole small final binary frame read here (``_BulkReader._read_head``): to the library's message queue."""
+        self.small_frames += 1
+        self.process_event(Frame(Opcode.BINARY, payload))
 
     def _bulk_frame(self, payload: bytes) -> None:
         """A whole bulk frame: to the library's message queue, as one it parsed."""
@@ -215,15 +222,24 @@ class _BulkReader:
         at = 2 if ext < 126 else 4 if ext == 126 else 10
         length = ext if ext < 126 else int.from_bytes(head[2:at], "big")
         masked = bool(head[1] & 0x80)
-        if length < BULK_MIN_BYTES and begin >= 0 and pos + length <= end:
-            # A small frame whole in this read (the session's frames): the library parses it in one pass, not its
-            # header and then its payload (two resumptions of its parser, two of its reads a frame).
-            self._conn._bulk_pass(view[begin : pos + length])
-            head.clear()
-            return pos + length
         protocol = self._conn.protocol
         limit = getattr(protocol, "max_message_size", 0)  # None: no limit; 0: a library that names it otherwise
         fragment = getattr(protocol, "max_fragment_size", None)
+        if length < BULK_MIN_BYTES and begin >= 0 and pos + length <= end:
+            # A small frame whole in this read (the session's frames). A final binary one that the library would
+            # queue as it is is made here, as a bulk frame is (no pass through the library's parser); any other
+            # goes to the library in one piece, its header and payload together (one pass of its parser, not two).
+            stop = pos + length
+            if (head[0] == 0x82 and masked == self._masked and (limit is None or length <= limit)
+                    and (fragment is None or length <= fragment) and protocol.state is OPEN
+                    and getattr(protocol, "current_size", 0) is None):  # fmt: skip
+                payload = apply_mask(view[pos:stop], bytes(head[at : at + 4])) if masked else bytes(view[pos:stop])
+                head.clear()
+                self._conn._small_frame(payload)
+            else:
+                head.clear()
+                self._conn._bulk_pass(view[begin:stop])
+            return stop
         if (head[0] == 0x82 and masked == self._masked and length >= BULK_MIN_BYTES
                 and (limit is None or length <= limit)
                 and (fragment is None or length <= fragment) and protocol.state is OPEN
