@@ -33,6 +33,7 @@ from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, UsageRows
 from protocol.messages import Event, Submit
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,7 +156,7 @@ async def test_a_stuck_writer_process_fails_the_store_instead_of_hanging(store: 
     await asyncio.wait_for(seen.failed.wait(), 30)
     assert seen == [1] and "stuck" in str(seen.errors[0])
     await committer.close()
-    assert child.process.poll() is not None  # killed, not left stopped
+    await until(lambda: child.process.poll() is not None, timeout_s=10)  # killed (not waited for on the loop), not left stopped
 
 
 async def test_close_drains_every_queued_group_then_stops_the_writer_process(
@@ -453,7 +454,7 @@ def test_garbled_keys_in_a_reply_fail_the_store(store: SQLiteStore, monkeypatch:
     monkeypatch.setattr(child, "_on_keys", garbled)
     with pytest.raises(StoreError, match="keys of generation 1 cannot be applied: ValueError: not keys"):
         store.write(plan("p1", 1))
-    assert child.process.poll() is not None
+    assert child.process.wait(10) is not None  # killed, not waited for by the store
 
 
 def test_a_writer_process_that_outlives_its_coordinator_keeps_the_store_locked(store: SQLiteStore) -> None:
