@@ -156,7 +156,7 @@ async def test_a_stuck_writer_process_fails_the_store_instead_of_hanging(store: 
     await asyncio.wait_for(seen.failed.wait(), 30)
     assert seen == [1] and "stuck" in str(seen.errors[0])
     await committer.close()
-    await until(lambda: child.process.poll() is not None, timeout_s=10)  # killed (not waited for on the loop), not left stopped
+    await until(lambda: child.process.poll() is not None, timeout_s=10)  # killed (not waited on the loop), not stopped
 
 
 async def test_close_drains_every_queued_group_then_stops_the_writer_process(
