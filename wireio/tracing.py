@@ -61,7 +61,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from protocol.tracecontext import format_traceparent, is_sampled
@@ -191,28 +191,9 @@ class Sampler:
         low = _random.randrange(self.bound) if self.bound else 0
         return (_random.getrandbits(64) << 64 | low) or 1
 
-    def sampled_roots(self, count: int, _random: Any = random) -> Iterator[int]:
-        """Which of ``count`` new roots are sampled, in order (a ratio under 1): each one independently with
-        probability :attr:`ratio`, as ``count`` calls of :meth:`root` decide, but drawn as the gaps between the
-        sampled ones (geometric), so an unsampled root costs nothing: at 1 %, about one draw per 100 roots."""
-        ratio = self.ratio
-        if ratio <= 0.0:
-            return
-        if ratio >= 1.0:
-            yield from range(count)
-            return
-        scale = 1.0 / math.log1p(-ratio)
-        i = 0
-        while True:
-            gap = math.log(1.0 - _random.random()) * scale  # unsampled before the next sampled: floor(log U / log q)
-            if gap >= count - i:  # (a float: a tiny ratio's gap may be past any int)
-                return
-            i += int(gap)
-            yield i
-            i += 1
-
     def next_roots(self, count: int, _random: Any = random) -> list[int]:
-        """:meth:`sampled_roots` for the next ``count`` new roots of a stream of calls (a ratio under 1): the gap to
+        """Which of the next ``count`` new roots of a stream of calls are sampled, in order: each one independently
+        with probability :attr:`ratio`, drawn as the gaps between the sampled ones (geometric); the gap to
         the next sampled root carries over from one call to the next (the gaps are geometric, so a gap's rest is
         another such gap: the same law), so a call whose roots all fall in the gap draws nothing and makes no
         generator: the client's lone submits at 1 %, one test and one subtraction each. Calls from two threads at

@@ -432,35 +432,6 @@ def test_the_unsampled_decision_without_ids_is_valid_and_a_handler_gets_a_fresh_
     assert handler_traceparent(f"00-{TRACE}-{SPAN}-00") == f"00-{TRACE}-{SPAN}-00"
 
 
-def test_a_ratio_sampler_decides_a_batchs_roots_alone_each_but_draws_only_the_gaps() -> None:
-    """sampled_roots picks each of a batch's roots with the ratio's probability, independently (every position
-    alike; 1 % of 200,000), with about one random draw per sampled root, not one per root."""
-    import random
-
-    from wireio.tracing import Sampler
-
-    class Counted(random.Random):
-        draws = 0
-
-        def random(self) -> float:
-            Counted.draws += 1
-            return super().random()
-
-    rng = Counted(11)
-    sampler = Sampler("parentbased_traceidratio", 0.01)
-    picked = [i for _ in range(400) for i in sampler.sampled_roots(500, rng)]
-    assert 1_800 <= len(picked) <= 2_200 and Counted.draws <= len(picked) + 400
-    assert abs(sum(1 for i in picked if i < 250) - sum(1 for i in picked if i >= 250)) < 250  # each half alike
-    half = Sampler("traceidratio", 0.5)
-    counts = [0] * 4
-    for _ in range(20_000):
-        for i in half.sampled_roots(4, rng):
-            counts[i] += 1
-    assert all(9_500 <= n <= 10_500 for n in counts)
-    assert list(Sampler("always_off").sampled_roots(9, rng)) == [] and list(Sampler("x").sampled_roots(3)) == [0, 1, 2]
-    assert list(Sampler("traceidratio", 1e-300).sampled_roots(9)) == []  # a gap past any int: none
-
-
 def test_next_roots_carries_the_gap_across_calls_and_samples_each_root_at_the_ratio() -> None:
     """next_roots over a stream of calls (lone submits, batches of any size): every root sampled with the ratio's
     probability wherever it falls, one draw per sampled root, none for a call whose roots all fall in the gap."""
@@ -490,6 +461,7 @@ def test_next_roots_carries_the_gap_across_calls_and_samples_each_root_at_the_ra
     assert all(9_500 <= n <= 10_500 for n in counts)
     off = Sampler("always_off")
     assert [off.next_roots(9, rng) for _ in range(3)] == [[], [], []]
+    assert Sampler("x").next_roots(3) == [0, 1, 2] and Sampler("traceidratio", 1e-300).next_roots(9) == []
 
 
 def test_step_records_weigh_their_notes_against_the_queue_and_a_batch() -> None:
