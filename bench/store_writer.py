@@ -14,6 +14,7 @@ The garbage collector runs with the coordinator daemon's thresholds.
     python bench/store_writer.py --lone           # a sequential round trip's two commits, split up
     python bench/store_writer.py --process        # through the writer process: the parent's CPU and the child's
     python bench/store_writer.py --child-callgrind  # the child's path, callgrind instructions per plan
+    python bench/store_writer.py --child-callgrind --top 15  # and its 15 costliest functions (own, per plan)
     python bench/store_writer.py --lone-callgrind   # a lone plan's two commits, callgrind instructions per plan
 
 ``--lone``: what one lone plan's commits cost, as a sequential round trip (bench/latency.py)
@@ -171,25 +172,55 @@ def child_path(plans: int, writes: bool) -> None:
     os._exit(0)
 
 
-def child_callgrind(path_flag: str = "--child-path", small: int = 900, large: int = 6300) -> float:
+def child_callgrind(
+    path_flag: str = "--child-path", small: int = 900, large: int = 6300, top: int = 0
+) -> tuple[float, list[tuple[float, str]]]:
     """Callgrind instructions per plan of ``path_flag``'s path (the child's; --lone-path: a lone plan's two commits):
-    ``large`` plans against ``small``, less the setup's difference."""
+    ``large`` plans against ``small``, less the setup's difference; with ``top``, the ``top`` functions' own
+    instructions per plan, the same difference of differences (callgrind_annotate of each run)."""
     import re
     import subprocess
 
     counts = {}
+    functions: dict[tuple[int, bool], dict[str, int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for plans in (small, large):
             for writes in (True, False):
-                cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
+                out_file = f"{tmp}/cg-{plans}-{writes}.out"
+                cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", sys.executable,
                        __file__, path_flag, str(plans), *([] if writes else ["--setup-only"])]  # fmt: skip
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
                 found = re.search(r"Collected : (\d+)", out)
                 if found is None:
                     raise SystemExit(f"callgrind gave no count: {out[-500:]}")
                 counts[plans, writes] = int(found.group(1))
+                if top:
+                    functions[plans, writes] = _functions(out_file)
     path_ir = (counts[large, True] - counts[small, True]) - (counts[large, False] - counts[small, False])
-    return path_ir / (large - small)
+    ranked: list[tuple[float, str]] = []
+    if top:
+        names = set().union(*functions.values())
+        runs = ((large, True), (small, True), (large, False), (small, False))
+        for name in names - {":PROGRAM"}:  # callgrind_annotate's totals line
+            a, b, c, d = (functions[key].get(name, 0) for key in runs)
+            ranked.append((((a - b) - (c - d)) / (large - small), name))
+        ranked = sorted(ranked, reverse=True)[:top]
+    return path_ir / (large - small), ranked
+
+
+def _functions(out_file: str) -> dict[str, int]:
+    """Each function's own instructions in a callgrind output (callgrind_annotate), keyed by file:function."""
+    import re
+    import subprocess
+
+    text = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=100", out_file],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    found: dict[str, int] = {}
+    for match in re.finditer(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S+)", text, re.MULTILINE):
+        where, _, function = match.group(2).rpartition(":")
+        name = f"{where.rsplit('/', 1)[-1]}:{function}"
+        found[name] = found.get(name, 0) + int(match.group(1).replace(",", ""))
+    return found
 
 
 def lone_path(plans: int, writes: bool) -> None:
@@ -323,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                              "parent's CPU (every thread) and the child's per plan")
     parser.add_argument("--child-callgrind", action="store_true",
                         help="the writer process's path (decode, group, write) in callgrind instructions per plan")
+    parser.add_argument("--top", type=int, default=0, metavar="N",
+                        help="with --child-callgrind: the N functions with the most own instructions per plan")
     parser.add_argument("--child-path", type=int, metavar="N", help=argparse.SUPPRESS)  # --child-callgrind's runs
     parser.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lone", action="store_true",
@@ -339,18 +372,22 @@ def main(argv: list[str] | None = None) -> int:
         lone_path(args.lone_path, not args.setup_only)
         return 0
     if args.lone_callgrind:
-        per_plan = round(child_callgrind("--lone-path", 200, 1200))
+        per_plan = round(child_callgrind("--lone-path", 200, 1200)[0])
         if args.json:
             print(json.dumps({"bench": "store_writer_lone_callgrind", "instructions_per_plan": per_plan}))
         else:
             print(f"fleetwire store writer, a lone plan's two commits: {per_plan:,} instructions per plan (callgrind)")
         return 0
     if args.child_callgrind:
-        per_plan = round(child_callgrind())
+        instructions, top = child_callgrind(top=args.top)
+        per_plan = round(instructions)
         if args.json:
-            print(json.dumps({"bench": "store_writer_child_callgrind", "instructions_per_plan": per_plan}))
+            print(json.dumps({"bench": "store_writer_child_callgrind", "instructions_per_plan": per_plan,
+                              **({"top": [[round(ir), name] for ir, name in top]} if args.top else {})}))  # fmt: skip
         else:
             print(f"fleetwire store writer process, the child's path: {per_plan:,} instructions per plan (callgrind)")
+            for ir, name in top:
+                print(f"  {ir:9,.0f}  {name}")
         return 0
     if args.lone:
         lone = measure_lone(min(args.plans, 2000))
