@@ -76,12 +76,13 @@ from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
 from wireio.spawn import kill_session, started
 from wireio.tracing import Tracing
-from wireio.wsbulk import BulkClientConnection, send_frame, write_frame_now
+from wireio.wsbulk import send_frame, write_frame_now
 from worker_agent import handshake
 from worker_agent.attempts import Attempts
 from worker_agent.data_side import DataSide, WatchedOutbound
 from worker_agent.dataplane import DataServer
 from worker_agent.devices import DeviceAllocator
+from worker_agent.frame_sink import FrameSink, SinkConnection
 from worker_agent.gpu_health import HealthMonitor, HealthRules, HealthSource, NvmlHealthSource, physical_of
 from worker_agent.handler_proc import HandlerProcesses, Isolation, isolate
 from worker_agent.handlers import Handler, builtin_handlers
@@ -522,7 +523,7 @@ class Agent:
                 ping_interval=ping_interval,
                 ping_timeout=ping_timeout,
                 close_timeout=close_timeout,
-                create_connection=BulkClientConnection,  # relayed chunks read past the library's copies
+                create_connection=SinkConnection,  # relayed chunks past the library's copies, frames dispatched as read
                 **tls,
             )
         except InvalidStatus as exc:
@@ -595,9 +596,7 @@ class Agent:
             raise WorkerRemoved(self.worker_id, self.url, ws.close_reason or "")
 
     async def _read_loop(self, ws: ClientConnection, codec: Codec) -> None:
-        async for frame in ws:
-            for msg in codec.decode(frame):
-                self._dispatch(msg)
+        await FrameSink(codec, self._dispatch).read(ws)  # in data_received, past websockets' queue (frame_sink.py)
 
     async def _write_loop(self, ws: ClientConnection, codec: Codec) -> None:
         """The session's only sender: everything queued goes out coalesced (worker_agent/outbox.py, write_frames);
