@@ -32,7 +32,7 @@ as the parent sends them, with ``synchronous=OFF`` (the disk's sync is not instr
 runs it for 900 and 6,300 plans and once more for each without the writes (making the records and
 encoding them), and reports the difference of the differences per plan, so start-up and the
 records' making cancel out. Plan ids come from a seeded generator: the runs are the same each time.
-Machine load hardly moves the figure (it needs valgrind).
+Machine load hardly moves the figure (it needs valgrind); each run has ``PYTHONHASHSEED=0``.
 
 To compare two versions of the store, run it from each tree (``cd TREE && python
 bench/store_writer.py``): it imports the store of the tree it is in.
@@ -189,7 +189,9 @@ def child_callgrind(
                 out_file = f"{tmp}/cg-{plans}-{writes}.out"
                 cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", sys.executable,
                        __file__, path_flag, str(plans), *([] if writes else ["--setup-only"])]  # fmt: skip
-                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+                # One hash seed for every run: the dicts' probes (plan ids, field names) the same each time.
+                env = {**os.environ, "PYTHONHASHSEED": "0"}
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stderr
                 found = re.search(r"Collected : (\d+)", out)
                 if found is None:
                     raise SystemExit(f"callgrind gave no count: {out[-500:]}")
