@@ -233,8 +233,8 @@ def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[
 
     Without a ``PlanForgotten`` (nearly every group) the order between records of different types changes nothing,
     so each type is taken apart in C (its selector ``bytes.translate`` of the codes, ``compress``) and grouped by a
-    loop of its own, with no test of a record's code: ~1 % of the child's instructions a plan (147.0-147.9k ->
-    146.1-146.2k, bench/store_writer.py --child-callgrind). A group with one (or an unknown code) goes through
+    loop of its own, with no test of a record's code: 0.5 % of the child's instructions a plan (147.5k -> 146.75k,
+    bench/store_writer.py --child-callgrind). A group with one (or an unknown code) goes through
     :func:`_grouped_in_order`. Taking the loops into C as well (``map`` of ``operator.attrgetter``, ``setattr``, a
     defaultdict's ``__getitem__``) cost more: 166k, for these calls take CPython 3.11's generic paths where the
     loops' attribute reads and stores are specialised.
