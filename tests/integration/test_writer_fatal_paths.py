@@ -103,6 +103,19 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
     opened.close()
 
 
+def hand_writes_to_lingering_child(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``store.hand_writes_to_process()`` with a child that runs :data:`LINGERING_CHILD` (its pipe closes 3 s before
+    it exits on SIGUSR1)."""
+    popen = subprocess.Popen
+
+    def lingering(args: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        return popen([args[0], "-c", LINGERING_CHILD, *args[3:]], **options)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(subprocess, "Popen", lingering)
+        store.hand_writes_to_process()
+
+
 async def stream_until_failed(groups: Groups, first: int) -> None:
     """Groups sent every 2 ms from ``first`` on until one is answered with an error (StoreError from send ends it)."""
     n = first
@@ -141,16 +154,9 @@ async def test_a_child_whose_pipe_closed_before_its_exit_fails_the_groups_withou
 ) -> None:
     """The child's pipe closes 3 s before it exits: the loop never waits for the exit status (it waited 1 s), the
     groups out fail within about :data:`EXIT_WAIT_S` ("it closed its pipe"), and the child is then killed."""
-    popen = subprocess.Popen
-
-    def lingering(args: list[str], **options: Any) -> subprocess.Popen[bytes]:
-        return popen([args[0], "-c", LINGERING_CHILD, *args[3:]], **options)
-
     store = SQLiteStore(tmp_path / DB_FILE)
     try:
-        with monkeypatch.context() as patched:
-            patched.setattr(subprocess, "Popen", lingering)
-            store.hand_writes_to_process()
+        hand_writes_to_lingering_child(store, monkeypatch)
         child = ready_child(store)
         groups = Groups(store)
         groups.send(plan("p1", 1))
@@ -205,16 +211,9 @@ async def test_a_store_closed_while_its_childs_exit_status_is_awaited_fails_the_
     a thread, as CoordinatorServer.stop does): the groups out fail at once naming the closed pipe, the child is
     killed, and the close returns without waiting for the status."""
     monkeypatch.setattr(writer_process, "EXIT_WAIT_S", 60.0, raising=False)
-    popen = subprocess.Popen
-
-    def lingering(args: list[str], **options: Any) -> subprocess.Popen[bytes]:
-        return popen([args[0], "-c", LINGERING_CHILD, *args[3:]], **options)
-
     store = SQLiteStore(tmp_path / DB_FILE)
     try:
-        with monkeypatch.context() as patched:
-            patched.setattr(subprocess, "Popen", lingering)
-            store.hand_writes_to_process()
+        hand_writes_to_lingering_child(store, monkeypatch)
         child = ready_child(store)
         groups = Groups(store)
         os.kill(child.pid, signal.SIGSTOP)  # the group stays unanswered
