@@ -109,6 +109,7 @@ from protocol.messages import (
     Workers,
 )
 from protocol.urls import keepalive
+from wireio.frame_sink import FrameSink
 from wireio.wsbulk import send_frame, takes_frame_now, write_frame
 
 __all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
@@ -786,13 +787,10 @@ class Client:
     # ---- internals: the reader and the writer
 
     async def _read_loop(self, ws: ClientConnection) -> None:
-        answered = False  # a frame came on this connection (protocol/backoff.py: a session served)
+        # The session's frames dispatched in the connection's process_event, past websockets' queue (issue #29).
+        sink = FrameSink(self._receive_frame, text=self._session.text)
         try:
-            async for frame in ws:
-                answered = True
-                self._session.receive_frame(frame)
-                if self._session.has_outgoing:  # the session queued requests of its own (a resubmission)
-                    self._outbox_ready.set()
+            await sink.read(ws)
         except ConnectionClosed:
             pass
         except Exception:
@@ -800,8 +798,15 @@ class Client:
             await ws.close(codes.CLOSE_INTERNAL, "client error")
         finally:
             if ws is self._ws:  # resume, or end the session; a keepalive's pong counts as an answer too
-                served = answered or ws.latency > 0
+                served = sink.answered or ws.latency > 0  # a frame came on it (protocol/backoff.py: served)
                 self._connection_lost(ending_error(ws, self.url, closing=self._closing), served=served)
+
+    def _receive_frame(self, frame: bytes | str) -> None:
+        """A frame from the coordinator, in the connection's ``process_event`` (never awaits)."""
+        session = self._session
+        session.receive_frame(frame)
+        if session.has_outgoing:  # the session queued requests of its own (a resubmission)
+            self._outbox_ready.set()
 
     def _retry_later(self, req_id: int, delay_s: float) -> None:
         """A request answered ``unavailable`` goes out again after ``delay_s`` (same req_id and plan id)."""

@@ -22,7 +22,7 @@ from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
 from protocol.transfer import http1
 from protocol.urls import SINGLE_KEEPALIVE, websocket_url
-from wireio.wsbulk import BulkClientConnection
+from wireio.frame_sink import SinkConnection
 
 __all__ = [
     "CLIENT_PATH",
@@ -150,7 +150,7 @@ async def dial(
             ping_interval=ping_interval_s,
             ping_timeout=ping_timeout_s,
             close_timeout=close_timeout_s,
-            create_connection=BulkClientConnection,  # relayed chunks read past the library's copies
+            create_connection=SinkConnection,  # relayed chunks past the library's copies; frames to the reader's sink
             **_tls(url, ca_file),
         )
     except InvalidStatus as exc:

@@ -1,102 +1,23 @@
-"""The session's frames dispatched where they are read, without websockets' message queue (issue #29).
+"""The worker agent's session frames dispatched where they are read (issue #29): ``wireio/frame_sink.py``.
 
-``async for frame in ws`` takes each frame through the library's queue (``Assembler.put``/``get``), a future and a
-step of the reader task before the agent's dispatch, which never awaits. :class:`SinkConnection` hands a whole final
-binary frame to its ``frame_sink`` from ``process_event`` instead (the library's and ``wireio/wsbulk.py``'s parsers
-call it from ``data_received``): decoded and dispatched there, in the order read. Anything else (a text frame, a
-fragment) detaches the sink and goes to the library's queue, the reader's ``async for`` from then on (in order: every
-frame before it was dispatched already). Control frames are the library's as before.
-
-:class:`FrameSink` is the reader's side: :meth:`FrameSink.read` dispatches the frames queued before it attached
-with ``recv``, attaches, and waits until the sink is detached (then reads with ``async for``), the connection is
-lost, or a dispatch raised (re-raised by ``read``, as the ``async for`` loop raised it).
+:class:`FrameSink` here is that one with the session's codec: each frame decoded and its messages dispatched in the
+connection's ``process_event`` (:class:`SinkConnection`), past websockets' queue.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from websockets.frames import Frame, Opcode
-
 from protocol import Codec
-from wireio.wsbulk import BulkClientConnection
+from wireio.frame_sink import FrameSink as _FrameSink
+from wireio.frame_sink import SinkConnection
 
-BINARY, TEXT, CONT = Opcode.BINARY, Opcode.TEXT, Opcode.CONT
-
-
-class SinkConnection(BulkClientConnection):
-    """The worker agent's connection: whole final binary frames to ``frame_sink`` while one is attached."""
-
-    frame_sink: FrameSink | None = None
-
-    def process_event(self, event: Any) -> None:
-        sink = self.frame_sink
-        if sink is not None and type(event) is Frame:
-            opcode = event.opcode
-            if opcode is BINARY and event.fin:
-                sink.frame(event.data)
-                return
-            if opcode is TEXT or opcode is CONT or opcode is BINARY:
-                self.frame_sink = None  # the library's queue from this frame on, behind those dispatched
-                sink.detached()
-        super().process_event(event)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        sink = self.frame_sink
-        if sink is not None:
-            self.frame_sink = None
-            sink.detached()
+__all__ = ["FrameSink", "SinkConnection"]
 
 
-class FrameSink:
-    """Decodes and dispatches a session's frames in the connection's ``process_event`` (module docstring)."""
+class FrameSink(_FrameSink):
+    """A session's frames decoded with ``codec`` and each message given to ``dispatch`` (which never awaits)."""
 
     def __init__(self, codec: Codec, dispatch: Callable[[Any], None]) -> None:
-        self._decode = codec.decode
-        self._dispatch = dispatch
-        self._text = codec.text
-        self._ended: asyncio.Future[None] | None = None
-        self.frames = 0
-        """Frames dispatched here (tests)."""
-
-    def frame(self, data: bytes | bytearray | memoryview) -> None:
-        ended = self._ended
-        if ended is None or ended.done():  # a dispatch raised: the session ends, nothing more is dispatched
-            return
-        self.frames += 1
-        try:
-            for msg in self._decode(data if type(data) is bytes else bytes(data)):
-                self._dispatch(msg)
-        except Exception as exc:  # the reader raises it, as its loop raised a failed dispatch
-            ended.set_exception(exc)
-
-    def detached(self) -> None:
-        ended = self._ended
-        if ended is not None and not ended.done():
-            ended.set_result(None)
-
-    async def read(self, ws: Any) -> None:
-        """The session's reading until the connection ends (raises what a dispatch raised)."""
-        dispatch, decode = self._dispatch, self._decode
-        if isinstance(ws, SinkConnection) and not self._text:
-            try:
-                queued = ws.recv_messages.frames  # websockets 17's: frames read before the session's reader began
-            except AttributeError:  # another library version: its queue, as before
-                queued = None
-            if queued is not None:
-                while len(queued):
-                    for msg in decode(await ws.recv()):
-                        dispatch(msg)
-                self._ended = asyncio.get_running_loop().create_future()
-                ws.frame_sink = self
-                try:
-                    await self._ended
-                finally:
-                    if ws.frame_sink is self:
-                        ws.frame_sink = None
-        async for frame in ws:  # after a detach (or without a sink): the library's queue; ends when it closes
-            for msg in decode(frame):
-                dispatch(msg)
+        super().__init__(dispatch, codec.decode, text=codec.text)

@@ -1,0 +1,133 @@
+"""A session's frames dispatched where they are read, without websockets' message queue (issue #29).
+
+``async for frame in ws`` takes each frame through the library's queue (``Assembler.put``/``get``), a future and a
+step of the reader task before the session's dispatch, which never awaits. :class:`SinkConnection` hands a whole
+final binary frame to its ``frame_sink`` from ``process_event`` instead (the library's and ``wireio/wsbulk.py``'s
+parsers call it from ``data_received``): decoded and dispatched there, in the order read. Anything else (a text
+frame, a fragment) detaches the sink and goes to the library's queue, the reader's ``async for`` from then on (in
+order: every frame before it was dispatched already). Control frames are the library's as before.
+
+:class:`FrameSink` is the reader's side: :meth:`FrameSink.read` dispatches the frames queued before it attached
+with ``recv``, attaches, and waits until the sink is detached (then reads with ``async for``), the connection is
+lost, or a dispatch raised (re-raised by ``read``, as the ``async for`` loop raised it). Used by the worker agent
+(``worker_agent/frame_sink.py``) and the SDK's session (``fleetwire/client.py``); the coordinator's front door has
+its own (``coordinator/io/frontdoor/connection.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from websockets.frames import Frame, Opcode
+
+from wireio.wsbulk import BulkClientConnection
+
+__all__ = ["FrameSink", "SinkConnection"]
+
+BINARY, TEXT, CONT = Opcode.BINARY, Opcode.TEXT, Opcode.CONT
+
+
+class SinkConnection(BulkClientConnection):
+    """A client connection: whole final binary frames to ``frame_sink`` while one is attached."""
+
+    frame_sink: FrameSink | None = None
+
+    def process_event(self, event: Any) -> None:
+        sink = self.frame_sink
+        if sink is not None and type(event) is Frame:
+            opcode = event.opcode
+            if opcode is BINARY and event.fin:
+                sink.frame(event.data)
+                return
+            if opcode is TEXT or opcode is CONT or opcode is BINARY:
+                self.frame_sink = None  # the library's queue from this frame on, behind those dispatched
+                sink.detached()
+        super().process_event(event)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        sink = self.frame_sink
+        if sink is not None:
+            self.frame_sink = None
+            sink.detached()
+
+
+class FrameSink:
+    """Dispatches a session's frames in the connection's ``process_event`` (module docstring).
+
+    ``dispatch``: called with each message of a frame when ``decode`` is given, else with the frame itself (bytes,
+    or str from the library's queue after a text frame); it must not await. ``text``: the session's encoding is
+    text (its frames are never binary: the sink is not attached).
+    """
+
+    def __init__(
+        self,
+        dispatch: Callable[[Any], None],
+        decode: Callable[[bytes | str], Iterable[Any]] | None = None,
+        *,
+        text: bool = False,
+    ) -> None:
+        self._dispatch = dispatch
+        self._decode = decode
+        self._text = text
+        self._ended: asyncio.Future[None] | None = None
+        self._read_any = False
+        self.frames = 0
+        """Frames dispatched here, in ``process_event`` (tests)."""
+
+    @property
+    def answered(self) -> bool:
+        """Whether any frame came to this session's reading (through the sink or the library's queue)."""
+        return self._read_any or self.frames > 0
+
+    def frame(self, data: bytes | bytearray | memoryview) -> None:
+        ended = self._ended
+        if ended is None or ended.done():  # a dispatch raised: the session ends, nothing more is dispatched
+            return
+        self.frames += 1
+        try:
+            decode = self._decode
+            if decode is None:
+                self._dispatch(data if type(data) is bytes else bytes(data))
+            else:
+                dispatch = self._dispatch
+                for msg in decode(data if type(data) is bytes else bytes(data)):
+                    dispatch(msg)
+        except Exception as exc:  # the reader raises it, as its loop raised a failed dispatch
+            ended.set_exception(exc)
+
+    def detached(self) -> None:
+        ended = self._ended
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
+    def _one(self, frame: bytes | str) -> None:
+        self._read_any = True
+        decode = self._decode
+        if decode is None:
+            self._dispatch(frame)
+        else:
+            for msg in decode(frame):
+                self._dispatch(msg)
+
+    async def read(self, ws: Any) -> None:
+        """The session's reading until the connection ends (raises what a dispatch raised)."""
+        if isinstance(ws, SinkConnection) and not self._text:
+            try:
+                queued = ws.recv_messages.frames  # websockets 17's: frames read before the session's reader began
+            except AttributeError:  # another library version: its queue, as before
+                queued = None
+            if queued is not None:
+                while len(queued):
+                    self._one(await ws.recv())
+                self._ended = asyncio.get_running_loop().create_future()
+                ws.frame_sink = self
+                try:
+                    await self._ended
+                finally:
+                    if ws.frame_sink is self:
+                        ws.frame_sink = None
+        async for frame in ws:  # after a detach (or without a sink): the library's queue; ends when it closes
+            self._one(frame)
