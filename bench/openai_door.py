@@ -649,8 +649,9 @@ _STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
     # The coordinator's side of the token's frame: its bytes read (the websocket's data_received), the frame decoded
     # and handed to the session (right from data_received while its reader idles: ``take``; else by the reader
     # task: ``received``), the core's step.
-    ("websockets.asyncio.connection", "Connection", "data_received", "coordinator: the token's frame read", False,
-     lambda *_: "agent: frame with the token sent" in _MARKS),
+    # (FailFastConnection's: a small frame whole in one read no longer reaches websockets' own data_received)
+    ("coordinator.io.frontdoor.connection", "FailFastConnection", "data_received",
+     "coordinator: the token's frame read", False, lambda *_: "agent: frame with the token sent" in _MARKS),
     ("coordinator.io.frontdoor.core_driver", "CoreSession", "take", "coordinator: frame decoded, session has it",
      False, lambda _session, msgs, *_a, **_k: any(getattr(m, "kind", "") == "token" for m in msgs)),
     ("coordinator.io.frontdoor.core_driver", "CoreSession", "received", "coordinator: frame decoded, session has it",
