@@ -8,8 +8,6 @@ import pytest
 
 from coordinator.core import Coordinator, CoreConfig
 from coordinator.data_plane import MAX_KEPT_KEYS, key_rotation_problem
-from fleetwire.cli.main import build_parser
-from fleetwire.cli.serve import server_settings
 from protocol.messages import (
     Accept,
     Capabilities,
@@ -246,14 +244,3 @@ def test_kept_keys_are_capped_and_a_rotation_too_short_for_the_ttl_is_refused() 
     assert key_rotation_problem(3600.0, 3600.0 / (MAX_KEPT_KEYS - 1)) is None
     assert key_rotation_problem(3600.0, 0.0) is None  # never rotated: one key
     assert key_rotation_problem(3600.0, 86400.0) is None
-
-
-def test_the_coordinator_refuses_a_key_rotation_too_short_for_the_ticket_ttl_at_start() -> None:
-    """``fleetwire coordinator --data-ticket-ttl 3600 --data-key-rotation 60``: refused naming both flags (the
-    CLI's exit 2 for flags that cannot work together); TTL / 7 is accepted."""
-    parser = build_parser()
-    ns = parser.parse_args(["coordinator", "--insecure", "--data-ticket-ttl", "3600", "--data-key-rotation", "60"])
-    with pytest.raises(ValueError, match="--data-key-rotation 60 is too short for --data-ticket-ttl 3600"):
-        server_settings(ns, (), ())
-    ns = parser.parse_args(["coordinator", "--insecure", "--data-ticket-ttl", "700", "--data-key-rotation", "100"])
-    assert server_settings(ns, (), ()).core.data_key_rotation_s == 100.0
