@@ -10,7 +10,7 @@ order: every frame before it was dispatched already). Control frames are the lib
 :class:`FrameSink` is the reader's side: :meth:`FrameSink.read` dispatches the frames queued before it attached
 with ``recv``, attaches, and waits until the sink is detached (then reads with ``async for``), the connection is
 lost, or a dispatch raised (re-raised by ``read``, as the ``async for`` loop raised it). Used by the worker agent
-(``worker_agent/frame_sink.py``) and the SDK's session (``fleetwire/client.py``); the coordinator's front door has
+(``worker_agent/agent.py``) and the SDK's session (``fleetwire/client.py``); the coordinator's front door has
 its own (``coordinator/io/frontdoor/connection.py``).
 """
 

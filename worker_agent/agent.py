@@ -74,6 +74,7 @@ from protocol import ENCODING_SUBPROTOCOL, SUBPROTOCOLS, Codec, DecodeFailure, e
 from protocol.backoff import ReconnectBackoff
 from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
+from wireio.frame_sink import FrameSink, SinkConnection
 from wireio.spawn import kill_session, started
 from wireio.tracing import Tracing
 from wireio.wsbulk import send_frame, write_frame_now
@@ -82,7 +83,6 @@ from worker_agent.attempts import Attempts
 from worker_agent.data_side import DataSide, WatchedOutbound
 from worker_agent.dataplane import DataServer
 from worker_agent.devices import DeviceAllocator
-from worker_agent.frame_sink import FrameSink, SinkConnection
 from worker_agent.gpu_health import HealthMonitor, HealthRules, HealthSource, NvmlHealthSource, physical_of
 from worker_agent.handler_proc import HandlerProcesses, Isolation, isolate
 from worker_agent.handlers import Handler, builtin_handlers
@@ -596,7 +596,7 @@ class Agent:
             raise WorkerRemoved(self.worker_id, self.url, ws.close_reason or "")
 
     async def _read_loop(self, ws: ClientConnection, codec: Codec) -> None:
-        await FrameSink(codec, self._dispatch).read(ws)  # in data_received, past websockets' queue (frame_sink.py)
+        await FrameSink(self._dispatch, codec.decode, text=codec.text).read(ws)  # past websockets' queue (wireio)
 
     async def _write_loop(self, ws: ClientConnection, codec: Codec) -> None:
         """The session's only sender: everything queued goes out coalesced (worker_agent/outbox.py, write_frames);

@@ -1,4 +1,4 @@
-"""worker_agent/frame_sink.py: the session's frames dispatched in the connection's ``process_event`` (issue #29)."""
+"""wireio/frame_sink.py as the worker agent reads with it: frames dispatched in the connection's ``process_event``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 
 from tests.waiting import until
-from worker_agent.frame_sink import FrameSink, SinkConnection
+from wireio.frame_sink import FrameSink, SinkConnection
 
 
 class _Codec:
@@ -30,7 +30,8 @@ async def _read(frames: list[bytes | str], dispatch: Any) -> FrameSink:
     async with serve(handler, "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
         async with connect(f"ws://127.0.0.1:{port}", create_connection=SinkConnection) as ws:
-            sink = FrameSink(_Codec(), dispatch)  # type: ignore[arg-type]  # a codec's decode and text
+            codec = _Codec()
+            sink = FrameSink(dispatch, codec.decode, text=codec.text)  # as worker_agent/agent.py builds it
             reading = asyncio.ensure_future(sink.read(ws))
             await until(lambda: ws.frame_sink is sink or reading.done())
             await ws.send(b"go")
