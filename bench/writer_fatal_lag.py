@@ -20,47 +20,21 @@ import argparse
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
-from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from tests.integration.test_store_writer_process import plan, ready_child, released, started
+from tests.integration.test_writer_fatal_paths import LagProbe, hand_writes_to_lingering_child
 
 ENDS = ("kill", "stop", "stop-unkillable", "linger")
-LINGERING_CHILD = textwrap.dedent("""
-    import os, runpy, signal, time
-    def close_and_linger(signum, frame):
-        os.closerange(0, 2)
-        os.closerange(3, 4096)
-        time.sleep(3)
-        os._exit(0)
-    signal.signal(signal.SIGUSR1, close_and_linger)
-    runpy.run_module("coordinator.io.stores.writer_child", run_name="__main__", alter_sys=True)
-""")
-
-
-class Lag:
-    """A 5 ms timer on the running loop: the most it ran late."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.worst_s, self.on = 0.0, True
-        self.due = self.loop.time() + 0.005
-        self.loop.call_at(self.due, self.tick)
-
-    def tick(self) -> None:
-        self.worst_s = max(self.worst_s, self.loop.time() - self.due)
-        if self.on:
-            self.due = self.loop.time() + 0.005
-            self.loop.call_at(self.due, self.tick)
 
 
 def _open(path: Path, end: str) -> SQLiteStore:
@@ -68,16 +42,8 @@ def _open(path: Path, end: str) -> SQLiteStore:
     if end != "linger":
         store.hand_writes_to_process()
         return store
-    popen = subprocess.Popen
-
-    def lingering(args: list[str], **options: Any) -> subprocess.Popen[bytes]:
-        return popen([args[0], "-c", LINGERING_CHILD, *args[3:]], **options)
-
-    subprocess.Popen = lingering  # type: ignore[assignment,misc]
-    try:
-        store.hand_writes_to_process()
-    finally:
-        subprocess.Popen = popen  # type: ignore[assignment,misc]
+    with pytest.MonkeyPatch.context() as patched:
+        hand_writes_to_lingering_child(store, patched)
     return store
 
 
@@ -90,7 +56,7 @@ async def one(end: str) -> str:
         for n in range(1, 5):
             committer.submit(plan(f"p{n}", n), n)
         await released(seen, 4)
-        lag = Lag()
+        lag = LagProbe()
         if end == "stop-unkillable":
             child.process.kill = lambda: None  # type: ignore[method-assign]
         signals = {"kill": signal.SIGKILL, "linger": signal.SIGUSR1}
@@ -103,12 +69,12 @@ async def one(end: str) -> str:
             await asyncio.sleep(0.002)
         failed_s = time.monotonic() - began
         await asyncio.sleep(0.1)
-        lag.on = False
+        worst_s = lag.stop()
         await committer.close()
         if end == "stop-unkillable":
             os.kill(child.pid, signal.SIGKILL)
         await asyncio.to_thread(store.close)
-        return f"{end:>16}: lag {lag.worst_s * 1000:7.1f} ms, failed after {failed_s:.2f} s: {seen.errors[0]}"
+        return f"{end:>16}: lag {worst_s * 1000:7.1f} ms, failed after {failed_s:.2f} s: {seen.errors[0]}"
 
 
 def main() -> None:
