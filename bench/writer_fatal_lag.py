@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from tests.integration.test_store_writer_process import plan, ready_child, released, started
-from tests.integration.test_writer_fatal_paths import LagProbe, hand_writes_to_lingering_child
+from tests.integration.test_writer_fatal_paths import hand_writes_to_lingering_child
+from tests.waiting import LagProbe
 
 ENDS = ("kill", "stop", "stop-unkillable", "linger")
 

@@ -1,4 +1,5 @@
-"""Waiting in tests for state that another task, process or the database changes, and that has no event."""
+"""Waiting in tests for state that another task, process or the database changes, and that has no event; and a probe
+of how late the event loop runs (a test that says one peer never stalls the others)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,25 @@ async def until(condition: Callable[[], object], timeout_s: float = 30.0, interv
     async with asyncio.timeout(timeout_s):
         while not condition():  # noqa: ASYNC110 - the callers' state has no event to wait on
             await asyncio.sleep(interval_s)
+
+
+class LagProbe:
+    """A 5 ms timer on the running loop: the most it ran late (``worst_s``) until :meth:`stop`."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.worst_s = 0.0
+        self._due = self.loop.time() + 0.005
+        self._timer = self.loop.call_at(self._due, self._tick)
+
+    def _tick(self) -> None:
+        self.worst_s = max(self.worst_s, self.loop.time() - self._due)
+        self._due = self.loop.time() + 0.005
+        self._timer = self.loop.call_at(self._due, self._tick)
+
+    def stop(self) -> float:
+        self._timer.cancel()
+        return self.worst_s
 
 
 def alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from coordinator.records import Record
 from tests.integration.test_store_writer_process import plan, ready_child
-from tests.waiting import alive, until
+from tests.waiting import LagProbe, alive, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,25 +44,6 @@ LINGERING_CHILD = textwrap.dedent("""
     signal.signal(signal.SIGUSR1, close_and_linger)
     runpy.run_module("coordinator.io.stores.writer_child", run_name="__main__", alter_sys=True)
 """)
-
-
-class LagProbe:
-    """A 5 ms timer on the running loop: the most it ran late (``worst_s``) until :meth:`stop`."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.worst_s = 0.0
-        self._due = self.loop.time() + 0.005
-        self._timer = self.loop.call_at(self._due, self._tick)
-
-    def _tick(self) -> None:
-        self.worst_s = max(self.worst_s, self.loop.time() - self._due)
-        self._due = self.loop.time() + 0.005
-        self._timer = self.loop.call_at(self._due, self._tick)
-
-    def stop(self) -> float:
-        self._timer.cancel()
-        return self.worst_s
 
 
 class Groups:

@@ -11,7 +11,6 @@ import os
 import signal
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from coordinator.io.stores import commit, writer_process
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from tests.integration.test_store_writer_process import plan, ready_child, started
-from tests.waiting import until
+from tests.waiting import LagProbe, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,23 +59,13 @@ async def test_a_store_closed_with_groups_out_to_a_stuck_child_keeps_the_loop_re
     os.kill(child.pid, signal.SIGSTOP)
     for n in range(1, 20):
         committer.submit(plan(f"p{n}", n), n)
-    late = [0.0]
-    done = asyncio.Event()
-
-    async def probe() -> None:
-        while not done.is_set():
-            started_at = time.monotonic()
-            await asyncio.sleep(0.01)
-            late[0] = max(late[0], time.monotonic() - started_at - 0.01)
-
-    probing = asyncio.ensure_future(probe())
+    probe = LagProbe()
     try:
         await asyncio.to_thread(store.close)
     finally:
-        done.set()
-        await probing
+        late_s = probe.stop()
     assert seen == [] and seen.errors
-    assert late[0] < 1.0, f"the loop stalled {late[0]:.1f} s"
+    assert late_s < 1.0, f"the loop stalled {late_s:.1f} s"
 
 
 def _is_pipe(fd: int) -> bool:
