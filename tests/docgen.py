@@ -207,8 +207,10 @@ ERROR_CODE_MEANINGS: Final[dict[str, tuple[ErrorWhere, str]]] = {
     errors.TICKET_REFUSED: ("ErrorInfo", "The worker holding an output the plan uses refused the ticket to fetch it "
                             "(401 or 403, through the relay `unauthorized` or `forbidden`): it does not accept the key "
                             "that signed it (cluster mode: coordinators with different `--cluster-secret-file`, or a "
-                            "key dropped). The output is not taken as lost; the attempt counts as a failure (retried "
-                            "up to `retries`). The message has the holder's reason (§4 *Plan graphs*)."),
+                            "key dropped, or one the holder has not learned yet). The output is not taken as lost; the "
+                            "plan is placed again with a fresh ticket, the attempt not counted, up to 3 times; after "
+                            "that an attempt counts as a failure (retried up to `retries`). The message has the "
+                            "holder's reason (§4 *Plan graphs*)."),
 }
 
 

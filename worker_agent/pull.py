@@ -25,7 +25,9 @@ Rules:
 * A holder that refuses the ticket (401 or 403, through the relay ``unauthorized`` or ``forbidden``): the
   input fails ``ticket_refused`` with the holder's reason, at once (the relay would refuse the same ticket). The
   output is not known to be lost: the key that signed the ticket is not one the holder accepts (in cluster mode
-  coordinators with different ``--cluster-secret-file``, or a key dropped), and nothing is made again for it.
+  coordinators with different ``--cluster-secret-file``, or a key dropped, or a rotated one it has not learned yet),
+  and nothing is made again for it. The coordinator places the plan again with a fresh ticket without charging the
+  attempt, a few times (coordinator/worker_sessions/leases.py ``FREE_TICKET_RETRIES``).
 * Nothing here reads a ticket or decides placement: the coordinator did both.
 
 One task per attempt with pulls (not per message); it ends with the attempt (the runner cancels it).

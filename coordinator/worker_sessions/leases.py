@@ -16,6 +16,10 @@ Rules:
 * A cancelled plan's stream has ended with its terminal event: later ``event`` s are dropped,
   and its ``done`` only frees the lease (and records the attempt's energy).
 * A ``done(failed)`` of a plan with retries left queues it again (coordinator/recovery.py).
+* A ``done(failed, ticket_refused)`` (a holder refused the ticket for an input: a key it had not learned yet,
+  docs/SEMANTICS.md §Graphs) queues the plan again with a fresh ticket, the attempt not counted, as
+  ``output_lost`` is; at most :data:`FREE_TICKET_RETRIES` times a plan (its history says how many), then it is
+  an ordinary failure (retried up to ``retries``, else the plan fails ``ticket_refused``).
 * A ``done`` that does not succeed of a preempted attempt (the coordinator's ``preempt``, or
   ``done.preempted``: its host is being interrupted) queues the plan again, the attempt not
   counted; the plan the preemption made room for is placed on that worker first (coordinator/sharing.py).
@@ -28,10 +32,11 @@ shared state (coordinator/state.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, assert_never
+from typing import TYPE_CHECKING, Final, assert_never
 
 from coordinator import scopes
 from coordinator.errors import InvalidTransition
+from coordinator.graphs.lineage import DEFAULT_MAX_REBUILDS
 from coordinator.plans import RESERVED_KINDS, SMALL_EVENT_BYTES, Plan, advance, done_event
 from coordinator.receipts import settle
 from coordinator.scheduling import note_attempt
@@ -50,7 +55,11 @@ if TYPE_CHECKING:
     from coordinator.streams import Streams
     from coordinator.timeouts import RunTimeouts
 
-__all__ = ["Leases"]
+__all__ = ["FREE_TICKET_RETRIES", "Leases"]
+
+FREE_TICKET_RETRIES: Final = DEFAULT_MAX_REBUILDS
+"""``ticket_refused`` attempts a plan gets back free: the bound an ``output_lost`` consumer has (its producer is
+rebuilt at most that many times), so a holder that never accepts the key cannot keep a plan going round."""
 
 
 class Leases:
@@ -212,6 +221,14 @@ class Leases:
             plan.free_attempts += 1
             note_attempt(plan, "failed", f"{errors.OUTPUT_LOST}: {msg.error.message if msg.error else ''}")
             self._scheduler.requeue(plan, f"an input it takes from another plan was lost on worker {worker_id}", now)
+        elif not ended and msg.outcome == "failed" and _free_ticket_retry(plan, msg.error):
+            # A holder refused the input's ticket: most likely it had not learned the key that signed it yet (a
+            # rotation, in cluster mode another core's). Queued again with a fresh ticket, not counted.
+            advance(plan, "retry")
+            plan.free_attempts += 1
+            note_attempt(plan, "failed", f"{errors.TICKET_REFUSED}: {msg.error.message if msg.error else ''}")
+            self._scheduler.requeue(plan, f"a worker holding an input refused its ticket (pulled on worker "
+                                          f"{worker_id}); placed again with a fresh ticket", now)  # fmt: skip
         elif not ended and msg.outcome == "failed" and plan.retried < plan.retries:
             why = f"worker {worker_id} reported a failure without an error"
             self._recovery.retry(plan, worker_id, msg.error or ErrorInfo(errors.HANDLER_ERROR, why), now)
@@ -281,3 +298,13 @@ class Leases:
                 self._streams.emit(plan, "cancelled", {"reason": f"cancelled by worker {worker_id}"}, small=True)
             case _:
                 assert_never(msg.outcome)
+
+
+def _free_ticket_retry(plan: Plan, error: ErrorInfo | None) -> bool:
+    """Whether a ``ticket_refused`` failure gets its attempt back: fewer than :data:`FREE_TICKET_RETRIES` before it
+    (the plan's stored history counts them, so the bound holds across a restart)."""
+    if error is None or error.code != errors.TICKET_REFUSED:
+        return False
+    prefix = f"{errors.TICKET_REFUSED}:"
+    refused = sum(1 for entry in plan.history if str(entry.get("reason", "")).startswith(prefix))
+    return refused < FREE_TICKET_RETRIES

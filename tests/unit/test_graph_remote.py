@@ -10,6 +10,7 @@ import pytest
 
 from coordinator.graphs.remote import RemotePlan, remote_key, remote_row
 from coordinator.placement.placer import PlacementConfig
+from coordinator.worker_sessions.leases import FREE_TICKET_RETRIES
 from protocol import errors
 from protocol.messages import Assign, Cancel, ErrorInfo, OutputRef, OutputSpec, Requirements, Submit
 from tests.unit.test_core import Harness
@@ -91,19 +92,28 @@ def test_a_failed_remote_upstream_fails_its_consumers_here_at_once_naming_it() -
     assert "of principal 'carol'" in error_of(h, bob).message
 
 
-def test_a_cross_shard_pull_refused_for_its_key_fails_the_consumer_ticket_refused_not_output_lost() -> None:
-    """B's worker reports the holder refused the shared-key ticket (ticket_refused): B fails with that code and the
-    holder's reason, not output_lost ("cannot be made again"); a's output is not counted lost."""
+def test_a_cross_shard_pull_refused_for_its_key_is_placed_again_free_then_fails_ticket_refused() -> None:
+    """B's worker reports the holder refused the shared-key ticket (ticket_refused: it had not learned the key yet):
+    B is queued again with a fresh ticket, no attempt charged, FREE_TICKET_RETRIES times (max_attempts 1, no
+    retries); the next refusal fails it with that code and the holder's reason, not output_lost ("cannot be made
+    again"); a's output is never counted lost."""
     h = shard_core(Harness(placement=PlacementConfig(cluster=True)))
     conns = fleet(h, "w1")
     client = h.client("alice")
     h.core.graphs.remote_seen(succeeded(), h.now)
-    b = h.submit(client, plan_id="b", inputs=[ref("a")])
-    assign = assign_of(h, conns["w1"])
+    b = h.submit(client, plan_id="b", inputs=[ref("a")], max_attempts=1)
     refused = ErrorInfo(errors.TICKET_REFUSED, "worker w0 refused the ticket to fetch it (401: unknown ticket key "
                         "'c1')", {"plan_id": "a", "output": "y"})  # fmt: skip
-    finish(h, conns["w1"], b, assign.attempt, outcome="failed", error=refused)
+    for attempt in range(1, FREE_TICKET_RETRIES + 1):
+        assign = assign_of(h, conns["w1"])
+        assert assign.attempt == attempt and assign.pulls[0].ticket.startswith("fw1.cluster.")
+        finish(h, conns["w1"], b, attempt, outcome="failed", error=refused)
+        assert h.core.plans[b].error is None
     plan = h.core.plans[b]
+    assert plan.attempt - plan.free_attempts == 1  # not one charged against max_attempts
+    assert [e["reason"].split(":")[0] for e in plan.history] == [errors.TICKET_REFUSED] * FREE_TICKET_RETRIES
+    assign = assign_of(h, conns["w1"])
+    finish(h, conns["w1"], b, assign.attempt, outcome="failed", error=refused)
     assert plan.state == "failed" and plan.error is not None and plan.error.code == errors.TICKET_REFUSED
     assert "unknown ticket key 'c1'" in plan.error.message
     assert h.core.state.counters["outputs_lost"] == 0
