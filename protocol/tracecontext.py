@@ -130,12 +130,12 @@ _pool: list[str] = []
 
 
 def handler_traceparent(text: str) -> str:
-    """The context a handler passes on for a plan's ``traceparent``: itself, or for :data:`UNSAMPLED` (or its
-    forwarded form :data:`UNSAMPLED_SHORT`) a fresh unsampled W3C context (random ids, flags ``00``), so what the
-    handler calls follows the caller's decision.
+    """The context a handler passes on for a plan's ``traceparent``: itself, or for :data:`UNSAMPLED` a fresh
+    unsampled W3C context (random ids, flags ``00``), so what the handler calls follows the caller's decision.
+    (:data:`UNSAMPLED_SHORT` is a wire form only: the worker's runner stores it as :data:`UNSAMPLED`.)
     The ids are drawn 256 contexts at a time (one ``os.urandom`` and one hex); the worker calls this only when a
     handler reads ``ctx.traceparent`` (worker_agent/handlers.py), as each call costs ~0.4 µs."""
-    if text != UNSAMPLED and text != UNSAMPLED_SHORT:
+    if text != UNSAMPLED:
         return text
     if not _pool:
         digits = os.urandom(24 * _POOL_SIZE).hex()

@@ -46,7 +46,7 @@ import structlog
 
 import protocol
 from protocol import errors
-from protocol.tracecontext import UNSAMPLED, UNSAMPLED_SHORT, handler_traceparent
+from protocol.tracecontext import UNSAMPLED, handler_traceparent
 from wireio.spawn import started
 from worker_agent.isolation import PlanIsolation
 from worker_agent.pychild import allowed_target, resolve_allowed
@@ -153,10 +153,11 @@ class Context:
 
     @property
     def traceparent(self) -> str:
-        """The caller's "no" without ids ("00", or "0" as the coordinator forwards it: protocol/tracecontext.py) reads
-        as a fresh unsampled W3C context, drawn at the first read: a plan whose handler never reads it costs no ids."""
+        """The caller's "no" without ids ("00"; the runner stores the wire's "0" as "00": protocol/tracecontext.py)
+        reads as a fresh unsampled W3C context, drawn at the first read: a plan whose handler never reads it costs no
+        ids."""
         text = self.assigned_traceparent
-        if text == UNSAMPLED_SHORT or text == UNSAMPLED:
+        if text == UNSAMPLED:
             text = self.assigned_traceparent = handler_traceparent(text)
         return text
 

@@ -479,10 +479,14 @@ class PlanRunner:
             # property's field, not through its setter: at 1 % sampling 99 plans in 100 come here with "00", so it
             # is told apart first. A sampled plan's handler gets its handler span's context (traced_on_loop,
             # _attempt), set before the handler starts: nothing reads the attempt span's, so it is not formatted.
-            # "0" is "00" as the coordinator forwards it to this worker (capabilities.short_unsampled): tested first.
-            run.ctx.assigned_traceparent = traceparent
-            if traceparent != UNSAMPLED_SHORT and traceparent != UNSAMPLED and self.tracing is not None:
-                run.span = attempt_span(self.tracing, assign, self.worker_id)
+            # "0" is "00" as the coordinator forwards it to this worker (capabilities.short_unsampled): translated
+            # here, tested first, so the handler's side (Context.traceparent, handler_traceparent) knows only "00".
+            if traceparent == UNSAMPLED_SHORT:
+                run.ctx.assigned_traceparent = UNSAMPLED
+            else:
+                run.ctx.assigned_traceparent = traceparent
+                if traceparent != UNSAMPLED and self.tracing is not None:
+                    run.span = attempt_span(self.tracing, assign, self.worker_id)
         request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None:
             run.devices = self.devices.allocate(run.key, request, assign.devices) or ()

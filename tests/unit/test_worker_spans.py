@@ -101,9 +101,32 @@ async def test_a_plan_its_caller_chose_not_to_sample_hands_its_handler_a_fresh_u
     assert all(c is not None and c.flags == 0 for c in contexts)
     ctx = Context(plan_id="p3", attempt=1, worker_id="w1", args=None, sink=lambda _: None, kill_grace_s=1.0,
                   max_payload_bytes=1024)  # fmt: skip
-    ctx.traceparent = unsampled
-    assert ctx.traceparent == ctx.traceparent != unsampled  # drawn once, at the first read
+    ctx.traceparent = "00"  # what the runner stores for either form (the wire's "0" is translated there)
+    assert ctx.traceparent == ctx.traceparent != "00"  # drawn once, at the first read
     assert parse_traceparent(ctx.traceparent) is not None
+
+
+@pytest.mark.parametrize("traced", [True, False])
+async def test_the_runner_stores_the_one_character_unsampled_decision_as_00(traced: bool) -> None:
+    """The wire's "0" (``capabilities.short_unsampled``) is translated to "00" once, by the runner: the plan's
+    Context holds "00", so nothing on the handler's side (Context.traceparent, handler_traceparent) reads "0"."""
+    stored: list[str] = []
+
+    @on_loop
+    def keeps_the_field(ctx: Context, args: Any) -> None:
+        stored.append(ctx.assigned_traceparent)
+
+    exporter, tracing, _, plans = _traced_runner()
+    if not traced:
+        plans.tracing = None
+    plans.add_handler("keeps_the_field", keeps_the_field)
+    try:
+        plans.on_assign(protocol.Assign(plan_id="p1", attempt=1, op="keeps_the_field", traceparent="0"))
+        plans.on_assign(protocol.Assign(plan_id="p2", attempt=1, op="keeps_the_field", traceparent="00"))
+        tracing.flush()
+    finally:
+        tracing.shutdown()
+    assert stored == ["00", "00"] and exporter.spans == []
 
 
 def test_an_unsampled_assign_builds_nothing_for_an_attempt_span() -> None:
@@ -160,14 +183,16 @@ async def test_a_plan_its_caller_chose_not_to_sample_runs_the_same_python_calls_
 
 
 def test_this_worker_says_in_its_hello_that_it_reads_the_one_character_unsampled_decision() -> None:
-    """``capabilities.short_unsampled`` (the coordinator then forwards "00" as "0"), and "0" reads as "00" does."""
+    """``capabilities.short_unsampled`` (the coordinator then forwards "00" as "0"; the runner reads it as "00":
+    test_the_runner_stores_the_one_character_unsampled_decision_as_00), and "00" gives a handler a fresh unsampled
+    context each time."""
     from protocol.tracecontext import handler_traceparent, parse_traceparent
     from worker_agent.probe import probe_capabilities
 
     assert probe_capabilities(tags=(), max_concurrency=1, ops=["echo"]).short_unsampled
-    fresh = handler_traceparent("0")
+    fresh = handler_traceparent("00")
     context = parse_traceparent(fresh)
-    assert context is not None and context.flags == 0 and fresh != handler_traceparent("0")
+    assert context is not None and context.flags == 0 and fresh != handler_traceparent("00")
 
 
 async def test_a_sampled_plan_formats_only_its_handler_spans_context() -> None:
