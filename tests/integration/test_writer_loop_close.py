@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.io.stores import commit, writer_process
@@ -51,9 +52,13 @@ async def test_a_store_closed_with_groups_out_answers_them_and_the_committers_cl
     assert len(seen) == 49 or seen.errors
 
 
-async def test_a_store_closed_with_groups_out_to_a_stuck_child_keeps_the_loop_responsive(store: SQLiteStore) -> None:
+async def test_a_store_closed_with_groups_out_to_a_stuck_child_keeps_the_loop_responsive(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The child stopped (SIGSTOP: a disk that does not answer) with groups out, the store closed in a thread: the
-    loop keeps turning (a 10 ms probe is never late by 1 s) while the close ends the child, and the groups fail."""
+    loop keeps turning (a 10 ms probe is never late by 1 s) while the close ends the child (after its grace, made
+    0.5 s), and the groups fail."""
+    monkeypatch.setattr(writer_process, "CLOSE_GRACE_S", 0.5, raising=False)
     seen, committer = started(store, inline_max_records=0)
     child = ready_child(store)
     os.kill(child.pid, signal.SIGSTOP)
@@ -66,6 +71,34 @@ async def test_a_store_closed_with_groups_out_to_a_stuck_child_keeps_the_loop_re
         late_s = probe.stop()
     assert seen == [] and seen.errors
     assert late_s < 1.0, f"the loop stalled {late_s:.1f} s"
+
+
+async def test_a_store_closed_with_groups_out_to_a_stuck_child_is_bounded_by_the_grace_and_logs_them(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child stopped (SIGSTOP) with groups out and the store closed on its own (no committer close first): the
+    close kills the child once the store's close grace passed (writer_process.CLOSE_GRACE_S, made 0.3 s; it waited
+    its 10 s), and its log names the groups given up as not acknowledged, never as committed. The 5 s bound is a
+    generous correctness bound, not a timing goal."""
+    monkeypatch.setattr(writer_process, "CLOSE_GRACE_S", 0.3, raising=False)
+    seen, committer = started(store, inline_max_records=0)
+    child = ready_child(store)
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        for n in range(1, 20):
+            committer.submit(plan(f"p{n}", n), n)
+        await until(lambda: child.in_flight)
+        with capture_logs() as logs:
+            async with asyncio.timeout(5):
+                await asyncio.to_thread(store.close)
+        assert child.process.poll() == -signal.SIGKILL
+        assert seen == [] and seen.errors
+        [given_up] = [entry for entry in logs if "given up" in entry["event"]]
+        assert given_up["killed"] is True and given_up["groups"] >= 1 and given_up["sent_after_generation"] >= 0
+        assert "not acknowledged" in given_up["event"] and given_up["log_level"] == "error"
+    finally:
+        if child.process.poll() is None:
+            os.kill(child.pid, signal.SIGKILL)
 
 
 def _is_pipe(fd: int) -> bool:

@@ -89,7 +89,8 @@ from coordinator.io.stores.writer_wire import (
 )
 from coordinator.records import Record
 
-__all__ = ["EXIT_WAIT_S", "KEYS_HELD_BYTES", "KILL_WAIT_S", "REPLY_TIMEOUT_S", "START_TIMEOUT_S", "WriterProcess"]
+__all__ = ["CLOSE_GRACE_S", "EXIT_WAIT_S", "KEYS_HELD_BYTES", "KILL_WAIT_S", "REPLY_TIMEOUT_S", "START_TIMEOUT_S",
+           "WriterProcess"]  # fmt: skip
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +100,7 @@ KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next
 LEAVE_WAIT_S = 5.0  # a close in another thread waits this long for the loop to take the pipes off it
 EXIT_WAIT_S: Final = 1.0  # a closed pipe's exit status awaited this long (a loop timer) before the groups fail
 KILL_WAIT_S: Final = 5.0  # a child not ended this long after its SIGKILL is logged (it holds the store's lock)
+CLOSE_GRACE_S = 10.0  # close(): the longest wait for the child's end in all, then killed (a stop's: commit.py)
 
 
 class WriterProcess:
@@ -164,6 +166,8 @@ class WriterProcess:
         self._overdue: asyncio.TimerHandle | None = None  # the stuck check while groups wait for their reply
         self._answered_at = 0.0  # the last reply's time, or the first send's since nothing waited (monotonic)
         self._abandoned = False  # left with groups out (failed unanswered): the child may still commit them
+        self._given_up = 0  # groups failed unanswered (left, abandoned): close() logs them, never as committed
+        self._given_up_after = 0  # the last generation answered when the first of them was given up
         self._fds_lock = threading.Lock()  # the pipes closed only once off the loop (leave, close)
         self._fds_orphaned = False  # close() gave up waiting for the loop to leave: leave() closes them
         # On the loop, the pipe closed or broke (_died): why, while the child's exit status is awaited.
@@ -363,6 +367,7 @@ class WriterProcess:
         if self._waiting:
             finished = list(self._waiting)
             self._waiting.clear()
+            self._note_given_up(len(finished))
             if self._failed is None:  # the child may still commit them: no later write builds on its keys
                 self._abandoned = True
                 self._failed = (f"the store's writer process (pid {self.pid}) for {self.path}: left with "
@@ -377,8 +382,14 @@ class WriterProcess:
         """On the loop: the groups out fail now with ``why`` (committed or not, as after a crash), the child killed
         without waiting (a stop that gave up on it: commit.py ``CLOSE_GRACE_S``); :meth:`close` then only reaps it."""
         if self._loop is not None and self._failed is None:
+            self._note_given_up(len(self._waiting))
             self._fail_waiting(why)  # it leaves the loop; a second leave() does nothing
         self.leave()
+
+    def _note_given_up(self, groups: int) -> None:
+        if groups and not self._given_up:
+            self._given_up_after = self.generation
+        self._given_up += groups
 
     def _leave_from_any_thread(self) -> bool:
         """:meth:`leave`, on the loop's thread when that loop runs in another one (a store closed in a thread);
@@ -581,14 +592,18 @@ class WriterProcess:
             log.error("the store's writer process did not end after SIGKILL (uninterruptible sleep: a disk that "
                       "does not answer?); it holds the store's lock until it ends", pid=self.pid)  # fmt: skip
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """End the child: the close request, then its stdin closed; it closes the file and exits (killed if it
-        does not in time). Without the request it would exit without closing the file (the parent's death). A loop
-        that does not leave the pipes in time: the child killed, the pipes left open for :meth:`leave` to close."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """End the child: the close request, then its stdin closed; it closes the file and exits, or is killed once
+        ``timeout_s`` (None: :data:`CLOSE_GRACE_S`) passed since the close began. Without the request it would exit
+        without closing the file (the parent's death). A loop that does not leave the pipes in time: the child killed,
+        the pipes left open for :meth:`leave` to close. Groups given up (out when the store closed, or abandoned at a
+        stop) are logged with their count and the generation after which they were sent: never as committed."""
         if not self._leave_from_any_thread():
             self.child.kill()
             self.child.wait(KILL_WAIT_S)
+            self._log_given_up(killed=True)
             return
+        deadline = time.monotonic() + (CLOSE_GRACE_S if timeout_s is None else timeout_s)
         with self._cond:
             self._closing = True
             self._cond.notify_all()
@@ -596,12 +611,22 @@ class WriterProcess:
             with self._send_lock, contextlib.suppress(OSError):
                 self._requests.unsent += REQUEST_HEADER.pack(0, CLOSE)  # after what the loop had no room for yet
                 os.set_blocking(self._out, False)  # a blocking write waits for room for all of it
-                self._requests.flush(timeout_s)
+                self._requests.flush(max(0.0, deadline - time.monotonic()))
         self.child.close_stdin()
-        if not self.child.wait(timeout_s):
-            log.error("the store's writer process did not stop; killed", pid=self.pid)
+        killed = not self.child.wait(max(0.0, deadline - time.monotonic()))
+        if killed:
             self.child.kill()
             self.child.wait(KILL_WAIT_S)
+        self._log_given_up(killed=killed)
         if self._receiver is not None:
             self._receiver.join()
         self.child.close_pipes()
+
+    def _log_given_up(self, *, killed: bool) -> None:
+        """How the child ended, when it was killed or groups were given up (never answered: not acknowledged)."""
+        if self._given_up:
+            log.error("the store's writer process closed with groups given up: never answered, so not acknowledged "
+                      "(committed or not, as after a crash)", pid=self.pid, killed=killed, groups=self._given_up,
+                      sent_after_generation=self._given_up_after)  # fmt: skip
+        elif killed:
+            log.error("the store's writer process did not stop; killed", pid=self.pid)
