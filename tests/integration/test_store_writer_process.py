@@ -29,6 +29,7 @@ from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from coordinator.io.stores import writer_child, writer_process, writer_wire
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import StoreError
+from coordinator.io.stores.schema import GENERATION
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record, UsageRows
@@ -302,7 +303,7 @@ def test_inline_and_child_commits_alternating_store_the_bytes_the_thread_stores(
         try:
             tables.append([db.execute(query).fetchall() for query in (
                 "SELECT rowid, * FROM plans ORDER BY rowid", "SELECT * FROM events ORDER BY plan, seq",
-                "SELECT * FROM store_meta")])  # fmt: skip
+                GENERATION)])  # fmt: skip
         finally:
             db.close()
     assert tables[0] == tables[1]

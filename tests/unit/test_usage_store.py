@@ -82,7 +82,7 @@ def test_a_version_4_file_gains_the_usage_table(tmp_path: Path) -> None:
     path = tmp_path / "c.sqlite3"
     SQLiteStore(path).close()
     db = sqlite3.connect(path)
-    db.executescript("DROP TABLE usage; PRAGMA user_version = 4;")
+    db.executescript("DROP TABLE usage; ALTER TABLE plans DROP COLUMN gen; PRAGMA user_version = 4;")
     db.close()
     store = SQLiteStore(path)
     assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

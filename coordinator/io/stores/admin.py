@@ -31,7 +31,7 @@ from coordinator.io.stores.integrity import (
     write_generation,
 )
 from coordinator.io.stores.rows import SELECT_EVENTS, SELECT_PLANS, decode_plans
-from coordinator.io.stores.schema import SCHEMA_VERSION
+from coordinator.io.stores.schema import GENERATION, MIGRATIONS, SCHEMA_VERSION
 
 __all__ = ["CheckReport", "backup_store", "check_store", "restore_store"]
 
@@ -111,10 +111,13 @@ def _check(db: sqlite3.Connection, report: CheckReport, *, full: bool, marker: b
         if problem is not None:
             report.problems.append(problem)
     if report.version != SCHEMA_VERSION:
-        if report.version in (1, 2, 3):
-            report.notes.append(f"schema version {report.version}: migrated (and checksummed) at the next start")
+        if report.version in MIGRATIONS:
+            checksummed = " (and checksummed)" if report.version < 4 else ""
+            report.notes.append(f"schema version {report.version}: migrated{checksummed} at the next start")
             for state, n in db.execute("SELECT state, count(*) FROM plans GROUP BY state"):
                 report.plans[str(state)] = n
+            if report.version >= 4:  # a count before version 6's row stamps: store_meta's alone
+                report.generation = db.execute("SELECT generation FROM store_meta").fetchone()[0]
         else:
             report.problems.append(f"schema version {report.version} is not a fleetwire store this version reads")
         return
@@ -122,7 +125,7 @@ def _check(db: sqlite3.Connection, report: CheckReport, *, full: bool, marker: b
     report.problems.extend(damaged.values())
     report.plans = dict(Counter(p.status.state if p.status is not None else "queued" for p in plans))
     report.event_rows = db.execute("SELECT count(*) FROM events").fetchone()[0]
-    report.generation = db.execute("SELECT generation FROM store_meta").fetchone()[0]
+    report.generation = db.execute(GENERATION).fetchone()[0]
     if marker:
         report.acknowledged = _read_marker(path)
         problem = marker_problem(report.generation, report.acknowledged, path.name + ".generation")

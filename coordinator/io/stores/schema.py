@@ -4,20 +4,28 @@
 them. A new file is created as version 3's tables followed by every later migration, so the
 current schema and the path an old file takes to it are the same statements.
 
-Version 5 (this one)::
+Version 6 (this one)::
 
     plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents,
-          spec_crc, status_crc, events_crc)                  -- rowid: submit order
+          spec_crc, status_crc, events_crc, gen)             -- rowid: submit order
     events(plan, seq, body BLOB, crc, PRIMARY KEY (plan, seq))
-    store_meta(generation)                                    -- one row: groups committed
+    store_meta(generation)                                    -- one row: groups committed (see below)
     usage(hour, principal, team, totals BLOB, crc, PRIMARY KEY (hour, principal, team))  -- the usage ledger
 
 Checksums (:func:`crc`) are CRC-32 of the stored bytes: ``spec_crc`` of ``spec``,
 ``status_crc`` of ``status``, ``events_crc`` of the whole inline ``events`` blob (kept running:
 an appended run continues the previous value), ``events.crc`` of ``body`` seeded with the
-plan's rowid, so a run moved to another plan does not verify either. ``store_meta.generation``
-counts committed groups; a side file next to the database (``<db>.generation``) holds the same
-number, written after each commit, so a database found behind it lost acknowledged commits.
+plan's rowid, so a run moved to another plan does not verify either.
+
+The generation (:data:`GENERATION`) counts committed groups; a side file next to the database
+(``<db>.generation``) holds the same number, written after each commit, so a database found behind
+it lost acknowledged commits. It is ``max(store_meta.generation, max(plans.gen))``: a group that
+writes plan rows stamps each with its number (``gen``) and leaves ``store_meta`` alone, so a lone
+plan's commit dirties one page (its row's), not two; a group that writes no plan row writes
+``store_meta`` instead. So after the commit of group ``g`` one of them holds ``g`` and none more (a
+later group that deletes the row holding the highest stamp stamps or writes a higher number itself;
+dropping a damaged plan, which is no group, writes ``store_meta``), and a commit lost with the
+``-wal`` takes its stamps with it.
 """
 
 from __future__ import annotations
@@ -26,9 +34,12 @@ import sqlite3
 import zlib
 from typing import Final
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "crc", "create_schema", "migrate"]
+__all__ = ["GENERATION", "MIGRATIONS", "SCHEMA_VERSION", "crc", "create_schema", "migrate"]
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
+
+GENERATION: Final = "SELECT max(generation, (SELECT coalesce(max(gen), 0) FROM plans)) FROM store_meta"
+"""The groups a version 6 file has committed (one scan of ``plans``: at the open only)."""
 
 crc = zlib.crc32
 """``crc(data, start=0)``: the checksum the store keeps of each blob (CRC-32, unsigned)."""
@@ -113,7 +124,13 @@ CREATE TABLE usage (
     PRIMARY KEY (hour, principal, team)
 ) WITHOUT ROWID;
 """
-MIGRATIONS: Final = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3, 4: _MIGRATE_V4}  # from version N to N + 1
+# Version 6 stamps each plan row a group writes with the group's generation (see the module's docstring): the
+# commit of a lone plan writes one WAL frame, not a second for store_meta's page. Rows of older versions read 0.
+_MIGRATE_V5 = """
+ALTER TABLE plans ADD COLUMN gen INTEGER NOT NULL DEFAULT 0;
+"""
+# From version N to N + 1.
+MIGRATIONS: Final = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3, 4: _MIGRATE_V4, 5: _MIGRATE_V5}
 
 
 def _sql_crc(data: bytes | None, start: int) -> int | None:

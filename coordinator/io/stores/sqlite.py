@@ -9,11 +9,11 @@ coordinator off it. Its abilities beyond the :class:`~coordinator.io.stores.stor
 interface (``coordinator/io/stores/abilities.py``): ``stream``, ``try_write``, ``check_files``
 and ``losses``.
 
-Tables (``PRAGMA user_version`` = 5; a version 1 to 4 file is migrated on open; the
+Tables (``PRAGMA user_version`` = 6; a version 1 to 5 file is migrated on open; the
 definitions and migrations are in ``coordinator/io/stores/schema.py``)::
 
     plans(id, owner, ord, state, spec BLOB, status BLOB, events BLOB, nevents,
-          spec_crc, status_crc, events_crc)                              -- rowid: submit order
+          spec_crc, status_crc, events_crc, gen)                         -- rowid: submit order
     events(plan, seq, body BLOB, crc, PRIMARY KEY (plan, seq))
     store_meta(generation)
     usage(hour, principal, team, totals BLOB, crc)                       -- the usage ledger (UsageRows)
@@ -36,7 +36,8 @@ does not shrink (``VACUUM`` it offline, or ``fleetwire store backup`` writes a c
 
 Integrity (``coordinator/io/stores/integrity.py``): every blob has a CRC-32 checked on load (the
 inline events' one runs on: the writer keeps each open plan's last value in memory, ~100
-bytes a plan); ``quick_check`` at open; ``store_meta.generation`` counts committed groups and
+bytes a plan); ``quick_check`` at open; the generation counts committed groups (stamped on the
+rows a group writes, ``gen``, or in ``store_meta`` when it writes none: ``schema.GENERATION``) and
 the side file ``<db>.generation`` repeats it after each commit; the committer stats the
 ``-wal``/``-shm`` files after a commit (:meth:`SQLiteStore.check_files`, at most every
 10 ms). A damaged store raises :class:`StoreDamaged`; opened with ``accept_loss``
@@ -86,7 +87,7 @@ from coordinator.io.stores.rows import (
     not_storable,
     run_by_seq,
 )
-from coordinator.io.stores.schema import MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
+from coordinator.io.stores.schema import GENERATION, MIGRATIONS, SCHEMA_VERSION, create_schema, migrate
 from coordinator.io.stores.writer_process import WriterProcess
 from coordinator.ledger import UsageRow
 from coordinator.records import PlanCreated, PlanStatus, Record, StoredPlan, UsageRows
@@ -110,7 +111,7 @@ _INLINE_MAX_BYTES = 512
 
 _INSERT_PLANS = (
     "INSERT INTO plans (rowid, id, owner, ord, state, spec, status, events, nevents, spec_crc, status_crc, "
-    "events_crc) VALUES {values}"
+    "events_crc, gen) VALUES {values}"
 )
 _INSERT_EVENTS = "INSERT OR REPLACE INTO events (plan, seq, body, crc) VALUES {values}"
 _DELETE_PLANS = "DELETE FROM plans WHERE rowid IN ({values})"
@@ -121,14 +122,16 @@ _UPDATE_FROM = (
     "UPDATE plans SET state = coalesce(v.column2, state), status = coalesce(v.column3, status), "
     "events = CASE WHEN v.column4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || v.column4 AS BLOB) END, "
     "nevents = nevents + v.column5, status_crc = coalesce(v.column6, status_crc), "
-    "events_crc = coalesce(v.column7, events_crc) FROM (VALUES {values}) AS v WHERE plans.rowid = v.column1"
+    "events_crc = coalesce(v.column7, events_crc), gen = v.column8 FROM (VALUES {values}) AS v "
+    "WHERE plans.rowid = v.column1"
 )
 _UPDATE_ONE = (
     "UPDATE plans SET state = coalesce(?2, state), status = coalesce(?3, status), "
     "events = CASE WHEN ?4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || ?4 AS BLOB) END, "
-    "nevents = nevents + ?5, status_crc = coalesce(?6, status_crc), events_crc = coalesce(?7, events_crc) "
-    "WHERE rowid = ?1"
+    "nevents = nevents + ?5, status_crc = coalesce(?6, status_crc), events_crc = coalesce(?7, events_crc), "
+    "gen = ?8 WHERE rowid = ?1"
 )
+# Only for a group that writes no plan row: the others stamp their rows (schema.GENERATION).
 _SET_GENERATION = "UPDATE store_meta SET generation = ?"
 # The usage ledger (UsageRows records, coordinator/ledger.py): a row replaced whole, or dropped once folded.
 _UPSERT_USAGE = "INSERT OR REPLACE INTO usage (hour, principal, team, totals, crc) VALUES (?, ?, ?, ?, ?)"
@@ -149,7 +152,7 @@ _encode_keys = msgspec.msgpack.Encoder().encode
 _decode_keys = msgspec.msgpack.Decoder(tuple[int, int, dict[str, int], dict[str, int], list[str], list[str]]).decode
 _first_two = operator.itemgetter(0, 1)
 # Rows per statement. Multi-row statements need SQLite 3.33 (UPDATE ... FROM), whose limit is
-# 32,766 parameters: 12 x 128 is far below it.
+# 32,766 parameters: 13 x 128 is far below it.
 _CHUNK = 128
 # Each multi-row statement's text by (statement, rows): formatted once, not once per group and chunk.
 _STATEMENTS: dict[tuple[str, int], str] = {}
@@ -210,7 +213,7 @@ class SQLiteStore:
     """
 
     blocking = True
-    generation: int  # groups committed to the file (store_meta), read at the open
+    generation: int  # groups committed to the file (schema.GENERATION), read at the open
 
     def __init__(self, path: Path, *, accept_loss: bool = False, marker_sync_s: float = 1.0) -> None:
         self._fields(path, accept_loss, marker_sync_s)
@@ -368,7 +371,7 @@ class SQLiteStore:
     def _read_keys(self) -> None:
         """The write-side keys from the file: its generation, every plan's rowid (the events key; a forgotten
         plan's is dropped with its row) and the next one; and the statements this SQLite can run."""
-        self.generation = self._db.execute("SELECT generation FROM store_meta").fetchone()[0]
+        self.generation = self._db.execute(GENERATION).fetchone()[0]
         self._rowids = dict(self._db.execute("SELECT id, rowid FROM plans"))
         self._next_rowid = max(self._rowids.values(), default=0) + 1
         # UPDATE ... FROM needs SQLite 3.33; an older library writes one row per step.
@@ -514,6 +517,7 @@ class SQLiteStore:
         self._begin(wait=True)
         self._run_chunked(_DELETE_PLANS, "?", keys)
         self._run_chunked(_DELETE_EVENTS, "?", keys)
+        self._db.execute(_SET_GENERATION, (self.generation,))  # a dropped row may have held it (schema.GENERATION)
         self._db.execute("COMMIT")
         gone = set(damaged)
         for plan_id in [p for p, rowid in self._rowids.items() if rowid in gone]:
@@ -759,6 +763,7 @@ class SQLiteStore:
         record_encode = self._encode_record  # the writer process's: the parent's bytes (no encoding, no call back)
         unencodable = _UNENCODABLE
         chained = self._events_crc
+        generation = self.generation + 1  # stamped on every row written (schema.GENERATION)
         new_rows: list[tuple[Any, ...]] = []
         updates: list[tuple[Any, ...]] = []
         spilled: list[tuple[Any, ...]] = []  # runs that go to the events table
@@ -813,9 +818,10 @@ class SQLiteStore:
                 except unencodable:
                     spec = encode(record)
                 new_rows.append((rowid, plan_id, record.owner, record.order, state or "queued",
-                                 spec, status_blob, inline, count, crc(spec), status_crc, inline_crc))  # fmt: skip
+                                 spec, status_blob, inline, count, crc(spec), status_crc, inline_crc,
+                                 generation))  # fmt: skip
             else:
-                updates.append((rowid, state, status_blob, inline, count, status_crc, inline_crc))
+                updates.append((rowid, state, status_blob, inline, count, status_crc, inline_crc, generation))
         # Key order: each B-tree page is visited once per group.
         updates.sort(key=_first)
         spilled.sort(key=_first_two)
@@ -840,7 +846,7 @@ class SQLiteStore:
                 # instead of one per row keeps the writer from convoying with the loop.
                 self._run_chunked(_DELETE_PLANS, "?", doomed)  # first: nothing below touches those rows
                 self._run_chunked(_DELETE_EVENTS, "?", doomed)
-                self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
+                self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
                 if len(updates) == 1:
                     # One step either way: the plain statement costs SQLite less than a join with a VALUES table
                     # (a lone plan's commit on the loop: docs/PERFORMANCE.md §D29c).
@@ -849,12 +855,16 @@ class SQLiteStore:
                     if updates:
                         db.executemany(_UPDATE_ONE, updates)
                 else:
-                    self._run_chunked(_UPDATE_FROM, "(?, ?, ?, ?, ?, ?, ?)", updates)
+                    self._run_chunked(_UPDATE_FROM, "(?, ?, ?, ?, ?, ?, ?, ?)", updates)
                 self._run_chunked(_INSERT_EVENTS, "(?, ?, ?, ?)", spilled)
                 if usage is not None:
                     db.executemany(_DELETE_USAGE, usage[0])
                     db.executemany(_UPSERT_USAGE, usage[1])
-                db.execute(_SET_GENERATION, (self.generation + 1,))
+                if not (new_rows or updates):
+                    # The rows written carry the generation (_encode_rows); with none, store_meta does. Else its
+                    # page stays clean: one WAL frame less a lone commit (docs/PERFORMANCE.md §W29c). A row deleted
+                    # here or later may have held the highest stamp: the group that deletes it holds a higher one.
+                    db.execute(_SET_GENERATION, (self.generation + 1,))
                 db.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
