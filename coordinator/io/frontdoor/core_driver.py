@@ -41,6 +41,16 @@ accepted ~1.5x sooner, but its groups reached the writer as one burst and the wo
 leases keep them busy, waited behind all of them (the loop asleep with frames held for a commit 9-13 %
 of the window against 4-6 %, and fewer plans/s: docs/PERFORMANCE.md §D29).
 
+Acks (issue 29). The core owes a worker ``ack(seq)`` after each step with its numbered messages, released with
+the step's frames once its records are committed (coordinator/recovery.py). An ack that would leave alone (the
+step sent that worker nothing else: its ``done``'s, in a sequential round trip) is held instead and rides at the
+front of the worker's next frame (the next ``assign``), which is released after its own step's commit and so after
+the ack's; without one it leaves alone once a run of the ack timer found it held, :data:`ACK_HOLD_S` to twice that
+after it was held, or at once when it acks :data:`ACK_HOLD_MESSAGES` more messages than the one first held (the
+worker keeps every unacknowledged message for a replay, worker_agent/outbox.py). A newer ack replaces a held one
+(acks are cumulative); one for a session gone since is dropped (the worker re-sends, the coordinator drops the
+copies). A worker reads one frame a sequential round trip, not two (docs/PERFORMANCE.md §D29f).
+
 Plans in :attr:`CoreDriver.volatile` (the OpenAI door's under ``--openai-durable off``) are never
 written: their records are dropped before the committer, so a step that touched only them has no
 records and goes out at once, or behind the batches already waiting (order is kept), never behind
@@ -69,10 +79,11 @@ from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.pg_commit import PipelinedCommitter
 from coordinator.limits import Limits
 from protocol import errors as codes
-from protocol.messages import Assign, Error, Hello, Moved, Submit
+from protocol.messages import Ack, Assign, Error, Hello, Moved, Submit
 from protocol.urls import named_worker_id
 
 __all__ = [
+    "ACK_HOLD_MESSAGES", "ACK_HOLD_S",
     "DURABLE_PART_MESSAGES", "PART_MAX_SESSIONS", "REAP_EVERY_MASK", "REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S",
     "CoreDriver", "CoreSession", "Redirect", "Sink",
 ]
@@ -89,6 +100,10 @@ PART_MAX_SESSIONS: Final = 8
 #: Within a part, every this + 1 messages, what the writer reported committed is released (module docstring §Parts).
 REAP_EVERY_MASK: Final = 63
 UNAVAILABLE_RETRY_S: Final = 1.0  # the retry_after_s of an ``unavailable`` answer (the store is away)
+#: A worker's lone ``ack`` waits for its next frame at most 2 x this (module docstring §Acks, docs/PROTOCOL.md ``ack``).
+ACK_HOLD_S: Final = 0.005
+#: ... and goes at once when it acks this many messages more than the first one held (the worker keeps them all).
+ACK_HOLD_MESSAGES: Final = 256
 
 #: Cluster mode, one core per shard (coordinator/io/cluster/host.py): called with a session's role and
 #: message, for a ``submit`` or a ``hello`` only (no other message moves a session: ``CoreSession.take``
@@ -161,6 +176,12 @@ class CoreDriver:
         # shards (coordinator/io/cluster/remote_refs.py); None back: nothing to look up. The look-up's answer: why it
         # could not be made (the submit is answered ``unavailable``), or None.
         self.upstreams: Callable[[int, Submit], Awaitable[str | None] | None] | None = None
+        # Workers' acks held for their next frame (module docstring §Acks): connection -> (the seq first held, the
+        # newest ack); those held since the timer's last run, and those held across it (sent at its next run).
+        self._acks_new: dict[int, tuple[int, Ack]] = {}
+        self._acks_due: dict[int, tuple[int, Ack]] = {}
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self.ack_hold_s = ACK_HOLD_S
 
     def receive(self, conn_id: int, msg: Any, now: float) -> None:
         """One message into the core; a bug in the core costs this message an error frame, never the process."""
@@ -247,6 +268,14 @@ class CoreDriver:
             if session is None and (sink := self.sinks.get(conn_id)) is not None:
                 sink.deliver(msgs)
             elif session is not None and not session.killed:
+                if session.role == "worker":  # its acks ride with its next frame, or leave within the bound (§Acks)
+                    if type(msgs[0]) is Ack and len(msgs) == 1:
+                        if self._hold_ack(conn_id, msgs[0]):
+                            continue
+                    elif self._acks_new or self._acks_due:
+                        held = self._acks_new.pop(conn_id, None) or self._acks_due.pop(conn_id, None)
+                        if held is not None:
+                            msgs.insert(0, held[1])
                 # Already at the cap before this batch: the peer is not reading. Bytes are the
                 # writer's encoded frames not yet sent and the socket's buffer, measured, plus the
                 # messages not yet encoded, estimated (coordinator/io/frontdoor/connection.py ``out_bytes``).
@@ -281,6 +310,38 @@ class CoreDriver:
                 self.door.penalize(session, code)
         for session in slow:
             self.door.kill(session, codes.CLOSE_SLOW_CONSUMER, "slow consumer: too much waiting for it to read")
+
+    def _hold_ack(self, conn_id: int, ack: Ack) -> bool:
+        """Keep a worker's lone ``ack`` for its next frame; False: it goes now (it acks too many more messages)."""
+        due = self._acks_due
+        held = due.get(conn_id) or self._acks_new.get(conn_id)
+        if held is None:
+            self._acks_new[conn_id] = (ack.seq, ack)
+            if self._ack_timer is None:
+                self._ack_timer = asyncio.get_running_loop().call_later(self.ack_hold_s, self._release_acks)
+            return True
+        if ack.seq - held[0] >= ACK_HOLD_MESSAGES:  # the worker keeps all those for a replay: acked now
+            due.pop(conn_id, None)
+            self._acks_new.pop(conn_id, None)
+            return False
+        (due if conn_id in due else self._acks_new)[conn_id] = (held[0], ack)  # as old as the first one held
+        return True
+
+    def _release_acks(self) -> None:
+        """The ack timer: the acks held since its last run or before go out alone; those held since wait one more.
+
+        An ack thus leaves with its worker's next frame, or alone ``ack_hold_s`` to 2 x ``ack_hold_s`` after it was
+        held; the timer runs only while acks are held."""
+        self._ack_timer = None
+        due, self._acks_due, self._acks_new = self._acks_due, self._acks_new, {}
+        sessions = self.door.sessions
+        for conn_id, (_first, ack) in due.items():
+            session = sessions.get(conn_id)
+            if session is not None and not session.killed and not session.send_now([ack]):
+                session.pending.append(ack)
+                session.wake.set()
+        if self._acks_due:
+            self._ack_timer = asyncio.get_running_loop().call_later(self.ack_hold_s, self._release_acks)
 
     def unavailable(self, session: Session, msg: Submit, why: str) -> None:
         """The store is away (a database failover): the submit is not processed; the client sends it again."""
