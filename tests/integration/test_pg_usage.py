@@ -14,6 +14,7 @@ import pytest
 
 from coordinator.io.cluster.leases import ACQUIRE, ShardFenced
 from coordinator.io.stores.pg_schema import SCHEMA_VERSION
+from coordinator.io.stores.pg_usage import cluster_totals
 from coordinator.io.stores.postgres import PgStore
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.ledger import BUCKET_S, KEEP_HOURS, UsageLedger, UsageRow
@@ -110,6 +111,61 @@ def test_a_shards_new_owner_reads_the_usage_rows_back_as_a_restarted_sqlite_coor
         a.close()
         other.close()
         lite.close()
+
+
+def owning_all(dsn: str, owner: str) -> PgStore:
+    """The single-core mode's store (``fleetwire up --store postgresql://...``: one core holding every shard)."""
+    store = PgStore(dsn, CLUSTER)
+    rows = store.execute(lambda c: c.fetch(ACQUIRE, owner, "", 30.0, list(range(CLUSTER.shards))))
+    assert len(rows) == CLUSTER.shards, "a shard is held by another owner"
+    store.owner, store.fence = owner, {r[0]: r[1] for r in rows}
+    return store
+
+
+def succeeded_in_cluster(store: PgStore) -> float:
+    """alice's succeeded plans as the main port's get_usage sums them: every shard's rows."""
+    totals, _ = store.execute(lambda c: cluster_totals(c))
+    return totals["alice"].succeeded
+
+
+def test_a_single_core_after_shard_cores_moves_their_rows_instead_of_counting_them_twice(pg_dsn: str) -> None:
+    """Shard 0's and shard 1's cores wrote alice's rows (one core per shard; the same hour in both, and an hour in
+    shard 1 only); then one core holds both shards (``fleetwire up`` on the database). It loads both shards' rows
+    summed, writes its changed hour (one more plan) and later folds every hour into hour 0: after each write the
+    cluster's sum and its own next load say 1 + 2 + 4 + 1 = 8, not the other shard's old rows counted again."""
+    hour = int(NOW // BUCKET_S) * BUCKET_S
+    s0, s1 = owning(pg_dsn, "a", 0), owning(pg_dsn, "b", 1)
+    try:
+        s0.write([UsageRows([(hour, "alice", "ml", [1.0])])])
+        s1.write([UsageRows([(hour, "alice", "ml", [2.0])]), UsageRows([(hour + BUCKET_S, "alice", "ml", [4.0])])])
+        expire(s0, 0)
+        expire(s1, 1)
+    finally:
+        s0.close()
+        s1.close()
+    single = owning_all(pg_dsn, "s")
+    try:
+        ledger = UsageLedger()
+        ledger.restore(single.load_usage())
+        assert ledger.totals()["alice"].succeeded == 7
+        ledger.take_dirty()
+        ledger.plan_ended("alice", "ml", "succeeded", hour + 10.0)  # the hour shard 1 holds a row of too
+        rows, deleted = ledger.take_dirty()
+        single.write([UsageRows([(r.hour_s, r.principal, r.team, r.values()) for r in rows], deleted)])
+        assert succeeded_in_cluster(single) == 8
+        again = UsageLedger()
+        again.restore(single.load_usage())
+        assert again.totals()["alice"].succeeded == 8
+        ledger.fold(NOW + (KEEP_HOURS + 3) * BUCKET_S)  # both hours into hour 0: their keys deleted
+        rows, deleted = ledger.take_dirty()
+        assert deleted
+        single.write([UsageRows([(r.hour_s, r.principal, r.team, r.values()) for r in rows], deleted)])
+        assert succeeded_in_cluster(single) == 8
+        again = UsageLedger()
+        again.restore(single.load_usage())
+        assert again.totals()["alice"].succeeded == 8
+    finally:
+        single.close()
 
 
 def test_a_stale_epoch_groups_usage_rows_are_not_written(pg_dsn: str) -> None:

@@ -14,6 +14,11 @@ core's next tick (the hours older than 35 days go to hour 0, the folded keys are
   tick), in that group's transaction, after its commit statement's fence (pg_schema.py ``commit_statement``):
   the fence holds the shard's lease row ``FOR SHARE`` until the commit, and a group whose fence fails rolls
   back whole, so a stale-epoch core writes no usage. Rows only for the hours that changed: no cost per plan.
+* **One core holding several shards** (``fleetwire up`` or a lone ``CoordinatorServer`` on the database: its lease
+  keeper holds every shard) loads all their rows summed per key and writes its rows under the lowest shard it
+  holds. A key it writes or deletes is deleted from its other shards in the same transaction: their rows were
+  summed into its own at the load, so left there they would be counted twice, by the cluster's sum and by its next
+  load (a database used first by one core per shard, then by one core for all).
 * **Totals** are a ``float8[]`` in :data:`coordinator.ledger.FIELDS` order (``UsageRow.values``), so the
   cluster-wide read sums them in the database; a shorter array (an older coordinator's) reads as zeros
   past its end. The plans' blobs carry our checksums; these numbers rely on PostgreSQL's own.
@@ -47,7 +52,7 @@ CREATE INDEX IF NOT EXISTS fleetwire_usage_by_principal ON fleetwire_usage (prin
 """
 _DELETE = """
 DELETE FROM fleetwire_usage u USING unnest($2::bigint[], $3::text[], $4::text[]) AS d(hour, principal, team)
-WHERE u.shard = $1 AND u.hour = d.hour AND u.principal = d.principal AND u.team = d.team
+WHERE u.shard = ANY($1::int[]) AND u.hour = d.hour AND u.principal = d.principal AND u.team = d.team
 """
 _UPSERT_ONE = """
 INSERT INTO fleetwire_usage (shard, hour, principal, team, totals) VALUES ($1, $2, $3, $4, $5)
@@ -85,13 +90,22 @@ def usage_parts(records: Sequence[UsageRows]) -> tuple[list[Key], dict[Key, list
     return deleted, kept
 
 
-async def write_usage(conn: Any, shard: int, records: Sequence[UsageRows]) -> None:
-    """Write a group's usage rows for ``shard`` on ``conn``, inside the group's transaction (after its fence)."""
+async def write_usage(conn: Any, shards: Sequence[int], records: Sequence[UsageRows]) -> None:
+    """Write a group's usage rows on ``conn``, inside the group's transaction (after its fence). ``shards``: those
+    the core holds (its fence), lowest first: the rows go to the first, and the keys written or deleted are
+    deleted from the others (rows summed into the core's at its load: see the module's docstring)."""
+    shard, others = shards[0], list(shards[1:])
     deleted, kept = usage_parts(records)
+    if others and kept:
+        await conn.execute(_DELETE, others, *_columns(list(kept)))
     if deleted:
-        await conn.execute(_DELETE, shard, [k[0] for k in deleted], [k[1] for k in deleted], [k[2] for k in deleted])
+        await conn.execute(_DELETE, list(shards), *_columns(deleted))
     if kept:
         await conn.executemany(_UPSERT_ONE, [(shard, k[0], k[1], k[2], v) for k, v in kept.items()])
+
+
+def _columns(keys: list[Key]) -> tuple[list[int], list[str], list[str]]:
+    return [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]
 
 
 async def load_usage(conn: Any, shards: list[int]) -> list[UsageRow]:

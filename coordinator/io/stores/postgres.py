@@ -534,7 +534,7 @@ class PgStore(PgRows):
             try:
                 async with conn.transaction():
                     await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, *rows[:3])
-                    await write_usage(conn, min(fence), usage)
+                    await write_usage(conn, sorted(fence), usage)
             except BaseException:
                 self._usage = usage + self._usage  # written by the next group, if the store goes on
                 raise
