@@ -25,6 +25,7 @@ from protocol.messages import Requirements, Submit
 from tests.integration.test_cluster_plan_ids import ADMIN, TOKENS, serving_host, write_tokens
 from tests.integration.test_cluster_view_all import pool_on
 from tests.integration.test_cluster_view_all import serving_host as insecure_host
+from tests.waiting import until_async
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -76,6 +77,11 @@ def ledger_rows() -> tuple[UsageLedger, UsageRows, UsageRows]:
 def state(rows: list[UsageRow]) -> dict[tuple[int, str, str], list[float]]:
     """A ledger's stored rows by key (how two stores' rows are compared)."""
     return {(r.hour_s, r.principal, r.team): r.values() for r in rows}
+
+
+async def cancelled(client: Client, count: int) -> bool:
+    """Whether the cluster's usage (as ``client`` sees it) counts ``count`` cancelled plans."""
+    return sum(r.cancelled for r in (await client.usage()).rows) >= count
 
 
 def test_a_shards_new_owner_reads_the_usage_rows_back_as_a_restarted_sqlite_coordinator(
@@ -232,12 +238,10 @@ async def test_get_usage_through_the_main_port_sums_every_shards_ledger(pg_dsn: 
                 await client.submit("echo", {}, tags=[f"pool:{pool}"], plan_id=plan)  # no worker: queued
                 await client.cancel(plan)
 
-        # The cores write their ledger rows at their next tick (1 s): asked again until all three are there.
-        # No event says so from outside the cores: polled, as tests/waiting.py until polls.
-        async with Client(host.url, token=ADMIN) as admin, asyncio.timeout(30):
-            while sum(r.cancelled for r in (await admin.usage()).rows) < 3:  # noqa: ASYNC110 - no event to wait on
-                await asyncio.sleep(0.1)
+        # The cores write their ledger rows at their next tick (1 s): asked again until all three are there (no event
+        # says so from outside the cores).
         async with Client(host.url, token=ADMIN) as admin:  # no pool: a view session
+            await until_async(lambda: cancelled(admin, 3), interval_s=0.1)
             everyone = {r.name: r.cancelled for r in (await admin.usage()).rows}
             teams = (await admin.usage(by="team")).rows
         assert everyone == {"alice": 2, "bob": 1} and sum(r.cancelled for r in teams) == 3
@@ -269,9 +273,8 @@ async def test_usage_survives_the_owners_kill_and_the_new_owners_cores_answer_it
             async with Client(url, pool=pool) as client:
                 await client.submit("echo", {}, tags=[f"pool:{pool}"], plan_id=f"p{shard}")  # no worker: queued
                 await client.cancel(f"p{shard}")
-        async with Client(url) as viewer, asyncio.timeout(30):  # the cores' next ticks write the rows
-            while sum(r.cancelled for r in (await viewer.usage()).rows) < 2:  # noqa: ASYNC110 - no event to wait on
-                await asyncio.sleep(0.1)
+        async with Client(url) as viewer:  # the cores' next ticks write the rows
+            await until_async(lambda: cancelled(viewer, 2), interval_s=0.1)
     finally:
         proc.kill()
         await proc.wait()
