@@ -1,6 +1,6 @@
-"""The SQLite store's generation stamped on the plan rows a group writes (schema version 6, schema.GENERATION).
+"""The SQLite store's generation stamped on the row of a group that writes one plan row (schema 6, schema.GENERATION).
 
-A group that writes plan rows leaves ``store_meta`` alone, so a lone plan's commit writes one WAL frame, not two;
+Such a group leaves ``store_meta`` alone, so a lone plan's commit writes one WAL frame, not two;
 the count of committed groups must still come back from the file after a crash, a deletion of the row with the
 highest stamp, a dropped damaged plan or a migration, and a commit lost with the ``-wal`` must still be found.
 """
@@ -59,6 +59,16 @@ def test_a_commit_that_updates_one_plan_writes_one_wal_frame_and_leaves_store_me
     assert (wal.stat().st_size - before) // WAL_FRAME == 10
     assert store.generation == generation + 10 and meta_generation(store) == meta
     assert store._db.execute("SELECT gen FROM plans").fetchone()[0] == store.generation
+    store.close()
+
+
+def test_a_group_of_many_rows_records_its_generation_in_store_meta_and_stamps_none(tmp_path: Path) -> None:
+    """Two plans created in one group, then both updated in one: store_meta holds the count, no row a stamp."""
+    store = SQLiteStore(tmp_path / DB_FILE)
+    store.write([*created("a", 1), *created("b", 2)])
+    store.write([*step("a", 2), *step("b", 2)])
+    assert meta_generation(store) == store.generation
+    assert store._db.execute("SELECT max(gen) FROM plans").fetchone()[0] == 0
     store.close()
 
 

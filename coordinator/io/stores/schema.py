@@ -20,12 +20,12 @@ plan's rowid, so a run moved to another plan does not verify either.
 The generation (:data:`GENERATION`) counts committed groups; a side file next to the database
 (``<db>.generation``) holds the same number, written after each commit, so a database found behind
 it lost acknowledged commits. It is ``max(store_meta.generation, max(plans.gen))``: a group that
-writes plan rows stamps each with its number (``gen``) and leaves ``store_meta`` alone, so a lone
-plan's commit dirties one page (its row's), not two; a group that writes no plan row writes
-``store_meta`` instead. So after the commit of group ``g`` one of them holds ``g`` and none more (a
-later group that deletes the row holding the highest stamp stamps or writes a higher number itself;
-dropping a damaged plan, which is no group, writes ``store_meta``), and a commit lost with the
-``-wal`` takes its stamps with it.
+writes one plan row (a lone plan's commit) stamps it with its number (``gen``) and leaves
+``store_meta`` alone, so it dirties one page, its row's, not two; any other group (many rows, whose
+pages one more hardly adds to, or none) writes ``store_meta``. So after the commit of group ``g``
+one of them holds ``g`` and none more (a later group that deletes the stamped row records a higher
+number itself; dropping a damaged plan, which is no group, writes ``store_meta``), and a commit
+lost with the ``-wal`` takes its stamp with it.
 """
 
 from __future__ import annotations
@@ -124,8 +124,8 @@ CREATE TABLE usage (
     PRIMARY KEY (hour, principal, team)
 ) WITHOUT ROWID;
 """
-# Version 6 stamps each plan row a group writes with the group's generation (see the module's docstring): the
-# commit of a lone plan writes one WAL frame, not a second for store_meta's page. Rows of older versions read 0.
+# Version 6 stamps the one plan row of a one-row group with the group's generation (see the module's docstring):
+# the commit of a lone plan writes one WAL frame, not a second for store_meta's page. Older rows read 0.
 _MIGRATE_V5 = """
 ALTER TABLE plans ADD COLUMN gen INTEGER NOT NULL DEFAULT 0;
 """

@@ -37,7 +37,7 @@ does not shrink (``VACUUM`` it offline, or ``fleetwire store backup`` writes a c
 Integrity (``coordinator/io/stores/integrity.py``): every blob has a CRC-32 checked on load (the
 inline events' one runs on: the writer keeps each open plan's last value in memory, ~100
 bytes a plan); ``quick_check`` at open; the generation counts committed groups (stamped on the
-rows a group writes, ``gen``, or in ``store_meta`` when it writes none: ``schema.GENERATION``) and
+row of a group that writes one plan row, ``gen``, else in ``store_meta``: ``schema.GENERATION``) and
 the side file ``<db>.generation`` repeats it after each commit; the committer stats the
 ``-wal``/``-shm`` files after a commit (:meth:`SQLiteStore.check_files`, at most every
 10 ms). A damaged store raises :class:`StoreDamaged`; opened with ``accept_loss``
@@ -111,7 +111,7 @@ _INLINE_MAX_BYTES = 512
 
 _INSERT_PLANS = (
     "INSERT INTO plans (rowid, id, owner, ord, state, spec, status, events, nevents, spec_crc, status_crc, "
-    "events_crc, gen) VALUES {values}"
+    "events_crc) VALUES {values}"
 )
 _INSERT_EVENTS = "INSERT OR REPLACE INTO events (plan, seq, body, crc) VALUES {values}"
 _DELETE_PLANS = "DELETE FROM plans WHERE rowid IN ({values})"
@@ -122,16 +122,21 @@ _UPDATE_FROM = (
     "UPDATE plans SET state = coalesce(v.column2, state), status = coalesce(v.column3, status), "
     "events = CASE WHEN v.column4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || v.column4 AS BLOB) END, "
     "nevents = nevents + v.column5, status_crc = coalesce(v.column6, status_crc), "
-    "events_crc = coalesce(v.column7, events_crc), gen = v.column8 FROM (VALUES {values}) AS v "
-    "WHERE plans.rowid = v.column1"
+    "events_crc = coalesce(v.column7, events_crc) FROM (VALUES {values}) AS v WHERE plans.rowid = v.column1"
 )
 _UPDATE_ONE = (
     "UPDATE plans SET state = coalesce(?2, state), status = coalesce(?3, status), "
     "events = CASE WHEN ?4 IS NULL THEN events ELSE CAST(coalesce(events, x'') || ?4 AS BLOB) END, "
-    "nevents = nevents + ?5, status_crc = coalesce(?6, status_crc), events_crc = coalesce(?7, events_crc), "
-    "gen = ?8 WHERE rowid = ?1"
+    "nevents = nevents + ?5, status_crc = coalesce(?6, status_crc), events_crc = coalesce(?7, events_crc) "
+    "WHERE rowid = ?1"
 )
-# Only for a group that writes no plan row: the others stamp their rows (schema.GENERATION).
+# A group that writes one plan row stamps it with the group's generation (gen, the last parameter); any other
+# group updates store_meta (schema.GENERATION): a lone commit then dirties one page, its row's, not two.
+_INSERT_ONE_STAMPED = (
+    "INSERT INTO plans (rowid, id, owner, ord, state, spec, status, events, nevents, spec_crc, status_crc, "
+    "events_crc, gen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_ONE_STAMPED = _UPDATE_ONE.replace(" WHERE rowid = ?1", ", gen = ?8 WHERE rowid = ?1")
 _SET_GENERATION = "UPDATE store_meta SET generation = ?"
 # The usage ledger (UsageRows records, coordinator/ledger.py): a row replaced whole, or dropped once folded.
 _UPSERT_USAGE = "INSERT OR REPLACE INTO usage (hour, principal, team, totals, crc) VALUES (?, ?, ?, ?, ?)"
@@ -152,7 +157,7 @@ _encode_keys = msgspec.msgpack.Encoder().encode
 _decode_keys = msgspec.msgpack.Decoder(tuple[int, int, dict[str, int], dict[str, int], list[str], list[str]]).decode
 _first_two = operator.itemgetter(0, 1)
 # Rows per statement. Multi-row statements need SQLite 3.33 (UPDATE ... FROM), whose limit is
-# 32,766 parameters: 13 x 128 is far below it.
+# 32,766 parameters: 12 x 128 is far below it.
 _CHUNK = 128
 # Each multi-row statement's text by (statement, rows): formatted once, not once per group and chunk.
 _STATEMENTS: dict[tuple[str, int], str] = {}
@@ -763,7 +768,6 @@ class SQLiteStore:
         record_encode = self._encode_record  # the writer process's: the parent's bytes (no encoding, no call back)
         unencodable = _UNENCODABLE
         chained = self._events_crc
-        generation = self.generation + 1  # stamped on every row written (schema.GENERATION)
         new_rows: list[tuple[Any, ...]] = []
         updates: list[tuple[Any, ...]] = []
         spilled: list[tuple[Any, ...]] = []  # runs that go to the events table
@@ -818,10 +822,9 @@ class SQLiteStore:
                 except unencodable:
                     spec = encode(record)
                 new_rows.append((rowid, plan_id, record.owner, record.order, state or "queued",
-                                 spec, status_blob, inline, count, crc(spec), status_crc, inline_crc,
-                                 generation))  # fmt: skip
+                                 spec, status_blob, inline, count, crc(spec), status_crc, inline_crc))  # fmt: skip
             else:
-                updates.append((rowid, state, status_blob, inline, count, status_crc, inline_crc, generation))
+                updates.append((rowid, state, status_blob, inline, count, status_crc, inline_crc))
         # Key order: each B-tree page is visited once per group.
         updates.sort(key=_first)
         spilled.sort(key=_first_two)
@@ -846,25 +849,32 @@ class SQLiteStore:
                 # instead of one per row keeps the writer from convoying with the loop.
                 self._run_chunked(_DELETE_PLANS, "?", doomed)  # first: nothing below touches those rows
                 self._run_chunked(_DELETE_EVENTS, "?", doomed)
-                self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
-                if len(updates) == 1:
-                    # One step either way: the plain statement costs SQLite less than a join with a VALUES table
-                    # (a lone plan's commit on the loop: docs/PERFORMANCE.md §D29c).
-                    db.execute(_UPDATE_ONE, updates[0])
-                elif self._update_status is _UPDATE_ONE:  # the writer process (no other thread), or an old SQLite
-                    if updates:
-                        db.executemany(_UPDATE_ONE, updates)
+                generation = self.generation + 1
+                one_row = len(new_rows) + len(updates) == 1
+                if one_row:
+                    # Its row carries the generation: store_meta's page stays clean, one WAL frame less (a lone
+                    # commit's: docs/PERFORMANCE.md §W29c). A later group that deletes the row records its own.
+                    if new_rows:
+                        db.execute(_INSERT_ONE_STAMPED, (*new_rows[0], generation))
+                    else:
+                        db.execute(_UPDATE_ONE_STAMPED, (*updates[0], generation))
                 else:
-                    self._run_chunked(_UPDATE_FROM, "(?, ?, ?, ?, ?, ?, ?, ?)", updates)
+                    self._run_chunked(_INSERT_PLANS, "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
+                    if len(updates) == 1:
+                        # One step either way: the plain statement costs SQLite less than a join with a VALUES
+                        # table (a lone plan's commit on the loop: docs/PERFORMANCE.md §D29c).
+                        db.execute(_UPDATE_ONE, updates[0])
+                    elif self._update_status is _UPDATE_ONE:  # the writer process (no other thread), an old SQLite
+                        if updates:
+                            db.executemany(_UPDATE_ONE, updates)
+                    else:
+                        self._run_chunked(_UPDATE_FROM, "(?, ?, ?, ?, ?, ?, ?)", updates)
                 self._run_chunked(_INSERT_EVENTS, "(?, ?, ?, ?)", spilled)
                 if usage is not None:
                     db.executemany(_DELETE_USAGE, usage[0])
                     db.executemany(_UPSERT_USAGE, usage[1])
-                if not (new_rows or updates):
-                    # The rows written carry the generation (_encode_rows); with none, store_meta does. Else its
-                    # page stays clean: one WAL frame less a lone commit (docs/PERFORMANCE.md §W29c). A row deleted
-                    # here or later may have held the highest stamp: the group that deletes it holds a higher one.
-                    db.execute(_SET_GENERATION, (self.generation + 1,))
+                if not one_row:  # many rows (one page more is little among theirs), or none
+                    db.execute(_SET_GENERATION, (generation,))
                 db.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
