@@ -160,10 +160,14 @@ class CoreDriver:
         )
         self.part_max_sessions = PART_MAX_SESSIONS
         self.step_sessions = 0  # the sessions the last flushed step sent to
-        # Parts' commits released at each hand-over, not behind the loop's queue (coordinator/io/stores/commit.py).
-        self._reap = committer_.reap if self.part_messages and isinstance(committer_, GroupCommitter) else None
+        # Parts' commits released at each hand-over, not behind the loop's queue (coordinator/io/stores/commit.py);
+        # PostgreSQL's committed groups too, whose release waits for a callback (coordinator/io/stores/pg_commit.py).
+        reaps = isinstance(committer_, PipelinedCommitter) or (
+            self.part_messages > 0 and isinstance(committer_, GroupCommitter)
+        )
+        self._reap = committer_.reap if reaps else None
         # ... and within a part, every REAP_EVERY_MASK + 1 messages, when the writer reported one (None: no parts).
-        self.reported = committer_.reported if self.part_messages and isinstance(committer_, GroupCommitter) else None
+        self.reported = committer_.reported if reaps else None
         # Sessions of the core that are no websocket (the OpenAI door's requests, frontdoor/openai_http.py): their
         # messages are handed to ``deliver(msgs)`` as Structs, once committed like everyone's.
         self.sinks: dict[int, Sink] = {}

@@ -18,7 +18,12 @@ server's loop (``fleetwire-pg-commit``) drives the store's writer connection (as
   gather into the next group, which is sent the moment the first commit returns: before the
   first group's payloads are released (they go a callback later, once the next statement is on
   its way), so the database does not wait while the loop hands a group's frames to their
-  sessions; with nothing gathered they are released at once. At most one transaction is in
+  sessions; with nothing gathered they are released at once. That callback waits for the loop's
+  next turn, behind the frames read meanwhile (a worker's frame of a thousand results is a core
+  step of tens of ms): the driver releases such a payload sooner, within the frame it is reading
+  (:meth:`PipelinedCommitter.reported` and :meth:`PipelinedCommitter.reap`, as for the SQLite
+  writer's reports: coordinator/io/frontdoor/core_driver.py §Parts), so a worker's next leases do
+  not wait for the core to finish another frame. At most one transaction is in
   flight per store (per shard's core), so groups commit in submit order and each sees the rows
   of the one before. Under load the group grows to what one round trip carries; an idle core's
   lone request pays one round trip and nothing else.
@@ -138,6 +143,8 @@ class PipelinedCommitter(Backlog[T]):
         self._wake: asyncio.Future[None] | None = None  # the task waits on it while nothing is gathered
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._due = 0  # the last ticket committed (its release may wait for a callback: reap releases it sooner)
+        self._released = 0  # the last ticket released
         store.on_encoded = self.rest_encoded
 
     def start(self) -> None:
@@ -213,6 +220,8 @@ class PipelinedCommitter(Backlog[T]):
                 return
             finally:
                 self._ahead_ok = False
+            self.transactions += 1
+            self._due = ticket
             if (self._batches or self._next is not None) and not self.store.lost():
                 # The next group is gathered: it is encoded and sent first, and this one's payloads are released
                 # once it is in flight (a callback runs before the task resumes), so the database is not idle
@@ -300,8 +309,22 @@ class PipelinedCommitter(Backlog[T]):
                                        "replies were never sent"))  # fmt: skip
         return False
 
+    def reported(self) -> bool:
+        """Whether a committed group's payloads wait for their release callback (:meth:`reap` would release them)."""
+        return self._due > self._released
+
+    def reap(self) -> None:
+        """Release now what committed and waits for its callback (the driver, between two messages of a frame).
+
+        Only once the commit has returned, and in order: the callback finds it released and does nothing.
+        """
+        if self._due > self._released and self.failed is None:
+            self._done(self._due)
+
     def _done(self, ticket: int) -> None:
-        self.transactions += 1
+        if ticket <= self._released:  # released already (reap)
+            return
+        self._released = ticket
         self.committed(ticket)
 
     def _fail(self, exc: BaseException) -> None:
