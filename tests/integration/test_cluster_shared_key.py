@@ -40,6 +40,8 @@ ROTATION_S = 1000.0
 T0 = 2_000_000_000.0  # the fake wall clock's start (Unix seconds)
 SOURCE = Source("p1", 1, "w1", "y", 10, "")
 _WAIT_EVENT = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
+_DATA_KEYS = "SELECT value FROM fleetwire_meta WHERE key = 'data_keys'"
+PUBLISH_S = 2 * CLUSTER.scan_s + CLUSTER.lease_ttl_s  # the hosts' (ClusterHost.sync_shared_keys)
 
 
 def settings(dsn: str) -> ServerSettings:
@@ -93,6 +95,9 @@ def kid(ticket: str) -> str:
 async def test_a_ticket_of_one_coordinator_is_accepted_by_the_other_across_a_rotation_then_refused(
     pg_dsn: str,
 ) -> None:
+    """The core that makes the next key keeps signing with the previous one until the new one is published (a
+    round and a lease's life on the database's clock), so the other core's workers accept its tickets before that
+    core read the row; then both sign with the new key, the previous one accepted for the tickets' life more."""
     clock = Clock()
     async with two_hosts(pg_dsn, clock) as (a, b):
         first = sign_pull(a)
@@ -101,12 +106,18 @@ async def test_a_ticket_of_one_coordinator_is_accepted_by_the_other_across_a_rot
 
         clock.now += ROTATION_S  # due: the first core to sync makes the new key, the other learns it
         await a.sync_shared_keys()
-        second = sign_pull(a)
-        assert kid(second) != kid(first)
-        with pytest.raises(TicketError, match="unknown ticket key"):
-            accepts(b, second)  # b has not synced yet
+        [new, previous] = parse(await a.db(lambda conn: conn.fetchval(_DATA_KEYS)))
+        assert previous.kid == kid(first) and new.kid != kid(first)
+        assert kid(sign_pull(a)) == kid(first)  # published, not signing yet
+        assert accepts(b, sign_pull(a))  # b has not synced: it accepts a's ticket all the same
         await b.sync_shared_keys()  # no restart
-        assert kid(sign_pull(b)) == kid(second)  # b did not mint one of its own
+        assert kid(sign_pull(b)) == kid(first)  # b did not mint one of its own, nor signs with the new one yet
+
+        clock.now += PUBLISH_S  # published: every core has had its rounds
+        await a.sync_shared_keys()
+        await b.sync_shared_keys()
+        second = sign_pull(a)
+        assert kid(second) == kid(sign_pull(b)) == new.kid
         assert accepts(b, second) and accepts(a, sign_pull(b))
         assert accepts(b, first) and accepts(a, first)  # the previous key: the tickets it signed still live
 
@@ -274,7 +285,7 @@ async def test_workers_learn_a_rotation_without_a_restart_and_a_cross_shard_pull
         clock.now += core.data_key_rotation_s
         for host in hosts:
             await host.sync_shared_keys()
-        clock.now += core.data_ticket_ttl_s + 2 * CLUSTER.scan_s + CLUSTER.lease_ttl_s
+        clock.now += PUBLISH_S + core.data_ticket_ttl_s + 2 * CLUSTER.scan_s + CLUSTER.lease_ttl_s  # past the overlap
         for host in hosts:
             await host.sync_shared_keys()
         new = {host.servers[shard].core.data.shared for host in hosts for shard in host.servers}
@@ -291,3 +302,56 @@ async def test_workers_learn_a_rotation_without_a_restart_and_a_cross_shard_pull
             assert await asyncio.wait_for(b.result(), 60) == digest(await a.output("y"))
             via = {e.data["name"]: e.data["via"] for e in b._stream.events if e.kind == "input_received"}
             assert via == {"x": "pull"}
+
+
+async def test_a_consumer_placed_by_the_core_that_rotated_the_key_is_never_refused_by_a_holder_on_another_core(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Core A (shard 1's) makes the next shared key while core B (shard 0's, the holder's) has not read it yet: B's
+    rounds are held back, the clock stands still. A keeps signing with the previous key until the new one is
+    published (every core has had a round and a lease's life to tell its workers), so the consumer A places pulls
+    from B's worker at its first attempt, no ticket refused (before, A signed with the new key at once and every
+    placement was refused by the holder until B's next round). Then, the publication past, B reads the row and
+    both sign with the new key."""
+    gate = asyncio.Event()
+    async with two_shards(pg_dsn, tmp_path, gate, hosts=2) as (hosts, pools):
+        a = next(host for host in hosts if 1 in host.servers)  # the consumer's core
+        b = next(host for host in hosts if 0 in host.servers)  # the holder's core
+        clock = Clock()
+        clock.now = time.time()  # the keys were made on the database's clock
+        for host in hosts:
+            host.wall = clock
+        [old] = {host.servers[shard].core.data.shared for host in hosts for shard in host.servers}
+        assert old is not None
+        b_sync = b.sync_shared_keys
+
+        async def held_back() -> None:
+            """B's rounds do not reach the row."""
+
+        monkeypatch.setattr(b, "sync_shared_keys", held_back)
+        clock.now += CoreConfig().data_key_rotation_s
+        await a.sync_shared_keys()  # due: A makes the new key (its own rounds would too)
+        keys = parse(await a.db(lambda conn: conn.fetchval(_DATA_KEYS)))
+        new_kid = keys[0].kid
+        assert [key.kid for key in keys] == [new_kid, old[0]]
+        assert new_kid in [key.kid for key in a.servers[1].core.data.worker_keys("w1")]  # published on A
+        assert new_kid not in [key.kid for key in b.servers[0].core.data.worker_keys("w0")]  # B has not read it
+        urls = [h.url for h in hosts]
+        async with Client(urls, pool=pools[0]) as first, Client(urls, pool=pools[1]) as second:
+            made = await first.submit("make", {}, outputs=["y"], tags=[f"pool:{pools[0]}"], plan_id="a")
+            taken = await second.submit("take", inputs={"x": OutputRef("a", "y")}, tags=[f"pool:{pools[1]}"],
+                                        plan_id="b", max_attempts=1)  # fmt: skip
+            gate.set()
+            assert await asyncio.wait_for(taken.result(), 60) == digest(await made.output("y"))
+            info = await second.get_plan("b")
+            assert (taken.worker_id, info.attempt, info.history) == ("w1", 1, [])  # no attempt refused
+        assert a.servers[1].core.data.shared == old  # A signed with the previous key meanwhile
+
+        clock.now += PUBLISH_S  # published: B has had its rounds
+        monkeypatch.setattr(b, "sync_shared_keys", b_sync)
+        for host in (b, a):
+            await host.sync_shared_keys()
+        for host, shard, worker in ((a, 1, "w1"), (b, 0, "w0")):
+            data = host.servers[shard].core.data
+            assert data.shared is not None and data.shared[0] == new_kid
+            assert {key.kid for key in data.worker_keys(worker)} >= {new_kid, old[0]}  # the previous one still lives

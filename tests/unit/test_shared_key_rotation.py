@@ -45,3 +45,19 @@ def test_the_shared_keys_kept_are_capped_newest_first() -> None:
     keys = [SharedKey(f"c{i}", "ab" * 32, 1000.0 - i, "") for i in range(3 * MAX_KEPT_KEYS)]  # newest first
     kept = accepted(keys, None, 1000.0, keep_s=10_000.0)
     assert [kid for kid, _ in kept] == [f"c{i}" for i in range(MAX_KEPT_KEYS)]
+
+
+def test_a_new_shared_key_is_accepted_at_once_and_signs_only_once_published() -> None:
+    """``accepted`` with ``publish_s``: a key made less than ``publish_s`` ago is handed to the workers but the one
+    before it signs (it comes first); from ``publish_s`` on the new one signs; the previous one stays accepted until
+    ``publish_s + keep_s`` after the new one's making. A cluster's first key (nothing older) signs at once."""
+    old, new = SharedKey("c-old", "aa" * 32, 0.0, ""), SharedKey("c-new", "bb" * 32, 100.0, "")
+
+    def kids(wall: float) -> list[str]:
+        return [kid for kid, _ in accepted([new, old], None, wall, keep_s=50.0, publish_s=4.0)]
+
+    assert kids(100.0) == kids(103.9) == ["c-old", "c-new"]
+    assert kids(104.0) == kids(153.9) == ["c-new", "c-old"]
+    assert kids(154.0) == ["c-new"]
+    assert [kid for kid, _ in accepted([new], None, 100.0, keep_s=50.0, publish_s=4.0)] == ["c-new"]
+    assert [kid for kid, _ in accepted([new, old], None, 100.0, keep_s=50.0)] == ["c-new", "c-old"]  # publish_s 0

@@ -274,14 +274,17 @@ class ClusterHost:
         """Read the cluster's shared data-plane keys (making a new one when due, shared_keys.py) and hand the ones
         still accepted to every core, which tells its workers when they changed. Every round, and at the start."""
         core = self.settings.core
-        # A key stays accepted for the life of the tickets it signed, plus the rounds a core may take to learn that
-        # a newer one signs now (it signs with the older one until then).
+        # A new key signs only once every core that still serves has read it and told its workers: a round, and a
+        # lease's life past which a core that did not read the row has stopped (shared_keys.py, "Rotation"). The
+        # key before it stays accepted for the life of the tickets it signed, plus the rounds a core may take to
+        # find that the newer one signs now (it signs with the older one until then).
+        publish_s = 2 * self.config.scan_s + self.config.lease_ttl_s
         keep_s = core.data_ticket_ttl_s + 2 * self.config.scan_s + self.config.lease_ttl_s
         wall = None if self.wall is None else self.wall()
         secret = self.cluster_secret
         keys, wall = await self.db(lambda conn: sync(conn, secret, wall=wall, rotation_s=core.data_key_rotation_s,
-                                                     keep_s=keep_s))  # fmt: skip
-        self._shared = accepted(keys, secret, wall, keep_s)
+                                                     keep_s=keep_s, publish_s=publish_s))  # fmt: skip
+        self._shared = accepted(keys, secret, wall, keep_s, publish_s)
         for server in self.servers.values():
             server.core.data.set_shared(self._shared)
             server.driver.flush()

@@ -15,10 +15,16 @@ coordinator/graphs/remote.py); workers verify it through ``data_keys`` as the co
   :class:`ClusterSecretMismatch`, instead of signing tickets the other cores' workers answer 401.
 * **Rotation.** Every ``rotation_s`` (``--data-key-rotation``) the first core to find the newest key old makes a
   new one, in one transaction holding the row's lock (``SELECT ... FOR UPDATE``): two cores never mint a key for
-  one slot, and the others read it at their next round. A key stops signing when the next one is made and stays
-  accepted ``keep_s`` more (the tickets' life, ``--data-ticket-ttl``, plus the rounds a core may take to learn
-  the rotation), then is dropped: from the cores' keys at once, from the row at the next rotation. A failover
-  mid-rotation commits the new key whole or not at all, and the previous one stays accepted either way.
+  one slot, and the others read it at their next round. A new key is *published* before it *signs*: for
+  ``publish_s`` after its making (by the database's clock: the round every core takes to read it and tell its
+  workers, ``data_keys``, plus a lease's life, past which a core that did not read the row has stopped serving)
+  every core accepts it and hands it to its workers but signs with the key before it, so no ticket signed with
+  a key reaches a worker its own core has not told of it yet (the minting core included: it signed with the new
+  key at once before, and a consumer it placed right after a rotation was refused by a holder on another core).
+  A key that stopped signing stays accepted ``keep_s`` more (the tickets' life, ``--data-ticket-ttl``, plus the
+  rounds a core may take to find that the next one signs now), then is dropped: from the cores' keys at once,
+  from the row at the next rotation. A failover mid-rotation commits the new key whole or not at all, and the
+  previous one stays accepted either way.
   At most ``MAX_KEPT_KEYS`` keys are kept (coordinator/data_plane.py; the newest ones): a rotation short enough
   to need more is refused at start (``key_rotation_problem``), so the cap only ever drops keys past their overlap.
 * **Upgrade.** A database with the former never-rotated ``data_secret`` (plain text) gets its first rotated key
@@ -38,7 +44,7 @@ from typing import Any, Final
 
 from coordinator.data_plane import MAX_KEPT_KEYS
 
-__all__ = ["ClusterSecretMismatch", "SharedKey", "accepted", "read_secret", "sync"]
+__all__ = ["ClusterSecretMismatch", "SharedKey", "accepted", "read_secret", "signing", "sync"]
 
 _KEY_LABEL: Final = b"fleetwire cluster data-plane key\x00"
 _CHECK_LABEL: Final = b"fleetwire cluster secret check\x00"
@@ -126,16 +132,31 @@ def _mint(secret: bytes | None, wall: float) -> SharedKey:
     return SharedKey("c" + secrets.token_hex(4), seed, wall, "" if secret is None else _check(secret, seed))
 
 
-def _kept(keys: list[SharedKey], wall: float, keep_s: float) -> list[SharedKey]:
-    """The newest key, and the older ones not yet ``keep_s`` past the making of the key that followed them (at most
-    ``MAX_KEPT_KEYS`` in all, the newest)."""
-    kept = keys[:1] + [key for newer, key in itertools.pairwise(keys) if wall < newer.made_at + keep_s]
+def _kept(keys: list[SharedKey], wall: float, keep_s: float, publish_s: float) -> list[SharedKey]:
+    """The newest key, and the older ones not yet ``publish_s + keep_s`` past the making of the key that followed
+    them (at most ``MAX_KEPT_KEYS`` in all, the newest)."""
+    kept = keys[:1] + [key for newer, key in itertools.pairwise(keys) if wall < newer.made_at + publish_s + keep_s]
     return kept[:MAX_KEPT_KEYS]
 
 
-def accepted(keys: list[SharedKey], secret: bytes | None, wall: float, keep_s: float) -> list[tuple[str, bytes]]:
-    """The ``(kid, key)`` pairs a core signs (the first) and has its workers verify with, at ``wall``."""
-    return [(key.kid, derive(key, secret)) for key in _kept(keys, wall, keep_s)]
+def signing(keys: list[SharedKey], wall: float, publish_s: float) -> SharedKey | None:
+    """The key that signs at ``wall``: the newest one made ``publish_s`` ago or more (every core has told its workers
+    of it), else the oldest one kept (the first key of a cluster, or the former ``data_secret``: nothing older)."""
+    for key in keys:
+        if key.made_at + publish_s <= wall:
+            return key
+    return keys[-1] if keys else None
+
+
+def accepted(
+    keys: list[SharedKey], secret: bytes | None, wall: float, keep_s: float, publish_s: float = 0.0
+) -> list[tuple[str, bytes]]:
+    """The ``(kid, key)`` pairs a core signs with (the first: :func:`signing`) and has its workers verify with, at
+    ``wall``. ``publish_s``: how long a new key is accepted before it signs (0: at once, one core)."""
+    kept = _kept(keys, wall, keep_s, publish_s)
+    first = signing(kept, wall, publish_s)
+    ordered = [first, *(key for key in kept if key is not first)] if first is not None else []
+    return [(key.kid, derive(key, secret)) for key in ordered]
 
 
 def _due(keys: list[SharedKey], wall: float, rotation_s: float) -> bool:
@@ -143,12 +164,14 @@ def _due(keys: list[SharedKey], wall: float, rotation_s: float) -> bool:
 
 
 async def sync(
-    conn: Any, secret: bytes | None, *, wall: float | None, rotation_s: float, keep_s: float
+    conn: Any, secret: bytes | None, *, wall: float | None, rotation_s: float, keep_s: float, publish_s: float = 0.0
 ) -> tuple[list[SharedKey], float]:
     """The cluster's shared keys, newest first, after making a new one when due (one core does, under the row's
     lock), and the time they were judged at; :class:`ClusterSecretMismatch` when ``secret`` does not make them.
 
     ``wall``: now, in Unix seconds; None: the database's clock (every core then judges by the same clock).
+    ``keep_s``, ``publish_s``: a key is kept until ``publish_s + keep_s`` after the next one was made (as
+    :func:`accepted` keeps it).
     """
     if wall is None:
         wall = float(await conn.fetchval(_NOW))
@@ -166,7 +189,7 @@ async def sync(
             legacy = await conn.fetchval(_LEGACY)
             if legacy:  # the former never-rotated key: accepted for one overlap more, then gone
                 keys = [SharedKey("c" + hashlib.sha256(bytes.fromhex(legacy)).hexdigest()[:8], legacy, wall, "")]
-        keys = _kept([_mint(secret, wall), *keys], wall, keep_s)
+        keys = _kept([_mint(secret, wall), *keys], wall, keep_s, publish_s)
         await conn.execute(_WRITE, ";".join(key.text() for key in keys))
         await conn.execute(_DROP_LEGACY)
     return keys, wall
