@@ -8,7 +8,9 @@
 * spawn: a child process started so that a cancel during its start never leaves what it started
   running (the coordinator's carbon feed, the worker's commands);
 * wsbulk: big binary websocket frames sent and received past the websockets library's copies
-  (the relayed chunks of the worker, the SDK and the coordinator's I/O layer).
+  (the relayed chunks of the worker, the SDK and the coordinator's I/O layer);
+* wsmask: a dialling side's binary frames (the SDK's and the worker's) masked and written past
+  websockets' frame object, their mask keys drawn from ``os.urandom`` a block at a time.
 
 Neither the worker agent nor the SDK imports the other: both import this. The coordinator's pure
 core imports nothing from here (tests/unit/test_layers.py).

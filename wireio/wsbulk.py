@@ -9,11 +9,12 @@ samples in ``Frame.serialize`` (bench/data_plane.py ``--profile``).
 :func:`send_frame` sends a binary frame of at least :data:`BULK_MIN_BYTES` itself: the header
 (RFC 6455 §5.2: FIN, opcode 2, the length in 7, 16 or 64 bits, the mask bit and key on a
 client) and the payload go to the transport as two buffers; a client masks the payload with a
-fresh key from ``os.urandom`` (one copy, the library's C ``apply_mask``), a server writes it as
-it is (no copy: an immutable ``bytes`` the transport may hold until it is sent). It then waits
-for the transport's buffer to drain, as ``send`` does. Anything else — text, small frames, a
-connection that is not open, a compression extension, a fragmented send in progress, a mutable
-server payload — goes through ``send`` unchanged, so the library keeps every rule it enforces.
+fresh key (one copy, the library's C ``apply_mask``; ``wireio/wsmask.py``, which writes a
+client's small binary frames too, as one buffer), a server writes it as it is (no copy: an
+immutable ``bytes`` the transport may hold until it is sent). It then waits for the transport's
+buffer to drain, as ``send`` does. Anything else — text, a server's small frames, a connection
+that is not open, a compression extension, a fragmented send in progress, a mutable server
+payload — goes through ``send`` unchanged, so the library keeps every rule it enforces.
 Frames from both paths are whole writes on one event loop, so they never interleave; the
 library's own control frames (ping, pong, close) go between them as usual.
 
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import struct
 from typing import Final
 
@@ -48,6 +48,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import CLIENT, OPEN, SERVER, Protocol, State
 
 from protocol.transfer.http1 import head_end
+from wireio.wsmask import write_masked
 
 try:
     from websockets.speedups import apply_mask
@@ -55,7 +56,7 @@ except ImportError:  # pragma: no cover - the C extension ships in every wheel w
     from websockets.utils import apply_mask
 
 __all__ = ["BULK_MIN_BYTES", "BulkClientConnection", "BulkReceive", "frame_header", "send_frame", "takes_frame_now",
-           "write_frame", "write_frame_now"]
+           "write_frame", "write_frame_now"]  # fmt: skip
 
 #: The smallest binary frame sent by :func:`send_frame` itself (smaller: the library's copies cost nothing).
 BULK_MIN_BYTES: Final = 64 << 10
@@ -81,18 +82,18 @@ async def send_frame(ws: Connection, frame: bytes | bytearray | memoryview, text
     Raises:
         websockets.ConnectionClosed: as ``send`` does, when the connection is closed or breaks.
     """
-    length = len(frame) if not isinstance(frame, memoryview) else frame.nbytes
     transport = ws.transport
-    client = ws.protocol.side is CLIENT
-    if (text or length < BULK_MIN_BYTES or ws.protocol.state is not OPEN or ws.protocol.extensions
-            or getattr(ws, "send_in_progress", None) is not None or transport is None or transport.is_closing()
-            or (not client and type(frame) is not bytes)):
-        await ws.send(frame, text=text)
-        return
-    if client:
-        mask = os.urandom(4)
-        transport.writelines((frame_header(length, mask), apply_mask(frame, mask)))
+    if ws.protocol.side is CLIENT:  # any binary frame: masked and written by wireio/wsmask.py where it may
+        if text or getattr(ws, "send_in_progress", None) is not None or not write_masked(ws, frame):
+            await ws.send(frame, text=text)
+            return
     else:
+        length = len(frame) if not isinstance(frame, memoryview) else frame.nbytes
+        if (text or length < BULK_MIN_BYTES or ws.protocol.state is not OPEN or ws.protocol.extensions
+                or getattr(ws, "send_in_progress", None) is not None or transport is None or transport.is_closing()
+                or type(frame) is not bytes):  # fmt: skip
+            await ws.send(frame, text=text)
+            return
         transport.writelines((frame_header(length), frame))
     try:
         await ws.drain()
@@ -243,7 +244,7 @@ class _BulkReader:
         if (head[0] == 0x82 and masked == self._masked and length >= BULK_MIN_BYTES
                 and (limit is None or length <= limit)
                 and (fragment is None or length <= fragment) and protocol.state is OPEN
-                and getattr(protocol, "current_size", 0) is None):
+                and getattr(protocol, "current_size", 0) is None):  # fmt: skip
             self._mask = bytes(head[at : at + 4]) if masked else b""
             self._buffer = bytearray(length)
             self._filled = 0
@@ -262,18 +263,20 @@ def takes_frame_now(ws: Connection) -> bool:
     backpressure), not closing, and no other send under way (its fragments must not interleave)."""
     transport = ws.transport
     return not (ws.protocol.state is not State.OPEN or ws.paused or getattr(ws, "send_in_progress", None) is not None
-                or transport is None or transport.is_closing())
+                or transport is None or transport.is_closing())  # fmt: skip
 
 
 def write_frame(ws: Connection, text: bool, frame: bytes | memoryview) -> None:
-    """Write ``frame`` to ``ws`` now, in the caller's step (:func:`takes_frame_now` said it may). A write that fails
-    on the way aborts the connection, as ``send`` would: its reader then sees it end."""
+    """Write ``frame`` to ``ws`` now, in the caller's step (:func:`takes_frame_now` said it may); a client's binary
+    frame by ``wireio/wsmask.py`` where it may. A write that fails on the way aborts the connection, as ``send``
+    would: its reader then sees it end."""
     try:
         if text:
             ws.protocol.send_text(frame)
-        else:
+            ws.send_data()
+        elif not write_masked(ws, frame):  # a client's binary frame without the library's frame object (wsmask)
             ws.protocol.send_binary(frame)
-        ws.send_data()
+            ws.send_data()
     except Exception as exc:  # the transport broke under the write
         with contextlib.suppress(AttributeError):
             ws.set_connection_exc(exc)
