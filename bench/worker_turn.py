@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("memory", "sqlite"), default="memory", help="default memory")
     parser.add_argument("--profile", action="store_true", help="cProfile of the worker, differenced as the count")
     parser.add_argument("--top", type=int, default=40, help="rows of --profile's table (default 40)")
+    parser.add_argument(
+        "--per-trip",
+        action="store_true",
+        help="--profile: only rows called at least once a round trip (no start-up, import noise)",
+    )
+    parser.add_argument("--by-cumulative", action="store_true", help="--profile: sort by cumulative time")
     ns = parser.parse_args(argv)
     os.environ["PYTHONHASHSEED"] = "0"
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             for key, (_cc, nc, tt, ct, _callers) in stats[1].items():
                 _cc0, nc0, tt0, ct0, _c0 = stats[0].get(key, (0, 0, 0.0, 0.0, {}))
                 rows.append((key, (nc - nc0) / trips, (tt - tt0) * 1e6 / trips, (ct - ct0) * 1e6 / trips))
-            rows.sort(key=lambda row: -row[2])
             calls = sum(row[1] for row in rows)
+            if ns.per_trip:
+                rows = [row for row in rows if row[1] >= 0.5]
+            rows.sort(key=lambda row: -row[3] if ns.by_cumulative else -row[2])
             print(f"worker, {small} against {ns.trips} round trips, differenced: {calls:.1f} calls a round trip")
             print("by own time (own us, cumulative us, calls a round trip):")
             for (path, line, name), nc, tt, ct in rows[: ns.top]:

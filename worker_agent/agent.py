@@ -664,6 +664,8 @@ class Agent:
             case protocol.Assign():
                 self.attempts.assigned(msg.plan_id, msg.attempt)  # before the runner: a reject ends it again
                 self.runner.on_assign(msg)
+            case protocol.Ack():  # second: one a sequential round trip, at the front of the assign's frame
+                self._outbox.ack(msg.seq)
             case protocol.Cancel():
                 self.attempts.ended(msg.plan_id, msg.attempt, "was cancelled")
                 self.runner.on_cancel(msg)
@@ -679,8 +681,6 @@ class Agent:
                 self.runner.on_revoke(msg)
             case protocol.Preempt():
                 self.runner.on_preempt(msg)  # checkpoint signal now, cancelled past its grace (§Preemption)
-            case protocol.Ack():
-                self._outbox.ack(msg.seq)
             case protocol.DataKeys():
                 if self.data_server is not None:
                     self.data_server.set_keys(msg.keys)

@@ -131,6 +131,14 @@ class Outbox:
         The unacked list is in sending order, and a session sends in ``seq`` order (a new one re-sends what is
         unacked first), so what is acked is a prefix of it: taken from the front, the rest left in place."""
         unacked = self._unacked
+        if unacked and unacked[-1].seq <= seq:  # all of it (the usual ack): one pass, no pop a message
+            acked_done = self._acked_done
+            for m in unacked:
+                if type(m) is protocol.Done:
+                    acked_done.append(m)
+            dropped = len(unacked)
+            unacked.clear()
+            return dropped
         dropped = 0
         while unacked and unacked[0].seq <= seq:
             m = unacked.popleft()

@@ -272,7 +272,7 @@ class PlanRunner:
                 return
             self._reject(assign, REJECTED, f"worker {self.worker_id} is running {len(self._plans)} plans (max)")
             return
-        self._start(assign, handler)
+        self._start(assign, handler, request)
 
     def on_revoke(self, revoke: protocol.Revoke) -> None:
         """Give back a waiting plan with ``reject(revoked)``; a started one keeps running."""
@@ -445,12 +445,14 @@ class PlanRunner:
                         reason = f"worker {self.worker_id} has no handler for op {assign.op!r}"
                         self._reject(assign, errors.UNKNOWN_OP, reason)
                         continue
-                    self._start(assign, handler)
+                    self._start(assign, handler, request)
         finally:
             self._starting = False
         self.load.queued = len(self._waiting)
 
-    def _start(self, assign: protocol.Assign, handler: Handler) -> None:
+    def _start(self, assign: protocol.Assign, handler: Handler, request: DeviceRequest | None) -> None:
+        """Run an assigned plan (``request``: its devices, None: none): on the loop, ended before this returns, or
+        in a task of its own."""
         loop = asyncio.get_running_loop()
         run = _PlanRun(self, assign.plan_id, assign.attempt, time.monotonic())  # (the loop's clock, without its call)
         data = None
@@ -472,7 +474,8 @@ class PlanRunner:
         )
         if self.spool is not None:
             run.ctx.spill_result = run.spill
-        run.ctx.isolation = self.isolation
+        if self.isolation is not DEFAULT_ISOLATION:  # else the class's (Context: a stored field is work per plan)
+            run.ctx.isolation = self.isolation
         traceparent = assign.traceparent
         if traceparent:  # the plan's trace (docs/OPERATIONS.md §Tracing): an attempt span when sampled
             # "00" (the caller's "no", without ids): fresh ids if the handler reads it (handlers.py). Stored in the
@@ -487,7 +490,6 @@ class PlanRunner:
                 run.ctx.assigned_traceparent = traceparent
                 if traceparent != UNSAMPLED and self.tracing is not None:
                     run.span = attempt_span(self.tracing, assign, self.worker_id)
-        request = DeviceRequest.of(assign.resources) if assign.resources is not None else None
         if request is not None:
             run.devices = self.devices.allocate(run.key, request, assign.devices) or ()
         if self.devices.gpus:  # a worker with devices shows each plan only its own (none without a request: "")
@@ -503,7 +505,8 @@ class PlanRunner:
         # Keyed by attempt, as the devices: a superseded attempt still ending must not end this one's energy count.
         if run.devices or self.telemetry.timed:  # else nothing is noted per plan: not even its key is made
             self.telemetry.plan_started(run.key, self._physical(run) if run.devices else ())
-        self._outbound.send(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
+        # Straight to the queue, as an event: an accept ends no attempt (data_side.WatchedOutbound watches the rest).
+        self._send_event(protocol.Accept(plan_id=run.plan_id, attempt=run.attempt))
         if on_loop:  # no task, no thread: it runs and ends here (handlers.on_loop), its context closed
             if run.span is None:
                 self._report(run, run_on_loop(handler, run.ctx, run.ctx.args), self._release(run))
@@ -672,15 +675,19 @@ class PlanRunner:
             message = f"preempted: {run.preempted}"
             done = protocol.Done(plan_id=run.plan_id, attempt=run.attempt, outcome="cancelled", preempted=True,
                                  error=protocol.ErrorInfo(code=errors.CANCELLED, message=message))  # fmt: skip
-        self._end_data(run, keep_outputs=done.outcome == "succeeded")
-        if done.outcome == "succeeded" and self.spool is not None and run.ctx.data is not None:
-            done.outputs = self.spool.outputs_of(run.plan_id, run.attempt)
+        if run.ctx.data is not None:  # (_end_data's own test: most plans have no data)
+            self._end_data(run, keep_outputs=done.outcome == "succeeded")
+            if done.outcome == "succeeded" and self.spool is not None:
+                done.outputs = self.spool.outputs_of(run.plan_id, run.attempt)
         done.receipt = receipt
         if run.span is not None:
             run.span.set("fleetwire.outcome", done.outcome)
             run.span.end(done.error.code if done.error is not None else "")
         self._outbound.send(done)
-        self._start_waiting()
+        if self._waiting:
+            self._start_waiting()
+        else:  # (_start_waiting's own first test, without its call)
+            self.load.queued = 0
 
     def _physical(self, run: _PlanRun) -> list[int]:
         """NVML indices of the whole GPUs the plan holds alone (none when shared or MIG: counted by power)."""
