@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.io.stores import sqlite as sqlite_module
+from coordinator.io.stores import sqlite_commit
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.schema import SCHEMA_VERSION
 from coordinator.io.stores.sqlite import SQLiteStore
@@ -210,7 +210,7 @@ def test_later_records_of_one_group_win(db: SQLiteStore) -> None:
 def test_one_row_per_step_when_sqlite_is_older_than_3_33(db: SQLiteStore) -> None:
     """Without multi-row UPDATE ... FROM (SQLite < 3.33) the same batches give the same plans back."""
     db._multi_row = False
-    db._update_status = sqlite_module._UPDATE_ONE
+    db._update_status = sqlite_commit.UPDATE_ONE
     db.write([created("p"), event("p", 1), PlanStatus("p", "queued", next_seq=2)])
     db.write([event("p", 2, "x"), event("p", 2, "y"), PlanStatus("p", "running", attempt=1, next_seq=3)])
     (plan,) = db.load()
