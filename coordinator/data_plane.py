@@ -11,13 +11,18 @@ Rules:
   (:meth:`DataPlane.rotate`, when :meth:`DataPlane.rotation_due`) and the offset from ``now``
   (monotonic) to Unix time (:attr:`DataPlane.wall_offset`), which ticket expiries are written in.
 * A worker gets its keys (:func:`protocol.tickets.worker_key` of each master, never a master) in
-  ``welcome`` and, after a rotation, in ``data_keys``. A master that stopped signing keeps verifying
-  as long as tickets it signed can live (``ticket_ttl_s`` from its retirement), so a rotation shorter
-  than the tickets' life never cuts one short; it is dropped at the first rotation after that.
+  ``welcome`` and, after a rotation, in ``data_keys``. A new master is *published* before it *signs*: it is
+  accepted (sent) at once, but the one before it signs for :func:`publish_s` more (the reconnect grace and a
+  tick): the ``data_keys`` that tells a holder of it goes on the holder's connection while a consumer's worker
+  fetches from the holder's data endpoint, so nothing orders the two, and a holder whose session closed is told
+  only in its next ``welcome`` (or is reaped by then). A first master signs at once (nothing older).
+* A master that stopped signing keeps verifying as long as tickets it signed can live (``ticket_ttl_s`` from
+  when the next one began to sign), so a rotation shorter than the tickets' life never cuts one short; it is
+  dropped at the first rotation after that.
 * At most :data:`MAX_KEPT_KEYS` masters are kept (the signing one included), and as many shared keys:
   ``data_keys`` stays small whatever the flags. A rotation so short that more would be needed
-  (``ticket_ttl_s`` above ``rotation_s`` x (:data:`MAX_KEPT_KEYS` - 1)) is refused at start
-  (:func:`key_rotation_problem`, docs/OPERATIONS.md §Data plane).
+  (``ticket_ttl_s`` plus the publish delay and overlap above ``rotation_s`` x (:data:`MAX_KEPT_KEYS` - 1)) is
+  refused at start (:func:`key_rotation_problem`, docs/OPERATIONS.md §Data plane).
 * When a plan with inputs or outputs is leased, its stream gets a ``data_ready`` event (per
   attempt): the worker's ``url``, a ``put`` ticket for the inputs (sizes, digests) and
   a ``get`` ticket for the declared outputs, with their expiry. A client asks ``data_ticket``
@@ -45,7 +50,9 @@ if TYPE_CHECKING:
     from coordinator.registry import WorkerRegistry
     from coordinator.streams import Streams
 
-__all__ = ["MAX_KEPT_KEYS", "MAX_REPLICAS", "DataPlane", "data_problem", "key_rotation_problem", "ref_problem"]
+__all__ = [
+    "MAX_KEPT_KEYS", "MAX_REPLICAS", "DataPlane", "data_problem", "key_rotation_problem", "publish_s", "ref_problem",
+]
 
 MAX_REPLICAS = 3  # copies of an output a submit may ask for (``submit.replicas``), the producer's own included
 
@@ -54,14 +61,33 @@ MAX_DATA_NAMES = 1024  # inputs and outputs of one plan, each
 MAX_KEPT_KEYS = 8  # ticket keys kept at once, the signing one included (each kind: a core's own, the cluster's shared)
 
 
-def key_rotation_problem(ticket_ttl_s: float, rotation_s: float) -> str | None:
-    """Why ``--data-key-rotation`` cannot go with ``--data-ticket-ttl`` (too many keys to keep), or None."""
-    if rotation_s <= 0 or ticket_ttl_s <= rotation_s * (MAX_KEPT_KEYS - 1):
+PUBLISH_MARGIN_S = 1.0  # past the reconnect grace before a new master signs: a reaper tick, a frame in flight
+
+
+def publish_s(reconnect_grace_s: float | None) -> float:
+    """How long a core's new master is accepted before it signs: every connected worker has read its ``data_keys``
+    by then, and one whose session closed before has either registered again (its ``welcome`` has it) or, its
+    reconnect grace over, been reaped (its outputs are lost, not refused)."""
+    return (reconnect_grace_s or 0.0) + PUBLISH_MARGIN_S
+
+
+def key_rotation_problem(ticket_ttl_s: float, rotation_s: float, overlap_s: float = 0.0) -> str | None:
+    """Why ``--data-key-rotation`` cannot go with ``--data-ticket-ttl`` (too many keys to keep), or None.
+
+    ``overlap_s``: how long past the tickets' life a key stays accepted after the next one is made (a core's own:
+    :func:`publish_s`; a cluster's shared key: its publish delay and the rounds of overlap, shared_keys.py;
+    the larger). A key made every ``rotation_s`` then needs ceil((TTL + overlap) / rotation) kept besides the
+    newest, at most ``MAX_KEPT_KEYS - 1``.
+    """
+    needed_s = ticket_ttl_s + overlap_s
+    if rotation_s <= 0 or needed_s <= rotation_s * (MAX_KEPT_KEYS - 1):
         return None
+    why = "the TTL" if not overlap_s else f"the TTL, plus {overlap_s:g} s while the next one is published and overlaps"
+    least = f"{needed_s / (MAX_KEPT_KEYS - 1):g} s ((TTL + {overlap_s:g}) / {MAX_KEPT_KEYS - 1})" if overlap_s else (
+        f"{needed_s / (MAX_KEPT_KEYS - 1):g} s (TTL / {MAX_KEPT_KEYS - 1})")
     return (f"--data-key-rotation {rotation_s:g} is too short for --data-ticket-ttl {ticket_ttl_s:g}: a key stays "
-            f"accepted as long as the tickets it signed (the TTL), and at most {MAX_KEPT_KEYS} keys are kept; give "
-            f"a rotation of at least {ticket_ttl_s / (MAX_KEPT_KEYS - 1):g} s (TTL / {MAX_KEPT_KEYS - 1}) or a "
-            "shorter TTL")
+            f"accepted as long as the tickets it signed ({why}), and at most {MAX_KEPT_KEYS} keys are kept; give "
+            f"a rotation of at least {least} or a shorter TTL")
 
 
 def data_problem(msg: Submit) -> str | None:
@@ -137,8 +163,8 @@ class DataPlane:
         self.rotation_s = rotation_s
         self.wall_offset = 0.0
         """Unix time minus the core's ``now`` (the driver sets it; tickets' expiries are Unix time)."""
-        self._masters: list[tuple[str, bytes]] = []  # the signing one first, then those still accepted
-        self._retired_at: list[float] = []  # when each of ``_masters[1:]`` stopped signing (core time)
+        self._masters: list[tuple[str, bytes]] = []  # newest first: those still accepted
+        self._signs_from: list[float] = []  # when each of ``_masters`` signs from (core time): published by then
         self.shared: tuple[str, bytes] | None = None
         """Cluster mode: the key every shard's core shares (kid, secret; the driver sets it before any worker comes):
         it signs a worker's pull of another shard's output (coordinator/graphs/remote.py); workers verify with it."""
@@ -156,20 +182,30 @@ class DataPlane:
         return self.rotation_s > 0 and now - self._rotated_at >= self.rotation_s
 
     def rotate(self, kid: str, secret: bytes, now: float) -> None:
-        """Make ``secret`` (named ``kid``) the signing key; the current one stays to verify, and each older one
-        while tickets it signed may live (at most :data:`MAX_KEPT_KEYS` in all); tell the workers."""
+        """Publish ``secret`` (named ``kid``): the workers are told at once, and it signs from :func:`publish_s`
+        on (at once when it is the first); each older key stays to verify while tickets it signed may live (at most
+        :data:`MAX_KEPT_KEYS` in all)."""
         if not kid or "." in kid or len(secret) < 16:
             raise ValueError("a data-plane key needs a non-empty kid without '.' and at least 16 bytes")
-        retired = [now, *self._retired_at] if self._masters else []  # the signing one stops signing now
-        kept = [(key, at) for key, at in zip(self._masters, retired, strict=True) if now < at + self.ticket_ttl_s]
+        starts = now + publish_s(self._registry.reconnect_grace_s) if self._masters else now
+        # A key stops signing when the one after it starts; tickets it signed live ``ticket_ttl_s`` past that.
+        stops = [starts, *self._signs_from]
+        kept = [index for index, stop in enumerate(stops[:-1]) if now < stop + self.ticket_ttl_s]
         kept = kept[: MAX_KEPT_KEYS - 1]
-        self._masters = [(kid, secret), *(key for key, _ in kept)]
-        self._retired_at = [at for _, at in kept]
+        self._masters = [(kid, secret), *(self._masters[index] for index in kept)]
+        self._signs_from = [starts, *(self._signs_from[index] for index in kept)]
         self._rotated_at = now
         send = self._outbox.send
         for record in self._registry:
             if record.conn_id is not None:
                 send(record.conn_id, DataKeys(keys=self.worker_keys(record.id)))
+
+    def _signer(self, now: float) -> tuple[str, bytes]:
+        """The master that signs at ``now``: the newest one published, else the oldest kept (nothing older)."""
+        for key, starts in zip(self._masters, self._signs_from, strict=True):
+            if starts <= now:
+                return key
+        return self._masters[-1]
 
     def set_shared(self, keys: list[tuple[str, bytes]]) -> None:
         """Cluster mode: the shared keys still accepted, the one that signs first (coordinator/io/cluster/
@@ -216,7 +252,7 @@ class DataPlane:
         worker_id = plan.worker_id
         if not self._masters or worker_id is None:
             return None
-        kid, secret = self._masters[0]
+        kid, secret = self._signer(now)
         files: dict[str, FileClaim]
         if direction == "put":  # an input in the reference form is not uploaded: its worker fetches it (pull_ticket)
             files = {spec.name: FileClaim(spec.size, spec.digest) for spec in plan.inputs if spec.ref is None}
@@ -244,7 +280,7 @@ class DataPlane:
         elif not self._masters:
             return ""
         else:
-            kid, secret = self._masters[0]
+            kid, secret = self._signer(now)
         claims = TicketClaims(source.plan_id, source.attempt, source.worker_id, "get",
                               {source.name: FileClaim(source.size, source.digest)},
                               now + self.wall_offset + self.ticket_ttl_s)

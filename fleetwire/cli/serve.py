@@ -67,10 +67,16 @@ def version() -> str:
 
 def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], client_tokens: tuple[str, ...]) -> Any:
     from coordinator.core import CoreConfig
-    from coordinator.data_plane import key_rotation_problem
+    from coordinator.data_plane import key_rotation_problem, publish_s
     from coordinator.io.frontdoor.server import ServerSettings
 
-    if (problem := key_rotation_problem(ns.data_ticket_ttl, ns.data_key_rotation)) is not None:
+    overlap = publish_s(ns.worker_reconnect_grace_s)  # a key's life past the TTL (coordinator/data_plane.py)
+    if (ns.store or os.environ.get("FLEETWIRE_STORE") or "").startswith("postgresql://"):
+        from coordinator.io.cluster.shared_keys import overlap_s
+
+        cluster = cluster_settings(ns)
+        overlap = max(overlap, overlap_s(cluster.lease_ttl_s, cluster.scan_s))  # the shared key's
+    if (problem := key_rotation_problem(ns.data_ticket_ttl, ns.data_key_rotation, overlap)) is not None:
         raise ValueError(problem)
     core = CoreConfig(
         heartbeat_interval_s=ns.heartbeat_interval,
@@ -404,8 +410,9 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
                         "(default 3600)")
     p.add_argument("--data-key-rotation", type=float, default=86400.0, metavar="S",
                    help="rotate the key that signs data-plane tickets this often; a key stays valid as long as the "
-                        "tickets it signed (--data-ticket-ttl), at most 8 keys at once, so S must be at least the "
-                        "TTL / 7 (default 86400; 0: never)")
+                        "tickets it signed (--data-ticket-ttl) and a few seconds while the next one is "
+                        "published, at most 8 keys at once, so S must be at least (the TTL + those seconds) / 7 "
+                        "(docs/OPERATIONS.md §Data plane; default 86400; 0: never)")
     p.add_argument("--relay-max-bytes", type=int, default=DEFAULT_RELAY_MAX_BYTES, metavar="B",
                    help="the most bytes of plans' relayed inputs and outputs (workers a client cannot dial) in flight "
                         "through the coordinator at once; each stream gets up to 16 MiB of it (default 67108864 = "

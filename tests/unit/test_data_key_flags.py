@@ -16,5 +16,25 @@ def test_the_coordinator_refuses_a_key_rotation_too_short_for_the_ticket_ttl_at_
     ns = parser.parse_args(["coordinator", "--insecure", "--data-ticket-ttl", "3600", "--data-key-rotation", "60"])
     with pytest.raises(ValueError, match="--data-key-rotation 60 is too short for --data-ticket-ttl 3600"):
         server_settings(ns, (), ())
-    ns = parser.parse_args(["coordinator", "--insecure", "--data-ticket-ttl", "700", "--data-key-rotation", "100"])
-    assert server_settings(ns, (), ()).core.data_key_rotation_s == 100.0
+    ns = parser.parse_args(["coordinator", "--insecure", "--data-ticket-ttl", "700", "--data-key-rotation", "101"])
+    assert server_settings(ns, (), ()).core.data_key_rotation_s == 101.0
+
+
+def test_the_start_check_counts_the_publish_delay_and_the_cluster_keys_overlap() -> None:
+    """A key lives the TTL plus its successor's publish delay (--worker-reconnect-grace-s + 1 s: 6 s by default),
+    and in cluster mode the shared key the TTL plus 2 x (2 rounds + --lease-ttl) (8 s by default): a rotation of
+    exactly TTL / 7 would need a ninth key, and is refused naming the overlap and the shortest rotation that works."""
+    parser = build_parser()
+    single = ["coordinator", "--insecure", "--data-ticket-ttl", "700"]
+    ns = parser.parse_args([*single, "--data-key-rotation", "100"])
+    with pytest.raises(ValueError, match=r"plus 6 s while .* at least 100\.857 s \(\(TTL \+ 6\) / 7\)"):
+        server_settings(ns, (), ())
+    cluster = [*single, "--store", "postgresql://fw@127.0.0.1:1/fw"]
+    ns = parser.parse_args([*cluster, "--data-key-rotation", "101"])
+    with pytest.raises(ValueError, match=r"plus 8 s while .* at least 101\.143 s \(\(TTL \+ 8\) / 7\)"):
+        server_settings(ns, (), ())
+    ns = parser.parse_args([*cluster, "--data-key-rotation", "102", "--lease-ttl", "3", "--lease-renew", "1"])
+    assert server_settings(ns, (), ()).core.data_key_rotation_s == 102.0
+    ns = parser.parse_args([*cluster, "--data-key-rotation", "102", "--lease-ttl", "10", "--lease-renew", "2"])
+    with pytest.raises(ValueError, match=r"plus 24 s while"):  # 2 x (2 x 1 s + 10 s)
+        server_settings(ns, (), ())

@@ -4,9 +4,11 @@ pulls are signed with the new one, and a key dropped after the overlap leaves th
 
 from __future__ import annotations
 
-from coordinator.data_plane import MAX_KEPT_KEYS
+from itertools import pairwise
+
+from coordinator.data_plane import MAX_KEPT_KEYS, key_rotation_problem
 from coordinator.graphs.lineage import Source
-from coordinator.io.cluster.shared_keys import SharedKey, accepted
+from coordinator.io.cluster.shared_keys import SharedKey, accepted, overlap_s
 from coordinator.placement.placer import PlacementConfig
 from protocol.messages import DataKeys
 from tests.unit.test_core import Harness
@@ -61,3 +63,37 @@ def test_a_new_shared_key_is_accepted_at_once_and_signs_only_once_published() ->
     assert kids(154.0) == ["c-new"]
     assert [kid for kid, _ in accepted([new], None, 100.0, keep_s=50.0, publish_s=4.0)] == ["c-new"]
     assert [kid for kid, _ in accepted([new, old], None, 100.0, keep_s=50.0)] == ["c-new", "c-old"]  # publish_s 0
+
+
+def test_at_the_shortest_rotation_the_start_allows_the_cap_never_drops_a_shared_key_a_live_ticket_needs() -> None:
+    """The cluster host keeps a shared key ``publish_s + keep_s`` (the TTL plus :func:`overlap_s`) after the next
+    one's making. The start check counts that overlap: at the shortest rotation it allows, every key within it is
+    still among the MAX_KEPT_KEYS kept at every moment. At TTL / 7 (the check before the overlap was counted) one
+    needed key was past the cap, and that rotation is now refused, naming the numbers."""
+    ttl, lease_ttl, scan = 700.0, 3.0, 0.5
+    publish = 2 * scan + lease_ttl  # as host.py passes them
+    keep = ttl + 2 * scan + lease_ttl
+    overlap = overlap_s(lease_ttl, scan)
+    assert overlap == publish + keep - ttl == 8.0
+
+    def dropped_early(rotation_s: float) -> list[float]:
+        made = [index * rotation_s for index in range(40)]
+        found = []
+        for step in range(int(made[-1] * 2)):  # every half second
+            wall = step / 2
+            keys = [SharedKey(f"c{at:g}", "ab" * 32, at, "") for at in reversed(made) if at <= wall]
+            needed = keys[:1] + [key for newer, key in pairwise(keys) if wall < newer.made_at + publish + keep]
+            if len(accepted(keys, None, wall, keep, publish)) < len(needed):
+                found.append(wall)
+        return found
+
+    shortest = (ttl + overlap) / (MAX_KEPT_KEYS - 1)
+    assert key_rotation_problem(ttl, shortest, overlap) is None
+    assert dropped_early(shortest) == []
+    assert dropped_early(ttl / (MAX_KEPT_KEYS - 1))  # what the check let through before
+    problem = key_rotation_problem(ttl, ttl / (MAX_KEPT_KEYS - 1), overlap)
+    assert problem == (
+        "--data-key-rotation 100 is too short for --data-ticket-ttl 700: a key stays accepted as long as the tickets "
+        "it signed (the TTL, plus 8 s while the next one is published and overlaps), and at most 8 keys are kept; "
+        "give a rotation of at least 101.143 s ((TTL + 8) / 7) or a shorter TTL"
+    )

@@ -224,8 +224,12 @@ def test_a_key_rotated_out_keeps_verifying_for_the_tickets_life_then_is_dropped(
     assert list(keys) == ["k4", "k3", "k2", "k1"]
     verify(ready.data["ticket"], keys, wall=WALL + 128.0, worker="w", plan=ready.plan_id, attempt=1,
            direction="put", name="x")
-    core.data.rotate("k5", b"5" * 32, 130.0)  # k1 stopped signing at 30: its tickets all expired at 130
-    assert [k.kid for k in core.data.worker_keys("w")] == ["k5", "k4", "k3", "k2"]
+    # k1 signed until k2 was published, publish_s (the reconnect grace and a tick: 6 s) after its rotation at 30:
+    # tickets it signed live until 136.
+    core.data.rotate("k5", b"5" * 32, 130.0)
+    assert [k.kid for k in core.data.worker_keys("w")] == ["k5", "k4", "k3", "k2", "k1"]
+    core.data.rotate("k6", b"6" * 32, 136.0)
+    assert [k.kid for k in core.data.worker_keys("w")] == ["k6", "k5", "k4", "k3", "k2"]
 
 
 def test_kept_keys_are_capped_and_a_rotation_too_short_for_the_ttl_is_refused() -> None:

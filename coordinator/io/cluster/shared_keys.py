@@ -25,8 +25,10 @@ coordinator/graphs/remote.py); workers verify it through ``data_keys`` as the co
   rounds a core may take to find that the next one signs now), then is dropped: from the cores' keys at once,
   from the row at the next rotation. A failover mid-rotation commits the new key whole or not at all, and the
   previous one stays accepted either way.
-  At most ``MAX_KEPT_KEYS`` keys are kept (coordinator/data_plane.py; the newest ones): a rotation short enough
-  to need more is refused at start (``key_rotation_problem``), so the cap only ever drops keys past their overlap.
+  At most ``MAX_KEPT_KEYS`` keys are kept (coordinator/data_plane.py; the newest ones): a key is kept the TTL plus
+  :func:`overlap_s` (``publish_s`` twice: its successor's publishing, then the rounds of ``keep_s`` past the TTL)
+  after its successor is made, so a rotation short enough to need more is refused at start
+  (``key_rotation_problem`` with that overlap), and the cap only ever drops keys past their overlap.
 * **Upgrade.** A database with the former never-rotated ``data_secret`` (plain text) gets its first rotated key
   with that one as the previous (tickets it signed stay valid for their life), and the ``data_secret`` row is
   deleted in the same transaction.
@@ -44,7 +46,7 @@ from typing import Any, Final
 
 from coordinator.data_plane import MAX_KEPT_KEYS
 
-__all__ = ["ClusterSecretMismatch", "SharedKey", "accepted", "read_secret", "signing", "sync"]
+__all__ = ["ClusterSecretMismatch", "SharedKey", "accepted", "overlap_s", "read_secret", "signing", "sync"]
 
 _KEY_LABEL: Final = b"fleetwire cluster data-plane key\x00"
 _CHECK_LABEL: Final = b"fleetwire cluster secret check\x00"
@@ -74,6 +76,13 @@ class SharedKey:
 
     def text(self) -> str:
         return f"{self.kid}:{self.seed}:{self.made_at!r}:{self.check}"
+
+
+def overlap_s(lease_ttl_s: float, scan_s: float) -> float:
+    """How long past the tickets' life a shared key stays kept after the next one is made: ``publish_s`` (2 rounds
+    and ``--lease-ttl``, while the next one is published and this one still signs) and ``keep_s`` less the TTL (the
+    same again: the rounds a core takes to find the next one signs), as the cluster host passes them."""
+    return 2 * (2 * scan_s + lease_ttl_s)
 
 
 def read_secret(path: str) -> bytes:
