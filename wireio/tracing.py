@@ -54,6 +54,7 @@ test.
 from __future__ import annotations
 
 import collections
+import contextvars
 import importlib.util
 import math
 import os
@@ -76,6 +77,7 @@ __all__ = [
     "LiveSpan",
     "Sampler",
     "Tracing",
+    "context_reader",
     "current_traceparent",
     "tracing_requested",
 ]
@@ -117,7 +119,27 @@ def tracing_requested(environ: Mapping[str, str] | None = None, endpoint: str | 
 
 
 _current_context: Callable[[], Mapping[str, object]] | None = None
-"""``opentelemetry.context.get_current`` once OpenTelemetry is imported (:func:`current_traceparent`)."""
+"""The current OpenTelemetry context's reader once OpenTelemetry is imported (:func:`current_traceparent`,
+:func:`context_reader`)."""
+
+
+def context_reader(context: Any) -> Callable[[], Mapping[str, object]]:
+    """What reads the current OpenTelemetry context, given ``opentelemetry.context``: its runtime context's
+    ``ContextVar``'s ``get`` (one C call) when the runtime context is the default ``ContextVarsRuntimeContext``,
+    else the public ``context.get_current`` (three Python functions: its module's, the runtime context's, then that
+    ``get``). The fast path reads two private names (``_RUNTIME_CONTEXT`` and its ``_current_context``): when
+    OpenTelemetry renames them, or another runtime context is configured (``OTEL_PYTHON_CONTEXT``), or the variable
+    does not give what ``get_current`` gives, this returns the public call, and tests/unit/test_tracing.py says the
+    fast path was lost."""
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if type(runtime).__name__ == "ContextVarsRuntimeContext" and isinstance(variable, contextvars.ContextVar):
+        try:
+            if variable.get() is context.get_current():
+                return variable.get  # type: ignore[no-any-return]
+        except LookupError:  # a variable without a default: not the one get_current reads
+            pass
+    return context.get_current  # type: ignore[no-any-return]
 
 
 def current_traceparent() -> str:
@@ -125,9 +147,10 @@ def current_traceparent() -> str:
     OpenTelemetry (already imported it) and has a valid one; ``""`` otherwise. Imports nothing.
 
     An empty current context (no span, nothing attached: the usual case of a client whose own tracer imported
-    OpenTelemetry) is told by one call and one test, not the API's seven calls across four modules: on every
-    submit that path's code and data are mostly out of the CPU's caches (the client wakes once a round trip
-    among other processes), so its instructions cost ~10x their count (docs/PERFORMANCE.md §T32h)."""
+    OpenTelemetry) is told by one C call (:func:`context_reader`: the runtime context's ``ContextVar``) and one
+    test, not the API's seven calls across four modules: on every submit that path's code and data are mostly out
+    of the CPU's caches (the client wakes once a round trip among other processes), so its instructions cost ~10x
+    their count (docs/PERFORMANCE.md §T32h, §T32j)."""
     global _current_context
     get_current = _current_context
     if get_current is None:
@@ -135,7 +158,7 @@ def current_traceparent() -> str:
             return ""
         from opentelemetry import context  # imported with opentelemetry.trace: no new import
 
-        get_current = _current_context = context.get_current
+        get_current = _current_context = context_reader(context)
     if not get_current():
         return ""
     trace = sys.modules["opentelemetry.trace"]
@@ -408,7 +431,18 @@ class Tracing:
             if gap >= count:  # none of them (next_roots' first test, inline: one call less a lone submit)
                 sampler.gap = gap - count
                 return []
-            places = sampler.next_roots(count)
+        # The spans are made in a function of their own: its comprehensions' variables are cells, made at each call of
+        # the function that holds them (CPython 3.11), ~10 here: ~1.5k instructions that a lone unsampled submit
+        # skips (docs/PERFORMANCE.md §T32j).
+        return self._start_sampled(name, parent, items, attributes_of, kind)
+
+    def _start_sampled(self, name: str, parent: str, items: Sequence[T],
+                       attributes_of: Callable[[T], dict[str, str | int | float | bool]],
+                       kind: str) -> list[tuple[int, LiveSpan]]:  # fmt: skip
+        """:meth:`start_each` past its first test (at a ratio under 1 without a parent, some item is sampled)."""
+        sampler = self.sampler
+        if not parent and sampler.ratio < 1.0:
+            places = sampler.next_roots(len(items))
             now = time.time_ns()
             return [(i, LiveSpan(self, name, f"{sampler.sampled_id():032x}", 0, True, now, attributes_of(items[i]),
                                  kind)) for i in places]  # fmt: skip

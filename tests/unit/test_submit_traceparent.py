@@ -94,13 +94,14 @@ def test_with_tracing_off_a_plan_carries_the_callers_context_or_nothing(monkeypa
     assert spans == [""] * 3 and carried == [_context(request, sampled=True)] * 3
 
 
-def test_a_lone_unsampled_submit_runs_five_python_functions_and_lone_submits_sample_at_the_ratio(
+def test_a_lone_unsampled_submit_runs_three_python_functions_and_lone_submits_sample_at_the_ratio(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``Client.submit``'s tracing (start_submit_spans of one submit) outside any span, at a ratio, for a plan not
-    sampled: it reads the current context once (empty: no span) and counts the plan off the sampler's gap, with no
-    other Python function (docs/PERFORMANCE.md §T32h: on a lone round trip each cold function costs microseconds).
-    Lone submits are still sampled at the ratio, each sampled one with its span's context, the others "00"."""
+    sampled: it reads the current context once (empty: no span; no Python function) and counts the plan off the
+    sampler's gap, with no other Python function and no cell made (docs/PERFORMANCE.md §T32h, §T32j: on a lone
+    round trip each cold function costs microseconds). Lone submits are still sampled at the ratio, each sampled
+    one with its span's context, the others "00"."""
     import sys
 
     from protocol.messages import Submit
@@ -121,9 +122,51 @@ def test_a_lone_unsampled_submit_runs_five_python_functions_and_lone_submits_sam
         finally:
             sys.setprofile(None)
         assert spans is None and msgs[1].traceparent == UNSAMPLED
-        assert names == ["start_submit_spans", "current_traceparent", "get_current",
-                         "ContextVarsRuntimeContext.get_current", "Tracing.start_each"]  # fmt: skip
+        # the current context read by its ContextVar's get, a C call (wireio/tracing.py context_reader)
+        assert names == ["start_submit_spans", "current_traceparent", "Tracing.start_each"]
+        # and start_each makes no cell a call (its sampled spans' comprehensions are _start_sampled's)
+        assert Tracing.start_each.__code__.co_cellvars == ()
         sampled = [span for msg in msgs[2:] for span in fleetwire.tracing.start_submit_spans([msg]) or ()]
     assert 900 <= len(sampled) <= 1_100  # 5 % of 19,998
     carried = [msg.traceparent for msg in msgs[2:]]
     assert sorted(set(carried) - {UNSAMPLED}) == sorted(span.traceparent for span in sampled)
+
+
+def test_the_current_context_is_read_through_opentelemetrys_context_variable_and_agrees_with_get_current() -> None:
+    """wireio/tracing.py ``context_reader`` reads the installed OpenTelemetry's current context by its runtime
+    context's ``ContextVar`` (private names: this fails when OpenTelemetry renames them, and the SDK falls back to
+    the public ``get_current``, three Python functions a submit slower), and reads what ``get_current`` does,
+    outside a span and inside one attached."""
+    from opentelemetry import context, trace
+
+    from wireio.tracing import context_reader
+
+    read = context_reader(context)
+    assert read != context.get_current and getattr(read, "__self__", None) is context._RUNTIME_CONTEXT._current_context
+    assert read() is context.get_current() and not read()
+    provider = TracerProvider(sampler=ALWAYS_ON)
+    with provider.get_tracer("t").start_as_current_span("caller") as span:
+        assert read() is context.get_current() and read()
+        expected = format_traceparent(span.get_span_context().trace_id, span.get_span_context().span_id, sampled=True)
+        assert fleetwire.tracing.current_traceparent() == expected
+    assert not read() and trace.get_current_span() is trace.INVALID_SPAN
+
+
+def test_the_current_context_falls_back_to_get_current_when_opentelemetrys_private_names_change() -> None:
+    """Without the runtime context's ``ContextVar`` where ``context_reader`` looks (another runtime context, a
+    renamed field), the public ``get_current`` reads the context."""
+    from types import SimpleNamespace
+
+    from wireio.tracing import context_reader
+
+    def get_current() -> dict[str, object]:
+        return {}
+
+    class ContextVarsRuntimeContext:  # the default's name, its field renamed
+        def __init__(self) -> None:
+            self._context = None
+
+    for runtime in (None, object(), ContextVarsRuntimeContext()):
+        module = SimpleNamespace(_RUNTIME_CONTEXT=runtime, get_current=get_current)
+        assert context_reader(module) is get_current
+    assert context_reader(SimpleNamespace(get_current=get_current)) is get_current
