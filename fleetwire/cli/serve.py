@@ -75,7 +75,7 @@ def server_settings(ns: argparse.Namespace, worker_tokens: tuple[str, ...], clie
         from coordinator.io.cluster.shared_keys import overlap_s
 
         cluster = cluster_settings(ns)
-        overlap = max(overlap, overlap_s(cluster.lease_ttl_s, cluster.scan_s))  # the shared key's
+        overlap = max(overlap, overlap_s(cluster.lease_ttl_s, cluster.scan_s, ns.worker_reconnect_grace_s))
     if (problem := key_rotation_problem(ns.data_ticket_ttl, ns.data_key_rotation, overlap)) is not None:
         raise ValueError(problem)
     core = CoreConfig(

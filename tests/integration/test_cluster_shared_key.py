@@ -21,7 +21,7 @@ import pytest
 from coordinator.core import CoreConfig
 from coordinator.graphs.lineage import Source
 from coordinator.io.cluster.host import ClusterHost
-from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, SharedKey, accepted, parse, sync
+from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, SharedKey, accepted, key_times, parse, sync
 from coordinator.io.frontdoor.server import ServerSettings
 from fleetwire import Client, OutputRef
 from fleetwire.cli.shards import run_cluster_coordinator
@@ -41,7 +41,12 @@ T0 = 2_000_000_000.0  # the fake wall clock's start (Unix seconds)
 SOURCE = Source("p1", 1, "w1", "y", 10, "")
 _WAIT_EVENT = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1"
 _DATA_KEYS = "SELECT value FROM fleetwire_meta WHERE key = 'data_keys'"
-PUBLISH_S = 2 * CLUSTER.scan_s + CLUSTER.lease_ttl_s  # the hosts' (ClusterHost.sync_shared_keys)
+PUBLISH_S = key_times(
+    ticket_ttl_s=TTL_S,
+    lease_ttl_s=CLUSTER.lease_ttl_s,
+    scan_s=CLUSTER.scan_s,
+    reconnect_grace_s=CoreConfig().worker_reconnect_grace_s,
+).publish_s  # the hosts' (ClusterHost.sync_shared_keys)
 
 
 def settings(dsn: str) -> ServerSettings:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from coordinator.data_plane import MAX_KEPT_KEYS, key_rotation_problem
+from coordinator.data_plane import MAX_KEPT_KEYS, PUBLISH_MARGIN_S, key_rotation_problem
 from coordinator.graphs.lineage import Source
-from coordinator.io.cluster.shared_keys import SharedKey, accepted, overlap_s
+from coordinator.io.cluster.shared_keys import SharedKey, accepted, key_times, overlap_s
 from coordinator.placement.placer import PlacementConfig
-from protocol.messages import DataKeys
+from coordinator.shards import ClusterConfig
+from protocol.messages import DataKeys, Welcome
+from protocol.tickets import verify
 from tests.unit.test_core import Harness
 from tests.unit.test_graph_core import fleet
 
@@ -70,11 +72,12 @@ def test_at_the_shortest_rotation_the_start_allows_the_cap_never_drops_a_shared_
     one's making. The start check counts that overlap: at the shortest rotation it allows, every key within it is
     still among the MAX_KEPT_KEYS kept at every moment. At TTL / 7 (the check before the overlap was counted) one
     needed key was past the cap, and that rotation is now refused, naming the numbers."""
-    ttl, lease_ttl, scan = 700.0, 3.0, 0.5
-    publish = 2 * scan + lease_ttl  # as host.py passes them
-    keep = ttl + 2 * scan + lease_ttl
-    overlap = overlap_s(lease_ttl, scan)
-    assert overlap == publish + keep - ttl == 8.0
+    ttl, lease_ttl, scan, grace = 700.0, 3.0, 0.5, 5.0
+    times = key_times(ticket_ttl_s=ttl, lease_ttl_s=lease_ttl, scan_s=scan, reconnect_grace_s=grace)  # host.py's
+    publish, keep = times.publish_s, times.keep_s
+    assert (publish, keep) == (2 * scan + lease_ttl + grace + PUBLISH_MARGIN_S, ttl + 2 * scan + lease_ttl)
+    overlap = overlap_s(lease_ttl, scan, grace)
+    assert overlap == publish + keep - ttl == 14.0
 
     def dropped_early(rotation_s: float) -> list[float]:
         made = [index * rotation_s for index in range(40)]
@@ -94,6 +97,51 @@ def test_at_the_shortest_rotation_the_start_allows_the_cap_never_drops_a_shared_
     problem = key_rotation_problem(ttl, ttl / (MAX_KEPT_KEYS - 1), overlap)
     assert problem == (
         "--data-key-rotation 100 is too short for --data-ticket-ttl 700: a key stays accepted as long as the tickets "
-        "it signed (the TTL, plus 8 s while the next one is published and overlaps), and at most 8 keys are kept; "
-        "give a rotation of at least 101.143 s ((TTL + 8) / 7) or a shorter TTL"
+        "it signed (the TTL, plus 14 s while the next one is published and overlaps), and at most 8 keys are kept; "
+        "give a rotation of at least 102 s ((TTL + 14) / 7) or a shorter TTL"
     )
+
+
+def test_a_holder_in_its_reconnect_grace_on_another_core_is_never_handed_a_shared_key_ticket_it_cannot_verify() -> None:
+    """Core A makes a new shared key at 100. The holder's core B reads it as late as a core still serving may (2
+    rounds and --lease-ttl later) and tells its connected workers; the holder's session closed just before, so it
+    learns the key only in its next ``welcome``, up to --worker-reconnect-grace-s later (after that it is reaped:
+    its outputs lost, not refused). Until then A signs pulls from it with a key it has; its welcome has the new one.
+    Without the grace in the shared key's publish delay A signed with the new key from 104 on (unknown ticket key)."""
+    cluster, grace = ClusterConfig(), 5.0
+    times = key_times(ticket_ttl_s=300.0, lease_ttl_s=cluster.lease_ttl_s, scan_s=cluster.scan_s,
+                      reconnect_grace_s=grace)  # fmt: skip
+    old, new = SharedKey("c-old", "aa" * 32, 0.0, ""), SharedKey("c-new", "bb" * 32, 100.0, "")
+
+    def shared(keys: list[SharedKey], wall: float) -> list[tuple[str, bytes]]:
+        return accepted(keys, None, wall, times.keep_s, times.publish_s)  # as ClusterHost.sync_shared_keys
+
+    b = Harness(placement=PlacementConfig(cluster=True), worker_reconnect_grace_s=grace)
+    b.core.data.set_shared(shared([old], 50.0))
+    holder, other = b.worker("w1"), b.worker("w2")
+    before = {key.kid: key.key for key in b.core.data.worker_keys("w1")}  # what the holder verifies with
+    read_at = new.made_at + 2 * cluster.scan_s + cluster.lease_ttl_s  # B's last round before it would stop
+    b.now = read_at - 0.01
+    b.close(holder)
+    b.now = read_at
+    b.core.data.set_shared(shared([new, old], read_at))
+    b._pump()
+    assert [{key.kid for key in m.keys} for m in b.take(other) if isinstance(m, DataKeys)] == [{"c-old", "c-new"}]
+    assert not [m for m in b.take(holder) if isinstance(m, DataKeys)]  # closed: not told
+
+    a = Harness(placement=PlacementConfig(cluster=True), worker_reconnect_grace_s=grace)
+    source = Source("a", 1, "w1", "y", 10, "")
+    back_by = b.now - 0.01 + grace + PUBLISH_MARGIN_S  # registered again, or reaped at the reaper's next tick
+    for step in range(int((back_by - new.made_at) * 10)):
+        wall = new.made_at + step / 10
+        a.core.data.set_shared(shared([new, old], wall))
+        ticket = a.core.data.pull_ticket(source, a.now, shared=True)
+        assert ticket.split(".")[1] in before, wall
+        verify(ticket, before, wall=a.now, worker="w1", plan="a", attempt=1, direction="get", name="y")
+    a.core.data.set_shared(shared([new, old], new.made_at + times.publish_s))
+    assert a.core.data.pull_ticket(source, a.now, shared=True).startswith("fw1.c-new.")  # published: it signs
+
+    b.now = read_at - 0.01 + grace - 0.1  # the holder registers again within its grace
+    back = b.worker("w1")
+    [welcome] = [m for m in b.take(back) if isinstance(m, Welcome)]
+    assert "c-new" in [key.kid for key in welcome.data_keys]

@@ -81,7 +81,7 @@ from coordinator.io.cluster.metrics import ClusterStats, build_registry
 from coordinator.io.cluster.openai_route import cluster_door
 from coordinator.io.cluster.remote_refs import RemoteRefs
 from coordinator.io.cluster.sessions import ViewSessions
-from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, accepted, sync
+from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, accepted, key_times, sync
 from coordinator.io.cluster.views import (
     PUT_WORKERS,
     WANTED,
@@ -274,12 +274,11 @@ class ClusterHost:
         """Read the cluster's shared data-plane keys (making a new one when due, shared_keys.py) and hand the ones
         still accepted to every core, which tells its workers when they changed. Every round, and at the start."""
         core = self.settings.core
-        # A new key signs only once every core that still serves has read it and told its workers: a round, and a
-        # lease's life past which a core that did not read the row has stopped (shared_keys.py, "Rotation"). The
-        # key before it stays accepted for the life of the tickets it signed, plus the rounds a core may take to
-        # find that the newer one signs now (it signs with the older one until then).
-        publish_s = 2 * self.config.scan_s + self.config.lease_ttl_s
-        keep_s = core.data_ticket_ttl_s + 2 * self.config.scan_s + self.config.lease_ttl_s
+        # A new key signs only once every core that still serves has told its workers, the ones in their reconnect
+        # grace included; the one before stays accepted for its tickets' life and the rounds (shared_keys.key_times).
+        times = key_times(ticket_ttl_s=core.data_ticket_ttl_s, lease_ttl_s=self.config.lease_ttl_s,
+                          scan_s=self.config.scan_s, reconnect_grace_s=core.worker_reconnect_grace_s)  # fmt: skip
+        publish_s, keep_s = times.publish_s, times.keep_s
         wall = None if self.wall is None else self.wall()
         secret = self.cluster_secret
         keys, wall = await self.db(lambda conn: sync(conn, secret, wall=wall, rotation_s=core.data_key_rotation_s,

@@ -13,20 +13,22 @@ coordinator/graphs/remote.py); workers verify it through ``data_keys`` as the co
 * **The check.** ``check`` is the first 16 hex digits of HMAC-SHA256(secret, check label + seed): a coordinator
   whose secret gives another value (or that has none, for a key made with one) refuses to start with
   :class:`ClusterSecretMismatch`, instead of signing tickets the other cores' workers answer 401.
-* **Rotation.** Every ``rotation_s`` (``--data-key-rotation``) the first core to find the newest key old makes a
-  new one, in one transaction holding the row's lock (``SELECT ... FOR UPDATE``): two cores never mint a key for
-  one slot, and the others read it at their next round. A new key is *published* before it *signs*: for
-  ``publish_s`` after its making (by the database's clock: the round every core takes to read it and tell its
-  workers, ``data_keys``, plus a lease's life, past which a core that did not read the row has stopped serving)
-  every core accepts it and hands it to its workers but signs with the key before it, so no ticket signed with
-  a key reaches a worker its own core has not told of it yet (the minting core included: it signed with the new
-  key at once before, and a consumer it placed right after a rotation was refused by a holder on another core).
+* **Rotation.** Every ``rotation_s`` (``--data-key-rotation``) the first core to find the newest key old makes a new
+  one, in one transaction holding the row's lock (``SELECT ... FOR UPDATE``): two cores never mint a key for one slot,
+  and the others read it at their next round. A new key is *published* before it *signs*: for ``publish_s`` after its
+  making (by the database's clock: the round every core takes to read it and tell its workers, ``data_keys``, plus a
+  lease's life, past which a core that did not read the row has stopped serving, plus the reconnect grace, within
+  which a worker whose session closed before its core read the row registers again and gets it in its ``welcome``,
+  else is reaped; :func:`key_times`) every core accepts it and hands it to its workers but signs with the key before
+  it, so no ticket signed with a key reaches a worker its own core has not told of it yet (the minting core included:
+  it signed with the new key at once before, and a consumer it placed right after a rotation was refused by a holder
+  on another core).
   A key that stopped signing stays accepted ``keep_s`` more (the tickets' life, ``--data-ticket-ttl``, plus the
   rounds a core may take to find that the next one signs now), then is dropped: from the cores' keys at once,
   from the row at the next rotation. A failover mid-rotation commits the new key whole or not at all, and the
   previous one stays accepted either way.
   At most ``MAX_KEPT_KEYS`` keys are kept (coordinator/data_plane.py; the newest ones): a key is kept the TTL plus
-  :func:`overlap_s` (``publish_s`` twice: its successor's publishing, then the rounds of ``keep_s`` past the TTL)
+  :func:`overlap_s` (its successor's ``publish_s``, then the rounds of ``keep_s`` past the TTL)
   after its successor is made, so a rotation short enough to need more is refused at start
   (``key_rotation_problem`` with that overlap), and the cap only ever drops keys past their overlap.
 * **Upgrade.** A database with the former never-rotated ``data_secret`` (plain text) gets its first rotated key
@@ -44,9 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from coordinator import data_plane
 from coordinator.data_plane import MAX_KEPT_KEYS
 
-__all__ = ["ClusterSecretMismatch", "SharedKey", "accepted", "overlap_s", "read_secret", "signing", "sync"]
+__all__ = [
+    "ClusterSecretMismatch", "KeyTimes", "SharedKey", "accepted", "key_times", "overlap_s", "read_secret", "signing",
+    "sync",
+]  # fmt: skip
 
 _KEY_LABEL: Final = b"fleetwire cluster data-plane key\x00"
 _CHECK_LABEL: Final = b"fleetwire cluster secret check\x00"
@@ -78,11 +84,33 @@ class SharedKey:
         return f"{self.kid}:{self.seed}:{self.made_at!r}:{self.check}"
 
 
-def overlap_s(lease_ttl_s: float, scan_s: float) -> float:
-    """How long past the tickets' life a shared key stays kept after the next one is made: ``publish_s`` (2 rounds
-    and ``--lease-ttl``, while the next one is published and this one still signs) and ``keep_s`` less the TTL (the
-    same again: the rounds a core takes to find the next one signs), as the cluster host passes them."""
-    return 2 * (2 * scan_s + lease_ttl_s)
+@dataclass(frozen=True, slots=True)
+class KeyTimes:
+    """How long a new shared key is accepted before it signs (``publish_s``), and how long one that stopped signing
+    stays accepted (``keep_s``): what the cluster host passes :func:`sync` and :func:`accepted`."""
+
+    publish_s: float
+    keep_s: float
+
+
+def key_times(*, ticket_ttl_s: float, lease_ttl_s: float, scan_s: float, reconnect_grace_s: float) -> KeyTimes:
+    """The shared key's :class:`KeyTimes` (module docstring, "Rotation"); :func:`overlap_s` counts the same ones.
+
+    ``publish_s``: 2 rounds and ``--lease-ttl`` (every core still serving has read the key and told its connected
+    workers; one that did not renew that long has stopped), then ``--worker-reconnect-grace-s`` and a margin
+    (``data_plane.publish_s``): a holder whose session closed just before its core's round is told only in its next
+    ``welcome``, so it has registered again with the key by then, or its grace is over and it was reaped (its
+    outputs lost, not refused). ``keep_s``: the tickets' life, plus the rounds a core may take to find that the
+    next one signs now (it signs with this one until then)."""
+    rounds_s = 2 * scan_s + lease_ttl_s
+    return KeyTimes(rounds_s + data_plane.publish_s(reconnect_grace_s), ticket_ttl_s + rounds_s)
+
+
+def overlap_s(lease_ttl_s: float, scan_s: float, reconnect_grace_s: float) -> float:
+    """How long past the tickets' life a shared key stays kept after the next one is made: ``publish_s + keep_s``
+    less the TTL (:func:`key_times`, as the cluster host passes them; the start check's ``key_rotation_problem``)."""
+    times = key_times(ticket_ttl_s=0.0, lease_ttl_s=lease_ttl_s, scan_s=scan_s, reconnect_grace_s=reconnect_grace_s)
+    return times.publish_s + times.keep_s
 
 
 def read_secret(path: str) -> bytes:
