@@ -67,7 +67,7 @@ from protocol.messages import (
     RoutingHints,
     Submit,
 )
-from protocol.tracecontext import UNSAMPLED, is_sampled, trace_id_of, traceparent_problem
+from protocol.tracecontext import UNSAMPLED, UNSAMPLED_SHORT, is_sampled, trace_id_of, traceparent_problem
 
 __all__ = [
     "EVERY_PRINCIPAL",
@@ -329,6 +329,8 @@ class Plan:
         plan.retries = msg.retries
         traceparent = msg.traceparent
         if traceparent:
+            if traceparent == UNSAMPLED_SHORT:  # the caller's "no" in one character (docs/PROTOCOL.md §4 submit)
+                traceparent = UNSAMPLED  # the plan holds one form: scheduling.py forwards it as each worker reads it
             plan.traceparent = traceparent
             plan.sampled = is_sampled(traceparent)  # False for UNSAMPLED ("00": no flags byte to read)
         plan.inputs = msg.inputs
@@ -642,8 +644,10 @@ def submit_problem(msg: Submit) -> str | None:
     if msg.resources is not None and (problem := resources_problem(msg.resources)) is not None:
         return problem
     traceparent = msg.traceparent
-    if traceparent and traceparent != UNSAMPLED and (problem := traceparent_problem(traceparent)) is not None:
-        return f"submit.{problem}"
+    if traceparent and traceparent != UNSAMPLED and traceparent != UNSAMPLED_SHORT:  # "0": "00" (PROTOCOL.md §4)
+        problem = traceparent_problem(traceparent)
+        if problem is not None:
+            return f"submit.{problem}"
     # Name caps (protocol/caps.py): names go into logs, indexes and every reply about the plan.
     # The usual short names and a few short tags (a pool's, cluster mode routes by it) cannot exceed them:
     # a few tests in C on the hot path, no call per tag.

@@ -46,9 +46,10 @@ UNSAMPLED: Final = "00"
 """The caller decided not to sample the plan and has no context to share (module docstring)."""
 
 UNSAMPLED_SHORT: Final = "0"
-""":data:`UNSAMPLED` as the coordinator forwards it in ``assign.traceparent`` to a worker whose ``hello`` says it
-reads it (``capabilities.short_unsampled``, docs/PROTOCOL.md): one character, which the worker's decoder hands out
-as CPython's cached one-character string (no allocation). It means :data:`UNSAMPLED` and is nowhere else sent."""
+""":data:`UNSAMPLED` in one character, which a decoder hands out as CPython's cached one-character string (no
+allocation): the coordinator forwards it so in ``assign.traceparent`` to a worker whose ``hello`` says it reads it
+(``capabilities.short_unsampled``, docs/PROTOCOL.md), and accepts it in ``submit.traceparent`` (kept as
+:data:`UNSAMPLED`), which a client sends only to a coordinator known to accept it: an older one refuses it."""
 
 _V00: Final = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")  # the usual header, one match
 _TRACEPARENT: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[-0-9a-zA-Z_.]*)?")
@@ -79,7 +80,7 @@ class SpanContext:
 def traceparent_problem(text: str) -> str | None:
     """Why ``text`` is not a ``traceparent`` the coordinator keeps, naming the rule; None when it is
     one (or empty: no context)."""
-    if not text or text == UNSAMPLED or _V00.fullmatch(text) is not None:
+    if not text or text == UNSAMPLED or text == UNSAMPLED_SHORT or _V00.fullmatch(text) is not None:
         return None
     if len(text) > MAX_TRACEPARENT:
         return f"traceparent is {len(text)} characters; at most {MAX_TRACEPARENT}"

@@ -108,6 +108,29 @@ def test_a_worker_that_reads_it_gets_the_unsampled_decision_in_one_character_and
     assert [a.traceparent for a in old.take(w) if isinstance(a, Assign)] == ["00"]
 
 
+def test_a_submit_may_carry_the_unsampled_decision_in_one_character_and_the_plan_keeps_00() -> None:
+    """submit.traceparent "0" is accepted as "00" (docs/PROTOCOL.md §4 submit): the plan holds "00" (no step is
+    noted) and is assigned as "00" is, "0" to a worker that reads it and "00" to an older one; a plan made again from
+    its stored submit (recovery) holds "00" too."""
+    from coordinator.plans import Plan
+
+    h = Traced()
+    c = h.client()
+    plan = h.submit(c, traceparent="0")
+    assert h.core.plans[plan].traceparent == "00" and not h.core.plans[plan].sampled
+    conn = 100
+    h.core.open_session(conn, "worker", h.now, address="10.0.0.100:4000")
+    caps = Capabilities(cpu_cores=4, ram_bytes=8_000_000_000, ops=["echo"], max_concurrency=4, short_unsampled=True)
+    h.send(conn, Hello(worker_id="new", capabilities=caps))
+    assert [a.traceparent for a in h.take(conn) if isinstance(a, Assign)] == ["0"]
+    assert h.steps == [] or all(not step for step in h.steps)
+    old = Traced()
+    old.submit(old.client(), traceparent="0")
+    w = old.worker("old")
+    assert [a.traceparent for a in old.take(w) if isinstance(a, Assign)] == ["00"]
+    assert Plan.from_submit(Submit(req_id=1, op="echo", traceparent="0"), "p9", "alice", 0).traceparent == "00"
+
+
 def test_a_malformed_traceparent_is_refused_naming_the_field() -> None:
     """submit.traceparent that is not W3C is invalid_argument, and no plan is made."""
     h = Traced()
