@@ -258,12 +258,14 @@ class SQLiteCommit:
                     previous = 0 if new else chained.get(plan_id)
                     if previous is None:
                         previous = self._stored_events_crc(rowid)
-                    inline_crc = chained_now[plan_id] = crc(inline, previous)
+                    inline_crc = crc(inline, previous)
                 else:
                     spilled.append((rowid, run[0][2], body, crc(body, rowid & 0xFFFFFFFF)))
             status = latest.get(plan_id)
             if status is None:
                 state = status_blob = status_crc = None
+                if inline_crc is not None:
+                    chained_now[plan_id] = inline_crc
             else:
                 state = status.state
                 try:
@@ -272,7 +274,11 @@ class SQLiteCommit:
                     status_blob = encode(status)
                 status_crc = crc(status_blob)
                 if state in TERMINAL_STATES:
-                    ended.append(plan_id)  # no more inline events: its running checksum is dropped
+                    # No more inline events: its running checksum is dropped, and not sent to the other side of the
+                    # writer process only to be dropped there (keys_message: a third of the checksums a plan).
+                    ended.append(plan_id)
+                elif inline_crc is not None:
+                    chained_now[plan_id] = inline_crc
             if new:
                 record = created[plan_id]
                 try:
