@@ -6,15 +6,14 @@ session's small frames that is nothing; for relayed chunks (256 KiB frames, a Gi
 it was the largest cost of the relay's senders after the kernel's: 17 % of a relaying client's
 samples in ``Frame.serialize`` (bench/data_plane.py ``--profile``).
 
-:func:`send_frame` sends a binary frame of at least :data:`BULK_MIN_BYTES` itself: the header
+:func:`send_frame` sends a binary frame itself (``wireio/wsmask.py`` ``write_binary``): the header
 (RFC 6455 §5.2: FIN, opcode 2, the length in 7, 16 or 64 bits, the mask bit and key on a
-client) and the payload go to the transport as two buffers; a client masks the payload with a
-fresh key (one copy, the library's C ``apply_mask``; ``wireio/wsmask.py``, which writes a
-client's small binary frames too, as one buffer), a server writes it as it is (no copy: an
-immutable ``bytes`` the transport may hold until it is sent). It then waits for the transport's
-buffer to drain, as ``send`` does. Anything else — text, a server's small frames, a connection
-that is not open, a compression extension, a fragmented send in progress, a mutable server
-payload — goes through ``send`` unchanged, so the library keeps every rule it enforces.
+client) and the payload go to the transport; a client masks the payload with a fresh key (one
+copy, the library's C ``apply_mask``), a server writes a big immutable ``bytes`` as it is (no
+copy: the transport may hold it until it is sent) and a small or mutable one joined to its
+header (one copy). It then waits for the transport's buffer to drain, as ``send`` does.
+Anything else — text, a connection that is not open, a compression extension, a fragmented
+send in progress — goes through ``send`` unchanged, so the library keeps every rule it enforces.
 Frames from both paths are whole writes on one event loop, so they never interleave; the
 library's own control frames (ping, pong, close) go between them as usual.
 
@@ -45,10 +44,10 @@ from typing import Final
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.connection import Connection
 from websockets.frames import Frame, Opcode
-from websockets.protocol import CLIENT, OPEN, SERVER, Protocol, State
+from websockets.protocol import OPEN, SERVER, Protocol, State
 
 from protocol.transfer.http1 import head_end
-from wireio.wsmask import write_masked
+from wireio.wsmask import write_binary
 
 try:
     from websockets.speedups import apply_mask
@@ -82,19 +81,11 @@ async def send_frame(ws: Connection, frame: bytes | bytearray | memoryview, text
     Raises:
         websockets.ConnectionClosed: as ``send`` does, when the connection is closed or breaks.
     """
+    # Any binary frame, a client's masked or a server's plain, is written by wireio/wsmask.py where it may.
+    if text or getattr(ws, "send_in_progress", None) is not None or not write_binary(ws, frame):
+        await ws.send(frame, text=text)
+        return
     transport = ws.transport
-    if ws.protocol.side is CLIENT:  # any binary frame: masked and written by wireio/wsmask.py where it may
-        if text or getattr(ws, "send_in_progress", None) is not None or not write_masked(ws, frame):
-            await ws.send(frame, text=text)
-            return
-    else:
-        length = len(frame) if not isinstance(frame, memoryview) else frame.nbytes
-        if (text or length < BULK_MIN_BYTES or ws.protocol.state is not OPEN or ws.protocol.extensions
-                or getattr(ws, "send_in_progress", None) is not None or transport is None or transport.is_closing()
-                or type(frame) is not bytes):  # fmt: skip
-            await ws.send(frame, text=text)
-            return
-        transport.writelines((frame_header(length), frame))
     try:
         await ws.drain()
     except Exception as exc:  # the transport broke under the write: close as send() does
@@ -267,14 +258,14 @@ def takes_frame_now(ws: Connection) -> bool:
 
 
 def write_frame(ws: Connection, text: bool, frame: bytes | memoryview) -> None:
-    """Write ``frame`` to ``ws`` now, in the caller's step (:func:`takes_frame_now` said it may); a client's binary
-    frame by ``wireio/wsmask.py`` where it may. A write that fails on the way aborts the connection, as ``send``
-    would: its reader then sees it end."""
+    """Write ``frame`` to ``ws`` now, in the caller's step (:func:`takes_frame_now` said it may); a binary frame
+    (a client's masked, a server's plain) by ``wireio/wsmask.py`` where it may. A write that fails on the way aborts
+    the connection, as ``send`` would: its reader then sees it end."""
     try:
         if text:
             ws.protocol.send_text(frame)
             ws.send_data()
-        elif not write_masked(ws, frame):  # a client's binary frame without the library's frame object (wsmask)
+        elif not write_binary(ws, frame):  # a binary frame without the library's frame object (wsmask)
             ws.protocol.send_binary(frame)
             ws.send_data()
     except Exception as exc:  # the transport broke under the write
