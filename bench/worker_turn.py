@@ -9,6 +9,12 @@ the worker's start-up, registration and the warm-up cancel out (issue #29, docs/
 
     python bench/worker_turn.py                  # instructions a round trip of the worker (this tree)
     python bench/worker_turn.py --profile        # cProfile of the worker, the two runs' difference
+    python bench/worker_turn.py --profile --per-trip --by-cumulative   # only the rows of the round trip
+    python bench/worker_turn.py --side coordinator   # the coordinator's instructions a round trip instead
+
+With ``--side coordinator`` the coordinator runs many times slower under callgrind, so what waits on its clock (the
+ack timer, coordinator/io/frontdoor/core_driver.py) fires relatively sooner than in an untraced run; its count moves
+~+-10,000 of ~600,000 from run to run.
 """
 
 from __future__ import annotations
@@ -26,16 +32,24 @@ from client_turn import ROOT
 VALGRIND = ("valgrind", "--tool=callgrind")
 
 
-async def round_trips(count: int, warmup: int, store: str, wrap: list[str]) -> None:
+async def round_trips(count: int, warmup: int, store: str, wrap: list[str], side: str = "worker") -> None:
     """``warmup`` then ``count`` sequential round trips against a worker started as ``wrap`` + ``-m fleetwire
-    worker ...``; the worker is stopped (SIGTERM) so that its tracer writes its file."""
+    worker ...`` (``side`` "coordinator": the coordinator started so, the worker as it is); that process is stopped
+    (SIGTERM) so that its tracer writes its file."""
     from fleetwire import Client
 
     async with h.fleet(store) as f:
-        await f.start_coordinator()
+        if side == "coordinator":
+            traced = f.coordinator = await h.spawn(
+                "coordinator", *wrap, "-m", "fleetwire", *coordinator_args(store, f.tmp.name)
+            )
+            f.url = (await traced.wait_for_line(r"listening on (ws://\S+)", timeout_s=300)).group(1)
+        else:
+            await f.start_coordinator()
+        worker_wrap = wrap if side == "worker" else [sys.executable]
         worker = await h.spawn(
             "bench-1",
-            *wrap,
+            *worker_wrap,
             "-m",
             "fleetwire",
             "worker",
@@ -53,13 +67,27 @@ async def round_trips(count: int, warmup: int, store: str, wrap: list[str]) -> N
         async with Client(f.url) as client:
             for i in range(warmup + count):
                 await (await client.submit("echo", args=i)).result()
-        await worker.stop(grace_s=120)
-        if worker.proc.returncode not in (0, -15):
-            raise RuntimeError(f"worker exited {worker.proc.returncode}: {worker.lines[-10:]}")
+        traced = worker if side == "worker" else f.coordinator
+        assert traced is not None
+        await traced.stop(grace_s=120)
+        if traced.proc.returncode not in (0, -15):
+            raise RuntimeError(f"{side} exited {traced.proc.returncode}: {traced.lines[-10:]}")
 
 
-def callgrind_count(n: int, warmup: int, store: str, out_file: str) -> int:
-    h.run_loop(round_trips(n, warmup, store, [*VALGRIND, f"--callgrind-out-file={out_file}", sys.executable]))
+def coordinator_args(store: str, data_dir: str) -> list[str]:
+    """``Fleet.start_coordinator``'s arguments (bench/_harness.py): its store in a temporary folder, limits lifted."""
+    args = ["coordinator", "--host", h.HOST, "--port", "0", "--insecure", "--log-level", "warning", "--store", store]
+    if store == "sqlite":
+        args += ["--data-dir", data_dir]
+    for flag, value in h.BENCH_LIMITS.items():
+        if h.coordinator_has_flag(flag):
+            args += [flag, value]
+    return args
+
+
+def callgrind_count(n: int, warmup: int, store: str, out_file: str, side: str = "worker") -> int:
+    wrap = [*VALGRIND, f"--callgrind-out-file={out_file}", sys.executable]
+    h.run_loop(round_trips(n, warmup, store, wrap, side))
     with open(out_file) as fh:
         return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
 
@@ -70,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=100, help="untimed round trips first (default 100)")
     parser.add_argument("--store", choices=("memory", "sqlite"), default="memory", help="default memory")
     parser.add_argument("--profile", action="store_true", help="cProfile of the worker, differenced as the count")
+    parser.add_argument(
+        "--side",
+        choices=("worker", "coordinator"),
+        default="worker",
+        help="the process traced (default the worker; the coordinator: its side of the same trips)",
+    )
     parser.add_argument("--top", type=int, default=40, help="rows of --profile's table (default 40)")
     parser.add_argument(
         "--per-trip",
@@ -86,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in (small, ns.trips):
                 out = os.path.join(tmp, f"prof.{n}")
                 wrap = [sys.executable, "-m", "cProfile", "-o", out]
-                h.run_loop(round_trips(n, ns.warmup, ns.store, wrap))
+                h.run_loop(round_trips(n, ns.warmup, ns.store, wrap, ns.side))
                 stats.append(pstats.Stats(out).stats)  # type: ignore[attr-defined]
             trips = ns.trips - small
             rows = []
@@ -97,16 +131,26 @@ def main(argv: list[str] | None = None) -> int:
             if ns.per_trip:
                 rows = [row for row in rows if row[1] >= 0.5]
             rows.sort(key=lambda row: -row[3] if ns.by_cumulative else -row[2])
-            print(f"worker, {small} against {ns.trips} round trips, differenced: {calls:.1f} calls a round trip")
+            print(f"{ns.side}, {small} against {ns.trips} round trips, differenced: {calls:.1f} calls a round trip")
             print("by own time (own us, cumulative us, calls a round trip):")
             for (path, line, name), nc, tt, ct in rows[: ns.top]:
                 where = "/".join(path.split("/")[-2:])
                 print(f"{tt:7.2f} {ct:7.2f} {nc:6.2f}  {name} ({where}:{line})")
             return 0
-        counts = [callgrind_count(n, ns.warmup, ns.store, os.path.join(tmp, f"cg.{n}")) for n in (small, ns.trips)]
+        counts = [
+            callgrind_count(n, ns.warmup, ns.store, os.path.join(tmp, f"cg.{n}"), ns.side) for n in (small, ns.trips)
+        ]
     per = (counts[1] - counts[0]) / (ns.trips - small)
     print(
-        json.dumps({"bench": "worker_turn", "tree": ROOT, "store": ns.store, "instructions_a_round_trip": round(per)})
+        json.dumps(
+            {
+                "bench": "worker_turn",
+                "tree": ROOT,
+                "side": ns.side,
+                "store": ns.store,
+                "instructions_a_round_trip": round(per),
+            }
+        )
     )
     return 0
 
