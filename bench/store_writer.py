@@ -24,7 +24,8 @@ makes them: a group of the plan's creation and lease (4 records), then one of it
 user and kernel time) and wall: the whole commit; the same with ``synchronous=OFF`` (everything
 but the WAL's sync); the store's Python alone (a connection that runs nothing); and the
 ``pwrite`` + ``fdatasync`` of two WAL frames in a file of the same directory. The differences
-are the table of issue #16: Python, SQLite's statements, the sync.
+are the table of issue #16: Python, SQLite's statements, the sync. And the WAL frames a commit appends (the pages it
+changed; ``wal_autocheckpoint=0``, unsynced).
 
 ``--child-callgrind``: what the writer process does with a request (decode it, group its records
 as ``writer_child`` does, ``write_grouped``, its keys), in this process, on the same groups encoded
@@ -309,6 +310,30 @@ def lone_commits(plans: int, mode: str) -> tuple[float, float]:
     return _median(cpu), _median(wall)
 
 
+def wal_frames_per_commit(plans: int) -> float:
+    """WAL frames one lone plan's commit appends (``wal_autocheckpoint=0``, unsynced: a count, not a time).
+
+    Each frame is a page the commit changed: the plan's row's (and now and then a split's), and until schema 6 the
+    generation's in ``store_meta`` too (docs/PERFORMANCE.md §W29c).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SQLiteStore(Path(tmp) / "bench.sqlite3")
+        store._db.execute("PRAGMA synchronous=OFF")
+        store._db.execute("PRAGMA wal_autocheckpoint=0")
+        steps = [lone_groups(n, uuid.uuid4().hex) for n in range(plans + 10)]
+        for groups in steps[:10]:  # the first pages made
+            for group in groups:
+                store.try_write(group)
+        wal = store.path.with_name(store.path.name + "-wal")
+        before, commits = wal.stat().st_size, store.writes
+        for groups in steps[10:]:
+            for group in groups:
+                store.try_write(group)
+        frames = (wal.stat().st_size - before) / (24 + 4096) / (store.writes - commits)
+        store.close()
+    return frames
+
+
 def fdatasync_commit(samples: int) -> tuple[float, float]:
     """Median CPU and wall seconds of two WAL frames written in place + ``fdatasync`` (bench/compare.py's floor)."""
     import os
@@ -342,6 +367,7 @@ def measure_lone(plans: int) -> dict[str, Any]:
         out[f"{mode}_cpu_us"], out[f"{mode}_wall_us"] = round(cpu * 1e6, 1), round(wall * 1e6, 1)
     cpu, wall = fdatasync_commit(2 * plans)
     out["fdatasync_cpu_us"], out["fdatasync_wall_us"] = round(cpu * 1e6, 1), round(wall * 1e6, 1)
+    out["wal_frames_per_commit"] = round(wal_frames_per_commit(plans), 2)
     return out
 
 
@@ -403,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  the store's Python alone:        CPU {lone['python_cpu_us']} µs")
         print(f"  pwrite 8 KiB + fdatasync alone:  CPU {lone['fdatasync_cpu_us']} µs, "
               f"wall {lone['fdatasync_wall_us']} µs")
+        print(f"  WAL frames a commit:             {lone['wal_frames_per_commit']}")
         return 0
     result = measure(args.plans, args.group, args.repeat, args.process)
     if args.json:
