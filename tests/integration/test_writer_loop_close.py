@@ -19,7 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
-from coordinator.io.stores import commit, writer_process
+from coordinator.io.stores import commit, writer_end
 from coordinator.io.stores.sqlite import SQLiteStore
 from coordinator.io.stores.store import DB_FILE
 from tests.integration.test_store_writer_process import plan, ready_child, started
@@ -58,7 +58,7 @@ async def test_a_store_closed_with_groups_out_to_a_stuck_child_keeps_the_loop_re
     """The child stopped (SIGSTOP: a disk that does not answer) with groups out, the store closed in a thread: the
     loop keeps turning (a 10 ms probe is never late by 1 s) while the close ends the child (after its grace, made
     0.5 s), and the groups fail."""
-    monkeypatch.setattr(writer_process, "CLOSE_GRACE_S", 0.5, raising=False)
+    monkeypatch.setattr(writer_end, "CLOSE_GRACE_S", 0.5, raising=False)
     seen, committer = started(store, inline_max_records=0)
     child = ready_child(store)
     os.kill(child.pid, signal.SIGSTOP)
@@ -77,10 +77,10 @@ async def test_a_store_closed_with_groups_out_to_a_stuck_child_is_bounded_by_the
     store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The child stopped (SIGSTOP) with groups out and the store closed on its own (no committer close first): the
-    close kills the child once the store's close grace passed (writer_process.CLOSE_GRACE_S, made 0.3 s; it waited
+    close kills the child once the store's close grace passed (writer_end.CLOSE_GRACE_S, made 0.3 s; it waited
     its 10 s), and its log names the groups given up as not acknowledged, never as committed. The 5 s bound is a
     generous correctness bound, not a timing goal."""
-    monkeypatch.setattr(writer_process, "CLOSE_GRACE_S", 0.3, raising=False)
+    monkeypatch.setattr(writer_end, "CLOSE_GRACE_S", 0.3, raising=False)
     seen, committer = started(store, inline_max_records=0)
     child = ready_child(store)
     os.kill(child.pid, signal.SIGSTOP)
@@ -114,7 +114,7 @@ async def test_a_close_the_loop_does_not_leave_in_time_keeps_the_pipes_until_it_
     """The store closed in a thread while the loop is blocked past the close's wait for leave(): the close ends
     the child but keeps the pipes' fd numbers (a late leave() acting on numbers released, maybe reused by then,
     would take another file off the loop); the late leave() closes them once it has taken them off the loop."""
-    monkeypatch.setattr(writer_process, "LEAVE_WAIT_S", 0.05)
+    monkeypatch.setattr(writer_end, "LEAVE_WAIT_S", 0.05)
     started(store, inline_max_records=0)
     child = ready_child(store)
     fds = (child.process.stdin.fileno(), child.process.stdout.fileno())  # type: ignore[union-attr]

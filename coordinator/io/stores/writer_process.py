@@ -54,7 +54,8 @@ parent's without secrets: only the variables Python and the locale need (``child
 Never waiting on the loop for the child's end (docs/PERFORMANCE.md §R29): a closed or broken pipe fails the groups
 out once the exit status is in (a thread reaps the child; a loop timer gives up after :data:`EXIT_WAIT_S`), a
 failure the parent finds (stuck, garbled) at once; SIGKILL never waits there (a child it does not end, in
-uninterruptible sleep, is logged after :data:`KILL_WAIT_S`). The child's start and end: child_process.py.
+uninterruptible sleep, is logged after :data:`KILL_WAIT_S`). The child's start and end: child_process.py; the parent's
+end of it (leave the loop, abandon, close): writer_end.py, a base of :class:`WriterProcess`.
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ import structlog
 
 from coordinator.io.stores.child_process import ChildProcess
 from coordinator.io.stores.integrity import StoreError
+from coordinator.io.stores.writer_end import KILL_WAIT_S, WriterEnd
 from coordinator.io.stores.writer_pipes import ReplyReader, RequestWriter
 from coordinator.io.stores.writer_wire import (
     BUSY,
-    CLOSE,
     FAILED,
     KEYS,
     REQUEST_HEADER,
@@ -89,21 +90,17 @@ from coordinator.io.stores.writer_wire import (
 )
 from coordinator.records import Record
 
-__all__ = ["CLOSE_GRACE_S", "EXIT_WAIT_S", "KEYS_HELD_BYTES", "KILL_WAIT_S", "REPLY_TIMEOUT_S", "START_TIMEOUT_S",
-           "WriterProcess"]  # fmt: skip
+__all__ = ["EXIT_WAIT_S", "KEYS_HELD_BYTES", "KILL_WAIT_S", "REPLY_TIMEOUT_S", "START_TIMEOUT_S", "WriterProcess"]
 
 log = structlog.get_logger(__name__)
 
 REPLY_TIMEOUT_S: Final = 120.0  # a commit that takes longer: the child is stuck (SQLite waits 5 s for a lock)
 START_TIMEOUT_S: Final = 60.0  # the child's interpreter start and open
 KEYS_HELD_BYTES: Final = 1 << 16  # the parent's keys requests held for the next group at most (~1,000 lone commits)
-LEAVE_WAIT_S = 5.0  # a close in another thread waits this long for the loop to take the pipes off it
 EXIT_WAIT_S: Final = 1.0  # a closed pipe's exit status awaited this long (a loop timer) before the groups fail
-KILL_WAIT_S: Final = 5.0  # a child not ended this long after its SIGKILL is logged (it holds the store's lock)
-CLOSE_GRACE_S = 10.0  # close(): the longest wait for the child's end in all, then killed (a stop's: commit.py)
 
 
-class WriterProcess:
+class WriterProcess(WriterEnd):
     """The parent's end of one writer child: :meth:`write` sends a group and waits for its commit.
 
     Args:
@@ -173,10 +170,6 @@ class WriterProcess:
         # On the loop, the pipe closed or broke (_died): why, while the child's exit status is awaited.
         self._dying: str | None = None
         self._exit_timer: asyncio.TimerHandle | None = None  # _died's bound on that wait (EXIT_WAIT_S)
-
-    @property
-    def pid(self) -> int:
-        return self.child.pid
 
     @property
     def process(self) -> subprocess.Popen[bytes]:
@@ -338,91 +331,6 @@ class WriterProcess:
         os.set_blocking(self._in, False)
         self._requests.serve_on(loop, self._broken)
         loop.add_reader(self._in, self.poll)
-
-    def leave(self) -> None:
-        """Stop serving on the loop (on its thread), never waiting: the pipes block again, what is unsent goes before
-        the next request. The groups still out (the store closed under a running committer) are answered from the
-        replies the pipe holds; the rest fail (StoreError; commit-before-send: nothing released). After a close()
-        that gave up waiting for this, the pipes are closed here, once off the loop."""
-        if self._loop is not None and self._waiting and self._failed is None:
-            self.poll()  # the replies in the pipe already, without waiting (a failure leaves: _fail_waiting)
-        if self._dying is not None and self._failed is None:  # the pipe closed: they fail, the exit status or not
-            self._dead(self.child.ended() or "it closed its pipe")
-        with self._fds_lock:  # close() closes the pipes only once they are off the loop
-            loop, notify = self._loop, self._notify
-            if loop is None:
-                return
-            if self._overdue is not None:
-                self._overdue.cancel()
-                self._overdue = None
-            with contextlib.suppress(ValueError, OSError):  # the pipe closed already (a failed child)
-                loop.remove_reader(self._in)
-                self._requests.leave()
-            self._loop, self._notify = None, None
-            with contextlib.suppress(OSError):
-                os.set_blocking(self._out, True)
-                os.set_blocking(self._in, True)
-            if self._fds_orphaned:
-                self.child.close_pipes()
-        if self._waiting:
-            finished = list(self._waiting)
-            self._waiting.clear()
-            self._note_given_up(len(finished))
-            if self._failed is None:  # the child may still commit them: no later write builds on its keys
-                self._abandoned = True
-                self._failed = (f"the store's writer process (pid {self.pid}) for {self.path}: left with "
-                                f"{len(finished)} groups not answered yet")  # fmt: skip
-            error = StoreError(self._failed)
-            for done in finished:
-                done(error)
-            if notify is not None:
-                notify()
-
-    def abandon(self, why: str) -> None:
-        """On the loop: the groups out fail now with ``why`` (committed or not, as after a crash), the child killed
-        without waiting (a stop that gave up on it: commit.py ``CLOSE_GRACE_S``); :meth:`close` then only reaps it."""
-        if self._loop is not None and self._failed is None:
-            self._note_given_up(len(self._waiting))
-            self._fail_waiting(why)  # it leaves the loop; a second leave() does nothing
-        self.leave()
-
-    def _note_given_up(self, groups: int) -> None:
-        if groups and not self._given_up:
-            self._given_up_after = self.generation
-        self._given_up += groups
-
-    def _leave_from_any_thread(self) -> bool:
-        """:meth:`leave`, on the loop's thread when that loop runs in another one (a store closed in a thread);
-        False: that loop did not run it in time (it will later: the pipes are left for it to close)."""
-        loop = self._loop
-        if loop is None:
-            return True
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop or loop.is_closed() or not loop.is_running():
-            self.leave()
-            return True
-        left = threading.Event()
-
-        def leave() -> None:
-            self.leave()
-            left.set()
-
-        try:
-            loop.call_soon_threadsafe(leave)
-        except RuntimeError:  # closed meanwhile: its selector with it
-            self.leave()
-            return True
-        if left.wait(LEAVE_WAIT_S):
-            return True
-        with self._fds_lock:
-            if self._loop is None:  # left meanwhile
-                return True
-            self._fds_orphaned = True  # leave() closes them once they are off the loop
-        log.error("the store's writer process: its pipes were not taken off the event loop", pid=self.pid)
-        return False
 
     def poll(self) -> None:
         """On the loop: read what replies the pipe holds, without waiting, and answer their groups, in order."""
@@ -591,42 +499,3 @@ class WriterProcess:
         if self.child.ended() is None:
             log.error("the store's writer process did not end after SIGKILL (uninterruptible sleep: a disk that "
                       "does not answer?); it holds the store's lock until it ends", pid=self.pid)  # fmt: skip
-
-    def close(self, timeout_s: float | None = None) -> None:
-        """End the child: the close request, then its stdin closed; it closes the file and exits, or is killed once
-        ``timeout_s`` (None: :data:`CLOSE_GRACE_S`) passed since the close began. Without the request it would exit
-        without closing the file (the parent's death). A loop that does not leave the pipes in time: the child killed,
-        the pipes left open for :meth:`leave` to close. Groups given up (out when the store closed, or abandoned at a
-        stop) are logged with their count and the generation after which they were sent: never as committed."""
-        if not self._leave_from_any_thread():
-            self.child.kill()
-            self.child.wait(KILL_WAIT_S)
-            self._log_given_up(killed=True)
-            return
-        deadline = time.monotonic() + (CLOSE_GRACE_S if timeout_s is None else timeout_s)
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        if self._failed is None or self._abandoned:
-            with self._send_lock, contextlib.suppress(OSError):
-                self._requests.unsent += REQUEST_HEADER.pack(0, CLOSE)  # after what the loop had no room for yet
-                os.set_blocking(self._out, False)  # a blocking write waits for room for all of it
-                self._requests.flush(max(0.0, deadline - time.monotonic()))
-        self.child.close_stdin()
-        killed = not self.child.wait(max(0.0, deadline - time.monotonic()))
-        if killed:
-            self.child.kill()
-            self.child.wait(KILL_WAIT_S)
-        self._log_given_up(killed=killed)
-        if self._receiver is not None:
-            self._receiver.join()
-        self.child.close_pipes()
-
-    def _log_given_up(self, *, killed: bool) -> None:
-        """How the child ended, when it was killed or groups were given up (never answered: not acknowledged)."""
-        if self._given_up:
-            log.error("the store's writer process closed with groups given up: never answered, so not acknowledged "
-                      "(committed or not, as after a crash)", pid=self.pid, killed=killed, groups=self._given_up,
-                      sent_after_generation=self._given_up_after)  # fmt: skip
-        elif killed:
-            log.error("the store's writer process did not stop; killed", pid=self.pid)
