@@ -1,4 +1,5 @@
-"""The generated sections of docs/SEMANTICS.md and docs/PROTOCOL.md, made from the code they describe.
+"""The generated sections of docs/SEMANTICS.md, docs/PROTOCOL.md, docs/OPERATIONS.md and docs/CLUSTER.md, made from
+the code they describe.
 
     python -m tests.docgen            # print every generated section
     python -m tests.docgen --write    # rewrite the stale sections in docs/
@@ -11,7 +12,10 @@ Each section lies between ``<!-- BEGIN GENERATED: <name> (python -m tests.docgen
 * ``plan transitions``: :data:`coordinator.plans.TRANSITIONS`, one row per (event, destination);
 * ``close codes`` and ``error codes``: the ``CLOSE_*`` constants and ``ERROR_CODES`` of protocol/errors.py;
 * ``worker session`` and ``client session``: the frames of :data:`SCENARIO` run through the real
-  :class:`coordinator.core.Coordinator` (``CoreConfig()``), as a JSON peer sends and receives them.
+  :class:`coordinator.core.Coordinator` (``CoreConfig()``), as a JSON peer sends and receives them;
+* ``sqlite schema version``, ``store schema versions`` and ``postgresql schema version``: the schema version each
+  store writes and the ones it migrates (coordinator/io/stores/schema.py, pg_schema.py ``SCHEMA_VERSION``,
+  ``MIGRATIONS``).
 
 The code gives the rows; the words of each row come from the tables below, keyed by the code's
 own names, so a new state-table event, close code or error code without words fails the check
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,7 @@ from typing import Final, Literal
 import structlog
 
 from coordinator.core import Coordinator, CoreConfig
+from coordinator.io.stores import pg_schema, schema
 from coordinator.plans import TRANSITIONS, PlanEventName
 from coordinator.timeouts import DEFAULT_GRACE_S
 from protocol import Codec, errors
@@ -383,6 +389,56 @@ def client_transcript() -> str:
     return _fenced(run_scenario()["client"])
 
 
+# ================================================================== store schema versions
+
+# The schema version each store writes, and the ones it migrates, as the docs state them: a statement of a
+# version in prose goes stale at the next migration (docs/OPERATIONS.md said 4, docs/SEMANTICS.md 3, at 6).
+# tests/unit/test_docs.py refuses "schema version N" outside these sections.
+
+
+def _versions(first: int, last: int) -> str:
+    return f"version {first}" if first == last else f"versions {first} to {last}"
+
+
+def _paragraph(text: str, indent: str = "") -> str:
+    return textwrap.fill(text, width=110, initial_indent=indent, subsequent_indent=" " * len(indent))
+
+
+def sqlite_upgrade() -> str:
+    """docs/OPERATIONS.md §Upgrade: the SQLite file's version (coordinator/io/stores/schema.py)."""
+    v, old = schema.SCHEMA_VERSION, sorted(schema.MIGRATIONS)
+    return _paragraph(
+        f"**Upgrade.** This release writes schema version {v} (`PRAGMA user_version`; "
+        f"coordinator/io/stores/schema.py `SCHEMA_VERSION`): a file of {_versions(old[0], old[-1])} is migrated "
+        "at the first start, checksums included, in one transaction. An older coordinator refuses a "
+        f"version {v} file: keep a backup taken before the upgrade if you may downgrade."
+    )
+
+
+def store_versions() -> str:
+    """docs/SEMANTICS.md §Durability: both stores' versions, one bullet."""
+    v, old = schema.SCHEMA_VERSION, sorted(schema.MIGRATIONS)
+    pg, pg_old = pg_schema.SCHEMA_VERSION, sorted(pg_schema.MIGRATIONS)
+    return _paragraph(
+        f"**Schema versions.** The SQLite file is at schema version {v} (`PRAGMA user_version`, "
+        f"coordinator/io/stores/schema.py); a file of {_versions(old[0], old[-1])} is migrated on open. The "
+        f"PostgreSQL database of cluster mode is at schema version {pg} (`fleetwire_meta.schema_version`, "
+        f"coordinator/io/stores/pg_schema.py); a database of {_versions(pg_old[0], pg_old[-1])} is migrated at start "
+        "(docs/CLUSTER.md §Tables). Either store refuses a newer version than its coordinator's.",
+        "- ",
+    )
+
+
+def pg_schema_version() -> str:
+    """docs/CLUSTER.md §Tables: the cluster database's version (coordinator/io/stores/pg_schema.py)."""
+    v, old = pg_schema.SCHEMA_VERSION, sorted(pg_schema.MIGRATIONS)
+    return _paragraph(
+        f"This release writes schema version {v} (`fleetwire_meta.schema_version`; "
+        f"coordinator/io/stores/pg_schema.py `SCHEMA_VERSION`, `MIGRATIONS`) and migrates a database of "
+        f"{_versions(old[0], old[-1])}."
+    )
+
+
 # ================================================================== documents
 
 # The session examples (checked by tests/unit/test_protocol_example.py); the rest are tables (tests/unit/test_docs.py).
@@ -396,6 +452,9 @@ SECTIONS: Final[dict[str, tuple[str, Callable[[], str]]]] = {
     "error codes": ("docs/PROTOCOL.md", error_code_table),
     "worker session": ("docs/PROTOCOL.md", worker_transcript),
     "client session": ("docs/PROTOCOL.md", client_transcript),
+    "sqlite schema version": ("docs/OPERATIONS.md", sqlite_upgrade),
+    "store schema versions": ("docs/SEMANTICS.md", store_versions),
+    "postgresql schema version": ("docs/CLUSTER.md", pg_schema_version),
 }
 
 

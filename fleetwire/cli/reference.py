@@ -93,10 +93,12 @@ def splice(document: str, section: str) -> str:
     """``document`` with the text between :data:`BEGIN` and :data:`END` replaced by ``section``.
 
     Raises:
-        ValueError: the markers are missing.
+        ValueError: the markers are missing (the END looked for is the first after BEGIN: a document may hold
+            other generated sections, tests/docgen.py's).
     """
-    start, end = document.find(BEGIN), document.find(END)
-    if start < 0 or end < start:
+    start = document.find(BEGIN)
+    end = document.find(END, start)
+    if start < 0 or end < 0:
         raise ValueError(f"the document has no {BEGIN!r} ... {END!r} section")
     return document[: start + len(BEGIN)] + "\n\n" + section + "\n" + document[end:]
 
