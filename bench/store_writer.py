@@ -23,9 +23,10 @@ makes them: a group of the plan's creation and lease (4 records), then one of it
 ``synchronous=FULL``. Reported per commit, medians of CPU (``time.thread_time``: the thread's
 user and kernel time) and wall: the whole commit; the same with ``synchronous=OFF`` (everything
 but the WAL's sync); the store's Python alone (a connection that runs nothing); and the
-``pwrite`` + ``fdatasync`` of two WAL frames in a file of the same directory. The differences
-are the table of issue #16: Python, SQLite's statements, the sync. And the WAL frames a commit appends (the pages it
-changed; ``wal_autocheckpoint=0``, unsynced).
+``pwrite`` + ``fdatasync`` of bench/compare.py's floor (its ``WAL_FRAMES_PER_COMMIT`` WAL frames)
+in a file of the same directory. The differences are the table of issue #16: Python, SQLite's
+statements, the sync. And the WAL frames a commit appends (the pages it changed;
+``wal_autocheckpoint=0``, unsynced).
 
 ``--child-callgrind``: what the writer process does with a request (decode it, group its records
 as ``writer_child`` does, ``write_grouped``, its keys), in this process, on the same groups encoded
@@ -335,11 +336,12 @@ def wal_frames_per_commit(plans: int) -> float:
 
 
 def fdatasync_commit(samples: int) -> tuple[float, float]:
-    """Median CPU and wall seconds of two WAL frames written in place + ``fdatasync`` (bench/compare.py's floor)."""
-    import os
+    """Median CPU and wall seconds of a commit's WAL frames written in place + ``fdatasync``: bench/compare.py's
+    floor, its ``WAL_FRAMES_PER_COMMIT`` frames in a WAL of ``WAL_BYTES``."""
+    from compare import WAL_BYTES, WAL_FRAME, WAL_FRAMES_PER_COMMIT
 
-    frame = os.urandom(2 * (24 + 4096))
-    size = 1000 * (24 + 4096)
+    frame = os.urandom(WAL_FRAME * WAL_FRAMES_PER_COMMIT)
+    size = WAL_BYTES
     with tempfile.TemporaryDirectory() as tmp:
         fd = os.open(Path(tmp) / "wal", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -427,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  without the WAL sync (OFF):      CPU {lone['sync_off_cpu_us']} µs, "
               f"wall {lone['sync_off_wall_us']} µs")
         print(f"  the store's Python alone:        CPU {lone['python_cpu_us']} µs")
-        print(f"  pwrite 8 KiB + fdatasync alone:  CPU {lone['fdatasync_cpu_us']} µs, "
+        print(f"  pwrite floor + fdatasync alone:  CPU {lone['fdatasync_cpu_us']} µs, "
               f"wall {lone['fdatasync_wall_us']} µs")
         print(f"  WAL frames a commit:             {lone['wal_frames_per_commit']}")
         return 0

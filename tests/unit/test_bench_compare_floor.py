@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+
+import pytest
+
 from tests.bench_scripts import load
 
 
@@ -11,3 +16,21 @@ def test_the_floor_writes_the_frames_a_lone_commit_appends() -> None:
     compare = load("compare.py", "bench_compare")
     store_writer = load("store_writer.py", "bench_store_writer")
     assert round(store_writer.wal_frames_per_commit(60)) == compare.WAL_FRAMES_PER_COMMIT
+
+
+def test_store_writer_times_the_floor_that_compare_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/store_writer.py --lone's bare fdatasync writes compare.py's frames a commit (imported, not a copy of
+    them): it wrote two frames after the floor went to one."""
+    store_writer = load("store_writer.py", "bench_store_writer")
+    compare = importlib.import_module("compare")  # the name store_writer imports it by (bench/ is on sys.path)
+    monkeypatch.setattr(compare, "WAL_FRAMES_PER_COMMIT", 3)
+    written: list[int] = []
+    pwrite = os.pwrite
+
+    def counting(fd: int, data: bytes, offset: int) -> int:
+        written.append(len(data))
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", counting)
+    store_writer.fdatasync_commit(2)
+    assert written == [3 * compare.WAL_FRAME] * 2
