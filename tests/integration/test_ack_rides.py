@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import websockets
 
 from coordinator.core import CoreConfig
 from coordinator.io.frontdoor import core_driver
+from coordinator.io.frontdoor.connection import Session
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from protocol.messages import Accept, Ack, Assign, Done, Event, Submit
 from tests.integration.test_server import CLIENT_TOKEN, WORKER_TOKEN, Peer, open_peer, register
@@ -86,3 +88,25 @@ async def test_an_ack_of_many_more_messages_leaves_at_once(server: CoordinatorSe
         Event(plan_id=assign.plan_id, attempt=1, kind="log", data=i, seq=2 + i) for i in range(count)
     ])  # fmt: skip
     assert await frame(worker) == [Ack(seq=1 + count)]
+
+
+@pytest.mark.parametrize("now", [True, False], ids=["written-at-once", "by-the-writer"])
+async def test_a_graceful_stop_sends_the_held_ack_before_the_close(now: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop right after a done: the worker reads its ack, then the close (1001), whether the ack is written in the
+    stop's step (Session.send_now) or left to the session's writer."""
+    if not now:
+        monkeypatch.setattr(Session, "send_now", lambda self, msgs: False)
+    srv = CoordinatorServer(ServerSettings(
+        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
+        core=CoreConfig(heartbeat_interval_s=60.0, heartbeat_timeout_s=180.0),
+    ))  # fmt: skip
+    await srv.start()
+    try:
+        worker, _client = await one_plan_done(srv, hold_s=60.0)  # held: the timer cannot release it
+        assert srv.driver._acks_new or srv.driver._acks_due
+    finally:
+        await srv.stop()
+    assert await frame(worker) == [Ack(seq=2)]
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await asyncio.wait_for(worker.ws.recv(), 5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001

@@ -49,7 +49,8 @@ the ack's; without one it leaves alone once a run of the ack timer found it held
 after it was held, or at once when it acks :data:`ACK_HOLD_MESSAGES` more messages than the one first held (the
 worker keeps every unacknowledged message for a replay, worker_agent/outbox.py). A newer ack replaces a held one
 (acks are cumulative); one for a session gone since is dropped (the worker re-sends, the coordinator drops the
-copies). A worker reads one frame a sequential round trip, not two (docs/PERFORMANCE.md §D29f).
+copies); a graceful stop sends those held before it closes the sessions (:meth:`CoreDriver.flush_acks`). A worker
+reads one frame a sequential round trip, not two (docs/PERFORMANCE.md §D29f).
 
 Plans in :attr:`CoreDriver.volatile` (the OpenAI door's under ``--openai-durable off``) are never
 written: their records are dropped before the committer, so a step that touched only them has no
@@ -346,6 +347,15 @@ class CoreDriver:
                 session.wake.set()
         if self._acks_due:
             self._ack_timer = asyncio.get_running_loop().call_later(self.ack_hold_s, self._release_acks)
+
+    def flush_acks(self) -> None:
+        """A graceful stop, before it closes the sessions: every held ack goes now, ahead of the close (the worker
+        would otherwise send those messages again after it reconnects)."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        self._acks_due.update(self._acks_new)
+        self._acks_new = {}
+        self._release_acks()  # all of them due: no timer again
 
     def unavailable(self, session: Session, msg: Submit, why: str) -> None:
         """The store is away (a database failover): the submit is not processed; the client sends it again."""
