@@ -608,13 +608,10 @@ class Agent:
 
         await write_frames(
             self._send_queue, codec, send, max_frame_bytes=self.settings.max_frame_bytes, max_batch=MAX_BATCH,
-            finishing=lambda: self._finish_writing, after_round=self._frames_sent,
+            finishing=lambda: self._finish_writing,
+            after_round=self.relay.resume if self.relay is not None else None,  # relayed outputs' next chunks
             write_now=functools.partial(write_frame_now, ws, text),
         )
-
-    def _frames_sent(self) -> None:
-        if self.relay is not None:
-            self.relay.resume()  # relayed outputs read their next chunks once these went out
 
     async def _heartbeat_loop(self, interval_s: float) -> None:
         while True:

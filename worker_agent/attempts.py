@@ -78,6 +78,9 @@ class Attempts:
         self.max_early = max_early
         self.max_ended = max_ended
         self.on_end = on_end
+        #: Whether why each attempt ended is kept (for :meth:`check` and :meth:`reason`, the data endpoint's); a
+        #: worker without one sets it False: its plans' ends then cost no reason (what is live, on_end as before).
+        self.keeps_reasons = True
         self._clock = clock
         self._live: dict[str, int] = {}  # plan id -> its live attempt here
         self._early: dict[tuple[str, int], float] = {}  # held before an assign: since when (oldest first)
@@ -108,7 +111,8 @@ class Attempts:
             return
         if current is not None:
             self.ended(plan_id, current, f"was superseded by attempt {attempt}")
-        self._ended.pop((plan_id, attempt), None)
+        if self._ended:  # (none without a data endpoint)
+            self._ended.pop((plan_id, attempt), None)
         if self._early:  # (none held: the usual case)
             self._early.pop((plan_id, attempt), None)
         self._live[plan_id] = attempt
@@ -116,7 +120,8 @@ class Attempts:
     def ended(self, plan_id: str, attempt: int, why: str) -> None:
         """The attempt ended here (``attempt`` 0: the plan's live one, if any).
 
-        ``why`` completes "plan P attempt N ...", e.g. "was cancelled"; the first one given stands.
+        ``why`` completes "plan P attempt N ...", e.g. "was cancelled"; the first one given stands (kept only while
+        :attr:`keeps_reasons`).
         """
         if not attempt:
             current = self._live.get(plan_id)
@@ -125,6 +130,10 @@ class Attempts:
             attempt = current
         if self._live.get(plan_id) == attempt:
             del self._live[plan_id]
+        if not self.keeps_reasons:  # no data endpoint: nothing held before an assign, no reason read
+            if self.on_end is not None:
+                self.on_end(plan_id, attempt)
+            return
         key = (plan_id, attempt)
         if self._early:
             self._early.pop(key, None)

@@ -82,6 +82,7 @@ class DataSide:
             output_retention_s=settings.output_retention_s,
         )
         self._attempts.on_end = spool.drop_unclaimed  # an attempt that ended before it ran: its inputs go now
+        self._attempts.keeps_reasons = settings.data_listen is not None  # read by the data endpoint's 410s only
         self.relay = RelayEndpoint(spool, worker_id=self._worker_id, send=self._send)
         if settings.data_listen is not None:
             before, now = raise_fd_limit()  # idle sockets at the data endpoint must not starve the session's fds
@@ -132,7 +133,8 @@ class WatchedOutbound:
 
     def send(self, msg: Any) -> None:
         if type(msg) is protocol.Done:
-            self._attempts.ended(msg.plan_id, msg.attempt, f"ended {msg.outcome}")
+            attempts = self._attempts  # its reason made only where it is kept (a worker with a data endpoint)
+            attempts.ended(msg.plan_id, msg.attempt, f"ended {msg.outcome}" if attempts.keeps_reasons else "")
         elif type(msg) is protocol.Reject:
             why = "was revoked (to be placed again)" if msg.code == errors.REVOKED else f"was handed back: {msg.reason}"
             self._attempts.ended(msg.plan_id, msg.attempt, why)

@@ -126,6 +126,8 @@ class RelayEndpoint:
 
     def resume(self) -> None:
         """The agent's writer sent what was queued: outputs with credit left queue their next chunks."""
+        if not self._downloads:  # (no relayed output under way: every frame of a worker without one)
+            return
         for key, sending in list(self._downloads.items()):
             self._pump(key, sending)
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import structlog
+
+import protocol
 from worker_agent.attempts import Attempts
+from worker_agent.data_side import DataSide, WatchedOutbound
+from worker_agent.outbox import SendQueue
+from worker_agent.settings import AgentSettings
 
 
 class Clock:
@@ -115,3 +123,32 @@ def test_an_end_for_an_attempt_never_seen_refuses_its_later_uploads() -> None:
     refusal = attempts.check("p", 4)
     assert refusal is not None and refusal.status == 410 and "was revoked" in refusal.reason
     assert attempts.held == 0
+
+
+def test_without_reasons_an_attempt_is_still_live_and_its_end_still_drops_its_inputs() -> None:
+    """A worker without a data endpoint keeps no reasons (none is read): what is live and on_end stay as they were."""
+    attempts, _, ended = book()
+    attempts.keeps_reasons = False
+    attempts.assigned("p", 1)
+    assert attempts.live("p", 1) and attempts.keeps("p", 1)  # a prefetched plan's relayed inputs stay past a sweep
+    attempts.ended("p", 0, "was cancelled")
+    attempts.ended("q", 3, "")  # never assigned here: its inputs relayed before the assign go too
+    assert ended == [("p", 1), ("q", 3)] and len(attempts) == 0
+    assert attempts.reason("p", 1) is None and attempts.reason("q", 3) is None
+
+
+async def test_a_worker_keeps_reasons_only_with_a_data_endpoint(tmp_path: Path) -> None:
+    """DataSide says whether reasons are kept; WatchedOutbound makes a done's reason only where it is kept."""
+    for listen, reason in ((None, None), ("127.0.0.1:0", "ended succeeded")):
+        attempts, _, _ = book()  # (DataSide's on_end: the spool's)
+        settings = AgentSettings(spool_dir=str(tmp_path / str(bool(listen))), data_listen=listen)
+        side = DataSide(settings, "w1", attempts, lambda msg: None, structlog.get_logger())
+        await side.start()
+        try:
+            assert attempts.keeps_reasons is (listen is not None)
+            attempts.assigned("p", 1)
+            done = protocol.Done(plan_id="p", attempt=1, outcome="succeeded")
+            WatchedOutbound(SendQueue(100, structlog.get_logger()), attempts).send(done)
+            assert not attempts.live("p", 1) and attempts.reason("p", 1) == reason
+        finally:
+            await side.stop()
