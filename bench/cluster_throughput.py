@@ -128,6 +128,59 @@ def _pg_cpu(server: PostgresServer | None) -> float:
     return total
 
 
+async def _wal_mark(store: str) -> str | None:
+    """The WAL position now (PostgreSQL only; None for SQLite)."""
+    if not store.startswith("postgresql"):
+        return None
+    import asyncpg  # type: ignore[import-untyped]
+
+    conn = await asyncpg.connect(store)
+    try:
+        return str(await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+    finally:
+        await conn.close()
+
+
+# The window's WAL by kind (pg_walinspect, PostgreSQL 15): heap UPDATE/HOT_UPDATE, INSERT, index inserts, full pages.
+_WAL_STATS = """SELECT "resource_manager/record_type" AS kind, count, record_size, fpi_size, combined_size
+FROM pg_get_wal_stats($1::text::pg_lsn, pg_current_wal_flush_lsn(), true) WHERE count > 0
+ORDER BY combined_size DESC"""
+_ROW_BYTES = """SELECT avg(pg_column_size(p.*)) AS row, avg(pg_column_size(spec)) AS spec,
+avg(pg_column_size(status)) AS status, avg(pg_column_size(events)) AS events FROM fleetwire_plans p"""
+
+
+async def _wal_window(store: str, start: str | None, plans: int) -> dict[str, Any] | None:
+    """WAL bytes a plan over the window from ``start`` (the whole server's), split by record kind, the share of
+    heap updates that were HOT (from the same records), and a stored plan row's average sizes."""
+    if start is None:
+        return None
+    import asyncpg
+
+    conn = await asyncpg.connect(store)
+    try:
+        total = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - $1::text::pg_lsn", start)
+        out: dict[str, Any] = {"wal_bytes_per_plan": round(float(total) / plans, 1)}
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            rows = await conn.fetch(_WAL_STATS, start)
+        except asyncpg.PostgresError as exc:  # no pg_walinspect (PostgreSQL < 15, or not installed)
+            out["by_kind"] = f"pg_walinspect: {exc}"[:200]
+        else:
+            count = {r["kind"]: r["count"] for r in rows}
+            hot = count.get("Heap/HOT_UPDATE", 0)
+            updates = hot + count.get("Heap/UPDATE", 0) + count.get("Heap/UPDATE+INIT", 0)
+            out["hot_update_share"] = round(hot / updates, 3) if updates else None
+            out["by_kind"] = {r["kind"]: {"records_per_plan": round(r["count"] / plans, 2),
+                                          "bytes_per_plan": round(r["combined_size"] / plans, 1),
+                                          "fpi_bytes_per_plan": round(r["fpi_size"] / plans, 1)}
+                              for r in rows[:8]}  # fmt: skip
+        sizes = await conn.fetchrow(_ROW_BYTES)
+        out["row_bytes"] = {k: round(float(v or 0), 1) for k, v in sizes.items()}
+        return out
+    finally:
+        await conn.close()
+
+
 def _open(store: str, directory: Path) -> Any:
     """A store to write into: a fresh SQLite file, or a PostgreSQL store holding every shard's lease."""
     if store == "sqlite":
@@ -360,6 +413,7 @@ async def measure(
                     await (await client.submit("echo", args=i, tags=[f"pool:{pool}"] if pool else None)).result()
             per_client = ns.plans // len(clients)
             plans = per_client * len(clients)
+            wal0 = await _wal_mark(store)
             cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
             spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg")
             t0 = time.perf_counter()
@@ -383,6 +437,7 @@ async def measure(
             elapsed = time.perf_counter() - t0
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _pg_cpu(server) - pg0
             kids = _children_cpu(coordinator_pids) - kids0
+            wal = await _wal_window(store, wal0, plans)
             for spy in spies:
                 spy.send_signal(signal.SIGINT)
                 await asyncio.to_thread(spy.wait, 30)
@@ -406,6 +461,7 @@ async def measure(
             "coordinator_cpu_us_per_plan": round(cpu / plans * 1e6, 1),
             "writer_child_cpu_us_per_plan": round(kids / plans * 1e6, 1),  # not in the figure above
             "postgres_cpu_us_per_plan": round(pg_cpu / plans * 1e6, 1) if pg_pids else None,
+            "wal": wal,  # PostgreSQL: WAL bytes a plan over the throughput window, by record kind
         }
     except Exception as exc:  # the column says what failed; the others still run
         tail = next((f.coordinator.lines[-3:] for f in fleets if f.coordinator is not None), [])
@@ -591,6 +647,21 @@ def sizing(cpu_us: float | None, pg_us: float | None) -> list[str]:
     return lines
 
 
+def wal_lines(wal: dict[str, Any] | None) -> list[str]:
+    """One PostgreSQL coordinator's WAL over its throughput window: bytes a plan, by record kind, HOT updates."""
+    if not wal:
+        return []
+    lines = ["", f"one PostgreSQL coordinator's WAL: {wal['wal_bytes_per_plan']:,} bytes a plan, "
+             f"{wal.get('hot_update_share')} of its heap updates HOT; a row's average bytes: {wal.get('row_bytes')}"]  # fmt: skip
+    kinds = wal.get("by_kind")
+    if isinstance(kinds, dict):
+        lines += [f"  {k}: {v['records_per_plan']} records, {v['bytes_per_plan']:,} bytes a plan "
+                  f"({v['fpi_bytes_per_plan']:,} in full-page images)" for k, v in kinds.items()]  # fmt: skip
+    elif kinds:
+        lines.append(f"  {kinds}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plans", type=int, default=20_000, help="plans for the throughput run (default 20000)")
@@ -633,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {m.get('cpus')} CPUs ({m.get('cpu', '?')}), Python {m.get('python')}; everything on 127.0.0.1, "
         f"PostgreSQL with fsync=on, synchronous_commit=on",
         *lines, "", "targets (issue #12):", *(f"  {k}: {v}" for k, v in verdict.items()),
+        *wal_lines(results.get("pg1", {}).get("wal")),
     ])
     return 0
 
