@@ -291,7 +291,7 @@ def test_a_version_1_schema_is_migrated_on_open_with_the_coordinators_table(pg_d
     try:
         assert [p.created.plan_id for p in store.load()] == ["p1"]
         assert store.execute(lambda c: c.fetchval(
-            "SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == str(SCHEMA_VERSION) == "5"
+            "SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == str(SCHEMA_VERSION) == "6"
         assert store.execute(lambda c: c.fetchval("SELECT count(*) FROM fleetwire_coordinators")) == 0
     finally:
         store.close()
@@ -383,7 +383,7 @@ def test_a_version_2_schema_is_migrated_to_4_with_the_views_tables_and_its_index
     try:
         assert [p.created.plan_id for p in store.load()] == ["p1"]
         meta = dict(store.execute(lambda c: c.fetch("SELECT key, value FROM fleetwire_meta")))
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "5" and meta["pool_partitions"] == "gpu=2"
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "6" and meta["pool_partitions"] == "gpu=2"
         found = _tables_and_indexes(store)
         assert {"fleetwire_shard_workers", "fleetwire_views"} <= found and not set(INDEXES) & found
         assert store.execute(ensure_indexes) == list(INDEXES)  # concurrently, outside the migration's transaction
@@ -399,11 +399,11 @@ def test_a_version_2_schema_is_migrated_to_4_with_the_views_tables_and_its_index
 
 
 def test_a_newer_schema_is_refused_naming_both_versions(pg_dsn: str) -> None:
-    """A database of schema version 6 (a newer fleetwire's) is refused: 'version 6 ... up to 5'; nothing changes."""
+    """A database of schema version 7 (a newer fleetwire's) is refused: 'version 7 ... up to 6'; nothing changes."""
     store = PgStore(pg_dsn, CLUSTER)
-    store.execute(lambda c: c.execute("UPDATE fleetwire_meta SET value = '6' WHERE key = 'schema_version'"))
+    store.execute(lambda c: c.execute("UPDATE fleetwire_meta SET value = '7' WHERE key = 'schema_version'"))
     store.close()
-    with pytest.raises(StoreError, match=r"has fleetwire schema version 6; this coordinator knows versions up to 5: "):
+    with pytest.raises(StoreError, match=r"has fleetwire schema version 7; this coordinator knows versions up to 6: "):
         PgStore(pg_dsn, CLUSTER)
 
 

@@ -209,9 +209,9 @@ def test_a_version_4_database_is_migrated_to_5_with_the_usage_table_and_keeps_it
     old.close()
     store = owning(pg_dsn, "b", 0)
     try:
-        assert SCHEMA_VERSION == 5
+        assert SCHEMA_VERSION == 6  # version 6 (the plans table's column order) came after
         assert (
-            store.execute(lambda c: c.fetchval("SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == "5"
+            store.execute(lambda c: c.fetchval("SELECT value FROM fleetwire_meta WHERE key = 'schema_version'")) == "6"
         )
         assert [p.created.plan_id for p in store.load()] == ["p1"] and store.load_usage() == []
         assert (

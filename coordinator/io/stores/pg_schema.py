@@ -4,8 +4,8 @@ Tables (``fleetwire_meta.schema_version`` = :data:`SCHEMA_VERSION`, created or m
 
     fleetwire_meta(key PRIMARY KEY, value)    -- schema_version, cluster_name, shards, pool_partitions
     shard_leases(shard PRIMARY KEY, owner, owner_url, epoch, expires_at, acquired_at)
-    fleetwire_plans(key PRIMARY KEY, shard, id, owner, ord, state, spec, status, events, nevents,
-                    spec_crc, status_crc, events_crc, name)       -- name: version 4
+    fleetwire_plans(key PRIMARY KEY, shard, ord, spec_crc, id, owner, name, spec,
+                    state, nevents, status_crc, events_crc, status, events)  -- name: version 4; this order: 6
     fleetwire_events(plan, seq, shard, body, crc, PRIMARY KEY (plan, seq))
     fleetwire_coordinators(owner PRIMARY KEY, url, expires_at)   -- live coordinators (version 2)
     fleetwire_shard_workers(shard PRIMARY KEY, owner, epoch, workers, written_at)  -- (version 3)
@@ -36,6 +36,13 @@ after its insert (leased, running, done), and with full pages none of those upda
 one added an entry to every index. With room on the page they are HOT: PostgreSQL's CPU per plan went
 from 36-42 to 23-25 us (groups of bench/store_bench.py's plans; docs/PERFORMANCE.md §Cluster mode), and
 the indexes stop filling with dead entries, at the price of a plans table about twice its packed size.
+
+**The WAL of an update.** PostgreSQL logs an update that stays on its page (a HOT one, above) as the new row
+less the bytes it shares with the old one at its start and at its end, so the columns a plan's updates never
+change (its key, shard, order, ids and ``spec``) come first, and ``events`` (appended to, or left as it was)
+last. In the order of versions 1-5 (``state`` before ``spec``, then ``status``, ``events``, the counts and
+checksums) every update logged the plan's spec again: 176 of its ~575 bytes in bench/cluster_throughput.py's
+echo plans (docs/PERFORMANCE.md §C29f, "WAL a plan").
 
 ``key`` plays SQLite's rowid: an integer per plan, taken in blocks of 1024 from the sequence
 ``fleetwire_plan_keys`` (unique across every coordinator of the cluster), the key of the events
@@ -68,7 +75,7 @@ __all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "PLANS_FILLFACTOR", "SCHEMA_V
 
 log = structlog.get_logger("coordinator.io.stores.postgres")  # the store's own lines, as before this module
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 _CREATE_META = "CREATE TABLE IF NOT EXISTS fleetwire_meta (key text PRIMARY KEY, value text NOT NULL)"
 _CREATE_V1 = """
 CREATE TABLE shard_leases (
@@ -133,7 +140,61 @@ _MIGRATE_V3 = """
 ALTER TABLE fleetwire_plans ADD COLUMN IF NOT EXISTS name text;
 """
 # Version 5: the usage ledger's rows, per shard (coordinator/io/stores/pg_usage.py); a new table, nothing rewritten.
-MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3, 4: CREATE_USAGE}  # N -> N + 1
+# Version 6: fleetwire_plans' columns in a new order, the ones a plan's updates never change first (the module
+# docstring: the WAL of an update). PostgreSQL cannot move a column, so the table is copied into its new order:
+# its options (fillfactor), grants to other roles and valid indexes besides the key are carried over (an index
+# the old table lacked stays for ensure_indexes to build online), and a view or foreign key on it fails the
+# step (nothing changes; the coordinator does not start). Every row is rewritten under the migration's lock.
+_PLANS_V6_COLUMNS = ("key, shard, ord, spec_crc, id, owner, name, spec, "
+                     "state, nevents, status_crc, events_crc, status, events")  # fmt: skip
+_MIGRATE_V5 = f"""
+DO $$
+DECLARE
+    opts text[];
+    indexes text[];
+    def text;
+    g record;
+BEGIN
+    SELECT c.reloptions INTO opts FROM pg_class c WHERE c.oid = 'fleetwire_plans'::regclass;
+    SELECT array_agg(pg_get_indexdef(i.indexrelid)) INTO indexes FROM pg_index i
+    WHERE i.indrelid = 'fleetwire_plans'::regclass AND NOT i.indisprimary AND i.indisvalid;
+    CREATE TABLE fleetwire_plans_v6 (
+        key bigint NOT NULL,
+        shard int NOT NULL,
+        ord bigint NOT NULL,
+        spec_crc bigint NOT NULL,
+        id text NOT NULL,
+        owner text NOT NULL,
+        name text,
+        spec bytea NOT NULL,
+        state text NOT NULL,
+        nevents int NOT NULL DEFAULT 0,
+        status_crc bigint,
+        events_crc bigint,
+        status bytea,
+        events bytea
+    );
+    IF opts IS NOT NULL THEN
+        EXECUTE format('ALTER TABLE fleetwire_plans_v6 SET (%s)', array_to_string(opts, ', '));
+    END IF;
+    INSERT INTO fleetwire_plans_v6 ({_PLANS_V6_COLUMNS}) SELECT {_PLANS_V6_COLUMNS} FROM fleetwire_plans;
+    FOR g IN SELECT a.grantee, a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a
+             WHERE c.oid = 'fleetwire_plans'::regclass AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON fleetwire_plans_v6 TO %s%s', g.privilege_type,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END,
+                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+    DROP TABLE fleetwire_plans;
+    ALTER TABLE fleetwire_plans_v6 RENAME TO fleetwire_plans;
+    ALTER TABLE fleetwire_plans ADD PRIMARY KEY (key);
+    FOREACH def IN ARRAY coalesce(indexes, '{{}}') LOOP
+        EXECUTE def;
+    END LOOP;
+    ANALYZE fleetwire_plans;  -- the planner's figures for the new table, not an autovacuum later
+END $$;
+"""
+MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3, 4: CREATE_USAGE,
+                                     5: _MIGRATE_V5}  # N -> N + 1  # fmt: skip
 # Versions 3 and 4's indexes, name -> columns: the views' look-up of a plan by id (get_plan, cancel, subscribe
 # on a main port: an admin's by key, a client's by the id it submitted, whose rare name rows the partial index
 # holds) and a shard's plans by key (a subscribe to all plans on a main port: each shard's new plans; the load
