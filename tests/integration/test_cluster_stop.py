@@ -162,6 +162,9 @@ async def test_a_shard_store_still_opening_when_the_stop_comes_is_closed_once_op
             made.append(self)
 
     monkeypatch.setattr(host_module, "ShardPgStore", SlowToOpen)
+    # The stop waits for the store up to STOP_TASK_S + STOP_DB_S, then gives it up (test_cluster_stop_opening.py):
+    monkeypatch.setattr(host_module, "STOP_TASK_S", 0.5)  # that bound, shortened: the store is released after it
+    monkeypatch.setattr(host_module, "STOP_DB_S", 0.5)
     host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
     await host.start()
     try:
@@ -284,6 +287,9 @@ async def test_a_shard_core_still_loading_when_the_stop_comes_has_its_store_clos
             return super().load()
 
     monkeypatch.setattr(host_module, "ShardPgStore", SlowToLoad)
+    # The stop waits for the store up to STOP_TASK_S + STOP_DB_S, then gives it up (test_cluster_stop_opening.py):
+    monkeypatch.setattr(host_module, "STOP_TASK_S", 0.5)  # that bound, shortened: the store is released after it
+    monkeypatch.setattr(host_module, "STOP_DB_S", 0.5)
     host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
     await host.start()
     try:

@@ -254,6 +254,8 @@ class ClusterHost:
         self._moving: set[int] = set()  # held slots being stopped (given back or lost)
         self._starting: set[int] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Each store a task opened or loaded and then left, cancelled by stop(): done once it is closed (_track).
+        self._leftovers: set[asyncio.Future[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
         self._server: Server | None = None
         self._stopping = False
@@ -337,7 +339,7 @@ class ClusterHost:
             await asyncio.sleep(rng.uniform(ceiling / 2, ceiling))
             ceiling = min(DB_RETRY_CAP_S, 2 * ceiling)
             try:
-                control = await _opened(lambda: PgStore(self.settings.store, self.config))
+                control = await _opened(lambda: PgStore(self.settings.store, self.config), self._leftovers)
             except StoreUnreachable as exc:
                 self.waiting_db = str(exc)
                 log.warning("still waiting for the cluster's database", store=self.description, error=str(exc))
@@ -382,11 +384,14 @@ class ClusterHost:
         handshake plus close timeouts (:meth:`Gatekeeper.wait_closed`), each release and the row's
         delete :data:`STOP_DB_S`, the control store's close :data:`STOP_DB_S`; a shard's core stops as
         :meth:`CoordinatorServer.stop` does (its statements have the store's 30 s timeout). What it
-        leaves running is logged. No store is closed on the loop: ``PgStore.close`` waits on its
-        database (up to ~25 s against one that does not answer), which would stall every other
-        session and shard on this loop meanwhile.
+        leaves running is logged. A store that a task it cancelled was opening (or loading) is closed once made
+        (or let go of), and the stop waits for that close up to :data:`STOP_TASK_S` + :data:`STOP_DB_S` from its
+        start; one still opening or closing then is logged and closed once made. No store is closed on the loop:
+        ``PgStore.close`` waits on its database (up to ~25 s against one that does not answer), which would stall
+        every other session and shard on this loop meanwhile.
         """
         self._stopping = True
+        began = time.monotonic()
         keeper, self._keeper = self._keeper, None
         if keeper is not None:  # bounded: a cancel it lost must not hold the stop (_keep)
             keeper.cancel()
@@ -409,6 +414,7 @@ class ClusterHost:
         await self.doorbell.close()
         if self.control is not None:  # in a thread: PgStore.close waits on its database
             await _closed(self.control, "the control connection")
+        await _settled(self._leftovers, began + STOP_TASK_S + STOP_DB_S)  # the stores the cancelled tasks left
 
     def reload_tokens(self) -> list[str]:
         """SIGHUP: every shard's server re-reads the token file."""
@@ -463,7 +469,7 @@ class ClusterHost:
         next round tries again. The shards' cores reconnect on their own when they are won again.
         """
         try:
-            fresh = await _opened(lambda: PgStore(self.settings.store, self.config))
+            fresh = await _opened(lambda: PgStore(self.settings.store, self.config), self._leftovers)
         except Exception as exc:
             log.warning("cannot reconnect to PostgreSQL yet", store=self.description, error=str(exc))
             return
@@ -558,7 +564,7 @@ class ClusterHost:
         try:
             # Its connections say which core they are (pg_stat_activity; bench/cluster_chaos.py's checker).
             dsn = _with_application_name(self.settings.store, f"fw/{shard}/{epoch}/{self.owner}")
-            store = await _opened(lambda: ShardPgStore(dsn, self.config))
+            store = await _opened(lambda: ShardPgStore(dsn, self.config), self._leftovers)
         except Exception as exc:
             await self._give_back(shard, exc)
             return
@@ -577,7 +583,7 @@ class ClusterHost:
             refs = RemoteRefs(server, shard, self.views.conn)  # looks up remote upstreams from its first submit
             await server.start()
         except asyncio.CancelledError:  # stop() while the core starts: its store is closed once the load lets go
-            _close_after(store, server.loading if server is not None else None)
+            _close_after(store, server.loading if server is not None else None, self._leftovers)
             raise
         except Exception as exc:
             # Its store is closed, not left open with its connections and thread: the slot is won again next round.
@@ -719,36 +725,76 @@ def next_round_s(period: float, rows: list[LeaseRow], left: dict[int, float], he
     return due
 
 
-async def _opened(make: Callable[[], _Store]) -> _Store:
+async def _opened(make: Callable[[], _Store], left: set[asyncio.Future[None]]) -> _Store:
     """``make()`` (a store's constructor: it connects) in a thread. Cancelled meanwhile (a stop), the store it
     makes is closed once made, in the loop's executor, instead of being left open with its connections and thread
-    (an interrupted stop's unclosed connections, finalized later, are what broke ast.parse in the next test)."""
+    (an interrupted stop's unclosed connections, finalized later, are what broke ast.parse in the next test); that
+    close is in ``left`` until it is done (:meth:`ClusterHost.stop` waits for it, :func:`_settled`)."""
     opening = asyncio.ensure_future(asyncio.to_thread(make))
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:
-        opening.add_done_callback(_close_unused)
+        closed = opening.get_loop().create_future()
+        opening.add_done_callback(functools.partial(_close_made, closed=closed))
+        _track(left, closed)
         raise
 
 
-def _close_unused(opening: asyncio.Future[Any]) -> None:
-    if not opening.cancelled() and opening.exception() is None:
-        opening.get_loop().run_in_executor(None, opening.result().close)
+def _close_made(opening: asyncio.Future[Any], *, closed: asyncio.Future[None]) -> None:
+    """``opening`` made a store that nobody uses: close it (``closed`` is done once it is; at once when none was)."""
+    if opening.cancelled() or opening.exception() is not None:
+        closed.set_result(None)
+    else:
+        _close_into(opening.result(), closed)
 
 
-def _close_after(store: PgStore, loading: asyncio.Future[Any] | None) -> None:
-    """Close ``store`` in the loop's executor once ``loading`` (a core's loader thread reading it) is done."""
-    loop = asyncio.get_running_loop()
+def _close_after(store: PgStore, loading: asyncio.Future[Any] | None, left: set[asyncio.Future[None]]) -> None:
+    """Close ``store`` in the loop's executor once ``loading`` (a core's loader thread reading it) is done; that
+    close is in ``left`` until it is done."""
+    closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def close(done: asyncio.Future[Any] | None = None) -> None:
         if done is not None:
             _retrieved(done)  # the load's failure does not matter any more
-        loop.run_in_executor(None, store.close)
+        _close_into(store, closed)
 
     if loading is None or loading.done():
         close(loading)
     else:
         loading.add_done_callback(close)
+    _track(left, closed)
+
+
+def _close_into(store: PgStore, closed: asyncio.Future[None]) -> None:
+    """Close ``store`` in the loop's executor; ``closed`` is done once it is (a failure is logged)."""
+
+    def ended(closing: asyncio.Future[Any]) -> None:
+        failure = None if closing.cancelled() else closing.exception()
+        if failure is not None:
+            log.warning("a store failed to close", store=store.description,
+                        error=f"{type(failure).__name__}: {failure}")  # fmt: skip
+        if not closed.done():
+            closed.set_result(None)
+
+    closed.get_loop().run_in_executor(None, store.close).add_done_callback(ended)
+
+
+def _track(left: set[asyncio.Future[None]], closed: asyncio.Future[None]) -> None:
+    left.add(closed)
+    closed.add_done_callback(left.discard)
+
+
+async def _settled(left: set[asyncio.Future[None]], deadline: float) -> None:
+    """Wait until ``deadline`` (:func:`time.monotonic`) for the closes in ``left``: the stores that the tasks
+    :meth:`ClusterHost.stop` cancelled were opening or loading. One still opening or closing then is logged and
+    left (it is closed once made: no store is used after the stop)."""
+    if not left:
+        return
+    waited_s = max(0.0, deadline - time.monotonic())
+    _, running = await asyncio.wait(list(left), timeout=waited_s)
+    if running:
+        log.error("a store still opening or closing after the stop; it is closed once made, without the stop",
+                  stores=len(running), waited_s=round(waited_s, 3))  # fmt: skip
 
 
 async def _closed(store: PgStore, what: str) -> None:
