@@ -24,6 +24,7 @@ from structlog.testing import capture_logs
 from coordinator.io.cluster import host as host_module
 from coordinator.io.cluster.host import STOP_DB_S, STOP_TASK_S, ClusterHost, ShardPgStore
 from coordinator.io.frontdoor.server import ServerSettings
+from coordinator.io.stores.integrity import StoreError
 from coordinator.shards import ClusterConfig
 from tests.waiting import until
 
@@ -58,6 +59,21 @@ def slow_store(
     return entered, gate, made
 
 
+def gated_host(dsn: str, gate: threading.Event, monkeypatch: pytest.MonkeyPatch) -> ClusterHost:
+    """A host whose stop opens ``gate`` once it has closed its control connection (its last step of its own)."""
+    host = ClusterHost(ServerSettings(port=0, store=dsn, cluster=CLUSTER, insecure=True))
+    control = host.control
+    assert control is not None
+    close_control = control.close
+
+    def close_and_open_the_gate() -> None:  # (in the stop's thread for it)
+        close_control()
+        gate.set()
+
+    monkeypatch.setattr(control, "close", close_and_open_the_gate)
+    return host
+
+
 async def close_left(made: list[ShardPgStore]) -> list[ShardPgStore]:
     """The stores left open (closed here, so that a failing test leaves nothing behind)."""
     left = [store for store in made if not store.closed]
@@ -73,16 +89,7 @@ async def test_a_stop_returns_only_once_the_store_a_cancelled_shard_start_was_op
     """The shard's store is made (its core's load ends) as the stop closes its control connection: the stop
     returns with it closed."""
     entered, gate, made = slow_store(monkeypatch, slow_load=slow_load)
-    host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
-    control = host.control
-    assert control is not None
-    close_control = control.close
-
-    def close_and_open_the_gate() -> None:  # (in the stop's thread for it)
-        close_control()
-        gate.set()  # the shard's store connects now, after the stop's last step of its own
-
-    monkeypatch.setattr(control, "close", close_and_open_the_gate)
+    host = gated_host(pg_dsn, gate, monkeypatch)
     await host.start()
     try:
         assert await asyncio.to_thread(entered.wait, 30)
@@ -127,3 +134,41 @@ async def test_a_store_still_opening_past_the_stops_bound_is_logged_and_closed_o
     assert given_up and given_up[0]["stores"] == 1, [e["event"] for e in logs]
     assert stop_s < 10, stop_s  # its bound (1 s here) plus the rest of the stop, not the store's 60 s gate
     assert made and not left, "the store made after the stop gave up was left open"
+
+
+async def test_a_stop_returns_only_once_the_store_a_failed_shard_start_was_closing_is_closed(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard's core failed to start and its store is closing (a thread) when the stop cancels the shard's start:
+    the stop returns only once that close has ended."""
+    closing, gate = threading.Event(), threading.Event()
+    made: list[ShardPgStore] = []
+    closed: list[ShardPgStore] = []
+
+    class SlowToClose(ShardPgStore):
+        """Refuses the load (a damaged row); its close waits for the gate."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def load(self) -> Any:
+            raise StoreError("a damaged row (the test's)")
+
+        def close(self) -> None:
+            closing.set()
+            gate.wait(60)
+            super().close()
+            closed.append(self)
+
+    monkeypatch.setattr(host_module, "ShardPgStore", SlowToClose)
+    host = gated_host(pg_dsn, gate, monkeypatch)
+    await host.start()
+    try:
+        assert await asyncio.to_thread(closing.wait, 30)
+        await asyncio.wait_for(host.stop(), STOP_TASK_S + STOP_DB_S + 10)
+        made_by_then, closed_by_then = list(made), list(closed)
+    finally:
+        gate.set()
+    await until(lambda: len(closed) == len(made), timeout_s=15)
+    assert made_by_then and closed_by_then == made_by_then, "the stop returned while the shard's store was closing"

@@ -477,7 +477,7 @@ class ClusterHost:
         async with self._lock:
             old, self.control = self.control, fresh
         if old is not None:
-            await asyncio.to_thread(old.close)
+            await self._close_left(old)
         log.warning("reconnected to PostgreSQL", store=fresh.description)
 
     async def _round(self) -> None:
@@ -587,7 +587,7 @@ class ClusterHost:
             raise
         except Exception as exc:
             # Its store is closed, not left open with its connections and thread: the slot is won again next round.
-            await asyncio.to_thread(store.close)
+            await self._close_left(store)
             await self._give_back(shard, exc)
             return
         self._starting.discard(shard)
@@ -652,6 +652,14 @@ class ClusterHost:
         self.failovers += 0 if release else 1
         log.warning("stopped serving shard", shard=shard, released=release, why=why)
         self._announce(f"{'released' if release else 'lost'} shard {shard}: {why}")
+
+    async def _close_left(self, store: PgStore) -> None:
+        """Close ``store`` in the loop's executor; cancelled meanwhile (a stop), the close goes on and :meth:`stop`
+        waits for it (a failure is logged)."""
+        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        _close_into(store, closed)
+        _track(self._leftovers, closed)
+        await asyncio.shield(closed)
 
     def _shard_port(self, shard: int) -> int:
         """The port ``shard``'s core listens on: 0 (any free one) without ``--shard-ports``, else the first
