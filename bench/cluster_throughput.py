@@ -146,7 +146,9 @@ _WAL_STATS = """SELECT "resource_manager/record_type" AS kind, count, record_siz
 FROM pg_get_wal_stats($1::text::pg_lsn, pg_current_wal_flush_lsn(), true) WHERE count > 0
 ORDER BY combined_size DESC"""
 _ROW_BYTES = """SELECT avg(pg_column_size(p.*)) AS row, avg(pg_column_size(spec)) AS spec,
-avg(pg_column_size(status)) AS status, avg(pg_column_size(events)) AS events FROM fleetwire_plans p"""
+avg(pg_column_size(status)) AS status, avg(pg_column_size(events)) AS events,
+pg_relation_size('fleetwire_plans') / greatest(count(*), 1) AS table_per_row,
+pg_indexes_size('fleetwire_plans') / greatest(count(*), 1) AS indexes_per_row FROM fleetwire_plans p"""
 
 
 async def _wal_window(store: str, start: str | None, plans: int) -> dict[str, Any] | None:
@@ -651,8 +653,8 @@ def wal_lines(wal: dict[str, Any] | None) -> list[str]:
     """One PostgreSQL coordinator's WAL over its throughput window: bytes a plan, by record kind, HOT updates."""
     if not wal:
         return []
-    lines = ["", f"one PostgreSQL coordinator's WAL: {wal['wal_bytes_per_plan']:,} bytes a plan, "
-             f"{wal.get('hot_update_share')} of its heap updates HOT; a row's average bytes: {wal.get('row_bytes')}"]  # fmt: skip
+    head = f"one PostgreSQL coordinator's WAL: {wal['wal_bytes_per_plan']:,} bytes a plan, "
+    lines = ["", f"{head}{wal.get('hot_update_share')} of its heap updates HOT; a row's bytes: {wal.get('row_bytes')}"]
     kinds = wal.get("by_kind")
     if isinstance(kinds, dict):
         lines += [f"  {k}: {v['records_per_plan']} records, {v['bytes_per_plan']:,} bytes a plan "

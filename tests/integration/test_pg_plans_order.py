@@ -92,8 +92,8 @@ def test_a_version_5_database_is_copied_into_the_new_order_and_keeps_everything(
         assert _columns(store) == V6_ORDER
         assert _rows(store) == before_rows
         assert [(p.created, p.status, p.events) for p in store.load()] == before
-        assert store.execute(lambda c: c.fetchval(
-            "SELECT reloptions FROM pg_class WHERE oid = 'fleetwire_plans'::regclass")) == ["fillfactor=70"]  # fmt: skip
+        options = "SELECT reloptions FROM pg_class WHERE relname = 'fleetwire_plans'"
+        assert store.execute(lambda c: c.fetchval(options)) == ["fillfactor=70"]
         assert store.execute(lambda c: c.fetchval(
             "SELECT has_table_privilege('fw_reader', 'fleetwire_plans', 'SELECT')")) is True  # fmt: skip
         indexes = store.execute(lambda c: c.fetch(
@@ -105,5 +105,27 @@ def test_a_version_5_database_is_copied_into_the_new_order_and_keeps_everything(
         assert store.execute(ensure_indexes) == ["fleetwire_plans_by_name"]
         store.write([event("p1", 3), PlanStatus("p1", "succeeded", attempt=1, worker_id="w1", next_seq=4)])
         assert [p.status.state for p in store.load() if p.status is not None] == ["succeeded", "queued"]
+    finally:
+        store.close()
+
+
+def test_a_group_updating_every_plan_of_its_pages_keeps_every_update_hot(pg_dsn: str) -> None:
+    """Plans inserted together, then all updated by one group (each row growing by its status and first events, as
+    a worker's frame does): every update stays on its page (HOT: no index entry, no row on another page). With
+    fillfactor 50 the versions one statement makes did not fit in the half left free (some updates went elsewhere)."""
+    store = hold(PgStore(pg_dsn, CLUSTER))
+    try:
+        store.execute(lambda c: c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
+        plans = [f"p{i:03}" for i in range(60)]
+        store.write([r for p in plans for r in (created(p, args={"n": p, "pad": "x" * 100}),
+                                                PlanStatus(p, "queued", next_seq=1))])  # fmt: skip
+        start = store.execute(lambda c: c.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+        running = [PlanStatus(p, "running", attempt=1, worker_id="w" * 40, next_seq=3) for p in plans]
+        store.write([r for p, s in zip(plans, running, strict=True) for r in (event(p, 1, "y" * 120),
+                                                                              event(p, 2, "z" * 60), s)])  # fmt: skip
+        kinds = dict(store.execute(lambda c: c.fetch(
+            "SELECT record_type, count(*) FROM pg_get_wal_records_info($1::text::pg_lsn, pg_current_wal_flush_lsn()) "
+            "WHERE resource_manager = 'Heap' AND record_type LIKE '%UPDATE%' GROUP BY 1", start)))  # fmt: skip
+        assert kinds == {"HOT_UPDATE": len(plans)}, kinds
     finally:
         store.close()

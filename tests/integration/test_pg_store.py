@@ -304,11 +304,11 @@ def test_the_plans_table_leaves_room_for_hot_updates_and_keeps_an_operators_fill
         return store.execute(lambda c: c.fetchval("SELECT reloptions FROM pg_class WHERE relname = 'fleetwire_plans'"))
 
     store = PgStore(pg_dsn, CLUSTER)
-    assert options(store) == [f"fillfactor={PLANS_FILLFACTOR}"] == ["fillfactor=50"]
+    assert options(store) == [f"fillfactor={PLANS_FILLFACTOR}"] == ["fillfactor=35"]
     store.execute(lambda c: c.execute("ALTER TABLE fleetwire_plans RESET (fillfactor)"))  # as before this version
     store.close()
     store = PgStore(pg_dsn, CLUSTER)
-    assert options(store) == ["fillfactor=50"]
+    assert options(store) == ["fillfactor=35"]
     store.execute(lambda c: c.execute("ALTER TABLE fleetwire_plans SET (fillfactor = 80)"))
     store.close()
     store = PgStore(pg_dsn, CLUSTER)

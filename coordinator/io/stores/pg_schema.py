@@ -30,12 +30,17 @@ a migrated one gets them from ``ensure_indexes`` (postgres.py) right after open,
 connection of its own (the cluster host's start; one left invalid by an interrupted build is
 dropped and built again). Until they are there, the views' reads are sequential scans, nothing worse.
 
-``fleetwire_plans`` keeps half of each page free for updates (``fillfactor`` :data:`PLANS_FILLFACTOR`, set
+``fleetwire_plans`` keeps two thirds of each page free for updates (``fillfactor`` :data:`PLANS_FILLFACTOR`, set
 at open where the table has none, an operator's own kept): a plan's row is updated about three times right
 after its insert (leased, running, done), and with full pages none of those updates was HOT (~1 %), so each
 one added an entry to every index. With room on the page they are HOT: PostgreSQL's CPU per plan went
 from 36-42 to 23-25 us (groups of bench/store_bench.py's plans; docs/PERFORMANCE.md §Cluster mode), and
 the indexes stop filling with dead entries, at the price of a plans table about twice its packed size.
+Half a page (fillfactor 50 before) was not enough: a worker's frame updates every plan of a
+page in one statement, each row growing by its status and first events, and those new versions cannot be
+pruned during it, so ~17 % of the updates in bench/cluster_throughput.py went to other pages (every index
+written again); with 35 none did, the WAL a plan fell by 6-10 % and the indexes by ~28 %, the table grew ~11 %
+(docs/PERFORMANCE.md §C29f, "WAL a plan"). A table made with 50 keeps it (only a table with none is set).
 
 **The WAL of an update.** PostgreSQL logs an update that stays on its page (a HOT one, above) as the new row
 less the bytes it shares with the old one at its start and at its end, so the columns a plan's updates never
@@ -208,7 +213,7 @@ _CREATE_INDEXES = "".join(f"CREATE INDEX IF NOT EXISTS {name} ON {on};\n" for na
 INDEX_VALID = """SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 WHERE c.relname = $1 AND c.relnamespace = to_regnamespace(current_schema())::oid"""
 
-PLANS_FILLFACTOR: Final = 50  # % of each fleetwire_plans page filled by inserts: the rest for HOT updates
+PLANS_FILLFACTOR: Final = 35  # % of each fleetwire_plans page filled by inserts: the rest for HOT updates
 _PLANS_FILLFACTOR_SET = """SELECT coalesce(bool_or(o LIKE 'fillfactor=%'), false)
 FROM pg_class c, unnest(c.reloptions) AS o WHERE c.oid = 'fleetwire_plans'::regclass"""
 _SET_PLANS_FILLFACTOR = f"ALTER TABLE fleetwire_plans SET (fillfactor = {PLANS_FILLFACTOR})"
