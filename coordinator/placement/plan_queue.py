@@ -312,9 +312,18 @@ def _describe(matched: list[str]) -> str:
 
 @dataclass
 class _Group:
-    """One signature's heap of ``(-priority, order, token, plan_id)``."""
+    """One signature's heap of ``(-priority, order, token, plan_id)``.
+
+    While its plans come in order (``ordered``: each pushed after every entry it holds, as one priority's plans in
+    submit order do) the list is sorted, and its front is ``heap[start]``: a dead entry there is stepped over, not
+    popped (a ``heappop`` walks the heap's depth, over entries scattered through a large heap, once a plan). The
+    entries before ``start`` are dead, as are some after it: every reader of ``heap`` but :meth:`PlanQueue._head`
+    checks each entry's liveness.
+    """
 
     heap: list[tuple[int, int, int, str]] = field(default_factory=list)
+    start: int = 0  # ordered: the index of its first entry not known dead
+    ordered: bool = True
     reason: str | None = None  # the waiting reason last given to its plans
     born: int = 0  # creation order: a selection of groups is visited in the order of the whole
 
@@ -382,7 +391,17 @@ class PlanQueue:
                     return kept.push(plan_id, signature, token, priority, order, owner) or new
             if not new and self._head(signature, group) is None:  # as the order says: a group with no live plan
                 new = True
-        heapq.heappush(group.heap, (-priority, order, token, plan_id))
+        entry, heap = (-priority, order, token, plan_id), group.heap
+        if group.ordered:
+            if group.start == len(heap):  # every entry dead: start the list again
+                heap.clear()
+                group.start = 0
+            if not heap or heap[-1] < entry:  # still in order: heappush would put it last too
+                heap.append(entry)
+                return new
+            del heap[: group.start]  # out of order: a heap from now on (a sorted list is one)
+            group.start, group.ordered = 0, False
+        heapq.heappush(heap, entry)
         return new
 
     def _wake(self) -> None:
@@ -396,6 +415,7 @@ class PlanQueue:
                        for neg_priority, order, token, plan_id in group.heap if live.get(plan_id) == (signature, token)]
             for group in self._groups.values():
                 group.heap.clear()
+                group.start, group.ordered = 0, True
             kept.adopt(solo, entries)
         self.solo = None
         self.order = kept
@@ -447,12 +467,27 @@ class PlanQueue:
         across groups (smaller first), the plan id last; None when the group has no live plan."""
         if self.order is not None:
             return self.order.head(signature)
-        heap = group.heap
+        heap, live = group.heap, self._live
+        if group.ordered:  # sorted: the dead entries at its front are stepped over (_Group)
+            start, end = group.start, len(heap)
+            while start < end:
+                entry = heap[start]
+                if live.get(entry[3]) == (signature, entry[2]):
+                    if start > 64 and 2 * start > end:  # the dead front is most of the list: let it go
+                        del heap[:start]
+                        start = 0
+                    group.start = start
+                    return entry
+                start += 1
+            heap.clear()
+            group.start = 0
+            return None
         while heap:
             entry = heap[0]
-            if self._live.get(entry[3]) == (signature, entry[2]):
+            if live.get(entry[3]) == (signature, entry[2]):
                 return entry
             heapq.heappop(heap)
+        group.ordered = True  # empty: in order again until a push says otherwise
         return None
 
     def signatures(self, ops: Iterable[str] | None = None, *, unexplained: bool = False) -> list[Signature]:
