@@ -160,10 +160,7 @@ class ClientSessions:
                 if plan is not None:
                     self._outbox.send(s.conn_id, PlanReply(req_id=msg.req_id, plan=plan.info(s.admin)))
             case ListWorkers():
-                registry = self._state.registry
-                rows = [registry.info(r.id, now) for r in registry]
-                self._outbox.send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=registry.summary(now),
-                                                     version=self._version))
+                self._list_workers(s, msg, now)
             case ListPlans():
                 self._operator.list_plans(s, msg)
             case GetUsage():
@@ -203,6 +200,13 @@ class ClientSessions:
                 assert_never(msg)
 
     # ------------------------------------------------------------------ handlers
+
+    def _list_workers(self, s: Session, msg: ListWorkers, now: float) -> None:
+        # Its own function: the comprehension's variables would be cells made at every on_message call.
+        registry = self._state.registry
+        rows = [registry.info(r.id, now) for r in registry]
+        self._outbox.send(s.conn_id, Workers(req_id=msg.req_id, workers=rows, summary=registry.summary(now),
+                                             version=self._version))  # fmt: skip
 
     def _submit(self, s: Session, msg: Submit, now: float) -> None:
         problem = submit_problem(msg) or hints_problem(msg.hints)

@@ -24,7 +24,7 @@ Depends on the registry, placement (coordinator/placement/), the queue, streams
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -71,6 +71,18 @@ def note_attempt(plan: Plan, outcome: str, reason: str) -> None:
     entry: dict[str, Any] = {"attempt": plan.attempt, "worker_id": plan.worker_id, "outcome": outcome}
     entry["reason"] = reason
     plan.history.append(entry)
+
+
+def _waits_aside(
+    fits: Callable[[Plan, WorkerRecord], bool], graphs: GraphHooks, now: float
+) -> Callable[[Plan, WorkerRecord], bool]:
+    """``fits``, and a consumer waiting for another, busy holder is not taken (``Scheduler.fill_worker`` with
+    ``graphs.waits``): made here, so its cells are made only then."""
+
+    def waits_fits(plan: Plan, worker: WorkerRecord) -> bool:
+        return fits(plan, worker) and graphs.may_take(plan, worker, now)
+
+    return waits_fits
 
 
 class Scheduler:
@@ -188,29 +200,39 @@ class Scheduler:
             return
         if self._sharing is not None and self._sharing.nominated:  # a preemption made room here for a plan
             self.fill_nominated(record, now)
-        plans, fits = self._plans, self._placement.fits
-        graphs = self.graphs
-        if graphs is not None and graphs.waits:  # a consumer waiting for another, busy holder is not taken here
-            placement_fits = fits
-
-            def fits(plan: Plan, worker: WorkerRecord) -> bool:
-                return placement_fits(plan, worker) and graphs.may_take(plan, worker, now)
-
-        # It can run no signature of another op, nor one whose first tag it lacks: those are not looked at.
-        ops, tags = record.capabilities.ops, record.capabilities.tags
-        while record.has_capacity():
-            plan_id = self._queue.best_for(
-                lambda sig: sig.admits(record), lambda pid: fits(plans[pid], record), ops, tags
-            )
-            if plan_id is None:
-                break
-            self.assign(plans[plan_id], record)
+        if record.has_capacity():
+            graphs = self.graphs
+            if graphs is not None and graphs.waits:  # a consumer waiting for another, busy holder is not taken here
+                self._fill_slots(record, _waits_aside(self._placement.fits, graphs, now))
+            else:
+                self._fill_slots(record, self._placement.fits)
         # Nothing queued it can run and a slot free: take back an unstarted lease from the most backlogged
         # (only with prefetch: without it no worker holds leases beyond its slots; no call per plan then).
         while self._placement.config.prefetch > 0 and (stolen := self._placement.steal_for(record, now)) is not None:
             plan, victim = stolen
             if victim.conn_id is not None:
                 self._outbox.send(victim.conn_id, Revoke(plan_id=plan.id, attempt=plan.attempt))
+
+    def _fill_slots(self, record: WorkerRecord, fits: Callable[[Plan, WorkerRecord], bool]) -> None:
+        """``fill_worker``'s placing, for a worker with room: its closures (their cells) are made here, once a call,
+        not at every call of ``fill_worker`` (CPython 3.11 makes a function's cells at each call, used or not)."""
+        plans, queue = self._plans, self._queue
+
+        def admits(sig: Signature) -> bool:
+            return sig.admits(record)
+
+        def fits_id(pid: str) -> bool:
+            return fits(plans[pid], record)
+
+        # It can run no signature of another op, nor one whose first tag it lacks: those are not looked at.
+        ops, tags = record.capabilities.ops, record.capabilities.tags
+        while True:
+            plan_id = queue.best_for(admits, fits_id, ops, tags)
+            if plan_id is None:
+                break
+            self.assign(plans[plan_id], record)
+            if not record.has_capacity():
+                break
 
     def fill_nominated(self, record: WorkerRecord, now: float) -> None:
         """Place the plan a preemption made room for on this worker (coordinator/sharing.py), if it still

@@ -30,7 +30,7 @@ import operator
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 import msgspec
 
@@ -237,12 +237,18 @@ def batch(
         spans.extend(started)
     raws = session.encode_each(msgs)  # an unencodable item fails here, before anything is sent
     if max(map(len, raws), default=0) > max_inline_bytes:  # never a frame the coordinator would close the session for
-        index, size = next((i, len(raw)) for i, raw in enumerate(raws) if len(raw) > max_inline_bytes)
-        raise ValueError(f"args[{index}] is {size} bytes encoded, over max_inline_bytes ({max_inline_bytes}); "
-                         "submit it with submit(), which moves large args to the data plane")
+        _too_large(raws, max_inline_bytes)
     # Requests made in C (NamedTuple's own __new__ is a Python call): (req_id, raw, own: no plan id given, None or
     # "", which the SDK replaced with its own just above: a duplicate of it is this client's own submit re-sent)
     return list(map(tuple.__new__, itertools.repeat(Request), zip(req_ids, raws, map(operator.not_, ids), strict=True)))
+
+
+def _too_large(raws: Sequence[bytes], max_inline_bytes: int) -> NoReturn:
+    """``batch``'s refusal of an item over ``max_inline_bytes``: its own function, so that the generator's cell
+    (``max_inline_bytes``) is made only then, not at every batch (CPython 3.11 makes cells at each call)."""
+    index, size = next((i, len(raw)) for i, raw in enumerate(raws) if len(raw) > max_inline_bytes)
+    raise ValueError(f"args[{index}] is {size} bytes encoded, over max_inline_bytes ({max_inline_bytes}); "
+                     "submit it with submit(), which moves large args to the data plane")  # fmt: skip
 
 
 async def await_accepted(

@@ -493,7 +493,7 @@ class PlanRunner:
         if request is not None:
             run.devices = self.devices.allocate(run.key, request, assign.devices) or ()
         if self.devices.gpus:  # a worker with devices shows each plan only its own (none without a request: "")
-            run.ctx.gpus = [self.devices.gpus[i] for i in run.devices]
+            run.ctx.gpus = list(map(self.devices.gpus.__getitem__, run.devices))  # no comprehension: no cell a call
             run.ctx.devices = [gpu.visible_id or str(gpu.index) for gpu in run.ctx.gpus]
             run.ctx.cuda_visible_devices = ",".join(run.ctx.devices)
         on_loop = not assign.inputs and assign.op in self._on_loop  # traced too: its spans need no task
@@ -621,7 +621,7 @@ class PlanRunner:
         self.load.finished(run_s)
         if run.devices:
             receipt = self.telemetry.plan_finished(
-                run.key, run.ctx.tokens, self._physical(run), [self._device_name(i) for i in run.devices], run_s
+                run.key, run.ctx.tokens, self._physical(run), list(map(self._device_name, run.devices)), run_s
             )
         elif run.ctx.tokens or self.telemetry.timed:  # no devices: nothing to look up (None: nothing was measured)
             receipt = self.telemetry.plan_finished(run.key, run.ctx.tokens, run_s=run_s)
