@@ -10,40 +10,62 @@ order: every frame before it was dispatched already). Control frames are the lib
 :class:`FrameSink` is the reader's side: :meth:`FrameSink.read` dispatches the frames queued before it attached
 with ``recv``, attaches, and waits until the sink is detached (then reads with ``async for``), the connection is
 lost, or a dispatch raised (re-raised by ``read``, as the ``async for`` loop raised it). Used by the worker agent
-(``worker_agent/agent.py``) and the SDK's session (``fleetwire/client.py``); the coordinator's front door has
-its own (``coordinator/io/frontdoor/connection.py``).
+(``worker_agent/agent.py``) and the SDK's session (``fleetwire/client.py``).
+
+:class:`SinkReceive` is the connections' side, shared with the coordinator's front door: its ``FailFastConnection``
+(``coordinator/io/frontdoor/connection.py``) mixes it in with :attr:`SinkReceive.takes_text` set, its one hook: a
+whole text frame goes to the sink too, and the sink may refuse a frame (``frame`` returns False: text that is not
+UTF-8), which then goes to the library's queue, and every frame after it, as a fragment does.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
+from websockets.asyncio.client import ClientConnection
 from websockets.frames import Frame, Opcode
 
-from wireio.wsbulk import BulkClientConnection
+from wireio.wsbulk import BulkReceive
 
-__all__ = ["FrameSink", "SinkConnection"]
+__all__ = ["FrameSink", "FrameTaker", "SinkConnection", "SinkReceive"]
 
 BINARY, TEXT, CONT = Opcode.BINARY, Opcode.TEXT, Opcode.CONT
 
 
-class SinkConnection(BulkClientConnection):
-    """A client connection: whole final binary frames to ``frame_sink`` while one is attached."""
+class FrameTaker(Protocol):
+    """Where a connection's whole data frames go as they are parsed (:class:`FrameSink`; the coordinator's
+    ``FrameReader``, coordinator/io/frontdoor/reader.py)."""
 
-    frame_sink: FrameSink | None = None
+    def frame(self, data: bytes | bytearray | memoryview, text: bool) -> bool:
+        """One whole data frame; False: not taken (the library's queue gets it, and every later one)."""
+
+    def fallback(self) -> None:
+        """Detached: from now on frames go to the library's queue (a fragment, a text frame, a refused frame)."""
+
+    def lost(self) -> None:
+        """The connection ended (the sink is detached)."""
+
+
+class SinkReceive(BulkReceive):
+    """Whole data frames to ``frame_sink`` while one is attached, in ``process_event`` (module docstring); mix in
+    first. Binary ones only, unless :attr:`takes_text`."""
+
+    frame_sink: FrameTaker | None = None
+    takes_text = False
+    """The hook: whole text frames go to the sink too (the coordinator's sessions); else a text frame detaches it."""
 
     def process_event(self, event: Any) -> None:
         sink = self.frame_sink
         if sink is not None and type(event) is Frame:
             opcode = event.opcode
-            if opcode is BINARY and event.fin:
-                sink.frame(event.data)
-                return
-            if opcode is TEXT or opcode is CONT or opcode is BINARY:
+            if opcode is BINARY or opcode is TEXT or opcode is CONT:
+                if (event.fin and (opcode is BINARY or (opcode is TEXT and self.takes_text))
+                        and sink.frame(event.data, opcode is TEXT)):  # fmt: skip
+                    return
                 self.frame_sink = None  # the library's queue from this frame on, behind those dispatched
-                sink.detached()
+                sink.fallback()
         super().process_event(event)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -51,7 +73,12 @@ class SinkConnection(BulkClientConnection):
         sink = self.frame_sink
         if sink is not None:
             self.frame_sink = None
-            sink.detached()
+            sink.lost()
+
+
+class SinkConnection(SinkReceive, ClientConnection):
+    """A client connection (the SDK's, the worker agent's): big binary frames read past the library's copies
+    (``wireio/wsbulk.py``), whole final binary frames to ``frame_sink`` while one is attached."""
 
 
 class FrameSink:
@@ -82,10 +109,11 @@ class FrameSink:
         """Whether any frame came to this session's reading (through the sink or the library's queue)."""
         return self._read_any or self.frames > 0
 
-    def frame(self, data: bytes | bytearray | memoryview) -> None:
+    def frame(self, data: bytes | bytearray | memoryview, text: bool = False) -> bool:
+        """A whole binary frame (never text: :class:`SinkConnection` does not take it), always taken."""
         ended = self._ended
         if ended is None or ended.done():  # a dispatch raised: the session ends, nothing more is dispatched
-            return
+            return True
         self.frames += 1
         try:
             decode = self._decode
@@ -97,11 +125,14 @@ class FrameSink:
                     dispatch(msg)
         except Exception as exc:  # the reader raises it, as its loop raised a failed dispatch
             ended.set_exception(exc)
+        return True
 
     def detached(self) -> None:
         ended = self._ended
         if ended is not None and not ended.done():
             ended.set_result(None)
+
+    fallback = lost = detached
 
     def _one(self, frame: bytes | str) -> None:
         self._read_any = True

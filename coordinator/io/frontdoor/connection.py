@@ -27,20 +27,20 @@ from __future__ import annotations
 import asyncio
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import structlog
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import BINARY, CONT, TEXT, CloseCode, Frame
-from websockets.protocol import Event
+from websockets.frames import CloseCode
 
 from coordinator.auth import Principal
 from protocol import Codec
 from protocol import errors as codes
 from protocol.chunkview import DataChunkView, own_frame
-from wireio.wsbulk import BULK_MIN_BYTES, BulkReceive, send_frame, takes_frame_now, write_frame
+from wireio.frame_sink import SinkReceive
+from wireio.wsbulk import BULK_MIN_BYTES, send_frame, takes_frame_now, write_frame
 
 log = structlog.get_logger("coordinator.io.frontdoor.server")
 
@@ -50,42 +50,13 @@ TAKE_BYTES = 4 << 20  # a writer takes about this much of a long backlog at a ti
 FRAME_TARGET_BYTES = MAX_OUT_FRAME_BYTES * 3 // 4  # a batch cut by recent message sizes aims at this
 
 
-class FrameSink(Protocol):
-    """Where a connection's whole data frames go as they are parsed (reader.py ``FrameReader``)."""
-
-    def frame(self, data: bytes | bytearray | memoryview, text: bool) -> bool:
-        """One whole data frame; False: not taken (the library's queue gets it, and every later one)."""
-
-    def fallback(self) -> None:
-        """From now on frames go to the library's queue (a fragmented message began)."""
-
-    def lost(self) -> None:
-        """The connection ended."""
-
-
-class FailFastConnection(BulkReceive, ServerConnection):
+class FailFastConnection(SinkReceive, ServerConnection):
     """A ``ServerConnection`` that closes its transport right after sending 1009 (message too big), reads
     big binary frames (relayed chunks) past the library's copies (wireio/wsbulk.py ``BulkReceive``), and
-    hands whole data frames to its ``frame_sink`` (module docstring)."""
+    hands whole data frames, text ones too, to its ``frame_sink`` (module docstring; wireio/frame_sink.py
+    ``SinkReceive``)."""
 
-    frame_sink: FrameSink | None = None
-
-    def process_event(self, event: Event) -> None:
-        sink = self.frame_sink
-        if sink is not None and type(event) is Frame:
-            opcode = event.opcode
-            if opcode is BINARY or opcode is TEXT or opcode is CONT:
-                if event.fin and opcode is not CONT and sink.frame(event.data, opcode is TEXT):
-                    return
-                self.frame_sink = None  # the library's queue from this frame on, in order behind the sink's
-                sink.fallback()
-        super().process_event(event)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        sink = self.frame_sink
-        if sink is not None:
-            sink.lost()
+    takes_text = True
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
