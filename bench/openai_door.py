@@ -627,7 +627,8 @@ _STEPS: list[tuple[str, str | None, str, str, bool, Any]] = [
     ("coordinator.io.frontdoor.openai_exchange", "Exchange", "start", "door: exchange made", False, None),
     ("coordinator.io.frontdoor.core_driver", "CoreDriver", "receive", "core: submit taken, plan placed", True,
      lambda _driver, _conn, msg, _now: type(msg).__name__ == "Submit"),
-    ("coordinator.io.frontdoor.core_driver", "CoreDriver", "flush", "driver: committed, delivered", True,
+    # (at the delivery's start: a lone step's assign is written inside it, Session.send_now, before flush returns)
+    ("coordinator.io.frontdoor.core_driver", "CoreDriver", "deliver", "driver: committed, delivered", False,
      lambda *_: "core: submit taken, plan placed" in _MARKS),
     ("coordinator.io.frontdoor.connection", None, "send_frame", "coordinator: assign frame sent", False,
      lambda *_: "driver: committed, delivered" in _MARKS),
