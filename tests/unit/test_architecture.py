@@ -39,6 +39,9 @@ LONG_FUNCTIONS: Final[dict[str, str]] = {
     # Issue #28 added `after` and `deterministic`: 93 lines, of which the body is 21.
     "fleetwire.client.Client.submit": "the SDK's one submit: a keyword per plan option, each documented in its "
     "docstring (the reference users read); the work is in fleetwire/submits.py",
+    # The tenth sitting's keys cut (5ea616f) took it past 80: 85 lines.
+    "coordinator.io.stores.sqlite_commit.SQLiteCommit._encode_rows": "a group's per-row loop, run once per plan "
+    "touched: its locals bound once and no call per row (docs/PERFORMANCE.md §W29, §W29c: helpers cost a call a row)",
 }
 _STORE_NAMES = re.compile(r"(^|\.)_?(store|db|committer)$")
 _BUILDER_CALLS = frozenset({"add_argument", "add_parser", "add_argument_group", "add_mutually_exclusive_group",
