@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -86,20 +85,6 @@ def test_a_forked_child_does_not_send_the_parents_next_keys() -> None:
     assert len(child_key) == 4 and child_key != mask_key()
 
 
-@pytest.fixture
-def no_library_frames(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Frame]]:
-    """Every frame websockets' own send serializes, on both ends (none should be a client's binary frame)."""
-    serialized: list[Frame] = []
-    real = Frame.serialize
-
-    def counting(self: Frame, **kwargs: Any) -> bytes:
-        serialized.append(self)
-        return real(self, **kwargs)
-
-    monkeypatch.setattr(Frame, "serialize", counting)
-    yield serialized
-
-
 async def collect(ws: ServerConnection, into: asyncio.Queue[Any]) -> None:
     async for message in ws:
         await into.put(message)
@@ -107,7 +92,7 @@ async def collect(ws: ServerConnection, into: asyncio.Queue[Any]) -> None:
 
 @pytest.mark.parametrize("connection", [ClientConnection, SinkConnection])
 async def test_a_real_server_reads_every_size_written_here_without_the_librarys_frames(
-    connection: type[ClientConnection], no_library_frames: list[Frame]
+    connection: type[ClientConnection], library_frames: list[Frame]
 ) -> None:
     """write_frame and send_frame of a client (the SDK's and the worker's): masked frames the library's server reads
     byte for byte, in order, with text and pings between them; only text and control frames are the library's."""
@@ -128,11 +113,11 @@ async def test_a_real_server_reads_every_size_written_here_without_the_librarys_
             got = [await asyncio.wait_for(received.get(), 5) for _ in sent]
             assert await asyncio.wait_for(received.get(), 5) == "text stays text"
     assert got == sent
-    assert Opcode.TEXT in {f.opcode for f in no_library_frames}  # the server sends no binary frame here
-    assert not [f for f in no_library_frames if f.opcode is Opcode.BINARY]
+    assert Opcode.TEXT in {f.opcode for f in library_frames}  # the server sends no binary frame here
+    assert not [f for f in library_frames if f.opcode is Opcode.BINARY]
 
 
-async def test_the_library_sends_what_is_not_a_plain_open_client_frame(no_library_frames: list[Frame]) -> None:
+async def test_the_library_sends_what_is_not_a_plain_open_client_frame(library_frames: list[Frame]) -> None:
     """Compression negotiated, a fragment in progress, or a closed connection: write_masked writes nothing and the
     library's send runs as before (a fragment's rule raises ProtocolError; a closed connection ConnectionClosed)."""
     received: asyncio.Queue[Any] = asyncio.Queue()
@@ -155,7 +140,7 @@ async def test_the_library_sends_what_is_not_a_plain_open_client_frame(no_librar
         assert not write_masked(ws, b"late")  # closed
         with pytest.raises(ConnectionClosed):
             await send_frame(ws, b"late")
-    binaries = [f for f in no_library_frames if f.opcode in (Opcode.BINARY, Opcode.CONT)]
+    binaries = [f for f in library_frames if f.opcode in (Opcode.BINARY, Opcode.CONT)]
     assert [bytes(f.data) for f in binaries] == [b"deflated", b"first part", b", last"]
 
 

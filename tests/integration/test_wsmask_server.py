@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,20 +20,6 @@ from wireio.wsmask import write_binary, write_masked
 
 #: RFC 6455 §5.2's length boundaries (7, 16, 64 bits), the module's join limit, and the bulk path's.
 SIZES = [0, 1, 125, 126, 127, 65535, 65536, (16 << 10) - 1, 16 << 10, BULK_MIN_BYTES + 1, 300_000]
-
-
-@pytest.fixture
-def library_frames(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Frame]]:
-    """Every frame websockets' own send serializes, on both ends."""
-    serialized: list[Frame] = []
-    real = Frame.serialize
-
-    def counting(self: Frame, **kwargs: Any) -> bytes:
-        serialized.append(self)
-        return real(self, **kwargs)
-
-    monkeypatch.setattr(Frame, "serialize", counting)
-    yield serialized
 
 
 async def serve_with(handler: Any, **kwargs: Any) -> Any:
