@@ -28,7 +28,7 @@ import tempfile
 
 import _harness as h
 from client_turn import HERE, ROOT
-from worker_turn import VALGRIND
+from worker_turn import VALGRIND, coordinator_args
 
 
 async def round_trips(tree: str, count: int, warmup: int, store: str, out_prefix: str) -> int:
@@ -38,9 +38,7 @@ async def round_trips(tree: str, count: int, warmup: int, store: str, out_prefix
     from fleetwire import Client
 
     async with h.fleet(store) as f:
-        args = ["coordinator", "--host", h.HOST, "--port", "0", "--insecure", "--log-level", "warning"]
-        args += ["--store", store] + (["--data-dir", f.tmp.name] if store == "sqlite" else [])
-        args += [arg for flag, value in h.BENCH_LIMITS.items() if h.coordinator_has_flag(flag) for arg in (flag, value)]
+        args = coordinator_args(store, f.tmp.name)
         env = h.bench_env(PYTHONPATH=os.pathsep.join((HERE, tree)), PYTHONHASHSEED="0")
         proc = await asyncio.create_subprocess_exec(
             *VALGRIND, "--trace-children=yes", f"--callgrind-out-file={out_prefix}.%p", sys.executable, "-m",

@@ -9,8 +9,10 @@
   running (the coordinator's carbon feed, the worker's commands);
 * wsbulk: big binary websocket frames sent and received past the websockets library's copies
   (the relayed chunks of the worker, the SDK and the coordinator's I/O layer);
-* wsmask: a dialling side's binary frames (the SDK's and the worker's) masked and written past
-  websockets' frame object, their mask keys drawn from ``os.urandom`` a block at a time.
+* wsmask: binary frames written past websockets' frame object: a dialling side's (the SDK's and the
+  worker's) masked, their mask keys drawn from ``os.urandom`` a block at a time; the coordinator's plain;
+* frame_sink: a connection's final binary frames decoded and dispatched where they are read (``SinkReceive``:
+  the SDK's and the worker's ``SinkConnection``, the coordinator's ``FailFastConnection``).
 
 Neither the worker agent nor the SDK imports the other: both import this. The coordinator's pure
 core imports nothing from here (tests/unit/test_layers.py).
