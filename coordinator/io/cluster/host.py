@@ -256,6 +256,8 @@ class ClusterHost:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Each store a task opened or loaded and then left, cancelled by stop(): done once it is closed (_track).
         self._leftovers: set[asyncio.Future[None]] = set()
+        # Each shard's core being stopped (_core_stopped) -> its shard: never cancelled, stop() waits for them.
+        self._shard_stops: dict[asyncio.Future[None], int] = {}
         self._keeper: asyncio.Task[None] | None = None
         self._server: Server | None = None
         self._stopping = False
@@ -383,9 +385,11 @@ class ClusterHost:
         Bounded: each task it cancels gets :data:`STOP_TASK_S` to end, the main port's sessions the
         handshake plus close timeouts (:meth:`Gatekeeper.wait_closed`), each release and the row's
         delete :data:`STOP_DB_S`, the control store's close :data:`STOP_DB_S`; a shard's core stops as
-        :meth:`CoordinatorServer.stop` does (its statements have the store's 30 s timeout). What it
-        leaves running is logged. A store that a task it cancelled was opening (or loading) is closed once made
-        (or let go of), and the stop waits for that close up to :data:`STOP_TASK_S` + :data:`STOP_DB_S` from its
+        :meth:`CoordinatorServer.stop` does (its statements have the store's 30 s timeout), the one
+        another path was stopping (a loss, a failure: the task it cancels) included, which it waits for
+        (:meth:`_shards_stopped`; that slot's release is given up, logged). What it leaves running is
+        logged. A store that a task it cancelled was opening (or loading) is closed once made (or let go
+        of), and the stop waits for that close up to :data:`STOP_TASK_S` + :data:`STOP_DB_S` from its
         start; one still opening or closing then is logged and closed once made. No store is closed on the loop:
         ``PgStore.close`` waits on its database (up to ~25 s against one that does not answer), which would stall
         every other session and shard on this loop meanwhile.
@@ -407,6 +411,7 @@ class ClusterHost:
             await self._gate.wait_closed(self._server)  # bounded: a session stuck on the database is cancelled
         for shard in sorted(self.servers):
             await self._stop_shard(shard, release=True, why="shutting down")
+        await self._shards_stopped()  # the ones another path began (a loss, a failure): their tasks were cancelled
         with contextlib.suppress(Exception):  # bounded: the row expires after the TTL anyway
             async with asyncio.timeout(STOP_DB_S):
                 await self.db(lambda conn: conn.execute(_GONE, self.owner))
@@ -631,18 +636,25 @@ class ClusterHost:
             self._spawn(self._stop_shard(shard, release=not isinstance(exc, ShardFenced), why=str(exc)))
 
     async def _stop_shard(self, shard: int, *, release: bool, why: str) -> None:
-        """Stop ``shard``'s core (what is queued is committed first), then give its slot back."""
+        """Stop ``shard``'s core (what is queued is committed first), then give its slot back.
+
+        The shard is out of :attr:`servers` from here on, so nothing else would stop its core: that stop runs in a
+        task of its own (:meth:`_core_stopped`), and a :meth:`stop` that cancels this (a loss's, a failure's, a
+        rebalance's or a start's task) waits for it instead of leaving it cut short, its store open; what that
+        cancel gives up is the slot's release (it expires after the TTL), logged.
+        """
         server = self.servers.pop(shard, None)
         self._stores.pop(shard, None)
         refs = self._refs.pop(shard, None)
         try:
-            if refs is not None:
-                await refs.stop()
-            if server is not None:
-                await server.stop()
+            await self._core_stopped(shard, refs, server)
             if release:
                 async with asyncio.timeout(STOP_DB_S if self._stopping else None):
                     await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
+        except asyncio.CancelledError:
+            log.warning("a shard's stop was cancelled by the host's stop; the host's stop waits for its core's stop",
+                        shard=shard, why=why, release_given_up=release)  # fmt: skip
+            raise
         except Exception as exc:
             log.warning("shard not released cleanly; it expires after the TTL", shard=shard, error=str(exc))
         finally:
@@ -652,6 +664,27 @@ class ClusterHost:
         self.failovers += 0 if release else 1
         log.warning("stopped serving shard", shard=shard, released=release, why=why)
         self._announce(f"{'released' if release else 'lost'} shard {shard}: {why}")
+
+    async def _core_stopped(self, shard: int, refs: RemoteRefs | None, server: CoordinatorServer | None) -> None:
+        """Stop ``shard``'s remote upstreams' reader and core in a task of its own (in :attr:`_shard_stops` until it
+        ends): cancelled meanwhile, that stop goes on and :meth:`stop` waits for it (:meth:`_shards_stopped`)."""
+        if refs is None and server is None:
+            return
+        stopping = asyncio.ensure_future(_core_stop(refs, server))
+        self._shard_stops[stopping] = shard
+        stopping.add_done_callback(self._shard_stops.pop)
+        try:
+            await asyncio.shield(stopping)
+        except asyncio.CancelledError:  # nobody awaits its end now: its failure is logged
+            stopping.add_done_callback(functools.partial(_core_failed, shard=shard))
+            raise
+
+    async def _shards_stopped(self) -> None:
+        """Wait for the shards' cores still stopping in a task whose :meth:`_stop_shard` :meth:`stop` cancelled (a
+        loss's, a failure's): each is bounded as the stop's own shards' are (:meth:`CoordinatorServer.stop`)."""
+        while self._shard_stops:
+            log.warning("waiting for the shard stops under way", shards=sorted(self._shard_stops.values()))
+            await asyncio.wait(list(self._shard_stops))
 
     async def _close_left(self, store: PgStore) -> None:
         """Close ``store`` in the loop's executor; cancelled meanwhile (a stop), the close goes on and :meth:`stop`
@@ -746,6 +779,19 @@ async def _opened(make: Callable[[], _Store], left: set[asyncio.Future[None]]) -
         opening.add_done_callback(functools.partial(_close_made, closed=closed))
         _track(left, closed)
         raise
+
+
+async def _core_stop(refs: RemoteRefs | None, server: CoordinatorServer | None) -> None:
+    if refs is not None:
+        await refs.stop()
+    if server is not None:
+        await server.stop()
+
+
+def _core_failed(stopping: asyncio.Future[None], *, shard: int) -> None:
+    failure = None if stopping.cancelled() else stopping.exception()
+    if failure is not None:
+        log.warning("a shard's core failed to stop cleanly", shard=shard, error=f"{type(failure).__name__}: {failure}")
 
 
 def _close_made(opening: asyncio.Future[Any], *, closed: asyncio.Future[None]) -> None:
