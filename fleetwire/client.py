@@ -66,6 +66,7 @@ from fleetwire.connection import (
     ending_error,
     resolve_url,
     resolve_urls,
+    unsampled_form,
 )
 from fleetwire.data import Transport, Uploads
 from fleetwire.direct import DirectTransport
@@ -254,6 +255,8 @@ class Client(ClientCalls):
                 answered = answered or exc.answered
                 continue
             urls.succeeded()
+            # Before the session's resume re-queues its requests: they go out in this connection's form.
+            self._session.unsampled = unsampled_form(ws)
             return ws
         raise FleetwireConnectionError(
             f"no coordinator of the list answered (tried {tried}): {error}", retry_after_s=error.retry_after_s,
@@ -424,7 +427,8 @@ class Client(ClientCalls):
             preemptible=preemptible, deadline_s=deadline_s, deadline_at=submits.unix_time(deadline_at),
             expected_run_s=expected_run_s,
         )
-        spans = start_submit_spans([msg])  # the caller's trace context rides with the plan (fleetwire/tracing.py)
+        # The caller's trace context rides with the plan, "not sampled" as this connection reads it (tracing.py)
+        spans = start_submit_spans([msg], None, self._session.unsampled)
         raw = self._session.encode(msg)  # an unencodable argument fails here, in the caller
         if len(raw) > self.max_inline_bytes and args is not None:  # over the frame limit: args go by the data plane
             msg, raw = await submits.args_by_data_plane(msg, sources, self._session.encode)

@@ -20,6 +20,7 @@ from websockets.typing import Subprotocol
 from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
+from protocol.tracecontext import ACCEPTS_HEADER, ACCEPTS_SHORT_UNSAMPLED, UNSAMPLED, UNSAMPLED_SHORT
 from protocol.transfer import http1
 from protocol.urls import SINGLE_KEEPALIVE, websocket_url
 from wireio.frame_sink import SinkConnection
@@ -33,6 +34,7 @@ __all__ = [
     "resolve_url",
     "resolve_urls",
     "serves_plain_http",
+    "unsampled_form",
 ]
 
 CLIENT_PATH: Final = "/v1/client"
@@ -172,6 +174,15 @@ async def dial(
             answered=True,
         )
     return ws
+
+
+def unsampled_form(ws: ClientConnection) -> str:
+    """How ``submit.traceparent`` says "not sampled" on this connection: ``"0"`` when the coordinator's upgrade
+    answer says it accepts it (:data:`~protocol.tracecontext.ACCEPTS_HEADER`, docs/PROTOCOL.md §1), else ``"00"``,
+    which every coordinator accepts (one before the header refuses ``"0"``)."""
+    response = ws.response
+    said = response.headers.get(ACCEPTS_HEADER, "") if response is not None else ""
+    return UNSAMPLED_SHORT if ACCEPTS_SHORT_UNSAMPLED in map(str.strip, said.split(",")) else UNSAMPLED
 
 
 async def serves_plain_http(url: str, timeout_s: float | None) -> bool:

@@ -79,6 +79,7 @@ from protocol.messages import (
     Workers,
     type_name,
 )
+from protocol.tracecontext import UNSAMPLED, UNSAMPLED_SHORT
 
 __all__ = [
     "COALESCE_LIMIT_BYTES", "RECOVERED_REASON", "UNAVAILABLE_RETRY_S", "ClientSession", "PendingRequest", "Waiter",
@@ -92,6 +93,10 @@ COALESCE_LIMIT_BYTES: Final = 256 * 2**10
 
 # A frame holds at most this many messages (each one is longer than 4 bytes): next_frame looks no further.
 _MOST_PER_FRAME: Final = COALESCE_LIMIT_BYTES // 4 + 1
+
+# The bytes of ``traceparent: "0"`` in a submit, per encoding (text or not): only a kept submit that holds them is
+# decoded and encoded again by ``resume`` for a coordinator that did not say it accepts "0".
+_SHORT_FORM: Final = {False: b"\xabtraceparent\xa10", True: b'"traceparent":"0"'}
 
 _REQ_ID_OF, _RAW_OF = operator.itemgetter(0), operator.itemgetter(1)  # of a ``(req_id, raw, own)``
 
@@ -184,6 +189,10 @@ class ClientSession:
         self._specs: dict[str, msgspec.Raw] = {}
         self.on_data: Callable[[DataChunk | DataCredit | DataEnd], None] | None = None
         """Receives the relay's messages (fleetwire/relay.py ``RelayTransport.receive``); None: dropped."""
+        self.unsampled = UNSAMPLED
+        """How this connection's ``submit.traceparent`` says "not sampled": ``"0"`` where the coordinator's upgrade
+        said it accepts it, else ``"00"`` (set by the driver at each connect: fleetwire/connection.py
+        ``unsampled_form``). :meth:`resume` and a recovery's resubmit send kept submits in this form."""
         self.retry_later: Callable[[int, float], None] | None = None
         """Told ``(req_id, seconds)`` when a request was answered ``unavailable`` (the coordinator's store is
         away): the request stays pending, and the driver calls :meth:`resend` after that long. None: it fails."""
@@ -474,11 +483,15 @@ class ClientSession:
         """
         self.resumed += 1
         outbox: list[msgspec.Raw] = []
+        short = self.unsampled == UNSAMPLED_SHORT
         for req_id in sorted(self._pending):
-            raw = self._pending[req_id].raw
+            pending = self._pending[req_id]
+            raw = pending.raw
             if raw is None:
                 del self._pending[req_id]  # an earlier resubscription: superseded by the ones below
             else:
+                if not short and pending.request is Submit and _SHORT_FORM[self.text] in bytes(raw):
+                    raw = pending.raw = self._in_long_form(raw)  # sent as "0"; this coordinator may refuse it
                 outbox.append(raw)
         self._outbox[:] = outbox
         self._posted = 0  # posted messages are not re-sent on a new connection
@@ -522,6 +535,8 @@ class ClientSession:
         spec = decode(raw, type=Submit)
         req_id = next(self._req_ids)
         msg = msgspec.structs.replace(spec, req_id=req_id, plan_id=stream.id, subscribe=True, recovered=True)
+        if msg.traceparent == UNSAMPLED_SHORT or msg.traceparent == UNSAMPLED:
+            msg.traceparent = self.unsampled  # kept as the earlier connection's form: this one's
         log.warning(
             "fleetwire client: the coordinator no longer knows plan %r after the reconnect (a store loss?); "
             "resubmitting it with the same id and spec",
@@ -531,6 +546,16 @@ class ClientSession:
         self._pending[req_id] = PendingRequest(Submit, Accepted, _Recovery(self, stream))
         self._outbox.append(self.encode(msg))
         return True
+
+    def _in_long_form(self, raw: msgspec.Raw) -> msgspec.Raw:
+        """A kept submit ``raw`` with ``traceparent`` ``"0"`` encoded again with ``"00"``, for a coordinator that did
+        not say it accepts ``"0"`` (an older one refuses it); ``raw`` itself when it carries another."""
+        decode = msgspec.msgpack.decode if self._encoding == "msgpack" else msgspec.json.decode
+        msg = decode(raw, type=Submit)
+        if msg.traceparent != UNSAMPLED_SHORT:
+            return raw  # the bytes were in its args
+        msg.traceparent = UNSAMPLED
+        return self.encode(msg)
 
     def _ask_outcome(self, stream: PlanStream) -> None:
         """Ask for the plan's record (``get_plan``): a rewound stream's plan may have ended before the seq it

@@ -224,7 +224,7 @@ def batch(
     # keyword matching and defaults (new empty lists, a RoutingHints) once per batch, not per plan.
     # The template carries what every plan's traceparent is unless its own span is sampled (fleetwire/tracing.py):
     # set once here, copied with the rest, not set on each plan (at 1 %, 99 of 100 plans' "00").
-    context = submit_context()
+    context = submit_context(session.unsampled)  # "not sampled" as the session's connection reads it
     template = Submit(req_id=0, op=op, requirements=requirements, priority=priority, timeout_s=timeout_s,
                       max_attempts=max_attempts, subscribe=True, traceparent=context)  # fmt: skip
     replace = msgspec.structs.replace

@@ -10,7 +10,9 @@
   when the coordinator accepts (or refuses) the plan. An unsampled plan carries the caller's
   context when there is one (its flag says "not sampled": no hop makes a span), else ``"00"``
   (protocol/tracecontext.py ``UNSAMPLED``: the decision without ids, three bytes; the worker
-  hands its handler, and so the inference engine, a fresh unsampled context). At a ratio under 1
+  hands its handler, and so the inference engine, a fresh unsampled context), or ``"0"`` on a
+  connection whose coordinator says it accepts it (``UNSAMPLED_SHORT``: fleetwire/connection.py
+  ``unsampled_form``, read at each connect; the session's ``unsampled``). At a ratio under 1
   the sampler draws only the gaps between sampled plans: an unsampled plan costs no draw.
 * With tracing off, a caller that uses OpenTelemetry itself (it imported it and has a current span)
   still gets its context carried: ``submit.traceparent`` is that span's, so the coordinator's and
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from protocol.messages import Submit
-from protocol.tracecontext import UNSAMPLED
+from protocol.tracecontext import UNSAMPLED, UNSAMPLED_SHORT
 from wireio.tracing import SERVICE_CLIENT, LiveSpan, Tracing, current_traceparent
 
 __all__ = ["LiveSpan", "client_tracing", "end_submit_spans", "start_submit_spans", "submit_context"]
@@ -55,23 +57,28 @@ def client_tracing() -> Tracing | None:
     return _tracing if isinstance(_tracing, Tracing) else None
 
 
-def submit_context() -> str:
+def submit_context(unsampled: str = UNSAMPLED) -> str:
     """The ``traceparent`` every submit of a call carries unless its own span is sampled (module docstring): the
-    caller's context (flag and all), else ``"00"`` with tracing on, else ``""``. A batch sets it on the template
-    its submits are copied from (fleetwire/submits.py), then :func:`start_submit_spans` with ``preset``.
+    caller's context (flag and all), else ``unsampled`` (the connection's form of "not sampled": ``"00"`` or
+    ``"0"``) with tracing on, else ``""``. A batch sets it on the template its submits are copied from
+    (fleetwire/submits.py), then :func:`start_submit_spans` with ``preset``.
 
     Raises:
         ValueError: tracing asked for without the OpenTelemetry SDK installed.
     """
-    return current_traceparent() or (UNSAMPLED if client_tracing() is not None else "")
+    return current_traceparent() or (unsampled if client_tracing() is not None else "")
 
 
-def start_submit_spans(msgs: Sequence[Submit], preset: str | None = None) -> list[LiveSpan] | None:
+def start_submit_spans(
+    msgs: Sequence[Submit], preset: str | None = None, unsampled: str = UNSAMPLED
+) -> list[LiveSpan] | None:
     """Give each submit its ``traceparent`` (module docstring); the sampled ones' spans, to end once answered (None:
     none).
 
     ``preset``: what :func:`submit_context` returned, already carried by each of ``msgs`` (copied from a template
     that held it): only the sampled ones are set, so at a ratio an unsampled plan costs no work here.
+    ``unsampled``: without ``preset``, the connection's form of "not sampled" (``"00"``, or ``"0"`` where the
+    coordinator accepts it: the session's ``unsampled``).
 
     Each call runs as few Python functions as it can (the tracer read here, not through :func:`client_tracing`, once
     built): a lone submit's are mostly out of the CPU's caches, so each one costs far more than its instructions
@@ -80,12 +87,12 @@ def start_submit_spans(msgs: Sequence[Submit], preset: str | None = None) -> lis
     tracing = _tracing if isinstance(_tracing, Tracing) else client_tracing()
     if preset is None:
         parent = current_traceparent()
-        unsampled = parent or (UNSAMPLED if tracing is not None else "")
-        if unsampled:
+        carried = parent or (unsampled if tracing is not None else "")
+        if carried:
             for msg in msgs:
-                msg.traceparent = unsampled
+                msg.traceparent = carried
     else:
-        parent = "" if preset == UNSAMPLED else preset
+        parent = "" if preset == UNSAMPLED or preset == UNSAMPLED_SHORT else preset
     if tracing is None:
         return None
     sampled = tracing.start_each("fleetwire.submit", parent, msgs, _submit_attributes, kind="producer")

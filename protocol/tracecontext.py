@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "ACCEPTS_HEADER",
+    "ACCEPTS_SHORT_UNSAMPLED",
     "MAX_TRACEPARENT",
     "UNSAMPLED",
     "UNSAMPLED_SHORT",
@@ -50,6 +52,14 @@ UNSAMPLED_SHORT: Final = "0"
 allocation): the coordinator forwards it so in ``assign.traceparent`` to a worker whose ``hello`` says it reads it
 (``capabilities.short_unsampled``, docs/PROTOCOL.md), and accepts it in ``submit.traceparent`` (kept as
 :data:`UNSAMPLED`), which a client sends only to a coordinator known to accept it: an older one refuses it."""
+
+ACCEPTS_HEADER: Final = "X-Fleetwire-Accepts"
+"""A response header of a client session's websocket upgrade (``101``): what this coordinator accepts beyond what
+every coordinator does, as comma-separated tokens (docs/PROTOCOL.md §1). The client session has no ``welcome``, so a
+client reads it at each connect: a reconnect may reach another coordinator (a cluster mid-upgrade)."""
+
+ACCEPTS_SHORT_UNSAMPLED: Final = "short-unsampled"
+"""The :data:`ACCEPTS_HEADER` token saying ``submit.traceparent`` may be :data:`UNSAMPLED_SHORT`."""
 
 _V00: Final = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")  # the usual header, one match
 _TRACEPARENT: Final = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[-0-9a-zA-Z_.]*)?")

@@ -43,6 +43,7 @@ from coordinator.io.frontdoor.admission import (
 from coordinator.io.frontdoor.connection import FailFastConnection
 from coordinator.limits import PENALIZED_CLOSES, Limits, PenaltyBox, host_refused, origin_refused
 from protocol import caps
+from protocol.tracecontext import ACCEPTS_HEADER, ACCEPTS_SHORT_UNSAMPLED
 from protocol.urls import WORKER_ID_PARAM, named_worker_id
 
 __all__ = [
@@ -213,6 +214,8 @@ class Gatekeeper:
         # Repeated 401s and /metrics scrapes from one address are answered after a hold (admission.py).
         self.auth_failures = Repeats(burst=REPEAT_BURST, interval_s=REPEAT_INTERVAL_S)
         self.scrapes = Repeats(burst=REPEAT_BURST, interval_s=REPEAT_INTERVAL_S)
+        # What a client session's 101 says this coordinator accepts (docs/PROTOCOL.md §1); "": nothing said.
+        self.accepts = ACCEPTS_SHORT_UNSAMPLED
 
     def fit_fd_limit(self, reserved: int) -> None:
         """At start: raise the soft open-file limit to the hard one and fit the pending budget to it.
@@ -448,10 +451,17 @@ class Gatekeeper:
             # A 1009 stops reading that peer at once (coordinator/io/frontdoor/connection.py).
             create_connection=self.pending.connection_class(FailFastConnection),
             backlog=LISTEN_BACKLOG,  # room for the connections TCP_DEFER_ACCEPT holds back
+            process_response=self.announce,
             **options,
         )  # fmt: skip
         self.defer_accept(server.sockets)  # idle sockets wait in the kernel, not here (admission.py)
         return server
+
+    def announce(self, conn: ServerConnection, request: Request, response: Response) -> None:
+        """The ``process_response`` hook: a client session's ``101`` names what this coordinator accepts
+        (:data:`~protocol.tracecontext.ACCEPTS_HEADER`; its session has no ``welcome`` to say it)."""
+        if response.status_code == 101 and self.accepts and request.path.startswith("/v1/client"):
+            response.headers[ACCEPTS_HEADER] = self.accepts
 
     def close(self) -> None:
         """The listener stopped: abort the connections still before their upgrade, write the refusal summaries."""
