@@ -258,6 +258,7 @@ class ClusterHost:
         self._leftovers: set[asyncio.Future[None]] = set()
         # Each shard's core being stopped (_core_stopped) -> its shard: never cancelled, stop() waits for them.
         self._shard_stops: dict[asyncio.Future[None], int] = {}
+        self._unreleased: set[int] = set()  # the slots whose release a cancelled _stop_shard left: stop() makes it
         self._keeper: asyncio.Task[None] | None = None
         self._server: Server | None = None
         self._stopping = False
@@ -387,8 +388,8 @@ class ClusterHost:
         delete :data:`STOP_DB_S`, the control store's close :data:`STOP_DB_S`; a shard's core stops as
         :meth:`CoordinatorServer.stop` does (its statements have the store's 30 s timeout), the one
         another path was stopping (a loss, a failure: the task it cancels) included, which it waits for
-        (:meth:`_shards_stopped`; that slot's release is given up, logged). What it leaves running is
-        logged. A store that a task it cancelled was opening (or loading) is closed once made (or let go
+        (:meth:`_shards_stopped`, then that slot's release, if it was to be released). What it leaves
+        running is logged. A store that a task it cancelled was opening (or loading) is closed once made (or let go
         of), and the stop waits for that close up to :data:`STOP_TASK_S` + :data:`STOP_DB_S` from its
         start; one still opening or closing then is logged and closed once made. No store is closed on the loop:
         ``PgStore.close`` waits on its database (up to ~25 s against one that does not answer), which would stall
@@ -412,6 +413,14 @@ class ClusterHost:
         for shard in sorted(self.servers):
             await self._stop_shard(shard, release=True, why="shutting down")
         await self._shards_stopped()  # the ones another path began (a loss, a failure): their tasks were cancelled
+        if self._unreleased:  # flushed now: their slots are given back, as the stop's own
+            unreleased = sorted(self._unreleased)
+            try:
+                async with asyncio.timeout(STOP_DB_S):
+                    await self.db(lambda conn: conn.fetch(RELEASE, self.owner, unreleased))
+            except Exception as exc:
+                log.warning("shards not released cleanly; they expire after the TTL", shards=unreleased,
+                            error=f"{type(exc).__name__}: {exc}")  # fmt: skip
         with contextlib.suppress(Exception):  # bounded: the row expires after the TTL anyway
             async with asyncio.timeout(STOP_DB_S):
                 await self.db(lambda conn: conn.execute(_GONE, self.owner))
@@ -640,8 +649,8 @@ class ClusterHost:
 
         The shard is out of :attr:`servers` from here on, so nothing else would stop its core: that stop runs in a
         task of its own (:meth:`_core_stopped`), and a :meth:`stop` that cancels this (a loss's, a failure's, a
-        rebalance's or a start's task) waits for it instead of leaving it cut short, its store open; what that
-        cancel gives up is the slot's release (it expires after the TTL), logged.
+        rebalance's or a start's task) waits for it instead of leaving it cut short, its store open, and then makes
+        the slot's release that the cancel left (:attr:`_unreleased`; logged).
         """
         server = self.servers.pop(shard, None)
         self._stores.pop(shard, None)
@@ -652,8 +661,10 @@ class ClusterHost:
                 async with asyncio.timeout(STOP_DB_S if self._stopping else None):
                     await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
         except asyncio.CancelledError:
+            if release:
+                self._unreleased.add(shard)
             log.warning("a shard's stop was cancelled by the host's stop; the host's stop waits for its core's stop",
-                        shard=shard, why=why, release_given_up=release)  # fmt: skip
+                        shard=shard, why=why, release_left_to_the_stop=release)  # fmt: skip
             raise
         except Exception as exc:
             log.warning("shard not released cleanly; it expires after the TTL", shard=shard, error=str(exc))
