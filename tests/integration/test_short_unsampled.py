@@ -20,6 +20,8 @@ import fleetwire.tracing
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from protocol.messages import Submit
+from tests.integration.test_client_sdk import CLIENT_TOKEN, FakeCoordinator
+from tests.integration.test_client_sdk import coordinator as websockets_server  # noqa: F401 (fixture)
 from tests.waiting import until
 from wireio.tracing import SERVICE_CLIENT, Tracing
 
@@ -74,6 +76,19 @@ async def test_the_sdk_sends_00_to_a_coordinator_that_does_not_say_it(
         lone = await client.submit("echo", plan_id="lone")
         batch = await client.submit_many("echo", range(3))
         assert [sent(client, plan.id) for plan in [lone, *batch]] == ["00"] * 4
+
+
+async def test_a_websockets_server_without_the_header_gets_00(
+    unsampled: None,
+    websockets_server: FakeCoordinator,  # noqa: F811
+) -> None:
+    """A server that never heard of the header (a plain websockets one, scripted): the submits it decodes carry
+    "00"."""
+    async with Client(websockets_server.url, token=CLIENT_TOKEN) as client:
+        assert client.session.unsampled == "00"
+        await client.submit("echo", args=1)
+        await client.submit_many("echo", range(2))
+    assert [submit.traceparent for submit in websockets_server.submits] == ["00"] * 3
 
 
 async def test_a_kept_submit_is_sent_again_as_00_to_an_older_coordinator_after_a_reconnect(
