@@ -195,7 +195,12 @@ BEGIN
     FOREACH def IN ARRAY coalesce(indexes, '{{}}') LOOP
         EXECUTE def;
     END LOOP;
-    ANALYZE fleetwire_plans;  -- the planner's figures for the new table, not an autovacuum later
+    -- The planner's figures for a copied table at once, not at an autovacuum later; an empty one (a new
+    -- database passes through this step too) is left never analyzed: analyzed empty, its statements' generic
+    -- plans would scan it whole as it grows (a lone commit 1.6 -> 3.5 ms at 10,000 plans).
+    IF EXISTS (SELECT 1 FROM fleetwire_plans) THEN
+        ANALYZE fleetwire_plans;
+    END IF;
 END $$;
 """
 MIGRATIONS: Final[dict[int, str]] = {1: _MIGRATE_V1, 2: _MIGRATE_V2, 3: _MIGRATE_V3, 4: CREATE_USAGE,
