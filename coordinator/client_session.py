@@ -187,7 +187,7 @@ class ClientSessions:
                         self._data.answer(s.conn_id, source, msg.direction, msg.req_id, now, shown=shown)
             case DataOpen():
                 if self._relay is not None:
-                    self._relay.open(s, msg, self._find(s, msg.plan_id))
+                    self._relay.open(s, msg, self._find(s, msg.plan_id), now)
             case DataChunk() | DataCredit() | DataEnd():
                 if self._relay is not None:
                     keys = self._state.names.keys

@@ -384,6 +384,8 @@ class Coordinator:
         """
         self.sharing.now = now
         self.graphs.restored_at = now  # a holder not back yet is not taken as gone for a heartbeat timeout
+        if self.relay is not None:  # nor by a relayed get (coordinator/relay.py)
+            self.relay.awaited_until = now + self.registry.heartbeat_timeout_s
         queued = self.recovery.restore(stored, now)
         finished: list[Plan] = []
         for plan in self.plans.values():  # restored unfinished plans count against their owner's quota

@@ -198,6 +198,9 @@ class Relay:
         self.refused = 0  # opens refused and streams ended for a violation
         self.waits = 0  # streams that waited in line for room
         self.idle_ends = 0  # streams ended because nothing moved on their window for idle_s
+        #: Until then (the core's restore + one heartbeat timeout) a plan's worker not back yet is awaited, not gone:
+        #: its get ends relay_closed (the client opens it again), as plan_graphs.py answers its tickets.
+        self.awaited_until = 0.0
         self.stale = 0  # messages of an older stream id, dropped
 
     @property
@@ -217,7 +220,7 @@ class Relay:
 
     # ------------------------------------------------------------------ from a client
 
-    def open(self, s: Session, msg: DataOpen, plan: Plan | None) -> None:
+    def open(self, s: Session, msg: DataOpen, plan: Plan | None, now: float | None = None) -> None:
         """A client opens a stream: checked against the plan, then passed on to its worker (or in line).
 
         ``plan``: the plan ``msg.plan_id`` names for this session (None: none it may see, which is
@@ -228,7 +231,7 @@ class Relay:
             problem = (errors.PLAN_NOT_FOUND, f"plan {msg.plan_id!r} does not exist")
         else:
             problem = self._open_problem(plan, msg)
-        self._open(s, msg, plan, problem, s.principal)
+        self._open(s, msg, plan, problem, s.principal, now)
 
     def open_pull(self, s: Session, msg: DataOpen) -> None:
         """A worker opens a ``get`` of another plan's output that a plan it runs takes (a relayed pull).
@@ -262,12 +265,15 @@ class Relay:
         self._open(s, msg, plan, problem, plan.owner if plan is not None else s.principal)
 
     def _open(self, s: Session, msg: DataOpen, plan: Plan | None, problem: tuple[str, str] | None,
-              principal: str) -> None:
+              principal: str, now: float | None = None) -> None:
         worker_conn = None
         if problem is None:
             assert plan is not None and plan.worker_id is not None
             worker_conn = self._registry.get(plan.worker_id).conn_id if plan.worker_id in self._registry else None
-            if worker_conn is None and msg.direction == "get" and plan.worker_id not in self._registry:
+            if worker_conn is None and msg.direction == "get" and now is not None and now < self.awaited_until:
+                problem = (CLOSED, f"worker {plan.worker_id} of plan {msg.plan_id!r} has not come back since the "
+                           "coordinator restarted")
+            elif worker_conn is None and msg.direction == "get" and plan.worker_id not in self._registry:
                 # Reaped or removed: it is not coming back with this output (a retry would wait for nothing).
                 problem = (GONE, f"worker {plan.worker_id} of plan {msg.plan_id!r} is gone, and its outputs with it")
             elif worker_conn is None:

@@ -490,3 +490,23 @@ def test_a_relayed_fetch_from_a_worker_gone_for_good_ends_output_gone_at_once() 
     h.send(client, DataOpen(plan_id=a, attempt=1, name="y", direction="get"))
     [end] = [m for m in h.take(client) if isinstance(m, DataEnd)]
     assert end.code == GONE and end.message == "worker w1 of plan 'a' is gone, and its outputs with it"
+
+
+def test_a_relayed_fetch_in_the_first_heartbeat_timeout_after_a_restart_waits_for_the_holder(durable: Any) -> None:
+    """After a restart the output's worker is not back yet: a relayed get ends relay_closed (the client opens it
+    again; tests/integration/test_data_retries.py's download across a restart failed output_gone when its re-open
+    came before the worker's reconnect), as the tickets' answer waits; past one heartbeat timeout, output_gone."""
+    h = durable("sqlite", heartbeat_timeout_s=30.0)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"])
+    finish(h, conns["w1"], assign_of(h, conns["w1"]).plan_id, outputs={"y": 10})
+    h.restart(50.0)
+    client = h.client()
+    h.send(client, DataOpen(plan_id=a, attempt=1, name="y", direction="get"))
+    [end] = [m for m in h.take(client) if isinstance(m, DataEnd)]
+    assert end.code == CLOSED and "has not come back since the coordinator restarted" in end.message
+    h.now = 81.0
+    h.send(client, DataOpen(plan_id=a, attempt=1, name="y", direction="get"))
+    [end] = [m for m in h.take(client) if isinstance(m, DataEnd)]
+    assert end.code == GONE, end.message
