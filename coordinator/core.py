@@ -383,9 +383,7 @@ class Coordinator:
         from ``now``, for their worker to reconnect and claim them.
         """
         self.sharing.now = now
-        self.graphs.restored_at = now  # a holder not back yet is not taken as gone for a heartbeat timeout
-        if self.relay is not None:  # nor by a relayed get (coordinator/relay.py)
-            self.relay.awaited_until = now + self.registry.heartbeat_timeout_s
+        self.registry.restored_at = now  # a worker not back yet is awaited, not gone, for a heartbeat timeout
         queued = self.recovery.restore(stored, now)
         finished: list[Plan] = []
         for plan in self.plans.values():  # restored unfinished plans count against their owner's quota

@@ -107,7 +107,6 @@ class PlanGraphs:
         """Consumer key -> (the busy holder it waits for, until when, the core's clock)."""
         self._ready_at: dict[str, float] = {}  # a ready consumer's first try at placement (its wait's start)
         self._dooming: set[str] = set()
-        self.restored_at: float | None = None
         """When the core loaded a store's plans (``Core.restore``): workers are still coming back for a while."""
         self.held_successes: dict[str, HeldSuccess] = {}
         """Replicating plans (``submit.replicas``): key -> the success held until copies of its outputs exist."""
@@ -232,7 +231,7 @@ class PlanGraphs:
         removed, left) are lost: it is placed on a copy that lives, or a rebuild, rather than fetch from nowhere
         and fail. Not in the first heartbeat timeout after a restart, while workers come back."""
         registry = self._state.registry
-        if self.restored_at is not None and now < self.restored_at + registry.heartbeat_timeout_s:
+        if registry.awaiting_restored(now) is not None:
             return
         lineage = self.graph.lineage
         for need in self.graph.needs.get(plan_id, ()):
@@ -382,7 +381,7 @@ class PlanGraphs:
             plan.replicating = True  # the success its worker reported is held for copies (coordinator/recovery.py)
             done = Done(plan_id=plan.id, attempt=plan.attempt, outcome="succeeded", result=plan.result,
                         outputs=plan.produced)
-            now = self.restored_at or 0.0
+            now = self._state.registry.restored_at or 0.0
             self.held_successes[plan.id] = HeldSuccess(
                 plan.worker_id, done, now + copy_wait_s(spec.size for spec in plan.produced), restored=True)
         if plan.rebuild_of is not None:
@@ -432,11 +431,10 @@ class PlanGraphs:
         origin = lineage.origin_of(plan.id)
         copies = lineage.holders(origin)
         registry = self._state.registry
-        settled = self.restored_at is None or now >= self.restored_at + registry.heartbeat_timeout_s
+        wait_s = registry.awaiting_restored(now)
+        settled = wait_s is None
         failed = self._plans.get(lost) if lost in copies else None
-        if failed is not None and not settled and failed.worker_id not in registry:
-            assert self.restored_at is not None
-            wait_s = self.restored_at + registry.heartbeat_timeout_s - now
+        if failed is not None and wait_s is not None and failed.worker_id not in registry:
             return ErrorInfo(errors.UNAVAILABLE, f"worker {failed.worker_id}, which holds output {output!r} of plan "
                              f"{self.name_of(lost)}, has not come back since the coordinator restarted; ask again "
                              f"in {wait_s:.0f} s (then its copy is taken as lost)")  # fmt: skip

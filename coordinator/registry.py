@@ -100,6 +100,8 @@ class WorkerRegistry:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.prefetch = prefetch
         self.reconnect_grace_s = reconnect_grace_s
+        #: When the core restored plans from a store (Coordinator.restore); see :meth:`awaiting_restored`.
+        self.restored_at: float | None = None
         self._workers: dict[str, WorkerRecord] = {}
         self.record_of: Callable[[str], WorkerRecord | None] = self._workers.get
         """The record of a worker id, None if it is not registered: the dict's own ``get`` (no Python frame), for
@@ -280,6 +282,17 @@ class WorkerRegistry:
         record.conn_id = None
         self._leave_pools(record)
         self.generation += 1
+
+    def awaiting_restored(self, now: float) -> float | None:
+        """Seconds left at ``now`` of the first heartbeat timeout after a restore, None past it or without one.
+
+        Meanwhile a worker not back yet is awaited, not gone (it may come back with its spool): the plan graphs'
+        holders (coordinator/plan_graphs.py) and a relayed get's worker (coordinator/relay.py) are asked for again.
+        """
+        if self.restored_at is None:
+            return None
+        left = self.restored_at + self.heartbeat_timeout_s - now
+        return left if left > 0 else None
 
     def in_grace(self, worker_id: str, now: float) -> float | None:
         """Seconds left of the worker's reconnect grace at ``now``; None when it is connected, unknown or has none.

@@ -198,9 +198,6 @@ class Relay:
         self.refused = 0  # opens refused and streams ended for a violation
         self.waits = 0  # streams that waited in line for room
         self.idle_ends = 0  # streams ended because nothing moved on their window for idle_s
-        #: Until then (the core's restore + one heartbeat timeout) a plan's worker not back yet is awaited, not gone:
-        #: its get ends relay_closed (the client opens it again), as plan_graphs.py answers its tickets.
-        self.awaited_until = 0.0
         self.stale = 0  # messages of an older stream id, dropped
 
     @property
@@ -270,7 +267,8 @@ class Relay:
         if problem is None:
             assert plan is not None and plan.worker_id is not None
             worker_conn = self._registry.get(plan.worker_id).conn_id if plan.worker_id in self._registry else None
-            if worker_conn is None and msg.direction == "get" and now is not None and now < self.awaited_until:
+            if (worker_conn is None and msg.direction == "get" and now is not None
+                    and self._registry.awaiting_restored(now) is not None):  # not back yet since a restart: awaited
                 problem = (CLOSED, f"worker {plan.worker_id} of plan {msg.plan_id!r} has not come back since the "
                            "coordinator restarted")
             elif worker_conn is None and msg.direction == "get" and plan.worker_id not in self._registry:
