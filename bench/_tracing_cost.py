@@ -17,9 +17,14 @@ Where the spans are exported (``FLEETWIRE_TRACE_EXPORT``, wireio/tracing.py): at
 as shipped, the coordinator and the workers through their exporter child processes and the client
 in its own thread; "100 %, all threads" every process in its own exporter thread (as before the
 child processes); "100 %, all processes" the client through a child too. The CPU columns count the
-children (bench/throughput.py adds each daemon's child processes). Levels run in interleaved rounds
-(off, 1 %, 100 %, ..., off, ...) and each figure is the median over the rounds, so the machine's
-drift falls on every level. The cost is the change against "off" in the same run.
+children (bench/throughput.py adds each daemon's child processes). Levels run in interleaved rounds,
+each round in an order rotated by one from the last (off, 1 % then 1 %, off with two levels; ``--tracing-order
+fixed``: the same order every round, as before), so a slot that runs slower (the second after the first, or the
+first after the last) falls on every level alike; each figure is the median over the rounds, and the cost is the
+change against "off" in the same run, also taken round by round (each level's run against the same round's off:
+the median and the spread of those paired changes, and their medians when the level ran after off and before it).
+A level named twice runs twice, the second labelled "(again)": ``--tracing-levels off,off`` is the A/A control,
+the change that the method alone shows between two runs of the same code.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ import argparse
 import os
 import statistics
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NamedTuple
 
 LEVELS = (("off", None), ("1 %", "0.01"), ("100 %", "1.0"), ("100 %, all threads", "1.0"),
           ("100 %, all processes", "1.0"))  # fmt: skip
@@ -42,14 +47,58 @@ LEVEL_KEYS = {"off": "off", "1": "1 %", "100": "100 %", "100-threads": "100 %, a
               "100-processes": "100 %, all processes"}  # fmt: skip
 
 
-def chosen_levels(keys: str) -> tuple[tuple[str, str | None], ...]:
-    """The levels a ``--tracing-levels`` list names (comma-separated :data:`LEVEL_KEYS`), "off" first, table order."""
-    names = {"off"}
+class Level(NamedTuple):
+    """A level as run: its label in the table, the sampling ratio (None: off), and the level it repeats (its name)."""
+
+    label: str
+    ratio: str | None
+    base: str
+
+
+def chosen_levels(keys: str) -> tuple[Level, ...]:
+    """The levels a ``--tracing-levels`` list names (comma-separated :data:`LEVEL_KEYS`), "off" first, table order;
+    a level named again runs again, labelled "(again)" ("off,off": the A/A control, off against off)."""
+    counts: dict[str, int] = {}
     for key in filter(None, (k.strip() for k in keys.split(","))):
         if key not in LEVEL_KEYS:
             raise SystemExit(f"--tracing-levels: unknown level {key!r}; one of {', '.join(LEVEL_KEYS)}")
-        names.add(LEVEL_KEYS[key])
-    return tuple(level for level in LEVELS if level[0] in names)
+        counts[LEVEL_KEYS[key]] = counts.get(LEVEL_KEYS[key], 0) + 1
+    counts["off"] = max(counts.get("off", 0), 1)  # the baseline always runs
+    levels = []
+    for name, ratio in LEVELS:
+        for n in range(counts.get(name, 0)):
+            levels.append(Level(name if n == 0 else f"{name} (again)" if n == 1 else f"{name} (again {n})",
+                                ratio, name))  # fmt: skip
+    return tuple(levels)
+
+
+def round_order(levels: Sequence[Level], round_index: int, order: str = "rotate") -> list[Level]:
+    """The order the levels run in round ``round_index`` (from 0): ``rotate`` starts each round one level further
+    on (off, 1 %; 1 %, off; ...), so each level runs in each slot as often as the others over ``len(levels)``
+    rounds; ``fixed`` runs them in table order every round."""
+    if order == "fixed" or not levels:
+        return list(levels)
+    k = round_index % len(levels)
+    return [*levels[k:], *levels[:k]]
+
+
+def paired_changes(
+    rates: Mapping[str, Sequence[float | None]], orders: Sequence[Sequence[str]], label: str, base: str = "off"
+) -> dict[str, Any]:
+    """``label``'s figure against ``base``'s round by round, in per cent (rounds where both ran): every change, their
+    median and range, and their medians when ``label`` ran after ``base`` in its round and before it."""
+    changes, after, before = [], [], []
+    for r, (mine, theirs) in enumerate(zip(rates[label], rates[base], strict=True)):
+        if not mine or not theirs:
+            continue
+        change = (mine / theirs - 1) * 100
+        changes.append(change)
+        (after if orders[r].index(label) > orders[r].index(base) else before).append(change)
+    med = statistics.median
+    return {"changes": [round(c, 2) for c in changes], "median": med(changes) if changes else None,
+            "min": min(changes, default=None), "max": max(changes, default=None),
+            "after_base": med(after) if after else None, "before_base": med(before) if before else None,
+            "rounds_after": len(after), "rounds_before": len(before)}  # fmt: skip
 
 
 class Sink:
@@ -89,103 +138,153 @@ class Sink:
         return total
 
 
+ENV_KEYS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_BSP_SCHEDULE_DELAY",
+            "FLEETWIRE_TRACE_EXPORT")  # fmt: skip
+
+
+def _configure(level: Level, endpoint: str) -> None:
+    """The variables the daemons and the client read for ``level`` (the others unset)."""
+    for key in ENV_KEYS:
+        os.environ.pop(key, None)
+    if level.ratio is None:
+        return
+    os.environ.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+                      OTEL_TRACES_SAMPLER_ARG=level.ratio)  # fmt: skip
+    if level.base in EXPORT_MODES:
+        os.environ["FLEETWIRE_TRACE_EXPORT"] = EXPORT_MODES[level.base]
+    if level.base in EXPORT_DELAY_MS:
+        os.environ["OTEL_BSP_SCHEDULE_DELAY"] = EXPORT_DELAY_MS[level.base]
+
+
+class Runs:
+    """Every level's figures, round by round (None where a run failed): the table is read from these."""
+
+    def __init__(self, levels: Sequence[Level], rounds: int) -> None:
+        labels = [level.label for level in levels]
+        self.rates: dict[str, list[float | None]] = {label: [None] * rounds for label in labels}
+        self.p50s: dict[str, list[float | None]] = {label: [None] * rounds for label in labels}
+        self.cpus: dict[str, list[float | None]] = {label: [None] * rounds for label in labels}  # µs a plan, all
+        self.by_process: dict[str, dict[str, list[float]]] = {label: {} for label in labels}  # the same, per process
+        self.posts: dict[str, int] = dict.fromkeys(labels, 0)
+        self.bodies: dict[str, list[bytes]] = {label: [] for label in labels}  # each level's posts, counted after
+        self.errors: dict[str, str] = {}
+        self.orders: list[list[str]] = []  # each round's labels in the order they ran
+
+    def add(self, label: str, r: int, plans: int, t: dict[str, Any], lat: dict[str, Any]) -> None:
+        """Round ``r``'s throughput (``t``) and latency (``lat``) results of ``label``."""
+        for result in (t, lat):
+            if "error" in result:
+                self.errors[label] = result["error"]
+        self.rates[label][r] = t.get("plans_per_s")
+        if isinstance(t.get("cpu_s"), dict):
+            self.cpus[label][r] = sum(t["cpu_s"].values()) / plans * 1e6
+            for process, seconds in t["cpu_s"].items():
+                self.by_process[label].setdefault(process, []).append(seconds / plans * 1e6)
+        self.p50s[label][r] = lat.get("p50_ms")
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v]
+    return statistics.median(present) if present else None
+
+
+def _change(value: float | None, base: float | None) -> float | None:
+    return (value / base - 1) * 100 if value and base else None
+
+
 def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
-    """Run every level ``ns.rounds`` times; the table's lines and the results."""
+    """Run every level ``ns.rounds`` times, each round in :func:`round_order`; the table's lines and the results."""
     sink = Sink()
-    saved = {k: os.environ.get(k) for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER",
-                                            "OTEL_TRACES_SAMPLER_ARG", "OTEL_BSP_SCHEDULE_DELAY",
-                                            "FLEETWIRE_TRACE_EXPORT")}  # fmt: skip
-    rates: dict[str, list[float]] = {name: [] for name, _ in LEVELS}
-    p50s: dict[str, list[float]] = {name: [] for name, _ in LEVELS}
-    cpus: dict[str, list[float]] = {name: [] for name, _ in LEVELS}  # CPU µs per plan, every process together
-    by_process: dict[str, dict[str, list[float]]] = {name: {} for name, _ in LEVELS}  # the same, per process
-    spans: dict[str, int] = {name: 0 for name, _ in LEVELS}
-    bodies: dict[str, list[bytes]] = {name: [] for name, _ in LEVELS}  # each level's posts: its spans, counted after
-    errors: dict[str, str] = {}
+    saved = {k: os.environ.get(k) for k in ENV_KEYS}
     levels = chosen_levels(getattr(ns, "tracing_levels", ",".join(LEVEL_KEYS)))
+    order = getattr(ns, "tracing_order", "rotate")
+    runs = Runs(levels, ns.rounds)
     try:
-        for _ in range(ns.rounds):
-            for name, ratio in levels:
-                for key in saved:
-                    os.environ.pop(key, None)
-                if ratio is not None:
-                    os.environ.update(
-                        OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint,
-                        OTEL_TRACES_SAMPLER="parentbased_traceidratio",
-                        OTEL_TRACES_SAMPLER_ARG=ratio,
-                    )
-                    if name in EXPORT_MODES:
-                        os.environ["FLEETWIRE_TRACE_EXPORT"] = EXPORT_MODES[name]
-                    if name in EXPORT_DELAY_MS:
-                        os.environ["OTEL_BSP_SCHEDULE_DELAY"] = EXPORT_DELAY_MS[name]
+        for r in range(ns.rounds):
+            ordered = round_order(levels, r, order)
+            runs.orders.append([level.label for level in ordered])
+            for level in ordered:
+                _configure(level, sink.endpoint)
                 before = len(sink.bodies)
                 t = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, timeout_s=ns.timeout)
                 lat = run("latency.py", "--samples", str(ns.samples), "--store", ns.store, timeout_s=ns.timeout)
-                for result in (t, lat):
-                    if "error" in result:
-                        errors[name] = result["error"]
-                if "plans_per_s" in t:
-                    rates[name].append(t["plans_per_s"])
-                if isinstance(t.get("cpu_s"), dict):
-                    cpus[name].append(sum(t["cpu_s"].values()) / ns.plans * 1e6)
-                    for process, seconds in t["cpu_s"].items():
-                        by_process[name].setdefault(process, []).append(seconds / ns.plans * 1e6)
-                if "p50_ms" in lat:
-                    p50s[name].append(lat["p50_ms"])
-                spans[name] += len(sink.bodies) - before  # requests now; counted as spans below
-                bodies[name] += sink.bodies[before:]  # every daemon flushed at its shutdown: the run's spans are in
+                runs.add(level.label, r, ns.plans, t, lat)
+                runs.posts[level.label] += len(sink.bodies) - before
+                runs.bodies[level.label] += sink.bodies[before:]  # every daemon flushed at its shutdown: all in
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    counted = sink.spans()
-    base_rate = statistics.median(rates["off"]) if rates["off"] else None
-    base_p50 = statistics.median(p50s["off"]) if p50s["off"] else None
-    base_cpu = statistics.median(cpus["off"]) if cpus["off"] else None
+    return report(ns, levels, runs, sink, order)
+
+
+def report(ns: argparse.Namespace, levels: Sequence[Level], runs: Runs, sink: Sink,
+           order: str = "rotate") -> tuple[list[str], dict[str, Any]]:  # fmt: skip
+    """The table's lines and the results of ``runs`` (:func:`measure`)."""
+    base_rate, base_p50, base_cpu = _median(runs.rates["off"]), _median(runs.p50s["off"]), _median(runs.cpus["off"])
     lines = [
         f"tracing cost ({ns.plans:,} no-op plans throughput, {ns.samples} sequential round trips; store {ns.store}; "
-        f"median of {ns.rounds} interleaved rounds; OTLP/HTTP to a local sink)",
-        "| sampling | throughput | change | CPU per plan, all processes | change | p50 round trip | change | "
-        "OTLP posts | target (throughput) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"median of {ns.rounds} interleaved rounds, order {order}; OTLP/HTTP to a local sink)",
+        "| sampling | throughput | change | paired change a round: median [range]; after off / before off | "
+        "CPU per plan, all processes | change | p50 round trip | change | OTLP posts | target (throughput) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    results: dict[str, Any] = {"levels": {}, "spans_received": counted, "errors": errors}
-    for name, _ in levels:
-        rate = statistics.median(rates[name]) if rates[name] else None
-        p50 = statistics.median(p50s[name]) if p50s[name] else None
-        d_rate = (rate / base_rate - 1) * 100 if rate and base_rate else None
-        d_p50 = (p50 / base_p50 - 1) * 100 if p50 and base_p50 else None
-        cpu = statistics.median(cpus[name]) if cpus[name] else None
-        d_cpu = (cpu / base_cpu - 1) * 100 if cpu and base_cpu else None
+    results: dict[str, Any] = {"levels": {}, "spans_received": sink.spans(), "errors": runs.errors,
+                               "order": order, "orders": runs.orders}  # fmt: skip
+    for level in levels:
+        name = level.label
+        rate, p50, cpu = _median(runs.rates[name]), _median(runs.p50s[name]), _median(runs.cpus[name])
+        d_rate, d_p50, d_cpu = _change(rate, base_rate), _change(p50, base_p50), _change(cpu, base_cpu)
+        paired = paired_changes(runs.rates, runs.orders, name) if name != "off" else None
         target = TARGETS.get(name)
         verdict = "-" if target is None or d_rate is None else (
             f"{'met' if -d_rate <= target else 'MISSED'} (<= {target:g} % drop)")  # fmt: skip
         lines.append(
-            f"| {name} | {errors.get(name) or f'{rate:,.0f} plans/s' if rate else '-'} | "
-            f"{'-' if d_rate is None or name == 'off' else f'{d_rate:+.1f} %'} | "
+            f"| {name} | {runs.errors.get(name) or f'{rate:,.0f} plans/s' if rate else '-'} | "
+            f"{'-' if d_rate is None or name == 'off' else f'{d_rate:+.1f} %'} | {_fmt_paired(paired)} | "
             f"{f'{cpu:.0f} µs' if cpu else '-'} | {'-' if d_cpu is None or name == 'off' else f'{d_cpu:+.1f} %'} | "
             f"{f'{p50:.3f} ms' if p50 else '-'} | {'-' if d_p50 is None or name == 'off' else f'{d_p50:+.1f} %'} | "
-            f"{spans[name]} | {verdict} |"
+            f"{runs.posts[name]} | {verdict} |"
         )
-        results["levels"][name] = {"plans_per_s": rate, "p50_ms": p50, "rates": rates[name], "p50s": p50s[name],
-                                   "posts": spans[name], "cpu_us_per_plan": cpu,
-                                   "cpu_us_per_plan_by_process": {p: statistics.median(v)
-                                                                  for p, v in by_process[name].items()}}  # fmt: skip
-    processes = sorted({p for per in by_process.values() for p in per})
+        results["levels"][name] = {
+            "plans_per_s": rate, "p50_ms": p50, "rates": runs.rates[name], "p50s": runs.p50s[name],
+            "posts": runs.posts[name], "cpu_us_per_plan": cpu, "cpus": runs.cpus[name], "paired_rate": paired,
+            "paired_cpu": paired_changes(runs.cpus, runs.orders, name) if name != "off" else None,
+            "paired_p50": paired_changes(runs.p50s, runs.orders, name) if name != "off" else None,
+            "cpu_us_per_plan_by_process": {p: statistics.median(v) for p, v in runs.by_process[name].items()},
+        }  # fmt: skip
+    processes = sorted({p for per in runs.by_process.values() for p in per})
     lines.append("CPU µs per plan by process (median of rounds): " + "; ".join(
-        f"{name}: " + ", ".join(f"{p} {statistics.median(by_process[name][p]):.0f}" for p in processes
-                                if by_process[name].get(p))
-        for name, _ in levels))  # fmt: skip
+        f"{level.label}: " + ", ".join(f"{p} {statistics.median(runs.by_process[level.label][p]):.0f}"
+                                       for p in processes if runs.by_process[level.label].get(p))
+        for level in levels))  # fmt: skip
+    lines += _spans_lines(ns, levels, runs, sink, results)
+    return lines, results
+
+
+def _fmt_paired(paired: dict[str, Any] | None) -> str:
+    if paired is None or paired["median"] is None:
+        return "-"
+    side = " / ".join("-" if v is None else f"{v:+.1f} % ({n})" for v, n in (
+        (paired["after_base"], paired["rounds_after"]), (paired["before_base"], paired["rounds_before"])))  # fmt: skip
+    return f"{paired['median']:+.1f} % [{paired['min']:+.1f}, {paired['max']:+.1f}]; {side}"
+
+
+def _spans_lines(ns: argparse.Namespace, levels: Sequence[Level], runs: Runs, sink: Sink,
+                 results: dict[str, Any]) -> list[str]:  # fmt: skip
+    """The spans each 100 % level's runs posted against the six a plan they make (fewer: spans dropped)."""
+    counted = results["spans_received"]
     shown = counted if counted is not None else "? (no opentelemetry-proto to count them)"
     # At 100 % every plan is six spans (submit; queue, two commits; attempt, handler): the throughput run's plans and
     # its warm-up plan, the latency run's samples and its 200 warm-up plans. Fewer received: spans dropped.
     expected = 6 * (ns.plans + 1 + ns.samples + 200) * ns.rounds
-    received = {name: sink.spans(bodies[name]) for name, ratio in levels if ratio == "1.0"}
-    lines.append("spans at 100 % (six a plan), received / expected (dropped): " + "; ".join(
-        f"{name}: {got} / {expected} ({expected - got})" if got is not None else f"{name}: ?"
-        for name, got in received.items()))  # fmt: skip
+    received = {level.label: sink.spans(runs.bodies[level.label]) for level in levels if level.ratio == "1.0"}
     results["dropped_at_100"] = {name: None if got is None else expected - got for name, got in received.items()}
-    lines.append(f"spans received by the sink, all levels: {shown}")
-    return lines, results
+    return [
+        "spans at 100 % (six a plan), received / expected (dropped): " + "; ".join(
+            f"{name}: {got} / {expected} ({expected - got})" if got is not None else f"{name}: ?"
+            for name, got in received.items()),
+        f"spans received by the sink, all levels: {shown}",
+    ]  # fmt: skip

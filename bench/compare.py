@@ -324,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="with --tracing: interleaved rounds (default 2)")
     parser.add_argument("--tracing-levels", default="off,1,100,100-threads,100-processes", metavar="LIST",
                         help="with --tracing: the levels to run, comma-separated among off, 1, 100, 100-threads, "
-                             "100-processes (off always runs); e.g. 'off,1' with many --rounds to resolve 1 %%'s cost")
+                             "100-processes (off always runs); e.g. 'off,1' with many --rounds to resolve 1 %%'s cost; "
+                             "a level named twice runs twice ('off,off': the A/A control, what the method alone shows)")
+    parser.add_argument("--tracing-order", choices=("rotate", "fixed"), default="rotate",
+                        help="with --tracing: each round's order of the levels, rotated by one from the last round's "
+                             "(default; each level runs in each slot alike) or the same every round (as before)")
     ns = parser.parse_args(argv)
     if ns.tracing:
         import _tracing_cost
