@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from coordinator.io.cluster.cores import ShardPgStore
 from coordinator.io.cluster.doorbell import CHANNEL, Doorbell, bell_payload, open_connection, parse_bell
-from coordinator.io.cluster.host import ShardPgStore
 from coordinator.records import PlanStatus
 from coordinator.shards import ClusterConfig
 from tests.integration.test_pg_store import hold

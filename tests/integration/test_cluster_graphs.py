@@ -55,7 +55,7 @@ async def two_shards(dsn: str, tmp_path: Path, gate: asyncio.Event,
         if hosts == 2:
             started.append(other := ClusterHost(ServerSettings(port=0, insecure=True, store=dsn, cluster=CLUSTER)))
             await other.start()
-            await until(lambda: all(len(h.servers) == 1 and not h._moving for h in started), timeout_s=60)
+            await until(lambda: all(len(h.servers) == 1 and not h.cores.moving for h in started), timeout_s=60)
         pools = [pool_on(0), pool_on(1)]
         urls = ",".join(h.url for h in started)
         agents = [Agent(urls, "token", worker_id=f"w{shard}", tags=[f"pool:{pools[shard]}"],
@@ -99,7 +99,7 @@ async def test_a_consumer_on_one_shard_runs_on_the_output_of_a_producer_on_anoth
                                     plan_id="c")  # fmt: skip
             assert (await second.get_plan("b")).state == "queued"
             owner = next(h for h in started if 1 in h.servers)
-            assert owner._refs[1].lookups == 2 and (hosts == 1 or 0 not in owner.servers)
+            assert owner.cores.refs[1].lookups == 2 and (hosts == 1 or 0 not in owner.servers)
             gate.set()
             result = await asyncio.wait_for(b.result(), 60)
             assert result == digest(await a.output("y"))
@@ -126,7 +126,7 @@ async def test_a_new_owner_of_the_consumers_shard_waits_on_the_remote_upstream_a
         a = await first.submit("make", {}, outputs=["y"], tags=[f"pool:{pools[0]}"], plan_id="a")
         await second.submit("take", inputs={"x": OutputRef("a", "y")}, tags=[f"pool:{pools[1]}"], plan_id="b")
         old = host.servers[1]
-        await host._stop_shard(1, release=True, why="handed off by the test")
+        await host.cores.stop(1, release=True, why="handed off by the test")
         await until(lambda: 1 in host.servers and host.servers[1] is not old, timeout_s=30)
         graphs = host.servers[1].core.graphs
         assert graphs.remotes.plans and host.servers[1].core.plans["b"].state == "queued"
@@ -144,7 +144,7 @@ async def test_a_submit_whose_upstream_cannot_be_looked_up_is_answered_unavailab
     async with (two_shards(pg_dsn, tmp_path, gate) as ([host], pools), Client(host.url, pool=pools[0]) as first,
                 Client(host.url, pool=pools[1]) as second):  # fmt: skip
         await first.submit("make", {}, outputs=["y"], tags=[f"pool:{pools[0]}"], plan_id="a")
-        refs = host._refs[1]
+        refs = host.cores.refs[1]
         reachable = refs.connect
 
         @contextlib.asynccontextmanager

@@ -69,7 +69,7 @@ async def cluster(pg_dsn: str) -> AsyncIterator[Cluster]:
             host = ClusterHost(settings)
             await host.start()
             running.hosts.append(host)
-        await wait_until(lambda: all(len(h.servers) == 1 and not h._moving for h in running.hosts), timeout_s=60)
+        await wait_until(lambda: all(len(h.servers) == 1 and not h.cores.moving for h in running.hosts), timeout_s=60)
         entry = running.other(DEFAULT_SHARD)  # the workers too come in by the other host's main port: moved
         for i in range(3):
             fake = fake_engine.FakeEngine(name=f"e{i}", model=MODEL).start()

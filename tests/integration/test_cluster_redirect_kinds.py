@@ -1,7 +1,7 @@
 """Which messages a shard core's port shows cluster mode's redirect (coordinator/io/frontdoor/core_driver.py
 ``CoreSession.take``): only a ``hello`` and a ``submit`` can move a session, so no other message pays the call;
 a hello of another pool and a submit of another shard are still moved. The real coordinator, agent and client
-over loopback, with the real ``ClusterHost._redirect`` (its rows set as a scan would) as the server's redirect.
+over loopback, with the real ``ClusterHost.redirect`` (its rows set as a scan would) as the server's redirect.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Seen:
         host = ClusterHost(ServerSettings(port=0, insecure=True, store="postgresql://nobody@127.0.0.1:1/none",
                                           cluster=config))  # fmt: skip
         host.rows = [LeaseRow(pool_shard(OTHER_POOL, SHARDS), "other", 2, True, NOBODY)]
-        self.check = functools.partial(host._redirect, 0)
+        self.check = functools.partial(host.redirect, 0)
         self.calls: list[tuple[str, type, Moved | None]] = []
 
     def __call__(self, role: str, msg: Any) -> Moved | None:

@@ -72,7 +72,7 @@ async def two_hosts(dsn: str, clock: Clock) -> AsyncIterator[tuple[ClusterHost, 
             host.wall = clock
             hosts.append(host)
             await host.start()
-        await until(lambda: all(len(h.servers) == 1 and not h._moving for h in hosts), timeout_s=60)
+        await until(lambda: all(len(h.servers) == 1 and not h.cores.moving for h in hosts), timeout_s=60)
         yield hosts[0], hosts[1]
     finally:
         for host in reversed(hosts):
@@ -157,7 +157,7 @@ async def test_a_coordinator_with_another_secret_or_none_is_refused_at_start(
     first = ClusterHost(settings(pg_dsn), cluster_secret=SECRET)
     await first.start()
     try:
-        await until(lambda: len(first.servers) == CLUSTER.shards and not first._starting, timeout_s=60)
+        await until(lambda: len(first.servers) == CLUSTER.shards and not first.cores.starting, timeout_s=60)
         for secret, why in ((OTHER, "does not match"), (None, "has none")):
             other = ClusterHost(settings(pg_dsn), cluster_secret=secret)
             try:

@@ -22,9 +22,13 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.typing import Subprotocol
 
+from coordinator.io.cluster import cores as cores_module
 from coordinator.io.cluster import host as host_module
-from coordinator.io.cluster.host import STOP_DB_S, STOP_TASK_S, ClusterHost, ShardPgStore
+from coordinator.io.cluster import teardown
+from coordinator.io.cluster.cores import ShardPgStore
+from coordinator.io.cluster.host import ClusterHost
 from coordinator.io.cluster.leases import LeaseKeeper
+from coordinator.io.cluster.teardown import STOP_DB_S, STOP_TASK_S
 from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.postgres import PgStore
@@ -161,10 +165,12 @@ async def test_a_shard_store_still_opening_when_the_stop_comes_is_closed_once_op
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(host_module, "ShardPgStore", SlowToOpen)
+    monkeypatch.setattr(cores_module, "ShardPgStore", SlowToOpen)
     # The stop waits for the store up to STOP_TASK_S + STOP_DB_S, then gives it up (test_cluster_stop_opening.py):
-    monkeypatch.setattr(host_module, "STOP_TASK_S", 0.5)  # that bound, shortened: the store is released after it
-    monkeypatch.setattr(host_module, "STOP_DB_S", 0.5)
+    for module in (host_module, teardown):  # that bound, shortened: the store is released after it
+        monkeypatch.setattr(module, "STOP_TASK_S", 0.5)
+    for module in (host_module, cores_module, teardown):
+        monkeypatch.setattr(module, "STOP_DB_S", 0.5)
     host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
     await host.start()
     try:
@@ -253,7 +259,7 @@ async def test_a_shard_whose_core_cannot_start_has_its_store_closed(
         def load(self) -> Any:
             raise StoreError("a damaged row (the test's)")
 
-    monkeypatch.setattr(host_module, "ShardPgStore", RefusesTheLoad)
+    monkeypatch.setattr(cores_module, "ShardPgStore", RefusesTheLoad)
     host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
     await host.start()
     try:
@@ -286,10 +292,12 @@ async def test_a_shard_core_still_loading_when_the_stop_comes_has_its_store_clos
             go.wait(30)
             return super().load()
 
-    monkeypatch.setattr(host_module, "ShardPgStore", SlowToLoad)
+    monkeypatch.setattr(cores_module, "ShardPgStore", SlowToLoad)
     # The stop waits for the store up to STOP_TASK_S + STOP_DB_S, then gives it up (test_cluster_stop_opening.py):
-    monkeypatch.setattr(host_module, "STOP_TASK_S", 0.5)  # that bound, shortened: the store is released after it
-    monkeypatch.setattr(host_module, "STOP_DB_S", 0.5)
+    for module in (host_module, teardown):  # that bound, shortened: the store is released after it
+        monkeypatch.setattr(module, "STOP_TASK_S", 0.5)
+    for module in (host_module, cores_module, teardown):
+        monkeypatch.setattr(module, "STOP_DB_S", 0.5)
     host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
     await host.start()
     try:
@@ -357,7 +365,7 @@ async def test_a_stop_whose_stores_close_slowly_keeps_the_loop_responsive_and_re
             super().close()
 
     monkeypatch.setattr(host_module, "PgStore", SlowToClose)
-    monkeypatch.setattr(host_module, "ShardPgStore", ShardSlowToClose)
+    monkeypatch.setattr(cores_module, "ShardPgStore", ShardSlowToClose)
     started = asyncio.Event()
     host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True),
                        announce=lambda line: started.set())  # fmt: skip

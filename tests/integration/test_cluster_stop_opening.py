@@ -21,8 +21,12 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from coordinator.io.cluster import cores as cores_module
 from coordinator.io.cluster import host as host_module
-from coordinator.io.cluster.host import STOP_DB_S, STOP_TASK_S, ClusterHost, ShardPgStore
+from coordinator.io.cluster import teardown
+from coordinator.io.cluster.cores import ShardPgStore
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.cluster.teardown import STOP_DB_S, STOP_TASK_S
 from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.io.stores.integrity import StoreError
 from coordinator.shards import ClusterConfig
@@ -55,7 +59,7 @@ def slow_store(
                 gate.wait(60)
             return super().load()
 
-    monkeypatch.setattr(host_module, "ShardPgStore", Slow)
+    monkeypatch.setattr(cores_module, "ShardPgStore", Slow)
     return entered, gate, made
 
 
@@ -112,8 +116,10 @@ async def test_a_store_still_opening_past_the_stops_bound_is_logged_and_closed_o
 ) -> None:
     """The shard's store is not made within the stop's bound: the stop returns after it, says so, and the store
     is closed once made (nobody uses it)."""
-    monkeypatch.setattr(host_module, "STOP_TASK_S", 0.5)
-    monkeypatch.setattr(host_module, "STOP_DB_S", 0.5)
+    for module in (host_module, teardown):
+        monkeypatch.setattr(module, "STOP_TASK_S", 0.5)
+    for module in (host_module, cores_module, teardown):
+        monkeypatch.setattr(module, "STOP_DB_S", 0.5)
     entered, gate, made = slow_store(monkeypatch)
     host = ClusterHost(ServerSettings(port=0, store=pg_dsn, cluster=CLUSTER, insecure=True))
     await host.start()
@@ -161,7 +167,7 @@ async def test_a_stop_returns_only_once_the_store_a_failed_shard_start_was_closi
             super().close()
             closed.append(self)
 
-    monkeypatch.setattr(host_module, "ShardPgStore", SlowToClose)
+    monkeypatch.setattr(cores_module, "ShardPgStore", SlowToClose)
     host = gated_host(pg_dsn, gate, monkeypatch)
     await host.start()
     try:

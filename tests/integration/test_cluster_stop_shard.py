@@ -1,8 +1,8 @@
 """A cluster host's stop ends the shard stops that a loss or a core's failure began
-(coordinator/io/cluster/host.py ``ClusterHost.stop``, ``_stop_shard``).
+(coordinator/io/cluster/host.py ``ClusterHost.stop``; cores.py ``ShardCores.stop``).
 
-A shard's stop begun by ``_lose`` (its lease lost) or ``_shard_failed`` (its core stopped on a store failure)
-takes the shard out of the host's servers first; ``stop()`` cancelled that task, and when it was inside the
+A shard's stop begun by ``ShardCores.lose`` (its lease lost) or ``ShardCores.failed`` (its core stopped on a store
+failure) takes the shard out of the host's servers first; ``stop()`` cancelled that task, and when it was inside the
 core's stop the core was never stopped again: its store was left open, with its connections and thread.
 Here the core's stop waits (in its committer's close, before its store's close) for a gate that the host's
 stop opens once it has cancelled its tasks; the stop must return with that core stopped and its store
@@ -18,7 +18,8 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 from structlog.testing import capture_logs
 
-from coordinator.io.cluster.host import STOP_DB_S, STOP_TASK_S, ClusterHost
+from coordinator.io.cluster.host import ClusterHost
+from coordinator.io.cluster.teardown import STOP_DB_S, STOP_TASK_S
 from coordinator.io.frontdoor.server import ServerSettings
 from coordinator.io.stores.integrity import StoreError
 from coordinator.shards import ClusterConfig
@@ -59,9 +60,9 @@ async def test_a_stop_returns_with_the_store_closed_of_a_shard_whose_stop_a_loss
 
         monkeypatch.setattr(host._gate, "close", close_and_open_the_gate)
         if path == "lost":
-            host._lose([0], "lost by the test")
+            host.cores.lose([0], "lost by the test")
         else:
-            host._shard_failed(0, StoreError("a write refused (the test's)"))
+            host.cores.failed(0, StoreError("a write refused (the test's)"))
         await asyncio.wait_for(entered.wait(), 30)
         assert 0 not in host.servers  # the shard's stop took it out: the host's stop will not stop it itself
         with capture_logs() as logs:

@@ -1,5 +1,5 @@
-"""A shard core's redirect (coordinator/io/cluster/host.py ``_redirect``): a submit of another shard is moved to
-that shard's owner as the last scan has it; the shard is looked up by the submit's one required tag
+"""A shard core's redirect (coordinator/io/cluster/host.py ``ClusterHost.redirect``): a submit of another shard is
+moved to that shard's owner as the last scan has it; the shard is looked up by the submit's one required tag
 (coordinator/shards.py ``SubmitShards``), not hashed per submit."""
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ def test_a_submit_of_another_shard_is_moved_to_whoever_owns_it_now() -> None:
     pool = other_pool(config.shards)
     target = pool_shard(pool, config.shards)
     host.rows = [LeaseRow(target, "a", 3, True, "ws://a:1")]
-    assert host._redirect(0, "client", submit(f"pool:{pool}")) == Moved(url="ws://a:1", epoch=3, shard=target)
+    assert host.redirect(0, "client", submit(f"pool:{pool}")) == Moved(url="ws://a:1", epoch=3, shard=target)
     host.rows = [LeaseRow(target, "b", 4, True, "ws://b:2")]  # another coordinator took it
-    assert host._redirect(0, "client", submit(f"pool:{pool}")) == Moved(url="ws://b:2", epoch=4, shard=target)
-    assert host._redirect(target, "client", submit(f"pool:{pool}")) is None
-    assert host._redirect(0, "client", submit()) is None  # the default pool is shard 0's
+    assert host.redirect(0, "client", submit(f"pool:{pool}")) == Moved(url="ws://b:2", epoch=4, shard=target)
+    assert host.redirect(target, "client", submit(f"pool:{pool}")) is None
+    assert host.redirect(0, "client", submit()) is None  # the default pool is shard 0's
 
 
 @pytest.mark.parametrize("partitions", [(), (("gpu", 4),)])

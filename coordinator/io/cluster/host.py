@@ -26,7 +26,7 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
 * **Cross-shard views** (coordinator/io/cluster/sessions.py): a client session that names no
   pool is served on the main port for every shard from PostgreSQL (get, list, watch through the
   commit doorbell, workers), with ``cancel`` and the worker verbs forwarded to the owner. Every
-  shard's store rings the doorbell after its group commits (:class:`ShardPgStore`) while a
+  shard's store rings the doorbell after its group commits (:class:`~coordinator.io.cluster.cores.ShardPgStore`) while a
   watcher waits on some coordinator (each round reads whether one does), and the
   host writes its shards' registries to ``fleetwire_shard_workers`` while a view wants them.
 * **The front door.** The main port is a single coordinator's port with other routes: the same
@@ -64,24 +64,22 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit, urlunsplit
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 from websockets.asyncio.server import Server
 from websockets.typing import Subprotocol
 
 from coordinator.auth import TokenStore, inline_tokens
+from coordinator.io.cluster.cores import ShardCores
 from coordinator.io.cluster.doorbell import Doorbell, open_connection
-from coordinator.io.cluster.leases import RELEASE, ShardFenced
 from coordinator.io.cluster.mainport import MAIN_CODECS, MainPort
 from coordinator.io.cluster.metrics import ClusterStats, build_registry
 from coordinator.io.cluster.openai_route import cluster_door
-from coordinator.io.cluster.remote_refs import RemoteRefs
 from coordinator.io.cluster.sessions import ViewSessions
 from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, accepted, key_times, sync
+from coordinator.io.cluster.teardown import STOP_DB_S, STOP_TASK_S, cancelled, close_left, closed, opened, settled
 from coordinator.io.cluster.views import (
     PUT_WORKERS,
     WANTED,
@@ -97,25 +95,19 @@ from coordinator.io.stores.postgres import PgStore, describe_dsn, ensure_indexes
 from coordinator.read_policy import ReadPolicy
 from coordinator.shards import LeaseRow, PartialLeases, SubmitShards, plan_round, submit_shard, worker_shard
 from protocol import SUBPROTOCOL_JSON, SUBPROTOCOL_MSGPACK
-from protocol.messages import Event, Hello, Moved, Submit
+from protocol.messages import Hello, Moved, Submit
 
-__all__ = ["ClusterHost", "ShardPgStore"]
+__all__ = ["ClusterHost", "next_round_s"]
 
 log = structlog.get_logger(__name__)
 
 DB_RETRY_CAP_S = 5.0  # the longest wait between two tries to reach the database at start
-STOP_TASK_S = 5.0  # the longest stop() waits for a task of its own to end once it is cancelled
-# The longest stop() waits for one statement (a shard's release, the coordinator's row): past it the
-# lease expires after its TTL instead (not the statement's 30 s timeout, once per shard).
-STOP_DB_S = 5.0
 # A round runs this long after another's lease could expire (database clock): its orphaned slot is taken then,
 # not up to a scan period later (next_round_s).
 EXPIRY_SLACK_S = 0.02
 # How soon a round runs again while another coordinator's newly won shard has no URL yet: the main port
 # learns where it is served (its moved) soon after it listens, not up to a scan period later.
 URL_POLL_S = 0.1
-
-_Store = TypeVar("_Store", bound=PgStore)
 
 _BEAT = """
 INSERT INTO fleetwire_coordinators (owner, url, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3))
@@ -140,34 +132,6 @@ UPDATE shard_leases SET
 WHERE shard = ANY($3::int[]) AND (owner = $1 OR expires_at < now())
 RETURNING shard, epoch
 """
-_SET_URL = "UPDATE shard_leases SET owner_url = $1 WHERE shard = $2 AND owner = $3 AND epoch = $4"
-
-
-class ShardPgStore(PgStore):
-    """The store of one shard's core: a :class:`PgStore` fenced with that shard's epoch only.
-
-    ``sharded`` is False so its :class:`CoordinatorServer` keeps no leases of its own (the host
-    does), and :meth:`PgStore.load` reads only the shard in :attr:`fence`.
-    """
-
-    sharded = False
-    doorbell: Doorbell | None = None  # rung after every group commit (coordinator/io/cluster/sessions.py)
-
-    def write(self, records: Any) -> None:
-        super().write(records)
-        self.ring(records)
-
-    async def write_async(self, records: Any) -> None:
-        await super().write_async(records)
-        self.ring(records)
-
-    def ring(self, records: Any) -> None:
-        """At most one doorbell per group commit: the shard and the highest event seq it wrote."""
-        bell = self.doorbell
-        if bell is not None and records and not bell.unheard():  # no scan of the group while nobody listens
-            seq = max((r.seq for r in records if type(r) is Event), default=0)
-            for shard in self.fence:
-                bell.ring(shard, seq)
 
 
 class ClusterHost:
@@ -198,7 +162,6 @@ class ClusterHost:
                                  f"shards, each on its own port: give a range of at least {self.config.shards} ports "
                                  "within 1-65535")  # fmt: skip
         self.shard_ports = shard_ports
-        self._ports: dict[int, int] = {}  # shard -> the port of --shard-ports its core took
         self.version = version
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.description = describe_dsn(settings.store)[0]  # the store, without its password
@@ -210,9 +173,7 @@ class ClusterHost:
         except StoreUnreachable as exc:  # start anyway: wait for it (see "Waiting for the database" above)
             self.waiting_db = str(exc)
         self.leases = PartialLeases(self.config, self.owner)
-        self.servers: dict[int, CoordinatorServer] = {}
-        self._stores: dict[int, ShardPgStore] = {}  # each served shard's store (its fence is cleared when it is lost)
-        self._refs: dict[int, RemoteRefs] = {}  # each served shard's reader of remote upstreams (remote_refs.py)
+        self.cores = ShardCores(self)  # one per served shard: started, stopped, failed (cores.py)
         # The data-plane keys every core shares (shared_keys.py), derived from --cluster-secret-file when given.
         self.cluster_secret = cluster_secret
         self.wall: Callable[[], float] | None = None  # the shared keys' clock; None: the database's (tests: a fake)
@@ -229,7 +190,7 @@ class ClusterHost:
         self.db_away = self.control is None
         self.stats = ClusterStats()  # the main port's /metrics (coordinator/io/cluster/metrics.py)
         self.metrics_registry = build_registry(self.stats, lambda: len(self.servers))
-        self._announce = announce or (lambda line: None)
+        self.announce: Callable[[str], None] = announce or (lambda line: None)
         # The main port's /v1/plans (cross-shard views, coordinator/io/cluster/views.py): admin tokens only.
         tokens = inline_tokens(settings.worker_tokens, settings.client_tokens, settings.admin_tokens)
         self.tokens = None if settings.insecure else TokenStore(settings.token_file, tokens)
@@ -246,22 +207,18 @@ class ClusterHost:
         config = self.config
         # Rings only while a watcher waits somewhere in the cluster (each round reads whether one does).
         self.doorbell = Doorbell(settings.store, open_connection, gated=True, warm_s=1.5 * config.lease_renew_s)
+        shard_of = functools.partial(submit_shard, shards=config.shards, partitions=config.partitions)
         self.views = ViewSessions(settings.store, where=self.where, version=version, doorbell=self.doorbell,
                                   renew_s=config.lease_renew_s, read_policy=policy, shards=config.shards,
-                                  submit_shard=lambda msg: submit_shard(msg, config.shards, config.partitions))
+                                  submit_shard=shard_of)  # fmt: skip
         self._workers_at = 0.0  # when the shards' registries were last written (fleetwire_shard_workers)
-        self._submit_shard = SubmitShards(config.shards, config.partitions)  # _redirect's, once a submit
-        self._moving: set[int] = set()  # held slots being stopped (given back or lost)
-        self._starting: set[int] = set()
+        self._submit_shard = SubmitShards(config.shards, config.partitions)  # redirect's, once a submit
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Each store a task opened or loaded and then left, cancelled by stop(): done once it is closed (_track).
-        self._leftovers: set[asyncio.Future[None]] = set()
-        # Each shard's core being stopped (_core_stopped) -> its shard: never cancelled, stop() waits for them.
-        self._shard_stops: dict[asyncio.Future[None], int] = {}
-        self._unreleased: set[int] = set()  # the slots whose release a cancelled _stop_shard left: stop() makes it
+        # Each store a task opened or loaded and then left, cancelled by stop(): done once it is closed (teardown.py).
+        self.leftovers: set[asyncio.Future[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
         self._server: Server | None = None
-        self._stopping = False
+        self.stop_began = False
         self._lock = asyncio.Lock()  # one operation at a time on the control connection
 
     async def db(self, make: Callable[[Any], Any]) -> Any:
@@ -293,6 +250,18 @@ class ClusterHost:
             server.core.data.set_shared(self._shared)
             server.driver.flush()
 
+    async def shared_keys(self) -> list[tuple[str, bytes]]:
+        """The shared data-plane keys still accepted, the signing one first: read first when none was yet (the
+        first core's start)."""
+        if not self._shared:
+            await self.sync_shared_keys()
+        return self._shared
+
+    @property
+    def servers(self) -> dict[int, CoordinatorServer]:
+        """Shard -> its core's server, while this process serves it (:attr:`ShardCores.servers`)."""
+        return self.cores.servers
+
     @property
     def url(self) -> str:
         host = self.settings.host
@@ -310,7 +279,7 @@ class ClusterHost:
         self.fatal = asyncio.get_running_loop().create_future()
         self.doorbell.bind(asyncio.get_running_loop())
         if self.control is not None:  # else once the database answers
-            self._spawn(self._index_ids())
+            self.spawn(self._index_ids())
         if self.cluster_secret is None:
             log.warning("no --cluster-secret-file: the cluster's shared data-plane key is kept in plain text in the "
                         "database, and whoever can read the database can sign data-plane tickets (docs/OPERATIONS.md "
@@ -338,11 +307,11 @@ class ClusterHost:
         """Dial the database with a jittered backoff (1 s doubling to 5 s) until it answers, then join the cluster."""
         rng = random.Random()
         ceiling = 1.0
-        while self.control is None and not self._stopping:
+        while self.control is None and not self.stop_began:
             await asyncio.sleep(rng.uniform(ceiling / 2, ceiling))
             ceiling = min(DB_RETRY_CAP_S, 2 * ceiling)
             try:
-                control = await _opened(lambda: PgStore(self.settings.store, self.config), self._leftovers)
+                control = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers)
             except StoreUnreachable as exc:
                 self.waiting_db = str(exc)
                 log.warning("still waiting for the cluster's database", store=self.description, error=str(exc))
@@ -358,9 +327,9 @@ class ClusterHost:
                 self.control = control
             self.waiting_db = None
             log.warning("reached the cluster's database; joining the cluster", store=self.description)
-        if self._stopping:
+        if self.stop_began:
             return
-        self._spawn(self._index_ids())
+        self.spawn(self._index_ids())
         await self._keep()
 
     async def _index_ids(self) -> None:
@@ -388,47 +357,37 @@ class ClusterHost:
         delete :data:`STOP_DB_S`, the control store's close :data:`STOP_DB_S`; a shard's core stops as
         :meth:`CoordinatorServer.stop` does (its statements have the store's 30 s timeout), the one
         another path was stopping (a loss, a failure: the task it cancels) included, which it waits for
-        (:meth:`_shards_stopped`, then that slot's release, if it was to be released). What it leaves
+        (:meth:`ShardCores.stop_all`, then that slot's release, if it was to be released). What it leaves
         running is logged. A store that a task it cancelled was opening (or loading) is closed once made (or let go
         of), and the stop waits for that close up to :data:`STOP_TASK_S` + :data:`STOP_DB_S` from its
         start; one still opening or closing then is logged and closed once made. No store is closed on the loop:
         ``PgStore.close`` waits on its database (up to ~25 s against one that does not answer), which would stall
         every other session and shard on this loop meanwhile.
         """
-        self._stopping = True
+        self.stop_began = True
         began = time.monotonic()
         keeper, self._keeper = self._keeper, None
         if keeper is not None:  # bounded: a cancel it lost must not hold the stop (_keep)
             keeper.cancel()
-            await _cancelled([keeper], "the lease rounds")
+            await cancelled([keeper], "the lease rounds")
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         # A shard's start or the id index may hold a database connection: let it go back first.
-        await _cancelled(tasks, "a shard's start or stop, or the id index")
+        await cancelled(tasks, "a shard's start or stop, or the id index")
         if self._server is not None:
             self._server.close()
             self._gate.close()  # sockets still before their upgrade; the refusal log's summaries
             await self._gate.wait_closed(self._server)  # bounded: a session stuck on the database is cancelled
-        for shard in sorted(self.servers):
-            await self._stop_shard(shard, release=True, why="shutting down")
-        await self._shards_stopped()  # the ones another path began (a loss, a failure): their tasks were cancelled
-        if self._unreleased:  # flushed now: their slots are given back, as the stop's own
-            unreleased = sorted(self._unreleased)
-            try:
-                async with asyncio.timeout(STOP_DB_S):
-                    await self.db(lambda conn: conn.fetch(RELEASE, self.owner, unreleased))
-            except Exception as exc:
-                log.warning("shards not released cleanly; they expire after the TTL", shards=unreleased,
-                            error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+        await self.cores.stop_all()  # and the ones another path began (a loss, a failure): their tasks were cancelled
         with contextlib.suppress(Exception):  # bounded: the row expires after the TTL anyway
             async with asyncio.timeout(STOP_DB_S):
                 await self.db(lambda conn: conn.execute(_GONE, self.owner))
         await self.views.close()  # (bounded: its pool's close, 5 s; the doorbell's connection's, 5 s)
         await self.doorbell.close()
         if self.control is not None:  # in a thread: PgStore.close waits on its database
-            await _closed(self.control, "the control connection")
-        await _settled(self._leftovers, began + STOP_TASK_S + STOP_DB_S)  # the stores the cancelled tasks left
+            await closed(self.control, "the control connection")
+        await settled(self.leftovers, began + STOP_TASK_S + STOP_DB_S)  # the stores the cancelled tasks left
 
     def reload_tokens(self) -> list[str]:
         """SIGHUP: every shard's server re-reads the token file."""
@@ -447,17 +406,18 @@ class ClusterHost:
         ``asyncio.wait_for``: on Python 3.11 ``wait_for`` returns the round's result when a cancel
         arrives in the loop iteration in which the round ends, and the cancel is lost; :meth:`stop`
         then waited for this loop for ever (the teardown of test_cluster_front_door.py that hung 120 s).
-        The loop also ends on ``_stopping``, whatever happened to the cancel.
+        The loop also ends on ``stop_began``, whatever happened to the cancel.
         """
         period = self.config.scan_s
-        while not self._stopping:
+        while not self.stop_began:
             now = time.monotonic()
             wait = period
             if self.leases.held:
                 wait = min(wait, max(0.0, self.leases.valid_until - now))
             wait = min(wait, max(0.0, self._round_due - now))
             await asyncio.sleep(wait)
-            self._lose(self.leases.check(time.monotonic()), "no lease renewal succeeded before the lease could expire")
+            expired = self.leases.check(time.monotonic())
+            self.cores.lose(expired, "no lease renewal succeeded before the lease could expire")
             self._round_due = math.inf  # a round that fails asks for nothing: the period again
             try:
                 timeout = max(0.05, self.leases.valid_until - time.monotonic()) if self.leases.held else 30.0
@@ -465,7 +425,7 @@ class ClusterHost:
                     await self._round()
             except TimeoutError:
                 self.db_away = True  # new sessions: 503 + Retry-After until a round succeeds
-                self._lose(self.leases.check(time.monotonic()), "a lease renewal hung past the lease")
+                self.cores.lose(self.leases.check(time.monotonic()), "a lease renewal hung past the lease")
                 await self._reconnect()
             except Exception as exc:  # the database is away: judged by the leases' own clock
                 self.db_away = True
@@ -483,7 +443,7 @@ class ClusterHost:
         next round tries again. The shards' cores reconnect on their own when they are won again.
         """
         try:
-            fresh = await _opened(lambda: PgStore(self.settings.store, self.config), self._leftovers)
+            fresh = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers)
         except Exception as exc:
             log.warning("cannot reconnect to PostgreSQL yet", store=self.description, error=str(exc))
             return
@@ -491,7 +451,7 @@ class ClusterHost:
         async with self._lock:
             old, self.control = self.control, fresh
         if old is not None:
-            await self._close_left(old)
+            await close_left(old, self.leftovers)
         log.warning("reconnected to PostgreSQL", store=fresh.description)
 
     async def _round(self) -> None:
@@ -521,9 +481,9 @@ class ClusterHost:
         got = await self.db(lambda conn: conn.fetch(_ACQUIRE, owner, ttl, wanted)) if wanted else []
         won, lost = self.leases.result([(r[0], r[1]) for r in got], sent_at, time.monotonic())
         self.stats.won(self.leases.held[shard] for shard in won)
-        self._lose(lost, "lost the lease to another coordinator (or it expired)")
+        self.cores.lose(lost, "lost the lease to another coordinator (or it expired)")
         for shard in won:
-            self._spawn(self._start_shard(shard, self.leases.held[shard]))
+            self.spawn(self.cores.start(shard, self.leases.held[shard]))
         missed = bool(set(decided.acquire) - set(won))
         self._round_due = scanned + next_round_s(self.config.scan_s, self.rows, left, self.leases.held, missed)
         try:
@@ -532,9 +492,7 @@ class ClusterHost:
             log.warning("cannot write the shards' registries for the cross-shard views",
                         error=f"{type(exc).__name__}: {exc}")  # fmt: skip
         for shard in decided.release:
-            if shard in self.servers and shard not in self._moving and shard not in self._starting:
-                self._moving.add(shard)
-                self._spawn(self._stop_shard(shard, release=True, why="rebalance: another coordinator joined"))
+            self.cores.give_back(shard, "rebalance: another coordinator joined")
 
     async def _write_workers(self) -> None:
         """Every ``--lease-renew`` while a view wants them: the served shards' registries to the database."""
@@ -542,7 +500,7 @@ class ClusterHost:
         if now - self._workers_at < self.config.lease_renew_s:
             return
         served = [(shard, server) for shard, server in sorted(self.servers.items())
-                  if shard not in self._moving and shard in self.leases.held]  # fmt: skip
+                  if shard not in self.cores.moving and shard in self.leases.held]  # fmt: skip
         if not served or not await self.db(lambda conn: conn.fetchval(WANTED, "workers")):
             return
         self._workers_at = now
@@ -555,190 +513,30 @@ class ClusterHost:
         owners = [self.owner] * len(shards)
         await self.db(lambda conn: conn.execute(PUT_WORKERS, shards, owners, epochs, blobs))
 
-    def _lose(self, shards: list[int], why: str) -> None:
-        for shard in shards:
-            store = self._stores.get(shard)
-            if store is not None:
-                store.fence = {}  # no commit of it may succeed from now on (the database checks too)
-            if shard not in self._moving:
-                self._moving.add(shard)
-                self._spawn(self._stop_shard(shard, release=False, why=why))
-
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in a task of the host's (:meth:`stop` cancels them)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    # ------------------------------------------------------------------ one shard's core
-
-    async def _start_shard(self, shard: int, epoch: int) -> None:
-        """Won ``shard``: open its store, load its plans into a new core, listen, publish its URL."""
-        self._starting.add(shard)
-        started = time.monotonic()
-        try:
-            # Its connections say which core they are (pg_stat_activity; bench/cluster_chaos.py's checker).
-            dsn = _with_application_name(self.settings.store, f"fw/{shard}/{epoch}/{self.owner}")
-            store = await _opened(lambda: ShardPgStore(dsn, self.config), self._leftovers)
-        except Exception as exc:
-            await self._give_back(shard, exc)
-            return
-        server: CoordinatorServer | None = None
-        try:
-            store.owner, store.fence = self.owner, {shard: epoch}
-            store.doorbell = self.doorbell
-            # Its core sees only its shard's pools: waiting reasons say so (coordinator/placement/plan_queue.py).
-            core = replace(self.settings.core, placement=replace(self.settings.core.placement, cluster=True))
-            settings = replace(self.settings, port=self._shard_port(shard), metrics_listen=None, core=core)
-            server = CoordinatorServer(settings, version=self.version, store=store,
-                                       redirect=functools.partial(self._redirect, shard))  # fmt: skip
-            if not self._shared:
-                await self.sync_shared_keys()
-            server.core.data.set_shared(self._shared)  # before any worker: its keys include them
-            refs = RemoteRefs(server, shard, self.views.conn)  # looks up remote upstreams from its first submit
-            await server.start()
-        except asyncio.CancelledError:  # stop() while the core starts: its store is closed once the load lets go
-            _close_after(store, server.loading if server is not None else None, self._leftovers)
-            raise
-        except Exception as exc:
-            # Its store is closed, not left open with its connections and thread: the slot is won again next round.
-            await self._close_left(store)
-            await self._give_back(shard, exc)
-            return
-        self._starting.discard(shard)
-        self._stores[shard] = store
-        if self.leases.held.get(shard) != epoch or self._stopping:  # lost while loading
-            self.servers[shard] = server
-            await self._stop_shard(shard, release=False, why="lost while loading")
-            return
-        self.servers[shard] = server
-        self._refs[shard] = refs
-        refs.start()  # the loop reads the restored consumers' remote upstreams
-        await self.db(lambda conn: conn.execute(_SET_URL, server.url, shard, self.owner, epoch))
-        assert server.fatal is not None
-        server.fatal.add_done_callback(lambda f: self._shard_failed(shard, f.result()))
-        load_s = time.monotonic() - started
-        self.stats.takeover.observe(load_s)
-        self.loaded.set()
-        log.info("serving shard", shard=shard, epoch=epoch, url=server.url, plans=len(server.core.plans),
-                 load_s=round(load_s, 3))  # fmt: skip
-        self._announce(f"serving shard {shard} (epoch {epoch}) at {server.url}, {len(server.core.plans)} plans "
-                       f"loaded in {load_s:.3f} s")  # fmt: skip
-
-    async def _give_back(self, shard: int, exc: Exception) -> None:
-        """A won shard's core could not start: its slot is given back."""
-        log.error("cannot serve a won shard; giving it back", shard=shard, error=f"{type(exc).__name__}: {exc}")
-        self._starting.discard(shard)
-        self._ports.pop(shard, None)
-        self.leases.released([shard])
-        with contextlib.suppress(Exception):
-            await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
-
-    def _shard_failed(self, shard: int, exc: BaseException) -> None:
-        """A shard's core stopped on a store failure or a fenced commit: fail-stop for that shard only."""
-        if isinstance(exc, ShardFenced):
-            self.stats.fenced_commits += 1
-            log.critical("shard lease lost (fenced): this shard stops here; another coordinator owns it",
-                         shard=shard, error=str(exc))  # fmt: skip
-        self.leases.released([shard])
-        if shard not in self._moving:
-            self._moving.add(shard)
-            self._spawn(self._stop_shard(shard, release=not isinstance(exc, ShardFenced), why=str(exc)))
-
-    async def _stop_shard(self, shard: int, *, release: bool, why: str) -> None:
-        """Stop ``shard``'s core (what is queued is committed first), then give its slot back.
-
-        The shard is out of :attr:`servers` from here on, so nothing else would stop its core: that stop runs in a
-        task of its own (:meth:`_core_stopped`), and a :meth:`stop` that cancels this (a loss's, a failure's, a
-        rebalance's or a start's task) waits for it instead of leaving it cut short, its store open, and then makes
-        the slot's release that the cancel left (:attr:`_unreleased`; logged).
-        """
-        server = self.servers.pop(shard, None)
-        self._stores.pop(shard, None)
-        refs = self._refs.pop(shard, None)
-        try:
-            await self._core_stopped(shard, refs, server)
-            if release:
-                async with asyncio.timeout(STOP_DB_S if self._stopping else None):
-                    await self.db(lambda conn: conn.fetch(RELEASE, self.owner, [shard]))
-        except asyncio.CancelledError:
-            if release:
-                self._unreleased.add(shard)
-            log.warning("a shard's stop was cancelled by the host's stop; the host's stop waits for its core's stop",
-                        shard=shard, why=why, release_left_to_the_stop=release)  # fmt: skip
-            raise
-        except Exception as exc:
-            log.warning("shard not released cleanly; it expires after the TTL", shard=shard, error=str(exc))
-        finally:
-            self.leases.released([shard])
-            self._moving.discard(shard)
-            self._ports.pop(shard, None)
-        self.failovers += 0 if release else 1
-        log.warning("stopped serving shard", shard=shard, released=release, why=why)
-        self._announce(f"{'released' if release else 'lost'} shard {shard}: {why}")
-
-    async def _core_stopped(self, shard: int, refs: RemoteRefs | None, server: CoordinatorServer | None) -> None:
-        """Stop ``shard``'s remote upstreams' reader and core in a task of its own (in :attr:`_shard_stops` until it
-        ends): cancelled meanwhile, that stop goes on and :meth:`stop` waits for it (:meth:`_shards_stopped`)."""
-        if refs is None and server is None:
-            return
-        stopping = asyncio.ensure_future(_core_stop(refs, server))
-        self._shard_stops[stopping] = shard
-        stopping.add_done_callback(self._shard_stops.pop)
-        try:
-            await asyncio.shield(stopping)
-        except asyncio.CancelledError:  # nobody awaits its end now: its failure is logged
-            stopping.add_done_callback(functools.partial(_core_failed, shard=shard))
-            raise
-
-    async def _shards_stopped(self) -> None:
-        """Wait for the shards' cores still stopping in a task whose :meth:`_stop_shard` :meth:`stop` cancelled (a
-        loss's, a failure's): each is bounded as the stop's own shards' are (:meth:`CoordinatorServer.stop`)."""
-        while self._shard_stops:
-            log.warning("waiting for the shard stops under way", shards=sorted(self._shard_stops.values()))
-            await asyncio.wait(list(self._shard_stops))
-
-    async def _close_left(self, store: PgStore) -> None:
-        """Close ``store`` in the loop's executor; cancelled meanwhile (a stop), the close goes on and :meth:`stop`
-        waits for it (a failure is logged)."""
-        closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        _close_into(store, closed)
-        _track(self._leftovers, closed)
-        await asyncio.shield(closed)
-
-    def _shard_port(self, shard: int) -> int:
-        """The port ``shard``'s core listens on: 0 (any free one) without ``--shard-ports``, else the first
-        free one of the range from ``first + shard`` on (a range of ``--shards`` ports: one stable port per shard).
-        """
-        if self.shard_ports is None:
-            return 0
-        low, high = self.shard_ports
-        first = low + shard % (high - low + 1)
-        taken = set(self._ports.values())  # this host's other shards, maybe not listening yet
-        order: list[int] = [*range(first, high + 1), *range(low, first)]
-        for port in order:
-            if port not in taken and _bindable(self.settings.host, port):
-                self._ports[shard] = port
-                return port
-        raise OSError(f"no free port in --shard-ports {low}-{high} for shard {shard}")
 
     # ------------------------------------------------------------------ finding the owner
 
     def door_of(self, shard: int) -> OpenAIDoor | None:
         """The OpenAI door of ``shard``'s core when this process serves it (cluster/openai_route.py)."""
-        server = self.servers.get(shard)
-        return server.openai if server is not None and shard not in self._moving else None
+        server = self.cores.serves(shard)
+        return server.openai if server is not None else None
 
     def where(self, shard: int) -> Moved:
         """Where ``shard`` is served, from the last scan (``url`` "" while nobody serves it)."""
-        server = self.servers.get(shard)
-        if server is not None and shard not in self._moving:
+        server = self.cores.serves(shard)
+        if server is not None:
             return Moved(url=server.url, epoch=self.leases.held.get(shard, 0), shard=shard)
         for row in self.rows:
             if row.shard == shard and row.live:
                 return Moved(url=row.url, epoch=row.epoch, shard=shard)
         return Moved(url="", shard=shard)
 
-    def _redirect(self, shard: int, role: str, msg: Any) -> Moved | None:
+    def redirect(self, shard: int, role: str, msg: Any) -> Moved | None:
         """A shard server's check: a worker of another pool, or a submit of another shard, is moved."""
         kind = type(msg)
         config = self.config
@@ -775,143 +573,3 @@ def next_round_s(period: float, rows: list[LeaseRow], left: dict[int, float], he
         if ttl_left < period:
             due = min(due, max(0.0, ttl_left) + EXPIRY_SLACK_S)
     return due
-
-
-async def _opened(make: Callable[[], _Store], left: set[asyncio.Future[None]]) -> _Store:
-    """``make()`` (a store's constructor: it connects) in a thread. Cancelled meanwhile (a stop), the store it
-    makes is closed once made, in the loop's executor, instead of being left open with its connections and thread
-    (an interrupted stop's unclosed connections, finalized later, are what broke ast.parse in the next test); that
-    close is in ``left`` until it is done (:meth:`ClusterHost.stop` waits for it, :func:`_settled`)."""
-    opening = asyncio.ensure_future(asyncio.to_thread(make))
-    try:
-        return await asyncio.shield(opening)
-    except asyncio.CancelledError:
-        closed = opening.get_loop().create_future()
-        opening.add_done_callback(functools.partial(_close_made, closed=closed))
-        _track(left, closed)
-        raise
-
-
-async def _core_stop(refs: RemoteRefs | None, server: CoordinatorServer | None) -> None:
-    if refs is not None:
-        await refs.stop()
-    if server is not None:
-        await server.stop()
-
-
-def _core_failed(stopping: asyncio.Future[None], *, shard: int) -> None:
-    failure = None if stopping.cancelled() else stopping.exception()
-    if failure is not None:
-        log.warning("a shard's core failed to stop cleanly", shard=shard, error=f"{type(failure).__name__}: {failure}")
-
-
-def _close_made(opening: asyncio.Future[Any], *, closed: asyncio.Future[None]) -> None:
-    """``opening`` made a store that nobody uses: close it (``closed`` is done once it is; at once when none was)."""
-    if opening.cancelled() or opening.exception() is not None:
-        closed.set_result(None)
-    else:
-        _close_into(opening.result(), closed)
-
-
-def _close_after(store: PgStore, loading: asyncio.Future[Any] | None, left: set[asyncio.Future[None]]) -> None:
-    """Close ``store`` in the loop's executor once ``loading`` (a core's loader thread reading it) is done; that
-    close is in ``left`` until it is done."""
-    closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def close(done: asyncio.Future[Any] | None = None) -> None:
-        if done is not None:
-            _retrieved(done)  # the load's failure does not matter any more
-        _close_into(store, closed)
-
-    if loading is None or loading.done():
-        close(loading)
-    else:
-        loading.add_done_callback(close)
-    _track(left, closed)
-
-
-def _close_into(store: PgStore, closed: asyncio.Future[None]) -> None:
-    """Close ``store`` in the loop's executor; ``closed`` is done once it is (a failure is logged)."""
-
-    def ended(closing: asyncio.Future[Any]) -> None:
-        failure = None if closing.cancelled() else closing.exception()
-        if failure is not None:
-            log.warning("a store failed to close", store=store.description,
-                        error=f"{type(failure).__name__}: {failure}")  # fmt: skip
-        if not closed.done():
-            closed.set_result(None)
-
-    closed.get_loop().run_in_executor(None, store.close).add_done_callback(ended)
-
-
-def _track(left: set[asyncio.Future[None]], closed: asyncio.Future[None]) -> None:
-    left.add(closed)
-    closed.add_done_callback(left.discard)
-
-
-async def _settled(left: set[asyncio.Future[None]], deadline: float) -> None:
-    """Wait until ``deadline`` (:func:`time.monotonic`) for the closes in ``left``: the stores that the tasks
-    :meth:`ClusterHost.stop` cancelled were opening or loading. One still opening or closing then is logged and
-    left (it is closed once made: no store is used after the stop)."""
-    if not left:
-        return
-    waited_s = max(0.0, deadline - time.monotonic())
-    _, running = await asyncio.wait(list(left), timeout=waited_s)
-    if running:
-        log.error("a store still opening or closing after the stop; it is closed once made, without the stop",
-                  stores=len(running), waited_s=round(waited_s, 3))  # fmt: skip
-
-
-async def _closed(store: PgStore, what: str) -> None:
-    """Close ``store`` in a thread, waiting at most :data:`STOP_DB_S`: past it the close goes on in its thread (its
-    own waits are bounded) and the stop goes on; a failure is logged (the stop is ending anyway)."""
-    closing = asyncio.ensure_future(asyncio.to_thread(store.close))
-    try:
-        async with asyncio.timeout(STOP_DB_S):
-            await asyncio.shield(closing)
-    except TimeoutError:
-        closing.add_done_callback(_retrieved)
-        log.error("a store still closing; the stop goes on without it", store=what, waited_s=STOP_DB_S)
-    except Exception as exc:
-        log.warning("a store failed to close", store=what, error=f"{type(exc).__name__}: {exc}")
-
-
-def _retrieved(done: asyncio.Future[Any]) -> None:
-    if not done.cancelled():
-        done.exception()  # retrieved: a close that failed after the stop went on is not "never retrieved"
-
-
-async def _cancelled(tasks: list[asyncio.Task[Any]], what: str) -> None:
-    """Wait up to :data:`STOP_TASK_S` for ``tasks``, which :meth:`ClusterHost.stop` cancelled; a failure is logged,
-    and one still running is logged and left (the stop goes on: it is bounded)."""
-    if not tasks:
-        return
-    done, running = await asyncio.wait(tasks, timeout=STOP_TASK_S)
-    for task in done:
-        failure = None if task.cancelled() else task.exception()
-        if failure is not None:
-            log.warning("a task failed before the stop", task=what, error=f"{type(failure).__name__}: {failure}")
-    if running:
-        log.error("still running after it was cancelled; the stop goes on without it", task=what,
-                  running=len(running), waited_s=STOP_TASK_S)  # fmt: skip
-
-
-def _with_application_name(dsn: str, name: str) -> str:
-    """``dsn`` with ``application_name=name`` (PostgreSQL keeps 63 bytes of it): ``fw/<shard>/<epoch>/<owner>``."""
-    parts = urlsplit(dsn)
-    query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("application_name="))
-    query = "&".join(p for p in (query, "application_name=" + quote(name[:63], safe="")) if p)
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
-
-
-def _bindable(host: str, port: int) -> bool:
-    """Whether ``host:port`` can be listened on now (as asyncio's server binds it: SO_REUSEADDR)."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError:
-        return False
-    return True

@@ -1,0 +1,151 @@
+"""The bounded ends of a cluster host's stop (coordinator/io/cluster/host.py): the tasks it cancels, the stores it
+closes.
+
+Rules:
+
+* **Bounded.** Each task the stop cancels gets :data:`STOP_TASK_S` to end (:func:`cancelled`), each statement and
+  the control store's close :data:`STOP_DB_S` (:func:`closed`); past them the stop goes on and logs what it left.
+* **Off the loop.** No store is closed on the event loop: ``PgStore.close`` waits on its database (up to ~25 s
+  against one that does not answer), which would stall every other session and shard on this loop meanwhile.
+* **Nothing left open.** A store that a cancelled task was opening (:func:`opened`) or loading
+  (:func:`close_after`), or that it was closing (:func:`close_left`), is closed once made (or let go of); that
+  close is tracked in the host's set of leftovers until it is done, and the stop waits for them (:func:`settled`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import structlog
+
+from coordinator.io.stores.postgres import PgStore
+
+__all__ = ["STOP_DB_S", "STOP_TASK_S", "cancelled", "close_after", "close_left", "closed", "opened", "settled"]
+
+log = structlog.get_logger(__name__)
+
+STOP_TASK_S = 5.0  # the longest the stop waits for a task of its own to end once it is cancelled
+# The longest the stop waits for one statement (a shard's release, the coordinator's row): past it the lease
+# expires after its TTL instead (not the statement's 30 s timeout, once per shard).
+STOP_DB_S = 5.0
+
+_Store = TypeVar("_Store", bound=PgStore)
+
+
+async def opened(make: Callable[[], _Store], left: set[asyncio.Future[None]]) -> _Store:
+    """``make()`` (a store's constructor: it connects) in a thread. Cancelled meanwhile (a stop), the store it
+    makes is closed once made, in the loop's executor, instead of being left open with its connections and thread
+    (an interrupted stop's unclosed connections, finalized later, are what broke ast.parse in the next test); that
+    close is in ``left`` until it is done (the host's stop waits for it, :func:`settled`)."""
+    opening = asyncio.ensure_future(asyncio.to_thread(make))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        done = opening.get_loop().create_future()
+        opening.add_done_callback(functools.partial(_close_made, closed=done))
+        _track(left, done)
+        raise
+
+
+async def close_left(store: PgStore, left: set[asyncio.Future[None]]) -> None:
+    """Close ``store`` in the loop's executor; cancelled meanwhile (a stop), the close goes on, in ``left`` until it
+    is done (the host's stop waits for it; a failure is logged)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    _close_into(store, done)
+    _track(left, done)
+    await asyncio.shield(done)
+
+
+def close_after(store: PgStore, loading: asyncio.Future[Any] | None, left: set[asyncio.Future[None]]) -> None:
+    """Close ``store`` in the loop's executor once ``loading`` (a core's loader thread reading it) is done; that
+    close is in ``left`` until it is done."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def close(loaded: asyncio.Future[Any] | None = None) -> None:
+        if loaded is not None:
+            _retrieved(loaded)  # the load's failure does not matter any more
+        _close_into(store, done)
+
+    if loading is None or loading.done():
+        close(loading)
+    else:
+        loading.add_done_callback(close)
+    _track(left, done)
+
+
+async def settled(left: set[asyncio.Future[None]], deadline: float) -> None:
+    """Wait until ``deadline`` (:func:`time.monotonic`) for the closes in ``left``: the stores that the tasks
+    the host's stop cancelled were opening or loading. One still opening or closing then is logged and
+    left (it is closed once made: no store is used after the stop)."""
+    if not left:
+        return
+    waited_s = max(0.0, deadline - time.monotonic())
+    _, running = await asyncio.wait(list(left), timeout=waited_s)
+    if running:
+        log.error("a store still opening or closing after the stop; it is closed once made, without the stop",
+                  stores=len(running), waited_s=round(waited_s, 3))  # fmt: skip
+
+
+async def closed(store: PgStore, what: str) -> None:
+    """Close ``store`` in a thread, waiting at most :data:`STOP_DB_S`: past it the close goes on in its thread (its
+    own waits are bounded) and the stop goes on; a failure is logged (the stop is ending anyway)."""
+    closing = asyncio.ensure_future(asyncio.to_thread(store.close))
+    try:
+        async with asyncio.timeout(STOP_DB_S):
+            await asyncio.shield(closing)
+    except TimeoutError:
+        closing.add_done_callback(_retrieved)
+        log.error("a store still closing; the stop goes on without it", store=what, waited_s=STOP_DB_S)
+    except Exception as exc:
+        log.warning("a store failed to close", store=what, error=f"{type(exc).__name__}: {exc}")
+
+
+async def cancelled(tasks: list[asyncio.Task[Any]], what: str) -> None:
+    """Wait up to :data:`STOP_TASK_S` for ``tasks``, which the host's stop cancelled; a failure is logged,
+    and one still running is logged and left (the stop goes on: it is bounded)."""
+    if not tasks:
+        return
+    done, running = await asyncio.wait(tasks, timeout=STOP_TASK_S)
+    for task in done:
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            log.warning("a task failed before the stop", task=what, error=f"{type(failure).__name__}: {failure}")
+    if running:
+        log.error("still running after it was cancelled; the stop goes on without it", task=what,
+                  running=len(running), waited_s=STOP_TASK_S)  # fmt: skip
+
+
+def _close_made(opening: asyncio.Future[Any], *, closed: asyncio.Future[None]) -> None:
+    """``opening`` made a store that nobody uses: close it (``closed`` is done once it is; at once when none was)."""
+    if opening.cancelled() or opening.exception() is not None:
+        closed.set_result(None)
+    else:
+        _close_into(opening.result(), closed)
+
+
+def _close_into(store: PgStore, closed: asyncio.Future[None]) -> None:
+    """Close ``store`` in the loop's executor; ``closed`` is done once it is (a failure is logged)."""
+
+    def ended(closing: asyncio.Future[Any]) -> None:
+        failure = None if closing.cancelled() else closing.exception()
+        if failure is not None:
+            log.warning("a store failed to close", store=store.description,
+                        error=f"{type(failure).__name__}: {failure}")  # fmt: skip
+        if not closed.done():
+            closed.set_result(None)
+
+    closed.get_loop().run_in_executor(None, store.close).add_done_callback(ended)
+
+
+def _track(left: set[asyncio.Future[None]], closed: asyncio.Future[None]) -> None:
+    left.add(closed)
+    closed.add_done_callback(left.discard)
+
+
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled():
+        done.exception()  # retrieved: a close that failed after the stop went on is not "never retrieved"
