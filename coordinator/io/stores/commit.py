@@ -93,6 +93,7 @@ import structlog
 
 from coordinator.io.stores.abilities import GroupSender
 from coordinator.io.stores.backlog import Backlog
+from coordinator.io.stores.grace import CLOSE_GRACE_S  # the writer's close waits as long (grace.py)
 from coordinator.io.stores.store import Store
 from coordinator.records import Record
 
@@ -113,7 +114,6 @@ INLINE_MAX_BYTES = 64 << 10  # ... from at most this much of frames (``submit``'
 INLINE_SLOW_S = 0.002  # inline commits slower than this on average ...
 INLINE_COOLDOWN_S = 1.0  # ... sends every commit to the writer thread for this long
 WRITER_SWITCH_INTERVAL_S = 0.001  # the interpreter's switch interval while a writer thread runs (at most)
-CLOSE_GRACE_S = 10.0  # close(): the longest wait for a writer process's answers before it is given up (killed)
 
 
 class GroupCommitter(Backlog[T]):

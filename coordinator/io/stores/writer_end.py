@@ -23,6 +23,7 @@ from typing import Final
 import structlog
 
 from coordinator.io.stores.child_process import ChildProcess
+from coordinator.io.stores.grace import CLOSE_GRACE_S  # the committer's close waits as long (grace.py)
 from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.writer_pipes import RequestWriter
 from coordinator.io.stores.writer_wire import CLOSE, REQUEST_HEADER
@@ -33,7 +34,6 @@ log = structlog.get_logger("coordinator.io.stores.writer_process")  # the writer
 
 LEAVE_WAIT_S = 5.0  # a close in another thread waits this long for the loop to take the pipes off it
 KILL_WAIT_S: Final = 5.0  # a child not ended this long after its SIGKILL is logged (it holds the store's lock)
-CLOSE_GRACE_S = 10.0  # close(): the longest wait for the child's end in all, then killed (a stop's: commit.py)
 
 
 class WriterEnd:
