@@ -1,5 +1,5 @@
 """A cluster host's stop waits for the store that a shard's start it cancelled was still opening
-(coordinator/io/cluster/host.py ``ClusterHost.stop``, ``_opened``, ``_settled``).
+(coordinator/io/cluster/host.py ``ClusterHost.stop``; teardown.py ``opened``, ``settled``).
 
 test_cluster_shared_key.py's teardown warned now and then of two unclosed asyncpg connections: its
 ``host.stop()`` cancelled a shard's start while the shard's store connected in a thread, and the store,
@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 from structlog.testing import capture_logs
 
@@ -109,6 +110,37 @@ async def test_a_stop_returns_only_once_the_store_a_cancelled_shard_start_was_op
     assert made_by_then, "the stop returned while the shard's store was still opening"
     assert closed_by_then == made_by_then and not left, "the stop returned with the shard's store open"
     assert len(made) == 1
+
+
+@pytest.mark.parametrize("slow_load", [False, True], ids=["opening", "loading"])
+async def test_a_stop_gives_back_the_slot_of_a_shard_whose_start_it_cancelled(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, slow_load: bool
+) -> None:
+    """A won shard whose store is still opening (whose core still loads) when the stop comes: the stop cancels
+    that start and releases the slot (a standby takes it at its next scan) instead of leaving it to expire after
+    the lease's TTL."""
+    entered, gate, made = slow_store(monkeypatch, slow_load=slow_load)
+    host = gated_host(pg_dsn, gate, monkeypatch)
+    await host.start()
+    try:
+        assert await asyncio.to_thread(entered.wait, 30)
+        with capture_logs() as logs:
+            await asyncio.wait_for(host.stop(), STOP_TASK_S + STOP_DB_S + 10)
+    finally:
+        gate.set()
+    try:
+        await until(lambda: bool(made) and made[0].closed, timeout_s=15)
+    except TimeoutError:
+        pass
+    await close_left(made)
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        released = await conn.fetchval("SELECT expires_at <= now() FROM shard_leases WHERE shard = 0")
+    finally:
+        await conn.close()
+    assert released, "the slot of the shard whose start the stop cancelled was left to expire after the TTL"
+    cancelled = [e for e in logs if e["event"] == "a shard's start was cancelled by the host's stop"]
+    assert [(e["shard"], e["release_left_to_the_stop"]) for e in cancelled] == [(0, True)]
 
 
 async def test_a_store_still_opening_past_the_stops_bound_is_logged_and_closed_once_made(

@@ -16,8 +16,9 @@ Rules:
 * **A stop is never cut short.** A shard is out of :attr:`~ShardCores.servers` from the moment its stop begins,
   so nothing else would stop its core: that stop runs in a task of its own, which a cancel of the task that began
   it leaves running, and :meth:`ShardCores.stop_all` (the host's stop) waits for it.
-* **A release a cancel left is made.** A release that a cancelled stop left is made by
-  :meth:`ShardCores.stop_all`, after the cores' stops, within :data:`~teardown.STOP_DB_S`.
+* **Every slot the host's stop cancels is given back.** A release that a cancelled task left (a stop's, a start's,
+  a give-back's) is made by :meth:`ShardCores.stop_all`, after the cores' stops, within :data:`~teardown.STOP_DB_S`:
+  a slot whose core never served has nothing to flush, and a standby takes it at its next scan, not after the TTL.
 * **No store left open.** A store a cancelled start was opening or loading is closed once made (teardown.py).
 """
 
@@ -143,6 +144,9 @@ class ShardCores:
             # Its connections say which core they are (pg_stat_activity; bench/cluster_chaos.py's checker).
             dsn = _with_application_name(host.settings.store, f"fw/{shard}/{epoch}/{host.owner}")
             store = await opened(lambda: ShardPgStore(dsn, host.settings.cluster), host.leftovers)
+        except asyncio.CancelledError:
+            self._start_cancelled(shard, epoch)
+            raise
         except Exception as exc:
             await self._give_back(shard, exc)
             return
@@ -160,6 +164,7 @@ class ShardCores:
             await server.start()
         except asyncio.CancelledError:  # stop() while the core starts: its store is closed once the load lets go
             close_after(store, server.loading if server is not None else None, host.leftovers)
+            self._start_cancelled(shard, epoch)
             raise
         except Exception as exc:
             # Its store is closed, not left open with its connections and thread: the slot is won again next round.
@@ -192,8 +197,24 @@ class ShardCores:
         self.starting.discard(shard)
         self._ports.pop(shard, None)
         self.host.leases.released([shard])
-        with contextlib.suppress(Exception):
-            await self.host.db(lambda conn: conn.fetch(RELEASE, self.host.owner, [shard]))
+        try:
+            with contextlib.suppress(Exception):
+                await self.host.db(lambda conn: conn.fetch(RELEASE, self.host.owner, [shard]))
+        except asyncio.CancelledError:
+            self.unreleased.add(shard)  # the host's stop makes it (stop_all)
+            raise
+
+    def _start_cancelled(self, shard: int, epoch: int) -> None:
+        """The host's stop cancelled ``shard``'s start before it served: the slot, still held at ``epoch``, is given
+        back by :meth:`stop_all` (its core never served) instead of expiring after the lease's TTL."""
+        self.starting.discard(shard)
+        self._ports.pop(shard, None)
+        held = self.host.leases.held.get(shard) == epoch
+        if held:
+            self.host.leases.released([shard])
+            self.unreleased.add(shard)
+        log.warning("a shard's start was cancelled by the host's stop", shard=shard, epoch=epoch,
+                    release_left_to_the_stop=held)  # fmt: skip
 
     def lose(self, shards: list[int], why: str) -> None:
         """``shards``' leases are lost: no commit of theirs may succeed from now on, and their cores stop."""
