@@ -7,6 +7,7 @@ one at a time, so what shares a frame shows.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from coordinator.core import CoreConfig
 from coordinator.io.frontdoor import core_driver
 from coordinator.io.frontdoor.connection import Session
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
+from coordinator.io.stores.store import MemoryStore
 from protocol.messages import Accept, Ack, Assign, Done, Event, Submit
 from tests.integration.test_server import CLIENT_TOKEN, WORKER_TOKEN, Peer, open_peer, register
 from tests.waiting import until
@@ -106,6 +108,60 @@ async def test_a_graceful_stop_sends_the_held_ack_before_the_close(now: bool, mo
         assert srv.driver._acks_new or srv.driver._acks_due
     finally:
         await srv.stop()
+    assert await frame(worker) == [Ack(seq=2)]
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await asyncio.wait_for(worker.ws.recv(), 5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+
+
+class GatedStore(MemoryStore):
+    """The memory store, written by the committer's writer thread (as a durable store is), whose writes wait while
+    the test's gate is closed."""
+
+    blocking = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.gate.set()
+
+    def write(self, records: Any) -> None:
+        if not self.gate.is_set():
+            self.entered.set()
+            self.gate.wait(30)
+        super().write(records)
+
+
+async def test_a_graceful_stop_sends_the_acks_of_the_steps_whose_commit_is_pending() -> None:
+    """A stop while a worker's done is still being committed: that commit ends before the sessions close, and the
+    worker reads the done's ack, then the close (1001), instead of the close alone (it would send the done again)."""
+    store = GatedStore()
+    srv = CoordinatorServer(ServerSettings(
+        port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
+        core=CoreConfig(heartbeat_interval_s=60.0, heartbeat_timeout_s=180.0),
+    ), store=store)  # fmt: skip
+    await srv.start()
+    stopping: asyncio.Future[None] | None = None
+    try:
+        srv.driver.ack_hold_s = 60.0  # held: the timer cannot release it
+        worker = await register(srv, "w1", ["echo"])
+        client = await open_peer(srv, "client", CLIENT_TOKEN)
+        await client.send(Submit(req_id=1, op="echo", args=1))
+        (assign,) = await frame(worker)
+        store.gate.clear()
+        await worker.send(
+            Accept(plan_id=assign.plan_id, attempt=1, seq=1),
+            Done(plan_id=assign.plan_id, attempt=1, outcome="succeeded", result=1, seq=2),
+        )
+        assert await asyncio.to_thread(store.entered.wait, 10)  # the done's step is being committed
+        stopping = asyncio.ensure_future(srv.stop())
+        await until(lambda: srv.readiness_problem() == "shutting down", 5)
+        store.gate.set()  # the commit ends once the stop has begun
+        await asyncio.wait_for(stopping, 20)
+    finally:
+        store.gate.set()
+        if stopping is None:
+            await srv.stop()
     assert await frame(worker) == [Ack(seq=2)]
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await asyncio.wait_for(worker.ws.recv(), 5)

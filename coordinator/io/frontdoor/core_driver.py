@@ -49,8 +49,9 @@ the ack's; without one it leaves alone once a run of the ack timer found it held
 after it was held, or at once when it acks :data:`ACK_HOLD_MESSAGES` more messages than the one first held (the
 worker keeps every unacknowledged message for a replay, worker_agent/outbox.py). A newer ack replaces a held one
 (acks are cumulative); one for a session gone since is dropped (the worker re-sends, the coordinator drops the
-copies); a graceful stop sends those held before it closes the sessions (:meth:`CoreDriver.flush_acks`). A worker
-reads one frame a sequential round trip, not two (docs/PERFORMANCE.md §D29f).
+copies); a graceful stop lets the steps whose commit is pending out first (their acks with them, up to
+:data:`ACK_FLUSH_WAIT_S`), then sends those held, before it closes the sessions (:meth:`CoreDriver.flush_acks`).
+A worker reads one frame a sequential round trip, not two (docs/PERFORMANCE.md §D29f).
 
 Plans in :attr:`CoreDriver.volatile` (the OpenAI door's under ``--openai-durable off``) are never
 written: their records are dropped before the committer, so a step that touched only them has no
@@ -105,6 +106,9 @@ UNAVAILABLE_RETRY_S: Final = 1.0  # the retry_after_s of an ``unavailable`` answ
 ACK_HOLD_S: Final = 0.005
 #: ... and goes at once when it acks this many messages more than the first one held (the worker keeps them all).
 ACK_HOLD_MESSAGES: Final = 256
+#: A graceful stop waits at most this long for the steps whose commit is pending, so that their acks go too (§Acks).
+ACK_FLUSH_WAIT_S: Final = 1.0
+_COMMITTED_SINK: Final = -1  # flush_acks's sink: no session has this id (they count from 1)
 
 #: Cluster mode, one core per shard (coordinator/io/cluster/host.py): called with a session's role and
 #: message, for a ``submit`` or a ``hello`` only (no other message moves a session: ``CoreSession.take``
@@ -118,6 +122,17 @@ class Sink(Protocol):
 
     def deliver(self, msgs: list[Any]) -> None:
         """The messages of one committed step for this session, in order."""
+
+
+class _Released:
+    """A sink no step sends to: the committer releases it after every step submitted before it (flush_acks)."""
+
+    def __init__(self, released: asyncio.Future[None]) -> None:
+        self.released = released
+
+    def deliver(self, msgs: list[Any]) -> None:
+        if not self.released.done():
+            self.released.set_result(None)
 
 
 class CoreDriver:
@@ -348,9 +363,23 @@ class CoreDriver:
         if self._acks_due:
             self._ack_timer = asyncio.get_running_loop().call_later(self.ack_hold_s, self._release_acks)
 
-    def flush_acks(self) -> None:
-        """A graceful stop, before it closes the sessions: every held ack goes now, ahead of the close (the worker
-        would otherwise send those messages again after it reconnects)."""
+    async def flush_acks(self) -> None:
+        """A graceful stop, before it closes the sessions: the steps whose commit is pending are let out first (their
+        acks are held or sent then; up to :data:`ACK_FLUSH_WAIT_S`), then every held ack goes now, ahead of the close
+        (the worker would otherwise send those messages again after it reconnects)."""
+        committer = self.committer
+        if committer.pending and committer.failed is None:
+            released: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.sinks[_COMMITTED_SINK] = _Released(released)
+            committer.after(Effects(sends={_COMMITTED_SINK: []}))  # released in order: after every step before it
+            try:
+                async with asyncio.timeout(ACK_FLUSH_WAIT_S):
+                    await released
+            except TimeoutError:
+                log.warning("steps still committing at the stop; their acks are left to the workers' replay",
+                            pending=committer.pending, waited_s=ACK_FLUSH_WAIT_S)  # fmt: skip
+            finally:
+                self.sinks.pop(_COMMITTED_SINK, None)
         if self._ack_timer is not None:
             self._ack_timer.cancel()
         self._acks_due.update(self._acks_new)

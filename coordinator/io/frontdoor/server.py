@@ -365,7 +365,7 @@ class CoordinatorServer:
         if self._reaper is not None:
             self._reaper.cancel()
         if self._server is not None:
-            self.driver.flush_acks()  # workers' held acks leave before the close (core_driver.py §Acks)
+            await self.driver.flush_acks()  # workers' held acks leave before the close (core_driver.py §Acks)
             self._server.close()
             self._gate.pending.close()  # sockets still waiting for their first byte (admission.py)
             await self._gate.wait_closed(self._server)  # bounded: a session stuck past the close is cancelled
