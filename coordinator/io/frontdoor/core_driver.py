@@ -85,7 +85,7 @@ from protocol.messages import Ack, Assign, Error, Hello, Moved, Submit
 from protocol.urls import named_worker_id
 
 __all__ = [
-    "ACK_HOLD_MESSAGES", "ACK_HOLD_S",
+    "ACK_FLUSH_WAIT_S", "ACK_HOLD_MESSAGES", "ACK_HOLD_S",
     "DURABLE_PART_MESSAGES", "PART_MAX_SESSIONS", "REAP_EVERY_MASK", "REPLAY_BACKLOG_BYTES", "UNAVAILABLE_RETRY_S",
     "CoreDriver", "CoreSession", "Redirect", "Sink",
 ]
