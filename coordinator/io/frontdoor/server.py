@@ -365,6 +365,9 @@ class CoordinatorServer:
         if self._reaper is not None:
             self._reaper.cancel()
         if self._server is not None:
+            # No new session during the acks' wait below (up to ACK_FLUSH_WAIT_S): the listening sockets close
+            # first, the open sessions stay until the close after it.
+            self._server.server.close()
             await self.driver.flush_acks()  # workers' held acks leave before the close (core_driver.py §Acks)
             self._server.close()
             self._gate.pending.close()  # sockets still waiting for their first byte (admission.py)
