@@ -128,6 +128,21 @@ def _pg_cpu(server: PostgresServer | None) -> float:
     return total
 
 
+def _pg_by_process(server: PostgresServer | None) -> dict[str, float]:
+    """CPU seconds so far of each live PostgreSQL process, by its title (``postgres: walwriter``, a backend's
+    ``postgres: USER DB HOST(PORT) STATE`` with its state left out), so the window's CPU shows which one works."""
+    out: dict[str, float] = {}
+    for pid in _pg_pids(server)[1:]:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            words = " ".join(proc.cmdline()).split()
+            ends = [i for i, w in enumerate(words) if w.endswith(")")]  # a backend's HOST(PORT): its state after it
+            title = " ".join(words[: ends[0] + 1] if ends else words)
+            t = proc.cpu_times()
+            out[f"{title} [{pid}]"] = t.user + t.system
+    return out
+
+
 async def _wal_mark(store: str) -> str | None:
     """The WAL position now (PostgreSQL only; None for SQLite)."""
     if not store.startswith("postgresql"):
@@ -407,6 +422,7 @@ async def measure(
         await main.wait_workers()
         coordinator_pids = [f.coordinator.pid for f in fleets if f.coordinator is not None]
         pg_pids = _pg_pids(server)
+        worker_pids = [w.pid for f in fleets for w in f.workers]
         target: Any = urls[0] if len(urls) == 1 else urls
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(Client(target, pool=pool or "")) for pool in pools]
@@ -417,6 +433,7 @@ async def measure(
             plans = per_client * len(clients)
             wal0 = await _wal_mark(store)
             cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
+            workers0, client0, by0 = _cpu(worker_pids), time.process_time(), _pg_by_process(server)
             spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg")
             t0 = time.perf_counter()
 
@@ -439,6 +456,8 @@ async def measure(
             elapsed = time.perf_counter() - t0
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _pg_cpu(server) - pg0
             kids = _children_cpu(coordinator_pids) - kids0
+            workers_cpu, client_cpu = _cpu(worker_pids) - workers0, time.process_time() - client0
+            by_process = {k: round((v - by0.get(k, 0.0)) / plans * 1e6, 1) for k, v in _pg_by_process(server).items()}
             wal = await _wal_window(store, wal0, plans)
             for spy in spies:
                 spy.send_signal(signal.SIGINT)
@@ -462,6 +481,12 @@ async def measure(
             "latency": h.summary_ms(times),
             "coordinator_cpu_us_per_plan": round(cpu / plans * 1e6, 1),
             "writer_child_cpu_us_per_plan": round(kids / plans * 1e6, 1),  # not in the figure above
+            # Which process the window waits on: each one's CPU a plan, and the coordinators' busy share of it
+            # (CPU seconds over the window's seconds, per coordinator: near 1, its loop is the bottleneck).
+            "workers_cpu_us_per_plan": round(workers_cpu / plans * 1e6, 1),
+            "client_cpu_us_per_plan": round(client_cpu / plans * 1e6, 1),
+            "coordinator_busy": round(cpu / elapsed / len(coordinator_pids), 3),
+            "postgres_cpu_us_per_plan_by_process": {k: v for k, v in by_process.items() if v} or None,
             "postgres_cpu_us_per_plan": round(pg_cpu / plans * 1e6, 1) if pg_pids else None,
             "wal": wal,  # PostgreSQL: WAL bytes a plan over the throughput window, by record kind
         }
@@ -589,6 +614,16 @@ def report(results: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
             base = values[what]["sqlite"]
             lines.append("| ratio to SQLite | - | " + " | ".join(_ratio(values[what][c], base) for c in cols[1:])
                          + " |")
+    def split(r: dict[str, Any]) -> str:  # where a plan's CPU went: which process the window waits on
+        if "coordinator_busy" not in r:
+            return "-"
+        child = f" + child {r['writer_child_cpu_us_per_plan']:.0f}" if r["writer_child_cpu_us_per_plan"] else ""
+        return (
+            f"busy {r['coordinator_busy']:.2f}{child}, workers {r['workers_cpu_us_per_plan']:.0f}, "
+            f"client {r['client_cpu_us_per_plan']:.0f} µs"
+        )
+
+    lines.append("| coordinator's busy share; other CPU a plan | " + " | ".join(split(results[c]) for c in cols) + " |")
     lines += ["", "the store alone, in this process (bench/store_bench.py's 4 steps per plan; CPU of the process):",
               "| | SQLite | PostgreSQL | ratio |", "|---|---|---|---|"]
     a, b = results["alone_sqlite"], results["alone_pg"]
