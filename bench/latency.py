@@ -8,6 +8,10 @@ threads: ``client``; its event loop's thread alone: ``client_loop``).
 
     python bench/latency.py                       # 2,000 samples after 200 warm-up plans
     python bench/latency.py --samples 200 --json  # the smoke size
+    python bench/latency.py --spin-us 0           # without the lone round trip's busy-poll (wireio/spin.py)
+
+``--spin-us``: every process's spin window (the coordinator's and workers' ``--spin-us``, this client's
+``wireio.spin.SPIN``); the client's spin counts are in the result (``client_spin``).
 """
 
 from __future__ import annotations
@@ -21,14 +25,19 @@ from typing import Any
 import _harness as h
 
 from fleetwire import Client
+from wireio.spin import SPIN
 
 
-async def measure(samples: int, warmup: int, workers: int, store: str, profile: str | None) -> dict[str, Any]:
+async def measure(samples: int, warmup: int, workers: int, store: str, profile: str | None,
+                  spin_us: float | None = None) -> dict[str, Any]:
     profiler = h.Profiler(profile)
+    spin = () if spin_us is None else ("--spin-us", f"{spin_us:g}")
+    if spin_us is not None:
+        SPIN.window_s = max(spin_us, 0.0) / 1e6
     async with h.fleet(store) as f:
-        await f.start_coordinator()
+        await f.start_coordinator(*spin)
         for i in range(workers):
-            await f.start_worker(f"bench-{i + 1}", max_concurrency=4)
+            await f.start_worker(f"bench-{i + 1}", *spin, max_concurrency=4)
         await f.wait_workers()
         assert f.coordinator is not None
         pids = {"coordinator": f.coordinator.pid, **{w.name: w.pid for w in f.workers}}
@@ -63,6 +72,8 @@ async def measure(samples: int, warmup: int, workers: int, store: str, profile: 
         "limits_lifted": limits,
         **h.summary_ms(times),
         "cpu_us_per_plan": cpu,
+        "spin_us": SPIN.window_s * 1e6,
+        "client_spin": {k: getattr(SPIN, k) for k in ("spins", "hits", "misses", "busy", "contended", "polls")},
         "machine": h.machine(),
     }
 
@@ -72,10 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=2000, help="timed plans (default 2000)")
     parser.add_argument("--warmup", type=int, default=200, help="untimed plans first (default 200)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--spin-us", type=float, default=None, metavar="US",
+                        help="every process's busy-poll window after a send (wireio/spin.py; 0: off; default: theirs)")
     h.common_args(parser)
     ns = parser.parse_args(argv)
     h.configure(ns)
-    result = h.run_loop(measure(ns.samples, ns.warmup, ns.workers, ns.store, ns.profile))
+    result = h.run_loop(measure(ns.samples, ns.warmup, ns.workers, ns.store, ns.profile, ns.spin_us))
     h.emit(result, ns.json, [
         f"fleetwire latency: {result['samples']} sequential echo plans, store {result['store_used']}",
         f"  p50 {result['p50_ms']} ms, p90 {result['p90_ms']} ms, p99 {result['p99_ms']} ms, "

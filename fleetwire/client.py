@@ -93,6 +93,7 @@ from protocol.messages import (
 )
 from protocol.urls import keepalive
 from wireio.frame_sink import FrameSink
+from wireio.spin import SPIN
 from wireio.wsbulk import send_frame, takes_frame_now, write_frame
 
 __all__ = ["CLIENT_PATH", "COALESCE_LIMIT_BYTES", "DEFAULT_MAX_FRAME_BYTES", "Client", "Plan", "resolve_url"]
@@ -523,6 +524,7 @@ class Client(ClientCalls):
         if frame is None:
             return
         write_frame(ws, session.text, frame)  # a broken transport: the reader sees it end, requests resent
+        SPIN.sent()  # a lone submit's answer: the loop polls for it a while before it sleeps (wireio/spin.py)
         if session.has_outgoing:  # more than one frame's worth: the writer sends the rest
             self._outbox_ready.set()
 
@@ -582,6 +584,7 @@ class Client(ClientCalls):
 
     def _receive_frame(self, frame: bytes | str) -> None:
         """A frame from the coordinator, in the connection's ``process_event`` (never awaits)."""
+        SPIN.received()
         session = self._session
         session.receive_frame(frame)
         if session.has_outgoing:  # the session queued requests of its own (a resubmission)

@@ -76,6 +76,7 @@ from protocol.chunkview import with_chunk_views
 from protocol.urls import keepalive, with_worker_id
 from wireio.frame_sink import FrameSink, SinkConnection
 from wireio.spawn import kill_session, started
+from wireio.spin import SPIN
 from wireio.tracing import Tracing
 from wireio.wsbulk import send_frame, write_frame_now
 from worker_agent import handshake
@@ -610,7 +611,7 @@ class Agent:
             self._send_queue, codec, send, max_frame_bytes=self.settings.max_frame_bytes, max_batch=MAX_BATCH,
             finishing=lambda: self._finish_writing,
             after_round=self.relay.resume if self.relay is not None else None,  # relayed outputs' next chunks
-            write_now=functools.partial(write_frame_now, ws, text),
+            write_now=functools.partial(_write_now_spin, ws, text),
         )
 
     async def _heartbeat_loop(self, interval_s: float) -> None:
@@ -657,6 +658,7 @@ class Agent:
     # ------------------------------------------------------------------ dispatch (no awaits)
 
     def _dispatch(self, msg: protocol.messages.ToWorker | DecodeFailure) -> None:
+        SPIN.received()  # the spin after this worker's last frame ends (wireio/spin.py)
         match msg:
             case protocol.Assign():
                 self.attempts.assigned(msg.plan_id, msg.attempt)  # before the runner: a reject ends it again
@@ -699,3 +701,12 @@ class Agent:
                 self._log.warning("undecodable message from coordinator", code=msg.code, message=msg.message)
             case _:
                 assert_never(msg)
+
+
+def _write_now_spin(ws: ClientConnection, text: bool, frame: bytes) -> bool:
+    """``write_frame_now``, then the spin (wireio/spin.py): a finished plan's ``done`` written at once expects the
+    coordinator's next frame soon when plans come one after another."""
+    if write_frame_now(ws, text, frame):
+        SPIN.sent()
+        return True
+    return False

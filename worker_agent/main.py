@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 
+from wireio.spin import add_spin_argument, apply_spin_argument
 from wireio.tracing import SERVICE_WORKER, Tracing
 from worker_agent.agent import Agent, AuthError, WorkerRemoved
 from worker_agent.argtypes import non_negative_int, positive_float
@@ -169,6 +170,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
              "failing inputs_unavailable (default 600)",
     )
     add_telemetry_arguments(parser)  # energy, carbon and --inference-url (worker_agent/telemetry.py)
+    add_spin_argument(parser)  # the lone round trip's busy-poll (wireio/spin.py)
 
 
 def _tags(values: list[str]) -> list[str]:
@@ -286,6 +288,7 @@ async def run_worker(ns: argparse.Namespace, *, own_process: bool = False) -> in
         _error(str(exc))
         return 2
     forget_secrets(os.environ)  # read by now; the python op's in-process functions do not find them
+    apply_spin_argument(ns)
     if own_process:
         lock_worker_process()  # same-user plans cannot read /proc/PID/environ (the start environment) or memory
     return await _serve(agent, url)

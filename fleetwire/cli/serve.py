@@ -26,6 +26,7 @@ from fleetwire.cli.security import add_security_arguments, plan_limit_settings, 
 from fleetwire.cli.store import add_store_loss_argument, store_exit_code
 from protocol.relay import DEFAULT_IDLE_S as DEFAULT_RELAY_IDLE_S
 from protocol.relay import DEFAULT_MAX_BYTES as DEFAULT_RELAY_MAX_BYTES
+from wireio.spin import add_spin_argument, apply_spin_argument
 
 __all__ = [
     "DAEMON_GC_THRESHOLDS", "add_server_arguments", "fail", "routing_settings", "run_coordinator",
@@ -295,6 +296,7 @@ async def run_coordinator(ns: argparse.Namespace) -> int:
     from coordinator.io.frontdoor.server import CoordinatorServer
 
     tune_gc_for_daemon()
+    apply_spin_argument(ns)
     worker_token = ns.worker_token or os.environ.get("FLEETWIRE_WORKER_TOKEN")
     client_token = ns.client_token or os.environ.get("FLEETWIRE_CLIENT_TOKEN")
     admin_token = ns.admin_token or os.environ.get("FLEETWIRE_ADMIN_TOKEN")
@@ -427,6 +429,7 @@ def add_server_arguments(p: argparse.ArgumentParser, default_port: int) -> None:
                    help="a relayed stream on which no byte moved this long gives its window back and ends "
                         "relay_closed (the SDK opens it again when it goes on) (default 10)")
     add_store_loss_argument(p)  # fleetwire/cli/store.py
+    add_spin_argument(p)  # the lone round trip's busy-poll (wireio/spin.py)
     g = p.add_argument_group("OpenAI-compatible front door (docs/OPENAI.md)")
     g.add_argument("--no-openai", action="store_true",
                    help="do not serve /v1/chat/completions, /v1/completions and /v1/models on the main port")

@@ -26,6 +26,7 @@ from fleetwire.cli.console import EXIT_FAILED, EXIT_OK
 from fleetwire.cli.safety import up_state_tokens
 from fleetwire.cli.serve import fail, server_settings, tune_gc_for_daemon, version, wait_for_signal
 from fleetwire.cli.store import store_exit_code
+from wireio.spin import apply_spin_argument
 
 __all__ = ["run_up"]
 
@@ -35,6 +36,7 @@ async def run_up(ns: argparse.Namespace) -> int:
     from coordinator.io.frontdoor.server import CoordinatorServer
 
     tune_gc_for_daemon()
+    apply_spin_argument(ns)
     if ns.workers < 0:
         return fail("--workers must be 0 or more")
     if ns.state_dir is None and ns.store is None and ns.data_dir is None:  # a throwaway store per `up` run
@@ -154,6 +156,8 @@ def _local_worker_argv(url: str, worker_id: str, ns: argparse.Namespace, tags: S
            "--data-listen", "127.0.0.1:0"]  # the data plane on a loopback port of its own
     if ns.allow_shell:
         cmd.append("--allow-shell")
+    if getattr(ns, "spin_us", None) is not None:  # the local workers' busy-poll too (wireio/spin.py)
+        cmd += ["--spin-us", f"{ns.spin_us:g}"]
     if getattr(ns, "autoscale", None) and ns.autoscale_worker_gpus:  # what the autoscaler was told they have
         cmd += ["--gpus", ",".join(str(i) for i in range(ns.autoscale_worker_gpus))]
     if url.startswith("wss://"):

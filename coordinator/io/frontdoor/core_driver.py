@@ -83,6 +83,7 @@ from coordinator.limits import Limits
 from protocol import errors as codes
 from protocol.messages import Ack, Assign, Error, Hello, Moved, Submit
 from protocol.urls import named_worker_id
+from wireio.spin import SPIN
 
 __all__ = [
     "ACK_FLUSH_WAIT_S", "ACK_HOLD_MESSAGES", "ACK_HOLD_S",
@@ -320,6 +321,8 @@ class CoreDriver:
             if not session.send_now(msgs):
                 session.pending.extend(msgs)
                 session.wake.set()
+        if sends:  # an answer (a worker's done, a client's next submit) may come before the loop would sleep
+            SPIN.sent()
         for conn_id, code, reason in effects.closes:
             session = sessions.get(conn_id)
             if session is not None:
@@ -445,6 +448,7 @@ class CoreSession:
         done), and after the message that spent the frame budget; either way what was fed goes out.
         Called from ``data_received`` itself while the reader is idle (coordinator/io/frontdoor/reader.py).
         """
+        SPIN.received()  # a frame came: the spin after this process's last send ends (wireio/spin.py)
         driver, session = self.driver, self.session
         outbox = driver.core.outbox
         redirect = driver.redirect
