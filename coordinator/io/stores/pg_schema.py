@@ -60,7 +60,7 @@ or older kept no partitions: the first coordinator of version 3 to open it recor
 A group commit is ONE statement (:func:`commit_statement`): the fence
 (:data:`~coordinator.io.cluster.leases.FENCE`) and the group's deletes, inserts, updates and event
 upserts as parts of one ``WITH`` query, each row kind's columns of one type sent as one array
-parameter (a slice per column: :func:`commit_statement`'s notes) that ``unnest()`` reads back.
+parameter (a slice per column: :func:`commit_statement`'s notes) that ``unnest()`` reads back, row by row.
 """
 
 from __future__ import annotations
@@ -241,18 +241,31 @@ SELECT_EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE shard =
 # array parameter's shape by checking its elements against collections.abc's Iterable and Sized in
 # Python (~0.12 us each), but only along the first element of each dimension, so a group of n rows
 # costs ~sqrt(n) checks a column, not n (bench/store_bench.py's plan: ~51 checks before, ~2 now).
-def _cols(param: int, columns: int) -> str:
-    """``({param})[1:1], ..., ({param})[columns:columns]``: each column of an array parameter, for unnest()."""
-    return ", ".join(f"({{{param}}})[{i}:{i}]" for i in range(1, columns + 1))
+#
+# The slices are unnested in a subquery's select list (``SELECT unnest(a) AS key, unnest(b) AS shard ...``:
+# set-returning functions there run in step, row by row, a ProjectSet node), not as ``FROM unnest(a, b, ...) AS
+# v(...)``: a function in FROM is a Function Scan, which first copies every row of the group into a tuplestore and
+# then reads it back (10.6 % of a backend's CPU in a perf profile of grouped commits). The same rows (the slices are
+# of equal length, so none is padded), ~1.4-2.7 us less of PostgreSQL's CPU a plan (bench/store_bench.py's plans in
+# groups of ~2,700 records: 18.3-19.7 against 16.7-17.3; docs/PERFORMANCE.md §C29g2).
+def _rows(columns: tuple[tuple[int, int], ...], names: str) -> str:
+    """``(SELECT unnest(({p})[1:1]) AS n1, ...) AS v``: the columns of each ``(param, count)``, as rows of ``names``."""
+    slices = [f"({{{param}}})[{i}:{i}]" for param, count in columns for i in range(1, count + 1)]
+    named = names.split(", ")
+    assert len(slices) == len(named), names
+    return "(SELECT " + ", ".join(f"unnest({c}) AS {n}" for c, n in zip(slices, named, strict=True)) + ") AS v"
 
+
+_NEW_COLUMNS = ("key, shard, ord, nevents, spec_crc, status_crc, events_crc, "
+                "id, owner, state, name, spec, status, events")  # fmt: skip
+_CHANGED_COLUMNS = "key, nevents, status_crc, events_crc, state, status, events"
 
 _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types)
     ("gone_plans", "DELETE FROM fleetwire_plans WHERE key = ANY({0}) AND (SELECT held FROM ok)", ("bigint[]",)),
     ("gone_events", "DELETE FROM fleetwire_events WHERE plan = ANY({0}) AND (SELECT held FROM ok)", ()),
     ("created", f"""INSERT INTO fleetwire_plans (key, shard, ord, nevents, spec_crc, status_crc, events_crc,
                                  id, owner, state, name, spec, status, events)
-    SELECT * FROM unnest({_cols(0, 7)}, {_cols(1, 4)}, {_cols(2, 3)})
-        AS v(key, shard, ord, nevents, spec_crc, status_crc, events_crc, id, owner, state, name, spec, status, events)
+    SELECT * FROM {_rows(((0, 7), (1, 4), (2, 3)), _NEW_COLUMNS)}
     WHERE v.key IS NOT NULL AND (SELECT held FROM ok)""",
      ("bigint[]", "text[]", "bytea[]")),
     ("changed", f"""UPDATE fleetwire_plans AS p SET
@@ -262,12 +275,11 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
         nevents = p.nevents + v.nevents,
         status_crc = coalesce(v.status_crc, p.status_crc),
         events_crc = coalesce(v.events_crc, p.events_crc)
-    FROM unnest({_cols(0, 4)}, {_cols(1, 1)}, {_cols(2, 2)})
-        AS v(key, nevents, status_crc, events_crc, state, status, events)
+    FROM {_rows(((0, 4), (1, 1), (2, 2)), _CHANGED_COLUMNS)}
     WHERE p.key = v.key AND (SELECT held FROM ok)""",
      ("bigint[]", "text[]", "bytea[]")),
     ("runs", f"""INSERT INTO fleetwire_events (plan, seq, shard, crc, body)
-    SELECT * FROM unnest({_cols(0, 4)}, {_cols(1, 1)}) AS v(plan, seq, shard, crc, body)
+    SELECT * FROM {_rows(((0, 4), (1, 1)), "plan, seq, shard, crc, body")}
     WHERE v.plan IS NOT NULL AND (SELECT held FROM ok)
     ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
      ("bigint[]", "bytea[]")),
