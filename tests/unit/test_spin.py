@@ -194,3 +194,14 @@ def test_spin_us_on_the_command_line_sets_the_process_window(command: str, monke
     assert spin_module.SPIN.window_s == pytest.approx(150e-6)
     spin_module.apply_spin_argument(parser.parse_args([command, "--spin-us", "0"]))
     assert spin_module.SPIN.window_s == 0.0
+
+
+def test_up_hands_spin_us_to_its_local_workers() -> None:
+    """``fleetwire up --spin-us N``: its worker processes get ``--spin-us N`` too; without the flag, nothing."""
+    from fleetwire.cli.main import build_parser
+    from fleetwire.cli.up import _local_worker_argv
+
+    parser = build_parser()
+    argv = _local_worker_argv("ws://127.0.0.1:1", "w1", parser.parse_args(["up", "--spin-us", "150"]))
+    assert argv[argv.index("--spin-us") + 1] == "150"
+    assert "--spin-us" not in _local_worker_argv("ws://127.0.0.1:1", "w1", parser.parse_args(["up"]))
