@@ -3,7 +3,9 @@
 A 5 ms timer on the loop records its lateness while the child dies, closes its pipe before its exit, or is stopped
 and cannot be killed at once; the groups in flight each get the error once (none acknowledged that was not
 committed, none left unanswered). Real children, real SQLite files. The bound (0.5 s) is generous: the waits these
-tests found on the loop were 1 s (the exit status awaited) and 5 s (the end after SIGKILL awaited).
+tests found on the loop were 1 s (the exit status awaited) and 5 s (the end after SIGKILL awaited). It bounds the
+timer's lateness with the loop's thread blocked (LagProbe.worst_blocked_s): not its waits for a CPU or the
+collector's pauses, which a loaded machine's whole-suite run made 1.16 s.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ LINGERING_CHILD = textwrap.dedent("""
     signal.signal(signal.SIGUSR1, close_and_linger)
     runpy.run_module("coordinator.io.stores.writer_child", run_name="__main__", alter_sys=True)
 """)
+
+
+def stalled(probe: LagProbe) -> str:
+    return f"the loop stalled {probe.worst_blocked_s:.2f} s blocked ({probe.worst_s:.2f} s late in all)"
 
 
 class Groups:
@@ -122,11 +128,11 @@ async def test_a_child_killed_mid_run_fails_the_groups_out_and_the_loop_keeps_tu
     os.kill(store.writer_pid, signal.SIGKILL)
     await stream_until_failed(groups, 4)
     await groups.all_answered()
-    lag_s = probe.stop()
+    probe.stop()
     committed = groups.committed()
     assert 3 <= committed < len(groups.answers)
     assert all(isinstance(a[0], StoreError) and "signal 9" in str(a[0]) for a in groups.answers[committed:])
-    assert lag_s < LAG_BOUND_S, f"the loop stalled {lag_s:.2f} s"
+    assert probe.worst_blocked_s < LAG_BOUND_S, stalled(probe)
     store.leave_loop()
 
 
@@ -146,10 +152,10 @@ async def test_a_child_whose_pipe_closed_before_its_exit_fails_the_groups_withou
         os.kill(child.pid, signal.SIGUSR1)
         await stream_until_failed(groups, 2)
         await groups.all_answered()
-        lag_s = probe.stop()
+        probe.stop()
         committed = groups.committed()
         assert committed >= 1 and all("closed its pipe" in str(a[0]) for a in groups.answers[committed:])
-        assert lag_s < LAG_BOUND_S, f"the loop stalled {lag_s:.2f} s"
+        assert probe.worst_blocked_s < LAG_BOUND_S, stalled(probe)
         await until(lambda: not alive(child.pid), timeout_s=10)  # killed once failed, not left for its 3 s
         store.leave_loop()
     finally:
@@ -175,10 +181,10 @@ async def test_a_stopped_child_that_sigkill_does_not_end_fails_the_groups_and_th
         with structlog.testing.capture_logs() as logs:
             await stream_until_failed(groups, 2)
             await groups.all_answered()
-            lag_s = probe.stop()
+            probe.stop()
             committed = groups.committed()
             assert committed >= 1 and all("stuck" in str(a[0]) for a in groups.answers[committed:])
-            assert lag_s < LAG_BOUND_S, f"the loop stalled {lag_s:.2f} s"
+            assert probe.worst_blocked_s < LAG_BOUND_S, stalled(probe)
             await until(lambda: any("did not end after SIGKILL" in e["event"] for e in logs), timeout_s=10)
     finally:
         os.kill(child.pid, signal.SIGKILL)

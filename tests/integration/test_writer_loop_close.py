@@ -70,7 +70,8 @@ async def test_a_store_closed_with_groups_out_to_a_stuck_child_keeps_the_loop_re
     finally:
         late_s = probe.stop()
     assert seen == [] and seen.errors
-    assert late_s < 1.0, f"the loop stalled {late_s:.1f} s"
+    # blocked, not waiting for a CPU or the collector (tests/waiting.py LagProbe)
+    assert probe.worst_blocked_s < 1.0, f"the loop stalled {probe.worst_blocked_s:.1f} s blocked ({late_s:.1f} s late)"
 
 
 async def test_a_store_closed_with_groups_out_to_a_stuck_child_is_bounded_by_the_grace_and_logs_them(

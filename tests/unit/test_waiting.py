@@ -1,13 +1,16 @@
 """tests/waiting.py's waits: ``until`` (a synchronous condition) and ``until_async`` (one that awaits), both bounded
-by ``timeout_s`` and saying, when it passed, which condition did not hold and what it gave last."""
+by ``timeout_s`` and saying, when it passed, which condition did not hold and what it gave last; and ``LagProbe``'s
+two figures (the loop late, and late with its thread blocked)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 
 import pytest
 
-from tests.waiting import until, until_async
+from tests.waiting import LagProbe, until, until_async
 
 
 async def test_until_async_awaits_each_look_and_returns_once_it_holds() -> None:
@@ -56,3 +59,29 @@ async def test_until_async_lets_the_conditions_own_timeout_through() -> None:
 
     with pytest.raises(TimeoutError, match="the peer did not answer"):
         await until_async(request, timeout_s=5)
+
+
+async def test_lag_probe_counts_a_blocking_wait_on_the_loop_as_blocked() -> None:
+    """A callback that sleeps 0.3 s on the loop: the probe's timer runs that late, and all of it blocked."""
+    probe = LagProbe()
+    await asyncio.sleep(0.02)
+    time.sleep(0.3)  # noqa: ASYNC251  (the point: the loop's thread blocked, as by a waitpid on the loop)
+    await asyncio.sleep(0.02)
+    probe.stop()
+    assert probe.worst_s >= 0.29 and probe.worst_blocked_s >= 0.25, (probe.worst_s, probe.worst_blocked_s)
+
+
+async def test_lag_probe_does_not_count_the_collectors_pause_as_blocked() -> None:
+    """A collection that holds the loop 0.3 s (gc.callbacks told of its start and stop around it): late, not
+    blocked."""
+    probe = LagProbe()
+    await asyncio.sleep(0.02)
+    info = {"generation": 2, "collected": 0, "uncollectable": 0}
+    for callback in list(gc.callbacks):
+        callback("start", info)
+    time.sleep(0.3)  # noqa: ASYNC251  (the pause on the loop's thread, a fixed length whatever the heap)
+    for callback in list(gc.callbacks):
+        callback("stop", info)
+    await asyncio.sleep(0.02)
+    probe.stop()
+    assert probe.worst_s >= 0.29 and probe.worst_blocked_s < 0.1, (probe.worst_s, probe.worst_blocked_s)
