@@ -306,7 +306,7 @@ class LiveSpan:
         else:
             queue.append((self._name, self.trace_id, self.span_id, self._parent_id, self._remote, self._start_ns,
                           time.time_ns(), self._attributes, self._events, self._kind, error))  # fmt: skip
-        if len(queue) >= tracing._batch and not tracing._wake.is_set():
+        if (len(queue) >= tracing._batch or tracing._parked) and not tracing._wake.is_set():
             tracing._wake.set()
 
 
@@ -365,6 +365,7 @@ class Tracing:
         self._noted = 0  # trace notes in step records queued so far (add_step: the noting thread's count)
         self._taken = 0  # ... and taken off the queue (the exporter's count)
         self._wake = threading.Event()
+        self._parked = False  # the exporter thread waits for a first span, with no timeout (_run)
         self._export_lock = threading.Lock()  # one export at a time: the thread's, or a flush's
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"fleetwire-spans-{self.service}", daemon=True)
@@ -485,7 +486,7 @@ class Tracing:
             return
         queue.append((name, parent[3:35], _getrandbits(64) or 1, parent[36:52], True, start_ns, end_ns, attributes,
                       events, "internal", error))  # fmt: skip
-        if len(queue) >= self._batch and not self._wake.is_set():
+        if (len(queue) >= self._batch or self._parked) and not self._wake.is_set():
             self._wake.set()
 
     def add_compact(self, template: int, parent: str, start_ns: int, end_ns: int, *values: Any) -> None:
@@ -497,7 +498,7 @@ class Tracing:
             self.dropped += 1
             return
         queue.append((template, parent, start_ns, end_ns, *values))
-        if len(queue) >= self._batch and not self._wake.is_set():
+        if (len(queue) >= self._batch or self._parked) and not self._wake.is_set():
             self._wake.set()
 
     def add_step(self, step: int, at_ns: int, notes: Sequence[Any]) -> None:
@@ -510,7 +511,7 @@ class Tracing:
             return
         self._noted += len(notes)  # written by the noting thread only, _taken by the exporter only: no lost update;
         self._queue.append((STEP_RECORD, step, at_ns, notes))  # counted before queued (_export_queued's fast path)
-        if self._noted - self._taken >= self._batch and not self._wake.is_set():
+        if (self._noted - self._taken >= self._batch or self._parked) and not self._wake.is_set():
             self._wake.set()
 
     def add_commit(self, step: int, at_ns: int) -> None:
@@ -519,6 +520,8 @@ class Tracing:
             self.dropped += 1
             return
         self._queue.append((COMMIT_RECORD, step, at_ns))
+        if self._parked and not self._wake.is_set():
+            self._wake.set()
 
     def _full(self) -> bool:
         """Whether the queue is at its bound, each step record weighing its notes (:meth:`add_step`)."""
@@ -530,14 +533,24 @@ class Tracing:
             self.dropped += 1
             return
         queue.append(span)
-        if len(queue) >= self._batch and not self._wake.is_set():
+        if (len(queue) >= self._batch or self._parked) and not self._wake.is_set():
             self._wake.set()
 
     # -- the exporter thread: tuples to ReadableSpans to OTLP --------------------------------------
 
     def _run(self) -> None:
-        wake = self._wake
+        """Export every ``OTEL_BSP_SCHEDULE_DELAY`` while spans come (at once for a full batch); with none queued,
+        park until the next one is noted (the noting side sets ``_wake`` while ``_parked``): an idle process,
+        or one that samples nothing, is not woken every delay for nothing."""
+        wake, queue = self._wake, self._queue
         while not self._closed:
+            if not queue:
+                self._parked = True
+                if not queue:  # a span noted before _parked was set is seen here; one noted after sets _wake
+                    wake.wait()
+                self._parked = False
+                if not self._closed and len(queue) + self._noted - self._taken < self._batch:
+                    wake.clear()  # the first span: its delay starts now (a full batch, or a shutdown, goes at once)
             wake.wait(self._delay_s)
             wake.clear()
             self._export_queued()
