@@ -74,6 +74,10 @@ class Outbox:
         self._counters = counters
         self._max_protocol_errors = max_protocol_errors
         self._effects = Effects()
+        self.sessions = sessions
+        """The open sessions (read only; Streams.emit reads them for its inlined :meth:`send`)."""
+        self.sends = self._effects.sends
+        """The frames of the step under way, by connection (:meth:`send`; Streams.emit adds its events here)."""
         self.work = 0
         """Work units charged so far (issue 17 finding 1): rows scanned, events replayed. The driver
         reads the difference around each input, adds one per message and charges the principal."""
@@ -85,6 +89,7 @@ class Outbox:
     def take(self) -> Effects:
         """The effects accumulated since the last call; the outbox starts a new step empty."""
         effects, self._effects = self._effects, Effects()
+        self.sends = self._effects.sends
         return effects
 
     # ------------------------------------------------------------------ frames and closes
@@ -93,7 +98,7 @@ class Outbox:
         """Queue a frame for a connection, unless it is gone or closing."""
         session = self._sessions.get(conn_id)
         if session is not None and not session.closing:
-            sends = self._effects.sends
+            sends = self.sends
             queued = sends.get(conn_id)  # no setdefault(conn_id, []): that makes a list per frame
             if queued is None:
                 sends[conn_id] = [msg]
@@ -102,7 +107,7 @@ class Outbox:
 
     def discard(self, conn_id: int) -> None:
         """The connection is gone: drop the frames queued for it (nothing can reach it any more)."""
-        self._effects.sends.pop(conn_id, None)
+        self.sends.pop(conn_id, None)
 
     def close(self, s: Session, code: int, reason: str) -> None:
         """Close a session with a websocket close code; later input from it is ignored."""

@@ -34,7 +34,8 @@ class Journal:
     def __init__(self) -> None:
         self._created: list[PlanCreated] = []
         # ``events`` and ``dirty`` are public for Streams.emit, which does what :meth:`emitted` does inline
-        # (once per event); everything else goes through the methods.
+        # (once per event) on the objects it took at its start: they are never replaced, only emptied (take);
+        # everything else goes through the methods.
         self.events: list[Event] = []
         self.dirty: dict[str, Plan] = {}
         self._forgotten: list[PlanForgotten] = []
@@ -71,5 +72,7 @@ class Journal:
             return []
         records: list[Record] = [*self._forgotten, *self._created, *self.events]
         records.extend(map(status_of, self.dirty.values()))  # map, not a generator: no frame resumed per plan
-        self._created, self.events, self.dirty, self._forgotten = [], [], {}, []
+        self._created, self._forgotten = [], []
+        self.events.clear()  # emptied in place: Streams holds these two (one attribute read an event fewer)
+        self.dirty.clear()
         return records

@@ -187,6 +187,7 @@ class Plan:
         history: one entry per attempt that ended without ending the plan (lost, failed, handed back).
         worker_seq: (attempt, the worker's highest message seq applied): re-sent messages are dropped.
         held_bytes: :func:`event_bytes` of the held events.
+        ephemeral_held: whether an ephemeral event was held since the last :meth:`drop_ephemeral`.
         ended_at: wall-clock seconds (Unix time) when it reached its terminal state; None before.
             Stored with its status, so its retention survives restarts (coordinator/retention.py).
         name: the id its owner submitted, when that is not ``id`` (a plan held that key: module
@@ -220,6 +221,7 @@ class Plan:
     history: list[dict[str, Any]]
     worker_seq: tuple[int, int]
     held_bytes: int
+    ephemeral_held: bool  # an ephemeral event was held since its last drop_ephemeral (else its end skips the scan)
     ended_at: float | None
     inputs: list[InputSpec]  # uploaded to its worker (coordinator/data_plane.py)
     outputs: list[str]  # output names the client declared
@@ -293,6 +295,7 @@ class Plan:
         self.history = []
         self.worker_seq = (0, 0)
         self.held_bytes = 0
+        self.ephemeral_held = False
         self.ended_at = None
         self.inputs = []
         self.outputs = []
@@ -376,15 +379,18 @@ class Plan:
         """Stamp the next ``seq`` on an event, hold it, and return it.
 
         Past ``max_events`` events or ``max_bytes`` held bytes (0: no byte bound) the held
-        stream is compacted (see :meth:`_compact`). ``size``: the payload's size when the
+        stream is compacted (see :meth:`compact`). ``size``: the payload's size when the
         caller knows it is small (the core's own lifecycle events), else :func:`event_bytes`.
+        Streams.emit does the same inline (once per event).
         """
         event = Event(self.id, kind, data, self.next_seq, attempt, ephemeral)  # positional: Event's field order
         self.next_seq += 1
         self.events.append(event)
         self.held_bytes += event_bytes(data) if size is None else size
         if len(self.events) > max_events or (max_bytes and self.held_bytes > max_bytes):
-            self._compact(max_events, max_bytes)
+            self.compact(max_events, max_bytes)
+        if ephemeral:
+            self.ephemeral_held = True
         return event
 
     def drop_superseded(self, kind: str, size: int) -> None:
@@ -397,7 +403,7 @@ class Plan:
             events.pop()
             self.held_bytes -= size
 
-    def _compact(self, max_events: int, max_bytes: int = 0) -> None:
+    def compact(self, max_events: int, max_bytes: int = 0) -> None:
         """Shrink the held stream under both bounds, oldest ephemeral events first.
 
         It drops a tenth more than needed so that a stream of tokens at the bound pays
@@ -422,8 +428,9 @@ class Plan:
 
     def drop_ephemeral(self) -> None:
         """Let go of the held ephemeral events (the plan ended: only the durable ones stay for replay)."""
+        self.ephemeral_held = False
         events = self.events
-        for event in events:  # a plain loop: this runs for every plan that ends, most with none
+        for event in events:  # a plain loop: a plan that held one ends (Streams.emit asks ephemeral_held first)
             if event.ephemeral:
                 self.events = [event for event in events if not event.ephemeral]
                 self.recount()

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from coordinator.plans import SMALL_EVENT_BYTES
+from coordinator.plans import SMALL_EVENT_BYTES, event_bytes
 from protocol.messages import TERMINAL_STATES, ErrorInfo, Event, Resync
 
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ class Streams:
         self._plans = plans
         self._replays: deque[_Replay] = deque()
         self._journal = journal
+        self._journaled = journal.events  # the journal's own list and dict (Journal.take empties them in place)
+        self._dirty = journal.dirty
         self._quota = quota
         self._retention = retention
         self._counters = counters
@@ -133,32 +135,47 @@ class Streams:
         ``recorded``: False for an event the store need not keep (a re-explained ``waiting``):
         only the plan's seq reservation is recorded, when the event passes it (module docstring).
         """
-        event = plan.append_event(  # positional: five keywords cost the pure core more than the call itself
-            kind, data, plan.attempt, ephemeral, self._max_events, self._max_event_bytes,
-            SMALL_EVENT_BYTES if small else size,
-        )
+        # Plan.append_event, inlined (this runs for every event): the next seq stamped, the event held, the held
+        # stream compacted past its bounds. Positional: Event's field order.
+        event = Event(plan.id, kind, data, plan.next_seq, plan.attempt, ephemeral)
+        plan.next_seq += 1
+        held = plan.events
+        held.append(event)
+        plan.held_bytes += SMALL_EVENT_BYTES if small else event_bytes(data) if size is None else size
+        max_bytes = self._max_event_bytes
+        if len(held) > self._max_events or (max_bytes and plan.held_bytes > max_bytes):
+            plan.compact(self._max_events, max_bytes)
+        if ephemeral:
+            plan.ephemeral_held = True  # its end drops them (Plan.drop_ephemeral); a plan with none skips the scan
         if plan.sampled and self.tracing and kind in TRACED_KINDS:  # data: a wait's reason (never a result to pack)
             self._outbox.traced((plan.traceparent, plan.id, plan.attempt, kind, data if kind == "waiting" else None))
         if recorded:  # self._journal.emitted(plan, event), inlined: this runs for every event
-            journal = self._journal
             if not ephemeral:
-                journal.events.append(event)
-            journal.dirty[plan.id] = plan
+                self._journaled.append(event)
+            self._dirty[plan.id] = plan
         elif plan.next_seq > plan.seq_recorded:  # past what the store has reserved: reserve the next run
             plan.seq_recorded = plan.next_seq + UNRECORDED_SEQ_RESERVE
             self._journal.touched(plan)
-        outbox = self._outbox  # not its bound send: compiled (setup.py), outbox.send(...) is a direct call
+        outbox = self._outbox
         followers = self._subscriptions.by_plan.get(plan.id, ())  # Subscriptions.followers, inlined
         if plan.name is None:
-            for conn_id in followers:
-                outbox.send(conn_id, event)
+            sessions, sends = outbox.sessions, outbox.sends
+            for conn_id in followers:  # Outbox.send, inlined: this runs for every event and follower
+                session = sessions.get(conn_id)
+                if session is not None and not session.closing:
+                    queued = sends.get(conn_id)
+                    if queued is None:
+                        sends[conn_id] = [event]
+                    else:
+                        queued.append(event)
         else:  # its owner's sessions know it by its name (module docstring)
             named = msgspec.structs.replace(event, plan_id=plan.name)
             for conn_id in followers:
                 outbox.send(conn_id, event if self._by_key(conn_id) else named)
         if kind in TERMINAL_STATES:  # the stream's last event: the plan no longer counts against its owner
             self._quota.release(plan.owner, plan.id)
-            plan.drop_ephemeral()  # a finished plan keeps its durable events only; a replay resyncs the rest
+            if plan.ephemeral_held:  # a finished plan keeps its durable events only; a replay resyncs the rest
+                plan.drop_ephemeral()
             self._retention.ended(plan, self.now)
             if self.on_end is not None:
                 self.on_end(plan)
