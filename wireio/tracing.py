@@ -29,8 +29,9 @@ Theory of operation:
   shape, the worker's, its template's number and its attributes' values: :class:`LiveSpan`) appended to a
   bounded queue (``OTEL_BSP_MAX_QUEUE_SIZE``, default 65,536; past it spans are dropped and
   counted in :attr:`Tracing.dropped`, never a stall). An exporter thread wakes every
-  ``OTEL_BSP_SCHEDULE_DELAY`` ms (default 5,000) or when a batch (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``,
-  default 2,048) is waiting and hands the batch on (wireio/span_export.py): with
+  ``OTEL_BSP_SCHEDULE_DELAY`` ms (default 5,000) while spans come, or when a batch
+  (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``, default 2,048) is waiting, and hands the batch on
+  (wireio/span_export.py); with nothing queued it sleeps until a span is noted (no timer wake-up): with
   ``export_process`` (the coordinator and worker daemons) as one msgpack frame to a child process
   that encodes the OTLP request (protobuf, wireio/otlp.py) and posts it with the standard OTLP/HTTP
   exporter's client, so this process never imports OpenTelemetry; without it (the client in an
