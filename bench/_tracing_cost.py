@@ -255,6 +255,11 @@ def report(ns: argparse.Namespace, levels: Sequence[Level], runs: Runs, sink: Si
             "paired_p50": paired_changes(runs.p50s, runs.orders, name) if name != "off" else None,
             "cpu_us_per_plan_by_process": {p: statistics.median(v) for p, v in runs.by_process[name].items()},
         }  # fmt: skip
+    lines.append("paired change a round against off (median [range]; after off / before off), of the CPU per plan "
+                 "(steadier than throughput on a busy machine) and the p50: " + " | ".join(
+                     f"{level.label}: CPU {_fmt_paired(results['levels'][level.label]['paired_cpu'])}, "
+                     f"p50 {_fmt_paired(results['levels'][level.label]['paired_p50'])}"
+                     for level in levels if level.label != "off"))  # fmt: skip
     processes = sorted({p for per in runs.by_process.values() for p in per})
     lines.append("CPU µs per plan by process (median of rounds): " + "; ".join(
         f"{level.label}: " + ", ".join(f"{p} {statistics.median(runs.by_process[level.label][p]):.0f}"

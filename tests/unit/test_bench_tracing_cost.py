@@ -89,3 +89,14 @@ def test_each_level_runs_with_its_own_variables_in_the_rotated_order(monkeypatch
     assert seen == [None, "0.01", "0.01", None, None, "0.01"]
     assert results["levels"]["1 %"]["rates"] == [970.0, 1000.0, 970.0]
     assert "OTEL_TRACES_SAMPLER_ARG" not in os.environ
+
+
+def test_the_table_says_the_paired_cpu_change_of_each_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lines name each level's paired CPU-per-plan change against off (the steadier figure under load)."""
+    monkeypatch.setattr(tc, "Sink", FakeSink)
+    run, _ = _fake_run(0.0)
+    ns = argparse.Namespace(plans=1000, samples=10, store="memory", timeout=5.0, rounds=2, tracing_levels="off,1",
+                            tracing_order="rotate")  # fmt: skip
+    lines, _ = tc.measure(ns, run)
+    assert any(line.startswith("paired change a round against off") and "1 %: CPU +0.0 % [+0.0, +0.0]" in line
+               for line in lines)  # fmt: skip
