@@ -297,10 +297,12 @@ class PlanGraphs:
                 plan.replicating = False
                 self._drop_copy(held.copy, "its producer ended before the copy was placed", now)
         graph = self.graph
-        if plan.id in self._dooming or (
+        if (plan.id in self._dooming and plan.rebuild_of is None) or (
             plan.id not in graph.dependants and plan.id not in graph and plan.id not in graph.lineage.origin
         ):
-            return  # nothing needs it, it is no rebuild (or it ends with its dependants in this same step)
+            # Nothing needs it, it is no rebuild, or it ends with its dependants in this same step. A doomed rebuild
+            # is told to the graph all the same: the plans waiting for it are no dependants of it, but of its origin.
+            return
         self.apply(graph.ended(plan.id), now)
 
     @contextlib.contextmanager

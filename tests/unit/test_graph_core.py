@@ -286,6 +286,36 @@ def test_a_lost_output_of_a_nondeterministic_producer_fails_its_consumer_output_
     assert "deterministic=false" in plan.error.message and "a.r1" not in h.core.plans
 
 
+def test_a_consumer_of_a_rebuild_doomed_at_its_admit_fails_and_is_not_held_forever() -> None:
+    """A's output (deterministic=false) and C's (made from A's) are lost with their worker: C's rebuild c.r1 is
+    doomed at its admit (A's output cannot be made again), and D, waiting for C's output, fails with the rebuild
+    named, instead of staying held with a stale reason (E, needing A, fails once). Found from the graph's property
+    test (tests/unit/test_graphs.py DOOMED_IN_A_REBUILDS_ADMIT): PlanGraphs.ended never told the graph of a rebuild
+    doomed in the step that made it."""
+    h = Harness(heartbeat_timeout_s=30.0)
+    conns = fleet(h, "w1")
+    client = h.client()
+    a = h.submit(client, plan_id="a", outputs=["y"], deterministic=False)
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], a, outputs={"y": 10})
+    c = h.submit(client, plan_id="c", inputs=[ref("a")], outputs=["y"])
+    assign_of(h, conns["w1"])
+    finish(h, conns["w1"], c, outputs={"y": 10})
+    h.submit(client, plan_id="gate")  # keeps w1 busy: the consumers wait for it
+    assign_of(h, conns["w1"])
+    e = h.submit(client, plan_id="e", inputs=[ref("a")], after=["gate"])
+    d = h.submit(client, plan_id="d", inputs=[ref("c")], after=["gate"])
+    h.take(client)
+    h.close(conns["w1"])
+    h.tick(100.0)  # w1 is reaped: a's and c's outputs are gone
+    plans: Any = h.core.plans
+    assert plans["c.r1"].state == "failed" and plans[e].state == "failed"
+    assert plans[d].state == "failed" and "its rebuild, plan c.r1" in plans[d].error.message
+    assert not h.core.graphs.graph.held
+    ends = [(m.plan_id, m.kind) for m in h.take(client) if isinstance(m, Event) and m.kind == "failed"]
+    assert sorted(ends) == [(d, "failed"), (e, "failed")]
+
+
 @pytest.fixture
 def durable(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Makes Durable harnesses on a MemoryStore, or on a SQLite file reopened by each restart (as a new process

@@ -57,6 +57,8 @@ class Core:
         self.graph = PlanGraph(self.plans, max_rebuilds=max_rebuilds)
         self.ready: list[str] = []  # the placement queue, in order
         self.rebuilt: list[str] = []  # origins, once per rebuild made
+        self._depth = 0  # verdicts applied within verdicts (a rebuild's admit, a doomed plan's end)
+        self._doomed_now: set[str] = set()  # the plans doomed in this step (one submit, run, cancel or loss)
 
     def submit(self, plan_id: str, needs: list[Need] | None = None, *, uploads: bool = False,
                deterministic: bool = True) -> str | None:
@@ -77,6 +79,15 @@ class Core:
         return None
 
     def apply(self, verdicts: Verdicts) -> None:
+        if not self._depth:
+            self._doomed_now = set()
+        self._depth += 1
+        try:
+            self._apply(verdicts)
+        finally:
+            self._depth -= 1
+
+    def _apply(self, verdicts: Verdicts) -> None:
         lineage = self.graph.lineage
         for rebuild in verdicts.rebuilds:
             chain = lineage.rebuilds[rebuild.origin]
@@ -91,17 +102,24 @@ class Core:
                 self.apply(self.graph.admit(rebuild.key))
             else:
                 self.ready.append(rebuild.key)
+        doomed = []
         for doom in verdicts.doomed:
+            # A verdict applied inside this one (a rebuild's admit, carried out first) may have doomed it already:
+            # left alone, as PlanGraphs._doom leaves a plan that is no longer queued. Twice in two steps is a bug.
+            if doom.plan_id in self._doomed_now:
+                continue
             plan = self.plans[doom.plan_id]
             assert not plan.terminal, f"{doom.plan_id} doomed twice"
             plan.state, plan.error = "failed", doom.error()
             self._unqueue(doom.plan_id)
+            self._doomed_now.add(doom.plan_id)
+            doomed.append(doom)
         for key in verdicts.held:
             self._unqueue(key)
         for key in verdicts.ready:
             if key not in self.ready and not self.plans[key].terminal:
                 self.ready.append(key)
-        for doom in verdicts.doomed:  # each doomed plan's own end, as the core reports every end
+        for doom in doomed:  # each doomed plan's own end, as the core reports every end
             self.apply(self.graph.ended(doom.plan_id))
 
     def _unqueue(self, key: str) -> None:
@@ -519,6 +537,28 @@ def _play(ops: list[tuple[str, ...]]) -> Core:
     while core.ready:
         core.run(core.ready[0], worker="w9")
     return core
+
+
+# Found by test_property_every_dependant_of_a_failed_plan_ends (a whole-suite run, 1 of 5): w1's loss dooms p6 (p1's
+# output, not deterministic, is gone) and makes p3 again, and the rebuild's admit, carried out before the dooms, dooms
+# the rebuild and p6 a second time in the same step.
+DOOMED_IN_A_REBUILDS_ADMIT = [
+    ("submit", "p0", "det=0", "up=1"), ("submit", "p1", "det=0", "up=1"), ("run", "succeeded", "w1", "0"),
+    ("submit", "p2", "det=0", "up=1"), ("submit", "p3", "p1:1", "p0:0", "det=1", "up=0"),
+    ("run", "succeeded", "w1", "0"), ("cancel", "p0", "False"), ("submit", "p4", "det=0", "up=1"),
+    ("run", "succeeded", "w1", "1"), ("submit", "p5", "p3:1", "p0:0", "p0:0", "det=0", "up=1"),
+    ("submit", "p6", "p0:0", "p1:1", "det=0", "up=1"), ("lose", "w1"),
+]  # fmt: skip
+
+
+def test_a_plan_doomed_again_by_the_admit_of_a_rebuild_in_the_same_step_fails_once() -> None:
+    """A loss that dooms a plan and starts a rebuild whose admit dooms it again (the rebuild's own input lost too):
+    the plan fails once, with the lost output named, and the rest of the run ends."""
+    core = _play(DOOMED_IN_A_REBUILDS_ADMIT)
+    p6 = core.plans["p6"]
+    assert p6.state == "failed" and p6.error is not None and p6.error.detail["upstream"] == "p1"
+    assert core.plans["p3.r1"].state == "failed" and core.plans["p5"].state == "failed"
+    assert not core.graph.held and all(plan.terminal for plan in core.plans.values())
 
 
 def _acyclic(edges: list[tuple[str, str]]) -> bool:
