@@ -36,14 +36,25 @@ INPLACE_OK = "FLEETWIRE_MYPYC_INPLACE"
 #: a per-plan module (compiled, its msgspec Structs' annotations read as ``type``, and the store's decoder then
 #: refuses every optional field; its journal, which is per-plan, is journal.py). ``coordinator/mypyc_compat.py``
 #: is never compiled. The span exporter children's OTLP packing (``wireio/otlp.py``; the child is wireio/span_export.py,
-#: run as ``-m``: pure) compiles too, for ~12-20 % fewer instructions a span there (docs/PERFORMANCE.md §T32i); the
-#: rest of wireio/ stays pure.
+#: run as ``-m``: pure) compiles too, for ~12-20 % fewer instructions a span there (docs/PERFORMANCE.md §T32i). Past the
+#: core, the per-plan modules of the other processes that compile and keep their behaviour (docs/PERFORMANCE.md §C29g):
+#: the SDK's session, streams and submit batches, the worker's runner and outbox, the frames' write (wireio/wsmask.py).
+#: Left pure, tried: the coordinator's driver (coordinator/io/frontdoor/core_driver.py: a test replaces a method of a
+#: driver, which a native class refuses), the writer pipes and wire (compiled, the writer process's answers were
+#: misread), sqlite_commit.py (SQLiteStore, pure, derives from its class), writer_child.py (a msgspec field default
+#: that mypyc types), protocol/codec.py (a ``Union[...]`` made at run time), worker_agent/handlers.py (its decorator
+#: marks functions), fleetwire/client.py (the SDK's driver; users may derive from Client) and wireio/wsbulk.py
+#: (websockets derives its connection classes at run time); worker_agent/agent.py was not tried alone.
 COMPILED = tuple(f"coordinator/{name}.py" for name in (  # noqa: RUF005  (a sum: tools/build_compiled.py reads it)
     "capacity", "carbon_holds", "client_session", "core", "effects", "journal", "ledger", "limits", "plan_graphs",
     "plans", "recovery", "registry", "retention", "scheduling", "sessions", "sharing", "state", "stats", "streams",
     "teams", "workers", "graphs/graph", "placement/fair_queue", "placement/fairshare", "placement/placer",
     "placement/plan_queue", "placement/shares", "worker_sessions/dispatch", "worker_sessions/leases",
-)) + ("wireio/otlp.py",)
+)) + ("wireio/otlp.py",) + (
+    "fleetwire/session.py", "fleetwire/stream.py", "fleetwire/submits.py",  # the SDK's per-plan path
+    "worker_agent/runner.py", "worker_agent/outbox.py",  # the worker's
+    "wireio/wsmask.py",  # every process's frame writes
+)
 
 
 def switched_on() -> bool:

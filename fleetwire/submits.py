@@ -243,7 +243,7 @@ def batch(
     return list(map(tuple.__new__, itertools.repeat(Request), zip(req_ids, raws, map(operator.not_, ids), strict=True)))
 
 
-def _too_large(raws: Sequence[bytes], max_inline_bytes: int) -> NoReturn:
+def _too_large(raws: Sequence[msgspec.Raw], max_inline_bytes: int) -> NoReturn:
     """``batch``'s refusal of an item over ``max_inline_bytes``: its own function, so that the generator's cell
     (``max_inline_bytes``) is made only then, not at every batch (CPython 3.11 makes cells at each call)."""
     index, size = next((i, len(raw)) for i, raw in enumerate(raws) if len(raw) > max_inline_bytes)

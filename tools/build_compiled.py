@@ -9,8 +9,9 @@ module's extension before its source, so the copy is a compiled tree, and this t
     python bench/core_per_plan.py --compare /tmp/fw-compiled  # this tree (pure) against the compiled copy
 
 ``--test`` runs the unit tests of the pure core against the compiled copy (:func:`core_tests`: the
-files of tests/unit that import the core and nothing that does I/O) and those of wireio/otlp.py
-(:data:`OTLP_TESTS`), after checking that each module
+files of tests/unit that import the core and nothing that does I/O), those of wireio/otlp.py
+(:data:`OTLP_TESTS`), those of the other compiled modules (:func:`edge_tests`: the unit test files that
+import one) and wireio/wsmask.py's (:data:`WSMASK_TESTS`), after checking that each module
 of setup.py's ``COMPILED`` is imported from its extension. ``--if-compiler``: without a C compiler or
 Python's headers, say so and exit 0 (CI on a machine that cannot build). Exit status: 0 when built
 (and passed), 1 when the build, the check or a test failed.
@@ -41,6 +42,8 @@ IGNORED = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", ".mypy_cache", 
 #: them the one that compares its bytes with the pure module's.
 OTLP_TESTS = ("tests/unit/test_otlp_encode.py", "tests/unit/test_worker_live_spans.py",
               "tests/unit/test_otlp_compiled.py")  # fmt: skip
+#: Run against the compiled copy too: the tests of wireio/wsmask.py (compiled), which open sockets (tests/integration).
+WSMASK_TESTS = ("tests/integration/test_wsmask.py", "tests/integration/test_wsmask_server.py")
 NOT_CORE = ("asyncio", "socket", "subprocess", "websockets", "httpx", "wireio", "worker_agent", "fleetwire",
             "coordinator.io.frontdoor", "coordinator.io.cluster", "tests.waiting")
 
@@ -102,6 +105,26 @@ def core_tests(root: Path = ROOT) -> list[str]:
         if core and not any(n == bad or n.startswith(bad + ".") for n in names for bad in NOT_CORE):
             selected.append(str(path.relative_to(root)))
     return selected
+
+
+def edge_tests(root: Path = ROOT) -> list[str]:
+    """The unit tests of the compiled modules outside the core (:func:`core_tests`) and the OTLP packing
+    (:data:`OTLP_TESTS`): the files of tests/unit that import one of them (``COMPILED``'s modules of
+    ``coordinator.io``, ``fleetwire``, ``worker_agent``, ``protocol`` and ``wireio``), by module or by a name
+    imported from it."""
+    edge = [name for name in compiled_modules(root) if name != "wireio.otlp"
+            and (name.startswith(("coordinator.io.", "fleetwire.", "worker_agent.", "protocol.", "wireio.")))]
+    selected = []
+    for path in sorted((root / "tests" / "unit").glob("test_*.py")):
+        names = imports_of(path)
+        if any(n == module or n.startswith(module + ".") for n in names for module in edge):
+            selected.append(str(path.relative_to(root)))
+    return selected
+
+
+def test_files(root: Path = ROOT) -> list[str]:
+    """What ``--test`` runs: the core's tests, the OTLP packing's and those of the other compiled modules."""
+    return list(dict.fromkeys([*core_tests(root), *OTLP_TESTS, *edge_tests(root), *WSMASK_TESTS]))
 
 
 def can_compile() -> str | None:
@@ -169,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", default=[], help="after --: more pytest arguments")
     ns = parser.parse_args(argv)
     if ns.list_tests:
-        print("\n".join(core_tests()))
+        print("\n".join(test_files()))
         return 0
     why = can_compile()
     if why is not None:
@@ -186,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if not ns.test:
             return 0
-        tests = core_tests(dest) + list(OTLP_TESTS)
+        tests = test_files(dest)
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, *ns.pytest_args],
                               cwd=dest, env=_env(dest), check=False)

@@ -74,20 +74,37 @@ def test_without_mypyc_the_metadata_step_asks_for_mypy_and_a_build_says_how_to_g
         setup_py.ext_modules(["setup.py", "bdist_wheel"])
 
 
+#: Compiled past the core: the per-plan modules of the SDK and the worker, the frames' write (PERFORMANCE.md §C29g).
+EDGE = {"fleetwire/session.py", "fleetwire/stream.py", "fleetwire/submits.py", "worker_agent/runner.py",
+        "worker_agent/outbox.py", "wireio/wsmask.py"}  # fmt: skip
+
+
 def test_the_compiled_modules_are_modules_of_the_pure_core(setup_py: ModuleType, tool: ModuleType) -> None:
-    """Each compiled path is a module of coordinator/ outside coordinator/io/, or the span exporters' OTLP packing
-    (wireio/otlp.py, whose tests run against the build too), and the build script reads the list."""
+    """Each compiled path is a module of coordinator/ outside coordinator/io/, the span exporters' OTLP packing
+    (wireio/otlp.py, whose tests run against the build too) or one of the per-plan modules of the SDK and the worker
+    (:data:`EDGE`), and the build script reads the list."""
     exporters = {"wireio/otlp.py"}
     assert setup_py.COMPILED, "nothing compiled"
     for path in setup_py.COMPILED:
         assert (ROOT / path).is_file(), path
-        if path not in exporters:
+        if path not in exporters | EDGE:
             assert path.startswith("coordinator/") and not path.startswith("coordinator/io/"), path
     assert exporters <= set(setup_py.COMPILED) and "wireio/span_export.py" not in setup_py.COMPILED  # run as -m
     assert {(ROOT / test).is_file() for test in tool.OTLP_TESTS} == {True}
     # pure on purpose (setup.py says why): compiled, records.py's Structs break; the compat shim is build-time only
     assert not {"coordinator/records.py", "coordinator/mypyc_compat.py"} & set(setup_py.COMPILED)
     assert tool.compiled_modules(ROOT) == [p.removesuffix(".py").replace("/", ".") for p in setup_py.COMPILED]
+
+
+def test_the_tests_run_against_the_build_hold_those_of_each_module_compiled_past_the_core(tool: ModuleType) -> None:
+    """``--test`` runs the core's tests, the OTLP packing's, and the unit tests of the SDK's and the worker's compiled
+    modules and wsmask's socket tests."""
+    tests = tool.test_files(ROOT)
+    for test in ("tests/unit/test_core.py", "tests/unit/test_otlp_encode.py", "tests/unit/test_client_session.py",
+                 "tests/unit/test_submits.py", "tests/unit/test_outbox.py", "tests/unit/test_runner_on_loop.py",
+                 *tool.WSMASK_TESTS):  # fmt: skip
+        assert test in tests and (ROOT / test).is_file(), test
+    assert len(tests) == len(set(tests))
 
 
 def test_the_core_tests_are_the_unit_tests_that_do_no_io(tool: ModuleType) -> None:
