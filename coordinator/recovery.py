@@ -228,6 +228,32 @@ class Recovery:
         plan.worker_seq = (leased, seq)
         return False
 
+    def lease(self, conn_id: int, worker_id: str, msg: Accept | Event | Done) -> Plan | bool:
+        """:meth:`duplicate` for a plan's own three messages, and the lease's check in the same look-up.
+
+        Returns:
+            The plan when ``msg`` names the worker's current lease (its plan, attempt and the record's lease)
+            and is not a re-send; True for a re-send (acked, dropped); False otherwise: the caller's
+            ``Leases._lease`` checks it again and answers (``stale_lease``, ``invalid_message``, 4403).
+        """
+        seq = msg.seq
+        if seq > 0 and seq > self._acked.get(conn_id, 0):
+            self._acked[conn_id] = self._ack_due[conn_id] = seq
+        plan_id = msg.plan_id
+        plan = self._plans.get(plan_id)
+        leased = msg.attempt  # read once: on a union of Structs each read is a generic attribute lookup
+        if plan is None or plan.worker_id != worker_id or plan.attempt != leased:
+            return False  # not this worker's current lease: the core answers stale_lease
+        if seq > 0:
+            attempt, applied = plan.worker_seq
+            if attempt == leased and seq <= applied:
+                self._counters["duplicates_dropped"] += 1
+                return True
+            plan.worker_seq = (leased, seq)
+        if leased >= 1 and (record := self._registry.record_of(worker_id)) is not None and plan_id in record.leases:
+            return plan
+        return False
+
     # ------------------------------------------------------------------ restart
 
     def restore(self, stored: Iterable[StoredPlan], now: float) -> list[Plan]:

@@ -124,17 +124,22 @@ class WorkerSessions:
         """One message from a worker session."""
         # A plan's own three messages are told apart by their exact type first: compiled (setup.py), each
         # isinstance test that fails on a msgspec Struct takes the metaclass's slow path (~600 instructions).
-        if type(msg) is Done:
-            if (worker_id := self._fresh(s, msg)) is not None:
-                self.leases.done(s, worker_id, msg, now)
-            return
-        if type(msg) is Accept:
-            if (worker_id := self._fresh(s, msg)) is not None:
-                self.leases.accept(s, worker_id, msg, now)
-            return
-        if type(msg) is Event:
-            if (worker_id := self._fresh(s, msg)) is not None:
-                self.leases.event(s, worker_id, msg, now)
+        # Their checks are inlined here (_registered), and Recovery.lease de-duplicates and finds the lease at once.
+        if type(msg) is Done or type(msg) is Accept or type(msg) is Event:
+            worker_id = s.worker_id
+            if worker_id is None or self._state.registry.record_of(worker_id) is None:
+                self._registered(s, msg)  # answers not_registered
+                return
+            lease = self._recovery.lease(s.conn_id, worker_id, msg)  # the plan, or True for a re-send
+            if lease is True:
+                return  # a re-send of a message already applied (after a reconnect): acked, not applied twice
+            plan = None if lease is False else lease  # None: Leases._lease checks it and answers
+            if type(msg) is Done:
+                self.leases.done(s, worker_id, msg, now, plan)
+            elif type(msg) is Accept:
+                self.leases.accept(s, worker_id, msg, now, plan)
+            elif type(msg) is Event:  # (always, here: spelled out for the type checker)
+                self.leases.event(s, worker_id, msg, now, plan)
             return
         if isinstance(msg, Hello):
             self.registration.hello(s, msg, now)
@@ -174,14 +179,6 @@ class WorkerSessions:
             self._outbox.protocol_error(
                 s, errors.NOT_REGISTERED, f"send hello before {what}; this session has no worker id"
             )
-            return None
-        return worker_id
-
-    def _fresh(self, s: Session, msg: Done | Accept | Event) -> str | None:
-        """The session's worker id for a numbered message to apply; None before ``hello`` (answered
-        ``not_registered``) or for a re-send of a message already applied (after a reconnect: acked only)."""
-        worker_id = self._registered(s, msg)
-        if worker_id is None or self._recovery.duplicate(s.conn_id, worker_id, msg):
             return None
         return worker_id
 

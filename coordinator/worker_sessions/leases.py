@@ -134,9 +134,11 @@ class Leases:
         self._outbox.send(s.conn_id, Error(code=errors.STALE_LEASE, message=message, plan_id=plan_id, attempt=attempt))
         return None
 
-    def accept(self, s: Session, worker_id: str, msg: Accept, now: float) -> None:
-        """The worker started the lease's attempt: the plan runs."""
-        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+    def accept(self, s: Session, worker_id: str, msg: Accept, now: float, plan: Plan | None = None) -> None:
+        """The worker started the lease's attempt: the plan runs. ``plan``: the lease, already checked
+        (``Recovery.lease``); None: checked here."""
+        if plan is None:
+            plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
         # A repeated accept (running) or one after a cancel (terminal) changes nothing.
         if plan is not None and plan.state == "leased":
             advance(plan, "accept")
@@ -174,8 +176,8 @@ class Leases:
             registry.release(worker_id, plan.id)
         self._scheduler.fill_worker(record, now)
 
-    def event(self, s: Session, worker_id: str, msg: Event, now: float) -> None:
-        """An event of the lease's attempt goes to the plan's stream."""
+    def event(self, s: Session, worker_id: str, msg: Event, now: float, plan: Plan | None = None) -> None:
+        """An event of the lease's attempt goes to the plan's stream. ``plan``: as :meth:`accept`'s."""
         if msg.kind in RESERVED_KINDS:
             self._outbox.protocol_error(
                 s,
@@ -184,7 +186,8 @@ class Leases:
                 plan_id=msg.plan_id,
             )
             return
-        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
+        if plan is None:
+            plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
         # A cancelled plan's stream has ended with its terminal event; later output is dropped.
         if plan is not None and plan.state not in TERMINAL_STATES:  # Plan.terminal, inlined: once per event
             self._state.counters["events_forwarded"] += 1
@@ -192,10 +195,10 @@ class Leases:
             if msg.kind == "input_received" and self._timeouts is not None and plan.timeout_s is not None:
                 self._timeouts.watch(plan, now)  # the last input in: the handler starts, so does its clock
 
-    def done(self, s: Session, worker_id: str, msg: Done, now: float) -> None:
-        """The lease's attempt ended: the lease is freed, and the plan ends (or is retried)."""
-        plan = self._lease(s, worker_id, msg.plan_id, msg.attempt)
-        if plan is None:
+    def done(self, s: Session, worker_id: str, msg: Done, now: float, plan: Plan | None = None) -> None:
+        """The lease's attempt ended: the lease is freed, and the plan ends (or is retried). ``plan``: as
+        :meth:`accept`'s."""
+        if plan is None and (plan := self._lease(s, worker_id, msg.plan_id, msg.attempt)) is None:
             return
         state = self._state
         registry = state.registry
