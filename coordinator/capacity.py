@@ -210,10 +210,12 @@ class Pool(list[WorkerRecord]):
 
     def changed(self, worker: WorkerRecord) -> None:
         """A member's room changed: index its new keys (rebuilding a heap that is mostly stale)."""
-        key = slot_key(worker)
-        if key is not None:
+        # slot_key(worker), inlined: twice a plan (a lease's claim and its release)
+        limit = worker.capabilities.max_concurrency
+        leases = len(worker.leases)
+        if limit > 0 and leases < limit + worker.prefetch:
             heap = self.heap  # read once: compiled, Pool is not native and each read is a lookup (twice a plan)
-            heapq.heappush(heap, key)
+            heapq.heappush(heap, (0 if leases < limit else 1, leases, worker.last_assigned, worker.id))
             if len(heap) > 2 * len(self) + 64:
                 self.heap = heap = [k for w in self if (k := slot_key(w)) is not None]
                 heapq.heapify(heap)
@@ -254,8 +256,8 @@ class Pool(list[WorkerRecord]):
         while heap:
             entry = heap[0]
             worker = ids.get(entry[3])
-            if worker is None or slot_key(worker) != entry:
-                heapq.heappop(heap)  # stale: the worker left, or its room changed since
+            if worker is None or len(worker.leases) != entry[1] or slot_key(worker) != entry:
+                heapq.heappop(heap)  # stale: the worker left, or its room changed since (most often its leases)
                 continue
             if usable(worker):
                 found = worker
