@@ -53,6 +53,7 @@ def coordinator(plans: int, every: int, dump: str | None = None) -> float:
     tracing = Tracing.__new__(Tracing)  # the hot path's fields only: no exporter thread, no child
     tracing._queue, tracing._max_queue, tracing._batch = collections.deque(), 1 << 40, 1 << 40
     tracing._wake, tracing.dropped, tracing.sampler = threading.Event(), 0, Sampler()
+    tracing._parked = False  # the exporter thread's park flag (61906e1; unused by older trees)
     tracing._noted = tracing._taken = 0  # the step records' weight (wireio/tracing.py add_step; unused by older trees)
     spans = PlanSpans(tracing)
     pack = msgspec.msgpack.Encoder().encode

@@ -42,6 +42,7 @@ def run(stage: str, plans: int) -> None:
     tracing._max_queue = 1 << 30
     tracing._batch = 1 << 30
     tracing._wake = threading.Event()
+    tracing._parked = False  # the exporter thread's park flag (61906e1; unused by older trees)
     tracing.dropped = 0
     tracing.sampler = Sampler()
     assigns = [Assign(plan_id=f"p-{i:08d}", attempt=1, op="echo", args=i,

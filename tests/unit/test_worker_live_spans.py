@@ -27,6 +27,7 @@ def _tracing() -> Tracing:
     tracing._max_queue = 1 << 20
     tracing._batch = 1 << 20
     tracing._wake = threading.Event()
+    tracing._parked = False  # the exporter thread's park flag (61906e1): read by every noted span
     tracing.dropped = 0
     tracing.sampler = Sampler()
     return tracing
