@@ -45,10 +45,9 @@ __all__ = [
     "add_spin_argument", "apply_spin_argument", "window_from_env",
 ]  # fmt: skip
 
-#: The longest a spin lasts after a send, by default: 0, off, until a quiet machine shows it pays (docs/PERFORMANCE.md
-#: §D29h: on the shared 2-core VM the spin was measured only under load, where its rules keep it off); 300 µs covers
-#: a worker's turn and most of a client's.
-SPIN_WINDOW_S: Final = 0.0
+#: The longest a spin lasts after a send, by default: a worker's turn (docs/PERFORMANCE.md §D29h: on a quiet 2-vCPU VM
+#: the durable p50 fell 6 runs in 7, median -12 %; under load the rules below keep it off).
+SPIN_WINDOW_S: Final = 300e-6
 #: The environment variable that sets the window, in µs (0: off); the CLI's ``--spin-us`` sets it too.
 ENV: Final = "FLEETWIRE_SPIN_US"
 #: After misses in a row, this many sends at most spin not (doubling from 1).
@@ -192,7 +191,7 @@ def add_spin_argument(parser: argparse.ArgumentParser) -> None:
         "--spin-us", type=float, default=None, metavar="US",
         help="after a frame that expects a quick answer, poll this many microseconds before sleeping, while answers "
              "come that soon and the cores are free (a lone round trip's wake-ups; 0: off; default: "
-             f"${ENV}, else {SPIN_WINDOW_S * 1e6:.0f}; 300 covers a worker's turn)",
+             f"${ENV}, else {SPIN_WINDOW_S * 1e6:.0f})",
     )  # fmt: skip
 
 
