@@ -302,6 +302,8 @@ class Agent:
             for task in (watch, self._interruption):
                 if task is not None and not task.done():
                     task.cancel()
+            if watch is not None:  # its command killed and reaped (a Process left unwaited outlives the loop)
+                await asyncio.gather(watch, return_exceptions=True)
             self.registered.clear()
             await self.runner.silence_all("worker stopping")
             await self.telemetry.stop()
