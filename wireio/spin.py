@@ -45,9 +45,10 @@ __all__ = [
     "add_spin_argument", "apply_spin_argument", "window_from_env",
 ]  # fmt: skip
 
-#: The longest a spin lasts after a send, by default: a worker's turn (docs/PERFORMANCE.md §D29h: on a quiet 2-vCPU VM
-#: the durable p50 fell 6 runs in 7, median -12 %; under load the rules below keep it off).
-SPIN_WINDOW_S: Final = 300e-6
+#: The longest a spin lasts after a send, by default: 0, off (docs/PERFORMANCE.md §D29h: on a quiet 2-vCPU VM the
+#: durable p50 at 300 µs fell in 6 latency.py pairs of 7 but rose in 3 compare.py pairs of 4, whose throughput fell in
+#: 2 of 4; not settled). ``--spin-us 300`` covers a worker's turn.
+SPIN_WINDOW_S: Final = 0.0
 #: The environment variable that sets the window, in µs (0: off); the CLI's ``--spin-us`` sets it too.
 ENV: Final = "FLEETWIRE_SPIN_US"
 #: After misses in a row, this many sends at most spin not (doubling from 1).
