@@ -7,6 +7,7 @@ one at a time, so what shares a frame shows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -132,9 +133,11 @@ class GatedStore(MemoryStore):
         super().write(records)
 
 
-async def test_a_graceful_stop_sends_the_acks_of_the_steps_whose_commit_is_pending() -> None:
-    """A stop while a worker's done is still being committed: that commit ends before the sessions close, and the
-    worker reads the done's ack, then the close (1001), instead of the close alone (it would send the done again)."""
+@contextlib.asynccontextmanager
+async def stopping_on_a_pending_commit() -> AsyncIterator[tuple[CoordinatorServer, Peer, asyncio.Future[None]]]:
+    """A coordinator whose stop began while a worker's done was still being committed (a memory store written by the
+    writer thread, its write held): yields it, the worker and the stop, still waiting; on exit the commit ends and
+    the stop is awaited. test_stop_listener.py shares it."""
     store = GatedStore()
     srv = CoordinatorServer(ServerSettings(
         port=0, worker_tokens=(WORKER_TOKEN,), client_tokens=(CLIENT_TOKEN,),
@@ -156,12 +159,20 @@ async def test_a_graceful_stop_sends_the_acks_of_the_steps_whose_commit_is_pendi
         assert await asyncio.to_thread(store.entered.wait, 10)  # the done's step is being committed
         stopping = asyncio.ensure_future(srv.stop())
         await until(lambda: srv.readiness_problem() == "shutting down", 5)
+        yield srv, worker, stopping
         store.gate.set()  # the commit ends once the stop has begun
         await asyncio.wait_for(stopping, 20)
     finally:
         store.gate.set()
         if stopping is None:
             await srv.stop()
+
+
+async def test_a_graceful_stop_sends_the_acks_of_the_steps_whose_commit_is_pending() -> None:
+    """A stop while a worker's done is still being committed: that commit ends before the sessions close, and the
+    worker reads the done's ack, then the close (1001), instead of the close alone (it would send the done again)."""
+    async with stopping_on_a_pending_commit() as (_, worker, _stopping):
+        pass
     assert await frame(worker) == [Ack(seq=2)]
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await asyncio.wait_for(worker.ws.recv(), 5)

@@ -6,26 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.unit.test_tracing import _Counting
 from tests.waiting import until
 from wireio.tracing import SERVICE_COORDINATOR, Tracing
 
 SAMPLED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-class _Counting:
-    """A span exporter that keeps what it is handed (the SDK's interface: export, force_flush, shutdown)."""
-
-    def __init__(self) -> None:
-        self.spans: list[object] = []
-
-    def export(self, spans: list[object]) -> None:
-        self.spans += spans
-
-    def force_flush(self, timeout_millis: int = 0) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        pass
 
 
 @pytest.fixture
