@@ -70,7 +70,6 @@ class Outbox:
     """
 
     def __init__(self, sessions: SessionTable, counters: dict[str, int], max_protocol_errors: int) -> None:
-        self._sessions = sessions
         self._counters = counters
         self._max_protocol_errors = max_protocol_errors
         self._effects = Effects()
@@ -96,7 +95,7 @@ class Outbox:
 
     def send(self, conn_id: int, msg: Outbound) -> None:
         """Queue a frame for a connection, unless it is gone or closing."""
-        session = self._sessions.get(conn_id)
+        session = self.sessions.get(conn_id)
         if session is not None and not session.closing:
             sends = self.sends
             queued = sends.get(conn_id)  # no setdefault(conn_id, []): that makes a list per frame
