@@ -37,6 +37,7 @@ import asyncio
 import os
 import resource
 import time
+import warnings
 from collections.abc import Callable
 from typing import Final
 
@@ -61,13 +62,15 @@ CONTENDED_SKIP: Final = 256
 
 
 def window_from_env(default_s: float = SPIN_WINDOW_S) -> float:
-    """The spin window :data:`ENV` asks for, in seconds; ``default_s`` when unset; 0 when off or unreadable."""
+    """The spin window :data:`ENV` asks for, in seconds; ``default_s`` when unset; 0 when off or unreadable (with a
+    warning that names the value)."""
     value = os.environ.get(ENV)
     if value is None or not value.strip():
         return default_s
     try:
         us = float(value)
-    except ValueError:
+    except ValueError:  # said, not silently dropped: the busy-poll is off, the process goes on
+        warnings.warn(f"{ENV}={value!r} is not a number of microseconds: the busy-poll is off", stacklevel=2)
         return 0.0
     return us / 1e6 if us > 0 else 0.0
 
