@@ -109,7 +109,6 @@ ACK_HOLD_S: Final = 0.005
 ACK_HOLD_MESSAGES: Final = 256
 #: A graceful stop waits at most this long for the steps whose commit is pending, so that their acks go too (§Acks).
 ACK_FLUSH_WAIT_S: Final = 1.0
-_COMMITTED_SINK: Final = -1  # flush_acks's sink: no session has this id (they count from 1)
 
 #: Cluster mode, one core per shard (coordinator/io/cluster/host.py): called with a session's role and
 #: message, for a ``submit`` or a ``hello`` only (no other message moves a session: ``CoreSession.take``
@@ -123,17 +122,6 @@ class Sink(Protocol):
 
     def deliver(self, msgs: list[Any]) -> None:
         """The messages of one committed step for this session, in order."""
-
-
-class _Released:
-    """A sink no step sends to: the committer releases it after every step submitted before it (flush_acks)."""
-
-    def __init__(self, released: asyncio.Future[None]) -> None:
-        self.released = released
-
-    def deliver(self, msgs: list[Any]) -> None:
-        if not self.released.done():
-            self.released.set_result(None)
 
 
 class CoreDriver:
@@ -372,17 +360,12 @@ class CoreDriver:
         (the worker would otherwise send those messages again after it reconnects)."""
         committer = self.committer
         if committer.pending and committer.failed is None:
-            released: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self.sinks[_COMMITTED_SINK] = _Released(released)
-            committer.after(Effects(sends={_COMMITTED_SINK: []}))  # released in order: after every step before it
             try:
                 async with asyncio.timeout(ACK_FLUSH_WAIT_S):
-                    await released
+                    await committer.settled()  # False: the store failed (logged there; the core stops)
             except TimeoutError:
                 log.warning("steps still committing at the stop; their acks are left to the workers' replay",
                             pending=committer.pending, waited_s=ACK_FLUSH_WAIT_S)  # fmt: skip
-            finally:
-                self.sinks.pop(_COMMITTED_SINK, None)
         if self._ack_timer is not None:
             self._ack_timer.cancel()
         self._acks_due.update(self._acks_new)

@@ -5,11 +5,16 @@ The server's readers await :meth:`Backlog.drained` after a frame that left :attr
 true, so a peer streaming faster than the disk is held back by TCP instead of growing the
 coordinator (docs/OPERATIONS.md, ``--max-commit-backlog-bytes``). Both committers keep one:
 coordinator/io/stores/commit.py (SQLite, memory) and coordinator/io/stores/pg_commit.py (PostgreSQL).
+
+A graceful stop awaits :meth:`Backlog.settled` (bounded by its own timeout) before it closes the sessions, so
+that the frames of the steps whose commit was pending (workers' acks among them) go out first
+(coordinator/io/frontdoor/core_driver.py ``flush_acks``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -25,7 +30,7 @@ class Backlog(Generic[T]):
     Shared by the committers (coordinator/io/stores/commit.py, coordinator/io/stores/pg_commit.py): :meth:`queued`
     when a batch is submitted, :meth:`after` for a payload that needs no records, :meth:`committed`
     when every batch up to a ticket is durable, :meth:`fail` when the store failed (nothing more
-    is released, readers waiting in :meth:`drained` return: the core stops).
+    is released, readers waiting in :meth:`drained` return, :meth:`settled` answers False: the core stops).
 
     Args:
         release: called on the event loop with each payload once its batch (and every earlier one)
@@ -46,6 +51,7 @@ class Backlog(Generic[T]):
         self._waiting: deque[tuple[int, T]] = deque()  # (ticket, payload) not yet released
         self._sizes: deque[tuple[int, int]] = deque()  # (ticket, size) of sized batches
         self._below: asyncio.Event | None = None
+        self._settling: deque[tuple[int, asyncio.Future[bool]]] = deque()  # settled()'s waits: (ticket, answer)
 
     @property
     def pending(self) -> int:
@@ -67,6 +73,27 @@ class Backlog(Generic[T]):
         while self.backlog_bytes > self.max_backlog_bytes // 2 and self.failed is None:
             self._below.clear()
             await self._below.wait()
+
+    async def settled(self) -> bool:
+        """Wait until every batch submitted so far is durable and its payload released (at once if none waits).
+
+        True once they are (the payloads released before it returns, :meth:`after`'s included); False when the
+        store failed first (nothing more is ever released). Unbounded itself: the caller bounds it (its
+        ``asyncio.timeout``; a wait cancelled so is forgotten).
+        """
+        if self.failed is not None:
+            return False
+        if not self._waiting:
+            return True
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        wait = (self.submitted, answer)
+        self._settling.append(wait)
+        try:
+            return await answer
+        except asyncio.CancelledError:  # the caller's timeout: this wait is not answered later
+            with contextlib.suppress(ValueError):
+                self._settling.remove(wait)
+            raise
 
     def queued(self, payload: T, size: int) -> int:
         """A batch of ``size`` bytes of frames was submitted; ``payload`` goes once it is durable. Its ticket."""
@@ -97,6 +124,16 @@ class Backlog(Generic[T]):
         waiting = self._waiting
         while waiting and waiting[0][0] <= ticket and self.failed is None:
             self._release(waiting.popleft()[1])
+        if self._settling:
+            self._settle(ticket)
+
+    def _settle(self, ticket: int) -> None:
+        """Answer the :meth:`settled` waits up to ``ticket`` (released by now): True, or False once the store failed."""
+        settling, ok = self._settling, self.failed is None
+        while settling and (settling[0][0] <= ticket or not ok):
+            answer = settling.popleft()[1]
+            if not answer.done():
+                answer.set_result(ok)
 
     def fail(self, exc: BaseException) -> None:
         """The store failed: nothing more is released; the first failure is reported."""
@@ -105,4 +142,5 @@ class Backlog(Generic[T]):
         if self.failed is None:
             self.failed = exc
             self._waiting.clear()
+            self._settle(0)  # every wait answered False: nothing more is released
             self._on_failure(exc)
