@@ -278,9 +278,16 @@ class ShardCores:
 
     async def stop_all(self) -> None:
         """The host's stop, once it cancelled its tasks: stop every core (each flushed, then its slot released),
-        wait for the cores' stops that the cancelled tasks began, and release the slots that those tasks left."""
-        for shard in sorted(self.servers):
-            await self.stop(shard, release=True, why="shutting down")
+        wait for the cores' stops that the cancelled tasks began, and release the slots that those tasks left.
+
+        The cores stop together, each within its own bounds (its acks' wait for pending commits, its committer's
+        close, its release's :data:`~teardown.STOP_DB_S`): against a database that does not answer, N shards' stops
+        take about one shard's, not N times it; one that fails is logged and the others' go on."""
+        shards = sorted(self.servers)
+        stops = [self.stop(shard, release=True, why="shutting down") for shard in shards]
+        for shard, failure in zip(shards, await asyncio.gather(*stops, return_exceptions=True), strict=True):
+            if isinstance(failure, BaseException):  # stop() logs its own; this one escaped it
+                log.warning("a shard's stop failed", shard=shard, error=f"{type(failure).__name__}: {failure}")
         while self._shard_stops:  # each bounded as the stop's own shards' are (CoordinatorServer.stop)
             log.warning("waiting for the shard stops under way", shards=sorted(self._shard_stops.values()))
             await asyncio.wait(list(self._shard_stops))

@@ -354,8 +354,8 @@ class ClusterHost:
 
         Bounded: each task it cancels gets :data:`STOP_TASK_S` to end, the main port's sessions the
         handshake plus close timeouts (:meth:`Gatekeeper.wait_closed`), each release and the row's
-        delete :data:`STOP_DB_S`, the control store's close :data:`STOP_DB_S`; a shard's core stops as
-        :meth:`CoordinatorServer.stop` does (its statements have the store's 30 s timeout), the one
+        delete :data:`STOP_DB_S`, the control store's close :data:`STOP_DB_S`; the shards' cores stop together, each
+        as :meth:`CoordinatorServer.stop` does (its statements have the store's 30 s timeout), the one
         another path was stopping (a loss, a failure: the task it cancels) included, which it waits for
         (:meth:`ShardCores.stop_all`, then that slot's release, if it was to be released). What it leaves
         running is logged. A store that a task it cancelled was opening (or loading) is closed once made (or let go
