@@ -355,14 +355,18 @@ class CoreDriver:
             self._ack_timer = asyncio.get_running_loop().call_later(self.ack_hold_s, self._release_acks)
 
     async def flush_acks(self) -> None:
-        """A graceful stop, before it closes the sessions: the steps whose commit is pending are let out first (their
-        acks are held or sent then; up to :data:`ACK_FLUSH_WAIT_S`), then every held ack goes now, ahead of the close
-        (the worker would otherwise send those messages again after it reconnects)."""
+        """A graceful stop, before it closes the sessions: the steps whose commit is pending are let out first, then
+        those the sessions made meanwhile (their acks are held or sent then; up to :data:`ACK_FLUSH_WAIT_S` in all),
+        then every held ack goes now, ahead of the close (the worker would otherwise send those messages again after
+        it reconnects; it still does for the steps made after that, or still committing at the close)."""
         committer = self.committer
         if committer.pending and committer.failed is None:
             try:
                 async with asyncio.timeout(ACK_FLUSH_WAIT_S):
-                    await committer.settled()  # False: the store failed (logged there; the core stops)
+                    # The sessions are open until the close: the steps they made meanwhile are waited for too, once
+                    # (under a steady load there are always more). False: the store failed (the core stops).
+                    if await committer.settled() and committer.pending:
+                        await committer.settled()
             except TimeoutError:
                 log.warning("steps still committing at the stop; their acks are left to the workers' replay",
                             pending=committer.pending, waited_s=ACK_FLUSH_WAIT_S)  # fmt: skip
