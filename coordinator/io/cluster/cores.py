@@ -20,6 +20,9 @@ Rules:
   a give-back's) is made by :meth:`ShardCores.stop_all`, after the cores' stops, within :data:`~teardown.STOP_DB_S`:
   a slot whose core never served has nothing to flush, and a standby takes it at its next scan, not after the TTL.
 * **No store left open.** A store a cancelled start was opening or loading is closed once made (teardown.py).
+* **Closed in the host's threads.** Each core's store closes in its host's :attr:`Host.closer` (its stop's last
+  step), not in the loop's default executor: against a database that does not answer, a host with more shards than
+  that executor's threads closed them in waves (teardown.py, "Off the loop").
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import functools
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -94,6 +98,7 @@ class Host(Protocol):
     loaded: asyncio.Event
     stop_began: bool  # its stop() began
     leftovers: set[asyncio.Future[None]]  # the stores the host's stop waits to see closed (teardown.py)
+    closer: Executor  # the threads its stores close in (teardown.py store_closer)
     shard_ports: tuple[int, int] | None
     failovers: int
     announce: Callable[[str], None]
@@ -143,7 +148,7 @@ class ShardCores:
         try:
             # Its connections say which core they are (pg_stat_activity; bench/cluster_chaos.py's checker).
             dsn = _with_application_name(host.settings.store, f"fw/{shard}/{epoch}/{host.owner}")
-            store = await opened(lambda: ShardPgStore(dsn, host.settings.cluster), host.leftovers)
+            store = await opened(lambda: ShardPgStore(dsn, host.settings.cluster), host.leftovers, host.closer)
         except asyncio.CancelledError:
             self._start_cancelled(shard, epoch)
             raise
@@ -157,18 +162,18 @@ class ShardCores:
             # Its core sees only its shard's pools: waiting reasons say so (coordinator/placement/plan_queue.py).
             core = replace(host.settings.core, placement=replace(host.settings.core.placement, cluster=True))
             settings = replace(host.settings, port=self._port(shard), metrics_listen=None, core=core)
-            server = CoordinatorServer(settings, version=host.version, store=store,
+            server = CoordinatorServer(settings, version=host.version, store=store, closer=host.closer,
                                        redirect=functools.partial(host.redirect, shard))  # fmt: skip
             server.core.data.set_shared(await host.shared_keys())  # before any worker: its keys include them
             refs = RemoteRefs(server, shard, host.views.conn)  # looks up remote upstreams from its first submit
             await server.start()
         except asyncio.CancelledError:  # stop() while the core starts: its store is closed once the load lets go
-            close_after(store, server.loading if server is not None else None, host.leftovers)
+            close_after(store, server.loading if server is not None else None, host.leftovers, host.closer)
             self._start_cancelled(shard, epoch)
             raise
         except Exception as exc:
             # Its store is closed, not left open with its connections and thread: the slot is won again next round.
-            await close_left(store, host.leftovers)
+            await close_left(store, host.leftovers, host.closer)
             await self._give_back(shard, exc)
             return
         self.starting.discard(shard)

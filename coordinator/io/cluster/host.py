@@ -79,7 +79,16 @@ from coordinator.io.cluster.metrics import ClusterStats, build_registry
 from coordinator.io.cluster.openai_route import cluster_door
 from coordinator.io.cluster.sessions import ViewSessions
 from coordinator.io.cluster.shared_keys import ClusterSecretMismatch, accepted, key_times, sync
-from coordinator.io.cluster.teardown import STOP_DB_S, STOP_TASK_S, cancelled, close_left, closed, opened, settled
+from coordinator.io.cluster.teardown import (
+    STOP_DB_S,
+    STOP_TASK_S,
+    cancelled,
+    close_left,
+    closed,
+    opened,
+    settled,
+    store_closer,
+)
 from coordinator.io.cluster.views import (
     PUT_WORKERS,
     WANTED,
@@ -216,6 +225,9 @@ class ClusterHost:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Each store a task opened or loaded and then left, cancelled by stop(): done once it is closed (teardown.py).
         self.leftovers: set[asyncio.Future[None]] = set()
+        # The threads its stores close in, not the loop's default executor's (teardown.py, "Off the loop"); shut down
+        # at the end of stop().
+        self.closer = store_closer(self.config.shards)
         self._keeper: asyncio.Task[None] | None = None
         self._server: Server | None = None
         self.stop_began = False
@@ -311,7 +323,7 @@ class ClusterHost:
             await asyncio.sleep(rng.uniform(ceiling / 2, ceiling))
             ceiling = min(DB_RETRY_CAP_S, 2 * ceiling)
             try:
-                control = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers)
+                control = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers, self.closer)
             except StoreUnreachable as exc:
                 self.waiting_db = str(exc)
                 log.warning("still waiting for the cluster's database", store=self.description, error=str(exc))
@@ -362,8 +374,16 @@ class ClusterHost:
         of), and the stop waits for that close up to :data:`STOP_TASK_S` + :data:`STOP_DB_S` from its
         start; one still opening or closing then is logged and closed once made. No store is closed on the loop:
         ``PgStore.close`` waits on its database (up to ~25 s against one that does not answer), which would stall
-        every other session and shard on this loop meanwhile.
+        every other session and shard on this loop meanwhile; nor in the loop's default executor, which closed more
+        shards' stores than it has threads in waves: they close together in :attr:`closer`, shut down at the end.
         """
+        try:
+            await self._stopped()
+        finally:  # its threads end once idle; a close still running (past its bound, logged) goes on in its own
+            self.closer.shutdown(wait=False)
+
+    async def _stopped(self) -> None:
+        """:meth:`stop`, but for its closer's shutdown."""
         self.stop_began = True
         began = time.monotonic()
         keeper, self._keeper = self._keeper, None
@@ -386,7 +406,7 @@ class ClusterHost:
         await self.views.close()  # (bounded: its pool's close, 5 s; the doorbell's connection's, 5 s)
         await self.doorbell.close()
         if self.control is not None:  # in a thread: PgStore.close waits on its database
-            await closed(self.control, "the control connection")
+            await closed(self.control, "the control connection", self.closer)
         await settled(self.leftovers, began + STOP_TASK_S + STOP_DB_S)  # the stores the cancelled tasks left
 
     def reload_tokens(self) -> list[str]:
@@ -443,7 +463,7 @@ class ClusterHost:
         next round tries again. The shards' cores reconnect on their own when they are won again.
         """
         try:
-            fresh = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers)
+            fresh = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers, self.closer)
         except Exception as exc:
             log.warning("cannot reconnect to PostgreSQL yet", store=self.description, error=str(exc))
             return
@@ -451,7 +471,7 @@ class ClusterHost:
         async with self._lock:
             old, self.control = self.control, fresh
         if old is not None:
-            await close_left(old, self.leftovers)
+            await close_left(old, self.leftovers, self.closer)
         log.warning("reconnected to PostgreSQL", store=fresh.description)
 
     async def _round(self) -> None:

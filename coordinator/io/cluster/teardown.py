@@ -5,8 +5,13 @@ Rules:
 
 * **Bounded.** Each task the stop cancels gets :data:`STOP_TASK_S` to end (:func:`cancelled`), each statement and
   the control store's close :data:`STOP_DB_S` (:func:`closed`); past them the stop goes on and logs what it left.
-* **Off the loop.** No store is closed on the event loop: ``PgStore.close`` waits on its database (up to ~25 s
-  against one that does not answer), which would stall every other session and shard on this loop meanwhile.
+* **Off the loop, in the host's own threads.** No store is closed on the event loop: ``PgStore.close`` waits on its
+  database (up to ~25 s against one that does not answer), which would stall every other session and shard on this
+  loop meanwhile. Nor in the loop's default executor (``min(32, cpus + 4)`` threads, shared with every
+  ``asyncio.to_thread``): a host with more shards than that closed its shards' stores in waves, each wave one close's
+  wait long. They close in the host's :func:`store_closer`, a thread for each of its stores (its shards', the
+  control connection's, a reconnect's), shut down at the end of the host's stop; a close that a store left after it
+  (one still being made) runs in the loop's default executor.
 * **Nothing left open.** A store that a cancelled task was opening (:func:`opened`) or loading
   (:func:`close_after`), or that it was closing (:func:`close_left`), is closed once made (or let go of); that
   close is tracked in the host's set of leftovers until it is done, and the stop waits for them (:func:`settled`).
@@ -15,16 +20,29 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import structlog
 
 from coordinator.io.stores.postgres import PgStore
 
-__all__ = ["STOP_DB_S", "STOP_TASK_S", "cancelled", "close_after", "close_left", "closed", "opened", "settled"]
+__all__ = [
+    "CLOSER_THREADS",
+    "STOP_DB_S",
+    "STOP_TASK_S",
+    "cancelled",
+    "close_after",
+    "close_left",
+    "closed",
+    "opened",
+    "settled",
+    "store_closer",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -32,13 +50,21 @@ STOP_TASK_S = 5.0  # the longest the stop waits for a task of its own to end onc
 # The longest the stop waits for one statement (a shard's release, the coordinator's row): past it the lease
 # expires after its TTL instead (not the statement's 30 s timeout, once per shard).
 STOP_DB_S = 5.0
+CLOSER_THREADS = "fleetwire-store-close"  # the names of store_closer()'s threads
+
 
 _Store = TypeVar("_Store", bound=PgStore)
 
 
-async def opened(make: Callable[[], _Store], left: set[asyncio.Future[None]]) -> _Store:
+def store_closer(shards: int) -> ThreadPoolExecutor:
+    """The threads a cluster host closes its stores in: one for each shard it may serve, the control connection's
+    and a reconnect's old one (module docstring, "Off the loop"); none is started before a close needs it."""
+    return ThreadPoolExecutor(max_workers=shards + 2, thread_name_prefix=CLOSER_THREADS)
+
+
+async def opened(make: Callable[[], _Store], left: set[asyncio.Future[None]], closer: Executor) -> _Store:
     """``make()`` (a store's constructor: it connects) in a thread. Cancelled meanwhile (a stop), the store it
-    makes is closed once made, in the loop's executor, instead of being left open with its connections and thread
+    makes is closed once made, in ``closer``, instead of being left open with its connections and thread
     (an interrupted stop's unclosed connections, finalized later, are what broke ast.parse in the next test); that
     close is in ``left`` until it is done (the host's stop waits for it, :func:`settled`)."""
     opening = asyncio.ensure_future(asyncio.to_thread(make))
@@ -46,29 +72,31 @@ async def opened(make: Callable[[], _Store], left: set[asyncio.Future[None]]) ->
         return await asyncio.shield(opening)
     except asyncio.CancelledError:
         done = opening.get_loop().create_future()
-        opening.add_done_callback(functools.partial(_close_made, closed=done))
+        opening.add_done_callback(functools.partial(_close_made, closed=done, closer=closer))
         _track(left, done)
         raise
 
 
-async def close_left(store: PgStore, left: set[asyncio.Future[None]]) -> None:
-    """Close ``store`` in the loop's executor; cancelled meanwhile (a stop), the close goes on, in ``left`` until it
+async def close_left(store: PgStore, left: set[asyncio.Future[None]], closer: Executor) -> None:
+    """Close ``store`` in ``closer``; cancelled meanwhile (a stop), the close goes on, in ``left`` until it
     is done (the host's stop waits for it; a failure is logged)."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    _close_into(store, done)
+    _close_into(store, done, closer)
     _track(left, done)
     await asyncio.shield(done)
 
 
-def close_after(store: PgStore, loading: asyncio.Future[Any] | None, left: set[asyncio.Future[None]]) -> None:
-    """Close ``store`` in the loop's executor once ``loading`` (a core's loader thread reading it) is done; that
+def close_after(
+    store: PgStore, loading: asyncio.Future[Any] | None, left: set[asyncio.Future[None]], closer: Executor
+) -> None:
+    """Close ``store`` in ``closer`` once ``loading`` (a core's loader thread reading it) is done; that
     close is in ``left`` until it is done."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def close(loaded: asyncio.Future[Any] | None = None) -> None:
         if loaded is not None:
             _retrieved(loaded)  # the load's failure does not matter any more
-        _close_into(store, done)
+        _close_into(store, done, closer)
 
     if loading is None or loading.done():
         close(loading)
@@ -90,10 +118,10 @@ async def settled(left: set[asyncio.Future[None]], deadline: float) -> None:
                   stores=len(running), waited_s=round(waited_s, 3))  # fmt: skip
 
 
-async def closed(store: PgStore, what: str) -> None:
-    """Close ``store`` in a thread, waiting at most :data:`STOP_DB_S`: past it the close goes on in its thread (its
+async def closed(store: PgStore, what: str, closer: Executor) -> None:
+    """Close ``store`` in ``closer``, waiting at most :data:`STOP_DB_S`: past it the close goes on in its thread (its
     own waits are bounded) and the stop goes on; a failure is logged (the stop is ending anyway)."""
-    closing = asyncio.ensure_future(asyncio.to_thread(store.close))
+    closing = _in_thread(closer, store.close)
     try:
         async with asyncio.timeout(STOP_DB_S):
             await asyncio.shield(closing)
@@ -119,16 +147,16 @@ async def cancelled(tasks: list[asyncio.Task[Any]], what: str) -> None:
                   running=len(running), waited_s=STOP_TASK_S)  # fmt: skip
 
 
-def _close_made(opening: asyncio.Future[Any], *, closed: asyncio.Future[None]) -> None:
+def _close_made(opening: asyncio.Future[Any], *, closed: asyncio.Future[None], closer: Executor) -> None:
     """``opening`` made a store that nobody uses: close it (``closed`` is done once it is; at once when none was)."""
     if opening.cancelled() or opening.exception() is not None:
         closed.set_result(None)
     else:
-        _close_into(opening.result(), closed)
+        _close_into(opening.result(), closed, closer)
 
 
-def _close_into(store: PgStore, closed: asyncio.Future[None]) -> None:
-    """Close ``store`` in the loop's executor; ``closed`` is done once it is (a failure is logged)."""
+def _close_into(store: PgStore, closed: asyncio.Future[None], closer: Executor) -> None:
+    """Close ``store`` in ``closer``; ``closed`` is done once it is (a failure is logged)."""
 
     def ended(closing: asyncio.Future[Any]) -> None:
         failure = None if closing.cancelled() else closing.exception()
@@ -138,7 +166,21 @@ def _close_into(store: PgStore, closed: asyncio.Future[None]) -> None:
         if not closed.done():
             closed.set_result(None)
 
-    closed.get_loop().run_in_executor(None, store.close).add_done_callback(ended)
+    _in_thread(closer, store.close, closed.get_loop()).add_done_callback(ended)
+
+
+def _in_thread(
+    closer: Executor, call: Callable[[], None], loop: asyncio.AbstractEventLoop | None = None
+) -> asyncio.Future[None]:
+    """``call()`` in ``closer``, as :func:`asyncio.to_thread` runs it (in a copy of this context). A store that is
+    made after the host's stop shut ``closer`` down (:func:`settled` logged it) is closed in the loop's default
+    executor instead."""
+    loop = loop or asyncio.get_running_loop()
+    run = functools.partial(contextvars.copy_context().run, call)
+    try:
+        return loop.run_in_executor(closer, run)
+    except RuntimeError:  # "cannot schedule new futures after shutdown"
+        return loop.run_in_executor(None, run)
 
 
 def _track(left: set[asyncio.Future[None]], closed: asyncio.Future[None]) -> None:

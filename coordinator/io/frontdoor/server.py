@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import os
 import secrets
 import socket
 import time
 import traceback
 from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Executor
 from dataclasses import replace
 from typing import Any, Final
 
@@ -109,12 +112,15 @@ class CoordinatorServer:
             None: opened from ``settings.store`` (raises StoreError for a database that cannot be opened).
         redirect: cluster mode, one core per shard (coordinator/io/cluster/host.py): called with each
             session's role and message; a ``Moved`` answer ends the session with it and 4307.
+        closer: the threads :meth:`stop` closes the store in (None: the loop's default executor); a cluster host
+            gives its shards' cores its own (coordinator/io/cluster/teardown.py, "Off the loop").
     """
 
     def __init__(self, settings: ServerSettings, *, version: str = "", store: Store | None = None,
-                 redirect: Redirect | None = None) -> None:  # fmt: skip
+                 redirect: Redirect | None = None, closer: Executor | None = None) -> None:  # fmt: skip
         settings.check()
         self.settings = settings
+        self._closer = closer
         self.store: Store = store if store is not None else open_store(
             settings.store, settings.data_dir, accept_loss=settings.accept_store_loss, cluster=settings.cluster
         )
@@ -392,8 +398,10 @@ class CoordinatorServer:
         if self.tracing is not None:  # the spans still queued go to the collector
             await asyncio.to_thread(self.tracing.shutdown)
         # In a thread, not on the loop: a store's close waits on its database or writer (PgStore: up to ~25 s
-        # against a database that does not answer), and the loop serves other shards' cores in a cluster host.
-        await asyncio.to_thread(self.store.close)
+        # against a database that does not answer), and the loop serves other shards' cores in a cluster host,
+        # which hands its cores threads of their own for it (coordinator/io/cluster/teardown.py, "Off the loop").
+        close = functools.partial(contextvars.copy_context().run, self.store.close)
+        await asyncio.get_running_loop().run_in_executor(self._closer, close)
 
     # ------------------------------------------------------------------ HTTP (coordinator/io/frontdoor/routes.py)
 
