@@ -302,8 +302,9 @@ class Agent:
             for task in (watch, self._interruption):
                 if task is not None and not task.done():
                     task.cancel()
-            if watch is not None:  # its command killed and reaped (a Process left unwaited outlives the loop)
-                await asyncio.gather(watch, return_exceptions=True)
+            # Each waited for: the watch's command killed and reaped (a Process left unwaited outlives the loop), the
+            # interruption's wait for the preempted plans ended (no task of the agent's outlives its run).
+            await asyncio.gather(*(t for t in (watch, self._interruption) if t is not None), return_exceptions=True)
             self.registered.clear()
             await self.runner.silence_all("worker stopping")
             await self.telemetry.stop()
