@@ -49,7 +49,11 @@ milliseconds per commit, which every other peer's round trip waited behind (issu
 phase ``f3-bytes``). The loop is blocked for one small commit at a
 time; when the inline commits' moving average (one fifth weight to the latest) passes
 :data:`INLINE_SLOW_S` (a slow or busy disk, not one outlier) the thread takes every commit for
-:data:`INLINE_COOLDOWN_S`, so a slow disk never stalls the loop commit after commit.
+:data:`INLINE_COOLDOWN_S`, so a slow disk never stalls the loop commit after commit. Each commit
+counts at most :data:`INLINE_SAMPLE_CAP` times :data:`INLINE_SLOW_S` in that average: one commit of
+7-15 ms among ~0.3 ms ones (SQLite's WAL checkpoint, or a busy neighbour's I/O) lifted it past the bound alone and
+sent ~1,000 commits (1 s) to the writer (docs/PERFORMANCE.md §P29); now it takes three slow commits in a
+row (or one in two, sustained), so a disk at 4 ms a commit or worse still trips it at its third.
 
 GIL hand-backs. SQLite releases the GIL around every statement's step, and the writer thread
 takes it back for the next statement: a group of a busy coordinator runs ~50 multi-row
@@ -99,7 +103,7 @@ from coordinator.records import Record
 
 __all__ = [
     "CLOSE_GRACE_S", "FILE_CHECK_INTERVAL_S", "INLINE_COOLDOWN_S", "INLINE_MAX_BYTES", "INLINE_MAX_RECORDS",
-    "INLINE_SLOW_S", "WRITER_SWITCH_INTERVAL_S", "GroupCommitter",
+    "INLINE_SAMPLE_CAP", "INLINE_SLOW_S", "WRITER_SWITCH_INTERVAL_S", "GroupCommitter",
 ]
 
 log = structlog.get_logger(__name__)
@@ -113,6 +117,7 @@ INLINE_MAX_RECORDS = 64  # a few plans' steps: a commit of a handful of pages
 INLINE_MAX_BYTES = 64 << 10  # ... from at most this much of frames (``submit``'s size): else the thread
 INLINE_SLOW_S = 0.002  # inline commits slower than this on average ...
 INLINE_COOLDOWN_S = 1.0  # ... sends every commit to the writer thread for this long
+INLINE_SAMPLE_CAP = 2.0  # one commit counts in that average as at most this many times INLINE_SLOW_S
 WRITER_SWITCH_INTERVAL_S = 0.001  # the interpreter's switch interval while a writer thread runs (at most)
 
 
@@ -128,9 +133,10 @@ class GroupCommitter(Backlog[T]):
             on the loop (0: always through the thread); only for a store with the
             ``try_write`` ability (coordinator/io/stores/abilities.py).
         inline_slow_s: the inline commits' average past which the thread takes them all for
-            :data:`INLINE_COOLDOWN_S`.
+            :data:`INLINE_COOLDOWN_S` (each commit counted as at most :data:`INLINE_SAMPLE_CAP` times it).
         inline_max_bytes: the most bytes (``submit``'s sizes) an idle writer's group may hold to be
             committed on the loop.
+        clock: the time, in seconds, that inline commits are timed and the cool-down kept by (a test's own).
     """
 
     def __init__(
@@ -144,6 +150,7 @@ class GroupCommitter(Backlog[T]):
         inline_max_records: int = INLINE_MAX_RECORDS,
         inline_slow_s: float = INLINE_SLOW_S,
         inline_max_bytes: int = INLINE_MAX_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(release, on_failure, max_backlog_bytes)
         self.store = store
@@ -168,6 +175,8 @@ class GroupCommitter(Backlog[T]):
         self._inline_off_until = 0.0  # slow inline commits: the thread only until then
         self._inline_avg_s = 0.0  # the inline commits' moving average
         self._inline_slow_s = inline_slow_s
+        self._inline_sample_max_s = inline_slow_s * INLINE_SAMPLE_CAP if inline_slow_s > 0 else float("inf")
+        self._clock = clock
         self.inline_commits = 0  # groups committed on the loop
         self._sender: GroupSender | None = None
         # A writer process's groups sent and answered on the loop (GroupSender.serve_on): no writer thread.
@@ -218,7 +227,7 @@ class GroupCommitter(Backlog[T]):
             and len(records) <= self._inline_max
             and size <= self._inline_max_bytes
             and self._loop is not None
-            and time.monotonic() >= self._inline_off_until
+            and self._clock() >= self._inline_off_until
         ):
             self._inline = [records]
             self._inline_size = len(records)
@@ -346,7 +355,7 @@ class GroupCommitter(Backlog[T]):
         ):
             self._hand(ticket, records)
             return
-        started = time.monotonic()
+        started = self._clock()
         try:
             written = self._try_write(records)
         except Exception as exc:
@@ -356,8 +365,9 @@ class GroupCommitter(Backlog[T]):
             self._inline_off_until = started + INLINE_COOLDOWN_S
             self._hand(ticket, records)
             return
-        took = time.monotonic() - started
-        self._inline_avg_s += (took - self._inline_avg_s) * 0.2
+        took = self._clock() - started
+        # Capped: one outlier is not a slow disk (module docstring).
+        self._inline_avg_s += (min(took, self._inline_sample_max_s) - self._inline_avg_s) * 0.2
         if self._inline_avg_s > self._inline_slow_s:
             self._inline_off_until = started + took + INLINE_COOLDOWN_S
             self._inline_avg_s = 0.0  # after the cool-down, a few commits measure the disk again
