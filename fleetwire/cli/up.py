@@ -30,6 +30,8 @@ from wireio.spin import apply_spin_argument
 
 __all__ = ["run_up"]
 
+DRAIN_CHUNK_BYTES = 1 << 16  # a local worker's stdout read at a time after its registration (_drop_output)
+
 
 async def run_up(ns: argparse.Namespace) -> int:
     """``fleetwire up``: a coordinator and ``--workers`` local workers on this host, until a signal."""
@@ -56,6 +58,7 @@ async def run_up(ns: argparse.Namespace) -> int:
         return fail(f"cannot listen on {ns.host}:{ns.port}: {exc.strerror or exc} (try --port 0 for a free port)")
     ids = [f"local-{i + 1}" for i in range(ns.workers)]
     procs: list[asyncio.subprocess.Process] = []
+    drains: list[asyncio.Future[None]] = []
     try:
         for worker_id in ids:
             procs.append(await _start_local_worker(server.url, tokens["worker"], worker_id, ns))
@@ -63,11 +66,15 @@ async def run_up(ns: argparse.Namespace) -> int:
             await asyncio.gather(*(_await_registered(p, w, 60.0) for p, w in zip(procs, ids, strict=True)))
         except (RuntimeError, TimeoutError) as exc:
             return fail(f"local workers did not start: {exc or 'timed out'}", EXIT_FAILED)
+        drains = [asyncio.ensure_future(_drop_output(proc)) for proc in procs]
         print(_banner(server, ids, tokens, ns), flush=True)
         await wait_for_signal()
         print("stopping fleetwire", flush=True)
     finally:
-        await _stop_processes(procs)
+        await _stop_processes(procs)  # read until they end: one blocked on a full pipe would not stop
+        for drain in drains:
+            drain.cancel()  # a pipe a grandchild still holds open
+        await asyncio.gather(*drains, return_exceptions=True)
         await server.stop()
     return EXIT_OK
 
@@ -143,6 +150,8 @@ def _banner(server: Any, ids: list[str], tokens: dict[str, str], ns: argparse.Na
 async def _start_local_worker(
     url: str, token: str, worker_id: str, ns: argparse.Namespace
 ) -> asyncio.subprocess.Process:
+    """One `up` worker, its stdout a pipe: :func:`_await_registered` reads its registration line there, then
+    :func:`_drop_output` the rest (its logs go to stderr, inherited)."""
     cmd = _local_worker_argv(url, worker_id, ns)
     env = {**os.environ, "FLEETWIRE_WORKER_TOKEN": token}
     return await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE)
@@ -176,6 +185,18 @@ async def _await_registered(proc: asyncio.subprocess.Process, worker_id: str, ti
                 raise RuntimeError(f"worker {worker_id} exited with status {await proc.wait()} before registering")
             if b"registered" in line:
                 return
+
+
+async def _drop_output(proc: asyncio.subprocess.Process) -> None:
+    """Read and drop what ``proc`` writes to its stdout after its registration line, until it closes it.
+
+    Nothing of the worker's own (its logs are on stderr), but whatever it or a process it started writes there: a
+    pipe nobody reads fills at 64 KiB and the writer blocks in its write, a worker's loop with it. Dropped as the
+    autoscaler's local workers' stdout is (/dev/null, coordinator/io/ops/provision.py ``LocalProvider``).
+    """
+    assert proc.stdout is not None
+    while await proc.stdout.read(DRAIN_CHUNK_BYTES):
+        pass
 
 
 async def _stop_processes(procs: list[asyncio.subprocess.Process], grace_s: float = 10.0) -> None:
