@@ -209,7 +209,9 @@ class PgStore(PgRows):
         self._keys: dict[str, int] = {}  # plan id -> key of every plan held
         self._shards: dict[str, int] = {}  # plan id -> its shard
         self._events_crc: dict[str, int] = {}  # running checksum of each open plan's inline events
-        self._free_keys: list[int] = []  # taken from the sequence, not used yet (ascending)
+        # Taken from the sequence, not used yet: descending, the next key last, so that taking n keys is O(n) (a
+        # slice of the ~16,000 left copied them all at each group: ~80 us of a lone commit's CPU; §C29j).
+        self._free_keys: list[int] = []
         self._ahead: RowGroup | None = None  # the group encode_ahead made, until its write_async
         self.split_min_plans = _SPLIT_MIN_PLANS  # encode_ahead(split=True) splits a group of more plans (0: never)
         self.splitting = False  # the group encode_ahead made is split: its rest is encoded in write_async
@@ -488,14 +490,15 @@ class PgStore(PgRows):
         n, free = len(group.fresh_ids), self._free_keys
         if len(free) < n:
             return False
-        keys = free[:n] if n else []
+        keys = free[: -n - 1 : -1] if n else []  # the n lowest, ascending
         minimum = self.split_min_plans
         if split and minimum and len(records) > 2 * minimum and len(group.created) + len(group.latest) > minimum:
             (first, first_keys), rest = split_group(group, keys)
             group, keys, first.rest = first, first_keys, rest
         if self.encode_rows(group, keys, {}):
             return False
-        self._free_keys = free[n:] if n else free
+        if n:
+            del free[-n:]
         self.apply_committed(group)
         self._ahead, self.splitting = group, group.rest is not None
         return True
@@ -580,9 +583,11 @@ class PgStore(PgRows):
         if len(free) < n:  # blocks for these and a reserve, so the next groups can be encoded ahead (encode_ahead)
             blocks = -(-(n - len(free) + _KEY_RESERVE) // _KEY_BLOCK)
             starts = await conn.fetch(_KEYS, blocks)
-            for row in sorted(r[0] for r in starts):
-                free.extend(range(row, row + _KEY_BLOCK))
-        taken, self._free_keys = free[:n], free[n:]
+            for row in starts:
+                free += range(row[0], row[0] + _KEY_BLOCK)
+            free.sort(reverse=True)  # the list is descending (the sequence's later blocks are higher anyway)
+        taken = free[: -n - 1 : -1]  # the n lowest, ascending
+        del free[-n:]
         return taken
 
     async def _stored_events_crc(self, conn: Any, key: int) -> int:
