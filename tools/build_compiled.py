@@ -15,6 +15,14 @@ import one) and wireio/wsmask.py's (:data:`WSMASK_TESTS`), after checking that e
 of setup.py's ``COMPILED`` is imported from its extension. ``--if-compiler``: without a C compiler or
 Python's headers, say so and exit 0 (CI on a machine that cannot build). Exit status: 0 when built
 (and passed), 1 when the build, the check or a test failed.
+
+``--wheel`` builds the copy the way an install does (CI does): ``pip wheel --no-deps`` with ``FLEETWIRE_MYPYC``
+unset, in an isolated build environment (``--no-build-isolation``: this one's setuptools, wheel and mypy), which
+compiles by default where a compiler is present (setup.py). The build must not have fallen back to pure Python and
+the wheel must hold an extension for each module of ``COMPILED``; its extensions are unpacked next to the copy's
+sources, which are then checked and tested as above. One compile, the install's own::
+
+    python tools/build_compiled.py --wheel --test --if-compiler   # .ci/run
 """
 
 from __future__ import annotations
@@ -28,13 +36,17 @@ import sys
 import sysconfig
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterable
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: What the copy holds: the build's inputs, the packages, and what the tests read.
 COPIED = ("pyproject.toml", "setup.py", "README.md", "protocol", "wireio", "coordinator", "worker_agent", "fleetwire",
           "tests", "bench", "examples", "docs", "tools")
+#: setup.py's INPLACE_OK: this in-place build is in a copy, not the checkout.
+INPLACE = "FLEETWIRE_MYPYC_INPLACE"
 IGNORED = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc", ".mypy_cache", ".pytest_cache", "build")
 #: Imports that make a test file more than the core's: I/O being done (an event loop, sockets, processes),
 #: the SDK, the worker. (The core's tests that read a MemoryStore or render metrics count: they stay sans-I/O.)
@@ -129,7 +141,7 @@ def test_files(root: Path = ROOT) -> list[str]:
 
 def can_compile() -> str | None:
     """Why this machine cannot build the extensions (no C compiler, no Python.h), or None."""
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         return f"no C compiler ({compiler!r} is not on PATH; Debian: apt-get install gcc)"
     include = sysconfig.get_paths()["include"]
@@ -155,7 +167,7 @@ def copy_tree(dest: Path, parts: Iterable[str] = COPIED) -> None:
 
 def build(dest: Path) -> float:
     """Compile ``dest`` in place (setup.py with the switch on); the seconds it took."""
-    env = {**os.environ, "FLEETWIRE_MYPYC": "1", "FLEETWIRE_MYPYC_INPLACE": "1"}
+    env = {**os.environ, "FLEETWIRE_MYPYC": "1", INPLACE: "1"}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"], cwd=dest, env=env,
                           capture_output=True, text=True, check=False)
@@ -163,6 +175,38 @@ def build(dest: Path) -> float:
         sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-5000:])
         raise SystemExit(f"build_compiled: the build in {dest} failed (exit {proc.returncode})")
     return time.perf_counter() - start
+
+
+def build_wheel(dest: Path, *, isolated: bool = True) -> float:
+    """Build ``dest``'s wheel as ``pip wheel .`` does with the switch unset, check that it compiled, and unpack its
+    extensions next to ``dest``'s sources; the seconds it took."""
+    env = {name: value for name, value in os.environ.items() if name not in ("FLEETWIRE_MYPYC", INPLACE)}
+    out = dest / "dist"
+    argv = [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(dest)]
+    start = time.perf_counter()
+    proc = subprocess.run([*argv, *([] if isolated else ["--no-build-isolation"])], cwd=dest, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    seconds = time.perf_counter() - start
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        sys.stderr.write(output[-8000:])
+        raise SystemExit(f"build_compiled: `pip wheel` of {dest} failed (exit {proc.returncode})")
+    warnings = [line.strip() for line in output.splitlines() if "fleetwire build: warning" in line]
+    wheels = sorted(out.glob("fleetwire-*.whl"))
+    if warnings or len(wheels) != 1:
+        sys.stderr.write(output[-8000:])
+        raise SystemExit(f"build_compiled: the wheel of {dest} is not compiled: {warnings or wheels}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        extensions = [name for name in wheel.namelist() if name.endswith(tuple(EXTENSION_SUFFIXES))]
+        wheel.extractall(dest, extensions)
+    for info in dest.glob("*.egg-info"):  # the build's metadata: the tests' importlib.metadata would find it
+        shutil.rmtree(info)
+    lacking = sorted(set(compiled_modules(dest)) - {name.split(".")[0].replace("/", ".") for name in extensions})
+    if lacking or wheels[0].name.endswith("-py3-none-any.whl"):
+        raise SystemExit(f"build_compiled: {wheels[0].name} lacks the extensions of {lacking}")
+    print(f"build_compiled: {wheels[0].name} built by `pip wheel` ({len(extensions)} extension files, mypyc's "
+          f"runtimes included)")
+    return seconds
 
 
 def _env(dest: Path) -> dict[str, str]:
@@ -189,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", action="store_true", help="run the pure core's unit tests against the build")
     parser.add_argument("--if-compiler", action="store_true", help="exit 0 with a message when nothing can build")
     parser.add_argument("--list-tests", action="store_true", help="print the core's test files and exit")
+    parser.add_argument("--wheel", action="store_true", help="build as `pip wheel .` does by default, and unpack it")
+    parser.add_argument("--no-build-isolation", action="store_true", help="with --wheel: this environment's tools")
     parser.add_argument("pytest_args", nargs="*", default=[], help="after --: more pytest arguments")
     ns = parser.parse_args(argv)
     if ns.list_tests:
@@ -201,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fleetwire-compiled-") as tmp:
         dest = Path(ns.dest).resolve() if ns.dest else Path(tmp)
         copy_tree(dest)
-        seconds = build(dest)
+        seconds = build_wheel(dest, isolated=not ns.no_build_isolation) if ns.wheel else build(dest)
         print(f"build_compiled: {len(compiled_modules(dest))} modules compiled in {dest} in {seconds:.1f} s")
         pure = check(dest)
         if pure:

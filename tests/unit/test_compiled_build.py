@@ -1,12 +1,14 @@
-"""The optional compiled core's build (setup.py, tools/build_compiled.py): off by default, never in place.
+"""The compiled core's build (setup.py, tools/build_compiled.py): compiled by default where a compiler is present,
+pure Python the fallback, never in place in a checkout.
 
-The compiled build itself is run by CI (.ci/run: ``tools/build_compiled.py --test``, about a minute);
-these tests check its switches and lists without a compiler.
+The compiled build itself is run by CI (.ci/run: ``tools/build_compiled.py --wheel --test``, `pip wheel` as an
+install runs it, about a minute and a half); these tests check its choices and lists without a compiler.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -35,17 +37,204 @@ def tool() -> ModuleType:
     return load(ROOT / "tools" / "build_compiled.py", "fleetwire_build_compiled_under_test")
 
 
-@pytest.mark.parametrize("value", [None, "", "0"])
-def test_without_the_switch_the_build_adds_no_extension_and_no_requirement(
-    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, value: str | None
+#: decide()'s table (setup.py): (FLEETWIRE_MYPYC, editable or --inplace, in a git checkout, what the machine lacks)
+#: -> (compiles, stops the build, says a warning, a failed compile falls back to pure Python).
+DECISIONS = [
+    ("", False, True, None, (True, False, False, True)),  # pip install . / pip wheel . with a compiler: compiled
+    ("", False, False, "no C compiler", (False, False, True, True)),  # ... without: pure, one warning line
+    ("", False, False, "no mypyc", (False, False, True, True)),  # --no-build-isolation without mypy: the same
+    ("", True, True, None, (False, False, False, True)),  # pip install -e . (the README's): pure, silently
+    ("", True, False, "no C compiler", (False, False, False, True)),
+    ("0", False, False, None, (False, False, False, True)),  # forced pure
+    ("0", True, True, None, (False, False, False, True)),
+    ("1", False, True, None, (True, False, False, False)),  # forced compiled: a failed compile fails the build
+    ("1", False, False, "no C compiler", (False, True, False, True)),  # ... and a missing tool stops it
+    ("1", True, True, None, (False, True, False, True)),  # editable in a checkout: refused
+    ("1", True, False, None, (True, False, False, False)),  # in place outside a checkout (build_compiled's copy)
+]
+
+
+@pytest.mark.parametrize(("switch", "in_place", "checkout", "missing", "expected"), DECISIONS)
+def test_the_build_compiles_by_default_where_it_can_and_falls_back_to_pure_python(
+    setup_py: ModuleType,
+    switch: str,
+    in_place: bool,
+    checkout: bool,
+    missing: str | None,
+    expected: tuple[bool, bool, bool, bool],
 ) -> None:
-    """FLEETWIRE_MYPYC unset, empty or 0: no extension modules, no extra build requirement, for any command."""
-    if value is None:
+    """decide(): a non-editable build compiles unless FLEETWIRE_MYPYC=0 or a tool is missing (then pure, with a
+    warning); =1 makes a missing tool or a failed compile an error; an editable build stays pure."""
+    decision = setup_py.decide(switch, in_place=in_place, checkout=checkout, missing=missing)
+    warns = decision.message.startswith(setup_py.WARNING) and not decision.fatal
+    assert (decision.compile, decision.fatal, warns, decision.fallback) == expected
+    if missing is not None and (warns or decision.fatal):
+        assert missing in decision.message
+
+
+@pytest.fixture
+def fake_mypyc(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """A stand-in mypyc.build: mypycify records the paths it was given and returns one "extension" per path (no
+    real compile in a unit test)."""
+    calls: list[list[str]] = []
+    build = ModuleType("mypyc.build")
+
+    def mypycify(paths: list[str], **_: object) -> list[str]:
+        calls.append(paths)
+        return [f"ext:{path}" for path in paths]
+
+    build.mypycify = mypycify  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "mypyc.build", build)
+    return calls
+
+
+def _machine(setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, switch: str | None, missing: str | None) -> None:
+    if switch is None:
         monkeypatch.delenv("FLEETWIRE_MYPYC", raising=False)
     else:
-        monkeypatch.setenv("FLEETWIRE_MYPYC", value)
+        monkeypatch.setenv("FLEETWIRE_MYPYC", switch)
+    monkeypatch.delenv("FLEETWIRE_MYPYC_INPLACE", raising=False)
+    monkeypatch.setattr(setup_py, "toolchain_missing", lambda mypyc=True: missing)
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.mark.parametrize("switch", [None, ""])
+def test_a_wheel_build_compiles_without_the_switch_and_an_editable_one_does_not(
+    setup_py: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_mypyc: list[list[str]],
+    switch: str | None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Switch unset or empty, a compiler present: bdist_wheel gets COMPILED's extensions; an editable install (in
+    this git checkout) gets none and says nothing; the metadata step compiles nothing."""
+    _machine(setup_py, monkeypatch, switch, None)
+    extensions, decision = setup_py.ext_modules(["setup.py", "bdist_wheel", "--dist-dir", "d"])
+    assert extensions == [f"ext:{path}" for path in setup_py.COMPILED] and decision.fallback
+    assert setup_py.ext_modules(["setup.py", "editable_wheel", "--dist-dir", "d"])[0] == []
+    assert setup_py.ext_modules(["setup.py", "egg_info"])[0] == []
+    assert fake_mypyc == [list(setup_py.COMPILED)] and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("missing", ["no C compiler ('cc' is not on PATH)", "no Python headers", "no mypyc"])
+def test_without_a_tool_a_wheel_build_is_pure_python_with_one_warning_line(
+    setup_py: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_mypyc: list[list[str]],
+    missing: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No compiler, no headers or no mypyc: the default build goes on with no extension and prints one warning
+    line naming what is missing; FLEETWIRE_MYPYC=1 stops the build with it instead."""
+    _machine(setup_py, monkeypatch, None, missing)
+    assert setup_py.ext_modules(["setup.py", "bdist_wheel"])[0] == []
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("fleetwire build: warning: pure Python") and missing in line
+    monkeypatch.setenv("FLEETWIRE_MYPYC", "1")
+    with pytest.raises(SystemExit, match=r"FLEETWIRE_MYPYC=1 needs what this machine lacks"):
+        setup_py.ext_modules(["setup.py", "bdist_wheel"])
+    assert fake_mypyc == []
+
+
+def test_switch_0_builds_pure_python_even_with_a_compiler(
+    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, fake_mypyc: list[list[str]]
+) -> None:
+    """FLEETWIRE_MYPYC=0: no extension for any command, and mypy is not asked into the build environment."""
+    _machine(setup_py, monkeypatch, "0", None)
     for argv in (["setup.py", "egg_info"], ["setup.py", "bdist_wheel"], ["setup.py", "editable_wheel"]):
-        assert setup_py.ext_modules(argv) == ([], [])
+        assert setup_py.ext_modules(argv)[0] == []
+    assert setup_py.compile_requires(editable=False) == [] and fake_mypyc == []
+
+
+def test_a_failed_mypyc_run_falls_back_by_default_and_fails_when_forced(
+    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mypyc exiting (a type error, say) leaves a default build pure with a warning; with FLEETWIRE_MYPYC=1 the
+    build fails."""
+    build = ModuleType("mypyc.build")
+
+    def mypycify(paths: list[str], **_: object) -> list[str]:
+        raise SystemExit(1)
+
+    build.mypycify = mypycify  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "mypyc.build", build)
+    _machine(setup_py, monkeypatch, None, None)
+    assert setup_py.ext_modules(["setup.py", "bdist_wheel"])[0] == []
+    assert "fleetwire build: warning: pure Python, not the compiled core: mypyc failed" in capsys.readouterr().err
+    monkeypatch.setenv("FLEETWIRE_MYPYC", "1")
+    with pytest.raises(SystemExit):
+        setup_py.ext_modules(["setup.py", "bdist_wheel"])
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_a_failed_c_compile_leaves_a_pure_wheel_unless_forced(
+    setup_py: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fallback: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The C compile failing: by default the extensions built so far are removed, a wheel being built is tagged pure
+    (py3-none-any) and one warning line says so; with FLEETWIRE_MYPYC=1 the error ends the build."""
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+    from setuptools.errors import CompileError
+
+    dist = Distribution({"name": "x", "ext_modules": [Extension("pkg.mod", ["pkg/mod.c"])]})
+    wheel = type("Wheel", (), {"root_is_pure": False})()
+    dist.command_obj["bdist_wheel"] = wheel
+    command = setup_py.BuildExt(dist)
+    command.fallback = fallback
+    command.build_lib = str(tmp_path)
+    command.ensure_finalized()
+    built = Path(command.get_ext_fullpath("pkg.mod"))
+    built.parent.mkdir(parents=True)
+
+    def compile_half(self: object) -> None:
+        built.write_bytes(b"half")
+        raise CompileError("command 'gcc' failed: No such file or directory")
+
+    monkeypatch.setattr(build_ext, "run", compile_half)
+    if not fallback:
+        with pytest.raises(CompileError):
+            command.run()
+        return
+    command.run()
+    assert not built.exists() and wheel.root_is_pure
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("fleetwire build: warning: pure Python") and "command 'gcc' failed" in line
+
+
+def test_mypy_joins_an_isolated_build_only_where_the_wheel_compiles(
+    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend's requirements: mypy and the packages mypyc type-checks against for a wheel where a compiler is
+    present; nothing more for an editable install or without a compiler (the README's `pip install -e` fetches no
+    mypy)."""
+    _machine(setup_py, monkeypatch, None, None)
+    requires = setup_py.compile_requires(editable=False)
+    assert requires[0] == setup_py.MYPY and {"msgspec>=0.19", "opentelemetry-sdk>=1.30"} <= set(requires)
+    assert setup_py.compile_requires(editable=True) == []
+    monkeypatch.setattr(setup_py, "toolchain_missing", lambda mypyc=True: "no C compiler")
+    assert setup_py.compile_requires(editable=False) == []
+    monkeypatch.setenv("FLEETWIRE_MYPYC", "1")  # forced but lacking a compiler: the build says so, mypy or not
+    assert setup_py.compile_requires(editable=False) == []
+
+
+def test_pyproject_builds_through_setup_py_s_hooks(setup_py: ModuleType) -> None:
+    """pyproject.toml's backend is setup.py (in the tree), which has every PEP 517/660 hook setuptools has."""
+    import tomllib
+
+    from setuptools import build_meta
+
+    system = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    assert (system["build-backend"], system["backend-path"]) == ("setup", ["."])
+    hooks = [name for name in ("build_wheel", "build_sdist", "build_editable", "get_requires_for_build_wheel",
+                               "get_requires_for_build_sdist", "get_requires_for_build_editable",
+                               "prepare_metadata_for_build_wheel", "prepare_metadata_for_build_editable")
+             if hasattr(build_meta, name)]  # fmt: skip
+    assert len(hooks) == 8 and all(callable(getattr(setup_py, name)) for name in hooks)
+    assert set(hooks) == set(setup_py.__all__)
 
 
 def test_an_in_place_compiled_build_in_a_checkout_is_refused(
@@ -61,17 +250,25 @@ def test_an_in_place_compiled_build_in_a_checkout_is_refused(
             setup_py.ext_modules(argv)
 
 
-def test_without_mypyc_the_metadata_step_asks_for_mypy_and_a_build_says_how_to_get_it(
-    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No mypyc: egg_info (pip asking the build requirements) answers mypy; a wheel build exits with the command."""
-    monkeypatch.setenv("FLEETWIRE_MYPYC", "1")
-    monkeypatch.setitem(sys.modules, "mypyc", None)  # import mypyc raises ImportError
-    monkeypatch.setitem(sys.modules, "mypyc.build", None)
-    assert setup_py.ext_modules(["setup.py", "egg_info"]) == ([], [setup_py.MYPY])
-    assert setup_py.ext_modules(["setup.py", "dist_info", "--output-dir", "x"]) == ([], [])
-    with pytest.raises(SystemExit, match=r"needs mypyc.*--no-build-isolation"):
-        setup_py.ext_modules(["setup.py", "bdist_wheel"])
+def test_build_info_tells_a_compiled_install_from_a_pure_one(tmp_path: Path) -> None:
+    """`python -m fleetwire.build_info` counts the modules imported from an extension (not mypyc's runtimes, not an
+    extension of another Python); this checkout is pure."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    from fleetwire import build_info
+
+    suffix = EXTENSION_SUFFIXES[0]
+    (tmp_path / "coordinator" / "placement").mkdir(parents=True)
+    for name in ("core", "core__mypyc", "placement/placer", "journal.cpython-39-x86_64-linux-gnu"):
+        (tmp_path / "coordinator" / f"{name}{suffix if '.' not in name else '.so'}").write_bytes(b"")
+    (tmp_path / "coordinator" / "plans.py").write_text("")
+    modules = build_info.compiled_modules([("coordinator", tmp_path / "coordinator")])
+    assert list(modules) == ["coordinator.core", "coordinator.placement.placer"]
+    assert "compiled core, 2 modules" in build_info.describe(modules)
+    assert build_info.compiled_modules() == {}
+    done = subprocess.run([sys.executable, "-m", "fleetwire.build_info"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    assert done.stdout.startswith("fleetwire ") and "pure Python (no compiled modules)" in done.stdout
 
 
 #: Compiled past the core: the per-plan modules of the SDK and the worker, the frames' write (PERFORMANCE.md §C29g).
