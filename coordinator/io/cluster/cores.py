@@ -22,7 +22,8 @@ Rules:
 * **No store left open.** A store a cancelled start was opening or loading is closed once made (teardown.py).
 * **Closed in the host's threads.** Each core's store closes in its host's :attr:`Host.closer` (its stop's last
   step), not in the loop's default executor: against a database that does not answer, a host with more shards than
-  that executor's threads closed them in waves (teardown.py, "Off the loop").
+  that executor's threads closed them in waves (teardown.py, "Off the loop"). Likewise each start's open, load and
+  writer hand-over run in its :attr:`Host.opener` (teardown.py, "Started in the host's own threads").
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Host(Protocol):
     stop_began: bool  # its stop() began
     leftovers: set[asyncio.Future[None]]  # the stores the host's stop waits to see closed (teardown.py)
     closer: Executor  # the threads its stores close in (teardown.py store_closer)
+    opener: Executor  # the threads its stores open and its cores load in (teardown.py store_opener)
     shard_ports: tuple[int, int] | None
     failovers: int
     announce: Callable[[str], None]
@@ -148,7 +150,8 @@ class ShardCores:
         try:
             # Its connections say which core they are (pg_stat_activity; bench/cluster_chaos.py's checker).
             dsn = _with_application_name(host.settings.store, f"fw/{shard}/{epoch}/{host.owner}")
-            store = await opened(lambda: ShardPgStore(dsn, host.settings.cluster), host.leftovers, host.closer)
+            store = await opened(lambda: ShardPgStore(dsn, host.settings.cluster), host.leftovers, host.closer,
+                                 host.opener)  # fmt: skip
         except asyncio.CancelledError:
             self._start_cancelled(shard, epoch)
             raise
@@ -159,10 +162,12 @@ class ShardCores:
         try:
             store.owner, store.fence = host.owner, {shard: epoch}
             store.doorbell = host.doorbell
+            store.threads = host.opener  # its committer's hand-over of the threaded writer (teardown.py)
             # Its core sees only its shard's pools: waiting reasons say so (coordinator/placement/plan_queue.py).
             core = replace(host.settings.core, placement=replace(host.settings.core.placement, cluster=True))
             settings = replace(host.settings, port=self._port(shard), metrics_listen=None, core=core)
             server = CoordinatorServer(settings, version=host.version, store=store, closer=host.closer,
+                                       loader=host.opener,
                                        redirect=functools.partial(host.redirect, shard))  # fmt: skip
             server.core.data.set_shared(await host.shared_keys())  # before any worker: its keys include them
             refs = RemoteRefs(server, shard, host.views.conn)  # looks up remote upstreams from its first submit

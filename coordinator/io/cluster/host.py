@@ -88,6 +88,7 @@ from coordinator.io.cluster.teardown import (
     opened,
     settled,
     store_closer,
+    store_opener,
 )
 from coordinator.io.cluster.views import (
     PUT_WORKERS,
@@ -228,6 +229,9 @@ class ClusterHost:
         # The threads its stores close in, not the loop's default executor's (teardown.py, "Off the loop"); shut down
         # at the end of stop().
         self.closer = store_closer(self.config.shards)
+        # The threads its stores open and its shards' cores load in, not the loop's default executor's either
+        # (teardown.py, "Started in the host's own threads"); shut down at the end of stop().
+        self.opener = store_opener(self.config.shards)
         self._keeper: asyncio.Task[None] | None = None
         self._server: Server | None = None
         self.stop_began = False
@@ -323,7 +327,8 @@ class ClusterHost:
             await asyncio.sleep(rng.uniform(ceiling / 2, ceiling))
             ceiling = min(DB_RETRY_CAP_S, 2 * ceiling)
             try:
-                control = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers, self.closer)
+                control = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers,
+                                       self.closer, self.opener)  # fmt: skip
             except StoreUnreachable as exc:
                 self.waiting_db = str(exc)
                 log.warning("still waiting for the cluster's database", store=self.description, error=str(exc))
@@ -379,8 +384,9 @@ class ClusterHost:
         """
         try:
             await self._stopped()
-        finally:  # its threads end once idle; a close still running (past its bound, logged) goes on in its own
+        finally:  # its threads end once idle; a close (or an open) still running (past its bound, logged) goes on
             self.closer.shutdown(wait=False)
+            self.opener.shutdown(wait=False)
 
     async def _stopped(self) -> None:
         """:meth:`stop`, but for its closer's shutdown."""
@@ -463,7 +469,8 @@ class ClusterHost:
         next round tries again. The shards' cores reconnect on their own when they are won again.
         """
         try:
-            fresh = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers, self.closer)
+            fresh = await opened(lambda: PgStore(self.settings.store, self.config), self.leftovers, self.closer,
+                                 self.opener)  # fmt: skip
         except Exception as exc:
             log.warning("cannot reconnect to PostgreSQL yet", store=self.description, error=str(exc))
             return

@@ -12,6 +12,11 @@ Rules:
   wait long. They close in the host's :func:`store_closer`, a thread for each of its stores (its shards', the
   control connection's, a reconnect's), shut down at the end of the host's stop; a close that a store left after it
   (one still being made) runs in the loop's default executor.
+* **Started in the host's own threads too.** A shard's start opens its store (a connection and the schema's check:
+  round trips), loads its plans and hands its committer's threaded writer over, each in a thread; the control
+  connection's reopens too. Those run in the host's :func:`store_opener` (a thread for each shard, and the control
+  connection's), not the loop's default executor: against a slow database, a host winning more shards than that
+  executor's threads started them in waves, each wave an open's (then a load's) wait long.
 * **Nothing left open.** A store that a cancelled task was opening (:func:`opened`) or loading
   (:func:`close_after`), or that it was closing (:func:`close_left`), is closed once made (or let go of); that
   close is tracked in the host's set of leftovers until it is done, and the stop waits for them (:func:`settled`).
@@ -33,6 +38,7 @@ from coordinator.io.stores.postgres import PgStore
 
 __all__ = [
     "CLOSER_THREADS",
+    "OPENER_THREADS",
     "STOP_DB_S",
     "STOP_TASK_S",
     "cancelled",
@@ -42,6 +48,7 @@ __all__ = [
     "opened",
     "settled",
     "store_closer",
+    "store_opener",
 ]
 
 log = structlog.get_logger(__name__)
@@ -51,9 +58,11 @@ STOP_TASK_S = 5.0  # the longest the stop waits for a task of its own to end onc
 # expires after its TTL instead (not the statement's 30 s timeout, once per shard).
 STOP_DB_S = 5.0
 CLOSER_THREADS = "fleetwire-store-close"  # the names of store_closer()'s threads
+OPENER_THREADS = "fleetwire-store-open"  # the names of store_opener()'s threads
 
 
 _Store = TypeVar("_Store", bound=PgStore)
+_T = TypeVar("_T")
 
 
 def store_closer(shards: int) -> ThreadPoolExecutor:
@@ -62,12 +71,21 @@ def store_closer(shards: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=shards + 2, thread_name_prefix=CLOSER_THREADS)
 
 
-async def opened(make: Callable[[], _Store], left: set[asyncio.Future[None]], closer: Executor) -> _Store:
-    """``make()`` (a store's constructor: it connects) in a thread. Cancelled meanwhile (a stop), the store it
+def store_opener(shards: int) -> ThreadPoolExecutor:
+    """The threads a cluster host starts its stores in (module docstring, "Started in the host's own threads"): one
+    for each shard it may serve (its start's open, load and writer hand-over run one after the other) and the
+    control connection's reopen; none is started before a start needs it."""
+    return ThreadPoolExecutor(max_workers=shards + 1, thread_name_prefix=OPENER_THREADS)
+
+
+async def opened(
+    make: Callable[[], _Store], left: set[asyncio.Future[None]], closer: Executor, opener: Executor
+) -> _Store:
+    """``make()`` (a store's constructor: it connects) in ``opener``. Cancelled meanwhile (a stop), the store it
     makes is closed once made, in ``closer``, instead of being left open with its connections and thread
     (an interrupted stop's unclosed connections, finalized later, are what broke ast.parse in the next test); that
     close is in ``left`` until it is done (the host's stop waits for it, :func:`settled`)."""
-    opening = asyncio.ensure_future(asyncio.to_thread(make))
+    opening = _in_thread(opener, make)
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:
@@ -170,15 +188,15 @@ def _close_into(store: PgStore, closed: asyncio.Future[None], closer: Executor) 
 
 
 def _in_thread(
-    closer: Executor, call: Callable[[], None], loop: asyncio.AbstractEventLoop | None = None
-) -> asyncio.Future[None]:
-    """``call()`` in ``closer``, as :func:`asyncio.to_thread` runs it (in a copy of this context). A store that is
-    made after the host's stop shut ``closer`` down (:func:`settled` logged it) is closed in the loop's default
+    threads: Executor, call: Callable[[], _T], loop: asyncio.AbstractEventLoop | None = None
+) -> asyncio.Future[_T]:
+    """``call()`` in ``threads``, as :func:`asyncio.to_thread` runs it (in a copy of this context). A store that is
+    made after the host's stop shut ``threads`` down (:func:`settled` logged it) is closed in the loop's default
     executor instead."""
     loop = loop or asyncio.get_running_loop()
     run = functools.partial(contextvars.copy_context().run, call)
     try:
-        return loop.run_in_executor(closer, run)
+        return loop.run_in_executor(threads, run)
     except RuntimeError:  # "cannot schedule new futures after shutdown"
         return loop.run_in_executor(None, run)
 

@@ -114,13 +114,18 @@ class CoordinatorServer:
             session's role and message; a ``Moved`` answer ends the session with it and 4307.
         closer: the threads :meth:`stop` closes the store in (None: the loop's default executor); a cluster host
             gives its shards' cores its own (coordinator/io/cluster/teardown.py, "Off the loop").
+        loader: the thread :meth:`start` loads the store's plans in (None: the loop's default executor); a cluster
+            host gives its shards' cores its own (coordinator/io/cluster/teardown.py, "Started in the host's own
+            threads").
     """
 
     def __init__(self, settings: ServerSettings, *, version: str = "", store: Store | None = None,
-                 redirect: Redirect | None = None, closer: Executor | None = None) -> None:  # fmt: skip
+                 redirect: Redirect | None = None, closer: Executor | None = None,
+                 loader: Executor | None = None) -> None:  # fmt: skip
         settings.check()
         self.settings = settings
         self._closer = closer
+        self._loader = loader
         self.store: Store = store if store is not None else open_store(
             settings.store, settings.data_dir, accept_loss=settings.accept_store_loss, cluster=settings.cluster
         )
@@ -285,7 +290,8 @@ class CoordinatorServer:
     async def _load_and_serve(self) -> None:
         """Load the store into the core, then commit, tick and admit sessions."""
         try:
-            self._loading = asyncio.ensure_future(asyncio.to_thread(self._load))
+            load = functools.partial(contextvars.copy_context().run, self._load)  # as asyncio.to_thread runs it
+            self._loading = asyncio.get_running_loop().run_in_executor(self._loader, load)
             await asyncio.shield(self._loading)
             hand_over = self.store.abilities.writer_process
             if self.settings.store_writer == "process" and hand_over is not None:

@@ -192,6 +192,9 @@ class PgStore(PgRows):
 
     blocking = True
     sharded = True  # the server keeps this store's shard leases (``abilities.leases``); not a shard's own store
+    # The threads open_async closes the threaded writer in (None: the loop's default executor); a cluster host's shard
+    # stores: the host's own (coordinator/io/cluster/teardown.py, "Started in the host's own threads").
+    threads: concurrent.futures.Executor | None = None
 
     def __init__(self, dsn: str, cluster: ClusterConfig | None = None, *, accept_loss: bool = False) -> None:
         self.cluster = cluster or ClusterConfig()
@@ -380,7 +383,7 @@ class PgStore(PgRows):
             old.terminate()
         threaded, self._writer = self._writer, None
         if threaded is not None:
-            await asyncio.to_thread(self._close_writer, threaded)
+            await asyncio.get_running_loop().run_in_executor(self.threads, self._close_writer, threaded)
 
     def lost(self) -> bool:
         """Whether the writer connection of :meth:`open_async` closed under the store (reopen it first)."""
