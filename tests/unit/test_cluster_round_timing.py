@@ -2,7 +2,8 @@
 
 A killed owner's shards are taken at the next round after its lease expires. With a round every
 scan period (0.5 s) that was up to half a second after the expiry; the rows' time left now
-schedules the round just after it, a shard another coordinator just won is polled for its URL,
+schedules the round just after it, a shard another coordinator just won is polled for its URL (unless the
+host hears the URLs published),
 and a round that lost an orphan to another coordinator looks again soon. Nothing here decides
 whether a lease expired: the acquire statement does, on the database clock.
 """
@@ -44,6 +45,13 @@ def test_a_shard_won_elsewhere_is_polled_until_it_has_a_url() -> None:
     """Another coordinator won shard 1 and its core is loading (no URL yet): rounds every URL_POLL_S."""
     scan = rows((0, "me", True, "ws://me/0"), (1, "b", True, ""))
     assert next_round_s(PERIOD, scan, {0: 2.9, 1: 2.95}, {0: 2}) == URL_POLL_S
+
+
+def test_a_shard_won_elsewhere_is_not_polled_while_the_urls_are_heard() -> None:
+    """The host LISTENs for the URLs published (their NOTIFY runs the round): a shard without one leaves the period."""
+    scan = rows((0, "me", True, "ws://me/0"), (1, "b", True, ""))
+    assert next_round_s(PERIOD, scan, {0: 2.9, 1: 2.95}, {0: 2}, hearing=True) == PERIOD
+    assert next_round_s(PERIOD, scan, {0: 2.9, 1: 2.95}, {0: 2}, missed=True, hearing=True) == URL_POLL_S
 
 
 def test_a_round_that_lost_an_orphan_looks_again_soon() -> None:

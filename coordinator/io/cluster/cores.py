@@ -11,7 +11,8 @@ and the ``moved`` check each shard server asks.
 Rules:
 
 * **A core per won slot.** A won shard's core opens its store fenced with that slot's epoch, loads the shard's
-  plans, listens, and only then publishes its URL (the lease row's ``owner_url``). A core that cannot start gives
+  plans, listens, and only then publishes its URL (the lease row's ``owner_url``, with a ``NOTIFY`` on
+  :data:`URL_CHANNEL` that wakes the other coordinators' rounds). A core that cannot start gives
   its slot back at once; one whose slot was lost while it loaded is stopped, not released.
 * **A stop is never cut short.** A shard is out of :attr:`~ShardCores.servers` from the moment its stop begins,
   so nothing else would stop its core: that stop runs in a task of its own, which a cancel of the task that began
@@ -52,11 +53,19 @@ from coordinator.io.stores.postgres import PgStore
 from coordinator.shards import PartialLeases
 from protocol.messages import Event, Moved
 
-__all__ = ["Host", "ShardCores", "ShardPgStore"]
+__all__ = ["URL_CHANNEL", "Host", "ShardCores", "ShardPgStore"]
 
 log = structlog.get_logger(__name__)
 
-_SET_URL = "UPDATE shard_leases SET owner_url = $1 WHERE shard = $2 AND owner = $3 AND epoch = $4"
+URL_CHANNEL = "fleetwire_shard_urls"  # NOTIFY'd (payload: the shard) when a shard's core publishes its URL (_SET_URL)
+# Publishes a served shard's URL and says so to every coordinator in the same transaction: their main ports learn it
+# at once (host.py ClusterHost._url_known), not at their next scan.
+_SET_URL = f"""
+WITH served AS (
+    UPDATE shard_leases SET owner_url = $1 WHERE shard = $2 AND owner = $3 AND epoch = $4 RETURNING shard
+)
+SELECT pg_notify('{URL_CHANNEL}', shard::text) FROM served
+"""
 
 
 class ShardPgStore(PgStore):

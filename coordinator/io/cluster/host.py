@@ -41,7 +41,12 @@ Theory of operation (docs/CLUSTER.md §Shards and pools):
   ``/v1/topology`` (a database read), are answered after ``--penalty-hold``.
 
 The lease row's ``owner_url`` is the shard server's URL: empty from the acquisition until the
-shard's server listens, so a ``moved`` never points at a port that is not serving yet.
+shard's server listens, so a ``moved`` never points at a port that is not serving yet. The core that
+sets it sends a ``NOTIFY`` on :data:`~coordinator.io.cluster.cores.URL_CHANNEL` in the same
+transaction; every host ``LISTEN`` s on its control connection (before its first scan, and on each
+new control connection before it is used), and a shard of another coordinator's served at a new
+URL runs its next round at once: a scan that saw that shard without a URL is followed by one that
+sees it (the notification comes after the scan or it was already committed before it).
 
 **Waiting for the database.** A coordinator that cannot reach PostgreSQL at start (refused, no
 answer, a login it cannot make yet: :class:`~coordinator.io.stores.integrity.StoreUnreachable`) does not
@@ -72,7 +77,7 @@ from websockets.asyncio.server import Server
 from websockets.typing import Subprotocol
 
 from coordinator.auth import TokenStore, inline_tokens
-from coordinator.io.cluster.cores import ShardCores
+from coordinator.io.cluster.cores import URL_CHANNEL, ShardCores
 from coordinator.io.cluster.doorbell import Doorbell, open_connection
 from coordinator.io.cluster.mainport import MAIN_CODECS, MainPort
 from coordinator.io.cluster.metrics import ClusterStats, build_registry
@@ -115,8 +120,9 @@ DB_RETRY_CAP_S = 5.0  # the longest wait between two tries to reach the database
 # A round runs this long after another's lease could expire (database clock): its orphaned slot is taken then,
 # not up to a scan period later (next_round_s).
 EXPIRY_SLACK_S = 0.02
-# How soon a round runs again while another coordinator's newly won shard has no URL yet: the main port
-# learns where it is served (its moved) soon after it listens, not up to a scan period later.
+# How soon a round runs again while another coordinator's newly won shard has no URL yet and this host cannot hear
+# the URLs published (no LISTEN on its control connection: ClusterHost.hearing_urls); while it can, the NOTIFY that
+# publishes one runs the round at once (ClusterHost._url_known).
 URL_POLL_S = 0.1
 
 _BEAT = """
@@ -190,6 +196,8 @@ class ClusterHost:
         self._shared: list[tuple[str, bytes]] = []  # the shared keys still accepted, the signing one first
         self.rows: list[LeaseRow] = []  # the last scan
         self._round_due = math.inf  # when the last round's rows ask for the next one (next_round_s); inf: none
+        self.hearing_urls = False  # its control connection LISTENs for the URLs published: no poll (next_round_s)
+        self._wake = asyncio.Event()  # set by a URL published for another's shard: the next round runs now
         self.peers: set[str] = set()
         self.fatal: asyncio.Future[BaseException] | None = None
         self.loaded = asyncio.Event()
@@ -316,6 +324,7 @@ class ClusterHost:
                       store=self.description, error=self.waiting_db)  # fmt: skip
             self._keeper = asyncio.create_task(self._wait_for_database())
             return
+        self.hearing_urls = await self._hear_urls(self.control)
         await self._round()
         self._keeper = asyncio.create_task(self._keep())
 
@@ -340,8 +349,9 @@ class ClusterHost:
                     self.fatal.set_result(exc)
                 return
             control.owner = self.owner
+            hearing = await self._hear_urls(control)
             async with self._lock:
-                self.control = control
+                self.control, self.hearing_urls = control, hearing
             self.waiting_db = None
             log.warning("reached the cluster's database; joining the cluster", store=self.description)
         if self.stop_began:
@@ -441,7 +451,10 @@ class ClusterHost:
             if self.leases.held:
                 wait = min(wait, max(0.0, self.leases.valid_until - now))
             wait = min(wait, max(0.0, self._round_due - now))
-            await asyncio.sleep(wait)
+            with contextlib.suppress(TimeoutError):  # or sooner: a URL published (_url_known)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+            self._wake.clear()  # before the scan: a URL published after it runs the next round at once
             expired = self.leases.check(time.monotonic())
             self.cores.lose(expired, "no lease renewal succeeded before the lease could expire")
             self._round_due = math.inf  # a round that fails asks for nothing: the period again
@@ -475,8 +488,9 @@ class ClusterHost:
             log.warning("cannot reconnect to PostgreSQL yet", store=self.description, error=str(exc))
             return
         fresh.owner = self.owner
+        hearing = await self._hear_urls(fresh)
         async with self._lock:
-            old, self.control = self.control, fresh
+            old, self.control, self.hearing_urls = self.control, fresh, hearing
         if old is not None:
             await close_left(old, self.leftovers, self.closer)
         log.warning("reconnected to PostgreSQL", store=fresh.description)
@@ -512,7 +526,8 @@ class ClusterHost:
         for shard in won:
             self.spawn(self.cores.start(shard, self.leases.held[shard]))
         missed = bool(set(decided.acquire) - set(won))
-        self._round_due = scanned + next_round_s(self.config.scan_s, self.rows, left, self.leases.held, missed)
+        self._round_due = scanned + next_round_s(self.config.scan_s, self.rows, left, self.leases.held, missed,
+                                                 hearing=self.hearing_urls)  # fmt: skip
         try:
             await self._write_workers()
         except Exception as exc:  # only the views' registries are late; the round itself succeeded
@@ -539,6 +554,33 @@ class ClusterHost:
         epochs = [self.leases.held[shard] for shard in shards]
         owners = [self.owner] * len(shards)
         await self.db(lambda conn: conn.execute(PUT_WORKERS, shards, owners, epochs, blobs))
+
+    async def _hear_urls(self, control: PgStore) -> bool:
+        """``LISTEN`` for the shards' URLs as they are published (module docstring) on ``control``, a control
+        connection not in use yet; whether it does (if not, the rounds poll for a URL: :func:`next_round_s`)."""
+        loop = asyncio.get_running_loop()
+
+        def heard(conn: Any, pid: int, channel: str, payload: str) -> None:  # on the control store's own thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits for rounds any more
+                loop.call_soon_threadsafe(self._url_known, payload)
+
+        try:
+            await control.call(lambda conn: conn.add_listener(URL_CHANNEL, heard))
+        except Exception as exc:
+            log.warning("cannot listen for the shards' URLs; rounds poll while one is unknown", store=self.description,
+                        error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            return False
+        return True
+
+    def _url_known(self, payload: str) -> None:
+        """Some core published its shard's URL (``payload``: the shard): unless it is one of this host's own, the next
+        round runs now, so the main port's ``moved`` names it (rather than at the next scan)."""
+        try:
+            shard = int(payload)
+        except ValueError:  # a payload this version does not read
+            return
+        if shard not in self.leases.held:
+            self._wake.set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in a task of the host's (:meth:`stop` cancels them)."""
@@ -576,7 +618,8 @@ class ClusterHost:
         return None if target == shard else self.where(target)
 
 
-def next_round_s(period: float, rows: list[LeaseRow], left: dict[int, float], held: Any, missed: bool = False) -> float:
+def next_round_s(period: float, rows: list[LeaseRow], left: dict[int, float], held: Any, missed: bool = False, *,
+                 hearing: bool = False) -> float:  # fmt: skip
     """Seconds from a scan until the next round, as the other coordinators' lease rows ask (pure).
 
     ``period``: the scan period (``--lease-renew`` / 2), the longest; ``left``: shard -> seconds until its
@@ -585,16 +628,18 @@ def next_round_s(period: float, rows: list[LeaseRow], left: dict[int, float], he
     (killed, stalled, cut off), and the round runs just after it could expire (:data:`EXPIRY_SLACK_S`)
     rather than up to a period later; whether it expired is still the database's to say (the acquire's
     ``expires_at < now()``: fencing unchanged). A shard another coordinator just won has no URL until its
-    core listens: the round runs every :data:`URL_POLL_S` until it has one, so the main port's ``moved``
-    names it soon after. ``missed``: this round asked for an orphaned slot that another coordinator won
-    first (both rounds ran at its expiry and chose the same one, coordinator/shards.py plan_round): the
-    next round, :data:`URL_POLL_S` later, sees which are left, instead of a period later.
+    core listens. ``hearing`` (this host LISTENs for the URLs published, :attr:`ClusterHost.hearing_urls`): the
+    NOTIFY that publishes it runs the round, the period is not shortened for it; not hearing, the round runs
+    every :data:`URL_POLL_S` until it has one. Either way the main port's ``moved`` names it soon after.
+    ``missed``: this round asked for an orphaned slot that another coordinator won first (both rounds ran at
+    its expiry and chose the same one, coordinator/shards.py plan_round): the next round, :data:`URL_POLL_S`
+    later, sees which are left, instead of a period later.
     """
     due = URL_POLL_S if missed else period
     for row in rows:
         if row.shard in held or not row.live:
             continue
-        if not row.url:
+        if not row.url and not hearing:
             due = min(due, URL_POLL_S)
         ttl_left = left.get(row.shard, period)
         if ttl_left < period:
