@@ -1,5 +1,6 @@
-"""The inline-commit guard (commit.py ``INLINE_SLOW_S``): one slow commit among fast ones keeps commits on the loop;
-a disk slow commit after commit still sends them to the writer thread within a few commits.
+"""Which lone commits run on the loop (commit.py): the guard (``INLINE_SLOW_S``) keeps them there through one slow
+commit among fast ones, and still sends them to the writer thread within a few commits of a disk slow commit after
+commit; a long run of them ends with a group for the writer (``INLINE_RUN_MAX``: SQLite's checkpoints are its).
 
 A fake store whose ``try_write`` takes the time the test says, on the committer's own (fake) clock.
 """
@@ -10,7 +11,13 @@ import asyncio
 from collections.abc import Iterator, Sequence
 
 from coordinator.io.stores.abilities import StoreAbilities
-from coordinator.io.stores.commit import INLINE_COOLDOWN_S, INLINE_SAMPLE_CAP, INLINE_SLOW_S, GroupCommitter
+from coordinator.io.stores.commit import (
+    INLINE_COOLDOWN_S,
+    INLINE_RUN_MAX,
+    INLINE_SAMPLE_CAP,
+    INLINE_SLOW_S,
+    GroupCommitter,
+)
 from coordinator.records import PlanCreated, Record, StoredPlan
 from protocol.messages import Submit
 
@@ -134,3 +141,14 @@ def test_one_capped_sample_or_two_stay_under_the_bound_and_three_pass_it() -> No
         average += (INLINE_SLOW_S * INLINE_SAMPLE_CAP - average) * 0.2
         passed.append(average > INLINE_SLOW_S)
     assert passed == [False, False, True]
+
+
+async def test_a_long_run_of_inline_commits_hands_one_group_to_the_writer_each_run() -> None:
+    """Fast commits only: one group in every INLINE_RUN_MAX + 1 goes to the writer (whose connection checkpoints the
+    WAL: coordinator/io/stores/sqlite.py), in order, the rest stay on the loop."""
+    clock = Clock()
+    store = TimedStore(clock, durations())
+    released = await commit_lone_groups(store, clock, 2 * INLINE_RUN_MAX + 10)
+    assert released == list(range(2 * INLINE_RUN_MAX + 10))
+    handed = [int(records[0].plan_id[1:]) for records in store.handed]  # type: ignore[union-attr]
+    assert handed == [INLINE_RUN_MAX, 2 * INLINE_RUN_MAX + 1]

@@ -54,6 +54,9 @@ counts at most :data:`INLINE_SAMPLE_CAP` times :data:`INLINE_SLOW_S` in that ave
 7-15 ms among ~0.3 ms ones (SQLite's WAL checkpoint, or a busy neighbour's I/O) lifted it past the bound alone and
 sent ~1,000 commits (1 s) to the writer (docs/PERFORMANCE.md §P29); now it takes three slow commits in a
 row (or one in two, sustained), so a disk at 4 ms a commit or worse still trips it at its third.
+After :data:`INLINE_RUN_MAX` inline commits in a row the next group goes to the writer even so: SQLite's WAL
+checkpoints are the writer's (the loop's connection commits with them off: coordinator/io/stores/sqlite.py), made
+at its first commit past SQLite's bound, and a run of inline commits must not grow the WAL past it for long.
 
 GIL hand-backs. SQLite releases the GIL around every statement's step, and the writer thread
 takes it back for the next statement: a group of a busy coordinator runs ~50 multi-row
@@ -103,7 +106,7 @@ from coordinator.records import Record
 
 __all__ = [
     "CLOSE_GRACE_S", "FILE_CHECK_INTERVAL_S", "INLINE_COOLDOWN_S", "INLINE_MAX_BYTES", "INLINE_MAX_RECORDS",
-    "INLINE_SAMPLE_CAP", "INLINE_SLOW_S", "WRITER_SWITCH_INTERVAL_S", "GroupCommitter",
+    "INLINE_RUN_MAX", "INLINE_SAMPLE_CAP", "INLINE_SLOW_S", "WRITER_SWITCH_INTERVAL_S", "GroupCommitter",
 ]
 
 log = structlog.get_logger(__name__)
@@ -118,6 +121,7 @@ INLINE_MAX_BYTES = 64 << 10  # ... from at most this much of frames (``submit``'
 INLINE_SLOW_S = 0.002  # inline commits slower than this on average ...
 INLINE_COOLDOWN_S = 1.0  # ... sends every commit to the writer thread for this long
 INLINE_SAMPLE_CAP = 2.0  # one commit counts in that average as at most this many times INLINE_SLOW_S
+INLINE_RUN_MAX = 256  # inline commits in a row at most; then one group to the writer (its checkpoints: docstring)
 WRITER_SWITCH_INTERVAL_S = 0.001  # the interpreter's switch interval while a writer thread runs (at most)
 
 
@@ -136,6 +140,7 @@ class GroupCommitter(Backlog[T]):
             :data:`INLINE_COOLDOWN_S` (each commit counted as at most :data:`INLINE_SAMPLE_CAP` times it).
         inline_max_bytes: the most bytes (``submit``'s sizes) an idle writer's group may hold to be
             committed on the loop.
+        inline_run_max: the most inline commits in a row: the next group goes to the writer (module docstring).
         clock: the time, in seconds, that inline commits are timed and the cool-down kept by (a test's own).
     """
 
@@ -150,6 +155,7 @@ class GroupCommitter(Backlog[T]):
         inline_max_records: int = INLINE_MAX_RECORDS,
         inline_slow_s: float = INLINE_SLOW_S,
         inline_max_bytes: int = INLINE_MAX_BYTES,
+        inline_run_max: int = INLINE_RUN_MAX,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(release, on_failure, max_backlog_bytes)
@@ -177,6 +183,8 @@ class GroupCommitter(Backlog[T]):
         self._inline_slow_s = inline_slow_s
         self._inline_sample_max_s = inline_slow_s * INLINE_SAMPLE_CAP if inline_slow_s > 0 else float("inf")
         self._clock = clock
+        self._inline_run = 0  # inline commits since a group last went to the writer
+        self._inline_run_max = inline_run_max
         self.inline_commits = 0  # groups committed on the loop
         self._sender: GroupSender | None = None
         # A writer process's groups sent and answered on the loop (GroupSender.serve_on): no writer thread.
@@ -227,6 +235,7 @@ class GroupCommitter(Backlog[T]):
             and len(records) <= self._inline_max
             and size <= self._inline_max_bytes
             and self._loop is not None
+            and self._inline_run < self._inline_run_max
             and self._clock() >= self._inline_off_until
         ):
             self._inline = [records]
@@ -272,6 +281,7 @@ class GroupCommitter(Backlog[T]):
 
     def _hand(self, ticket: int, records: Sequence[Record]) -> None:
         """A group (every batch up to ``ticket``) to the writer: its thread's queue, or sent to the writer process."""
+        self._inline_run = 0
         if not self._direct:
             self._queue.put((ticket, records))
             return
@@ -372,6 +382,7 @@ class GroupCommitter(Backlog[T]):
             self._inline_off_until = started + took + INLINE_COOLDOWN_S
             self._inline_avg_s = 0.0  # after the cool-down, a few commits measure the disk again
         self.inline_commits += 1
+        self._inline_run += 1
         self._done(ticket)
 
     # ------------------------------------------------------------------ back on the loop

@@ -48,6 +48,11 @@ the side file ``<db>.generation`` repeats it after each commit; the committer st
 10 ms). A damaged store raises :class:`StoreDamaged`; opened with ``accept_loss``
 (``--accept-store-loss``) the store starts from what is readable instead and lists what it
 dropped in :attr:`SQLiteStore.losses`.
+
+Checkpoints: the commits on the event loop (:meth:`SQLiteStore.try_write`) run with SQLite's auto-checkpoint
+off, and the writer's (the writer thread's :meth:`~SQLiteStore.write`, the writer process's connection) with it on:
+the writer copies the WAL into the file, off the loop, at its first commit past SQLite's bound
+(``SQLiteCommit._begin``), and the committer hands it a group at least every ``INLINE_RUN_MAX`` commits.
 """
 
 from __future__ import annotations
@@ -175,6 +180,7 @@ class SQLiteStore(SQLiteCommit):
         self._handed_off = False  # ... and for good: this store writes only its inline commits (try_write)
         # The writer process and its parent both commit: each commit's key changes, for the other side (keys_message).
         self._share_keys = False
+        self._loop_connection = True  # its commits without waiting are the event loop's: no checkpoint (_begin)
         self._keys: tuple[dict[str, int], dict[str, int], list[str], set[str]] = ({}, {}, [], set())
 
     @classmethod
@@ -190,6 +196,7 @@ class SQLiteStore(SQLiteCommit):
         """
         self = cls.__new__(cls)
         self._fields(path, False, marker_sync_s)
+        self._loop_connection = False  # no loop here: SQLite's checkpoints stay on (SQLiteCommit._begin)
         if encode_record is not None:
             self._encode_record = encode_record
         try:

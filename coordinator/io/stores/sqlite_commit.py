@@ -30,7 +30,7 @@ from coordinator.io.stores.rows import StoredEvent, as_text, not_storable, run_b
 from coordinator.records import PlanCreated, PlanStatus, Record, UsageRows
 from protocol.messages import TERMINAL_STATES
 
-__all__ = ["BUSY_TIMEOUT_MS", "UPDATE_FROM", "UPDATE_ONE", "SQLiteCommit"]
+__all__ = ["BUSY_TIMEOUT_MS", "UPDATE_FROM", "UPDATE_ONE", "WAL_AUTOCHECKPOINT", "SQLiteCommit"]
 
 log = structlog.get_logger("coordinator.io.stores.sqlite")  # the store's log, as before the module was split off
 
@@ -79,6 +79,9 @@ _DELETE_USAGE = "DELETE FROM usage WHERE hour = ? AND principal = ? AND team = ?
 BUSY_TIMEOUT_MS = 5000  # sqlite3's default: how long a write waits for another connection's lock
 _NO_BUSY_WAIT = "PRAGMA busy_timeout = 0"
 _BUSY_WAIT = f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}"
+WAL_AUTOCHECKPOINT = 1000  # SQLite's default: the WAL's frames past which a commit's connection checkpoints it
+_NO_AUTOCHECKPOINT = "PRAGMA wal_autocheckpoint = 0"
+_AUTOCHECKPOINT = f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT}"
 _UNENCODABLE = (TypeError, ValueError, OverflowError)  # what msgspec raises for a payload it cannot hold
 _first = operator.itemgetter(0)
 _first_two = operator.itemgetter(0, 1)
@@ -137,6 +140,7 @@ class SQLiteCommit:
     losses: list[str]
     _db: sqlite3.Connection
     _waits: bool
+    _loop_connection: bool  # the coordinator's own (its commits without waiting are the event loop's), not the child's
     _multi_row: bool
     _update_status: str
     _rowids: dict[str, int]
@@ -155,10 +159,19 @@ class SQLiteCommit:
         store whose commits all run on the loop (``wait`` off) or all in the writer thread runs no
         ``PRAGMA`` per commit. Two per commit were ~3 µs of a lone commit's ~20 µs of SQLite work
         on a quiet machine, and more on a busy one (bench/store_writer.py --lone).
+
+        With the mode, the coordinator's own connection (:attr:`_loop_connection`) switches SQLite's auto-checkpoint:
+        off for the event loop's commits (``wait`` off), on (:data:`WAL_AUTOCHECKPOINT`) for a writer thread's. The
+        commit that took the WAL past the bound copied it into the file and fsynced that before it returned: one
+        lone commit in ~900 on the loop took 3-20 ms (docs/PERFORMANCE.md §P29). The writer (a thread, or the writer
+        process, whose connection keeps the default) checkpoints instead, at its next commit past the bound: the
+        committer hands it one group at least every ``INLINE_RUN_MAX`` commits (coordinator/io/stores/commit.py).
         """
         db = self._db
         if wait != self._waits:
             db.execute(_BUSY_WAIT if wait else _NO_BUSY_WAIT)
+            if self._loop_connection:
+                db.execute(_AUTOCHECKPOINT if wait else _NO_AUTOCHECKPOINT)
             self._waits = wait
         if wait:
             db.execute("BEGIN IMMEDIATE")
