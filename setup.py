@@ -85,6 +85,7 @@ COMPILED = tuple(f"coordinator/{name}.py" for name in (  # noqa: RUF005  (a sum:
     "fleetwire/session.py", "fleetwire/stream.py", "fleetwire/submits.py",  # the SDK's per-plan path
     "worker_agent/runner.py", "worker_agent/outbox.py",  # the worker's
     "wireio/wsmask.py",  # every process's frame writes
+    "coordinator/io/stores/pg_rows.py",  # a PostgreSQL coordinator's group rows (docs/PERFORMANCE.md §C29j)
 )
 
 

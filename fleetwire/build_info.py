@@ -3,7 +3,7 @@
 A non-editable install compiles the core's per-plan modules where a C compiler is present and falls back to pure
 Python where it is not (setup.py; docs/OPERATIONS.md §The compiled core). An operator tells which one a host runs::
 
-    python -m fleetwire.build_info       # fleetwire 0.1.0: compiled core, 36 modules from C extensions (mypyc)
+    python -m fleetwire.build_info       # fleetwire 0.1.0: compiled core, 37 modules from C extensions (mypyc)
     python -m fleetwire.build_info -v    # ... and each module with its file
 
 It looks for extension files in the packages' directories (Python imports an extension before the ``.py`` source of

@@ -271,9 +271,10 @@ def test_build_info_tells_a_compiled_install_from_a_pure_one(tmp_path: Path) -> 
     assert done.stdout.startswith("fleetwire ") and "pure Python (no compiled modules)" in done.stdout
 
 
-#: Compiled past the core: the per-plan modules of the SDK and the worker, the frames' write (PERFORMANCE.md §C29g).
+#: Compiled past the core: the per-plan modules of the SDK and the worker, the frames' write (PERFORMANCE.md §C29g),
+#: a PostgreSQL coordinator's group rows (§C29j).
 EDGE = {"fleetwire/session.py", "fleetwire/stream.py", "fleetwire/submits.py", "worker_agent/runner.py",
-        "worker_agent/outbox.py", "wireio/wsmask.py"}  # fmt: skip
+        "worker_agent/outbox.py", "wireio/wsmask.py", "coordinator/io/stores/pg_rows.py"}  # fmt: skip
 
 
 def test_the_compiled_modules_are_modules_of_the_pure_core(setup_py: ModuleType, tool: ModuleType) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from coordinator.io.stores.rows import StoredEvent, encode_record, encode_run, run_by_seq
+from coordinator.mypyc_compat import mypyc_attr
 from coordinator.records import PlanCreated, PlanStatus, Record
 from coordinator.shards import SubmitShards
 from protocol.messages import TERMINAL_STATES
@@ -108,6 +109,7 @@ def grid(columns: list[list[Any]]) -> list[Any]:
     return [[column[i : i + width] for i in range(0, n, width)] for column in columns]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (setup.py): PgStore, pure, derives from it
 class PgRows:
     """The row making of :class:`~coordinator.io.stores.postgres.PgStore`: its write-side keys, and a group's rows."""
 
@@ -202,25 +204,24 @@ class PgRows:
                       missing: list[int]) -> list[tuple[Any, ...]]:  # fmt: skip
         """The other touched plans' row updates (:meth:`encode_rows`), their shards added to ``shards``."""
         fresh, forgotten, chained = group.fresh, group.forgotten, self._events_crc
-        key_of, shards_of = self._keys.get, self._shards
+        shards_of = self._shards
         upd_rows: list[tuple[Any, ...]] = []
-        add_upd, add_ev, add_shard = upd_rows.append, ev_rows.append, shards.add
         encoder = self._encoder
         encode = encoder.encode
-        run_of, status_of = group.runs.get, group.latest.get
+        runs, latest, keys = group.runs, group.latest, self._keys  # method calls, not bound ones: mypyc's C calls
         terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, INLINE_MAX_SEQ, INLINE_MAX_BYTES
         unencodable = (TypeError, ValueError, OverflowError)
         for plan_id in touched:
             if fresh and plan_id in fresh:
                 continue  # a new row, above
-            key = None if forgotten and plan_id in forgotten else key_of(plan_id)
+            key = None if forgotten and plan_id in forgotten else keys.get(plan_id)
             if key is None:
                 continue  # a record of a plan never created (or deleted)
             shard = shards_of[plan_id]
-            add_shard(shard)
+            shards.add(shard)
             inline = inline_crc = None
             count = 0
-            run = run_of(plan_id)
+            run = runs.get(plan_id)
             if run is not None:
                 count = len(run)
                 if count > 1 and (count > 2 or run[0][2] >= run[1][2]):  # two in order (the usual run): as it is
@@ -241,8 +242,8 @@ class PgRows:
                     inline_crc = chained_now[plan_id] = checksum(inline, previous)
                 else:
                     count = 0
-                    add_ev((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
-            status = status_of(plan_id)
+                    ev_rows.append((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
+            status = latest.get(plan_id)
             if status is None:
                 state = status_blob = status_crc = None
             else:
@@ -254,7 +255,7 @@ class PgRows:
                 status_crc = checksum(status_blob)
                 if state in terminal:
                     ended.append(plan_id)
-            add_upd((key, count, status_crc, inline_crc, state, status_blob, inline))
+            upd_rows.append((key, count, status_crc, inline_crc, state, status_blob, inline))
         return upd_rows
 
     def apply_committed(self, group: RowGroup) -> None:
