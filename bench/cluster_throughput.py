@@ -24,6 +24,7 @@ mistaken for the store's cost.
     python bench/cluster_throughput.py                       # 20,000 plans, 1,000 round trips
     python bench/cluster_throughput.py --plans 2000 --samples 200 --json
     python bench/cluster_throughput.py --plans 10000 --samples 500 --rounds 3
+    python bench/cluster_throughput.py --plans 10000 --samples 500 --one   # SQLite and one PostgreSQL coordinator
     python bench/cluster_throughput.py --commit-callgrind   # the commit path, callgrind instructions per plan
 
 ``--commit-callgrind``: the PostgreSQL store's commit path on the coordinator's side (``write_async``
@@ -361,16 +362,20 @@ async def _settled(urls: list[str], timeout_s: float = 60.0) -> list[dict[str, A
         await asyncio.sleep(0.2)
 
 
-def _spies(directory: str | None, pids: list[int], label: str) -> list[subprocess.Popen[bytes]]:
-    """``--profile DIR``: py-spy on each coordinator over the throughput window (``DIR/<store>-<n>c-<i>.txt``)."""
+def _spies(directory: str | None, pids: list[int], label: str, perf: bool = False) -> list[subprocess.Popen[bytes]]:
+    """``--profile DIR``: py-spy on each coordinator over the throughput window (``DIR/<store>-<n>c-<i>.txt``);
+    with ``--perf``, ``perf record -g`` instead (``.perf``: a compiled build's functions are C, which py-spy
+    does not name; read with ``perf report -i FILE --no-children``)."""
     if not directory:
         return []
     Path(directory).mkdir(parents=True, exist_ok=True)
     spies = []
     for i, pid in enumerate(pids):
-        out = Path(directory) / f"{label}-{len(pids)}c-{i}.txt"
+        out = Path(directory) / f"{label}-{len(pids)}c-{i}.{'perf' if perf else 'txt'}"
         command = ["py-spy", "record", "--pid", str(pid), "--rate", "500", "--format", "raw", "--nonblocking",
                    "--output", str(out)]  # fmt: skip
+        if perf:
+            command = ["perf", "record", "-F", "999", "-g", "-p", str(pid), "-o", str(out)]
         spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return spies
 
@@ -434,7 +439,7 @@ async def measure(
             wal0 = await _wal_mark(store)
             cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
             workers0, client0, by0 = _cpu(worker_pids), time.process_time(), _pg_by_process(server)
-            spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg")
+            spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg", ns.perf)
             t0 = time.perf_counter()
 
             async def run(client: Client, pool: str | None) -> int:
@@ -519,13 +524,16 @@ def _median_column(runs: list[dict[str, Any]]) -> dict[str, Any]:
 async def collect(ns: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": h.machine(), "plans": ns.plans, "samples": ns.samples, "rounds": ns.rounds}
     why = missing_reason()
-    with tempfile.TemporaryDirectory(prefix="fleetwire-cluster-bench-") as tmp:
-        results["alone_sqlite"] = await store_alone("sqlite", ns, Path(tmp))
-        if why is None:
-            with postgres_server() as server:
-                results["alone_pg"] = await store_alone(server.new_database(), ns, Path(tmp), server)
-        else:
-            results["alone_pg"] = {"error": why}
+    if ns.one:
+        results["alone_sqlite"] = results["alone_pg"] = {"error": "not run (--one)"}
+    else:
+        with tempfile.TemporaryDirectory(prefix="fleetwire-cluster-bench-") as tmp:
+            results["alone_sqlite"] = await store_alone("sqlite", ns, Path(tmp))
+            if why is None:
+                with postgres_server() as server:
+                    results["alone_pg"] = await store_alone(server.new_database(), ns, Path(tmp), server)
+            else:
+                results["alone_pg"] = {"error": why}
     # SQLite and one PostgreSQL coordinator alternate, round after round, each with the disk's
     # fsync p50 sampled just before it: on a shared machine the disk's latency moves by 10x
     # within minutes (0.1 to 7 ms), and a p50 of two commits follows it.
@@ -550,7 +558,8 @@ async def collect(ns: argparse.Namespace) -> dict[str, Any]:
         results["pg1"] = _median_column([r["pg1"] for r in rounds])
         results["per_round"] = rounds
         for n in (2, 3):
-            results[f"pg{n}"] = await measure(server.new_database(), n, ns, server)
+            results[f"pg{n}"] = (await measure(server.new_database(), n, ns, server) if not ns.one
+                                 else {"not_yet": "not run (--one)"})
     return results
 
 
@@ -715,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--profile", metavar="DIR", help="py-spy the coordinators over each throughput window "
                         "(raw files in DIR; read them with bench/profile_top.py)")
+    parser.add_argument("--perf", action="store_true", help="with --profile: perf record -g, not py-spy")
+    parser.add_argument("--one", action="store_true", help="only the SQLite and one-PostgreSQL columns: no store-alone "
+                        "part, no 2- and 3-coordinator columns (an interleaved A/B's rounds)")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     parser.add_argument("--commit-callgrind", action="store_true",
                         help="the PostgreSQL commit path in callgrind instructions a plan (needs valgrind), then exit")
