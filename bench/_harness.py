@@ -37,6 +37,12 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 HOST = "127.0.0.1"
 
+# The client is this tree's SDK, as the processes it starts are (bench_env): a script's path starts with bench/, and
+# without this ``fleetwire`` came from the venv's editable install, the checkout, so a worktree's or a compiled copy's
+# latency.py timed the checkout's pure client against its own fleet (docs/PERFORMANCE.md §C29i).
+if str(ROOT) not in sys.path:
+    sys.path.insert(1 if sys.path and sys.path[0] == str(BENCH) else 0, str(ROOT))
+
 
 def run_loop(main: Any) -> Any:
     """Run ``main`` (a coroutine) on uvloop, the loop fleetwire's CLI uses."""
