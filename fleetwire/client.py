@@ -61,6 +61,7 @@ from fleetwire.calls import ClientCalls
 from fleetwire.connection import (
     CLIENT_PATH,
     DEFAULT_MAX_FRAME_BYTES,
+    RECONNECT_DIAL_TIMEOUT_S,
     UrlList,
     dial,
     ending_error,
@@ -121,6 +122,11 @@ class Client(ClientCalls):
             sends no ``Authorization`` header (a coordinator run with ``--insecure``).
         encoding: ``"msgpack"`` (binary frames, the default) or ``"json"`` (text frames).
         open_timeout_s: how long the TCP connect and websocket handshake may take.
+        reconnect_dial_timeout_s: in cluster mode (several URLs, or after a ``moved``), how long a
+            reconnect's dial to one URL may take (at most ``open_timeout_s``): a frozen coordinator
+            completes the TCP handshake and answers nothing, and the next URL may answer. A URL that
+            timed out goes to the back of the turn (docs/OPERATIONS.md §Reconnects). The first
+            connect keeps ``open_timeout_s``. None: ``open_timeout_s``.
         max_frame_bytes: the largest frame accepted from the coordinator.
         ca_file: CA certificate (PEM) to trust for a ``wss://`` coordinator whose certificate
             is not signed by a system CA; default ``$FLEETWIRE_CA_FILE``.
@@ -145,6 +151,7 @@ class Client(ClientCalls):
         pool: str = "",
         encoding: Encoding = "msgpack",
         open_timeout_s: float | None = 10.0,
+        reconnect_dial_timeout_s: float | None = RECONNECT_DIAL_TIMEOUT_S,
         max_frame_bytes: int | None = DEFAULT_MAX_FRAME_BYTES,
         ca_file: str | None = None,
         reconnect: bool = True,
@@ -156,6 +163,8 @@ class Client(ClientCalls):
     ) -> None:
         if encoding not in ENCODING_SUBPROTOCOL:
             raise ValueError(f"encoding must be 'msgpack' or 'json', got {encoding!r}")
+        if reconnect_dial_timeout_s is not None and not reconnect_dial_timeout_s > 0:
+            raise ValueError(f"reconnect_dial_timeout_s must be > 0 or None, got {reconnect_dial_timeout_s}")
         tune_allocator()  # once per process; FLEETWIRE_MALLOC_TOP_PAD=0 leaves it (fleetwire/memtune.py)
         self._urls = UrlList(resolve_urls(url, pool=pool))
         self.url = self._urls.current
@@ -163,6 +172,7 @@ class Client(ClientCalls):
         self.encoding: Encoding = encoding
         self._token = (token if token is not None else os.environ.get("FLEETWIRE_TOKEN")) or None
         self._open_timeout_s = open_timeout_s
+        self._reconnect_dial_timeout_s = reconnect_dial_timeout_s
         self._max_frame_bytes = max_frame_bytes
         self._ping = (ping_interval_s, ping_timeout_s)
         self._cluster = len(self._urls.urls) > 1  # or once a ``moved`` was followed
@@ -234,14 +244,16 @@ class Client(ClientCalls):
         tried = ""
         answered = False  # some coordinator of the list answered (an HTTP refusal): protocol/backoff.py
         # A first connect tries each URL of the list once; a reconnect one URL per backoff step.
-        for _ in range(len(urls.urls) if self._ws is None else 1):
+        first = self._ws is None
+        timeout_s = self._open_timeout_s if first or not self._cluster else self._reconnect_timeout_s()
+        for _ in range(len(urls.urls) if first else 1):
             url = self.url = urls.pick()
             try:
                 ws = await dial(
                     url,
                     encoding=self.encoding,
                     token=self._token,
-                    open_timeout_s=self._open_timeout_s,
+                    open_timeout_s=timeout_s,
                     max_frame_bytes=self._max_frame_bytes,
                     ca_file=self._ca_file,
                     ping_interval_s=ping_interval_s,
@@ -249,7 +261,7 @@ class Client(ClientCalls):
                     close_timeout_s=close_timeout_s,
                 )
             except FleetwireConnectionError as exc:
-                tried = urls.failed(url)
+                tried = urls.failed(url, timed_out=isinstance(exc.__cause__, TimeoutError))
                 if len(urls.urls) == 1:
                     raise
                 error = exc
@@ -263,6 +275,11 @@ class Client(ClientCalls):
             f"no coordinator of the list answered (tried {tried}): {error}", retry_after_s=error.retry_after_s,
             answered=answered,
         )
+
+    def _reconnect_timeout_s(self) -> float | None:
+        """A cluster reconnect's dial timeout: the shorter of ``reconnect_dial_timeout_s`` and ``open_timeout_s``."""
+        short, full = self._reconnect_dial_timeout_s, self._open_timeout_s
+        return full if short is None else short if full is None else min(short, full)
 
     def _attach(self, ws: ClientConnection) -> None:
         self._ws = ws

@@ -28,6 +28,7 @@ from wireio.frame_sink import SinkConnection
 __all__ = [
     "CLIENT_PATH",
     "DEFAULT_MAX_FRAME_BYTES",
+    "RECONNECT_DIAL_TIMEOUT_S",
     "UrlList",
     "dial",
     "ending_error",
@@ -39,6 +40,9 @@ __all__ = [
 
 CLIENT_PATH: Final = "/v1/client"
 DEFAULT_MAX_FRAME_BYTES: Final = 16 * 2**20
+#: A cluster reconnect's dial to one URL, at most (``Client(reconnect_dial_timeout_s=)``): the upgrade's round trip
+#: takes milliseconds; a frozen coordinator (SIGSTOP, a hung host) accepts the TCP connection and answers nothing.
+RECONNECT_DIAL_TIMEOUT_S: Final = 3.0
 
 _CLOSE_MEANINGS: Final[dict[int, str]] = {
     codes.CLOSE_NORMAL: "normal closure",
@@ -82,6 +86,12 @@ def resolve_urls(url: str | Sequence[str] | None, *, pool: str = "") -> list[str
 class UrlList:
     """Which URL to dial next: the one a ``moved`` named, else the next of the list (round robin).
 
+    A URL whose dial timed out (a frozen coordinator: its kernel still completes the TCP handshake
+    from the listen backlog, then nothing answers the upgrade) goes to the back: the turn skips it
+    while another URL of the list has not timed out since, so a reconnect does not wait on it
+    again while the others answer. A dial to it that succeeds (a ``moved`` named it) clears it;
+    once every URL timed out, all are dialled in turn again.
+
     ``tried`` keeps the URLs of the dials that failed since the last success (for the error
     that names them).
     """
@@ -89,6 +99,7 @@ class UrlList:
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls
         self.tried: list[str] = []
+        self.timed_out: set[str] = set()
         self._next = 0
         self._moved: str | None = None
         self.current = urls[0]
@@ -100,19 +111,28 @@ class UrlList:
     def pick(self) -> str:
         if self._moved is not None:
             self.current, self._moved = self._moved, None
-        else:
+            return self.current
+        if len(self.timed_out) >= len(self.urls):
+            self.timed_out.clear()
+        for _ in self.urls:
             self.current = self.urls[self._next % len(self.urls)]
             self._next += 1
+            if self.current not in self.timed_out:
+                break
         return self.current
 
-    def failed(self, url: str) -> str:
-        """Note a failed dial; the URLs tried so far, for the error."""
+    def failed(self, url: str, *, timed_out: bool = False) -> str:
+        """Note a failed dial (``timed_out``: nothing answered within the dial's timeout); the URLs tried so far,
+        for the error."""
         if url not in self.tried:
             self.tried.append(url)
+        if timed_out and url in self.urls:
+            self.timed_out.add(url)
         return ", ".join(self.tried)
 
     def succeeded(self) -> None:
         self.tried = []
+        self.timed_out.discard(self.current)
 
 
 async def dial(

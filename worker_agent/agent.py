@@ -514,6 +514,8 @@ class Agent:
         ping_interval, ping_timeout, close_timeout = keepalive(
             self.settings.ping_interval_s, self.settings.ping_timeout_s, cluster=self._dialer.cluster
         )
+        # A cluster reconnect's dial is bounded shorter: a frozen coordinator answers nothing (handshake.py).
+        timeout_s = self._dialer.timeout_s(self.settings.handshake_timeout_s, self.settings.reconnect_dial_timeout_s)
         try:
             ws = await connect(
                 # The id in the upgrade: a reconnect-budget 429 then holds this id only, not its neighbours
@@ -523,7 +525,7 @@ class Agent:
                 subprotocols=[Subprotocol(ENCODING_SUBPROTOCOL[self.settings.encoding])],
                 compression=None,
                 max_size=64 << 20,
-                open_timeout=self.settings.handshake_timeout_s,
+                open_timeout=timeout_s,
                 ping_interval=ping_interval,
                 ping_timeout=ping_timeout,
                 close_timeout=close_timeout,
@@ -531,10 +533,15 @@ class Agent:
                 **tls,
             )
         except InvalidStatus as exc:
+            self._dialer.dial_ended(url, timed_out=False)
             fatal = handshake.upgrade_refusal(url, exc.response.status_code, exc.response.body)
             if fatal is not None:
                 raise fatal from None
             raise
+        except TimeoutError:
+            self._dialer.dial_ended(url, timed_out=True)
+            raise
+        self._dialer.dial_ended(url, timed_out=False)
         self._opened = True
         return ws
 

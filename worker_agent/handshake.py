@@ -11,6 +11,13 @@ Rules:
   query of its own (:func:`worker_urls`). A dial goes where the last ``moved`` said (and the
   session counts as cluster mode from then on: faster pings, protocol/urls.py ``keepalive``),
   else to the next URL of the list, in turn (:class:`Dialer`).
+* **How long a dial may take.** The first dial, and every dial to a lone coordinator, may take
+  ``handshake_timeout_s``; in cluster mode a later one (a reconnect) at most
+  ``reconnect_dial_timeout_s`` (3 s): a frozen coordinator (SIGSTOP, a hung host) completes the TCP
+  handshake from its listen backlog and answers nothing, while the next URL may answer at once.
+  A URL whose dial timed out goes to the back: the turn skips it while another URL of the list has
+  not timed out since (all did: every one in turn again; one a ``moved`` named and that answered:
+  back in turn).
 * **A refused upgrade.** HTTP 401 and 403 are fatal: retrying cannot fix a token, a role or a
   missing client certificate, so :func:`upgrade_refusal` names what to change
   (:class:`~worker_agent.session.AuthError`). Any other status is the agent's backoff's to wait
@@ -73,6 +80,8 @@ class Dialer:
     def __init__(self, urls: Sequence[str]) -> None:
         self._urls = list(urls)
         self._dials = 0
+        self.dialled = False  # a dial was made: the next is a reconnect
+        self.timed_out: set[str] = set()  # URLs of the list whose last dial timed out: at the back of the turn
         self._moved_to: str | None = None  # where the last ``moved`` said this worker's shard is served
         self.cluster = len(self._urls) > 1
 
@@ -87,9 +96,29 @@ class Dialer:
             self.cluster = True
             url, self._moved_to = self._moved_to, None
             return url
-        url = self._urls[self._dials % len(self._urls)]
-        self._dials += 1
+        if len(self.timed_out) >= len(self._urls):
+            self.timed_out.clear()
+        for _ in self._urls:
+            url = self._urls[self._dials % len(self._urls)]
+            self._dials += 1
+            if url not in self.timed_out:
+                break
         return url
+
+    def timeout_s(self, handshake_timeout_s: float, reconnect_dial_timeout_s: float) -> float:
+        """How long the dial now may take: the first one and a lone coordinator's ``handshake_timeout_s``, a cluster
+        reconnect's at most ``reconnect_dial_timeout_s``."""
+        first, self.dialled = not self.dialled, True
+        if first or not self.cluster:
+            return handshake_timeout_s
+        return min(handshake_timeout_s, reconnect_dial_timeout_s)
+
+    def dial_ended(self, url: str, *, timed_out: bool) -> None:
+        """The dial to ``url`` was answered (an upgrade, a refusal) or timed out with nothing back."""
+        if not timed_out:
+            self.timed_out.discard(url)
+        elif url in self._urls:
+            self.timed_out.add(url)
 
     def follow(self, moved: Moved) -> None:
         """Cluster mode: the shard of this worker's pool is served at ``moved.url`` ("": try the list)."""

@@ -95,6 +95,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--reconnect-cap", type=positive_float, default=30.0, metavar="S", help="largest backoff")
     parser.add_argument(
+        "--reconnect-dial-timeout", type=positive_float, default=3.0, metavar="S",
+        help="cluster mode (several --url coordinators, or after a moved): how long a reconnect's dial to one may "
+        "take before the next is tried (a frozen coordinator accepts the connection, then answers nothing; default 3)",
+    )
+    parser.add_argument(
         "--preemption-grace", type=float, default=30.0, metavar="S",
         help="when this host is interrupted (--interruption-command, SIGUSR1): how long its plans have to "
         "checkpoint and end (ctx.preempted; their processes get SIGTERM) before they are cancelled",
@@ -212,6 +217,7 @@ def _settings(ns: argparse.Namespace) -> AgentSettings:
         kv_block_tokens=ns.kv_block_tokens,
         reconnect_base_s=ns.reconnect_base,
         reconnect_cap_s=max(ns.reconnect_cap, ns.reconnect_base),
+        reconnect_dial_timeout_s=ns.reconnect_dial_timeout,
         drain_timeout_s=ns.drain_timeout,
         ca_file=ns.ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None,
         cert_file=ns.tls_cert,

@@ -49,7 +49,12 @@ class AgentSettings:
         reconnect_base_s, reconnect_cap_s: the backoff's first ceiling and its cap.
         kill_grace_s: seconds between SIGTERM and SIGKILL for a cancelled plan's subprocesses.
         drain_timeout_s: how long ``stop()`` lets running plans finish before handing them back.
-        handshake_timeout_s: how long to wait for ``welcome`` after ``hello``.
+        handshake_timeout_s: how long the websocket upgrade may take, and how long to wait for
+            ``welcome`` after ``hello``.
+        reconnect_dial_timeout_s: in cluster mode (several URLs, or after a ``moved``), how long a
+            reconnect's upgrade to one URL may take (at most ``handshake_timeout_s``): a frozen
+            coordinator accepts the TCP connection and answers nothing; the URL goes to the back of
+            the turn (worker_agent/handshake.py). The first dial keeps ``handshake_timeout_s``.
         max_frame_bytes: frames are split to stay under this; must not exceed the
             coordinator's limit. Event data and results are limited to it less 4 KiB.
         outbox_limit: the most messages queued for sending (see ``worker_agent.outbox.Outbox``).
@@ -111,6 +116,7 @@ class AgentSettings:
     kill_grace_s: float = 5.0
     drain_timeout_s: float = 20.0
     handshake_timeout_s: float = 10.0
+    reconnect_dial_timeout_s: float = 3.0
     max_frame_bytes: int = 1 << 20
     outbox_limit: int = 10_000
     ca_file: str | None = None
@@ -144,6 +150,8 @@ class AgentSettings:
             raise ValueError(f"max_concurrency must be >= 0, got {self.max_concurrency}")
         if not 0 < self.reconnect_base_s <= self.reconnect_cap_s:
             raise ValueError("reconnect delays must satisfy 0 < reconnect_base_s <= reconnect_cap_s")
+        if not self.reconnect_dial_timeout_s > 0:
+            raise ValueError(f"reconnect_dial_timeout_s must be > 0, got {self.reconnect_dial_timeout_s}")
         if self.max_frame_bytes < 8192:
             raise ValueError(f"max_frame_bytes must be >= 8192, got {self.max_frame_bytes}")
         if self.kv_blocks < 0 or self.kv_block_tokens < 0:
@@ -229,6 +237,7 @@ class AgentOptions(TypedDict, total=False):
     kill_grace_s: float
     drain_timeout_s: float
     handshake_timeout_s: float
+    reconnect_dial_timeout_s: float
     max_frame_bytes: int
     outbox_limit: int
     ca_file: str | None
