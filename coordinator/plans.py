@@ -332,10 +332,14 @@ class Plan:
         plan.retries = msg.retries
         traceparent = msg.traceparent
         if traceparent:
-            if traceparent == UNSAMPLED_SHORT:  # the caller's "no" in one character (docs/PROTOCOL.md §4 submit)
-                traceparent = UNSAMPLED  # the plan holds one form: scheduling.py forwards it as each worker reads it
-            plan.traceparent = traceparent
-            plan.sampled = is_sampled(traceparent)  # False for UNSAMPLED ("00": no flags byte to read)
+            # The caller's "no" ("00", or "0": docs/PROTOCOL.md §4 submit), 99 plans in 100 at 1 %, is told apart
+            # first and stays unsampled with no call (is_sampled is a Python call a plan in the interpreted core);
+            # the plan holds one form: scheduling.py forwards it as each worker reads it.
+            if traceparent == UNSAMPLED_SHORT or traceparent == UNSAMPLED:
+                plan.traceparent = UNSAMPLED
+            else:
+                plan.traceparent = traceparent
+                plan.sampled = is_sampled(traceparent)
         plan.inputs = msg.inputs
         plan.outputs = msg.outputs
         resources = msg.resources
