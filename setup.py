@@ -82,8 +82,9 @@ COMPILED = tuple(f"coordinator/{name}.py" for name in (  # noqa: RUF005  (a sum:
     "teams", "workers", "graphs/graph", "placement/fair_queue", "placement/fairshare", "placement/placer",
     "placement/plan_queue", "placement/shares", "worker_sessions/dispatch", "worker_sessions/leases",
 )) + ("wireio/otlp.py",) + (
-    "fleetwire/session.py", "fleetwire/stream.py", "fleetwire/submits.py",  # the SDK's per-plan path
-    "worker_agent/runner.py", "worker_agent/outbox.py",  # the worker's
+    # The SDK's per-plan path, then the worker's: a lone round trip reads the same with them pure (PERFORMANCE.md §C29i)
+    "fleetwire/session.py", "fleetwire/stream.py", "fleetwire/submits.py",
+    "worker_agent/runner.py", "worker_agent/outbox.py",
     "wireio/wsmask.py",  # every process's frame writes
     "coordinator/io/stores/pg_rows.py",  # a PostgreSQL coordinator's group rows (docs/PERFORMANCE.md §C29j)
 )
