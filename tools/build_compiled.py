@@ -83,6 +83,15 @@ def compiled_modules(root: Path = ROOT) -> list[str]:
     raise SystemExit(f"{root / 'setup.py'}: no COMPILED")
 
 
+def group_library(root: Path = ROOT) -> str:
+    """The module name of the extension holding the compiled code and mypyc's runtime: setup.py's ``GROUP`` and
+    mypyc's suffix (one group: each module of ``COMPILED`` is a shim that imports it)."""
+    for node in ast.parse((root / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "GROUP" for t in node.targets):
+            return f"{ast.literal_eval(node.value)}__mypyc"
+    raise SystemExit(f"{root / 'setup.py'}: no GROUP")
+
+
 def imports_of(path: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -201,11 +210,12 @@ def build_wheel(dest: Path, *, isolated: bool = True) -> float:
         wheel.extractall(dest, extensions)
     for info in dest.glob("*.egg-info"):  # the build's metadata: the tests' importlib.metadata would find it
         shutil.rmtree(info)
-    lacking = sorted(set(compiled_modules(dest)) - {name.split(".")[0].replace("/", ".") for name in extensions})
+    lacking = sorted({*compiled_modules(dest), group_library(dest)} - {name.split(".")[0].replace("/", ".")
+                                                                        for name in extensions})  # fmt: skip
     if lacking or wheels[0].name.endswith("-py3-none-any.whl"):
         raise SystemExit(f"build_compiled: {wheels[0].name} lacks the extensions of {lacking}")
-    print(f"build_compiled: {wheels[0].name} built by `pip wheel` ({len(extensions)} extension files, mypyc's "
-          f"runtimes included)")
+    print(f"build_compiled: {wheels[0].name} built by `pip wheel` ({len(extensions)} extension files: a shim a module "
+          f"and {group_library(dest)}, the group's code and mypyc's runtime)")
     return seconds
 
 
@@ -214,8 +224,9 @@ def _env(dest: Path) -> dict[str, str]:
 
 
 def check(dest: Path) -> list[str]:
-    """The modules of ``COMPILED`` that the copy imports from their source instead of an extension."""
-    modules = compiled_modules(dest)
+    """The modules of ``COMPILED`` that the copy imports from their source instead of an extension, and the group's
+    library if it is not the copy's."""
+    modules = [*compiled_modules(dest), group_library(dest)]
     code = ("import importlib, sys\n"
             f"for name in {modules!r}:\n"
             "    path = importlib.import_module(name).__file__ or ''\n"

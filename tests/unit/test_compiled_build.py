@@ -72,15 +72,21 @@ def test_the_build_compiles_by_default_where_it_can_and_falls_back_to_pure_pytho
         assert missing in decision.message
 
 
+#: The options each call of the stand-in mypycify (:func:`fake_mypyc`) was given.
+OPTIONS: list[dict[str, object]] = []
+
+
 @pytest.fixture
 def fake_mypyc(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """A stand-in mypyc.build: mypycify records the paths it was given and returns one "extension" per path (no
-    real compile in a unit test)."""
+    """A stand-in mypyc.build: mypycify records the paths it was given (and its options in :data:`OPTIONS`) and
+    returns one "extension" per path (no real compile in a unit test)."""
     calls: list[list[str]] = []
+    OPTIONS.clear()
     build = ModuleType("mypyc.build")
 
-    def mypycify(paths: list[str], **_: object) -> list[str]:
+    def mypycify(paths: list[str], **options: object) -> list[str]:
         calls.append(paths)
+        OPTIONS.append(options)
         return [f"ext:{path}" for path in paths]
 
     build.mypycify = mypycify  # type: ignore[attr-defined]
@@ -114,6 +120,23 @@ def test_a_wheel_build_compiles_without_the_switch_and_an_editable_one_does_not(
     assert setup_py.ext_modules(["setup.py", "editable_wheel", "--dist-dir", "d"])[0] == []
     assert setup_py.ext_modules(["setup.py", "egg_info"])[0] == []
     assert fake_mypyc == [list(setup_py.COMPILED)] and capsys.readouterr().err == ""
+
+
+def test_the_compiled_modules_build_as_one_mypyc_group(
+    setup_py: ModuleType, tool: ModuleType, monkeypatch: pytest.MonkeyPatch, fake_mypyc: list[list[str]]
+) -> None:
+    """All of COMPILED is one mypyc group named GROUP (one extension with the code and mypyc's runtime, a shim a
+    module), not an extension a module each with its own copy of the runtime (docs/PERFORMANCE.md §C29i); the build
+    script checks the wheel and the copy for the group's library by the name mypyc gives it."""
+    _machine(setup_py, monkeypatch, None, None)
+    setup_py.ext_modules(["setup.py", "bdist_wheel"])
+    (options,) = OPTIONS
+    assert (options["separate"], options["group_name"]) == (False, setup_py.GROUP)
+    assert tool.group_library(ROOT) == f"{setup_py.GROUP}__mypyc" == "fleetwire__mypyc"
+    if importlib.util.find_spec("mypyc") is not None:
+        from mypyc.common import shared_lib_name
+
+        assert shared_lib_name(setup_py.GROUP) == tool.group_library(ROOT)
 
 
 @pytest.mark.parametrize("missing", ["no C compiler ('cc' is not on PATH)", "no Python headers", "no mypyc"])
