@@ -1,34 +1,38 @@
-"""A lone commit's rows (one plan a group: the round trip's p50) go as 1-D array parameters (pg_rows.py ``grid``),
-read by the same statement's ``p[i:i]`` slices as a grid's columns: every kind of row part, NULLs among the values,
-comes back as written (a real PostgreSQL server: tests/pg.py; skipped without one)."""
+"""A lone commit's rows (one row a part: the round trip's p50) go as scalar parameters (pg_schema.py
+``commit_statement``'s ``lone``), read by the same slices as an array's columns: every kind of row part, NULLs among
+the values, comes back as written (a real PostgreSQL server: tests/pg.py; skipped without one)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from coordinator.io.stores import postgres
-from coordinator.io.stores.postgres import PgStore
+from coordinator.io.stores.pg_schema import commit_statement
+from coordinator.io.stores.postgres import WRITER_SETTINGS, PgStore
 from coordinator.records import PlanForgotten, PlanStatus
 from tests.integration.test_pg_store import CLUSTER, hold
 from tests.unit.test_store import created, event
 
 
-def test_one_plan_groups_send_flat_arrays_and_read_back_as_written(
+def test_one_plan_groups_send_scalar_parameters_and_read_back_as_written(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each group below touches one plan: its insert, update and spilled run's arrays hold values, not one-value
-    lists, and the plans load back with every column in its place (a NULL state or status keeps the stored one)."""
-    sent: list[list[Any]] = []
+    """Each group below touches one plan: its commit statement's parameters after the fence's are values, not arrays
+    (but a delete's keys), and the plans load back with every column in its place (a NULL state or status keeps the
+    stored one)."""
+    import asyncpg  # type: ignore[import-untyped]
 
-    def recorded(columns: list[list[Any]]) -> list[Any]:
-        shaped = grid(columns)
-        sent.append(shaped)
-        return shaped
+    sent: list[tuple[str, tuple[Any, ...]]] = []
+    fetchval = asyncpg.Connection.fetchval
 
-    grid = postgres.grid
-    monkeypatch.setattr(postgres, "grid", recorded)
+    async def recorded(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        if query.startswith("WITH fence"):
+            sent.append((query, args))
+        return await fetchval(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.Connection, "fetchval", recorded)
     store = hold(PgStore(pg_dsn, CLUSTER))
     try:
         store.write([created("a", 1, args={"x": 1})])  # insert alone
@@ -45,9 +49,40 @@ def test_one_plan_groups_send_flat_arrays_and_read_back_as_written(
         again.close()
     finally:
         store.close()
-    assert sent and all(not isinstance(v, list) for shaped in sent for v in shaped), sent
+    assert len(sent) == 8 and all(any(f"{part} AS" in q for q, _ in sent) for part in ("created", "changed", "runs"))
+    for query, args in sent:
+        doomed = 1 if "gone_plans" in query else 0
+        assert [isinstance(v, list) for v in args[3:]] == [True] * doomed + [False] * (len(args) - 3 - doomed), args
     assert [(p.created.plan_id, p.created.submit.args) for p in plans] == [("a", {"x": 1}), ("b", "again")]
     a, b = plans
     assert a.status is not None and (a.status.state, a.status.worker_id, a.status.next_seq) == ("running", "w", 2)
     assert [(e.seq, e.data) for e in a.events] == [(1, "first"), *((s, "y" * 200) for s in range(2, 12))]
     assert b.status is None and b.events == []
+
+
+def test_a_lone_updates_generic_plan_reaches_plans_by_key_whatever_the_table_held(pg_dsn: str) -> None:
+    """The lone form's update, its generic plan made on an empty table, still reaches plans through the primary key
+    once the table is full (as the array form's: test_pg_store.py), its one row read in step (a ProjectSet)."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    hold(PgStore(pg_dsn, CLUSTER)).close()  # the schema
+    update = commit_statement(False, False, True, False, lone=True)
+    args = "ARRAY[0], ARRAY[1::bigint], 'o', {k}, 0, 1, NULL, 'succeeded', '\\x00', NULL"
+
+    async def plan_after_filling() -> str:
+        conn = await asyncpg.connect(pg_dsn, server_settings=WRITER_SETTINGS)
+        try:
+            await conn.execute(f"PREPARE commit_update AS {update}")
+            await conn.execute(f"EXECUTE commit_update({args.format(k=1)})")  # the generic plan is made now: no rows
+            await conn.execute(
+                "INSERT INTO fleetwire_plans (key, shard, id, owner, ord, state, spec, spec_crc) "
+                "SELECT g, 0, 'p' || g, 'o', g, 'queued', '\\x00', 0 FROM generate_series(1, 20000) g")  # fmt: skip
+            rows = await conn.fetch(f"EXPLAIN EXECUTE commit_update({args.format(k=7)})")
+            return "\n".join(r[0] for r in rows)
+        finally:
+            await conn.close()
+
+    plan = asyncio.run(plan_after_filling())
+    assert "$" in plan, plan  # the generic plan (parameters unbound), not one made for these values
+    assert "Index Scan using fleetwire_plans_pkey on fleetwire_plans" in plan, plan
+    assert "Seq Scan on fleetwire_plans" not in plan and "ProjectSet" in plan, plan

@@ -116,9 +116,8 @@ def test_a_forgotten_plan_created_again_gets_a_new_row_and_key() -> None:
 
 
 def test_grid_folds_columns_into_rows_of_about_sqrt_n_padded_with_none() -> None:
-    """grid: each column of n values in rows of ceil(sqrt(n)), the last padded with None; up to 4 as is, 1 flat."""
+    """grid: each column of n values in rows of ceil(sqrt(n)), the last padded with None; a small one as it is."""
     assert grid([[1, 2, 3]]) == [[1, 2, 3]]
-    assert grid([[7], ["a"], [None], [b"x"]]) == [7, "a", None, b"x"]  # one row: its values, a 1-D array
     folded = grid([list(range(10)), list("abcdefghij")])
     assert folded == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, None, None]],
                       [list("abcd"), list("efgh"), ["i", "j", None, None]]]  # fmt: skip

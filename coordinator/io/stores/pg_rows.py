@@ -95,14 +95,8 @@ def grid(columns: list[list[Any]]) -> list[Any]:
     The last row is padded with None (its rows have a NULL key: the statement skips them). asyncpg
     checks the elements of an array parameter in Python to find its shape, but only along the first
     element of each dimension: ~3 sqrt(n) checks a column instead of n (pg_schema.py ``_PARTS``).
-    One row (a lone commit's) goes as a 1-D array of its k values: the statement's ``p[i:i]`` is then
-    column i's one-value array, as the 1 x 1 slice was, and asyncpg checks k values (two ABC
-    ``isinstance`` cache lookups each) instead of k one-value lists (four each: ``Iterable``, ``Sized``,
-    not ``Mapping``) and their first.
     """
     n = len(columns[0])
-    if n == 1:
-        return [column[0] for column in columns]
     if n <= 4:
         return columns
     width = isqrt(n - 1) + 1

@@ -284,12 +284,19 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
     ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
      ("bigint[]", "bytea[]")),
 )
-_COMMITS: dict[tuple[bool, bool, bool, bool], str] = {}
+_LONE_COUNTS: Final = {"created": (7, 4, 3), "changed": (4, 1, 2), "runs": (4, 1)}  # columns a parameter (_rows)
+_COMMITS: dict[tuple[bool, bool, bool, bool, bool], str] = {}
 
 
-def commit_statement(doomed: bool, created: bool, changed: bool, runs: bool) -> str:
-    """The one statement of a group commit with these parts ($1-$3: the fence's shards, epochs, owner)."""
-    key = (doomed, created, changed, runs)
+def commit_statement(doomed: bool, created: bool, changed: bool, runs: bool, lone: bool = False) -> str:
+    """The one statement of a group commit with these parts ($1-$3: the fence's shards, epochs, owner).
+
+    ``lone``: each row part holds one row, whose values are scalar parameters, in the order of the parts'
+    columns, each array parameter an ``ARRAY[$i::type, ...]`` of them (the same slices read its columns):
+    asyncpg checks an array parameter's shape in Python, two to four ABC ``isinstance`` checks a parameter
+    and a value (~1,300 instructions each), which a scalar parameter does not pay. The deletes' keys stay an array.
+    """
+    key = (doomed, created, changed, runs, lone)
     sql = _COMMITS.get(key)
     if sql is None:
         wanted = (doomed, doomed, created, changed, runs)
@@ -301,8 +308,16 @@ def commit_statement(doomed: bool, created: bool, changed: bool, runs: bool) -> 
             if name == "gone_events":  # the same keys as gone_plans
                 parts.append(f"{name} AS ({text.format(f'${n - 1}::bigint[]')})")
                 continue
-            parts.append(f"{name} AS ({text.format(*(f'${n + i}::{t}' for i, t in enumerate(types)))})")
-            n += len(types)
+            counts = _LONE_COUNTS.get(name) if lone else None
+            if counts is None:
+                params = [f"${n + i}::{t}" for i, t in enumerate(types)]
+                n += len(types)
+            else:
+                params = []
+                for t, count in zip(types, counts, strict=True):
+                    params.append("ARRAY[" + ", ".join(f"${n + i}::{t[:-2]}" for i in range(count)) + "]")
+                    n += count
+            parts.append(f"{name} AS ({text.format(*params)})")
         sql = _COMMITS[key] = "WITH " + ",\n".join(parts) + "\nSELECT coalesce(array_agg(shard), '{}') FROM fence"
     return sql
 

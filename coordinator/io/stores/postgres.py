@@ -560,16 +560,23 @@ class PgStore(PgRows):
     ) -> None:
         owner = self.owner
         args: list[Any] = [shards, epochs, owner]
-        # Each part's columns of one type as one array parameter, a slice per column (pg_schema.py _PARTS).
+        # Each part's columns of one type as one array parameter, a slice per column (pg_schema.py _PARTS);
+        # a group of one row a part (a lone commit's) as scalar parameters (commit_statement's lone).
         if doomed:
             args.append(doomed)
-        if new_rows[0]:
-            args += (grid(new_rows[:7]), grid(new_rows[7:11]), grid(new_rows[11:]))
-        if upd_rows[0]:
-            args += (grid(upd_rows[:4]), grid(upd_rows[4:5]), grid(upd_rows[5:]))
-        if ev_rows[0]:
-            args += (grid(ev_rows[:4]), grid(ev_rows[4:]))
-        sql = commit_statement(bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0]))
+        lone = len(new_rows[0]) < 2 and len(upd_rows[0]) < 2 and len(ev_rows[0]) < 2
+        if lone:
+            for rows in (new_rows, upd_rows, ev_rows):
+                if rows[0]:
+                    args += [column[0] for column in rows]
+        else:
+            if new_rows[0]:
+                args += (grid(new_rows[:7]), grid(new_rows[7:11]), grid(new_rows[11:]))
+            if upd_rows[0]:
+                args += (grid(upd_rows[:4]), grid(upd_rows[4:5]), grid(upd_rows[5:]))
+            if ev_rows[0]:
+                args += (grid(ev_rows[:4]), grid(ev_rows[4:]))
+        sql = commit_statement(bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0]), lone)
         held = await conn.fetchval(sql, *args)
         if len(held) != len(shards):
             lost = sorted(set(shards) - set(held))
