@@ -19,9 +19,9 @@ from tests.unit.test_store import created, event
 def test_one_plan_groups_send_scalar_parameters_and_read_back_as_written(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each group below touches one plan: its commit statement's parameters after the fence's are values, not arrays
-    (but a delete's keys), and the plans load back with every column in its place (a NULL state or status keeps the
-    stored one)."""
+    """Each group below touches one plan: its commit statement's parameters are values, not arrays (but a
+    delete's keys; the fence's one shard and epoch too), and the plans load back with every column in its place
+    (a NULL state or status keeps the stored one)."""
     import asyncpg  # type: ignore[import-untyped]
 
     sent: list[tuple[str, tuple[Any, ...]]] = []
@@ -52,7 +52,7 @@ def test_one_plan_groups_send_scalar_parameters_and_read_back_as_written(
     assert len(sent) == 8 and all(any(f"{part} AS" in q for q, _ in sent) for part in ("created", "changed", "runs"))
     for query, args in sent:
         doomed = 1 if "gone_plans" in query else 0
-        assert [isinstance(v, list) for v in args[3:]] == [True] * doomed + [False] * (len(args) - 3 - doomed), args
+        assert [isinstance(v, list) for v in args] == [False] * 3 + [True] * doomed + [False] * (len(args) - 3 - doomed)
     assert [(p.created.plan_id, p.created.submit.args) for p in plans] == [("a", {"x": 1}), ("b", "again")]
     a, b = plans
     assert a.status is not None and (a.status.state, a.status.worker_id, a.status.next_seq) == ("running", "w", 2)

@@ -285,22 +285,32 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
      ("bigint[]", "bytea[]")),
 )
 _LONE_COUNTS: Final = {"created": (7, 4, 3), "changed": (4, 1, 2), "runs": (4, 1)}  # columns a parameter (_rows)
-_COMMITS: dict[tuple[bool, bool, bool, bool, bool], str] = {}
+_FENCES: Final = (  # (the fence, its check) over arrays of shards and epochs, and over one shard's two scalars
+    (f"fence AS ({FENCE})", "ok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)"),
+    (f"fence AS ({FENCE.replace('unnest($1::int[], $2::bigint[])', '(VALUES ($1::int, $2::bigint))')})",
+     "ok AS (SELECT count(*) = 1 AS held FROM fence)"),
+)  # fmt: skip
+assert _FENCES[0][0] != _FENCES[1][0], "FENCE's unnest of $1 and $2 changed: the one-shard form must follow it"
+_COMMITS: dict[tuple[bool, bool, bool, bool, bool, bool], str] = {}
 
 
-def commit_statement(doomed: bool, created: bool, changed: bool, runs: bool, lone: bool = False) -> str:
+def commit_statement(
+    doomed: bool, created: bool, changed: bool, runs: bool, lone: bool = False, one_shard: bool = False
+) -> str:
     """The one statement of a group commit with these parts ($1-$3: the fence's shards, epochs, owner).
+
+    ``one_shard``: $1 and $2 are the one shard's number and epoch, scalars, not arrays (the same fence).
 
     ``lone``: each row part holds one row, whose values are scalar parameters, in the order of the parts'
     columns, each array parameter an ``ARRAY[$i::type, ...]`` of them (the same slices read its columns):
     asyncpg checks an array parameter's shape in Python, two to four ABC ``isinstance`` checks a parameter
     and a value (~1,300 instructions each), which a scalar parameter does not pay. The deletes' keys stay an array.
     """
-    key = (doomed, created, changed, runs, lone)
+    key = (doomed, created, changed, runs, lone, one_shard)
     sql = _COMMITS.get(key)
     if sql is None:
         wanted = (doomed, doomed, created, changed, runs)
-        parts = [f"fence AS ({FENCE})", "ok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)"]
+        parts = list(_FENCES[one_shard])
         n = 4
         for (name, text, types), on in zip(_PARTS, wanted, strict=True):
             if not on:

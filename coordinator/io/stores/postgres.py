@@ -559,7 +559,8 @@ class PgStore(PgRows):
         ev_rows: list[list[Any]],
     ) -> None:
         owner = self.owner
-        args: list[Any] = [shards, epochs, owner]
+        one_shard = len(shards) == 1  # the fence's shard and epoch as scalars (commit_statement's one_shard)
+        args: list[Any] = [shards[0], epochs[0], owner] if one_shard else [shards, epochs, owner]
         # Each part's columns of one type as one array parameter, a slice per column (pg_schema.py _PARTS);
         # a group of one row a part (a lone commit's) as scalar parameters (commit_statement's lone).
         if doomed:
@@ -576,7 +577,8 @@ class PgStore(PgRows):
                 args += (grid(upd_rows[:4]), grid(upd_rows[4:5]), grid(upd_rows[5:]))
             if ev_rows[0]:
                 args += (grid(ev_rows[:4]), grid(ev_rows[4:]))
-        sql = commit_statement(bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0]), lone)
+        parts = bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0])
+        sql = commit_statement(*parts, lone, one_shard)
         held = await conn.fetchval(sql, *args)
         if len(held) != len(shards):
             lost = sorted(set(shards) - set(held))
