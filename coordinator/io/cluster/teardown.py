@@ -25,7 +25,6 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import Any, TypeVar
 import structlog
 
 from coordinator.io.stores.postgres import PgStore
+from coordinator.io.threads import in_thread
 
 __all__ = [
     "CLOSER_THREADS",
@@ -62,7 +62,6 @@ OPENER_THREADS = "fleetwire-store-open"  # the names of store_opener()'s threads
 
 
 _Store = TypeVar("_Store", bound=PgStore)
-_T = TypeVar("_T")
 
 
 def store_closer(shards: int) -> ThreadPoolExecutor:
@@ -85,7 +84,7 @@ async def opened(
     makes is closed once made, in ``closer``, instead of being left open with its connections and thread
     (an interrupted stop's unclosed connections, finalized later, are what broke ast.parse in the next test); that
     close is in ``left`` until it is done (the host's stop waits for it, :func:`settled`)."""
-    opening = _in_thread(opener, make)
+    opening = in_thread(opener, make)
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:
@@ -139,7 +138,7 @@ async def settled(left: set[asyncio.Future[None]], deadline: float) -> None:
 async def closed(store: PgStore, what: str, closer: Executor) -> None:
     """Close ``store`` in ``closer``, waiting at most :data:`STOP_DB_S`: past it the close goes on in its thread (its
     own waits are bounded) and the stop goes on; a failure is logged (the stop is ending anyway)."""
-    closing = _in_thread(closer, store.close)
+    closing = in_thread(closer, store.close)
     try:
         async with asyncio.timeout(STOP_DB_S):
             await asyncio.shield(closing)
@@ -184,21 +183,7 @@ def _close_into(store: PgStore, closed: asyncio.Future[None], closer: Executor) 
         if not closed.done():
             closed.set_result(None)
 
-    _in_thread(closer, store.close, closed.get_loop()).add_done_callback(ended)
-
-
-def _in_thread(
-    threads: Executor, call: Callable[[], _T], loop: asyncio.AbstractEventLoop | None = None
-) -> asyncio.Future[_T]:
-    """``call()`` in ``threads``, as :func:`asyncio.to_thread` runs it (in a copy of this context). A store that is
-    made after the host's stop shut ``threads`` down (:func:`settled` logged it) is closed in the loop's default
-    executor instead."""
-    loop = loop or asyncio.get_running_loop()
-    run = functools.partial(contextvars.copy_context().run, call)
-    try:
-        return loop.run_in_executor(threads, run)
-    except RuntimeError:  # "cannot schedule new futures after shutdown"
-        return loop.run_in_executor(None, run)
+    in_thread(closer, store.close, closed.get_loop()).add_done_callback(ended)
 
 
 def _track(left: set[asyncio.Future[None]], closed: asyncio.Future[None]) -> None:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
 import os
 import secrets
 import socket
@@ -64,6 +62,7 @@ from coordinator.io.ops.tracing import PlanSpans
 from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.integrity import report_accepted_losses
 from coordinator.io.stores.store import Store, open_store
+from coordinator.io.threads import in_thread
 from coordinator.openai_api.limits import RequestRate
 from coordinator.read_policy import ReadPolicy
 from coordinator.records import StoredPlan
@@ -290,8 +289,7 @@ class CoordinatorServer:
     async def _load_and_serve(self) -> None:
         """Load the store into the core, then commit, tick and admit sessions."""
         try:
-            load = functools.partial(contextvars.copy_context().run, self._load)  # as asyncio.to_thread runs it
-            self._loading = asyncio.get_running_loop().run_in_executor(self._loader, load)
+            self._loading = in_thread(self._loader, self._load)
             await asyncio.shield(self._loading)
             hand_over = self.store.abilities.writer_process
             if self.settings.store_writer == "process" and hand_over is not None:
@@ -406,8 +404,7 @@ class CoordinatorServer:
         # In a thread, not on the loop: a store's close waits on its database or writer (PgStore: up to ~25 s
         # against a database that does not answer), and the loop serves other shards' cores in a cluster host,
         # which hands its cores threads of their own for it (coordinator/io/cluster/teardown.py, "Off the loop").
-        close = functools.partial(contextvars.copy_context().run, self.store.close)
-        await asyncio.get_running_loop().run_in_executor(self._closer, close)
+        await in_thread(self._closer, self.store.close)
 
     # ------------------------------------------------------------------ HTTP (coordinator/io/frontdoor/routes.py)
 

@@ -64,6 +64,7 @@ from coordinator.io.stores.pg_schema import (
 from coordinator.io.stores.pg_usage import load_usage, write_usage
 from coordinator.io.stores.rows import decode_plans, group_records
 from coordinator.ledger import UsageRow
+from coordinator.io.threads import in_thread
 from coordinator.records import Record, StoredPlan, UsageRows
 from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
@@ -383,7 +384,7 @@ class PgStore(PgRows):
             old.terminate()
         threaded, self._writer = self._writer, None
         if threaded is not None:
-            await asyncio.get_running_loop().run_in_executor(self.threads, self._close_writer, threaded)
+            await in_thread(self.threads, lambda: self._close_writer(threaded))
 
     def lost(self) -> bool:
         """Whether the writer connection of :meth:`open_async` closed under the store (reopen it first)."""
