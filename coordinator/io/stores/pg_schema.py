@@ -75,8 +75,8 @@ from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.pg_usage import CREATE_USAGE
 from coordinator.shards import ClusterConfig
 
-__all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "PLANS_FILLFACTOR", "SCHEMA_VERSION", "SELECT_EVENTS",
-           "SELECT_PLANS", "commit_statement", "partitions_text", "setup_schema"]
+__all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "PART_COLUMNS", "PLANS_FILLFACTOR", "SCHEMA_VERSION",
+           "SELECT_EVENTS", "SELECT_PLANS", "commit_statement", "partitions_text", "setup_schema"]
 
 log = structlog.get_logger("coordinator.io.stores.postgres")  # the store's own lines, as before this module
 
@@ -284,7 +284,9 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
     ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
      ("bigint[]", "bytea[]")),
 )
-_LONE_COUNTS: Final = {"created": (7, 4, 3), "changed": (4, 1, 2), "runs": (4, 1)}  # columns a parameter (_rows)
+#: Each row part's columns, in runs of one type: one array parameter a run (a lone group: that many scalars);
+#: PgStore._commit slices its rows by them, the statements read them in the same order (_rows).
+PART_COLUMNS: Final = {"created": (7, 4, 3), "changed": (4, 1, 2), "runs": (4, 1)}
 _FENCES: Final = (  # (the fence, its check) over arrays of shards and epochs, and over one shard's two scalars
     (f"fence AS ({FENCE})", "ok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)"),
     (f"fence AS ({FENCE.replace('unnest($1::int[], $2::bigint[])', '(VALUES ($1::int, $2::bigint))')})",
@@ -318,7 +320,7 @@ def commit_statement(
             if name == "gone_events":  # the same keys as gone_plans
                 parts.append(f"{name} AS ({text.format(f'${n - 1}::bigint[]')})")
                 continue
-            counts = _LONE_COUNTS.get(name) if lone else None
+            counts = PART_COLUMNS.get(name) if lone else None
             if counts is None:
                 params = [f"${n + i}::{t}" for i, t in enumerate(types)]
                 n += len(types)

@@ -56,6 +56,7 @@ from coordinator.io.stores.pg_rows import PgRows, RowGroup, grid, split_group
 from coordinator.io.stores.pg_schema import (
     INDEX_VALID,
     INDEXES,
+    PART_COLUMNS,
     SELECT_EVENTS,
     SELECT_PLANS,
     commit_statement,
@@ -63,8 +64,8 @@ from coordinator.io.stores.pg_schema import (
 )
 from coordinator.io.stores.pg_usage import load_usage, write_usage
 from coordinator.io.stores.rows import decode_plans, group_records
-from coordinator.ledger import UsageRow
 from coordinator.io.threads import in_thread
+from coordinator.ledger import UsageRow
 from coordinator.records import Record, StoredPlan, UsageRows
 from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
@@ -562,7 +563,7 @@ class PgStore(PgRows):
         owner = self.owner
         one_shard = len(shards) == 1  # the fence's shard and epoch as scalars (commit_statement's one_shard)
         args: list[Any] = [shards[0], epochs[0], owner] if one_shard else [shards, epochs, owner]
-        # Each part's columns of one type as one array parameter, a slice per column (pg_schema.py _PARTS);
+        # Each part's columns of one type as one array parameter, a slice per column (pg_schema.py PART_COLUMNS);
         # a group of one row a part (a lone commit's) as scalar parameters (commit_statement's lone).
         if doomed:
             args.append(doomed)
@@ -572,12 +573,13 @@ class PgStore(PgRows):
                 if rows[0]:
                     args += [column[0] for column in rows]
         else:
-            if new_rows[0]:
-                args += (grid(new_rows[:7]), grid(new_rows[7:11]), grid(new_rows[11:]))
-            if upd_rows[0]:
-                args += (grid(upd_rows[:4]), grid(upd_rows[4:5]), grid(upd_rows[5:]))
-            if ev_rows[0]:
-                args += (grid(ev_rows[:4]), grid(ev_rows[4:]))
+            for rows, counts in ((new_rows, PART_COLUMNS["created"]), (upd_rows, PART_COLUMNS["changed"]),
+                                 (ev_rows, PART_COLUMNS["runs"])):  # fmt: skip
+                if rows[0]:
+                    start = 0
+                    for count in counts:  # one array parameter a run of columns of one type
+                        args.append(grid(rows[start : start + count]))
+                        start += count
         parts = bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0])
         sql = commit_statement(*parts, lone, one_shard)
         held = await conn.fetchval(sql, *args)
