@@ -22,7 +22,7 @@ from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
 from protocol.tracecontext import ACCEPTS_HEADER, ACCEPTS_SHORT_UNSAMPLED, UNSAMPLED, UNSAMPLED_SHORT
 from protocol.transfer import http1
-from protocol.urls import SINGLE_KEEPALIVE, websocket_url
+from protocol.urls import SINGLE_KEEPALIVE, UrlTurn, websocket_url
 from wireio.frame_sink import SinkConnection
 
 __all__ = [
@@ -84,13 +84,8 @@ def resolve_urls(url: str | Sequence[str] | None, *, pool: str = "") -> list[str
 
 
 class UrlList:
-    """Which URL to dial next: the one a ``moved`` named, else the next of the list (round robin).
-
-    A URL whose dial timed out (a frozen coordinator: its kernel still completes the TCP handshake
-    from the listen backlog, then nothing answers the upgrade) goes to the back: the turn skips it
-    while another URL of the list has not timed out since, so a reconnect does not wait on it
-    again while the others answer. A dial to it that succeeds (a ``moved`` named it) clears it;
-    once every URL timed out, all are dialled in turn again.
+    """Which URL to dial next: the one a ``moved`` named, else the next of the list in turn (protocol/urls.py
+    :class:`~protocol.urls.UrlTurn`: a URL whose dial timed out goes to the back).
 
     ``tried`` keeps the URLs of the dials that failed since the last success (for the error
     that names them).
@@ -99,8 +94,7 @@ class UrlList:
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls
         self.tried: list[str] = []
-        self.timed_out: set[str] = set()
-        self._next = 0
+        self._turn = UrlTurn(urls)
         self._moved: str | None = None
         self.current = urls[0]
 
@@ -111,14 +105,8 @@ class UrlList:
     def pick(self) -> str:
         if self._moved is not None:
             self.current, self._moved = self._moved, None
-            return self.current
-        if len(self.timed_out) >= len(self.urls):
-            self.timed_out.clear()
-        for _ in self.urls:
-            self.current = self.urls[self._next % len(self.urls)]
-            self._next += 1
-            if self.current not in self.timed_out:
-                break
+        else:
+            self.current = self._turn.next()
         return self.current
 
     def failed(self, url: str, *, timed_out: bool = False) -> str:
@@ -126,13 +114,13 @@ class UrlList:
         for the error."""
         if url not in self.tried:
             self.tried.append(url)
-        if timed_out and url in self.urls:
-            self.timed_out.add(url)
+        if timed_out:
+            self._turn.ended(url, timed_out=True)
         return ", ".join(self.tried)
 
     def succeeded(self) -> None:
         self.tried = []
-        self.timed_out.discard(self.current)
+        self._turn.ended(self.current, timed_out=False)
 
 
 async def dial(

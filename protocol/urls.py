@@ -16,7 +16,7 @@ from typing import Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 __all__ = [
-    "CLUSTER_KEEPALIVE", "SINGLE_KEEPALIVE", "WORKER_ID_PARAM", "BadUrl", "keepalive", "named_worker_id",
+    "CLUSTER_KEEPALIVE", "SINGLE_KEEPALIVE", "WORKER_ID_PARAM", "BadUrl", "UrlTurn", "keepalive", "named_worker_id",
     "websocket_url", "with_worker_id",
 ]
 
@@ -102,3 +102,38 @@ def named_worker_id(target: str) -> str | None:
         if name == WORKER_ID_PARAM:
             named = value or None
     return named
+
+
+class UrlTurn:
+    """A list of coordinator URLs dialled in turn (round robin), by the SDK (fleetwire/connection.py ``UrlList``) and
+    the worker agent (worker_agent/handshake.py ``Dialer``).
+
+    A URL whose dial timed out (a frozen coordinator: its kernel still completes the TCP handshake from the listen
+    backlog, then nothing answers the upgrade) goes to the back: the turn skips it while another URL of the list has
+    not timed out since, so a reconnect does not wait on it again while the others answer. A dial to it that was
+    answered (a ``moved`` named it) clears it; once every URL timed out, all are dialled in turn again.
+    """
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.timed_out: set[str] = set()  # URLs of the list whose last dial timed out: at the back of the turn
+        self._next = 0
+
+    def next(self) -> str:
+        """The next URL of the list in turn, skipping those that timed out (unless all did)."""
+        urls = self.urls
+        if len(self.timed_out) >= len(urls):
+            self.timed_out.clear()
+        for _ in urls:
+            url = urls[self._next % len(urls)]
+            self._next += 1
+            if url not in self.timed_out:
+                break
+        return url  # (a list naming one URL twice, all of them timed out: the last one tried)
+
+    def ended(self, url: str, *, timed_out: bool) -> None:
+        """The dial to ``url`` timed out with nothing back, or was answered (an upgrade, a refusal)."""
+        if not timed_out:
+            self.timed_out.discard(url)
+        elif url in self.urls:
+            self.timed_out.add(url)

@@ -41,6 +41,7 @@ from urllib.parse import urlencode, urlsplit
 
 from protocol import DecodeFailure
 from protocol.messages import Capabilities, Error, Hello, Moved, RunningPlan, ToWorker, Welcome
+from protocol.urls import UrlTurn
 from worker_agent.session import AuthError, version, worker_url
 
 __all__ = ["Answer", "Dialer", "Welcomed", "hello", "upgrade_refusal", "worker_urls"]
@@ -78,12 +79,10 @@ class Dialer:
     """
 
     def __init__(self, urls: Sequence[str]) -> None:
-        self._urls = list(urls)
-        self._dials = 0
+        self._turn = UrlTurn(list(urls))  # the list in turn, a URL that timed out at the back (protocol/urls.py)
         self.dialled = False  # a dial was made: the next is a reconnect
-        self.timed_out: set[str] = set()  # URLs of the list whose last dial timed out: at the back of the turn
         self._moved_to: str | None = None  # where the last ``moved`` said this worker's shard is served
-        self.cluster = len(self._urls) > 1
+        self.cluster = len(self._turn.urls) > 1
 
     @property
     def moved(self) -> bool:
@@ -96,14 +95,7 @@ class Dialer:
             self.cluster = True
             url, self._moved_to = self._moved_to, None
             return url
-        if len(self.timed_out) >= len(self._urls):
-            self.timed_out.clear()
-        for _ in self._urls:
-            url = self._urls[self._dials % len(self._urls)]
-            self._dials += 1
-            if url not in self.timed_out:
-                break
-        return url
+        return self._turn.next()
 
     def timeout_s(self, handshake_timeout_s: float, reconnect_dial_timeout_s: float) -> float:
         """How long the dial now may take: the first one and a lone coordinator's ``handshake_timeout_s``, a cluster
@@ -115,10 +107,7 @@ class Dialer:
 
     def dial_ended(self, url: str, *, timed_out: bool) -> None:
         """The dial to ``url`` was answered (an upgrade, a refusal) or timed out with nothing back."""
-        if not timed_out:
-            self.timed_out.discard(url)
-        elif url in self._urls:
-            self.timed_out.add(url)
+        self._turn.ended(url, timed_out=timed_out)
 
     def follow(self, moved: Moved) -> None:
         """Cluster mode: the shard of this worker's pool is served at ``moved.url`` ("": try the list)."""
