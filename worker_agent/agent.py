@@ -488,8 +488,9 @@ class Agent:
                     self._follow(verdict)
                 await ws.close()
                 return None
-        except TimeoutError:
-            self._log.warning("no welcome from coordinator", timeout_s=self.settings.handshake_timeout_s)
+        except TimeoutError:  # upgraded, then no answer to hello (overloaded, stuck): run() backs off and redials
+            self._log.error("no welcome from the coordinator within --handshake-timeout after hello; reconnecting",
+                            url=self.url, timeout_s=self.settings.handshake_timeout_s)  # fmt: skip
             await ws.close()
             return None
         except ConnectionClosed as exc:

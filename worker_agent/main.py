@@ -100,6 +100,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "take before the next is tried (a frozen coordinator accepts the connection, then answers nothing; default 3)",
     )
     parser.add_argument(
+        "--handshake-timeout", type=positive_float, default=10.0, metavar="S",
+        help="how long the websocket upgrade may take, and how long to wait for the coordinator's welcome after "
+        "hello, before the worker reconnects as its backoff says (default 10)",
+    )
+    parser.add_argument(
         "--preemption-grace", type=float, default=30.0, metavar="S",
         help="when this host is interrupted (--interruption-command, SIGUSR1): how long its plans have to "
         "checkpoint and end (ctx.preempted; their processes get SIGTERM) before they are cancelled",
@@ -217,6 +222,7 @@ def _settings(ns: argparse.Namespace) -> AgentSettings:
         kv_block_tokens=ns.kv_block_tokens,
         reconnect_base_s=ns.reconnect_base,
         reconnect_cap_s=max(ns.reconnect_cap, ns.reconnect_base),
+        handshake_timeout_s=ns.handshake_timeout,
         reconnect_dial_timeout_s=ns.reconnect_dial_timeout,
         drain_timeout_s=ns.drain_timeout,
         ca_file=ns.ca_file or os.environ.get("FLEETWIRE_CA_FILE") or None,

@@ -50,7 +50,8 @@ class AgentSettings:
         kill_grace_s: seconds between SIGTERM and SIGKILL for a cancelled plan's subprocesses.
         drain_timeout_s: how long ``stop()`` lets running plans finish before handing them back.
         handshake_timeout_s: how long the websocket upgrade may take, and how long to wait for
-            ``welcome`` after ``hello``.
+            ``welcome`` after ``hello`` (``--handshake-timeout``); past it the session is closed, logged
+            with the URL and this timeout, and the agent reconnects as its backoff says.
         reconnect_dial_timeout_s: in cluster mode (several URLs, or after a ``moved``), how long a
             reconnect's upgrade to one URL may take (at most ``handshake_timeout_s``): a frozen
             coordinator accepts the TCP connection and answers nothing; the URL goes to the back of
@@ -150,6 +151,8 @@ class AgentSettings:
             raise ValueError(f"max_concurrency must be >= 0, got {self.max_concurrency}")
         if not 0 < self.reconnect_base_s <= self.reconnect_cap_s:
             raise ValueError("reconnect delays must satisfy 0 < reconnect_base_s <= reconnect_cap_s")
+        if not self.handshake_timeout_s > 0:
+            raise ValueError(f"handshake_timeout_s must be > 0, got {self.handshake_timeout_s}")
         if not self.reconnect_dial_timeout_s > 0:
             raise ValueError(f"reconnect_dial_timeout_s must be > 0, got {self.reconnect_dial_timeout_s}")
         if self.max_frame_bytes < 8192:
