@@ -111,8 +111,9 @@ class CoordinatorServer:
             None: opened from ``settings.store`` (raises StoreError for a database that cannot be opened).
         redirect: cluster mode, one core per shard (coordinator/io/cluster/host.py): called with each
             session's role and message; a ``Moved`` answer ends the session with it and 4307.
-        closer: the threads :meth:`stop` closes the store in (None: the loop's default executor); a cluster host
-            gives its shards' cores its own (coordinator/io/cluster/teardown.py, "Off the loop").
+        closer: the threads :meth:`stop` closes the store and shuts tracing down in (None: the loop's default
+            executor); a cluster host gives its shards' cores its own (coordinator/io/cluster/teardown.py, "Off the
+            loop").
         loader: the thread :meth:`start` loads the store's plans in (None: the loop's default executor); a cluster
             host gives its shards' cores its own (coordinator/io/cluster/teardown.py, "Started in the host's own
             threads").
@@ -400,7 +401,10 @@ class CoordinatorServer:
         if self.carbon_feed is not None:
             await self.carbon_feed.close()
         if self.tracing is not None:  # the spans still queued go to the collector
-            await asyncio.to_thread(self.tracing.shutdown)
+            # In the closer's threads too: against a collector that does not answer, the exporter child's close waits
+            # up to its EXIT_WAIT_S (15 s), which in the loop's default executor held a thread that every shard's
+            # shutdown, and the loop's getaddrinfo, share (a cluster host's N shards: N of them at once).
+            await in_thread(self._closer, self.tracing.shutdown)
         # In a thread, not on the loop: a store's close waits on its database or writer (PgStore: up to ~25 s
         # against a database that does not answer), and the loop serves other shards' cores in a cluster host,
         # which hands its cores threads of their own for it (coordinator/io/cluster/teardown.py, "Off the loop").
