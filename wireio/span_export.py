@@ -25,7 +25,8 @@ exporter's timeout) is killed after :data:`STUCK_S` of a full pipe. Writes happe
 exporter thread, never on the event loop, and the span queue in front of it is bounded (spans past
 it are dropped and counted), so a missing, stuck or crashed child never stalls the daemon. The
 child reads until its pipe closes (the daemon's shutdown, or its death), exports what it holds and
-exits; it is in its own session, so a Ctrl-C at the terminal reaches only the daemon, which flushes
+exits (killed past :data:`EXIT_WAIT_S`: the spans it had not answered for are dropped and counted, as a
+crashed child's); it is in its own session, so a Ctrl-C at the terminal reaches only the daemon, which flushes
 through it.
 
 The pipe's frames: a little-endian u32 length, then msgpack: ``[0, [span, ...]]`` (spans) or
@@ -353,6 +354,7 @@ class ExportProcess:
 
     def close(self) -> bool:
         """Flush, then close the pipe: the child exits (killed if flushing and exiting take over ``exit_wait_s``).
+        The spans it held and had not answered for when it exited count in :attr:`failed` (a killed child's).
 
         Returns:
             Whether the child exported everything sent to it.
@@ -362,8 +364,8 @@ class ExportProcess:
             return True
         deadline = time.monotonic() + self.exit_wait_s
         done = self.flush(self.exit_wait_s)
-        proc, self.proc = self.proc, None
-        if proc is None:
+        proc = self.proc
+        if proc is None:  # none, or the flush's write found it gone or stuck (_discard counted its spans)
             return done
         with contextlib.suppress(OSError):
             proc.stdin.close()  # type: ignore[union-attr]
@@ -372,6 +374,12 @@ class ExportProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        while self._read_answer(0.0) is not None:  # what it answered before it exited (or was killed)
+            pass
+        self.proc = None
+        # Spans it held and never answered for died with it (killed mid-post): lost, as a crashed child's.
+        self._failed_before += self._child_failed + self._sent - self._settled
+        self._sent = self._settled = self._child_failed = 0
         with contextlib.suppress(OSError):
             proc.stdout.close()  # type: ignore[union-attr]
         return done

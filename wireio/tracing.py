@@ -358,7 +358,8 @@ class Tracing:
         """Spans not exported: the queue was full (a collector slower than the spans), the export failed, or
         the exporter process was lost with them."""
         self.exported = 0
-        """Spans exported (with ``export_process``: handed to the child, less those it reported failed)."""
+        """Spans exported (with ``export_process``: handed to the child, less those it reported failed or died
+        with, a child killed at the shutdown's bound included)."""
         self._max_queue = _env_int(env, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE_SPANS)
         self._batch = min(_env_int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH_SPANS), self._max_queue)
         self._delay_s = _env_int(env, "OTEL_BSP_SCHEDULE_DELAY", DEFAULT_DELAY_MS) / 1000
@@ -605,7 +606,8 @@ class Tracing:
         return self._settle(lambda: process.flush(timeout_s)) and went
 
     def shutdown(self) -> None:
-        """Export what is queued, stop the exporter's thread and the exporter (again: nothing)."""
+        """Export what is queued, stop the exporter's thread and the exporter (again: nothing); a tracer that dropped
+        spans says so in a warning with its counts."""
         if self._closed:
             return
         self._closed = True
@@ -615,10 +617,20 @@ class Tracing:
         if self.process is None:
             self.exporter.shutdown()
         else:
-            self._settle(self.process.close)  # the child exports what it holds and exits (bounded: EXIT_WAIT_S)
+            # The child exports what it holds and exits (bounded: EXIT_WAIT_S); killed at the bound, what it held
+            # unanswered is counted dropped (ExportProcess.close).
+            self._settle(self.process.close)
+        if self.dropped:  # the one place an operator is told of lost spans (no metric counts them)
+            import structlog  # not at the module's import: the SDK's client imports this module without it
+
+            structlog.get_logger(__name__).warning(
+                "spans were not exported (queue full, export failed or the exporter process lost them)",
+                service=self.service, dropped=self.dropped, exported=self.exported,
+            )  # fmt: skip
 
     def _settle(self, call: Callable[[], bool]) -> bool:
-        """Ask the exporter process (``call``) and count what it now says it did not export as dropped."""
+        """Ask the exporter process (``call``) and count what it now says it did not export as dropped: what its
+        exporter failed, and what a child that died or was killed (a close past its bound) held unanswered."""
         assert self.process is not None
         with self._export_lock:
             failed = self.process.failed
