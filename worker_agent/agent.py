@@ -466,16 +466,22 @@ class Agent:
         return True
 
     async def _handshake(self) -> tuple[ClientConnection, Codec, protocol.Welcome, list[Any]] | None:
-        """Dial, send ``hello`` and read until the answer (worker_agent/handshake.py); None: no session this time."""
-        self.url = self._dialer.next_url()
-        ws = await self._dial(self.url)
+        """Dial, send ``hello`` and read until the answer (worker_agent/handshake.py); None: no session this time.
+
+        The upgrade and then the wait for ``welcome`` each get the dial's bound (handshake.py: a cluster reconnect's
+        the shorter ``reconnect_dial_timeout_s``); a welcome that does not come within it is a dial that timed out:
+        its URL goes to the back of the turn, as a frozen coordinator's."""
+        url = self.url = self._dialer.next_url()
+        # A cluster reconnect's dial is bounded shorter: a frozen coordinator answers nothing (handshake.py).
+        timeout_s = self._dialer.timeout_s(self.settings.handshake_timeout_s, self.settings.reconnect_dial_timeout_s)
+        ws = await self._dial(url, timeout_s)
         try:
             codec = self._codec(ws.subprotocol)
             self._outbox.rewind()  # what the last session sent but got no ack for goes first
             self._outbox.discard_heartbeats()
             await ws.send(codec.encode([self._hello()]), text=codec.text)
             answer = handshake.Answer()
-            async with asyncio.timeout(self.settings.handshake_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 while (verdict := answer.feed(codec.decode(await ws.recv()))) is None:
                     pass
                 if isinstance(verdict, handshake.Welcomed):
@@ -489,8 +495,13 @@ class Agent:
                 await ws.close()
                 return None
         except TimeoutError:  # upgraded, then no answer to hello (overloaded, stuck): run() backs off and redials
-            self._log.error("no welcome from the coordinator within --handshake-timeout after hello; reconnecting",
-                            url=self.url, timeout_s=self.settings.handshake_timeout_s)  # fmt: skip
+            self._dialer.dial_ended(url, timed_out=True)  # a hung handshake: to the back of the turn
+            if timeout_s < self.settings.handshake_timeout_s:
+                self._log.error("no welcome from the coordinator within --reconnect-dial-timeout after hello; "
+                                "reconnecting", url=url, timeout_s=timeout_s)  # fmt: skip
+            else:
+                self._log.error("no welcome from the coordinator within --handshake-timeout after hello; reconnecting",
+                                url=url, timeout_s=timeout_s)  # fmt: skip
             await ws.close()
             return None
         except ConnectionClosed as exc:
@@ -501,8 +512,8 @@ class Agent:
             await ws.close()
             raise
 
-    async def _dial(self, url: str) -> ClientConnection:
-        """The websocket upgrade to ``url``.
+    async def _dial(self, url: str, timeout_s: float) -> ClientConnection:
+        """The websocket upgrade to ``url``, within ``timeout_s``.
 
         Raises:
             AuthError: refused 401 or 403 (worker_agent/handshake.py ``upgrade_refusal``).
@@ -515,8 +526,6 @@ class Agent:
         ping_interval, ping_timeout, close_timeout = keepalive(
             self.settings.ping_interval_s, self.settings.ping_timeout_s, cluster=self._dialer.cluster
         )
-        # A cluster reconnect's dial is bounded shorter: a frozen coordinator answers nothing (handshake.py).
-        timeout_s = self._dialer.timeout_s(self.settings.handshake_timeout_s, self.settings.reconnect_dial_timeout_s)
         try:
             ws = await connect(
                 # The id in the upgrade: a reconnect-budget 429 then holds this id only, not its neighbours

@@ -15,6 +15,8 @@ Rules:
   ``handshake_timeout_s``; in cluster mode a later one (a reconnect) at most
   ``reconnect_dial_timeout_s`` (3 s): a frozen coordinator (SIGSTOP, a hung host) completes the TCP
   handshake from its listen backlog and answers nothing, while the next URL may answer at once.
+  The wait for ``welcome`` after ``hello`` gets the same bound: a coordinator that upgrades and then
+  answers nothing (stuck) is a dial that timed out too.
   A URL whose dial timed out goes to the back: the turn skips it while another URL of the list has
   not timed out since (all did: every one in turn again; one a ``moved`` named and that answered:
   back in turn).

@@ -53,8 +53,9 @@ class AgentSettings:
             ``welcome`` after ``hello`` (``--handshake-timeout``); past it the session is closed, logged
             with the URL and this timeout, and the agent reconnects as its backoff says.
         reconnect_dial_timeout_s: in cluster mode (several URLs, or after a ``moved``), how long a
-            reconnect's upgrade to one URL may take (at most ``handshake_timeout_s``): a frozen
-            coordinator accepts the TCP connection and answers nothing; the URL goes to the back of
+            reconnect's upgrade to one URL may take, and then its wait for ``welcome`` (each at most
+            ``handshake_timeout_s``): a frozen coordinator accepts the TCP connection and answers
+            nothing, a stuck one upgrades and answers nothing; either way the URL goes to the back of
             the turn (worker_agent/handshake.py). The first dial keeps ``handshake_timeout_s``.
         max_frame_bytes: frames are split to stay under this; must not exceed the
             coordinator's limit. Event data and results are limited to it less 4 KiB.
