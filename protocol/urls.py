@@ -109,7 +109,8 @@ class UrlTurn:
     the worker agent (worker_agent/handshake.py ``Dialer``).
 
     A URL whose dial timed out (a frozen coordinator: its kernel still completes the TCP handshake from the listen
-    backlog, then nothing answers the upgrade) goes to the back: the turn skips it while another URL of the list has
+    backlog, then nothing answers the upgrade; for the worker, also a stuck one that upgrades and never answers its
+    ``hello``: its dial ends at ``welcome``) goes to the back: the turn skips it while another URL of the list has
     not timed out since, so a reconnect does not wait on it again while the others answer. A dial to it that was
     answered (a ``moved`` named it) clears it; once every URL timed out, all are dialled in turn again.
     """
