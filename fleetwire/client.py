@@ -65,6 +65,7 @@ from fleetwire.connection import (
     UrlList,
     dial,
     ending_error,
+    keepalive_gave_up,
     resolve_url,
     resolve_urls,
     unsampled_form,
@@ -597,6 +598,10 @@ class Client(ClientCalls):
         finally:
             if ws is self._ws:  # resume, or end the session; a keepalive's pong counts as an answer too
                 served = sink.answered or ws.latency > 0  # a frame came on it (protocol/backoff.py: served)
+                if not served and keepalive_gave_up(ws):
+                    # Nothing at all came back, and the keepalive gave up on it: a coordinator that upgraded and
+                    # went silent, left as a dial that timed out is (to the back of the turn: protocol/urls.py).
+                    self._urls.went_silent(self.url)
                 self._connection_lost(ending_error(ws, self.url, closing=self._closing), served=served)
 
     def _receive_frame(self, frame: bytes | str) -> None:

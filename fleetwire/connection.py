@@ -15,6 +15,7 @@ from urllib.parse import urlencode, urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.frames import CloseCode
 from websockets.typing import Subprotocol
 
 from fleetwire.errors import AuthError, FleetwireConnectionError
@@ -32,6 +33,7 @@ __all__ = [
     "UrlList",
     "dial",
     "ending_error",
+    "keepalive_gave_up",
     "resolve_url",
     "resolve_urls",
     "serves_plain_http",
@@ -85,7 +87,8 @@ def resolve_urls(url: str | Sequence[str] | None, *, pool: str = "") -> list[str
 
 class UrlList:
     """Which URL to dial next: the one a ``moved`` named, else the next of the list in turn (protocol/urls.py
-    :class:`~protocol.urls.UrlTurn`: a URL whose dial timed out goes to the back).
+    :class:`~protocol.urls.UrlTurn`: a URL whose dial timed out, or whose connection then heard nothing, goes to the
+    back).
 
     ``tried`` keeps the URLs of the dials that failed since the last success (for the error
     that names them).
@@ -121,6 +124,11 @@ class UrlList:
     def succeeded(self) -> None:
         self.tried = []
         self._turn.ended(self.current, timed_out=False)
+
+    def went_silent(self, url: str) -> None:
+        """The connection to ``url`` upgraded and then ended with nothing back (no frame, no pong, no close): to the
+        back of the turn, as a dial that timed out (a coordinator whose loop is wedged)."""
+        self._turn.ended(url, timed_out=True)
 
 
 async def dial(
@@ -253,6 +261,13 @@ def _handshake_refused(
             f"{where} refused the connection (HTTP {status}): {why}{after}", retry_after_s=wait_s, answered=True
         )
     return FleetwireConnectionError(f"{where} refused the websocket upgrade (HTTP {status})", answered=True)
+
+
+def keepalive_gave_up(ws: ClientConnection) -> bool:
+    """Whether the connection ended because its keepalive ping went unanswered (websockets fails it with 1011) and
+    the coordinator sent no close: it went silent, as opposed to a drop or a close it chose."""
+    sent = ws.protocol.close_sent
+    return ws.protocol.close_rcvd is None and sent is not None and sent.code == CloseCode.INTERNAL_ERROR
 
 
 def ending_error(ws: ClientConnection, url: str, *, closing: bool) -> FleetwireConnectionError:
