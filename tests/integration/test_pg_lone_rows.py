@@ -22,17 +22,14 @@ def test_one_plan_groups_send_scalar_parameters_and_read_back_as_written(
     """Each group below touches one plan: its commit statement's parameters are values, not arrays (but a
     delete's keys; the fence's one shard and epoch too), and the plans load back with every column in its place
     (a NULL state or status keeps the stored one)."""
-    import asyncpg  # type: ignore[import-untyped]
-
     sent: list[tuple[str, tuple[Any, ...]]] = []
-    fetchval = asyncpg.Connection.fetchval
+    fetch_held = PgStore._fetch_held  # every commit statement goes through it (§C29l: a prepared statement's own)
 
-    async def recorded(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
-        if query.startswith("WITH fence"):
-            sent.append((query, args))
-        return await fetchval(self, query, *args, **kwargs)
+    async def recorded(self: PgStore, conn: Any, query: str, args: list[Any]) -> Any:
+        sent.append((query, tuple(args)))
+        return await fetch_held(self, conn, query, args)
 
-    monkeypatch.setattr(asyncpg.Connection, "fetchval", recorded)
+    monkeypatch.setattr(PgStore, "_fetch_held", recorded)
     store = hold(PgStore(pg_dsn, CLUSTER))
     try:
         store.write([created("a", 1, args={"x": 1})])  # insert alone

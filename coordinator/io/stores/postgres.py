@@ -221,6 +221,8 @@ class PgStore(PgRows):
         self.split_min_plans = _SPLIT_MIN_PLANS  # encode_ahead(split=True) splits a group of more plans (0: never)
         self.splitting = False  # the group encode_ahead made is split: its rest is encoded in write_async
         self.on_encoded: Callable[[], None] | None = None  # called once a split group's rest is on its way (committer)
+        self._prepared: dict[str, Any] = {}  # commit statement text -> its prepared statement on _prepared_conn
+        self._prepared_conn: Any = None
         try:
             import asyncpg  # type: ignore[import-untyped]
         except ImportError:
@@ -582,7 +584,7 @@ class PgStore(PgRows):
                         start += count
         parts = bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0])
         sql = commit_statement(*parts, lone, one_shard)
-        held = await conn.fetchval(sql, *args)
+        held = await self._fetch_held(conn, sql, args)
         if len(held) != len(shards):
             lost = sorted(set(shards) - set(held))
             raise ShardFenced(
@@ -590,6 +592,44 @@ class PgStore(PgRows):
                 f"{sorted(set(epochs))}): another coordinator took it over or it expired; the group commit "
                 "was refused"
             )
+
+    async def _fetch_held(self, conn: Any, sql: str, args: list[Any]) -> Any:
+        """The commit statement ``sql`` run with ``args`` on ``conn``: the shards its fence found held.
+
+        Through a statement the store prepared itself (:attr:`_prepared`, one set a connection), run by asyncpg's
+        protocol directly (``bind_execute``, as ``PreparedStatement`` runs it): ``Connection.fetchval``'s layers above
+        it (the statement cache's look-up, the timeout's bookkeeping, three coroutines) and ``PreparedStatement``'s
+        guards cost a lone commit ~19,800 instructions of its ~199,000 (docs/PERFORMANCE.md §C29l). The protocol
+        still refuses a closed or busy connection (``InterfaceError``) and keeps the command timeout.
+
+        A statement the server no longer holds as prepared (``DISCARD ALL``, ``DEALLOCATE``: a pooler's reset) or
+        whose result type changed failed before it changed anything: outside a transaction it is prepared again and
+        run once more (asyncpg's own cache retries the second case only); inside one (the usage rows', a split
+        group's) the transaction is void, so it is raised, as any failed commit.
+        """
+        prepared = self._prepared
+        if self._prepared_conn is not conn:  # a new connection (open_async, a reconnect): its own statements
+            prepared.clear()
+            self._prepared_conn = conn
+        stmt = prepared.get(sql)
+        if stmt is None:
+            stmt = prepared[sql] = await conn.prepare(sql)
+        asyncpg = self._asyncpg
+        try:
+            rows = await conn._protocol.bind_execute(stmt._state, args, "", 1, False, COMMAND_TIMEOUT_S)
+        except (asyncpg.exceptions.InvalidCachedStatementError, asyncpg.exceptions.InvalidSQLStatementNameError):
+            del prepared[sql]
+            if conn.is_in_transaction():
+                raise
+        except asyncpg.exceptions.OutdatedSchemaCacheError:  # a type's codec changed: asyncpg's caches first
+            del prepared[sql]
+            await conn.reload_schema_state()
+            raise
+        else:
+            return rows[0][0] if rows else None
+        stmt = prepared[sql] = await conn.prepare(sql)
+        rows = await conn._protocol.bind_execute(stmt._state, args, "", 1, False, COMMAND_TIMEOUT_S)
+        return rows[0][0] if rows else None
 
     async def _take_keys(self, conn: Any, n: int) -> list[int]:
         if n == 0:
