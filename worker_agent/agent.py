@@ -30,7 +30,8 @@ Theory of operation:
 * A plan is *silenced* (cancelled locally, nothing more sent for it) when the coordinator says
   its lease is not ours: ``abandon_plans``, ``error(stale_lease)``, or a newer attempt of it.
 * ``stop()``: reject new plans, let running ones finish for up to ``drain_timeout_s`` (a second
-  ``stop()`` skips the wait), silence the rest, send ``goodbye`` and close. Plans stopped this
+  ``stop()`` skips the wait), silence the rest, send ``goodbye`` and close; then the tracer's spans go and it
+  shuts down (bounded: :func:`_shut_down`). Plans stopped this
   way are handed back: on ``goodbye`` the coordinator requeues them at once, without counting
   the attempt against ``max_attempts`` (it does not see them cancelled).
 * Prefetch (``welcome.prefetch``): with every slot busy, up to that many assigns wait here,
@@ -61,6 +62,7 @@ import functools
 import random
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, Unpack, assert_never, overload
 
 import msgspec
@@ -112,6 +114,18 @@ F = TypeVar("F", bound=Handler)
 MAX_BATCH = 4096  # messages per frame before size-splitting
 
 
+async def _shut_down(tracing: Tracing) -> None:
+    """Shut the worker's tracing down (its spans still queued exported, its exporter child stopped, the spans lost
+    logged: wireio/tracing.py), in a thread of its own. Bounded by the child's ``exit_wait_s``: against a collector
+    that never answers the child is killed there, and its unanswered spans are counted dropped. Not in the loop's
+    default executor, whose threads the loop's ``getaddrinfo`` shares and ``asyncio.run`` waits for."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetwire-tracing-stop")
+    try:
+        await asyncio.get_running_loop().run_in_executor(pool, tracing.shutdown)
+    finally:
+        pool.shutdown(wait=False)
+
+
 class Agent:
     """A worker agent. Build it, add handlers, ``await agent.run()``; ``agent.stop()`` ends it.
 
@@ -126,7 +140,8 @@ class Agent:
             (worker_agent/telemetry.py); default: none beyond plan counts.
         health_source: what reads the devices' health (worker_agent/gpu_health.py); None: NVML's,
             when it sees a device (``settings.gpu_health_interval_s`` 0: none at all).
-        tracing: where the worker's spans go (wireio/tracing.py); None: no spans.
+        tracing: where the worker's spans go (wireio/tracing.py); None: no spans. The agent shuts it down when
+            :meth:`run` ends.
         **options: :class:`~worker_agent.settings.AgentSettings` fields by name.
 
     Attributes:
@@ -312,8 +327,8 @@ class Agent:
                 await self.health.stop()
                 self.health = None
             await self._handler_processes.close()
-            if self.runner.tracing is not None:  # the spans still queued go to the collector
-                await asyncio.to_thread(self.runner.tracing.flush)
+            if self.runner.tracing is not None:  # the spans still queued go to the collector, then it stops
+                await _shut_down(self.runner.tracing)
             self.data_server = self.relay = None
             await self._data_side.stop()
 

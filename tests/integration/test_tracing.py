@@ -171,7 +171,8 @@ async def test_a_retry_and_a_coordinator_restart_stay_in_the_plans_trace(receive
     await second.start()
     fleet.coordinator = second
     assert second.core.plans["across-restart"].traceparent.split("-")[1] == traced
-    agent = Agent(second.url, None, worker_id="w2", tracing=fleet.agent.runner.tracing)
+    tracing = Tracing(SERVICE_WORKER, endpoint=receiver.endpoint, export_process=True)  # the first agent's is shut
+    agent = Agent(second.url, None, worker_id="w2", tracing=tracing)  # down: a stopped agent shuts its tracer down
     agent.add_handler("flaky", lambda ctx, args: "ok")
     task = asyncio.create_task(agent.run())
     try:
