@@ -19,8 +19,10 @@
   the workers' spans join the caller's trace when they trace. Nothing is imported for it.
 * Neither: ``traceparent`` stays empty and nothing else runs.
 
-One :class:`~wireio.tracing.Tracing` serves every ``Client`` of a process (:func:`client_tracing`);
-it exports what is still queued when the process exits. It exports in a thread of the application's
+One :class:`~wireio.tracing.Tracing` serves every ``Client`` of a process (:func:`client_tracing`), so
+``Client.close`` leaves it running; it exports what is still queued when the process exits, for up to its
+``exit_wait_s`` (15 s): against a collector that never answers the exit waits no longer (the spans not
+exported by then are counted dropped and logged). It exports in a thread of the application's
 process (the OpenTelemetry SDK is imported there), unless ``FLEETWIRE_TRACE_EXPORT=process``: then a
 child process does (wireio/span_export.py), as for the coordinator and the workers. A library does
 not start processes in its host unasked, nor freeze its collector: docs/OPERATIONS.md §Tracing says

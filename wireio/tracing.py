@@ -41,7 +41,9 @@ Theory of operation:
   where they are exported (wireio/span_export.py ``StepSpans``); a step record weighs its notes
   against the queue's bound and a batch.
   :meth:`Tracing.flush` exports what is queued now; :meth:`Tracing.shutdown` flushes and stops the
-  thread (and the child).
+  thread (and the child), within a bound (``exit_wait_s``, 15 s): a collector that never answers holds a
+  daemon's stop or an application's exit no longer (the child is killed, the thread left, their spans
+  counted dropped).
 
 What a sampled span still costs, measured on the 2-core VM (docs/OPERATIONS.md §Tracing, *What it
 costs*): about 1-2 µs to note it here (the hot path; the coordinator notes nothing per plan), then
@@ -68,7 +70,7 @@ from typing import Any, Final, TypeVar
 
 from protocol.tracecontext import format_traceparent, is_sampled
 from wireio.otlp import LIVE_BASE, LIVE_SPANS
-from wireio.span_export import COMMIT_RECORD, STEP_RECORD, ExportProcess, SpanBuilder
+from wireio.span_export import COMMIT_RECORD, EXIT_WAIT_S, STEP_RECORD, ExportProcess, SpanBuilder
 
 __all__ = [
     "EXPORT_VARIABLE",
@@ -370,6 +372,12 @@ class Tracing:
         self._parked = False  # the exporter thread waits for a first span, with no timeout (_run)
         self._export_lock = threading.Lock()  # one export at a time: the thread's, or a flush's
         self._closed = False
+        self.exit_wait_s = EXIT_WAIT_S
+        """Exporting in this process: how long :meth:`shutdown` gives the exporter thread to post what is queued
+        before it leaves it (with ``export_process``: the child's own bound, ``process.exit_wait_s``)."""
+        self._in_flight = 0  # spans taken off the queue and not yet counted exported or dropped (_export_queued)
+        self._left = False  # the shutdown left the exporter thread at its bound and counted what it held dropped
+        self._left_lock = threading.Lock()  # between the exporter thread's counts and the shutdown's leaving
         self._thread = threading.Thread(target=self._run, name=f"fleetwire-spans-{self.service}", daemon=True)
         self._thread.start()
 
@@ -556,6 +564,8 @@ class Tracing:
             wake.wait(self._delay_s)
             wake.clear()
             self._export_queued()
+        if self.process is None:  # the shutdown's last export, here: one the collector never answers is left there
+            self._export_queued()
 
     def _export_queued(self) -> bool:
         """Export every span queued now, in batches; whether every batch went."""
@@ -564,21 +574,29 @@ class Tracing:
             queue, batch_size, process, builder = self._queue, self._batch, self.process, self._builder
             failed = process.failed if process is not None else 0
             while queue:
-                count = min(batch_size, len(queue))
-                if self._noted == self._taken:  # spans only (a step record among the count was counted before it)
-                    batch = [queue.popleft() for _ in range(count)]
-                else:
-                    batch = self._take_weighed(batch_size)
+                with self._left_lock:
+                    if self._left:  # the shutdown left this thread: what is queued is counted dropped
+                        return False
+                    count = min(batch_size, len(queue))
+                    if self._noted == self._taken:  # spans only (a step record among the count was counted before it)
+                        batch = [queue.popleft() for _ in range(count)]
+                    else:
+                        batch = self._take_weighed(batch_size)
+                    self._in_flight = len(batch)
                 if process is not None:
                     sent = process.send(batch)  # False: the child is gone (it is started again later)
                 else:
                     assert builder is not None
                     sent = builder.export(self.exporter, batch, self._noted != 0)  # False: refused, or away
-                if sent:
-                    self.exported += len(batch)
-                else:
-                    self.dropped += len(batch)
-                    went = False
+                with self._left_lock:
+                    self._in_flight = 0
+                    if self._left:  # left at the shutdown's bound while posting: counted dropped there
+                        return False
+                    if sent:
+                        self.exported += len(batch)
+                    else:
+                        self.dropped += len(batch)
+                        went = False
             if process is not None:
                 self._count_lost(process.failed - failed)
         return went
@@ -607,16 +625,26 @@ class Tracing:
 
     def shutdown(self) -> None:
         """Export what is queued, stop the exporter's thread and the exporter (again: nothing); a tracer that dropped
-        spans says so in a warning with its counts."""
+        spans says so in a warning with its counts. Bounded: :attr:`exit_wait_s` exporting in this process (the
+        thread is left there, what it had not exported counted dropped), the child's ``exit_wait_s`` with
+        ``export_process`` (the child is killed there, what it held counted dropped)."""
         if self._closed:
             return
         self._closed = True
         self._wake.set()
-        self._thread.join()
-        self._export_queued()
         if self.process is None:
-            self.exporter.shutdown()
+            # The thread posts what is queued (_run), a batch at a time, each post up to the OTLP exporter's timeout
+            # (10 s) against a collector that never answers: it gets exit_wait_s in all, then is left (a daemon thread:
+            # an application's exit does not wait for it), as the child is killed at its bound.
+            self._thread.join(self.exit_wait_s)
+            with self._left_lock:
+                if self._thread.is_alive():
+                    self._left = True
+                    self.dropped += self._in_flight + len(self._queue) + self._noted - self._taken
+            self.exporter.shutdown()  # its retries' waits end; a post under way ends at its own timeout
         else:
+            self._thread.join()
+            self._export_queued()
             # The child exports what it holds and exits (bounded: EXIT_WAIT_S); killed at the bound, what it held
             # unanswered is counted dropped (ExportProcess.close).
             self._settle(self.process.close)
