@@ -151,7 +151,7 @@ def callgrind_total(tree: str, argv: Sequence[str], out_file: str) -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
 
 
-_ENV_PASSED = ("FLEETWIRE_TRACE_EXPORT",)  # the tracing bench's
+_ENV_PASSED = ("FLEETWIRE_TRACE_EXPORT", "FLEETWIRE_PG_WRITER")  # the tracing bench's; the PostgreSQL writer process
 
 
 def bench_env(**extra: str) -> dict[str, str]:

@@ -215,8 +215,12 @@ def commit_path(blocks: int, writes: bool) -> None:
 
     async def run() -> None:
         db = await asyncio.to_thread(_open, os.environ["FW_BENCH_DSN"], Path("."))
-        await db.open_async()
         groups = _grouped(blocks * GROUP_BLOCK)
+        if os.environ.get("FLEETWIRE_PG_WRITER") == "process":  # the loop's side only: the child is another process
+            await _through_child(db, groups if writes else [])
+            await asyncio.to_thread(db.close)
+            return
+        await db.open_async()
         gc.freeze()
         gc.set_threshold(*DAEMON_GC_THRESHOLDS)
         if writes:
@@ -226,6 +230,38 @@ def commit_path(blocks: int, writes: bool) -> None:
         await asyncio.to_thread(db.close)
 
     asyncio.run(run())
+
+
+async def _through_child(db: PgStore, groups: list[list[Any]]) -> None:
+    """``groups`` committed through the store's writer child (coordinator/io/stores/pg_writer.py), all sent at once
+    once the committer is ready (each a big group: none inline)."""
+    from coordinator.io.stores.pg_writer import ProcessCommitter
+    from fleetwire.cli.serve import DAEMON_GC_THRESHOLDS
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    left = [len(groups)]
+
+    def release(_: None) -> None:
+        left[0] -= 1
+        if not left[0] and not done.done():
+            done.set_result(None)
+
+    def failed(exc: BaseException) -> None:
+        if not done.done():
+            done.set_exception(exc)
+
+    committer: ProcessCommitter[None] = ProcessCommitter(db, release, failed)
+    committer.start()
+    while not committer.ready and committer.failed is None:  # noqa: ASYNC110  (no event to wait on: its start only)
+        await asyncio.sleep(0.01)
+    gc.freeze()
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+    for group in groups:
+        committer.submit(group, None)
+    if groups:
+        await done
+    await committer.close()
 
 
 def commit_callgrind() -> float:
@@ -730,12 +766,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     parser.add_argument("--commit-callgrind", action="store_true",
                         help="the PostgreSQL commit path in callgrind instructions a plan (needs valgrind), then exit")
+    parser.add_argument("--pg-writer", choices=("loop", "process"), default=None,
+                        help="the PostgreSQL coordinators' group commits on the loop or in a writer process, lone "
+                        "ones inline (FLEETWIRE_PG_WRITER; default: as the environment says)")  # fmt: skip
     parser.add_argument("--commit-path", type=int, metavar="BLOCKS", help=argparse.SUPPRESS)  # --commit-callgrind
     parser.add_argument("--no-writes", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.commit_path is not None:
         commit_path(ns.commit_path, not ns.no_writes)
         return 0
+    if ns.pg_writer is not None:  # the coordinators' and --commit-callgrind's children inherit it (h.bench_env)
+        os.environ["FLEETWIRE_PG_WRITER"] = ns.pg_writer
     if ns.commit_callgrind:
         print(f"PostgreSQL commit path: {commit_callgrind():,.0f} instructions a plan (4 steps, groups of "
               f"~{GROUP_BLOCK * 9:,} records; callgrind)")

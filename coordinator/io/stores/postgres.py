@@ -197,6 +197,9 @@ class PgStore(PgRows):
     # The threads open_async closes the threaded writer in (None: the loop's default executor); a cluster host's shard
     # stores: the host's own (coordinator/io/cluster/teardown.py, "Started in the host's own threads").
     threads: concurrent.futures.Executor | None = None
+    # The groups apply_committed applied, in order, while a writer child's committer keeps this list (pg_writer.py:
+    # each side's keys go to the other); None: not kept.
+    applied: list[RowGroup] | None = None
 
     def __init__(self, dsn: str, cluster: ClusterConfig | None = None, *, accept_loss: bool = False) -> None:
         self.cluster = cluster or ClusterConfig()
@@ -249,6 +252,21 @@ class PgStore(PgRows):
         except BaseException:
             self.close()
             raise
+
+    @property
+    def dsn(self) -> str:
+        """The DSN this store connects with (its writer process connects with it too: pg_writer.py)."""
+        return self._dsn
+
+    @property
+    def write_keys(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """Each plan's key, its shard and its inline events' chained checksum: what a writer child starts with, as
+        this store loaded them (pg_writer.py)."""
+        return self._keys, self._shards, self._events_crc
+
+    @write_keys.setter
+    def write_keys(self, value: tuple[dict[str, int], dict[str, int], dict[str, int]]) -> None:
+        self._keys, self._shards, self._events_crc = value
 
     @property
     def abilities(self) -> StoreAbilities:
@@ -652,8 +670,20 @@ class PgStore(PgRows):
     def make_committer(
         self, release: Callable[[T], None], on_failure: Callable[[BaseException], None], *, max_backlog_bytes: int = 0
     ) -> PipelinedCommitter[T]:
-        """The server's committer for this store: group commits on the server's own loop (pg_commit.py)."""
+        """The server's committer for this store: group commits on the server's own loop (pg_commit.py), or, with
+        ``FLEETWIRE_PG_WRITER=process``, in a writer process, lone ones on the loop (pg_writer.py)."""
+        from coordinator.io.stores.pg_writer import ProcessCommitter, writer_mode  # it imports this module's types
+
+        if writer_mode() == "process":
+            return ProcessCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)  # type: ignore[return-value]
         return PipelinedCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)
+
+    def apply_committed(self, group: RowGroup) -> None:
+        """pg_rows.py's, and the group kept in :attr:`applied` while a writer child's committer reads it."""
+        super().apply_committed(group)
+        applied = self.applied
+        if applied is not None:
+            applied.append(group)
 
     def _close_writer(self, writer: Any) -> None:
         """Close the threaded writer connection (waits for a write in progress, up to 5 s)."""

@@ -38,7 +38,7 @@ from coordinator.io.stores.writer_wire import (
 )
 from coordinator.records import PlanForgotten, UsageRows
 
-__all__ = ["child_main", "commit", "sqlite_for_one_thread"]
+__all__ = ["child_main", "commit", "die_with_parent", "sqlite_for_one_thread"]
 
 _MERGE_MOST = 256  # groups the child commits in one transaction at most
 _PR_SET_PDEATHSIG = 1
@@ -47,7 +47,7 @@ _SQLITE_CONFIG_MEMSTATUS = 9
 _GC_THRESHOLDS: Final = (50_000, 20, 100)  # fleetwire/cli/serve.py DAEMON_GC_THRESHOLDS (not imported: the SDK's)
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """SIGKILL when the parent dies (Linux), and exit now if it already did."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -59,7 +59,7 @@ def _die_with_parent(parent: int) -> None:
 def child_main(argv: Sequence[str]) -> int:
     """The child: open the file, answer ready, then commit each request until the parent's close request."""
     path, marker_sync_s, parent = Path(argv[0]), float(argv[1]), int(argv[2])
-    _die_with_parent(parent)
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C to the coordinator's group: the parent closes us
     sqlite_for_one_thread()
     into, out = 0, os.dup(1)
