@@ -384,6 +384,18 @@ class ExportProcess:
             proc.stdout.close()  # type: ignore[union-attr]
         return done
 
+    def kill(self) -> None:
+        """Kill the child now and start none after it: a shutdown past its bound whose exporter thread is still
+        writing to the child (its pipe full: it reads a batch a post, each post to a collector that never answers
+        waiting out the exporter's timeout). That write then fails at once, and the writer's :meth:`_discard` reaps
+        the child and counts what it held in :attr:`failed`. Called without the tracer's export lock (the writer
+        holds it): it only signals the child."""
+        self._closed = True
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+
     # -- the pipe ---------------------------------------------------------------------------------
 
     def _child(self) -> subprocess.Popen[bytes] | None:

@@ -643,7 +643,14 @@ class Tracing:
                     self.dropped += self._in_flight + len(self._queue) + self._noted - self._taken
             self.exporter.shutdown()  # its retries' waits end; a post under way ends at its own timeout
         else:
-            self._thread.join()
+            # Against a collector that never answers the child reads a batch a post's timeout (10 s): its pipe full, the
+            # thread's writes of the batches still queued went one a timeout (a full queue: ~5 minutes). Past the
+            # child's own bound it is killed, the write fails at once, and what the child held, and the queue, are
+            # counted dropped (ExportProcess.kill).
+            self._thread.join(self.process.exit_wait_s)
+            if self._thread.is_alive():
+                self.process.kill()
+                self._thread.join()
             self._export_queued()
             # The child exports what it holds and exits (bounded: EXIT_WAIT_S); killed at the bound, what it held
             # unanswered is counted dropped (ExportProcess.close).
