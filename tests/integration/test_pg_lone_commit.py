@@ -81,3 +81,24 @@ def test_a_commit_after_a_tables_shape_changed_commits(pg_dsn: str) -> None:
         store.close()
     assert [p.created.plan_id for p in plans] == ["a", "b"]
     assert plans[0].status is not None and plans[0].status.state == "running"
+
+
+def test_statements_without_the_protocols_state_run_as_prepared_statements(pg_dsn: str) -> None:
+    """Where asyncpg's statement state cannot be read (another asyncpg), the store's prepared statements run through
+    PreparedStatement instead, and commit the same."""
+    store = hold(PgStore(pg_dsn, CLUSTER))
+    try:
+        store.write([created("a", 1)])
+        store._prepared = {sql: (stmt, None) for sql, (stmt, _) in store._prepared.items()}
+        store._protocol = None  # as PgStore reads it from a connection without one
+        store.write([created("b", 2)])
+        store.write([PlanStatus("b", "queued")])
+        assert all(state is None for _, state in store._prepared.values()) and len(store._prepared) == 2
+        store.close()
+        again = PgStore(pg_dsn, CLUSTER)
+        plans = again.load()
+        again.close()
+    finally:
+        store.close()
+    assert [p.created.plan_id for p in plans] == ["a", "b"]
+    assert plans[1].status is not None and plans[1].status.state == "queued"

@@ -224,8 +224,9 @@ class PgStore(PgRows):
         self.split_min_plans = _SPLIT_MIN_PLANS  # encode_ahead(split=True) splits a group of more plans (0: never)
         self.splitting = False  # the group encode_ahead made is split: its rest is encoded in write_async
         self.on_encoded: Callable[[], None] | None = None  # called once a split group's rest is on its way (committer)
-        self._prepared: dict[str, Any] = {}  # commit statement text -> its prepared statement on _prepared_conn
+        self._prepared: dict[str, tuple[Any, Any]] = {}  # commit statement text -> _prepare's, on _prepared_conn
         self._prepared_conn: Any = None
+        self._protocol: Any = None  # _prepared_conn's protocol (None: its statements run as PreparedStatement)
         try:
             import asyncpg  # type: ignore[import-untyped]
         except ImportError:
@@ -629,12 +630,15 @@ class PgStore(PgRows):
         if self._prepared_conn is not conn:  # a new connection (open_async, a reconnect): its own statements
             prepared.clear()
             self._prepared_conn = conn
-        stmt = prepared.get(sql)
-        if stmt is None:
-            stmt = prepared[sql] = await conn.prepare(sql)
+            # asyncpg's protocol object and a statement's state are private to it (as PreparedStatement uses them);
+            # read with a default, so that with another asyncpg they run through PreparedStatement.fetch instead.
+            self._protocol = getattr(conn, "_protocol", None)
+        entry = prepared.get(sql)
+        if entry is None:
+            entry = prepared[sql] = await self._prepare(conn, sql)
         asyncpg = self._asyncpg
         try:
-            rows = await conn._protocol.bind_execute(stmt._state, args, "", 1, False, COMMAND_TIMEOUT_S)
+            rows = await self._bind_execute(entry, args)
         except (asyncpg.exceptions.InvalidCachedStatementError, asyncpg.exceptions.InvalidSQLStatementNameError):
             del prepared[sql]
             if conn.is_in_transaction():
@@ -645,9 +649,21 @@ class PgStore(PgRows):
             raise
         else:
             return rows[0][0] if rows else None
-        stmt = prepared[sql] = await conn.prepare(sql)
-        rows = await conn._protocol.bind_execute(stmt._state, args, "", 1, False, COMMAND_TIMEOUT_S)
+        entry = prepared[sql] = await self._prepare(conn, sql)
+        rows = await self._bind_execute(entry, args)
         return rows[0][0] if rows else None
+
+    async def _prepare(self, conn: Any, sql: str) -> tuple[Any, Any]:
+        """``sql`` prepared on ``conn``: the statement and its protocol state (None: run it as PreparedStatement)."""
+        stmt = await conn.prepare(sql)
+        return stmt, getattr(stmt, "_state", None) if self._protocol is not None else None
+
+    def _bind_execute(self, entry: tuple[Any, Any], args: list[Any]) -> Awaitable[list[Any]]:
+        """A statement of :meth:`_prepare` run with ``args``: its rows (the protocol's call, no frame of ours)."""
+        stmt, state = entry
+        if state is None:
+            return stmt.fetch(*args)  # type: ignore[no-any-return]
+        return self._protocol.bind_execute(state, args, "", 1, False, COMMAND_TIMEOUT_S)  # type: ignore[no-any-return]
 
     async def _take_keys(self, conn: Any, n: int) -> list[int]:
         if n == 0:
