@@ -11,7 +11,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -137,6 +137,28 @@ def test_the_compiled_modules_build_as_one_mypyc_group(
         from mypyc.common import shared_lib_name
 
         assert shared_lib_name(setup_py.GROUP) == tool.group_library(ROOT)
+
+
+@pytest.mark.parametrize(
+    ("compiler_type", "platform", "added"),
+    [("unix", "linux", True), ("unix", "darwin", False), ("msvc", "win32", False)],
+)
+def test_each_extension_is_compiled_with_the_layout_flags_on_linux(
+    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, compiler_type: str, platform: str, added: bool
+) -> None:
+    """build_ext compiles every extension (the group's library and each shim) with mypyc's flags followed by
+    LAYOUT_CFLAGS (no semantic interposition, hidden visibility, no PLT: calls within the group direct,
+    docs/PERFORMANCE.md §C29m) where GCC or Clang builds for Linux, and adds nothing elsewhere."""
+    from setuptools import Distribution, Extension
+
+    compiled: list[list[str]] = []
+    monkeypatch.setattr(setup_py.build_ext, "build_extension", lambda _, ext: compiled.append(ext.extra_compile_args))
+    monkeypatch.setattr(setup_py.sys, "platform", platform)
+    command = setup_py.BuildExt(Distribution())
+    command.compiler = SimpleNamespace(compiler_type=compiler_type)
+    command.build_extension(Extension("fleetwire__mypyc", ["build/__native_fleetwire.c"], extra_compile_args=["-O1"]))
+    expected = ["-O1", "-fno-semantic-interposition", "-fvisibility=hidden", "-fno-plt"] if added else ["-O1"]
+    assert compiled == [expected]
 
 
 @pytest.mark.parametrize("missing", ["no C compiler ('cc' is not on PATH)", "no Python headers", "no mypyc"])
