@@ -151,7 +151,8 @@ def callgrind_total(tree: str, argv: Sequence[str], out_file: str) -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
 
 
-_ENV_PASSED = ("FLEETWIRE_TRACE_EXPORT", "FLEETWIRE_PG_WRITER")  # the tracing bench's; the PostgreSQL writer process
+# The tracing bench's; the PostgreSQL writer process; the PostgreSQL store's lone-commit spin (LONE_SPIN_ENV)
+_ENV_PASSED = ("FLEETWIRE_TRACE_EXPORT", "FLEETWIRE_PG_WRITER", "FLEETWIRE_PG_SPIN_US")
 
 
 def bench_env(**extra: str) -> dict[str, str]:

@@ -1,12 +1,16 @@
-"""A commit's statement (issue #29, docs/PERFORMANCE.md §C29l): the store runs each commit statement through a
-prepared statement of its own, prepared again when the server forgot it (``DISCARD ALL``) or a table's shape changed
-(a real PostgreSQL server: tests/pg.py; skipped without one)."""
+"""A lone commit's wait and its statement (issue #29, docs/PERFORMANCE.md §C29l): the store polls for a lone commit's
+reply awake (its own busy-poll, wireio/spin.py's rules), and runs each commit statement through a prepared statement
+of its own, prepared again when the server forgot it (``DISCARD ALL``) or a table's shape changed (a real PostgreSQL
+server: tests/pg.py; skipped without one)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
+from coordinator.io.stores import postgres
 from coordinator.io.stores.postgres import PgStore
 from coordinator.records import PlanStatus
 from tests.integration.test_pg_store import CLUSTER, hold
@@ -20,6 +24,35 @@ async def _on_writer(store: PgStore, make: Callable[[Any], Awaitable[Any]]) -> A
 
 def _writer_run(store: PgStore, make: Callable[[Any], Awaitable[Any]]) -> Any:
     return store._run(_on_writer(store, make))
+
+
+def test_a_lone_commit_spins_for_its_reply_and_a_group_does_not(pg_dsn: str) -> None:
+    """A one-plan group's commit arms the store's spin (and the reply, within a window longer than any commit here,
+    ends it as a hit); a group of many plans' rows goes without."""
+    store = hold(PgStore(pg_dsn, CLUSTER))
+    try:
+        store.lone_spin.window_s = 5.0
+        store.write([created("a", 1)])
+        spin = store.lone_spin
+        assert (spin.spins, spin.hits + spin.busy + spin.contended, spin.misses) == (1, 1, 0)
+        assert not spin.spinning
+        store.write([created(f"m{i}", 10 + i) for i in range(5)])
+        assert spin.spins == 1
+    finally:
+        store.close()
+
+
+def test_the_lone_spin_window_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLEETWIRE_PG_SPIN_US sets the window in µs; 0 turns it off; unset is the default; not a number: off, said."""
+    monkeypatch.setenv(postgres.LONE_SPIN_ENV, "250")
+    assert postgres.lone_spin_from_env() == pytest.approx(250e-6)
+    monkeypatch.setenv(postgres.LONE_SPIN_ENV, "0")
+    assert postgres.lone_spin_from_env() == 0.0
+    monkeypatch.delenv(postgres.LONE_SPIN_ENV)
+    assert postgres.lone_spin_from_env() == postgres.LONE_SPIN_S
+    monkeypatch.setenv(postgres.LONE_SPIN_ENV, "fast")
+    with pytest.warns(UserWarning, match="not a number"):
+        assert postgres.lone_spin_from_env() == 0.0
 
 
 def test_a_commit_statement_is_prepared_once_and_run_as_prepared(pg_dsn: str) -> None:

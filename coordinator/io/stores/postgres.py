@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,9 +71,10 @@ from coordinator.ledger import UsageRow
 from coordinator.records import Record, StoredPlan, UsageRows
 from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
+from wireio.spin import Spin
 
-__all__ = ["CONNECT_TIMEOUT_S", "SERVER_SETTINGS", "WRITER_SETTINGS", "PgStore", "PgStoreDamaged",
-           "describe_dsn", "ensure_indexes", "new_loop"]
+__all__ = ["CONNECT_TIMEOUT_S", "LONE_SPIN_ENV", "LONE_SPIN_S", "SERVER_SETTINGS", "WRITER_SETTINGS", "PgStore",
+           "PgStoreDamaged", "describe_dsn", "ensure_indexes", "lone_spin_from_env", "new_loop"]  # fmt: skip
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +100,30 @@ SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}  # PostgreSQL >= 12
 WRITER_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
 
 _KEYS = "SELECT nextval('fleetwire_plan_keys') FROM generate_series(1, $1::int)"
+
+# A lone commit's wait (issue #29, docs/PERFORMANCE.md §C29l): after sending a group of one row a part the loop has
+# nothing else to do until the reply (~0.2-0.4 ms: the server's executor and its WAL flush), and a loop asleep in
+# epoll on a VM whose idle vCPU halts pays the vCPU's wake-up when the reply comes. The store's own busy-poll
+# (wireio/spin.py's Spin, its own adaptive counts) polls the socket instead, for at most this window; it backs off
+# when the replies come later than that, when the loop was busy anyway, or when others need the core. Off by default
+# (0): on the shared 2-vCPU host it was not faster (§C29l: 1,000 µs with the contention back-off ignored, the lone
+# commit's p50 +16 to +38 µs in 4 runs of 5 at load 3-12; with the back-off it seldom ran); a quiet host's figure is
+# not measured yet.
+LONE_SPIN_S = 0.0
+LONE_SPIN_ENV = "FLEETWIRE_PG_SPIN_US"  # the window in µs (0: off)
+
+
+def lone_spin_from_env() -> float:
+    """The lone commit's spin window :data:`LONE_SPIN_ENV` asks for, in seconds (:data:`LONE_SPIN_S` when unset)."""
+    value = os.environ.get(LONE_SPIN_ENV, "").strip()
+    if not value:
+        return LONE_SPIN_S
+    try:
+        us = float(value)
+    except ValueError:  # said, not silently dropped: the busy-poll is off, the store goes on
+        warnings.warn(f"{LONE_SPIN_ENV}={value!r} is not a number of microseconds: the busy-poll is off", stacklevel=2)
+        return 0.0
+    return us / 1e6 if us > 0 else 0.0
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -224,6 +251,7 @@ class PgStore(PgRows):
         self.split_min_plans = _SPLIT_MIN_PLANS  # encode_ahead(split=True) splits a group of more plans (0: never)
         self.splitting = False  # the group encode_ahead made is split: its rest is encoded in write_async
         self.on_encoded: Callable[[], None] | None = None  # called once a split group's rest is on its way (committer)
+        self.lone_spin = Spin(lone_spin_from_env())  # the busy-poll while a lone commit is in flight (LONE_SPIN_S)
         self._prepared: dict[str, tuple[Any, Any]] = {}  # commit statement text -> _prepare's, on _prepared_conn
         self._prepared_conn: Any = None
         self._protocol: Any = None  # _prepared_conn's protocol (None: its statements run as PreparedStatement)
@@ -603,7 +631,17 @@ class PgStore(PgRows):
                         start += count
         parts = bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0])
         sql = commit_statement(*parts, lone, one_shard)
-        held = await self._fetch_held(conn, sql, args)
+        if lone:  # nothing else for the loop to do until the reply, most likely: poll for it awake (LONE_SPIN_S)
+            spin = self.lone_spin
+            spin.sent()
+            try:
+                held = await self._fetch_held(conn, sql, args)
+            except BaseException:
+                spin.stop()
+                raise
+            spin.received()
+        else:
+            held = await self._fetch_held(conn, sql, args)
         if len(held) != len(shards):
             lost = sorted(set(shards) - set(held))
             raise ShardFenced(

@@ -1,0 +1,111 @@
+"""Lone PostgreSQL commits, the busy-poll off and on in alternate blocks of one run (issue #29, §C29l).
+
+``python bench/pg_lone_commit.py --commits 2000 --spin-us 1000``: one tests/pg.py server, one PgStore on a uvloop
+loop, bench/store_bench.py's plan steps written one a commit through ``PgStore.write_async`` (the committer's path);
+blocks of ``--block`` commits alternate the store's lone-commit spin window between 0 and ``--spin-us``, so both modes
+see the same server, table sizes and minutes. Prints, for each mode: the commit's p50 and p90 (wall), this
+process's CPU a commit, the server's CPU a commit and the spin's counts (spins, hits, misses, busy, contended).
+``--dsn`` uses a running server instead; ``--shm`` puts the server's files on /dev/shm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import cluster_throughput as ct
+import store_bench
+
+from tests.pg import postgres_server
+from wireio.spin import Spin
+
+
+def _args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--commits", type=int, default=2000, help="lone commits in each mode")
+    parser.add_argument("--block", type=int, default=100, help="commits a block; the modes alternate by block")
+    parser.add_argument("--spin-us", type=float, default=1000.0, help="the 'on' mode's window")
+    parser.add_argument("--dsn", default=None, help="a database to use instead of a tests/pg.py server")
+    parser.add_argument("--ignore-contention", action="store_true",
+                        help="the spin does not back off when the thread was switched out (the mechanism alone, on a "
+                             "shared host)")  # fmt: skip
+    parser.add_argument("--shm", action="store_true",
+                        help="the server's files on /dev/shm (its fdatasync free: the client's side and the wake-ups "
+                             "alone); default the temporary directory's disk")  # fmt: skip
+    return parser.parse_args()
+
+
+async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[float, dict[str, Any]]:
+    await db.open_async()
+    plans = (2 * args.commits) // 4 + 60
+    steps = [s for n in range(plans) for s in store_bench.plan_steps(40_000_000 + n)]
+    for s in steps[:200]:  # warm: the statements prepared, their generic plans made
+        await db.write_async(s)
+    gc.collect()
+    gc.freeze()
+    modes = (0.0, args.spin_us / 1e6)
+    out: dict[float, dict[str, Any]] = {m: {"times": [], "cpu": 0.0, "pg": 0.0} for m in modes}
+    if args.ignore_contention:
+        db.lone_spin = Spin(switched=lambda: 0)
+    spin = db.lone_spin
+    counts = {m: [0, 0, 0, 0, 0] for m in modes}
+    i = 200
+    for block in range(2 * args.commits // args.block):
+        mode = modes[block % 2]
+        spin.window_s = mode
+        before = (spin.spins, spin.hits, spin.misses, spin.busy, spin.contended)
+        res = out[mode]
+        c0, pg0 = time.process_time(), ct._pg_cpu(server)
+        for s in steps[i : i + args.block]:
+            t = time.perf_counter()
+            await db.write_async(s)
+            res["times"].append(time.perf_counter() - t)
+        res["cpu"] += time.process_time() - c0
+        res["pg"] += ct._pg_cpu(server) - pg0
+        i += args.block
+        after = (spin.spins, spin.hits, spin.misses, spin.busy, spin.contended)
+        counts[mode] = [c + (a - b) for c, a, b in zip(counts[mode], after, before, strict=True)]
+    for mode, res in out.items():
+        res["counts"] = counts[mode]
+    await db.close_async()
+    return out
+
+
+def main() -> None:
+    args = _args()
+    with contextlib.ExitStack() as stack:
+        server = None
+        dsn = args.dsn
+        if dsn is None:
+            server = stack.enter_context(postgres_server(parent="/dev/shm" if args.shm else None))
+            dsn = server.new_database()
+        db = ct._open(dsn, Path("."))
+        import uvloop
+
+        try:
+            out = uvloop.run(_run(db, server, args))
+        finally:
+            db.close()
+    load = os.getloadavg()
+    where = "/dev/shm" if args.shm else "disk"
+    print(f"{Path.cwd()}: {args.commits} lone commits a mode, blocks of {args.block}, {where}, load {load[0]:.2f}")
+    for mode, res in out.items():
+        times = sorted(res["times"])
+        n = len(times)
+        spins, hits, misses, busy, contended = res["counts"]
+        print(f"  spin {mode * 1e6:6.0f} us: p50 {times[n // 2] * 1e3:.3f} ms, p90 {times[int(n * 0.9)] * 1e3:.3f} ms,"
+              f" client CPU {res['cpu'] / n * 1e6:.0f} us, server CPU {res['pg'] / n * 1e6:.0f} us a commit;"
+              f" spins {spins} hits {hits} misses {misses} busy {busy} contended {contended}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
