@@ -6,6 +6,11 @@ blocks of ``--block`` commits alternate the store's lone-commit spin window betw
 see the same server, table sizes and minutes. Prints, for each mode: the commit's p50 and p90 (wall), this
 process's CPU a commit, the server's CPU a commit and the spin's counts (spins, hits, misses, busy, contended).
 ``--dsn`` uses a running server instead; ``--shm`` puts the server's files on /dev/shm.
+
+``python bench/pg_lone_commit.py --callgrind``: the client's instructions a lone commit (callgrind, the spin off,
+``PYTHONHASHSEED=0``): this script's process writing 400 plans' 4 steps less one writing 100 plans', after the same
+200 warm-up commits, divided by 1,200 (docs/PERFORMANCE.md §C29j's "Later" and §C29l). From a compiled copy: run it
+with ``PYTHONPATH`` set to the copy, from the copy.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ import argparse
 import contextlib
 import gc
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +46,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--ignore-contention", action="store_true",
                         help="the spin does not back off when the thread was switched out (the mechanism alone, on a "
                              "shared host)")  # fmt: skip
+    parser.add_argument("--callgrind", action="store_true", help="instructions a lone commit (module docstring)")
+    parser.add_argument("--cg-plans", type=int, default=0, help=argparse.SUPPRESS)  # a --callgrind child's plans
     parser.add_argument("--shm", action="store_true",
                         help="the server's files on /dev/shm (its fdatasync free: the client's side and the wake-ups "
                              "alone); default the temporary directory's disk")  # fmt: skip
@@ -80,8 +90,48 @@ async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[float, di
     return out
 
 
+async def _cg_child(db: Any, plans: int) -> None:
+    """A --callgrind child: 200 warm-up commits, then ``plans`` plans' 4 steps, one a commit."""
+    await db.open_async()
+    steps = [s for n in range(50 + plans) for s in store_bench.plan_steps(30_000_000 + n)]
+    for s in steps[:200]:
+        await db.write_async(s)
+    gc.freeze()
+    for s in steps[200 : 200 + 4 * plans]:
+        await db.write_async(s)
+    await db.close_async()
+
+
+def callgrind() -> float:
+    """Instructions a lone commit, client side: 400 plans' commits less 100 plans', over 1,200 (module docstring)."""
+    counts = {}
+    with postgres_server(parent="/dev/shm") as server, tempfile.TemporaryDirectory() as tmp:
+        for plans in (100, 400):
+            env = {**os.environ, "PYTHONHASHSEED": "0", "FLEETWIRE_PG_SPIN_US": "0"}
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable, __file__,
+                   "--cg-plans", str(plans), "--dsn", server.new_database()]  # fmt: skip
+            out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env).stderr
+            found = re.search(r"Collected : (\d+)", out)
+            if found is None:
+                raise SystemExit(f"callgrind gave no count: {out[-2000:]}")
+            counts[plans] = int(found.group(1))
+    return (counts[400] - counts[100]) / 1200
+
+
 def main() -> None:
     args = _args()
+    if args.callgrind:
+        print(f"{Path.cwd()}: {callgrind():,.0f} instructions a lone commit (client side, callgrind)")
+        return
+    if args.cg_plans:
+        import uvloop
+
+        db = ct._open(args.dsn, Path("."))
+        try:
+            uvloop.run(_cg_child(db, args.cg_plans))
+        finally:
+            db.close()
+        return
     with contextlib.ExitStack() as stack:
         server = None
         dsn = args.dsn

@@ -631,8 +631,8 @@ class PgStore(PgRows):
                         start += count
         parts = bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0])
         sql = commit_statement(*parts, lone, one_shard)
-        if lone:  # nothing else for the loop to do until the reply, most likely: poll for it awake (LONE_SPIN_S)
-            spin = self.lone_spin
+        spin = self.lone_spin
+        if lone and spin.window_s:  # nothing else for the loop to do until the reply, most likely: poll awake
             spin.sent()
             try:
                 held = await self._fetch_held(conn, sql, args)
