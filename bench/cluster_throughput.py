@@ -100,6 +100,17 @@ def _children_cpu(pids: list[int]) -> float:
     return total
 
 
+async def _children_settled(pids: list[int], timeout_s: float = 60.0) -> None:
+    """Wait until the children of ``pids`` (the PostgreSQL writer children, started with a shard's first commit:
+    coordinator/io/stores/pg_writer.py) use no CPU for 0.3 s: their start (imports, connections) is not measured."""
+    deadline, last, still = time.monotonic() + timeout_s, -1.0, 0
+    while time.monotonic() < deadline and still < 6:
+        now = _children_cpu(pids)
+        still = still + 1 if now == last else 0
+        last = now
+        await asyncio.sleep(0.05)
+
+
 def _pg_pids(server: PostgresServer | None) -> list[int]:
     """The postmaster (first) and every process it started (backends, WAL writer, checkpointer...)."""
     if server is None:
@@ -470,6 +481,8 @@ async def measure(
             for client, pool in zip(clients, pools, strict=True):
                 for i in range(ns.warmup):
                     await (await client.submit("echo", args=i, tags=[f"pool:{pool}"] if pool else None)).result()
+            if os.environ.get("FLEETWIRE_PG_WRITER") == "process" and store.startswith("postgresql"):
+                await _children_settled(coordinator_pids)
             per_client = ns.plans // len(clients)
             plans = per_client * len(clients)
             wal0 = await _wal_mark(store)

@@ -143,7 +143,7 @@ async def test_the_loop_is_not_blocked_while_the_child_waits(pg: PgStore, pg_dsn
         assert released == ["first"] and not failures
         assert max(late) < 0.5
         await tr.rollback()
-        await until(lambda: released or failures, 30)
+        await until(lambda: len(released) == 2 or failures, 30)
     finally:
         await blocker.close()
     assert released == ["first", "slow"] and not failures
@@ -258,3 +258,27 @@ async def test_a_group_waits_behind_an_inline_commit_in_flight(pg: PgStore, pg_d
     assert committer.inline == 2 and committer.transactions == 1
     await committer.close()
     assert loaded(pg_dsn)["z"] == ("running", []) and len(loaded(pg_dsn)) == 41
+
+
+async def test_no_child_until_a_batch_and_a_lone_one_never_waits_for_its_start(pg: PgStore, pg_dsn: str) -> None:
+    """A started committer has no child until a batch is submitted (a cluster host has one a shard: 16 children at
+    once held a loaded host's registrations past a minute); a lone batch submitted before the store's own connection
+    is open waits for that connection and commits inline, not through the child; the child, started with it, gets
+    the inline commit's keys with its setup and commits the next group and a later update of that plan."""
+    released: list[Any] = []
+    failures: list[BaseException] = []
+    committer: ProcessCommitter[str] = ProcessCommitter(pg, released.append, failures.append)
+    committer.start()
+    await asyncio.sleep(0)
+    assert committer.pid is None
+    committer.submit([created("early"), event("early", 1)], "early")  # before the store's connection is open
+    assert committer.pid is not None and not committer.ready
+    await until(lambda: released or failures, 30)
+    assert released == ["early"] and not failures
+    assert committer.inline == 1 and committer.transactions == 0
+    committer.submit([*many("g"), PlanStatus("early", "running", attempt=1, worker_id="w", next_seq=2),
+                      event("early", 2)], "group")  # fmt: skip
+    await until(lambda: len(released) == 2 or failures, 30)
+    assert released == ["early", "group"] and not failures and committer.transactions == 1
+    await committer.close()
+    assert loaded(pg_dsn)["early"] == ("running", [1, 2])

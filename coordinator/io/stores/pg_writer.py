@@ -21,6 +21,12 @@ in submit order once their batch and every earlier one committed. Each batch goe
   (``PgStore.write_async``). Batches submitted while it is in flight wait for it and then go inline as one group
   if they are small, else to the child.
 
+Start: the child starts with the first batch submitted (not with the committer): a cluster host has a store, and
+so a committer, for each shard it serves (16 by default), and a shard that never commits needs no child (16 Python
+children and 32 connections started at once held a loaded host's registrations past a minute: docs/PERFORMANCE.md
+§C29k, "Later"). Until the store's own connection is open every batch waits for the inline task, which then commits
+it inline or sends it to the child by the rules above: a lone commit never waits for the child's start.
+
 Order: never both at once. A batch goes inline only when every batch sent to the child was answered, and no batch
 goes to the child while an inline commit is in flight (it waits behind it): a later group never overtakes an
 earlier one, and each side encodes with the other's rows committed.
@@ -158,18 +164,25 @@ class ProcessCommitter(Backlog[T]):
         store.applied = []  # the inline commits' keys, for the child (postgres.py PgStore.apply_committed)
 
     def start(self) -> None:
-        """Start the child (its setup: the store's DSN, cluster, fence and keys) and the inline commit task."""
-        if self.child is not None or self.failed is not None:
+        """Start the inline commit task; the child starts with the first batch (module docstring, "Start")."""
+        if self._loop is not None or self.failed is not None:
             return
-        loop = self._loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
+        self._busy = True  # until the store's own connection is open, batches wait for the inline task
+        self._task = self._loop.create_task(self._inline_forever(), name="fleetwire-pg-inline")
+
+    def _spawn(self) -> bool:
+        """Start the child (its setup: the store's DSN, cluster, fence and keys now); False: it could not start."""
+        loop = self._loop
+        assert loop is not None
         try:
             child = self.child = ChildProcess(
                 [sys.executable, "-m", "coordinator.io.stores.pg_writer_child", str(os.getpid())],
                 python_path=str(Path(__file__).resolve().parents[3]),
             )
         except OSError as exc:
-            self.fail(StoreError(f"cannot start the store's writer process: {exc}"))
-            return
+            self._fail(StoreError(f"cannot start the store's writer process: {exc}"))
+            return False
         os.set_blocking(child.stdin_fd, False)
         os.set_blocking(child.stdout_fd, False)
         self._requests, self._replies = RequestWriter(child.stdin_fd), ReplyReader(child.stdout_fd)
@@ -180,16 +193,19 @@ class ProcessCommitter(Backlog[T]):
         setup = msgspec.msgpack.encode([store.dsn, cluster.name, cluster.shards, list(cluster.partitions), store.owner,
                                         sorted(store.fence.items()), *store.write_keys,
                                         pg_env])  # fmt: skip
+        store.applied = []  # the inline commits' keys so far are in the setup's
         self._fence = store.owner, store.fence
         self._write([REQUEST_HEADER.pack(len(setup), GROUP), setup])
         loop.add_reader(child.stdout_fd, self._readable)
-        self._task = loop.create_task(self._inline_forever(), name="fleetwire-pg-inline")
+        return True
 
     # ------------------------------------------------------------------ submit: inline or to the child
 
     def submit(self, records: Sequence[Record], payload: T, size: int = 0) -> None:
         """Commit ``records``; release ``payload`` once they (and everything before) are durable."""
         if self.failed is not None:
+            return
+        if self.child is None and self._loop is not None and not self._spawn():
             return
         self.batches += 1
         ticket = self.queued(payload, size)
@@ -276,6 +292,9 @@ class ProcessCommitter(Backlog[T]):
             applied = store.applied
             if applied:  # its keys reach the child before any later group (module docstring)
                 store.applied = []
+                if self._requests is None:  # no child yet: it starts with the store's keys
+                    self.committed(ticket)
+                    continue
                 body = self._encoder.encode(deltas_of(applied))
                 self._write([REQUEST_HEADER.pack(len(body), KEYS), body])
             self.committed(ticket)
@@ -357,6 +376,8 @@ class ProcessCommitter(Backlog[T]):
     def _lost(self, why: str) -> None:
         self._stop_serving()
         child = self.child
+        if child is not None:
+            child.when_ended()  # reaped once it ends (a failed committer may never be closed)
         status = child.ended() if child is not None else None
         self._fail(StoreError(f"the store's writer process for {self.store.description} was lost ({why}; "
                               f"{status or 'still running'})"))  # fmt: skip
@@ -383,8 +404,7 @@ class ProcessCommitter(Backlog[T]):
     async def close(self) -> None:
         """Wait for every batch's commit, then close the child (SIGKILL after :data:`CLOSE_TIMEOUT_S`) and the
         store's own connection."""
-        child = self.child
-        if child is None:
+        if self._loop is None:
             return
         self._closing = True
         self._kick()
@@ -400,18 +420,19 @@ class ProcessCommitter(Backlog[T]):
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(self._requests.flush, CLOSE_TIMEOUT_S)
         self._stop_serving()
-        self.child = None
-        if not await asyncio.to_thread(child.wait, CLOSE_TIMEOUT_S):
-            child.kill()
-            await asyncio.to_thread(child.wait, CLOSE_TIMEOUT_S)
-        child.close_pipes()
+        child, self.child, self._loop = self.child, None, None
+        if child is not None:
+            if not await asyncio.to_thread(child.wait, CLOSE_TIMEOUT_S):
+                child.kill()
+                await asyncio.to_thread(child.wait, CLOSE_TIMEOUT_S)
+            child.close_pipes()
         self.store.applied = None
         await self.store.close_async()
 
     @property
     def ready(self) -> bool:
-        """The child answered ready and the store's own connection is open (inline commits may go)."""
-        return self._ready and self._inline_ok
+        """The store's own connection is open (inline commits may go); the child, if started, answered ready."""
+        return self._inline_ok and (self.child is None or self._ready)
 
     @property
     def pid(self) -> int | None:
