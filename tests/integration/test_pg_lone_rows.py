@@ -83,3 +83,21 @@ def test_a_lone_updates_generic_plan_reaches_plans_by_key_whatever_the_table_hel
     assert "$" in plan, plan  # the generic plan (parameters unbound), not one made for these values
     assert "Index Scan using fleetwire_plans_pkey on fleetwire_plans" in plan, plan
     assert "Seq Scan on fleetwire_plans" not in plan and "ProjectSet" in plan, plan
+
+
+def test_an_inline_run_whose_chain_memory_lacks_is_chained_after_the_stored_checksum(pg_dsn: str) -> None:
+    """A plan's inline events whose running checksum the store does not hold in memory (the database's alone) are
+    chained after the one the database holds, read before the commit: the plan loads back whole, not damaged."""
+    store = hold(PgStore(pg_dsn, CLUSTER))
+    try:
+        store.write([created("a", 1), event("a", 1, "first")])
+        assert store._events_crc.pop("a")  # as a plan whose chain only the database holds
+        store.write([event("a", 2, "second")])
+        store.write([event("a", 3, "third")])  # chained in memory again
+        store.close()
+        again = PgStore(pg_dsn, CLUSTER)
+        plans = again.load()
+        again.close()
+    finally:
+        store.close()
+    assert [(e.seq, e.data) for e in plans[0].events] == [(1, "first"), (2, "second"), (3, "third")]

@@ -122,3 +122,18 @@ def test_grid_folds_columns_into_rows_of_about_sqrt_n_padded_with_none() -> None
     assert folded == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, None, None]],
                       [list("abcd"), list("efgh"), ["i", "j", None, None]]]  # fmt: skip
     assert columns([], 3) == [[], [], []] and columns([(1, "x"), (2, "y")], 2) == [[1, 2], ["x", "y"]]
+
+
+def test_a_plan_with_only_a_run_or_only_a_status_in_the_group_gets_its_update_row() -> None:
+    """encode_rows walks every plan of the group's runs and statuses: one plan's run and another's status, as many
+    runs as statuses, each get their update row; a lone update (its run and status) one row; no new row, no key."""
+    rows = Rows()
+    rows.commit([_created("a", 0), PlanStatus("a", "queued"), _created("b", 1), PlanStatus("b", "queued")])
+    group = rows.commit([_event("a", 1), PlanStatus("b", "leased", attempt=1, next_seq=2)])
+    assert sorted((r[0], r[1], r[4]) for r in _rows(group.rows[1])) == [(100, 1, None), (101, 0, "leased")]
+    assert group.fresh == {} and group.rows[0] == [[] for _ in range(14)] and rows.next_key == 102
+    group = rows.commit([_event("b", 1), PlanStatus("b", "running", attempt=1, next_seq=3)])
+    assert [(r[0], r[1], r[4]) for r in _rows(group.rows[1])] == [(101, 1, "running")]
+    empty = columns([], 3)
+    empty[0].append(1)  # grid() pads a column in place: each empty column is a list of its own
+    assert empty == [[1], [], []]

@@ -26,6 +26,7 @@ __all__ = ["INLINE_MAX_BYTES", "INLINE_MAX_SEQ", "PgRows", "RowGroup", "columns"
 
 crc = zlib.crc32
 _Part = tuple["RowGroup", list[int]]  # a group and its new keys
+_NO_ROW: list[tuple[Any, ...]] = [()]  # columns(): an empty column each
 
 INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its own row
 INLINE_MAX_BYTES = 512
@@ -85,8 +86,8 @@ def split_group(group: RowGroup, fresh_keys: list[int]) -> tuple[_Part, _Part]:
 def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
     """``rows`` as one list per column (``width`` empty lists when there is none)."""
     if not rows:
-        return [[] for _ in range(width)]
-    return [list(column) for column in zip(*rows, strict=True)]
+        return list(map(list, _NO_ROW * width))
+    return list(map(list, zip(*rows, strict=True)))  # map, no comprehension: a lone group's row costs less
 
 
 def grid(columns: list[list[Any]]) -> list[Any]:
@@ -128,10 +129,13 @@ class PgRows:
         plans first (:meth:`_new_rows`), then the others (:meth:`_updated_rows`): no test of which a row is, per row.
         """
         created, latest, runs = group.created, group.latest, group.runs
-        fresh = group.fresh = dict(zip(group.fresh_ids, fresh_keys, strict=True))
-        fresh_shards = group.fresh_shards = {p: self._submit_shard(created[p].submit) for p in fresh}
+        fresh, fresh_shards = group.fresh, group.fresh_shards  # empty unless the group creates plans
+        if group.fresh_ids:
+            fresh = group.fresh = dict(zip(group.fresh_ids, fresh_keys, strict=True))
+            fresh_shards = group.fresh_shards = {p: self._submit_shard(created[p].submit) for p in fresh}
         touched: Iterable[str] = latest
-        if len(runs) > len(latest) or fresh.keys() - latest.keys() or runs.keys() - latest.keys():
+        # (no set made for a lone update's test: its one run's plan is its status's)
+        if len(runs) > len(latest) or (fresh and fresh.keys() - latest.keys()) or not runs.keys() <= latest.keys():
             touched = {**fresh, **latest, **runs}
         chained_now: dict[str, int] = {}  # applied once committed, like the keys
         ended: list[str] = []

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import operator
 import os
 import threading
 import warnings
@@ -111,6 +112,9 @@ _KEYS = "SELECT nextval('fleetwire_plan_keys') FROM generate_series(1, $1::int)"
 # not measured yet.
 LONE_SPIN_S = 0.0
 LONE_SPIN_ENV = "FLEETWIRE_PG_SPIN_US"  # the window in µs (0: off)
+
+
+_first = operator.itemgetter(0)  # a lone group's column -> its one value (_commit)
 
 
 def lone_spin_from_env() -> float:
@@ -482,7 +486,9 @@ class PgStore(PgRows):
                 await self._send_split(conn, group, *group.rest)
             return
         group = self._gather(records)
-        await self._encoded(conn, group, await self._take_keys(conn, len(group.fresh_ids)))
+        keys = await self._take_keys(conn, len(group.fresh_ids)) if group.fresh_ids else []
+        if self.encode_rows(group, keys, {}):  # a chained checksum only the database holds: read, encoded again
+            await self._encoded(conn, group, keys)
         await self._send(conn, group)
         self.apply_committed(group)
 
@@ -562,9 +568,11 @@ class PgStore(PgRows):
         created, latest, runs, forgotten = group_records(records, self._usage)
         keys, shards_of = self._keys, self._shards
         group = RowGroup(records, created, latest, runs, forgotten)
-        group.doomed = [keys[p] for p in forgotten if p in keys]
-        group.shards = {shards_of[p] for p in forgotten if p in shards_of}
-        group.fresh_ids = [p for p in created if p not in keys or p in forgotten]
+        if forgotten:  # else RowGroup's empty ones (no comprehension's frame for a lone group)
+            group.doomed = [keys[p] for p in forgotten if p in keys]
+            group.shards = {shards_of[p] for p in forgotten if p in shards_of}
+        if created:
+            group.fresh_ids = [p for p in created if p not in keys or p in forgotten]
         return group
 
     async def _send(self, conn: Any, group: RowGroup, *, whole: bool = True) -> None:
@@ -579,13 +587,14 @@ class PgStore(PgRows):
         if not touched_shards:
             touched_shards = set(self.fence)  # nothing to write: still proves the lease (no stale replies)
         fence = self.fence
-        missing = sorted(touched_shards - fence.keys())
-        if missing or not fence:
+        if not fence or not touched_shards <= fence.keys():  # (no set made when all are held)
+            missing = sorted(touched_shards - fence.keys())
             raise ShardFenced(f"this coordinator does not hold shard(s) {missing or 'any'}; the write was refused")
         shards = sorted(touched_shards)
         rows = group.rows
         if usage is None:
-            await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, rows[0], rows[1], rows[2])
+            epochs = list(map(fence.__getitem__, shards))  # (no comprehension's frame)
+            await self._commit(conn, shards, epochs, group.doomed, rows[0], rows[1], rows[2])
         else:  # at most once a tick: the group's statement (its fence first) and the ledger's rows, one transaction
             self._usage = []
             try:
@@ -620,7 +629,7 @@ class PgStore(PgRows):
         if lone:
             for rows in (new_rows, upd_rows, ev_rows):
                 if rows[0]:
-                    args += [column[0] for column in rows]
+                    args += map(_first, rows)  # each column's one value (no comprehension's frame)
         else:
             for rows, counts in ((new_rows, PART_COLUMNS["created"]), (upd_rows, PART_COLUMNS["changed"]),
                                  (ev_rows, PART_COLUMNS["runs"])):  # fmt: skip
