@@ -288,11 +288,14 @@ def commit_callgrind() -> float:
                 env = {**h.bench_env(), "FW_BENCH_DSN": server.new_database(), "PYTHONHASHSEED": "0"}
                 cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", sys.executable,
                        __file__, "--commit-path", str(blocks), *([] if writes else ["--no-writes"])]  # fmt: skip
-                out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, cwd=h.ROOT).stderr
+                run = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, cwd=h.ROOT)
+                out = run.stderr
                 found = re.search(r"Collected : (\d+)", out)
-                if found is None:
-                    raise SystemExit(f"callgrind gave no count: {out[-500:]}")
+                if found is None or run.returncode:  # a run that failed part way counts less: no figure
+                    raise SystemExit(f"callgrind gave no count (exit {run.returncode}): {out[-500:]}")
                 counts[blocks, writes] = int(found.group(1))
+                print(f"  {blocks * GROUP_BLOCK} plans, {'with' if writes else 'without'} the writes: "
+                      f"{counts[blocks, writes]:,} instructions", file=sys.stderr)
     path_ir = (counts[8, True] - counts[2, True]) - (counts[8, False] - counts[2, False])
     return path_ir / (6 * GROUP_BLOCK)
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from coordinator.io.cluster.leases import ShardFenced
@@ -282,3 +283,39 @@ async def test_no_child_until_a_batch_and_a_lone_one_never_waits_for_its_start(p
     assert released == ["early", "group"] and not failures and committer.transactions == 1
     await committer.close()
     assert loaded(pg_dsn)["early"] == ("running", [1, 2])
+
+
+def test_the_compact_deltas_leave_the_keys_as_the_groups_left_them() -> None:
+    """deltas_of's compact form (arrays of keys, shards and checksums), applied by apply_deltas, leaves the keys
+    pg_rows.py's apply_committed leaves: new plans, forgotten ones, moved and ended checksums, in order."""
+    from coordinator.io.stores.pg_rows import PgRows, RowGroup
+    from coordinator.io.stores.pg_writer import apply_deltas, deltas_of
+
+    class Keys:
+        def __init__(self) -> None:
+            self._keys = {"old": 1, "gone": 2}
+            self._shards = {"old": 0, "gone": 5}
+            self._events_crc = {"old": 7, "gone": 8}
+
+        @property
+        def write_keys(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+            return self._keys, self._shards, self._events_crc
+
+    def group(fresh: dict[str, int], shards: dict[str, int], forgotten: set[str], chained: dict[str, int],
+              ended: list[str]) -> RowGroup:  # fmt: skip
+        g = RowGroup((), {}, {}, {}, forgotten)
+        g.fresh, g.fresh_shards, g.rows = fresh, shards, ([], [], [], chained, set(), ended)
+        return g
+
+    groups = [
+        group({"a": 10, "b": 2**40}, {"a": 3, "b": 15}, {"gone"}, {"old": 4_294_967_295, "a": 0}, []),
+        group({}, {}, set(), {"b": 9}, ["old", "a"]),
+        group({"gone": 11}, {"gone": 1}, set(), {}, []),
+    ]
+    expected, got = Keys(), Keys()
+    for g in groups:
+        PgRows.apply_committed(expected, g)  # type: ignore[arg-type]
+    apply_deltas(got, msgspec.msgpack.encode(deltas_of(groups)))
+    assert got.write_keys == expected.write_keys
+    assert got.write_keys == ({"old": 1, "a": 10, "b": 2**40, "gone": 11}, {"old": 0, "a": 3, "b": 15, "gone": 1},
+                              {"b": 9})  # fmt: skip

@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,7 +63,7 @@ from coordinator.io.stores.backlog import Backlog
 from coordinator.io.stores.child_process import ChildProcess
 from coordinator.io.stores.integrity import StoreError
 from coordinator.io.stores.pg_commit import RECONNECT_CAP_S, RECONNECT_FIRST_S
-from coordinator.io.stores.pg_rows import PgRows, RowGroup
+from coordinator.io.stores.pg_rows import RowGroup
 from coordinator.io.stores.writer_pipes import ReplyReader, RequestWriter
 from coordinator.io.stores.writer_wire import CLOSE, FAILED, KEYS, REQUEST_HEADER, encode_group
 from coordinator.records import Record
@@ -82,23 +83,49 @@ INLINE_MAX_RECORDS: Final = 32  # a batch this small goes inline when the child 
 CLOSE_TIMEOUT_S: Final = 10.0
 MODE_ENV: Final = "FLEETWIRE_PG_WRITER"  # process: this committer (postgres.py PgStore.make_committer)
 
-# One group's write-side keys as it applied them (pg_rows.py PgRows.apply_committed): new keys, their shards, the
-# forgotten plans, the chained checksums now, the plans ended.
-_Delta = tuple[dict[str, int], dict[str, int], list[str], dict[str, int], list[str]]
+# One group's write-side keys as it applied them (pg_rows.py PgRows.apply_committed), compact: the new plans, their
+# keys and shards (int64 arrays in their order), the forgotten plans, the plans whose chained checksum moved and the
+# checksums (an int64 array), the plans ended. The arrays cost the reader one object each, not one a plan
+# (docs/PERFORMANCE.md §C29k, "Later").
+_Delta = tuple[list[str], bytes, bytes, list[str], list[str], bytes, list[str]]
 _decode_deltas = msgspec.msgpack.Decoder(list[_Delta]).decode
 
 
 def deltas_of(groups: Sequence[RowGroup]) -> list[_Delta]:
     """What ``groups`` applied to the write-side keys, in order (the other side applies it: :func:`apply_deltas`)."""
-    return [(g.fresh, g.fresh_shards, list(g.forgotten), g.rows[3], g.rows[5]) for g in groups]
+    out: list[_Delta] = []
+    for g in groups:
+        fresh, chained = g.fresh, g.rows[3]
+        fresh_ids = list(fresh)
+        out.append((fresh_ids, array("q", fresh.values()).tobytes(),
+                    array("q", map(g.fresh_shards.__getitem__, fresh_ids)).tobytes(), list(g.forgotten),
+                    list(chained), array("q", chained.values()).tobytes(), list(g.rows[5])))  # fmt: skip
+    return out
 
 
-def apply_deltas(store: PgRows, body: bytes) -> None:
-    """The other side's groups' keys (msgpack of :func:`deltas_of`) applied as its commits applied them."""
-    for fresh, fresh_shards, forgotten, chained, ended in _decode_deltas(body):
-        group = RowGroup((), {}, {}, {}, set(forgotten))
-        group.fresh, group.fresh_shards, group.rows = fresh, fresh_shards, ([], [], [], chained, set(), ended)
-        PgRows.apply_committed(store, group)  # the base's: not recorded again (postgres.py PgStore.applied)
+class _Keyed(Protocol):
+    """A store's write-side keys (postgres.py ``PgStore.write_keys``)."""
+
+    @property
+    def write_keys(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]: ...
+
+
+def apply_deltas(store: _Keyed, body: bytes) -> None:
+    """The other side's groups' keys (msgpack of :func:`deltas_of`) applied as its commits applied them (in the
+    order of pg_rows.py ``PgRows.apply_committed``; not recorded in postgres.py ``PgStore.applied``)."""
+    keys, shards_of, chained = store.write_keys
+    for fresh, fresh_keys, fresh_shards, forgotten, moved, checksums, ended in _decode_deltas(body):
+        for plan_id in forgotten:
+            keys.pop(plan_id, None)
+            shards_of.pop(plan_id, None)
+            chained.pop(plan_id, None)
+        if moved:
+            chained.update(zip(moved, array("q", checksums), strict=True))
+        for plan_id in ended:
+            chained.pop(plan_id, None)
+        if fresh:
+            keys.update(zip(fresh, array("q", fresh_keys), strict=True))
+            shards_of.update(zip(fresh, array("q", fresh_shards), strict=True))
 
 
 class WriterSource(Protocol):
@@ -345,7 +372,7 @@ class ProcessCommitter(Backlog[T]):
                 continue
             if body:
                 try:
-                    apply_deltas(self.store, body)  # type: ignore[arg-type]
+                    apply_deltas(self.store, body)
                 except (msgspec.DecodeError, ValueError, TypeError) as exc:
                     self._lost(f"a garbled reply: {exc}")
                     return
