@@ -147,6 +147,8 @@ class WriterSource(Protocol):
 
     async def write_async(self, records: Sequence[Record]) -> None: ...
 
+    def ring(self, records: Sequence[Record]) -> None: ...
+
     async def close_async(self) -> None: ...
 
 
@@ -186,8 +188,9 @@ class ProcessCommitter(Backlog[T]):
         self._wake: asyncio.Future[None] | None = None  # the inline task waits on it while nothing is held
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        # A shard's store rings the cluster's doorbell after each commit (coordinator/io/cluster/cores.py ShardPgStore).
-        self._ring: Callable[[Sequence[Record]], None] | None = getattr(store, "ring", None)
+        # A shard's store rings the cluster's doorbell after each commit (coordinator/io/cluster/cores.py ShardPgStore;
+        # PgStore's does nothing): the child's groups do not pass through its write_async, so the committer rings.
+        self._ring: Callable[[Sequence[Record]], None] = store.ring
         store.applied = []  # the inline commits' keys, for the child (postgres.py PgStore.apply_committed)
 
     def start(self) -> None:
@@ -392,8 +395,7 @@ class ProcessCommitter(Backlog[T]):
         ticket = 0
         for _ in range(count):
             ticket, records = sent.popleft()
-            if ring is not None:
-                ring(records)
+            ring(records)
         self.transactions += 1
         if ticket:
             self.committed(ticket)

@@ -756,6 +756,10 @@ class PgStore(PgRows):
             return ProcessCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)  # type: ignore[return-value]
         return PipelinedCommitter(self, release, on_failure, max_backlog_bytes=max_backlog_bytes)
 
+    def ring(self, records: Sequence[Record]) -> None:
+        """Told of each group a writer child committed (pg_writer.py): nothing here; a shard's store rings the
+        cluster's doorbell (coordinator/io/cluster/cores.py ``ShardPgStore``)."""
+
     def apply_committed(self, group: RowGroup) -> None:
         """pg_rows.py's, and the group kept in :attr:`applied` while a writer child's committer reads it."""
         super().apply_committed(group)
