@@ -108,6 +108,34 @@ class AsyncStore(Protocol):
     async def close_async(self) -> None: ...
 
 
+class Reopened(Protocol):
+    """What :func:`reopen` uses of a store."""
+
+    description: str
+
+    async def open_async(self, on_lost: Callable[[], None] | None = None) -> None: ...
+
+
+async def reopen(store: Reopened, on_lost: Callable[[], None], stopped: Callable[[], bool]) -> bool:
+    """Open ``store``'s connection again (``on_lost`` told when it closes), retrying from :data:`RECONNECT_FIRST_S`,
+    doubling up to :data:`RECONNECT_CAP_S`, until it opens (True) or ``stopped()`` (False). One warning when the
+    first try fails and one when it opens (the committers' ``_reopen``: this module's and pg_writer.py's)."""
+    delay, logged = RECONNECT_FIRST_S, False
+    while not stopped():
+        try:
+            await store.open_async(on_lost)
+        except Exception as exc:
+            if not logged:
+                log.warning("store connection lost; reconnecting", store=store.description, error=str(exc))
+                logged = True
+            await asyncio.sleep(delay)
+            delay = min(RECONNECT_CAP_S, delay * 2)
+            continue
+        log.warning("store connection reopened", store=store.description)
+        return True
+    return False
+
+
 class PipelinedCommitter(Backlog[T]):
     """Commits record batches through ``store`` on the running loop, one group in flight at a time.
 
@@ -289,20 +317,8 @@ class PipelinedCommitter(Backlog[T]):
         submitted meanwhile wait (their frames with them). Tries until a host accepts the
         connection or the core stops (its lease lapsed: the cluster host stops it).
         """
-        delay = RECONNECT_FIRST_S
-        logged = False
-        while not self._closing:
-            try:
-                await self.store.open_async(self._kick)
-            except Exception as exc:
-                if not logged:
-                    log.warning("store connection lost; reconnecting", store=self.store.description, error=str(exc))
-                    logged = True
-                await asyncio.sleep(delay)
-                delay = min(RECONNECT_CAP_S, delay * 2)
-                continue
+        if await reopen(self.store, self._kick, lambda: self._closing):
             self.reconnects += 1
-            log.warning("store connection reopened", store=self.store.description)
             return True
         if self._batches or self._next is not None:  # closing with batches that could not be written
             self._fail(ConnectionError(f"the store {self.store.description} stayed away; {self.pending} "

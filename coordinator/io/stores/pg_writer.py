@@ -62,7 +62,7 @@ from coordinator.io.cluster.leases import ShardFenced
 from coordinator.io.stores.backlog import Backlog
 from coordinator.io.stores.child_process import ChildProcess
 from coordinator.io.stores.integrity import StoreError
-from coordinator.io.stores.pg_commit import RECONNECT_CAP_S, RECONNECT_FIRST_S
+from coordinator.io.stores.pg_commit import reopen
 from coordinator.io.stores.pg_rows import RowGroup
 from coordinator.io.stores.writer_pipes import ReplyReader, RequestWriter
 from coordinator.io.stores.writer_wire import CLOSE, FAILED, KEYS, REQUEST_HEADER, encode_group
@@ -340,20 +340,7 @@ class ProcessCommitter(Backlog[T]):
     async def _reopen(self) -> bool:
         """The store's connection was lost with no inline commit in flight: open a new one (batches go to the child
         meanwhile; as pg_commit.py ``PipelinedCommitter._reopen``)."""
-        delay, logged = RECONNECT_FIRST_S, False
-        while not self._closing and self.failed is None:
-            try:
-                await self.store.open_async(self._kick)
-            except Exception as exc:
-                if not logged:
-                    log.warning("store connection lost; reconnecting", store=self.store.description, error=str(exc))
-                    logged = True
-                await asyncio.sleep(delay)
-                delay = min(RECONNECT_CAP_S, delay * 2)
-                continue
-            log.warning("store connection reopened", store=self.store.description)
-            return True
-        return False
+        return await reopen(self.store, self._kick, lambda: self._closing or self.failed is not None)
 
     # ------------------------------------------------------------------ the child's replies
 
