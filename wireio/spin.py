@@ -61,16 +61,16 @@ CONTENDED_FIRST_SKIP: Final = 8
 CONTENDED_SKIP: Final = 256
 
 
-def window_from_env(default_s: float = SPIN_WINDOW_S) -> float:
-    """The spin window :data:`ENV` asks for, in seconds; ``default_s`` when unset; 0 when off or unreadable (with a
-    warning that names the value)."""
-    value = os.environ.get(ENV)
+def window_from_env(default_s: float = SPIN_WINDOW_S, env: str = ENV) -> float:
+    """The spin window the variable ``env`` (:data:`ENV` unless told) asks for, in µs, as seconds; ``default_s`` when
+    unset; 0 when off or unreadable (with a warning that names the value)."""
+    value = os.environ.get(env)
     if value is None or not value.strip():
         return default_s
     try:
         us = float(value)
     except ValueError:  # said, not silently dropped: the busy-poll is off, the process goes on
-        warnings.warn(f"{ENV}={value!r} is not a number of microseconds: the busy-poll is off", stacklevel=2)
+        warnings.warn(f"{env}={value!r} is not a number of microseconds: the busy-poll is off", stacklevel=2)
         return 0.0
     return us / 1e6 if us > 0 else 0.0
 

@@ -40,9 +40,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import operator
-import os
 import threading
-import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -72,7 +70,7 @@ from coordinator.ledger import UsageRow
 from coordinator.records import Record, StoredPlan, UsageRows
 from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
-from wireio.spin import Spin
+from wireio.spin import Spin, window_from_env
 
 __all__ = ["CONNECT_TIMEOUT_S", "LONE_SPIN_ENV", "LONE_SPIN_S", "SERVER_SETTINGS", "WRITER_SETTINGS", "PgStore",
            "PgStoreDamaged", "describe_dsn", "ensure_indexes", "lone_spin_from_env", "new_loop"]  # fmt: skip
@@ -99,6 +97,8 @@ def protocol_call_known(version: str) -> bool:
         return (int(parts[0]), int(parts[1])) in PROTOCOL_CALL_RELEASES
     except (ValueError, IndexError):
         return False
+
+
 # The lease and view connections plan every statement for its own parameters. Left to itself,
 # after five runs PostgreSQL would switch a prepared statement to a generic plan made while
 # fleetwire_plans was nearly empty (a hash join over a full scan for the UPDATE of a few plans by
@@ -131,16 +131,9 @@ _first = operator.itemgetter(0)  # a lone group's column -> its one value (_comm
 
 
 def lone_spin_from_env() -> float:
-    """The lone commit's spin window :data:`LONE_SPIN_ENV` asks for, in seconds (:data:`LONE_SPIN_S` when unset)."""
-    value = os.environ.get(LONE_SPIN_ENV, "").strip()
-    if not value:
-        return LONE_SPIN_S
-    try:
-        us = float(value)
-    except ValueError:  # said, not silently dropped: the busy-poll is off, the store goes on
-        warnings.warn(f"{LONE_SPIN_ENV}={value!r} is not a number of microseconds: the busy-poll is off", stacklevel=2)
-        return 0.0
-    return us / 1e6 if us > 0 else 0.0
+    """The lone commit's spin window :data:`LONE_SPIN_ENV` asks for, in seconds (:data:`LONE_SPIN_S` when unset; 0,
+    with a warning, when it is not a number: wireio/spin.py ``window_from_env``)."""
+    return window_from_env(LONE_SPIN_S, LONE_SPIN_ENV)
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
