@@ -511,12 +511,10 @@ class Agent:
                 return None
         except TimeoutError:  # upgraded, then no answer to hello (overloaded, stuck): run() backs off and redials
             self._dialer.dial_ended(url, timed_out=True)  # a hung handshake: to the back of the turn
-            if timeout_s < self.settings.handshake_timeout_s:
-                self._log.error("no welcome from the coordinator within --reconnect-dial-timeout after hello; "
-                                "reconnecting", url=url, timeout_s=timeout_s)  # fmt: skip
-            else:
-                self._log.error("no welcome from the coordinator within --handshake-timeout after hello; reconnecting",
-                                url=url, timeout_s=timeout_s)  # fmt: skip
+            shorter = timeout_s < self.settings.handshake_timeout_s  # a cluster reconnect's bound (handshake.py)
+            flag = "--reconnect-dial-timeout" if shorter else "--handshake-timeout"
+            self._log.error(f"no welcome from the coordinator within {flag} after hello; reconnecting",
+                            url=url, timeout_s=timeout_s)  # fmt: skip
             await ws.close()
             return None
         except ConnectionClosed as exc:
