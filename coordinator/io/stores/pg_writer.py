@@ -249,11 +249,7 @@ class ProcessCommitter(Backlog[T]):
         self._busy = True
         self._held.append((ticket, records))
         self._held_records = len(records)
-        wake = self._wake
-        if wake is not None:
-            self._wake = None
-            if not wake.done():
-                wake.set_result(None)
+        self._kick()
 
     def _to_child(self, ticket: int, records: Sequence[Record]) -> None:
         store = self.store
@@ -322,15 +318,14 @@ class ProcessCommitter(Backlog[T]):
             applied = store.applied
             if applied:  # its keys reach the child before any later group (module docstring)
                 store.applied = []
-                if self._requests is None:  # no child yet: it starts with the store's keys
-                    self.committed(ticket)
-                    continue
-                body = self._encoder.encode(deltas_of(applied))
-                self._write([REQUEST_HEADER.pack(len(body), KEYS), body])
+                if self._requests is not None:  # else no child yet: it starts with the store's keys
+                    body = self._encoder.encode(deltas_of(applied))
+                    self._write([REQUEST_HEADER.pack(len(body), KEYS), body])
             self.committed(ticket)
 
     def _kick(self) -> None:
-        """The store's connection closed under it: wake the task, which reopens it."""
+        """Wake the inline task: a batch to commit inline (:meth:`submit`), or the store's connection closed under it
+        (the task reopens it)."""
         wake = self._wake
         if wake is not None:
             self._wake = None
