@@ -4,7 +4,9 @@
 loop, bench/store_bench.py's plan steps written one a commit through ``PgStore.write_async`` (the committer's path);
 blocks of ``--block`` commits alternate the store's lone-commit spin window between 0 and ``--spin-us``, so both modes
 see the same server, table sizes and minutes. Prints, for each mode: the commit's p50 and p90 (wall), this
-process's CPU a commit, the server's CPU a commit and the spin's counts (spins, hits, misses, busy, contended).
+process's CPU a commit, the server's CPU a commit (all its processes, in clock ticks), the writer backend's alone
+(its ``/proc/PID/schedstat``, ns: the statement, its commit and the socket's side; a server on this host only) and
+the spin's counts (spins, hits, misses, busy, contended).
 ``--dsn`` uses a running server instead; ``--shm`` puts the server's files on /dev/shm.
 
 ``python bench/pg_lone_commit.py --callgrind``: the client's instructions a lone commit (callgrind, the spin off,
@@ -63,7 +65,8 @@ async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[float, di
     gc.collect()
     gc.freeze()
     modes = (0.0, args.spin_us / 1e6)
-    out: dict[float, dict[str, Any]] = {m: {"times": [], "cpu": 0.0, "pg": 0.0} for m in modes}
+    out: dict[float, dict[str, Any]] = {m: {"times": [], "cpu": 0.0, "pg": 0.0, "backend": 0} for m in modes}
+    backend = _backend_cpu_ns(db._awriter.get_server_pid())
     if args.ignore_contention:
         db.lone_spin = Spin(switched=lambda: 0)
     spin = db.lone_spin
@@ -74,13 +77,14 @@ async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[float, di
         spin.window_s = mode
         before = (spin.spins, spin.hits, spin.misses, spin.busy, spin.contended)
         res = out[mode]
-        c0, pg0 = time.process_time(), ct._pg_cpu(server)
+        c0, pg0, b0 = time.process_time(), ct._pg_cpu(server), backend()
         for s in steps[i : i + args.block]:
             t = time.perf_counter()
             await db.write_async(s)
             res["times"].append(time.perf_counter() - t)
         res["cpu"] += time.process_time() - c0
         res["pg"] += ct._pg_cpu(server) - pg0
+        res["backend"] += backend() - b0
         i += args.block
         after = (spin.spins, spin.hits, spin.misses, spin.busy, spin.contended)
         counts[mode] = [c + (a - b) for c, a, b in zip(counts[mode], after, before, strict=True)]
@@ -88,6 +92,14 @@ async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[float, di
         res["counts"] = counts[mode]
     await db.close_async()
     return out
+
+
+def _backend_cpu_ns(pid: int) -> Any:
+    """A reader of the backend ``pid``'s CPU so far, in ns (its schedstat; 0 when it is not on this host)."""
+    path = Path(f"/proc/{pid}/schedstat")
+    if not path.exists():
+        return lambda: 0
+    return lambda: int(path.read_text().split()[0])
 
 
 async def _cg_child(db: Any, plans: int) -> None:
@@ -153,7 +165,8 @@ def main() -> None:
         n = len(times)
         spins, hits, misses, busy, contended = res["counts"]
         print(f"  spin {mode * 1e6:6.0f} us: p50 {times[n // 2] * 1e3:.3f} ms, p90 {times[int(n * 0.9)] * 1e3:.3f} ms,"
-              f" client CPU {res['cpu'] / n * 1e6:.0f} us, server CPU {res['pg'] / n * 1e6:.0f} us a commit;"
+              f" client CPU {res['cpu'] / n * 1e6:.0f} us, server CPU {res['pg'] / n * 1e6:.0f} us"
+              f" (writer backend {res['backend'] / n / 1e3:.1f}) a commit;"
               f" spins {spins} hits {hits} misses {misses} busy {busy} contended {contended}")  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """A lone commit's rows (one row a part: the round trip's p50) go as scalar parameters (pg_schema.py
-``commit_statement``'s ``lone``), read by the same slices as an array's columns: every kind of row part, NULLs among
-the values, comes back as written (a real PostgreSQL server: tests/pg.py; skipped without one)."""
+``commit_statement``'s ``lone``), read where the part reads its row's columns (no array unnested): every kind of row
+part, NULLs among the values, comes back as written (a real PostgreSQL server: tests/pg.py; skipped without one)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def test_one_plan_groups_send_scalar_parameters_and_read_back_as_written(
 
 def test_a_lone_updates_generic_plan_reaches_plans_by_key_whatever_the_table_held(pg_dsn: str) -> None:
     """The lone form's update, its generic plan made on an empty table, still reaches plans through the primary key
-    once the table is full (as the array form's: test_pg_store.py), its one row read in step (a ProjectSet)."""
+    once the table is full (as the array form's: test_pg_store.py), by its key parameter: no array unnested (a
+    ProjectSet, a Subquery Scan and a Nested Loop the backend set up at every execution; docs/PERFORMANCE.md §C29o)."""
     import asyncpg  # type: ignore[import-untyped]
 
     hold(PgStore(pg_dsn, CLUSTER)).close()  # the schema
@@ -82,7 +83,8 @@ def test_a_lone_updates_generic_plan_reaches_plans_by_key_whatever_the_table_hel
     plan = asyncio.run(plan_after_filling())
     assert "$" in plan, plan  # the generic plan (parameters unbound), not one made for these values
     assert "Index Scan using fleetwire_plans_pkey on fleetwire_plans" in plan, plan
-    assert "Seq Scan on fleetwire_plans" not in plan and "ProjectSet" in plan, plan
+    assert "Seq Scan on fleetwire_plans" not in plan, plan
+    assert "ProjectSet" not in plan and "Subquery Scan" not in plan and "Index Cond: (key = $4)" in plan, plan
 
 
 def test_an_inline_run_whose_chain_memory_lacks_is_chained_after_the_stored_checksum(pg_dsn: str) -> None:

@@ -287,6 +287,27 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
 #: Each row part's columns, in runs of one type: one array parameter a run (a lone group: that many scalars);
 #: PgStore._commit slices its rows by them, the statements read them in the same order (_rows).
 PART_COLUMNS: Final = {"created": (7, 4, 3), "changed": (4, 1, 2), "runs": (4, 1)}
+# A lone group's row parts (commit_statement's ``lone``): the one row's values, scalar parameters in PART_COLUMNS'
+# order ({0} the first), written where the rows' columns are read: no array built, sliced and unnested (a ProjectSet
+# under a Subquery Scan, and a Nested Loop for the update) in a plan the backend sets up again at every execution.
+# The writer backend's CPU a lone commit ~25-30 us less (/dev/shm: ~117-137 against ~92-107; docs/PERFORMANCE.md
+# §C29o). The same rows, the same gate on the fence (``ok``), the same parameters.
+_LONE_PARTS: Final = {
+    "created": """INSERT INTO fleetwire_plans (key, shard, ord, nevents, spec_crc, status_crc, events_crc,
+                                 id, owner, state, name, spec, status, events)
+    SELECT {0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13} WHERE (SELECT held FROM ok)""",
+    "changed": """UPDATE fleetwire_plans AS p SET
+        state = coalesce({4}, p.state),
+        status = coalesce({5}, p.status),
+        events = CASE WHEN {6} IS NULL THEN p.events ELSE coalesce(p.events, ''::bytea) || {6} END,
+        nevents = p.nevents + {1},
+        status_crc = coalesce({2}, p.status_crc),
+        events_crc = coalesce({3}, p.events_crc)
+    WHERE p.key = {0} AND (SELECT held FROM ok)""",
+    "runs": """INSERT INTO fleetwire_events (plan, seq, shard, crc, body)
+    SELECT {0}, {1}, {2}, {3}, {4} WHERE (SELECT held FROM ok)
+    ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
+}
 _FENCES: Final = (  # (the fence, its check) over arrays of shards and epochs, and over one shard's two scalars
     (f"fence AS ({FENCE})", "ok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)"),
     (f"fence AS ({FENCE.replace('unnest($1::int[], $2::bigint[])', '(VALUES ($1::int, $2::bigint))')})",
@@ -304,9 +325,10 @@ def commit_statement(
     ``one_shard``: $1 and $2 are the one shard's number and epoch, scalars, not arrays (the same fence).
 
     ``lone``: each row part holds one row, whose values are scalar parameters, in the order of the parts'
-    columns, each array parameter an ``ARRAY[$i::type, ...]`` of them (the same slices read its columns):
-    asyncpg checks an array parameter's shape in Python, two to four ABC ``isinstance`` checks a parameter
-    and a value (~1,300 instructions each), which a scalar parameter does not pay. The deletes' keys stay an array.
+    columns, read where the part reads its row's columns (``_LONE_PARTS``: the insert's select list, the update's
+    SET and key): asyncpg checks an array parameter's shape in Python, two to four ABC ``isinstance`` checks a
+    parameter and a value (~1,300 instructions each), which a scalar parameter does not pay, and the server
+    builds, slices and unnests no array. The deletes' keys stay an array.
     """
     key = (doomed, created, changed, runs, lone, one_shard)
     sql = _COMMITS.get(key)
@@ -327,8 +349,9 @@ def commit_statement(
             else:
                 params = []
                 for t, count in zip(types, counts, strict=True):
-                    params.append("ARRAY[" + ", ".join(f"${n + i}::{t[:-2]}" for i in range(count)) + "]")
+                    params += (f"${n + i}::{t[:-2]}" for i in range(count))
                     n += count
+                text = _LONE_PARTS[name]
             parts.append(f"{name} AS ({text.format(*params)})")
         sql = _COMMITS[key] = "WITH " + ",\n".join(parts) + "\nSELECT coalesce(array_agg(shard), '{}') FROM fence"
     return sql
