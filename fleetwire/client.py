@@ -62,6 +62,7 @@ from fleetwire.connection import (
     CLIENT_PATH,
     DEFAULT_MAX_FRAME_BYTES,
     RECONNECT_DIAL_TIMEOUT_S,
+    FirstReply,
     UrlList,
     dial,
     ending_error,
@@ -122,12 +123,15 @@ class Client(ClientCalls):
         token: the client (or admin) bearer token; default ``$FLEETWIRE_TOKEN``. None
             sends no ``Authorization`` header (a coordinator run with ``--insecure``).
         encoding: ``"msgpack"`` (binary frames, the default) or ``"json"`` (text frames).
-        open_timeout_s: how long the TCP connect and websocket handshake may take.
+        open_timeout_s: how long the TCP connect and websocket handshake may take; also how long the first
+            request on a connection may wait for an answer (fleetwire/connection.py ``FirstReply``), unless
+            ``reconnect_dial_timeout_s`` bounded its dial.
         reconnect_dial_timeout_s: in cluster mode (several URLs, or after a ``moved``), how long a
             reconnect's dial to one URL may take (at most ``open_timeout_s``): a frozen coordinator
             completes the TCP handshake and answers nothing, and the next URL may answer. A URL that
-            timed out goes to the back of the turn (docs/OPERATIONS.md §Reconnects). The first
-            connect keeps ``open_timeout_s``. None: ``open_timeout_s``.
+            timed out goes to the back of the turn (docs/OPERATIONS.md §Reconnects), and so does one
+            whose first request on the new connection got no answer within it (it answers pings and no
+            request). The first connect keeps ``open_timeout_s``. None: ``open_timeout_s``.
         max_frame_bytes: the largest frame accepted from the coordinator.
         ca_file: CA certificate (PEM) to trust for a ``wss://`` coordinator whose certificate
             is not signed by a system CA; default ``$FLEETWIRE_CA_FILE``.
@@ -179,6 +183,8 @@ class Client(ClientCalls):
         self._cluster = len(self._urls.urls) > 1  # or once a ``moved`` was followed
         self._session = ClientSession(encoding)
         self._ws: ClientConnection | None = None
+        self._dial_bound_s: float | None = None  # the last dial's timeout: its connection's first reply's bound too
+        self._first_reply: FirstReply | None = None  # the connection's (fleetwire/connection.py)
         self._reader: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._outbox_ready = asyncio.Event()
@@ -269,6 +275,7 @@ class Client(ClientCalls):
                 answered = answered or exc.answered
                 continue
             urls.succeeded()
+            self._dial_bound_s = timeout_s
             # Before the session's resume re-queues its requests: they go out in this connection's form.
             self._session.unsampled = unsampled_form(ws)
             return ws
@@ -284,7 +291,10 @@ class Client(ClientCalls):
 
     def _attach(self, ws: ClientConnection) -> None:
         self._ws = ws
-        self._reader = asyncio.create_task(self._read_loop(ws), name="fleetwire-client-reader")
+        # A coordinator that answers keepalive pings and no request is left after the dial's bound (connection.py).
+        first_reply = self._first_reply = FirstReply(ws, FrameSink(self._receive_frame, text=self._session.text),
+                                                     self._dial_bound_s)  # fmt: skip
+        self._reader = asyncio.create_task(self._read_loop(ws, first_reply), name="fleetwire-client-reader")
         self._writer = asyncio.create_task(self._write_loop(ws), name="fleetwire-client-writer")
         self._outbox_ready.set()  # requests queued while no session was up
         self.relay.reset()  # streams opened while no session was up were not carried: open them again
@@ -541,6 +551,9 @@ class Client(ClientCalls):
         frame = session.next_frame()
         if frame is None:
             return
+        first_reply = self._first_reply
+        if first_reply is not None and not first_reply.asked and session.pending_requests:
+            first_reply.ask()
         write_frame(ws, session.text, frame)  # a broken transport: the reader sees it end, requests resent
         SPIN.sent()  # a lone submit's answer: the loop polls for it a while before it sleeps (wireio/spin.py)
         if session.has_outgoing:  # more than one frame's worth: the writer sends the rest
@@ -585,9 +598,9 @@ class Client(ClientCalls):
 
     # ---- internals: the reader and the writer
 
-    async def _read_loop(self, ws: ClientConnection) -> None:
+    async def _read_loop(self, ws: ClientConnection, first_reply: FirstReply) -> None:
         # The session's frames dispatched in the connection's process_event, past websockets' queue (issue #29).
-        sink = FrameSink(self._receive_frame, text=self._session.text)
+        sink = first_reply.sink
         try:
             await sink.read(ws)
         except ConnectionClosed:
@@ -596,13 +609,19 @@ class Client(ClientCalls):
             log.exception("fleetwire client: dispatch failed; closing the session")
             await ws.close(codes.CLOSE_INTERNAL, "client error")
         finally:
+            first_reply.cancel()
             if ws is self._ws:  # resume, or end the session; a keepalive's pong counts as an answer too
-                served = sink.answered or ws.latency > 0  # a frame came on it (protocol/backoff.py: served)
-                if not served and keepalive_gave_up(ws):
-                    # Nothing at all came back, and the keepalive gave up on it: a coordinator that upgraded and
-                    # went silent, left as a dial that timed out is (to the back of the turn: protocol/urls.py).
+                # Pongs and no reply to the first request within the dial's bound (connection.py FirstReply), or
+                # nothing at all until the keepalive gave up: a coordinator that upgraded and went silent, left as
+                # a dial that timed out is (to the back of the turn: protocol/urls.py; unanswered for the backoff).
+                unanswered = first_reply.silent and not self._closing
+                served = not unanswered and (sink.answered or ws.latency > 0)  # protocol/backoff.py
+                silent = unanswered or (not served and keepalive_gave_up(ws))
+                if silent:
                     self._urls.went_silent(self.url)
-                self._connection_lost(ending_error(ws, self.url, closing=self._closing), served=served)
+                error = ending_error(ws, self.url, closing=self._closing)
+                self._connection_lost(first_reply.error(self.url) if unanswered else error, served=served,
+                                      timed_out=silent)  # fmt: skip
 
     def _receive_frame(self, frame: bytes | str) -> None:
         """A frame from the coordinator, in the connection's ``process_event`` (never awaits)."""
@@ -620,15 +639,18 @@ class Client(ClientCalls):
         if self._session.resend(req_id):
             self._outbox_ready.set()
 
-    def _connection_lost(self, error: FleetwireConnectionError, *, served: bool = True) -> None:
-        """``served``: the coordinator answered on the connection (a frame, a pong); else it closed it unserved."""
+    def _connection_lost(
+        self, error: FleetwireConnectionError, *, served: bool = True, timed_out: bool = False
+    ) -> None:
+        """``served``: the coordinator answered on the connection (a frame, a pong); else it closed it unserved, or
+        (``timed_out``) went silent on it: the backoff takes that as a dial that timed out (protocol/backoff.py)."""
         if self._closing or not self._resumer.can_resume(error):
             self._end(error)
             return
         if self._writer is not None:  # it may hold a batch for the dead socket: pending requests are re-sent
             self._writer.cancel()
         self.relay.reset()  # relayed streams are opened again on the next connection
-        self._resumer.start(error, served=served)
+        self._resumer.start(error, served=served, timed_out=timed_out)
 
     async def _write_loop(self, ws: ClientConnection) -> None:
         session = self._session
@@ -641,6 +663,9 @@ class Client(ClientCalls):
                     self._parked = False
                 self._outbox_ready.clear()
                 self.writer_rounds += 1
+                first_reply = self._first_reply
+                if first_reply is not None and not first_reply.asked and session.pending_requests:
+                    first_reply.ask()  # before the frame: a send held by a peer that reads nothing counts too
                 # Everything queued while the previous send was in flight goes out coalesced.
                 while (frame := session.next_frame()) is not None:
                     await send_frame(ws, frame, session.text)  # big ones without the library's copies

@@ -24,12 +24,13 @@ from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
 from protocol.tracecontext import ACCEPTS_HEADER, ACCEPTS_SHORT_UNSAMPLED, UNSAMPLED, UNSAMPLED_SHORT
 from protocol.transfer import http1
 from protocol.urls import SINGLE_KEEPALIVE, UrlTurn, websocket_url
-from wireio.frame_sink import SinkConnection
+from wireio.frame_sink import FrameSink, SinkConnection
 
 __all__ = [
     "CLIENT_PATH",
     "DEFAULT_MAX_FRAME_BYTES",
     "RECONNECT_DIAL_TIMEOUT_S",
+    "FirstReply",
     "UrlList",
     "dial",
     "ending_error",
@@ -261,6 +262,53 @@ def _handshake_refused(
             f"{where} refused the connection (HTTP {status}): {why}{after}", retry_after_s=wait_s, answered=True
         )
     return FleetwireConnectionError(f"{where} refused the websocket upgrade (HTTP {status})", answered=True)
+
+
+class FirstReply:
+    """A connection's first reply, bounded by its dial's timeout (docs/OPERATIONS.md §Reconnects).
+
+    A coordinator can upgrade and then answer keepalive pings and nothing else (its loop's protocol side stuck, a
+    proxy that holds the websocket up with nothing behind it): the pings keep the connection up for ever and every
+    request on it waits. So the first request sent on a connection (a resume's re-sent requests and resubscriptions,
+    or the first call after a connect) must be answered, by any frame, within the bound its dial had (the cluster
+    reconnect's ``reconnect_dial_timeout_s``, else ``open_timeout_s``); else the connection is ``silent``: it is
+    dropped, and the session resumes at the next URL, this one at the back of the turn, as a dial that timed out.
+    Only the first request is bounded: once a frame came, the coordinator is known to serve.
+    """
+
+    __slots__ = ("_timer", "_ws", "asked", "bound_s", "silent", "sink")
+
+    def __init__(self, ws: ClientConnection, sink: FrameSink, bound_s: float | None) -> None:
+        self.sink = sink
+        self.bound_s = bound_s
+        self.asked = False  # a request went out on the connection: the bound is armed
+        self.silent = False  # nothing came within bound_s of the first request: the connection was dropped
+        self._ws = ws
+        self._timer: asyncio.TimerHandle | None = None
+
+    def ask(self) -> None:
+        """A request goes out on the connection (the client's writer, before the frame): the first one arms the
+        bound."""
+        self.asked = True
+        if self.bound_s is not None and not self.sink.answered:
+            self._timer = asyncio.get_running_loop().call_later(self.bound_s, self._due)
+
+    def cancel(self) -> None:
+        """The connection ended."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def error(self, url: str) -> FleetwireConnectionError:
+        """Why a silent connection ended (resumable: no close code)."""
+        return FleetwireConnectionError(
+            f"the coordinator at {url} answered no request within {self.bound_s:g} s of the first one on this "
+            "connection (the dial's bound)"
+        )
+
+    def _due(self) -> None:
+        if not self.sink.answered:
+            self.silent = True
+            self._ws.transport.abort()  # no close handshake: it would wait close_timeout for a peer that answers none
 
 
 def keepalive_gave_up(ws: ClientConnection) -> bool:

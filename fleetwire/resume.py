@@ -8,8 +8,9 @@ failing every call:
   agent's too (reconnect that follows the cluster: full jitter; ``base`` for a pass over the list
   after a served session or a ``moved``, doubled by each refusal without a wait but the first (an
   HTTP refusal, a session closed ``1013``, or closed with nothing back on it, before it served) and
-  by the silent tries once a whole pass got no answer; a refusal's ``Retry-After`` waited as such),
-  for up to ``give_up_s`` without a session;
+  by the silent tries once a whole pass got no answer (a dial that timed out; a connection that went
+  silent: no reply to its first request within the dial's bound, fleetwire/connection.py
+  ``FirstReply``); a refusal's ``Retry-After`` waited as such), for up to ``give_up_s`` without a session;
 * on the new connection the ``ClientSession`` (fleetwire/session.py, ``resume``) first
   re-sends every request still waiting for its reply, in ``req_id`` order (submits are
   idempotent: the SDK always sends a plan id), then subscribes every unfinished plan again
@@ -111,31 +112,35 @@ class Resumer(Generic[C]):
         """Whether a connection that ended with ``error`` is worth dialling again."""
         return self.enabled and error.close_code in RESUMABLE_CLOSE_CODES
 
-    def start(self, error: FleetwireConnectionError, *, served: bool = True) -> None:
+    def start(self, error: FleetwireConnectionError, *, served: bool = True, timed_out: bool = False) -> None:
         """Reconnect in the background after the connection ended with ``error`` (see ``can_resume``).
 
         ``served``: the coordinator answered on that connection (a frame, a keepalive's pong); a session it
         closed unanswered (``1011`` at once, ``1014``) is a refusal, not a served session (protocol/backoff.py).
+        ``timed_out``: it went silent (no reply to the first request within the dial's bound, or nothing at all
+        until the keepalive gave up): a dial that timed out, unanswered, not a refusal.
         A ``moved`` (4307) is cluster mode's routine hand-off to the shard's owner, logged at debug.
         """
         if error.close_code == CLOSE_MOVED:
             log.debug("fleetwire client: %s; following it", error)
         else:
             log.warning("fleetwire client: %s; reconnecting", error)
-        self._task = asyncio.create_task(self._resume(error, served), name="fleetwire-client-resume")
+        self._task = asyncio.create_task(self._resume(error, served, timed_out), name="fleetwire-client-resume")
 
     def cancel(self) -> None:
         """Stop a reconnect in progress (the client is closing)."""
         if self._task is not None:
             self._task.cancel()
 
-    async def _resume(self, error: FleetwireConnectionError, served: bool) -> None:
+    async def _resume(self, error: FleetwireConnectionError, served: bool, timed_out: bool) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         backoff = self._backoff
         moved = error.close_code == CLOSE_MOVED  # told where to go: the first dial goes there at once
         if moved:
             delay = backoff.moved()
+        elif timed_out:  # upgraded, then silent: as a dial that timed out (connection.py FirstReply)
+            delay = backoff.unanswered()
         elif error.close_code == CLOSE_TRY_AGAIN or not served:  # closed before it served ("no owner yet", 1011)
             delay = backoff.refused()
         else:  # the session that ended was served

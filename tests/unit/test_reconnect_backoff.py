@@ -268,3 +268,27 @@ async def test_the_client_backs_off_from_sessions_closed_1013_before_they_served
     b = RecordingBackoff.made[0]
     assert b.said == ["refused 0", "refused 0", "refused 0", "moved", "served"]
     assert b.ceiling_s() == 0.01 and b.refusals == 0
+
+
+async def test_the_client_takes_a_connection_that_went_silent_as_a_dial_that_timed_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection left as silent (no reply to its first request within the dial's bound, fleetwire/connection.py
+    FirstReply; or nothing until the keepalive gave up) is unanswered for the backoff, as a dial that timed out,
+    not a refusal: it grows the ceiling only once a whole pass over the list was silent."""
+    RecordingBackoff.made = []
+    monkeypatch.setattr("fleetwire.resume.ReconnectBackoff", RecordingBackoff)
+    attached: asyncio.Queue[str] = asyncio.Queue()
+
+    async def dial() -> str:
+        return "connection"
+
+    resumer: Resumer[str] = Resumer(
+        ClientSession("msgpack"), dial=dial, attach=attached.put_nowait, end=lambda e: None, enabled=True,
+        base_s=0.01, cap_s=0.08, give_up_s=None, urls=2,
+    )  # fmt: skip
+    for _ in range(2):
+        resumer.start(FleetwireConnectionError("answered no request"), served=False, timed_out=True)
+        await asyncio.wait_for(attached.get(), 5)
+    b = RecordingBackoff.made[0]
+    assert b.said == ["unanswered", "unanswered"] and b.refusals == 0
