@@ -23,8 +23,9 @@ outcome             what it is                                             the n
                     that closed before registering: 1013 "no owner yet",
                     a client's that ended with nothing back: 1011)
 :meth:`unanswered`  nothing answered (refused, reset, timed out at TCP     the ceiling
-                    or TLS; upgraded, then silent: a client's first
-                    reply not within the dial's bound)
+                    or TLS; upgraded, then silent: a worker's
+                    ``welcome`` or a client's first reply not within
+                    the dial's bound)
 ==================  =====================================================  ==================
 
 Rules:

@@ -6,7 +6,8 @@ Theory of operation:
   the delay of :class:`~protocol.backoff.ReconnectBackoff` (reconnect that follows the cluster:
   full jitter; ``base`` for a pass over the list after a served session or a ``moved``, doubled by
   each refusal that names no wait but the first (a session closed before ``welcome`` included) and
-  by the silent tries once a whole pass got no answer; a refusal's Retry-After waited as such).
+  by the silent tries once a whole pass got no answer (a dial that timed out, a ``welcome`` that did
+  not come within the dial's bound included); a refusal's Retry-After waited as such).
   HTTP 401/403 at the handshake is fatal (``AuthError``): retrying cannot fix a token.
   So is close ``4410`` (``WorkerRemoved``): an operator removed this id, whether it closed a live
   session or refused the ``hello`` of a restarted agent; the coordinator refuses the id until it
@@ -511,6 +512,7 @@ class Agent:
                 return None
         except TimeoutError:  # upgraded, then no answer to hello (overloaded, stuck): run() backs off and redials
             self._dialer.dial_ended(url, timed_out=True)  # a hung handshake: to the back of the turn
+            self._opened = False  # and for the backoff a dial that timed out (unanswered), not a refusal
             shorter = timeout_s < self.settings.handshake_timeout_s  # a cluster reconnect's bound (handshake.py)
             flag = "--reconnect-dial-timeout" if shorter else "--handshake-timeout"
             self._log.error(f"no welcome from the coordinator within {flag} after hello; reconnecting",

@@ -24,6 +24,7 @@ import protocol
 import worker_agent.agent
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from protocol import ENCODING_SUBPROTOCOL, Codec
+from protocol.backoff import ReconnectBackoff
 from tests.waiting import until
 from worker_agent import Agent
 
@@ -142,3 +143,36 @@ async def test_a_reconnect_leaves_a_coordinator_that_never_welcomes_after_the_sh
         "no welcome from the coordinator within --reconnect-dial-timeout after hello; reconnecting"
     )
     assert error["url"] == f"{mute.url}/v1/worker" and error["timeout_s"] == SHORT_S
+
+
+async def test_the_backoff_takes_a_welcome_that_never_came_as_a_dial_that_timed_out(
+    mute: Mute, live: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agent("mute,live"): the hello the mute coordinator never answers is, for the reconnect backoff, a dial that
+    timed out (unanswered: the ceiling grows only once a whole pass was silent), not an answer that refused (which
+    ends a hold and, from the second, doubles the ceiling)."""
+    said: list[str] = []
+
+    class Recording(ReconnectBackoff):
+        def served(self) -> float:
+            said.append("served")
+            return super().served()
+
+        def refused(self, retry_after_s: float | None = None) -> float:
+            said.append("refused")
+            return super().refused(retry_after_s)
+
+        def unanswered(self) -> float:
+            said.append("unanswered")
+            return super().unanswered()
+
+    monkeypatch.setattr(worker_agent.agent, "ReconnectBackoff", Recording)
+    agent = Agent(f"{mute.url},{live}", None, worker_id="w-hung-3", handshake_timeout_s=SHORT_S,
+                  reconnect_base_s=0.01, reconnect_cap_s=0.05)  # fmt: skip
+    run = asyncio.create_task(agent.run())
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 8)
+    finally:
+        agent.stop()
+        await asyncio.wait_for(run, 10)
+    assert mute.hellos == 1 and said[0] == "unanswered"
