@@ -98,7 +98,8 @@ _STATEMENTS: dict[tuple[str, int], str] = {}
 # groups). An adapter in the registry is found first; these two return their argument
 # (``bytes.__bytes__`` of a bytes object is the object itself: a method call, ~80 ns a blob less
 # than calling the type ``bytes``; ``{}.get`` of None is None), in C. Process-wide, as sqlite3's
-# registry is, and only where nobody registered one for these types first.
+# registry is, and only where nobody registered one for these types first. The inline runs, the rows' most
+# frequent blob, are made a bytearray instead (``_encode_rows``), which sqlite3 binds with no look-up at all.
 sqlite3.adapters.setdefault((bytes, sqlite3.PrepareProtocol), bytes.__bytes__)
 sqlite3.adapters.setdefault((type(None), sqlite3.PrepareProtocol), {}.get)
 
@@ -251,7 +252,7 @@ class SQLiteCommit:
                 rowid = None if forgotten and plan_id in forgotten else rowids.get(plan_id)
                 if rowid is None:
                     continue  # a record of a plan never created (or deleted): load() would never return it
-            inline: bytes | None = None
+            inline: bytearray | None = None
             count = 0
             inline_crc = None
             run = runs.get(plan_id)
@@ -266,7 +267,9 @@ class SQLiteCommit:
                     body = encode_run(plan_id, run)
                 last = run[-1][2]
                 if last <= _INLINE_MAX_SEQ and size < 16 and len(body) <= _INLINE_MAX_BYTES:
-                    inline, count = body[1:], size  # without its one-byte array header
+                    # Without its one-byte array header, as a bytearray: bound as it is, with no adapter look-up.
+                    inline, count = bytearray(body), size
+                    del inline[0]
                     # The checksum of the row's whole events blob runs on from its previous value.
                     previous = 0 if new else chained.get(plan_id)
                     if previous is None:

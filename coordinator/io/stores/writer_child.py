@@ -204,6 +204,10 @@ class _EventRow(msgspec.Struct, gc=False):
     ephemeral: bool = False
 
 
+# A kept creation's or status's bytes are a bytearray (a copy, as sqlite3's adapter for a Raw made one): sqlite3
+# binds a bytearray as it is, but looks any other blob's type up in its adapter registry (a key tuple built and
+# hashed, the adapter called), ~1,400 instructions a blob: bench/store_writer.py --child-callgrind 146.5k -> 136.9k
+# a plan with the runs' (sqlite_commit.py), docs/PERFORMANCE.md §W29d.
 _raw_of = operator.attrgetter("raw")
 # sqlite3 binds a buffer (a Raw) as a blob, but only after its adapter lookup missed (an AttributeError made and
 # cleared for each): an adapter found in the registry (bytes: a copy, in C) skips that. Set wherever this module is
@@ -257,12 +261,14 @@ def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[
         status = status_key(raw)
         status.raw = raw
         latest[status.plan_id] = status
+    for status in latest.values():  # the kept ones' bytes as a bytearray: see _raw_of
+        status.raw = bytearray(status.raw)
     created: dict[str, _CreatedKey] = {}
     created_key = _created_key
     for raw in compress(raws, codes.translate(_IS_CREATED)):
         key = created_key(raw)
         if key.plan_id not in created:
-            key.raw = raw
+            key.raw = bytearray(raw)
             created[key.plan_id] = key
     usage = list(map(_usage, compress(raws, codes.translate(_IS_USAGE)))) if _USAGE_CODE in codes else []
     return created, latest, runs, set(), usage
@@ -291,7 +297,7 @@ def _grouped_in_order(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, 
         elif code == _CREATED:
             key = created_key(raw)
             if key.plan_id not in created:
-                key.raw = raw
+                key.raw = bytearray(raw)
                 created[key.plan_id] = key
         elif code == _FORGOTTEN:
             gone = _forgotten(raw).plan_id
@@ -301,6 +307,8 @@ def _grouped_in_order(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, 
             forgotten.add(gone)
         else:
             usage.append(_usage(raw))
+    for status in latest.values():
+        status.raw = bytearray(status.raw)
     return created, latest, runs, forgotten, usage
 
 
