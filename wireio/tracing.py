@@ -40,8 +40,8 @@ Theory of operation:
   step's trace notes as its core made them, and :meth:`Tracing.add_commit`), made into its spans
   where they are exported (wireio/span_export.py ``StepSpans``); a step record weighs its notes
   against the queue's bound and a batch.
-  :meth:`Tracing.flush` exports what is queued now; :meth:`Tracing.shutdown` flushes and stops the
-  thread (and the child), within a bound (``exit_wait_s``, 15 s): a collector that never answers holds a
+  :meth:`Tracing.flush` exports what is queued now, within its ``timeout_s``; :meth:`Tracing.shutdown`
+  flushes and stops the thread (and the child), within a bound (``exit_wait_s``, 15 s): a collector that never answers holds a
   daemon's stop or an application's exit no longer (the child is killed, the thread left, their spans
   counted dropped).
 
@@ -616,12 +616,27 @@ class Tracing:
         return batch
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Export what is queued now; whether it all went within ``timeout_s`` (none was lost)."""
-        went = self._export_queued()
+        """Export what is queued now; whether it all went within ``timeout_s`` (none was lost).
+
+        Exporting in this process, ``timeout_s`` bounds all of it, as :attr:`exit_wait_s` bounds the shutdown: the
+        batches are posted by a thread of the flush's own, each post up to the OTLP exporter's timeout (10 s) against
+        a collector that never answers, after the exporter thread's post under way; past the bound the flush says
+        False and leaves that thread posting (a daemon thread), its spans counted exported or dropped as they go.
+        """
         process = self.process
-        if process is None:
-            return bool(self.exporter.force_flush(int(timeout_s * 1000))) and went
-        return self._settle(lambda: process.flush(timeout_s)) and went
+        if process is not None:  # the child's flush is bounded by timeout_s, its pipe's writes by its stuck_s
+            went = self._export_queued()
+            return self._settle(lambda: process.flush(timeout_s)) and went
+        deadline = time.monotonic() + timeout_s
+        posted: list[bool] = []
+        poster = threading.Thread(target=lambda: posted.append(self._export_queued()),
+                                  name=f"fleetwire-spans-flush-{self.service}", daemon=True)  # fmt: skip
+        poster.start()
+        poster.join(timeout_s)
+        if not posted:  # still posting at the bound
+            return False
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        return bool(self.exporter.force_flush(left_ms)) and posted[0]
 
     def shutdown(self) -> None:
         """Export what is queued, stop the exporter's thread and the exporter (again: nothing); a tracer that dropped
