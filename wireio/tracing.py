@@ -41,9 +41,9 @@ Theory of operation:
   where they are exported (wireio/span_export.py ``StepSpans``); a step record weighs its notes
   against the queue's bound and a batch.
   :meth:`Tracing.flush` exports what is queued now, within its ``timeout_s``; :meth:`Tracing.shutdown`
-  flushes and stops the thread (and the child), within a bound (``exit_wait_s``, 15 s): a collector that never answers holds a
-  daemon's stop or an application's exit no longer (the child is killed, the thread left, their spans
-  counted dropped).
+  flushes and stops the thread (and the child), within a bound (``exit_wait_s``, 15 s): a collector
+  that never answers holds a daemon's stop or an application's exit no longer (the child is killed,
+  the thread left, their spans counted dropped).
 
 What a sampled span still costs, measured on the 2-core VM (docs/OPERATIONS.md §Tracing, *What it
 costs*): about 1-2 µs to note it here (the hot path; the coordinator notes nothing per plan), then
