@@ -232,8 +232,9 @@ SELECT_EVENTS = "SELECT plan, seq, body, crc FROM fleetwire_events WHERE shard =
 # the group has (a statement per combination, prepared once per connection by asyncpg): the fence
 # locks the lease rows it checks (FOR SHARE: a takeover's UPDATE waits for this commit, or this
 # commit sees the new epoch and writes nothing), and every data-modifying part runs only when every
-# shard written is still held (``ok``, an InitPlan evaluated before them). The answer is the shards
-# the fence found held; fewer than asked means nothing was written.
+# shard written is still held (``ok``, an InitPlan evaluated before them; for one shard, the fence's row
+# exists: _ONE_SHARD_FENCE). The answer is the shards the fence found held; fewer than asked means
+# nothing was written.
 #
 # A part's columns of one type travel as ONE array parameter, a slice per column (``({0})[2:2]`` is the
 # second), each column folded into rows of about sqrt(n) values, NULL-padded (pg_rows.py ``grid``;
@@ -261,12 +262,12 @@ _NEW_COLUMNS = ("key, shard, ord, nevents, spec_crc, status_crc, events_crc, "
 _CHANGED_COLUMNS = "key, nevents, status_crc, events_crc, state, status, events"
 
 _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types)
-    ("gone_plans", "DELETE FROM fleetwire_plans WHERE key = ANY({0}) AND (SELECT held FROM ok)", ("bigint[]",)),
-    ("gone_events", "DELETE FROM fleetwire_events WHERE plan = ANY({0}) AND (SELECT held FROM ok)", ()),
+    ("gone_plans", "DELETE FROM fleetwire_plans WHERE key = ANY({0}) AND {held}", ("bigint[]",)),
+    ("gone_events", "DELETE FROM fleetwire_events WHERE plan = ANY({0}) AND {held}", ()),
     ("created", f"""INSERT INTO fleetwire_plans (key, shard, ord, nevents, spec_crc, status_crc, events_crc,
                                  id, owner, state, name, spec, status, events)
     SELECT * FROM {_rows(((0, 7), (1, 4), (2, 3)), _NEW_COLUMNS)}
-    WHERE v.key IS NOT NULL AND (SELECT held FROM ok)""",
+    WHERE v.key IS NOT NULL AND {{held}}""",
      ("bigint[]", "text[]", "bytea[]")),
     ("changed", f"""UPDATE fleetwire_plans AS p SET
         state = coalesce(v.state, p.state),
@@ -276,11 +277,11 @@ _PARTS: Final = (  # (name, SQL with {0}, {1}... for its parameters, their types
         status_crc = coalesce(v.status_crc, p.status_crc),
         events_crc = coalesce(v.events_crc, p.events_crc)
     FROM {_rows(((0, 4), (1, 1), (2, 2)), _CHANGED_COLUMNS)}
-    WHERE p.key = v.key AND (SELECT held FROM ok)""",
+    WHERE p.key = v.key AND {{held}}""",
      ("bigint[]", "text[]", "bytea[]")),
     ("runs", f"""INSERT INTO fleetwire_events (plan, seq, shard, crc, body)
     SELECT * FROM {_rows(((0, 4), (1, 1)), "plan, seq, shard, crc, body")}
-    WHERE v.plan IS NOT NULL AND (SELECT held FROM ok)
+    WHERE v.plan IS NOT NULL AND {{held}}
     ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
      ("bigint[]", "bytea[]")),
 )
@@ -295,7 +296,7 @@ PART_COLUMNS: Final = {"created": (7, 4, 3), "changed": (4, 1, 2), "runs": (4, 1
 _LONE_PARTS: Final = {
     "created": """INSERT INTO fleetwire_plans (key, shard, ord, nevents, spec_crc, status_crc, events_crc,
                                  id, owner, state, name, spec, status, events)
-    SELECT {0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13} WHERE (SELECT held FROM ok)""",
+    SELECT {0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13} WHERE {held}""",
     "changed": """UPDATE fleetwire_plans AS p SET
         state = coalesce({4}, p.state),
         status = coalesce({5}, p.status),
@@ -303,17 +304,27 @@ _LONE_PARTS: Final = {
         nevents = p.nevents + {1},
         status_crc = coalesce({2}, p.status_crc),
         events_crc = coalesce({3}, p.events_crc)
-    WHERE p.key = {0} AND (SELECT held FROM ok)""",
+    WHERE p.key = {0} AND {held}""",
     "runs": """INSERT INTO fleetwire_events (plan, seq, shard, crc, body)
-    SELECT {0}, {1}, {2}, {3}, {4} WHERE (SELECT held FROM ok)
+    SELECT {0}, {1}, {2}, {3}, {4} WHERE {held}
     ON CONFLICT (plan, seq) DO UPDATE SET body = excluded.body, crc = excluded.crc""",
 }
-_FENCES: Final = (  # (the fence, its check) over arrays of shards and epochs, and over one shard's two scalars
-    (f"fence AS ({FENCE})", "ok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)"),
-    (f"fence AS ({FENCE.replace('unnest($1::int[], $2::bigint[])', '(VALUES ($1::int, $2::bigint))')})",
-     "ok AS (SELECT count(*) = 1 AS held FROM fence)"),
+# The fence over one shard's two scalars (commit_statement's ``one_shard``): FENCE's conditions on the lease row
+# itself, read through its primary key, and locked the same way (FOR SHARE: a takeover's UPDATE waits for this
+# commit, or this commit, having waited, finds the new epoch or owner and writes nothing); each data part runs when
+# the fence found the row (``EXISTS``: the shard is the key, so one row at most). No join with a VALUES list and no
+# count() over the fence: two Aggregates, a Nested Loop and a Values Scan fewer for the backend to set up at each
+# execution, ~10 us of its CPU a lone commit (docs/PERFORMANCE.md §C29o).
+_ONE_SHARD_FENCE: Final = (
+    "fence AS (SELECT shard FROM shard_leases "
+    "WHERE shard = $1::int AND epoch = $2::bigint AND owner = $3 AND expires_at > now() FOR SHARE)"
+)
+assert "WHERE l.owner = $3 AND l.expires_at > now()\nFOR SHARE OF l" in FENCE, "FENCE changed: _ONE_SHARD_FENCE too"
+_FENCES: Final = (  # (the fence and its check, each data part's gate): over arrays of shards and epochs, over one
+    (f"fence AS ({FENCE}),\nok AS (SELECT count(*) = cardinality($1::int[]) AS held FROM fence)",
+     "(SELECT held FROM ok)"),
+    (_ONE_SHARD_FENCE, "EXISTS (SELECT FROM fence)"),
 )  # fmt: skip
-assert _FENCES[0][0] != _FENCES[1][0], "FENCE's unnest of $1 and $2 changed: the one-shard form must follow it"
 _COMMITS: dict[tuple[bool, bool, bool, bool, bool, bool], str] = {}
 
 
@@ -334,13 +345,14 @@ def commit_statement(
     sql = _COMMITS.get(key)
     if sql is None:
         wanted = (doomed, doomed, created, changed, runs)
-        parts = list(_FENCES[one_shard])
+        fence, held = _FENCES[one_shard]
+        parts = [fence]
         n = 4
         for (name, text, types), on in zip(_PARTS, wanted, strict=True):
             if not on:
                 continue
             if name == "gone_events":  # the same keys as gone_plans
-                parts.append(f"{name} AS ({text.format(f'${n - 1}::bigint[]')})")
+                parts.append(f"{name} AS ({text.format(f'${n - 1}::bigint[]', held=held)})")
                 continue
             counts = PART_COLUMNS.get(name) if lone else None
             if counts is None:
@@ -352,8 +364,8 @@ def commit_statement(
                     params += (f"${n + i}::{t[:-2]}" for i in range(count))
                     n += count
                 text = _LONE_PARTS[name]
-            parts.append(f"{name} AS ({text.format(*params)})")
-        sql = _COMMITS[key] = "WITH " + ",\n".join(parts) + "\nSELECT coalesce(array_agg(shard), '{}') FROM fence"
+            parts.append(f"{name} AS ({text.format(*params, held=held)})")
+        sql = _COMMITS[key] = "WITH " + ",\n".join(parts) + "\nSELECT ARRAY(SELECT shard FROM fence)"
     return sql
 
 
