@@ -9,6 +9,10 @@ process's CPU a commit, the server's CPU a commit (all its processes, in clock t
 the spin's counts (spins, hits, misses, busy, contended).
 ``--dsn`` uses a running server instead; ``--shm`` puts the server's files on /dev/shm.
 
+``python bench/pg_lone_commit.py --against /tmp/wt/coordinator/io/stores/pg_schema.py --shm``: the modes are that
+file's commit statements (``commit_statement``, e.g. a worktree's of an older commit) and this tree's, the spin off in
+both: the same client code, server and minutes, only the statements differ (docs/PERFORMANCE.md §C29o).
+
 ``python bench/pg_lone_commit.py --callgrind``: the client's instructions a lone commit (callgrind, the spin off,
 ``PYTHONHASHSEED=0``): this script's process writing 400 plans' 4 steps less one writing 100 plans', after the same
 200 warm-up commits, divided by 1,200 (docs/PERFORMANCE.md §C29j's "Later" and §C29l). From a compiled copy: run it
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.util
 import os
 import re
 import subprocess
@@ -35,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster_throughput as ct
 import store_bench
 
+from coordinator.io.stores import postgres
 from tests.pg import postgres_server
 from wireio.spin import Spin
 
@@ -48,6 +54,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--ignore-contention", action="store_true",
                         help="the spin does not back off when the thread was switched out (the mechanism alone, on a "
                              "shared host)")  # fmt: skip
+    parser.add_argument("--against", default=None, metavar="PG_SCHEMA_PY",
+                        help="alternate that file's commit statements with this tree's (module docstring)")  # fmt: skip
     parser.add_argument("--callgrind", action="store_true", help="instructions a lone commit (module docstring)")
     parser.add_argument("--cg-plans", type=int, default=0, help=argparse.SUPPRESS)  # a --callgrind child's plans
     parser.add_argument("--shm", action="store_true",
@@ -56,25 +64,41 @@ def _args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[float, dict[str, Any]]:
+def _modes(args: argparse.Namespace) -> list[tuple[str, float, Any]]:
+    """Each mode's label, spin window and commit statements: the spin off and on, or (``--against``) that file's
+    statements and this tree's, the spin off in both."""
+    if args.against is None:
+        return [(f"spin {w * 1e6:6.0f} us", w, None) for w in (0.0, args.spin_us / 1e6)]
+    spec = importlib.util.spec_from_file_location("against_pg_schema", args.against)
+    assert spec is not None and spec.loader is not None, args.against
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    return [(f"{args.against}'s statements", 0.0, other.commit_statement),
+            ("this tree's statements", 0.0, postgres.commit_statement)]  # fmt: skip
+
+
+async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     await db.open_async()
     plans = (2 * args.commits) // 4 + 60
     steps = [s for n in range(plans) for s in store_bench.plan_steps(40_000_000 + n)]
-    for s in steps[:200]:  # warm: the statements prepared, their generic plans made
+    modes = _modes(args)
+    for k, s in enumerate(steps[:200]):  # warm: the statements prepared (each mode's), their generic plans made
+        if modes[(k // 4) % 2][2] is not None:
+            postgres.commit_statement = modes[(k // 4) % 2][2]
         await db.write_async(s)
     gc.collect()
     gc.freeze()
-    modes = (0.0, args.spin_us / 1e6)
-    out: dict[float, dict[str, Any]] = {m: {"times": [], "cpu": 0.0, "pg": 0.0, "backend": 0} for m in modes}
+    out: dict[str, dict[str, Any]] = {m[0]: {"times": [], "cpu": 0.0, "pg": 0.0, "backend": 0} for m in modes}
     backend = _backend_cpu_ns(db._awriter.get_server_pid())
     if args.ignore_contention:
         db.lone_spin = Spin(switched=lambda: 0)
     spin = db.lone_spin
-    counts = {m: [0, 0, 0, 0, 0] for m in modes}
+    counts = {m[0]: [0, 0, 0, 0, 0] for m in modes}
     i = 200
     for block in range(2 * args.commits // args.block):
-        mode = modes[block % 2]
-        spin.window_s = mode
+        mode, spin.window_s, statements = modes[block % 2]
+        if statements is not None:
+            postgres.commit_statement = statements  # what PgStore._commit calls
         before = (spin.spins, spin.hits, spin.misses, spin.busy, spin.contended)
         res = out[mode]
         c0, pg0, b0 = time.process_time(), ct._pg_cpu(server), backend()
@@ -164,7 +188,7 @@ def main() -> None:
         times = sorted(res["times"])
         n = len(times)
         spins, hits, misses, busy, contended = res["counts"]
-        print(f"  spin {mode * 1e6:6.0f} us: p50 {times[n // 2] * 1e3:.3f} ms, p90 {times[int(n * 0.9)] * 1e3:.3f} ms,"
+        print(f"  {mode}: p50 {times[n // 2] * 1e3:.3f} ms, p90 {times[int(n * 0.9)] * 1e3:.3f} ms,"
               f" client CPU {res['cpu'] / n * 1e6:.0f} us, server CPU {res['pg'] / n * 1e6:.0f} us"
               f" (writer backend {res['backend'] / n / 1e3:.1f}) a commit;"
               f" spins {spins} hits {hits} misses {misses} busy {busy} contended {contended}")  # fmt: skip
