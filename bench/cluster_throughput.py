@@ -26,6 +26,8 @@ mistaken for the store's cost.
     python bench/cluster_throughput.py --plans 10000 --samples 500 --rounds 3
     python bench/cluster_throughput.py --plans 10000 --samples 500 --one   # SQLite and one PostgreSQL coordinator
     python bench/cluster_throughput.py --commit-callgrind   # the commit path, callgrind instructions per plan
+    python bench/cluster_throughput.py --one --plans 3000 --samples 20 --loop-callgrind DIR \
+        --coordinator-args "--lease-ttl 60 --lease-renew 20"   # each coordinator's window under callgrind
 
 ``--commit-callgrind``: the PostgreSQL store's commit path on the coordinator's side (``write_async``
 of the store alone's groups: grouping, encoding, asyncpg's parameters and the round trip's client
@@ -34,6 +36,13 @@ half), in this process, against a PostgreSQL server started here: callgrind runs
 difference of the differences per plan (a plan is 4 steps), so start-up and the records' making
 cancel out. Machine load hardly moves the figure (it needs valgrind). Run it from each tree to
 compare two versions: it imports the store of the tree it is in.
+
+``--loop-callgrind DIR``: the whole coordinator process of each column (its core, store, sockets and
+collector) under callgrind, its instrumentation on only over the throughput window
+(``callgrind_control``), one ``DIR/coordinator-<pid>.out.1`` each: divide by ``--plans`` for its
+instructions a plan, ``callgrind_annotate`` two files to see what one store's loop does that the other's
+does not. The coordinator runs ~50x slower, so its groups are bigger than in a timed run, and a
+PostgreSQL coordinator needs leases longer than the window (``--coordinator-args``), else it loses its shards.
 """
 
 from __future__ import annotations
@@ -430,6 +439,30 @@ def _spies(directory: str | None, pids: list[int], label: str, perf: bool = Fals
     return spies
 
 
+def _callgrind_coordinators(directory: str) -> None:
+    """``--loop-callgrind DIR``: every coordinator started from now on runs under callgrind with its
+    instrumentation off (``DIR/coordinator-<pid>.out``); :func:`_callgrind_toggle` turns it on over the
+    throughput window, so the file holds that window's instructions and nothing of start-up or the round trips."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    out = str(Path(directory).resolve() / "coordinator-%p.out")
+    spawn = h.spawn
+
+    async def wrapped(name: str, *argv: str, env: dict[str, str] | None = None) -> h.Proc:
+        if name == "coordinator":
+            argv = ("valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *argv)
+        return await spawn(name, *argv, env=env)
+
+    h.spawn = wrapped  # type: ignore[assignment]  # Fleet.start_coordinator reads the module's spawn
+
+
+def _callgrind_toggle(pids: list[int], on: bool) -> None:
+    """Callgrind's instrumentation of each coordinator on (the window's start) or off and dumped (its end)."""
+    for pid in pids:
+        subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(pid)], capture_output=True, check=True)
+        if not on:
+            subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=True)
+
+
 def _pools(rows: list[dict[str, Any]], n: int) -> list[str]:
     """``n`` pool names whose shards are owned by ``n`` different coordinators (cluster mode)."""
     from coordinator.shards import pool_shard
@@ -492,6 +525,8 @@ async def measure(
             cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
             workers0, client0, by0 = _cpu(worker_pids), time.process_time(), _pg_by_process(server)
             spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg", ns.perf)
+            if ns.loop_callgrind:
+                _callgrind_toggle(coordinator_pids, True)
             t0 = time.perf_counter()
 
             async def run(client: Client, pool: str | None) -> int:
@@ -511,6 +546,8 @@ async def measure(
             async with asyncio.timeout(ns.timeout):
                 failed = sum(await asyncio.gather(*(run(c, p) for c, p in zip(clients, pools, strict=True))))
             elapsed = time.perf_counter() - t0
+            if ns.loop_callgrind:
+                _callgrind_toggle(coordinator_pids, False)
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _pg_cpu(server) - pg0
             kids = _children_cpu(coordinator_pids) - kids0
             workers_cpu, client_cpu = _cpu(worker_pids) - workers0, time.process_time() - client0
@@ -779,6 +816,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--perf", action="store_true", help="with --profile: perf record -g, not py-spy")
     parser.add_argument("--one", action="store_true", help="only the SQLite and one-PostgreSQL columns: no store-alone "
                         "part, no 2- and 3-coordinator columns (an interleaved A/B's rounds)")
+    parser.add_argument("--loop-callgrind", metavar="DIR", help="the coordinators under callgrind, counting only over "
+                        "the throughput window (DIR/coordinator-<pid>.out*; callgrind_annotate them; slow: ~50x)")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     parser.add_argument("--commit-callgrind", action="store_true",
                         help="the PostgreSQL commit path in callgrind instructions a plan (needs valgrind), then exit")
@@ -798,6 +837,8 @@ def main(argv: list[str] | None = None) -> int:
               f"~{GROUP_BLOCK * 9:,} records; callgrind)")
         return 0
     h.configure(ns)
+    if ns.loop_callgrind:
+        _callgrind_coordinators(ns.loop_callgrind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the processes and PostgreSQL are stopped
     # Quiet: the SDK's expected `moved` reconnects and the in-process store's info lines are not results.
     logging.getLogger("fleetwire").setLevel(logging.ERROR)
