@@ -62,6 +62,7 @@ from fleetwire.connection import (
     CLIENT_PATH,
     DEFAULT_MAX_FRAME_BYTES,
     RECONNECT_DIAL_TIMEOUT_S,
+    WAITED_ON_OTHERS,
     FirstReply,
     UrlList,
     dial,
@@ -70,6 +71,7 @@ from fleetwire.connection import (
     resolve_url,
     resolve_urls,
     unsampled_form,
+    view_probe,
 )
 from fleetwire.data import Transport, Uploads
 from fleetwire.direct import DirectTransport
@@ -553,7 +555,9 @@ class Client(ClientCalls):
             return
         first_reply = self._first_reply
         if first_reply is not None and not first_reply.asked and session.pending_requests:
-            first_reply.ask()
+            probe = self._ask_first(first_reply)
+            if probe is not None:
+                write_frame(ws, session.text, probe)
         write_frame(ws, session.text, frame)  # a broken transport: the reader sees it end, requests resent
         SPIN.sent()  # a lone submit's answer: the loop polls for it a while before it sleeps (wireio/spin.py)
         if session.has_outgoing:  # more than one frame's worth: the writer sends the rest
@@ -652,6 +656,15 @@ class Client(ClientCalls):
         self.relay.reset()  # relayed streams are opened again on the next connection
         self._resumer.start(error, served=served, timed_out=timed_out)
 
+    def _ask_first(self, first_reply: FirstReply) -> bytes | None:
+        """The first request goes out on the connection: its reply's bound starts (connection.py ``FirstReply``).
+        Returns the probe to send before it where a view session could hold its reply behind others' (a
+        ``list_workers``, a forwarded ``cancel``: ``WAITED_ON_OTHERS``); None: none."""
+        first_reply.ask()
+        if first_reply.bound_s is None or not self._session.pending_any(WAITED_ON_OTHERS):
+            return None
+        return view_probe(self.url, self._session.text)
+
     async def _write_loop(self, ws: ClientConnection) -> None:
         session = self._session
         try:
@@ -665,7 +678,10 @@ class Client(ClientCalls):
                 self.writer_rounds += 1
                 first_reply = self._first_reply
                 if first_reply is not None and not first_reply.asked and session.pending_requests:
-                    first_reply.ask()  # before the frame: a send held by a peer that reads nothing counts too
+                    # Before the frame: a send held by a peer that reads nothing counts too.
+                    probe = self._ask_first(first_reply)
+                    if probe is not None:
+                        await send_frame(ws, probe, session.text)
                 # Everything queued while the previous send was in flight goes out coalesced.
                 while (frame := session.next_frame()) is not None:
                     await send_frame(ws, frame, session.text)  # big ones without the library's copies

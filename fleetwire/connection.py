@@ -11,8 +11,9 @@ import os
 import ssl
 from collections.abc import Sequence
 from typing import Any, Final
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
+import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.frames import CloseCode
@@ -21,6 +22,7 @@ from websockets.typing import Subprotocol
 from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
+from protocol.messages import Cancel, DrainWorker, ListWorkers, ReleasePlan, RemoveWorker, UndrainWorker, Unsubscribe
 from protocol.tracecontext import ACCEPTS_HEADER, ACCEPTS_SHORT_UNSAMPLED, UNSAMPLED, UNSAMPLED_SHORT
 from protocol.transfer import http1
 from protocol.urls import SINGLE_KEEPALIVE, UrlTurn, websocket_url
@@ -30,6 +32,7 @@ __all__ = [
     "CLIENT_PATH",
     "DEFAULT_MAX_FRAME_BYTES",
     "RECONNECT_DIAL_TIMEOUT_S",
+    "WAITED_ON_OTHERS",
     "FirstReply",
     "UrlList",
     "dial",
@@ -39,6 +42,7 @@ __all__ = [
     "resolve_urls",
     "serves_plain_http",
     "unsampled_form",
+    "view_probe",
 ]
 
 CLIENT_PATH: Final = "/v1/client"
@@ -46,6 +50,14 @@ DEFAULT_MAX_FRAME_BYTES: Final = 16 * 2**20
 #: A cluster reconnect's dial to one URL, at most (``Client(reconnect_dial_timeout_s=)``): the upgrade's round trip
 #: takes milliseconds; a frozen coordinator (SIGSTOP, a hung host) accepts the TCP connection and answers nothing.
 RECONNECT_DIAL_TIMEOUT_S: Final = 3.0
+#: Requests a cluster's view session (a main port's client session naming no pool: coordinator/io/cluster/sessions.py)
+#: answers only after others did: ``list_workers`` and the worker requests wait for the owners' fresh registry rows
+#: (up to 3 x ``--lease-renew`` after a quiet spell), ``cancel`` and ``release_plan`` for the shard owner's answer to
+#: a forward (up to 10 s to dial it, 10 s for its reply), in the order they came (:class:`FirstReply`).
+WAITED_ON_OTHERS: Final = (ListWorkers, DrainWorker, UndrainWorker, RemoveWorker, Cancel, ReleasePlan)
+# The probe a connection's first frame goes after (view_probe): an ``unsubscribe`` of nothing changes nothing, and
+# every coordinator answers it ``ok`` (req_id 0: the session drops it); a view session at once, from no rows.
+_PROBES: Final = {False: msgspec.msgpack.encode([Unsubscribe()]), True: msgspec.json.encode([Unsubscribe()])}
 
 _CLOSE_MEANINGS: Final[dict[int, str]] = {
     codes.CLOSE_NORMAL: "normal closure",
@@ -274,6 +286,14 @@ class FirstReply:
     reconnect's ``reconnect_dial_timeout_s``, else ``open_timeout_s``); else the connection is ``silent``: it is
     dropped, and the session resumes at the next URL, this one at the back of the turn, as a dial that timed out.
     Only the first request is bounded: once a frame came, the coordinator is known to serve.
+
+    A coordinator that serves may still take longer than the bound over a request that waits on others
+    (:data:`WAITED_ON_OTHERS`: a view session's registry rows, a forward to a shard's owner), and every request
+    behind it: bounding that reply would leave a healthy coordinator, and the next one too, again and again. So
+    before such a request goes first on a connection, the client sends :func:`view_probe`'s frame, which a view
+    session answers at once; the bound then holds for that answer. Replies that wait on the store (a reply leaves
+    after its step's commit) are not exempt: a store that takes longer than the bound to commit (a frozen
+    PostgreSQL) leaves a new connection silent; a connection that was answered stays up (no bound after the first).
     """
 
     __slots__ = ("_timer", "_ws", "asked", "bound_s", "silent", "sink")
@@ -309,6 +329,15 @@ class FirstReply:
         if not self.sink.answered:
             self.silent = True
             self._ws.transport.abort()  # no close handshake: it would wait close_timeout for a peer that answers none
+
+
+def view_probe(url: str, text: bool) -> bytes | None:
+    """The frame to send ahead of a request that a view session answers only after others (:data:`WAITED_ON_OTHERS`)
+    when it is the first on a connection to ``url`` (:class:`FirstReply`); None for a URL naming a pool or shard,
+    which no view session serves (a main port moves it by its first message, a submit by its partition: the probe
+    must not be that first message), ``text``: the connection's frames are JSON."""
+    query = parse_qs(urlsplit(url).query)
+    return None if "pool" in query or "shard" in query else _PROBES[text]
 
 
 def keepalive_gave_up(ws: ClientConnection) -> bool:

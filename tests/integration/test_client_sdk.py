@@ -50,6 +50,7 @@ from protocol.messages import (
     FromClient,
     GetPlan,
     ListWorkers,
+    Ok,
     PlanInfo,
     PlanReply,
     Submit,
@@ -222,6 +223,8 @@ class FakeCoordinator:
                 session.out.append(
                     Workers(req_id=msg.req_id, workers=[worker], summary="1 workers (8 CPUs, 0 GPUs, 16.0 GB RAM)")
                 )
+            case Unsubscribe() if not msg.plan_ids and not msg.all:  # the probe ahead of a list_workers
+                session.out.append(Ok(req_id=msg.req_id))  # (fleetwire/connection.py view_probe): changes nothing
             case Unsubscribe():
                 raise AssertionError("the SDK does not unsubscribe")
             case _:
