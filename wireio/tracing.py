@@ -622,11 +622,14 @@ class Tracing:
         batches are posted by a thread of the flush's own, each post up to the OTLP exporter's timeout (10 s) against
         a collector that never answers, after the exporter thread's post under way; past the bound the flush says
         False and leaves that thread posting (a daemon thread), its spans counted exported or dropped as they go.
+        Spans lost while it runs say False too: a batch the exporter thread took before the flush (whose spans were
+        noted before it) and could not hand on leaves the flush nothing to export itself.
         """
+        dropped = self.dropped
         process = self.process
         if process is not None:  # the child's flush is bounded by timeout_s, its pipe's writes by its stuck_s
             went = self._export_queued()
-            return self._settle(lambda: process.flush(timeout_s)) and went
+            return self._settle(lambda: process.flush(timeout_s)) and went and self.dropped == dropped
         deadline = time.monotonic() + timeout_s
         posted: list[bool] = []
         poster = threading.Thread(target=lambda: posted.append(self._export_queued()),
@@ -636,7 +639,7 @@ class Tracing:
         if not posted:  # still posting at the bound
             return False
         left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-        return bool(self.exporter.force_flush(left_ms)) and posted[0]
+        return bool(self.exporter.force_flush(left_ms)) and posted[0] and self.dropped == dropped
 
     def shutdown(self) -> None:
         """Export what is queued, stop the exporter's thread and the exporter (again: nothing); a tracer that dropped

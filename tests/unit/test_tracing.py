@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from protocol.tracecontext import (
     traceparent_problem,
 )
 from tests.otlp_receiver import OtlpReceiver
+from tests.waiting import until
 from wireio.tracing import SERVICE_COORDINATOR, Tracing, tracing_requested
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -282,6 +284,21 @@ def test_a_killed_exporter_process_is_replaced_and_spans_meanwhile_are_dropped_n
         assert not {"in-its-pipe", "while-away"} & {s.name for s in receiver.spans}
 
 
+def _settled(tracing: Tracing) -> Tracing:
+    """``tracing`` once its exporter thread woke for a first span and went back to its delay (600 s here): it exports
+    nothing more until a full batch (or the shutdown) wakes it. A span noted while it unparks may wake it again
+    (the noter saw it parked and sets its event after the thread cleared it): an export then, at a time the test does
+    not choose."""
+    tracing.record("fleetwire.first", SAMPLED, 0, 1)
+    asyncio.run(until(lambda: not tracing._wake.is_set(), timeout_s=20))
+    return tracing
+
+
+def _note_spans(tracing: Tracing, count: int) -> None:
+    for i in range(count):
+        tracing.record("fleetwire.queue", SAMPLED, i, i + 1, {"fleetwire.plan_id": f"plan-{i:08d}"})
+
+
 def test_a_stuck_exporter_process_is_killed_and_a_flush_or_shutdown_never_hangs() -> None:
     """A child that stops reading (SIGSTOP) is killed once its pipe has been full for stuck_s: the spans it did not
     take are dropped and counted, the flush that found it says so within its bound, and the shutdown is prompt."""
@@ -296,8 +313,8 @@ def test_a_stuck_exporter_process_is_killed_and_a_flush_or_shutdown_never_hangs(
         process.stuck_s, process.exit_wait_s, process.respawn_s = 0.3, 0.5, 600.0
         try:
             stopped.send_signal(signal.SIGSTOP)
-            for i in range(20_000):  # more than the pipe holds
-                tracing.record("fleetwire.queue", SAMPLED, i, i + 1, {"fleetwire.plan_id": f"plan-{i:08d}"})
+            _settled(tracing)  # the spans are the flush's to send, not an export of the thread's at its own time
+            _note_spans(tracing, 20_000 - 1)  # 20,000 with the first: more than the pipe holds
             began = time.monotonic()
             assert not tracing.flush(1.0)
             assert time.monotonic() - began < 5
@@ -307,6 +324,29 @@ def test_a_stuck_exporter_process_is_killed_and_a_flush_or_shutdown_never_hangs(
             began = time.monotonic()
             tracing.shutdown()
             assert time.monotonic() - began < 5
+
+
+def test_a_flush_says_false_when_the_exporter_threads_batch_is_lost_while_it_waits() -> None:
+    """The exporter thread took a full batch (noted before the flush) and is writing it to a child that stopped
+    reading: the flush waits behind that write, the child is killed at stuck_s and the batch dropped, which leaves
+    the flush nothing to send itself. It says False: spans noted before it were lost (it said True)."""
+    import signal
+
+    with OtlpReceiver() as receiver:
+        tracing = _process_tracing(receiver, batch=20_000)
+        process = tracing.process
+        assert process is not None and process.proc is not None
+        stopped = process.proc
+        process.stuck_s, process.exit_wait_s, process.respawn_s = 3.0, 0.5, 600.0
+        try:
+            stopped.send_signal(signal.SIGSTOP)
+            _note_spans(_settled(tracing), 20_000 - 1)  # a full batch: the thread takes it, ~3 MB for a 1 MB pipe
+            asyncio.run(until(lambda: tracing._in_flight == 20_000, timeout_s=20))  # its write waits out stuck_s
+            assert not tracing.flush(30)
+            assert stopped.returncode == -signal.SIGKILL and process.proc is None
+            assert (tracing.exported, tracing.dropped) == (0, 20_000)
+        finally:
+            tracing.shutdown()
 
 
 def test_fleetwire_trace_export_says_where_a_tracer_from_the_environment_exports() -> None:
