@@ -13,6 +13,15 @@ the spin's counts (spins, hits, misses, busy, contended).
 file's commit statements (``commit_statement``, e.g. a worktree's of an older commit) and this tree's, the spin off in
 both: the same client code, server and minutes, only the statements differ (docs/PERFORMANCE.md §C29o).
 
+``--group N`` (with ``--against``): each commit is a group of a busy committer instead of one step (bench/
+cluster_throughput.py ``_grouped``'s shape: the submit of N new plans, the lease of the N before them, the start of the
+N before those and the end of the N before those, so N plans' 4 steps a group), ``--commits`` groups a mode; the
+figures are then a plan's: the writer backend's CPU and the WAL the server wrote (``pg_current_wal_lsn`` around each
+block; full-page images after a checkpoint included), the server's side of grouped commits (docs/PERFORMANCE.md
+§C29p). Every run also prints the blocks that went into a new 16 MiB WAL segment apart from the others (a block's
+wall time and writer backend CPU): a fresh server creates each segment, filled with zeros, in the commit that needs it,
+where one in service reuses the segments a checkpoint freed.
+
 ``python bench/pg_lone_commit.py --callgrind``: the client's instructions a lone commit (callgrind, the spin off,
 ``PYTHONHASHSEED=0``): this script's process writing 400 plans' 4 steps less one writing 100 plans', after the same
 200 warm-up commits, divided by 1,200 (docs/PERFORMANCE.md §C29j's "Later" and §C29l). From a compiled copy: run it
@@ -56,6 +65,8 @@ def _args() -> argparse.Namespace:
                              "shared host)")  # fmt: skip
     parser.add_argument("--against", default=None, metavar="PG_SCHEMA_PY",
                         help="alternate that file's commit statements with this tree's (module docstring)")  # fmt: skip
+    parser.add_argument("--group", type=int, default=0, metavar="N",
+                        help="commits of N plans' steps each, a plan's figures (module docstring)")  # fmt: skip
     parser.add_argument("--callgrind", action="store_true", help="instructions a lone commit (module docstring)")
     parser.add_argument("--cg-plans", type=int, default=0, help=argparse.SUPPRESS)  # a --callgrind child's plans
     parser.add_argument("--shm", action="store_true",
@@ -77,30 +88,59 @@ def _modes(args: argparse.Namespace) -> list[tuple[str, float, Any]]:
             ("this tree's statements", 0.0, postgres.commit_statement)]  # fmt: skip
 
 
-async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def _groups(groups: int, n: int) -> list[list[Any]]:
+    """``groups`` commits of a busy committer, ``n`` plans' 4 steps in each (cluster_throughput ``_grouped``'s shape;
+    the first 3 fill the pipeline)."""
+    blocks = [[store_bench.plan_steps(50_000_000 + b * n + i) for i in range(n)] for b in range(groups)]
+    out = []
+    for k in range(groups):
+        group: list[Any] = []
+        for step in range(4):
+            if 0 <= k - step < groups:
+                for plan in blocks[k - step]:
+                    group += plan[step]
+        out.append(group)
+    return out
+
+
+async def _run(db: Any, server: Any, args: argparse.Namespace, dsn: str) -> dict[str, dict[str, Any]]:
     await db.open_async()
-    plans = (2 * args.commits) // 4 + 60
-    steps = [s for n in range(plans) for s in store_bench.plan_steps(40_000_000 + n)]
+    warm = 20 if args.group else 200  # commits before the blocks
+    if args.group:
+        steps = _groups(2 * args.commits + warm, args.group)
+    else:
+        plans = (2 * args.commits) // 4 + 60
+        steps = [s for n in range(plans) for s in store_bench.plan_steps(40_000_000 + n)]
     modes = _modes(args)
-    for k, s in enumerate(steps[:200]):  # warm: the statements prepared (each mode's), their generic plans made
+    import asyncpg  # type: ignore[import-untyped]
+
+    lsn_conn = await asyncpg.connect(dsn)  # the WAL's position around each block (not the writer's connection)
+
+    async def lsn() -> int:
+        return int(await lsn_conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
+
+    for k, s in enumerate(steps[:warm]):  # warm: the statements prepared (each mode's), their generic plans made
         if modes[(k // 4) % 2][2] is not None:
             postgres.commit_statement = modes[(k // 4) % 2][2]
         await db.write_async(s)
     gc.collect()
     gc.freeze()
-    out: dict[str, dict[str, Any]] = {m[0]: {"times": [], "cpu": 0.0, "pg": 0.0, "backend": 0} for m in modes}
+    out: dict[str, dict[str, Any]] = {m[0]: {"times": [], "cpu": 0.0, "pg": 0.0, "backend": 0, "wal": 0}
+                                    for m in modes}  # fmt: skip
     backend = _backend_cpu_ns(db._awriter.get_server_pid())
     if args.ignore_contention:
         db.lone_spin = Spin(switched=lambda: 0)
     spin = db.lone_spin
     counts = {m[0]: [0, 0, 0, 0, 0] for m in modes}
-    i = 200
+    segments: list[tuple[bool, float, int]] = []  # each block's (into a new WAL segment, wall s, backend ns)
+    i = warm
     for block in range(2 * args.commits // args.block):
         mode, spin.window_s, statements = modes[block % 2]
         if statements is not None:
             postgres.commit_statement = statements  # what PgStore._commit calls
         before = (spin.spins, spin.hits, spin.misses, spin.busy, spin.contended)
         res = out[mode]
+        w0 = await lsn()
         c0, pg0, b0 = time.process_time(), ct._pg_cpu(server), backend()
         for s in steps[i : i + args.block]:
             t = time.perf_counter()
@@ -109,11 +149,17 @@ async def _run(db: Any, server: Any, args: argparse.Namespace) -> dict[str, dict
         res["cpu"] += time.process_time() - c0
         res["pg"] += ct._pg_cpu(server) - pg0
         res["backend"] += backend() - b0
+        w1 = await lsn()
+        res["wal"] += w1 - w0
+        # (a block that went into a new 16 MiB WAL segment, which a fresh server creates and fills with zeros first)
+        segments.append((w1 >> 24 != w0 >> 24, sum(res["times"][-args.block :]), backend() - b0))
         i += args.block
         after = (spin.spins, spin.hits, spin.misses, spin.busy, spin.contended)
         counts[mode] = [c + (a - b) for c, a, b in zip(counts[mode], after, before, strict=True)]
     for mode, res in out.items():
         res["counts"] = counts[mode]
+    out["segments"] = {"blocks": segments}
+    await lsn_conn.close()
     await db.close_async()
     return out
 
@@ -178,20 +224,34 @@ def main() -> None:
         import uvloop
 
         try:
-            out = uvloop.run(_run(db, server, args))
+            out = uvloop.run(_run(db, server, args, dsn))
         finally:
             db.close()
     load = os.getloadavg()
     where = "/dev/shm" if args.shm else "disk"
-    print(f"{Path.cwd()}: {args.commits} lone commits a mode, blocks of {args.block}, {where}, load {load[0]:.2f}")
+    what = f"groups of {args.group} plans' steps" if args.group else "lone commits"
+    print(f"{Path.cwd()}: {args.commits} {what} a mode, blocks of {args.block}, {where}, load {load[0]:.2f}")
+    segments = out.pop("segments")["blocks"]
     for mode, res in out.items():
         times = sorted(res["times"])
         n = len(times)
+        if args.group:  # a plan's figures: N plans' 4 steps a group
+            plans = n * args.group
+            print(f"  {mode}: commit p50 {times[n // 2] * 1e3:.3f} ms, a plan: writer backend"
+                  f" {res['backend'] / plans / 1e3:.2f} us, server CPU {res['pg'] / plans * 1e6:.1f} us,"
+                  f" client CPU {res['cpu'] / plans * 1e6:.1f} us, WAL {res['wal'] / plans:.0f} bytes")  # fmt: skip
+            continue
         spins, hits, misses, busy, contended = res["counts"]
         print(f"  {mode}: p50 {times[n // 2] * 1e3:.3f} ms, p90 {times[int(n * 0.9)] * 1e3:.3f} ms,"
               f" client CPU {res['cpu'] / n * 1e6:.0f} us, server CPU {res['pg'] / n * 1e6:.0f} us"
               f" (writer backend {res['backend'] / n / 1e3:.1f}) a commit;"
               f" spins {spins} hits {hits} misses {misses} busy {busy} contended {contended}")  # fmt: skip
+    for new in (False, True):
+        blocks = [b for b in segments if b[0] == new]
+        if blocks:
+            print(f"  blocks {'into a new' if new else 'within one'} WAL segment: {len(blocks)}, a block's wall"
+                  f" {sum(b[1] for b in blocks) / len(blocks) * 1e3:.1f} ms, writer backend"
+                  f" {sum(b[2] for b in blocks) / len(blocks) / 1e6:.2f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":
