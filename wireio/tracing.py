@@ -378,6 +378,7 @@ class Tracing:
         self._in_flight = 0  # spans taken off the queue and not yet counted exported or dropped (_export_queued)
         self._left = False  # the shutdown left the exporter thread at its bound and counted what it held dropped
         self._left_lock = threading.Lock()  # between the exporter thread's counts and the shutdown's leaving
+        self._flusher: threading.Thread | None = None  # the last flush's exporting thread (left at its bound)
         self._thread = threading.Thread(target=self._run, name=f"fleetwire-spans-{self.service}", daemon=True)
         self._thread.start()
 
@@ -618,28 +619,40 @@ class Tracing:
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Export what is queued now; whether it all went within ``timeout_s`` (none was lost).
 
-        Exporting in this process, ``timeout_s`` bounds all of it, as :attr:`exit_wait_s` bounds the shutdown: the
-        batches are posted by a thread of the flush's own, each post up to the OTLP exporter's timeout (10 s) against
-        a collector that never answers, after the exporter thread's post under way; past the bound the flush says
-        False and leaves that thread posting (a daemon thread), its spans counted exported or dropped as they go.
-        Spans lost while it runs say False too: a batch the exporter thread took before the flush (whose spans were
-        noted before it) and could not hand on leaves the flush nothing to export itself.
+        ``timeout_s`` bounds all of it, as :attr:`exit_wait_s` bounds the shutdown: the batches are handed on by a
+        thread of the flush's own, after the exporter thread's export under way. Exporting in this process each post
+        takes up to the OTLP exporter's timeout (10 s) against a collector that never answers; with
+        ``export_process`` each write to a child that stopped reading up to its ``stuck_s`` (30 s). Past the bound
+        the flush says False and leaves that thread exporting (a daemon thread), its spans counted exported or
+        dropped as they go. Spans lost while it runs say False too: a batch the exporter thread took before the flush
+        (whose spans were noted before it) and could not hand on leaves the flush nothing to export itself.
         """
         dropped = self.dropped
-        process = self.process
-        if process is not None:  # the child's flush is bounded by timeout_s, its pipe's writes by its stuck_s
-            went = self._export_queued()
-            return self._settle(lambda: process.flush(timeout_s)) and went and self.dropped == dropped
         deadline = time.monotonic() + timeout_s
-        posted: list[bool] = []
-        poster = threading.Thread(target=lambda: posted.append(self._export_queued()),
-                                  name=f"fleetwire-spans-flush-{self.service}", daemon=True)  # fmt: skip
-        poster.start()
-        poster.join(timeout_s)
-        if not posted:  # still posting at the bound
+        process = self.process
+        done: list[bool] = []
+        if process is not None:  # the child's flush bounded by what is left of timeout_s
+
+            def export() -> None:
+                went = self._export_queued()
+                left = deadline - time.monotonic()  # past the bound: no flush frame (its write would kill the child)
+                done.append(left > 0 and self._settle(lambda: process.flush(left)) and went)
+
+        else:
+
+            def export() -> None:
+                done.append(self._export_queued())
+
+        flusher = self._flusher = threading.Thread(target=export, name=f"fleetwire-spans-flush-{self.service}",
+                                                   daemon=True)  # fmt: skip
+        flusher.start()
+        flusher.join(timeout_s)
+        if not done:  # still exporting at the bound
             return False
-        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-        return bool(self.exporter.force_flush(left_ms)) and posted[0] and self.dropped == dropped
+        if process is None:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            done.append(bool(self.exporter.force_flush(left_ms)))
+        return all(done) and self.dropped == dropped
 
     def shutdown(self) -> None:
         """Export what is queued, stop the exporter's thread and the exporter (again: nothing); a tracer that dropped
@@ -664,11 +677,17 @@ class Tracing:
             # Against a collector that never answers the child reads a batch a post's timeout (10 s): its pipe full, the
             # thread's writes of the batches still queued went one a timeout (a full queue: ~5 minutes). Past the
             # child's own bound it is killed, the write fails at once, and what the child held, and the queue, are
-            # counted dropped (ExportProcess.kill).
+            # counted dropped (ExportProcess.kill). A flush's thread left writing at its bound (flush) gets the same.
+            deadline = time.monotonic() + self.process.exit_wait_s
             self._thread.join(self.process.exit_wait_s)
-            if self._thread.is_alive():
+            flusher = self._flusher
+            if flusher is not None:
+                flusher.join(max(deadline - time.monotonic(), 0.0))
+            if self._thread.is_alive() or (flusher is not None and flusher.is_alive()):
                 self.process.kill()
                 self._thread.join()
+                if flusher is not None:
+                    flusher.join()
             self._export_queued()
             # The child exports what it holds and exits (bounded: EXIT_WAIT_S); killed at the bound, what it held
             # unanswered is counted dropped (ExportProcess.close).

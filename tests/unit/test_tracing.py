@@ -349,6 +349,34 @@ def test_a_flush_says_false_when_the_exporter_threads_batch_is_lost_while_it_wai
             tracing.shutdown()
 
 
+def test_a_flush_behind_the_exporter_threads_stuck_write_ends_at_its_own_bound() -> None:
+    """The exporter thread is writing a full batch to a child that stopped reading (stuck_s 10 s): flush(0.5) says
+    False within a few seconds (it waited out the thread's write: 10 s), and the shutdown then kills the child at
+    its exit_wait_s, the batch counted dropped."""
+    import signal
+    import time
+
+    with OtlpReceiver() as receiver:
+        tracing = _process_tracing(receiver, batch=20_000)
+        process = tracing.process
+        assert process is not None and process.proc is not None
+        stopped = process.proc
+        process.stuck_s, process.exit_wait_s, process.respawn_s = 10.0, 0.5, 600.0
+        try:
+            stopped.send_signal(signal.SIGSTOP)
+            _note_spans(_settled(tracing), 20_000 - 1)
+            asyncio.run(until(lambda: tracing._in_flight == 20_000, timeout_s=20))
+            began = time.monotonic()
+            assert not tracing.flush(0.5)
+            assert time.monotonic() - began < process.stuck_s / 2
+        finally:
+            began = time.monotonic()
+            tracing.shutdown()
+            assert time.monotonic() - began < process.stuck_s / 2
+        assert stopped.returncode == -signal.SIGKILL and process.proc is None
+        assert (tracing.exported, tracing.dropped) == (0, 20_000)
+
+
 def test_fleetwire_trace_export_says_where_a_tracer_from_the_environment_exports() -> None:
     """FLEETWIRE_TRACE_EXPORT=process gives the client an exporter process, =thread keeps a daemon's in-process; any
     other value is refused naming the variable."""
