@@ -177,6 +177,124 @@ async def _wal_mark(store: str) -> str | None:
         await conn.close()
 
 
+# The whole server's WAL and checkpoint counters (PostgreSQL 15; the times need track_wal_io_timing, on in this bench).
+_WAL_COUNTERS = """SELECT w.wal_records, w.wal_fpi, w.wal_bytes::float8 AS wal_bytes, w.wal_buffers_full, w.wal_write,
+w.wal_sync, w.wal_write_time, w.wal_sync_time, b.checkpoints_timed + b.checkpoints_req AS checkpoints,
+b.buffers_checkpoint FROM pg_stat_wal w, pg_stat_bgwriter b"""
+# What the coordinator's backends are doing, sampled: idle (waiting for the coordinator), active on a CPU or waiting
+# for one (no wait event), or waiting on an event (WALWrite, WALSync: a commit's flush; LWLock...).
+_ACTIVITY = """SELECT state, coalesce(wait_event_type || ':' || wait_event, 'none') || ' ' || left(ltrim(query), 12)
+AS wait FROM pg_stat_activity
+WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND datname = current_database()"""
+BENCH_PG_SETTINGS = {"track_wal_io_timing": "on"}  # measurement only: pg_stat_wal's write and sync times
+
+
+async def _wal_counters(store: str) -> dict[str, float] | None:
+    """pg_stat_wal's and the checkpoints' counters now (PostgreSQL only). A backend sends its own at the end of a
+    transaction at most once a second (and when idle a second later): read them a second after a window's edges."""
+    if not store.startswith("postgresql"):
+        return None
+    import asyncpg
+
+    conn = await asyncpg.connect(store)
+    try:
+        return {k: float(v) for k, v in (await conn.fetchrow(_WAL_COUNTERS)).items()}
+    finally:
+        await conn.close()
+
+
+def _schedstat(server: PostgresServer | None) -> dict[str, tuple[int, int]]:
+    """Each live PostgreSQL process's (ns on a CPU, ns runnable waiting for one) so far (/proc/PID/schedstat),
+    by its title as in :func:`_pg_by_process`."""
+    out: dict[str, tuple[int, int]] = {}
+    for pid in _pg_pids(server)[1:]:
+        with contextlib.suppress(psutil.Error, OSError, ValueError):
+            words = " ".join(psutil.Process(pid).cmdline()).split()
+            ends = [i for i, w in enumerate(words) if w.endswith(")")]
+            title = " ".join(words[: ends[0] + 1] if ends else words)
+            run, wait = Path(f"/proc/{pid}/schedstat").read_text().split()[:2]
+            out[f"{title} [{pid}]"] = (int(run), int(wait))
+    return out
+
+
+class _Sampler:
+    """pg_stat_activity of the coordinator's backends every ``interval`` s over the window: the share of samples in
+    which some backend was in each state (``all idle``: none active, no commit on the server's side)."""
+
+    def __init__(self, store: str, interval: float = 0.02) -> None:
+        self.store, self.interval = store, interval
+        self.counts: dict[str, int] = {}
+        self.samples = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.store)
+        try:
+            while True:  # a sample counts each state once, however many backends are in it
+                keys = {f"{r['state']} {r['wait']}" for r in await conn.fetch(_ACTIVITY) if r["state"] != "idle"}
+                for key in keys or {"all idle"}:
+                    self.counts[key] = self.counts.get(key, 0) + 1
+                self.samples += 1
+                await asyncio.sleep(self.interval)
+        finally:
+            await conn.close()
+
+    def start(self) -> None:
+        if self.store.startswith("postgresql"):
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> dict[str, Any] | None:
+        if self._task is None:
+            return None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        n = max(self.samples, 1)
+        return {
+            "samples": self.samples,
+            **{k: round(v / n, 3) for k, v in sorted(self.counts.items(), key=lambda kv: -kv[1])},
+        }
+
+
+def _commit_time(
+    w0: dict[str, float] | None,
+    w1: dict[str, float] | None,
+    s0: dict[str, tuple[int, int]],
+    s1: dict[str, tuple[int, int]],
+    elapsed: float,
+    plans: int,
+) -> dict[str, Any] | None:
+    """Where the window's server time went: pg_stat_wal's deltas (full-page images' share of the WAL at 8 KiB
+    each, write and sync ms), checkpoints, and the backends' and WAL writer's ms on a CPU and waiting for one."""
+    if w0 is None or w1 is None:
+        return None
+    d = {k: w1[k] - w0[k] for k in w0}
+    out: dict[str, Any] = {
+        "wal_records_per_plan": round(d["wal_records"] / plans, 2),
+        "wal_bytes_per_plan": round(d["wal_bytes"] / plans, 1),
+        "wal_fpi": int(d["wal_fpi"]),
+        "fpi_share_of_wal": round(d["wal_fpi"] * 8192 / d["wal_bytes"], 3) if d["wal_bytes"] else None,
+        "wal_buffers_full": int(d["wal_buffers_full"]),
+        "wal_writes": int(d["wal_write"]),
+        "wal_syncs": int(d["wal_sync"]),
+        "wal_write_ms": round(d["wal_write_time"], 1),
+        "wal_sync_ms": round(d["wal_sync_time"], 1),
+        "checkpoints": int(d["checkpoints"]),
+        "buffers_checkpoint": int(d["buffers_checkpoint"]),
+        "window_ms": round(elapsed * 1e3, 1),
+    }
+    for label, match in (("backends", "127.0.0.1("), ("walwriter", "walwriter"), ("checkpointer", "checkpointer")):
+        run = wait = 0
+        for key, (r1, q1) in s1.items():
+            if match in key:
+                r0, q0 = s0.get(key, (0, 0))
+                run, wait = run + r1 - r0, wait + q1 - q0
+        out[f"{label}_cpu_ms"], out[f"{label}_cpu_wait_ms"] = round(run / 1e6, 1), round(wait / 1e6, 1)
+    return out
+
+
 # The window's WAL by kind (pg_walinspect, PostgreSQL 15): heap UPDATE/HOT_UPDATE, INSERT, index inserts, full pages.
 _WAL_STATS = """SELECT "resource_manager/record_type" AS kind, count, record_size, fpi_size, combined_size
 FROM pg_get_wal_stats($1::text::pg_lsn, pg_current_wal_flush_lsn(), true) WHERE count > 0
@@ -522,6 +640,10 @@ async def measure(
             per_client = ns.plans // len(clients)
             plans = per_client * len(clients)
             wal0 = await _wal_mark(store)
+            if store.startswith("postgresql"):  # backends send their WAL counters at most once a second
+                await asyncio.sleep(1.2)
+            counters0, sched0, sampler = await _wal_counters(store), _schedstat(server), _Sampler(store)
+            sampler.start()
             cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
             workers0, client0, by0 = _cpu(worker_pids), time.process_time(), _pg_by_process(server)
             spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg", ns.perf)
@@ -546,6 +668,10 @@ async def measure(
             async with asyncio.timeout(ns.timeout):
                 failed = sum(await asyncio.gather(*(run(c, p) for c, p in zip(clients, pools, strict=True))))
             elapsed = time.perf_counter() - t0
+            sched1, activity = _schedstat(server), await sampler.stop()
+            if store.startswith("postgresql"):
+                await asyncio.sleep(1.2)
+            commit_time = _commit_time(counters0, await _wal_counters(store), sched0, sched1, elapsed, plans)
             if ns.loop_callgrind:
                 _callgrind_toggle(coordinator_pids, False)
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _pg_cpu(server) - pg0
@@ -583,6 +709,8 @@ async def measure(
             "postgres_cpu_us_per_plan_by_process": {k: v for k, v in by_process.items() if v} or None,
             "postgres_cpu_us_per_plan": round(pg_cpu / plans * 1e6, 1) if pg_pids else None,
             "wal": wal,  # PostgreSQL: WAL bytes a plan over the throughput window, by record kind
+            "commit_time": commit_time,  # PostgreSQL: pg_stat_wal's deltas, the backends' schedstat, checkpoints
+            "activity": activity,  # PostgreSQL: the coordinator's backends' states and wait events, sampled
         }
     except Exception as exc:  # the column says what failed; the others still run
         tail = next((f.coordinator.lines[-3:] for f in fleets if f.coordinator is not None), [])
@@ -610,6 +738,12 @@ def _median_column(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _pg_settings(ns: argparse.Namespace) -> dict[str, str]:
+    """The bench's server settings: track_wal_io_timing, then --pg-settings' NAME=VALUE words."""
+    extra = dict(word.split("=", 1) for word in ns.pg_settings.split())
+    return {**BENCH_PG_SETTINGS, **extra}
+
+
 async def collect(ns: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": h.machine(), "plans": ns.plans, "samples": ns.samples, "rounds": ns.rounds}
     why = missing_reason()
@@ -619,7 +753,7 @@ async def collect(ns: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="fleetwire-cluster-bench-") as tmp:
             results["alone_sqlite"] = await store_alone("sqlite", ns, Path(tmp))
             if why is None:
-                with postgres_server() as server:
+                with postgres_server(settings=_pg_settings(ns)) as server:
                     results["alone_pg"] = await store_alone(server.new_database(), ns, Path(tmp), server)
             else:
                 results["alone_pg"] = {"error": why}
@@ -636,7 +770,8 @@ async def collect(ns: argparse.Namespace) -> dict[str, Any]:
         for n in (1, 2, 3):
             results[f"pg{n}"] = {"error": why}
         return results
-    with postgres_server() as server:
+    with postgres_server(settings=_pg_settings(ns)) as server:
+        results["pg_settings"] = server.settings
         for _ in range(ns.rounds):
             one: dict[str, Any] = {"sqlite_disk_ms": _disk_p50_ms(disk, 100)}
             one["sqlite"] = await measure("sqlite", 1, ns)
@@ -797,6 +932,24 @@ def wal_lines(wal: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def commit_lines(pg1: dict[str, Any], settings: dict[str, str] | None) -> list[str]:
+    """One PostgreSQL coordinator's window on the server's side: WAL counters, CPU and CPU wait, wait events."""
+    t, act = pg1.get("commit_time"), pg1.get("activity")
+    if not t:
+        return []
+    return [
+        "",
+        f"the server over the window ({settings}): {t['window_ms']:,} ms, {t['wal_records_per_plan']} WAL records "
+        f"and {t['wal_bytes_per_plan']:,} bytes a plan, {t['wal_fpi']:,} full pages ({t['fpi_share_of_wal']} of the "
+        f"WAL), {t['checkpoints']} checkpoints; WAL write {t['wal_write_ms']:,} ms ({t['wal_writes']:,}), "
+        f"sync {t['wal_sync_ms']:,} ms ({t['wal_syncs']:,}), buffers full {t['wal_buffers_full']}",
+        f"  backends on a CPU {t['backends_cpu_ms']:,} ms, waiting for one {t['backends_cpu_wait_ms']:,} ms; "
+        f"walwriter {t['walwriter_cpu_ms']} + {t['walwriter_cpu_wait_ms']} ms; "
+        f"checkpointer {t['checkpointer_cpu_ms']} + {t['checkpointer_cpu_wait_ms']} ms",
+        f"  the backends sampled: {act}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plans", type=int, default=20_000, help="plans for the throughput run (default 20000)")
@@ -818,6 +971,8 @@ def main(argv: list[str] | None = None) -> int:
                         "part, no 2- and 3-coordinator columns (an interleaved A/B's rounds)")
     parser.add_argument("--loop-callgrind", metavar="DIR", help="the coordinators under callgrind, counting only over "
                         "the throughput window (DIR/coordinator-<pid>.out*; callgrind_annotate them; slow: ~50x)")
+    parser.add_argument("--pg-settings", default="", metavar="SETTINGS",
+                        help="more PostgreSQL server settings, NAME=VALUE words (e.g. 'wal_compression=lz4')")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     parser.add_argument("--commit-callgrind", action="store_true",
                         help="the PostgreSQL commit path in callgrind instructions a plan (needs valgrind), then exit")
@@ -852,6 +1007,7 @@ def main(argv: list[str] | None = None) -> int:
         f"PostgreSQL with fsync=on, synchronous_commit=on",
         *lines, "", "targets (issue #12):", *(f"  {k}: {v}" for k, v in verdict.items()),
         *wal_lines(results.get("pg1", {}).get("wal")),
+        *commit_lines(results.get("pg1", {}), results.get("pg_settings")),
     ])
     return 0
 

@@ -74,8 +74,9 @@ def _free_port() -> int:
 class PostgresServer:
     """One PostgreSQL server in a temp dir; :meth:`dsn` names a database on it."""
 
-    def __init__(self, bin_dir: Path, *, parent: str | None = None) -> None:
+    def __init__(self, bin_dir: Path, *, parent: str | None = None, settings: dict[str, str] | None = None) -> None:
         self.bin_dir = bin_dir
+        self.settings = {"fsync": "on", "synchronous_commit": "on", **(settings or {})}
         self.root = Path(tempfile.mkdtemp(prefix="fleetwire-pg-", dir=parent))
         self.data = self.root / "data"
         self.port = _free_port()
@@ -113,7 +114,9 @@ class PostgresServer:
         self._start()
 
     def _start(self) -> None:
-        options = f"-p {self.port} -h 127.0.0.1 -k {self.root} -c fsync=on -c synchronous_commit=on"
+        options = f"-p {self.port} -h 127.0.0.1 -k {self.root} " + " ".join(
+            f"-c {k}={v}" for k, v in self.settings.items()
+        )
         self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"), "-w",
                   "-t", "60", "-o", options, "start")  # fmt: skip
 
@@ -124,7 +127,7 @@ class PostgresServer:
         commit (``synchronous_standby_names = '*'``, ``synchronous_commit = on``), so a commit
         acknowledged here survives :meth:`kill` followed by the replica's :meth:`promote`.
         """
-        standby = PostgresServer(self.bin_dir, parent=str(self.root.parent))
+        standby = PostgresServer(self.bin_dir, parent=str(self.root.parent), settings=self.settings)
         self._run(str(self.bin_dir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user,
                   "-D", str(standby.data), "-R", "-X", "stream", "-c", "fast", "--no-sync")  # fmt: skip
         standby._start()
@@ -203,11 +206,12 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def postgres_server(*, parent: str | None = None) -> Iterator[PostgresServer]:
-    """A started server, stopped and deleted afterwards; its files in a new directory under ``parent``."""
+def postgres_server(*, parent: str | None = None, settings: dict[str, str] | None = None) -> Iterator[PostgresServer]:
+    """A started server, stopped and deleted afterwards; its files in a new directory under ``parent``;
+    ``settings``: more ``-c name=value`` server settings (after ``fsync=on``, ``synchronous_commit=on``)."""
     bin_dir = find_bin_dir()
     assert bin_dir is not None
-    server = PostgresServer(bin_dir, parent=parent)
+    server = PostgresServer(bin_dir, parent=parent, settings=settings)
     try:
         server.start()
         yield server
