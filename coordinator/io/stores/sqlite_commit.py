@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -30,7 +30,7 @@ from coordinator.io.stores.rows import StoredEvent, as_text, not_storable, run_b
 from coordinator.records import PlanCreated, PlanStatus, Record, UsageRows
 from protocol.messages import TERMINAL_STATES
 
-__all__ = ["BUSY_TIMEOUT_MS", "UPDATE_FROM", "UPDATE_ONE", "WAL_AUTOCHECKPOINT", "SQLiteCommit"]
+__all__ = ["BLOB", "BUSY_TIMEOUT_MS", "UPDATE_FROM", "UPDATE_ONE", "WAL_AUTOCHECKPOINT", "SQLiteCommit"]
 
 log = structlog.get_logger("coordinator.io.stores.sqlite")  # the store's log, as before the module was split off
 
@@ -101,6 +101,10 @@ _STATEMENTS: dict[tuple[str, int], str] = {}
 # registry is, and only where nobody registered one for these types first. The inline runs, the rows' most
 # frequent blob, are made a bytearray instead (``_encode_rows``), which sqlite3 binds with no look-up at all.
 sqlite3.adapters.setdefault((bytes, sqlite3.PrepareProtocol), bytes.__bytes__)
+BLOB: Final = bytearray()
+"""Never changed: ``BLOB + data`` is ``data``'s bytes as a new bytearray, which sqlite3 binds with no adapter look-up
+(~1,100 instructions a blob less than a ``bytes`` one), a copy made in ~740 (``bytearray(data)``: ~1,110, its
+arguments parsed; callgrind, docs/PERFORMANCE.md §W29d)."""
 sqlite3.adapters.setdefault((type(None), sqlite3.PrepareProtocol), {}.get)
 
 
@@ -267,8 +271,8 @@ class SQLiteCommit:
                     body = encode_run(plan_id, run)
                 last = run[-1][2]
                 if last <= _INLINE_MAX_SEQ and size < 16 and len(body) <= _INLINE_MAX_BYTES:
-                    # Without its one-byte array header, as a bytearray: bound as it is, with no adapter look-up.
-                    inline, count = bytearray(body), size
+                    # Without its one-byte array header, as a bytearray (BLOB): bound with no adapter look-up.
+                    inline, count = BLOB + body, size
                     del inline[0]
                     # The checksum of the row's whole events blob runs on from its previous value.
                     previous = 0 if new else chained.get(plan_id)

@@ -25,6 +25,7 @@ from typing import Any, Final, NoReturn
 import msgspec
 
 from coordinator.io.stores.sqlite import SQLiteStore
+from coordinator.io.stores.sqlite_commit import BLOB
 from coordinator.io.stores.writer_wire import (
     BUSY,
     CLOSE,
@@ -204,10 +205,9 @@ class _EventRow(msgspec.Struct, gc=False):
     ephemeral: bool = False
 
 
-# A kept creation's or status's bytes are a bytearray (a copy, as sqlite3's adapter for a Raw made one): sqlite3
-# binds a bytearray as it is, but looks any other blob's type up in its adapter registry (a key tuple built and
-# hashed, the adapter called), ~1,400 instructions a blob: bench/store_writer.py --child-callgrind 146.5k -> 136.9k
-# a plan with the runs' (sqlite_commit.py), docs/PERFORMANCE.md §W29d.
+# A kept creation's or status's bytes are a bytearray (``BLOB + raw``: a copy, as sqlite3's adapter for a Raw made
+# one): sqlite3 binds a bytearray as it is, but looks any other blob's type up in its adapter registry (a key tuple
+# built and hashed, the adapter called), ~1,100 instructions a blob (docs/PERFORMANCE.md §W29d).
 _raw_of = operator.attrgetter("raw")
 # sqlite3 binds a buffer (a Raw) as a blob, but only after its adapter lookup missed (an AttributeError made and
 # cleared for each): an adapter found in the registry (bytes: a copy, in C) skips that. Set wherever this module is
@@ -262,13 +262,13 @@ def _grouped(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, Any, set[
         status.raw = raw
         latest[status.plan_id] = status
     for status in latest.values():  # the kept ones' bytes as a bytearray: see _raw_of
-        status.raw = bytearray(status.raw)
+        status.raw = BLOB + status.raw
     created: dict[str, _CreatedKey] = {}
     created_key = _created_key
     for raw in compress(raws, codes.translate(_IS_CREATED)):
         key = created_key(raw)
         if key.plan_id not in created:
-            key.raw = bytearray(raw)
+            key.raw = BLOB + raw
             created[key.plan_id] = key
     usage = list(map(_usage, compress(raws, codes.translate(_IS_USAGE)))) if _USAGE_CODE in codes else []
     return created, latest, runs, set(), usage
@@ -297,7 +297,7 @@ def _grouped_in_order(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, 
         elif code == _CREATED:
             key = created_key(raw)
             if key.plan_id not in created:
-                key.raw = bytearray(raw)
+                key.raw = BLOB + raw
                 created[key.plan_id] = key
         elif code == _FORGOTTEN:
             gone = _forgotten(raw).plan_id
@@ -308,7 +308,7 @@ def _grouped_in_order(codes: bytes, raws: list[msgspec.Raw]) -> tuple[Any, Any, 
         else:
             usage.append(_usage(raw))
     for status in latest.values():
-        status.raw = bytearray(status.raw)
+        status.raw = BLOB + status.raw
     return created, latest, runs, forgotten, usage
 
 
