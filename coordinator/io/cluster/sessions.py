@@ -71,7 +71,8 @@ costs one count per second or two, not one per request.
 
 The reads use their own small asyncpg pool on the driver's loop (never the lease connection,
 so a large listing never delays a renewal) and a doorbell connection that ``LISTEN`` s only
-while a watcher waits.
+while a watcher waits. The pool has two connections, held for a read only, never across a wait
+(``list_workers``' wait for fresh registry rows): one session's wait never takes the others' reads.
 """
 
 from __future__ import annotations
@@ -445,13 +446,19 @@ class ViewDriver:
 
     async def registries(self) -> dict[int, list[WorkerInfo]]:
         """Every served shard's registry. Owners write them only while wanted: the first look after
-        a quiet spell marks them wanted and waits (up to a few lease renewals) for fresh rows."""
-        async with self.views.conn() as conn:
+        a quiet spell marks them wanted and waits (up to a few lease renewals) for fresh rows.
+
+        A connection of the reads' pool is held for each read only, never across the wait: the pool has two, and
+        two sessions waiting on fresh rows would otherwise stall every view session's reads on this main port."""
+        views = self.views
+        async with views.conn() as conn:
             already, marked = await want_workers(conn)
             shards, fresh = await read_workers(conn, None if already else marked)
-            deadline = asyncio.get_running_loop().time() + 3 * self.views.renew_s
-            while not fresh and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(self.views.renew_s / 4)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 3 * views.renew_s
+        while not fresh and loop.time() < deadline:
+            await asyncio.sleep(views.renew_s / 4)
+            async with views.conn() as conn:
                 shards, fresh = await read_workers(conn, marked)
         return shards
 
