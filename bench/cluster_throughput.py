@@ -187,11 +187,13 @@ _ACTIVITY = """SELECT state, coalesce(wait_event_type || ':' || wait_event, 'non
 AS wait FROM pg_stat_activity
 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND datname = current_database()"""
 BENCH_PG_SETTINGS = {"track_wal_io_timing": "on"}  # measurement only: pg_stat_wal's write and sync times
+PGSTAT_IDLE_S = 10.5  # PostgreSQL 15's PGSTAT_IDLE_INTERVAL (10 s), and a margin
 
 
 async def _wal_counters(store: str) -> dict[str, float] | None:
     """pg_stat_wal's and the checkpoints' counters now (PostgreSQL only). A backend sends its own at the end of a
-    transaction at most once a second (and when idle a second later): read them a second after a window's edges."""
+    transaction at most once a second, and an idle one 10 s after its last: ``--wal-timing`` reads them 10.5 s after
+    each edge of the window (a 1.2 s wait missed the warm-up's or the window's last second in half the runs)."""
     if not store.startswith("postgresql"):
         return None
     import asyncpg
@@ -221,8 +223,8 @@ class _Sampler:
     """pg_stat_activity of the coordinator's backends every ``interval`` s over the window: the share of samples in
     which some backend was in each state (``all idle``: none active, no commit on the server's side)."""
 
-    def __init__(self, store: str, interval: float = 0.02) -> None:
-        self.store, self.interval = store, interval
+    def __init__(self, store: str, checkpoint_at: float | None = None, interval: float = 0.02) -> None:
+        self.store, self.interval, self.checkpoint_at = store, interval, checkpoint_at
         self.counts: dict[str, int] = {}
         self.samples = 0
         self._task: asyncio.Task[None] | None = None
@@ -231,6 +233,8 @@ class _Sampler:
         import asyncpg
 
         conn = await asyncpg.connect(self.store)
+        if self.checkpoint_at is not None:  # --checkpoint-at: the window's first changes to each page after it are
+            asyncio.get_running_loop().create_task(self._checkpoint(self.checkpoint_at))  # full-page images
         try:
             while True:  # a sample counts each state once, however many backends are in it
                 keys = {f"{r['state']} {r['wait']}" for r in await conn.fetch(_ACTIVITY) if r["state"] != "idle"}
@@ -238,6 +242,16 @@ class _Sampler:
                     self.counts[key] = self.counts.get(key, 0) + 1
                 self.samples += 1
                 await asyncio.sleep(self.interval)
+        finally:
+            await conn.close()
+
+    async def _checkpoint(self, after: float) -> None:
+        import asyncpg
+
+        await asyncio.sleep(after)
+        conn = await asyncpg.connect(self.store)
+        try:
+            await conn.execute("CHECKPOINT")
         finally:
             await conn.close()
 
@@ -266,25 +280,28 @@ def _commit_time(
     elapsed: float,
     plans: int,
 ) -> dict[str, Any] | None:
-    """Where the window's server time went: pg_stat_wal's deltas (full-page images' share of the WAL at 8 KiB
-    each, write and sync ms), checkpoints, and the backends' and WAL writer's ms on a CPU and waiting for one."""
-    if w0 is None or w1 is None:
+    """Where the window's server time went: the backends', WAL writer's and checkpointer's ms on a CPU and waiting for
+    one, and with ``--wal-timing`` pg_stat_wal's deltas (full-page images' share of the WAL at 8 KiB each: an upper
+    bound, the images are written without their pages' holes, pg_walinspect's fpi bytes in the WAL lines; write and
+    sync ms, which count the lease connection's commits over the 21 s too) and the checkpoints."""
+    if not s0:
         return None
-    d = {k: w1[k] - w0[k] for k in w0}
-    out: dict[str, Any] = {
-        "wal_records_per_plan": round(d["wal_records"] / plans, 2),
-        "wal_bytes_per_plan": round(d["wal_bytes"] / plans, 1),
-        "wal_fpi": int(d["wal_fpi"]),
-        "fpi_share_of_wal": round(d["wal_fpi"] * 8192 / d["wal_bytes"], 3) if d["wal_bytes"] else None,
-        "wal_buffers_full": int(d["wal_buffers_full"]),
-        "wal_writes": int(d["wal_write"]),
-        "wal_syncs": int(d["wal_sync"]),
-        "wal_write_ms": round(d["wal_write_time"], 1),
-        "wal_sync_ms": round(d["wal_sync_time"], 1),
-        "checkpoints": int(d["checkpoints"]),
-        "buffers_checkpoint": int(d["buffers_checkpoint"]),
-        "window_ms": round(elapsed * 1e3, 1),
-    }
+    out: dict[str, Any] = {"window_ms": round(elapsed * 1e3, 1)}
+    if w0 is not None and w1 is not None:
+        d = {k: w1[k] - w0[k] for k in w0}
+        out |= {
+            "wal_records_per_plan": round(d["wal_records"] / plans, 2),
+            "wal_bytes_per_plan": round(d["wal_bytes"] / plans, 1),
+            "wal_fpi": int(d["wal_fpi"]),
+            "fpi_share_of_wal": round(d["wal_fpi"] * 8192 / d["wal_bytes"], 3) if d["wal_bytes"] else None,
+            "wal_buffers_full": int(d["wal_buffers_full"]),
+            "wal_writes": int(d["wal_write"]),
+            "wal_syncs": int(d["wal_sync"]),
+            "wal_write_ms": round(d["wal_write_time"], 1),
+            "wal_sync_ms": round(d["wal_sync_time"], 1),
+            "checkpoints": int(d["checkpoints"]),
+            "buffers_checkpoint": int(d["buffers_checkpoint"]),
+        }
     for label, match in (("backends", "127.0.0.1("), ("walwriter", "walwriter"), ("checkpointer", "checkpointer")):
         run = wait = 0
         for key, (r1, q1) in s1.items():
@@ -640,9 +657,11 @@ async def measure(
             per_client = ns.plans // len(clients)
             plans = per_client * len(clients)
             wal0 = await _wal_mark(store)
-            if store.startswith("postgresql"):  # backends send their WAL counters at most once a second
-                await asyncio.sleep(1.2)
-            counters0, sched0, sampler = await _wal_counters(store), _schedstat(server), _Sampler(store)
+            wal_timing = ns.wal_timing and store.startswith("postgresql")
+            if wal_timing:  # an idle backend sends its pending counters 10 s after its last transaction
+                await asyncio.sleep(PGSTAT_IDLE_S)
+            counters0 = await _wal_counters(store) if wal_timing else None
+            sched0, sampler = _schedstat(server), _Sampler(store, ns.checkpoint_at)
             sampler.start()
             cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
             workers0, client0, by0 = _cpu(worker_pids), time.process_time(), _pg_by_process(server)
@@ -669,9 +688,10 @@ async def measure(
                 failed = sum(await asyncio.gather(*(run(c, p) for c, p in zip(clients, pools, strict=True))))
             elapsed = time.perf_counter() - t0
             sched1, activity = _schedstat(server), await sampler.stop()
-            if store.startswith("postgresql"):
-                await asyncio.sleep(1.2)
-            commit_time = _commit_time(counters0, await _wal_counters(store), sched0, sched1, elapsed, plans)
+            if wal_timing:
+                await asyncio.sleep(PGSTAT_IDLE_S)
+            counters1 = await _wal_counters(store) if wal_timing else None
+            commit_time = _commit_time(counters0, counters1, sched0, sched1, elapsed, plans)
             if ns.loop_callgrind:
                 _callgrind_toggle(coordinator_pids, False)
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _pg_cpu(server) - pg0
@@ -937,12 +957,17 @@ def commit_lines(pg1: dict[str, Any], settings: dict[str, str] | None) -> list[s
     t, act = pg1.get("commit_time"), pg1.get("activity")
     if not t:
         return []
+    wal = (
+        f"{t['wal_records_per_plan']} WAL records and {t['wal_bytes_per_plan']:,} bytes a plan, {t['wal_fpi']:,} full "
+        f"pages (<= {t['fpi_share_of_wal']} of the WAL), {t['checkpoints']} checkpoints; WAL write "
+        f"{t['wal_write_ms']:,} ms ({t['wal_writes']:,}), sync {t['wal_sync_ms']:,} ms ({t['wal_syncs']:,}), "
+        f"buffers full {t['wal_buffers_full']}"
+        if "wal_fpi" in t
+        else "pg_stat_wal with --wal-timing"
+    )
     return [
         "",
-        f"the server over the window ({settings}): {t['window_ms']:,} ms, {t['wal_records_per_plan']} WAL records "
-        f"and {t['wal_bytes_per_plan']:,} bytes a plan, {t['wal_fpi']:,} full pages ({t['fpi_share_of_wal']} of the "
-        f"WAL), {t['checkpoints']} checkpoints; WAL write {t['wal_write_ms']:,} ms ({t['wal_writes']:,}), "
-        f"sync {t['wal_sync_ms']:,} ms ({t['wal_syncs']:,}), buffers full {t['wal_buffers_full']}",
+        f"the server over the window ({settings}): {t['window_ms']:,} ms, {wal}",
         f"  backends on a CPU {t['backends_cpu_ms']:,} ms, waiting for one {t['backends_cpu_wait_ms']:,} ms; "
         f"walwriter {t['walwriter_cpu_ms']} + {t['walwriter_cpu_wait_ms']} ms; "
         f"checkpointer {t['checkpointer_cpu_ms']} + {t['checkpointer_cpu_wait_ms']} ms",
@@ -971,6 +996,10 @@ def main(argv: list[str] | None = None) -> int:
                         "part, no 2- and 3-coordinator columns (an interleaved A/B's rounds)")
     parser.add_argument("--loop-callgrind", metavar="DIR", help="the coordinators under callgrind, counting only over "
                         "the throughput window (DIR/coordinator-<pid>.out*; callgrind_annotate them; slow: ~50x)")
+    parser.add_argument("--wal-timing", action="store_true", help="pg_stat_wal's counters over each PostgreSQL "
+                        "window (its WAL write and sync ms, full pages): waits 10.5 s before and after it")
+    parser.add_argument("--checkpoint-at", type=float, metavar="S", help="a CHECKPOINT S seconds into each "
+                        "PostgreSQL window (as a timed one would land): full-page images follow it")
     parser.add_argument("--pg-settings", default="", metavar="SETTINGS",
                         help="more PostgreSQL server settings, NAME=VALUE words (e.g. 'wal_compression=lz4')")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
