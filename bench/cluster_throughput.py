@@ -219,6 +219,17 @@ def _schedstat(server: PostgresServer | None) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _threads_schedstat(pids: list[int]) -> tuple[int, int]:
+    """ns on a CPU and runnable waiting for one so far, over every thread of ``pids`` (/proc/PID/task/*/schedstat)."""
+    run = wait = 0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+            with contextlib.suppress(OSError, ValueError):
+                r, q = task.read_text().split()[:2]
+                run, wait = run + int(r), wait + int(q)
+    return run, wait
+
+
 class _Sampler:
     """pg_stat_activity of the coordinator's backends every ``interval`` s over the window: the share of samples in
     which some backend was in each state (``all idle``: none active, no commit on the server's side)."""
@@ -665,6 +676,8 @@ async def measure(
             sampler.start()
             cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
             workers0, client0, by0 = _cpu(worker_pids), time.process_time(), _pg_by_process(server)
+            groups = {"coordinators": coordinator_pids, "workers": worker_pids, "client": [os.getpid()]}
+            waits0 = {k: _threads_schedstat(v) for k, v in groups.items()}
             spies = _spies(ns.profile, coordinator_pids, "sqlite" if store.startswith("sqlite") else "pg", ns.perf)
             if ns.loop_callgrind:
                 _callgrind_toggle(coordinator_pids, True)
@@ -697,6 +710,8 @@ async def measure(
             cpu, pg_cpu = _cpu(coordinator_pids) - cpu0, _pg_cpu(server) - pg0
             kids = _children_cpu(coordinator_pids) - kids0
             workers_cpu, client_cpu = _cpu(worker_pids) - workers0, time.process_time() - client0
+            waits = {k: [round((b - a) / 1e6, 1) for a, b in zip(waits0[k], _threads_schedstat(v), strict=True)]
+                     for k, v in groups.items()}  # fmt: skip
             by_process = {k: round((v - by0.get(k, 0.0)) / plans * 1e6, 1) for k, v in _pg_by_process(server).items()}
             wal = await _wal_window(store, wal0, plans)
             for spy in spies:
@@ -725,6 +740,8 @@ async def measure(
             # (CPU seconds over the window's seconds, per coordinator: near 1, its loop is the bottleneck).
             "workers_cpu_us_per_plan": round(workers_cpu / plans * 1e6, 1),
             "client_cpu_us_per_plan": round(client_cpu / plans * 1e6, 1),
+            # Each process group's ms on a CPU and runnable waiting for one over the window (schedstat, every thread).
+            "cpu_and_wait_ms": waits,
             "coordinator_busy": round(cpu / elapsed / len(coordinator_pids), 3),
             "postgres_cpu_us_per_plan_by_process": {k: v for k, v in by_process.items() if v} or None,
             "postgres_cpu_us_per_plan": round(pg_cpu / plans * 1e6, 1) if pg_pids else None,
@@ -972,6 +989,7 @@ def commit_lines(pg1: dict[str, Any], settings: dict[str, str] | None) -> list[s
         f"walwriter {t['walwriter_cpu_ms']} + {t['walwriter_cpu_wait_ms']} ms; "
         f"checkpointer {t['checkpointer_cpu_ms']} + {t['checkpointer_cpu_wait_ms']} ms",
         f"  the backends sampled: {act}",
+        f"  the others' ms on a CPU and waiting for one: {pg1.get('cpu_and_wait_ms')}",
     ]
 
 
