@@ -62,16 +62,15 @@ from fleetwire.connection import (
     CLIENT_PATH,
     DEFAULT_MAX_FRAME_BYTES,
     RECONNECT_DIAL_TIMEOUT_S,
-    WAITED_ON_OTHERS,
     FirstReply,
     UrlList,
     dial,
     ending_error,
+    first_probe,
     keepalive_gave_up,
     resolve_url,
     resolve_urls,
     unsampled_form,
-    view_probe,
 )
 from fleetwire.data import Transport, Uploads
 from fleetwire.direct import DirectTransport
@@ -658,12 +657,13 @@ class Client(ClientCalls):
 
     def _ask_first(self, first_reply: FirstReply) -> bytes | None:
         """The first request goes out on the connection: its reply's bound starts (connection.py ``FirstReply``).
-        Returns the probe to send before it where a view session could hold its reply behind others' (a
-        ``list_workers``, a forwarded ``cancel``: ``WAITED_ON_OTHERS``); None: none."""
+        Returns the probe to send before it, which a core answers ahead of its commit queue and a view session at
+        once, so the bound is for that answer, not for a reply behind a slow store or others' rows (None: none, a
+        URL naming a pool or shard, or no bound)."""
         first_reply.ask()
-        if first_reply.bound_s is None or not self._session.pending_any(WAITED_ON_OTHERS):
+        if first_reply.bound_s is None:
             return None
-        return view_probe(self.url, self._session.text)
+        return first_probe(self.url, self._session.text)
 
     async def _write_loop(self, ws: ClientConnection) -> None:
         session = self._session

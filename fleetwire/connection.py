@@ -22,7 +22,7 @@ from websockets.typing import Subprotocol
 from fleetwire.errors import AuthError, FleetwireConnectionError
 from protocol import errors as codes
 from protocol.codec import ENCODING_SUBPROTOCOL, Encoding
-from protocol.messages import Cancel, DrainWorker, ListWorkers, ReleasePlan, RemoveWorker, UndrainWorker, Unsubscribe
+from protocol.messages import Unsubscribe
 from protocol.tracecontext import ACCEPTS_HEADER, ACCEPTS_SHORT_UNSAMPLED, UNSAMPLED, UNSAMPLED_SHORT
 from protocol.transfer import http1
 from protocol.urls import SINGLE_KEEPALIVE, UrlTurn, websocket_url
@@ -32,17 +32,16 @@ __all__ = [
     "CLIENT_PATH",
     "DEFAULT_MAX_FRAME_BYTES",
     "RECONNECT_DIAL_TIMEOUT_S",
-    "WAITED_ON_OTHERS",
     "FirstReply",
     "UrlList",
     "dial",
     "ending_error",
+    "first_probe",
     "keepalive_gave_up",
     "resolve_url",
     "resolve_urls",
     "serves_plain_http",
     "unsampled_form",
-    "view_probe",
 ]
 
 CLIENT_PATH: Final = "/v1/client"
@@ -50,13 +49,9 @@ DEFAULT_MAX_FRAME_BYTES: Final = 16 * 2**20
 #: A cluster reconnect's dial to one URL, at most (``Client(reconnect_dial_timeout_s=)``): the upgrade's round trip
 #: takes milliseconds; a frozen coordinator (SIGSTOP, a hung host) accepts the TCP connection and answers nothing.
 RECONNECT_DIAL_TIMEOUT_S: Final = 3.0
-#: Requests a cluster's view session (a main port's client session naming no pool: coordinator/io/cluster/sessions.py)
-#: answers only after others did: ``list_workers`` and the worker requests wait for the owners' fresh registry rows
-#: (up to 3 x ``--lease-renew`` after a quiet spell), ``cancel`` and ``release_plan`` for the shard owner's answer to
-#: a forward (up to 10 s to dial it, 10 s for its reply), in the order they came (:class:`FirstReply`).
-WAITED_ON_OTHERS: Final = (ListWorkers, DrainWorker, UndrainWorker, RemoveWorker, Cancel, ReleasePlan)
-# The probe a connection's first frame goes after (view_probe): an ``unsubscribe`` of nothing changes nothing, and
-# every coordinator answers it ``ok`` (req_id 0: the session drops it); a view session at once, from no rows.
+# The probe that goes first on a connection (first_probe): an ``unsubscribe`` of nothing changes nothing, and every
+# coordinator answers it ``ok`` (req_id 0: the session drops it); a core's port ahead of its commit queue
+# (coordinator/io/frontdoor/core_driver.py CoreSession), a view session at once, from no rows.
 _PROBES: Final = {False: msgspec.msgpack.encode([Unsubscribe()]), True: msgspec.json.encode([Unsubscribe()])}
 
 _CLOSE_MEANINGS: Final[dict[int, str]] = {
@@ -287,13 +282,15 @@ class FirstReply:
     dropped, and the session resumes at the next URL, this one at the back of the turn, as a dial that timed out.
     Only the first request is bounded: once a frame came, the coordinator is known to serve.
 
-    A coordinator that serves may still take longer than the bound over a request that waits on others
-    (:data:`WAITED_ON_OTHERS`: a view session's registry rows, a forward to a shard's owner), and every request
-    behind it: bounding that reply would leave a healthy coordinator, and the next one too, again and again. So
-    before such a request goes first on a connection, the client sends :func:`view_probe`'s frame, which a view
-    session answers at once; the bound then holds for that answer. Replies that wait on the store (a reply leaves
-    after its step's commit) are not exempt: a store that takes longer than the bound to commit (a frozen
-    PostgreSQL) leaves a new connection silent; a connection that was answered stays up (no bound after the first).
+    A coordinator that serves may still take longer than the bound over a request: every reply of a core leaves
+    after its step's commit (a store slower than the bound: a frozen PostgreSQL, a loaded disk, a coordinator under
+    valgrind), and a cluster's view session answers ``list_workers`` and the worker requests once the owners wrote
+    fresh registry rows (up to 3 x ``--lease-renew``), ``cancel`` and ``release_plan`` once the shard's owner answered
+    the forward, in the order they came. Bounding those replies would leave a healthy coordinator, and re-send its
+    requests to the next, adding load where it hurts. So the first frame on a connection is :func:`first_probe`'s,
+    which a core answers ahead of its commit queue and a view session at once: the bound is for that answer, one
+    frame a connection; the requests behind it take as long as they take (the keepalive still watches the
+    connection). A URL naming a pool or shard gets no probe: its first request's answer is bounded instead.
     """
 
     __slots__ = ("_timer", "_ws", "asked", "bound_s", "silent", "sink")
@@ -331,11 +328,11 @@ class FirstReply:
             self._ws.transport.abort()  # no close handshake: it would wait close_timeout for a peer that answers none
 
 
-def view_probe(url: str, text: bool) -> bytes | None:
-    """The frame to send ahead of a request that a view session answers only after others (:data:`WAITED_ON_OTHERS`)
-    when it is the first on a connection to ``url`` (:class:`FirstReply`); None for a URL naming a pool or shard,
-    which no view session serves (a main port moves it by its first message, a submit by its partition: the probe
-    must not be that first message), ``text``: the connection's frames are JSON."""
+def first_probe(url: str, text: bool) -> bytes | None:
+    """The frame to send first on a connection to ``url``, whose answer the first reply's bound is for
+    (:class:`FirstReply`); None for a URL naming a pool or shard (a main port moves such a session by its first
+    message, a submit by its partition: the probe must not be that first message); ``text``: the connection's frames
+    are JSON."""
     query = parse_qs(urlsplit(url).query)
     return None if "pool" in query or "shard" in query else _PROBES[text]
 

@@ -310,10 +310,6 @@ class ClientSession:
         """How many requests wait for their reply."""
         return len(self._pending)
 
-    def pending_any(self, kinds: tuple[type[Any], ...]) -> bool:
-        """Whether a request of one of these message classes waits for its reply."""
-        return any(pending.request in kinds for pending in self._pending.values())
-
     # ---- plan streams
 
     def add_stream(self, stream: PlanStream) -> None:

@@ -223,8 +223,8 @@ class FakeCoordinator:
                 session.out.append(
                     Workers(req_id=msg.req_id, workers=[worker], summary="1 workers (8 CPUs, 0 GPUs, 16.0 GB RAM)")
                 )
-            case Unsubscribe() if not msg.plan_ids and not msg.all:  # the probe ahead of a list_workers
-                session.out.append(Ok(req_id=msg.req_id))  # (fleetwire/connection.py view_probe): changes nothing
+            case Unsubscribe() if not msg.plan_ids and not msg.all:  # the probe first on every connection
+                session.out.append(Ok(req_id=msg.req_id))  # (fleetwire/connection.py first_probe): changes nothing
             case Unsubscribe():
                 raise AssertionError("the SDK does not unsubscribe")
             case _:
@@ -384,7 +384,8 @@ async def test_requests_queued_together_go_out_as_one_frame(coordinator: FakeCoo
     async with Client(coordinator.url, token=CLIENT_TOKEN) as client:
         plans = await asyncio.gather(*(client.submit("echo", args=i) for i in range(10)))
         assert [await plan.result() for plan in plans] == list(range(10))
-    assert coordinator.frames[0] == ["submit"] * 10
+    # The first frame on a connection is the first reply's probe (fleetwire/connection.py first_probe), alone.
+    assert coordinator.frames[:2] == [["unsubscribe"], ["submit"] * 10]
 
 
 async def test_events_arriving_before_events_call_are_kept(coordinator: FakeCoordinator) -> None:

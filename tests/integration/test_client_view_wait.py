@@ -3,9 +3,9 @@
 A cluster's view session (a main port's client session naming no pool: coordinator/io/cluster/sessions.py) answers
 ``list_workers`` only once the owners wrote fresh registry rows (up to 3 x ``--lease-renew``) and a ``cancel`` only
 once the shard's owner answered the forward, in the order its requests came. The client bounds the first reply on a
-connection by the dial's timeout (fleetwire/connection.py ``FirstReply``): before such a request goes first it sends
-a probe (an ``unsubscribe`` of nothing) that the view session answers at once, so a healthy coordinator that takes
-longer than the bound is not left (and the next one after it, again and again).
+connection by the dial's timeout (fleetwire/connection.py ``FirstReply``): the first frame on a connection is a probe
+(an ``unsubscribe`` of nothing) that the view session answers at once, so a healthy coordinator that takes longer than
+the bound over a request is not left (and the next one after it, again and again).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from fleetwire import Client
-from fleetwire.connection import view_probe
+from fleetwire.connection import first_probe
 from protocol import ENCODING_SUBPROTOCOL
 from protocol.messages import FromClient, ListWorkers, Ok, Unsubscribe, Workers
 
@@ -102,7 +102,7 @@ async def test_a_list_workers_resent_on_a_resume_is_answered_past_the_reconnect_
 def test_no_probe_goes_to_a_url_naming_a_pool_or_shard() -> None:
     """The probe is for URLs a view session may serve: a main port moves a session naming a pool by its first message
     (a submit by its partition), so none goes there; JSON connections get it as text."""
-    assert view_probe("ws://h:1/v1/client?pool=gpu", False) is None
-    assert view_probe("ws://h:1/v1/client?shard=3", True) is None
-    assert view_probe("ws://h:1/v1/client", False) == msgspec.msgpack.encode([Unsubscribe()])
-    assert view_probe("ws://h:1/v1/client", True) == b'[{"type":"unsubscribe"}]'
+    assert first_probe("ws://h:1/v1/client?pool=gpu", False) is None
+    assert first_probe("ws://h:1/v1/client?shard=3", True) is None
+    assert first_probe("ws://h:1/v1/client", False) == msgspec.msgpack.encode([Unsubscribe()])
+    assert first_probe("ws://h:1/v1/client", True) == b'[{"type":"unsubscribe"}]'

@@ -81,7 +81,7 @@ from coordinator.io.stores.commit import GroupCommitter
 from coordinator.io.stores.pg_commit import PipelinedCommitter
 from coordinator.limits import Limits
 from protocol import errors as codes
-from protocol.messages import Ack, Assign, Error, Hello, Moved, Submit
+from protocol.messages import Ack, Assign, Error, Hello, Moved, Ok, Submit, Unsubscribe
 from protocol.urls import named_worker_id
 from wireio.spin import SPIN
 
@@ -398,15 +398,22 @@ class CoreSession:
     Opens the session in the core with what the upgrade said (principal, address, the worker's
     certificate and named id), feeds each frame's messages within the frame budget, and closes it
     in the core when the connection ends or the server closes it.
+
+    A client's first message that is the SDK's probe (an ``unsubscribe`` naming nothing, fleetwire/connection.py
+    ``FirstReply``: it changes nothing) is answered ``ok`` here, ahead of the commit queue, not by the core: every
+    reply of the core leaves after its step's commit, so behind a store slower than the client's first reply's bound
+    (a frozen PostgreSQL, a loaded disk) a new connection would be left, and its requests sent again, where it hurts
+    most. Nothing was sent to the session before (opening a client session sends nothing), so the order holds.
     """
 
-    __slots__ = ("clock", "driver", "session", "whole")
+    __slots__ = ("clock", "driver", "fresh", "session", "whole")
 
     def __init__(self, driver: CoreDriver, session: Session, clock: Callable[[], float] = time.monotonic) -> None:
         self.driver = driver
         self.session = session
         self.clock = clock
         self.whole = False  # its last step fanned out (module docstring §Parts): its frames are not cut
+        self.fresh = False  # a client session whose first message is still to come (the probe: class docstring)
 
     def opened(self, now: float) -> None:
         session = self.session
@@ -419,6 +426,7 @@ class CoreSession:
             admin=principal.admin, worker_ids=principal.worker_ids, identity=peer_identity(ws) if worker else "",
             named_worker_id=named_worker_id(ws.request.path) if worker else None,
         )
+        self.fresh = not worker
         self.driver.flush()
 
     async def received(self, msgs: list[Any], frame_bytes: int, now: float) -> int:
@@ -436,6 +444,14 @@ class CoreSession:
         Called from ``data_received`` itself while the reader is idle (coordinator/io/frontdoor/reader.py).
         """
         SPIN.received()  # a frame came: the spin after this process's last send ends (wireio/spin.py)
+        if self.fresh:  # a client's first frame: its probe is answered ahead of the commit queue (class docstring)
+            self.fresh = False
+            if start == 0 and msgs and _is_probe(msgs[0]):
+                self.session.pending.append(Ok(req_id=msgs[0].req_id))
+                self.session.wake.set()
+                if len(msgs) == 1:
+                    return 1, 0
+                start = 1
         driver, session = self.driver, self.session
         outbox = driver.core.outbox
         redirect = driver.redirect
@@ -507,6 +523,11 @@ class CoreSession:
             self.driver.flush()
         else:  # the server closed it, maybe in the middle of a delivery: what that changed goes out after it
             asyncio.get_running_loop().call_soon(self.driver.flush)
+
+
+def _is_probe(msg: Any) -> bool:
+    """Whether ``msg`` is the SDK's first-reply probe: an ``unsubscribe`` naming nothing (it changes nothing)."""
+    return type(msg) is Unsubscribe and not msg.plan_ids and not msg.all
 
 
 def _encode_shared(sends: dict[int, list[Any]], sessions: dict[int, Session]) -> dict[int, list[Any]]:
