@@ -323,6 +323,14 @@ class FirstReply:
         )
 
     def _due(self) -> None:
+        # A frame read in the loop's turn that ran this timer is handed to the reader task only in the next turn (a
+        # text frame is counted there, not in the socket's read): look once more after it, so a loop that was busy
+        # past the bound does not leave a coordinator whose answer came in time.
+        if not self.sink.answered:
+            self._timer = None
+            asyncio.get_running_loop().call_soon(self._recheck)
+
+    def _recheck(self) -> None:
         if not self.sink.answered:
             self.silent = True
             self._ws.transport.abort()  # no close handshake: it would wait close_timeout for a peer that answers none
