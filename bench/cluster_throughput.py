@@ -12,7 +12,9 @@ bench/throughput.py and bench/latency.py do:
   the postmaster's tree), so the many-host figure can be computed honestly on a small machine.
 
 The PostgreSQL server is started here (tests/pg.py: initdb + pg_ctl in a temp dir, ``fsync=on``,
-``synchronous_commit=on``), one fresh database per column, and stopped at the end. The 2- and
+``synchronous_commit=on``), one fresh database per column, and stopped at the end. Before each column the
+server's WAL segments ahead are recycled (tests/pg.py ``recycle_wal``), as a server in service has them: a fresh one
+zero-fills each new 16 MiB segment inside the window (``--cold-wal`` keeps that, docs/PERFORMANCE.md §C29p). The 2- and
 3-coordinator columns need multi-shard ownership: where a coordinator of that run comes up as a
 standby (this build serves every shard from one coordinator), the column says "not yet" and why.
 
@@ -813,15 +815,25 @@ async def collect(ns: argparse.Namespace) -> dict[str, Any]:
             one: dict[str, Any] = {"sqlite_disk_ms": _disk_p50_ms(disk, 100)}
             one["sqlite"] = await measure("sqlite", 1, ns)
             one["pg1_disk_ms"] = _disk_p50_ms(disk, 100)
-            one["pg1"] = await measure(server.new_database(), 1, ns, server)
+            one["pg1"] = await measure(_database(server, ns, one), 1, ns, server)
             rounds.append(one)
         results["sqlite"] = _median_column([r["sqlite"] for r in rounds])
         results["pg1"] = _median_column([r["pg1"] for r in rounds])
         results["per_round"] = rounds
         for n in (2, 3):
-            results[f"pg{n}"] = (await measure(server.new_database(), n, ns, server) if not ns.one
+            results[f"pg{n}"] = (await measure(_database(server, ns, results), n, ns, server) if not ns.one
                                  else {"not_yet": "not run (--one)"})
     return results
+
+
+def _database(server: PostgresServer, ns: argparse.Namespace, into: dict[str, Any]) -> str:
+    """A fresh database for a column; unless ``--cold-wal``, the server's WAL segments ahead recycled first
+    (tests/pg.py ``recycle_wal``: a server in service has them; a fresh one zero-fills a new 16 MiB segment inside
+    the window, 0.05-0.19 s of a 2-5 s window, docs/PERFORMANCE.md §C29p). ``into["wal_segments_ahead"]``: how many."""
+    dsn = server.new_database()
+    if not ns.cold_wal:
+        into["wal_segments_ahead"] = server.recycle_wal()
+    return dsn
 
 
 def per_round(results: dict[str, Any]) -> list[str]:
@@ -1020,6 +1032,9 @@ def main(argv: list[str] | None = None) -> int:
                         "PostgreSQL window (as a timed one would land): full-page images follow it")
     parser.add_argument("--pg-settings", default="", metavar="SETTINGS",
                         help="more PostgreSQL server settings, NAME=VALUE words (e.g. 'wal_compression=lz4')")
+    parser.add_argument("--cold-wal", action="store_true",
+                        help="no WAL segments recycled ahead before each PostgreSQL column (a fresh server's: each "
+                             "new 16 MiB segment is zero-filled inside the window)")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     parser.add_argument("--commit-callgrind", action="store_true",
                         help="the PostgreSQL commit path in callgrind instructions a plan (needs valgrind), then exit")

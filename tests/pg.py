@@ -170,6 +170,24 @@ class PostgresServer:
         self._run(str(self.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-q",
                   "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", statement)  # fmt: skip
 
+    def recycle_wal(self, segments: int = 6) -> int:
+        """Give the server WAL segments ahead, recycled, as a server in service has; how many there are then.
+
+        A fresh server has none: the first commit past each 16 MiB segment waits while the next one is created and
+        zero-filled (145-192 ms on this disk, docs/PERFORMANCE.md §C29p), which a server in service does not pay (its
+        checkpoints rename segments it no longer needs into the ones ahead). So ``segments`` switches, each after a
+        little WAL (a switch with none since the last one stays put), then a checkpoint, which recycles the segments
+        behind it up to ``min_wal_size`` ahead (4 of 16 MiB at the default 80 MB: ~40,000 plans of a bench's WAL).
+        """
+        for _ in range(segments):
+            self.sql("CREATE TABLE fw_wal_warm (); DROP TABLE fw_wal_warm")
+            self.sql("SELECT pg_switch_wal()")
+        self.sql("CHECKPOINT")
+        return int(self.sql_value(
+            "SELECT count(*) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$' "
+            "AND name > pg_walfile_name(pg_current_wal_lsn())"
+        ))
+
     def sql_value(self, query: str) -> str:
         """The first column of the first row of ``query``, as text."""
         result = subprocess.run([*self._as, str(self.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port),
