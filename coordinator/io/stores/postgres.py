@@ -40,7 +40,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import operator
+import os
 import threading
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -72,8 +74,9 @@ from coordinator.shards import ClusterConfig, SubmitShards
 from protocol.messages import TERMINAL_STATES
 from wireio.spin import Spin, window_from_env
 
-__all__ = ["CONNECT_TIMEOUT_S", "LONE_SPIN_ENV", "LONE_SPIN_S", "SERVER_SETTINGS", "WRITER_SETTINGS", "PgStore",
-           "PgStoreDamaged", "describe_dsn", "ensure_indexes", "lone_spin_from_env", "new_loop"]  # fmt: skip
+__all__ = ["CONNECT_TIMEOUT_S", "LONE_SPIN_ENV", "LONE_SPIN_S", "SERVER_SETTINGS", "SPLIT_MIN_PLANS_ENV",
+           "WRITER_SETTINGS", "PgStore", "PgStoreDamaged", "describe_dsn", "ensure_indexes", "lone_spin_from_env",
+           "new_loop", "split_min_plans_from_env"]  # fmt: skip
 
 log = structlog.get_logger(__name__)
 
@@ -82,6 +85,7 @@ T = TypeVar("T")
 _KEY_BLOCK = 1024
 _KEY_RESERVE = 16 * _KEY_BLOCK  # new keys taken beyond a group's needs (a few big groups' worth): _take_keys
 _SPLIT_MIN_PLANS = 512  # a group the committer takes with nothing in flight, with more plans, goes in two: split_group
+SPLIT_MIN_PLANS_ENV = "FLEETWIRE_PG_SPLIT_MIN_PLANS"  # a tuning knob for _SPLIT_MIN_PLANS (0: never split)
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 30.0  # a statement that hangs longer fails the write (fail-stop), never blocks forever
 #: The asyncpg releases whose private protocol call ``bind_execute(state, args, portal, limit, return_extra, timeout)``
@@ -134,6 +138,23 @@ def lone_spin_from_env() -> float:
     """The lone commit's spin window :data:`LONE_SPIN_ENV` asks for, in seconds (:data:`LONE_SPIN_S` when unset; 0,
     with a warning, when it is not a number: wireio/spin.py ``window_from_env``)."""
     return window_from_env(LONE_SPIN_S, LONE_SPIN_ENV)
+
+
+def split_min_plans_from_env() -> int:
+    """The split threshold :data:`SPLIT_MIN_PLANS_ENV` asks for (:data:`_SPLIT_MIN_PLANS` when unset; 0: never split;
+    the default, with a warning, when it is not a whole number >= 0)."""
+    value = os.environ.get(SPLIT_MIN_PLANS_ENV)
+    if value is None or not value.strip():
+        return _SPLIT_MIN_PLANS
+    try:
+        plans = int(value)
+    except ValueError:
+        plans = -1
+    if plans < 0:  # said, not silently dropped: the default, the process goes on
+        warnings.warn(f"{SPLIT_MIN_PLANS_ENV}={value!r} is not a whole number of plans >= 0: the default "
+                      f"{_SPLIT_MIN_PLANS} is used", stacklevel=2)  # fmt: skip
+        return _SPLIT_MIN_PLANS
+    return plans
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -258,7 +279,7 @@ class PgStore(PgRows):
         # slice of the ~16,000 left copied them all at each group: ~80 us of a lone commit's CPU; §C29j).
         self._free_keys: list[int] = []
         self._ahead: RowGroup | None = None  # the group encode_ahead made, until its write_async
-        self.split_min_plans = _SPLIT_MIN_PLANS  # encode_ahead(split=True) splits a group of more plans (0: never)
+        self.split_min_plans = split_min_plans_from_env()  # encode_ahead(split=True) splits bigger groups (0: never)
         self.splitting = False  # the group encode_ahead made is split: its rest is encoded in write_async
         self.on_encoded: Callable[[], None] | None = None  # called once a split group's rest is on its way (committer)
         self.lone_spin = Spin(lone_spin_from_env())  # the busy-poll while a lone commit is in flight (LONE_SPIN_S)
