@@ -7,6 +7,7 @@ Also the hooks for pytest-xdist workers: the default worker count, ``solo`` test
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterator
 
@@ -17,6 +18,16 @@ from tests.parallel import SOLO_MARK, MachineShare, default_to_workers, run_temp
 from tests.pg import PostgresServer, missing_reason, postgres_server, scratch_dir
 
 _share: MachineShare | None = None  # this xdist worker's handle on the run's solo lock
+
+
+@pytest.fixture
+def mute_collector() -> Iterator[str]:
+    """An OTLP/HTTP endpoint that completes the TCP handshake (the kernel's backlog) and never answers a request
+    (the tracing tests' collector that holds every post until the exporter's timeout)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 @pytest.hookimpl(tryfirst=True)

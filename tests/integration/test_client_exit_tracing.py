@@ -16,10 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,15 +46,6 @@ async def main(url):
 
 asyncio.run(main(sys.argv[1]))
 """
-
-
-@pytest.fixture
-def mute_collector() -> Iterator[str]:
-    """An OTLP/HTTP endpoint that completes the TCP handshake (the kernel's backlog) and never answers a request."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 async def test_an_application_exits_within_its_tracers_bound_and_logs_the_dropped_spans(mute_collector: str) -> None:

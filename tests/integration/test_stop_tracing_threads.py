@@ -9,10 +9,8 @@ now runs in the threads the server closes its store in (a cluster host's ``close
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,15 +21,6 @@ pytestmark = pytest.mark.timeout(60)
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 EXIT_WAIT_S = 1.0  # the exporter child's bound here (15 s by default)
-
-
-@pytest.fixture
-def mute_collector() -> Iterator[str]:
-    """An OTLP/HTTP endpoint that completes the TCP handshake (the kernel's backlog) and never answers a request."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 async def test_the_stop_shuts_tracing_down_in_its_closer_and_leaves_the_default_executor_free(

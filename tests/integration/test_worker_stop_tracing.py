@@ -16,10 +16,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,15 +42,6 @@ span_export.ExportProcess.__init__ = init
 from fleetwire.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
-
-
-@pytest.fixture
-def mute_collector() -> Iterator[str]:
-    """An OTLP/HTTP endpoint that completes the TCP handshake (the kernel's backlog) and never answers a request."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 def export_children(pid: int) -> list[int]:

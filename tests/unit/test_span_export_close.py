@@ -7,9 +7,7 @@ confirmed die with it. They were counted as exported (handed to the child), and 
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 from structlog.testing import capture_logs
@@ -20,15 +18,6 @@ pytestmark = pytest.mark.timeout(60)
 
 SAMPLED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 EXIT_WAIT_S = 1.0  # the child's close bound here (15 s by default); the OTLP exporter's post waits 10 s
-
-
-@pytest.fixture
-def mute_collector() -> Iterator[str]:
-    """An OTLP/HTTP endpoint that completes the TCP handshake (the kernel's backlog) and never answers a request."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 def test_spans_the_child_dies_with_at_shutdown_are_dropped_and_logged(mute_collector: str) -> None:

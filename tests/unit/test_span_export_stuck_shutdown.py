@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import socket
 import struct
 import sys
 import termios
 import time
-from collections.abc import Iterator
 
 import pytest
 from structlog.testing import capture_logs
@@ -35,15 +33,6 @@ EXIT_WAIT_S = 1.0  # the child's close bound here (15 s by default)
 STUCK_S = 20.0  # how long a write waits on a full pipe before it kills the child (30 s by default)
 SPANS = 400  # of ~20 kB each: 8 MB, past the child's pipe (1 MB) and its read buffer (1 MB)
 F_GETPIPE_SZ = 1032
-
-
-@pytest.fixture
-def mute_collector() -> Iterator[str]:
-    """An OTLP/HTTP endpoint that completes the TCP handshake (the kernel's backlog) and never answers a request."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 def pipe_full(fd: int) -> bool:

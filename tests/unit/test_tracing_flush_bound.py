@@ -8,9 +8,7 @@ as ``exit_wait_s`` bounds the shutdown (wireio/tracing.py ``Tracing.flush``).
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 from structlog.testing import capture_logs
@@ -22,15 +20,6 @@ pytestmark = pytest.mark.timeout(60)
 SAMPLED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 POST_TIMEOUT_S = 5.0  # the OTLP exporter's, a post (10 s by default)
 SPANS = 3  # a batch each
-
-
-@pytest.fixture
-def mute_collector() -> Iterator[str]:
-    """An OTLP/HTTP endpoint that completes the TCP handshake (the kernel's backlog) and never answers a request."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 def test_an_in_process_flush_ends_at_its_bound_against_a_collector_that_never_answers(mute_collector: str) -> None:
