@@ -10,9 +10,11 @@ import os
 import socket
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+import fleetwire.client
 from tests.no_nvml import pynvml as no_nvml
 from tests.parallel import SOLO_MARK, MachineShare, default_to_workers, run_temp, worker_share
 from tests.pg import PostgresServer, missing_reason, postgres_server, scratch_dir
@@ -28,6 +30,20 @@ def mute_collector() -> Iterator[str]:
         listener.bind(("127.0.0.1", 0))
         listener.listen(16)
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.fixture
+def client_dials(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The SDK client's dials, in order (each URL's scheme, host and port): ``fleetwire.client.dial`` recorded."""
+    urls: list[str] = []
+    real_dial = fleetwire.client.dial
+
+    async def recording_dial(url: str, **kwargs: Any) -> Any:
+        urls.append(url.split("/v1/")[0])
+        return await real_dial(url, **kwargs)
+
+    monkeypatch.setattr(fleetwire.client, "dial", recording_dial)
+    return urls
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -15,11 +15,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-import fleetwire.client
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from protocol import ENCODING_SUBPROTOCOL
@@ -57,20 +55,6 @@ async def half_alive() -> AsyncIterator[HalfAlive]:
         yield coordinator
 
 
-@pytest.fixture
-def dials(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The client's dials (each URL's scheme, host and port)."""
-    urls: list[str] = []
-    real_dial = fleetwire.client.dial
-
-    async def recording_dial(url: str, **kwargs: Any) -> ClientConnection:
-        urls.append(url.split("/v1/")[0])
-        return await real_dial(url, **kwargs)
-
-    monkeypatch.setattr(fleetwire.client, "dial", recording_dial)
-    return urls
-
-
 class Gate:
     """A handler that waits for the test to open it."""
 
@@ -104,7 +88,7 @@ async def live() -> AsyncIterator[tuple[str, Gate]]:
 
 
 async def test_a_resume_onto_a_half_alive_coordinator_goes_on_at_the_next_url(
-    half_alive: HalfAlive, live: tuple[str, Gate], dials: list[str]
+    half_alive: HalfAlive, live: tuple[str, Gate], client_dials: list[str]
 ) -> None:
     """Client([live, half-alive]) with a plan running: after a drop the resume lands on the half-alive URL, whose
     pongs keep the connection up while its resubscription gets no reply; within the dial's bound the client leaves
@@ -121,7 +105,7 @@ async def test_a_resume_onto_a_half_alive_coordinator_goes_on_at_the_next_url(
         ws.transport.abort()  # the connection drops (a network cut)
         await until(lambda: half_alive.frames > 0, timeout_s=5)  # resumed there: its resubscription went out
         half_ws = client._ws
-        assert half_ws is not None and dials == [url, half_alive.url]
+        assert half_ws is not None and client_dials == [url, half_alive.url]
         await until(lambda: half_ws.latency > 0, timeout_s=5)  # it answers pings: the keepalive holds it up
         gate.open.set()
         assert await asyncio.wait_for(plan.result(), 10) == {"n": 1}
@@ -131,11 +115,11 @@ async def test_a_resume_onto_a_half_alive_coordinator_goes_on_at_the_next_url(
         ws.transport.abort()  # a second drop: the half-alive URL, at the back now, is not dialled
         await until(lambda: client._ws is not ws and client._ws is not None, timeout_s=8)
         await asyncio.wait_for(client.workers(), 5)
-    assert dials == [url, half_alive.url, url, url] and half_alive.upgrades == 1
+    assert client_dials == [url, half_alive.url, url, url] and half_alive.upgrades == 1
 
 
 async def test_a_first_connect_to_a_half_alive_coordinator_goes_on_at_the_next_url(
-    half_alive: HalfAlive, live: tuple[str, Gate], dials: list[str]
+    half_alive: HalfAlive, live: tuple[str, Gate], client_dials: list[str]
 ) -> None:
     """Client([half-alive, live]): the first connect lands on the half-alive URL; the first call's request gets no
     reply within open_timeout_s (the first dial's bound), so the client resumes at the live URL, sends it again
@@ -148,4 +132,4 @@ async def test_a_first_connect_to_a_half_alive_coordinator_goes_on_at_the_next_u
         workers = await asyncio.wait_for(client.workers(), 10)
         assert [w.id for w in workers.workers] == ["w-half-alive"]
         assert client.url.startswith(url)
-    assert dials == [half_alive.url, url] and half_alive.upgrades == 1 and half_alive.frames >= 1
+    assert client_dials == [half_alive.url, url] and half_alive.upgrades == 1 and half_alive.frames >= 1

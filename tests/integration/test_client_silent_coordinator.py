@@ -14,12 +14,9 @@ import base64
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
-from websockets.asyncio.client import ClientConnection
 
-import fleetwire.client
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from protocol import ENCODING_SUBPROTOCOL
@@ -66,18 +63,10 @@ async def silent() -> AsyncIterator[Silent]:
 
 
 async def test_a_reconnect_that_lands_on_a_silent_coordinator_puts_it_at_the_back(
-    silent: Silent, monkeypatch: pytest.MonkeyPatch
+    silent: Silent, client_dials: list[str]
 ) -> None:
     """Client([live, silent]): after a drop the turn's silent URL upgrades and answers nothing; the keepalive leaves
     it and the client resumes at the live one; after a second drop the silent URL, at the back now, is not dialled."""
-    dials: list[str] = []
-    real_dial = fleetwire.client.dial
-
-    async def recording_dial(url: str, **kwargs: Any) -> ClientConnection:
-        dials.append(url.split("/v1/")[0])
-        return await real_dial(url, **kwargs)
-
-    monkeypatch.setattr(fleetwire.client, "dial", recording_dial)
     server = CoordinatorServer(ServerSettings(port=0, insecure=True))
     await server.start()
     live = server.url
@@ -95,4 +84,4 @@ async def test_a_reconnect_that_lands_on_a_silent_coordinator_puts_it_at_the_bac
                 await asyncio.wait_for(client.workers(), 5)  # the resumed session is served
     finally:
         await server.stop()
-    assert dials == [live, silent.url, live, live] and silent.upgrades == 1
+    assert client_dials == [live, silent.url, live, live] and silent.upgrades == 1

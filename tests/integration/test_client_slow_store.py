@@ -17,9 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import ClientConnection
 
-import fleetwire.client
 from coordinator.io.frontdoor.server import CoordinatorServer, ServerSettings
 from fleetwire import Client
 from tests.integration.test_ack_rides import GatedStore
@@ -30,20 +28,6 @@ pytestmark = pytest.mark.timeout(60)
 
 SHORT_S = 0.5  # the first reply's bound here (open_timeout_s)
 HELD_S = 4 * SHORT_S  # how long the commits are held past a connection's first request
-
-
-@pytest.fixture
-def dials(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The client's dials."""
-    urls: list[str] = []
-    real_dial = fleetwire.client.dial
-
-    async def recording_dial(url: str, **kwargs: Any) -> ClientConnection:
-        urls.append(url.split("/v1/")[0])
-        return await real_dial(url, **kwargs)
-
-    monkeypatch.setattr(fleetwire.client, "dial", recording_dial)
-    return urls
 
 
 @pytest.fixture
@@ -73,7 +57,7 @@ async def slow() -> AsyncIterator[tuple[CoordinatorServer, GatedStore, Gate]]:
 
 
 async def test_a_first_connect_while_commits_are_held_keeps_its_connection(
-    slow: tuple[CoordinatorServer, GatedStore, Gate], dials: list[str]
+    slow: tuple[CoordinatorServer, GatedStore, Gate], client_dials: list[str]
 ) -> None:
     """A client connects and submits while the store's commits are held past the bound: the probe's ok comes ahead
     of the commit queue, so the one connection is kept and the plan completes once the commits flow."""
@@ -86,16 +70,16 @@ async def test_a_first_connect_while_commits_are_held_keeps_its_connection(
         assert await asyncio.to_thread(store.entered.wait, 10)  # the submit's step is being committed, held
         await asyncio.sleep(HELD_S)  # past the bound: a deadline the client must not act on, not a state to wait for
         assert not submit.done()
-        assert dials == [server.url] and client.session.resumed == 0
+        assert client_dials == [server.url] and client.session.resumed == 0
         store.gate.set()
         plan = await asyncio.wait_for(submit, 10)
         assert await asyncio.wait_for(plan.result(), 10) == {"n": 1}
-    assert dials == [server.url] and client.session.resumed == 0
+    assert client_dials == [server.url] and client.session.resumed == 0
     assert len(server.core.state.plans) == 1
 
 
 async def test_a_resume_while_commits_are_held_keeps_its_connection(
-    slow: tuple[CoordinatorServer, GatedStore, Gate], dials: list[str]
+    slow: tuple[CoordinatorServer, GatedStore, Gate], client_dials: list[str]
 ) -> None:
     """A client with a plan running loses its connection while another client's commit is held past the bound: the
     resume's resubscription is answered only after that commit, but the probe's ok comes at once, so the resumed
@@ -114,10 +98,10 @@ async def test_a_resume_while_commits_are_held_keeps_its_connection(
         assert ws is not None
         ws.transport.abort()  # a network cut: the client resumes, its resubscription behind the held commit
         await asyncio.sleep(HELD_S)  # past the bound: a deadline the client must not act on
-        assert dials == [server.url] * 3 and client.session.resumed == 1  # client, other, the client's resume
+        assert client_dials == [server.url] * 3 and client.session.resumed == 1  # client, other, the client's resume
         store.gate.set()
         gate.open.set()
         assert await asyncio.wait_for(plan.result(), 10) == {"n": 2}
         await asyncio.wait_for(held, 10)
-    assert dials == [server.url] * 3 and client.session.resumed == 1
+    assert client_dials == [server.url] * 3 and client.session.resumed == 1
     assert len(server.core.state.plans) == 2
