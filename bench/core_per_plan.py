@@ -342,10 +342,15 @@ def _instructions(tree: str, small: int, large: int, ns: argparse.Namespace) -> 
     side = ["--side", ns.side, "--batch", str(ns.batch)]
     _python(tree, ["--once", "--plans", "1", *side])  # byte-compiles what changed, so no counted run pays for it
     per_plan = less_gc = 0.0
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = scratch
+        if ns.cg_dir:  # kept: one folder a tree, for callgrind_annotate (or --diff) of two trees or levels
+            tmp = os.path.join(ns.cg_dir, tree.strip("/").replace("/", "_") or "root")
+            os.makedirs(tmp, exist_ok=True)
         for extra, sign in [([], 1)] + ([(["--setup-only"], -1)] if ns.side != "core" else []):
+            tail = ".setup" if extra else ""
             (small_ir, small_gc), (large_ir, large_gc) = (
-                _callgrind_total(tree, ["--once", "--plans", str(n), *side, *extra], os.path.join(tmp, f"cg.{n}"))
+                _callgrind_total(tree, ["--once", "--plans", str(n), *side, *extra], os.path.join(tmp, f"cg.{n}{tail}"))
                 for n in (small, large))  # fmt: skip
             per_plan += sign * (large_ir - small_ir) / (large - small)
             less_gc += sign * (large_ir - large_gc - small_ir + small_gc) / (large - small)
@@ -369,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed runs; the best counts (default 5)")
     parser.add_argument("--compare", metavar="PATH", help="also measure the tree at PATH and print the ratio")
     parser.add_argument("--no-callgrind", dest="callgrind", action="store_false", help="skip the instruction count")
+    parser.add_argument("--cg-dir", default="", help="keep the callgrind outputs here (a folder a tree: cg.N, and "
+                        "cg.N.setup, --setup-only's, for the client and worker; callgrind_annotate them)")
     parser.add_argument("--cg-plans", type=int, default=2_000, help="plans in the larger callgrind run (default 2000)")
     parser.add_argument("--profile", action="store_true", help="cProfile (each tree): calls and time per plan")
     parser.add_argument("--top", type=int, default=30, help="rows of --profile (default 30)")

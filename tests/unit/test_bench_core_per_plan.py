@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 from tests import bench_scripts
 
@@ -29,3 +33,22 @@ def test_client_side_runs_every_plan_to_its_result() -> None:
 def test_worker_side_runs_every_plan_and_gets_each_message_acked() -> None:
     """The worker side runs its assigns through a socketless Agent to their done, every message acked."""
     assert _bench().run_worker(600, 250) > 0  # raises when messages are left unacked
+
+
+def test_cg_dir_keeps_each_trees_callgrind_outputs_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--cg-dir``: each run's callgrind output is kept in a folder a tree, the ``--setup-only`` runs' apart."""
+
+    bench = _bench()
+    outs: list[str] = []
+
+    def fake_total(tree: str, args: list[str], out: str) -> tuple[int, int]:
+        outs.append(out)
+        return 1000 * int(args[args.index("--plans") + 1]), 0
+
+    monkeypatch.setattr(bench, "_python", lambda tree, args, valgrind_out=None: "")
+    monkeypatch.setattr(bench, "_callgrind_total", fake_total)
+    ns = argparse.Namespace(side="worker", batch=500, cg_dir=str(tmp_path))
+    assert bench._instructions("/tmp/tree-a", 500, 2000, ns) == (0.0, 0.0)  # the setup's difference taken off
+    folder = tmp_path / "tmp_tree-a"
+    assert outs == [str(folder / name) for name in ("cg.500", "cg.2000", "cg.500.setup", "cg.2000.setup")]
+    assert folder.is_dir()
