@@ -18,6 +18,7 @@ from protocol.tracecontext import (
 )
 from tests.otlp_receiver import OtlpReceiver
 from tests.waiting import until
+from wireio.span_export import ExportProcess
 from wireio.tracing import SERVICE_COORDINATOR, Tracing, tracing_requested
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -299,6 +300,26 @@ def _note_spans(tracing: Tracing, count: int) -> None:
         tracing.record("fleetwire.queue", SAMPLED, i, i + 1, {"fleetwire.plan_id": f"plan-{i:08d}"})
 
 
+def _stopped_child(tracing: Tracing, stuck_s: float) -> tuple[ExportProcess, subprocess.Popen[bytes]]:
+    """``tracing``'s exporter child stopped (SIGSTOP: it reads nothing more), killed by the parent once its pipe has
+    been full for ``stuck_s``, at a close after 0.5 s, and not started again; the process handle and the child."""
+    import signal
+
+    process = tracing.process
+    assert process is not None and process.proc is not None
+    stopped = process.proc
+    process.stuck_s, process.exit_wait_s, process.respawn_s = stuck_s, 0.5, 600.0
+    stopped.send_signal(signal.SIGSTOP)
+    return process, stopped
+
+
+def _batch_in_flight(tracing: Tracing) -> None:
+    """A full batch (20,000 spans with the first, ~3 MB for a 1 MB pipe) noted and taken by the exporter thread,
+    whose write to the stopped child then waits out stuck_s."""
+    _note_spans(_settled(tracing), 20_000 - 1)
+    asyncio.run(until(lambda: tracing._in_flight == 20_000, timeout_s=20))
+
+
 def test_a_stuck_exporter_process_is_killed_and_a_flush_or_shutdown_never_hangs() -> None:
     """A child that stops reading (SIGSTOP) is killed once its pipe has been full for stuck_s: the spans it did not
     take are dropped and counted, the flush that found it says so within its bound, and the shutdown is prompt."""
@@ -307,12 +328,8 @@ def test_a_stuck_exporter_process_is_killed_and_a_flush_or_shutdown_never_hangs(
 
     with OtlpReceiver() as receiver:
         tracing = _process_tracing(receiver, batch=1_000_000)  # the flush below sends them: one ~3 MB frame
-        process = tracing.process
-        assert process is not None and process.proc is not None
-        stopped = process.proc
-        process.stuck_s, process.exit_wait_s, process.respawn_s = 0.3, 0.5, 600.0
+        process, stopped = _stopped_child(tracing, stuck_s=0.3)
         try:
-            stopped.send_signal(signal.SIGSTOP)
             _settled(tracing)  # the spans are the flush's to send, not an export of the thread's at its own time
             _note_spans(tracing, 20_000 - 1)  # 20,000 with the first: more than the pipe holds
             began = time.monotonic()
@@ -334,14 +351,9 @@ def test_a_flush_says_false_when_the_exporter_threads_batch_is_lost_while_it_wai
 
     with OtlpReceiver() as receiver:
         tracing = _process_tracing(receiver, batch=20_000)
-        process = tracing.process
-        assert process is not None and process.proc is not None
-        stopped = process.proc
-        process.stuck_s, process.exit_wait_s, process.respawn_s = 3.0, 0.5, 600.0
+        process, stopped = _stopped_child(tracing, stuck_s=3.0)
         try:
-            stopped.send_signal(signal.SIGSTOP)
-            _note_spans(_settled(tracing), 20_000 - 1)  # a full batch: the thread takes it, ~3 MB for a 1 MB pipe
-            asyncio.run(until(lambda: tracing._in_flight == 20_000, timeout_s=20))  # its write waits out stuck_s
+            _batch_in_flight(tracing)
             assert not tracing.flush(30)
             assert stopped.returncode == -signal.SIGKILL and process.proc is None
             assert (tracing.exported, tracing.dropped) == (0, 20_000)
@@ -358,14 +370,9 @@ def test_a_flush_behind_the_exporter_threads_stuck_write_ends_at_its_own_bound()
 
     with OtlpReceiver() as receiver:
         tracing = _process_tracing(receiver, batch=20_000)
-        process = tracing.process
-        assert process is not None and process.proc is not None
-        stopped = process.proc
-        process.stuck_s, process.exit_wait_s, process.respawn_s = 10.0, 0.5, 600.0
+        process, stopped = _stopped_child(tracing, stuck_s=10.0)
         try:
-            stopped.send_signal(signal.SIGSTOP)
-            _note_spans(_settled(tracing), 20_000 - 1)
-            asyncio.run(until(lambda: tracing._in_flight == 20_000, timeout_s=20))
+            _batch_in_flight(tracing)
             began = time.monotonic()
             assert not tracing.flush(0.5)
             assert time.monotonic() - began < process.stuck_s / 2
