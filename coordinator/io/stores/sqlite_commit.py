@@ -101,11 +101,11 @@ _STATEMENTS: dict[tuple[str, int], str] = {}
 # registry is, and only where nobody registered one for these types first. The inline runs, the rows' most
 # frequent blob, are made a bytearray instead (``_encode_rows``), which sqlite3 binds with no look-up at all.
 sqlite3.adapters.setdefault((bytes, sqlite3.PrepareProtocol), bytes.__bytes__)
+sqlite3.adapters.setdefault((type(None), sqlite3.PrepareProtocol), {}.get)
 BLOB: Final = bytearray()
 """Never changed: ``BLOB + data`` is ``data``'s bytes as a new bytearray, which sqlite3 binds with no adapter look-up
 (~1,100 instructions a blob less than a ``bytes`` one), a copy made in ~740 (``bytearray(data)``: ~1,110, its
 arguments parsed; callgrind, docs/PERFORMANCE.md §W29d)."""
-sqlite3.adapters.setdefault((type(None), sqlite3.PrepareProtocol), {}.get)
 
 
 # One group's rows (_encode_rows): inserts, updates, events-table runs, inline checksums after it, plans ended.
