@@ -7,7 +7,11 @@ its own process, on 127.0.0.1) with the standard variables: ``OTEL_EXPORTER_OTLP
 to an OTLP/HTTP sink in this process (it keeps the posted bodies and decodes them after the runs,
 so it does not compete for the CPU meanwhile), ``OTEL_TRACES_SAMPLER=parentbased_traceidratio``
 and ``OTEL_TRACES_SAMPLER_ARG`` 0.01 or 1.0: the client's submit spans sample; the coordinator and
-the worker follow the caller (parent-based). "off" has no endpoint: nothing is imported. At 100 %
+the worker follow the caller (parent-based). "off" has no endpoint: nothing is imported. "ratio 0"
+(``--tracing-levels off,0,1``) starts all of it, tracers, exporter threads and children, with
+``OTEL_TRACES_SAMPLER_ARG`` 0: every plan carries the unsampled decision and none makes a span, so
+"ratio 0" less "off" is what propagation costs every plan, and "1 %" less "ratio 0" the sampled plans'
+spans (1 in 100) and their export. At 100 %
 the exporters post whenever a batch of 2,048 spans is queued, and every ``OTEL_BSP_SCHEDULE_DELAY``
 = 200 ms (not the default 5 s), so what is left after the last batch is exported inside the timed
 window, as it would be in a fleet that runs all day; at 1 % the default delay stays (a post every
@@ -37,13 +41,13 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
-LEVELS = (("off", None), ("1 %", "0.01"), ("100 %", "1.0"), ("100 %, all threads", "1.0"),
+LEVELS = (("off", None), ("ratio 0", "0"), ("1 %", "0.01"), ("100 %", "1.0"), ("100 %, all threads", "1.0"),
           ("100 %, all processes", "1.0"))  # fmt: skip
 EXPORT_MODES = {"100 %, all threads": "thread", "100 %, all processes": "process"}  # FLEETWIRE_TRACE_EXPORT by level
 EXPORT_DELAY_MS = {name: "200" for name, ratio in LEVELS if ratio == "1.0"}  # OTEL_BSP_SCHEDULE_DELAY (docstring)
 TARGETS = {"1 %": 1.0, "100 %": 5.0}  # the most throughput may drop, in per cent (issue #32)
 # compare.py --tracing-levels: the levels' short names; "off" always runs (the baseline the others are read against).
-LEVEL_KEYS = {"off": "off", "1": "1 %", "100": "100 %", "100-threads": "100 %, all threads",
+LEVEL_KEYS = {"off": "off", "0": "ratio 0", "1": "1 %", "100": "100 %", "100-threads": "100 %, all threads",
               "100-processes": "100 %, all processes"}  # fmt: skip
 
 
@@ -260,6 +264,14 @@ def report(ns: argparse.Namespace, levels: Sequence[Level], runs: Runs, sink: Si
                      f"{level.label}: CPU {_fmt_paired(results['levels'][level.label]['paired_cpu'])}, "
                      f"p50 {_fmt_paired(results['levels'][level.label]['paired_p50'])}"
                      for level in levels if level.label != "off"))  # fmt: skip
+    zero = next((level.label for level in levels if level.base == "ratio 0"), None)
+    if zero is not None:  # propagation (ratio 0 less off) apart from the sampled plans' spans (each level less ratio 0)
+        sampled = [level.label for level in levels if level.ratio not in (None, "0")]
+        results["paired_cpu_against_ratio_0"] = {
+            name: paired_changes(runs.cpus, runs.orders, name, zero) for name in sampled}  # fmt: skip
+        lines.append("paired change a round against ratio 0 (the sampled plans' share), of the CPU per plan: " + (
+            " | ".join(f"{name}: {_fmt_paired(results['paired_cpu_against_ratio_0'][name])}" for name in sampled)
+            or "-"))  # fmt: skip
     processes = sorted({p for per in runs.by_process.values() for p in per})
     lines.append("CPU µs per plan by process (median of rounds): " + "; ".join(
         f"{level.label}: " + ", ".join(f"{p} {statistics.median(runs.by_process[level.label][p]):.0f}"

@@ -323,9 +323,10 @@ def main(argv: list[str] | None = None) -> int:
                              "(bench/_tracing_cost.py; needs fleetwire[otel])")
     parser.add_argument("--rounds", type=int, default=2, help="with --tracing: interleaved rounds (default 2)")
     parser.add_argument("--tracing-levels", default="off,1,100,100-threads,100-processes", metavar="LIST",
-                        help="with --tracing: the levels to run, comma-separated among off, 1, 100, 100-threads, "
-                             "100-processes (off always runs); e.g. 'off,1' with many --rounds to resolve 1 %%'s cost; "
-                             "a level named twice runs twice ('off,off': the A/A control, what the method alone shows)")
+                        help="with --tracing: the levels to run, comma-separated among off, 0 (tracing on, nothing "
+                             "sampled: propagation alone), 1, 100, 100-threads, 100-processes (off always runs); e.g. "
+                             "'off,1' with many --rounds to resolve 1 %%'s cost; a level named twice runs twice "
+                             "('off,off': the A/A control, what the method alone shows)")
     parser.add_argument("--tracing-order", choices=("rotate", "fixed"), default="rotate",
                         help="with --tracing: each round's order of the levels, rotated by one from the last round's "
                              "(default; each level runs in each slot alike) or the same every round (as before)")

@@ -3,6 +3,7 @@
     python bench/tracing_per_plan.py                        # this tree
     python bench/tracing_per_plan.py --compare /tmp/wt_old  # and another checkout, same sitting
     python bench/tracing_per_plan.py --every 100            # 1 % of the plans traced
+    python bench/tracing_per_plan.py --every -1             # ratio 0: tracing on, no plan traced
 
 ``coordinator``: the pure core with tracing on (``Streams.tracing``) driven as bench/core_per_plan.py drives
 it (echo plans in batches of 500, two workers of 1000 slots that accept, emit and finish every plan), each
@@ -10,11 +11,13 @@ step's trace notes handed to ``PlanSpans`` (coordinator/io/ops/tracing.py) as th
 it noted packed with msgpack as the tracer's exporter thread packs it for its child: the coordinator process's
 own work for its spans, less the pipe. ``--every N`` traces one plan in N (the others carry ``"00"``, the
 unsampled decision, as the SDK sends them at 1 %; no ``traceparent`` in trees without it); ``--every 0``: none,
-tracing off in the core. ``exporter``: what the span exporter child does with those spans (wireio/span_export.py
-``main``, less the HTTP post): unpack 2,048-record frames, make the coordinator's step records into spans
-(``StepSpans``, in trees that send them) and encode them as OTLP (wireio/otlp.py), its collector as the child
-sets it. Each figure is the callgrind difference of two runs of different sizes (start-up and imports cancel
-out), so the machine's load does not move it; ``--no-callgrind`` prints CPU µs instead (noisy).
+tracing off in the core; ``--every -1``: ratio 0, tracing on in the core and every plan carrying ``"00"`` (what
+propagation costs with no plan sampled: ``--every -1`` less ``--every 0``). ``exporter``: what the span exporter
+child does with those spans (wireio/span_export.py ``main``, less the HTTP post): unpack 2,048-record frames, make
+the coordinator's step records into spans (``StepSpans``, in trees that send them) and encode them as OTLP
+(wireio/otlp.py), its collector as the child sets it. Each figure is the callgrind difference of two runs of
+different sizes (start-up and imports cancel out), so the machine's load does not move it; ``--no-callgrind`` prints
+CPU µs instead (noisy).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ CONTEXTS = 3000  # the callers' contexts, drawn before a run (a plan's is the on
 
 
 def coordinator(plans: int, every: int, dump: str | None = None) -> float:
-    """``plans`` echo plans through the core, one in ``every`` traced (0: tracing off); CPU seconds spent."""
+    """``plans`` echo plans through the core, one in ``every`` traced (0: tracing off; -1: on, none traced); CPU
+    seconds spent."""
     import msgspec
 
     from coordinator.io.ops.tracing import PlanSpans
@@ -60,7 +64,7 @@ def coordinator(plans: int, every: int, dump: str | None = None) -> float:
     kept: list[Any] = []
     ids = (f"p{i}" for i in itertools.count(1))
     core = echo_core(lambda: next(ids))  # one client holds them all (bench/_echo_core.py)
-    core.streams.tracing = every > 0
+    core.streams.tracing = every != 0
     workers, client = WORKERS, CLIENT
     rnd = random.Random(1)
     try:  # an unsampled plan carries the SDK's "no" without ids where the tree has it (protocol/tracecontext.py)
@@ -69,7 +73,8 @@ def coordinator(plans: int, every: int, dump: str | None = None) -> float:
         unsampled = ""
     contexts = [f"00-{rnd.getrandbits(128):032x}-{rnd.getrandbits(64):016x}-01" for _ in range(CONTEXTS)]
     # as many drawn in either run of a count: their ~6.5k instructions a plan cancel out
-    parents = [contexts[i % CONTEXTS] if every and i % every == 0 else unsampled if every else "" for i in range(plans)]
+    parents = [contexts[i % CONTEXTS] if every > 0 and i % every == 0 else unsampled if every else ""
+               for i in range(plans)]  # fmt: skip
     pending: dict[int, list[Any]] = {conn: [] for conn in workers}
     seqs = dict.fromkeys(workers, 0)
     gc.collect()
@@ -198,7 +203,7 @@ def measure(tree: str, ns: argparse.Namespace, scratch: str) -> dict[str, Any]:
     else:
         out = _python(tree, ["coordinator", str(large), str(ns.every)], False).stdout
         result["coordinator_us_per_plan"] = round(_seconds(out) / large * 1e6, 2)
-    if ns.every:
+    if ns.every > 0:
         count = int(_seconds(_python(tree, ["count", dump], False).stdout))
         if ns.callgrind:
             a = _collected(_python(tree, ["exporter", dump, "1"], True))
@@ -225,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--plans", type=int, default=3000, help="plans in the larger run (default 3000)")
-    parser.add_argument("--every", type=int, default=1, help="trace one plan in N (default 1: all; 0: none)")
+    parser.add_argument(
+        "--every", type=int, default=1, help="trace one plan in N (default 1: all; 0: none, tracing off; -1: ratio 0)"
+    )
     parser.add_argument("--compare", metavar="PATH", help="another checkout to measure the same way")
     parser.add_argument("--no-callgrind", dest="callgrind", action="store_false", help="CPU µs instead")
     ns = parser.parse_args(argv)

@@ -100,3 +100,29 @@ def test_the_table_says_the_paired_cpu_change_of_each_level(monkeypatch: pytest.
     lines, _ = tc.measure(ns, run)
     assert any(line.startswith("paired change a round against off") and "1 %: CPU +0.0 % [+0.0, +0.0]" in line
                for line in lines)  # fmt: skip
+
+
+def test_ratio_0_runs_traced_with_nothing_sampled_and_splits_the_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'0' is the ratio-0 level: the endpoint and a parent-based ratio sampler set, OTEL_TRACES_SAMPLER_ARG 0, so
+    every process traces and nothing is sampled; the table reads 1 % against it as well as against off."""
+    monkeypatch.setattr(tc, "Sink", FakeSink)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+    seen: list[tuple[str | None, str | None]] = []
+
+    def run(script: str, *args: str, timeout_s: float) -> dict[str, Any]:
+        if script == "latency.py":
+            return {"p50_ms": 0.5}
+        ratio = os.environ.get("OTEL_TRACES_SAMPLER_ARG")
+        seen.append((os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"), ratio))
+        cpu = {None: 0.050, "0": 0.051, "0.01": 0.052}[ratio]  # 50, 51, 52 µs a plan at 1,000 plans
+        return {"plans_per_s": 1000.0, "cpu_s": {"client": cpu}}
+
+    assert [(level.label, level.ratio) for level in tc.chosen_levels("off,0,1")] == [
+        ("off", None), ("ratio 0", "0"), ("1 %", "0.01")]  # fmt: skip
+    ns = argparse.Namespace(plans=1000, samples=10, store="memory", timeout=5.0, rounds=1, tracing_levels="1,0,off",
+                            tracing_order="fixed")  # fmt: skip
+    lines, results = tc.measure(ns, run)
+    assert seen == [(None, None), (FakeSink.endpoint, "0"), (FakeSink.endpoint, "0.01")]
+    assert results["levels"]["ratio 0"]["paired_cpu"]["median"] == pytest.approx(2.0)
+    assert results["paired_cpu_against_ratio_0"]["1 %"]["median"] == pytest.approx(100 * (52 / 51 - 1))
+    assert any(line.startswith("paired change a round against ratio 0") and "1 %: +2.0 %" in line for line in lines)

@@ -29,3 +29,13 @@ def test_one_plan_in_a_hundred_traced_and_tracing_off() -> None:
     bench = _bench()
     assert bench.coordinator(1_000, 100) > 0
     assert bench.coordinator(1_000, 0) > 0
+
+
+def test_ratio_0_traces_in_the_core_and_notes_nothing(tmp_path: Path) -> None:
+    """--every -1: tracing on in the core, every plan carrying the unsampled decision: no record noted, and the
+    command line's figure has no exporter part (no span to encode)."""
+    bench = _bench()
+    dump = tmp_path / "spans.msgpack"
+    assert bench.coordinator(1_000, -1, str(dump)) > 0
+    assert msgspec.msgpack.decode(dump.read_bytes()) == []
+    assert bench.main(["--every", "-1", "--plans", "600", "--no-callgrind"]) == 0
