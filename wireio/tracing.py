@@ -342,18 +342,25 @@ class Tracing:
         self.process: ExportProcess | None = None
         """The child that exports (``export_process``), else None: the exporter runs in this process."""
         self._builder: SpanBuilder | None = None
+        self._url = _traces_url(endpoint) if endpoint else None  # the OTLP exporter's (None: the variables say)
         if export_process and exporter is None:
             if not _sdk_installed():
                 raise ValueError(_MISSING)
             self.process = ExportProcess(self.service, _traces_url(endpoint) if endpoint else "", env)
             self.process.start()
+        elif exporter is None and self.sampler.ratio <= 0.0:
+            # Its sampler samples no root (ratio 0: propagation only): a span comes only under a caller's sampled
+            # context, maybe never. The SDK and the OTLP exporter (~20,000 objects for the collector to walk, in an
+            # application's process: docs/PERFORMANCE.md §T32n) are imported when the first span is exported.
+            if not _sdk_installed():
+                raise ValueError(_MISSING)
         else:
             try:
                 self._builder = SpanBuilder(self.service)
                 if exporter is None:
                     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-                    self.exporter = OTLPSpanExporter(endpoint=_traces_url(endpoint) if endpoint else None)
+                    self.exporter = OTLPSpanExporter(endpoint=self._url)
             except ImportError:
                 raise ValueError(_MISSING) from None
         self.dropped = 0
@@ -587,8 +594,10 @@ class Tracing:
                 if process is not None:
                     sent = process.send(batch)  # False: the child is gone (it is started again later)
                 else:
-                    assert builder is not None
-                    sent = builder.export(self.exporter, batch, self._noted != 0)  # False: refused, or away
+                    if builder is None:  # the first span of a ratio-0 tracer (__init__)
+                        builder = self._build_exporter()
+                    # False: refused, or away (or the SDK found at the start failed to import: counted dropped)
+                    sent = builder is not None and builder.export(self.exporter, batch, self._noted != 0)
                 with self._left_lock:
                     self._in_flight = 0
                     if self._left:  # left at the shutdown's bound while posting: counted dropped there
@@ -601,6 +610,19 @@ class Tracing:
             if process is not None:
                 self._count_lost(process.failed - failed)
         return went
+
+    def _build_exporter(self) -> SpanBuilder | None:
+        """What exports in this process, built at the first export of a ratio-0 tracer (under the export lock); None:
+        the SDK, found when the tracer was built, does not import."""
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            builder = SpanBuilder(self.service)
+        except ImportError:
+            return None
+        self.exporter = OTLPSpanExporter(endpoint=self._url)
+        self._builder = builder
+        return builder
 
     def _take_weighed(self, batch_size: int) -> list[tuple[Any, ...]]:
         """The next batch off the queue, a step record weighing its notes (:meth:`add_step`)."""
@@ -649,7 +671,7 @@ class Tracing:
         flusher.join(timeout_s)
         if not done:  # still exporting at the bound
             return False
-        if process is None:
+        if process is None and self.exporter is not None:  # (None: a ratio-0 tracer that has exported nothing)
             left_ms = max(0, int((deadline - time.monotonic()) * 1000))
             done.append(bool(self.exporter.force_flush(left_ms)))
         return all(done) and self.dropped == dropped
@@ -672,7 +694,8 @@ class Tracing:
                 if self._thread.is_alive():
                     self._left = True
                     self.dropped += self._in_flight + len(self._queue) + self._noted - self._taken
-            self.exporter.shutdown()  # its retries' waits end; a post under way ends at its own timeout
+            if self.exporter is not None:  # (None: a ratio-0 tracer that exported nothing)
+                self.exporter.shutdown()  # its retries' waits end; a post under way ends at its own timeout
         else:
             # Against a collector that never answers the child reads a batch a post's timeout (10 s): its pipe full, the
             # thread's writes of the batches still queued went one a timeout (a full queue: ~5 minutes). Past the
