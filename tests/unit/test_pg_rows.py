@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from coordinator.io.stores.pg_rows import PgRows, RowGroup, columns, grid
+from coordinator.io.stores.pg_rows import PgRows, RowGroup, grid
 from coordinator.io.stores.rows import group_records
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus, Record
 from coordinator.shards import ClusterConfig, SubmitShards
@@ -121,7 +121,6 @@ def test_grid_folds_columns_into_rows_of_about_sqrt_n_padded_with_none() -> None
     folded = grid([list(range(10)), list("abcdefghij")])
     assert folded == [[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, None, None]],
                       [list("abcd"), list("efgh"), ["i", "j", None, None]]]  # fmt: skip
-    assert columns([], 3) == [[], [], []] and columns([(1, "x"), (2, "y")], 2) == [[1, 2], ["x", "y"]]
 
 
 def test_a_plan_with_only_a_run_or_only_a_status_in_the_group_gets_its_update_row() -> None:
@@ -134,6 +133,25 @@ def test_a_plan_with_only_a_run_or_only_a_status_in_the_group_gets_its_update_ro
     assert group.fresh == {} and group.rows[0] == [[] for _ in range(14)] and rows.next_key == 102
     group = rows.commit([_event("b", 1), PlanStatus("b", "running", attempt=1, next_seq=3)])
     assert [(r[0], r[1], r[4]) for r in _rows(group.rows[1])] == [(101, 1, "running")]
-    empty = columns([], 3)
+    empty = group.rows[0]
     empty[0].append(1)  # grid() pads a column in place: each empty column is a list of its own
-    assert empty == [[1], [], []]
+    assert empty[0] == [1] and empty[1:] == [[] for _ in range(13)] and group.rows[2] == [[] for _ in range(5)]
+
+
+def test_the_rows_carry_each_key_as_the_object_kept_and_a_new_plans_long_run_spills_with_its_key() -> None:
+    """A row's key on its column is the very int the store keeps (the new key given, the one in ``_keys``), not a
+    copy made per row (the compiled build unboxed and boxed it again); a new plan's run past the inline limits goes
+    to the events rows under its new key, its row with no inline events."""
+    rows = Rows()
+    rows.next_key = 10**9  # past the small ints Python shares
+    group, keys = rows.group([_created("a", 0), *(_event("a", s) for s in range(1, 20)), PlanStatus("a", "queued"),
+                              _created("b", 1), PlanStatus("b", "queued")])  # fmt: skip
+    assert rows.encode_rows(group, keys, {}) == []
+    rows.apply_committed(group)
+    new, spilled = group.rows[0], group.rows[2]
+    assert new[0] == keys and all(k is given for k, given in zip(new[0], keys, strict=True))
+    assert new[3] == [0, 0] and new[6][0] is None and new[13] == [None, None]
+    assert spilled[0] == [keys[0]] and spilled[0][0] is keys[0] and spilled[1] == [1]
+    assert spilled[3] == [zlib.crc32(spilled[4][0], keys[0] & 0xFFFFFFFF)]
+    group = rows.commit([_event("b", 1), PlanStatus("b", "running", attempt=1, next_seq=2)])
+    assert group.rows[1][0] == [keys[1]] and group.rows[1][0][0] is rows._keys["b"]

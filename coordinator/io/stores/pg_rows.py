@@ -22,11 +22,10 @@ from coordinator.records import PlanCreated, PlanStatus, Record
 from coordinator.shards import SubmitShards
 from protocol.messages import TERMINAL_STATES
 
-__all__ = ["INLINE_MAX_BYTES", "INLINE_MAX_SEQ", "PgRows", "RowGroup", "columns", "grid", "split_group"]
+__all__ = ["INLINE_MAX_BYTES", "INLINE_MAX_SEQ", "PgRows", "RowGroup", "grid", "split_group"]
 
 crc = zlib.crc32
 _Part = tuple["RowGroup", list[int]]  # a group and its new keys
-_NO_ROW: list[tuple[Any, ...]] = [()]  # columns(): an empty column each
 
 INLINE_MAX_SEQ = 15  # as the SQLite store: a plan's first small runs go in its own row
 INLINE_MAX_BYTES = 512
@@ -75,19 +74,13 @@ def split_group(group: RowGroup, fresh_keys: list[int]) -> tuple[_Part, _Part]:
     for part in (ids[:third], ids[third:]):
         gone = forgotten if not parts else forgotten.intersection(part) if forgotten else forgotten
         one = RowGroup(group.records, {p: created[p] for p in part if p in created},
-                     {p: latest[p] for p in part if p in latest}, {p: runs[p] for p in part if p in runs}, gone)
+                       {p: latest[p] for p in part if p in latest}, {p: runs[p] for p in part if p in runs},
+                       gone)  # fmt: skip
         if not parts:
             one.doomed, one.shards = group.doomed, group.shards
         one.fresh_ids = [p for p in one.created if p in key_of]
         parts.append((one, [key_of[p] for p in one.fresh_ids]))
     return parts[0], parts[1]
-
-
-def columns(rows: list[tuple[Any, ...]], width: int) -> list[list[Any]]:
-    """``rows`` as one list per column (``width`` empty lists when there is none)."""
-    if not rows:
-        return list(map(list, _NO_ROW * width))
-    return list(map(list, zip(*rows, strict=True)))  # map, no comprehension: a lone group's row costs less
 
 
 def grid(columns: list[list[Any]]) -> list[Any]:
@@ -110,6 +103,20 @@ def grid(columns: list[list[Any]]) -> list[Any]:
     return [[column[i : i + width] for i in range(0, n, width)] for column in columns]
 
 
+def _empty(width: int) -> list[list[Any]]:
+    """``width`` empty columns, each a list of its own."""
+    return [[] for _ in range(width)]
+
+
+def _add_run(ev_rows: list[list[Any]], key: Any, seq: Any, shard: Any, checksum: Any, body: bytes) -> None:
+    """A spilled run's row onto the events part's columns (``encode_rows``'s ``ev_rows``)."""
+    ev_rows[0].append(key)
+    ev_rows[1].append(seq)
+    ev_rows[2].append(shard)
+    ev_rows[3].append(checksum)
+    ev_rows[4].append(body)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled (setup.py): PgStore, pure, derives from it
 class PgRows:
     """The row making of :class:`~coordinator.io.stores.postgres.PgStore`: its write-side keys, and a group's rows."""
@@ -124,9 +131,10 @@ class PgRows:
         """Each touched plan's row insert or update and its spilled run, one array per column (``group.rows``); no I/O.
 
         ``stored``: key -> the database's chained checksum where memory has none; the keys it lacks are returned.
-        Rows as tuples, into a list per column at the end by zip(*rows) (an append per column cost ~2 us a plan);
-        names local, the encoder called directly (encode_run/encode_record when it refuses a payload). The new
-        plans first (:meth:`_new_rows`), then the others (:meth:`_updated_rows`): no test of which a row is, per row.
+        The new plans first (:meth:`_new_rows`), then the others (:meth:`_updated_rows`): no test of which a row is,
+        per row. Compiled (setup.py), each row's values go straight onto its columns' lists (a C call each) and its
+        integers stay the objects they came as (keys from their dicts, checksums from ``zlib.crc32``): no row
+        tuples turned into columns afterwards, no int unboxed and boxed again (docs/PERFORMANCE.md §C29t).
         """
         created, latest, runs = group.created, group.latest, group.runs
         fresh, fresh_shards = group.fresh, group.fresh_shards  # empty unless the group creates plans
@@ -139,28 +147,43 @@ class PgRows:
             touched = {**fresh, **latest, **runs}
         chained_now: dict[str, int] = {}  # applied once committed, like the keys
         ended: list[str] = []
-        ev_rows: list[tuple[Any, ...]] = []
-        new_rows = self._new_rows(group, ev_rows, chained_now, ended) if fresh else []
+        ev_rows: list[list[Any]] = [[], [], [], [], []]
+        new_rows = self._new_rows(group, ev_rows, chained_now, ended) if fresh else _empty(14)
         shards: set[int] = set(fresh_shards.values())  # the new rows' at once
         missing: list[int] = []
         upd_rows = self._updated_rows(group, touched, stored, ev_rows, chained_now, ended, shards, missing)
-        group.rows = columns(new_rows, 14), columns(upd_rows, 7), columns(ev_rows, 5), chained_now, shards, ended
+        group.rows = new_rows, upd_rows, ev_rows, chained_now, shards, ended
         return missing
 
-    def _new_rows(self, group: RowGroup, ev_rows: list[tuple[Any, ...]], chained_now: dict[str, int],
-                  ended: list[str]) -> list[tuple[Any, ...]]:  # fmt: skip
-        """The new plans' rows (:meth:`encode_rows`): no forgotten/key look-up, no chained checksum to find."""
-        created, fresh, fresh_shards = group.created, group.fresh, group.fresh_shards
-        new_rows: list[tuple[Any, ...]] = []
-        add_new, add_ev = new_rows.append, ev_rows.append
+    def _new_rows(self, group: RowGroup, ev_rows: list[list[Any]], chained_now: dict[str, int],
+                  ended: list[str]) -> list[list[Any]]:  # fmt: skip
+        """The new plans' rows (:meth:`encode_rows`), by column: no forgotten/key look-up, no chained checksum."""
+        created, fresh_shards = group.created, group.fresh_shards
+        fresh: dict[str, Any] = group.fresh  # Any: each key goes on its column as the object it is
+        keys: list[Any] = []
+        shard_col: list[Any] = []
+        orders: list[Any] = []
+        counts: list[Any] = []
+        spec_crcs: list[Any] = []
+        status_crcs: list[Any] = []
+        inline_crcs: list[Any] = []
+        ids: list[Any] = []
+        owners: list[Any] = []
+        states: list[Any] = []
+        names: list[Any] = []
+        specs: list[Any] = []
+        statuses: list[Any] = []
+        inlines: list[Any] = []
         encoder = self._encoder
-        encode = encoder.encode
+        encode = encoder.encode  # bound once: a method call a value would look the method up each time
         run_of, status_of = group.runs.get, group.latest.get
-        terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, INLINE_MAX_SEQ, INLINE_MAX_BYTES
+        terminal, max_seq, max_bytes = TERMINAL_STATES, INLINE_MAX_SEQ, INLINE_MAX_BYTES
+        checksum: Any = crc  # Any: its result goes on a column as it is (typed int, mypyc would unbox and box it)
         unencodable = (TypeError, ValueError, OverflowError)
         for plan_id, new_key in fresh.items():
-            shard = fresh_shards[plan_id]
-            inline = inline_crc = None
+            shard: Any = fresh_shards[plan_id]
+            inline: Any = None
+            inline_crc: Any = None
             count = 0
             run = run_of(plan_id)
             if run is not None:
@@ -177,13 +200,14 @@ class PgRows:
                     inline_crc = chained_now[plan_id] = checksum(inline)
                 else:
                     count = 0
-                    add_ev((new_key, run[0][2], shard, checksum(body, new_key & 0xFFFFFFFF), body))
+                    _add_run(ev_rows, new_key, run[0][2], shard, checksum(body, new_key & 0xFFFFFFFF), body)
             if inline_crc is None:  # no inline events yet (events_crc NULL): their chain starts at 0, kept in memory
                 chained_now[plan_id] = 0  # so the first inline run needs no look-up in the database (_updated_rows)
             status = status_of(plan_id)
-            if status is None:
-                state = status_blob = status_crc = None
-            else:
+            state: Any = None
+            status_blob: Any = None
+            status_crc: Any = None
+            if status is not None:
                 state = status.state
                 try:
                     status_blob = encode(status)
@@ -198,32 +222,54 @@ class PgRows:
             except unencodable:
                 spec = encode_record(encoder, record)
             name = record.submit.plan_id  # the owner's id for it: kept only where it is not the key
-            add_new((new_key, shard, record.order, count, checksum(spec), status_crc, inline_crc,
-                     plan_id, record.owner, state or "queued", None if name == plan_id else name,
-                     spec, status_blob, inline))  # fmt: skip
-        return new_rows
+            keys.append(new_key)
+            shard_col.append(shard)
+            orders.append(record.order)
+            counts.append(count)
+            spec_crcs.append(checksum(spec))
+            status_crcs.append(status_crc)
+            inline_crcs.append(inline_crc)
+            ids.append(plan_id)
+            owners.append(record.owner)
+            states.append(state or "queued")
+            names.append(None if name == plan_id else name)
+            specs.append(spec)
+            statuses.append(status_blob)
+            inlines.append(inline)
+        return [keys, shard_col, orders, counts, spec_crcs, status_crcs, inline_crcs, ids, owners, states, names,
+                specs, statuses, inlines]  # fmt: skip
 
     def _updated_rows(self, group: RowGroup, touched: Iterable[str], stored: dict[int, int],
-                      ev_rows: list[tuple[Any, ...]], chained_now: dict[str, int], ended: list[str], shards: set[int],
-                      missing: list[int]) -> list[tuple[Any, ...]]:  # fmt: skip
-        """The other touched plans' row updates (:meth:`encode_rows`), their shards added to ``shards``."""
-        fresh, forgotten, chained = group.fresh, group.forgotten, self._events_crc
-        shards_of = self._shards
-        upd_rows: list[tuple[Any, ...]] = []
+                      ev_rows: list[list[Any]], chained_now: dict[str, int], ended: list[str], shards: set[int],
+                      missing: list[int]) -> list[list[Any]]:  # fmt: skip
+        """The other touched plans' row updates (:meth:`encode_rows`), by column, their shards added to ``shards``."""
+        fresh, forgotten = group.fresh, group.forgotten
+        chained: dict[str, Any] = self._events_crc  # Any: a checksum is passed on as the object it is
+        keys_of: dict[str, Any] = self._keys
+        shards_of: dict[str, Any] = self._shards
+        keys: list[Any] = []
+        counts: list[Any] = []
+        status_crcs: list[Any] = []
+        inline_crcs: list[Any] = []
+        states: list[Any] = []
+        statuses: list[Any] = []
+        inlines: list[Any] = []
         encoder = self._encoder
-        encode = encoder.encode
-        runs, latest, keys = group.runs, group.latest, self._keys  # method calls, not bound ones: mypyc's C calls
-        terminal, checksum, max_seq, max_bytes = TERMINAL_STATES, crc, INLINE_MAX_SEQ, INLINE_MAX_BYTES
+        encode = encoder.encode  # bound once: a method call a value would look the method up each time
+        runs, latest = group.runs, group.latest  # method calls, not bound ones: mypyc's C calls
+        terminal, max_seq, max_bytes = TERMINAL_STATES, INLINE_MAX_SEQ, INLINE_MAX_BYTES
+        checksum: Any = crc  # Any: its result goes on a column as it is (typed int, mypyc would unbox and box it)
         unencodable = (TypeError, ValueError, OverflowError)
         for plan_id in touched:
             if fresh and plan_id in fresh:
                 continue  # a new row, above
-            key = None if forgotten and plan_id in forgotten else keys.get(plan_id)
+            key: Any = None if forgotten and plan_id in forgotten else keys_of.get(plan_id)
             if key is None:
                 continue  # a record of a plan never created (or deleted)
-            shard = shards_of[plan_id]
+            shard: Any = shards_of[plan_id]
             shards.add(shard)
-            inline = inline_crc = None
+            inline: Any = None
+            inline_crc: Any = None
             count = 0
             run = runs.get(plan_id)
             if run is not None:
@@ -237,20 +283,22 @@ class PgRows:
                     body = encode_run(encoder, run)
                 if count < 16 and run[-1][2] <= max_seq and len(body) <= max_bytes:
                     inline = body[1:]  # without its one-byte array header
-                    previous = chained.get(plan_id)
+                    previous: Any = chained.get(plan_id)
                     if previous is None:
                         previous = stored.get(key)
                         if previous is None:
                             missing.append(key)
                             previous = 0
-                    inline_crc = chained_now[plan_id] = checksum(inline, previous)
+                    inline_crc = checksum(inline, previous)
+                    chained_now[plan_id] = inline_crc
                 else:
                     count = 0
-                    ev_rows.append((key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body))
+                    _add_run(ev_rows, key, run[0][2], shard, checksum(body, key & 0xFFFFFFFF), body)
             status = latest.get(plan_id)
-            if status is None:
-                state = status_blob = status_crc = None
-            else:
+            state: Any = None
+            status_blob: Any = None
+            status_crc: Any = None
+            if status is not None:
                 state = status.state
                 try:
                     status_blob = encode(status)
@@ -259,8 +307,14 @@ class PgRows:
                 status_crc = checksum(status_blob)
                 if state in terminal:
                     ended.append(plan_id)
-            upd_rows.append((key, count, status_crc, inline_crc, state, status_blob, inline))
-        return upd_rows
+            keys.append(key)
+            counts.append(count)
+            status_crcs.append(status_crc)
+            inline_crcs.append(inline_crc)
+            states.append(state)
+            statuses.append(status_blob)
+            inlines.append(inline)
+        return [keys, counts, status_crcs, inline_crcs, states, statuses, inlines]
 
     def apply_committed(self, group: RowGroup) -> None:
         """The in-memory keys follow a committed group only (or one :meth:`encode_ahead` made: the committer's)."""
