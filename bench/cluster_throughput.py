@@ -190,6 +190,34 @@ AS wait FROM pg_stat_activity
 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND datname = current_database()"""
 BENCH_PG_SETTINGS = {"track_wal_io_timing": "on"}  # measurement only: pg_stat_wal's write and sync times
 PGSTAT_IDLE_S = 10.5  # PostgreSQL 15's PGSTAT_IDLE_INTERVAL (10 s), and a margin
+# --statements: pg_stat_statements over the window, the coordinator's database only, the bench's own reads left out.
+_STATEMENTS = """SELECT left(regexp_replace(ltrim(query), '\\s+', ' ', 'g'), 40) AS head, sum(calls)::bigint AS calls
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+AND query NOT LIKE '%pg_stat_%' GROUP BY 1 ORDER BY 2 DESC"""
+
+
+async def _statements_reset(store: str) -> None:
+    """pg_stat_statements' counters zeroed (the extension created in the column's database first)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(store)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        await conn.execute("SELECT pg_stat_statements_reset()")
+    finally:
+        await conn.close()
+
+
+async def _statements(store: str, plans: int, elapsed: float) -> dict[str, Any]:
+    """The statements the window ran, by their first 40 characters: calls, calls a plan and a second."""
+    import asyncpg
+
+    conn = await asyncpg.connect(store)
+    try:
+        rows = await conn.fetch(_STATEMENTS)
+    finally:
+        await conn.close()
+    return {r["head"]: [r["calls"], round(r["calls"] / plans, 4), round(r["calls"] / elapsed, 1)] for r in rows}
 
 
 async def _wal_counters(store: str) -> dict[str, float] | None:
@@ -674,6 +702,9 @@ async def measure(
             if wal_timing:  # an idle backend sends its pending counters 10 s after its last transaction
                 await asyncio.sleep(PGSTAT_IDLE_S)
             counters0 = await _wal_counters(store) if wal_timing else None
+            statements = getattr(ns, "statements", False) and store.startswith("postgresql")
+            if statements:
+                await _statements_reset(store)
             sched0, sampler = _schedstat(server), _Sampler(store, ns.checkpoint_at)
             sampler.start()
             cpu0, pg0, kids0 = _cpu(coordinator_pids), _pg_cpu(server), _children_cpu(coordinator_pids)
@@ -716,6 +747,7 @@ async def measure(
                      for k, v in groups.items()}  # fmt: skip
             by_process = {k: round((v - by0.get(k, 0.0)) / plans * 1e6, 1) for k, v in _pg_by_process(server).items()}
             wal = await _wal_window(store, wal0, plans)
+            ran = await _statements(store, plans, elapsed) if statements else None
             for spy in spies:
                 spy.send_signal(signal.SIGINT)
                 await asyncio.to_thread(spy.wait, 30)
@@ -750,6 +782,7 @@ async def measure(
             "wal": wal,  # PostgreSQL: WAL bytes a plan over the throughput window, by record kind
             "commit_time": commit_time,  # PostgreSQL: pg_stat_wal's deltas, the backends' schedstat, checkpoints
             "activity": activity,  # PostgreSQL: the coordinator's backends' states and wait events, sampled
+            "statements": ran,  # --statements: statement -> [calls, a plan, a second] over the window
         }
     except Exception as exc:  # the column says what failed; the others still run
         tail = next((f.coordinator.lines[-3:] for f in fleets if f.coordinator is not None), [])
@@ -780,6 +813,8 @@ def _median_column(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def _pg_settings(ns: argparse.Namespace) -> dict[str, str]:
     """The bench's server settings: track_wal_io_timing, then --pg-settings' NAME=VALUE words."""
     extra = dict(word.split("=", 1) for word in ns.pg_settings.split())
+    if getattr(ns, "statements", False):  # a Namespace made by hand (tests) has none
+        extra.setdefault("shared_preload_libraries", "pg_stat_statements")
     return {**BENCH_PG_SETTINGS, **extra}
 
 
@@ -1002,6 +1037,7 @@ def commit_lines(pg1: dict[str, Any], settings: dict[str, str] | None) -> list[s
         f"checkpointer {t['checkpointer_cpu_ms']} + {t['checkpointer_cpu_wait_ms']} ms",
         f"  the backends sampled: {act}",
         f"  the others' ms on a CPU and waiting for one: {pg1.get('cpu_and_wait_ms')}",
+        *(f"  statement [calls, a plan, a second]: {k}: {v}" for k, v in (pg1.get("statements") or {}).items()),
     ]
 
 
@@ -1035,6 +1071,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-wal", action="store_true",
                         help="no WAL segments recycled ahead before each PostgreSQL column (a fresh server's: each "
                              "new 16 MiB segment is zero-filled inside the window)")
+    parser.add_argument("--statements", action="store_true",
+                        help="pg_stat_statements over each PostgreSQL window (the server loads it): each statement's "
+                        "calls, a plan and a second (BEGINs, commit statements, the usage ledger's)")
     parser.add_argument("--coordinator-args", default="", metavar="ARGS", help="more coordinator flags (one string)")
     parser.add_argument("--commit-callgrind", action="store_true",
                         help="the PostgreSQL commit path in callgrind instructions a plan (needs valgrind), then exit")
