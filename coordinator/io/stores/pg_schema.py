@@ -59,8 +59,9 @@ or older kept no partitions: the first coordinator of version 3 to open it recor
 
 A group commit is ONE statement (:func:`commit_statement`): the fence
 (:data:`~coordinator.io.cluster.leases.FENCE`) and the group's deletes, inserts, updates and event
-upserts as parts of one ``WITH`` query, each row kind's columns of one type sent as one array
-parameter (a slice per column: :func:`commit_statement`'s notes) that ``unnest()`` reads back, row by row.
+upserts (and, once a tick, the usage ledger's rows: pg_usage.py) as parts of one ``WITH`` query,
+each row kind's columns of one type sent as one array parameter (a slice per column:
+:func:`commit_statement`'s notes) that ``unnest()`` reads back, row by row.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ import structlog
 
 from coordinator.io.cluster.leases import FENCE
 from coordinator.io.stores.integrity import StoreError
-from coordinator.io.stores.pg_usage import CREATE_USAGE
+from coordinator.io.stores.pg_usage import CREATE_USAGE, USAGE_PARTS, USAGE_TYPES
 from coordinator.shards import ClusterConfig
 
 __all__ = ["INDEXES", "INDEX_VALID", "MIGRATIONS", "PART_COLUMNS", "PLANS_FILLFACTOR", "SCHEMA_VERSION",
@@ -325,15 +326,26 @@ _FENCES: Final = (  # (the fence and its check, each data part's gate): over arr
      "(SELECT held FROM ok)"),
     (_ONE_SHARD_FENCE, "EXISTS (SELECT FROM fence)"),
 )  # fmt: skip
-_COMMITS: dict[tuple[bool, bool, bool, bool, bool, bool], str] = {}
+_COMMITS: dict[tuple[bool, bool, bool, bool, bool, bool, bool, bool], str] = {}
 
 
 def commit_statement(
-    doomed: bool, created: bool, changed: bool, runs: bool, lone: bool = False, one_shard: bool = False
+    doomed: bool,
+    created: bool,
+    changed: bool,
+    runs: bool,
+    lone: bool = False,
+    one_shard: bool = False,
+    usage_gone: bool = False,
+    usage_kept: bool = False,
 ) -> str:
     """The one statement of a group commit with these parts ($1-$3: the fence's shards, epochs, owner).
 
     ``one_shard``: $1 and $2 are the one shard's number and epoch, scalars, not arrays (the same fence).
+
+    ``usage_gone``, ``usage_kept``: the usage ledger's deletes and rows (pg_usage.py ``USAGE_PARTS``), last, gated on
+    the fence as the plans' parts; the rows go to the fence's first shard (the lowest: the ledger's, PgStore._send).
+    A tick's group is one statement too, not a transaction of four or more (docs/PERFORMANCE.md §C29s).
 
     ``lone``: each row part holds one row, whose values are scalar parameters, in the order of the parts'
     columns, read where the part reads its row's columns (``_LONE_PARTS``: the insert's select list, the update's
@@ -341,7 +353,7 @@ def commit_statement(
     parameter and a value (~1,300 instructions each), which a scalar parameter does not pay, and the server
     builds, slices and unnests no array. The deletes' keys stay an array.
     """
-    key = (doomed, created, changed, runs, lone, one_shard)
+    key = (doomed, created, changed, runs, lone, one_shard, usage_gone, usage_kept)
     sql = _COMMITS.get(key)
     if sql is None:
         wanted = (doomed, doomed, created, changed, runs)
@@ -365,6 +377,13 @@ def commit_statement(
                     n += count
                 text = _LONE_PARTS[name]
             parts.append(f"{name} AS ({text.format(*params, held=held)})")
+        shard = "$1::int" if one_shard else "($1::int[])[1]"
+        for name, on in (("usage_gone", usage_gone), ("usage_kept", usage_kept)):
+            if on:
+                types = USAGE_TYPES[name]
+                params = [f"${n + i}::{t}" for i, t in enumerate(types)]
+                n += len(types)
+                parts.append(f"{name} AS ({USAGE_PARTS[name].format(*params, held=held, shard=shard)})")
         sql = _COMMITS[key] = "WITH " + ",\n".join(parts) + "\nSELECT ARRAY(SELECT shard FROM fence)"
     return sql
 

@@ -11,9 +11,13 @@ restarted SQLite coordinator reads its ``usage`` table: the same ledger state, f
 core's next tick (the hours older than 35 days go to hour 0, the folded keys are deleted here).
 
 * **Written** with the group that carries the core's :class:`~coordinator.records.UsageRows` (at most one a
-  tick), in that group's transaction, after its commit statement's fence (pg_schema.py ``commit_statement``):
-  the fence holds the shard's lease row ``FOR SHARE`` until the commit, and a group whose fence fails rolls
-  back whole, so a stale-epoch core writes no usage. Rows only for the hours that changed: no cost per plan.
+  tick), as two more parts of that group's one commit statement (pg_schema.py ``commit_statement``'s
+  ``usage_gone`` and ``usage_kept``: :data:`USAGE_PARTS`, their parameters from :func:`usage_params`), gated on
+  its fence like the plans' rows: the fence holds the shard's lease row ``FOR SHARE`` until the commit, and a
+  group whose fence fails writes nothing, so a stale-epoch core writes no usage. One statement, so a tick's
+  group is one round trip like any other (it was BEGIN, the statement, a DELETE, an upsert a row and COMMIT,
+  each a turn of the server's loop: docs/PERFORMANCE.md §C29s). Rows only for the hours that changed: no cost
+  per plan.
 * **One core holding several shards** (``fleetwire up`` or a lone ``CoordinatorServer`` on the database: its lease
   keeper holds every shard) loads all their rows summed per key and writes its rows under the lowest shard it
   holds. A key it writes or deletes is deleted from its other shards in the same transaction: their rows were
@@ -35,7 +39,7 @@ from typing import Any, Final
 from coordinator.ledger import BUCKET_S, FIELDS, Totals, UsageRow
 from coordinator.records import UsageRows
 
-__all__ = ["CREATE_USAGE", "cluster_totals", "load_usage", "usage_parts", "write_usage"]
+__all__ = ["CREATE_USAGE", "USAGE_PARTS", "USAGE_TYPES", "cluster_totals", "load_usage", "usage_params", "usage_parts"]
 
 # Version 5 (pg_schema.py MIGRATIONS[4]); ``IF NOT EXISTS``: a fresh database runs every step too. The index is a
 # client's get_usage (its own rows across shards, not a scan of everyone's); built with the table, so empty: instant.
@@ -50,14 +54,26 @@ CREATE TABLE IF NOT EXISTS fleetwire_usage (
 );
 CREATE INDEX IF NOT EXISTS fleetwire_usage_by_principal ON fleetwire_usage (principal, hour);
 """
-_DELETE = """
-DELETE FROM fleetwire_usage u USING unnest($2::bigint[], $3::text[], $4::text[]) AS d(hour, principal, team)
-WHERE u.shard = ANY($1::int[]) AND u.hour = d.hour AND u.principal = d.principal AND u.team = d.team
-"""
-_UPSERT_ONE = """
-INSERT INTO fleetwire_usage (shard, hour, principal, team, totals) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (shard, hour, principal, team) DO UPDATE SET totals = EXCLUDED.totals
-"""
+# The commit statement's usage parts (pg_schema.py commit_statement), {0}...: their parameters (USAGE_TYPES), {held}:
+# the fence's gate, {shard}: the ledger's shard, the fence's lowest (PgStore._send adds it to the group's shards).
+# ``usage_gone`` deletes (shard, key) rows; ``usage_kept`` upserts the ledger's rows, each one's totals a slice of
+# one flat array of equal widths. The two never touch one row (usage_params): a row changed twice by one statement
+# is an error (an upsert's) or undefined (a delete's).
+USAGE_PARTS: Final = {
+    "usage_gone": """DELETE FROM fleetwire_usage u
+    USING (SELECT unnest({0}) AS shard, unnest({1}) AS hour, unnest({2}) AS principal, unnest({3}) AS team) AS d
+    WHERE u.shard = d.shard AND u.hour = d.hour AND u.principal = d.principal AND u.team = d.team AND {held}""",
+    "usage_kept": """INSERT INTO fleetwire_usage (shard, hour, principal, team, totals)
+    SELECT {shard}, v.hour, v.principal, v.team, ({3})[v.i * v.w - v.w + 1 : v.i * v.w]
+    FROM (SELECT unnest({0}) AS hour, unnest({1}) AS principal, unnest({2}) AS team,
+                 generate_series(1, cardinality({0})) AS i, cardinality({3}) / cardinality({0}) AS w) AS v
+    WHERE {held}
+    ON CONFLICT (shard, hour, principal, team) DO UPDATE SET totals = excluded.totals""",
+}
+USAGE_TYPES: Final = {
+    "usage_gone": ("int[]", "bigint[]", "text[]", "text[]"),
+    "usage_kept": ("bigint[]", "text[]", "text[]", "float8[]"),
+}
 _SELECT = "SELECT hour, principal, team, totals FROM fleetwire_usage WHERE shard = ANY($1::int[])"
 # Every shard's rows summed per principal (or team) and field, from an hour on, for some principals or all.
 _TOTALS = """
@@ -90,22 +106,28 @@ def usage_parts(records: Sequence[UsageRows]) -> tuple[list[Key], dict[Key, list
     return deleted, kept
 
 
-async def write_usage(conn: Any, shards: Sequence[int], records: Sequence[UsageRows]) -> None:
-    """Write a group's usage rows on ``conn``, inside the group's transaction (after its fence). ``shards``: those
-    the core holds (its fence), lowest first: the rows go to the first, and the keys written or deleted are
-    deleted from the others (rows summed into the core's at its load: see the module's docstring)."""
+def usage_params(shards: Sequence[int], records: Sequence[UsageRows]) -> tuple[list[Any], list[Any]]:
+    """The parameters of a group's :data:`USAGE_PARTS` (``usage_gone``'s, ``usage_kept``'s; an empty list: no such
+    part). ``shards``: those the core holds (its fence), lowest first: the rows go to the first, and the keys written
+    or deleted are deleted from the others (rows summed into the core's at its load: see the module's docstring).
+    A key deleted and then written again in the group is only written (the upsert replaces the row)."""
     shard, others = shards[0], list(shards[1:])
     deleted, kept = usage_parts(records)
-    if others and kept:
-        await conn.execute(_DELETE, others, *_columns(list(kept)))
-    if deleted:
-        await conn.execute(_DELETE, list(shards), *_columns(deleted))
+    gone = dict.fromkeys((s, k) for s in others for k in kept)
+    gone.update(dict.fromkeys((s, k) for k in deleted for s in shards if s != shard or k not in kept))
+    gone_params: list[Any] = []
+    if gone:
+        gone_params = [[s for s, _ in gone], *_columns([k for _, k in gone])]
+    kept_params: list[Any] = []
     if kept:
-        await conn.executemany(_UPSERT_ONE, [(shard, k[0], k[1], k[2], v) for k, v in kept.items()])
+        width = max(len(v) for v in kept.values())
+        flat = [x for v in kept.values() for x in (v + [0.0] * (width - len(v)) if len(v) < width else v)]
+        kept_params = [*_columns(list(kept)), flat]  # a shorter row padded with zeros: read as zeros either way
+    return gone_params, kept_params
 
 
-def _columns(keys: list[Key]) -> tuple[list[int], list[str], list[str]]:
-    return [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]
+def _columns(keys: list[Key]) -> list[Any]:
+    return [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
 
 
 async def load_usage(conn: Any, shards: list[int]) -> list[UsageRow]:

@@ -65,7 +65,7 @@ from coordinator.io.stores.pg_schema import (
     commit_statement,
     setup_schema,
 )
-from coordinator.io.stores.pg_usage import load_usage, write_usage
+from coordinator.io.stores.pg_usage import load_usage, usage_params
 from coordinator.io.stores.rows import decode_plans, group_records
 from coordinator.io.threads import in_thread
 from coordinator.ledger import UsageRow
@@ -619,15 +619,14 @@ class PgStore(PgRows):
             raise ShardFenced(f"this coordinator does not hold shard(s) {missing or 'any'}; the write was refused")
         shards = sorted(touched_shards)
         rows = group.rows
+        epochs = list(map(fence.__getitem__, shards))  # (no comprehension's frame)
         if usage is None:
-            epochs = list(map(fence.__getitem__, shards))  # (no comprehension's frame)
             await self._commit(conn, shards, epochs, group.doomed, rows[0], rows[1], rows[2])
-        else:  # at most once a tick: the group's statement (its fence first) and the ledger's rows, one transaction
+        else:  # at most once a tick: the ledger's rows as parts of the group's one statement, after its fence
             self._usage = []
             try:
-                async with conn.transaction():
-                    await self._commit(conn, shards, [fence[s] for s in shards], group.doomed, *rows[:3])
-                    await write_usage(conn, sorted(fence), usage)
+                parts = usage_params(sorted(fence), usage)  # the rows under the lowest shard, shards[0]
+                await self._commit(conn, shards, epochs, group.doomed, rows[0], rows[1], rows[2], parts)
             except BaseException:
                 self._usage = usage + self._usage  # written by the next group, if the store goes on
                 raise
@@ -644,7 +643,11 @@ class PgStore(PgRows):
         new_rows: list[list[Any]],
         upd_rows: list[list[Any]],
         ev_rows: list[list[Any]],
+        usage: tuple[list[Any], list[Any]] | None = None,
     ) -> None:
+        """The group's one statement (pg_schema.py ``commit_statement``) with these rows; ShardFenced if its fence
+        failed (then it wrote nothing). ``usage``: the ledger's parts' parameters (pg_usage.py ``usage_params``),
+        written under ``shards[0]``, the lowest of the fence's (:meth:`_send`)."""
         owner = self.owner
         one_shard = len(shards) == 1  # the fence's shard and epoch as scalars (commit_statement's one_shard)
         args: list[Any] = [shards[0], epochs[0], owner] if one_shard else [shards, epochs, owner]
@@ -666,7 +669,13 @@ class PgStore(PgRows):
                         args.append(grid(rows[start : start + count]))
                         start += count
         parts = bool(doomed), bool(new_rows[0]), bool(upd_rows[0]), bool(ev_rows[0])
-        sql = commit_statement(*parts, lone, one_shard)
+        if usage is None:
+            sql = commit_statement(*parts, lone, one_shard)
+        else:
+            gone, kept = usage
+            args += gone
+            args += kept
+            sql = commit_statement(*parts, lone, one_shard, bool(gone), bool(kept))
         spin = self.lone_spin
         if lone and spin.window_s:  # nothing else for the loop to do until the reply, most likely: poll awake
             spin.sent()
@@ -697,8 +706,8 @@ class PgStore(PgRows):
 
         A statement the server no longer holds as prepared (``DISCARD ALL``, ``DEALLOCATE``: a pooler's reset) or
         whose result type changed failed before it changed anything: outside a transaction it is prepared again and
-        run once more (asyncpg's own cache retries the second case only); inside one (the usage rows', a split
-        group's) the transaction is void, so it is raised, as any failed commit.
+        run once more (asyncpg's own cache retries the second case only); inside one (a split group's) the
+        transaction is void, so it is raised, as any failed commit.
         """
         prepared = self._prepared
         if self._prepared_conn is not conn:  # a new connection (open_async, a reconnect): its own statements
