@@ -156,10 +156,12 @@ class WorkerRegistry:
             )
             self._workers[worker_id] = record
             self._connected += 1
+            record.short_unsampled = capabilities.short_unsampled
         else:
             self._leave_pools(record)
             self._connected += not record.connected
             record.capabilities = capabilities
+            record.short_unsampled = capabilities.short_unsampled
             record.address = address
             record.conn_id = conn_id
             record.connected = True

@@ -295,7 +295,7 @@ class Scheduler:
         self._counters[_PLACEMENT_KEYS[plan.hints.policy or placement.config.policy]] += 1  # policy_name, inlined
         if record.conn_id is not None:
             traceparent = plan.traceparent  # "00" (the caller's "no") in one character to a worker that reads it
-            if traceparent == UNSAMPLED and record.capabilities.short_unsampled:
+            if traceparent == UNSAMPLED and record.short_unsampled:  # (a record's field: no struct attribute read)
                 traceparent = UNSAMPLED_SHORT
             assign = Assign(
                 plan_id=plan.id, attempt=plan.attempt, op=plan.op, args=plan.args, timeout_s=plan.timeout_s,

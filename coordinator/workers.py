@@ -67,6 +67,8 @@ class WorkerRecord:
         gpu_held: the devices each lease holds (leases without devices are absent).
         gpu_blocked: its quarantined devices, as its last load said (docs/OPERATIONS.md §GPU health): each
             counts ``gpu_share`` more in ``gpu_use``, so placement takes none of them.
+        short_unsampled: its ``capabilities.short_unsampled`` as of its registration (the registry sets it): an
+            assign's test a plan, a field of this record, not an attribute of a message struct (§T32n).
     """
 
     id: str
@@ -93,6 +95,7 @@ class WorkerRecord:
     gpu_use: list[int] = field(default_factory=list)
     gpu_held: dict[str, tuple[int, ...]] = field(default_factory=dict)
     gpu_blocked: tuple[int, ...] = ()  # quarantined devices, from its load (counted as held in gpu_use)
+    short_unsampled: bool = False  # capabilities.short_unsampled, copied at registration (False: "00", always valid)
 
     def gpus_free(self) -> int:
         """Devices no lease holds now."""
