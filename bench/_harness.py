@@ -151,8 +151,9 @@ def callgrind_total(tree: str, argv: Sequence[str], out_file: str) -> int:
         return next(int(line.split()[1]) for line in fh if line.startswith("summary:"))
 
 
-# The tracing bench's; the PostgreSQL writer process; the PostgreSQL store's lone-commit spin (LONE_SPIN_ENV)
-_ENV_PASSED = ("FLEETWIRE_TRACE_EXPORT", "FLEETWIRE_PG_WRITER", "FLEETWIRE_PG_SPIN_US")
+# The tracing bench's; the PostgreSQL writer process; the PostgreSQL store's lone-commit spin (LONE_SPIN_ENV) and its
+# split threshold (SPLIT_MIN_PLANS_ENV: a run with and without the split, docs/PERFORMANCE.md §C29r, §C29t)
+_ENV_PASSED = ("FLEETWIRE_TRACE_EXPORT", "FLEETWIRE_PG_WRITER", "FLEETWIRE_PG_SPIN_US", "FLEETWIRE_PG_SPLIT_MIN_PLANS")
 
 
 def bench_env(**extra: str) -> dict[str, str]:
