@@ -155,3 +155,14 @@ def test_the_rows_carry_each_key_as_the_object_kept_and_a_new_plans_long_run_spi
     assert spilled[3] == [zlib.crc32(spilled[4][0], keys[0] & 0xFFFFFFFF)]
     group = rows.commit([_event("b", 1), PlanStatus("b", "running", attempt=1, next_seq=2)])
     assert group.rows[1][0] == [keys[1]] and group.rows[1][0][0] is rows._keys["b"]
+
+
+def test_an_update_group_names_every_shard_its_rows_are_in() -> None:
+    """The shards of a group's update rows (``rows[4]``, the fence's) hold each row's shard, also when rows of one
+    shard come on both sides of another's."""
+    rows = Rows()
+    rows.commit([r for n, pid in enumerate("abc") for r in (_created(pid, n), PlanStatus(pid, "queued"))])
+    first = rows._shards["a"]
+    rows._shards["b"] = first + 1  # as if b's submit were another shard's
+    group = rows.commit([PlanStatus(pid, "leased", attempt=1) for pid in "abc"])
+    assert group.rows[4] == {first, first + 1} and len(group.rows[1][0]) == 3

@@ -243,7 +243,7 @@ class PgRows:
                       ev_rows: list[list[Any]], chained_now: dict[str, int], ended: list[str], shards: set[int],
                       missing: list[int]) -> list[list[Any]]:  # fmt: skip
         """The other touched plans' row updates (:meth:`encode_rows`), by column, their shards added to ``shards``."""
-        fresh, forgotten = group.fresh, group.forgotten
+        forgotten = group.forgotten
         chained: dict[str, Any] = self._events_crc  # Any: a checksum is passed on as the object it is
         keys_of: dict[str, Any] = self._keys
         shards_of: dict[str, Any] = self._shards
@@ -260,14 +260,16 @@ class PgRows:
         terminal, max_seq, max_bytes = TERMINAL_STATES, INLINE_MAX_SEQ, INLINE_MAX_BYTES
         checksum: Any = crc  # Any: its result goes on a column as it is (typed int, mypyc would unbox and box it)
         unencodable = (TypeError, ValueError, OverflowError)
+        last_shard: Any = None
         for plan_id in touched:
-            if fresh and plan_id in fresh:
-                continue  # a new row, above
+            # A new row's plan (above) has no key yet, or is forgotten (created again): no look-up in ``fresh``.
             key: Any = None if forgotten and plan_id in forgotten else keys_of.get(plan_id)
             if key is None:
-                continue  # a record of a plan never created (or deleted)
+                continue  # a new row, or a record of a plan never created (or deleted)
             shard: Any = shards_of[plan_id]
-            shards.add(shard)
+            if shard is not last_shard:  # (the rows of a group are mostly of one shard: no set look-up each)
+                shards.add(shard)
+                last_shard = shard
             inline: Any = None
             inline_crc: Any = None
             count = 0
