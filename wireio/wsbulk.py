@@ -23,7 +23,8 @@ and joins it into the message (three copies of every byte, and a buffer that gro
 relayed chunk frames cost ~0.2 CPU s per GiB there. The mixin follows the frame boundaries of
 the stream itself: a final binary frame of at least :data:`BULK_MIN_BYTES` (within the
 connection's size limit, masked as the side requires, not inside a fragmented message, while the
-connection is open) is read into a buffer of its own and unmasked once, then handed to the
+connection is open) is kept as the reads that carry it, joined once whole (one copy, none for a frame
+that was one read) and unmasked once on a server, then handed to the
 library as the frame it parsed would have been (``process_event``: the same queue, order and flow
 control); every other byte goes to the library as it came, so it parses and answers everything
 else itself (control frames, fragments, a frame over the limit: 1009) and keeps every rule.
@@ -159,17 +160,19 @@ _HEADER, _BULK, _PASS = 0, 1, 2
 class _BulkReader:
     """The frame boundaries of one connection's stream: bulk frames read here, every other byte passed on."""
 
-    __slots__ = ("_buffer", "_conn", "_filled", "_head", "_left", "_mask", "_masked", "_state")
+    __slots__ = ("_conn", "_head", "_left", "_mask", "_masked", "_parts", "_state")
 
     def __init__(self, conn: BulkReceive) -> None:
         self._conn = conn
         self._masked = conn.protocol.side is SERVER  # a server reads masked frames (RFC 6455 §5.1)
         self._state = _HEADER
         self._head = bytearray()  # a header read so far
-        self._buffer = bytearray()  # a bulk frame's payload
-        self._filled = 0
+        # A bulk frame's payload as it came: the reads' bytes (immutable) or views of them, joined once it is whole.
+        # (Not a bytearray of its length filled by slice assignment: CPython zero-fills that, and copies a memoryview
+        # assigned to a slice into a temporary bytearray first: three passes over every byte before the join's one.)
+        self._parts: list[bytes | memoryview] = []
         self._mask = b""
-        self._left = 0  # _PASS: payload bytes still for the library
+        self._left = 0  # _PASS: payload bytes still for the library; _BULK: still to come
 
     def feed(self, data: bytes) -> None:
         view = memoryview(data)
@@ -177,13 +180,15 @@ class _BulkReader:
         while pos < end:
             state = self._state
             if state == _BULK:
-                count = min(len(self._buffer) - self._filled, end - pos)
-                self._buffer[self._filled : self._filled + count] = view[pos : pos + count]
-                self._filled += count
+                count = min(self._left, end - pos)
+                part = data if count == end and pos == 0 else view[pos : pos + count]
+                self._parts.append(part if type(data) is bytes else bytes(part))  # a mutable read's bytes: copied
+                self._left -= count
                 pos += count
-                if self._filled == len(self._buffer):
-                    buffer, self._buffer, self._state = self._buffer, bytearray(), _HEADER
-                    self._conn._bulk_frame(apply_mask(buffer, self._mask) if self._masked else bytes(buffer))
+                if not self._left:  # whole: its parts joined (one copy), unmasked once on a server
+                    parts, self._parts, self._state = self._parts, [], _HEADER
+                    payload = b"".join(parts)
+                    self._conn._bulk_frame(apply_mask(payload, self._mask) if self._masked else payload)
             elif state == _PASS:
                 count = min(self._left, end - pos)
                 self._conn._bulk_pass(data if count == end and pos == 0 else view[pos : pos + count])
@@ -237,8 +242,7 @@ class _BulkReader:
                 and (fragment is None or length <= fragment) and protocol.state is OPEN
                 and getattr(protocol, "current_size", 0) is None):  # fmt: skip
             self._mask = bytes(head[at : at + 4]) if masked else b""
-            self._buffer = bytearray(length)
-            self._filled = 0
+            self._left = length
             self._state = _BULK
         else:  # the library parses this frame: its header now, its payload as it comes
             self._conn._bulk_pass(bytes(head))
