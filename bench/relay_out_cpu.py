@@ -2,6 +2,7 @@
 
     python bench/relay_out_cpu.py --size 64M --fetches 6 --dir /dev/shm
     python bench/relay_out_cpu.py --direct            # the same for the worker's data endpoint (no relay)
+    python bench/relay_out_cpu.py --input             # a relayed input: a plan a fetch, its file uploaded
 
 data_plane.py's ``relay`` column times one ``output_to`` a run in MB/s, which two cores shared with other work move
 by ±30 %. This runs the same fleet (a coordinator, a worker with ``--data-listen``, this process the client, the
@@ -100,7 +101,9 @@ def callgrind_totals(directory: str) -> dict[str, int]:
     return totals
 
 
-async def measure(path: Path, size: int, fetches: int, relay: bool, callgrind: tuple[str, ...] = ()) -> dict[str, Any]:
+async def measure(
+    path: Path, size: int, fetches: int, relay: bool, callgrind: tuple[str, ...] = (), upload: bool = False
+) -> dict[str, Any]:
     from fleetwire import Client
 
     work = Path(tempfile.mkdtemp(prefix="fw-relay-cpu-", dir=path.parent))
@@ -114,6 +117,8 @@ async def measure(path: Path, size: int, fetches: int, relay: bool, callgrind: t
             str(work / "spool"),
             "--handler",
             "data_source=_bench_handlers:data_source",
+            "--handler",
+            "data_sink=_bench_handlers:data_sink",
             max_concurrency=2,
         )
         await f.wait_workers()
@@ -132,11 +137,16 @@ async def measure(path: Path, size: int, fetches: int, relay: bool, callgrind: t
                     callgrind_toggle([pids[name] for name in callgrind], True)
                 before = {name: schedstat_ns(pid) for name, pid in pids.items()}
                 t0 = time.perf_counter()
-                await plan.output_to("out", target)
+                if upload:  # the client's digest pass, the upload, the worker's check, a handler that reads .size
+                    sink = await client.submit("data_sink", inputs={"data": path}, **extra)
+                    assert (await sink.result())["size"] == size
+                else:
+                    await plan.output_to("out", target)
                 wall = time.perf_counter() - t0
                 after = {name: schedstat_ns(pid) for name, pid in pids.items()}
-                assert target.stat().st_size == size
-                target.unlink()
+                if not upload:
+                    assert target.stat().st_size == size
+                    target.unlink()
                 run = {"mb_s": size / wall / 1e6}
                 for name in pids:
                     run[f"{name}_cpu"] = (after[name][0] - before[name][0]) / 1e6 / (size / MIB)
@@ -146,7 +156,13 @@ async def measure(path: Path, size: int, fetches: int, relay: bool, callgrind: t
             if callgrind:
                 callgrind_toggle([pids[name] for name in callgrind], False)
     runs = runs[1:]  # the first fetch warms the path
-    result: dict[str, Any] = {"fetches": len(runs), "size": size, "relay": relay, "load": os.getloadavg()[0]}
+    result: dict[str, Any] = {
+        "fetches": len(runs),
+        "size": size,
+        "relay": relay,
+        "input": upload,
+        "load": os.getloadavg()[0],
+    }
     for key in runs[0]:
         values = [r[key] for r in runs]
         result[key] = {
@@ -163,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetches", type=int, default=6, help="fetches measured, after one that warms (default 6)")
     parser.add_argument("--dir", default=None, help="where the file, the spool and the fetched copy go")
     parser.add_argument("--direct", action="store_true", help="from the worker's data endpoint, not the relay")
+    parser.add_argument(
+        "--input",
+        action="store_true",
+        help="an input instead: each fetch a plan whose input is "
+        "the file (the client's digest pass included), as data_plane.py's 'in'",
+    )
     parser.add_argument(
         "--callgrind",
         metavar="DIR",
@@ -186,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         under = tuple(ns.callgrind_of.split(",")) if ns.callgrind else ()
         if under:
             callgrind_under(ns.callgrind, {"bench-data" if name == "worker" else name for name in under})
-        result = h.run_loop(measure(path, size, ns.fetches, relay=not ns.direct, callgrind=under))
+        result = h.run_loop(measure(path, size, ns.fetches, relay=not ns.direct, callgrind=under, upload=ns.input))
     lines = [
-        f"{'relay' if result['relay'] else 'direct'} out, {size // MIB} MiB x {result['fetches']} "
+        f"{'relay' if result['relay'] else 'direct'} {'in' if ns.input else 'out'}, {size // MIB} MiB x "
+        f"{result['fetches']} "
         f"(load {result['load']:.2f}): median [min-max]"
     ]
     for key in (
