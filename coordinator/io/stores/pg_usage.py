@@ -20,7 +20,8 @@ core's next tick (the hours older than 35 days go to hour 0, the folded keys are
   per plan.
 * **One core holding several shards** (``fleetwire up`` or a lone ``CoordinatorServer`` on the database: its lease
   keeper holds every shard) loads all their rows summed per key and writes its rows under the lowest shard it
-  holds. A key it writes or deletes is deleted from its other shards in the same transaction: their rows were
+  holds. A key it writes or deletes is deleted from its other shards in the same statement, those shards fenced
+  with the group (a core that lost one deletes none of its new owner's rows): their rows were
   summed into its own at the load, so left there they would be counted twice, by the cluster's sum and by its next
   load (a database used first by one core per shard, then by one core for all).
 * **Totals** are a ``float8[]`` in :data:`coordinator.ledger.FIELDS` order (``UsageRow.values``), so the

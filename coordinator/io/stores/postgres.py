@@ -609,8 +609,13 @@ class PgStore(PgRows):
         """
         touched_shards = group.shards | group.rows[4]
         usage = self._usage if whole and self._usage and self.fence else None
-        if usage is not None:  # the ledger's rows are the core's lowest shard's (pg_usage.py): fenced with it
+        parts = None  # (no lists made for a group without the ledger's rows)
+        if usage is not None:  # the ledger's rows are the core's lowest shard's (pg_usage.py): fenced with it, and
+            # the shards it deletes a key's rows from too (a stale owner of one must not delete its new owner's rows)
+            parts = usage_params(sorted(self.fence), usage)  # the rows under the lowest shard, shards[0]
             touched_shards = touched_shards | {min(self.fence)}
+            if parts[0]:  # usage_gone's shard column
+                touched_shards = touched_shards | set(parts[0][0])
         if not touched_shards:
             touched_shards = set(self.fence)  # nothing to write: still proves the lease (no stale replies)
         fence = self.fence
@@ -625,7 +630,6 @@ class PgStore(PgRows):
         else:  # at most once a tick: the ledger's rows as parts of the group's one statement, after its fence
             self._usage = []
             try:
-                parts = usage_params(sorted(fence), usage)  # the rows under the lowest shard, shards[0]
                 await self._commit(conn, shards, epochs, group.doomed, rows[0], rows[1], rows[2], parts)
             except BaseException:
                 self._usage = usage + self._usage  # written by the next group, if the store goes on
