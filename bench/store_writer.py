@@ -15,6 +15,7 @@ The garbage collector runs with the coordinator daemon's thresholds.
     python bench/store_writer.py --process        # through the writer process: the parent's CPU and the child's
     python bench/store_writer.py --child-callgrind  # the child's path, callgrind instructions per plan
     python bench/store_writer.py --child-callgrind --top 15  # and its 15 costliest functions (own, per plan)
+    python bench/store_writer.py --parent-callgrind --top 15  # the loop's side: encode_group, apply_keys
     python bench/store_writer.py --lone-callgrind   # a lone plan's two commits, callgrind instructions per plan
 
 ``--lone``: what one lone plan's commits cost, as a sequential round trip (bench/latency.py)
@@ -171,6 +172,42 @@ def child_path(plans: int, writes: bool) -> None:
             writer_child.commit(store, [body], True)
             store.keys_message()
         store.close()
+    os._exit(0)
+
+
+def parent_path(plans: int, writes: bool) -> None:
+    """The coordinator loop's side of ``plans`` plans' groups sent to the writer process (a --parent-callgrind run):
+    each group encoded for the pipe (``encode_group``) and the child's keys of its commit applied (``apply_keys``).
+    The child's commits, which make those keys, run in the setup (``writes`` off: setup only), as the requests'
+    encoding for them: both cancel in the difference."""
+    import random
+
+    import msgspec
+
+    from coordinator.io.stores import writer_child
+    from coordinator.io.stores.writer_wire import encode_group as _encode_group
+
+    rng = random.Random(29)
+    uuid.uuid4 = lambda: uuid.UUID(int=rng.getrandbits(128))  # the same plan ids in every run
+    encoder = msgspec.msgpack.Encoder()
+    groups = groups_of(plans, 900)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.sqlite3"
+        SQLiteStore(path).close()
+        child = SQLiteStore.writer(path, encode_record=writer_child._raw_of)
+        child._db.execute("PRAGMA synchronous=OFF")
+        keys = []
+        for group in groups:
+            writer_child.commit(child, [_encode_group(encoder, group)], True)
+            keys.append(child.keys_message())
+        child.close()
+        parent = SQLiteStore(path)
+        gc.freeze()
+        gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+        if writes:
+            for group, message in zip(groups, keys, strict=True):
+                _encode_group(encoder, group)
+                parent.apply_keys(message)
     os._exit(0)
 
 
@@ -385,8 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child-callgrind", action="store_true",
                         help="the writer process's path (decode, group, write) in callgrind instructions per plan")
     parser.add_argument("--top", type=int, default=0, metavar="N",
-                        help="with --child-callgrind: the N functions with the most own instructions per plan")
+                        help="with --child-callgrind or --parent-callgrind: the N functions with the most own "
+                             "instructions per plan")  # fmt: skip
     parser.add_argument("--child-path", type=int, metavar="N", help=argparse.SUPPRESS)  # --child-callgrind's runs
+    parser.add_argument("--parent-callgrind", action="store_true",
+                        help="the coordinator loop's side of a group sent to the writer process (encode_group, "
+                             "apply_keys of the child's reply) in callgrind instructions per plan")  # fmt: skip
+    parser.add_argument("--parent-path", type=int, metavar="N", help=argparse.SUPPRESS)  # --parent-callgrind's runs
     parser.add_argument("--setup-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lone", action="store_true",
                         help="a lone plan's two commits (a sequential round trip's), split into Python, SQLite, sync")
@@ -401,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.lone_path is not None:
         lone_path(args.lone_path, not args.setup_only)
         return 0
+    if args.parent_path is not None:
+        parent_path(args.parent_path, not args.setup_only)
+        return 0
     if args.lone_callgrind:
         per_plan = round(child_callgrind("--lone-path", 200, 1200)[0])
         if args.json:
@@ -408,14 +453,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"fleetwire store writer, a lone plan's two commits: {per_plan:,} instructions per plan (callgrind)")
         return 0
-    if args.child_callgrind:
-        instructions, top = child_callgrind(top=args.top)
+    if args.child_callgrind or args.parent_callgrind:
+        side = "child" if args.child_callgrind else "parent"
+        instructions, top = child_callgrind(f"--{side}-path", top=args.top)
         per_plan = round(instructions)
         if args.json:
-            print(json.dumps({"bench": "store_writer_child_callgrind", "instructions_per_plan": per_plan,
+            print(json.dumps({"bench": f"store_writer_{side}_callgrind", "instructions_per_plan": per_plan,
                               **({"top": [[round(ir), name] for ir, name in top]} if args.top else {})}))  # fmt: skip
         else:
-            print(f"fleetwire store writer process, the child's path: {per_plan:,} instructions per plan (callgrind)")
+            what = "the child's path" if side == "child" else "the loop's side (encode_group, apply_keys)"
+            print(f"fleetwire store writer process, {what}: {per_plan:,} instructions per plan (callgrind)")
             for ir, name in top:
                 print(f"  {ir:9,.0f}  {name}")
         return 0
