@@ -27,7 +27,7 @@ server's loop (``fleetwire-pg-commit``) drives the store's writer connection (as
   flight per store (per shard's core), so groups commit in submit order and each sees the rows
   of the one before. Under load the group grows to what one round trip carries; an idle core's
   lone request pays one round trip and nothing else.
-* **Encoded ahead.** A group's encoding (its rows as array parameters: PgStore._encode_rows) is
+* **Encoded ahead.** A group's encoding (its rows as array parameters: PgRows.encode_rows, pg_rows.py) is
   loop work while the database waits, as long as the round trip for a big group. So while one
   group's statement is in flight, a big gathered group (at least :data:`AHEAD_MIN_RECORDS`
   records) is taken and encoded at once (``PgStore.encode_ahead``, a callback once the statement
