@@ -18,6 +18,12 @@ zero-fills each new 16 MiB segment inside the window (``--cold-wal`` keeps that,
 3-coordinator columns need multi-shard ownership: where a coordinator of that run comes up as a
 standby (this build serves every shard from one coordinator), the column says "not yet" and why.
 
+Before each column's window, ``--warmup`` plans go one at a time (submit, then its result), untimed, in both
+columns: they open the connections and run the coordinator's first plans, but as groups of one plan, so a
+PostgreSQL column's first grouped statements still come inside the window. The window's length does not favour
+SQLite: at ``--plans`` 10,000, 30,000 and 60,000 the ratio does not rise, and the PostgreSQL coordinator's CPU a
+plan grows with the window more than SQLite's (docs/PERFORMANCE.md §C29u).
+
 With ``--rounds N`` the SQLite and one-PostgreSQL columns run N times, alternating, each after a
 sample of the disk's fsync p50 (bench/compare.py's floor); the table shows their medians and a
 line per round its ratios, so a disk whose latency moved between two columns is seen, not
@@ -1049,7 +1055,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store-plans", type=int, default=1000,
                         help="plans written one commit at a time in the store-alone part (default 1000)")
     parser.add_argument("--samples", type=int, default=1000, help="sequential round trips (default 1000)")
-    parser.add_argument("--warmup", type=int, default=100, help="untimed plans first (default 100)")
+    parser.add_argument("--warmup", type=int, default=100,
+                        help="untimed plans before each column's window, both columns: sequential submit -> result "
+                             "round trips of each client, so groups of one plan (default 100)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--max-concurrency", type=int, default=1000, help="plans each worker runs at once")
     parser.add_argument("--chunk", type=int, default=5000, help="plans per submit_many call (default 5000)")
