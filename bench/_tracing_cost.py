@@ -7,7 +7,10 @@ its own process, on 127.0.0.1) with the standard variables: ``OTEL_EXPORTER_OTLP
 to an OTLP/HTTP sink in this process (it keeps the posted bodies and decodes them after the runs,
 so it does not compete for the CPU meanwhile), ``OTEL_TRACES_SAMPLER=parentbased_traceidratio``
 and ``OTEL_TRACES_SAMPLER_ARG`` 0.01 or 1.0: the client's submit spans sample; the coordinator and
-the worker follow the caller (parent-based). "off" has no endpoint: nothing is imported. "ratio 0"
+the worker follow the caller (parent-based). The throughput run collects the client's start-up garbage after its
+warm-up plan at every level (``--collect-after-warmup``): a traced client imports the SDK at its start and collects
+then (wireio/tracing.py), so without it only the untraced levels' windows would hold a start-up collection (§T32o).
+"off" has no endpoint: nothing is imported. "ratio 0"
 (``--tracing-levels off,0,1``) starts all of it, tracers, exporter threads and children, with
 ``OTEL_TRACES_SAMPLER_ARG`` 0: every plan carries the unsampled decision and none makes a span, so
 "ratio 0" less "off" is what propagation costs every plan, and "1 %" less "ratio 0" the sampled plans'
@@ -210,7 +213,8 @@ def measure(ns: argparse.Namespace, run: Callable[..., dict[str, Any]]) -> tuple
             for level in ordered:
                 _configure(level, sink.endpoint)
                 before = len(sink.bodies)
-                t = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, timeout_s=ns.timeout)
+                t = run("throughput.py", "--plans", str(ns.plans), "--store", ns.store, "--collect-after-warmup",
+                        timeout_s=ns.timeout)
                 lat = run("latency.py", "--samples", str(ns.samples), "--store", ns.store, timeout_s=ns.timeout)
                 runs.add(level.label, r, ns.plans, t, lat)
                 runs.posts[level.label] += len(sink.bodies) - before

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -115,7 +116,7 @@ class _Timeline:
 
 async def measure(
     plans: int, workers: int, max_concurrency: int, store: str, chunk: int, profile: str | None,
-    deadline_s: float = 300.0, timeline: str | None = None,
+    deadline_s: float = 300.0, timeline: str | None = None, collect_after_warmup: bool = False,
 ) -> dict[str, Any]:
     profiler = h.Profiler(profile)
     async with h.fleet(store) as f:
@@ -128,6 +129,10 @@ async def measure(
         async with Client(f.url) as client:
             # One warm-up plan so connection set-up and imports are not timed.
             await (await client.submit("echo", args=0)).result()
+            if collect_after_warmup:
+                # The client's start-up garbage (imports: the OpenTelemetry SDK's at a traced level) collected
+                # before the window, at every level alike, so no level's window holds a start-up collection.
+                gc.collect()
             await _add_helpers(pids)
             for name, pid in {**pids, "client": os.getpid()}.items():
                 profiler.attach(name, pid)
@@ -201,11 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=5000, help="plans per submit_many call (default 5000)")
     parser.add_argument("--timeline", metavar="FILE",
                         help="write each process's CPU share every 20 ms of the window to FILE (where who waited)")
+    parser.add_argument("--collect-after-warmup", action="store_true",
+                        help="one full garbage collection in the client after the warm-up plan, before the window "
+                             "(bench/compare.py --tracing passes it at every level: docs/PERFORMANCE.md §T32o)")
     h.common_args(parser)
     ns = parser.parse_args(argv)
     h.configure(ns)
     result = h.run_loop(measure(ns.plans, ns.workers, ns.max_concurrency, ns.store, ns.chunk, ns.profile,
-                                   timeline=ns.timeline))
+                                   timeline=ns.timeline, collect_after_warmup=ns.collect_after_warmup))
     h.emit(result, ns.json, [
         f"fleetwire throughput: {result['plans']} echo plans, {result['workers']} workers, "
         f"store {result['store_used']}",
