@@ -160,20 +160,9 @@ class PgRows:
         """The new plans' rows (:meth:`encode_rows`), by column: no forgotten/key look-up, no chained checksum."""
         created, fresh_shards = group.created, group.fresh_shards
         fresh: dict[str, Any] = group.fresh  # Any: each key goes on its column as the object it is
-        keys: list[Any] = []
-        shard_col: list[Any] = []
-        orders: list[Any] = []
-        counts: list[Any] = []
-        spec_crcs: list[Any] = []
-        status_crcs: list[Any] = []
-        inline_crcs: list[Any] = []
-        ids: list[Any] = []
-        owners: list[Any] = []
-        states: list[Any] = []
-        names: list[Any] = []
-        specs: list[Any] = []
-        statuses: list[Any] = []
-        inlines: list[Any] = []
+        columns: list[list[Any]] = [[] for _ in range(14)]  # the statement's new-row columns, in its order
+        (keys, shard_col, orders, counts, spec_crcs, status_crcs, inline_crcs, ids, owners, states, names, specs,
+         statuses, inlines) = columns  # fmt: skip
         encoder = self._encoder
         encode = encoder.encode  # bound once: a method call a value would look the method up each time
         run_of, status_of = group.runs.get, group.latest.get
@@ -236,8 +225,7 @@ class PgRows:
             specs.append(spec)
             statuses.append(status_blob)
             inlines.append(inline)
-        return [keys, shard_col, orders, counts, spec_crcs, status_crcs, inline_crcs, ids, owners, states, names,
-                specs, statuses, inlines]  # fmt: skip
+        return columns
 
     def _updated_rows(self, group: RowGroup, touched: Iterable[str], stored: dict[int, int],
                       ev_rows: list[list[Any]], chained_now: dict[str, int], ended: list[str], shards: set[int],
