@@ -672,9 +672,9 @@ class Tracing:
             def export() -> None:
                 done.append(self._export_queued())
 
-        flusher = self._flusher = threading.Thread(target=export, name=f"fleetwire-spans-flush-{self.service}",
-                                                   daemon=True)  # fmt: skip
+        flusher = threading.Thread(target=export, name=f"fleetwire-spans-flush-{self.service}", daemon=True)
         flusher.start()
+        self._flusher = flusher  # started first: a shutdown in another thread joins it (a thread not started: raises)
         flusher.join(timeout_s)
         if not done:  # still exporting at the bound
             return False

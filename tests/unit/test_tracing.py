@@ -560,3 +560,31 @@ def test_step_records_weigh_their_notes_against_the_queue_and_a_batch() -> None:
         assert [r[1] for r in tracing._take_weighed(4)] == [2, 2] and tracing._noted == tracing._taken == 6
     finally:
         tracing.shutdown()
+
+
+def test_a_shutdown_while_a_flush_starts_its_thread_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shutdown (the worker's executor) that runs while a flush in another thread has made its exporting thread but
+    not yet started it: the shutdown closes the child (no "cannot join thread before it is started"); the flush,
+    let go after, finds the tracer closed and ends."""
+    import threading
+
+    tracing = Tracing(SERVICE_COORDINATOR, endpoint="http://127.0.0.1:9", export_process=True)
+    start, held, go = threading.Thread.start, threading.Event(), threading.Event()
+
+    def slow_start(thread: threading.Thread) -> None:
+        if thread.name.startswith("fleetwire-spans-flush"):
+            held.set()
+            go.wait(10)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    flushing = threading.Thread(target=tracing.flush, args=(5.0,), name="test-flush-caller")
+    flushing.start()
+    try:
+        assert held.wait(10)
+        tracing.shutdown()
+        assert tracing.process is not None and tracing.process.proc is None  # the child closed
+    finally:
+        go.set()
+        flushing.join(10)
+    assert not flushing.is_alive()
