@@ -6,7 +6,6 @@ without one)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -52,12 +51,8 @@ def test_a_one_shard_lone_commits_plan_locks_the_lease_row_by_its_key_without_a_
 
 
 @pytest.fixture
-async def store(pg_dsn: str) -> AsyncIterator[PgStore]:
-    db = hold(PgStore(pg_dsn, CLUSTER))
-    await db.open_async()
-    yield db
-    await db.close_async()
-    db.close()
+def store(held_store: PgStore) -> PgStore:
+    return held_store  # (tests/integration/conftest.py)
 
 
 @pytest.mark.parametrize("kind", ["insert", "update"])

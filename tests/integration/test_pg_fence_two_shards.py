@@ -6,7 +6,6 @@ one). A lone group (one row a part) across two shards takes the many-shard fence
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from coordinator.io.stores.postgres import PgStore
 from coordinator.records import PlanCreated, PlanForgotten, PlanStatus
 from coordinator.shards import pool_shard
 from protocol.messages import Requirements, Submit
-from tests.integration.test_pg_store import CLUSTER, hold
+from tests.integration.test_pg_store import CLUSTER
 from tests.unit.test_store import created
 from tests.waiting import until_async
 
@@ -34,12 +33,8 @@ async def _connect(dsn: str) -> Any:
 
 
 @pytest.fixture
-async def store(pg_dsn: str) -> AsyncIterator[PgStore]:
-    db = hold(PgStore(pg_dsn, CLUSTER))
-    await db.open_async()
-    yield db
-    await db.close_async()
-    db.close()
+def store(held_store: PgStore) -> PgStore:
+    return held_store  # (tests/integration/conftest.py)
 
 
 @pytest.mark.parametrize("stolen", ["lower", "higher"])

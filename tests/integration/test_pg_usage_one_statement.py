@@ -6,7 +6,7 @@ one-shard and many-shard fence forms, and a takeover of the ledger's shard fence
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -107,13 +107,9 @@ def test_the_many_shard_form_moves_a_keys_rows_to_the_lowest_shard(pg_dsn: str, 
 
 
 @pytest.fixture
-async def shard_core(pg_dsn: str) -> AsyncIterator[PgStore]:
+def shard_core(held_store: PgStore) -> PgStore:
     """A store holding every shard on the server's loop (open_async), as a core that holds them all."""
-    db = hold(PgStore(pg_dsn, CLUSTER))
-    await db.open_async()
-    yield db
-    await db.close_async()
-    db.close()
+    return held_store  # (tests/integration/conftest.py)
 
 
 async def test_a_takeover_of_the_ledgers_shard_fences_the_whole_group(shard_core: PgStore, pg_dsn: str) -> None:
